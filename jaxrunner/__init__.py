@@ -1,0 +1,41 @@
+"""jaxrunner: a JAX-accelerated vectorized sampler for reinforcement learning.
+
+The public API, in one place::
+
+    import jaxrunner as jr
+
+    envs = jr.make_vec("CartPole-v1", num_envs=64)
+    policy = jr.Policy.from_linen(module, envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length=128, seed=0) as runner:
+        traj = runner.sample()
+"""
+
+from jaxrunner import errors
+from jaxrunner.callbacks import Callbacks, LiveEpisode
+from jaxrunner.envs import BACKENDS, BatchStep, SyncVectorEnv, VectorEnv, make_vec
+from jaxrunner.metrics import MetricsConfig
+from jaxrunner.policy import Policy
+from jaxrunner.runner import EnvRunner
+from jaxrunner.trajectory import Episode, Trajectory, concatenate, concatenate_episodes
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS",
+    "BatchStep",
+    "Callbacks",
+    "EnvRunner",
+    "Episode",
+    "LiveEpisode",
+    "MetricsConfig",
+    "Policy",
+    "SyncVectorEnv",
+    "Trajectory",
+    "VectorEnv",
+    "__version__",
+    "concatenate",
+    "concatenate_episodes",
+    "errors",
+    "make_vec",
+]

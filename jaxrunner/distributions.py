@@ -1,0 +1,177 @@
+"""Action distributions chosen by the action space, batched over envs.
+
+Each distribution holds batched parameters ``[B, ...]``. ``sample`` takes one key
+per env (``[B]``) and draws each env's action from its own key only, so an env's
+action never depends on which other envs share the batch (invariant 7).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner.errors import SpaceMismatchError
+
+
+def _sum_event(x: jax.Array) -> jax.Array:
+    """Sums every axis but the batch axis."""
+    return x.reshape(x.shape[0], -1).sum(axis=1)
+
+
+@flax.struct.dataclass
+class Categorical:
+    logits: jax.Array  # [B, n]
+    start: int = flax.struct.field(pytree_node=False, default=0)
+
+    def sample(self, keys: jax.Array) -> jax.Array:
+        return jax.vmap(jax.random.categorical)(keys, self.logits) + self.start
+
+    def mode(self) -> jax.Array:
+        return jnp.argmax(self.logits, axis=-1) + self.start
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        log_p = jax.nn.log_softmax(self.logits, axis=-1)
+        index = (action - self.start).astype(jnp.int32)[:, None]
+        return jnp.take_along_axis(log_p, index, axis=-1)[:, 0]
+
+    def entropy(self) -> jax.Array:
+        log_p = jax.nn.log_softmax(self.logits, axis=-1)
+        return -(jnp.exp(log_p) * log_p).sum(axis=-1)
+
+
+@flax.struct.dataclass
+class MultiCategorical:
+    """Independent categoricals; logits of all components concatenated on the last axis."""
+
+    logits: jax.Array  # [B, sum(nvec)]
+    nvec: tuple[int, ...] = flax.struct.field(pytree_node=False)
+    start: tuple[int, ...] = flax.struct.field(pytree_node=False)
+    shape: tuple[int, ...] = flax.struct.field(pytree_node=False)
+
+    def _parts(self) -> list[Categorical]:
+        splits = np.cumsum(self.nvec)[:-1].tolist()
+        return [
+            Categorical(logits, start)
+            for logits, start in zip(jnp.split(self.logits, splits, axis=-1), self.start)
+        ]
+
+    def _stack(self, parts: list[jax.Array]) -> jax.Array:
+        return jnp.stack(parts, axis=-1).reshape(-1, *self.shape)
+
+    def sample(self, keys: jax.Array) -> jax.Array:
+        sub = jax.vmap(lambda k: jax.random.split(k, len(self.nvec)))(keys)
+        return self._stack([part.sample(sub[:, j]) for j, part in enumerate(self._parts())])
+
+    def mode(self) -> jax.Array:
+        return self._stack([part.mode() for part in self._parts()])
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        flat = action.reshape(action.shape[0], -1)
+        return sum(part.log_prob(flat[:, j]) for j, part in enumerate(self._parts()))
+
+    def entropy(self) -> jax.Array:
+        return sum(part.entropy() for part in self._parts())
+
+
+@flax.struct.dataclass
+class Bernoulli:
+    logits: jax.Array  # [B, *shape]
+
+    def sample(self, keys: jax.Array) -> jax.Array:
+        draw = jax.vmap(lambda k, logit: jax.random.bernoulli(k, jax.nn.sigmoid(logit)))
+        return draw(keys, self.logits).astype(jnp.int32)
+
+    def mode(self) -> jax.Array:
+        return (self.logits > 0).astype(jnp.int32)
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        a = action.astype(self.logits.dtype)
+        per_dim = a * jax.nn.log_sigmoid(self.logits) + (1 - a) * jax.nn.log_sigmoid(-self.logits)
+        return _sum_event(per_dim)
+
+    def entropy(self) -> jax.Array:
+        p = jax.nn.sigmoid(self.logits)
+        per_dim = -(
+            p * jax.nn.log_sigmoid(self.logits) + (1 - p) * jax.nn.log_sigmoid(-self.logits)
+        )
+        return _sum_event(per_dim)
+
+
+@flax.struct.dataclass
+class DiagGaussian:
+    mean: jax.Array  # [B, *shape]
+    log_std: jax.Array  # broadcastable to mean
+
+    def sample(self, keys: jax.Array) -> jax.Array:
+        noise = jax.vmap(lambda k: jax.random.normal(k, self.mean.shape[1:], self.mean.dtype))(keys)
+        return self.mean + jnp.exp(self.log_std) * noise
+
+    def mode(self) -> jax.Array:
+        return self.mean
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        log_std = jnp.broadcast_to(self.log_std, self.mean.shape)
+        z = (action - self.mean) * jnp.exp(-log_std)
+        return _sum_event(-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi))
+
+    def entropy(self) -> jax.Array:
+        log_std = jnp.broadcast_to(self.log_std, self.mean.shape)
+        return _sum_event(log_std + 0.5 * math.log(2 * math.pi * math.e))
+
+
+Distribution = Categorical | MultiCategorical | Bernoulli | DiagGaussian
+
+
+def head_params(action_space: spaces.Space) -> dict[str, Any]:
+    """Learned parameters the distribution adds to the module's (Box: a log-std)."""
+    if isinstance(action_space, spaces.Box):
+        return {"log_std": jnp.zeros(action_space.shape, jnp.float32)}
+    return {}
+
+
+def _reshaped(x: jax.Array, shape: tuple[int, ...], what: str) -> jax.Array:
+    size = int(np.prod(shape))
+    if x.ndim < 1 or int(np.prod(x.shape[1:])) != size:
+        raise SpaceMismatchError(
+            f"the policy module's {what} output has shape {x.shape}; expected [batch, "
+            f"{size}] or [batch, *{shape}] for this action space. Make the module's last "
+            f"layer output {size} features."
+        )
+    return x.reshape(x.shape[0], *shape)
+
+
+def make_distribution(
+    action_space: spaces.Space, out: dict[str, jax.Array], head: dict[str, Any]
+) -> Distribution:
+    """Builds the distribution for ``action_space`` from the module's outputs
+    (``out["params"]``, optional ``out["log_std"]``) and the head's parameters."""
+    params = out["params"]
+    if isinstance(action_space, spaces.Discrete):
+        logits = _reshaped(params, (int(action_space.n),), "logits")
+        return Categorical(logits, int(action_space.start))
+    if isinstance(action_space, spaces.MultiDiscrete):
+        nvec = tuple(int(n) for n in np.ravel(action_space.nvec))
+        starts = tuple(int(s) for s in np.ravel(action_space.start))
+        logits = _reshaped(params, (sum(nvec),), "logits")
+        return MultiCategorical(logits, nvec, starts, tuple(action_space.shape))
+    if isinstance(action_space, spaces.MultiBinary):
+        return Bernoulli(_reshaped(params, tuple(action_space.shape), "logits"))
+    if isinstance(action_space, spaces.Box):
+        shape = tuple(action_space.shape)
+        mean = _reshaped(params, shape, "mean")
+        if "log_std" in out:
+            log_std = _reshaped(out["log_std"], shape, "log_std")
+        else:
+            log_std = head["log_std"]
+        return DiagGaussian(mean, log_std)
+    raise SpaceMismatchError(
+        f"Policy.from_linen/from_nnx: no built-in distribution for action space "
+        f"{action_space}; supported are Discrete, MultiDiscrete, MultiBinary and Box. For "
+        "others, write a jaxrunner.Policy with your own apply_fn."
+    )

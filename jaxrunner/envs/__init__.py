@@ -1,0 +1,63 @@
+"""Vector-env backends and ``make_vec``."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+
+from jaxrunner.envs.base import BatchStep, VectorEnv
+from jaxrunner.envs.sync import SyncVectorEnv
+
+BACKENDS = ("sync",)
+
+
+def make_vec(
+    env: str | Callable[[], gymnasium.Env],
+    num_envs: int,
+    backend: str = "sync",
+    seed: int | None = None,
+    **env_kwargs: Any,
+) -> VectorEnv:
+    """Builds a vector env of ``num_envs`` sub-envs.
+
+    Args:
+        env: a gymnasium id (made with ``gymnasium.make(env, **env_kwargs)``) or a
+            zero-argument callable returning a ``gymnasium.Env``.
+        num_envs: number of sub-envs (>= 1).
+        backend: where the sub-envs run; one of ``BACKENDS``.
+        seed: if given, the envs are reset now with sub-env ``i`` seeded ``seed + i``.
+        **env_kwargs: keyword arguments for ``gymnasium.make`` (ids only).
+
+    Returns:
+        A ``gymnasium.vector.VectorEnv`` (autoreset mode SAME_STEP).
+    """
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"make_vec(num_envs=...): expected an int >= 1, got {num_envs!r}.")
+    if isinstance(env, str):
+        factory: Callable[[], gymnasium.Env] = functools.partial(gymnasium.make, env, **env_kwargs)
+    elif callable(env):
+        if env_kwargs:
+            raise TypeError(
+                f"make_vec(env=<callable>, {', '.join(env_kwargs)}=...): keyword arguments "
+                "are passed to gymnasium.make and only apply to env ids; bind them in your "
+                "callable instead (e.g. functools.partial)."
+            )
+        factory = env
+    else:
+        raise TypeError(
+            f"make_vec(env=...): expected a gymnasium id (str) or a zero-argument callable "
+            f"returning a gymnasium.Env, got {type(env).__name__}."
+        )
+    if backend == "sync":
+        vec: VectorEnv = SyncVectorEnv([factory] * num_envs)
+    else:
+        raise ValueError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
+    if seed is not None:
+        vec.reset(seed=seed)
+    return vec
+
+
+__all__ = ["BACKENDS", "BatchStep", "SyncVectorEnv", "VectorEnv", "make_vec"]

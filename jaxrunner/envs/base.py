@@ -1,0 +1,168 @@
+"""The contract every jaxrunner vector-env backend keeps.
+
+A backend subclasses :class:`VectorEnv` and implements :meth:`VectorEnv.reset_batch`,
+:meth:`VectorEnv.step_batch` and :meth:`VectorEnv.reset_at`. Gymnasium's ``reset``
+and ``step`` are derived from them, so every backend is a
+``gymnasium.vector.VectorEnv`` with autoreset mode ``SAME_STEP``. The runner uses the
+batch methods directly: they return views of preallocated buffers and per-env info
+lists, with no per-step dict merging.
+
+Contract (``jaxrunner.testing.VectorEnvContract`` checks it for any backend):
+
+* ``reset_batch(seeds)`` resets sub-env ``i`` with ``seeds[i]``.
+* ``step_batch(actions)`` validates the whole action batch before stepping any
+  sub-env, then steps each sub-env once. Where a sub-env ended (terminated or
+  truncated), ``next_obs`` holds its final observation and ``obs`` the observation
+  of the reset that followed in the same call (SAME_STEP autoreset); elsewhere the
+  two are equal.
+* Observations are validated against the single observation space; rewards must be
+  finite scalars and infos dicts.
+* Resetting one sub-env touches no other.
+* After ``close()`` every call raises :class:`~jaxrunner.errors.ClosedError`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import gymnasium
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.errors import ClosedError
+
+
+class BatchStep(NamedTuple):
+    """What one ``step_batch`` call returns. Arrays are views of the env's buffers:
+    valid until its next call; copy what you keep."""
+
+    obs: Any
+    """[B, ...] observations to act on next (reset ones where an episode ended)."""
+    next_obs: Any
+    """[B, ...] true next observations (the final one where an episode ended)."""
+    reward: np.ndarray
+    """[B] float64."""
+    terminated: np.ndarray
+    """[B] bool."""
+    truncated: np.ndarray
+    """[B] bool."""
+    infos: list[dict[str, Any]]
+    """Per-env step infos (the final info where an episode ended)."""
+    reset_infos: dict[int, dict[str, Any]]
+    """Infos of the resets done in this call, by env index."""
+
+
+def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> list[int | None]:
+    """gymnasium's seeding rule: ``int`` s -> ``[s, s+1, ...]``; a list is taken as is."""
+    if seed is None:
+        return [None] * num_envs
+    if isinstance(seed, (int, np.integer)):
+        return [int(seed) + i for i in range(num_envs)]
+    seeds = list(seed)
+    if len(seeds) != num_envs:
+        raise ValueError(
+            f"reset(seed=...): a list of seeds needs one per sub-env (num_envs={num_envs}), "
+            f"got {len(seeds)}. Pass an int to seed sub-env i with seed+i."
+        )
+    return seeds
+
+
+class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
+    """Base of jaxrunner's vector envs (see the module docstring for the contract)."""
+
+    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP}
+
+    # Set by subclasses in __init__.
+    num_envs: int
+    single_observation_space: gymnasium.Space
+    single_action_space: gymnasium.Space
+
+    def __init__(self, *, copy: bool = True) -> None:
+        self.copy = copy
+        self._closed_reason: str | None = None
+
+    # -- the backend contract -------------------------------------------------------
+
+    @abc.abstractmethod
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets every sub-env; returns the obs buffer view and per-env infos."""
+
+    @abc.abstractmethod
+    def step_batch(self, actions: Any) -> BatchStep:
+        """Steps every sub-env once (SAME_STEP autoreset); see :class:`BatchStep`."""
+
+    @abc.abstractmethod
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Resets sub-env ``index`` only; returns its observation and info."""
+
+    @abc.abstractmethod
+    def _close_backend(self) -> None:
+        """Releases the sub-envs (called once)."""
+
+    # -- gymnasium's API, derived -----------------------------------------------------
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """gymnasium ``reset``: sub-env ``i`` is seeded with ``seed + i``."""
+        obs, infos = self.reset_batch(normalize_seeds(seed, self.num_envs), options)
+        merged: dict[str, Any] = {}
+        for i, info in enumerate(infos):
+            merged = self._add_info(merged, info, i)
+        return self._maybe_copy(obs), merged
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """gymnasium ``step`` with SAME_STEP autoreset: where an episode ended, ``obs``
+        is the reset observation and ``info["final_obs"]``/``info["final_info"]`` hold
+        the final ones, exactly as ``gymnasium.vector.SyncVectorEnv`` reports them."""
+        out = self.step_batch(actions)
+        merged: dict[str, Any] = {}
+        for i, info in enumerate(out.infos):
+            if i in out.reset_infos:
+                final_obs = jr_spaces.take(self.single_observation_space, out.next_obs, i)
+                merged = self._add_info(merged, {"final_obs": final_obs, "final_info": info}, i)
+                info = out.reset_infos[i]
+            merged = self._add_info(merged, info, i)
+        return (
+            self._maybe_copy(out.obs),
+            out.reward.copy(),
+            out.terminated.copy(),
+            out.truncated.copy(),
+            merged,
+        )
+
+    def close_extras(self, **kwargs: Any) -> None:
+        if self._closed_reason is None:
+            self._closed_reason = "close() was called"
+            self._close_backend()
+
+    def __del__(self) -> None:
+        # gymnasium's base has no finalizer; backends holding processes need one.
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- helpers for subclasses ----------------------------------------------------------
+
+    def _check_open(self, what: str) -> None:
+        if self._closed_reason is not None:
+            raise ClosedError(
+                f"{type(self).__name__}.{what}() called after the vector env was closed "
+                f"({self._closed_reason}). Create a new one with jaxrunner.make_vec()."
+            )
+
+    def _maybe_copy(self, obs: Any) -> Any:
+        if not self.copy:
+            return obs
+        return jr_spaces.map_structure(self.single_observation_space, np.copy, obs)

@@ -1,0 +1,207 @@
+"""``backend="sync"``: every sub-env in this process, stepped in turn."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.vector.utils import batch_space
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.envs.base import BatchStep, VectorEnv
+from jaxrunner.errors import EnvError, InvalidStepError, SpaceMismatchError
+
+EnvFactory = Callable[[], gymnasium.Env]
+
+
+def check_reward(value: Any, index: int) -> float:
+    """A reward as a Python float, or a clear error (slow path of the step loop)."""
+    if isinstance(value, (bool, np.bool_)) or not (
+        isinstance(value, (int, float, np.integer, np.floating))
+        or (isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iuf")
+    ):
+        raise InvalidStepError(
+            f"sub-env {index} returned a reward of type {type(value).__name__} "
+            f"({value!r:.60}); expected a finite scalar (float). Return float(reward) "
+            "from the env's step()."
+        )
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise InvalidStepError(
+            f"sub-env {index} returned a non-finite reward ({reward}); expected a finite "
+            "float. Fix the env, or clip/replace NaN and inf rewards in a wrapper."
+        )
+    return reward
+
+
+def check_info(value: Any, index: int, call: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidStepError(
+            f"sub-env {index} returned an info of type {type(value).__name__} from {call}(); "
+            "expected a dict (gymnasium's API). Return {} when there is nothing to report."
+        )
+    return value
+
+
+def check_flag(value: Any, index: int, name: str) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise InvalidStepError(
+        f"sub-env {index} returned {name}={value!r:.60} of type {type(value).__name__}; "
+        f"expected a bool. Return bool({name}) from the env's step()."
+    )
+
+
+class SyncVectorEnv(VectorEnv):
+    """Sub-envs in this process, stepped one after another, with validated,
+    in-place writes into stacked buffers.
+
+    Step for step equal to ``gymnasium.vector.SyncVectorEnv(env_fns,
+    autoreset_mode=SAME_STEP)`` for the same seeds and actions.
+
+    Args:
+        env_fns: zero-argument factories, one per sub-env.
+        copy: if True, ``reset``/``step`` return copies of the observation buffer
+            (as gymnasium's does); the runner's batch methods never copy.
+    """
+
+    def __init__(self, env_fns: Sequence[EnvFactory], *, copy: bool = True) -> None:
+        super().__init__(copy=copy)
+        if len(env_fns) == 0:
+            raise ValueError("SyncVectorEnv needs at least one env factory, got none.")
+        self.env_fns = list(env_fns)
+        self.envs: list[gymnasium.Env] = []
+        try:
+            for fn in self.env_fns:
+                self.envs.append(fn())
+        except BaseException:
+            # Do not leak the sub-envs built so far.
+            for env in self.envs:
+                env.close()
+            self._closed_reason = "construction failed"
+            raise
+        first = self.envs[0]
+        self.num_envs = len(self.envs)
+        self.metadata = {**first.metadata, "autoreset_mode": VectorEnv.metadata["autoreset_mode"]}
+        self.render_mode = first.render_mode
+        self.spec = None
+        self.single_observation_space = first.observation_space
+        self.single_action_space = first.action_space
+        for i, env in enumerate(self.envs):
+            for name in ("observation_space", "action_space"):
+                expected, got = getattr(first, name), getattr(env, name)
+                if got != expected:
+                    self.close()
+                    raise SpaceMismatchError(
+                        f"sub-env {i} has {name}={got}, but sub-env 0 has {expected}; every "
+                        "sub-env of a vector env must have equal spaces. Check the factory."
+                    )
+        jr_spaces.check_supported(self.single_observation_space, "single_observation_space")
+        jr_spaces.check_supported(self.single_action_space, "single_action_space")
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+
+        n, obs_space = self.num_envs, self.single_observation_space
+        self._obs = jr_spaces.allocate(obs_space, (n,))
+        self._next_obs = jr_spaces.allocate(obs_space, (n,))
+        self._write_obs = jr_spaces.make_writer(obs_space, self._obs)
+        self._write_next_obs = jr_spaces.make_writer(obs_space, self._next_obs)
+        self._reward = np.zeros(n, dtype=np.float64)
+        self._terminated = np.zeros(n, dtype=np.bool_)
+        self._truncated = np.zeros(n, dtype=np.bool_)
+        self._split_actions = jr_spaces.make_action_splitter(self.single_action_space, n)
+
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        self._check_open("reset")
+        infos = [self._reset_one(i, seeds[i], options) for i in range(self.num_envs)]
+        return self._obs, infos
+
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        self._check_open("reset_at")
+        if not 0 <= index < self.num_envs:
+            raise IndexError(f"reset_at(index={index}): index must be in [0, {self.num_envs}).")
+        info = self._reset_one(index, seed, options)
+        return jr_spaces.take(self.single_observation_space, self._obs, index), info
+
+    def _reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict:
+        try:
+            obs, info = self.envs[i].reset(seed=seed, options=options)
+        except Exception as err:
+            raise EnvError(f"sub-env {i} raised in reset(): {err!r}", i) from err
+        self._write_obs(i, obs)
+        return check_info(info, i, "reset")
+
+    def step_batch(self, actions: Any) -> BatchStep:
+        self._check_open("step")
+        per_env = self._split_actions(actions)  # validates before any sub-env steps
+        reward, terminated, truncated = self._reward, self._terminated, self._truncated
+        write_next_obs = self._write_next_obs
+        infos: list[dict[str, Any]] = []
+        ended: list[int] = []
+        for i, (env, action) in enumerate(zip(self.envs, per_env)):
+            try:
+                obs, r, term, trunc, info = env.step(action)
+            except Exception as err:
+                raise EnvError(f"sub-env {i} raised in step(): {err!r}", i) from err
+            write_next_obs(i, obs)
+            # Fast paths for the common types; the checks explain anything else.
+            reward[i] = r if type(r) is float else check_reward(r, i)
+            terminated[i] = term if type(term) is bool else check_flag(term, i, "terminated")
+            truncated[i] = trunc if type(trunc) is bool else check_flag(trunc, i, "truncated")
+            infos.append(info if type(info) is dict else check_info(info, i, "step"))
+            if term or trunc:
+                ended.append(i)
+        if not np.isfinite(reward).all():
+            bad = int(np.flatnonzero(~np.isfinite(reward))[0])
+            check_reward(reward[bad], bad)
+        obs_space = self.single_observation_space
+        jr_spaces.copy_into(obs_space, self._obs, self._next_obs)
+        reset_infos = {i: self._reset_one(i, None, None) for i in ended}
+        return BatchStep(
+            self._obs, self._next_obs, reward, terminated, truncated, infos, reset_infos
+        )
+
+    def render(self) -> tuple[Any, ...]:
+        self._check_open("render")
+        return tuple(env.render() for env in self.envs)
+
+    def get_sub_environments(self) -> list[gymnasium.Env]:
+        """The sub-envs themselves (the ``gymnasium.Env`` objects, in index order)."""
+        self._check_open("get_sub_environments")
+        return list(self.envs)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
+        self._check_open("call")
+        results = []
+        for env in self.envs:
+            attr = env.get_wrapper_attr(name)
+            results.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return tuple(results)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        self._check_open("get_attr")
+        return tuple(env.get_wrapper_attr(name) for env in self.envs)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self._check_open("set_attr")
+        if not isinstance(values, (list, tuple)):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(
+                f"set_attr({name!r}, values): need one value per sub-env ({self.num_envs}), "
+                f"got {len(values)}."
+            )
+        for env, value in zip(self.envs, values):
+            env.set_wrapper_attr(name, value)
+
+    def _close_backend(self) -> None:
+        for env in self.envs:
+            env.close()

@@ -1,0 +1,52 @@
+"""jaxrunner's exceptions.
+
+Every exception jaxrunner raises on purpose derives from :class:`JaxRunnerError`
+and also from the built-in it stands for, so ``except ValueError`` keeps working.
+Messages say what was expected, what came, where (env index, space path or
+argument) and how to fix it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class JaxRunnerError(Exception):
+    """Base class of every error raised by jaxrunner.
+
+    Attributes:
+        partial_trajectory: set when the error interrupted ``EnvRunner.sample()``:
+            the steps collected before it, as a :class:`jaxrunner.Trajectory`
+            (``None`` when no step had completed).
+    """
+
+    partial_trajectory: Any = None
+
+
+class SpaceMismatchError(JaxRunnerError, ValueError):
+    """Data (an observation, action or policy output) does not fit its space."""
+
+
+class InvalidStepError(JaxRunnerError, ValueError):
+    """A sub-env returned something gymnasium's API does not allow
+    (a non-finite or non-scalar reward, an info that is not a dict, ...)."""
+
+
+class InvalidActionError(JaxRunnerError, ValueError):
+    """An action batch has the wrong number of actions, shape or dtype."""
+
+
+class EnvError(JaxRunnerError, RuntimeError):
+    """A sub-env raised in ``step()`` or ``reset()``; the original is chained."""
+
+    def __init__(self, message: str, env_index: int) -> None:
+        super().__init__(message)
+        self.env_index = env_index
+
+
+class ClosedError(JaxRunnerError, RuntimeError):
+    """A vector env or runner was used after ``close()``/``stop()``."""
+
+
+class RunnerFailedError(JaxRunnerError, RuntimeError):
+    """The runner was used again after a ``sample()`` call failed part-way."""

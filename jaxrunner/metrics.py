@@ -1,0 +1,89 @@
+"""Sampler metrics: per-step perf timers (mean or EMA) and recent-episode statistics."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+PERF_KEYS = ("env_wait_ms", "inference_ms", "obs_processing_ms", "action_processing_ms")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MetricsConfig:
+    """How the runner summarises what it measured."""
+
+    episode_window: int = 100
+    """Episode return/length means are over this many most recent episodes."""
+    perf_ema: float | None = None
+    """None: perf timers are the mean over every step so far. A float in (0, 1]:
+    an exponential moving average with this weight per step (as RLlib's sampler)."""
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.episode_window, bool)
+            or not isinstance(self.episode_window, int)
+            or (self.episode_window < 1)
+        ):
+            raise ValueError(
+                f"MetricsConfig(episode_window={self.episode_window!r}): expected an int >= 1."
+            )
+        if self.perf_ema is not None and not 0.0 < self.perf_ema <= 1.0:
+            raise ValueError(
+                f"MetricsConfig(perf_ema={self.perf_ema!r}): expected None or a float in (0, 1]."
+            )
+
+
+class PerfTimers:
+    """Milliseconds per env step spent in each phase of the sampling loop."""
+
+    def __init__(self, ema: float | None) -> None:
+        self._ema = ema
+        self._value = dict.fromkeys(PERF_KEYS, 0.0)  # seconds per step
+        self._steps = 0
+
+    def record(self, totals_s: dict[str, float], num_steps: int) -> None:
+        """Adds ``num_steps`` steps whose phases took ``totals_s`` seconds in all."""
+        if num_steps <= 0:
+            return
+        for key in PERF_KEYS:
+            mean = totals_s[key] / num_steps
+            if self._ema is None or self._steps == 0:
+                # Running mean (and the EMA's first value).
+                weight = num_steps / (self._steps + num_steps)
+            else:
+                # num_steps EMA updates by the same per-step value, in closed form.
+                weight = 1.0 - (1.0 - self._ema) ** num_steps
+            self._value[key] += weight * (mean - self._value[key])
+        self._steps += num_steps
+
+    def summary(self) -> dict[str, float]:
+        return {key: 1000.0 * value for key, value in self._value.items()}
+
+
+class EpisodeStats:
+    """Counts of finished episodes and their returns/lengths over a recent window."""
+
+    def __init__(self, window: int) -> None:
+        self.num_episodes = 0
+        self._returns: collections.deque[float] = collections.deque(maxlen=window)
+        self._lengths: collections.deque[int] = collections.deque(maxlen=window)
+
+    def add(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+        self.num_episodes += len(returns)
+        self._returns.extend(returns.tolist())
+        self._lengths.extend(lengths.tolist())
+
+    def summary(self) -> dict[str, Any]:
+        def stat(values: collections.deque, fn: Any) -> float:
+            return float(fn(values)) if values else float("nan")
+
+        return {
+            "num_episodes": self.num_episodes,
+            "episode_return_mean": stat(self._returns, np.mean),
+            "episode_return_min": stat(self._returns, np.min),
+            "episode_return_max": stat(self._returns, np.max),
+            "episode_length_mean": stat(self._lengths, np.mean),
+        }

@@ -1,0 +1,218 @@
+"""Policies as pure functions: ``apply_fn(params, obs, carry, keys) -> (action, extras, carry)``.
+
+Everything is batched over envs: ``obs`` is a pytree of ``[B, ...]`` arrays,
+``keys`` holds one PRNG key per env (``[B]``), ``carry`` is the recurrent state
+(a pytree of ``[B, ...]`` arrays, ``None`` for feed-forward policies). ``extras``
+is a dict of ``[B, ...]`` arrays stored with each transition (``log_prob``, and
+``value`` when the module gives one).
+
+The runner jits ``apply_fn`` once, passes params as an argument (so new params
+never retrace) and resets each env's carry to ``initial_carry`` when an episode
+starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner import distributions
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.errors import SpaceMismatchError
+
+Params = Any
+Carry = Any
+ApplyFn = Callable[[Params, Any, Carry, jax.Array], tuple[Any, dict[str, Any], Carry]]
+InitFn = Callable[[jax.Array, Any, Carry], Params]
+
+
+def dummy_obs(observation_space: spaces.Space, batch: int = 1) -> Any:
+    """A batch of zero observations with the space's structure, shapes and dtypes."""
+    return jr_spaces.allocate(observation_space, (batch,))
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A pure policy.
+
+    Attributes:
+        apply_fn: ``(params, obs, carry, keys) -> (action, extras, carry)``, batched
+            over envs (see the module docstring). Must be jittable.
+        init_fn: ``(key, obs, carry) -> params`` given a batch of one dummy obs (and
+            one carry); used by :meth:`init`. Optional if you build params yourself.
+        initial_carry: one env's recurrent state (no batch axis), or ``None`` for a
+            feed-forward policy. Each env's carry is reset to it at episode start.
+    """
+
+    apply_fn: ApplyFn
+    init_fn: InitFn | None = None
+    initial_carry: Carry = None
+
+    def init(self, key: jax.Array, observation_space: spaces.Space) -> Params:
+        """Initial params for observations of ``observation_space`` (a single env's)."""
+        if self.init_fn is None:
+            raise ValueError(
+                "Policy.init: this Policy has no init_fn; build params yourself or pass "
+                "init_fn=(key, obs, carry) -> params."
+            )
+        return self.init_fn(key, dummy_obs(observation_space), self.batched_carry(1))
+
+    def batched_carry(self, num_envs: int) -> Carry:
+        """``initial_carry`` repeated for ``num_envs`` envs (``None`` if feed-forward)."""
+        if self.initial_carry is None:
+            return None
+        return jax.tree.map(
+            lambda c: jnp.broadcast_to(jnp.asarray(c), (num_envs, *jnp.shape(c))),
+            self.initial_carry,
+        )
+
+    @classmethod
+    def from_linen(
+        cls,
+        module: Any,
+        action_space: spaces.Space,
+        *,
+        deterministic: bool = False,
+        initial_carry: Carry = None,
+    ) -> Policy:
+        """Wraps a ``flax.linen`` module that maps a batch of observations to the
+        parameters of the action distribution.
+
+        The module's output (``out``) is one of:
+
+        * an array: logits (Discrete, MultiDiscrete with all components' logits
+          concatenated, MultiBinary) or the mean (Box);
+        * a tuple ``(out, value)`` with ``value`` of shape ``[B]`` or ``[B, 1]``;
+        * a dict with ``"logits"`` or ``"mean"``, and optionally ``"log_std"`` (Box;
+          otherwise a learned state-independent log-std is used) and ``"value"``.
+
+        Recurrent modules (``initial_carry`` given) are called as
+        ``module(carry, obs) -> (carry, out)``, like flax's RNN cells.
+
+        Args:
+            module: the linen module.
+            action_space: a single env's action space; picks the distribution.
+            deterministic: act with the distribution's mode instead of sampling.
+            initial_carry: one env's initial recurrent state, for recurrent modules.
+        """
+
+        def forward(module_params: Params, obs: Any, carry: Carry) -> tuple[Any, Carry]:
+            if initial_carry is None:
+                return module.apply(module_params, obs), None
+            carry, out = module.apply(module_params, carry, obs)
+            return out, carry
+
+        def init_module(key: jax.Array, obs: Any, carry: Carry) -> Params:
+            if initial_carry is None:
+                return module.init(key, obs)
+            return module.init(key, carry, obs)
+
+        return cls._from_forward(forward, init_module, action_space, deterministic, initial_carry)
+
+    @classmethod
+    def from_nnx(
+        cls,
+        module: Any,
+        action_space: spaces.Space,
+        *,
+        deterministic: bool = False,
+        initial_carry: Carry = None,
+    ) -> Policy:
+        """Like :meth:`from_linen`, for a constructed ``flax.nnx`` module. Its state
+        (from ``nnx.split``) becomes the params; ``init`` returns the module's current
+        state (nnx modules are initialised when constructed), whatever the key."""
+        from flax import nnx
+
+        graphdef, state = nnx.split(module)
+
+        def forward(module_params: Params, obs: Any, carry: Carry) -> tuple[Any, Carry]:
+            model = nnx.merge(graphdef, module_params)
+            if initial_carry is None:
+                return model(obs), None
+            carry, out = model(carry, obs)
+            return out, carry
+
+        def init_module(key: jax.Array, obs: Any, carry: Carry) -> Params:
+            del key, obs, carry
+            return state
+
+        return cls._from_forward(forward, init_module, action_space, deterministic, initial_carry)
+
+    @classmethod
+    def _from_forward(
+        cls,
+        forward: Callable[[Params, Any, Carry], tuple[Any, Carry]],
+        init_module: Callable[[jax.Array, Any, Carry], Params],
+        action_space: spaces.Space,
+        deterministic: bool,
+        initial_carry: Carry,
+    ) -> Policy:
+        head = distributions.head_params(action_space)
+        # Fail now, not at the first step, if no distribution fits the space.
+        distributions.make_distribution(action_space, _probe_output(action_space), head)
+
+        def apply_fn(params: Params, obs: Any, carry: Carry, keys: jax.Array):
+            out, carry = forward(params["module"], obs, carry)
+            out = parse_module_output(out)
+            dist = distributions.make_distribution(action_space, out, params)
+            action = dist.mode() if deterministic else dist.sample(keys)
+            extras = {"log_prob": dist.log_prob(action)}
+            if "value" in out:
+                extras["value"] = out["value"]
+            return action, extras, carry
+
+        def init_fn(key: jax.Array, obs: Any, carry: Carry) -> Params:
+            return {"module": init_module(key, obs, carry), **head}
+
+        return cls(apply_fn=apply_fn, init_fn=init_fn, initial_carry=initial_carry)
+
+
+def _probe_output(action_space: spaces.Space) -> dict[str, jax.Array]:
+    """A stand-in module output of the right size, to check the space early."""
+    if isinstance(action_space, spaces.MultiDiscrete):
+        size = int(np.sum(action_space.nvec))
+    elif isinstance(action_space, spaces.Discrete):
+        size = int(action_space.n)
+    else:
+        size = int(np.prod(action_space.shape or (1,)))
+    return {"params": jnp.zeros((1, size))}
+
+
+def parse_module_output(out: Any) -> dict[str, jax.Array]:
+    """Normalises a module output to ``{"params", ["log_std"], ["value"]}``."""
+    if isinstance(out, dict):
+        keys = {"logits", "mean"} & set(out)
+        unknown = set(out) - {"logits", "mean", "log_std", "value"}
+        if len(keys) != 1 or unknown:
+            raise SpaceMismatchError(
+                f"the policy module returned a dict with keys {sorted(out)}; expected exactly "
+                "one of 'logits'/'mean', plus optionally 'log_std' and 'value'."
+            )
+        parsed = {"params": out[keys.pop()]}
+        parsed.update({k: out[k] for k in ("log_std", "value") if k in out})
+    elif isinstance(out, tuple):
+        if len(out) != 2:
+            raise SpaceMismatchError(
+                f"the policy module returned a tuple of {len(out)} items; expected "
+                "(logits_or_mean, value). Return a dict for anything richer."
+            )
+        parsed = {"params": out[0], "value": out[1]}
+    else:
+        parsed = {"params": out}
+    if "value" in parsed:
+        value = parsed["value"]
+        if value.ndim == 2 and value.shape[1] == 1:
+            value = value[:, 0]
+        if value.ndim != 1:
+            raise SpaceMismatchError(
+                f"the policy module's value has shape {value.shape}; expected [batch] or "
+                "[batch, 1]."
+            )
+        parsed["value"] = value
+    return parsed

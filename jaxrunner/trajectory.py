@@ -1,0 +1,237 @@
+"""Trajectory ([T, B] transitions) and Episode, with split, concatenate, save and load."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import numpy as np
+
+_FORMAT = "jaxrunner.Trajectory"
+_VERSION = 1
+
+
+@flax.struct.dataclass
+class Trajectory:
+    """``T`` steps of ``B`` envs. Every field is ``[T, B, ...]``; row ``[t, b]`` of
+    every field comes from the same ``env.step`` call of env ``b`` (invariant 2).
+
+    Attributes:
+        obs: observations acted on (pytree shaped by the observation space).
+        action: actions as sampled by the policy (Box actions unclipped).
+        reward: float64 rewards.
+        terminated: the episode ended in a terminal state.
+        truncated: the episode was cut (time limit...); bootstrap from ``next_obs``.
+        next_obs: the true next observation: the final one where an episode ended,
+            never the observation of the reset that followed.
+        extras: dict of policy outputs per step (``log_prob``, ``value``, ...).
+        env_id: index of the env (global across workers).
+        episode_id: unique per runner; the same for every step of an episode.
+        step: index of the step within its episode (0 at the first).
+    """
+
+    obs: Any
+    action: Any
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    next_obs: Any
+    extras: dict[str, Any]
+    env_id: np.ndarray
+    episode_id: np.ndarray
+    step: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        """T, the length of the time axis."""
+        return int(self.reward.shape[0])
+
+    @property
+    def num_envs(self) -> int:
+        """B, the length of the env axis."""
+        return int(self.reward.shape[1])
+
+    @property
+    def done(self) -> np.ndarray:
+        """``terminated | truncated``: where an episode ended."""
+        return np.logical_or(self.terminated, self.truncated)
+
+    def to_numpy(self) -> Trajectory:
+        """The same trajectory with every leaf a numpy array (device -> host)."""
+        return jax.tree.map(np.asarray, jax.device_get(self))
+
+    def time_slice(self, start: int, stop: int) -> Trajectory:
+        """Steps ``start:stop`` of every field."""
+        return jax.tree.map(lambda x: x[start:stop], self)
+
+    def split_episodes(self) -> list[Episode]:
+        """Splits into episodes, env by env, in time order.
+
+        Episodes that end inside the trajectory are ``is_done``; the trailing ones
+        still running at its end are not. An episode that began before the first
+        step (continued from an earlier ``sample()``) has ``start_step > 0``;
+        ``is_complete`` is true only for episodes seen from first to last step.
+        """
+        host = self.to_numpy()
+        episodes = []
+        for b in range(host.num_envs):
+            ids = host.episode_id[:, b]
+            cuts = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist(), host.num_steps]
+            for start, stop in zip(cuts[:-1], cuts[1:]):
+                episodes.append(_episode_from(host, b, start, stop))
+        return episodes
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Saves to one ``.npz`` file (no pickle); :meth:`load` restores it exactly."""
+        arrays: dict[str, np.ndarray] = {}
+        fields = {name: _encode(getattr(self, name), arrays) for name in self.__dataclass_fields__}
+        spec = {"format": _FORMAT, "version": _VERSION, "fields": fields}
+        np.savez(path, __spec__=np.array(json.dumps(spec)), **arrays)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Trajectory:
+        """Loads a file written by :meth:`save`."""
+        with np.load(path, allow_pickle=False) as data:
+            if "__spec__" not in data:
+                raise ValueError(f"{path} is not a jaxrunner trajectory file (no __spec__).")
+            spec = json.loads(str(data["__spec__"]))
+            if spec.get("format") != _FORMAT or spec.get("version") != _VERSION:
+                raise ValueError(
+                    f"{path}: expected format {_FORMAT} version {_VERSION}, got "
+                    f"{spec.get('format')} version {spec.get('version')}."
+                )
+            arrays = {name: data[name] for name in data.files}
+        return cls(**{name: _decode(s, arrays) for name, s in spec["fields"].items()})
+
+
+@flax.struct.dataclass
+class Episode:
+    """One env's episode, or the part of it a trajectory holds.
+
+    Attributes:
+        obs: ``[L+1, ...]``, the first observation to the last (the final
+            observation if the episode ended).
+        action, reward, extras: ``[L, ...]``.
+        terminated, truncated: how it ended (both False while it still runs).
+        episode_id, env_id: as in :class:`Trajectory`.
+        start_step: episode step index of ``action[0]`` (0 unless this is the tail
+            of an episode that began before the trajectory did).
+    """
+
+    obs: Any
+    action: Any
+    reward: np.ndarray
+    extras: dict[str, Any]
+    terminated: bool = flax.struct.field(pytree_node=False)
+    truncated: bool = flax.struct.field(pytree_node=False)
+    episode_id: int = flax.struct.field(pytree_node=False)
+    env_id: int = flax.struct.field(pytree_node=False)
+    start_step: int = flax.struct.field(pytree_node=False, default=0)
+
+    @property
+    def length(self) -> int:
+        return int(self.reward.shape[0])
+
+    @property
+    def total_return(self) -> float:
+        return float(np.sum(self.reward))
+
+    @property
+    def is_done(self) -> bool:
+        """The episode ended (terminated or truncated)."""
+        return bool(self.terminated or self.truncated)
+
+    @property
+    def is_complete(self) -> bool:
+        """Seen whole: from its first step to its end."""
+        return self.is_done and self.start_step == 0
+
+
+def _episode_from(traj: Trajectory, b: int, start: int, stop: int) -> Episode:
+    def cut(x: np.ndarray) -> np.ndarray:
+        return x[start:stop, b]
+
+    last = stop - 1
+    obs = jax.tree.map(
+        lambda o, n: np.concatenate([o[start:stop, b], n[last : last + 1, b]]),
+        traj.obs,
+        traj.next_obs,
+    )
+    return Episode(
+        obs=obs,
+        action=jax.tree.map(cut, traj.action),
+        reward=cut(traj.reward),
+        extras=jax.tree.map(cut, traj.extras),
+        terminated=bool(traj.terminated[last, b]),
+        truncated=bool(traj.truncated[last, b]),
+        episode_id=int(traj.episode_id[start, b]),
+        env_id=int(traj.env_id[start, b]),
+        start_step=int(traj.step[start, b]),
+    )
+
+
+def concatenate_episodes(head: Episode, tail: Episode) -> Episode:
+    """Joins two consecutive pieces of one episode (``head`` unfinished)."""
+    if head.is_done or head.episode_id != tail.episode_id or head.env_id != tail.env_id:
+        raise ValueError(
+            f"concatenate_episodes(): episode {tail.episode_id} of env {tail.env_id} does not "
+            f"continue episode {head.episode_id} of env {head.env_id} (done={head.is_done})."
+        )
+    return head.replace(
+        obs=jax.tree.map(lambda a, b: np.concatenate([a[:-1], b]), head.obs, tail.obs),
+        action=jax.tree.map(lambda a, b: np.concatenate([a, b]), head.action, tail.action),
+        reward=np.concatenate([head.reward, tail.reward]),
+        extras=jax.tree.map(lambda a, b: np.concatenate([a, b]), head.extras, tail.extras),
+        terminated=tail.terminated,
+        truncated=tail.truncated,
+    )
+
+
+def concatenate(trajectories: Sequence[Trajectory]) -> Trajectory:
+    """Joins trajectories of the same envs along time (``[T1 + T2 + ..., B]``)."""
+    if not trajectories:
+        raise ValueError("concatenate() needs at least one Trajectory, got none.")
+    first = trajectories[0]
+    structure = jax.tree.structure(first)
+    for i, traj in enumerate(trajectories):
+        if jax.tree.structure(traj) != structure:
+            raise ValueError(
+                f"concatenate(): trajectory {i} has a different structure (observation or "
+                "extras fields) than trajectory 0; only trajectories of the same runner or "
+                "spaces can be joined."
+            )
+        if traj.num_envs != first.num_envs:
+            raise ValueError(
+                f"concatenate(): trajectory {i} has {traj.num_envs} envs, trajectory 0 has "
+                f"{first.num_envs}; concatenation is along time and needs equal env axes."
+            )
+    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *trajectories)
+
+
+def _encode(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """JSON description of a pytree of dicts, tuples and arrays; arrays go to ``arrays``."""
+    if isinstance(tree, dict):
+        if not all(isinstance(k, str) for k in tree):
+            raise TypeError(f"only str dict keys can be saved, got keys {list(tree)}")
+        return {"dict": {k: _encode(v, arrays) for k, v in tree.items()}}
+    if isinstance(tree, (tuple, list)):
+        return {"tuple": [_encode(v, arrays) for v in tree]}
+    if tree is None:
+        return {"none": True}
+    name = f"a{len(arrays)}"
+    arrays[name] = np.asarray(tree)
+    return {"array": name}
+
+
+def _decode(spec: dict[str, Any], arrays: dict[str, np.ndarray]) -> Any:
+    if "dict" in spec:
+        return {k: _decode(v, arrays) for k, v in spec["dict"].items()}
+    if "tuple" in spec:
+        return tuple(_decode(v, arrays) for v in spec["tuple"])
+    if "none" in spec:
+        return None
+    return arrays[spec["array"]]
