@@ -378,7 +378,7 @@ class EnvRunner:
             live.obs.append(jr_spaces.take(self._obs_space, buf.next_obs, (t, i)))
             live.action.append(jr_spaces.take(self._action_space, buf.action, (t, i)))
             live.reward.append(float(out.reward[i]))
-            live.extras.append(jax.tree.map(lambda x: np.array(x[t, i]), buf.extras))
+            live.extras.append(jax.tree.map(lambda x, i=i: np.array(x[t, i]), buf.extras))
             live.infos.append(out.infos[i])
             live.terminated, live.truncated = bool(out.terminated[i]), bool(out.truncated[i])
             self.callbacks.on_episode_step(self, i, live)  # type: ignore[union-attr]

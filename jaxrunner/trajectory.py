@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Sequence
@@ -81,7 +82,7 @@ class Trajectory:
         for b in range(host.num_envs):
             ids = host.episode_id[:, b]
             cuts = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist(), host.num_steps]
-            for start, stop in zip(cuts[:-1], cuts[1:]):
+            for start, stop in itertools.pairwise(cuts):
                 episodes.append(_episode_from(host, b, start, stop))
         return episodes
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import gymnasium
 import numpy as np
@@ -73,7 +73,7 @@ def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> l
 class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
     """Base of jaxrunner's vector envs (see the module docstring for the contract)."""
 
-    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP}
+    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP}
 
     # Set by subclasses in __init__.
     num_envs: int
@@ -148,7 +148,8 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
 
     def __del__(self) -> None:
         # gymnasium's base has no finalizer; backends holding processes need one.
-        try:
+        # (No contextlib here: module globals may be gone at interpreter exit.)
+        try:  # noqa: SIM105
             self.close()
         except Exception:
             pass
