@@ -1,0 +1,52 @@
+"""Shared fixtures: small envs and policies, fixed seeds."""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import gymnasium
+import jax
+import pytest
+
+import jaxrunner as jr
+from jaxrunner.bench import mlp_policy
+
+
+def short_cartpole(max_episode_steps: int = 20) -> gymnasium.Env:
+    """CartPole with a short time limit, so truncations happen often."""
+    return gymnasium.make("CartPole-v1", max_episode_steps=max_episode_steps)
+
+
+class ActorCritic(nn.Module):
+    """Small MLP returning (logits_or_mean, value)."""
+
+    num_outputs: int
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x = nn.tanh(nn.Dense(16)(obs.reshape(obs.shape[0], -1).astype("float32")))
+        return nn.Dense(self.num_outputs)(x), nn.Dense(1)(x)
+
+
+@pytest.fixture
+def cartpole_runner():
+    """Factory of runners on short CartPole with an actor-critic policy."""
+    made = []
+
+    def make(num_envs: int = 4, rollout_length: int = 32, seed: int = 0, **kwargs):
+        envs = jr.make_vec(short_cartpole, num_envs)
+        policy = jr.Policy.from_linen(ActorCritic(2), envs.single_action_space)
+        params = policy.init(jax.random.key(1), envs.single_observation_space)
+        runner = jr.EnvRunner(envs, policy, params, rollout_length, seed, **kwargs)
+        made.append(runner)
+        return runner
+
+    yield make
+    for runner in made:
+        runner.stop()
+
+
+@pytest.fixture
+def mlp():
+    return functools.partial(mlp_policy, hidden=(16,))

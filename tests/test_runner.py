@@ -1,0 +1,412 @@
+"""EnvRunner: trajectories against hand-stepped reference envs, and the invariants."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import gymnasium
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ActorCritic, short_cartpole
+
+import jaxrunner as jr
+from jaxrunner.errors import (
+    ClosedError,
+    InvalidStepError,
+    JaxRunnerError,
+    RunnerFailedError,
+    SpaceMismatchError,
+)
+
+
+def replay(make_env, seed: int, trajs: list[jr.Trajectory], b: int, clip=None) -> int:
+    """Replays env ``b``'s actions in a fresh reference env and checks every field
+    exactly; returns the number of steps replayed."""
+    env = make_env()
+    obs, _ = env.reset(seed=seed + b)
+    steps = 0
+    for traj in trajs:
+        for t in range(traj.num_steps):
+            np.testing.assert_array_equal(traj.obs[t, b], obs)
+            action = traj.action[t, b]
+            next_obs, reward, terminated, truncated, _ = env.step(
+                action if clip is None else clip(action)
+            )
+            np.testing.assert_array_equal(traj.next_obs[t, b], next_obs)
+            assert traj.reward[t, b] == reward
+            assert traj.terminated[t, b] == terminated
+            assert traj.truncated[t, b] == truncated
+            obs = next_obs
+            if terminated or truncated:
+                obs, _ = env.reset()
+            steps += 1
+    return steps
+
+
+def test_trajectory_fields(cartpole_runner):
+    runner = cartpole_runner(num_envs=3, rollout_length=10)
+    traj = runner.sample()
+    assert traj.obs.shape == traj.next_obs.shape == (10, 3, 4)
+    assert traj.obs.dtype == np.float32
+    assert traj.action.shape == (10, 3) and traj.action.dtype == np.int64
+    assert traj.reward.dtype == np.float64
+    assert set(traj.extras) == {"log_prob", "value"}
+    assert traj.extras["log_prob"].shape == (10, 3)
+    np.testing.assert_array_equal(traj.env_id, np.broadcast_to(np.arange(3), (10, 3)))
+    np.testing.assert_array_equal(traj.step[0], 0)
+    np.testing.assert_array_equal(traj.episode_id[0], np.arange(3))
+
+
+def test_replay_reproduces_trajectory_across_samples(cartpole_runner):
+    runner = cartpole_runner(num_envs=4, rollout_length=25, seed=7)
+    trajs = [runner.sample() for _ in range(3)]
+    assert any(t.truncated.any() for t in trajs)  # time limit hit: truncations are covered
+    for b in range(4):
+        assert replay(short_cartpole, 7, trajs, b) == 75
+
+
+def test_box_actions_clipped_for_env_only():
+    envs = jr.make_vec("Pendulum-v1", 2)
+    policy = jr.Policy.from_linen(ActorCritic(1), envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    params["log_std"] = jnp.full((1,), 1.5)  # wide: many samples outside [-2, 2]
+    space = envs.single_action_space
+    with jr.EnvRunner(envs, policy, params, rollout_length=40, seed=3) as runner:
+        traj = runner.sample()
+    assert (np.abs(traj.action) > 2).any(), "the trajectory keeps the unclipped action"
+    for b in range(2):
+        replay(
+            lambda: gymnasium.make("Pendulum-v1"),
+            3,
+            [traj],
+            b,
+            clip=lambda a: np.clip(a, space.low, space.high),
+        )
+
+
+def test_exactly_once_and_step_counts(cartpole_runner):
+    counts = np.zeros(3, dtype=int)
+
+    class Counted(gymnasium.Wrapper):
+        def __init__(self, index):
+            super().__init__(short_cartpole())
+            self.index = index
+
+        def step(self, action):
+            counts[self.index] += 1
+            return super().step(action)
+
+    made = iter(range(3))
+    envs = jr.make_vec(lambda: Counted(next(made)), 3)
+    policy = jr.Policy.from_linen(ActorCritic(2), envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length=30, seed=0) as runner:
+        trajs = [runner.sample() for _ in range(4)]
+        metrics = runner.get_metrics()
+    np.testing.assert_array_equal(counts, 120)
+    assert metrics["num_env_steps"] == 360 == sum(t.reward.size for t in trajs)
+    joined = jr.concatenate(trajs)
+    # Each step appears once: (episode_id, step) pairs are unique and contiguous.
+    for b in range(3):
+        for episode_id in np.unique(joined.episode_id[:, b]):
+            steps = joined.step[:, b][joined.episode_id[:, b] == episode_id]
+            np.testing.assert_array_equal(steps, np.arange(steps[0], steps[0] + len(steps)))
+    assert len(np.unique(joined.episode_id)) == metrics["num_episodes"] + 3
+
+
+def test_no_fabricated_transitions_at_episode_ends(cartpole_runner):
+    traj = cartpole_runner(num_envs=4, rollout_length=60).sample()
+    done = traj.done[:-1]
+    assert done.any()
+    # After an end the next step starts a new episode at step 0 from a reset obs ...
+    assert (traj.step[1:][done] == 0).all()
+    assert (traj.episode_id[1:][done] != traj.episode_id[:-1][done]).all()
+    # ... and inside an episode, obs[t+1] is exactly next_obs[t].
+    np.testing.assert_array_equal(traj.obs[1:][~done], traj.next_obs[:-1][~done])
+    assert not np.array_equal(traj.obs[1:][done], traj.next_obs[:-1][done])
+
+
+def test_same_seed_same_trajectories_and_different_seed_differs(cartpole_runner):
+    a = cartpole_runner(seed=5).sample()
+    b = cartpole_runner(seed=5).sample()
+    c = cartpole_runner(seed=6).sample()
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+    assert not np.array_equal(a.action, c.action)
+
+
+def test_policy_compiled_once_and_new_params_apply_without_retrace():
+    traces = []
+    module = ActorCritic(2)
+    base = jr.Policy.from_linen(module, gymnasium.spaces.Discrete(2), deterministic=True)
+
+    def counting_apply(params, obs, carry, keys):
+        traces.append(1)  # runs at trace time only
+        return base.apply_fn(params, obs, carry, keys)
+
+    policy = jr.Policy(counting_apply, base.init_fn)
+    envs = jr.make_vec(short_cartpole, 4)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length=16, seed=0) as runner:
+        first = runner.sample()
+        # Negated logits layer: a different greedy action wherever the logits differ.
+        flipped = jax.tree.map(lambda x: x, params)
+        layer = flipped["module"]["params"]["Dense_1"]
+        flipped["module"]["params"]["Dense_1"] = jax.tree.map(lambda x: -x, layer)
+        runner.set_params(flipped)
+        second = runner.sample()
+        runner.set_params(params)
+        runner.sample()
+    assert len(traces) == 1
+
+    # The deterministic (greedy) actions of the second sample follow the new params.
+    def greedy(p, obs):
+        logits, _ = module.apply(p["module"], obs.reshape(-1, 4))
+        return np.asarray(jnp.argmax(logits, axis=-1)).reshape(obs.shape[:2])
+
+    np.testing.assert_array_equal(first.action, greedy(params, first.obs))
+    np.testing.assert_array_equal(second.action, greedy(flipped, second.obs))
+    assert not np.array_equal(second.action, greedy(params, second.obs))
+
+
+def test_set_params_rejects_other_shapes(cartpole_runner):
+    runner = cartpole_runner()
+    params = runner.get_params()
+    bad = jax.tree.map(lambda x: jnp.zeros((*x.shape, 2)), params)
+    with pytest.raises(SpaceMismatchError, match="same pytree structure"):
+        runner.set_params(bad)
+
+
+def test_one_explicit_transfer_each_way_per_step(cartpole_runner, monkeypatch):
+    runner = cartpole_runner(num_envs=3, rollout_length=12)
+    calls = {"put": 0, "get": 0}
+    put, get = jax.device_put, jax.device_get
+
+    def counting_put(*args, **kwargs):
+        calls["put"] += 1
+        return put(*args, **kwargs)
+
+    def counting_get(*args, **kwargs):
+        calls["get"] += 1
+        return get(*args, **kwargs)
+
+    monkeypatch.setattr(jax, "device_put", counting_put)
+    monkeypatch.setattr(jax, "device_get", counting_get)
+    with jax.transfer_guard("disallow"):  # any implicit transfer raises
+        runner.sample()
+    assert calls == {"put": 12, "get": 12}
+
+
+def test_metrics_equal_sums_over_episodes(cartpole_runner):
+    runner = cartpole_runner(
+        num_envs=4, rollout_length=50, metrics=jr.MetricsConfig(episode_window=7)
+    )
+    trajs = [runner.sample() for _ in range(3)]
+    metrics = runner.get_metrics()
+    joined = jr.concatenate(trajs)
+    ended = [e for e in joined.split_episodes() if e.is_done]
+    assert metrics["num_env_steps"] == joined.reward.size
+    assert metrics["num_episodes"] == len(ended) == joined.done.sum()
+    # The window holds the 7 most recent episode ends, in time order.
+    order = sorted(
+        ended,
+        key=lambda e: (
+            np.flatnonzero(joined.episode_id[:, e.env_id] == e.episode_id)[-1],
+            e.env_id,
+        ),
+    )
+    recent = order[-7:]
+    assert metrics["episode_return_mean"] == pytest.approx(
+        np.mean([e.total_return for e in recent])
+    )
+    assert metrics["episode_length_mean"] == pytest.approx(np.mean([e.length for e in recent]))
+    assert metrics["num_faulty_episodes"] == 0 and metrics["num_dropped_steps"] == 0
+    assert metrics["env_steps_per_s"] > 0
+    assert set(metrics["perf"]) == {
+        "env_wait_ms",
+        "inference_ms",
+        "obs_processing_ms",
+        "action_processing_ms",
+    }
+    assert all(v > 0 for v in metrics["perf"].values())
+
+
+def test_perf_timers_mean_and_ema():
+    from jaxrunner.metrics import PERF_KEYS, PerfTimers
+
+    mean, ema = PerfTimers(None), PerfTimers(0.5)
+    for timers in (mean, ema):
+        timers.record(dict.fromkeys(PERF_KEYS, 0.010), 10)  # 1 ms per step
+        timers.record(dict.fromkeys(PERF_KEYS, 0.006), 2)  # 3 ms per step
+    assert mean.summary()["env_wait_ms"] == pytest.approx(16 / 12)
+    # EMA: first value 1 ms, then two updates with weight 0.5 towards 3 ms.
+    assert ema.summary()["env_wait_ms"] == pytest.approx(3 - 2 * 0.25)
+    with pytest.raises(ValueError, match="perf_ema"):
+        jr.MetricsConfig(perf_ema=1.5)
+    with pytest.raises(ValueError, match="episode_window"):
+        jr.MetricsConfig(episode_window=0)
+
+
+def test_callbacks_see_each_episode(cartpole_runner):
+    class Recorder(jr.Callbacks):
+        def __init__(self):
+            self.started, self.steps, self.ended = [], 0, []
+
+        def on_episode_start(self, runner, env_index, episode):
+            assert episode.length == 0 and len(episode.obs) == 1
+            self.started.append(episode.episode_id)
+
+        def on_episode_step(self, runner, env_index, episode):
+            self.steps += 1
+
+        def on_episode_end(self, runner, env_index, episode):
+            assert episode.env_id == env_index
+            self.ended.append(episode.to_episode())
+
+    recorder = Recorder()
+    runner = cartpole_runner(num_envs=3, rollout_length=40, callbacks=recorder)
+    joined = jr.concatenate([runner.sample(), runner.sample()])
+    assert recorder.steps == joined.reward.size
+    by_id = {e.episode_id: e for e in joined.split_episodes() if e.is_complete}
+    assert recorder.ended and {e.episode_id for e in recorder.ended} == set(by_id)
+    for seen in recorder.ended:
+        jax.tree.map(np.testing.assert_array_equal, seen, by_id[seen.episode_id])
+    assert len(recorder.started) == 3 + len(recorder.ended)
+
+
+def test_sample_episodes_complete_and_nothing_lost(cartpole_runner):
+    runner = cartpole_runner(num_envs=3, rollout_length=16, seed=2)
+    first = runner.sample_episodes(5)
+    second = runner.sample_episodes(5)
+    episodes = first + second
+    assert len(first) == len(second) == 5
+    assert len({e.episode_id for e in episodes}) == 10
+    assert all(e.is_complete and e.start_step == 0 for e in episodes)
+    # Each episode is exactly what its env produced: replay it in a reference env.
+    for e in episodes:
+        assert e.obs.shape == (e.length + 1, 4)
+        assert e.terminated or e.length == 20
+
+
+class Recurrent(nn.Module):
+    """A GRU policy: ``(carry, obs) -> (carry, (logits, value))``."""
+
+    @nn.compact
+    def __call__(self, carry, obs):
+        carry, h = nn.GRUCell(features=8)(carry, obs)
+        return carry, (nn.Dense(2)(h), nn.Dense(1)(h))
+
+
+class OneHotPolicy(nn.Module):
+    @nn.compact
+    def __call__(self, obs):
+        return nn.Dense(4)(jax.nn.one_hot(obs, 16))
+
+
+def test_recurrent_carry_resets_at_episode_start():
+    module = Recurrent()
+    envs = jr.make_vec(lambda: short_cartpole(12), 3)
+    policy = jr.Policy.from_linen(module, envs.single_action_space, initial_carry=jnp.zeros(8))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length=30, seed=0) as runner:
+        traj = runner.sample()
+
+    def values_from(carry, obs_seq):
+        out = []
+        for obs in obs_seq:
+            carry, (_, value) = module.apply(params["module"], carry, obs[None])
+            out.append(float(value[0, 0]))
+        return np.array(out), carry
+
+    checked = 0
+    for episode in traj.split_episodes():
+        if episode.start_step != 0 or episode.length < 3:
+            continue
+        fresh, _ = values_from(jnp.zeros((1, 8)), episode.obs[:-1])
+        np.testing.assert_allclose(episode.extras["value"], fresh, rtol=1e-5, atol=1e-5)
+        # Sanity: a carry not reset would give other values, so this can fail.
+        stale, _ = values_from(jnp.ones((1, 8)), episode.obs[:-1])
+        assert not np.allclose(episode.extras["value"], stale, atol=1e-4)
+        checked += 1
+    assert checked >= 6  # several episodes, including ones after an autoreset
+
+
+def test_error_mid_sample_keeps_collected_steps(cartpole_runner):
+    calls = {"n": 0}
+
+    def poisoned():
+        env = short_cartpole()
+
+        def reward_fn(r):
+            calls["n"] += 1
+            return float("nan") if calls["n"] == 2 * 9 + 2 else r  # env 1 at step 9
+
+        return gymnasium.wrappers.TransformReward(env, reward_fn)
+
+    envs = jr.make_vec(poisoned, 2)
+    policy = jr.Policy.from_linen(ActorCritic(2), envs.single_action_space)
+    params = policy.init(jax.random.key(1), envs.single_observation_space)
+    runner = jr.EnvRunner(envs, policy, params, rollout_length=32, seed=0)
+    with pytest.raises(InvalidStepError, match="sub-env 1 returned a non-finite reward") as info:
+        runner.sample()
+    assert isinstance(info.value, ValueError) and isinstance(info.value, JaxRunnerError)
+    partial = info.value.partial_trajectory
+    assert partial.num_steps == 9
+    reference = cartpole_reference_prefix(9)
+    jax.tree.map(np.testing.assert_array_equal, partial, reference)
+    with pytest.raises(RunnerFailedError):
+        runner.sample()
+    runner.stop()
+    with pytest.raises(ClosedError):
+        runner.sample()
+
+
+def cartpole_reference_prefix(num_steps: int) -> jr.Trajectory:
+    envs = jr.make_vec(short_cartpole, 2)
+    policy = jr.Policy.from_linen(ActorCritic(2), envs.single_action_space)
+    params = policy.init(jax.random.key(1), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length=num_steps, seed=0) as runner:
+        return runner.sample()
+
+
+def test_policy_with_wrong_action_shape_rejected_at_construction():
+    envs = jr.make_vec(short_cartpole, 2)
+
+    def apply_fn(params, obs, carry, keys):
+        return jnp.zeros((obs.shape[0], 3), jnp.int32), {}, carry
+
+    with pytest.raises(SpaceMismatchError, match=r"needs shape \(2,\)"):
+        jr.EnvRunner(envs, jr.Policy(apply_fn), {}, rollout_length=4, seed=0)
+    envs.close()
+
+
+def test_constructor_argument_errors():
+    envs = jr.make_vec(short_cartpole, 2)
+    policy = jr.Policy.from_linen(ActorCritic(2), envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with pytest.raises(ValueError, match="rollout_length"):
+        jr.EnvRunner(envs, policy, params, rollout_length=0, seed=0)
+    with pytest.raises(ValueError, match="seed"):
+        jr.EnvRunner(envs, policy, params, rollout_length=4, seed=-1)
+    gym_envs = gymnasium.vector.SyncVectorEnv([short_cartpole])
+    with pytest.raises(TypeError, match="make_vec"):
+        jr.EnvRunner(gym_envs, policy, params, rollout_length=4, seed=0)
+    envs.close()
+
+
+def test_spaces_reported(cartpole_runner):
+    spaces = cartpole_runner(num_envs=2).get_spaces()
+    assert spaces["observation_space"].shape == (4,)
+    assert spaces["batched_observation_space"].shape == (2, 4)
+    assert spaces["action_space"] == gymnasium.spaces.Discrete(2)
+
+
+def test_discrete_observations_frozenlake():
+    envs = jr.make_vec("FrozenLake-v1", 3)
+    policy = jr.Policy.from_linen(OneHotPolicy(), envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length=40, seed=4) as runner:
+        traj = runner.sample()
+    assert traj.obs.dtype == np.int64 and traj.obs.shape == (40, 3)
+    for b in range(3):
+        replay(lambda: gymnasium.make("FrozenLake-v1"), 4, [traj], b)
