@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from jaxrunner.envs import make_vec
+from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.policy import Policy
 from jaxrunner.runner import EnvRunner
 
@@ -75,9 +76,9 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         if not self.widths or any(w < 1 for w in self.widths):
-            raise ValueError(f"BenchConfig(widths={self.widths}): expected ints >= 1.")
+            raise InvalidArgumentError(f"BenchConfig(widths={self.widths}): expected ints >= 1.")
         if self.seconds <= 0:
-            raise ValueError(f"BenchConfig(seconds={self.seconds}): expected > 0.")
+            raise InvalidArgumentError(f"BenchConfig(seconds={self.seconds}): expected > 0.")
 
 
 def timed(step: Callable[[], int], seconds: float) -> float:

@@ -85,10 +85,11 @@ class Bernoulli:
 
     def sample(self, keys: jax.Array) -> jax.Array:
         draw = jax.vmap(lambda k, logit: jax.random.bernoulli(k, jax.nn.sigmoid(logit)))
-        return draw(keys, self.logits).astype(jnp.int32)
+        # int8: gymnasium's MultiBinary dtype, so actions store without a cast.
+        return draw(keys, self.logits).astype(jnp.int8)
 
     def mode(self) -> jax.Array:
-        return (self.logits > 0).astype(jnp.int32)
+        return (self.logits > 0).astype(jnp.int8)
 
     def log_prob(self, action: jax.Array) -> jax.Array:
         a = action.astype(self.logits.dtype)

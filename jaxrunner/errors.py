@@ -50,3 +50,15 @@ class ClosedError(JaxRunnerError, RuntimeError):
 
 class RunnerFailedError(JaxRunnerError, RuntimeError):
     """The runner was used again after a ``sample()`` call failed part-way."""
+
+
+class InvalidArgumentError(JaxRunnerError, ValueError):
+    """An argument has an invalid value."""
+
+
+class InvalidArgumentTypeError(JaxRunnerError, TypeError):
+    """An argument has the wrong type."""
+
+
+class EnvIndexError(JaxRunnerError, IndexError):
+    """A sub-env index is out of range."""

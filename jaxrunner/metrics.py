@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxrunner.errors import InvalidArgumentError
+
 PERF_KEYS = ("env_wait_ms", "inference_ms", "obs_processing_ms", "action_processing_ms")
 
 
@@ -27,11 +29,11 @@ class MetricsConfig:
             or not isinstance(self.episode_window, int)
             or (self.episode_window < 1)
         ):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"MetricsConfig(episode_window={self.episode_window!r}): expected an int >= 1."
             )
         if self.perf_ema is not None and not 0.0 < self.perf_ema <= 1.0:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"MetricsConfig(perf_ema={self.perf_ema!r}): expected None or a float in (0, 1]."
             )
 

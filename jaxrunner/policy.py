@@ -24,7 +24,7 @@ from gymnasium import spaces
 
 from jaxrunner import distributions
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.errors import SpaceMismatchError
+from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 
 Params = Any
 Carry = Any
@@ -57,7 +57,7 @@ class Policy:
     def init(self, key: jax.Array, observation_space: spaces.Space) -> Params:
         """Initial params for observations of ``observation_space`` (a single env's)."""
         if self.init_fn is None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "Policy.init: this Policy has no init_fn; build params yourself or pass "
                 "init_fn=(key, obs, carry) -> params."
             )

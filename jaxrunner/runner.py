@@ -20,26 +20,41 @@ from gymnasium import spaces
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.callbacks import Callbacks, LiveEpisode
 from jaxrunner.envs.base import VectorEnv
-from jaxrunner.errors import ClosedError, RunnerFailedError, SpaceMismatchError
+from jaxrunner.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    RunnerFailedError,
+    SpaceMismatchError,
+)
 from jaxrunner.metrics import PERF_KEYS, EpisodeStats, MetricsConfig, PerfTimers
 from jaxrunner.policy import Params, Policy
 from jaxrunner.trajectory import Episode, Trajectory, concatenate_episodes
+from jaxrunner.transfer import Packing
 
 
 @flax.struct.dataclass
 class ActorState:
     """Device-resident state of the policy side of the loop."""
 
-    key: jax.Array
-    """The runner's base key; each env's action key derives from it."""
-    env_ids: jax.Array
-    """[B] global env ids."""
+    env_keys: jax.Array
+    """[B] one key per env: ``fold_in(runner_key, env_id)``."""
     env_steps: jax.Array
-    """[B] steps each env has taken so far (part of its action key)."""
+    """[B] steps each env has taken so far (folded into its key each step)."""
     carry: Any
     """[B, ...] recurrent state (None for feed-forward policies)."""
     initial_carry: Any
     """[B, ...] the carry each env restarts from at an episode start."""
+
+
+def initial_actor_state(policy: Policy, seed: int, env_ids: np.ndarray) -> ActorState:
+    key = jax.random.key(seed)
+    return ActorState(
+        env_keys=jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(env_ids, jnp.uint32)),
+        env_steps=jnp.zeros(len(env_ids), dtype=jnp.uint32),
+        carry=policy.batched_carry(len(env_ids)),
+        initial_carry=policy.batched_carry(len(env_ids)),
+    )
 
 
 def act(
@@ -47,7 +62,7 @@ def act(
 ) -> tuple[Any, dict[str, Any], ActorState]:
     """One policy step for every env (pure; the runner jits it once).
 
-    Env ``i``'s key is ``fold_in(fold_in(key, env_id[i]), env_steps[i])``, so its
+    Env ``i``'s key is ``fold_in(fold_in(seed_key, env_id[i]), env_steps[i])``: its
     actions depend on the seed, its id and its step count only (invariant 7).
     """
 
@@ -56,9 +71,7 @@ def act(
         return jnp.where(mask, c0, c)
 
     carry = jax.tree.map(restart, state.carry, state.initial_carry)
-    keys = jax.vmap(lambda i, n: jax.random.fold_in(jax.random.fold_in(state.key, i), n))(
-        state.env_ids, state.env_steps
-    )
+    keys = jax.vmap(jax.random.fold_in)(state.env_keys, state.env_steps)
     action, extras, carry = apply_fn(params, obs, carry, keys)
     return action, extras, state.replace(carry=carry, env_steps=state.env_steps + 1)
 
@@ -89,16 +102,20 @@ class EnvRunner:
         metrics: MetricsConfig | None = None,
     ) -> None:
         if not isinstance(envs, VectorEnv):
-            raise TypeError(
+            raise InvalidArgumentTypeError(
                 f"EnvRunner(envs=...): expected a jaxrunner vector env, got "
                 f"{type(envs).__name__}. Build one with jaxrunner.make_vec(env_id_or_factory, "
                 "num_envs)."
             )
         if not isinstance(policy, Policy):
-            raise TypeError(f"EnvRunner(policy=...): expected a jaxrunner.Policy, got {policy!r}.")
+            raise InvalidArgumentTypeError(
+                f"EnvRunner(policy=...): expected a jaxrunner.Policy, got {policy!r}."
+            )
         for name, value, low in (("rollout_length", rollout_length, 1), ("seed", seed, 0)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise ValueError(f"EnvRunner({name}=...): expected an int >= {low}, got {value!r}.")
+                raise InvalidArgumentError(
+                    f"EnvRunner({name}=...): expected an int >= {low}, got {value!r}."
+                )
         self.envs = envs
         self.policy = policy
         self.rollout_length = int(rollout_length)
@@ -130,15 +147,7 @@ class EnvRunner:
 
         self._obs, _ = envs.reset_batch([self.seed + i for i in range(num_envs)])
         self._params = jax.device_put(params)
-        self._state = jax.device_put(
-            ActorState(
-                key=jax.random.key(self.seed),
-                env_ids=jnp.arange(num_envs, dtype=jnp.int32),
-                env_steps=jnp.zeros(num_envs, dtype=jnp.uint32),
-                carry=policy.batched_carry(num_envs),
-                initial_carry=policy.batched_carry(num_envs),
-            )
-        )
+        self._state = initial_actor_state(policy, self.seed, self._env_id)
         self._act = self._compile(policy)
         if callbacks is not None:
             self._live = [self._start_live(i) for i in range(num_envs)]
@@ -146,15 +155,32 @@ class EnvRunner:
     # -- construction helpers ---------------------------------------------------------------
 
     def _compile(self, policy: Policy) -> Callable:
-        """Compiles the policy step once, ahead of time, and checks its outputs."""
-        obs = jax.device_put(self._obs)
-        start = jax.device_put(self._episode_start)
-        jitted = jax.jit(lambda p, s, o, e: act(policy.apply_fn, p, s, o, e), donate_argnums=1)
-        lowered = jitted.trace(self._params, self._state, obs, start)
-        action_spec, extras_spec, _ = lowered.out_info
-        self._check_action_spec(action_spec)
-        self._extras_spec = extras_spec
-        return lowered.lower().compile()
+        """Compiles the policy step once, ahead of time, and checks its outputs.
+
+        The compiled step takes the packed host inputs (observations and
+        episode-start flags) and returns the packed outputs (actions and extras):
+        one array each way (see :mod:`jaxrunner.transfer`).
+        """
+        in_packing = Packing((self._obs, self._episode_start))
+        self._stage = in_packing.allocate()
+        self._stage_obs, self._stage_start = in_packing.host_views(self._stage)
+
+        specs: dict[str, Any] = {}
+
+        def step(params: Params, state: ActorState, packed: jax.Array):
+            obs, start = in_packing.unpack(packed)
+            action, extras, state = act(policy.apply_fn, params, state, obs, start)
+            # Shapes are static while tracing: the output layout is fixed here, once.
+            specs["action"], specs["extras"] = jax.eval_shape(lambda: (action, extras))
+            specs["packing"] = Packing((action, extras))
+            return specs["packing"].pack((action, extras)), state
+
+        packed_spec = jax.ShapeDtypeStruct((in_packing.nbytes,), jnp.uint8)
+        traced = jax.jit(step, donate_argnums=1).trace(self._params, self._state, packed_spec)
+        self._check_action_spec(specs["action"])
+        self._extras_spec = specs["extras"]
+        self._out_packing = specs["packing"]
+        return traced.lower().compile()
 
     def _check_action_spec(self, spec: Any) -> None:
         num_envs = self.envs.num_envs
@@ -205,17 +231,21 @@ class EnvRunner:
         )
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         clip, envs, act = self._clip, self.envs, self._act
+        stage, stage_obs, stage_start = self._stage, self._stage_obs, self._stage_start
+        unpack = self._out_packing.host_views
         copy_into, write_extras = jr_spaces.copy_into, _extras_writer(buf.extras)
         start_time = clock = time.perf_counter()
         t = 0
         try:
             for t in range(num_steps):
                 copy_into(obs_space, buf.obs, self._obs, t)
-                inputs = jax.device_put((self._obs, self._episode_start))
+                copy_into(obs_space, stage_obs, self._obs)
+                stage_start[:] = self._episode_start
+                packed = jax.device_put(stage)
                 tick = time.perf_counter()
                 perf["obs_processing_ms"] += tick - clock
-                action, extras, self._state = act(self._params, self._state, *inputs)
-                action, extras = jax.device_get((action, extras))
+                packed, self._state = act(self._params, self._state, packed)
+                action, extras = unpack(jax.device_get(packed))
                 clock = time.perf_counter()
                 perf["inference_ms"] += clock - tick
                 copy_into(action_space, buf.action, action, t)
@@ -254,7 +284,7 @@ class EnvRunner:
         Episodes already under way before the first call are not complete and are
         skipped (their steps went to earlier ``sample()`` results)."""
         if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"sample_episodes(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
             )
         while len(self._finished) < num_episodes:
@@ -403,4 +433,4 @@ def _extras_writer(extras_buf: dict[str, Any]) -> Callable[[Any, int], None]:
     return write
 
 
-__all__ = ["ActorState", "EnvRunner", "act"]
+__all__ = ["ActorState", "EnvRunner", "act", "initial_actor_state"]

@@ -12,6 +12,8 @@ import flax.struct
 import jax
 import numpy as np
 
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
 _FORMAT = "jaxrunner.Trajectory"
 _VERSION = 1
 
@@ -78,7 +80,9 @@ class Trajectory:
         ``is_complete`` is true only for episodes seen from first to last step.
         """
         host = self.to_numpy()
-        episodes = []
+        episodes: list[Episode] = []
+        if host.num_steps == 0:
+            return episodes
         for b in range(host.num_envs):
             ids = host.episode_id[:, b]
             cuts = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist(), host.num_steps]
@@ -91,17 +95,21 @@ class Trajectory:
         arrays: dict[str, np.ndarray] = {}
         fields = {name: _encode(getattr(self, name), arrays) for name in self.__dataclass_fields__}
         spec = {"format": _FORMAT, "version": _VERSION, "fields": fields}
-        np.savez(path, __spec__=np.array(json.dumps(spec)), **arrays)
+        # An open file: np.savez would append ".npz" to a bare path, and load would miss it.
+        with open(path, "wb") as file:
+            np.savez(file, __spec__=np.array(json.dumps(spec)), **arrays)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trajectory:
         """Loads a file written by :meth:`save`."""
         with np.load(path, allow_pickle=False) as data:
             if "__spec__" not in data:
-                raise ValueError(f"{path} is not a jaxrunner trajectory file (no __spec__).")
+                raise InvalidArgumentError(
+                    f"{path} is not a jaxrunner trajectory file (no __spec__)."
+                )
             spec = json.loads(str(data["__spec__"]))
             if spec.get("format") != _FORMAT or spec.get("version") != _VERSION:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"{path}: expected format {_FORMAT} version {_VERSION}, got "
                     f"{spec.get('format')} version {spec.get('version')}."
                 )
@@ -178,7 +186,7 @@ def _episode_from(traj: Trajectory, b: int, start: int, stop: int) -> Episode:
 def concatenate_episodes(head: Episode, tail: Episode) -> Episode:
     """Joins two consecutive pieces of one episode (``head`` unfinished)."""
     if head.is_done or head.episode_id != tail.episode_id or head.env_id != tail.env_id:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"concatenate_episodes(): episode {tail.episode_id} of env {tail.env_id} does not "
             f"continue episode {head.episode_id} of env {head.env_id} (done={head.is_done})."
         )
@@ -195,18 +203,18 @@ def concatenate_episodes(head: Episode, tail: Episode) -> Episode:
 def concatenate(trajectories: Sequence[Trajectory]) -> Trajectory:
     """Joins trajectories of the same envs along time (``[T1 + T2 + ..., B]``)."""
     if not trajectories:
-        raise ValueError("concatenate() needs at least one Trajectory, got none.")
+        raise InvalidArgumentError("concatenate() needs at least one Trajectory, got none.")
     first = trajectories[0]
     structure = jax.tree.structure(first)
     for i, traj in enumerate(trajectories):
         if jax.tree.structure(traj) != structure:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"concatenate(): trajectory {i} has a different structure (observation or "
                 "extras fields) than trajectory 0; only trajectories of the same runner or "
                 "spaces can be joined."
             )
         if traj.num_envs != first.num_envs:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"concatenate(): trajectory {i} has {traj.num_envs} envs, trajectory 0 has "
                 f"{first.num_envs}; concatenation is along time and needs equal env axes."
             )
@@ -217,7 +225,9 @@ def _encode(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
     """JSON description of a pytree of dicts, tuples and arrays; arrays go to ``arrays``."""
     if isinstance(tree, dict):
         if not all(isinstance(k, str) for k in tree):
-            raise TypeError(f"only str dict keys can be saved, got keys {list(tree)}")
+            raise InvalidArgumentTypeError(
+                f"only str dict keys can be saved, got keys {list(tree)}"
+            )
         return {"dict": {k: _encode(v, arrays) for k, v in tree.items()}}
     if isinstance(tree, (tuple, list)):
         return {"tuple": [_encode(v, arrays) for v in tree]}

@@ -10,6 +10,7 @@ import gymnasium
 
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.envs.sync import SyncVectorEnv
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 BACKENDS = ("sync",)
 
@@ -35,26 +36,28 @@ def make_vec(
         A ``gymnasium.vector.VectorEnv`` (autoreset mode SAME_STEP).
     """
     if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-        raise ValueError(f"make_vec(num_envs=...): expected an int >= 1, got {num_envs!r}.")
+        raise InvalidArgumentError(
+            f"make_vec(num_envs=...): expected an int >= 1, got {num_envs!r}."
+        )
     if isinstance(env, str):
         factory: Callable[[], gymnasium.Env] = functools.partial(gymnasium.make, env, **env_kwargs)
     elif callable(env):
         if env_kwargs:
-            raise TypeError(
+            raise InvalidArgumentTypeError(
                 f"make_vec(env=<callable>, {', '.join(env_kwargs)}=...): keyword arguments "
                 "are passed to gymnasium.make and only apply to env ids; bind them in your "
                 "callable instead (e.g. functools.partial)."
             )
         factory = env
     else:
-        raise TypeError(
+        raise InvalidArgumentTypeError(
             f"make_vec(env=...): expected a gymnasium id (str) or a zero-argument callable "
             f"returning a gymnasium.Env, got {type(env).__name__}."
         )
     if backend == "sync":
         vec: VectorEnv = SyncVectorEnv([factory] * num_envs)
     else:
-        raise ValueError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
+        raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
     if seed is not None:
         vec.reset(seed=seed)
     return vec

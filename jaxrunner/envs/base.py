@@ -32,7 +32,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.errors import ClosedError
+from jaxrunner.errors import ClosedError, InvalidArgumentError
 
 
 class BatchStep(NamedTuple):
@@ -63,7 +63,7 @@ def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> l
         return [int(seed) + i for i in range(num_envs)]
     seeds = list(seed)
     if len(seeds) != num_envs:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"reset(seed=...): a list of seeds needs one per sub-env (num_envs={num_envs}), "
             f"got {len(seeds)}. Pass an int to seed sub-env i with seed+i."
         )
@@ -103,6 +103,10 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
         """Resets sub-env ``index`` only; returns its observation and info."""
 
     @abc.abstractmethod
+    def _obs_buffer(self) -> Any:
+        """The current observations, ``[B, ...]`` (a view of the env's buffer)."""
+
+    @abc.abstractmethod
     def _close_backend(self) -> None:
         """Releases the sub-envs (called once)."""
 
@@ -114,12 +118,35 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
         seed: int | Sequence[int | None] | None = None,
         options: dict[str, Any] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
-        """gymnasium ``reset``: sub-env ``i`` is seeded with ``seed + i``."""
-        obs, infos = self.reset_batch(normalize_seeds(seed, self.num_envs), options)
+        """gymnasium ``reset``: sub-env ``i`` is seeded with ``seed + i``. As in
+        gymnasium, ``options["reset_mask"]`` (a bool array) resets only those envs."""
+        seeds = normalize_seeds(seed, self.num_envs)
+        options = dict(options) if options else None
+        mask = options.pop("reset_mask", None) if options else None
+        if mask is None:
+            obs, infos = self.reset_batch(seeds, options)
+            indices = list(range(self.num_envs))
+        else:
+            indices = np.flatnonzero(self._check_reset_mask(mask)).tolist()
+            infos = [self.reset_at(i, seed=seeds[i], options=options)[1] for i in indices]
+            obs = self._obs_buffer()
         merged: dict[str, Any] = {}
-        for i, info in enumerate(infos):
+        for i, info in zip(indices, infos):
             merged = self._add_info(merged, info, i)
         return self._maybe_copy(obs), merged
+
+    def _check_reset_mask(self, mask: Any) -> np.ndarray:
+        if not (
+            isinstance(mask, np.ndarray)
+            and mask.dtype == np.bool_
+            and mask.shape == (self.num_envs,)
+            and mask.any()
+        ):
+            raise InvalidArgumentError(
+                f"reset(options={{'reset_mask': ...}}): expected a numpy bool array of shape "
+                f"({self.num_envs},) with at least one True, got {mask!r:.80}."
+            )
+        return mask
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         """gymnasium ``step`` with SAME_STEP autoreset: where an episode ended, ``obs``
@@ -145,6 +172,12 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
         if self._closed_reason is None:
             self._closed_reason = "close() was called"
             self._close_backend()
+
+    def __enter__(self) -> VectorEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __del__(self) -> None:
         # gymnasium's base has no finalizer; backends holding processes need one.

@@ -12,7 +12,13 @@ from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, VectorEnv
-from jaxrunner.errors import EnvError, InvalidStepError, SpaceMismatchError
+from jaxrunner.errors import (
+    EnvError,
+    EnvIndexError,
+    InvalidArgumentError,
+    InvalidStepError,
+    SpaceMismatchError,
+)
 
 EnvFactory = Callable[[], gymnasium.Env]
 
@@ -71,7 +77,7 @@ class SyncVectorEnv(VectorEnv):
     def __init__(self, env_fns: Sequence[EnvFactory], *, copy: bool = True) -> None:
         super().__init__(copy=copy)
         if len(env_fns) == 0:
-            raise ValueError("SyncVectorEnv needs at least one env factory, got none.")
+            raise InvalidArgumentError("SyncVectorEnv needs at least one env factory, got none.")
         self.env_fns = list(env_fns)
         self.envs: list[gymnasium.Env] = []
         try:
@@ -99,8 +105,12 @@ class SyncVectorEnv(VectorEnv):
                         f"sub-env {i} has {name}={got}, but sub-env 0 has {expected}; every "
                         "sub-env of a vector env must have equal spaces. Check the factory."
                     )
-        jr_spaces.check_supported(self.single_observation_space, "single_observation_space")
-        jr_spaces.check_supported(self.single_action_space, "single_action_space")
+        try:
+            jr_spaces.check_supported(self.single_observation_space, "single_observation_space")
+            jr_spaces.check_supported(self.single_action_space, "single_action_space")
+        except SpaceMismatchError:
+            self.close()
+            raise
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
@@ -126,7 +136,7 @@ class SyncVectorEnv(VectorEnv):
     ) -> tuple[Any, dict[str, Any]]:
         self._check_open("reset_at")
         if not 0 <= index < self.num_envs:
-            raise IndexError(f"reset_at(index={index}): index must be in [0, {self.num_envs}).")
+            raise EnvIndexError(f"reset_at(index={index}): index must be in [0, {self.num_envs}).")
         info = self._reset_one(index, seed, options)
         return jr_spaces.take(self.single_observation_space, self._obs, index), info
 
@@ -168,6 +178,9 @@ class SyncVectorEnv(VectorEnv):
             self._obs, self._next_obs, reward, terminated, truncated, infos, reset_infos
         )
 
+    def _obs_buffer(self) -> Any:
+        return self._obs
+
     def render(self) -> tuple[Any, ...]:
         self._check_open("render")
         return tuple(env.render() for env in self.envs)
@@ -195,7 +208,7 @@ class SyncVectorEnv(VectorEnv):
         if not isinstance(values, (list, tuple)):
             values = [values] * self.num_envs
         if len(values) != self.num_envs:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"set_attr({name!r}, values): need one value per sub-env ({self.num_envs}), "
                 f"got {len(values)}."
             )

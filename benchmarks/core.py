@@ -1,0 +1,113 @@
+"""Core sampler benchmark: the sync backend against raw stepping and a hand-written loop.
+
+Systems, each measured at every width in one process, side by side:
+
+* ``jaxrunner``: ``EnvRunner.sample()`` (backend from ``--backend``).
+* ``raw``: the same vector env stepped with random actions, no policy.
+* ``bare_loop``: the sub-envs' ``env.step``/``env.reset`` only.
+* ``hand_loop``: what a user would write: ``gymnasium.vector.SyncVectorEnv`` +
+  the same jitted Flax policy + numpy conversion of its outputs.
+
+Usage::
+
+    python benchmarks/core.py                     # CartPole-v1, widths 1 8 64 256
+    python benchmarks/core.py --seconds 5 --out benchmarks/results/core_sync_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import sys
+
+import gymnasium
+import jax
+import numpy as np
+
+from jaxrunner import bench
+
+
+def measure_hand_loop(config: bench.BenchConfig, num_envs: int) -> float:
+    """gymnasium's SyncVectorEnv driven by the same jitted policy, by hand."""
+    envs = gymnasium.vector.SyncVectorEnv(
+        [lambda: gymnasium.make(config.env)] * num_envs,
+        autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP,
+    )
+    policy = bench.mlp_policy(envs.single_action_space)
+    params = policy.init(jax.random.key(config.seed), envs.single_observation_space)
+
+    @jax.jit
+    def act(params, obs, key):
+        key, sub = jax.random.split(key)
+        action, extras, _ = policy.apply_fn(params, obs, None, jax.random.split(sub, num_envs))
+        return action, extras, key
+
+    obs, _ = envs.reset(seed=config.seed)
+    key = jax.random.key(config.seed)
+
+    def rollout() -> int:
+        nonlocal obs, key
+        for _ in range(config.rollout_length):
+            action, extras, key = act(params, obs, key)
+            action, extras = np.asarray(action), jax.tree.map(np.asarray, extras)
+            obs, reward, terminated, truncated, info = envs.step(action)
+        return config.rollout_length * num_envs
+
+    try:
+        rollout()  # warm-up (compiles)
+        return bench.timed(rollout, config.seconds)
+    finally:
+        envs.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--num-envs", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--backend", default="sync")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repeats; median kept")
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    args = parser.parse_args()
+
+    config = bench.BenchConfig(
+        env=args.env, widths=tuple(args.num_envs), backend=args.backend, seconds=args.seconds
+    )
+    systems = {**bench.SYSTEMS, "hand_loop": measure_hand_loop}
+    rows = []
+    for num_envs in config.widths:
+        samples: dict[str, list[float]] = {name: [] for name in systems}
+        for _ in range(args.rounds):  # interleaved, so drifts in machine load hit all alike
+            for name, measure in systems.items():
+                samples[name].append(measure(config, num_envs))
+        row = {"num_envs": num_envs}
+        row.update({f"{k}_steps_per_s": float(np.median(v)) for k, v in samples.items()})
+        row.update({f"{k}_all_rounds": v for k, v in samples.items()})
+        for ref in ("raw", "bare_loop", "hand_loop"):
+            row[f"ratio_vs_{ref}"] = row["jaxrunner_steps_per_s"] / row[f"{ref}_steps_per_s"]
+        rows.append(row)
+        print(
+            f"{num_envs:>5}: "
+            + "  ".join(f"{k}={row[f'{k}_steps_per_s']:,.0f}" for k in systems)
+            + f"  vs raw {row['ratio_vs_raw']:.2f}  vs hand {row['ratio_vs_hand_loop']:.2f}",
+            file=sys.stderr,
+        )
+    report = {
+        "benchmark": "core",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]),
+        "config": {**vars(args), "out": str(args.out)},
+        "machine": bench.machine_info(),
+        "results": rows,
+    }
+    text = json.dumps(report, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""One transfer each way per step: pytrees packed into a single flat byte buffer.
+
+``jax.device_put`` and ``jax.device_get`` cost a fixed amount *per array* (tens of
+microseconds on a CPU host), so the runner moves one ``uint8`` buffer instead of
+one array per leaf. :class:`Packing` is the layout: the host writes leaves into
+numpy views of the buffer; jitted code unpacks them with bitcasts, which XLA
+compiles to free reinterpretations.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_ALIGN = 8
+
+
+class Packing:
+    """The layout of a pytree of fixed-shape arrays inside one flat ``uint8`` buffer.
+
+    Leaves are stored with JAX's canonical dtypes (``float64 -> float32`` and
+    ``int64 -> int32`` unless x64 is enabled), as ``jax.device_put`` would do.
+
+    Args:
+        example: a pytree of arrays or ``jax.ShapeDtypeStruct`` giving shapes and dtypes.
+    """
+
+    def __init__(self, example: Any) -> None:
+        leaves, self.treedef = jax.tree.flatten(example)
+        self.shapes = [tuple(leaf.shape) for leaf in leaves]
+        self.dtypes = [np.dtype(jax.dtypes.canonicalize_dtype(leaf.dtype)) for leaf in leaves]
+        self.offsets = []
+        offset = 0
+        for shape, dtype in zip(self.shapes, self.dtypes):
+            self.offsets.append(offset)
+            size = int(np.prod(shape)) * dtype.itemsize
+            offset += -(-size // _ALIGN) * _ALIGN
+        self.nbytes = max(offset, _ALIGN)
+
+    def allocate(self) -> np.ndarray:
+        """A zeroed host buffer for this layout."""
+        return np.zeros(self.nbytes, np.uint8)
+
+    def host_views(self, buffer: np.ndarray) -> Any:
+        """Numpy views of each leaf inside ``buffer`` (writes go into the buffer)."""
+        views = []
+        for shape, dtype, offset in zip(self.shapes, self.dtypes, self.offsets):
+            size = int(np.prod(shape)) * dtype.itemsize
+            views.append(buffer[offset : offset + size].view(dtype).reshape(shape))
+        return self.treedef.unflatten(views)
+
+    def unpack(self, flat: jax.Array) -> Any:
+        """The pytree stored in ``flat`` (traceable: use inside jit)."""
+        leaves = []
+        for shape, dtype, offset in zip(self.shapes, self.dtypes, self.offsets):
+            size = int(np.prod(shape))
+            chunk = flat[offset : offset + size * dtype.itemsize]
+            if dtype == np.bool_:
+                leaf = chunk != 0
+            elif dtype.itemsize == 1:
+                leaf = jax.lax.bitcast_convert_type(chunk, dtype)
+            else:
+                leaf = jax.lax.bitcast_convert_type(chunk.reshape(size, dtype.itemsize), dtype)
+            leaves.append(leaf.reshape(shape))
+        return self.treedef.unflatten(leaves)
+
+    def pack(self, tree: Any) -> jax.Array:
+        """``tree`` as one flat ``uint8`` array (traceable: use inside jit)."""
+        pieces = []
+        leaves = self.treedef.flatten_up_to(tree)
+        for leaf, dtype, offset, next_offset in zip(
+            leaves, self.dtypes, self.offsets, [*self.offsets[1:], self.nbytes]
+        ):
+            leaf = jnp.asarray(leaf).astype(dtype)
+            if dtype == np.bool_:
+                raw = leaf.astype(jnp.uint8).reshape(-1)
+            else:
+                raw = jax.lax.bitcast_convert_type(leaf, jnp.uint8).reshape(-1)
+            pieces.append(raw)
+            padding = next_offset - offset - raw.shape[0]
+            if padding:
+                pieces.append(jnp.zeros(padding, jnp.uint8))
+        if not pieces:
+            return jnp.zeros(self.nbytes, jnp.uint8)
+        return jnp.concatenate(pieces)

@@ -1,0 +1,392 @@
+"""Tests for jaxrunner.envs.sync (backend="sync") and make_vec.
+
+The backend must equal gymnasium's SyncVectorEnv with SAME_STEP autoreset step for step,
+validate everything its sub-envs return, and name the sub-env at fault in every error.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from contextlib import closing
+from typing import Any, NamedTuple
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import jaxrunner as jr
+from jaxrunner.errors import (
+    EnvError,
+    InvalidStepError,
+    JaxRunnerError,
+    SpaceMismatchError,
+)
+from jaxrunner.testing import (
+    BadEnv,
+    CountingEnv,
+    DictObsEnv,
+    InjectedFault,
+    VectorEnvContract,
+    assert_trees_equal,
+    bad_env_fns,
+    counting_env_fns,
+    gymnasium_reference,
+)
+
+SEED = 2024
+NUM_ENVS = 4
+
+
+class TestSyncContract(VectorEnvContract):
+    def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]]) -> jr.VectorEnv:
+        return jr.SyncVectorEnv(env_fns)
+
+    def test_context_manager_closes(self) -> None:
+        super().test_context_manager_closes()
+
+
+# -- parity with gymnasium ------------------------------------------------------------------------
+
+
+class ParityCase(NamedTuple):
+    env: str | Callable[[], gymnasium.Env]
+    kwargs: dict[str, Any]
+    sample: Callable[[np.random.Generator, int], np.ndarray]
+    expect_truncation: bool
+
+
+def _discrete(n: int) -> Callable[[np.random.Generator, int], np.ndarray]:
+    return lambda rng, num_envs: rng.integers(0, n, size=num_envs)
+
+
+def _box(low: float, high: float, dim: int) -> Callable[[np.random.Generator, int], np.ndarray]:
+    return lambda rng, num_envs: rng.uniform(low, high, (num_envs, dim)).astype(np.float32)
+
+
+PARITY_CASES = {
+    "cartpole": ParityCase("CartPole-v1", {"max_episode_steps": 20}, _discrete(2), True),
+    "pendulum": ParityCase("Pendulum-v1", {}, _box(-2.0, 2.0, 1), True),
+    "frozenlake": ParityCase("FrozenLake-v1", {"is_slippery": True}, _discrete(4), False),
+    "dict_obs": ParityCase(functools.partial(DictObsEnv, max_steps=25), {}, _box(-1, 1, 2), True),
+}
+
+
+@pytest.mark.parametrize("case", PARITY_CASES.values(), ids=PARITY_CASES.keys())
+def test_step_for_step_equal_to_gymnasium(case: ParityCase) -> None:
+    if isinstance(case.env, str):
+        factory = functools.partial(gymnasium.make, case.env, **case.kwargs)
+    else:
+        factory = case.env
+    rng = np.random.default_rng(SEED)
+    with (
+        closing(jr.make_vec(case.env, NUM_ENVS, **case.kwargs)) as vec,
+        closing(gymnasium_reference([factory] * NUM_ENVS)) as ref,
+    ):
+        assert isinstance(vec, jr.SyncVectorEnv)
+        assert_trees_equal(vec.reset(seed=SEED), ref.reset(seed=SEED), "reset")
+        terminations = truncations = 0
+        for t in range(300):
+            actions = case.sample(rng, NUM_ENVS)
+            expected = ref.step(actions)
+            got = vec.step(actions)
+            # Compares obs, rewards, flags and the whole info, final_obs/final_info included.
+            assert_trees_equal(got, expected, f"step {t}")
+            terminations += int(expected[2].sum())
+            truncations += int(expected[3].sum())
+        assert terminations + truncations > 0
+        assert truncations > 0 or not case.expect_truncation
+
+
+def test_make_vec_seed_resets_like_gymnasium() -> None:
+    factory = functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=20)
+    rng = np.random.default_rng(SEED)
+    with (
+        closing(jr.make_vec(factory, 3, seed=SEED)) as vec,
+        closing(gymnasium_reference([factory] * 3)) as ref,
+    ):
+        ref.reset(seed=SEED)
+        for t in range(30):
+            actions = rng.integers(0, 2, size=3)
+            assert_trees_equal(vec.step(actions), ref.step(actions), f"step {t}")
+
+
+def test_reset_mask_resets_only_masked_envs_like_gymnasium() -> None:
+    fns = counting_env_fns(3)
+    with closing(jr.SyncVectorEnv(fns)) as vec, closing(gymnasium_reference(fns)) as ref:
+        vec.reset(seed=SEED)
+        ref.reset(seed=SEED)
+        actions = np.ones(3, dtype=np.int64)
+        vec.step(actions)
+        ref.step(actions)
+        mask = np.array([True, False, True])
+        assert_trees_equal(
+            vec.reset(options={"reset_mask": mask.copy()}),
+            ref.reset(options={"reset_mask": mask.copy()}),
+        )
+
+
+# -- arguments ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_envs", [0, -1, 1.5, True, "2", None])
+def test_make_vec_rejects_bad_num_envs(num_envs: Any) -> None:
+    with pytest.raises(ValueError, match=r"num_envs"):
+        jr.make_vec(CountingEnv, num_envs)
+
+
+def test_make_vec_rejects_kwargs_with_a_callable() -> None:
+    with pytest.raises(TypeError, match=r"episode_length=.*functools.partial"):
+        jr.make_vec(CountingEnv, 2, episode_length=3)
+
+
+def test_make_vec_rejects_unknown_backend() -> None:
+    with pytest.raises(ValueError, match=r"backend='nope'.*'sync'"):
+        jr.make_vec(CountingEnv, 2, backend="nope")
+
+
+@pytest.mark.parametrize("env", [42, None, CountingEnv()])
+def test_make_vec_rejects_non_callable_env(env: Any) -> None:
+    with pytest.raises(TypeError, match=r"gymnasium id .* zero-argument callable"):
+        jr.make_vec(env, 2)
+
+
+def test_make_vec_passes_kwargs_to_gymnasium_make() -> None:
+    with closing(jr.make_vec("CartPole-v1", 2, max_episode_steps=3)) as vec:
+        vec.reset(seed=SEED)
+        for _ in range(3):
+            _, _, terminated, truncated, _ = vec.step(np.array([0, 1]))
+        np.testing.assert_array_equal(truncated & ~terminated, [True, True])
+
+
+def test_sync_vector_env_needs_an_env() -> None:
+    with pytest.raises(ValueError, match=r"at least one"):
+        jr.SyncVectorEnv([])
+
+
+def test_reset_seed_list() -> None:
+    with closing(jr.SyncVectorEnv(counting_env_fns(3))) as vec:
+        obs, _ = vec.reset(seed=[9, 4, 1])
+        np.testing.assert_array_equal(obs[:, CountingEnv.SEED], [9, 4, 1])
+        with pytest.raises(ValueError, match=r"num_envs=3.*got 2"):
+            vec.reset(seed=[1, 2])
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: jr.make_vec(CountingEnv, 0),
+        lambda: jr.make_vec(CountingEnv, 2, backend="nope"),
+        lambda: jr.make_vec(42, 2),
+        lambda: jr.make_vec(CountingEnv, 3).reset(seed=[1, 2]),
+    ],
+    ids=["num_envs", "backend", "env", "seed_list"],
+)
+def test_argument_errors_are_jaxrunner_errors(call: Callable[[], Any]) -> None:
+    with pytest.raises(JaxRunnerError):
+        call()
+
+
+def test_reset_at_rejects_bad_index() -> None:
+    with closing(jr.SyncVectorEnv(counting_env_fns(2))) as vec:
+        vec.reset(seed=SEED)
+        for index in (-1, 2):
+            with pytest.raises(IndexError, match=r"\[0, 2\)"):
+                vec.reset_at(index)
+
+
+# -- spaces ------------------------------------------------------------------------------------
+
+
+def _recording(made: list[gymnasium.Env], factory: Callable[[], gymnasium.Env]) -> Callable:
+    def make() -> gymnasium.Env:
+        env = factory()
+        made.append(env)
+        return env
+
+    return make
+
+
+@pytest.mark.parametrize(
+    "odd, name",
+    [
+        (DictObsEnv, "observation_space"),
+        (functools.partial(CountingEnv, num_actions=4), "action_space"),
+    ],
+)
+def test_sub_envs_with_different_spaces(odd: Callable[[], gymnasium.Env], name: str) -> None:
+    made: list[gymnasium.Env] = []
+    fns = [_recording(made, CountingEnv)] * 2 + [_recording(made, odd)]
+    with pytest.raises(SpaceMismatchError, match=rf"sub-env 2 has {name}=") as excinfo:
+        jr.SyncVectorEnv(fns)
+    assert isinstance(excinfo.value, ValueError)
+    assert all(env.unwrapped.is_closed for env in made)
+
+
+class TextObsEnv(CountingEnv):
+    def __init__(self) -> None:
+        super().__init__()
+        self.observation_space = spaces.Text(8)
+
+
+class TextActionEnv(CountingEnv):
+    def __init__(self) -> None:
+        super().__init__()
+        self.action_space = spaces.Text(8)
+
+
+@pytest.mark.parametrize(
+    "env, where",
+    [(TextObsEnv, "single_observation_space"), (TextActionEnv, "single_action_space")],
+)
+def test_unsupported_space(env: Callable[[], gymnasium.Env], where: str) -> None:
+    with pytest.raises(SpaceMismatchError, match=rf"{where} is a Text.*supported spaces are"):
+        jr.make_vec(env, 2)
+
+
+def test_unsupported_space_closes_sub_envs() -> None:
+    made: list[gymnasium.Env] = []
+    # Keep the exception (as a caller logging it would): until it is freed, its traceback
+    # keeps the half-built vector env alive, so VectorEnv.__del__ cannot close the envs.
+    with pytest.raises(SpaceMismatchError) as excinfo:
+        jr.SyncVectorEnv([_recording(made, TextObsEnv)] * 2)
+    assert all(env.is_closed for env in made), excinfo.value
+
+
+def test_failing_factory_closes_envs_built_so_far() -> None:
+    made: list[gymnasium.Env] = []
+
+    def broken() -> gymnasium.Env:
+        raise InjectedFault("factory failed")
+
+    with pytest.raises(InjectedFault):
+        jr.SyncVectorEnv([_recording(made, CountingEnv)] * 2 + [broken])
+    assert len(made) == 2 and all(env.is_closed for env in made)
+
+
+# -- bad input from sub-envs ----------------------------------------------------------------------
+
+BAD_INDEX = 1
+
+
+class BadCase(NamedTuple):
+    fault: str
+    call: str
+    at: int
+    dict_obs: bool
+    error: type[JaxRunnerError]
+    builtin: type[Exception]
+    match: str
+
+
+BAD_CASES = [
+    BadCase("nan_reward", "step", 1, False, InvalidStepError, ValueError, "non-finite reward"),
+    BadCase("inf_reward", "step", 2, False, InvalidStepError, ValueError, "non-finite reward"),
+    BadCase("array_reward", "step", 1, False, InvalidStepError, ValueError, "reward of type"),
+    BadCase("list_reward", "step", 1, False, InvalidStepError, ValueError, "reward of type list"),
+    BadCase("flag_not_bool", "step", 1, False, InvalidStepError, ValueError, "terminated=0"),
+    BadCase("info_not_dict", "step", 2, False, InvalidStepError, ValueError, "from step()"),
+    BadCase("info_not_dict", "reset", 1, False, InvalidStepError, ValueError, "from reset()"),
+    # The second reset is the autoreset inside step().
+    BadCase("info_not_dict", "reset", 2, False, InvalidStepError, ValueError, "from reset()"),
+    BadCase("obs_dtype", "step", 1, False, SpaceMismatchError, ValueError, "dtype float64"),
+    BadCase("obs_dtype", "reset", 1, False, SpaceMismatchError, ValueError, "dtype float64"),
+    BadCase("obs_shape", "step", 2, False, SpaceMismatchError, ValueError, r"shape \(1, 5\)"),
+    BadCase("obs_dtype", "step", 1, True, SpaceMismatchError, ValueError, r"obs\['pos'\]"),
+    BadCase("obs_missing_key", "step", 1, True, SpaceMismatchError, ValueError, "with keys"),
+    BadCase("obs_missing_key", "reset", 1, True, SpaceMismatchError, ValueError, "with keys"),
+    BadCase("raise", "step", 2, False, EnvError, RuntimeError, r"raised in step\(\)"),
+    BadCase("raise", "reset", 1, False, EnvError, RuntimeError, r"raised in reset\(\)"),
+    BadCase("raise", "reset", 2, False, EnvError, RuntimeError, r"raised in reset\(\)"),
+]
+
+
+@pytest.mark.parametrize(
+    "case",
+    BAD_CASES,
+    ids=[f"{c.fault}-{c.call}{c.at}-{'dict' if c.dict_obs else 'box'}" for c in BAD_CASES],
+)
+def test_bad_sub_env_output_raises(case: BadCase) -> None:
+    if case.dict_obs:
+        base = [functools.partial(DictObsEnv, max_steps=2)] * 3
+        actions = np.zeros((3, 2), dtype=np.float32)
+    else:
+        base = counting_env_fns(3, episode_length=2)
+        actions = np.zeros(3, dtype=np.int64)
+    fns = bad_env_fns(base, BAD_INDEX, case.fault, call=case.call, at=case.at)
+    with (
+        closing(jr.SyncVectorEnv(fns)) as vec,
+        pytest.raises(case.error, match=case.match) as excinfo,
+    ):
+        vec.reset(seed=SEED)
+        for _ in range(4):
+            vec.step(actions)
+    err = excinfo.value
+    assert isinstance(err, case.builtin)
+    assert f"sub-env {BAD_INDEX} " in str(err)
+    if case.error is EnvError:
+        assert err.env_index == BAD_INDEX
+        assert isinstance(err.__cause__, InjectedFault)
+
+
+def test_bad_env_rejects_reward_faults_in_reset() -> None:
+    with pytest.raises(ValueError, match=r"call='step'"):
+        BadEnv(fault="nan_reward", call="reset")
+    with pytest.raises(ValueError, match=r"expected one of"):
+        BadEnv(fault="typo")  # type: ignore[arg-type]
+
+
+# -- the rest of gymnasium's VectorEnv API ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("render_mode", ["ansi", "rgb_array"])
+def test_render(render_mode: str) -> None:
+    with closing(jr.make_vec(functools.partial(CountingEnv, render_mode=render_mode), 2)) as vec:
+        assert vec.render_mode == render_mode
+        vec.reset(seed=SEED)
+        vec.step(np.zeros(2, dtype=np.int64))
+        frames = vec.render()
+        assert isinstance(frames, tuple) and len(frames) == 2
+        if render_mode == "ansi":
+            assert frames == ("env 0 episode 0 t 1",) * 2
+        else:
+            np.testing.assert_array_equal(frames[1], np.ones((4, 4, 3), dtype=np.uint8))
+
+
+def test_get_sub_environments() -> None:
+    with closing(jr.SyncVectorEnv(counting_env_fns(3))) as vec:
+        envs = vec.get_sub_environments()
+        assert [env.env_id for env in envs] == [0, 1, 2]
+        envs.clear()  # a new list each call: the vector env keeps its own
+        assert len(vec.get_sub_environments()) == 3
+
+
+def test_call_get_attr_set_attr() -> None:
+    # TimeLimit wrappers in between: attributes are found through them.
+    with closing(jr.SyncVectorEnv(counting_env_fns(3, max_episode_steps=10))) as vec:
+        assert vec.call("get_wrapper_attr", "env_id") == (0, 1, 2)
+        assert vec.call("episode_length") == (3, 4, 5)  # a plain attribute is returned
+        assert vec.get_attr("episode_length") == (3, 4, 5)
+        vec.set_attr("episode_length", 1)
+        assert vec.get_attr("episode_length") == (1, 1, 1)
+        vec.set_attr("episode_length", [2, 1, 2])
+        assert vec.get_attr("episode_length") == (2, 1, 2)
+        with pytest.raises(ValueError, match=r"one value per sub-env \(3\), got 2"):
+            vec.set_attr("episode_length", [1, 2])
+        vec.reset(seed=SEED)
+        _, _, terminated, _, _ = vec.step(np.zeros(3, dtype=np.int64))
+        np.testing.assert_array_equal(terminated, [False, True, False])
+
+
+def test_step_returns_copies_unless_copy_false() -> None:
+    actions = np.zeros(2, dtype=np.int64)
+    with closing(jr.SyncVectorEnv(counting_env_fns(2))) as vec:
+        first, _ = vec.reset(seed=SEED)
+        kept = first.copy()
+        vec.step(actions)
+        np.testing.assert_array_equal(first, kept)
+    with closing(jr.SyncVectorEnv(counting_env_fns(2), copy=False)) as vec:
+        first, _ = vec.reset(seed=SEED)
+        second, *_ = vec.step(actions)
+        assert second is first  # the buffer itself, overwritten in place
