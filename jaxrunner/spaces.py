@@ -85,6 +85,11 @@ def copy_into(space: spaces.Space, dst: Any, src: Any, index: Any = slice(None))
         dst[index] = src
 
 
+def rows(space: spaces.Space, tree: Any, index: slice) -> Any:
+    """``tree[index]`` leaf by leaf, as views."""
+    return map_structure(space, lambda leaf: leaf[index], tree)
+
+
 def take(space: spaces.Space, tree: Any, index: Any) -> Any:
     """``tree[index]`` leaf by leaf, as copies."""
     return map_structure(space, lambda leaf: np.array(leaf[index]), tree)

@@ -135,6 +135,23 @@ def test_same_seed_same_trajectories_and_different_seed_differs(cartpole_runner)
     assert not np.array_equal(a.action, c.action)
 
 
+@pytest.mark.parametrize("num_groups", [2, 3])
+def test_pipelined_groups_give_identical_trajectories(cartpole_runner, num_groups):
+    """Invariant 7: splitting the envs into pipelined groups changes nothing."""
+    reference = cartpole_runner(num_envs=7, rollout_length=30, seed=3, num_groups=1)
+    grouped = cartpole_runner(num_envs=7, rollout_length=30, seed=3, num_groups=num_groups)
+    for _ in range(2):  # episodes continue across samples
+        jax.tree.map(np.testing.assert_array_equal, reference.sample(), grouped.sample())
+    ref_metrics, metrics = reference.get_metrics(), grouped.get_metrics()
+    for key in ("num_env_steps", "num_episodes", "episode_return_mean"):
+        assert metrics[key] == ref_metrics[key]
+
+
+def test_num_groups_validated(cartpole_runner):
+    with pytest.raises(ValueError, match="num_groups"):
+        cartpole_runner(num_envs=2, num_groups=3)
+
+
 def test_policy_compiled_once_and_new_params_apply_without_retrace():
     traces = []
     module = ActorCritic(2)
@@ -177,8 +194,10 @@ def test_set_params_rejects_other_shapes(cartpole_runner):
         runner.set_params(bad)
 
 
-def test_one_explicit_transfer_each_way_per_step(cartpole_runner, monkeypatch):
-    runner = cartpole_runner(num_envs=3, rollout_length=12)
+@pytest.mark.parametrize("num_groups", [1, 2])
+def test_one_explicit_transfer_each_way_per_step(cartpole_runner, monkeypatch, num_groups):
+    """Invariant 9: per step and group, one host->device and one device->host transfer."""
+    runner = cartpole_runner(num_envs=4, rollout_length=12, num_groups=num_groups)
     calls = {"put": 0, "get": 0}
     put, get = jax.device_put, jax.device_get
 
@@ -194,7 +213,7 @@ def test_one_explicit_transfer_each_way_per_step(cartpole_runner, monkeypatch):
     monkeypatch.setattr(jax, "device_get", counting_get)
     with jax.transfer_guard("disallow"):  # any implicit transfer raises
         runner.sample()
-    assert calls == {"put": 12, "get": 12}
+    assert calls == {"put": 12 * num_groups, "get": 12 * num_groups}
 
 
 def test_metrics_equal_sums_over_episodes(cartpole_runner):
@@ -247,7 +266,8 @@ def test_perf_timers_mean_and_ema():
         jr.MetricsConfig(episode_window=0)
 
 
-def test_callbacks_see_each_episode(cartpole_runner):
+@pytest.mark.parametrize("num_groups", [1, 2])
+def test_callbacks_see_each_episode(cartpole_runner, num_groups):
     class Recorder(jr.Callbacks):
         def __init__(self):
             self.started, self.steps, self.ended = [], 0, []
@@ -264,7 +284,9 @@ def test_callbacks_see_each_episode(cartpole_runner):
             self.ended.append(episode.to_episode())
 
     recorder = Recorder()
-    runner = cartpole_runner(num_envs=3, rollout_length=40, callbacks=recorder)
+    runner = cartpole_runner(
+        num_envs=3, rollout_length=40, callbacks=recorder, num_groups=num_groups
+    )
     joined = jr.concatenate([runner.sample(), runner.sample()])
     assert recorder.steps == joined.reward.size
     by_id = {e.episode_id: e for e in joined.split_episodes() if e.is_complete}

@@ -93,8 +93,13 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
         """Resets every sub-env; returns the obs buffer view and per-env infos."""
 
     @abc.abstractmethod
-    def step_batch(self, actions: Any) -> BatchStep:
-        """Steps every sub-env once (SAME_STEP autoreset); see :class:`BatchStep`."""
+    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
+        """Steps every sub-env once (SAME_STEP autoreset); see :class:`BatchStep`.
+
+        With ``rows`` (a ``slice(start, stop)``), steps only those sub-envs:
+        ``actions`` then holds ``stop - start`` actions, the returned arrays are those
+        rows, and no other sub-env or row is touched (the runner pipelines groups).
+        """
 
     @abc.abstractmethod
     def reset_at(

@@ -122,7 +122,7 @@ class SyncVectorEnv(VectorEnv):
         self._reward = np.zeros(n, dtype=np.float64)
         self._terminated = np.zeros(n, dtype=np.bool_)
         self._truncated = np.zeros(n, dtype=np.bool_)
-        self._split_actions = jr_spaces.make_action_splitter(self.single_action_space, n)
+        self._splitters: dict[int, Callable[[Any], list[Any]]] = {}
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -148,14 +148,15 @@ class SyncVectorEnv(VectorEnv):
         self._write_obs(i, obs)
         return check_info(info, i, "reset")
 
-    def step_batch(self, actions: Any) -> BatchStep:
+    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
         self._check_open("step")
-        per_env = self._split_actions(actions)  # validates before any sub-env steps
+        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
+        per_env = self._splitter(hi - lo)(actions)  # validates before any sub-env steps
         reward, terminated, truncated = self._reward, self._terminated, self._truncated
         write_next_obs = self._write_next_obs
         infos: list[dict[str, Any]] = []
         ended: list[int] = []
-        for i, (env, action) in enumerate(zip(self.envs, per_env)):
+        for i, env, action in zip(range(lo, hi), self.envs[lo:hi], per_env):
             try:
                 obs, r, term, trunc, info = env.step(action)
             except Exception as err:
@@ -168,15 +169,30 @@ class SyncVectorEnv(VectorEnv):
             infos.append(info if type(info) is dict else check_info(info, i, "step"))
             if term or trunc:
                 ended.append(i)
-        if not np.isfinite(reward).all():
-            bad = int(np.flatnonzero(~np.isfinite(reward))[0])
+        if not np.isfinite(reward[lo:hi]).all():
+            bad = lo + int(np.flatnonzero(~np.isfinite(reward[lo:hi]))[0])
             check_reward(reward[bad], bad)
-        obs_space = self.single_observation_space
-        jr_spaces.copy_into(obs_space, self._obs, self._next_obs)
+        space, part = self.single_observation_space, slice(lo, hi)
+        jr_spaces.copy_into(space, self._obs, jr_spaces.rows(space, self._next_obs, part), part)
         reset_infos = {i: self._reset_one(i, None, None) for i in ended}
+        if rows is None:
+            return BatchStep(
+                self._obs, self._next_obs, reward, terminated, truncated, infos, reset_infos
+            )
         return BatchStep(
-            self._obs, self._next_obs, reward, terminated, truncated, infos, reset_infos
+            jr_spaces.rows(space, self._obs, part),
+            jr_spaces.rows(space, self._next_obs, part),
+            reward[part],
+            terminated[part],
+            truncated[part],
+            infos,
+            reset_infos,
         )
+
+    def _splitter(self, size: int) -> Callable[[Any], list[Any]]:
+        if size not in self._splitters:
+            self._splitters[size] = jr_spaces.make_action_splitter(self.single_action_space, size)
+        return self._splitters[size]
 
     def _obs_buffer(self) -> Any:
         return self._obs

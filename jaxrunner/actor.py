@@ -1,0 +1,136 @@
+"""The policy side of the host loop: a pure, jitted step and its host-side driver.
+
+:func:`act` is pure; :class:`GroupActor` owns one group of envs' device state,
+stages their observations in one host buffer, and moves one packed array each way
+per step (see :mod:`jaxrunner.transfer`). Calls are split in ``dispatch`` (returns
+as soon as the computation is queued) and ``collect`` (waits for it), so the runner
+can step other envs while a group's policy runs (pipelining).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.policy import Params, Policy
+from jaxrunner.transfer import Packing
+
+
+@flax.struct.dataclass
+class ActorState:
+    """Device-resident state of the policy side of the loop, for a group of envs."""
+
+    env_keys: jax.Array
+    """[B] one key per env: ``fold_in(seed_key, env_id)``."""
+    env_steps: jax.Array
+    """[B] steps each env has taken so far (folded into its key each step)."""
+    carry: Any
+    """[B, ...] recurrent state (None for feed-forward policies)."""
+    initial_carry: Any
+    """[B, ...] the carry each env restarts from at an episode start."""
+
+
+def initial_actor_state(policy: Policy, seed: int, env_ids: np.ndarray) -> ActorState:
+    key = jax.random.key(seed)
+    return ActorState(
+        env_keys=jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(env_ids, jnp.uint32)),
+        env_steps=jnp.zeros(len(env_ids), dtype=jnp.uint32),
+        carry=policy.batched_carry(len(env_ids)),
+        initial_carry=policy.batched_carry(len(env_ids)),
+    )
+
+
+def act(
+    apply_fn: Callable, params: Params, state: ActorState, obs: Any, episode_start: jax.Array
+) -> tuple[Any, dict[str, Any], ActorState]:
+    """One policy step for a batch of envs (pure; jitted once per runner).
+
+    Env ``i``'s key is ``fold_in(fold_in(seed_key, env_id[i]), env_steps[i])``: its
+    actions depend on the seed, its id and its step count only, never on which
+    envs share its batch (invariant 7).
+    """
+
+    def restart(c: jax.Array, c0: jax.Array) -> jax.Array:
+        mask = episode_start.reshape(-1, *([1] * (c.ndim - 1)))
+        return jnp.where(mask, c0, c)
+
+    carry = jax.tree.map(restart, state.carry, state.initial_carry)
+    keys = jax.vmap(jax.random.fold_in)(state.env_keys, state.env_steps)
+    action, extras, carry = apply_fn(params, obs, carry, keys)
+    return action, extras, state.replace(carry=carry, env_steps=state.env_steps + 1)
+
+
+class GroupActor:
+    """Runs the policy for envs ``rows`` of a vector env.
+
+    Args:
+        policy: the policy.
+        params: device params (only their shapes matter here).
+        seed: the runner's seed.
+        rows: the slice of env indices this group serves.
+        obs_example: the observations of those envs (numpy, ``[n, ...]``).
+        compiled: compiled steps of other groups, by group size, to reuse.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        params: Params,
+        seed: int,
+        rows: slice,
+        obs_example: Any,
+        compiled: dict[int, tuple[Callable, Packing, Any]],
+    ) -> None:
+        self.rows = rows
+        size = rows.stop - rows.start
+        self.state = initial_actor_state(policy, seed, np.arange(rows.start, rows.stop))
+        start_example = np.zeros(size, np.bool_)
+        in_packing = Packing((obs_example, start_example))
+        self._stage = in_packing.allocate()
+        self._stage_obs, self._stage_start = in_packing.host_views(self._stage)
+        if size not in compiled:
+            compiled[size] = _compile(policy, params, self.state, in_packing)
+        self._step, self._out_packing, self.output_spec = compiled[size]
+        self._pending: jax.Array | None = None
+
+    def dispatch(
+        self, params: Params, obs_space: spaces.Space, obs: Any, episode_start: np.ndarray
+    ) -> None:
+        """Stages ``obs`` and the episode-start flags, sends them (one transfer) and
+        queues the policy step; returns without waiting for it."""
+        jr_spaces.copy_into(obs_space, self._stage_obs, obs)
+        self._stage_start[:] = episode_start
+        packed = jax.device_put(self._stage)
+        self._pending, self.state = self._step(params, self.state, packed)
+
+    def collect(self) -> tuple[Any, dict[str, Any]]:
+        """Waits for the queued step; returns numpy (action, extras) views (one transfer)."""
+        host = jax.device_get(self._pending)
+        self._pending = None
+        return self._out_packing.host_views(host)
+
+
+def _compile(
+    policy: Policy, params: Params, state: ActorState, in_packing: Packing
+) -> tuple[Callable, Packing, Any]:
+    """Compiles ``packed inputs -> packed outputs`` once, ahead of time."""
+    traced: dict[str, Any] = {}
+
+    def step(params: Params, state: ActorState, packed: jax.Array):
+        obs, start = in_packing.unpack(packed)
+        action, extras, state = act(policy.apply_fn, params, state, obs, start)
+        # Shapes are static while tracing: the output layout is fixed here, once.
+        traced["spec"] = jax.eval_shape(lambda: (action, extras))
+        traced["packing"] = Packing((action, extras))
+        return traced["packing"].pack((action, extras)), state
+
+    packed_spec = jax.ShapeDtypeStruct((in_packing.nbytes,), jnp.uint8)
+    lowered = jax.jit(step, donate_argnums=1).trace(params, state, packed_spec).lower()
+    return lowered.compile(), traced["packing"], traced["spec"]
