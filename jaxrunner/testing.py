@@ -504,6 +504,33 @@ class VectorEnvContract:
                     want = info["final_obs"][i] if done[i] else jr_spaces.take(space, obs, i)
                     assert_trees_equal(next_i, want, f"{where}: next_obs[{i}]")
 
+    def test_step_batch_rows_steps_only_those_envs(self) -> None:
+        """``step_batch(actions, rows)`` steps rows ``rows`` only: stepping two halves
+        one after the other equals one full step of the reference."""
+        n = self.num_envs
+        half = slice(0, n // 2), slice(n // 2, n)
+        fns = counting_env_fns(n, episode_length=3, max_episode_steps=4)
+        with closing(self.make_vec(fns)) as vec, closing(gymnasium_reference(fns)) as ref:
+            space = vec.single_observation_space
+            vec.reset_batch([self.seed + i for i in range(n)])
+            ref.reset(seed=self.seed)
+            ref.action_space.seed(self.seed)
+            for t in range(10):
+                actions = ref.action_space.sample()
+                obs, reward, terminated, truncated, _ = ref.step(actions)
+                for rows in half:
+                    out = vec.step_batch(actions[rows], rows)
+                    assert_trees_equal(
+                        (out.obs, out.reward, out.terminated, out.truncated),
+                        (
+                            jr_spaces.rows(space, obs, rows),
+                            reward[rows],
+                            terminated[rows],
+                            truncated[rows],
+                        ),
+                        f"step {t} rows {rows}",
+                    )
+
     def test_reset_at_touches_no_other_env(self) -> None:
         n, index = self.num_envs, 1
         fns = counting_env_fns(n, episode_length=4)
