@@ -52,7 +52,7 @@ def measure_hand_loop(config: bench.BenchConfig, num_envs: int) -> float:
         for _ in range(config.rollout_length):
             action, extras, key = act(params, obs, key)
             action, extras = np.asarray(action), jax.tree.map(np.asarray, extras)
-            obs, reward, terminated, truncated, info = envs.step(action)
+            obs, *_ = envs.step(action)  # rewards, flags and infos as a user would get them
         return config.rollout_length * num_envs
 
     try:
