@@ -47,12 +47,11 @@ class LiveEpisode:
         def stack(items: list[Any]) -> Any:
             return jax.tree.map(lambda *xs: np.stack(xs), *items)
 
-        empty_like: dict[str, Any] = {}
         return Episode(
             obs=stack(self.obs),
             action=stack(self.action) if self.action else np.empty((0,)),
             reward=np.asarray(self.reward, dtype=np.float64),
-            extras=stack(self.extras) if self.extras else empty_like,
+            extras=stack(self.extras) if self.extras else {},
             terminated=self.terminated,
             truncated=self.truncated,
             episode_id=self.episode_id,
