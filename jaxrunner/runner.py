@@ -223,8 +223,10 @@ class EnvRunner:
         clock = time.perf_counter()
         group, obs = self._groups[g], self._group_obs[g]
         jr_spaces.copy_into(self._obs_space, buf.obs, obs, (t, group.rows))
+        tick = time.perf_counter()
+        perf["obs_processing_ms"] += tick - clock
         group.dispatch(self._params, self._obs_space, obs, self._episode_start[group.rows])
-        perf["inference_ms"] += time.perf_counter() - clock
+        perf["inference_ms"] += time.perf_counter() - tick
 
     def _step_group(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
         """Takes group ``g``'s actions, steps its envs and records step ``t``."""
