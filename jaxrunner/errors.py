@@ -62,3 +62,22 @@ class InvalidArgumentTypeError(JaxRunnerError, TypeError):
 
 class EnvIndexError(JaxRunnerError, IndexError):
     """A sub-env index is out of range."""
+
+
+class TooManyEpisodesError(JaxRunnerError, RuntimeError):
+    """An external env is at its cap of concurrent episodes (global or per client);
+    end some episodes, or raise the cap. Served as HTTP 429."""
+
+
+class EpisodeNotFoundError(JaxRunnerError, LookupError):
+    """No live episode has this id: it was never started, or it has ended
+    (``ended`` tells which). Served as HTTP 404 (unknown) or 410 (ended)."""
+
+    def __init__(self, message: str, ended: bool = False) -> None:
+        super().__init__(message)
+        self.ended = ended
+
+
+class EpisodeConflictError(JaxRunnerError, RuntimeError):
+    """The call does not fit the episode's state: its id is already in use, or
+    another call for it is still in flight. Served as HTTP 409."""
