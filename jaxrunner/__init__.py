@@ -16,6 +16,7 @@ from jaxrunner.callbacks import Callbacks, LiveEpisode
 from jaxrunner.envs import BACKENDS, BatchStep, SyncVectorEnv, VectorEnv, make_vec
 from jaxrunner.metrics import MetricsConfig
 from jaxrunner.policy import Policy
+from jaxrunner.returns import GAE, discounted_returns, gae
 from jaxrunner.runner import EnvRunner
 from jaxrunner.trajectory import Episode, Trajectory, concatenate, concatenate_episodes
 
@@ -27,6 +28,7 @@ __all__ = [
     "Callbacks",
     "EnvRunner",
     "Episode",
+    "GAE",
     "LiveEpisode",
     "MetricsConfig",
     "Policy",
@@ -36,6 +38,8 @@ __all__ = [
     "__version__",
     "concatenate",
     "concatenate_episodes",
+    "discounted_returns",
     "errors",
+    "gae",
     "make_vec",
 ]
