@@ -30,6 +30,7 @@ Params = Any
 Carry = Any
 ApplyFn = Callable[[Params, Any, Carry, jax.Array], tuple[Any, dict[str, Any], Carry]]
 InitFn = Callable[[jax.Array, Any, Carry], Params]
+LogProbFn = Callable[[Params, Any, Carry, Any], jax.Array]
 
 
 def dummy_obs(observation_space: spaces.Space, batch: int = 1) -> Any:
@@ -48,11 +49,15 @@ class Policy:
             one carry); used by :meth:`init`. Optional if you build params yourself.
         initial_carry: one env's recurrent state (no batch axis), or ``None`` for a
             feed-forward policy. Each env's carry is reset to it at episode start.
+        log_prob_fn: ``(params, obs, carry, action) -> log_prob [B]``: the
+            log-probability of given actions (chosen elsewhere, e.g. logged by an
+            external env). Optional; ``from_linen``/``from_nnx`` set it.
     """
 
     apply_fn: ApplyFn
     init_fn: InitFn | None = None
     initial_carry: Carry = None
+    log_prob_fn: LogProbFn | None = None
 
     def init(self, key: jax.Array, observation_space: spaces.Space) -> Params:
         """Initial params for observations of ``observation_space`` (a single env's)."""
@@ -170,7 +175,17 @@ class Policy:
         def init_fn(key: jax.Array, obs: Any, carry: Carry) -> Params:
             return {"module": init_module(key, obs, carry), **head}
 
-        return cls(apply_fn=apply_fn, init_fn=init_fn, initial_carry=initial_carry)
+        def log_prob_fn(params: Params, obs: Any, carry: Carry, action: Any) -> jax.Array:
+            out, _ = forward(params["module"], obs, carry)
+            dist = distributions.make_distribution(action_space, parse_module_output(out), params)
+            return dist.log_prob(action)
+
+        return cls(
+            apply_fn=apply_fn,
+            init_fn=init_fn,
+            initial_carry=initial_carry,
+            log_prob_fn=log_prob_fn,
+        )
 
 
 def _probe_output(action_space: spaces.Space) -> dict[str, jax.Array]:
