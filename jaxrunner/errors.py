@@ -81,3 +81,7 @@ class EpisodeNotFoundError(JaxRunnerError, LookupError):
 class EpisodeConflictError(JaxRunnerError, RuntimeError):
     """The call does not fit the episode's state: its id is already in use, or
     another call for it is still in flight. Served as HTTP 409."""
+
+
+class ActionTimeoutError(JaxRunnerError, TimeoutError):
+    """An external env's action (or a wait for episodes) took longer than its timeout."""
