@@ -13,7 +13,15 @@ The public API, in one place::
 
 from jaxrunner import errors
 from jaxrunner.callbacks import Callbacks, LiveEpisode
-from jaxrunner.envs import BACKENDS, BatchStep, SyncVectorEnv, VectorEnv, make_vec
+from jaxrunner.envs import (
+    BACKENDS,
+    BatchStep,
+    GymnasiumVectorEnv,
+    SyncVectorEnv,
+    VectorEnv,
+    from_gymnasium,
+    make_vec,
+)
 from jaxrunner.metrics import MetricsConfig
 from jaxrunner.policy import Policy
 from jaxrunner.returns import GAE, discounted_returns, gae
@@ -29,6 +37,7 @@ __all__ = [
     "EnvRunner",
     "Episode",
     "GAE",
+    "GymnasiumVectorEnv",
     "LiveEpisode",
     "MetricsConfig",
     "Policy",
@@ -40,6 +49,7 @@ __all__ = [
     "concatenate_episodes",
     "discounted_returns",
     "errors",
+    "from_gymnasium",
     "gae",
     "make_vec",
 ]

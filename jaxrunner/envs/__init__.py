@@ -9,10 +9,11 @@ from typing import Any
 import gymnasium
 
 from jaxrunner.envs.base import BatchStep, VectorEnv
+from jaxrunner.envs.gymnasium_adapter import GymnasiumVectorEnv, from_gymnasium, make_gymnasium_vec
 from jaxrunner.envs.sync import SyncVectorEnv
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
-BACKENDS = ("sync",)
+BACKENDS = ("sync", "gymnasium")
 
 
 def make_vec(
@@ -30,7 +31,9 @@ def make_vec(
         num_envs: number of sub-envs (>= 1).
         backend: where the sub-envs run; one of ``BACKENDS``.
         seed: if given, the envs are reset now with sub-env ``i`` seeded ``seed + i``.
-        **env_kwargs: keyword arguments for ``gymnasium.make`` (ids only).
+        **env_kwargs: keyword arguments for ``gymnasium.make`` (ids only). With
+            ``backend="gymnasium"``: for ``gymnasium.make_vec``, ``vectorization_mode``
+            included (default: the env's own vector entry point where it has one).
 
     Returns:
         A ``gymnasium.vector.VectorEnv`` (autoreset mode SAME_STEP).
@@ -39,6 +42,13 @@ def make_vec(
         raise InvalidArgumentError(
             f"make_vec(num_envs=...): expected an int >= 1, got {num_envs!r}."
         )
+    if backend == "gymnasium":
+        # gymnasium.make_vec builds the vector env itself (its own vector entry point
+        # where the env has one); env_kwargs may include vectorization_mode.
+        vec: VectorEnv = make_gymnasium_vec(env, num_envs, **env_kwargs)  # type: ignore[arg-type]
+        if seed is not None:
+            vec.reset(seed=seed)
+        return vec
     if isinstance(env, str):
         factory: Callable[[], gymnasium.Env] = functools.partial(gymnasium.make, env, **env_kwargs)
     elif callable(env):
@@ -55,7 +65,7 @@ def make_vec(
             f"returning a gymnasium.Env, got {type(env).__name__}."
         )
     if backend == "sync":
-        vec: VectorEnv = SyncVectorEnv([factory] * num_envs)
+        vec = SyncVectorEnv([factory] * num_envs)
     else:
         raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
     if seed is not None:
@@ -63,4 +73,12 @@ def make_vec(
     return vec
 
 
-__all__ = ["BACKENDS", "BatchStep", "SyncVectorEnv", "VectorEnv", "make_vec"]
+__all__ = [
+    "BACKENDS",
+    "BatchStep",
+    "GymnasiumVectorEnv",
+    "SyncVectorEnv",
+    "VectorEnv",
+    "from_gymnasium",
+    "make_vec",
+]

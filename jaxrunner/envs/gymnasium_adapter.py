@@ -1,0 +1,507 @@
+"""``backend="gymnasium"`` and :func:`from_gymnasium`: any gymnasium ``VectorEnv``,
+natively vectorized ones included, behind jaxrunner's SAME_STEP contract.
+
+A gymnasium vector env steps the whole batch in one call, so natively vectorized envs
+(``gymnasium.make_vec("CartPole-v1", n)`` builds ``CartPoleVectorEnv``, which steps all
+envs with a few numpy ops) run with no per-env Python work here either: actions,
+observations, rewards and flags move as whole arrays, and infos are split per env only
+when someone reads them (:mod:`jaxrunner.envs.vector_infos`).
+
+The wrapped env may use any of gymnasium's autoreset modes; the adapter always keeps
+jaxrunner's contract (``next_obs`` is the final observation and ``obs`` the reset one,
+in the same ``step_batch`` call) and never emits a fabricated transition:
+
+* ``SAME_STEP``: the env already resets in the same call; the final observations come
+  from ``info["final_obs"]`` and the final infos from ``info["final_info"]``.
+* ``NEXT_STEP``: the env would reset an ended sub-env on its *next* call, ignoring that
+  call's action and reporting reward 0. The adapter does not let that step happen: right
+  after a step that ended episodes it resets exactly the ended sub-envs (a *masked
+  reset*), so the next call is a real step for every sub-env.
+* ``DISABLED``: the env never resets by itself; the adapter resets the ended sub-envs
+  with ``reset(options={"reset_mask": done})``, the way gymnasium asks its users to.
+
+A masked reset must reset the masked sub-envs and nothing else. gymnasium's
+``SyncVectorEnv`` and ``AsyncVectorEnv`` do it with ``options["reset_mask"]``; natively
+vectorized envs often ignore that option (``CartPoleVectorEnv`` resets every env), so
+:data:`MASKED_RESETS` holds per-class resets for them and :func:`from_gymnasium` takes a
+``masked_reset`` for any other. A NEXT_STEP env with no known masked reset is refused
+(stepping it would mean emitting, or silently dropping, its reset steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.envs.base import BatchStep, VectorEnv
+from jaxrunner.envs.vector_infos import (
+    EMPTY_RESET_INFOS,
+    FINAL_KEYS,
+    ResetInfos,
+    SplitInfos,
+    split_info,
+)
+from jaxrunner.errors import (
+    EnvError,
+    EnvIndexError,
+    InvalidActionError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    InvalidStepError,
+    SpaceMismatchError,
+)
+
+MaskedReset = Callable[
+    [gymnasium.vector.VectorEnv, np.ndarray, "list[int | None] | None", "dict[str, Any] | None"],
+    "tuple[Any, Sequence[dict[str, Any]]]",
+]
+"""``masked_reset(env, mask, seeds, options) -> (obs, infos)``: resets the sub-envs where
+the bool array ``mask`` is True (sub-env ``i`` with ``seeds[i]`` when ``seeds`` is given)
+and no other, so that the env's next ``step`` is a real step for every sub-env (a NEXT_STEP
+env must forget that those episodes ended). Returns the reset observations of the masked
+sub-envs only (``[mask.sum(), ...]``, in index order) and their infos (one dict each)."""
+
+
+def reset_with_mask(
+    env: gymnasium.vector.VectorEnv,
+    mask: np.ndarray,
+    seeds: list[int | None] | None,
+    options: dict[str, Any] | None,
+) -> tuple[Any, Sequence[dict[str, Any]]]:
+    """A :data:`MaskedReset` through gymnasium's ``reset(options={"reset_mask": mask})``
+    (``SyncVectorEnv``, ``AsyncVectorEnv`` and envs that follow them)."""
+    obs, merged = env.reset(seed=seeds, options={**(options or {}), "reset_mask": mask})
+    indices = np.flatnonzero(mask)
+    space = env.single_observation_space
+    infos = SplitInfos(merged, env.num_envs)
+    return jr_spaces.map_structure(space, lambda leaf: leaf[indices], obs), [
+        infos[i] for i in indices.tolist()
+    ]
+
+
+def reset_cartpole_vector(
+    env: gymnasium.vector.VectorEnv,
+    mask: np.ndarray,
+    seeds: list[int | None] | None,
+    options: dict[str, Any] | None,
+) -> tuple[Any, Sequence[dict[str, Any]]]:
+    """A :data:`MaskedReset` for gymnasium's ``CartPoleVectorEnv`` (NEXT_STEP, and its
+    ``reset`` ignores ``reset_mask``).
+
+    It does exactly what the env's own next ``step`` would do to the ended envs (draws
+    their new state from the env's generator in one ``uniform(size=(4, k))`` call, zeroes
+    their step counts) and clears their pending-reset flags, so the next ``step`` is a
+    real step for every env and draws the same random numbers the env would have drawn.
+    """
+    if (seeds is not None and any(s is not None for s in seeds)) or options:
+        raise InvalidArgumentError(
+            "CartPoleVectorEnv draws every sub-env's start state from one generator, so one "
+            "sub-env cannot be reset with its own seed or options. Reset the whole vector env "
+            "(reset(seed=...)), or use vectorization_mode='sync' for per-env seeding."
+        )
+    cartpole = env.unwrapped
+    count = int(mask.sum())
+    cartpole.state[:, mask] = cartpole.np_random.uniform(
+        low=cartpole.low, high=cartpole.high, size=(4, count)
+    )
+    cartpole.steps[mask] = 0
+    cartpole.prev_done[mask] = False
+    return cartpole.state[:, mask].T.astype(np.float32), [{} for _ in range(count)]
+
+
+MASKED_RESETS: dict[type, MaskedReset] = {
+    gymnasium.vector.SyncVectorEnv: reset_with_mask,
+    gymnasium.vector.AsyncVectorEnv: reset_with_mask,
+    CartPoleVectorEnv: reset_cartpole_vector,
+}
+"""Known masked resets, by the class of the wrapped env's ``unwrapped``."""
+
+
+def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | None:
+    """``seeds`` as gymnasium's ``reset(seed=...)`` takes it: ``None`` if all are None, the
+    int ``s`` for ``[s, s+1, ...]`` (what natively vectorized envs accept), else the list."""
+    seeds = list(seeds)
+    if all(s is None for s in seeds):
+        return None
+    first = seeds[0]
+    if isinstance(first, (int, np.integer)) and seeds == list(range(first, first + len(seeds))):
+        return int(first)
+    return seeds
+
+
+class GymnasiumVectorEnv(VectorEnv):
+    """Adopts a gymnasium ``VectorEnv`` (see the module docstring for the semantics).
+
+    Every ``step_batch`` steps the wrapped env once with the whole action batch. The
+    wrapped env cannot step a subset of its sub-envs, so ``step_batch(rows=...)`` accepts
+    only all rows: run an :class:`~jaxrunner.EnvRunner` over it with ``num_groups=1``.
+
+    Args:
+        env: the gymnasium vector env; the adapter owns it and closes it.
+        masked_reset: how to reset some sub-envs only (a :data:`MaskedReset`); ``None``
+            looks the class of ``env.unwrapped`` up in :data:`MASKED_RESETS`, and falls
+            back to :func:`reset_with_mask` for DISABLED envs (gymnasium's contract).
+        copy: if True, ``reset``/``step`` return copies of the observation buffer.
+
+    Raises:
+        InvalidArgumentError: for a NEXT_STEP env with no known masked reset.
+    """
+
+    supports_rows = False
+    """``step_batch`` cannot step a subset of rows (the runner must use one group)."""
+
+    def __init__(
+        self,
+        env: gymnasium.vector.VectorEnv,
+        *,
+        masked_reset: MaskedReset | None = None,
+        copy: bool = True,
+    ) -> None:
+        super().__init__(copy=copy)
+        if not isinstance(env, gymnasium.vector.VectorEnv):
+            self._closed_reason = "construction failed"
+            raise InvalidArgumentTypeError(
+                f"from_gymnasium(vector_env=...): expected a gymnasium.vector.VectorEnv, got "
+                f"{type(env).__name__}. Wrap a single env with gymnasium.vector.SyncVectorEnv"
+                "([make_env] * n), or use jaxrunner.make_vec(make_env, n)."
+            )
+        self.env = env
+        try:
+            self._init_from(env, masked_reset)
+        except BaseException:
+            self._closed_reason = "construction failed"
+            env.close()
+            raise
+
+    def _init_from(self, env: gymnasium.vector.VectorEnv, masked_reset: MaskedReset | None) -> None:
+        mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        try:
+            self.wrapped_autoreset_mode = AutoresetMode(mode)
+        except ValueError as err:
+            raise InvalidArgumentError(
+                f"from_gymnasium: the env's metadata['autoreset_mode'] is {mode!r}; expected "
+                f"one of {[m.value for m in AutoresetMode]}."
+            ) from err
+        if masked_reset is None:
+            masked_reset = MASKED_RESETS.get(type(env.unwrapped))
+        if masked_reset is None and self.wrapped_autoreset_mode == AutoresetMode.DISABLED:
+            masked_reset = reset_with_mask
+        if masked_reset is None and self.wrapped_autoreset_mode == AutoresetMode.NEXT_STEP:
+            raise InvalidArgumentError(
+                f"from_gymnasium: {type(env.unwrapped).__name__} autoresets on the NEXT_STEP, "
+                "and jaxrunner does not know how to reset some of its sub-envs only, which it "
+                "needs to skip the reset steps (their action is ignored and their reward is 0; "
+                "emitting them would fabricate transitions). Pass masked_reset="
+                "jaxrunner.envs.gymnasium_adapter.reset_with_mask if the env honours "
+                "reset(options={'reset_mask': mask}), or your own MaskedReset; or build the "
+                "env with autoreset_mode=AutoresetMode.SAME_STEP."
+            )
+        self._masked_reset = masked_reset
+        self.num_envs = int(env.num_envs)
+        self.single_observation_space = env.single_observation_space
+        self.single_action_space = env.single_action_space
+        jr_spaces.check_supported(self.single_observation_space, "single_observation_space")
+        jr_spaces.check_supported(self.single_action_space, "single_action_space")
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.metadata = {**env.metadata, "autoreset_mode": AutoresetMode.SAME_STEP}
+        self.render_mode = env.render_mode
+        self.spec = env.spec
+
+        n, space = self.num_envs, self.single_observation_space
+        self._obs = jr_spaces.allocate(space, (n,))
+        self._next_obs = jr_spaces.allocate(space, (n,))
+        self._write_next_obs = jr_spaces.make_writer(space, self._next_obs, "final_obs")
+        self._reward = np.zeros(n, dtype=np.float64)
+        self._terminated = np.zeros(n, dtype=np.bool_)
+        self._truncated = np.zeros(n, dtype=np.bool_)
+        self._composite_actions = isinstance(self.single_action_space, (spaces.Dict, spaces.Tuple))
+        if self._composite_actions:
+            self._split_actions = jr_spaces.make_action_splitter(self.single_action_space, n)
+
+    # -- the backend contract -------------------------------------------------------------
+
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> tuple[Any, Sequence[dict[str, Any]]]:
+        self._check_open("reset")
+        if len(seeds) != self.num_envs:
+            raise InvalidArgumentError(
+                f"reset_batch(seeds=...): expected {self.num_envs} seeds, got {len(seeds)}."
+            )
+        obs, merged = self._call(
+            "reset", self.env.reset, seed=_gymnasium_seed(seeds), options=options
+        )
+        self._store(self._obs, obs, "reset")
+        return self._obs, SplitInfos(merged, self.num_envs)
+
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        self._check_open("reset_at")
+        if not 0 <= index < self.num_envs:
+            raise EnvIndexError(f"reset_at(index={index}): index must be in [0, {self.num_envs}).")
+        if self._masked_reset is None:
+            raise InvalidArgumentError(
+                f"reset_at({index}): {type(self.env.unwrapped).__name__} has no known way to "
+                "reset one sub-env only; pass masked_reset to from_gymnasium, or reset all "
+                "sub-envs with reset()."
+            )
+        mask = np.zeros(self.num_envs, dtype=np.bool_)
+        mask[index] = True
+        seeds = None if seed is None else [seed if i == index else None for i in range(len(mask))]
+        obs, infos = self._call("reset", self._masked_reset, self.env, mask, seeds, options)
+        self._store_rows(self._obs, obs, np.array([index]), "reset")
+        return jr_spaces.take(self.single_observation_space, self._obs, index), infos[0]
+
+    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
+        self._check_open("step")
+        n = self.num_envs
+        if rows is not None and (rows.start, rows.stop) != (0, n):
+            raise InvalidArgumentError(
+                f"step_batch(rows={rows}): a gymnasium vector env steps all {n} sub-envs at "
+                "once and cannot step a subset. Drive it with EnvRunner(..., num_groups=1)."
+            )
+        actions = self._check_actions(actions)
+        obs, reward, terminated, truncated, merged = self._call("step", self.env.step, actions)
+        self._store(self._next_obs, obs, "step")
+        self._store_flags(reward, terminated, truncated)
+        done = self._terminated | self._truncated
+        space = self.single_observation_space
+        jr_spaces.copy_into(space, self._obs, self._next_obs)
+        if not done.any():
+            infos = SplitInfos(merged, n)
+            reset_infos: Mapping[int, dict[str, Any]] = EMPTY_RESET_INFOS
+        elif self.wrapped_autoreset_mode == AutoresetMode.SAME_STEP:
+            infos, reset_infos = self._same_step_finals(merged, done)
+        else:
+            indices = np.flatnonzero(done)
+            reset_obs, infos_k = self._call("reset", self._masked_reset, self.env, done, None, None)
+            self._store_rows(self._obs, reset_obs, indices, "reset")
+            position = {i: j for j, i in enumerate(indices.tolist())}
+            infos = SplitInfos(merged, n)
+            reset_infos = ResetInfos(list(position), lambda i: infos_k[position[i]])
+        return BatchStep(
+            self._obs, self._next_obs, self._reward, self._terminated, self._truncated,
+            infos, reset_infos,
+        )  # fmt: skip
+
+    def _same_step_finals(
+        self, merged: Mapping[str, Any], done: np.ndarray
+    ) -> tuple[SplitInfos, ResetInfos]:
+        """SAME_STEP: ``obs`` already holds the reset observations; the final ones (and
+        the final step infos) are in ``info["final_obs"]``/``info["final_info"]``."""
+        indices = np.flatnonzero(done).tolist()
+        final_obs, final_info = merged.get("final_obs"), merged.get("final_info")
+        if not isinstance(final_obs, np.ndarray) or final_obs.shape != (self.num_envs,):
+            raise InvalidStepError(
+                f"{type(self.env).__name__} (SAME_STEP) ended episodes in sub-envs {indices} "
+                "but its info has no per-env 'final_obs' object array; gymnasium's SAME_STEP "
+                "envs report the final observations there."
+            )
+        for i in indices:
+            self._write_next_obs(i, final_obs[i])
+        finals: dict[int, dict[str, Any]] = {}
+        if isinstance(final_info, np.ndarray):
+            finals = {i: final_info[i] for i in indices if isinstance(final_info[i], dict)}
+        reset_side = SplitInfos(merged, self.num_envs, skip=FINAL_KEYS)
+        step_side = SplitInfos(merged, self.num_envs, skip=FINAL_KEYS, override=finals)
+        return step_side, ResetInfos(indices, reset_side.__getitem__)
+
+    # -- validation ---------------------------------------------------------------------------
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except InvalidArgumentError:
+            raise
+        except Exception as err:
+            raise EnvError(
+                f"the wrapped {type(self.env).__name__} raised in {what}(): {err!r}", -1
+            ) from err
+
+    def _check_actions(self, actions: Any) -> Any:
+        """Validates the whole batch without splitting it per env (composite spaces aside)."""
+        if self._composite_actions:
+            self._split_actions(actions)
+            return actions
+        space, n = self.single_action_space, self.num_envs
+        array = np.asarray(actions)
+        shape, dtype = jr_spaces.leaf_spec(space)
+        kind_ok = (dtype.kind in "iu" and array.dtype.kind in "iu") or (
+            dtype.kind == "f" and array.dtype.kind == "f"
+        )
+        if array.shape != (n, *shape) or not (kind_ok or array.dtype == dtype):
+            raise InvalidActionError(
+                f"actions: expected an array of shape {(n, *shape)} (num_envs={n}, single "
+                f"action shape {shape}) with {dtype.kind!r}-kind dtype like {dtype}, got an "
+                f"array of dtype {array.dtype} and shape {array.shape}. Pass one action per "
+                "sub-env, stacked along the first axis."
+            )
+        return array
+
+    def _store(self, dst: Any, obs: Any, call: str) -> None:
+        """Copies a batched observation into ``dst`` after checking it against the space."""
+
+        def check(buffer: np.ndarray, value: Any) -> None:
+            if (
+                not isinstance(value, np.ndarray)
+                or value.dtype != buffer.dtype
+                or value.shape != buffer.shape
+            ):
+                got = (
+                    f"dtype {value.dtype} and shape {value.shape}"
+                    if isinstance(value, np.ndarray)
+                    else type(value).__name__
+                )
+                raise SpaceMismatchError(
+                    f"the wrapped {type(self.env).__name__} returned observations from {call}() "
+                    f"with {got}; its observation space needs dtype {buffer.dtype} and shape "
+                    f"{buffer.shape}. jaxrunner never casts silently: fix the env or wrap it."
+                )
+            buffer[...] = value
+
+        try:
+            jr_spaces.map_structure(self.single_observation_space, check, dst, obs)
+        except (KeyError, IndexError, TypeError) as err:
+            raise SpaceMismatchError(
+                f"the wrapped {type(self.env).__name__} returned observations from {call}() "
+                f"that do not match {self.single_observation_space}: {err!r}"
+            ) from err
+
+    def _store_rows(self, dst: Any, obs: Any, indices: np.ndarray, call: str) -> None:
+        sub = jr_spaces.allocate(self.single_observation_space, (len(indices),))
+        self._store(sub, obs, call)
+        jr_spaces.copy_into(self.single_observation_space, dst, sub, indices)
+
+    def _store_flags(self, reward: Any, terminated: Any, truncated: Any) -> None:
+        n, name = self.num_envs, type(self.env).__name__
+        reward = np.asarray(reward)
+        if reward.shape != (n,) or reward.dtype.kind not in "iuf":
+            raise InvalidStepError(
+                f"the wrapped {name} returned rewards of dtype {reward.dtype} and shape "
+                f"{reward.shape}; expected {n} real numbers."
+            )
+        self._reward[:] = reward
+        if not np.isfinite(self._reward).all():
+            bad = int(np.flatnonzero(~np.isfinite(self._reward))[0])
+            raise InvalidStepError(
+                f"the wrapped {name} returned a non-finite reward ({self._reward[bad]}) for "
+                f"sub-env {bad}; expected finite floats."
+            )
+        for flag, dst in (("terminated", self._terminated), ("truncated", self._truncated)):
+            value = terminated if flag == "terminated" else truncated
+            if not isinstance(value, np.ndarray) or value.dtype != np.bool_ or value.shape != (n,):
+                got = (
+                    f"an array of dtype {value.dtype} and shape {value.shape}"
+                    if isinstance(value, np.ndarray)
+                    else type(value).__name__
+                )
+                raise InvalidStepError(
+                    f"the wrapped {name} returned {flag} as {got}; expected a bool array of "
+                    f"shape ({n},)."
+                )
+            dst[:] = value
+
+    # -- the rest of gymnasium's API, delegated ------------------------------------------------
+
+    def _obs_buffer(self) -> Any:
+        return self._obs
+
+    def render(self) -> Any:
+        self._check_open("render")
+        return self.env.render()
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        self._check_open("call")
+        return self.env.call(name, *args, **kwargs)
+
+    def get_attr(self, name: str) -> Any:
+        self._check_open("get_attr")
+        return self.env.get_attr(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self._check_open("set_attr")
+        self.env.set_attr(name, values)
+
+    def _close_backend(self) -> None:
+        self.env.close()
+
+
+def from_gymnasium(
+    vector_env: gymnasium.vector.VectorEnv,
+    *,
+    masked_reset: MaskedReset | None = None,
+    copy: bool = True,
+) -> GymnasiumVectorEnv:
+    """Adopts an existing gymnasium ``VectorEnv`` as a jaxrunner vector env.
+
+    Whatever the env's autoreset mode (NEXT_STEP, SAME_STEP or DISABLED), the result has
+    jaxrunner's SAME_STEP contract: true final observations, and no reset step (ignored
+    action, zero reward) ever emitted. The adapter owns ``vector_env`` and closes it.
+
+    Args:
+        vector_env: the env, e.g. ``gymnasium.make_vec("CartPole-v1", 1024)``.
+        masked_reset: how to reset some sub-envs only; see :class:`GymnasiumVectorEnv`.
+        copy: if True, ``reset``/``step`` return copies of the observation buffer.
+    """
+    return GymnasiumVectorEnv(vector_env, masked_reset=masked_reset, copy=copy)
+
+
+def make_gymnasium_vec(
+    env_id: str,
+    num_envs: int,
+    vectorization_mode: str | gymnasium.VectorizeMode | None = None,
+    vector_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> GymnasiumVectorEnv:
+    """``gymnasium.make_vec(env_id, num_envs, vectorization_mode, ...)``, adopted.
+
+    Args:
+        env_id: a registered gymnasium id.
+        num_envs: number of sub-envs.
+        vectorization_mode: ``"vector_entry_point"``, ``"sync"`` or ``"async"``; ``None``
+            uses the env's own vector implementation where it has one, else ``"sync"``.
+        vector_kwargs: for ``SyncVectorEnv``/``AsyncVectorEnv``; their autoreset mode
+            defaults to SAME_STEP here (no masked resets needed).
+        **kwargs: passed to gymnasium (env kwargs, ``wrappers``).
+    """
+    if not isinstance(env_id, str):
+        raise InvalidArgumentTypeError(
+            f"make_vec(env=..., backend='gymnasium'): expected a registered gymnasium id "
+            f"(gymnasium.make_vec needs one), got {type(env_id).__name__}. Use backend='sync' "
+            "for a factory, or adopt your own vector env with jaxrunner.from_gymnasium()."
+        )
+    mode = None if vectorization_mode is None else gymnasium.VectorizeMode(vectorization_mode)
+    if mode is None:
+        spec = gymnasium.spec(env_id)
+        has_own = spec.vector_entry_point is not None
+        mode = (
+            gymnasium.VectorizeMode.VECTOR_ENTRY_POINT if has_own else gymnasium.VectorizeMode.SYNC
+        )
+    if mode != gymnasium.VectorizeMode.VECTOR_ENTRY_POINT:
+        vector_kwargs = {"autoreset_mode": AutoresetMode.SAME_STEP, **(vector_kwargs or {})}
+    env = gymnasium.make_vec(
+        env_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **kwargs
+    )
+    return GymnasiumVectorEnv(env)
+
+
+__all__ = [
+    "MASKED_RESETS",
+    "GymnasiumVectorEnv",
+    "MaskedReset",
+    "from_gymnasium",
+    "make_gymnasium_vec",
+    "reset_cartpole_vector",
+    "reset_with_mask",
+    "split_info",
+]

@@ -1,0 +1,132 @@
+"""Per-env views of gymnasium's merged vector infos, built only when read.
+
+A gymnasium ``VectorEnv`` reports one merged info dict per call: every key ``k``
+holds an array with one entry per sub-env and a bool mask ``_k`` saying which
+sub-envs reported it (nested dicts recursively; see
+``gymnasium.vector.VectorEnv._add_info``). jaxrunner's backends hand out per-env
+infos instead. Splitting thousands of infos every step would cost more than a
+natively vectorized env's step, so :class:`SplitInfos` and :class:`ResetInfos`
+split on access: a runner that never reads the infos pays nothing.
+
+The split is the exact inverse of ``_add_info``: merging the split infos again
+gives back the same arrays, dtypes included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+FINAL_KEYS = frozenset({"final_obs", "_final_obs", "final_info", "_final_info"})
+"""Keys gymnasium adds to the merged info of a SAME_STEP vector env where episodes end."""
+
+
+def split_info(merged: Mapping[str, Any], index: int, skip: frozenset[str] = frozenset()) -> dict:
+    """Sub-env ``index``'s info out of a merged vector info (keys in ``skip`` left out).
+
+    A key without its ``_key`` mask counts as reported by every sub-env (EnvPool's infos
+    are plain batched arrays).
+
+    Raises:
+        ValueError: if the merged info does not follow gymnasium's ``key``/``_key`` layout.
+    """
+    info: dict[str, Any] = {}
+    for key, value in merged.items():
+        if key in skip or (key.startswith("_") and key[1:] in merged):
+            continue
+        mask = merged.get(f"_{key}")
+        # No mask: every sub-env reported the key (EnvPool's batched infos).
+        if mask is not None and not mask[index]:
+            continue
+        if isinstance(value, Mapping):
+            info[key] = split_info(value, index)
+        elif isinstance(value, np.ndarray):
+            item = value[index]
+            if value.dtype == object:
+                info[key] = item
+            elif value.dtype == np.bool_ and value.ndim == 1:
+                # _add_info stores Python bools in a bool array; a numpy bool_ would
+                # have gone to an object array instead, so give the bool back.
+                info[key] = bool(item)
+            else:
+                info[key] = np.array(item) if value.ndim > 1 else item
+        else:
+            raise ValueError(
+                f"vector info key {key!r} holds a {type(value).__name__}; expected an array "
+                "with one entry per sub-env (gymnasium's merged layout)."
+            )
+    return info
+
+
+class SplitInfos(Sequence[dict[str, Any]]):
+    """The per-env infos of one vector-env call, split from the merged info on access.
+
+    Args:
+        merged: gymnasium's merged info dict.
+        num_envs: the number of sub-envs.
+        skip: top-level keys that are not part of the per-env infos.
+        override: per-env infos to return instead of the split one (by env index).
+    """
+
+    def __init__(
+        self,
+        merged: Mapping[str, Any],
+        num_envs: int,
+        skip: frozenset[str] = frozenset(),
+        override: Mapping[int, dict[str, Any]] | None = None,
+    ) -> None:
+        self._merged, self._num_envs, self._skip = merged, num_envs, skip
+        self._override = override or {}
+        self._cache: dict[int, dict[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return self._num_envs
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._num_envs))]
+        i = int(index)
+        if i < 0:
+            i += self._num_envs
+        if not 0 <= i < self._num_envs:
+            raise IndexError(f"info index {index} out of range for {self._num_envs} sub-envs")
+        if i in self._override:
+            return self._override[i]
+        if i not in self._cache:
+            self._cache[i] = split_info(self._merged, i, self._skip) if self._merged else {}
+        return self._cache[i]
+
+
+class ResetInfos(Mapping[int, dict[str, Any]]):
+    """The infos of the resets done in one call, by env index, built on access.
+
+    Args:
+        indices: the reset envs, in index order.
+        lookup: env index -> its reset info (called at most once per index).
+    """
+
+    def __init__(self, indices: Sequence[int], lookup: Callable[[int], dict[str, Any]]) -> None:
+        self._indices, self._lookup = list(indices), lookup
+        self._members = frozenset(self._indices)
+        self._cache: dict[int, dict[str, Any]] = {}
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if index not in self._members:
+            raise KeyError(index)
+        if index not in self._cache:
+            self._cache[index] = self._lookup(index)
+        return self._cache[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._indices)
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __contains__(self, index: object) -> bool:
+        return index in self._members
+
+
+EMPTY_RESET_INFOS: Mapping[int, dict[str, Any]] = ResetInfos((), dict)
