@@ -85,3 +85,13 @@ class EpisodeConflictError(JaxRunnerError, RuntimeError):
 
 class ActionTimeoutError(JaxRunnerError, TimeoutError):
     """An external env's action (or a wait for episodes) took longer than its timeout."""
+
+
+class WorkerError(JaxRunnerError, RuntimeError):
+    """A worker process of ``backend="process"`` died or broke its protocol. Names the
+    worker and the sub-envs it ran; ``worker_index`` and ``env_indices`` say them too."""
+
+    def __init__(self, message: str, worker_index: int, env_indices: range) -> None:
+        super().__init__(message)
+        self.worker_index = worker_index
+        self.env_indices = env_indices
