@@ -309,9 +309,10 @@ class GymnasiumVectorEnv(VectorEnv):
             )
         for i in indices:
             self._write_next_obs(i, final_obs[i])
+        # gymnasium merges the final infos like any nested info dict (key/_key arrays).
         finals: dict[int, dict[str, Any]] = {}
-        if isinstance(final_info, np.ndarray):
-            finals = {i: final_info[i] for i in indices if isinstance(final_info[i], dict)}
+        if isinstance(final_info, Mapping):
+            finals = {i: split_info(final_info, i) for i in indices}
         reset_side = SplitInfos(merged, self.num_envs, skip=FINAL_KEYS)
         step_side = SplitInfos(merged, self.num_envs, skip=FINAL_KEYS, override=finals)
         return step_side, ResetInfos(indices, reset_side.__getitem__)
@@ -480,7 +481,14 @@ def make_gymnasium_vec(
             f"(gymnasium.make_vec needs one), got {type(env_id).__name__}. Use backend='sync' "
             "for a factory, or adopt your own vector env with jaxrunner.from_gymnasium()."
         )
-    mode = None if vectorization_mode is None else gymnasium.VectorizeMode(vectorization_mode)
+    try:
+        mode = None if vectorization_mode is None else gymnasium.VectorizeMode(vectorization_mode)
+    except ValueError as err:
+        raise InvalidArgumentError(
+            f"make_vec(backend='gymnasium', vectorization_mode={vectorization_mode!r}): expected "
+            f"one of {[m.value for m in gymnasium.VectorizeMode]} (or None for the env's own "
+            "vector implementation where it has one)."
+        ) from err
     if mode is None:
         spec = gymnasium.spec(env_id)
         has_own = spec.vector_entry_point is not None
