@@ -1,0 +1,748 @@
+"""ExternalEnv: environments that run on their own and call in for actions.
+
+Inverted control, as RLlib's ExternalEnv: a game client, a robot or a simulator
+owned by someone else drives the episode and asks for actions::
+
+    env = jr.ExternalEnv(obs_space, action_space, policy, params, seed=0)
+    eid = env.start_episode()
+    action = env.get_action(eid, obs)      # on-policy: the policy chooses
+    env.log_returns(eid, reward)           # rewards add up until the next action
+    env.log_action(eid, obs, action)       # off-policy: the action was chosen elsewhere
+    env.end_episode(eid, final_obs)        # or truncated=True
+    episodes = env.poll_episodes()         # list[jr.Episode], same schema as EnvRunner's
+
+Any number of threads may call in for any number of episodes at once; their
+``get_action``/``log_action`` calls are batched into one compiled policy call
+(:mod:`jaxrunner.batching`). A transition ``(obs[t], action[t], reward[t],
+obs[t+1])`` is made of the observation of one call, the action it got, the rewards
+logged after it and the observation of the next call (or of ``end_episode``).
+
+Every argument is checked before any state changes: a bad call raises and leaves
+the episode exactly as it was. Abandoned episodes (no call for
+``episode_timeout_s``) are ended by a reaper as truncated at the last observation
+seen; the action that observation got never had an outcome, so that step is
+dropped and counted in ``num_dropped_steps``.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.batching import PolicyBatcher, Row, RowResult, default_buckets
+from jaxrunner.errors import (
+    ActionTimeoutError,
+    ClosedError,
+    EpisodeConflictError,
+    EpisodeNotFoundError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    TooManyEpisodesError,
+)
+from jaxrunner.metrics import EpisodeStats
+from jaxrunner.policy import Params, Policy
+from jaxrunner.space_check import check_value
+from jaxrunner.trajectory import Episode
+
+MAX_EPISODE_ID = 2**63 - 1
+ENDED_IDS_KEPT = 100_000
+"""How many ended episode ids are remembered (to refuse their reuse and answer 410)."""
+
+
+def _positive(name: str, value: Any, *, integer: bool, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
+        kind = "an int" if integer else "a number"
+        none = " (or None)" if allow_none else ""
+        raise InvalidArgumentError(
+            f"ExternalEnvConfig({name}={value!r}): expected {kind} > 0{none}."
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExternalEnvConfig:
+    """Limits and batching of an :class:`ExternalEnv`."""
+
+    max_concurrent: int = 1024
+    """The most episodes live at once; one more ``start_episode`` raises
+    ``TooManyEpisodesError`` (HTTP 429 when served)."""
+    max_episodes_per_client: int | None = None
+    """The most live episodes per client name; None: only ``max_concurrent``."""
+    max_batch: int = 64
+    """The most rows per policy call."""
+    max_wait_ms: float = 2.0
+    """After the first request of a batch, how long to wait for more (unless every
+    live episode has already asked)."""
+    buckets: tuple[int, ...] | None = None
+    """Batch sizes the policy is compiled for (each once); batches are padded to the
+    smallest that fits. None: powers of four up to ``max_batch``."""
+    episode_timeout_s: float | None = 300.0
+    """An episode with no call for this long is ended by the reaper (truncated)."""
+    action_timeout_s: float = 60.0
+    """``get_action``/``log_action`` raise ``TimeoutError`` after this long."""
+    max_episode_steps: int = 100_000
+    """Longer episodes are refused further steps (bounds memory): end them."""
+    max_output_episodes: int = 100_000
+    """Finished episodes kept for ``poll_episodes``; beyond, the oldest are dropped
+    (counted in ``num_dropped_steps``)."""
+    episode_window: int = 100
+    """Episode return/length means are over this many most recent episodes."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_concurrent", "max_batch", "max_episode_steps", "max_output_episodes"):
+            _positive(name, getattr(self, name), integer=True)
+        _positive("episode_window", self.episode_window, integer=True)
+        _positive(
+            "max_episodes_per_client", self.max_episodes_per_client, integer=True, allow_none=True
+        )
+        _positive("episode_timeout_s", self.episode_timeout_s, integer=False, allow_none=True)
+        _positive("action_timeout_s", self.action_timeout_s, integer=False)
+        if isinstance(self.max_wait_ms, bool) or not isinstance(self.max_wait_ms, (int, float)):
+            raise InvalidArgumentError(
+                f"ExternalEnvConfig(max_wait_ms={self.max_wait_ms!r}): expected a number >= 0."
+            )
+        if not self.max_wait_ms >= 0:
+            raise InvalidArgumentError(
+                f"ExternalEnvConfig(max_wait_ms={self.max_wait_ms!r}): expected a number >= 0."
+            )
+        if self.buckets is not None:
+            sizes = list(self.buckets)
+            if (
+                not sizes
+                or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes)
+                or sizes != sorted(set(sizes))
+                or sizes[-1] != self.max_batch
+            ):
+                raise InvalidArgumentError(
+                    f"ExternalEnvConfig(buckets={self.buckets!r}): expected increasing ints >= 1 "
+                    f"ending with max_batch={self.max_batch}, e.g. (1, 8, {self.max_batch})."
+                )
+
+    @property
+    def bucket_sizes(self) -> tuple[int, ...]:
+        return self.buckets if self.buckets is not None else default_buckets(self.max_batch)
+
+
+@dataclasses.dataclass
+class _Live:
+    """A live episode's host-side record."""
+
+    episode_id: int
+    client: str
+    env_id: int
+    training_enabled: bool
+    carry: Any
+    last_seen: float
+    obs: list[Any] = dataclasses.field(default_factory=list)
+    actions: list[Any] = dataclasses.field(default_factory=list)
+    extras: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    pending_reward: float = 0.0
+    busy: bool = False  # a get_action/log_action call is in flight
+
+    @property
+    def num_actions(self) -> int:
+        return len(self.actions)
+
+
+class ExternalEnv:
+    """Serves a policy to episodes that are stepped elsewhere (see the module docstring).
+
+    Args:
+        observation_space: one episode's observation space.
+        action_space: one episode's action space.
+        policy: the :class:`~jaxrunner.Policy` that picks actions.
+        params: its params.
+        seed: action keys derive from it, the episode id and the step index, so the
+            same requests get the same actions whatever the batching.
+        config: limits and batching (:class:`ExternalEnvConfig`).
+
+    Subclass and override :meth:`run` to drive episodes from a thread of your own,
+    started with :meth:`start` (as RLlib's ExternalEnv).
+    """
+
+    def __init__(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        policy: Policy,
+        params: Params,
+        *,
+        seed: int = 0,
+        config: ExternalEnvConfig | None = None,
+    ) -> None:
+        for name, space in (
+            ("observation_space", observation_space),
+            ("action_space", action_space),
+        ):
+            if not isinstance(space, spaces.Space):
+                raise InvalidArgumentTypeError(
+                    f"ExternalEnv({name}=...): expected a gymnasium space, got "
+                    f"{type(space).__name__}."
+                )
+            jr_spaces.check_supported(space, name)
+        if not isinstance(policy, Policy):
+            raise InvalidArgumentTypeError(
+                f"ExternalEnv(policy=...): expected a jaxrunner.Policy, got {policy!r}."
+            )
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise InvalidArgumentError(f"ExternalEnv(seed={seed!r}): expected an int >= 0.")
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.policy = policy
+        self.seed = int(seed)
+        self.config = config = config or ExternalEnvConfig()
+        self._lock = threading.Lock()
+        self._live: dict[int, _Live] = {}
+        self._per_client: collections.Counter[str] = collections.Counter()
+        self._client_ids: dict[str, int] = {}
+        self._ended_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._next_auto_id = 0
+        self._output: collections.deque[Episode] = collections.deque()
+        self._output_ready = threading.Condition(self._lock)
+        self._stats = EpisodeStats(config.episode_window)
+        self._counts = collections.Counter()
+        self._started_at = time.monotonic()
+        self._closed = False
+        carry = policy.batched_carry(1)
+        self._initial_carry = (
+            None if carry is None else jax.tree.map(lambda c: np.array(c[0]), carry)
+        )
+        self._batcher = PolicyBatcher(
+            policy,
+            params,
+            observation_space,
+            action_space,
+            self.seed,
+            max_batch=config.max_batch,
+            max_wait_s=config.max_wait_ms / 1000.0,
+            buckets=config.bucket_sizes,
+            ready_hint=lambda: len(self._live),
+        )
+        self._stop = threading.Event()
+        self._reaper: threading.Thread | None = None
+        if config.episode_timeout_s is not None:
+            self._reaper = threading.Thread(
+                target=self._reap_loop, name="jaxrunner-reaper", daemon=True
+            )
+            self._reaper.start()
+        self._run_thread: threading.Thread | None = None
+        self._run_error: BaseException | None = None
+
+    # -- episodes -----------------------------------------------------------------------------
+
+    def start_episode(
+        self, episode_id: int | None = None, training_enabled: bool = True, *, client: str = "local"
+    ) -> int:
+        """Starts an episode and returns its id.
+
+        Args:
+            episode_id: an int in ``[0, 2**63)`` not used by a live or recently ended
+                episode; None picks the smallest free id from a counter.
+            training_enabled: False keeps the episode out of :meth:`poll_episodes`
+                (it still counts in the metrics).
+            client: who asked (for ``max_episodes_per_client``); its index in order of
+                first appearance is the episodes' ``env_id``.
+
+        Raises:
+            TooManyEpisodesError: at ``max_concurrent`` (or the client's cap).
+            EpisodeConflictError: ``episode_id`` is in use or was used recently.
+        """
+        if episode_id is not None and (
+            isinstance(episode_id, bool)
+            or not isinstance(episode_id, (int, np.integer))
+            or not 0 <= episode_id <= MAX_EPISODE_ID
+        ):
+            raise InvalidArgumentError(
+                f"start_episode(episode_id={episode_id!r}): expected None or an int in [0, 2**63)."
+            )
+        if not isinstance(training_enabled, (bool, np.bool_)):
+            raise InvalidArgumentTypeError(
+                f"start_episode(training_enabled={training_enabled!r}): expected a bool."
+            )
+        with self._lock:
+            self._check_open("start_episode")
+            cap = self.config.max_concurrent
+            if len(self._live) >= cap:
+                raise TooManyEpisodesError(
+                    f"start_episode(): {cap} episodes are live, the max_concurrent cap; end some "
+                    "episodes first (or raise ExternalEnvConfig.max_concurrent)."
+                )
+            per_client = self.config.max_episodes_per_client
+            if per_client is not None and self._per_client[client] >= per_client:
+                raise TooManyEpisodesError(
+                    f"start_episode(): client {client!r} has {per_client} live episodes, the "
+                    "max_episodes_per_client cap; end some of them first."
+                )
+            if episode_id is None:
+                while self._next_auto_id in self._live or self._next_auto_id in self._ended_ids:
+                    self._next_auto_id += 1
+                episode_id = self._next_auto_id
+                self._next_auto_id += 1
+            elif episode_id in self._live or episode_id in self._ended_ids:
+                state = "live" if episode_id in self._live else "recently ended"
+                raise EpisodeConflictError(
+                    f"start_episode(episode_id={episode_id}): an episode with this id is {state}; "
+                    "episode ids must be unique. Pass another id, or None for a fresh one."
+                )
+            episode_id = int(episode_id)
+            if client not in self._client_ids:
+                self._client_ids[client] = len(self._client_ids)
+            self._live[episode_id] = _Live(
+                episode_id,
+                client,
+                self._client_ids[client],
+                bool(training_enabled),
+                self._initial_carry,
+                time.monotonic(),
+            )
+            self._per_client[client] += 1
+            self._counts["num_started_episodes"] += 1
+            return episode_id
+
+    def get_action(self, episode_id: int, obs: Any) -> Any:
+        """The policy's action for ``obs`` (on-policy). Blocks until computed.
+
+        Raises:
+            SpaceMismatchError: ``obs`` does not fit the observation space.
+            EpisodeNotFoundError / EpisodeConflictError: see :meth:`submit_action`.
+            TimeoutError: the action took longer than ``action_timeout_s``.
+        """
+        return self._wait(self.submit_action(episode_id, obs))
+
+    def log_action(self, episode_id: int, obs: Any, action: Any) -> None:
+        """Records that ``action``, chosen elsewhere, was taken at ``obs`` (off-policy).
+        Stored as given, with its log-prob under the current params. Blocks until
+        recorded."""
+        self._wait(self.submit_log_action(episode_id, obs, action))
+
+    def submit_action(self, episode_id: int, obs: Any) -> concurrent.futures.Future:
+        """Like :meth:`get_action`, without waiting: the future resolves to the action."""
+        obs = check_value(self.observation_space, obs, "obs", bounds=True)
+        return self._submit(episode_id, obs, None, "get_action")
+
+    def submit_log_action(
+        self, episode_id: int, obs: Any, action: Any
+    ) -> concurrent.futures.Future:
+        """Like :meth:`log_action`, without waiting: the future resolves to ``None``."""
+        obs = check_value(self.observation_space, obs, "obs", bounds=True)
+        action = check_value(self.action_space, action, "action", bounds=False)
+        return self._submit(episode_id, obs, action, "log_action")
+
+    def log_returns(
+        self, episode_id: int, reward: float, info: dict[str, Any] | None = None
+    ) -> None:
+        """Adds ``reward`` to the reward of the episode's latest action.
+
+        ``info`` is accepted for compatibility with RLlib's API and must be a dict or
+        None; Episodes have no info field, so it is not stored.
+        """
+        if isinstance(reward, (bool, np.bool_)) or not isinstance(
+            reward, (int, float, np.integer, np.floating)
+        ):
+            raise InvalidArgumentTypeError(
+                f"log_returns(reward={reward!r}): expected a real number, got "
+                f"{type(reward).__name__}."
+            )
+        if not math.isfinite(float(reward)):
+            raise InvalidArgumentError(f"log_returns(reward={reward!r}): rewards must be finite.")
+        if info is not None and not isinstance(info, dict):
+            raise InvalidArgumentTypeError(
+                f"log_returns(info=...): expected a dict or None, got {type(info).__name__}."
+            )
+        with self._lock:
+            live = self._get_live(episode_id, "log_returns")
+            if live.num_actions == 0:
+                raise EpisodeConflictError(
+                    f"log_returns(episode_id={episode_id}): the episode has no action yet; a "
+                    "reward belongs to the action it followed. Call get_action or log_action first."
+                )
+            live.pending_reward += float(reward)
+            live.last_seen = time.monotonic()
+
+    def end_episode(self, episode_id: int, obs: Any, *, truncated: bool = False) -> None:
+        """Ends the episode at its final observation ``obs``: terminated, or truncated
+        (cut short: bootstrap from ``obs``) if ``truncated``."""
+        obs = check_value(self.observation_space, obs, "obs", bounds=True)
+        if not isinstance(truncated, (bool, np.bool_)):
+            raise InvalidArgumentTypeError(
+                f"end_episode(truncated={truncated!r}): expected a bool."
+            )
+        with self._lock:
+            live = self._get_live(episode_id, "end_episode")
+            if live.num_actions:
+                live.rewards.append(live.pending_reward)
+            live.obs.append(obs)
+            self._finish(live, terminated=not truncated, truncated=bool(truncated))
+
+    def log_steps(
+        self,
+        episode_id: int,
+        obs: Sequence[Any],
+        actions: Sequence[Any],
+        rewards: Sequence[float],
+    ) -> None:
+        """Records several steps taken elsewhere at once: for each ``t``,
+        ``log_action(obs[t], actions[t])`` then ``log_returns(rewards[t])``. Every value
+        is checked before anything is recorded; feed-forward policies score all steps
+        in one go. Used by clients that compute actions themselves."""
+        if not len(obs) == len(actions) == len(rewards):
+            raise InvalidArgumentError(
+                f"log_steps(): got {len(obs)} observations, {len(actions)} actions and "
+                f"{len(rewards)} rewards; expected one of each per step."
+            )
+        checked_obs = [
+            check_value(self.observation_space, o, f"obs[{t}]") for t, o in enumerate(obs)
+        ]
+        checked_actions = [
+            check_value(self.action_space, a, f"action[{t}]", bounds=False)
+            for t, a in enumerate(actions)
+        ]
+        for t, reward in enumerate(rewards):
+            if (
+                isinstance(reward, bool)
+                or not isinstance(reward, (int, float))
+                or not math.isfinite(reward)
+            ):
+                raise InvalidArgumentError(
+                    f"log_steps(): rewards[{t}]={reward!r} is not a finite number."
+                )
+        if not obs:
+            return
+        if self.policy.initial_carry is not None:  # recurrent: each step needs the last carry
+            for t in range(len(obs)):
+                self._wait(
+                    self._submit(episode_id, checked_obs[t], checked_actions[t], "log_steps")
+                )
+                self.log_returns(episode_id, float(rewards[t]))
+            return
+        future = self._submit_many(
+            episode_id, checked_obs, checked_actions, [float(r) for r in rewards]
+        )
+        self._wait(future)
+
+    # -- output and params --------------------------------------------------------------------
+
+    def poll_episodes(self) -> list[Episode]:
+        """Takes every finished training episode not yet taken, in the order they ended."""
+        with self._lock:
+            episodes = list(self._output)
+            self._output.clear()
+            return episodes
+
+    def sample_episodes(self, num_episodes: int, timeout_s: float | None = None) -> list[Episode]:
+        """Waits until ``num_episodes`` training episodes have ended and takes them.
+
+        Raises:
+            TimeoutError: fewer ended within ``timeout_s`` (none are taken then).
+        """
+        if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
+            raise InvalidArgumentError(
+                f"sample_episodes(num_episodes={num_episodes!r}): expected an int >= 1."
+            )
+        with self._output_ready:
+            if not self._output_ready.wait_for(
+                lambda: len(self._output) >= num_episodes, timeout_s
+            ):
+                raise ActionTimeoutError(
+                    f"sample_episodes({num_episodes}): only {len(self._output)} episodes ended "
+                    f"within {timeout_s} s."
+                )
+            return [self._output.popleft() for _ in range(num_episodes)]
+
+    def set_params(self, params: Params) -> int:
+        """Replaces the params from the next batch on (never recompiles); returns the
+        new params version."""
+        return self._batcher.set_params(params)
+
+    def get_params(self) -> tuple[Params, int]:
+        """The current params and their version (0 for those given at construction)."""
+        return self._batcher.get_params()
+
+    def get_spaces(self) -> dict[str, spaces.Space]:
+        return {"observation_space": self.observation_space, "action_space": self.action_space}
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Counters since construction and recent-episode statistics.
+
+        Keys: ``num_env_steps`` (completed transitions, training or not),
+        ``num_episodes`` (ended, training or not; from ``num_episodes`` on, the
+        same recent-window statistics as EnvRunner's), ``num_training_episodes``,
+        ``num_live_episodes``, ``num_started_episodes``, ``num_abandoned_episodes``
+        (ended by the reaper), ``num_dropped_steps``, ``num_faulty_episodes``,
+        ``num_batches``, ``num_policy_rows``, ``mean_batch_size``, ``num_traces``,
+        ``params_version``, ``env_steps_per_s`` and ``perf.inference_ms`` (per batch).
+        """
+        with self._lock:
+            batcher = self._batcher
+            batches = batcher.num_batches
+            elapsed = time.monotonic() - self._started_at
+            return {
+                "num_env_steps": self._counts["num_env_steps"],
+                **self._stats.summary(),
+                "num_training_episodes": self._counts["num_training_episodes"],
+                "num_live_episodes": len(self._live),
+                "num_started_episodes": self._counts["num_started_episodes"],
+                "num_abandoned_episodes": self._counts["num_abandoned_episodes"],
+                "num_dropped_steps": self._counts["num_dropped_steps"],
+                "num_faulty_episodes": 0,
+                "num_batches": batches,
+                "num_policy_rows": batcher.num_rows,
+                "mean_batch_size": batcher.num_rows / batches if batches else 0.0,
+                "num_traces": batcher.num_traces,
+                "params_version": batcher.get_params()[1],
+                "env_steps_per_s": self._counts["num_env_steps"] / elapsed if elapsed else 0.0,
+                "perf": {
+                    "inference_ms": 1000.0 * batcher.inference_s / batches if batches else 0.0
+                },
+            }
+
+    # -- the optional run() thread ------------------------------------------------------------
+
+    def run(self) -> None:
+        """Override to drive episodes (call start_episode, get_action, ... on self);
+        :meth:`start` runs it in a thread of its own."""
+        raise NotImplementedError(
+            "ExternalEnv.run(): subclass ExternalEnv and override run() to use start(); or "
+            "call start_episode/get_action/... from your own threads."
+        )
+
+    def start(self) -> None:
+        """Runs :meth:`run` in a daemon thread; :meth:`join` waits and re-raises its error."""
+        if self._run_thread is not None:
+            raise InvalidArgumentError("ExternalEnv.start(): the run() thread was already started.")
+
+        def target() -> None:
+            try:
+                self.run()
+            except BaseException as err:  # handed to join()
+                self._run_error = err
+
+        self._run_thread = threading.Thread(
+            target=target, name="jaxrunner-external-run", daemon=True
+        )
+        self._run_thread.start()
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        """Waits for the run() thread; returns False if it is still running after
+        ``timeout_s``. Re-raises an exception run() raised."""
+        if self._run_thread is None:
+            return True
+        self._run_thread.join(timeout_s)
+        if self._run_error is not None:
+            error, self._run_error = self._run_error, None
+            raise error
+        return not self._run_thread.is_alive()
+
+    def close(self) -> None:
+        """Stops the batcher and the reaper; live episodes stay unfinished (counted in
+        ``num_live_episodes``) and later calls raise ``ClosedError``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        self._batcher.close()
+        if self._reaper is not None:
+            self._reaper.join()
+
+    def __enter__(self) -> ExternalEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise ClosedError(
+                f"ExternalEnv.{what}() called after close(); create a new ExternalEnv."
+            )
+
+    def _get_live(self, episode_id: Any, what: str) -> _Live:
+        """The live, idle episode ``episode_id`` (caller holds the lock)."""
+        self._check_open(what)
+        live = self._live.get(episode_id) if isinstance(episode_id, (int, np.integer)) else None
+        if live is None:
+            if isinstance(episode_id, (int, np.integer)) and episode_id in self._ended_ids:
+                raise EpisodeNotFoundError(
+                    f"{what}(episode_id={episode_id}): the episode has ended; start a new one.",
+                    ended=True,
+                )
+            raise EpisodeNotFoundError(
+                f"{what}(episode_id={episode_id!r}): no live episode has this id; start one "
+                "with start_episode() and use the id it returns."
+            )
+        if live.busy:
+            raise EpisodeConflictError(
+                f"{what}(episode_id={episode_id}): another call for this episode is still in "
+                "flight; an episode's calls must come one after another."
+            )
+        return live
+
+    def _submit(
+        self, episode_id: int, obs: Any, action: Any, what: str
+    ) -> concurrent.futures.Future:
+        with self._lock:
+            live = self._get_live(episode_id, what)
+            self._check_room(live, 1, what)
+            live.busy = True
+            live.last_seen = time.monotonic()
+            row = Row(obs, action, live.episode_id, live.num_actions, live.carry)
+
+        def on_done(results: list[RowResult]) -> Any:
+            taken, extras, carry = results[0]
+            with self._lock:
+                self._record(live, obs, taken, extras, carry)
+                live.busy = False
+            return taken if action is None else None
+
+        return self._submit_rows(live, [row], on_done)
+
+    def _submit_many(
+        self, episode_id: int, obs: list[Any], actions: list[Any], rewards: list[float]
+    ) -> concurrent.futures.Future:
+        """Logged steps of a feed-forward policy: rows are independent, so one request."""
+        with self._lock:
+            live = self._get_live(episode_id, "log_steps")
+            self._check_room(live, len(obs), "log_steps")
+            live.busy = True
+            live.last_seen = time.monotonic()
+            first = live.num_actions
+            rows = [
+                Row(o, a, live.episode_id, first + t, None)
+                for t, (o, a) in enumerate(zip(obs, actions))
+            ]
+
+        def on_done(results: list[RowResult]) -> None:
+            with self._lock:
+                for t, (taken, extras, _) in enumerate(results):
+                    self._record(live, obs[t], taken, extras, None)
+                    live.pending_reward += rewards[t]
+                live.busy = False
+
+        return self._submit_rows(live, rows, on_done)
+
+    def _submit_rows(self, live: _Live, rows: list[Row], on_done: Any) -> concurrent.futures.Future:
+        try:
+            return self._batcher.submit(rows, on_done)
+        except BaseException:
+            with self._lock:
+                live.busy = False
+            raise
+
+    def _check_room(self, live: _Live, steps: int, what: str) -> None:
+        limit = self.config.max_episode_steps
+        if live.num_actions + steps > limit:
+            raise InvalidArgumentError(
+                f"{what}(episode_id={live.episode_id}): the episode would exceed "
+                f"max_episode_steps={limit}; end it (truncated=True) and start a new one."
+            )
+
+    def _record(
+        self, live: _Live, obs: Any, action: Any, extras: dict[str, np.ndarray], carry: Any
+    ) -> None:
+        """Appends one step (caller holds the lock); this obs closes the previous one."""
+        if live.num_actions:
+            live.rewards.append(live.pending_reward)
+            live.pending_reward = 0.0
+        live.obs.append(obs)
+        live.actions.append(action)
+        live.extras.append(extras)
+        live.carry = carry
+        live.last_seen = time.monotonic()
+
+    def _finish(self, live: _Live, terminated: bool, truncated: bool) -> None:
+        """Ends ``live`` (caller holds the lock): counts it and outputs it."""
+        del self._live[live.episode_id]
+        self._per_client[live.client] -= 1
+        if self._per_client[live.client] <= 0:
+            del self._per_client[live.client]
+        self._ended_ids[live.episode_id] = None
+        while len(self._ended_ids) > ENDED_IDS_KEPT:
+            self._ended_ids.popitem(last=False)
+        length = live.num_actions
+        self._counts["num_env_steps"] += length
+        self._stats.add(np.array([sum(live.rewards)], np.float64), np.array([length]))
+        self._emit(live, self._episode(live, terminated, truncated) if length else None)
+
+    def _episode(self, live: _Live, terminated: bool, truncated: bool) -> Episode:
+        """``live``'s record as an :class:`~jaxrunner.Episode` (at least one step)."""
+
+        def stack(space: spaces.Space, values: list[Any]) -> Any:
+            return jr_spaces.map_structure(space, lambda *xs: np.stack(xs), *values)
+
+        return Episode(
+            obs=stack(self.observation_space, live.obs),
+            action=stack(self.action_space, live.actions),
+            reward=np.asarray(live.rewards, np.float64),
+            extras={k: np.stack([e[k] for e in live.extras]) for k in live.extras[0]},
+            terminated=terminated,
+            truncated=truncated,
+            episode_id=live.episode_id,
+            env_id=live.env_id,
+        )
+
+    def _emit(self, live: _Live, episode: Episode | None) -> None:
+        """Outputs an ended episode (caller holds the lock); ``None`` if it had no step.
+        Training episodes go to :meth:`poll_episodes`; others only count."""
+        if episode is None or not live.training_enabled:
+            return
+        self._counts["num_training_episodes"] += 1
+        self._output.append(episode)
+        if len(self._output) > self.config.max_output_episodes:
+            dropped = self._output.popleft()
+            self._counts["num_dropped_steps"] += dropped.length
+        self._output_ready.notify_all()
+
+    def _reap_loop(self) -> None:
+        timeout = self.config.episode_timeout_s
+        if timeout is None:  # the thread only starts with a timeout
+            return
+        while not self._stop.wait(min(timeout / 4, 1.0)):
+            self.reap(time.monotonic() - timeout)
+
+    def reap(self, idle_since: float) -> int:
+        """Ends every idle episode last seen before ``idle_since`` (``time.monotonic()``
+        clock) as truncated at its last observation, dropping its step in wait of an
+        outcome; returns how many. Runs by itself every so often (the reaper)."""
+        with self._lock:
+            stale = [ep for ep in self._live.values() if not ep.busy and ep.last_seen < idle_since]
+            for live in stale:
+                if live.num_actions:
+                    # The last action's outcome never came: drop that step, end at its obs.
+                    live.actions.pop()
+                    live.extras.pop()
+                    self._counts["num_dropped_steps"] += 1
+                    live.pending_reward = 0.0
+                if not live.obs:
+                    live.obs.append(jr_spaces.allocate(self.observation_space, ()))  # never output
+                self._counts["num_abandoned_episodes"] += 1
+                self._finish(live, terminated=False, truncated=True)
+            return len(stale)
+
+    def _wait(self, future: concurrent.futures.Future) -> Any:
+        try:
+            return future.result(timeout=self.config.action_timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise ActionTimeoutError(
+                "the policy did not answer within action_timeout_s="
+                f"{self.config.action_timeout_s} s."
+            ) from None
+
+
+__all__ = ["ExternalEnv", "ExternalEnvConfig"]

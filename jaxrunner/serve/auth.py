@@ -1,0 +1,65 @@
+"""Bearer tokens: generated, kept in a file only its owner can read, compared in
+constant time."""
+
+from __future__ import annotations
+
+import hmac
+import os
+import pathlib
+import secrets
+import stat
+
+from jaxrunner.errors import InvalidArgumentError
+
+
+def default_token_file() -> pathlib.Path:
+    """``$XDG_CONFIG_HOME/jaxrunner/serve-token`` (``~/.config/...`` by default)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or pathlib.Path.home() / ".config"
+    return pathlib.Path(base) / "jaxrunner" / "serve-token"
+
+
+def load_or_create_token(path: str | os.PathLike[str]) -> str:
+    """The token stored at ``path``; a new random one (written with mode 0600) if the
+    file does not exist.
+
+    Raises:
+        InvalidArgumentError: the file is readable by others than its owner (a
+            token anyone can read protects nothing), or holds no token.
+    """
+    path = pathlib.Path(path)
+    if path.exists():
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise InvalidArgumentError(
+                f"token file {path} has mode {oct(mode)}: others can read it. Run "
+                f"`chmod 600 {path}` (or delete it to get a new token)."
+            )
+        token = path.read_text().strip()
+        if len(token) < 16:
+            raise InvalidArgumentError(
+                f"token file {path} holds no token of at least 16 characters; delete it to get a "
+                "new one."
+            )
+        return token
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = secrets.token_urlsafe(32)
+    # O_EXCL: never follow a planted symlink or overwrite a file created meanwhile.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(token + "\n")
+    return token
+
+
+def read_token(path: str | os.PathLike[str]) -> str:
+    """The token in an existing token file (for clients)."""
+    token = pathlib.Path(path).read_text().strip()
+    if not token:
+        raise InvalidArgumentError(f"token file {path} is empty.")
+    return token
+
+
+def token_matches(header: str | None, token: str) -> bool:
+    """Whether an ``Authorization`` header carries ``Bearer <token>`` (constant time)."""
+    if not header or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header[7:].strip().encode(), token.encode())

@@ -1,0 +1,286 @@
+"""PolicyClient: the Python side of a :class:`~jaxrunner.serve.PolicyServer`."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from typing import Any, Literal
+
+import httpx
+import jax
+
+from jaxrunner import errors
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.external import ExternalEnv, ExternalEnvConfig, _Live
+from jaxrunner.policy import Params, Policy
+from jaxrunner.serve import wire
+from jaxrunner.serve.auth import read_token
+from jaxrunner.space_check import check_value
+from jaxrunner.trajectory import Episode
+
+
+class PolicyServerError(errors.JaxRunnerError, RuntimeError):
+    """The server refused a request (401, 413, 415, ...) or failed.
+
+    Attributes:
+        status: the HTTP status.
+        code: the server's error code (``"unauthorized"``, ...).
+    """
+
+    def __init__(self, message: str, status: int, code: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        detail = response.json()["error"]
+        code, message = str(detail["code"]), str(detail["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = "http_error", response.text[:200]
+    text = f"{message} (HTTP {response.status_code} {code})"
+    status = response.status_code
+    if status in (404, 410):
+        raise errors.EpisodeNotFoundError(text, ended=status == 410)
+    kind = {
+        409: errors.EpisodeConflictError,
+        429: errors.TooManyEpisodesError,
+        422: errors.SpaceMismatchError,
+    }.get(status)
+    if kind is not None:
+        raise kind(text)
+    if status == 503 and code == "timeout":
+        raise errors.ActionTimeoutError(text)
+    raise PolicyServerError(text, status, code)
+
+
+class _LocalEnv(ExternalEnv):
+    """An ExternalEnv that hands every ended episode to the client for reporting."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ended: dict[int, Episode | None] = {}
+
+    def _emit(self, live: _Live, episode: Episode | None) -> None:
+        self.ended[live.episode_id] = episode
+
+
+class PolicyClient:
+    """Talks to a policy server; the same calls as :class:`~jaxrunner.ExternalEnv`.
+
+    Args:
+        url: the server's URL (``PolicyServer.url``).
+        token: the server's token; or ``token_file`` to read it from.
+        token_file: a file holding the token (the server's token file).
+        inference: ``"remote"``: the server computes every action (one request per
+            call). ``"local"``: this client pulls the params every
+            ``update_interval_s``, computes actions itself with the same jitted,
+            batched policy, and reports each episode's experience when it ends
+            (the server scores the actions under its current params, as logged
+            actions). Local episodes must end within the server's
+            ``episode_timeout_s``.
+        policy: the policy, for ``inference="local"`` (the same as the server's).
+        update_interval_s: local inference: how often to pull new params.
+        seed: local inference: seeds the client's action keys.
+        client_id: names this client to the server (per-client episode caps);
+            random by default.
+        timeout_s: HTTP timeout per request.
+        report_chunk_steps: local inference: steps per report request.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        inference: Literal["remote", "local"] = "remote",
+        policy: Policy | None = None,
+        update_interval_s: float = 10.0,
+        seed: int = 0,
+        client_id: str | None = None,
+        timeout_s: float = 60.0,
+        report_chunk_steps: int = 512,
+    ) -> None:
+        if inference not in ("remote", "local"):
+            raise errors.InvalidArgumentError(
+                f"PolicyClient(inference={inference!r}): expected 'remote' or 'local'."
+            )
+        if inference == "local" and not isinstance(policy, Policy):
+            raise errors.InvalidArgumentError(
+                "PolicyClient(inference='local') needs policy=<the server's jaxrunner.Policy>: "
+                "the client computes actions itself."
+            )
+        if token is None and token_file is not None:
+            token = read_token(token_file)
+        headers = {"X-Client-Id": client_id or f"client-{uuid.uuid4().hex[:12]}"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        self.inference = inference
+        self.report_chunk_steps = report_chunk_steps
+        self._http = httpx.Client(
+            base_url=url,
+            headers=headers,
+            timeout=timeout_s,
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=256),
+        )
+        spaces_json = self._call("GET", "/v1/spaces")
+        self.observation_space = wire.space_from_json(spaces_json["observation_space"])
+        self.action_space = wire.space_from_json(spaces_json["action_space"])
+        self._local: _LocalEnv | None = None
+        self._stop = threading.Event()
+        self._updater: threading.Thread | None = None
+        self.params_version = -1
+        self.num_param_pulls = 0
+        if inference == "local":
+            assert policy is not None
+            self._template = policy.init(jax.random.key(0), self.observation_space)
+            params = self._pull_params()
+            self._local = _LocalEnv(
+                self.observation_space,
+                self.action_space,
+                policy,
+                params,
+                seed=seed,
+                config=ExternalEnvConfig(max_concurrent=1 << 20, episode_timeout_s=None),
+            )
+            self._updater = threading.Thread(
+                target=self._update_loop, args=(update_interval_s,), daemon=True
+            )
+            self._updater.start()
+
+    # -- the ExternalEnv calls ----------------------------------------------------------------
+
+    def start_episode(self, episode_id: int | None = None, training_enabled: bool = True) -> int:
+        """Starts an episode on the server; returns its id."""
+        body = {"episode_id": episode_id, "training_enabled": training_enabled}
+        eid = int(self._call("POST", "/v1/episodes", body)["episode_id"])
+        if self._local is not None:
+            self._local.start_episode(eid, training_enabled)
+        return eid
+
+    def get_action(self, episode_id: int, obs: Any) -> Any:
+        """The policy's action for ``obs``."""
+        if self._local is not None:
+            return self._local.get_action(episode_id, obs)
+        obs = check_value(self.observation_space, obs, "obs")
+        out = self._call(
+            "POST",
+            f"/v1/episodes/{episode_id}/action",
+            {"obs": wire.encode_tree(self.observation_space, obs)},
+        )
+        action = wire.decode_tree(self.action_space, out["action"], "action")
+        return check_value(self.action_space, action, "action", bounds=False)
+
+    def log_action(self, episode_id: int, obs: Any, action: Any) -> None:
+        """Records an action chosen elsewhere."""
+        if self._local is not None:
+            self._local.log_action(episode_id, obs, action)
+            return
+        obs = check_value(self.observation_space, obs, "obs")
+        action = check_value(self.action_space, action, "action", bounds=False)
+        body = {
+            "obs": wire.encode_tree(self.observation_space, obs),
+            "action": wire.encode_tree(self.action_space, action),
+        }
+        self._call("POST", f"/v1/episodes/{episode_id}/log_action", body)
+
+    def log_returns(
+        self, episode_id: int, reward: float, info: dict[str, Any] | None = None
+    ) -> None:
+        """Adds ``reward`` to the latest action's reward."""
+        if self._local is not None:
+            self._local.log_returns(episode_id, reward, info)
+            return
+        body = {"reward": float(reward), "info": info}
+        self._call("POST", f"/v1/episodes/{episode_id}/returns", body)
+
+    def end_episode(self, episode_id: int, obs: Any, *, truncated: bool = False) -> None:
+        """Ends the episode at its final observation (terminated, or ``truncated``)."""
+        obs = check_value(self.observation_space, obs, "obs")
+        encoded_obs = wire.encode_tree(self.observation_space, obs)
+        if self._local is None:
+            body = {"obs": encoded_obs, "truncated": bool(truncated)}
+            self._call("POST", f"/v1/episodes/{episode_id}/end", body)
+            return
+        self._local.end_episode(episode_id, obs, truncated=truncated)
+        episode = self._local.ended.pop(episode_id)
+        self._report(episode_id, episode, encoded_obs, bool(truncated))
+
+    def get_metrics(self) -> dict[str, Any]:
+        """The server's metrics."""
+        return self._call("GET", "/v1/metrics")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._updater is not None:
+            self._updater.join()
+        if self._local is not None:
+            self._local.close()
+        self._http.close()
+
+    def __enter__(self) -> PolicyClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        response = self._http.request(method, path, json=body)
+        _raise_for(response)
+        return response.json()
+
+    def _report(
+        self, episode_id: int, episode: Episode | None, final_obs: Any, truncated: bool
+    ) -> None:
+        """Sends a locally run episode's steps, in chunks; the last one ends it."""
+        length = 0 if episode is None else episode.length
+        obs_space, action_space = self.observation_space, self.action_space
+        start = 0
+        while True:
+            stop = min(start + self.report_chunk_steps, length)
+            body: dict[str, Any] = {"obs": [], "actions": [], "rewards": []}
+            for t in range(start, stop):
+                assert episode is not None
+                body["obs"].append(
+                    wire.encode_tree(obs_space, jr_spaces.take(obs_space, episode.obs, t))
+                )
+                body["actions"].append(
+                    wire.encode_tree(action_space, jr_spaces.take(action_space, episode.action, t))
+                )
+                body["rewards"].append(float(episode.reward[t]))
+            if stop == length:
+                body.update(final_obs=final_obs, truncated=truncated)
+            self._call("POST", f"/v1/episodes/{episode_id}/report", body)
+            if stop == length:
+                return
+            start = stop
+
+    def _pull_params(self) -> Params | None:
+        since = None if self.params_version < 0 else self.params_version
+        out = self._call("GET", "/v1/params", None) if since is None else self._http_params(since)
+        if out["params"] is None:
+            return None
+        params = wire.decode_params(out["params"], self._template)
+        self.params_version = int(out["version"])
+        self.num_param_pulls += 1
+        return params
+
+    def _http_params(self, since: int) -> Any:
+        response = self._http.get("/v1/params", params={"since": since})
+        _raise_for(response)
+        return response.json()
+
+    def _update_loop(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                params = self._pull_params()
+            except (httpx.HTTPError, errors.JaxRunnerError):
+                continue  # keep acting with the params we have; try again next time
+            if params is not None and self._local is not None:
+                self._local.set_params(params)

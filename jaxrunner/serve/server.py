@@ -1,0 +1,175 @@
+"""PolicyServer: an :class:`~jaxrunner.ExternalEnv` over HTTP (uvicorn)."""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import pathlib
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.external import ExternalEnv
+from jaxrunner.serve.app import create_app
+from jaxrunner.serve.auth import default_token_file, load_or_create_token
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    """Where and how a :class:`PolicyServer` listens."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind; loopback unless you say otherwise."""
+    port: int = 0
+    """TCP port; 0 picks a free one (see ``PolicyServer.url``)."""
+    require_token: bool = True
+    """Refuse requests without ``Authorization: Bearer <token>`` (401). Turning this
+    off is only allowed on a loopback host."""
+    token: str | None = None
+    """The token; None reads ``token_file``, or creates it with a new random token."""
+    token_file: str | os.PathLike[str] | None = None
+    """Where the token lives (mode 0600); None: ``~/.config/jaxrunner/serve-token``."""
+    max_body_bytes: int = 1 << 20
+    """Larger request bodies are refused (413) before they are parsed."""
+    max_connections: int = 1024
+    """Concurrent connections and requests beyond this get 503."""
+    keep_alive_s: float = 5.0
+    """Idle keep-alive connections are closed after this long."""
+    log_level: str = "warning"
+    """uvicorn's log level."""
+
+    def __post_init__(self) -> None:
+        if (
+            not isinstance(self.port, int)
+            or isinstance(self.port, bool)
+            or not 0 <= self.port < 65536
+        ):
+            raise InvalidArgumentError(
+                f"ServerConfig(port={self.port!r}): expected an int in [0, 65535]."
+            )
+        for name in ("max_body_bytes", "max_connections"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"ServerConfig({name}={value!r}): expected an int >= 1.")
+        if self.token is not None and (not isinstance(self.token, str) or len(self.token) < 16):
+            raise InvalidArgumentError(
+                "ServerConfig(token=...): expected a string of at least 16 characters."
+            )
+        if not self.require_token and not _is_loopback(self.host):
+            raise InvalidArgumentError(
+                f"ServerConfig(host={self.host!r}, require_token=False): serving without a token "
+                "is only allowed on a loopback host; anyone who can reach the port could feed the "
+                "policy. Keep the token (clients read it from the token file)."
+            )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class PolicyServer:
+    """Serves ``env`` over HTTP. The OpenAPI schema is at ``{url}/openapi.json``.
+
+    Args:
+        env: the :class:`~jaxrunner.ExternalEnv` to serve (its owner closes it).
+        config: a :class:`ServerConfig`; or its fields as keyword arguments.
+
+    Use :meth:`start` (a background thread) and :meth:`close`, or ``with``; or
+    :meth:`serve_forever` in the main thread (Ctrl-C stops it).
+    """
+
+    def __init__(self, env: ExternalEnv, config: ServerConfig | None = None, **fields: Any) -> None:
+        if not isinstance(env, ExternalEnv):
+            raise InvalidArgumentTypeError(
+                "PolicyServer(env=...): expected a jaxrunner.ExternalEnv, got "
+                f"{type(env).__name__}."
+            )
+        if config is not None and fields:
+            raise InvalidArgumentError(
+                "PolicyServer(): pass a ServerConfig or keyword fields, not both."
+            )
+        self.config = config = config or ServerConfig(**fields)
+        self.env = env
+        self.token_file: pathlib.Path | None = None
+        self.token: str | None = None
+        if config.require_token:
+            if config.token is not None:
+                self.token = config.token
+            else:
+                self.token_file = pathlib.Path(config.token_file or default_token_file())
+                self.token = load_or_create_token(self.token_file)
+        self.asgi_app, self.app = create_app(env, self.token, config.max_body_bytes)
+        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((config.host, config.port))
+        host, port = self._socket.getsockname()[:2]
+        self.port = int(port)
+        self.url = (
+            f"http://[{host}]:{port}" if family == socket.AF_INET6 else f"http://{host}:{port}"
+        )
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                self.asgi_app,
+                log_level=config.log_level,
+                limit_concurrency=config.max_connections,
+                timeout_keep_alive=config.keep_alive_s,
+                server_header=False,
+                access_log=False,
+            )
+        )
+        self._thread: threading.Thread | None = None
+
+    def openapi(self) -> dict[str, Any]:
+        """The published OpenAPI schema."""
+        return self.app.openapi()
+
+    def start(self, timeout_s: float = 30.0) -> PolicyServer:
+        """Serves from a background thread; returns once it accepts connections."""
+        if self._thread is not None:
+            raise InvalidArgumentError("PolicyServer.start(): already started.")
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [self._socket]},
+            name="jaxrunner-server",
+            daemon=True,
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the policy server did not start on {self.url}.")
+            time.sleep(0.01)
+        return self
+
+    def serve_forever(self) -> None:
+        """Serves in this thread until interrupted (Ctrl-C or SIGTERM)."""
+        self._server.run(sockets=[self._socket])
+
+    def close(self) -> None:
+        """Stops serving (the env stays open)."""
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._socket.close()
+
+    def __enter__(self) -> PolicyServer:
+        if self._thread is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["PolicyServer", "ServerConfig"]
