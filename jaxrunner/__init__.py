@@ -11,7 +11,7 @@ The public API, in one place::
         traj = runner.sample()
 """
 
-from jaxrunner import errors
+from jaxrunner import errors, serve
 from jaxrunner.callbacks import Callbacks, LiveEpisode
 from jaxrunner.envs import (
     BACKENDS,
@@ -22,6 +22,7 @@ from jaxrunner.envs import (
     from_gymnasium,
     make_vec,
 )
+from jaxrunner.external import ExternalEnv, ExternalEnvConfig
 from jaxrunner.metrics import MetricsConfig
 from jaxrunner.policy import Policy
 from jaxrunner.returns import GAE, discounted_returns, gae
@@ -36,6 +37,8 @@ __all__ = [
     "Callbacks",
     "EnvRunner",
     "Episode",
+    "ExternalEnv",
+    "ExternalEnvConfig",
     "GAE",
     "GymnasiumVectorEnv",
     "LiveEpisode",
@@ -52,4 +55,5 @@ __all__ = [
     "from_gymnasium",
     "gae",
     "make_vec",
+    "serve",
 ]
