@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from jaxrunner.envs import BACKENDS
+from jaxrunner.serve.command import add_serve_command
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", action="store_true", help="print only JSON on stdout")
     bench.set_defaults(func=_bench)
+    add_serve_command(commands)
     return parser
 
 
