@@ -114,7 +114,24 @@ def reset_cartpole_vector(
     )
     cartpole.steps[mask] = 0
     cartpole.prev_done[mask] = False
-    return cartpole.state[:, mask].T.astype(np.float32), [{} for _ in range(count)]
+    return cartpole.state[:, mask].T.astype(np.float32), _NoInfos(count)
+
+
+class _NoInfos(Sequence[dict[str, Any]]):
+    """``count`` empty infos, a fresh dict for each read (nothing built up front)."""
+
+    def __init__(self, count: int) -> None:
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [{} for _ in range(*index.indices(self._count))]
+        if not -self._count <= index < self._count:
+            raise IndexError(index)
+        return {}
 
 
 MASKED_RESETS: dict[type, MaskedReset] = {
@@ -286,9 +303,10 @@ class GymnasiumVectorEnv(VectorEnv):
             indices = np.flatnonzero(done)
             reset_obs, infos_k = self._call("reset", self._masked_reset, self.env, done, None, None)
             self._store_rows(self._obs, reset_obs, indices, "reset")
-            position = {i: j for j, i in enumerate(indices.tolist())}
             infos = SplitInfos(merged, n)
-            reset_infos = ResetInfos(list(position), lambda i: infos_k[position[i]])
+            reset_infos = ResetInfos(
+                indices.tolist(), lambda i: infos_k[int(np.searchsorted(indices, i))]
+            )
         return BatchStep(
             self._obs, self._next_obs, self._reward, self._terminated, self._truncated,
             infos, reset_infos,
