@@ -1,0 +1,363 @@
+"""ExternalEnv: inverted control, batching, determinism, limits, the reaper."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import gymnasium
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import jaxrunner as jr
+from jaxrunner import errors
+from jaxrunner.bench import mlp_policy
+from jaxrunner.space_check import check_value
+
+CARTPOLE = gymnasium.make("CartPole-v1")
+OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space
+
+
+def make_external(**config) -> jr.ExternalEnv:
+    config.setdefault("max_batch", 8)
+    config.setdefault("buckets", (config["max_batch"],))
+    policy = mlp_policy(ACTION_SPACE, hidden=(16,))
+    params = policy.init(jax.random.key(0), OBS_SPACE)
+    return jr.ExternalEnv(
+        OBS_SPACE, ACTION_SPACE, policy, params, seed=3, config=jr.ExternalEnvConfig(**config)
+    )
+
+
+@pytest.fixture(scope="module")
+def external():
+    with make_external(max_wait_ms=20) as env:
+        yield env
+
+
+def play(client, seed: int, episode_id: int | None = None, max_steps: int = 500) -> int:
+    """Runs one CartPole episode against ``client`` (an ExternalEnv or PolicyClient)."""
+    env = gymnasium.make("CartPole-v1")
+    obs, _ = env.reset(seed=seed)
+    eid = client.start_episode(episode_id)
+    for _ in range(max_steps):
+        action = client.get_action(eid, obs)
+        obs, reward, terminated, truncated, _ = env.step(int(action))
+        client.log_returns(eid, float(reward))
+        if terminated or truncated:
+            client.end_episode(eid, obs, truncated=bool(truncated and not terminated))
+            return eid
+    client.end_episode(eid, obs, truncated=True)
+    return eid
+
+
+def assert_replays(episode: jr.Episode, seed: int) -> None:
+    """The episode is exactly what a fresh env with the same seed does with its actions."""
+    env = gymnasium.make("CartPole-v1")
+    obs, _ = env.reset(seed=seed)
+    np.testing.assert_array_equal(episode.obs[0], obs)
+    for t in range(episode.length):
+        obs, reward, terminated, truncated, _ = env.step(int(episode.action[t]))
+        np.testing.assert_array_equal(episode.obs[t + 1], obs)
+        assert episode.reward[t] == reward
+        assert (terminated or truncated) == (t == episode.length - 1)
+    assert episode.terminated == terminated
+    assert episode.truncated == (truncated and not terminated)
+
+
+def test_concurrent_episodes_equal_the_envs_own_and_are_batched(external):
+    before = external.get_metrics()
+    seeds = list(range(100, 124))
+    threads = [threading.Thread(target=play, args=(external, s, s)) for s in seeds]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    episodes = {e.episode_id: e for e in external.poll_episodes()}
+    assert sorted(episodes) == seeds  # episode ids as given, none lost or duplicated
+    for seed, episode in episodes.items():
+        assert_replays(episode, seed)
+        assert episode.extras["log_prob"].shape == (episode.length,)
+        assert np.all(episode.extras["log_prob"] <= 0)
+    after = external.get_metrics()
+    steps = sum(e.length for e in episodes.values())
+    assert after["num_env_steps"] - before["num_env_steps"] == steps
+    assert after["num_episodes"] - before["num_episodes"] == len(seeds)
+    rows = after["num_policy_rows"] - before["num_policy_rows"]
+    batches = after["num_batches"] - before["num_batches"]
+    assert rows == steps and rows / batches > 1  # batching happened
+    assert after["num_traces"] == 1  # one bucket, compiled once
+
+
+def test_actions_depend_on_seed_episode_and_step_only(external):
+    """The same requests give the same actions, one at a time or batched."""
+    ids = [1000, 1001, 1002, 1003]
+    for eid in ids:  # one at a time
+        play(external, seed=eid - 1000, episode_id=eid)
+    alone = {e.episode_id: e.action for e in external.poll_episodes()}
+    with make_external(max_wait_ms=20) as other:  # same seed and params, batched
+        threads = [
+            threading.Thread(target=play, args=(other, eid - 1000, eid)) for eid in reversed(ids)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        batched = {e.episode_id: e.action for e in other.poll_episodes()}
+        assert other.get_metrics()["mean_batch_size"] > 1
+    for eid in ids:
+        np.testing.assert_array_equal(alone[eid], batched[eid])
+
+
+def test_log_action_stores_the_action_with_its_log_prob_under_current_params(external):
+    policy = mlp_policy(ACTION_SPACE, hidden=(16,))
+    env = gymnasium.make("CartPole-v1")
+    obs0, _ = env.reset(seed=7)
+    eid = external.start_episode()
+    external.log_action(eid, obs0, 1)  # chosen elsewhere
+    obs1, reward, *_ = env.step(1)
+    external.log_returns(eid, reward)
+    external.log_returns(eid, 0.5)  # rewards add up until the next action
+    action = external.get_action(eid, obs1)
+    obs2, *_ = env.step(int(action))
+    external.end_episode(eid, obs2, truncated=True)
+    (episode,) = external.poll_episodes()
+    assert episode.action.tolist() == [1, int(action)]
+    assert episode.reward[0] == reward + 0.5 and episode.truncated and not episode.terminated
+    params, _ = external.get_params()
+    expected = policy.log_prob_fn(params, obs0[None], None, jnp.array([1]))
+    np.testing.assert_allclose(episode.extras["log_prob"][0], expected[0], rtol=1e-6)
+
+
+def test_policy_without_log_prob_fn_marks_logged_actions_nan():
+    base = mlp_policy(ACTION_SPACE, hidden=(4,))
+    policy = jr.Policy(base.apply_fn, base.init_fn)  # no log_prob_fn
+    params = policy.init(jax.random.key(0), OBS_SPACE)
+    config = jr.ExternalEnvConfig(max_batch=2, buckets=(2,))
+    with jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, policy, params, config=config) as env:
+        eid = env.start_episode()
+        obs = np.zeros(4, np.float32)
+        env.log_action(eid, obs, 0)
+        env.log_returns(eid, 1.0)
+        env.get_action(eid, obs)
+        env.end_episode(eid, obs)
+        (episode,) = env.poll_episodes()
+    assert np.isnan(episode.extras["log_prob"][0]) and episode.extras["log_prob"][1] <= 0
+
+
+def test_training_disabled_episodes_count_but_are_not_output(external):
+    before = external.get_metrics()
+    env = gymnasium.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    eid = external.start_episode(training_enabled=False)
+    action = external.get_action(eid, obs)
+    obs, *_ = env.step(int(action))
+    external.log_returns(eid, 1.0)
+    external.end_episode(eid, obs)
+    after = external.get_metrics()
+    assert external.poll_episodes() == []
+    assert after["num_episodes"] == before["num_episodes"] + 1
+    assert after["num_env_steps"] == before["num_env_steps"] + 1
+    assert after["num_training_episodes"] == before["num_training_episodes"]
+
+
+class ConstantPolicy:
+    """action = params["a"] for every row; extras log_prob 0."""
+
+    @staticmethod
+    def make() -> jr.Policy:
+        def apply_fn(params, obs, carry, keys):
+            n = obs.shape[0]
+            return jnp.full((n,), params["a"]), {"log_prob": jnp.zeros(n)}, carry
+
+        return jr.Policy(apply_fn)
+
+
+def test_set_params_applies_to_next_batch_and_never_retraces():
+    policy = ConstantPolicy.make()
+    config = jr.ExternalEnvConfig(max_batch=16, buckets=(1, 4, 16), max_wait_ms=5)
+    with jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, policy, {"a": jnp.int32(0)}, config=config) as env:
+        obs = np.zeros(4, np.float32)
+        ids = [env.start_episode() for _ in range(11)]
+        for count in (1, 3, 11, 2):  # batch sizes 1..11 pad to the buckets
+            futures = [env.submit_action(eid, obs) for eid in ids[:count]]
+            assert [int(f.result()) for f in futures] == [0] * count
+        traces = env.get_metrics()["num_traces"]
+        assert traces <= 3
+        assert env.set_params({"a": jnp.int32(1)}) == 1
+        assert int(env.get_action(ids[0], obs)) == 1  # the very next batch
+        assert env.get_metrics()["num_traces"] == traces
+        with pytest.raises(errors.SpaceMismatchError, match="structure, shape or dtype"):
+            env.set_params({"a": jnp.zeros(2)})
+
+
+def test_recurrent_carry_is_per_episode():
+    def apply_fn(params, obs, carry, keys):
+        return carry % 2, {"log_prob": jnp.zeros(obs.shape[0])}, carry + 1
+
+    policy = jr.Policy(apply_fn, initial_carry=jnp.int32(0))
+    config = jr.ExternalEnvConfig(max_batch=4, buckets=(4,), max_wait_ms=5)
+    with jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, policy, {}, config=config) as env:
+        obs = np.zeros(4, np.float32)
+        a, b = env.start_episode(), env.start_episode()
+        got = [int(env.get_action(a, obs)) for _ in range(3)]
+        got.append(int(env.get_action(b, obs)))  # b starts from the initial carry
+        env.log_action(a, obs, 0)  # logged steps advance the carry too
+        got.append(int(env.get_action(a, obs)))
+    assert got == [0, 1, 0, 0, 0]
+
+
+def test_caps_and_ids():
+    zeros = np.zeros(4, np.float32)
+    with make_external(max_concurrent=3, max_episodes_per_client=2) as env:
+        first = env.start_episode(client="a")
+        env.start_episode(client="a")
+        with pytest.raises(errors.TooManyEpisodesError, match="client 'a'"):
+            env.start_episode(client="a")
+        env.end_episode(first, zeros)
+        assert env.start_episode(5, client="b") == 5
+        with pytest.raises(errors.EpisodeConflictError, match="is live"):
+            env.start_episode(5)
+        assert env.start_episode(client="c") == 2  # auto ids skip used ones
+        with pytest.raises(errors.TooManyEpisodesError, match="max_concurrent"):
+            env.start_episode(client="d")
+        assert env.get_metrics()["num_live_episodes"] == 3
+        env.end_episode(5, zeros)
+        with pytest.raises(errors.EpisodeConflictError, match="recently ended"):
+            env.start_episode(5)
+        with pytest.raises(errors.InvalidArgumentError, match=r"\[0, 2\*\*63\)"):
+            env.start_episode(-1)
+
+
+def test_bad_calls_raise_and_change_nothing(external):
+    env = gymnasium.make("CartPole-v1")
+    obs, _ = env.reset(seed=11)
+    eid = external.start_episode()
+    before = external.get_metrics()
+    bad_calls = [
+        (errors.SpaceMismatchError, lambda: external.get_action(eid, np.full(4, 9.0, np.float32))),
+        (errors.SpaceMismatchError, lambda: external.get_action(eid, obs.astype(np.float64))),
+        (
+            errors.SpaceMismatchError,
+            lambda: external.get_action(eid, np.full(4, np.nan, np.float32)),
+        ),
+        (errors.SpaceMismatchError, lambda: external.log_action(eid, obs, 2)),
+        (errors.SpaceMismatchError, lambda: external.log_action(eid, obs, True)),
+        (errors.EpisodeConflictError, lambda: external.log_returns(eid, 1.0)),  # no action yet
+        (errors.EpisodeNotFoundError, lambda: external.get_action(10**12, obs)),
+        (errors.InvalidArgumentError, lambda: external.log_returns(eid, float("nan"))),
+        (errors.InvalidArgumentTypeError, lambda: external.log_returns(eid, "1")),
+        (errors.InvalidArgumentTypeError, lambda: external.end_episode(eid, obs, truncated=1)),
+    ]
+    for error, call in bad_calls:
+        with pytest.raises(error):
+            call()
+    assert external.get_metrics()["num_policy_rows"] == before["num_policy_rows"]
+    # The episode is intact: it goes on as if nothing happened.
+    action = external.get_action(eid, obs)
+    obs1, reward, *_ = env.step(int(action))
+    external.log_returns(eid, reward)
+    external.end_episode(eid, obs1)
+    (episode,) = external.poll_episodes()
+    assert episode.length == 1 and episode.reward.tolist() == [reward]
+    with pytest.raises(errors.EpisodeNotFoundError, match="has ended") as info:
+        external.get_action(eid, obs)
+    assert info.value.ended
+
+
+def test_in_flight_calls_conflict():
+    release = threading.Event()
+
+    def apply_fn(params, obs, carry, keys):
+        jax.debug.callback(lambda: release.wait(5))
+        return jnp.zeros(obs.shape[0], jnp.int32), {"log_prob": jnp.zeros(obs.shape[0])}, carry
+
+    config = jr.ExternalEnvConfig(max_batch=1, buckets=(1,))
+    with jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, jr.Policy(apply_fn), {}, config=config) as env:
+        obs = np.zeros(4, np.float32)
+        eid = env.start_episode()
+        future = env.submit_action(eid, obs)
+        with pytest.raises(errors.EpisodeConflictError, match="in flight"):
+            env.get_action(eid, obs)
+        release.set()
+        assert int(future.result(5)) == 0
+
+
+def test_reaper_ends_abandoned_episodes_as_truncated():
+    with make_external(episode_timeout_s=0.3) as env:
+        cartpole = gymnasium.make("CartPole-v1")
+        obs0, _ = cartpole.reset(seed=0)
+        eid = env.start_episode()
+        a0 = env.get_action(eid, obs0)
+        obs1, reward, *_ = cartpole.step(int(a0))
+        env.log_returns(eid, reward)
+        env.get_action(eid, obs1)  # its outcome never comes
+        idle = env.start_episode()  # never acts
+        deadline = time.monotonic() + 10
+        while env.get_metrics()["num_live_episodes"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        metrics = env.get_metrics()
+        (episode,) = env.poll_episodes()
+        with pytest.raises(errors.EpisodeNotFoundError, match="has ended"):
+            env.get_action(idle, obs0)
+    assert metrics["num_abandoned_episodes"] == 2 and metrics["num_live_episodes"] == 0
+    assert metrics["num_dropped_steps"] == 1  # the step whose outcome never came
+    assert episode.episode_id == eid and episode.truncated and not episode.terminated
+    assert episode.length == 1 and episode.action.tolist() == [int(a0)]
+    np.testing.assert_array_equal(episode.obs, np.stack([obs0, obs1]))
+
+
+def test_run_thread_for_subclasses():
+    class Driver(jr.ExternalEnv):
+        def run(self) -> None:
+            for seed in range(3):
+                play(self, seed)
+
+    policy = mlp_policy(ACTION_SPACE, hidden=(4,))
+    params = policy.init(jax.random.key(0), OBS_SPACE)
+    config = jr.ExternalEnvConfig(max_batch=1, buckets=(1,))
+    with Driver(OBS_SPACE, ACTION_SPACE, policy, params, config=config) as env:
+        env.start()
+        episodes = env.sample_episodes(3, timeout_s=30)
+        assert env.join(10)
+    for seed, episode in enumerate(episodes):
+        assert_replays(episode, seed)
+
+    class Broken(jr.ExternalEnv):
+        def run(self) -> None:
+            raise KeyError("boom")
+
+    with Broken(OBS_SPACE, ACTION_SPACE, policy, params, config=config) as env:
+        env.start()
+        with pytest.raises(KeyError, match="boom"):
+            env.join(10)
+
+
+def test_config_is_checked():
+    for bad in (
+        {"max_concurrent": 0},
+        {"max_batch": 4, "buckets": (2, 8)},
+        {"max_wait_ms": -1},
+        {"episode_timeout_s": 0},
+    ):
+        with pytest.raises(errors.InvalidArgumentError, match="ExternalEnvConfig"):
+            jr.ExternalEnvConfig(**bad)
+
+
+def test_check_value_composite_spaces():
+    space = spaces.Dict(
+        {"pos": spaces.Box(-1, 1, (2,), np.float32), "mode": spaces.Tuple([spaces.Discrete(3)])}
+    )
+    value = {"pos": np.zeros(2, np.float32), "mode": (2,)}
+    checked = check_value(space, value, "obs")
+    assert checked["mode"][0].dtype == np.int64 and checked["mode"][0] == 2
+    for bad, where in (
+        ({"pos": np.zeros(2, np.float32)}, "keys"),
+        ({"pos": np.zeros(3, np.float32), "mode": (0,)}, r"obs\['pos'\]"),
+        ({"pos": np.zeros(2, np.float32), "mode": (3,)}, r"obs\['mode'\]\[0\]"),
+        ({"pos": np.zeros(2, np.float32), "mode": 1}, "tuple"),
+    ):
+        with pytest.raises(errors.SpaceMismatchError, match=where):
+            check_value(space, bad, "obs")
