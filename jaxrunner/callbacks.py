@@ -31,6 +31,7 @@ class LiveEpisode:
         self.infos: list[dict[str, Any]] = []
         self.terminated = False
         self.truncated = False
+        self.faulty = False  # cut by a failure of its env (then truncated too)
         self.user_data: dict[str, Any] = {}
 
     @property
@@ -56,6 +57,7 @@ class LiveEpisode:
             truncated=self.truncated,
             episode_id=self.episode_id,
             env_id=self.env_id,
+            faulty=self.faulty,
         )
 
 
@@ -71,4 +73,5 @@ class Callbacks:
         """After each step of ``episode``, the last one included."""
 
     def on_episode_end(self, runner: EnvRunner, env_index: int, episode: LiveEpisode) -> None:
-        """After the step that ended ``episode`` (terminated or truncated)."""
+        """After the step that ended ``episode`` (terminated or truncated), or after
+        its env failed and was restarted (``episode.faulty``)."""

@@ -29,6 +29,13 @@ from gymnasium.vector import AutoresetMode
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import VectorEnv
 from jaxrunner.errors import ClosedError, InvalidActionError
+from jaxrunner.fault_injection import (  # noqa: F401  (re-exported)
+    CallLog,
+    FaultPlan,
+    FaultyEnv,
+    InjectedError,
+    faulty_env_fns,
+)
 
 EnvFactory = Callable[[], gymnasium.Env]
 

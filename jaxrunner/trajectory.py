@@ -35,6 +35,11 @@ class Trajectory:
         env_id: index of the env (global across workers).
         episode_id: unique per runner; the same for every step of an episode.
         step: index of the step within its episode (0 at the first).
+        valid: False where the slot holds no transition: the env's step failed and
+            the env was restarted (``EnvRunner(restart_failed_sub_envs=True)``). Such
+            a slot ends its episode (``episode_id``) at the step before it, which is
+            then bootstrapped like a truncation (``jr.gae`` does); its reward is 0.
+            All True when omitted.
     """
 
     obs: Any
@@ -47,6 +52,12 @@ class Trajectory:
     env_id: np.ndarray
     episode_id: np.ndarray
     step: np.ndarray
+    valid: Any = None
+
+    def __post_init__(self) -> None:
+        if self.valid is None and hasattr(self.reward, "shape"):
+            ones = np.ones if isinstance(self.reward, np.ndarray) else jax.numpy.ones
+            object.__setattr__(self, "valid", ones(self.reward.shape, np.bool_))
 
     @property
     def num_steps(self) -> int:
@@ -87,7 +98,11 @@ class Trajectory:
             ids = host.episode_id[:, b]
             cuts = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist(), host.num_steps]
             for start, stop in itertools.pairwise(cuts):
-                episodes.append(_episode_from(host, b, start, stop))
+                # An invalid slot can only close its episode (a restart starts a new id).
+                if host.valid[stop - 1, b]:
+                    episodes.append(_episode_from(host, b, start, stop))
+                else:
+                    episodes.append(_faulty_episode_from(host, b, start, stop - 1))
         return episodes
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -129,6 +144,8 @@ class Episode:
         episode_id, env_id: as in :class:`Trajectory`.
         start_step: episode step index of ``action[0]`` (0 unless this is the tail
             of an episode that began before the trajectory did).
+        faulty: the episode was cut by a failure of its env (then ``truncated`` is
+            True too: bootstrap from its last observation).
     """
 
     obs: Any
@@ -140,6 +157,7 @@ class Episode:
     episode_id: int = flax.struct.field(pytree_node=False)
     env_id: int = flax.struct.field(pytree_node=False)
     start_step: int = flax.struct.field(pytree_node=False, default=0)
+    faulty: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def length(self) -> int:
@@ -183,6 +201,27 @@ def _episode_from(traj: Trajectory, b: int, start: int, stop: int) -> Episode:
     )
 
 
+def _faulty_episode_from(traj: Trajectory, b: int, start: int, failed: int) -> Episode:
+    """Steps ``start:failed`` of env ``b``, cut at slot ``failed`` (its failed step).
+    The last observation is ``obs[failed]``: the one after the last good step."""
+
+    def cut(x: np.ndarray) -> np.ndarray:
+        return x[start:failed, b]
+
+    return Episode(
+        obs=jax.tree.map(lambda o: o[start : failed + 1, b], traj.obs),
+        action=jax.tree.map(cut, traj.action),
+        reward=cut(traj.reward),
+        extras=jax.tree.map(cut, traj.extras),
+        terminated=False,
+        truncated=True,
+        episode_id=int(traj.episode_id[failed, b]),
+        env_id=int(traj.env_id[failed, b]),
+        start_step=int(traj.step[start, b]),
+        faulty=True,
+    )
+
+
 def concatenate_episodes(head: Episode, tail: Episode) -> Episode:
     """Joins two consecutive pieces of one episode (``head`` unfinished)."""
     if head.is_done or head.episode_id != tail.episode_id or head.env_id != tail.env_id:
@@ -197,6 +236,7 @@ def concatenate_episodes(head: Episode, tail: Episode) -> Episode:
         extras=jax.tree.map(lambda a, b: np.concatenate([a, b]), head.extras, tail.extras),
         terminated=tail.terminated,
         truncated=tail.truncated,
+        faulty=tail.faulty,
     )
 
 

@@ -17,10 +17,17 @@ from jaxrunner.errors import (
     EnvIndexError,
     InvalidArgumentError,
     InvalidStepError,
+    JaxRunnerError,
     SpaceMismatchError,
 )
+from jaxrunner.faults import close_quietly, recreate
 
 EnvFactory = Callable[[], gymnasium.Env]
+_INFINITIES = (math.inf, -math.inf)
+
+
+def _step_error(err: Exception, index: int) -> EnvError:
+    return EnvError(f"sub-env {index} raised in step(): {err!r}", index)
 
 
 def check_reward(value: Any, index: int) -> float:
@@ -74,8 +81,12 @@ class SyncVectorEnv(VectorEnv):
             (as gymnasium's does); the runner's batch methods never copy.
     """
 
+    supports_restart = True
+
     def __init__(self, env_fns: Sequence[EnvFactory], *, copy: bool = True) -> None:
         super().__init__(copy=copy)
+        self.num_restarts = 0
+        """Sub-envs recreated after a failure (with a ``restart_policy``)."""
         if len(env_fns) == 0:
             raise InvalidArgumentError("SyncVectorEnv needs at least one env factory, got none.")
         self.env_fns = list(env_fns)
@@ -128,7 +139,14 @@ class SyncVectorEnv(VectorEnv):
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> tuple[Any, list[dict[str, Any]]]:
         self._check_open("reset")
-        infos = [self._reset_one(i, seeds[i], options) for i in range(self.num_envs)]
+        infos = []
+        for i in range(self.num_envs):
+            try:
+                infos.append(self._reset_one(i, seeds[i], options))
+            except Exception as err:
+                if self.restart_policy is None:
+                    raise
+                infos.append(self._restart(i, err, keep_next_obs=True))
         return self._obs, infos
 
     def reset_at(
@@ -156,28 +174,57 @@ class SyncVectorEnv(VectorEnv):
         write_next_obs = self._write_next_obs
         infos: list[dict[str, Any]] = []
         ended: list[int] = []
+        errors: dict[int, BaseException] = {}
         for i, env, action in zip(range(lo, hi), self.envs[lo:hi], per_env):
             try:
                 obs, r, term, trunc, info = env.step(action)
+                write_next_obs(i, obs)
+                # Fast paths for the common types; the checks explain anything else.
+                reward[i] = r if type(r) is float else check_reward(r, i)
+                terminated[i] = term if type(term) is bool else check_flag(term, i, "terminated")
+                truncated[i] = trunc if type(trunc) is bool else check_flag(trunc, i, "truncated")
+                infos.append(info if type(info) is dict else check_info(info, i, "step"))
+                if r != r or r in _INFINITIES:  # NaN or inf that took the fast path
+                    check_reward(r, i)
             except Exception as err:
-                raise EnvError(f"sub-env {i} raised in step(): {err!r}", i) from err
-            write_next_obs(i, obs)
-            # Fast paths for the common types; the checks explain anything else.
-            reward[i] = r if type(r) is float else check_reward(r, i)
-            terminated[i] = term if type(term) is bool else check_flag(term, i, "terminated")
-            truncated[i] = trunc if type(trunc) is bool else check_flag(trunc, i, "truncated")
-            infos.append(info if type(info) is dict else check_info(info, i, "step"))
+                if self.restart_policy is None:
+                    if isinstance(err, JaxRunnerError):  # an invalid step, already explained
+                        raise
+                    raise _step_error(err, i) from err
+                errors[i] = err
+                del infos[i - lo :]  # the failed step's info, if it got that far
+                infos.append({})
+                continue
             if term or trunc:
                 ended.append(i)
-        if not np.isfinite(reward[lo:hi]).all():
-            bad = lo + int(np.flatnonzero(~np.isfinite(reward[lo:hi]))[0])
-            check_reward(reward[bad], bad)
+        failed = None
+        if errors:
+            failed = np.zeros(self.num_envs, np.bool_)
+            failed[list(errors)] = True
+            for i, error in errors.items():
+                self._restart(i, error)
         space, part = self.single_observation_space, slice(lo, hi)
         jr_spaces.copy_into(space, self._obs, jr_spaces.rows(space, self._next_obs, part), part)
-        reset_infos = {i: self._reset_one(i, None, None) for i in ended}
+        reset_infos = {}
+        for i in ended:
+            try:
+                reset_infos[i] = self._reset_one(i, None, None)
+            except Exception as err:
+                if self.restart_policy is None:
+                    raise
+                errors[i] = err
+                reset_infos[i] = self._restart(i, err, keep_next_obs=True)
         if rows is None:
             return BatchStep(
-                self._obs, self._next_obs, reward, terminated, truncated, infos, reset_infos
+                self._obs,
+                self._next_obs,
+                reward,
+                terminated,
+                truncated,
+                infos,
+                reset_infos,
+                failed,
+                errors or None,
             )
         return BatchStep(
             jr_spaces.rows(space, self._obs, part),
@@ -187,7 +234,31 @@ class SyncVectorEnv(VectorEnv):
             truncated[part],
             infos,
             reset_infos,
+            None if failed is None else failed[part],
+            errors or None,
         )
+
+    def _restart(self, i: int, cause: BaseException, keep_next_obs: bool = False) -> dict:
+        """Replaces sub-env ``i`` by a new, reset one (see :mod:`jaxrunner.faults`)."""
+        assert self.restart_policy is not None  # internal: only called with a policy
+        close_quietly(self.envs[i])
+
+        def reset(env: gymnasium.Env) -> tuple[Any, dict[str, Any]]:
+            obs, info = env.reset()
+            self._write_obs(i, obs)  # validates it: a bad reset is a failed attempt
+            return obs, check_info(info, i, "reset")
+
+        self.envs[i], _, info = recreate(self.env_fns[i], i, self.restart_policy, cause, reset)
+        self.num_restarts += 1
+        if not keep_next_obs:  # a failed step: its slot holds the new env's first obs
+            self._reward[i], self._terminated[i], self._truncated[i] = 0.0, False, False
+            jr_spaces.copy_into(
+                self.single_observation_space,
+                self._next_obs,
+                jr_spaces.take(self.single_observation_space, self._obs, i),
+                i,
+            )
+        return info
 
     def _splitter(self, size: int) -> Callable[[Any], list[Any]]:
         if size not in self._splitters:

@@ -1,0 +1,111 @@
+"""Restarting failed sub-envs: the policy and the bounded, backed-off recreation.
+
+A backend that supports restarts (``VectorEnv.supports_restart``) and has a
+``restart_policy`` set turns a sub-env's failure into a restart instead of an
+error: the sub-env is closed, recreated from its factory and reset; the failed
+call yields no transition (its slot is marked in ``BatchStep.failed``). Every
+other sub-env carries on untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+
+from jaxrunner.errors import EnvError, InvalidArgumentError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RestartPolicy:
+    """How a failed sub-env is recreated."""
+
+    max_attempts: int = 3
+    """Recreations (make + reset) tried in a row before giving up and raising."""
+    backoff_s: float = 0.0
+    """Wait before the second attempt; doubled after each further failure."""
+    max_backoff_s: float = 5.0
+    """Upper bound of the wait between attempts."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise InvalidArgumentError(
+                f"RestartPolicy(max_attempts={self.max_attempts!r}): expected an int >= 1."
+            )
+        if self.max_attempts < 1:
+            raise InvalidArgumentError(
+                f"RestartPolicy(max_attempts={self.max_attempts}): expected >= 1."
+            )
+        if not 0 <= self.backoff_s <= self.max_backoff_s:
+            raise InvalidArgumentError(
+                f"RestartPolicy(backoff_s={self.backoff_s}, max_backoff_s={self.max_backoff_s}):"
+                " expected 0 <= backoff_s <= max_backoff_s."
+            )
+
+    def waits(self) -> list[float]:
+        """The wait before each attempt (none before the first)."""
+        waits, wait = [0.0], self.backoff_s
+        for _ in range(self.max_attempts - 1):
+            waits.append(wait)
+            wait = min(2 * wait, self.max_backoff_s) if wait else 0.0
+        return waits
+
+
+def recreate(
+    factory: Callable[[], gymnasium.Env],
+    index: int,
+    policy: RestartPolicy,
+    cause: BaseException,
+    reset: Callable[[gymnasium.Env], tuple[Any, dict[str, Any]]],
+) -> tuple[gymnasium.Env, Any, dict[str, Any]]:
+    """Makes and resets a new sub-env ``index``, trying ``policy.max_attempts`` times.
+
+    Args:
+        factory: the sub-env's factory.
+        index: the sub-env's index (for messages).
+        policy: attempts and backoff.
+        cause: the failure that made the restart necessary (chained if we give up).
+        reset: resets a fresh env, returning ``(obs, info)``; may validate them.
+
+    Returns:
+        ``(env, obs, info)`` of the new sub-env.
+
+    Raises:
+        EnvError: every attempt failed. The original failure (``cause``) is chained;
+            the last attempt's error is in the message and ``err.recreation_error``.
+    """
+    last: BaseException | None = None
+    for wait in policy.waits():
+        time.sleep(wait)
+        env = None
+        try:
+            env = factory()
+            obs, info = reset(env)
+            return env, obs, info
+        except Exception as err:
+            last = err
+            if env is not None:
+                close_quietly(env)
+    error = EnvError(
+        f"sub-env {index} failed ({cause!r}) and could not be recreated: "
+        f"{policy.max_attempts} attempts in a row failed, the last with {last!r}. Fix the env "
+        "factory, or raise RestartPolicy(max_attempts=...) / backoff_s.",
+        index,
+    )
+    error.recreation_error = last  # type: ignore[attr-defined]
+    raise error from cause
+
+
+def close_quietly(env: gymnasium.Env) -> None:
+    """Closes a sub-env that already failed; its close may fail too and must not mask
+    the original error."""
+    try:  # noqa: SIM105
+        env.close()
+    except Exception:
+        pass
+
+
+__all__ = ["RestartPolicy", "close_quietly", "recreate"]
