@@ -18,6 +18,11 @@ Contract (``jaxrunner.testing.VectorEnvContract`` checks it for any backend):
 * Observations are validated against the single observation space; rewards must be
   finite scalars and infos dicts.
 * Resetting one sub-env touches no other.
+* Restarts (backends with ``supports_restart``): with ``restart_policy`` set, a
+  sub-env that raises in ``step()``/``reset()`` or returns an invalid step is closed,
+  recreated from its factory and reset (see :mod:`jaxrunner.faults`); the failed step
+  yields no transition (``BatchStep.failed``) and no other sub-env is touched. With
+  no policy (the default), the failure raises :class:`~jaxrunner.errors.EnvError`.
 * After ``close()`` every call raises :class:`~jaxrunner.errors.ClosedError`.
 """
 
@@ -33,6 +38,7 @@ from gymnasium.vector import AutoresetMode
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.errors import ClosedError, InvalidArgumentError
+from jaxrunner.faults import RestartPolicy
 
 
 class BatchStep(NamedTuple):
@@ -53,6 +59,14 @@ class BatchStep(NamedTuple):
     """Per-env step infos (the final info where an episode ended)."""
     reset_infos: dict[int, dict[str, Any]]
     """Infos of the resets done in this call, by env index."""
+    failed: np.ndarray | None = None
+    """[B] bool, or None when no sub-env failed: the sub-envs whose step failed and
+    were restarted (only with a ``restart_policy``). Their slots hold no transition:
+    reward 0, both flags False, and ``obs`` and ``next_obs`` the new sub-env's reset
+    observation. Their step infos are ``{}``; ``errors`` holds what went wrong."""
+    errors: dict[int, BaseException] | None = None
+    """The failures of this call, by env index: step failures (``failed``) and
+    reset failures after a good step (that transition stays valid)."""
 
 
 def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> list[int | None]:
@@ -74,6 +88,11 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
     """Base of jaxrunner's vector envs (see the module docstring for the contract)."""
 
     metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP}
+    supports_restart: ClassVar[bool] = False
+    """Whether the backend can restart failed sub-envs (``restart_policy``)."""
+    restart_policy: RestartPolicy | None = None
+    """Set (e.g. by ``EnvRunner(restart_failed_sub_envs=True)``) to restart failed
+    sub-envs instead of raising; only where ``supports_restart``."""
 
     # Set by subclasses in __init__.
     num_envs: int
@@ -100,6 +119,40 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
         ``actions`` then holds ``stop - start`` actions, the returned arrays are those
         rows, and no other sub-env or row is touched (the runner pipelines groups).
         """
+
+    # Optional split of step_batch, for backends whose sub-envs step in the background.
+    steps_in_background: ClassVar[bool] = False
+    """True if ``step_batch_async`` returns while the sub-envs step (other processes):
+    the runner then sends a group's actions as soon as they are ready and waits for a
+    group's results only when it needs them."""
+    default_num_groups: ClassVar[int | None] = None
+    """The runner's number of pipelining groups when none is given (None: its own rule)."""
+
+    def step_batch_async(self, actions: Any, rows: slice | None = None) -> None:
+        """Starts ``step_batch(actions, rows)``; :meth:`step_batch_wait` with the same
+        ``rows`` returns its result. Calls for disjoint rows may be in flight together.
+        This default only keeps ``actions`` (unchanged until the wait): the step runs
+        in ``step_batch_wait``."""
+        pending = self.__dict__.setdefault("_async_steps", {})
+        key = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
+        if key in pending:
+            raise InvalidArgumentError(
+                f"step_batch_async(rows={rows}): a step of these rows is already in flight; "
+                "call step_batch_wait(rows) first."
+            )
+        pending[key] = actions
+
+    def step_batch_wait(self, rows: slice | None = None) -> BatchStep:
+        """The result of the :meth:`step_batch_async` call with the same ``rows``."""
+        key = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
+        try:
+            actions = self.__dict__.get("_async_steps", {}).pop(key)
+        except KeyError:
+            raise InvalidArgumentError(
+                f"step_batch_wait(rows={rows}): no step_batch_async call for these rows is "
+                "in flight. Call step_batch_async(actions, rows) first, once per wait."
+            ) from None
+        return self.step_batch(actions, rows)
 
     @abc.abstractmethod
     def reset_at(
