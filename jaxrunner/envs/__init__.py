@@ -10,10 +10,12 @@ import gymnasium
 
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.envs.gymnasium_adapter import GymnasiumVectorEnv, from_gymnasium, make_gymnasium_vec
+from jaxrunner.envs.process import ProcessVectorEnv
 from jaxrunner.envs.sync import SyncVectorEnv
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
-BACKENDS = ("sync", "gymnasium")
+BACKENDS = ("sync", "gymnasium", "process")
+_PROCESS_OPTIONS = ("envs_per_worker", "num_workers", "start_method")
 
 
 def make_vec(
@@ -34,6 +36,8 @@ def make_vec(
         **env_kwargs: keyword arguments for ``gymnasium.make`` (ids only). With
             ``backend="gymnasium"``: for ``gymnasium.make_vec``, ``vectorization_mode``
             included (default: the env's own vector entry point where it has one).
+            With ``backend="process"``: also ``envs_per_worker``, ``num_workers`` and
+            ``start_method`` for :class:`ProcessVectorEnv` (not passed to the env).
 
     Returns:
         A ``gymnasium.vector.VectorEnv`` (autoreset mode SAME_STEP).
@@ -49,6 +53,9 @@ def make_vec(
         if seed is not None:
             vec.reset(seed=seed)
         return vec
+    process_options = {}
+    if backend == "process":
+        process_options = {k: env_kwargs.pop(k) for k in _PROCESS_OPTIONS if k in env_kwargs}
     if isinstance(env, str):
         factory: Callable[[], gymnasium.Env] = functools.partial(gymnasium.make, env, **env_kwargs)
     elif callable(env):
@@ -66,6 +73,8 @@ def make_vec(
         )
     if backend == "sync":
         vec = SyncVectorEnv([factory] * num_envs)
+    elif backend == "process":
+        vec = ProcessVectorEnv([factory] * num_envs, **process_options)
     else:
         raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
     if seed is not None:
@@ -77,6 +86,7 @@ __all__ = [
     "BACKENDS",
     "BatchStep",
     "GymnasiumVectorEnv",
+    "ProcessVectorEnv",
     "SyncVectorEnv",
     "VectorEnv",
     "from_gymnasium",

@@ -1,0 +1,402 @@
+"""The worker side of ``backend="process"``, and what both sides share.
+
+Each worker process owns the sub-envs ``[offset, offset + len(envs))`` and one Unix
+socket to the main process. Bulk data never crosses the socket: observations,
+rewards, flags and actions live in one shared-memory block (:class:`Layout`), read
+and written in place by both sides. Per step the socket carries one fixed-size
+command each way (and a pickled payload only when there is something to say: a
+non-empty info, an error).
+
+Wire protocol (every message is a header, then ``length`` payload bytes):
+
+* main -> worker: ``COMMAND = (op, seq, lo, hi, length)``. ``OP_STEP`` steps the
+  worker's envs ``[lo, hi)`` (global indices); ``OP_CALL`` carries a pickled
+  ``(method, args)`` in its payload (reset, reset_at, call, get_attr, set_attr,
+  render, close); ``OP_MEMORY`` comes once, with the shared-memory fd attached.
+* worker -> main: ``REPLY = (seq, status, length)``. ``seq`` echoes the command's, so
+  a reply can never be taken for another command's (a restarted worker starts
+  again at a fresh socket; see issue 4). ``STATUS_OK`` with a payload is a pickled
+  result (``OP_STEP``: sparse infos); ``STATUS_ERROR``'s payload is a pickled
+  :class:`RemoteError`.
+
+A worker ends when told to close, and on its own when the main process goes away
+(its socket reaches EOF), so it never outlives the main process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import pickle
+import socket
+import struct
+import traceback
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import gymnasium
+import numpy as np
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.envs.sync import check_flag, check_info, check_reward
+from jaxrunner.errors import JaxRunnerError
+
+COMMAND = struct.Struct("=qqqqq")
+REPLY = struct.Struct("=qqq")
+OP_STEP, OP_CALL, OP_MEMORY = 1, 2, 3
+STATUS_OK, STATUS_ERROR = 0, 1
+_ALIGN = 64  # a cache line: arrays never share one
+
+
+# -- shared memory ------------------------------------------------------------------------------
+
+
+class Views(NamedTuple):
+    """Numpy views of the shared block (all ``[num_envs, ...]``)."""
+
+    obs: Any
+    next_obs: Any
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    action: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where each stacked buffer lives in the shared block; both sides compute the
+    same offsets from the same spaces and ``num_envs``."""
+
+    observation_space: gymnasium.Space
+    action_space: gymnasium.Space
+    num_envs: int
+
+    def _carve(self, buffer: Any) -> tuple[Views, int]:
+        offset = 0
+        n = self.num_envs
+
+        def take(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+            nonlocal offset
+            dtype = np.dtype(dtype)
+            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            start = offset
+            offset += -(-max(size, 1) // _ALIGN) * _ALIGN
+            if buffer is None:
+                return np.empty(0, dtype)
+            return np.frombuffer(buffer, dtype, int(np.prod(shape)), start).reshape(shape)
+
+        def carve_space(space: gymnasium.Space) -> Any:
+            template = jr_spaces.allocate(space, (0,))
+            return jr_spaces.map_structure(
+                space, lambda leaf: take((n, *leaf.shape[1:]), leaf.dtype), template
+            )
+
+        views = Views(
+            obs=carve_space(self.observation_space),
+            next_obs=carve_space(self.observation_space),
+            reward=take((n,), np.float64),
+            terminated=take((n,), np.bool_),
+            truncated=take((n,), np.bool_),
+            action=carve_space(self.action_space),
+        )
+        return views, offset
+
+    @property
+    def nbytes(self) -> int:
+        return self._carve(None)[1]
+
+    def views(self, buffer: Any) -> Views:
+        return self._carve(buffer)[0]
+
+
+def create_shared_block(nbytes: int) -> tuple[int, mmap.mmap]:
+    """An anonymous shared-memory file (no name to leak) and its mapping."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("jaxrunner-process", os.MFD_CLOEXEC)
+    else:  # other Unixes: an unlinked temporary file
+        import tempfile
+
+        with tempfile.TemporaryFile() as file:
+            fd = os.dup(file.fileno())
+    os.ftruncate(fd, nbytes)
+    return fd, mmap.mmap(fd, nbytes)
+
+
+# -- messages ---------------------------------------------------------------------------------
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    """Exactly ``size`` bytes; ``EOFError`` if the other side has gone."""
+    data = sock.recv(size, socket.MSG_WAITALL)
+    if len(data) == size:
+        return data
+    chunks = [data]
+    got = len(data)
+    while got < size:
+        if not data:
+            raise EOFError("the socket was closed by the other side")
+        data = sock.recv(size - got)
+        chunks.append(data)
+        got += len(data)
+    return b"".join(chunks)
+
+
+@dataclasses.dataclass
+class RemoteError:
+    """An exception raised in a worker, as sent to the main process.
+
+    Attributes:
+        kind: ``"env"`` (a sub-env's own code raised), ``"check"`` (jaxrunner
+            rejected what a sub-env returned) or ``"worker"`` (anything else).
+        env_index: the sub-env concerned (-1 if none).
+        call: the sub-env method concerned (``"step"``, ``"reset"``, ...).
+        exception: the pickled exception (``None`` if it does not pickle).
+        description: ``repr`` of the exception.
+        traceback: the formatted traceback, as text.
+    """
+
+    kind: str
+    env_index: int
+    call: str
+    exception: bytes | None
+    description: str
+    traceback: str
+
+    @classmethod
+    def capture(cls, err: BaseException, kind: str, env_index: int, call: str) -> RemoteError:
+        try:
+            payload: bytes | None = pickle.dumps(err)
+            pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
+        except Exception:
+            payload = None
+        text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        return cls(kind, env_index, call, payload, repr(err), text)
+
+
+# -- the worker ---------------------------------------------------------------------------------
+
+
+class _EnvFailed(Exception):
+    """Internal: a sub-env raised; carries where."""
+
+    def __init__(self, env_index: int, call: str) -> None:
+        self.env_index, self.call = env_index, call
+
+
+class Worker:
+    """Owns sub-envs ``[offset, offset + len(envs))`` and answers the main process."""
+
+    def __init__(self, sock: socket.socket, offset: int, envs: list[gymnasium.Env]) -> None:
+        self.sock, self.offset, self.envs = sock, offset, envs
+        self.views: Views | None = None
+        self._memory: mmap.mmap | None = None
+
+    # -- setup
+
+    def attach(self, fd: int, layout: Layout) -> None:
+        self._memory = mmap.mmap(fd, layout.nbytes)
+        os.close(fd)
+        self.views = v = layout.views(self._memory)
+        self.obs_space = layout.observation_space
+        self.write_obs = jr_spaces.make_writer(self.obs_space, v.obs)
+        self.write_next_obs = jr_spaces.make_writer(self.obs_space, v.next_obs)
+        self.get_action = _action_getter(layout.action_space, v.action)
+
+    # -- commands
+
+    def step(self, lo: int, hi: int) -> tuple[dict[int, dict], dict[int, dict]]:
+        """Steps envs ``[lo, hi)`` (SAME_STEP autoreset), exactly as the sync backend
+        does; returns the non-empty step and reset infos by env index."""
+        v: Views = self.views  # type: ignore[assignment]  # attached before any step
+        reward, terminated, truncated = v.reward, v.terminated, v.truncated
+        write_next_obs, get_action, envs, offset = (
+            self.write_next_obs,
+            self.get_action,
+            self.envs,
+            self.offset,
+        )
+        infos: dict[int, dict] = {}
+        ended: list[int] = []
+        for i in range(lo, hi):
+            try:
+                obs, r, term, trunc, info = envs[i - offset].step(get_action(i))
+            except Exception as err:
+                raise _EnvFailed(i, "step") from err
+            write_next_obs(i, obs)
+            reward[i] = r if type(r) is float else check_reward(r, i)
+            terminated[i] = term if type(term) is bool else check_flag(term, i, "terminated")
+            truncated[i] = trunc if type(trunc) is bool else check_flag(trunc, i, "truncated")
+            if type(info) is not dict:
+                check_info(info, i, "step")
+            if info:
+                infos[i] = info
+            if term or trunc:
+                ended.append(i)
+        if not np.isfinite(reward[lo:hi]).all():
+            bad = lo + int(np.flatnonzero(~np.isfinite(reward[lo:hi]))[0])
+            check_reward(reward[bad], bad)
+        part = slice(lo, hi)
+        space = self.obs_space
+        jr_spaces.copy_into(space, v.obs, jr_spaces.rows(space, v.next_obs, part), part)
+        reset_infos = {}
+        for i in ended:
+            info = self._reset_one(i, None, None)
+            if info:
+                reset_infos[i] = info
+        return infos, reset_infos
+
+    def _reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict:
+        try:
+            obs, info = self.envs[i - self.offset].reset(seed=seed, options=options)
+        except Exception as err:
+            raise _EnvFailed(i, "reset") from err
+        self.write_obs(i, obs)
+        return check_info(info, i, "reset")
+
+    def reset(self, seeds: list[int | None], options: dict[str, Any] | None) -> list[dict]:
+        return [self._reset_one(self.offset + j, s, options) for j, s in enumerate(seeds)]
+
+    def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> dict:
+        return self._reset_one(index, seed, options)
+
+    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+        results = []
+        for env in self.envs:
+            attr = env.get_wrapper_attr(name)
+            results.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return results
+
+    def get_attr(self, name: str) -> list[Any]:
+        return [env.get_wrapper_attr(name) for env in self.envs]
+
+    def set_attr(self, name: str, values: list[Any]) -> None:
+        for env, value in zip(self.envs, values):
+            env.set_wrapper_attr(name, value)
+
+    def render(self) -> list[Any]:
+        return [env.render() for env in self.envs]
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+        self.envs = []
+
+    # -- the loop
+
+    def reply(self, seq: int, status: int, payload: bytes = b"") -> None:
+        self.sock.sendall(REPLY.pack(seq, status, len(payload)) + payload)
+
+    def error(self, seq: int, err: BaseException) -> None:
+        if isinstance(err, _EnvFailed):
+            remote = RemoteError.capture(err.__cause__, "env", err.env_index, err.call)  # type: ignore[arg-type]
+        elif isinstance(err, JaxRunnerError):
+            remote = RemoteError.capture(err, "check", getattr(err, "env_index", -1), "")
+        else:
+            remote = RemoteError.capture(err, "worker", -1, "")
+        self.reply(seq, STATUS_ERROR, pickle.dumps(remote))
+
+    def serve(self) -> None:
+        """Answers commands until told to close or the main process goes away."""
+        sock, step, reply = self.sock, self.step, self.reply
+        header_size = COMMAND.size
+        dumps = pickle.dumps
+        while True:
+            try:
+                header = recv_exact(sock, header_size)
+            except (EOFError, OSError):
+                return  # the main process is gone
+            op, seq, lo, hi, length = COMMAND.unpack(header)
+            try:
+                if op == OP_STEP:
+                    infos, reset_infos = step(lo, hi)
+                    if infos or reset_infos:
+                        reply(seq, STATUS_OK, dumps((infos, reset_infos), protocol=5))
+                    else:
+                        reply(seq, STATUS_OK)
+                    continue
+                payload = recv_exact(sock, length) if length else b""
+                if op == OP_MEMORY:
+                    layout = pickle.loads(payload)
+                    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+                    self.attach(fds[0], layout)
+                    reply(seq, STATUS_OK)
+                    continue
+                method, args = pickle.loads(payload)
+                result = getattr(self, method)(*args)
+                reply(seq, STATUS_OK, dumps(result, protocol=5))
+                if method == "close":
+                    return
+            except (EOFError, BrokenPipeError, ConnectionResetError):
+                return
+            except Exception as err:
+                self.error(seq, err)
+
+
+def _action_getter(space: gymnasium.Space, buffer: Any) -> Callable[[int], Any]:
+    """``get(i)``: sub-env ``i``'s action, copied out of the shared buffer (an env may
+    keep it), as a numpy scalar or array of the action space's dtype."""
+    if isinstance(space, (gymnasium.spaces.Dict, gymnasium.spaces.Tuple)):
+        return lambda i: jr_spaces.take(space, buffer, i)
+    if buffer.ndim == 1:
+        return buffer.__getitem__  # numpy scalars are copies
+    return lambda i: buffer[i].copy()
+
+
+def build_envs(payload: bytes, offset: int) -> list[gymnasium.Env]:
+    """Unpickles the factories and calls them; on failure closes what it built."""
+    fns = pickle.loads(payload)
+    envs: list[gymnasium.Env] = []
+    try:
+        for j, fn in enumerate(fns):
+            try:
+                envs.append(fn())
+            except Exception as err:
+                raise _EnvFailed(offset + j, "factory") from err
+    except BaseException:
+        for env in envs:
+            env.close()
+        raise
+    return envs
+
+
+def worker_main(sock: socket.socket, offset: int, payload: bytes) -> None:
+    """The worker process's entry point: builds the envs, reports their spaces and
+    metadata, then serves commands."""
+    worker = Worker(sock, offset, [])
+    try:
+        worker.envs = build_envs(payload, offset)
+        first = worker.envs[0]
+        info = {
+            "spaces": [(env.observation_space, env.action_space) for env in worker.envs],
+            "metadata": first.metadata,
+            "render_mode": first.render_mode,
+        }
+        worker.reply(0, STATUS_OK, pickle.dumps(info))
+    except BaseException as err:
+        worker.error(0, err)
+        sock.close()
+        return
+    try:
+        worker.serve()
+    finally:
+        worker.close()
+        sock.close()
+
+
+class SocketHandle:
+    """A socket end to hand to a child process: pickled (only while the child is being
+    started) as a duplicate of its file descriptor, like multiprocessing's own
+    ``Connection`` objects."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def __reduce__(self) -> Any:
+        from multiprocessing.reduction import DupFd
+
+        return (_rebuild_socket, (DupFd(self.sock.fileno()),))
+
+
+def _rebuild_socket(dup: Any) -> socket.socket:
+    return socket.socket(fileno=dup.detach())
