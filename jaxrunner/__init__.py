@@ -23,6 +23,7 @@ from jaxrunner.envs import (
     make_vec,
 )
 from jaxrunner.external import ExternalEnv, ExternalEnvConfig
+from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.metrics import MetricsConfig
 from jaxrunner.policy import Policy
 from jaxrunner.returns import GAE, discounted_returns, gae
@@ -41,6 +42,7 @@ __all__ = [
     "ExternalEnvConfig",
     "GAE",
     "GymnasiumVectorEnv",
+    "JaxVectorEnv",
     "LiveEpisode",
     "MetricsConfig",
     "Policy",

@@ -7,7 +7,6 @@ the vector env, and numpy writes into preallocated ``[T, B]`` buffers.
 
 from __future__ import annotations
 
-import collections
 import itertools
 import time
 from typing import Any
@@ -21,6 +20,7 @@ from jaxrunner import spaces as jr_spaces
 from jaxrunner.actor import GroupActor
 from jaxrunner.callbacks import Callbacks, LiveEpisode
 from jaxrunner.envs.base import VectorEnv
+from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.errors import (
     ClosedError,
     InvalidArgumentError,
@@ -30,6 +30,7 @@ from jaxrunner.errors import (
 )
 from jaxrunner.metrics import PERF_KEYS, EpisodeStats, MetricsConfig, PerfTimers
 from jaxrunner.policy import Params, Policy
+from jaxrunner.rollout import ScanRollout, check_runner_options
 from jaxrunner.trajectory import Episode, Trajectory, concatenate_episodes
 
 PIPELINE_MIN_ENVS = 8
@@ -69,7 +70,7 @@ class EnvRunner:
         metrics: MetricsConfig | None = None,
         num_groups: int | None = None,
     ) -> None:
-        if not isinstance(envs, VectorEnv):
+        if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
             raise InvalidArgumentTypeError(
                 f"EnvRunner(envs=...): expected a jaxrunner vector env, got "
                 f"{type(envs).__name__}. Build one with jaxrunner.make_vec(env_id_or_factory, "
@@ -113,6 +114,14 @@ class EnvRunner:
         self._fragments: dict[int, Episode] = {}  # unfinished episodes, for sample_episodes
         self._finished: list[Episode] = []  # complete episodes not yet returned
 
+        # A pure-JAX env runs as one compiled lax.scan per sample (jaxrunner.rollout).
+        self._scan: ScanRollout | None = None
+        if isinstance(envs, JaxVectorEnv):
+            check_runner_options(callbacks, num_groups)
+            self._params = jax.device_put(params)
+            self._scan = ScanRollout(envs, policy, self._params, self.rollout_length, self.seed)
+            return
+
         obs, _ = envs.reset_batch([self.seed + i for i in range(num_envs)])
         self._params = jax.device_put(params)
         self._groups = self._make_groups(policy, obs, num_groups)
@@ -127,9 +136,6 @@ class EnvRunner:
 
     def _make_groups(self, policy: Policy, obs: Any, num_groups: int | None) -> list[GroupActor]:
         num_envs = self.envs.num_envs
-        backend_default = getattr(self.envs, "default_num_groups", None)
-        if num_groups is None and backend_default is not None:
-            num_groups = min(backend_default, num_envs)
         if num_groups is None:
             on_cpu = jax.default_backend() == "cpu"
             num_groups = 2 if num_envs >= PIPELINE_MIN_ENVS and not on_cpu else 1
@@ -183,6 +189,8 @@ class EnvRunner:
         the runner refuses further sampling (its envs are in an unknown state).
         """
         self._check_usable("sample")
+        if self._scan is not None:
+            return self._sample_scan()
         num_steps, num_envs = self.rollout_length, self.envs.num_envs
         obs_space, action_space = self._obs_space, self._action_space
         buf = Trajectory(
@@ -201,25 +209,18 @@ class EnvRunner:
         )
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
-        t = 0  # steps recorded for every group
-        groups = range(len(self._groups))
-        # A group's policy step is queued as soon as its envs' results are in, and
-        # computes while the other groups' envs step (pipelining). Backends that step
-        # in the background (other processes) also get each group's actions as soon as
-        # they are ready and are waited for one group later, when the results are due.
-        lag = 1 if getattr(self.envs, "steps_in_background", False) and len(groups) > 1 else 0
-        in_flight: collections.deque[tuple[int, int]] = collections.deque()
+        t = 0
         try:
-            for g in groups:
+            for g in range(len(self._groups)):
                 self._dispatch(g, buf, 0, perf)
-            for step in range(num_steps):
-                for g in groups:
-                    self._send_group(g, buf, step, perf)
-                    in_flight.append((g, step))
-                    while len(in_flight) > lag:
-                        t = self._finish_group(*in_flight.popleft(), buf, perf)
-            while in_flight:
-                t = self._finish_group(*in_flight.popleft(), buf, perf)
+            for t in range(num_steps):
+                for g in range(len(self._groups)):
+                    self._step_group(g, buf, t, perf)
+                    # Queue this group's next step now: it computes while the other
+                    # groups' envs step (pipelining).
+                    if t + 1 < num_steps:
+                        self._dispatch(g, buf, t + 1, perf)
+            t = num_steps
         except BaseException as err:
             self._fail(err, buf.time_slice(0, t) if t else None)
             raise
@@ -228,6 +229,16 @@ class EnvRunner:
             self._sample_time_s += time.perf_counter() - start_time
             self._perf.record(perf, t)
         return buf
+
+    def _sample_scan(self) -> Trajectory:
+        """``sample()`` of a JaxVectorEnv: one compiled scan; device arrays out. Perf
+        timers stay 0: policy and env run fused, with no phase to time apart."""
+        start_time = time.perf_counter()
+        traj, returns, lengths = self._scan.sample(self._params)  # type: ignore[union-attr]
+        self._episode_stats.add(returns, lengths)
+        self._num_env_steps += self.rollout_length * self.envs.num_envs
+        self._sample_time_s += time.perf_counter() - start_time
+        return traj
 
     def _dispatch(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
         """Records group ``g``'s observations at step ``t`` and queues its policy step."""
@@ -239,12 +250,11 @@ class EnvRunner:
         group.dispatch(self._params, self._obs_space, obs, self._episode_start[group.rows])
         perf["inference_ms"] += time.perf_counter() - tick
 
-    def _send_group(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
-        """Takes group ``g``'s actions for step ``t``, records them and sends them to
-        its envs (``step_batch_async``)."""
+    def _step_group(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
+        """Takes group ``g``'s actions, steps its envs and records step ``t``."""
         clock = time.perf_counter()
         group = self._groups[g]
-        index = (t, group.rows)
+        rows, index = group.rows, (t, group.rows)
         action, extras = group.collect()
         tick = time.perf_counter()
         perf["inference_ms"] += tick - clock
@@ -254,15 +264,7 @@ class EnvRunner:
         env_action = action if self._clip is None else self._clip(action)
         clock = time.perf_counter()
         perf["action_processing_ms"] += clock - tick
-        self.envs.step_batch_async(env_action, group.rows if len(self._groups) > 1 else None)
-        perf["env_wait_ms"] += time.perf_counter() - clock
-
-    def _finish_group(self, g: int, t: int, buf: Trajectory, perf: dict[str, float]) -> int:
-        """Waits for group ``g``'s envs, records step ``t`` and queues the group's next
-        policy step; returns the number of steps now recorded for every group."""
-        clock = time.perf_counter()
-        rows, index = self._groups[g].rows, (t, self._groups[g].rows)
-        out = self.envs.step_batch_wait(rows if len(self._groups) > 1 else None)
+        out = self.envs.step_batch(env_action, rows if len(self._groups) > 1 else None)
         tick = time.perf_counter()
         perf["env_wait_ms"] += tick - clock
         jr_spaces.copy_into(self._obs_space, buf.next_obs, out.next_obs, index)
@@ -274,9 +276,6 @@ class EnvRunner:
         self._group_obs[g] = out.obs
         self._advance_episodes(buf, t, rows, out)
         perf["obs_processing_ms"] += time.perf_counter() - tick
-        if t + 1 < self.rollout_length:
-            self._dispatch(g, buf, t + 1, perf)
-        return t + 1 if g == len(self._groups) - 1 else t
 
     def sample_episodes(self, num_episodes: int) -> list[Episode]:
         """Samples until ``num_episodes`` complete episodes (seen from their first

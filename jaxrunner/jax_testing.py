@@ -1,0 +1,162 @@
+"""Small pure-JAX envs for testing :class:`~jaxrunner.JaxVectorEnv` without gymnax or brax.
+
+* :class:`RandomWalk`: a functional env in the gymnax style (``reset(key, params)``,
+  ``step(key, state, action, params)`` returning 6 items, no auto-reset) whose steps
+  use their key, with terminations, truncations and both at once.
+* :class:`DoneOnlyRandomWalk`: the same dynamics in gymnax's older done-only form.
+* :class:`BraxPoint`: a brax-style env (``reset(rng) -> State``, ``step(state,
+  action) -> State``) with a Box action and brax ``EpisodeWrapper``-style time limit
+  (``info["steps"]``, ``info["truncation"]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium import spaces
+
+
+@flax.struct.dataclass
+class WalkParams:
+    max_steps_in_episode: int = 12
+    """Truncation at this many steps."""
+    threshold: float = 1.5
+    """Termination where ``|position| > threshold``."""
+
+
+@flax.struct.dataclass
+class WalkState:
+    pos: jax.Array
+    time: jax.Array
+
+
+class RandomWalk:
+    """A 1-D walk: action 1 pushes right, 0 left, plus noise from the step key.
+
+    Observation ``[position, time]`` (float32); reward: the new position.
+    """
+
+    @property
+    def default_params(self) -> WalkParams:
+        return WalkParams()
+
+    def observation_space(self, params: WalkParams) -> spaces.Box:
+        return spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+    def action_space(self, params: WalkParams) -> spaces.Discrete:
+        return spaces.Discrete(2)
+
+    def reset(self, key: jax.Array, params: WalkParams) -> tuple[jax.Array, WalkState]:
+        state = WalkState(
+            pos=jax.random.uniform(key, (), minval=-1.0, maxval=1.0), time=jnp.int32(0)
+        )
+        return self._obs(state), state
+
+    def _transition(
+        self, key: jax.Array, state: WalkState, action: jax.Array, params: WalkParams
+    ) -> tuple[jax.Array, WalkState, jax.Array, jax.Array, jax.Array]:
+        push = 0.4 * (2.0 * action.astype(jnp.float32) - 1.0)
+        pos = state.pos + push + 0.3 * jax.random.normal(key)
+        state = WalkState(pos=pos, time=state.time + 1)
+        terminated = jnp.abs(pos) > params.threshold
+        truncated = state.time >= params.max_steps_in_episode
+        return self._obs(state), state, pos, terminated, truncated
+
+    def step(self, key: jax.Array, state: WalkState, action: jax.Array, params: WalkParams):
+        obs, state, reward, terminated, truncated = self._transition(key, state, action, params)
+        return obs, state, reward, terminated, truncated, {}
+
+    @staticmethod
+    def _obs(state: WalkState) -> jax.Array:
+        return jnp.stack([state.pos, state.time.astype(jnp.float32)])
+
+
+class DoneOnlyRandomWalk(RandomWalk):
+    """:class:`RandomWalk` in the done-only form ``(obs, state, reward, done, info)``
+    (gymnax < 1.0): ``done`` includes the time limit, which the runner reads from
+    ``state.time >= params.max_steps_in_episode``, or from ``info["truncation"]`` when
+    ``report_truncation`` is set."""
+
+    def __init__(self, report_truncation: bool = False) -> None:
+        self.report_truncation = report_truncation
+
+    def step(self, key: jax.Array, state: WalkState, action: jax.Array, params: WalkParams):
+        obs, state, reward, terminated, truncated = self._transition(key, state, action, params)
+        info = {"truncation": truncated} if self.report_truncation else {}
+        return obs, state, reward, jnp.logical_or(terminated, truncated), info
+
+
+@flax.struct.dataclass
+class BraxState:
+    """brax's ``State`` fields."""
+
+    pipeline_state: Any
+    obs: jax.Array
+    reward: jax.Array
+    done: jax.Array
+    metrics: dict[str, jax.Array] = flax.struct.field(default_factory=dict)
+    info: dict[str, Any] = flax.struct.field(default_factory=dict)
+
+
+class BraxPoint:
+    """A point in the plane pushed by a ``Box(-1, 1, (2,))`` action, brax style.
+
+    Done (as a float, like brax) when it leaves the unit disc; a time limit of
+    ``episode_length`` steps as brax's ``EpisodeWrapper`` sets it: ``done = 1`` and
+    ``info["truncation"] = 1 - done_before_limit``.
+    """
+
+    action_size = 2
+    observation_size = 4
+
+    def __init__(self, episode_length: int = 10) -> None:
+        self.episode_length = episode_length
+
+    def reset(self, rng: jax.Array) -> BraxState:
+        q = jax.random.uniform(rng, (2,), minval=-0.5, maxval=0.5)
+        zero = jnp.zeros(())
+        return BraxState(
+            pipeline_state=q,
+            obs=jnp.concatenate([q, jnp.zeros(2)]),
+            reward=zero,
+            done=zero,
+            info={"steps": zero, "truncation": zero},
+        )
+
+    def step(self, state: BraxState, action: jax.Array) -> BraxState:
+        q = state.pipeline_state + 0.3 * action
+        steps = state.info["steps"] + 1
+        done = (jnp.linalg.norm(q) > 1.0).astype(jnp.float32)
+        at_limit = steps >= self.episode_length
+        return state.replace(
+            pipeline_state=q,
+            obs=jnp.concatenate([q, action]),
+            reward=-jnp.linalg.norm(q),
+            done=jnp.where(at_limit, 1.0, done),
+            info={"steps": steps, "truncation": jnp.where(at_limit, 1.0 - done, 0.0)},
+        )
+
+
+class AutoResetWrapper:
+    """Named like brax's wrapper (which restores one cached first state): refused."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+
+__all__ = [
+    "AutoResetWrapper",
+    "BraxPoint",
+    "BraxState",
+    "DoneOnlyRandomWalk",
+    "RandomWalk",
+    "WalkParams",
+    "WalkState",
+]

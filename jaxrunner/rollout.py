@@ -1,0 +1,286 @@
+"""The pure-JAX rollout: policy, env, autoreset and bookkeeping in one jitted ``lax.scan``.
+
+:class:`ScanRollout` is what :class:`~jaxrunner.EnvRunner` runs for a
+:class:`~jaxrunner.JaxVectorEnv`. One ``sample()`` is one call of a program compiled
+once, ahead of time, at construction (new params never retrace). Everything stays on
+device; the only transfer per ``sample()`` is one explicit ``device_get`` of the
+returns and lengths of the episodes that ended (for the runner's metrics), whatever
+the rollout length.
+
+Semantics are the host loop's:
+
+* ``next_obs`` is the env's true next observation; where an episode ended, the env
+  is then reset with a fresh key (a new random start, never a cached one).
+* Episode ids are unique per runner: the envs start with ids ``0..B-1``; ended
+  episodes get the next free ids in env order within a step.
+* Policy keys follow :func:`jaxrunner.actor.act`: env ``i``'s action at its ``n``-th
+  step uses ``fold_in(fold_in(key(seed), i), n)``, as in the host loop.
+* Env keys come from a separate stream: ``e_i = fold_in(fold_in(key(seed), ENV_STREAM),
+  i)``. The first reset of env ``i`` uses ``e_i``; its ``n``-th step uses
+  ``split(fold_in(e_i, n))``: the first key steps the env, the second resets it if the
+  episode ended (gymnax's own ``step`` splits its key the same way). So env ``i``'s
+  trajectory depends on the seed and ``i`` only, not on the batch size.
+
+On device, without ``jax_enable_x64``, rewards are float32 and ``env_id``,
+``episode_id`` and ``step`` are int32 (JAX's canonical dtypes); the host loop's
+numpy buffers hold float64/int64.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.actor import ActorState, act, initial_actor_state
+from jaxrunner.envs.jax_env import JaxVectorEnv
+from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
+from jaxrunner.policy import Params, Policy
+from jaxrunner.trajectory import Trajectory
+
+ENV_STREAM = 0xFFFFFFFF
+"""Folded into the seed's key to start the envs' key stream (the policy's stream folds
+in env ids, which never reach this value)."""
+
+
+@flax.struct.dataclass
+class RolloutState:
+    """Everything the scan carries from one step (and one ``sample()``) to the next."""
+
+    obs: Any
+    """[B, ...] observations to act on."""
+    env_state: Any
+    """[B, ...] env states."""
+    actor: ActorState
+    """Policy keys, per-env step counts and recurrent state (as in the host loop)."""
+    env_keys: jax.Array
+    """[B] each env's key stream ``e_i``."""
+    episode_start: jax.Array
+    """[B] bool: ``obs`` is the first observation of an episode."""
+    episode_id: jax.Array
+    """[B] the id of each env's current episode."""
+    episode_step: jax.Array
+    """[B] steps taken in the current episode."""
+    episode_return: jax.Array
+    """[B] reward summed over the current episode."""
+    next_episode_id: jax.Array
+    """[] the next free episode id."""
+
+
+def env_stream_keys(seed: int, env_ids: jax.Array) -> jax.Array:
+    """``[B]`` keys ``e_i = fold_in(fold_in(key(seed), ENV_STREAM), i)``."""
+    root = jax.random.fold_in(jax.random.key(seed), ENV_STREAM)
+    return jax.vmap(lambda i: jax.random.fold_in(root, i))(env_ids.astype(jnp.uint32))
+
+
+def env_step_keys(stream_keys: jax.Array, env_steps: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(step keys, reset keys) of each env's ``env_steps``-th step."""
+    pairs = jax.vmap(lambda k, n: jax.random.split(jax.random.fold_in(k, n)))(
+        stream_keys, env_steps
+    )
+    return pairs[:, 0], pairs[:, 1]
+
+
+def _select(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
+    """``where(mask, a, b)`` leaf by leaf, ``mask`` [B] broadcast over trailing axes."""
+
+    def pick(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jnp.where(mask.reshape(-1, *([1] * (jnp.ndim(b) - 1))), a, b)
+
+    return jax.tree.map(pick, on_true, on_false)
+
+
+def _box_clipper(space: spaces.Space) -> Callable[[Any], Any]:
+    """Clips Box leaves of an action batch to their bounds (for the env only: the
+    trajectory keeps the actions as sampled, as in the host loop)."""
+    if isinstance(space, spaces.Box):
+        if not (np.isfinite(space.low).any() or np.isfinite(space.high).any()):
+            return lambda a: a
+        low, high = space.low, space.high
+        return lambda a: jnp.clip(a, low.astype(a.dtype), high.astype(a.dtype))
+    if isinstance(space, spaces.Dict):
+        subs = {k: _box_clipper(s) for k, s in space.items()}
+        return lambda a: {k: clip(a[k]) for k, clip in subs.items()}
+    if isinstance(space, spaces.Tuple):
+        subs_t = [_box_clipper(s) for s in space]
+        return lambda a: tuple(clip(x) for clip, x in zip(subs_t, a))
+    return lambda a: a
+
+
+def initial_state(envs: JaxVectorEnv, policy: Policy, seed: int, env_params: Any) -> RolloutState:
+    """Resets every env (env ``i`` with key ``e_i``); pure, jit it."""
+    num_envs = envs.num_envs
+    env_ids = jnp.arange(num_envs)
+    env_keys = env_stream_keys(seed, env_ids)
+    obs, env_state = envs.reset(env_keys, env_params)
+    int_dtype = jax.dtypes.canonicalize_dtype(np.int64)
+    return RolloutState(
+        obs=obs,
+        env_state=env_state,
+        actor=initial_actor_state(policy, seed, np.arange(num_envs)),
+        env_keys=env_keys,
+        episode_start=jnp.ones(num_envs, bool),
+        episode_id=jnp.arange(num_envs, dtype=int_dtype),
+        episode_step=jnp.zeros(num_envs, int_dtype),
+        episode_return=jnp.zeros(num_envs, jax.dtypes.canonicalize_dtype(np.float64)),
+        next_episode_id=jnp.asarray(num_envs, int_dtype),
+    )
+
+
+def rollout(
+    envs: JaxVectorEnv,
+    policy: Policy,
+    num_steps: int,
+    params: Params,
+    state: RolloutState,
+    env_params: Any,
+) -> tuple[RolloutState, Trajectory, jax.Array]:
+    """``num_steps`` steps of every env (pure; jit it).
+
+    Returns:
+        The new state, the :class:`Trajectory` ``[T, B, ...]`` and ``ends``, a
+        ``[2, T, B]`` float array: the return and length of each episode that ended at
+        ``[t, b]`` (length 0 where none did).
+    """
+    clip = _box_clipper(envs.single_action_space)
+
+    def step(s: RolloutState, _: None) -> tuple[RolloutState, tuple[Trajectory, jax.Array]]:
+        key_step, key_reset = env_step_keys(s.env_keys, s.actor.env_steps)
+        action, extras, actor = act(policy.apply_fn, params, s.actor, s.obs, s.episode_start)
+        # Checked while tracing (shapes only), before the env sees the actions.
+        _check_actions(envs.single_action_space, action, envs.num_envs)
+        out = envs.step(key_step, s.env_state, clip(action), env_params)
+        reset_obs, reset_state = envs.reset(key_reset, env_params)
+        done = jnp.logical_or(out.terminated, out.truncated)
+        length = s.episode_step + 1
+        total = s.episode_return + out.reward
+        # New ids in env order within the step, as the host loop gives them.
+        new_ids = s.next_episode_id + jnp.cumsum(done, dtype=s.episode_id.dtype) - 1
+        transition = Trajectory(
+            obs=s.obs,
+            action=action,
+            reward=out.reward,
+            terminated=out.terminated,
+            truncated=out.truncated,
+            next_obs=out.obs,
+            extras=extras,
+            env_id=None,
+            episode_id=s.episode_id,
+            step=s.episode_step,
+        )
+        ends = jnp.stack(
+            [jnp.where(done, total, 0), jnp.where(done, length, 0).astype(total.dtype)]
+        )
+        new_state = RolloutState(
+            obs=_select(done, reset_obs, out.obs),
+            env_state=_select(done, reset_state, out.state),
+            actor=actor,
+            env_keys=s.env_keys,
+            episode_start=done,
+            episode_id=jnp.where(done, new_ids, s.episode_id),
+            episode_step=jnp.where(done, 0, length),
+            episode_return=jnp.where(done, 0, total),
+            next_episode_id=s.next_episode_id + done.sum(dtype=s.episode_id.dtype),
+        )
+        return new_state, (transition, ends)
+
+    state, (traj, ends) = jax.lax.scan(step, state, None, length=num_steps)
+    env_id = jnp.broadcast_to(
+        jnp.arange(envs.num_envs, dtype=state.episode_id.dtype), (num_steps, envs.num_envs)
+    )
+    return state, traj.replace(env_id=env_id), jnp.moveaxis(ends, 1, 0)
+
+
+def _check_actions(space: spaces.Space, spec: Any, num_envs: int) -> None:
+    """The policy's actions have the action space's structure and shapes, and dtypes
+    safely castable to the space's (as the host loop requires)."""
+    expected = jr_spaces.allocate(space, (num_envs,))
+
+    def check(exp: np.ndarray, got: Any) -> None:
+        if tuple(got.shape) != exp.shape or not np.can_cast(got.dtype, exp.dtype, "safe"):
+            raise SpaceMismatchError(
+                f"the policy returns actions of shape {tuple(got.shape)} and dtype {got.dtype}; "
+                f"the action space {space} needs shape {exp.shape} (a batch of {num_envs} "
+                f"envs) and a dtype safely castable to {exp.dtype}. Check the policy's action "
+                "head against the env."
+            )
+
+    try:
+        jr_spaces.map_structure(space, check, expected, spec)
+    except (KeyError, IndexError, TypeError, AttributeError) as err:
+        raise SpaceMismatchError(
+            f"the policy's action structure {jax.tree.structure(spec)} does not match the "
+            f"action space {space}."
+        ) from err
+
+
+class ScanRollout:
+    """Runs :func:`rollout` for an :class:`~jaxrunner.EnvRunner` on a JaxVectorEnv.
+
+    Args:
+        envs: the pure-JAX vector env.
+        policy: the policy.
+        params: device params (the compile is specialised to their shapes and dtypes).
+        rollout_length: T.
+        seed: the runner's seed.
+
+    Raises:
+        SpaceMismatchError: the policy's actions do not fit the action space.
+    """
+
+    def __init__(
+        self,
+        envs: JaxVectorEnv,
+        policy: Policy,
+        params: Params,
+        rollout_length: int,
+        seed: int,
+    ) -> None:
+        self.envs = envs
+        self._env_params = jax.device_put(envs.params)
+        self._state = jax.jit(lambda p: initial_state(envs, policy, seed, p))(self._env_params)
+        run = functools.partial(rollout, envs, policy, rollout_length)
+        traced = jax.jit(run, donate_argnums=1).trace(params, self._state, self._env_params)
+        self._run = traced.lower().compile()
+
+    def sample(self, params: Params) -> tuple[Trajectory, np.ndarray, np.ndarray]:
+        """One rollout. Returns the trajectory (device arrays) and the returns and
+        lengths of the episodes that ended, in step order, then env order (numpy)."""
+        self._state, traj, ends = self._run(params, self._state, self._env_params)
+        ends = jax.device_get(ends)  # the one transfer of a sample(), explicit
+        mask = ends[1] > 0
+        return traj, ends[0][mask].astype(np.float64), ends[1][mask].astype(np.int64)
+
+
+def check_runner_options(callbacks: Any, num_groups: int | None) -> None:
+    """Options of the host loop that a scan cannot honour."""
+    if callbacks is not None:
+        raise InvalidArgumentError(
+            "EnvRunner(callbacks=...): callbacks run Python per env step, which a JaxVectorEnv "
+            "rollout (one compiled lax.scan) cannot do. Drop them and read the Trajectory, or "
+            "use a host vector env (jaxrunner.make_vec)."
+        )
+    if num_groups not in (None, 1):
+        raise InvalidArgumentError(
+            f"EnvRunner(num_groups={num_groups!r}): pipelining groups only applies to host vector "
+            "envs; a JaxVectorEnv rollout is one compiled program. Leave num_groups=None."
+        )
+
+
+__all__ = [
+    "ENV_STREAM",
+    "RolloutState",
+    "ScanRollout",
+    "check_runner_options",
+    "env_step_keys",
+    "env_stream_keys",
+    "initial_state",
+    "rollout",
+]

@@ -1,0 +1,381 @@
+"""JaxVectorEnv + EnvRunner's lax.scan path, against envs stepped by hand.
+
+The key rule checked here (documented in jaxrunner.rollout) is re-derived in this
+file, not imported: env i's stream key is e_i = fold_in(fold_in(key(seed), 2**32-1), i),
+its first reset uses e_i and its n-th step fold_in(e_i, n), split in (step, reset) keys
+exactly as gymnax's own auto-resetting ``step`` splits its key.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import jaxrunner as jr
+from jaxrunner.bench import mlp_policy
+from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
+from jaxrunner.jax_testing import (
+    AutoResetWrapper,
+    BraxPoint,
+    DoneOnlyRandomWalk,
+    RandomWalk,
+    WalkParams,
+)
+
+SEED = 3
+
+
+def stream_key(seed: int, env_id: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 2**32 - 1), env_id)
+
+
+def make_runner(venv: jr.JaxVectorEnv, rollout_length: int, seed: int = SEED, **kwargs):
+    policy = mlp_policy(venv.single_action_space, hidden=(16,))
+    params = policy.init(jax.random.key(1), venv.single_observation_space)
+    return jr.EnvRunner(venv, policy, params, rollout_length, seed, **kwargs)
+
+
+def samples(runner: jr.EnvRunner, count: int) -> jr.Trajectory:
+    return jr.concatenate([runner.sample().to_numpy() for _ in range(count)])
+
+
+def reference_functional(env, params, actions: np.ndarray, seed: int, clip=None) -> dict:
+    """Steps each env of a functional (non-auto-resetting) env by hand with the key
+    rule, resetting ended episodes with the step's reset key."""
+    reset, step = jax.jit(env.reset), jax.jit(env.step)
+    num_steps, num_envs = actions.shape[:2]
+    out = {k: [[None] * num_envs for _ in range(num_steps)] for k in ("obs", "next_obs", "rew")}
+    out["term"] = np.zeros((num_steps, num_envs), bool)
+    out["trunc"] = np.zeros((num_steps, num_envs), bool)
+    for i in range(num_envs):
+        e = stream_key(seed, i)
+        obs, state = reset(e, params)
+        for t in range(num_steps):
+            key_step, key_reset = jax.random.split(jax.random.fold_in(e, t))
+            action = actions[t, i] if clip is None else clip(actions[t, i])
+            result = step(key_step, state, action, params)
+            next_obs, state, reward = result[:3]
+            if len(result) == 6:
+                terminated, truncated = bool(result[3]), bool(result[4])
+            else:  # done-only: the time limit is the truncation
+                truncated = bool(state.time >= params.max_steps_in_episode)
+                terminated = bool(result[3]) and not truncated
+            out["obs"][t][i], out["next_obs"][t][i], out["rew"][t][i] = obs, next_obs, reward
+            out["term"][t, i], out["trunc"][t, i] = terminated, truncated
+            obs = next_obs
+            if terminated or truncated:
+                obs, state = reset(key_reset, params)
+    return {
+        "obs": np.asarray(out["obs"]),
+        "next_obs": np.asarray(out["next_obs"]),
+        "reward": np.asarray(out["rew"], np.float32),
+        "terminated": out["term"],
+        "truncated": out["trunc"],
+    }
+
+
+def assert_matches(traj: jr.Trajectory, ref: dict) -> None:
+    np.testing.assert_array_equal(traj.obs, ref["obs"])
+    np.testing.assert_array_equal(traj.next_obs, ref["next_obs"])
+    np.testing.assert_array_equal(traj.reward, ref["reward"])
+    np.testing.assert_array_equal(traj.terminated, ref["terminated"])
+    np.testing.assert_array_equal(traj.truncated, ref["truncated"])
+
+
+def reference_ids_and_steps(done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Episode ids (0..B-1 first, then the next free id per ended episode, in env
+    order within a step) and step indices, by hand."""
+    num_steps, num_envs = done.shape
+    ids, steps = np.zeros(done.shape, np.int64), np.zeros(done.shape, np.int64)
+    current, count, next_id = list(range(num_envs)), [0] * num_envs, num_envs
+    for t in range(num_steps):
+        for b in range(num_envs):
+            ids[t, b], steps[t, b] = current[b], count[b]
+            count[b] += 1
+            if done[t, b]:
+                current[b], count[b], next_id = next_id, 0, next_id + 1
+    return ids, steps
+
+
+# -- functional envs (no optional dependency) --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def walk_run():
+    """A RandomWalk runner sampled twice (T=25 each), 3 envs, episodes carried across."""
+    venv = jr.JaxVectorEnv(RandomWalk(), WalkParams(max_steps_in_episode=9), 3)
+    runner = make_runner(venv, 25, metrics=jr.MetricsConfig(episode_window=10_000))
+    traj = samples(runner, 2)
+    metrics = runner.get_metrics()
+    yield runner, traj, venv, metrics
+    runner.stop()
+
+
+def test_functional_env_matches_hand_stepping(walk_run):
+    _, traj, venv, _ = walk_run
+    ref = reference_functional(venv.env, venv.params, traj.action, SEED)
+    assert_matches(traj, ref)
+    assert traj.terminated.any() and traj.truncated.any()
+
+
+def test_schema_and_device_arrays(walk_run):
+    runner = walk_run[0]
+    traj = runner.sample()
+    for leaf in jax.tree.leaves(traj):
+        assert isinstance(leaf, jax.Array), "the scan path returns device arrays"
+    num_steps, num_envs = 25, 3
+    assert set(traj.__dataclass_fields__) >= {
+        "obs", "action", "reward", "terminated", "truncated", "next_obs", "extras",
+        "env_id", "episode_id", "step",
+    }  # fmt: skip
+    assert traj.obs.shape == traj.next_obs.shape == (num_steps, num_envs, 2)
+    assert traj.obs.dtype == np.float32
+    for name in ("action", "reward", "terminated", "truncated", "env_id", "episode_id", "step"):
+        assert getattr(traj, name).shape == (num_steps, num_envs), name
+    assert traj.terminated.dtype == traj.truncated.dtype == np.bool_
+    assert traj.reward.dtype == jax.dtypes.canonicalize_dtype(np.float64)
+    assert traj.extras["log_prob"].shape == (num_steps, num_envs)
+    np.testing.assert_array_equal(traj.env_id, np.broadcast_to(np.arange(num_envs), (25, 3)))
+    host = traj.to_numpy()
+    assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(host))
+
+
+def test_episode_ids_and_steps_against_reference(walk_run):
+    _, traj, _, _ = walk_run
+    ids, steps = reference_ids_and_steps(traj.done)
+    np.testing.assert_array_equal(traj.episode_id, ids)
+    np.testing.assert_array_equal(traj.step, steps)
+
+
+def test_metrics_are_sums_over_episodes(walk_run):
+    _, traj, _, metrics = walk_run
+    returns, lengths = [], []
+    for b in range(traj.num_envs):
+        total, length = 0.0, 0
+        for t in range(traj.num_steps):
+            total += float(traj.reward[t, b])
+            length += 1
+            if traj.done[t, b]:
+                returns.append(total)
+                lengths.append(length)
+                total, length = 0.0, 0
+    assert metrics["num_env_steps"] == traj.reward.size
+    assert metrics["num_episodes"] == len(returns) == int(traj.done.sum())
+    assert metrics["episode_return_mean"] == pytest.approx(np.mean(returns), rel=1e-5)
+    assert metrics["episode_length_mean"] == pytest.approx(np.mean(lengths))
+    assert metrics["episode_return_min"] == pytest.approx(min(returns), rel=1e-5)
+    assert set(metrics["perf"]) >= {
+        "env_wait_ms", "inference_ms", "obs_processing_ms", "action_processing_ms"
+    }  # fmt: skip
+    assert metrics["env_steps_per_s"] > 0
+
+
+def test_actions_follow_the_host_loop_key_rule(walk_run):
+    runner, traj, _, _ = walk_run
+    policy, params = runner.policy, runner.get_params()
+
+    def act(obs: jax.Array, env_id: jax.Array, step: jax.Array) -> jax.Array:
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(SEED), env_id), step)
+        return policy.apply_fn(params, obs[None], None, key[None])[0][0]
+
+    t, b = np.meshgrid(np.arange(traj.num_steps), np.arange(traj.num_envs), indexing="ij")
+    expected = jax.jit(jax.vmap(act))(
+        traj.obs.reshape(-1, 2), b.reshape(-1).astype(np.uint32), t.reshape(-1).astype(np.uint32)
+    )
+    np.testing.assert_array_equal(traj.action, np.asarray(expected).reshape(traj.action.shape))
+
+
+def test_resets_are_fresh_random_states(walk_run):
+    _, traj, _, _ = walk_run
+    first_obs = traj.obs[traj.step == 0]
+    assert len(first_obs) >= 6
+    # Each episode starts from its own random position, never one cached start.
+    assert len(np.unique(first_obs[:, 0])) == len(first_obs)
+    np.testing.assert_array_equal(first_obs[:, 1], 0.0)
+
+
+def test_done_only_form_reads_the_time_limit():
+    for report in (False, True):
+        venv = jr.JaxVectorEnv(DoneOnlyRandomWalk(report), WalkParams(max_steps_in_episode=7), 2)
+        with make_runner(venv, 30) as runner:
+            traj = runner.sample().to_numpy()
+        ref = reference_functional(venv.env, venv.params, traj.action, SEED)
+        assert_matches(traj, ref)
+        assert traj.truncated.any() and traj.terminated.any()
+        assert not (traj.terminated & traj.truncated).any()
+
+
+def test_trajectories_do_not_depend_on_the_batch_size(walk_run):
+    _, traj, venv, _ = walk_run
+    narrow = jr.JaxVectorEnv(RandomWalk(), venv.params, 2)
+    with make_runner(narrow, 50) as runner:
+        small = runner.sample().to_numpy()
+    for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated", "step"):
+        np.testing.assert_array_equal(getattr(small, name), getattr(traj, name)[:, :2], name)
+
+
+def test_one_compile_whatever_the_params():
+    traces = []
+    venv = jr.JaxVectorEnv(RandomWalk(), None, 2)
+    base = mlp_policy(venv.single_action_space, hidden=(8,))
+
+    def apply_fn(params, obs, carry, keys):
+        traces.append(1)
+        return base.apply_fn(params, obs, carry, keys)
+
+    policy = jr.Policy(apply_fn=apply_fn, init_fn=base.init_fn)
+    params = policy.init(jax.random.key(0), venv.single_observation_space)
+    with jr.EnvRunner(venv, policy, params, 5, 0) as runner:
+        first = runner.sample().to_numpy()
+        runner.sample()
+        runner.set_params(jax.tree.map(lambda p: p + 0.5, params))
+        runner.sample()
+        runner.sample_episodes(2)
+    assert len(traces) == 1
+    assert first.num_steps == 5
+
+
+def test_sample_episodes_are_complete(walk_run):
+    runner = walk_run[0]  # carries on from the fixture's samples
+    episodes = runner.sample_episodes(5)
+    assert len(episodes) == 5
+    ids = [e.episode_id for e in episodes]
+    assert ids == sorted(ids) and len(set(ids)) == 5
+    for episode in episodes:
+        assert episode.is_complete
+        assert episode.obs.shape == (episode.length + 1, 2)
+        np.testing.assert_array_equal(episode.obs[:, 1], np.arange(episode.length + 1))
+        # The last observation is the true final one: past the threshold or at the limit.
+        final_pos, final_time = episode.obs[-1]
+        assert episode.truncated == (final_time >= 9)
+        assert episode.terminated == (abs(final_pos) > 1.5)
+
+
+# -- brax-style envs -------------------------------------------------------------------------
+
+
+def test_brax_adapter_matches_hand_stepping():
+    env = BraxPoint(episode_length=6)
+    venv = jr.JaxVectorEnv.from_brax(env, 3)
+    assert venv.single_action_space.shape == (2,)
+    with make_runner(venv, 20) as runner:
+        traj = runner.sample().to_numpy()
+    reset, step = jax.jit(env.reset), jax.jit(env.step)
+    for i in range(3):
+        e = stream_key(SEED, i)
+        state = reset(e)
+        for t in range(20):
+            _, key_reset = jax.random.split(jax.random.fold_in(e, t))
+            np.testing.assert_array_equal(traj.obs[t, i], state.obs)
+            # The env gets the action clipped to the Box; the trajectory keeps it as sampled.
+            state = step(state, np.clip(traj.action[t, i], -1.0, 1.0))
+            truncated = bool(state.info["truncation"])
+            terminated = bool(state.done) and not truncated
+            np.testing.assert_array_equal(traj.next_obs[t, i], state.obs)
+            assert traj.reward[t, i] == state.reward
+            assert (traj.terminated[t, i], traj.truncated[t, i]) == (terminated, truncated)
+            if state.done:
+                state = reset(key_reset)
+    assert traj.truncated.any() and traj.terminated.any()
+    assert (np.abs(traj.action) > 1).any(), "some sampled actions needed clipping"
+
+
+def test_brax_auto_reset_wrapper_is_refused():
+    with pytest.raises(InvalidArgumentError, match="AutoResetWrapper"):
+        jr.JaxVectorEnv.from_brax(AutoResetWrapper(BraxPoint()), 2)
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def test_bad_input_errors():
+    from gymnasium import spaces
+
+    with pytest.raises(SpaceMismatchError, match="shape"):
+        jr.JaxVectorEnv(RandomWalk(), None, 2, observation_space=spaces.Box(0, 1, (3,)))
+    with pytest.raises(SpaceMismatchError, match="dtype"):
+        jr.JaxVectorEnv(RandomWalk(), None, 2, observation_space=spaces.Box(0, 1, (2,), np.int32))
+    with pytest.raises(InvalidArgumentError, match="num_envs"):
+        jr.JaxVectorEnv(RandomWalk(), None, 0)
+    with pytest.raises(TypeError, match="reset"):
+        jr.JaxVectorEnv(object(), None, 2)
+    venv = jr.JaxVectorEnv(RandomWalk(), None, 2)
+    with pytest.raises(InvalidArgumentError, match="callbacks"):
+        make_runner(venv, 4, callbacks=jr.Callbacks())
+    with pytest.raises(InvalidArgumentError, match="num_groups"):
+        make_runner(venv, 4, num_groups=2)
+    box_policy = mlp_policy(spaces.Box(-1, 1, (3,)), hidden=(4,))
+    params = box_policy.init(jax.random.key(0), venv.single_observation_space)
+    with pytest.raises(SpaceMismatchError, match="action"):
+        jr.EnvRunner(venv, box_policy, params, 4, 0)
+
+
+# -- gymnax -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gymnax_run():
+    gymnax = pytest.importorskip("gymnax")
+    env, params = gymnax.make("CartPole-v1")
+    params = params.replace(max_steps_in_episode=30)  # truncations within the test
+    venv = jr.JaxVectorEnv(env, params, 3)
+    runner = make_runner(venv, 40, metrics=jr.MetricsConfig(episode_window=10_000))
+    traj = samples(runner, 2)
+    metrics = runner.get_metrics()
+    yield runner, traj, env, params, metrics
+    runner.stop()
+
+
+def test_gymnax_cartpole_matches_gymnax_stepped_by_hand(gymnax_run):
+    """gymnax's own auto-resetting step, with the same keys, gives the same transitions:
+    its info["final_observation"] is our next_obs, its reset observation our next obs."""
+    _, traj, env, params, _ = gymnax_run
+    for i in range(traj.num_envs):
+        e = stream_key(SEED, i)
+        obs, state = env.reset(e, params)
+        for t in range(traj.num_steps):
+            np.testing.assert_array_equal(traj.obs[t, i], obs, f"obs[{t}, {i}]")
+            obs, state, reward, terminated, truncated, info = env.step(
+                jax.random.fold_in(e, t), state, traj.action[t, i], params
+            )
+            np.testing.assert_array_equal(traj.next_obs[t, i], info["final_observation"])
+            assert traj.reward[t, i] == reward
+            assert traj.terminated[t, i] == terminated and traj.truncated[t, i] == truncated
+    assert traj.terminated.any() and traj.truncated.any()
+    # Where an episode ended, next_obs is the final observation, not the reset one.
+    ended = traj.done[:-1]
+    assert not np.array_equal(traj.next_obs[:-1][ended], traj.obs[1:][ended])
+
+
+def test_gymnax_final_obs_and_fresh_resets(gymnax_run):
+    traj = gymnax_run[1]
+    x, theta = traj.next_obs[..., 0], traj.next_obs[..., 2]
+    fell = (np.abs(x) > 2.4) | (np.abs(theta) > 12 * 2 * np.pi / 360)
+    np.testing.assert_array_equal(traj.terminated, fell)
+    # gymnax >= 1.0 reports the time limit whether or not the pole fell on that step.
+    np.testing.assert_array_equal(traj.truncated, traj.step + 1 >= 30)
+    starts = traj.obs[traj.step == 0]
+    assert len(starts) >= 6 and len(np.unique(starts, axis=0)) == len(starts)
+    assert np.all(np.abs(starts) <= 0.05)
+    ids, steps = reference_ids_and_steps(traj.done)
+    np.testing.assert_array_equal(traj.episode_id, ids)
+    np.testing.assert_array_equal(traj.step, steps)
+
+
+def test_gymnax_wrappers_are_refused():
+    gymnax = pytest.importorskip("gymnax")
+    from gymnax.wrappers.purerl import LogWrapper
+
+    env, params = gymnax.make("CartPole-v1")
+    with pytest.raises(InvalidArgumentError, match="wrapper"):
+        jr.JaxVectorEnv(LogWrapper(env), params, 2)
+
+
+def test_gymnax_metrics_match_episodes(gymnax_run):
+    _, traj, _, _, metrics = gymnax_run
+    lengths = traj.step[traj.done] + 1  # CartPole: reward 1 per step, return == length
+    assert metrics["num_episodes"] == len(lengths)
+    assert metrics["episode_length_mean"] == pytest.approx(lengths.mean())
+    assert metrics["episode_return_mean"] == pytest.approx(lengths.mean())
+    np.testing.assert_array_equal(traj.reward, 1.0)
