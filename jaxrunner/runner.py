@@ -7,6 +7,7 @@ the vector env, and numpy writes into preallocated ``[T, B]`` buffers.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from typing import Any
@@ -136,6 +137,9 @@ class EnvRunner:
 
     def _make_groups(self, policy: Policy, obs: Any, num_groups: int | None) -> list[GroupActor]:
         num_envs = self.envs.num_envs
+        backend_default = getattr(self.envs, "default_num_groups", None)
+        if num_groups is None and backend_default is not None:
+            num_groups = min(backend_default, num_envs)
         if num_groups is None:
             on_cpu = jax.default_backend() == "cpu"
             num_groups = 2 if num_envs >= PIPELINE_MIN_ENVS and not on_cpu else 1
@@ -209,18 +213,25 @@ class EnvRunner:
         )
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
-        t = 0
+        t = 0  # steps recorded for every group
+        groups = range(len(self._groups))
+        # A group's policy step is queued as soon as its envs' results are in, and
+        # computes while the other groups' envs step (pipelining). Backends that step
+        # in the background (other processes) also get each group's actions as soon as
+        # they are ready and are waited for one group later, when the results are due.
+        lag = 1 if getattr(self.envs, "steps_in_background", False) and len(groups) > 1 else 0
+        in_flight: collections.deque[tuple[int, int]] = collections.deque()
         try:
-            for g in range(len(self._groups)):
+            for g in groups:
                 self._dispatch(g, buf, 0, perf)
-            for t in range(num_steps):
-                for g in range(len(self._groups)):
-                    self._step_group(g, buf, t, perf)
-                    # Queue this group's next step now: it computes while the other
-                    # groups' envs step (pipelining).
-                    if t + 1 < num_steps:
-                        self._dispatch(g, buf, t + 1, perf)
-            t = num_steps
+            for step in range(num_steps):
+                for g in groups:
+                    self._send_group(g, buf, step, perf)
+                    in_flight.append((g, step))
+                    while len(in_flight) > lag:
+                        t = self._finish_group(*in_flight.popleft(), buf, perf)
+            while in_flight:
+                t = self._finish_group(*in_flight.popleft(), buf, perf)
         except BaseException as err:
             self._fail(err, buf.time_slice(0, t) if t else None)
             raise
@@ -250,11 +261,12 @@ class EnvRunner:
         group.dispatch(self._params, self._obs_space, obs, self._episode_start[group.rows])
         perf["inference_ms"] += time.perf_counter() - tick
 
-    def _step_group(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
-        """Takes group ``g``'s actions, steps its envs and records step ``t``."""
+    def _send_group(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
+        """Takes group ``g``'s actions for step ``t``, records them and sends them to
+        its envs (``step_batch_async``)."""
         clock = time.perf_counter()
         group = self._groups[g]
-        rows, index = group.rows, (t, group.rows)
+        index = (t, group.rows)
         action, extras = group.collect()
         tick = time.perf_counter()
         perf["inference_ms"] += tick - clock
@@ -264,7 +276,15 @@ class EnvRunner:
         env_action = action if self._clip is None else self._clip(action)
         clock = time.perf_counter()
         perf["action_processing_ms"] += clock - tick
-        out = self.envs.step_batch(env_action, rows if len(self._groups) > 1 else None)
+        self.envs.step_batch_async(env_action, group.rows if len(self._groups) > 1 else None)
+        perf["env_wait_ms"] += time.perf_counter() - clock
+
+    def _finish_group(self, g: int, t: int, buf: Trajectory, perf: dict[str, float]) -> int:
+        """Waits for group ``g``'s envs, records step ``t`` and queues the group's next
+        policy step; returns the number of steps now recorded for every group."""
+        clock = time.perf_counter()
+        rows, index = self._groups[g].rows, (t, self._groups[g].rows)
+        out = self.envs.step_batch_wait(rows if len(self._groups) > 1 else None)
         tick = time.perf_counter()
         perf["env_wait_ms"] += tick - clock
         jr_spaces.copy_into(self._obs_space, buf.next_obs, out.next_obs, index)
@@ -276,6 +296,9 @@ class EnvRunner:
         self._group_obs[g] = out.obs
         self._advance_episodes(buf, t, rows, out)
         perf["obs_processing_ms"] += time.perf_counter() - tick
+        if t + 1 < self.rollout_length:
+            self._dispatch(g, buf, t + 1, perf)
+        return t + 1 if g == len(self._groups) - 1 else t
 
     def sample_episodes(self, num_episodes: int) -> list[Episode]:
         """Samples until ``num_episodes`` complete episodes (seen from their first
