@@ -9,12 +9,13 @@ from typing import Any
 import gymnasium
 
 from jaxrunner.envs.base import BatchStep, VectorEnv
+from jaxrunner.envs.envpool_adapter import EnvPoolVectorEnv, make_envpool_vec
 from jaxrunner.envs.gymnasium_adapter import GymnasiumVectorEnv, from_gymnasium, make_gymnasium_vec
 from jaxrunner.envs.process import ProcessVectorEnv
 from jaxrunner.envs.sync import SyncVectorEnv
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
-BACKENDS = ("sync", "gymnasium", "process")
+BACKENDS = ("sync", "gymnasium", "process", "envpool")
 _PROCESS_OPTIONS = ("envs_per_worker", "num_workers", "start_method")
 
 
@@ -36,6 +37,8 @@ def make_vec(
         **env_kwargs: keyword arguments for ``gymnasium.make`` (ids only). With
             ``backend="gymnasium"``: for ``gymnasium.make_vec``, ``vectorization_mode``
             included (default: the env's own vector entry point where it has one).
+            With ``backend="envpool"``: for ``envpool.make_gymnasium`` (``env`` is an
+            EnvPool task id; sync mode only).
             With ``backend="process"``: also ``envs_per_worker``, ``num_workers`` and
             ``start_method`` for :class:`ProcessVectorEnv` (not passed to the env).
 
@@ -50,6 +53,12 @@ def make_vec(
         # gymnasium.make_vec builds the vector env itself (its own vector entry point
         # where the env has one); env_kwargs may include vectorization_mode.
         vec: VectorEnv = make_gymnasium_vec(env, num_envs, **env_kwargs)  # type: ignore[arg-type]
+        if seed is not None:
+            vec.reset(seed=seed)
+        return vec
+    if backend == "envpool":
+        # EnvPool builds its own pool from a task id (extra jaxrunner[envpool]).
+        vec = make_envpool_vec(env, num_envs, **env_kwargs)  # type: ignore[arg-type]
         if seed is not None:
             vec.reset(seed=seed)
         return vec
@@ -85,6 +94,7 @@ def make_vec(
 __all__ = [
     "BACKENDS",
     "BatchStep",
+    "EnvPoolVectorEnv",
     "GymnasiumVectorEnv",
     "ProcessVectorEnv",
     "SyncVectorEnv",

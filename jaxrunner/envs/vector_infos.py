@@ -81,6 +81,11 @@ class SplitInfos(Sequence[dict[str, Any]]):
         self._override = override or {}
         self._cache: dict[int, dict[str, Any]] = {}
 
+    @property
+    def merged(self) -> Mapping[str, Any]:
+        """The merged info the per-env infos are split from."""
+        return self._merged
+
     def __len__(self) -> int:
         return self._num_envs
 

@@ -1,0 +1,112 @@
+"""Tests for backend="envpool" (jaxrunner.envs.envpool_adapter); skipped without EnvPool.
+
+EnvPool autoresets on the NEXT_STEP; the adapter must give exactly EnvPool's own real
+transitions (its reset steps left out, true final observations kept) and gymnasium's
+seeding semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import closing
+
+import gymnasium
+import jax
+import numpy as np
+import pytest
+
+import jaxrunner as jr
+from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.testing import assert_trees_equal
+
+envpool = pytest.importorskip("envpool")
+pytestmark = pytest.mark.filterwarnings("ignore:.*precision lowered:UserWarning")
+
+SEED = 3
+
+
+def _envpool(num_envs: int, max_episode_steps: int = 12, **kwargs: object) -> jr.VectorEnv:
+    return jr.make_vec(
+        "CartPole-v1", num_envs, backend="envpool", max_episode_steps=max_episode_steps, **kwargs
+    )
+
+
+def test_equals_envpool_without_its_reset_steps() -> None:
+    """Per sub-env, the transitions are EnvPool's own real ones, in order: each sub-env
+    has its own generator, so resetting it early (masked) draws the same start state its
+    reset step would have drawn."""
+    n, per_env, limit = 3, 100, 25
+    actions = np.random.default_rng(SEED).integers(0, 2, size=(n, per_env))
+    ref = envpool.make_gymnasium("CartPole-v1", num_envs=n, seed=SEED, max_episode_steps=limit)
+    expected: list[list[tuple]] = [[] for _ in range(n)]
+    with closing(ref):
+        obs, _ = ref.reset()
+        pending, k = np.zeros(n, bool), np.zeros(n, int)
+        while min(len(e) for e in expected) < per_env:
+            a = np.array([actions[i, min(k[i], per_env - 1)] for i in range(n)], np.int32)
+            next_obs, reward, terminated, truncated, _ = ref.step(a)
+            for i in range(n):
+                if pending[i]:  # EnvPool's reset step: action ignored, not a transition
+                    assert reward[i] == 0 and not terminated[i] and not truncated[i]
+                elif k[i] < per_env:
+                    expected[i].append(
+                        (obs[i], a[i], reward[i], terminated[i], truncated[i], next_obs[i])
+                    )
+                    k[i] += 1
+            pending = (terminated | truncated) & ~pending
+            obs = next_obs
+    with closing(_envpool(n, limit, seed=SEED)) as vec:
+        obs = vec.reset_batch([SEED + i for i in range(n)])[0].copy()
+        for t in range(per_env):
+            out = vec.step_batch(actions[:, t])
+            for i in range(n):
+                got = (obs[i], actions[i, t], out.reward[i], out.terminated[i], out.truncated[i])
+                e = expected[i][t]
+                assert_trees_equal(
+                    (*got[:2], float(got[2]), *got[3:], out.next_obs[i]),
+                    (e[0], np.int64(e[1]), float(e[2]), *e[3:]),
+                    f"env {i} transition {t}",
+                )
+            obs = out.obs.copy()
+    assert any(e[4] for e in expected[0]) and any(e[3] for es in expected for e in es)
+
+
+def test_seeded_reset_gives_the_same_episodes() -> None:
+    with closing(_envpool(4)) as vec:
+        first, _ = vec.reset(seed=SEED)
+        np.testing.assert_array_equal(
+            first, envpool.make_gymnasium("CartPole-v1", num_envs=4, seed=SEED).reset()[0]
+        )
+        rollout = [vec.step(np.ones(4, np.int64))[0] for _ in range(15)]
+        again, _ = vec.reset(seed=SEED)
+        np.testing.assert_array_equal(again, first)
+        for t in range(15):
+            np.testing.assert_array_equal(vec.step(np.ones(4, np.int64))[0], rollout[t])
+        listed, _ = vec.reset(seed=[SEED + 1, SEED, 9, 2])  # env_seed
+        np.testing.assert_array_equal(listed[1], first[0])
+
+
+def test_runner_on_envpool_gives_real_transitions(mlp: Callable) -> None:
+    envs = _envpool(4)
+    policy = mlp(envs.single_action_space)
+    params = policy.init(jax.random.key(1), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length=40, seed=SEED, num_groups=1) as r:
+        traj = r.sample()
+    done = traj.terminated | traj.truncated
+    assert done.sum() >= 4
+    np.testing.assert_array_equal(traj.reward, 1.0)  # EnvPool's reset steps have reward 0
+    cont = ~done[:-1]
+    np.testing.assert_array_equal(traj.obs[1:][cont], traj.next_obs[:-1][cont])
+    np.testing.assert_array_equal(traj.step[1:][~cont], 0)
+    single = gymnasium.make("CartPole-v1").unwrapped
+    single.reset(seed=0)
+    for t in range(traj.num_steps):
+        for i in range(traj.num_envs):
+            single.state, single.steps_beyond_terminated = traj.obs[t, i].astype(np.float64), None
+            expected = single.step(int(traj.action[t, i]))[0]
+            np.testing.assert_allclose(traj.next_obs[t, i], expected, atol=1e-4)
+
+
+def test_async_mode_is_refused_with_the_reason() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"async mode.*batch_size unset"):
+        jr.make_vec("CartPole-v1", 4, backend="envpool", batch_size=2)
