@@ -281,6 +281,14 @@ def test_runner_gymnasium_sync_equals_runner_sync(mlp: Callable) -> None:
             assert_trees_equal(vars(a.sample()), vars(b.sample()), "trajectory")
 
 
+def test_runner_uses_one_group_by_default(mlp: Callable) -> None:
+    envs = _cartpole(4)
+    policy = mlp(envs.single_action_space)
+    params = policy.init(jax.random.key(1), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length=4, seed=0) as runner:
+        assert runner.sample().reward.shape == (4, 4)
+
+
 def test_runner_with_two_groups_gets_a_clear_error(mlp: Callable) -> None:
     envs = _cartpole(4)
     policy = mlp(envs.single_action_space)

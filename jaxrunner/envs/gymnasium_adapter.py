@@ -31,7 +31,7 @@ vectorized envs often ignore that option (``CartPoleVectorEnv`` resets every env
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium
 import numpy as np
@@ -159,7 +159,7 @@ class GymnasiumVectorEnv(VectorEnv):
 
     Every ``step_batch`` steps the wrapped env once with the whole action batch. The
     wrapped env cannot step a subset of its sub-envs, so ``step_batch(rows=...)`` accepts
-    only all rows: run an :class:`~jaxrunner.EnvRunner` over it with ``num_groups=1``.
+    only all rows; an :class:`~jaxrunner.EnvRunner` over it uses one group by default.
 
     Args:
         env: the gymnasium vector env; the adapter owns it and closes it.
@@ -172,8 +172,8 @@ class GymnasiumVectorEnv(VectorEnv):
         InvalidArgumentError: for a NEXT_STEP env with no known masked reset.
     """
 
-    supports_rows = False
-    """``step_batch`` cannot step a subset of rows (the runner must use one group)."""
+    default_num_groups: ClassVar[int | None] = 1
+    """``step_batch`` cannot step a subset of rows, so the runner uses one group."""
 
     def __init__(
         self,
