@@ -1,0 +1,142 @@
+"""Invariant 9: counted transfers.
+
+The host loop makes one host->device and one device->host transfer per step; the
+pure-JAX path makes none per step (one explicit fetch of episode statistics per
+``sample()``, whatever its length).
+
+How it is proven, whatever route jaxrunner takes to move data (an explicit
+``jax.device_put``/``jax.device_get``, or a numpy argument / ``np.asarray`` inside a
+scope that allows transfers by name with ``jax.transfer_guard*("allow")``):
+
+* Under ``jax.transfer_guard("disallow")``, ``sample()`` runs: no transfer happens
+  outside explicit calls and named scopes (on accelerators; see below).
+* :class:`TransferProbe` counts explicit calls (and the arrays each moves) and turns
+  every named "allow" scope into "log_explicit", and the sample runs under
+  ``jax.transfer_guard("log_explicit")``: XLA then logs every host->device transfer,
+  implicit or explicit, whatever API started it, and the log lines are counted.
+* On CPU, XLA neither guards nor logs device->host copies (device memory is host
+  memory); there the device->host count is explicit arrays fetched plus named
+  device->host scopes entered, and each scope is checked to move one array on
+  accelerators, where the XLA log counts them exactly.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator
+
+import jax
+import numpy as np
+import pytest
+
+import jaxrunner as jr
+from jaxrunner.bench import mlp_policy
+from jaxrunner.jax_testing import RandomWalk
+
+H2D_LOG = "host-to-device transfer"
+D2H_LOG = "device-to-host transfer"
+ON_CPU = jax.default_backend() == "cpu"
+
+
+class TransferProbe:
+    """Counts transfers by every route (see the module docstring)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.puts: list[int] = []  # arrays per jax.device_put call
+        self.gets: list[int] = []  # arrays per jax.device_get call
+        self.scopes: collections.Counter[str] = collections.Counter()  # "allow" scopes
+        put, get = jax.device_put, jax.device_get
+
+        def device_put(x, *args, **kwargs):
+            self.puts.append(len(jax.tree.leaves(x)))
+            return put(x, *args, **kwargs)
+
+        def device_get(x):
+            self.gets.append(len(jax.tree.leaves(x)))
+            return get(x)
+
+        monkeypatch.setattr(jax, "device_put", device_put)
+        monkeypatch.setattr(jax, "device_get", device_get)
+        for name in ("transfer_guard", "transfer_guard_host_to_device"):
+            monkeypatch.setattr(jax, name, self._scope(getattr(jax, name), name, "h2d"))
+        monkeypatch.setattr(
+            jax,
+            "transfer_guard_device_to_host",
+            self._scope(jax.transfer_guard_device_to_host, "d2h", "d2h"),
+        )
+
+    def _scope(self, guard: Callable, name: str, direction: str) -> Callable:
+        def scoped(level: str):
+            if level == "allow":
+                self.scopes[direction if name != "transfer_guard" else "both"] += 1
+                level = "log_explicit"  # allowed still, but XLA logs what moves
+            return guard(level)
+
+        return scoped
+
+    def reset(self) -> None:
+        self.puts.clear()
+        self.gets.clear()
+        self.scopes.clear()
+
+    def d2h_on_cpu(self) -> int:
+        """Device->host transfers as far as they can be seen on CPU."""
+        return sum(self.gets) + self.scopes["d2h"] + self.scopes["both"]
+
+
+@pytest.fixture
+def probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[TransferProbe]:
+    yield TransferProbe(monkeypatch)
+
+
+def logged_transfers(capfd: pytest.CaptureFixture[str], run: Callable[[], object]):
+    """(host->device, device->host) transfers XLA logs while ``run()`` runs."""
+    capfd.readouterr()
+    with jax.transfer_guard("log_explicit"):
+        run()
+    err = capfd.readouterr().err
+    return err.count(H2D_LOG), err.count(D2H_LOG)
+
+
+def test_host_loop_makes_one_transfer_each_way_per_step(probe, capfd):
+    num_steps = 12
+    envs = jr.make_vec("CartPole-v1", 4)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, num_steps, 0, num_groups=1) as runner:
+        runner.sample()  # compiles
+        with jax.transfer_guard("disallow"):
+            runner.sample()
+        probe.reset()
+        h2d, d2h = logged_transfers(capfd, runner.sample)
+    assert h2d == num_steps, "one host->device transfer per step, by any route"
+    assert all(n == 1 for n in probe.puts), "an explicit put moves one array"
+    assert all(n == 1 for n in probe.gets), "an explicit get moves one array"
+    if ON_CPU:
+        assert probe.d2h_on_cpu() == num_steps
+    else:
+        assert d2h == num_steps
+
+
+@pytest.mark.parametrize("rollout_length", [4, 16])
+def test_scan_path_makes_no_transfer_per_step(probe, capfd, rollout_length):
+    envs = jr.JaxVectorEnv(RandomWalk(), None, 3)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length, 0) as runner:
+        probe.reset()
+        # From the first sample on (the scan compiled in the constructor).
+        with jax.transfer_guard("disallow"):
+            trajs = [runner.sample() for _ in range(3)]
+            runner.get_metrics()
+        assert probe.puts == [] and not probe.scopes
+        # Per sample, one fetch of one array (episode statistics), whatever its length.
+        assert probe.gets == [1] * 3
+        probe.reset()
+        h2d, d2h = logged_transfers(capfd, runner.sample)
+    assert h2d == 0
+    assert probe.gets == [1]
+    if not ON_CPU:
+        assert d2h == 1
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(trajs))
+    assert np.asarray(trajs[-1].reward).shape == (rollout_length, 3)
