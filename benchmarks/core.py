@@ -7,6 +7,8 @@ Systems, each measured at every width in one process, side by side:
 * ``bare_loop``: the sub-envs' ``env.step``/``env.reset`` only.
 * ``hand_loop``: what a user would write: ``gymnasium.vector.SyncVectorEnv`` +
   the same jitted Flax policy + numpy conversion of its outputs.
+* ``gym_raw``: ``gymnasium.vector.SyncVectorEnv`` of the same sub-envs stepped with
+  random actions (drawn ahead of time), no policy: gymnasium's own raw stepping.
 
 Usage::
 
@@ -62,6 +64,31 @@ def measure_hand_loop(config: bench.BenchConfig, num_envs: int) -> float:
         envs.close()
 
 
+def measure_gym_raw(config: bench.BenchConfig, num_envs: int) -> float:
+    """gymnasium's SyncVectorEnv of the same sub-envs, random actions, no policy."""
+    envs = gymnasium.vector.SyncVectorEnv(
+        [lambda: gymnasium.make(config.env)] * num_envs,
+        autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP,
+    )
+    envs.reset(seed=config.seed)
+    envs.action_space.seed(config.seed)
+    pool = [envs.action_space.sample() for _ in range(97)]
+    cursor = 0
+
+    def rollout() -> int:
+        nonlocal cursor
+        for _ in range(config.rollout_length):
+            envs.step(pool[cursor])
+            cursor = (cursor + 1) % len(pool)
+        return config.rollout_length * num_envs
+
+    try:
+        rollout()
+        return bench.timed(rollout, config.seconds)
+    finally:
+        envs.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1")
@@ -75,7 +102,7 @@ def main() -> None:
     config = bench.BenchConfig(
         env=args.env, widths=tuple(args.num_envs), backend=args.backend, seconds=args.seconds
     )
-    systems = {**bench.SYSTEMS, "hand_loop": measure_hand_loop}
+    systems = {**bench.SYSTEMS, "hand_loop": measure_hand_loop, "gym_raw": measure_gym_raw}
     rows = []
     for num_envs in config.widths:
         samples: dict[str, list[float]] = {name: [] for name in systems}
@@ -85,13 +112,14 @@ def main() -> None:
         row = {"num_envs": num_envs}
         row.update({f"{k}_steps_per_s": float(np.median(v)) for k, v in samples.items()})
         row.update({f"{k}_all_rounds": v for k, v in samples.items()})
-        for ref in ("raw", "bare_loop", "hand_loop"):
+        for ref in ("raw", "bare_loop", "hand_loop", "gym_raw"):
             row[f"ratio_vs_{ref}"] = row["jaxrunner_steps_per_s"] / row[f"{ref}_steps_per_s"]
         rows.append(row)
         print(
             f"{num_envs:>5}: "
             + "  ".join(f"{k}={row[f'{k}_steps_per_s']:,.0f}" for k in systems)
-            + f"  vs raw {row['ratio_vs_raw']:.2f}  vs hand {row['ratio_vs_hand_loop']:.2f}",
+            + f"  vs raw {row['ratio_vs_raw']:.2f}  vs hand {row['ratio_vs_hand_loop']:.2f}"
+            + f"  vs gym raw {row['ratio_vs_gym_raw']:.2f}",
             file=sys.stderr,
         )
     report = {
