@@ -5,6 +5,9 @@ signal each way ("step rows lo:hi" to a worker, "done" back). Candidates:
 
 * ``mp_pipe``: ``multiprocessing.Pipe(duplex=False)``, ``send_bytes``/``recv_bytes``.
 * ``os_pipe``: raw ``os.pipe`` file descriptors, fixed-size ``os.write``/``os.read``.
+* ``socketpair``: one Unix ``socket.socketpair()`` per worker, fixed-size ``sendall``/
+  ``recv(MSG_WAITALL)`` (what the process backend uses: one fd each way, EOF when
+  either side dies, and it can pass the shared-memory fd).
 * ``semaphore``: a ``multiprocessing.Semaphore`` per direction (futex-based).
 * ``spin``: sequence counters in shared memory, both sides busy-wait.
 * ``spin_yield``: the same, with ``os.sched_yield()`` in the wait loop.
@@ -31,6 +34,7 @@ import json
 import multiprocessing as mp
 import os
 import pathlib
+import socket
 import statistics
 import struct
 import sys
@@ -40,7 +44,15 @@ from typing import Any
 
 import numpy as np
 
-MECHANISMS = ("mp_pipe", "os_pipe", "semaphore", "spin", "spin_yield", "spin_then_pipe")
+MECHANISMS = (
+    "socketpair",
+    "mp_pipe",
+    "os_pipe",
+    "semaphore",
+    "spin",
+    "spin_yield",
+    "spin_then_pipe",
+)
 _MSG = struct.Struct("qq")  # (seq, payload)
 
 
@@ -79,11 +91,17 @@ def _worker(
             if term or trunc:
                 env.reset()
 
+    if mechanism == "socketpair":
+        import socket
+
+        sock = socket.socket(fileno=cmd_in)
     seq = 0
     while True:
         seq += 1
         # -- wait for a command
-        if mechanism == "mp_pipe":
+        if mechanism == "socketpair":
+            _, cmd = _MSG.unpack(sock.recv(_MSG.size, socket.MSG_WAITALL))
+        elif mechanism == "mp_pipe":
             (cmd,) = struct.unpack("q", cmd_in.recv_bytes())
         elif mechanism == "os_pipe":
             _, cmd = _MSG.unpack(os.read(cmd_in, _MSG.size))
@@ -105,7 +123,9 @@ def _worker(
             break
         work()
         # -- reply
-        if mechanism == "mp_pipe":
+        if mechanism == "socketpair":
+            sock.sendall(_MSG.pack(seq, 0))
+        elif mechanism == "mp_pipe":
             reply_out.send_bytes(struct.pack("q", seq))
         elif mechanism == "os_pipe":
             os.write(reply_out, _MSG.pack(seq, 0))
@@ -129,8 +149,13 @@ class Harness:
         self.seqs = np.ndarray((64,), np.int64, self.shm.buf)
         self.seqs[:] = 0
         self.procs, self.cmd_out, self.reply_in = [], [], []
+        self._socks: list[Any] = []
         for w in range(num_workers):
-            if mechanism == "mp_pipe":
+            if mechanism == "socketpair":
+                mine_sock, theirs = socket.socketpair()
+                self._socks.append(mine_sock)
+                child, mine = (theirs.detach(), -1), (mine_sock, mine_sock)
+            elif mechanism == "mp_pipe":
                 cmd_r, cmd_w = ctx.Pipe(duplex=False)
                 rep_r, rep_w = ctx.Pipe(duplex=False)
                 child, mine = (cmd_r, rep_w), (cmd_w, rep_r)
@@ -141,7 +166,7 @@ class Harness:
                 cmd_r, cmd_w = os.pipe()
                 rep_r, rep_w = os.pipe()
                 child, mine = (cmd_r, rep_w), (cmd_w, rep_r)
-            if mechanism in ("os_pipe", "spin_then_pipe", "spin", "spin_yield"):
+            if mechanism in ("socketpair", "os_pipe", "spin_then_pipe", "spin", "spin_yield"):
                 proc = ctx.Process(
                     target=_fd_worker,
                     args=(mechanism, w, self.shm.name, num_envs, spin_s, _Fds(*child)),
@@ -154,7 +179,9 @@ class Harness:
                     daemon=True,
                 )
             proc.start()
-            if mechanism in ("os_pipe", "spin_then_pipe", "spin", "spin_yield"):
+            if mechanism == "socketpair":
+                os.close(child[0])
+            elif mechanism in ("os_pipe", "spin_then_pipe", "spin", "spin_yield"):
                 os.close(child[0])
                 os.close(child[1])
             self.procs.append(proc)
@@ -169,7 +196,9 @@ class Harness:
         seq, mech = self.seq, self.mechanism
         for w in range(self.num_workers):
             self.seqs[32 + w] = 1
-            if mech == "mp_pipe":
+            if mech == "socketpair":
+                self.cmd_out[w].sendall(_MSG.pack(seq, 1))
+            elif mech == "mp_pipe":
                 self.cmd_out[w].send_bytes(struct.pack("q", 1))
             elif mech == "os_pipe":
                 os.write(self.cmd_out[w], _MSG.pack(seq, 1))
@@ -181,7 +210,9 @@ class Harness:
                 self.seqs[2 * w] = seq
                 os.write(self.cmd_out[w], b"x")
         for w in range(self.num_workers):
-            if mech == "mp_pipe":
+            if mech == "socketpair":
+                self.reply_in[w].recv(_MSG.size, socket.MSG_WAITALL)
+            elif mech == "mp_pipe":
                 self.reply_in[w].recv_bytes()
             elif mech == "os_pipe":
                 os.read(self.reply_in[w], _MSG.size)
@@ -201,7 +232,9 @@ class Harness:
         self.seq += 1
         for w in range(self.num_workers):
             self.seqs[32 + w] = -1
-            if self.mechanism == "mp_pipe":
+            if self.mechanism == "socketpair":
+                self.cmd_out[w].sendall(_MSG.pack(self.seq, -1))
+            elif self.mechanism == "mp_pipe":
                 self.cmd_out[w].send_bytes(struct.pack("q", -1))
             elif self.mechanism == "os_pipe":
                 os.write(self.cmd_out[w], _MSG.pack(self.seq, -1))
@@ -214,6 +247,8 @@ class Harness:
                 os.write(self.cmd_out[w], b"x")
         for proc in self.procs:
             proc.join(5)
+        for sock in self._socks:
+            sock.close()
         self.shm.close()
         self.shm.unlink()
 
@@ -227,11 +262,11 @@ class _Fds:
     def __reduce__(self) -> Any:
         from multiprocessing.reduction import DupFd
 
-        return (_rebuild_fds, (DupFd(self.a), DupFd(self.b)))
+        return (_rebuild_fds, (DupFd(self.a), DupFd(self.b) if self.b >= 0 else None))
 
 
 def _rebuild_fds(a: Any, b: Any) -> tuple[int, int]:
-    return a.detach(), b.detach()
+    return a.detach(), (-1 if b is None else b.detach())
 
 
 def _fd_worker(

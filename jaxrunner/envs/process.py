@@ -480,21 +480,20 @@ class ProcessVectorEnv(VectorEnv):
             ) from None
         v = self._views
         part = slice(lo, hi)
+        replies = [(w, self._reply(w, seq)) for w, seq in sent]
+        errors = [(w, pickle.loads(p)) for w, (status, p) in replies if status != pw.STATUS_OK]
+        if errors:
+            self._raise_remote(*min(errors, key=lambda e: (e[1].env_index < 0, e[1].env_index)))
+        # The workers are done: the flags in shared memory are this step's.
         infos: list[dict[str, Any]] = [{} for _ in range(hi - lo)]
         ended = np.flatnonzero(v.terminated[part] | v.truncated[part])
         reset_infos: dict[int, dict[str, Any]] = {lo + int(j): {} for j in ended}
-        errors = []
-        for w, seq in sent:
-            status, payload = self._reply(w, seq)
-            if status != pw.STATUS_OK:
-                errors.append((w, pickle.loads(payload)))
-            elif payload:
+        for _, (_, payload) in replies:
+            if payload:
                 step_infos, resets = pickle.loads(payload)
                 for i, info in step_infos.items():
                     infos[i - lo] = info
                 reset_infos.update(resets)
-        if errors:
-            self._raise_remote(*min(errors, key=lambda e: (e[1].env_index < 0, e[1].env_index)))
         if rows is None:
             return BatchStep(
                 v.obs, v.next_obs, v.reward, v.terminated, v.truncated, infos, reset_infos
