@@ -23,8 +23,9 @@ from jaxrunner.envs import (
     from_gymnasium,
     make_vec,
 )
-from jaxrunner.external import ExternalEnv, ExternalEnvConfig
 from jaxrunner.envs.jax_env import JaxVectorEnv
+from jaxrunner.external import ExternalEnv, ExternalEnvConfig
+from jaxrunner.faults import RestartPolicy
 from jaxrunner.metrics import MetricsConfig
 from jaxrunner.policy import Policy
 from jaxrunner.returns import GAE, discounted_returns, gae
@@ -48,6 +49,7 @@ __all__ = [
     "MetricsConfig",
     "Policy",
     "ProcessVectorEnv",
+    "RestartPolicy",
     "SyncVectorEnv",
     "Trajectory",
     "VectorEnv",

@@ -29,6 +29,7 @@ from jaxrunner.errors import (
     RunnerFailedError,
     SpaceMismatchError,
 )
+from jaxrunner.faults import RestartPolicy
 from jaxrunner.metrics import PERF_KEYS, EpisodeStats, MetricsConfig, PerfTimers
 from jaxrunner.policy import Params, Policy
 from jaxrunner.rollout import ScanRollout, check_runner_options
@@ -57,6 +58,15 @@ class EnvRunner:
             policy computes one group's actions while another group's envs step.
             ``None`` picks 2 on accelerators from ``PIPELINE_MIN_ENVS`` envs up,
             else 1. Outputs are identical whatever the number of groups.
+        restart_failed_sub_envs: if True, a sub-env that raises in ``step()`` or
+            ``reset()`` (or returns an invalid step) is closed, recreated from its
+            factory and reset, and sampling goes on: its episode ends at its last
+            good step (``Episode.faulty``; bootstrap it like a truncation), the failed
+            step's slot is marked ``valid=False`` in the Trajectory, and metrics count
+            ``num_faulty_episodes`` and ``num_dropped_steps``. If False (default), the
+            error propagates with the original chained.
+        restart_policy: attempts and backoff of the recreation
+            (:class:`~jaxrunner.RestartPolicy`; implies ``restart_failed_sub_envs``).
     """
 
     def __init__(
@@ -70,6 +80,8 @@ class EnvRunner:
         *,
         metrics: MetricsConfig | None = None,
         num_groups: int | None = None,
+        restart_failed_sub_envs: bool = False,
+        restart_policy: RestartPolicy | None = None,
     ) -> None:
         if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
             raise InvalidArgumentTypeError(
@@ -86,6 +98,14 @@ class EnvRunner:
                 raise InvalidArgumentError(
                     f"EnvRunner({name}=...): expected an int >= {low}, got {value!r}."
                 )
+        if restart_policy is not None or restart_failed_sub_envs:
+            if not getattr(envs, "supports_restart", False):
+                raise InvalidArgumentError(
+                    f"EnvRunner(restart_failed_sub_envs=True): the {type(envs).__name__} "
+                    "backend cannot restart sub-envs. Use a backend that can (e.g. "
+                    "make_vec(..., backend='sync')), or leave restarts off."
+                )
+            envs.restart_policy = restart_policy or RestartPolicy()
         self.envs = envs
         self.policy = policy
         self.rollout_length = int(rollout_length)
@@ -107,7 +127,9 @@ class EnvRunner:
         self._episode_return = np.zeros(num_envs, dtype=np.float64)
         self._episode_start = np.ones(num_envs, dtype=np.bool_)
         self._env_id = np.arange(num_envs, dtype=np.int64)
-        self._num_env_steps = 0
+        self._num_env_steps = 0  # valid transitions only
+        self._num_faulty_episodes = 0
+        self._num_dropped_steps = 0
         self._sample_time_s = 0.0
         self._episode_stats = EpisodeStats(config.episode_window)
         self._perf = PerfTimers(config.perf_ema)
@@ -210,6 +232,7 @@ class EnvRunner:
             env_id=np.broadcast_to(self._env_id, (num_steps, num_envs)).copy(),
             episode_id=np.zeros((num_steps, num_envs), np.int64),
             step=np.zeros((num_steps, num_envs), np.int64),
+            valid=np.ones((num_steps, num_envs), np.bool_),
         )
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
@@ -236,7 +259,6 @@ class EnvRunner:
             self._fail(err, buf.time_slice(0, t) if t else None)
             raise
         finally:
-            self._num_env_steps += t * num_envs
             self._sample_time_s += time.perf_counter() - start_time
             self._perf.record(perf, t)
         return buf
@@ -300,12 +322,13 @@ class EnvRunner:
             self._dispatch(g, buf, t + 1, perf)
         return t + 1 if g == len(self._groups) - 1 else t
 
-    def sample_episodes(self, num_episodes: int) -> list[Episode]:
+    def sample_episodes(self, num_episodes: int, include_faulty: bool = False) -> list[Episode]:
         """Samples until ``num_episodes`` complete episodes (seen from their first
         step) are available; returns them in the order they started. Episodes that
         complete beyond the count are kept for the next call, so none is lost.
         Episodes already under way before the first call are not complete and are
-        skipped (their steps went to earlier ``sample()`` results)."""
+        skipped (their steps went to earlier ``sample()`` results). Episodes cut by a
+        sub-env failure (``Episode.faulty``) are skipped unless ``include_faulty``."""
         if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
             raise InvalidArgumentError(
                 f"sample_episodes(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
@@ -316,7 +339,7 @@ class EnvRunner:
                 episode = self._join_fragment(part)
                 if not episode.is_done:
                     self._fragments[episode.env_id] = episode
-                elif episode.is_complete:
+                elif episode.is_complete and (include_faulty or not episode.faulty):
                     complete.append(episode)
             self._finished.extend(sorted(complete, key=lambda e: e.episode_id))
         result, self._finished = self._finished[:num_episodes], self._finished[num_episodes:]
@@ -347,8 +370,8 @@ class EnvRunner:
             "env_steps_per_s": self._num_env_steps / self._sample_time_s
             if self._sample_time_s
             else 0.0,
-            "num_faulty_episodes": 0,
-            "num_dropped_steps": 0,
+            "num_faulty_episodes": self._num_faulty_episodes,
+            "num_dropped_steps": self._num_dropped_steps,
             "perf": self._perf.summary(),
         }
 
@@ -402,14 +425,27 @@ class EnvRunner:
         self._episode_return[rows] += out.reward
         self._episode_step[rows] += 1
         done = np.logical_or(out.terminated, out.truncated)
+        num_failed = 0
+        if out.failed is not None:  # restarted sub-envs: no transition, episode cut
+            buf.valid[t, rows] = ~out.failed
+            num_failed = int(out.failed.sum())
+            self._num_faulty_episodes += num_failed
+            self._num_dropped_steps += num_failed
+        self._num_env_steps += rows.stop - rows.start - num_failed
         if self.callbacks is not None:
             self._run_callbacks(buf, t, rows, out, done)
+        if num_failed:
+            done = np.logical_or(done, out.failed)
         self._episode_start[rows] = done
         if not done.any():
             return
         # Groups step in env order, so ids are given in env order whatever the grouping.
         ended = rows.start + np.flatnonzero(done)
-        self._episode_stats.add(self._episode_return[ended], self._episode_step[ended])
+        if num_failed:  # faulty episodes stay out of the return statistics
+            good = rows.start + np.flatnonzero(done & ~out.failed)
+            self._episode_stats.add(self._episode_return[good], self._episode_step[good])
+        else:
+            self._episode_stats.add(self._episode_return[ended], self._episode_step[ended])
         self._episode_id[ended] = np.arange(
             self._next_episode_id, self._next_episode_id + len(ended)
         )
@@ -431,6 +467,10 @@ class EnvRunner:
     ) -> None:
         for j, i in enumerate(range(rows.start, rows.stop)):
             live = self._live[i]
+            if out.failed is not None and out.failed[j]:
+                live.truncated = live.faulty = True
+                self.callbacks.on_episode_end(self, i, live)  # type: ignore[union-attr]
+                continue
             live.obs.append(jr_spaces.take(self._obs_space, buf.next_obs, (t, i)))
             live.action.append(jr_spaces.take(self._action_space, buf.action, (t, i)))
             live.reward.append(float(out.reward[j]))
