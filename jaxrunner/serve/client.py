@@ -89,6 +89,8 @@ class PolicyClient:
             random by default.
         timeout_s: HTTP timeout per request.
         report_chunk_steps: local inference: steps per report request.
+        local_config: local inference: batching of the client's own policy calls
+            (default: batches of up to 32, one compiled size).
     """
 
     def __init__(
@@ -104,6 +106,7 @@ class PolicyClient:
         client_id: str | None = None,
         timeout_s: float = 60.0,
         report_chunk_steps: int = 512,
+        local_config: ExternalEnvConfig | None = None,
     ) -> None:
         if inference not in ("remote", "local"):
             raise errors.InvalidArgumentError(
@@ -145,7 +148,10 @@ class PolicyClient:
                 policy,
                 params,
                 seed=seed,
-                config=ExternalEnvConfig(max_concurrent=1 << 20, episode_timeout_s=None),
+                config=local_config
+                or ExternalEnvConfig(
+                    max_concurrent=1 << 20, episode_timeout_s=None, max_batch=32, buckets=(32,)
+                ),
             )
             self._updater = threading.Thread(
                 target=self._update_loop, args=(update_interval_s,), daemon=True

@@ -122,6 +122,9 @@ class PolicyServer:
             uvicorn.Config(
                 self.asgi_app,
                 log_level=config.log_level,
+                # No handlers of uvicorn's own: records go to the caller's logging
+                # setup (or Python's last-resort stderr handler for warnings).
+                log_config=None,
                 limit_concurrency=config.max_connections,
                 timeout_keep_alive=config.keep_alive_s,
                 server_header=False,

@@ -52,7 +52,8 @@ def encode_array(value: Any) -> dict[str, Any]:
     array = np.asarray(value)
     if array.dtype.name not in DTYPES:
         raise WireError(
-            f"cannot send an array of dtype {array.dtype}; allowed: {', '.join(DTYPES)}."
+            f"cannot send an array of dtype {array.dtype}: not allowed; use one of "
+            f"{', '.join(DTYPES)}."
         )
     little = array.astype(array.dtype.newbyteorder("<"), copy=False)
     return {

@@ -1,0 +1,39 @@
+"""Helpers shared by the external-env and serving tests: play CartPole episodes
+against an ExternalEnv or a PolicyClient, and replay them in a fresh env."""
+
+from __future__ import annotations
+
+import gymnasium
+import numpy as np
+
+import jaxrunner as jr
+
+
+def play(client, seed: int, episode_id: int | None = None, max_steps: int = 500) -> int:
+    """Runs one CartPole episode against ``client`` (an ExternalEnv or PolicyClient)."""
+    env = gymnasium.make("CartPole-v1")
+    obs, _ = env.reset(seed=seed)
+    eid = client.start_episode(episode_id)
+    for _ in range(max_steps):
+        action = client.get_action(eid, obs)
+        obs, reward, terminated, truncated, _ = env.step(int(action))
+        client.log_returns(eid, float(reward))
+        if terminated or truncated:
+            client.end_episode(eid, obs, truncated=bool(truncated and not terminated))
+            return eid
+    client.end_episode(eid, obs, truncated=True)
+    return eid
+
+
+def assert_replays(episode: jr.Episode, seed: int) -> None:
+    """The episode is exactly what a fresh env with the same seed does with its actions."""
+    env = gymnasium.make("CartPole-v1")
+    obs, _ = env.reset(seed=seed)
+    np.testing.assert_array_equal(episode.obs[0], obs)
+    for t in range(episode.length):
+        obs, reward, terminated, truncated, _ = env.step(int(episode.action[t]))
+        np.testing.assert_array_equal(episode.obs[t + 1], obs)
+        assert episode.reward[t] == reward
+        assert (terminated or truncated) == (t == episode.length - 1)
+    assert episode.terminated == terminated
+    assert episode.truncated == (truncated and not terminated)

@@ -1,0 +1,430 @@
+"""PolicyServer and PolicyClient: a real server on loopback, real clients over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import gymnasium
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from external_helpers import assert_replays, play
+
+import jaxrunner as jr
+from jaxrunner import errors
+from jaxrunner.bench import mlp_policy
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from jaxrunner.serve import (  # noqa: E402
+    PolicyClient,
+    PolicyServer,
+    ServerConfig,
+    wire,
+)
+
+CARTPOLE = gymnasium.make("CartPole-v1")
+OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space
+POLICY = mlp_policy(ACTION_SPACE, hidden=(16,))
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def make_env(**config) -> jr.ExternalEnv:
+    params = POLICY.init(jax.random.key(0), OBS_SPACE)
+    return jr.ExternalEnv(
+        OBS_SPACE, ACTION_SPACE, POLICY, params, seed=1, config=jr.ExternalEnvConfig(**config)
+    )
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    token_file = tmp_path_factory.mktemp("serve") / "token"
+    env = make_env(
+        max_batch=64,
+        buckets=(8, 64),
+        max_wait_ms=10,
+        max_concurrent=96,
+        max_episodes_per_client=16,
+    )
+    server = PolicyServer(env, token_file=token_file).start()
+    yield env, server, token_file
+    server.close()
+    env.close()
+
+
+def run_threads(target, args_list) -> None:
+    errors_seen: list[BaseException] = []
+
+    def guarded(*args):
+        try:
+            target(*args)
+        except BaseException as err:
+            errors_seen.append(err)
+
+    threads = [threading.Thread(target=guarded, args=args) for args in args_list]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors_seen:
+        raise errors_seen[0]
+
+
+def test_64_concurrent_episodes_over_http_equal_the_envs_own(served):
+    env, server, token_file = served
+    before = env.get_metrics()
+    clients = [PolicyClient(server.url, token_file=token_file) for _ in range(8)]
+    seeds = list(range(64))
+    run_threads(lambda s: play(clients[s % 8], s, 10_000 + s), [(s,) for s in seeds])
+    for client in clients:
+        client.close()
+    episodes = {e.episode_id - 10_000: e for e in env.poll_episodes()}
+    assert sorted(episodes) == seeds  # none lost, none duplicated
+    for seed, episode in episodes.items():
+        assert_replays(episode, seed)
+    after = env.get_metrics()
+    steps = sum(e.length for e in episodes.values())
+    assert after["num_env_steps"] - before["num_env_steps"] == steps
+    rows = after["num_policy_rows"] - before["num_policy_rows"]
+    batches = after["num_batches"] - before["num_batches"]
+    assert rows == steps and rows / batches > 1, (rows, batches)
+    assert after["num_traces"] <= 2  # one per bucket, whatever the batch sizes
+
+
+def test_local_inference_reports_experience_and_pulls_params(served):
+    env, server, token_file = served
+    client = PolicyClient(
+        server.url, token_file=token_file, inference="local", policy=POLICY, update_interval_s=0.2
+    )
+    try:
+        seeds = list(range(200, 212))
+        run_threads(lambda s: play(client, s, 20_000 + s), [(s,) for s in seeds])
+        episodes = {e.episode_id - 20_000: e for e in env.poll_episodes()}
+        assert sorted(episodes) == seeds
+        params, version = env.get_params()
+        for seed, episode in episodes.items():
+            assert_replays(episode, seed)
+        # Actions came from the client; the server scored them under its params.
+        obs = np.concatenate([e.obs[:-1] for e in episodes.values()])
+        actions = np.concatenate([e.action for e in episodes.values()])
+        expected = POLICY.log_prob_fn(params, obs, None, actions)
+        got = np.concatenate([e.extras["log_prob"] for e in episodes.values()])
+        np.testing.assert_allclose(got, expected, rtol=1e-5)
+        assert client.params_version == version
+        new = jax.tree.map(lambda x: x * 0.5, params)
+        new_version = env.set_params(new)
+        deadline = time.monotonic() + 10
+        while client.params_version != new_version and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.params_version == new_version
+        local_params, _ = client._local.get_params()
+        jax.tree.map(np.testing.assert_array_equal, local_params, new)
+    finally:
+        client.close()
+        env.set_params(params)
+
+
+def _post(url: str, path: str, token: str | None, body=None, *, content=None, headers=None):
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    if token is not None:
+        sent["Authorization"] = f"Bearer {token}"
+    if content is None:
+        content = json.dumps(body)
+    return httpx.post(url + path, content=content, headers=sent, timeout=30)
+
+
+def _obs_json(obs: np.ndarray) -> dict:
+    return wire.encode_array(obs)
+
+
+def test_bad_requests_get_4xx_with_a_clear_error_and_change_nothing(served):
+    env, server, token_file = served
+    url, token = server.url, token_file.read_text().strip()
+    client = PolicyClient(url, token=token, client_id="bad-input")
+    cartpole = gymnasium.make("CartPole-v1")
+    obs, _ = cartpole.reset(seed=5)
+    eid = client.start_episode()
+    ended = client.start_episode()
+    client.end_episode(ended, obs)
+    fresh = client.start_episode()  # no action yet
+    action = client.get_action(eid, obs)
+    obs1, reward, *_ = cartpole.step(int(action))
+    keys = ("num_started_episodes", "num_live_episodes", "num_env_steps", "num_episodes")
+    before = {k: env.get_metrics()[k] for k in keys}
+    rows_before = env.get_metrics()["num_policy_rows"]
+    act = f"/v1/episodes/{eid}/action"
+    good = {"obs": _obs_json(obs1)}
+    outside = {"obs": _obs_json(np.array([9, 0, 0, 0], np.float32))}
+    as_f64 = {"obs": _obs_json(obs1.astype(np.float64))}
+    nan_obs = {"obs": _obs_json(np.full(4, np.nan, np.float32))}
+    bad_dtype = {"obs": {"dtype": "object", "shape": [4], "data": ""}}
+    short = {"obs": {"dtype": "float32", "shape": [4], "data": "AAAA"}}
+    not_b64 = {"obs": {"dtype": "float32", "shape": [4], "data": "!!!!"}}
+    pickled = pickle.dumps(good)
+    huge = json.dumps({"obs": _obs_json(obs1), "pad": "x" * (1 << 20)})
+
+    def chunked():
+        for _ in range(20):
+            yield b"x" * 65536
+
+    cases = [
+        ("no token", _post(url, act, None, good), 401, "unauthorized"),
+        ("wrong token", _post(url, act, "x" * 43, good), 401, "unauthorized"),
+        (
+            "pickle body",
+            _post(
+                url,
+                act,
+                token,
+                content=pickled,
+                headers={"Content-Type": "application/python-pickle"},
+            ),
+            415,
+            "unsupported_media_type",
+        ),
+        ("pickle as json", _post(url, act, token, content=pickled), 400, "invalid_json"),
+        ("oversized body", _post(url, act, token, content=huge), 413, "too_large"),
+        ("oversized stream", _post(url, act, token, content=chunked()), 413, "too_large"),
+        ("obs outside space", _post(url, act, token, outside), 422, "invalid_value"),
+        ("obs float64", _post(url, act, token, as_f64), 422, "invalid_value"),
+        ("obs NaN", _post(url, act, token, nan_obs), 422, "invalid_value"),
+        ("dtype not allowed", _post(url, act, token, bad_dtype), 422, "invalid_value"),
+        ("short data", _post(url, act, token, short), 422, "invalid_value"),
+        ("not base64", _post(url, act, token, not_b64), 422, "invalid_value"),
+        ("extra field", _post(url, act, token, {**good, "x": 1}), 422, "invalid_request"),
+        (
+            "NaN reward",
+            _post(url, f"/v1/episodes/{eid}/returns", token, content='{"reward": NaN}'),
+            422,
+            "invalid_request",
+        ),
+        (
+            "string reward",
+            _post(url, f"/v1/episodes/{eid}/returns", token, {"reward": "1"}),
+            422,
+            "invalid_request",
+        ),
+        (
+            "unknown episode",
+            _post(url, "/v1/episodes/999999999/action", token, good),
+            404,
+            "episode_not_found",
+        ),
+        (
+            "ended episode",
+            _post(url, f"/v1/episodes/{ended}/action", token, good),
+            410,
+            "episode_ended",
+        ),
+        ("negative id", _post(url, "/v1/episodes/-1/action", token, good), 422, "invalid_request"),
+        (
+            "reward before action",
+            _post(url, f"/v1/episodes/{fresh}/returns", token, {"reward": 1.0}),
+            409,
+            "episode_conflict",
+        ),
+        (
+            "duplicate id",
+            _post(url, "/v1/episodes", token, {"episode_id": eid}),
+            409,
+            "episode_conflict",
+        ),
+        ("unknown route", _post(url, "/v1/nothing", token, good), 404, "not_found"),
+    ]
+    for name, response, status, code in cases:
+        assert response.status_code == status, (name, response.status_code, response.text)
+        error = response.json()["error"]
+        assert error["code"] == code, (name, error)
+        assert error["message"] and "Traceback" not in response.text, name
+    assert {k: env.get_metrics()[k] for k in keys} == before
+    assert env.get_metrics()["num_policy_rows"] == rows_before
+    # The episode goes on as if nothing had happened.
+    client.log_returns(eid, reward)
+    client.end_episode(eid, obs1)
+    client.end_episode(fresh, obs)
+    (episode,) = env.poll_episodes()
+    assert episode.episode_id == eid and episode.action.tolist() == [int(action)]
+    assert episode.reward.tolist() == [reward]
+    np.testing.assert_array_equal(episode.obs, np.stack([obs, obs1]))
+    with pytest.raises(errors.EpisodeNotFoundError, match="HTTP 410"):
+        client.get_action(ended, obs)
+    client.close()
+
+
+def test_episode_caps_answer_429(served):
+    env, server, token_file = served
+    clients = [
+        PolicyClient(server.url, token_file=token_file, client_id=f"cap-{i}") for i in range(7)
+    ]
+    started = [(clients[0], clients[0].start_episode()) for _ in range(16)]
+    with pytest.raises(errors.TooManyEpisodesError, match=r"client 'cap-0'.*HTTP 429"):
+        clients[0].start_episode()
+    started += [(c, c.start_episode()) for c in clients[1:6] for _ in range(16)]
+    with pytest.raises(errors.TooManyEpisodesError, match=r"max_concurrent.*HTTP 429"):
+        clients[6].start_episode()
+    assert env.get_metrics()["num_live_episodes"] == 96
+    zeros = np.zeros(4, np.float32)
+    for client, eid in started:
+        client.end_episode(eid, zeros)
+    for client in clients:
+        client.close()
+    assert env.get_metrics()["num_live_episodes"] == 0
+
+
+def test_openapi_is_published_and_health_is_open(served):
+    _, server, _ = served
+    schema = httpx.get(server.url + "/openapi.json").json()
+    assert "/v1/episodes/{episode_id}/action" in schema["paths"]
+    assert "HTTPBearer" in schema["components"]["securitySchemes"]
+    assert httpx.get(server.url + "/v1/health").json() == {"status": "ok"}
+    assert httpx.get(server.url + "/v1/metrics").status_code == 401
+
+
+def test_fuzzed_with_schemathesis_no_5xx(tmp_path):
+    schemathesis = pytest.importorskip("schemathesis")
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis.errors import Unsatisfiable
+    from schemathesis.generation import GenerationMode
+
+    with make_env(max_batch=4, buckets=(4,), max_concurrent=32) as env:
+        server = PolicyServer(env, token_file=tmp_path / "token").start()
+        try:
+            auth = {"Authorization": f"Bearer {server.token}"}
+            schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+            operations = [result.ok() for result in schema.get_all_operations()]
+            assert len(operations) >= 9
+            calls: list[str] = []
+            for operation in operations:
+                for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+                    strategy = operation.as_strategy(generation_mode=mode, headers=auth)
+
+                    @settings(
+                        max_examples=8 if mode == GenerationMode.POSITIVE else 5,
+                        deadline=None,
+                        database=None,
+                        suppress_health_check=list(HealthCheck),
+                    )
+                    @given(case=strategy)
+                    def no_server_error(case):
+                        calls.append(case.operation.label)
+                        response = case.call(base_url=server.url, headers=auth)
+                        assert response.status_code < 500, (
+                            case.operation.label,
+                            response.status_code,
+                            response.text[:300],
+                        )
+
+                    try:
+                        no_server_error()
+                    except Unsatisfiable:  # nothing to make invalid (e.g. no parameters)
+                        assert mode == GenerationMode.NEGATIVE, operation.label
+            assert len(set(calls)) == len(operations) and 60 < len(calls) <= 300
+        finally:
+            server.close()
+
+
+def test_token_file_is_private_and_checked(served, tmp_path):
+    env, _, _ = served
+    path = tmp_path / "token"
+    first = PolicyServer(env, token_file=path)
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    second = PolicyServer(env, token_file=path)
+    assert first.token == second.token and len(first.token) >= 32
+    first.close()
+    second.close()
+    os.chmod(path, 0o644)
+    with pytest.raises(errors.InvalidArgumentError, match="chmod 600"):
+        PolicyServer(env, token_file=path)
+    with pytest.raises(errors.InvalidArgumentError, match="loopback"):
+        ServerConfig(host="0.0.0.0", require_token=False)
+    assert ServerConfig().host == "127.0.0.1"
+
+
+def test_wire_round_trips_and_refusals():
+    for array in (
+        np.arange(6, dtype=np.int16).reshape(2, 3),
+        np.array([True, False]),
+        np.float64(2.5),
+        np.zeros((0, 3), np.uint8),
+    ):
+        back = wire.decode_array(json.loads(json.dumps(wire.encode_array(array))), "x")
+        assert back.dtype == np.asarray(array).dtype
+        np.testing.assert_array_equal(back, array)
+    with pytest.raises(wire.WireError, match="not allowed"):
+        wire.encode_array(np.array(["a"]))
+    with pytest.raises(wire.WireError, match="more than the limit"):
+        wire.decode_array({"dtype": "uint8", "shape": [1 << 20, 1 << 20], "data": ""}, "x")
+    with pytest.raises(wire.WireError, match="0 or 1"):
+        wire.decode_array({"dtype": "bool", "shape": [1], "data": "Ag=="}, "x")
+    composite = gymnasium.spaces.Dict(
+        {
+            "a": gymnasium.spaces.Box(-np.inf, 1.0, (2,), np.float32),
+            "b": gymnasium.spaces.Tuple(
+                [gymnasium.spaces.MultiDiscrete([2, 3]), gymnasium.spaces.MultiBinary(3)]
+            ),
+            "c": gymnasium.spaces.Discrete(4, start=1),
+        }
+    )
+    rebuilt = wire.space_from_json(json.loads(json.dumps(wire.space_to_json(composite))))
+    assert rebuilt == composite
+    sample = composite.sample()
+    back = wire.decode_tree(composite, wire.encode_tree(composite, sample), "obs")
+    jax.tree.map(np.testing.assert_array_equal, back, sample)
+
+
+def test_cli_serve_end_to_end(tmp_path):
+    token_file = tmp_path / "token"
+    command = [sys.executable, "-m", "jaxrunner", "serve", "--port", "0", "--hidden", "8"]
+    command += ["--token-file", str(token_file), "--max-batch", "4"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(process.stdout.readline())
+        with PolicyClient(info["url"], token_file=info["token_file"]) as client:
+            play(client, seed=0)
+            assert client.get_metrics()["num_episodes"] == 1
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(30)
+
+
+def test_readme_serving_example_runs(capsys):
+    section = README.read_text().split("## Serving external environments", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README serving example", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "episodes:" in printed
+
+
+def test_constant_policy_params_reach_remote_clients(served):
+    """set_params on the server applies to the next remote action (no recompile)."""
+
+    def apply_fn(params, obs, carry, keys):
+        n = obs.shape[0]
+        return jnp.full((n,), params["a"]), {"log_prob": jnp.zeros(n)}, carry
+
+    config = jr.ExternalEnvConfig(max_batch=2, buckets=(2,))
+    with (
+        jr.ExternalEnv(
+            OBS_SPACE, ACTION_SPACE, jr.Policy(apply_fn), {"a": jnp.int32(0)}, config=config
+        ) as env,
+        PolicyServer(env, require_token=False) as server,
+        PolicyClient(server.url) as client,
+    ):
+        eid = client.start_episode()
+        zeros = np.zeros(4, np.float32)
+        assert int(client.get_action(eid, zeros)) == 0
+        env.set_params({"a": jnp.int32(1)})
+        assert int(client.get_action(eid, zeros)) == 1
+        assert env.get_metrics()["num_traces"] == 1
