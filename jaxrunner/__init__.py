@@ -18,6 +18,8 @@ from jaxrunner.envs import (
     BatchStep,
     GymnasiumVectorEnv,
     ProcessVectorEnv,
+    RayEnvConfig,
+    RayVectorEnv,
     SyncVectorEnv,
     VectorEnv,
     from_gymnasium,
@@ -34,11 +36,26 @@ from jaxrunner.trajectory import Episode, Trajectory, concatenate, concatenate_e
 
 __version__ = "0.1.0"
 
+_LAZY = {"EnvRunnerGroup", "EnvRunnerGroupConfig"}  # jaxrunner.distributed (Ray, optional)
+
+
+def __getattr__(name: str) -> object:
+    # Ray is an optional extra: these names load jaxrunner.distributed on first use,
+    # and even that imports ray only when a group is built.
+    if name in _LAZY:
+        from jaxrunner import distributed
+
+        return getattr(distributed, name)
+    raise AttributeError(f"module 'jaxrunner' has no attribute {name!r}")
+
+
 __all__ = [
     "BACKENDS",
     "BatchStep",
     "Callbacks",
     "EnvRunner",
+    "EnvRunnerGroup",
+    "EnvRunnerGroupConfig",
     "Episode",
     "ExternalEnv",
     "ExternalEnvConfig",
@@ -49,6 +66,8 @@ __all__ = [
     "MetricsConfig",
     "Policy",
     "ProcessVectorEnv",
+    "RayEnvConfig",
+    "RayVectorEnv",
     "RestartPolicy",
     "SyncVectorEnv",
     "Trajectory",

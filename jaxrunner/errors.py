@@ -95,3 +95,8 @@ class WorkerError(JaxRunnerError, RuntimeError):
         super().__init__(message)
         self.worker_index = worker_index
         self.env_indices = env_indices
+
+
+class RemoteTimeoutError(JaxRunnerError, TimeoutError):
+    """A Ray actor (an env actor of ``backend="ray"`` or a runner of an
+    ``EnvRunnerGroup``) did not answer within its timeout, or could not be placed."""

@@ -20,6 +20,7 @@ from gymnasium import spaces
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.actor import GroupActor
 from jaxrunner.callbacks import Callbacks, LiveEpisode
+from jaxrunner.dynamic import DynamicBatcher
 from jaxrunner.envs.base import VectorEnv
 from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.errors import (
@@ -139,6 +140,7 @@ class EnvRunner:
 
         # A pure-JAX env runs as one compiled lax.scan per sample (jaxrunner.rollout).
         self._scan: ScanRollout | None = None
+        self._dynamic: DynamicBatcher | None = None
         if isinstance(envs, JaxVectorEnv):
             check_runner_options(callbacks, num_groups)
             self._params = jax.device_put(params)
@@ -147,6 +149,23 @@ class EnvRunner:
 
         obs, _ = envs.reset_batch([self.seed + i for i in range(num_envs)])
         self._params = jax.device_put(params)
+        if getattr(envs, "dynamic_batching", False):
+            # Sub-envs that step at their own pace (Ray actors): jaxrunner.dynamic's loop.
+            config = getattr(envs, "config", None)
+            self._dynamic = DynamicBatcher(
+                envs,  # type: ignore[arg-type]
+                policy,
+                self._params,
+                self.rollout_length,
+                self.seed,
+                obs,
+                callbacks=callbacks,
+                num_groups=num_groups,
+                batch_buckets=getattr(config, "batch_buckets", None),
+                wait_ms=getattr(config, "remote_env_batch_wait_ms", 0.0),
+            )
+            self._check_action_spec(self._dynamic.action_spec, slice(0, num_envs))
+            return
         self._groups = self._make_groups(policy, obs, num_groups)
         # The latest observations of each group's envs (views of the env's buffer).
         self._group_obs = [jr_spaces.rows(self._obs_space, obs, g.rows) for g in self._groups]
@@ -217,6 +236,8 @@ class EnvRunner:
         self._check_usable("sample")
         if self._scan is not None:
             return self._sample_scan()
+        if self._dynamic is not None:
+            return self._sample_dynamic()
         num_steps, num_envs = self.rollout_length, self.envs.num_envs
         obs_space, action_space = self._obs_space, self._action_space
         buf = Trajectory(
@@ -272,6 +293,23 @@ class EnvRunner:
         self._num_env_steps += self.rollout_length * self.envs.num_envs
         self._sample_time_s += time.perf_counter() - start_time
         return traj
+
+    def _sample_dynamic(self) -> Trajectory:
+        """``sample()`` of envs that step at their own pace (:mod:`jaxrunner.dynamic`)."""
+        start_time = time.perf_counter()
+        try:
+            return self._dynamic.sample(self._params)  # type: ignore[union-attr]
+        except BaseException as err:
+            self._fail(err, getattr(err, "partial_trajectory", None))
+            raise
+        finally:
+            stats = self._dynamic.take_stats()  # type: ignore[union-attr]
+            self._sample_time_s += time.perf_counter() - start_time
+            self._num_env_steps += stats.num_env_steps
+            self._num_faulty_episodes += stats.num_faulty_episodes
+            self._num_dropped_steps += stats.num_dropped_steps
+            self._episode_stats.add(np.array(stats.returns), np.array(stats.lengths))
+            self._perf.record(stats.perf, stats.num_steps)
 
     def _dispatch(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
         """Records group ``g``'s observations at step ``t`` and queues its policy step."""

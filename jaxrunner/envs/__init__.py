@@ -12,10 +12,11 @@ from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.envs.envpool_adapter import EnvPoolVectorEnv, make_envpool_vec
 from jaxrunner.envs.gymnasium_adapter import GymnasiumVectorEnv, from_gymnasium, make_gymnasium_vec
 from jaxrunner.envs.process import ProcessVectorEnv
+from jaxrunner.envs.ray_env import RAY_OPTIONS, RayEnvConfig, RayVectorEnv
 from jaxrunner.envs.sync import SyncVectorEnv
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
-BACKENDS = ("sync", "gymnasium", "process", "envpool")
+BACKENDS = ("sync", "gymnasium", "process", "envpool", "ray")
 _PROCESS_OPTIONS = ("envs_per_worker", "num_workers", "start_method")
 
 
@@ -41,6 +42,9 @@ def make_vec(
             EnvPool task id; sync mode only).
             With ``backend="process"``: also ``envs_per_worker``, ``num_workers`` and
             ``start_method`` for :class:`ProcessVectorEnv` (not passed to the env).
+            With ``backend="ray"``: also the fields of :class:`RayEnvConfig`
+            (``envs_per_actor``, ``num_cpus_per_actor``, ``remote_env_batch_wait_ms``,
+            ``batch_buckets``, ``step_timeout_s``, ``actor_start_timeout_s``).
 
     Returns:
         A ``gymnasium.vector.VectorEnv`` (autoreset mode SAME_STEP).
@@ -65,6 +69,9 @@ def make_vec(
     process_options = {}
     if backend == "process":
         process_options = {k: env_kwargs.pop(k) for k in _PROCESS_OPTIONS if k in env_kwargs}
+    ray_options = {}
+    if backend == "ray":
+        ray_options = {k: env_kwargs.pop(k) for k in RAY_OPTIONS if k in env_kwargs}
     if isinstance(env, str):
         factory: Callable[[], gymnasium.Env] = functools.partial(gymnasium.make, env, **env_kwargs)
     elif callable(env):
@@ -84,6 +91,8 @@ def make_vec(
         vec = SyncVectorEnv([factory] * num_envs)
     elif backend == "process":
         vec = ProcessVectorEnv([factory] * num_envs, **process_options)
+    elif backend == "ray":
+        vec = RayVectorEnv([factory] * num_envs, RayEnvConfig(**ray_options))
     else:
         raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
     if seed is not None:
@@ -97,6 +106,8 @@ __all__ = [
     "EnvPoolVectorEnv",
     "GymnasiumVectorEnv",
     "ProcessVectorEnv",
+    "RayEnvConfig",
+    "RayVectorEnv",
     "SyncVectorEnv",
     "VectorEnv",
     "from_gymnasium",

@@ -1,0 +1,278 @@
+"""Ray: backend="ray" (dynamic batching, actor replacement) and EnvRunnerGroup (issue 7).
+
+One local Ray instance (2 CPUs) serves every test here; it is shut down at the end.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import time
+from typing import Any
+
+import gymnasium
+import jax
+import numpy as np
+import pytest
+
+import jaxrunner as jr
+from jaxrunner.bench import mlp_policy
+from jaxrunner.testing import CountingEnv
+
+ray = pytest.importorskip("ray")
+
+POLICY = functools.partial(mlp_policy, hidden=(16,))
+
+
+class SlowEnv(gymnasium.Wrapper):
+    """Sleeps ``delay_s`` in each step, so actors (and runners) finish at different times."""
+
+    def __init__(self, env: gymnasium.Env, delay_s: float) -> None:
+        super().__init__(env)
+        self.delay_s = delay_s
+
+    def step(self, action: Any) -> Any:
+        time.sleep(self.delay_s)
+        return self.env.step(action)
+
+
+def slow_counting(env_id: int, delay_s: float, episode_length: int = 3) -> gymnasium.Env:
+    return SlowEnv(CountingEnv(env_id=env_id, episode_length=episode_length + env_id), delay_s)
+
+
+def slow_cartpole(delay_s: float) -> gymnasium.Env:
+    return SlowEnv(gymnasium.make("CartPole-v1", max_episode_steps=20), delay_s)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    # This module's envs travel to the actors by value (workers cannot import tests/).
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def runner_on(envs: jr.VectorEnv, rollout_length: int, **kwargs: Any) -> jr.EnvRunner:
+    policy = POLICY(envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    return jr.EnvRunner(envs, policy, params, rollout_length, 0, **kwargs)
+
+
+def assert_same_trajectory(actual: jr.Trajectory, expected: jr.Trajectory) -> None:
+    for name in expected.__dataclass_fields__:
+        jr.testing.assert_trees_equal(getattr(actual, name), getattr(expected, name), name)
+
+
+# -- backend="ray" ---------------------------------------------------------------------------
+
+
+def test_ray_backend_equals_sync_for_the_same_seed_although_batching_differs():
+    # Actor u's envs step in 0, 8 or 16 ms: they run at different paces, so the policy
+    # sees ever-changing subsets of envs.
+    fns = [functools.partial(slow_counting, i, 0.008 * (i // 2)) for i in range(6)]
+    T = 10
+    ray_envs = jr.RayVectorEnv(fns, jr.RayEnvConfig(envs_per_actor=2, num_cpus_per_actor=0.1))
+    ref = jr.SyncVectorEnv(fns)
+    # The lock-step contract path first: step for step equal to the sync backend.
+    jr.testing.assert_trees_equal(ray_envs.reset(seed=5), ref.reset(seed=5), "reset")
+    for t in range(8):
+        actions = np.arange(6) % 3
+        jr.testing.assert_trees_equal(ray_envs.step(actions), ref.step(actions), f"step {t}")
+    rows = slice(1, 4)  # across actors
+    got, want = ray_envs.step_batch(actions[rows], rows), ref.step_batch(actions[rows], rows)
+    np.testing.assert_array_equal(got.next_obs, want.next_obs)
+    with pytest.raises(jr.errors.InvalidArgumentError, match="callbacks"):
+        runner_on(ray_envs, T, callbacks=jr.Callbacks())
+    runner_on(ref, T, callbacks=jr.Callbacks())  # the same construction-time reset
+    with runner_on(ref, T) as sync:
+        expected = [sync.sample(), sync.sample()]
+        sync_metrics = sync.get_metrics()
+    with pytest.raises(jr.errors.InvalidActionError):
+        ray_envs.step(np.zeros(2, np.int64))
+    with runner_on(ray_envs, T) as runner:
+        got = [runner.sample(), runner.sample()]
+        metrics = runner.get_metrics()
+        batcher = runner._dynamic
+    for actual, exp in zip(got, expected):
+        assert_same_trajectory(actual, exp)
+    for key in ("num_env_steps", "num_episodes", "episode_return_mean", "episode_length_mean"):
+        assert metrics[key] == sync_metrics[key], key
+    # The batching really differed from the sync loop's one call of 6 envs per step...
+    assert sum(n for size, n in batcher.ready_counts.items() if size < 6) > 0
+    # ...and only the precompiled buckets ran: XLA never compiled anything else.
+    assert set(batcher.bucket_counts) <= set(batcher.buckets) == {2, 4, 6}
+    with pytest.raises(jr.errors.ClosedError):
+        ray_envs.step(actions)
+
+
+def test_make_vec_ray_options_are_checked_before_any_actor_starts():
+    with pytest.raises(jr.errors.InvalidArgumentError, match="envs_per_actor"):
+        jr.make_vec("CartPole-v1", 2, backend="ray", envs_per_actor=0)
+    with pytest.raises(jr.errors.InvalidArgumentError, match="batch_buckets"):
+        jr.make_vec("CartPole-v1", 2, backend="ray", batch_buckets=[4])
+
+
+def test_env_actor_killed_mid_sample_is_replaced_and_nothing_good_is_lost():
+    factory = functools.partial(slow_counting, 0, 0.005)
+    T, killed = 20, 1  # actor 1 runs envs 2 and 3
+    with runner_on(jr.make_vec(factory, 4), T) as sync:
+        clean = sync.sample()
+    options = {"envs_per_actor": 2, "num_cpus_per_actor": 0.1}
+    envs = jr.make_vec(factory, 4, backend="ray", **options)
+    with runner_on(envs, T, restart_failed_sub_envs=True) as runner:
+        victim, polls, real_poll = envs.actors[killed], [], envs.poll
+
+        def poll(wait_s: float) -> Any:  # kill the actor after a few steps: mid-sample
+            polls.append(wait_s)
+            if len(polls) == 12:
+                ray.kill(victim)
+            return real_poll(wait_s)
+
+        envs.poll = poll
+        traj = runner.sample()
+        metrics = runner.get_metrics()
+        assert envs.num_actor_restarts == 1 and envs.actors[killed] is not victim
+        after = runner.sample()  # the replacement keeps sampling
+    bad = [2, 3]
+    # Exactly one failed slot per env of the killed actor, at the same step.
+    assert traj.valid[:, [0, 1]].all()
+    (t_fail,) = np.flatnonzero(~traj.valid[:, 2])
+    assert 0 < t_fail < T - 1
+    np.testing.assert_array_equal(np.flatnonzero(~traj.valid[:, 3]), [t_fail])
+    # The other actor's envs are untouched; the killed envs' steps before it are kept.
+    for name in ("obs", "action", "reward", "terminated", "next_obs", "step"):
+        np.testing.assert_array_equal(getattr(traj, name)[:, :2], getattr(clean, name)[:, :2])
+        np.testing.assert_array_equal(
+            getattr(traj, name)[:t_fail, bad], getattr(clean, name)[:t_fail, bad], err_msg=name
+        )
+    # Episode ids are numbered in (step, env) order, so the cut episodes shift later ids
+    # of other envs; the episodes themselves (where ids change) are the same.
+    np.testing.assert_array_equal(traj.episode_id[: t_fail + 1], clean.episode_id[: t_fail + 1])
+    np.testing.assert_array_equal(
+        np.diff(traj.episode_id[:, :2], axis=0) != 0, np.diff(clean.episode_id[:, :2], axis=0) != 0
+    )
+    assert (traj.episode_id[t_fail + 1, bad] != traj.episode_id[t_fail, bad]).all()
+    # The failed slot holds the new (unseeded) envs' first observation; new episodes follow.
+    fresh = traj.next_obs[t_fail, bad]
+    np.testing.assert_array_equal(fresh[:, CountingEnv.SEED], [-1, -1])
+    np.testing.assert_array_equal(fresh[:, CountingEnv.T], [0, 0])
+    np.testing.assert_array_equal(traj.obs[t_fail + 1, bad], fresh)
+    assert (traj.step[t_fail + 1, bad] == 0).all()
+    cut = [e for e in traj.split_episodes() if e.faulty]
+    assert sorted(e.env_id for e in cut) == bad and all(e.truncated for e in cut)
+    assert metrics["num_faulty_episodes"] == 2 and metrics["num_dropped_steps"] == 2
+    assert metrics["num_env_steps"] == int(traj.valid.sum()) == 4 * T - 2
+    assert after.valid.all()
+
+
+# -- EnvRunnerGroup ----------------------------------------------------------------------------
+
+N_ENVS, T_GROUP = 2, 16
+
+
+@pytest.fixture(scope="module")
+def group_params():
+    envs = jr.make_vec("CartPole-v1", 1)
+    policy = POLICY(envs.single_action_space)
+    first = policy.init(jax.random.key(0), envs.single_observation_space)
+    second = policy.init(jax.random.key(7), envs.single_observation_space)
+    envs.close()
+    return first, second
+
+
+@pytest.fixture(scope="module")
+def group(group_params):
+    config = jr.EnvRunnerGroupConfig(
+        num_runners=2,
+        num_envs_per_runner=N_ENVS,
+        rollout_length=T_GROUP,
+        seed=3,
+        num_cpus_per_runner=0.5,
+        sample_timeout_s=60.0,
+    )
+    env = functools.partial(slow_cartpole, 0.01)
+    with jr.EnvRunnerGroup(env, POLICY, group_params[0], config) as group:
+        yield group
+
+
+def local_runner(group: jr.EnvRunnerGroup, index: int, incarnation: int, params: Any):
+    """The runner that runner ``index`` of ``group`` is, built here."""
+    config = group.config
+    envs = jr.make_vec(functools.partial(slow_cartpole, 0.0), config.num_envs_per_runner)
+    policy = POLICY(envs.single_action_space)
+    return jr.EnvRunner(
+        envs, policy, params, config.rollout_length, config.runner_seed(index, incarnation)
+    )
+
+
+def test_group_of_two_runners_samples_in_parallel(group, group_params):
+    traj = group.sample()
+    assert traj.obs.shape == (T_GROUP, 2 * N_ENVS, 4)
+    np.testing.assert_array_equal(traj.env_id[0], np.arange(2 * N_ENVS))
+    per_runner = group.sample(concat=False)
+    assert [t.num_envs for t in per_runner] == [N_ENVS, N_ENVS]
+    # Episode ids are unique across runners.
+    ids0, ids1 = (set(np.unique(t.episode_id).tolist()) for t in per_runner)
+    assert not ids0 & ids1
+    # Runner 1 is exactly a local EnvRunner with its seed (env ids shifted).
+    with local_runner(group, 1, 0, group_params[0]) as local:
+        expected = [local.sample(), local.sample()]
+    actual = [traj.time_slice(0, T_GROUP), per_runner[1]]
+    for got, exp in zip(actual, expected):
+        got = jax.tree.map(lambda x: x[:, -N_ENVS:], got)
+        np.testing.assert_array_equal(got.action, exp.action)
+        np.testing.assert_array_equal(got.obs, exp.obs)
+        np.testing.assert_array_equal(got.env_id, exp.env_id + N_ENVS)
+        np.testing.assert_array_equal(got.episode_id, exp.episode_id + (1 << 40))
+    metrics = group.get_metrics()
+    assert metrics["num_env_steps"] == metrics["num_env_steps_sampled"] == 2 * 2 * N_ENVS * T_GROUP
+    assert metrics["num_healthy_runners"] == 2 and len(metrics["runners"]) == 2
+
+
+def test_weight_broadcast_reaches_every_runner(group, group_params, monkeypatch):
+    puts = []
+    real_put = ray.put
+    monkeypatch.setattr(ray, "put", lambda value: puts.append(1) or real_put(value))
+    group.set_params(group_params[1])
+    monkeypatch.undo()
+    assert len(puts) == 1  # once through the object store, whatever the number of runners
+    traj = group.sample(concat=False)
+    assert group.get_metrics()["runner_params_versions"] == {0: 1, 1: 1}
+    # Each runner now acts exactly as a local runner that got the same params at the
+    # same point (after its two earlier samples), and unlike one that kept the old ones.
+    for index in (0, 1):
+        with (
+            local_runner(group, index, 0, group_params[0]) as new,
+            local_runner(group, index, 0, group_params[0]) as old,
+        ):
+            for _ in range(2):
+                new.sample(), old.sample()
+            new.set_params(group_params[1])
+            expected, stale = new.sample(), old.sample()
+        np.testing.assert_array_equal(traj[index].action, expected.action)
+        np.testing.assert_array_equal(traj[index].extras["log_prob"], expected.extras["log_prob"])
+        assert not np.array_equal(traj[index].extras["log_prob"], stale.extras["log_prob"])
+
+
+def test_runner_killed_mid_sample_is_restored_and_resynced(group, group_params):
+    victim = group.runner_actors[1]
+    # A sample takes >= 16 steps x 10 ms: the kill lands mid-sample.
+    threading.Timer(0.08, ray.kill, args=(victim,)).start()
+    traj = group.sample()
+    # The healthy runner's envs came back; the dead one's did not.
+    np.testing.assert_array_equal(traj.env_id[0], np.arange(N_ENVS))
+    assert group.num_restarts == 1 and group.runner_actors[1] is not victim
+    group.wait_until_healthy(120.0)
+    traj = group.sample()
+    np.testing.assert_array_equal(traj.env_id[0], np.arange(2 * N_ENVS))
+    metrics = group.get_metrics()
+    assert metrics["runner_params_versions"] == {0: 1, 1: 1}  # resynced
+    assert metrics["num_runner_restarts"] == 1 and "runner_failures" in metrics
+    # The new incarnation runs the latest params with its own, fresh seed.
+    with local_runner(group, 1, 1, group_params[1]) as local:
+        expected = local.sample()
+    restored = jax.tree.map(lambda x: x[:, N_ENVS:], traj)
+    np.testing.assert_array_equal(restored.action, expected.action)
+    np.testing.assert_array_equal(restored.episode_id, expected.episode_id + ((2 + 1) << 40))
