@@ -65,12 +65,15 @@ class RemoteTraceback(Exception):
 
 
 def default_num_workers(num_envs: int) -> int:
-    """One worker per CPU this process may run on, at most one per sub-env."""
+    """One worker per CPU this process may run on but one, which the main process
+    needs for the policy (on 2 cores, 1 worker did as well as 2: see
+    ``benchmarks/results/process_cpu_priority*.json``); at least one, at most one per
+    sub-env."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(num_envs, cpus))
+    return max(1, min(num_envs, cpus - 1))
 
 
 def worker_bounds(
@@ -223,7 +226,8 @@ class ProcessVectorEnv(VectorEnv):
             called in its worker.
         envs_per_worker: sub-envs per worker process (the last may have fewer).
         num_workers: alternatively, the number of worker processes (sub-envs are
-            split evenly). Default: one worker per CPU, at most one per sub-env.
+            split evenly). Default: one per CPU but one (the main process runs the
+            policy), at least one, at most one per sub-env.
         copy: as for :class:`~jaxrunner.SyncVectorEnv`.
         start_method: ``"forkserver"`` (default: workers start in milliseconds) or
             ``"spawn"``.
