@@ -212,3 +212,11 @@ def test_lambda_one_with_consistent_values_gives_discounted_returns(batch, gamma
     np.testing.assert_allclose(
         out.returns, jr.discounted_returns(**batch, gamma=gamma), rtol=1e-4, atol=1e-4
     )
+
+
+def test_scalar_next_value_broadcasts():
+    kwargs = arrays(next_value=0.0)
+    np.testing.assert_array_equal(
+        np.asarray(jr.discounted_returns(**kwargs, gamma=GAMMA)),
+        np.asarray(jr.discounted_returns(**arrays(next_value=np.zeros((5, 3))), gamma=GAMMA)),
+    )
