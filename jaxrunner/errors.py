@@ -97,6 +97,16 @@ class WorkerError(JaxRunnerError, RuntimeError):
         self.env_indices = env_indices
 
 
+class WorkerTimeoutError(JaxRunnerError, TimeoutError):
+    """A worker process of ``backend="process"`` did not answer within its
+    ``step_timeout_s``. Names the worker and its sub-envs, like :class:`WorkerError`."""
+
+    def __init__(self, message: str, worker_index: int, env_indices: range) -> None:
+        super().__init__(message)
+        self.worker_index = worker_index
+        self.env_indices = env_indices
+
+
 class RemoteTimeoutError(JaxRunnerError, TimeoutError):
     """A Ray actor (an env actor of ``backend="ray"`` or a runner of an
     ``EnvRunnerGroup``) did not answer within its timeout, or could not be placed."""
