@@ -15,11 +15,15 @@ Semantics are the host loop's:
   episodes get the next free ids in env order within a step.
 * Policy keys follow :func:`jaxrunner.actor.act`: env ``i``'s action at its ``n``-th
   step uses ``fold_in(fold_in(key(seed), i), n)``, as in the host loop.
-* Env keys come from a separate stream: ``e_i = fold_in(fold_in(key(seed), ENV_STREAM),
-  i)``. The first reset of env ``i`` uses ``e_i``; its ``n``-th step uses
-  ``split(fold_in(e_i, n))``: the first key steps the env, the second resets it if the
-  episode ended (gymnax's own ``step`` splits its key the same way). So env ``i``'s
-  trajectory depends on the seed and ``i`` only, not on the batch size.
+* Env keys come from three streams of their own, rooted at ``fold_in(key(seed), r)``
+  for ``r`` in ``ENV_STEP_STREAM``, ``ENV_RESET_STREAM``, ``ENV_FIRST_RESET_STREAM``.
+  The first reset of env ``i`` uses ``fold_in(first_reset_root, i)``. At the envs'
+  ``n``-th step (the envs of a JaxVectorEnv step in lockstep), env ``i`` steps with
+  ``fold_in(fold_in(step_root, n), i)`` and, if its episode ended, resets with
+  ``fold_in(fold_in(reset_root, n), i)``. So env ``i``'s trajectory depends on the seed
+  and ``i`` only, not on the batch size. (The step comes first and the env id last,
+  so each batch of keys hashes with one shared key: on CPU that costs about half of a
+  hash with a key per env, and two such fold-ins cost less than a ``split``.)
 
 On device, without ``jax_enable_x64``, rewards are float32 and ``env_id``,
 ``episode_id`` and ``step`` are int32 (JAX's canonical dtypes); the host loop's
@@ -45,9 +49,13 @@ from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 from jaxrunner.policy import Params, Policy
 from jaxrunner.trajectory import Trajectory
 
-ENV_STREAM = 0xFFFFFFFF
-"""Folded into the seed's key to start the envs' key stream (the policy's stream folds
-in env ids, which never reach this value)."""
+ENV_STEP_STREAM = 0xFFFFFFFF
+"""Folded into the seed's key to root the envs' step keys (the policy's stream folds
+in env ids, which never reach these values)."""
+ENV_RESET_STREAM = 0xFFFFFFFE
+"""Roots the keys of the resets that follow ended episodes."""
+ENV_FIRST_RESET_STREAM = 0xFFFFFFFD
+"""Roots the keys of the envs' first resets."""
 
 
 @flax.struct.dataclass
@@ -60,8 +68,10 @@ class RolloutState:
     """[B, ...] env states."""
     actor: ActorState
     """Policy keys, per-env step counts and recurrent state (as in the host loop)."""
-    env_keys: jax.Array
-    """[B] each env's key stream ``e_i``."""
+    env_roots: jax.Array
+    """[2, ...] the step and reset roots (raw key data)."""
+    num_steps: jax.Array
+    """[] uint32: steps every env has taken (they step in lockstep)."""
     episode_start: jax.Array
     """[B] bool: ``obs`` is the first observation of an episode."""
     episode_id: jax.Array
@@ -74,18 +84,32 @@ class RolloutState:
     """[] the next free episode id."""
 
 
-def env_stream_keys(seed: int, env_ids: jax.Array) -> jax.Array:
-    """``[B]`` keys ``e_i = fold_in(fold_in(key(seed), ENV_STREAM), i)``."""
-    root = jax.random.fold_in(jax.random.key(seed), ENV_STREAM)
+def _fold_ids(root: jax.Array, env_ids: jax.Array) -> jax.Array:
+    """``[B]`` keys ``fold_in(root, i)``: one shared key, hashed with each env id."""
     return jax.vmap(lambda i: jax.random.fold_in(root, i))(env_ids.astype(jnp.uint32))
 
 
-def env_step_keys(stream_keys: jax.Array, env_steps: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(step keys, reset keys) of each env's ``env_steps``-th step."""
-    pairs = jax.vmap(lambda k, n: jax.random.split(jax.random.fold_in(k, n)))(
-        stream_keys, env_steps
+def first_reset_keys(seed: int, env_ids: jax.Array) -> jax.Array:
+    """``[B]`` keys of the envs' first resets."""
+    return _fold_ids(jax.random.fold_in(jax.random.key(seed), ENV_FIRST_RESET_STREAM), env_ids)
+
+
+def env_roots(seed: int) -> jax.Array:
+    """``[2]`` keys: the roots of the step keys and of the reset keys."""
+    key = jax.random.key(seed)
+    return jnp.stack(
+        [jax.random.fold_in(key, ENV_STEP_STREAM), jax.random.fold_in(key, ENV_RESET_STREAM)]
     )
-    return pairs[:, 0], pairs[:, 1]
+
+
+def env_step_keys(
+    roots: jax.Array, step: jax.Array, env_ids: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """(step keys, reset keys), ``[B]`` each, of the envs' ``step``-th step."""
+    return (
+        _fold_ids(jax.random.fold_in(roots[0], step), env_ids),
+        _fold_ids(jax.random.fold_in(roots[1], step), env_ids),
+    )
 
 
 def _select(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
@@ -115,17 +139,16 @@ def _box_clipper(space: spaces.Space) -> Callable[[Any], Any]:
 
 
 def initial_state(envs: JaxVectorEnv, policy: Policy, seed: int, env_params: Any) -> RolloutState:
-    """Resets every env (env ``i`` with key ``e_i``); pure, jit it."""
+    """Resets every env with its first-reset key; pure, jit it."""
     num_envs = envs.num_envs
-    env_ids = jnp.arange(num_envs)
-    env_keys = env_stream_keys(seed, env_ids)
-    obs, env_state = envs.reset(env_keys, env_params)
+    obs, env_state = envs.reset(first_reset_keys(seed, jnp.arange(num_envs)), env_params)
     int_dtype = jax.dtypes.canonicalize_dtype(np.int64)
     return RolloutState(
         obs=obs,
         env_state=env_state,
         actor=initial_actor_state(policy, seed, np.arange(num_envs)),
-        env_keys=env_keys,
+        env_roots=jax.random.key_data(env_roots(seed)),
+        num_steps=jnp.zeros((), jnp.uint32),
         episode_start=jnp.ones(num_envs, bool),
         episode_id=jnp.arange(num_envs, dtype=int_dtype),
         episode_step=jnp.zeros(num_envs, int_dtype),
@@ -146,13 +169,15 @@ def rollout(
 
     Returns:
         The new state, the :class:`Trajectory` ``[T, B, ...]`` and ``ends``, a
-        ``[2, T, B]`` float array: the return and length of each episode that ended at
-        ``[t, b]`` (length 0 where none did).
+        ``[T, 2, B]`` float array: the return (``[:, 0]``) and length (``[:, 1]``) of
+        each episode that ended at ``[t, b]`` (length 0 where none did).
     """
     clip = _box_clipper(envs.single_action_space)
+    env_ids = jnp.arange(envs.num_envs)
 
     def step(s: RolloutState, _: None) -> tuple[RolloutState, tuple[Trajectory, jax.Array]]:
-        key_step, key_reset = env_step_keys(s.env_keys, s.actor.env_steps)
+        roots = jax.random.wrap_key_data(s.env_roots)
+        key_step, key_reset = env_step_keys(roots, s.num_steps, env_ids)
         action, extras, actor = act(policy.apply_fn, params, s.actor, s.obs, s.episode_start)
         # Checked while tracing (shapes only), before the env sees the actions.
         _check_actions(envs.single_action_space, action, envs.num_envs)
@@ -182,7 +207,8 @@ def rollout(
             obs=_select(done, reset_obs, out.obs),
             env_state=_select(done, reset_state, out.state),
             actor=actor,
-            env_keys=s.env_keys,
+            env_roots=s.env_roots,
+            num_steps=s.num_steps + 1,
             episode_start=done,
             episode_id=jnp.where(done, new_ids, s.episode_id),
             episode_step=jnp.where(done, 0, length),
@@ -195,7 +221,7 @@ def rollout(
     env_id = jnp.broadcast_to(
         jnp.arange(envs.num_envs, dtype=state.episode_id.dtype), (num_steps, envs.num_envs)
     )
-    return state, traj.replace(env_id=env_id), jnp.moveaxis(ends, 1, 0)
+    return state, traj.replace(env_id=env_id), ends
 
 
 def _check_actions(space: spaces.Space, spec: Any, num_envs: int) -> None:
@@ -255,8 +281,9 @@ class ScanRollout:
         lengths of the episodes that ended, in step order, then env order (numpy)."""
         self._state, traj, ends = self._run(params, self._state, self._env_params)
         ends = jax.device_get(ends)  # the one transfer of a sample(), explicit
-        mask = ends[1] > 0
-        return traj, ends[0][mask].astype(np.float64), ends[1][mask].astype(np.int64)
+        returns, lengths = ends[:, 0], ends[:, 1]
+        mask = lengths > 0  # row-major: step order, then env order, as the host loop
+        return traj, returns[mask].astype(np.float64), lengths[mask].astype(np.int64)
 
 
 def check_runner_options(callbacks: Any, num_groups: int | None) -> None:
@@ -275,12 +302,15 @@ def check_runner_options(callbacks: Any, num_groups: int | None) -> None:
 
 
 __all__ = [
-    "ENV_STREAM",
+    "ENV_FIRST_RESET_STREAM",
+    "ENV_RESET_STREAM",
+    "ENV_STEP_STREAM",
     "RolloutState",
     "ScanRollout",
     "check_runner_options",
     "env_step_keys",
-    "env_stream_keys",
+    "env_roots",
+    "first_reset_keys",
     "initial_state",
     "rollout",
 ]

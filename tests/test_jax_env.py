@@ -1,9 +1,9 @@
 """JaxVectorEnv + EnvRunner's lax.scan path, against envs stepped by hand.
 
 The key rule checked here (documented in jaxrunner.rollout) is re-derived in this
-file, not imported: env i's stream key is e_i = fold_in(fold_in(key(seed), 2**32-1), i),
-its first reset uses e_i and its n-th step fold_in(e_i, n), split in (step, reset) keys
-exactly as gymnax's own auto-resetting ``step`` splits its key.
+file, not imported: with root(r) = fold_in(key(seed), 2**32 - r), env i's first reset
+uses fold_in(root(3), i); at step n it steps with fold_in(fold_in(root(1), n), i) and,
+where its episode ended, resets with fold_in(fold_in(root(2), n), i).
 """
 
 from __future__ import annotations
@@ -26,8 +26,19 @@ from jaxrunner.jax_testing import (
 SEED = 3
 
 
-def stream_key(seed: int, env_id: int) -> jax.Array:
-    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), 2**32 - 1), env_id)
+def root(seed: int, r: int) -> jax.Array:
+    return jax.random.fold_in(jax.random.key(seed), 2**32 - r)
+
+
+def first_reset_key(seed: int, env_id: int) -> jax.Array:
+    return jax.random.fold_in(root(seed, 3), env_id)
+
+
+def step_keys(seed: int, env_id: int, step: int) -> tuple[jax.Array, jax.Array]:
+    """(step key, reset key) of env ``env_id`` at its ``step``-th step."""
+    return tuple(
+        jax.random.fold_in(jax.random.fold_in(root(seed, r), step), env_id) for r in (1, 2)
+    )
 
 
 def make_runner(venv: jr.JaxVectorEnv, rollout_length: int, seed: int = SEED, **kwargs):
@@ -49,10 +60,9 @@ def reference_functional(env, params, actions: np.ndarray, seed: int, clip=None)
     out["term"] = np.zeros((num_steps, num_envs), bool)
     out["trunc"] = np.zeros((num_steps, num_envs), bool)
     for i in range(num_envs):
-        e = stream_key(seed, i)
-        obs, state = reset(e, params)
+        obs, state = reset(first_reset_key(seed, i), params)
         for t in range(num_steps):
-            key_step, key_reset = jax.random.split(jax.random.fold_in(e, t))
+            key_step, key_reset = step_keys(seed, i, t)
             action = actions[t, i] if clip is None else clip(actions[t, i])
             result = step(key_step, state, action, params)
             next_obs, state, reward = result[:3]
@@ -263,10 +273,9 @@ def test_brax_adapter_matches_hand_stepping():
         traj = runner.sample().to_numpy()
     reset, step = jax.jit(env.reset), jax.jit(env.step)
     for i in range(3):
-        e = stream_key(SEED, i)
-        state = reset(e)
+        state = reset(first_reset_key(SEED, i))
         for t in range(20):
-            _, key_reset = jax.random.split(jax.random.fold_in(e, t))
+            _, key_reset = step_keys(SEED, i, t)
             np.testing.assert_array_equal(traj.obs[t, i], state.obs)
             # The env gets the action clipped to the Box; the trajectory keeps it as sampled.
             state = step(state, np.clip(traj.action[t, i], -1.0, 1.0))
@@ -328,20 +337,24 @@ def gymnax_run():
 
 
 def test_gymnax_cartpole_matches_gymnax_stepped_by_hand(gymnax_run):
-    """gymnax's own auto-resetting step, with the same keys, gives the same transitions:
-    its info["final_observation"] is our next_obs, its reset observation our next obs."""
+    """gymnax's own public reset and (auto-resetting) step, with the same keys, give
+    the same transitions: its info["final_observation"] is our next_obs; where an
+    episode ended we reset with gymnax's reset and the reset key (CartPole's step uses
+    no randomness, so the step key only picks gymnax's own reset, which we discard)."""
     _, traj, env, params, _ = gymnax_run
     for i in range(traj.num_envs):
-        e = stream_key(SEED, i)
-        obs, state = env.reset(e, params)
+        obs, state = env.reset(first_reset_key(SEED, i), params)
         for t in range(traj.num_steps):
             np.testing.assert_array_equal(traj.obs[t, i], obs, f"obs[{t}, {i}]")
+            key_step, key_reset = step_keys(SEED, i, t)
             obs, state, reward, terminated, truncated, info = env.step(
-                jax.random.fold_in(e, t), state, traj.action[t, i], params
+                key_step, state, traj.action[t, i], params
             )
             np.testing.assert_array_equal(traj.next_obs[t, i], info["final_observation"])
             assert traj.reward[t, i] == reward
             assert traj.terminated[t, i] == terminated and traj.truncated[t, i] == truncated
+            if terminated or truncated:
+                obs, state = env.reset(key_reset, params)
     assert traj.terminated.any() and traj.truncated.any()
     # Where an episode ended, next_obs is the final observation, not the reset one.
     ended = traj.done[:-1]
