@@ -60,7 +60,9 @@ async def run_load(url: str, token: str, num_clients: int, num_requests: int, se
     budget = [num_requests]
     steps = [0]
     obs_space = gymnasium.make("CartPole-v1").observation_space
-    limits = httpx.Limits(max_connections=num_clients, max_keepalive_connections=num_clients)
+    limits = httpx.Limits(
+        max_connections=num_clients, max_keepalive_connections=num_clients, keepalive_expiry=10.0
+    )
     headers = {"Authorization": f"Bearer {token}"}
 
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as http:

@@ -59,6 +59,8 @@ from jaxrunner.trajectory import Episode
 MAX_EPISODE_ID = 2**63 - 1
 ENDED_IDS_KEPT = 100_000
 """How many ended episode ids are remembered (to refuse their reuse and answer 410)."""
+CLIENT_IDS_KEPT = 65_536
+"""Client names numbered as ``env_id``s; later new names get ``env_id`` -1 (memory bound)."""
 
 
 @dataclasses.dataclass
@@ -224,12 +226,12 @@ class ExternalEnv:
                     "episode ids must be unique. Pass another id, or None for a fresh one."
                 )
             episode_id = int(episode_id)
-            if client not in self._client_ids:
+            if client not in self._client_ids and len(self._client_ids) < CLIENT_IDS_KEPT:
                 self._client_ids[client] = len(self._client_ids)
             self._live[episode_id] = _Live(
                 episode_id,
                 client,
-                self._client_ids[client],
+                self._client_ids.get(client, -1),
                 bool(training_enabled),
                 self._initial_carry,
                 time.monotonic(),

@@ -128,7 +128,11 @@ class PolicyClient:
             base_url=url,
             headers=headers,
             timeout=timeout_s,
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=256),
+            # Idle connections expire here before the server's keep-alive (30 s) ends
+            # them, so a request never goes out on a connection being closed.
+            limits=httpx.Limits(
+                max_connections=256, max_keepalive_connections=256, keepalive_expiry=10.0
+            ),
         )
         spaces_json = self._call("GET", "/v1/spaces")
         self.observation_space = wire.space_from_json(spaces_json["observation_space"])

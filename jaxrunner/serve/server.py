@@ -38,8 +38,9 @@ class ServerConfig:
     """Larger request bodies are refused (413) before they are parsed."""
     max_connections: int = 1024
     """Concurrent connections and requests beyond this get 503."""
-    keep_alive_s: float = 5.0
-    """Idle keep-alive connections are closed after this long."""
+    keep_alive_s: float = 30.0
+    """Idle keep-alive connections are closed after this long (longer than clients
+    keep them: a client reusing a connection the server is closing gets an error)."""
     log_level: str = "warning"
     """uvicorn's log level."""
 
