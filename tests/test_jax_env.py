@@ -9,6 +9,7 @@ where its episode ended, resets with fold_in(fold_in(root(2), n), i).
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -41,9 +42,16 @@ def step_keys(seed: int, env_id: int, step: int) -> tuple[jax.Array, jax.Array]:
     )
 
 
+_POLICIES: dict[str, tuple[jr.Policy, object]] = {}
+
+
 def make_runner(venv: jr.JaxVectorEnv, rollout_length: int, seed: int = SEED, **kwargs):
-    policy = mlp_policy(venv.single_action_space, hidden=(16,))
-    params = policy.init(jax.random.key(1), venv.single_observation_space)
+    action_space, obs_space = venv.single_action_space, venv.single_observation_space
+    key = f"{action_space!r} {obs_space!r}"
+    if key not in _POLICIES:  # flax init runs op by op: slow, so once per pair of spaces
+        policy = mlp_policy(action_space, hidden=(16,))
+        _POLICIES[key] = policy, policy.init(jax.random.key(1), obs_space)
+    policy, params = _POLICIES[key]
     return jr.EnvRunner(venv, policy, params, rollout_length, seed, **kwargs)
 
 
@@ -206,14 +214,34 @@ def test_resets_are_fresh_random_states(walk_run):
 
 
 def test_done_only_form_reads_the_time_limit():
-    for report in (False, True):
-        venv = jr.JaxVectorEnv(DoneOnlyRandomWalk(report), WalkParams(max_steps_in_episode=7), 2)
-        with make_runner(venv, 30) as runner:
-            traj = runner.sample().to_numpy()
-        ref = reference_functional(venv.env, venv.params, traj.action, SEED)
-        assert_matches(traj, ref)
-        assert traj.truncated.any() and traj.terminated.any()
-        assert not (traj.terminated & traj.truncated).any()
+    venv = jr.JaxVectorEnv(DoneOnlyRandomWalk(), WalkParams(max_steps_in_episode=7), 2)
+    with make_runner(venv, 30) as runner:
+        traj = runner.sample().to_numpy()
+    ref = reference_functional(venv.env, venv.params, traj.action, SEED)
+    assert_matches(traj, ref)
+    assert traj.truncated.any() and traj.terminated.any()
+    assert not (traj.terminated & traj.truncated).any()
+
+
+class ReportsTruncation(DoneOnlyRandomWalk):
+    """Done-only steps that always end, reported as truncations by info only."""
+
+    def step(self, key, state, action, params):
+        obs, state, reward, _, _ = self._transition(key, state, action, params)
+        return obs, state, reward, jnp.asarray(True), {"truncation": jnp.asarray(True)}
+
+
+def test_done_only_form_prefers_info_truncation():
+    params = WalkParams(max_steps_in_episode=100, threshold=1e9)  # no limit, no fall
+    functions = jr.JaxVectorEnv(ReportsTruncation(), params, 1).functions
+    _, state = functions.reset(jax.random.key(0), params)
+    out = jax.jit(functions.step)(jax.random.key(1), state, jnp.int32(1), params)
+    assert (bool(out.terminated), bool(out.truncated)) == (False, True)
+    # Without the report, the time limit decides: a done before it is a termination.
+    functions = jr.JaxVectorEnv(DoneOnlyRandomWalk(), params, 1).functions
+    done_params = WalkParams(max_steps_in_episode=100, threshold=0.0)  # falls at once
+    out = jax.jit(functions.step)(jax.random.key(1), state, jnp.int32(1), done_params)
+    assert (bool(out.terminated), bool(out.truncated)) == (True, False)
 
 
 def test_trajectories_do_not_depend_on_the_batch_size(walk_run):
