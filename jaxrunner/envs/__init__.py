@@ -17,7 +17,7 @@ from jaxrunner.envs.sync import SyncVectorEnv
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 BACKENDS = ("sync", "gymnasium", "process", "envpool", "ray")
-_PROCESS_OPTIONS = ("envs_per_worker", "num_workers", "start_method")
+_PROCESS_OPTIONS = ("envs_per_worker", "num_workers", "start_method", "step_timeout_s")
 
 
 def make_vec(
@@ -40,8 +40,9 @@ def make_vec(
             included (default: the env's own vector entry point where it has one).
             With ``backend="envpool"``: for ``envpool.make_gymnasium`` (``env`` is an
             EnvPool task id; sync mode only).
-            With ``backend="process"``: also ``envs_per_worker``, ``num_workers`` and
-            ``start_method`` for :class:`ProcessVectorEnv` (not passed to the env).
+            With ``backend="process"``: also ``envs_per_worker``, ``num_workers``,
+            ``start_method`` and ``step_timeout_s`` for :class:`ProcessVectorEnv` (not
+            passed to the env).
             With ``backend="ray"``: also the fields of :class:`RayEnvConfig`
             (``envs_per_actor``, ``num_cpus_per_actor``, ``remote_env_batch_wait_ms``,
             ``batch_buckets``, ``step_timeout_s``, ``actor_start_timeout_s``).

@@ -15,9 +15,15 @@ Wire protocol (every message is a header, then ``length`` payload bytes):
   render, close); ``OP_MEMORY`` comes once, with the shared-memory fd attached.
 * worker -> main: ``REPLY = (seq, status, length)``. ``seq`` echoes the command's, so
   a reply can never be taken for another command's (a restarted worker starts
-  again at a fresh socket; see issue 4). ``STATUS_OK`` with a payload is a pickled
-  result (``OP_STEP``: sparse infos); ``STATUS_ERROR``'s payload is a pickled
-  :class:`RemoteError`.
+  again at a fresh socket). ``STATUS_OK`` with a payload is a pickled result
+  (``OP_STEP``: sparse infos, and the sub-envs restarted in the worker with their
+  errors); ``STATUS_ERROR``'s payload is a pickled :class:`RemoteError`.
+
+Restarts: with a restart policy (``set_restart_policy``), a sub-env that raises or
+returns an invalid step is recreated here from its factory (:mod:`jaxrunner.faults`),
+as the sync backend does. A worker that dies or hangs is the main process's to
+replace; to tell which steps a dying worker had done, the worker marks each sub-env's
+progress in the shared ``status`` array (``NOT_RUN`` -> ``RUNNING`` -> ``DONE``).
 
 A worker ends when told to close, and on its own when the main process goes away
 (its socket reaches EOF), so it never outlives the main process.
@@ -40,12 +46,17 @@ import numpy as np
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.sync import check_flag, check_info, check_reward
-from jaxrunner.errors import JaxRunnerError
+from jaxrunner.errors import EnvError, JaxRunnerError
+from jaxrunner.faults import RestartPolicy, close_quietly, recreate
 
 COMMAND = struct.Struct("=qqqqq")
 REPLY = struct.Struct("=qqq")
 OP_STEP, OP_CALL, OP_MEMORY = 1, 2, 3
 STATUS_OK, STATUS_ERROR = 0, 1
+# Per sub-env progress of a step command, in the shared ``status`` array: the main
+# process sets NOT_RUN before it sends the command; RUNNING while env.step runs (and
+# after a step that failed); DONE once the step's transition is written.
+NOT_RUN, RUNNING, DONE = 0, 1, 2
 _ALIGN = 64  # a cache line: arrays never share one
 
 
@@ -61,6 +72,7 @@ class Views(NamedTuple):
     terminated: np.ndarray
     truncated: np.ndarray
     action: Any
+    status: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +111,7 @@ class Layout:
             terminated=take((n,), np.bool_),
             truncated=take((n,), np.bool_),
             action=carve_space(self.action_space),
+            status=take((n,), np.int8),
         )
         return views, offset
 
@@ -162,16 +175,35 @@ class RemoteError:
     exception: bytes | None
     description: str
     traceback: str
+    recreation: bytes | None = None
+    """Kind ``"recreate"`` (a sub-env could not be recreated): the last attempt's
+    pickled error; ``exception`` is then the failure that made the restart necessary
+    and ``description`` the message of the :class:`~jaxrunner.errors.EnvError`."""
 
     @classmethod
     def capture(cls, err: BaseException, kind: str, env_index: int, call: str) -> RemoteError:
-        try:
-            payload: bytes | None = pickle.dumps(err)
-            pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
-        except Exception:
-            payload = None
         text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-        return cls(kind, env_index, call, payload, repr(err), text)
+        return cls(kind, env_index, call, _pickled(err), repr(err), text)
+
+    @classmethod
+    def capture_recreation(cls, err: EnvError) -> RemoteError:
+        """An :class:`EnvError` of :func:`jaxrunner.faults.recreate` (gave up)."""
+        text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        recreation = _pickled(getattr(err, "recreation_error", None))
+        cause = _pickled(err.__cause__) if err.__cause__ is not None else None
+        return cls("recreate", err.env_index, "recreate", cause, str(err), text, recreation)
+
+
+def _pickled(err: BaseException | None) -> bytes | None:
+    """``err`` pickled, or None if it does not survive the round trip."""
+    if err is None:
+        return None
+    try:
+        payload = pickle.dumps(err)
+        pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
+    except Exception:
+        return None
+    return payload
 
 
 # -- the worker ---------------------------------------------------------------------------------
@@ -187,8 +219,16 @@ class _EnvFailed(Exception):
 class Worker:
     """Owns sub-envs ``[offset, offset + len(envs))`` and answers the main process."""
 
-    def __init__(self, sock: socket.socket, offset: int, envs: list[gymnasium.Env]) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        offset: int,
+        envs: list[gymnasium.Env],
+        fns: list[Callable[[], gymnasium.Env]] | None = None,
+    ) -> None:
         self.sock, self.offset, self.envs = sock, offset, envs
+        self.fns = fns or []
+        self.policy: RestartPolicy | None = None
         self.views: Views | None = None
         self._memory: mmap.mmap | None = None
 
@@ -202,12 +242,18 @@ class Worker:
         self.write_obs = jr_spaces.make_writer(self.obs_space, v.obs)
         self.write_next_obs = jr_spaces.make_writer(self.obs_space, v.next_obs)
         self.get_action = _action_getter(layout.action_space, v.action)
+        self.status = memoryview(v.status)  # faster item writes than numpy's
+
+    def set_restart_policy(self, policy: RestartPolicy | None) -> None:
+        self.policy = policy
 
     # -- commands
 
-    def step(self, lo: int, hi: int) -> tuple[dict[int, dict], dict[int, dict]]:
+    def step(self, lo: int, hi: int) -> tuple[Any, ...]:
         """Steps envs ``[lo, hi)`` (SAME_STEP autoreset), exactly as the sync backend
-        does; returns the non-empty step and reset infos by env index."""
+        does; returns the non-empty step and reset infos by env index and, when some
+        sub-env failed and was restarted (restart policy set), the failed step indices
+        and every failure (step or autoreset) as :class:`RemoteError`."""
         v: Views = self.views  # type: ignore[assignment]  # attached before any step
         reward, terminated, truncated = v.reward, v.terminated, v.truncated
         write_next_obs, get_action, envs, offset = (
@@ -216,35 +262,95 @@ class Worker:
             self.envs,
             self.offset,
         )
+        status, policy = self.status, self.policy
         infos: dict[int, dict] = {}
         ended: list[int] = []
+        errors: dict[int, BaseException] = {}
         for i in range(lo, hi):
+            status[i] = RUNNING
             try:
                 obs, r, term, trunc, info = envs[i - offset].step(get_action(i))
             except Exception as err:
-                raise _EnvFailed(i, "step") from err
-            write_next_obs(i, obs)
-            reward[i] = r if type(r) is float else check_reward(r, i)
-            terminated[i] = term if type(term) is bool else check_flag(term, i, "terminated")
-            truncated[i] = trunc if type(trunc) is bool else check_flag(trunc, i, "truncated")
-            if type(info) is not dict:
-                check_info(info, i, "step")
+                if policy is None:
+                    raise _EnvFailed(i, "step") from err
+                errors[i] = err
+                continue
+            try:
+                write_next_obs(i, obs)
+                reward[i] = r if type(r) is float else check_reward(r, i)
+                terminated[i] = term if type(term) is bool else check_flag(term, i, "terminated")
+                truncated[i] = trunc if type(trunc) is bool else check_flag(trunc, i, "truncated")
+                if type(info) is not dict:
+                    check_info(info, i, "step")
+            except JaxRunnerError as err:
+                if policy is None:
+                    raise
+                errors[i] = err
+                continue
             if info:
                 infos[i] = info
             if term or trunc:
                 ended.append(i)
-        if not np.isfinite(reward[lo:hi]).all():
-            bad = lo + int(np.flatnonzero(~np.isfinite(reward[lo:hi]))[0])
-            check_reward(reward[bad], bad)
+            status[i] = DONE
+        if not np.isfinite(reward[lo:hi]).all():  # NaN or inf that took the fast path
+            for j in np.flatnonzero(~np.isfinite(reward[lo:hi])).tolist():
+                i = lo + j
+                if i in errors:
+                    continue  # its slot holds no new reward
+                try:
+                    check_reward(reward[i], i)
+                except JaxRunnerError as err:
+                    if policy is None:
+                        raise
+                    errors[i], status[i] = err, RUNNING
+                    infos.pop(i, None)
+                    if i in ended:
+                        ended.remove(i)
+        failed = list(errors)
+        for i in failed:
+            self._restart(i, errors[i], failed_step=True)
         part = slice(lo, hi)
         space = self.obs_space
         jr_spaces.copy_into(space, v.obs, jr_spaces.rows(space, v.next_obs, part), part)
         reset_infos = {}
         for i in ended:
-            info = self._reset_one(i, None, None)
+            try:
+                info = self._reset_one(i, None, None)
+            except (_EnvFailed, JaxRunnerError) as err:
+                if policy is None:
+                    raise
+                errors[i] = cause = _env_cause(err)
+                info = self._restart(i, cause, failed_step=False)
             if info:
                 reset_infos[i] = info
+        if errors:
+            remote = {
+                i: RemoteError.capture(err, "env", i, "step" if i in failed else "reset")
+                for i, err in errors.items()
+            }
+            return infos, reset_infos, failed, remote
         return infos, reset_infos
+
+    def _restart(self, i: int, cause: BaseException, failed_step: bool) -> dict:
+        """Replaces sub-env ``i`` by a new, reset one (as the sync backend does); for a
+        failed step, its slot then holds the new env's first obs, reward 0, no flags."""
+        assert self.policy is not None  # internal: only called with a policy
+        j = i - self.offset
+        close_quietly(self.envs[j])
+
+        def reset(env: gymnasium.Env) -> tuple[Any, dict[str, Any]]:
+            obs, info = env.reset()
+            self.write_obs(i, obs)  # validates it: a bad reset is a failed attempt
+            return obs, check_info(info, i, "reset")
+
+        self.envs[j], _, info = recreate(self.fns[j], i, self.policy, cause, reset)
+        if failed_step:
+            v: Views = self.views  # type: ignore[assignment]
+            v.reward[i], v.terminated[i], v.truncated[i] = 0.0, False, False
+            jr_spaces.copy_into(
+                self.obs_space, v.next_obs, jr_spaces.take(self.obs_space, v.obs, i), i
+            )
+        return info
 
     def _reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict:
         try:
@@ -255,7 +361,16 @@ class Worker:
         return check_info(info, i, "reset")
 
     def reset(self, seeds: list[int | None], options: dict[str, Any] | None) -> list[dict]:
-        return [self._reset_one(self.offset + j, s, options) for j, s in enumerate(seeds)]
+        infos = []
+        for j, seed in enumerate(seeds):
+            i = self.offset + j
+            try:
+                infos.append(self._reset_one(i, seed, options))
+            except (_EnvFailed, JaxRunnerError) as err:
+                if self.policy is None:
+                    raise
+                infos.append(self._restart(i, _env_cause(err), failed_step=False))
+        return infos
 
     def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> dict:
         return self._reset_one(index, seed, options)
@@ -288,7 +403,9 @@ class Worker:
         self.sock.sendall(REPLY.pack(seq, status, len(payload)) + payload)
 
     def error(self, seq: int, err: BaseException) -> None:
-        if isinstance(err, _EnvFailed):
+        if isinstance(err, EnvError) and hasattr(err, "recreation_error"):
+            remote = RemoteError.capture_recreation(err)
+        elif isinstance(err, _EnvFailed):
             remote = RemoteError.capture(err.__cause__, "env", err.env_index, err.call)  # type: ignore[arg-type]
         elif isinstance(err, JaxRunnerError):
             remote = RemoteError.capture(err, "check", getattr(err, "env_index", -1), "")
@@ -309,9 +426,9 @@ class Worker:
             op, seq, lo, hi, length = COMMAND.unpack(header)
             try:
                 if op == OP_STEP:
-                    infos, reset_infos = step(lo, hi)
-                    if infos or reset_infos:
-                        reply(seq, STATUS_OK, dumps((infos, reset_infos), protocol=5))
+                    result = step(lo, hi)
+                    if result[0] or result[1] or len(result) > 2:
+                        reply(seq, STATUS_OK, dumps(result, protocol=5))
                     else:
                         reply(seq, STATUS_OK)
                     continue
@@ -343,9 +460,13 @@ def _action_getter(space: gymnasium.Space, buffer: Any) -> Callable[[int], Any]:
     return lambda i: buffer[i].copy()
 
 
-def build_envs(payload: bytes, offset: int) -> list[gymnasium.Env]:
-    """Unpickles the factories and calls them; on failure closes what it built."""
-    fns = pickle.loads(payload)
+def _env_cause(err: BaseException) -> BaseException:
+    """The sub-env's own exception behind an internal :class:`_EnvFailed`."""
+    return err.__cause__ if isinstance(err, _EnvFailed) and err.__cause__ else err
+
+
+def build_envs(fns: list[Callable[[], gymnasium.Env]], offset: int) -> list[gymnasium.Env]:
+    """Calls the factories; on failure closes what it built."""
     envs: list[gymnasium.Env] = []
     try:
         for j, fn in enumerate(fns):
@@ -365,7 +486,8 @@ def worker_main(sock: socket.socket, offset: int, payload: bytes) -> None:
     metadata, then serves commands."""
     worker = Worker(sock, offset, [])
     try:
-        worker.envs = build_envs(payload, offset)
+        worker.fns = pickle.loads(payload)
+        worker.envs = build_envs(worker.fns, offset)
         first = worker.envs[0]
         info = {
             "spaces": [(env.observation_space, env.action_space) for env in worker.envs],
