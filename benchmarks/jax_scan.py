@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -175,7 +176,7 @@ def main() -> None:
         "rounds": args.rounds,
         "machine": {
             **bench.machine_info(),
-            "gymnax": gymnax.__version__ if hasattr(gymnax, "__version__") else None,
+            "gymnax": importlib.metadata.version("gymnax"),
         },
         "loadavg_end": os.getloadavg(),
         "rows": rows,

@@ -175,7 +175,7 @@ def rollout(
     clip = _box_clipper(envs.single_action_space)
     env_ids = jnp.arange(envs.num_envs)
 
-    def step(s: RolloutState, _: None) -> tuple[RolloutState, tuple[Trajectory, jax.Array]]:
+    def step(s: RolloutState, _: None) -> tuple[RolloutState, dict[str, Any]]:
         roots = jax.random.wrap_key_data(s.env_roots)
         key_step, key_reset = env_step_keys(roots, s.num_steps, env_ids)
         action, extras, actor = act(policy.apply_fn, params, s.actor, s.obs, s.episode_start)
@@ -184,25 +184,23 @@ def rollout(
         out = envs.step(key_step, s.env_state, clip(action), env_params)
         reset_obs, reset_state = envs.reset(key_reset, env_params)
         done = jnp.logical_or(out.terminated, out.truncated)
-        length = s.episode_step + 1
         total = s.episode_return + out.reward
         # New ids in env order within the step, as the host loop gives them.
-        new_ids = s.next_episode_id + jnp.cumsum(done, dtype=s.episode_id.dtype) - 1
-        transition = Trajectory(
-            obs=s.obs,
-            action=action,
-            reward=out.reward,
-            terminated=out.terminated,
-            truncated=out.truncated,
-            next_obs=out.obs,
-            extras=extras,
-            env_id=None,
-            episode_id=s.episode_id,
-            step=s.episode_step,
-        )
-        ends = jnp.stack(
-            [jnp.where(done, total, 0), jnp.where(done, length, 0).astype(total.dtype)]
-        )
+        new_ids = s.next_episode_id + jnp.cumsum(done, dtype=s.episode_id.dtype)
+        # Only what varies per step is stacked by the scan (each output costs a write
+        # per step); the rest of the Trajectory is derived after the loop.
+        record = {
+            "obs": s.obs,
+            "action": action,
+            "reward": out.reward,
+            "terminated": out.terminated,
+            "truncated": out.truncated,
+            "next_obs": out.obs,
+            "extras": extras,
+            "episode_id": s.episode_id,
+            "step": s.episode_step,
+            "total": total,
+        }
         new_state = RolloutState(
             obs=_select(done, reset_obs, out.obs),
             env_state=_select(done, reset_state, out.state),
@@ -210,18 +208,36 @@ def rollout(
             env_roots=s.env_roots,
             num_steps=s.num_steps + 1,
             episode_start=done,
-            episode_id=jnp.where(done, new_ids, s.episode_id),
-            episode_step=jnp.where(done, 0, length),
+            episode_id=jnp.where(done, new_ids - 1, s.episode_id),
+            episode_step=jnp.where(done, 0, s.episode_step + 1),
             episode_return=jnp.where(done, 0, total),
-            next_episode_id=s.next_episode_id + done.sum(dtype=s.episode_id.dtype),
+            next_episode_id=new_ids[-1],
         )
-        return new_state, (transition, ends)
+        return new_state, record
 
-    state, (traj, ends) = jax.lax.scan(step, state, None, length=num_steps)
-    env_id = jnp.broadcast_to(
-        jnp.arange(envs.num_envs, dtype=state.episode_id.dtype), (num_steps, envs.num_envs)
+    state, rec = jax.lax.scan(step, state, None, length=num_steps)
+    shape = (num_steps, envs.num_envs)
+    done = jnp.logical_or(rec["terminated"], rec["truncated"])
+    ends = jnp.stack(
+        [
+            jnp.where(done, rec["total"], 0),
+            jnp.where(done, rec["step"] + 1, 0).astype(rec["total"].dtype),
+        ],
+        axis=1,
     )
-    return state, traj.replace(env_id=env_id), ends
+    traj = Trajectory(
+        obs=rec["obs"],
+        action=rec["action"],
+        reward=rec["reward"],
+        terminated=rec["terminated"],
+        truncated=rec["truncated"],
+        next_obs=rec["next_obs"],
+        extras=rec["extras"],
+        env_id=jnp.broadcast_to(jnp.arange(envs.num_envs, dtype=state.episode_id.dtype), shape),
+        episode_id=rec["episode_id"],
+        step=rec["step"],
+    )
+    return state, traj, ends
 
 
 def _check_actions(space: spaces.Space, spec: Any, num_envs: int) -> None:
