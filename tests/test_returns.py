@@ -161,8 +161,9 @@ def reference(reward, terminated, truncated, valid, value, next_value, gamma, la
 
 @st.composite
 def batches(draw):
-    num_steps = draw(st.integers(1, 8))
-    num_envs = draw(st.integers(1, 3))
+    # Few distinct shapes: each new one compiles the scans again.
+    num_steps = draw(st.sampled_from([1, 2, 7]))
+    num_envs = draw(st.sampled_from([1, 3]))
     p_term, p_trunc, p_invalid = (draw(st.sampled_from([0.0, 0.1, 0.4])) for _ in range(3))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     shape = (num_steps, num_envs)
@@ -178,7 +179,7 @@ def batches(draw):
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(batch=batches(), gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0))
 def test_matches_python_loop(batch, gamma, lam):
     expected_adv, expected_ret = reference(**batch, gamma=gamma, lam=lam)
@@ -192,7 +193,7 @@ def test_matches_python_loop(batch, gamma, lam):
     np.testing.assert_allclose(got, expected_ret, rtol=1e-4, atol=1e-4)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(batch=batches(), gamma=st.floats(0.0, 1.0))
 def test_lambda_one_with_consistent_values_gives_discounted_returns(batch, gamma):
     # Inside an episode V(next_obs[t]) is V(obs[t+1]); then GAE(lambda=1)'s returns
