@@ -420,3 +420,19 @@ def test_gymnax_metrics_match_episodes(gymnax_run):
     assert metrics["episode_length_mean"] == pytest.approx(lengths.mean())
     assert metrics["episode_return_mean"] == pytest.approx(lengths.mean())
     np.testing.assert_array_equal(traj.reward, 1.0)
+
+
+def test_recurrent_carry_restarts_with_each_episode():
+    """A policy whose carry counts its calls: reset to 0 at each episode start, so the
+    count it reports equals the step index within the episode."""
+
+    def apply_fn(params, obs, carry, keys):
+        action = jnp.zeros(obs.shape[0], jnp.int32)
+        return action, {"count": carry}, carry + 1
+
+    policy = jr.Policy(apply_fn=apply_fn, initial_carry=jnp.zeros((), jnp.int32))
+    venv = jr.JaxVectorEnv(RandomWalk(), WalkParams(max_steps_in_episode=5), 2)
+    with jr.EnvRunner(venv, policy, {}, 12, 0) as runner:
+        traj = jr.concatenate([runner.sample().to_numpy() for _ in range(2)])
+    assert traj.done.sum() >= 4
+    np.testing.assert_array_equal(traj.extras["count"], traj.step)
