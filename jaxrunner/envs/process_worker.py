@@ -277,7 +277,8 @@ class Worker:
                 continue
             try:
                 write_next_obs(i, obs)
-                reward[i] = r if type(r) is float else check_reward(r, i)
+                # r - r == 0 is False for NaN and inf: checked before the step is DONE.
+                reward[i] = r if type(r) is float and r - r == 0.0 else check_reward(r, i)
                 terminated[i] = term if type(term) is bool else check_flag(term, i, "terminated")
                 truncated[i] = trunc if type(trunc) is bool else check_flag(trunc, i, "truncated")
                 if type(info) is not dict:
@@ -292,20 +293,6 @@ class Worker:
             if term or trunc:
                 ended.append(i)
             status[i] = DONE
-        if not np.isfinite(reward[lo:hi]).all():  # NaN or inf that took the fast path
-            for j in np.flatnonzero(~np.isfinite(reward[lo:hi])).tolist():
-                i = lo + j
-                if i in errors:
-                    continue  # its slot holds no new reward
-                try:
-                    check_reward(reward[i], i)
-                except JaxRunnerError as err:
-                    if policy is None:
-                        raise
-                    errors[i], status[i] = err, RUNNING
-                    infos.pop(i, None)
-                    if i in ended:
-                        ended.remove(i)
         failed = list(errors)
         for i in failed:
             self._restart(i, errors[i], failed_step=True)

@@ -1,0 +1,355 @@
+"""Fault tolerance of ``backend="process"`` (issue 4): sub-envs restarted inside their
+worker as in the sync backend, dead and hung workers replaced, nothing stale read, and
+every ``env.step`` call accounted for against a cross-process :class:`CallLog`."""
+
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import time
+from contextlib import closing
+
+import gymnasium
+import jax
+import numpy as np
+import pytest
+from conftest import short_cartpole
+
+import jaxrunner as jr
+from jaxrunner.bench import mlp_policy
+from jaxrunner.envs.process import ProcessVectorEnv
+from jaxrunner.errors import (
+    ClosedError,
+    EnvError,
+    InvalidActionError,
+    InvalidArgumentError,
+    WorkerError,
+    WorkerTimeoutError,
+)
+from jaxrunner.testing import CallLog, CountingEnv, FaultPlan, InjectedError, faulty_env_fns
+
+NUM_ENVS, T = 4, 8
+TIMEOUT_S = 1.5  # step_timeout_s of the hang tests
+OBS_COLUMNS = slice(0, CountingEnv.NOISE)  # a recreated env's noise is unseeded
+
+
+def counting_base(env_id: int) -> gymnasium.Env:
+    return CountingEnv(env_id=env_id, episode_length=7)
+
+
+def fns_with(faults_by_env: dict[int, list[FaultPlan]], log: CallLog | None = None) -> list:
+    fns = []
+    for i in range(NUM_ENVS):
+        base = functools.partial(counting_base, i)
+        fns += faulty_env_fns(base, 1, {0: faults_by_env.get(i, [])}, log, seed=i)
+    return fns
+
+
+def make_runner(envs: jr.VectorEnv, restart: bool = True, **kwargs) -> jr.EnvRunner:
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    return jr.EnvRunner(envs, policy, params, T, 0, restart_failed_sub_envs=restart, **kwargs)
+
+
+def process(fns, num_workers: int = 2, **kwargs) -> ProcessVectorEnv:
+    return ProcessVectorEnv(fns, num_workers=num_workers, **kwargs)
+
+
+def check_exact(log: CallLog, metrics: dict, envs: ProcessVectorEnv) -> None:
+    """Good calls = valid transitions + results lost with a dead worker; failed calls =
+    dropped slots - lost - never-started steps."""
+    assert log.count("step_ok") == metrics["num_env_steps"] + envs.num_lost_steps
+    assert log.count("step_failed") == (
+        metrics["num_dropped_steps"] - envs.num_lost_steps - envs.num_unrun_steps
+    )
+
+
+def check_aligned(traj: jr.Trajectory) -> None:
+    """A valid slot's obs continues the previous next_obs, except after an episode end
+    or a failed slot."""
+    cont = traj.valid[1:] & traj.valid[:-1] & ~traj.done[:-1]
+    np.testing.assert_array_equal(traj.obs[1:][cont], traj.next_obs[:-1][cont])
+
+
+# -- sub-envs restarted inside their worker ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        (FaultPlan(kind="raise", at=(3,)), FaultPlan(kind="bad_obs", at=(3,))),
+        (FaultPlan(kind="nan_reward", at=(3,)), FaultPlan(kind="raise", call="reset", at=(2,))),
+    ],
+    ids=["raise+bad_obs", "nan_reward+reset_raise"],
+)
+def test_sub_env_restarts_equal_the_sync_backends(faults, tmp_path):
+    """Envs 0 and 2 (one per worker) fail; the process backend gives the sync backend's
+    trajectory: same failed slots, same fresh env after them, others untouched."""
+    faults = {0: [faults[0]], 2: [faults[1]]}
+    with make_runner(jr.SyncVectorEnv(fns_with(faults))) as runner:
+        expected, expected_metrics = runner.sample(), runner.get_metrics()
+    log = CallLog(tmp_path)
+    with make_runner(process(fns_with(faults, log))) as runner:
+        traj, metrics = runner.sample(), runner.get_metrics()
+    assert (~traj.valid).sum() == expected_metrics["num_dropped_steps"] > 0
+    np.testing.assert_array_equal(traj.valid, expected.valid)
+    for key in ("num_env_steps", "num_dropped_steps", "num_faulty_episodes", "num_episodes"):
+        assert metrics[key] == expected_metrics[key], key
+    for b in (1, 3):  # never failed: identical
+        for name in ("obs", "action", "reward", "terminated", "truncated", "next_obs", "step"):
+            np.testing.assert_array_equal(getattr(traj, name)[:, b], getattr(expected, name)[:, b])
+    for b in (0, 2):  # identical up to the restart, and the fresh env's obs after it
+        np.testing.assert_array_equal(traj.next_obs[:2, b], expected.next_obs[:2, b])
+        np.testing.assert_array_equal(
+            traj.obs[..., OBS_COLUMNS][:, b], expected.obs[..., OBS_COLUMNS][:, b]
+        )
+    check_exact(log, metrics, runner.envs)
+    assert metrics["num_dropped_steps"] == log.count("step_failed")
+
+
+def test_random_sub_env_faults_restart_in_worker_and_count_exactly(tmp_path):
+    log = CallLog(tmp_path)
+    faults = [
+        FaultPlan(kind="raise", probability=0.03),
+        FaultPlan(kind="nan_reward", probability=0.02),
+        FaultPlan(kind="bad_obs", probability=0.02),
+        FaultPlan(kind="raise", call="reset", probability=0.05),
+    ]
+    fns = faulty_env_fns(short_cartpole, 6, faults, log, seed=3)
+    envs = process(fns)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    valid = 0
+    with jr.EnvRunner(envs, policy, params, 50, 0, restart_failed_sub_envs=True) as runner:
+        for _ in range(2):
+            traj = runner.sample()
+            valid += int(traj.valid.sum())
+            check_aligned(traj)
+        metrics = runner.get_metrics()
+    assert log.count("step_failed") > 8  # faults really happened
+    assert envs.num_worker_restarts == 0 and envs.num_restarts >= log.count("step_failed")
+    assert metrics["num_env_steps"] == valid == log.count("step_ok")
+    assert metrics["num_dropped_steps"] == log.count("step_failed")
+    assert metrics["num_dropped_steps"] + valid == 2 * 50 * 6
+
+
+# -- dead and hung workers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["exit", "kill", "segfault", "hang"])
+def test_a_dying_or_hung_worker_is_replaced_and_its_envs_episodes_cut(kind, tmp_path):
+    """Env 2, the first of worker 1, kills (or hangs) its worker at its 4th step."""
+    log = CallLog(tmp_path)
+    with make_runner(jr.SyncVectorEnv(fns_with({}))) as runner:
+        clean = runner.sample()
+    fns = fns_with({}, log)
+    fns[2] = _FirstInstanceFails(log, FaultPlan(kind=kind, at=(4,)), env_id=2)
+    envs = process(fns, step_timeout_s=TIMEOUT_S)
+    old_pids = list(envs.worker_pids)
+    with make_runner(envs) as runner:
+        start = time.monotonic()
+        traj = runner.sample()
+        took = time.monotonic() - start
+        metrics = runner.get_metrics()
+        new_pids = list(envs.worker_pids)
+        counts = (envs.num_worker_restarts, envs.num_lost_steps, envs.num_unrun_steps)
+        ok, failed = log.count("step_ok"), log.count("step_failed")
+        assert runner.sample().valid.all()  # carries on
+    assert took < TIMEOUT_S + 10
+    assert new_pids[0] == old_pids[0] and new_pids[1] != old_pids[1]
+    expected_valid = np.ones((T, NUM_ENVS), bool)
+    expected_valid[3, 2:] = False  # both envs of worker 1, at their 4th step
+    np.testing.assert_array_equal(traj.valid, expected_valid)
+    for name in ("obs", "action", "reward", "next_obs", "step"):  # episode ids shift
+        np.testing.assert_array_equal(getattr(traj, name)[:, :2], getattr(clean, name)[:, :2])
+        np.testing.assert_array_equal(getattr(traj, name)[:3, 2:], getattr(clean, name)[:3, 2:])
+    # No stale data: the failed slots and what follows come from the new envs.
+    fresh = traj.next_obs[3, 2:]
+    np.testing.assert_array_equal(fresh[:, [CountingEnv.SEED, CountingEnv.EPISODE]], [[-1, 0]] * 2)
+    np.testing.assert_array_equal(fresh[:, CountingEnv.T], [0, 0])
+    np.testing.assert_array_equal(traj.obs[4, 2:], fresh)
+    np.testing.assert_array_equal(traj.obs[4:, 2:, CountingEnv.T], traj.step[4:, 2:])
+    assert (traj.reward[3, 2:] == 0).all()
+    check_aligned(traj)
+    episodes = [e for e in traj.split_episodes() if e.env_id >= 2 and e.faulty]
+    assert sorted(e.length for e in episodes) == [3, 3]
+    assert metrics["num_faulty_episodes"] == 2 and metrics["num_dropped_steps"] == 2
+    # One restart. Env 2's call failed; env 3 never started its step.
+    assert counts == (1, 0, 1)
+    assert ok == metrics["num_env_steps"] and failed == 1
+    check_exact(log, runner.get_metrics(), envs)
+
+
+def test_random_worker_deaths_with_one_worker_count_exactly(tmp_path):
+    """One worker holds both pipelining groups: a death loses the other group's step in
+    flight too, or fails its envs at their next step; every call is accounted for."""
+    log = CallLog(tmp_path)
+    faults = [FaultPlan(kind=k, probability=0.004) for k in ("exit", "kill", "segfault")]
+    faults.append(FaultPlan(kind="raise", probability=0.01))
+    fns = faulty_env_fns(short_cartpole, 6, faults, log, seed=5)
+    envs = process(fns, num_workers=1, step_timeout_s=30)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, 40, 0, restart_failed_sub_envs=True) as runner:
+        for _ in range(3):
+            check_aligned(runner.sample())
+        metrics = runner.get_metrics()
+    assert envs.num_worker_restarts >= 2 and envs.num_restarts >= 2
+    assert envs.num_lost_steps + envs.num_unrun_steps > 0
+    assert metrics["num_env_steps"] + metrics["num_dropped_steps"] == 3 * 40 * 6
+    check_exact(log, metrics, envs)
+
+
+@pytest.mark.parametrize("kind", ["exit", "hang"])
+def test_restart_off_a_dead_or_hung_worker_raises_promptly(kind):
+    fault = FaultPlan(kind=kind, at=(3,))
+    envs = process(fns_with({3: [fault]}), step_timeout_s=TIMEOUT_S)
+    runner = make_runner(envs, restart=False)
+    error = WorkerTimeoutError if kind == "hang" else WorkerError
+    start = time.monotonic()
+    with runner, pytest.raises(error, match=r"worker 1 \(pid \d+, sub-envs 2..3\)") as info:
+        runner.sample()
+    assert time.monotonic() - start < TIMEOUT_S + 10
+    assert info.value.worker_index == 1 and info.value.env_indices == range(2, 4)
+    if kind == "hang":
+        assert isinstance(info.value, TimeoutError)
+        assert "did not answer within step_timeout_s=1.5 s" in str(info.value)
+    assert info.value.partial_trajectory.num_steps == 2
+    with pytest.raises(ClosedError, match="worker 1"):
+        envs.step(np.zeros(NUM_ENVS, np.int64))
+
+
+# -- bounded recreation -------------------------------------------------------------------------
+
+
+class _FirstInstanceFails:
+    """A factory (picklable: it counts in a CallLog) of CountingEnv ``env_id`` whose
+    first instance fails as ``fault`` says; later ones behave."""
+
+    def __init__(self, log: CallLog, fault: FaultPlan, env_id: int) -> None:
+        self.log, self.fault, self.env_id = log, fault, env_id
+
+    def __call__(self) -> gymnasium.Env:
+        made = self.log.count("first")
+        self.log.record("first")
+        faults = [self.fault] if made == 0 else []
+        return jr.testing.FaultyEnv(counting_base(self.env_id), faults, self.log)
+
+
+class _Unrecreatable:
+    """A factory (picklable: it counts in a CallLog) whose first env fails as ``first``
+    says and whose every later env fails in reset as ``later`` says."""
+
+    def __init__(self, log: CallLog, first: FaultPlan, later: FaultPlan) -> None:
+        self.log, self.first, self.later = log, first, later
+
+    def __call__(self) -> gymnasium.Env:
+        made = self.log.count("factory")
+        self.log.record("factory")
+        return jr.testing.FaultyEnv(CountingEnv(), [self.first if made == 0 else self.later])
+
+
+def test_a_sub_env_that_cannot_be_recreated_raises_after_max_attempts(tmp_path):
+    log = CallLog(tmp_path)
+    factory = _Unrecreatable(
+        log,
+        FaultPlan(kind="raise", at=(3,)),
+        FaultPlan(kind="raise", call="reset", probability=1.0),
+    )
+    envs = process([factory, CountingEnv], num_workers=1)
+    runner = make_runner(envs, restart_policy=jr.RestartPolicy(max_attempts=4))
+    with runner, pytest.raises(EnvError, match="4 attempts in a row") as info:
+        runner.sample()
+    assert isinstance(info.value.__cause__, InjectedError)  # the original failure
+    assert isinstance(info.value.recreation_error, InjectedError)
+    assert info.value.env_index == 0
+    assert log.count("factory") == 1 + 4
+    assert info.value.partial_trajectory.num_steps == 2
+
+
+def test_a_worker_that_cannot_be_restarted_raises_after_max_attempts(tmp_path):
+    log = CallLog(tmp_path)
+    factory = _Unrecreatable(
+        log,
+        FaultPlan(kind="exit", at=(3,)),
+        FaultPlan(kind="exit", call="reset", probability=1.0),
+    )
+    envs = process([CountingEnv, factory], num_workers=2)
+    policy = jr.RestartPolicy(max_attempts=3, backoff_s=0.01)
+    runner = make_runner(envs, restart_policy=policy)
+    with runner, pytest.raises(WorkerError, match="3 attempts in a row") as info:
+        runner.sample()
+    assert "worker 1" in str(info.value) and info.value.env_indices == range(1, 2)
+    assert isinstance(info.value.__cause__, WorkerError)  # the first death
+    assert "exited with code 13" in str(info.value.__cause__)
+    assert isinstance(info.value.recreation_error, WorkerError)
+    assert log.count("factory") == 1 + 3
+    with pytest.raises(ClosedError):
+        envs.step(np.zeros(2, np.int64))
+
+
+# -- bad calls ----------------------------------------------------------------------------------
+
+
+def test_a_wrong_length_action_batch_is_rejected_before_any_worker_steps(tmp_path):
+    log = CallLog(tmp_path)
+    with closing(process(fns_with({}, log))) as vec:
+        vec.reset(seed=0)
+        vec.step(np.zeros(NUM_ENVS, np.int64))
+        for bad, rows in ((np.zeros(NUM_ENVS - 1, np.int64), None), (np.zeros(3), slice(0, 2))):
+            with pytest.raises(InvalidActionError):
+                vec.step_batch(bad, rows)
+        assert log.count("step_ok") == NUM_ENVS  # no worker was sent anything
+        out = vec.step_batch(np.arange(NUM_ENVS) % 3)
+        np.testing.assert_array_equal(out.reward, np.arange(NUM_ENVS) % 3)  # still aligned
+        np.testing.assert_array_equal(out.next_obs[:, CountingEnv.T], [2] * NUM_ENVS)
+        out = vec.step_batch(np.ones(2, np.int64), slice(2, 4))
+        np.testing.assert_array_equal(out.next_obs[:, CountingEnv.T], [3, 3])
+
+
+def test_every_call_after_close_raises_a_clear_error():
+    vec = process(fns_with({}))
+    vec.reset(seed=0)
+    vec.step_batch_async(np.zeros(NUM_ENVS, np.int64))
+    vec.close()
+    calls = {
+        "step": lambda: vec.step(np.zeros(NUM_ENVS, np.int64)),
+        "step_batch_async": lambda: vec.step_batch_async(np.zeros(NUM_ENVS, np.int64)),
+        "step_batch_wait": vec.step_batch_wait,
+        "reset": vec.reset,
+        "reset_at": lambda: vec.reset_at(0),
+        "call": lambda: vec.call("reset"),
+        "restart_policy": lambda: setattr(vec, "restart_policy", jr.RestartPolicy()),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ClosedError, match=r"after the vector env was closed"):
+            call()
+        assert name
+
+
+def test_step_timeout_option():
+    with pytest.raises(InvalidArgumentError, match=r"step_timeout_s=0"):
+        jr.make_vec(CountingEnv, 2, backend="process", step_timeout_s=0)
+    with closing(jr.make_vec(CountingEnv, 2, backend="process", step_timeout_s=None)) as vec:
+        assert vec.step_timeout_s is None
+        assert vec.supports_restart
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_a_replaced_workers_process_is_gone(tmp_path):
+    fns = fns_with({})
+    fns[1] = _FirstInstanceFails(CallLog(tmp_path), FaultPlan(kind="hang", at=(2,)), env_id=1)
+    envs = process(fns, step_timeout_s=TIMEOUT_S)
+    old = envs.worker_pids[0]
+    with make_runner(envs) as runner:
+        runner.sample()
+        assert envs.worker_pids[0] != old and _pid_gone(old)
+    assert os.getpid() not in envs.worker_pids
