@@ -322,32 +322,13 @@ class PolicyBatcher:
         packed_spec = jax.ShapeDtypeStruct((in_packing.nbytes,), jnp.uint8)
         compiled = jax.jit(step).trace(self._params, packed_spec).lower().compile()
         out_packing = traced["out"]
-        self._check_action_spec(out_packing, size)
-        entry = (compiled, in_packing, out_packing, in_packing.allocate())
-        self._compiled[size] = entry
-        return entry
-
-    def _check_action_spec(self, out_packing: Packing, size: int) -> None:
         action_spec = out_packing.treedef.unflatten(
             [jax.ShapeDtypeStruct(s, d) for s, d in zip(out_packing.shapes, out_packing.dtypes)]
         )[0]
-        expected = jr_spaces.allocate(self._action_space, (size,))
-
-        def check(exp: np.ndarray, got: Any) -> None:
-            if tuple(got.shape) != exp.shape or not np.can_cast(got.dtype, exp.dtype, "same_kind"):
-                raise SpaceMismatchError(
-                    f"the policy returns actions of shape {tuple(got.shape)} and dtype "
-                    f"{got.dtype}; the action space {self._action_space} needs shape {exp.shape} "
-                    f"and a dtype of the kind of {exp.dtype}. Check the policy's action head."
-                )
-
-        try:
-            jr_spaces.map_structure(self._action_space, check, expected, action_spec)
-        except (KeyError, IndexError, TypeError) as err:
-            raise SpaceMismatchError(
-                f"the policy's action structure does not match the action space "
-                f"{self._action_space}."
-            ) from err
+        jr_spaces.check_policy_actions(self._action_space, action_spec, size)
+        entry = (compiled, in_packing, out_packing, in_packing.allocate())
+        self._compiled[size] = entry
+        return entry
 
 
 __all__ = ["PolicyBatcher", "Row", "RowResult", "default_buckets"]

@@ -164,13 +164,15 @@ class EnvRunner:
                 batch_buckets=getattr(config, "batch_buckets", None),
                 wait_ms=getattr(config, "remote_env_batch_wait_ms", 0.0),
             )
-            self._check_action_spec(self._dynamic.action_spec, slice(0, num_envs))
+            jr_spaces.check_policy_actions(self._action_space, self._dynamic.action_spec, num_envs)
             return
         self._groups = self._make_groups(policy, obs, num_groups)
         # The latest observations of each group's envs (views of the env's buffer).
         self._group_obs = [jr_spaces.rows(self._obs_space, obs, g.rows) for g in self._groups]
         action_spec, self._extras_spec = self._groups[0].output_spec
-        self._check_action_spec(action_spec, self._groups[0].rows)
+        jr_spaces.check_policy_actions(
+            self._action_space, action_spec, self._groups[0].rows.stop - self._groups[0].rows.start
+        )
         if callbacks is not None:
             self._live = [self._start_live(i, obs) for i in range(num_envs)]
 
@@ -202,27 +204,6 @@ class EnvRunner:
             )
             for lo, hi in itertools.pairwise(bounds)
         ]
-
-    def _check_action_spec(self, spec: Any, rows: slice) -> None:
-        num_envs = rows.stop - rows.start
-        expected = jr_spaces.allocate(self._action_space, (num_envs,))
-
-        def check(exp: np.ndarray, got: Any) -> None:
-            if tuple(got.shape) != exp.shape or not np.can_cast(got.dtype, exp.dtype, "safe"):
-                raise SpaceMismatchError(
-                    f"the policy returns actions of shape {tuple(got.shape)} and dtype "
-                    f"{got.dtype}; the action space {self._action_space} needs shape "
-                    f"{exp.shape} (a batch of {num_envs} envs) and a dtype safely castable to "
-                    f"{exp.dtype}. Check the policy's action head against the env."
-                )
-
-        try:
-            jr_spaces.map_structure(self._action_space, check, expected, spec)
-        except (KeyError, IndexError, TypeError) as err:
-            raise SpaceMismatchError(
-                f"the policy's action structure {jax.tree.structure(spec)} does not match "
-                f"the action space {self._action_space}."
-            ) from err
 
     # -- public API ---------------------------------------------------------------------------
 

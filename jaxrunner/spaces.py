@@ -166,6 +166,28 @@ def make_writer(space: spaces.Space, buffer: Any, path: str = "obs") -> Writer:
     return write_array
 
 
+def check_policy_actions(action_space: spaces.Space, spec: Any, num_envs: int) -> None:
+    """Checks a policy's action output (arrays or ``ShapeDtypeStruct`` leaves) for a
+    batch of ``num_envs`` against the action space, before any env is stepped."""
+    expected = allocate(action_space, (num_envs,))
+
+    def check(exp: np.ndarray, got: Any) -> None:
+        if tuple(got.shape) != exp.shape or not np.can_cast(got.dtype, exp.dtype, "safe"):
+            raise SpaceMismatchError(
+                f"the policy returns actions of shape {tuple(got.shape)} and dtype "
+                f"{got.dtype}; the action space {action_space} needs shape {exp.shape} (a "
+                f"batch of {num_envs}) and a dtype safely castable to {exp.dtype}. Check the "
+                "policy's action head against the env."
+            )
+
+    try:
+        map_structure(action_space, check, expected, spec)
+    except (KeyError, IndexError, TypeError) as err:
+        raise SpaceMismatchError(
+            f"the policy's action structure does not match the action space {action_space}."
+        ) from err
+
+
 def _action_kind_ok(space_dtype: np.dtype, got: np.dtype) -> bool:
     if space_dtype.kind in "iu":
         return got.kind in "iu"

@@ -37,7 +37,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.errors import ClosedError, InvalidArgumentError
+from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError
 from jaxrunner.faults import RestartPolicy
 
 
@@ -253,6 +253,21 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
                 f"{type(self).__name__}.{what}() called after the vector env was closed "
                 f"({self._closed_reason}). Create a new one with jaxrunner.make_vec()."
             )
+
+    def _check_index(self, index: int, what: str) -> None:
+        if not 0 <= index < self.num_envs:
+            raise EnvIndexError(f"{what}(index={index}): index must be in [0, {self.num_envs}).")
+
+    def _values_per_env(self, name: str, values: Any) -> list[Any]:
+        """``set_attr``'s values: one per sub-env, or one value for all."""
+        if not isinstance(values, (list, tuple)):
+            return [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise InvalidArgumentError(
+                f"set_attr({name!r}, values): need one value per sub-env ({self.num_envs}), "
+                f"got {len(values)}."
+            )
+        return list(values)
 
     def _maybe_copy(self, obs: Any) -> Any:
         if not self.copy:

@@ -51,7 +51,6 @@ from jaxrunner.envs.vector_infos import (
 )
 from jaxrunner.errors import (
     EnvError,
-    EnvIndexError,
     InvalidActionError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -264,8 +263,7 @@ class GymnasiumVectorEnv(VectorEnv):
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         self._check_open("reset_at")
-        if not 0 <= index < self.num_envs:
-            raise EnvIndexError(f"reset_at(index={index}): index must be in [0, {self.num_envs}).")
+        self._check_index(index, "reset_at")
         if self._masked_reset is None:
             raise InvalidArgumentError(
                 f"reset_at({index}): {type(self.env.unwrapped).__name__} has no known way to "

@@ -44,7 +44,6 @@ from jaxrunner.envs import process_worker as pw
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import (
     EnvError,
-    EnvIndexError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     SpaceMismatchError,
@@ -751,8 +750,7 @@ class ProcessVectorEnv(VectorEnv):
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         self._check_open("reset_at")
-        if not 0 <= index < self.num_envs:
-            raise EnvIndexError(f"reset_at(index={index}): index must be in [0, {self.num_envs}).")
+        self._check_index(index, "reset_at")
         w = next(w.index for w in self._workers if index in w.envs)
         status, payload = self._call(w, "reset_at", (index, seed, options))
         if status != pw.STATUS_OK:
@@ -920,13 +918,7 @@ class ProcessVectorEnv(VectorEnv):
 
     def set_attr(self, name: str, values: Any) -> None:
         self._check_open("set_attr")
-        if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise InvalidArgumentError(
-                f"set_attr({name!r}, values): need one value per sub-env ({self.num_envs}), "
-                f"got {len(values)}."
-            )
+        values = self._values_per_env(name, values)
         self._call_all(
             "set_attr", [(name, list(values[w.envs.start : w.envs.stop])) for w in self._workers]
         )

@@ -637,13 +637,7 @@ class RayVectorEnv(VectorEnv):
 
     def set_attr(self, name: str, values: Any) -> None:
         self._check_open("set_attr")
-        if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise InvalidArgumentError(
-                f"set_attr({name!r}, values): need one value per sub-env ({self.num_envs}), "
-                f"got {len(values)}."
-            )
+        values = self._values_per_env(name, values)
         self._get_all(
             [
                 a.set_attr.remote(name, list(values[r]))

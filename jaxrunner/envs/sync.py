@@ -14,7 +14,6 @@ from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import (
     EnvError,
-    EnvIndexError,
     InvalidArgumentError,
     InvalidStepError,
     JaxRunnerError,
@@ -153,8 +152,7 @@ class SyncVectorEnv(VectorEnv):
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         self._check_open("reset_at")
-        if not 0 <= index < self.num_envs:
-            raise EnvIndexError(f"reset_at(index={index}): index must be in [0, {self.num_envs}).")
+        self._check_index(index, "reset_at")
         info = self._reset_one(index, seed, options)
         return jr_spaces.take(self.single_observation_space, self._obs, index), info
 
@@ -292,13 +290,7 @@ class SyncVectorEnv(VectorEnv):
 
     def set_attr(self, name: str, values: Any) -> None:
         self._check_open("set_attr")
-        if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise InvalidArgumentError(
-                f"set_attr({name!r}, values): need one value per sub-env ({self.num_envs}), "
-                f"got {len(values)}."
-            )
+        values = self._values_per_env(name, values)
         for env, value in zip(self.envs, values):
             env.set_wrapper_attr(name, value)
 
