@@ -1,23 +1,8 @@
-"""The worker side of ``backend="process"``, and what both sides share.
+"""The worker process of ``backend="process"``: owns a block of sub-envs.
 
-Each worker process owns the sub-envs ``[offset, offset + len(envs))`` and one Unix
-socket to the main process. Bulk data never crosses the socket: observations,
-rewards, flags and actions live in one shared-memory block (:class:`Layout`), read
-and written in place by both sides. Per step the socket carries one fixed-size
-command each way (and a pickled payload only when there is something to say: a
-non-empty info, an error).
-
-Wire protocol (every message is a header, then ``length`` payload bytes):
-
-* main -> worker: ``COMMAND = (op, seq, lo, hi, length)``. ``OP_STEP`` steps the
-  worker's envs ``[lo, hi)`` (global indices); ``OP_CALL`` carries a pickled
-  ``(method, args)`` in its payload (reset, reset_at, call, get_attr, set_attr,
-  render, close); ``OP_MEMORY`` comes once, with the shared-memory fd attached.
-* worker -> main: ``REPLY = (seq, status, length)``. ``seq`` echoes the command's, so
-  a reply can never be taken for another command's (a restarted worker starts
-  again at a fresh socket). ``STATUS_OK`` with a payload is a pickled result
-  (``OP_STEP``: sparse infos, and the sub-envs restarted in the worker with their
-  errors); ``STATUS_ERROR``'s payload is a pickled :class:`RemoteError`.
+Each worker owns the sub-envs ``[offset, offset + len(envs))`` and one Unix socket
+to the main process, on which it answers commands (:mod:`.wire`) in order. Step
+data goes through the shared block (:mod:`.shared`), never the socket.
 
 Restarts: with a restart policy (``set_restart_policy``), a sub-env that raises or
 returns an invalid step is recreated here from its factory (:mod:`jaxrunner.faults`),
@@ -26,187 +11,37 @@ replace; to tell which steps a dying worker had done, the worker marks each sub-
 progress in the shared ``status`` array (``NOT_RUN`` -> ``RUNNING`` -> ``DONE``).
 
 A worker ends when told to close, and on its own when the main process goes away
-(its socket reaches EOF), so it never outlives the main process.
+(its socket reaches EOF), so it never outlives the main process. This is the module
+the fork server preloads: it must not start JAX.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import mmap
 import os
 import pickle
 import socket
-import struct
-import traceback
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import gymnasium
-import numpy as np
 
 from jaxrunner import spaces as jr_spaces
+from jaxrunner.envs.process.shared import DONE, RUNNING, Layout, Views, fail_slot
+from jaxrunner.envs.process.wire import (
+    COMMAND,
+    OP_MEMORY,
+    OP_STEP,
+    REPLY,
+    START_REPORT_SEQ,
+    STATUS_ERROR,
+    STATUS_OK,
+    RemoteError,
+    recv_exact,
+)
 from jaxrunner.envs.sync import check_flag, check_info, check_reward
 from jaxrunner.errors import EnvError, JaxRunnerError
 from jaxrunner.faults import RestartPolicy, close_quietly, recreate
-
-COMMAND = struct.Struct("=qqqqq")
-REPLY = struct.Struct("=qqq")
-OP_STEP, OP_CALL, OP_MEMORY = 1, 2, 3
-STATUS_OK, STATUS_ERROR = 0, 1
-# Per sub-env progress of a step command, in the shared ``status`` array: the main
-# process sets NOT_RUN before it sends the command; RUNNING while env.step runs (and
-# after a step that failed); DONE once the step's transition is written.
-NOT_RUN, RUNNING, DONE = 0, 1, 2
-_ALIGN = 64  # a cache line: arrays never share one
-
-
-# -- shared memory ------------------------------------------------------------------------------
-
-
-class Views(NamedTuple):
-    """Numpy views of the shared block (all ``[num_envs, ...]``)."""
-
-    obs: Any
-    next_obs: Any
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    action: Any
-    status: np.ndarray
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """Where each stacked buffer lives in the shared block; both sides compute the
-    same offsets from the same spaces and ``num_envs``."""
-
-    observation_space: gymnasium.Space
-    action_space: gymnasium.Space
-    num_envs: int
-
-    def _carve(self, buffer: Any) -> tuple[Views, int]:
-        offset = 0
-        n = self.num_envs
-
-        def take(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-            nonlocal offset
-            dtype = np.dtype(dtype)
-            size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            start = offset
-            offset += -(-max(size, 1) // _ALIGN) * _ALIGN
-            if buffer is None:
-                return np.empty(0, dtype)
-            return np.frombuffer(buffer, dtype, int(np.prod(shape)), start).reshape(shape)
-
-        def carve_space(space: gymnasium.Space) -> Any:
-            template = jr_spaces.allocate(space, (0,))
-            return jr_spaces.map_structure(
-                space, lambda leaf: take((n, *leaf.shape[1:]), leaf.dtype), template
-            )
-
-        views = Views(
-            obs=carve_space(self.observation_space),
-            next_obs=carve_space(self.observation_space),
-            reward=take((n,), np.float64),
-            terminated=take((n,), np.bool_),
-            truncated=take((n,), np.bool_),
-            action=carve_space(self.action_space),
-            status=take((n,), np.int8),
-        )
-        return views, offset
-
-    @property
-    def nbytes(self) -> int:
-        return self._carve(None)[1]
-
-    def views(self, buffer: Any) -> Views:
-        return self._carve(buffer)[0]
-
-
-def create_shared_block(nbytes: int) -> tuple[int, mmap.mmap]:
-    """An anonymous shared-memory file (no name to leak) and its mapping."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("jaxrunner-process", os.MFD_CLOEXEC)
-    else:  # other Unixes: an unlinked temporary file
-        import tempfile
-
-        with tempfile.TemporaryFile() as file:
-            fd = os.dup(file.fileno())
-    os.ftruncate(fd, nbytes)
-    return fd, mmap.mmap(fd, nbytes)
-
-
-# -- messages ---------------------------------------------------------------------------------
-
-
-def recv_exact(sock: socket.socket, size: int) -> bytes:
-    """Exactly ``size`` bytes; ``EOFError`` if the other side has gone."""
-    data = sock.recv(size, socket.MSG_WAITALL)
-    if len(data) == size:
-        return data
-    chunks = [data]
-    got = len(data)
-    while got < size:
-        if not data:
-            raise EOFError("the socket was closed by the other side")
-        data = sock.recv(size - got)
-        chunks.append(data)
-        got += len(data)
-    return b"".join(chunks)
-
-
-@dataclasses.dataclass
-class RemoteError:
-    """An exception raised in a worker, as sent to the main process.
-
-    Attributes:
-        kind: ``"env"`` (a sub-env's own code raised), ``"check"`` (jaxrunner
-            rejected what a sub-env returned) or ``"worker"`` (anything else).
-        env_index: the sub-env concerned (-1 if none).
-        call: the sub-env method concerned (``"step"``, ``"reset"``, ...).
-        exception: the pickled exception (``None`` if it does not pickle).
-        description: ``repr`` of the exception.
-        traceback: the formatted traceback, as text.
-    """
-
-    kind: str
-    env_index: int
-    call: str
-    exception: bytes | None
-    description: str
-    traceback: str
-    recreation: bytes | None = None
-    """Kind ``"recreate"`` (a sub-env could not be recreated): the last attempt's
-    pickled error; ``exception`` is then the failure that made the restart necessary
-    and ``description`` the message of the :class:`~jaxrunner.errors.EnvError`."""
-
-    @classmethod
-    def capture(cls, err: BaseException, kind: str, env_index: int, call: str) -> RemoteError:
-        text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-        return cls(kind, env_index, call, _pickled(err), repr(err), text)
-
-    @classmethod
-    def capture_recreation(cls, err: EnvError) -> RemoteError:
-        """An :class:`EnvError` of :func:`jaxrunner.faults.recreate` (gave up)."""
-        text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-        recreation = _pickled(getattr(err, "recreation_error", None))
-        cause = _pickled(err.__cause__) if err.__cause__ is not None else None
-        return cls("recreate", err.env_index, "recreate", cause, str(err), text, recreation)
-
-
-def _pickled(err: BaseException | None) -> bytes | None:
-    """``err`` pickled, or None if it does not survive the round trip."""
-    if err is None:
-        return None
-    try:
-        payload = pickle.dumps(err)
-        pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
-    except Exception:
-        return None
-    return payload
-
-
-# -- the worker ---------------------------------------------------------------------------------
 
 
 class _EnvFailed(Exception):
@@ -332,11 +167,7 @@ class Worker:
 
         self.envs[j], _, info = recreate(self.fns[j], i, self.policy, cause, reset)
         if failed_step:
-            v: Views = self.views  # type: ignore[assignment]
-            v.reward[i], v.terminated[i], v.truncated[i] = 0.0, False, False
-            jr_spaces.copy_into(
-                self.obs_space, v.next_obs, jr_spaces.take(self.obs_space, v.obs, i), i
-            )
+            fail_slot(self.views, self.obs_space, i)  # type: ignore[arg-type]
         return info
 
     def _reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict:
@@ -481,9 +312,9 @@ def worker_main(sock: socket.socket, offset: int, payload: bytes) -> None:
             "metadata": first.metadata,
             "render_mode": first.render_mode,
         }
-        worker.reply(0, STATUS_OK, pickle.dumps(info))
+        worker.reply(START_REPORT_SEQ, STATUS_OK, pickle.dumps(info))
     except BaseException as err:
-        worker.error(0, err)
+        worker.error(START_REPORT_SEQ, err)
         sock.close()
         return
     try:
@@ -491,21 +322,3 @@ def worker_main(sock: socket.socket, offset: int, payload: bytes) -> None:
     finally:
         worker.close()
         sock.close()
-
-
-class SocketHandle:
-    """A socket end to hand to a child process: pickled (only while the child is being
-    started) as a duplicate of its file descriptor, like multiprocessing's own
-    ``Connection`` objects."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-
-    def __reduce__(self) -> Any:
-        from multiprocessing.reduction import DupFd
-
-        return (_rebuild_socket, (DupFd(self.sock.fileno()),))
-
-
-def _rebuild_socket(dup: Any) -> socket.socket:
-    return socket.socket(fileno=dup.detach())

@@ -1,0 +1,45 @@
+"""``backend="process"``: sub-envs in worker processes, data in shared memory.
+
+Each worker process owns a contiguous block of sub-envs. Observations, rewards,
+flags and actions live in one shared-memory block that the workers write in place
+(:mod:`.shared`); per step, each worker gets one small command on its Unix socket and
+answers with one small reply, plus pickled infos only when an env returned a
+non-empty info (:mod:`.wire`). ``benchmarks/process_signal.py`` compares this
+signalling with the alternatives (pipes, semaphores, spinning on shared flags).
+
+Workers start with ``forkserver`` (or ``spawn``), never a plain ``fork`` of the
+main process, which may have started JAX's threads (:mod:`.launch`). They end on
+``close()``, when the vector env is garbage collected, at interpreter exit, and on
+their own when the main process dies (their socket reaches EOF).
+
+``step_batch_async``/``step_batch_wait`` let the runner keep several groups of
+workers stepping while it computes the policy of another group.
+
+Modules, main side first: :mod:`.vector_env` (the ``VectorEnv`` facade),
+:mod:`.recovery` (lost workers: replacement and accounting), :mod:`.pool`
+(commands and replies), :mod:`.handle` (one worker process), :mod:`.remote` (worker
+errors rebuilt here), :mod:`.launch` (arguments, start method); shared by both
+sides: :mod:`.wire`, :mod:`.shared`; the worker side: :mod:`.worker`.
+"""
+
+from jaxrunner.envs.process.launch import (
+    DEFAULT_STEP_TIMEOUT_S,
+    START_METHODS,
+    EnvFactory,
+    default_num_workers,
+    pickle_factories,
+    worker_bounds,
+)
+from jaxrunner.envs.process.remote import RemoteTraceback
+from jaxrunner.envs.process.vector_env import ProcessVectorEnv
+
+__all__ = [
+    "DEFAULT_STEP_TIMEOUT_S",
+    "START_METHODS",
+    "EnvFactory",
+    "ProcessVectorEnv",
+    "RemoteTraceback",
+    "default_num_workers",
+    "pickle_factories",
+    "worker_bounds",
+]

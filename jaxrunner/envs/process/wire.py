@@ -1,0 +1,136 @@
+"""The wire protocol between the main process and a worker (both sides import it).
+
+Every message is a fixed-size header, then ``length`` payload bytes:
+
+* main -> worker: ``COMMAND = (op, seq, lo, hi, length)``. ``OP_STEP`` steps the
+  worker's envs ``[lo, hi)`` (global indices); ``OP_CALL`` carries a pickled
+  ``(method, args)`` in its payload (reset, reset_at, call, get_attr, set_attr,
+  render, close, set_restart_policy); ``OP_MEMORY`` comes once, with the
+  shared-memory fd attached.
+* worker -> main: ``REPLY = (seq, status, length)``. ``seq`` echoes the command's, so
+  a reply can never be taken for another command's (a restarted worker starts
+  again at a fresh socket). ``STATUS_OK`` with a payload is a pickled result
+  (``OP_STEP``: sparse infos, and the sub-envs restarted in the worker with their
+  errors); ``STATUS_ERROR``'s payload is a pickled :class:`RemoteError`.
+
+The worker's start report (its sub-envs' spaces and metadata) is the reply to an
+implicit command 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import socket
+import struct
+import traceback
+from typing import Any
+
+from jaxrunner.errors import EnvError
+
+COMMAND = struct.Struct("=qqqqq")
+REPLY = struct.Struct("=qqq")
+OP_STEP, OP_CALL, OP_MEMORY = 1, 2, 3
+STATUS_OK, STATUS_ERROR = 0, 1
+START_REPORT_SEQ = 0
+"""The ``seq`` of a worker's start report: every command after it has a larger one."""
+
+
+def call_message(seq: int, method: str, args: tuple) -> bytes:
+    """An ``OP_CALL`` command asking the worker to run ``method(*args)``."""
+    payload = pickle.dumps((method, args), protocol=5)
+    return COMMAND.pack(OP_CALL, seq, 0, 0, len(payload)) + payload
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    """Exactly ``size`` bytes; ``EOFError`` if the other side has gone."""
+    data = sock.recv(size, socket.MSG_WAITALL)
+    if len(data) == size:
+        return data
+    chunks = [data]
+    got = len(data)
+    while got < size:
+        if not data:
+            raise EOFError("the socket was closed by the other side")
+        data = sock.recv(size - got)
+        chunks.append(data)
+        got += len(data)
+    return b"".join(chunks)
+
+
+@dataclasses.dataclass
+class RemoteError:
+    """An exception raised in a worker, as sent to the main process.
+
+    Attributes:
+        kind: ``"env"`` (a sub-env's own code raised), ``"check"`` (jaxrunner
+            rejected what a sub-env returned), ``"recreate"`` (a failed sub-env could
+            not be recreated) or ``"worker"`` (anything else).
+        env_index: the sub-env concerned (-1 if none).
+        call: the sub-env method concerned (``"step"``, ``"reset"``, ...).
+        exception: the pickled exception (``None`` if it does not pickle).
+        description: ``repr`` of the exception.
+        traceback: the formatted traceback, as text.
+    """
+
+    kind: str
+    env_index: int
+    call: str
+    exception: bytes | None
+    description: str
+    traceback: str
+    recreation: bytes | None = None
+    """Kind ``"recreate"``: the last attempt's pickled error; ``exception`` is then the
+    failure that made the restart necessary and ``description`` the message of the
+    :class:`~jaxrunner.errors.EnvError`."""
+
+    @classmethod
+    def capture(cls, err: BaseException, kind: str, env_index: int, call: str) -> RemoteError:
+        return cls(kind, env_index, call, _pickled(err), repr(err), _format(err))
+
+    @classmethod
+    def capture_recreation(cls, err: EnvError) -> RemoteError:
+        """An :class:`EnvError` of :func:`jaxrunner.faults.recreate` (gave up)."""
+        recreation = _pickled(getattr(err, "recreation_error", None))
+        cause = _pickled(err.__cause__) if err.__cause__ is not None else None
+        return cls("recreate", err.env_index, "recreate", cause, str(err), _format(err), recreation)
+
+
+def first_error(errors: list[tuple[int, RemoteError]]) -> tuple[int, RemoteError]:
+    """The ``(worker, error)`` to raise of several: the lowest sub-env index first (as
+    the sync backend would have met it), errors of no sub-env last."""
+    return min(errors, key=lambda e: (e[1].env_index < 0, e[1].env_index))
+
+
+def _format(err: BaseException) -> str:
+    return "".join(traceback.format_exception(type(err), err, err.__traceback__))
+
+
+def _pickled(err: BaseException | None) -> bytes | None:
+    """``err`` pickled, or None if it does not survive the round trip."""
+    if err is None:
+        return None
+    try:
+        payload = pickle.dumps(err)
+        pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
+    except Exception:
+        return None
+    return payload
+
+
+class SocketHandle:
+    """A socket end to hand to a child process: pickled (only while the child is being
+    started) as a duplicate of its file descriptor, like multiprocessing's own
+    ``Connection`` objects."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def __reduce__(self) -> Any:
+        from multiprocessing.reduction import DupFd
+
+        return (_rebuild_socket, (DupFd(self.sock.fileno()),))
+
+
+def _rebuild_socket(dup: Any) -> socket.socket:
+    return socket.socket(fileno=dup.detach())
