@@ -31,6 +31,7 @@ Carry = Any
 ApplyFn = Callable[[Params, Any, Carry, jax.Array], tuple[Any, dict[str, Any], Carry]]
 InitFn = Callable[[jax.Array, Any, Carry], Params]
 LogProbFn = Callable[[Params, Any, Carry, Any], jax.Array]
+EvaluateFn = Callable[[Params, Any, Carry, Any], dict[str, jax.Array]]
 
 
 def dummy_obs(observation_space: spaces.Space, batch: int = 1) -> Any:
@@ -52,12 +53,30 @@ class Policy:
         log_prob_fn: ``(params, obs, carry, action) -> log_prob [B]``: the
             log-probability of given actions (chosen elsewhere, e.g. logged by an
             external env). Optional; ``from_linen``/``from_nnx`` set it.
+        evaluate_fn: ``(params, obs, carry, action) -> {"log_prob", "entropy",
+            ["value"]}``, each ``[B]``: what a policy-gradient learner needs of stored
+            actions under new params. Optional; ``from_linen``/``from_nnx`` set it.
     """
 
     apply_fn: ApplyFn
     init_fn: InitFn | None = None
     initial_carry: Carry = None
     log_prob_fn: LogProbFn | None = None
+    evaluate_fn: EvaluateFn | None = None
+
+    def evaluate(
+        self, params: Params, obs: Any, action: Any, carry: Carry = None
+    ) -> dict[str, jax.Array]:
+        """Log-probability and entropy of ``action`` given ``obs`` (and the value, when
+        the module gives one) under ``params``: ``{"log_prob", "entropy", ["value"]}``,
+        each ``[B]``. Jittable and differentiable in ``params`` (a PPO loss uses it)."""
+        if self.evaluate_fn is None:
+            raise InvalidArgumentError(
+                "Policy.evaluate: this Policy has no evaluate_fn; build it with "
+                "Policy.from_linen/from_nnx or pass evaluate_fn=(params, obs, carry, action) "
+                "-> dict."
+            )
+        return self.evaluate_fn(params, obs, carry, action)
 
     def init(self, key: jax.Array, observation_space: spaces.Space) -> Params:
         """Initial params for observations of ``observation_space`` (a single env's)."""
@@ -175,16 +194,24 @@ class Policy:
         def init_fn(key: jax.Array, obs: Any, carry: Carry) -> Params:
             return {"module": init_module(key, obs, carry), **head}
 
-        def log_prob_fn(params: Params, obs: Any, carry: Carry, action: Any) -> jax.Array:
+        def evaluate_fn(params: Params, obs: Any, carry: Carry, action: Any) -> dict[str, Any]:
             out, _ = forward(params["module"], obs, carry)
-            dist = distributions.make_distribution(action_space, parse_module_output(out), params)
-            return dist.log_prob(action)
+            out = parse_module_output(out)
+            dist = distributions.make_distribution(action_space, out, params)
+            result = {"log_prob": dist.log_prob(action), "entropy": dist.entropy()}
+            if "value" in out:
+                result["value"] = out["value"]
+            return result
+
+        def log_prob_fn(params: Params, obs: Any, carry: Carry, action: Any) -> jax.Array:
+            return evaluate_fn(params, obs, carry, action)["log_prob"]  # XLA drops the rest
 
         return cls(
             apply_fn=apply_fn,
             init_fn=init_fn,
             initial_carry=initial_carry,
             log_prob_fn=log_prob_fn,
+            evaluate_fn=evaluate_fn,
         )
 
 

@@ -228,6 +228,43 @@ def test_sample_shapes_ranges_and_log_prob(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
+def test_evaluate_scores_stored_actions_under_params(name: str) -> None:
+    """Policy.evaluate: the log-prob the sampler stored, the value, and an entropy."""
+    policy, params, apply = build(name)
+    obs = make_obs()
+    action, extras, _ = apply(params, obs, None, env_keys(0))
+    scored = jax.jit(policy.evaluate)(params, obs, action)
+    np.testing.assert_allclose(scored["log_prob"], extras["log_prob"], rtol=1e-5, atol=1e-5)
+    assert set(scored) == {"log_prob", "entropy"} | ({"value"} & set(extras))
+    if "value" in extras:
+        np.testing.assert_allclose(scored["value"], extras["value"], rtol=1e-6)
+    assert scored["entropy"].shape == (B,)
+    grads = jax.grad(lambda p: policy.evaluate(p, obs, action)["log_prob"].sum())(params)
+    assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize("name", ["discrete", "box"])
+def test_evaluate_entropy_is_the_distributions(name: str) -> None:
+    case = CASES[name]
+    policy, params, _ = build(name)
+    obs = make_obs()
+    if isinstance(case.space, spaces.Discrete):
+        # Enumerate the actions: H = -sum_a p(a) log p(a).
+        log_probs = np.stack(
+            [
+                policy.evaluate(params, obs, np.full(B, case.space.start + a))["log_prob"]
+                for a in range(case.space.n)
+            ]
+        )
+        expected = -(np.exp(log_probs) * log_probs).sum(axis=0)
+    else:  # diagonal Gaussian: sum of 0.5 * log(2 pi e sigma^2)
+        log_std = np.asarray(params["log_std"], np.float64)
+        expected = np.full(B, (0.5 * np.log(2 * np.pi * np.e) + log_std).sum())
+    entropy = policy.evaluate(params, obs, np.zeros((B, *case.space.shape)))["entropy"]
+    np.testing.assert_allclose(entropy, expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
 def test_deterministic_gives_mode(name: str) -> None:
     case = CASES[name]
     _, params, apply = build(name, deterministic=True)
