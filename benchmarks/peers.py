@@ -390,7 +390,7 @@ def main() -> None:
     )
     parser.add_argument("--rollout-length", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=1.5, help="per measurement")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved repeats; median kept")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved repeats; median kept")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--with-ray", action="store_true", help="also backend='ray' (ray.init)")
     parser.add_argument("--out", type=pathlib.Path, default=None)
