@@ -33,12 +33,17 @@ class Packing:
         self.shapes = [tuple(leaf.shape) for leaf in leaves]
         self.dtypes = [np.dtype(jax.dtypes.canonicalize_dtype(leaf.dtype)) for leaf in leaves]
         self.offsets = []
+        self.sizes = [int(np.prod(shape)) for shape in self.shapes]
         offset = 0
-        for shape, dtype in zip(self.shapes, self.dtypes):
+        for size, dtype in zip(self.sizes, self.dtypes):
             self.offsets.append(offset)
-            size = int(np.prod(shape)) * dtype.itemsize
-            offset += -(-size // _ALIGN) * _ALIGN
+            offset += -(-size * dtype.itemsize // _ALIGN) * _ALIGN
         self.nbytes = max(offset, _ALIGN)
+        # host_views runs every step: its slicing is worked out once, here.
+        self._views = [
+            (lo, lo + size * dtype.itemsize, dtype, shape)
+            for lo, size, dtype, shape in zip(self.offsets, self.sizes, self.dtypes, self.shapes)
+        ]
 
     def allocate(self) -> np.ndarray:
         """A zeroed host buffer for this layout."""
@@ -46,17 +51,14 @@ class Packing:
 
     def host_views(self, buffer: np.ndarray) -> Any:
         """Numpy views of each leaf inside ``buffer`` (writes go into the buffer)."""
-        views = []
-        for shape, dtype, offset in zip(self.shapes, self.dtypes, self.offsets):
-            size = int(np.prod(shape)) * dtype.itemsize
-            views.append(buffer[offset : offset + size].view(dtype).reshape(shape))
-        return self.treedef.unflatten(views)
+        return self.treedef.unflatten(
+            [buffer[lo:hi].view(dtype).reshape(shape) for lo, hi, dtype, shape in self._views]
+        )
 
     def unpack(self, flat: jax.Array) -> Any:
         """The pytree stored in ``flat`` (traceable: use inside jit)."""
         leaves = []
-        for shape, dtype, offset in zip(self.shapes, self.dtypes, self.offsets):
-            size = int(np.prod(shape))
+        for shape, size, dtype, offset in zip(self.shapes, self.sizes, self.dtypes, self.offsets):
             chunk = flat[offset : offset + size * dtype.itemsize]
             if dtype == np.bool_:
                 leaf = chunk != 0
