@@ -35,7 +35,8 @@ print({TAG!r} + _json.dumps({{
     "history": history,
     "settings": {{"total_env_steps": TOTAL_ENV_STEPS, "num_envs": NUM_ENVS,
                  "rollout_length": ROLLOUT, "epochs": EPOCHS, "minibatches": MINIBATCHES,
-                 "gamma": GAMMA, "lam": LAM, "learning_rate": LEARNING_RATE, "seed": SEED}},
+                 "gamma": GAMMA, "lam": LAM, "learning_rate": LEARNING_RATE, "ent_coef": ENT_COEF,
+                 "seed": SEED}},
     "env_steps": env_steps, "sampling_s": sampling_s, "total_s": total_s,
     "greedy_eval_returns": eval_returns,
 }}))"""
