@@ -12,7 +12,7 @@ import jax
 
 from jaxrunner import errors
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.external import ExternalEnv, ExternalEnvConfig, _Live
+from jaxrunner.external import ExternalEnv, ExternalEnvConfig, LiveEpisode
 from jaxrunner.policy import Params, Policy
 from jaxrunner.serve import wire
 from jaxrunner.serve.auth import read_token
@@ -64,7 +64,7 @@ class _LocalEnv(ExternalEnv):
         super().__init__(*args, **kwargs)
         self.ended: dict[int, Episode | None] = {}
 
-    def _emit(self, live: _Live, episode: Episode | None) -> None:
+    def _emit(self, live: LiveEpisode, episode: Episode | None) -> None:
         self.ended[live.episode_id] = episode
 
 

@@ -51,19 +51,21 @@ class ExternalEnvConfig:
     """Episode return/length means are over this many most recent episodes."""
 
     def __post_init__(self) -> None:
-        for name in ("max_concurrent", "max_batch", "max_episode_steps", "max_output_episodes"):
+        for name in (
+            "max_concurrent",
+            "max_batch",
+            "max_episode_steps",
+            "max_output_episodes",
+            "episode_window",
+        ):
             _positive(name, getattr(self, name), integer=True)
-        _positive("episode_window", self.episode_window, integer=True)
         _positive(
             "max_episodes_per_client", self.max_episodes_per_client, integer=True, allow_none=True
         )
         _positive("episode_timeout_s", self.episode_timeout_s, integer=False, allow_none=True)
         _positive("action_timeout_s", self.action_timeout_s, integer=False)
-        if isinstance(self.max_wait_ms, bool) or not isinstance(self.max_wait_ms, (int, float)):
-            raise InvalidArgumentError(
-                f"ExternalEnvConfig(max_wait_ms={self.max_wait_ms!r}): expected a number >= 0."
-            )
-        if not self.max_wait_ms >= 0:
+        wait = self.max_wait_ms
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:
             raise InvalidArgumentError(
                 f"ExternalEnvConfig(max_wait_ms={self.max_wait_ms!r}): expected a number >= 0."
             )

@@ -1,38 +1,17 @@
-"""ExternalEnv: environments that run on their own and call in for actions.
+"""The :class:`ExternalEnv` facade: the public calls, under one lock.
 
-Inverted control, as RLlib's ExternalEnv: a game client, a robot or a simulator
-owned by someone else drives the episode and asks for actions::
-
-    env = jr.ExternalEnv(obs_space, action_space, policy, params, seed=0)
-    eid = env.start_episode()
-    action = env.get_action(eid, obs)      # on-policy: the policy chooses
-    env.log_returns(eid, reward)           # rewards add up until the next action
-    env.log_action(eid, obs, action)       # off-policy: the action was chosen elsewhere
-    env.end_episode(eid, final_obs)        # or truncated=True
-    episodes = env.poll_episodes()         # list[jr.Episode], same schema as EnvRunner's
-
-Any number of threads may call in for any number of episodes at once; their
-``get_action``/``log_action`` calls are batched into one compiled policy call
-(:mod:`jaxrunner.batching`). A transition ``(obs[t], action[t], reward[t],
-obs[t+1])`` is made of the observation of one call, the action it got, the rewards
-logged after it and the observation of the next call (or of ``end_episode``).
-
-Every argument is checked before any state changes: a bad call raises and leaves
-the episode exactly as it was. Abandoned episodes (no call for
-``episode_timeout_s``) are ended by a reaper as truncated at the last observation
-seen; the action that observation got never had an outcome, so that step is
-dropped and counted in ``num_dropped_steps``.
+The parts live next to it: :mod:`.episodes` (live records, ids), :mod:`.reaper`
+(abandoned episodes), :mod:`.config`, and :mod:`jaxrunner.batching` (policy calls).
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -45,44 +24,16 @@ from jaxrunner.errors import (
     ActionTimeoutError,
     ClosedError,
     EpisodeConflictError,
-    EpisodeNotFoundError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
-    TooManyEpisodesError,
 )
-from jaxrunner.external_config import ExternalEnvConfig
+from jaxrunner.external.config import ExternalEnvConfig
+from jaxrunner.external.episodes import MAX_EPISODE_ID, EpisodeTable, LiveEpisode
+from jaxrunner.external.reaper import Reaper
 from jaxrunner.metrics import EpisodeStats
 from jaxrunner.policy import Params, Policy
 from jaxrunner.space_check import check_value
 from jaxrunner.trajectory import Episode
-
-MAX_EPISODE_ID = 2**63 - 1
-ENDED_IDS_KEPT = 100_000
-"""How many ended episode ids are remembered (to refuse their reuse and answer 410)."""
-CLIENT_IDS_KEPT = 65_536
-"""Client names numbered as ``env_id``s; later new names get ``env_id`` -1 (memory bound)."""
-
-
-@dataclasses.dataclass
-class _Live:
-    """A live episode's host-side record."""
-
-    episode_id: int
-    client: str
-    env_id: int
-    training_enabled: bool
-    carry: Any
-    last_seen: float
-    obs: list[Any] = dataclasses.field(default_factory=list)
-    actions: list[Any] = dataclasses.field(default_factory=list)
-    extras: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
-    rewards: list[float] = dataclasses.field(default_factory=list)
-    pending_reward: float = 0.0
-    busy: bool = False  # a get_action/log_action call is in flight
-
-    @property
-    def num_actions(self) -> int:
-        return len(self.actions)
 
 
 class ExternalEnv:
@@ -133,11 +84,7 @@ class ExternalEnv:
         self.seed = int(seed)
         self.config = config = config or ExternalEnvConfig()
         self._lock = threading.Lock()
-        self._live: dict[int, _Live] = {}
-        self._per_client: collections.Counter[str] = collections.Counter()
-        self._client_ids: dict[str, int] = {}
-        self._ended_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self._next_auto_id = 0
+        self._episodes = EpisodeTable(config.max_concurrent, config.max_episodes_per_client)
         self._output: collections.deque[Episode] = collections.deque()
         self._output_ready = threading.Condition(self._lock)
         self._stats = EpisodeStats(config.episode_window)
@@ -157,15 +104,13 @@ class ExternalEnv:
             max_batch=config.max_batch,
             max_wait_s=config.max_wait_ms / 1000.0,
             buckets=config.bucket_sizes,
-            ready_hint=lambda: len(self._live),
+            ready_hint=lambda: len(self._episodes),
         )
-        self._stop = threading.Event()
-        self._reaper: threading.Thread | None = None
-        if config.episode_timeout_s is not None:
-            self._reaper = threading.Thread(
-                target=self._reap_loop, name="jaxrunner-reaper", daemon=True
-            )
-            self._reaper.start()
+        self._reaper = (
+            None
+            if config.episode_timeout_s is None
+            else Reaper(config.episode_timeout_s, self.reap)
+        )
         self._run_thread: threading.Thread | None = None
         self._run_error: BaseException | None = None
 
@@ -202,43 +147,9 @@ class ExternalEnv:
             )
         with self._lock:
             self._check_open("start_episode")
-            cap = self.config.max_concurrent
-            if len(self._live) >= cap:
-                raise TooManyEpisodesError(
-                    f"start_episode(): {cap} episodes are live, the max_concurrent cap; end some "
-                    "episodes first (or raise ExternalEnvConfig.max_concurrent)."
-                )
-            per_client = self.config.max_episodes_per_client
-            if per_client is not None and self._per_client[client] >= per_client:
-                raise TooManyEpisodesError(
-                    f"start_episode(): client {client!r} has {per_client} live episodes, the "
-                    "max_episodes_per_client cap; end some of them first."
-                )
-            if episode_id is None:
-                while self._next_auto_id in self._live or self._next_auto_id in self._ended_ids:
-                    self._next_auto_id += 1
-                episode_id = self._next_auto_id
-                self._next_auto_id += 1
-            elif episode_id in self._live or episode_id in self._ended_ids:
-                state = "live" if episode_id in self._live else "recently ended"
-                raise EpisodeConflictError(
-                    f"start_episode(episode_id={episode_id}): an episode with this id is {state}; "
-                    "episode ids must be unique. Pass another id, or None for a fresh one."
-                )
-            episode_id = int(episode_id)
-            if client not in self._client_ids and len(self._client_ids) < CLIENT_IDS_KEPT:
-                self._client_ids[client] = len(self._client_ids)
-            self._live[episode_id] = _Live(
-                episode_id,
-                client,
-                self._client_ids.get(client, -1),
-                bool(training_enabled),
-                self._initial_carry,
-                time.monotonic(),
-            )
-            self._per_client[client] += 1
+            live = self._episodes.open(episode_id, client, training_enabled, self._initial_carry)
             self._counts["num_started_episodes"] += 1
-            return episode_id
+            return live.episode_id
 
     def get_action(self, episode_id: int, obs: Any) -> Any:
         """The policy's action for ``obs`` (on-policy). Blocks until computed.
@@ -310,9 +221,7 @@ class ExternalEnv:
             )
         with self._lock:
             live = self._get_live(episode_id, "end_episode")
-            if live.num_actions:
-                live.rewards.append(live.pending_reward)
-            live.obs.append(obs)
+            live.close_at(obs)
             self._finish(live, terminated=not truncated, truncated=bool(truncated))
 
     def log_steps(
@@ -421,7 +330,7 @@ class ExternalEnv:
                 "num_env_steps": self._counts["num_env_steps"],
                 **self._stats.summary(),
                 "num_training_episodes": self._counts["num_training_episodes"],
-                "num_live_episodes": len(self._live),
+                "num_live_episodes": len(self._episodes),
                 "num_started_episodes": self._counts["num_started_episodes"],
                 "num_abandoned_episodes": self._counts["num_abandoned_episodes"],
                 "num_dropped_steps": self._counts["num_dropped_steps"],
@@ -481,10 +390,9 @@ class ExternalEnv:
             if self._closed:
                 return
             self._closed = True
-        self._stop.set()
         self._batcher.close()
         if self._reaper is not None:
-            self._reaper.join()
+            self._reaper.close()
 
     def __enter__(self) -> ExternalEnv:
         return self
@@ -500,41 +408,31 @@ class ExternalEnv:
                 f"ExternalEnv.{what}() called after close(); create a new ExternalEnv."
             )
 
-    def _get_live(self, episode_id: Any, what: str) -> _Live:
+    def _get_live(self, episode_id: Any, what: str) -> LiveEpisode:
         """The live, idle episode ``episode_id`` (caller holds the lock)."""
         self._check_open(what)
-        live = self._live.get(episode_id) if isinstance(episode_id, (int, np.integer)) else None
-        if live is None:
-            if isinstance(episode_id, (int, np.integer)) and episode_id in self._ended_ids:
-                raise EpisodeNotFoundError(
-                    f"{what}(episode_id={episode_id}): the episode has ended; start a new one.",
-                    ended=True,
-                )
-            raise EpisodeNotFoundError(
-                f"{what}(episode_id={episode_id!r}): no live episode has this id; start one "
-                "with start_episode() and use the id it returns."
-            )
-        if live.busy:
-            raise EpisodeConflictError(
-                f"{what}(episode_id={episode_id}): another call for this episode is still in "
-                "flight; an episode's calls must come one after another."
-            )
+        return self._episodes.get_idle(episode_id, what)
+
+    def _claim(self, episode_id: Any, steps: int, what: str) -> LiveEpisode:
+        """Marks the live, idle episode busy for ``steps`` more steps (caller holds
+        the lock); :meth:`_submit_rows` or its ``on_done`` marks it idle again."""
+        live = self._get_live(episode_id, what)
+        self._check_room(live, steps, what)
+        live.busy = True
+        live.last_seen = time.monotonic()
         return live
 
     def _submit(
         self, episode_id: int, obs: Any, action: Any, what: str
     ) -> concurrent.futures.Future:
         with self._lock:
-            live = self._get_live(episode_id, what)
-            self._check_room(live, 1, what)
-            live.busy = True
-            live.last_seen = time.monotonic()
+            live = self._claim(episode_id, 1, what)
             row = Row(obs, action, live.episode_id, live.num_actions, live.carry)
 
         def on_done(results: list[RowResult]) -> Any:
             taken, extras, carry = results[0]
             with self._lock:
-                self._record(live, obs, taken, extras, carry)
+                live.record(obs, taken, extras, carry)
                 live.busy = False
             return taken if action is None else None
 
@@ -545,10 +443,7 @@ class ExternalEnv:
     ) -> concurrent.futures.Future:
         """Logged steps of a feed-forward policy: rows are independent, so one request."""
         with self._lock:
-            live = self._get_live(episode_id, "log_steps")
-            self._check_room(live, len(obs), "log_steps")
-            live.busy = True
-            live.last_seen = time.monotonic()
+            live = self._claim(episode_id, len(obs), "log_steps")
             first = live.num_actions
             rows = [
                 Row(o, a, live.episode_id, first + t, None)
@@ -558,13 +453,15 @@ class ExternalEnv:
         def on_done(results: list[RowResult]) -> None:
             with self._lock:
                 for t, (taken, extras, _) in enumerate(results):
-                    self._record(live, obs[t], taken, extras, None)
+                    live.record(obs[t], taken, extras, None)
                     live.pending_reward += rewards[t]
                 live.busy = False
 
         return self._submit_rows(live, rows, on_done)
 
-    def _submit_rows(self, live: _Live, rows: list[Row], on_done: Any) -> concurrent.futures.Future:
+    def _submit_rows(
+        self, live: LiveEpisode, rows: list[Row], on_done: Callable[[list[RowResult]], Any]
+    ) -> concurrent.futures.Future:
         try:
             return self._batcher.submit(rows, on_done)
         except BaseException:
@@ -572,7 +469,7 @@ class ExternalEnv:
                 live.busy = False
             raise
 
-    def _check_room(self, live: _Live, steps: int, what: str) -> None:
+    def _check_room(self, live: LiveEpisode, steps: int, what: str) -> None:
         limit = self.config.max_episode_steps
         if live.num_actions + steps > limit:
             raise InvalidArgumentError(
@@ -580,53 +477,26 @@ class ExternalEnv:
                 f"max_episode_steps={limit}; end it (truncated=True) and start a new one."
             )
 
-    def _record(
-        self, live: _Live, obs: Any, action: Any, extras: dict[str, np.ndarray], carry: Any
-    ) -> None:
-        """Appends one step (caller holds the lock); this obs closes the previous one."""
-        if live.num_actions:
-            live.rewards.append(live.pending_reward)
-            live.pending_reward = 0.0
-        live.obs.append(obs)
-        live.actions.append(action)
-        live.extras.append(extras)
-        live.carry = carry
-        live.last_seen = time.monotonic()
-
-    def _finish(self, live: _Live, terminated: bool, truncated: bool) -> None:
+    def _finish(self, live: LiveEpisode, terminated: bool, truncated: bool) -> None:
         """Ends ``live`` (caller holds the lock): counts it and outputs it."""
-        del self._live[live.episode_id]
-        self._per_client[live.client] -= 1
-        if self._per_client[live.client] <= 0:
-            del self._per_client[live.client]
-        self._ended_ids[live.episode_id] = None
-        while len(self._ended_ids) > ENDED_IDS_KEPT:
-            self._ended_ids.popitem(last=False)
+        self._episodes.remove(live)
         length = live.num_actions
         self._counts["num_env_steps"] += length
         self._stats.add(np.array([sum(live.rewards)], np.float64), np.array([length]))
-        self._emit(live, self._episode(live, terminated, truncated) if length else None)
+        episode = None
+        if length:
+            episode = live.to_episode(
+                self.observation_space,
+                self.action_space,
+                terminated=terminated,
+                truncated=truncated,
+            )
+        self._emit(live, episode)
 
-    def _episode(self, live: _Live, terminated: bool, truncated: bool) -> Episode:
-        """``live``'s record as an :class:`~jaxrunner.Episode` (at least one step)."""
-
-        def stack(space: spaces.Space, values: list[Any]) -> Any:
-            return jr_spaces.map_structure(space, lambda *xs: np.stack(xs), *values)
-
-        return Episode(
-            obs=stack(self.observation_space, live.obs),
-            action=stack(self.action_space, live.actions),
-            reward=np.asarray(live.rewards, np.float64),
-            extras={k: np.stack([e[k] for e in live.extras]) for k in live.extras[0]},
-            terminated=terminated,
-            truncated=truncated,
-            episode_id=live.episode_id,
-            env_id=live.env_id,
-        )
-
-    def _emit(self, live: _Live, episode: Episode | None) -> None:
+    def _emit(self, live: LiveEpisode, episode: Episode | None) -> None:
         """Outputs an ended episode (caller holds the lock); ``None`` if it had no step.
-        Training episodes go to :meth:`poll_episodes`; others only count."""
+        Training episodes go to :meth:`poll_episodes`; others only count. The policy
+        client overrides it to report local episodes to its server."""
         if episode is None or not live.training_enabled:
             return
         self._counts["num_training_episodes"] += 1
@@ -636,28 +506,14 @@ class ExternalEnv:
             self._counts["num_dropped_steps"] += dropped.length
         self._output_ready.notify_all()
 
-    def _reap_loop(self) -> None:
-        timeout = self.config.episode_timeout_s
-        if timeout is None:  # the thread only starts with a timeout
-            return
-        while not self._stop.wait(min(timeout / 4, 1.0)):
-            self.reap(time.monotonic() - timeout)
-
     def reap(self, idle_since: float) -> int:
         """Ends every idle episode last seen before ``idle_since`` (``time.monotonic()``
         clock) as truncated at its last observation, dropping its step in wait of an
         outcome; returns how many. Runs by itself every so often (the reaper)."""
         with self._lock:
-            stale = [ep for ep in self._live.values() if not ep.busy and ep.last_seen < idle_since]
+            stale = self._episodes.idle_since(idle_since)
             for live in stale:
-                if live.num_actions:
-                    # The last action's outcome never came: drop that step, end at its obs.
-                    live.actions.pop()
-                    live.extras.pop()
-                    self._counts["num_dropped_steps"] += 1
-                    live.pending_reward = 0.0
-                if not live.obs:
-                    live.obs.append(jr_spaces.allocate(self.observation_space, ()))  # never output
+                self._counts["num_dropped_steps"] += live.abandon(self.observation_space)
                 self._counts["num_abandoned_episodes"] += 1
                 self._finish(live, terminated=False, truncated=True)
             return len(stale)
@@ -672,4 +528,4 @@ class ExternalEnv:
             ) from None
 
 
-__all__ = ["ExternalEnv", "ExternalEnvConfig"]
+__all__ = ["ExternalEnv"]
