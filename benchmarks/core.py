@@ -25,7 +25,6 @@ import pathlib
 import sys
 
 import gymnasium
-import jax
 import numpy as np
 
 from jaxrunner import bench
@@ -37,26 +36,7 @@ def measure_hand_loop(config: bench.BenchConfig, num_envs: int) -> float:
         [lambda: gymnasium.make(config.env)] * num_envs,
         autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP,
     )
-    policy = bench.mlp_policy(envs.single_action_space)
-    params = policy.init(jax.random.key(config.seed), envs.single_observation_space)
-
-    @jax.jit
-    def act(params, obs, key):
-        key, sub = jax.random.split(key)
-        action, extras, _ = policy.apply_fn(params, obs, None, jax.random.split(sub, num_envs))
-        return action, extras, key
-
-    obs, _ = envs.reset(seed=config.seed)
-    key = jax.random.key(config.seed)
-
-    def rollout() -> int:
-        nonlocal obs, key
-        for _ in range(config.rollout_length):
-            action, extras, key = act(params, obs, key)
-            action, extras = np.asarray(action), jax.tree.map(np.asarray, extras)
-            obs, *_ = envs.step(action)  # rewards, flags and infos as a user would get them
-        return config.rollout_length * num_envs
-
+    rollout = bench.hand_loop(envs, num_envs, config.rollout_length, config.seed)
     try:
         rollout()  # warm-up (compiles)
         return bench.timed(rollout, config.seconds)

@@ -60,31 +60,9 @@ def measure_jaxrunner(args: argparse.Namespace, num_envs: int) -> dict[str, Any]
         return {"steps_per_s": steps_per_s, "perf_ms_per_step": r.get_metrics()["perf"]}
 
 
-def _hand_act(policy: jr.Policy, num_envs: int) -> Callable:
-    @jax.jit
-    def act(params: Any, obs: Any, key: jax.Array) -> tuple[Any, Any, jax.Array]:
-        key, sub = jax.random.split(key)
-        action, extras, _ = policy.apply_fn(params, obs, None, jax.random.split(sub, num_envs))
-        return action, extras, key
-
-    return act
-
-
 def measure_hand_loop(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     envs = _native(args, num_envs)
-    policy, params = _policy(envs.single_action_space, envs.single_observation_space, args.seed)
-    act = _hand_act(policy, num_envs)
-    obs, _ = envs.reset(seed=args.seed)
-    key = jax.random.key(args.seed)
-
-    def rollout() -> int:
-        nonlocal obs, key
-        for _ in range(args.rollout_length):
-            action, extras, key = act(params, obs, key)
-            action, extras = np.asarray(action), jax.tree.map(np.asarray, extras)
-            obs, *_ = envs.step(action)  # rewards, flags and infos as a user would get them
-        return args.rollout_length * num_envs
-
+    rollout = bench.hand_loop(envs, num_envs, args.rollout_length, args.seed)
     try:
         rollout()  # warm-up (compiles)
         return {"steps_per_s": bench.timed(rollout, args.seconds)}
@@ -113,7 +91,7 @@ def measure_raw(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
 def measure_policy_only(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     envs = _native(args, num_envs)
     policy, params = _policy(envs.single_action_space, envs.single_observation_space, args.seed)
-    act = _hand_act(policy, num_envs)
+    act = bench.hand_act(policy, num_envs)
     obs, _ = envs.reset(seed=args.seed)
     envs.close()
     key = jax.random.key(args.seed)

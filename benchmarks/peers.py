@@ -58,7 +58,6 @@ from typing import Any
 
 import gymnasium
 import jax
-import numpy as np
 
 import jaxrunner as jr
 from jaxrunner import bench
@@ -164,27 +163,8 @@ def open_hand_native(width: int, args: argparse.Namespace, stack: contextlib.Exi
 def hand_loop(
     envs: Any, width: int, args: argparse.Namespace, seeded_reset: bool = True
 ) -> Callable[[], int]:
-    """The hand loop of ``core.py``/``native_vector.py`` over any gymnasium-style vector
-    env: the same jitted policy (one key split per step), ``np.asarray`` of actions and
-    extras, ``envs.step``; returns a rollout function. ``seeded_reset=False`` for envs
-    seeded when built (EnvPool ignores ``reset(seed=...)``)."""
-    action_space = envs.single_action_space
-    obs_space = getattr(envs, "single_observation_space", None) or envs.observation_space
-    policy = bench.mlp_policy(action_space)
-    params = policy.init(jax.random.key(args.seed), obs_space)
-    act = native_vector._hand_act(policy, width)
-    obs, _ = envs.reset(seed=args.seed) if seeded_reset else envs.reset()
-    key = jax.random.key(args.seed)
-
-    def rollout() -> int:
-        nonlocal obs, key
-        for _ in range(args.rollout_length):
-            action, extras, key = act(params, obs, key)
-            action, extras = np.asarray(action), jax.tree.map(np.asarray, extras)
-            obs, *_ = envs.step(action)  # rewards, flags and infos as a user would get them
-        return args.rollout_length * width
-
-    return rollout
+    """:func:`jaxrunner.bench.hand_loop` with this script's arguments."""
+    return bench.hand_loop(envs, width, args.rollout_length, args.seed, seeded_reset)
 
 
 def open_hand_async(width: int, args: argparse.Namespace, stack: contextlib.ExitStack) -> Measure:

@@ -99,6 +99,44 @@ def measure_jaxrunner(config: BenchConfig, num_envs: int) -> float:
         return timed(lambda: runner.sample().reward.size, config.seconds)
 
 
+def hand_act(policy: Policy, num_envs: int) -> Callable[[Any, Any, jax.Array], Any]:
+    """The jitted policy step a user would write: one key split per step, no per-env
+    keys; ``(params, obs, key) -> (action, extras, key)``."""
+
+    @jax.jit
+    def act(params: Any, obs: Any, key: jax.Array) -> tuple[Any, Any, jax.Array]:
+        key, sub = jax.random.split(key)
+        action, extras, _ = policy.apply_fn(params, obs, None, jax.random.split(sub, num_envs))
+        return action, extras, key
+
+    return act
+
+
+def hand_loop(
+    envs: Any, num_envs: int, rollout_length: int, seed: int, seeded_reset: bool = True
+) -> Callable[[], int]:
+    """The reference a sampler must beat: any gymnasium-style vector env driven by the
+    benchmark MLP through :func:`hand_act`, actions and extras converted to numpy,
+    collecting nothing. Returns ``rollout() -> env steps done``. ``seeded_reset=False``
+    for envs seeded when built (EnvPool ignores ``reset(seed=...)``)."""
+    obs_space = getattr(envs, "single_observation_space", None) or envs.observation_space
+    policy = mlp_policy(envs.single_action_space)
+    params = policy.init(jax.random.key(seed), obs_space)
+    act = hand_act(policy, num_envs)
+    obs, _ = envs.reset(seed=seed) if seeded_reset else envs.reset()
+    key = jax.random.key(seed)
+
+    def rollout() -> int:
+        nonlocal obs, key
+        for _ in range(rollout_length):
+            action, extras, key = act(params, obs, key)
+            action, extras = np.asarray(action), jax.tree.map(np.asarray, extras)
+            obs, *_ = envs.step(action)  # rewards, flags and infos as a user would get them
+        return rollout_length * num_envs
+
+    return rollout
+
+
 def _action_pool(space: gymnasium.Space, seed: int, size: int = 97) -> list[Any]:
     """Random actions drawn ahead of time, so drawing them costs nothing while timed."""
     space.seed(seed)
