@@ -27,8 +27,8 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.errors import ClosedError, SpaceMismatchError
-from jaxrunner.policy import Params, Policy
+from jaxrunner.errors import ClosedError
+from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.transfer import Packing
 
 
@@ -151,14 +151,7 @@ class PolicyBatcher:
 
     def set_params(self, params: Params) -> int:
         """Swaps the params for the next batch (never recompiles); returns their version."""
-        old = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), self._params)
-        new = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), params)
-        if jax.tree.structure(old) != jax.tree.structure(new) or old != new:
-            raise SpaceMismatchError(
-                "set_params(params): the new params differ in structure, shape or dtype from "
-                "the current ones; the policy is compiled for those. Pass params with the same "
-                "pytree structure (e.g. the output of the same Policy.init)."
-            )
+        check_params_like(self._params, params, "batcher")
         device = jax.device_put(params)
         with self._cond:
             self._params = device

@@ -17,6 +17,7 @@ from typing import Any
 import gymnasium
 
 from jaxrunner.errors import EnvError, InvalidArgumentError
+from jaxrunner.step_checks import check_info
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,36 +56,42 @@ class RestartPolicy:
 
 
 def recreate(
+    old: gymnasium.Env,
     factory: Callable[[], gymnasium.Env],
     index: int,
     policy: RestartPolicy,
     cause: BaseException,
-    reset: Callable[[gymnasium.Env], tuple[Any, dict[str, Any]]],
-) -> tuple[gymnasium.Env, Any, dict[str, Any]]:
-    """Makes and resets a new sub-env ``index``, trying ``policy.max_attempts`` times.
+    write_obs: Callable[[int, Any], None],
+) -> tuple[gymnasium.Env, dict[str, Any]]:
+    """Replaces failed sub-env ``index``: closes ``old``, then makes and resets a new
+    one, trying ``policy.max_attempts`` times.
 
     Args:
+        old: the failed sub-env (closed quietly: its close may fail too).
         factory: the sub-env's factory.
         index: the sub-env's index (for messages).
         policy: attempts and backoff.
         cause: the failure that made the restart necessary (chained if we give up).
-        reset: resets a fresh env, returning ``(obs, info)``; may validate them.
+        write_obs: ``(index, obs)``: stores and validates the new env's first
+            observation; a bad one (or a bad info) is a failed attempt.
 
     Returns:
-        ``(env, obs, info)`` of the new sub-env.
+        ``(env, info)``: the new sub-env and its reset info.
 
     Raises:
         EnvError: every attempt failed. The original failure (``cause``) is chained;
             the last attempt's error is in the message and ``err.recreation_error``.
     """
+    close_quietly(old)
     last: BaseException | None = None
     for wait in policy.waits():
         time.sleep(wait)
         env = None
         try:
             env = factory()
-            obs, info = reset(env)
-            return env, obs, info
+            obs, info = env.reset()
+            write_obs(index, obs)
+            return env, check_info(info, index, "reset")
         except Exception as err:
             last = err
             if env is not None:

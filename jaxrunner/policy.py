@@ -215,6 +215,19 @@ class Policy:
         )
 
 
+def check_params_like(current: Params, new: Params, owner: str) -> None:
+    """Refuses ``new`` params unless they match ``current`` in structure, shapes and
+    dtypes: ``owner`` compiled its policy for those, and must never retrace."""
+    old = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), current)
+    got = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), new)
+    if jax.tree.structure(old) != jax.tree.structure(got) or old != got:
+        raise SpaceMismatchError(
+            f"set_params(params): the new params differ in structure, shape or dtype from "
+            f"the {owner}'s; the policy is compiled for the old ones. Pass params with the "
+            "same pytree structure (e.g. the output of the same Policy.init)."
+        )
+
+
 def _probe_output(action_space: spaces.Space) -> dict[str, jax.Array]:
     """A stand-in module output of the right size, to check the space early."""
     if isinstance(action_space, spaces.MultiDiscrete):

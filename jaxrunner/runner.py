@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
 
@@ -28,11 +27,10 @@ from jaxrunner.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     RunnerFailedError,
-    SpaceMismatchError,
 )
 from jaxrunner.faults import RestartPolicy
 from jaxrunner.metrics import PERF_KEYS, EpisodeStats, MetricsConfig, PerfTimers
-from jaxrunner.policy import Params, Policy
+from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.rollout import ScanRollout, check_runner_options
 from jaxrunner.trajectory import Episode, Trajectory, concatenate_episodes
 
@@ -372,14 +370,7 @@ class EnvRunner:
         """Replaces the policy params; takes effect at the next step, never recompiles.
         The new params must have the structure, shapes and dtypes of the old ones."""
         self._check_usable("set_params")
-        old = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), self._params)
-        new = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), params)
-        if jax.tree.structure(old) != jax.tree.structure(new) or old != new:
-            raise SpaceMismatchError(
-                "set_params(params): the new params differ in structure, shape or dtype from "
-                "the runner's; the policy is compiled for the old ones. Pass params with the "
-                "same pytree structure (e.g. the output of the same Policy.init)."
-            )
+        check_params_like(self._params, params, "runner")
         self._params = jax.device_put(params)
 
     def get_params(self) -> Params:

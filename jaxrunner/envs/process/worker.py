@@ -39,9 +39,9 @@ from jaxrunner.envs.process.wire import (
     RemoteError,
     recv_exact,
 )
-from jaxrunner.envs.sync import check_flag, check_info, check_reward
 from jaxrunner.errors import EnvError, JaxRunnerError
-from jaxrunner.faults import RestartPolicy, close_quietly, recreate
+from jaxrunner.faults import RestartPolicy, recreate
+from jaxrunner.step_checks import check_flag, check_info, check_reward
 
 
 class _EnvFailed(Exception):
@@ -158,14 +158,9 @@ class Worker:
         failed step, its slot then holds the new env's first obs, reward 0, no flags."""
         assert self.policy is not None  # internal: only called with a policy
         j = i - self.offset
-        close_quietly(self.envs[j])
-
-        def reset(env: gymnasium.Env) -> tuple[Any, dict[str, Any]]:
-            obs, info = env.reset()
-            self.write_obs(i, obs)  # validates it: a bad reset is a failed attempt
-            return obs, check_info(info, i, "reset")
-
-        self.envs[j], _, info = recreate(self.fns[j], i, self.policy, cause, reset)
+        self.envs[j], info = recreate(
+            self.envs[j], self.fns[j], i, self.policy, cause, self.write_obs
+        )
         if failed_step:
             fail_slot(self.views, self.obs_space, i)  # type: ignore[arg-type]
         return info
