@@ -45,7 +45,7 @@ from gymnasium import spaces
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.actor import ActorState, act, initial_actor_state
 from jaxrunner.envs.jax_env import JaxVectorEnv
-from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
+from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.policy import Params, Policy
 from jaxrunner.trajectory import Trajectory
 
@@ -180,7 +180,7 @@ def rollout(
         key_step, key_reset = env_step_keys(roots, s.num_steps, env_ids)
         action, extras, actor = act(policy.apply_fn, params, s.actor, s.obs, s.episode_start)
         # Checked while tracing (shapes only), before the env sees the actions.
-        _check_actions(envs.single_action_space, action, envs.num_envs)
+        jr_spaces.check_policy_actions(envs.single_action_space, action, envs.num_envs)
         out = envs.step(key_step, s.env_state, clip(action), env_params)
         reset_obs, reset_state = envs.reset(key_reset, env_params)
         done = jnp.logical_or(out.terminated, out.truncated)
@@ -238,29 +238,6 @@ def rollout(
         step=rec["step"],
     )
     return state, traj, ends
-
-
-def _check_actions(space: spaces.Space, spec: Any, num_envs: int) -> None:
-    """The policy's actions have the action space's structure and shapes, and dtypes
-    safely castable to the space's (as the host loop requires)."""
-    expected = jr_spaces.allocate(space, (num_envs,))
-
-    def check(exp: np.ndarray, got: Any) -> None:
-        if tuple(got.shape) != exp.shape or not np.can_cast(got.dtype, exp.dtype, "safe"):
-            raise SpaceMismatchError(
-                f"the policy returns actions of shape {tuple(got.shape)} and dtype {got.dtype}; "
-                f"the action space {space} needs shape {exp.shape} (a batch of {num_envs} "
-                f"envs) and a dtype safely castable to {exp.dtype}. Check the policy's action "
-                "head against the env."
-            )
-
-    try:
-        jr_spaces.map_structure(space, check, expected, spec)
-    except (KeyError, IndexError, TypeError, AttributeError) as err:
-        raise SpaceMismatchError(
-            f"the policy's action structure {jax.tree.structure(spec)} does not match the "
-            f"action space {space}."
-        ) from err
 
 
 class ScanRollout:

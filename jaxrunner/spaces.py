@@ -182,7 +182,7 @@ def check_policy_actions(action_space: spaces.Space, spec: Any, num_envs: int) -
 
     try:
         map_structure(action_space, check, expected, spec)
-    except (KeyError, IndexError, TypeError) as err:
+    except (KeyError, IndexError, TypeError, AttributeError) as err:
         raise SpaceMismatchError(
             f"the policy's action structure does not match the action space {action_space}."
         ) from err
