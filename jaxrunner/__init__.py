@@ -13,6 +13,7 @@ The public API, in one place::
 
 from jaxrunner import errors, serve
 from jaxrunner.callbacks import Callbacks, LiveEpisode
+from jaxrunner.cpu_dispatch import inline_cpu_dispatch, use_inline_cpu_dispatch
 from jaxrunner.envs import (
     BACKENDS,
     BatchStep,
@@ -79,6 +80,8 @@ __all__ = [
     "errors",
     "from_gymnasium",
     "gae",
+    "inline_cpu_dispatch",
     "make_vec",
     "serve",
+    "use_inline_cpu_dispatch",
 ]

@@ -102,7 +102,13 @@ class GroupActor:
         if size not in compiled:
             compiled[size] = _compile(policy, params, self.state, in_packing)
         self._step, self._out_packing, self.output_spec = compiled[size]
+        self._action_treedef = jax.tree.structure(self.output_spec[0])
+        self._action_is_leaf = jax.tree_util.treedef_is_leaf(self._action_treedef)
         self._pending: jax.Array | None = None
+        # The guard scopes of dispatch/collect, built once: each call would cost
+        # ~2 us of Python (they are re-entered in turn, never nested).
+        self._allow_h2d = jax.transfer_guard_host_to_device("allow")
+        self._allow_d2h = jax.transfer_guard_device_to_host("allow")
 
     def dispatch(
         self, params: Params, obs_space: spaces.Space, obs: Any, episode_start: np.ndarray
@@ -116,16 +122,21 @@ class GroupActor:
         # jax.transfer_guard("disallow") still catches any other. (An explicit
         # jax.device_put costs ~60 us more per call through its Python path; the
         # stage is only rewritten after collect(), so the transfer may alias it.)
-        with jax.transfer_guard_host_to_device("allow"):
+        with self._allow_h2d:
             self._pending, self.state = self._step(params, self.state, self._stage)
 
-    def collect(self) -> tuple[Any, dict[str, Any]]:
-        """Waits for the queued step; returns numpy (action, extras) views (the step's
-        one device->host transfer, allowed by name as in :meth:`dispatch`)."""
-        with jax.transfer_guard_device_to_host("allow"):
+    def collect(self) -> tuple[Any, list[np.ndarray]]:
+        """Waits for the queued step; returns numpy views of the action and of the
+        extras' leaves, in ``jax.tree.leaves`` order (the step's one device->host
+        transfer, allowed by name as in :meth:`dispatch`)."""
+        with self._allow_d2h:
             host = np.asarray(self._pending)
         self._pending = None
-        return self._out_packing.host_views(host)
+        leaves = self._out_packing.host_leaves(host)
+        if self._action_is_leaf:
+            return leaves[0], leaves[1:]
+        num = self._action_treedef.num_leaves
+        return self._action_treedef.unflatten(leaves[:num]), leaves[num:]
 
 
 def _compile(

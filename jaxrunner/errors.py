@@ -52,6 +52,10 @@ class RunnerFailedError(JaxRunnerError, RuntimeError):
     """The runner was used again after a ``sample()`` call failed part-way."""
 
 
+class DispatchConfigError(JaxRunnerError, RuntimeError):
+    """A JAX dispatch setting was asked for after JAX's backend had started."""
+
+
 class InvalidArgumentError(JaxRunnerError, ValueError):
     """An argument has an invalid value."""
 

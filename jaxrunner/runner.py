@@ -19,6 +19,7 @@ from gymnasium import spaces
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.actor import GroupActor
 from jaxrunner.callbacks import Callbacks, LiveEpisode
+from jaxrunner.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner.dynamic import DynamicBatcher
 from jaxrunner.envs.base import VectorEnv
 from jaxrunner.envs.jax_env import JaxVectorEnv
@@ -37,10 +38,12 @@ from jaxrunner.trajectory import Episode, Trajectory, concatenate_episodes
 PIPELINE_MIN_ENVS = 8
 """From this many envs up, the runner pipelines two groups by default on accelerators."""
 PIPELINE_MIN_ENVS_CPU = 256
-"""The same on a CPU host, where XLA and the envs share the cores: one group's policy
-computes while the other's envs step only pays once the env work per group outweighs
-the extra dispatch (CartPole-v1, 2 cores, 3 interleaved rounds: at 256 envs 2.6 ms a
-step with two groups against 3.3 ms with one; at 64 envs no difference)."""
+"""The same on a CPU host with asynchronous dispatch, where XLA and the envs share the
+cores: one group's policy computes while the other's envs step only pays once the env
+work per group outweighs the extra dispatch (CartPole-v1, 2 cores, 3 interleaved
+rounds: at 256 envs 2.6 ms a step with two groups against 3.3 ms with one; at 64 envs
+no difference). With inline CPU dispatch (:func:`jaxrunner.use_inline_cpu_dispatch`)
+a policy call cannot overlap the envs, so the default is one group."""
 
 
 class EnvRunner:
@@ -58,8 +61,8 @@ class EnvRunner:
         num_groups: pipelining: the envs are split in this many groups, and the
             policy computes one group's actions while another group's envs step.
             ``None`` picks 2 from ``PIPELINE_MIN_ENVS`` envs up on accelerators and
-            from ``PIPELINE_MIN_ENVS_CPU`` up on a CPU host,
-            else 1. Outputs are identical whatever the number of groups.
+            from ``PIPELINE_MIN_ENVS_CPU`` up on a CPU host (1 with inline CPU
+            dispatch), else 1. Outputs are identical whatever the number of groups.
         restart_failed_sub_envs: if True, a sub-env that raises in ``step()`` or
             ``reset()`` (or returns an invalid step) is closed, recreated from its
             factory and reset, and sampling goes on: its episode ends at its last
@@ -125,7 +128,10 @@ class EnvRunner:
         # Host-side episode bookkeeping, one entry per env.
         self._episode_id = np.arange(num_envs, dtype=np.int64)
         self._next_episode_id = num_envs
-        self._episode_step = np.zeros(num_envs, dtype=np.int64)
+        # Host-loop steps done before this sample(), and the step each env's episode
+        # began at: lengths and Trajectory.step follow without a per-step counter.
+        self._steps_done = 0
+        self._episode_begin = np.zeros(num_envs, dtype=np.int64)
         self._episode_return = np.zeros(num_envs, dtype=np.float64)
         self._episode_start = np.ones(num_envs, dtype=np.bool_)
         self._env_id = np.arange(num_envs, dtype=np.int64)
@@ -185,8 +191,12 @@ class EnvRunner:
         if num_groups is None and backend_default is not None:
             num_groups = min(backend_default, num_envs)
         if num_groups is None:
-            on_cpu = jax.default_backend() == "cpu"
-            min_envs = PIPELINE_MIN_ENVS_CPU if on_cpu else PIPELINE_MIN_ENVS
+            if jax.default_backend() != "cpu":
+                min_envs = PIPELINE_MIN_ENVS
+            elif inline_cpu_dispatch():  # calls block: nothing to overlap
+                min_envs = num_envs + 1
+            else:
+                min_envs = PIPELINE_MIN_ENVS_CPU
             num_groups = 2 if num_envs >= min_envs else 1
         if isinstance(num_groups, bool) or not 1 <= num_groups <= num_envs:
             raise InvalidArgumentError(
@@ -240,13 +250,21 @@ class EnvRunner:
         )
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
+        # Episode ids and steps are filled in after the loop, from these and the flags.
+        first_ids, first_begin = self._episode_id.copy(), self._episode_begin.copy()
+        first_next_id = self._next_episode_id
         t = 0  # steps recorded for every group
         groups = range(len(self._groups))
         # A group's policy step is queued as soon as its envs' results are in, and
         # computes while the other groups' envs step (pipelining). Backends that step
         # in the background (other processes) also get each group's actions as soon as
         # they are ready and are waited for one group later, when the results are due.
-        lag = 1 if getattr(self.envs, "steps_in_background", False) and len(groups) > 1 else 0
+        background = getattr(self.envs, "steps_in_background", False)
+        lag = 1 if background and len(groups) > 1 else 0
+        # In-process backends step in step_batch itself: the runner keeps each group's
+        # actions until its results are due and skips the async bookkeeping.
+        self._pending_actions: list[Any] | None = None if background else [None] * len(groups)
+        self._extras_leaves = jax.tree.leaves(buf.extras)
         in_flight: collections.deque[tuple[int, int]] = collections.deque()
         try:
             for g in groups:
@@ -260,12 +278,34 @@ class EnvRunner:
             while in_flight:
                 t = self._finish_group(*in_flight.popleft(), buf, perf)
         except BaseException as err:
+            if t:
+                self._fill_episode_fields(buf, t, first_ids, first_begin, first_next_id)
             self._fail(err, buf.time_slice(0, t) if t else None)
             raise
         finally:
             self._sample_time_s += time.perf_counter() - start_time
             self._perf.record(perf, t)
+        self._fill_episode_fields(buf, num_steps, first_ids, first_begin, first_next_id)
+        self._steps_done += num_steps
         return buf
+
+    def _fill_episode_fields(
+        self, buf: Trajectory, t: int, ids: np.ndarray, begin: np.ndarray, next_id: int
+    ) -> None:
+        """Writes ``episode_id`` and ``step`` of steps ``[0, t)`` (vectorised, once per
+        sample) from the episode ends, exactly as the loop numbered the episodes: an
+        episode that ends at step ``s`` is followed by a new id, given in step-major,
+        env-minor order (the order of ``_advance_episodes``)."""
+        ends = buf.terminated[:t] | buf.truncated[:t] | ~buf.valid[:t]
+        steps = np.arange(t)[:, None]
+        # The last step at which each env's episode ended, strictly before each step.
+        last_end = np.maximum.accumulate(np.where(ends, steps, -1), axis=0)
+        prev_end = np.concatenate([np.full((1, ends.shape[1]), -1), last_end[:-1]])
+        new_ids = next_id - 1 + np.cumsum(ends.ravel()).reshape(ends.shape)
+        started = prev_end >= 0
+        cols = np.arange(ends.shape[1])
+        buf.episode_id[:t] = np.where(started, new_ids[np.maximum(prev_end, 0), cols], ids)
+        buf.step[:t] = np.where(started, steps - prev_end - 1, self._steps_done + steps - begin)
 
     def _sample_scan(self) -> Trajectory:
         """``sample()`` of a JaxVectorEnv: one compiled scan; device arrays out. Perf
@@ -314,11 +354,14 @@ class EnvRunner:
         tick = time.perf_counter()
         perf["inference_ms"] += tick - clock
         jr_spaces.copy_into(self._action_space, buf.action, action, index)
-        for dst, src in zip(jax.tree.leaves(buf.extras), jax.tree.leaves(extras)):
+        for dst, src in zip(self._extras_leaves, extras):
             dst[index] = src
         env_action = action if self._clip is None else self._clip(action)
         clock = time.perf_counter()
         perf["action_processing_ms"] += clock - tick
+        if self._pending_actions is not None:
+            self._pending_actions[g] = env_action
+            return
         self.envs.step_batch_async(env_action, group.rows if len(self._groups) > 1 else None)
         perf["env_wait_ms"] += time.perf_counter() - clock
 
@@ -327,15 +370,17 @@ class EnvRunner:
         policy step; returns the number of steps now recorded for every group."""
         clock = time.perf_counter()
         rows, index = self._groups[g].rows, (t, self._groups[g].rows)
-        out = self.envs.step_batch_wait(rows if len(self._groups) > 1 else None)
+        part = rows if len(self._groups) > 1 else None
+        if self._pending_actions is None:
+            out = self.envs.step_batch_wait(part)
+        else:
+            out = self.envs.step_batch(self._pending_actions[g], part)
         tick = time.perf_counter()
         perf["env_wait_ms"] += tick - clock
         jr_spaces.copy_into(self._obs_space, buf.next_obs, out.next_obs, index)
         buf.reward[index] = out.reward
         buf.terminated[index] = out.terminated
         buf.truncated[index] = out.truncated
-        buf.episode_id[index] = self._episode_id[rows]
-        buf.step[index] = self._episode_step[rows]
         self._group_obs[g] = out.obs
         self._advance_episodes(buf, t, rows, out)
         perf["obs_processing_ms"] += time.perf_counter() - tick
@@ -437,8 +482,7 @@ class EnvRunner:
     def _advance_episodes(self, buf: Trajectory, t: int, rows: slice, out: Any) -> None:
         """Episode bookkeeping of envs ``rows`` after step ``t`` (vectorised)."""
         self._episode_return[rows] += out.reward
-        self._episode_step[rows] += 1
-        done = np.logical_or(out.terminated, out.truncated)
+        done = np.logical_or(out.terminated, out.truncated, out=self._episode_start[rows])
         num_failed = 0
         if out.failed is not None:  # restarted sub-envs: no transition, episode cut
             buf.valid[t, rows] = ~out.failed
@@ -449,23 +493,22 @@ class EnvRunner:
         if self.callbacks is not None:
             self._run_callbacks(buf, t, rows, out, done)
         if num_failed:
-            done = np.logical_or(done, out.failed)
-        self._episode_start[rows] = done
+            np.logical_or(done, out.failed, out=done)
         if not done.any():
             return
         # Groups step in env order, so ids are given in env order whatever the grouping.
         ended = rows.start + np.flatnonzero(done)
-        if num_failed:  # faulty episodes stay out of the return statistics
-            good = rows.start + np.flatnonzero(done & ~out.failed)
-            self._episode_stats.add(self._episode_return[good], self._episode_step[good])
-        else:
-            self._episode_stats.add(self._episode_return[ended], self._episode_step[ended])
+        next_begin = self._steps_done + t + 1
+        # Faulty episodes stay out of the return statistics.
+        good = rows.start + np.flatnonzero(done & ~out.failed) if num_failed else ended
+        lengths = next_begin - self._episode_begin[good]
+        self._episode_stats.add(self._episode_return[good], lengths)
         self._episode_id[ended] = np.arange(
             self._next_episode_id, self._next_episode_id + len(ended)
         )
         self._next_episode_id += len(ended)
         self._episode_return[ended] = 0.0
-        self._episode_step[ended] = 0
+        self._episode_begin[ended] = next_begin
         if self.callbacks is not None:
             for i in ended.tolist():
                 self._live[i] = self._start_live(i, out.obs, rows.start)

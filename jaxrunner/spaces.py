@@ -64,8 +64,15 @@ def allocate(space: spaces.Space, leading: tuple[int, ...], fill: float = 0) -> 
     return np.full(leading + shape, fill, dtype=dtype)
 
 
+# gymnasium's Dict and Tuple are ABCs (Mapping, Sequence), so isinstance() on them
+# costs ~0.5 us; the helpers below run every step, and test the leaf types first.
+_LEAF_TYPES = frozenset({spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary})
+
+
 def map_structure(space: spaces.Space, fn: Callable[..., Any], *trees: Any) -> Any:
     """Applies ``fn`` leaf by leaf to pytrees shaped by ``space``."""
+    if type(space) in _LEAF_TYPES:
+        return fn(*trees)
     if isinstance(space, spaces.Dict):
         return {key: map_structure(sub, fn, *(t[key] for t in trees)) for key, sub in space.items()}
     if isinstance(space, spaces.Tuple):
@@ -75,7 +82,9 @@ def map_structure(space: spaces.Space, fn: Callable[..., Any], *trees: Any) -> A
 
 def copy_into(space: spaces.Space, dst: Any, src: Any, index: Any = slice(None)) -> None:
     """``dst[index] = src`` leaf by leaf (both shaped by ``space``)."""
-    if isinstance(space, spaces.Dict):
+    if type(space) in _LEAF_TYPES:
+        dst[index] = src
+    elif isinstance(space, spaces.Dict):
         for key, sub in space.items():
             copy_into(sub, dst[key], src[key], index)
     elif isinstance(space, spaces.Tuple):

@@ -51,9 +51,11 @@ class Packing:
 
     def host_views(self, buffer: np.ndarray) -> Any:
         """Numpy views of each leaf inside ``buffer`` (writes go into the buffer)."""
-        return self.treedef.unflatten(
-            [buffer[lo:hi].view(dtype).reshape(shape) for lo, hi, dtype, shape in self._views]
-        )
+        return self.treedef.unflatten(self.host_leaves(buffer))
+
+    def host_leaves(self, buffer: np.ndarray) -> list[np.ndarray]:
+        """:meth:`host_views` as the flat list of leaves."""
+        return [buffer[lo:hi].view(dtype).reshape(shape) for lo, hi, dtype, shape in self._views]
 
     def unpack(self, flat: jax.Array) -> Any:
         """The pytree stored in ``flat`` (traceable: use inside jit)."""

@@ -66,10 +66,25 @@ class TransferProbe:
         )
 
     def _scope(self, guard: Callable, name: str, direction: str) -> Callable:
+        probe = self
+
+        class CountedScope:
+            """An "allow" scope counted each time it is entered (scopes may be reused)."""
+
+            def __init__(self, level: str) -> None:
+                self.inner = guard(level)
+
+            def __enter__(self) -> None:
+                probe.scopes[direction if name != "transfer_guard" else "both"] += 1
+                self.inner.__enter__()
+
+            def __exit__(self, *exc: object) -> None:
+                self.inner.__exit__(*exc)
+
         def scoped(level: str):
             if level == "allow":
-                self.scopes[direction if name != "transfer_guard" else "both"] += 1
-                level = "log_explicit"  # allowed still, but XLA logs what moves
+                # Allowed still, but XLA logs what moves.
+                return CountedScope("log_explicit")
             return guard(level)
 
         return scoped
@@ -98,24 +113,27 @@ def logged_transfers(capfd: pytest.CaptureFixture[str], run: Callable[[], object
     return err.count(H2D_LOG), err.count(D2H_LOG)
 
 
-def test_host_loop_makes_one_transfer_each_way_per_step(probe, capfd):
+@pytest.mark.parametrize("num_groups", [1, 2])
+def test_host_loop_makes_one_transfer_each_way_per_step(probe, capfd, num_groups):
+    """Per step, one transfer each way per pipelining group."""
     num_steps = 12
     envs = jr.make_vec("CartPole-v1", 4)
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
-    with jr.EnvRunner(envs, policy, params, num_steps, 0, num_groups=1) as runner:
+    with jr.EnvRunner(envs, policy, params, num_steps, 0, num_groups=num_groups) as runner:
         runner.sample()  # compiles
         with jax.transfer_guard("disallow"):
             runner.sample()
         probe.reset()
         h2d, d2h = logged_transfers(capfd, runner.sample)
-    assert h2d == num_steps, "one host->device transfer per step, by any route"
+    calls = num_steps * num_groups
+    assert h2d == calls, "one host->device transfer per step and group, by any route"
     assert all(n == 1 for n in probe.puts), "an explicit put moves one array"
     assert all(n == 1 for n in probe.gets), "an explicit get moves one array"
     if ON_CPU:
-        assert probe.d2h_on_cpu() == num_steps
+        assert probe.d2h_on_cpu() == calls
     else:
-        assert d2h == num_steps
+        assert d2h == calls
 
 
 @pytest.mark.parametrize("rollout_length", [4, 16])

@@ -1,0 +1,89 @@
+"""jaxrunner.use_inline_cpu_dispatch: a process-wide JAX setting, so each case runs in
+a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+import jaxrunner as jr
+from jaxrunner.bench import mlp_policy
+from jaxrunner.errors import DispatchConfigError
+
+SAMPLE = """
+import jax, numpy as np
+import jaxrunner as jr
+from jaxrunner.bench import mlp_policy
+envs = jr.make_vec(lambda: __import__("gymnasium").make("CartPole-v1", max_episode_steps=20), 5)
+policy = mlp_policy(envs.single_action_space, hidden=(16,))
+params = policy.init(jax.random.key(3), envs.single_observation_space)
+with jr.EnvRunner(envs, policy, params, 40, 7) as runner:
+    traj = runner.sample()
+    groups = len(runner._groups)
+np.savez(OUT, action=traj.action, reward=traj.reward, obs=traj.obs,
+         log_prob=traj.extras["log_prob"], episode_id=traj.episode_id, groups=groups)
+"""
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
+
+
+def _sample(tmp_path, inline: bool) -> dict[str, np.ndarray]:
+    out = tmp_path / f"inline_{inline}.npz"
+    prelude = "import jaxrunner; jaxrunner.use_inline_cpu_dispatch()\n" if inline else ""
+    proc = _run(prelude + f"OUT = {str(out)!r}\n" + SAMPLE)
+    assert proc.returncode == 0, proc.stderr
+    return dict(np.load(out))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU-backend setting")
+def test_inline_dispatch_gives_the_same_trajectories(tmp_path):
+    inline, default = _sample(tmp_path, True), _sample(tmp_path, False)
+    assert int(inline.pop("groups")) == int(default.pop("groups")) == 1
+    for name in default:
+        np.testing.assert_array_equal(inline[name], default[name], err_msg=name)
+
+
+def test_switch_before_jax_starts_takes_effect():
+    proc = _run(
+        """
+        import jax, jaxrunner as jr
+        assert not jr.inline_cpu_dispatch()
+        jr.use_inline_cpu_dispatch()
+        jr.use_inline_cpu_dispatch()  # again: harmless
+        jax.numpy.zeros(3).block_until_ready()
+        assert jr.inline_cpu_dispatch()
+        jr.use_inline_cpu_dispatch()  # after start-up, already inline: harmless
+        print("ok")
+        """
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_switch_after_jax_started_is_a_clear_error():
+    jax.numpy.zeros(1).block_until_ready()  # this process's backend has started
+    if jr.inline_cpu_dispatch():
+        pytest.skip("this test process already runs inline")
+    with pytest.raises(DispatchConfigError, match="before any JAX computation") as info:
+        jr.use_inline_cpu_dispatch()
+    assert isinstance(info.value, RuntimeError)
+    assert not jr.inline_cpu_dispatch(), "a refused switch changes nothing"
+
+
+def test_inline_dispatch_means_one_group_by_default(monkeypatch):
+    """With inline dispatch a policy call blocks, so pipelining has nothing to overlap."""
+    monkeypatch.setattr("jaxrunner.runner.inline_cpu_dispatch", lambda: True)
+    envs = jr.make_vec("CartPole-v1", jr.runner.PIPELINE_MIN_ENVS_CPU)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, 2, 0) as runner:
+        expected = 1 if jax.default_backend() == "cpu" else 2
+        assert len(runner._groups) == expected
