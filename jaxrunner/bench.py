@@ -27,6 +27,7 @@ import gymnasium
 import jax
 import numpy as np
 
+from jaxrunner.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner.envs import make_vec
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.policy import Policy
@@ -226,6 +227,7 @@ def machine_info() -> dict[str, Any]:
         "gymnasium": gymnasium.__version__,
         "numpy": np.__version__,
         "jax_devices": [str(d) for d in jax.devices()],
+        "jax_cpu_dispatch": "inline" if inline_cpu_dispatch() else "async",
     }
 
 

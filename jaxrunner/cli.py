@@ -9,11 +9,20 @@ import sys
 from collections.abc import Sequence
 
 from jaxrunner.envs import BACKENDS
+from jaxrunner.errors import DispatchConfigError
 from jaxrunner.serve.command import add_serve_command
 
 
 def _bench(args: argparse.Namespace) -> int:
     from jaxrunner import bench
+    from jaxrunner.cpu_dispatch import use_inline_cpu_dispatch
+
+    if args.cpu_dispatch == "inline":  # before any JAX computation
+        try:
+            use_inline_cpu_dispatch()
+        except DispatchConfigError as err:  # only when called in a process using JAX
+            print(f"jaxrunner bench: {err} (or pass --cpu-dispatch async)", file=sys.stderr)
+            return 2
 
     try:
         from tqdm import tqdm
@@ -42,13 +51,16 @@ def _bench(args: argparse.Namespace) -> int:
         bar.update(1)
     if args.json:
         report = {
-            "config": dataclasses.asdict(config),
+            "config": {**dataclasses.asdict(config), "cpu_dispatch": args.cpu_dispatch},
             "machine": bench.machine_info(),
             "results": rows,
         }
         print(json.dumps(report, indent=2))
     else:
-        print(f"{config.env}, backend={config.backend}, 64-64 tanh MLP, stochastic actions")
+        print(
+            f"{config.env}, backend={config.backend}, 64-64 tanh MLP, stochastic actions, "
+            f"{args.cpu_dispatch} CPU dispatch"
+        )
         print("steps/s; raw: the same vector env stepped with random actions, no policy;")
         print("bare loop: its sub-envs' env.step/env.reset only, nothing stacked")
         print(bench.format_table(rows))
@@ -78,6 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--backend", default="sync", choices=BACKENDS)
     bench.add_argument(
         "--seconds", type=float, default=2.0, help="seconds per measurement (default: 2)"
+    )
+    bench.add_argument(
+        "--cpu-dispatch",
+        choices=("inline", "async"),
+        default="inline",
+        help="how JAX runs CPU computations: inline in the calling thread "
+        "(jaxrunner.use_inline_cpu_dispatch) or JAX's default asynchronous dispatch "
+        "(default: %(default)s)",
     )
     bench.add_argument("--json", action="store_true", help="print only JSON on stdout")
     bench.set_defaults(func=_bench)

@@ -32,9 +32,13 @@ def test_readme_setup_has_exactly_two_commands():
 
 
 def test_bench_json(capsys):
-    argv = ["bench", "--num-envs", "1", "3", "--seconds", "0.05", "--json"]
-    assert cli.main(argv) == 0
+    # In this process JAX has started already, so its CPU dispatch is fixed: async.
+    argv = ["bench", "--num-envs", "1", "3", "--seconds", "0.05", "--json", "--cpu-dispatch"]
+    assert cli.main([*argv, "inline"]) == 2
+    assert "before any JAX computation" in capsys.readouterr().err
+    assert cli.main([*argv, "async"]) == 0
     report = json.loads(capsys.readouterr().out)  # stdout holds only the JSON
+    assert report["config"]["cpu_dispatch"] == report["machine"]["jax_cpu_dispatch"] == "async"
     assert [row["num_envs"] for row in report["results"]] == [1, 3]
     for row in report["results"]:
         assert row["jaxrunner_steps_per_s"] > 0 and row["raw_steps_per_s"] > 0
@@ -42,6 +46,19 @@ def test_bench_json(capsys):
             row["jaxrunner_steps_per_s"] / row["raw_steps_per_s"]
         )
     assert report["machine"]["cpu_count"] >= 1
+
+
+def test_bench_runs_inline_by_default_in_a_fresh_process():
+    argv = ["bench", "--num-envs", "2", "--seconds", "0.05", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxrunner", *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = json.loads(done.stdout)
+    assert report["config"]["cpu_dispatch"] == report["machine"]["jax_cpu_dispatch"] == "inline"
+    assert report["results"][0]["jaxrunner_steps_per_s"] > 0
 
 
 def test_python_dash_m_entry_point():
