@@ -10,6 +10,9 @@ Systems, each measured at every width in one process, side by side:
 * ``gym_raw``: ``gymnasium.vector.SyncVectorEnv`` of the same sub-envs stepped with
   random actions (drawn ahead of time), no policy: gymnasium's own raw stepping.
 
+Every system runs under the same JAX CPU dispatch mode (``--cpu-dispatch``, inline by
+default, as ``jaxrunner bench``).
+
 Usage::
 
     python benchmarks/core.py                     # CartPole-v1, widths 1 8 64 256
@@ -27,7 +30,7 @@ import sys
 import gymnasium
 import numpy as np
 
-from jaxrunner import bench
+from jaxrunner import bench, use_inline_cpu_dispatch
 
 
 def measure_hand_loop(config: bench.BenchConfig, num_envs: int) -> float:
@@ -77,7 +80,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repeats; median kept")
     parser.add_argument("--out", type=pathlib.Path, default=None)
+    parser.add_argument(
+        "--cpu-dispatch",
+        choices=("inline", "async"),
+        default="inline",
+        help="JAX CPU dispatch for every system measured (see benchmarks/cpu_dispatch.py)",
+    )
     args = parser.parse_args()
+    if args.cpu_dispatch == "inline":
+        use_inline_cpu_dispatch()
 
     config = bench.BenchConfig(
         env=args.env, widths=tuple(args.num_envs), backend=args.backend, seconds=args.seconds

@@ -1,0 +1,105 @@
+"""JAX CPU dispatch, inline against asynchronous: what it does to a sampler.
+
+JAX reads the dispatch mode once per process, so each measurement runs in a child
+process; the two modes alternate round by round, so drifts in machine load hit both
+alike. Per width and mode: ``EnvRunner.sample()`` steps/s and the hand-written loop's
+(gymnasium SyncVectorEnv + the same jitted policy), CartPole-v1, 64-64 MLP.
+
+Usage::
+
+    python benchmarks/cpu_dispatch.py --out benchmarks/results/cpu_dispatch_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+
+from jaxrunner import bench
+
+CHILD = """
+import json, sys
+import jaxrunner as jr
+if {inline}:
+    jr.use_inline_cpu_dispatch()
+from jaxrunner import bench
+sys.path.insert(0, {here!r})
+import core
+config = bench.BenchConfig(seconds={seconds}, widths=({num_envs},))
+print(json.dumps({{
+    "jaxrunner": bench.measure_jaxrunner(config, {num_envs}),
+    "hand_loop": core.measure_hand_loop(config, {num_envs}),
+    "mode": bench.machine_info()["jax_cpu_dispatch"],
+}}))
+"""
+
+
+def measure(mode: str, num_envs: int, seconds: float) -> dict[str, float]:
+    code = CHILD.format(
+        inline=mode == "inline",
+        here=str(pathlib.Path(__file__).parent),
+        seconds=seconds,
+        num_envs=num_envs,
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result.pop("mode") == mode, "the child ran in the other mode"
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-envs", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating repeats; median kept")
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    args = parser.parse_args()
+
+    rows = []
+    for num_envs in args.num_envs:
+        samples: dict[str, list[float]] = {}
+        for _ in range(args.rounds):
+            for mode in ("inline", "async"):
+                for system, value in measure(mode, num_envs, args.seconds).items():
+                    samples.setdefault(f"{system}_{mode}", []).append(value)
+        row = {"num_envs": num_envs}
+        row.update({f"{k}_steps_per_s": float(np.median(v)) for k, v in samples.items()})
+        row.update({f"{k}_all_rounds": v for k, v in samples.items()})
+        for system in ("jaxrunner", "hand_loop"):
+            row[f"{system}_inline_over_async"] = (
+                row[f"{system}_inline_steps_per_s"] / row[f"{system}_async_steps_per_s"]
+            )
+        rows.append(row)
+        print(
+            f"{num_envs:>5}: "
+            + "; ".join(
+                f"{system} inline {row[f'{system}_inline_steps_per_s']:,.0f} async "
+                f"{row[f'{system}_async_steps_per_s']:,.0f} "
+                f"(x{row[f'{system}_inline_over_async']:.2f})"
+                for system in ("jaxrunner", "hand_loop")
+            ),
+            file=sys.stderr,
+        )
+    report = {
+        "benchmark": "cpu_dispatch",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]),
+        "config": {**vars(args), "out": str(args.out)},
+        "machine": {k: v for k, v in bench.machine_info().items() if k != "jax_cpu_dispatch"},
+        "results": rows,
+    }
+    text = json.dumps(report, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
