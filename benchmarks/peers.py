@@ -375,7 +375,15 @@ def main() -> None:
     parser.add_argument("--with-ray", action="store_true", help="also backend='ray' (ray.init)")
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--plot", type=pathlib.Path, default=None, help="default: --out as .png")
+    parser.add_argument(
+        "--cpu-dispatch",
+        choices=("inline", "async"),
+        default="inline",
+        help="JAX CPU dispatch for every system (see benchmarks/cpu_dispatch.py)",
+    )
     args = parser.parse_args()
+    if args.cpu_dispatch == "inline":  # before any JAX computation
+        jr.use_inline_cpu_dispatch()
     known = {s.name for s in SYSTEMS}
     if args.systems and not set(args.systems) <= known:
         parser.error(f"--systems: unknown {sorted(set(args.systems) - known)}; known: {known}")
