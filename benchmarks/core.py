@@ -22,8 +22,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import pathlib
 import sys
 
@@ -113,19 +111,7 @@ def main() -> None:
             + f"  vs gym raw {row['ratio_vs_gym_raw']:.2f}",
             file=sys.stderr,
         )
-    report = {
-        "benchmark": "core",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "config": {**vars(args), "out": str(args.out)},
-        "machine": bench.machine_info(),
-        "results": rows,
-    }
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    bench.write_report("core", args, rows)
 
 
 if __name__ == "__main__":

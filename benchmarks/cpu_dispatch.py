@@ -13,7 +13,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import pathlib
 import subprocess
@@ -86,19 +85,12 @@ def main() -> None:
             ),
             file=sys.stderr,
         )
-    report = {
-        "benchmark": "cpu_dispatch",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "config": {**vars(args), "out": str(args.out)},
-        "machine": {k: v for k, v in bench.machine_info().items() if k != "jax_cpu_dispatch"},
-        "results": rows,
-    }
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    bench.write_report(
+        "cpu_dispatch",
+        args,
+        rows,
+        {k: v for k, v in bench.machine_info().items() if k != "jax_cpu_dispatch"},
+    )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import pathlib
 import sys
@@ -154,19 +152,9 @@ def main() -> None:
             + f"  vs hand {row['ratio_vs_hand_loop']:.2f}  vs raw {row['ratio_vs_raw']:.2f}",
             file=sys.stderr,
         )
-    report = {
-        "benchmark": "native_vector",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "config": {**vars(args), "out": str(args.out)},
-        "machine": {**bench.machine_info(), "loadavg_end": os.getloadavg()},
-        "results": rows,
-    }
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    bench.write_report(
+        "native_vector", args, rows, {**bench.machine_info(), "loadavg_end": os.getloadavg()}
+    )
 
 
 if __name__ == "__main__":

@@ -15,9 +15,13 @@ transfers, trajectory) hides under the env's.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import datetime
+import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -229,6 +233,29 @@ def machine_info() -> dict[str, Any]:
         "jax_devices": [str(d) for d in jax.devices()],
         "jax_cpu_dispatch": "inline" if inline_cpu_dispatch() else "async",
     }
+
+
+def write_report(
+    benchmark: str,
+    args: argparse.Namespace,
+    results: list[dict[str, Any]],
+    machine: dict[str, Any] | None = None,
+) -> None:
+    """Prints a benchmark's JSON report (its name, date, command line, options,
+    ``machine`` or :func:`machine_info`, results) and writes it to ``args.out`` if set."""
+    report = {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]),
+        "config": {**vars(args), "out": str(args.out)},
+        "machine": machine_info() if machine is None else machine,
+        "results": results,
+    }
+    text = json.dumps(report, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
