@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from jaxrunner import cli
@@ -32,7 +33,8 @@ def test_readme_setup_has_exactly_two_commands():
 
 
 def test_bench_json(capsys):
-    # In this process JAX has started already, so its CPU dispatch is fixed: async.
+    # Once JAX has started, its CPU dispatch is fixed (async in the test processes).
+    jax.numpy.zeros(1).block_until_ready()
     argv = ["bench", "--num-envs", "1", "3", "--seconds", "0.05", "--json", "--cpu-dispatch"]
     assert cli.main([*argv, "inline"]) == 2
     assert "before any JAX computation" in capsys.readouterr().err
