@@ -78,12 +78,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repeats; median kept")
     parser.add_argument("--out", type=pathlib.Path, default=None)
-    parser.add_argument(
-        "--cpu-dispatch",
-        choices=("inline", "async"),
-        default="inline",
-        help="JAX CPU dispatch for every system measured (see benchmarks/cpu_dispatch.py)",
-    )
+    bench.add_cpu_dispatch_option(parser)
     args = parser.parse_args()
     if args.cpu_dispatch == "inline":
         use_inline_cpu_dispatch()

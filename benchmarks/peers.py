@@ -66,7 +66,6 @@ from jaxrunner import bench
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import core
 import native_vector
-from process import _autogroup
 
 Measure = Callable[[], float]
 """One round's measurement of a built system: env steps per second."""
@@ -375,12 +374,7 @@ def main() -> None:
     parser.add_argument("--with-ray", action="store_true", help="also backend='ray' (ray.init)")
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--plot", type=pathlib.Path, default=None, help="default: --out as .png")
-    parser.add_argument(
-        "--cpu-dispatch",
-        choices=("inline", "async"),
-        default="inline",
-        help="JAX CPU dispatch for every system (see benchmarks/cpu_dispatch.py)",
-    )
+    bench.add_cpu_dispatch_option(parser)
     args = parser.parse_args()
     if args.cpu_dispatch == "inline":  # before any JAX computation
         jr.use_inline_cpu_dispatch()
@@ -425,7 +419,7 @@ def main() -> None:
             **bench.machine_info(),
             **_versions(("envpool", "gymnax", "ray", "matplotlib")),
         },
-        "autogroup": _autogroup(),
+        "autogroup": bench.autogroup(),
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
         "wall_s": time.perf_counter() - started,

@@ -104,15 +104,6 @@ def measure_width(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
             envs.close()
 
 
-def _autogroup() -> str | None:
-    """This session's scheduling group and its nice (Linux autogroup), which decide
-    its share of the CPUs on a machine shared with other sessions."""
-    try:
-        return pathlib.Path("/proc/self/autogroup").read_text().strip()
-    except OSError:
-        return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1")
@@ -145,7 +136,7 @@ def main() -> None:
         "command": " ".join(["python", *sys.argv]),
         "config": {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()},
         "machine": bench.machine_info(),
-        "autogroup": _autogroup(),
+        "autogroup": bench.autogroup(),
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
         "wall_s": time.time() - started,

@@ -275,15 +275,6 @@ def _fd_worker(
     _worker(mechanism, index, shm_name, num_envs, spin_s, fds)
 
 
-def _autogroup() -> str | None:
-    """This session's scheduling group and its nice (Linux autogroup), which decide
-    its share of the CPUs on a machine shared with other sessions."""
-    try:
-        return pathlib.Path("/proc/self/autogroup").read_text().strip()
-    except OSError:
-        return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.5)
@@ -294,7 +285,7 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from jaxrunner.bench import machine_info
+    from jaxrunner.bench import autogroup, machine_info
 
     # (workers, envs per worker, main work in microseconds)
     scenarios = [(1, 0, 0), (2, 0, 0), (2, 32, 0), (2, 32, 150), (4, 16, 150), (2, 128, 150)]
@@ -332,7 +323,7 @@ def main() -> None:
         "command": " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
         "config": {"seconds": args.seconds, "rounds": args.rounds, "spin_us": args.spin_us},
         "machine": machine_info(),
-        "autogroup": _autogroup(),
+        "autogroup": autogroup(),
         "loadavg": os.getloadavg(),
         "results": results,
     }

@@ -143,7 +143,7 @@ def main() -> None:
         "config": {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()},
         "faults": {"step": list(STEP_KINDS), "reset": list(RESET_KINDS)},
         "machine": bench.machine_info(),
-        "autogroup": _autogroup(),
+        "autogroup": bench.autogroup(),
         "loadavg_before": os.getloadavg(),
         "target": "RSS growth after warm-up within 5%; zero unaccounted steps",
         "records": [],
@@ -225,13 +225,6 @@ def _summarise(report: dict[str, Any], warmup: int) -> None:
         "num_dropped_steps": acc["num_dropped_steps"],
         "rss_target_met": abs(growth) <= 0.05,
     }
-
-
-def _autogroup() -> str | None:
-    try:
-        return pathlib.Path("/proc/self/autogroup").read_text().strip()
-    except OSError:
-        return None
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import dataclasses
 import datetime
 import json
 import os
+import pathlib
 import platform
 import sys
 import time
@@ -233,6 +234,28 @@ def machine_info() -> dict[str, Any]:
         "jax_devices": [str(d) for d in jax.devices()],
         "jax_cpu_dispatch": "inline" if inline_cpu_dispatch() else "async",
     }
+
+
+def autogroup() -> str | None:
+    """This session's scheduling group and its nice (Linux autogroup), which decide
+    its share of the CPUs on a machine shared with other sessions."""
+    try:
+        return pathlib.Path("/proc/self/autogroup").read_text().strip()
+    except OSError:
+        return None
+
+
+def add_cpu_dispatch_option(parser: argparse.ArgumentParser) -> None:
+    """``--cpu-dispatch {inline,async}`` (default inline): how JAX runs CPU
+    computations while the benchmark runs (:func:`jaxrunner.use_inline_cpu_dispatch`)."""
+    parser.add_argument(
+        "--cpu-dispatch",
+        choices=("inline", "async"),
+        default="inline",
+        help="how JAX runs CPU computations: inline in the calling thread "
+        "(jaxrunner.use_inline_cpu_dispatch) or JAX's default asynchronous dispatch "
+        "(default: %(default)s)",
+    )
 
 
 def write_report(

@@ -8,6 +8,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from jaxrunner.bench import add_cpu_dispatch_option
 from jaxrunner.envs import BACKENDS
 from jaxrunner.errors import DispatchConfigError
 from jaxrunner.serve.command import add_serve_command
@@ -91,14 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--seconds", type=float, default=2.0, help="seconds per measurement (default: 2)"
     )
-    bench.add_argument(
-        "--cpu-dispatch",
-        choices=("inline", "async"),
-        default="inline",
-        help="how JAX runs CPU computations: inline in the calling thread "
-        "(jaxrunner.use_inline_cpu_dispatch) or JAX's default asynchronous dispatch "
-        "(default: %(default)s)",
-    )
+    add_cpu_dispatch_option(bench)
     bench.add_argument("--json", action="store_true", help="print only JSON on stdout")
     bench.set_defaults(func=_bench)
     add_serve_command(commands)

@@ -174,6 +174,12 @@ class EnvRunner:
             jr_spaces.check_policy_actions(self._action_space, self._dynamic.action_spec, num_envs)
             return
         self._groups = self._make_groups(policy, obs, num_groups)
+        # In-process backends step in step_batch itself: the runner keeps each group's
+        # actions until its results are due and skips the async bookkeeping (None:
+        # the backend steps in the background, through step_batch_async/wait).
+        self._pending_actions: list[Any] | None = (
+            None if getattr(envs, "steps_in_background", False) else [None] * len(self._groups)
+        )
         # The latest observations of each group's envs (views of the env's buffer).
         self._group_obs = [jr_spaces.rows(self._obs_space, obs, g.rows) for g in self._groups]
         action_spec, self._extras_spec = self._groups[0].output_spec
@@ -259,11 +265,7 @@ class EnvRunner:
         # computes while the other groups' envs step (pipelining). Backends that step
         # in the background (other processes) also get each group's actions as soon as
         # they are ready and are waited for one group later, when the results are due.
-        background = getattr(self.envs, "steps_in_background", False)
-        lag = 1 if background and len(groups) > 1 else 0
-        # In-process backends step in step_batch itself: the runner keeps each group's
-        # actions until its results are due and skips the async bookkeeping.
-        self._pending_actions: list[Any] | None = None if background else [None] * len(groups)
+        lag = 1 if self._pending_actions is None and len(groups) > 1 else 0
         self._extras_leaves = jax.tree.leaves(buf.extras)
         in_flight: collections.deque[tuple[int, int]] = collections.deque()
         try:
