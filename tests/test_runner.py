@@ -115,6 +115,29 @@ def test_exactly_once_and_step_counts(cartpole_runner):
     assert len(np.unique(joined.episode_id)) == metrics["num_episodes"] + 3
 
 
+def _numbered_by_hand(ended: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Episode ids and steps as a plain loop numbers them: env b starts with id b;
+    after each step, every env whose episode ended (in env order) takes the next id."""
+    ids, steps = np.zeros(ended.shape, np.int64), np.zeros(ended.shape, np.int64)
+    current, step, next_id = list(range(ended.shape[1])), [0] * ended.shape[1], ended.shape[1]
+    for t in range(ended.shape[0]):
+        ids[t], steps[t] = current, step
+        for b in range(ended.shape[1]):
+            step[b] += 1
+            if ended[t, b]:
+                current[b], step[b], next_id = next_id, 0, next_id + 1
+    return ids, steps
+
+
+@pytest.mark.parametrize("num_groups", [1, 3])
+def test_episode_ids_and_steps_match_a_hand_numbering(cartpole_runner, num_groups):
+    runner = cartpole_runner(num_envs=5, rollout_length=23, num_groups=num_groups)
+    joined = jr.concatenate([runner.sample() for _ in range(3)])  # episodes span samples
+    ids, steps = _numbered_by_hand(joined.terminated | joined.truncated | ~joined.valid)
+    np.testing.assert_array_equal(joined.episode_id, ids)
+    np.testing.assert_array_equal(joined.step, steps)
+
+
 def test_no_fabricated_transitions_at_episode_ends(cartpole_runner):
     traj = cartpole_runner(num_envs=4, rollout_length=60).sample()
     done = traj.done[:-1]
