@@ -62,7 +62,12 @@ class EnvRunner:
             policy computes one group's actions while another group's envs step.
             ``None`` picks 2 from ``PIPELINE_MIN_ENVS`` envs up on accelerators and
             from ``PIPELINE_MIN_ENVS_CPU`` up on a CPU host (1 with inline CPU
-            dispatch), else 1. Outputs are identical whatever the number of groups.
+            dispatch), else 1. Outputs are identical whatever the number of groups
+            for policies XLA computes row by row the same at any batch size. On CPU
+            matmuls may round differently by batch size (64 envs: a 64x64 MLP's Box
+            actions differed by up to 2.4e-7 with 3 groups, a 256x256 MLP's by 4.8e-7
+            with 2; ``benchmarks/batch_invariance.py``): pass 1 for bit-exact
+            reproducibility with any policy.
         restart_failed_sub_envs: if True, a sub-env that raises in ``step()`` or
             ``reset()`` (or returns an invalid step) is closed, recreated from its
             factory and reset, and sampling goes on: its episode ends at its last
