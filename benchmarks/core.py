@@ -9,9 +9,18 @@ Systems, each measured at every width in one process, side by side:
   the same jitted Flax policy + numpy conversion of its outputs.
 * ``gym_raw``: ``gymnasium.vector.SyncVectorEnv`` of the same sub-envs stepped with
   random actions (drawn ahead of time), no policy: gymnasium's own raw stepping.
+* ``hand_loop_jax_defaults``: the hand loop in a child process left at JAX's
+  defaults (asynchronous CPU dispatch): the loop as a user writes it without
+  jaxrunner's dispatch switch. It alternates with the other systems round by round.
 
-Every system runs under the same JAX CPU dispatch mode (``--cpu-dispatch``, inline by
-default, as ``jaxrunner bench``).
+Every other system runs under the same JAX CPU dispatch mode (``--cpu-dispatch``,
+inline by default, as ``jaxrunner bench``).
+
+Per width the report also gives where jaxrunner's loop time goes, from its own perf
+timers (microseconds per vector step, over the timed samples), and
+``policy_bound_vs_raw``: the ratio to raw that a loop stepping the same envs and
+calling the policy as the runner does would reach with no other cost at all,
+``raw_us / (raw_us + inference_us)``.
 
 Usage::
 
@@ -22,13 +31,61 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
+import subprocess
 import sys
+from typing import Any
 
 import gymnasium
+import jax
 import numpy as np
 
-from jaxrunner import bench, use_inline_cpu_dispatch
+from jaxrunner import EnvRunner, bench, make_vec, use_inline_cpu_dispatch
+from jaxrunner.metrics import PERF_KEYS
+
+HAND_LOOP_CHILD = """
+import json, sys
+sys.path.insert(0, {here!r})
+import core
+from jaxrunner import bench
+config = bench.BenchConfig(env={env!r}, seconds={seconds}, widths=({num_envs},))
+print(json.dumps([core.measure_hand_loop(config, {num_envs}),
+                  bench.machine_info()["jax_cpu_dispatch"]]))
+"""
+
+
+def measure_jaxrunner(config: bench.BenchConfig, num_envs: int, costs: dict[str, Any]) -> float:
+    """``bench.measure_jaxrunner``, also filling ``costs`` with the loop's perf timers
+    (microseconds per vector step) over the timed samples only."""
+    envs = make_vec(config.env, num_envs, backend=config.backend)
+    policy = bench.mlp_policy(envs.single_action_space)
+    params = policy.init(jax.random.key(config.seed), envs.single_observation_space)
+    with EnvRunner(envs, policy, params, config.rollout_length, config.seed) as runner:
+        runner.sample()  # warm-up
+        before = runner.get_metrics()
+        steps_per_s = bench.timed(lambda: runner.sample().reward.size, config.seconds)
+        after = runner.get_metrics()
+    # The timers are running means (ms per vector step): take the warm-up out.
+    n0, n1 = before["num_env_steps"] / num_envs, after["num_env_steps"] / num_envs
+    for key in PERF_KEYS:
+        total_ms = after["perf"][key] * n1 - before["perf"][key] * n0
+        costs[key.replace("_ms", "_us")] = 1000.0 * total_ms / (n1 - n0)
+    return steps_per_s
+
+
+def measure_hand_loop_jax_defaults(config: bench.BenchConfig, num_envs: int) -> float:
+    """The hand loop in a child process at JAX's default (asynchronous) CPU dispatch."""
+    code = HAND_LOOP_CHILD.format(
+        here=str(pathlib.Path(__file__).parent),
+        env=config.env,
+        seconds=config.seconds,
+        num_envs=num_envs,
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    steps_per_s, mode = json.loads(done.stdout.strip().splitlines()[-1])
+    assert mode == "async", "the child did not run at JAX's default dispatch"
+    return steps_per_s
 
 
 def measure_hand_loop(config: bench.BenchConfig, num_envs: int) -> float:
@@ -86,24 +143,44 @@ def main() -> None:
     config = bench.BenchConfig(
         env=args.env, widths=tuple(args.num_envs), backend=args.backend, seconds=args.seconds
     )
-    systems = {**bench.SYSTEMS, "hand_loop": measure_hand_loop, "gym_raw": measure_gym_raw}
+    costs: list[dict[str, Any]] = []
+    systems = {
+        "jaxrunner": lambda c, n: measure_jaxrunner(c, n, costs[-1]),
+        "raw": bench.measure_raw,
+        "bare_loop": bench.measure_bare_loop,
+        "hand_loop": measure_hand_loop,
+        "gym_raw": measure_gym_raw,
+        "hand_loop_jax_defaults": measure_hand_loop_jax_defaults,
+    }
+    refs = [name for name in systems if name != "jaxrunner"]
     rows = []
     for num_envs in config.widths:
         samples: dict[str, list[float]] = {name: [] for name in systems}
         for _ in range(args.rounds):  # interleaved, so drifts in machine load hit all alike
+            costs.append({})
             for name, measure in systems.items():
                 samples[name].append(measure(config, num_envs))
-        row = {"num_envs": num_envs}
+        row: dict[str, Any] = {"num_envs": num_envs}
         row.update({f"{k}_steps_per_s": float(np.median(v)) for k, v in samples.items()})
         row.update({f"{k}_all_rounds": v for k, v in samples.items()})
-        for ref in ("raw", "bare_loop", "hand_loop", "gym_raw"):
+        for ref in refs:
             row[f"ratio_vs_{ref}"] = row["jaxrunner_steps_per_s"] / row[f"{ref}_steps_per_s"]
+        row["jaxrunner_us_per_step"] = {
+            key: float(np.median([c[key] for c in costs[-args.rounds :]]))
+            for key in costs[-1]
+        }
+        raw_us = 1e6 * num_envs / row["raw_steps_per_s"]
+        inference_us = row["jaxrunner_us_per_step"]["inference_us"]
+        row["policy_bound_vs_raw"] = raw_us / (raw_us + inference_us)
         rows.append(row)
         print(
             f"{num_envs:>5}: "
             + "  ".join(f"{k}={row[f'{k}_steps_per_s']:,.0f}" for k in systems)
-            + f"  vs raw {row['ratio_vs_raw']:.2f}  vs hand {row['ratio_vs_hand_loop']:.2f}"
-            + f"  vs gym raw {row['ratio_vs_gym_raw']:.2f}",
+            + f"\n       vs raw {row['ratio_vs_raw']:.2f} (policy-bound "
+            + f"{row['policy_bound_vs_raw']:.2f})  vs hand {row['ratio_vs_hand_loop']:.2f}"
+            + f"  vs hand at JAX defaults {row['ratio_vs_hand_loop_jax_defaults']:.2f}"
+            + f"  vs gym raw {row['ratio_vs_gym_raw']:.2f}\n       us/step "
+            + ", ".join(f"{k} {v:.0f}" for k, v in row["jaxrunner_us_per_step"].items()),
             file=sys.stderr,
         )
     bench.write_report("core", args, rows)
