@@ -133,6 +133,7 @@ class EnvRunner:
         # Host-side episode bookkeeping, one entry per env.
         self._episode_id = np.arange(num_envs, dtype=np.int64)
         self._next_episode_id = num_envs
+        self._live_next_id = num_envs  # callbacks' count of it, step by step
         # Host-loop steps done before this sample(), and the step each env's episode
         # began at: lengths and Trajectory.step follow without a per-step counter.
         self._steps_done = 0
@@ -192,7 +193,7 @@ class EnvRunner:
             self._action_space, action_spec, self._groups[0].rows.stop - self._groups[0].rows.start
         )
         if callbacks is not None:
-            self._live = [self._start_live(i, obs) for i in range(num_envs)]
+            self._live = [self._start_live(i, i, obs) for i in range(num_envs)]
 
     # -- construction helpers ---------------------------------------------------------------
 
@@ -261,9 +262,9 @@ class EnvRunner:
         )
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
-        # Episode ids and steps are filled in after the loop, from these and the flags.
-        first_ids, first_begin = self._episode_id.copy(), self._episode_begin.copy()
-        first_next_id = self._next_episode_id
+        # Ids of episodes that start during this sample, for callbacks' live episodes
+        # (_close_steps gives the same ids to the trajectory, after the loop).
+        self._live_next_id = self._next_episode_id
         t = 0  # steps recorded for every group
         groups = range(len(self._groups))
         # A group's policy step is queued as soon as its envs' results are in, and
@@ -286,33 +287,60 @@ class EnvRunner:
                 t = self._finish_group(*in_flight.popleft(), buf, perf)
         except BaseException as err:
             if t:
-                self._fill_episode_fields(buf, t, first_ids, first_begin, first_next_id)
+                self._close_steps(buf, t)
             self._fail(err, buf.time_slice(0, t) if t else None)
             raise
         finally:
             self._sample_time_s += time.perf_counter() - start_time
             self._perf.record(perf, t)
-        self._fill_episode_fields(buf, num_steps, first_ids, first_begin, first_next_id)
-        self._steps_done += num_steps
+        self._close_steps(buf, num_steps)
         return buf
 
-    def _fill_episode_fields(
-        self, buf: Trajectory, t: int, ids: np.ndarray, begin: np.ndarray, next_id: int
-    ) -> None:
-        """Writes ``episode_id`` and ``step`` of steps ``[0, t)`` (vectorised, once per
-        sample) from the episode ends, exactly as the loop numbered the episodes: an
-        episode that ends at step ``s`` is followed by a new id, given in step-major,
-        env-minor order (the order of ``_advance_episodes``)."""
-        ends = buf.terminated[:t] | buf.truncated[:t] | ~buf.valid[:t]
+    def _close_steps(self, buf: Trajectory, t: int) -> None:
+        """The episode bookkeeping of steps ``[0, t)``, vectorised, once per sample:
+        ``episode_id`` and ``step`` of each step, the returns and lengths of the
+        episodes that ended, the counters, and each env's episode carried into the
+        next sample. An episode ends where the env ended it or a fault cut it; the
+        next one gets a new id, given in step-major, env-minor order (the order of
+        the loop, whatever the grouping)."""
+        valid = buf.valid[:t]
+        cut = buf.terminated[:t] | buf.truncated[:t] | ~valid
         steps = np.arange(t)[:, None]
-        # The last step at which each env's episode ended, strictly before each step.
-        last_end = np.maximum.accumulate(np.where(ends, steps, -1), axis=0)
-        prev_end = np.concatenate([np.full((1, ends.shape[1]), -1), last_end[:-1]])
-        new_ids = next_id - 1 + np.cumsum(ends.ravel()).reshape(ends.shape)
-        started = prev_end >= 0
-        cols = np.arange(ends.shape[1])
-        buf.episode_id[:t] = np.where(started, new_ids[np.maximum(prev_end, 0), cols], ids)
-        buf.step[:t] = np.where(started, steps - prev_end - 1, self._steps_done + steps - begin)
+        cols = np.arange(cut.shape[1])
+        # The last step at which each env's episode ended: up to each step, and before it.
+        last_end = np.maximum.accumulate(np.where(cut, steps, -1), axis=0)
+        prev_end = np.concatenate([np.full((1, cut.shape[1]), -1), last_end[:-1]])
+        started = prev_end >= 0  # the step's episode began in this sample
+        new_ids = self._next_episode_id - 1 + np.cumsum(cut.ravel()).reshape(cut.shape)
+        at_prev = np.maximum(prev_end, 0), cols
+        episode_id, step = buf.episode_id[:t], buf.step[:t]
+        episode_id[...] = np.where(started, new_ids[at_prev], self._episode_id)
+        step[...] = np.where(
+            started, steps - prev_end - 1, self._steps_done + steps - self._episode_begin
+        )
+        # Each step's episode return so far, from running sums of the sample's rewards.
+        total = np.cumsum(buf.reward[:t], axis=0)
+        before = np.where(started, total[at_prev], -self._episode_return)
+        end_t, end_env = np.nonzero(cut)
+        good = valid[end_t, end_env]  # faulty episodes stay out of the statistics
+        self._episode_stats.add(
+            (total - before)[end_t, end_env][good], step[end_t, end_env][good] + 1
+        )
+        num_failed = cut.size - int(np.count_nonzero(valid))
+        self._num_faulty_episodes += num_failed
+        self._num_dropped_steps += num_failed
+        self._num_env_steps += cut.size - num_failed
+        # The episode each env is in after step t - 1.
+        final_end = last_end[-1]
+        ended = final_end >= 0
+        at_end = np.maximum(final_end, 0), cols
+        self._episode_id = np.where(ended, new_ids[at_end], self._episode_id)
+        self._episode_begin = np.where(ended, self._steps_done + final_end + 1, self._episode_begin)
+        self._episode_return = np.where(
+            ended, total[-1] - total[at_end], self._episode_return + total[-1]
+        )
+        self._next_episode_id += len(end_t)
+        self._steps_done += t
 
     def _sample_scan(self) -> Trajectory:
         """``sample()`` of a JaxVectorEnv: one compiled scan; device arrays out. Perf
@@ -429,7 +457,8 @@ class EnvRunner:
         return self._params
 
     def get_metrics(self) -> dict[str, Any]:
-        """Counters since construction, recent-episode statistics and perf timers."""
+        """Counters since construction, recent-episode statistics and perf timers, as
+        of the last ``sample()`` (the episode bookkeeping is done once per sample)."""
         return {
             "num_env_steps": self._num_env_steps,
             **self._episode_stats.summary(),
@@ -487,42 +516,27 @@ class EnvRunner:
             pass
 
     def _advance_episodes(self, buf: Trajectory, t: int, rows: slice, out: Any) -> None:
-        """Episode bookkeeping of envs ``rows`` after step ``t`` (vectorised)."""
-        self._episode_return[rows] += out.reward
+        """What step ``t`` of envs ``rows`` needs at once: the episode-start flags of
+        their next policy step, the fault mask and the callbacks. The rest of the
+        bookkeeping waits for the end of the sample (:meth:`_close_steps`)."""
         done = np.logical_or(out.terminated, out.truncated, out=self._episode_start[rows])
-        num_failed = 0
         if out.failed is not None:  # restarted sub-envs: no transition, episode cut
             buf.valid[t, rows] = ~out.failed
-            num_failed = int(out.failed.sum())
-            self._num_faulty_episodes += num_failed
-            self._num_dropped_steps += num_failed
-        self._num_env_steps += rows.stop - rows.start - num_failed
-        if self.callbacks is not None:
-            self._run_callbacks(buf, t, rows, out, done)
-        if num_failed:
-            np.logical_or(done, out.failed, out=done)
-        if not done.any():
+        if self.callbacks is None:
+            if out.failed is not None:
+                np.logical_or(done, out.failed, out=done)
             return
-        # Groups step in env order, so ids are given in env order whatever the grouping.
-        ended = rows.start + np.flatnonzero(done)
-        next_begin = self._steps_done + t + 1
-        # Faulty episodes stay out of the return statistics.
-        good = rows.start + np.flatnonzero(done & ~out.failed) if num_failed else ended
-        lengths = next_begin - self._episode_begin[good]
-        self._episode_stats.add(self._episode_return[good], lengths)
-        self._episode_id[ended] = np.arange(
-            self._next_episode_id, self._next_episode_id + len(ended)
-        )
-        self._next_episode_id += len(ended)
-        self._episode_return[ended] = 0.0
-        self._episode_begin[ended] = next_begin
-        if self.callbacks is not None:
-            for i in ended.tolist():
-                self._live[i] = self._start_live(i, out.obs, rows.start)
+        self._run_callbacks(buf, t, rows, out, done)
+        if out.failed is not None:
+            np.logical_or(done, out.failed, out=done)
+        # New episodes get ids in env order, as _close_steps gives them.
+        for i in (rows.start + np.flatnonzero(done)).tolist():
+            self._live[i] = self._start_live(i, self._live_next_id, out.obs, rows.start)
+            self._live_next_id += 1
 
-    def _start_live(self, i: int, obs: Any, offset: int = 0) -> LiveEpisode:
+    def _start_live(self, i: int, episode_id: int, obs: Any, offset: int = 0) -> LiveEpisode:
         first_obs = jr_spaces.take(self._obs_space, obs, i - offset)
-        live = LiveEpisode(i, int(self._episode_id[i]), first_obs)
+        live = LiveEpisode(i, int(episode_id), first_obs)
         self.callbacks.on_episode_start(self, i, live)  # type: ignore[union-attr]
         return live
 

@@ -108,6 +108,12 @@ def test_metrics_count_the_fault(clean_and_faulty):
     assert metrics["num_faulty_episodes"] == 1
     assert metrics["num_dropped_steps"] == 1
     assert metrics["num_env_steps"] == int(traj.valid.sum()) == T * NUM_ENVS - 1
+    # The cut episode stays out of the episode statistics; the others are in them.
+    good = [e for e in traj.split_episodes() if e.is_done and not e.faulty]
+    assert len(good) == NUM_ENVS - 1
+    assert metrics["num_episodes"] == len(good)
+    assert metrics["episode_return_mean"] == pytest.approx(np.mean([e.total_return for e in good]))
+    assert metrics["episode_length_mean"] == np.mean([e.length for e in good])
 
 
 def test_gae_bootstraps_the_step_before_a_failed_slot(clean_and_faulty):

@@ -251,6 +251,26 @@ def test_metrics_equal_sums_over_episodes(cartpole_runner):
     assert all(v > 0 for v in metrics["perf"].values())
 
 
+@pytest.mark.parametrize("num_groups", [1, 2])
+def test_episode_statistics_of_episodes_spanning_many_samples(num_groups):
+    """Returns and lengths of episodes longer than a sample, summed across samples:
+    Pendulum's rewards differ every step, episodes last 15 steps, samples 4."""
+    envs = jr.make_vec(lambda: gymnasium.make("Pendulum-v1", max_episode_steps=15), 3)
+    policy = jr.Policy.from_linen(ActorCritic(1), envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    config = jr.MetricsConfig(episode_window=1000)
+    with jr.EnvRunner(envs, policy, params, 4, 0, metrics=config, num_groups=num_groups) as runner:
+        joined = jr.concatenate([runner.sample() for _ in range(12)])
+        metrics = runner.get_metrics()
+    ended = [e for e in joined.split_episodes() if e.is_done]
+    assert len(ended) == metrics["num_episodes"] == 9  # 48 steps: 3 episodes per env
+    returns = [float(np.sum(e.reward)) for e in ended]
+    assert metrics["episode_return_mean"] == pytest.approx(np.mean(returns), rel=1e-12)
+    assert metrics["episode_return_min"] == pytest.approx(min(returns), rel=1e-12)
+    assert metrics["episode_return_max"] == pytest.approx(max(returns), rel=1e-12)
+    assert metrics["episode_length_mean"] == 15
+
+
 def test_perf_timers_mean_and_ema():
     from jaxrunner.metrics import PERF_KEYS, PerfTimers
 
