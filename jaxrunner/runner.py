@@ -62,12 +62,10 @@ class EnvRunner:
             policy computes one group's actions while another group's envs step.
             ``None`` picks 2 from ``PIPELINE_MIN_ENVS`` envs up on accelerators and
             from ``PIPELINE_MIN_ENVS_CPU`` up on a CPU host (1 with inline CPU
-            dispatch), else 1. Outputs are identical whatever the number of groups
-            for policies XLA computes row by row the same at any batch size. On CPU
-            matmuls may round differently by batch size (64 envs: a 64x64 MLP's Box
-            actions differed by up to 2.4e-7 with 3 groups, a 256x256 MLP's by 4.8e-7
-            with 2; ``benchmarks/batch_invariance.py``): pass 1 for bit-exact
-            reproducibility with any policy.
+            dispatch), else 1. Outputs are bitwise identical whatever the number of
+            groups: each group's call computes the policy for every env at its own
+            row (XLA's matmuls round differently by batch size), which costs the
+            compute of the other groups' rows.
         restart_failed_sub_envs: if True, a sub-env that raises in ``step()`` or
             ``reset()`` (or returns an invalid step) is closed, recreated from its
             factory and reset, and sampling goes on: its episode ends at its last
@@ -189,9 +187,7 @@ class EnvRunner:
         # The latest observations of each group's envs (views of the env's buffer).
         self._group_obs = [jr_spaces.rows(self._obs_space, obs, g.rows) for g in self._groups]
         action_spec, self._extras_spec = self._groups[0].output_spec
-        jr_spaces.check_policy_actions(
-            self._action_space, action_spec, self._groups[0].rows.stop - self._groups[0].rows.start
-        )
+        jr_spaces.check_policy_actions(self._action_space, action_spec, num_envs)
         if callbacks is not None:
             self._live = [self._start_live(i, i, obs) for i in range(num_envs)]
 
@@ -216,16 +212,9 @@ class EnvRunner:
                 f"{num_envs}] (or None for automatic)."
             )
         bounds = np.linspace(0, num_envs, num_groups + 1).round().astype(int).tolist()
-        compiled: dict[int, Any] = {}  # groups of equal size share one compiled step
+        compiled: dict[str, Any] = {}  # every group runs the same compiled step
         return [
-            GroupActor(
-                policy,
-                self._params,
-                self.seed,
-                slice(lo, hi),
-                jr_spaces.rows(self._obs_space, obs, slice(lo, hi)),
-                compiled,
-            )
+            GroupActor(policy, self._params, self.seed, slice(lo, hi), obs, compiled)
             for lo, hi in itertools.pairwise(bounds)
         ]
 

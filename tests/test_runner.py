@@ -11,6 +11,7 @@ import pytest
 from conftest import ActorCritic, short_cartpole
 
 import jaxrunner as jr
+from jaxrunner.bench import mlp_policy
 from jaxrunner.errors import (
     ClosedError,
     InvalidStepError,
@@ -168,6 +169,22 @@ def test_pipelined_groups_give_identical_trajectories(cartpole_runner, num_group
     ref_metrics, metrics = reference.get_metrics(), grouped.get_metrics()
     for key in ("num_env_steps", "num_episodes", "episode_return_mean"):
         assert metrics[key] == ref_metrics[key]
+
+
+@pytest.mark.parametrize("num_groups", [2, 3])
+def test_pipelined_groups_are_bitwise_equal_for_wide_policies_too(num_groups):
+    """Invariant 7 where XLA's matmuls round by batch size: a 256-256 MLP on 64
+    Pendulum envs gave Box actions up to 4.8e-7 apart when each group's policy ran
+    at its own batch size (benchmarks/batch_invariance.py)."""
+
+    def sample(groups: int) -> jr.Trajectory:
+        envs = jr.make_vec("Pendulum-v1", 64)
+        policy = mlp_policy(envs.single_action_space, hidden=(256, 256))
+        params = policy.init(jax.random.key(0), envs.single_observation_space)
+        with jr.EnvRunner(envs, policy, params, 6, 0, num_groups=groups) as runner:
+            return jr.concatenate([runner.sample(), runner.sample()])
+
+    jax.tree.map(np.testing.assert_array_equal, sample(1), sample(num_groups))
 
 
 def test_num_groups_validated(cartpole_runner):
