@@ -166,8 +166,7 @@ def main() -> None:
         for ref in refs:
             row[f"ratio_vs_{ref}"] = row["jaxrunner_steps_per_s"] / row[f"{ref}_steps_per_s"]
         row["jaxrunner_us_per_step"] = {
-            key: float(np.median([c[key] for c in costs[-args.rounds :]]))
-            for key in costs[-1]
+            key: float(np.median([c[key] for c in costs[-args.rounds :]])) for key in costs[-1]
         }
         raw_us = 1e6 * num_envs / row["raw_steps_per_s"]
         inference_us = row["jaxrunner_us_per_step"]["inference_us"]

@@ -15,9 +15,9 @@ SYSTEMS = ("jaxrunner", "raw", "bare_loop", "hand_loop", "gym_raw", "hand_loop_j
 
 def test_core_benchmark_reports_every_system_ratio_and_the_in_loop_costs(tmp_path):
     out = tmp_path / "core.json"
+    options = ["--seconds", "0.05", "--rounds", "1", "--num-envs", "2", "--out", str(out)]
     done = subprocess.run(
-        [sys.executable, str(CORE), "--seconds", "0.05", "--rounds", "1", "--num-envs", "2"]
-        + ["--out", str(out)],
+        [sys.executable, str(CORE), *options],
         capture_output=True,
         text=True,
         timeout=300,
@@ -34,7 +34,8 @@ def test_core_benchmark_reports_every_system_ratio_and_the_in_loop_costs(tmp_pat
         expected = row["jaxrunner_steps_per_s"] / row[f"{system}_steps_per_s"]
         assert row[f"ratio_vs_{system}"] == expected
     costs = row["jaxrunner_us_per_step"]
-    assert set(costs) == {"env_wait_us", "inference_us", "obs_processing_us", "action_processing_us"}
+    phases = {"env_wait_us", "inference_us", "obs_processing_us", "action_processing_us"}
+    assert set(costs) == phases
     assert all(value > 0 for value in costs.values())
     raw_us = 1e6 * 2 / row["raw_steps_per_s"]
     assert row["policy_bound_vs_raw"] == raw_us / (raw_us + costs["inference_us"])
