@@ -1,0 +1,138 @@
+"""The sampler at a git revision against the working tree, side by side in one process.
+
+On a shared machine, throughput measured in separate processes drifts by tens of
+percent; a change of a few percent only shows when the two versions take turns in
+one process. This copies ``jaxrunner/`` as of ``--base`` into a temporary package
+(``jaxrunner_base``, its imports renamed), builds one ``EnvRunner`` of each package
+per width (CartPole-v1, the benchmark MLP, the same seed), and times ``sample()``
+blocks alternating between them. Per width: microseconds per vector step (median and
+minimum over blocks), the median of the per-pair speed-ups (base time / new time),
+and whether the two produced identical trajectories.
+
+Usage::
+
+    python benchmarks/ab_revision.py --base HEAD~1
+    python benchmarks/ab_revision.py --base 8a8fdb1 --num-envs 1 64 --blocks 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+import jaxrunner
+from jaxrunner import bench, use_inline_cpu_dispatch
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+IMPORT = re.compile(r"^(\s*)(from|import) jaxrunner\b", re.MULTILINE)
+
+
+def import_base(revision: str, into: pathlib.Path) -> Any:
+    """``jaxrunner`` as of ``revision``, imported as ``jaxrunner_base``."""
+    files = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", revision, "jaxrunner/"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for name in files:
+        source = subprocess.run(
+            ["git", "show", f"{revision}:{name}"], cwd=REPO, capture_output=True, check=True
+        ).stdout
+        target = into / name.replace("jaxrunner/", "jaxrunner_base/", 1)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith(".py"):
+            source = IMPORT.sub(r"\1\2 jaxrunner_base", source.decode()).encode()
+        target.write_bytes(source)
+    sys.path.insert(0, str(into))
+    return importlib.import_module("jaxrunner_base")
+
+
+def make_runner(package: Any, env: str, num_envs: int, rollout_length: int) -> Any:
+    envs = package.make_vec(env, num_envs)
+    policy = importlib.import_module(f"{package.__name__}.bench").mlp_policy(
+        envs.single_action_space
+    )
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    runner = package.EnvRunner(envs, policy, params, rollout_length, 0)
+    runner.sample()  # warm-up
+    return runner
+
+
+def time_block(runner: Any, samples: int, steps: int) -> float:
+    """Microseconds per vector step over ``samples`` calls of ``sample()``."""
+    start = time.perf_counter()
+    for _ in range(samples):
+        runner.sample()
+    return (time.perf_counter() - start) / (samples * steps) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="git revision to compare against")
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--num-envs", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--rollout-length", type=int, default=64)
+    parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    bench.add_cpu_dispatch_option(parser)
+    args = parser.parse_args()
+    if args.cpu_dispatch == "inline":
+        use_inline_cpu_dispatch()
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = import_base(args.base, pathlib.Path(tmp))
+        versions = {"base": base, "new": jaxrunner}
+        for num_envs in args.num_envs:
+            runners = {
+                k: make_runner(p, args.env, num_envs, args.rollout_length)
+                for k, p in versions.items()
+            }
+            # About 4k env steps per block, at least one sample.
+            samples = max(1, 4096 // (args.rollout_length * num_envs))
+            times: dict[str, list[float]] = {k: [] for k in runners}
+            for block in range(args.blocks):
+                order = ("base", "new") if block % 2 == 0 else ("new", "base")
+                for name in order:
+                    times[name].append(time_block(runners[name], samples, args.rollout_length))
+            same = all(
+                np.array_equal(a, b)
+                for a, b in zip(
+                    jax.tree.leaves(runners["base"].sample()),
+                    jax.tree.leaves(runners["new"].sample()),
+                )
+            )
+            for runner in runners.values():
+                runner.stop()
+            speedups = np.array(times["base"]) / np.array(times["new"])
+            row = {
+                "num_envs": num_envs,
+                **{f"{k}_us_per_step_median": float(np.median(v)) for k, v in times.items()},
+                **{f"{k}_us_per_step_min": float(np.min(v)) for k, v in times.items()},
+                "speedup_median": float(np.median(speedups)),
+                "identical_trajectories": same,
+            }
+            rows.append(row)
+            print(
+                f"{num_envs:>5} envs: base {row['base_us_per_step_median']:.1f} us/step, "
+                f"new {row['new_us_per_step_median']:.1f} (medians); speed-up "
+                f"{row['speedup_median']:.3f}; identical trajectories: {same}",
+                file=sys.stderr,
+            )
+    bench.write_report("ab_revision", args, rows)
+
+
+if __name__ == "__main__":
+    main()
