@@ -38,11 +38,9 @@ import sys
 from typing import Any
 
 import gymnasium
-import jax
 import numpy as np
 
-from jaxrunner import EnvRunner, bench, make_vec, use_inline_cpu_dispatch
-from jaxrunner.metrics import PERF_KEYS
+from jaxrunner import bench, use_inline_cpu_dispatch
 
 HAND_LOOP_CHILD = """
 import json, sys
@@ -53,25 +51,6 @@ config = bench.BenchConfig(env={env!r}, seconds={seconds}, widths=({num_envs},))
 print(json.dumps([core.measure_hand_loop(config, {num_envs}),
                   bench.machine_info()["jax_cpu_dispatch"]]))
 """
-
-
-def measure_jaxrunner(config: bench.BenchConfig, num_envs: int, costs: dict[str, Any]) -> float:
-    """``bench.measure_jaxrunner``, also filling ``costs`` with the loop's perf timers
-    (microseconds per vector step) over the timed samples only."""
-    envs = make_vec(config.env, num_envs, backend=config.backend)
-    policy = bench.mlp_policy(envs.single_action_space)
-    params = policy.init(jax.random.key(config.seed), envs.single_observation_space)
-    with EnvRunner(envs, policy, params, config.rollout_length, config.seed) as runner:
-        runner.sample()  # warm-up
-        before = runner.get_metrics()
-        steps_per_s = bench.timed(lambda: runner.sample().reward.size, config.seconds)
-        after = runner.get_metrics()
-    # The timers are running means (ms per vector step): take the warm-up out.
-    n0, n1 = before["num_env_steps"] / num_envs, after["num_env_steps"] / num_envs
-    for key in PERF_KEYS:
-        total_ms = after["perf"][key] * n1 - before["perf"][key] * n0
-        costs[key.replace("_ms", "_us")] = 1000.0 * total_ms / (n1 - n0)
-    return steps_per_s
 
 
 def measure_hand_loop_jax_defaults(config: bench.BenchConfig, num_envs: int) -> float:
@@ -145,7 +124,7 @@ def main() -> None:
     )
     costs: list[dict[str, Any]] = []
     systems = {
-        "jaxrunner": lambda c, n: measure_jaxrunner(c, n, costs[-1]),
+        "jaxrunner": lambda c, n: bench.measure_jaxrunner(c, n, costs[-1]),
         "raw": bench.measure_raw,
         "bare_loop": bench.measure_bare_loop,
         "hand_loop": measure_hand_loop,

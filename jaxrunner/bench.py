@@ -35,6 +35,7 @@ import numpy as np
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner.envs import make_vec
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Policy
 from jaxrunner.runner import EnvRunner
 
@@ -95,14 +96,27 @@ def timed(step: Callable[[], int], seconds: float) -> float:
     return steps / elapsed
 
 
-def measure_jaxrunner(config: BenchConfig, num_envs: int) -> float:
-    """Steps/s of ``EnvRunner.sample()`` with the benchmark MLP."""
+def measure_jaxrunner(
+    config: BenchConfig, num_envs: int, costs: dict[str, float] | None = None
+) -> float:
+    """Steps/s of ``EnvRunner.sample()`` with the benchmark MLP. Given ``costs``, also
+    fills it with the loop's perf timers over the timed samples, in microseconds per
+    vector step (``env_wait_us``, ``inference_us``, ...)."""
     envs = make_vec(config.env, num_envs, backend=config.backend)
     policy = mlp_policy(envs.single_action_space)
     params = policy.init(jax.random.key(config.seed), envs.single_observation_space)
     with EnvRunner(envs, policy, params, config.rollout_length, config.seed) as runner:
         runner.sample()  # warm-up
-        return timed(lambda: runner.sample().reward.size, config.seconds)
+        before = runner.get_metrics()
+        steps_per_s = timed(lambda: runner.sample().reward.size, config.seconds)
+        after = runner.get_metrics()
+    if costs is not None:
+        # The timers are running means (ms per vector step): take the warm-up out.
+        n0, n1 = before["num_env_steps"] / num_envs, after["num_env_steps"] / num_envs
+        for key in PERF_KEYS:
+            total_ms = after["perf"][key] * n1 - before["perf"][key] * n0
+            costs[key.replace("_ms", "_us")] = 1000.0 * total_ms / (n1 - n0)
+    return steps_per_s
 
 
 def hand_act(policy: Policy, num_envs: int) -> Callable[[Any, Any, jax.Array], Any]:
