@@ -131,7 +131,7 @@ class EnvRunner:
         # Host-side episode bookkeeping, one entry per env.
         self._episode_id = np.arange(num_envs, dtype=np.int64)
         self._next_episode_id = num_envs
-        self._live_next_id = num_envs  # callbacks' count of it, step by step
+        self._live_next_id = num_envs  # the next id, counted step by step for callbacks
         # Host-loop steps done before this sample(), and the step each env's episode
         # began at: lengths and Trajectory.step follow without a per-step counter.
         self._steps_done = 0
