@@ -8,6 +8,7 @@ import pathlib
 import pickle
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -382,6 +383,19 @@ def test_wire_round_trips_and_refusals():
     sample = composite.sample()
     back = wire.decode_tree(composite, wire.encode_tree(composite, sample), "obs")
     jax.tree.map(np.testing.assert_array_equal, back, sample)
+
+
+def test_a_client_connecting_before_the_server_runs_is_queued_not_refused(tmp_path):
+    """The CLI prints the url, then starts serving: a client that connects in between
+    must wait in the backlog, not get 'connection refused' (CI saw it happen)."""
+    env = make_env()
+    server = PolicyServer(env, token_file=tmp_path / "token")  # built, not started
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5):
+            pass
+    finally:
+        server.close()
+        env.close()
 
 
 def test_cli_serve_end_to_end(tmp_path):

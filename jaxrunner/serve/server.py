@@ -114,6 +114,9 @@ class PolicyServer:
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((config.host, config.port))
+        # Listening now, not when uvicorn starts: a client given the url (the CLI
+        # prints it before serving) is queued in the backlog instead of refused.
+        self._socket.listen()
         host, port = self._socket.getsockname()[:2]
         self.port = int(port)
         self.url = (
