@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 import jaxrunner
-from jaxrunner import bench, use_inline_cpu_dispatch
+from jaxrunner import bench
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 IMPORT = re.compile(r"^(\s*)(from|import) jaxrunner\b", re.MULTILINE)
@@ -86,10 +86,7 @@ def main() -> None:
     parser.add_argument("--rollout-length", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")
     parser.add_argument("--out", type=pathlib.Path, default=None)
-    bench.add_cpu_dispatch_option(parser)
-    args = parser.parse_args()
-    if args.cpu_dispatch == "inline":
-        use_inline_cpu_dispatch()
+    args = bench.parse_args(parser)
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -37,10 +37,7 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=[64, 256, 512])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", type=pathlib.Path, default=None)
-    bench.add_cpu_dispatch_option(parser)
-    args = parser.parse_args()
-    if args.cpu_dispatch == "inline":
-        jr.use_inline_cpu_dispatch()
+    args = bench.parse_args(parser)
 
     rows = []
     for width in args.widths:

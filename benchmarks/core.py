@@ -40,7 +40,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from jaxrunner import bench, use_inline_cpu_dispatch
+from jaxrunner import bench
 
 HAND_LOOP_CHILD = """
 import json, sys
@@ -114,10 +114,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repeats; median kept")
     parser.add_argument("--out", type=pathlib.Path, default=None)
-    bench.add_cpu_dispatch_option(parser)
-    args = parser.parse_args()
-    if args.cpu_dispatch == "inline":
-        use_inline_cpu_dispatch()
+    args = bench.parse_args(parser)
 
     config = bench.BenchConfig(
         env=args.env, widths=tuple(args.num_envs), backend=args.backend, seconds=args.seconds

@@ -374,10 +374,7 @@ def main() -> None:
     parser.add_argument("--with-ray", action="store_true", help="also backend='ray' (ray.init)")
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--plot", type=pathlib.Path, default=None, help="default: --out as .png")
-    bench.add_cpu_dispatch_option(parser)
-    args = parser.parse_args()
-    if args.cpu_dispatch == "inline":  # before any JAX computation
-        jr.use_inline_cpu_dispatch()
+    args = bench.parse_args(parser)
     known = {s.name for s in SYSTEMS}
     if args.systems and not set(args.systems) <= known:
         parser.error(f"--systems: unknown {sorted(set(args.systems) - known)}; known: {known}")

@@ -121,10 +121,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--blocks", type=int, default=5, help="64-step blocks per round")
     parser.add_argument("--out", type=pathlib.Path, default=None)
-    bench.add_cpu_dispatch_option(parser)
-    args = parser.parse_args()
-    if args.cpu_dispatch == "inline":
-        jr.use_inline_cpu_dispatch()
+    args = bench.parse_args(parser)
 
     rows = []
     for num_envs in args.num_envs:

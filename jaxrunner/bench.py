@@ -32,7 +32,7 @@ import gymnasium
 import jax
 import numpy as np
 
-from jaxrunner.cpu_dispatch import inline_cpu_dispatch
+from jaxrunner.cpu_dispatch import inline_cpu_dispatch, use_inline_cpu_dispatch
 from jaxrunner.envs import make_vec
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import PERF_KEYS
@@ -270,6 +270,16 @@ def add_cpu_dispatch_option(parser: argparse.ArgumentParser) -> None:
         "(jaxrunner.use_inline_cpu_dispatch) or JAX's default asynchronous dispatch "
         "(default: %(default)s)",
     )
+
+
+def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """A benchmark's command line: adds ``--cpu-dispatch``, parses, and switches JAX
+    to inline CPU dispatch unless told otherwise (before any JAX computation)."""
+    add_cpu_dispatch_option(parser)
+    args = parser.parse_args()
+    if args.cpu_dispatch == "inline":
+        use_inline_cpu_dispatch()
+    return args
 
 
 def write_report(
