@@ -4,7 +4,7 @@ By default JAX's CPU backend runs each computation on an XLA worker thread and t
 caller waits for it (asynchronous dispatch). For a training step that is free; for
 a sampler's policy step, a few microseconds of work called once per env step, the
 two thread hand-offs cost more than the computation itself. On a shared 2-core
-machine the runner's policy call took a median 50 us inline against 123 us dispatched
+machine the runner's policy call took a median 34 us inline against 56 us dispatched
 (``benchmarks/step_costs.py``), and CartPole sampling ran 1.1-1.7x faster at 1 to 256
 envs (``benchmarks/cpu_dispatch.py``).
 

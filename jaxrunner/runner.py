@@ -509,19 +509,16 @@ class EnvRunner:
         their next policy step, the fault mask and the callbacks. The rest of the
         bookkeeping waits for the end of the sample (:meth:`_close_steps`)."""
         done = np.logical_or(out.terminated, out.truncated, out=self._episode_start[rows])
+        if self.callbacks is not None:  # they see the env's own flags
+            self._run_callbacks(buf, t, rows, out, done)
         if out.failed is not None:  # restarted sub-envs: no transition, episode cut
             buf.valid[t, rows] = ~out.failed
-        if self.callbacks is None:
-            if out.failed is not None:
-                np.logical_or(done, out.failed, out=done)
-            return
-        self._run_callbacks(buf, t, rows, out, done)
-        if out.failed is not None:
             np.logical_or(done, out.failed, out=done)
-        # New episodes get ids in env order, as _close_steps gives them.
-        for i in (rows.start + np.flatnonzero(done)).tolist():
-            self._live[i] = self._start_live(i, self._live_next_id, out.obs, rows.start)
-            self._live_next_id += 1
+        if self.callbacks is not None:
+            # New episodes get ids in env order, as _close_steps gives them.
+            for i in (rows.start + np.flatnonzero(done)).tolist():
+                self._live[i] = self._start_live(i, self._live_next_id, out.obs, rows.start)
+                self._live_next_id += 1
 
     def _start_live(self, i: int, episode_id: int, obs: Any, offset: int = 0) -> LiveEpisode:
         first_obs = jr_spaces.take(self._obs_space, obs, i - offset)
