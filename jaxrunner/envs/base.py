@@ -1,34 +1,44 @@
-"""The contract every jaxrunner vector-env backend keeps.
+"""The contract every jaxrunner vector-env backend keeps: one stepping protocol.
 
 A backend subclasses :class:`VectorEnv` and implements :meth:`VectorEnv.reset_batch`,
-:meth:`VectorEnv.step_batch` and :meth:`VectorEnv.reset_at`. Gymnasium's ``reset``
-and ``step`` are derived from them, so every backend is a
-``gymnasium.vector.VectorEnv`` with autoreset mode ``SAME_STEP``. The runner uses the
-batch methods directly: they return views of preallocated buffers and per-env info
-lists, with no per-step dict merging.
+:meth:`VectorEnv.reset_at`, :meth:`VectorEnv.send` and :meth:`VectorEnv.recv`, in the
+style of EnvPool and PufferLib: ``send(actions, env_ids)`` starts a step of some envs,
+``recv()`` returns the results of one earlier send (a :class:`BatchStep` that says
+which envs answered). A lockstep :meth:`VectorEnv.step_batch` is the two in turn, and
+gymnasium's ``reset`` and ``step`` derive from these, so every backend is a
+``gymnasium.vector.VectorEnv`` with autoreset mode ``SAME_STEP``. Results are views
+of preallocated buffers and per-env info lists, with no per-step dict merging.
+
+What a backend can do is declared once, as a typed :class:`Capabilities` value
+(``VectorEnv.capabilities``); the samplers read it and never probe.
 
 Contract (``jaxrunner.testing.VectorEnvContract`` checks it for any backend):
 
 * ``reset_batch(seeds)`` resets sub-env ``i`` with ``seeds[i]``.
-* ``step_batch(actions)`` validates the whole action batch before stepping any
-  sub-env, then steps each sub-env once. Where a sub-env ended (terminated or
-  truncated), ``next_obs`` holds its final observation and ``obs`` the observation
-  of the reset that followed in the same call (SAME_STEP autoreset); elsewhere the
-  two are equal.
+* ``send(actions, env_ids)`` validates the whole action batch before stepping any
+  sub-env. ``recv()`` answers the sends in the order they were made, one
+  :class:`BatchStep` per send, unless the backend is ``ready_first`` (then it answers
+  whichever envs are ready; ``BatchStep.env_ids`` says which).
+* Each sent sub-env steps once. Where it ended (terminated or truncated),
+  ``next_obs`` holds its final observation and ``obs`` the observation of the reset
+  that followed in the same step (SAME_STEP autoreset); elsewhere the two are equal.
 * Observations are validated against the single observation space; rewards must be
   finite scalars and infos dicts.
 * Resetting one sub-env touches no other.
-* Restarts (backends with ``supports_restart``): with ``restart_policy`` set, a
-  sub-env that raises in ``step()``/``reset()`` or returns an invalid step is closed,
-  recreated from its factory and reset (see :mod:`jaxrunner.faults`); the failed step
-  yields no transition (``BatchStep.failed``) and no other sub-env is touched. With
-  no policy (the default), the failure raises :class:`~jaxrunner.errors.EnvError`.
+* Restarts (``capabilities.can_restart``): with a ``restart_policy`` given at
+  construction, a sub-env that raises in ``step()``/``reset()`` or returns an invalid
+  step is closed, recreated from its factory and reset (see :mod:`jaxrunner.faults`);
+  the failed step yields no transition (``BatchStep.failed``) and no other sub-env is
+  touched. With no policy (the default), the failure raises
+  :class:`~jaxrunner.errors.EnvError`.
 * After ``close()`` every call raises :class:`~jaxrunner.errors.ClosedError`.
 """
 
 from __future__ import annotations
 
 import abc
+import collections
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -67,6 +77,43 @@ class BatchStep(NamedTuple):
     errors: dict[int, BaseException] | None = None
     """The failures of this call, by env index: step failures (``failed``) and
     reset failures after a good step (that transition stays valid)."""
+    env_ids: slice | np.ndarray | None = None
+    """Which envs these rows are: a ``slice`` of env indices (a contiguous block) or
+    an int array (any set, in row order). ``None`` means every env, in order."""
+
+
+EnvIds = slice | np.ndarray | None
+"""The envs a :meth:`VectorEnv.send` steps: a slice, an int array, or None for all."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """What a backend can do, declared once on its class (or, where a config picks it,
+    on the instance). The samplers read these fields; nothing else is probed."""
+
+    can_restart: bool = False
+    """Failed sub-envs can be recreated (a ``restart_policy`` given at construction)."""
+    steps_in_background: bool = False
+    """``send`` returns while the sub-envs step (other processes or threads), so the
+    lockstep sampler overlaps one group's policy with another group's envs."""
+    ready_first: bool = False
+    """``recv`` answers whichever sent envs are ready, not the sends in order: the
+    runner samples with the ready-first sampler."""
+    recv_batch_size: int | None = None
+    """With ``ready_first``: ``recv`` waits until this many envs have answered (EnvPool's
+    async ``batch_size``), so the sampler keeps at least this many in flight. ``None``:
+    ``recv`` returns as soon as any env answers."""
+    pipeline_groups: int | None = None
+    """Lockstep groups when the runner is given ``num_groups=None`` (None: the
+    sampler's own rule)."""
+
+    def __post_init__(self) -> None:
+        if self.recv_batch_size is not None and not self.ready_first:
+            raise InvalidArgumentError(
+                f"Capabilities(recv_batch_size={self.recv_batch_size}): only a ready_first "
+                "backend answers in batches of its own size; set ready_first=True or leave "
+                "recv_batch_size=None."
+            )
 
 
 def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> list[int | None]:
@@ -88,11 +135,11 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
     """Base of jaxrunner's vector envs (see the module docstring for the contract)."""
 
     metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP}
-    supports_restart: ClassVar[bool] = False
-    """Whether the backend can restart failed sub-envs (``restart_policy``)."""
+    capabilities: Capabilities = Capabilities()
+    """What this backend can do (see :class:`Capabilities`)."""
     restart_policy: RestartPolicy | None = None
-    """Set (e.g. by ``EnvRunner(restart_failed_sub_envs=True)``) to restart failed
-    sub-envs instead of raising; only where ``supports_restart``."""
+    """How failed sub-envs are recreated (None: failures raise); given at construction,
+    only where ``capabilities.can_restart``."""
 
     # Set by subclasses in __init__.
     num_envs: int
@@ -112,47 +159,22 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
         """Resets every sub-env; returns the obs buffer view and per-env infos."""
 
     @abc.abstractmethod
+    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+        """Starts one step of envs ``env_ids`` (None: all) with ``actions`` (one row
+        per env, in ``env_ids`` order); validates the whole batch before any sub-env
+        steps. Sends of disjoint envs may be in flight together; a lockstep backend
+        needs ``env_ids`` to be None or a slice."""
+
+    @abc.abstractmethod
+    def recv(self) -> BatchStep:
+        """The results of one earlier :meth:`send` (the oldest unless ``ready_first``),
+        with ``BatchStep.env_ids`` saying which envs they are."""
+
     def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
-        """Steps every sub-env once (SAME_STEP autoreset); see :class:`BatchStep`.
-
-        With ``rows`` (a ``slice(start, stop)``), steps only those sub-envs:
-        ``actions`` then holds ``stop - start`` actions, the returned arrays are those
-        rows, and no other sub-env or row is touched (the runner pipelines groups).
-        """
-
-    # Optional split of step_batch, for backends whose sub-envs step in the background.
-    steps_in_background: ClassVar[bool] = False
-    """True if ``step_batch_async`` returns while the sub-envs step (other processes):
-    the runner then sends a group's actions as soon as they are ready and waits for a
-    group's results only when it needs them."""
-    default_num_groups: ClassVar[int | None] = None
-    """The runner's number of pipelining groups when none is given (None: its own rule)."""
-
-    def step_batch_async(self, actions: Any, rows: slice | None = None) -> None:
-        """Starts ``step_batch(actions, rows)``; :meth:`step_batch_wait` with the same
-        ``rows`` returns its result. Calls for disjoint rows may be in flight together.
-        This default only keeps ``actions`` (unchanged until the wait): the step runs
-        in ``step_batch_wait``."""
-        pending = self.__dict__.setdefault("_async_steps", {})
-        key = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
-        if key in pending:
-            raise InvalidArgumentError(
-                f"step_batch_async(rows={rows}): a step of these rows is already in flight; "
-                "call step_batch_wait(rows) first."
-            )
-        pending[key] = actions
-
-    def step_batch_wait(self, rows: slice | None = None) -> BatchStep:
-        """The result of the :meth:`step_batch_async` call with the same ``rows``."""
-        key = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
-        try:
-            actions = self.__dict__.get("_async_steps", {}).pop(key)
-        except KeyError:
-            raise InvalidArgumentError(
-                f"step_batch_wait(rows={rows}): no step_batch_async call for these rows is "
-                "in flight. Call step_batch_async(actions, rows) first, once per wait."
-            ) from None
-        return self.step_batch(actions, rows)
+        """One lockstep step of envs ``rows`` (None: all): :meth:`send` then
+        :meth:`recv`. See :class:`BatchStep`; arrays are ``rows``' rows only."""
+        self.send(actions, rows)
+        return self.recv()
 
     @abc.abstractmethod
     def reset_at(
@@ -273,3 +295,42 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
         if not self.copy:
             return obs
         return jr_spaces.map_structure(self.single_observation_space, np.copy, obs)
+
+
+class InProcessVectorEnv(VectorEnv):
+    """Base of backends whose sub-envs step in the calling thread: :meth:`send` keeps
+    the actions (read, not copied: keep them unchanged until the matching
+    :meth:`recv`), and :meth:`recv` steps the oldest send with :meth:`_step`."""
+
+    def __init__(self, *, copy: bool = True) -> None:
+        super().__init__(copy=copy)
+        self._sent: collections.deque[tuple[Any, slice | None]] = collections.deque()
+
+    @abc.abstractmethod
+    def _step(self, actions: Any, rows: slice | None) -> BatchStep:
+        """Steps envs ``rows`` (None: all) now; ``step_batch``'s contract."""
+
+    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+        self._check_open("step")
+        if env_ids is not None and not isinstance(env_ids, slice):
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.send(env_ids=...): expected None or a slice of env "
+                f"indices (this backend steps in lockstep), got {type(env_ids).__name__}."
+            )
+        self._sent.append((actions, env_ids))
+
+    def recv(self) -> BatchStep:
+        self._check_open("step")
+        if not self._sent:
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.recv(): no send() is waiting for its results. Call "
+                "send(actions, env_ids) first, once per recv()."
+            )
+        actions, rows = self._sent.popleft()
+        return self._step(actions, rows)
+
+    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
+        if self._sent:  # keep the order of the sends already waiting
+            return super().step_batch(actions, rows)
+        self._check_open("step")
+        return self._step(actions, rows)

@@ -31,7 +31,7 @@ vectorized envs often ignore that option (``CartPoleVectorEnv`` resets every env
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -41,7 +41,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.envs.base import BatchStep, VectorEnv
+from jaxrunner.envs.base import BatchStep, Capabilities, InProcessVectorEnv, VectorEnv
 from jaxrunner.envs.vector_infos import (
     EMPTY_RESET_INFOS,
     FINAL_KEYS,
@@ -153,7 +153,7 @@ def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | Non
     return seeds
 
 
-class GymnasiumVectorEnv(VectorEnv):
+class GymnasiumVectorEnv(InProcessVectorEnv):
     """Adopts a gymnasium ``VectorEnv`` (see the module docstring for the semantics).
 
     Every ``step_batch`` steps the wrapped env once with the whole action batch. The
@@ -171,8 +171,8 @@ class GymnasiumVectorEnv(VectorEnv):
         InvalidArgumentError: for a NEXT_STEP env with no known masked reset.
     """
 
-    default_num_groups: ClassVar[int | None] = 1
-    """``step_batch`` cannot step a subset of rows, so the runner uses one group."""
+    capabilities = Capabilities(pipeline_groups=1)
+    """The wrapped env cannot step a subset of rows, so the runner uses one group."""
 
     def __init__(
         self,
@@ -277,8 +277,7 @@ class GymnasiumVectorEnv(VectorEnv):
         self._store_rows(self._obs, obs, np.array([index]), "reset")
         return jr_spaces.take(self.single_observation_space, self._obs, index), infos[0]
 
-    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
-        self._check_open("step")
+    def _step(self, actions: Any, rows: slice | None) -> BatchStep:
         n = self.num_envs
         if rows is not None and (rows.start, rows.stop) != (0, n):
             raise InvalidArgumentError(

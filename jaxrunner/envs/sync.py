@@ -10,14 +10,14 @@ import numpy as np
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.envs.base import BatchStep, VectorEnv
+from jaxrunner.envs.base import BatchStep, Capabilities, InProcessVectorEnv, VectorEnv
 from jaxrunner.errors import (
     EnvError,
     InvalidArgumentError,
     JaxRunnerError,
     SpaceMismatchError,
 )
-from jaxrunner.faults import recreate
+from jaxrunner.faults import RestartPolicy, recreate
 from jaxrunner.step_checks import check_flag, check_info, check_reward
 
 EnvFactory = Callable[[], gymnasium.Env]
@@ -27,7 +27,7 @@ def _step_error(err: Exception, index: int) -> EnvError:
     return EnvError(f"sub-env {index} raised in step(): {err!r}", index)
 
 
-class SyncVectorEnv(VectorEnv):
+class SyncVectorEnv(InProcessVectorEnv):
     """Sub-envs in this process, stepped one after another, with validated,
     in-place writes into stacked buffers.
 
@@ -38,12 +38,22 @@ class SyncVectorEnv(VectorEnv):
         env_fns: zero-argument factories, one per sub-env.
         copy: if True, ``reset``/``step`` return copies of the observation buffer
             (as gymnasium's does); the runner's batch methods never copy.
+        restart_policy: if given, a sub-env that fails is recreated and reset as this
+            policy says, and sampling goes on (see :mod:`jaxrunner.faults`); if None
+            (default), the failure raises.
     """
 
-    supports_restart = True
+    capabilities = Capabilities(can_restart=True)
 
-    def __init__(self, env_fns: Sequence[EnvFactory], *, copy: bool = True) -> None:
+    def __init__(
+        self,
+        env_fns: Sequence[EnvFactory],
+        *,
+        copy: bool = True,
+        restart_policy: RestartPolicy | None = None,
+    ) -> None:
         super().__init__(copy=copy)
+        self.restart_policy = restart_policy
         self.num_restarts = 0
         """Sub-envs recreated after a failure (with a ``restart_policy``)."""
         if len(env_fns) == 0:
@@ -124,8 +134,7 @@ class SyncVectorEnv(VectorEnv):
         self._write_obs(i, obs)
         return check_info(info, i, "reset")
 
-    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
-        self._check_open("step")
+    def _step(self, actions: Any, rows: slice | None) -> BatchStep:
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
         per_env = self._splitter(hi - lo)(actions)  # validates before any sub-env steps
         reward, terminated, truncated = self._reward, self._terminated, self._truncated
@@ -193,6 +202,7 @@ class SyncVectorEnv(VectorEnv):
             reset_infos,
             None if failed is None else failed[part],
             errors or None,
+            part,
         )
 
     def _restart(self, i: int, cause: BaseException, keep_next_obs: bool = False) -> dict:
