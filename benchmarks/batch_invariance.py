@@ -1,6 +1,6 @@
 """Does pipelining change the actions? XLA's matmuls round differently by batch size,
 so invariant 7 holds bit for bit only because every group's policy call computes
-all the envs' rows (``jaxrunner.actor.GroupActor``); this checks it with wide MLPs.
+all the envs' rows (``jaxrunner.policy_step.CompiledPolicyStep``); this checks it with wide MLPs.
 
 For MLPs of several widths, samples Pendulum-v1 (Box actions) with 1, 2 and 3
 pipelining groups from the same seed, and records how far the actions and log-probs

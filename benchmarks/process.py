@@ -33,7 +33,7 @@ import jax
 
 from jaxrunner import bench
 from jaxrunner.envs import make_vec
-from jaxrunner.runner import EnvRunner
+from jaxrunner.sampling import EnvRunner
 
 
 def runner_step(runner: EnvRunner) -> Callable[[], int]:

@@ -32,7 +32,7 @@ from jaxrunner.faults import RestartPolicy
 from jaxrunner.metrics import MetricsConfig
 from jaxrunner.policy import Policy
 from jaxrunner.returns import GAE, discounted_returns, gae
-from jaxrunner.runner import EnvRunner
+from jaxrunner.sampling import EnvRunner
 from jaxrunner.trajectory import Episode, Trajectory, concatenate, concatenate_episodes
 
 __version__ = "0.1.0"

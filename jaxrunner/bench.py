@@ -37,7 +37,7 @@ from jaxrunner.envs import make_vec
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Policy
-from jaxrunner.runner import EnvRunner
+from jaxrunner.sampling import EnvRunner
 
 
 class MLP(nn.Module):

@@ -10,7 +10,7 @@ import numpy as np
 from jaxrunner.trajectory import Episode
 
 if TYPE_CHECKING:
-    from jaxrunner.runner import EnvRunner
+    from jaxrunner.sampling import EnvRunner
 
 
 class LiveEpisode:

@@ -30,7 +30,7 @@ from jaxrunner.envs import make_vec
 from jaxrunner.envs.ray_env import import_ray
 from jaxrunner.errors import InvalidArgumentError, RemoteTimeoutError, RunnerFailedError
 from jaxrunner.policy import Params, Policy
-from jaxrunner.runner import EnvRunner
+from jaxrunner.sampling import EnvRunner
 from jaxrunner.trajectory import Trajectory
 
 EPISODE_ID_BITS = 40

@@ -89,3 +89,36 @@ class EpisodeStats:
             "episode_return_max": stat(self._returns, np.max),
             "episode_length_mean": stat(self._lengths, np.mean),
         }
+
+
+class RunnerMetrics:
+    """Everything a runner counts: transitions, faults, episode statistics, perf
+    timers and sampling time. The samplers add to it; ``summary`` is
+    ``EnvRunner.get_metrics()``."""
+
+    def __init__(self, config: MetricsConfig) -> None:
+        self.num_env_steps = 0  # valid transitions only
+        self.num_faulty_episodes = 0
+        self.num_dropped_steps = 0
+        self.sample_time_s = 0.0
+        self.episodes = EpisodeStats(config.episode_window)
+        self.perf = PerfTimers(config.perf_ema)
+
+    def add(self, counts: Any) -> None:
+        """Adds a :class:`~jaxrunner.sampling.episodes.SampleCounts`."""
+        self.num_env_steps += counts.num_env_steps
+        self.num_faulty_episodes += counts.num_faulty_episodes
+        self.num_dropped_steps += counts.num_dropped_steps
+        self.episodes.add(counts.returns, counts.lengths)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "num_env_steps": self.num_env_steps,
+            **self.episodes.summary(),
+            "env_steps_per_s": self.num_env_steps / self.sample_time_s
+            if self.sample_time_s
+            else 0.0,
+            "num_faulty_episodes": self.num_faulty_episodes,
+            "num_dropped_steps": self.num_dropped_steps,
+            "perf": self.perf.summary(),
+        }

@@ -24,7 +24,7 @@ policy = mlp_policy(envs.single_action_space, hidden=(16,))
 params = policy.init(jax.random.key(3), envs.single_observation_space)
 with jr.EnvRunner(envs, policy, params, 40, 7) as runner:
     traj = runner.sample()
-    groups = len(runner._groups)
+    groups = len(runner.sampler.groups)
 np.savez(OUT, action=traj.action, reward=traj.reward, obs=traj.obs,
          log_prob=traj.extras["log_prob"], episode_id=traj.episode_id, groups=groups)
 """
@@ -80,10 +80,10 @@ def test_switch_after_jax_started_is_a_clear_error():
 
 def test_inline_dispatch_means_one_group_by_default(monkeypatch):
     """With inline dispatch a policy call blocks, so pipelining has nothing to overlap."""
-    monkeypatch.setattr("jaxrunner.runner.inline_cpu_dispatch", lambda: True)
-    envs = jr.make_vec("CartPole-v1", jr.runner.PIPELINE_MIN_ENVS_CPU)
+    monkeypatch.setattr("jaxrunner.sampling.lockstep.inline_cpu_dispatch", lambda: True)
+    envs = jr.make_vec("CartPole-v1", jr.sampling.lockstep.PIPELINE_MIN_ENVS_CPU)
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
     with jr.EnvRunner(envs, policy, params, 2, 0) as runner:
         expected = 1 if jax.default_backend() == "cpu" else 2
-        assert len(runner._groups) == expected
+        assert len(runner.sampler.groups) == expected

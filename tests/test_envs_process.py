@@ -119,7 +119,7 @@ def test_runner_equal_to_sync_whatever_the_groups(sync_reference, shared_process
     runner = _runner(shared_process_vec, num_groups=num_groups)  # not stopped: vec is shared
     if num_groups is None:  # the backend's default: two groups, one per worker
         assert ProcessVectorEnv.default_num_groups == 2
-        assert [g.rows for g in runner._groups] == [slice(0, 4), slice(4, 7)]
+        assert runner.sampler.groups == [slice(0, 4), slice(4, 7)]
     for t, expected in enumerate(sync_reference):
         assert_trees_equal(_as_tree(runner.sample()), _as_tree(expected), f"sample {t}")
 

@@ -103,6 +103,9 @@ class Capabilities:
     """With ``ready_first``: ``recv`` waits until this many envs have answered (EnvPool's
     async ``batch_size``), so the sampler keeps at least this many in flight. ``None``:
     ``recv`` returns as soon as any env answers."""
+    batch_buckets: tuple[int, ...] | None = None
+    """With ``ready_first``: the policy batch sizes the sampler compiles, the ready envs
+    padded to the next one (None: powers of two, then all envs)."""
     pipeline_groups: int | None = None
     """Lockstep groups when the runner is given ``num_groups=None`` (None: the
     sampler's own rule)."""

@@ -4,7 +4,7 @@ A :class:`JaxVectorEnv` holds no mutable state. It is a description: a pair of p
 functions for ONE env (:class:`FunctionalEnv`: reset and step, never auto-resetting),
 the env params, the number of envs and the spaces. Given one, :class:`~jaxrunner.EnvRunner`
 compiles policy, env, autoreset and bookkeeping into one ``lax.scan`` per ``sample()``
-(:mod:`jaxrunner.rollout`), so the runner, not the env, resets ended episodes: it keeps
+(:mod:`jaxrunner.sampling.scan`), so the runner, not the env, resets ended episodes: it keeps
 the true final observation and draws a fresh random reset for every new episode.
 
 Three kinds of env are accepted:
@@ -31,7 +31,7 @@ Three kinds of env are accepted:
   and ``step(state, action) -> State`` with ``obs``, ``reward``, ``done`` and
   ``info["truncation"]`` (brax's ``EpisodeWrapper`` sets it).
 
-Randomness: env ``i`` draws from its own key stream (see :mod:`jaxrunner.rollout`),
+Randomness: env ``i`` draws from its own key stream (see :mod:`jaxrunner.sampling.scan`),
 independent of the policy's keys, of the batch size and of the other envs.
 """
 

@@ -1,6 +1,6 @@
-"""The pure-JAX rollout: policy, env, autoreset and bookkeeping in one jitted ``lax.scan``.
+"""The scan sampler: policy, env, autoreset and bookkeeping in one jitted ``lax.scan``.
 
-:class:`ScanRollout` is what :class:`~jaxrunner.EnvRunner` runs for a
+:class:`ScanSampler` is what :class:`~jaxrunner.EnvRunner` runs for a
 :class:`~jaxrunner.JaxVectorEnv`. One ``sample()`` is one call of a program compiled
 once, ahead of time, at construction (new params never retrace). Everything stays on
 device; the only transfer per ``sample()`` is one explicit ``device_get`` of the
@@ -13,7 +13,7 @@ Semantics are the host loop's:
   is then reset with a fresh key (a new random start, never a cached one).
 * Episode ids are unique per runner: the envs start with ids ``0..B-1``; ended
   episodes get the next free ids in env order within a step.
-* Policy keys follow :func:`jaxrunner.actor.act`: env ``i``'s action at its ``n``-th
+* Policy keys follow :func:`jaxrunner.policy_step.act`: env ``i``'s action at its ``n``-th
   step uses ``fold_in(fold_in(key(seed), i), n)``, as in the host loop.
 * Env keys come from three streams of their own, rooted at ``fold_in(key(seed), r)``
   for ``r`` in ``ENV_STEP_STREAM``, ``ENV_RESET_STREAM``, ``ENV_FIRST_RESET_STREAM``.
@@ -33,6 +33,7 @@ numpy buffers hold float64/int64.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,10 +44,13 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.actor import ActorState, act, initial_actor_state
+from jaxrunner.policy_step import ActorState, act, initial_actor_state
 from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.metrics import RunnerMetrics
 from jaxrunner.policy import Params, Policy
+from jaxrunner.sampling.episodes import SampleCounts
+from jaxrunner.sampling.sampler import Sampler
 from jaxrunner.trajectory import Trajectory
 
 ENV_STEP_STREAM = 0xFFFFFFFF
@@ -240,8 +244,11 @@ def rollout(
     return state, traj, ends
 
 
-class ScanRollout:
+class ScanSampler(Sampler):
     """Runs :func:`rollout` for an :class:`~jaxrunner.EnvRunner` on a JaxVectorEnv.
+
+    ``sample()`` returns device arrays. Perf timers stay 0: policy and env run fused,
+    with no phase to time apart.
 
     Args:
         envs: the pure-JAX vector env.
@@ -249,6 +256,7 @@ class ScanRollout:
         params: device params (the compile is specialised to their shapes and dtypes).
         rollout_length: T.
         seed: the runner's seed.
+        metrics: the runner's metrics, added to per sample.
 
     Raises:
         SpaceMismatchError: the policy's actions do not fit the action space.
@@ -261,22 +269,36 @@ class ScanRollout:
         params: Params,
         rollout_length: int,
         seed: int,
+        metrics: RunnerMetrics,
     ) -> None:
-        self.envs = envs
+        self.envs, self.rollout_length, self.metrics = envs, rollout_length, metrics
         self._env_params = jax.device_put(envs.params)
         self._state = jax.jit(lambda p: initial_state(envs, policy, seed, p))(self._env_params)
         run = functools.partial(rollout, envs, policy, rollout_length)
         traced = jax.jit(run, donate_argnums=1).trace(params, self._state, self._env_params)
         self._run = traced.lower().compile()
+        self.action_spec = None  # checked against the action space while tracing
 
-    def sample(self, params: Params) -> tuple[Trajectory, np.ndarray, np.ndarray]:
-        """One rollout. Returns the trajectory (device arrays) and the returns and
-        lengths of the episodes that ended, in step order, then env order (numpy)."""
+    def sample(self, params: Params) -> Trajectory:
+        """One rollout; the returns and lengths of the episodes that ended, in step
+        order then env order, go to the metrics (the sample's one transfer)."""
+        start_time = time.perf_counter()
         self._state, traj, ends = self._run(params, self._state, self._env_params)
         ends = jax.device_get(ends)  # the one transfer of a sample(), explicit
         returns, lengths = ends[:, 0], ends[:, 1]
         mask = lengths > 0  # row-major: step order, then env order, as the host loop
-        return traj, returns[mask].astype(np.float64), lengths[mask].astype(np.int64)
+        num_env_steps = self.rollout_length * self.envs.num_envs
+        self.metrics.add(
+            SampleCounts(
+                num_env_steps=num_env_steps,
+                num_faulty_episodes=0,
+                num_dropped_steps=0,
+                returns=returns[mask].astype(np.float64),
+                lengths=lengths[mask].astype(np.int64),
+            )
+        )
+        self.metrics.sample_time_s += time.perf_counter() - start_time
+        return traj
 
 
 def check_runner_options(callbacks: Any, num_groups: int | None) -> None:
@@ -299,7 +321,7 @@ __all__ = [
     "ENV_RESET_STREAM",
     "ENV_STEP_STREAM",
     "RolloutState",
-    "ScanRollout",
+    "ScanSampler",
     "check_runner_options",
     "env_step_keys",
     "env_roots",

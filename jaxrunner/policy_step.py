@@ -1,0 +1,216 @@
+"""The compiled policy step: staged observations in, actions and extras out.
+
+One path, shared by every host sampler: :func:`act` is the pure step (keys, carries,
+the policy); :class:`CompiledPolicyStep` compiles it once, ahead of time, for a batch
+of ``size`` rows out of the runner's ``num_envs`` envs, with the inputs packed into one
+host buffer and the outputs into one device buffer (one transfer each way, see
+:mod:`jaxrunner.transfer`). Calls are split into ``dispatch`` (returns once the
+computation is queued) and ``collect`` (waits for it), so a sampler can step envs
+while the policy runs.
+
+Rows. A stage holds ``size`` rows of (observation, episode-start flag, env index).
+
+* ``size == num_envs`` (lockstep): row ``i`` is env ``i``. A pipelined group marks the
+  other groups' rows inactive (index ``num_envs``): they are computed and dropped.
+  XLA's matmuls round differently by batch size, so computing every row at its own
+  position is what makes an env's actions bitwise the same whatever the grouping.
+* ``size < num_envs`` (ready-first buckets): the rows' actor state is gathered by env
+  index and scattered back; index ``num_envs`` marks padding, never written back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrunner.policy import Params, Policy
+from jaxrunner.transfer import Packing
+
+
+@flax.struct.dataclass
+class ActorState:
+    """Device-resident state of the policy side of the loop, one row per env."""
+
+    env_keys: jax.Array
+    """[B, ...] one key per env, ``fold_in(seed_key, env_id)``, as raw key data: typed
+    key arrays cost ~20 us of Python per compiled call (re-wrapped on the way out)."""
+    env_steps: jax.Array
+    """[B] steps each env has taken so far (folded into its key each step)."""
+    carry: Any
+    """[B, ...] recurrent state (None for feed-forward policies)."""
+    initial_carry: Any
+    """[B, ...] the carry each env restarts from at an episode start."""
+
+
+def initial_actor_state(policy: Policy, seed: int, env_ids: np.ndarray) -> ActorState:
+    key = jax.random.key(seed)
+    return ActorState(
+        env_keys=jax.random.key_data(
+            jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(env_ids, jnp.uint32))
+        ),
+        env_steps=jnp.zeros(len(env_ids), dtype=jnp.uint32),
+        carry=policy.batched_carry(len(env_ids)),
+        initial_carry=policy.batched_carry(len(env_ids)),
+    )
+
+
+def act(
+    apply_fn: Callable,
+    params: Params,
+    state: ActorState,
+    obs: Any,
+    episode_start: jax.Array,
+    active: jax.Array | None = None,
+) -> tuple[Any, dict[str, Any], ActorState]:
+    """One policy step for a batch of envs (pure; jitted once per runner).
+
+    Env ``i``'s key is ``fold_in(fold_in(seed_key, env_id[i]), env_steps[i])``: its
+    actions depend on the seed, its id and its step count only, never on which
+    envs share its batch. With ``active`` ([B] bool) only those envs take a step: the
+    others' step counts and carries are kept as they were.
+    """
+
+    def restart(c: jax.Array, c0: jax.Array) -> jax.Array:
+        return jnp.where(_rows_mask(episode_start, c), c0, c)
+
+    carry = jax.tree.map(restart, state.carry, state.initial_carry)
+    env_keys = jax.random.wrap_key_data(state.env_keys)
+    keys = jax.vmap(jax.random.fold_in)(env_keys, state.env_steps)
+    action, extras, carry = apply_fn(params, obs, carry, keys)
+    env_steps = state.env_steps + 1
+    if active is not None:
+        env_steps = jnp.where(active, env_steps, state.env_steps)
+        carry = jax.tree.map(
+            lambda new, old: jnp.where(_rows_mask(active, new), new, old), carry, state.carry
+        )
+    return action, extras, state.replace(carry=carry, env_steps=env_steps)
+
+
+def _rows_mask(flags: jax.Array, like: jax.Array) -> jax.Array:
+    """``[B]`` flags shaped to broadcast over the rows of ``like`` (``[B, ...]``)."""
+    return flags.reshape(-1, *([1] * (like.ndim - 1)))
+
+
+class Stage(NamedTuple):
+    """A host buffer of one call's inputs and numpy views into it."""
+
+    buffer: np.ndarray
+    obs: Any
+    """[size, ...] observations."""
+    episode_start: np.ndarray
+    """[size] bool: the row's env starts an episode (its carry restarts)."""
+    env_index: np.ndarray
+    """[size] int32: the row's env, or ``num_envs`` for a row to drop."""
+
+
+class CompiledPolicyStep:
+    """:func:`act` for ``size`` rows, compiled once, ahead of time (see the module
+    docstring for the row layout).
+
+    Args:
+        policy: the policy.
+        params: device params (the compile is specialised to their shapes).
+        state: the runner's actor state (every env).
+        size: rows per call.
+        obs_example: observations of ``size`` envs (numpy, ``[size, ...]``).
+    """
+
+    def __init__(
+        self, policy: Policy, params: Params, state: ActorState, size: int, obs_example: Any
+    ) -> None:
+        num_envs = int(state.env_steps.shape[0])
+        self.size, self.num_envs = size, num_envs
+        self._in_packing = Packing(
+            (obs_example, np.zeros(size, np.bool_), np.zeros(size, np.int32))
+        )
+        traced: dict[str, Any] = {}
+
+        def step(params: Params, state: ActorState, packed: jax.Array) -> tuple[jax.Array, Any]:
+            obs, start, index = self._in_packing.unpack(packed)
+            if size == num_envs:  # rows are envs: keep the active rows' new state
+                action, extras, state = act(
+                    policy.apply_fn, params, state, obs, start, index < num_envs
+                )
+            else:  # gather the rows' state, scatter it back (padding dropped)
+                action, extras, state = _act_gathered(policy, params, state, obs, start, index)
+            # Shapes are static while tracing: the output layout is fixed here, once.
+            traced["spec"] = jax.eval_shape(lambda: (action, extras))
+            traced["packing"] = Packing((action, extras))
+            return traced["packing"].pack((action, extras)), state
+
+        packed_spec = jax.ShapeDtypeStruct((self._in_packing.nbytes,), jnp.uint8)
+        lowered = jax.jit(step, donate_argnums=1).trace(params, state, packed_spec).lower()
+        self._step = lowered.compile()
+        self._out_packing: Packing = traced["packing"]
+        self.output_spec: tuple[Any, Any] = traced["spec"]
+        """Shapes and dtypes of ``(action, extras)`` for ``size`` rows."""
+        self._action_treedef = jax.tree.structure(self.output_spec[0])
+        # The guard scopes, built once: each would cost ~2 us of Python per call.
+        self._allow_h2d = jax.transfer_guard_host_to_device("allow")
+        self._allow_d2h = jax.transfer_guard_device_to_host("allow")
+
+    def new_stage(self) -> Stage:
+        """A zeroed stage (every row marked to drop)."""
+        buffer = self._in_packing.allocate()
+        obs, start, index = self._in_packing.host_views(buffer)
+        index[:] = self.num_envs
+        return Stage(buffer, obs, start, index)
+
+    def dispatch(self, params: Params, state: ActorState, stage: Stage) -> tuple[Any, ActorState]:
+        """Sends ``stage`` (one host->device transfer) and queues the step; returns the
+        pending output and the new actor state without waiting. The stage must stay
+        unchanged until :meth:`collect` (the transfer may alias it)."""
+        # The numpy stage goes in as the call's argument: the step's one host->device
+        # transfer, allowed here by name so a caller's jax.transfer_guard("disallow")
+        # still catches any other (an explicit device_put costs ~60 us more per call).
+        with self._allow_h2d:
+            return self._step(params, state, stage.buffer)
+
+    def collect(self, pending: Any) -> tuple[Any, list[np.ndarray]]:
+        """Waits for a dispatched step; returns numpy views of the action (a pytree)
+        and of the extras' leaves in ``jax.tree.leaves`` order, ``[size, ...]`` each
+        (the step's one device->host transfer)."""
+        with self._allow_d2h:
+            host = np.asarray(pending)
+        leaves = self._out_packing.host_leaves(host)
+        num = self._action_treedef.num_leaves
+        return self._action_treedef.unflatten(leaves[:num]), leaves[num:]
+
+
+def _act_gathered(
+    policy: Policy,
+    params: Params,
+    state: ActorState,
+    obs: Any,
+    start: jax.Array,
+    index: jax.Array,
+) -> tuple[Any, Any, ActorState]:
+    """:func:`act` for the envs at ``index`` (``num_envs``: padding, dropped)."""
+    num_envs = state.env_steps.shape[0]
+    gather = jnp.minimum(index, num_envs - 1)
+
+    def take(x: jax.Array) -> jax.Array:
+        return x[gather]
+
+    sub = ActorState(
+        env_keys=state.env_keys[gather],
+        env_steps=state.env_steps[gather],
+        carry=jax.tree.map(take, state.carry),
+        initial_carry=jax.tree.map(take, state.initial_carry),
+    )
+    action, extras, sub = act(policy.apply_fn, params, sub, obs, start)
+    state = state.replace(
+        env_steps=state.env_steps.at[index].set(sub.env_steps, mode="drop"),
+        carry=jax.tree.map(
+            lambda full, part: full.at[index].set(part, mode="drop"), state.carry, sub.carry
+        ),
+    )
+    return action, extras, state
+
+
+__all__ = ["ActorState", "CompiledPolicyStep", "Stage", "act", "initial_actor_state"]

@@ -1,0 +1,96 @@
+"""Episode numbering for the host samplers: ids, steps and returns from the flags.
+
+One function of the recorded flags, run once per ``sample()`` over the ``[T, B]``
+buffers (the scan sampler has its jnp twin in :mod:`jaxrunner.sampling.scan`; a test
+proves the two agree). An episode ends where the env ended it (terminated or
+truncated) or a fault cut it (``valid`` False); the next one gets the next id, in
+step-major, env-minor order, whatever order the sampler stepped the envs in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxrunner.trajectory import Trajectory
+
+
+@dataclasses.dataclass
+class SampleCounts:
+    """What the steps closed by :meth:`EpisodeBook.close` add to a runner's metrics."""
+
+    num_env_steps: int
+    """Valid transitions."""
+    num_faulty_episodes: int
+    """Episodes cut by a failed step (one per failed slot)."""
+    num_dropped_steps: int
+    """Failed slots: steps that yielded no transition."""
+    returns: np.ndarray
+    """Returns of the episodes that ended well, in (step, env) order."""
+    lengths: np.ndarray
+    """Their lengths."""
+
+
+class EpisodeBook:
+    """Each env's current episode (id, first step, return so far) across samples.
+
+    Args:
+        num_envs: B. The envs start episodes ``0..B-1``.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self.episode_id = np.arange(num_envs, dtype=np.int64)
+        """The episode each env is in after the last closed step."""
+        self.next_episode_id = num_envs
+        self.steps_done = 0
+        """Steps closed so far, per env (every env closes the same number)."""
+        self._episode_begin = np.zeros(num_envs, dtype=np.int64)
+        self._episode_return = np.zeros(num_envs, dtype=np.float64)
+
+    def close(self, buf: Trajectory, t: int) -> SampleCounts:
+        """Fills ``episode_id`` and ``step`` of steps ``[0, t)`` of ``buf`` and moves
+        every env's episode on past them; returns what they add to the metrics."""
+        valid = buf.valid[:t]
+        cut = buf.terminated[:t] | buf.truncated[:t] | ~valid
+        steps = np.arange(t)[:, None]
+        cols = np.arange(cut.shape[1])
+        # The last step at which each env's episode ended: up to each step, and before it.
+        last_end = np.maximum.accumulate(np.where(cut, steps, -1), axis=0)
+        prev_end = np.concatenate([np.full((1, cut.shape[1]), -1), last_end[:-1]])
+        started = prev_end >= 0  # the step's episode began in this sample
+        new_ids = self.next_episode_id - 1 + np.cumsum(cut.ravel()).reshape(cut.shape)
+        at_prev = np.maximum(prev_end, 0), cols
+        episode_id, step = buf.episode_id[:t], buf.step[:t]
+        episode_id[...] = np.where(started, new_ids[at_prev], self.episode_id)
+        step[...] = np.where(
+            started, steps - prev_end - 1, self.steps_done + steps - self._episode_begin
+        )
+        # Each step's episode return so far, from running sums of the sample's rewards.
+        total = np.cumsum(buf.reward[:t], axis=0)
+        before = np.where(started, total[at_prev], -self._episode_return)
+        end_t, end_env = np.nonzero(cut)
+        good = valid[end_t, end_env]  # faulty episodes stay out of the statistics
+        num_failed = cut.size - int(np.count_nonzero(valid))
+        counts = SampleCounts(
+            num_env_steps=cut.size - num_failed,
+            num_faulty_episodes=num_failed,
+            num_dropped_steps=num_failed,
+            returns=(total - before)[end_t, end_env][good],
+            lengths=step[end_t, end_env][good] + 1,
+        )
+        # The episode each env is in after step t - 1.
+        final_end = last_end[-1]
+        ended = final_end >= 0
+        at_end = np.maximum(final_end, 0), cols
+        self.episode_id = np.where(ended, new_ids[at_end], self.episode_id)
+        self._episode_begin = np.where(ended, self.steps_done + final_end + 1, self._episode_begin)
+        self._episode_return = np.where(
+            ended, total[-1] - total[at_end], self._episode_return + total[-1]
+        )
+        self.next_episode_id += len(end_t)
+        self.steps_done += t
+        return counts
+
+
+__all__ = ["EpisodeBook", "SampleCounts"]

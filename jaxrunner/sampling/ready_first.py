@@ -1,0 +1,274 @@
+"""The ready-first sampler: infer for whichever envs have answered.
+
+For backends whose sub-envs step at their own pace (``capabilities.ready_first``: Ray
+actors, EnvPool's async mode, the process backend when asked), waiting for every env
+each step would make the batch as slow as its slowest env. This sampler instead
+``recv``s whatever is ready, computes the actions of every env that answered in one
+compiled policy call, ``send``s them, and ``recv``s again. Each env records its own
+steps at its own row of the ``[T, B]`` buffers.
+
+* Backends whose ``recv`` returns as soon as any env answers: an env that has
+  recorded ``T`` steps waits for the others, so every sample ends with nothing in
+  flight and params set between samples apply to every env's next step, exactly as
+  in the lockstep sampler.
+* Backends whose ``recv`` waits for ``recv_batch_size`` envs (EnvPool async): the
+  sampler keeps stepping envs past ``T`` (at most one sample ahead) so that enough
+  are always in flight; those steps are recorded into the next sample's buffers, and
+  their actions come from the params in force when they were computed.
+
+Exactness. The ready envs are padded to the smallest of a few bucket sizes, each
+compiled once up front, so XLA never recompiles. An env's action key depends only on
+the seed, its env id and its step count, and episode ids are numbered once per
+sample (:class:`~jaxrunner.sampling.episodes.EpisodeBook`), so the trajectory equals
+the lockstep sampler's for the same seed, provided the policy computes a row the
+same whatever the batch size. XLA's CPU matmuls do for a 64x64 MLP from batch 2 up
+(batch 1 takes a matrix-vector path, so buckets start at 2), but wide layers can
+round differently at small batches; ``Capabilities(batch_buckets=(num_envs,))``
+computes every row in a full batch, which is exact for any policy.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.envs.base import BatchStep, VectorEnv
+from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
+from jaxrunner.metrics import PERF_KEYS, RunnerMetrics
+from jaxrunner.policy import Params, Policy
+from jaxrunner.policy_step import CompiledPolicyStep, initial_actor_state
+from jaxrunner.sampling.episodes import EpisodeBook
+from jaxrunner.sampling.sampler import Sampler, allocate_trajectory, attach_partial
+from jaxrunner.trajectory import Trajectory
+
+
+def default_buckets(num_envs: int) -> tuple[int, ...]:
+    """Powers of two from 2 below ``num_envs``, then ``num_envs`` (1 alone if 1 env)."""
+    buckets, size = [], 2
+    while size < num_envs:
+        buckets.append(size)
+        size *= 2
+    return (*buckets, num_envs)
+
+
+def _env_indices(env_ids: Any, num_envs: int) -> np.ndarray:
+    """``BatchStep.env_ids`` as an int array."""
+    if env_ids is None:
+        return np.arange(num_envs)
+    if isinstance(env_ids, slice):
+        return np.arange(env_ids.start, env_ids.stop)
+    return np.asarray(env_ids, dtype=np.int64)
+
+
+class ReadyFirstSampler(Sampler):
+    """Samples a ``ready_first`` backend (see the module docstring).
+
+    Args:
+        envs: the vector env, just reset; ``obs`` its first observations.
+        policy, params, rollout_length, seed: as for the runner.
+        metrics: the runner's metrics, added to per sample.
+    """
+
+    def __init__(
+        self,
+        envs: VectorEnv,
+        obs: Any,
+        policy: Policy,
+        params: Params,
+        rollout_length: int,
+        seed: int,
+        metrics: RunnerMetrics,
+    ) -> None:
+        num_envs = envs.num_envs
+        caps = envs.capabilities
+        buckets = caps.batch_buckets or default_buckets(num_envs)
+        if any(not 1 <= b <= num_envs for b in buckets):
+            raise InvalidArgumentError(
+                f"batch_buckets={buckets!r}: every bucket must be in [1, num_envs={num_envs}]."
+            )
+        self.buckets = tuple(sorted({*buckets, num_envs}))
+        """Policy batch sizes, each compiled once."""
+        self.bucket_counts: dict[int, int] = dict.fromkeys(self.buckets, 0)
+        """Policy calls per bucket size so far."""
+        self.ready_counts: dict[int, int] = {}
+        """Policy calls per number of ready envs so far."""
+        self.envs, self.rollout_length, self.metrics = envs, rollout_length, metrics
+        self._keep_in_flight = caps.recv_batch_size or 0
+        self._obs_space = envs.single_observation_space
+        self._action_space = envs.single_action_space
+        self._clip = jr_spaces.clip_box_actions(self._action_space)
+        self._obs = jr_spaces.map_structure(self._obs_space, np.copy, obs)  # latest, per env
+        self._state = initial_actor_state(policy, seed, np.arange(num_envs))
+        self._calls = {}
+        for n in self.buckets:
+            example = jr_spaces.rows(self._obs_space, obs, slice(0, n))
+            self._calls[n] = CompiledPolicyStep(policy, params, self._state, n, example)
+        self._stages = {n: call.new_stage() for n, call in self._calls.items()}
+        self.action_spec, self._extras_spec = self._calls[num_envs].output_spec
+        self._book = EpisodeBook(num_envs)
+        self._episode_start = np.ones(num_envs, np.bool_)
+        self._t = np.zeros(num_envs, np.int64)  # steps recorded per env, this sample on
+        self._in_flight = 0  # envs sent and not yet received
+        self._ready: list[Any] = [slice(0, num_envs)]  # env ids waiting for actions
+        self._bufs: list[Trajectory] = []  # this sample's buffers, then the next one's
+
+    def sample(self, params: Params) -> Trajectory:
+        num_steps = self.rollout_length
+        perf = dict.fromkeys(PERF_KEYS, 0.0)
+        start_time = time.perf_counter()
+        while len(self._bufs) < 2:
+            self._bufs.append(
+                allocate_trajectory(
+                    self._obs_space,
+                    self._action_space,
+                    self._extras_spec,
+                    num_steps,
+                    self.envs.num_envs,
+                )
+            )
+        try:
+            while True:
+                todo = self._take_ready()
+                if todo:
+                    self._act(params, todo, perf)
+                if self._t.min() >= num_steps and (self._keep_in_flight or not self._in_flight):
+                    break
+                self._check_can_recv()
+                clock = time.perf_counter()
+                out = self.envs.recv()
+                tick = time.perf_counter()
+                perf["env_wait_ms"] += tick - clock
+                self._record(out)
+                perf["obs_processing_ms"] += time.perf_counter() - tick
+        except BaseException as err:
+            done = int(min(self._t.min(), num_steps))
+            partial = None
+            if done:
+                self.metrics.add(self._book.close(self._bufs[0], done))
+                partial = self._bufs[0].time_slice(0, done)
+            attach_partial(err, partial)
+            raise
+        finally:
+            self.metrics.sample_time_s += time.perf_counter() - start_time
+            self.metrics.perf.record(perf, num_steps)
+        buf = self._bufs.pop(0)
+        self.metrics.add(self._book.close(buf, num_steps))
+        self._t -= num_steps
+        return buf
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _take_ready(self) -> list[np.ndarray]:
+        """The waiting envs that may step now: below ``T`` steps, or below ``2T`` if the
+        backend needs envs in flight; the others keep waiting."""
+        limit = self.rollout_length * (2 if self._keep_in_flight else 1)
+        todo, waiting = [], []
+        for ids in self._ready:
+            index = _env_indices(ids, self.envs.num_envs)
+            (todo if self._t[index[0]] < limit else waiting).append(ids)
+        self._ready = waiting
+        return todo
+
+    def _check_can_recv(self) -> None:
+        if self._in_flight == 0 or self._in_flight < self._keep_in_flight:
+            raise JaxRunnerError(
+                f"ready-first sampling stalled: {self._in_flight} envs in flight, but "
+                f"{type(self.envs).__name__}.recv() needs {max(self._keep_in_flight, 1)}. "
+                "Some envs ran a whole sample ahead of the slowest; use a recv batch size "
+                "of at most half the envs."
+            )
+
+    def _rows(self, index: np.ndarray) -> list[tuple[Trajectory, np.ndarray, np.ndarray, Any]]:
+        """Where envs ``index`` record their current step: (buffer, rows, envs, their
+        positions in ``index``); envs a sample ahead go to the next sample's buffer."""
+        t, num_steps = self._t[index], self.rollout_length
+        ahead = t >= num_steps
+        if not ahead.any():
+            return [(self._bufs[0], t, index, slice(None))]
+        parts = [(self._bufs[1], t[ahead] - num_steps, index[ahead], np.flatnonzero(ahead))]
+        if not ahead.all():
+            parts.append((self._bufs[0], t[~ahead], index[~ahead], np.flatnonzero(~ahead)))
+        return parts
+
+    def _act(self, params: Params, todo: list[Any], perf: dict[str, float]) -> None:
+        """One policy call for the envs of ``todo``; records their obs and actions at
+        each env's current step and sends the actions."""
+        clock = time.perf_counter()
+        num_envs = self.envs.num_envs
+        indices = [_env_indices(ids, num_envs) for ids in todo]
+        index = np.concatenate(indices)
+        count = len(index)
+        bucket = self.buckets[bisect.bisect_left(self.buckets, count)]
+        call, stage = self._calls[bucket], self._stages[bucket]
+        obs = jr_spaces.map_structure(self._obs_space, lambda x: x[index], self._obs)
+        for buf, rows, envs, _ in self._rows(index):
+            jr_spaces.copy_into(
+                self._obs_space, buf.obs, jr_spaces.take(self._obs_space, self._obs, envs),
+                (rows, envs),
+            )  # fmt: skip
+        jr_spaces.copy_into(self._obs_space, stage.obs, obs, slice(0, count))
+        stage.episode_start[:count] = self._episode_start[index]
+        stage.env_index[:count] = index
+        stage.env_index[count:] = num_envs  # padding: computed, never written back
+        stage.episode_start[count:] = False
+        tick = time.perf_counter()
+        perf["obs_processing_ms"] += tick - clock
+        pending, self._state = call.dispatch(params, self._state, stage)
+        action, extras = call.collect(pending)
+        self.bucket_counts[bucket] += 1
+        self.ready_counts[count] = self.ready_counts.get(count, 0) + 1
+        clock = time.perf_counter()
+        perf["inference_ms"] += clock - tick
+        k = 0
+        for ids, part_index in zip(todo, indices):
+            n = len(part_index)
+            part = jr_spaces.rows(self._action_space, action, slice(k, k + n))
+            for buf, rows, envs, sel in self._rows(part_index):
+                jr_spaces.copy_into(
+                    self._action_space, buf.action,
+                    jr_spaces.take(self._action_space, part, sel), (rows, envs),
+                )  # fmt: skip
+                for dst, src in zip(jax.tree.leaves(buf.extras), extras):
+                    dst[rows, envs] = src[k : k + n][sel]
+            self._episode_start[part_index] = False
+            # A copy: the backend may read the actions after this buffer is reused.
+            env_action = (
+                jr_spaces.map_structure(self._action_space, np.copy, part)
+                if self._clip is None
+                else self._clip(part)
+            )
+            self.envs.send(env_action, ids)
+            self._in_flight += n
+            k += n
+        perf["action_processing_ms"] += time.perf_counter() - clock
+
+    def _record(self, out: BatchStep) -> None:
+        """Records the step ``out`` of the envs that answered and queues them."""
+        index = _env_indices(out.env_ids, self.envs.num_envs)
+        n = len(index)
+        self._in_flight -= n
+        for buf, rows, envs, sel in self._rows(index):
+            jr_spaces.copy_into(
+                self._obs_space, buf.next_obs,
+                jr_spaces.take(self._obs_space, out.next_obs, sel), (rows, envs),
+            )  # fmt: skip
+            buf.reward[rows, envs] = out.reward[sel]
+            buf.terminated[rows, envs] = out.terminated[sel]
+            buf.truncated[rows, envs] = out.truncated[sel]
+            if out.failed is not None:  # a replaced actor or restarted sub-env
+                buf.valid[rows, envs] = ~out.failed[sel]
+        jr_spaces.copy_into(self._obs_space, self._obs, out.obs, index)
+        done = np.logical_or(out.terminated, out.truncated)
+        if out.failed is not None:
+            done |= out.failed
+        self._episode_start[index] = done
+        self._t[index] += 1
+        self._ready.append(out.env_ids if out.env_ids is not None else slice(0, n))
+
+
+__all__ = ["ReadyFirstSampler", "default_buckets"]

@@ -1,0 +1,317 @@
+"""EnvRunner: the facade over the samplers.
+
+It owns what every sampler shares (params, metrics, complete episodes, failures, the
+claim on its envs) and picks the sampler from what the backend declares
+(:class:`~jaxrunner.envs.base.Capabilities`): the scan sampler for a pure-JAX env,
+the ready-first sampler for ``ready_first`` backends, the lockstep sampler otherwise.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import jax
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.callbacks import Callbacks
+from jaxrunner.envs.base import VectorEnv
+from jaxrunner.envs.jax_env import JaxVectorEnv
+from jaxrunner.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    RunnerFailedError,
+)
+from jaxrunner.metrics import MetricsConfig, RunnerMetrics
+from jaxrunner.policy import Params, Policy, check_params_like
+from jaxrunner.sampling.lockstep import LockstepSampler
+from jaxrunner.sampling.ready_first import ReadyFirstSampler
+from jaxrunner.sampling.sampler import Sampler
+from jaxrunner.sampling.scan import ScanSampler, check_runner_options
+from jaxrunner.trajectory import Episode, Trajectory, concatenate_episodes
+
+_OWNERS: weakref.WeakKeyDictionary[Any, weakref.ref] = weakref.WeakKeyDictionary()
+"""Each vector env's live runner: one owner per vector env."""
+
+
+class EnvRunner:
+    """Samples trajectories from a vector env with a jitted policy.
+
+    Args:
+        envs: a jaxrunner vector env (:func:`jaxrunner.make_vec`) or a
+            :class:`~jaxrunner.JaxVectorEnv`. The runner owns it until :meth:`stop`:
+            a second runner on the same envs is refused.
+        policy: the :class:`~jaxrunner.Policy`.
+        params: its params (``policy.init(...)``).
+        rollout_length: T, the steps per env of each :meth:`sample`.
+        seed: seeds the policy's keys and the envs (sub-env ``i`` is reset with
+            ``seed + i``): the same seed gives the same trajectories.
+        callbacks: optional :class:`~jaxrunner.Callbacks` (lockstep backends only).
+        metrics: optional :class:`~jaxrunner.MetricsConfig`.
+        num_groups: pipelining: the envs are split in this many groups, and the
+            policy computes one group's actions while another group's envs step.
+            ``None`` lets the backend or the width decide (two groups on
+            accelerators from 8 envs, on a CPU host with asynchronous dispatch from
+            256, else one). Outputs are bitwise identical whatever the number of
+            groups: each group's call computes the policy for every env at its own
+            row (XLA's matmuls round differently by batch size), which costs the
+            compute of the other groups' rows.
+
+    Faults: restarts of failed sub-envs are configured on the vector env
+    (``make_vec(..., restart_policy=jr.RestartPolicy())``); the runner then records a
+    failed step as ``valid=False`` and counts it in ``num_faulty_episodes`` and
+    ``num_dropped_steps``.
+    """
+
+    def __init__(
+        self,
+        envs: VectorEnv | JaxVectorEnv,
+        policy: Policy,
+        params: Params,
+        rollout_length: int,
+        seed: int,
+        callbacks: Callbacks | None = None,
+        *,
+        metrics: MetricsConfig | None = None,
+        num_groups: int | None = None,
+        restart_failed_sub_envs: None = None,
+        restart_policy: None = None,
+    ) -> None:
+        _check_arguments(envs, policy, params, rollout_length, seed, callbacks, num_groups)
+        if restart_failed_sub_envs is not None or restart_policy is not None:
+            raise InvalidArgumentError(
+                "EnvRunner(restart_failed_sub_envs=..., restart_policy=...): restarts are "
+                "configured on the vector env now, in one place: build it with "
+                "jaxrunner.make_vec(..., restart_policy=jaxrunner.RestartPolicy())."
+            )
+        _claim(envs, self)
+        self.envs = envs
+        self.policy = policy
+        self.rollout_length = int(rollout_length)
+        self.seed = int(seed)
+        self.callbacks = callbacks
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._metrics = RunnerMetrics(metrics or MetricsConfig())
+        self._fragments: dict[int, Episode] = {}  # unfinished episodes, for sample_episodes
+        self._finished: list[Episode] = []  # complete episodes not yet returned
+        self._params = jax.device_put(params)
+        try:
+            self.sampler = self._make_sampler(num_groups)
+        except (KeyError, TypeError, AttributeError) as err:
+            _release(envs, self)
+            if isinstance(err, InvalidArgumentTypeError):
+                raise
+            # Tracing the policy with params of the wrong structure fails deep in its code.
+            raise InvalidArgumentError(
+                f"EnvRunner(params=...): the policy could not be applied to these params "
+                f"({type(err).__name__}: {err}). Pass the params the policy was initialised "
+                "with: policy.init(jax.random.key(0), envs.single_observation_space)."
+            ) from err
+        except BaseException:
+            _release(envs, self)
+            raise
+
+    def _make_sampler(self, num_groups: int | None) -> Sampler:
+        """The sampler for what the backend declares (see the module docstring)."""
+        envs, args = self.envs, (self.policy, self._params, self.rollout_length, self.seed)
+        if isinstance(envs, JaxVectorEnv):
+            check_runner_options(self.callbacks, num_groups)
+            return ScanSampler(envs, *args, self._metrics)
+        obs, _ = envs.reset_batch([self.seed + i for i in range(envs.num_envs)])
+        sampler: Sampler
+        if envs.capabilities.ready_first:
+            _check_ready_first_options(envs, self.callbacks, num_groups)
+            sampler = ReadyFirstSampler(envs, obs, *args, self._metrics)
+        else:
+            sampler = LockstepSampler(
+                envs,
+                obs,
+                *args,
+                self._metrics,
+                num_groups=num_groups,
+                callbacks=self.callbacks,
+                runner=self if self.callbacks is not None else None,
+            )
+        jr_spaces.check_policy_actions(envs.single_action_space, sampler.action_spec, envs.num_envs)
+        return sampler
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def sample(self) -> Trajectory:
+        """Collects ``rollout_length`` steps of every env.
+
+        Episodes carry on across calls. If a step fails, the exception propagates
+        with ``err.partial_trajectory`` holding every step completed before it, and
+        the runner refuses further sampling (its envs are in an unknown state).
+        """
+        self._check_usable("sample")
+        try:
+            return self.sampler.sample(self._params)
+        except BaseException as err:
+            self._failure = err
+            raise
+
+    def sample_episodes(self, num_episodes: int, include_faulty: bool = False) -> list[Episode]:
+        """Samples until ``num_episodes`` complete episodes (seen from their first
+        step) are available; returns them in the order they started. Episodes that
+        complete beyond the count are kept for the next call, so none is lost.
+        Episodes already under way before the first call are not complete and are
+        skipped (their steps went to earlier ``sample()`` results). Episodes cut by a
+        sub-env failure (``Episode.faulty``) are skipped unless ``include_faulty``."""
+        if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
+            raise InvalidArgumentError(
+                f"sample_episodes(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
+            )
+        while len(self._finished) < num_episodes:
+            complete = []
+            for part in self.sample().split_episodes():
+                episode = self._join_fragment(part)
+                if not episode.is_done:
+                    self._fragments[episode.env_id] = episode
+                elif episode.is_complete and (include_faulty or not episode.faulty):
+                    complete.append(episode)
+            self._finished.extend(sorted(complete, key=lambda e: e.episode_id))
+        result, self._finished = self._finished[:num_episodes], self._finished[num_episodes:]
+        return result
+
+    def set_params(self, params: Params) -> None:
+        """Replaces the policy params; takes effect at the next step, never recompiles.
+        The new params must have the structure, shapes and dtypes of the old ones."""
+        self._check_usable("set_params")
+        check_params_like(self._params, params, "runner")
+        self._params = jax.device_put(params)
+
+    def get_params(self) -> Params:
+        return self._params
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Counters since construction, recent-episode statistics and perf timers, as
+        of the last ``sample()`` (the episode bookkeeping is done once per sample)."""
+        return self._metrics.summary()
+
+    def get_spaces(self) -> dict[str, spaces.Space]:
+        """The single-env and batched observation and action spaces."""
+        return {
+            "observation_space": self.envs.single_observation_space,
+            "action_space": self.envs.single_action_space,
+            "batched_observation_space": self.envs.observation_space,
+            "batched_action_space": self.envs.action_space,
+        }
+
+    def stop(self) -> None:
+        """Closes the envs; the runner cannot sample afterwards."""
+        if not self._closed:
+            self._closed = True
+            _release(self.envs, self)
+            self.envs.close()
+
+    def __enter__(self) -> EnvRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _check_usable(self, what: str) -> None:
+        if self._closed:
+            raise ClosedError(f"EnvRunner.{what}() called after stop(); create a new EnvRunner.")
+        if self._failure is not None:
+            raise RunnerFailedError(
+                f"EnvRunner.{what}(): an earlier sample() failed ({self._failure!r}), leaving the "
+                "envs in an unknown state; its collected steps are in that error's "
+                "partial_trajectory. Create a new EnvRunner to continue."
+            ) from self._failure
+
+    def _join_fragment(self, part: Episode) -> Episode:
+        """Prepends the unfinished start of ``part``'s episode kept from earlier samples."""
+        head = self._fragments.pop(part.env_id, None)
+        if head is None or head.episode_id != part.episode_id:
+            return part
+        return concatenate_episodes(head, part)
+
+
+def _check_arguments(
+    envs: Any,
+    policy: Any,
+    params: Any,
+    rollout_length: Any,
+    seed: Any,
+    callbacks: Any,
+    num_groups: Any,
+) -> None:
+    """Refuses arguments of the wrong kind, naming the argument and the fix."""
+    if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(envs=...): expected a jaxrunner vector env, got "
+            f"{type(envs).__name__}. Build one with jaxrunner.make_vec(env_id_or_factory, "
+            "num_envs)."
+        )
+    if not isinstance(policy, Policy):
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(policy=...): expected a jaxrunner.Policy, got {policy!r}."
+        )
+    if params is None:
+        raise InvalidArgumentError(
+            "EnvRunner(params=None): expected the policy's params, e.g. "
+            "policy.init(jax.random.key(0), envs.single_observation_space) ({} for a policy "
+            "without params)."
+        )
+    for name, value, low in (("rollout_length", rollout_length, 1), ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise InvalidArgumentError(
+                f"EnvRunner({name}=...): expected an int >= {low}, got {value!r}."
+            )
+    if num_groups is not None and (
+        isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer))
+    ):
+        raise InvalidArgumentError(
+            f"EnvRunner(num_groups={num_groups!r}): expected an int >= 1, or None for automatic."
+        )
+    if callbacks is not None and not isinstance(callbacks, Callbacks):
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(callbacks=...): expected a jaxrunner.Callbacks subclass instance, got "
+            f"{type(callbacks).__name__}. Subclass jr.Callbacks and override its hooks."
+        )
+
+
+def _check_ready_first_options(envs: VectorEnv, callbacks: Any, num_groups: Any) -> None:
+    name = type(envs).__name__
+    if callbacks is not None:
+        raise InvalidArgumentError(
+            f"EnvRunner(callbacks=...): {name} steps its sub-envs at their own pace "
+            "(ready-first), where per-step callbacks cannot run in order. Read the "
+            "Trajectory instead, or use a lockstep backend ('sync', 'process')."
+        )
+    if num_groups not in (None, 1):
+        raise InvalidArgumentError(
+            f"EnvRunner(num_groups={num_groups!r}): {name} computes actions for whichever "
+            "sub-envs are ready (ready-first); pipelining groups do not apply. Leave "
+            "num_groups=None."
+        )
+
+
+def _claim(envs: Any, runner: EnvRunner) -> None:
+    owner_ref = _OWNERS.get(envs)
+    owner = owner_ref() if owner_ref is not None else None
+    if owner is not None and not owner._closed:
+        raise InvalidArgumentError(
+            f"EnvRunner(envs=...): this {type(envs).__name__} is driven by another live "
+            "EnvRunner; two runners on one vector env would continue each other's episodes. "
+            "Build separate envs (e.g. a second jaxrunner.make_vec(...)) for evaluation, or "
+            "call stop() on the first runner."
+        )
+    _OWNERS[envs] = weakref.ref(runner)
+
+
+def _release(envs: Any, runner: EnvRunner) -> None:
+    owner_ref = _OWNERS.get(envs)
+    if owner_ref is not None and owner_ref() is runner:
+        del _OWNERS[envs]
+
+
+__all__ = ["EnvRunner"]

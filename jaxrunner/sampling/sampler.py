@@ -1,0 +1,78 @@
+"""What every sampler is: a backend plus a compiled policy step, turned into
+``[T, B]`` Trajectory buffers and episode bookkeeping.
+
+The :class:`~jaxrunner.EnvRunner` facade picks one from the backend's declared
+capabilities (:func:`jaxrunner.sampling.runner.pick_sampler`) and owns what is common:
+params, metrics, ``sample_episodes``, failures.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from typing import Any
+
+import jax
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.metrics import RunnerMetrics
+from jaxrunner.policy import Params
+from jaxrunner.trajectory import Trajectory
+
+
+class Sampler(abc.ABC):
+    """Collects ``rollout_length`` steps of every env per :meth:`sample`.
+
+    A sampler adds what it measured to the runner's :class:`RunnerMetrics` (given at
+    construction). If a step fails, :meth:`sample` raises with the steps every env
+    completed before it in ``err.partial_trajectory`` (episode ids and steps filled).
+    """
+
+    action_spec: Any
+    """Shapes and dtypes of the policy's actions for all envs (``[B, ...]``)."""
+
+    @abc.abstractmethod
+    def sample(self, params: Params) -> Trajectory:
+        """One rollout of every env with ``params`` (device arrays for the scan
+        sampler, numpy for the host ones)."""
+
+
+def allocate_trajectory(
+    obs_space: spaces.Space,
+    action_space: spaces.Space,
+    extras_spec: Any,
+    num_steps: int,
+    num_envs: int,
+) -> Trajectory:
+    """Zeroed ``[T, B]`` host buffers; ``extras_spec`` has a leading batch axis."""
+    shape = (num_steps, num_envs)
+    return Trajectory(
+        obs=jr_spaces.allocate(obs_space, shape),
+        action=jr_spaces.allocate(action_space, shape),
+        reward=np.zeros(shape, np.float64),
+        terminated=np.zeros(shape, np.bool_),
+        truncated=np.zeros(shape, np.bool_),
+        next_obs=jr_spaces.allocate(obs_space, shape),
+        extras=jax.tree.map(lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), extras_spec),
+        env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
+        episode_id=np.zeros(shape, np.int64),
+        step=np.zeros(shape, np.int64),
+        valid=np.ones(shape, np.bool_),
+    )
+
+
+def attach_partial(err: BaseException, partial: Trajectory | None) -> None:
+    """Puts the steps collected before ``err`` in ``err.partial_trajectory``, with a
+    note saying so (exceptions that refuse new attributes are left as they are)."""
+    with contextlib.suppress(AttributeError):
+        err.partial_trajectory = partial  # type: ignore[attr-defined]
+        steps = 0 if partial is None else partial.num_steps
+        err.add_note(
+            f"jaxrunner: the {steps} steps completed before this error are in "
+            "err.partial_trajectory."
+        )
+
+
+__all__ = ["RunnerMetrics", "Sampler", "allocate_trajectory", "attach_partial"]
