@@ -169,8 +169,14 @@ class ReadyFirstSampler(Sampler):
         limit = self.rollout_length * (2 if self._keep_in_flight else 1)
         todo, waiting = [], []
         for ids in self._ready:
-            index = _env_indices(ids, self.envs.num_envs)
-            (todo if self._t[index[0]] < limit else waiting).append(ids)
+            if isinstance(ids, slice):  # a block steps together: one step count
+                (todo if self._t[ids.start] < limit else waiting).append(ids)
+                continue
+            below = self._t[ids] < limit
+            if below.any():
+                todo.append(ids[below])
+            if not below.all():
+                waiting.append(ids[~below])
         self._ready = waiting
         return todo
 
@@ -211,11 +217,14 @@ class ReadyFirstSampler(Sampler):
                 self._obs_space, buf.obs, jr_spaces.take(self._obs_space, self._obs, envs),
                 (rows, envs),
             )  # fmt: skip
-        jr_spaces.copy_into(self._obs_space, stage.obs, obs, slice(0, count))
-        stage.episode_start[:count] = self._episode_start[index]
-        stage.env_index[:count] = index
-        stage.env_index[count:] = num_envs  # padding: computed, never written back
-        stage.episode_start[count:] = False
+        # A full batch computes env i at row i (the lockstep layout, bitwise the same);
+        # a smaller bucket takes the ready envs in order, then padding.
+        at = index if bucket == num_envs else np.arange(count)
+        stage.env_index[:] = num_envs  # padding: computed, never written back
+        stage.episode_start[:] = False
+        jr_spaces.copy_into(self._obs_space, stage.obs, obs, at)
+        stage.episode_start[at] = self._episode_start[index]
+        stage.env_index[at] = index
         tick = time.perf_counter()
         perf["obs_processing_ms"] += tick - clock
         pending, self._state = call.dispatch(params, self._state, stage)
@@ -227,21 +236,18 @@ class ReadyFirstSampler(Sampler):
         k = 0
         for ids, part_index in zip(todo, indices):
             n = len(part_index)
-            part = jr_spaces.rows(self._action_space, action, slice(k, k + n))
+            part_at = at[k : k + n]
+            part = jr_spaces.map_structure(self._action_space, lambda x: x[part_at], action)
             for buf, rows, envs, sel in self._rows(part_index):
                 jr_spaces.copy_into(
                     self._action_space, buf.action,
                     jr_spaces.take(self._action_space, part, sel), (rows, envs),
                 )  # fmt: skip
                 for dst, src in zip(jax.tree.leaves(buf.extras), extras):
-                    dst[rows, envs] = src[k : k + n][sel]
+                    dst[rows, envs] = src[part_at][sel]
             self._episode_start[part_index] = False
-            # A copy: the backend may read the actions after this buffer is reused.
-            env_action = (
-                jr_spaces.map_structure(self._action_space, np.copy, part)
-                if self._clip is None
-                else self._clip(part)
-            )
+            # ``part`` is a fresh array (fancy indexing): the backend may keep it.
+            env_action = part if self._clip is None else self._clip(part)
             self.envs.send(env_action, ids)
             self._in_flight += n
             k += n

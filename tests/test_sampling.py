@@ -1,0 +1,138 @@
+"""The samplers as parts: ready-first equals lockstep, the episode numbering's host
+and jnp twins agree, one owner per vector env."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+import chex
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+import jaxrunner as jr
+from jaxrunner.envs.base import BatchStep, Capabilities
+from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.jax_testing import RandomWalk
+from jaxrunner.sampling.episodes import EpisodeBook
+from jaxrunner.sampling.lockstep import LockstepSampler
+from jaxrunner.sampling.ready_first import ReadyFirstSampler
+
+NUM_ENVS = 6
+SEED = 3
+
+
+class ShuffledSync(jr.SyncVectorEnv):
+    """A ready-first backend in one process: each send is split into single envs, and
+    ``recv`` steps pending envs in a seeded random order, ``batch`` at a time (an int
+    array of env ids), or one at a time (a slice) without a batch size."""
+
+    def __init__(self, env_fns: Any, batch: int | None, buckets: tuple[int, ...]) -> None:
+        super().__init__(env_fns)
+        self.capabilities = Capabilities(
+            ready_first=True, recv_batch_size=batch, batch_buckets=buckets
+        )
+        self._batch = batch
+        self._rng = np.random.default_rng(0)
+        self._waiting: dict[int, Any] = {}
+
+    def send(self, actions: Any, env_ids: Any = None) -> None:
+        index = np.arange(self.num_envs)[slice(None) if env_ids is None else env_ids]
+        for j, i in enumerate(np.atleast_1d(index).tolist()):
+            self._waiting[i] = np.asarray(actions)[j]
+
+    def recv(self) -> BatchStep:
+        pending = sorted(self._waiting)
+        count = 1 if self._batch is None else self._batch
+        chosen = self._rng.choice(pending, size=count, replace=False)
+        outs = []
+        for i in chosen.tolist():
+            out = self._step(self._waiting.pop(i)[None], slice(i, i + 1))
+            outs.append(jax.tree.map(np.copy, out._replace(infos=None, reset_infos=None, env_ids=None)))
+        stack = jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
+        env_ids: Any = slice(int(chosen[0]), int(chosen[0]) + 1) if self._batch is None else chosen
+        return stack._replace(infos=[{}] * count, reset_infos={}, env_ids=env_ids)
+
+
+class Actor(nn.Module):
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        return nn.Dense(2)(nn.tanh(nn.Dense(16)(obs)))
+
+
+def _short_cartpole() -> Any:
+    import gymnasium
+
+    return gymnasium.make("CartPole-v1", max_episode_steps=15)
+
+
+def _policy() -> tuple[jr.Policy, Any]:
+    envs = jr.make_vec(_short_cartpole, 1)
+    policy = jr.Policy.from_linen(Actor(), envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    envs.close()
+    return policy, params
+
+
+def _samples(envs: Any, num: int = 3, rollout_length: int = 11) -> list[jr.Trajectory]:
+    policy, params = _policy()
+    with jr.EnvRunner(envs, policy, params, rollout_length=rollout_length, seed=SEED) as runner:
+        return [runner.sample() for _ in range(num)]
+
+
+@pytest.mark.parametrize("batch", [None, 2])
+def test_ready_first_equals_lockstep(batch):
+    reference = _samples(jr.make_vec(_short_cartpole, NUM_ENVS))
+    envs = ShuffledSync([_short_cartpole] * NUM_ENVS, batch, buckets=(NUM_ENVS,))
+    policy, params = _policy()
+    with jr.EnvRunner(envs, policy, params, rollout_length=11, seed=SEED) as runner:
+        assert isinstance(runner.sampler, ReadyFirstSampler)
+        got = [runner.sample() for _ in range(3)]
+        metrics = runner.get_metrics()
+    for ours, theirs in zip(got, reference):
+        chex.assert_trees_all_equal(ours, theirs)
+    assert metrics["num_env_steps"] == 3 * 11 * NUM_ENVS
+    # The envs answered out of order: the policy calls saw fewer than all envs.
+    assert sum(n for count, n in runner.sampler.ready_counts.items() if count < NUM_ENVS)
+
+
+def test_lockstep_is_the_default_sampler():
+    policy, params = _policy()
+    with jr.EnvRunner(jr.make_vec(_short_cartpole, 2), policy, params, 4, 0) as runner:
+        assert isinstance(runner.sampler, LockstepSampler)
+
+
+def test_host_numbering_agrees_with_the_scan_twin():
+    venv = jr.JaxVectorEnv(RandomWalk(), num_envs=5)
+    policy = jr.Policy.from_linen(Actor(), venv.single_action_space)
+    params = policy.init(jax.random.key(0), venv.single_observation_space)
+    book = EpisodeBook(5)
+    with jr.EnvRunner(venv, policy, params, rollout_length=17, seed=SEED) as runner:
+        for _ in range(3):
+            traj = jax.device_get(runner.sample())
+            ids, steps = np.array(traj.episode_id), np.array(traj.step)
+            traj = traj.replace(
+                reward=np.asarray(traj.reward, np.float64),
+                episode_id=np.zeros_like(ids, np.int64),
+                step=np.zeros_like(steps, np.int64),
+                valid=np.ones(ids.shape, np.bool_),
+            )
+            book.close(traj, 17)
+            np.testing.assert_array_equal(traj.episode_id, ids)
+            np.testing.assert_array_equal(traj.step, steps)
+    assert traj.terminated.any() or traj.truncated.any()  # episodes did end
+
+
+def test_a_second_live_runner_on_the_same_envs_is_refused():
+    policy, params = _policy()
+    envs = jr.make_vec(_short_cartpole, 2)
+    first = jr.EnvRunner(envs, policy, params, 4, 0)
+    with pytest.raises(InvalidArgumentError, match=r"another live EnvRunner.*separate envs"):
+        jr.EnvRunner(envs, policy, params, 4, 1)
+    first.sample()  # the refused runner touched nothing
+    del first
+    gc.collect()
+    with jr.EnvRunner(envs, policy, params, 4, 1) as second:  # no live owner left
+        assert second.sample().num_steps == 4
