@@ -107,6 +107,40 @@ def test_runner_on_envpool_gives_real_transitions(mlp: Callable) -> None:
             np.testing.assert_allclose(traj.next_obs[t, i], expected, atol=1e-4)
 
 
-def test_async_mode_is_refused_with_the_reason() -> None:
-    with pytest.raises(InvalidArgumentError, match=r"async mode.*batch_size unset"):
-        jr.make_vec("CartPole-v1", 4, backend="envpool", batch_size=2)
+def test_async_mode_samples_ready_first_and_replays_exactly(mlp: Callable) -> None:
+    """EnvPool's async mode (batch_size < num_envs) through the ready-first sampler:
+    every env records exactly T steps per sample, obs and next_obs line up, ended
+    episodes keep their true final observation, and each env's trajectory replays
+    step for step in a fresh (sync) EnvPool env of the same seed."""
+    from jaxrunner.sampling.ready_first import ReadyFirstSampler
+
+    n, length, samples = 8, 20, 3
+    envs = _envpool(n, batch_size=3)
+    policy = mlp(envs.single_action_space)
+    params = policy.init(jax.random.key(1), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length=length, seed=SEED) as runner:
+        assert isinstance(runner.sampler, ReadyFirstSampler)
+        traj = jr.concatenate([runner.sample() for _ in range(samples)])
+        assert runner.get_metrics()["num_env_steps"] == n * length * samples
+        # The envs answered in batches, not in lockstep.
+        assert any(count < n for count in runner.sampler.ready_counts)
+    done = traj.terminated | traj.truncated
+    assert done.sum() >= n
+    np.testing.assert_array_equal(traj.reward, 1.0)  # no reset step emitted
+    cont = ~done[:-1]
+    np.testing.assert_array_equal(traj.obs[1:][cont], traj.next_obs[:-1][cont])
+    with closing(_envpool(n)) as replay:
+        obs = replay.reset_batch([SEED + i for i in range(n)])[0].copy()
+        for t in range(length * samples):
+            np.testing.assert_array_equal(traj.obs[t], obs)
+            out = replay.step_batch(traj.action[t])
+            np.testing.assert_array_equal(traj.next_obs[t], out.next_obs)
+            np.testing.assert_array_equal(traj.reward[t], out.reward)
+            np.testing.assert_array_equal(traj.terminated[t], out.terminated)
+            np.testing.assert_array_equal(traj.truncated[t], out.truncated)
+            obs = out.obs.copy()
+
+
+def test_async_mode_batch_size_checked() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"1 <= batch_size < num_envs"):
+        jr.make_vec("CartPole-v1", 4, backend="envpool", batch_size=0)

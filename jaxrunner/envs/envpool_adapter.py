@@ -12,11 +12,8 @@ vector env, with EnvPool's own tools for what gymnasium lacks:
   rebuilds the pool with those seeds (cheap: about 50 ms for 4096 CartPoles), which
   gives gymnasium's semantics: the same seed, the same episodes.
 
-Sync mode only (``batch_size`` equal to ``num_envs``). EnvPool's async mode returns
-whichever ``batch_size`` sub-envs finish first, and its ``recv`` blocks until that many
-have answered, so neither the ended sub-envs of one batch can be reset alone, nor can
-every sub-env step exactly once per call: it needs a runner that tracks a step count
-per env (see :func:`make_envpool_vec`).
+This module is sync mode (``batch_size`` equal to ``num_envs``); async mode, sampled
+ready-first, is :mod:`jaxrunner.envs.envpool_async`.
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from jaxrunner.envs.base import VectorEnv
 from jaxrunner.envs.gymnasium_adapter import GymnasiumVectorEnv, _gymnasium_seed
 from jaxrunner.envs.vector_infos import SplitInfos, split_info
 from jaxrunner.errors import InvalidArgumentError
@@ -134,28 +132,20 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
 
 def make_envpool_vec(
     task_id: str, num_envs: int, batch_size: int | None = None, **kwargs: Any
-) -> EnvPoolVectorEnv:
-    """``make_vec(task_id, num_envs, backend="envpool", **kwargs)``.
-
-    Raises:
-        InvalidArgumentError: for ``batch_size < num_envs`` (EnvPool's async mode). Its
-            ``recv`` returns whichever ``batch_size`` sub-envs finish first, so one call
-            cannot step every sub-env exactly once, and ended sub-envs cannot be reset
-            alone (``recv`` waits for ``batch_size`` answers). Driving it needs a runner
-            loop keyed by ``info["env_id"]`` with a step count per env.
-    """
+) -> VectorEnv:
+    """``make_vec(task_id, num_envs, backend="envpool", **kwargs)``: sync mode, or with
+    ``batch_size < num_envs`` EnvPool's async mode
+    (:class:`~jaxrunner.envs.envpool_async.EnvPoolAsyncVectorEnv`), which the runner
+    samples ready-first."""
     if not isinstance(task_id, str):
         raise InvalidArgumentError(
             f"make_vec(env=..., backend='envpool'): expected an EnvPool task id (str), got "
             f"{type(task_id).__name__}."
         )
     if batch_size is not None and batch_size != num_envs:
-        raise InvalidArgumentError(
-            f"make_vec(backend='envpool', batch_size={batch_size}, num_envs={num_envs}): "
-            "EnvPool's async mode (batch_size < num_envs) returns whichever sub-envs finish "
-            "first, so it cannot keep jaxrunner's step-every-env-once contract. Leave "
-            "batch_size unset (sync mode)."
-        )
+        from jaxrunner.envs.envpool_async import EnvPoolAsyncVectorEnv
+
+        return EnvPoolAsyncVectorEnv(task_id, num_envs, batch_size, **kwargs)
     return EnvPoolVectorEnv(task_id, num_envs, **kwargs)
 
 

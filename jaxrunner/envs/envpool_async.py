@@ -1,0 +1,188 @@
+"""``make_vec(..., backend="envpool", batch_size=k)`` with ``k < num_envs``: EnvPool's
+async mode, sampled ready-first.
+
+EnvPool's ``recv`` returns whichever ``batch_size`` sub-envs finished first, with
+``info["env_id"]`` saying which; ``send(actions, env_ids)`` steps any of them. That is
+jaxrunner's protocol, with two differences this adapter hides:
+
+* Autoreset. EnvPool resets an ended sub-env on its next step (NEXT_STEP: that step's
+  action is ignored, its reward is 0). The adapter sends that reset step itself as
+  soon as the episode ends and holds the final step until the reset answers; then it
+  answers both as one SAME_STEP row (``next_obs`` the final observation, ``obs`` the
+  reset one). No reset step is ever emitted as a transition.
+* Seeds. EnvPool seeds sub-env ``i`` when the pool is built, so a seeded
+  ``reset_batch`` builds a new pool with those seeds, then collects every sub-env's
+  first observation.
+
+Capabilities: ``ready_first`` with ``recv_batch_size=batch_size``. A ``recv`` answers
+at least one and at most ``batch_size`` envs (an int array in ``BatchStep.env_ids``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.vector.utils import batch_space
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
+from jaxrunner.errors import InvalidArgumentError
+
+
+class EnvPoolAsyncVectorEnv(VectorEnv):
+    """An EnvPool pool in async mode (see the module docstring).
+
+    Args:
+        task_id: an EnvPool task id, e.g. ``"CartPole-v1"``.
+        num_envs: number of sub-envs.
+        batch_size: envs per ``recv`` (``1 <= batch_size < num_envs``).
+        seed: the pool's seed until a seeded ``reset_batch``: sub-env ``i`` gets
+            ``seed + i``.
+        copy: if True, ``reset``/``step`` return copies of the observation buffer.
+        **envpool_kwargs: for ``envpool.make_gymnasium`` (``num_threads``, ...).
+    """
+
+    def __init__(
+        self,
+        task_id: str,
+        num_envs: int,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        copy: bool = True,
+        **envpool_kwargs: Any,
+    ) -> None:
+        from jaxrunner.envs.envpool_adapter import _import_envpool
+
+        super().__init__(copy=copy)
+        if not 1 <= batch_size < num_envs:
+            self._closed_reason = "construction failed"
+            raise InvalidArgumentError(
+                f"make_vec(backend='envpool', batch_size={batch_size}): async mode needs "
+                f"1 <= batch_size < num_envs={num_envs}; leave batch_size unset for sync mode."
+            )
+        envpool = _import_envpool()
+        self.capabilities = Capabilities(ready_first=True, recv_batch_size=batch_size)
+
+        def build(seeds: list[int]) -> Any:
+            return envpool.make_gymnasium(
+                task_id, num_envs=num_envs, batch_size=batch_size, env_seed=seeds,
+                **envpool_kwargs,
+            )  # fmt: skip
+
+        self._build = build
+        self.env = build([seed + i for i in range(num_envs)])
+        self.num_envs, self.batch_size = num_envs, batch_size
+        self.single_observation_space = self.env.observation_space
+        self.single_action_space = self.env.action_space
+        jr_spaces.check_supported(self.single_observation_space, "single_observation_space")
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self._obs = jr_spaces.allocate(self.single_observation_space, (num_envs,))
+        self._final: dict[int, tuple[Any, float, bool, bool]] = {}  # ended, reset pending
+        self._idle = True  # nothing in flight in EnvPool
+
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        self._check_open("reset")
+        if options:
+            raise InvalidArgumentError(f"reset(options={options!r}): EnvPool takes no options.")
+        if any(s is None for s in seeds):
+            if not all(s is None for s in seeds):
+                raise InvalidArgumentError(
+                    "reset(seed=[...]): EnvPool needs a seed for every sub-env or none."
+                )
+        else:  # the seed is fixed when the pool is built
+            old, self.env = self.env, self._build([int(s) for s in seeds])  # type: ignore[arg-type]
+            old.close()
+        if not self._idle:
+            raise InvalidArgumentError(
+                "EnvPool async reset_batch(): envs are still stepping; recv() their results "
+                "first (the runner does), or build a new vector env."
+            )
+        self._final.clear()
+        self.env.async_reset()
+        seen = 0
+        while seen < self.num_envs:
+            obs, _, _, _, info = self.env.recv()
+            ids = np.asarray(info["env_id"])
+            jr_spaces.copy_into(self.single_observation_space, self._obs, obs, ids)
+            seen += len(ids)
+        return self._obs, [{} for _ in range(self.num_envs)]
+
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        raise InvalidArgumentError(
+            "EnvPool async mode cannot reset one sub-env alone (its recv waits for "
+            "batch_size envs); reset them all with reset_batch(), or use sync mode."
+        )
+
+    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+        self._check_open("step")
+        ids = np.arange(self.num_envs)[slice(None) if env_ids is None else env_ids]
+        ids = np.atleast_1d(ids).astype(np.int32)
+        actions = np.asarray(actions)
+        if actions.shape[:1] != ids.shape or not self.action_space.shape[1:] == actions.shape[1:]:
+            raise InvalidArgumentError(
+                f"EnvPoolAsyncVectorEnv.send(actions): expected {len(ids)} actions of shape "
+                f"{self.single_action_space.shape}, got an array of shape {actions.shape}."
+            )
+        self._idle = False
+        self.env.send(actions.astype(self.single_action_space.dtype, copy=False), ids)
+
+    def recv(self) -> BatchStep:
+        self._check_open("step")
+        space = self.single_observation_space
+        while True:
+            obs, reward, terminated, truncated, info = self.env.recv()
+            ids = np.asarray(info["env_id"]).astype(np.int64)
+            done = np.logical_or(terminated, truncated)
+            out_rows, resets = [], []
+            for j, i in enumerate(ids.tolist()):
+                if i in self._final:  # the reset step of an ended episode: pair them
+                    resets.append(j)
+                    out_rows.append(j)
+                elif done[j]:  # hold the final step; EnvPool resets the env on its next step
+                    self._final[i] = (
+                        jr_spaces.take(space, obs, j), float(reward[j]),
+                        bool(terminated[j]), bool(truncated[j]),
+                    )  # fmt: skip
+                    self.env.send(np.zeros((1, *self.single_action_space.shape),
+                                           self.single_action_space.dtype), np.array([i], np.int32))  # fmt: skip
+                else:
+                    out_rows.append(j)
+            if out_rows:
+                break
+        rows = np.array(out_rows)
+        env_ids = ids[rows]
+        next_obs = jr_spaces.take(space, obs, rows)
+        reward_out = np.asarray(reward, np.float64)[rows]
+        term_out = np.asarray(terminated, np.bool_)[rows]
+        trunc_out = np.asarray(truncated, np.bool_)[rows]
+        reset_infos: dict[int, dict[str, Any]] = {}
+        for k, j in enumerate(out_rows):
+            i = int(ids[j])
+            if j in resets:
+                final_obs, r, term, trunc = self._final.pop(i)
+                jr_spaces.copy_into(space, next_obs, final_obs, k)
+                reward_out[k], term_out[k], trunc_out[k] = r, term, trunc
+                reset_infos[i] = {}
+        obs_out = jr_spaces.take(space, obs, rows)
+        jr_spaces.copy_into(space, self._obs, obs_out, env_ids)
+        return BatchStep(
+            obs_out, next_obs, reward_out, term_out, trunc_out,
+            [{} for _ in out_rows], reset_infos, None, None, env_ids,
+        )  # fmt: skip
+
+    def _obs_buffer(self) -> Any:
+        return self._obs
+
+    def _close_backend(self) -> None:
+        self.env.close()
+
+
+__all__ = ["EnvPoolAsyncVectorEnv"]
