@@ -292,7 +292,7 @@ BAD_CASES = [
     BadCase("info_not_dict", "reset", 2, False, InvalidStepError, ValueError, "from reset()"),
     BadCase("obs_dtype", "step", 1, False, SpaceMismatchError, ValueError, "dtype float64"),
     BadCase("obs_dtype", "reset", 1, False, SpaceMismatchError, ValueError, "dtype float64"),
-    BadCase("obs_shape", "step", 2, False, SpaceMismatchError, ValueError, r"shape \(1, 5\)"),
+    BadCase("bad_obs", "step", 2, False, SpaceMismatchError, ValueError, r"shape \(1, 5\)"),
     BadCase("obs_dtype", "step", 1, True, SpaceMismatchError, ValueError, r"obs\['pos'\]"),
     BadCase("obs_missing_key", "step", 1, True, SpaceMismatchError, ValueError, "with keys"),
     BadCase("obs_missing_key", "reset", 1, True, SpaceMismatchError, ValueError, "with keys"),
