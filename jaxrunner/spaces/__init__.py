@@ -19,6 +19,7 @@ from jaxrunner.spaces.buffers import (
     take,
 )
 from jaxrunner.spaces.checks import (
+    NEVER_CAST,
     SUPPORTED_SPACES,
     check_action_batch,
     check_flag,
@@ -27,6 +28,7 @@ from jaxrunner.spaces.checks import (
     check_reward,
     check_supported,
     check_value,
+    mismatch,
     observation_mismatch,
 )
 from jaxrunner.spaces.clip import clip_box_actions, clip_box_actions_jax
@@ -34,6 +36,7 @@ from jaxrunner.spaces.writers import Writer, make_action_splitter, make_writer
 
 __all__ = [
     "LEAF_TYPES",
+    "NEVER_CAST",
     "SUPPORTED_SPACES",
     "Writer",
     "allocate",
@@ -51,6 +54,7 @@ __all__ = [
     "make_action_splitter",
     "make_writer",
     "map_structure",
+    "mismatch",
     "observation_mismatch",
     "rows",
     "take",

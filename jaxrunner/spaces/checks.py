@@ -30,7 +30,7 @@ SUPPORTED_SPACES = (
     spaces.Dict,
     spaces.Tuple,
 )
-_NEVER_CAST = "jaxrunner never casts silently"
+NEVER_CAST = "jaxrunner never casts silently"
 
 
 def _describe(value: Any) -> str:
@@ -39,6 +39,8 @@ def _describe(value: Any) -> str:
         return f"an ndarray of dtype {value.dtype} and shape {value.shape}"
     if isinstance(value, np.generic):
         return f"a numpy scalar of dtype {value.dtype} ({value!r:.60})"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # jax arrays, ShapeDtypeStruct
+        return f"an array of dtype {value.dtype} and shape {tuple(value.shape)}"
     name = type(value).__name__
     article = "an" if name[:1].lower() in "aeiou" else "a"
     if isinstance(value, Mapping):
@@ -46,6 +48,12 @@ def _describe(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return f"{article} {name} of {len(value)} items ({value!r:.60})"
     return f"{article} {name} ({value!r:.60})"
+
+
+def mismatch(where: str, expected: str, value: Any, fix: str) -> SpaceMismatchError:
+    """The one ``SpaceMismatchError`` wording: where, what was expected, what came (``value``,
+    described), and how to fix it."""
+    return SpaceMismatchError(f"{where}: expected {expected}, got {_describe(value)}. {fix}")
 
 
 # -- spaces --------------------------------------------------------------------------------------
@@ -131,7 +139,7 @@ def _check(space: spaces.Space, value: Any, path: str, bounds: bool) -> Any:
     if not exact or value.dtype != dtype or np.shape(value) != shape:
         raise SpaceMismatchError(
             f"{path}: expected an ndarray of dtype {dtype} and shape {shape}, got "
-            f"{_describe(value)}. {_NEVER_CAST}: convert values to the space's dtype first."
+            f"{_describe(value)}. {NEVER_CAST}: convert values to the space's dtype first."
         )
     array = np.array(value, dtype=dtype)
     if isinstance(space, spaces.Box) and not bounds:
@@ -150,11 +158,13 @@ def _check(space: spaces.Space, value: Any, path: str, bounds: bool) -> Any:
 
 def observation_mismatch(path: str, index: int, expected: str, value: Any) -> SpaceMismatchError:
     """The error for a sub-env's observation that does not fit its space at ``path``."""
-    return SpaceMismatchError(
+    return mismatch(
         f"sub-env {index} returned an observation that does not match its observation space "
-        f"at {path}: expected {expected}, got {_describe(value)}. {_NEVER_CAST}: make the env "
-        "return exactly what its space declares, or wrap it (e.g. "
-        "gymnasium.wrappers.DtypeObservation / ReshapeObservation) so that it does."
+        f"at {path}",
+        expected,
+        value,
+        f"{NEVER_CAST}: make the env return exactly what its space declares, or wrap it (e.g. "
+        "gymnasium.wrappers.DtypeObservation / ReshapeObservation) so that it does.",
     )
 
 
@@ -209,19 +219,22 @@ def check_policy_actions(action_space: spaces.Space, spec: Any, num_envs: int) -
 
     def check(exp: np.ndarray, got: Any) -> None:
         if tuple(got.shape) != exp.shape or not np.can_cast(got.dtype, exp.dtype, "safe"):
-            raise SpaceMismatchError(
-                f"policy actions: expected shape {exp.shape} (a batch of {num_envs} for the "
-                f"action space {action_space}) and a dtype safely castable to {exp.dtype}, got "
-                f"shape {tuple(got.shape)} and dtype {got.dtype}. Check the policy's action "
-                "head against the env."
+            raise mismatch(
+                "policy actions",
+                f"shape {exp.shape} (a batch of {num_envs} for the action space {action_space}) "
+                f"and a dtype safely castable to {exp.dtype}",
+                got,
+                "Check the policy's action head against the env.",
             )
 
     try:
         map_structure(action_space, check, expected, spec)
     except (KeyError, IndexError, TypeError, AttributeError) as err:
-        raise SpaceMismatchError(
-            f"policy actions: expected the structure of the action space {action_space}, got "
-            f"{_describe(spec)}. Check the policy's action head against the env."
+        raise mismatch(
+            "policy actions",
+            f"the structure of the action space {action_space}",
+            spec,
+            "Check the policy's action head against the env.",
         ) from err
 
 
@@ -281,16 +294,3 @@ def _check_action_leaf(space: spaces.Space, actions: Any, num_envs: int, path: s
             "stacked along the first axis."
         )
     return array
-
-
-__all__ = [
-    "SUPPORTED_SPACES",
-    "check_action_batch",
-    "check_flag",
-    "check_info",
-    "check_policy_actions",
-    "check_reward",
-    "check_supported",
-    "check_value",
-    "observation_mismatch",
-]
