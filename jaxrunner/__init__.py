@@ -47,6 +47,11 @@ def __getattr__(name: str) -> object:
         from jaxrunner import distributed
 
         return getattr(distributed, name)
+    # Test utilities (chex, fake envs) load on first use of jr.testing, not with jaxrunner.
+    if name == "testing":
+        import jaxrunner.testing
+
+        return jaxrunner.testing
     raise AttributeError(f"module 'jaxrunner' has no attribute {name!r}")
 
 
@@ -83,5 +88,6 @@ __all__ = [
     "inline_cpu_dispatch",
     "make_vec",
     "serve",
+    "testing",
     "use_inline_cpu_dispatch",
 ]

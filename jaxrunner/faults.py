@@ -17,7 +17,7 @@ from typing import Any
 import gymnasium
 
 from jaxrunner.errors import EnvError, InvalidArgumentError
-from jaxrunner.step_checks import check_info
+from jaxrunner.spaces import check_info
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

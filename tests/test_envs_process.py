@@ -44,11 +44,12 @@ from jaxrunner.errors import (
 from jaxrunner.testing import (
     CountingEnv,
     DictObsEnv,
-    InjectedFault,
+    FaultPlan,
+    InjectedError,
     VectorEnvContract,
     assert_trees_equal,
-    bad_env_fns,
     counting_env_fns,
+    faulty_env_fns,
 )
 
 SEED = 7
@@ -200,7 +201,8 @@ def test_same_rows_sent_again_before_the_wait_are_stepped_in_order():
     ],
 )
 def test_worker_errors_come_home_like_sync(fault, call, at, error, match):
-    fns = bad_env_fns(counting_env_fns(3, episode_length=1), 1, fault, call=call, at=at)
+    plan = FaultPlan(kind=fault, call=call, at=(at,))
+    fns = faulty_env_fns(counting_env_fns(3, episode_length=1), faults={1: [plan]})
     errors = []
     for make in (jr.SyncVectorEnv, functools.partial(ProcessVectorEnv, num_workers=2)):
         with closing(make(fns)) as vec, pytest.raises(error, match=match) as excinfo:
@@ -213,10 +215,11 @@ def test_worker_errors_come_home_like_sync(fault, call, at, error, match):
     if error is EnvError:
         assert process_err.env_index == 1
         cause = process_err.__cause__
-        assert isinstance(cause, InjectedFault)
+        assert isinstance(cause, InjectedError)
         # The worker's own traceback, as text, chained under the original exception.
         assert isinstance(cause.__cause__, RemoteTraceback)
-        assert "testing.py" in str(cause.__cause__) and "InjectedFault" in str(cause.__cause__)
+        remote = str(cause.__cause__)
+        assert "testing/faults.py" in remote and "InjectedError" in remote
     else:
         assert isinstance(process_err.__cause__, RemoteTraceback)
 
@@ -228,11 +231,11 @@ def test_failing_factory_names_the_env():
     with pytest.raises(EnvError, match=r"factory of sub-env 2 raised in worker 1") as excinfo:
         ProcessVectorEnv([make(i) for i in range(3)], num_workers=2)
     assert excinfo.value.env_index == 2
-    assert isinstance(excinfo.value.__cause__, InjectedFault)
+    assert isinstance(excinfo.value.__cause__, InjectedError)
 
 
 def _broken_factory() -> gymnasium.Env:
-    raise InjectedFault("factory failed")
+    raise InjectedError("factory failed")
 
 
 def test_different_spaces_across_workers():

@@ -24,14 +24,14 @@ from jaxrunner.errors import (
     SpaceMismatchError,
 )
 from jaxrunner.testing import (
-    BadEnv,
     CountingEnv,
     DictObsEnv,
-    InjectedFault,
+    FaultPlan,
+    InjectedError,
     VectorEnvContract,
     assert_trees_equal,
-    bad_env_fns,
     counting_env_fns,
+    faulty_env_fns,
     gymnasium_reference,
 )
 
@@ -258,9 +258,9 @@ def test_failing_factory_closes_envs_built_so_far() -> None:
     made: list[gymnasium.Env] = []
 
     def broken() -> gymnasium.Env:
-        raise InjectedFault("factory failed")
+        raise InjectedError("factory failed")
 
-    with pytest.raises(InjectedFault):
+    with pytest.raises(InjectedError):
         jr.SyncVectorEnv([_recording(made, CountingEnv)] * 2 + [broken])
     assert len(made) == 2 and all(env.is_closed for env in made)
 
@@ -292,7 +292,7 @@ BAD_CASES = [
     BadCase("info_not_dict", "reset", 2, False, InvalidStepError, ValueError, "from reset()"),
     BadCase("obs_dtype", "step", 1, False, SpaceMismatchError, ValueError, "dtype float64"),
     BadCase("obs_dtype", "reset", 1, False, SpaceMismatchError, ValueError, "dtype float64"),
-    BadCase("obs_shape", "step", 2, False, SpaceMismatchError, ValueError, r"shape \(1, 5\)"),
+    BadCase("bad_obs", "step", 2, False, SpaceMismatchError, ValueError, r"shape \(1, 5\)"),
     BadCase("obs_dtype", "step", 1, True, SpaceMismatchError, ValueError, r"obs\['pos'\]"),
     BadCase("obs_missing_key", "step", 1, True, SpaceMismatchError, ValueError, "with keys"),
     BadCase("obs_missing_key", "reset", 1, True, SpaceMismatchError, ValueError, "with keys"),
@@ -314,7 +314,8 @@ def test_bad_sub_env_output_raises(case: BadCase) -> None:
     else:
         base = counting_env_fns(3, episode_length=2)
         actions = np.zeros(3, dtype=np.int64)
-    fns = bad_env_fns(base, BAD_INDEX, case.fault, call=case.call, at=case.at)
+    plan = FaultPlan(kind=case.fault, call=case.call, at=(case.at,))
+    fns = faulty_env_fns(base, faults={BAD_INDEX: [plan]})
     with (
         closing(jr.SyncVectorEnv(fns)) as vec,
         pytest.raises(case.error, match=case.match) as excinfo,
@@ -327,14 +328,14 @@ def test_bad_sub_env_output_raises(case: BadCase) -> None:
     assert f"sub-env {BAD_INDEX} " in str(err)
     if case.error is EnvError:
         assert err.env_index == BAD_INDEX
-        assert isinstance(err.__cause__, InjectedFault)
+        assert isinstance(err.__cause__, InjectedError)
 
 
-def test_bad_env_rejects_reward_faults_in_reset() -> None:
+def test_fault_plan_rejects_reward_faults_in_reset() -> None:
     with pytest.raises(ValueError, match=r"call='step'"):
-        BadEnv(fault="nan_reward", call="reset")
+        FaultPlan(kind="nan_reward", call="reset")
     with pytest.raises(ValueError, match=r"expected one of"):
-        BadEnv(fault="typo")  # type: ignore[arg-type]
+        FaultPlan(kind="typo")  # type: ignore[arg-type]
 
 
 # -- the rest of gymnasium's VectorEnv API ---------------------------------------------------------

@@ -8,6 +8,7 @@ where its episode ended, resets with fold_in(fold_in(root(2), n), i).
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,7 +17,7 @@ import pytest
 import jaxrunner as jr
 from jaxrunner.bench import mlp_policy
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
-from jaxrunner.jax_testing import (
+from jaxrunner.testing import (
     AutoResetWrapper,
     BraxPoint,
     DoneOnlyRandomWalk,
@@ -254,12 +255,11 @@ def test_trajectories_do_not_depend_on_the_batch_size(walk_run):
 
 
 def test_one_compile_whatever_the_params():
-    traces = []
     venv = jr.JaxVectorEnv(RandomWalk(), None, 2)
     base = mlp_policy(venv.single_action_space, hidden=(8,))
 
+    @chex.assert_max_traces(n=1)
     def apply_fn(params, obs, carry, keys):
-        traces.append(1)
         return base.apply_fn(params, obs, carry, keys)
 
     policy = jr.Policy(apply_fn=apply_fn, init_fn=base.init_fn)
@@ -270,7 +270,6 @@ def test_one_compile_whatever_the_params():
         runner.set_params(jax.tree.map(lambda p: p + 0.5, params))
         runner.sample()
         runner.sample_episodes(2)
-    assert len(traces) == 1
     assert first.num_steps == 5
 
 

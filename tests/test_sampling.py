@@ -15,7 +15,7 @@ import pytest
 import jaxrunner as jr
 from jaxrunner.envs.base import BatchStep, Capabilities
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.jax_testing import RandomWalk
+from jaxrunner.testing import RandomWalk
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.lockstep import LockstepSampler
 from jaxrunner.sampling.ready_first import ReadyFirstSampler

@@ -31,7 +31,7 @@ import pytest
 
 import jaxrunner as jr
 from jaxrunner.bench import mlp_policy
-from jaxrunner.jax_testing import RandomWalk
+from jaxrunner.testing import RandomWalk
 
 H2D_LOG = "host-to-device transfer"
 D2H_LOG = "device-to-host transfer"

@@ -51,7 +51,6 @@ from jaxrunner.envs.vector_infos import (
 )
 from jaxrunner.errors import (
     EnvError,
-    InvalidActionError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     InvalidStepError,
@@ -240,8 +239,6 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
         self._terminated = np.zeros(n, dtype=np.bool_)
         self._truncated = np.zeros(n, dtype=np.bool_)
         self._composite_actions = isinstance(self.single_action_space, (spaces.Dict, spaces.Tuple))
-        if self._composite_actions:
-            self._split_actions = jr_spaces.make_action_splitter(self.single_action_space, n)
 
     # -- the backend contract -------------------------------------------------------------
 
@@ -345,24 +342,9 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
             ) from err
 
     def _check_actions(self, actions: Any) -> Any:
-        """Validates the whole batch without splitting it per env (composite spaces aside)."""
-        if self._composite_actions:
-            self._split_actions(actions)
-            return actions
-        space, n = self.single_action_space, self.num_envs
-        array = np.asarray(actions)
-        shape, dtype = jr_spaces.leaf_spec(space)
-        kind_ok = (dtype.kind in "iu" and array.dtype.kind in "iu") or (
-            dtype.kind == "f" and array.dtype.kind == "f"
-        )
-        if array.shape != (n, *shape) or not (kind_ok or array.dtype == dtype):
-            raise InvalidActionError(
-                f"actions: expected an array of shape {(n, *shape)} (num_envs={n}, single "
-                f"action shape {shape}) with {dtype.kind!r}-kind dtype like {dtype}, got an "
-                f"array of dtype {array.dtype} and shape {array.shape}. Pass one action per "
-                "sub-env, stacked along the first axis."
-            )
-        return array
+        """Validates the whole batch without splitting it per env (composites as given)."""
+        checked = jr_spaces.check_action_batch(self.single_action_space, actions, self.num_envs)
+        return actions if self._composite_actions else checked
 
     def _store(self, dst: Any, obs: Any, call: str) -> None:
         """Copies a batched observation into ``dst`` after checking it against the space."""
@@ -373,15 +355,11 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
                 or value.dtype != buffer.dtype
                 or value.shape != buffer.shape
             ):
-                got = (
-                    f"dtype {value.dtype} and shape {value.shape}"
-                    if isinstance(value, np.ndarray)
-                    else type(value).__name__
-                )
-                raise SpaceMismatchError(
-                    f"the wrapped {type(self.env).__name__} returned observations from {call}() "
-                    f"with {got}; its observation space needs dtype {buffer.dtype} and shape "
-                    f"{buffer.shape}. jaxrunner never casts silently: fix the env or wrap it."
+                raise jr_spaces.mismatch(
+                    f"the wrapped {type(self.env).__name__} returned observations from {call}()",
+                    f"an ndarray of dtype {buffer.dtype} and shape {buffer.shape} (its space)",
+                    value,
+                    f"{jr_spaces.NEVER_CAST}: fix the env or wrap it.",
                 )
             buffer[...] = value
 

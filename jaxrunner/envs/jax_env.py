@@ -378,11 +378,12 @@ class JaxVectorEnv:
         def check(exp: np.ndarray, got: Any) -> None:
             want = jax.dtypes.canonicalize_dtype(exp.dtype)
             if tuple(got.shape) != exp.shape or np.dtype(got.dtype) != want:
-                raise SpaceMismatchError(
-                    f"JaxVectorEnv: {type(self.env).__name__}'s reset returns observations of "
-                    f"shape {tuple(got.shape)} and dtype {got.dtype}; the observation space "
-                    f"{space} declares shape {exp.shape} and dtype {want}. Pass a matching "
-                    "observation_space=, or make the env return what its space declares."
+                raise jr_spaces.mismatch(
+                    f"JaxVectorEnv: {type(self.env).__name__}'s reset returns observations",
+                    f"dtype {want} and shape {exp.shape} (the observation space {space})",
+                    got,
+                    "Pass a matching observation_space=, or make the env return what its "
+                    "space declares.",
                 )
 
         try:

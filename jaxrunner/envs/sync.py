@@ -18,7 +18,7 @@ from jaxrunner.errors import (
     SpaceMismatchError,
 )
 from jaxrunner.faults import RestartPolicy, recreate
-from jaxrunner.step_checks import check_flag, check_info, check_reward
+from jaxrunner.spaces import check_flag, check_info, check_reward
 
 EnvFactory = Callable[[], gymnasium.Env]
 

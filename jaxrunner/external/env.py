@@ -32,7 +32,7 @@ from jaxrunner.external.episodes import MAX_EPISODE_ID, EpisodeTable, LiveEpisod
 from jaxrunner.external.reaper import Reaper
 from jaxrunner.metrics import EpisodeStats
 from jaxrunner.policy import Params, Policy
-from jaxrunner.space_check import check_value
+from jaxrunner.spaces import check_value
 from jaxrunner.trajectory import Episode
 
 

@@ -34,14 +34,12 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from gymnasium import spaces
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.policy_step import ActorState, act, initial_actor_state
@@ -125,23 +123,6 @@ def _select(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
     return jax.tree.map(pick, on_true, on_false)
 
 
-def _box_clipper(space: spaces.Space) -> Callable[[Any], Any]:
-    """Clips Box leaves of an action batch to their bounds (for the env only: the
-    trajectory keeps the actions as sampled, as in the host loop)."""
-    if isinstance(space, spaces.Box):
-        if not (np.isfinite(space.low).any() or np.isfinite(space.high).any()):
-            return lambda a: a
-        low, high = space.low, space.high
-        return lambda a: jnp.clip(a, low.astype(a.dtype), high.astype(a.dtype))
-    if isinstance(space, spaces.Dict):
-        subs = {k: _box_clipper(s) for k, s in space.items()}
-        return lambda a: {k: clip(a[k]) for k, clip in subs.items()}
-    if isinstance(space, spaces.Tuple):
-        subs_t = [_box_clipper(s) for s in space]
-        return lambda a: tuple(clip(x) for clip, x in zip(subs_t, a))
-    return lambda a: a
-
-
 def initial_state(envs: JaxVectorEnv, policy: Policy, seed: int, env_params: Any) -> RolloutState:
     """Resets every env with its first-reset key; pure, jit it."""
     num_envs = envs.num_envs
@@ -176,7 +157,7 @@ def rollout(
         ``[T, 2, B]`` float array: the return (``[:, 0]``) and length (``[:, 1]``) of
         each episode that ended at ``[t, b]`` (length 0 where none did).
     """
-    clip = _box_clipper(envs.single_action_space)
+    clip = jr_spaces.clip_box_actions_jax(envs.single_action_space)
     env_ids = jnp.arange(envs.num_envs)
 
     def step(s: RolloutState, _: None) -> tuple[RolloutState, dict[str, Any]]:

@@ -29,7 +29,7 @@ from jaxrunner import errors
 from jaxrunner.external import MAX_EPISODE_ID, ExternalEnv
 from jaxrunner.serve import wire
 from jaxrunner.serve.auth import token_matches
-from jaxrunner.space_check import check_value
+from jaxrunner.spaces import check_value
 
 logger = logging.getLogger("jaxrunner.serve")
 

@@ -16,7 +16,7 @@ from jaxrunner.external import ExternalEnv, ExternalEnvConfig, LiveEpisode
 from jaxrunner.policy import Params, Policy
 from jaxrunner.serve import wire
 from jaxrunner.serve.auth import read_token
-from jaxrunner.space_check import check_value
+from jaxrunner.spaces import check_value
 from jaxrunner.trajectory import Episode
 
 

@@ -118,7 +118,7 @@ def encode_tree(space: spaces.Space, value: Any) -> Any:
 def decode_tree(space: spaces.Space, obj: Any, where: str) -> Any:
     """The tree ``obj`` encodes, structured by ``space``. Only the structure and
     encoding are checked here; check the values with
-    :func:`jaxrunner.space_check.check_value`."""
+    :func:`jaxrunner.spaces.check_value`."""
     if isinstance(space, spaces.Dict):
         if not isinstance(obj, Mapping) or set(obj) != set(space.spaces):
             raise WireError(f"{where}: expected an object with keys {sorted(space.spaces)}.")

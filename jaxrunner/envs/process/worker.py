@@ -41,7 +41,7 @@ from jaxrunner.envs.process.wire import (
 )
 from jaxrunner.errors import EnvError, JaxRunnerError
 from jaxrunner.faults import RestartPolicy, recreate
-from jaxrunner.step_checks import check_flag, check_info, check_reward
+from jaxrunner.spaces import check_flag, check_info, check_reward
 
 
 class _EnvFailed(Exception):

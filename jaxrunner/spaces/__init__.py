@@ -1,0 +1,61 @@
+"""Gymnasium spaces as stacked numpy buffers: allocation, validated writes, splitting.
+
+* :mod:`~jaxrunner.spaces.buffers`: allocate, copy, map, row views and copies;
+* :mod:`~jaxrunner.spaces.checks`: every validation, in one wording;
+* :mod:`~jaxrunner.spaces.writers`: validated writes and action splits (the step loops);
+* :mod:`~jaxrunner.spaces.clip`: Box action clipping (numpy and JAX).
+
+Writes are validated (invariant 6): a value whose shape or dtype differs from its
+space raises :class:`~jaxrunner.errors.SpaceMismatchError`, it is never cast.
+"""
+
+from jaxrunner.spaces.buffers import (
+    LEAF_TYPES,
+    allocate,
+    copy_into,
+    leaf_spec,
+    map_structure,
+    rows,
+    take,
+)
+from jaxrunner.spaces.checks import (
+    NEVER_CAST,
+    SUPPORTED_SPACES,
+    check_action_batch,
+    check_flag,
+    check_info,
+    check_policy_actions,
+    check_reward,
+    check_supported,
+    check_value,
+    mismatch,
+    observation_mismatch,
+)
+from jaxrunner.spaces.clip import clip_box_actions, clip_box_actions_jax
+from jaxrunner.spaces.writers import Writer, make_action_splitter, make_writer
+
+__all__ = [
+    "LEAF_TYPES",
+    "NEVER_CAST",
+    "SUPPORTED_SPACES",
+    "Writer",
+    "allocate",
+    "check_action_batch",
+    "check_flag",
+    "check_info",
+    "check_policy_actions",
+    "check_reward",
+    "check_supported",
+    "check_value",
+    "clip_box_actions",
+    "clip_box_actions_jax",
+    "copy_into",
+    "leaf_spec",
+    "make_action_splitter",
+    "make_writer",
+    "map_structure",
+    "mismatch",
+    "observation_mismatch",
+    "rows",
+    "take",
+]
