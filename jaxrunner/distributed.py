@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from jaxrunner.envs import make_vec
-from jaxrunner.envs.ray_env import import_ray
+from jaxrunner.envs.ray import import_ray
 from jaxrunner.errors import InvalidArgumentError, RemoteTimeoutError, RunnerFailedError
 from jaxrunner.policy import Params, Policy
 from jaxrunner.runner import EnvRunner

@@ -31,7 +31,12 @@ from conftest import ActorCritic, short_cartpole
 
 import jaxrunner as jr
 from jaxrunner import cli
-from jaxrunner.envs.process import ProcessVectorEnv, RemoteTraceback, worker_bounds
+from jaxrunner.envs.process import (
+    ProcessConfig,
+    ProcessVectorEnv,
+    RemoteTraceback,
+    worker_bounds,
+)
 from jaxrunner.errors import (
     ClosedError,
     EnvError,
@@ -58,7 +63,7 @@ class TestProcessContract(VectorEnvContract):
     """The backend contract, with sub-envs split over two workers (2 + 1)."""
 
     def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]]) -> jr.VectorEnv:
-        return ProcessVectorEnv(env_fns, num_workers=2)
+        return ProcessVectorEnv(env_fns, ProcessConfig(num_workers=2))
 
 
 def _pids_alive(pids: Sequence[int]) -> list[int]:
@@ -110,7 +115,7 @@ def sync_reference() -> list[jr.Trajectory]:
 @pytest.fixture(scope="module")
 def shared_process_vec():
     """One process vec env (2 workers) shared by the runner tests: each runner resets it."""
-    with ProcessVectorEnv([short_cartpole] * NUM_ENVS, num_workers=2) as vec:
+    with ProcessVectorEnv([short_cartpole] * NUM_ENVS, ProcessConfig(num_workers=2)) as vec:
         yield vec
 
 
@@ -118,7 +123,7 @@ def shared_process_vec():
 def test_runner_equal_to_sync_whatever_the_groups(sync_reference, shared_process_vec, num_groups):
     runner = _runner(shared_process_vec, num_groups=num_groups)  # not stopped: vec is shared
     if num_groups is None:  # the backend's default: two groups, one per worker
-        assert ProcessVectorEnv.default_num_groups == 2
+        assert ProcessVectorEnv.capabilities.pipeline_groups == 2
         assert [g.rows for g in runner._groups] == [slice(0, 4), slice(4, 7)]
     for t, expected in enumerate(sync_reference):
         assert_trees_equal(_as_tree(runner.sample()), _as_tree(expected), f"sample {t}")
@@ -133,7 +138,7 @@ def test_runner_equal_to_sync_whatever_the_groups(sync_reference, shared_process
     ],
 )
 def test_runner_equal_to_sync_whatever_the_workers(sync_reference, options, num_groups):
-    envs = jr.make_vec(short_cartpole, NUM_ENVS, backend="process", **options)
+    envs = jr.make_vec(short_cartpole, NUM_ENVS, backend="process", config=ProcessConfig(**options))
     assert isinstance(envs, ProcessVectorEnv)
     with _runner(envs, num_groups=num_groups) as runner:
         for t, expected in enumerate(sync_reference):
@@ -146,12 +151,14 @@ def test_runner_equal_to_sync_whatever_the_workers(sync_reference, options, num_
 
 
 @pytest.mark.parametrize("backend", ["sync", "process"])
-def test_step_batch_async_and_wait(backend):
-    """Disjoint rows in flight together; each wait returns its rows' step."""
+def test_send_and_recv_answer_in_send_order(backend):
+    """Disjoint rows in flight together; each recv returns the oldest send's rows."""
     fns = counting_env_fns(4, episode_length=2)
-    kwargs = {"num_workers": 2} if backend == "process" else {}
-    make = ProcessVectorEnv if backend == "process" else jr.SyncVectorEnv
-    with closing(make(fns, **kwargs)) as vec, closing(jr.SyncVectorEnv(fns)) as ref:
+    make = functools.partial(ProcessVectorEnv, config=ProcessConfig(num_workers=2))
+    with (
+        closing(make(fns) if backend == "process" else jr.SyncVectorEnv(fns)) as vec,
+        closing(jr.SyncVectorEnv(fns)) as ref,
+    ):
         vec.reset_batch([SEED + i for i in range(4)])
         ref.reset_batch([SEED + i for i in range(4)])
         halves = slice(0, 2), slice(2, 4)
@@ -159,31 +166,35 @@ def test_step_batch_async_and_wait(backend):
             actions = np.full(4, t % 3, dtype=np.int64)
             expected = ref.step_batch(actions)
             want = (expected.obs.copy(), expected.next_obs.copy(), expected.reward.copy())
-            for rows in halves:
-                vec.step_batch_async(actions[rows], rows)
-            for rows in reversed(halves):  # waits in any order
-                out = vec.step_batch_wait(rows)
+            order = halves if t % 2 else halves[::-1]
+            for rows in order:
+                vec.send(actions[rows], rows)
+            for rows in order:
+                out = vec.recv()
+                assert out.env_ids == rows
                 assert_trees_equal(
                     (out.obs, out.next_obs, out.reward), tuple(x[rows] for x in want), f"{t}"
                 )
-        with pytest.raises(InvalidArgumentError, match=r"no step_batch_async call"):
-            vec.step_batch_wait(halves[0])
-        vec.step_batch_async(np.zeros(2, np.int64), halves[0])
-        if backend == "sync":  # the default keeps one call per rows
-            with pytest.raises(InvalidArgumentError, match=r"already in flight"):
-                vec.step_batch_async(np.zeros(2, np.int64), halves[0])
-        vec.step_batch_wait(halves[0])
+        with pytest.raises(InvalidArgumentError, match=r"no send\(\) is waiting"):
+            vec.recv()
 
 
-def test_same_rows_sent_again_before_the_wait_are_stepped_in_order():
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_same_rows_sent_again_before_the_recv_are_stepped_in_order(backend):
     fns = counting_env_fns(2, episode_length=50)
-    with closing(ProcessVectorEnv(fns, num_workers=1)) as vec:
+    config = ProcessConfig(num_workers=1)
+    with closing(
+        ProcessVectorEnv(fns, config) if backend == "process" else jr.SyncVectorEnv(fns)
+    ) as vec:
         vec.reset(seed=SEED)
-        vec.step_batch_async(np.zeros(2, np.int64))
-        # The process backend waits for the first step before it rewrites the actions.
-        out = vec.step_batch(np.ones(2, np.int64))
-        np.testing.assert_array_equal(out.obs[:, CountingEnv.T], [2, 2])
-        np.testing.assert_array_equal(out.reward, [1.0, 1.0])
+        vec.send(np.zeros(2, np.int64))
+        # The second send waits (unsent) until the first is received.
+        first = vec.step_batch(np.ones(2, np.int64))
+        np.testing.assert_array_equal(first.obs[:, CountingEnv.T], [1, 1])
+        np.testing.assert_array_equal(first.reward, [0.0, 0.0])
+        second = vec.recv()
+        np.testing.assert_array_equal(second.obs[:, CountingEnv.T], [2, 2])
+        np.testing.assert_array_equal(second.reward, [1.0, 1.0])
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -202,7 +213,10 @@ def test_same_rows_sent_again_before_the_wait_are_stepped_in_order():
 def test_worker_errors_come_home_like_sync(fault, call, at, error, match):
     fns = bad_env_fns(counting_env_fns(3, episode_length=1), 1, fault, call=call, at=at)
     errors = []
-    for make in (jr.SyncVectorEnv, functools.partial(ProcessVectorEnv, num_workers=2)):
+    for make in (
+        jr.SyncVectorEnv,
+        functools.partial(ProcessVectorEnv, config=ProcessConfig(num_workers=2)),
+    ):
         with closing(make(fns)) as vec, pytest.raises(error, match=match) as excinfo:
             vec.reset(seed=SEED)
             for _ in range(3):
@@ -226,7 +240,7 @@ def test_failing_factory_names_the_env():
         return functools.partial(CountingEnv, env_id=i) if i != 2 else _broken_factory
 
     with pytest.raises(EnvError, match=r"factory of sub-env 2 raised in worker 1") as excinfo:
-        ProcessVectorEnv([make(i) for i in range(3)], num_workers=2)
+        ProcessVectorEnv([make(i) for i in range(3)], ProcessConfig(num_workers=2))
     assert excinfo.value.env_index == 2
     assert isinstance(excinfo.value.__cause__, InjectedFault)
 
@@ -238,18 +252,18 @@ def _broken_factory() -> gymnasium.Env:
 def test_different_spaces_across_workers():
     fns = [CountingEnv, CountingEnv, functools.partial(CountingEnv, num_actions=4)]
     with pytest.raises(SpaceMismatchError, match=r"sub-env 2 has action_space=Discrete\(4\)"):
-        ProcessVectorEnv(fns, num_workers=3)
+        ProcessVectorEnv(fns, ProcessConfig(num_workers=3))
 
 
 def test_lambda_factories_need_cloudpickle(monkeypatch):
     lam = lambda: CountingEnv()  # noqa: E731
     pytest.importorskip("cloudpickle")
-    with closing(ProcessVectorEnv([lam, lam], num_workers=1)) as vec:
+    with closing(ProcessVectorEnv([lam, lam], ProcessConfig(num_workers=1))) as vec:
         obs, _ = vec.reset(seed=SEED)
         assert obs.shape == (2, 5)
     monkeypatch.setitem(sys.modules, "cloudpickle", None)  # as if not installed
     with pytest.raises(InvalidArgumentTypeError, match=r"factory of sub-env 1 cannot be sent"):
-        ProcessVectorEnv([CountingEnv, lam], num_workers=1)
+        ProcessVectorEnv([CountingEnv, lam], ProcessConfig(num_workers=1))
 
 
 def _exit_in_step() -> gymnasium.Env:
@@ -262,7 +276,9 @@ class _ExitingEnv(CountingEnv):
 
 
 def test_dead_worker_is_reported_and_closes_the_vec_env():
-    with closing(ProcessVectorEnv([CountingEnv, _exit_in_step], num_workers=2)) as vec:
+    with closing(
+        ProcessVectorEnv([CountingEnv, _exit_in_step], ProcessConfig(num_workers=2))
+    ) as vec:
         vec.reset(seed=SEED)
         pids = list(vec.worker_pids)
         with pytest.raises(WorkerError, match=r"worker 1 \(pid \d+, sub-envs 1..1\) exited with"):
@@ -284,7 +300,7 @@ def test_dead_worker_is_reported_and_closes_the_vec_env():
 )
 def test_bad_options(options, match):
     with pytest.raises(InvalidArgumentError, match=match):
-        jr.make_vec(CountingEnv, 4, backend="process", **options)
+        jr.make_vec(CountingEnv, 4, backend="process", config=ProcessConfig(**options))
 
 
 def test_worker_bounds():
@@ -299,7 +315,7 @@ def test_worker_bounds():
 
 def test_call_get_attr_set_attr_render():
     fns = counting_env_fns(3, max_episode_steps=10, render_mode="ansi")
-    with closing(ProcessVectorEnv(fns, num_workers=2)) as vec:
+    with closing(ProcessVectorEnv(fns, ProcessConfig(num_workers=2))) as vec:
         assert vec.call("get_wrapper_attr", "env_id") == (0, 1, 2)
         assert vec.get_attr("episode_length") == (3, 4, 5)
         vec.set_attr("episode_length", [2, 1, 2])
@@ -317,7 +333,7 @@ def test_call_get_attr_set_attr_render():
 def test_spawn_start_method():
     fns = [functools.partial(DictObsEnv, max_steps=3)] * 2
     with (
-        closing(ProcessVectorEnv(fns, num_workers=1, start_method="spawn")) as vec,
+        closing(ProcessVectorEnv(fns, ProcessConfig(num_workers=1, start_method="spawn"))) as vec,
         closing(jr.SyncVectorEnv(fns)) as ref,
     ):
         assert_trees_equal(vec.reset(seed=SEED), ref.reset(seed=SEED))
@@ -331,12 +347,12 @@ def test_spawn_start_method():
 
 @needs_proc
 def test_workers_end_on_close_and_on_garbage_collection():
-    vec = ProcessVectorEnv([CountingEnv] * 2, num_workers=2)
+    vec = ProcessVectorEnv([CountingEnv] * 2, ProcessConfig(num_workers=2))
     pids = vec.worker_pids
     assert len(pids) == 2 and len(_pids_alive(pids)) == 2
     vec.close()
     assert not _wait_gone(pids)
-    vec = ProcessVectorEnv([CountingEnv] * 2, num_workers=2)
+    vec = ProcessVectorEnv([CountingEnv] * 2, ProcessConfig(num_workers=2))
     pids = vec.worker_pids
     del vec
     gc.collect()
@@ -349,7 +365,9 @@ _ORPHAN_SCRIPT = textwrap.dedent(
     import jaxrunner as jr
 
     if __name__ == "__main__":
-        envs = jr.make_vec("CartPole-v1", 2, backend="process", num_workers=2, seed=0)
+        envs = jr.make_vec(
+            "CartPole-v1", 2, backend="process", seed=0, config=jr.ProcessConfig(num_workers=2)
+        )
         print(" ".join(str(pid) for pid in envs.worker_pids), flush=True)
         if sys.argv[1] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)  # no clean-up code runs at all

@@ -18,7 +18,7 @@ from conftest import short_cartpole
 
 import jaxrunner as jr
 from jaxrunner.bench import mlp_policy
-from jaxrunner.envs.process import ProcessVectorEnv
+from jaxrunner.envs.process import ProcessConfig, ProcessVectorEnv
 from jaxrunner.errors import (
     ClosedError,
     EnvError,
@@ -52,8 +52,15 @@ def make_runner(envs: jr.VectorEnv, restart: bool = True, **kwargs) -> jr.EnvRun
     return jr.EnvRunner(envs, policy, params, T, 0, restart_failed_sub_envs=restart, **kwargs)
 
 
-def process(fns, num_workers: int = 2, **kwargs) -> ProcessVectorEnv:
-    return ProcessVectorEnv(fns, num_workers=num_workers, **kwargs)
+def process(
+    fns,
+    num_workers: int = 2,
+    restart_policy: jr.RestartPolicy | None = jr.RestartPolicy(),  # noqa: B008 (frozen)
+    **config,
+) -> ProcessVectorEnv:
+    """A process vec env, restarts on unless ``restart_policy=None``."""
+    config = ProcessConfig(num_workers=num_workers, **config)
+    return ProcessVectorEnv(fns, config, restart_policy=restart_policy)
 
 
 def check_exact(log: CallLog, metrics: dict, envs: ProcessVectorEnv) -> None:
@@ -87,7 +94,9 @@ def test_sub_env_restarts_equal_the_sync_backends(faults, tmp_path):
     """Envs 0 and 2 (one per worker) fail; the process backend gives the sync backend's
     trajectory: same failed slots, same fresh env after them, others untouched."""
     faults = {0: [faults[0]], 2: [faults[1]]}
-    with make_runner(jr.SyncVectorEnv(fns_with(faults))) as runner:
+    with make_runner(
+        jr.SyncVectorEnv(fns_with(faults), restart_policy=jr.RestartPolicy())
+    ) as runner:
         expected, expected_metrics = runner.sample(), runner.get_metrics()
     log = CallLog(tmp_path)
     with make_runner(process(fns_with(faults, log))) as runner:
@@ -204,7 +213,7 @@ def test_random_worker_deaths_with_one_worker_count_exactly(tmp_path):
 @pytest.mark.parametrize("kind", ["exit", "hang"])
 def test_restart_off_a_dead_or_hung_worker_raises_promptly(kind):
     fault = FaultPlan(kind=kind, at=(3,))
-    envs = process(fns_with({3: [fault]}), step_timeout_s=TIMEOUT_S)
+    envs = process(fns_with({3: [fault]}), restart_policy=None, step_timeout_s=TIMEOUT_S)
     runner = make_runner(envs, restart=False)
     error = WorkerTimeoutError if kind == "hang" else WorkerError
     start = time.monotonic()
@@ -257,8 +266,8 @@ def test_a_sub_env_that_cannot_be_recreated_raises_after_max_attempts(tmp_path):
         FaultPlan(kind="raise", at=(3,)),
         FaultPlan(kind="raise", call="reset", probability=1.0),
     )
-    envs = process([factory, CountingEnv], num_workers=1)
-    runner = make_runner(envs, restart_policy=jr.RestartPolicy(max_attempts=4))
+    envs = process([factory, CountingEnv], 1, jr.RestartPolicy(max_attempts=4))
+    runner = make_runner(envs)
     with runner, pytest.raises(EnvError, match="4 attempts in a row") as info:
         runner.sample()
     assert isinstance(info.value.__cause__, InjectedError)  # the original failure
@@ -275,9 +284,8 @@ def test_a_worker_that_cannot_be_restarted_raises_after_max_attempts(tmp_path):
         FaultPlan(kind="exit", at=(3,)),
         FaultPlan(kind="exit", call="reset", probability=1.0),
     )
-    envs = process([CountingEnv, factory], num_workers=2)
-    policy = jr.RestartPolicy(max_attempts=3, backoff_s=0.01)
-    runner = make_runner(envs, restart_policy=policy)
+    envs = process([CountingEnv, factory], 2, jr.RestartPolicy(max_attempts=3, backoff_s=0.01))
+    runner = make_runner(envs)
     with runner, pytest.raises(WorkerError, match="3 attempts in a row") as info:
         runner.sample()
     assert "worker 1" in str(info.value) and info.value.env_indices == range(1, 2)
@@ -311,16 +319,15 @@ def test_a_wrong_length_action_batch_is_rejected_before_any_worker_steps(tmp_pat
 def test_every_call_after_close_raises_a_clear_error():
     vec = process(fns_with({}))
     vec.reset(seed=0)
-    vec.step_batch_async(np.zeros(NUM_ENVS, np.int64))
+    vec.send(np.zeros(NUM_ENVS, np.int64))
     vec.close()
     calls = {
         "step": lambda: vec.step(np.zeros(NUM_ENVS, np.int64)),
-        "step_batch_async": lambda: vec.step_batch_async(np.zeros(NUM_ENVS, np.int64)),
-        "step_batch_wait": vec.step_batch_wait,
+        "send": lambda: vec.send(np.zeros(NUM_ENVS, np.int64)),
+        "recv": vec.recv,
         "reset": vec.reset,
         "reset_at": lambda: vec.reset_at(0),
         "call": lambda: vec.call("reset"),
-        "restart_policy": lambda: setattr(vec, "restart_policy", jr.RestartPolicy()),
     }
     for name, call in calls.items():
         with pytest.raises(ClosedError, match=r"after the vector env was closed"):
@@ -330,10 +337,11 @@ def test_every_call_after_close_raises_a_clear_error():
 
 def test_step_timeout_option():
     with pytest.raises(InvalidArgumentError, match=r"step_timeout_s=0"):
-        jr.make_vec(CountingEnv, 2, backend="process", step_timeout_s=0)
-    with closing(jr.make_vec(CountingEnv, 2, backend="process", step_timeout_s=None)) as vec:
+        ProcessConfig(step_timeout_s=0)
+    config = ProcessConfig(step_timeout_s=None)
+    with closing(jr.make_vec(CountingEnv, 2, backend="process", config=config)) as vec:
         assert vec.step_timeout_s is None
-        assert vec.supports_restart
+        assert vec.capabilities.can_restart
 
 
 def _pid_gone(pid: int) -> bool:

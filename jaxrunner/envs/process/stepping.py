@@ -82,6 +82,7 @@ class Stepper:
     def send(self, actions: Any, env_ids: EnvIds, per_worker: bool) -> list[StepCall]:
         """Validates ``actions``, then starts the step of ``env_ids``: one call, or one
         per worker (``per_worker``: ``env_ids`` must cover whole workers)."""
+        self._dispatch_waiting()
         lo, hi = self._bounds(env_ids)
         if hi - lo not in self._splitters:
             space = self.action_space
@@ -172,6 +173,7 @@ class Stepper:
             )
         if not self.ready_first:
             return self.finish(self.calls[0])
+        self._dispatch_waiting()
         while True:
             for call in self.calls:
                 if all(self.pool.replied(w, seq) for w, seq, _, _ in call.sent):
@@ -180,10 +182,8 @@ class Stepper:
             self.pool.read_any(sorted(waiting))
 
     def finish(self, call: StepCall) -> BatchStep:
-        """Waits for ``call``'s replies and returns its result; then sends the calls
-        that waited for its rows."""
-        if call.actions is not None:
-            self._dispatch(call)
+        """Waits for ``call``'s replies and returns its result."""
+        self._dispatch_waiting()
         errors = call.failed
         failed = list(errors)
         replies = []
@@ -198,14 +198,14 @@ class Stepper:
                     replies.append((w, status, payload))
         finally:
             self.calls.remove(call)
-            self._dispatch_waiting()
         remote_errors = [(w, pickle.loads(p)) for w, s, p in replies if s != wire.STATUS_OK]
         if remote_errors:
             self.pool.raise_remote(*wire.first_error(remote_errors))
         return self._result(call, replies, failed, errors)
 
     def _dispatch_waiting(self) -> None:
-        """Sends the waiting calls whose rows no earlier call holds any more."""
+        """Sends the waiting calls whose rows no earlier call holds any more (at the
+        next send or recv: the last result's views must stay valid until then)."""
         for k, call in enumerate(self.calls):
             if call.actions is not None and not any(
                 c.overlaps(call.lo, call.hi) for c in self.calls[:k]
