@@ -62,7 +62,7 @@ def make_vec(
         )
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
-    _check_options(backend, config, restart_policy)
+    check_vec_options(backend, config, restart_policy)
     if backend == "gymnasium":
         # gymnasium.make_vec builds the vector env itself (its own vector entry point
         # where the env has one); env_kwargs may include vectorization_mode.
@@ -83,7 +83,9 @@ def make_vec(
     return vec
 
 
-def _check_options(backend: str, config: Any, restart_policy: RestartPolicy | None) -> None:
+def check_vec_options(backend: str, config: Any, restart_policy: RestartPolicy | None) -> None:
+    """Raises unless ``config`` and ``restart_policy`` suit ``backend`` (as in
+    :func:`make_vec`)."""
     expected = _CONFIGS.get(backend)
     if config is not None and not isinstance(config, expected or ()):
         want = f"a jaxrunner.{expected.__name__}" if expected else "no config (None)"
