@@ -299,7 +299,7 @@ def test_dead_worker_is_reported_and_closes_the_vec_env():
     ],
 )
 def test_bad_options(options, match):
-    with pytest.raises(InvalidArgumentError, match=match):
+    with pytest.raises(InvalidArgumentError, match=match):  # by the config, or at the start
         jr.make_vec(CountingEnv, 4, backend="process", config=ProcessConfig(**options))
 
 
@@ -406,3 +406,98 @@ def test_bench_cli_with_the_process_backend(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["config"]["backend"] == "process"
     assert report["results"][0]["jaxrunner_steps_per_s"] > 0
+
+
+# -- ready-first mode ---------------------------------------------------------------------------
+
+
+class GatedEnv(CountingEnv):
+    """A CountingEnv whose first step waits until the file ``gate`` exists: a sub-env as
+    slow as the test wants, without timing anything."""
+
+    def __init__(self, gate: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gate, self.steps = gate, 0
+
+    def step(self, action: Any) -> Any:
+        self.steps += 1
+        deadline = time.monotonic() + 60.0  # a safety net only: the test opens the gate
+        while self.steps == 1 and not os.path.exists(self.gate) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return super().step(action)
+
+
+def _gated_fns(gate: pathlib.Path) -> list[Callable[[], gymnasium.Env]]:
+    """Four CountingEnvs (long episodes); env 0's first step waits for ``gate``."""
+    fns = [functools.partial(CountingEnv, env_id=i, episode_length=100) for i in range(4)]
+    fns[0] = functools.partial(GatedEnv, str(gate), env_id=0, episode_length=100)
+    return fns
+
+
+def test_ready_first_returns_whichever_worker_answers_first(tmp_path: pathlib.Path):
+    """Worker 0 (envs 0-1) is stuck in env 0's first step; worker 1 (envs 2-3) steps on,
+    result after result. Every env steps exactly as often as it was sent, and each
+    env's steps equal a sync env's given the same actions."""
+    gate = tmp_path / "gate"
+    config = ProcessConfig(num_workers=2, ready_first=True)
+    with (
+        closing(ProcessVectorEnv(_gated_fns(gate), config)) as vec,
+        closing(jr.SyncVectorEnv(_gated_fns(tmp_path / "open"))) as ref,
+    ):
+        (tmp_path / "open").touch()  # the reference never waits
+        assert vec.capabilities.ready_first and not ProcessVectorEnv.capabilities.ready_first
+        assert_trees_equal(vec.reset(seed=SEED), ref.reset(seed=SEED), "reset")
+        rng = np.random.default_rng(0)
+        actions = rng.integers(0, 3, size=4)
+        vec.send(actions)
+        sent = {0: actions[:2], 2: actions[2:]}  # by the worker's first env
+        counts = np.zeros(4, int)
+        for k in range(5):  # worker 0 cannot answer before the gate opens
+            out = vec.recv()
+            assert out.env_ids == slice(2, 4), k
+            want = ref.step_batch(sent[out.env_ids.start], out.env_ids)
+            assert_trees_equal(
+                (out.obs, out.next_obs, out.reward), (want.obs, want.next_obs, want.reward)
+            )
+            counts[2:] += 1
+            sent[out.env_ids.start] = rng.integers(0, 3, size=2)
+            vec.send(sent[out.env_ids.start], out.env_ids)
+        gate.touch()  # now both workers have a step in flight, answered in any order
+        answered = []
+        for _ in range(2):
+            out = vec.recv()
+            want = ref.step_batch(sent[out.env_ids.start], out.env_ids)
+            assert_trees_equal((out.obs, out.reward), (want.obs, want.reward))
+            counts[out.env_ids] += 1
+            answered.append(out.env_ids.start)
+        assert sorted(answered) == [0, 2]
+        with pytest.raises(InvalidArgumentError, match=r"no send\(\) is waiting"):
+            vec.recv()
+        obs = vec.step_batch(np.zeros(4, np.int64)).obs  # lockstep, in ready-first mode too
+        np.testing.assert_array_equal(obs[:, CountingEnv.T], counts + 1)
+        np.testing.assert_array_equal(counts, [1, 1, 6, 6])
+
+
+def test_ready_first_sends_whole_workers_once_at_a_time():
+    config = ProcessConfig(num_workers=2, ready_first=True)
+    with closing(ProcessVectorEnv(counting_env_fns(4), config)) as vec:
+        vec.reset(seed=SEED)
+        with pytest.raises(InvalidArgumentError, match=r"must cover whole workers"):
+            vec.send(np.zeros(1, np.int64), slice(0, 1))
+        vec.send(np.zeros(2, np.int64), slice(2, 4))
+        with pytest.raises(InvalidArgumentError, match=r"still in flight"):
+            vec.send(np.zeros(4, np.int64))
+        assert vec.recv().env_ids == slice(2, 4)
+
+
+def test_process_config_is_checked():
+    with pytest.raises(InvalidArgumentTypeError, match=r"ready_first=1"):
+        ProcessConfig(ready_first=1)
+    with pytest.raises(TypeError):  # keyword-only
+        ProcessConfig(2)  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ProcessConfig().num_workers = 2  # type: ignore[misc]
+    with pytest.raises(InvalidArgumentTypeError, match=r"expected a jaxrunner.ProcessConfig"):
+        ProcessVectorEnv(counting_env_fns(2), {"num_workers": 2})  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentTypeError, match=r"expected a jaxrunner.ProcessConfig"):
+        jr.make_vec(CountingEnv, 2, backend="process", config=jr.RayConfig())

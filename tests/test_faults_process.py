@@ -229,6 +229,49 @@ def test_restart_off_a_dead_or_hung_worker_raises_promptly(kind):
         envs.step(np.zeros(NUM_ENVS, np.int64))
 
 
+@pytest.mark.parametrize("ready_first", [False, True])
+@pytest.mark.parametrize("kind", ["exit", "hang"])
+def test_a_lost_worker_is_replaced_in_both_stepping_modes(kind, ready_first, tmp_path):
+    """Driven directly (no runner): env 2, the first of worker 1, ends (or hangs) its
+    worker at its 4th step. Both of worker 1's slots of that step fail, worker 0 steps
+    on untouched, and every env.step call is accounted for."""
+    log = CallLog(tmp_path)
+    fns = fns_with({}, log)
+    fns[2] = _FirstInstanceFails(log, FaultPlan(kind=kind, at=(4,)), env_id=2)
+    envs = process(fns, step_timeout_s=TIMEOUT_S, ready_first=ready_first)
+    valid = dropped = 0
+    with closing(envs), closing(jr.SyncVectorEnv(fns_with({}))) as ref:
+        envs.reset(seed=0)
+        ref.reset(seed=0)
+        for t in range(6):
+            want = ref.step_batch(np.zeros(NUM_ENVS, np.int64)).next_obs.copy()
+            envs.send(np.zeros(NUM_ENVS, np.int64))
+            for _ in range(2 if ready_first else 1):
+                out = envs.recv()
+                rows = out.env_ids if ready_first else slice(0, NUM_ENVS)
+                failed = np.zeros(len(out.reward), bool) if out.failed is None else out.failed
+                valid += int((~failed).sum())
+                dropped += int(failed.sum())
+                worker_1 = np.arange(NUM_ENVS)[rows] >= 2
+                np.testing.assert_array_equal(failed, worker_1 & (t == 3))
+                if t == 3 and failed.any():
+                    assert isinstance(
+                        out.errors[2], WorkerTimeoutError if kind == "hang" else WorkerError
+                    )
+                    fresh = out.next_obs[failed]
+                    np.testing.assert_array_equal(fresh[:, CountingEnv.T], [0, 0])
+                if t < 3:  # before the fault: the sync backend's steps
+                    np.testing.assert_array_equal(out.next_obs, want[rows])
+                else:  # worker 0 never noticed
+                    keep = ~worker_1
+                    np.testing.assert_array_equal(out.next_obs[keep], want[rows][keep])
+    counts = (envs.num_worker_restarts, envs.num_lost_steps, envs.num_unrun_steps)
+    assert counts == (1, 0, 1)  # env 2's call failed; env 3 never started its step
+    assert dropped == 2 and valid == 6 * NUM_ENVS - 2
+    assert log.count("step_ok") == valid + envs.num_lost_steps
+    assert log.count("step_failed") == dropped - envs.num_lost_steps - envs.num_unrun_steps
+
+
 # -- bounded recreation -------------------------------------------------------------------------
 
 
