@@ -9,12 +9,14 @@ import os
 import pathlib
 import time
 from contextlib import closing
+from typing import Any
 
 import gymnasium
 import jax
 import numpy as np
 import pytest
 from conftest import short_cartpole
+from test_faults import RANDOM_FAULTS
 
 import jaxrunner as jr
 from jaxrunner.bench import mlp_policy
@@ -119,13 +121,7 @@ def test_sub_env_restarts_equal_the_sync_backends(faults, tmp_path):
 
 def test_random_sub_env_faults_restart_in_worker_and_count_exactly(tmp_path):
     log = CallLog(tmp_path)
-    faults = [
-        FaultPlan(kind="raise", probability=0.03),
-        FaultPlan(kind="nan_reward", probability=0.02),
-        FaultPlan(kind="bad_obs", probability=0.02),
-        FaultPlan(kind="raise", call="reset", probability=0.05),
-    ]
-    fns = faulty_env_fns(short_cartpole, 6, faults, log, seed=3)
+    fns = faulty_env_fns(short_cartpole, 6, RANDOM_FAULTS, log, seed=3)
     envs = process(fns)
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
@@ -141,6 +137,34 @@ def test_random_sub_env_faults_restart_in_worker_and_count_exactly(tmp_path):
     assert metrics["num_env_steps"] == valid == log.count("step_ok")
     assert metrics["num_dropped_steps"] == log.count("step_failed")
     assert metrics["num_dropped_steps"] + valid == 2 * 50 * 6
+
+
+def test_sub_env_restarts_in_workers_equal_the_sync_backends_step_by_step(tmp_path):
+    """Driven directly (no runner): the one step loop restarts failed sub-envs in a
+    worker exactly as in-process, whatever fails (step, observation, reward, reset)."""
+    faults = {
+        0: [FaultPlan(kind="raise", at=(3,))],
+        1: [FaultPlan(kind="nan_reward", at=(2,))],
+        2: [FaultPlan(kind="bad_obs", at=(4,))],
+        3: [FaultPlan(kind="raise", call="reset", at=(2,))],
+    }
+    policy = jr.RestartPolicy()
+    with (
+        closing(jr.SyncVectorEnv(fns_with(faults), restart_policy=policy)) as ref,
+        closing(process(fns_with(faults), restart_policy=policy)) as vec,
+    ):
+        jr.testing.assert_trees_equal(vec.reset(seed=1), ref.reset(seed=1), "reset")
+        for t in range(12):
+            actions = np.full(NUM_ENVS, t % 3, np.int64)
+            got, want = vec.step_batch(actions), ref.step_batch(actions)
+            for name in ("reward", "terminated", "truncated", "failed"):
+                np.testing.assert_array_equal(getattr(got, name), getattr(want, name), name)
+            np.testing.assert_array_equal(got.obs[:, OBS_COLUMNS], want.obs[:, OBS_COLUMNS])
+            assert got.infos == want.infos and got.reset_infos == want.reset_infos
+            assert (got.errors or {}).keys() == (want.errors or {}).keys(), t
+            for i, error in (got.errors or {}).items():
+                assert type(error) is type(want.errors[i]), (t, i)
+        assert vec.num_restarts == ref.num_restarts >= 4  # recreated envs fail again
 
 
 # -- dead and hung workers ------------------------------------------------------------------------
@@ -290,11 +314,13 @@ class _FirstInstanceFails:
 
 
 class _Unrecreatable:
-    """A factory (picklable: it counts in a CallLog) whose first env fails as ``first``
-    says and whose every later env fails in reset as ``later`` says."""
+    """A factory (picklable: it counts in a CallLog) whose first env fails (``kind``) at
+    its 3rd step and whose every later env fails so in reset."""
 
-    def __init__(self, log: CallLog, first: FaultPlan, later: FaultPlan) -> None:
-        self.log, self.first, self.later = log, first, later
+    def __init__(self, log: CallLog, kind: Any) -> None:
+        self.log = log
+        self.first = FaultPlan(kind=kind, at=(3,))
+        self.later = FaultPlan(kind=kind, call="reset", probability=1.0)
 
     def __call__(self) -> gymnasium.Env:
         made = self.log.count("factory")
@@ -304,11 +330,7 @@ class _Unrecreatable:
 
 def test_a_sub_env_that_cannot_be_recreated_raises_after_max_attempts(tmp_path):
     log = CallLog(tmp_path)
-    factory = _Unrecreatable(
-        log,
-        FaultPlan(kind="raise", at=(3,)),
-        FaultPlan(kind="raise", call="reset", probability=1.0),
-    )
+    factory = _Unrecreatable(log, "raise")
     envs = process([factory, CountingEnv], 1, jr.RestartPolicy(max_attempts=4))
     runner = make_runner(envs)
     with runner, pytest.raises(EnvError, match="4 attempts in a row") as info:
@@ -322,11 +344,7 @@ def test_a_sub_env_that_cannot_be_recreated_raises_after_max_attempts(tmp_path):
 
 def test_a_worker_that_cannot_be_restarted_raises_after_max_attempts(tmp_path):
     log = CallLog(tmp_path)
-    factory = _Unrecreatable(
-        log,
-        FaultPlan(kind="exit", at=(3,)),
-        FaultPlan(kind="exit", call="reset", probability=1.0),
-    )
+    factory = _Unrecreatable(log, "exit")
     envs = process([CountingEnv, factory], 2, jr.RestartPolicy(max_attempts=3, backoff_s=0.01))
     runner = make_runner(envs)
     with runner, pytest.raises(WorkerError, match="3 attempts in a row") as info:

@@ -16,6 +16,7 @@ import gymnasium
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
+from jaxrunner.envs.base import BatchStep
 from jaxrunner.errors import EnvError, JaxRunnerError
 from jaxrunner.faults import RestartPolicy, recreate
 from jaxrunner.step_checks import check_flag, check_info, check_reward
@@ -35,6 +36,47 @@ class StepBuffers(NamedTuple):
     reward: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
+
+    @classmethod
+    def allocate(cls, obs_space: gymnasium.Space, num_envs: int) -> StepBuffers:
+        """New zeroed buffers for ``num_envs`` sub-envs."""
+        return cls(
+            jr_spaces.allocate(obs_space, (num_envs,)),
+            jr_spaces.allocate(obs_space, (num_envs,)),
+            np.zeros(num_envs, dtype=np.float64),
+            np.zeros(num_envs, dtype=np.bool_),
+            np.zeros(num_envs, dtype=np.bool_),
+        )
+
+    def batch_step(
+        self,
+        obs_space: gymnasium.Space,
+        rows: slice | None,
+        infos: list[dict[str, Any]],
+        reset_infos: dict[int, dict[str, Any]],
+        failed: np.ndarray | None = None,
+        errors: dict[int, BaseException] | None = None,
+    ) -> BatchStep:
+        """Rows ``rows``' results as a :class:`BatchStep` of views (``env_ids`` is
+        ``rows``); None: the buffers themselves, every env."""
+        if rows is None:
+            obs, next_obs, part = self.obs, self.next_obs, slice(None)
+        else:
+            obs = jr_spaces.rows(obs_space, self.obs, rows)
+            next_obs = jr_spaces.rows(obs_space, self.next_obs, rows)
+            part = rows
+        return BatchStep(
+            obs,
+            next_obs,
+            self.reward[part],
+            self.terminated[part],
+            self.truncated[part],
+            infos,
+            reset_infos,
+            failed,
+            errors,
+            rows,
+        )
 
 
 def fail_slot(buffers: StepBuffers, space: gymnasium.Space, index: int | slice) -> None:
@@ -70,6 +112,20 @@ class StepResult(NamedTuple):
     """Global indices whose step failed (restarted; their slots hold no transition)."""
     errors: dict[int, BaseException]
     """Every failure (step, or autoreset after a good step), by global index."""
+
+    def failed_mask(self, lo: int, hi: int) -> np.ndarray | None:
+        """The failed steps of ``[lo, hi)`` as a bool mask (None: none failed)."""
+        return failed_mask(self.failed, lo, hi)
+
+
+def failed_mask(failed: Sequence[int], lo: int, hi: int) -> np.ndarray | None:
+    """Sub-envs ``failed`` (global indices in ``[lo, hi)``) as a ``[hi - lo]`` bool
+    mask, as ``BatchStep.failed`` holds them; None when ``failed`` is empty."""
+    if not failed:
+        return None
+    mask = np.zeros(hi - lo, np.bool_)
+    mask[np.asarray(failed) - lo] = True
+    return mask
 
 
 class SubEnvs:
@@ -247,5 +303,6 @@ __all__ = [
     "SubEnvs",
     "build_envs",
     "fail_slot",
+    "failed_mask",
     "original",
 ]

@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium
-import numpy as np
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
@@ -82,16 +81,12 @@ class SyncVectorEnv(InProcessVectorEnv):
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
 
-        n, obs_space = self.num_envs, self.single_observation_space
-        self._obs = jr_spaces.allocate(obs_space, (n,))
-        self._next_obs = jr_spaces.allocate(obs_space, (n,))
-        self._reward = np.zeros(n, dtype=np.float64)
-        self._terminated = np.zeros(n, dtype=np.bool_)
-        self._truncated = np.zeros(n, dtype=np.bool_)
-        buffers = StepBuffers(
-            self._obs, self._next_obs, self._reward, self._terminated, self._truncated
+        obs_space = self.single_observation_space
+        self._buffers = StepBuffers.allocate(obs_space, self.num_envs)
+        self._obs = self._buffers.obs
+        self._sub_envs = SubEnvs(
+            self.envs, self.env_fns, 0, self._buffers, obs_space, restart_policy
         )
-        self._sub_envs = SubEnvs(self.envs, self.env_fns, 0, buffers, obs_space, restart_policy)
         self._splitters: dict[int, Callable[[Any], list[Any]]] = {}
 
     @property
@@ -117,33 +112,13 @@ class SyncVectorEnv(InProcessVectorEnv):
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
         per_env = self._splitter(hi - lo)(actions)  # validates before any sub-env steps
         out = self._sub_envs.step(lo, hi, lambda i: per_env[i - lo])
-        failed = None
-        if out.failed:
-            failed = np.zeros(self.num_envs, np.bool_)
-            failed[out.failed] = True
-        fields = (out.infos, out.reset_infos)
-        if rows is None:
-            return BatchStep(
-                self._obs,
-                self._next_obs,
-                self._reward,
-                self._terminated,
-                self._truncated,
-                *fields,
-                failed,
-                out.errors or None,
-            )
-        space = self.single_observation_space
-        return BatchStep(
-            jr_spaces.rows(space, self._obs, rows),
-            jr_spaces.rows(space, self._next_obs, rows),
-            self._reward[rows],
-            self._terminated[rows],
-            self._truncated[rows],
-            *fields,
-            None if failed is None else failed[rows],
+        return self._buffers.batch_step(
+            self.single_observation_space,
+            None if rows is None else slice(lo, hi),
+            out.infos,
+            out.reset_infos,
+            out.failed_mask(lo, hi),
             out.errors or None,
-            rows,
         )
 
     def _splitter(self, size: int) -> Callable[[Any], list[Any]]:

@@ -28,7 +28,7 @@ from jaxrunner.envs.process.handle import WorkerLost
 from jaxrunner.envs.process.pool import LOST, WorkerPool
 from jaxrunner.envs.process.recovery import Sent, WorkerRecovery
 from jaxrunner.envs.process.shared import Views
-from jaxrunner.envs.sub_envs import NOT_RUN
+from jaxrunner.envs.sub_envs import NOT_RUN, failed_mask
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -243,25 +243,12 @@ class Stepper:
             for i, remote in reply.errors.items():
                 errors[i] = self.pool.remote_exception(w, remote).__cause__  # type: ignore[assignment]
             self.num_restarts += len(reply.errors)
-        failed_mask = None
-        if failed:
-            failed_mask = np.zeros(hi - lo, np.bool_)
-            failed_mask[np.asarray(failed) - lo] = True
-        if (lo, hi) == (0, self.num_envs) and not call.per_worker:  # the buffers themselves
-            obs, next_obs, part, env_ids = v.obs, v.next_obs, slice(None), None
-        else:
-            part = env_ids = slice(lo, hi)
-            obs = jr_spaces.rows(self.obs_space, v.obs, part)
-            next_obs = jr_spaces.rows(self.obs_space, v.next_obs, part)
-        return BatchStep(
-            obs,
-            next_obs,
-            v.reward[part],
-            v.terminated[part],
-            v.truncated[part],
+        whole = (lo, hi) == (0, self.num_envs) and not call.per_worker
+        return v.step_buffers.batch_step(
+            self.obs_space,
+            None if whole else slice(lo, hi),
             infos,
             reset_infos,
-            failed_mask,
+            failed_mask(failed, lo, hi),
             errors or None,
-            env_ids,
         )

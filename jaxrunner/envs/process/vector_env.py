@@ -30,6 +30,15 @@ from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, Spa
 from jaxrunner.faults import RestartPolicy
 
 
+def _recovery_count(name: str, doc: str) -> property:
+    """A read-only view of the recovery's counter ``name``."""
+
+    def count(self: ProcessVectorEnv) -> int:
+        return int(getattr(self._recovery, name))
+
+    return property(count, doc=doc)
+
+
 class ProcessVectorEnv(VectorEnv):
     """Sub-envs in worker processes, stepped in parallel, data in shared memory.
 
@@ -141,20 +150,16 @@ class ProcessVectorEnv(VectorEnv):
         """Sub-envs recreated inside their worker after a failure."""
         return self._stepper.num_restarts
 
-    @property
-    def num_worker_restarts(self) -> int:
-        """Workers replaced after they died or timed out."""
-        return self._recovery.num_worker_restarts
-
-    @property
-    def num_lost_steps(self) -> int:
-        """Completed ``env.step`` calls whose results died with their worker."""
-        return self._recovery.num_lost_steps
-
-    @property
-    def num_unrun_steps(self) -> int:
-        """Failed slots of replaced workers' sub-envs that had not started their step."""
-        return self._recovery.num_unrun_steps
+    num_worker_restarts = _recovery_count(
+        "num_worker_restarts", "Workers replaced after they died or timed out."
+    )
+    num_lost_steps = _recovery_count(
+        "num_lost_steps", "Completed ``env.step`` calls whose results died with their worker."
+    )
+    num_unrun_steps = _recovery_count(
+        "num_unrun_steps",
+        "Failed slots of replaced workers' sub-envs that had not started their step.",
+    )
 
     def _close_after(self, reason: str) -> None:
         """Closes the vector env after a failure (``reason`` is quoted to later calls)."""

@@ -56,9 +56,9 @@ class RayVectorEnv(VectorEnv):
         env_fns: zero-argument factories, one per sub-env; picklable (cloudpickle), as
             they are sent to the actors.
         config: placement, batching and timeouts (:class:`~jaxrunner.RayConfig`).
-        copy: as for :class:`~jaxrunner.SyncVectorEnv`.
         restart_policy: if given, failed sub-envs (inside their actor) and dead actors
             are replaced as it says and sampling goes on; None: failures raise.
+        copy: as for :class:`~jaxrunner.SyncVectorEnv`.
     """
 
     capabilities = Capabilities(can_restart=True, ready_first=True, steps_in_background=True)
@@ -68,8 +68,8 @@ class RayVectorEnv(VectorEnv):
         env_fns: Sequence[EnvFactory],
         config: RayConfig | None = None,
         *,
-        copy: bool = True,
         restart_policy: RestartPolicy | None = None,
+        copy: bool = True,
     ) -> None:
         super().__init__(copy=copy)
         self._closed_reason = "construction failed"  # until the actors are up
@@ -106,15 +106,8 @@ class RayVectorEnv(VectorEnv):
         self.spec = None
         self.observation_space = batch_space(obs_space, self.num_envs)
         self.action_space = batch_space(action_space, self.num_envs)
-        n = self.num_envs
-        self._obs = jr_spaces.allocate(obs_space, (n,))
-        self._next_obs = jr_spaces.allocate(obs_space, (n,))
-        self._reward = np.zeros(n, dtype=np.float64)
-        self._terminated = np.zeros(n, dtype=np.bool_)
-        self._truncated = np.zeros(n, dtype=np.bool_)
-        self._buffers = StepBuffers(
-            self._obs, self._next_obs, self._reward, self._terminated, self._truncated
-        )
+        self._buffers = StepBuffers.allocate(obs_space, self.num_envs)
+        self._obs, self._next_obs, self._reward, self._terminated, self._truncated = self._buffers
         self._splitters: dict[int, Callable[[Any], list[Any]]] = {}
 
     @property
@@ -243,19 +236,13 @@ class RayVectorEnv(VectorEnv):
             errors.update(out.errors or {})
             if out.failed is not None:
                 failed[out.env_ids.start - lo : out.env_ids.stop - lo] = out.failed
-        part = slice(lo, hi)
-        space = self.single_observation_space
-        return BatchStep(
-            jr_spaces.rows(space, self._obs, part),
-            jr_spaces.rows(space, self._next_obs, part),
-            self._reward[part],
-            self._terminated[part],
-            self._truncated[part],
+        return self._buffers.batch_step(
+            self.single_observation_space,
+            None if rows is None else slice(lo, hi),
             infos,
             reset_infos,
             failed if failed.any() else None,
             errors or None,
-            None if rows is None else part,
         )
 
     # -- internals ------------------------------------------------------------------------------
@@ -312,16 +299,7 @@ class RayVectorEnv(VectorEnv):
         )
 
     def _result(self, rows: slice, *fields: Any) -> BatchStep:
-        space = self.single_observation_space
-        return BatchStep(
-            jr_spaces.rows(space, self._obs, rows),
-            jr_spaces.rows(space, self._next_obs, rows),
-            self._reward[rows],
-            self._terminated[rows],
-            self._truncated[rows],
-            *fields,
-            rows,
-        )
+        return self._buffers.batch_step(self.single_observation_space, rows, *fields)
 
     def _failed_result(self, u: int, rows: slice, obs: Any, cause: BaseException) -> BatchStep:
         """Every sub-env of the replaced actor ``u``: a failed slot (reward 0, no flags,
