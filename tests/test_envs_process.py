@@ -48,7 +48,6 @@ from jaxrunner.errors import (
 )
 from jaxrunner.testing import (
     CountingEnv,
-    DictObsEnv,
     InjectedFault,
     VectorEnvContract,
     assert_trees_equal,
@@ -331,7 +330,7 @@ def test_call_get_attr_set_attr_render():
 
 
 def test_spawn_start_method():
-    fns = [functools.partial(DictObsEnv, max_steps=3)] * 2
+    fns = [functools.partial(jr.testing.DictObsEnv, max_steps=3)] * 2
     with (
         closing(ProcessVectorEnv(fns, ProcessConfig(num_workers=1, start_method="spawn"))) as vec,
         closing(jr.SyncVectorEnv(fns)) as ref,

@@ -48,10 +48,14 @@ def fns_with(faults_by_env: dict[int, list[FaultPlan]], log: CallLog | None = No
     return fns
 
 
-def make_runner(envs: jr.VectorEnv, restart: bool = True, **kwargs) -> jr.EnvRunner:
+def make_runner(
+    envs: jr.VectorEnv, restart: bool = True, rollout_length: int = T, **kwargs
+) -> jr.EnvRunner:
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
-    return jr.EnvRunner(envs, policy, params, T, 0, restart_failed_sub_envs=restart, **kwargs)
+    return jr.EnvRunner(
+        envs, policy, params, rollout_length, 0, restart_failed_sub_envs=restart, **kwargs
+    )
 
 
 def process(
@@ -123,10 +127,8 @@ def test_random_sub_env_faults_restart_in_worker_and_count_exactly(tmp_path):
     log = CallLog(tmp_path)
     fns = faulty_env_fns(short_cartpole, 6, RANDOM_FAULTS, log, seed=3)
     envs = process(fns)
-    policy = mlp_policy(envs.single_action_space, hidden=(8,))
-    params = policy.init(jax.random.key(0), envs.single_observation_space)
     valid = 0
-    with jr.EnvRunner(envs, policy, params, 50, 0, restart_failed_sub_envs=True) as runner:
+    with make_runner(envs, rollout_length=50) as runner:
         for _ in range(2):
             traj = runner.sample()
             valid += int(traj.valid.sum())
@@ -222,9 +224,7 @@ def test_random_worker_deaths_with_one_worker_count_exactly(tmp_path):
     faults.append(FaultPlan(kind="raise", probability=0.01))
     fns = faulty_env_fns(short_cartpole, 6, faults, log, seed=5)
     envs = process(fns, num_workers=1, step_timeout_s=30)
-    policy = mlp_policy(envs.single_action_space, hidden=(8,))
-    params = policy.init(jax.random.key(0), envs.single_observation_space)
-    with jr.EnvRunner(envs, policy, params, 40, 0, restart_failed_sub_envs=True) as runner:
+    with make_runner(envs, rollout_length=40) as runner:
         for _ in range(3):
             check_aligned(runner.sample())
         metrics = runner.get_metrics()

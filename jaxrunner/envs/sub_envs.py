@@ -87,6 +87,24 @@ def fail_slot(buffers: StepBuffers, space: gymnasium.Space, index: int | slice) 
     jr_spaces.copy_into(space, buffers.next_obs, jr_spaces.rows(space, buffers.obs, index), index)
 
 
+class ActionSplitters:
+    """Validating splitters of action batches into per-sub-env actions, built once per
+    batch size (:func:`jaxrunner.spaces.make_action_splitter`)."""
+
+    def __init__(self, action_space: gymnasium.Space) -> None:
+        self.action_space = action_space
+        self._by_size: dict[int, Callable[[Any], list[Any]]] = {}
+
+    def split(self, actions: Any, size: int) -> list[Any]:
+        """``actions`` (a batch of ``size``) as one action per sub-env; raises
+        InvalidActionError before anything steps if the batch does not fit."""
+        splitter = self._by_size.get(size)
+        if splitter is None:
+            splitter = jr_spaces.make_action_splitter(self.action_space, size)
+            self._by_size[size] = splitter
+        return splitter(actions)
+
+
 class SubEnvRaised(EnvError):
     """A sub-env's own code raised in ``call`` (``"step"``, ``"reset"``, ``"factory"``);
     the original is chained."""
@@ -295,6 +313,7 @@ def build_envs(fns: Sequence[EnvFactory], offset: int) -> list[gymnasium.Env]:
 
 __all__ = [
     "DONE",
+    "ActionSplitters",
     "NOT_RUN",
     "RUNNING",
     "StepBuffers",

@@ -3,7 +3,7 @@ step loop of :mod:`jaxrunner.envs.sub_envs`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
@@ -11,7 +11,7 @@ from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, InProcessVectorEnv, VectorEnv
-from jaxrunner.envs.sub_envs import EnvFactory, StepBuffers, SubEnvs
+from jaxrunner.envs.sub_envs import ActionSplitters, EnvFactory, StepBuffers, SubEnvs
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 from jaxrunner.faults import RestartPolicy
 
@@ -87,7 +87,7 @@ class SyncVectorEnv(InProcessVectorEnv):
         self._sub_envs = SubEnvs(
             self.envs, self.env_fns, 0, self._buffers, obs_space, restart_policy
         )
-        self._splitters: dict[int, Callable[[Any], list[Any]]] = {}
+        self._actions = ActionSplitters(self.single_action_space)
 
     @property
     def num_restarts(self) -> int:
@@ -110,7 +110,7 @@ class SyncVectorEnv(InProcessVectorEnv):
 
     def _step(self, actions: Any, rows: slice | None) -> BatchStep:
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
-        per_env = self._splitter(hi - lo)(actions)  # validates before any sub-env steps
+        per_env = self._actions.split(actions, hi - lo)  # validates before any sub-env steps
         out = self._sub_envs.step(lo, hi, lambda i: per_env[i - lo])
         return self._buffers.batch_step(
             self.single_observation_space,
@@ -120,11 +120,6 @@ class SyncVectorEnv(InProcessVectorEnv):
             out.failed_mask(lo, hi),
             out.errors or None,
         )
-
-    def _splitter(self, size: int) -> Callable[[Any], list[Any]]:
-        if size not in self._splitters:
-            self._splitters[size] = jr_spaces.make_action_splitter(self.single_action_space, size)
-        return self._splitters[size]
 
     def _obs_buffer(self) -> Any:
         return self._obs

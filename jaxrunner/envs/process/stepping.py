@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium
@@ -28,7 +28,7 @@ from jaxrunner.envs.process.handle import WorkerLost
 from jaxrunner.envs.process.pool import LOST, WorkerPool
 from jaxrunner.envs.process.recovery import Sent, WorkerRecovery
 from jaxrunner.envs.process.shared import Views
-from jaxrunner.envs.sub_envs import NOT_RUN, failed_mask
+from jaxrunner.envs.sub_envs import NOT_RUN, ActionSplitters, failed_mask
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -70,7 +70,7 @@ class Stepper:
         """Calls sent and not yet received, in send order."""
         self.num_restarts = 0
         """Sub-envs recreated inside their worker after a failure."""
-        self._splitters: dict[int, Callable[[Any], list[Any]]] = {}
+        self._actions = ActionSplitters(self.action_space)
 
     def in_flight(self) -> Iterator[Sent]:
         """Every step command sent and not yet received (for recoveries)."""
@@ -84,10 +84,7 @@ class Stepper:
         per worker (``per_worker``: ``env_ids`` must cover whole workers)."""
         self._dispatch_waiting()
         lo, hi = self._bounds(env_ids)
-        if hi - lo not in self._splitters:
-            space = self.action_space
-            self._splitters[hi - lo] = jr_spaces.make_action_splitter(space, hi - lo)
-        self._splitters[hi - lo](actions)  # validates before any sub-env steps
+        self._actions.split(actions, hi - lo)  # validates before any sub-env steps
         busy = [c for c in self.calls if c.overlaps(lo, hi)]
         if busy and (self.ready_first or per_worker):
             raise InvalidArgumentError(

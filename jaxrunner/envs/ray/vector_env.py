@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
 from jaxrunner.envs.ray.actors import ActorPool, EnvFactory
 from jaxrunner.envs.ray.config import RayConfig, import_ray
-from jaxrunner.envs.sub_envs import StepBuffers, fail_slot
+from jaxrunner.envs.sub_envs import ActionSplitters, StepBuffers, fail_slot
 from jaxrunner.errors import (
     EnvIndexError,
     InvalidArgumentError,
@@ -108,7 +108,7 @@ class RayVectorEnv(VectorEnv):
         self.action_space = batch_space(action_space, self.num_envs)
         self._buffers = StepBuffers.allocate(obs_space, self.num_envs)
         self._obs, self._next_obs, self._reward, self._terminated, self._truncated = self._buffers
-        self._splitters: dict[int, Callable[[Any], list[Any]]] = {}
+        self._actions = ActionSplitters(action_space)
 
     @property
     def num_restarts(self) -> int:
@@ -177,7 +177,7 @@ class RayVectorEnv(VectorEnv):
         the whole batch first. :meth:`recv` returns each actor's result."""
         self._check_open("step")
         lo, hi = self._whole_actors(env_ids)
-        self._splitter(hi - lo)(actions)
+        self._actions.split(actions, hi - lo)
         units = [u for u, rows in enumerate(self.unit_rows) if lo <= rows.start < hi]
         busy = {u for u, _, _ in self._in_flight.values()} & set(units)
         if busy:
@@ -217,7 +217,7 @@ class RayVectorEnv(VectorEnv):
         self._check_open("step")
         self._check_idle("step")
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
-        self._splitter(hi - lo)(actions)  # validates the whole batch before any step
+        self._actions.split(actions, hi - lo)  # validates the whole batch before any step
         for u, unit in enumerate(self.unit_rows):
             start, stop = max(lo, unit.start), min(hi, unit.stop)
             if start < stop:
@@ -341,11 +341,6 @@ class RayVectorEnv(VectorEnv):
                 f"RayVectorEnv.{what}(): {self.num_in_flight} actor steps are in flight; "
                 "recv() until num_in_flight is 0 first."
             )
-
-    def _splitter(self, size: int) -> Callable[[Any], list[Any]]:
-        if size not in self._splitters:
-            self._splitters[size] = jr_spaces.make_action_splitter(self.single_action_space, size)
-        return self._splitters[size]
 
     def _obs_buffer(self) -> Any:
         return self._obs
