@@ -137,8 +137,9 @@ class RayVectorEnv(VectorEnv):
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets every sub-env; the results of sends not yet received are dropped."""
         self._check_open("reset")
-        self._check_idle("reset")
+        self._discard()
         refs = [
             actor.reset.remote(list(seeds[rows]), options)
             for actor, rows in zip(self._actors.actors, self.unit_rows)
@@ -334,6 +335,17 @@ class RayVectorEnv(VectorEnv):
                 raise cause
             obs, _ = self._actors.replace(u, cause)
             self._done.append(self._failed_result(u, rows, obs, cause))
+
+    def _discard(self) -> None:
+        """Waits for the actor steps in flight and drops their results (a dead actor
+        is found, and replaced, by the reset that follows)."""
+        for ref in list(self._in_flight):
+            try:  # noqa: SIM105
+                self._actors.ray.get(ref, timeout=self.config.step_timeout_s)
+            except Exception:
+                pass
+        self._in_flight.clear()
+        self._done.clear()
 
     def _check_idle(self, what: str) -> None:
         if self.num_in_flight:
