@@ -65,6 +65,13 @@ class TestProcessContract(VectorEnvContract):
         return ProcessVectorEnv(env_fns, ProcessConfig(num_workers=2))
 
 
+class TestProcessReadyFirstContract(VectorEnvContract):
+    """The contract in ready-first mode (``step_batch`` still steps every row at once)."""
+
+    def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]]) -> jr.VectorEnv:
+        return ProcessVectorEnv(env_fns, ProcessConfig(num_workers=2, ready_first=True))
+
+
 def _pids_alive(pids: Sequence[int]) -> list[int]:
     """The pids that still run (zombies count as gone: nothing is left but an entry)."""
     alive = []
