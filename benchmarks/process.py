@@ -32,7 +32,7 @@ from typing import Any
 import jax
 
 from jaxrunner import bench
-from jaxrunner.envs import make_vec
+from jaxrunner.envs import ProcessConfig, make_vec
 from jaxrunner.sampling import EnvRunner
 
 
@@ -59,10 +59,10 @@ def raw_step(envs: Any, seed: int, rollout_length: int) -> Callable[[], int]:
 
 
 def make_runner(env: str, num_envs: int, backend: str, args: argparse.Namespace) -> EnvRunner:
-    options = {}
-    if backend == "process" and args.num_workers:
-        options["num_workers"] = args.num_workers
-    envs = make_vec(env, num_envs, backend=backend, **options)
+    config = None
+    if backend == "process":
+        config = ProcessConfig(num_workers=args.num_workers or None)
+    envs = make_vec(env, num_envs, backend=backend, config=config)
     policy = bench.mlp_policy(envs.single_action_space)
     params = policy.init(jax.random.key(args.seed), envs.single_observation_space)
     groups = args.num_groups if backend == "process" else None
@@ -71,10 +71,10 @@ def make_runner(env: str, num_envs: int, backend: str, args: argparse.Namespace)
 
 def measure_width(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
     runners = {b: make_runner(args.env, num_envs, b, args) for b in ("process", "sync")}
-    options = {"num_workers": args.num_workers} if args.num_workers else {}
+    config = ProcessConfig(num_workers=args.num_workers or None)
     raw_envs = {
         "raw": make_vec(args.env, num_envs, backend="sync", seed=args.seed),
-        "raw_process": make_vec(args.env, num_envs, backend="process", seed=args.seed, **options),
+        "raw_process": make_vec(args.env, num_envs, "process", args.seed, config=config),
     }
     try:
         steps = {name: runner_step(r) for name, r in runners.items()}

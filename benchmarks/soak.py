@@ -124,7 +124,9 @@ def main() -> None:
     log = CallLog(tempfile.mkdtemp(prefix="jaxrunner-soak-"))
     base = functools.partial(gymnasium.make, "CartPole-v1")
     fns = faulty_env_fns(base, args.num_envs, faults(args.fault_rate, args.hang_s), log, args.seed)
-    envs = jr.ProcessVectorEnv(fns, num_workers=args.num_workers, step_timeout_s=args.step_timeout)
+    restart_policy = jr.RestartPolicy(max_attempts=5, backoff_s=0.05)
+    config = jr.ProcessConfig(num_workers=args.num_workers, step_timeout_s=args.step_timeout)
+    envs = jr.ProcessVectorEnv(fns, config, restart_policy=restart_policy)
     policy = bench.mlp_policy(envs.single_action_space)
     params = policy.init(jax.random.key(args.seed), envs.single_observation_space)
     runner = jr.EnvRunner(
@@ -134,7 +136,6 @@ def main() -> None:
         args.rollout_length,
         args.seed,
         restart_failed_sub_envs=True,
-        restart_policy=jr.RestartPolicy(max_attempts=5, backoff_s=0.05),
     )
     report: dict[str, Any] = {
         "benchmark": "soak",

@@ -26,9 +26,10 @@ import gymnasium
 import jax
 import numpy as np
 
-from jaxrunner.envs import make_vec
-from jaxrunner.envs.ray_env import import_ray
+from jaxrunner.envs import ProcessConfig, RayConfig, check_vec_options, make_vec
+from jaxrunner.envs.ray import import_ray
 from jaxrunner.errors import InvalidArgumentError, RemoteTimeoutError, RunnerFailedError
+from jaxrunner.faults import RestartPolicy
 from jaxrunner.policy import Params, Policy
 from jaxrunner.sampling import EnvRunner
 from jaxrunner.trajectory import Trajectory
@@ -54,7 +55,13 @@ class EnvRunnerGroupConfig:
     backend: str = "sync"
     """Each runner's ``make_vec`` backend."""
     env_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """Keyword arguments for ``make_vec`` (gymnasium kwargs, backend options)."""
+    """Keyword arguments for the env (``gymnasium.make``), passed untouched."""
+    vec_config: ProcessConfig | RayConfig | None = None
+    """The backend's options (``make_vec(config=...)``): a ProcessConfig for
+    ``backend="process"``, a RayConfig for ``"ray"``; None: its defaults."""
+    restart_policy: RestartPolicy | None = None
+    """How each runner's envs recreate failed sub-envs (``make_vec(restart_policy=...)``);
+    None: a failure fails the runner (which the group then replaces)."""
     runner_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments for :class:`~jaxrunner.EnvRunner` (``restart_failed_sub_envs``,
     ``metrics``, ``num_groups``...)."""
@@ -72,6 +79,7 @@ class EnvRunnerGroupConfig:
     """Runner restarts the group allows in all, before it gives up and raises."""
 
     def __post_init__(self) -> None:
+        check_vec_options(self.backend, self.vec_config, self.restart_policy)
         for name in ("num_runners", "num_envs_per_runner", "rollout_length"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -125,7 +133,14 @@ class RunnerWorker:
         incarnation: int,
     ) -> None:
         n = config.num_envs_per_runner
-        envs = make_vec(env, n, config.backend, **dict(config.env_options))
+        envs = make_vec(
+            env,
+            n,
+            config.backend,
+            config=config.vec_config,
+            restart_policy=config.restart_policy,
+            **dict(config.env_options),
+        )
         policy = policy_factory(envs.single_action_space)
         self.runner = EnvRunner(
             envs,

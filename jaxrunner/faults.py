@@ -1,7 +1,7 @@
 """Restarting failed sub-envs: the policy and the bounded, backed-off recreation.
 
-A backend that supports restarts (``VectorEnv.supports_restart``) and has a
-``restart_policy`` set turns a sub-env's failure into a restart instead of an
+A backend that can restart (``capabilities.can_restart``) and is given a
+``restart_policy`` at construction turns a sub-env's failure into a restart instead of an
 error: the sub-env is closed, recreated from its factory and reset; the failed
 call yields no transition (its slot is marked in ``BatchStep.failed``). Every
 other sub-env carries on untouched.
@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import gymnasium
 
 from jaxrunner.errors import EnvError, InvalidArgumentError
 from jaxrunner.spaces import check_info
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -55,6 +57,38 @@ class RestartPolicy:
         return waits
 
 
+def retry(
+    attempt: Callable[[], T],
+    policy: RestartPolicy,
+    cause: BaseException,
+    give_up: Callable[[BaseException], BaseException],
+) -> T:
+    """Calls ``attempt`` until it returns, at most ``policy.max_attempts`` times, waiting
+    ``policy.waits()`` before each try: the one retry-with-backoff of every backend.
+
+    Args:
+        attempt: one try; it cleans up after itself when it raises.
+        policy: attempts and backoff.
+        cause: the failure that made the retries necessary (chained if we give up).
+        give_up: ``(last_error) -> error``: the error to raise once every attempt failed.
+
+    Raises:
+        The error ``give_up`` returns, from ``cause``; its ``recreation_error`` is the
+        last attempt's error.
+    """
+    last: BaseException | None = None
+    for wait in policy.waits():
+        time.sleep(wait)
+        try:
+            return attempt()
+        except Exception as err:
+            last = err
+    assert last is not None  # internal: max_attempts >= 1
+    error = give_up(last)
+    error.recreation_error = last  # type: ignore[attr-defined]
+    raise error from cause
+
+
 def recreate(
     old: gymnasium.Env,
     factory: Callable[[], gymnasium.Env],
@@ -64,7 +98,7 @@ def recreate(
     write_obs: Callable[[int, Any], None],
 ) -> tuple[gymnasium.Env, dict[str, Any]]:
     """Replaces failed sub-env ``index``: closes ``old``, then makes and resets a new
-    one, trying ``policy.max_attempts`` times.
+    one, trying ``policy.max_attempts`` times (:func:`retry`).
 
     Args:
         old: the failed sub-env (closed quietly: its close may fail too).
@@ -83,27 +117,26 @@ def recreate(
             the last attempt's error is in the message and ``err.recreation_error``.
     """
     close_quietly(old)
-    last: BaseException | None = None
-    for wait in policy.waits():
-        time.sleep(wait)
-        env = None
+
+    def attempt() -> tuple[gymnasium.Env, dict[str, Any]]:
+        env = factory()
         try:
-            env = factory()
             obs, info = env.reset()
             write_obs(index, obs)
             return env, check_info(info, index, "reset")
-        except Exception as err:
-            last = err
-            if env is not None:
-                close_quietly(env)
-    error = EnvError(
-        f"sub-env {index} failed ({cause!r}) and could not be recreated: "
-        f"{policy.max_attempts} attempts in a row failed, the last with {last!r}. Fix the env "
-        "factory, or raise RestartPolicy(max_attempts=...) / backoff_s.",
-        index,
-    )
-    error.recreation_error = last  # type: ignore[attr-defined]
-    raise error from cause
+        except BaseException:
+            close_quietly(env)
+            raise
+
+    def give_up(last: BaseException) -> BaseException:
+        return EnvError(
+            f"sub-env {index} failed ({cause!r}) and could not be recreated: "
+            f"{policy.max_attempts} attempts in a row failed, the last with {last!r}. Fix the "
+            "env factory, or raise RestartPolicy(max_attempts=...) / backoff_s.",
+            index,
+        )
+
+    return retry(attempt, policy, cause, give_up)
 
 
 def close_quietly(env: gymnasium.Env) -> None:
@@ -115,4 +148,4 @@ def close_quietly(env: gymnasium.Env) -> None:
         pass
 
 
-__all__ = ["RestartPolicy", "close_quietly", "recreate"]
+__all__ = ["RestartPolicy", "close_quietly", "recreate", "retry"]

@@ -31,7 +31,12 @@ from conftest import ActorCritic, short_cartpole
 
 import jaxrunner as jr
 from jaxrunner import cli
-from jaxrunner.envs.process import ProcessVectorEnv, RemoteTraceback, worker_bounds
+from jaxrunner.envs.process import (
+    ProcessConfig,
+    ProcessVectorEnv,
+    RemoteTraceback,
+    worker_bounds,
+)
 from jaxrunner.errors import (
     ClosedError,
     EnvError,
@@ -59,7 +64,14 @@ class TestProcessContract(VectorEnvContract):
     """The backend contract, with sub-envs split over two workers (2 + 1)."""
 
     def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]]) -> jr.VectorEnv:
-        return ProcessVectorEnv(env_fns, num_workers=2)
+        return ProcessVectorEnv(env_fns, ProcessConfig(num_workers=2))
+
+
+class TestProcessReadyFirstContract(VectorEnvContract):
+    """The contract in ready-first mode (``step_batch`` still steps every row at once)."""
+
+    def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]]) -> jr.VectorEnv:
+        return ProcessVectorEnv(env_fns, ProcessConfig(num_workers=2, ready_first=True))
 
 
 def _pids_alive(pids: Sequence[int]) -> list[int]:
@@ -111,7 +123,7 @@ def sync_reference() -> list[jr.Trajectory]:
 @pytest.fixture(scope="module")
 def shared_process_vec():
     """One process vec env (2 workers) shared by the runner tests: each runner resets it."""
-    with ProcessVectorEnv([short_cartpole] * NUM_ENVS, num_workers=2) as vec:
+    with ProcessVectorEnv([short_cartpole] * NUM_ENVS, ProcessConfig(num_workers=2)) as vec:
         yield vec
 
 
@@ -119,7 +131,7 @@ def shared_process_vec():
 def test_runner_equal_to_sync_whatever_the_groups(sync_reference, shared_process_vec, num_groups):
     runner = _runner(shared_process_vec, num_groups=num_groups)  # not stopped: vec is shared
     if num_groups is None:  # the backend's default: two groups, one per worker
-        assert ProcessVectorEnv.default_num_groups == 2
+        assert ProcessVectorEnv.capabilities.pipeline_groups == 2
         assert runner.sampler.groups == [slice(0, 4), slice(4, 7)]
     for t, expected in enumerate(sync_reference):
         assert_trees_equal(_as_tree(runner.sample()), _as_tree(expected), f"sample {t}")
@@ -134,7 +146,7 @@ def test_runner_equal_to_sync_whatever_the_groups(sync_reference, shared_process
     ],
 )
 def test_runner_equal_to_sync_whatever_the_workers(sync_reference, options, num_groups):
-    envs = jr.make_vec(short_cartpole, NUM_ENVS, backend="process", **options)
+    envs = jr.make_vec(short_cartpole, NUM_ENVS, backend="process", config=ProcessConfig(**options))
     assert isinstance(envs, ProcessVectorEnv)
     with _runner(envs, num_groups=num_groups) as runner:
         for t, expected in enumerate(sync_reference):
@@ -147,12 +159,14 @@ def test_runner_equal_to_sync_whatever_the_workers(sync_reference, options, num_
 
 
 @pytest.mark.parametrize("backend", ["sync", "process"])
-def test_step_batch_async_and_wait(backend):
-    """Disjoint rows in flight together; each wait returns its rows' step."""
+def test_send_and_recv_answer_in_send_order(backend):
+    """Disjoint rows in flight together; each recv returns the oldest send's rows."""
     fns = counting_env_fns(4, episode_length=2)
-    kwargs = {"num_workers": 2} if backend == "process" else {}
-    make = ProcessVectorEnv if backend == "process" else jr.SyncVectorEnv
-    with closing(make(fns, **kwargs)) as vec, closing(jr.SyncVectorEnv(fns)) as ref:
+    make = functools.partial(ProcessVectorEnv, config=ProcessConfig(num_workers=2))
+    with (
+        closing(make(fns) if backend == "process" else jr.SyncVectorEnv(fns)) as vec,
+        closing(jr.SyncVectorEnv(fns)) as ref,
+    ):
         vec.reset_batch([SEED + i for i in range(4)])
         ref.reset_batch([SEED + i for i in range(4)])
         halves = slice(0, 2), slice(2, 4)
@@ -160,31 +174,41 @@ def test_step_batch_async_and_wait(backend):
             actions = np.full(4, t % 3, dtype=np.int64)
             expected = ref.step_batch(actions)
             want = (expected.obs.copy(), expected.next_obs.copy(), expected.reward.copy())
-            for rows in halves:
-                vec.step_batch_async(actions[rows], rows)
-            for rows in reversed(halves):  # waits in any order
-                out = vec.step_batch_wait(rows)
+            order = halves if t % 2 else halves[::-1]
+            for rows in order:
+                vec.send(actions[rows], rows)
+            for rows in order:
+                out = vec.recv()
+                assert out.env_ids == rows
                 assert_trees_equal(
                     (out.obs, out.next_obs, out.reward), tuple(x[rows] for x in want), f"{t}"
                 )
-        with pytest.raises(InvalidArgumentError, match=r"no step_batch_async call"):
-            vec.step_batch_wait(halves[0])
-        vec.step_batch_async(np.zeros(2, np.int64), halves[0])
-        if backend == "sync":  # the default keeps one call per rows
-            with pytest.raises(InvalidArgumentError, match=r"already in flight"):
-                vec.step_batch_async(np.zeros(2, np.int64), halves[0])
-        vec.step_batch_wait(halves[0])
+        with pytest.raises(InvalidArgumentError, match=r"no send\(\) is waiting"):
+            vec.recv()
+        if backend == "process":  # a reset drops the results of sends not yet received
+            vec.send(np.zeros(2, np.int64), halves[0])
+            ref.step_batch(np.zeros(2, np.int64), halves[0])  # the step itself happened
+            assert_trees_equal(vec.reset(seed=SEED), ref.reset(seed=SEED), "reset")
+            with pytest.raises(InvalidArgumentError, match=r"no send\(\) is waiting"):
+                vec.recv()
 
 
-def test_same_rows_sent_again_before_the_wait_are_stepped_in_order():
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_same_rows_sent_again_before_the_recv_are_stepped_in_order(backend):
     fns = counting_env_fns(2, episode_length=50)
-    with closing(ProcessVectorEnv(fns, num_workers=1)) as vec:
+    config = ProcessConfig(num_workers=1)
+    with closing(
+        ProcessVectorEnv(fns, config) if backend == "process" else jr.SyncVectorEnv(fns)
+    ) as vec:
         vec.reset(seed=SEED)
-        vec.step_batch_async(np.zeros(2, np.int64))
-        # The process backend waits for the first step before it rewrites the actions.
-        out = vec.step_batch(np.ones(2, np.int64))
-        np.testing.assert_array_equal(out.obs[:, CountingEnv.T], [2, 2])
-        np.testing.assert_array_equal(out.reward, [1.0, 1.0])
+        vec.send(np.zeros(2, np.int64))
+        # The second send waits (unsent) until the first is received.
+        first = vec.step_batch(np.ones(2, np.int64))
+        np.testing.assert_array_equal(first.obs[:, CountingEnv.T], [1, 1])
+        np.testing.assert_array_equal(first.reward, [0.0, 0.0])
+        second = vec.recv()
+        np.testing.assert_array_equal(second.obs[:, CountingEnv.T], [2, 2])
+        np.testing.assert_array_equal(second.reward, [1.0, 1.0])
 
 
 # -- errors -------------------------------------------------------------------------------------
@@ -204,7 +228,10 @@ def test_worker_errors_come_home_like_sync(fault, call, at, error, match):
     plan = FaultPlan(kind=fault, call=call, at=(at,))
     fns = faulty_env_fns(counting_env_fns(3, episode_length=1), faults={1: [plan]})
     errors = []
-    for make in (jr.SyncVectorEnv, functools.partial(ProcessVectorEnv, num_workers=2)):
+    for make in (
+        jr.SyncVectorEnv,
+        functools.partial(ProcessVectorEnv, config=ProcessConfig(num_workers=2)),
+    ):
         with closing(make(fns)) as vec, pytest.raises(error, match=match) as excinfo:
             vec.reset(seed=SEED)
             for _ in range(3):
@@ -229,7 +256,7 @@ def test_failing_factory_names_the_env():
         return functools.partial(CountingEnv, env_id=i) if i != 2 else _broken_factory
 
     with pytest.raises(EnvError, match=r"factory of sub-env 2 raised in worker 1") as excinfo:
-        ProcessVectorEnv([make(i) for i in range(3)], num_workers=2)
+        ProcessVectorEnv([make(i) for i in range(3)], ProcessConfig(num_workers=2))
     assert excinfo.value.env_index == 2
     assert isinstance(excinfo.value.__cause__, InjectedError)
 
@@ -241,18 +268,18 @@ def _broken_factory() -> gymnasium.Env:
 def test_different_spaces_across_workers():
     fns = [CountingEnv, CountingEnv, functools.partial(CountingEnv, num_actions=4)]
     with pytest.raises(SpaceMismatchError, match=r"sub-env 2 has action_space=Discrete\(4\)"):
-        ProcessVectorEnv(fns, num_workers=3)
+        ProcessVectorEnv(fns, ProcessConfig(num_workers=3))
 
 
 def test_lambda_factories_need_cloudpickle(monkeypatch):
     lam = lambda: CountingEnv()  # noqa: E731
     pytest.importorskip("cloudpickle")
-    with closing(ProcessVectorEnv([lam, lam], num_workers=1)) as vec:
+    with closing(ProcessVectorEnv([lam, lam], ProcessConfig(num_workers=1))) as vec:
         obs, _ = vec.reset(seed=SEED)
         assert obs.shape == (2, 5)
     monkeypatch.setitem(sys.modules, "cloudpickle", None)  # as if not installed
     with pytest.raises(InvalidArgumentTypeError, match=r"factory of sub-env 1 cannot be sent"):
-        ProcessVectorEnv([CountingEnv, lam], num_workers=1)
+        ProcessVectorEnv([CountingEnv, lam], ProcessConfig(num_workers=1))
 
 
 def _exit_in_step() -> gymnasium.Env:
@@ -265,7 +292,9 @@ class _ExitingEnv(CountingEnv):
 
 
 def test_dead_worker_is_reported_and_closes_the_vec_env():
-    with closing(ProcessVectorEnv([CountingEnv, _exit_in_step], num_workers=2)) as vec:
+    with closing(
+        ProcessVectorEnv([CountingEnv, _exit_in_step], ProcessConfig(num_workers=2))
+    ) as vec:
         vec.reset(seed=SEED)
         pids = list(vec.worker_pids)
         with pytest.raises(WorkerError, match=r"worker 1 \(pid \d+, sub-envs 1..1\) exited with"):
@@ -286,8 +315,8 @@ def test_dead_worker_is_reported_and_closes_the_vec_env():
     ],
 )
 def test_bad_options(options, match):
-    with pytest.raises(InvalidArgumentError, match=match):
-        jr.make_vec(CountingEnv, 4, backend="process", **options)
+    with pytest.raises(InvalidArgumentError, match=match):  # by the config, or at the start
+        jr.make_vec(CountingEnv, 4, backend="process", config=ProcessConfig(**options))
 
 
 def test_worker_bounds():
@@ -302,7 +331,7 @@ def test_worker_bounds():
 
 def test_call_get_attr_set_attr_render():
     fns = counting_env_fns(3, max_episode_steps=10, render_mode="ansi")
-    with closing(ProcessVectorEnv(fns, num_workers=2)) as vec:
+    with closing(ProcessVectorEnv(fns, ProcessConfig(num_workers=2))) as vec:
         assert vec.call("get_wrapper_attr", "env_id") == (0, 1, 2)
         assert vec.get_attr("episode_length") == (3, 4, 5)
         vec.set_attr("episode_length", [2, 1, 2])
@@ -318,9 +347,9 @@ def test_call_get_attr_set_attr_render():
 
 
 def test_spawn_start_method():
-    fns = [functools.partial(DictObsEnv, max_steps=3)] * 2
+    fns = [functools.partial(jr.testing.DictObsEnv, max_steps=3)] * 2
     with (
-        closing(ProcessVectorEnv(fns, num_workers=1, start_method="spawn")) as vec,
+        closing(ProcessVectorEnv(fns, ProcessConfig(num_workers=1, start_method="spawn"))) as vec,
         closing(jr.SyncVectorEnv(fns)) as ref,
     ):
         assert_trees_equal(vec.reset(seed=SEED), ref.reset(seed=SEED))
@@ -334,12 +363,12 @@ def test_spawn_start_method():
 
 @needs_proc
 def test_workers_end_on_close_and_on_garbage_collection():
-    vec = ProcessVectorEnv([CountingEnv] * 2, num_workers=2)
+    vec = ProcessVectorEnv([CountingEnv] * 2, ProcessConfig(num_workers=2))
     pids = vec.worker_pids
     assert len(pids) == 2 and len(_pids_alive(pids)) == 2
     vec.close()
     assert not _wait_gone(pids)
-    vec = ProcessVectorEnv([CountingEnv] * 2, num_workers=2)
+    vec = ProcessVectorEnv([CountingEnv] * 2, ProcessConfig(num_workers=2))
     pids = vec.worker_pids
     del vec
     gc.collect()
@@ -352,7 +381,9 @@ _ORPHAN_SCRIPT = textwrap.dedent(
     import jaxrunner as jr
 
     if __name__ == "__main__":
-        envs = jr.make_vec("CartPole-v1", 2, backend="process", num_workers=2, seed=0)
+        envs = jr.make_vec(
+            "CartPole-v1", 2, backend="process", seed=0, config=jr.ProcessConfig(num_workers=2)
+        )
         print(" ".join(str(pid) for pid in envs.worker_pids), flush=True)
         if sys.argv[1] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)  # no clean-up code runs at all
@@ -391,3 +422,98 @@ def test_bench_cli_with_the_process_backend(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["config"]["backend"] == "process"
     assert report["results"][0]["jaxrunner_steps_per_s"] > 0
+
+
+# -- ready-first mode ---------------------------------------------------------------------------
+
+
+class GatedEnv(CountingEnv):
+    """A CountingEnv whose first step waits until the file ``gate`` exists: a sub-env as
+    slow as the test wants, without timing anything."""
+
+    def __init__(self, gate: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gate, self.steps = gate, 0
+
+    def step(self, action: Any) -> Any:
+        self.steps += 1
+        deadline = time.monotonic() + 60.0  # a safety net only: the test opens the gate
+        while self.steps == 1 and not os.path.exists(self.gate) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return super().step(action)
+
+
+def _gated_fns(gate: pathlib.Path) -> list[Callable[[], gymnasium.Env]]:
+    """Four CountingEnvs (long episodes); env 0's first step waits for ``gate``."""
+    fns = [functools.partial(CountingEnv, env_id=i, episode_length=100) for i in range(4)]
+    fns[0] = functools.partial(GatedEnv, str(gate), env_id=0, episode_length=100)
+    return fns
+
+
+def test_ready_first_returns_whichever_worker_answers_first(tmp_path: pathlib.Path):
+    """Worker 0 (envs 0-1) is stuck in env 0's first step; worker 1 (envs 2-3) steps on,
+    result after result. Every env steps exactly as often as it was sent, and each
+    env's steps equal a sync env's given the same actions."""
+    gate = tmp_path / "gate"
+    config = ProcessConfig(num_workers=2, ready_first=True)
+    with (
+        closing(ProcessVectorEnv(_gated_fns(gate), config)) as vec,
+        closing(jr.SyncVectorEnv(_gated_fns(tmp_path / "open"))) as ref,
+    ):
+        (tmp_path / "open").touch()  # the reference never waits
+        assert vec.capabilities.ready_first and not ProcessVectorEnv.capabilities.ready_first
+        assert_trees_equal(vec.reset(seed=SEED), ref.reset(seed=SEED), "reset")
+        rng = np.random.default_rng(0)
+        actions = rng.integers(0, 3, size=4)
+        vec.send(actions)
+        sent = {0: actions[:2], 2: actions[2:]}  # by the worker's first env
+        counts = np.zeros(4, int)
+        for k in range(5):  # worker 0 cannot answer before the gate opens
+            out = vec.recv()
+            assert out.env_ids == slice(2, 4), k
+            want = ref.step_batch(sent[out.env_ids.start], out.env_ids)
+            assert_trees_equal(
+                (out.obs, out.next_obs, out.reward), (want.obs, want.next_obs, want.reward)
+            )
+            counts[2:] += 1
+            sent[out.env_ids.start] = rng.integers(0, 3, size=2)
+            vec.send(sent[out.env_ids.start], out.env_ids)
+        gate.touch()  # now both workers have a step in flight, answered in any order
+        answered = []
+        for _ in range(2):
+            out = vec.recv()
+            want = ref.step_batch(sent[out.env_ids.start], out.env_ids)
+            assert_trees_equal((out.obs, out.reward), (want.obs, want.reward))
+            counts[out.env_ids] += 1
+            answered.append(out.env_ids.start)
+        assert sorted(answered) == [0, 2]
+        with pytest.raises(InvalidArgumentError, match=r"no send\(\) is waiting"):
+            vec.recv()
+        obs = vec.step_batch(np.zeros(4, np.int64)).obs  # lockstep, in ready-first mode too
+        np.testing.assert_array_equal(obs[:, CountingEnv.T], counts + 1)
+        np.testing.assert_array_equal(counts, [1, 1, 6, 6])
+
+
+def test_ready_first_sends_whole_workers_once_at_a_time():
+    config = ProcessConfig(num_workers=2, ready_first=True)
+    with closing(ProcessVectorEnv(counting_env_fns(4), config)) as vec:
+        vec.reset(seed=SEED)
+        with pytest.raises(InvalidArgumentError, match=r"must cover whole workers"):
+            vec.send(np.zeros(1, np.int64), slice(0, 1))
+        vec.send(np.zeros(2, np.int64), slice(2, 4))
+        with pytest.raises(InvalidArgumentError, match=r"still in flight"):
+            vec.send(np.zeros(4, np.int64))
+        assert vec.recv().env_ids == slice(2, 4)
+
+
+def test_process_config_is_checked():
+    with pytest.raises(InvalidArgumentTypeError, match=r"ready_first=1"):
+        ProcessConfig(ready_first=1)
+    with pytest.raises(TypeError):  # keyword-only
+        ProcessConfig(2)  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ProcessConfig().num_workers = 2  # type: ignore[misc]
+    with pytest.raises(InvalidArgumentTypeError, match=r"expected a jaxrunner.ProcessConfig"):
+        ProcessVectorEnv(counting_env_fns(2), {"num_workers": 2})  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentTypeError, match=r"expected a jaxrunner.ProcessConfig"):
+        jr.make_vec(CountingEnv, 2, backend="process", config=jr.RayConfig())

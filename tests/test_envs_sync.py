@@ -152,6 +152,51 @@ def test_make_vec_rejects_non_callable_env(env: Any) -> None:
         jr.make_vec(env, 2)
 
 
+class _WorkersEnv(CountingEnv):
+    """An env whose own constructor takes ``num_workers`` (a ProcessConfig field too)."""
+
+    def __init__(self, num_workers: int = 1) -> None:
+        super().__init__(env_id=num_workers)
+
+
+# Registered on import: a worker process imports this module by the id's prefix.
+gymnasium.register("JaxrunnerTestWorkersEnv-v0", entry_point=_WorkersEnv, disable_env_checker=True)
+WORKERS_ENV_ID = f"{__name__}:JaxrunnerTestWorkersEnv-v0"
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_make_vec_passes_env_kwargs_named_like_backend_options_to_the_env(backend: str) -> None:
+    config = jr.ProcessConfig(num_workers=1) if backend == "process" else None
+    with closing(
+        jr.make_vec(WORKERS_ENV_ID, 3, backend, SEED, config=config, num_workers=7)
+    ) as vec:
+        assert vec.get_attr("env_id") == (7, 7, 7)  # the env got it
+        if backend == "process":
+            assert vec.num_workers == 1  # the backend did not
+
+
+def test_make_vec_explains_a_backend_option_given_as_an_env_kwarg() -> None:
+    hint = r"refused 'envs_per_worker'.*config=jaxrunner.ProcessConfig\(envs_per_worker=...\)"
+    with pytest.raises(EnvError, match=hint) as info:  # raised by the factory, in a worker
+        jr.make_vec("CartPole-v1", 2, backend="process", envs_per_worker=1)
+    assert isinstance(info.value.__cause__, jr.errors.InvalidArgumentTypeError)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'envs_per_worker'") as info:
+        jr.make_vec("CartPole-v1", 2, envs_per_worker=1)  # no option of the sync backend
+    assert not isinstance(info.value, jr.errors.JaxRunnerError)
+
+
+def test_make_vec_checks_config_and_restart_policy_against_the_backend() -> None:
+    with pytest.raises(TypeError, match=r"backend='sync', config=.*expected no config"):
+        jr.make_vec(CountingEnv, 2, config=jr.ProcessConfig())
+    with pytest.raises(TypeError, match=r"expected a jaxrunner.RayConfig, got ProcessConfig"):
+        jr.make_vec(CountingEnv, 2, backend="ray", config=jr.ProcessConfig())
+    with pytest.raises(ValueError, match=r"gymnasium backend cannot restart.*backend='sync'"):
+        jr.make_vec("CartPole-v1", 2, backend="gymnasium", restart_policy=jr.RestartPolicy())
+    policy = jr.RestartPolicy(max_attempts=2)
+    with closing(jr.make_vec(CountingEnv, 2, restart_policy=policy)) as vec:
+        assert vec.restart_policy is policy and vec.capabilities.can_restart
+
+
 def test_make_vec_passes_kwargs_to_gymnasium_make() -> None:
     with closing(jr.make_vec("CartPole-v1", 2, max_episode_steps=3)) as vec:
         vec.reset(seed=SEED)

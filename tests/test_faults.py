@@ -13,6 +13,7 @@ from conftest import short_cartpole
 
 import jaxrunner as jr
 from jaxrunner.bench import mlp_policy
+from jaxrunner.envs.base import Capabilities
 from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidStepError
 from jaxrunner.testing import (
     CallLog,
@@ -23,6 +24,12 @@ from jaxrunner.testing import (
     faulty_env_fns,
 )
 
+RANDOM_FAULTS = [  # of every in-process kind, at random (seeded) calls
+    FaultPlan(kind="raise", probability=0.03),
+    FaultPlan(kind="nan_reward", probability=0.02),
+    FaultPlan(kind="bad_obs", probability=0.02),
+    FaultPlan(kind="raise", call="reset", probability=0.05),
+]
 NUM_ENVS, T = 4, 8  # env 1 fails once: its recreated instance would fail at t=9
 FAILING_ENV, FAILING_CALL = 1, 5  # env 1's 5th step fails (0-based slot t=4)
 
@@ -31,8 +38,12 @@ def counting_base(env_id: int) -> gymnasium.Env:
     return CountingEnv(env_id=env_id, episode_length=7)
 
 
-def make_runner(env_fns, restart: bool = True, **kwargs) -> jr.EnvRunner:
-    envs = jr.SyncVectorEnv(env_fns)
+def make_runner(
+    env_fns, restart: bool = True, restart_policy: jr.RestartPolicy | None = None, **kwargs
+) -> jr.EnvRunner:
+    """A runner on a sync env that restarts (as ``restart_policy`` says) if ``restart``."""
+    policy = restart_policy or jr.RestartPolicy()
+    envs = jr.SyncVectorEnv(env_fns, restart_policy=policy if restart else None)
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
     return jr.EnvRunner(envs, policy, params, T, 0, restart_failed_sub_envs=restart, **kwargs)
@@ -184,14 +195,8 @@ def test_a_failed_first_reset_is_restarted_too():
 
 def test_exact_accounting_with_random_faults_across_samples(tmp_path):
     log = CallLog(tmp_path)
-    faults = [
-        FaultPlan(kind="raise", probability=0.03),
-        FaultPlan(kind="nan_reward", probability=0.02),
-        FaultPlan(kind="bad_obs", probability=0.02),
-        FaultPlan(kind="raise", call="reset", probability=0.05),
-    ]
-    fns = faulty_env_fns(short_cartpole, 6, faults, log, seed=3)
-    envs = jr.SyncVectorEnv(fns)
+    fns = faulty_env_fns(short_cartpole, 6, RANDOM_FAULTS, log, seed=3)
+    envs = jr.SyncVectorEnv(fns, restart_policy=jr.RestartPolicy())
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
     valid = 0
@@ -296,7 +301,7 @@ def test_restart_policy_backoff_and_validation():
 
 def test_restart_on_a_backend_that_cannot_restart_is_refused():
     class NoRestart(jr.SyncVectorEnv):
-        supports_restart = False
+        capabilities = Capabilities()
 
     envs = NoRestart(counting_env_fns(2))
     policy = mlp_policy(envs.single_action_space, hidden=(8,))

@@ -9,16 +9,18 @@ import os
 import pathlib
 import time
 from contextlib import closing
+from typing import Any
 
 import gymnasium
 import jax
 import numpy as np
 import pytest
 from conftest import short_cartpole
+from test_faults import RANDOM_FAULTS
 
 import jaxrunner as jr
 from jaxrunner.bench import mlp_policy
-from jaxrunner.envs.process import ProcessVectorEnv
+from jaxrunner.envs.process import ProcessConfig, ProcessVectorEnv
 from jaxrunner.errors import (
     ClosedError,
     EnvError,
@@ -46,14 +48,25 @@ def fns_with(faults_by_env: dict[int, list[FaultPlan]], log: CallLog | None = No
     return fns
 
 
-def make_runner(envs: jr.VectorEnv, restart: bool = True, **kwargs) -> jr.EnvRunner:
+def make_runner(
+    envs: jr.VectorEnv, restart: bool = True, rollout_length: int = T, **kwargs
+) -> jr.EnvRunner:
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
-    return jr.EnvRunner(envs, policy, params, T, 0, restart_failed_sub_envs=restart, **kwargs)
+    return jr.EnvRunner(
+        envs, policy, params, rollout_length, 0, restart_failed_sub_envs=restart, **kwargs
+    )
 
 
-def process(fns, num_workers: int = 2, **kwargs) -> ProcessVectorEnv:
-    return ProcessVectorEnv(fns, num_workers=num_workers, **kwargs)
+def process(
+    fns,
+    num_workers: int = 2,
+    restart_policy: jr.RestartPolicy | None = jr.RestartPolicy(),  # noqa: B008 (frozen)
+    **config,
+) -> ProcessVectorEnv:
+    """A process vec env, restarts on unless ``restart_policy=None``."""
+    config = ProcessConfig(num_workers=num_workers, **config)
+    return ProcessVectorEnv(fns, config, restart_policy=restart_policy)
 
 
 def check_exact(log: CallLog, metrics: dict, envs: ProcessVectorEnv) -> None:
@@ -87,7 +100,9 @@ def test_sub_env_restarts_equal_the_sync_backends(faults, tmp_path):
     """Envs 0 and 2 (one per worker) fail; the process backend gives the sync backend's
     trajectory: same failed slots, same fresh env after them, others untouched."""
     faults = {0: [faults[0]], 2: [faults[1]]}
-    with make_runner(jr.SyncVectorEnv(fns_with(faults))) as runner:
+    with make_runner(
+        jr.SyncVectorEnv(fns_with(faults), restart_policy=jr.RestartPolicy())
+    ) as runner:
         expected, expected_metrics = runner.sample(), runner.get_metrics()
     log = CallLog(tmp_path)
     with make_runner(process(fns_with(faults, log))) as runner:
@@ -110,18 +125,10 @@ def test_sub_env_restarts_equal_the_sync_backends(faults, tmp_path):
 
 def test_random_sub_env_faults_restart_in_worker_and_count_exactly(tmp_path):
     log = CallLog(tmp_path)
-    faults = [
-        FaultPlan(kind="raise", probability=0.03),
-        FaultPlan(kind="nan_reward", probability=0.02),
-        FaultPlan(kind="bad_obs", probability=0.02),
-        FaultPlan(kind="raise", call="reset", probability=0.05),
-    ]
-    fns = faulty_env_fns(short_cartpole, 6, faults, log, seed=3)
+    fns = faulty_env_fns(short_cartpole, 6, RANDOM_FAULTS, log, seed=3)
     envs = process(fns)
-    policy = mlp_policy(envs.single_action_space, hidden=(8,))
-    params = policy.init(jax.random.key(0), envs.single_observation_space)
     valid = 0
-    with jr.EnvRunner(envs, policy, params, 50, 0, restart_failed_sub_envs=True) as runner:
+    with make_runner(envs, rollout_length=50) as runner:
         for _ in range(2):
             traj = runner.sample()
             valid += int(traj.valid.sum())
@@ -132,6 +139,34 @@ def test_random_sub_env_faults_restart_in_worker_and_count_exactly(tmp_path):
     assert metrics["num_env_steps"] == valid == log.count("step_ok")
     assert metrics["num_dropped_steps"] == log.count("step_failed")
     assert metrics["num_dropped_steps"] + valid == 2 * 50 * 6
+
+
+def test_sub_env_restarts_in_workers_equal_the_sync_backends_step_by_step(tmp_path):
+    """Driven directly (no runner): the one step loop restarts failed sub-envs in a
+    worker exactly as in-process, whatever fails (step, observation, reward, reset)."""
+    faults = {
+        0: [FaultPlan(kind="raise", at=(3,))],
+        1: [FaultPlan(kind="nan_reward", at=(2,))],
+        2: [FaultPlan(kind="bad_obs", at=(4,))],
+        3: [FaultPlan(kind="raise", call="reset", at=(2,))],
+    }
+    policy = jr.RestartPolicy()
+    with (
+        closing(jr.SyncVectorEnv(fns_with(faults), restart_policy=policy)) as ref,
+        closing(process(fns_with(faults), restart_policy=policy)) as vec,
+    ):
+        jr.testing.assert_trees_equal(vec.reset(seed=1), ref.reset(seed=1), "reset")
+        for t in range(12):
+            actions = np.full(NUM_ENVS, t % 3, np.int64)
+            got, want = vec.step_batch(actions), ref.step_batch(actions)
+            for name in ("reward", "terminated", "truncated", "failed"):
+                np.testing.assert_array_equal(getattr(got, name), getattr(want, name), name)
+            np.testing.assert_array_equal(got.obs[:, OBS_COLUMNS], want.obs[:, OBS_COLUMNS])
+            assert got.infos == want.infos and got.reset_infos == want.reset_infos
+            assert (got.errors or {}).keys() == (want.errors or {}).keys(), t
+            for i, error in (got.errors or {}).items():
+                assert type(error) is type(want.errors[i]), (t, i)
+        assert vec.num_restarts == ref.num_restarts >= 4  # recreated envs fail again
 
 
 # -- dead and hung workers ------------------------------------------------------------------------
@@ -189,9 +224,7 @@ def test_random_worker_deaths_with_one_worker_count_exactly(tmp_path):
     faults.append(FaultPlan(kind="raise", probability=0.01))
     fns = faulty_env_fns(short_cartpole, 6, faults, log, seed=5)
     envs = process(fns, num_workers=1, step_timeout_s=30)
-    policy = mlp_policy(envs.single_action_space, hidden=(8,))
-    params = policy.init(jax.random.key(0), envs.single_observation_space)
-    with jr.EnvRunner(envs, policy, params, 40, 0, restart_failed_sub_envs=True) as runner:
+    with make_runner(envs, rollout_length=40) as runner:
         for _ in range(3):
             check_aligned(runner.sample())
         metrics = runner.get_metrics()
@@ -204,7 +237,7 @@ def test_random_worker_deaths_with_one_worker_count_exactly(tmp_path):
 @pytest.mark.parametrize("kind", ["exit", "hang"])
 def test_restart_off_a_dead_or_hung_worker_raises_promptly(kind):
     fault = FaultPlan(kind=kind, at=(3,))
-    envs = process(fns_with({3: [fault]}), step_timeout_s=TIMEOUT_S)
+    envs = process(fns_with({3: [fault]}), restart_policy=None, step_timeout_s=TIMEOUT_S)
     runner = make_runner(envs, restart=False)
     error = WorkerTimeoutError if kind == "hang" else WorkerError
     start = time.monotonic()
@@ -218,6 +251,49 @@ def test_restart_off_a_dead_or_hung_worker_raises_promptly(kind):
     assert info.value.partial_trajectory.num_steps == 2
     with pytest.raises(ClosedError, match="worker 1"):
         envs.step(np.zeros(NUM_ENVS, np.int64))
+
+
+@pytest.mark.parametrize("ready_first", [False, True])
+@pytest.mark.parametrize("kind", ["exit", "hang"])
+def test_a_lost_worker_is_replaced_in_both_stepping_modes(kind, ready_first, tmp_path):
+    """Driven directly (no runner): env 2, the first of worker 1, ends (or hangs) its
+    worker at its 4th step. Both of worker 1's slots of that step fail, worker 0 steps
+    on untouched, and every env.step call is accounted for."""
+    log = CallLog(tmp_path)
+    fns = fns_with({}, log)
+    fns[2] = _FirstInstanceFails(log, FaultPlan(kind=kind, at=(4,)), env_id=2)
+    envs = process(fns, step_timeout_s=TIMEOUT_S, ready_first=ready_first)
+    valid = dropped = 0
+    with closing(envs), closing(jr.SyncVectorEnv(fns_with({}))) as ref:
+        envs.reset(seed=0)
+        ref.reset(seed=0)
+        for t in range(6):
+            want = ref.step_batch(np.zeros(NUM_ENVS, np.int64)).next_obs.copy()
+            envs.send(np.zeros(NUM_ENVS, np.int64))
+            for _ in range(2 if ready_first else 1):
+                out = envs.recv()
+                rows = out.env_ids if ready_first else slice(0, NUM_ENVS)
+                failed = np.zeros(len(out.reward), bool) if out.failed is None else out.failed
+                valid += int((~failed).sum())
+                dropped += int(failed.sum())
+                worker_1 = np.arange(NUM_ENVS)[rows] >= 2
+                np.testing.assert_array_equal(failed, worker_1 & (t == 3))
+                if t == 3 and failed.any():
+                    assert isinstance(
+                        out.errors[2], WorkerTimeoutError if kind == "hang" else WorkerError
+                    )
+                    fresh = out.next_obs[failed]
+                    np.testing.assert_array_equal(fresh[:, CountingEnv.T], [0, 0])
+                if t < 3:  # before the fault: the sync backend's steps
+                    np.testing.assert_array_equal(out.next_obs, want[rows])
+                else:  # worker 0 never noticed
+                    keep = ~worker_1
+                    np.testing.assert_array_equal(out.next_obs[keep], want[rows][keep])
+    counts = (envs.num_worker_restarts, envs.num_lost_steps, envs.num_unrun_steps)
+    assert counts == (1, 0, 1)  # env 2's call failed; env 3 never started its step
+    assert dropped == 2 and valid == 6 * NUM_ENVS - 2
+    assert log.count("step_ok") == valid + envs.num_lost_steps
+    assert log.count("step_failed") == dropped - envs.num_lost_steps - envs.num_unrun_steps
 
 
 # -- bounded recreation -------------------------------------------------------------------------
@@ -238,11 +314,13 @@ class _FirstInstanceFails:
 
 
 class _Unrecreatable:
-    """A factory (picklable: it counts in a CallLog) whose first env fails as ``first``
-    says and whose every later env fails in reset as ``later`` says."""
+    """A factory (picklable: it counts in a CallLog) whose first env fails (``kind``) at
+    its 3rd step and whose every later env fails so in reset."""
 
-    def __init__(self, log: CallLog, first: FaultPlan, later: FaultPlan) -> None:
-        self.log, self.first, self.later = log, first, later
+    def __init__(self, log: CallLog, kind: Any) -> None:
+        self.log = log
+        self.first = FaultPlan(kind=kind, at=(3,))
+        self.later = FaultPlan(kind=kind, call="reset", probability=1.0)
 
     def __call__(self) -> gymnasium.Env:
         made = self.log.count("factory")
@@ -252,13 +330,9 @@ class _Unrecreatable:
 
 def test_a_sub_env_that_cannot_be_recreated_raises_after_max_attempts(tmp_path):
     log = CallLog(tmp_path)
-    factory = _Unrecreatable(
-        log,
-        FaultPlan(kind="raise", at=(3,)),
-        FaultPlan(kind="raise", call="reset", probability=1.0),
-    )
-    envs = process([factory, CountingEnv], num_workers=1)
-    runner = make_runner(envs, restart_policy=jr.RestartPolicy(max_attempts=4))
+    factory = _Unrecreatable(log, "raise")
+    envs = process([factory, CountingEnv], 1, jr.RestartPolicy(max_attempts=4))
+    runner = make_runner(envs)
     with runner, pytest.raises(EnvError, match="4 attempts in a row") as info:
         runner.sample()
     assert isinstance(info.value.__cause__, InjectedError)  # the original failure
@@ -270,14 +344,9 @@ def test_a_sub_env_that_cannot_be_recreated_raises_after_max_attempts(tmp_path):
 
 def test_a_worker_that_cannot_be_restarted_raises_after_max_attempts(tmp_path):
     log = CallLog(tmp_path)
-    factory = _Unrecreatable(
-        log,
-        FaultPlan(kind="exit", at=(3,)),
-        FaultPlan(kind="exit", call="reset", probability=1.0),
-    )
-    envs = process([CountingEnv, factory], num_workers=2)
-    policy = jr.RestartPolicy(max_attempts=3, backoff_s=0.01)
-    runner = make_runner(envs, restart_policy=policy)
+    factory = _Unrecreatable(log, "exit")
+    envs = process([CountingEnv, factory], 2, jr.RestartPolicy(max_attempts=3, backoff_s=0.01))
+    runner = make_runner(envs)
     with runner, pytest.raises(WorkerError, match="3 attempts in a row") as info:
         runner.sample()
     assert "worker 1" in str(info.value) and info.value.env_indices == range(1, 2)
@@ -311,16 +380,15 @@ def test_a_wrong_length_action_batch_is_rejected_before_any_worker_steps(tmp_pat
 def test_every_call_after_close_raises_a_clear_error():
     vec = process(fns_with({}))
     vec.reset(seed=0)
-    vec.step_batch_async(np.zeros(NUM_ENVS, np.int64))
+    vec.send(np.zeros(NUM_ENVS, np.int64))
     vec.close()
     calls = {
         "step": lambda: vec.step(np.zeros(NUM_ENVS, np.int64)),
-        "step_batch_async": lambda: vec.step_batch_async(np.zeros(NUM_ENVS, np.int64)),
-        "step_batch_wait": vec.step_batch_wait,
+        "send": lambda: vec.send(np.zeros(NUM_ENVS, np.int64)),
+        "recv": vec.recv,
         "reset": vec.reset,
         "reset_at": lambda: vec.reset_at(0),
         "call": lambda: vec.call("reset"),
-        "restart_policy": lambda: setattr(vec, "restart_policy", jr.RestartPolicy()),
     }
     for name, call in calls.items():
         with pytest.raises(ClosedError, match=r"after the vector env was closed"):
@@ -330,10 +398,11 @@ def test_every_call_after_close_raises_a_clear_error():
 
 def test_step_timeout_option():
     with pytest.raises(InvalidArgumentError, match=r"step_timeout_s=0"):
-        jr.make_vec(CountingEnv, 2, backend="process", step_timeout_s=0)
-    with closing(jr.make_vec(CountingEnv, 2, backend="process", step_timeout_s=None)) as vec:
+        ProcessConfig(step_timeout_s=0)
+    config = ProcessConfig(step_timeout_s=None)
+    with closing(jr.make_vec(CountingEnv, 2, backend="process", config=config)) as vec:
         assert vec.step_timeout_s is None
-        assert vec.supports_restart
+        assert vec.capabilities.can_restart
 
 
 def _pid_gone(pid: int) -> bool:

@@ -73,7 +73,7 @@ def test_ray_backend_equals_sync_for_the_same_seed_although_batching_differs():
     # sees ever-changing subsets of envs.
     fns = [functools.partial(slow_counting, i, 0.008 * (i // 2)) for i in range(6)]
     T = 10
-    ray_envs = jr.RayVectorEnv(fns, jr.RayEnvConfig(envs_per_actor=2, num_cpus_per_actor=0.1))
+    ray_envs = jr.RayVectorEnv(fns, jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1))
     ref = jr.SyncVectorEnv(fns)
     # The lock-step contract path first: step for step equal to the sync backend.
     jr.testing.assert_trees_equal(ray_envs.reset(seed=5), ref.reset(seed=5), "reset")
@@ -107,11 +107,57 @@ def test_ray_backend_equals_sync_for_the_same_seed_although_batching_differs():
         ray_envs.step(actions)
 
 
-def test_make_vec_ray_options_are_checked_before_any_actor_starts():
-    with pytest.raises(jr.errors.InvalidArgumentError, match="envs_per_actor"):
-        jr.make_vec("CartPole-v1", 2, backend="ray", envs_per_actor=0)
+def test_ray_config_is_checked_before_any_actor_starts():
+    assert jr.RayEnvConfig is jr.RayConfig  # the former name still works
+    with pytest.raises(jr.errors.InvalidArgumentError, match=r"RayConfig\(envs_per_actor=0\)"):
+        jr.RayConfig(envs_per_actor=0)
     with pytest.raises(jr.errors.InvalidArgumentError, match="batch_buckets"):
-        jr.make_vec("CartPole-v1", 2, backend="ray", batch_buckets=[4])
+        jr.RayConfig(batch_buckets=[4])  # type: ignore[arg-type]
+    with pytest.raises(jr.errors.InvalidArgumentError, match="step_timeout_s"):
+        jr.RayConfig(step_timeout_s=0)
+    with pytest.raises(TypeError, match=r"expected a jaxrunner.RayConfig, got dict"):
+        jr.RayVectorEnv([CountingEnv], {"envs_per_actor": 1})  # type: ignore[arg-type]
+
+
+def test_send_recv_answers_the_first_actor_ready_and_replaces_a_dead_one():
+    """Actor 0's envs are slow, actor 1's fast: recv returns actor 1 first (its slice in
+    env_ids), each actor's steps equal the sync backend's, and a killed actor's step
+    comes back failed from its replacement's first observations."""
+    fns = [functools.partial(slow_counting, i, 0.3 if i < 2 else 0.0, 50) for i in range(4)]
+    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
+    envs = jr.RayVectorEnv(fns, config, restart_policy=jr.RestartPolicy())
+    ref = jr.SyncVectorEnv(fns)
+    assert envs.capabilities.ready_first and envs.capabilities.can_restart
+    jr.testing.assert_trees_equal(envs.reset(seed=3), ref.reset(seed=3), "reset")
+    with pytest.raises(jr.errors.InvalidArgumentError, match="no send"):
+        envs.recv()
+    with pytest.raises(jr.errors.InvalidArgumentError, match="whole actors"):
+        envs.send(np.zeros(1, np.int64), slice(1, 2))
+    actions = np.array([1, 2, 0, 1])
+    envs.send(actions)
+    with pytest.raises(jr.errors.InvalidArgumentError, match="still in flight"):
+        envs.send(actions[2:], slice(2, 4))
+    want = ref.step_batch(actions)
+    want = (want.obs.copy(), want.reward.copy())
+    for rows in (slice(2, 4), slice(0, 2)):  # the fast actor first
+        out = envs.recv()
+        assert out.env_ids == rows and out.failed is None
+        jr.testing.assert_trees_equal((out.obs, out.reward), (want[0][rows], want[1][rows]))
+    victim = envs.actors[0]
+    ray.kill(victim)  # dead before (or during) its 0.3 s step
+    envs.send(actions[:2], slice(0, 2))
+    out = envs.recv()
+    assert out.env_ids == slice(0, 2) and out.failed.all()
+    assert isinstance(out.errors[0], jr.errors.WorkerError)
+    np.testing.assert_array_equal(out.reward, [0.0, 0.0])
+    np.testing.assert_array_equal(out.next_obs[:, CountingEnv.T], [0, 0])  # new envs
+    np.testing.assert_array_equal(out.obs, out.next_obs)
+    assert envs.num_actor_restarts == 1 and envs.actors[0] is not victim
+    out = envs.step_batch(actions)  # every actor again, in lockstep
+    assert out.env_ids is None
+    np.testing.assert_array_equal(out.next_obs[:, CountingEnv.T], [1, 1, 2, 2])
+    envs.close()
+    ref.close()
 
 
 def test_env_actor_killed_mid_sample_is_replaced_and_nothing_good_is_lost():
@@ -119,18 +165,18 @@ def test_env_actor_killed_mid_sample_is_replaced_and_nothing_good_is_lost():
     T, killed = 20, 1  # actor 1 runs envs 2 and 3
     with runner_on(jr.make_vec(factory, 4), T) as sync:
         clean = sync.sample()
-    options = {"envs_per_actor": 2, "num_cpus_per_actor": 0.1}
-    envs = jr.make_vec(factory, 4, backend="ray", **options)
+    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
+    envs = jr.make_vec(factory, 4, "ray", config=config, restart_policy=jr.RestartPolicy())
     with runner_on(envs, T, restart_failed_sub_envs=True) as runner:
-        victim, polls, real_poll = envs.actors[killed], [], envs.poll
+        victim, recvs, real_recv = envs.actors[killed], [], envs.recv
 
-        def poll(wait_s: float) -> Any:  # kill the actor after a few steps: mid-sample
-            polls.append(wait_s)
-            if len(polls) == 12:
+        def recv() -> Any:  # kill the actor after a few steps: mid-sample
+            recvs.append(1)
+            if len(recvs) == 12:
                 ray.kill(victim)
-            return real_poll(wait_s)
+            return real_recv()
 
-        envs.poll = poll
+        envs.recv = recv
         traj = runner.sample()
         metrics = runner.get_metrics()
         assert envs.num_actor_restarts == 1 and envs.actors[killed] is not victim

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -11,13 +11,15 @@ import gymnasium
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.envs.envpool_adapter import EnvPoolVectorEnv, make_envpool_vec
 from jaxrunner.envs.gymnasium_adapter import GymnasiumVectorEnv, from_gymnasium, make_gymnasium_vec
-from jaxrunner.envs.process import ProcessVectorEnv
-from jaxrunner.envs.ray_env import RAY_OPTIONS, RayEnvConfig, RayVectorEnv
+from jaxrunner.envs.process import ProcessConfig, ProcessVectorEnv
+from jaxrunner.envs.ray import RayConfig, RayEnvConfig, RayVectorEnv
 from jaxrunner.envs.sync import SyncVectorEnv
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.faults import RestartPolicy
 
 BACKENDS = ("sync", "gymnasium", "process", "envpool", "ray")
-_PROCESS_OPTIONS = ("envs_per_worker", "num_workers", "start_method", "step_timeout_s")
+_CONFIGS: dict[str, type] = {"process": ProcessConfig, "ray": RayConfig}
+"""The config class of each backend that takes one."""
 
 
 def make_vec(
@@ -25,6 +27,9 @@ def make_vec(
     num_envs: int,
     backend: str = "sync",
     seed: int | None = None,
+    *,
+    config: ProcessConfig | RayConfig | None = None,
+    restart_policy: RestartPolicy | None = None,
     **env_kwargs: Any,
 ) -> VectorEnv:
     """Builds a vector env of ``num_envs`` sub-envs.
@@ -35,17 +40,18 @@ def make_vec(
         num_envs: number of sub-envs (>= 1).
         backend: where the sub-envs run; one of ``BACKENDS``.
         seed: if given, the envs are reset now with sub-env ``i`` seeded ``seed + i``.
-        **env_kwargs: keyword arguments for ``gymnasium.make`` (ids only). With
-            ``backend="gymnasium"``: for ``gymnasium.make_vec``, ``vectorization_mode``
-            included (default: the env's own vector entry point where it has one).
-            With ``backend="envpool"``: for ``envpool.make_gymnasium`` (``env`` is an
-            EnvPool task id; sync mode only).
-            With ``backend="process"``: also ``envs_per_worker``, ``num_workers``,
-            ``start_method`` and ``step_timeout_s`` for :class:`ProcessVectorEnv` (not
-            passed to the env).
-            With ``backend="ray"``: also the fields of :class:`RayEnvConfig`
-            (``envs_per_actor``, ``num_cpus_per_actor``, ``remote_env_batch_wait_ms``,
-            ``batch_buckets``, ``step_timeout_s``, ``actor_start_timeout_s``).
+        config: the backend's options: a :class:`~jaxrunner.ProcessConfig` for
+            ``"process"``, a :class:`~jaxrunner.RayConfig` for ``"ray"``; None: its
+            defaults. The other backends take none.
+        restart_policy: for the backends that can restart sub-envs (``"sync"``,
+            ``"process"``, ``"ray"``): failed sub-envs are recreated as it says and
+            sampling goes on (see :mod:`jaxrunner.faults`). None: failures raise.
+        **env_kwargs: keyword arguments for ``gymnasium.make`` (ids only), passed
+            untouched, whatever their names (a backend option given here reaches the
+            env, not the backend: use ``config``). With ``backend="gymnasium"``: for
+            ``gymnasium.make_vec``, ``vectorization_mode`` included (default: the env's
+            own vector entry point where it has one). With ``backend="envpool"``: for
+            ``envpool.make_gymnasium`` (``env`` is an EnvPool task id).
 
     Returns:
         A ``gymnasium.vector.VectorEnv`` (autoreset mode SAME_STEP).
@@ -54,51 +60,88 @@ def make_vec(
         raise InvalidArgumentError(
             f"make_vec(num_envs=...): expected an int >= 1, got {num_envs!r}."
         )
+    if backend not in BACKENDS:
+        raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
+    check_vec_options(backend, config, restart_policy)
     if backend == "gymnasium":
         # gymnasium.make_vec builds the vector env itself (its own vector entry point
         # where the env has one); env_kwargs may include vectorization_mode.
         vec: VectorEnv = make_gymnasium_vec(env, num_envs, **env_kwargs)  # type: ignore[arg-type]
-        if seed is not None:
-            vec.reset(seed=seed)
-        return vec
-    if backend == "envpool":
+    elif backend == "envpool":
         # EnvPool builds its own pool from a task id (extra jaxrunner[envpool]).
         vec = make_envpool_vec(env, num_envs, **env_kwargs)  # type: ignore[arg-type]
-        if seed is not None:
-            vec.reset(seed=seed)
-        return vec
-    process_options = {}
-    if backend == "process":
-        process_options = {k: env_kwargs.pop(k) for k in _PROCESS_OPTIONS if k in env_kwargs}
-    ray_options = {}
-    if backend == "ray":
-        ray_options = {k: env_kwargs.pop(k) for k in RAY_OPTIONS if k in env_kwargs}
+    else:
+        fns = [_factory(env, env_kwargs, backend)] * num_envs
+        if backend == "sync":
+            vec = SyncVectorEnv(fns, restart_policy=restart_policy)
+        elif backend == "process":
+            vec = ProcessVectorEnv(fns, config, restart_policy=restart_policy)  # type: ignore[arg-type]
+        else:
+            vec = RayVectorEnv(fns, config, restart_policy=restart_policy)  # type: ignore[arg-type]
+    if seed is not None:
+        vec.reset(seed=seed)
+    return vec
+
+
+def check_vec_options(backend: str, config: Any, restart_policy: RestartPolicy | None) -> None:
+    """Raises unless ``config`` and ``restart_policy`` suit ``backend`` (as in
+    :func:`make_vec`)."""
+    expected = _CONFIGS.get(backend)
+    if config is not None and not isinstance(config, expected or ()):
+        want = f"a jaxrunner.{expected.__name__}" if expected else "no config (None)"
+        raise InvalidArgumentTypeError(
+            f"make_vec(backend={backend!r}, config=...): expected {want}, got "
+            f"{type(config).__name__}."
+        )
+    if restart_policy is not None and backend not in ("sync", "process", "ray"):
+        raise InvalidArgumentError(
+            f"make_vec(backend={backend!r}, restart_policy=...): the {backend} backend cannot "
+            "restart sub-envs. Use backend='sync', 'process' or 'ray', or leave "
+            "restart_policy=None."
+        )
+
+
+def _factory(
+    env: str | Callable[[], gymnasium.Env], env_kwargs: dict[str, Any], backend: str
+) -> Callable[[], gymnasium.Env]:
     if isinstance(env, str):
-        factory: Callable[[], gymnasium.Env] = functools.partial(gymnasium.make, env, **env_kwargs)
-    elif callable(env):
+        return GymnasiumMake(env, env_kwargs, backend)
+    if callable(env):
         if env_kwargs:
             raise InvalidArgumentTypeError(
                 f"make_vec(env=<callable>, {', '.join(env_kwargs)}=...): keyword arguments "
                 "are passed to gymnasium.make and only apply to env ids; bind them in your "
                 "callable instead (e.g. functools.partial)."
             )
-        factory = env
-    else:
-        raise InvalidArgumentTypeError(
-            f"make_vec(env=...): expected a gymnasium id (str) or a zero-argument callable "
-            f"returning a gymnasium.Env, got {type(env).__name__}."
-        )
-    if backend == "sync":
-        vec = SyncVectorEnv([factory] * num_envs)
-    elif backend == "process":
-        vec = ProcessVectorEnv([factory] * num_envs, **process_options)
-    elif backend == "ray":
-        vec = RayVectorEnv([factory] * num_envs, RayEnvConfig(**ray_options))
-    else:
-        raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
-    if seed is not None:
-        vec.reset(seed=seed)
-    return vec
+        return env
+    raise InvalidArgumentTypeError(
+        f"make_vec(env=...): expected a gymnasium id (str) or a zero-argument callable "
+        f"returning a gymnasium.Env, got {type(env).__name__}."
+    )
+
+
+class GymnasiumMake:
+    """A picklable ``gymnasium.make(env_id, **kwargs)`` factory. Where the env refuses a
+    keyword that is an option of the backend's config, the error says so."""
+
+    def __init__(self, env_id: str, kwargs: dict[str, Any], backend: str) -> None:
+        self.env_id, self.kwargs, self.backend = env_id, dict(kwargs), backend
+
+    def __call__(self) -> gymnasium.Env:
+        try:
+            return gymnasium.make(self.env_id, **self.kwargs)
+        except TypeError as err:
+            config = _CONFIGS.get(self.backend)
+            names = {f.name for f in dataclasses.fields(config)} if config else set()
+            bad = [k for k in self.kwargs if k in names and f"'{k}'" in str(err)]
+            if not bad:
+                raise
+            raise InvalidArgumentTypeError(
+                f"make_vec({self.env_id!r}, backend={self.backend!r}, {bad[0]}=...): keyword "
+                f"arguments go to the env (gymnasium.make), which refused {bad[0]!r} ({err}). "
+                f"It is an option of the backend: pass config=jaxrunner.{config.__name__}("
+                f"{bad[0]}=...) instead."
+            ) from err
 
 
 __all__ = [
@@ -106,7 +149,9 @@ __all__ = [
     "BatchStep",
     "EnvPoolVectorEnv",
     "GymnasiumVectorEnv",
+    "ProcessConfig",
     "ProcessVectorEnv",
+    "RayConfig",
     "RayEnvConfig",
     "RayVectorEnv",
     "SyncVectorEnv",

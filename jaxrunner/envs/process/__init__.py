@@ -12,16 +12,19 @@ main process, which may have started JAX's threads (:mod:`.launch`). They end on
 ``close()``, when the vector env is garbage collected, at interpreter exit, and on
 their own when the main process dies (their socket reaches EOF).
 
-``step_batch_async``/``step_batch_wait`` let the runner keep several groups of
-workers stepping while it computes the policy of another group.
+``send``/``recv`` let the runner keep several groups of workers stepping while it
+computes the policy of another group (lockstep), or take whichever worker answers
+first (``ProcessConfig(ready_first=True)``).
 
-Modules, main side first: :mod:`.vector_env` (the ``VectorEnv`` facade),
-:mod:`.recovery` (lost workers: replacement and accounting), :mod:`.pool`
-(commands and replies), :mod:`.handle` (one worker process), :mod:`.remote` (worker
+Modules, main side first: :mod:`.config` (``ProcessConfig``), :mod:`.vector_env`
+(the ``VectorEnv`` facade, composed of the three next), :mod:`.stepping` (``send``
+and ``recv``), :mod:`.recovery` (lost workers: replacement and accounting),
+:mod:`.pool` (commands and replies), :mod:`.handle` (one worker process), :mod:`.remote` (worker
 errors rebuilt here), :mod:`.launch` (arguments, start method); shared by both
 sides: :mod:`.wire`, :mod:`.shared`; the worker side: :mod:`.worker`.
 """
 
+from jaxrunner.envs.process.config import ProcessConfig
 from jaxrunner.envs.process.launch import (
     DEFAULT_STEP_TIMEOUT_S,
     START_METHODS,
@@ -37,6 +40,7 @@ __all__ = [
     "DEFAULT_STEP_TIMEOUT_S",
     "START_METHODS",
     "EnvFactory",
+    "ProcessConfig",
     "ProcessVectorEnv",
     "RemoteTraceback",
     "default_num_workers",

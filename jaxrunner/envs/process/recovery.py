@@ -11,39 +11,61 @@ sub-env had completed (``num_lost_steps``) or never started (``num_unrun_steps``
 from __future__ import annotations
 
 import pickle
-import time
+from collections.abc import Callable, Iterable
 
+import gymnasium
 import numpy as np
 
-from jaxrunner.envs.process import shared, wire
+from jaxrunner.envs.process import wire
 from jaxrunner.envs.process.handle import WorkerLost
-from jaxrunner.envs.process.pool import StepCall, WorkerPool
+from jaxrunner.envs.process.pool import WorkerPool
+from jaxrunner.envs.process.shared import Views
+from jaxrunner.envs.sub_envs import DONE, NOT_RUN, fail_slot
 from jaxrunner.errors import SpaceMismatchError, WorkerError
-from jaxrunner.faults import RestartPolicy
+from jaxrunner.faults import RestartPolicy, retry
+
+Sent = tuple[int, int, int, int]
+"""A step command in flight: ``(worker, seq, lo, hi)``."""
 
 
-class WorkerRecovery(WorkerPool):
-    """A :class:`WorkerPool` that replaces lost workers as its restart policy says."""
+class WorkerRecovery:
+    """Replaces the pool's lost workers as the restart policy says, and fails the slots
+    of their sub-envs.
 
-    _restart_policy: RestartPolicy | None = None
-    _calls: dict[tuple[int, int], StepCall]
-    """The ``step_batch_async`` calls not yet waited for, by ``(lo, hi)``; a recovery
-    fails the slots of those its lost worker was stepping."""
-    _pending: dict[int, BaseException]
-    """Sub-envs of replaced workers that were not being stepped: their next step slot
-    fails (with this error) instead of stepping."""
-    num_worker_restarts: int
-    """Workers replaced after they died or timed out."""
-    num_lost_steps: int
-    """Completed ``env.step`` calls whose results died with their worker."""
-    num_unrun_steps: int
-    """Failed slots of replaced workers' sub-envs that had not started their step."""
+    Args:
+        pool: the workers.
+        restart_policy: None: a lost worker closes the vector env and raises.
+        spaces: the vector env's single observation and action spaces (a replacement's
+            sub-envs must have them).
+        views: the shared block.
+        in_flight: the step commands sent and not yet answered (the stepper's).
+    """
 
-    def _worker_lost(self, lost: WorkerLost, fatal: bool = False) -> BaseException:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        restart_policy: RestartPolicy | None,
+        spaces: tuple[gymnasium.Space, gymnasium.Space],
+        views: Views,
+        in_flight: Callable[[], Iterable[Sent]],
+    ) -> None:
+        self.pool, self.restart_policy, self.spaces = pool, restart_policy, spaces
+        self.views, self.in_flight = views, in_flight
+        self.pending: dict[int, BaseException] = {}
+        """Sub-envs of replaced workers that were not being stepped: their next step slot
+        fails (with this error) instead of stepping."""
+        self.num_worker_restarts = 0
+        """Workers replaced after they died or timed out."""
+        self.num_lost_steps = 0
+        """Completed ``env.step`` calls whose results died with their worker."""
+        self.num_unrun_steps = 0
+        """Failed slots of replaced workers' sub-envs that had not started their step."""
+
+    def worker_lost(self, lost: WorkerLost, fatal: bool = False) -> BaseException:
         """Handles a dead worker: replaces it (restart policy set and not ``fatal``)
         and returns the error its sub-envs failed with; else closes the vector env and
         raises that error."""
-        if self._restart_policy is None or fatal:
+        if self.restart_policy is None or fatal:
             hint = (
                 ""
                 if fatal
@@ -53,80 +75,75 @@ class WorkerRecovery(WorkerPool):
                 "the vector env is closed. Create a new one (and check what ended the "
                 f"worker: a crash or hang in a sub-env, or a kill from outside){hint}."
             )
-            self._close_after(lost.reason)
+            self.pool.close_after(lost.reason)
             raise error from lost.__cause__
         error = lost.error("it was replaced by a new worker with new sub-envs")
         self._recover(lost.w, error)
         return error
 
+    def fail_unrun(self, i: int) -> BaseException:
+        """Sub-env ``i`` (pending) does not step: its slot fails now; returns why."""
+        self.num_unrun_steps += 1
+        fail_slot(self.views.step_buffers, self.spaces[0], i)
+        return self.pending.pop(i)
+
     def _recover(self, w: int, error: BaseException) -> None:
         """Replaces dead worker ``w``: its commands in flight are lost (their step
         slots fail now), its other sub-envs fail at their next step."""
-        worker = self._workers[w]
         self.num_worker_restarts += 1
-        status = self._views.status
+        marks = self.views.status
+        seqs = set(self.pool.mark_lost(w, error))
         stepping: list[int] = []
-        for call in self._calls.values():
-            for ww, seq, lo, hi in call.sent:
-                if ww == w and seq in worker.inflight:
-                    marks = status[lo:hi]
-                    self.num_lost_steps += int(np.count_nonzero(marks == shared.DONE))
-                    self.num_unrun_steps += int(np.count_nonzero(marks == shared.NOT_RUN))
-                    stepping.extend(range(lo, hi))
-        for seq in worker.inflight:
-            self._lost[(w, seq)] = error
-        worker.inflight.clear()
-        for i in set(worker.envs) - set(stepping):
-            self._pending[i] = error
+        for ww, seq, lo, hi in self.in_flight():
+            if ww == w and seq in seqs:
+                self.num_lost_steps += int(np.count_nonzero(marks[lo:hi] == DONE))
+                self.num_unrun_steps += int(np.count_nonzero(marks[lo:hi] == NOT_RUN))
+                stepping.extend(range(lo, hi))
+        for i in set(range(*self.pool.bounds[w])) - set(stepping):
+            self.pending[i] = error
         self._respawn(w, error)
         for i in stepping:
-            self._fail_slot(i)
+            fail_slot(self.views.step_buffers, self.spaces[0], i)
 
     def _respawn(self, w: int, cause: BaseException) -> None:
         """Starts a new worker ``w`` with new, reset sub-envs, as the restart policy
-        says (attempts, backoff); closes the vector env and raises if none succeeds."""
-        policy = self._restart_policy
+        says (:func:`jaxrunner.faults.retry`); closes the vector env and raises if none
+        succeeds."""
+        policy, pool = self.restart_policy, self.pool
         assert policy is not None  # internal: only with a policy
-        last: BaseException | None = None
-        for wait in policy.waits():
-            time.sleep(wait)
+        lo, hi = pool.bounds[w]
+
+        def attempt() -> None:
             try:
-                self._workers[w] = self._spawn(w)
-                report = self._expect(w, wire.START_REPORT_SEQ)
-                spaces = (self.single_observation_space, self.single_action_space)
+                pool.workers[w] = pool.spawn(w)
+                report = pool.expect(w, wire.START_REPORT_SEQ)
                 for pair in report["spaces"]:
-                    if pair != spaces:
+                    if pair != self.spaces:
                         raise SpaceMismatchError(
                             f"a restarted sub-env of worker {w} has spaces {pair}, the vector "
-                            f"env {spaces}; every sub-env must have equal spaces."
+                            f"env {self.spaces}; every sub-env must have equal spaces."
                         )
-                self._expect(w, self._send_memory(w))
-                payload = pickle.dumps(("set_restart_policy", (policy,)), protocol=5)
-                self._expect(w, self._send(w, wire.OP_CALL, payload=payload))
-                seeds = [None] * len(self._workers[w].envs)
-                payload = pickle.dumps(("reset", (seeds, None)), protocol=5)
-                self._expect(w, self._send(w, wire.OP_CALL, payload=payload))
-                return
+                pool.expect(w, pool.send_memory(w))
+                payload = pickle.dumps(("reset", ([None] * (hi - lo), None)), protocol=5)
+                pool.expect(w, pool.send(w, wire.OP_CALL, payload=payload))
             except WorkerLost as lost:
-                last = lost.error("while it was being restarted")
-            except Exception as err:
-                last = err
-                self._workers[w].kill()
-        lo, hi = self._bounds[w]
-        reason = (
-            f"worker {w} (sub-envs {lo}..{hi - 1}) failed ({cause}) and could not be "
-            f"restarted: {policy.max_attempts} attempts in a row failed, the last with {last!r}"
-        )
-        self._close_after(reason)
-        error = WorkerError(
-            f"{reason}. The vector env is closed. Fix the env factory, or raise "
-            "RestartPolicy(max_attempts=...) / backoff_s.",
-            w,
-            range(lo, hi),
-        )
-        error.recreation_error = last  # type: ignore[attr-defined]
-        raise error from cause
+                raise lost.error("while it was being restarted") from None
+            except BaseException:
+                pool.workers[w].kill()
+                raise
 
-    def _fail_slot(self, i: int) -> None:
-        """Sub-env ``i``'s slot of the step under way holds no transition."""
-        shared.fail_slot(self._views, self.single_observation_space, i)
+        def give_up(last: BaseException) -> BaseException:
+            reason = (
+                f"worker {w} (sub-envs {lo}..{hi - 1}) failed ({cause}) and could not be "
+                f"restarted: {policy.max_attempts} attempts in a row failed, the last with "
+                f"{last!r}"
+            )
+            pool.close_after(reason)
+            return WorkerError(
+                f"{reason}. The vector env is closed. Fix the env factory, or raise "
+                "RestartPolicy(max_attempts=...) / backoff_s.",
+                w,
+                range(lo, hi),
+            )
+
+        retry(attempt, policy, cause, give_up)

@@ -16,13 +16,12 @@ import gymnasium
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
+from jaxrunner.envs.sub_envs import StepBuffers
 
-# Per sub-env progress of a step command, in the shared ``status`` array: the main
-# process sets NOT_RUN before it sends the command; the worker sets RUNNING while
-# env.step runs (and leaves it after a step that failed) and DONE once the step's
-# transition is written. When a worker dies, these marks tell which of its steps
-# were done (their results died with it) and which never ran.
-NOT_RUN, RUNNING, DONE = 0, 1, 2
+# Each sub-env's step progress (``status``): the main process sets NOT_RUN before it
+# sends a step; the worker's step loop sets RUNNING while env.step runs (and leaves it
+# after a step that failed) and DONE once the step's transition is written. When a
+# worker dies, these marks tell which of its steps were done and which never ran.
 _ALIGN = 64  # a cache line: arrays never share one
 
 
@@ -36,6 +35,11 @@ class Views(NamedTuple):
     truncated: np.ndarray
     action: Any
     status: np.ndarray
+
+    @property
+    def step_buffers(self) -> StepBuffers:
+        """The buffers the step loop writes."""
+        return StepBuffers(self.obs, self.next_obs, self.reward, self.terminated, self.truncated)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,10 +101,3 @@ def create_shared_block(nbytes: int) -> tuple[int, mmap.mmap]:
             fd = os.dup(file.fileno())
     os.ftruncate(fd, nbytes)
     return fd, mmap.mmap(fd, nbytes)
-
-
-def fail_slot(views: Views, obs_space: gymnasium.Space, i: int) -> None:
-    """Sub-env ``i``'s slot of the step under way holds no transition: reward 0, no
-    flags, ``next_obs = obs`` (by then the reset observation of its new env)."""
-    views.reward[i], views.terminated[i], views.truncated[i] = 0.0, False, False
-    jr_spaces.copy_into(obs_space, views.next_obs, jr_spaces.take(obs_space, views.obs, i), i)

@@ -5,49 +5,62 @@ from __future__ import annotations
 
 import pickle
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import Any
 
 import gymnasium
-import numpy as np
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.envs.base import BatchStep, VectorEnv
+from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
 from jaxrunner.envs.process import wire
+from jaxrunner.envs.process.config import ProcessConfig
 from jaxrunner.envs.process.handle import Resources, WorkerLost, shutdown
 from jaxrunner.envs.process.launch import (
-    DEFAULT_STEP_TIMEOUT_S,
     EnvFactory,
-    check_step_timeout,
     multiprocessing_context,
     pickle_factories,
     worker_bounds,
 )
-from jaxrunner.envs.process.pool import LOST, StepCall
+from jaxrunner.envs.process.pool import WorkerPool
 from jaxrunner.envs.process.recovery import WorkerRecovery
-from jaxrunner.envs.process.shared import NOT_RUN, Layout, create_shared_block
-from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
+from jaxrunner.envs.process.shared import Layout, create_shared_block
+from jaxrunner.envs.process.stepping import Stepper
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 from jaxrunner.faults import RestartPolicy
 
 
-class ProcessVectorEnv(WorkerRecovery):
+def _recovery_count(name: str, doc: str) -> property:
+    """A read-only view of the recovery's counter ``name``."""
+
+    def count(self: ProcessVectorEnv) -> int:
+        return int(getattr(self._recovery, name))
+
+    return property(count, doc=doc)
+
+
+class ProcessVectorEnv(VectorEnv):
     """Sub-envs in worker processes, stepped in parallel, data in shared memory.
 
     Step for step equal to :class:`~jaxrunner.SyncVectorEnv` (and so to
     ``gymnasium.vector.SyncVectorEnv`` with SAME_STEP autoreset) for the same seeds and
     actions, whatever the number of workers. Sub-envs receive actions in the action
-    space's dtype.
+    space's dtype. Composed of a :class:`~.pool.WorkerPool` (processes, commands,
+    replies), a :class:`~.recovery.WorkerRecovery` (lost workers) and a
+    :class:`~.stepping.Stepper` (``send``/``recv``).
 
-    Faults: with a ``restart_policy`` (``EnvRunner(restart_failed_sub_envs=True)``
-    sets one), a sub-env that raises or returns an invalid step is recreated inside
-    its worker, exactly as the sync backend does. A worker that dies (a crash, a
-    segfault, a kill) or does not answer within ``step_timeout_s`` is killed and
-    replaced by a new one with new sub-envs (made by the factories and reset without
-    a seed), retried as the policy says; every sub-env of the old worker then ends
-    its episode as a fault: its slot in the step under way (or, if it was not being
-    stepped, in its next step) is failed (``BatchStep.failed``, the error a
-    :class:`~jaxrunner.errors.WorkerError` or
+    Stepping: lockstep by default (``recv`` answers the sends in order); with
+    ``ProcessConfig(ready_first=True)``, ``capabilities.ready_first`` is set and
+    ``recv`` returns whichever worker answers first (see :mod:`.stepping`).
+
+    Faults: with a ``restart_policy``, a sub-env that raises or returns an invalid
+    step is recreated inside its worker, exactly as the sync backend does. A worker
+    that dies (a crash, a segfault, a kill) or does not answer within
+    ``step_timeout_s`` is killed and replaced by a new one with new sub-envs (made by
+    the factories and reset without a seed), retried as the policy says; every
+    sub-env of the old worker then ends its episode as a fault: its slot in the step
+    under way (or, if it was not being stepped, in its next step) is failed
+    (``BatchStep.failed``, the error a :class:`~jaxrunner.errors.WorkerError` or
     :class:`~jaxrunner.errors.WorkerTimeoutError`). Nothing of a replaced worker is
     ever read again: it is killed before its replacement starts, which talks on a new
     socket. Without a policy, the worker's error is raised (promptly: a hang within
@@ -62,86 +75,105 @@ class ProcessVectorEnv(WorkerRecovery):
         env_fns: zero-argument factories, one per sub-env; each is pickled (with
             cloudpickle if plain pickle fails and cloudpickle is installed) and
             called in its worker.
-        envs_per_worker: sub-envs per worker process (the last may have fewer).
-        num_workers: alternatively, the number of worker processes (sub-envs are
-            split evenly). Default: one per CPU but one (the main process runs the
-            policy), at least one, at most one per sub-env.
+        config: workers, start method, timeout and stepping mode
+            (:class:`~jaxrunner.ProcessConfig`; None: the defaults).
         copy: as for :class:`~jaxrunner.SyncVectorEnv`.
-        start_method: ``"forkserver"`` (default: workers start in milliseconds) or
-            ``"spawn"``.
-        step_timeout_s: how long a worker may take to answer a command (a step of
-            its sub-envs, restarts of failed ones included; a reset; a call),
-            counted from when it was sent. ``None`` waits forever. The default, 300 s,
-            only catches real hangs; lower it to what your envs need, since a hang
-            costs this long. Building a worker's sub-envs (the factories) may take
-            ``max(60 s, step_timeout_s)``.
+        restart_policy: if given, failed sub-envs and lost workers are replaced as it
+            says and sampling goes on; if None (default), failures raise.
 
     Raises:
-        InvalidArgumentTypeError: a factory cannot be pickled.
+        InvalidArgumentTypeError: a factory cannot be pickled, or ``config`` is not a
+            ProcessConfig.
         EnvError: a factory raised in its worker (the original is chained).
         SpaceMismatchError: sub-envs with different or unsupported spaces.
     """
 
-    steps_in_background: ClassVar[bool] = True
-    default_num_groups: ClassVar[int | None] = 2
-    supports_restart: ClassVar[bool] = True
+    capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_groups=2)
 
     def __init__(
         self,
         env_fns: Sequence[EnvFactory],
+        config: ProcessConfig | None = None,
         *,
-        envs_per_worker: int | None = None,
-        num_workers: int | None = None,
         copy: bool = True,
-        start_method: str = "forkserver",
-        step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S,
+        restart_policy: RestartPolicy | None = None,
     ) -> None:
         super().__init__(copy=copy)
         self._res = Resources()
         self._finalizer = weakref.finalize(self, shutdown, self._res)
+        self._closed_reason = "construction failed"  # until the workers are up
+        config = ProcessConfig() if config is None else config
+        if not isinstance(config, ProcessConfig):
+            raise InvalidArgumentTypeError(
+                f"ProcessVectorEnv(config=...): expected a jaxrunner.ProcessConfig, got "
+                f"{type(config).__name__}."
+            )
+        if restart_policy is not None and not isinstance(restart_policy, RestartPolicy):
+            raise InvalidArgumentTypeError(
+                f"ProcessVectorEnv(restart_policy=...): expected a jaxrunner.RestartPolicy or "
+                f"None, got {type(restart_policy).__name__}."
+            )
         if len(env_fns) == 0:
             raise InvalidArgumentError("ProcessVectorEnv needs at least one env factory, got none.")
-        self.step_timeout_s = check_step_timeout(step_timeout_s)
+        self.config = config
+        self.restart_policy = restart_policy
+        if config.ready_first:
+            self.capabilities = Capabilities(
+                can_restart=True, steps_in_background=True, ready_first=True
+            )
         self.num_envs = len(env_fns)
-        self._bounds = worker_bounds(self.num_envs, envs_per_worker, num_workers)
-        self._payloads = [pickle_factories(env_fns[lo:hi], lo) for lo, hi in self._bounds]
-        self._ctx = multiprocessing_context(start_method)
-        self._seq = 0
-        self._stash = {}
-        self._calls = {}
-        self._lost = {}
-        self._pending = {}
-        self._splitters: dict[int, Callable[[Any], list[Any]]] = {}
-        self.num_restarts = 0
-        """Sub-envs recreated inside their worker after a failure."""
-        self.num_worker_restarts = 0
-        self.num_lost_steps = 0
-        self.num_unrun_steps = 0
+        bounds = worker_bounds(self.num_envs, config.envs_per_worker, config.num_workers)
+        payloads = [pickle_factories(env_fns[lo:hi], lo) for lo, hi in bounds]
+        ctx = multiprocessing_context(config.start_method)
+        self._pool = WorkerPool(ctx, bounds, payloads, config.step_timeout_s, self._res)
+        self._pool.close_after = self._close_after
         try:
             self._start()
         except BaseException:
             self._close_after("construction failed")
             raise
+        self._closed_reason = None
+        spaces = (self.single_observation_space, self.single_action_space)
+        self._recovery = WorkerRecovery(
+            self._pool, restart_policy, spaces, self._views, lambda: self._stepper.in_flight()
+        )
+        self._pool.on_lost = self._recovery.worker_lost
+        self._stepper = Stepper(self._pool, self._recovery, spaces, self._views, config.ready_first)
 
     @property
-    def restart_policy(self) -> RestartPolicy | None:  # type: ignore[override]
-        """How failed sub-envs and workers are recreated (None: failures raise)."""
-        return self._restart_policy
+    def step_timeout_s(self) -> float | None:
+        """How long a worker may take to answer a command (None: forever)."""
+        return self.config.step_timeout_s
 
-    @restart_policy.setter
-    def restart_policy(self, policy: RestartPolicy | None) -> None:
-        self._check_open("restart_policy")
-        self._call_all("set_restart_policy", [(policy,)] * len(self._workers))
-        self._restart_policy = policy
+    @property
+    def num_restarts(self) -> int:
+        """Sub-envs recreated inside their worker after a failure."""
+        return self._stepper.num_restarts
+
+    num_worker_restarts = _recovery_count(
+        "num_worker_restarts", "Workers replaced after they died or timed out."
+    )
+    num_lost_steps = _recovery_count(
+        "num_lost_steps", "Completed ``env.step`` calls whose results died with their worker."
+    )
+    num_unrun_steps = _recovery_count(
+        "num_unrun_steps",
+        "Failed slots of replaced workers' sub-envs that had not started their step.",
+    )
+
+    def _close_after(self, reason: str) -> None:
+        """Closes the vector env after a failure (``reason`` is quoted to later calls)."""
+        self._closed_reason = reason
+        self._finalizer()
 
     def _start(self) -> None:
         """Starts the workers, checks their sub-envs' spaces and hands them the shared
-        block."""
-        for w in range(len(self._bounds)):
-            self._res.workers.append(self._spawn(w))
-        self._workers = self._res.workers
+        block (and the restart policy)."""
+        pool = self._pool
+        for w in range(len(pool.bounds)):
+            pool.workers.append(pool.spawn(w))
         try:
-            reports = [self._expect(w.index, wire.START_REPORT_SEQ) for w in self._workers]
+            reports = [pool.expect(w, wire.START_REPORT_SEQ) for w in range(len(pool.bounds))]
         except WorkerLost as lost:
             raise lost.error("the vector env could not start") from None
         env_spaces = [pair for report in reports for pair in report["spaces"]]
@@ -157,11 +189,11 @@ class ProcessVectorEnv(WorkerRecovery):
         layout = Layout(self.single_observation_space, self.single_action_space, self.num_envs)
         self._res.fd, self._res.memory = create_shared_block(layout.nbytes)
         self._views = layout.views(self._res.memory)
-        self._layout_message = pickle.dumps(layout)
+        pool.memory_message = pickle.dumps((layout, self.restart_policy))
         try:
-            seqs = [self._send_memory(w.index) for w in self._workers]
-            for worker, seq in zip(self._workers, seqs):
-                self._expect(worker.index, seq)
+            seqs = [pool.send_memory(w) for w in range(len(pool.bounds))]
+            for w, seq in enumerate(seqs):
+                pool.expect(w, seq)
         except WorkerLost as lost:
             raise lost.error("the vector env could not start") from None
 
@@ -184,12 +216,14 @@ class ProcessVectorEnv(WorkerRecovery):
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets every sub-env; the results of sends not yet received are dropped."""
         self._check_open("reset")
+        self._stepper.discard()
         seeds = list(seeds)
-        results = self._call_all(
-            "reset", [(seeds[w.envs.start : w.envs.stop], options) for w in self._workers]
+        results = self._pool.call_all(
+            "reset", [(seeds[lo:hi], options) for lo, hi in self._pool.bounds]
         )
-        self._pending.clear()  # every sub-env starts afresh from what the caller gets
+        self._recovery.pending.clear()  # every sub-env starts afresh from what the caller gets
         return self._views.obs, [info for infos in results for info in infos]
 
     def reset_at(
@@ -197,150 +231,36 @@ class ProcessVectorEnv(WorkerRecovery):
     ) -> tuple[Any, dict[str, Any]]:
         self._check_open("reset_at")
         self._check_index(index, "reset_at")
-        w = next(w.index for w in self._workers if index in w.envs)
-        status, payload = self._call(w, "reset_at", (index, seed, options))
+        w = self._pool.worker_of(index)
+        status, payload = self._pool.call(w, "reset_at", (index, seed, options))
         if status != wire.STATUS_OK:
-            self._raise_remote(w, pickle.loads(payload))
-        self._pending.pop(index, None)
+            self._pool.raise_remote(w, pickle.loads(payload))
+        self._recovery.pending.pop(index, None)
         return jr_spaces.take(self.single_observation_space, self._views.obs, index), (
             pickle.loads(payload)
         )
 
-    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
-        self.step_batch_async(actions, rows)
-        return self.step_batch_wait(rows)
-
-    def step_batch_async(self, actions: Any, rows: slice | None = None) -> None:
+    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         """Validates ``actions``, writes them to shared memory and tells the workers of
-        ``rows`` to step; returns without waiting (see :meth:`step_batch_wait`)."""
+        ``env_ids`` to step; returns without waiting (see :meth:`recv`). Lockstep:
+        any slice (a send of rows still in flight goes out once those are received).
+        Ready-first: ``env_ids`` covers whole workers, none of them in flight."""
         self._check_open("step")
-        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
-        size = hi - lo
-        if size not in self._splitters:
-            self._splitters[size] = jr_spaces.make_action_splitter(self.single_action_space, size)
-        self._splitters[size](actions)  # validates before any sub-env steps
-        for key in [k for k in self._calls if k[0] < hi and lo < k[1]]:
-            # Still being stepped: its rows' actions must not change under the workers.
-            for w, seq, _, _ in self._calls[key].sent:
-                status, payload = self._reply(w, seq)
-                if key == (lo, hi):  # the same rows again: this step supersedes that one
-                    self._lost.pop((w, seq), None)
-                elif status != LOST:
-                    self._stash[(w, seq)] = (status, payload)
-        jr_spaces.copy_into(self.single_action_space, self._views.action, actions, slice(lo, hi))
-        call = self._calls[(lo, hi)] = StepCall()  # registered first: a recovery sees it
-        for worker in list(self._workers):
-            start, stop = max(lo, worker.envs.start), min(hi, worker.envs.stop)
-            if start < stop:
-                self._send_step(worker.index, start, stop, call)
+        self._stepper.send(actions, env_ids, per_worker=self.config.ready_first)
 
-    def _send_step(self, w: int, lo: int, hi: int, call: StepCall) -> None:
-        """Tells worker ``w`` to step ``[lo, hi)``, except sub-envs of a replaced
-        worker that were not stepping then: their slot fails now, unstepped."""
-        status = self._views.status
-        while lo < hi:
-            start, stop = lo, hi
-            if self._pending:
-                while start < hi and start in self._pending:
-                    call.failed[start] = self._pending.pop(start)
-                    self._fail_slot(start)
-                    self.num_unrun_steps += 1
-                    start += 1
-                stop = start
-                while stop < hi and stop not in self._pending:
-                    stop += 1
-                if start == stop:
-                    return
-            status[start:stop] = NOT_RUN
-            try:
-                seq = self._send(w, wire.OP_STEP, start, stop)
-            except WorkerLost as lost:
-                self._worker_lost(lost)  # raises, or replaces it: its envs are pending now
-                lo = start
-                continue
-            call.sent.append((w, seq, start, stop))
-            lo = stop
-
-    def step_batch_wait(self, rows: slice | None = None) -> BatchStep:
-        """The result of the :meth:`step_batch_async` call with the same ``rows``."""
+    def recv(self) -> BatchStep:
+        """Lockstep: the result of the oldest send. Ready-first: the result of the first
+        worker to answer (``env_ids`` its slice). Raises InvalidArgumentError when no
+        send is waiting."""
         self._check_open("step")
-        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
-        try:
-            call = self._calls[(lo, hi)]  # kept until answered: a recovery must see it
-        except KeyError:
-            raise InvalidArgumentError(
-                f"step_batch_wait(rows={rows}): no step_batch_async call for these rows is "
-                "pending. Call step_batch_async(actions, rows) first, once per wait."
-            ) from None
-        v = self._views
-        part = slice(lo, hi)
-        errors: dict[int, BaseException] = call.failed
-        failed = list(errors)
-        replies = []
-        try:
-            for w, seq, start, stop in call.sent:
-                status, payload = self._reply(w, seq)
-                if status == LOST:  # its worker was replaced: the slots were failed then
-                    error = self._lost.pop((w, seq))
-                    errors.update(dict.fromkeys(range(start, stop), error))
-                    failed.extend(range(start, stop))
-                else:
-                    replies.append((w, status, payload))
-        finally:
-            self._calls.pop((lo, hi), None)
-        remote_errors = [(w, pickle.loads(p)) for w, s, p in replies if s != wire.STATUS_OK]
-        if remote_errors:
-            self._raise_remote(*wire.first_error(remote_errors))
-        infos, reset_infos = self._step_infos(lo, hi, replies, failed, errors)
-        failed_mask = None
-        if failed:
-            failed_mask = np.zeros(self.num_envs, np.bool_)
-            failed_mask[failed] = True
-        if rows is None:  # the buffers themselves
-            obs, next_obs, part = v.obs, v.next_obs, slice(None)
-        else:
-            space = self.single_observation_space
-            obs = jr_spaces.rows(space, v.obs, part)
-            next_obs = jr_spaces.rows(space, v.next_obs, part)
-        return BatchStep(
-            obs,
-            next_obs,
-            v.reward[part],
-            v.terminated[part],
-            v.truncated[part],
-            infos,
-            reset_infos,
-            None if failed_mask is None else failed_mask[part],
-            errors or None,
-        )
+        return self._stepper.recv()
 
-    def _step_infos(
-        self,
-        lo: int,
-        hi: int,
-        replies: list[tuple[int, int, bytes]],
-        failed: list[int],
-        errors: dict[int, BaseException],
-    ) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]]]:
-        """The step and reset infos of sub-envs ``[lo, hi)`` from the workers' replies;
-        adds the sub-envs the workers restarted to ``failed`` and ``errors``."""
-        v = self._views
-        # The workers are done: the flags in shared memory are this step's.
-        infos: list[dict[str, Any]] = [{} for _ in range(hi - lo)]
-        ended = np.flatnonzero(v.terminated[lo:hi] | v.truncated[lo:hi])
-        reset_infos: dict[int, dict[str, Any]] = {lo + int(j): {} for j in ended}
-        for w, _, payload in replies:
-            if payload:
-                parts = pickle.loads(payload)
-                for i, info in parts[0].items():
-                    infos[i - lo] = info
-                reset_infos.update(parts[1])
-                if len(parts) > 2:  # sub-envs restarted in the worker
-                    failed.extend(parts[2])
-                    for i, remote in parts[3].items():
-                        errors[i] = self._remote_exception(w, remote).__cause__  # type: ignore[assignment]
-                    self.num_restarts += len(parts[3])
-        return infos, reset_infos
+    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
+        if not self.config.ready_first:
+            return super().step_batch(actions, rows)
+        self._check_open("step")  # ready-first: all of rows at once, as in lockstep
+        (call,) = self._stepper.send(actions, rows, per_worker=False)
+        return self._stepper.finish(call)
 
     def _obs_buffer(self) -> Any:
         return self._views.obs
@@ -352,28 +272,28 @@ class ProcessVectorEnv(WorkerRecovery):
 
     def render(self) -> tuple[Any, ...]:
         self._check_open("render")
-        return self._call_each_env("render")
+        return self._pool.call_each_env("render")
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env; the
         results must pickle."""
         self._check_open("call")
-        return self._call_each_env("call", (name, args, kwargs))
+        return self._pool.call_each_env("call", (name, args, kwargs))
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         self._check_open("get_attr")
-        return self._call_each_env("get_attr", (name,))
+        return self._pool.call_each_env("get_attr", (name,))
 
     def set_attr(self, name: str, values: Any) -> None:
         self._check_open("set_attr")
         values = self._values_per_env(name, values)
-        self._call_all(
-            "set_attr", [(name, list(values[w.envs.start : w.envs.stop])) for w in self._workers]
+        self._pool.call_all(
+            "set_attr", [(name, list(values[lo:hi])) for lo, hi in self._pool.bounds]
         )
 
     @property
     def num_workers(self) -> int:
-        return len(self._bounds)
+        return len(self._pool.bounds)
 
     @property
     def worker_pids(self) -> list[int | None]:

@@ -5,13 +5,13 @@ Every message is a fixed-size header, then ``length`` payload bytes:
 * main -> worker: ``COMMAND = (op, seq, lo, hi, length)``. ``OP_STEP`` steps the
   worker's envs ``[lo, hi)`` (global indices); ``OP_CALL`` carries a pickled
   ``(method, args)`` in its payload (reset, reset_at, call, get_attr, set_attr,
-  render, close, set_restart_policy); ``OP_MEMORY`` comes once, with the
-  shared-memory fd attached.
+  render, close); ``OP_MEMORY`` comes once, with the shared-memory fd attached and
+  a pickled ``(Layout, RestartPolicy | None)`` as payload.
 * worker -> main: ``REPLY = (seq, status, length)``. ``seq`` echoes the command's, so
   a reply can never be taken for another command's (a restarted worker starts
   again at a fresh socket). ``STATUS_OK`` with a payload is a pickled result
-  (``OP_STEP``: sparse infos, and the sub-envs restarted in the worker with their
-  errors); ``STATUS_ERROR``'s payload is a pickled :class:`RemoteError`.
+  (``OP_STEP``: a :class:`StepReply`, or no payload when it would be empty);
+  ``STATUS_ERROR``'s payload is a pickled :class:`RemoteError`.
 
 The worker's start report (its sub-envs' spaces and metadata) is the reply to an
 implicit command 0.
@@ -24,7 +24,7 @@ import pickle
 import socket
 import struct
 import traceback
-from typing import Any
+from typing import Any, NamedTuple
 
 from jaxrunner.errors import EnvError
 
@@ -94,6 +94,22 @@ class RemoteError:
         recreation = _pickled(getattr(err, "recreation_error", None))
         cause = _pickled(err.__cause__) if err.__cause__ is not None else None
         return cls("recreate", err.env_index, "recreate", cause, str(err), _format(err), recreation)
+
+
+class StepReply(NamedTuple):
+    """A worker's answer to ``OP_STEP`` beyond what it wrote to shared memory (sent only
+    when some field is non-empty). Indices are global sub-env indices."""
+
+    infos: dict[int, dict[str, Any]]
+    """The non-empty step infos."""
+    reset_infos: dict[int, dict[str, Any]]
+    """The non-empty infos of the autoresets."""
+    restarted: list[int]
+    """Sub-envs whose step failed and that were restarted in the worker (restart
+    policy set): their slots hold no transition."""
+    errors: dict[int, RemoteError]
+    """Every failure of the step (the restarted steps, and autoresets that failed
+    after a good step)."""
 
 
 def first_error(errors: list[tuple[int, RemoteError]]) -> tuple[int, RemoteError]:

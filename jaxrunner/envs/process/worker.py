@@ -4,11 +4,13 @@ Each worker owns the sub-envs ``[offset, offset + len(envs))`` and one Unix sock
 to the main process, on which it answers commands (:mod:`.wire`) in order. Step
 data goes through the shared block (:mod:`.shared`), never the socket.
 
-Restarts: with a restart policy (``set_restart_policy``), a sub-env that raises or
-returns an invalid step is recreated here from its factory (:mod:`jaxrunner.faults`),
-as the sync backend does. A worker that dies or hangs is the main process's to
-replace; to tell which steps a dying worker had done, the worker marks each sub-env's
-progress in the shared ``status`` array (``NOT_RUN`` -> ``RUNNING`` -> ``DONE``).
+Steps run the shared loop of :mod:`jaxrunner.envs.sub_envs` over views of the shared
+block, so validation, autoreset and restarts are the sync backend's. Restarts: with a
+restart policy (sent with the shared block), a sub-env that raises or returns an
+invalid step is recreated here from its factory (:mod:`jaxrunner.faults`). A worker
+that dies or hangs is the main process's to replace; to tell which steps a dying
+worker had done, the loop marks each sub-env's progress in the shared ``status``
+array (``NOT_RUN`` -> ``RUNNING`` -> ``DONE``).
 
 A worker ends when told to close, and on its own when the main process goes away
 (its socket reaches EOF), so it never outlives the main process. This is the module
@@ -27,7 +29,7 @@ from typing import Any
 import gymnasium
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.envs.process.shared import DONE, RUNNING, Layout, Views, fail_slot
+from jaxrunner.envs.process.shared import Layout
 from jaxrunner.envs.process.wire import (
     COMMAND,
     OP_MEMORY,
@@ -37,173 +39,78 @@ from jaxrunner.envs.process.wire import (
     STATUS_ERROR,
     STATUS_OK,
     RemoteError,
+    StepReply,
     recv_exact,
 )
+from jaxrunner.envs.sub_envs import SubEnvRaised, SubEnvs, build_envs
 from jaxrunner.errors import EnvError, JaxRunnerError
-from jaxrunner.faults import RestartPolicy, recreate
-from jaxrunner.spaces import check_flag, check_info, check_reward
-
-
-class _EnvFailed(Exception):
-    """Internal: a sub-env raised; carries where."""
-
-    def __init__(self, env_index: int, call: str) -> None:
-        self.env_index, self.call = env_index, call
+from jaxrunner.faults import RestartPolicy
 
 
 class Worker:
     """Owns sub-envs ``[offset, offset + len(envs))`` and answers the main process."""
 
     def __init__(
-        self,
-        sock: socket.socket,
-        offset: int,
-        envs: list[gymnasium.Env],
-        fns: list[Callable[[], gymnasium.Env]] | None = None,
+        self, sock: socket.socket, offset: int, fns: list[Callable[[], gymnasium.Env]]
     ) -> None:
-        self.sock, self.offset, self.envs = sock, offset, envs
-        self.fns = fns or []
-        self.policy: RestartPolicy | None = None
-        self.views: Views | None = None
+        self.sock, self.offset, self.fns = sock, offset, fns
+        self.envs: list[gymnasium.Env] = []
+        self.sub_envs: SubEnvs | None = None
+        """The step loop over ``envs``, once the shared block is attached."""
         self._memory: mmap.mmap | None = None
 
     # -- setup
 
-    def attach(self, fd: int, layout: Layout) -> None:
+    def attach(self, fd: int, layout: Layout, policy: RestartPolicy | None) -> None:
+        """Maps the shared block and builds the step loop over it."""
         self._memory = mmap.mmap(fd, layout.nbytes)
         os.close(fd)
-        self.views = v = layout.views(self._memory)
-        self.obs_space = layout.observation_space
-        self.write_obs = jr_spaces.make_writer(self.obs_space, v.obs)
-        self.write_next_obs = jr_spaces.make_writer(self.obs_space, v.next_obs)
+        v = layout.views(self._memory)
         self.get_action = _action_getter(layout.action_space, v.action)
-        self.status = memoryview(v.status)  # faster item writes than numpy's
-
-    def set_restart_policy(self, policy: RestartPolicy | None) -> None:
-        self.policy = policy
+        self.sub_envs = SubEnvs(
+            self.envs,
+            self.fns,
+            self.offset,
+            v.step_buffers,
+            layout.observation_space,
+            policy,
+            status=memoryview(v.status),  # faster item writes than numpy's
+        )
 
     # -- commands
 
-    def step(self, lo: int, hi: int) -> tuple[Any, ...]:
-        """Steps envs ``[lo, hi)`` (SAME_STEP autoreset), exactly as the sync backend
-        does; returns the non-empty step and reset infos by env index and, when some
-        sub-env failed and was restarted (restart policy set), the failed step indices
-        and every failure (step or autoreset) as :class:`RemoteError`."""
-        v: Views = self.views  # type: ignore[assignment]  # attached before any step
-        reward, terminated, truncated = v.reward, v.terminated, v.truncated
-        write_next_obs, get_action, envs, offset = (
-            self.write_next_obs,
-            self.get_action,
-            self.envs,
-            self.offset,
-        )
-        status, policy = self.status, self.policy
-        infos: dict[int, dict] = {}
-        ended: list[int] = []
-        errors: dict[int, BaseException] = {}
-        for i in range(lo, hi):
-            status[i] = RUNNING
-            try:
-                obs, r, term, trunc, info = envs[i - offset].step(get_action(i))
-            except Exception as err:
-                if policy is None:
-                    raise _EnvFailed(i, "step") from err
-                errors[i] = err
-                continue
-            try:
-                write_next_obs(i, obs)
-                # r - r == 0 is False for NaN and inf: checked before the step is DONE.
-                reward[i] = r if type(r) is float and r - r == 0.0 else check_reward(r, i)
-                terminated[i] = term if type(term) is bool else check_flag(term, i, "terminated")
-                truncated[i] = trunc if type(trunc) is bool else check_flag(trunc, i, "truncated")
-                if type(info) is not dict:
-                    check_info(info, i, "step")
-            except JaxRunnerError as err:
-                if policy is None:
-                    raise
-                errors[i] = err
-                continue
-            if info:
-                infos[i] = info
-            if term or trunc:
-                ended.append(i)
-            status[i] = DONE
-        failed = list(errors)
-        for i in failed:
-            self._restart(i, errors[i], failed_step=True)
-        part = slice(lo, hi)
-        space = self.obs_space
-        jr_spaces.copy_into(space, v.obs, jr_spaces.rows(space, v.next_obs, part), part)
-        reset_infos = {}
-        for i in ended:
-            try:
-                info = self._reset_one(i, None, None)
-            except (_EnvFailed, JaxRunnerError) as err:
-                if policy is None:
-                    raise
-                errors[i] = cause = _env_cause(err)
-                info = self._restart(i, cause, failed_step=False)
-            if info:
-                reset_infos[i] = info
-        if errors:
-            remote = {
-                i: RemoteError.capture(err, "env", i, "step" if i in failed else "reset")
-                for i, err in errors.items()
-            }
-            return infos, reset_infos, failed, remote
-        return infos, reset_infos
-
-    def _restart(self, i: int, cause: BaseException, failed_step: bool) -> dict:
-        """Replaces sub-env ``i`` by a new, reset one (as the sync backend does); for a
-        failed step, its slot then holds the new env's first obs, reward 0, no flags."""
-        assert self.policy is not None  # internal: only called with a policy
-        j = i - self.offset
-        self.envs[j], info = recreate(
-            self.envs[j], self.fns[j], i, self.policy, cause, self.write_obs
-        )
-        if failed_step:
-            fail_slot(self.views, self.obs_space, i)  # type: ignore[arg-type]
-        return info
-
-    def _reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict:
-        try:
-            obs, info = self.envs[i - self.offset].reset(seed=seed, options=options)
-        except Exception as err:
-            raise _EnvFailed(i, "reset") from err
-        self.write_obs(i, obs)
-        return check_info(info, i, "reset")
+    def step(self, lo: int, hi: int) -> StepReply | None:
+        """Steps envs ``[lo, hi)`` with the shared loop, as the sync backend does;
+        returns what does not fit in shared memory, or None when that is nothing."""
+        out = self.sub_envs.step(lo, hi, self.get_action)  # type: ignore[union-attr]
+        infos = {i: info for i, info in enumerate(out.infos, lo) if info}
+        reset_infos = {i: info for i, info in out.reset_infos.items() if info}
+        if not (infos or reset_infos or out.errors):
+            return None
+        failed = set(out.failed)
+        remote = {
+            i: RemoteError.capture(err, "env", i, "step" if i in failed else "reset")
+            for i, err in out.errors.items()
+        }
+        return StepReply(infos, reset_infos, out.failed, remote)
 
     def reset(self, seeds: list[int | None], options: dict[str, Any] | None) -> list[dict]:
-        infos = []
-        for j, seed in enumerate(seeds):
-            i = self.offset + j
-            try:
-                infos.append(self._reset_one(i, seed, options))
-            except (_EnvFailed, JaxRunnerError) as err:
-                if self.policy is None:
-                    raise
-                infos.append(self._restart(i, _env_cause(err), failed_step=False))
-        return infos
+        return self.sub_envs.reset(seeds, options)  # type: ignore[union-attr]
 
     def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> dict:
-        return self._reset_one(index, seed, options)
+        return self.sub_envs.reset_one(index, seed, options)  # type: ignore[union-attr]
 
     def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        results = []
-        for env in self.envs:
-            attr = env.get_wrapper_attr(name)
-            results.append(attr(*args, **kwargs) if callable(attr) else attr)
-        return results
+        return self.sub_envs.call(name, args, kwargs)  # type: ignore[union-attr]
 
     def get_attr(self, name: str) -> list[Any]:
-        return [env.get_wrapper_attr(name) for env in self.envs]
+        return self.sub_envs.get_attr(name)  # type: ignore[union-attr]
 
     def set_attr(self, name: str, values: list[Any]) -> None:
-        for env, value in zip(self.envs, values):
-            env.set_wrapper_attr(name, value)
+        self.sub_envs.set_attr(name, values)  # type: ignore[union-attr]
 
     def render(self) -> list[Any]:
-        return [env.render() for env in self.envs]
+        return self.sub_envs.render()  # type: ignore[union-attr]
 
     def close(self) -> None:
         for env in self.envs:
@@ -218,7 +125,7 @@ class Worker:
     def error(self, seq: int, err: BaseException) -> None:
         if isinstance(err, EnvError) and hasattr(err, "recreation_error"):
             remote = RemoteError.capture_recreation(err)
-        elif isinstance(err, _EnvFailed):
+        elif isinstance(err, SubEnvRaised):
             remote = RemoteError.capture(err.__cause__, "env", err.env_index, err.call)  # type: ignore[arg-type]
         elif isinstance(err, JaxRunnerError):
             remote = RemoteError.capture(err, "check", getattr(err, "env_index", -1), "")
@@ -240,16 +147,13 @@ class Worker:
             try:
                 if op == OP_STEP:
                     result = step(lo, hi)
-                    if result[0] or result[1] or len(result) > 2:
-                        reply(seq, STATUS_OK, dumps(result, protocol=5))
-                    else:
-                        reply(seq, STATUS_OK)
+                    reply(seq, STATUS_OK, b"" if result is None else dumps(result, protocol=5))
                     continue
                 payload = recv_exact(sock, length) if length else b""
                 if op == OP_MEMORY:
-                    layout = pickle.loads(payload)
+                    layout, policy = pickle.loads(payload)
                     _, fds, _, _ = socket.recv_fds(sock, 1, 1)
-                    self.attach(fds[0], layout)
+                    self.attach(fds[0], layout, policy)
                     reply(seq, STATUS_OK)
                     continue
                 method, args = pickle.loads(payload)
@@ -271,27 +175,6 @@ def _action_getter(space: gymnasium.Space, buffer: Any) -> Callable[[int], Any]:
     if buffer.ndim == 1:
         return buffer.__getitem__  # numpy scalars are copies
     return lambda i: buffer[i].copy()
-
-
-def _env_cause(err: BaseException) -> BaseException:
-    """The sub-env's own exception behind an internal :class:`_EnvFailed`."""
-    return err.__cause__ if isinstance(err, _EnvFailed) and err.__cause__ else err
-
-
-def build_envs(fns: list[Callable[[], gymnasium.Env]], offset: int) -> list[gymnasium.Env]:
-    """Calls the factories; on failure closes what it built."""
-    envs: list[gymnasium.Env] = []
-    try:
-        for j, fn in enumerate(fns):
-            try:
-                envs.append(fn())
-            except Exception as err:
-                raise _EnvFailed(offset + j, "factory") from err
-    except BaseException:
-        for env in envs:
-            env.close()
-        raise
-    return envs
 
 
 def worker_main(sock: socket.socket, offset: int, payload: bytes) -> None:

@@ -1,0 +1,68 @@
+"""``ProcessConfig``: the options of ``backend="process"``, checked once."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxrunner.envs.process.launch import DEFAULT_STEP_TIMEOUT_S, START_METHODS, check_step_timeout
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProcessConfig:
+    """How ``backend="process"`` places sub-envs in worker processes and steps them.
+
+    Give it to :class:`~jaxrunner.ProcessVectorEnv` or to
+    ``make_vec(..., backend="process", config=...)``.
+    """
+
+    envs_per_worker: int | None = None
+    """Sub-envs per worker process (the last may have fewer). Give this or
+    ``num_workers``, not both."""
+    num_workers: int | None = None
+    """Alternatively, the number of worker processes (sub-envs are split evenly).
+    Default (both None): one per CPU but one (the main process runs the policy), at
+    least one, at most one per sub-env."""
+    start_method: str = "forkserver"
+    """``"forkserver"`` (workers start in milliseconds) or ``"spawn"``; never ``"fork"``
+    (forking a process that has started JAX's threads can deadlock the child)."""
+    step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S
+    """How long a worker may take to answer a command (a step of its sub-envs, restarts
+    of failed ones included; a reset; a call), counted from when it was sent. None
+    waits forever. The default, 300 s, only catches real hangs; lower it to what your
+    envs need, since a hang costs this long. Building a worker's sub-envs may take
+    ``max(60 s, step_timeout_s)``."""
+    ready_first: bool = False
+    """False (default): lockstep; ``recv()`` answers the sends in order, and the runner
+    pipelines groups of workers. True: ``recv()`` returns whichever worker answers
+    first (``BatchStep.env_ids`` is its slice), so one slow sub-env stalls only its own
+    worker; ``send`` then takes whole workers."""
+
+    def __post_init__(self) -> None:
+        for name in ("envs_per_worker", "num_workers"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1
+            ):
+                raise InvalidArgumentError(
+                    f"ProcessConfig({name}={value!r}): expected an int >= 1 (or None for a "
+                    "default from the CPU count)."
+                )
+        if self.envs_per_worker is not None and self.num_workers is not None:
+            raise InvalidArgumentError(
+                f"ProcessConfig(envs_per_worker={self.envs_per_worker}, num_workers="
+                f"{self.num_workers}): give one of them; the other follows from num_envs."
+            )
+        if self.start_method not in START_METHODS:
+            raise InvalidArgumentError(
+                f"ProcessConfig(start_method={self.start_method!r}): expected one of "
+                f"{START_METHODS}. 'fork' is refused: forking a process that has started "
+                "JAX's threads can deadlock the child."
+            )
+        check_step_timeout(self.step_timeout_s)
+        if not isinstance(self.ready_first, bool):
+            raise InvalidArgumentTypeError(
+                f"ProcessConfig(ready_first={self.ready_first!r}): expected a bool."
+            )

@@ -1,0 +1,251 @@
+"""The process backend's ``send``/``recv``: step commands in flight and their results.
+
+Lockstep (the default): each ``send`` is one :class:`StepCall` (any rows), and
+``recv`` answers the calls in the order they were sent. A send whose rows are still
+in flight from an earlier send waits, unsent, until that one is received (the
+workers write results in place, so the earlier results must be read first).
+
+Ready-first (``ProcessConfig(ready_first=True)``): a ``send`` covers whole workers and
+makes one call per worker; ``recv`` returns the first call whose worker has answered
+(:meth:`WorkerPool.read_any` waits on every worker's socket at once), so a slow
+sub-env stalls only its own worker's rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.envs.base import BatchStep, EnvIds
+from jaxrunner.envs.process import wire
+from jaxrunner.envs.process.handle import WorkerLost
+from jaxrunner.envs.process.pool import LOST, WorkerPool
+from jaxrunner.envs.process.recovery import Sent, WorkerRecovery
+from jaxrunner.envs.process.shared import Views
+from jaxrunner.envs.sub_envs import NOT_RUN, ActionSplitters, failed_mask
+from jaxrunner.errors import InvalidArgumentError
+
+
+@dataclasses.dataclass
+class StepCall:
+    """One step of sub-envs ``[lo, hi)`` in flight."""
+
+    lo: int
+    hi: int
+    sent: list[Sent] = dataclasses.field(default_factory=list)
+    """``(worker, seq, lo, hi)`` of each step command sent."""
+    failed: dict[int, BaseException] = dataclasses.field(default_factory=dict)
+    """Sub-envs given a failed slot without a step (their worker had been replaced)."""
+    actions: Any = None
+    """The actions of a send that waits for earlier sends of its rows (then unsent)."""
+    per_worker: bool = False
+    """A ready-first call (one worker's rows): its result names its rows."""
+
+    def overlaps(self, lo: int, hi: int) -> bool:
+        return self.lo < hi and lo < self.hi
+
+
+class Stepper:
+    """Sends step commands to the pool's workers and turns their replies into
+    :class:`BatchStep` results (one per :class:`StepCall`)."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        recovery: WorkerRecovery,
+        spaces: tuple[gymnasium.Space, gymnasium.Space],
+        views: Views,
+        ready_first: bool,
+    ) -> None:
+        self.pool, self.recovery, self.views, self.ready_first = pool, recovery, views, ready_first
+        self.obs_space, self.action_space = spaces
+        self.num_envs = len(views.reward)
+        self.calls: list[StepCall] = []
+        """Calls sent and not yet received, in send order."""
+        self.num_restarts = 0
+        """Sub-envs recreated inside their worker after a failure."""
+        self._actions = ActionSplitters(self.action_space)
+
+    def in_flight(self) -> Iterator[Sent]:
+        """Every step command sent and not yet received (for recoveries)."""
+        for call in self.calls:
+            yield from call.sent
+
+    # -- send
+
+    def send(self, actions: Any, env_ids: EnvIds, per_worker: bool) -> list[StepCall]:
+        """Validates ``actions``, then starts the step of ``env_ids``: one call, or one
+        per worker (``per_worker``: ``env_ids`` must cover whole workers)."""
+        self._dispatch_waiting()
+        lo, hi = self._bounds(env_ids)
+        self._actions.split(actions, hi - lo)  # validates before any sub-env steps
+        busy = [c for c in self.calls if c.overlaps(lo, hi)]
+        if busy and (self.ready_first or per_worker):
+            raise InvalidArgumentError(
+                f"ProcessVectorEnv.send(env_ids=slice({lo}, {hi})): sub-envs "
+                f"{busy[0].lo}..{busy[0].hi - 1} are still in flight from an earlier send; "
+                "recv() their results first (a ready-first env steps each env once at a time)."
+            )
+        bounds = [(lo, hi)]
+        if per_worker:
+            bounds = [b for b in self.pool.bounds if lo <= b[0] < hi]
+            if not bounds or bounds[0][0] != lo or bounds[-1][1] != hi:
+                raise InvalidArgumentError(
+                    f"ProcessVectorEnv.send(env_ids=slice({lo}, {hi})): with ready_first=True, "
+                    f"env_ids must cover whole workers; the workers' sub-envs are "
+                    f"{[slice(*b) for b in self.pool.bounds]}. Send None, or a slice from one "
+                    "worker's start to another's stop."
+                )
+        calls = [StepCall(a, b, per_worker=per_worker) for a, b in bounds]
+        self.calls.extend(calls)  # registered first: a recovery sees them
+        if busy:  # rows still in flight: sent once the earlier sends are received
+            calls[0].actions = jr_spaces.map_structure(self.action_space, np.array, actions)
+            return calls
+        jr_spaces.copy_into(self.action_space, self.views.action, actions, slice(lo, hi))
+        for call in calls:
+            self._dispatch(call)
+        return calls
+
+    def _bounds(self, env_ids: EnvIds) -> tuple[int, int]:
+        if env_ids is None:
+            return 0, self.num_envs
+        if isinstance(env_ids, slice):
+            lo, hi, step = env_ids.indices(self.num_envs)
+            if step == 1 and lo < hi:
+                return lo, hi
+        raise InvalidArgumentError(
+            f"ProcessVectorEnv.send(env_ids={env_ids!r}): expected None (every env) or a "
+            f"non-empty slice of env indices with step 1 within [0, {self.num_envs})."
+        )
+
+    def _dispatch(self, call: StepCall) -> None:
+        """Tells the workers of ``call`` to step, except sub-envs of a replaced worker
+        that were not stepping then: their slot fails now, unstepped."""
+        if call.actions is not None:
+            actions, call.actions = call.actions, None
+            span = slice(call.lo, call.hi)
+            jr_spaces.copy_into(self.action_space, self.views.action, actions, span)
+        for w, (wlo, whi) in enumerate(self.pool.bounds):
+            lo, hi = max(call.lo, wlo), min(call.hi, whi)
+            if lo < hi:
+                self._send_step(w, lo, hi, call)
+
+    def _send_step(self, w: int, lo: int, hi: int, call: StepCall) -> None:
+        status, pending = self.views.status, self.recovery.pending
+        while lo < hi:
+            start, stop = lo, hi
+            if pending:
+                while start < hi and start in pending:
+                    call.failed[start] = self.recovery.fail_unrun(start)
+                    start += 1
+                stop = start
+                while stop < hi and stop not in pending:
+                    stop += 1
+                if start == stop:
+                    return
+            status[start:stop] = NOT_RUN
+            try:
+                seq = self.pool.send(w, wire.OP_STEP, start, stop)
+            except WorkerLost as lost:
+                self.pool.lost_worker(lost)  # raises, or replaces it: its envs are pending
+                lo = start
+                continue
+            call.sent.append((w, seq, start, stop))
+            lo = stop
+
+    # -- recv
+
+    def recv(self) -> BatchStep:
+        """The oldest call's result (lockstep), or the first call answered (ready-first)."""
+        if not self.calls:
+            raise InvalidArgumentError(
+                "ProcessVectorEnv.recv(): no send() is waiting for its results. Call "
+                "send(actions, env_ids) first, once per result."
+            )
+        if not self.ready_first:
+            return self.finish(self.calls[0])
+        self._dispatch_waiting()
+        while True:
+            for call in self.calls:
+                if all(self.pool.replied(w, seq) for w, seq, _, _ in call.sent):
+                    return self.finish(call)
+            waiting = {w for w, seq, _, _ in self.in_flight() if not self.pool.replied(w, seq)}
+            self.pool.read_any(sorted(waiting))
+
+    def finish(self, call: StepCall) -> BatchStep:
+        """Waits for ``call``'s replies and returns its result."""
+        self._dispatch_waiting()
+        errors = call.failed
+        failed = list(errors)
+        replies = []
+        try:
+            for w, seq, start, stop in call.sent:
+                status, payload = self.pool.reply(w, seq)
+                if status == LOST:  # its worker was replaced: the slots were failed then
+                    error = self.pool.take_lost(w, seq)
+                    errors.update(dict.fromkeys(range(start, stop), error))
+                    failed.extend(range(start, stop))
+                else:
+                    replies.append((w, status, payload))
+        finally:
+            self.calls.remove(call)
+        remote_errors = [(w, pickle.loads(p)) for w, s, p in replies if s != wire.STATUS_OK]
+        if remote_errors:
+            self.pool.raise_remote(*wire.first_error(remote_errors))
+        return self._result(call, replies, failed, errors)
+
+    def _dispatch_waiting(self) -> None:
+        """Sends the waiting calls whose rows no earlier call holds any more (at the
+        next send or recv: the last result's views must stay valid until then)."""
+        for k, call in enumerate(self.calls):
+            if call.actions is not None and not any(
+                c.overlaps(call.lo, call.hi) for c in self.calls[:k]
+            ):
+                self._dispatch(call)
+
+    def discard(self) -> None:
+        """Waits for every call in flight and drops its result (before a reset)."""
+        for call in self.calls:
+            for w, seq, _, _ in call.sent:
+                self.pool.reply(w, seq)
+                self.pool.forget(w, seq)
+        self.calls.clear()
+
+    def _result(
+        self,
+        call: StepCall,
+        replies: list[tuple[int, int, bytes]],
+        failed: list[int],
+        errors: dict[int, BaseException],
+    ) -> BatchStep:
+        lo, hi, v = call.lo, call.hi, self.views
+        # The workers are done: the flags in shared memory are this step's.
+        infos: list[dict[str, Any]] = [{} for _ in range(hi - lo)]
+        ended = np.flatnonzero(v.terminated[lo:hi] | v.truncated[lo:hi])
+        reset_infos: dict[int, dict[str, Any]] = {lo + int(j): {} for j in ended}
+        for w, _, payload in replies:
+            if not payload:
+                continue
+            reply: wire.StepReply = pickle.loads(payload)
+            for i, info in reply.infos.items():
+                infos[i - lo] = info
+            reset_infos.update(reply.reset_infos)
+            failed.extend(reply.restarted)
+            for i, remote in reply.errors.items():
+                errors[i] = self.pool.remote_exception(w, remote).__cause__  # type: ignore[assignment]
+            self.num_restarts += len(reply.errors)
+        whole = (lo, hi) == (0, self.num_envs) and not call.per_worker
+        return v.step_buffers.batch_step(
+            self.obs_space,
+            None if whole else slice(lo, hi),
+            infos,
+            reset_infos,
+            failed_mask(failed, lo, hi),
+            errors or None,
+        )

@@ -1,0 +1,388 @@
+"""``RayVectorEnv``: sub-envs in Ray actors, stepped at their own pace.
+
+The sub-envs are split into consecutive blocks (``envs_per_actor`` each); every block
+runs in one Ray actor as a :class:`~jaxrunner.SyncVectorEnv`, so validation, SAME_STEP
+autoreset and sub-env restarts work exactly as in-process. The actor is the unit of
+work: its sub-envs step together, and every actor steps concurrently with the others.
+
+The backend is ready-first (``capabilities.ready_first``): :meth:`RayVectorEnv.send`
+starts the step of whole actors, and :meth:`RayVectorEnv.recv` returns the result of
+the first actor to finish (``BatchStep.env_ids`` its slice), so the policy runs for
+whichever envs are ready. Autoresets run inside each actor's step, concurrently with
+the other actors. :meth:`RayVectorEnv.step_batch` (and gymnasium's ``step``) steps
+every actor of its rows and returns when all have answered.
+
+An actor that dies (its process crashed or was ``ray.kill``-ed) or does not answer
+within ``step_timeout_s`` is killed and replaced by a new one made from the same
+factories, if a ``restart_policy`` was given: its sub-envs' in-flight step yields no
+transition (``BatchStep.failed``) and their episodes end as faulty, exactly as an
+in-process sub-env failure. Without a policy the failure raises
+:class:`~jaxrunner.errors.WorkerError`.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.vector.utils import batch_space
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
+from jaxrunner.envs.ray.actors import ActorPool, EnvFactory
+from jaxrunner.envs.ray.config import RayConfig, import_ray
+from jaxrunner.envs.sub_envs import ActionSplitters, StepBuffers, fail_slot
+from jaxrunner.errors import (
+    EnvIndexError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    RemoteTimeoutError,
+    SpaceMismatchError,
+    WorkerError,
+)
+from jaxrunner.faults import RestartPolicy
+
+
+class RayVectorEnv(VectorEnv):
+    """Sub-envs in Ray actors (see the module docstring).
+
+    Ray must be importable; if no Ray instance is running, Ray starts a local one on
+    first use (call ``ray.init(address="auto")`` first to use a cluster).
+
+    Args:
+        env_fns: zero-argument factories, one per sub-env; picklable (cloudpickle), as
+            they are sent to the actors.
+        config: placement, batching and timeouts (:class:`~jaxrunner.RayConfig`).
+        restart_policy: if given, failed sub-envs (inside their actor) and dead actors
+            are replaced as it says and sampling goes on; None: failures raise.
+        copy: as for :class:`~jaxrunner.SyncVectorEnv`.
+    """
+
+    capabilities = Capabilities(can_restart=True, ready_first=True, steps_in_background=True)
+
+    def __init__(
+        self,
+        env_fns: Sequence[EnvFactory],
+        config: RayConfig | None = None,
+        *,
+        restart_policy: RestartPolicy | None = None,
+        copy: bool = True,
+    ) -> None:
+        super().__init__(copy=copy)
+        self._closed_reason = "construction failed"  # until the actors are up
+        if len(env_fns) == 0:
+            raise InvalidArgumentError("RayVectorEnv needs at least one env factory, got none.")
+        self.config = config or RayConfig()
+        if not isinstance(self.config, RayConfig):
+            raise InvalidArgumentTypeError(
+                f"RayVectorEnv(config=...): expected a jaxrunner.RayConfig, got "
+                f"{type(config).__name__}."
+            )
+        self.restart_policy = restart_policy
+        self.num_envs = len(env_fns)
+        self._actors = ActorPool(import_ray(), env_fns, self.config, restart_policy)
+        self.unit_rows = self._actors.unit_rows
+        """The sub-envs each actor runs (consecutive blocks)."""
+        self._in_flight: dict[Any, tuple[int, slice, float]] = {}  # ref -> unit, rows, sent
+        self._done: collections.deque[BatchStep] = collections.deque()  # expired, failed
+        described = self._actors.start()
+        obs_space, action_space, metadata, render_mode = described[0]
+        for u, (other_obs, other_action, _, _) in enumerate(described):
+            if other_obs != obs_space or other_action != action_space:
+                self._actors.kill_all()
+                raise SpaceMismatchError(
+                    f"the sub-envs of Ray env actor {u} (envs {self.unit_rows[u]}) have spaces "
+                    f"{other_obs}, {other_action}; actor 0's have {obs_space}, {action_space}. "
+                    "Every sub-env of a vector env must have equal spaces. Check the factory."
+                )
+        self._closed_reason = None
+        self.single_observation_space = obs_space
+        self.single_action_space = action_space
+        self.metadata = {**metadata, "autoreset_mode": VectorEnv.metadata["autoreset_mode"]}
+        self.render_mode = render_mode
+        self.spec = None
+        self.observation_space = batch_space(obs_space, self.num_envs)
+        self.action_space = batch_space(action_space, self.num_envs)
+        self._buffers = StepBuffers.allocate(obs_space, self.num_envs)
+        self._obs, self._next_obs, self._reward, self._terminated, self._truncated = self._buffers
+        self._actions = ActionSplitters(action_space)
+
+    @property
+    def num_restarts(self) -> int:
+        """Sub-envs recreated inside the current actors (a replaced actor's count is
+        lost with it; :attr:`num_actor_restarts` counts replaced actors)."""
+        actors = self._actors
+        return sum(actors.get_all([a.num_restarts.remote() for a in actors.actors], None))
+
+    @property
+    def num_actor_restarts(self) -> int:
+        """Actors replaced after dying or timing out."""
+        return self._actors.num_actor_restarts
+
+    @property
+    def actors(self) -> list[Any]:
+        """The Ray actor handles, one per block of :attr:`unit_rows` (current ones)."""
+        return list(self._actors.actors)
+
+    @property
+    def num_in_flight(self) -> int:
+        """Actor steps sent and not yet returned by :meth:`recv`."""
+        return len(self._in_flight) + len(self._done)
+
+    # -- the backend contract --------------------------------------------------------------------
+
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets every sub-env; the results of sends not yet received are dropped."""
+        self._check_open("reset")
+        self._discard()
+        refs = [
+            actor.reset.remote(list(seeds[rows]), options)
+            for actor, rows in zip(self._actors.actors, self.unit_rows)
+        ]
+        infos: list[dict[str, Any]] = []
+        for u, ref in enumerate(refs):
+            try:
+                obs, part = self._actors.ray.get(ref, timeout=self.config.step_timeout_s)
+            except Exception as err:
+                cause = self._actors.remote_error(err, u, "reset")
+                obs, part = self._actors.replace(u, cause)
+            jr_spaces.copy_into(self.single_observation_space, self._obs, obs, self.unit_rows[u])
+            infos.extend(part)
+        return self._obs, infos
+
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        self._check_open("reset_at")
+        self._check_idle("reset_at")
+        if isinstance(index, bool) or not 0 <= index < self.num_envs:
+            raise EnvIndexError(f"reset_at(index={index}): index must be in [0, {self.num_envs}).")
+        u = index // self.config.envs_per_actor
+        local = index - self.unit_rows[u].start
+        try:
+            ref = self._actors.actors[u].reset_at.remote(local, seed, options)
+            obs, info = self._actors.ray.get(ref)
+        except Exception as err:
+            raise self._actors.remote_error(err, u, "reset_at") from err
+        jr_spaces.copy_into(self.single_observation_space, self._obs, obs, index)
+        return jr_spaces.take(self.single_observation_space, self._obs, index), info
+
+    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+        """Starts the step of the actors of ``env_ids`` (None: all; else a slice from one
+        actor's first sub-env to another's last), none of them in flight; validates
+        the whole batch first. :meth:`recv` returns each actor's result."""
+        self._check_open("step")
+        lo, hi = self._whole_actors(env_ids)
+        self._actions.split(actions, hi - lo)
+        units = [u for u, rows in enumerate(self.unit_rows) if lo <= rows.start < hi]
+        busy = {u for u, _, _ in self._in_flight.values()} & set(units)
+        if busy:
+            raise InvalidArgumentError(
+                f"RayVectorEnv.send(env_ids=slice({lo}, {hi})): Ray env actor {min(busy)} "
+                "is still in flight from an earlier send; recv() its result first."
+            )
+        for u in units:
+            rows = self.unit_rows[u]
+            self._submit(u, self._part(actions, lo, rows.start, rows.stop), None)
+
+    def recv(self) -> BatchStep:
+        """The result of the first actor to finish (``env_ids`` its slice): a dead or
+        timed-out actor is replaced (with a restart policy) and every sub-env it ran
+        is failed; without a policy the failure raises WorkerError / RemoteTimeoutError.
+        Raises InvalidArgumentError when no actor step is in flight."""
+        self._check_open("step")
+        if self._done:
+            return self._done.popleft()
+        if not self._in_flight:
+            raise InvalidArgumentError(
+                "RayVectorEnv.recv(): no send() is waiting for its results. Call "
+                "send(actions, env_ids) first, once per actor."
+            )
+        ray, refs = self._actors.ray, list(self._in_flight)
+        while True:
+            done, _ = ray.wait(refs, num_returns=1, timeout=self._time_to_deadline())
+            if done:
+                return self._finish(done[0])
+            self._expire_steps()
+            if self._done:
+                return self._done.popleft()
+
+    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
+        """Every actor of ``rows`` steps (rows may split an actor); returns when all
+        have answered. No other step may be in flight."""
+        self._check_open("step")
+        self._check_idle("step")
+        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
+        self._actions.split(actions, hi - lo)  # validates the whole batch before any step
+        for u, unit in enumerate(self.unit_rows):
+            start, stop = max(lo, unit.start), min(hi, unit.stop)
+            if start < stop:
+                local = slice(start - unit.start, stop - unit.start)
+                whole = local == slice(0, unit.stop - unit.start)
+                self._submit(u, self._part(actions, lo, start, stop), None if whole else local)
+        results = []
+        while self.num_in_flight:
+            results.append(self.recv())
+        results.sort(key=lambda r: r.env_ids.start)
+        failed = np.zeros(hi - lo, np.bool_)
+        infos, reset_infos, errors = [], {}, {}
+        for out in results:
+            infos.extend(out.infos)
+            reset_infos.update(out.reset_infos)
+            errors.update(out.errors or {})
+            if out.failed is not None:
+                failed[out.env_ids.start - lo : out.env_ids.stop - lo] = out.failed
+        return self._buffers.batch_step(
+            self.single_observation_space,
+            None if rows is None else slice(lo, hi),
+            infos,
+            reset_infos,
+            failed if failed.any() else None,
+            errors or None,
+        )
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _whole_actors(self, env_ids: EnvIds) -> tuple[int, int]:
+        if env_ids is None:
+            return 0, self.num_envs
+        starts = {rows.start for rows in self.unit_rows} | {self.num_envs}
+        if isinstance(env_ids, slice):
+            lo, hi, step = env_ids.indices(self.num_envs)
+            if step == 1 and lo < hi and lo in starts and hi in starts:
+                return lo, hi
+        raise InvalidArgumentError(
+            f"RayVectorEnv.send(env_ids={env_ids!r}): expected None (every env) or a slice "
+            f"covering whole actors; the actors' sub-envs are {self.unit_rows}."
+        )
+
+    def _part(self, actions: Any, lo: int, start: int, stop: int) -> Any:
+        """Rows ``[start, stop)`` of ``actions`` (whose row 0 is sub-env ``lo``)."""
+        return jr_spaces.map_structure(
+            self.single_action_space, lambda a: np.asarray(a)[start - lo : stop - lo], actions
+        )
+
+    def _submit(self, u: int, actions: Any, local: slice | None) -> None:
+        unit = self.unit_rows[u]
+        rows = unit if local is None else slice(unit.start + local.start, unit.start + local.stop)
+        ref = self._actors.actors[u].step.remote(actions, local)
+        self._in_flight[ref] = (u, rows, time.monotonic())
+
+    def _finish(self, ref: Any) -> BatchStep:
+        u, rows, _ = self._in_flight.pop(ref)
+        try:
+            out: BatchStep = self._actors.ray.get(ref)
+        except Exception as err:
+            cause = self._actors.remote_error(err, u, "step")
+            if isinstance(cause, WorkerError):  # the actor died
+                obs, _ = self._actors.replace(u, cause)  # raises without a restart policy
+                return self._failed_result(u, rows, obs, cause)
+            if cause is err:
+                raise
+            raise cause from err  # raised by a sub-env (restarts off, or they gave up)
+        space, offset = self.single_observation_space, self.unit_rows[u].start
+        jr_spaces.copy_into(space, self._obs, out.obs, rows)
+        jr_spaces.copy_into(space, self._next_obs, out.next_obs, rows)
+        self._reward[rows], self._terminated[rows] = out.reward, out.terminated
+        self._truncated[rows] = out.truncated
+        failed = out.failed
+        return self._result(
+            rows,
+            out.infos,
+            {offset + i: info for i, info in out.reset_infos.items()},
+            failed if failed is not None and failed.any() else None,
+            {offset + i: e for i, e in out.errors.items()} if out.errors else None,
+        )
+
+    def _result(self, rows: slice, *fields: Any) -> BatchStep:
+        return self._buffers.batch_step(self.single_observation_space, rows, *fields)
+
+    def _failed_result(self, u: int, rows: slice, obs: Any, cause: BaseException) -> BatchStep:
+        """Every sub-env of the replaced actor ``u``: a failed slot (reward 0, no flags,
+        ``obs`` and ``next_obs`` the new sub-envs' reset observations)."""
+        space, unit = self.single_observation_space, self.unit_rows[u]
+        jr_spaces.copy_into(space, self._obs, obs, unit)
+        fail_slot(self._buffers, space, unit)
+        n = rows.stop - rows.start
+        errors = dict.fromkeys(range(rows.start, rows.stop), cause)
+        return self._result(rows, [{} for _ in range(n)], {}, np.ones(n, np.bool_), errors)
+
+    def _time_to_deadline(self) -> float | None:
+        if self.config.step_timeout_s is None:
+            return None
+        oldest = min(sent for _, _, sent in self._in_flight.values())
+        return max(0.0, oldest + self.config.step_timeout_s - time.monotonic())
+
+    def _expire_steps(self) -> None:
+        """Treats in-flight steps older than ``step_timeout_s`` as failed actors (their
+        failed results wait in ``_done``)."""
+        timeout = self.config.step_timeout_s
+        now = time.monotonic()
+        expired = [ref for ref, (_, _, sent) in self._in_flight.items() if now - sent >= timeout]
+        for ref in expired:
+            u, rows, _ = self._in_flight.pop(ref)
+            cause = RemoteTimeoutError(
+                f"Ray env actor {u} (sub-envs {rows.start}..{rows.stop - 1}) did not answer a "
+                f"step within step_timeout_s={timeout}s; it is treated as dead."
+            )
+            if self.restart_policy is None:
+                self._actors.kill(self._actors.actors[u])
+                raise cause
+            obs, _ = self._actors.replace(u, cause)
+            self._done.append(self._failed_result(u, rows, obs, cause))
+
+    def _discard(self) -> None:
+        """Waits for the actor steps in flight and drops their results (a dead actor
+        is found, and replaced, by the reset that follows)."""
+        for ref in list(self._in_flight):
+            try:  # noqa: SIM105
+                self._actors.ray.get(ref, timeout=self.config.step_timeout_s)
+            except Exception:
+                pass
+        self._in_flight.clear()
+        self._done.clear()
+
+    def _check_idle(self, what: str) -> None:
+        if self.num_in_flight:
+            raise InvalidArgumentError(
+                f"RayVectorEnv.{what}(): {self.num_in_flight} actor steps are in flight; "
+                "recv() until num_in_flight is 0 first."
+            )
+
+    def _obs_buffer(self) -> Any:
+        return self._obs
+
+    # -- forwarding to the sub-envs ----------------------------------------------------------
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
+        self._check_open("call")
+        return self._actors.call_each("call", name, args, kwargs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        self._check_open("get_attr")
+        return self._actors.call_each("get_attr", name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self._check_open("set_attr")
+        values = self._values_per_env(name, values)
+        actors = self._actors
+        refs = [
+            a.set_attr.remote(name, list(values[r]))
+            for a, r in zip(actors.actors, actors.unit_rows)
+        ]
+        actors.get_all(refs, None)
+
+    def render(self) -> tuple[Any, ...]:
+        self._check_open("render")
+        return self._actors.call_each("render")
+
+    def _close_backend(self) -> None:
+        self._actors.close()
+        self._in_flight.clear()
+        self._done.clear()
