@@ -3,7 +3,7 @@
 CartPole-v1 sub-envs wrapped by :func:`jaxrunner.testing.faulty_env_fns` raise, hang,
 exit, get SIGKILLed, segfault, return NaN rewards and badly shaped observations (in
 ``step``; and raise, return bad observations or exit in ``reset``), about
-``--fault-rate`` per call in all. An ``EnvRunner(restart_failed_sub_envs=True)`` samples
+``--fault-rate`` per call in all. An ``EnvRunner`` on envs built with a ``restart_policy`` samples
 through it all, with a short ``step_timeout_s`` so that hangs resolve fast.
 
 Every ``--record-every`` env steps it records the resident memory (RSS) of the main
@@ -135,7 +135,6 @@ def main() -> None:
         params,
         args.rollout_length,
         args.seed,
-        restart_failed_sub_envs=True,
     )
     report: dict[str, Any] = {
         "benchmark": "soak",

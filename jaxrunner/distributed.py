@@ -63,7 +63,7 @@ class EnvRunnerGroupConfig:
     """How each runner's envs recreate failed sub-envs (``make_vec(restart_policy=...)``);
     None: a failure fails the runner (which the group then replaces)."""
     runner_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """Keyword arguments for :class:`~jaxrunner.EnvRunner` (``restart_failed_sub_envs``,
+    """Keyword arguments for :class:`~jaxrunner.EnvRunner` (
     ``metrics``, ``num_groups``...)."""
     num_cpus_per_runner: float = 1.0
     """Ray CPU resources each runner reserves."""

@@ -36,7 +36,7 @@ class Trajectory:
         episode_id: unique per runner; the same for every step of an episode.
         step: index of the step within its episode (0 at the first).
         valid: False where the slot holds no transition: the env's step failed and
-            the env was restarted (``EnvRunner(restart_failed_sub_envs=True)``). Such
+            the env was restarted (``make_vec(..., restart_policy=...)``). Such
             a slot ends its episode (``episode_id``) at the step before it, which is
             then bootstrapped like a truncation (``jr.gae`` does); its reward is 0.
             All True when omitted.

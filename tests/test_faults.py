@@ -13,7 +13,6 @@ from conftest import short_cartpole
 
 import jaxrunner as jr
 from jaxrunner.bench import mlp_policy
-from jaxrunner.envs.base import Capabilities
 from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidStepError
 from jaxrunner.testing import (
     CallLog,
@@ -46,7 +45,7 @@ def make_runner(
     envs = jr.SyncVectorEnv(env_fns, restart_policy=policy if restart else None)
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
-    return jr.EnvRunner(envs, policy, params, T, 0, restart_failed_sub_envs=restart, **kwargs)
+    return jr.EnvRunner(envs, policy, params, T, 0, **kwargs)
 
 
 def fns_with(faults_by_env: dict[int, list[FaultPlan]], log: CallLog | None = None):
@@ -200,7 +199,7 @@ def test_exact_accounting_with_random_faults_across_samples(tmp_path):
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
     valid = 0
-    with jr.EnvRunner(envs, policy, params, 50, 0, restart_failed_sub_envs=True) as runner:
+    with jr.EnvRunner(envs, policy, params, 50, 0) as runner:
         for _ in range(4):
             traj = runner.sample()
             valid += int(traj.valid.sum())
@@ -299,16 +298,15 @@ def test_restart_policy_backoff_and_validation():
         jr.RestartPolicy(backoff_s=-1.0)
 
 
-def test_restart_on_a_backend_that_cannot_restart_is_refused():
-    class NoRestart(jr.SyncVectorEnv):
-        capabilities = Capabilities()
-
-    envs = NoRestart(counting_env_fns(2))
+def test_restarts_asked_of_the_runner_name_the_one_place_they_are_configured():
+    envs = jr.SyncVectorEnv(counting_env_fns(2))
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
-    with pytest.raises(InvalidArgumentError, match="cannot restart"):
-        jr.EnvRunner(envs, policy, params, 4, 0, restart_failed_sub_envs=True)
-    envs.close()
+    for kwargs in ({"restart_failed_sub_envs": True}, {"restart_policy": jr.RestartPolicy()}):
+        with pytest.raises(InvalidArgumentError, match=r"make_vec\(\.\.\., restart_policy="):
+            jr.EnvRunner(envs, policy, params, 4, 0, **kwargs)
+    with jr.EnvRunner(envs, policy, params, 4, 0) as runner:  # the refused ones claimed nothing
+        assert runner.sample().num_steps == 4
 
 
 def test_fault_validation():

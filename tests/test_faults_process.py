@@ -48,14 +48,11 @@ def fns_with(faults_by_env: dict[int, list[FaultPlan]], log: CallLog | None = No
     return fns
 
 
-def make_runner(
-    envs: jr.VectorEnv, restart: bool = True, rollout_length: int = T, **kwargs
-) -> jr.EnvRunner:
+def make_runner(envs: jr.VectorEnv, rollout_length: int = T, **kwargs) -> jr.EnvRunner:
+    """A runner on ``envs`` (whose own restart policy decides how faults are handled)."""
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
-    return jr.EnvRunner(
-        envs, policy, params, rollout_length, 0, restart_failed_sub_envs=restart, **kwargs
-    )
+    return jr.EnvRunner(envs, policy, params, rollout_length, 0, **kwargs)
 
 
 def process(
@@ -238,7 +235,7 @@ def test_random_worker_deaths_with_one_worker_count_exactly(tmp_path):
 def test_restart_off_a_dead_or_hung_worker_raises_promptly(kind):
     fault = FaultPlan(kind=kind, at=(3,))
     envs = process(fns_with({3: [fault]}), restart_policy=None, step_timeout_s=TIMEOUT_S)
-    runner = make_runner(envs, restart=False)
+    runner = make_runner(envs)
     error = WorkerTimeoutError if kind == "hang" else WorkerError
     start = time.monotonic()
     with runner, pytest.raises(error, match=r"worker 1 \(pid \d+, sub-envs 2..3\)") as info:

@@ -167,7 +167,7 @@ def test_env_actor_killed_mid_sample_is_replaced_and_nothing_good_is_lost():
         clean = sync.sample()
     config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
     envs = jr.make_vec(factory, 4, "ray", config=config, restart_policy=jr.RestartPolicy())
-    with runner_on(envs, T, restart_failed_sub_envs=True) as runner:
+    with runner_on(envs, T) as runner:
         victim, recvs, real_recv = envs.actors[killed], [], envs.recv
 
         def recv() -> Any:  # kill the actor after a few steps: mid-sample
