@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from external_helpers import assert_replays, play
+from gated_policy import GatedPolicy, when_idle
 from gymnasium import spaces
 
 import jaxrunner as jr
@@ -332,3 +333,66 @@ def test_check_value_composite_spaces():
     ):
         with pytest.raises(errors.SpaceMismatchError, match=where):
             check_value(space, bad, "obs")
+
+
+# -- only delivered actions become steps; failures never wedge an episode (issue 16) --------
+
+
+def test_an_action_that_timed_out_is_never_recorded():
+    with make_external(action_timeout_s=0.2) as env:
+        gated = GatedPolicy(env)
+        obs = np.zeros(4, np.float32)
+        eid = env.start_episode()
+        gated.gate.clear()
+        with pytest.raises(errors.ActionTimeoutError):
+            env.get_action(eid, obs)  # the agent never gets this action...
+        gated.gate.set()
+        action = when_idle(lambda: env.get_action(eid, obs))  # ...so it asks again
+        env.log_returns(eid, 1.0)
+        env.end_episode(eid, obs)
+        (episode,) = env.poll_episodes()
+        assert episode.length == 1  # one delivered action, one step
+        np.testing.assert_array_equal(episode.action, [action])
+        np.testing.assert_array_equal(episode.reward, [1.0])
+        metrics = env.get_metrics()
+        assert metrics["num_env_steps"] == 1
+        assert metrics["num_dropped_steps"] == metrics["num_undelivered_actions"] == 1
+
+
+def test_a_cancelled_submit_is_never_recorded():
+    with make_external() as env:
+        gated = GatedPolicy(env)
+        obs = np.zeros(4, np.float32)
+        eid = env.start_episode()
+        gated.gate.clear()
+        future = env.submit_action(eid, obs)
+        gated.entered.wait(10)
+        assert future.cancel()  # computing, but not delivered: still cancellable
+        gated.gate.set()
+        when_idle(lambda: env.get_action(eid, obs))
+        env.end_episode(eid, obs)
+        assert env.poll_episodes()[0].length == 1
+        assert env.get_metrics()["num_dropped_steps"] == 1
+
+
+def test_a_failed_policy_call_frees_the_episode():
+    with make_external(max_concurrent=2) as env:
+        gated = GatedPolicy(env)
+        obs = np.zeros(4, np.float32)
+        eid = env.start_episode()
+        gated.fail = 1
+        with pytest.raises(FloatingPointError, match="on purpose"):
+            env.get_action(eid, obs)
+        # Not wedged: the next call works (it got 409 forever before).
+        env.get_action(eid, obs)
+        env.log_returns(eid, 2.0)
+        gated.fail = 1
+        with pytest.raises(FloatingPointError):
+            env.log_steps(eid, [obs, obs], [0, 1], [1.0, 1.0])
+        env.end_episode(eid, obs)
+        (episode,) = env.poll_episodes()
+        assert episode.length == 1 and episode.reward.tolist() == [2.0]
+        # The slot was freed: max_concurrent episodes start again.
+        for _ in range(2):
+            env.start_episode()
+        assert env.get_metrics()["num_dropped_steps"] == 0

@@ -11,6 +11,7 @@ import concurrent.futures
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -89,6 +90,9 @@ class ExternalEnv:
         self._output_ready = threading.Condition(self._lock)
         self._stats = EpisodeStats(config.episode_window)
         self._counts = collections.Counter()
+        self._tickets: weakref.WeakKeyDictionary[concurrent.futures.Future, Row] = (
+            weakref.WeakKeyDictionary()
+        )
         self._started_at = time.monotonic()
         self._closed = False
         carry = policy.batched_carry(1)
@@ -318,7 +322,9 @@ class ExternalEnv:
         ``num_episodes`` (ended, training or not; from ``num_episodes`` on, the
         same recent-window statistics as EnvRunner's), ``num_training_episodes``,
         ``num_live_episodes``, ``num_started_episodes``, ``num_abandoned_episodes``
-        (ended by the reaper), ``num_dropped_steps``, ``num_faulty_episodes``,
+        (ended by the reaper), ``num_dropped_steps`` (also ``num_undelivered_actions``:
+        actions computed or asked for that never reached their agent, never recorded),
+        ``num_faulty_episodes``,
         ``num_batches``, ``num_policy_rows``, ``mean_batch_size``, ``num_traces``,
         ``params_version``, ``env_steps_per_s`` and ``perf.inference_ms`` (per batch).
         """
@@ -334,6 +340,7 @@ class ExternalEnv:
                 "num_started_episodes": self._counts["num_started_episodes"],
                 "num_abandoned_episodes": self._counts["num_abandoned_episodes"],
                 "num_dropped_steps": self._counts["num_dropped_steps"],
+                "num_undelivered_actions": self._counts["num_undelivered_actions"],
                 "num_faulty_episodes": 0,
                 "num_batches": batches,
                 "num_policy_rows": batcher.num_rows,
@@ -432,11 +439,16 @@ class ExternalEnv:
         def on_done(results: list[RowResult]) -> Any:
             taken, extras, carry = results[0]
             with self._lock:
-                live.record(obs, taken, extras, carry)
-                live.busy = False
+                try:
+                    live.record(obs, taken, extras, carry, ticket=row)
+                finally:
+                    live.busy = False
             return taken if action is None else None
 
-        return self._submit_rows(live, [row], on_done)
+        future = self._submit_rows(live, [row], on_done)
+        with self._lock:
+            self._tickets[future] = row  # for retract_action
+        return future
 
     def _submit_many(
         self, episode_id: int, obs: list[Any], actions: list[Any], rewards: list[float]
@@ -452,22 +464,52 @@ class ExternalEnv:
 
         def on_done(results: list[RowResult]) -> None:
             with self._lock:
-                for t, (taken, extras, _) in enumerate(results):
-                    live.record(obs[t], taken, extras, None)
-                    live.pending_reward += rewards[t]
-                live.busy = False
+                try:
+                    for t, (taken, extras, _) in enumerate(results):
+                        live.record(obs[t], taken, extras, None)
+                        live.pending_reward += rewards[t]
+                finally:
+                    live.busy = False
 
         return self._submit_rows(live, rows, on_done)
 
     def _submit_rows(
         self, live: LiveEpisode, rows: list[Row], on_done: Callable[[list[RowResult]], Any]
     ) -> concurrent.futures.Future:
+        def on_abort(error: BaseException | None) -> None:
+            # Nothing was recorded: the episode is free again (a failed policy call
+            # never wedges it). Cancelled (None): its waiter gave up, so the action
+            # was never delivered; it is counted, never recorded.
+            with self._lock:
+                live.busy = False
+                live.last_seen = time.monotonic()
+                if error is None:
+                    self._counts["num_dropped_steps"] += len(rows)
+                    self._counts["num_undelivered_actions"] += len(rows)
+
         try:
-            return self._batcher.submit(rows, on_done)
+            return self._batcher.submit(rows, on_done, on_abort)
         except BaseException:
             with self._lock:
                 live.busy = False
             raise
+
+    def retract_action(self, episode_id: int, future: concurrent.futures.Future) -> bool:
+        """The action ``future`` (from :meth:`submit_action` or
+        :meth:`submit_log_action`) never reached the agent (it disconnected before
+        the answer went out): if it is still the episode's latest step, removes that
+        step, counted in ``num_dropped_steps``. Cancels the future if it is pending.
+        Returns whether anything was taken back."""
+        if future.cancel():
+            return True  # on_abort counts it
+        with self._lock:
+            live = self._episodes.find(episode_id)
+            ticket = self._tickets.get(future)
+            if ticket is None or live is None or live.busy or not live.undo(ticket):
+                return False
+            self._counts["num_dropped_steps"] += 1
+            self._counts["num_undelivered_actions"] += 1
+            return True
 
     def _check_room(self, live: LiveEpisode, steps: int, what: str) -> None:
         limit = self.config.max_episode_steps
@@ -519,12 +561,18 @@ class ExternalEnv:
             return len(stale)
 
     def _wait(self, future: concurrent.futures.Future) -> Any:
+        """The future's result; after ``action_timeout_s`` it is cancelled (never
+        recorded, counted in ``num_dropped_steps``) and ActionTimeoutError raised, unless
+        it was already being recorded: then the caller gets it after all."""
         try:
             return future.result(timeout=self.config.action_timeout_s)
         except concurrent.futures.TimeoutError:
+            if not future.cancel():
+                return future.result()  # computed just now: deliver it
             raise ActionTimeoutError(
                 "the policy did not answer within action_timeout_s="
-                f"{self.config.action_timeout_s} s."
+                f"{self.config.action_timeout_s} s; the request was withdrawn (nothing "
+                "recorded): retry it."
             ) from None
 
 

@@ -243,13 +243,33 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
     bearer = Security(HTTPBearer(auto_error=False, description="the server's token"))
     params_cache: dict[str, Any] = {}
 
-    async def wait(future: Any) -> Any:
+    async def deliver(episode_id: int, future: Any, request: Request) -> Any:
+        """The future's result, recorded only if it reaches the client: on timeout or
+        a client that hangs up it is withdrawn (cancelled, never recorded); one that
+        came back for a client gone by then is retracted. Both are counted in
+        ``num_dropped_steps``."""
+        result = asyncio.wrap_future(future)
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
-        except asyncio.TimeoutError:
-            raise errors.ActionTimeoutError(
-                f"the policy did not answer within {timeout_s} s."
-            ) from None
+            done, _ = await asyncio.wait(
+                {result, gone}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            gone.cancel()
+        if result not in done:
+            if future.cancel():  # still pending: withdrawn, nothing recorded
+                if gone in done:
+                    raise ClientGone()
+                raise errors.ActionTimeoutError(
+                    f"the policy did not answer within {timeout_s} s; the request was "
+                    "withdrawn (nothing recorded): retry it."
+                )
+            await asyncio.wait({result})  # being recorded right now: deliver it
+        value = result.result()
+        if await request.is_disconnected():
+            env.retract_action(episode_id, future)
+            raise ClientGone()
+        return value
 
     def decode(obj: Any, where: str, space: Any = obs_space) -> Any:
         return wire.decode_tree(space, _raw(obj), where)
@@ -309,8 +329,9 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
         responses={200: {"model": ActionOut}, **_ERRORS},
         tags=["episodes"],
     )
-    async def get_action(episode_id: EpisodeId, body: ObsBody) -> JSONResponse:
-        action = await wait(env.submit_action(episode_id, decode(body.obs, "obs")))
+    async def get_action(episode_id: EpisodeId, body: ObsBody, request: Request) -> JSONResponse:
+        future = env.submit_action(episode_id, decode(body.obs, "obs"))
+        action = await deliver(episode_id, future, request)
         return JSONResponse({"action": wire.encode_tree(action_space, action)})
 
     @app.post(
@@ -319,10 +340,12 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
         responses={200: {"model": Ok}, **_ERRORS},
         tags=["episodes"],
     )
-    async def log_action(episode_id: EpisodeId, body: LogActionBody) -> JSONResponse:
+    async def log_action(
+        episode_id: EpisodeId, body: LogActionBody, request: Request
+    ) -> JSONResponse:
         obs = decode(body.obs, "obs")
         action = decode(body.action, "action", action_space)
-        await wait(env.submit_log_action(episode_id, obs, action))
+        await deliver(episode_id, env.submit_log_action(episode_id, obs, action), request)
         return JSONResponse({"ok": True})
 
     @app.post(
@@ -366,7 +389,21 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
     return Guard(app, token, max_body_bytes), app
 
 
+class ClientGone(Exception):
+    """The client hung up before its answer was sent (the response goes nowhere)."""
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has hung up (the body was read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> JSONResponse:
+        return error_response(400, "client_gone", "the client hung up before the answer.")
+
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}

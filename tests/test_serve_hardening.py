@@ -1,0 +1,132 @@
+"""The policy server under slow, impatient and hostile clients (issue 16)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import gymnasium
+import jax
+import numpy as np
+import pytest
+from gated_policy import GatedPolicy
+
+import jaxrunner as jr
+from jaxrunner.bench import mlp_policy
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from jaxrunner.serve import PolicyServer, wire  # noqa: E402
+
+CARTPOLE = gymnasium.make("CartPole-v1")
+OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space
+POLICY = mlp_policy(ACTION_SPACE, hidden=(16,))
+OBS = np.zeros(4, np.float32)
+
+
+def make_env(**config) -> jr.ExternalEnv:
+    config.setdefault("max_batch", 8)
+    config.setdefault("buckets", (8,))
+    params = POLICY.init(jax.random.key(0), OBS_SPACE)
+    return jr.ExternalEnv(
+        OBS_SPACE, ACTION_SPACE, POLICY, params, seed=1, config=jr.ExternalEnvConfig(**config)
+    )
+
+
+def post(url: str, path: str, body: dict, timeout: float = 30) -> httpx.Response:
+    return httpx.post(url + path, json=body, timeout=timeout)
+
+
+def when_idle(url: str, path: str, body: dict) -> httpx.Response:
+    """Posts until the episode is not busy (409) any more."""
+    deadline = time.monotonic() + 10
+    while True:
+        response = post(url, path, body)
+        if response.status_code != 409 or time.monotonic() > deadline:
+            return response
+        time.sleep(0.01)
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def one_episode(env: jr.ExternalEnv) -> jr.Episode:
+    (episode,) = env.poll_episodes()
+    return episode
+
+
+# -- defects 2 and 3: only delivered actions are steps; a failure frees the episode ----------
+
+
+def test_http_timeout_then_retry_records_one_step():
+    env = make_env(action_timeout_s=0.3)
+    gated = GatedPolicy(env)
+    with env, PolicyServer(env, require_token=False) as server:
+        eid = post(server.url, "/v1/episodes", {}).json()["episode_id"]
+        act = {"obs": wire.encode_array(OBS)}
+        gated.gate.clear()
+        first = post(server.url, f"/v1/episodes/{eid}/action", act)
+        assert first.status_code == 503 and first.json()["error"]["code"] == "timeout"
+        gated.gate.set()
+        retry = when_idle(server.url, f"/v1/episodes/{eid}/action", act)
+        assert retry.status_code == 200
+        post(server.url, f"/v1/episodes/{eid}/returns", {"reward": 1.0})
+        post(server.url, f"/v1/episodes/{eid}/end", act)
+        episode = one_episode(env)
+        assert episode.length == 1 and episode.reward.tolist() == [1.0]
+        assert env.get_metrics()["num_dropped_steps"] == 1
+
+
+def _hang_up_during(url: str, path: str, body: dict) -> None:
+    """Sends a request, then closes the socket before the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        time.sleep(0.2)  # the server has read it: the request is queued
+
+
+@pytest.mark.parametrize("answer_before_noticed", [False, True])
+def test_http_client_that_hangs_up_gets_no_step(answer_before_noticed):
+    env = make_env(action_timeout_s=30)
+    gated = GatedPolicy(env)
+    with env, PolicyServer(env, require_token=False) as server:
+        eid = post(server.url, "/v1/episodes", {}).json()["episode_id"]
+        act = {"obs": wire.encode_array(OBS)}
+        gated.gate.clear()
+        _hang_up_during(server.url, f"/v1/episodes/{eid}/action", act)
+        if answer_before_noticed:  # the action is computed while the client is gone
+            gated.gate.set()
+        else:  # the server notices the hang-up first and withdraws the request
+            wait_for(lambda: any(future.cancelled() for future in list(env._tickets)))
+            gated.gate.set()
+        wait_for(lambda: env.get_metrics()["num_dropped_steps"] == 1)
+        assert when_idle(server.url, f"/v1/episodes/{eid}/action", act).status_code == 200
+        post(server.url, f"/v1/episodes/{eid}/end", act)
+        assert one_episode(env).length == 1
+
+
+def test_http_failed_policy_call_frees_the_episode():
+    env = make_env(max_concurrent=1)
+    gated = GatedPolicy(env)
+    with env, PolicyServer(env, require_token=False) as server:
+        eid = post(server.url, "/v1/episodes", {}).json()["episode_id"]
+        act = {"obs": wire.encode_array(OBS)}
+        gated.fail = 1
+        failed = post(server.url, f"/v1/episodes/{eid}/action", act)
+        assert failed.status_code == 500 and "Traceback" not in failed.text
+        assert post(server.url, f"/v1/episodes/{eid}/action", act).status_code == 200
+        assert post(server.url, f"/v1/episodes/{eid}/end", act).status_code == 200
+        assert one_episode(env).length == 1
+        assert post(server.url, "/v1/episodes", {}).status_code == 201  # the slot is free
