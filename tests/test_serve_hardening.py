@@ -130,3 +130,74 @@ def test_http_failed_policy_call_frees_the_episode():
         assert post(server.url, f"/v1/episodes/{eid}/end", act).status_code == 200
         assert one_episode(env).length == 1
         assert post(server.url, "/v1/episodes", {}).status_code == 201  # the slot is free
+
+
+# -- defect 1: slow clients are cut off, and cannot starve the others ------------------------
+
+
+def _connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the socket."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_slow_sockets_are_closed_while_real_clients_are_served(tmp_path):
+    env = make_env()
+    n_slow = 200
+    with env, PolicyServer(env, token_file=tmp_path / "token", read_timeout_s=1.0) as server:
+        auth = {"Authorization": f"Bearer {server.token}"}
+        slow = [_connect(server.url) for _ in range(n_slow)]
+        for i, sock in enumerate(slow):
+            if i % 3 == 0:  # half a request line and header
+                sock.sendall(b"POST /v1/episodes HTTP/1.1\r\nHost: x\r\nAuthor")
+            elif i % 3 == 1:  # headers that promise a body that never comes whole
+                sock.sendall(
+                    b"POST /v1/episodes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                    b"\r\nContent-Length: 100\r\nAuthorization: Bearer "
+                    + server.token.encode()
+                    + b'\r\n\r\n{"epi'
+                )
+            # else: connected, never a byte
+        # Every slow socket is open now; a real client is served all the same.
+        with httpx.Client(headers=auth, timeout=30) as client:
+            for _ in range(3):
+                eid = client.post(server.url + "/v1/episodes", json={}).json()["episode_id"]
+                act = {"obs": wire.encode_array(OBS)}
+                got = client.post(f"{server.url}/v1/episodes/{eid}/action", json=act)
+                assert got.status_code == 200, got.text
+                assert client.post(f"{server.url}/v1/episodes/{eid}/end", json=act).is_success
+        # ...and each slow socket is closed by the server, after a JSON 408 if it sent bytes.
+        for i, sock in enumerate(slow):
+            answer = _read_all(sock)
+            sock.close()
+            if i % 3 == 2:
+                assert answer == b""
+            else:
+                head, body = answer.split(b"\r\n\r\n", 1)
+                assert head.startswith(b"HTTP/1.1 408"), answer
+                assert json.loads(body)["error"]["code"] == "request_timeout"
+        assert env.get_metrics()["num_started_episodes"] == 3  # no slow request got in
+
+
+def test_transport_errors_are_json(tmp_path):
+    env = make_env()
+    with env, PolicyServer(env, require_token=False, max_connections=4) as server:
+        with _connect(server.url) as sock:
+            sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+            head, body = _read_all(sock).split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 400")
+        assert json.loads(body)["error"]["code"] == "bad_http"
+        held = [_connect(server.url) for _ in range(4)]
+        with _connect(server.url) as sock:
+            head, body = _read_all(sock).split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 503")
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+        for sock in held:
+            sock.close()
