@@ -108,6 +108,12 @@ class TooManyEpisodesError(JaxRunnerError, RuntimeError):
     end some episodes, or raise the cap. Served as HTTP 429."""
 
 
+class MemoryLimitError(TooManyEpisodesError):
+    """An external env's records (live episodes and unpolled finished ones) would
+    exceed ``ExternalEnvConfig.max_memory_bytes``; poll or end episodes first.
+    Served as HTTP 429 (code ``memory_limit``)."""
+
+
 class EpisodeNotFoundError(JaxRunnerError, LookupError):
     """No live episode has this id: it was never started, or it has ended
     (``ended`` tells which). Served as HTTP 404 (unknown) or 410 (ended)."""

@@ -396,3 +396,31 @@ def test_a_failed_policy_call_frees_the_episode():
         for _ in range(2):
             env.start_episode()
         assert env.get_metrics()["num_dropped_steps"] == 0
+
+
+# -- memory is bounded in bytes (issue 16, defect 6) -----------------------------------------
+
+
+def test_memory_limit_refuses_steps_before_memory_runs_out():
+    budget = 40_000
+    with make_external(max_memory_bytes=budget) as env:
+        obs = np.zeros(4, np.float32)
+        eids = [env.start_episode() for _ in range(4)]
+        steps = 0
+        with pytest.raises(errors.MemoryLimitError, match="max_memory_bytes=40000") as caught:
+            while True:
+                env.get_action(eids[steps % 4], obs)
+                env.log_returns(eids[steps % 4], 1.0)
+                steps += 1
+                assert env.get_metrics()["memory_bytes"] <= budget
+        assert isinstance(caught.value, errors.TooManyEpisodesError)  # HTTP 429
+        # ~750 bytes a CartPole step: the budget held about 50 of them.
+        assert 30 <= steps <= 60
+        with pytest.raises(errors.MemoryLimitError):
+            env.start_episode()
+        for eid in eids:
+            env.end_episode(eid, obs)
+        assert 0 < env.get_metrics()["memory_bytes"] <= budget  # unpolled episodes count
+        assert sum(e.length for e in env.poll_episodes()) == steps
+        assert env.get_metrics()["memory_bytes"] == 0  # every byte given back
+        env.start_episode()  # room again

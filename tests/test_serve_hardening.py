@@ -201,3 +201,16 @@ def test_transport_errors_are_json(tmp_path):
         assert json.loads(body)["error"]["code"] == "too_many_connections"
         for sock in held:
             sock.close()
+
+
+def test_http_memory_limit_answers_429():
+    env = make_env(max_memory_bytes=20_000)
+    with env, PolicyServer(env, require_token=False) as server:
+        eid = post(server.url, "/v1/episodes", {}).json()["episode_id"]
+        act = {"obs": wire.encode_array(OBS)}
+        for _ in range(100):
+            got = post(server.url, f"/v1/episodes/{eid}/action", act)
+            if got.status_code != 200:
+                break
+        assert got.status_code == 429 and got.json()["error"]["code"] == "memory_limit"
+        assert env.get_metrics()["memory_bytes"] <= 20_000

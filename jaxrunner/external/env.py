@@ -30,6 +30,7 @@ from jaxrunner.errors import (
 )
 from jaxrunner.external.config import ExternalEnvConfig
 from jaxrunner.external.episodes import MAX_EPISODE_ID, EpisodeTable, LiveEpisode
+from jaxrunner.external.memory import MemoryBudget, step_nbytes, tree_nbytes
 from jaxrunner.external.reaper import Reaper
 from jaxrunner.metrics import EpisodeStats
 from jaxrunner.policy import Params, Policy
@@ -86,6 +87,10 @@ class ExternalEnv:
         self.config = config = config or ExternalEnvConfig()
         self._lock = threading.Lock()
         self._episodes = EpisodeTable(config.max_concurrent, config.max_episodes_per_client)
+        self._memory = MemoryBudget(
+            config.max_memory_bytes,
+            step_nbytes(observation_space.sample(), action_space.sample(), {}),
+        )
         self._output: collections.deque[Episode] = collections.deque()
         self._output_ready = threading.Condition(self._lock)
         self._stats = EpisodeStats(config.episode_window)
@@ -151,6 +156,7 @@ class ExternalEnv:
             )
         with self._lock:
             self._check_open("start_episode")
+            self._memory.check(1, "start_episode")
             live = self._episodes.open(episode_id, client, training_enabled, self._initial_carry)
             self._counts["num_started_episodes"] += 1
             return live.episode_id
@@ -281,6 +287,7 @@ class ExternalEnv:
         with self._lock:
             episodes = list(self._output)
             self._output.clear()
+            self._memory.output = 0
             return episodes
 
     def sample_episodes(self, num_episodes: int, timeout_s: float | None = None) -> list[Episode]:
@@ -301,7 +308,9 @@ class ExternalEnv:
                     f"sample_episodes({num_episodes}): only {len(self._output)} episodes ended "
                     f"within {timeout_s} s."
                 )
-            return [self._output.popleft() for _ in range(num_episodes)]
+            taken = [self._output.popleft() for _ in range(num_episodes)]
+            self._memory.output -= sum(_episode_nbytes(e) for e in taken)
+            return taken
 
     def set_params(self, params: Params) -> int:
         """Replaces the params from the next batch on (never recompiles); returns the
@@ -324,8 +333,9 @@ class ExternalEnv:
         ``num_live_episodes``, ``num_started_episodes``, ``num_abandoned_episodes``
         (ended by the reaper), ``num_dropped_steps`` (also ``num_undelivered_actions``:
         actions computed or asked for that never reached their agent, never recorded),
-        ``num_faulty_episodes``,
-        ``num_batches``, ``num_policy_rows``, ``mean_batch_size``, ``num_traces``,
+        ``memory_bytes`` (held by live and unpolled episodes, against
+        ``max_memory_bytes``), ``num_faulty_episodes``, ``num_batches``,
+        ``num_policy_rows``, ``mean_batch_size``, ``num_traces``,
         ``params_version``, ``env_steps_per_s`` and ``perf.inference_ms`` (per batch).
         """
         with self._lock:
@@ -341,6 +351,7 @@ class ExternalEnv:
                 "num_abandoned_episodes": self._counts["num_abandoned_episodes"],
                 "num_dropped_steps": self._counts["num_dropped_steps"],
                 "num_undelivered_actions": self._counts["num_undelivered_actions"],
+                "memory_bytes": self._memory.used,
                 "num_faulty_episodes": 0,
                 "num_batches": batches,
                 "num_policy_rows": batcher.num_rows,
@@ -425,6 +436,7 @@ class ExternalEnv:
         the lock); :meth:`_submit_rows` or its ``on_done`` marks it idle again."""
         live = self._get_live(episode_id, what)
         self._check_room(live, steps, what)
+        self._memory.check(steps, what)
         live.busy = True
         live.last_seen = time.monotonic()
         return live
@@ -439,10 +451,12 @@ class ExternalEnv:
         def on_done(results: list[RowResult]) -> Any:
             taken, extras, carry = results[0]
             with self._lock:
+                before = live.nbytes
                 try:
                     live.record(obs, taken, extras, carry, ticket=row)
                 finally:
                     live.busy = False
+                    self._charge(live, before, 1)
             return taken if action is None else None
 
         future = self._submit_rows(live, [row], on_done)
@@ -464,12 +478,14 @@ class ExternalEnv:
 
         def on_done(results: list[RowResult]) -> None:
             with self._lock:
+                before = live.nbytes
                 try:
                     for t, (taken, extras, _) in enumerate(results):
                         live.record(obs[t], taken, extras, None)
                         live.pending_reward += rewards[t]
                 finally:
                     live.busy = False
+                    self._charge(live, before, len(results))
 
         return self._submit_rows(live, rows, on_done)
 
@@ -505,8 +521,10 @@ class ExternalEnv:
         with self._lock:
             live = self._episodes.find(episode_id)
             ticket = self._tickets.get(future)
+            before = 0 if live is None else live.nbytes
             if ticket is None or live is None or live.busy or not live.undo(ticket):
                 return False
+            self._memory.live -= before - live.nbytes
             self._counts["num_dropped_steps"] += 1
             self._counts["num_undelivered_actions"] += 1
             return True
@@ -519,9 +537,18 @@ class ExternalEnv:
                 f"max_episode_steps={limit}; end it (truncated=True) and start a new one."
             )
 
+    def _charge(self, live: LiveEpisode, before: int, steps: int) -> None:
+        """Charges the budget for the ``steps`` steps ``live`` recorded since it held
+        ``before`` bytes."""
+        grown = live.nbytes - before
+        self._memory.live += grown
+        if grown > 0:
+            self._memory.observe_step(grown // steps)
+
     def _finish(self, live: LiveEpisode, terminated: bool, truncated: bool) -> None:
         """Ends ``live`` (caller holds the lock): counts it and outputs it."""
         self._episodes.remove(live)
+        self._memory.live -= live.nbytes
         length = live.num_actions
         self._counts["num_env_steps"] += length
         self._stats.add(np.array([sum(live.rewards)], np.float64), np.array([length]))
@@ -543,8 +570,10 @@ class ExternalEnv:
             return
         self._counts["num_training_episodes"] += 1
         self._output.append(episode)
+        self._memory.output += _episode_nbytes(episode)
         if len(self._output) > self.config.max_output_episodes:
             dropped = self._output.popleft()
+            self._memory.output -= _episode_nbytes(dropped)
             self._counts["num_dropped_steps"] += dropped.length
         self._output_ready.notify_all()
 
@@ -574,6 +603,11 @@ class ExternalEnv:
                 f"{self.config.action_timeout_s} s; the request was withdrawn (nothing "
                 "recorded): retry it."
             ) from None
+
+
+def _episode_nbytes(episode: Episode) -> int:
+    """What a finished episode's arrays take (charged until it is polled)."""
+    return tree_nbytes(episode.obs, episode.action, episode.reward, episode.extras)
 
 
 __all__ = ["ExternalEnv"]

@@ -16,6 +16,7 @@ from gymnasium import spaces
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.errors import EpisodeConflictError, EpisodeNotFoundError, TooManyEpisodesError
+from jaxrunner.external.memory import step_nbytes
 from jaxrunner.trajectory import Episode
 
 MAX_EPISODE_ID = 2**63 - 1
@@ -45,7 +46,8 @@ class LiveEpisode:
     rewards: list[float] = dataclasses.field(default_factory=list)
     pending_reward: float = 0.0
     busy: bool = False  # a get_action/log_action call is in flight
-    _undo: Any = None  # (ticket, previous carry, whether record closed a reward)
+    nbytes: int = 0  # what the recorded steps cost (see external.memory)
+    _undo: Any = None  # (ticket, previous carry, whether record closed a reward, bytes)
 
     @property
     def num_actions(self) -> int:
@@ -62,7 +64,9 @@ class LiveEpisode:
         """Appends one step; this obs closes the previous step's reward. ``ticket``
         names the step for :meth:`undo`."""
         closed = self.num_actions > 0
-        self._undo = (ticket, self.carry, closed) if ticket is not None else None
+        size = step_nbytes(obs, action, extras)
+        self.nbytes += size
+        self._undo = (ticket, self.carry, closed, size) if ticket is not None else None
         if closed:
             self.rewards.append(self.pending_reward)
             self.pending_reward = 0.0
@@ -77,8 +81,9 @@ class LiveEpisode:
         never reached the agent); rewards logged since go back to the step before."""
         if self._undo is None or self._undo[0] is not ticket:
             return False
-        _, self.carry, closed = self._undo
+        _, self.carry, closed, size = self._undo
         self._undo = None
+        self.nbytes -= size
         self.obs.pop()
         self.actions.pop()
         self.extras.pop()

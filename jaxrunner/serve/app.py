@@ -124,6 +124,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 _STATUS: list[tuple[type[BaseException], int, str]] = [
+    (errors.MemoryLimitError, 429, "memory_limit"),
     (errors.TooManyEpisodesError, 429, "too_many_episodes"),
     (errors.EpisodeConflictError, 409, "episode_conflict"),
     (errors.ActionTimeoutError, 503, "timeout"),
