@@ -79,3 +79,14 @@ def test_an_unpicklable_cause_is_kept_as_text():
 class _Unpicklable(Exception):
     def __reduce__(self):
         raise TypeError("cannot pickle this")
+
+
+@pytest.mark.parametrize("name", ["apply_fn", "init_fn", "log_prob_fn", "evaluate_fn"])
+def test_policy_with_a_non_function_names_the_argument(name):
+    import jaxrunner as jr
+
+    kwargs = {"apply_fn": lambda params, obs, carry, keys: None, name: object()}
+    if name == "apply_fn":
+        kwargs["apply_fn"] = None
+    with pytest.raises(errors.InvalidArgumentTypeError, match=rf"Policy\({name}=\.\.\.\)"):
+        jr.Policy(**kwargs)

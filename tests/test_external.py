@@ -424,3 +424,22 @@ def test_memory_limit_refuses_steps_before_memory_runs_out():
         assert sum(e.length for e in env.poll_episodes()) == steps
         assert env.get_metrics()["memory_bytes"] == 0  # every byte given back
         env.start_episode()  # room again
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_non_finite_observations_are_refused_even_where_the_space_is_unbounded(bad):
+    # CartPole's velocity dimensions (1 and 3) are unbounded: inf lies inside the space.
+    assert OBS_SPACE.high[1] == np.inf
+    obs = np.array([0.0, bad, 0.0, 0.0], np.float32)
+    good = np.zeros(4, np.float32)
+    with make_external() as env:
+        eid = env.start_episode()
+        for call in (
+            lambda: env.get_action(eid, obs),
+            lambda: env.log_action(eid, obs, 0),
+            lambda: env.log_steps(eid, [good, obs], [0, 1], [1.0, 1.0]),
+            lambda: env.end_episode(eid, obs),
+        ):
+            with pytest.raises(errors.SpaceMismatchError, match="finite"):
+                call()
+        assert env.get_metrics()["num_live_episodes"] == 1  # nothing was recorded

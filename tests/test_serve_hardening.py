@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import gymnasium
@@ -214,3 +215,36 @@ def test_http_memory_limit_answers_429():
                 break
         assert got.status_code == 429 and got.json()["error"]["code"] == "memory_limit"
         assert env.get_metrics()["memory_bytes"] <= 20_000
+
+
+# -- defect 8: the smaller ones ---------------------------------------------------------------
+
+
+def test_http_refuses_infinite_observations_like_nan():
+    env = make_env()
+    with env, PolicyServer(env, require_token=False) as server:
+        eid = post(server.url, "/v1/episodes", {}).json()["episode_id"]
+        for bad in (np.inf, -np.inf, np.nan):
+            obs = np.array([0.0, bad, 0.0, 0.0], np.float32)  # dimension 1 is unbounded
+            got = post(server.url, f"/v1/episodes/{eid}/action", {"obs": wire.encode_array(obs)})
+            assert got.status_code == 422 and "finite" in got.json()["error"]["message"]
+
+
+def test_report_decodes_off_the_event_loop(monkeypatch):
+    threads = []
+    decode_tree = wire.decode_tree
+
+    def recording(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return decode_tree(*args, **kwargs)
+
+    monkeypatch.setattr(wire, "decode_tree", recording)
+    env = make_env()
+    with env, PolicyServer(env, require_token=False) as server:
+        eid = post(server.url, "/v1/episodes", {}).json()["episode_id"]
+        obs = wire.encode_array(OBS)
+        zero = wire.encode_array(np.array(0, np.int64))
+        body = {"obs": [obs] * 3, "actions": [zero] * 3, "rewards": [1.0] * 3, "final_obs": obs}
+        assert post(server.url, f"/v1/episodes/{eid}/report", body).status_code == 200
+    assert len(threads) == 7
+    assert "jaxrunner-server" not in threads  # the thread running the event loop

@@ -27,6 +27,7 @@ from jaxrunner.errors import (
     EpisodeConflictError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
+    SpaceMismatchError,
 )
 from jaxrunner.external.config import ExternalEnvConfig
 from jaxrunner.external.episodes import MAX_EPISODE_ID, EpisodeTable, LiveEpisode
@@ -179,14 +180,14 @@ class ExternalEnv:
 
     def submit_action(self, episode_id: int, obs: Any) -> concurrent.futures.Future:
         """Like :meth:`get_action`, without waiting: the future resolves to the action."""
-        obs = check_value(self.observation_space, obs, "obs", bounds=True)
+        obs = self._check_obs(obs, "obs")
         return self._submit(episode_id, obs, None, "get_action")
 
     def submit_log_action(
         self, episode_id: int, obs: Any, action: Any
     ) -> concurrent.futures.Future:
         """Like :meth:`log_action`, without waiting: the future resolves to ``None``."""
-        obs = check_value(self.observation_space, obs, "obs", bounds=True)
+        obs = self._check_obs(obs, "obs")
         action = check_value(self.action_space, action, "action", bounds=False)
         return self._submit(episode_id, obs, action, "log_action")
 
@@ -224,7 +225,7 @@ class ExternalEnv:
     def end_episode(self, episode_id: int, obs: Any, *, truncated: bool = False) -> None:
         """Ends the episode at its final observation ``obs``: terminated, or truncated
         (cut short: bootstrap from ``obs``) if ``truncated``."""
-        obs = check_value(self.observation_space, obs, "obs", bounds=True)
+        obs = self._check_obs(obs, "obs")
         if not isinstance(truncated, (bool, np.bool_)):
             raise InvalidArgumentTypeError(
                 f"end_episode(truncated={truncated!r}): expected a bool."
@@ -250,9 +251,7 @@ class ExternalEnv:
                 f"log_steps(): got {len(obs)} observations, {len(actions)} actions and "
                 f"{len(rewards)} rewards; expected one of each per step."
             )
-        checked_obs = [
-            check_value(self.observation_space, o, f"obs[{t}]") for t, o in enumerate(obs)
-        ]
+        checked_obs = [self._check_obs(o, f"obs[{t}]") for t, o in enumerate(obs)]
         checked_actions = [
             check_value(self.action_space, a, f"action[{t}]", bounds=False)
             for t, a in enumerate(actions)
@@ -419,6 +418,19 @@ class ExternalEnv:
         self.close()
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _check_obs(self, obs: Any, what: str) -> Any:
+        """``obs`` checked against the space, and finite: NaN and ±inf are refused
+        even where the space is unbounded (no policy can act on them, and a
+        recorded one poisons every return computed from it)."""
+        obs = check_value(self.observation_space, obs, what, bounds=False)
+        for leaf in jax.tree.leaves(obs):  # first: one wording for NaN and ±inf
+            if leaf.dtype.kind in "fc" and not np.isfinite(leaf).all():
+                raise SpaceMismatchError(
+                    f"{what}: expected finite values, got NaN or infinity; observations of "
+                    "an external env must be finite, even in unbounded dimensions."
+                )
+        return check_value(self.observation_space, obs, what, bounds=True)
 
     def _check_open(self, what: str) -> None:
         if self._closed:

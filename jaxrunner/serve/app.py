@@ -376,11 +376,16 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
         tags=["episodes"],
     )
     async def report(episode_id: EpisodeId, body: ReportBody) -> JSONResponse:
-        obs = [decode(o, f"obs[{t}]") for t, o in enumerate(body.obs)]
-        actions = [decode(a, f"actions[{t}]", action_space) for t, a in enumerate(body.actions)]
-        final = None
-        if body.final_obs is not None:
-            final = check_value(obs_space, decode(body.final_obs, "final_obs"), "final_obs")
+        def decode_all() -> tuple[list[Any], list[Any], Any]:
+            # Up to MAX_REPORT_STEPS arrays: in a worker thread, off the event loop.
+            obs = [decode(o, f"obs[{t}]") for t, o in enumerate(body.obs)]
+            actions = [decode(a, f"actions[{t}]", action_space) for t, a in enumerate(body.actions)]
+            final = None
+            if body.final_obs is not None:
+                final = check_value(obs_space, decode(body.final_obs, "final_obs"), "final_obs")
+            return obs, actions, final
+
+        obs, actions, final = await run_in_threadpool(decode_all)
         await run_in_threadpool(env.log_steps, episode_id, obs, actions, body.rewards)
         if final is not None:
             env.end_episode(episode_id, final, truncated=body.truncated)
