@@ -70,14 +70,32 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def faults(rate: float, hang_s: float) -> list[FaultPlan]:
-    """Every kind, ``rate`` per step call in all (and per reset call in all)."""
-    step = [
-        FaultPlan(kind=k, probability=rate / len(STEP_KINDS), hang_s=hang_s) for k in STEP_KINDS
-    ]
-    reset = [
-        FaultPlan(kind=k, call="reset", probability=rate / len(RESET_KINDS)) for k in RESET_KINDS
-    ]
+def live_descendants() -> int:
+    """Processes descended from this one that still run (zombies excluded): workers,
+    the fork server, anything they left behind."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = pathlib.Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[0] not in ("Z", "X"):
+            parents[int(entry)] = int(stat[1])
+    mine, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - mine
+        mine |= frontier
+    return len(mine)
+
+
+def faults(rate: float, hang_s: float, per_kind: bool = False) -> list[FaultPlan]:
+    """Every kind, ``rate`` per step call in all (and per reset call in all); with
+    ``per_kind``, ``rate`` for each kind."""
+    n_step, n_reset = (1, 1) if per_kind else (len(STEP_KINDS), len(RESET_KINDS))
+    step = [FaultPlan(kind=k, probability=rate / n_step, hang_s=hang_s) for k in STEP_KINDS]
+    reset = [FaultPlan(kind=k, call="reset", probability=rate / n_reset) for k in RESET_KINDS]
     return step + reset
 
 
@@ -113,6 +131,9 @@ def main() -> None:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--rollout-length", type=int, default=128)
     parser.add_argument("--fault-rate", type=float, default=1e-3)
+    parser.add_argument(
+        "--per-kind", action="store_true", help="--fault-rate for each fault kind, not in all"
+    )
     parser.add_argument("--step-timeout", type=float, default=1.0)
     parser.add_argument("--hang-s", type=float, default=3600.0)
     parser.add_argument("--record-every", type=int, default=100_000)
@@ -123,7 +144,8 @@ def main() -> None:
 
     log = CallLog(tempfile.mkdtemp(prefix="jaxrunner-soak-"))
     base = functools.partial(gymnasium.make, "CartPole-v1")
-    fns = faulty_env_fns(base, args.num_envs, faults(args.fault_rate, args.hang_s), log, args.seed)
+    plans = faults(args.fault_rate, args.hang_s, args.per_kind)
+    fns = faulty_env_fns(base, args.num_envs, plans, log, args.seed)
     restart_policy = jr.RestartPolicy(max_attempts=5, backoff_s=0.05)
     config = jr.ProcessConfig(num_workers=args.num_workers, step_timeout_s=args.step_timeout)
     envs = jr.ProcessVectorEnv(fns, config, restart_policy=restart_policy)
@@ -192,6 +214,7 @@ def _record(
         "rss_main_mb": round(main_rss / 2**20, 2),
         "rss_workers_mb": [round(r / 2**20, 2) for r in workers if r is not None],
         "open_fds": open_fds(),
+        "child_processes": live_descendants(),
         "accounting": accounting(log, runner.get_metrics(), envs),
     }
 
@@ -213,6 +236,8 @@ def _summarise(report: dict[str, Any], warmup: int) -> None:
         "rss_main_last_mb": last["rss_main_mb"],
         "rss_main_growth": growth,
         "rss_main_max_mb": max(r["rss_main_mb"] for r in after),
+        "child_processes_max": max(r["child_processes"] for r in records),
+        "child_processes_last": records[-1]["child_processes"],
         "rss_worker_growth": worker_growth,
         "open_fds_first_last": [records[0]["open_fds"], last["open_fds"]],
         "unaccounted_steps": abs(acc["unaccounted_ok"]) + abs(acc["unaccounted_failed"]),

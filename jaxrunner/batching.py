@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +31,8 @@ from jaxrunner import spaces as jr_spaces
 from jaxrunner.errors import ClosedError
 from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.transfer import Packing
+
+logger = logging.getLogger("jaxrunner.batching")
 
 
 @dataclasses.dataclass
@@ -59,10 +62,12 @@ RowResult = tuple[Any, dict[str, np.ndarray], Any]
 class _Request:
     rows: list[Row]
     on_done: Callable[[list[RowResult]], Any]
+    on_abort: Callable[[BaseException | None], Any] | None
     future: concurrent.futures.Future
     results: list[RowResult | None]
     taken: int = 0  # rows handed to a batch so far
     remaining: int = 0  # rows not yet computed
+    finished: bool = False  # on_done or on_abort has run
 
 
 def default_buckets(max_batch: int) -> tuple[int, ...]:
@@ -131,16 +136,23 @@ class PolicyBatcher:
     # -- public -------------------------------------------------------------------------------
 
     def submit(
-        self, rows: list[Row], on_done: Callable[[list[RowResult]], Any]
+        self,
+        rows: list[Row],
+        on_done: Callable[[list[RowResult]], Any],
+        on_abort: Callable[[BaseException | None], Any] | None = None,
     ) -> concurrent.futures.Future:
-        """Queues ``rows``; when all are computed, ``on_done(results)`` runs in the
-        batcher's thread and the returned future resolves to its return value (or to
-        the exception it raised). Policy errors fail the future."""
+        """Queues ``rows``; exactly one of ``on_done`` and ``on_abort`` runs, in the
+        batcher's thread.
+
+        When all rows are computed and the future was not cancelled,
+        ``on_done(results)`` runs and the future resolves to its return value (or to
+        the exception it raised). The future stays pending (cancellable) until then:
+        a waiter that gives up cancels it, and ``on_abort(None)`` runs instead, so
+        nothing is recorded for an action nobody received. If the policy fails (or
+        the batcher closes), ``on_abort(error)`` runs and the future fails with it.
+        """
         future: concurrent.futures.Future = concurrent.futures.Future()
-        # Running from the start: a waiter that gives up cannot cancel it, so on_done
-        # always runs and the episode's record stays consistent.
-        future.set_running_or_notify_cancel()
-        request = _Request(rows, on_done, future, [None] * len(rows), 0, len(rows))
+        request = _Request(rows, on_done, on_abort, future, [None] * len(rows), 0, len(rows))
         with self._cond:
             if self._closed:
                 raise ClosedError("the policy batcher is closed; no more actions can be computed.")
@@ -185,10 +197,15 @@ class PolicyBatcher:
                 self._cond.wait()
             if self._closed:
                 error = ClosedError("the external env was closed before this action was computed.")
-                for request in self._queue:
-                    request.future.set_exception(error)
+                queued = list(self._queue)
                 self._queue.clear()
-                return None
+            else:
+                queued = None
+        if queued is not None:  # outside the lock: on_abort takes the env's lock
+            for request in queued:
+                self._fail(request, error)
+            return None
+        with self._cond:
             deadline = time.monotonic() + self._max_wait_s
             while self._queued_rows < self._max_batch and not self._closed:
                 if self._ready_hint is not None and self._queued_rows >= self._ready_hint():
@@ -213,19 +230,43 @@ class PolicyBatcher:
             results = self._compute([request.rows[i] for request, i in batch])
         except Exception as err:  # a policy failure fails its requests, not the server
             for request in {id(r): r for r, _ in batch}.values():
-                if not request.future.done():
-                    request.future.set_exception(err)
+                self._fail(request, err)
             return
         for (request, i), result in zip(batch, results):
             request.results[i] = result
             request.remaining -= 1
-            if request.remaining == 0 and not request.future.done():
+            if request.remaining == 0 and not request.finished:
+                request.finished = True
+                # Running only now: until here its waiter could cancel it.
+                if not request.future.set_running_or_notify_cancel():
+                    self._abort(request, None)
+                    continue
                 try:
                     value = request.on_done(request.results)  # type: ignore[arg-type]
                 except Exception as err:
                     request.future.set_exception(err)
                 else:
                     request.future.set_result(value)
+
+    def _fail(self, request: _Request, error: BaseException) -> None:
+        """Ends ``request`` with ``error`` (its on_abort runs; None if it was cancelled)."""
+        if request.finished:
+            return
+        request.finished = True
+        if request.future.set_running_or_notify_cancel():
+            self._abort(request, error)
+            request.future.set_exception(error)
+        else:
+            self._abort(request, None)
+
+    @staticmethod
+    def _abort(request: _Request, error: BaseException | None) -> None:
+        if request.on_abort is None:
+            return
+        try:
+            request.on_abort(error)
+        except Exception:  # the batcher thread must live on
+            logger.exception("on_abort of a policy request raised")
 
     def _compute(self, rows: list[Row]) -> list[RowResult]:
         started = time.perf_counter()

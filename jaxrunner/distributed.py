@@ -292,7 +292,8 @@ class EnvRunnerGroup:
                 continue
             try:
                 results.append(ray.get(ref))
-            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
+            # RayError: also an env error Ray could not unpickle (UnserializableException).
+            except ray.exceptions.RayError as err:
                 self._restart(slot, f"sample() failed: {err}")
         if not results:
             raise RunnerFailedError(

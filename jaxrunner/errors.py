@@ -8,11 +8,39 @@ argument) and how to fix it.
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
+
+
+def _rebuild(cls: type[BaseException], args: tuple, state: dict[str, Any]) -> BaseException:
+    """Unpickles a :class:`JaxRunnerError` without calling its constructor."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    cause = state.pop("__cause__", None)
+    error.__dict__.update(state)
+    if cause is not None:
+        error.__cause__ = cause
+    return error
+
+
+def _picklable_cause(cause: BaseException | None) -> BaseException | None:
+    """``cause`` if it pickles, else a RuntimeError that keeps its type and message."""
+    if cause is None:
+        return None
+    try:
+        pickle.dumps(cause)
+    except Exception:  # a cause that cannot travel: keep what it said
+        return RuntimeError(f"{type(cause).__qualname__}: {cause}")
+    return cause
 
 
 class JaxRunnerError(Exception):
     """Base class of every error raised by jaxrunner.
+
+    Every subclass survives ``pickle.loads(pickle.dumps(err))`` (Ray and process
+    workers send errors across processes): its message, its attributes and its
+    chained cause (replaced by a ``RuntimeError`` with the same text if the cause
+    itself cannot be pickled) come back; the constructor is not called again.
 
     Attributes:
         partial_trajectory: set when the error interrupted ``EnvRunner.sample()``:
@@ -21,6 +49,13 @@ class JaxRunnerError(Exception):
     """
 
     partial_trajectory: Any = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # BaseException's default calls cls(*args), which subclasses whose
+        # constructors take extra arguments (env_index, worker_index) cannot take.
+        state = dict(self.__dict__)
+        state["__cause__"] = _picklable_cause(self.__cause__)
+        return (_rebuild, (type(self), self.args, state))
 
 
 class SpaceMismatchError(JaxRunnerError, ValueError):
@@ -71,6 +106,12 @@ class EnvIndexError(JaxRunnerError, IndexError):
 class TooManyEpisodesError(JaxRunnerError, RuntimeError):
     """An external env is at its cap of concurrent episodes (global or per client);
     end some episodes, or raise the cap. Served as HTTP 429."""
+
+
+class MemoryLimitError(TooManyEpisodesError):
+    """An external env's records (live episodes and unpolled finished ones) would
+    exceed ``ExternalEnvConfig.max_memory_bytes``; poll or end episodes first.
+    Served as HTTP 429 (code ``memory_limit``)."""
 
 
 class EpisodeNotFoundError(JaxRunnerError, LookupError):

@@ -24,7 +24,7 @@ from gymnasium import spaces
 
 from jaxrunner import distributions
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 
 Params = Any
 Carry = Any
@@ -63,6 +63,17 @@ class Policy:
     initial_carry: Carry = None
     log_prob_fn: LogProbFn | None = None
     evaluate_fn: EvaluateFn | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("apply_fn", "init_fn", "log_prob_fn", "evaluate_fn"):
+            value = getattr(self, name)
+            if not callable(value) and (name == "apply_fn" or value is not None):
+                none = "" if name == "apply_fn" else " or None"
+                raise InvalidArgumentTypeError(
+                    f"Policy({name}=...): expected a function{none}, got {value!r}. Build a "
+                    "Policy with Policy.from_linen/from_nnx, or pass apply_fn=(params, obs, "
+                    "carry, keys) -> (action, extras, carry)."
+                )
 
     def evaluate(
         self, params: Params, obs: Any, action: Any, carry: Carry = None

@@ -13,9 +13,12 @@ import jax
 import numpy as np
 
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.trajectory_file import TrajectoryFile
 
 _FORMAT = "jaxrunner.Trajectory"
 _VERSION = 1
+MAX_LOAD_BYTES = 1 << 33
+""":meth:`Trajectory.load`'s default cap on the arrays' memory (8 GiB)."""
 
 
 @flax.struct.dataclass
@@ -115,21 +118,24 @@ class Trajectory:
             np.savez(file, __spec__=np.array(json.dumps(spec)), **arrays)
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Trajectory:
-        """Loads a file written by :meth:`save`."""
-        with np.load(path, allow_pickle=False) as data:
-            if "__spec__" not in data:
-                raise InvalidArgumentError(
-                    f"{path} is not a jaxrunner trajectory file (no __spec__)."
-                )
-            spec = json.loads(str(data["__spec__"]))
-            if spec.get("format") != _FORMAT or spec.get("version") != _VERSION:
-                raise InvalidArgumentError(
-                    f"{path}: expected format {_FORMAT} version {_VERSION}, got "
-                    f"{spec.get('format')} version {spec.get('version')}."
-                )
-            arrays = {name: data[name] for name in data.files}
-        return cls(**{name: _decode(s, arrays) for name, s in spec["fields"].items()})
+    def load(
+        cls, path: str | os.PathLike[str], *, max_bytes: int | None = MAX_LOAD_BYTES
+    ) -> Trajectory:
+        """Loads a file written by :meth:`save`, trusting nothing in it.
+
+        Only the members its spec names are read (never pickle), each checked against
+        its own header before any memory is allocated; fields must have the keys,
+        ``[T, B]`` leading shapes and dtype kinds a trajectory has.
+
+        Args:
+            path: the file.
+            max_bytes: the most bytes the arrays may take in memory (None: no cap).
+
+        Raises:
+            InvalidArgumentError: the file is not a valid trajectory file; the message
+                names the field (or member) at fault and what is wrong with it.
+        """
+        return _load(cls, path, max_bytes)
 
 
 @flax.struct.dataclass
@@ -278,11 +284,7 @@ def _encode(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
     return {"array": name}
 
 
-def _decode(spec: dict[str, Any], arrays: dict[str, np.ndarray]) -> Any:
-    if "dict" in spec:
-        return {k: _decode(v, arrays) for k, v in spec["dict"].items()}
-    if "tuple" in spec:
-        return tuple(_decode(v, arrays) for v in spec["tuple"])
-    if "none" in spec:
-        return None
-    return arrays[spec["array"]]
+def _load(cls: type[Trajectory], path: str | os.PathLike[str], max_bytes: int | None) -> Any:
+    with TrajectoryFile(path, _FORMAT, _VERSION, max_bytes) as file:
+        fields = file.read_fields(tuple(cls.__dataclass_fields__))
+    return cls(**fields)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from external_helpers import assert_replays, play
+from gated_policy import GatedPolicy, when_idle
 from gymnasium import spaces
 
 import jaxrunner as jr
@@ -332,3 +333,113 @@ def test_check_value_composite_spaces():
     ):
         with pytest.raises(errors.SpaceMismatchError, match=where):
             check_value(space, bad, "obs")
+
+
+# -- only delivered actions become steps; failures never wedge an episode (issue 16) --------
+
+
+def test_an_action_that_timed_out_is_never_recorded():
+    with make_external(action_timeout_s=0.2) as env:
+        gated = GatedPolicy(env)
+        obs = np.zeros(4, np.float32)
+        eid = env.start_episode()
+        gated.gate.clear()
+        with pytest.raises(errors.ActionTimeoutError):
+            env.get_action(eid, obs)  # the agent never gets this action...
+        gated.gate.set()
+        action = when_idle(lambda: env.get_action(eid, obs))  # ...so it asks again
+        env.log_returns(eid, 1.0)
+        env.end_episode(eid, obs)
+        (episode,) = env.poll_episodes()
+        assert episode.length == 1  # one delivered action, one step
+        np.testing.assert_array_equal(episode.action, [action])
+        np.testing.assert_array_equal(episode.reward, [1.0])
+        metrics = env.get_metrics()
+        assert metrics["num_env_steps"] == 1
+        assert metrics["num_dropped_steps"] == metrics["num_undelivered_actions"] == 1
+
+
+def test_a_cancelled_submit_is_never_recorded():
+    with make_external() as env:
+        gated = GatedPolicy(env)
+        obs = np.zeros(4, np.float32)
+        eid = env.start_episode()
+        gated.gate.clear()
+        future = env.submit_action(eid, obs)
+        gated.entered.wait(10)
+        assert future.cancel()  # computing, but not delivered: still cancellable
+        gated.gate.set()
+        when_idle(lambda: env.get_action(eid, obs))
+        env.end_episode(eid, obs)
+        assert env.poll_episodes()[0].length == 1
+        assert env.get_metrics()["num_dropped_steps"] == 1
+
+
+def test_a_failed_policy_call_frees_the_episode():
+    with make_external(max_concurrent=2) as env:
+        gated = GatedPolicy(env)
+        obs = np.zeros(4, np.float32)
+        eid = env.start_episode()
+        gated.fail = 1
+        with pytest.raises(FloatingPointError, match="on purpose"):
+            env.get_action(eid, obs)
+        # Not wedged: the next call works (it got 409 forever before).
+        env.get_action(eid, obs)
+        env.log_returns(eid, 2.0)
+        gated.fail = 1
+        with pytest.raises(FloatingPointError):
+            env.log_steps(eid, [obs, obs], [0, 1], [1.0, 1.0])
+        env.end_episode(eid, obs)
+        (episode,) = env.poll_episodes()
+        assert episode.length == 1 and episode.reward.tolist() == [2.0]
+        # The slot was freed: max_concurrent episodes start again.
+        for _ in range(2):
+            env.start_episode()
+        assert env.get_metrics()["num_dropped_steps"] == 0
+
+
+# -- memory is bounded in bytes (issue 16, defect 6) -----------------------------------------
+
+
+def test_memory_limit_refuses_steps_before_memory_runs_out():
+    budget = 40_000
+    with make_external(max_memory_bytes=budget) as env:
+        obs = np.zeros(4, np.float32)
+        eids = [env.start_episode() for _ in range(4)]
+        steps = 0
+        with pytest.raises(errors.MemoryLimitError, match="max_memory_bytes=40000") as caught:
+            while True:
+                env.get_action(eids[steps % 4], obs)
+                env.log_returns(eids[steps % 4], 1.0)
+                steps += 1
+                assert env.get_metrics()["memory_bytes"] <= budget
+        assert isinstance(caught.value, errors.TooManyEpisodesError)  # HTTP 429
+        # ~750 bytes a CartPole step: the budget held about 50 of them.
+        assert 30 <= steps <= 60
+        with pytest.raises(errors.MemoryLimitError):
+            env.start_episode()
+        for eid in eids:
+            env.end_episode(eid, obs)
+        assert 0 < env.get_metrics()["memory_bytes"] <= budget  # unpolled episodes count
+        assert sum(e.length for e in env.poll_episodes()) == steps
+        assert env.get_metrics()["memory_bytes"] == 0  # every byte given back
+        env.start_episode()  # room again
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_non_finite_observations_are_refused_even_where_the_space_is_unbounded(bad):
+    # CartPole's velocity dimensions (1 and 3) are unbounded: inf lies inside the space.
+    assert OBS_SPACE.high[1] == np.inf
+    obs = np.array([0.0, bad, 0.0, 0.0], np.float32)
+    good = np.zeros(4, np.float32)
+    with make_external() as env:
+        eid = env.start_episode()
+        for call in (
+            lambda: env.get_action(eid, obs),
+            lambda: env.log_action(eid, obs, 0),
+            lambda: env.log_steps(eid, [good, obs], [0, 1], [1.0, 1.0]),
+            lambda: env.end_episode(eid, obs),
+        ):
+            with pytest.raises(errors.SpaceMismatchError, match="finite"):
+                call()
+        assert env.get_metrics()["num_live_episodes"] == 1  # nothing was recorded

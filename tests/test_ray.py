@@ -6,6 +6,7 @@ One local Ray instance (2 CPUs) serves every test here; it is shut down at the e
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import time
@@ -322,3 +323,70 @@ def test_runner_killed_mid_sample_is_restored_and_resynced(group, group_params):
     restored = jax.tree.map(lambda x: x[:, N_ENVS:], traj)
     np.testing.assert_array_equal(restored.action, expected.action)
     np.testing.assert_array_equal(restored.episode_id, expected.episode_id + ((2 + 1) << 40))
+
+
+# -- errors raised by envs cross Ray intact (issue 16, defect 4) ------------------------------
+
+
+class RaisingEnv(gymnasium.Wrapper):
+    """Raises ``ValueError`` in its ``fail_at``-th step; once per ``marker`` file if one
+    is given (the first env to create the file raises, every other env never does)."""
+
+    def __init__(self, env: gymnasium.Env, fail_at: int, marker: str | None = None) -> None:
+        super().__init__(env)
+        self.fail_at, self.marker, self.steps = fail_at, marker, 0
+
+    def step(self, action: Any) -> Any:
+        self.steps += 1
+        if self.steps == self.fail_at and self._claim():
+            raise ValueError("the env broke on purpose")
+        return self.env.step(action)
+
+    def _claim(self) -> bool:
+        if self.marker is None:
+            return True
+        try:
+            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return False
+        return True
+
+
+def raising_counting(env_id: int, fail_at: int | None) -> gymnasium.Env:
+    env = CountingEnv(env_id=env_id, episode_length=50)
+    return env if fail_at is None else RaisingEnv(env, fail_at)
+
+
+def raising_cartpole(marker: str) -> gymnasium.Env:
+    return RaisingEnv(slow_cartpole(0.0), fail_at=3, marker=marker)
+
+
+def test_ray_backend_sub_env_error_arrives_as_env_error_with_index_and_cause():
+    fns = [functools.partial(raising_counting, i, 3 if i == 3 else None) for i in range(4)]
+    envs = jr.RayVectorEnv(fns, jr.RayEnvConfig(envs_per_actor=2, num_cpus_per_actor=0.1))
+    with runner_on(envs, 8) as runner, pytest.raises(jr.errors.EnvError) as caught:
+        runner.sample()
+    assert isinstance(caught.value, jr.errors.JaxRunnerError)
+    assert caught.value.env_index == 3
+    # The original error is named, and its remote traceback is chained (RayTaskError).
+    assert "ValueError('the env broke on purpose')" in str(caught.value)
+    assert "broke on purpose" in str(caught.value.__cause__)
+
+
+def test_group_runner_whose_env_raises_is_replaced(group_params, tmp_path):
+    config = jr.EnvRunnerGroupConfig(
+        num_runners=2,
+        num_envs_per_runner=1,
+        rollout_length=8,
+        seed=3,
+        num_cpus_per_runner=0.5,
+        sample_timeout_s=60.0,
+    )
+    env = functools.partial(raising_cartpole, str(tmp_path / "raised"))
+    with jr.EnvRunnerGroup(env, POLICY, group_params[0], config) as group:
+        traj = group.sample(concat=False)  # one runner's env raises: it is replaced
+        assert len(traj) == 1 and group.num_restarts == 1
+        (failures,) = group.get_metrics()["runner_failures"].values()
+        assert "EnvError" in failures[0] and "broke on purpose" in failures[0]
+        group.wait_until_healthy(120.0)
+        assert len(group.sample(concat=False)) == 2

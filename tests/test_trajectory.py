@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
+import zipfile
 from typing import Any
 
 import jax
@@ -473,3 +475,109 @@ def test_concatenate_episodes_rejects_mismatch() -> None:
         jr.concatenate_episodes(env0_open, env0_tail.replace(env_id=1))
     with pytest.raises(ValueError, match="does not continue"):
         jr.concatenate_episodes(env0_open, env0_tail.replace(episode_id=99))
+
+
+# -- load trusts nothing in the file (issue 16, defect 7) -----------------------------------
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array, allow_pickle=True)
+    return buffer.getvalue()
+
+
+def _rewrite(path: Any, edit_spec: Any = None, members: dict[str, bytes] | None = None) -> None:
+    """Rewrites the saved file at ``path``: ``edit_spec(spec)`` changes its spec in
+    place, ``members`` replace or add raw zip members."""
+    with zipfile.ZipFile(path) as zf:
+        raw = {name: zf.read(name) for name in zf.namelist()}
+    if edit_spec is not None:
+        spec = json.loads(str(np.load(io.BytesIO(raw["__spec__.npy"]))))
+        edit_spec(spec)
+        raw["__spec__.npy"] = _npy(np.array(json.dumps(spec)))
+    raw.update(members or {})
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in raw.items():
+            zf.writestr(name, data)
+
+
+def _array_of(spec: dict[str, Any], field: str) -> str:
+    return spec["fields"][field]["array"]
+
+
+def test_load_reads_only_the_members_the_spec_names(tmp_path: Any) -> None:
+    path = tmp_path / "traj.npz"
+    traj = _hand_trajectory()
+    traj.save(path)
+    # An unreferenced member whose header promises 8 TiB, and one that is no .npy at all.
+    huge = _npy(np.zeros(2, np.float64)).replace(b"(2,)", b"(1099511627776,)")
+    _rewrite(path, members={"junk.npy": huge, "noise.npy": b"\x00" * 100})
+    assert_trees_equal(Trajectory.load(path), traj)
+
+
+def test_load_refuses_fields_whose_shapes_disagree(tmp_path: Any) -> None:
+    path = tmp_path / "traj.npz"
+    _hand_trajectory().replace(reward=np.zeros((3, 7))).save(path)  # beside [5, 2] fields
+    with pytest.raises(jr.errors.InvalidArgumentError, match=r"reward's"):
+        Trajectory.load(path)
+
+
+def _deep(depth: int) -> dict[str, Any]:
+    node: dict[str, Any] = {"none": True}
+    for _ in range(depth):
+        node = {"dict": {"a": node}}
+    return node
+
+
+BAD_FILES = {
+    "not valid JSON": lambda spec: None,  # the spec member is replaced below
+    "deeper than": lambda spec: spec["fields"].update(extras=_deep(40)),
+    "missing \\['step'\\]": lambda spec: spec["fields"].pop("step"),
+    "unknown \\['spare'\\]": lambda spec: spec["fields"].update(spare={"none": True}),
+    "field obs.x with": lambda spec: spec["fields"]["obs"]["dict"].update(x={"array": "nope"}),
+    "field action with": lambda spec: spec["fields"].update(action=[1, 2]),
+    "field terminated of dtype float": lambda spec: spec["fields"].update(
+        terminated=spec["fields"]["reward"]
+    ),
+    "next_obs shaped unlike obs": lambda spec: spec["fields"].update(
+        next_obs={"tuple": [spec["fields"]["next_obs"]["dict"]["x"]]}
+    ),
+}
+
+
+@pytest.mark.parametrize("match", list(BAD_FILES))
+def test_load_names_what_is_wrong_with_a_bad_spec(tmp_path: Any, match: str) -> None:
+    path = tmp_path / "traj.npz"
+    _hand_trajectory().save(path)
+    if match == "not valid JSON":
+        _rewrite(path, members={"__spec__.npy": _npy(np.array("[" * 100_000))})
+    else:
+        _rewrite(path, BAD_FILES[match])
+    with pytest.raises(jr.errors.InvalidArgumentError, match=match):
+        Trajectory.load(path)
+
+
+def test_load_names_what_is_wrong_with_a_bad_member(tmp_path: Any) -> None:
+    path = tmp_path / "traj.npz"
+    _hand_trajectory().save(path)
+    with zipfile.ZipFile(path) as zf:
+        spec = json.loads(str(np.load(io.BytesIO(zf.read("__spec__.npy")))))
+    reward = _array_of(spec, "reward")
+    cases = {
+        # a pickled object array: never unpickled
+        "field reward as object": _npy(np.array([[{"x": 1}] * 2] * 5, dtype=object)),
+        # a header promising more than the member holds
+        "field reward whose size": _npy(np.zeros((5, 2))).replace(b"(5, 2)", b"(50, 2)"),
+        "field reward \\(": b"not an npy member",
+    }
+    for match, member in cases.items():
+        _hand_trajectory().save(path)
+        _rewrite(path, members={f"{reward}.npy": member})
+        with pytest.raises(jr.errors.InvalidArgumentError, match=match):
+            Trajectory.load(path)
+    _hand_trajectory().save(path)
+    with pytest.raises(jr.errors.InvalidArgumentError, match="max_bytes"):
+        Trajectory.load(path, max_bytes=100)
+    path.write_bytes(b"not a zip")
+    with pytest.raises(jr.errors.InvalidArgumentError, match="cannot be opened"):
+        Trajectory.load(path)

@@ -28,8 +28,16 @@ class ExternalEnvConfig:
     max_concurrent: int = 1024
     """The most episodes live at once; one more ``start_episode`` raises
     ``TooManyEpisodesError`` (HTTP 429 when served)."""
+    max_memory_bytes: int = 1 << 30
+    """The most bytes live episodes and finished, unpolled ones may hold together
+    (1 GiB: about 1.4 million CartPole steps at ~750 B each). A step or episode that
+    would pass it raises ``MemoryLimitError`` (HTTP 429) before anything is stored:
+    poll or end episodes. This, not the counts, is what bounds memory."""
     max_episodes_per_client: int | None = None
-    """The most live episodes per client name; None: only ``max_concurrent``."""
+    """The most live episodes per client name; None: only ``max_concurrent``.
+    Advisory: over HTTP the name is the client's own ``X-Client-Id`` (or its address),
+    which a hostile client can vary; ``max_concurrent`` and ``max_memory_bytes`` are
+    the limits to rely on."""
     max_batch: int = 64
     """The most rows per policy call."""
     max_wait_ms: float = 2.0
@@ -43,8 +51,8 @@ class ExternalEnvConfig:
     action_timeout_s: float = 60.0
     """``get_action``/``log_action`` raise ``TimeoutError`` after this long."""
     max_episode_steps: int = 100_000
-    """Longer episodes are refused further steps (bounds memory): end them."""
-    max_output_episodes: int = 100_000
+    """Longer episodes are refused further steps: end them."""
+    max_output_episodes: int = 10_000
     """Finished episodes kept for ``poll_episodes``; beyond, the oldest are dropped
     (counted in ``num_dropped_steps``)."""
     episode_window: int = 100
@@ -53,6 +61,7 @@ class ExternalEnvConfig:
     def __post_init__(self) -> None:
         for name in (
             "max_concurrent",
+            "max_memory_bytes",
             "max_batch",
             "max_episode_steps",
             "max_output_episodes",

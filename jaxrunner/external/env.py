@@ -11,6 +11,7 @@ import concurrent.futures
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,9 +27,11 @@ from jaxrunner.errors import (
     EpisodeConflictError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
+    SpaceMismatchError,
 )
 from jaxrunner.external.config import ExternalEnvConfig
 from jaxrunner.external.episodes import MAX_EPISODE_ID, EpisodeTable, LiveEpisode
+from jaxrunner.external.memory import MemoryBudget, step_nbytes, tree_nbytes
 from jaxrunner.external.reaper import Reaper
 from jaxrunner.metrics import EpisodeStats
 from jaxrunner.policy import Params, Policy
@@ -85,10 +88,17 @@ class ExternalEnv:
         self.config = config = config or ExternalEnvConfig()
         self._lock = threading.Lock()
         self._episodes = EpisodeTable(config.max_concurrent, config.max_episodes_per_client)
+        self._memory = MemoryBudget(
+            config.max_memory_bytes,
+            step_nbytes(observation_space.sample(), action_space.sample(), {}),
+        )
         self._output: collections.deque[Episode] = collections.deque()
         self._output_ready = threading.Condition(self._lock)
         self._stats = EpisodeStats(config.episode_window)
         self._counts = collections.Counter()
+        self._tickets: weakref.WeakKeyDictionary[concurrent.futures.Future, Row] = (
+            weakref.WeakKeyDictionary()
+        )
         self._started_at = time.monotonic()
         self._closed = False
         carry = policy.batched_carry(1)
@@ -147,6 +157,7 @@ class ExternalEnv:
             )
         with self._lock:
             self._check_open("start_episode")
+            self._memory.check(1, "start_episode")
             live = self._episodes.open(episode_id, client, training_enabled, self._initial_carry)
             self._counts["num_started_episodes"] += 1
             return live.episode_id
@@ -169,14 +180,14 @@ class ExternalEnv:
 
     def submit_action(self, episode_id: int, obs: Any) -> concurrent.futures.Future:
         """Like :meth:`get_action`, without waiting: the future resolves to the action."""
-        obs = check_value(self.observation_space, obs, "obs", bounds=True)
+        obs = self._check_obs(obs, "obs")
         return self._submit(episode_id, obs, None, "get_action")
 
     def submit_log_action(
         self, episode_id: int, obs: Any, action: Any
     ) -> concurrent.futures.Future:
         """Like :meth:`log_action`, without waiting: the future resolves to ``None``."""
-        obs = check_value(self.observation_space, obs, "obs", bounds=True)
+        obs = self._check_obs(obs, "obs")
         action = check_value(self.action_space, action, "action", bounds=False)
         return self._submit(episode_id, obs, action, "log_action")
 
@@ -214,7 +225,7 @@ class ExternalEnv:
     def end_episode(self, episode_id: int, obs: Any, *, truncated: bool = False) -> None:
         """Ends the episode at its final observation ``obs``: terminated, or truncated
         (cut short: bootstrap from ``obs``) if ``truncated``."""
-        obs = check_value(self.observation_space, obs, "obs", bounds=True)
+        obs = self._check_obs(obs, "obs")
         if not isinstance(truncated, (bool, np.bool_)):
             raise InvalidArgumentTypeError(
                 f"end_episode(truncated={truncated!r}): expected a bool."
@@ -240,9 +251,7 @@ class ExternalEnv:
                 f"log_steps(): got {len(obs)} observations, {len(actions)} actions and "
                 f"{len(rewards)} rewards; expected one of each per step."
             )
-        checked_obs = [
-            check_value(self.observation_space, o, f"obs[{t}]") for t, o in enumerate(obs)
-        ]
+        checked_obs = [self._check_obs(o, f"obs[{t}]") for t, o in enumerate(obs)]
         checked_actions = [
             check_value(self.action_space, a, f"action[{t}]", bounds=False)
             for t, a in enumerate(actions)
@@ -277,6 +286,7 @@ class ExternalEnv:
         with self._lock:
             episodes = list(self._output)
             self._output.clear()
+            self._memory.output = 0
             return episodes
 
     def sample_episodes(self, num_episodes: int, timeout_s: float | None = None) -> list[Episode]:
@@ -297,7 +307,9 @@ class ExternalEnv:
                     f"sample_episodes({num_episodes}): only {len(self._output)} episodes ended "
                     f"within {timeout_s} s."
                 )
-            return [self._output.popleft() for _ in range(num_episodes)]
+            taken = [self._output.popleft() for _ in range(num_episodes)]
+            self._memory.output -= sum(_episode_nbytes(e) for e in taken)
+            return taken
 
     def set_params(self, params: Params) -> int:
         """Replaces the params from the next batch on (never recompiles); returns the
@@ -318,8 +330,11 @@ class ExternalEnv:
         ``num_episodes`` (ended, training or not; from ``num_episodes`` on, the
         same recent-window statistics as EnvRunner's), ``num_training_episodes``,
         ``num_live_episodes``, ``num_started_episodes``, ``num_abandoned_episodes``
-        (ended by the reaper), ``num_dropped_steps``, ``num_faulty_episodes``,
-        ``num_batches``, ``num_policy_rows``, ``mean_batch_size``, ``num_traces``,
+        (ended by the reaper), ``num_dropped_steps`` (also ``num_undelivered_actions``:
+        actions computed or asked for that never reached their agent, never recorded),
+        ``memory_bytes`` (held by live and unpolled episodes, against
+        ``max_memory_bytes``), ``num_faulty_episodes``, ``num_batches``,
+        ``num_policy_rows``, ``mean_batch_size``, ``num_traces``,
         ``params_version``, ``env_steps_per_s`` and ``perf.inference_ms`` (per batch).
         """
         with self._lock:
@@ -334,6 +349,8 @@ class ExternalEnv:
                 "num_started_episodes": self._counts["num_started_episodes"],
                 "num_abandoned_episodes": self._counts["num_abandoned_episodes"],
                 "num_dropped_steps": self._counts["num_dropped_steps"],
+                "num_undelivered_actions": self._counts["num_undelivered_actions"],
+                "memory_bytes": self._memory.used,
                 "num_faulty_episodes": 0,
                 "num_batches": batches,
                 "num_policy_rows": batcher.num_rows,
@@ -402,6 +419,19 @@ class ExternalEnv:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _check_obs(self, obs: Any, what: str) -> Any:
+        """``obs`` checked against the space, and finite: NaN and ±inf are refused
+        even where the space is unbounded (no policy can act on them, and a
+        recorded one poisons every return computed from it)."""
+        obs = check_value(self.observation_space, obs, what, bounds=False)
+        for leaf in jax.tree.leaves(obs):  # first: one wording for NaN and ±inf
+            if leaf.dtype.kind in "fc" and not np.isfinite(leaf).all():
+                raise SpaceMismatchError(
+                    f"{what}: expected finite values, got NaN or infinity; observations of "
+                    "an external env must be finite, even in unbounded dimensions."
+                )
+        return check_value(self.observation_space, obs, what, bounds=True)
+
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise ClosedError(
@@ -418,6 +448,7 @@ class ExternalEnv:
         the lock); :meth:`_submit_rows` or its ``on_done`` marks it idle again."""
         live = self._get_live(episode_id, what)
         self._check_room(live, steps, what)
+        self._memory.check(steps, what)
         live.busy = True
         live.last_seen = time.monotonic()
         return live
@@ -432,11 +463,18 @@ class ExternalEnv:
         def on_done(results: list[RowResult]) -> Any:
             taken, extras, carry = results[0]
             with self._lock:
-                live.record(obs, taken, extras, carry)
-                live.busy = False
+                before = live.nbytes
+                try:
+                    live.record(obs, taken, extras, carry, ticket=row)
+                finally:
+                    live.busy = False
+                    self._charge(live, before, 1)
             return taken if action is None else None
 
-        return self._submit_rows(live, [row], on_done)
+        future = self._submit_rows(live, [row], on_done)
+        with self._lock:
+            self._tickets[future] = row  # for retract_action
+        return future
 
     def _submit_many(
         self, episode_id: int, obs: list[Any], actions: list[Any], rewards: list[float]
@@ -452,22 +490,56 @@ class ExternalEnv:
 
         def on_done(results: list[RowResult]) -> None:
             with self._lock:
-                for t, (taken, extras, _) in enumerate(results):
-                    live.record(obs[t], taken, extras, None)
-                    live.pending_reward += rewards[t]
-                live.busy = False
+                before = live.nbytes
+                try:
+                    for t, (taken, extras, _) in enumerate(results):
+                        live.record(obs[t], taken, extras, None)
+                        live.pending_reward += rewards[t]
+                finally:
+                    live.busy = False
+                    self._charge(live, before, len(results))
 
         return self._submit_rows(live, rows, on_done)
 
     def _submit_rows(
         self, live: LiveEpisode, rows: list[Row], on_done: Callable[[list[RowResult]], Any]
     ) -> concurrent.futures.Future:
+        def on_abort(error: BaseException | None) -> None:
+            # Nothing was recorded: the episode is free again (a failed policy call
+            # never wedges it). Cancelled (None): its waiter gave up, so the action
+            # was never delivered; it is counted, never recorded.
+            with self._lock:
+                live.busy = False
+                live.last_seen = time.monotonic()
+                if error is None:
+                    self._counts["num_dropped_steps"] += len(rows)
+                    self._counts["num_undelivered_actions"] += len(rows)
+
         try:
-            return self._batcher.submit(rows, on_done)
+            return self._batcher.submit(rows, on_done, on_abort)
         except BaseException:
             with self._lock:
                 live.busy = False
             raise
+
+    def retract_action(self, episode_id: int, future: concurrent.futures.Future) -> bool:
+        """The action ``future`` (from :meth:`submit_action` or
+        :meth:`submit_log_action`) never reached the agent (it disconnected before
+        the answer went out): if it is still the episode's latest step, removes that
+        step, counted in ``num_dropped_steps``. Cancels the future if it is pending.
+        Returns whether anything was taken back."""
+        if future.cancel():
+            return True  # on_abort counts it
+        with self._lock:
+            live = self._episodes.find(episode_id)
+            ticket = self._tickets.get(future)
+            before = 0 if live is None else live.nbytes
+            if ticket is None or live is None or live.busy or not live.undo(ticket):
+                return False
+            self._memory.live -= before - live.nbytes
+            self._counts["num_dropped_steps"] += 1
+            self._counts["num_undelivered_actions"] += 1
+            return True
 
     def _check_room(self, live: LiveEpisode, steps: int, what: str) -> None:
         limit = self.config.max_episode_steps
@@ -477,9 +549,18 @@ class ExternalEnv:
                 f"max_episode_steps={limit}; end it (truncated=True) and start a new one."
             )
 
+    def _charge(self, live: LiveEpisode, before: int, steps: int) -> None:
+        """Charges the budget for the ``steps`` steps ``live`` recorded since it held
+        ``before`` bytes."""
+        grown = live.nbytes - before
+        self._memory.live += grown
+        if grown > 0:
+            self._memory.observe_step(grown // steps)
+
     def _finish(self, live: LiveEpisode, terminated: bool, truncated: bool) -> None:
         """Ends ``live`` (caller holds the lock): counts it and outputs it."""
         self._episodes.remove(live)
+        self._memory.live -= live.nbytes
         length = live.num_actions
         self._counts["num_env_steps"] += length
         self._stats.add(np.array([sum(live.rewards)], np.float64), np.array([length]))
@@ -501,8 +582,10 @@ class ExternalEnv:
             return
         self._counts["num_training_episodes"] += 1
         self._output.append(episode)
+        self._memory.output += _episode_nbytes(episode)
         if len(self._output) > self.config.max_output_episodes:
             dropped = self._output.popleft()
+            self._memory.output -= _episode_nbytes(dropped)
             self._counts["num_dropped_steps"] += dropped.length
         self._output_ready.notify_all()
 
@@ -519,13 +602,24 @@ class ExternalEnv:
             return len(stale)
 
     def _wait(self, future: concurrent.futures.Future) -> Any:
+        """The future's result; after ``action_timeout_s`` it is cancelled (never
+        recorded, counted in ``num_dropped_steps``) and ActionTimeoutError raised, unless
+        it was already being recorded: then the caller gets it after all."""
         try:
             return future.result(timeout=self.config.action_timeout_s)
         except concurrent.futures.TimeoutError:
+            if not future.cancel():
+                return future.result()  # computed just now: deliver it
             raise ActionTimeoutError(
                 "the policy did not answer within action_timeout_s="
-                f"{self.config.action_timeout_s} s."
+                f"{self.config.action_timeout_s} s; the request was withdrawn (nothing "
+                "recorded): retry it."
             ) from None
+
+
+def _episode_nbytes(episode: Episode) -> int:
+    """What a finished episode's arrays take (charged until it is polled)."""
+    return tree_nbytes(episode.obs, episode.action, episode.reward, episode.extras)
 
 
 __all__ = ["ExternalEnv"]

@@ -16,6 +16,7 @@ from gymnasium import spaces
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.errors import EpisodeConflictError, EpisodeNotFoundError, TooManyEpisodesError
+from jaxrunner.external.memory import step_nbytes
 from jaxrunner.trajectory import Episode
 
 MAX_EPISODE_ID = 2**63 - 1
@@ -45,14 +46,28 @@ class LiveEpisode:
     rewards: list[float] = dataclasses.field(default_factory=list)
     pending_reward: float = 0.0
     busy: bool = False  # a get_action/log_action call is in flight
+    nbytes: int = 0  # what the recorded steps cost (see external.memory)
+    _undo: Any = None  # (ticket, previous carry, whether record closed a reward, bytes)
 
     @property
     def num_actions(self) -> int:
         return len(self.actions)
 
-    def record(self, obs: Any, action: Any, extras: dict[str, np.ndarray], carry: Any) -> None:
-        """Appends one step; this obs closes the previous step's reward."""
-        if self.num_actions:
+    def record(
+        self,
+        obs: Any,
+        action: Any,
+        extras: dict[str, np.ndarray],
+        carry: Any,
+        ticket: object = None,
+    ) -> None:
+        """Appends one step; this obs closes the previous step's reward. ``ticket``
+        names the step for :meth:`undo`."""
+        closed = self.num_actions > 0
+        size = step_nbytes(obs, action, extras)
+        self.nbytes += size
+        self._undo = (ticket, self.carry, closed, size) if ticket is not None else None
+        if closed:
             self.rewards.append(self.pending_reward)
             self.pending_reward = 0.0
         self.obs.append(obs)
@@ -60,6 +75,21 @@ class LiveEpisode:
         self.extras.append(extras)
         self.carry = carry
         self.last_seen = time.monotonic()
+
+    def undo(self, ticket: object) -> bool:
+        """Removes the latest step if :meth:`record` got it with ``ticket`` (its action
+        never reached the agent); rewards logged since go back to the step before."""
+        if self._undo is None or self._undo[0] is not ticket:
+            return False
+        _, self.carry, closed, size = self._undo
+        self._undo = None
+        self.nbytes -= size
+        self.obs.pop()
+        self.actions.pop()
+        self.extras.pop()
+        if closed:
+            self.pending_reward += self.rewards.pop()
+        return True
 
     def close_at(self, final_obs: Any) -> None:
         """Appends the final observation, closing the last step's reward."""
@@ -199,6 +229,10 @@ class EpisodeTable:
                 "flight; an episode's calls must come one after another."
             )
         return live
+
+    def find(self, episode_id: Any) -> LiveEpisode | None:
+        """The live episode ``episode_id``, or None."""
+        return self._live.get(episode_id) if isinstance(episode_id, (int, np.integer)) else None
 
     def idle_since(self, since: float) -> list[LiveEpisode]:
         """Live episodes with no call in flight, last seen before ``since``."""

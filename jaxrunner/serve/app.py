@@ -124,6 +124,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 _STATUS: list[tuple[type[BaseException], int, str]] = [
+    (errors.MemoryLimitError, 429, "memory_limit"),
     (errors.TooManyEpisodesError, 429, "too_many_episodes"),
     (errors.EpisodeConflictError, 409, "episode_conflict"),
     (errors.ActionTimeoutError, 503, "timeout"),
@@ -243,13 +244,33 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
     bearer = Security(HTTPBearer(auto_error=False, description="the server's token"))
     params_cache: dict[str, Any] = {}
 
-    async def wait(future: Any) -> Any:
+    async def deliver(episode_id: int, future: Any, request: Request) -> Any:
+        """The future's result, recorded only if it reaches the client: on timeout or
+        a client that hangs up it is withdrawn (cancelled, never recorded); one that
+        came back for a client gone by then is retracted. Both are counted in
+        ``num_dropped_steps``."""
+        result = asyncio.wrap_future(future)
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
-        except asyncio.TimeoutError:
-            raise errors.ActionTimeoutError(
-                f"the policy did not answer within {timeout_s} s."
-            ) from None
+            done, _ = await asyncio.wait(
+                {result, gone}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            gone.cancel()
+        if result not in done:
+            if future.cancel():  # still pending: withdrawn, nothing recorded
+                if gone in done:
+                    raise ClientGone()
+                raise errors.ActionTimeoutError(
+                    f"the policy did not answer within {timeout_s} s; the request was "
+                    "withdrawn (nothing recorded): retry it."
+                )
+            await asyncio.wait({result})  # being recorded right now: deliver it
+        value = result.result()
+        if await request.is_disconnected():
+            env.retract_action(episode_id, future)
+            raise ClientGone()
+        return value
 
     def decode(obj: Any, where: str, space: Any = obs_space) -> Any:
         return wire.decode_tree(space, _raw(obj), where)
@@ -309,8 +330,9 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
         responses={200: {"model": ActionOut}, **_ERRORS},
         tags=["episodes"],
     )
-    async def get_action(episode_id: EpisodeId, body: ObsBody) -> JSONResponse:
-        action = await wait(env.submit_action(episode_id, decode(body.obs, "obs")))
+    async def get_action(episode_id: EpisodeId, body: ObsBody, request: Request) -> JSONResponse:
+        future = env.submit_action(episode_id, decode(body.obs, "obs"))
+        action = await deliver(episode_id, future, request)
         return JSONResponse({"action": wire.encode_tree(action_space, action)})
 
     @app.post(
@@ -319,10 +341,12 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
         responses={200: {"model": Ok}, **_ERRORS},
         tags=["episodes"],
     )
-    async def log_action(episode_id: EpisodeId, body: LogActionBody) -> JSONResponse:
+    async def log_action(
+        episode_id: EpisodeId, body: LogActionBody, request: Request
+    ) -> JSONResponse:
         obs = decode(body.obs, "obs")
         action = decode(body.action, "action", action_space)
-        await wait(env.submit_log_action(episode_id, obs, action))
+        await deliver(episode_id, env.submit_log_action(episode_id, obs, action), request)
         return JSONResponse({"ok": True})
 
     @app.post(
@@ -352,11 +376,16 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
         tags=["episodes"],
     )
     async def report(episode_id: EpisodeId, body: ReportBody) -> JSONResponse:
-        obs = [decode(o, f"obs[{t}]") for t, o in enumerate(body.obs)]
-        actions = [decode(a, f"actions[{t}]", action_space) for t, a in enumerate(body.actions)]
-        final = None
-        if body.final_obs is not None:
-            final = check_value(obs_space, decode(body.final_obs, "final_obs"), "final_obs")
+        def decode_all() -> tuple[list[Any], list[Any], Any]:
+            # Up to MAX_REPORT_STEPS arrays: in a worker thread, off the event loop.
+            obs = [decode(o, f"obs[{t}]") for t, o in enumerate(body.obs)]
+            actions = [decode(a, f"actions[{t}]", action_space) for t, a in enumerate(body.actions)]
+            final = None
+            if body.final_obs is not None:
+                final = check_value(obs_space, decode(body.final_obs, "final_obs"), "final_obs")
+            return obs, actions, final
+
+        obs, actions, final = await run_in_threadpool(decode_all)
         await run_in_threadpool(env.log_steps, episode_id, obs, actions, body.rewards)
         if final is not None:
             env.end_episode(episode_id, final, truncated=body.truncated)
@@ -366,7 +395,21 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
     return Guard(app, token, max_body_bytes), app
 
 
+class ClientGone(Exception):
+    """The client hung up before its answer was sent (the response goes nowhere)."""
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has hung up (the body was read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> JSONResponse:
+        return error_response(400, "client_gone", "the client hung up before the answer.")
+
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}

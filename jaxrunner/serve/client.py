@@ -50,6 +50,8 @@ def _raise_for(response: httpx.Response) -> None:
         429: errors.TooManyEpisodesError,
         422: errors.SpaceMismatchError,
     }.get(status)
+    if status == 429 and code == "memory_limit":
+        kind = errors.MemoryLimitError
     if kind is not None:
         raise kind(text)
     if status == 503 and code == "timeout":

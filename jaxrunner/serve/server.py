@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import ipaddress
 import os
 import pathlib
+import resource
 import socket
 import threading
 import time
@@ -17,6 +19,7 @@ from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.external import ExternalEnv
 from jaxrunner.serve.app import create_app
 from jaxrunner.serve.auth import default_token_file, load_or_create_token
+from jaxrunner.serve.transport import MAX_HEADER_BYTES, TransportLimits, protocol_class
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,8 +39,16 @@ class ServerConfig:
     """Where the token lives (mode 0600); None: ``~/.config/jaxrunner/serve-token``."""
     max_body_bytes: int = 1 << 20
     """Larger request bodies are refused (413) before they are parsed."""
-    max_connections: int = 1024
-    """Concurrent connections and requests beyond this get 503."""
+    max_connections: int = 2048
+    """Open connections beyond this are answered 503 (JSON) and closed. Each costs
+    at most about 30 KB while it sends its request (16 KB of headers, buffers), and
+    lives at most ``read_timeout_s`` unless it sends whole requests; the process's
+    open-file limit is raised to fit it where the hard limit allows."""
+    read_timeout_s: float = 5.0
+    """A request must arrive whole (headers and body) within this long of its first
+    byte, or of its connection opening; otherwise 408 and the socket is closed
+    (slow clients can hold no connection longer). Size it for your largest body
+    (``max_body_bytes``) over your slowest legitimate link."""
     keep_alive_s: float = 30.0
     """Idle keep-alive connections are closed after this long (longer than clients
     keep them: a client reusing a connection the server is closing gets an error)."""
@@ -57,6 +68,10 @@ class ServerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"ServerConfig({name}={value!r}): expected an int >= 1.")
+        for name in ("read_timeout_s", "keep_alive_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise InvalidArgumentError(f"ServerConfig({name}={value!r}): expected seconds > 0.")
         if self.token is not None and (not isinstance(self.token, str) or len(self.token) < 16):
             raise InvalidArgumentError(
                 "ServerConfig(token=...): expected a string of at least 16 characters."
@@ -67,6 +82,16 @@ class ServerConfig:
                 "is only allowed on a loopback host; anyone who can reach the port could feed the "
                 "policy. Keep the token (clients read it from the token file)."
             )
+
+
+def _raise_open_file_limit(wanted: int) -> None:
+    """Raises this process's soft open-file limit towards ``wanted`` (as Go's runtime
+    does): a 1024 default would refuse connections long before ``max_connections``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):  # not allowed: the OS's cap stays
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 def _is_loopback(host: str) -> bool:
@@ -129,13 +154,16 @@ class PolicyServer:
                 # No handlers of uvicorn's own: records go to the caller's logging
                 # setup (or Python's last-resort stderr handler for warnings).
                 log_config=None,
-                limit_concurrency=config.max_connections,
+                # Our h11 protocol: read deadlines, the connection cap, JSON errors.
+                http=protocol_class(TransportLimits(config.read_timeout_s, config.max_connections)),
+                h11_max_incomplete_event_size=MAX_HEADER_BYTES,
                 timeout_keep_alive=config.keep_alive_s,
                 server_header=False,
                 access_log=False,
             )
         )
         self._thread: threading.Thread | None = None
+        _raise_open_file_limit(config.max_connections + 256)
 
     def openapi(self) -> dict[str, Any]:
         """The published OpenAPI schema."""

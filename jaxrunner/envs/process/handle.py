@@ -24,6 +24,8 @@ from jaxrunner.envs.process.worker import worker_main
 from jaxrunner.errors import WorkerError, WorkerTimeoutError
 
 START_TIMEOUT_FLOOR_S = 60.0
+KILL_CONFIRM_S = 5.0
+"""How long :meth:`WorkerHandle.kill` waits for a SIGKILLed worker to be gone."""
 """Building a worker's sub-envs may take at least this long, whatever
 ``step_timeout_s`` says (factories import modules, load assets)."""
 
@@ -54,6 +56,42 @@ class WorkerHandle:
     inflight: dict[int, float] = dataclasses.field(default_factory=dict)
     """Commands sent and not yet answered: seq -> deadline (oldest first; the worker
     answers in order, so the first is the next reply's)."""
+    started: str | None = None
+    """The worker's start time from ``/proc`` (None where there is no ``/proc``): with
+    ``pid`` it names the process, so a recycled pid is never signalled."""
+
+    def is_running(self) -> bool:
+        """The worker process exists (and is not a zombie), asked of the OS by pid.
+
+        Never trusts ``process.exitcode``: with the fork server dead, multiprocessing
+        reports exit code 255 for workers that still run.
+        """
+        if self.pid is None:
+            return False
+        if self.started is None:  # no /proc: the handle's word is all there is
+            with contextlib.suppress(ValueError):
+                return self.process.exitcode is None
+            return False
+        stat = _proc_stat(self.pid)
+        return stat is not None and stat[1] == self.started and stat[0] not in ("Z", "X")
+
+    def signal(self, signum: int) -> None:
+        """Sends ``signum`` to the worker by pid, if it still runs."""
+        if self.pid is not None and self.is_running():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def wait_gone(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the worker to be gone; True if it is."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(ValueError):  # reaps it if it is our child
+                self.process.join(0)
+            if not self.is_running():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
 
     def describe(self) -> str:
         return (
@@ -118,15 +156,25 @@ class WorkerHandle:
         return WorkerLost(self.index, self.envs, f"{description} {what}", timed_out=False)
 
     def kill(self) -> None:
-        """Ends the worker now (SIGKILL: a hung one gets no say) and frees its
-        resources."""
-        process = self.process
+        """Ends the worker now (SIGKILL by pid: a hung one gets no say), confirms it
+        is gone, and frees its resources.
+
+        Raises:
+            WorkerError: the worker still ran ``KILL_CONFIRM_S`` after SIGKILL.
+        """
+        self.signal(signal.SIGKILL)
+        gone = self.wait_gone(KILL_CONFIRM_S)
         with contextlib.suppress(ValueError):  # already closed
-            if process.exitcode is None:
-                process.kill()
-            process.join(5.0)
-            process.close()  # its sentinel fd: workers may be replaced many times
+            self.process.join(0)
+            self.process.close()  # its sentinel fd: workers may be replaced many times
         self.sock.close()
+        if not gone:
+            raise WorkerError(
+                f"{self.describe()} still runs {KILL_CONFIRM_S} s after SIGKILL (stuck in the "
+                "kernel?); it cannot be stopped from here.",
+                self.index,
+                self.envs,
+            )
 
 
 def spawn_worker(
@@ -156,7 +204,20 @@ def spawn_worker(
     poller.register(mine, select.POLLIN)
     start_s = math.inf if step_timeout_s is None else max(START_TIMEOUT_FLOOR_S, step_timeout_s)
     deadline = {wire.START_REPORT_SEQ: time.monotonic() + start_s}
-    return WorkerHandle(index, envs, process, mine, process.pid, poller, deadline)
+    stat = None if process.pid is None else _proc_stat(process.pid)
+    started = None if stat is None else stat[1]
+    return WorkerHandle(index, envs, process, mine, process.pid, poller, deadline, started)
+
+
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    """``(state, start time)`` of process ``pid`` from ``/proc`` (None: no such
+    process, or no ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], fields[19]  # fields 3 and 22 of proc(5)
 
 
 @dataclasses.dataclass
@@ -180,15 +241,18 @@ def shutdown(res: Resources, timeout_s: float = 2.0) -> None:
             worker.sock.sendall(close)
         except OSError:
             pass
+    # By pid, never by the multiprocessing handle: with the fork server dead it calls
+    # live workers dead (exit code 255) and a hung worker would outlive us.
+    deadline = time.monotonic() + timeout_s
     for worker in workers:
+        if not worker.wait_gone(max(0.0, deadline - time.monotonic())):
+            worker.signal(signal.SIGTERM)
+    for worker in workers:
+        if not worker.wait_gone(1.0):
+            with contextlib.suppress(WorkerError):  # nothing more can be done at exit
+                worker.kill()
         with contextlib.suppress(ValueError):  # a worker kill() already closed
-            worker.process.join(timeout_s)
-            if worker.process.is_alive():
-                worker.process.terminate()
-                worker.process.join(1.0)
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join(1.0)
+            worker.process.close()
         worker.sock.close()
     if res.memory is not None:
         # With numpy views still alive, the mapping goes when they are freed.

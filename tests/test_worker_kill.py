@@ -1,0 +1,55 @@
+"""A worker is killed by its pid, whatever its multiprocessing handle says (issue 16, defect 5)."""
+
+from __future__ import annotations
+
+import multiprocessing.forkserver
+import os
+import signal
+import time
+
+import gymnasium
+import pytest
+
+import jaxrunner as jr
+
+
+class HangsInClose(gymnasium.Wrapper):
+    """A sub-env whose ``close()`` never returns: its worker hangs when told to close."""
+
+    def close(self) -> None:
+        while True:
+            time.sleep(0.05)
+
+
+def hangs_in_close() -> gymnasium.Env:
+    return HangsInClose(gymnasium.make("CartPole-v1"))
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_hung_workers_die_on_close_after_the_fork_server_died():
+    envs = jr.make_vec(hangs_in_close, 2, backend="process", num_workers=2)
+    envs.reset(seed=0)
+    pids = [worker.pid for worker in envs._workers]
+    assert all(_running(pid) for pid in pids)
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    os.kill(server, signal.SIGKILL)
+    os.waitpid(server, 0)
+    # Popen.poll now answers 255 for the live workers: the old code believed them dead.
+    envs.close()
+    deadline = time.monotonic() + 2.0
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)  # init reaps the orphans
+    alive = [pid for pid in pids if _running(pid)]
+    for pid in alive:  # never leave them behind, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"workers {alive} outlived close()"
