@@ -27,6 +27,7 @@ from jaxrunner.envs import (
     make_vec,
 )
 from jaxrunner.envs.jax_env import JaxVectorEnv
+from jaxrunner.evaluation import EvaluationResult, evaluate
 from jaxrunner.external import ExternalEnv, ExternalEnvConfig
 from jaxrunner.faults import RestartPolicy
 from jaxrunner.metrics import MetricsConfig
@@ -58,6 +59,7 @@ __all__ = [
     "EnvRunnerGroup",
     "EnvRunnerGroupConfig",
     "Episode",
+    "EvaluationResult",
     "ExternalEnv",
     "ExternalEnvConfig",
     "GAE",
@@ -78,6 +80,7 @@ __all__ = [
     "concatenate_episodes",
     "discounted_returns",
     "errors",
+    "evaluate",
     "from_gymnasium",
     "gae",
     "inline_cpu_dispatch",
