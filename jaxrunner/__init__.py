@@ -31,6 +31,7 @@ from jaxrunner.evaluation import EvaluationResult, evaluate
 from jaxrunner.external import ExternalEnv, ExternalEnvConfig
 from jaxrunner.faults import RestartPolicy
 from jaxrunner.metrics import MetricsConfig
+from jaxrunner.metrics_log import MetricsWriter, flatten_metrics
 from jaxrunner.policy import Policy
 from jaxrunner.returns import GAE, discounted_returns, gae
 from jaxrunner.runner import EnvRunner
@@ -67,6 +68,7 @@ __all__ = [
     "JaxVectorEnv",
     "LiveEpisode",
     "MetricsConfig",
+    "MetricsWriter",
     "Policy",
     "ProcessVectorEnv",
     "RayEnvConfig",
@@ -81,6 +83,7 @@ __all__ = [
     "discounted_returns",
     "errors",
     "evaluate",
+    "flatten_metrics",
     "from_gymnasium",
     "gae",
     "inline_cpu_dispatch",
