@@ -14,6 +14,7 @@ The public API, in one place::
 from jaxrunner import errors, serve
 from jaxrunner.callbacks import Callbacks, LiveEpisode
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch, use_inline_cpu_dispatch
+from jaxrunner.datasets import from_minari, to_minari
 from jaxrunner.envs import (
     BACKENDS,
     BatchStep,
@@ -84,10 +85,12 @@ __all__ = [
     "errors",
     "evaluate",
     "flatten_metrics",
+    "from_minari",
     "from_gymnasium",
     "gae",
     "inline_cpu_dispatch",
     "make_vec",
     "serve",
+    "to_minari",
     "use_inline_cpu_dispatch",
 ]
