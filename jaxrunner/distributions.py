@@ -2,7 +2,8 @@
 
 Each distribution holds batched parameters ``[B, ...]``. ``sample`` takes one key
 per env (``[B]``) and draws each env's action from its own key only, so an env's
-action never depends on which other envs share the batch (invariant 7).
+action never depends on which other envs share the batch: the same seed gives
+the same actions however the envs are split into batches.
 """
 
 from __future__ import annotations

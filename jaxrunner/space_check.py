@@ -2,7 +2,7 @@
 
 Used where values come from outside jaxrunner's own loop: external envs and the
 policy server. A value passes only if it is exactly what the space declares
-(invariant 6: never cast silently); the result is a fresh tree of numpy arrays the
+(a mismatch is never cast silently); the result is a fresh tree of numpy arrays the
 caller may keep. Nothing is touched on failure.
 """
 
