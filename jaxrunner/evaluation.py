@@ -84,11 +84,11 @@ def evaluate(
     """Runs ``policy`` with ``params`` on ``envs`` for ``num_episodes`` complete
     episodes and returns them with their statistics.
 
-    Every env is reset first (sub-env ``i`` with ``seed + i``), so a call measures
-    whole episodes and the same arguments give the same result. Env ``i`` contributes
-    its first ``num_episodes // num_envs`` episodes (one more for the first
-    ``num_episodes % num_envs`` envs): a fixed share per env, so short episodes are
-    not favoured. The envs stay open (close them yourself) and may be evaluated on
+    Every env is reset first, from ``seed`` as a new :class:`~jaxrunner.EnvRunner`
+    resets them, so a call measures whole episodes and the same arguments give the
+    same result. Env ``i`` contributes its first ``num_episodes // num_envs``
+    episodes (one more for the first ``num_episodes % num_envs`` envs): a fixed share
+    per env, so short episodes are not favoured. The envs stay open (close them yourself) and may be evaluated on
     again; use envs of their own, never a training runner's.
 
     Args:
