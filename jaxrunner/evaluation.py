@@ -88,8 +88,9 @@ def evaluate(
     resets them, so a call measures whole episodes and the same arguments give the
     same result. Env ``i`` contributes its first ``num_episodes // num_envs``
     episodes (one more for the first ``num_episodes % num_envs`` envs): a fixed share
-    per env, so short episodes are not favoured. The envs stay open (close them yourself) and may be evaluated on
-    again; use envs of their own, never a training runner's.
+    per env, so short episodes are not favoured. The envs stay open (close them
+    yourself) and may be evaluated on again; use envs of their own, never a training
+    runner's.
 
     Args:
         envs: a jaxrunner vector env (:func:`jaxrunner.make_vec`) for evaluation only.
