@@ -14,6 +14,7 @@ The public API, in one place::
 from jaxrunner import errors, serve
 from jaxrunner.callbacks import Callbacks, LiveEpisode
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch, use_inline_cpu_dispatch
+from jaxrunner.datasets import from_minari, to_minari
 from jaxrunner.envs import (
     BACKENDS,
     BatchStep,
@@ -29,9 +30,11 @@ from jaxrunner.envs import (
     make_vec,
 )
 from jaxrunner.envs.jax_env import JaxVectorEnv
+from jaxrunner.evaluation import EvaluationResult, evaluate
 from jaxrunner.external import ExternalEnv, ExternalEnvConfig
 from jaxrunner.faults import RestartPolicy
 from jaxrunner.metrics import MetricsConfig
+from jaxrunner.metrics_log import MetricsWriter, flatten_metrics
 from jaxrunner.policy import Policy
 from jaxrunner.returns import GAE, discounted_returns, gae
 from jaxrunner.sampling import EnvRunner
@@ -65,6 +68,7 @@ __all__ = [
     "EnvRunnerGroup",
     "EnvRunnerGroupConfig",
     "Episode",
+    "EvaluationResult",
     "ExternalEnv",
     "ExternalEnvConfig",
     "GAE",
@@ -72,6 +76,7 @@ __all__ = [
     "JaxVectorEnv",
     "LiveEpisode",
     "MetricsConfig",
+    "MetricsWriter",
     "Policy",
     "ProcessConfig",
     "ProcessVectorEnv",
@@ -87,11 +92,15 @@ __all__ = [
     "concatenate_episodes",
     "discounted_returns",
     "errors",
+    "evaluate",
+    "flatten_metrics",
+    "from_minari",
     "from_gymnasium",
     "gae",
     "inline_cpu_dispatch",
     "make_vec",
     "serve",
     "testing",
+    "to_minari",
     "use_inline_cpu_dispatch",
 ]

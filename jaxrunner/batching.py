@@ -8,7 +8,8 @@ change afterwards, so new params or odd batch sizes never recompile.
 
 A row's action key is ``fold_in(fold_in(fold_in(key(seed), id_hi), id_lo), step)``
 for its episode id and step index: its action depends on the seed, the episode and
-the step only, never on which rows share its batch (as invariant 7 for runners).
+the step only, never on which rows share its batch (as a runner's actions never depend on how
+its envs are grouped).
 """
 
 from __future__ import annotations

@@ -97,15 +97,24 @@ def timed(step: Callable[[], int], seconds: float) -> float:
 
 
 def measure_jaxrunner(
-    config: BenchConfig, num_envs: int, costs: dict[str, float] | None = None
+    config: BenchConfig,
+    num_envs: int,
+    costs: dict[str, float] | None = None,
+    layout: dict[str, Any] | None = None,
 ) -> float:
     """Steps/s of ``EnvRunner.sample()`` with the benchmark MLP. Given ``costs``, also
     fills it with the loop's perf timers over the timed samples, in microseconds per
-    vector step (``env_wait_us``, ``inference_us``, ...)."""
+    vector step (``env_wait_us``, ``inference_us``, ...). Given ``layout``, fills in
+    ``num_workers`` (worker processes; 0 when the sub-envs step in this process) and
+    ``num_groups`` (pipelining groups; None where the runner does not say)."""
     envs = make_vec(config.env, num_envs, backend=config.backend)
     policy = mlp_policy(envs.single_action_space)
     params = policy.init(jax.random.key(config.seed), envs.single_observation_space)
     with EnvRunner(envs, policy, params, config.rollout_length, config.seed) as runner:
+        if layout is not None:
+            layout["num_workers"] = getattr(envs, "num_workers", 0)
+            # EnvRunner.num_groups: public once the runner exposes it.
+            layout["num_groups"] = getattr(runner, "num_groups", None)
         runner.sample()  # warm-up
         before = runner.get_metrics()
         steps_per_s = timed(lambda: runner.sample().reward.size, config.seconds)
@@ -222,7 +231,10 @@ def run(config: BenchConfig, progress: Callable[[str], None] | None = None) -> l
         for name, measure in SYSTEMS.items():
             if progress:
                 progress(f"{name} x{num_envs}")
-            row[f"{name}_steps_per_s"] = measure(config, num_envs)
+            if measure is measure_jaxrunner:
+                row[f"{name}_steps_per_s"] = measure_jaxrunner(config, num_envs, layout=row)
+            else:
+                row[f"{name}_steps_per_s"] = measure(config, num_envs)
         row["ratio_vs_raw"] = row["jaxrunner_steps_per_s"] / row["raw_steps_per_s"]
         row["ratio_vs_bare_loop"] = row["jaxrunner_steps_per_s"] / row["bare_loop_steps_per_s"]
         rows.append(row)
@@ -306,12 +318,18 @@ def write_report(
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = ("num_envs", "jaxrunner", "raw", "ratio", "bare loop", "ratio")
-    lines = ["{:>8}  {:>11}  {:>11}  {:>5}  {:>11}  {:>5}".format(*header)]
+    """The rows as a text table; ``workers`` and ``groups`` are the runner's layout
+    (``-`` where unknown)."""
+    header = ("num_envs", "jaxrunner", "raw", "ratio", "bare loop", "ratio", "workers", "groups")
+    lines = ["{:>8}  {:>11}  {:>11}  {:>5}  {:>11}  {:>5}  {:>7}  {:>6}".format(*header)]
     for row in rows:
+        workers, groups = (
+            "-" if row.get(key) is None else str(row[key]) for key in ("num_workers", "num_groups")
+        )
         lines.append(
             f"{row['num_envs']:>8}  {row['jaxrunner_steps_per_s']:>11,.0f}  "
             f"{row['raw_steps_per_s']:>11,.0f}  {row['ratio_vs_raw']:>5.2f}  "
-            f"{row['bare_loop_steps_per_s']:>11,.0f}  {row['ratio_vs_bare_loop']:>5.2f}"
+            f"{row['bare_loop_steps_per_s']:>11,.0f}  {row['ratio_vs_bare_loop']:>5.2f}  "
+            f"{workers:>7}  {groups:>6}"
         )
     return "\n".join(lines)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
+from jaxrunner import __version__
 from jaxrunner.bench import add_cpu_dispatch_option
 from jaxrunner.envs import BACKENDS
 from jaxrunner.errors import DispatchConfigError
@@ -25,31 +27,14 @@ def _bench(args: argparse.Namespace) -> int:
             print(f"jaxrunner bench: {err} (or pass --cpu-dispatch async)", file=sys.stderr)
             return 2
 
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        print(
-            "jaxrunner bench shows progress with tqdm: pip install 'jaxrunner[bench]'",
-            file=sys.stderr,
-        )
-        return 2
     config = bench.BenchConfig(
         env=args.env,
         widths=tuple(args.num_envs),
         backend=args.backend,
         seconds=args.seconds,
     )
-    started: list[str] = []
-    with tqdm(total=len(bench.SYSTEMS) * len(config.widths), file=sys.stderr, unit="run") as bar:
-
-        def progress(label: str) -> None:
-            if started:
-                bar.update(1)
-            started.append(label)
-            bar.set_description(label)
-
+    with _progress(len(bench.SYSTEMS) * len(config.widths)) as progress:
         rows = bench.run(config, progress)
-        bar.update(1)
     if args.json:
         report = {
             "config": {**dataclasses.asdict(config), "cpu_dispatch": args.cpu_dispatch},
@@ -63,15 +48,46 @@ def _bench(args: argparse.Namespace) -> int:
             f"{args.cpu_dispatch} CPU dispatch"
         )
         print("steps/s; raw: the same vector env stepped with random actions, no policy;")
-        print("bare loop: its sub-envs' env.step/env.reset only, nothing stacked")
+        print("bare loop: its sub-envs' env.step/env.reset only, nothing stacked;")
+        print("workers: env worker processes (0: the sub-envs step in this process);")
+        print("groups: the runner's pipelining groups")
         print(bench.format_table(rows))
     return 0
+
+
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[Callable[[str], None]]:
+    """A progress callback for ``bench.run``: a tqdm bar on stderr where tqdm is
+    installed (the bench extra), else one line per measurement."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        done: list[str] = []
+
+        def line(label: str) -> None:
+            done.append(label)
+            print(f"[{len(done)}/{total}] {label}", file=sys.stderr, flush=True)
+
+        yield line
+        return
+    started: list[str] = []
+    with tqdm(total=total, file=sys.stderr, unit="run") as bar:
+
+        def progress(label: str) -> None:
+            if started:
+                bar.update(1)
+            started.append(label)
+            bar.set_description(label)
+
+        yield progress
+        bar.update(1)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jaxrunner", description="A JAX-accelerated vectorized sampler for RL."
     )
+    parser.add_argument("--version", action="version", version=f"jaxrunner {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser(
         "bench",
@@ -88,12 +104,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="widths to measure (default: 1 8 64 256)",
     )
-    bench.add_argument("--backend", default="sync", choices=BACKENDS)
+    bench.add_argument(
+        "--backend",
+        default="sync",
+        choices=BACKENDS,
+        help="how the sub-envs are stepped, as make_vec(backend=...) (default: %(default)s)",
+    )
     bench.add_argument(
         "--seconds", type=float, default=2.0, help="seconds per measurement (default: 2)"
     )
     add_cpu_dispatch_option(bench)
-    bench.add_argument("--json", action="store_true", help="print only JSON on stdout")
+    bench.add_argument(
+        "--json",
+        action="store_true",
+        help="print only a JSON report on stdout (default: a table)",
+    )
     bench.set_defaults(func=_bench)
     add_serve_command(commands)
     return parser

@@ -2,7 +2,8 @@
 
 Each distribution holds batched parameters ``[B, ...]``. ``sample`` takes one key
 per env (``[B]``) and draws each env's action from its own key only, so an env's
-action never depends on which other envs share the batch (invariant 7).
+action never depends on which other envs share the batch: the same seed gives
+the same actions however the envs are split into batches.
 """
 
 from __future__ import annotations
@@ -138,11 +139,20 @@ def head_params(action_space: spaces.Space) -> dict[str, Any]:
 
 def _reshaped(x: jax.Array, shape: tuple[int, ...], what: str) -> jax.Array:
     size = int(np.prod(shape))
-    if x.ndim < 1 or int(np.prod(x.shape[1:])) != size:
+    got = int(np.prod(x.shape[1:])) if x.ndim >= 1 else 0
+    if got != size:
+        # A vector env's batched action space (num_envs copies of the single one)
+        # asks for num_envs times the features the module was built for.
+        batched = (
+            f" The action space looks batched ({size // got} copies of {got} features): "
+            "pass the vector env's envs.single_action_space, not envs.action_space."
+            if got and size % got == 0 and size > got
+            else ""
+        )
         raise SpaceMismatchError(
             f"the policy module's {what} output has shape {x.shape}; expected [batch, "
             f"{size}] or [batch, *{shape}] for this action space. Make the module's last "
-            f"layer output {size} features."
+            f"layer output {size} features.{batched}"
         )
     return x.reshape(x.shape[0], *shape)
 

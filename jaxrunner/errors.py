@@ -155,3 +155,7 @@ class WorkerTimeoutError(JaxRunnerError, TimeoutError):
 class RemoteTimeoutError(JaxRunnerError, TimeoutError):
     """A Ray actor (an env actor of ``backend="ray"`` or a runner of an
     ``EnvRunnerGroup``) did not answer within its timeout, or could not be placed."""
+
+
+class MissingDependencyError(JaxRunnerError, ImportError):
+    """An optional dependency is not installed; the message names the extra."""

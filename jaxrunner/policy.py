@@ -32,6 +32,9 @@ ApplyFn = Callable[[Params, Any, Carry, jax.Array], tuple[Any, dict[str, Any], C
 InitFn = Callable[[jax.Array, Any, Carry], Params]
 LogProbFn = Callable[[Params, Any, Carry, Any], jax.Array]
 EvaluateFn = Callable[[Params, Any, Carry, Any], dict[str, jax.Array]]
+DistributionFn = Callable[
+    [Params, Any, Carry], tuple[distributions.Distribution, jax.Array | None, Carry]
+]
 
 
 def dummy_obs(observation_space: spaces.Space, batch: int = 1) -> Any:
@@ -56,6 +59,11 @@ class Policy:
         evaluate_fn: ``(params, obs, carry, action) -> {"log_prob", "entropy",
             ["value"]}``, each ``[B]``: what a policy-gradient learner needs of stored
             actions under new params. Optional; ``from_linen``/``from_nnx`` set it.
+        distribution_fn: ``(params, obs, carry) -> (distribution, value, carry)``: the
+            action distribution (a :mod:`jaxrunner.distributions` class, whose fields
+            are its parameters), the value ``[B]`` (``None`` without a value head) and
+            the next carry. Powers :meth:`distribution`, :meth:`value` and
+            :meth:`deterministic`. Optional; ``from_linen``/``from_nnx`` set it.
     """
 
     apply_fn: ApplyFn
@@ -63,6 +71,7 @@ class Policy:
     initial_carry: Carry = None
     log_prob_fn: LogProbFn | None = None
     evaluate_fn: EvaluateFn | None = None
+    distribution_fn: DistributionFn | None = None
 
     def __post_init__(self) -> None:
         for name in ("apply_fn", "init_fn", "log_prob_fn", "evaluate_fn"):
@@ -88,6 +97,48 @@ class Policy:
                 "-> dict."
             )
         return self.evaluate_fn(params, obs, carry, action)
+
+    def distribution(
+        self, params: Params, obs: Any, carry: Carry = None
+    ) -> distributions.Distribution:
+        """The action distribution at a batch of observations ``[B, ...]``, the one
+        ``apply_fn`` samples from: e.g. ``Categorical(logits)`` or ``DiagGaussian(mean,
+        log_std)``, with ``sample(keys)``, ``mode()``, ``log_prob(action)`` and
+        ``entropy()``. Jittable; for ``[T, B, ...]`` observations ``jax.vmap`` it over
+        the time axis."""
+        return self._distribution_fn("distribution")(params, obs, carry)[0]
+
+    def value(self, params: Params, obs: Any, carry: Carry = None) -> jax.Array:
+        """The critic's value ``[B]`` of a batch of observations ``[B, ...]``, as
+        ``evaluate(...)["value"]`` and ``extras["value"]`` give it. Jittable and
+        differentiable in ``params``. For a trajectory's ``next_obs`` (``[T, B, ...]``)
+        map it over time: ``jax.vmap(policy.value, in_axes=(None, 0))(params,
+        traj.next_obs)`` is the ``[T, B]`` ``next_value`` that :func:`jaxrunner.gae`
+        takes."""
+        value = self._distribution_fn("value")(params, obs, carry)[1]
+        if value is None:
+            raise InvalidArgumentError(
+                "Policy.value: the policy module has no value head. Return (out, value) or "
+                "a dict with a 'value' entry from the module to have one."
+            )
+        return value
+
+    def deterministic(self) -> Policy:
+        """This policy acting with its distribution's mode instead of sampling: the
+        argmax of the logits (Discrete, MultiDiscrete), ``logits > 0`` (MultiBinary),
+        the mean (Box). Same params, same ``extras`` (``log_prob`` of the mode action,
+        ``value``); use it to evaluate a trained policy (:func:`jaxrunner.evaluate`)."""
+        distribution_fn = self._distribution_fn("deterministic")
+        return dataclasses.replace(self, apply_fn=_mode_apply_fn(distribution_fn))
+
+    def _distribution_fn(self, what: str) -> DistributionFn:
+        if self.distribution_fn is None:
+            raise InvalidArgumentError(
+                f"Policy.{what}: this Policy has no distribution_fn; build it with "
+                "Policy.from_linen/from_nnx or pass distribution_fn=(params, obs, carry) -> "
+                "(distribution, value_or_None, carry)."
+            )
+        return self.distribution_fn
 
     def init(self, key: jax.Array, observation_space: spaces.Space) -> Params:
         """Initial params for observations of ``observation_space`` (a single env's)."""
@@ -133,7 +184,8 @@ class Policy:
         Args:
             module: the linen module.
             action_space: a single env's action space; picks the distribution.
-            deterministic: act with the distribution's mode instead of sampling.
+            deterministic: act with the distribution's mode instead of sampling (the
+                same as ``Policy.from_linen(...).deterministic()``).
             initial_carry: one env's initial recurrent state, for recurrent modules.
         """
 
@@ -192,26 +244,31 @@ class Policy:
         # Fail now, not at the first step, if no distribution fits the space.
         distributions.make_distribution(action_space, _probe_output(action_space), head)
 
-        def apply_fn(params: Params, obs: Any, carry: Carry, keys: jax.Array):
+        def distribution_fn(
+            params: Params, obs: Any, carry: Carry
+        ) -> tuple[distributions.Distribution, jax.Array | None, Carry]:
             out, carry = forward(params["module"], obs, carry)
             out = parse_module_output(out)
             dist = distributions.make_distribution(action_space, out, params)
-            action = dist.mode() if deterministic else dist.sample(keys)
-            extras = {"log_prob": dist.log_prob(action)}
-            if "value" in out:
-                extras["value"] = out["value"]
-            return action, extras, carry
+            return dist, out.get("value"), carry
+
+        if deterministic:
+            apply_fn = _mode_apply_fn(distribution_fn)
+        else:
+
+            def apply_fn(params: Params, obs: Any, carry: Carry, keys: jax.Array):
+                dist, value, carry = distribution_fn(params, obs, carry)
+                action = dist.sample(keys)
+                return action, _extras(dist, action, value), carry
 
         def init_fn(key: jax.Array, obs: Any, carry: Carry) -> Params:
             return {"module": init_module(key, obs, carry), **head}
 
         def evaluate_fn(params: Params, obs: Any, carry: Carry, action: Any) -> dict[str, Any]:
-            out, _ = forward(params["module"], obs, carry)
-            out = parse_module_output(out)
-            dist = distributions.make_distribution(action_space, out, params)
+            dist, value, _ = distribution_fn(params, obs, carry)
             result = {"log_prob": dist.log_prob(action), "entropy": dist.entropy()}
-            if "value" in out:
-                result["value"] = out["value"]
+            if value is not None:
+                result["value"] = value
             return result
 
         def log_prob_fn(params: Params, obs: Any, carry: Carry, action: Any) -> jax.Array:
@@ -223,7 +280,28 @@ class Policy:
             initial_carry=initial_carry,
             log_prob_fn=log_prob_fn,
             evaluate_fn=evaluate_fn,
+            distribution_fn=distribution_fn,
         )
+
+
+def _extras(dist: distributions.Distribution, action: Any, value: jax.Array | None) -> dict:
+    """What each transition stores of the policy: ``log_prob`` and ``value`` if any."""
+    extras = {"log_prob": dist.log_prob(action)}
+    if value is not None:
+        extras["value"] = value
+    return extras
+
+
+def _mode_apply_fn(distribution_fn: DistributionFn) -> ApplyFn:
+    """An ``apply_fn`` that acts with the distribution's mode (the keys are unused)."""
+
+    def apply_fn(params: Params, obs: Any, carry: Carry, keys: jax.Array):
+        del keys
+        dist, value, carry = distribution_fn(params, obs, carry)
+        action = dist.mode()
+        return action, _extras(dist, action, value), carry
+
+    return apply_fn
 
 
 def check_params_like(current: Params, new: Params, owner: str) -> None:

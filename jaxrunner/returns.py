@@ -252,10 +252,17 @@ def _gather(
         if name in ("value", "next_value") and array.ndim == 0:
             array = jnp.broadcast_to(array, shape)
         if array.shape != shape:
+            # A critic's Dense(1) head gives [T, B, 1]: name the squeeze.
+            squeeze = (
+                f" Drop the trailing axis of size 1: pass {name}={name}[..., 0]."
+                if array.shape == (*shape, 1)
+                else ""
+            )
             raise InvalidArgumentError(
                 f"{fn}({name}=...): expected shape {shape} (the reward's, [T, B]), got "
-                f"{array.shape}. Every input is time-major [T, B]; compute next_value as "
-                "V(next_obs) over the whole [T, B] batch."
+                f"{array.shape}.{squeeze} Every input is time-major [T, B]; compute "
+                "next_value as V(next_obs) over the whole [T, B] batch, e.g. "
+                "jax.vmap(policy.value, in_axes=(None, 0))(params, traj.next_obs)."
             )
         if name in ("terminated", "truncated", "valid"):
             if array.dtype != jnp.bool_:

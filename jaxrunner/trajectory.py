@@ -24,7 +24,7 @@ MAX_LOAD_BYTES = 1 << 33
 @flax.struct.dataclass
 class Trajectory:
     """``T`` steps of ``B`` envs. Every field is ``[T, B, ...]``; row ``[t, b]`` of
-    every field comes from the same ``env.step`` call of env ``b`` (invariant 2).
+    every field comes from the same ``env.step`` call of env ``b``.
 
     Attributes:
         obs: observations acted on (pytree shaped by the observation space).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import re
@@ -76,3 +77,38 @@ def test_python_dash_m_entry_point():
 def test_bench_rejects_unknown_backend():
     with pytest.raises(SystemExit):
         cli.main(["bench", "--backend", "nope"])
+
+
+def test_version(capsys):
+    import jaxrunner
+
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"jaxrunner {jaxrunner.__version__}"
+
+
+@pytest.mark.parametrize("command", ["bench", "serve"])
+def test_every_option_has_help_with_its_default(command):
+    parser = cli.build_parser()
+    sub = next(
+        action for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+    ).choices[command]
+    options = [a for a in sub._actions if a.option_strings and a.dest != "help"]
+    assert options
+    for action in options:
+        assert action.help, f"{command} {action.option_strings[0]} has no help"
+        assert "default" in action.help, f"{command} {action.option_strings[0]}: no default"
+    text = sub.format_help()
+    assert "%(" not in text  # every placeholder expanded
+
+
+def test_bench_runs_without_tqdm_and_shows_its_layout(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # as if not installed
+    argv = ["bench", "--num-envs", "2", "--seconds", "0.05", "--cpu-dispatch", "async"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "[1/3] jaxrunner x2" in captured.err and "[3/3]" in captured.err
+    header, row = captured.out.strip().splitlines()[-2:]
+    assert header.split()[-2:] == ["workers", "groups"]
+    assert row.split()[-2] == "0"  # the sync backend steps in this process

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import closing
@@ -271,15 +272,15 @@ def test_different_spaces_across_workers():
         ProcessVectorEnv(fns, ProcessConfig(num_workers=3))
 
 
-def test_lambda_factories_need_cloudpickle(monkeypatch):
+def test_lambda_factories_travel_by_value():
     lam = lambda: CountingEnv()  # noqa: E731
-    pytest.importorskip("cloudpickle")
     with closing(ProcessVectorEnv([lam, lam], ProcessConfig(num_workers=1))) as vec:
         obs, _ = vec.reset(seed=SEED)
         assert obs.shape == (2, 5)
-    monkeypatch.setitem(sys.modules, "cloudpickle", None)  # as if not installed
+    lock = threading.Lock()  # process-bound: no pickler can send it
+    bound = lambda: CountingEnv() if lock else None  # noqa: E731
     with pytest.raises(InvalidArgumentTypeError, match=r"factory of sub-env 1 cannot be sent"):
-        ProcessVectorEnv([CountingEnv, lam], ProcessConfig(num_workers=1))
+        ProcessVectorEnv([CountingEnv, bound], ProcessConfig(num_workers=1))
 
 
 def _exit_in_step() -> gymnasium.Env:

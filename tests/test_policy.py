@@ -581,3 +581,100 @@ def test_init_without_init_fn() -> None:
     policy = jr.Policy(apply_fn=build("discrete").policy.apply_fn)
     with pytest.raises(ValueError, match="no init_fn"):
         policy.init(jax.random.key(0), OBS_SPACE)
+
+
+# -- learner glue: value, distribution, deterministic() -------------------------------------
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_deterministic_method_acts_with_the_mode(name: str) -> None:
+    """policy.deterministic() takes the mode, as from_linen(deterministic=True) does."""
+    case = CASES[name]
+    policy, params, _ = build(name)
+    mode_apply = jax.jit(policy.deterministic().apply_fn)
+    obs = make_obs(3)
+    action, extras, _ = mode_apply(params, obs, None, env_keys(0))
+    want = ref_mode(case, raw_output(case, params, obs))
+    if isinstance(case.space, spaces.Box):
+        np.testing.assert_allclose(action, want, rtol=1e-6)
+    else:
+        np.testing.assert_array_equal(action, want)
+    flag_action, flag_extras, _ = build(name, deterministic=True).apply(
+        params, obs, None, env_keys(5)
+    )
+    np.testing.assert_array_equal(action, flag_action)
+    assert jax.tree.structure(extras) == jax.tree.structure(flag_extras)
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_value_and_distribution_agree_with_evaluate(name: str) -> None:
+    """policy.value and policy.distribution give what evaluate, extras and the module give."""
+    case = CASES[name]
+    policy, params, apply = build(name)
+    obs = make_obs(4)
+    out = raw_output(case, params, obs)
+    action, extras, _ = apply(params, obs, None, env_keys(0))
+    dist = jax.jit(policy.distribution)(params, obs)
+    np.testing.assert_allclose(dist.log_prob(action), extras["log_prob"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        dist.entropy(), policy.evaluate(params, obs, action)["entropy"], rtol=1e-6
+    )
+    raw = out["params"].reshape(B, -1)
+    if isinstance(case.space, spaces.Box):
+        np.testing.assert_allclose(np.reshape(dist.mean, (B, -1)), raw, rtol=1e-6)
+    else:
+        np.testing.assert_allclose(np.reshape(dist.logits, (B, -1)), raw, rtol=1e-6)
+    if "value" not in out:
+        with pytest.raises(ValueError, match="no value head"):
+            policy.value(params, obs)
+        return
+    value = jax.jit(policy.value)(params, obs)
+    np.testing.assert_allclose(value, out["value"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(value, extras["value"], rtol=1e-6)
+    np.testing.assert_allclose(value, policy.evaluate(params, obs, action)["value"], rtol=1e-6)
+
+
+def test_value_over_time_is_gae_ready() -> None:
+    """vmap over the time axis gives the [T, B] next_value that jr.gae takes."""
+    policy, params, _ = build("discrete_tuple1")
+    next_obs = np.stack([make_obs(seed) for seed in range(3)])  # [T=3, B, 4]
+    next_value = jax.vmap(policy.value, in_axes=(None, 0))(params, next_obs)
+    assert next_value.shape == (3, B)
+    for t in range(3):
+        np.testing.assert_allclose(next_value[t], policy.value(params, next_obs[t]), rtol=1e-6)
+    zeros = np.zeros((3, B))
+    result = jr.gae(
+        reward=zeros,
+        terminated=zeros > 0,
+        truncated=zeros > 0,
+        value=zeros,
+        next_value=next_value,
+        gamma=0.5,
+        lam=0.0,
+    )
+    np.testing.assert_allclose(result.advantages, 0.5 * np.asarray(next_value), rtol=1e-6)
+
+
+def test_glue_without_distribution_fn_says_how() -> None:
+    policy = jr.Policy(apply_fn=build("discrete").policy.apply_fn)
+    for call in (policy.deterministic, lambda: policy.value(None, make_obs())):
+        with pytest.raises(ValueError, match="no distribution_fn"):
+            call()
+
+
+@pytest.mark.parametrize(
+    ("batched", "features"),
+    [
+        (spaces.MultiDiscrete([2] * B), 2),
+        (spaces.Box(-1.0, 1.0, (B, 3), np.float32), 3),
+    ],
+    ids=["discrete", "box"],
+)
+def test_batched_action_space_suggests_single_action_space(
+    batched: spaces.Space, features: int
+) -> None:
+    """from_linen(module, envs.action_space) fails naming envs.single_action_space."""
+    policy = jr.Policy.from_linen(Net(features), batched)
+    params = policy.init(jax.random.key(0), OBS_SPACE)
+    with pytest.raises(SpaceMismatchError, match="single_action_space"):
+        policy.apply_fn(params, make_obs(), None, env_keys(0))

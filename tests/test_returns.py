@@ -221,3 +221,12 @@ def test_scalar_next_value_broadcasts():
         np.asarray(jr.discounted_returns(**kwargs, gamma=GAMMA)),
         np.asarray(jr.discounted_returns(**arrays(next_value=np.zeros((5, 3))), gamma=GAMMA)),
     )
+
+
+def test_trailing_value_axis_suggests_the_squeeze():
+    """A critic's [T, B, 1] output: the error names the squeeze; other shapes do not."""
+    with pytest.raises(ValueError, match=r"next_value=next_value\[\.\.\., 0\]"):
+        jr.discounted_returns(**arrays(next_value=np.zeros((5, 3, 1))), gamma=GAMMA)
+    with pytest.raises(ValueError, match=r"expected shape \(5, 3\)") as info:
+        jr.discounted_returns(**arrays(next_value=np.zeros((5, 3, 2))), gamma=GAMMA)
+    assert "[..., 0]" not in str(info.value)

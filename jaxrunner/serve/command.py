@@ -32,22 +32,74 @@ def add_serve_command(commands: Any) -> None:
         "--policy",
         default=None,
         metavar="MODULE:FUNCTION",
-        help="FUNCTION(observation_space, action_space) -> (jaxrunner.Policy, params); "
-        "default: a tanh MLP (--hidden) with fresh params",
+        help="FUNCTION(observation_space, action_space) -> (jaxrunner.Policy, params) "
+        "(default: a tanh MLP of --hidden sizes with fresh params)",
     )
-    serve.add_argument("--hidden", type=int, nargs="+", default=[64, 64], metavar="N")
-    serve.add_argument("--seed", type=int, default=0, help="seeds params and action keys")
-    serve.add_argument("--host", default="127.0.0.1", help="interface (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     serve.add_argument(
-        "--token-file", default=None, help="default: ~/.config/jaxrunner/serve-token"
+        "--hidden",
+        type=int,
+        nargs="+",
+        default=[64, 64],
+        metavar="N",
+        help="hidden layer sizes of the default MLP policy (default: 64 64)",
     )
-    serve.add_argument("--max-batch", type=int, default=64)
-    serve.add_argument("--max-wait-ms", type=float, default=2.0)
-    serve.add_argument("--max-concurrent", type=int, default=1024)
-    serve.add_argument("--max-episodes-per-client", type=int, default=None)
-    serve.add_argument("--episode-timeout-s", type=float, default=300.0)
-    serve.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    serve.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seeds the default policy's params and the action keys (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to listen on; 0.0.0.0 for every interface (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--port", type=int, default=8000, help="0 picks a free port (default: %(default)s)"
+    )
+    serve.add_argument(
+        "--token-file",
+        default=None,
+        help="file holding the bearer token clients must send, created if missing "
+        "(default: ~/.config/jaxrunner/serve-token)",
+    )
+    serve.add_argument(
+        "--max-batch",
+        type=int,
+        default=64,
+        help="the most agent requests per policy call (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=2.0,
+        help="after a batch's first request, how long to wait for more (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=1024,
+        help="the most episodes live at once; more are refused with HTTP 429 "
+        "(default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-episodes-per-client",
+        type=int,
+        default=None,
+        help="the most live episodes per client (default: no limit but --max-concurrent)",
+    )
+    serve.add_argument(
+        "--episode-timeout-s",
+        type=float,
+        default=300.0,
+        help="an episode with no request for this long is ended, truncated (default: %(default)s)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=1 << 20,
+        help="the largest request body accepted (default: %(default)s)",
+    )
     serve.set_defaults(func=run_serve)
 
 

@@ -1,16 +1,18 @@
 """How ``backend="process"`` lays out and starts its workers: the checks of the
 constructor's arguments, the split of sub-envs over workers, the factories' pickling
-and the multiprocessing context (never a plain ``fork``)."""
+(by value from ``__main__``), the check that a script guards its top-level code, and
+the multiprocessing context (never a plain ``fork``)."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 import multiprocessing
 import os
-import pickle
 import sys
 from collections.abc import Callable, Sequence
 
+import cloudpickle
 import gymnasium
 import numpy as np
 
@@ -68,35 +70,85 @@ def worker_bounds(
 
 
 def pickle_factories(env_fns: Sequence[EnvFactory], offset: int) -> bytes:
-    """The factories as bytes for a worker: ``pickle``, else ``cloudpickle`` (lambdas,
-    closures) when it is installed, else a clear error naming the factory."""
+    """The factories as bytes for a worker, by ``cloudpickle``: importable functions
+    and classes travel by reference, as with ``pickle``; lambdas, closures and
+    anything defined in ``__main__`` (a notebook cell, a script) travel by value, so a
+    worker needs no import of them. Anything else raises a clear error naming the
+    factory."""
     try:
-        return pickle.dumps(list(env_fns), protocol=5)
+        return cloudpickle.dumps(list(env_fns), protocol=5)
     except Exception as err:
         first_error: Exception = err
-    try:
-        import cloudpickle
-    except ImportError:
-        cloudpickle = None
-    if cloudpickle is not None:
-        try:
-            return cloudpickle.dumps(list(env_fns), protocol=5)
-        except Exception as err:
-            first_error = err
     for j, fn in enumerate(env_fns):
         try:
-            (cloudpickle or pickle).dumps(fn)
+            cloudpickle.dumps(fn)
         except Exception as err:
             first_error, bad = err, offset + j
             break
     else:  # pragma: no cover - the list failed but no element did
         bad = offset
-    hint = "" if cloudpickle else " or install cloudpickle (pip install cloudpickle)"
     raise InvalidArgumentTypeError(
         f"backend='process': the factory of sub-env {bad} cannot be sent to a worker "
-        f"process ({first_error!r}). Use a module-level function or a functools.partial "
-        f"of one{hint}; for gymnasium ids pass the id string to make_vec."
+        f"process ({first_error!r}). Make it a function (or class) that holds nothing "
+        "process-bound (open files, locks, sockets); for gymnasium ids pass the id string "
+        "to make_vec."
     ) from first_error
+
+
+def check_main_guard() -> None:
+    """Refuses to start workers from a script's unguarded top-level code.
+
+    Workers start by ``forkserver`` or ``spawn``, and both import the main script in
+    the new process; code at its top level runs again there, starts workers of its
+    own, and multiprocessing stops it. Without this check the worker dies and the
+    caller sees only that it could not start.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or not os.path.isfile(path):
+        return  # a notebook, ``python -c``, stdin: nothing is re-imported
+    frame = sys._getframe(1)
+    while frame is not None and not (
+        frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return  # not called from the script's top-level code
+    line = frame.f_lineno
+    if any(lo <= line <= hi for lo, hi in _main_guard_lines(path)):
+        return
+    raise InvalidArgumentError(
+        f"backend='process' was started from the top level of {path} (line {line}), "
+        'outside an `if __name__ == "__main__":` block. Its workers import that script '
+        "and would run this code again. Put the code that builds and runs the envs under "
+        '`if __name__ == "__main__":` (e.g. in a main() called from there).'
+    )
+
+
+def _main_guard_lines(path: str) -> list[tuple[int, int]]:
+    """The line ranges of the top-level ``if __name__ == "__main__":`` blocks."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return [(1, sys.maxsize)]  # cannot tell: let it start
+    ranges = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and _is_main_test(node.test):
+            ranges.append((node.lineno, node.end_lineno or node.lineno))
+    return ranges
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """``__name__ == "__main__"`` (either order)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return False
+    if not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    constants = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return names == ["__name__"] and constants == ["__main__"]
 
 
 def multiprocessing_context(start_method: str) -> multiprocessing.context.BaseContext:
@@ -113,6 +165,7 @@ def multiprocessing_context(start_method: str) -> multiprocessing.context.BaseCo
             f"{START_METHODS}. 'fork' is refused: forking a process that has started JAX's "
             "threads can deadlock the child."
         )
+    check_main_guard()
     ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
         from multiprocessing import forkserver

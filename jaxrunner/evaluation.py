@@ -1,0 +1,133 @@
+"""Evaluation: a policy's return over N complete episodes on envs kept for it.
+
+A fresh :class:`~jaxrunner.EnvRunner` samples the evaluation envs, so a training
+runner's envs, episodes and metrics are never touched. Episodes are taken in equal
+shares per env, each env's first ones: taking whichever episodes finish first would
+favour short episodes, and so bias the mean return.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.policy import Params, Policy
+from jaxrunner.runner import EnvRunner
+from jaxrunner.trajectory import Episode
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationResult:
+    """What :func:`evaluate` returns.
+
+    Attributes:
+        episodes: the complete episodes, ordered by env, then by start.
+        returns: each episode's total (undiscounted) reward, ``[N]``.
+        lengths: each episode's number of steps, ``[N]``.
+    """
+
+    episodes: list[Episode]
+    returns: np.ndarray
+    lengths: np.ndarray
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.episodes)
+
+    @property
+    def return_mean(self) -> float:
+        return float(np.mean(self.returns))
+
+    @property
+    def return_std(self) -> float:
+        return float(np.std(self.returns))
+
+    @property
+    def return_min(self) -> float:
+        return float(np.min(self.returns))
+
+    @property
+    def return_max(self) -> float:
+        return float(np.max(self.returns))
+
+    @property
+    def length_mean(self) -> float:
+        return float(np.mean(self.lengths))
+
+    def summary(self) -> dict[str, float]:
+        """The statistics as a flat dict (for a logger): ``return_mean``,
+        ``return_std``, ``return_min``, ``return_max``, ``length_mean``,
+        ``num_episodes``."""
+        return {
+            "return_mean": self.return_mean,
+            "return_std": self.return_std,
+            "return_min": self.return_min,
+            "return_max": self.return_max,
+            "length_mean": self.length_mean,
+            "num_episodes": float(self.num_episodes),
+        }
+
+
+def evaluate(
+    envs: Any,
+    policy: Policy,
+    params: Params,
+    num_episodes: int,
+    *,
+    deterministic: bool = True,
+    seed: int = 0,
+    rollout_length: int = 32,
+) -> EvaluationResult:
+    """Runs ``policy`` with ``params`` on ``envs`` for ``num_episodes`` complete
+    episodes and returns them with their statistics.
+
+    Every env is reset first, from ``seed`` as a new :class:`~jaxrunner.EnvRunner`
+    resets them, so a call measures whole episodes and the same arguments give the
+    same result. Env ``i`` contributes its first ``num_episodes // num_envs``
+    episodes (one more for the first ``num_episodes % num_envs`` envs): a fixed share
+    per env, so short episodes are not favoured. The envs stay open (close them
+    yourself) and may be evaluated on again; use envs of their own, never a training
+    runner's.
+
+    Args:
+        envs: a jaxrunner vector env (:func:`jaxrunner.make_vec`) for evaluation only.
+        policy: the policy; ``deterministic`` picks how it acts.
+        params: its params (e.g. the training runner's ``get_params()``).
+        num_episodes: how many complete episodes, ``>= 1``.
+        deterministic: act with the distribution's mode (:meth:`Policy.deterministic`);
+            False samples, as training does.
+        seed: seeds the env resets and, when sampling, the policy's keys.
+        rollout_length: steps per env of each inner ``sample()``; smaller wastes fewer
+            steps past the last episode needed, larger has less per-call overhead.
+
+    Returns:
+        An :class:`EvaluationResult`.
+    """
+    if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
+        raise InvalidArgumentError(
+            f"evaluate(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
+        )
+    acting = policy.deterministic() if deterministic else policy
+    # Not stopped at the end: stop() would close the caller's envs.
+    runner = EnvRunner(envs, acting, params, rollout_length=rollout_length, seed=seed)
+    num_envs = envs.num_envs
+    share = [num_episodes // num_envs + (i < num_episodes % num_envs) for i in range(num_envs)]
+    kept: list[list[Episode]] = [[] for _ in range(num_envs)]
+    missing = num_episodes
+    while missing:
+        for episode in runner.sample_episodes(missing):
+            if len(kept[episode.env_id]) < share[episode.env_id]:
+                kept[episode.env_id].append(episode)
+        missing = sum(want - len(got) for want, got in zip(share, kept))
+    episodes = [e for per_env in kept for e in sorted(per_env, key=lambda e: e.episode_id)]
+    return EvaluationResult(
+        episodes=episodes,
+        returns=np.array([e.total_return for e in episodes], np.float64),
+        lengths=np.array([e.length for e in episodes], np.int64),
+    )
+
+
+__all__ = ["EvaluationResult", "evaluate"]

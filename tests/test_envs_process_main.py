@@ -1,0 +1,80 @@
+"""backend="process" from notebooks and scripts: factories defined in ``__main__``
+travel by value, and a script without ``if __name__ == "__main__":`` gets an error
+that says how to fix it. Each case runs a small program in a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ENV_CLASS = """
+import gymnasium as gym
+import numpy as np
+import jaxrunner as jr
+
+class Tiny(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.full(2, 0.5, np.float32), {}
+
+    def step(self, action):
+        return np.full(2, float(action) / 2, np.float32), 1.0, False, False, {}
+"""
+
+RUN = """
+envs = jr.make_vec(Tiny, num_envs=2, backend="process", num_workers=2)
+obs, _ = envs.reset(seed=0)
+obs, reward, *_ = envs.step(np.array([1, 0]))
+print("OK", obs.tolist(), reward.tolist())
+envs.close()
+"""
+
+
+def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_class_defined_in_a_notebook_like_main_reaches_the_workers(tmp_path: Path) -> None:
+    """``python -c`` has a ``__main__`` with no file, as a notebook kernel does: the
+    class cannot be imported in a worker, so it must travel by value."""
+    result = run(["-c", ENV_CLASS + RUN], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "OK [[0.5, 0.5], [0.0, 0.0]] [1.0, 1.0]" in result.stdout
+
+
+def test_class_defined_in_a_guarded_script_reaches_the_workers(tmp_path: Path) -> None:
+    script = tmp_path / "guarded.py"
+    body = textwrap.indent(RUN.strip(), "    ")
+    script.write_text(ENV_CLASS + '\n\nif "__main__" == __name__:\n' + body + "\n")
+    result = run([str(script)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "OK" in result.stdout
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["top_level", "main_function"])
+def test_unguarded_script_says_how_to_fix_it(tmp_path: Path, wrapped: bool) -> None:
+    script = tmp_path / "unguarded.py"
+    code = RUN
+    if wrapped:  # a main() called from the top level, still without the guard
+        code = "def main():\n" + textwrap.indent(RUN.strip(), "    ") + "\n\nmain()\n"
+    script.write_text(ENV_CLASS + code)
+    result = run([str(script)], tmp_path)
+    assert result.returncode != 0
+    assert "InvalidArgumentError" in result.stderr
+    assert 'if __name__ == "__main__":' in result.stderr
+    assert f"{script}" in result.stderr
+    assert "could not start" not in result.stderr
+    assert "OK" not in result.stdout

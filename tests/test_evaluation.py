@@ -1,0 +1,92 @@
+"""Tests for jaxrunner.evaluation: jr.evaluate on envs of its own."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+import jaxrunner as jr
+
+
+class Net(nn.Module):
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        init = nn.initializers.normal(1.0)
+        return nn.Dense(2, kernel_init=init)(obs), nn.Dense(1)(obs)[:, 0]
+
+
+@pytest.fixture(scope="module")
+def setup() -> tuple[jr.Policy, object, Net]:
+    module = Net()
+    envs = jr.make_vec("CartPole-v1", num_envs=1)
+    policy = jr.Policy.from_linen(module, envs.single_action_space)
+    params = policy.init(jax.random.key(3), envs.single_observation_space)
+    envs.close()
+    return policy, params, module
+
+
+def test_deterministic_acts_with_the_mode_over_complete_episodes(setup) -> None:
+    policy, params, module = setup
+    envs = jr.make_vec("CartPole-v1", num_envs=3)
+    result = jr.evaluate(envs, policy, params, num_episodes=7, seed=5)
+    assert result.num_episodes == 7
+    # A fixed share per env: 3, 2, 2, each env's first episodes.
+    assert [e.env_id for e in result.episodes] == [0, 0, 0, 1, 1, 2, 2]
+    for episode in result.episodes:
+        assert episode.is_complete and episode.is_done and not episode.faulty
+        logits, value = module.apply(params["module"], episode.obs[:-1])
+        np.testing.assert_array_equal(episode.action, np.argmax(logits, axis=-1))
+        np.testing.assert_allclose(episode.extras["value"], value, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(result.returns, [e.total_return for e in result.episodes])
+    np.testing.assert_array_equal(result.lengths, [e.length for e in result.episodes])
+    assert result.return_mean == pytest.approx(np.mean(result.returns))
+    assert result.return_std == pytest.approx(np.std(result.returns))
+    assert result.return_min == result.returns.min()
+    assert result.return_max == result.returns.max()
+    assert result.length_mean == pytest.approx(np.mean(result.lengths))
+    assert result.summary()["num_episodes"] == 7.0
+
+    # The envs stay open, and the same call gives the same episodes.
+    again = jr.evaluate(envs, policy, params, num_episodes=7, seed=5)
+    np.testing.assert_array_equal(again.returns, result.returns)
+    envs.close()
+
+
+def test_stochastic_matches_a_sampling_runner(setup) -> None:
+    """deterministic=False: the episodes a plain runner samples, env by env."""
+    policy, params, _ = setup
+    result = jr.evaluate(
+        jr.make_vec("CartPole-v1", num_envs=2),
+        policy,
+        params,
+        num_episodes=4,
+        deterministic=False,
+        seed=9,
+    )
+    with jr.EnvRunner(
+        jr.make_vec("CartPole-v1", num_envs=2), policy, params, rollout_length=32, seed=9
+    ) as runner:
+        sampled = runner.sample_episodes(12)
+    for env_id in (0, 1):
+        want = [e for e in sampled if e.env_id == env_id][:2]
+        got = [e for e in result.episodes if e.env_id == env_id]
+        assert len(got) == 2
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a.action, b.action)
+            np.testing.assert_array_equal(a.obs, b.obs)
+            np.testing.assert_array_equal(a.extras["log_prob"], b.extras["log_prob"])
+    # Sampling differs from the mode somewhere.
+    actions = np.concatenate([e.action for e in result.episodes])
+    obs = np.concatenate([e.obs[:-1] for e in result.episodes])
+    mode = np.argmax(policy.distribution(params, obs).logits, axis=-1)
+    assert np.any(actions != mode)
+
+
+def test_bad_num_episodes(setup) -> None:
+    policy, params, _ = setup
+    envs = jr.make_vec("CartPole-v1", num_envs=1)
+    with pytest.raises(ValueError, match="num_episodes"):
+        jr.evaluate(envs, policy, params, num_episodes=0)
+    envs.close()

@@ -1,0 +1,97 @@
+"""Tests for jaxrunner.metrics_log: flatten_metrics and MetricsWriter."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ActorCritic
+
+import jaxrunner as jr
+
+NESTED = {
+    "num_env_steps": np.int64(512),
+    "episode_return_mean": float("nan"),
+    "perf": {"inference_ms": np.float32(0.25), "env_wait_ms": 1.5},
+    "loss": jnp.asarray(2.0),
+    "ok": True,
+}
+
+
+def test_flatten_joins_nested_keys_and_converts_numbers() -> None:
+    flat = jr.flatten_metrics(NESTED)
+    assert list(flat) == [
+        "num_env_steps",
+        "episode_return_mean",
+        "perf/inference_ms",
+        "perf/env_wait_ms",
+        "loss",
+        "ok",
+    ]
+    assert flat["num_env_steps"] == 512 and type(flat["num_env_steps"]) is int
+    assert math.isnan(flat["episode_return_mean"])
+    assert flat["perf/inference_ms"] == 0.25 and type(flat["perf/inference_ms"]) is float
+    assert flat["loss"] == 2.0 and flat["ok"] == 1
+    dotted = jr.flatten_metrics({"perf": {"a": 1}}, sep=".", prefix="train")
+    assert dotted == {"train.perf.a": 1}
+
+
+def test_flatten_refuses_what_a_logger_cannot_take() -> None:
+    with pytest.raises(TypeError, match=r"'perf/hist'.*list"):
+        jr.flatten_metrics({"perf": {"hist": [1, 2]}})
+
+
+def test_runner_metrics_flatten() -> None:
+    envs = jr.make_vec("CartPole-v1", num_envs=2)
+    policy = jr.Policy.from_linen(ActorCritic(2), envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length=8, seed=0) as runner:
+        runner.sample()
+        metrics = runner.get_metrics()
+    flat = jr.flatten_metrics(metrics)
+    assert flat["num_env_steps"] == 16
+    for key, value in metrics["perf"].items():
+        assert flat[f"perf/{key}"] == pytest.approx(value)
+    assert not any(isinstance(v, dict) for v in flat.values())
+
+
+def test_writer_sends_flat_metrics_to_callables_and_tensorboard(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboardX")
+    seen: list[tuple[dict, int]] = []
+    with jr.MetricsWriter(
+        lambda m, step: seen.append((m, step)), tensorboard_dir=tmp_path, prefix="train"
+    ) as writer:
+        writer.write(NESTED)  # step: num_env_steps
+        writer.write({"perf": {"inference_ms": 0.5}}, step=1024)
+    assert [step for _, step in seen] == [512, 1024]
+    assert seen[0][0]["train/perf/inference_ms"] == 0.25
+    scalars = read_scalars(tmp_path)
+    assert scalars["train/perf/inference_ms"] == [(512, 0.25), (1024, 0.5)]
+    assert scalars["train/num_env_steps"] == [(512, 512.0)]
+
+
+def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """The scalars of the event files in ``logdir``, parsed as TensorBoard does: TFRecord
+    framing (length, CRC, payload, CRC) around ``Event`` protos."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    scalars: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(logdir.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            length = int.from_bytes(data[pos : pos + 8], "little")
+            event = Event.FromString(data[pos + 12 : pos + 12 + length])
+            pos += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
+
+
+def test_writer_refuses_a_non_callable_sink() -> None:
+    with pytest.raises(TypeError, match="callable"):
+        jr.MetricsWriter("wandb")
