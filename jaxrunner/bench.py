@@ -113,8 +113,7 @@ def measure_jaxrunner(
     with EnvRunner(envs, policy, params, config.rollout_length, config.seed) as runner:
         if layout is not None:
             layout["num_workers"] = getattr(envs, "num_workers", 0)
-            # EnvRunner.num_groups: public once the runner exposes it.
-            layout["num_groups"] = getattr(runner, "num_groups", None)
+            layout["num_groups"] = runner.num_groups
         runner.sample()  # warm-up
         before = runner.get_metrics()
         steps_per_s = timed(lambda: runner.sample().reward.size, config.seconds)

@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.policy import Params, Policy
-from jaxrunner.runner import EnvRunner
+from jaxrunner.sampling import EnvRunner
 from jaxrunner.trajectory import Episode
 
 
@@ -111,9 +111,20 @@ def evaluate(
             f"evaluate(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
         )
     acting = policy.deterministic() if deterministic else policy
-    # Not stopped at the end: stop() would close the caller's envs.
     runner = EnvRunner(envs, acting, params, rollout_length=rollout_length, seed=seed)
-    num_envs = envs.num_envs
+    try:
+        episodes = _collect(runner, envs.num_envs, num_episodes)
+    finally:  # the caller's envs stay open, free for the next evaluation
+        runner.stop(close_envs=False)
+    return EvaluationResult(
+        episodes=episodes,
+        returns=np.array([e.total_return for e in episodes], np.float64),
+        lengths=np.array([e.length for e in episodes], np.int64),
+    )
+
+
+def _collect(runner: EnvRunner, num_envs: int, num_episodes: int) -> list[Episode]:
+    """An equal share of each env's first complete episodes, ``num_episodes`` in all."""
     share = [num_episodes // num_envs + (i < num_episodes % num_envs) for i in range(num_envs)]
     kept: list[list[Episode]] = [[] for _ in range(num_envs)]
     missing = num_episodes
@@ -122,12 +133,7 @@ def evaluate(
             if len(kept[episode.env_id]) < share[episode.env_id]:
                 kept[episode.env_id].append(episode)
         missing = sum(want - len(got) for want, got in zip(share, kept))
-    episodes = [e for per_env in kept for e in sorted(per_env, key=lambda e: e.episode_id)]
-    return EvaluationResult(
-        episodes=episodes,
-        returns=np.array([e.total_return for e in episodes], np.float64),
-        lengths=np.array([e.length for e in episodes], np.int64),
-    )
+    return [e for per_env in kept for e in sorted(per_env, key=lambda e: e.episode_id)]
 
 
 __all__ = ["EvaluationResult", "evaluate"]

@@ -115,7 +115,7 @@ def test_async_mode_samples_ready_first_and_replays_exactly(mlp: Callable) -> No
     from jaxrunner.sampling.ready_first import ReadyFirstSampler
 
     n, length, samples = 8, 20, 3
-    envs = _envpool(n, batch_size=3)
+    envs = _envpool(n, batch_size=2)
     policy = mlp(envs.single_action_space)
     params = policy.init(jax.random.key(1), envs.single_observation_space)
     with jr.EnvRunner(envs, policy, params, rollout_length=length, seed=SEED) as runner:
@@ -142,5 +142,6 @@ def test_async_mode_samples_ready_first_and_replays_exactly(mlp: Callable) -> No
 
 
 def test_async_mode_batch_size_checked() -> None:
-    with pytest.raises(InvalidArgumentError, match=r"1 <= batch_size < num_envs"):
-        jr.make_vec("CartPole-v1", 4, backend="envpool", batch_size=0)
+    for batch_size in (0, 3):
+        with pytest.raises(InvalidArgumentError, match=r"1 <= batch_size < num_envs=4"):
+            jr.make_vec("CartPole-v1", 4, backend="envpool", batch_size=batch_size)

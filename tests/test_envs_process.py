@@ -49,7 +49,6 @@ from jaxrunner.errors import (
 )
 from jaxrunner.testing import (
     CountingEnv,
-    DictObsEnv,
     FaultPlan,
     InjectedError,
     VectorEnvContract,

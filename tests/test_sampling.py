@@ -15,10 +15,10 @@ import pytest
 import jaxrunner as jr
 from jaxrunner.envs.base import BatchStep, Capabilities
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.testing import RandomWalk
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.lockstep import LockstepSampler
 from jaxrunner.sampling.ready_first import ReadyFirstSampler
+from jaxrunner.testing import RandomWalk
 
 NUM_ENVS = 6
 SEED = 3
@@ -50,7 +50,9 @@ class ShuffledSync(jr.SyncVectorEnv):
         outs = []
         for i in chosen.tolist():
             out = self._step(self._waiting.pop(i)[None], slice(i, i + 1))
-            outs.append(jax.tree.map(np.copy, out._replace(infos=None, reset_infos=None, env_ids=None)))
+            outs.append(
+                jax.tree.map(np.copy, out._replace(infos=None, reset_infos=None, env_ids=None))
+            )
         stack = jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
         env_ids: Any = slice(int(chosen[0]), int(chosen[0]) + 1) if self._batch is None else chosen
         return stack._replace(infos=[{}] * count, reset_infos={}, env_ids=env_ids)

@@ -40,6 +40,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         batch_size: envs per ``recv`` (``1 <= batch_size < num_envs``).
         seed: the pool's seed until a seeded ``reset_batch``: sub-env ``i`` gets
             ``seed + i``.
+            (``num_envs`` must be a multiple of ``batch_size``.)
         copy: if True, ``reset``/``step`` return copies of the observation buffer.
         **envpool_kwargs: for ``envpool.make_gymnasium`` (``num_threads``, ...).
     """
@@ -57,11 +58,14 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         from jaxrunner.envs.envpool_adapter import _import_envpool
 
         super().__init__(copy=copy)
-        if not 1 <= batch_size < num_envs:
+        if not 1 <= batch_size < num_envs or num_envs % batch_size:
             self._closed_reason = "construction failed"
+            # Whole batches: EnvPool's recv waits for batch_size answers, so the first
+            # observations of a reset can only be collected batch by batch.
             raise InvalidArgumentError(
                 f"make_vec(backend='envpool', batch_size={batch_size}): async mode needs "
-                f"1 <= batch_size < num_envs={num_envs}; leave batch_size unset for sync mode."
+                f"1 <= batch_size < num_envs={num_envs}, with num_envs a multiple of "
+                "batch_size; leave batch_size unset for sync mode."
             )
         envpool = _import_envpool()
         self.capabilities = Capabilities(ready_first=True, recv_batch_size=batch_size)
@@ -83,6 +87,8 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         self._obs = jr_spaces.allocate(self.single_observation_space, (num_envs,))
         self._final: dict[int, tuple[Any, float, bool, bool]] = {}  # ended, reset pending
         self._idle = True  # nothing in flight in EnvPool
+        space = self.single_action_space
+        self._reset_action = np.zeros((1, *space.shape), space.dtype)  # ignored by EnvPool
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -151,8 +157,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
                         jr_spaces.take(space, obs, j), float(reward[j]),
                         bool(terminated[j]), bool(truncated[j]),
                     )  # fmt: skip
-                    self.env.send(np.zeros((1, *self.single_action_space.shape),
-                                           self.single_action_space.dtype), np.array([i], np.int32))  # fmt: skip
+                    self.env.send(self._reset_action, np.array([i], np.int32))
                 else:
                     out_rows.append(j)
             if out_rows:

@@ -41,7 +41,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.envs.base import BatchStep, Capabilities, InProcessVectorEnv, VectorEnv
+from jaxrunner.envs.base import BatchStep, Capabilities, InProcessVectorEnv
 from jaxrunner.envs.vector_infos import (
     EMPTY_RESET_INFOS,
     FINAL_KEYS,

@@ -237,7 +237,7 @@ class ReadyFirstSampler(Sampler):
         for ids, part_index in zip(todo, indices):
             n = len(part_index)
             part_at = at[k : k + n]
-            part = jr_spaces.map_structure(self._action_space, lambda x: x[part_at], action)
+            part = jr_spaces.map_structure(self._action_space, lambda x, at=part_at: x[at], action)
             for buf, rows, envs, sel in self._rows(part_index):
                 jr_spaces.copy_into(
                     self._action_space, buf.action,

@@ -202,12 +202,20 @@ class EnvRunner:
             "batched_action_space": self.envs.action_space,
         }
 
-    def stop(self) -> None:
-        """Closes the envs; the runner cannot sample afterwards."""
+    @property
+    def num_groups(self) -> int:
+        """Pipelining groups of the lockstep sampler (1 for the others)."""
+        sampler = self.sampler
+        return len(sampler.groups) if isinstance(sampler, LockstepSampler) else 1
+
+    def stop(self, close_envs: bool = True) -> None:
+        """Ends the runner: it cannot sample afterwards, and its envs are free for
+        another runner. Closes the envs unless ``close_envs`` is False."""
         if not self._closed:
             self._closed = True
             _release(self.envs, self)
-            self.envs.close()
+            if close_envs:
+                self.envs.close()
 
     def __enter__(self) -> EnvRunner:
         return self

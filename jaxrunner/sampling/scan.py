@@ -42,11 +42,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.policy_step import ActorState, act, initial_actor_state
 from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import RunnerMetrics
 from jaxrunner.policy import Params, Policy
+from jaxrunner.policy_step import ActorState, act, initial_actor_state
 from jaxrunner.sampling.episodes import SampleCounts
 from jaxrunner.sampling.sampler import Sampler
 from jaxrunner.trajectory import Trajectory

@@ -5,7 +5,7 @@
 * :mod:`~jaxrunner.spaces.writers`: validated writes and action splits (the step loops);
 * :mod:`~jaxrunner.spaces.clip`: Box action clipping (numpy and JAX).
 
-Writes are validated (invariant 6): a value whose shape or dtype differs from its
+Writes are validated (never cast silently): a value whose shape or dtype differs from its
 space raises :class:`~jaxrunner.errors.SpaceMismatchError`, it is never cast.
 """
 

@@ -69,7 +69,8 @@ class WorkerRecovery:
             hint = (
                 ""
                 if fatal
-                else ", or let EnvRunner(restart_failed_sub_envs=True) replace failed workers"
+                else ", or build the envs with make_vec(..., restart_policy=RestartPolicy()) "
+                "to replace failed workers"
             )
             error = lost.error(
                 "the vector env is closed. Create a new one (and check what ended the "

@@ -40,7 +40,7 @@ class RayConfig:
     """Policy batch sizes: the ready envs are padded to the smallest bucket that holds
     them, and each bucket is compiled once, up front. None: powers of two from 2 up to
     ``num_envs``, and ``num_envs``. ``(num_envs,)`` computes every env's row in a full
-    batch, as the sync backend does (see :mod:`jaxrunner.dynamic` on exactness)."""
+    batch, as the sync backend does (see :mod:`jaxrunner.sampling.ready_first` on exactness)."""
     step_timeout_s: float | None = None
     """An actor whose step has not answered after this long is treated as dead (killed,
     and replaced if restarts are on). None: wait forever."""

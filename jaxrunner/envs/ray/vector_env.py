@@ -23,6 +23,7 @@ in-process sub-env failure. Without a policy the failure raises
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -82,6 +83,10 @@ class RayVectorEnv(VectorEnv):
                 f"{type(config).__name__}."
             )
         self.restart_policy = restart_policy
+        if self.config.batch_buckets is not None:  # the ready-first sampler's batch sizes
+            self.capabilities = dataclasses.replace(
+                self.capabilities, batch_buckets=self.config.batch_buckets
+            )
         self.num_envs = len(env_fns)
         self._actors = ActorPool(import_ray(), env_fns, self.config, restart_policy)
         self.unit_rows = self._actors.unit_rows
