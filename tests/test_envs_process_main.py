@@ -32,7 +32,7 @@ class Tiny(gym.Env):
 """
 
 RUN = """
-envs = jr.make_vec(Tiny, num_envs=2, backend="process", num_workers=2)
+envs = jr.make_vec(Tiny, num_envs=2, backend="process", config=jr.ProcessConfig(num_workers=2))
 obs, _ = envs.reset(seed=0)
 obs, reward, *_ = envs.step(np.array([1, 0]))
 print("OK", obs.tolist(), reward.tolist())

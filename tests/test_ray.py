@@ -387,6 +387,6 @@ def test_group_runner_whose_env_raises_is_replaced(group_params, tmp_path):
         traj = group.sample(concat=False)  # one runner's env raises: it is replaced
         assert len(traj) == 1 and group.num_restarts == 1
         (failures,) = group.get_metrics()["runner_failures"].values()
-        assert "EnvError" in failures[0] and "broke on purpose" in failures[0]
+        assert "raised in step()" in failures[0] and "broke on purpose" in failures[0]
         group.wait_until_healthy(120.0)
         assert len(group.sample(concat=False)) == 2

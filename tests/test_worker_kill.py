@@ -37,9 +37,10 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 def test_hung_workers_die_on_close_after_the_fork_server_died():
-    envs = jr.make_vec(hangs_in_close, 2, backend="process", num_workers=2)
+    config = jr.ProcessConfig(num_workers=2)
+    envs = jr.make_vec(hangs_in_close, 2, backend="process", config=config)
     envs.reset(seed=0)
-    pids = [worker.pid for worker in envs._workers]
+    pids = envs.worker_pids
     assert all(_running(pid) for pid in pids)
     server = multiprocessing.forkserver._forkserver._forkserver_pid
     os.kill(server, signal.SIGKILL)

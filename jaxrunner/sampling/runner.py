@@ -134,7 +134,8 @@ class EnvRunner:
                 self._metrics,
                 num_groups=num_groups,
                 callbacks=self.callbacks,
-                runner=self if self.callbacks is not None else None,
+                # A proxy: the sampler must not keep its runner alive (one owner per env).
+                runner=weakref.proxy(self) if self.callbacks is not None else None,
             )
         jr_spaces.check_policy_actions(envs.single_action_space, sampler.action_spec, envs.num_envs)
         return sampler
