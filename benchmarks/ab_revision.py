@@ -59,8 +59,21 @@ def import_base(revision: str, into: pathlib.Path) -> Any:
     return importlib.import_module("jaxrunner_base")
 
 
-def make_runner(package: Any, env: str, num_envs: int, rollout_length: int) -> Any:
-    envs = package.make_vec(env, num_envs)
+def make_envs(package: Any, env: str, num_envs: int, backend: str) -> Any:
+    """The vector env, built the way ``package``'s ``make_vec`` takes Ray's options
+    (typed ``config=`` since the send/recv rewrite, keyword arguments before)."""
+    if backend != "ray":
+        return package.make_vec(env, num_envs, backend=backend)
+    options = {"envs_per_actor": max(1, num_envs // 2), "num_cpus_per_actor": 0.1}
+    if hasattr(package, "RayConfig"):
+        return package.make_vec(env, num_envs, "ray", config=package.RayConfig(**options))
+    return package.make_vec(env, num_envs, "ray", **options)
+
+
+def make_runner(
+    package: Any, env: str, num_envs: int, rollout_length: int, backend: str = "sync"
+) -> Any:
+    envs = make_envs(package, env, num_envs, backend)
     policy = importlib.import_module(f"{package.__name__}.bench").mlp_policy(
         envs.single_action_space
     )
@@ -83,6 +96,7 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="git revision to compare against")
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--num-envs", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--backend", choices=("sync", "process", "ray"), default="sync")
     parser.add_argument("--rollout-length", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")
     parser.add_argument("--out", type=pathlib.Path, default=None)
@@ -94,7 +108,7 @@ def main() -> None:
         versions = {"base": base, "new": jaxrunner}
         for num_envs in args.num_envs:
             runners = {
-                k: make_runner(p, args.env, num_envs, args.rollout_length)
+                k: make_runner(p, args.env, num_envs, args.rollout_length, args.backend)
                 for k, p in versions.items()
             }
             # About 4k env steps per block, at least one sample.
@@ -115,6 +129,7 @@ def main() -> None:
                 runner.stop()
             speedups = np.array(times["base"]) / np.array(times["new"])
             row = {
+                "backend": args.backend,
                 "num_envs": num_envs,
                 **{f"{k}_us_per_step_median": float(np.median(v)) for k, v in times.items()},
                 **{f"{k}_us_per_step_min": float(np.min(v)) for k, v in times.items()},

@@ -150,6 +150,7 @@ class CompiledPolicyStep:
         self.output_spec: tuple[Any, Any] = traced["spec"]
         """Shapes and dtypes of ``(action, extras)`` for ``size`` rows."""
         self._action_treedef = jax.tree.structure(self.output_spec[0])
+        self._action_is_leaf = jax.tree_util.treedef_is_leaf(self._action_treedef)
         # The guard scopes, built once: each would cost ~2 us of Python per call.
         self._allow_h2d = jax.transfer_guard_host_to_device("allow")
         self._allow_d2h = jax.transfer_guard_device_to_host("allow")
@@ -178,6 +179,8 @@ class CompiledPolicyStep:
         with self._allow_d2h:
             host = np.asarray(pending)
         leaves = self._out_packing.host_leaves(host)
+        if self._action_is_leaf:  # the common case, without a tree rebuilt per step
+            return leaves[0], leaves[1:]
         num = self._action_treedef.num_leaves
         return self._action_treedef.unflatten(leaves[:num]), leaves[num:]
 

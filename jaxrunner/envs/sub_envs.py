@@ -180,8 +180,8 @@ class SubEnvs:
         self.num_restarts = 0
         """Sub-envs recreated after a failure."""
 
-    def step(self, lo: int, hi: int, action: Callable[[int], Any]) -> StepResult:
-        """Steps sub-envs ``[lo, hi)`` (global indices) with ``action(i)`` each, SAME_STEP
+    def step(self, lo: int, hi: int, actions: Sequence[Any]) -> StepResult:
+        """Steps sub-envs ``[lo, hi)`` (global indices) with ``actions[i - lo]``, SAME_STEP
         autoreset included: where an episode ended, ``next_obs`` keeps the final
         observation and ``obs`` gets the reset's."""
         b = self.buffers
@@ -191,10 +191,10 @@ class SubEnvs:
         infos: list[dict[str, Any]] = []
         ended: list[int] = []
         errors: dict[int, BaseException] = {}
-        for i in range(lo, hi):
+        for i, action in zip(range(lo, hi), actions):
             status[i] = RUNNING
             try:
-                obs, r, term, trunc, info = envs[i - offset].step(action(i))
+                obs, r, term, trunc, info = envs[i - offset].step(action)
             except Exception as err:
                 if policy is None:
                     raise SubEnvRaised(err, i, "step") from err

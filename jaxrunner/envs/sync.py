@@ -111,13 +111,13 @@ class SyncVectorEnv(InProcessVectorEnv):
     def _step(self, actions: Any, rows: slice | None) -> BatchStep:
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
         per_env = self._actions.split(actions, hi - lo)  # validates before any sub-env steps
-        out = self._sub_envs.step(lo, hi, lambda i: per_env[i - lo])
+        out = self._sub_envs.step(lo, hi, per_env)
         return self._buffers.batch_step(
             self.single_observation_space,
             None if rows is None else slice(lo, hi),
             out.infos,
             out.reset_infos,
-            out.failed_mask(lo, hi),
+            out.failed_mask(lo, hi) if out.failed else None,
             out.errors or None,
         )
 

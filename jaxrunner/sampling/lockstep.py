@@ -22,11 +22,16 @@ from jaxrunner.callbacks import Callbacks, LiveEpisode
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.metrics import PERF_KEYS, RunnerMetrics
-from jaxrunner.policy import Params, Policy
+from jaxrunner.metrics import PERF_KEYS
+from jaxrunner.policy import Params
 from jaxrunner.policy_step import CompiledPolicyStep, initial_actor_state
 from jaxrunner.sampling.episodes import EpisodeBook
-from jaxrunner.sampling.sampler import Sampler, allocate_trajectory, attach_partial
+from jaxrunner.sampling.sampler import (
+    Sampler,
+    SamplerSetup,
+    allocate_trajectory,
+    attach_partial,
+)
 from jaxrunner.trajectory import Trajectory
 
 PIPELINE_MIN_ENVS = 8
@@ -59,8 +64,7 @@ class LockstepSampler(Sampler):
 
     Args:
         envs: the vector env, just reset; ``obs`` its first observations.
-        policy, params, rollout_length, seed: as for the runner.
-        metrics: the runner's metrics, added to per sample.
+        setup: the policy, params, rollout length, seed and metrics.
         num_groups: pipelining groups (None: :func:`default_num_groups`).
         callbacks: optional hooks, called with ``runner``.
         runner: what the callbacks receive as their runner.
@@ -70,11 +74,7 @@ class LockstepSampler(Sampler):
         self,
         envs: VectorEnv,
         obs: Any,
-        policy: Policy,
-        params: Params,
-        rollout_length: int,
-        seed: int,
-        metrics: RunnerMetrics,
+        setup: SamplerSetup,
         *,
         num_groups: int | None = None,
         callbacks: Callbacks | None = None,
@@ -88,8 +88,8 @@ class LockstepSampler(Sampler):
                 f"EnvRunner(num_groups={num_groups!r}): expected an int in [1, num_envs="
                 f"{num_envs}] (or None for automatic)."
             )
-        self.envs, self.rollout_length = envs, rollout_length
-        self.metrics, self.callbacks, self._runner = metrics, callbacks, runner
+        self.envs, self.rollout_length = envs, setup.rollout_length
+        self.metrics, self.callbacks, self._runner = setup.metrics, callbacks, runner
         self._obs_space = envs.single_observation_space
         self._action_space = envs.single_action_space
         self._clip = jr_spaces.clip_box_actions(self._action_space)
@@ -98,8 +98,8 @@ class LockstepSampler(Sampler):
         bounds = np.linspace(0, num_envs, num_groups + 1).round().astype(int).tolist()
         self.groups = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
         """The envs of each pipelining group."""
-        self._state = initial_actor_state(policy, seed, np.arange(num_envs))
-        self._call = CompiledPolicyStep(policy, params, self._state, num_envs, obs)
+        self._state = initial_actor_state(setup.policy, setup.seed, np.arange(num_envs))
+        self._call = CompiledPolicyStep(setup.policy, setup.params, self._state, num_envs, obs)
         self._stages = [self._call.new_stage() for _ in self.groups]
         for stage, rows in zip(self._stages, self.groups):
             stage.env_index[rows] = np.arange(rows.start, rows.stop)

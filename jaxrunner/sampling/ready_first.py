@@ -39,11 +39,16 @@ import numpy as np
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
-from jaxrunner.metrics import PERF_KEYS, RunnerMetrics
-from jaxrunner.policy import Params, Policy
+from jaxrunner.metrics import PERF_KEYS
+from jaxrunner.policy import Params
 from jaxrunner.policy_step import CompiledPolicyStep, initial_actor_state
 from jaxrunner.sampling.episodes import EpisodeBook
-from jaxrunner.sampling.sampler import Sampler, allocate_trajectory, attach_partial
+from jaxrunner.sampling.sampler import (
+    Sampler,
+    SamplerSetup,
+    allocate_trajectory,
+    attach_partial,
+)
 from jaxrunner.trajectory import Trajectory
 
 
@@ -70,20 +75,11 @@ class ReadyFirstSampler(Sampler):
 
     Args:
         envs: the vector env, just reset; ``obs`` its first observations.
-        policy, params, rollout_length, seed: as for the runner.
-        metrics: the runner's metrics, added to per sample.
+        setup: the policy, params, rollout length, seed and metrics.
     """
 
-    def __init__(
-        self,
-        envs: VectorEnv,
-        obs: Any,
-        policy: Policy,
-        params: Params,
-        rollout_length: int,
-        seed: int,
-        metrics: RunnerMetrics,
-    ) -> None:
+    def __init__(self, envs: VectorEnv, obs: Any, setup: SamplerSetup) -> None:
+        policy, params, rollout_length = setup.policy, setup.params, setup.rollout_length
         num_envs = envs.num_envs
         caps = envs.capabilities
         buckets = caps.batch_buckets or default_buckets(num_envs)
@@ -97,13 +93,13 @@ class ReadyFirstSampler(Sampler):
         """Policy calls per bucket size so far."""
         self.ready_counts: dict[int, int] = {}
         """Policy calls per number of ready envs so far."""
-        self.envs, self.rollout_length, self.metrics = envs, rollout_length, metrics
+        self.envs, self.rollout_length, self.metrics = envs, rollout_length, setup.metrics
         self._keep_in_flight = caps.recv_batch_size or 0
         self._obs_space = envs.single_observation_space
         self._action_space = envs.single_action_space
         self._clip = jr_spaces.clip_box_actions(self._action_space)
         self._obs = jr_spaces.map_structure(self._obs_space, np.copy, obs)  # latest, per env
-        self._state = initial_actor_state(policy, seed, np.arange(num_envs))
+        self._state = initial_actor_state(policy, setup.seed, np.arange(num_envs))
         self._calls = {}
         for n in self.buckets:
             example = jr_spaces.rows(self._obs_space, obs, slice(0, n))

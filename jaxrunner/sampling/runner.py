@@ -29,7 +29,7 @@ from jaxrunner.metrics import MetricsConfig, RunnerMetrics
 from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.sampling.lockstep import LockstepSampler
 from jaxrunner.sampling.ready_first import ReadyFirstSampler
-from jaxrunner.sampling.sampler import Sampler
+from jaxrunner.sampling.sampler import Sampler, SamplerSetup
 from jaxrunner.sampling.scan import ScanSampler, check_runner_options
 from jaxrunner.trajectory import Episode, Trajectory, concatenate_episodes
 
@@ -117,21 +117,23 @@ class EnvRunner:
 
     def _make_sampler(self, num_groups: int | None) -> Sampler:
         """The sampler for what the backend declares (see the module docstring)."""
-        envs, args = self.envs, (self.policy, self._params, self.rollout_length, self.seed)
+        envs = self.envs
+        setup = SamplerSetup(
+            self.policy, self._params, self.rollout_length, self.seed, self._metrics
+        )
         if isinstance(envs, JaxVectorEnv):
             check_runner_options(self.callbacks, num_groups)
-            return ScanSampler(envs, *args, self._metrics)
+            return ScanSampler(envs, setup)
         obs, _ = envs.reset_batch([self.seed + i for i in range(envs.num_envs)])
         sampler: Sampler
         if envs.capabilities.ready_first:
             _check_ready_first_options(envs, self.callbacks, num_groups)
-            sampler = ReadyFirstSampler(envs, obs, *args, self._metrics)
+            sampler = ReadyFirstSampler(envs, obs, setup)
         else:
             sampler = LockstepSampler(
                 envs,
                 obs,
-                *args,
-                self._metrics,
+                setup,
                 num_groups=num_groups,
                 callbacks=self.callbacks,
                 # A proxy: the sampler must not keep its runner alive (one owner per env).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import dataclasses
 from typing import Any
 
 import jax
@@ -18,8 +19,24 @@ from gymnasium import spaces
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.metrics import RunnerMetrics
-from jaxrunner.policy import Params
+from jaxrunner.policy import Params, Policy
 from jaxrunner.trajectory import Trajectory
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerSetup:
+    """What every sampler is built from, besides its envs."""
+
+    policy: Policy
+    params: Params
+    """Device params: their shapes and dtypes fix the compile."""
+    rollout_length: int
+    """T, the steps per env of each ``sample()``."""
+    seed: int
+    """The runner's seed: each env's action key derives from it, the env's id and its
+    step count."""
+    metrics: RunnerMetrics
+    """The runner's metrics, which every sample adds to."""
 
 
 class Sampler(abc.ABC):
@@ -75,4 +92,4 @@ def attach_partial(err: BaseException, partial: Trajectory | None) -> None:
         )
 
 
-__all__ = ["RunnerMetrics", "Sampler", "allocate_trajectory", "attach_partial"]
+__all__ = ["Sampler", "SamplerSetup", "allocate_trajectory", "attach_partial"]

@@ -44,11 +44,10 @@ import numpy as np
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.metrics import RunnerMetrics
 from jaxrunner.policy import Params, Policy
 from jaxrunner.policy_step import ActorState, act, initial_actor_state
 from jaxrunner.sampling.episodes import SampleCounts
-from jaxrunner.sampling.sampler import Sampler
+from jaxrunner.sampling.sampler import Sampler, SamplerSetup
 from jaxrunner.trajectory import Trajectory
 
 ENV_STEP_STREAM = 0xFFFFFFFF
@@ -233,30 +232,19 @@ class ScanSampler(Sampler):
 
     Args:
         envs: the pure-JAX vector env.
-        policy: the policy.
-        params: device params (the compile is specialised to their shapes and dtypes).
-        rollout_length: T.
-        seed: the runner's seed.
-        metrics: the runner's metrics, added to per sample.
+        setup: the policy, params, rollout length, seed and metrics.
 
     Raises:
         SpaceMismatchError: the policy's actions do not fit the action space.
     """
 
-    def __init__(
-        self,
-        envs: JaxVectorEnv,
-        policy: Policy,
-        params: Params,
-        rollout_length: int,
-        seed: int,
-        metrics: RunnerMetrics,
-    ) -> None:
-        self.envs, self.rollout_length, self.metrics = envs, rollout_length, metrics
+    def __init__(self, envs: JaxVectorEnv, setup: SamplerSetup) -> None:
+        policy, rollout_length, seed = setup.policy, setup.rollout_length, setup.seed
+        self.envs, self.rollout_length, self.metrics = envs, rollout_length, setup.metrics
         self._env_params = jax.device_put(envs.params)
         self._state = jax.jit(lambda p: initial_state(envs, policy, seed, p))(self._env_params)
         run = functools.partial(rollout, envs, policy, rollout_length)
-        traced = jax.jit(run, donate_argnums=1).trace(params, self._state, self._env_params)
+        traced = jax.jit(run, donate_argnums=1).trace(setup.params, self._state, self._env_params)
         self._run = traced.lower().compile()
         self.action_spec = None  # checked against the action space while tracing
 

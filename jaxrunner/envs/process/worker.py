@@ -82,7 +82,8 @@ class Worker:
     def step(self, lo: int, hi: int) -> StepReply | None:
         """Steps envs ``[lo, hi)`` with the shared loop, as the sync backend does;
         returns what does not fit in shared memory, or None when that is nothing."""
-        out = self.sub_envs.step(lo, hi, self.get_action)  # type: ignore[union-attr]
+        actions = [self.get_action(i) for i in range(lo, hi)]
+        out = self.sub_envs.step(lo, hi, actions)  # type: ignore[union-attr]
         infos = {i: info for i, info in enumerate(out.infos, lo) if info}
         reset_infos = {i: info for i, info in out.reset_infos.items() if info}
         if not (infos or reset_infos or out.errors):
