@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrunner.policy import Params, Policy
-from jaxrunner.transfer import Packing
+from jaxrunner.transfer import compile_packed
 
 
 @flax.struct.dataclass
@@ -125,29 +125,21 @@ class CompiledPolicyStep:
     ) -> None:
         num_envs = int(state.env_steps.shape[0])
         self.size, self.num_envs = size, num_envs
-        self._in_packing = Packing(
-            (obs_example, np.zeros(size, np.bool_), np.zeros(size, np.int32))
-        )
-        traced: dict[str, Any] = {}
 
-        def step(params: Params, state: ActorState, packed: jax.Array) -> tuple[jax.Array, Any]:
-            obs, start, index = self._in_packing.unpack(packed)
+        def step(params: Params, state: ActorState, inputs: Any) -> tuple[Any, ActorState]:
+            obs, start, index = inputs
             if size == num_envs:  # rows are envs: keep the active rows' new state
                 action, extras, state = act(
                     policy.apply_fn, params, state, obs, start, index < num_envs
                 )
             else:  # gather the rows' state, scatter it back (padding dropped)
                 action, extras, state = _act_gathered(policy, params, state, obs, start, index)
-            # Shapes are static while tracing: the output layout is fixed here, once.
-            traced["spec"] = jax.eval_shape(lambda: (action, extras))
-            traced["packing"] = Packing((action, extras))
-            return traced["packing"].pack((action, extras)), state
+            return (action, extras), state
 
-        packed_spec = jax.ShapeDtypeStruct((self._in_packing.nbytes,), jnp.uint8)
-        lowered = jax.jit(step, donate_argnums=1).trace(params, state, packed_spec).lower()
-        self._step = lowered.compile()
-        self._out_packing: Packing = traced["packing"]
-        self.output_spec: tuple[Any, Any] = traced["spec"]
+        example = (obs_example, np.zeros(size, np.bool_), np.zeros(size, np.int32))
+        program = compile_packed(step, (params, state), example, donate_argnums=(1,))
+        self._step, self._in_packing, self._out_packing = program[:3]
+        self.output_spec: tuple[Any, Any] = program.output_spec
         """Shapes and dtypes of ``(action, extras)`` for ``size`` rows."""
         self._action_treedef = jax.tree.structure(self.output_spec[0])
         self._action_is_leaf = jax.tree_util.treedef_is_leaf(self._action_treedef)
