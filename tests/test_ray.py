@@ -397,3 +397,11 @@ def test_group_runner_whose_env_raises_is_replaced(group_params, tmp_path):
         assert "raised in step()" in failures[0] and "broke on purpose" in failures[0]
         group.wait_until_healthy(120.0)
         assert len(group.sample(concat=False)) == 2
+
+
+class TestRayContract(jr.testing.VectorEnvContract):
+    """The backend contract, send/recv included, over Ray actors of two sub-envs."""
+
+    def make_vec(self, env_fns):
+        config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
+        return jr.RayVectorEnv(env_fns, config)

@@ -235,23 +235,7 @@ class RayVectorEnv(VectorEnv):
     def _merge(self, results: list[BatchStep]) -> BatchStep:
         """Several actors' results as one BatchStep (rows in actor order)."""
         results.sort(key=lambda r: r.env_ids.start)
-        ids = np.concatenate([np.arange(r.env_ids.start, r.env_ids.stop) for r in results])
-        space = self.single_observation_space
-        failed = [r.failed if r.failed is not None else np.zeros(len(r.reward), np.bool_)
-                  for r in results]  # fmt: skip
-        errors = {i: e for r in results for i, e in (r.errors or {}).items()}
-        return BatchStep(
-            jr_spaces.take(space, self._obs, ids),
-            jr_spaces.take(space, self._next_obs, ids),
-            self._reward[ids],
-            self._terminated[ids],
-            self._truncated[ids],
-            [info for r in results for info in r.infos],
-            {i: info for r in results for i, info in r.reset_infos.items()},
-            np.concatenate(failed) if any(r.failed is not None for r in results) else None,
-            errors or None,
-            ids,
-        )
+        return self._buffers.merge(self.single_observation_space, results)
 
     def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
         """Every actor of ``rows`` steps (rows may split an actor); returns when all
@@ -268,7 +252,7 @@ class RayVectorEnv(VectorEnv):
                 self._submit(u, self._part(actions, lo, start, stop), None if whole else local)
         results = []
         while self.num_in_flight:
-            results.append(self.recv())
+            results.append(self._recv_one())
         results.sort(key=lambda r: r.env_ids.start)
         failed = np.zeros(hi - lo, np.bool_)
         infos, reset_infos, errors = [], {}, {}
