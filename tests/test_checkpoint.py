@@ -223,3 +223,30 @@ def test_sample_episodes_progress_line(gru, capsys, monkeypatch):
         assert capsys.readouterr().err.strip().endswith("3/3 episodes")
         runner.sample_episodes(1)
         assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("ready_first", [False, True])
+def test_process_backend_restarts_episodes_cleanly(gru, tmp_path, ready_first):
+    """Sub-envs in other processes cannot be snapshot: the resumed runner starts new
+    episodes, and the rest (ids, metrics, policy step counts) goes on."""
+    policy, params = gru
+    config = jr.ProcessConfig(num_workers=2, ready_first=ready_first)
+
+    def make():
+        envs = jr.make_vec(short_cartpole, 4, backend="process", config=config)
+        return jr.EnvRunner(envs, policy, params, rollout_length=11, seed=SEED)
+
+    path = tmp_path / "runner.ckpt"
+    with make() as runner:
+        runner.sample()
+        runner.save(path)
+        saved = counters(runner)
+        next_id = int(runner.sampler._book.next_episode_id)
+    with make() as resumed:
+        with pytest.warns(UserWarning, match="cannot snapshot"):
+            report = resumed.restore(path, load_env_pickles=True)
+        assert not report.envs_restored
+        traj = resumed.sample()
+        assert counters(resumed)["num_env_steps"] == saved["num_env_steps"] + 44
+    np.testing.assert_array_equal(traj.step[0], 0)
+    np.testing.assert_array_equal(traj.episode_id[0], next_id + np.arange(4))

@@ -19,8 +19,6 @@ A user who calls ``envs.reset(seed=b)`` directly still gets gymnasium's ``b + i`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from jaxrunner.errors import InvalidArgumentError
@@ -30,11 +28,11 @@ SEED_BASE_BITS = 30
 type) for up to ``2**30`` sub-envs."""
 
 
-def env_seeds(seed: int | Sequence[int], num_envs: int) -> list[int]:
+def env_seeds(seed: int | list[int] | tuple[int, ...], num_envs: int) -> list[int]:
     """The reset seeds of sub-envs ``0..num_envs-1`` of a runner with seed ``seed``.
 
     Args:
-        seed: the runner's seed (an int >= 0), or a sequence of such ints (entropy
+        seed: the runner's seed (an int >= 0), or a list or tuple of such ints (entropy
             for ``SeedSequence``, e.g. ``(seed, steps_done)`` for fresh resets later on).
         num_envs: how many seeds.
 
@@ -42,7 +40,7 @@ def env_seeds(seed: int | Sequence[int], num_envs: int) -> list[int]:
         ``[base, base + 1, ..., base + num_envs - 1]`` with ``base`` drawn from
         ``numpy.random.SeedSequence(seed)`` (see the module docstring).
     """
-    entropy = [seed] if isinstance(seed, (int, np.integer)) else list(seed)
+    entropy = [seed] if not isinstance(seed, (list, tuple)) else list(seed)
     if not entropy or any(
         isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0 for s in entropy
     ):
