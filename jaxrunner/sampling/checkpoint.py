@@ -288,10 +288,10 @@ def _check_meta(runner: EnvRunner, meta: dict[str, Any], path: str) -> None:
         )
     here = {"sampler": type(runner.sampler).__name__, "num_envs": int(runner.envs.num_envs)}
     for key, value in here.items():
-        if meta[key] != value:
+        if meta.get(key) != value:
             raise InvalidArgumentError(
                 f"EnvRunner.restore({path!r}): the checkpoint was saved by a runner with "
-                f"{key}={meta[key]!r}, this one has {key}={value!r}. Build the runner as the "
+                f"{key}={meta.get(key)!r}, this one has {key}={value!r}. Build the runner as the "
                 "saved one was (same kind of backend, same num_envs)."
             )
 
