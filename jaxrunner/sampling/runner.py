@@ -54,8 +54,8 @@ class EnvRunner:
         params: its params (``policy.init(...)``).
         rollout_length: T, the steps per env of each :meth:`sample`.
         seed: seeds the policy's keys and the envs: the runner resets sub-env ``i``
-            with ``jr.env_seeds(seed, num_envs)[i]`` (seeds that never overlap another
-            runner seed's), whatever seed the envs were reset with before (a different
+            with ``jr.env_seeds(seed, num_envs)[i]`` (a block of seeds unrelated to other
+            runner seeds' blocks), whatever seed the envs were reset with before (a different
             ``make_vec(..., seed=...)`` is overridden, with a warning). The same seed
             gives the same trajectories.
         callbacks: optional :class:`~jaxrunner.Callbacks` (lockstep backends only).
