@@ -110,7 +110,7 @@ def test_http_client_that_hangs_up_gets_no_step(answer_before_noticed):
         if answer_before_noticed:  # the action is computed while the client is gone
             gated.gate.set()
         else:  # the server notices the hang-up first and withdraws the request
-            wait_for(lambda: any(future.cancelled() for future in list(env._tickets)))
+            wait_for(lambda: any(future.cancelled() for future in list(env._delivery.tickets)))
             gated.gate.set()
         wait_for(lambda: env.get_metrics()["num_dropped_steps"] == 1)
         assert when_idle(server.url, f"/v1/episodes/{eid}/action", act).status_code == 200
