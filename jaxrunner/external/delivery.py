@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import threading
 import time
 import weakref
@@ -25,37 +26,29 @@ from jaxrunner.external.episodes import EpisodeTable, LiveEpisode
 from jaxrunner.external.memory import MemoryBudget
 
 
+@dataclasses.dataclass(eq=False)
 class ActionDelivery:
     """Submits, records, withdraws and retracts the policy requests of live episodes.
 
-    Args:
+    Attributes:
         lock: the owning env's lock, taken around every change to an episode.
         batcher: computes the actions.
         episodes: the env's live episodes (for :meth:`retract`).
         memory: the env's memory budget, charged for what is recorded.
         counts: the env's counters (``num_dropped_steps``, ``num_undelivered_actions``).
         action_timeout_s: how long :meth:`wait` waits.
+        tickets: the row of each single-step request, for :meth:`retract`.
     """
 
-    def __init__(
-        self,
-        lock: threading.Lock,
-        batcher: PolicyBatcher,
-        episodes: EpisodeTable,
-        memory: MemoryBudget,
-        counts: collections.Counter[str],
-        action_timeout_s: float,
-    ) -> None:
-        self._lock = lock
-        self._batcher = batcher
-        self._episodes = episodes
-        self._memory = memory
-        self._counts = counts
-        self._action_timeout_s = action_timeout_s
-        self.tickets: weakref.WeakKeyDictionary[concurrent.futures.Future, Row] = (
-            weakref.WeakKeyDictionary()
-        )
-        """The row of each pending or answered single-step request, for :meth:`retract`."""
+    lock: threading.Lock
+    batcher: PolicyBatcher
+    episodes: EpisodeTable
+    memory: MemoryBudget
+    counts: collections.Counter[str]
+    action_timeout_s: float
+    tickets: weakref.WeakKeyDictionary[concurrent.futures.Future, Row] = dataclasses.field(
+        default_factory=weakref.WeakKeyDictionary, repr=False
+    )
 
     def submit(self, live: LiveEpisode, row: Row) -> concurrent.futures.Future:
         """Requests the action of ``row`` for ``live`` (claimed by the caller); the
@@ -63,17 +56,17 @@ class ActionDelivery:
 
         def on_done(results: list[RowResult]) -> Any:
             taken, extras, carry = results[0]
-            with self._lock:
+            with self.lock:
                 before = live.nbytes
                 try:
                     live.record(row.obs, taken, extras, carry, ticket=row)
                 finally:
                     live.busy = False
-                    self._memory.charge(live.nbytes - before, 1)
+                    self.memory.charge(live.nbytes - before, 1)
             return taken if row.action is None else None
 
         future = self._submit_rows(live, [row], on_done)
-        with self._lock:
+        with self.lock:
             self.tickets[future] = row  # for retract
         return future
 
@@ -84,7 +77,7 @@ class ActionDelivery:
         request): row ``t`` is recorded with ``rewards[t]`` after it."""
 
         def on_done(results: list[RowResult]) -> None:
-            with self._lock:
+            with self.lock:
                 before = live.nbytes
                 try:
                     for t, (taken, extras, _) in enumerate(results):
@@ -92,7 +85,7 @@ class ActionDelivery:
                         live.pending_reward += rewards[t]
                 finally:
                     live.busy = False
-                    self._memory.charge(live.nbytes - before, len(results))
+                    self.memory.charge(live.nbytes - before, len(results))
 
         return self._submit_rows(live, rows, on_done)
 
@@ -103,17 +96,17 @@ class ActionDelivery:
             # Nothing was recorded: the episode is free again (a failed policy call
             # never wedges it). Cancelled (None): its waiter gave up, so the action
             # was never delivered; it is counted, never recorded.
-            with self._lock:
+            with self.lock:
                 live.busy = False
                 live.last_seen = time.monotonic()
                 if error is None:
-                    self._counts["num_dropped_steps"] += len(rows)
-                    self._counts["num_undelivered_actions"] += len(rows)
+                    self.counts["num_dropped_steps"] += len(rows)
+                    self.counts["num_undelivered_actions"] += len(rows)
 
         try:
-            return self._batcher.submit(rows, on_done, on_abort)
+            return self.batcher.submit(rows, on_done, on_abort)
         except BaseException:
-            with self._lock:
+            with self.lock:
                 live.busy = False
             raise
 
@@ -122,15 +115,15 @@ class ActionDelivery:
         (cancels the future if pending); returns whether anything was taken back."""
         if future.cancel():
             return True  # on_abort counts it
-        with self._lock:
-            live = self._episodes.find(episode_id)
+        with self.lock:
+            live = self.episodes.find(episode_id)
             ticket = self.tickets.get(future)
             before = 0 if live is None else live.nbytes
             if ticket is None or live is None or live.busy or not live.undo(ticket):
                 return False
-            self._memory.live -= before - live.nbytes
-            self._counts["num_dropped_steps"] += 1
-            self._counts["num_undelivered_actions"] += 1
+            self.memory.live -= before - live.nbytes
+            self.counts["num_dropped_steps"] += 1
+            self.counts["num_undelivered_actions"] += 1
             return True
 
     def wait(self, future: concurrent.futures.Future) -> Any:
@@ -138,13 +131,13 @@ class ActionDelivery:
         recorded, counted in ``num_dropped_steps``) and ActionTimeoutError raised, unless
         it was already being recorded: then the caller gets it after all."""
         try:
-            return future.result(timeout=self._action_timeout_s)
+            return future.result(timeout=self.action_timeout_s)
         except concurrent.futures.TimeoutError:
             if not future.cancel():
                 return future.result()  # computed just now: deliver it
             raise ActionTimeoutError(
                 "the policy did not answer within action_timeout_s="
-                f"{self._action_timeout_s} s; the request was withdrawn (nothing "
+                f"{self.action_timeout_s} s; the request was withdrawn (nothing "
                 "recorded): retry it."
             ) from None
 

@@ -322,16 +322,16 @@ class ExternalEnv:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _get_live(self, episode_id: Any, what: str) -> LiveEpisode:
+        """The live, idle episode ``episode_id`` (caller holds the lock)."""
+        self._check_open(what)
+        return self._episodes.get_idle(episode_id, what)
+
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise ClosedError(
                 f"ExternalEnv.{what}() called after close(); create a new ExternalEnv."
             )
-
-    def _get_live(self, episode_id: Any, what: str) -> LiveEpisode:
-        """The live, idle episode ``episode_id`` (caller holds the lock)."""
-        self._check_open(what)
-        return self._episodes.get_idle(episode_id, what)
 
     def _claim(self, episode_id: Any, steps: int, what: str) -> LiveEpisode:
         """Marks the live, idle episode busy for ``steps`` more steps (caller holds
