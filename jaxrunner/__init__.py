@@ -35,6 +35,13 @@ from jaxrunner.external import ExternalEnv, ExternalEnvConfig
 from jaxrunner.faults import RestartPolicy
 from jaxrunner.metrics import MetricsConfig
 from jaxrunner.metrics_log import MetricsWriter, flatten_metrics
+from jaxrunner.multi_agent import (
+    AgentEpisode,
+    MultiAgentRunner,
+    MultiAgentTrajectory,
+    MultiAgentVectorEnv,
+    make_multi_agent_vec,
+)
 from jaxrunner.policy import Policy
 from jaxrunner.returns import GAE, discounted_returns, gae
 from jaxrunner.sampling import EnvRunner
@@ -62,6 +69,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "BACKENDS",
+    "AgentEpisode",
     "BatchStep",
     "Callbacks",
     "EnvRunner",
@@ -77,6 +85,9 @@ __all__ = [
     "LiveEpisode",
     "MetricsConfig",
     "MetricsWriter",
+    "MultiAgentRunner",
+    "MultiAgentTrajectory",
+    "MultiAgentVectorEnv",
     "Policy",
     "ProcessConfig",
     "ProcessVectorEnv",
@@ -98,6 +109,7 @@ __all__ = [
     "from_gymnasium",
     "gae",
     "inline_cpu_dispatch",
+    "make_multi_agent_vec",
     "make_vec",
     "serve",
     "testing",

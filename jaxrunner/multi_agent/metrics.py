@@ -1,0 +1,57 @@
+"""Multi-agent metrics: env steps and agent steps counted apart (as RLlib does), and
+episode statistics per policy and per agent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxrunner.metrics import EpisodeStats, MetricsConfig, RunnerMetrics
+from jaxrunner.multi_agent.trajectory import GroupTrajectory
+
+
+class MultiAgentMetrics(RunnerMetrics):
+    """A runner's env-level metrics (episode returns summed over agents) plus agent
+    steps and per-agent episode statistics, per policy and per agent."""
+
+    def __init__(self, config: MetricsConfig, agents: dict[str, tuple[str, ...]]) -> None:
+        super().__init__(config)
+        self.num_agent_steps = 0
+        self.unassigned_reward = 0.0
+        self._agents = agents
+        window = config.episode_window
+        self._by_policy = {pid: EpisodeStats(window) for pid in agents}
+        self._by_agent = {a: EpisodeStats(window) for ids in agents.values() for a in ids}
+        self._steps_by_policy = dict.fromkeys(agents, 0)
+        self._steps_by_agent = {a: 0 for ids in agents.values() for a in ids}
+
+    def add_group(self, policy_id: str, group: GroupTrajectory, returns: Any) -> None:
+        """Adds a closed group's agent steps and the agent episodes that ended in it
+        (``returns``: ``(slot, return, length)`` triples)."""
+        steps = np.count_nonzero(group.valid, axis=(0, 1))
+        self.num_agent_steps += int(steps.sum())
+        self._steps_by_policy[policy_id] += int(steps.sum())
+        agents = self._agents[policy_id]
+        for a, agent in enumerate(agents):
+            self._steps_by_agent[agent] += int(steps[a])
+        for a, ret, length in returns:
+            self._by_agent[agents[a]].add(np.array([ret]), np.array([length]))
+            self._by_policy[policy_id].add(np.array([ret]), np.array([length]))
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        out["num_agent_steps"] = self.num_agent_steps
+        out["unassigned_reward"] = self.unassigned_reward
+        out["policies"] = {
+            pid: {"num_agent_steps": self._steps_by_policy[pid], **stats.summary()}
+            for pid, stats in self._by_policy.items()
+        }
+        out["agents"] = {
+            agent: {"num_agent_steps": self._steps_by_agent[agent], **stats.summary()}
+            for agent, stats in self._by_agent.items()
+        }
+        return out
+
+
+__all__ = ["MultiAgentMetrics"]

@@ -1,0 +1,292 @@
+"""The multi-agent sampler: groups of agents, one compiled policy step per group.
+
+Per step: for each group, its acting agents' observations (``[B * A_g, ...]`` rows)
+go to the group's :class:`~jaxrunner.policy_step.CompiledPolicyStep` (one
+host->device and one device->host transfer per group); rows of agents that do not act
+are computed and dropped, so their keys and carries do not move. Each action is kept
+with its observation and extras until the env completes its transition (the same step
+in a parallel env, the agent's next turn in an AEC env), then written to slot
+``[t, b, a]`` of the step that completed it.
+
+Keys: agent ``a`` of env ``b`` draws from ``fold_in(fold_in(seed_key, b * N + k),
+its action count)``, ``k`` its index among the env's ``N`` possible agents: its
+actions depend on the seed, the env, the agent and its own history only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.metrics import PERF_KEYS
+from jaxrunner.multi_agent.buffers import GroupBuffers, MultiAgentStep
+from jaxrunner.multi_agent.groups import AgentGroup
+from jaxrunner.multi_agent.metrics import MultiAgentMetrics
+from jaxrunner.multi_agent.trajectory import GroupTrajectory, MultiAgentTrajectory
+from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
+from jaxrunner.policy import Params, Policy
+from jaxrunner.policy_step import CompiledPolicyStep, initial_actor_state
+from jaxrunner.sampling.episodes import EpisodeBook
+from jaxrunner.sampling.sampler import attach_partial
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiAgentSetup:
+    """What the multi-agent sampler is built from, besides its envs."""
+
+    policies: dict[str, Policy]
+    """Policy id -> Policy."""
+    params: dict[str, Params]
+    """Policy id -> device params (their shapes fix the compile)."""
+    rollout_length: int
+    seed: int
+    metrics: MultiAgentMetrics
+
+
+class _GroupSampler:
+    """One group's compiled step, stage and pending turns."""
+
+    def __init__(
+        self,
+        group: AgentGroup,
+        first: GroupBuffers,
+        policy: Policy,
+        params: Params,
+        seed: int,
+        num_envs: int,
+        agent_offset: int,
+        num_possible: int,
+    ) -> None:
+        self.group, self.num_envs = group, num_envs
+        a_g = group.num_agents
+        self.rows = num_envs * a_g
+        ids = (np.arange(num_envs)[:, None] * num_possible + agent_offset + np.arange(a_g)).ravel()
+        self.state = initial_actor_state(policy, seed, ids)
+        self.call = CompiledPolicyStep(policy, params, self.state, self.rows, first.obs_rows)
+        self.stage = self.call.new_stage()
+        self.action_spec, self.extras_spec = self.call.output_spec
+        shape = (num_envs, a_g)
+        self.pending_obs = jr_spaces.allocate(group.observation_space, shape)
+        self.pending_action = jax.tree.map(
+            lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
+        )
+        self.pending_extras = [
+            np.zeros((*shape, *s.shape[1:]), s.dtype) for s in jax.tree.leaves(self.extras_spec)
+        ]
+        self.agent_step = np.zeros(shape, np.int64)  # transitions so far in the agent episode
+        self.clip = jr_spaces.clip_box_actions(group.action_space)
+        self._all_rows = np.arange(self.rows, dtype=np.int32)
+        self.pending: Any = None
+        self.acting = np.zeros(shape, np.bool_)
+        self.env_action: Any = None
+        # Agent-episode returns and lengths across samples (for the metrics).
+        self.running_return = np.zeros(shape, np.float64)
+        self.running_length = np.zeros(shape, np.int64)
+
+    def dispatch(self, params: Params, buf: GroupBuffers) -> None:
+        stage = self.stage
+        jax.tree.map(np.copyto, stage.obs, buf.obs_rows)
+        stage.episode_start[:] = buf.agent_start.ravel()
+        np.copyto(self.acting, buf.acting)
+        stage.env_index[:] = np.where(self.acting.ravel(), self._all_rows, self.rows)
+        self.pending, self.state = self.call.dispatch(params, self.state, stage)
+
+    def collect(self, buf: GroupBuffers) -> None:
+        """Takes the actions and keeps each acting agent's turn until it completes."""
+        action, extras = self.call.collect(self.pending)
+        self.pending = None
+        shape = self.acting.shape
+        action = jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), action)
+        _copy_where(self.pending_obs, buf.obs, self.acting)
+        _copy_where(self.pending_action, action, self.acting)
+        for dst, src in zip(self.pending_extras, extras):
+            _copy_where(dst, src.reshape(*shape, *src.shape[1:]), self.acting)
+        self.env_action = action if self.clip is None else self.clip(action)
+
+    def record(self, out: GroupBuffers, traj: GroupTrajectory, t: int) -> None:
+        """Writes the transitions completed at step ``t`` into slot ``t``."""
+        done = out.completed
+        _copy_where(jax.tree.map(lambda x: x[t], traj.obs), self.pending_obs, done)
+        _copy_where(jax.tree.map(lambda x: x[t], traj.action), self.pending_action, done)
+        for dst, src in zip(jax.tree.leaves(traj.extras), self.pending_extras):
+            _copy_where(dst[t], src, done)
+        _copy_where(jax.tree.map(lambda x: x[t], traj.next_obs), out.next_obs, done)
+        traj.reward[t] = out.reward
+        traj.terminated[t] = out.terminated
+        traj.truncated[t] = out.truncated
+        traj.valid[t] = done
+        np.copyto(traj.agent_step[t], self.agent_step, where=done)
+        self.agent_step += done
+        self.agent_step[done & (out.terminated | out.truncated)] = 0
+
+    def allocate(self, num_steps: int) -> GroupTrajectory:
+        shape = (num_steps, self.num_envs, self.group.num_agents)
+        space = self.group.observation_space
+        return GroupTrajectory(
+            obs=jr_spaces.allocate(space, shape),
+            action=jax.tree.map(
+                lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
+            ),
+            reward=np.zeros(shape, np.float64),
+            terminated=np.zeros(shape, np.bool_),
+            truncated=np.zeros(shape, np.bool_),
+            next_obs=jr_spaces.allocate(space, shape),
+            extras=jax.tree.map(
+                lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.extras_spec
+            ),
+            valid=np.zeros(shape, np.bool_),
+            agent_step=np.zeros(shape, np.int64),
+        )
+
+    def close(self, traj: GroupTrajectory, t: int) -> list[tuple[int, float, int]]:
+        """The agent episodes that ended in steps ``[0, t)``: ``(slot, return, length)``."""
+        ended = []
+        for s in range(t):
+            valid = traj.valid[s]
+            self.running_return += np.where(valid, traj.reward[s], 0.0)
+            self.running_length += valid
+            for b, a in zip(*np.nonzero(valid & (traj.terminated[s] | traj.truncated[s]))):
+                ended.append(
+                    (int(a), float(self.running_return[b, a]), int(self.running_length[b, a]))
+                )
+                self.running_return[b, a] = 0.0
+                self.running_length[b, a] = 0
+        return ended
+
+
+@dataclasses.dataclass
+class _EnvLevel:
+    """The env-level fields :class:`EpisodeBook` numbers episodes from."""
+
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    valid: np.ndarray
+    episode_id: np.ndarray
+    step: np.ndarray
+
+
+class MultiAgentSampler:
+    """Samples a :class:`~jaxrunner.multi_agent.MultiAgentVectorEnv` (see the module
+    docstring).
+
+    Args:
+        envs: the multi-agent vector env, just reset; ``first`` its reset result.
+        setup: policies, params, rollout length, seed and metrics.
+    """
+
+    def __init__(
+        self, envs: MultiAgentVectorEnv, first: MultiAgentStep, setup: MultiAgentSetup
+    ) -> None:
+        self.envs, self.rollout_length = envs, setup.rollout_length
+        self.metrics = setup.metrics
+        self._book = EpisodeBook(envs.num_envs)
+        num_possible = len(envs.possible_agents)
+        self.groups: dict[str, _GroupSampler] = {}
+        offset = 0
+        for group in envs.groups:
+            pid = group.policy_id
+            self.groups[pid] = _GroupSampler(
+                group,
+                first.groups[pid],
+                setup.policies[pid],
+                setup.params[pid],
+                setup.seed,
+                envs.num_envs,
+                offset,
+                num_possible,
+            )
+            offset += group.num_agents
+        self._last = first
+        self.agents = {g.policy_id: g.agents for g in envs.groups}
+
+    def sample(self, params: dict[str, Params]) -> MultiAgentTrajectory:
+        num_steps, num_envs = self.rollout_length, self.envs.num_envs
+        groups = {pid: gs.allocate(num_steps) for pid, gs in self.groups.items()}
+        shape = (num_steps, num_envs)
+        env_level = _EnvLevel(
+            reward=np.zeros(shape, np.float64),
+            terminated=np.zeros(shape, np.bool_),
+            truncated=np.zeros(shape, np.bool_),
+            valid=np.ones(shape, np.bool_),
+            episode_id=np.zeros(shape, np.int64),
+            step=np.zeros(shape, np.int64),
+        )
+        traj = MultiAgentTrajectory(
+            groups=groups,
+            env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
+            episode_id=env_level.episode_id,
+            step=env_level.step,
+            env_done=env_level.terminated,
+            agents=self.agents,
+        )
+        perf = dict.fromkeys(PERF_KEYS, 0.0)
+        start_time = time.perf_counter()
+        t = 0
+        try:
+            for t in range(num_steps):
+                self._step(params, traj, env_level, t, perf)
+            t = num_steps
+        except BaseException as err:
+            attach_partial(err, self._close(traj, env_level, t) if t else None)
+            raise
+        finally:
+            self.metrics.sample_time_s += time.perf_counter() - start_time
+            self.metrics.perf.record(perf, t)
+        return self._close(traj, env_level, num_steps)
+
+    def _step(
+        self,
+        params: dict[str, Params],
+        traj: MultiAgentTrajectory,
+        env_level: _EnvLevel,
+        t: int,
+        perf: dict[str, float],
+    ) -> None:
+        last = self._last
+        clock = time.perf_counter()
+        for pid, gs in self.groups.items():
+            gs.dispatch(params[pid], last.groups[pid])
+        tick = time.perf_counter()
+        perf["inference_ms"] += tick - clock
+        for pid, gs in self.groups.items():
+            gs.collect(last.groups[pid])
+        clock = time.perf_counter()
+        perf["action_processing_ms"] += clock - tick
+        out = self.envs.step_batch([gs.env_action for gs in self.groups.values()])
+        tick = time.perf_counter()
+        perf["env_wait_ms"] += tick - clock
+        for pid, gs in self.groups.items():
+            gs.record(out.groups[pid], traj.groups[pid], t)
+        env_level.reward[t] = out.env_reward
+        env_level.terminated[t] = out.env_done
+        self.metrics.unassigned_reward += float(out.unassigned_reward.sum())
+        self._last = out
+        perf["obs_processing_ms"] += time.perf_counter() - tick
+
+    def _close(
+        self, traj: MultiAgentTrajectory, env_level: _EnvLevel, t: int
+    ) -> MultiAgentTrajectory:
+        self.metrics.add(self._book.close(env_level, t))  # type: ignore[arg-type]
+        for pid, gs in self.groups.items():
+            self.metrics.add_group(pid, traj.groups[pid], gs.close(traj.groups[pid], t))
+        if t == self.rollout_length:
+            return traj
+        return jax.tree.map(lambda x: x[:t], traj)
+
+
+def _copy_where(dst: Any, src: Any, mask: np.ndarray) -> None:
+    """``dst[mask] = src[mask]`` leaf by leaf; ``mask`` covers the leading axes."""
+
+    def copy(d: np.ndarray, s: np.ndarray) -> None:
+        np.copyto(d, s, where=mask.reshape(*mask.shape, *([1] * (d.ndim - mask.ndim))))
+
+    jax.tree.map(copy, dst, src)
+
+
+__all__ = ["MultiAgentSampler", "MultiAgentSetup"]
