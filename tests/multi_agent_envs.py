@@ -7,7 +7,8 @@ from typing import ClassVar
 
 import numpy as np
 from gymnasium import spaces
-from pettingzoo import ParallelEnv
+from pettingzoo import AECEnv, ParallelEnv
+from pettingzoo.utils import agent_selector
 
 
 class ComingAndGoing(ParallelEnv):
@@ -100,3 +101,68 @@ def connect_four():
     from pettingzoo.classic import connect_four_v3
 
     return connect_four_v3.env()
+
+
+class Relay(AECEnv):
+    """A turn-based env where every step pays every live agent, so rewards reach agents
+    between their turns. ``r0``, ``r1``, ``r2`` take turns; ``r1`` terminates after its
+    second turn (and is removed by its dead step, while the others' rewards go on);
+    the episode ends after 8 steps (everyone left is truncated)."""
+
+    metadata: ClassVar[dict] = {"name": "relay_v0", "is_parallelizable": False}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.possible_agents = ["r0", "r1", "r2"]
+        self.rng = np.random.default_rng(0)
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        return spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+    def action_space(self, agent: str) -> spaces.Space:
+        return spaces.Discrete(4)
+
+    def observe(self, agent: str) -> np.ndarray:
+        return np.array([self.t, self.possible_agents.index(agent)], np.float32)
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.t = 0
+        self.turns = dict.fromkeys(self.possible_agents, 0)
+        self.agents = self.possible_agents[:]
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.infos = {a: {} for a in self.agents}
+        self._selector = agent_selector.AgentSelector(self.agents)
+        self.agent_selection = self._selector.reset()
+
+    def step(self, action):
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            for a in self.agents:  # the dead step pays the others too
+                self.rewards[a] = float(self.rng.uniform())
+            self._accumulate_rewards()
+            return
+        self._cumulative_rewards[agent] = 0.0
+        self.t += 1
+        self.turns[agent] += 1
+        for a in self.agents:
+            self.rewards[a] = float(action) * (1 + self.possible_agents.index(a)) + 0.01 * self.t
+        if agent == "r1" and self.turns[agent] == 2:
+            self.terminations["r1"] = True
+        if self.t >= 8:
+            for a in self.agents:
+                self.truncations[a] = True
+        self._accumulate_rewards()
+        self.agent_selection = self._selector.next()
+        while self.agent_selection not in self.agents and self.agents:  # skip removed agents
+            self.agent_selection = self._selector.next()
+        self._deads_step_first()
+
+
+def relay() -> Relay:
+    return Relay()

@@ -75,8 +75,9 @@ class MultiAgentStep(NamedTuple):
     env_reward: np.ndarray
     """[B] float64: every reward handed out in the step, summed over agents."""
     unassigned_reward: np.ndarray
-    """[B] float64: rewards to agents that ended their episode without acting in it,
-    which no action can carry (counted apart, so none goes missing)."""
+    """[B] float64: rewards that reached agents before their first action of the
+    episode (or in an episode where they never acted), which no action of theirs can
+    carry: counted apart, so none goes missing."""
     infos: list[dict[str, Any]]
     """Per-env infos of the step (the env's per-agent info dict)."""
 

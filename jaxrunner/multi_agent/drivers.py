@@ -124,6 +124,19 @@ class Driver(abc.ABC):
         g, a = self.layout.slot[agent]
         return actions[g][self.index, a]
 
+    def _first_actions(self, acting: Sequence[str]) -> float:
+        """Marks ``acting`` as having acted; returns the rewards that reached those of
+        them acting for the first time in the episode before that action: no action of
+        theirs caused them, so they are counted apart (``unassigned_reward``), as
+        PettingZoo's ``last()`` leaves them out of the agent's reward."""
+        unassigned = 0.0
+        for agent in acting:
+            if agent not in self.started:
+                unassigned += self.pending_reward.pop(agent, 0.0)
+                self.started.add(agent)
+            self.acted.add(agent)
+        return unassigned
+
     def _unassigned(self) -> float:
         """Rewards left to agents that never acted in the ending episode."""
         return float(sum(r for agent, r in self.pending_reward.items() if agent not in self.acted))
@@ -160,8 +173,7 @@ class ParallelDriver(Driver):
         _check_dict(terms, "step", "terminations", i)
         _check_dict(truncs, "step", "truncations", i)
         self._clear_rows()
-        self.acted.update(acting)
-        self.started.update(acting)
+        unassigned = self._first_actions(acting)
         env_reward = sum(self._add_reward(agent, r) for agent, r in rewards.items())
         for agent in acting:
             if agent not in obs:
@@ -178,8 +190,8 @@ class ParallelDriver(Driver):
         for agent in self.live:
             self._set_acting(agent, obs[agent])
         if self.live:
-            return False, env_reward, 0.0, infos
-        unassigned = self._unassigned()
+            return False, env_reward, unassigned, infos
+        unassigned += self._unassigned()
         self.reset(None, None)
         return True, env_reward, unassigned, infos
 
@@ -207,19 +219,18 @@ class AECDriver(Driver):
         env = self.env
         agent = env.agent_selection
         self._clear_rows()
+        unassigned = self._first_actions([agent])
         env.step(self._action(actions, agent))
-        self.acted.add(agent)
-        self.started.add(agent)
         env_reward = self._collect_rewards()
         env_reward += self._settle()
         infos = dict(env.infos)
         if env.agents:
-            return False, env_reward, 0.0, infos
+            return False, env_reward, unassigned, infos
         # Agents the env removed without their dead step: their episode was cut with
         # the env's (truncated), from the last observation the env gave them.
         for agent in list(self.acted):
             self._complete(agent, self._last_obs[agent], False, True)
-        unassigned = self._unassigned()
+        unassigned += self._unassigned()
         self.reset(None, None)
         return True, env_reward, unassigned, infos
 
