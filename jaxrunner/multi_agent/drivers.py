@@ -52,7 +52,8 @@ class Layout:
             raise EnvError(
                 f"sub-env {env_index}: agent {agent!r} is not among possible_agents "
                 f"{list(self.slot)}; a multi-agent env must declare every agent it may have "
-                "in possible_agents."
+                "in possible_agents.",
+                env_index,
             )
         g, a = slot
         buf = self.buffers[g]
@@ -158,7 +159,8 @@ class ParallelDriver(Driver):
         if not self.live:
             raise EnvError(
                 f"sub-env {self.index}: reset() returned no observation; a multi-agent env "
-                "must start an episode with at least one agent."
+                "must start an episode with at least one agent.",
+                self.index,
             )
         return infos
 
@@ -180,7 +182,8 @@ class ParallelDriver(Driver):
                 raise EnvError(
                     f"sub-env {i}: agent {agent!r} acted but step() returned no observation "
                     "for it. A ParallelEnv must return the observation, reward and flags of "
-                    "every agent that acted (its final observation where it leaves)."
+                    "every agent that acted (its final observation where it leaves).",
+                    i,
                 )
             term = jr_spaces.check_flag(terms.get(agent, False), i, "terminated")
             trunc = jr_spaces.check_flag(truncs.get(agent, False), i, "truncated")
@@ -211,7 +214,8 @@ class AECDriver(Driver):
         if not self.env.agents:
             raise EnvError(
                 f"sub-env {self.index}: reset() left no agent to act; a multi-agent env must "
-                "start an episode with at least one agent."
+                "start an episode with at least one agent.",
+                self.index,
             )
         return dict(self.env.infos)
 
@@ -268,7 +272,8 @@ def _check_dict(value: Any, call: str, name: str, index: int) -> dict:
     if not isinstance(value, dict):
         raise EnvError(
             f"sub-env {index}: {call}() returned {name} of type {type(value).__name__}; a "
-            "PettingZoo env returns a dict keyed by agent id."
+            "PettingZoo env returns a dict keyed by agent id.",
+            index,
         )
     return value
 

@@ -11,9 +11,9 @@ import jax
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.errors import SpaceMismatchError
+from jaxrunner.errors import InvalidActionError, SpaceMismatchError
 from jaxrunner.multi_agent.buffers import GroupBuffers, MultiAgentStep
-from jaxrunner.multi_agent.drivers import Driver, Layout, make_driver
+from jaxrunner.multi_agent.drivers import AECDriver, Driver, Layout, make_driver
 from jaxrunner.multi_agent.groups import AgentGroup, PolicyMappingFn, build_groups
 
 MultiAgentEnvFactory = Callable[[], Any]
@@ -51,6 +51,8 @@ class SubEnvBlock:
         self.buffers = [GroupBuffers.allocate(group, n) for group in self.groups]
         layout = Layout(self.groups, self.buffers)
         self.drivers: list[Driver] = [make_driver(env, i, layout) for i, env in enumerate(envs)]
+        self.turn_based = isinstance(self.drivers[0], AECDriver)
+        """AEC sub-envs: one agent acts per step."""
         self.env_done = np.zeros(n, np.bool_)
         self.env_reward = np.zeros(n, np.float64)
         self.unassigned_reward = np.zeros(n, np.float64)
@@ -88,19 +90,43 @@ class SubEnvBlock:
             infos=infos,
         )
 
-    def check_actions(self, actions: Sequence[Any]) -> list[Any]:
-        """Validates every group's batch as a whole (before any sub-env steps)."""
-        n = len(self.envs)
-        checked = []
-        for group, batch in zip(self.groups, actions):
-            flat = jax.tree.map(lambda x: np.asarray(x).reshape(-1, *np.shape(x)[2:]), batch)
-            jr_spaces.check_action_batch(group.action_space, flat, n * group.num_agents)
-            checked.append(batch)
-        return checked
+    def check_actions(self, actions: Sequence[Any]) -> Sequence[Any]:
+        return check_actions(self.groups, actions, len(self.envs))
 
     def close(self) -> None:
         for env in self.envs:
             env.close()
 
 
-__all__ = ["MultiAgentEnvFactory", "SubEnvBlock", "env_groups"]
+def check_actions(
+    groups: Sequence[AgentGroup], actions: Sequence[Any], num_envs: int
+) -> Sequence[Any]:
+    """Validates every group's ``[B, A_g, ...]`` batch as a whole, before any sub-env
+    steps (shapes and dtypes; nothing is cast).
+
+    Raises:
+        InvalidActionError: a batch of the wrong structure, shape or dtype.
+    """
+    if len(actions) != len(groups):
+        raise InvalidActionError(
+            f"multi-agent step: expected one action batch per group ({len(groups)}: "
+            f"{[g.policy_id for g in groups]}), got {len(actions)}."
+        )
+    for group, batch in zip(groups, actions):
+        rows = num_envs * group.num_agents
+        lead = (num_envs, group.num_agents)
+
+        def flat(x: Any, lead: tuple[int, int] = lead, group: AgentGroup = group) -> Any:
+            shape = np.shape(x)
+            if shape[:2] != lead:
+                raise InvalidActionError(
+                    f"multi-agent step: group {group.policy_id!r} expected actions of leading "
+                    f"shape [B, A_g] = {lead}, got shape {shape}."
+                )
+            return np.asarray(x).reshape(-1, *shape[2:])
+
+        jr_spaces.check_action_batch(group.action_space, jax.tree.map(flat, batch), rows)
+    return actions
+
+
+__all__ = ["MultiAgentEnvFactory", "SubEnvBlock", "check_actions", "env_groups"]

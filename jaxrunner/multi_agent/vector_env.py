@@ -23,7 +23,6 @@ from typing import Any
 
 from jaxrunner.errors import ClosedError, InvalidArgumentError
 from jaxrunner.multi_agent.buffers import MultiAgentStep
-from jaxrunner.multi_agent.drivers import AECDriver
 from jaxrunner.multi_agent.groups import AgentGroup, PolicyMappingFn
 from jaxrunner.multi_agent.sub_envs import MultiAgentEnvFactory, SubEnvBlock, env_groups
 
@@ -110,7 +109,7 @@ class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
             self._closed = True
             raise
         self.num_envs = len(envs)
-        self.turn_based = isinstance(self._block.drivers[0], AECDriver)
+        self.turn_based = self._block.turn_based
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
