@@ -11,7 +11,7 @@ The public API, in one place::
         traj = runner.sample()
 """
 
-from jaxrunner import errors, serve
+from jaxrunner import errors, multi_agent, serve
 from jaxrunner.callbacks import Callbacks, LiveEpisode
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch, use_inline_cpu_dispatch
 from jaxrunner.datasets import from_minari, to_minari
@@ -111,6 +111,7 @@ __all__ = [
     "inline_cpu_dispatch",
     "make_multi_agent_vec",
     "make_vec",
+    "multi_agent",
     "serve",
     "testing",
     "to_minari",

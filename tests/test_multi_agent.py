@@ -226,3 +226,37 @@ def test_runner_refuses_bad_arguments():
         runner.sample()
     with pytest.raises(InvalidArgumentError, match="backend"):
         jr.make_multi_agent_vec(envs_mod.coming_and_going, 1, backend="gpu")
+
+
+def test_policy_pool_one_member_per_agent_episode_and_no_recompile():
+    """Members that always play action k: each agent's actions in an episode are one
+    member's, the member drawn per episode follows the weights, and new pool contents
+    do not retrace."""
+    traces = []
+
+    def fixed(params, obs, carry, keys):
+        traces.append(1)  # runs only while tracing
+        action = jnp.broadcast_to(params["k"], keys.shape).astype(jnp.int32)
+        return action, {"log_prob": jnp.zeros(keys.shape)}, carry
+
+    policy = jr.multi_agent.pooled_policy(jr.Policy(fixed), 4)
+    members = [{"k": jnp.int32(k)} for k in range(3)]
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 4)
+    pool = jr.multi_agent.pool_params(members, 4)
+    with jr.MultiAgentRunner(envs, policy, pool, 30, seed=0) as runner:
+        traj = runner.sample()
+        first = traj.groups["policy_0"]
+        traced = len(traces)
+        runner.set_params("policy_0", jr.multi_agent.pool_params(members, 4, [0, 0, 1]))
+        second = runner.sample().groups["policy_0"]
+        assert len(traces) == traced
+    valid = first.valid
+    np.testing.assert_array_equal(first.action[valid], first.extras["member"][valid])
+    assert set(np.unique(first.action[valid])) == {0, 1, 2}
+    # Constant within each agent episode.
+    episodes = traj.split_episodes()
+    assert len(episodes) > 20
+    assert all(len(np.unique(e.action)) == 1 for e in episodes)
+    # After the switch, every agent episode that starts draws member 2 only.
+    starts = second.valid & (second.agent_step == 0)
+    assert starts.sum() > 4 and (second.action[starts] == 2).all()

@@ -9,6 +9,7 @@ from jaxrunner.multi_agent.groups import (
     default_policy_mapping,
 )
 from jaxrunner.multi_agent.make import MULTI_AGENT_BACKENDS, make_multi_agent_vec
+from jaxrunner.multi_agent.pool import pool_params, pooled_policy
 from jaxrunner.multi_agent.runner import MultiAgentRunner
 from jaxrunner.multi_agent.trajectory import (
     AgentEpisode,
@@ -34,4 +35,6 @@ __all__ = [
     "concatenate_agent_episodes",
     "default_policy_mapping",
     "make_multi_agent_vec",
+    "pool_params",
+    "pooled_policy",
 ]
