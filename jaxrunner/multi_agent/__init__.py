@@ -8,6 +8,7 @@ from jaxrunner.multi_agent.groups import (
     build_groups,
     default_policy_mapping,
 )
+from jaxrunner.multi_agent.jax_env import JaxMultiAgentVectorEnv, to_gymnasium_space
 from jaxrunner.multi_agent.make import MULTI_AGENT_BACKENDS, make_multi_agent_vec
 from jaxrunner.multi_agent.pool import pool_params, pooled_policy
 from jaxrunner.multi_agent.runner import MultiAgentRunner
@@ -25,6 +26,7 @@ __all__ = [
     "AgentGroup",
     "GroupBuffers",
     "GroupTrajectory",
+    "JaxMultiAgentVectorEnv",
     "MultiAgentRunner",
     "MultiAgentStep",
     "MultiAgentTrajectory",
@@ -37,4 +39,5 @@ __all__ = [
     "make_multi_agent_vec",
     "pool_params",
     "pooled_policy",
+    "to_gymnasium_space",
 ]

@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 
 from jaxrunner.metrics import EpisodeStats, MetricsConfig, RunnerMetrics
-from jaxrunner.multi_agent.trajectory import GroupTrajectory
 
 
 class MultiAgentMetrics(RunnerMetrics):
@@ -26,16 +25,17 @@ class MultiAgentMetrics(RunnerMetrics):
         self._steps_by_policy = dict.fromkeys(agents, 0)
         self._steps_by_agent = {a: 0 for ids in agents.values() for a in ids}
 
-    def add_group(self, policy_id: str, group: GroupTrajectory, returns: Any) -> None:
-        """Adds a closed group's agent steps and the agent episodes that ended in it
-        (``returns``: ``(slot, return, length)`` triples)."""
-        steps = np.count_nonzero(group.valid, axis=(0, 1))
+    def add_group_counts(
+        self, policy_id: str, steps: np.ndarray, ended: list[tuple[int, float, int]]
+    ) -> None:
+        """Adds a group's agent steps per slot (``steps``, ``[A_g]``) and the agent
+        episodes that ended (``(slot, return, length)`` triples)."""
         self.num_agent_steps += int(steps.sum())
         self._steps_by_policy[policy_id] += int(steps.sum())
         agents = self._agents[policy_id]
         for a, agent in enumerate(agents):
             self._steps_by_agent[agent] += int(steps[a])
-        for a, ret, length in returns:
+        for a, ret, length in ended:
             self._by_agent[agents[a]].add(np.array([ret]), np.array([length]))
             self._by_policy[policy_id].add(np.array([ret]), np.array([length]))
 

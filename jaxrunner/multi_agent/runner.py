@@ -15,6 +15,7 @@ from jaxrunner.errors import (
     RunnerFailedError,
 )
 from jaxrunner.metrics import MetricsConfig
+from jaxrunner.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner.multi_agent.metrics import MultiAgentMetrics
 from jaxrunner.multi_agent.trajectory import (
     AgentEpisode,
@@ -24,6 +25,7 @@ from jaxrunner.multi_agent.trajectory import (
 from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.sampling.multi_agent import MultiAgentSampler, MultiAgentSetup
+from jaxrunner.sampling.multi_agent_scan import MultiAgentScanSampler
 from jaxrunner.sampling.runner import _claim, _release
 
 
@@ -32,8 +34,10 @@ class MultiAgentRunner:
 
     Args:
         envs: a :class:`~jaxrunner.multi_agent.MultiAgentVectorEnv`
-            (:func:`jaxrunner.make_multi_agent_vec`), owned by the runner until
-            :meth:`stop`.
+            (:func:`jaxrunner.make_multi_agent_vec`: PettingZoo envs, stepped on the
+            host) or a :class:`~jaxrunner.multi_agent.JaxMultiAgentVectorEnv` (a pure-JAX,
+            JaxMARL-style env: one jitted scan per sample, arrays on device), owned by
+            the runner until :meth:`stop`.
         policies: one :class:`~jaxrunner.Policy` for every policy id, or a dict
             ``policy_id -> Policy`` (``envs.policy_ids``).
         params: ``policy_id -> params`` (or the params alone, when there is one policy id).
@@ -45,7 +49,7 @@ class MultiAgentRunner:
 
     def __init__(
         self,
-        envs: MultiAgentVectorEnv,
+        envs: MultiAgentVectorEnv | JaxMultiAgentVectorEnv,
         policies: Policy | Mapping[str, Policy],
         params: Params,
         rollout_length: int,
@@ -53,7 +57,7 @@ class MultiAgentRunner:
         *,
         metrics: MetricsConfig | None = None,
     ) -> None:
-        if not isinstance(envs, MultiAgentVectorEnv):
+        if not isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
             raise InvalidArgumentTypeError(
                 f"MultiAgentRunner(envs=...): expected a multi-agent vector env, got "
                 f"{type(envs).__name__}. Build one with jaxrunner.make_multi_agent_vec(env_fn, "
@@ -86,11 +90,15 @@ class MultiAgentRunner:
         self._fragments: dict[tuple[str, int], AgentEpisode] = {}
         self._finished: list[AgentEpisode] = []
         try:
-            first = envs.reset_batch([seed + i for i in range(envs.num_envs)])
             setup = MultiAgentSetup(
                 self._policies, self._params, rollout_length, seed, self._metrics
             )
-            self.sampler = MultiAgentSampler(envs, first, setup)
+            self.sampler: MultiAgentSampler | MultiAgentScanSampler
+            if isinstance(envs, JaxMultiAgentVectorEnv):  # one jitted scan per sample
+                self.sampler = MultiAgentScanSampler(envs, setup)
+            else:
+                first = envs.reset_batch([seed + i for i in range(envs.num_envs)])
+                self.sampler = MultiAgentSampler(envs, first, setup)
         except BaseException:
             _release(envs, self)
             raise

@@ -145,22 +145,40 @@ class _GroupSampler:
 
     def close(self, traj: GroupTrajectory, t: int) -> list[tuple[int, float, int]]:
         """The agent episodes that ended in steps ``[0, t)``: ``(slot, return, length)``."""
-        ended = []
-        for s in range(t):
-            valid = traj.valid[s]
-            self.running_return += np.where(valid, traj.reward[s], 0.0)
-            self.running_length += valid
-            for b, a in zip(*np.nonzero(valid & (traj.terminated[s] | traj.truncated[s]))):
-                ended.append(
-                    (int(a), float(self.running_return[b, a]), int(self.running_length[b, a]))
-                )
-                self.running_return[b, a] = 0.0
-                self.running_length[b, a] = 0
-        return ended
+        return agent_episode_ends(
+            self.running_return,
+            self.running_length,
+            traj.reward,
+            traj.valid,
+            traj.terminated | traj.truncated,
+            t,
+        )
+
+
+def agent_episode_ends(
+    running_return: np.ndarray,
+    running_length: np.ndarray,
+    reward: np.ndarray,
+    valid: np.ndarray,
+    done: np.ndarray,
+    t: int,
+) -> list[tuple[int, float, int]]:
+    """Moves each agent's running return and length (``[B, A_g]``, updated in place)
+    over steps ``[0, t)`` of ``[T, B, A_g]`` arrays; returns the agent episodes that
+    ended there as ``(slot, return, length)``."""
+    ended = []
+    for s in range(t):
+        running_return += np.where(valid[s], reward[s], 0.0)
+        running_length += valid[s]
+        for b, a in zip(*np.nonzero(valid[s] & done[s])):
+            ended.append((int(a), float(running_return[b, a]), int(running_length[b, a])))
+            running_return[b, a] = 0.0
+            running_length[b, a] = 0
+    return ended
 
 
 @dataclasses.dataclass
-class _EnvLevel:
+class EnvLevel:
     """The env-level fields :class:`EpisodeBook` numbers episodes from."""
 
     reward: np.ndarray
@@ -209,7 +227,7 @@ class MultiAgentSampler:
         num_steps, num_envs = self.rollout_length, self.envs.num_envs
         groups = {pid: gs.allocate(num_steps) for pid, gs in self.groups.items()}
         shape = (num_steps, num_envs)
-        env_level = _EnvLevel(
+        env_level = EnvLevel(
             reward=np.zeros(shape, np.float64),
             terminated=np.zeros(shape, np.bool_),
             truncated=np.zeros(shape, np.bool_),
@@ -244,7 +262,7 @@ class MultiAgentSampler:
         self,
         params: dict[str, Params],
         traj: MultiAgentTrajectory,
-        env_level: _EnvLevel,
+        env_level: EnvLevel,
         t: int,
         perf: dict[str, float],
     ) -> None:
@@ -270,11 +288,13 @@ class MultiAgentSampler:
         perf["obs_processing_ms"] += time.perf_counter() - tick
 
     def _close(
-        self, traj: MultiAgentTrajectory, env_level: _EnvLevel, t: int
+        self, traj: MultiAgentTrajectory, env_level: EnvLevel, t: int
     ) -> MultiAgentTrajectory:
         self.metrics.add(self._book.close(env_level, t))  # type: ignore[arg-type]
         for pid, gs in self.groups.items():
-            self.metrics.add_group(pid, traj.groups[pid], gs.close(traj.groups[pid], t))
+            group = traj.groups[pid]
+            steps = np.count_nonzero(group.valid[:t], axis=(0, 1))
+            self.metrics.add_group_counts(pid, steps, gs.close(group, t))
         if t == self.rollout_length:
             return traj
         return jax.tree.map(lambda x: x[:t], traj)
@@ -289,4 +309,4 @@ def _copy_where(dst: Any, src: Any, mask: np.ndarray) -> None:
     jax.tree.map(copy, dst, src)
 
 
-__all__ = ["MultiAgentSampler", "MultiAgentSetup"]
+__all__ = ["EnvLevel", "MultiAgentSampler", "MultiAgentSetup", "agent_episode_ends"]
