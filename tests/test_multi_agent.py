@@ -260,3 +260,13 @@ def test_policy_pool_one_member_per_agent_episode_and_no_recompile():
     # After the switch, every agent episode that starts draws member 2 only.
     starts = second.valid & (second.agent_step == 0)
     assert starts.sum() > 4 and (second.action[starts] == 2).all()
+
+
+def test_readme_multi_agent_example_runs():
+    pytest.importorskip("mpe2")
+    import pathlib
+
+    readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+    section = readme.read_text().split("## Multi-agent", 1)[1]
+    code = section.split("```python", 1)[1].split("```", 1)[0]
+    exec(compile(code, "README multi-agent example", "exec"), {})
