@@ -134,3 +134,36 @@ def test_actions_stay_within_the_action_mask():
     for first, second in zip(episodes[::2], episodes[1::2]):
         assert first.episode_id == second.episode_id
         assert first.total_reward == -second.total_reward
+
+
+def test_group_gae_chains_each_agents_turns():
+    """With zero values and gamma = lam = 1, an agent's advantage is its reward to go
+    within its episode, across the other agents' turns; jr.gae on the raw arrays cuts
+    at every gap instead."""
+    envs = jr.make_multi_agent_vec(envs_mod.relay, 2)
+    with jr.MultiAgentRunner(envs, random_policy(4), zero_params(4), 30, seed=1) as runner:
+        group = runner.sample().groups["policy_0"]
+    zeros = np.zeros(group.reward.shape)
+    out = jr.multi_agent.group_gae(group, next_value=zeros, value=zeros, gamma=1.0, lam=1.0)
+    advantages = np.asarray(out.advantages)
+    for b in range(2):
+        for a in range(3):
+            rows = np.flatnonzero(group.valid[:, b, a])
+            expected, acc = [], 0.0
+            for t in rows[::-1]:
+                done = group.terminated[t, b, a] or group.truncated[t, b, a]
+                acc = group.reward[t, b, a] + (0.0 if done else acc)
+                expected.append(acc)
+            np.testing.assert_allclose(advantages[rows, b, a], expected[::-1], rtol=1e-5)
+    assert not advantages[~group.valid].any()
+    raw = jr.gae(
+        reward=group.reward,
+        terminated=group.terminated,
+        truncated=group.truncated,
+        valid=group.valid,
+        value=zeros,
+        next_value=zeros,
+        gamma=1.0,
+        lam=1.0,
+    )
+    assert not np.allclose(raw.advantages, advantages)

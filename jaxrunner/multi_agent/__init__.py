@@ -11,6 +11,7 @@ from jaxrunner.multi_agent.groups import (
 from jaxrunner.multi_agent.jax_env import JaxMultiAgentVectorEnv, to_gymnasium_space
 from jaxrunner.multi_agent.make import MULTI_AGENT_BACKENDS, make_multi_agent_vec
 from jaxrunner.multi_agent.pool import pool_params, pooled_policy
+from jaxrunner.multi_agent.returns import group_gae
 from jaxrunner.multi_agent.runner import MultiAgentRunner
 from jaxrunner.multi_agent.trajectory import (
     AgentEpisode,
@@ -36,6 +37,7 @@ __all__ = [
     "build_groups",
     "concatenate_agent_episodes",
     "default_policy_mapping",
+    "group_gae",
     "make_multi_agent_vec",
     "pool_params",
     "pooled_policy",
