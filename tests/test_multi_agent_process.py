@@ -47,3 +47,17 @@ def test_worker_error_reaches_the_caller_with_its_traceback():
     assert "worker traceback" in "".join(info.value.__cause__.__notes__)
     with pytest.raises(jr.errors.ClosedError):
         envs.step_batch([np.zeros((2, 4), np.int64)])
+
+
+def test_ray_equals_sync():
+    ray = pytest.importorskip("ray")
+    ray.cloudpickle.register_pickle_by_value(envs_mod)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        sync, sync_metrics = _sample(envs_mod.relay, "sync", 4)
+        config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
+        got, got_metrics = _sample(envs_mod.relay, "ray", 4, config=config)
+    finally:
+        ray.shutdown()
+    jax.tree.map(np.testing.assert_array_equal, sync, got)
+    assert sync_metrics["num_agent_steps"] == got_metrics["num_agent_steps"]
