@@ -57,12 +57,14 @@ class GroupBuffers:
             next_obs_rows=jax.tree.map(lambda x: x.reshape(flat, *x.shape[2:]), next_obs),
         )
 
-    def clear_outcome(self, b: int) -> None:
-        """Zeroes env ``b``'s completed transitions before it steps."""
-        self.completed[b] = False
-        self.reward[b] = 0.0
-        self.terminated[b] = False
-        self.truncated[b] = False
+    def clear_step(self) -> None:
+        """Clears every env's masks and completed transitions before a step."""
+        self.acting[:] = False
+        self.agent_start[:] = False
+        self.completed[:] = False
+        self.reward[:] = 0.0
+        self.terminated[:] = False
+        self.truncated[:] = False
 
 
 class MultiAgentStep(NamedTuple):

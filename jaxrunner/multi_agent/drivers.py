@@ -65,11 +65,28 @@ class Layout:
         writer(env_index * self.groups[g].num_agents + a, value)
 
 
+class _Slot:
+    """One agent's place in one env's row of the buffers, resolved once (the step loop
+    writes through these views per agent and step)."""
+
+    __slots__ = ("a", "completed", "g", "reward", "row", "start", "terminated", "truncated")
+    __slots__ += ("acting", "write_next", "write_obs")
+
+    def __init__(self, layout: Layout, agent: str, env_index: int) -> None:
+        buf, row, (b, a) = layout.where(agent, env_index)
+        self.g, self.a, self.row = layout.slot[agent][0], a, row
+        self.write_obs, self.write_next = layout._writers[self.g]
+        self.acting, self.start = buf.acting[b], buf.agent_start[b]
+        self.completed, self.reward = buf.completed[b], buf.reward[b]
+        self.terminated, self.truncated = buf.terminated[b], buf.truncated[b]
+
+
 class Driver(abc.ABC):
     """Steps one sub-env, writing row ``index`` of the buffers."""
 
     def __init__(self, env: Any, index: int, layout: Layout) -> None:
         self.env, self.index, self.layout = env, index, layout
+        self._slots: dict[str, _Slot] = {}
         self.pending_reward: dict[str, float] = {}
         """Rewards each agent received since its last action (or episode start)."""
         self.acted: set[str] = set()
@@ -85,7 +102,9 @@ class Driver(abc.ABC):
     def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
         """Steps the env with the acting agents' actions (``actions[g]`` is group
         ``g``'s ``[B, A_g, ...]`` batch); returns ``(env_done, env_reward,
-        unassigned_reward, infos)``. Where the episode ended the env is reset."""
+        unassigned_reward, infos)``. Where the episode ended the env is reset. The
+        caller has cleared the row's masks and outcomes (:meth:`SubEnvBlock.step`
+        clears every row at once)."""
 
     # -- shared bookkeeping -----------------------------------------------------------
 
@@ -100,42 +119,55 @@ class Driver(abc.ABC):
         self.acted.clear()
         self.started.clear()
 
+    def _slot(self, agent: str) -> _Slot:
+        slot = self._slots.get(agent)
+        if slot is None:
+            slot = self._slots[agent] = _Slot(self.layout, agent, self.index)
+        return slot
+
     def _set_acting(self, agent: str, obs: Any) -> None:
-        buf, _, ba = self.layout.where(agent, self.index)
-        self.layout.write_obs(agent, self.index, obs)
-        buf.acting[ba] = True
-        buf.agent_start[ba] = agent not in self.started
+        slot = self._slot(agent)
+        slot.write_obs(slot.row, obs)
+        slot.acting[slot.a] = True
+        slot.start[slot.a] = agent not in self.started
 
     def _add_reward(self, agent: str, reward: Any) -> float:
-        value = jr_spaces.check_reward(reward, self.index)
-        self.pending_reward[agent] = self.pending_reward.get(agent, 0.0) + value
+        if type(reward) is float and reward - reward == 0.0:  # a finite float: fast path
+            value = reward
+        else:
+            value = jr_spaces.check_reward(reward, self.index)
+        pending = self.pending_reward
+        pending[agent] = pending.get(agent, 0.0) + value
         return value
 
     def _complete(self, agent: str, next_obs: Any, terminated: bool, truncated: bool) -> None:
         """Writes the outcome of ``agent``'s last action."""
-        buf, _, ba = self.layout.where(agent, self.index)
-        self.layout.write_obs(agent, self.index, next_obs, next_obs=True)
-        buf.completed[ba] = True
-        buf.reward[ba] = self.pending_reward.pop(agent, 0.0)
-        buf.terminated[ba] = terminated
-        buf.truncated[ba] = truncated
+        slot = self._slot(agent)
+        a = slot.a
+        slot.write_next(slot.row, next_obs)
+        slot.completed[a] = True
+        slot.reward[a] = self.pending_reward.pop(agent, 0.0)
+        slot.terminated[a] = terminated
+        slot.truncated[a] = truncated
         self.acted.discard(agent)
 
     def _action(self, actions: Sequence[Any], agent: str) -> Any:
-        g, a = self.layout.slot[agent]
-        return actions[g][self.index, a]
+        slot = self._slot(agent)
+        return actions[slot.g][self.index, slot.a]
 
     def _first_actions(self, acting: Sequence[str]) -> float:
         """Marks ``acting`` as having acted; returns the rewards that reached those of
         them acting for the first time in the episode before that action: no action of
         theirs caused them, so they are counted apart (``unassigned_reward``), as
         PettingZoo's ``last()`` leaves them out of the agent's reward."""
-        unassigned = 0.0
+        unassigned, started = 0.0, self.started
+        self.acted.update(acting)
+        if started.issuperset(acting):  # the common case: nobody new
+            return unassigned
         for agent in acting:
-            if agent not in self.started:
+            if agent not in started:
                 unassigned += self.pending_reward.pop(agent, 0.0)
-                self.started.add(agent)
-            self.acted.add(agent)
+                started.add(agent)
         return unassigned
 
     def _unassigned(self) -> float:
@@ -165,19 +197,26 @@ class ParallelDriver(Driver):
         return infos
 
     def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
-        acting = self.live
+        acting, i = self.live, self.index
+        slots = [self._slot(agent) for agent in acting]
         obs, rewards, terms, truncs, infos = self.env.step(
-            {agent: self._action(actions, agent) for agent in acting}
+            {agent: actions[slot.g][i, slot.a] for agent, slot in zip(acting, slots)}
         )
-        i = self.index
-        for name, value in (("observations", obs), ("rewards", rewards)):
+        for name, value in (
+            ("observations", obs),
+            ("rewards", rewards),
+            ("terminations", terms),
+            ("truncations", truncs),
+        ):
             _check_dict(value, "step", name, i)
-        _check_dict(terms, "step", "terminations", i)
-        _check_dict(truncs, "step", "truncations", i)
-        self._clear_rows()
         unassigned = self._first_actions(acting)
-        env_reward = sum(self._add_reward(agent, r) for agent, r in rewards.items())
-        for agent in acting:
+        env_reward, pending = 0.0, self.pending_reward
+        for agent, r in rewards.items():  # _add_reward, inlined: the hot loop
+            if type(r) is not float or r - r != 0.0:
+                r = jr_spaces.check_reward(r, i)
+            pending[agent] = pending.get(agent, 0.0) + r
+            env_reward += r
+        for agent, slot in zip(acting, slots):
             if agent not in obs:
                 raise EnvError(
                     f"sub-env {i}: agent {agent!r} acted but step() returned no observation "
@@ -185,9 +224,18 @@ class ParallelDriver(Driver):
                     "every agent that acted (its final observation where it leaves).",
                     i,
                 )
-            term = jr_spaces.check_flag(terms.get(agent, False), i, "terminated")
-            trunc = jr_spaces.check_flag(truncs.get(agent, False), i, "truncated")
-            self._complete(agent, obs[agent], term, trunc)
+            a = slot.a
+            term, trunc = terms.get(agent, False), truncs.get(agent, False)
+            slot.write_next(slot.row, obs[agent])
+            slot.completed[a] = True
+            slot.reward[a] = pending.pop(agent, 0.0)
+            slot.terminated[a] = (
+                term if type(term) is bool else jr_spaces.check_flag(term, i, "terminated")
+            )
+            slot.truncated[a] = (
+                trunc if type(trunc) is bool else jr_spaces.check_flag(trunc, i, "truncated")
+            )
+        self.acted.clear()  # every action's transition completed
         # Who acts next: agents with an observation whose episode goes on (newcomers too).
         self.live = [a for a in obs if not (terms.get(a, False) or truncs.get(a, False))]
         for agent in self.live:
@@ -222,7 +270,6 @@ class AECDriver(Driver):
     def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
         env = self.env
         agent = env.agent_selection
-        self._clear_rows()
         unassigned = self._first_actions([agent])
         env.step(self._action(actions, agent))
         env_reward = self._collect_rewards()

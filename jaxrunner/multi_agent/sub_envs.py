@@ -72,9 +72,9 @@ class SubEnvBlock:
         """One step of every sub-env; ``actions[g]`` is group ``g``'s ``[n, A_g, ...]``
         batch (only the acting agents' entries are read)."""
         infos = []
+        for buf in self.buffers:  # every row at once; the drivers set what they write
+            buf.clear_step()
         for b, driver in enumerate(self.drivers):
-            for buf in self.buffers:
-                buf.clear_outcome(b)
             done, reward, unassigned, info = driver.step(actions)
             self.env_done[b], self.env_reward[b] = done, reward
             self.unassigned_reward[b] = unassigned

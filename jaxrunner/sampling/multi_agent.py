@@ -69,12 +69,15 @@ class _GroupSampler:
         self.state = initial_actor_state(policy, seed, ids)
         self.call = CompiledPolicyStep(policy, params, self.state, self.rows, first.obs_rows)
         self.stage = self.call.new_stage()
+        self._stage_obs = _leaves(self.stage.obs)
         self.action_spec, self.extras_spec = self.call.output_spec
         shape = (num_envs, a_g)
         self.pending_obs = jr_spaces.allocate(group.observation_space, shape)
         self.pending_action = jax.tree.map(
             lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
         )
+        self._pending_obs = _leaves(self.pending_obs)
+        self._pending_action = _leaves(self.pending_action)
         self.pending_extras = [
             np.zeros((*shape, *s.shape[1:]), s.dtype) for s in jax.tree.leaves(self.extras_spec)
         ]
@@ -88,9 +91,19 @@ class _GroupSampler:
         self.running_return = np.zeros(shape, np.float64)
         self.running_length = np.zeros(shape, np.int64)
 
+    def begin(self, traj: GroupTrajectory) -> None:
+        """Resolves the leaves of a new sample's buffers (no tree walks per step)."""
+        self._traj_leaves = [
+            _leaves(traj.obs),
+            _leaves(traj.action),
+            _leaves(traj.extras),
+            _leaves(traj.next_obs),
+        ]
+
     def dispatch(self, params: Params, buf: GroupBuffers) -> None:
         stage = self.stage
-        jax.tree.map(np.copyto, stage.obs, buf.obs_rows)
+        for dst, src in zip(self._stage_obs, _leaves(buf.obs_rows)):
+            np.copyto(dst, src)
         stage.episode_start[:] = buf.agent_start.ravel()
         np.copyto(self.acting, buf.acting)
         stage.env_index[:] = np.where(self.acting.ravel(), self._all_rows, self.rows)
@@ -100,22 +113,31 @@ class _GroupSampler:
         """Takes the actions and keeps each acting agent's turn until it completes."""
         action, extras = self.call.collect(self.pending)
         self.pending = None
-        shape = self.acting.shape
-        action = jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), action)
-        _copy_where(self.pending_obs, buf.obs, self.acting)
-        _copy_where(self.pending_action, action, self.acting)
+        shape, acting = self.acting.shape, self.acting
+        if isinstance(action, np.ndarray):
+            action = action.reshape(*shape, *action.shape[1:])
+        else:
+            action = jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), action)
+        for dst, src in zip(self._pending_obs, _leaves(buf.obs)):
+            _copy_where(dst, src, acting)
+        for dst, src in zip(self._pending_action, _leaves(action)):
+            _copy_where(dst, src, acting)
         for dst, src in zip(self.pending_extras, extras):
-            _copy_where(dst, src.reshape(*shape, *src.shape[1:]), self.acting)
+            _copy_where(dst, src.reshape(*shape, *src.shape[1:]), acting)
         self.env_action = action if self.clip is None else self.clip(action)
 
     def record(self, out: GroupBuffers, traj: GroupTrajectory, t: int) -> None:
         """Writes the transitions completed at step ``t`` into slot ``t``."""
         done = out.completed
-        _copy_where(jax.tree.map(lambda x: x[t], traj.obs), self.pending_obs, done)
-        _copy_where(jax.tree.map(lambda x: x[t], traj.action), self.pending_action, done)
-        for dst, src in zip(jax.tree.leaves(traj.extras), self.pending_extras):
-            _copy_where(dst[t], src, done)
-        _copy_where(jax.tree.map(lambda x: x[t], traj.next_obs), out.next_obs, done)
+        obs, action, extras, next_obs = self._traj_leaves
+        for dsts, srcs in (
+            (obs, self._pending_obs),
+            (action, self._pending_action),
+            (extras, self.pending_extras),
+            (next_obs, _leaves(out.next_obs)),
+        ):
+            for dst, src in zip(dsts, srcs):
+                _copy_where(dst[t], src, done)
         traj.reward[t] = out.reward
         traj.terminated[t] = out.terminated
         traj.truncated[t] = out.truncated
@@ -226,6 +248,8 @@ class MultiAgentSampler:
     def sample(self, params: dict[str, Params]) -> MultiAgentTrajectory:
         num_steps, num_envs = self.rollout_length, self.envs.num_envs
         groups = {pid: gs.allocate(num_steps) for pid, gs in self.groups.items()}
+        for pid, gs in self.groups.items():
+            gs.begin(groups[pid])
         shape = (num_steps, num_envs)
         env_level = EnvLevel(
             reward=np.zeros(shape, np.float64),
@@ -300,13 +324,16 @@ class MultiAgentSampler:
         return jax.tree.map(lambda x: x[:t], traj)
 
 
-def _copy_where(dst: Any, src: Any, mask: np.ndarray) -> None:
-    """``dst[mask] = src[mask]`` leaf by leaf; ``mask`` covers the leading axes."""
+def _leaves(tree: Any) -> list[np.ndarray]:
+    """The arrays of a pytree (a lone array without a tree walk)."""
+    return [tree] if isinstance(tree, np.ndarray) else jax.tree.leaves(tree)
 
-    def copy(d: np.ndarray, s: np.ndarray) -> None:
-        np.copyto(d, s, where=mask.reshape(*mask.shape, *([1] * (d.ndim - mask.ndim))))
 
-    jax.tree.map(copy, dst, src)
+def _copy_where(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> None:
+    """``dst[mask] = src[mask]``; ``mask`` covers the leading axes."""
+    if dst.ndim > mask.ndim:
+        mask = mask.reshape(*mask.shape, *([1] * (dst.ndim - mask.ndim)))
+    np.copyto(dst, src, where=mask)
 
 
 __all__ = ["EnvLevel", "MultiAgentSampler", "MultiAgentSetup", "agent_episode_ends"]
