@@ -26,18 +26,23 @@ class MultiAgentMetrics(RunnerMetrics):
         self._steps_by_agent = {a: 0 for ids in agents.values() for a in ids}
 
     def add_group_counts(
-        self, policy_id: str, steps: np.ndarray, ended: list[tuple[int, float, int]]
+        self,
+        policy_id: str,
+        steps: np.ndarray,
+        ended: tuple[np.ndarray, np.ndarray, np.ndarray],
     ) -> None:
         """Adds a group's agent steps per slot (``steps``, ``[A_g]``) and the agent
-        episodes that ended (``(slot, return, length)`` triples)."""
+        episodes that ended (arrays ``(slot, return, length)``, in the order they
+        ended)."""
         self.num_agent_steps += int(steps.sum())
         self._steps_by_policy[policy_id] += int(steps.sum())
-        agents = self._agents[policy_id]
-        for a, agent in enumerate(agents):
+        slots, returns, lengths = ended
+        self._by_policy[policy_id].add(returns, lengths)
+        for a, agent in enumerate(self._agents[policy_id]):
             self._steps_by_agent[agent] += int(steps[a])
-        for a, ret, length in ended:
-            self._by_agent[agents[a]].add(np.array([ret]), np.array([length]))
-            self._by_policy[policy_id].add(np.array([ret]), np.array([length]))
+            mine = slots == a
+            if mine.any():
+                self._by_agent[agent].add(returns[mine], lengths[mine])
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()

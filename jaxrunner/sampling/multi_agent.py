@@ -165,7 +165,7 @@ class _GroupSampler:
             agent_step=np.zeros(shape, np.int64),
         )
 
-    def close(self, traj: GroupTrajectory, t: int) -> list[tuple[int, float, int]]:
+    def close(self, traj: GroupTrajectory, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The agent episodes that ended in steps ``[0, t)``: ``(slot, return, length)``."""
         return agent_episode_ends(
             self.running_return,
@@ -184,19 +184,24 @@ def agent_episode_ends(
     valid: np.ndarray,
     done: np.ndarray,
     t: int,
-) -> list[tuple[int, float, int]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Moves each agent's running return and length (``[B, A_g]``, updated in place)
     over steps ``[0, t)`` of ``[T, B, A_g]`` arrays; returns the agent episodes that
-    ended there as ``(slot, return, length)``."""
-    ended = []
+    ended there as arrays ``(slot, return, length)``, in (step, env, slot) order."""
+    slots, returns, lengths = [], [], []
     for s in range(t):
         running_return += np.where(valid[s], reward[s], 0.0)
         running_length += valid[s]
-        for b, a in zip(*np.nonzero(valid[s] & done[s])):
-            ended.append((int(a), float(running_return[b, a]), int(running_length[b, a])))
-            running_return[b, a] = 0.0
-            running_length[b, a] = 0
-    return ended
+        ends = valid[s] & done[s]
+        if ends.any():
+            slots.append(np.nonzero(ends)[1])
+            returns.append(running_return[ends])
+            lengths.append(running_length[ends])
+            running_return[ends] = 0.0
+            running_length[ends] = 0
+    if not slots:
+        return np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
+    return np.concatenate(slots), np.concatenate(returns), np.concatenate(lengths)
 
 
 @dataclasses.dataclass
