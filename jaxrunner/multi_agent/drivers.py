@@ -37,7 +37,7 @@ class Layout:
         for g, group in enumerate(self.groups):
             for a, agent in enumerate(group.agents):
                 self.slot[agent] = (g, a)
-        self._writers = [
+        self.writers = [
             (
                 jr_spaces.make_writer(group.observation_space, buf.obs_rows, "obs"),
                 jr_spaces.make_writer(group.observation_space, buf.next_obs_rows, "next_obs"),
@@ -46,7 +46,8 @@ class Layout:
         ]
 
     def where(self, agent: str, env_index: int) -> tuple[GroupBuffers, int, tuple[int, int]]:
-        """The agent's buffers, its flat row, and its ``(b, a)`` index."""
+        """The agent's buffers, its flat row, and its ``(b, a)`` index (an
+        :class:`~jaxrunner.errors.EnvError` for an agent not in ``possible_agents``)."""
         slot = self.slot.get(agent)
         if slot is None:
             raise EnvError(
@@ -59,23 +60,29 @@ class Layout:
         buf = self.buffers[g]
         return buf, env_index * self.groups[g].num_agents + a, (env_index, a)
 
-    def write_obs(self, agent: str, env_index: int, value: Any, next_obs: bool = False) -> None:
-        g, a = self.slot[agent]
-        writer = self._writers[g][1 if next_obs else 0]
-        writer(env_index * self.groups[g].num_agents + a, value)
-
 
 class _Slot:
     """One agent's place in one env's row of the buffers, resolved once (the step loop
     writes through these views per agent and step)."""
 
-    __slots__ = ("a", "completed", "g", "reward", "row", "start", "terminated", "truncated")
-    __slots__ += ("acting", "write_next", "write_obs")
+    __slots__ = (
+        "a",
+        "acting",
+        "completed",
+        "g",
+        "reward",
+        "row",
+        "start",
+        "terminated",
+        "truncated",
+        "write_next",
+        "write_obs",
+    )
 
     def __init__(self, layout: Layout, agent: str, env_index: int) -> None:
         buf, row, (b, a) = layout.where(agent, env_index)
         self.g, self.a, self.row = layout.slot[agent][0], a, row
-        self.write_obs, self.write_next = layout._writers[self.g]
+        self.write_obs, self.write_next = layout.writers[self.g]
         self.acting, self.start = buf.acting[b], buf.agent_start[b]
         self.completed, self.reward = buf.completed[b], buf.reward[b]
         self.terminated, self.truncated = buf.terminated[b], buf.truncated[b]
