@@ -270,3 +270,12 @@ def test_readme_multi_agent_example_runs():
     section = readme.read_text().split("## Multi-agent", 1)[1]
     code = section.split("```python", 1)[1].split("```", 1)[0]
     exec(compile(code, "README multi-agent example", "exec"), {})
+
+
+def test_host_sampler_makes_only_explicit_transfers():
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
+    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 8, seed=0) as runner:
+        runner.sample()  # warm-up outside the guard
+        with jax.transfer_guard("disallow"):
+            traj = runner.sample()
+    assert traj.groups["policy_0"].valid.any()
