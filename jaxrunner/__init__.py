@@ -11,7 +11,7 @@ The public API, in one place::
         traj = runner.sample()
 """
 
-from jaxrunner import errors, serve
+from jaxrunner import errors, multi_agent, serve
 from jaxrunner.callbacks import Callbacks, LiveEpisode
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch, use_inline_cpu_dispatch
 from jaxrunner.datasets import from_minari, to_minari
@@ -35,6 +35,13 @@ from jaxrunner.external import ExternalEnv, ExternalEnvConfig
 from jaxrunner.faults import RestartPolicy
 from jaxrunner.metrics import MetricsConfig
 from jaxrunner.metrics_log import MetricsWriter, flatten_metrics
+from jaxrunner.multi_agent import (
+    AgentEpisode,
+    MultiAgentRunner,
+    MultiAgentTrajectory,
+    MultiAgentVectorEnv,
+    make_multi_agent_vec,
+)
 from jaxrunner.policy import Policy
 from jaxrunner.returns import GAE, discounted_returns, gae
 from jaxrunner.sampling import EnvRunner
@@ -64,6 +71,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "BACKENDS",
+    "AgentEpisode",
     "BatchStep",
     "Callbacks",
     "EnvRunner",
@@ -79,6 +87,9 @@ __all__ = [
     "LiveEpisode",
     "MetricsConfig",
     "MetricsWriter",
+    "MultiAgentRunner",
+    "MultiAgentTrajectory",
+    "MultiAgentVectorEnv",
     "Policy",
     "ProcessConfig",
     "ProcessVectorEnv",
@@ -102,7 +113,9 @@ __all__ = [
     "from_gymnasium",
     "gae",
     "inline_cpu_dispatch",
+    "make_multi_agent_vec",
     "make_vec",
+    "multi_agent",
     "serve",
     "testing",
     "to_minari",

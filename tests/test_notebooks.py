@@ -20,7 +20,12 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("optax")
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-NAMES = ("quickstart.ipynb", "ppo_cartpole.ipynb", "throughput.ipynb")
+NAMES = (
+    "quickstart.ipynb",
+    "ppo_cartpole.ipynb",
+    "throughput.ipynb",
+    "multi_agent_ippo.ipynb",
+)
 RESULT_TAG = "NOTEBOOK_TEST_RESULT "
 
 
@@ -93,3 +98,19 @@ def test_ppo_short_run_improves(small, tmp_path):
     # mean (last 100 episodes) must have at least doubled.
     assert returns[-1] > 2 * returns[0], (returns[0], returns[-1])
     assert "sampling:" in text and "whole loop:" in text and "env steps/s" in text
+
+
+def test_multi_agent_ippo_short_run_improves(small, tmp_path):
+    pytest.importorskip("mpe2")
+    extra = f"import json\nprint({RESULT_TAG!r} + json.dumps(history))"
+    nb = execute("multi_agent_ippo.ipynb", tmp_path, extra)
+    text = stream_text(nb)
+    line = next(line for line in text.splitlines() if line.startswith(RESULT_TAG))
+    history = json.loads(line[len(RESULT_TAG) :])
+    returns = [r for r in history["episode_return_mean"] if not math.isnan(r)]
+    assert len(returns) > 50
+    # A uniform policy scores about -28 per agent on simple_spread (N=3, 25 steps); the
+    # short run's last updates must average at least 2 above its first.
+    late = sum(returns[-10:]) / 10
+    assert late > returns[0] + 2, (returns[0], late)
+    assert "agent steps/s" in text

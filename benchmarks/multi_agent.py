@@ -1,0 +1,226 @@
+"""Multi-agent sampling benchmark: jaxrunner against the loops a user writes by hand.
+
+Two parts (``--part``), each measured in one process, systems alternating round by
+round (ratios of medians):
+
+* ``host``: MPE ``simple_spread_v3`` (3 agents, PettingZoo parallel API) at widths
+  1, 8, 64, 256. ``jaxrunner``: ``MultiAgentRunner.sample()`` on the sync backend.
+  ``hand_loop``: a list of the same PettingZoo envs; per step the agents' observations
+  stacked into one ``[B * 3, 18]`` array, one jitted policy call (the benchmark MLP:
+  actions and log-probs), ``np.asarray``, obs/action/log-prob/reward/flags written into
+  preallocated ``[T, B, 3]`` arrays, each env stepped with its action dict and reset
+  where no agent is left.
+* ``jaxmarl``: JaxMARL's ``MPE_simple_spread_v3`` at 4096 envs. ``jaxrunner``:
+  ``MultiAgentRunner`` on a ``JaxMultiAgentVectorEnv`` (one jitted scan per sample,
+  true final observations, episode bookkeeping and metrics included). ``hand_scan``:
+  one jitted ``lax.scan`` of the same policy and ``env.step`` (JaxMARL's own
+  autoreset) under ``vmap``, the transitions stacked as outputs. Needs ``jaxmarl``
+  (the ``[jaxmarl]`` extra, beside gymnax: gymnasium<1.4).
+
+Figures are env steps/s and agent steps/s (3 agents per env step).
+
+Usage::
+
+    python benchmarks/multi_agent.py --part host \
+        --out benchmarks/results/multi_agent_host_cpu.json
+    python benchmarks/multi_agent.py --part jaxmarl \
+        --out benchmarks/results/multi_agent_jaxmarl_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxrunner as jr
+from jaxrunner import bench
+
+NUM_AGENTS = 3
+
+
+def make_env() -> Any:
+    from mpe2 import simple_spread_v3
+
+    return simple_spread_v3.parallel_env(N=NUM_AGENTS, max_cycles=25)
+
+
+def _policy() -> tuple[jr.Policy, Any]:
+    from gymnasium import spaces
+
+    policy = bench.mlp_policy(spaces.Discrete(5))
+    obs_space = spaces.Box(-np.inf, np.inf, (18,), np.float32)
+    return policy, policy.init(jax.random.key(0), obs_space)
+
+
+def jaxrunner_host(num_envs: int, rollout: int) -> tuple[Callable[[], int], Callable[[], None]]:
+    envs = jr.make_multi_agent_vec(make_env, num_envs)
+    policy, params = _policy()
+    runner = jr.MultiAgentRunner(envs, policy, params, rollout, seed=0)
+    runner.sample()  # warm-up
+
+    def step() -> int:
+        runner.sample()
+        return rollout * num_envs
+
+    return step, runner.stop
+
+
+def hand_loop_host(num_envs: int, rollout: int) -> tuple[Callable[[], int], Callable[[], None]]:
+    envs = [make_env() for _ in range(num_envs)]
+    agents = envs[0].possible_agents
+    policy, params = _policy()
+    act = bench.hand_act(policy, num_envs * NUM_AGENTS)
+    key = jax.random.key(0)
+    obs_by_env = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
+    shape = (rollout, num_envs, NUM_AGENTS)
+    buf = {
+        "obs": np.zeros((*shape, 18), np.float32),
+        "action": np.zeros(shape, np.int64),
+        "log_prob": np.zeros(shape, np.float32),
+        "reward": np.zeros(shape, np.float64),
+        "terminated": np.zeros(shape, np.bool_),
+        "truncated": np.zeros(shape, np.bool_),
+    }
+
+    def step() -> int:
+        nonlocal key
+        for t in range(rollout):
+            obs = np.stack([np.stack([o[a] for a in agents]) for o in obs_by_env])
+            buf["obs"][t] = obs
+            action, extras, key = act(params, obs.reshape(-1, 18), key)
+            action = np.asarray(action).reshape(num_envs, NUM_AGENTS)
+            buf["action"][t] = action
+            buf["log_prob"][t] = np.asarray(extras["log_prob"]).reshape(num_envs, NUM_AGENTS)
+            for b, env in enumerate(envs):
+                o, r, term, trunc, _ = env.step(dict(zip(agents, action[b].tolist())))
+                for k, a in enumerate(agents):
+                    buf["reward"][t, b, k] = r[a]
+                    buf["terminated"][t, b, k] = term[a]
+                    buf["truncated"][t, b, k] = trunc[a]
+                obs_by_env[b] = o if env.agents else env.reset()[0]
+        return rollout * num_envs
+
+    step()  # warm-up (compiles the policy)
+    return step, lambda: None
+
+
+def jaxrunner_scan(env: Any, num_envs: int, rollout: int) -> tuple[Callable[[], int], Any]:
+    envs = jr.multi_agent.JaxMultiAgentVectorEnv(env, num_envs, dones_are_truncations=True)
+    policy, params = _policy()
+    runner = jr.MultiAgentRunner(envs, policy, params, rollout, seed=0)
+    jax.block_until_ready(runner.sample().groups)
+
+    def step() -> int:
+        jax.block_until_ready(runner.sample().groups)
+        return rollout * num_envs
+
+    return step, runner.stop
+
+
+def hand_scan(env: Any, num_envs: int, rollout: int) -> tuple[Callable[[], int], Any]:
+    policy, params = _policy()
+    agents = env.agents
+    obs, state = jax.vmap(env.reset)(jax.random.split(jax.random.key(0), num_envs))
+
+    def one(carry: Any, _: Any) -> Any:
+        obs, state, key = carry
+        key, k_act, k_env = jax.random.split(key, 3)
+        stacked = jnp.stack([obs[a] for a in agents], axis=1).reshape(-1, 18)
+        keys = jax.random.split(k_act, num_envs * NUM_AGENTS)
+        action, extras, _ = policy.apply_fn(params, stacked, None, keys)
+        action = action.reshape(num_envs, NUM_AGENTS)
+        actions = {a: action[:, k] for k, a in enumerate(agents)}
+        new_obs, state, reward, done, _ = jax.vmap(env.step)(
+            jax.random.split(k_env, num_envs), state, actions
+        )
+        out = (
+            stacked.reshape(num_envs, NUM_AGENTS, 18),
+            action,
+            extras["log_prob"].reshape(num_envs, NUM_AGENTS),
+            jnp.stack([reward[a] for a in agents], 1),
+            jnp.stack([done[a] for a in agents], 1),
+        )
+        return (new_obs, state, key), out
+
+    @jax.jit
+    def rollout_fn(carry: Any) -> Any:
+        return jax.lax.scan(one, carry, None, rollout)
+
+    carry = (obs, state, jax.random.key(1))
+    carry, out = rollout_fn(carry)
+    jax.block_until_ready(out)
+
+    def step() -> int:
+        nonlocal carry
+        carry, out = rollout_fn(carry)
+        jax.block_until_ready(out)
+        return rollout * num_envs
+
+    return step, lambda: None
+
+
+def interleaved(systems: dict[str, tuple[Callable[[], int], Any]], seconds: float, rounds: int):
+    rates: dict[str, list[float]] = {name: [] for name in systems}
+    for _ in range(rounds):
+        for name, (step, _) in systems.items():
+            rates[name].append(bench.timed(step, seconds))
+    for _, stop in systems.values():
+        stop()
+    return {name: statistics.median(r) for name, r in rates.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("host", "jaxmarl"), default="host")
+    parser.add_argument("--widths", type=int, nargs="+", default=None)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rollout", type=int, default=None)
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    args = bench.parse_args(parser)
+    results = []
+    if args.part == "host":
+        rollout = args.rollout or 64
+        for width in args.widths or (1, 8, 64, 256):
+            systems = {
+                "jaxrunner": jaxrunner_host(width, rollout),
+                "hand_loop": hand_loop_host(width, rollout),
+            }
+            med = interleaved(systems, args.seconds, args.rounds)
+            results.append(_row(width, med, "hand_loop"))
+            print(results[-1], flush=True)
+    else:
+        import jaxmarl
+
+        env = jaxmarl.make("MPE_simple_spread_v3")
+        rollout = args.rollout or 128
+        for width in args.widths or (4096,):
+            systems = {
+                "jaxrunner": jaxrunner_scan(env, width, rollout),
+                "hand_scan": hand_scan(env, width, rollout),
+            }
+            med = interleaved(systems, args.seconds, args.rounds)
+            results.append(_row(width, med, "hand_scan"))
+            print(results[-1], flush=True)
+    bench.write_report(f"multi_agent_{args.part}", args, results)
+
+
+def _row(width: int, med: dict[str, float], reference: str) -> dict[str, Any]:
+    return {
+        "num_envs": width,
+        "num_agents": NUM_AGENTS,
+        **{f"{name}_env_steps_per_s": rate for name, rate in med.items()},
+        **{f"{name}_agent_steps_per_s": NUM_AGENTS * rate for name, rate in med.items()},
+        f"ratio_vs_{reference}": med["jaxrunner"] / med[reference],
+    }
+
+
+if __name__ == "__main__":
+    main()

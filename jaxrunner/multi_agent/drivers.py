@@ -1,0 +1,350 @@
+"""Stepping one PettingZoo sub-env into the group buffers: parallel and AEC (turn-based).
+
+Shared by every multi-agent backend (sync in this process, process workers). Each
+driver owns row ``b`` of the :class:`~jaxrunner.multi_agent.buffers.GroupBuffers` and
+keeps, per agent, the reward it received since its last action.
+
+Parallel envs: every live agent acts; each action's transition completes in the same
+step. Agents may leave (terminated, truncated, or dropped from the env's dicts after
+their final step) and new ones from ``possible_agents`` may appear: they act from the
+next step. The env's episode ends when no agent is left to act; it is then reset at
+once (SAME_STEP).
+
+AEC envs: only the selected agent acts. Its transition completes at its next turn (or
+at the end of its episode) with every reward it received in between. Dead agents'
+``step(None)`` calls are made here, never by the policy.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.errors import EnvError, InvalidArgumentError
+from jaxrunner.multi_agent.buffers import GroupBuffers
+from jaxrunner.multi_agent.groups import AgentGroup
+
+
+class Layout:
+    """Where each agent lives: its group's buffers and its slot on the agent axis."""
+
+    def __init__(self, groups: Sequence[AgentGroup], buffers: Sequence[GroupBuffers]) -> None:
+        self.groups = tuple(groups)
+        self.buffers = tuple(buffers)
+        self.slot: dict[str, tuple[int, int]] = {}
+        for g, group in enumerate(self.groups):
+            for a, agent in enumerate(group.agents):
+                self.slot[agent] = (g, a)
+        self.writers = [
+            (
+                jr_spaces.make_writer(group.observation_space, buf.obs_rows, "obs"),
+                jr_spaces.make_writer(group.observation_space, buf.next_obs_rows, "next_obs"),
+            )
+            for group, buf in zip(self.groups, self.buffers)
+        ]
+
+    def where(self, agent: str, env_index: int) -> tuple[GroupBuffers, int, tuple[int, int]]:
+        """The agent's buffers, its flat row, and its ``(b, a)`` index (an
+        :class:`~jaxrunner.errors.EnvError` for an agent not in ``possible_agents``)."""
+        slot = self.slot.get(agent)
+        if slot is None:
+            raise EnvError(
+                f"sub-env {env_index}: agent {agent!r} is not among possible_agents "
+                f"{list(self.slot)}; a multi-agent env must declare every agent it may have "
+                "in possible_agents.",
+                env_index,
+            )
+        g, a = slot
+        buf = self.buffers[g]
+        return buf, env_index * self.groups[g].num_agents + a, (env_index, a)
+
+
+class _Slot:
+    """One agent's place in one env's row of the buffers, resolved once (the step loop
+    writes through these views per agent and step)."""
+
+    __slots__ = (
+        "a",
+        "acting",
+        "completed",
+        "g",
+        "reward",
+        "row",
+        "start",
+        "terminated",
+        "truncated",
+        "write_next",
+        "write_obs",
+    )
+
+    def __init__(self, layout: Layout, agent: str, env_index: int) -> None:
+        buf, row, (b, a) = layout.where(agent, env_index)
+        self.g, self.a, self.row = layout.slot[agent][0], a, row
+        self.write_obs, self.write_next = layout.writers[self.g]
+        self.acting, self.start = buf.acting[b], buf.agent_start[b]
+        self.completed, self.reward = buf.completed[b], buf.reward[b]
+        self.terminated, self.truncated = buf.terminated[b], buf.truncated[b]
+
+
+class Driver(abc.ABC):
+    """Steps one sub-env, writing row ``index`` of the buffers."""
+
+    def __init__(self, env: Any, index: int, layout: Layout) -> None:
+        self.env, self.index, self.layout = env, index, layout
+        self._slots: dict[str, _Slot] = {}
+        self.pending_reward: dict[str, float] = {}
+        """Rewards each agent received since its last action (or episode start)."""
+        self.acted: set[str] = set()
+        """Agents with an action whose transition has not completed yet."""
+        self.started: set[str] = set()
+        """Agents that acted in the current episode."""
+
+    @abc.abstractmethod
+    def reset(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
+        """Resets the env and writes who acts first; returns the reset infos."""
+
+    @abc.abstractmethod
+    def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
+        """Steps the env with the acting agents' actions (``actions[g]`` is group
+        ``g``'s ``[B, A_g, ...]`` batch); returns ``(env_done, env_reward,
+        unassigned_reward, infos)``. Where the episode ended the env is reset. The
+        caller has cleared the row's masks and outcomes (:meth:`SubEnvBlock.step`
+        clears every row at once)."""
+
+    # -- shared bookkeeping -----------------------------------------------------------
+
+    def _clear_rows(self) -> None:
+        for buf in self.layout.buffers:
+            buf.acting[self.index] = False
+            buf.agent_start[self.index] = False
+
+    def _begin_episode(self) -> None:
+        self._clear_rows()
+        self.pending_reward.clear()
+        self.acted.clear()
+        self.started.clear()
+
+    def _slot(self, agent: str) -> _Slot:
+        slot = self._slots.get(agent)
+        if slot is None:
+            slot = self._slots[agent] = _Slot(self.layout, agent, self.index)
+        return slot
+
+    def _set_acting(self, agent: str, obs: Any) -> None:
+        slot = self._slot(agent)
+        slot.write_obs(slot.row, obs)
+        slot.acting[slot.a] = True
+        slot.start[slot.a] = agent not in self.started
+
+    def _add_reward(self, agent: str, reward: Any) -> float:
+        if type(reward) is float and reward - reward == 0.0:  # a finite float: fast path
+            value = reward
+        else:
+            value = jr_spaces.check_reward(reward, self.index)
+        pending = self.pending_reward
+        pending[agent] = pending.get(agent, 0.0) + value
+        return value
+
+    def _complete(self, agent: str, next_obs: Any, terminated: bool, truncated: bool) -> None:
+        """Writes the outcome of ``agent``'s last action."""
+        slot = self._slot(agent)
+        a = slot.a
+        slot.write_next(slot.row, next_obs)
+        slot.completed[a] = True
+        slot.reward[a] = self.pending_reward.pop(agent, 0.0)
+        slot.terminated[a] = terminated
+        slot.truncated[a] = truncated
+        self.acted.discard(agent)
+
+    def _action(self, actions: Sequence[Any], agent: str) -> Any:
+        slot = self._slot(agent)
+        return actions[slot.g][self.index, slot.a]
+
+    def _first_actions(self, acting: Sequence[str]) -> float:
+        """Marks ``acting`` as having acted; returns the rewards that reached those of
+        them acting for the first time in the episode before that action: no action of
+        theirs caused them, so they are counted apart (``unassigned_reward``), as
+        PettingZoo's ``last()`` leaves them out of the agent's reward."""
+        unassigned, started = 0.0, self.started
+        self.acted.update(acting)
+        if started.issuperset(acting):  # the common case: nobody new
+            return unassigned
+        for agent in acting:
+            if agent not in started:
+                unassigned += self.pending_reward.pop(agent, 0.0)
+                started.add(agent)
+        return unassigned
+
+    def _unassigned(self) -> float:
+        """Rewards left to agents that never acted in the ending episode."""
+        return float(sum(r for agent, r in self.pending_reward.items() if agent not in self.acted))
+
+
+class ParallelDriver(Driver):
+    """A PettingZoo ``ParallelEnv`` (see the module docstring)."""
+
+    def __init__(self, env: Any, index: int, layout: Layout) -> None:
+        super().__init__(env, index, layout)
+        self.live: list[str] = []
+
+    def reset(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
+        obs, infos = self.env.reset(seed=seed, options=options)
+        self._begin_episode()
+        self.live = list(_check_dict(obs, "reset", "observations", self.index))
+        for agent in self.live:
+            self._set_acting(agent, obs[agent])
+        if not self.live:
+            raise EnvError(
+                f"sub-env {self.index}: reset() returned no observation; a multi-agent env "
+                "must start an episode with at least one agent.",
+                self.index,
+            )
+        return infos
+
+    def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
+        acting, i = self.live, self.index
+        slots = [self._slot(agent) for agent in acting]
+        obs, rewards, terms, truncs, infos = self.env.step(
+            {agent: actions[slot.g][i, slot.a] for agent, slot in zip(acting, slots)}
+        )
+        for name, value in (
+            ("observations", obs),
+            ("rewards", rewards),
+            ("terminations", terms),
+            ("truncations", truncs),
+        ):
+            _check_dict(value, "step", name, i)
+        unassigned = self._first_actions(acting)
+        env_reward, pending = 0.0, self.pending_reward
+        for agent, r in rewards.items():  # _add_reward, inlined: the hot loop
+            if type(r) is not float or r - r != 0.0:
+                r = jr_spaces.check_reward(r, i)
+            pending[agent] = pending.get(agent, 0.0) + r
+            env_reward += r
+        for agent, slot in zip(acting, slots):
+            if agent not in obs:
+                raise EnvError(
+                    f"sub-env {i}: agent {agent!r} acted but step() returned no observation "
+                    "for it. A ParallelEnv must return the observation, reward and flags of "
+                    "every agent that acted (its final observation where it leaves).",
+                    i,
+                )
+            a = slot.a
+            term, trunc = terms.get(agent, False), truncs.get(agent, False)
+            slot.write_next(slot.row, obs[agent])
+            slot.completed[a] = True
+            slot.reward[a] = pending.pop(agent, 0.0)
+            slot.terminated[a] = (
+                term if type(term) is bool else jr_spaces.check_flag(term, i, "terminated")
+            )
+            slot.truncated[a] = (
+                trunc if type(trunc) is bool else jr_spaces.check_flag(trunc, i, "truncated")
+            )
+        self.acted.clear()  # every action's transition completed
+        # Who acts next: agents with an observation whose episode goes on (newcomers too).
+        self.live = [a for a in obs if not (terms.get(a, False) or truncs.get(a, False))]
+        for agent in self.live:
+            self._set_acting(agent, obs[agent])
+        if self.live:
+            return False, env_reward, unassigned, infos
+        unassigned += self._unassigned()
+        self.reset(None, None)
+        return True, env_reward, unassigned, infos
+
+
+class AECDriver(Driver):
+    """A PettingZoo ``AECEnv`` (see the module docstring)."""
+
+    def __init__(self, env: Any, index: int, layout: Layout) -> None:
+        super().__init__(env, index, layout)
+        self._last_obs: dict[str, Any] = {}  # each agent's latest observation
+
+    def reset(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
+        self.env.reset(seed=seed, options=options)
+        self._begin_episode()
+        self._last_obs.clear()
+        self._settle()
+        if not self.env.agents:
+            raise EnvError(
+                f"sub-env {self.index}: reset() left no agent to act; a multi-agent env must "
+                "start an episode with at least one agent.",
+                self.index,
+            )
+        return dict(self.env.infos)
+
+    def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
+        env = self.env
+        agent = env.agent_selection
+        unassigned = self._first_actions([agent])
+        env.step(self._action(actions, agent))
+        env_reward = self._collect_rewards()
+        env_reward += self._settle()
+        infos = dict(env.infos)
+        if env.agents:
+            return False, env_reward, unassigned, infos
+        # Agents the env removed without their dead step: their episode was cut with
+        # the env's (truncated), from the last observation the env gave them.
+        for agent in list(self.acted):
+            self._complete(agent, self._last_obs[agent], False, True)
+        unassigned += self._unassigned()
+        self.reset(None, None)
+        return True, env_reward, unassigned, infos
+
+    def _collect_rewards(self) -> float:
+        return sum(self._add_reward(a, r) for a, r in self.env.rewards.items())
+
+    def _settle(self) -> float:
+        """Completes what the env's new state decides: dead agents' transitions (and
+        their ``step(None)``), then the selected agent's previous turn; marks who acts.
+        Returns the rewards handed out by the dead steps."""
+        env, i = self.env, self.index
+        reward = 0.0
+        while env.agents:
+            agent = env.agent_selection
+            term = jr_spaces.check_flag(env.terminations[agent], i, "terminated")
+            trunc = jr_spaces.check_flag(env.truncations[agent], i, "truncated")
+            if not (term or trunc):
+                break
+            if agent in self.acted:
+                self._complete(agent, env.observe(agent), term, trunc)
+            self._last_obs.pop(agent, None)
+            env.step(None)
+            reward += self._collect_rewards()
+        if env.agents:
+            agent = env.agent_selection
+            obs = env.observe(agent)
+            if agent in self.acted:
+                self._complete(agent, obs, False, False)
+            self._last_obs[agent] = obs
+            self._set_acting(agent, obs)
+        return reward
+
+
+def _check_dict(value: Any, call: str, name: str, index: int) -> dict:
+    if not isinstance(value, dict):
+        raise EnvError(
+            f"sub-env {index}: {call}() returned {name} of type {type(value).__name__}; a "
+            "PettingZoo env returns a dict keyed by agent id.",
+            index,
+        )
+    return value
+
+
+def make_driver(env: Any, index: int, layout: Layout) -> Driver:
+    """The driver for ``env``'s API: parallel if it has ``agents`` and a ``step`` taking
+    a dict (PettingZoo ``ParallelEnv``), AEC if it has ``agent_selection``."""
+    from pettingzoo.utils.env import AECEnv, ParallelEnv
+
+    if isinstance(env, ParallelEnv):
+        return ParallelDriver(env, index, layout)
+    if isinstance(env, AECEnv):
+        return AECDriver(env, index, layout)
+    raise InvalidArgumentError(
+        f"multi-agent sub-env {index}: expected a PettingZoo ParallelEnv or AECEnv, got "
+        f"{type(env).__name__}. Wrap other envs as one of these."
+    )
+
+
+__all__ = ["AECDriver", "Driver", "Layout", "ParallelDriver", "make_driver"]

@@ -1,0 +1,202 @@
+"""MultiAgentRunner: the facade over the multi-agent sampler (params per policy id,
+metrics per policy and per agent, complete agent episodes)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+
+from jaxrunner.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    RunnerFailedError,
+)
+from jaxrunner.metrics import MetricsConfig
+from jaxrunner.multi_agent.jax_env import JaxMultiAgentVectorEnv
+from jaxrunner.multi_agent.metrics import MultiAgentMetrics
+from jaxrunner.multi_agent.trajectory import (
+    AgentEpisode,
+    MultiAgentTrajectory,
+    concatenate_agent_episodes,
+)
+from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
+from jaxrunner.policy import Params, Policy, check_params_like
+from jaxrunner.sampling.multi_agent import MultiAgentSampler, MultiAgentSetup
+from jaxrunner.sampling.multi_agent_scan import MultiAgentScanSampler
+from jaxrunner.sampling.runner import _claim, _release
+
+
+class MultiAgentRunner:
+    """Samples multi-agent trajectories from a multi-agent vector env.
+
+    Args:
+        envs: a :class:`~jaxrunner.multi_agent.MultiAgentVectorEnv`
+            (:func:`jaxrunner.make_multi_agent_vec`: PettingZoo envs, stepped on the
+            host) or a :class:`~jaxrunner.multi_agent.JaxMultiAgentVectorEnv` (a pure-JAX,
+            JaxMARL-style env: one jitted scan per sample, arrays on device), owned by
+            the runner until :meth:`stop`.
+        policies: one :class:`~jaxrunner.Policy` for every policy id, or a dict
+            ``policy_id -> Policy`` (``envs.policy_ids``).
+        params: ``policy_id -> params`` (or the params alone, when there is one policy id).
+        rollout_length: T, the env steps of each :meth:`sample`.
+        seed: seeds the policies' keys and the envs (sub-env ``i`` is reset with
+            ``seed + i``).
+        metrics: optional :class:`~jaxrunner.MetricsConfig`.
+    """
+
+    def __init__(
+        self,
+        envs: MultiAgentVectorEnv | JaxMultiAgentVectorEnv,
+        policies: Policy | Mapping[str, Policy],
+        params: Params,
+        rollout_length: int,
+        seed: int,
+        *,
+        metrics: MetricsConfig | None = None,
+    ) -> None:
+        if not isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
+            raise InvalidArgumentTypeError(
+                f"MultiAgentRunner(envs=...): expected a multi-agent vector env, got "
+                f"{type(envs).__name__}. Build one with jaxrunner.make_multi_agent_vec(env_fn, "
+                "num_envs)."
+            )
+        ids = envs.policy_ids
+        self._policies = _per_policy("policies", policies, ids, single=isinstance(policies, Policy))
+        for pid, policy in self._policies.items():
+            if not isinstance(policy, Policy):
+                raise InvalidArgumentTypeError(
+                    f"MultiAgentRunner(policies=...): policy {pid!r} is {policy!r}; expected a "
+                    "jaxrunner.Policy."
+                )
+        single = len(ids) == 1 and not (isinstance(params, Mapping) and set(params) == set(ids))
+        self._params = {
+            pid: jax.device_put(p)
+            for pid, p in _per_policy("params", params, ids, single=single).items()
+        }
+        for name, value, low in (("rollout_length", rollout_length, 1), ("seed", seed, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidArgumentError(
+                    f"MultiAgentRunner({name}=...): expected an int >= {low}, got {value!r}."
+                )
+        _claim(envs, self)  # one live runner per vector env
+        self.envs, self.rollout_length, self.seed = envs, rollout_length, seed
+        self._closed = False
+        self._failure: BaseException | None = None
+        agents = {g.policy_id: g.agents for g in envs.groups}
+        self._metrics = MultiAgentMetrics(metrics or MetricsConfig(), agents)
+        self._fragments: dict[tuple[str, int], AgentEpisode] = {}
+        self._finished: list[AgentEpisode] = []
+        try:
+            setup = MultiAgentSetup(
+                self._policies, self._params, rollout_length, seed, self._metrics
+            )
+            self.sampler: MultiAgentSampler | MultiAgentScanSampler
+            if isinstance(envs, JaxMultiAgentVectorEnv):  # one jitted scan per sample
+                self.sampler = MultiAgentScanSampler(envs, setup)
+            else:
+                first = envs.reset_batch([seed + i for i in range(envs.num_envs)])
+                self.sampler = MultiAgentSampler(envs, first, setup)
+        except BaseException:
+            _release(envs, self)
+            raise
+
+    @property
+    def policy_ids(self) -> tuple[str, ...]:
+        return self.envs.policy_ids
+
+    def sample(self) -> MultiAgentTrajectory:
+        """Collects ``rollout_length`` env steps of every env. Agent and env episodes
+        carry on across calls; a failure raises with ``err.partial_trajectory``."""
+        self._check_usable("sample")
+        try:
+            return self.sampler.sample(self._params)
+        except BaseException as err:
+            self._failure = err
+            raise
+
+    def sample_episodes(self, num_episodes: int) -> list[AgentEpisode]:
+        """Samples until ``num_episodes`` complete agent episodes are available; returns
+        them ordered by (env episode id, agent). Extra ones are kept for the next call."""
+        if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
+            raise InvalidArgumentError(
+                f"sample_episodes(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
+            )
+        order = {a: k for k, a in enumerate(self.envs.possible_agents)}
+        while len(self._finished) < num_episodes:
+            complete = []
+            for part in self.sample().split_episodes():
+                key = (part.agent_id, part.env_id)
+                head = self._fragments.pop(key, None)
+                if head is not None and head.episode_id == part.episode_id:
+                    part = concatenate_agent_episodes(head, part)
+                if not part.is_done:
+                    self._fragments[key] = part
+                elif part.is_complete:
+                    complete.append(part)
+            complete.sort(key=lambda e: (e.episode_id, order[e.agent_id]))
+            self._finished.extend(complete)
+        result, self._finished = self._finished[:num_episodes], self._finished[num_episodes:]
+        return result
+
+    def set_params(self, policy_id: str, params: Params) -> None:
+        """Replaces one policy's params; takes effect at the next step, never recompiles."""
+        self._check_usable("set_params")
+        if policy_id not in self._params:
+            raise InvalidArgumentError(
+                f"set_params(policy_id={policy_id!r}): no such policy; the policy ids are "
+                f"{list(self._params)}."
+            )
+        check_params_like(self._params[policy_id], params, "runner")
+        self._params[policy_id] = jax.device_put(params)
+
+    def get_params(self, policy_id: str) -> Params:
+        return self._params[policy_id]
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Env steps and agent steps (counted apart), env episodes (returns summed
+        over agents), and ``policies``/``agents``: per-policy and per-agent agent steps
+        and agent-episode statistics."""
+        return self._metrics.summary()
+
+    def stop(self, close_envs: bool = True) -> None:
+        if not self._closed:
+            self._closed = True
+            _release(self.envs, self)
+            if close_envs:
+                self.envs.close()
+
+    def __enter__(self) -> MultiAgentRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _check_usable(self, what: str) -> None:
+        if self._closed:
+            raise ClosedError(
+                f"MultiAgentRunner.{what}() called after stop(); create a new MultiAgentRunner."
+            )
+        if self._failure is not None:
+            raise RunnerFailedError(
+                f"MultiAgentRunner.{what}(): an earlier sample() failed ({self._failure!r}); "
+                "its collected steps are in that error's partial_trajectory. Create a new "
+                "MultiAgentRunner."
+            ) from self._failure
+
+
+def _per_policy(name: str, value: Any, ids: tuple[str, ...], *, single: bool) -> dict[str, Any]:
+    if single:
+        return dict.fromkeys(ids, value)
+    if not isinstance(value, Mapping) or set(value) != set(ids):
+        got = sorted(value) if isinstance(value, Mapping) else type(value).__name__
+        raise InvalidArgumentError(
+            f"MultiAgentRunner({name}=...): expected a dict keyed by the policy ids "
+            f"{list(ids)}, got {got}."
+        )
+    return {pid: value[pid] for pid in ids}
+
+
+__all__ = ["MultiAgentRunner"]

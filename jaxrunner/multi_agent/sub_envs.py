@@ -1,0 +1,132 @@
+"""A block of PettingZoo sub-envs with their group buffers: the step loop every
+multi-agent backend runs (the sync vector env in this process, each process worker
+for its own block)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrunner import spaces as jr_spaces
+from jaxrunner.errors import InvalidActionError, SpaceMismatchError
+from jaxrunner.multi_agent.buffers import GroupBuffers, MultiAgentStep
+from jaxrunner.multi_agent.drivers import AECDriver, Driver, Layout, make_driver
+from jaxrunner.multi_agent.groups import AgentGroup, PolicyMappingFn, build_groups
+
+MultiAgentEnvFactory = Callable[[], Any]
+"""A zero-argument callable returning a PettingZoo ``ParallelEnv`` or ``AECEnv``."""
+
+
+def env_groups(env: Any, policy_mapping_fn: PolicyMappingFn | None) -> tuple[AgentGroup, ...]:
+    """The groups of a PettingZoo env's ``possible_agents``."""
+    return build_groups(
+        env.possible_agents, env.observation_space, env.action_space, policy_mapping_fn
+    )
+
+
+class SubEnvBlock:
+    """Sub-envs ``offset .. offset + len(envs)`` of a vector env, stepped in turn into
+    their own ``[n, A_g, ...]`` buffers.
+
+    Args:
+        envs: the sub-envs (PettingZoo parallel or AEC envs, all of one kind).
+        groups: the agent groups (equal for every sub-env).
+        offset: the global index of the first sub-env (for error messages).
+    """
+
+    def __init__(self, envs: Sequence[Any], groups: Sequence[AgentGroup], offset: int = 0) -> None:
+        self.envs, self.groups, self.offset = list(envs), tuple(groups), offset
+        n = len(self.envs)
+        for i, env in enumerate(self.envs):
+            if tuple(env.possible_agents) != tuple(self.envs[0].possible_agents):
+                raise SpaceMismatchError(
+                    f"multi-agent sub-env {offset + i} has possible_agents "
+                    f"{list(env.possible_agents)}, sub-env {offset} has "
+                    f"{list(self.envs[0].possible_agents)}; every sub-env must have the same "
+                    "agents. Check the factory."
+                )
+        self.buffers = [GroupBuffers.allocate(group, n) for group in self.groups]
+        layout = Layout(self.groups, self.buffers)
+        self.drivers: list[Driver] = [make_driver(env, i, layout) for i, env in enumerate(envs)]
+        self.turn_based = isinstance(self.drivers[0], AECDriver)
+        """AEC sub-envs: one agent acts per step."""
+        self.env_done = np.zeros(n, np.bool_)
+        self.env_reward = np.zeros(n, np.float64)
+        self.unassigned_reward = np.zeros(n, np.float64)
+
+    def reset(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """Resets every sub-env (sub-env ``i`` with ``seeds[i]``)."""
+        infos = []
+        for buf in self.buffers:
+            buf.completed[:] = False
+        for driver, seed in zip(self.drivers, seeds):
+            infos.append(driver.reset(seed, options))
+        return infos
+
+    def step(self, actions: Sequence[Any]) -> MultiAgentStep:
+        """One step of every sub-env; ``actions[g]`` is group ``g``'s ``[n, A_g, ...]``
+        batch (only the acting agents' entries are read)."""
+        infos = []
+        for buf in self.buffers:  # every row at once; the drivers set what they write
+            buf.clear_step()
+        for b, driver in enumerate(self.drivers):
+            done, reward, unassigned, info = driver.step(actions)
+            self.env_done[b], self.env_reward[b] = done, reward
+            self.unassigned_reward[b] = unassigned
+            infos.append(info)
+        return self.result(infos)
+
+    def result(self, infos: list[dict[str, Any]]) -> MultiAgentStep:
+        return MultiAgentStep(
+            groups={g.policy_id: buf for g, buf in zip(self.groups, self.buffers)},
+            env_done=self.env_done,
+            env_reward=self.env_reward,
+            unassigned_reward=self.unassigned_reward,
+            infos=infos,
+        )
+
+    def check_actions(self, actions: Sequence[Any]) -> Sequence[Any]:
+        return check_actions(self.groups, actions, len(self.envs))
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def check_actions(
+    groups: Sequence[AgentGroup], actions: Sequence[Any], num_envs: int
+) -> Sequence[Any]:
+    """Validates every group's ``[B, A_g, ...]`` batch as a whole, before any sub-env
+    steps (shapes and dtypes; nothing is cast).
+
+    Raises:
+        InvalidActionError: a batch of the wrong structure, shape or dtype.
+    """
+    if len(actions) != len(groups):
+        raise InvalidActionError(
+            f"multi-agent step: expected one action batch per group ({len(groups)}: "
+            f"{[g.policy_id for g in groups]}), got {len(actions)}."
+        )
+    for group, batch in zip(groups, actions):
+        rows = num_envs * group.num_agents
+        lead = (num_envs, group.num_agents)
+
+        def flat(x: Any, lead: tuple[int, int] = lead, group: AgentGroup = group) -> Any:
+            shape = np.shape(x)
+            if shape[:2] != lead:
+                raise InvalidActionError(
+                    f"multi-agent step: group {group.policy_id!r} expected actions of leading "
+                    f"shape [B, A_g] = {lead}, got shape {shape}."
+                )
+            return np.asarray(x).reshape(-1, *shape[2:])
+
+        jr_spaces.check_action_batch(group.action_space, jax.tree.map(flat, batch), rows)
+    return actions
+
+
+__all__ = ["MultiAgentEnvFactory", "SubEnvBlock", "check_actions", "env_groups"]

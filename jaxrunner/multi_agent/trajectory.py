@@ -1,0 +1,230 @@
+"""Multi-agent trajectories: per-group ``[T, B, A_g, ...]`` arrays with masks, env-level
+``[T, B]`` ids, and per-agent episodes.
+
+Slot ``[t, b, a]`` of a group holds the transition of agent ``a`` of env ``b`` that was
+completed by env step ``t``: in a parallel env, the agent's action at step ``t`` and
+what followed it; in a turn-based (AEC) env, the agent's last turn (taken at step ``t``
+or earlier, possibly in an earlier ``sample()``) with every reward it received up to
+its next turn or the end of its episode. ``valid`` marks the slots holding one; each
+action appears in exactly one valid slot.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import flax.struct
+import jax
+import numpy as np
+
+from jaxrunner.errors import InvalidArgumentError
+
+
+@flax.struct.dataclass
+class GroupTrajectory:
+    """One group's transitions, every field ``[T, B, A_g, ...]``.
+
+    Attributes:
+        obs: the observation the agent acted on.
+        action: the action as sampled by the policy (Box actions unclipped).
+        reward: float64, every reward the agent received for that action (in an AEC
+            env: up to its next turn or the end of its episode).
+        terminated: the agent's episode ended in a terminal state.
+        truncated: the agent's episode was cut (or the env's episode ended while the
+            agent was still in it): bootstrap from ``next_obs``.
+        next_obs: the agent's next observation: at its next turn, or its final one
+            where its episode ended (never a reset observation).
+        extras: policy outputs of the action (``log_prob``, ``value``, ...).
+        valid: bool, False where the slot holds no transition (the agent was absent,
+            had left, or waited for its turn). Every other field is zero there.
+        agent_step: index of the transition within the agent's episode.
+    """
+
+    obs: Any
+    action: Any
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    next_obs: Any
+    extras: dict[str, Any]
+    valid: np.ndarray
+    agent_step: np.ndarray
+
+    @property
+    def done(self) -> np.ndarray:
+        """``terminated | truncated``: where an agent's episode ended."""
+        return np.logical_or(self.terminated, self.truncated)
+
+
+@flax.struct.dataclass
+class MultiAgentTrajectory:
+    """``T`` env steps of ``B`` multi-agent envs.
+
+    Attributes:
+        groups: policy id -> :class:`GroupTrajectory` (``[T, B, A_g, ...]``).
+        env_id: ``[T, B]`` index of the env.
+        episode_id: ``[T, B]`` the env's episode (unique per runner); an agent's
+            episode is identified by this id and its agent id.
+        step: ``[T, B]`` index of the env step within the env's episode.
+        env_done: ``[T, B]`` bool, the env's episode ended at this step (it was reset).
+        agents: policy id -> the agent ids of its group's slots (static).
+    """
+
+    groups: dict[str, GroupTrajectory]
+    env_id: np.ndarray
+    episode_id: np.ndarray
+    step: np.ndarray
+    env_done: np.ndarray
+    agents: dict[str, tuple[str, ...]] = flax.struct.field(pytree_node=False)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.env_id.shape[0])
+
+    @property
+    def num_envs(self) -> int:
+        return int(self.env_id.shape[1])
+
+    def agent(self, agent_id: str) -> tuple[str, int]:
+        """``(policy_id, slot)`` of ``agent_id``."""
+        for policy_id, agents in self.agents.items():
+            if agent_id in agents:
+                return policy_id, agents.index(agent_id)
+        raise InvalidArgumentError(
+            f"MultiAgentTrajectory.agent({agent_id!r}): no such agent; the agents are "
+            f"{[a for agents in self.agents.values() for a in agents]}."
+        )
+
+    def to_numpy(self) -> MultiAgentTrajectory:
+        """Every leaf as a numpy array (device -> host)."""
+        return jax.tree.map(np.asarray, jax.device_get(self))
+
+    def split_episodes(self) -> list[AgentEpisode]:
+        """Per-agent episodes, env by env, agent by agent, in time order. Episodes
+        still running at the end are not ``is_done``; those begun before the first
+        step (``start_step > 0``) are not ``is_complete``."""
+        host = self.to_numpy()
+        episodes = []
+        for policy_id, group in host.groups.items():
+            done = group.done
+            for b, (a, agent) in itertools.product(
+                range(host.num_envs), enumerate(host.agents[policy_id])
+            ):
+                steps = np.flatnonzero(group.valid[:, b, a])
+                if steps.size == 0:
+                    continue
+                ends = np.flatnonzero(done[steps, b, a]) + 1
+                for lo, hi in itertools.pairwise([0, *ends.tolist(), steps.size]):
+                    if lo < hi:
+                        rows = steps[lo:hi]
+                        episodes.append(_episode(host, policy_id, agent, b, a, rows))
+        return episodes
+
+
+@flax.struct.dataclass
+class AgentEpisode:
+    """One agent's episode (or the part of it in one trajectory).
+
+    Attributes:
+        agent_id, policy_id: who acted, with which policy.
+        env_id: the env.
+        episode_id: the env's episode id (shared by every agent of that env episode).
+        obs: ``[L + 1, ...]`` the agent's observations, first to final.
+        action, reward, extras: ``[L, ...]``.
+        env_step: ``[L]`` the env's step within its episode where each transition
+            completed.
+        terminated, truncated: how the agent's episode ended (both False if it goes on).
+        start_step: the agent step of the first transition (0: seen from its start).
+    """
+
+    obs: Any
+    action: Any
+    reward: np.ndarray
+    extras: dict[str, Any]
+    env_step: np.ndarray
+    terminated: bool = flax.struct.field(pytree_node=False)
+    truncated: bool = flax.struct.field(pytree_node=False)
+    agent_id: str = flax.struct.field(pytree_node=False)
+    policy_id: str = flax.struct.field(pytree_node=False)
+    env_id: int = flax.struct.field(pytree_node=False)
+    episode_id: int = flax.struct.field(pytree_node=False)
+    start_step: int = flax.struct.field(pytree_node=False)
+
+    @property
+    def length(self) -> int:
+        return int(self.reward.shape[0])
+
+    @property
+    def total_reward(self) -> float:
+        return float(np.sum(self.reward))
+
+    @property
+    def is_done(self) -> bool:
+        return bool(self.terminated or self.truncated)
+
+    @property
+    def is_complete(self) -> bool:
+        """Seen from the agent's first transition to its last."""
+        return self.is_done and self.start_step == 0
+
+
+def concatenate_agent_episodes(head: AgentEpisode, tail: AgentEpisode) -> AgentEpisode:
+    """``head`` followed by ``tail`` (the same agent episode, cut by a sample boundary)."""
+    key = (head.agent_id, head.env_id, head.episode_id)
+    if key != (tail.agent_id, tail.env_id, tail.episode_id) or head.is_done:
+        raise InvalidArgumentError(
+            f"concatenate_agent_episodes: expected two parts of one unfinished agent episode, "
+            f"got (agent, env, episode) {key} and "
+            f"{(tail.agent_id, tail.env_id, tail.episode_id)}."
+        )
+
+    def cat(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.concatenate([x, y])
+
+    return tail.replace(
+        obs=jax.tree.map(lambda x, y: cat(x[:-1], y), head.obs, tail.obs),
+        action=jax.tree.map(cat, head.action, tail.action),
+        reward=cat(head.reward, tail.reward),
+        extras=jax.tree.map(cat, head.extras, tail.extras),
+        env_step=cat(head.env_step, tail.env_step),
+        start_step=head.start_step,
+    )
+
+
+def _episode(
+    host: MultiAgentTrajectory, policy_id: str, agent: str, b: int, a: int, rows: np.ndarray
+) -> AgentEpisode:
+    group = host.groups[policy_id]
+    last = rows[-1]
+
+    def pick(x: np.ndarray) -> np.ndarray:
+        return x[rows, b, a]
+
+    obs = jax.tree.map(
+        lambda o, n: np.concatenate([o[rows, b, a], n[last, b, a][None]]),
+        group.obs,
+        group.next_obs,
+    )
+    return AgentEpisode(
+        obs=obs,
+        action=jax.tree.map(pick, group.action),
+        reward=pick(group.reward),
+        extras=jax.tree.map(pick, group.extras),
+        env_step=host.step[rows, b],
+        terminated=bool(group.terminated[last, b, a]),
+        truncated=bool(group.truncated[last, b, a]),
+        agent_id=agent,
+        policy_id=policy_id,
+        env_id=int(host.env_id[rows[0], b]),
+        episode_id=int(host.episode_id[rows[0], b]),
+        start_step=int(group.agent_step[rows[0], b, a]),
+    )
+
+
+__all__ = [
+    "AgentEpisode",
+    "GroupTrajectory",
+    "MultiAgentTrajectory",
+    "concatenate_agent_episodes",
+]

@@ -1,0 +1,216 @@
+"""The multi-agent scan sampler: a pure-JAX multi-agent env and every group's policy
+in one jitted ``lax.scan`` (the multi-agent twin of :mod:`jaxrunner.sampling.scan`).
+
+Compiled once, ahead of time; new params never retrace. Group arrays stay on device;
+per ``sample()`` one ``device_get`` brings the env-level flags and rewards (``[T, B]``)
+and the groups' rewards, flags and masks (``[T, B, A_g]``) to the host for the episode
+numbering and the metrics.
+
+Keys follow the scan sampler's streams: env ``i`` first resets with ``fold_in(
+first_reset_root, i)``, steps at its ``n``-th step with ``fold_in(fold_in(step_root,
+n), i)`` and, where the episode ended, resets with ``fold_in(fold_in(reset_root, n),
+i)``. Policy keys are the host sampler's (row ``b * N + k`` of agent ``k`` of env
+``b``, folded with the agent's action count).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrunner.multi_agent.groups import AgentGroup
+from jaxrunner.multi_agent.jax_env import JaxMultiAgentVectorEnv
+from jaxrunner.multi_agent.trajectory import GroupTrajectory, MultiAgentTrajectory
+from jaxrunner.policy import Params
+from jaxrunner.policy_step import act, initial_actor_state
+from jaxrunner.sampling.episodes import EpisodeBook
+from jaxrunner.sampling.multi_agent import EnvLevel, MultiAgentSetup, agent_episode_ends
+from jaxrunner.sampling.scan import ENV_FIRST_RESET_STREAM, ENV_RESET_STREAM, ENV_STEP_STREAM
+
+
+def _stack(values: dict[str, Any], agents: tuple[str, ...]) -> Any:
+    """``[B, A, ...]`` from a dict of ``[B, ...]`` per agent."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *[values[a] for a in agents])
+
+
+class MultiAgentScanSampler:
+    """Samples a :class:`~jaxrunner.multi_agent.jax_env.JaxMultiAgentVectorEnv`."""
+
+    def __init__(self, envs: JaxMultiAgentVectorEnv, setup: MultiAgentSetup) -> None:
+        self.envs, self.rollout_length, self.metrics = envs, setup.rollout_length, setup.metrics
+        env, num_envs = envs.env, envs.num_envs
+        self.agents = {g.policy_id: g.agents for g in envs.groups}
+        groups: tuple[AgentGroup, ...] = envs.groups
+        num_possible = len(envs.possible_agents)
+        root = jax.random.key(setup.seed)
+        self._step_root = jax.random.fold_in(root, ENV_STEP_STREAM)
+        self._reset_root = jax.random.fold_in(root, ENV_RESET_STREAM)
+        env_ids = jnp.arange(num_envs, dtype=jnp.uint32)
+        first_root = jax.random.fold_in(root, ENV_FIRST_RESET_STREAM)
+        obs, env_state = jax.vmap(env.reset)(
+            jax.vmap(lambda i: jax.random.fold_in(first_root, i))(env_ids)
+        )
+        actors, offset = {}, 0
+        for g in groups:
+            ids = np.arange(num_envs)[:, None] * num_possible + offset + np.arange(g.num_agents)
+            actors[g.policy_id] = initial_actor_state(
+                setup.policies[g.policy_id], setup.seed, ids.ravel()
+            )
+            offset += g.num_agents
+        shape_of = {g.policy_id: (num_envs, g.num_agents) for g in groups}
+        self._carry = {
+            "env_state": env_state,
+            "obs": obs,
+            "actors": actors,
+            "alive": {pid: jnp.ones(s, jnp.bool_) for pid, s in shape_of.items()},
+            "start": {pid: jnp.ones(s, jnp.bool_) for pid, s in shape_of.items()},
+            "agent_step": {pid: jnp.zeros(s, jnp.int32) for pid, s in shape_of.items()},
+            "n": jnp.zeros((), jnp.uint32),
+        }
+        truncations = envs.dones_are_truncations
+
+        def one_step(params: dict[str, Params], carry: dict[str, Any]) -> tuple[dict, dict]:
+            actions, outs, actors = {}, {}, {}
+            for g in groups:
+                pid, a_g = g.policy_id, g.num_agents
+                obs_g = _stack(carry["obs"], g.agents)
+                rows = jax.tree.map(
+                    lambda x, a_g=a_g: x.reshape(num_envs * a_g, *x.shape[2:]), obs_g
+                )
+                alive = carry["alive"][pid]
+                action, extras, actors[pid] = act(
+                    setup.policies[pid].apply_fn,
+                    params[pid],
+                    carry["actors"][pid],
+                    rows,
+                    carry["start"][pid].ravel(),
+                    alive.ravel(),
+                )
+                action = jax.tree.map(
+                    lambda x, a_g=a_g: x.reshape(num_envs, a_g, *x.shape[1:]), action
+                )
+                extras = jax.tree.map(
+                    lambda x, a_g=a_g: x.reshape(num_envs, a_g, *x.shape[1:]), extras
+                )
+                for k, agent in enumerate(g.agents):
+                    actions[agent] = jax.tree.map(lambda x, k=k: x[:, k], action)
+                outs[pid] = (obs_g, action, extras)
+            n = carry["n"]
+            step_keys = jax.vmap(
+                lambda i: jax.random.fold_in(jax.random.fold_in(self._step_root, n), i)
+            )(env_ids)
+            reset_keys = jax.vmap(
+                lambda i: jax.random.fold_in(jax.random.fold_in(self._reset_root, n), i)
+            )(env_ids)
+            obs_st, state_st, rewards, dones, _ = jax.vmap(env.step_env)(
+                step_keys, carry["env_state"], actions
+            )
+            obs_re, state_re = jax.vmap(env.reset)(reset_keys)
+            done_all = dones["__all__"]
+
+            def pick(re: jax.Array, st: jax.Array) -> jax.Array:
+                return jnp.where(done_all.reshape(-1, *([1] * (st.ndim - 1))), re, st)
+
+            new = {
+                "env_state": jax.tree.map(pick, state_re, state_st),
+                "obs": jax.tree.map(pick, obs_re, obs_st),
+                "actors": actors,
+                "alive": {},
+                "start": {},
+                "agent_step": {},
+                "n": n + 1,
+            }
+            ys: dict[str, Any] = {"groups": {}}
+            env_reward = jnp.zeros(num_envs, jnp.float32)
+            for g in groups:
+                pid = g.policy_id
+                obs_g, action, extras = outs[pid]
+                valid = carry["alive"][pid]
+                reward = jnp.where(valid, _stack(rewards, g.agents).astype(jnp.float32), 0.0)
+                env_reward = env_reward + reward.sum(1)
+                done_a = _stack(dones, g.agents) & valid
+                ended = valid & (done_a | done_all[:, None])
+                if truncations:
+                    terminated, truncated = jnp.zeros_like(ended), ended
+                else:
+                    terminated, truncated = done_a, ended & ~done_a
+
+                def mask(x: jax.Array, valid: jax.Array = valid) -> jax.Array:
+                    return jnp.where(valid.reshape(*valid.shape, *([1] * (x.ndim - 2))), x, 0)
+
+                step_g = carry["agent_step"][pid]
+                ys["groups"][pid] = GroupTrajectory(
+                    obs=jax.tree.map(mask, obs_g),
+                    action=jax.tree.map(mask, action),
+                    reward=reward,
+                    terminated=terminated,
+                    truncated=truncated,
+                    next_obs=jax.tree.map(mask, _stack(obs_st, g.agents)),
+                    extras=jax.tree.map(mask, extras),
+                    valid=valid,
+                    agent_step=jnp.where(valid, step_g, 0),
+                )
+                reset_all = done_all[:, None]
+                new["alive"][pid] = reset_all | (valid & ~done_a)
+                new["start"][pid] = jnp.broadcast_to(reset_all, valid.shape)
+                new["agent_step"][pid] = jnp.where(reset_all | ended, 0, step_g + valid)
+            ys["env_done"], ys["env_reward"] = done_all, env_reward
+            return new, ys
+
+        def rollout(params: dict[str, Params], carry: dict[str, Any]) -> tuple[dict, dict]:
+            return jax.lax.scan(lambda c, _: one_step(params, c), carry, None, self.rollout_length)
+
+        self._rollout = (
+            jax.jit(rollout, donate_argnums=1).lower(setup.params, self._carry).compile()
+        )
+        self._book = EpisodeBook(num_envs)
+        self._running = {
+            pid: (np.zeros(s, np.float64), np.zeros(s, np.int64)) for pid, s in shape_of.items()
+        }
+
+    def sample(self, params: dict[str, Params]) -> MultiAgentTrajectory:
+        start = time.perf_counter()
+        self._carry, ys = self._rollout(params, self._carry)
+        num_steps, num_envs = self.rollout_length, self.envs.num_envs
+        host = jax.device_get(
+            {
+                "env_done": ys["env_done"],
+                "env_reward": ys["env_reward"],
+                "groups": {
+                    pid: (g.reward, g.valid, g.terminated, g.truncated)
+                    for pid, g in ys["groups"].items()
+                },
+            }
+        )
+        shape = (num_steps, num_envs)
+        env_level = EnvLevel(
+            reward=np.asarray(host["env_reward"], np.float64),
+            terminated=np.asarray(host["env_done"]),
+            truncated=np.zeros(shape, np.bool_),
+            valid=np.ones(shape, np.bool_),
+            episode_id=np.zeros(shape, np.int64),
+            step=np.zeros(shape, np.int64),
+        )
+        self.metrics.add(self._book.close(env_level, num_steps))  # type: ignore[arg-type]
+        for pid, (reward, valid, term, trunc) in host["groups"].items():
+            running_return, running_length = self._running[pid]
+            ends = agent_episode_ends(
+                running_return, running_length, reward, valid, term | trunc, num_steps
+            )
+            self.metrics.add_group_counts(pid, np.count_nonzero(valid, axis=(0, 1)), ends)
+        self.metrics.sample_time_s += time.perf_counter() - start
+        return MultiAgentTrajectory(
+            groups=ys["groups"],
+            env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
+            episode_id=env_level.episode_id,
+            step=env_level.step,
+            env_done=env_level.terminated,
+            agents=self.agents,
+        )
+
+
+__all__ = ["MultiAgentScanSampler"]

@@ -1,0 +1,169 @@
+"""Turn-based (AEC) PettingZoo envs: only the selected agent acts, rewards between an
+agent's turns add up onto its last action (read back against PettingZoo's own
+``last()``), action masks are respected, pending turns cross sample boundaries."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("pettingzoo")
+
+import jaxrunner as jr
+from tests import multi_agent_envs as envs_mod
+from tests.test_multi_agent import random_policy, zero_params
+
+
+def transitions(traj: jr.MultiAgentTrajectory, b: int) -> dict[str, list[dict]]:
+    """Each agent's valid slots of env ``b``, in time order."""
+    out = {}
+    for pid, group in traj.groups.items():
+        for k, agent in enumerate(traj.agents[pid]):
+            rows = np.flatnonzero(group.valid[:, b, k])
+            out[agent] = [
+                {
+                    "obs": jax.tree.map(lambda x, t=t, k=k: x[t, b, k], group.obs),
+                    "action": group.action[t, b, k],
+                    "reward": group.reward[t, b, k],
+                    "terminated": group.terminated[t, b, k],
+                    "truncated": group.truncated[t, b, k],
+                    "next_obs": jax.tree.map(lambda x, t=t, k=k: x[t, b, k], group.next_obs),
+                    "t": t,
+                }
+                for t in rows
+            ]
+    return out
+
+
+def replay_aec(factory, traj: jr.MultiAgentTrajectory, seed: int) -> tuple[int, float]:
+    """Steps each env by hand, taking each agent's actions from its transitions in
+    order; checks observations, rewards (PettingZoo's cumulative reward since the
+    agent's last action) and flags. Returns the number of actions replayed and the
+    rewards agents got before their first action of an episode."""
+    num_actions, unassigned = 0, 0.0
+    for b in range(traj.num_envs):
+        queue = transitions(traj, b)
+        env = factory()
+        env.reset(seed=seed + b)
+        pending: dict[str, dict] = {}
+        acted: set[str] = set()
+        while any(queue.values()) or pending:
+            agent = env.agent_selection
+            obs, reward, term, trunc, _ = env.last()
+            if agent in pending:  # its last action's transition completes now
+                done = pending.pop(agent)
+                assert done["reward"] == pytest.approx(reward, abs=1e-12), (agent, done["t"])
+                assert (done["terminated"], done["truncated"]) == (term, trunc)
+                jax.tree.map(np.testing.assert_array_equal, done["next_obs"], obs)
+            if term or trunc:
+                env.step(None)
+            elif not queue[agent]:
+                break  # the trajectory ends before this turn
+            else:
+                if agent not in acted:
+                    unassigned += reward
+                    acted.add(agent)
+                turn = queue[agent].pop(0)
+                jax.tree.map(np.testing.assert_array_equal, turn["obs"], obs)
+                env.step(turn["action"])
+                pending[agent] = turn
+                num_actions += 1
+            if not env.agents:
+                assert not pending
+                acted.clear()
+                env.reset()
+        assert not any(queue.values()), "transitions the env never produced"
+    return num_actions, unassigned
+
+
+@pytest.mark.parametrize(
+    ("factory", "masked"), [(envs_mod.relay, False), (envs_mod.tictactoe, True)]
+)
+def test_aec_matches_env_stepped_by_hand(factory, masked):
+    envs = jr.make_multi_agent_vec(factory, 2)
+    assert envs.turn_based
+    n = envs.groups[0].action_space.n
+    policy = random_policy(n, masked=masked)
+    with jr.MultiAgentRunner(envs, policy, zero_params(n), 40, seed=2) as runner:
+        traj = runner.sample()
+        metrics = runner.get_metrics()
+    num_actions, unassigned = replay_aec(factory, traj, seed=2)
+    assert num_actions == metrics["num_agent_steps"] > 0
+    assert metrics["unassigned_reward"] == pytest.approx(unassigned, abs=1e-9)
+
+
+def test_rewards_between_turns_are_never_lost():
+    """Over whole episodes, the rewards in the trajectory add up to every reward the
+    env handed out (env-level returns), and only one agent acts per env step."""
+    envs = jr.make_multi_agent_vec(envs_mod.relay, 3)
+    with jr.MultiAgentRunner(envs, random_policy(4), zero_params(4), 33, seed=0) as runner:
+        traj = runner.sample()
+    group = traj.groups["policy_0"]
+    for b in range(3):
+        ends = np.flatnonzero(traj.env_done[:, b])
+        assert len(ends) >= 2
+        # Relay pays every live agent each step: its 8 turns plus the dead step of r1
+        # pay out 8 * live agents + 1 * survivors; every one of those is in some slot.
+        for lo, hi in zip(ends[:-1] + 1, ends[1:] + 1):
+            per_agent = group.valid[lo:hi, b].sum(0)
+            np.testing.assert_array_equal(per_agent, [3, 2, 3])  # r1 leaves after 2 turns
+    assert (group.valid.sum(2) <= 3).all()
+
+
+def test_pending_turns_cross_sample_boundaries():
+    def collect(length, count):
+        envs = jr.make_multi_agent_vec(envs_mod.relay, 2)
+        with jr.MultiAgentRunner(envs, random_policy(4), zero_params(4), length, seed=4) as r:
+            parts = [r.sample() for _ in range(count)]
+        return jax.tree.map(lambda *x: np.concatenate(x), *parts)
+
+    jax.tree.map(np.testing.assert_array_equal, collect(3, 10), collect(30, 1))
+
+
+def test_actions_stay_within_the_action_mask():
+    envs = jr.make_multi_agent_vec(envs_mod.connect_four, 2)
+    with jr.MultiAgentRunner(envs, random_policy(7, masked=True), zero_params(7), 60, 0) as r:
+        traj = r.sample()
+        episodes = r.sample_episodes(4)
+    group = traj.groups["policy_0"]
+    mask = group.obs["action_mask"]
+    t, b, a = np.nonzero(group.valid)
+    assert (mask[t, b, a, group.action[t, b, a]] == 1).all()
+    # A game's two players end it with opposite (or zero) rewards, never an illegal move.
+    for first, second in zip(episodes[::2], episodes[1::2]):
+        assert first.episode_id == second.episode_id
+        assert first.total_reward == -second.total_reward
+
+
+def test_group_gae_chains_each_agents_turns():
+    """With zero values and gamma = lam = 1, an agent's advantage is its reward to go
+    within its episode, across the other agents' turns; jr.gae on the raw arrays cuts
+    at every gap instead."""
+    envs = jr.make_multi_agent_vec(envs_mod.relay, 2)
+    with jr.MultiAgentRunner(envs, random_policy(4), zero_params(4), 30, seed=1) as runner:
+        group = runner.sample().groups["policy_0"]
+    zeros = np.zeros(group.reward.shape)
+    out = jr.multi_agent.group_gae(group, next_value=zeros, value=zeros, gamma=1.0, lam=1.0)
+    advantages = np.asarray(out.advantages)
+    for b in range(2):
+        for a in range(3):
+            rows = np.flatnonzero(group.valid[:, b, a])
+            expected, acc = [], 0.0
+            for t in rows[::-1]:
+                done = group.terminated[t, b, a] or group.truncated[t, b, a]
+                acc = group.reward[t, b, a] + (0.0 if done else acc)
+                expected.append(acc)
+            np.testing.assert_allclose(advantages[rows, b, a], expected[::-1], rtol=1e-5)
+    assert not advantages[~group.valid].any()
+    raw = jr.gae(
+        reward=group.reward,
+        terminated=group.terminated,
+        truncated=group.truncated,
+        valid=group.valid,
+        value=zeros,
+        next_value=zeros,
+        gamma=1.0,
+        lam=1.0,
+    )
+    assert not np.allclose(raw.advantages, advantages)

@@ -1,0 +1,121 @@
+"""Pure-JAX (JaxMARL-style) multi-agent envs sampled as one jitted scan, checked
+against the env stepped by hand with the documented keys; JaxMARL's own MPE where
+jaxmarl is installed."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gymnasium import spaces
+
+import jaxrunner as jr
+from jaxrunner.sampling.scan import ENV_FIRST_RESET_STREAM, ENV_RESET_STREAM, ENV_STEP_STREAM
+
+
+def random_policy(num_actions):
+    def apply_fn(params, obs, carry, keys):
+        logits = jnp.zeros((keys.shape[0], num_actions)) + params["w"]
+        action = jax.vmap(jax.random.categorical)(keys, logits)
+        return action, {"log_prob": jnp.zeros(keys.shape)}, carry
+
+    return jr.Policy(apply_fn)
+
+
+class Drift:
+    """A JaxMARL-style env: two agents drift on a line; ``x0`` is done after 3 steps,
+    ``x1`` after 5 to 6 (random), and the episode ends when both are."""
+
+    agents = ("x0", "x1")
+
+    def observation_space(self, agent):
+        return spaces.Box(-np.inf, np.inf, (3,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(3)
+
+    def _obs(self, state):
+        t, pos, _ = state
+        return {
+            a: jnp.stack([t.astype(jnp.float32), pos[k], float(k)])
+            for k, a in enumerate(self.agents)
+        }
+
+    def reset(self, key):
+        state = (jnp.int32(0), jax.random.normal(key, (2,)), 5 + jax.random.bernoulli(key))
+        return self._obs(state), state
+
+    def step_env(self, key, state, actions):
+        t, pos, end = state
+        moves = jnp.stack([actions[a] for a in self.agents]) - 1.0
+        pos = pos + moves + 0.1 * jax.random.normal(key, (2,))
+        t = t + 1
+        state = (t, pos, end)
+        dones = {"x0": t >= 3, "x1": t >= end}
+        dones["__all__"] = dones["x0"] & dones["x1"]
+        rewards = {a: -jnp.abs(pos[k]) for k, a in enumerate(self.agents)}
+        return self._obs(state), state, rewards, dones, {}
+
+
+def test_scan_matches_env_stepped_by_hand():
+    env = Drift()
+    envs = jr.multi_agent.JaxMultiAgentVectorEnv(env, 3)
+    with jr.MultiAgentRunner(envs, random_policy(3), {"w": jnp.zeros(3)}, 14, seed=9) as r:
+        traj = r.sample().to_numpy()
+        second = r.sample()
+        metrics = r.get_metrics()
+    group = traj.groups["policy_0"]
+    root = jax.random.key(9)
+    for i in range(3):
+        first = jax.random.fold_in(jax.random.fold_in(root, ENV_FIRST_RESET_STREAM), i)
+        obs, state = env.reset(first)
+        alive = {"x0": True, "x1": True}
+        for n in range(14):
+            actions = {a: jnp.int32(group.action[n, i, k]) for k, a in enumerate(env.agents)}
+            for k, a in enumerate(env.agents):
+                assert group.valid[n, i, k] == alive[a]
+                if alive[a]:
+                    np.testing.assert_allclose(group.obs[n, i, k], obs[a], rtol=1e-6)
+            key = jax.random.fold_in(
+                jax.random.fold_in(jax.random.fold_in(root, ENV_STEP_STREAM), n), i
+            )
+            next_obs, state, rewards, dones, _ = env.step_env(key, state, actions)
+            for k, a in enumerate(env.agents):
+                if alive[a]:
+                    # jit fuses the arithmetic: equal up to float32 rounding.
+                    np.testing.assert_allclose(group.reward[n, i, k], rewards[a], rtol=1e-6)
+                    assert group.terminated[n, i, k] == bool(dones[a])
+                    np.testing.assert_allclose(group.next_obs[n, i, k], next_obs[a], rtol=1e-6)
+                    alive[a] = not bool(dones[a])
+                else:
+                    assert group.reward[n, i, k] == 0 and not group.next_obs[n, i, k].any()
+            assert traj.env_done[n, i] == bool(dones["__all__"])
+            obs = next_obs
+            if dones["__all__"]:
+                reset = jax.random.fold_in(
+                    jax.random.fold_in(jax.random.fold_in(root, ENV_RESET_STREAM), n), i
+                )
+                obs, state = env.reset(reset)
+                alive = {"x0": True, "x1": True}
+    # Episodes go on across samples; metrics count agent steps apart from env steps.
+    assert metrics["num_env_steps"] == 2 * 14 * 3
+    total = np.count_nonzero(group.valid) + int(np.count_nonzero(second.groups["policy_0"].valid))
+    assert metrics["num_agent_steps"] == total
+    assert metrics["agents"]["x0"]["episode_length_mean"] == 3
+
+
+def test_jaxmarl_mpe_runs_and_keeps_every_agent_valid():
+    jaxmarl = pytest.importorskip("jaxmarl")
+    env = jaxmarl.make("MPE_simple_spread_v3")
+    envs = jr.multi_agent.JaxMultiAgentVectorEnv(env, 8, dones_are_truncations=True)
+    assert [g.agents for g in envs.groups] == [("agent_0", "agent_1", "agent_2")]
+    with jr.MultiAgentRunner(envs, random_policy(5), {"w": jnp.zeros(5)}, 30, seed=0) as r:
+        traj = r.sample().to_numpy()
+        metrics = r.get_metrics()
+    group = traj.groups["policy_0"]
+    assert group.valid.all()  # MPE agents stay for the whole episode
+    # JaxMARL ends an MPE episode once its step count passes max_steps.
+    assert (traj.step[traj.env_done] == env.max_steps).all()
+    assert group.truncated[traj.env_done].all() and not group.terminated.any()
+    assert metrics["num_agent_steps"] == 3 * metrics["num_env_steps"]

@@ -1,0 +1,63 @@
+"""The multi-agent process backend gives the sync backend's trajectories, bit for bit."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("pettingzoo")
+
+import jaxrunner as jr
+from tests import multi_agent_envs as envs_mod
+from tests.test_multi_agent import random_policy, zero_params
+
+
+def _sample(factory, backend, n, masked=False, **kwargs):
+    envs = jr.make_multi_agent_vec(factory, 3, backend, **kwargs)
+    with jr.MultiAgentRunner(envs, random_policy(n, masked), zero_params(n), 20, seed=7) as r:
+        trajs = [r.sample(), r.sample()]
+        return trajs, r.get_metrics()
+
+
+@pytest.mark.parametrize(
+    ("factory", "n", "masked"),
+    [
+        (envs_mod.coming_and_going, 3, False),
+        (envs_mod.relay, 4, False),
+        (envs_mod.tictactoe, 9, True),
+    ],
+)
+def test_process_equals_sync(factory, n, masked):
+    sync, sync_metrics = _sample(factory, "sync", n, masked)
+    proc, proc_metrics = _sample(factory, "process", n, masked, num_workers=2)
+    jax.tree.map(np.testing.assert_array_equal, sync, proc)
+    for key in ("num_env_steps", "num_agent_steps", "unassigned_reward", "episode_return_mean"):
+        assert sync_metrics[key] == proc_metrics[key]
+
+
+def test_worker_error_reaches_the_caller_with_its_traceback():
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, "process", num_workers=1)
+    with pytest.raises(jr.errors.InvalidActionError, match="policy_0"):
+        envs.step_batch([np.zeros((2, 3), np.int64)])  # checked before any worker steps
+    # Stepping before reset fails in the worker: its error comes with its traceback.
+    with pytest.raises(jr.errors.EnvError, match="no attribute 'agents'") as info:
+        envs.step_batch([np.zeros((2, 4), np.int64)])
+    assert isinstance(info.value.__cause__, AttributeError)
+    assert "worker traceback" in "".join(info.value.__cause__.__notes__)
+    with pytest.raises(jr.errors.ClosedError):
+        envs.step_batch([np.zeros((2, 4), np.int64)])
+
+
+def test_ray_equals_sync():
+    ray = pytest.importorskip("ray")
+    ray.cloudpickle.register_pickle_by_value(envs_mod)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        sync, sync_metrics = _sample(envs_mod.relay, "sync", 4)
+        config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
+        got, got_metrics = _sample(envs_mod.relay, "ray", 4, config=config)
+    finally:
+        ray.shutdown()
+    jax.tree.map(np.testing.assert_array_equal, sync, got)
+    assert sync_metrics["num_agent_steps"] == got_metrics["num_agent_steps"]
