@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
+from jaxrunner.connectors.pipeline import ConnectorsState, SampleEnd
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 from jaxrunner.metrics import PERF_KEYS
@@ -99,11 +100,15 @@ class ReadyFirstSampler(Sampler):
         self._action_space = envs.single_action_space
         self._clip = jr_spaces.clip_box_actions(self._action_space)
         self._obs = jr_spaces.map_structure(self._obs_space, np.copy, obs)  # latest, per env
-        self._state = initial_actor_state(policy, setup.seed, np.arange(num_envs))
+        connectors = setup.connectors
+        self._state = initial_actor_state(
+            policy, setup.seed, np.arange(num_envs), connectors, self._obs_space
+        )
+        self._sample_end = None if connectors is None else SampleEnd(connectors)
         self._calls = {}
         for n in self.buckets:
             example = jr_spaces.rows(self._obs_space, obs, slice(0, n))
-            self._calls[n] = CompiledPolicyStep(policy, params, self._state, n, example)
+            self._calls[n] = CompiledPolicyStep(policy, params, self._state, n, example, connectors)
         self._stages = {n: call.new_stage() for n, call in self._calls.items()}
         self.action_spec, self._extras_spec = self._calls[num_envs].output_spec
         self._book = EpisodeBook(num_envs)
@@ -155,7 +160,20 @@ class ReadyFirstSampler(Sampler):
         buf = self._bufs.pop(0)
         self.metrics.add(self._book.close(buf, num_steps))
         self._t -= num_steps
+        if self._sample_end is not None:
+            clock = time.perf_counter()
+            buf, connectors = self._sample_end(self._state.connectors, buf)
+            self._state = self._state.replace(connectors=connectors)
+            self.metrics.sample_time_s += time.perf_counter() - clock
         return buf
+
+    def get_connector_state(self) -> ConnectorsState:
+        """The connectors' state (a host copy): the statistics the next sample uses."""
+        return jax.device_get(self._state.connectors)
+
+    def set_connector_state(self, state: ConnectorsState) -> None:
+        """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
+        self._state = self._state.replace(connectors=jax.device_put(state))
 
     # -- internals -------------------------------------------------------------------------
 
@@ -224,7 +242,7 @@ class ReadyFirstSampler(Sampler):
         tick = time.perf_counter()
         perf["obs_processing_ms"] += tick - clock
         pending, self._state = call.dispatch(params, self._state, stage)
-        action, extras = call.collect(pending)
+        action, env_actions, extras = call.collect(pending)
         self.bucket_counts[bucket] += 1
         self.ready_counts[count] = self.ready_counts.get(count, 0) + 1
         clock = time.perf_counter()
@@ -234,6 +252,11 @@ class ReadyFirstSampler(Sampler):
             n = len(part_index)
             part_at = at[k : k + n]
             part = jr_spaces.map_structure(self._action_space, lambda x, at=part_at: x[at], action)
+            env_part = part
+            if env_actions is not action:  # action connectors: the env's own actions
+                env_part = jr_spaces.map_structure(
+                    self._action_space, lambda x, at=part_at: x[at], env_actions
+                )
             for buf, rows, envs, sel in self._rows(part_index):
                 jr_spaces.copy_into(
                     self._action_space, buf.action,
@@ -243,7 +266,7 @@ class ReadyFirstSampler(Sampler):
                     dst[rows, envs] = src[part_at][sel]
             self._episode_start[part_index] = False
             # ``part`` is a fresh array (fancy indexing): the backend may keep it.
-            env_action = part if self._clip is None else self._clip(part)
+            env_action = env_part if self._clip is None else self._clip(env_part)
             self.envs.send(env_action, ids)
             self._in_flight += n
             k += n

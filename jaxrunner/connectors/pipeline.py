@@ -1,0 +1,216 @@
+"""Connectors composed: what a runner is given, and the two places they run.
+
+* Every policy step (inside :class:`~jaxrunner.policy_step.CompiledPolicyStep` and the
+  scan sampler's step): observation connectors in order, the policy, action connectors.
+  What the policy saw goes back in the step's one packed output as
+  ``extras["policy_obs"]``.
+* Once per sample (:meth:`Connectors.finish_sample`, one compiled call): what the policy
+  would see of each ``next_obs`` (``extras["policy_next_obs"]``), the scaled rewards
+  (``extras["scaled_reward"]``), then each connector's ``end_sample`` (statistics
+  gathered during the sample are folded in for the next one).
+
+So a learner reads the policy's inputs from the Trajectory as they were:
+``policy.evaluate(params, extras["policy_obs"], action)`` recomputes the sampled
+log-probs, ``policy.value(params, extras["policy_next_obs"])`` gives ``jr.gae`` its
+``next_value``, and ``reward=extras["scaled_reward"]`` its rewards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner.connectors.base import (
+    ActionConnector,
+    ConnectorState,
+    ObsConnector,
+    RewardConnector,
+)
+from jaxrunner.errors import InvalidArgumentTypeError
+
+POLICY_OBS = "policy_obs"
+"""``extras`` key of what the policy saw at each step."""
+POLICY_NEXT_OBS = "policy_next_obs"
+"""``extras`` key of what the policy would see of each step's ``next_obs``."""
+SCALED_REWARD = "scaled_reward"
+"""``extras`` key of the rewards as the reward connector scaled them."""
+
+
+@flax.struct.dataclass
+class ConnectorsState:
+    """The state of a runner's connectors (device arrays).
+
+    Attributes:
+        obs: one :class:`ConnectorState` per observation connector, in order.
+        reward: the reward connector's state, or None.
+    """
+
+    obs: tuple[ConnectorState, ...] = ()
+    reward: ConnectorState | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Connectors:
+    """The connectors of a runner (``EnvRunner(..., connectors=...)``).
+
+    Args:
+        obs: observation connectors, applied in order before the policy.
+        action: action connectors, applied in order to the policy's action before the
+            env gets it (the Trajectory keeps the policy's action).
+        reward: a reward connector, applied once per sample.
+    """
+
+    obs: Sequence[ObsConnector] = ()
+    action: Sequence[ActionConnector] = ()
+    reward: RewardConnector | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "obs", tuple(self.obs))
+        object.__setattr__(self, "action", tuple(self.action))
+        for name, kind, items in (
+            ("obs", ObsConnector, self.obs),
+            ("action", ActionConnector, self.action),
+            ("reward", RewardConnector, () if self.reward is None else (self.reward,)),
+        ):
+            for item in items:
+                if not isinstance(item, kind):
+                    raise InvalidArgumentTypeError(
+                        f"Connectors({name}=...): expected {kind.__name__} instances, got "
+                        f"{item!r}. Subclass jaxrunner.connectors.{kind.__name__}."
+                    )
+
+    @property
+    def per_sample(self) -> bool:
+        """Whether :meth:`finish_sample` has anything to do."""
+        return bool(self.obs) or self.reward is not None
+
+    def observation_space(self, space: spaces.Space) -> spaces.Space:
+        """What the policy sees, given the env's single observation space: initialise
+        the policy on it (``policy.init(key, connectors.observation_space(space))``)."""
+        for connector in self.obs:
+            space = connector.observation_space(space)
+        return space
+
+    def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorsState:
+        states = []
+        for connector in self.obs:
+            states.append(connector.init(num_envs, obs_space))
+            obs_space = connector.observation_space(obs_space)
+        reward = None if self.reward is None else self.reward.init(num_envs)
+        return ConnectorsState(tuple(states), reward)
+
+    def observe(
+        self, state: ConnectorsState, obs: Any, episode_start: jax.Array, active: jax.Array
+    ) -> tuple[Any, ConnectorsState]:
+        """The observation connectors on ``N`` rows (``state``'s per-env rows are the
+        rows' own); the caller keeps only the active rows' new per-env state."""
+        new = []
+        for connector, s in zip(self.obs, state.obs):
+            obs, s = connector(s, obs, episode_start, active)
+            new.append(s)
+        return obs, state.replace(obs=tuple(new))
+
+    def env_action(self, action: Any) -> Any:
+        for connector in self.action:
+            action = connector(action)
+        return action
+
+    def finish_sample(
+        self,
+        state: ConnectorsState,
+        policy_obs: Any,
+        next_obs: Any,
+        reward: jax.Array,
+        terminated: jax.Array,
+        truncated: jax.Array,
+        valid: jax.Array,
+    ) -> tuple[dict[str, Any], ConnectorsState]:
+        """The per-sample part (pure, ``[T, B]`` inputs): the extras to add to the
+        Trajectory and the state for the next sample."""
+        extras: dict[str, Any] = {}
+        if self.obs:
+            x = next_obs
+            last = len(self.obs) - 1
+            for i, (connector, s) in enumerate(zip(self.obs, state.obs)):
+                x = connector.follow(s, policy_obs if i == last else None, x)
+            extras[POLICY_NEXT_OBS] = x
+        reward_state = state.reward
+        if self.reward is not None:
+            scaled, reward_state = self.reward(state.reward, reward, terminated, truncated, valid)
+            extras[SCALED_REWARD] = scaled
+        obs_states = tuple(c.end_sample(s) for c, s in zip(self.obs, state.obs))
+        return extras, ConnectorsState(obs_states, reward_state)
+
+
+def take_rows(state: ConnectorsState, index: jax.Array) -> ConnectorsState:
+    """The per-env rows ``index`` of every connector (shared parts as they are)."""
+    return _map_rows(state, lambda x: x[index])
+
+
+def put_rows(state: ConnectorsState, part: ConnectorsState, index: jax.Array) -> ConnectorsState:
+    """``state`` with per-env rows ``index`` from ``part`` (index ``num_envs``: dropped) and
+    the shared parts from ``part``."""
+    return _zip_rows(state, part, lambda full, p: full.at[index].set(p, mode="drop"))
+
+
+def keep_active(new: ConnectorsState, old: ConnectorsState, active: jax.Array) -> ConnectorsState:
+    """``new`` with the inactive rows' per-env state from ``old``."""
+
+    def pick(n: jax.Array, o: jax.Array) -> jax.Array:
+        return jnp.where(active.reshape(-1, *([1] * (n.ndim - 1))), n, o)
+
+    return _zip_rows(old, new, lambda o, n: pick(n, o))
+
+
+def _map_rows(state: ConnectorsState, fn: Any) -> ConnectorsState:
+    def one(s: ConnectorState | None) -> ConnectorState | None:
+        return None if s is None else s.replace(per_env=jax.tree.map(fn, s.per_env))
+
+    return ConnectorsState(tuple(one(s) for s in state.obs), state.reward)
+
+
+def _zip_rows(full: ConnectorsState, part: ConnectorsState, fn: Any) -> ConnectorsState:
+    obs = tuple(
+        p.replace(per_env=jax.tree.map(fn, f.per_env, p.per_env))
+        for f, p in zip(full.obs, part.obs)
+    )
+    return ConnectorsState(obs, part.reward)
+
+
+class SampleEnd:
+    """:meth:`Connectors.finish_sample` for a host sampler's numpy ``[T, B]`` buffers:
+    compiled once, one transfer each way per sample."""
+
+    def __init__(self, connectors: Connectors) -> None:
+        self.connectors = connectors
+        self._fn = jax.jit(connectors.finish_sample)
+
+    def __call__(self, state: ConnectorsState, traj: Any) -> tuple[Any, ConnectorsState]:
+        """Returns ``traj`` with the connectors' extras added and the new state."""
+        policy_obs = traj.extras.get(POLICY_OBS)
+        inputs = jax.device_put(
+            (policy_obs, traj.next_obs, traj.reward, traj.terminated, traj.truncated, traj.valid)
+        )
+        extras, state = self._fn(state, *inputs)
+        extras = jax.tree.map(np.asarray, jax.device_get(extras))
+        return traj.replace(extras={**traj.extras, **extras}), state
+
+
+__all__ = [
+    "POLICY_NEXT_OBS",
+    "POLICY_OBS",
+    "SCALED_REWARD",
+    "Connectors",
+    "ConnectorsState",
+    "SampleEnd",
+    "keep_active",
+    "put_rows",
+    "take_rows",
+]
