@@ -104,7 +104,8 @@ class FrameStack(ObsConnector):
 
     def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorState:
         shape = _box_shape("FrameStack", obs_space)
-        stack = jnp.zeros((num_envs, self.num_frames, *shape), obs_space.dtype)
+        dtype = jax.dtypes.canonicalize_dtype(obs_space.dtype)  # int64 -> int32 without x64
+        stack = jnp.zeros((num_envs, self.num_frames, *shape), dtype)
         return ConnectorState(per_env=stack)
 
     def observation_space(self, space: spaces.Space) -> spaces.Space:

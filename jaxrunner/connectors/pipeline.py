@@ -184,6 +184,12 @@ def _zip_rows(full: ConnectorsState, part: ConnectorsState, fn: Any) -> Connecto
     return ConnectorsState(obs, part.reward)
 
 
+def device_copy(state: ConnectorsState) -> ConnectorsState:
+    """A device copy of ``state`` that the runner owns: its compiled step donates its
+    state, so a caller's arrays must never be the runner's."""
+    return jax.device_put(jax.device_get(state))
+
+
 class SampleEnd:
     """:meth:`Connectors.finish_sample` for a host sampler's numpy ``[T, B]`` buffers:
     compiled once, one transfer each way per sample."""
@@ -210,6 +216,7 @@ __all__ = [
     "Connectors",
     "ConnectorsState",
     "SampleEnd",
+    "device_copy",
     "keep_active",
     "put_rows",
     "take_rows",

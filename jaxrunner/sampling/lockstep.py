@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.callbacks import Callbacks, LiveEpisode
-from jaxrunner.connectors.pipeline import ConnectorsState, SampleEnd
+from jaxrunner.connectors.pipeline import ConnectorsState, SampleEnd, device_copy
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError
@@ -175,7 +175,7 @@ class LockstepSampler(Sampler):
 
     def set_connector_state(self, state: ConnectorsState) -> None:
         """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
-        self._state = self._state.replace(connectors=jax.device_put(state))
+        self._state = self._state.replace(connectors=device_copy(state))
 
     def _dispatch(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
         """Records group ``g``'s observations at step ``t`` and queues its policy step."""

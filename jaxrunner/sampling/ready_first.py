@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.connectors.pipeline import ConnectorsState, SampleEnd
+from jaxrunner.connectors.pipeline import ConnectorsState, SampleEnd, device_copy
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 from jaxrunner.metrics import PERF_KEYS
@@ -173,7 +173,7 @@ class ReadyFirstSampler(Sampler):
 
     def set_connector_state(self, state: ConnectorsState) -> None:
         """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
-        self._state = self._state.replace(connectors=jax.device_put(state))
+        self._state = self._state.replace(connectors=device_copy(state))
 
     # -- internals -------------------------------------------------------------------------
 

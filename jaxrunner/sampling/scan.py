@@ -42,7 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.connectors.pipeline import POLICY_OBS, Connectors, ConnectorsState
+from jaxrunner.connectors.pipeline import (
+    POLICY_OBS,
+    Connectors,
+    ConnectorsState,
+    device_copy,
+)
 from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.policy import Params, Policy
@@ -310,7 +315,7 @@ class ScanSampler(Sampler):
 
     def set_connector_state(self, state: ConnectorsState) -> None:
         """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
-        actor = self._state.actor.replace(connectors=jax.device_put(state))
+        actor = self._state.actor.replace(connectors=device_copy(state))
         self._state = self._state.replace(actor=actor)
 
 
