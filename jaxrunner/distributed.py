@@ -319,10 +319,11 @@ class EnvRunnerGroup:
         finished = set(done)
         results: list[Trajectory] = []
         deltas: list[list[Moments]] = []
+        failed: list[tuple[_Slot, str]] = []  # replaced after the merge: they start from it
         for slot, ref in zip(slots, refs):
             if ref not in finished:
-                self._restart(
-                    slot, f"no sample within sample_timeout_s={self.config.sample_timeout_s}"
+                failed.append(
+                    (slot, f"no sample within sample_timeout_s={self.config.sample_timeout_s}")
                 )
                 continue
             try:
@@ -331,7 +332,12 @@ class EnvRunnerGroup:
                 deltas.append(delta)
             # RayError: also an env error Ray could not unpickle (UnserializableException).
             except ray.exceptions.RayError as err:
-                self._restart(slot, f"sample() failed: {err}")
+                failed.append((slot, f"sample() failed: {err}"))
+        if deltas and deltas[0]:  # connectors with statistics: merged in runner order, exactly
+            base = [] if self._statistics is None else [self._statistics]
+            self._statistics = merge_all([*base, *deltas])
+        for slot, why in failed:
+            self._restart(slot, why)
         if not results:
             raise RunnerFailedError(
                 f"EnvRunnerGroup.sample(): none of the runners {[s.index for s in slots]} returned "
@@ -339,9 +345,6 @@ class EnvRunnerGroup:
                 "env and the runners' logs, or raise sample_timeout_s."
             )
         self.num_env_steps_sampled += sum(int(np.sum(t.valid)) for t in results)
-        if deltas[0]:  # connectors with statistics: merged in runner order, exactly
-            base = [] if self._statistics is None else [self._statistics]
-            self._statistics = merge_all([*base, *deltas])
         return concatenate_envs(results) if concat else results
 
     @property
