@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import pathlib
+import re
 from typing import Any
 
 import flax.linen as nn
@@ -341,6 +343,14 @@ def test_learner_recomputes_the_sampled_log_probs_bit_for_bit():
     np.testing.assert_allclose(
         traj.extras["policy_next_obs"][:-1], traj.extras["policy_obs"][1:], rtol=1e-6
     )
+
+
+def test_readme_connectors_example_runs(capsys):
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Connectors", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README connectors", "exec"), {})
+    assert capsys.readouterr().out.startswith("(64, 8, 3) 1024.0 [")
 
 
 def test_connectors_are_checked():
