@@ -20,7 +20,12 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("optax")
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-NAMES = ("quickstart.ipynb", "ppo_cartpole.ipynb", "throughput.ipynb")
+NAMES = (
+    "quickstart.ipynb",
+    "ppo_cartpole.ipynb",
+    "throughput.ipynb",
+    "connectors_pendulum.ipynb",
+)
 RESULT_TAG = "NOTEBOOK_TEST_RESULT "
 
 
@@ -93,3 +98,21 @@ def test_ppo_short_run_improves(small, tmp_path):
     # mean (last 100 episodes) must have at least doubled.
     assert returns[-1] > 2 * returns[0], (returns[0], returns[-1])
     assert "sampling:" in text and "whole loop:" in text and "env steps/s" in text
+
+
+def test_connectors_notebook_runs(small, tmp_path):
+    extra = (
+        "import json\n"
+        f"print({RESULT_TAG!r} + json.dumps([[name, norm, c['return'][-1], "
+        "c['policy_obs_std']] for (name, norm), c in results.items()]))"
+    )
+    nb = execute("connectors_pendulum.ipynb", tmp_path, extra)
+    text = stream_text(nb)
+    line = next(line for line in text.splitlines() if line.startswith(RESULT_TAG))
+    runs = json.loads(line[len(RESULT_TAG) :])
+    assert len(runs) == 4 and all(math.isfinite(ret) for _, _, ret, _ in runs)
+    for name, normalize, _, std in runs:
+        if normalize:  # what the policy saw was normalized, whatever the units
+            assert all(0.3 < s < 3 for s in std), (name, std)
+        elif "deg/s" in name:
+            assert std[2] > 30, std  # the raw angular velocity, in degrees per second
