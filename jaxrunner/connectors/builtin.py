@@ -34,12 +34,13 @@ def _box_shape(who: str, space: spaces.Space) -> tuple[int, ...]:
 class NormalizeObservation(ObsConnector):
     """Running mean/std normalization: ``clip((obs - mean) / sqrt(var + epsilon))``.
 
-    The statistics a sample uses are fixed for the whole sample: each env gathers its
-    own observations' moments (Welford, per env) while it steps, and at the end of the
-    sample they are merged, in env order, into the statistics of the next sample. So
-    outputs never depend on how envs are grouped or batched, and the statistics equal
-    the mean and (population) variance of every observation seen so far. Before any
-    sample has ended they are mean 0, variance 1.
+    The statistics a sample uses are fixed for the whole sample: each env sums its own
+    observations while it steps (shifted by the current mean, so the sums stay small
+    and the step does adds and multiplies only), and at the end of the sample the
+    envs' moments are merged, in env order, into the statistics of the next sample.
+    So outputs never depend on how envs are grouped or batched, and the statistics
+    equal the mean and (population) variance of every observation seen so far. Before
+    any sample has ended they are mean 0, variance 1.
     """
 
     clip: float | None = 10.0
@@ -51,9 +52,9 @@ class NormalizeObservation(ObsConnector):
 
     def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorState:
         shape = _box_shape("NormalizeObservation", obs_space)
-        return ConnectorState(
-            per_env=Moments.zeros(shape, (num_envs,)), shared=RunningMoments.zeros(shape)
-        )
+        # Per env: [count, sum, sum of squares] of (obs - mean), one array (one buffer).
+        sums = jnp.zeros((num_envs, 3, *shape), jnp.float32)
+        return ConnectorState(per_env=sums, shared=RunningMoments.zeros(shape))
 
     def observation_space(self, space: spaces.Space) -> spaces.Space:
         bound = np.inf if self.clip is None else self.clip
@@ -61,16 +62,21 @@ class NormalizeObservation(ObsConnector):
 
     def normalize(self, stats: Moments, obs: jax.Array) -> jax.Array:
         """``obs`` normalized with ``stats`` (any leading axes)."""
-        out = (jnp.asarray(obs, jnp.float32) - stats.mean) / jnp.sqrt(stats.var + self.epsilon)
+        # One rsqrt of [*shape], then multiplies: no division per row.
+        scale = jax.lax.rsqrt(stats.var + self.epsilon)
+        out = (jnp.asarray(obs, jnp.float32) - stats.mean) * scale
         return out if self.clip is None else jnp.clip(out, -self.clip, self.clip)
 
     def __call__(
         self, state: ConnectorState, obs: Any, episode_start: jax.Array, active: jax.Array
     ) -> tuple[Any, ConnectorState]:
-        out = self.normalize(state.shared.stats, obs)
+        stats = state.shared.stats
+        out = self.normalize(stats, obs)
         if self.frozen:
             return out, state
-        return out, state.replace(per_env=state.per_env.add(obs))  # inactive rows: dropped
+        x = jnp.asarray(obs, jnp.float32) - stats.mean
+        step = jnp.stack([jnp.ones_like(x), x, x * x], axis=1)
+        return out, state.replace(per_env=state.per_env + step)  # inactive rows: dropped
 
     def follow(self, state: ConnectorState, seen: Any, next_obs: Any) -> Any:
         return self.normalize(state.shared.stats, next_obs)
@@ -78,9 +84,13 @@ class NormalizeObservation(ObsConnector):
     def end_sample(self, state: ConnectorState) -> ConnectorState:
         if self.frozen:
             return state
-        per_env = state.per_env
+        sums, shift = state.per_env, state.shared.stats.mean
+        n = sums[:, 0]
+        count = n.reshape(n.shape[0], -1)[:, 0]
+        mean = sums[:, 1] / jnp.maximum(n, 1.0)
+        per_env = Moments(count, shift + mean, jnp.maximum(sums[:, 2] - n * mean * mean, 0.0))
         return ConnectorState(
-            per_env=jax.tree.map(jnp.zeros_like, per_env), shared=state.shared.add(per_env.total())
+            per_env=jnp.zeros_like(sums), shared=state.shared.add(per_env.total())
         )
 
 
