@@ -37,6 +37,7 @@ from jaxrunner.connectors.pipeline import (
     POLICY_OBS,
     Connectors,
     ConnectorsState,
+    StatePacking,
     keep_active,
     put_rows,
     take_rows,
@@ -82,6 +83,19 @@ def initial_actor_state(
         initial_carry=policy.batched_carry(len(env_ids)),
         connectors=conn,
     )
+
+
+def host_actor_state(
+    policy: Policy, seed: int, num_envs: int, connectors: Connectors | None, obs_space: Any
+) -> tuple[ActorState, StatePacking | None]:
+    """:func:`initial_actor_state` of envs ``0..num_envs-1`` for a host sampler, with the
+    connectors' state packed into one device buffer (and the packing; None without
+    connectors): the state :class:`CompiledPolicyStep` takes and returns."""
+    state = initial_actor_state(policy, seed, np.arange(num_envs), connectors, obs_space)
+    if connectors is None:
+        return state, None
+    packing = StatePacking(state.connectors)
+    return state.replace(connectors=packing.to_device(state.connectors)), packing
 
 
 def act(
@@ -166,6 +180,7 @@ class CompiledPolicyStep:
         size: rows per call.
         obs_example: observations of ``size`` envs (numpy, ``[size, ...]``).
         connectors: the runner's connectors (their state is in ``state.connectors``).
+        packing: how ``state.connectors`` is packed (:func:`host_actor_state`).
     """
 
     def __init__(
@@ -176,6 +191,7 @@ class CompiledPolicyStep:
         size: int,
         obs_example: Any,
         connectors: Connectors | None = None,
+        packing: StatePacking | None = None,
     ) -> None:
         num_envs = int(state.env_steps.shape[0])
         self.size, self.num_envs = size, num_envs
@@ -188,6 +204,8 @@ class CompiledPolicyStep:
 
         def step(params: Params, state: ActorState, packed: jax.Array) -> tuple[jax.Array, Any]:
             obs, start, index = self._in_packing.unpack(packed)
+            if packing is not None:
+                state = state.replace(connectors=packing.unpack(state.connectors))
             if size == num_envs:  # rows are envs: keep the active rows' new state
                 action, env_action, extras, state = act(
                     policy.apply_fn, params, state, obs, start, index < num_envs, connectors
@@ -196,6 +214,8 @@ class CompiledPolicyStep:
                 action, env_action, extras, state = _act_gathered(
                     policy, params, state, obs, start, index, connectors
                 )
+            if packing is not None:
+                state = state.replace(connectors=packing.pack(state.connectors))
             out = (action, env_action, extras) if self._env_actions else (action, extras)
             # Shapes are static while tracing: the output layout is fixed here, once.
             traced["spec"] = jax.eval_shape(lambda: (action, extras))
@@ -287,4 +307,11 @@ def _act_gathered(
     return action, env_action, extras, state
 
 
-__all__ = ["ActorState", "CompiledPolicyStep", "Stage", "act", "initial_actor_state"]
+__all__ = [
+    "ActorState",
+    "CompiledPolicyStep",
+    "Stage",
+    "act",
+    "host_actor_state",
+    "initial_actor_state",
+]

@@ -211,7 +211,10 @@ def test_ready_first_buckets_update_statistics_from_real_rows_only():
     trajs, other = sample_twice(envs)
     for actual, want in zip(trajs, expected):
         jr.testing.assert_trees_equal(actual, want, "traj")
-    jr.testing.assert_trees_equal(other, state, "connector state")
+    # Buckets of other sizes are other XLA programs: their sums may differ in the last
+    # bit (as the policy's rows may; see jaxrunner.sampling.ready_first).
+    for a, b in zip(jax.tree.leaves(other), jax.tree.leaves(state)):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
 @dataclasses.dataclass(frozen=True)

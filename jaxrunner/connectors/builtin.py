@@ -38,9 +38,12 @@ class NormalizeObservation(ObsConnector):
     observations while it steps (shifted by the current mean, so the sums stay small
     and the step does adds and multiplies only), and at the end of the sample the
     envs' moments are merged, in env order, into the statistics of the next sample.
-    So outputs never depend on how envs are grouped or batched, and the statistics
-    equal the mean and (population) variance of every observation seen so far. Before
-    any sample has ended they are mean 0, variance 1.
+    So outputs never depend on how envs are grouped (the lockstep sampler's groups all
+    run one program), and the statistics equal the mean and (population) variance of
+    every observation seen so far. Ready-first buckets of other sizes are other
+    programs, whose sums XLA may round differently in the last bit, as it may the
+    policy's rows (see :mod:`jaxrunner.sampling.ready_first`). Before any sample has
+    ended the statistics are mean 0, variance 1.
     """
 
     clip: float | None = 10.0

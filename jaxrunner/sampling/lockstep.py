@@ -19,13 +19,13 @@ import numpy as np
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.callbacks import Callbacks, LiveEpisode
-from jaxrunner.connectors.pipeline import ConnectorsState, SampleEnd, device_copy
+from jaxrunner.connectors.pipeline import ConnectorsState, SampleEnd
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Params
-from jaxrunner.policy_step import CompiledPolicyStep, initial_actor_state
+from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.sampler import (
     Sampler,
@@ -100,13 +100,15 @@ class LockstepSampler(Sampler):
         self.groups = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
         """The envs of each pipelining group."""
         connectors = setup.connectors
-        self._state = initial_actor_state(
-            setup.policy, setup.seed, np.arange(num_envs), connectors, self._obs_space
+        self._state, self._packing = host_actor_state(
+            setup.policy, setup.seed, num_envs, connectors, self._obs_space
         )
         self._call = CompiledPolicyStep(
-            setup.policy, setup.params, self._state, num_envs, obs, connectors
+            setup.policy, setup.params, self._state, num_envs, obs, connectors, self._packing
         )
-        self._sample_end = None if connectors is None else SampleEnd(connectors)
+        self._sample_end = None
+        if connectors is not None and connectors.per_sample:
+            self._sample_end = SampleEnd(connectors, self._packing)  # type: ignore[arg-type]
         self._stages = [self._call.new_stage() for _ in self.groups]
         for stage, rows in zip(self._stages, self.groups):
             stage.env_index[rows] = np.arange(rows.start, rows.stop)
@@ -171,11 +173,12 @@ class LockstepSampler(Sampler):
 
     def get_connector_state(self) -> ConnectorsState:
         """The connectors' state (a host copy): the statistics the next sample uses."""
-        return jax.device_get(self._state.connectors)
+        return self._packing.to_host(self._state.connectors)  # type: ignore[union-attr]
 
     def set_connector_state(self, state: ConnectorsState) -> None:
         """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
-        self._state = self._state.replace(connectors=device_copy(state))
+        flat = self._packing.to_device(state)  # type: ignore[union-attr]
+        self._state = self._state.replace(connectors=flat)
 
     def _dispatch(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
         """Records group ``g``'s observations at step ``t`` and queues its policy step."""

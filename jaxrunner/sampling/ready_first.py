@@ -37,12 +37,12 @@ import jax
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.connectors.pipeline import ConnectorsState, SampleEnd, device_copy
+from jaxrunner.connectors.pipeline import ConnectorsState, SampleEnd
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Params
-from jaxrunner.policy_step import CompiledPolicyStep, initial_actor_state
+from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.sampler import (
     Sampler,
@@ -101,14 +101,18 @@ class ReadyFirstSampler(Sampler):
         self._clip = jr_spaces.clip_box_actions(self._action_space)
         self._obs = jr_spaces.map_structure(self._obs_space, np.copy, obs)  # latest, per env
         connectors = setup.connectors
-        self._state = initial_actor_state(
-            policy, setup.seed, np.arange(num_envs), connectors, self._obs_space
+        self._state, self._packing = host_actor_state(
+            policy, setup.seed, num_envs, connectors, self._obs_space
         )
-        self._sample_end = None if connectors is None else SampleEnd(connectors)
+        self._sample_end = None
+        if connectors is not None and connectors.per_sample:
+            self._sample_end = SampleEnd(connectors, self._packing)  # type: ignore[arg-type]
         self._calls = {}
         for n in self.buckets:
             example = jr_spaces.rows(self._obs_space, obs, slice(0, n))
-            self._calls[n] = CompiledPolicyStep(policy, params, self._state, n, example, connectors)
+            self._calls[n] = CompiledPolicyStep(
+                policy, params, self._state, n, example, connectors, self._packing
+            )
         self._stages = {n: call.new_stage() for n, call in self._calls.items()}
         self.action_spec, self._extras_spec = self._calls[num_envs].output_spec
         self._book = EpisodeBook(num_envs)
@@ -169,11 +173,12 @@ class ReadyFirstSampler(Sampler):
 
     def get_connector_state(self) -> ConnectorsState:
         """The connectors' state (a host copy): the statistics the next sample uses."""
-        return jax.device_get(self._state.connectors)
+        return self._packing.to_host(self._state.connectors)  # type: ignore[union-attr]
 
     def set_connector_state(self, state: ConnectorsState) -> None:
         """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
-        self._state = self._state.replace(connectors=device_copy(state))
+        flat = self._packing.to_device(state)  # type: ignore[union-attr]
+        self._state = self._state.replace(connectors=flat)
 
     # -- internals -------------------------------------------------------------------------
 
