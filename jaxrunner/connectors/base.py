@@ -21,7 +21,7 @@ rows where ``active`` is true, so results never depend on how envs are batched.
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.struct
 import jax
@@ -48,6 +48,10 @@ class ObsConnector(abc.ABC):
     Subclasses are frozen dataclasses (hashable, picklable: the runner's compiled
     programs close over them). Only :meth:`init` and :meth:`__call__` are required.
     """
+
+    first_only: ClassVar[bool] = False
+    """True for a connector that must come first: its :meth:`end_sample` reads its
+    inputs over the sample, which are then the Trajectory's observations."""
 
     @abc.abstractmethod
     def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorState:
@@ -77,9 +81,11 @@ class ObsConnector(abc.ABC):
         flags = jax.numpy.zeros(num_envs, bool)
         return jax.vmap(lambda x: self(state, x, flags, flags)[0])(next_obs)
 
-    def end_sample(self, state: ConnectorState) -> ConnectorState:
-        """Called once at the end of each sample (jitted): e.g. folds what the envs
-        gathered during the sample into the statistics the next sample uses."""
+    def end_sample(self, state: ConnectorState, inputs: Any = None) -> ConnectorState:
+        """Called once at the end of each sample (jitted), after :meth:`follow`: e.g.
+        folds the sample into the statistics the next sample uses. ``inputs`` is the
+        ``[T, B, ...]`` observations this connector received during the sample when it
+        is the first connector (``Trajectory.obs``), else None."""
         return state
 
 

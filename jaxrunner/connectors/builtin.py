@@ -4,7 +4,7 @@ action rescaling. Each is a small frozen dataclass: copy one to write your own."
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -34,16 +34,14 @@ def _box_shape(who: str, space: spaces.Space) -> tuple[int, ...]:
 class NormalizeObservation(ObsConnector):
     """Running mean/std normalization: ``clip((obs - mean) / sqrt(var + epsilon))``.
 
-    The statistics a sample uses are fixed for the whole sample: each env sums its own
-    observations while it steps (shifted by the current mean, so the sums stay small
-    and the step does adds and multiplies only), and at the end of the sample the
-    envs' moments are merged, in env order, into the statistics of the next sample.
-    So outputs never depend on how envs are grouped (the lockstep sampler's groups all
-    run one program), and the statistics equal the mean and (population) variance of
-    every observation seen so far. Ready-first buckets of other sizes are other
-    programs, whose sums XLA may round differently in the last bit, as it may the
-    policy's rows (see :mod:`jaxrunner.sampling.ready_first`). Before any sample has
-    ended the statistics are mean 0, variance 1.
+    The statistics a sample uses are fixed for the whole sample; at its end, the
+    moments of every observation of the sample (``Trajectory.obs``, the ones the
+    policy acted on) are merged into them for the next sample (Chan et al.'s parallel
+    variance). So the compiled step only normalizes, outputs never depend on how envs
+    are grouped or batched, and the statistics equal the mean and (population)
+    variance of every observation seen so far. Before any sample has ended they are
+    mean 0, variance 1. It must be the first observation connector (its statistics
+    are those of the env's observations).
     """
 
     clip: float | None = 10.0
@@ -53,11 +51,12 @@ class NormalizeObservation(ObsConnector):
     frozen: bool = False
     """Use the statistics without updating them (evaluation)."""
 
+    first_only: ClassVar[bool] = True
+
     def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorState:
-        shape = _box_shape("NormalizeObservation", obs_space)
-        # Per env: [count, sum, sum of squares] of (obs - mean), one array (one buffer).
-        sums = jnp.zeros((num_envs, 3, *shape), jnp.float32)
-        return ConnectorState(per_env=sums, shared=RunningMoments.zeros(shape))
+        return ConnectorState(
+            shared=RunningMoments.zeros(_box_shape("NormalizeObservation", obs_space))
+        )
 
     def observation_space(self, space: spaces.Space) -> spaces.Space:
         bound = np.inf if self.clip is None else self.clip
@@ -73,28 +72,17 @@ class NormalizeObservation(ObsConnector):
     def __call__(
         self, state: ConnectorState, obs: Any, episode_start: jax.Array, active: jax.Array
     ) -> tuple[Any, ConnectorState]:
-        stats = state.shared.stats
-        out = self.normalize(stats, obs)
-        if self.frozen:
-            return out, state
-        x = jnp.asarray(obs, jnp.float32) - stats.mean
-        step = jnp.stack([jnp.ones_like(x), x, x * x], axis=1)
-        return out, state.replace(per_env=state.per_env + step)  # inactive rows: dropped
+        return self.normalize(state.shared.stats, obs), state
 
     def follow(self, state: ConnectorState, seen: Any, next_obs: Any) -> Any:
         return self.normalize(state.shared.stats, next_obs)
 
-    def end_sample(self, state: ConnectorState) -> ConnectorState:
+    def end_sample(self, state: ConnectorState, inputs: Any = None) -> ConnectorState:
         if self.frozen:
             return state
-        sums, shift = state.per_env, state.shared.stats.mean
-        n = sums[:, 0]
-        count = n.reshape(n.shape[0], -1)[:, 0]
-        mean = sums[:, 1] / jnp.maximum(n, 1.0)
-        per_env = Moments(count, shift + mean, jnp.maximum(sums[:, 2] - n * mean * mean, 0.0))
-        return ConnectorState(
-            per_env=jnp.zeros_like(sums), shared=state.shared.add(per_env.total())
-        )
+        obs = jnp.asarray(inputs, jnp.float32)
+        batch = Moments.of(obs.reshape(-1, *obs.shape[2:]))
+        return state.replace(shared=state.shared.add(batch))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

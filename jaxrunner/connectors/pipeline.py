@@ -34,7 +34,6 @@ from jaxrunner.connectors.base import (
     RewardConnector,
 )
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
-from jaxrunner.transfer import Packing
 
 POLICY_OBS = "policy_obs"
 """``extras`` key of what the policy saw at each step."""
@@ -80,7 +79,13 @@ class Connectors:
             ("action", ActionConnector, self.action),
             ("reward", RewardConnector, () if self.reward is None else (self.reward,)),
         ):
-            for item in items:
+            for i, item in enumerate(items):
+                if name == "obs" and i > 0 and getattr(item, "first_only", False):
+                    raise InvalidArgumentError(
+                        f"Connectors(obs=[...]): {type(item).__name__} must be the first "
+                        f"observation connector (it is at position {i}); its statistics are "
+                        "those of the env's observations. Move it first."
+                    )
                 if not isinstance(item, kind):
                     raise InvalidArgumentTypeError(
                         f"Connectors({name}=...): expected {kind.__name__} instances, got "
@@ -126,6 +131,7 @@ class Connectors:
     def finish_sample(
         self,
         state: ConnectorsState,
+        obs: Any,
         policy_obs: Any,
         next_obs: Any,
         reward: jax.Array,
@@ -133,7 +139,8 @@ class Connectors:
         truncated: jax.Array,
         valid: jax.Array,
     ) -> tuple[dict[str, Any], ConnectorsState]:
-        """The per-sample part (pure, ``[T, B]`` inputs): the extras to add to the
+        """The per-sample part (pure; ``[T, B]`` inputs: the env's observations, what the
+        policy saw, the next observations, rewards and flags): the extras to add to the
         Trajectory and the state for the next sample."""
         extras: dict[str, Any] = {}
         if self.obs:
@@ -146,7 +153,10 @@ class Connectors:
         if self.reward is not None:
             scaled, reward_state = self.reward(state.reward, reward, terminated, truncated, valid)
             extras[SCALED_REWARD] = scaled
-        obs_states = tuple(c.end_sample(s) for c, s in zip(self.obs, state.obs))
+        obs_states = tuple(
+            c.end_sample(s, obs if i == 0 else None)
+            for i, (c, s) in enumerate(zip(self.obs, state.obs))
+        )
         return extras, ConnectorsState(obs_states, reward_state)
 
 
@@ -192,46 +202,72 @@ def device_copy(state: ConnectorsState) -> ConnectorsState:
 
 
 class StatePacking:
-    """The connectors' state as one flat device buffer between a host sampler's
-    compiled calls: each array a call takes and returns costs about 1.5 us of dispatch
-    on a CPU host, and a state has several (statistics, their delta, per-env sums).
+    """The connectors' state as one flat device buffer per dtype between a host
+    sampler's compiled calls: each array a call takes and returns costs about 1.5 us
+    of dispatch on a CPU host, and a state has several (statistics, their delta,
+    per-env sums). Leaves of a dtype are raveled and concatenated (no bitcasts, which
+    cost more than they save on a CPU).
 
     Args:
         example: the unpacked state (its shapes and dtypes fix the layout).
     """
 
     def __init__(self, example: ConnectorsState) -> None:
-        self._packing = Packing(example)
+        leaves, self.treedef = jax.tree.flatten(example)
+        self.shapes = [tuple(np.shape(x)) for x in leaves]
+        self.dtypes = [np.dtype(jax.dtypes.canonicalize_dtype(x.dtype)) for x in leaves]
+        self.groups = sorted({d.str for d in self.dtypes})
+        # Leaf i lives in buffer groups.index(dtype) at [offset, offset + size).
+        self.where: list[tuple[int, int, int]] = []
+        sizes = dict.fromkeys(self.groups, 0)
+        for shape, dtype in zip(self.shapes, self.dtypes):
+            size = int(np.prod(shape))
+            self.where.append((self.groups.index(dtype.str), sizes[dtype.str], size))
+            sizes[dtype.str] += size
+        self.sizes = [sizes[g] for g in self.groups]
 
-    def pack(self, state: ConnectorsState) -> jax.Array:
-        """Traceable: the flat buffer of ``state``."""
-        return self._packing.pack(state)
+    def pack(self, state: ConnectorsState) -> tuple[jax.Array, ...]:
+        """Traceable: the flat buffers of ``state``, one per dtype."""
+        parts: list[list[jax.Array]] = [[] for _ in self.groups]
+        for (group, _, _), leaf in zip(self.where, self.treedef.flatten_up_to(state)):
+            parts[group].append(jnp.ravel(leaf))
+        return tuple(
+            jnp.concatenate(p) if p else jnp.zeros(0, g) for p, g in zip(parts, self.groups)
+        )
 
-    def unpack(self, flat: jax.Array) -> ConnectorsState:
+    def unpack(self, flat: tuple[jax.Array, ...]) -> ConnectorsState:
         """Traceable: the state in ``flat``."""
-        return self._packing.unpack(flat)
+        leaves = [
+            flat[group][offset : offset + size].reshape(shape)
+            for (group, offset, size), shape in zip(self.where, self.shapes)
+        ]
+        return self.treedef.unflatten(leaves)
 
-    def to_host(self, flat: jax.Array) -> ConnectorsState:
-        """The state in a device buffer, as numpy copies (one explicit transfer)."""
-        host = np.array(jax.device_get(flat))
-        return jax.tree.map(np.copy, self._packing.host_views(host))
+    def to_host(self, flat: tuple[jax.Array, ...]) -> ConnectorsState:
+        """The state in device buffers, as numpy copies (one explicit transfer)."""
+        host = [np.asarray(x) for x in jax.device_get(flat)]
+        return self.treedef.unflatten(
+            [
+                host[group][offset : offset + size].reshape(shape).copy()
+                for (group, offset, size), shape in zip(self.where, self.shapes)
+            ]
+        )
 
-    def to_device(self, state: ConnectorsState) -> jax.Array:
-        """A fresh device buffer holding ``state`` (host or device arrays)."""
+    def to_device(self, state: ConnectorsState) -> tuple[jax.Array, ...]:
+        """Fresh device buffers holding ``state`` (host or device arrays)."""
         values, treedef = jax.tree.flatten(jax.device_get(state))
-        buffer = self._packing.allocate()
-        leaves = self._packing.host_leaves(buffer)
-        shapes = [np.shape(v) for v in values]
-        if treedef != self._packing.treedef or shapes != [x.shape for x in leaves]:
+        shapes = [tuple(np.shape(v)) for v in values]
+        if treedef != self.treedef or shapes != self.shapes:
             raise InvalidArgumentError(
                 "set_connector_state(state): expected the structure and shapes of "
-                f"get_connector_state() ({self._packing.treedef}, shapes "
-                f"{[x.shape for x in leaves]}), got {treedef}, shapes {shapes}. Start from "
-                "runner.get_connector_state() and replace its arrays."
+                f"get_connector_state() ({self.treedef}, shapes {self.shapes}), got "
+                f"{treedef}, shapes {shapes}. Start from runner.get_connector_state() and "
+                "replace its arrays."
             )
-        for dst, src in zip(leaves, values):
-            dst[...] = src
-        return jax.device_put(buffer)
+        buffers = [np.zeros(size, g) for size, g in zip(self.sizes, self.groups)]
+        for (group, offset, size), value in zip(self.where, values):
+            buffers[group][offset : offset + size] = np.ravel(value)
+        return tuple(jax.device_put(buffers))
 
 
 class SampleEnd:
@@ -239,17 +275,27 @@ class SampleEnd:
     and packed state: compiled once, one transfer each way per sample."""
 
     def __init__(self, connectors: Connectors, packing: StatePacking) -> None:
-        def finish(flat: jax.Array, *inputs: Any) -> tuple[dict[str, Any], jax.Array]:
+        def finish(flat: Any, *inputs: Any) -> tuple[dict[str, Any], Any]:
             extras, state = connectors.finish_sample(packing.unpack(flat), *inputs)
             return extras, packing.pack(state)
 
+        self._connectors = connectors
         self._fn = jax.jit(finish, donate_argnums=0)
 
-    def __call__(self, flat: jax.Array, traj: Any) -> tuple[Any, jax.Array]:
+    def __call__(self, flat: Any, traj: Any) -> tuple[Any, Any]:
         """Returns ``traj`` with the connectors' extras added and the new packed state."""
         policy_obs = traj.extras.get(POLICY_OBS)
+        obs = traj.obs if self._connectors.obs else None
         inputs = jax.device_put(
-            (policy_obs, traj.next_obs, traj.reward, traj.terminated, traj.truncated, traj.valid)
+            (
+                obs,
+                policy_obs,
+                traj.next_obs,
+                traj.reward,
+                traj.terminated,
+                traj.truncated,
+                traj.valid,
+            )
         )
         extras, flat = self._fn(flat, *inputs)
         extras = jax.tree.map(np.asarray, jax.device_get(extras))

@@ -251,6 +251,7 @@ def finish_sample(
     """The connectors' per-sample part on a device Trajectory (pure)."""
     extras, state = connectors.finish_sample(
         state,
+        traj.obs,
         traj.extras.get(POLICY_OBS),
         traj.next_obs,
         traj.reward,
