@@ -258,6 +258,16 @@ def test_ready_first_padding_rows_are_not_counted():
         assert runner.sampler.bucket_counts[2] + runner.sampler.bucket_counts[4] > 0
 
 
+def test_transfers_stay_explicit_with_connectors():
+    conn = full_connectors()
+    with make_runner(jr.make_vec(short_cartpole, 4), conn, num_groups=2) as runner:
+        runner.sample()
+        with jax.transfer_guard("disallow"):
+            traj = runner.sample()
+            runner.set_connector_state(runner.get_connector_state())
+    assert set(traj.extras) >= {"policy_obs", "policy_next_obs", "scaled_reward"}
+
+
 def test_scan_sampler_runs_connectors_and_keeps_statistics():
     venv = jr.JaxVectorEnv(RandomWalk(), num_envs=3)
     conn = C.Connectors(obs=[C.NormalizeObservation(clip=None)], reward=C.ScaleReward())

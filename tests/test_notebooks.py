@@ -104,7 +104,7 @@ def test_connectors_notebook_runs(small, tmp_path):
     extra = (
         "import json\n"
         f"print({RESULT_TAG!r} + json.dumps([[name, norm, c['return'][-1], "
-        "c['policy_obs_std']] for (name, norm), c in results.items()]))"
+        "c['policy_obs_std']] for (name, norm), cs in results.items() for c in cs]))"
     )
     nb = execute("connectors_pendulum.ipynb", tmp_path, extra)
     text = stream_text(nb)
