@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pathlib
 import re
 import subprocess
@@ -56,6 +57,10 @@ def import_base(revision: str, into: pathlib.Path) -> Any:
             source = IMPORT.sub(r"\1\2 jaxrunner_base", source.decode()).encode()
         target.write_bytes(source)
     sys.path.insert(0, str(into))
+    # Worker processes and Ray actors import it too: they inherit PYTHONPATH.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(into), str(REPO), os.environ.get("PYTHONPATH")) if p
+    )
     return importlib.import_module("jaxrunner_base")
 
 

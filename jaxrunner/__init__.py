@@ -38,6 +38,8 @@ from jaxrunner.metrics_log import MetricsWriter, flatten_metrics
 from jaxrunner.policy import Policy
 from jaxrunner.returns import GAE, discounted_returns, gae
 from jaxrunner.sampling import EnvRunner
+from jaxrunner.sampling.checkpoint import RestoreReport
+from jaxrunner.sampling.seeds import env_seeds
 from jaxrunner.trajectory import Episode, Trajectory, concatenate, concatenate_episodes
 
 __version__ = "0.1.0"
@@ -83,6 +85,7 @@ __all__ = [
     "RayConfig",
     "RayEnvConfig",
     "RayVectorEnv",
+    "RestoreReport",
     "RestartPolicy",
     "SyncVectorEnv",
     "Trajectory",
@@ -92,6 +95,7 @@ __all__ = [
     "concatenate_episodes",
     "connectors",
     "discounted_returns",
+    "env_seeds",
     "errors",
     "evaluate",
     "flatten_metrics",

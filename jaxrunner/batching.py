@@ -31,7 +31,7 @@ from gymnasium import spaces
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.errors import ClosedError
 from jaxrunner.policy import Params, Policy, check_params_like
-from jaxrunner.transfer import Packing
+from jaxrunner.transfer import Packing, compile_packed
 
 logger = logging.getLogger("jaxrunner.batching")
 
@@ -324,13 +324,11 @@ class PolicyBatcher:
             np.zeros(size, np.uint32),
             None if carry is None else jax.tree.map(np.asarray, carry),
         )
-        in_packing = Packing(in_example)
-        traced: dict[str, Packing] = {}
         seed = self._seed
 
-        def step(params: Params, packed: jax.Array) -> jax.Array:
+        def step(params: Params, inputs: Any) -> tuple[Any]:
             self.num_traces += 1  # runs only while tracing: counts compiles
-            obs, given, logged, id_hi, id_lo, steps, carry = in_packing.unpack(packed)
+            obs, given, logged, id_hi, id_lo, steps, carry = inputs
 
             def key_of(hi: jax.Array, lo: jax.Array, t: jax.Array) -> jax.Array:
                 key = jax.random.fold_in(jax.random.key(seed), hi)
@@ -351,17 +349,12 @@ class PolicyBatcher:
                 else:  # no way to score a given action: mark it, never invent one
                     taken_lp = jnp.full_like(extras["log_prob"], jnp.nan)
                 extras["log_prob"] = jnp.where(logged, taken_lp, extras["log_prob"])
-            traced["out"] = Packing((action, extras, new_carry))
-            return traced["out"].pack((action, extras, new_carry))
+            return ((action, extras, new_carry),)
 
-        packed_spec = jax.ShapeDtypeStruct((in_packing.nbytes,), jnp.uint8)
-        compiled = jax.jit(step).trace(self._params, packed_spec).lower().compile()
-        out_packing = traced["out"]
-        action_spec = out_packing.treedef.unflatten(
-            [jax.ShapeDtypeStruct(s, d) for s, d in zip(out_packing.shapes, out_packing.dtypes)]
-        )[0]
-        jr_spaces.check_policy_actions(self._action_space, action_spec, size)
-        entry = (compiled, in_packing, out_packing, in_packing.allocate())
+        program = compile_packed(step, (self._params,), in_example)
+        jr_spaces.check_policy_actions(self._action_space, program.output_spec[0], size)
+        compiled = lambda params, stage: program.run(params, stage)[0]  # noqa: E731
+        entry = (compiled, program.inputs, program.outputs, program.inputs.allocate())
         self._compiled[size] = entry
         return entry
 

@@ -10,8 +10,9 @@ while the group goes on sampling from the others.
 
 Ids. Runner ``i`` (of ``N``, ``n`` envs each) reports env ids ``i*n .. i*n+n-1``.
 Its ``k``-th incarnation (0 at first, +1 per restart) uses seed
-``seed + (k*N + i) * n``, so sub-env seeds are ``seed + global env id`` at first and
-never repeat after a restart, and its episode ids are ``((k*N + i) << 40) + local id``:
+``seed + (k*N + i) * n``: no two runners or incarnations share a seed, so their sub-envs'
+reset seeds (:func:`jaxrunner.env_seeds`) are unrelated blocks that do not overlap, and
+its episode ids are ``((k*N + i) << 40) + local id``:
 unique across runners and restarts.
 
 Connector statistics (``runner_options={"connectors": ...}``, e.g. observation

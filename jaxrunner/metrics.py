@@ -111,6 +111,39 @@ class RunnerMetrics:
         self.num_dropped_steps += counts.num_dropped_steps
         self.episodes.add(counts.returns, counts.lengths)
 
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Counters, episode windows and perf timers as arrays (for checkpoints)."""
+        return {
+            "counters": np.array(
+                [
+                    self.num_env_steps,
+                    self.num_faulty_episodes,
+                    self.num_dropped_steps,
+                    self.episodes.num_episodes,
+                    self.perf._steps,
+                ],
+                np.int64,
+            ),
+            "sample_time_s": np.asarray(self.sample_time_s, np.float64),
+            "returns": np.array(self.episodes._returns, np.float64),
+            "lengths": np.array(self.episodes._lengths, np.int64),
+            "perf": np.array([self.perf._value[key] for key in PERF_KEYS], np.float64),
+        }
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        """Takes a :meth:`get_state` as its own (the windows keep this runner's size)."""
+        counters = [int(c) for c in state["counters"]]
+        self.num_env_steps, self.num_faulty_episodes, self.num_dropped_steps = counters[:3]
+        self.episodes.num_episodes, self.perf._steps = counters[3:]
+        self.sample_time_s = float(state["sample_time_s"])
+        for window, key in (
+            (self.episodes._returns, "returns"),
+            (self.episodes._lengths, "lengths"),
+        ):
+            window.clear()
+            window.extend(state[key].tolist())
+        self.perf._value = dict(zip(PERF_KEYS, state["perf"].tolist()))
+
     def summary(self) -> dict[str, Any]:
         return {
             "num_env_steps": self.num_env_steps,

@@ -43,7 +43,7 @@ from jaxrunner.connectors.pipeline import (
     take_rows,
 )
 from jaxrunner.policy import Params, Policy
-from jaxrunner.transfer import Packing
+from jaxrunner.transfer import compile_packed
 
 
 @flax.struct.dataclass
@@ -195,15 +195,11 @@ class CompiledPolicyStep:
     ) -> None:
         num_envs = int(state.env_steps.shape[0])
         self.size, self.num_envs = size, num_envs
-        self._in_packing = Packing(
-            (obs_example, np.zeros(size, np.bool_), np.zeros(size, np.int32))
-        )
         # The env's action travels in the same output only when it differs.
         self._env_actions = connectors is not None and bool(connectors.action)
-        traced: dict[str, Any] = {}
 
-        def step(params: Params, state: ActorState, packed: jax.Array) -> tuple[jax.Array, Any]:
-            obs, start, index = self._in_packing.unpack(packed)
+        def step(params: Params, state: ActorState, inputs: Any) -> tuple[Any, ActorState]:
+            obs, start, index = inputs
             if packing is not None:
                 state = state.replace(connectors=packing.unpack(state.connectors))
             if size == num_envs:  # rows are envs: keep the active rows' new state
@@ -216,17 +212,15 @@ class CompiledPolicyStep:
                 )
             if packing is not None:
                 state = state.replace(connectors=packing.pack(state.connectors))
-            out = (action, env_action, extras) if self._env_actions else (action, extras)
-            # Shapes are static while tracing: the output layout is fixed here, once.
-            traced["spec"] = jax.eval_shape(lambda: (action, extras))
-            traced["packing"] = Packing(out)
-            return traced["packing"].pack(out), state
+            if self._env_actions:
+                return (action, env_action, extras), state
+            return (action, extras), state
 
-        packed_spec = jax.ShapeDtypeStruct((self._in_packing.nbytes,), jnp.uint8)
-        lowered = jax.jit(step, donate_argnums=1).trace(params, state, packed_spec).lower()
-        self._step = lowered.compile()
-        self._out_packing: Packing = traced["packing"]
-        self.output_spec: tuple[Any, Any] = traced["spec"]
+        example = (obs_example, np.zeros(size, np.bool_), np.zeros(size, np.int32))
+        program = compile_packed(step, (params, state), example, donate_argnums=(1,))
+        self._step, self._in_packing, self._out_packing = program[:3]
+        spec = program.output_spec
+        self.output_spec: tuple[Any, Any] = (spec[0], spec[-1])
         """Shapes and dtypes of ``(action, extras)`` for ``size`` rows."""
         self._action_treedef = jax.tree.structure(self.output_spec[0])
         self._action_is_leaf = jax.tree_util.treedef_is_leaf(self._action_treedef)

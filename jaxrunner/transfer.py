@@ -9,7 +9,8 @@ compiles to free reinterpretations.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -90,3 +91,43 @@ class Packing:
         if not pieces:
             return jnp.zeros(self.nbytes, jnp.uint8)
         return jnp.concatenate(pieces)
+
+
+class PackedProgram(NamedTuple):
+    """A program compiled ahead of time by :func:`compile_packed`."""
+
+    run: Callable[..., tuple[Any, ...]]
+    """``run(*args, packed_inputs) -> (packed_outputs, *rest)``."""
+    inputs: Packing
+    """Layout of the packed inputs (``inputs.allocate()`` gives a host stage)."""
+    outputs: Packing
+    """Layout of the packed outputs."""
+    output_spec: Any
+    """Shapes and dtypes of the outputs, as a pytree of ``jax.ShapeDtypeStruct``."""
+
+
+def compile_packed(
+    fn: Callable[..., tuple[Any, ...]],
+    args: tuple[Any, ...],
+    inputs_example: Any,
+    *,
+    donate_argnums: tuple[int, ...] = (),
+) -> PackedProgram:
+    """Compiles ``fn(*args, inputs) -> (outputs, *rest)`` once, ahead of time, with
+    ``inputs`` (shaped like ``inputs_example``) unpacked from one ``uint8`` buffer and
+    ``outputs`` packed into one: one transfer each way per call. The one compile path
+    of the samplers' policy step and the ExternalEnv batcher."""
+    in_packing = Packing(inputs_example)
+    traced: dict[str, Any] = {}
+
+    def program(*call_args: Any) -> tuple[Any, ...]:
+        *lead, packed = call_args
+        outputs, *rest = fn(*lead, in_packing.unpack(packed))
+        # Shapes are static while tracing: the output layout is fixed here, once.
+        traced["spec"] = jax.eval_shape(lambda: outputs)
+        traced["packing"] = Packing(outputs)
+        return (traced["packing"].pack(outputs), *rest)
+
+    packed_spec = jax.ShapeDtypeStruct((in_packing.nbytes,), jnp.uint8)
+    lowered = jax.jit(program, donate_argnums=donate_argnums).trace(*args, packed_spec).lower()
+    return PackedProgram(lowered.compile(), in_packing, traced["packing"], traced["spec"])

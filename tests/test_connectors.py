@@ -417,3 +417,21 @@ def test_group_merges_statistics_exactly_broadcasts_them_and_restarts_from_them(
             jr.testing.assert_trees_equal(obs_stats(state), latest, "restarted runner stats")
     finally:
         ray.shutdown()
+
+
+def test_connector_state_is_part_of_the_checkpoint(tmp_path):
+    path = tmp_path / "runner.npz"
+    for make in (
+        lambda: jr.make_vec(short_cartpole, 3, "sync"),
+        lambda: jr.JaxVectorEnv(RandomWalk(), num_envs=3),
+    ):
+        with make_runner(make(), full_connectors(), rollout_length=10, seed=4) as runner:
+            runner.sample()
+            runner.save(path)
+            expected = jax.device_get(runner.sample())
+            state = runner.get_connector_state()
+        with make_runner(make(), full_connectors(), rollout_length=10, seed=4) as resumed:
+            resumed.restore(path, load_env_pickles=True)
+            actual = jax.device_get(resumed.sample())
+            jr.testing.assert_trees_equal(resumed.get_connector_state(), state, "state")
+        jr.testing.assert_trees_equal(actual, expected, "sample after restore")

@@ -130,7 +130,7 @@ def test_async_mode_samples_ready_first_and_replays_exactly(mlp: Callable) -> No
     cont = ~done[:-1]
     np.testing.assert_array_equal(traj.obs[1:][cont], traj.next_obs[:-1][cont])
     with closing(_envpool(n)) as replay:
-        obs = replay.reset_batch([SEED + i for i in range(n)])[0].copy()
+        obs = replay.reset_batch(jr.env_seeds(SEED, n))[0].copy()  # as the runner seeds it
         for t in range(length * samples):
             np.testing.assert_array_equal(traj.obs[t], obs)
             out = replay.step_batch(traj.action[t])

@@ -1,4 +1,5 @@
-"""Tests for jaxrunner.envs.gymnasium_adapter: backend="gymnasium" and jr.from_gymnasium.
+"""Tests for jaxrunner.envs.gymnasium_adapter and .masked_reset: backend="gymnasium" and
+jr.from_gymnasium.
 
 Whatever the wrapped env's autoreset mode, the adopted env must equal gymnasium's own
 SyncVectorEnv in SAME_STEP mode step for step (so no reset step is ever emitted and every
@@ -22,7 +23,7 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 
 import jaxrunner as jr
-from jaxrunner.envs.gymnasium_adapter import reset_with_mask
+from jaxrunner.envs.masked_reset import reset_with_mask
 from jaxrunner.envs.vector_infos import SplitInfos, split_info
 from jaxrunner.errors import (
     EnvError,

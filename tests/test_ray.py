@@ -135,11 +135,11 @@ def test_send_recv_answers_the_first_actor_ready_and_replaces_a_dead_one():
     with pytest.raises(jr.errors.InvalidArgumentError, match="whole actors"):
         envs.send(np.zeros(1, np.int64), slice(1, 2))
     actions = np.array([1, 2, 0, 1])
+    want = ref.step_batch(actions)  # before the send: recv must find actor 0 still busy
+    want = (want.obs.copy(), want.reward.copy())
     envs.send(actions)
     with pytest.raises(jr.errors.InvalidArgumentError, match="still in flight"):
         envs.send(actions[2:], slice(2, 4))
-    want = ref.step_batch(actions)
-    want = (want.obs.copy(), want.reward.copy())
     for rows in (slice(2, 4), slice(0, 2)):  # the fast actor first
         out = envs.recv()
         assert out.env_ids == rows and out.failed is None
@@ -157,6 +157,13 @@ def test_send_recv_answers_the_first_actor_ready_and_replaces_a_dead_one():
     out = envs.step_batch(actions)  # every actor again, in lockstep
     assert out.env_ids is None
     np.testing.assert_array_equal(out.next_obs[:, CountingEnv.T], [1, 1, 2, 2])
+    # Actors that are both ready come back together, as one batch in actor order.
+    envs.send(actions[2:], slice(2, 4))
+    envs.send(actions[:2], np.arange(2))
+    time.sleep(1.0)
+    out = envs.recv()
+    np.testing.assert_array_equal(out.env_ids, np.arange(4))
+    np.testing.assert_array_equal(out.next_obs[:, CountingEnv.T], [2, 2, 3, 3])
     envs.close()
     ref.close()
 
@@ -390,3 +397,11 @@ def test_group_runner_whose_env_raises_is_replaced(group_params, tmp_path):
         assert "raised in step()" in failures[0] and "broke on purpose" in failures[0]
         group.wait_until_healthy(120.0)
         assert len(group.sample(concat=False)) == 2
+
+
+class TestRayContract(jr.testing.VectorEnvContract):
+    """The backend contract, send/recv included, over Ray actors of two sub-envs."""
+
+    def make_vec(self, env_fns):
+        config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
+        return jr.RayVectorEnv(env_fns, config)

@@ -26,7 +26,8 @@ def replay(make_env, seed: int, trajs: list[jr.Trajectory], b: int, clip=None) -
     """Replays env ``b``'s actions in a fresh reference env and checks every field
     exactly; returns the number of steps replayed."""
     env = make_env()
-    obs, _ = env.reset(seed=seed + b)
+    # The runner resets env b with the seed the one rule gives it.
+    obs, _ = env.reset(seed=jr.env_seeds(seed, trajs[0].reward.shape[1])[b])
     steps = 0
     for traj in trajs:
         for t in range(traj.num_steps):

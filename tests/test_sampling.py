@@ -138,3 +138,19 @@ def test_a_second_live_runner_on_the_same_envs_is_refused():
     gc.collect()
     with jr.EnvRunner(envs, policy, params, 4, 1) as second:  # no live owner left
         assert second.sample().num_steps == 4
+
+
+def test_process_ready_first_equals_lockstep_and_counts_every_step():
+    """``ProcessConfig(ready_first=True)``: the runner infers for whichever worker
+    answered first; every env still records exactly T steps per sample, equal to the
+    sync backend's for the same seed."""
+    reference = _samples(jr.make_vec(_short_cartpole, 4))
+    config = jr.ProcessConfig(num_workers=2, ready_first=True)
+    envs = jr.make_vec(_short_cartpole, 4, backend="process", config=config)
+    policy, params = _policy()
+    with jr.EnvRunner(envs, policy, params, rollout_length=11, seed=SEED) as runner:
+        assert isinstance(runner.sampler, ReadyFirstSampler)
+        got = [runner.sample() for _ in range(3)]
+        assert runner.get_metrics()["num_env_steps"] == 3 * 11 * 4
+    for ours, theirs in zip(got, reference):
+        chex.assert_trees_all_equal(ours, theirs)

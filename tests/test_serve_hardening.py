@@ -58,6 +58,12 @@ def wait_for(condition, timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def open_episode(url: str) -> tuple[int, dict]:
+    """Starts an episode over HTTP; returns its id and a request body with ``OBS``."""
+    eid = post(url, "/v1/episodes", {}).json()["episode_id"]
+    return eid, {"obs": wire.encode_array(OBS)}
+
+
 def one_episode(env: jr.ExternalEnv) -> jr.Episode:
     (episode,) = env.poll_episodes()
     return episode
@@ -70,8 +76,7 @@ def test_http_timeout_then_retry_records_one_step():
     env = make_env(action_timeout_s=0.3)
     gated = GatedPolicy(env)
     with env, PolicyServer(env, require_token=False) as server:
-        eid = post(server.url, "/v1/episodes", {}).json()["episode_id"]
-        act = {"obs": wire.encode_array(OBS)}
+        eid, act = open_episode(server.url)
         gated.gate.clear()
         first = post(server.url, f"/v1/episodes/{eid}/action", act)
         assert first.status_code == 503 and first.json()["error"]["code"] == "timeout"
@@ -103,14 +108,13 @@ def test_http_client_that_hangs_up_gets_no_step(answer_before_noticed):
     env = make_env(action_timeout_s=30)
     gated = GatedPolicy(env)
     with env, PolicyServer(env, require_token=False) as server:
-        eid = post(server.url, "/v1/episodes", {}).json()["episode_id"]
-        act = {"obs": wire.encode_array(OBS)}
+        eid, act = open_episode(server.url)
         gated.gate.clear()
         _hang_up_during(server.url, f"/v1/episodes/{eid}/action", act)
         if answer_before_noticed:  # the action is computed while the client is gone
             gated.gate.set()
         else:  # the server notices the hang-up first and withdraws the request
-            wait_for(lambda: any(future.cancelled() for future in list(env._tickets)))
+            wait_for(lambda: any(future.cancelled() for future in list(env._delivery.tickets)))
             gated.gate.set()
         wait_for(lambda: env.get_metrics()["num_dropped_steps"] == 1)
         assert when_idle(server.url, f"/v1/episodes/{eid}/action", act).status_code == 200
@@ -122,8 +126,7 @@ def test_http_failed_policy_call_frees_the_episode():
     env = make_env(max_concurrent=1)
     gated = GatedPolicy(env)
     with env, PolicyServer(env, require_token=False) as server:
-        eid = post(server.url, "/v1/episodes", {}).json()["episode_id"]
-        act = {"obs": wire.encode_array(OBS)}
+        eid, act = open_episode(server.url)
         gated.fail = 1
         failed = post(server.url, f"/v1/episodes/{eid}/action", act)
         assert failed.status_code == 500 and "Traceback" not in failed.text
@@ -207,8 +210,7 @@ def test_transport_errors_are_json(tmp_path):
 def test_http_memory_limit_answers_429():
     env = make_env(max_memory_bytes=20_000)
     with env, PolicyServer(env, require_token=False) as server:
-        eid = post(server.url, "/v1/episodes", {}).json()["episode_id"]
-        act = {"obs": wire.encode_array(OBS)}
+        eid, act = open_episode(server.url)
         for _ in range(100):
             got = post(server.url, f"/v1/episodes/{eid}/action", act)
             if got.status_code != 200:

@@ -205,7 +205,7 @@ class StatePacking:
     """The connectors' state as one flat device buffer per dtype between a host
     sampler's compiled calls: each array a call takes and returns costs about 1.5 us
     of dispatch on a CPU host, and a state has several (statistics, their delta,
-    per-env sums). Leaves of a dtype are raveled and concatenated (no bitcasts, which
+    per-env rows). Leaves of a dtype are raveled and concatenated (no bitcasts, which
     cost more than they save on a CPU).
 
     Args:

@@ -109,6 +109,9 @@ class Capabilities:
     pipeline_groups: int | None = None
     """Lockstep groups when the runner is given ``num_groups=None`` (None: the
     sampler's own rule)."""
+    can_snapshot: bool = False
+    """The sub-envs' state can be saved and restored (:meth:`VectorEnv.snapshot_sub_envs`),
+    so a checkpointed runner resumes their episodes exactly."""
 
     def __post_init__(self) -> None:
         if self.recv_batch_size is not None and not self.ready_first:
@@ -143,6 +146,10 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
     restart_policy: RestartPolicy | None = None
     """How failed sub-envs are recreated (None: failures raise); given at construction,
     only where ``capabilities.can_restart``."""
+    reset_seed: int | None = None
+    """The int seed of the last ``reset(seed=...)`` (e.g. ``make_vec(..., seed=...)``);
+    None if there was none. An :class:`~jaxrunner.EnvRunner` reads it to warn when its
+    own seed overrides this one."""
 
     # Set by subclasses in __init__.
     num_envs: int
@@ -185,6 +192,21 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
     ) -> tuple[Any, dict[str, Any]]:
         """Resets sub-env ``index`` only; returns its observation and info."""
 
+    def snapshot_sub_envs(self) -> list[bytes]:
+        """Every sub-env's state, as a pickle (only where ``capabilities.can_snapshot``).
+        Unpickling runs code: restore only snapshots you made yourself."""
+        raise InvalidArgumentError(
+            f"{type(self).__name__} cannot snapshot its sub-envs (capabilities.can_snapshot "
+            "is False)."
+        )
+
+    def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
+        """Replaces every sub-env by its snapshot (:meth:`snapshot_sub_envs`)."""
+        raise InvalidArgumentError(
+            f"{type(self).__name__} cannot restore sub-env snapshots (capabilities.can_snapshot "
+            "is False)."
+        )
+
     @abc.abstractmethod
     def _obs_buffer(self) -> Any:
         """The current observations, ``[B, ...]`` (a view of the env's buffer)."""
@@ -204,6 +226,8 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
         """gymnasium ``reset``: sub-env ``i`` is seeded with ``seed + i``. As in
         gymnasium, ``options["reset_mask"]`` (a bool array) resets only those envs."""
         seeds = normalize_seeds(seed, self.num_envs)
+        if seed is not None:
+            self.reset_seed = int(seed) if isinstance(seed, (int, np.integer)) else None
         options = dict(options) if options else None
         mask = options.pop("reset_mask", None) if options else None
         if mask is None:

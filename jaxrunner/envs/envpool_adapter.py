@@ -47,7 +47,7 @@ def reset_envpool(
     seeds: list[int | None] | None,
     options: dict[str, Any] | None,
 ) -> tuple[Any, Sequence[dict[str, Any]]]:
-    """A :data:`~jaxrunner.envs.gymnasium_adapter.MaskedReset` for EnvPool's gymnasium
+    """A :data:`~jaxrunner.envs.masked_reset.MaskedReset` for EnvPool's gymnasium
     envs: ``reset(env_id=...)`` resets those sub-envs and returns their rows only."""
     if (seeds is not None and any(s is not None for s in seeds)) or options:
         raise InvalidArgumentError(

@@ -20,12 +20,8 @@ in the same ``step_batch`` call) and never emits a fabricated transition:
 * ``DISABLED``: the env never resets by itself; the adapter resets the ended sub-envs
   with ``reset(options={"reset_mask": done})``, the way gymnasium asks its users to.
 
-A masked reset must reset the masked sub-envs and nothing else. gymnasium's
-``SyncVectorEnv`` and ``AsyncVectorEnv`` do it with ``options["reset_mask"]``; natively
-vectorized envs often ignore that option (``CartPoleVectorEnv`` resets every env), so
-:data:`MASKED_RESETS` holds per-class resets for them and :func:`from_gymnasium` takes a
-``masked_reset`` for any other. A NEXT_STEP env with no known masked reset is refused
-(stepping it would mean emitting, or silently dropping, its reset steps).
+How a masked reset is done for each kind of env (and why natively vectorized CartPole
+needs one of its own) is :mod:`jaxrunner.envs.masked_reset`.
 """
 
 from __future__ import annotations
@@ -36,12 +32,12 @@ from typing import Any
 import gymnasium
 import numpy as np
 from gymnasium import spaces
-from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, InProcessVectorEnv
+from jaxrunner.envs.masked_reset import MaskedReset, masked_reset_for
 from jaxrunner.envs.vector_infos import (
     EMPTY_RESET_INFOS,
     FINAL_KEYS,
@@ -56,88 +52,6 @@ from jaxrunner.errors import (
     InvalidStepError,
     SpaceMismatchError,
 )
-
-MaskedReset = Callable[
-    [gymnasium.vector.VectorEnv, np.ndarray, "list[int | None] | None", "dict[str, Any] | None"],
-    "tuple[Any, Sequence[dict[str, Any]]]",
-]
-"""``masked_reset(env, mask, seeds, options) -> (obs, infos)``: resets the sub-envs where
-the bool array ``mask`` is True (sub-env ``i`` with ``seeds[i]`` when ``seeds`` is given)
-and no other, so that the env's next ``step`` is a real step for every sub-env (a NEXT_STEP
-env must forget that those episodes ended). Returns the reset observations of the masked
-sub-envs only (``[mask.sum(), ...]``, in index order) and their infos (one dict each)."""
-
-
-def reset_with_mask(
-    env: gymnasium.vector.VectorEnv,
-    mask: np.ndarray,
-    seeds: list[int | None] | None,
-    options: dict[str, Any] | None,
-) -> tuple[Any, Sequence[dict[str, Any]]]:
-    """A :data:`MaskedReset` through gymnasium's ``reset(options={"reset_mask": mask})``
-    (``SyncVectorEnv``, ``AsyncVectorEnv`` and envs that follow them)."""
-    obs, merged = env.reset(seed=seeds, options={**(options or {}), "reset_mask": mask})
-    indices = np.flatnonzero(mask)
-    space = env.single_observation_space
-    infos = SplitInfos(merged, env.num_envs)
-    return jr_spaces.map_structure(space, lambda leaf: leaf[indices], obs), [
-        infos[i] for i in indices.tolist()
-    ]
-
-
-def reset_cartpole_vector(
-    env: gymnasium.vector.VectorEnv,
-    mask: np.ndarray,
-    seeds: list[int | None] | None,
-    options: dict[str, Any] | None,
-) -> tuple[Any, Sequence[dict[str, Any]]]:
-    """A :data:`MaskedReset` for gymnasium's ``CartPoleVectorEnv`` (NEXT_STEP, and its
-    ``reset`` ignores ``reset_mask``).
-
-    It does exactly what the env's own next ``step`` would do to the ended envs (draws
-    their new state from the env's generator in one ``uniform(size=(4, k))`` call, zeroes
-    their step counts) and clears their pending-reset flags, so the next ``step`` is a
-    real step for every env and draws the same random numbers the env would have drawn.
-    """
-    if (seeds is not None and any(s is not None for s in seeds)) or options:
-        raise InvalidArgumentError(
-            "CartPoleVectorEnv draws every sub-env's start state from one generator, so one "
-            "sub-env cannot be reset with its own seed or options. Reset the whole vector env "
-            "(reset(seed=...)), or use vectorization_mode='sync' for per-env seeding."
-        )
-    cartpole = env.unwrapped
-    count = int(mask.sum())
-    cartpole.state[:, mask] = cartpole.np_random.uniform(
-        low=cartpole.low, high=cartpole.high, size=(4, count)
-    )
-    cartpole.steps[mask] = 0
-    cartpole.prev_done[mask] = False
-    return cartpole.state[:, mask].T.astype(np.float32), _NoInfos(count)
-
-
-class _NoInfos(Sequence[dict[str, Any]]):
-    """``count`` empty infos, a fresh dict for each read (nothing built up front)."""
-
-    def __init__(self, count: int) -> None:
-        self._count = count
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [{} for _ in range(*index.indices(self._count))]
-        if not -self._count <= index < self._count:
-            raise IndexError(index)
-        return {}
-
-
-MASKED_RESETS: dict[type, MaskedReset] = {
-    gymnasium.vector.SyncVectorEnv: reset_with_mask,
-    gymnasium.vector.AsyncVectorEnv: reset_with_mask,
-    CartPoleVectorEnv: reset_cartpole_vector,
-}
-"""Known masked resets, by the class of the wrapped env's ``unwrapped``."""
 
 
 def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | None:
@@ -161,9 +75,9 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
 
     Args:
         env: the gymnasium vector env; the adapter owns it and closes it.
-        masked_reset: how to reset some sub-envs only (a :data:`MaskedReset`); ``None``
-            looks the class of ``env.unwrapped`` up in :data:`MASKED_RESETS`, and falls
-            back to :func:`reset_with_mask` for DISABLED envs (gymnasium's contract).
+        masked_reset: how to reset some sub-envs only (a
+            :data:`~jaxrunner.envs.masked_reset.MaskedReset`); ``None`` picks a known one
+            (:func:`~jaxrunner.envs.masked_reset.masked_reset_for`).
         copy: if True, ``reset``/``step`` return copies of the observation buffer.
 
     Raises:
@@ -205,21 +119,7 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
                 f"from_gymnasium: the env's metadata['autoreset_mode'] is {mode!r}; expected "
                 f"one of {[m.value for m in AutoresetMode]}."
             ) from err
-        if masked_reset is None:
-            masked_reset = MASKED_RESETS.get(type(env.unwrapped))
-        if masked_reset is None and self.wrapped_autoreset_mode == AutoresetMode.DISABLED:
-            masked_reset = reset_with_mask
-        if masked_reset is None and self.wrapped_autoreset_mode == AutoresetMode.NEXT_STEP:
-            raise InvalidArgumentError(
-                f"from_gymnasium: {type(env.unwrapped).__name__} autoresets on the NEXT_STEP, "
-                "and jaxrunner does not know how to reset some of its sub-envs only, which it "
-                "needs to skip the reset steps (their action is ignored and their reward is 0; "
-                "emitting them would fabricate transitions). Pass masked_reset="
-                "jaxrunner.envs.gymnasium_adapter.reset_with_mask if the env honours "
-                "reset(options={'reset_mask': mask}), or your own MaskedReset; or build the "
-                "env with autoreset_mode=AutoresetMode.SAME_STEP."
-            )
-        self._masked_reset = masked_reset
+        self._masked_reset = masked_reset_for(env, self.wrapped_autoreset_mode, masked_reset)
         self.num_envs = int(env.num_envs)
         self.single_observation_space = env.single_observation_space
         self.single_action_space = env.single_action_space
@@ -497,12 +397,7 @@ def make_gymnasium_vec(
 
 
 __all__ = [
-    "MASKED_RESETS",
     "GymnasiumVectorEnv",
-    "MaskedReset",
     "from_gymnasium",
     "make_gymnasium_vec",
-    "reset_cartpole_vector",
-    "reset_with_mask",
-    "split_info",
 ]

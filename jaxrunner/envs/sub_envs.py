@@ -78,6 +78,27 @@ class StepBuffers(NamedTuple):
             rows,
         )
 
+    def merge(self, obs_space: gymnasium.Space, results: Sequence[BatchStep]) -> BatchStep:
+        """Results of contiguous blocks (``env_ids`` slices, in order) as one BatchStep
+        whose ``env_ids`` is an int array; its arrays are copies from these buffers."""
+        ids = np.concatenate([np.arange(r.env_ids.start, r.env_ids.stop) for r in results])
+        failed = [
+            np.zeros(len(r.reward), np.bool_) if r.failed is None else r.failed for r in results
+        ]
+        errors = {i: e for r in results for i, e in (r.errors or {}).items()}
+        return BatchStep(
+            jr_spaces.take(obs_space, self.obs, ids),
+            jr_spaces.take(obs_space, self.next_obs, ids),
+            self.reward[ids],
+            self.terminated[ids],
+            self.truncated[ids],
+            [info for r in results for info in r.infos],
+            {i: info for r in results for i, info in r.reset_infos.items()},
+            np.concatenate(failed) if any(r.failed is not None for r in results) else None,
+            errors or None,
+            ids,
+        )
+
 
 def fail_slot(buffers: StepBuffers, space: gymnasium.Space, index: int | slice) -> None:
     """Sub-envs ``index``' slots of the step under way hold no transition: reward 0,

@@ -3,6 +3,7 @@ step loop of :mod:`jaxrunner.envs.sub_envs`)."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +33,7 @@ class SyncVectorEnv(InProcessVectorEnv):
             (default), the failure raises.
     """
 
-    capabilities = Capabilities(can_restart=True)
+    capabilities = Capabilities(can_restart=True, can_snapshot=True)
 
     def __init__(
         self,
@@ -120,6 +121,24 @@ class SyncVectorEnv(InProcessVectorEnv):
             out.failed_mask(lo, hi) if out.failed else None,
             out.errors or None,
         )
+
+    def snapshot_sub_envs(self) -> list[bytes]:
+        """Pickles of the sub-envs (wrappers, RNG and all); raises ``pickle``'s error for a
+        sub-env that does not pickle (an open window, a socket)."""
+        self._check_open("snapshot_sub_envs")
+        return [pickle.dumps(env) for env in self.envs]
+
+    def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
+        self._check_open("restore_sub_envs")
+        if len(snapshots) != self.num_envs:
+            raise InvalidArgumentError(
+                f"restore_sub_envs(snapshots=...): expected {self.num_envs} snapshots, one per "
+                f"sub-env, got {len(snapshots)}."
+            )
+        restored = [pickle.loads(blob) for blob in snapshots]
+        for old in self.envs:
+            old.close()
+        self.envs[:] = restored  # in place: the step loop holds this list
 
     def _obs_buffer(self) -> Any:
         return self._obs

@@ -23,8 +23,11 @@ the episode exactly as it was. Abandoned episodes (no call for
 seen; the action that observation got never had an outcome, so that step is
 dropped and counted in ``num_dropped_steps``.
 
-Modules: :mod:`.env` (the :class:`ExternalEnv` facade), :mod:`.episodes` (live
-records and episode ids), :mod:`.reaper`, :mod:`.config`.
+Modules: :mod:`.env` (the :class:`ExternalEnv` facade), :mod:`.checks` (argument
+checks), :mod:`.episodes` (live records and episode ids), :mod:`.delivery` (policy
+requests, from submission to the recorded step), :mod:`.memory` (the byte budget),
+:mod:`.output` (finished episodes until polled), :mod:`.metrics`, :mod:`.reaper`,
+:mod:`.run_thread`, :mod:`.config`.
 """
 
 from jaxrunner.external.config import ExternalEnvConfig

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from jaxrunner.errors import MemoryLimitError
+from jaxrunner.trajectory import Episode
 
 ARRAY_OVERHEAD_BYTES = 112
 """A numpy array object without its data (CPython 3.11, 64-bit)."""
@@ -32,6 +33,11 @@ def tree_nbytes(*trees: Any) -> int:
 def step_nbytes(obs: Any, action: Any, extras: Any) -> int:
     """What one recorded step costs."""
     return tree_nbytes(obs, action, extras) + STEP_OVERHEAD_BYTES
+
+
+def episode_nbytes(episode: Episode) -> int:
+    """What a finished episode's arrays take (charged until it is polled)."""
+    return tree_nbytes(episode.obs, episode.action, episode.reward, episode.extras)
 
 
 class MemoryBudget:
@@ -57,6 +63,13 @@ class MemoryBudget:
         the spaces suggest)."""
         self.step_estimate = max(self.step_estimate, nbytes)
 
+    def charge(self, grown: int, steps: int) -> None:
+        """Charges ``grown`` bytes that live records took for ``steps`` recorded
+        steps, and keeps the estimate at the largest step seen."""
+        self.live += grown
+        if grown > 0:
+            self.observe_step(grown // steps)
+
     def check(self, steps: int, what: str) -> None:
         """Raises unless ``steps`` more steps fit.
 
@@ -73,4 +86,4 @@ class MemoryBudget:
             )
 
 
-__all__ = ["MemoryBudget", "step_nbytes", "tree_nbytes"]
+__all__ = ["MemoryBudget", "episode_nbytes", "step_nbytes", "tree_nbytes"]

@@ -92,5 +92,32 @@ class EpisodeBook:
         self.steps_done += t
         return counts
 
+    def get_state(self) -> dict[str, np.ndarray]:
+        """The book as arrays (for checkpoints)."""
+        return {
+            "episode_id": self.episode_id.copy(),
+            "next_episode_id": np.asarray(self.next_episode_id, np.int64),
+            "steps_done": np.asarray(self.steps_done, np.int64),
+            "episode_begin": self._episode_begin.copy(),
+            "episode_return": self._episode_return.copy(),
+        }
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        """Takes a :meth:`get_state` as its own."""
+        self.episode_id = np.array(state["episode_id"], np.int64)
+        self.next_episode_id = int(state["next_episode_id"])
+        self.steps_done = int(state["steps_done"])
+        self._episode_begin = np.array(state["episode_begin"], np.int64)
+        self._episode_return = np.array(state["episode_return"], np.float64)
+
+    def restart(self) -> None:
+        """Every env starts a new episode now, with the next free ids in env order (the
+        episodes under way are abandoned: their envs were reset)."""
+        num_envs = len(self.episode_id)
+        self.episode_id = self.next_episode_id + np.arange(num_envs, dtype=np.int64)
+        self.next_episode_id += num_envs
+        self._episode_begin = np.full(num_envs, self.steps_done, np.int64)
+        self._episode_return = np.zeros(num_envs, np.float64)
+
 
 __all__ = ["EpisodeBook", "SampleCounts"]

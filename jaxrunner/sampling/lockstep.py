@@ -180,6 +180,37 @@ class LockstepSampler(Sampler):
         flat = self._packing.to_device(state)  # type: ignore[union-attr]
         self._state = self._state.replace(connectors=flat)
 
+    def get_state(self) -> dict[str, Any]:
+        obs = jr_spaces.allocate(self._obs_space, (self.envs.num_envs,))
+        for rows, group_obs in zip(self.groups, self._group_obs):
+            jr_spaces.copy_into(self._obs_space, obs, group_obs, rows)
+        return {
+            "actor": self._state,
+            "book": self._book.get_state(),
+            "episode_start": self._episode_start.copy(),
+            "obs": obs,
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._state = state["actor"]
+        self._book.set_state(state["book"])
+        self._episode_start[:] = state["episode_start"]
+        self._set_obs(jr_spaces.map_structure(self._obs_space, np.array, state["obs"]))
+
+    def restart_episodes(self, seeds: list[int]) -> None:
+        obs, _ = self.envs.reset_batch(seeds)
+        self._book.restart()
+        self._episode_start[:] = True
+        self._set_obs(obs)
+
+    def _set_obs(self, obs: Any) -> None:
+        """The envs' latest observations are ``obs`` (callbacks' live episodes restart
+        from them, with the book's ids)."""
+        self._group_obs = [jr_spaces.rows(self._obs_space, obs, g) for g in self.groups]
+        if self.callbacks is not None:
+            ids = self._book.episode_id.tolist()
+            self._live = [self._start_live(i, ids[i], obs) for i in range(self.envs.num_envs)]
+
     def _dispatch(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
         """Records group ``g``'s observations at step ``t`` and queues its policy step."""
         clock = time.perf_counter()

@@ -180,6 +180,32 @@ class ReadyFirstSampler(Sampler):
         flat = self._packing.to_device(state)  # type: ignore[union-attr]
         self._state = self._state.replace(connectors=flat)
 
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "actor": self._state,
+            "book": self._book.get_state(),
+            "episode_start": self._episode_start.copy(),
+            "obs": jr_spaces.map_structure(self._obs_space, np.copy, self._obs),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if self._in_flight or self._t.any():
+            raise InvalidArgumentError(
+                "EnvRunner.restore(): this runner has envs stepping ahead of its last "
+                "sample; restore into a new EnvRunner, before its first sample()."
+            )
+        self._state = state["actor"]
+        self._book.set_state(state["book"])
+        self._episode_start[:] = state["episode_start"]
+        self._obs = jr_spaces.map_structure(self._obs_space, np.array, state["obs"])
+
+    def restart_episodes(self, seeds: list[int]) -> None:
+        obs, _ = self.envs.reset_batch(seeds)
+        self._obs = jr_spaces.map_structure(self._obs_space, np.copy, obs)
+        self._book.restart()
+        self._episode_start[:] = True
+        self._ready = [slice(0, self.envs.num_envs)]
+
     # -- internals -------------------------------------------------------------------------
 
     def _take_ready(self) -> list[np.ndarray]:

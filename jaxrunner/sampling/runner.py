@@ -8,6 +8,8 @@ the ready-first sampler for ``ready_first`` backends, the lockstep sampler other
 
 from __future__ import annotations
 
+import os
+import warnings
 import weakref
 from typing import Any
 
@@ -28,10 +30,14 @@ from jaxrunner.errors import (
 )
 from jaxrunner.metrics import MetricsConfig, RunnerMetrics
 from jaxrunner.policy import Params, Policy, check_params_like
+from jaxrunner.sampling import checkpoint
+from jaxrunner.sampling.checkpoint import RestoreReport
 from jaxrunner.sampling.lockstep import LockstepSampler
+from jaxrunner.sampling.progress import EpisodeProgress
 from jaxrunner.sampling.ready_first import ReadyFirstSampler
 from jaxrunner.sampling.sampler import Sampler, SamplerSetup
 from jaxrunner.sampling.scan import ScanSampler, check_runner_options
+from jaxrunner.sampling.seeds import env_seeds
 from jaxrunner.trajectory import Episode, Trajectory, concatenate_episodes
 
 _OWNERS: weakref.WeakKeyDictionary[Any, weakref.ref] = weakref.WeakKeyDictionary()
@@ -48,8 +54,11 @@ class EnvRunner:
         policy: the :class:`~jaxrunner.Policy`.
         params: its params (``policy.init(...)``).
         rollout_length: T, the steps per env of each :meth:`sample`.
-        seed: seeds the policy's keys and the envs (sub-env ``i`` is reset with
-            ``seed + i``): the same seed gives the same trajectories.
+        seed: seeds the policy's keys and the envs: the runner resets sub-env ``i``
+            with ``jr.env_seeds(seed, num_envs)[i]`` (a block of seeds unrelated to other
+            runner seeds' blocks), whatever seed the envs were reset with before (a different
+            ``make_vec(..., seed=...)`` is overridden, with a warning). The same seed
+            gives the same trajectories.
         callbacks: optional :class:`~jaxrunner.Callbacks` (lockstep backends only).
         metrics: optional :class:`~jaxrunner.MetricsConfig`.
         num_groups: pipelining: the envs are split in this many groups, and the
@@ -136,7 +145,16 @@ class EnvRunner:
         if isinstance(envs, JaxVectorEnv):
             check_runner_options(self.callbacks, num_groups)
             return ScanSampler(envs, setup)
-        obs, _ = envs.reset_batch([self.seed + i for i in range(envs.num_envs)])
+        if envs.reset_seed is not None and envs.reset_seed != self.seed:
+            warnings.warn(
+                f"EnvRunner(seed={self.seed}): these envs were reset with seed="
+                f"{envs.reset_seed} (make_vec(..., seed=...) or reset(seed=...)); the runner "
+                f"resets them again with its own seed, which decides. Give the seed in one "
+                "place: EnvRunner(..., seed=...).",
+                UserWarning,
+                stacklevel=3,
+            )
+        obs, _ = envs.reset_batch(env_seeds(self.seed, envs.num_envs))
         sampler: Sampler
         if envs.capabilities.ready_first:
             _check_ready_first_options(envs, self.callbacks, num_groups)
@@ -170,28 +188,65 @@ class EnvRunner:
             self._failure = err
             raise
 
-    def sample_episodes(self, num_episodes: int, include_faulty: bool = False) -> list[Episode]:
+    def sample_episodes(
+        self, num_episodes: int, include_faulty: bool = False, progress: bool = False
+    ) -> list[Episode]:
         """Samples until ``num_episodes`` complete episodes (seen from their first
         step) are available; returns them in the order they started. Episodes that
         complete beyond the count are kept for the next call, so none is lost.
         Episodes already under way before the first call are not complete and are
         skipped (their steps went to earlier ``sample()`` results). Episodes cut by a
-        sub-env failure (``Episode.faulty``) are skipped unless ``include_faulty``."""
+        sub-env failure (``Episode.faulty``) are skipped unless ``include_faulty``.
+        With ``progress``, a progress bar counts the episodes (tqdm where it is
+        installed, else a line on stderr)."""
         if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
             raise InvalidArgumentError(
                 f"sample_episodes(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
             )
-        while len(self._finished) < num_episodes:
-            complete = []
-            for part in self.sample().split_episodes():
-                episode = self._join_fragment(part)
-                if not episode.is_done:
-                    self._fragments[episode.env_id] = episode
-                elif episode.is_complete and (include_faulty or not episode.faulty):
-                    complete.append(episode)
-            self._finished.extend(sorted(complete, key=lambda e: e.episode_id))
+        with EpisodeProgress(num_episodes, enabled=progress) as bar:
+            bar.update(len(self._finished))
+            while len(self._finished) < num_episodes:
+                complete = []
+                for part in self.sample().split_episodes():
+                    episode = self._join_fragment(part)
+                    if not episode.is_done:
+                        self._fragments[episode.env_id] = episode
+                    elif episode.is_complete and (include_faulty or not episode.faulty):
+                        complete.append(episode)
+                self._finished.extend(sorted(complete, key=lambda e: e.episode_id))
+                bar.update(len(self._finished))
         result, self._finished = self._finished[:num_episodes], self._finished[num_episodes:]
         return result
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes a checkpoint of the runner to ``path`` (one ``.npz`` file, numpy
+        arrays and a JSON document; see :mod:`jaxrunner.sampling.checkpoint`): the
+        params, every env's policy key and step count, recurrent carries, episode
+        bookkeeping, the latest observations, metrics, and the episodes
+        ``sample_episodes`` holds. Pure-JAX envs' states are always in it; sub-envs of
+        a backend that can snapshot them (``capabilities.can_snapshot``: the sync
+        backend) are added as pickles. Call it between samples."""
+        self._check_usable("save")
+        checkpoint.save(self, path)
+
+    def restore(self, path: str | os.PathLike, *, load_env_pickles: bool = False) -> RestoreReport:
+        """Continues from the checkpoint at ``path`` (:meth:`save`). Call it on a new
+        runner built as the saved one was (same policy, kind of backend, num_envs;
+        new envs), before it samples.
+
+        The envs resume exactly, so sampling continues the saved trajectories bit for
+        bit, when they are pure JAX, or when the checkpoint holds pickled sub-envs and
+        ``load_env_pickles`` is True (unpickling runs code from the file: only for
+        checkpoints you trust). Otherwise every env is reset with fresh seeds and starts
+        a new episode (the saved episodes under way are abandoned), with a warning;
+        params, policy keys, episode ids and metrics are restored either way.
+
+        Returns:
+            A :class:`~jaxrunner.sampling.checkpoint.RestoreReport`: whether the envs
+            were restored, and how they were resumed.
+        """
+        self._check_usable("restore")
+        return checkpoint.restore(self, path, load_env_pickles)
 
     def set_params(self, params: Params) -> None:
         """Replaces the policy params; takes effect at the next step, never recompiles.

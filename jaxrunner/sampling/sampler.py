@@ -19,6 +19,7 @@ from gymnasium import spaces
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.connectors.pipeline import Connectors
+from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import RunnerMetrics
 from jaxrunner.policy import Params, Policy
 from jaxrunner.trajectory import Trajectory
@@ -57,6 +58,28 @@ class Sampler(abc.ABC):
     def sample(self, params: Params) -> Trajectory:
         """One rollout of every env with ``params`` (device arrays for the scan
         sampler, numpy for the host ones)."""
+
+    def get_state(self) -> dict[str, Any]:
+        """What the sampler carries from one ``sample()`` to the next (policy keys and
+        step counts, carries, episode bookkeeping, latest observations; for a pure-JAX
+        env, the env states too), as a pytree of arrays. Valid between samples."""
+        raise self._cannot_checkpoint("save")
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Takes ``state`` (shaped as :meth:`get_state`'s) as its own: sampling goes on
+        exactly where it was saved, provided the envs are in their saved state too."""
+        raise self._cannot_checkpoint("restore")
+
+    def restart_episodes(self, seeds: list[int]) -> None:
+        """After :meth:`set_state` when the envs could not be restored: resets every env
+        with ``seeds`` and starts a new episode in each (new ids, carries restarted)."""
+        raise self._cannot_checkpoint("restore")
+
+    def _cannot_checkpoint(self, what: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"EnvRunner.{what}(): the {type(self).__name__} cannot be checkpointed (it has "
+            "no get_state/set_state/restart_episodes)."
+        )
 
 
 def allocate_trajectory(

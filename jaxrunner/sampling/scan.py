@@ -319,6 +319,13 @@ class ScanSampler(Sampler):
         actor = self._state.actor.replace(connectors=device_copy(state))
         self._state = self._state.replace(actor=actor)
 
+    def get_state(self) -> dict[str, Any]:
+        """The whole rollout state, env states included (always restorable exactly)."""
+        return {"rollout": self._state}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._state = state["rollout"]
+
 
 def check_runner_options(callbacks: Any, num_groups: int | None) -> None:
     """Options of the host loop that a scan cannot honour."""

@@ -27,7 +27,7 @@ from gymnasium.vector import AutoresetMode
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import VectorEnv
-from jaxrunner.errors import ClosedError, InvalidActionError
+from jaxrunner.errors import ClosedError, InvalidActionError, InvalidArgumentError
 from jaxrunner.testing.envs import (
     CountingEnv,
     DictObsEnv,
@@ -110,6 +110,8 @@ class VectorEnvContract:
       with Box, Discrete and nested Dict/Tuple spaces, terminations and truncations;
     * metadata autoreset mode SAME_STEP; ``reset(seed=s)`` seeds sub-env ``i`` with s+i;
     * ``step_batch``: ``next_obs`` is the final obs where an episode ended, ``obs`` elsewhere;
+    * ``send``/``recv``: each env steps once per send, ``env_ids`` says which rows are
+      which env, and ``recv`` with nothing in flight raises;
     * ``reset_at(i)`` touches no other sub-env;
     * a bad action batch raises ``InvalidActionError`` before any sub-env steps;
     * every call after ``close()`` raises ``ClosedError``; the context manager closes.
@@ -235,6 +237,35 @@ class VectorEnvContract:
                         ),
                         f"step {t} rows {rows}",
                     )
+
+    def test_send_recv_steps_each_env_once_and_says_which(self) -> None:
+        """``send`` then ``recv`` until every env has answered: each env steps exactly
+        once per send, its rows say which env they are (``BatchStep.env_ids``), and the
+        results equal the reference's; ``recv`` with nothing in flight raises."""
+        n = self.num_envs
+        fns = counting_env_fns(n, episode_length=3, max_episode_steps=4)
+        with closing(self.make_vec(fns)) as vec, closing(gymnasium_reference(fns)) as ref:
+            vec.reset_batch([self.seed + i for i in range(n)])
+            ref.reset(seed=self.seed)
+            ref.action_space.seed(self.seed)
+            _expect_raises(InvalidArgumentError, vec.recv, "recv() with nothing in flight")
+            for t in range(8):
+                actions = ref.action_space.sample()
+                obs, reward, terminated, truncated, _ = ref.step(actions)
+                vec.send(actions)
+                answered = np.zeros(n, np.int64)
+                while answered.sum() < n:
+                    out = vec.recv()
+                    ids = np.arange(n)[slice(None) if out.env_ids is None else out.env_ids]
+                    ids = np.atleast_1d(ids)
+                    answered[ids] += 1
+                    assert_trees_equal(
+                        (out.obs, out.reward, out.terminated, out.truncated),
+                        (obs[ids], reward[ids], terminated[ids], truncated[ids]),
+                        f"step {t} envs {ids.tolist()}",
+                    )
+                if not (answered == 1).all():
+                    raise AssertionError(f"step {t}: envs answered {answered.tolist()} times")
 
     def test_reset_at_touches_no_other_env(self) -> None:
         n, index = self.num_envs, 1

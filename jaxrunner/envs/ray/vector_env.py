@@ -178,28 +178,43 @@ class RayVectorEnv(VectorEnv):
         return jr_spaces.take(self.single_observation_space, self._obs, index), info
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
-        """Starts the step of the actors of ``env_ids`` (None: all; else a slice from one
-        actor's first sub-env to another's last), none of them in flight; validates
-        the whole batch first. :meth:`recv` returns each actor's result."""
+        """Starts the step of the actors of ``env_ids`` (None: all; else a slice or an
+        int array covering whole actors), none of them in flight; validates the whole
+        batch first. :meth:`recv` returns their results."""
         self._check_open("step")
-        lo, hi = self._whole_actors(env_ids)
-        self._actions.split(actions, hi - lo)
-        units = [u for u, rows in enumerate(self.unit_rows) if lo <= rows.start < hi]
-        busy = {u for u, _, _ in self._in_flight.values()} & set(units)
+        units = self._whole_actors(env_ids)
+        self._actions.split(actions, sum(len(at) for _, at in units))
+        busy = {u for u, _, _ in self._in_flight.values()} & {u for u, _ in units}
         if busy:
             raise InvalidArgumentError(
-                f"RayVectorEnv.send(env_ids=slice({lo}, {hi})): Ray env actor {min(busy)} "
-                "is still in flight from an earlier send; recv() its result first."
+                f"RayVectorEnv.send(env_ids={env_ids!r}): Ray env actor {min(busy)} is still "
+                "in flight from an earlier send; recv() its result first."
             )
-        for u in units:
-            rows = self.unit_rows[u]
-            self._submit(u, self._part(actions, lo, rows.start, rows.stop), None)
+        for u, at in units:
+            part = jr_spaces.map_structure(
+                self.single_action_space, lambda a, at=at: np.asarray(a)[at], actions
+            )
+            self._submit(u, part, None)
 
     def recv(self) -> BatchStep:
-        """The result of the first actor to finish (``env_ids`` its slice): a dead or
-        timed-out actor is replaced (with a restart policy) and every sub-env it ran
-        is failed; without a policy the failure raises WorkerError / RemoteTimeoutError.
-        Raises InvalidArgumentError when no actor step is in flight."""
+        """The results of the first actor to finish and of every other actor that
+        finishes within ``config.remote_env_batch_wait_ms`` after it, in one
+        :class:`BatchStep` (``env_ids`` the first actor's slice when it is alone, else
+        an int array). A dead or timed-out actor is replaced (with a restart policy)
+        and every sub-env it ran is failed; without a policy the failure raises
+        WorkerError / RemoteTimeoutError. Raises InvalidArgumentError when no actor
+        step is in flight."""
+        results = [self._recv_one()]
+        ray, wait_s = self._actors.ray, self.config.remote_env_batch_wait_ms / 1000.0
+        if self._in_flight:  # whatever else is ready now, or within the wait
+            refs = list(self._in_flight)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+            results.extend(self._finish(ref) for ref in ready)
+        while self._done:
+            results.append(self._done.popleft())
+        return results[0] if len(results) == 1 else self._merge(results)
+
+    def _recv_one(self) -> BatchStep:
         self._check_open("step")
         if self._done:
             return self._done.popleft()
@@ -217,6 +232,11 @@ class RayVectorEnv(VectorEnv):
             if self._done:
                 return self._done.popleft()
 
+    def _merge(self, results: list[BatchStep]) -> BatchStep:
+        """Several actors' results as one BatchStep (rows in actor order)."""
+        results.sort(key=lambda r: r.env_ids.start)
+        return self._buffers.merge(self.single_observation_space, results)
+
     def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
         """Every actor of ``rows`` steps (rows may split an actor); returns when all
         have answered. No other step may be in flight."""
@@ -232,7 +252,7 @@ class RayVectorEnv(VectorEnv):
                 self._submit(u, self._part(actions, lo, start, stop), None if whole else local)
         results = []
         while self.num_in_flight:
-            results.append(self.recv())
+            results.append(self._recv_one())
         results.sort(key=lambda r: r.env_ids.start)
         failed = np.zeros(hi - lo, np.bool_)
         infos, reset_infos, errors = [], {}, {}
@@ -253,18 +273,27 @@ class RayVectorEnv(VectorEnv):
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _whole_actors(self, env_ids: EnvIds) -> tuple[int, int]:
-        if env_ids is None:
-            return 0, self.num_envs
-        starts = {rows.start for rows in self.unit_rows} | {self.num_envs}
-        if isinstance(env_ids, slice):
-            lo, hi, step = env_ids.indices(self.num_envs)
-            if step == 1 and lo < hi and lo in starts and hi in starts:
-                return lo, hi
-        raise InvalidArgumentError(
-            f"RayVectorEnv.send(env_ids={env_ids!r}): expected None (every env) or a slice "
-            f"covering whole actors; the actors' sub-envs are {self.unit_rows}."
-        )
+    def _whole_actors(self, env_ids: EnvIds) -> list[tuple[int, np.ndarray]]:
+        """The actors ``env_ids`` covers, each with its rows' positions in the send."""
+        index = np.arange(self.num_envs)[slice(None) if env_ids is None else env_ids]
+        index = np.atleast_1d(index)
+        units, covered = [], 0
+        for u, rows in enumerate(self.unit_rows):
+            at = np.flatnonzero((index >= rows.start) & (index < rows.stop))
+            if len(at) == rows.stop - rows.start and np.array_equal(
+                index[at], np.arange(rows.start, rows.stop)
+            ):
+                units.append((u, at))
+                covered += len(at)
+            elif len(at):
+                break
+        if not units or covered != len(index):
+            raise InvalidArgumentError(
+                f"RayVectorEnv.send(env_ids={env_ids!r}): expected None (every env), or a "
+                f"slice or an int array covering whole actors, each actor's sub-envs in "
+                f"order; the actors' sub-envs are {self.unit_rows}."
+            )
+        return units
 
     def _part(self, actions: Any, lo: int, start: int, stop: int) -> Any:
         """Rows ``[start, stop)`` of ``actions`` (whose row 0 is sub-env ``lo``)."""

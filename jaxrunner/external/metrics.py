@@ -1,0 +1,45 @@
+"""The metrics of an :class:`~jaxrunner.ExternalEnv` (``get_metrics``)."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from jaxrunner.batching import PolicyBatcher
+from jaxrunner.metrics import EpisodeStats
+
+
+def external_metrics(
+    counts: collections.Counter[str],
+    stats: EpisodeStats,
+    num_live_episodes: int,
+    memory_bytes: int,
+    batcher: PolicyBatcher,
+    elapsed_s: float,
+) -> dict[str, Any]:
+    """The dict :meth:`ExternalEnv.get_metrics <jaxrunner.ExternalEnv.get_metrics>`
+    returns (its keys are documented there), from the env's counters, its
+    recent-episode statistics and its batcher, ``elapsed_s`` after construction."""
+    batches = batcher.num_batches
+    return {
+        "num_env_steps": counts["num_env_steps"],
+        **stats.summary(),
+        "num_training_episodes": counts["num_training_episodes"],
+        "num_live_episodes": num_live_episodes,
+        "num_started_episodes": counts["num_started_episodes"],
+        "num_abandoned_episodes": counts["num_abandoned_episodes"],
+        "num_dropped_steps": counts["num_dropped_steps"],
+        "num_undelivered_actions": counts["num_undelivered_actions"],
+        "memory_bytes": memory_bytes,
+        "num_faulty_episodes": 0,
+        "num_batches": batches,
+        "num_policy_rows": batcher.num_rows,
+        "mean_batch_size": batcher.num_rows / batches if batches else 0.0,
+        "num_traces": batcher.num_traces,
+        "params_version": batcher.get_params()[1],
+        "env_steps_per_s": counts["num_env_steps"] / elapsed_s if elapsed_s else 0.0,
+        "perf": {"inference_ms": 1000.0 * batcher.inference_s / batches if batches else 0.0},
+    }
+
+
+__all__ = ["external_metrics"]
