@@ -11,7 +11,7 @@ The public API, in one place::
         traj = runner.sample()
 """
 
-from jaxrunner import errors, multi_agent, serve
+from jaxrunner import connectors, errors, multi_agent, serve
 from jaxrunner.callbacks import Callbacks, LiveEpisode
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch, use_inline_cpu_dispatch
 from jaxrunner.datasets import from_minari, to_minari
@@ -104,6 +104,7 @@ __all__ = [
     "__version__",
     "concatenate",
     "concatenate_episodes",
+    "connectors",
     "discounted_returns",
     "env_seeds",
     "errors",

@@ -14,6 +14,13 @@ Its ``k``-th incarnation (0 at first, +1 per restart) uses seed
 reset seeds (:func:`jaxrunner.env_seeds`) are unrelated blocks that do not overlap, and
 its episode ids are ``((k*N + i) << 40) + local id``:
 unique across runners and restarts.
+
+Connector statistics (``runner_options={"connectors": ...}``, e.g. observation
+normalization). Each runner reports the statistics it gathered in a sample beside the
+sample; the group merges them exactly (parallel variance, in runner order) into one
+global set, and :meth:`EnvRunnerGroup.set_params` broadcasts it with the weights, so
+every runner then normalizes with the statistics of every runner's observations. A
+restarted runner starts from the merged statistics.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import gymnasium
 import jax
 import numpy as np
 
+from jaxrunner.connectors.moments import Moments, merge_all, set_statistics, take_deltas
 from jaxrunner.envs import ProcessConfig, RayConfig, check_vec_options, make_vec
 from jaxrunner.envs.ray import import_ray
 from jaxrunner.errors import InvalidArgumentError, RemoteTimeoutError, RunnerFailedError
@@ -132,6 +140,7 @@ class RunnerWorker:
         config: EnvRunnerGroupConfig,
         index: int,
         incarnation: int,
+        statistics: list[Moments] | None = None,
     ) -> None:
         n = config.num_envs_per_runner
         envs = make_vec(
@@ -152,6 +161,8 @@ class RunnerWorker:
             **dict(config.runner_options),
         )
         self.params_version = params_version
+        if statistics is not None:  # a restart: start from the group's merged statistics
+            self.set_statistics(statistics)
         self._env_offset = index * n
         self._id_offset = (incarnation * config.num_runners + index) << EPISODE_ID_BITS
 
@@ -165,8 +176,29 @@ class RunnerWorker:
             episode_id=np.asarray(traj.episode_id) + self._id_offset,
         )
 
-    def set_params(self, params: Params, version: int) -> int:
+    def sample_with_statistics(self) -> tuple[Trajectory, list[Moments]]:
+        """A sample, and the connector statistics gathered since the last call (taken
+        out of the runner's state, so each is reported to the group once)."""
+        traj = self.sample()
+        if self.runner.connectors is None:
+            return traj, []
+        state, deltas = take_deltas(self.runner.get_connector_state())
+        self.runner.set_connector_state(state)
+        return traj, deltas
+
+    def set_statistics(self, statistics: list[Moments]) -> None:
+        state = self.runner.get_connector_state()
+        self.runner.set_connector_state(set_statistics(state, statistics))
+
+    def get_connector_state(self) -> Any:
+        return self.runner.get_connector_state()
+
+    def set_params(
+        self, params: Params, version: int, statistics: list[Moments] | None = None
+    ) -> int:
         self.runner.set_params(params)
+        if statistics is not None:
+            self.set_statistics(statistics)
         self.params_version = version
         return version
 
@@ -236,6 +268,8 @@ class EnvRunnerGroup:
         self._env, self._policy_factory = env, policy_factory
         self._params_ref = self._ray.put(jax.device_get(params))
         self._params_version = 0
+        self._statistics: list[Moments] | None = None
+        self._statistics_ref: Any = None
         self._closed = False
         self.num_restarts = 0
         """Runners replaced so far."""
@@ -281,21 +315,30 @@ class EnvRunnerGroup:
         self._check_open("sample")
         ray = self._ray
         slots = self._healthy_slots()
-        refs = [slot.actor.sample.remote() for slot in slots]
+        refs = [slot.actor.sample_with_statistics.remote() for slot in slots]
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=self.config.sample_timeout_s)
         finished = set(done)
         results: list[Trajectory] = []
+        deltas: list[list[Moments]] = []
+        failed: list[tuple[_Slot, str]] = []  # replaced after the merge: they start from it
         for slot, ref in zip(slots, refs):
             if ref not in finished:
-                self._restart(
-                    slot, f"no sample within sample_timeout_s={self.config.sample_timeout_s}"
+                failed.append(
+                    (slot, f"no sample within sample_timeout_s={self.config.sample_timeout_s}")
                 )
                 continue
             try:
-                results.append(ray.get(ref))
+                traj, delta = ray.get(ref)
+                results.append(traj)
+                deltas.append(delta)
             # RayError: also an env error Ray could not unpickle (UnserializableException).
             except ray.exceptions.RayError as err:
-                self._restart(slot, f"sample() failed: {err}")
+                failed.append((slot, f"sample() failed: {err}"))
+        if deltas and deltas[0]:  # connectors with statistics: merged in runner order, exactly
+            base = [] if self._statistics is None else [self._statistics]
+            self._statistics = merge_all([*base, *deltas])
+        for slot, why in failed:
+            self._restart(slot, why)
         if not results:
             raise RunnerFailedError(
                 f"EnvRunnerGroup.sample(): none of the runners {[s.index for s in slots]} returned "
@@ -304,6 +347,13 @@ class EnvRunnerGroup:
             )
         self.num_env_steps_sampled += sum(int(np.sum(t.valid)) for t in results)
         return concatenate_envs(results) if concat else results
+
+    @property
+    def connector_statistics(self) -> list[Moments] | None:
+        """The connectors' statistics merged over every runner's samples so far (None
+        before the first sample or without connectors); :meth:`set_params` sends them
+        to every runner with the weights."""
+        return self._statistics
 
     def set_params(self, params: Params) -> None:
         """Sends new params to every runner: one ``ray.put``, one reference for all.
@@ -314,7 +364,12 @@ class EnvRunnerGroup:
         self._params_ref = ray.put(jax.device_get(params))
         self._params_version += 1
         version = self._params_version
-        refs = [slot.actor.set_params.remote(self._params_ref, version) for slot in self._slots]
+        if self._statistics is not None:
+            self._statistics_ref = ray.put(jax.device_get(self._statistics))
+        stats = self._statistics_ref
+        refs = [
+            slot.actor.set_params.remote(self._params_ref, version, stats) for slot in self._slots
+        ]
         waiting = [ref for slot, ref in zip(self._slots, refs) if slot.healthy]
         done, _ = ray.wait(waiting, num_returns=len(waiting), timeout=self.config.sample_timeout_s)
         finished = set(done)
@@ -419,6 +474,8 @@ class EnvRunnerGroup:
             self.config,
             index,
             incarnation,
+            # The latest merged statistics, broadcast or not yet.
+            None if self._statistics is None else self._ray.put(jax.device_get(self._statistics)),
         )
         return _Slot(index, actor, incarnation, actor.ready.remote())
 

@@ -16,6 +16,11 @@ Rows. A stage holds ``size`` rows of (observation, episode-start flag, env index
   position is what makes an env's actions bitwise the same whatever the grouping.
 * ``size < num_envs`` (ready-first buckets): the rows' actor state is gathered by env
   index and scattered back; index ``num_envs`` marks padding, never written back.
+
+Connectors (:mod:`jaxrunner.connectors`) run inside the same step: observation
+connectors before the policy (what the policy saw is returned as
+``extras["policy_obs"]``), action connectors after it (the env's action is packed
+beside the policy's). Their per-env state follows the rows' rule above.
 """
 
 from __future__ import annotations
@@ -28,6 +33,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrunner.connectors.pipeline import (
+    POLICY_OBS,
+    Connectors,
+    ConnectorsState,
+    StatePacking,
+    keep_active,
+    put_rows,
+    take_rows,
+)
 from jaxrunner.policy import Params, Policy
 from jaxrunner.transfer import compile_packed
 
@@ -45,10 +59,21 @@ class ActorState:
     """[B, ...] recurrent state (None for feed-forward policies)."""
     initial_carry: Any
     """[B, ...] the carry each env restarts from at an episode start."""
+    connectors: ConnectorsState = ConnectorsState()
+    """The connectors' state (per-env rows and shared statistics)."""
 
 
-def initial_actor_state(policy: Policy, seed: int, env_ids: np.ndarray) -> ActorState:
+def initial_actor_state(
+    policy: Policy,
+    seed: int,
+    env_ids: np.ndarray,
+    connectors: Connectors | None = None,
+    obs_space: Any = None,
+) -> ActorState:
+    """The actor state of envs ``env_ids``; with ``connectors``, their initial state for
+    observations of ``obs_space`` (the env's single observation space)."""
     key = jax.random.key(seed)
+    conn = ConnectorsState() if connectors is None else connectors.init(len(env_ids), obs_space)
     return ActorState(
         env_keys=jax.random.key_data(
             jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(env_ids, jnp.uint32))
@@ -56,7 +81,21 @@ def initial_actor_state(policy: Policy, seed: int, env_ids: np.ndarray) -> Actor
         env_steps=jnp.zeros(len(env_ids), dtype=jnp.uint32),
         carry=policy.batched_carry(len(env_ids)),
         initial_carry=policy.batched_carry(len(env_ids)),
+        connectors=conn,
     )
+
+
+def host_actor_state(
+    policy: Policy, seed: int, num_envs: int, connectors: Connectors | None, obs_space: Any
+) -> tuple[ActorState, StatePacking | None]:
+    """:func:`initial_actor_state` of envs ``0..num_envs-1`` for a host sampler, with the
+    connectors' state packed into one device buffer (and the packing; None without
+    connectors): the state :class:`CompiledPolicyStep` takes and returns."""
+    state = initial_actor_state(policy, seed, np.arange(num_envs), connectors, obs_space)
+    if connectors is None:
+        return state, None
+    packing = StatePacking(state.connectors)
+    return state.replace(connectors=packing.to_device(state.connectors)), packing
 
 
 def act(
@@ -66,29 +105,51 @@ def act(
     obs: Any,
     episode_start: jax.Array,
     active: jax.Array | None = None,
-) -> tuple[Any, dict[str, Any], ActorState]:
+    connectors: Connectors | None = None,
+    counted: jax.Array | None = None,
+) -> tuple[Any, Any, dict[str, Any], ActorState]:
     """One policy step for a batch of envs (pure; jitted once per runner).
 
     Env ``i``'s key is ``fold_in(fold_in(seed_key, env_id[i]), env_steps[i])``: its
     actions depend on the seed, its id and its step count only, never on which
     envs share its batch. With ``active`` ([B] bool) only those envs take a step: the
-    others' step counts and carries are kept as they were.
+    others' step counts, carries and per-env connector state are kept as they were,
+    and shared connector statistics take in active rows only. ``counted`` ([B] bool,
+    default ``active``) overrides which rows the statistics take in (a bucket's padding
+    steps, but is not counted).
+
+    Returns:
+        ``(action, env_action, extras, state)``: the policy's action, the env's (after
+        the action connectors; the same object without any), the extras (with
+        ``"policy_obs"`` when there are observation connectors) and the new state.
     """
 
     def restart(c: jax.Array, c0: jax.Array) -> jax.Array:
         return jnp.where(_rows_mask(episode_start, c), c0, c)
 
+    conn = state.connectors
+    if connectors is not None and connectors.obs:
+        if counted is None:
+            counted = jnp.ones_like(episode_start) if active is None else active
+        obs, conn = connectors.observe(conn, obs, episode_start, counted)
     carry = jax.tree.map(restart, state.carry, state.initial_carry)
     env_keys = jax.random.wrap_key_data(state.env_keys)
     keys = jax.vmap(jax.random.fold_in)(env_keys, state.env_steps)
     action, extras, carry = apply_fn(params, obs, carry, keys)
+    env_action = action
+    if connectors is not None:
+        if connectors.obs:
+            extras = {**extras, POLICY_OBS: obs}
+        env_action = connectors.env_action(action)
     env_steps = state.env_steps + 1
     if active is not None:
         env_steps = jnp.where(active, env_steps, state.env_steps)
         carry = jax.tree.map(
             lambda new, old: jnp.where(_rows_mask(active, new), new, old), carry, state.carry
         )
-    return action, extras, state.replace(carry=carry, env_steps=env_steps)
+        conn = keep_active(conn, state.connectors, active)
+    new_state = state.replace(carry=carry, env_steps=env_steps, connectors=conn)
+    return action, env_action, extras, new_state
 
 
 def _rows_mask(flags: jax.Array, like: jax.Array) -> jax.Array:
@@ -118,28 +179,48 @@ class CompiledPolicyStep:
         state: the runner's actor state (every env).
         size: rows per call.
         obs_example: observations of ``size`` envs (numpy, ``[size, ...]``).
+        connectors: the runner's connectors (their state is in ``state.connectors``).
+        packing: how ``state.connectors`` is packed (:func:`host_actor_state`).
     """
 
     def __init__(
-        self, policy: Policy, params: Params, state: ActorState, size: int, obs_example: Any
+        self,
+        policy: Policy,
+        params: Params,
+        state: ActorState,
+        size: int,
+        obs_example: Any,
+        connectors: Connectors | None = None,
+        packing: StatePacking | None = None,
     ) -> None:
         num_envs = int(state.env_steps.shape[0])
         self.size, self.num_envs = size, num_envs
+        # The env's action travels in the same output only when it differs.
+        self._env_actions = connectors is not None and bool(connectors.action)
 
         def step(params: Params, state: ActorState, inputs: Any) -> tuple[Any, ActorState]:
             obs, start, index = inputs
+            if packing is not None:
+                state = state.replace(connectors=packing.unpack(state.connectors))
             if size == num_envs:  # rows are envs: keep the active rows' new state
-                action, extras, state = act(
-                    policy.apply_fn, params, state, obs, start, index < num_envs
+                action, env_action, extras, state = act(
+                    policy.apply_fn, params, state, obs, start, index < num_envs, connectors
                 )
             else:  # gather the rows' state, scatter it back (padding dropped)
-                action, extras, state = _act_gathered(policy, params, state, obs, start, index)
+                action, env_action, extras, state = _act_gathered(
+                    policy, params, state, obs, start, index, connectors
+                )
+            if packing is not None:
+                state = state.replace(connectors=packing.pack(state.connectors))
+            if self._env_actions:
+                return (action, env_action, extras), state
             return (action, extras), state
 
         example = (obs_example, np.zeros(size, np.bool_), np.zeros(size, np.int32))
         program = compile_packed(step, (params, state), example, donate_argnums=(1,))
         self._step, self._in_packing, self._out_packing = program[:3]
-        self.output_spec: tuple[Any, Any] = program.output_spec
+        spec = program.output_spec
+        self.output_spec: tuple[Any, Any] = (spec[0], spec[-1])
         """Shapes and dtypes of ``(action, extras)`` for ``size`` rows."""
         self._action_treedef = jax.tree.structure(self.output_spec[0])
         self._action_is_leaf = jax.tree_util.treedef_is_leaf(self._action_treedef)
@@ -164,17 +245,23 @@ class CompiledPolicyStep:
         with self._allow_h2d:
             return self._step(params, state, stage.buffer)
 
-    def collect(self, pending: Any) -> tuple[Any, list[np.ndarray]]:
-        """Waits for a dispatched step; returns numpy views of the action (a pytree)
-        and of the extras' leaves in ``jax.tree.leaves`` order, ``[size, ...]`` each
-        (the step's one device->host transfer)."""
+    def collect(self, pending: Any) -> tuple[Any, Any, list[np.ndarray]]:
+        """Waits for a dispatched step; returns numpy views of the action and of the
+        env's action (pytrees; the same object without action connectors) and of the
+        extras' leaves in ``jax.tree.leaves`` order, ``[size, ...]`` each (the step's
+        one device->host transfer)."""
         with self._allow_d2h:
             host = np.asarray(pending)
         leaves = self._out_packing.host_leaves(host)
-        if self._action_is_leaf:  # the common case, without a tree rebuilt per step
-            return leaves[0], leaves[1:]
         num = self._action_treedef.num_leaves
-        return self._action_treedef.unflatten(leaves[:num]), leaves[num:]
+        action = self._unflatten(leaves[:num])
+        if not self._env_actions:
+            return action, action, leaves[num:]
+        return action, self._unflatten(leaves[num : 2 * num]), leaves[2 * num :]
+
+    def _unflatten(self, leaves: list[np.ndarray]) -> Any:
+        # The common case (one array) without a tree rebuilt per step.
+        return leaves[0] if self._action_is_leaf else self._action_treedef.unflatten(leaves)
 
 
 def _act_gathered(
@@ -184,8 +271,10 @@ def _act_gathered(
     obs: Any,
     start: jax.Array,
     index: jax.Array,
-) -> tuple[Any, Any, ActorState]:
-    """:func:`act` for the envs at ``index`` (``num_envs``: padding, dropped)."""
+    connectors: Connectors | None = None,
+) -> tuple[Any, Any, Any, ActorState]:
+    """:func:`act` for the envs at ``index`` (``num_envs``: padding, dropped); shared
+    connector statistics take in the real rows only."""
     num_envs = state.env_steps.shape[0]
     gather = jnp.minimum(index, num_envs - 1)
 
@@ -197,15 +286,26 @@ def _act_gathered(
         env_steps=state.env_steps[gather],
         carry=jax.tree.map(take, state.carry),
         initial_carry=jax.tree.map(take, state.initial_carry),
+        connectors=take_rows(state.connectors, gather),
     )
-    action, extras, sub = act(policy.apply_fn, params, sub, obs, start)
+    action, env_action, extras, sub = act(
+        policy.apply_fn, params, sub, obs, start, None, connectors, counted=index < num_envs
+    )
     state = state.replace(
         env_steps=state.env_steps.at[index].set(sub.env_steps, mode="drop"),
         carry=jax.tree.map(
             lambda full, part: full.at[index].set(part, mode="drop"), state.carry, sub.carry
         ),
+        connectors=put_rows(state.connectors, sub.connectors, index),
     )
-    return action, extras, state
+    return action, env_action, extras, state
 
 
-__all__ = ["ActorState", "CompiledPolicyStep", "Stage", "act", "initial_actor_state"]
+__all__ = [
+    "ActorState",
+    "CompiledPolicyStep",
+    "Stage",
+    "act",
+    "host_actor_state",
+    "initial_actor_state",
+]

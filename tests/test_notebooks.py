@@ -25,6 +25,7 @@ NAMES = (
     "ppo_cartpole.ipynb",
     "throughput.ipynb",
     "multi_agent_ippo.ipynb",
+    "connectors_pendulum.ipynb",
 )
 RESULT_TAG = "NOTEBOOK_TEST_RESULT "
 
@@ -114,3 +115,21 @@ def test_multi_agent_ippo_short_run_improves(small, tmp_path):
     late = sum(returns[-10:]) / 10
     assert late > returns[0] + 2, (returns[0], late)
     assert "agent steps/s" in text
+
+
+def test_connectors_notebook_runs(small, tmp_path):
+    extra = (
+        "import json\n"
+        f"print({RESULT_TAG!r} + json.dumps([[name, norm, c['return'][-1], "
+        "c['policy_obs_std']] for (name, norm), cs in results.items() for c in cs]))"
+    )
+    nb = execute("connectors_pendulum.ipynb", tmp_path, extra)
+    text = stream_text(nb)
+    line = next(line for line in text.splitlines() if line.startswith(RESULT_TAG))
+    runs = json.loads(line[len(RESULT_TAG) :])
+    assert len(runs) == 4 and all(math.isfinite(ret) for _, _, ret, _ in runs)
+    for name, normalize, _, std in runs:
+        if normalize:  # what the policy saw was normalized, whatever the units
+            assert all(0.3 < s < 3 for s in std), (name, std)
+        elif "deg/s" in name:
+            assert std[2] > 30, std  # the raw angular velocity, in degrees per second

@@ -19,12 +19,13 @@ import numpy as np
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.callbacks import Callbacks, LiveEpisode
+from jaxrunner.connectors.pipeline import ConnectorsState, SampleEnd
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Params
-from jaxrunner.policy_step import CompiledPolicyStep, initial_actor_state
+from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.sampler import (
     Sampler,
@@ -98,8 +99,16 @@ class LockstepSampler(Sampler):
         bounds = np.linspace(0, num_envs, num_groups + 1).round().astype(int).tolist()
         self.groups = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
         """The envs of each pipelining group."""
-        self._state = initial_actor_state(setup.policy, setup.seed, np.arange(num_envs))
-        self._call = CompiledPolicyStep(setup.policy, setup.params, self._state, num_envs, obs)
+        connectors = setup.connectors
+        self._state, self._packing = host_actor_state(
+            setup.policy, setup.seed, num_envs, connectors, self._obs_space
+        )
+        self._call = CompiledPolicyStep(
+            setup.policy, setup.params, self._state, num_envs, obs, connectors, self._packing
+        )
+        self._sample_end = None
+        if connectors is not None and connectors.per_sample:
+            self._sample_end = SampleEnd(connectors, self._packing)  # type: ignore[arg-type]
         self._stages = [self._call.new_stage() for _ in self.groups]
         for stage, rows in zip(self._stages, self.groups):
             stage.env_index[rows] = np.arange(rows.start, rows.stop)
@@ -155,7 +164,21 @@ class LockstepSampler(Sampler):
             self.metrics.sample_time_s += time.perf_counter() - start_time
             self.metrics.perf.record(perf, t)
         self.metrics.add(self._book.close(buf, num_steps))
+        if self._sample_end is not None:
+            clock = time.perf_counter()
+            buf, connectors = self._sample_end(self._state.connectors, buf)
+            self._state = self._state.replace(connectors=connectors)
+            self.metrics.sample_time_s += time.perf_counter() - clock
         return buf
+
+    def get_connector_state(self) -> ConnectorsState:
+        """The connectors' state (a host copy): the statistics the next sample uses."""
+        return self._packing.to_host(self._state.connectors)  # type: ignore[union-attr]
+
+    def set_connector_state(self, state: ConnectorsState) -> None:
+        """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
+        flat = self._packing.to_device(state)  # type: ignore[union-attr]
+        self._state = self._state.replace(connectors=flat)
 
     def get_state(self) -> dict[str, Any]:
         obs = jr_spaces.allocate(self._obs_space, (self.envs.num_envs,))
@@ -206,17 +229,20 @@ class LockstepSampler(Sampler):
         clock = time.perf_counter()
         rows = self.groups[g]
         index = (t, rows)
-        action, extras = self._call.collect(self._pending[g])
+        action, env_action, extras = self._call.collect(self._pending[g])
         self._pending[g] = None
         if not self._whole:
+            same = env_action is action  # no action connectors
             action = jr_spaces.rows(self._action_space, action, rows)
+            env_action = action if same else jr_spaces.rows(self._action_space, env_action, rows)
             extras = [leaf[rows] for leaf in extras]
         tick = time.perf_counter()
         perf["inference_ms"] += tick - clock
         jr_spaces.copy_into(self._action_space, buf.action, action, index)
         for dst, src in zip(self._extras_leaves, extras):
             dst[index] = src
-        env_action = action if self._clip is None else self._clip(action)
+        if self._clip is not None:
+            env_action = self._clip(env_action)
         clock = time.perf_counter()
         perf["action_processing_ms"] += clock - tick
         if not self._background:

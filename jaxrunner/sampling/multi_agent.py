@@ -111,7 +111,7 @@ class _GroupSampler:
 
     def collect(self, buf: GroupBuffers) -> None:
         """Takes the actions and keeps each acting agent's turn until it completes."""
-        action, extras = self.call.collect(self.pending)
+        action, _, extras = self.call.collect(self.pending)
         self.pending = None
         shape, acting = self.acting.shape, self.acting
         if isinstance(action, np.ndarray):

@@ -82,7 +82,7 @@ class MultiAgentScanSampler:
                     lambda x, a_g=a_g: x.reshape(num_envs * a_g, *x.shape[2:]), obs_g
                 )
                 alive = carry["alive"][pid]
-                action, extras, actors[pid] = act(
+                action, _, extras, actors[pid] = act(
                     setup.policies[pid].apply_fn,
                     params[pid],
                     carry["actors"][pid],

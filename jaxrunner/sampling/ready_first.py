@@ -37,11 +37,12 @@ import jax
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
+from jaxrunner.connectors.pipeline import ConnectorsState, SampleEnd
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Params
-from jaxrunner.policy_step import CompiledPolicyStep, initial_actor_state
+from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.sampler import (
     Sampler,
@@ -99,11 +100,19 @@ class ReadyFirstSampler(Sampler):
         self._action_space = envs.single_action_space
         self._clip = jr_spaces.clip_box_actions(self._action_space)
         self._obs = jr_spaces.map_structure(self._obs_space, np.copy, obs)  # latest, per env
-        self._state = initial_actor_state(policy, setup.seed, np.arange(num_envs))
+        connectors = setup.connectors
+        self._state, self._packing = host_actor_state(
+            policy, setup.seed, num_envs, connectors, self._obs_space
+        )
+        self._sample_end = None
+        if connectors is not None and connectors.per_sample:
+            self._sample_end = SampleEnd(connectors, self._packing)  # type: ignore[arg-type]
         self._calls = {}
         for n in self.buckets:
             example = jr_spaces.rows(self._obs_space, obs, slice(0, n))
-            self._calls[n] = CompiledPolicyStep(policy, params, self._state, n, example)
+            self._calls[n] = CompiledPolicyStep(
+                policy, params, self._state, n, example, connectors, self._packing
+            )
         self._stages = {n: call.new_stage() for n, call in self._calls.items()}
         self.action_spec, self._extras_spec = self._calls[num_envs].output_spec
         self._book = EpisodeBook(num_envs)
@@ -155,7 +164,21 @@ class ReadyFirstSampler(Sampler):
         buf = self._bufs.pop(0)
         self.metrics.add(self._book.close(buf, num_steps))
         self._t -= num_steps
+        if self._sample_end is not None:
+            clock = time.perf_counter()
+            buf, connectors = self._sample_end(self._state.connectors, buf)
+            self._state = self._state.replace(connectors=connectors)
+            self.metrics.sample_time_s += time.perf_counter() - clock
         return buf
+
+    def get_connector_state(self) -> ConnectorsState:
+        """The connectors' state (a host copy): the statistics the next sample uses."""
+        return self._packing.to_host(self._state.connectors)  # type: ignore[union-attr]
+
+    def set_connector_state(self, state: ConnectorsState) -> None:
+        """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
+        flat = self._packing.to_device(state)  # type: ignore[union-attr]
+        self._state = self._state.replace(connectors=flat)
 
     def get_state(self) -> dict[str, Any]:
         return {
@@ -250,7 +273,7 @@ class ReadyFirstSampler(Sampler):
         tick = time.perf_counter()
         perf["obs_processing_ms"] += tick - clock
         pending, self._state = call.dispatch(params, self._state, stage)
-        action, extras = call.collect(pending)
+        action, env_actions, extras = call.collect(pending)
         self.bucket_counts[bucket] += 1
         self.ready_counts[count] = self.ready_counts.get(count, 0) + 1
         clock = time.perf_counter()
@@ -260,6 +283,11 @@ class ReadyFirstSampler(Sampler):
             n = len(part_index)
             part_at = at[k : k + n]
             part = jr_spaces.map_structure(self._action_space, lambda x, at=part_at: x[at], action)
+            env_part = part
+            if env_actions is not action:  # action connectors: the env's own actions
+                env_part = jr_spaces.map_structure(
+                    self._action_space, lambda x, at=part_at: x[at], env_actions
+                )
             for buf, rows, envs, sel in self._rows(part_index):
                 jr_spaces.copy_into(
                     self._action_space, buf.action,
@@ -269,7 +297,7 @@ class ReadyFirstSampler(Sampler):
                     dst[rows, envs] = src[part_at][sel]
             self._episode_start[part_index] = False
             # ``part`` is a fresh array (fancy indexing): the backend may keep it.
-            env_action = part if self._clip is None else self._clip(part)
+            env_action = env_part if self._clip is None else self._clip(env_part)
             self.envs.send(env_action, ids)
             self._in_flight += n
             k += n

@@ -19,6 +19,7 @@ from gymnasium import spaces
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.callbacks import Callbacks
+from jaxrunner.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner.envs.base import VectorEnv
 from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.errors import (
@@ -68,6 +69,10 @@ class EnvRunner:
             groups: each group's call computes the policy for every env at its own
             row (XLA's matmuls round differently by batch size), which costs the
             compute of the other groups' rows.
+        connectors: optional :class:`~jaxrunner.connectors.Connectors` (observation
+            normalization, frame stacking, reward scaling, action rescaling), run on
+            device inside the compiled policy step; initialise the policy on
+            ``connectors.observation_space(envs.single_observation_space)``.
 
     Faults: restarts of failed sub-envs are configured on the vector env
     (``make_vec(..., restart_policy=jr.RestartPolicy())``); the runner then records a
@@ -86,6 +91,7 @@ class EnvRunner:
         *,
         metrics: MetricsConfig | None = None,
         num_groups: int | None = None,
+        connectors: Connectors | None = None,
         restart_failed_sub_envs: None = None,
         restart_policy: None = None,
     ) -> None:
@@ -102,6 +108,7 @@ class EnvRunner:
         self.rollout_length = int(rollout_length)
         self.seed = int(seed)
         self.callbacks = callbacks
+        self.connectors = _check_connectors(connectors)
         self._closed = False
         self._failure: BaseException | None = None
         self._metrics = RunnerMetrics(metrics or MetricsConfig())
@@ -128,7 +135,12 @@ class EnvRunner:
         """The sampler for what the backend declares (see the module docstring)."""
         envs = self.envs
         setup = SamplerSetup(
-            self.policy, self._params, self.rollout_length, self.seed, self._metrics
+            self.policy,
+            self._params,
+            self.rollout_length,
+            self.seed,
+            self._metrics,
+            connectors=self.connectors,
         )
         if isinstance(envs, JaxVectorEnv):
             check_runner_options(self.callbacks, num_groups)
@@ -246,6 +258,19 @@ class EnvRunner:
     def get_params(self) -> Params:
         return self._params
 
+    def get_connector_state(self) -> ConnectorsState:
+        """The connectors' state, as a host copy: the statistics the next ``sample()``
+        uses (those the last one used are already folded in; its Trajectory keeps what
+        the policy saw, ``extras["policy_obs"]``)."""
+        self._check_connectors("get_connector_state")
+        return self.sampler.get_connector_state()  # type: ignore[attr-defined]
+
+    def set_connector_state(self, state: ConnectorsState) -> None:
+        """Replaces the connectors' state (e.g. statistics merged across runners, or
+        those of a training runner in an evaluation runner); never recompiles."""
+        self._check_connectors("set_connector_state")
+        self.sampler.set_connector_state(state)  # type: ignore[attr-defined]
+
     def get_metrics(self) -> dict[str, Any]:
         """Counters since construction, recent-episode statistics and perf timers, as
         of the last ``sample()`` (the episode bookkeeping is done once per sample)."""
@@ -292,6 +317,13 @@ class EnvRunner:
                 "envs in an unknown state; its collected steps are in that error's "
                 "partial_trajectory. Create a new EnvRunner to continue."
             ) from self._failure
+
+    def _check_connectors(self, what: str) -> None:
+        if self.connectors is None:
+            raise InvalidArgumentError(
+                f"EnvRunner.{what}(): this runner has no connectors; pass "
+                "EnvRunner(..., connectors=jaxrunner.connectors.Connectors(...))."
+            )
 
     def _join_fragment(self, part: Episode) -> Episode:
         """Prepends the unfinished start of ``part``'s episode kept from earlier samples."""
@@ -343,6 +375,15 @@ def _check_arguments(
             f"EnvRunner(callbacks=...): expected a jaxrunner.Callbacks subclass instance, got "
             f"{type(callbacks).__name__}. Subclass jr.Callbacks and override its hooks."
         )
+
+
+def _check_connectors(connectors: Any) -> Connectors | None:
+    if connectors is not None and not isinstance(connectors, Connectors):
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(connectors=...): expected a jaxrunner.connectors.Connectors, got "
+            f"{type(connectors).__name__}. Wrap them: Connectors(obs=[...], action=[...])."
+        )
+    return connectors
 
 
 def _check_ready_first_options(envs: VectorEnv, callbacks: Any, num_groups: Any) -> None:

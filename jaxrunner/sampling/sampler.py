@@ -18,6 +18,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner import spaces as jr_spaces
+from jaxrunner.connectors.pipeline import Connectors
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import RunnerMetrics
 from jaxrunner.policy import Params, Policy
@@ -38,6 +39,8 @@ class SamplerSetup:
     step count."""
     metrics: RunnerMetrics
     """The runner's metrics, which every sample adds to."""
+    connectors: Connectors | None = None
+    """Transforms between the envs and the policy (:mod:`jaxrunner.connectors`)."""
 
 
 class Sampler(abc.ABC):

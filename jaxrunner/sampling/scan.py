@@ -42,6 +42,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
+from jaxrunner.connectors.pipeline import (
+    POLICY_OBS,
+    Connectors,
+    ConnectorsState,
+    device_copy,
+)
 from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.policy import Params, Policy
@@ -122,7 +128,13 @@ def _select(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
     return jax.tree.map(pick, on_true, on_false)
 
 
-def initial_state(envs: JaxVectorEnv, policy: Policy, seed: int, env_params: Any) -> RolloutState:
+def initial_state(
+    envs: JaxVectorEnv,
+    policy: Policy,
+    seed: int,
+    env_params: Any,
+    connectors: Connectors | None = None,
+) -> RolloutState:
     """Resets every env with its first-reset key; pure, jit it."""
     num_envs = envs.num_envs
     obs, env_state = envs.reset(first_reset_keys(seed, jnp.arange(num_envs)), env_params)
@@ -130,7 +142,9 @@ def initial_state(envs: JaxVectorEnv, policy: Policy, seed: int, env_params: Any
     return RolloutState(
         obs=obs,
         env_state=env_state,
-        actor=initial_actor_state(policy, seed, np.arange(num_envs)),
+        actor=initial_actor_state(
+            policy, seed, np.arange(num_envs), connectors, envs.single_observation_space
+        ),
         env_roots=jax.random.key_data(env_roots(seed)),
         num_steps=jnp.zeros((), jnp.uint32),
         episode_start=jnp.ones(num_envs, bool),
@@ -148,8 +162,10 @@ def rollout(
     params: Params,
     state: RolloutState,
     env_params: Any,
+    connectors: Connectors | None = None,
 ) -> tuple[RolloutState, Trajectory, jax.Array]:
-    """``num_steps`` steps of every env (pure; jit it).
+    """``num_steps`` steps of every env (pure; jit it). With ``connectors``, they run in
+    each step and, at the end, over the whole rollout (see :mod:`jaxrunner.connectors`).
 
     Returns:
         The new state, the :class:`Trajectory` ``[T, B, ...]`` and ``ends``, a
@@ -162,10 +178,12 @@ def rollout(
     def step(s: RolloutState, _: None) -> tuple[RolloutState, dict[str, Any]]:
         roots = jax.random.wrap_key_data(s.env_roots)
         key_step, key_reset = env_step_keys(roots, s.num_steps, env_ids)
-        action, extras, actor = act(policy.apply_fn, params, s.actor, s.obs, s.episode_start)
+        action, env_action, extras, actor = act(
+            policy.apply_fn, params, s.actor, s.obs, s.episode_start, None, connectors
+        )
         # Checked while tracing (shapes only), before the env sees the actions.
         jr_spaces.check_policy_actions(envs.single_action_space, action, envs.num_envs)
-        out = envs.step(key_step, s.env_state, clip(action), env_params)
+        out = envs.step(key_step, s.env_state, clip(env_action), env_params)
         reset_obs, reset_state = envs.reset(key_reset, env_params)
         done = jnp.logical_or(out.terminated, out.truncated)
         total = s.episode_return + out.reward
@@ -221,7 +239,27 @@ def rollout(
         episode_id=rec["episode_id"],
         step=rec["step"],
     )
+    if connectors is not None and connectors.per_sample:
+        traj, conn = finish_sample(connectors, state.actor.connectors, traj)
+        state = state.replace(actor=state.actor.replace(connectors=conn))
     return state, traj, ends
+
+
+def finish_sample(
+    connectors: Connectors, state: ConnectorsState, traj: Trajectory
+) -> tuple[Trajectory, ConnectorsState]:
+    """The connectors' per-sample part on a device Trajectory (pure)."""
+    extras, state = connectors.finish_sample(
+        state,
+        traj.obs,
+        traj.extras.get(POLICY_OBS),
+        traj.next_obs,
+        traj.reward,
+        traj.terminated,
+        traj.truncated,
+        traj.valid,
+    )
+    return traj.replace(extras={**traj.extras, **extras}), state
 
 
 class ScanSampler(Sampler):
@@ -242,8 +280,11 @@ class ScanSampler(Sampler):
         policy, rollout_length, seed = setup.policy, setup.rollout_length, setup.seed
         self.envs, self.rollout_length, self.metrics = envs, rollout_length, setup.metrics
         self._env_params = jax.device_put(envs.params)
-        self._state = jax.jit(lambda p: initial_state(envs, policy, seed, p))(self._env_params)
-        run = functools.partial(rollout, envs, policy, rollout_length)
+        connectors = setup.connectors
+        self._state = jax.jit(lambda p: initial_state(envs, policy, seed, p, connectors))(
+            self._env_params
+        )
+        run = functools.partial(rollout, envs, policy, rollout_length, connectors=connectors)
         traced = jax.jit(run, donate_argnums=1).trace(setup.params, self._state, self._env_params)
         self._run = traced.lower().compile()
         self.action_spec = None  # checked against the action space while tracing
@@ -268,6 +309,15 @@ class ScanSampler(Sampler):
         )
         self.metrics.sample_time_s += time.perf_counter() - start_time
         return traj
+
+    def get_connector_state(self) -> ConnectorsState:
+        """The connectors' state (a host copy): the statistics the next sample uses."""
+        return jax.device_get(self._state.actor.connectors)
+
+    def set_connector_state(self, state: ConnectorsState) -> None:
+        """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
+        actor = self._state.actor.replace(connectors=device_copy(state))
+        self._state = self._state.replace(actor=actor)
 
     def get_state(self) -> dict[str, Any]:
         """The whole rollout state, env states included (always restorable exactly)."""
@@ -301,6 +351,7 @@ __all__ = [
     "check_runner_options",
     "env_step_keys",
     "env_roots",
+    "finish_sample",
     "first_reset_keys",
     "initial_state",
     "rollout",

@@ -1,0 +1,57 @@
+"""Connectors: pure, stateful, jitted transforms between the env and the policy.
+
+Observation connectors (normalization, frame stacking) run inside the runner's compiled
+policy step, action connectors (rescaling) right after the policy, a reward connector
+(scaling) once per sample; see :mod:`jaxrunner.connectors.pipeline` for where the
+Trajectory keeps what the policy saw, and :mod:`jaxrunner.connectors.base` to write one.
+"""
+
+from jaxrunner.connectors.base import (
+    ActionConnector,
+    ConnectorState,
+    ObsConnector,
+    RewardConnector,
+)
+from jaxrunner.connectors.builtin import (
+    FrameStack,
+    NormalizeObservation,
+    RescaleActions,
+    ScaleReward,
+)
+from jaxrunner.connectors.moments import (
+    Moments,
+    RunningMoments,
+    merge_all,
+    set_statistics,
+    take_deltas,
+)
+from jaxrunner.connectors.pipeline import (
+    POLICY_NEXT_OBS,
+    POLICY_OBS,
+    SCALED_REWARD,
+    Connectors,
+    ConnectorsState,
+    SampleEnd,
+)
+
+__all__ = [
+    "POLICY_NEXT_OBS",
+    "POLICY_OBS",
+    "SCALED_REWARD",
+    "ActionConnector",
+    "ConnectorState",
+    "Connectors",
+    "ConnectorsState",
+    "FrameStack",
+    "Moments",
+    "NormalizeObservation",
+    "ObsConnector",
+    "RescaleActions",
+    "RewardConnector",
+    "RunningMoments",
+    "SampleEnd",
+    "ScaleReward",
+    "merge_all",
+    "set_statistics",
+    "take_deltas",
+]

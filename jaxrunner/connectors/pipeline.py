@@ -1,0 +1,317 @@
+"""Connectors composed: what a runner is given, and the two places they run.
+
+* Every policy step (inside :class:`~jaxrunner.policy_step.CompiledPolicyStep` and the
+  scan sampler's step): observation connectors in order, the policy, action connectors.
+  What the policy saw goes back in the step's one packed output as
+  ``extras["policy_obs"]``.
+* Once per sample (:meth:`Connectors.finish_sample`, one compiled call): what the policy
+  would see of each ``next_obs`` (``extras["policy_next_obs"]``), the scaled rewards
+  (``extras["scaled_reward"]``), then each connector's ``end_sample`` (statistics
+  gathered during the sample are folded in for the next one).
+
+So a learner reads the policy's inputs from the Trajectory as they were:
+``policy.evaluate(params, extras["policy_obs"], action)`` recomputes the sampled
+log-probs, ``policy.value(params, extras["policy_next_obs"])`` gives ``jr.gae`` its
+``next_value``, and ``reward=extras["scaled_reward"]`` its rewards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner.connectors.base import (
+    ActionConnector,
+    ConnectorState,
+    ObsConnector,
+    RewardConnector,
+)
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+POLICY_OBS = "policy_obs"
+"""``extras`` key of what the policy saw at each step."""
+POLICY_NEXT_OBS = "policy_next_obs"
+"""``extras`` key of what the policy would see of each step's ``next_obs``."""
+SCALED_REWARD = "scaled_reward"
+"""``extras`` key of the rewards as the reward connector scaled them."""
+
+
+@flax.struct.dataclass
+class ConnectorsState:
+    """The state of a runner's connectors (device arrays).
+
+    Attributes:
+        obs: one :class:`ConnectorState` per observation connector, in order.
+        reward: the reward connector's state, or None.
+    """
+
+    obs: tuple[ConnectorState, ...] = ()
+    reward: ConnectorState | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Connectors:
+    """The connectors of a runner (``EnvRunner(..., connectors=...)``).
+
+    Args:
+        obs: observation connectors, applied in order before the policy.
+        action: action connectors, applied in order to the policy's action before the
+            env gets it (the Trajectory keeps the policy's action).
+        reward: a reward connector, applied once per sample.
+    """
+
+    obs: Sequence[ObsConnector] = ()
+    action: Sequence[ActionConnector] = ()
+    reward: RewardConnector | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "obs", tuple(self.obs))
+        object.__setattr__(self, "action", tuple(self.action))
+        for name, kind, items in (
+            ("obs", ObsConnector, self.obs),
+            ("action", ActionConnector, self.action),
+            ("reward", RewardConnector, () if self.reward is None else (self.reward,)),
+        ):
+            for i, item in enumerate(items):
+                if name == "obs" and i > 0 and getattr(item, "first_only", False):
+                    raise InvalidArgumentError(
+                        f"Connectors(obs=[...]): {type(item).__name__} must be the first "
+                        f"observation connector (it is at position {i}); its statistics are "
+                        "those of the env's observations. Move it first."
+                    )
+                if not isinstance(item, kind):
+                    raise InvalidArgumentTypeError(
+                        f"Connectors({name}=...): expected {kind.__name__} instances, got "
+                        f"{item!r}. Subclass jaxrunner.connectors.{kind.__name__}."
+                    )
+
+    @property
+    def per_sample(self) -> bool:
+        """Whether :meth:`finish_sample` has anything to do."""
+        return bool(self.obs) or self.reward is not None
+
+    def observation_space(self, space: spaces.Space) -> spaces.Space:
+        """What the policy sees, given the env's single observation space: initialise
+        the policy on it (``policy.init(key, connectors.observation_space(space))``)."""
+        for connector in self.obs:
+            space = connector.observation_space(space)
+        return space
+
+    def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorsState:
+        states = []
+        for connector in self.obs:
+            states.append(connector.init(num_envs, obs_space))
+            obs_space = connector.observation_space(obs_space)
+        reward = None if self.reward is None else self.reward.init(num_envs)
+        return ConnectorsState(tuple(states), reward)
+
+    def observe(
+        self, state: ConnectorsState, obs: Any, episode_start: jax.Array, active: jax.Array
+    ) -> tuple[Any, ConnectorsState]:
+        """The observation connectors on ``N`` rows (``state``'s per-env rows are the
+        rows' own); the caller keeps only the active rows' new per-env state."""
+        new = []
+        for connector, s in zip(self.obs, state.obs):
+            obs, s = connector(s, obs, episode_start, active)
+            new.append(s)
+        return obs, state.replace(obs=tuple(new))
+
+    def env_action(self, action: Any) -> Any:
+        for connector in self.action:
+            action = connector(action)
+        return action
+
+    def finish_sample(
+        self,
+        state: ConnectorsState,
+        obs: Any,
+        policy_obs: Any,
+        next_obs: Any,
+        reward: jax.Array,
+        terminated: jax.Array,
+        truncated: jax.Array,
+        valid: jax.Array,
+    ) -> tuple[dict[str, Any], ConnectorsState]:
+        """The per-sample part (pure; ``[T, B]`` inputs: the env's observations, what the
+        policy saw, the next observations, rewards and flags): the extras to add to the
+        Trajectory and the state for the next sample."""
+        extras: dict[str, Any] = {}
+        if self.obs:
+            x = next_obs
+            last = len(self.obs) - 1
+            for i, (connector, s) in enumerate(zip(self.obs, state.obs)):
+                x = connector.follow(s, policy_obs if i == last else None, x)
+            extras[POLICY_NEXT_OBS] = x
+        reward_state = state.reward
+        if self.reward is not None:
+            scaled, reward_state = self.reward(state.reward, reward, terminated, truncated, valid)
+            extras[SCALED_REWARD] = scaled
+        obs_states = tuple(
+            c.end_sample(s, obs if i == 0 else None)
+            for i, (c, s) in enumerate(zip(self.obs, state.obs))
+        )
+        return extras, ConnectorsState(obs_states, reward_state)
+
+
+def take_rows(state: ConnectorsState, index: jax.Array) -> ConnectorsState:
+    """The per-env rows ``index`` of every connector (shared parts as they are)."""
+    return _map_rows(state, lambda x: x[index])
+
+
+def put_rows(state: ConnectorsState, part: ConnectorsState, index: jax.Array) -> ConnectorsState:
+    """``state`` with per-env rows ``index`` from ``part`` (index ``num_envs``: dropped) and
+    the shared parts from ``part``."""
+    return _zip_rows(state, part, lambda full, p: full.at[index].set(p, mode="drop"))
+
+
+def keep_active(new: ConnectorsState, old: ConnectorsState, active: jax.Array) -> ConnectorsState:
+    """``new`` with the inactive rows' per-env state from ``old``."""
+
+    def pick(n: jax.Array, o: jax.Array) -> jax.Array:
+        return jnp.where(active.reshape(-1, *([1] * (n.ndim - 1))), n, o)
+
+    return _zip_rows(old, new, lambda o, n: pick(n, o))
+
+
+def _map_rows(state: ConnectorsState, fn: Any) -> ConnectorsState:
+    def one(s: ConnectorState | None) -> ConnectorState | None:
+        return None if s is None else s.replace(per_env=jax.tree.map(fn, s.per_env))
+
+    return ConnectorsState(tuple(one(s) for s in state.obs), state.reward)
+
+
+def _zip_rows(full: ConnectorsState, part: ConnectorsState, fn: Any) -> ConnectorsState:
+    obs = tuple(
+        p.replace(per_env=jax.tree.map(fn, f.per_env, p.per_env))
+        for f, p in zip(full.obs, part.obs)
+    )
+    return ConnectorsState(obs, part.reward)
+
+
+def device_copy(state: ConnectorsState) -> ConnectorsState:
+    """A device copy of ``state`` that the runner owns: its compiled step donates its
+    state, so a caller's arrays must never be the runner's."""
+    return jax.device_put(jax.device_get(state))
+
+
+class StatePacking:
+    """The connectors' state as one flat device buffer per dtype between a host
+    sampler's compiled calls: each array a call takes and returns costs about 1.5 us
+    of dispatch on a CPU host, and a state has several (statistics, their delta,
+    per-env rows). Leaves of a dtype are raveled and concatenated (no bitcasts, which
+    cost more than they save on a CPU).
+
+    Args:
+        example: the unpacked state (its shapes and dtypes fix the layout).
+    """
+
+    def __init__(self, example: ConnectorsState) -> None:
+        leaves, self.treedef = jax.tree.flatten(example)
+        self.shapes = [tuple(np.shape(x)) for x in leaves]
+        self.dtypes = [np.dtype(jax.dtypes.canonicalize_dtype(x.dtype)) for x in leaves]
+        self.groups = sorted({d.str for d in self.dtypes})
+        # Leaf i lives in buffer groups.index(dtype) at [offset, offset + size).
+        self.where: list[tuple[int, int, int]] = []
+        sizes = dict.fromkeys(self.groups, 0)
+        for shape, dtype in zip(self.shapes, self.dtypes):
+            size = int(np.prod(shape))
+            self.where.append((self.groups.index(dtype.str), sizes[dtype.str], size))
+            sizes[dtype.str] += size
+        self.sizes = [sizes[g] for g in self.groups]
+
+    def pack(self, state: ConnectorsState) -> tuple[jax.Array, ...]:
+        """Traceable: the flat buffers of ``state``, one per dtype."""
+        parts: list[list[jax.Array]] = [[] for _ in self.groups]
+        for (group, _, _), leaf in zip(self.where, self.treedef.flatten_up_to(state)):
+            parts[group].append(jnp.ravel(leaf))
+        return tuple(
+            jnp.concatenate(p) if p else jnp.zeros(0, g) for p, g in zip(parts, self.groups)
+        )
+
+    def unpack(self, flat: tuple[jax.Array, ...]) -> ConnectorsState:
+        """Traceable: the state in ``flat``."""
+        leaves = [
+            flat[group][offset : offset + size].reshape(shape)
+            for (group, offset, size), shape in zip(self.where, self.shapes)
+        ]
+        return self.treedef.unflatten(leaves)
+
+    def to_host(self, flat: tuple[jax.Array, ...]) -> ConnectorsState:
+        """The state in device buffers, as numpy copies (one explicit transfer)."""
+        host = [np.asarray(x) for x in jax.device_get(flat)]
+        return self.treedef.unflatten(
+            [
+                host[group][offset : offset + size].reshape(shape).copy()
+                for (group, offset, size), shape in zip(self.where, self.shapes)
+            ]
+        )
+
+    def to_device(self, state: ConnectorsState) -> tuple[jax.Array, ...]:
+        """Fresh device buffers holding ``state`` (host or device arrays)."""
+        values, treedef = jax.tree.flatten(jax.device_get(state))
+        shapes = [tuple(np.shape(v)) for v in values]
+        if treedef != self.treedef or shapes != self.shapes:
+            raise InvalidArgumentError(
+                "set_connector_state(state): expected the structure and shapes of "
+                f"get_connector_state() ({self.treedef}, shapes {self.shapes}), got "
+                f"{treedef}, shapes {shapes}. Start from runner.get_connector_state() and "
+                "replace its arrays."
+            )
+        buffers = [np.zeros(size, g) for size, g in zip(self.sizes, self.groups)]
+        for (group, offset, size), value in zip(self.where, values):
+            buffers[group][offset : offset + size] = np.ravel(value)
+        return tuple(jax.device_put(buffers))
+
+
+class SampleEnd:
+    """:meth:`Connectors.finish_sample` for a host sampler's numpy ``[T, B]`` buffers
+    and packed state: compiled once, one transfer each way per sample."""
+
+    def __init__(self, connectors: Connectors, packing: StatePacking) -> None:
+        def finish(flat: Any, *inputs: Any) -> tuple[dict[str, Any], Any]:
+            extras, state = connectors.finish_sample(packing.unpack(flat), *inputs)
+            return extras, packing.pack(state)
+
+        self._connectors = connectors
+        self._fn = jax.jit(finish, donate_argnums=0)
+
+    def __call__(self, flat: Any, traj: Any) -> tuple[Any, Any]:
+        """Returns ``traj`` with the connectors' extras added and the new packed state."""
+        policy_obs = traj.extras.get(POLICY_OBS)
+        obs = traj.obs if self._connectors.obs else None
+        inputs = jax.device_put(
+            (
+                obs,
+                policy_obs,
+                traj.next_obs,
+                traj.reward,
+                traj.terminated,
+                traj.truncated,
+                traj.valid,
+            )
+        )
+        extras, flat = self._fn(flat, *inputs)
+        extras = jax.tree.map(np.asarray, jax.device_get(extras))
+        return traj.replace(extras={**traj.extras, **extras}), flat
+
+
+__all__ = [
+    "POLICY_NEXT_OBS",
+    "POLICY_OBS",
+    "SCALED_REWARD",
+    "Connectors",
+    "ConnectorsState",
+    "SampleEnd",
+    "StatePacking",
+    "device_copy",
+    "keep_active",
+    "put_rows",
+    "take_rows",
+]
