@@ -138,8 +138,32 @@ class Trajectory:
         return _load(cls, path, max_bytes)
 
 
+class EpisodeSpan:
+    """What an episode's steps say about it (``reward`` [L], the flags, ``start_step``),
+    shared by :class:`Episode` and the multi-agent ``AgentEpisode``."""
+
+    reward: np.ndarray
+    terminated: bool
+    truncated: bool
+    start_step: int
+
+    @property
+    def length(self) -> int:
+        return int(self.reward.shape[0])
+
+    @property
+    def is_done(self) -> bool:
+        """The episode ended (terminated or truncated)."""
+        return bool(self.terminated or self.truncated)
+
+    @property
+    def is_complete(self) -> bool:
+        """Seen whole: from its first step to its end."""
+        return self.is_done and self.start_step == 0
+
+
 @flax.struct.dataclass
-class Episode:
+class Episode(EpisodeSpan):
     """One env's episode, or the part of it a trajectory holds.
 
     Attributes:
@@ -166,22 +190,8 @@ class Episode:
     faulty: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
-    def length(self) -> int:
-        return int(self.reward.shape[0])
-
-    @property
     def total_return(self) -> float:
         return float(np.sum(self.reward))
-
-    @property
-    def is_done(self) -> bool:
-        """The episode ended (terminated or truncated)."""
-        return bool(self.terminated or self.truncated)
-
-    @property
-    def is_complete(self) -> bool:
-        """Seen whole: from its first step to its end."""
-        return self.is_done and self.start_step == 0
 
 
 def _episode_from(traj: Trajectory, b: int, start: int, stop: int) -> Episode:

@@ -9,10 +9,8 @@ from typing import Any
 import jax
 
 from jaxrunner.errors import (
-    ClosedError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
-    RunnerFailedError,
 )
 from jaxrunner.metrics import MetricsConfig
 from jaxrunner.multi_agent.jax_env import JaxMultiAgentVectorEnv
@@ -26,10 +24,10 @@ from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.sampling.multi_agent import MultiAgentSampler, MultiAgentSetup
 from jaxrunner.sampling.multi_agent_scan import MultiAgentScanSampler
-from jaxrunner.sampling.runner import _claim, _release
+from jaxrunner.sampling.ownership import EnvOwner
 
 
-class MultiAgentRunner:
+class MultiAgentRunner(EnvOwner):
     """Samples multi-agent trajectories from a multi-agent vector env.
 
     Args:
@@ -81,7 +79,7 @@ class MultiAgentRunner:
                 raise InvalidArgumentError(
                     f"MultiAgentRunner({name}=...): expected an int >= {low}, got {value!r}."
                 )
-        _claim(envs, self)  # one live runner per vector env
+        self._claim(envs)  # one live runner per vector env
         self.envs, self.rollout_length, self.seed = envs, rollout_length, seed
         self._closed = False
         self._failure: BaseException | None = None
@@ -100,7 +98,7 @@ class MultiAgentRunner:
                 first = envs.reset_batch([seed + i for i in range(envs.num_envs)])
                 self.sampler = MultiAgentSampler(envs, first, setup)
         except BaseException:
-            _release(envs, self)
+            self._release(envs)
             raise
 
     @property
@@ -160,31 +158,6 @@ class MultiAgentRunner:
         over agents), and ``policies``/``agents``: per-policy and per-agent agent steps
         and agent-episode statistics."""
         return self._metrics.summary()
-
-    def stop(self, close_envs: bool = True) -> None:
-        if not self._closed:
-            self._closed = True
-            _release(self.envs, self)
-            if close_envs:
-                self.envs.close()
-
-    def __enter__(self) -> MultiAgentRunner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _check_usable(self, what: str) -> None:
-        if self._closed:
-            raise ClosedError(
-                f"MultiAgentRunner.{what}() called after stop(); create a new MultiAgentRunner."
-            )
-        if self._failure is not None:
-            raise RunnerFailedError(
-                f"MultiAgentRunner.{what}(): an earlier sample() failed ({self._failure!r}); "
-                "its collected steps are in that error's partial_trajectory. Create a new "
-                "MultiAgentRunner."
-            ) from self._failure
 
 
 def _per_policy(name: str, value: Any, ids: tuple[str, ...], *, single: bool) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.trajectory import EpisodeSpan
 
 
 @flax.struct.dataclass
@@ -123,7 +124,7 @@ class MultiAgentTrajectory:
 
 
 @flax.struct.dataclass
-class AgentEpisode:
+class AgentEpisode(EpisodeSpan):
     """One agent's episode (or the part of it in one trajectory).
 
     Attributes:
@@ -152,21 +153,8 @@ class AgentEpisode:
     start_step: int = flax.struct.field(pytree_node=False)
 
     @property
-    def length(self) -> int:
-        return int(self.reward.shape[0])
-
-    @property
     def total_reward(self) -> float:
         return float(np.sum(self.reward))
-
-    @property
-    def is_done(self) -> bool:
-        return bool(self.terminated or self.truncated)
-
-    @property
-    def is_complete(self) -> bool:
-        """Seen from the agent's first transition to its last."""
-        return self.is_done and self.start_step == 0
 
 
 def concatenate_agent_episodes(head: AgentEpisode, tail: AgentEpisode) -> AgentEpisode:

@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.callbacks import Callbacks, LiveEpisode
-from jaxrunner.connectors.pipeline import ConnectorsState, SampleEnd
+from jaxrunner.connectors.pipeline import SampleEnd
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError
@@ -28,7 +28,7 @@ from jaxrunner.policy import Params
 from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.sampler import (
-    Sampler,
+    HostSampler,
     SamplerSetup,
     allocate_trajectory,
     attach_partial,
@@ -60,7 +60,7 @@ def default_num_groups(envs: VectorEnv) -> int:
     return 2 if num_envs >= min_envs else 1
 
 
-class LockstepSampler(Sampler):
+class LockstepSampler(HostSampler):
     """Samples a lockstep backend (see the module docstring).
 
     Args:
@@ -164,21 +164,7 @@ class LockstepSampler(Sampler):
             self.metrics.sample_time_s += time.perf_counter() - start_time
             self.metrics.perf.record(perf, t)
         self.metrics.add(self._book.close(buf, num_steps))
-        if self._sample_end is not None:
-            clock = time.perf_counter()
-            buf, connectors = self._sample_end(self._state.connectors, buf)
-            self._state = self._state.replace(connectors=connectors)
-            self.metrics.sample_time_s += time.perf_counter() - clock
-        return buf
-
-    def get_connector_state(self) -> ConnectorsState:
-        """The connectors' state (a host copy): the statistics the next sample uses."""
-        return self._packing.to_host(self._state.connectors)  # type: ignore[union-attr]
-
-    def set_connector_state(self, state: ConnectorsState) -> None:
-        """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
-        flat = self._packing.to_device(state)  # type: ignore[union-attr]
-        self._state = self._state.replace(connectors=flat)
+        return self._end_sample(buf)
 
     def get_state(self) -> dict[str, Any]:
         obs = jr_spaces.allocate(self._obs_space, (self.envs.num_envs,))

@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.connectors.pipeline import ConnectorsState, SampleEnd
+from jaxrunner.connectors.pipeline import SampleEnd
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 from jaxrunner.metrics import PERF_KEYS
@@ -45,7 +45,7 @@ from jaxrunner.policy import Params
 from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.sampler import (
-    Sampler,
+    HostSampler,
     SamplerSetup,
     allocate_trajectory,
     attach_partial,
@@ -71,7 +71,7 @@ def _env_indices(env_ids: Any, num_envs: int) -> np.ndarray:
     return np.asarray(env_ids, dtype=np.int64)
 
 
-class ReadyFirstSampler(Sampler):
+class ReadyFirstSampler(HostSampler):
     """Samples a ``ready_first`` backend (see the module docstring).
 
     Args:
@@ -164,21 +164,7 @@ class ReadyFirstSampler(Sampler):
         buf = self._bufs.pop(0)
         self.metrics.add(self._book.close(buf, num_steps))
         self._t -= num_steps
-        if self._sample_end is not None:
-            clock = time.perf_counter()
-            buf, connectors = self._sample_end(self._state.connectors, buf)
-            self._state = self._state.replace(connectors=connectors)
-            self.metrics.sample_time_s += time.perf_counter() - clock
-        return buf
-
-    def get_connector_state(self) -> ConnectorsState:
-        """The connectors' state (a host copy): the statistics the next sample uses."""
-        return self._packing.to_host(self._state.connectors)  # type: ignore[union-attr]
-
-    def set_connector_state(self, state: ConnectorsState) -> None:
-        """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
-        flat = self._packing.to_device(state)  # type: ignore[union-attr]
-        self._state = self._state.replace(connectors=flat)
+        return self._end_sample(buf)
 
     def get_state(self) -> dict[str, Any]:
         return {

@@ -23,16 +23,15 @@ from jaxrunner.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner.envs.base import VectorEnv
 from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.errors import (
-    ClosedError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
-    RunnerFailedError,
 )
 from jaxrunner.metrics import MetricsConfig, RunnerMetrics
 from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.sampling import checkpoint
 from jaxrunner.sampling.checkpoint import RestoreReport
 from jaxrunner.sampling.lockstep import LockstepSampler
+from jaxrunner.sampling.ownership import EnvOwner
 from jaxrunner.sampling.progress import EpisodeProgress
 from jaxrunner.sampling.ready_first import ReadyFirstSampler
 from jaxrunner.sampling.sampler import Sampler, SamplerSetup
@@ -40,11 +39,8 @@ from jaxrunner.sampling.scan import ScanSampler, check_runner_options
 from jaxrunner.sampling.seeds import env_seeds
 from jaxrunner.trajectory import Episode, Trajectory, concatenate_episodes
 
-_OWNERS: weakref.WeakKeyDictionary[Any, weakref.ref] = weakref.WeakKeyDictionary()
-"""Each vector env's live runner: one owner per vector env."""
 
-
-class EnvRunner:
+class EnvRunner(EnvOwner):
     """Samples trajectories from a vector env with a jitted policy.
 
     Args:
@@ -102,7 +98,7 @@ class EnvRunner:
                 "configured on the vector env now, in one place: build it with "
                 "jaxrunner.make_vec(..., restart_policy=jaxrunner.RestartPolicy())."
             )
-        _claim(envs, self)
+        self._claim(envs)
         self.envs = envs
         self.policy = policy
         self.rollout_length = int(rollout_length)
@@ -118,7 +114,7 @@ class EnvRunner:
         try:
             self.sampler = self._make_sampler(num_groups)
         except (KeyError, TypeError, AttributeError) as err:
-            _release(envs, self)
+            self._release(envs)
             if isinstance(err, InvalidArgumentTypeError):
                 raise
             # Tracing the policy with params of the wrong structure fails deep in its code.
@@ -128,7 +124,7 @@ class EnvRunner:
                 "with: policy.init(jax.random.key(0), envs.single_observation_space)."
             ) from err
         except BaseException:
-            _release(envs, self)
+            self._release(envs)
             raise
 
     def _make_sampler(self, num_groups: int | None) -> Sampler:
@@ -291,32 +287,7 @@ class EnvRunner:
         sampler = self.sampler
         return len(sampler.groups) if isinstance(sampler, LockstepSampler) else 1
 
-    def stop(self, close_envs: bool = True) -> None:
-        """Ends the runner: it cannot sample afterwards, and its envs are free for
-        another runner. Closes the envs unless ``close_envs`` is False."""
-        if not self._closed:
-            self._closed = True
-            _release(self.envs, self)
-            if close_envs:
-                self.envs.close()
-
-    def __enter__(self) -> EnvRunner:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
     # -- internals ---------------------------------------------------------------------------
-
-    def _check_usable(self, what: str) -> None:
-        if self._closed:
-            raise ClosedError(f"EnvRunner.{what}() called after stop(); create a new EnvRunner.")
-        if self._failure is not None:
-            raise RunnerFailedError(
-                f"EnvRunner.{what}(): an earlier sample() failed ({self._failure!r}), leaving the "
-                "envs in an unknown state; its collected steps are in that error's "
-                "partial_trajectory. Create a new EnvRunner to continue."
-            ) from self._failure
 
     def _check_connectors(self, what: str) -> None:
         if self.connectors is None:
@@ -400,25 +371,6 @@ def _check_ready_first_options(envs: VectorEnv, callbacks: Any, num_groups: Any)
             "sub-envs are ready (ready-first); pipelining groups do not apply. Leave "
             "num_groups=None."
         )
-
-
-def _claim(envs: Any, runner: EnvRunner) -> None:
-    owner_ref = _OWNERS.get(envs)
-    owner = owner_ref() if owner_ref is not None else None
-    if owner is not None and not owner._closed:
-        raise InvalidArgumentError(
-            f"EnvRunner(envs=...): this {type(envs).__name__} is driven by another live "
-            "EnvRunner; two runners on one vector env would continue each other's episodes. "
-            "Build separate envs (e.g. a second jaxrunner.make_vec(...)) for evaluation, or "
-            "call stop() on the first runner."
-        )
-    _OWNERS[envs] = weakref.ref(runner)
-
-
-def _release(envs: Any, runner: EnvRunner) -> None:
-    owner_ref = _OWNERS.get(envs)
-    if owner_ref is not None and owner_ref() is runner:
-        del _OWNERS[envs]
 
 
 __all__ = ["EnvRunner"]

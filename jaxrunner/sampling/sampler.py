@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
+import time
 from typing import Any
 
 import jax
@@ -80,6 +81,35 @@ class Sampler(abc.ABC):
             f"EnvRunner.{what}(): the {type(self).__name__} cannot be checkpointed (it has "
             "no get_state/set_state/restart_episodes)."
         )
+
+
+class HostSampler(Sampler):
+    """What the host samplers (lockstep, ready-first) share: the actor state on device
+    (``_state``, its connectors packed by ``_packing``) and the connectors' once-per-
+    sample update (``_sample_end``, None without connectors)."""
+
+    _state: Any
+    _packing: Any
+    _sample_end: Any
+    metrics: RunnerMetrics
+
+    def _end_sample(self, buf: Trajectory) -> Trajectory:
+        """The connectors' end-of-sample update (statistics from this sample's
+        observations, scaled rewards), timed as sampling."""
+        if self._sample_end is not None:
+            clock = time.perf_counter()
+            buf, connectors = self._sample_end(self._state.connectors, buf)
+            self._state = self._state.replace(connectors=connectors)
+            self.metrics.sample_time_s += time.perf_counter() - clock
+        return buf
+
+    def get_connector_state(self) -> Any:
+        """The connectors' state (a host copy): the statistics the next sample uses."""
+        return self._packing.to_host(self._state.connectors)
+
+    def set_connector_state(self, state: Any) -> None:
+        """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
+        self._state = self._state.replace(connectors=self._packing.to_device(state))
 
 
 def allocate_trajectory(
