@@ -1,27 +1,4 @@
-"""EnvRunnerGroup: N EnvRunners as Ray actors, with weight sync and fault tolerance.
-
-Each runner is built inside its actor from picklable factories (an env id or factory,
-a policy factory and the params), so nothing unpicklable crosses a process or machine.
-``sample()`` asks every healthy runner at once and gathers what they return;
-``set_params()`` puts the new weights in Ray's object store once and hands every
-runner the same reference. A runner that dies, raises, or does not answer within
-``sample_timeout_s`` is killed and replaced by a new one (with the latest weights)
-while the group goes on sampling from the others.
-
-Ids. Runner ``i`` (of ``N``, ``n`` envs each) reports env ids ``i*n .. i*n+n-1``.
-Its ``k``-th incarnation (0 at first, +1 per restart) uses seed
-``seed + (k*N + i) * n``: no two runners or incarnations share a seed, so their sub-envs'
-reset seeds (:func:`jaxrunner.env_seeds`) are unrelated blocks that do not overlap, and
-its episode ids are ``((k*N + i) << 40) + local id``:
-unique across runners and restarts.
-
-Connector statistics (``runner_options={"connectors": ...}``, e.g. observation
-normalization). Each runner reports the statistics it gathered in a sample beside the
-sample; the group merges them exactly (parallel variance, in runner order) into one
-global set, and :meth:`EnvRunnerGroup.set_params` broadcasts it with the weights, so
-every runner then normalizes with the statistics of every runner's observations. A
-restarted runner starts from the merged statistics.
-"""
+"""EnvRunnerGroup: the runner actors, sampling, weight and statistics sync, restarts."""
 
 from __future__ import annotations
 
@@ -34,182 +11,13 @@ import gymnasium
 import jax
 import numpy as np
 
-from jaxrunner.connectors.moments import Moments, merge_all, set_statistics, take_deltas
-from jaxrunner.envs import ProcessConfig, RayConfig, check_vec_options, make_vec
+from jaxrunner.connectors.moments import Moments, merge_all
+from jaxrunner.distributed.config import EnvRunnerGroupConfig, PolicyFactory
+from jaxrunner.distributed.worker import RunnerWorker
 from jaxrunner.envs.ray import import_ray
 from jaxrunner.errors import InvalidArgumentError, RemoteTimeoutError, RunnerFailedError
-from jaxrunner.faults import RestartPolicy
-from jaxrunner.policy import Params, Policy
-from jaxrunner.sampling import EnvRunner
+from jaxrunner.policy import Params
 from jaxrunner.trajectory import Trajectory
-
-EPISODE_ID_BITS = 40
-"""Low bits of a group episode id that hold the runner-local id."""
-
-PolicyFactory = Callable[[gymnasium.Space], Policy]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EnvRunnerGroupConfig:
-    """What each runner of an :class:`EnvRunnerGroup` runs, and where."""
-
-    num_runners: int = 2
-    """Runners (Ray actors)."""
-    num_envs_per_runner: int = 8
-    """Sub-envs of each runner's vector env."""
-    rollout_length: int = 128
-    """T of every runner's ``sample()``."""
-    seed: int = 0
-    """Base seed (see the module docstring for each runner's)."""
-    backend: str = "sync"
-    """Each runner's ``make_vec`` backend."""
-    env_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """Keyword arguments for the env (``gymnasium.make``), passed untouched."""
-    vec_config: ProcessConfig | RayConfig | None = None
-    """The backend's options (``make_vec(config=...)``): a ProcessConfig for
-    ``backend="process"``, a RayConfig for ``"ray"``; None: its defaults."""
-    restart_policy: RestartPolicy | None = None
-    """How each runner's envs recreate failed sub-envs (``make_vec(restart_policy=...)``);
-    None: a failure fails the runner (which the group then replaces)."""
-    runner_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """Keyword arguments for :class:`~jaxrunner.EnvRunner` (
-    ``metrics``, ``num_groups``...)."""
-    num_cpus_per_runner: float = 1.0
-    """Ray CPU resources each runner reserves."""
-    num_gpus_per_runner: float = 0.0
-    """Ray GPU resources each runner reserves (fractions share a GPU); JAX in the actor
-    then sees the GPU Ray assigned."""
-    sample_timeout_s: float | None = None
-    """A runner that has not returned a sample (or acknowledged new params) after this
-    long is treated as failed: killed and replaced. None: wait forever."""
-    start_timeout_s: float = 300.0
-    """How long to wait for a runner to start (import, build its envs, compile)."""
-    max_restarts: int = 100
-    """Runner restarts the group allows in all, before it gives up and raises."""
-
-    def __post_init__(self) -> None:
-        check_vec_options(self.backend, self.vec_config, self.restart_policy)
-        for name in ("num_runners", "num_envs_per_runner", "rollout_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(
-                    f"EnvRunnerGroupConfig({name}={value!r}): expected an int >= 1."
-                )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise InvalidArgumentError(
-                f"EnvRunnerGroupConfig(seed={self.seed!r}): expected an int >= 0."
-            )
-        for name in ("num_cpus_per_runner", "num_gpus_per_runner"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise InvalidArgumentError(
-                    f"EnvRunnerGroupConfig({name}={value!r}): expected a number >= 0."
-                )
-        for name in ("sample_timeout_s", "start_timeout_s"):
-            value = getattr(self, name)
-            if value is None and name == "sample_timeout_s":
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise InvalidArgumentError(
-                    f"EnvRunnerGroupConfig({name}={value!r}): expected a number of seconds > 0."
-                )
-        if (
-            isinstance(self.max_restarts, bool)
-            or not isinstance(self.max_restarts, int)
-            or (self.max_restarts < 0)
-        ):
-            raise InvalidArgumentError(
-                f"EnvRunnerGroupConfig(max_restarts={self.max_restarts!r}): expected an int >= 0."
-            )
-
-    def runner_seed(self, index: int, incarnation: int) -> int:
-        """The seed of runner ``index``'s ``incarnation``-th instance."""
-        return self.seed + (incarnation * self.num_runners + index) * self.num_envs_per_runner
-
-
-class RunnerWorker:
-    """The body of one runner actor: an :class:`~jaxrunner.EnvRunner` whose output
-    carries group-wide env and episode ids."""
-
-    def __init__(
-        self,
-        env: str | Callable[[], gymnasium.Env],
-        policy_factory: PolicyFactory,
-        params: Params,
-        params_version: int,
-        config: EnvRunnerGroupConfig,
-        index: int,
-        incarnation: int,
-        statistics: list[Moments] | None = None,
-    ) -> None:
-        n = config.num_envs_per_runner
-        envs = make_vec(
-            env,
-            n,
-            config.backend,
-            config=config.vec_config,
-            restart_policy=config.restart_policy,
-            **dict(config.env_options),
-        )
-        policy = policy_factory(envs.single_action_space)
-        self.runner = EnvRunner(
-            envs,
-            policy,
-            params,
-            config.rollout_length,
-            config.runner_seed(index, incarnation),
-            **dict(config.runner_options),
-        )
-        self.params_version = params_version
-        if statistics is not None:  # a restart: start from the group's merged statistics
-            self.set_statistics(statistics)
-        self._env_offset = index * n
-        self._id_offset = (incarnation * config.num_runners + index) << EPISODE_ID_BITS
-
-    def ready(self) -> bool:
-        return True
-
-    def sample(self) -> Trajectory:
-        traj = self.runner.sample()
-        return traj.replace(
-            env_id=np.asarray(traj.env_id) + self._env_offset,
-            episode_id=np.asarray(traj.episode_id) + self._id_offset,
-        )
-
-    def sample_with_statistics(self) -> tuple[Trajectory, list[Moments]]:
-        """A sample, and the connector statistics gathered since the last call (taken
-        out of the runner's state, so each is reported to the group once)."""
-        traj = self.sample()
-        if self.runner.connectors is None:
-            return traj, []
-        state, deltas = take_deltas(self.runner.get_connector_state())
-        self.runner.set_connector_state(state)
-        return traj, deltas
-
-    def set_statistics(self, statistics: list[Moments]) -> None:
-        state = self.runner.get_connector_state()
-        self.runner.set_connector_state(set_statistics(state, statistics))
-
-    def get_connector_state(self) -> Any:
-        return self.runner.get_connector_state()
-
-    def set_params(
-        self, params: Params, version: int, statistics: list[Moments] | None = None
-    ) -> int:
-        self.runner.set_params(params)
-        if statistics is not None:
-            self.set_statistics(statistics)
-        self.params_version = version
-        return version
-
-    def get_params(self) -> tuple[Params, int]:
-        return jax.device_get(self.runner.get_params()), self.params_version
-
-    def get_metrics(self) -> dict[str, Any]:
-        return {**self.runner.get_metrics(), "params_version": self.params_version}
-
-    def stop(self) -> None:
-        self.runner.stop()
 
 
 @dataclasses.dataclass
@@ -562,11 +370,4 @@ def _kill(ray: Any, actor: Any) -> None:
         pass
 
 
-__all__ = [
-    "EPISODE_ID_BITS",
-    "EnvRunnerGroup",
-    "EnvRunnerGroupConfig",
-    "RunnerWorker",
-    "aggregate_metrics",
-    "concatenate_envs",
-]
+__all__ = ["EnvRunnerGroup", "aggregate_metrics", "concatenate_envs"]
