@@ -279,3 +279,11 @@ def test_host_sampler_makes_only_explicit_transfers():
         with jax.transfer_guard("disallow"):
             traj = runner.sample()
     assert traj.groups["policy_0"].valid.any()
+
+
+def test_env_runner_points_multi_agent_envs_to_the_multi_agent_runner():
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
+    policy = jr.Policy(lambda p, obs, carry, keys: (obs, {}, carry))
+    with pytest.raises(jr.errors.InvalidArgumentTypeError, match=r"MultiAgentRunner"):
+        jr.EnvRunner(envs, policy, {}, 4, 0)
+    envs.close()

@@ -315,10 +315,16 @@ def _check_arguments(
 ) -> None:
     """Refuses arguments of the wrong kind, naming the argument and the fix."""
     if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
+        from jaxrunner.multi_agent import JaxMultiAgentVectorEnv, MultiAgentVectorEnv
+
+        hint = (
+            "Multi-agent envs are sampled by jaxrunner.MultiAgentRunner."
+            if isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv))
+            else "Build one with jaxrunner.make_vec(env_id_or_factory, num_envs)."
+        )
         raise InvalidArgumentTypeError(
             f"EnvRunner(envs=...): expected a jaxrunner vector env, got "
-            f"{type(envs).__name__}. Build one with jaxrunner.make_vec(env_id_or_factory, "
-            "num_envs)."
+            f"{type(envs).__name__}. {hint}"
         )
     if not isinstance(policy, Policy):
         raise InvalidArgumentTypeError(
