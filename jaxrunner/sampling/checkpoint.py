@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.sampling.seeds import env_seeds
 from jaxrunner.trajectory import Episode
@@ -216,10 +217,9 @@ def save(runner: EnvRunner, path: str | os.PathLike) -> None:
 def _put_env_snapshot(arrays: dict[str, np.ndarray], runner: EnvRunner) -> tuple[str, str]:
     """Adds the sub-envs' pickles where the backend can take them; returns (kind, note)."""
     envs = runner.envs
-    capabilities = getattr(envs, "capabilities", None)  # a JaxVectorEnv has none: pure
-    if capabilities is None:
+    if isinstance(envs, JaxVectorEnv):  # pure: its states are in the sampler's state
         return "pytree", "the env states are arrays in the sampler's state"
-    if not capabilities.can_snapshot:
+    if not envs.capabilities.can_snapshot:
         return "none", f"{type(envs).__name__} cannot snapshot its sub-envs"
     try:
         blobs = envs.snapshot_sub_envs()
