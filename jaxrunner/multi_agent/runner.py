@@ -108,12 +108,7 @@ class MultiAgentRunner(EnvOwner):
     def sample(self) -> MultiAgentTrajectory:
         """Collects ``rollout_length`` env steps of every env. Agent and env episodes
         carry on across calls; a failure raises with ``err.partial_trajectory``."""
-        self._check_usable("sample")
-        try:
-            return self.sampler.sample(self._params)
-        except BaseException as err:
-            self._failure = err
-            raise
+        return self._sample_once()
 
     def sample_episodes(self, num_episodes: int) -> list[AgentEpisode]:
         """Samples until ``num_episodes`` complete agent episodes are available; returns

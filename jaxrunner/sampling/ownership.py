@@ -58,6 +58,15 @@ class EnvOwner:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def _sample_once(self) -> Any:
+        """One ``sampler.sample(params)``; a failure marks the runner unusable."""
+        self._check_usable("sample")
+        try:
+            return self.sampler.sample(self._params)  # type: ignore[attr-defined]
+        except BaseException as err:
+            self._failure = err
+            raise
+
     def _check_usable(self, what: str) -> None:
         name = type(self).__name__
         if self._closed:

@@ -177,12 +177,7 @@ class EnvRunner(EnvOwner):
         with ``err.partial_trajectory`` holding every step completed before it, and
         the runner refuses further sampling (its envs are in an unknown state).
         """
-        self._check_usable("sample")
-        try:
-            return self.sampler.sample(self._params)
-        except BaseException as err:
-            self._failure = err
-            raise
+        return self._sample_once()
 
     def sample_episodes(
         self, num_episodes: int, include_faulty: bool = False, progress: bool = False
