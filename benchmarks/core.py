@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -61,7 +62,10 @@ def measure_hand_loop_jax_defaults(config: bench.BenchConfig, num_envs: int) -> 
         seconds=config.seconds,
         num_envs=num_envs,
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    env = {**os.environ, "JAX_CPU_ENABLE_ASYNC_DISPATCH": "1"}  # JAX's default, kept
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
     steps_per_s, mode = json.loads(done.stdout.strip().splitlines()[-1])
     assert mode == "async", "the child did not run at JAX's default dispatch"
     return steps_per_s

@@ -25,8 +25,7 @@ from jaxrunner import bench
 CHILD = """
 import json, sys
 import jaxrunner as jr
-if {inline}:
-    jr.use_inline_cpu_dispatch()
+(jr.use_inline_cpu_dispatch if {inline} else jr.use_async_cpu_dispatch)()
 from jaxrunner import bench
 sys.path.insert(0, {here!r})
 import core

@@ -32,7 +32,11 @@ import gymnasium
 import jax
 import numpy as np
 
-from jaxrunner.cpu_dispatch import inline_cpu_dispatch, use_inline_cpu_dispatch
+from jaxrunner.cpu_dispatch import (
+    inline_cpu_dispatch,
+    use_async_cpu_dispatch,
+    use_inline_cpu_dispatch,
+)
 from jaxrunner.envs import make_vec
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import PERF_KEYS
@@ -290,6 +294,8 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     args = parser.parse_args()
     if args.cpu_dispatch == "inline":
         use_inline_cpu_dispatch()
+    else:
+        use_async_cpu_dispatch()
     return args
 
 

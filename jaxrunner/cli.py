@@ -18,14 +18,14 @@ from jaxrunner.serve.command import add_serve_command
 
 def _bench(args: argparse.Namespace) -> int:
     from jaxrunner import bench
-    from jaxrunner.cpu_dispatch import use_inline_cpu_dispatch
+    from jaxrunner.cpu_dispatch import use_async_cpu_dispatch, use_inline_cpu_dispatch
 
-    if args.cpu_dispatch == "inline":  # before any JAX computation
-        try:
-            use_inline_cpu_dispatch()
-        except DispatchConfigError as err:  # only when called in a process using JAX
-            print(f"jaxrunner bench: {err} (or pass --cpu-dispatch async)", file=sys.stderr)
-            return 2
+    switch = use_inline_cpu_dispatch if args.cpu_dispatch == "inline" else use_async_cpu_dispatch
+    try:  # before any JAX computation
+        switch()
+    except DispatchConfigError as err:  # only when called in a process using JAX
+        print(f"jaxrunner bench: {err}", file=sys.stderr)
+        return 2
 
     config = bench.BenchConfig(
         env=args.env,

@@ -34,14 +34,15 @@ def test_readme_setup_has_exactly_two_commands():
 
 
 def test_bench_json(capsys):
-    # Once JAX has started, its CPU dispatch is fixed (async in the test processes).
+    # Once JAX has started, its CPU dispatch is fixed (inline in the test processes, the
+    # default after ``import jaxrunner``).
     jax.numpy.zeros(1).block_until_ready()
     argv = ["bench", "--num-envs", "1", "3", "--seconds", "0.05", "--json", "--cpu-dispatch"]
-    assert cli.main([*argv, "inline"]) == 2
+    assert cli.main([*argv, "async"]) == 2
     assert "before any JAX computation" in capsys.readouterr().err
-    assert cli.main([*argv, "async"]) == 0
+    assert cli.main([*argv, "inline"]) == 0
     report = json.loads(capsys.readouterr().out)  # stdout holds only the JSON
-    assert report["config"]["cpu_dispatch"] == report["machine"]["jax_cpu_dispatch"] == "async"
+    assert report["config"]["cpu_dispatch"] == report["machine"]["jax_cpu_dispatch"] == "inline"
     assert [row["num_envs"] for row in report["results"]] == [1, 3]
     for row in report["results"]:
         assert row["jaxrunner_steps_per_s"] > 0 and row["raw_steps_per_s"] > 0
@@ -105,7 +106,7 @@ def test_every_option_has_help_with_its_default(command):
 
 def test_bench_runs_without_tqdm_and_shows_its_layout(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)  # as if not installed
-    argv = ["bench", "--num-envs", "2", "--seconds", "0.05", "--cpu-dispatch", "async"]
+    argv = ["bench", "--num-envs", "2", "--seconds", "0.05"]
     assert cli.main(argv) == 0
     captured = capsys.readouterr()
     assert "[1/3] jaxrunner x2" in captured.err and "[3/3]" in captured.err
