@@ -36,16 +36,21 @@ def zero_params(num_actions: int) -> dict:
     return {"w": jnp.zeros(num_actions)}
 
 
-def sample_in_parts(
+def assert_split_samples_equal_one(
     factory, num_actions: int, seed: int, length: int, count: int
-) -> jr.MultiAgentTrajectory:
-    """``count`` samples of ``length`` steps from a fresh runner on two ``factory``
-    sub-envs (random policy), joined along time."""
-    envs = jr.make_multi_agent_vec(factory, 2)
-    policy, params = random_policy(num_actions), zero_params(num_actions)
-    with jr.MultiAgentRunner(envs, policy, params, length, seed=seed) as runner:
-        parts = [runner.sample() for _ in range(count)]
-    return jax.tree.map(lambda *x: np.concatenate(x), *parts)
+) -> None:
+    """``count`` samples of ``length`` steps, joined along time, equal one sample of
+    ``count * length`` steps (fresh runners on two ``factory`` sub-envs, random policy)."""
+
+    def collect(length: int, count: int) -> jr.MultiAgentTrajectory:
+        envs = jr.make_multi_agent_vec(factory, 2)
+        policy, params = random_policy(num_actions), zero_params(num_actions)
+        with jr.MultiAgentRunner(envs, policy, params, length, seed=seed) as runner:
+            parts = [runner.sample() for _ in range(count)]
+        return jax.tree.map(lambda *x: np.concatenate(x), *parts)
+
+    split, whole = collect(length, count), collect(length * count, 1)
+    jax.tree.map(np.testing.assert_array_equal, split, whole)
 
 
 def replay_parallel(factory, traj: jr.MultiAgentTrajectory, seed: int) -> float:
@@ -143,9 +148,7 @@ def test_same_seed_same_trajectory_and_new_params_change_actions():
 
 
 def test_split_samples_equal_one_long_sample():
-    split = sample_in_parts(envs_mod.coming_and_going, 3, seed=3, length=5, count=6)
-    whole = sample_in_parts(envs_mod.coming_and_going, 3, seed=3, length=30, count=1)
-    jax.tree.map(np.testing.assert_array_equal, split, whole)
+    assert_split_samples_equal_one(envs_mod.coming_and_going, 3, seed=3, length=5, count=6)
 
 
 def test_episodes_per_agent_match_the_trajectory():
