@@ -318,3 +318,15 @@ def test_connectors_that_do_not_fit_a_group_name_its_policy_id():
     with pytest.raises(InvalidArgumentError, match="nothing to normalize") as info:
         per_policy_connectors(C.Connectors(obs=[C.NormalizeObservation()]), [group])
     assert "for policy 'p'" in "".join(info.value.__notes__)
+
+
+def test_readme_multi_agent_connectors_example_runs(capsys):
+    pytest.importorskip("mpe2")
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Connectors", 1)[1].split("**Multi-agent.**", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    exec(compile(code, "README multi-agent connectors", "exec"), {})
+    assert capsys.readouterr().out.startswith("(16, 4, 3, 2, 18) 384.0")
