@@ -78,7 +78,8 @@ class NormalizeObservation(ObsConnector):
     (``shared`` is then a dict/tuple of the observation's structure, with a
     :class:`RunningMoments` per ``Box`` leaf and None elsewhere) and is normalized to a
     float32 Box; ``Discrete``, ``MultiBinary`` and ``MultiDiscrete`` leaves pass through
-    unchanged (values and dtype). A space without any ``Box`` leaf is refused.
+    with their values unchanged (as JAX arrays: 64-bit integers come back int32 unless
+    ``jax_enable_x64``). A space without any ``Box`` leaf is refused.
     """
 
     clip: float | None = 10.0
