@@ -2,4 +2,6 @@
 
 from jaxrunner.bench.child import main
 
-main()
+# Under the guard: the process backend's workers import this module again.
+if __name__ == "__main__":
+    main()

@@ -124,9 +124,10 @@ def format_report(report: dict[str, Any]) -> str:
     measured, a table per backend, the skipped backends and the verdict."""
     config, children = report["config"], report["children"]
     lines = [
-        f"{config['env']}; {report['policy']}; T = max(8, 2048 // envs) steps per rollout;",
-        f"{config['rounds']} interleaved rounds of {config['seconds']:g} s per system, each "
-        "system in its own process.",
+        f"{config['env']}; {report['policy']};",
+        "T = max(8, 2048 // envs) steps per rollout for every system;",
+        f"{config['rounds']} interleaved round{'s' if config['rounds'] > 1 else ''} of "
+        f"{config['seconds']:g} s per system; jaxrunner and the hand loops in their own processes.",
         "jaxrunner: EnvRunner.sample() as a user runs it "
         f"(JAX CPU dispatch: {children['jaxrunner']['cpu_dispatch']}).",
         "hand loop: the loop a user writes: the same jitted policy, np.asarray on actions and",
@@ -149,7 +150,8 @@ def format_backend(rows: Sequence[dict[str, Any]]) -> str:
     """One backend's rows as two tables: steps/s, then where a jaxrunner step goes."""
     plan = PLANS[rows[0]["backend"]]
     extras = sorted({n for row in rows for n in row["systems"] if n.startswith("hand_")})
-    head = ["envs", "T", "jaxrunner", "hand loop", "ratio", "ceiling", "vs ceiling", *extras]
+    extra_heads = [f"{n.removeprefix('hand_')} hand loop" for n in extras]
+    head = ["envs", "T", "jaxrunner", "hand loop", "ratio", "ceiling", "vs ceiling", *extra_heads]
     table = [head]
     for row in rows:
         systems, ratios = row["systems"], row["ratios"]
@@ -167,25 +169,30 @@ def format_backend(rows: Sequence[dict[str, Any]]) -> str:
         )
     lines = [
         f"backend {plan.backend}: jaxrunner against the hand loop over "
-        f"{REFERENCES[plan.reference]} (env steps/s, median [min-max] of rounds)",
+        f"{REFERENCES[plan.reference]}",
+        "env steps/s, median [min-max] of rounds",
         *_columns(table),
     ]
     if any(row["split_us"] for row in rows):
-        lines.append(
-            "where a jaxrunner step goes, us per vector step (env | compiled policy step "
-            "with its transfers | recording | the rest of the sampler); ceiling: raw env "
-            "+ bare policy call (of which on-device compute)"
-        )
-        split = [["envs", "env", "policy", "record", "other", "total", "| ceiling: env", "policy"]]
+        lines += [
+            "where a jaxrunner step goes, us per vector step: env | policy (the compiled step",
+            "with its host<->device transfers) | record (obs, actions, flags into the",
+            "trajectory) | other (the rest of the sampler); ceiling: raw env step + bare",
+            "policy call (its on-device compute alone in brackets)",
+        ]
+        split = [["envs", "env", "policy", "record", "other", "total", "ceiling: env", "policy"]]
         for row in rows:
             s, c = row["split_us"], row["ceiling"]
-            cells = [f"{s[k]:.1f}" for k in ("env_us", "policy_us", "record_us", "other_us")]
-            cells.append(f"{s['total_us']:.1f}")
-            ceiling = [
-                f"{c['raw_env_us']:.1f}",
-                f"{c['policy_us']:.1f} ({c['policy_compute_us']:.1f})",
-            ]
-            split.append([str(row["num_envs"]), *cells, *(ceiling if c else ["-", "-"])])
+            keys = ("env_us", "policy_us", "record_us", "other_us", "total_us")
+            cells = [f"{s[k]:.1f}" for k in keys] if s else ["-"] * len(keys)
+            if c:
+                cells += [
+                    f"{c['raw_env_us']:.1f}",
+                    f"{c['policy_us']:.1f} ({c['policy_compute_us']:.1f})",
+                ]
+            else:
+                cells += ["-", "-"]
+            split.append([str(row["num_envs"]), *cells])
         lines += _columns(split)
     for row in rows:
         for name, error in row["errors"].items():
@@ -226,10 +233,10 @@ def verdict(rows: Sequence[dict[str, Any]]) -> str:
             f"jaxrunner is {span(wins)} faster than the hand-written loop {scope} ({where(wins)})"
         )
     elif not wins:
-        slowest, fastest = (f(p[2]["median"] for p in losses) for f in (min, max))
+        low, high = (f"{100 * (1 - f(p[2]['median'] for p in losses)):.0f}" for f in (max, min))
         line = (
             f"jaxrunner is slower than the hand-written loop {scope} ({where(losses)}): "
-            f"{100 * (1 - fastest):.0f}-{100 * (1 - slowest):.0f}% slower"
+            f"{low if low == high else f'{low}-{high}'}% slower"
         )
     else:
         lost = ", ".join(
