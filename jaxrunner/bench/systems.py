@@ -6,8 +6,8 @@ process (``child.py``) and then timed round after round.
 * :class:`HandSystem`: the recording hand loop (``hand_loop.py``, ``hand_scan.py``).
 * :class:`CeilingSystem`: the policy-bound ceiling: the same vector env stepped with
   random actions drawn ahead (its own lockstep ``step_batch``), plus one bare policy
-  call per step. A loop that steps these envs and calls this policy once per step,
-  one after the other, cannot beat it (pipelining could, by overlapping the two).
+  call per step: what a loop doing these two in turn and nothing else would reach
+  (pipelining can pass it, by overlapping the two).
 """
 
 from __future__ import annotations
