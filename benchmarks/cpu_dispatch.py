@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -27,8 +26,7 @@ from jaxrunner import bench
 CHILD = """
 import json
 import jaxrunner as jr
-if {inline}:
-    jr.use_inline_cpu_dispatch()
+(jr.use_inline_cpu_dispatch if {inline} else jr.use_async_cpu_dispatch)()
 from jaxrunner import bench
 from jaxrunner.bench.systems import Spec, build
 
@@ -51,12 +49,7 @@ print(json.dumps({{
 
 def measure(mode: str, num_envs: int, seconds: float) -> dict[str, float]:
     code = CHILD.format(inline=mode == "inline", seconds=seconds, num_envs=num_envs)
-    env = dict(os.environ)
-    if mode == "async":  # JAX's own default; import jaxrunner leaves it alone
-        env["JAX_CPU_ENABLE_ASYNC_DISPATCH"] = "true"
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result.pop("mode") == mode, "the child ran in the other mode"
     return result

@@ -26,11 +26,8 @@ import time
 import traceback
 from typing import IO, Any
 
+from jaxrunner.cpu_dispatch import ENV_VAR as ASYNC_DISPATCH_VARIABLE
 from jaxrunner.errors import JaxRunnerError
-
-ASYNC_DISPATCH_VARIABLE = "JAX_CPU_ENABLE_ASYNC_DISPATCH"
-"""Set (to ``true``) in a child's environment: JAX keeps its own default, asynchronous
-CPU dispatch, and ``import jaxrunner`` leaves it alone."""
 
 
 class ChildError(JaxRunnerError, RuntimeError):
@@ -52,7 +49,7 @@ class Child:
         # The child imports the same jaxrunner as this process, wherever it came from.
         root = str(pathlib.Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        if jax_defaults:
+        if jax_defaults:  # JAX keeps its own default, and import jaxrunner leaves it alone
             env[ASYNC_DISPATCH_VARIABLE] = "true"
         # The child's stderr, for the message if it dies; closed by close().
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115

@@ -18,7 +18,11 @@ import numpy as np
 
 from jaxrunner.bench.hand_loop import REFERENCES
 from jaxrunner.bench.rounds import PLANS
-from jaxrunner.cpu_dispatch import inline_cpu_dispatch, use_inline_cpu_dispatch
+from jaxrunner.cpu_dispatch import (
+    inline_cpu_dispatch,
+    use_async_cpu_dispatch,
+    use_inline_cpu_dispatch,
+)
 
 
 def machine_info() -> dict[str, Any]:
@@ -73,8 +77,8 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     args = parser.parse_args()
     if args.cpu_dispatch == "inline":
         use_inline_cpu_dispatch()
-    else:  # JAX reads the flag when its CPU backend starts, i.e. later
-        jax.config.update("jax_cpu_enable_async_dispatch", True)
+    else:
+        use_async_cpu_dispatch()
     return args
 
 
