@@ -288,7 +288,7 @@ def main() -> None:
         devices = ", ".join(machine["jax_devices"])
         title = (
             f"{args.env}, 64-64 MLP policy; {devices}, {os.cpu_count()} CPUs; "
-            f"median of {args.rounds} interleaved rounds"
+            f"median of {args.rounds} interleaved round{'s' if args.rounds > 1 else ''}"
         )
         plot(rows, title, plot_path)
         log(f"wrote {plot_path}")
