@@ -27,12 +27,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.metadata
-import json
 import os
 import pathlib
-import sys
 import time
 from collections.abc import Callable
 
@@ -119,26 +116,16 @@ def main() -> None:
             flush=True,
         )
 
-    result = {
-        "benchmark": "jax_scan",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "env": "gymnax CartPole-v1",
-        "policy": "jaxrunner.bench.mlp_policy (64, 64)",
-        "rollout_length": args.rollout_length,
-        "seconds_per_measurement": args.seconds,
-        "rounds": args.rounds,
-        "machine": {
+    bench.write_report(
+        "jax_scan",
+        args,
+        rows,
+        {
             **bench.machine_info(),
             "gymnax": importlib.metadata.version("gymnax"),
+            "loadavg_end": os.getloadavg(),
         },
-        "loadavg_end": os.getloadavg(),
-        "rows": rows,
-    }
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    )
 
 
 if __name__ == "__main__":

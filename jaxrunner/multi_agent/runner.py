@@ -24,7 +24,7 @@ from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.sampling.multi_agent import MultiAgentSampler, MultiAgentSetup
 from jaxrunner.sampling.multi_agent_scan import MultiAgentScanSampler
-from jaxrunner.sampling.ownership import EnvOwner
+from jaxrunner.sampling.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
 
 
 class MultiAgentRunner(EnvOwner):
@@ -74,11 +74,7 @@ class MultiAgentRunner(EnvOwner):
             pid: jax.device_put(p)
             for pid, p in _per_policy("params", params, ids, single=single).items()
         }
-        for name, value, low in (("rollout_length", rollout_length, 1), ("seed", seed, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidArgumentError(
-                    f"MultiAgentRunner({name}=...): expected an int >= {low}, got {value!r}."
-                )
+        check_rollout_arguments("MultiAgentRunner", rollout_length, seed)
         self._claim(envs)  # one live runner per vector env
         self.envs, self.rollout_length, self.seed = envs, rollout_length, seed
         self._closed = False
@@ -113,10 +109,7 @@ class MultiAgentRunner(EnvOwner):
     def sample_episodes(self, num_episodes: int) -> list[AgentEpisode]:
         """Samples until ``num_episodes`` complete agent episodes are available; returns
         them ordered by (env episode id, agent). Extra ones are kept for the next call."""
-        if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
-            raise InvalidArgumentError(
-                f"sample_episodes(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
-            )
+        check_num_episodes(num_episodes)
         order = {a: k for k, a in enumerate(self.envs.possible_agents)}
         while len(self._finished) < num_episodes:
             complete = []
