@@ -126,6 +126,10 @@ def test_verdict_says_where_jaxrunner_wins_and_loses_and_by_how_much():
         "jaxrunner is slower than the hand-written loop on every backend at every width "
         "(sync x1, process x64): 0.50-0.80x its speed"
     )
+    failed = {"backend": "sync", "num_envs": 256, "ratios": {}}
+    assert bench.verdict([*wins, failed]).endswith(
+        "; not compared at 256 envs (a system failed: see its errors)"
+    )
     assert bench.verdict([]).startswith("no verdict")
 
 

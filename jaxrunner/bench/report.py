@@ -253,4 +253,7 @@ def verdict(rows: Sequence[dict[str, Any]]) -> str:
     unsure = [p for p in pairs if p[2]["min"] < 1.0 < p[2]["max"]]
     if unsure:
         line += f"; the rounds disagree at {where(unsure)}"
+    failed = [(r["backend"], r["num_envs"], {}) for r in rows if "hand" not in r["ratios"]]
+    if failed:
+        line += f"; not compared at {where(failed)} (a system failed: see its errors)"
     return line
