@@ -7,7 +7,7 @@ kept), so that a noisy, shared machine hits each alike:
   groups unless ``--num-workers``/``--num-groups`` say otherwise), 64-64 tanh MLP.
 * ``sync``: the same runner on ``backend="sync"``.
 * ``raw``: the same sub-envs stepped with random actions in one process, no policy
-  (``jaxrunner.bench.measure_raw``'s loop on ``backend="sync"``): the target's yardstick.
+  on ``backend="sync"``): the target's yardstick.
 * ``raw_process``: the same random-action loop on ``backend="process"`` (what the
   workers can do without a policy in the way).
 
