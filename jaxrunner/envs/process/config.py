@@ -39,6 +39,14 @@ class ProcessConfig:
     pipelines groups of workers. True: ``recv()`` returns whichever worker answers
     first (``BatchStep.env_ids`` is its slice), so one slow sub-env stalls only its own
     worker; ``send`` then takes whole workers."""
+    main_process_envs: int | None = None
+    """Sub-envs stepped in the main process itself (the first ones), the rest in the
+    workers; lockstep only. The runner pipelines the two shares as two groups, so the
+    main process steps its envs while the workers step theirs. 0: every sub-env in a
+    worker. None (default): automatic, through ``make_vec``: ``num_envs // (workers +
+    1)`` where the workers leave a core idle that the main process would mostly wait
+    on (at most 2 CPUs, lockstep, ``num_workers`` and ``envs_per_worker`` unset), else
+    0 (see :func:`~jaxrunner.envs.process.local_share.main_process_share`)."""
 
     def __post_init__(self) -> None:
         for name in ("envs_per_worker", "num_workers"):
@@ -65,4 +73,18 @@ class ProcessConfig:
         if not isinstance(self.ready_first, bool):
             raise InvalidArgumentTypeError(
                 f"ProcessConfig(ready_first={self.ready_first!r}): expected a bool."
+            )
+        share = self.main_process_envs
+        if share is not None and (
+            isinstance(share, bool) or not isinstance(share, (int, np.integer)) or share < 0
+        ):
+            raise InvalidArgumentError(
+                f"ProcessConfig(main_process_envs={share!r}): expected an int >= 0 (0: every "
+                "sub-env in a worker) or None for automatic."
+            )
+        if share and self.ready_first:
+            raise InvalidArgumentError(
+                f"ProcessConfig(main_process_envs={share}, ready_first=True): the main process "
+                "steps its share in lockstep, which a ready-first env cannot wait for. Use "
+                "main_process_envs=0 (or None) with ready_first=True, or ready_first=False."
             )

@@ -115,6 +115,13 @@ class ProcessVectorEnv(VectorEnv):
             )
         if len(env_fns) == 0:
             raise InvalidArgumentError("ProcessVectorEnv needs at least one env factory, got none.")
+        if config.main_process_envs:
+            raise InvalidArgumentError(
+                f"ProcessVectorEnv(config=ProcessConfig(main_process_envs="
+                f"{config.main_process_envs})): a ProcessVectorEnv steps every sub-env in its "
+                "workers. Build with jaxrunner.make_vec(..., backend='process', config=...) or "
+                "jaxrunner.envs.process.LocalShareVectorEnv to step a share in the main process."
+            )
         self.config = config
         self.restart_policy = restart_policy
         if config.ready_first:
