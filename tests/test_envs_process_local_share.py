@@ -24,7 +24,7 @@ from jaxrunner.envs.process import (
     local_share,
     main_process_share,
 )
-from jaxrunner.errors import EnvError, InvalidArgumentError
+from jaxrunner.errors import EnvError, InvalidArgumentError, WorkerError
 from jaxrunner.testing import (
     CountingEnv,
     FaultPlan,
@@ -205,6 +205,33 @@ def test_without_a_policy_a_failure_raises_and_the_env_goes_on_after_a_reset():
         assert out.reward.shape == (4,)
 
 
+def test_a_lost_worker_is_replaced_and_only_its_envs_fail():
+    """Sub-env 3 kills its worker (sub-envs 2 and 3) at its 3rd step: both slots fail
+    with the worker's error, by global index; the main process's envs go on as in the
+    sync backend."""
+    fns = _fns({3: [FaultPlan(kind="kill", at=(3,))]})
+    policy = jr.RestartPolicy()
+    config = ProcessConfig(main_process_envs=2)
+    with (
+        closing(jr.SyncVectorEnv(_fns({}), restart_policy=policy)) as ref,
+        closing(LocalShareVectorEnv(fns, config, restart_policy=policy)) as vec,
+    ):
+        vec.reset(seed=3)
+        ref.reset(seed=3)
+        for t in range(5):
+            actions = np.full(4, t % 3, np.int64)
+            got, want = vec.step_batch(actions), ref.step_batch(actions)
+            np.testing.assert_array_equal(got.obs[:2], want.obs[:2])
+            np.testing.assert_array_equal(got.reward[:2], want.reward[:2])
+            if t == 2:
+                np.testing.assert_array_equal(got.failed, [False, False, True, True])
+                assert sorted(got.errors) == [2, 3]
+                assert all(isinstance(e, WorkerError) for e in got.errors.values())
+            else:
+                assert got.failed is None, t
+        assert vec.num_worker_restarts == 1 and vec.num_restarts == 0
+
+
 # -- configuration --------------------------------------------------------------------------------
 
 
@@ -232,6 +259,12 @@ def test_bad_config(options, match):
 def test_a_share_that_leaves_the_workers_too_little_is_refused(options, match):
     with pytest.raises(InvalidArgumentError, match=match):
         jr.make_vec(CountingEnv, 4, backend="process", config=ProcessConfig(**options))
+
+
+@pytest.mark.parametrize("bounds", [(0,), (1, 4), (0, 3, 3), (0, 4, 2)])
+def test_pipeline_bounds_must_increase_from_zero(bounds):
+    with pytest.raises(InvalidArgumentError, match=r"pipeline_bounds="):
+        jr.envs.base.Capabilities(pipeline_bounds=bounds)
 
 
 def test_each_class_refuses_the_other_ones_layout():
