@@ -294,6 +294,19 @@ def test_automatic_share(monkeypatch, cpus, options, expected):
     assert main_process_share(8, ProcessConfig(**options)) == expected
 
 
+def _broken_factory() -> gymnasium.Env:
+    raise InjectedError("no env today")
+
+
+def test_a_factory_that_raises_in_the_main_process_raises_as_in_a_worker():
+    fns = [CountingEnv, _broken_factory, CountingEnv]
+    with pytest.raises(EnvError, match=r"factory of sub-env 1 raised in the main process"):
+        LocalShareVectorEnv(fns, ProcessConfig(main_process_envs=2))
+    with pytest.raises(EnvError, match=r"factory of sub-env 1 raised in worker") as info:
+        ProcessVectorEnv(fns, ProcessConfig(num_workers=1))
+    assert "no env today" in str(info.value)
+
+
 def test_make_vec_builds_the_share_only_where_asked():
     with closing(jr.make_vec(CountingEnv, 4, backend="process", config=_config(0))) as vec:
         assert isinstance(vec, ProcessVectorEnv)

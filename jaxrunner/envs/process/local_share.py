@@ -23,6 +23,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import gymnasium
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
@@ -33,7 +34,12 @@ from jaxrunner.envs.process.launch import EnvFactory, available_cpus, default_nu
 from jaxrunner.envs.process.vector_env import ProcessVectorEnv
 from jaxrunner.envs.sub_envs import StepBuffers
 from jaxrunner.envs.sync import SyncVectorEnv
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
+from jaxrunner.errors import (
+    EnvError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    SpaceMismatchError,
+)
 from jaxrunner.faults import RestartPolicy
 
 AUTO_MAX_CPUS = 2
@@ -100,6 +106,23 @@ class _Send(NamedTuple):
     remote: bool
 
 
+class _MainProcessFactory:
+    """A factory of the main process's share whose failure raises as a worker's does:
+    an :class:`~jaxrunner.errors.EnvError` naming the sub-env (the original chained)."""
+
+    def __init__(self, fn: EnvFactory, index: int) -> None:
+        self.fn, self.index = fn, index
+
+    def __call__(self) -> gymnasium.Env:
+        try:
+            return self.fn()
+        except Exception as err:
+            raise EnvError(
+                f"the factory of sub-env {self.index} raised in the main process: {err}",
+                self.index,
+            ) from err
+
+
 class LocalShareVectorEnv(VectorEnv):
     """Sub-envs ``[0, k)`` stepped in the main process, ``[k, num_envs)`` in workers
     (``k = main_process_share(num_envs, config)``), as one lockstep vector env that
@@ -130,6 +153,7 @@ class LocalShareVectorEnv(VectorEnv):
     Raises:
         InvalidArgumentError: a share of 0 or of every sub-env, or a ready-first config.
         InvalidArgumentTypeError: ``config`` is not a ProcessConfig.
+        EnvError: a factory raised (here or in its worker; the original is chained).
         SpaceMismatchError: the two parts' sub-envs have different spaces.
     """
 
@@ -161,7 +185,8 @@ class LocalShareVectorEnv(VectorEnv):
         self.config, self.restart_policy, self.num_envs = config, restart_policy, num_envs
         self.main_process_envs = k
         """How many sub-envs (the first ones) step in the main process."""
-        self._local = SyncVectorEnv(env_fns[:k], copy=False, restart_policy=restart_policy)
+        local_fns = [_MainProcessFactory(fn, i) for i, fn in enumerate(env_fns[:k])]
+        self._local = SyncVectorEnv(local_fns, copy=False, restart_policy=restart_policy)
         try:
             worker_config = dataclasses.replace(config, main_process_envs=0)
             self._remote = ProcessVectorEnv(
