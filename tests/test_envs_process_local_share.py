@@ -21,7 +21,6 @@ from jaxrunner.envs.process import (
     LocalShareVectorEnv,
     ProcessConfig,
     ProcessVectorEnv,
-    local_share,
     main_process_share,
 )
 from jaxrunner.errors import EnvError, InvalidArgumentError, WorkerError
@@ -275,23 +274,11 @@ def test_each_class_refuses_the_other_ones_layout():
         LocalShareVectorEnv(fns, ProcessConfig(main_process_envs=0))
 
 
-@pytest.mark.parametrize(
-    "cpus, options, expected",
-    [
-        (2, {}, 4),  # 1 worker: half the envs
-        (1, {}, 4),  # still 1 worker (at least one), sharing the core
-        (4, {}, 0),  # workers fill the cores
-        (2, {"num_workers": 1}, 0),  # a layout of the caller's own
-        (2, {"envs_per_worker": 4}, 0),
-        (2, {"ready_first": True}, 0),
-        (8, {"main_process_envs": 3}, 3),  # given: taken as is
-        (2, {"main_process_envs": 0}, 0),
-    ],
-)
-def test_automatic_share(monkeypatch, cpus, options, expected):
-    monkeypatch.setattr(local_share, "available_cpus", lambda: cpus)
-    monkeypatch.setattr(local_share, "default_num_workers", lambda n: max(1, min(n, cpus - 1)))
-    assert main_process_share(8, ProcessConfig(**options)) == expected
+def test_no_share_by_default():
+    assert main_process_share(8, ProcessConfig()) == 0
+    assert main_process_share(8, ProcessConfig(main_process_envs=3)) == 3
+    with closing(jr.make_vec(CountingEnv, 2, backend="process")) as vec:
+        assert isinstance(vec, ProcessVectorEnv)
 
 
 def _broken_factory() -> gymnasium.Env:

@@ -15,8 +15,8 @@ their own when the main process dies (their socket reaches EOF).
 ``send``/``recv`` let the runner keep several groups of workers stepping while it
 computes the policy of another group (lockstep), or take whichever worker answers
 first (``ProcessConfig(ready_first=True)``). With ``ProcessConfig(main_process_envs=k)``
-(automatic on machines of at most 2 CPUs), the main process steps the first ``k``
-sub-envs itself while the workers step the rest (:mod:`.local_share`).
+the main process steps the first ``k`` sub-envs itself while the workers step the
+rest (:mod:`.local_share`).
 
 Modules, main side first: :mod:`.config` (``ProcessConfig``), :mod:`.local_share` (the
 main process's share, and the backend ``make_vec`` builds), :mod:`.vector_env`

@@ -42,11 +42,13 @@ class ProcessConfig:
     main_process_envs: int | None = None
     """Sub-envs stepped in the main process itself (the first ones), the rest in the
     workers; lockstep only. The runner pipelines the two shares as two groups, so the
-    main process steps its envs while the workers step theirs. 0: every sub-env in a
-    worker. None (default): automatic, through ``make_vec``: ``num_envs // (workers +
-    1)`` where the workers leave a core idle that the main process would mostly wait
-    on (at most 2 CPUs, lockstep, ``num_workers`` and ``envs_per_worker`` unset), else
-    0 (see :func:`~jaxrunner.envs.process.local_share.main_process_share`)."""
+    main process steps its envs while the workers step theirs: it pays where env steps
+    cost more than the policy (the workers are the bottleneck), e.g. ``num_envs // 2``
+    with one worker on 2 cores; with cheap envs it slows the main process down.
+    ``make_vec(..., backend="process")`` then builds a
+    :class:`~jaxrunner.LocalShareVectorEnv`. 0 or None (default, for now no automatic
+    share: see :func:`~jaxrunner.envs.process.local_share.main_process_share`): every
+    sub-env in a worker."""
 
     def __post_init__(self) -> None:
         for name in ("envs_per_worker", "num_workers"):
@@ -80,7 +82,7 @@ class ProcessConfig:
         ):
             raise InvalidArgumentError(
                 f"ProcessConfig(main_process_envs={share!r}): expected an int >= 0 (0: every "
-                "sub-env in a worker) or None for automatic."
+                "sub-env in a worker) or None for the default."
             )
         if share and self.ready_first:
             raise InvalidArgumentError(

@@ -26,20 +26,16 @@ WORKER_MODULE = "jaxrunner.envs.process.worker"
 jaxrunner; no JAX backend, so no JAX thread to fork)."""
 
 
-def available_cpus() -> int:
-    """The CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def default_num_workers(num_envs: int) -> int:
     """One worker per CPU this process may run on but one, which the main process
     needs for the policy (on 2 cores, 1 worker did as well as 2: see
     ``benchmarks/results/process_cpu_priority*.json``); at least one, at most one per
     sub-env."""
-    return max(1, min(num_envs, available_cpus() - 1))
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(num_envs, cpus - 1))
 
 
 def worker_bounds(

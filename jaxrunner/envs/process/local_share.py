@@ -1,8 +1,9 @@
 """The main process's share of ``backend="process"``: its first sub-envs step in the
 main process, the rest in worker processes, behind one vector env.
 
-On a machine with few cores the default layout leaves the main process mostly
-waiting while its workers step (2 cores: 1 worker, and JAX's CPU calls run inline).
+On a machine with few cores and envs that cost more than the policy, the default
+layout leaves the main process mostly waiting while its workers step (2 cores: 1
+worker, and JAX's CPU calls run inline).
 :class:`LocalShareVectorEnv` composes a :class:`~jaxrunner.SyncVectorEnv` of the
 first ``main_process_envs`` sub-envs with a :class:`~.vector_env.ProcessVectorEnv` of
 the others and declares the split as its two pipelining groups
@@ -30,7 +31,7 @@ from gymnasium.vector.utils import batch_space
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
 from jaxrunner.envs.process.config import ProcessConfig
-from jaxrunner.envs.process.launch import EnvFactory, available_cpus, default_num_workers
+from jaxrunner.envs.process.launch import EnvFactory
 from jaxrunner.envs.process.vector_env import ProcessVectorEnv
 from jaxrunner.envs.sub_envs import StepBuffers
 from jaxrunner.envs.sync import SyncVectorEnv
@@ -42,17 +43,15 @@ from jaxrunner.errors import (
 )
 from jaxrunner.faults import RestartPolicy
 
-AUTO_MAX_CPUS = 2
-"""Automatic shares only up to this many CPUs: there the one worker leaves the main
-process's core mostly idle; with more, workers already fill the cores."""
-
 
 def main_process_share(num_envs: int, config: ProcessConfig) -> int:
-    """How many sub-envs (the first ones) step in the main process.
+    """How many sub-envs (the first ones) step in the main process:
+    ``config.main_process_envs``, with None (the automatic default) as 0.
 
-    ``config.main_process_envs`` if given; None: ``num_envs // (workers + 1)`` when the
-    layout is automatic (``num_workers`` and ``envs_per_worker`` unset), stepping is
-    lockstep and this process may run on at most :data:`AUTO_MAX_CPUS` CPUs, else 0.
+    Why the default is 0: the share pays only where the workers are the bottleneck
+    (env steps cost more than the main process's policy and bookkeeping per step);
+    with cheap envs (CartPole) the main process already is, and stepping envs too
+    slows it down. Which case holds is not known when the vector env is built.
 
     Raises:
         InvalidArgumentError: a share that leaves no sub-env (or too few for
@@ -60,10 +59,7 @@ def main_process_share(num_envs: int, config: ProcessConfig) -> int:
     """
     share = config.main_process_envs
     if share is None:
-        automatic = config.num_workers is None and config.envs_per_worker is None
-        if not automatic or config.ready_first or available_cpus() > AUTO_MAX_CPUS:
-            return 0
-        return num_envs // (default_num_workers(num_envs) + 1)
+        return 0
     share = int(share)
     if share >= num_envs:
         raise InvalidArgumentError(
@@ -145,8 +141,7 @@ class LocalShareVectorEnv(VectorEnv):
     Args:
         env_fns: zero-argument factories, one per sub-env; the first ``k`` are called
             here, the others pickled to the workers.
-        config: the workers' options and ``main_process_envs`` (None for automatic,
-            which must then come to at least one).
+        config: the workers' options and ``main_process_envs`` (at least 1).
         copy: as for :class:`~jaxrunner.SyncVectorEnv`.
         restart_policy: as for :class:`~jaxrunner.ProcessVectorEnv`.
 
@@ -429,4 +424,4 @@ class LocalShareVectorEnv(VectorEnv):
         self._remote.set_attr(name, values[k:])
 
 
-__all__ = ["AUTO_MAX_CPUS", "LocalShareVectorEnv", "main_process_share", "make_process_vec"]
+__all__ = ["LocalShareVectorEnv", "main_process_share", "make_process_vec"]
