@@ -190,7 +190,6 @@ class LocalShareVectorEnv(VectorEnv):
         except BaseException:
             self._local.close()
             raise
-        self._parts = (self._local, self._remote)
         try:
             self._check_spaces()
         except SpaceMismatchError:
