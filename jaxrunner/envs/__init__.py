@@ -11,7 +11,12 @@ import gymnasium
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.envs.envpool_adapter import EnvPoolVectorEnv, make_envpool_vec
 from jaxrunner.envs.gymnasium_adapter import GymnasiumVectorEnv, from_gymnasium, make_gymnasium_vec
-from jaxrunner.envs.process import ProcessConfig, ProcessVectorEnv
+from jaxrunner.envs.process import (
+    LocalShareVectorEnv,
+    ProcessConfig,
+    ProcessVectorEnv,
+    make_process_vec,
+)
 from jaxrunner.envs.ray import RayConfig, RayEnvConfig, RayVectorEnv
 from jaxrunner.envs.sync import SyncVectorEnv
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
@@ -75,7 +80,7 @@ def make_vec(
         if backend == "sync":
             vec = SyncVectorEnv(fns, restart_policy=restart_policy)
         elif backend == "process":
-            vec = ProcessVectorEnv(fns, config, restart_policy=restart_policy)  # type: ignore[arg-type]
+            vec = make_process_vec(fns, config, restart_policy=restart_policy)  # type: ignore[arg-type]
         else:
             vec = RayVectorEnv(fns, config, restart_policy=restart_policy)  # type: ignore[arg-type]
     if seed is not None:
@@ -149,6 +154,7 @@ __all__ = [
     "BatchStep",
     "EnvPoolVectorEnv",
     "GymnasiumVectorEnv",
+    "LocalShareVectorEnv",
     "ProcessConfig",
     "ProcessVectorEnv",
     "RayConfig",

@@ -109,11 +109,23 @@ class Capabilities:
     pipeline_groups: int | None = None
     """Lockstep groups when the runner is given ``num_groups=None`` (None: the
     sampler's own rule)."""
+    pipeline_bounds: tuple[int, ...] | None = None
+    """Lockstep: the group edges ``(0, ..., num_envs)`` the sampler pipelines (its
+    default group count, and its groups whenever it runs that many), where the backend
+    steps some envs differently from others (None: groups of equal size)."""
     can_snapshot: bool = False
     """The sub-envs' state can be saved and restored (:meth:`VectorEnv.snapshot_sub_envs`),
     so a checkpointed runner resumes their episodes exactly."""
 
     def __post_init__(self) -> None:
+        edges = self.pipeline_bounds
+        if edges is not None and (
+            len(edges) < 2 or edges[0] != 0 or list(edges) != sorted(set(edges))
+        ):
+            raise InvalidArgumentError(
+                f"Capabilities(pipeline_bounds={edges!r}): expected increasing group edges "
+                "from 0 to num_envs, e.g. (0, 4, 8)."
+            )
         if self.recv_batch_size is not None and not self.ready_first:
             raise InvalidArgumentError(
                 f"Capabilities(recv_batch_size={self.recv_batch_size}): only a ready_first "

@@ -49,6 +49,8 @@ the default is one group."""
 def default_num_groups(envs: VectorEnv) -> int:
     """The backend's declared choice, else 2 from a width where overlap pays, else 1."""
     num_envs = envs.num_envs
+    if envs.capabilities.pipeline_bounds is not None:
+        return len(envs.capabilities.pipeline_bounds) - 1
     if envs.capabilities.pipeline_groups is not None:
         return min(envs.capabilities.pipeline_groups, num_envs)
     if jax.default_backend() != "cpu":
@@ -96,7 +98,9 @@ class LockstepSampler(HostSampler):
         self._clip = jr_spaces.clip_box_actions(self._action_space)
         self._book = EpisodeBook(num_envs)
         self._episode_start = np.ones(num_envs, dtype=np.bool_)
-        bounds = np.linspace(0, num_envs, num_groups + 1).round().astype(int).tolist()
+        bounds = envs.capabilities.pipeline_bounds  # the backend's own split, if it has one
+        if bounds is None or len(bounds) != num_groups + 1:
+            bounds = np.linspace(0, num_envs, num_groups + 1).round().astype(int).tolist()
         self.groups = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
         """The envs of each pipelining group."""
         connectors = setup.connectors

@@ -14,9 +14,12 @@ their own when the main process dies (their socket reaches EOF).
 
 ``send``/``recv`` let the runner keep several groups of workers stepping while it
 computes the policy of another group (lockstep), or take whichever worker answers
-first (``ProcessConfig(ready_first=True)``).
+first (``ProcessConfig(ready_first=True)``). With ``ProcessConfig(main_process_envs=k)``
+the main process steps the first ``k`` sub-envs itself while the workers step the
+rest (:mod:`.local_share`).
 
-Modules, main side first: :mod:`.config` (``ProcessConfig``), :mod:`.vector_env`
+Modules, main side first: :mod:`.config` (``ProcessConfig``), :mod:`.local_share` (the
+main process's share, and the backend ``make_vec`` builds), :mod:`.vector_env`
 (the ``VectorEnv`` facade, composed of the three next), :mod:`.stepping` (``send``
 and ``recv``), :mod:`.recovery` (lost workers: replacement and accounting),
 :mod:`.pool` (commands and replies), :mod:`.handle` (one worker process), :mod:`.remote` (worker
@@ -33,6 +36,11 @@ from jaxrunner.envs.process.launch import (
     pickle_factories,
     worker_bounds,
 )
+from jaxrunner.envs.process.local_share import (
+    LocalShareVectorEnv,
+    main_process_share,
+    make_process_vec,
+)
 from jaxrunner.envs.process.remote import RemoteTraceback
 from jaxrunner.envs.process.vector_env import ProcessVectorEnv
 
@@ -40,10 +48,13 @@ __all__ = [
     "DEFAULT_STEP_TIMEOUT_S",
     "START_METHODS",
     "EnvFactory",
+    "LocalShareVectorEnv",
     "ProcessConfig",
     "ProcessVectorEnv",
     "RemoteTraceback",
     "default_num_workers",
+    "main_process_share",
+    "make_process_vec",
     "pickle_factories",
     "worker_bounds",
 ]

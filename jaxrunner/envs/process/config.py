@@ -39,6 +39,16 @@ class ProcessConfig:
     pipelines groups of workers. True: ``recv()`` returns whichever worker answers
     first (``BatchStep.env_ids`` is its slice), so one slow sub-env stalls only its own
     worker; ``send`` then takes whole workers."""
+    main_process_envs: int | None = None
+    """Sub-envs stepped in the main process itself (the first ones), the rest in the
+    workers; lockstep only. The runner pipelines the two shares as two groups, so the
+    main process steps its envs while the workers step theirs: it pays where env steps
+    cost more than the policy (the workers are the bottleneck), e.g. ``num_envs // 2``
+    with one worker on 2 cores; with cheap envs it slows the main process down.
+    ``make_vec(..., backend="process")`` then builds a
+    :class:`~jaxrunner.LocalShareVectorEnv`. 0 or None (default, for now no automatic
+    share: see :func:`~jaxrunner.envs.process.local_share.main_process_share`): every
+    sub-env in a worker."""
 
     def __post_init__(self) -> None:
         for name in ("envs_per_worker", "num_workers"):
@@ -65,4 +75,18 @@ class ProcessConfig:
         if not isinstance(self.ready_first, bool):
             raise InvalidArgumentTypeError(
                 f"ProcessConfig(ready_first={self.ready_first!r}): expected a bool."
+            )
+        share = self.main_process_envs
+        if share is not None and (
+            isinstance(share, bool) or not isinstance(share, (int, np.integer)) or share < 0
+        ):
+            raise InvalidArgumentError(
+                f"ProcessConfig(main_process_envs={share!r}): expected an int >= 0 (0: every "
+                "sub-env in a worker) or None for the default."
+            )
+        if share and self.ready_first:
+            raise InvalidArgumentError(
+                f"ProcessConfig(main_process_envs={share}, ready_first=True): the main process "
+                "steps its share in lockstep, which a ready-first env cannot wait for. Use "
+                "main_process_envs=0 (or None) with ready_first=True, or ready_first=False."
             )

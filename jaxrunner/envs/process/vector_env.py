@@ -76,7 +76,9 @@ class ProcessVectorEnv(VectorEnv):
             cloudpickle if plain pickle fails and cloudpickle is installed) and
             called in its worker.
         config: workers, start method, timeout and stepping mode
-            (:class:`~jaxrunner.ProcessConfig`; None: the defaults).
+            (:class:`~jaxrunner.ProcessConfig`; None: the defaults). Every sub-env steps
+            in a worker: ``main_process_envs`` must be None or 0 (a share in the main
+            process is :class:`~jaxrunner.LocalShareVectorEnv`, which ``make_vec`` builds).
         copy: as for :class:`~jaxrunner.SyncVectorEnv`.
         restart_policy: if given, failed sub-envs and lost workers are replaced as it
             says and sampling goes on; if None (default), failures raise.
@@ -84,6 +86,7 @@ class ProcessVectorEnv(VectorEnv):
     Raises:
         InvalidArgumentTypeError: a factory cannot be pickled, or ``config`` is not a
             ProcessConfig.
+        InvalidArgumentError: ``config.main_process_envs`` is 1 or more.
         EnvError: a factory raised in its worker (the original is chained).
         SpaceMismatchError: sub-envs with different or unsupported spaces.
     """
@@ -115,6 +118,13 @@ class ProcessVectorEnv(VectorEnv):
             )
         if len(env_fns) == 0:
             raise InvalidArgumentError("ProcessVectorEnv needs at least one env factory, got none.")
+        if config.main_process_envs:
+            raise InvalidArgumentError(
+                f"ProcessVectorEnv(config=ProcessConfig(main_process_envs="
+                f"{config.main_process_envs})): a ProcessVectorEnv steps every sub-env in its "
+                "workers. Build with jaxrunner.make_vec(..., backend='process', config=...) or "
+                "jaxrunner.envs.process.LocalShareVectorEnv to step a share in the main process."
+            )
         self.config = config
         self.restart_policy = restart_policy
         if config.ready_first:
