@@ -27,7 +27,7 @@ errors rebuilt here), :mod:`.launch` (arguments, start method); shared by both
 sides: :mod:`.wire`, :mod:`.shared`; the worker side: :mod:`.worker`.
 """
 
-from jaxrunner.envs.process.config import ProcessConfig
+from jaxrunner.envs.process.config import ProcessConfig, main_process_share
 from jaxrunner.envs.process.launch import (
     DEFAULT_STEP_TIMEOUT_S,
     START_METHODS,
@@ -36,11 +36,7 @@ from jaxrunner.envs.process.launch import (
     pickle_factories,
     worker_bounds,
 )
-from jaxrunner.envs.process.local_share import (
-    LocalShareVectorEnv,
-    main_process_share,
-    make_process_vec,
-)
+from jaxrunner.envs.process.local_share import LocalShareVectorEnv, make_process_vec
 from jaxrunner.envs.process.remote import RemoteTraceback
 from jaxrunner.envs.process.vector_env import ProcessVectorEnv
 

@@ -47,7 +47,7 @@ class ProcessConfig:
     with one worker on 2 cores; with cheap envs it slows the main process down.
     ``make_vec(..., backend="process")`` then builds a
     :class:`~jaxrunner.LocalShareVectorEnv`. 0 or None (default, for now no automatic
-    share: see :func:`~jaxrunner.envs.process.local_share.main_process_share`): every
+    share: see :func:`main_process_share`): every
     sub-env in a worker."""
 
     def __post_init__(self) -> None:
@@ -90,3 +90,35 @@ class ProcessConfig:
                 "steps its share in lockstep, which a ready-first env cannot wait for. Use "
                 "main_process_envs=0 (or None) with ready_first=True, or ready_first=False."
             )
+
+
+def main_process_share(num_envs: int, config: ProcessConfig) -> int:
+    """How many sub-envs (the first ones) step in the main process:
+    ``config.main_process_envs``, with None (the automatic default) as 0.
+
+    Why the default is 0: the share pays only where the workers are the bottleneck
+    (env steps cost more than the main process's policy and bookkeeping per step);
+    with cheap envs (CartPole) the main process already is, and stepping envs too
+    slows it down. Which case holds is not known when the vector env is built.
+
+    Raises:
+        InvalidArgumentError: a share that leaves no sub-env (or too few for
+            ``num_workers``) to the workers.
+    """
+    share = config.main_process_envs
+    if share is None:
+        return 0
+    share = int(share)
+    if share >= num_envs:
+        raise InvalidArgumentError(
+            f"ProcessConfig(main_process_envs={share}) with num_envs={num_envs}: the workers "
+            f"need at least one sub-env; give main_process_envs < {num_envs}, or use "
+            "backend='sync' to step every sub-env in the main process."
+        )
+    if config.num_workers is not None and config.num_workers > num_envs - share:
+        raise InvalidArgumentError(
+            f"ProcessConfig(main_process_envs={share}, num_workers={config.num_workers}) with "
+            f"num_envs={num_envs}: only {num_envs - share} sub-envs are left for the workers, "
+            "fewer than workers; lower num_workers or main_process_envs."
+        )
+    return share

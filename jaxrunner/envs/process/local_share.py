@@ -11,7 +11,7 @@ the others and declares the split as its two pipelining groups
 receives the main process's group one group later; that ``recv`` steps the main
 process's sub-envs while the workers step theirs, so both cores step envs.
 
-:func:`main_process_share` says how many sub-envs the main process takes;
+:func:`~.config.main_process_share` says how many sub-envs the main process takes;
 :func:`make_process_vec` builds the backend ``make_vec(..., backend="process")``
 returns.
 """
@@ -30,7 +30,7 @@ from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
-from jaxrunner.envs.process.config import ProcessConfig
+from jaxrunner.envs.process.config import ProcessConfig, main_process_share
 from jaxrunner.envs.process.launch import EnvFactory
 from jaxrunner.envs.process.vector_env import ProcessVectorEnv
 from jaxrunner.envs.sub_envs import StepBuffers
@@ -42,38 +42,6 @@ from jaxrunner.errors import (
     SpaceMismatchError,
 )
 from jaxrunner.faults import RestartPolicy
-
-
-def main_process_share(num_envs: int, config: ProcessConfig) -> int:
-    """How many sub-envs (the first ones) step in the main process:
-    ``config.main_process_envs``, with None (the automatic default) as 0.
-
-    Why the default is 0: the share pays only where the workers are the bottleneck
-    (env steps cost more than the main process's policy and bookkeeping per step);
-    with cheap envs (CartPole) the main process already is, and stepping envs too
-    slows it down. Which case holds is not known when the vector env is built.
-
-    Raises:
-        InvalidArgumentError: a share that leaves no sub-env (or too few for
-            ``num_workers``) to the workers.
-    """
-    share = config.main_process_envs
-    if share is None:
-        return 0
-    share = int(share)
-    if share >= num_envs:
-        raise InvalidArgumentError(
-            f"ProcessConfig(main_process_envs={share}) with num_envs={num_envs}: the workers "
-            f"need at least one sub-env; give main_process_envs < {num_envs}, or use "
-            "backend='sync' to step every sub-env in the main process."
-        )
-    if config.num_workers is not None and config.num_workers > num_envs - share:
-        raise InvalidArgumentError(
-            f"ProcessConfig(main_process_envs={share}, num_workers={config.num_workers}) with "
-            f"num_envs={num_envs}: only {num_envs - share} sub-envs are left for the workers, "
-            "fewer than workers; lower num_workers or main_process_envs."
-        )
-    return share
 
 
 def make_process_vec(
@@ -423,4 +391,4 @@ class LocalShareVectorEnv(VectorEnv):
         self._remote.set_attr(name, values[k:])
 
 
-__all__ = ["LocalShareVectorEnv", "main_process_share", "make_process_vec"]
+__all__ = ["LocalShareVectorEnv", "make_process_vec"]
