@@ -57,11 +57,20 @@ class GroupBuffers:
             next_obs_rows=jax.tree.map(lambda x: x.reshape(flat, *x.shape[2:]), next_obs),
         )
 
-    def clear_step(self) -> None:
-        """Clears every env's masks and completed transitions before a step."""
-        self.acting[:] = False
+    def clear_step(self, same_step: bool = False) -> None:
+        """Clears every env's masks and completed transitions before a step.
+
+        Args:
+            same_step: every acting agent's transition completes in this step (parallel
+                envs): ``completed`` is set to ``acting``, and ``acting`` is kept (the
+                drivers clear the agents that stop acting).
+        """
+        if same_step:
+            np.copyto(self.completed, self.acting)
+        else:
+            self.acting[:] = False
+            self.completed[:] = False
         self.agent_start[:] = False
-        self.completed[:] = False
         self.reward[:] = 0.0
         self.terminated[:] = False
         self.truncated[:] = False

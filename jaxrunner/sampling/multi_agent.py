@@ -3,10 +3,10 @@
 Per step: for each group, its acting agents' observations (``[B * A_g, ...]`` rows)
 go to the group's :class:`~jaxrunner.policy_step.CompiledPolicyStep` (one
 host->device and one device->host transfer per group); rows of agents that do not act
-are computed and dropped, so their keys and carries do not move. Each action is kept
-with its observation and extras until the env completes its transition (the same step
-in a parallel env, the agent's next turn in an AEC env), then written to slot
-``[t, b, a]`` of the step that completed it.
+are computed and dropped, so their keys and carries do not move. Each action is
+written with its observation and extras to slot ``[t, b, a]`` of the step that
+completes its transition: in a parallel env that is the step that takes it (written
+straight into slot ``t``); in an AEC env the agent's next turn (kept until then).
 
 Keys: agent ``a`` of env ``b`` draws from ``fold_in(fold_in(seed_key, b * N + k),
 its action count)``, ``k`` its index among the env's ``N`` possible agents: its
@@ -61,8 +61,11 @@ class _GroupSampler:
         num_envs: int,
         agent_offset: int,
         num_possible: int,
+        same_step: bool = False,
     ) -> None:
         self.group, self.num_envs = group, num_envs
+        self.same_step = same_step
+        """Each action's transition completes in the step that takes it (parallel envs)."""
         a_g = group.num_agents
         self.rows = num_envs * a_g
         ids = (np.arange(num_envs)[:, None] * num_possible + agent_offset + np.arange(a_g)).ravel()
@@ -86,6 +89,11 @@ class _GroupSampler:
         self._all_rows = np.arange(self.rows, dtype=np.int32)
         self.pending: Any = None
         self.acting = np.zeros(shape, np.bool_)
+        self._acting_rows = self.acting.reshape(-1)  # a view
+        self.all_acting = False
+        """Every agent of every env acts at this step (the masks can be skipped)."""
+        self._index_all = False  # the stage's env_index marks every row as acting
+        self._ended = np.zeros(shape, np.bool_)
         self.env_action: Any = None
         # Agent-episode returns and lengths across samples (for the metrics).
         self.running_return = np.zeros(shape, np.float64)
@@ -104,13 +112,17 @@ class _GroupSampler:
         stage = self.stage
         for dst, src in zip(self._stage_obs, _leaves(buf.obs_rows)):
             np.copyto(dst, src)
-        stage.episode_start[:] = buf.agent_start.ravel()
+        np.copyto(stage.episode_start, buf.agent_start.reshape(-1))
         np.copyto(self.acting, buf.acting)
-        stage.env_index[:] = np.where(self.acting.ravel(), self._all_rows, self.rows)
+        self.all_acting = np.count_nonzero(self._acting_rows) == self.rows
+        if not (self.all_acting and self._index_all):  # else the index is unchanged
+            stage.env_index[:] = np.where(self._acting_rows, self._all_rows, self.rows)
+            self._index_all = self.all_acting
         self.pending, self.state = self.call.dispatch(params, self.state, stage)
 
-    def collect(self, buf: GroupBuffers) -> None:
-        """Takes the actions and keeps each acting agent's turn until it completes."""
+    def collect(self, buf: GroupBuffers, t: int) -> None:
+        """Takes the actions; writes each acting agent's turn into slot ``t`` (parallel
+        envs) or keeps it until its transition completes (AEC envs)."""
         action, _, extras = self.call.collect(self.pending)
         self.pending = None
         shape, acting = self.acting.shape, self.acting
@@ -118,33 +130,43 @@ class _GroupSampler:
             action = action.reshape(*shape, *action.shape[1:])
         else:
             action = jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), action)
-        for dst, src in zip(self._pending_obs, _leaves(buf.obs)):
-            _copy_where(dst, src, acting)
-        for dst, src in zip(self._pending_action, _leaves(action)):
-            _copy_where(dst, src, acting)
-        for dst, src in zip(self.pending_extras, extras):
-            _copy_where(dst, src.reshape(*shape, *src.shape[1:]), acting)
+        if self.same_step:
+            (obs_dst, action_dst, extras_dst), slot = self._traj_leaves[:3], t
+        else:
+            obs_dst, action_dst, slot = self._pending_obs, self._pending_action, None
+            extras_dst = self.pending_extras
+        mask = None if self.all_acting else acting
+        _put(obs_dst, _leaves(buf.obs), slot, mask)
+        _put(action_dst, _leaves(action), slot, mask)
+        _put(extras_dst, [x.reshape(*shape, *x.shape[1:]) for x in extras], slot, mask)
         self.env_action = action if self.clip is None else self.clip(action)
 
     def record(self, out: GroupBuffers, traj: GroupTrajectory, t: int) -> None:
         """Writes the transitions completed at step ``t`` into slot ``t``."""
         done = out.completed
         obs, action, extras, next_obs = self._traj_leaves
-        for dsts, srcs in (
-            (obs, self._pending_obs),
-            (action, self._pending_action),
-            (extras, self.pending_extras),
-            (next_obs, _leaves(out.next_obs)),
-        ):
-            for dst, src in zip(dsts, srcs):
-                _copy_where(dst[t], src, done)
+        # A parallel env completes exactly the turns taken at this step, which
+        # collect() has already written.
+        everyone = self.same_step and self.all_acting
+        mask = None if everyone else done
+        if not self.same_step:
+            _put(obs, self._pending_obs, t, mask)
+            _put(action, self._pending_action, t, mask)
+            _put(extras, self.pending_extras, t, mask)
+        _put(next_obs, _leaves(out.next_obs), t, mask)
         traj.reward[t] = out.reward
         traj.terminated[t] = out.terminated
         traj.truncated[t] = out.truncated
         traj.valid[t] = done
-        np.copyto(traj.agent_step[t], self.agent_step, where=done)
-        self.agent_step += done
-        self.agent_step[done & (out.terminated | out.truncated)] = 0
+        ended = np.logical_or(out.terminated, out.truncated, out=self._ended)
+        if everyone:
+            traj.agent_step[t] = self.agent_step
+            self.agent_step += 1
+        else:
+            np.copyto(traj.agent_step[t], self.agent_step, where=done)
+            self.agent_step += done
+            ended &= done
+        self.agent_step[ended] = 0
 
     def allocate(self, num_steps: int) -> GroupTrajectory:
         shape = (num_steps, self.num_envs, self.group.num_agents)
@@ -245,6 +267,7 @@ class MultiAgentSampler:
                 envs.num_envs,
                 offset,
                 num_possible,
+                same_step=not envs.turn_based,
             )
             offset += group.num_agents
         self._last = first
@@ -264,6 +287,7 @@ class MultiAgentSampler:
             episode_id=np.zeros(shape, np.int64),
             step=np.zeros(shape, np.int64),
         )
+        self._unassigned = np.zeros(shape, np.float64)  # summed once, in _close
         traj = MultiAgentTrajectory(
             groups=groups,
             env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
@@ -302,7 +326,7 @@ class MultiAgentSampler:
         tick = time.perf_counter()
         perf["inference_ms"] += tick - clock
         for pid, gs in self.groups.items():
-            gs.collect(last.groups[pid])
+            gs.collect(last.groups[pid], t)
         clock = time.perf_counter()
         perf["action_processing_ms"] += clock - tick
         out = self.envs.step_batch([gs.env_action for gs in self.groups.values()])
@@ -312,7 +336,7 @@ class MultiAgentSampler:
             gs.record(out.groups[pid], traj.groups[pid], t)
         env_level.reward[t] = out.env_reward
         env_level.terminated[t] = out.env_done
-        self.metrics.unassigned_reward += float(out.unassigned_reward.sum())
+        self._unassigned[t] = out.unassigned_reward
         self._last = out
         perf["obs_processing_ms"] += time.perf_counter() - tick
 
@@ -320,6 +344,7 @@ class MultiAgentSampler:
         self, traj: MultiAgentTrajectory, env_level: EnvLevel, t: int
     ) -> MultiAgentTrajectory:
         self.metrics.add(self._book.close(env_level, t))  # type: ignore[arg-type]
+        self.metrics.unassigned_reward += float(self._unassigned[:t].sum())
         for pid, gs in self.groups.items():
             group = traj.groups[pid]
             steps = np.count_nonzero(group.valid[:t], axis=(0, 1))
@@ -332,6 +357,20 @@ class MultiAgentSampler:
 def _leaves(tree: Any) -> list[np.ndarray]:
     """The arrays of a pytree (a lone array without a tree walk)."""
     return [tree] if isinstance(tree, np.ndarray) else jax.tree.leaves(tree)
+
+
+def _put(
+    dsts: list[np.ndarray], srcs: list[np.ndarray], t: int | None, mask: np.ndarray | None
+) -> None:
+    """Leaf by leaf, ``dst[t] = src`` (``dst`` itself where ``t`` is None) where ``mask``
+    (None: everywhere)."""
+    for dst, src in zip(dsts, srcs):
+        if mask is not None:
+            _copy_where(dst if t is None else dst[t], src, mask)
+        elif t is None:
+            dst[...] = src
+        else:
+            dst[t] = src
 
 
 def _copy_where(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> None:
