@@ -284,3 +284,39 @@ def test_env_runner_points_multi_agent_envs_to_the_multi_agent_runner():
     with pytest.raises(jr.errors.InvalidArgumentTypeError, match=r"MultiAgentRunner"):
         jr.EnvRunner(envs, policy, {}, 4, 0)
     envs.close()
+
+
+def test_agent_episode_ends_match_a_step_by_step_reference():
+    """The vectorised episode close equals the running sums kept step by step."""
+    from jaxrunner.sampling.multi_agent import agent_episode_ends
+
+    def reference(ret, length, reward, valid, done, t):
+        slots, returns, lengths = [], [], []
+        for s in range(t):
+            ret += np.where(valid[s], reward[s], 0.0)
+            length += valid[s]
+            ends = valid[s] & done[s]
+            slots.append(np.nonzero(ends)[1])
+            returns.append(ret[ends])
+            lengths.append(length[ends])
+            ret[ends], length[ends] = 0.0, 0
+        if not slots:
+            return np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
+        return np.concatenate(slots), np.concatenate(returns), np.concatenate(lengths)
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        T, B, A = rng.integers(1, 10, size=3)
+        reward = rng.normal(size=(T, B, A))
+        valid = rng.random((T, B, A)) < 0.7
+        done = rng.random((T, B, A)) < rng.uniform(0, 0.6)
+        t = int(rng.integers(0, T + 1))
+        ret, length = rng.normal(size=(B, A)), rng.integers(0, 5, (B, A))
+        ours, theirs = (ret.copy(), length.copy()), (ret.copy(), length.copy())
+        got = agent_episode_ends(*ours, reward, valid, done, t)
+        want = reference(*theirs, reward, valid, done, t)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1], rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(got[2], want[2])
+        np.testing.assert_allclose(ours[0], theirs[0], rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(ours[1], theirs[1])
