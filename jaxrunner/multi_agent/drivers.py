@@ -217,10 +217,10 @@ class ParallelDriver(Driver):
             {agent: actions[slot.g][i, slot.a] for agent, slot in live}
         )
         if not (
-            type(obs) is dict
-            and type(rewards) is dict
-            and type(terms) is dict
-            and type(truncs) is dict
+            isinstance(obs, dict)
+            and isinstance(rewards, dict)
+            and isinstance(terms, dict)
+            and isinstance(truncs, dict)
         ):
             for name, value in (
                 ("observations", obs),
