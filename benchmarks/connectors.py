@@ -19,7 +19,6 @@ import argparse
 import os
 import pathlib
 import sys
-import time
 from typing import Any
 
 import jax
@@ -28,6 +27,10 @@ import numpy as np
 import jaxrunner as jr
 from jaxrunner import bench
 from jaxrunner import connectors as C
+
+# Sibling benchmark scripts (this directory is on sys.path when run as a script).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from ab_revision import time_block
 
 
 def make_runner(env: str, num_envs: int, rollout_length: int, normalize: bool) -> jr.EnvRunner:
@@ -38,14 +41,6 @@ def make_runner(env: str, num_envs: int, rollout_length: int, normalize: bool) -
     runner = jr.EnvRunner(envs, policy, params, rollout_length, 0, connectors=connectors)
     runner.sample()  # warm-up (compiles the per-sample part too)
     return runner
-
-
-def time_block(runner: jr.EnvRunner, samples: int, steps: int) -> float:
-    """Microseconds per vector step over ``samples`` calls of ``sample()``."""
-    start = time.perf_counter()
-    for _ in range(samples):
-        runner.sample()
-    return (time.perf_counter() - start) / (samples * steps) * 1e6
 
 
 def main() -> None:

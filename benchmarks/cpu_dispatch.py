@@ -3,7 +3,8 @@
 JAX reads the dispatch mode once per process, so each measurement runs in a child
 process; the two modes alternate round by round, so drifts in machine load hit both
 alike. Per width and mode: ``EnvRunner.sample()`` steps/s and the hand-written loop's
-(gymnasium SyncVectorEnv + the same jitted policy), CartPole-v1, 64-64 MLP.
+(``jaxrunner.bench.RecordingHandLoop`` over gymnasium's SyncVectorEnv), CartPole-v1,
+64-64 MLP, ``T = jaxrunner.bench.rollout_length(width)``.
 
 Usage::
 
@@ -23,29 +24,31 @@ import numpy as np
 from jaxrunner import bench
 
 CHILD = """
-import json, sys
+import json
 import jaxrunner as jr
-if {inline}:
-    jr.use_inline_cpu_dispatch()
+(jr.use_inline_cpu_dispatch if {inline} else jr.use_async_cpu_dispatch)()
 from jaxrunner import bench
-sys.path.insert(0, {here!r})
-import core
-config = bench.BenchConfig(seconds={seconds}, widths=({num_envs},))
+from jaxrunner.bench.systems import Spec, build
+
+def steps_per_s(system, **options):
+    spec = Spec(system=system, backend="sync", env="CartPole-v1", num_envs={num_envs},
+                rollout_length=bench.rollout_length({num_envs}), **options)
+    built = build(spec)
+    try:
+        return built.measure({seconds})["steps_per_s"]
+    finally:
+        built.close()
+
 print(json.dumps({{
-    "jaxrunner": bench.measure_jaxrunner(config, {num_envs}),
-    "hand_loop": core.measure_hand_loop(config, {num_envs}),
+    "jaxrunner": steps_per_s("jaxrunner"),
+    "hand_loop": steps_per_s("hand", reference="sync"),
     "mode": bench.machine_info()["jax_cpu_dispatch"],
 }}))
 """
 
 
 def measure(mode: str, num_envs: int, seconds: float) -> dict[str, float]:
-    code = CHILD.format(
-        inline=mode == "inline",
-        here=str(pathlib.Path(__file__).parent),
-        seconds=seconds,
-        num_envs=num_envs,
-    )
+    code = CHILD.format(inline=mode == "inline", seconds=seconds, num_envs=num_envs)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result.pop("mode") == mode, "the child ran in the other mode"

@@ -6,11 +6,12 @@ a 64x64 tanh MLP sampling its actions), same rollout length, one process:
 * ``jaxrunner``: ``EnvRunner(JaxVectorEnv(env, params, B), ...).sample()``: the whole
   rollout as one compiled ``lax.scan`` (true final observations, fresh resets,
   episode ids and steps, metrics fetched once per sample).
-* ``hand_scan``: what a user would write with gymnax: one jitted ``lax.scan`` over
-  ``vmap(env.step)`` (gymnax's auto-resetting step, keys from ``split``), storing the
-  same transition fields (obs, action, reward, terminated, truncated, the final
-  observation from ``info["final_observation"]``, log-prob), but no episode ids,
-  step indices or episode statistics.
+* ``hand_scan`` (``jaxrunner.bench.build_hand_scan``): what a user would write with
+  gymnax: one jitted ``lax.scan`` over ``vmap(env.step)`` (gymnax's auto-resetting
+  step, keys from ``split``), storing the same transition fields (obs, action,
+  reward, terminated, truncated, the final observation from
+  ``info["final_observation"]``, log-prob), but no episode ids, step indices or
+  episode statistics.
 
 Each system is built (and compiled) once per width. Within a round the systems take
 turns, one sample each, so that drifts in machine load hit both alike; medians over
@@ -26,12 +27,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.metadata
-import json
 import os
 import pathlib
-import sys
 import time
 from collections.abc import Callable
 
@@ -57,54 +55,7 @@ def build_jaxrunner(num_envs: int, rollout_length: int, seed: int) -> Callable[[
     return run
 
 
-def build_hand_scan(num_envs: int, rollout_length: int, seed: int) -> Callable[[], int]:
-    env, env_params = gymnax.make("CartPole-v1")
-    action_space = jr.JaxVectorEnv(env, env_params, 1).single_action_space
-    obs_space = jr.JaxVectorEnv(env, env_params, 1).single_observation_space
-    policy = bench.mlp_policy(action_space)
-    params = policy.init(jax.random.key(seed), obs_space)
-    step_envs = jax.vmap(env.step, in_axes=(0, 0, 0, None))
-
-    def rollout(params, carry):
-        def step(carry, _):
-            obs, state, key = carry
-            key, act_key, env_key = jax.random.split(key, 3)
-            action, extras, _ = policy.apply_fn(
-                params, obs, None, jax.random.split(act_key, num_envs)
-            )
-            next_obs, state, reward, terminated, truncated, info = step_envs(
-                jax.random.split(env_key, num_envs), state, action, env_params
-            )
-            transition = (
-                obs,
-                action,
-                reward,
-                terminated,
-                truncated,
-                info["final_observation"],
-                extras["log_prob"],
-            )
-            return (next_obs, state, key), transition
-
-        return jax.lax.scan(step, carry, None, rollout_length)
-
-    key, reset_key = jax.random.split(jax.random.key(seed))
-    obs, state = jax.vmap(env.reset, in_axes=(0, None))(
-        jax.random.split(reset_key, num_envs), env_params
-    )
-    carry = (obs, state, key)
-    compiled = jax.jit(rollout, donate_argnums=1)
-
-    def run() -> int:
-        nonlocal carry
-        carry, traj = compiled(params, carry)
-        jax.block_until_ready(traj)
-        return rollout_length * num_envs
-
-    return run
-
-
-SYSTEMS = {"jaxrunner": build_jaxrunner, "hand_scan": build_hand_scan}
+SYSTEMS = {"jaxrunner": build_jaxrunner, "hand_scan": bench.build_hand_scan}
 
 
 def measure_round(runs: dict[str, Callable[[], int]], seconds: float) -> dict[str, dict]:
@@ -165,26 +116,16 @@ def main() -> None:
             flush=True,
         )
 
-    result = {
-        "benchmark": "jax_scan",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "env": "gymnax CartPole-v1",
-        "policy": "jaxrunner.bench.mlp_policy (64, 64)",
-        "rollout_length": args.rollout_length,
-        "seconds_per_measurement": args.seconds,
-        "rounds": args.rounds,
-        "machine": {
+    bench.write_report(
+        "jax_scan",
+        args,
+        rows,
+        {
             **bench.machine_info(),
             "gymnax": importlib.metadata.version("gymnax"),
+            "loadavg_end": os.getloadavg(),
         },
-        "loadavg_end": os.getloadavg(),
-        "rows": rows,
-    }
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    )
 
 
 if __name__ == "__main__":

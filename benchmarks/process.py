@@ -7,7 +7,7 @@ kept), so that a noisy, shared machine hits each alike:
   groups unless ``--num-workers``/``--num-groups`` say otherwise), 64-64 tanh MLP.
 * ``sync``: the same runner on ``backend="sync"``.
 * ``raw``: the same sub-envs stepped with random actions in one process, no policy
-  (``jaxrunner.bench.measure_raw``'s loop on ``backend="sync"``): the target's yardstick.
+  on ``backend="sync"``): the target's yardstick.
 * ``raw_process``: the same random-action loop on ``backend="process"`` (what the
   workers can do without a policy in the way).
 
@@ -19,12 +19,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import pathlib
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -130,23 +127,18 @@ def main() -> None:
             f"{row['ratio_process_vs_raw']:.2f}  ({row['process_config']})",
             flush=True,
         )
-    report = {
-        "benchmark": "process",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "config": {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()},
-        "machine": bench.machine_info(),
-        "autogroup": bench.autogroup(),
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-        "wall_s": time.time() - started,
-        "target": "process >= 1.4x raw (CartPole-v1, widths 64 and 256)",
-        "results": rows,
-    }
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    bench.write_report(
+        "process",
+        args,
+        rows,
+        {
+            **bench.machine_info(),
+            "autogroup": bench.autogroup(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+            "wall_s": time.time() - started,
+        },
+    )
 
 
 if __name__ == "__main__":

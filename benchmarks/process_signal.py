@@ -29,8 +29,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import multiprocessing as mp
 import os
 import pathlib
@@ -285,7 +283,7 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from jaxrunner.bench import autogroup, machine_info
+    from jaxrunner.bench import autogroup, machine_info, write_report
 
     # (workers, envs per worker, main work in microseconds)
     scenarios = [(1, 0, 0), (2, 0, 0), (2, 32, 0), (2, 32, 150), (4, 16, 150), (2, 128, 150)]
@@ -317,20 +315,12 @@ def main() -> None:
         line = "  ".join(f"{m}={v:8.1f}us" for m, v in row["us_per_round"].items())
         print(f"workers={workers} envs={envs} main={main_us}us: {line}", flush=True)
 
-    report = {
-        "benchmark": "process_signal",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
-        "config": {"seconds": args.seconds, "rounds": args.rounds, "spin_us": args.spin_us},
-        "machine": machine_info(),
-        "autogroup": autogroup(),
-        "loadavg": os.getloadavg(),
-        "results": results,
-    }
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    write_report(
+        "process_signal",
+        args,
+        results,
+        {**machine_info(), "autogroup": autogroup(), "loadavg": os.getloadavg()},
+    )
 
 
 if __name__ == "__main__":

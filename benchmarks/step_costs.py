@@ -9,14 +9,14 @@ own cost. Parts, each timed alone in 64-step blocks, interleaved round by round
 * ``runner_policy``: the runner's policy call alone (``GroupActor`` dispatch and
   collect: staging, the compiled call, ``np.asarray``).
 * ``runner_step_batch``: the vector env's ``step_batch`` alone.
-* ``hand_loop``: gymnasium ``SyncVectorEnv`` + the jitted policy
+* ``hand_loop``: the recording hand loop over gymnasium ``SyncVectorEnv``
   (``jaxrunner.bench.hand_loop``).
 * ``hand_policy``: the hand loop's jitted call and numpy conversion alone.
 * ``gym_step``: gymnasium ``SyncVectorEnv.step`` alone.
 * ``warm_call``: the compiled policy step called back to back with nothing between
   (the floor of any loop with one policy call per step).
 
-``--cpu-dispatch`` as in ``core.py`` (inline by default).
+``--cpu-dispatch`` (``jaxrunner.bench.parse_args``; inline by default).
 
 Usage::
 

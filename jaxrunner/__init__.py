@@ -11,9 +11,18 @@ The public API, in one place::
         traj = runner.sample()
 """
 
+# First, before any submodule can start JAX: inline CPU dispatch by default, where safe.
+from jaxrunner.cpu_dispatch import (  # isort: skip
+    default_to_inline_cpu_dispatch,
+    inline_cpu_dispatch,
+    use_async_cpu_dispatch,
+    use_inline_cpu_dispatch,
+)
+
+default_to_inline_cpu_dispatch()
+
 from jaxrunner import connectors, errors, multi_agent, serve
 from jaxrunner.callbacks import Callbacks, LiveEpisode
-from jaxrunner.cpu_dispatch import inline_cpu_dispatch, use_inline_cpu_dispatch
 from jaxrunner.datasets import from_minari, to_minari
 from jaxrunner.envs import (
     BACKENDS,
@@ -120,5 +129,6 @@ __all__ = [
     "serve",
     "testing",
     "to_minari",
+    "use_async_cpu_dispatch",
     "use_inline_cpu_dispatch",
 ]

@@ -3,84 +3,42 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import json
+import pathlib
 import sys
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Sequence
 
 from jaxrunner import __version__
-from jaxrunner.bench import add_cpu_dispatch_option
-from jaxrunner.envs import BACKENDS
-from jaxrunner.errors import DispatchConfigError
+from jaxrunner.bench.rounds import PLANS
 from jaxrunner.serve.command import add_serve_command
 
 
 def _bench(args: argparse.Namespace) -> int:
     from jaxrunner import bench
-    from jaxrunner.cpu_dispatch import use_inline_cpu_dispatch
-
-    if args.cpu_dispatch == "inline":  # before any JAX computation
-        try:
-            use_inline_cpu_dispatch()
-        except DispatchConfigError as err:  # only when called in a process using JAX
-            print(f"jaxrunner bench: {err} (or pass --cpu-dispatch async)", file=sys.stderr)
-            return 2
 
     config = bench.BenchConfig(
         env=args.env,
         widths=tuple(args.num_envs),
-        backend=args.backend,
+        backends=tuple(PLANS) if args.backend == "all" else (args.backend,),
         seconds=args.seconds,
+        rounds=args.rounds,
     )
-    with _progress(len(bench.SYSTEMS) * len(config.widths)) as progress:
-        rows = bench.run(config, progress)
+    started = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - started:5.0f} s] {message}", file=sys.stderr, flush=True)
+
+    report = bench.run(config, log)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
     if args.json:
-        report = {
-            "config": {**dataclasses.asdict(config), "cpu_dispatch": args.cpu_dispatch},
-            "machine": bench.machine_info(),
-            "results": rows,
-        }
         print(json.dumps(report, indent=2))
     else:
-        print(
-            f"{config.env}, backend={config.backend}, 64-64 tanh MLP, stochastic actions, "
-            f"{args.cpu_dispatch} CPU dispatch"
-        )
-        print("steps/s; raw: the same vector env stepped with random actions, no policy;")
-        print("bare loop: its sub-envs' env.step/env.reset only, nothing stacked;")
-        print("workers: env worker processes (0: the sub-envs step in this process);")
-        print("groups: the runner's pipelining groups")
-        print(bench.format_table(rows))
-    return 0
-
-
-@contextlib.contextmanager
-def _progress(total: int) -> Iterator[Callable[[str], None]]:
-    """A progress callback for ``bench.run``: a tqdm bar on stderr where tqdm is
-    installed (the bench extra), else one line per measurement."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        done: list[str] = []
-
-        def line(label: str) -> None:
-            done.append(label)
-            print(f"[{len(done)}/{total}] {label}", file=sys.stderr, flush=True)
-
-        yield line
-        return
-    started: list[str] = []
-    with tqdm(total=total, file=sys.stderr, unit="run") as bar:
-
-        def progress(label: str) -> None:
-            if started:
-                bar.update(1)
-            started.append(label)
-            bar.set_description(label)
-
-        yield progress
-        bar.update(1)
+        print(bench.format_report(report))
+    complete = report["results"] and all("hand" in row["ratios"] for row in report["results"])
+    return 0 if complete else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,9 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser(
         "bench",
-        help="measure sampling throughput against raw env stepping",
-        description="Steps/s of jaxrunner's EnvRunner (with a 64-64 tanh MLP policy) and of "
-        "raw random-action stepping of the same sub-envs, at each width.",
+        help="is jaxrunner faster than the loop you would write by hand?",
+        description="Env steps/s of jaxrunner's EnvRunner.sample() at its defaults against "
+        "the recording hand loop a user writes (the same jitted 64-64 tanh MLP, np.asarray, "
+        "[T, B] numpy buffers, JAX at its defaults), each in its own process, in interleaved "
+        "rounds; the policy-bound ceiling; where a jaxrunner step goes; a one-line verdict.",
     )
     bench.add_argument("--env", default="CartPole-v1", help="gymnasium id (default: %(default)s)")
     bench.add_argument(
@@ -107,17 +67,29 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--backend",
         default="sync",
-        choices=BACKENDS,
-        help="how the sub-envs are stepped, as make_vec(backend=...) (default: %(default)s)",
+        choices=(*PLANS, "all"),
+        help="jaxrunner backend (make_vec(backend=...); jax: gymnax in a JaxVectorEnv), or "
+        "all: every installed one, each at the widths that fit it (default: %(default)s)",
     )
     bench.add_argument(
-        "--seconds", type=float, default=2.0, help="seconds per measurement (default: 2)"
+        "--seconds",
+        type=float,
+        default=1.0,
+        help="seconds per system per round (default: %(default)s)",
     )
-    add_cpu_dispatch_option(bench)
+    bench.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds per width (default: %(default)s)"
+    )
     bench.add_argument(
         "--json",
         action="store_true",
-        help="print only a JSON report on stdout (default: a table)",
+        help="print only the JSON report on stdout (default: tables and a verdict)",
+    )
+    bench.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=None,
+        help="also write the JSON report (every round, the machine) to this file (default: none)",
     )
     bench.set_defaults(func=_bench)
     add_serve_command(commands)

@@ -86,12 +86,19 @@ def initial_actor_state(
 
 
 def host_actor_state(
-    policy: Policy, seed: int, num_envs: int, connectors: Connectors | None, obs_space: Any
+    policy: Policy,
+    seed: int,
+    num_envs: int,
+    connectors: Connectors | None,
+    obs_space: Any,
+    env_ids: np.ndarray | None = None,
 ) -> tuple[ActorState, StatePacking | None]:
-    """:func:`initial_actor_state` of envs ``0..num_envs-1`` for a host sampler, with the
-    connectors' state packed into one device buffer (and the packing; None without
-    connectors): the state :class:`CompiledPolicyStep` takes and returns."""
-    state = initial_actor_state(policy, seed, np.arange(num_envs), connectors, obs_space)
+    """:func:`initial_actor_state` of envs ``env_ids`` (default ``0..num_envs-1``) for a
+    host sampler, with the connectors' state packed into one device buffer (and the
+    packing; None without connectors): the state :class:`CompiledPolicyStep` takes and
+    returns."""
+    ids = np.arange(num_envs) if env_ids is None else env_ids
+    state = initial_actor_state(policy, seed, ids, connectors, obs_space)
     if connectors is None:
         return state, None
     packing = StatePacking(state.connectors)

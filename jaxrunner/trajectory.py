@@ -194,21 +194,54 @@ class Episode(EpisodeSpan):
         return float(np.sum(self.reward))
 
 
-def _episode_from(traj: Trajectory, b: int, start: int, stop: int) -> Episode:
-    def cut(x: np.ndarray) -> np.ndarray:
-        return x[start:stop, b]
+def cut_steps(traj: Any, steps: Any, last: Any) -> dict[str, Any]:
+    """The step fields of one episode (:class:`Episode`'s or ``AgentEpisode``'s) cut
+    out of time-major arrays.
 
+    Args:
+        traj: a :class:`Trajectory` or a multi-agent ``GroupTrajectory`` (its ``obs``,
+            ``next_obs``, ``action``, ``reward`` and ``extras`` are read).
+        steps: the index of the episode's slots in each leaf, e.g. ``(slice(t0, t1), b)``.
+        last: the index of its last slot, e.g. ``(t1 - 1, b)``.
+
+    Returns:
+        ``obs`` (``[L + 1]``: the slots' observations, then the last slot's
+        ``next_obs``), and ``action``, ``reward``, ``extras`` (``[L]``).
+    """
+
+    def cut(x: np.ndarray) -> np.ndarray:
+        return x[steps]
+
+    return {
+        "obs": jax.tree.map(
+            lambda o, n: np.concatenate([o[steps], n[last][None]]), traj.obs, traj.next_obs
+        ),
+        "action": jax.tree.map(cut, traj.action),
+        "reward": cut(traj.reward),
+        "extras": jax.tree.map(cut, traj.extras),
+    }
+
+
+def join_steps(head: Any, tail: Any) -> dict[str, Any]:
+    """The step fields of two consecutive pieces of one episode (:class:`Episode`'s or
+    ``AgentEpisode``'s), joined: ``obs`` without ``head``'s last one (``tail``'s
+    first), and ``action``, ``reward``, ``extras`` end to end."""
+
+    def cat(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.concatenate([x, y])
+
+    return {
+        "obs": jax.tree.map(lambda x, y: cat(x[:-1], y), head.obs, tail.obs),
+        "action": jax.tree.map(cat, head.action, tail.action),
+        "reward": cat(head.reward, tail.reward),
+        "extras": jax.tree.map(cat, head.extras, tail.extras),
+    }
+
+
+def _episode_from(traj: Trajectory, b: int, start: int, stop: int) -> Episode:
     last = stop - 1
-    obs = jax.tree.map(
-        lambda o, n: np.concatenate([o[start:stop, b], n[last : last + 1, b]]),
-        traj.obs,
-        traj.next_obs,
-    )
     return Episode(
-        obs=obs,
-        action=jax.tree.map(cut, traj.action),
-        reward=cut(traj.reward),
-        extras=jax.tree.map(cut, traj.extras),
+        **cut_steps(traj, (slice(start, stop), b), (last, b)),
         terminated=bool(traj.terminated[last, b]),
         truncated=bool(traj.truncated[last, b]),
         episode_id=int(traj.episode_id[start, b]),
@@ -246,10 +279,7 @@ def concatenate_episodes(head: Episode, tail: Episode) -> Episode:
             f"continue episode {head.episode_id} of env {head.env_id} (done={head.is_done})."
         )
     return head.replace(
-        obs=jax.tree.map(lambda a, b: np.concatenate([a[:-1], b]), head.obs, tail.obs),
-        action=jax.tree.map(lambda a, b: np.concatenate([a, b]), head.action, tail.action),
-        reward=np.concatenate([head.reward, tail.reward]),
-        extras=jax.tree.map(lambda a, b: np.concatenate([a, b]), head.extras, tail.extras),
+        **join_steps(head, tail),
         terminated=tail.terminated,
         truncated=tail.truncated,
         faulty=tail.faulty,

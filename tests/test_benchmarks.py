@@ -1,6 +1,7 @@
-"""Smoke tests of the benchmarks the README's figures come from: they run end to end
-and report what their docstrings promise. Tiny settings; nothing timed is asserted
-(speed is for the benchmarks themselves, on a quiet machine)."""
+"""Smoke tests of the benchmarks the README's figures come from, and of the reference
+they measure against: they run end to end and report what their docstrings promise.
+Tiny settings; nothing timed is asserted (speed is for the benchmarks themselves, on a
+quiet machine)."""
 
 from __future__ import annotations
 
@@ -9,39 +10,134 @@ import pathlib
 import subprocess
 import sys
 
+import gymnasium
+import jax
+import numpy as np
 import pytest
 
+from jaxrunner import bench
+from jaxrunner.bench.child import Child, ChildError
+
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
-CORE = BENCHMARKS / "core.py"
-SYSTEMS = ("jaxrunner", "raw", "bare_loop", "hand_loop", "gym_raw", "hand_loop_jax_defaults")
 
 
-def test_core_benchmark_reports_every_system_ratio_and_the_in_loop_costs(tmp_path):
-    out = tmp_path / "core.json"
-    options = ["--seconds", "0.05", "--rounds", "1", "--num-envs", "2", "--out", str(out)]
+def _run(script: str, *options: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(CORE), *options],
+        [sys.executable, str(BENCHMARKS / script), *options],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_recording_hand_loop_buffers_hold_what_the_env_returned():
+    """One CartPole env: the loop's buffers against gymnasium stepped by hand with the
+    recorded actions, over two rollouts that cross episode ends (SAME_STEP autoreset:
+    the observation after an episode's last step is the next episode's first)."""
+    envs = gymnasium.vector.SyncVectorEnv(
+        [lambda: gymnasium.make("CartPole-v1")],
+        autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP,
+    )
+    loop = bench.RecordingHandLoop(envs, rollout_length=40, seed=3)
+    env = gymnasium.make("CartPole-v1")
+    obs, _ = env.reset(seed=3)
+    ends = 0
+    for _ in range(2):
+        assert loop.rollout() == 40
+        for t in range(40):
+            np.testing.assert_array_equal(loop.obs[t, 0], obs)
+            obs, reward, terminated, truncated, _ = env.step(int(loop.action[t, 0]))
+            assert (loop.reward[t, 0], loop.terminated[t, 0], loop.truncated[t, 0]) == (
+                reward,
+                terminated,
+                truncated,
+            )
+            if terminated or truncated:
+                obs, _ = env.reset()
+                ends += 1
+    assert ends >= 2  # random CartPole episodes last about 20 steps
+    # The log-probs are the policy's, of the actions taken, on the recorded obs.
+    log_prob = loop.policy.evaluate_fn(loop.params, loop.obs[:, 0], None, loop.action[:, 0])
+    np.testing.assert_allclose(loop.log_prob[:, 0], log_prob["log_prob"], rtol=1e-5, atol=1e-6)
+    assert len(set(loop.action[:, 0].tolist())) == 2  # stochastic actions
+    envs.close()
+
+
+def test_hand_loop_refuses_a_wrong_width():
+    envs = gymnasium.vector.SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 2)
+    with pytest.raises(ValueError, match="num_envs=3"):
+        bench.hand_loop(envs, 3, 8, 0)
+    envs.close()
+
+
+def test_a_failing_child_request_names_the_system_and_the_child_goes_on():
+    with Child("test", jax_defaults=True) as child:
+        spec = {"system": "hand", "backend": "sync", "env": "NoSuchEnv-v0", "num_envs": 1}
+        with pytest.raises(ChildError, match=r"build hand: .*NoSuchEnv") as info:
+            child.request(
+                "build", name="hand", spec={**spec, "rollout_length": 8, "reference": "sync"}
+            )
+        assert isinstance(info.value, RuntimeError)
+        assert child.request("info")["cpu_dispatch"] == "async"
+
+
+def test_hand_scan_and_jaxrunner_on_gymnax():
+    pytest.importorskip("gymnax")
+    rollout = bench.build_hand_scan(4, 8, 0)
+    assert rollout() == 32
+    from jaxrunner.bench.systems import Spec, build
+
+    spec = Spec(system="jaxrunner", backend="jax", env="CartPole-v1", num_envs=4, rollout_length=8)
+    system = build(spec)
+    try:
+        result = system.measure(0.01)
+        assert result["steps_per_s"] > 0
+    finally:
+        system.close()
+    jax.clear_caches()
+
+
+def test_core_benchmark_is_the_bench_on_the_chosen_backends(tmp_path):
+    out = tmp_path / "core.json"
+    options = ["--num-envs", "2", "--rounds", "1", "--seconds", "0.05"]
+    _run("core.py", *options, "--backend", "sync", "process", "--out", str(out))
     report = json.loads(out.read_text())
-    assert report["machine"]["jax_cpu_dispatch"] == "inline"
-    (row,) = report["results"]
-    assert row["num_envs"] == 2
-    for system in SYSTEMS:
-        assert row[f"{system}_steps_per_s"] > 0
-        assert len(row[f"{system}_all_rounds"]) == 1
-    for system in SYSTEMS[1:]:
-        expected = row["jaxrunner_steps_per_s"] / row[f"{system}_steps_per_s"]
-        assert row[f"ratio_vs_{system}"] == expected
-    costs = row["jaxrunner_us_per_step"]
-    phases = {"env_wait_us", "inference_us", "obs_processing_us", "action_processing_us"}
-    assert set(costs) == phases
-    assert all(value > 0 for value in costs.values())
-    raw_us = 1e6 * 2 / row["raw_steps_per_s"]
-    assert row["policy_bound_vs_raw"] == raw_us / (raw_us + costs["inference_us"])
+    assert report["benchmark"] == "core"
+    assert [(row["backend"], row["num_envs"]) for row in report["results"]] == [
+        ("sync", 2),
+        ("process", 2),
+    ]
+    sync, process = report["results"]
+    assert process["errors"] == {} and sync["errors"] == {}
+    assert set(sync["systems"]) == {"jaxrunner", "hand", "ceiling"}
+    # The process backend's reference is the sync hand loop; AsyncVectorEnv for information.
+    assert set(process["systems"]) == {"jaxrunner", "hand", "ceiling", "hand_async"}
+    assert process["systems"]["hand"]["label"] == "hand loop: gymnasium SyncVectorEnv"
+    assert process["layout"]["num_workers"] >= 1
+    assert report["children"]["hand_loop"]["cpu_dispatch"] == "async"
+
+
+def test_peers_smoke_run_writes_json_and_plot(tmp_path):
+    out = tmp_path / "peers.json"
+    options = ["--widths", "2", "--rounds", "1", "--seconds", "0.05", "--no-rllib"]
+    _run("peers.py", *options, "--kinds", "sync", "gymnasium", "--out", str(out))
+    report = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert [(row["backend"], row["num_envs"]) for row in report["results"]] == [
+        ("sync", 2),
+        ("gymnasium", 2),
+    ]
+    native = report["results"][1]
+    assert native["systems"]["hand"]["label"] == "hand loop: gymnasium native vector env"
+    for row in report["results"]:
+        assert set(row["systems"]) == {"jaxrunner", "hand"}  # no ceiling in peers
+        assert len(row["systems"]["hand"]["rounds"]) == 1
+        assert row["ratios"]["hand"]["median"] > 0
+    assert report["skipped"]["rllib"] == "off (--no-rllib)"
+    assert report["children"]["hand_loop"]["JAX_CPU_ENABLE_ASYNC_DISPATCH"] == "true"
+    assert report["verdict"].startswith("jaxrunner is ")
+    assert "| sync | 2 |" in report["markdown_table"]
 
 
 def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):

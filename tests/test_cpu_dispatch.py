@@ -1,8 +1,9 @@
-"""jaxrunner.use_inline_cpu_dispatch: a process-wide JAX setting, so each case runs in
-a fresh interpreter."""
+"""CPU dispatch: inline by default after ``import jaxrunner`` where safe; a process-wide
+JAX setting, so each case runs in a fresh interpreter."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ import pytest
 
 import jaxrunner as jr
 from jaxrunner.bench import mlp_policy
+from jaxrunner.cpu_dispatch import ENV_VAR
 from jaxrunner.errors import DispatchConfigError
 
 SAMPLE = """
@@ -30,18 +32,26 @@ np.savez(OUT, action=traj.action, reward=traj.reward, obs=traj.obs,
 """
 
 
-def _run(code: str) -> subprocess.CompletedProcess:
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != ENV_VAR} | env
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environ,
     )
 
 
 def _sample(tmp_path, inline: bool) -> dict[str, np.ndarray]:
     out = tmp_path / f"inline_{inline}.npz"
-    prelude = "import jaxrunner; jaxrunner.use_inline_cpu_dispatch()\n" if inline else ""
-    proc = _run(prelude + f"OUT = {str(out)!r}\n" + SAMPLE)
+    env = {} if inline else {ENV_VAR: "1"}  # the default, or JAX's own default kept
+    proc = _run(f"OUT = {str(out)!r}\n" + SAMPLE + CHECK_MODE.format(inline=inline), **env)
     assert proc.returncode == 0, proc.stderr
     return dict(np.load(out))
+
+
+CHECK_MODE = "\nassert jr.inline_cpu_dispatch() is {inline}\n"
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU-backend setting")
@@ -52,13 +62,11 @@ def test_inline_dispatch_gives_the_same_trajectories(tmp_path):
         np.testing.assert_array_equal(inline[name], default[name], err_msg=name)
 
 
-def test_switch_before_jax_starts_takes_effect():
+def test_importing_jaxrunner_makes_inline_the_default():
     proc = _run(
         """
         import jax, jaxrunner as jr
-        assert not jr.inline_cpu_dispatch()
-        jr.use_inline_cpu_dispatch()
-        jr.use_inline_cpu_dispatch()  # again: harmless
+        assert jr.inline_cpu_dispatch()
         jax.numpy.zeros(3).block_until_ready()
         assert jr.inline_cpu_dispatch()
         jr.use_inline_cpu_dispatch()  # after start-up, already inline: harmless
@@ -68,14 +76,53 @@ def test_switch_before_jax_starts_takes_effect():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
+def test_a_chosen_mode_is_kept_and_switches_work_before_jax_starts():
+    proc = _run(
+        """
+        import jax, jaxrunner as jr
+        assert not jr.inline_cpu_dispatch(), "the environment chose JAX's async default"
+        jr.use_inline_cpu_dispatch()
+        assert jr.inline_cpu_dispatch()
+        jr.use_async_cpu_dispatch()
+        jr.use_async_cpu_dispatch()  # again: harmless
+        jax.numpy.zeros(3).block_until_ready()
+        assert not jr.inline_cpu_dispatch()
+        print("ok")
+        """,
+        **{ENV_VAR: "1"},
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_importing_after_jax_started_leaves_its_mode():
+    proc = _run(
+        """
+        import jax
+        jax.numpy.zeros(3).block_until_ready()  # the user's JAX started first
+        import jaxrunner as jr
+        assert not jr.inline_cpu_dispatch()
+        try:
+            jr.use_inline_cpu_dispatch()
+        except jr.errors.DispatchConfigError as err:
+            assert isinstance(err, RuntimeError)
+            assert "before any JAX computation" in str(err) and "=0" in str(err), err
+        else:
+            raise SystemExit("expected DispatchConfigError")
+        assert not jr.inline_cpu_dispatch(), "a refused switch changes nothing"
+        print("ok")
+        """
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
 def test_switch_after_jax_started_is_a_clear_error():
     jax.numpy.zeros(1).block_until_ready()  # this process's backend has started
-    if jr.inline_cpu_dispatch():
-        pytest.skip("this test process already runs inline")
+    switch = jr.use_async_cpu_dispatch if jr.inline_cpu_dispatch() else jr.use_inline_cpu_dispatch
+    mode = jr.inline_cpu_dispatch()
     with pytest.raises(DispatchConfigError, match="before any JAX computation") as info:
-        jr.use_inline_cpu_dispatch()
+        switch()
     assert isinstance(info.value, RuntimeError)
-    assert not jr.inline_cpu_dispatch(), "a refused switch changes nothing"
+    assert jr.inline_cpu_dispatch() == mode, "a refused switch changes nothing"
 
 
 def test_inline_dispatch_means_one_group_by_default(monkeypatch):

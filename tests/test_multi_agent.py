@@ -36,6 +36,23 @@ def zero_params(num_actions: int) -> dict:
     return {"w": jnp.zeros(num_actions)}
 
 
+def assert_split_samples_equal_one(
+    factory, num_actions: int, seed: int, length: int, count: int
+) -> None:
+    """``count`` samples of ``length`` steps, joined along time, equal one sample of
+    ``count * length`` steps (fresh runners on two ``factory`` sub-envs, random policy)."""
+
+    def collect(length: int, count: int) -> jr.MultiAgentTrajectory:
+        envs = jr.make_multi_agent_vec(factory, 2)
+        policy, params = random_policy(num_actions), zero_params(num_actions)
+        with jr.MultiAgentRunner(envs, policy, params, length, seed=seed) as runner:
+            parts = [runner.sample() for _ in range(count)]
+        return jax.tree.map(lambda *x: np.concatenate(x), *parts)
+
+    split, whole = collect(length, count), collect(length * count, 1)
+    jax.tree.map(np.testing.assert_array_equal, split, whole)
+
+
 def replay_parallel(factory, traj: jr.MultiAgentTrajectory, seed: int) -> float:
     """Steps each env by hand with the trajectory's actions and checks every field of
     every slot: an agent's reward is what the env gave it since its last action (since
@@ -128,13 +145,7 @@ def test_same_seed_same_trajectory_and_new_params_change_actions():
 
 
 def test_split_samples_equal_one_long_sample():
-    def collect(length, count):
-        envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
-        with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), length, seed=3) as r:
-            parts = [r.sample() for _ in range(count)]
-        return jax.tree.map(lambda *x: np.concatenate(x), *parts)
-
-    jax.tree.map(np.testing.assert_array_equal, collect(5, 6), collect(30, 1))
+    assert_split_samples_equal_one(envs_mod.coming_and_going, 3, seed=3, length=5, count=6)
 
 
 def test_episodes_per_agent_match_the_trajectory():

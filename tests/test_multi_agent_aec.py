@@ -18,7 +18,7 @@ from pettingzoo import AECEnv
 
 import jaxrunner as jr
 from tests import multi_agent_envs as envs_mod
-from tests.test_multi_agent import random_policy, zero_params
+from tests.test_multi_agent import assert_split_samples_equal_one, random_policy, zero_params
 
 
 def transitions(traj: jr.MultiAgentTrajectory, b: int) -> dict[str, list[dict]]:
@@ -249,13 +249,7 @@ def test_rewards_between_turns_are_never_lost():
 
 
 def test_pending_turns_cross_sample_boundaries():
-    def collect(length, count):
-        envs = jr.make_multi_agent_vec(envs_mod.relay, 2)
-        with jr.MultiAgentRunner(envs, random_policy(4), zero_params(4), length, seed=4) as r:
-            parts = [r.sample() for _ in range(count)]
-        return jax.tree.map(lambda *x: np.concatenate(x), *parts)
-
-    jax.tree.map(np.testing.assert_array_equal, collect(3, 10), collect(30, 1))
+    assert_split_samples_equal_one(envs_mod.relay, 4, seed=4, length=3, count=10)
 
 
 def test_actions_stay_within_the_action_mask():

@@ -119,3 +119,28 @@ def test_jaxmarl_mpe_runs_and_keeps_every_agent_valid():
     assert (traj.step[traj.env_done] == env.max_steps).all()
     assert group.truncated[traj.env_done].all() and not group.terminated.any()
     assert metrics["num_agent_steps"] == 3 * metrics["num_env_steps"]
+
+
+def test_jaxmarl_mpe_with_connectors_keeps_statistics_of_every_agent_observation():
+    jaxmarl = pytest.importorskip("jaxmarl")
+    from jaxrunner import connectors as C
+
+    envs = jr.multi_agent.JaxMultiAgentVectorEnv(
+        jaxmarl.make("MPE_simple_spread_v3"), 4, dones_are_truncations=True
+    )
+    conn = C.Connectors(
+        obs=[C.NormalizeObservation(clip=None), C.FrameStack(num_frames=2)],
+        reward=C.ScaleReward(),
+    )
+    with jr.MultiAgentRunner(
+        envs, random_policy(5), {"w": jnp.zeros(5)}, 30, seed=0, connectors=conn
+    ) as r:
+        trajs = [r.sample().to_numpy() for _ in range(2)]
+        stats = r.get_connector_state()["policy_0"].obs[0].shared.stats
+    groups = [t.groups["policy_0"] for t in trajs]
+    seen = np.concatenate([g.obs[g.valid] for g in groups]).astype(np.float64)
+    assert float(stats.count) == len(seen) == 2 * 30 * 4 * 3
+    np.testing.assert_allclose(stats.mean, seen.mean(0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(stats.var, seen.var(0), rtol=1e-3, atol=1e-6)
+    assert groups[1].extras["policy_obs"].shape == (30, 4, 3, 2, seen.shape[-1])
+    assert np.isfinite(groups[1].extras["scaled_reward"]).all()

@@ -4,6 +4,8 @@ Observation connectors (normalization, frame stacking) run inside the runner's c
 policy step, action connectors (rescaling) right after the policy, a reward connector
 (scaling) once per sample; see :mod:`jaxrunner.connectors.pipeline` for where the
 Trajectory keeps what the policy saw, and :mod:`jaxrunner.connectors.base` to write one.
+With agent groups (``MultiAgentRunner(..., connectors=...)``) see
+:mod:`jaxrunner.multi_agent.connectors`.
 """
 
 from jaxrunner.connectors.base import (

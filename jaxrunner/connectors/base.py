@@ -16,6 +16,11 @@ owns the rows of ``per_env``: a call sees only the rows of the envs it computes,
 rows of inactive envs (another pipelining group, a ready-first bucket's padding) are
 never written back. ``shared`` is the connector's to update; it must only take in the
 rows where ``active`` is true, so results never depend on how envs are batched.
+
+Agent groups (:class:`~jaxrunner.MultiAgentRunner`): a group's connectors see its
+agent slots as rows, ``N = B * A_g`` (row ``b * A_g + a``: agent ``a`` of env ``b``):
+``per_env`` is per agent slot, ``episode_start`` is the agent's episode start, and
+``active`` marks the agents that act.
 """
 
 from __future__ import annotations
@@ -81,11 +86,16 @@ class ObsConnector(abc.ABC):
         flags = jax.numpy.zeros(num_envs, bool)
         return jax.vmap(lambda x: self(state, x, flags, flags)[0])(next_obs)
 
-    def end_sample(self, state: ConnectorState, inputs: Any = None) -> ConnectorState:
+    def end_sample(
+        self, state: ConnectorState, inputs: Any = None, valid: jax.Array | None = None
+    ) -> ConnectorState:
         """Called once at the end of each sample (jitted), after :meth:`follow`: e.g.
         folds the sample into the statistics the next sample uses. ``inputs`` is the
         ``[T, B, ...]`` observations this connector received during the sample when it
-        is the first connector (``Trajectory.obs``), else None."""
+        is the first connector (``Trajectory.obs``), else None. ``valid`` (``[T, B]``
+        bool, or None for all) marks the rows of ``inputs`` to take in: for an agent
+        group (rows ``B * A_g``), the slots that hold an agent's transition, never the
+        padding of absent or waiting agents."""
         return state
 
 
@@ -114,7 +124,10 @@ class RewardConnector(abc.ABC):
         valid: jax.Array,
     ) -> tuple[jax.Array, ConnectorState]:
         """``[T, B]`` raw rewards and flags -> ``[T, B]`` transformed rewards and the new
-        state (``per_env`` is the full ``[B, ...]`` here)."""
+        state (``per_env`` is the full ``[B, ...]`` here). ``valid`` marks the slots that
+        hold a transition; an invalid slot does not end an episode by itself (an agent
+        of a group waiting for its turn goes on after it): where an episode was cut
+        there (a failed sub-env), the slot is flagged ``truncated``."""
 
 
 __all__ = ["ActionConnector", "ConnectorState", "ObsConnector", "RewardConnector"]

@@ -1,9 +1,16 @@
 """The built-in connectors: observation normalization, frame stacking, reward scaling and
-action rescaling. Each is a small frozen dataclass: copy one to write your own."""
+action rescaling. Each is a small frozen dataclass: copy one to write your own.
+
+Structured observations (``Dict`` and ``Tuple`` spaces, nested freely) are handled leaf
+by leaf: :class:`NormalizeObservation` keeps statistics per ``Box`` leaf and passes other
+leaves (``Discrete``, ``MultiBinary``, ``MultiDiscrete``) through unchanged;
+:class:`FrameStack` stacks every leaf.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
@@ -20,14 +27,38 @@ from jaxrunner.connectors.base import (
 from jaxrunner.connectors.moments import Moments, RunningMoments
 from jaxrunner.errors import InvalidArgumentError
 
+_LEAVES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
 
-def _box_shape(who: str, space: spaces.Space) -> tuple[int, ...]:
-    if not isinstance(space, spaces.Box):
+
+def _map_space(who: str, space: spaces.Space, fn: Callable[[spaces.Space], Any]) -> Any:
+    """``fn`` applied to each leaf space of ``space``, in the shape of its observations
+    (``Dict`` -> dict, ``Tuple`` -> tuple)."""
+    if isinstance(space, spaces.Dict):
+        return {key: _map_space(who, sub, fn) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(_map_space(who, sub, fn) for sub in space.spaces)
+    if not isinstance(space, _LEAVES):
         raise InvalidArgumentError(
-            f"{who}: expected a Box observation space, got {space!r}. Apply it to a Box "
-            "(e.g. after a gymnasium FlattenObservation wrapper on the env)."
+            f"{who}: expected a Box, Discrete, MultiBinary or MultiDiscrete observation space "
+            f"(or a Dict/Tuple of them), got {space!r}. Flatten it with a gymnasium "
+            "observation wrapper first."
         )
-    return tuple(space.shape)
+    return fn(space)
+
+
+def _rebuild(space: spaces.Space, leaves: Any) -> spaces.Space:
+    """A space of ``space``'s structure with the leaf spaces ``leaves`` (a
+    :func:`_map_space` result)."""
+    if isinstance(space, spaces.Dict):
+        return spaces.Dict({key: _rebuild(sub, leaves[key]) for key, sub in space.spaces.items()})
+    if isinstance(space, spaces.Tuple):
+        return spaces.Tuple(tuple(_rebuild(sub, leaf) for sub, leaf in zip(space.spaces, leaves)))
+    return leaves
+
+
+def _is_stats(x: object) -> bool:
+    """A leaf of NormalizeObservation's shared state: statistics, or None (not a Box)."""
+    return x is None or isinstance(x, RunningMoments)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -36,12 +67,19 @@ class NormalizeObservation(ObsConnector):
 
     The statistics a sample uses are fixed for the whole sample; at its end, the
     moments of every observation of the sample (``Trajectory.obs``, the ones the
-    policy acted on) are merged into them for the next sample (Chan et al.'s parallel
-    variance). So the compiled step only normalizes, outputs never depend on how envs
-    are grouped or batched, and the statistics equal the mean and (population)
-    variance of every observation seen so far. Before any sample has ended they are
-    mean 0, variance 1. It must be the first observation connector (its statistics
-    are those of the env's observations).
+    policy acted on; for an agent group, its valid slots only) are merged into them
+    for the next sample (Chan et al.'s parallel variance). So the compiled step only
+    normalizes, outputs never depend on how envs are grouped or batched, and the
+    statistics equal the mean and (population) variance of every observation seen so
+    far. Before any sample has ended they are mean 0, variance 1. It must be the first
+    observation connector (its statistics are those of the env's observations).
+
+    ``Dict`` and ``Tuple`` observations: each ``Box`` leaf has statistics of its own
+    (``shared`` is then a dict/tuple of the observation's structure, with a
+    :class:`RunningMoments` per ``Box`` leaf and None elsewhere) and is normalized to a
+    float32 Box; ``Discrete``, ``MultiBinary`` and ``MultiDiscrete`` leaves pass through
+    with their values unchanged (as JAX arrays: 64-bit integers come back int32 unless
+    ``jax_enable_x64``). A space without any ``Box`` leaf is refused.
     """
 
     clip: float | None = 10.0
@@ -54,13 +92,27 @@ class NormalizeObservation(ObsConnector):
     first_only: ClassVar[bool] = True
 
     def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorState:
-        return ConnectorState(
-            shared=RunningMoments.zeros(_box_shape("NormalizeObservation", obs_space))
-        )
+        def stats(leaf: spaces.Space) -> RunningMoments | None:
+            return RunningMoments.zeros(leaf.shape) if isinstance(leaf, spaces.Box) else None
+
+        shared = _map_space("NormalizeObservation", obs_space, stats)
+        if all(x is None for x in jax.tree.leaves(shared, is_leaf=_is_stats)):
+            raise InvalidArgumentError(
+                f"NormalizeObservation: expected a Box observation space, or a Dict/Tuple with "
+                f"at least one Box leaf, got {obs_space!r} (nothing to normalize). Drop the "
+                "connector, or apply it to an env with Box observations."
+            )
+        return ConnectorState(shared=shared)
 
     def observation_space(self, space: spaces.Space) -> spaces.Space:
         bound = np.inf if self.clip is None else self.clip
-        return spaces.Box(-bound, bound, _box_shape("NormalizeObservation", space), np.float32)
+
+        def out(leaf: spaces.Space) -> spaces.Space:
+            if not isinstance(leaf, spaces.Box):
+                return leaf
+            return spaces.Box(-bound, bound, leaf.shape, np.float32)
+
+        return _rebuild(space, _map_space("NormalizeObservation", space, out))
 
     def normalize(self, stats: Moments, obs: jax.Array) -> jax.Array:
         """``obs`` normalized with ``stats`` (any leading axes)."""
@@ -69,27 +121,65 @@ class NormalizeObservation(ObsConnector):
         out = (jnp.asarray(obs, jnp.float32) - stats.mean) * scale
         return out if self.clip is None else jnp.clip(out, -self.clip, self.clip)
 
+    def _apply(self, shared: Any, obs: Any) -> Any:
+        """``obs`` (any leading axes) with each Box leaf normalized, the rest as it is."""
+
+        def one(running: RunningMoments | None, leaf: Any) -> Any:
+            return leaf if running is None else self.normalize(running.stats, leaf)
+
+        return jax.tree.map(one, shared, obs, is_leaf=_is_stats)
+
     def __call__(
         self, state: ConnectorState, obs: Any, episode_start: jax.Array, active: jax.Array
     ) -> tuple[Any, ConnectorState]:
-        return self.normalize(state.shared.stats, obs), state
+        return self._apply(state.shared, obs), state
 
     def follow(self, state: ConnectorState, seen: Any, next_obs: Any) -> Any:
-        return self.normalize(state.shared.stats, next_obs)
+        return self._apply(state.shared, next_obs)
 
-    def end_sample(self, state: ConnectorState, inputs: Any = None) -> ConnectorState:
+    def end_sample(
+        self, state: ConnectorState, inputs: Any = None, valid: jax.Array | None = None
+    ) -> ConnectorState:
         if self.frozen:
             return state
-        obs = jnp.asarray(inputs, jnp.float32)
-        batch = Moments.of(obs.reshape(-1, *obs.shape[2:]))
-        return state.replace(shared=state.shared.add(batch))
+        mask = None if valid is None else valid.reshape(-1)
+
+        def one(running: RunningMoments | None, leaf: Any) -> RunningMoments | None:
+            if running is None:
+                return None
+            x = jnp.asarray(leaf, jnp.float32)
+            return running.add(Moments.of(x.reshape(-1, *x.shape[2:]), mask))
+
+        return state.replace(shared=jax.tree.map(one, state.shared, inputs, is_leaf=_is_stats))
+
+
+def _stacked_space(leaf: spaces.Space, k: int) -> spaces.Box:
+    """The space of ``k`` stacked observations of a leaf space (a Box of its bounds)."""
+    if isinstance(leaf, spaces.Box):
+        low, high = leaf.low, leaf.high
+    elif isinstance(leaf, spaces.Discrete):
+        low, high = np.asarray(leaf.start), np.asarray(leaf.start + leaf.n - 1)
+    elif isinstance(leaf, spaces.MultiDiscrete):
+        low, high = np.asarray(leaf.start), np.asarray(leaf.start + leaf.nvec - 1)
+    else:  # MultiBinary
+        low, high = np.zeros(leaf.shape), np.ones(leaf.shape)
+    low = np.broadcast_to(np.asarray(low, leaf.dtype), leaf.shape)
+    high = np.broadcast_to(np.asarray(high, leaf.dtype), leaf.shape)
+    return spaces.Box(np.repeat(low[None], k, 0), np.repeat(high[None], k, 0), dtype=leaf.dtype)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class FrameStack(ObsConnector):
     """The last ``num_frames`` observations of each env, oldest first: ``[k, *shape]``.
     At an episode start the stack is filled with the first observation (never frames of
-    the previous episode, never another env's)."""
+    the previous episode, never another env's; for an agent group, never another
+    agent's).
+
+    ``Dict`` and ``Tuple`` observations are stacked leaf by leaf (each leaf
+    ``[k, *shape]``); a ``Discrete``, ``MultiBinary`` or ``MultiDiscrete`` leaf becomes a
+    ``Box`` of its bounds and dtype (``k`` values of a ``Discrete``: ``Box`` of shape
+    ``(k,)``).
+    """
 
     num_frames: int = 4
 
@@ -104,26 +194,27 @@ class FrameStack(ObsConnector):
             )
 
     def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorState:
-        shape = _box_shape("FrameStack", obs_space)
-        dtype = jax.dtypes.canonicalize_dtype(obs_space.dtype)  # int64 -> int32 without x64
-        stack = jnp.zeros((num_envs, self.num_frames, *shape), dtype)
-        return ConnectorState(per_env=stack)
+        def zeros(leaf: spaces.Space) -> jax.Array:
+            dtype = jax.dtypes.canonicalize_dtype(leaf.dtype)  # int64 -> int32 without x64
+            return jnp.zeros((num_envs, self.num_frames, *leaf.shape), dtype)
+
+        return ConnectorState(per_env=_map_space("FrameStack", obs_space, zeros))
 
     def observation_space(self, space: spaces.Space) -> spaces.Space:
-        _box_shape("FrameStack", space)
         k = self.num_frames
-        return spaces.Box(
-            np.repeat(space.low[None], k, 0), np.repeat(space.high[None], k, 0), dtype=space.dtype
-        )
+        return _rebuild(space, _map_space("FrameStack", space, lambda s: _stacked_space(s, k)))
 
     def __call__(
         self, state: ConnectorState, obs: Any, episode_start: jax.Array, active: jax.Array
     ) -> tuple[Any, ConnectorState]:
-        obs = jnp.asarray(obs)
-        rolled = jnp.concatenate([state.per_env[:, 1:], obs[:, None]], axis=1)
-        filled = jnp.broadcast_to(obs[:, None], rolled.shape)
-        start = episode_start.reshape(-1, *([1] * (rolled.ndim - 1)))
-        stack = jnp.where(start, filled, rolled)
+        def one(old: jax.Array, leaf: Any) -> jax.Array:
+            leaf = jnp.asarray(leaf, old.dtype)
+            rolled = jnp.concatenate([old[:, 1:], leaf[:, None]], axis=1)
+            filled = jnp.broadcast_to(leaf[:, None], rolled.shape)
+            start = episode_start.reshape(-1, *([1] * (rolled.ndim - 1)))
+            return jnp.where(start, filled, rolled)
+
+        stack = jax.tree.map(one, state.per_env, obs)
         return stack, state.replace(per_env=stack)
 
     def follow(self, state: ConnectorState, seen: Any, next_obs: Any) -> Any:
@@ -132,16 +223,23 @@ class FrameStack(ObsConnector):
                 "FrameStack.follow: the stack of the next observation needs the stack the "
                 "policy saw; put FrameStack last in Connectors(obs=...)."
             )
-        return jnp.concatenate([seen[:, :, 1:], jnp.asarray(next_obs)[:, :, None]], axis=2)
+
+        def one(stack: jax.Array, leaf: Any) -> jax.Array:
+            leaf = jnp.asarray(leaf, stack.dtype)
+            return jnp.concatenate([stack[:, :, 1:], leaf[:, :, None]], axis=2)
+
+        return jax.tree.map(one, seen, next_obs)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ScaleReward(RewardConnector):
     """Rewards divided by a running estimate of the std of the discounted return, as
-    gymnasium's ``NormalizeReward``: per env ``ret = gamma * ret + reward`` (reset after
-    an episode ends or an invalid slot), the statistics take in each step's returns of
-    every valid env, then ``reward / sqrt(var + epsilon)``. The raw rewards stay in
-    ``Trajectory.reward``; the scaled ones go to ``extras["scaled_reward"]``."""
+    gymnasium's ``NormalizeReward``: per env (per agent slot in a group) ``ret = gamma *
+    ret + reward`` at each valid slot (an invalid slot, e.g. an agent waiting for its
+    turn, leaves it as it is), reset where an episode ended; the statistics take in each
+    step's returns of every valid slot, then ``reward / sqrt(var + epsilon)`` (0 at
+    invalid slots). The raw rewards stay in ``Trajectory.reward``; the scaled ones go to
+    ``extras["scaled_reward"]``."""
 
     gamma: float = 0.99
     epsilon: float = 1e-8
@@ -167,13 +265,13 @@ class ScaleReward(RewardConnector):
             ret, shared = carry
             r, term, trunc, ok = xs
             r = jnp.where(ok, r.astype(jnp.float32), 0.0)
-            ret = jnp.where(ok, self.gamma * ret + r, 0.0)
+            ret = jnp.where(ok, self.gamma * ret + r, ret)
             if not self.frozen:
                 shared = shared.add(Moments.of(ret, ok))
             scaled = r / jnp.sqrt(shared.stats.var + self.epsilon)
             if self.clip is not None:
                 scaled = jnp.clip(scaled, -self.clip, self.clip)
-            ret = jnp.where(term | trunc | ~ok, 0.0, ret)
+            ret = jnp.where(term | trunc, 0.0, ret)
             return (ret, shared), scaled
 
         (ret, shared), scaled = jax.lax.scan(

@@ -18,6 +18,7 @@ log-probs, ``policy.value(params, extras["policy_next_obs"])`` gives ``jr.gae`` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -138,10 +139,20 @@ class Connectors:
         terminated: jax.Array,
         truncated: jax.Array,
         valid: jax.Array,
+        *,
+        gaps: bool = False,
     ) -> tuple[dict[str, Any], ConnectorsState]:
         """The per-sample part (pure; ``[T, B]`` inputs: the env's observations, what the
         policy saw, the next observations, rewards and flags): the extras to add to the
-        Trajectory and the state for the next sample."""
+        Trajectory and the state for the next sample.
+
+        ``valid`` marks the slots holding a transition. Without ``gaps`` (one env per
+        row) an invalid slot is a failed step that cut its episode: the reward
+        connector sees it truncated, and the statistics take in every observation the
+        policy acted on. With ``gaps`` (agent slots, :func:`finish_group_sample`) an
+        invalid slot is an agent that completed no transition there (waiting, absent,
+        gone): its episode goes on across it, and the statistics take in valid slots
+        only."""
         extras: dict[str, Any] = {}
         if self.obs:
             x = next_obs
@@ -151,13 +162,45 @@ class Connectors:
             extras[POLICY_NEXT_OBS] = x
         reward_state = state.reward
         if self.reward is not None:
-            scaled, reward_state = self.reward(state.reward, reward, terminated, truncated, valid)
+            cut = truncated if gaps else truncated | ~valid
+            scaled, reward_state = self.reward(state.reward, reward, terminated, cut, valid)
             extras[SCALED_REWARD] = scaled
+        mask = valid if gaps else None
         obs_states = tuple(
-            c.end_sample(s, obs if i == 0 else None)
+            c.end_sample(s, obs if i == 0 else None, mask)
             for i, (c, s) in enumerate(zip(self.obs, state.obs))
         )
         return extras, ConnectorsState(obs_states, reward_state)
+
+
+def finish_group_sample(
+    connectors: Connectors,
+    state: ConnectorsState,
+    obs: Any,
+    policy_obs: Any,
+    next_obs: Any,
+    reward: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    valid: jax.Array,
+) -> tuple[dict[str, Any], ConnectorsState]:
+    """:meth:`Connectors.finish_sample` for one agent group's ``[T, B, A_g, ...]`` arrays
+    (pure): its agent slots are the rows (``[T, B * A_g, ...]``, the rows of the group's
+    compiled step), invalid slots are gaps; the extras come back ``[T, B, A_g, ...]``,
+    zero at invalid slots (as every field of a group's invalid slot)."""
+    t, b, a = valid.shape
+
+    def rows(x: Any) -> jax.Array:
+        return jnp.reshape(x, (t, b * a, *jnp.shape(x)[3:]))
+
+    inputs = jax.tree.map(rows, (obs, policy_obs, next_obs, reward, terminated, truncated, valid))
+    extras, state = connectors.finish_sample(state, *inputs, gaps=True)
+
+    def back(x: jax.Array) -> jax.Array:
+        x = x.reshape(t, b, a, *x.shape[2:])
+        return jnp.where(valid.reshape(t, b, a, *([1] * (x.ndim - 3))), x, jnp.zeros((), x.dtype))
+
+    return jax.tree.map(back, extras), state
 
 
 def take_rows(state: ConnectorsState, index: jax.Array) -> ConnectorsState:
@@ -272,11 +315,21 @@ class StatePacking:
 
 class SampleEnd:
     """:meth:`Connectors.finish_sample` for a host sampler's numpy ``[T, B]`` buffers
-    and packed state: compiled once, one transfer each way per sample."""
+    (with ``agent_axis``: an agent group's ``[T, B, A_g]`` buffers, by
+    :func:`finish_group_sample`) and packed state: compiled once, one transfer each way
+    per sample."""
 
-    def __init__(self, connectors: Connectors, packing: StatePacking) -> None:
+    def __init__(
+        self, connectors: Connectors, packing: StatePacking, *, agent_axis: bool = False
+    ) -> None:
+        finish_arrays = (
+            functools.partial(finish_group_sample, connectors)
+            if agent_axis
+            else connectors.finish_sample
+        )
+
         def finish(flat: Any, *inputs: Any) -> tuple[dict[str, Any], Any]:
-            extras, state = connectors.finish_sample(packing.unpack(flat), *inputs)
+            extras, state = finish_arrays(packing.unpack(flat), *inputs)
             return extras, packing.pack(state)
 
         self._connectors = connectors
@@ -311,6 +364,7 @@ __all__ = [
     "SampleEnd",
     "StatePacking",
     "device_copy",
+    "finish_group_sample",
     "keep_active",
     "put_rows",
     "take_rows",

@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxrunner.envs.base import VectorEnv
 from jaxrunner.envs.gymnasium_adapter import GymnasiumVectorEnv, _gymnasium_seed
-from jaxrunner.envs.vector_infos import SplitInfos, split_info
+from jaxrunner.envs.vector_infos import SplitInfos
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -57,7 +57,7 @@ def reset_envpool(
     ids = np.flatnonzero(mask).astype(np.int32)
     obs, info = env.reset(ids)
     _check_order(info, ids)
-    return obs, [split_info(info, j) for j in range(len(ids))]
+    return obs, SplitInfos(info, len(ids))  # split on access: most steps never read them
 
 
 def _check_order(info: dict[str, Any], ids: np.ndarray) -> None:

@@ -38,13 +38,7 @@ from gymnasium.vector.utils import batch_space
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, InProcessVectorEnv
 from jaxrunner.envs.masked_reset import MaskedReset, masked_reset_for
-from jaxrunner.envs.vector_infos import (
-    EMPTY_RESET_INFOS,
-    FINAL_KEYS,
-    ResetInfos,
-    SplitInfos,
-    split_info,
-)
+from jaxrunner.envs.vector_infos import EMPTY_RESET_INFOS, ResetInfos, SplitInfos, same_step_infos
 from jaxrunner.errors import (
     EnvError,
     InvalidArgumentError,
@@ -209,10 +203,10 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
     def _same_step_finals(
         self, merged: Mapping[str, Any], done: np.ndarray
     ) -> tuple[SplitInfos, ResetInfos]:
-        """SAME_STEP: ``obs`` already holds the reset observations; the final ones (and
-        the final step infos) are in ``info["final_obs"]``/``info["final_info"]``."""
+        """SAME_STEP: ``obs`` already holds the reset observations; the final ones are in
+        ``info["final_obs"]`` (the final step infos: :func:`.vector_infos.same_step_infos`)."""
         indices = np.flatnonzero(done).tolist()
-        final_obs, final_info = merged.get("final_obs"), merged.get("final_info")
+        final_obs = merged.get("final_obs")
         if not isinstance(final_obs, np.ndarray) or final_obs.shape != (self.num_envs,):
             raise InvalidStepError(
                 f"{type(self.env).__name__} (SAME_STEP) ended episodes in sub-envs {indices} "
@@ -221,13 +215,7 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
             )
         for i in indices:
             self._write_next_obs(i, final_obs[i])
-        # gymnasium merges the final infos like any nested info dict (key/_key arrays).
-        finals: dict[int, dict[str, Any]] = {}
-        if isinstance(final_info, Mapping):
-            finals = {i: split_info(final_info, i) for i in indices}
-        reset_side = SplitInfos(merged, self.num_envs, skip=FINAL_KEYS)
-        step_side = SplitInfos(merged, self.num_envs, skip=FINAL_KEYS, override=finals)
-        return step_side, ResetInfos(indices, reset_side.__getitem__)
+        return same_step_infos(merged, self.num_envs, indices)
 
     # -- validation ---------------------------------------------------------------------------
 

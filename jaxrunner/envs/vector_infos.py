@@ -135,3 +135,30 @@ class ResetInfos(Mapping[int, dict[str, Any]]):
 
 
 EMPTY_RESET_INFOS: Mapping[int, dict[str, Any]] = ResetInfos((), dict)
+
+
+def same_step_infos(
+    merged: Mapping[str, Any], num_envs: int, ended: Sequence[int]
+) -> tuple[SplitInfos, ResetInfos]:
+    """The step-side and reset-side infos of one call of a SAME_STEP vector env.
+
+    Where episodes end, such an env resets in the same call: the merged info is the
+    reset's, and the ended steps' own infos are in ``merged["final_info"]``.
+
+    Args:
+        merged: the call's merged info.
+        num_envs: the number of sub-envs.
+        ended: the sub-envs whose episodes ended, in index order.
+
+    Returns:
+        The per-env step infos (an ended sub-env's from ``final_info`` where the env
+        gave one) and the ended sub-envs' reset infos; neither holds :data:`FINAL_KEYS`.
+    """
+    final_info = merged.get("final_info")
+    # gymnasium merges the final infos like any nested info dict (key/_key arrays).
+    finals: dict[int, dict[str, Any]] = {}
+    if isinstance(final_info, Mapping):
+        finals = {i: split_info(final_info, i) for i in ended}
+    reset_side = SplitInfos(merged, num_envs, skip=FINAL_KEYS)
+    step_side = SplitInfos(merged, num_envs, skip=FINAL_KEYS, override=finals)
+    return step_side, ResetInfos(ended, reset_side.__getitem__)

@@ -26,8 +26,8 @@ dropped and counted in ``num_dropped_steps``.
 Modules: :mod:`.env` (the :class:`ExternalEnv` facade), :mod:`.checks` (argument
 checks), :mod:`.episodes` (live records and episode ids), :mod:`.delivery` (policy
 requests, from submission to the recorded step), :mod:`.memory` (the byte budget),
-:mod:`.output` (finished episodes until polled), :mod:`.metrics`, :mod:`.reaper`,
-:mod:`.run_thread`, :mod:`.config`.
+:mod:`.endings` (ending episodes), :mod:`.output` (finished episodes until polled),
+:mod:`.metrics`, :mod:`.reaper`, :mod:`.run_thread`, :mod:`.config`.
 """
 
 from jaxrunner.external.config import ExternalEnvConfig

@@ -2,9 +2,9 @@
 
 The parts live next to it: :mod:`.checks` (argument checks), :mod:`.episodes` (live
 records, ids), :mod:`.delivery` (policy requests, from submission to the recorded
-step), :mod:`.memory` (the byte budget), :mod:`.output` (finished episodes),
-:mod:`.reaper` (abandoned episodes), :mod:`.config`, and :mod:`jaxrunner.batching`
-(policy calls).
+step), :mod:`.memory` (the byte budget), :mod:`.endings` (ending episodes),
+:mod:`.output` (finished episodes), :mod:`.reaper` (abandoned episodes),
+:mod:`.config`, and :mod:`jaxrunner.batching` (policy calls).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from jaxrunner.errors import ClosedError, EpisodeConflictError, InvalidArgumentE
 from jaxrunner.external import checks
 from jaxrunner.external.config import ExternalEnvConfig
 from jaxrunner.external.delivery import ActionDelivery
+from jaxrunner.external.endings import EpisodeEndings
 from jaxrunner.external.episodes import EpisodeTable, LiveEpisode
 from jaxrunner.external.memory import MemoryBudget, step_nbytes
 from jaxrunner.external.metrics import external_metrics
@@ -102,6 +103,15 @@ class ExternalEnv:
             self._memory,
             self._counts,
             config.action_timeout_s,
+        )
+        self._endings = EpisodeEndings(
+            self._episodes,
+            self._memory,
+            self._counts,
+            self._stats,
+            observation_space,
+            action_space,
+            self._emit,
         )
         self._reaper = (
             None
@@ -194,7 +204,7 @@ class ExternalEnv:
         with self._lock:
             live = self._get_live(episode_id, "end_episode")
             live.close_at(obs)
-            self._finish(live, terminated=not truncated, truncated=bool(truncated))
+            self._endings.finish(live, terminated=not truncated, truncated=bool(truncated))
 
     def log_steps(
         self,
@@ -365,23 +375,6 @@ class ExternalEnv:
         Returns whether anything was taken back."""
         return self._delivery.retract(episode_id, future)
 
-    def _finish(self, live: LiveEpisode, terminated: bool, truncated: bool) -> None:
-        """Ends ``live`` (caller holds the lock): counts it and outputs it."""
-        self._episodes.remove(live)
-        self._memory.live -= live.nbytes
-        length = live.num_actions
-        self._counts["num_env_steps"] += length
-        self._stats.add(np.array([sum(live.rewards)], np.float64), np.array([length]))
-        episode = None
-        if length:
-            episode = live.to_episode(
-                self.observation_space,
-                self.action_space,
-                terminated=terminated,
-                truncated=truncated,
-            )
-        self._emit(live, episode)
-
     def _emit(self, live: LiveEpisode, episode: Episode | None) -> None:
         """Outputs an ended episode (caller holds the lock); ``None`` if it had no step.
         Training episodes go to :meth:`poll_episodes`; others only count. The policy
@@ -396,12 +389,7 @@ class ExternalEnv:
         clock) as truncated at its last observation, dropping its step in wait of an
         outcome; returns how many. Runs by itself every so often (the reaper)."""
         with self._lock:
-            stale = self._episodes.idle_since(idle_since)
-            for live in stale:
-                self._counts["num_dropped_steps"] += live.abandon(self.observation_space)
-                self._counts["num_abandoned_episodes"] += 1
-                self._finish(live, terminated=False, truncated=True)
-            return len(stale)
+            return self._endings.reap(idle_since)
 
 
 __all__ = ["ExternalEnv"]

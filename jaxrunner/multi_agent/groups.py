@@ -38,6 +38,24 @@ class AgentGroup:
         return len(self.agents)
 
 
+class GroupedAgents:
+    """What a multi-agent env's groups say about it (its policy ids and agents), shared
+    by every multi-agent vector env."""
+
+    groups: tuple[AgentGroup, ...]
+    """The agent groups, one per policy id."""
+
+    @property
+    def policy_ids(self) -> tuple[str, ...]:
+        """The groups' policy ids, in group order."""
+        return tuple(g.policy_id for g in self.groups)
+
+    @property
+    def possible_agents(self) -> tuple[str, ...]:
+        """Every agent id, group by group, in agent-axis order."""
+        return tuple(a for g in self.groups for a in g.agents)
+
+
 def default_policy_mapping(
     possible_agents: Sequence[str],
     observation_space: Callable[[str], spaces.Space],

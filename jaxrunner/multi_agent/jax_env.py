@@ -19,7 +19,12 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
-from jaxrunner.multi_agent.groups import AgentGroup, PolicyMappingFn, build_groups
+from jaxrunner.multi_agent.groups import (
+    AgentGroup,
+    GroupedAgents,
+    PolicyMappingFn,
+    build_groups,
+)
 
 
 def to_gymnasium_space(space: Any) -> spaces.Space:
@@ -40,7 +45,7 @@ def to_gymnasium_space(space: Any) -> spaces.Space:
     )
 
 
-class JaxMultiAgentVectorEnv:
+class JaxMultiAgentVectorEnv(GroupedAgents):
     """``num_envs`` copies of a pure-JAX multi-agent env (see the module docstring),
     sampled by :class:`~jaxrunner.MultiAgentRunner` as one jitted ``lax.scan``.
 
@@ -82,14 +87,6 @@ class JaxMultiAgentVectorEnv:
             lambda a: to_gymnasium_space(env.action_space(a)),
             policy_mapping_fn,
         )
-
-    @property
-    def policy_ids(self) -> tuple[str, ...]:
-        return tuple(g.policy_id for g in self.groups)
-
-    @property
-    def possible_agents(self) -> tuple[str, ...]:
-        return tuple(a for g in self.groups for a in g.agents)
 
     def close(self) -> None:
         """Nothing to release (kept for the runner's ``stop``)."""

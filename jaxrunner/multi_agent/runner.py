@@ -8,11 +8,17 @@ from typing import Any
 
 import jax
 
+from jaxrunner.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
 )
 from jaxrunner.metrics import MetricsConfig
+from jaxrunner.multi_agent.connectors import (
+    GroupConnectors,
+    check_state_like,
+    per_policy_connectors,
+)
 from jaxrunner.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner.multi_agent.metrics import MultiAgentMetrics
 from jaxrunner.multi_agent.trajectory import (
@@ -24,7 +30,7 @@ from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.sampling.multi_agent import MultiAgentSampler, MultiAgentSetup
 from jaxrunner.sampling.multi_agent_scan import MultiAgentScanSampler
-from jaxrunner.sampling.ownership import EnvOwner
+from jaxrunner.sampling.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
 
 
 class MultiAgentRunner(EnvOwner):
@@ -43,6 +49,12 @@ class MultiAgentRunner(EnvOwner):
         seed: seeds the policies' keys and the envs (sub-env ``i`` is reset with
             ``seed + i``).
         metrics: optional :class:`~jaxrunner.MetricsConfig`.
+        connectors: optional :class:`~jaxrunner.connectors.Connectors` for every group
+            (each group keeps its own state), or a dict ``policy_id -> Connectors``
+            (ids left out run without); run on device inside each group's compiled
+            policy step, with agent slots as rows (see
+            :mod:`jaxrunner.multi_agent.connectors`). Initialise a group's policy on
+            ``connectors.observation_space(group.observation_space)``.
     """
 
     def __init__(
@@ -54,6 +66,7 @@ class MultiAgentRunner(EnvOwner):
         seed: int,
         *,
         metrics: MetricsConfig | None = None,
+        connectors: GroupConnectors | None = None,
     ) -> None:
         if not isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
             raise InvalidArgumentTypeError(
@@ -74,11 +87,9 @@ class MultiAgentRunner(EnvOwner):
             pid: jax.device_put(p)
             for pid, p in _per_policy("params", params, ids, single=single).items()
         }
-        for name, value, low in (("rollout_length", rollout_length, 1), ("seed", seed, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidArgumentError(
-                    f"MultiAgentRunner({name}=...): expected an int >= {low}, got {value!r}."
-                )
+        check_rollout_arguments("MultiAgentRunner", rollout_length, seed)
+        self.connectors: dict[str, Connectors] = per_policy_connectors(connectors, envs.groups)
+        """Policy id -> the connectors of its group (groups with connectors only)."""
         self._claim(envs)  # one live runner per vector env
         self.envs, self.rollout_length, self.seed = envs, rollout_length, seed
         self._closed = False
@@ -89,7 +100,12 @@ class MultiAgentRunner(EnvOwner):
         self._finished: list[AgentEpisode] = []
         try:
             setup = MultiAgentSetup(
-                self._policies, self._params, rollout_length, seed, self._metrics
+                self._policies,
+                self._params,
+                rollout_length,
+                seed,
+                self._metrics,
+                connectors=self.connectors,
             )
             self.sampler: MultiAgentSampler | MultiAgentScanSampler
             if isinstance(envs, JaxMultiAgentVectorEnv):  # one jitted scan per sample
@@ -113,10 +129,7 @@ class MultiAgentRunner(EnvOwner):
     def sample_episodes(self, num_episodes: int) -> list[AgentEpisode]:
         """Samples until ``num_episodes`` complete agent episodes are available; returns
         them ordered by (env episode id, agent). Extra ones are kept for the next call."""
-        if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
-            raise InvalidArgumentError(
-                f"sample_episodes(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
-            )
+        check_num_episodes(num_episodes)
         order = {a: k for k, a in enumerate(self.envs.possible_agents)}
         while len(self._finished) < num_episodes:
             complete = []
@@ -148,11 +161,44 @@ class MultiAgentRunner(EnvOwner):
     def get_params(self, policy_id: str) -> Params:
         return self._params[policy_id]
 
+    def get_connector_state(self) -> dict[str, ConnectorsState]:
+        """``policy_id -> `` the state of its group's connectors, as host copies: the
+        statistics the next ``sample()`` uses (those the last one used are already
+        folded in; each group's trajectory keeps what its policy saw,
+        ``extras["policy_obs"]``)."""
+        self._check_connectors("get_connector_state")
+        return {pid: self.sampler.get_connector_state(pid) for pid in self.connectors}
+
+    def set_connector_state(self, state: Mapping[str, ConnectorsState]) -> None:
+        """Replaces the connectors' state of the policy ids in ``state`` (a dict shaped
+        as :meth:`get_connector_state`'s, or part of it), e.g. the statistics of a
+        training runner in an evaluation runner; never recompiles."""
+        self._check_connectors("set_connector_state")
+        if not isinstance(state, Mapping) or not set(state) <= set(self.connectors):
+            got = sorted(state, key=str) if isinstance(state, Mapping) else type(state).__name__
+            raise InvalidArgumentError(
+                "MultiAgentRunner.set_connector_state(state): expected a dict keyed by policy "
+                f"ids with connectors ({list(self.connectors)}), got {got}. Start from "
+                "runner.get_connector_state()."
+            )
+        for pid, value in state.items():
+            check_state_like(pid, self.sampler.get_connector_state(pid), value)
+        for pid, value in state.items():
+            self.sampler.set_connector_state(pid, value)
+
     def get_metrics(self) -> dict[str, Any]:
         """Env steps and agent steps (counted apart), env episodes (returns summed
         over agents), and ``policies``/``agents``: per-policy and per-agent agent steps
         and agent-episode statistics."""
         return self._metrics.summary()
+
+    def _check_connectors(self, what: str) -> None:
+        if not self.connectors:
+            raise InvalidArgumentError(
+                f"MultiAgentRunner.{what}(): this runner has no connectors; pass "
+                "MultiAgentRunner(..., connectors=jaxrunner.connectors.Connectors(...)) (or a "
+                "dict policy_id -> Connectors)."
+            )
 
 
 def _per_policy(name: str, value: Any, ids: tuple[str, ...], *, single: bool) -> dict[str, Any]:

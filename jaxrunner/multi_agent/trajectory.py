@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.trajectory import EpisodeSpan
+from jaxrunner.trajectory import EpisodeSpan, cut_steps, join_steps
 
 
 @flax.struct.dataclass
@@ -167,15 +167,9 @@ def concatenate_agent_episodes(head: AgentEpisode, tail: AgentEpisode) -> AgentE
             f"{(tail.agent_id, tail.env_id, tail.episode_id)}."
         )
 
-    def cat(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return np.concatenate([x, y])
-
     return tail.replace(
-        obs=jax.tree.map(lambda x, y: cat(x[:-1], y), head.obs, tail.obs),
-        action=jax.tree.map(cat, head.action, tail.action),
-        reward=cat(head.reward, tail.reward),
-        extras=jax.tree.map(cat, head.extras, tail.extras),
-        env_step=cat(head.env_step, tail.env_step),
+        **join_steps(head, tail),
+        env_step=np.concatenate([head.env_step, tail.env_step]),
         start_step=head.start_step,
     )
 
@@ -185,20 +179,8 @@ def _episode(
 ) -> AgentEpisode:
     group = host.groups[policy_id]
     last = rows[-1]
-
-    def pick(x: np.ndarray) -> np.ndarray:
-        return x[rows, b, a]
-
-    obs = jax.tree.map(
-        lambda o, n: np.concatenate([o[rows, b, a], n[last, b, a][None]]),
-        group.obs,
-        group.next_obs,
-    )
     return AgentEpisode(
-        obs=obs,
-        action=jax.tree.map(pick, group.action),
-        reward=pick(group.reward),
-        extras=jax.tree.map(pick, group.extras),
+        **cut_steps(group, (rows, b, a), (last, b, a)),
         env_step=host.step[rows, b],
         terminated=bool(group.terminated[last, b, a]),
         truncated=bool(group.truncated[last, b, a]),

@@ -23,29 +23,19 @@ from typing import Any
 
 from jaxrunner.errors import ClosedError, InvalidArgumentError
 from jaxrunner.multi_agent.buffers import MultiAgentStep
-from jaxrunner.multi_agent.groups import AgentGroup, PolicyMappingFn
+from jaxrunner.multi_agent.groups import GroupedAgents, PolicyMappingFn
 from jaxrunner.multi_agent.sub_envs import MultiAgentEnvFactory, SubEnvBlock, env_groups
 
 
-class MultiAgentVectorEnv(abc.ABC):
+class MultiAgentVectorEnv(GroupedAgents, abc.ABC):
     """Base of the multi-agent backends (see the module docstring)."""
 
     num_envs: int
-    groups: tuple[AgentGroup, ...]
-    """The agent groups, one per policy id."""
     turn_based: bool
     """AEC sub-envs: one agent acts per step."""
 
     def __init__(self) -> None:
         self._closed = False
-
-    @property
-    def policy_ids(self) -> tuple[str, ...]:
-        return tuple(g.policy_id for g in self.groups)
-
-    @property
-    def possible_agents(self) -> tuple[str, ...]:
-        return tuple(a for g in self.groups for a in g.agents)
 
     @abc.abstractmethod
     def reset_batch(

@@ -56,10 +56,12 @@ class EpisodeBook:
         steps = np.arange(t)[:, None]
         cols = np.arange(cut.shape[1])
         # The last step at which each env's episode ended: up to each step, and before it.
-        last_end = np.maximum.accumulate(np.where(cut, steps, -1), axis=0)
+        last_end = _accumulate_rows(np.maximum, np.where(cut, steps, -1))
         prev_end = np.concatenate([np.full((1, cut.shape[1]), -1), last_end[:-1]])
         started = prev_end >= 0  # the step's episode began in this sample
-        new_ids = self.next_episode_id - 1 + np.cumsum(cut.ravel()).reshape(cut.shape)
+        end_t, end_env = np.nonzero(cut)  # in (step, env) order: the order of new ids
+        new_ids = np.empty(cut.shape, np.int64)  # the id of the episode after each end
+        new_ids[end_t, end_env] = self.next_episode_id + np.arange(len(end_t))
         at_prev = np.maximum(prev_end, 0), cols
         episode_id, step = buf.episode_id[:t], buf.step[:t]
         episode_id[...] = np.where(started, new_ids[at_prev], self.episode_id)
@@ -67,9 +69,8 @@ class EpisodeBook:
             started, steps - prev_end - 1, self.steps_done + steps - self._episode_begin
         )
         # Each step's episode return so far, from running sums of the sample's rewards.
-        total = np.cumsum(buf.reward[:t], axis=0)
+        total = _accumulate_rows(np.add, buf.reward[:t])
         before = np.where(started, total[at_prev], -self._episode_return)
-        end_t, end_env = np.nonzero(cut)
         good = valid[end_t, end_env]  # faulty episodes stay out of the statistics
         num_failed = cut.size - int(np.count_nonzero(valid))
         counts = SampleCounts(
@@ -118,6 +119,17 @@ class EpisodeBook:
         self.next_episode_id += num_envs
         self._episode_begin = np.full(num_envs, self.steps_done, np.int64)
         self._episode_return = np.zeros(num_envs, np.float64)
+
+
+def _accumulate_rows(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
+    """``ufunc.accumulate(x, axis=0)``, row by row where rows are few: numpy's accumulate
+    along the outer axis of a wide array is ~40x slower (1.3 ms at 8 x 4096)."""
+    if x.shape[0] > 64:
+        return ufunc.accumulate(x, axis=0)
+    out = x.copy()
+    for i in range(1, len(out)):
+        ufunc(out[i - 1], out[i], out=out[i])
+    return out
 
 
 __all__ = ["EpisodeBook", "SampleCounts"]

@@ -8,6 +8,10 @@ written with its observation and extras to slot ``[t, b, a]`` of the step that
 completes its transition: in a parallel env that is the step that takes it (written
 straight into slot ``t``); in an AEC env the agent's next turn (kept until then).
 
+Connectors (``MultiAgentSetup.connectors``, per policy id) run inside a group's step
+with its agent slots as rows (:mod:`jaxrunner.multi_agent.connectors`); their
+per-sample part runs once per ``sample()`` on the group's trajectory.
+
 Keys: agent ``a`` of env ``b`` draws from ``fold_in(fold_in(seed_key, b * N + k),
 its action count)``, ``k`` its index among the env's ``N`` possible agents: its
 actions depend on the seed, the env, the agent and its own history only.
@@ -17,12 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
+from jaxrunner.connectors.pipeline import Connectors, ConnectorsState, SampleEnd
 from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.multi_agent.buffers import GroupBuffers, MultiAgentStep
 from jaxrunner.multi_agent.groups import AgentGroup
@@ -30,7 +36,7 @@ from jaxrunner.multi_agent.metrics import MultiAgentMetrics
 from jaxrunner.multi_agent.trajectory import GroupTrajectory, MultiAgentTrajectory
 from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner.policy import Params, Policy
-from jaxrunner.policy_step import CompiledPolicyStep, initial_actor_state
+from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.sampler import attach_partial
 
@@ -46,6 +52,8 @@ class MultiAgentSetup:
     rollout_length: int
     seed: int
     metrics: MultiAgentMetrics
+    connectors: Mapping[str, Connectors] = dataclasses.field(default_factory=dict)
+    """Policy id -> the connectors of its group (groups without connectors absent)."""
 
 
 class _GroupSampler:
@@ -61,6 +69,7 @@ class _GroupSampler:
         num_envs: int,
         agent_offset: int,
         num_possible: int,
+        connectors: Connectors | None = None,
         same_step: bool = False,
     ) -> None:
         self.group, self.num_envs = group, num_envs
@@ -69,8 +78,16 @@ class _GroupSampler:
         a_g = group.num_agents
         self.rows = num_envs * a_g
         ids = (np.arange(num_envs)[:, None] * num_possible + agent_offset + np.arange(a_g)).ravel()
-        self.state = initial_actor_state(policy, seed, ids)
-        self.call = CompiledPolicyStep(policy, params, self.state, self.rows, first.obs_rows)
+        # Connector state per agent slot (the rows), packed as in the single-agent samplers.
+        self.state, self.packing = host_actor_state(
+            policy, seed, self.rows, connectors, group.observation_space, env_ids=ids
+        )
+        self.call = CompiledPolicyStep(
+            policy, params, self.state, self.rows, first.obs_rows, connectors, self.packing
+        )
+        self.sample_end = None
+        if connectors is not None and connectors.per_sample:
+            self.sample_end = SampleEnd(connectors, self.packing, agent_axis=True)  # type: ignore[arg-type]
         self.stage = self.call.new_stage()
         self._stage_obs = _leaves(self.stage.obs)
         self.action_spec, self.extras_spec = self.call.output_spec
@@ -123,13 +140,13 @@ class _GroupSampler:
     def collect(self, buf: GroupBuffers, t: int) -> None:
         """Takes the actions; writes each acting agent's turn into slot ``t`` (parallel
         envs) or keeps it until its transition completes (AEC envs)."""
-        action, _, extras = self.call.collect(self.pending)
+        policy_action, env_action, extras = self.call.collect(self.pending)
         self.pending = None
         shape, acting = self.acting.shape, self.acting
-        if isinstance(action, np.ndarray):
-            action = action.reshape(*shape, *action.shape[1:])
-        else:
-            action = jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), action)
+        action = _agent_axis(policy_action, shape)
+        # With action connectors the env gets their actions, else the policy's.
+        same = env_action is policy_action
+        env_action = action if same else _agent_axis(env_action, shape)
         if self.same_step:
             (obs_dst, action_dst, extras_dst), slot = self._traj_leaves[:3], t
         else:
@@ -139,7 +156,7 @@ class _GroupSampler:
         _put(obs_dst, _leaves(buf.obs), slot, mask)
         _put(action_dst, _leaves(action), slot, mask)
         _put(extras_dst, [x.reshape(*shape, *x.shape[1:]) for x in extras], slot, mask)
-        self.env_action = action if self.clip is None else self.clip(action)
+        self.env_action = env_action if self.clip is None else self.clip(env_action)
 
     def record(self, out: GroupBuffers, traj: GroupTrajectory, t: int) -> None:
         """Writes the transitions completed at step ``t`` into slot ``t``."""
@@ -283,6 +300,7 @@ class MultiAgentSampler:
                 envs.num_envs,
                 offset,
                 num_possible,
+                setup.connectors.get(pid),
                 same_step=not envs.turn_based,
             )
             offset += group.num_agents
@@ -325,7 +343,29 @@ class MultiAgentSampler:
         finally:
             self.metrics.sample_time_s += time.perf_counter() - start_time
             self.metrics.perf.record(perf, t)
-        return self._close(traj, env_level, num_steps)
+        return self._end_sample(self._close(traj, env_level, num_steps))
+
+    def _end_sample(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
+        """The groups' connectors' per-sample part (statistics, scaled rewards, what the
+        policy would see of each next_obs), timed as sampling."""
+        clock = time.perf_counter()
+        groups = dict(traj.groups)
+        for pid, gs in self.groups.items():
+            if gs.sample_end is not None:
+                groups[pid], connectors = gs.sample_end(gs.state.connectors, groups[pid])
+                gs.state = gs.state.replace(connectors=connectors)
+        self.metrics.sample_time_s += time.perf_counter() - clock
+        return traj.replace(groups=groups)
+
+    def get_connector_state(self, policy_id: str) -> ConnectorsState:
+        """A host copy of the state of ``policy_id``'s connectors."""
+        gs = self.groups[policy_id]
+        return gs.packing.to_host(gs.state.connectors)  # type: ignore[union-attr]
+
+    def set_connector_state(self, policy_id: str, state: ConnectorsState) -> None:
+        """Replaces the state of ``policy_id``'s connectors; never recompiles."""
+        gs = self.groups[policy_id]
+        gs.state = gs.state.replace(connectors=gs.packing.to_device(state))  # type: ignore[union-attr]
 
     def _step(
         self,
@@ -373,6 +413,13 @@ class MultiAgentSampler:
 def _leaves(tree: Any) -> list[np.ndarray]:
     """The arrays of a pytree (a lone array without a tree walk)."""
     return [tree] if isinstance(tree, np.ndarray) else jax.tree.leaves(tree)
+
+
+def _agent_axis(action: Any, shape: tuple[int, ...]) -> Any:
+    """``[B * A_g, ...]`` rows viewed as ``[B, A_g, ...]``."""
+    if isinstance(action, np.ndarray):
+        return action.reshape(*shape, *action.shape[1:])
+    return jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), action)
 
 
 def _put(

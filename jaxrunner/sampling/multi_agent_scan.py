@@ -11,6 +11,10 @@ first_reset_root, i)``, steps at its ``n``-th step with ``fold_in(fold_in(step_r
 n), i)`` and, where the episode ended, resets with ``fold_in(fold_in(reset_root, n),
 i)``. Policy keys are the host sampler's (row ``b * N + k`` of agent ``k`` of env
 ``b``, folded with the agent's action count).
+
+Connectors (per policy id) run in each group's step, with its agent slots as rows, and
+their per-sample part at the end of the same compiled program
+(:func:`~jaxrunner.connectors.pipeline.finish_group_sample`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrunner.connectors.pipeline import (
+    POLICY_OBS,
+    ConnectorsState,
+    device_copy,
+    finish_group_sample,
+)
 from jaxrunner.multi_agent.groups import AgentGroup
 from jaxrunner.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner.multi_agent.trajectory import GroupTrajectory, MultiAgentTrajectory
@@ -58,7 +68,11 @@ class MultiAgentScanSampler:
         for g in groups:
             ids = np.arange(num_envs)[:, None] * num_possible + offset + np.arange(g.num_agents)
             actors[g.policy_id] = initial_actor_state(
-                setup.policies[g.policy_id], setup.seed, ids.ravel()
+                setup.policies[g.policy_id],
+                setup.seed,
+                ids.ravel(),
+                setup.connectors.get(g.policy_id),
+                g.observation_space,
             )
             offset += g.num_agents
         shape_of = {g.policy_id: (num_envs, g.num_agents) for g in groups}
@@ -72,6 +86,7 @@ class MultiAgentScanSampler:
             "n": jnp.zeros((), jnp.uint32),
         }
         truncations = envs.dones_are_truncations
+        connectors = dict(setup.connectors)
 
         def one_step(params: dict[str, Params], carry: dict[str, Any]) -> tuple[dict, dict]:
             actions, outs, actors = {}, {}, {}
@@ -82,22 +97,24 @@ class MultiAgentScanSampler:
                     lambda x, a_g=a_g: x.reshape(num_envs * a_g, *x.shape[2:]), obs_g
                 )
                 alive = carry["alive"][pid]
-                action, _, extras, actors[pid] = act(
+                action, env_action, extras, actors[pid] = act(
                     setup.policies[pid].apply_fn,
                     params[pid],
                     carry["actors"][pid],
                     rows,
                     carry["start"][pid].ravel(),
                     alive.ravel(),
+                    connectors.get(pid),
                 )
-                action = jax.tree.map(
-                    lambda x, a_g=a_g: x.reshape(num_envs, a_g, *x.shape[1:]), action
+                action, env_action = jax.tree.map(
+                    lambda x, a_g=a_g: x.reshape(num_envs, a_g, *x.shape[1:]),
+                    (action, env_action),
                 )
                 extras = jax.tree.map(
                     lambda x, a_g=a_g: x.reshape(num_envs, a_g, *x.shape[1:]), extras
                 )
                 for k, agent in enumerate(g.agents):
-                    actions[agent] = jax.tree.map(lambda x, k=k: x[:, k], action)
+                    actions[agent] = jax.tree.map(lambda x, k=k: x[:, k], env_action)
                 outs[pid] = (obs_g, action, extras)
             n = carry["n"]
             step_keys = jax.vmap(
@@ -162,7 +179,27 @@ class MultiAgentScanSampler:
             return new, ys
 
         def rollout(params: dict[str, Params], carry: dict[str, Any]) -> tuple[dict, dict]:
-            return jax.lax.scan(lambda c, _: one_step(params, c), carry, None, self.rollout_length)
+            carry, ys = jax.lax.scan(
+                lambda c, _: one_step(params, c), carry, None, self.rollout_length
+            )
+            for pid, conn in connectors.items():
+                if not conn.per_sample:
+                    continue
+                g, actor = ys["groups"][pid], carry["actors"][pid]
+                extras, state = finish_group_sample(
+                    conn,
+                    actor.connectors,
+                    g.obs,
+                    g.extras.get(POLICY_OBS),
+                    g.next_obs,
+                    g.reward,
+                    g.terminated,
+                    g.truncated,
+                    g.valid,
+                )
+                ys["groups"][pid] = g.replace(extras={**g.extras, **extras})
+                carry["actors"][pid] = actor.replace(connectors=state)
+            return carry, ys
 
         self._rollout = (
             jax.jit(rollout, donate_argnums=1).lower(setup.params, self._carry).compile()
@@ -211,6 +248,16 @@ class MultiAgentScanSampler:
             env_done=env_level.terminated,
             agents=self.agents,
         )
+
+    def get_connector_state(self, policy_id: str) -> ConnectorsState:
+        """A host copy of the state of ``policy_id``'s connectors."""
+        return jax.device_get(self._carry["actors"][policy_id].connectors)
+
+    def set_connector_state(self, policy_id: str, state: ConnectorsState) -> None:
+        """Replaces the state of ``policy_id``'s connectors; never recompiles."""
+        actors = dict(self._carry["actors"])
+        actors[policy_id] = actors[policy_id].replace(connectors=device_copy(state))
+        self._carry = {**self._carry, "actors": actors}
 
 
 __all__ = ["MultiAgentScanSampler"]

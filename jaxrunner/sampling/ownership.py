@@ -3,13 +3,16 @@
 A vector env is driven by one live runner: two would continue each other's episodes
 from states neither produced. :class:`EnvOwner` claims its envs at construction (a
 second live runner on them is refused with the fix), lets go at ``stop()`` or when it
-is garbage collected, and refuses calls after ``stop()`` or a failed sample.
+is garbage collected, and refuses calls after ``stop()`` or a failed sample. The
+checks of the arguments every runner takes live here too.
 """
 
 from __future__ import annotations
 
 import weakref
 from typing import Any
+
+import numpy as np
 
 from jaxrunner.errors import ClosedError, InvalidArgumentError, RunnerFailedError
 
@@ -79,4 +82,22 @@ class EnvOwner:
             ) from self._failure
 
 
-__all__ = ["EnvOwner"]
+def check_rollout_arguments(runner: str, rollout_length: Any, seed: Any) -> None:
+    """Refuses a ``rollout_length`` that is not an int >= 1 or a ``seed`` that is not an
+    int >= 0 (numpy ints count as ints), naming ``runner``'s argument."""
+    for name, value, low in (("rollout_length", rollout_length, 1), ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise InvalidArgumentError(
+                f"{runner}({name}=...): expected an int >= {low}, got {value!r}."
+            )
+
+
+def check_num_episodes(num_episodes: Any) -> None:
+    """Refuses a ``sample_episodes(num_episodes)`` that is not an int >= 1."""
+    if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
+        raise InvalidArgumentError(
+            f"sample_episodes(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
+        )
+
+
+__all__ = ["EnvOwner", "check_num_episodes", "check_rollout_arguments"]

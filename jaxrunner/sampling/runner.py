@@ -31,7 +31,7 @@ from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.sampling import checkpoint
 from jaxrunner.sampling.checkpoint import RestoreReport
 from jaxrunner.sampling.lockstep import LockstepSampler
-from jaxrunner.sampling.ownership import EnvOwner
+from jaxrunner.sampling.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
 from jaxrunner.sampling.progress import EpisodeProgress
 from jaxrunner.sampling.ready_first import ReadyFirstSampler
 from jaxrunner.sampling.sampler import Sampler, SamplerSetup
@@ -190,10 +190,7 @@ class EnvRunner(EnvOwner):
         sub-env failure (``Episode.faulty``) are skipped unless ``include_faulty``.
         With ``progress``, a progress bar counts the episodes (tqdm where it is
         installed, else a line on stderr)."""
-        if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
-            raise InvalidArgumentError(
-                f"sample_episodes(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
-            )
+        check_num_episodes(num_episodes)
         with EpisodeProgress(num_episodes, enabled=progress) as bar:
             bar.update(len(self._finished))
             while len(self._finished) < num_episodes:
@@ -331,11 +328,7 @@ def _check_arguments(
             "policy.init(jax.random.key(0), envs.single_observation_space) ({} for a policy "
             "without params)."
         )
-    for name, value, low in (("rollout_length", rollout_length, 1), ("seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise InvalidArgumentError(
-                f"EnvRunner({name}=...): expected an int >= {low}, got {value!r}."
-            )
+    check_rollout_arguments("EnvRunner", rollout_length, seed)
     if num_groups is not None and (
         isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer))
     ):

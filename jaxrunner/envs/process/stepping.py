@@ -28,7 +28,7 @@ from jaxrunner.envs.process.handle import WorkerLost
 from jaxrunner.envs.process.pool import LOST, WorkerPool
 from jaxrunner.envs.process.recovery import Sent, WorkerRecovery
 from jaxrunner.envs.process.shared import Views
-from jaxrunner.envs.sub_envs import NOT_RUN, ActionSplitters, failed_mask
+from jaxrunner.envs.sub_envs import NOT_RUN, failed_mask
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -68,9 +68,11 @@ class Stepper:
         self.num_envs = len(views.reward)
         self.calls: list[StepCall] = []
         """Calls sent and not yet received, in send order."""
+        self.num_waiting = 0
+        """Calls in :attr:`calls` whose send waits for earlier sends of their rows."""
         self.num_restarts = 0
         """Sub-envs recreated inside their worker after a failure."""
-        self._actions = ActionSplitters(self.action_space)
+        self._buffers = views.step_buffers  # views of the shared block: fixed for good
 
     def in_flight(self) -> Iterator[Sent]:
         """Every step command sent and not yet received (for recoveries)."""
@@ -82,17 +84,18 @@ class Stepper:
     def send(self, actions: Any, env_ids: EnvIds, per_worker: bool) -> list[StepCall]:
         """Validates ``actions``, then starts the step of ``env_ids``: one call, or one
         per worker (``per_worker``: ``env_ids`` must cover whole workers)."""
-        self._dispatch_waiting()
-        lo, hi = self._bounds(env_ids)
-        self._actions.split(actions, hi - lo)  # validates before any sub-env steps
-        busy = [c for c in self.calls if c.overlaps(lo, hi)]
+        if self.num_waiting:
+            self._dispatch_waiting()
+        lo, hi = (0, self.num_envs) if env_ids is None else self._bounds(env_ids)
+        # Validates before any sub-env steps (the workers read the rows from shared memory).
+        jr_spaces.check_action_batch(self.action_space, actions, hi - lo)
+        busy = [c for c in self.calls if c.overlaps(lo, hi)] if self.calls else []
         if busy and (self.ready_first or per_worker):
             raise InvalidArgumentError(
                 f"ProcessVectorEnv.send(env_ids=slice({lo}, {hi})): sub-envs "
                 f"{busy[0].lo}..{busy[0].hi - 1} are still in flight from an earlier send; "
                 "recv() their results first (a ready-first env steps each env once at a time)."
             )
-        bounds = [(lo, hi)]
         if per_worker:
             bounds = [b for b in self.pool.bounds if lo <= b[0] < hi]
             if not bounds or bounds[0][0] != lo or bounds[-1][1] != hi:
@@ -102,10 +105,13 @@ class Stepper:
                     f"{[slice(*b) for b in self.pool.bounds]}. Send None, or a slice from one "
                     "worker's start to another's stop."
                 )
-        calls = [StepCall(a, b, per_worker=per_worker) for a, b in bounds]
+            calls = [StepCall(a, b, per_worker=True) for a, b in bounds]
+        else:
+            calls = [StepCall(lo, hi)]
         self.calls.extend(calls)  # registered first: a recovery sees them
         if busy:  # rows still in flight: sent once the earlier sends are received
             calls[0].actions = jr_spaces.map_structure(self.action_space, np.array, actions)
+            self.num_waiting += 1
             return calls
         jr_spaces.copy_into(self.action_space, self.views.action, actions, slice(lo, hi))
         for call in calls:
@@ -113,8 +119,7 @@ class Stepper:
         return calls
 
     def _bounds(self, env_ids: EnvIds) -> tuple[int, int]:
-        if env_ids is None:
-            return 0, self.num_envs
+        """The rows of a send's ``env_ids`` other than None."""
         if isinstance(env_ids, slice):
             lo, hi, step = env_ids.indices(self.num_envs)
             if step == 1 and lo < hi:
@@ -129,6 +134,7 @@ class Stepper:
         that were not stepping then: their slot fails now, unstepped."""
         if call.actions is not None:
             actions, call.actions = call.actions, None
+            self.num_waiting -= 1
             span = slice(call.lo, call.hi)
             jr_spaces.copy_into(self.action_space, self.views.action, actions, span)
         for w, (wlo, whi) in enumerate(self.pool.bounds):
@@ -170,7 +176,6 @@ class Stepper:
             )
         if not self.ready_first:
             return self.finish(self.calls[0])
-        self._dispatch_waiting()
         while True:
             for call in self.calls:
                 if all(self.pool.replied(w, seq) for w, seq, _, _ in call.sent):
@@ -180,10 +185,12 @@ class Stepper:
 
     def finish(self, call: StepCall) -> BatchStep:
         """Waits for ``call``'s replies and returns its result."""
-        self._dispatch_waiting()
+        if self.num_waiting:
+            self._dispatch_waiting()
         errors = call.failed
         failed = list(errors)
         replies = []
+        all_ok = True
         try:
             for w, seq, start, stop in call.sent:
                 status, payload = self.pool.reply(w, seq)
@@ -193,10 +200,11 @@ class Stepper:
                     failed.extend(range(start, stop))
                 else:
                     replies.append((w, status, payload))
+                    all_ok = all_ok and status == wire.STATUS_OK
         finally:
             self.calls.remove(call)
-        remote_errors = [(w, pickle.loads(p)) for w, s, p in replies if s != wire.STATUS_OK]
-        if remote_errors:
+        if not all_ok:
+            remote_errors = [(w, pickle.loads(p)) for w, s, p in replies if s != wire.STATUS_OK]
             self.pool.raise_remote(*wire.first_error(remote_errors))
         return self._result(call, replies, failed, errors)
 
@@ -216,6 +224,7 @@ class Stepper:
                 self.pool.reply(w, seq)
                 self.pool.forget(w, seq)
         self.calls.clear()
+        self.num_waiting = 0
 
     def _result(
         self,
@@ -227,8 +236,10 @@ class Stepper:
         lo, hi, v = call.lo, call.hi, self.views
         # The workers are done: the flags in shared memory are this step's.
         infos: list[dict[str, Any]] = [{} for _ in range(hi - lo)]
-        ended = np.flatnonzero(v.terminated[lo:hi] | v.truncated[lo:hi])
-        reset_infos: dict[int, dict[str, Any]] = {lo + int(j): {} for j in ended}
+        ended = (v.terminated[lo:hi] | v.truncated[lo:hi]).nonzero()[0]
+        reset_infos: dict[int, dict[str, Any]] = (
+            {lo + int(j): {} for j in ended} if len(ended) else {}
+        )
         for w, _, payload in replies:
             if not payload:
                 continue
@@ -241,11 +252,11 @@ class Stepper:
                 errors[i] = self.pool.remote_exception(w, remote).__cause__  # type: ignore[assignment]
             self.num_restarts += len(reply.errors)
         whole = (lo, hi) == (0, self.num_envs) and not call.per_worker
-        return v.step_buffers.batch_step(
+        return self._buffers.batch_step(
             self.obs_space,
             None if whole else slice(lo, hi),
             infos,
             reset_infos,
-            failed_mask(failed, lo, hi),
+            failed_mask(failed, lo, hi) if failed else None,
             errors or None,
         )

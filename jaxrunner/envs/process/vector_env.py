@@ -256,11 +256,15 @@ class ProcessVectorEnv(VectorEnv):
         return self._stepper.recv()
 
     def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
-        if not self.config.ready_first:
-            return super().step_batch(actions, rows)
-        self._check_open("step")  # ready-first: all of rows at once, as in lockstep
-        (call,) = self._stepper.send(actions, rows, per_worker=False)
-        return self._stepper.finish(call)
+        """:meth:`send` then :meth:`recv` (the base's definition), for all of ``rows``
+        at once (in ready-first mode too); nothing in flight: straight to the result."""
+        self._check_open("step")
+        stepper = self._stepper
+        if stepper.calls and not self.config.ready_first:  # the oldest send answers first
+            stepper.send(actions, rows, per_worker=False)
+            return stepper.recv()
+        (call,) = stepper.send(actions, rows, per_worker=False)
+        return stepper.finish(call)
 
     def _obs_buffer(self) -> Any:
         return self._views.obs

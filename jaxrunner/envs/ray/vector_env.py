@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,12 +34,12 @@ from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
 from jaxrunner.envs.ray.actors import ActorPool, EnvFactory
 from jaxrunner.envs.ray.config import RayConfig, import_ray
+from jaxrunner.envs.ray.deadlines import InFlightSteps
 from jaxrunner.envs.sub_envs import ActionSplitters, StepBuffers, fail_slot
 from jaxrunner.errors import (
     EnvIndexError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
-    RemoteTimeoutError,
     SpaceMismatchError,
     WorkerError,
 )
@@ -91,7 +90,7 @@ class RayVectorEnv(VectorEnv):
         self._actors = ActorPool(import_ray(), env_fns, self.config, restart_policy)
         self.unit_rows = self._actors.unit_rows
         """The sub-envs each actor runs (consecutive blocks)."""
-        self._in_flight: dict[Any, tuple[int, slice, float]] = {}  # ref -> unit, rows, sent
+        self._in_flight = InFlightSteps(self._actors.ray, self.config.step_timeout_s)
         self._done: collections.deque[BatchStep] = collections.deque()  # expired, failed
         described = self._actors.start()
         obs_space, action_space, metadata, render_mode = described[0]
@@ -184,7 +183,7 @@ class RayVectorEnv(VectorEnv):
         self._check_open("step")
         units = self._whole_actors(env_ids)
         self._actions.split(actions, sum(len(at) for _, at in units))
-        busy = {u for u, _, _ in self._in_flight.values()} & {u for u, _ in units}
+        busy = self._in_flight.units() & {u for u, _ in units}
         if busy:
             raise InvalidArgumentError(
                 f"RayVectorEnv.send(env_ids={env_ids!r}): Ray env actor {min(busy)} is still "
@@ -205,11 +204,8 @@ class RayVectorEnv(VectorEnv):
         WorkerError / RemoteTimeoutError. Raises InvalidArgumentError when no actor
         step is in flight."""
         results = [self._recv_one()]
-        ray, wait_s = self._actors.ray, self.config.remote_env_batch_wait_ms / 1000.0
-        if self._in_flight:  # whatever else is ready now, or within the wait
-            refs = list(self._in_flight)
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
-            results.extend(self._finish(ref) for ref in ready)
+        wait_s = self.config.remote_env_batch_wait_ms / 1000.0
+        results.extend(self._finish(ref) for ref in self._in_flight.ready_within(wait_s))
         while self._done:
             results.append(self._done.popleft())
         return results[0] if len(results) == 1 else self._merge(results)
@@ -223,11 +219,10 @@ class RayVectorEnv(VectorEnv):
                 "RayVectorEnv.recv(): no send() is waiting for its results. Call "
                 "send(actions, env_ids) first, once per actor."
             )
-        ray, refs = self._actors.ray, list(self._in_flight)
         while True:
-            done, _ = ray.wait(refs, num_returns=1, timeout=self._time_to_deadline())
-            if done:
-                return self._finish(done[0])
+            ref = self._in_flight.first_ready()
+            if ref is not None:
+                return self._finish(ref)
             self._expire_steps()
             if self._done:
                 return self._done.popleft()
@@ -304,11 +299,10 @@ class RayVectorEnv(VectorEnv):
     def _submit(self, u: int, actions: Any, local: slice | None) -> None:
         unit = self.unit_rows[u]
         rows = unit if local is None else slice(unit.start + local.start, unit.start + local.stop)
-        ref = self._actors.actors[u].step.remote(actions, local)
-        self._in_flight[ref] = (u, rows, time.monotonic())
+        self._in_flight.add(self._actors.actors[u].step.remote(actions, local), u, rows)
 
     def _finish(self, ref: Any) -> BatchStep:
-        u, rows, _ = self._in_flight.pop(ref)
+        u, rows = self._in_flight.pop(ref)
         try:
             out: BatchStep = self._actors.ray.get(ref)
         except Exception as err:
@@ -346,24 +340,10 @@ class RayVectorEnv(VectorEnv):
         errors = dict.fromkeys(range(rows.start, rows.stop), cause)
         return self._result(rows, [{} for _ in range(n)], {}, np.ones(n, np.bool_), errors)
 
-    def _time_to_deadline(self) -> float | None:
-        if self.config.step_timeout_s is None:
-            return None
-        oldest = min(sent for _, _, sent in self._in_flight.values())
-        return max(0.0, oldest + self.config.step_timeout_s - time.monotonic())
-
     def _expire_steps(self) -> None:
         """Treats in-flight steps older than ``step_timeout_s`` as failed actors (their
         failed results wait in ``_done``)."""
-        timeout = self.config.step_timeout_s
-        now = time.monotonic()
-        expired = [ref for ref, (_, _, sent) in self._in_flight.items() if now - sent >= timeout]
-        for ref in expired:
-            u, rows, _ = self._in_flight.pop(ref)
-            cause = RemoteTimeoutError(
-                f"Ray env actor {u} (sub-envs {rows.start}..{rows.stop - 1}) did not answer a "
-                f"step within step_timeout_s={timeout}s; it is treated as dead."
-            )
+        for u, rows, cause in self._in_flight.pop_expired():
             if self.restart_policy is None:
                 self._actors.kill(self._actors.actors[u])
                 raise cause
@@ -371,14 +351,8 @@ class RayVectorEnv(VectorEnv):
             self._done.append(self._failed_result(u, rows, obs, cause))
 
     def _discard(self) -> None:
-        """Waits for the actor steps in flight and drops their results (a dead actor
-        is found, and replaced, by the reset that follows)."""
-        for ref in list(self._in_flight):
-            try:  # noqa: SIM105
-                self._actors.ray.get(ref, timeout=self.config.step_timeout_s)
-            except Exception:
-                pass
-        self._in_flight.clear()
+        """Drops the results of the steps in flight (see :meth:`InFlightSteps.discard`)."""
+        self._in_flight.discard()
         self._done.clear()
 
     def _check_idle(self, what: str) -> None:

@@ -1,0 +1,59 @@
+"""``jaxrunner bench``: is jaxrunner faster than the loop a user writes by hand, and
+where does its time go?
+
+Per width: jaxrunner's ``EnvRunner.sample()`` at its defaults; the recording hand
+loop (``hand_loop.py``: the same jitted policy, ``np.asarray``, ``[T, B]`` numpy
+buffers, JAX at its defaults; for pure-JAX envs a gymnax ``lax.scan``,
+``hand_scan.py``); the policy-bound ceiling (raw env + one bare policy call); and the
+split of a jaxrunner step into env, policy with transfers, recording and the rest.
+Each system runs in a long-lived child process (``child.py``) with its own JAX
+settings, timed in interleaved rounds (``rounds.py``); ``benchmark.py`` runs it all,
+``report.py`` prints tables and a one-line verdict. The benchmark scripts in
+``benchmarks/`` share the policy, the hand loop and the report helpers.
+"""
+
+from jaxrunner.bench.benchmark import BenchConfig, run
+from jaxrunner.bench.hand_loop import REFERENCES, RecordingHandLoop, hand_loop, reference_envs
+from jaxrunner.bench.hand_scan import build_hand_scan
+from jaxrunner.bench.policy import MLP, hand_act, mlp_policy
+from jaxrunner.bench.report import (
+    add_cpu_dispatch_option,
+    autogroup,
+    format_backend,
+    format_report,
+    machine_info,
+    parse_args,
+    verdict,
+    write_report,
+)
+from jaxrunner.bench.rounds import PLANS, Harness, LocalSystem, Plan, measure_width
+from jaxrunner.bench.timing import rollout_length, timed, us_per_call
+
+__all__ = [
+    "MLP",
+    "PLANS",
+    "REFERENCES",
+    "BenchConfig",
+    "Harness",
+    "LocalSystem",
+    "Plan",
+    "RecordingHandLoop",
+    "add_cpu_dispatch_option",
+    "autogroup",
+    "build_hand_scan",
+    "format_backend",
+    "format_report",
+    "hand_act",
+    "hand_loop",
+    "machine_info",
+    "measure_width",
+    "mlp_policy",
+    "parse_args",
+    "reference_envs",
+    "rollout_length",
+    "run",
+    "timed",
+    "us_per_call",
+    "verdict",
+    "write_report",
+]

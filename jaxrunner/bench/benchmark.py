@@ -1,0 +1,107 @@
+"""The whole ``jaxrunner bench`` run: every chosen backend at its widths, measured
+in interleaved rounds by two long-lived children, gathered into one report."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jaxrunner.bench.report import autogroup, verdict
+from jaxrunner.bench.rounds import PLANS, Harness, measure_width
+from jaxrunner.errors import InvalidArgumentError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """What ``jaxrunner bench`` measures."""
+
+    env: str = "CartPole-v1"
+    """A gymnasium id (also EnvPool's and gymnax's for those backends)."""
+    widths: tuple[int, ...] = (1, 8, 64, 256)
+    """Numbers of envs to measure."""
+    backends: tuple[str, ...] = ("sync",)
+    """Keys of ``PLANS``; with more than one, each runs at the widths that fit it
+    (``Plan.max_width``) and a backend whose library is missing is skipped."""
+    seconds: float = 1.0
+    """Wall time of each system's measurement in a round."""
+    rounds: int = 3
+    """Interleaved rounds per width; medians and min-max are over them."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.widths or any(w < 1 for w in self.widths):
+            raise InvalidArgumentError(f"BenchConfig(widths={self.widths}): expected ints >= 1.")
+        if self.seconds <= 0:
+            raise InvalidArgumentError(f"BenchConfig(seconds={self.seconds}): expected > 0.")
+        if self.rounds < 1:
+            raise InvalidArgumentError(f"BenchConfig(rounds={self.rounds}): expected >= 1.")
+        unknown = [b for b in self.backends if b not in PLANS]
+        if not self.backends or unknown:
+            raise InvalidArgumentError(
+                f"BenchConfig(backends={self.backends}): expected some of {list(PLANS)}."
+            )
+
+    def plan_widths(self) -> dict[str, tuple[int, ...]]:
+        """The widths each backend runs at."""
+        if len(self.backends) == 1:
+            return {self.backends[0]: self.widths}
+        return {b: tuple(w for w in self.widths if w <= PLANS[b].max_width) for b in self.backends}
+
+
+def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+    """Runs the benchmark; returns its report: config, machine (the jaxrunner child's
+    :func:`machine_info`), each child's CPU dispatch, every row with every round,
+    the skipped backends with the reason, and the verdict."""
+    started = time.perf_counter()
+    report: dict[str, Any] = {
+        "benchmark": "jaxrunner bench",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "config": dataclasses.asdict(config),
+        "policy": "jaxrunner.bench.mlp_policy: 64-64 tanh MLP, stochastic actions, jitted",
+        "rollout_length": "max(8, 2048 // num_envs), for jaxrunner and the hand loops",
+        "autogroup": autogroup(),
+        "loadavg_before": list(os.getloadavg()),
+        "skipped": {},
+        "results": [],
+    }
+    with Harness() as harness:
+        children = harness.info()
+        report["machine"] = children["jaxrunner"]["machine"]
+        report["children"] = {
+            name: {k: v for k, v in info.items() if k != "machine"}
+            for name, info in children.items()
+        }
+        log(
+            f"children started: jaxrunner at {children['jaxrunner']['cpu_dispatch']} CPU "
+            f"dispatch, hand loops at {children['hand_loop']['cpu_dispatch']}"
+        )
+        for backend, widths in config.plan_widths().items():
+            plan = PLANS[backend]
+            reason = plan.unavailable() or (None if widths else "no width fits")
+            if reason:
+                report["skipped"][backend] = reason
+                log(f"skip {backend}: {reason}")
+                continue
+            for num_envs in widths:
+                report["results"].append(
+                    measure_width(
+                        harness,
+                        plan,
+                        config.env,
+                        num_envs,
+                        rounds=config.rounds,
+                        seconds=config.seconds,
+                        seed=config.seed,
+                        log=log,
+                    )
+                )
+    report["loadavg_after"] = list(os.getloadavg())
+    report["wall_s"] = time.perf_counter() - started
+    report["verdict"] = verdict(report["results"])
+    return report

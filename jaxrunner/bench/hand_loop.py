@@ -1,0 +1,142 @@
+"""The recording hand loop: the loop a user writes by hand, jaxrunner's speed reference.
+
+DESIGN.md ("Speed references"): the same jitted policy returning actions and
+log-probs, ``np.asarray`` on both, obs/action/log-prob/reward/flags written into
+preallocated ``[T, B]`` numpy buffers, the vector env stepped, JAX at its defaults:
+CleanRL's collection loop. One class drives any gymnasium-style vector env;
+:func:`reference_envs` builds the vector env a user would pick for each kind of env
+(the pure-JAX reference, a hand-written ``lax.scan``, is in ``hand_scan.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+import jax
+import numpy as np
+
+from jaxrunner.bench.policy import hand_act, mlp_policy
+from jaxrunner.errors import InvalidArgumentError
+
+REFERENCES: dict[str, str] = {
+    "sync": "gymnasium SyncVectorEnv",
+    "async": "gymnasium AsyncVectorEnv",
+    "native": "gymnasium native vector env",
+    "envpool": "EnvPool, sync mode",
+    "scan": "gymnax lax.scan",
+}
+"""Each hand-loop reference and what a user drives by hand in it."""
+
+
+def single_spaces(envs: Any) -> tuple[gymnasium.Space, gymnasium.Space]:
+    """A vector env's single observation and action spaces (EnvPool names them
+    ``observation_space`` and ``action_space``)."""
+    obs = getattr(envs, "single_observation_space", None) or envs.observation_space
+    action = getattr(envs, "single_action_space", None) or envs.action_space
+    return obs, action
+
+
+class RecordingHandLoop:
+    """CleanRL's collection loop around a vector env and the benchmark MLP.
+
+    Each :meth:`rollout` steps the envs ``rollout_length`` times and overwrites the
+    buffers below; step ``t`` of env ``b`` is row ``[t, b]`` of each.
+
+    Attributes:
+        obs: ``[T, B, *obs_shape]``, the observations the actions were taken on (the
+            reset observation after an episode ended: SAME_STEP autoreset).
+        action: ``[T, B, *action_shape]``, the sampled actions.
+        log_prob: ``[T, B]``, their log-probabilities under the policy.
+        reward, terminated, truncated: ``[T, B]``, what ``envs.step`` returned.
+    """
+
+    def __init__(
+        self, envs: Any, rollout_length: int, seed: int, *, seeded_reset: bool = True
+    ) -> None:
+        """Args:
+        envs: a gymnasium-style vector env, SAME_STEP autoreset (EnvPool's too).
+        rollout_length: T, steps per :meth:`rollout`.
+        seed: seeds the policy's params, its action keys and the envs' reset.
+        seeded_reset: False for envs seeded when built (EnvPool ignores
+            ``reset(seed=...)``).
+        """
+        if rollout_length < 1:
+            raise InvalidArgumentError(
+                f"RecordingHandLoop(rollout_length={rollout_length}): expected an int >= 1."
+            )
+        obs_space, action_space = single_spaces(envs)
+        self.envs, self.num_envs, self.rollout_length = envs, int(envs.num_envs), rollout_length
+        self.policy = mlp_policy(action_space)
+        self.params = self.policy.init(jax.random.key(seed), obs_space)
+        self._act = hand_act(self.policy, self.num_envs)
+        shape = (rollout_length, self.num_envs)
+        self.obs = np.zeros(shape + obs_space.shape, obs_space.dtype)
+        self.action = np.zeros(shape + action_space.shape, action_space.dtype)
+        self.log_prob = np.zeros(shape, np.float32)
+        self.reward = np.zeros(shape, np.float32)
+        self.terminated = np.zeros(shape, np.bool_)
+        self.truncated = np.zeros(shape, np.bool_)
+        self._next_obs, _ = envs.reset(seed=seed) if seeded_reset else envs.reset()
+        self._key = jax.random.key(seed)
+
+    def rollout(self) -> int:
+        """Steps the envs ``rollout_length`` times, recording; returns env steps done."""
+        envs, act, params = self.envs, self._act, self.params
+        next_obs, key = self._next_obs, self._key
+        for t in range(self.rollout_length):
+            self.obs[t] = next_obs
+            action, extras, key = act(params, next_obs, key)
+            action, log_prob = np.asarray(action), np.asarray(extras["log_prob"])
+            self.action[t] = action
+            self.log_prob[t] = log_prob
+            next_obs, reward, terminated, truncated, _ = envs.step(action)
+            self.reward[t] = reward
+            self.terminated[t] = terminated
+            self.truncated[t] = truncated
+        self._next_obs, self._key = next_obs, key
+        return self.rollout_length * self.num_envs
+
+
+def hand_loop(
+    envs: Any, num_envs: int, rollout_length: int, seed: int, seeded_reset: bool = True
+) -> Callable[[], int]:
+    """:meth:`RecordingHandLoop.rollout` of a new loop around ``envs`` (``num_envs``
+    sub-envs): ``rollout() -> env steps done``."""
+    loop = RecordingHandLoop(envs, rollout_length, seed, seeded_reset=seeded_reset)
+    if loop.num_envs != num_envs:
+        raise InvalidArgumentError(
+            f"hand_loop(num_envs={num_envs}): the vector env has {loop.num_envs} sub-envs; "
+            "pass its num_envs."
+        )
+    return loop.rollout
+
+
+def reference_envs(reference: str, env: str, num_envs: int, seed: int) -> tuple[Any, bool]:
+    """The vector env a user drives by hand for ``reference`` (a key of
+    :data:`REFERENCES` other than ``"scan"``), and whether its reset takes a seed.
+
+    Raises:
+        InvalidArgumentError: an unknown reference.
+    """
+    same_step = gymnasium.vector.AutoresetMode.SAME_STEP
+    make = functools.partial(gymnasium.make, env)
+    if reference == "sync":
+        return gymnasium.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=same_step), True
+    if reference == "async":
+        # forkserver, not fork: forking a process whose JAX threads run can deadlock.
+        envs = gymnasium.vector.AsyncVectorEnv(
+            [make] * num_envs, autoreset_mode=same_step, context="forkserver"
+        )
+        return envs, True
+    if reference == "native":
+        return gymnasium.make_vec(env, num_envs, vectorization_mode="vector_entry_point"), True
+    if reference == "envpool":
+        import envpool
+
+        # batch_size == num_envs: every step waits for every env (sync mode).
+        return envpool.make_gymnasium(env, num_envs=num_envs, batch_size=num_envs, seed=seed), False
+    known = sorted(set(REFERENCES) - {"scan"})
+    raise InvalidArgumentError(f"reference_envs(reference={reference!r}): expected one of {known}.")

@@ -1,0 +1,232 @@
+"""What the benchmark measures, each built and warmed once per width inside a child
+process (``child.py``) and then timed round after round.
+
+* :class:`JaxrunnerSystem`: ``EnvRunner.sample()`` at its defaults, and where its
+  time goes (the runner's perf timers).
+* :class:`HandSystem`: the recording hand loop (``hand_loop.py``, ``hand_scan.py``).
+* :class:`CeilingSystem`: the policy-bound ceiling: the same vector env stepped with
+  random actions drawn ahead (its own lockstep ``step_batch``), plus one bare policy
+  call per step: what a loop doing these two in turn and nothing else would reach
+  (pipelining can pass it, by overlapping the two).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+
+from jaxrunner.bench.hand_loop import REFERENCES, RecordingHandLoop, reference_envs
+from jaxrunner.bench.hand_scan import build_hand_scan
+from jaxrunner.bench.policy import hand_act, mlp_policy
+from jaxrunner.bench.timing import timed, us_per_call
+from jaxrunner.envs import BACKENDS, make_vec
+from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.metrics import PERF_KEYS
+from jaxrunner.sampling import EnvRunner
+
+JAX_BACKEND = "jax"
+"""The benchmark's name for pure-JAX envs: ``JaxVectorEnv`` over a gymnax env."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Spec:
+    """One system at one width, as the parent sends it to a child (JSON)."""
+
+    system: str
+    """``"jaxrunner"``, ``"hand"`` or ``"ceiling"``."""
+    backend: str
+    """jaxrunner's backend (``make_vec``), or ``"jax"`` (gymnax in a ``JaxVectorEnv``)."""
+    env: str
+    """A gymnasium id (a gymnax id for ``"jax"``, an EnvPool id for ``"envpool"``)."""
+    num_envs: int
+    rollout_length: int
+    seed: int = 0
+    reference: str | None = None
+    """The hand loop's vector env (a key of ``REFERENCES``); hand systems only."""
+
+    def __post_init__(self) -> None:
+        if self.system not in BUILDERS:
+            raise InvalidArgumentError(f"Spec(system={self.system!r}): expected {list(BUILDERS)}.")
+        if self.backend not in (*BACKENDS, JAX_BACKEND):
+            raise InvalidArgumentError(
+                f"Spec(backend={self.backend!r}): expected one of {(*BACKENDS, JAX_BACKEND)}."
+            )
+        if self.system == "hand" and self.reference not in REFERENCES:
+            raise InvalidArgumentError(
+                f"Spec(reference={self.reference!r}): a hand system needs one of "
+                f"{list(REFERENCES)}."
+            )
+
+
+class System(Protocol):
+    """A built, warmed-up system."""
+
+    def measure(self, seconds: float) -> dict[str, Any]:
+        """Runs for about ``seconds``; returns at least ``steps_per_s``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _make_envs(spec: Spec) -> Any:
+    if spec.backend == JAX_BACKEND:
+        import gymnax
+
+        from jaxrunner.envs.jax_env import JaxVectorEnv
+
+        env, env_params = gymnax.make(spec.env)
+        return JaxVectorEnv(env, env_params, spec.num_envs)
+    return make_vec(spec.env, spec.num_envs, backend=spec.backend, seed=spec.seed)
+
+
+class JaxrunnerSystem:
+    """``EnvRunner.sample()`` with the benchmark MLP, every option at its default."""
+
+    def __init__(self, spec: Spec) -> None:
+        self._envs = envs = _make_envs(spec)
+        policy = mlp_policy(envs.single_action_space)
+        params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
+        self._runner = EnvRunner(envs, policy, params, spec.rollout_length, spec.seed)
+        self.num_envs = spec.num_envs
+        self._sample()  # warm-up: compiles, first resets
+        self.layout = {
+            "num_workers": getattr(envs, "num_workers", 0),
+            "num_groups": self._runner.num_groups,
+        }
+
+    def _sample(self) -> int:
+        trajectory = self._runner.sample()
+        jax.block_until_ready(trajectory.reward)  # pure-JAX samples stay on device
+        return int(np.size(trajectory.reward))
+
+    def measure(self, seconds: float) -> dict[str, Any]:
+        """Steps/s, and ``split_us``: microseconds per vector step in the env
+        (``env``), in the compiled policy step with its two transfers (``policy``),
+        recording obs/actions/flags (``record``) and the rest of the sampler's own
+        work (``other``: wall time less the timed phases); None where the runner
+        keeps no perf timers (a pure-JAX rollout is one compiled scan)."""
+        before = self._runner.get_metrics()
+        steps_per_s = timed(self._sample, seconds)
+        after = self._runner.get_metrics()
+        # The timers are running means (ms per vector step): take earlier steps out.
+        n0, n1 = (m["num_env_steps"] / self.num_envs for m in (before, after))
+        perf_us = {
+            key.replace("_ms", "_us"): 1000.0
+            * (after["perf"][key] * n1 - before["perf"][key] * n0)
+            / (n1 - n0)
+            for key in PERF_KEYS
+        }
+        total_us = 1e6 * self.num_envs / steps_per_s
+        split = None
+        if any(perf_us.values()):
+            split = {
+                "env_us": perf_us["env_wait_us"],
+                "policy_us": perf_us["inference_us"],
+                "record_us": perf_us["obs_processing_us"] + perf_us["action_processing_us"],
+            }
+            split["other_us"] = total_us - sum(split.values())
+            split["total_us"] = total_us
+        return {"steps_per_s": steps_per_s, "perf_us": perf_us, "split_us": split, **self.layout}
+
+    def close(self) -> None:
+        self._runner.stop()
+
+
+class HandSystem:
+    """The recording hand loop over the spec's reference vector env."""
+
+    def __init__(self, spec: Spec) -> None:
+        self._envs: Any = None
+        if spec.reference == "scan":
+            self._rollout = build_hand_scan(spec.num_envs, spec.rollout_length, spec.seed, spec.env)
+        else:
+            self._envs, seeded = reference_envs(
+                str(spec.reference), spec.env, spec.num_envs, spec.seed
+            )
+            loop = RecordingHandLoop(
+                self._envs, spec.rollout_length, spec.seed, seeded_reset=seeded
+            )
+            self._rollout = loop.rollout
+        self._rollout()  # warm-up: compiles, first resets
+
+    def measure(self, seconds: float) -> dict[str, Any]:
+        return {"steps_per_s": timed(self._rollout, seconds)}
+
+    def close(self) -> None:
+        if self._envs is not None:
+            self._envs.close()
+
+
+class CeilingSystem:
+    """The policy-bound ceiling for jaxrunner's vector env (a host backend)."""
+
+    def __init__(self, spec: Spec) -> None:
+        if spec.backend == JAX_BACKEND:
+            raise InvalidArgumentError(
+                "CeilingSystem: a pure-JAX rollout is one compiled scan, with no separate "
+                "env and policy calls to add up; measure the host backends only."
+            )
+        self._envs = envs = make_vec(spec.env, spec.num_envs, backend=spec.backend, seed=spec.seed)
+        self.num_envs, self._length = spec.num_envs, spec.rollout_length
+        envs.action_space.seed(spec.seed)
+        self._pool = [envs.action_space.sample() for _ in range(97)]  # drawn ahead: free
+        self._cursor = 0
+        policy = mlp_policy(envs.single_action_space)
+        self._params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
+        self._act = hand_act(policy, spec.num_envs)
+        self._obs, _ = envs.reset(seed=spec.seed)
+        self._obs_device = jax.device_put(self._obs)
+        self._key = jax.random.key(spec.seed)
+        self._raw_rollout()
+        self._policy_call()
+        self._policy_compute()
+
+    def _raw_rollout(self) -> int:
+        # step_batch: the backend's own lockstep step, as the runner calls it (no
+        # gymnasium step() wrapping: infos, autoreset bookkeeping for the caller).
+        for _ in range(self._length):
+            self._envs.step_batch(self._pool[self._cursor])
+            self._cursor = (self._cursor + 1) % len(self._pool)
+        return self._length * self.num_envs
+
+    def _policy_call(self) -> None:
+        """One bare policy call as the hand loop makes it: numpy in, numpy out."""
+        action, extras, self._key = self._act(self._params, self._obs, self._key)
+        np.asarray(action), np.asarray(extras["log_prob"])
+
+    def _policy_compute(self) -> None:
+        """The same call on observations already on the device, waiting for it."""
+        action, extras, self._key = self._act(self._params, self._obs_device, self._key)
+        jax.block_until_ready((action, extras))
+
+    def measure(self, seconds: float) -> dict[str, Any]:
+        """Half the time stepping the envs, a quarter on each policy call."""
+        raw_steps_per_s = timed(self._raw_rollout, seconds / 2)
+        policy_us = us_per_call(self._policy_call, seconds / 4)
+        compute_us = us_per_call(self._policy_compute, seconds / 4)
+        raw_us = 1e6 * self.num_envs / raw_steps_per_s
+        return {
+            "steps_per_s": 1e6 * self.num_envs / (raw_us + policy_us),
+            "raw_env_steps_per_s": raw_steps_per_s,
+            "raw_env_us": raw_us,
+            "policy_us": policy_us,
+            "policy_compute_us": compute_us,
+        }
+
+    def close(self) -> None:
+        self._envs.close()
+
+
+BUILDERS: dict[str, type] = {
+    "jaxrunner": JaxrunnerSystem,
+    "hand": HandSystem,
+    "ceiling": CeilingSystem,
+}
+
+
+def build(spec: Spec) -> System:
+    """Builds and warms up ``spec``'s system."""
+    return BUILDERS[spec.system](spec)

@@ -1,0 +1,102 @@
+"""The actor steps of ``backend="ray"`` in flight, each with its deadline.
+
+A step sent to a Ray env actor must answer within ``RayConfig.step_timeout_s``;
+:class:`InFlightSteps` remembers when each was sent, waits for the first to answer no
+longer than the oldest deadline, and hands back the steps past their deadline as
+timed-out actors (what a timed-out actor then means, replacement or an error, is the
+vector env's business).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from jaxrunner.errors import RemoteTimeoutError
+
+
+class InFlightSteps:
+    """Actor steps sent and not yet received: Ray object ref -> actor and rows.
+
+    Args:
+        ray: the ``ray`` module.
+        timeout_s: how long a step may take (``RayConfig.step_timeout_s``); None: no
+            deadline.
+    """
+
+    def __init__(self, ray: Any, timeout_s: float | None) -> None:
+        self.ray, self.timeout_s = ray, timeout_s
+        self._steps: dict[Any, tuple[int, slice, float]] = {}  # ref -> unit, rows, sent
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def units(self) -> set[int]:
+        """The actors with a step in flight."""
+        return {u for u, _, _ in self._steps.values()}
+
+    def add(self, ref: Any, u: int, rows: slice) -> None:
+        """Records the step ``ref`` of actor ``u`` (sub-envs ``rows``), sent now."""
+        self._steps[ref] = (u, rows, time.monotonic())
+
+    def pop(self, ref: Any) -> tuple[int, slice]:
+        """Forgets ``ref``; returns its actor and rows."""
+        u, rows, _ = self._steps.pop(ref)
+        return u, rows
+
+    def clear(self) -> None:
+        self._steps.clear()
+
+    def first_ready(self) -> Any | None:
+        """Waits for the first step to answer, no longer than the oldest step's deadline;
+        returns its ref (still in flight: :meth:`pop` it), or None when the deadline
+        came first (:meth:`pop_expired` then yields at least that step). Only while a
+        step is in flight."""
+        done, _ = self.ray.wait(list(self._steps), num_returns=1, timeout=self._to_deadline())
+        return done[0] if done else None
+
+    def ready_within(self, wait_s: float) -> list[Any]:
+        """The refs of the steps that answer within ``wait_s`` seconds (none in flight:
+        none, at once)."""
+        if not self._steps:
+            return []
+        refs = list(self._steps)
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+        return ready
+
+    def pop_expired(self) -> Iterator[tuple[int, slice, RemoteTimeoutError]]:
+        """Yields the steps past their deadline, each one's actor, rows and the error
+        that says it timed out (the actor is to be treated as dead); each is forgotten
+        as it is yielded, so a consumer that raises leaves the rest in flight."""
+        timeout, now = self.timeout_s, time.monotonic()
+        if timeout is None:
+            return
+        expired = [ref for ref, (_, _, sent) in self._steps.items() if now - sent >= timeout]
+        for ref in expired:
+            u, rows = self.pop(ref)
+            yield (
+                u,
+                rows,
+                RemoteTimeoutError(
+                    f"Ray env actor {u} (sub-envs {rows.start}..{rows.stop - 1}) did not "
+                    f"answer a step within step_timeout_s={timeout}s; it is treated as dead."
+                ),
+            )
+
+    def discard(self) -> None:
+        """Waits for the steps in flight (each up to the timeout) and forgets them,
+        dropping their results and errors (a dead actor is found, and replaced, by the
+        reset that follows)."""
+        for ref in list(self._steps):
+            try:  # noqa: SIM105
+                self.ray.get(ref, timeout=self.timeout_s)
+            except Exception:
+                pass
+        self.clear()
+
+    def _to_deadline(self) -> float | None:
+        if self.timeout_s is None:
+            return None
+        oldest = min(sent for _, _, sent in self._steps.values())
+        return max(0.0, oldest + self.timeout_s - time.monotonic())

@@ -1,0 +1,79 @@
+"""How an :class:`~jaxrunner.ExternalEnv` episode ends: by ``end_episode`` or by the
+reaper, it leaves the live table and the memory budget, counts in the metrics, and
+its :class:`~jaxrunner.Episode` is handed on (to the output, or to a policy client).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner.external.episodes import EpisodeTable, LiveEpisode
+from jaxrunner.external.memory import MemoryBudget
+from jaxrunner.metrics import EpisodeStats
+from jaxrunner.trajectory import Episode
+
+Emit = Callable[[LiveEpisode, "Episode | None"], None]
+
+
+class EpisodeEndings:
+    """Ends live episodes; every method is called with the env's lock held.
+
+    Args:
+        episodes: the env's live episodes.
+        memory: the env's memory budget (an ended episode's live bytes are freed).
+        counts: the env's counters (``num_env_steps``, ``num_dropped_steps``,
+            ``num_abandoned_episodes``).
+        stats: the env's recent-episode statistics.
+        observation_space: one episode's observation space.
+        action_space: one episode's action space.
+        emit: called with each ended episode and its Episode (None when it had no
+            step); ``ExternalEnv._emit``, which a policy client overrides.
+    """
+
+    def __init__(
+        self,
+        episodes: EpisodeTable,
+        memory: MemoryBudget,
+        counts: collections.Counter[str],
+        stats: EpisodeStats,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        emit: Emit,
+    ) -> None:
+        self._episodes, self._memory, self._counts, self._stats = episodes, memory, counts, stats
+        self._observation_space, self._action_space = observation_space, action_space
+        self._emit = emit
+
+    def finish(self, live: LiveEpisode, terminated: bool, truncated: bool) -> None:
+        """Ends ``live`` with the given flags: counts it and emits it."""
+        self._episodes.remove(live)
+        self._memory.live -= live.nbytes
+        length = live.num_actions
+        self._counts["num_env_steps"] += length
+        self._stats.add(np.array([sum(live.rewards)], np.float64), np.array([length]))
+        episode = None
+        if length:
+            episode = live.to_episode(
+                self._observation_space,
+                self._action_space,
+                terminated=terminated,
+                truncated=truncated,
+            )
+        self._emit(live, episode)
+
+    def reap(self, idle_since: float) -> int:
+        """Ends every idle episode last seen before ``idle_since`` as truncated at its
+        last observation, dropping its step in wait of an outcome; returns how many."""
+        stale = self._episodes.idle_since(idle_since)
+        for live in stale:
+            self._counts["num_dropped_steps"] += live.abandon(self._observation_space)
+            self._counts["num_abandoned_episodes"] += 1
+            self.finish(live, terminated=False, truncated=True)
+        return len(stale)
+
+
+__all__ = ["EpisodeEndings"]
