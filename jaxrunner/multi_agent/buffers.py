@@ -86,9 +86,10 @@ class MultiAgentStep(NamedTuple):
     env_reward: np.ndarray
     """[B] float64: every reward handed out in the step, summed over agents."""
     unassigned_reward: np.ndarray
-    """[B] float64: rewards that reached agents before their first action of the
-    episode (or in an episode where they never acted), which no action of theirs can
-    carry: counted apart, so none goes missing."""
+    """[B] float64: rewards no transition can carry, counted where the env's episode
+    ended (only then): those of agents that never acted in it, and those that reached
+    an agent after its final transition. A reward before an agent's first action is
+    not here: it is added to that agent's first transition (as RLlib does)."""
     infos: list[dict[str, Any]]
     """Per-env infos of the step (the env's per-agent info dict)."""
 
