@@ -297,13 +297,16 @@ def test_env_runner_points_multi_agent_envs_to_the_multi_agent_runner():
     envs.close()
 
 
-def test_agent_episode_ends_match_a_step_by_step_reference():
-    """The vectorised episode close equals the running sums kept step by step."""
-    from jaxrunner.sampling.multi_agent import agent_episode_ends
+def test_agent_episode_ends_and_steps_match_a_step_by_step_reference():
+    """The vectorised episode close equals the running sums and step counters kept
+    step by step."""
+    from jaxrunner.sampling.multi_agent import agent_episode_ends, agent_steps
 
     def reference(ret, length, reward, valid, done, t):
         slots, returns, lengths = [], [], []
+        steps = np.zeros(reward.shape, np.int64)
         for s in range(t):
+            steps[s] = np.where(valid[s], length, 0)
             ret += np.where(valid[s], reward[s], 0.0)
             length += valid[s]
             ends = valid[s] & done[s]
@@ -312,8 +315,8 @@ def test_agent_episode_ends_match_a_step_by_step_reference():
             lengths.append(length[ends])
             ret[ends], length[ends] = 0.0, 0
         if not slots:
-            return np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
-        return np.concatenate(slots), np.concatenate(returns), np.concatenate(lengths)
+            return np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64), steps
+        return np.concatenate(slots), np.concatenate(returns), np.concatenate(lengths), steps
 
     rng = np.random.default_rng(0)
     for _ in range(200):
@@ -324,8 +327,11 @@ def test_agent_episode_ends_match_a_step_by_step_reference():
         t = int(rng.integers(0, T + 1))
         ret, length = rng.normal(size=(B, A)), rng.integers(0, 5, (B, A))
         ours, theirs = (ret.copy(), length.copy()), (ret.copy(), length.copy())
+        steps = np.zeros(reward.shape, np.int64)
+        agent_steps(ours[1], valid, done, t, out=steps)
         got = agent_episode_ends(*ours, reward, valid, done, t)
         want = reference(*theirs, reward, valid, done, t)
+        np.testing.assert_array_equal(steps, want[3])
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_allclose(got[1], want[1], rtol=0, atol=1e-12)
         np.testing.assert_array_equal(got[2], want[2])

@@ -101,7 +101,6 @@ class _GroupSampler:
         self.pending_extras = [
             np.zeros((*shape, *s.shape[1:]), s.dtype) for s in jax.tree.leaves(self.extras_spec)
         ]
-        self.agent_step = np.zeros(shape, np.int64)  # transitions so far in the agent episode
         self.clip = jr_spaces.clip_box_actions(group.action_space)
         self._all_rows = np.arange(self.rows, dtype=np.int32)
         self.pending: Any = None
@@ -110,7 +109,6 @@ class _GroupSampler:
         self.all_acting = False
         """Every agent of every env acts at this step (the masks can be skipped)."""
         self._index_all = False  # the stage's env_index marks every row as acting
-        self._ended = np.zeros(shape, np.bool_)
         self.env_action: Any = None
         # Agent-episode returns and lengths across samples (for the metrics).
         self.running_return = np.zeros(shape, np.float64)
@@ -174,16 +172,7 @@ class _GroupSampler:
         traj.reward[t] = out.reward
         traj.terminated[t] = out.terminated
         traj.truncated[t] = out.truncated
-        traj.valid[t] = done
-        ended = np.logical_or(out.terminated, out.truncated, out=self._ended)
-        if everyone:
-            traj.agent_step[t] = self.agent_step
-            self.agent_step += 1
-        else:
-            np.copyto(traj.agent_step[t], self.agent_step, where=done)
-            self.agent_step += done
-            ended &= done
-        self.agent_step[ended] = 0
+        traj.valid[t] = done  # agent_step is filled in at close()
 
     def allocate(self, num_steps: int) -> GroupTrajectory:
         shape = (num_steps, self.num_envs, self.group.num_agents)
@@ -205,14 +194,13 @@ class _GroupSampler:
         )
 
     def close(self, traj: GroupTrajectory, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The agent episodes that ended in steps ``[0, t)``: ``(slot, return, length)``."""
+        """Fills in ``agent_step`` for steps ``[0, t)``; returns the agent episodes that
+        ended there: ``(slot, return, length)``."""
+        done = traj.terminated | traj.truncated
+        # An agent's step index is its running episode length before the transition.
+        agent_steps(self.running_length, traj.valid, done, t, out=traj.agent_step)
         return agent_episode_ends(
-            self.running_return,
-            self.running_length,
-            traj.reward,
-            traj.valid,
-            traj.terminated | traj.truncated,
-            t,
+            self.running_return, self.running_length, traj.reward, traj.valid, done, t
         )
 
 
@@ -257,6 +245,25 @@ def agent_episode_ends(
     new_l[row[last]] = count[-1, row[last]] - at_l[last]
     running_return[...], running_length[...] = new_r.reshape(shape), new_l.reshape(shape)
     return row % shape[1], at_r - prev_r, at_l - prev_l
+
+
+def agent_steps(
+    length: np.ndarray, valid: np.ndarray, done: np.ndarray, t: int, out: np.ndarray
+) -> None:
+    """Writes into ``out[:t]`` (``[T, B, A_g]``) each valid transition's index within its
+    agent episode, given each agent's episode length so far (``length``, ``[B, A_g]``;
+    not changed); invalid slots get 0. Vectorised over the steps."""
+    if t == 0:
+        return
+    per_row = length.size
+    kept = valid[:t].reshape(t, per_row)
+    count = np.cumsum(kept, axis=0, dtype=np.int64)  # valid transitions up to and at s
+    # The count where each row's current episode began: -length before the sample, then
+    # the count at its latest end before s (counts only grow, so a running maximum).
+    began = np.where(kept & done[:t].reshape(t, per_row), count, np.iinfo(np.int64).min)
+    began = np.maximum.accumulate(np.concatenate([-length.reshape(1, per_row), began[:-1]]), axis=0)
+    steps = np.where(kept, count - kept - began, 0)
+    out[:t] = steps.reshape(out[:t].shape)
 
 
 @dataclasses.dataclass
@@ -443,4 +450,4 @@ def _copy_where(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> None:
     np.copyto(dst, src, where=mask)
 
 
-__all__ = ["EnvLevel", "MultiAgentSampler", "MultiAgentSetup", "agent_episode_ends"]
+__all__ = ["EnvLevel", "MultiAgentSampler", "MultiAgentSetup", "agent_episode_ends", "agent_steps"]
