@@ -85,10 +85,16 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
         self._obs = jr_spaces.allocate(self.single_observation_space, (num_envs,))
-        self._final: dict[int, tuple[Any, float, bool, bool]] = {}  # ended, reset pending
+        # The final step of each env whose reset step EnvPool has yet to return.
+        self._awaiting_reset = np.zeros(num_envs, np.bool_)
+        self._final_obs = jr_spaces.allocate(self.single_observation_space, (num_envs,))
+        self._final_reward = np.zeros(num_envs, np.float64)
+        self._final_terminated = np.zeros(num_envs, np.bool_)
+        self._final_truncated = np.zeros(num_envs, np.bool_)
         self._idle = True  # nothing in flight in EnvPool
         space = self.single_action_space
-        self._reset_action = np.zeros((1, *space.shape), space.dtype)  # ignored by EnvPool
+        # Actions of reset steps, which EnvPool ignores.
+        self._reset_actions = np.zeros((batch_size, *space.shape), space.dtype)
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -109,7 +115,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
                 "EnvPool async reset_batch(): envs are still stepping; recv() their results "
                 "first (the runner does), or build a new vector env."
             )
-        self._final.clear()
+        self._awaiting_reset[:] = False
         self.env.async_reset()
         seen = 0
         while seen < self.num_envs:
@@ -146,41 +152,43 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         while True:
             obs, reward, terminated, truncated, info = self.env.recv()
             ids = np.asarray(info["env_id"]).astype(np.int64)
-            done = np.logical_or(terminated, truncated)
-            out_rows, resets = [], []
-            for j, i in enumerate(ids.tolist()):
-                if i in self._final:  # the reset step of an ended episode: pair them
-                    resets.append(j)
-                    out_rows.append(j)
-                elif done[j]:  # hold the final step; EnvPool resets the env on its next step
-                    self._final[i] = (
-                        jr_spaces.take(space, obs, j), float(reward[j]),
-                        bool(terminated[j]), bool(truncated[j]),
-                    )  # fmt: skip
-                    self.env.send(self._reset_action, np.array([i], np.int32))
-                else:
-                    out_rows.append(j)
-            if out_rows:
-                break
-        rows = np.array(out_rows)
+            resets = self._awaiting_reset[ids]  # reset steps of ended episodes: pair them
+            ended = np.logical_or(terminated, truncated) & ~resets
+            if ended.any():  # hold the final steps; EnvPool resets on the next step
+                held = ids[ended]
+                jr_spaces.copy_into(space, self._final_obs, jr_spaces.take(space, obs, ended), held)
+                self._final_reward[held] = reward[ended]
+                self._final_terminated[held] = terminated[ended]
+                self._final_truncated[held] = truncated[ended]
+                self._awaiting_reset[held] = True
+                self.env.send(self._reset_actions[: len(held)], held.astype(np.int32))
+            rows = ~ended
+            if rows.all():
+                rows = slice(None)
+            elif not rows.any():
+                continue
+            break
         env_ids = ids[rows]
         next_obs = jr_spaces.take(space, obs, rows)
         reward_out = np.asarray(reward, np.float64)[rows]
         term_out = np.asarray(terminated, np.bool_)[rows]
         trunc_out = np.asarray(truncated, np.bool_)[rows]
+        pairs = resets[rows]
         reset_infos: dict[int, dict[str, Any]] = {}
-        for k, j in enumerate(out_rows):
-            i = int(ids[j])
-            if j in resets:
-                final_obs, r, term, trunc = self._final.pop(i)
-                jr_spaces.copy_into(space, next_obs, final_obs, k)
-                reward_out[k], term_out[k], trunc_out[k] = r, term, trunc
-                reset_infos[i] = {}
+        if pairs.any():  # the final step in place of the reset step
+            k, finished = np.flatnonzero(pairs), env_ids[pairs]
+            final = jr_spaces.take(space, self._final_obs, finished)
+            jr_spaces.copy_into(space, next_obs, final, k)
+            reward_out[k] = self._final_reward[finished]
+            term_out[k] = self._final_terminated[finished]
+            trunc_out[k] = self._final_truncated[finished]
+            self._awaiting_reset[finished] = False
+            reset_infos = {i: {} for i in finished.tolist()}
         obs_out = jr_spaces.take(space, obs, rows)
         jr_spaces.copy_into(space, self._obs, obs_out, env_ids)
         return BatchStep(
             obs_out, next_obs, reward_out, term_out, trunc_out,
-            [{} for _ in out_rows], reset_infos, None, None, env_ids,
+            [{} for _ in range(len(env_ids))], reset_infos, None, None, env_ids,
         )  # fmt: skip
 
     def _obs_buffer(self) -> Any:

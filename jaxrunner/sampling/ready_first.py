@@ -121,6 +121,7 @@ class ReadyFirstSampler(HostSampler):
         self._in_flight = 0  # envs sent and not yet received
         self._ready: list[Any] = [slice(0, num_envs)]  # env ids waiting for actions
         self._bufs: list[Trajectory] = []  # this sample's buffers, then the next one's
+        self._leaves_of: tuple[Any, list[np.ndarray]] = (None, [])
 
     def sample(self, params: Params) -> Trajectory:
         num_steps = self.rollout_length
@@ -243,11 +244,11 @@ class ReadyFirstSampler(HostSampler):
         bucket = self.buckets[bisect.bisect_left(self.buckets, count)]
         call, stage = self._calls[bucket], self._stages[bucket]
         obs = jr_spaces.map_structure(self._obs_space, lambda x: x[index], self._obs)
-        for buf, rows, envs, _ in self._rows(index):
+        where = self._rows(index)
+        for buf, rows, envs, sel in where:
             jr_spaces.copy_into(
-                self._obs_space, buf.obs, jr_spaces.take(self._obs_space, self._obs, envs),
-                (rows, envs),
-            )  # fmt: skip
+                self._obs_space, buf.obs, jr_spaces.take(self._obs_space, obs, sel), (rows, envs)
+            )
         # A full batch computes env i at row i (the lockstep layout, bitwise the same);
         # a smaller bucket takes the ready envs in order, then padding.
         at = index if bucket == num_envs else np.arange(count)
@@ -274,12 +275,13 @@ class ReadyFirstSampler(HostSampler):
                 env_part = jr_spaces.map_structure(
                     self._action_space, lambda x, at=part_at: x[at], env_actions
                 )
-            for buf, rows, envs, sel in self._rows(part_index):
-                jr_spaces.copy_into(
-                    self._action_space, buf.action,
-                    jr_spaces.take(self._action_space, part, sel), (rows, envs),
-                )  # fmt: skip
-                for dst, src in zip(jax.tree.leaves(buf.extras), extras):
+            # One ready group (the common case) records where its observations went.
+            for buf, rows, envs, sel in where if len(todo) == 1 else self._rows(part_index):
+                recorded = part  # all of it, unless some envs record into the next sample
+                if not isinstance(sel, slice):
+                    recorded = jr_spaces.take(self._action_space, part, sel)
+                jr_spaces.copy_into(self._action_space, buf.action, recorded, (rows, envs))
+                for dst, src in zip(self._extras_leaves(buf), extras):
                     dst[rows, envs] = src[part_at][sel]
             self._episode_start[part_index] = False
             # ``part`` is a fresh array (fancy indexing): the backend may keep it.
@@ -288,6 +290,12 @@ class ReadyFirstSampler(HostSampler):
             self._in_flight += n
             k += n
         perf["action_processing_ms"] += time.perf_counter() - clock
+
+    def _extras_leaves(self, buf: Trajectory) -> list[np.ndarray]:
+        """``jax.tree.leaves(buf.extras)``, kept per buffer (a buffer serves a sample)."""
+        if buf is not self._leaves_of[0]:
+            self._leaves_of = (buf, jax.tree.leaves(buf.extras))
+        return self._leaves_of[1]
 
     def _record(self, out: BatchStep) -> None:
         """Records the step ``out`` of the envs that answered and queues them."""
