@@ -188,11 +188,14 @@ def build(part: str, name: str, width: int, rollout: int) -> tuple[Callable[[], 
 def child(part: str, name: str, width: int, rollout: int) -> None:
     """A system's process: builds it, then answers each ``seconds`` line on stdin with
     a JSON line ``{"rate": env steps/s}`` until stdin closes."""
+    # Replies need a clean stdout: keep it for them, anything else printed goes to stderr.
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     step, stop = build(part, name, width, rollout)
     reply = {"ready": True, "cpu_dispatch": "inline" if jr.inline_cpu_dispatch() else "async"}
-    print(json.dumps(reply), flush=True)
+    print(json.dumps(reply), file=replies, flush=True)
     for line in sys.stdin:
-        print(json.dumps({"rate": bench.timed(step, float(line))}), flush=True)
+        print(json.dumps({"rate": bench.timed(step, float(line))}), file=replies, flush=True)
     stop()
 
 
