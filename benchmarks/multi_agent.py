@@ -1,7 +1,11 @@
 """Multi-agent sampling benchmark: jaxrunner against the loops a user writes by hand.
 
-Two parts (``--part``), each measured in one process, systems alternating round by
-round (ratios of medians):
+Two parts (``--part``). Each system runs in its own persistent child process, at its
+own defaults: the hand-written references with ``JAX_CPU_ENABLE_ASYNC_DISPATCH=true``
+(JAX's default, which a user who never imports jaxrunner gets), jaxrunner as
+``import jaxrunner`` leaves it. Rounds interleave: the parent asks each child in turn
+to measure for ``--seconds``; the figures are medians over the rounds, the ratio the
+median of the per-round ratios. Each child's dispatch mode is in the report.
 
 * ``host``: MPE ``simple_spread_v3`` (3 agents, PettingZoo parallel API) at widths
   1, 8, 64, 256. ``jaxrunner``: ``MultiAgentRunner.sample()`` on the sync backend.
@@ -30,8 +34,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import pathlib
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +51,7 @@ import jaxrunner as jr
 from jaxrunner import bench
 
 NUM_AGENTS = 3
+ASYNC_DISPATCH_ENV = "JAX_CPU_ENABLE_ASYNC_DISPATCH"
 
 
 def make_env() -> Any:
@@ -166,14 +175,84 @@ def hand_scan(env: Any, num_envs: int, rollout: int) -> tuple[Callable[[], int],
     return step, lambda: None
 
 
-def interleaved(systems: dict[str, tuple[Callable[[], int], Any]], seconds: float, rounds: int):
-    rates: dict[str, list[float]] = {name: [] for name in systems}
-    for _ in range(rounds):
-        for name, (step, _) in systems.items():
-            rates[name].append(bench.timed(step, seconds))
-    for _, stop in systems.values():
-        stop()
-    return {name: statistics.median(r) for name, r in rates.items()}
+def build(part: str, name: str, width: int, rollout: int) -> tuple[Callable[[], int], Any]:
+    """One system, warmed up: ``(step, stop)``."""
+    if part == "host":
+        return {"jaxrunner": jaxrunner_host, "hand_loop": hand_loop_host}[name](width, rollout)
+    import jaxmarl
+
+    env = jaxmarl.make("MPE_simple_spread_v3")
+    return {"jaxrunner": jaxrunner_scan, "hand_scan": hand_scan}[name](env, width, rollout)
+
+
+def child(part: str, name: str, width: int, rollout: int) -> None:
+    """A system's process: builds it, then answers each ``seconds`` line on stdin with
+    a JSON line ``{"rate": env steps/s}`` until stdin closes."""
+    # Replies need a clean stdout: keep it for them, anything else printed goes to stderr.
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    step, stop = build(part, name, width, rollout)
+    reply = {"ready": True, "cpu_dispatch": "inline" if jr.inline_cpu_dispatch() else "async"}
+    print(json.dumps(reply), file=replies, flush=True)
+    for line in sys.stdin:
+        print(json.dumps({"rate": bench.timed(step, float(line))}), file=replies, flush=True)
+    stop()
+
+
+class Child:
+    """The parent's handle on one system's process."""
+
+    def __init__(self, part: str, name: str, width: int, rollout: int, reference: bool) -> None:
+        env = dict(os.environ)
+        if reference:  # JAX's default, as for a user who never imports jaxrunner
+            env[ASYNC_DISPATCH_ENV] = "true"
+        else:  # jaxrunner's own default
+            env.pop(ASYNC_DISPATCH_ENV, None)
+        command = [sys.executable, __file__, "--child", name, "--part", part]
+        command += ["--widths", str(width), "--rollout", str(rollout)]
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        self.cpu_dispatch = self._read()["cpu_dispatch"]
+
+    def _read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError(f"benchmark child {self.proc.args} exited ({self.proc.wait()})")
+        return json.loads(line)
+
+    def measure(self, seconds: float) -> float:
+        self.proc.stdin.write(f"{seconds}\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        return float(self._read()["rate"])
+
+    def close(self) -> None:
+        self.proc.stdin.close()  # type: ignore[union-attr]
+        self.proc.wait()
+
+
+def interleaved(
+    part: str, names: tuple[str, str], width: int, rollout: int, seconds: float, rounds: int
+) -> dict[str, Any]:
+    """Rounds of ``jaxrunner`` then the reference, each in its child; medians."""
+    children = {
+        name: Child(part, name, width, rollout, reference=name != "jaxrunner") for name in names
+    }
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    try:
+        for _ in range(rounds):
+            for name, c in children.items():
+                rates[name].append(c.measure(seconds))
+    finally:
+        for c in children.values():
+            c.close()
+    ours, ref = rates[names[0]], rates[names[1]]
+    return {
+        "median": {name: statistics.median(r) for name, r in rates.items()},
+        "ratio": statistics.median(a / b for a, b in zip(ours, ref)),
+        "ratios": [a / b for a, b in zip(ours, ref)],
+        "cpu_dispatch": {name: c.cpu_dispatch for name, c in children.items()},
+    }
 
 
 def main() -> None:
@@ -181,44 +260,37 @@ def main() -> None:
     parser.add_argument("--part", choices=("host", "jaxmarl"), default="host")
     parser.add_argument("--widths", type=int, nargs="+", default=None)
     parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rollout", type=int, default=None)
     parser.add_argument("--out", type=pathlib.Path, default=None)
-    args = bench.parse_args(parser)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    host = args.part == "host"
+    rollout = args.rollout or (64 if host else 128)
+    if args.child:
+        child(args.part, args.child, args.widths[0], rollout)
+        return
+    names = ("jaxrunner", "hand_loop" if host else "hand_scan")
+    dispatch: dict[str, str] = {}
     results = []
-    if args.part == "host":
-        rollout = args.rollout or 64
-        for width in args.widths or (1, 8, 64, 256):
-            systems = {
-                "jaxrunner": jaxrunner_host(width, rollout),
-                "hand_loop": hand_loop_host(width, rollout),
-            }
-            med = interleaved(systems, args.seconds, args.rounds)
-            results.append(_row(width, med, "hand_loop"))
-            print(results[-1], flush=True)
-    else:
-        import jaxmarl
-
-        env = jaxmarl.make("MPE_simple_spread_v3")
-        rollout = args.rollout or 128
-        for width in args.widths or (4096,):
-            systems = {
-                "jaxrunner": jaxrunner_scan(env, width, rollout),
-                "hand_scan": hand_scan(env, width, rollout),
-            }
-            med = interleaved(systems, args.seconds, args.rounds)
-            results.append(_row(width, med, "hand_scan"))
-            print(results[-1], flush=True)
-    bench.write_report(f"multi_agent_{args.part}", args, results)
+    for width in args.widths or ((1, 8, 64, 256) if host else (4096,)):
+        out = interleaved(args.part, names, width, rollout, args.seconds, args.rounds)
+        dispatch = out["cpu_dispatch"]
+        results.append(_row(width, out, names[1]))
+        print(results[-1], flush=True)
+    machine = {**bench.machine_info(), "jax_cpu_dispatch": dispatch}
+    bench.write_report(f"multi_agent_{args.part}", args, results, machine)
 
 
-def _row(width: int, med: dict[str, float], reference: str) -> dict[str, Any]:
+def _row(width: int, out: dict[str, Any], reference: str) -> dict[str, Any]:
+    med = out["median"]
     return {
         "num_envs": width,
         "num_agents": NUM_AGENTS,
         **{f"{name}_env_steps_per_s": rate for name, rate in med.items()},
         **{f"{name}_agent_steps_per_s": NUM_AGENTS * rate for name, rate in med.items()},
-        f"ratio_vs_{reference}": med["jaxrunner"] / med[reference],
+        f"ratio_vs_{reference}": out["ratio"],
+        f"ratios_vs_{reference}_per_round": out["ratios"],
     }
 
 

@@ -57,11 +57,20 @@ class GroupBuffers:
             next_obs_rows=jax.tree.map(lambda x: x.reshape(flat, *x.shape[2:]), next_obs),
         )
 
-    def clear_step(self) -> None:
-        """Clears every env's masks and completed transitions before a step."""
-        self.acting[:] = False
+    def clear_step(self, same_step: bool = False) -> None:
+        """Clears every env's masks and completed transitions before a step.
+
+        Args:
+            same_step: every acting agent's transition completes in this step (parallel
+                envs): ``completed`` is set to ``acting``, and ``acting`` is kept (the
+                drivers clear the agents that stop acting).
+        """
+        if same_step:
+            np.copyto(self.completed, self.acting)
+        else:
+            self.acting[:] = False
+            self.completed[:] = False
         self.agent_start[:] = False
-        self.completed[:] = False
         self.reward[:] = 0.0
         self.terminated[:] = False
         self.truncated[:] = False
@@ -77,9 +86,10 @@ class MultiAgentStep(NamedTuple):
     env_reward: np.ndarray
     """[B] float64: every reward handed out in the step, summed over agents."""
     unassigned_reward: np.ndarray
-    """[B] float64: rewards that reached agents before their first action of the
-    episode (or in an episode where they never acted), which no action of theirs can
-    carry: counted apart, so none goes missing."""
+    """[B] float64: rewards no transition can carry, counted where the env's episode
+    ended (only then): those of agents that never acted in it, and those that reached
+    an agent after its final transition. A reward before an agent's first action is
+    not here: it is added to that agent's first transition (as RLlib does)."""
     infos: list[dict[str, Any]]
     """Per-env infos of the step (the env's per-agent info dict)."""
 

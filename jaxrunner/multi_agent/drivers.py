@@ -13,6 +13,14 @@ once (SAME_STEP).
 AEC envs: only the selected agent acts. Its transition completes at its next turn (or
 at the end of its episode) with every reward it received in between. Dead agents'
 ``step(None)`` calls are made here, never by the policy.
+
+Rewards (both APIs, as RLlib does): a reward that reaches an agent is added to the
+transition of its last action, completed or not yet; one that reaches it before its
+first action of the episode is added to its first transition. Only rewards no
+transition can carry (the agent never acts again in the episode: it never acted, or its
+final transition had already completed) are returned apart, as ``unassigned`` reward,
+when the episode ends: so every reward is in exactly one transition or in
+``unassigned_reward``.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.errors import EnvError, InvalidArgumentError
@@ -70,6 +80,7 @@ class _Slot:
         "acting",
         "completed",
         "g",
+        "obs_rows",
         "reward",
         "row",
         "start",
@@ -86,6 +97,9 @@ class _Slot:
         self.acting, self.start = buf.acting[b], buf.agent_start[b]
         self.completed, self.reward = buf.completed[b], buf.reward[b]
         self.terminated, self.truncated = buf.terminated[b], buf.truncated[b]
+        # A plain array buffer: an observation already checked by ``write_next`` is
+        # copied in without a second check.
+        self.obs_rows = buf.obs_rows if isinstance(buf.obs_rows, np.ndarray) else None
 
 
 class Driver(abc.ABC):
@@ -97,7 +111,7 @@ class Driver(abc.ABC):
         self.pending_reward: dict[str, float] = {}
         """Rewards each agent received since its last action (or episode start)."""
         self.acted: set[str] = set()
-        """Agents with an action whose transition has not completed yet."""
+        """Agents with an action whose transition has not completed yet (AEC)."""
         self.started: set[str] = set()
         """Agents that acted in the current episode."""
 
@@ -132,11 +146,12 @@ class Driver(abc.ABC):
             slot = self._slots[agent] = _Slot(self.layout, agent, self.index)
         return slot
 
-    def _set_acting(self, agent: str, obs: Any) -> None:
+    def _set_acting(self, agent: str, obs: Any) -> _Slot:
         slot = self._slot(agent)
         slot.write_obs(slot.row, obs)
         slot.acting[slot.a] = True
         slot.start[slot.a] = agent not in self.started
+        return slot
 
     def _add_reward(self, agent: str, reward: Any) -> float:
         if type(reward) is float and reward - reward == 0.0:  # a finite float: fast path
@@ -162,24 +177,10 @@ class Driver(abc.ABC):
         slot = self._slot(agent)
         return actions[slot.g][self.index, slot.a]
 
-    def _first_actions(self, acting: Sequence[str]) -> float:
-        """Marks ``acting`` as having acted; returns the rewards that reached those of
-        them acting for the first time in the episode before that action: no action of
-        theirs caused them, so they are counted apart (``unassigned_reward``), as
-        PettingZoo's ``last()`` leaves them out of the agent's reward."""
-        unassigned, started = 0.0, self.started
-        self.acted.update(acting)
-        if started.issuperset(acting):  # the common case: nobody new
-            return unassigned
-        for agent in acting:
-            if agent not in started:
-                unassigned += self.pending_reward.pop(agent, 0.0)
-                started.add(agent)
-        return unassigned
-
     def _unassigned(self) -> float:
-        """Rewards left to agents that never acted in the ending episode."""
-        return float(sum(r for agent, r in self.pending_reward.items() if agent not in self.acted))
+        """At the end of an episode, once every action's transition has completed: the
+        rewards no transition carries (see the module docstring)."""
+        return float(sum(self.pending_reward.values()))
 
 
 class ParallelDriver(Driver):
@@ -187,14 +188,19 @@ class ParallelDriver(Driver):
 
     def __init__(self, env: Any, index: int, layout: Layout) -> None:
         super().__init__(env, index, layout)
-        self.live: list[str] = []
+        self.live: list[tuple[str, _Slot]] = []
+        """The agents that act at the next step, with their slots."""
+        self._newcomers = False
+        """Some of ``live`` act for the first time in the episode."""
 
     def reset(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
         obs, infos = self.env.reset(seed=seed, options=options)
         self._begin_episode()
-        self.live = list(_check_dict(obs, "reset", "observations", self.index))
-        for agent in self.live:
-            self._set_acting(agent, obs[agent])
+        self.live = [
+            (agent, self._set_acting(agent, obs[agent]))
+            for agent in _check_dict(obs, "reset", "observations", self.index)
+        ]
+        self._newcomers = True
         if not self.live:
             raise EnvError(
                 f"sub-env {self.index}: reset() returned no observation; a multi-agent env "
@@ -204,52 +210,74 @@ class ParallelDriver(Driver):
         return infos
 
     def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
-        acting, i = self.live, self.index
-        slots = [self._slot(agent) for agent in acting]
+        # The hot loop of the host backends: per agent, dict look-ups and writes through
+        # the slots resolved once; the checks' slow paths only for unusual values.
+        live, i = self.live, self.index
         obs, rewards, terms, truncs, infos = self.env.step(
-            {agent: actions[slot.g][i, slot.a] for agent, slot in zip(acting, slots)}
+            {agent: actions[slot.g][i, slot.a] for agent, slot in live}
         )
-        for name, value in (
-            ("observations", obs),
-            ("rewards", rewards),
-            ("terminations", terms),
-            ("truncations", truncs),
+        if not (
+            isinstance(obs, dict)
+            and isinstance(rewards, dict)
+            and isinstance(terms, dict)
+            and isinstance(truncs, dict)
         ):
-            _check_dict(value, "step", name, i)
-        unassigned = self._first_actions(acting)
+            for name, value in (
+                ("observations", obs),
+                ("rewards", rewards),
+                ("terminations", terms),
+                ("truncations", truncs),
+            ):
+                _check_dict(value, "step", name, i)
+        if self._newcomers:
+            self.started.update(agent for agent, _ in live)
+            self._newcomers = False
         env_reward, pending = 0.0, self.pending_reward
-        for agent, r in rewards.items():  # _add_reward, inlined: the hot loop
-            if type(r) is not float or r - r != 0.0:
+        for agent, r in rewards.items():
+            if type(r) is not float or r - r != 0.0:  # not a finite float: check it
                 r = jr_spaces.check_reward(r, i)
             pending[agent] = pending.get(agent, 0.0) + r
             env_reward += r
-        for agent, slot in zip(acting, slots):
-            if agent not in obs:
+        # The buffers hold every acting agent as completed and still acting
+        # (GroupBuffers.clear_step); only who stops acting is written.
+        next_live = []
+        for agent, slot in live:
+            try:
+                next_obs = obs[agent]
+            except KeyError:
                 raise EnvError(
                     f"sub-env {i}: agent {agent!r} acted but step() returned no observation "
                     "for it. A ParallelEnv must return the observation, reward and flags of "
                     "every agent that acted (its final observation where it leaves).",
                     i,
-                )
-            a = slot.a
+                ) from None
             term, trunc = terms.get(agent, False), truncs.get(agent, False)
-            slot.write_next(slot.row, obs[agent])
-            slot.completed[a] = True
+            if type(term) is not bool:
+                term = jr_spaces.check_flag(term, i, "terminated")
+            if type(trunc) is not bool:
+                trunc = jr_spaces.check_flag(trunc, i, "truncated")
+            a, row = slot.a, slot.row
+            slot.write_next(row, next_obs)
             slot.reward[a] = pending.pop(agent, 0.0)
-            slot.terminated[a] = (
-                term if type(term) is bool else jr_spaces.check_flag(term, i, "terminated")
-            )
-            slot.truncated[a] = (
-                trunc if type(trunc) is bool else jr_spaces.check_flag(trunc, i, "truncated")
-            )
-        self.acted.clear()  # every action's transition completed
-        # Who acts next: agents with an observation whose episode goes on (newcomers too).
-        self.live = [a for a in obs if not (terms.get(a, False) or truncs.get(a, False))]
-        for agent in self.live:
-            self._set_acting(agent, obs[agent])
-        if self.live:
-            return False, env_reward, unassigned, infos
-        unassigned += self._unassigned()
+            if term or trunc:  # the buffers' flags were cleared before the step
+                slot.terminated[a], slot.truncated[a] = term, trunc
+                slot.acting[a] = False
+            else:  # it acts next, on the observation just checked
+                if slot.obs_rows is not None:
+                    slot.obs_rows[row] = next_obs
+                else:
+                    slot.write_obs(row, next_obs)
+                next_live.append((agent, slot))
+        if len(obs) > len(live):  # agents that appeared (every one that acted is in obs)
+            acted = {agent for agent, _ in live}
+            for agent in obs:
+                if agent not in acted and not (terms.get(agent, False) or truncs.get(agent, False)):
+                    next_live.append((agent, self._set_acting(agent, obs[agent])))
+                    self._newcomers = True
+        self.live = next_live
+        if next_live:
+            return False, env_reward, 0.0, infos
+        unassigned = self._unassigned()
         self.reset(None, None)
         return True, env_reward, unassigned, infos
 
@@ -277,18 +305,19 @@ class AECDriver(Driver):
     def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
         env = self.env
         agent = env.agent_selection
-        unassigned = self._first_actions([agent])
+        self.acted.add(agent)
+        self.started.add(agent)
         env.step(self._action(actions, agent))
         env_reward = self._collect_rewards()
         env_reward += self._settle()
         infos = dict(env.infos)
         if env.agents:
-            return False, env_reward, unassigned, infos
+            return False, env_reward, 0.0, infos
         # Agents the env removed without their dead step: their episode was cut with
         # the env's (truncated), from the last observation the env gave them.
         for agent in list(self.acted):
             self._complete(agent, self._last_obs[agent], False, True)
-        unassigned += self._unassigned()
+        unassigned = self._unassigned()
         self.reset(None, None)
         return True, env_reward, unassigned, infos
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxrunner.multi_agent.buffers import GroupBuffers, MultiAgentStep
 from jaxrunner.multi_agent.groups import AgentGroup
-from jaxrunner.multi_agent.sub_envs import SubEnvBlock, check_actions, env_groups
+from jaxrunner.multi_agent.sub_envs import ActionCheck, SubEnvBlock, env_groups
 from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
 
 _FIELDS = (
@@ -76,6 +76,7 @@ class RemoteBlocksVectorEnv(MultiAgentVectorEnv):
         self._env_done = np.zeros(self.num_envs, np.bool_)
         self._env_reward = np.zeros(self.num_envs, np.float64)
         self._unassigned = np.zeros(self.num_envs, np.float64)
+        self._check_actions = ActionCheck(self.groups, self.num_envs)
 
     @abc.abstractmethod
     def _call_all(self, method: str, args_per_remote: list[tuple]) -> list[Reply]:
@@ -90,7 +91,7 @@ class RemoteBlocksVectorEnv(MultiAgentVectorEnv):
 
     def step_batch(self, actions: Sequence[Any]) -> MultiAgentStep:
         self._check_open("step_batch")
-        check_actions(self.groups, actions, self.num_envs)  # before any remote steps
+        self._check_actions(actions)  # before any remote steps
         args = [([np.asarray(a)[lo:hi] for a in actions],) for lo, hi in self._bounds]
         return self._gather(self._call_all("step", args))
 

@@ -49,6 +49,7 @@ class SubEnvBlock:
                     "agents. Check the factory."
                 )
         self.buffers = [GroupBuffers.allocate(group, n) for group in self.groups]
+        self.check_actions = ActionCheck(self.groups, n)
         layout = Layout(self.groups, self.buffers)
         self.drivers: list[Driver] = [make_driver(env, i, layout) for i, env in enumerate(envs)]
         self.turn_based = isinstance(self.drivers[0], AECDriver)
@@ -56,6 +57,7 @@ class SubEnvBlock:
         self.env_done = np.zeros(n, np.bool_)
         self.env_reward = np.zeros(n, np.float64)
         self.unassigned_reward = np.zeros(n, np.float64)
+        self._groups_by_id = {g.policy_id: buf for g, buf in zip(self.groups, self.buffers)}
 
     def reset(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -72,61 +74,96 @@ class SubEnvBlock:
         """One step of every sub-env; ``actions[g]`` is group ``g``'s ``[n, A_g, ...]``
         batch (only the acting agents' entries are read)."""
         infos = []
+        same_step = not self.turn_based
         for buf in self.buffers:  # every row at once; the drivers set what they write
-            buf.clear_step()
+            buf.clear_step(same_step)
+        env_done, env_reward, unassigned_reward = (
+            self.env_done,
+            self.env_reward,
+            self.unassigned_reward,
+        )
+        env_done[:] = False
+        unassigned_reward[:] = 0.0
         for b, driver in enumerate(self.drivers):
             done, reward, unassigned, info = driver.step(actions)
-            self.env_done[b], self.env_reward[b] = done, reward
-            self.unassigned_reward[b] = unassigned
+            env_reward[b] = reward
+            if done:  # rare: written only then
+                env_done[b], unassigned_reward[b] = True, unassigned
             infos.append(info)
         return self.result(infos)
 
     def result(self, infos: list[dict[str, Any]]) -> MultiAgentStep:
         return MultiAgentStep(
-            groups={g.policy_id: buf for g, buf in zip(self.groups, self.buffers)},
+            groups=self._groups_by_id,
             env_done=self.env_done,
             env_reward=self.env_reward,
             unassigned_reward=self.unassigned_reward,
             infos=infos,
         )
 
-    def check_actions(self, actions: Sequence[Any]) -> Sequence[Any]:
-        return check_actions(self.groups, actions, len(self.envs))
-
     def close(self) -> None:
         for env in self.envs:
             env.close()
 
 
-def check_actions(
-    groups: Sequence[AgentGroup], actions: Sequence[Any], num_envs: int
-) -> Sequence[Any]:
-    """Validates every group's ``[B, A_g, ...]`` batch as a whole, before any sub-env
-    steps (shapes and dtypes; nothing is cast).
+class ActionCheck:
+    """Validates every group's ``[B, A_g, ...]`` action batch as a whole, before any
+    sub-env steps (shapes and dtypes; nothing is cast). A call returns the actions.
 
-    Raises:
+    The common case (one numpy array per group, of the expected shape and dtype kind)
+    is tested inline; anything else goes through
+    :func:`~jaxrunner.spaces.check_action_batch`, which names what is wrong.
+
+    Raises (from a call):
         InvalidActionError: a batch of the wrong structure, shape or dtype.
     """
-    if len(actions) != len(groups):
-        raise InvalidActionError(
-            f"multi-agent step: expected one action batch per group ({len(groups)}: "
-            f"{[g.policy_id for g in groups]}), got {len(actions)}."
-        )
-    for group, batch in zip(groups, actions):
-        rows = num_envs * group.num_agents
-        lead = (num_envs, group.num_agents)
 
-        def flat(x: Any, lead: tuple[int, int] = lead, group: AgentGroup = group) -> Any:
-            shape = np.shape(x)
-            if shape[:2] != lead:
-                raise InvalidActionError(
-                    f"multi-agent step: group {group.policy_id!r} expected actions of leading "
-                    f"shape [B, A_g] = {lead}, got shape {shape}."
-                )
-            return np.asarray(x).reshape(-1, *shape[2:])
+    def __init__(self, groups: Sequence[AgentGroup], num_envs: int) -> None:
+        self.groups, self.num_envs = tuple(groups), num_envs
+        self._fast: list[tuple[tuple[int, ...], str]] | None = []
+        for group in self.groups:
+            space = group.action_space
+            if type(space) not in jr_spaces.LEAF_TYPES:
+                self._fast = None
+                break
+            shape, dtype = jr_spaces.leaf_spec(space)
+            kinds = "iu" if dtype.kind in "iu" else "f" if dtype.kind == "f" else ""
+            self._fast.append(((num_envs, group.num_agents, *shape), kinds))
 
-        jr_spaces.check_action_batch(group.action_space, jax.tree.map(flat, batch), rows)
-    return actions
+    def __call__(self, actions: Sequence[Any]) -> Sequence[Any]:
+        fast = self._fast
+        if fast is not None and len(actions) == len(fast):
+            for batch, (shape, kinds) in zip(actions, fast):
+                if not (
+                    type(batch) is np.ndarray and batch.shape == shape and batch.dtype.kind in kinds
+                ):
+                    break
+            else:
+                return actions
+        return self._check(actions)
+
+    def _check(self, actions: Sequence[Any]) -> Sequence[Any]:
+        groups, num_envs = self.groups, self.num_envs
+        if len(actions) != len(groups):
+            raise InvalidActionError(
+                f"multi-agent step: expected one action batch per group ({len(groups)}: "
+                f"{[g.policy_id for g in groups]}), got {len(actions)}."
+            )
+        for group, batch in zip(groups, actions):
+            rows = num_envs * group.num_agents
+            lead = (num_envs, group.num_agents)
+
+            def flat(x: Any, lead: tuple[int, int] = lead, group: AgentGroup = group) -> Any:
+                shape = np.shape(x)
+                if shape[:2] != lead:
+                    raise InvalidActionError(
+                        f"multi-agent step: group {group.policy_id!r} expected actions of "
+                        f"leading shape [B, A_g] = {lead}, got shape {shape}."
+                    )
+                return np.asarray(x).reshape(-1, *shape[2:])
+
+            jr_spaces.check_action_batch(group.action_space, jax.tree.map(flat, batch), rows)
+        return actions
 
 
-__all__ = ["MultiAgentEnvFactory", "SubEnvBlock", "check_actions", "env_groups"]
+__all__ = ["ActionCheck", "MultiAgentEnvFactory", "SubEnvBlock", "env_groups"]

@@ -3,10 +3,10 @@
 Per step: for each group, its acting agents' observations (``[B * A_g, ...]`` rows)
 go to the group's :class:`~jaxrunner.policy_step.CompiledPolicyStep` (one
 host->device and one device->host transfer per group); rows of agents that do not act
-are computed and dropped, so their keys and carries do not move. Each action is kept
-with its observation and extras until the env completes its transition (the same step
-in a parallel env, the agent's next turn in an AEC env), then written to slot
-``[t, b, a]`` of the step that completed it.
+are computed and dropped, so their keys and carries do not move. Each action is
+written with its observation and extras to slot ``[t, b, a]`` of the step that
+completes its transition: in a parallel env that is the step that takes it (written
+straight into slot ``t``); in an AEC env the agent's next turn (kept until then).
 
 Connectors (``MultiAgentSetup.connectors``, per policy id) run inside a group's step
 with its agent slots as rows (:mod:`jaxrunner.multi_agent.connectors`); their
@@ -70,8 +70,11 @@ class _GroupSampler:
         agent_offset: int,
         num_possible: int,
         connectors: Connectors | None = None,
+        same_step: bool = False,
     ) -> None:
         self.group, self.num_envs = group, num_envs
+        self.same_step = same_step
+        """Each action's transition completes in the step that takes it (parallel envs)."""
         a_g = group.num_agents
         self.rows = num_envs * a_g
         ids = (np.arange(num_envs)[:, None] * num_possible + agent_offset + np.arange(a_g)).ravel()
@@ -98,11 +101,14 @@ class _GroupSampler:
         self.pending_extras = [
             np.zeros((*shape, *s.shape[1:]), s.dtype) for s in jax.tree.leaves(self.extras_spec)
         ]
-        self.agent_step = np.zeros(shape, np.int64)  # transitions so far in the agent episode
         self.clip = jr_spaces.clip_box_actions(group.action_space)
         self._all_rows = np.arange(self.rows, dtype=np.int32)
         self.pending: Any = None
         self.acting = np.zeros(shape, np.bool_)
+        self._acting_rows = self.acting.reshape(-1)  # a view
+        self.all_acting = False
+        """Every agent of every env acts at this step (the masks can be skipped)."""
+        self._index_all = False  # the stage's env_index marks every row as acting
         self.env_action: Any = None
         # Agent-episode returns and lengths across samples (for the metrics).
         self.running_return = np.zeros(shape, np.float64)
@@ -121,13 +127,17 @@ class _GroupSampler:
         stage = self.stage
         for dst, src in zip(self._stage_obs, _leaves(buf.obs_rows)):
             np.copyto(dst, src)
-        stage.episode_start[:] = buf.agent_start.ravel()
+        np.copyto(stage.episode_start, buf.agent_start.reshape(-1))
         np.copyto(self.acting, buf.acting)
-        stage.env_index[:] = np.where(self.acting.ravel(), self._all_rows, self.rows)
+        self.all_acting = np.count_nonzero(self._acting_rows) == self.rows
+        if not (self.all_acting and self._index_all):  # else the index is unchanged
+            stage.env_index[:] = np.where(self._acting_rows, self._all_rows, self.rows)
+            self._index_all = self.all_acting
         self.pending, self.state = self.call.dispatch(params, self.state, stage)
 
-    def collect(self, buf: GroupBuffers) -> None:
-        """Takes the actions and keeps each acting agent's turn until it completes."""
+    def collect(self, buf: GroupBuffers, t: int) -> None:
+        """Takes the actions; writes each acting agent's turn into slot ``t`` (parallel
+        envs) or keeps it until its transition completes (AEC envs)."""
         policy_action, env_action, extras = self.call.collect(self.pending)
         self.pending = None
         shape, acting = self.acting.shape, self.acting
@@ -135,33 +145,34 @@ class _GroupSampler:
         # With action connectors the env gets their actions, else the policy's.
         same = env_action is policy_action
         env_action = action if same else _agent_axis(env_action, shape)
-        for dst, src in zip(self._pending_obs, _leaves(buf.obs)):
-            _copy_where(dst, src, acting)
-        for dst, src in zip(self._pending_action, _leaves(action)):
-            _copy_where(dst, src, acting)
-        for dst, src in zip(self.pending_extras, extras):
-            _copy_where(dst, src.reshape(*shape, *src.shape[1:]), acting)
+        if self.same_step:
+            (obs_dst, action_dst, extras_dst), slot = self._traj_leaves[:3], t
+        else:
+            obs_dst, action_dst, slot = self._pending_obs, self._pending_action, None
+            extras_dst = self.pending_extras
+        mask = None if self.all_acting else acting
+        _put(obs_dst, _leaves(buf.obs), slot, mask)
+        _put(action_dst, _leaves(action), slot, mask)
+        _put(extras_dst, [x.reshape(*shape, *x.shape[1:]) for x in extras], slot, mask)
         self.env_action = env_action if self.clip is None else self.clip(env_action)
 
     def record(self, out: GroupBuffers, traj: GroupTrajectory, t: int) -> None:
         """Writes the transitions completed at step ``t`` into slot ``t``."""
         done = out.completed
         obs, action, extras, next_obs = self._traj_leaves
-        for dsts, srcs in (
-            (obs, self._pending_obs),
-            (action, self._pending_action),
-            (extras, self.pending_extras),
-            (next_obs, _leaves(out.next_obs)),
-        ):
-            for dst, src in zip(dsts, srcs):
-                _copy_where(dst[t], src, done)
+        # A parallel env completes exactly the turns taken at this step, which
+        # collect() has already written.
+        everyone = self.same_step and self.all_acting
+        mask = None if everyone else done
+        if not self.same_step:
+            _put(obs, self._pending_obs, t, mask)
+            _put(action, self._pending_action, t, mask)
+            _put(extras, self.pending_extras, t, mask)
+        _put(next_obs, _leaves(out.next_obs), t, mask)
         traj.reward[t] = out.reward
         traj.terminated[t] = out.terminated
         traj.truncated[t] = out.truncated
-        traj.valid[t] = done
-        np.copyto(traj.agent_step[t], self.agent_step, where=done)
-        self.agent_step += done
-        self.agent_step[done & (out.terminated | out.truncated)] = 0
+        traj.valid[t] = done  # agent_step is filled in at close()
 
     def allocate(self, num_steps: int) -> GroupTrajectory:
         shape = (num_steps, self.num_envs, self.group.num_agents)
@@ -183,14 +194,13 @@ class _GroupSampler:
         )
 
     def close(self, traj: GroupTrajectory, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The agent episodes that ended in steps ``[0, t)``: ``(slot, return, length)``."""
+        """Fills in ``agent_step`` for steps ``[0, t)``; returns the agent episodes that
+        ended there: ``(slot, return, length)``."""
+        done = traj.terminated | traj.truncated
+        # An agent's step index is its running episode length before the transition.
+        agent_steps(self.running_length, traj.valid, done, t, out=traj.agent_step)
         return agent_episode_ends(
-            self.running_return,
-            self.running_length,
-            traj.reward,
-            traj.valid,
-            traj.terminated | traj.truncated,
-            t,
+            self.running_return, self.running_length, traj.reward, traj.valid, done, t
         )
 
 
@@ -204,21 +214,56 @@ def agent_episode_ends(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Moves each agent's running return and length (``[B, A_g]``, updated in place)
     over steps ``[0, t)`` of ``[T, B, A_g]`` arrays; returns the agent episodes that
-    ended there as arrays ``(slot, return, length)``, in (step, env, slot) order."""
-    slots, returns, lengths = [], [], []
-    for s in range(t):
-        running_return += np.where(valid[s], reward[s], 0.0)
-        running_length += valid[s]
-        ends = valid[s] & done[s]
-        if ends.any():
-            slots.append(np.nonzero(ends)[1])
-            returns.append(running_return[ends])
-            lengths.append(running_length[ends])
-            running_return[ends] = 0.0
-            running_length[ends] = 0
-    if not slots:
-        return np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
-    return np.concatenate(slots), np.concatenate(returns), np.concatenate(lengths)
+    ended there as arrays ``(slot, return, length)``, in (step, env, slot) order.
+
+    Vectorised over the steps, as :class:`~jaxrunner.sampling.episodes.EpisodeBook`
+    does: an episode's return is the difference of running sums at its two ends."""
+    empty = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
+    if t == 0:
+        return empty
+    shape, per_row = running_return.shape, running_return.size
+    kept = valid[:t].reshape(t, per_row)
+    total = np.cumsum(np.where(kept, reward[:t].reshape(t, per_row), 0.0), axis=0)
+    count = np.cumsum(kept, axis=0, dtype=np.int64)
+    before_r, before_l = running_return.reshape(-1), running_length.reshape(-1)
+    step, row = np.nonzero(kept & done[:t].reshape(t, per_row))  # (step, env, slot) order
+    new_r, new_l = before_r + total[-1], before_l + count[-1]
+    if len(step) == 0:
+        running_return[...], running_length[...] = new_r.reshape(shape), new_l.reshape(shape)
+        return empty
+    at_r, at_l = total[step, row], count[step, row]
+    # Each end's previous end in the same row (or the running value before the sample).
+    order = np.lexsort((step, row))
+    by_row = row[order]
+    first = np.ones(len(order), np.bool_)
+    first[1:] = by_row[1:] != by_row[:-1]
+    prev_r, prev_l = np.empty_like(at_r), np.empty_like(at_l)
+    prev_r[order] = np.where(first, -before_r[by_row], np.roll(at_r[order], 1))
+    prev_l[order] = np.where(first, -before_l[by_row], np.roll(at_l[order], 1))
+    last = order[np.append(by_row[1:] != by_row[:-1], True)]  # each row's last end
+    new_r[row[last]] = total[-1, row[last]] - at_r[last]
+    new_l[row[last]] = count[-1, row[last]] - at_l[last]
+    running_return[...], running_length[...] = new_r.reshape(shape), new_l.reshape(shape)
+    return row % shape[1], at_r - prev_r, at_l - prev_l
+
+
+def agent_steps(
+    length: np.ndarray, valid: np.ndarray, done: np.ndarray, t: int, out: np.ndarray
+) -> None:
+    """Writes into ``out[:t]`` (``[T, B, A_g]``) each valid transition's index within its
+    agent episode, given each agent's episode length so far (``length``, ``[B, A_g]``;
+    not changed); invalid slots get 0. Vectorised over the steps."""
+    if t == 0:
+        return
+    per_row = length.size
+    kept = valid[:t].reshape(t, per_row)
+    count = np.cumsum(kept, axis=0, dtype=np.int64)  # valid transitions up to and at s
+    # The count where each row's current episode began: -length before the sample, then
+    # the count at its latest end before s (counts only grow, so a running maximum).
+    began = np.where(kept & done[:t].reshape(t, per_row), count, np.iinfo(np.int64).min)
+    began = np.maximum.accumulate(np.concatenate([-length.reshape(1, per_row), began[:-1]]), axis=0)
+    steps = np.where(kept, count - kept - began, 0)
+    out[:t] = steps.reshape(out[:t].shape)
 
 
 @dataclasses.dataclass
@@ -263,6 +308,7 @@ class MultiAgentSampler:
                 offset,
                 num_possible,
                 setup.connectors.get(pid),
+                same_step=not envs.turn_based,
             )
             offset += group.num_agents
         self._last = first
@@ -282,6 +328,7 @@ class MultiAgentSampler:
             episode_id=np.zeros(shape, np.int64),
             step=np.zeros(shape, np.int64),
         )
+        self._unassigned = np.zeros(shape, np.float64)  # summed once, in _close
         traj = MultiAgentTrajectory(
             groups=groups,
             env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
@@ -342,7 +389,7 @@ class MultiAgentSampler:
         tick = time.perf_counter()
         perf["inference_ms"] += tick - clock
         for pid, gs in self.groups.items():
-            gs.collect(last.groups[pid])
+            gs.collect(last.groups[pid], t)
         clock = time.perf_counter()
         perf["action_processing_ms"] += clock - tick
         out = self.envs.step_batch([gs.env_action for gs in self.groups.values()])
@@ -352,7 +399,7 @@ class MultiAgentSampler:
             gs.record(out.groups[pid], traj.groups[pid], t)
         env_level.reward[t] = out.env_reward
         env_level.terminated[t] = out.env_done
-        self.metrics.unassigned_reward += float(out.unassigned_reward.sum())
+        self._unassigned[t] = out.unassigned_reward
         self._last = out
         perf["obs_processing_ms"] += time.perf_counter() - tick
 
@@ -360,6 +407,7 @@ class MultiAgentSampler:
         self, traj: MultiAgentTrajectory, env_level: EnvLevel, t: int
     ) -> MultiAgentTrajectory:
         self.metrics.add(self._book.close(env_level, t))  # type: ignore[arg-type]
+        self.metrics.unassigned_reward += float(self._unassigned[:t].sum())
         for pid, gs in self.groups.items():
             group = traj.groups[pid]
             steps = np.count_nonzero(group.valid[:t], axis=(0, 1))
@@ -381,6 +429,20 @@ def _agent_axis(action: Any, shape: tuple[int, ...]) -> Any:
     return jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), action)
 
 
+def _put(
+    dsts: list[np.ndarray], srcs: list[np.ndarray], t: int | None, mask: np.ndarray | None
+) -> None:
+    """Leaf by leaf, ``dst[t] = src`` (``dst`` itself where ``t`` is None) where ``mask``
+    (None: everywhere)."""
+    for dst, src in zip(dsts, srcs):
+        if mask is not None:
+            _copy_where(dst if t is None else dst[t], src, mask)
+        elif t is None:
+            dst[...] = src
+        else:
+            dst[t] = src
+
+
 def _copy_where(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> None:
     """``dst[mask] = src[mask]``; ``mask`` covers the leading axes."""
     if dst.ndim > mask.ndim:
@@ -388,4 +450,4 @@ def _copy_where(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> None:
     np.copyto(dst, src, where=mask)
 
 
-__all__ = ["EnvLevel", "MultiAgentSampler", "MultiAgentSetup", "agent_episode_ends"]
+__all__ = ["EnvLevel", "MultiAgentSampler", "MultiAgentSetup", "agent_episode_ends", "agent_steps"]
