@@ -37,6 +37,7 @@ from jaxrunner.multi_agent.trajectory import GroupTrajectory, MultiAgentTrajecto
 from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner.policy import Params, Policy
 from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
+from jaxrunner.sampling.agent_episodes import agent_episode_ends, agent_steps
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.sampler import attach_partial
 
@@ -202,68 +203,6 @@ class _GroupSampler:
         return agent_episode_ends(
             self.running_return, self.running_length, traj.reward, traj.valid, done, t
         )
-
-
-def agent_episode_ends(
-    running_return: np.ndarray,
-    running_length: np.ndarray,
-    reward: np.ndarray,
-    valid: np.ndarray,
-    done: np.ndarray,
-    t: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Moves each agent's running return and length (``[B, A_g]``, updated in place)
-    over steps ``[0, t)`` of ``[T, B, A_g]`` arrays; returns the agent episodes that
-    ended there as arrays ``(slot, return, length)``, in (step, env, slot) order.
-
-    Vectorised over the steps, as :class:`~jaxrunner.sampling.episodes.EpisodeBook`
-    does: an episode's return is the difference of running sums at its two ends."""
-    empty = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
-    if t == 0:
-        return empty
-    shape, per_row = running_return.shape, running_return.size
-    kept = valid[:t].reshape(t, per_row)
-    total = np.cumsum(np.where(kept, reward[:t].reshape(t, per_row), 0.0), axis=0)
-    count = np.cumsum(kept, axis=0, dtype=np.int64)
-    before_r, before_l = running_return.reshape(-1), running_length.reshape(-1)
-    step, row = np.nonzero(kept & done[:t].reshape(t, per_row))  # (step, env, slot) order
-    new_r, new_l = before_r + total[-1], before_l + count[-1]
-    if len(step) == 0:
-        running_return[...], running_length[...] = new_r.reshape(shape), new_l.reshape(shape)
-        return empty
-    at_r, at_l = total[step, row], count[step, row]
-    # Each end's previous end in the same row (or the running value before the sample).
-    order = np.lexsort((step, row))
-    by_row = row[order]
-    first = np.ones(len(order), np.bool_)
-    first[1:] = by_row[1:] != by_row[:-1]
-    prev_r, prev_l = np.empty_like(at_r), np.empty_like(at_l)
-    prev_r[order] = np.where(first, -before_r[by_row], np.roll(at_r[order], 1))
-    prev_l[order] = np.where(first, -before_l[by_row], np.roll(at_l[order], 1))
-    last = order[np.append(by_row[1:] != by_row[:-1], True)]  # each row's last end
-    new_r[row[last]] = total[-1, row[last]] - at_r[last]
-    new_l[row[last]] = count[-1, row[last]] - at_l[last]
-    running_return[...], running_length[...] = new_r.reshape(shape), new_l.reshape(shape)
-    return row % shape[1], at_r - prev_r, at_l - prev_l
-
-
-def agent_steps(
-    length: np.ndarray, valid: np.ndarray, done: np.ndarray, t: int, out: np.ndarray
-) -> None:
-    """Writes into ``out[:t]`` (``[T, B, A_g]``) each valid transition's index within its
-    agent episode, given each agent's episode length so far (``length``, ``[B, A_g]``;
-    not changed); invalid slots get 0. Vectorised over the steps."""
-    if t == 0:
-        return
-    per_row = length.size
-    kept = valid[:t].reshape(t, per_row)
-    count = np.cumsum(kept, axis=0, dtype=np.int64)  # valid transitions up to and at s
-    # The count where each row's current episode began: -length before the sample, then
-    # the count at its latest end before s (counts only grow, so a running maximum).
-    began = np.where(kept & done[:t].reshape(t, per_row), count, np.iinfo(np.int64).min)
-    began = np.maximum.accumulate(np.concatenate([-length.reshape(1, per_row), began[:-1]]), axis=0)
-    steps = np.where(kept, count - kept - began, 0)
-    out[:t] = steps.reshape(out[:t].shape)
 
 
 @dataclasses.dataclass
@@ -450,4 +389,4 @@ def _copy_where(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> None:
     np.copyto(dst, src, where=mask)
 
 
-__all__ = ["EnvLevel", "MultiAgentSampler", "MultiAgentSetup", "agent_episode_ends", "agent_steps"]
+__all__ = ["EnvLevel", "MultiAgentSampler", "MultiAgentSetup"]

@@ -37,8 +37,9 @@ from jaxrunner.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner.multi_agent.trajectory import GroupTrajectory, MultiAgentTrajectory
 from jaxrunner.policy import Params
 from jaxrunner.policy_step import act, initial_actor_state
+from jaxrunner.sampling.agent_episodes import agent_episode_ends
 from jaxrunner.sampling.episodes import EpisodeBook
-from jaxrunner.sampling.multi_agent import EnvLevel, MultiAgentSetup, agent_episode_ends
+from jaxrunner.sampling.multi_agent import EnvLevel, MultiAgentSetup
 from jaxrunner.sampling.scan import ENV_FIRST_RESET_STREAM, ENV_RESET_STREAM, ENV_STEP_STREAM
 
 
