@@ -83,8 +83,12 @@ def test_quickstart_runs(small, tmp_path):
 def test_throughput_runs(small, tmp_path):
     nb = execute("throughput.ipynb", tmp_path)
     text = stream_text(nb)
-    assert "largest part" in text  # the step-cost table was computed
-    assert "sync" in text
+    # jaxrunner bench's table and verdict, whichever way it goes, with every system
+    # measured at every width
+    assert "backend sync: jaxrunner against the hand loop over gymnasium SyncVectorEnv" in text
+    assert "than the hand-written loop" in text
+    assert "not compared" not in text and "failed" not in text
+    assert "largest part" in text  # the step-cost split table was computed
 
 
 def test_ppo_short_run_improves(small, tmp_path):
