@@ -33,11 +33,12 @@ ENV_VAR = "JAX_CPU_ENABLE_ASYNC_DISPATCH"
 """The environment variable JAX reads for the mode; when it is set, jaxrunner keeps it."""
 
 
-def _backends_started() -> bool:
-    try:  # not public API; without it the check is skipped, not wrong
+def _backends_started() -> bool | None:
+    """Whether JAX's backends have started; None where this JAX cannot tell."""
+    try:  # not public API
         from jax._src.xla_bridge import backends_are_initialized
     except ImportError:
-        return False
+        return None
     return bool(backends_are_initialized())
 
 
@@ -46,8 +47,8 @@ def default_to_inline_cpu_dispatch() -> bool:
     JAX's backends already started (the switch would not take effect), or
     ``JAX_CPU_ENABLE_ASYNC_DISPATCH`` is set. ``import jaxrunner`` calls it first
     thing. Returns whether it switched."""
-    if ENV_VAR in os.environ or inline_cpu_dispatch() or _backends_started():
-        return False
+    if ENV_VAR in os.environ or inline_cpu_dispatch() or _backends_started() is not False:
+        return False  # chosen, already inline, started, or unknown: the setting is left
     jax.config.update(_FLAG, False)
     return True
 

@@ -228,6 +228,28 @@ class CountingTraces(C.ObsConnector):
         return obs + 1.0, state.replace(shared=state.shared + active.sum())
 
 
+@dataclasses.dataclass(frozen=True)
+class SampleCounter(C.ObsConnector):
+    """A user's connector written against the two-argument ``end_sample``: counts the
+    observations of each sample."""
+
+    def init(self, num_envs: int, obs_space: spaces.Space) -> C.ConnectorState:
+        return C.ConnectorState(shared=jnp.zeros(()))
+
+    def __call__(self, state, obs, episode_start, active):
+        return obs, state
+
+    def end_sample(self, state, inputs=None):  # no ``valid``: the older signature
+        return state.replace(shared=state.shared + inputs.shape[0] * inputs.shape[1])
+
+
+def test_a_connector_with_the_two_argument_end_sample_still_works():
+    with make_runner(jr.make_vec(short_cartpole, 3), C.Connectors(obs=[SampleCounter()])) as r:
+        r.sample()
+        r.sample()
+        assert float(r.get_connector_state().obs[0].shared) == 2 * 12 * 3
+
+
 def test_one_compile_per_runner_and_new_statistics_never_retrace():
     counter = CountingTraces()
     conn = C.Connectors(obs=[C.NormalizeObservation(), counter])

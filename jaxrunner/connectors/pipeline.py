@@ -165,9 +165,10 @@ class Connectors:
             cut = truncated if gaps else truncated | ~valid
             scaled, reward_state = self.reward(state.reward, reward, terminated, cut, valid)
             extras[SCALED_REWARD] = scaled
-        mask = valid if gaps else None
+        # Without gaps, the call a connector written for single-agent runners knows.
+        extra = {"valid": valid} if gaps else {}
         obs_states = tuple(
-            c.end_sample(s, obs if i == 0 else None, mask)
+            c.end_sample(s, obs if i == 0 else None, **extra)
             for i, (c, s) in enumerate(zip(self.obs, state.obs))
         )
         return extras, ConnectorsState(obs_states, reward_state)

@@ -170,9 +170,10 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             break
         env_ids = ids[rows]
         next_obs = jr_spaces.take(space, obs, rows)
-        reward_out = np.asarray(reward, np.float64)[rows]
-        term_out = np.asarray(terminated, np.bool_)[rows]
-        trunc_out = np.asarray(truncated, np.bool_)[rows]
+        # Copies: EnvPool's own arrays are not ours to write the final steps into.
+        reward_out = np.array(reward[rows], np.float64)
+        term_out = np.array(terminated[rows], np.bool_)
+        trunc_out = np.array(truncated[rows], np.bool_)
         pairs = resets[rows]
         reset_infos: dict[int, dict[str, Any]] = {}
         if pairs.any():  # the final step in place of the reset step

@@ -99,7 +99,7 @@ class LockstepSampler(HostSampler):
         self._book = EpisodeBook(num_envs)
         self._episode_start = np.ones(num_envs, dtype=np.bool_)
         bounds = envs.capabilities.pipeline_bounds  # the backend's own split, if it has one
-        if bounds is None or len(bounds) != num_groups + 1:
+        if bounds is None or len(bounds) != num_groups + 1 or bounds[-1] != num_envs:
             bounds = np.linspace(0, num_envs, num_groups + 1).round().astype(int).tolist()
         self.groups = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
         """The envs of each pipelining group."""
