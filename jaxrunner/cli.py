@@ -11,19 +11,25 @@ from collections.abc import Sequence
 
 from jaxrunner import __version__
 from jaxrunner.bench.rounds import PLANS
+from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.serve.command import add_serve_command
 
 
 def _bench(args: argparse.Namespace) -> int:
     from jaxrunner import bench
 
-    config = bench.BenchConfig(
-        env=args.env,
-        widths=tuple(args.num_envs),
-        backends=tuple(PLANS) if args.backend == "all" else (args.backend,),
-        seconds=args.seconds,
-        rounds=args.rounds,
-    )
+    try:
+        config = bench.BenchConfig(
+            env=args.env,
+            widths=tuple(args.num_envs),
+            backends=tuple(PLANS) if args.backend == "all" else (args.backend,),
+            seconds=args.seconds,
+            rounds=args.rounds,
+        )
+    except InvalidArgumentError as err:  # before anything starts: name the flag
+        flags = "--num-envs (ints >= 1), --seconds (> 0) or --rounds (>= 1)"
+        print(f"jaxrunner bench: {err} Check {flags}.", file=sys.stderr)
+        return 2
     started = time.perf_counter()
 
     def log(message: str) -> None:

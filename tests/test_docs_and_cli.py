@@ -59,6 +59,8 @@ def test_bench_report_holds_every_round_and_each_system_ran_at_its_dispatch(caps
     # jaxrunner as a user runs it; the hand loop at JAX's defaults, in its own process.
     children = report["children"]
     assert children["jaxrunner"]["cpu_dispatch"] == _fresh_process_dispatch()
+    if "JAX_CPU_ENABLE_ASYNC_DISPATCH" not in os.environ:  # jaxrunner's own default
+        assert children["jaxrunner"]["cpu_dispatch"] == "inline"
     assert report["machine"]["jax_cpu_dispatch"] == children["jaxrunner"]["cpu_dispatch"]
     assert children["hand_loop"]["cpu_dispatch"] == "async"
     assert children["hand_loop"]["JAX_CPU_ENABLE_ASYNC_DISPATCH"] == "true"
@@ -127,7 +129,8 @@ def test_verdict_says_where_jaxrunner_wins_and_loses_and_by_how_much():
         "(sync x1, process x64): 0.50-0.80x its speed"
     )
     failed = {"backend": "sync", "num_envs": 256, "ratios": {}}
-    assert bench.verdict([*wins, failed]).endswith(
+    assert bench.verdict([*wins, failed]) == (
+        "jaxrunner is 1.40-1.80x faster than the hand-written loop where compared (1, 8 envs)"
         "; not compared at 256 envs (a system failed: see its errors)"
     )
     assert bench.verdict([]).startswith("no verdict")
@@ -146,6 +149,13 @@ def test_python_dash_m_entry_point():
 def test_bench_rejects_unknown_backend():
     with pytest.raises(SystemExit):
         cli.main(["bench", "--backend", "nope"])
+
+
+@pytest.mark.parametrize("flag", [["--num-envs", "0"], ["--seconds", "0"], ["--rounds", "0"]])
+def test_bench_bad_numbers_are_a_clear_error_naming_the_flags(capsys, flag):
+    assert cli.main(["bench", *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxrunner bench: BenchConfig(") and flag[0] in err
 
 
 def test_version(capsys):

@@ -92,7 +92,11 @@ class Child:
         return self.receive()
 
     def _died(self) -> ChildError:
-        self._process.wait(timeout=10)
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # its output closed, yet it lives on: end it
+            self._process.kill()
+            self._process.wait()
         self._stderr.seek(0)
         tail = self._stderr.read().decode(errors="replace")[-3000:]
         return ChildError(
@@ -109,7 +113,9 @@ class Child:
             except Exception:
                 self._process.kill()
                 self._process.wait()
-        self._stderr.close()
+        for stream in (self._process.stdin, self._process.stdout, self._stderr):
+            if stream is not None:
+                stream.close()
 
     def __enter__(self) -> Child:
         return self

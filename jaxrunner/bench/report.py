@@ -231,7 +231,11 @@ def verdict(rows: Sequence[dict[str, Any]]) -> str:
 
     wins = [p for p in pairs if p[2]["median"] >= 1.0]
     losses = [p for p in pairs if p[2]["median"] < 1.0]
-    scope = "on every backend at every width" if several else "at every width"
+    failed = [(r["backend"], r["num_envs"], {}) for r in rows if "hand" not in r["ratios"]]
+    if failed:
+        scope = "where compared"
+    else:
+        scope = "on every backend at every width" if several else "at every width"
     if not losses:
         line = (
             f"jaxrunner is {span(wins)} faster than the hand-written loop {scope} ({where(wins)})"
@@ -253,7 +257,6 @@ def verdict(rows: Sequence[dict[str, Any]]) -> str:
     unsure = [p for p in pairs if p[2]["min"] < 1.0 < p[2]["max"]]
     if unsure:
         line += f"; the rounds disagree at {where(unsure)}"
-    failed = [(r["backend"], r["num_envs"], {}) for r in rows if "hand" not in r["ratios"]]
     if failed:
         line += f"; not compared at {where(failed)} (a system failed: see its errors)"
     return line

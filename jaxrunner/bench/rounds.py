@@ -69,7 +69,11 @@ class Harness:
 
     def __init__(self) -> None:
         self.defaults = Child("jaxrunner", jax_defaults=False)
-        self.jax_defaults = Child("hand loop", jax_defaults=True)
+        try:
+            self.jax_defaults = Child("hand loop", jax_defaults=True)
+        except BaseException:
+            self.defaults.close()
+            raise
 
     def info(self) -> dict[str, Any]:
         """Each child's CPU dispatch, its environment variable and machine details."""
@@ -148,6 +152,7 @@ def measure_width(
     for name, (child, spec) in builds.items():  # the two children build at once
         child.send("build", name=name, spec=dataclasses.asdict(spec))
     built: dict[str, Callable[[], dict[str, Any]]] = {}
+    in_child: list[str] = []  # systems alive in a child: closed at the end, failed or not
     for name, (child, _) in builds.items():
         try:
             child.receive()
@@ -156,6 +161,7 @@ def measure_width(
             log(f"  {plan.backend} x{num_envs} {name}: build failed: {err}")
             continue
         built[name] = lambda c=child, n=name: c.request("measure", name=n, seconds=seconds)
+        in_child.append(name)
     for name, system in (local or {}).items():
         built[name] = lambda s=system: s.measure(seconds)
 
@@ -178,12 +184,11 @@ def measure_width(
             f"  {plan.backend} x{num_envs} round {index + 1}/{rounds}: "
             + "  ".join(f"{k}={v[-1]['steps_per_s']:,.0f}" for k, v in results.items())
         )
-    for name in builds:
-        if name in built:
-            try:
-                builds[name][0].request("close", name=name)
-            except ChildError as err:
-                row["errors"][name] = f"close: {err}"
+    for name in in_child:
+        try:
+            builds[name][0].request("close", name=name)
+        except ChildError as err:
+            row["errors"].setdefault(name, f"close: {err}")
     return {**row, **summarize(results, plan)}
 
 
