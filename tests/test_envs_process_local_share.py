@@ -281,6 +281,31 @@ def test_no_share_by_default():
         assert isinstance(vec, ProcessVectorEnv)
 
 
+def test_errors_of_the_workers_part_name_the_sub_env_of_this_env():
+    """Sub-env 3 (a worker's second) raises: the error says 3, with a note naming its
+    index in the workers' part."""
+    fns = _fns({3: [FaultPlan(kind="raise", at=(2,))]})
+    with closing(LocalShareVectorEnv(fns, ProcessConfig(main_process_envs=2))) as vec:
+        vec.reset(seed=0)
+        vec.step_batch(np.zeros(4, np.int64))
+        with pytest.raises(EnvError) as info:
+            vec.step_batch(np.zeros(4, np.int64))
+        assert info.value.env_index == 3
+        assert any("sub-env 1 of the worker processes' share is sub-env 3" in n
+                   for n in getattr(info.value, "__notes__", []))  # fmt: skip
+
+
+def _broken_factory_at_3() -> gymnasium.Env:
+    raise InjectedError("no env today")
+
+
+def test_a_worker_factory_error_names_the_sub_env_of_this_env():
+    fns = [CountingEnv, CountingEnv, CountingEnv, _broken_factory_at_3]
+    with pytest.raises(EnvError) as info:
+        LocalShareVectorEnv(fns, ProcessConfig(main_process_envs=2))
+    assert info.value.env_index == 3
+
+
 def _broken_factory() -> gymnasium.Env:
     raise InjectedError("no env today")
 

@@ -16,7 +16,7 @@ import cloudpickle
 import gymnasium
 import numpy as np
 
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidArgumentTypeError
 
 EnvFactory = Callable[[], gymnasium.Env]
 START_METHODS = ("forkserver", "spawn")
@@ -24,6 +24,23 @@ DEFAULT_STEP_TIMEOUT_S = 300.0
 WORKER_MODULE = "jaxrunner.envs.process.worker"
 """What the fork server imports once: the worker side only (numpy, gymnasium,
 jaxrunner; no JAX backend, so no JAX thread to fork)."""
+
+
+class MainProcessFactory:
+    """A factory of the main process's share whose failure raises as a worker's does:
+    an :class:`~jaxrunner.errors.EnvError` naming the sub-env (the original chained)."""
+
+    def __init__(self, fn: EnvFactory, index: int) -> None:
+        self.fn, self.index = fn, index
+
+    def __call__(self) -> gymnasium.Env:
+        try:
+            return self.fn()
+        except Exception as err:
+            raise EnvError(
+                f"the factory of sub-env {self.index} raised in the main process: {err}",
+                self.index,
+            ) from err
 
 
 def default_num_workers(num_envs: int) -> int:

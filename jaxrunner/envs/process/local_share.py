@@ -21,25 +21,24 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-import gymnasium
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
 from jaxrunner.envs.process.config import ProcessConfig, main_process_share
-from jaxrunner.envs.process.launch import EnvFactory
+from jaxrunner.envs.process.launch import EnvFactory, MainProcessFactory
 from jaxrunner.envs.process.vector_env import ProcessVectorEnv
 from jaxrunner.envs.sub_envs import StepBuffers
 from jaxrunner.envs.sync import SyncVectorEnv
 from jaxrunner.errors import (
-    EnvError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     SpaceMismatchError,
+    with_global_env_index,
 )
 from jaxrunner.faults import RestartPolicy
 
@@ -70,23 +69,6 @@ class _Send(NamedTuple):
     remote: bool
 
 
-class _MainProcessFactory:
-    """A factory of the main process's share whose failure raises as a worker's does:
-    an :class:`~jaxrunner.errors.EnvError` naming the sub-env (the original chained)."""
-
-    def __init__(self, fn: EnvFactory, index: int) -> None:
-        self.fn, self.index = fn, index
-
-    def __call__(self) -> gymnasium.Env:
-        try:
-            return self.fn()
-        except Exception as err:
-            raise EnvError(
-                f"the factory of sub-env {self.index} raised in the main process: {err}",
-                self.index,
-            ) from err
-
-
 class LocalShareVectorEnv(VectorEnv):
     """Sub-envs ``[0, k)`` stepped in the main process, ``[k, num_envs)`` in workers
     (``k = main_process_share(num_envs, config)``), as one lockstep vector env that
@@ -102,9 +84,9 @@ class LocalShareVectorEnv(VectorEnv):
 
     Faults: with a ``restart_policy``, a failed sub-env of the main process's share
     restarts exactly as the sync backend's do; lost workers are replaced as in
-    :class:`~jaxrunner.ProcessVectorEnv`. Errors the workers' part raises name its sub-envs
-    by their index within that part (``BatchStep`` results use global indices). A
-    failure that closes the workers' part closes this env.
+    :class:`~jaxrunner.ProcessVectorEnv`. Errors name sub-envs by their index in this env
+    (``env_index``; a note says the workers' part's own). A failure that closes the
+    workers' part closes this env.
 
     Args:
         env_fns: zero-argument factories, one per sub-env; the first ``k`` are called
@@ -148,13 +130,14 @@ class LocalShareVectorEnv(VectorEnv):
         self.config, self.restart_policy, self.num_envs = config, restart_policy, num_envs
         self.main_process_envs = k
         """How many sub-envs (the first ones) step in the main process."""
-        local_fns = [_MainProcessFactory(fn, i) for i, fn in enumerate(env_fns[:k])]
+        local_fns = [MainProcessFactory(fn, i) for i, fn in enumerate(env_fns[:k])]
         self._local = SyncVectorEnv(local_fns, copy=False, restart_policy=restart_policy)
         try:
             worker_config = dataclasses.replace(config, main_process_envs=0)
-            self._remote = ProcessVectorEnv(
-                env_fns[k:], worker_config, copy=False, restart_policy=restart_policy
-            )
+            with self._workers_part():
+                self._remote = ProcessVectorEnv(
+                    env_fns[k:], worker_config, copy=False, restart_policy=restart_policy
+                )
         except BaseException:
             self._local.close()
             raise
@@ -231,7 +214,8 @@ class LocalShareVectorEnv(VectorEnv):
         self._check_open("reset")
         seeds, k = list(seeds), self.main_process_envs
         self._sent.clear()  # the main process's rows never started; the workers' drop theirs
-        _, remote_infos = self._remote.reset_batch(seeds[k:], options)
+        with self._workers_part():
+            _, remote_infos = self._remote.reset_batch(seeds[k:], options)
         _, local_infos = self._local.reset_batch(seeds[:k], options)
         return self._obs_buffer(), local_infos + remote_infos
 
@@ -243,7 +227,8 @@ class LocalShareVectorEnv(VectorEnv):
         k = self.main_process_envs
         if index < k:
             return self._local.reset_at(index, seed=seed, options=options)
-        return self._remote.reset_at(index - k, seed=seed, options=options)
+        with self._workers_part():
+            return self._remote.reset_at(index - k, seed=seed, options=options)
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         """Starts the workers' rows of ``env_ids`` (None: all; else a slice) at once and
@@ -298,7 +283,8 @@ class LocalShareVectorEnv(VectorEnv):
             if sent.remote:  # keep the workers' answers in step with the sends
                 self._drain_remote()
             raise
-        remote = self._shifted(self._remote.recv()) if sent.remote else None
+        with self._workers_part():
+            remote = self._shifted(self._remote.recv()) if sent.remote else None
         if remote is None:
             return local  # type: ignore[return-value]
         if local is None:
@@ -311,13 +297,25 @@ class LocalShareVectorEnv(VectorEnv):
         with contextlib.suppress(Exception):
             self._remote.recv()
 
+    @contextlib.contextmanager
+    def _workers_part(self) -> Iterator[None]:
+        """Errors raised by the workers' part name this env's sub-envs."""
+        try:
+            yield
+        except BaseException as err:
+            with_global_env_index(err, self.main_process_envs, "the worker processes' share")
+            raise
+
     def _shifted(self, out: BatchStep) -> BatchStep:
         """The workers' result with global env indices."""
         k = self.main_process_envs
         ids = out.env_ids
         lo, hi = (0, self._remote.num_envs) if ids is None else (ids.start, ids.stop)  # type: ignore[union-attr]
         reset_infos = {i + k: info for i, info in out.reset_infos.items()}
-        errors = {i + k: e for i, e in out.errors.items()} if out.errors else out.errors
+        errors = out.errors and {
+            i + k: with_global_env_index(e, k, "the worker processes' share")
+            for i, e in out.errors.items()
+        }
         return out._replace(reset_infos=reset_infos, errors=errors, env_ids=slice(lo + k, hi + k))
 
     def _merge(self, sent: _Send, local: BatchStep, remote: BatchStep) -> BatchStep:

@@ -10,7 +10,7 @@ import gymnasium
 
 from jaxrunner.envs.ray.actor import EnvWorker
 from jaxrunner.envs.ray.config import RayConfig
-from jaxrunner.errors import RemoteTimeoutError, WorkerError
+from jaxrunner.errors import RemoteTimeoutError, WorkerError, with_global_env_index
 from jaxrunner.faults import RestartPolicy, retry
 
 EnvFactory = Callable[[], gymnasium.Env]
@@ -119,14 +119,7 @@ class ActorPool:
             return error
         if isinstance(err, ray.exceptions.RayTaskError):
             cause = err.cause if getattr(err, "cause", None) is not None else err
-            index = getattr(cause, "env_index", None)
-            if isinstance(index, int):
-                cause.env_index = rows.start + index
-                cause.add_note(
-                    f"jaxrunner: sub-env {index} of Ray env actor {u} is sub-env "
-                    f"{rows.start + index} of the vector env."
-                )
-            return cause
+            return with_global_env_index(cause, rows.start, f"Ray env actor {u}")
         return err
 
     def get_all(self, refs: list[Any], timeout: float | None) -> list[Any]:
