@@ -134,6 +134,25 @@ class Capabilities:
             )
 
 
+def block_rows(env_ids: EnvIds, num_envs: int, where: str) -> tuple[int, int]:
+    """The rows ``[lo, hi)`` of a lockstep send's ``env_ids``: None (every env) or a
+    non-empty slice with step 1; ``where`` names the caller in the error.
+
+    Raises:
+        InvalidArgumentError: any other ``env_ids``.
+    """
+    if env_ids is None:
+        return 0, num_envs
+    if isinstance(env_ids, slice):
+        lo, hi, step = env_ids.indices(num_envs)
+        if step == 1 and lo < hi:
+            return lo, hi
+    raise InvalidArgumentError(
+        f"{where}.send(env_ids={env_ids!r}): expected None (every env) or a non-empty "
+        f"slice of env indices with step 1 within [0, {num_envs}) (lockstep sends)."
+    )
+
+
 def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> list[int | None]:
     """gymnasium's seeding rule: ``int`` s -> ``[s, s+1, ...]``; a list is taken as is."""
     if seed is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -90,6 +91,20 @@ class ProcessConfig:
                 "steps its share in lockstep, which a ready-first env cannot wait for. Use "
                 "main_process_envs=0 (or None) with ready_first=True, or ready_first=False."
             )
+
+
+def checked_config(config: Any, where: str) -> ProcessConfig:
+    """``config`` (None: the defaults) as the ProcessConfig ``where`` takes.
+
+    Raises:
+        InvalidArgumentTypeError: ``config`` is not a ProcessConfig.
+    """
+    config = ProcessConfig() if config is None else config
+    if not isinstance(config, ProcessConfig):
+        raise InvalidArgumentTypeError(
+            f"{where}(config=...): expected a jaxrunner.ProcessConfig, got {type(config).__name__}."
+        )
+    return config
 
 
 def main_process_share(num_envs: int, config: ProcessConfig) -> int:

@@ -28,15 +28,14 @@ import numpy as np
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
-from jaxrunner.envs.process.config import ProcessConfig, main_process_share
+from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv, block_rows
+from jaxrunner.envs.process.config import ProcessConfig, checked_config, main_process_share
 from jaxrunner.envs.process.launch import EnvFactory, MainProcessFactory
 from jaxrunner.envs.process.vector_env import ProcessVectorEnv
 from jaxrunner.envs.sub_envs import StepBuffers
 from jaxrunner.envs.sync import SyncVectorEnv
 from jaxrunner.errors import (
     InvalidArgumentError,
-    InvalidArgumentTypeError,
     SpaceMismatchError,
     with_global_env_index,
 )
@@ -112,12 +111,7 @@ class LocalShareVectorEnv(VectorEnv):
     ) -> None:
         super().__init__(copy=copy)
         self._closed_reason = "construction failed"  # until both parts are up
-        config = ProcessConfig() if config is None else config
-        if not isinstance(config, ProcessConfig):
-            raise InvalidArgumentTypeError(
-                f"LocalShareVectorEnv(config=...): expected a jaxrunner.ProcessConfig, got "
-                f"{type(config).__name__}."
-            )
+        config = checked_config(config, "LocalShareVectorEnv")
         num_envs = len(env_fns)
         k = main_process_share(num_envs, config) if num_envs else 0
         if k < 1:
@@ -235,7 +229,7 @@ class LocalShareVectorEnv(VectorEnv):
         keeps a copy of the main process's rows for :meth:`recv`; validates the whole
         batch first where it covers the main process's rows."""
         self._check_open("step")
-        lo, hi = self._bounds(env_ids)
+        lo, hi = block_rows(env_ids, self.num_envs, "LocalShareVectorEnv")
         k = self.main_process_envs
         local, remote = lo < k, hi > k
         space = self.single_action_space
@@ -249,19 +243,6 @@ class LocalShareVectorEnv(VectorEnv):
             part = actions if not remote else jr_spaces.rows(space, actions, slice(0, k - lo))
             local_actions = jr_spaces.map_structure(space, np.array, part)
         self._sent.append(_Send(lo, hi, local_actions, remote))
-
-    def _bounds(self, env_ids: EnvIds) -> tuple[int, int]:
-        if env_ids is None:
-            return 0, self.num_envs
-        if isinstance(env_ids, slice):
-            lo, hi, step = env_ids.indices(self.num_envs)
-            if step == 1 and lo < hi:
-                return lo, hi
-        raise InvalidArgumentError(
-            f"LocalShareVectorEnv.send(env_ids={env_ids!r}): expected None (every env) or a "
-            f"non-empty slice of env indices with step 1 within [0, {self.num_envs}) (this "
-            "backend steps in lockstep)."
-        )
 
     def recv(self) -> BatchStep:
         """The result of the oldest send: the main process's rows step now (while the

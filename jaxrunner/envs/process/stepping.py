@@ -22,7 +22,7 @@ import gymnasium
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.envs.base import BatchStep, EnvIds
+from jaxrunner.envs.base import BatchStep, EnvIds, block_rows
 from jaxrunner.envs.process import wire
 from jaxrunner.envs.process.handle import WorkerLost
 from jaxrunner.envs.process.pool import LOST, WorkerPool
@@ -86,7 +86,8 @@ class Stepper:
         per worker (``per_worker``: ``env_ids`` must cover whole workers)."""
         if self.num_waiting:
             self._dispatch_waiting()
-        lo, hi = (0, self.num_envs) if env_ids is None else self._bounds(env_ids)
+        n = self.num_envs
+        lo, hi = (0, n) if env_ids is None else block_rows(env_ids, n, "ProcessVectorEnv")
         # Validates before any sub-env steps (the workers read the rows from shared memory).
         jr_spaces.check_action_batch(self.action_space, actions, hi - lo)
         busy = [c for c in self.calls if c.overlaps(lo, hi)] if self.calls else []
@@ -117,17 +118,6 @@ class Stepper:
         for call in calls:
             self._dispatch(call)
         return calls
-
-    def _bounds(self, env_ids: EnvIds) -> tuple[int, int]:
-        """The rows of a send's ``env_ids`` other than None."""
-        if isinstance(env_ids, slice):
-            lo, hi, step = env_ids.indices(self.num_envs)
-            if step == 1 and lo < hi:
-                return lo, hi
-        raise InvalidArgumentError(
-            f"ProcessVectorEnv.send(env_ids={env_ids!r}): expected None (every env) or a "
-            f"non-empty slice of env indices with step 1 within [0, {self.num_envs})."
-        )
 
     def _dispatch(self, call: StepCall) -> None:
         """Tells the workers of ``call`` to step, except sub-envs of a replaced worker

@@ -14,7 +14,7 @@ from gymnasium.vector.utils import batch_space
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
 from jaxrunner.envs.process import wire
-from jaxrunner.envs.process.config import ProcessConfig
+from jaxrunner.envs.process.config import ProcessConfig, checked_config
 from jaxrunner.envs.process.handle import Resources, WorkerLost, shutdown
 from jaxrunner.envs.process.launch import (
     EnvFactory,
@@ -105,12 +105,7 @@ class ProcessVectorEnv(VectorEnv):
         self._res = Resources()
         self._finalizer = weakref.finalize(self, shutdown, self._res)
         self._closed_reason = "construction failed"  # until the workers are up
-        config = ProcessConfig() if config is None else config
-        if not isinstance(config, ProcessConfig):
-            raise InvalidArgumentTypeError(
-                f"ProcessVectorEnv(config=...): expected a jaxrunner.ProcessConfig, got "
-                f"{type(config).__name__}."
-            )
+        config = checked_config(config, "ProcessVectorEnv")
         if restart_policy is not None and not isinstance(restart_policy, RestartPolicy):
             raise InvalidArgumentTypeError(
                 f"ProcessVectorEnv(restart_policy=...): expected a jaxrunner.RestartPolicy or "
