@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxrunner.sampling.episodes import accumulate_rows
+
 
 def agent_episode_ends(
     running_return: np.ndarray,
@@ -28,8 +30,8 @@ def agent_episode_ends(
         return empty
     shape, per_row = running_return.shape, running_return.size
     kept = valid[:t].reshape(t, per_row)
-    total = np.cumsum(np.where(kept, reward[:t].reshape(t, per_row), 0.0), axis=0)
-    count = np.cumsum(kept, axis=0, dtype=np.int64)
+    total = accumulate_rows(np.add, np.where(kept, reward[:t].reshape(t, per_row), 0.0))
+    count = accumulate_rows(np.add, kept.astype(np.int64))
     before_r, before_l = running_return.reshape(-1), running_length.reshape(-1)
     step, row = np.nonzero(kept & done[:t].reshape(t, per_row))  # (step, env, slot) order
     new_r, new_l = before_r + total[-1], before_l + count[-1]
@@ -62,11 +64,13 @@ def agent_steps(
         return
     per_row = length.size
     kept = valid[:t].reshape(t, per_row)
-    count = np.cumsum(kept, axis=0, dtype=np.int64)  # valid transitions up to and at s
+    count = accumulate_rows(np.add, kept.astype(np.int64))  # valid transitions up to and at s
     # The count where each row's current episode began: -length before the sample, then
     # the count at its latest end before s (counts only grow, so a running maximum).
     began = np.where(kept & done[:t].reshape(t, per_row), count, np.iinfo(np.int64).min)
-    began = np.maximum.accumulate(np.concatenate([-length.reshape(1, per_row), began[:-1]]), axis=0)
+    began = accumulate_rows(
+        np.maximum, np.concatenate([-length.reshape(1, per_row), began[:-1]])
+    )
     steps = np.where(kept, count - kept - began, 0)
     out[:t] = steps.reshape(out[:t].shape)
 

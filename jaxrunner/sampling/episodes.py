@@ -56,7 +56,7 @@ class EpisodeBook:
         steps = np.arange(t)[:, None]
         cols = np.arange(cut.shape[1])
         # The last step at which each env's episode ended: up to each step, and before it.
-        last_end = _accumulate_rows(np.maximum, np.where(cut, steps, -1))
+        last_end = accumulate_rows(np.maximum, np.where(cut, steps, -1))
         prev_end = np.concatenate([np.full((1, cut.shape[1]), -1), last_end[:-1]])
         started = prev_end >= 0  # the step's episode began in this sample
         end_t, end_env = np.nonzero(cut)  # in (step, env) order: the order of new ids
@@ -69,7 +69,7 @@ class EpisodeBook:
             started, steps - prev_end - 1, self.steps_done + steps - self._episode_begin
         )
         # Each step's episode return so far, from running sums of the sample's rewards.
-        total = _accumulate_rows(np.add, buf.reward[:t])
+        total = accumulate_rows(np.add, buf.reward[:t])
         before = np.where(started, total[at_prev], -self._episode_return)
         good = valid[end_t, end_env]  # faulty episodes stay out of the statistics
         num_failed = cut.size - int(np.count_nonzero(valid))
@@ -121,10 +121,12 @@ class EpisodeBook:
         self._episode_return = np.zeros(num_envs, np.float64)
 
 
-def _accumulate_rows(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
-    """``ufunc.accumulate(x, axis=0)``, row by row where rows are few: numpy's accumulate
-    along the outer axis of a wide array is ~40x slower (1.3 ms at 8 x 4096)."""
-    if x.shape[0] > 64:
+def accumulate_rows(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
+    """``ufunc.accumulate(x, axis=0)`` (a new array). Wide arrays go row by row: numpy's
+    accumulate along the outer axis of a C-ordered array is 15-40x slower there (9.5 ms
+    against 0.3 ms for a cumsum over 64 x 12288); narrow ones, where the per-row call
+    would dominate, go through numpy."""
+    if x.ndim < 2 or x[0].size < 128:
         return ufunc.accumulate(x, axis=0)
     out = x.copy()
     for i in range(1, len(out)):
@@ -132,4 +134,4 @@ def _accumulate_rows(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
     return out
 
 
-__all__ = ["EpisodeBook", "SampleCounts"]
+__all__ = ["EpisodeBook", "SampleCounts", "accumulate_rows"]

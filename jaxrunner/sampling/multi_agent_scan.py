@@ -40,7 +40,13 @@ from jaxrunner.policy_step import act, initial_actor_state
 from jaxrunner.sampling.agent_episodes import agent_episode_ends
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.multi_agent import EnvLevel, MultiAgentSetup
-from jaxrunner.sampling.scan import ENV_FIRST_RESET_STREAM, ENV_RESET_STREAM, ENV_STEP_STREAM
+from jaxrunner.sampling.scan import (
+    ENV_FIRST_RESET_STREAM,
+    ENV_RESET_STREAM,
+    ENV_STEP_STREAM,
+    env_step_keys,
+    reset_where_done,
+)
 
 
 def _stack(values: dict[str, Any], agents: tuple[str, ...]) -> Any:
@@ -118,24 +124,21 @@ class MultiAgentScanSampler:
                     actions[agent] = jax.tree.map(lambda x, k=k: x[:, k], env_action)
                 outs[pid] = (obs_g, action, extras)
             n = carry["n"]
-            step_keys = jax.vmap(
-                lambda i: jax.random.fold_in(jax.random.fold_in(self._step_root, n), i)
-            )(env_ids)
-            reset_keys = jax.vmap(
-                lambda i: jax.random.fold_in(jax.random.fold_in(self._reset_root, n), i)
-            )(env_ids)
             obs_st, state_st, rewards, dones, _ = jax.vmap(env.step_env)(
-                step_keys, carry["env_state"], actions
+                env_step_keys(self._step_root, n, env_ids), carry["env_state"], actions
             )
-            obs_re, state_re = jax.vmap(env.reset)(reset_keys)
             done_all = dones["__all__"]
-
-            def pick(re: jax.Array, st: jax.Array) -> jax.Array:
-                return jnp.where(done_all.reshape(-1, *([1] * (st.ndim - 1))), re, st)
-
+            obs, env_state = reset_where_done(
+                done_all,
+                (obs_st, state_st),
+                jax.vmap(env.reset),
+                self._reset_root,
+                n,
+                env_ids,
+            )
             new = {
-                "env_state": jax.tree.map(pick, state_re, state_st),
-                "obs": jax.tree.map(pick, obs_re, obs_st),
+                "env_state": env_state,
+                "obs": obs,
                 "actors": actors,
                 "alive": {},
                 "start": {},

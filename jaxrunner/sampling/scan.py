@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import flax.struct
@@ -109,14 +110,9 @@ def env_roots(seed: int) -> jax.Array:
     )
 
 
-def env_step_keys(
-    roots: jax.Array, step: jax.Array, env_ids: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """(step keys, reset keys), ``[B]`` each, of the envs' ``step``-th step."""
-    return (
-        _fold_ids(jax.random.fold_in(roots[0], step), env_ids),
-        _fold_ids(jax.random.fold_in(roots[1], step), env_ids),
-    )
+def env_step_keys(root: jax.Array, step: jax.Array, env_ids: jax.Array) -> jax.Array:
+    """``[B]`` keys of the envs' ``step``-th step (or reset) under ``root``."""
+    return _fold_ids(jax.random.fold_in(root, step), env_ids)
 
 
 def _select(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
@@ -126,6 +122,26 @@ def _select(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
         return jnp.where(mask.reshape(-1, *([1] * (jnp.ndim(b) - 1))), a, b)
 
     return jax.tree.map(pick, on_true, on_false)
+
+
+def reset_where_done(
+    done: jax.Array,
+    stepped: Any,
+    reset: Callable[[jax.Array], Any],
+    reset_root: jax.Array,
+    step: jax.Array,
+    env_ids: jax.Array,
+) -> Any:
+    """``stepped`` (a pytree of ``[B, ...]`` leaves) with the rows where ``done`` replaced
+    by ``reset(keys)``'s, env ``i`` reset with ``fold_in(fold_in(reset_root, step), i)``.
+
+    The reset and its keys run only in steps where some env is done: envs of a fixed
+    horizon (MPE, most JaxMARL envs) end together, so most of their steps skip them."""
+
+    def with_resets() -> Any:
+        return _select(done, reset(env_step_keys(reset_root, step, env_ids)), stepped)
+
+    return jax.lax.cond(jnp.any(done), with_resets, lambda: stepped)
 
 
 def initial_state(
@@ -177,15 +193,22 @@ def rollout(
 
     def step(s: RolloutState, _: None) -> tuple[RolloutState, dict[str, Any]]:
         roots = jax.random.wrap_key_data(s.env_roots)
-        key_step, key_reset = env_step_keys(roots, s.num_steps, env_ids)
         action, env_action, extras, actor = act(
             policy.apply_fn, params, s.actor, s.obs, s.episode_start, None, connectors
         )
         # Checked while tracing (shapes only), before the env sees the actions.
         jr_spaces.check_policy_actions(envs.single_action_space, action, envs.num_envs)
+        key_step = env_step_keys(roots[0], s.num_steps, env_ids)
         out = envs.step(key_step, s.env_state, clip(env_action), env_params)
-        reset_obs, reset_state = envs.reset(key_reset, env_params)
         done = jnp.logical_or(out.terminated, out.truncated)
+        obs, env_state = reset_where_done(
+            done,
+            (out.obs, out.state),
+            lambda keys: envs.reset(keys, env_params),
+            roots[1],
+            s.num_steps,
+            env_ids,
+        )
         total = s.episode_return + out.reward
         # New ids in env order within the step, as the host loop gives them.
         new_ids = s.next_episode_id + jnp.cumsum(done, dtype=s.episode_id.dtype)
@@ -204,8 +227,8 @@ def rollout(
             "total": total,
         }
         new_state = RolloutState(
-            obs=_select(done, reset_obs, out.obs),
-            env_state=_select(done, reset_state, out.state),
+            obs=obs,
+            env_state=env_state,
             actor=actor,
             env_roots=s.env_roots,
             num_steps=s.num_steps + 1,
