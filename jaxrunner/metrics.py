@@ -70,13 +70,23 @@ class EpisodeStats:
 
     def __init__(self, window: int) -> None:
         self.num_episodes = 0
+        self._window = window
         self._returns: collections.deque[float] = collections.deque(maxlen=window)
         self._lengths: collections.deque[int] = collections.deque(maxlen=window)
 
-    def add(self, returns: np.ndarray, lengths: np.ndarray) -> None:
-        self.num_episodes += len(returns)
-        self._returns.extend(returns.tolist())
-        self._lengths.extend(lengths.tolist())
+    @property
+    def window(self) -> int:
+        return self._window
+
+    def add(
+        self, returns: np.ndarray, lengths: np.ndarray, num_episodes: int | None = None
+    ) -> None:
+        """Counts ``num_episodes`` ended episodes (default ``len(returns)``), of which
+        ``returns`` and ``lengths`` are the latest (all, or at least :attr:`window`)."""
+        self.num_episodes += len(returns) if num_episodes is None else num_episodes
+        # Only the latest ``window`` stay: converting the rest costs ~5 us per 1k episodes.
+        self._returns.extend(returns[-self._window :].tolist())
+        self._lengths.extend(lengths[-self._window :].tolist())
 
     def summary(self) -> dict[str, Any]:
         def stat(values: collections.deque, fn: Any) -> float:
@@ -109,7 +119,7 @@ class RunnerMetrics:
         self.num_env_steps += counts.num_env_steps
         self.num_faulty_episodes += counts.num_faulty_episodes
         self.num_dropped_steps += counts.num_dropped_steps
-        self.episodes.add(counts.returns, counts.lengths)
+        self.episodes.add(counts.returns, counts.lengths, counts.num_episodes)
 
     def get_state(self) -> dict[str, np.ndarray]:
         """Counters, episode windows and perf timers as arrays (for checkpoints)."""

@@ -167,18 +167,22 @@ def test_episode_ids_and_steps_against_reference(walk_run):
     np.testing.assert_array_equal(traj.step, steps)
 
 
+def episodes_by_hand(traj: jr.Trajectory) -> tuple[list[float], list[int]]:
+    """Returns and lengths of the episodes that ended, in (step, env) order."""
+    ends, total, length = [], np.zeros(traj.num_envs), np.zeros(traj.num_envs, np.int64)
+    for t in range(traj.num_steps):
+        for b in range(traj.num_envs):
+            total[b] += float(traj.reward[t, b])
+            length[b] += 1
+            if traj.done[t, b]:
+                ends.append((float(total[b]), int(length[b])))
+                total[b], length[b] = 0.0, 0
+    return [r for r, _ in ends], [n for _, n in ends]
+
+
 def test_metrics_are_sums_over_episodes(walk_run):
     _, traj, _, metrics = walk_run
-    returns, lengths = [], []
-    for b in range(traj.num_envs):
-        total, length = 0.0, 0
-        for t in range(traj.num_steps):
-            total += float(traj.reward[t, b])
-            length += 1
-            if traj.done[t, b]:
-                returns.append(total)
-                lengths.append(length)
-                total, length = 0.0, 0
+    returns, lengths = episodes_by_hand(traj)
     assert metrics["num_env_steps"] == traj.reward.size
     assert metrics["num_episodes"] == len(returns) == int(traj.done.sum())
     assert metrics["episode_return_mean"] == pytest.approx(np.mean(returns), rel=1e-5)
@@ -188,6 +192,24 @@ def test_metrics_are_sums_over_episodes(walk_run):
         "env_wait_ms", "inference_ms", "obs_processing_ms", "action_processing_ms"
     }  # fmt: skip
     assert metrics["env_steps_per_s"] > 0
+
+
+@pytest.mark.parametrize("window", [1, 4, 7])
+def test_metrics_window_holds_the_latest_episodes(window):
+    # The sampler reads only the last steps that fill the window; a window across
+    # steps and samples must still hold exactly the latest episodes.
+    venv = jr.JaxVectorEnv(RandomWalk(), WalkParams(max_steps_in_episode=5), 3)
+    metrics_config = jr.MetricsConfig(episode_window=window)
+    with make_runner(venv, 6, metrics=metrics_config) as runner:
+        traj = samples(runner, 3)
+        metrics = runner.get_metrics()
+    returns, lengths = episodes_by_hand(traj)
+    assert metrics["num_episodes"] == len(returns) > window
+    latest_returns, latest_lengths = returns[-window:], lengths[-window:]
+    assert metrics["episode_return_mean"] == pytest.approx(np.mean(latest_returns), rel=1e-5)
+    assert metrics["episode_return_min"] == pytest.approx(min(latest_returns), rel=1e-5)
+    assert metrics["episode_return_max"] == pytest.approx(max(latest_returns), rel=1e-5)
+    assert metrics["episode_length_mean"] == pytest.approx(np.mean(latest_lengths))
 
 
 def test_actions_follow_the_host_loop_key_rule(walk_run):

@@ -68,9 +68,7 @@ def agent_steps(
     # The count where each row's current episode began: -length before the sample, then
     # the count at its latest end before s (counts only grow, so a running maximum).
     began = np.where(kept & done[:t].reshape(t, per_row), count, np.iinfo(np.int64).min)
-    began = accumulate_rows(
-        np.maximum, np.concatenate([-length.reshape(1, per_row), began[:-1]])
-    )
+    began = accumulate_rows(np.maximum, np.concatenate([-length.reshape(1, per_row), began[:-1]]))
     steps = np.where(kept, count - kept - began, 0)
     out[:t] = steps.reshape(out[:t].shape)
 

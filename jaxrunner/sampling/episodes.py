@@ -27,9 +27,12 @@ class SampleCounts:
     num_dropped_steps: int
     """Failed slots: steps that yielded no transition."""
     returns: np.ndarray
-    """Returns of the episodes that ended well, in (step, env) order."""
+    """Returns of the episodes that ended well, in (step, env) order: all of them, or
+    the latest ones, at least the metrics' ``episode_window`` (all that is kept)."""
     lengths: np.ndarray
     """Their lengths."""
+    num_episodes: int | None = None
+    """How many episodes ended well (None: ``len(returns)``)."""
 
 
 class EpisodeBook:
