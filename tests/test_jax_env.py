@@ -267,6 +267,19 @@ def test_done_only_form_prefers_info_truncation():
     assert (bool(out.terminated), bool(out.truncated)) == (True, False)
 
 
+def test_resets_of_none_some_or_all_envs_match_hand_stepping():
+    # The scan resets no env, a gathered few (up to B // 8) or all of them, by how many
+    # ended: every case must be the reference's reset, with the same keys.
+    venv = jr.JaxVectorEnv(RandomWalk(), WalkParams(max_steps_in_episode=6), 16)
+    with make_runner(venv, 40) as runner:
+        traj = runner.sample().to_numpy()
+    ref = reference_functional(venv.env, venv.params, traj.action, SEED)
+    assert_matches(traj, ref)
+    ended = traj.done.sum(axis=1)
+    few = 16 // 8
+    assert (ended == 0).any() and ((ended > 0) & (ended <= few)).any() and (ended > few).any()
+
+
 def test_trajectories_do_not_depend_on_the_batch_size(walk_run):
     _, traj, venv, _ = walk_run
     narrow = jr.JaxVectorEnv(RandomWalk(), venv.params, 2)

@@ -133,15 +133,28 @@ def reset_where_done(
     env_ids: jax.Array,
 ) -> Any:
     """``stepped`` (a pytree of ``[B, ...]`` leaves) with the rows where ``done`` replaced
-    by ``reset(keys)``'s, env ``i`` reset with ``fold_in(fold_in(reset_root, step), i)``.
+    by ``reset(keys)``'s (a reset of ``len(keys)`` envs), env ``i`` reset with
+    ``fold_in(fold_in(reset_root, step), i)``.
 
-    The reset and its keys run only in steps where some env is done: envs of a fixed
-    horizon (MPE, most JaxMARL envs) end together, so most of their steps skip them."""
+    Only the envs that are done are reset: none in most steps of fixed-horizon envs
+    (MPE, most JaxMARL envs end together); up to ``B // 8`` gathered into a small
+    batch (episodes of other envs end a few at a time); every env at once beyond
+    that. A user's loop resets all ``B`` every step (gymnax's and JaxMARL's ``step``)."""
+    num_envs = done.shape[0]
+    few = max(num_envs // 8, 1)
 
-    def with_resets() -> Any:
+    def all_rows() -> Any:
         return _select(done, reset(env_step_keys(reset_root, step, env_ids)), stepped)
 
-    return jax.lax.cond(jnp.any(done), with_resets, lambda: stepped)
+    def some_rows() -> Any:
+        # The done rows, padded with an index past the end that the scatter drops.
+        rows = jnp.nonzero(done, size=few, fill_value=num_envs)[0]
+        fresh = reset(env_step_keys(reset_root, step, env_ids[jnp.minimum(rows, num_envs - 1)]))
+        return jax.tree.map(lambda old, new: old.at[rows].set(new, mode="drop"), stepped, fresh)
+
+    count = jnp.count_nonzero(done)
+    branch = jnp.where(count == 0, 0, jnp.where(count <= few, 1, 2))
+    return jax.lax.switch(branch, [lambda: stepped, some_rows, all_rows])
 
 
 def initial_state(
