@@ -8,7 +8,9 @@ to measure for ``--seconds``; the figures are medians over the rounds, the ratio
 median of the per-round ratios. Each child's dispatch mode is in the report.
 
 * ``host``: MPE ``simple_spread_v3`` (3 agents, PettingZoo parallel API) at widths
-  1, 8, 64, 256. ``jaxrunner``: ``MultiAgentRunner.sample()`` on the sync backend.
+  1, 8, 64, 256. ``jaxrunner``: ``MultiAgentRunner.sample()`` on the sync backend
+  (the default); ``jaxrunner_process``: the same on ``backend="process"`` at its
+  default worker count (one per CPU).
   ``hand_loop``: a list of the same PettingZoo envs; per step the agents' observations
   stacked into one ``[B * 3, 18]`` array, one jitted policy call (the benchmark MLP:
   actions and log-probs), ``np.asarray``, obs/action/log-prob/reward/flags written into
@@ -68,8 +70,10 @@ def _policy() -> tuple[jr.Policy, Any]:
     return policy, policy.init(jax.random.key(0), obs_space)
 
 
-def jaxrunner_host(num_envs: int, rollout: int) -> tuple[Callable[[], int], Callable[[], None]]:
-    envs = jr.make_multi_agent_vec(make_env, num_envs)
+def jaxrunner_host(
+    num_envs: int, rollout: int, backend: str = "sync"
+) -> tuple[Callable[[], int], Callable[[], None]]:
+    envs = jr.make_multi_agent_vec(make_env, num_envs, backend)
     policy, params = _policy()
     runner = jr.MultiAgentRunner(envs, policy, params, rollout, seed=0)
     runner.sample()  # warm-up
@@ -178,7 +182,11 @@ def hand_scan(env: Any, num_envs: int, rollout: int) -> tuple[Callable[[], int],
 def build(part: str, name: str, width: int, rollout: int) -> tuple[Callable[[], int], Any]:
     """One system, warmed up: ``(step, stop)``."""
     if part == "host":
-        return {"jaxrunner": jaxrunner_host, "hand_loop": hand_loop_host}[name](width, rollout)
+        if name == "hand_loop":
+            return hand_loop_host(width, rollout)
+        return jaxrunner_host(
+            width, rollout, {"jaxrunner": "sync", "jaxrunner_process": "process"}[name]
+        )
     import jaxmarl
 
     env = jaxmarl.make("MPE_simple_spread_v3")
@@ -232,11 +240,13 @@ class Child:
 
 
 def interleaved(
-    part: str, names: tuple[str, str], width: int, rollout: int, seconds: float, rounds: int
+    part: str, names: tuple[str, ...], width: int, rollout: int, seconds: float, rounds: int
 ) -> dict[str, Any]:
-    """Rounds of ``jaxrunner`` then the reference, each in its child; medians."""
+    """Rounds of each system in turn (the reference last), each in its child; medians,
+    and each jaxrunner system's ratio to the reference."""
     children = {
-        name: Child(part, name, width, rollout, reference=name != "jaxrunner") for name in names
+        name: Child(part, name, width, rollout, reference=not name.startswith("jaxrunner"))
+        for name in names
     }
     rates: dict[str, list[float]] = {name: [] for name in names}
     try:
@@ -246,11 +256,12 @@ def interleaved(
     finally:
         for c in children.values():
             c.close()
-    ours, ref = rates[names[0]], rates[names[1]]
+    ref = rates[names[-1]]
+    ratios = {name: [a / b for a, b in zip(rates[name], ref)] for name in names[:-1]}
     return {
         "median": {name: statistics.median(r) for name, r in rates.items()},
-        "ratio": statistics.median(a / b for a, b in zip(ours, ref)),
-        "ratios": [a / b for a, b in zip(ours, ref)],
+        "ratio": {name: statistics.median(r) for name, r in ratios.items()},
+        "ratios": ratios,
         "cpu_dispatch": {name: c.cpu_dispatch for name, c in children.items()},
     }
 
@@ -270,7 +281,7 @@ def main() -> None:
     if args.child:
         child(args.part, args.child, args.widths[0], rollout)
         return
-    names = ("jaxrunner", "hand_loop" if host else "hand_scan")
+    names = ("jaxrunner", "jaxrunner_process", "hand_loop") if host else ("jaxrunner", "hand_scan")
     dispatch: dict[str, str] = {}
     results = []
     for width in args.widths or ((1, 8, 64, 256) if host else (4096,)):
@@ -289,8 +300,8 @@ def _row(width: int, out: dict[str, Any], reference: str) -> dict[str, Any]:
         "num_agents": NUM_AGENTS,
         **{f"{name}_env_steps_per_s": rate for name, rate in med.items()},
         **{f"{name}_agent_steps_per_s": NUM_AGENTS * rate for name, rate in med.items()},
-        f"ratio_vs_{reference}": out["ratio"],
-        f"ratios_vs_{reference}_per_round": out["ratios"],
+        **{f"{name}_ratio_vs_{reference}": r for name, r in out["ratio"].items()},
+        **{f"{name}_ratios_vs_{reference}_per_round": r for name, r in out["ratios"].items()},
     }
 
 

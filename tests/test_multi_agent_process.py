@@ -36,6 +36,20 @@ def test_process_equals_sync(factory, n, masked):
         assert sync_metrics[key] == proc_metrics[key]
 
 
+def test_default_workers_take_every_cpu(monkeypatch):
+    # Lockstep: the main process waits while the workers step, so none is kept back
+    # for it (the single-agent backend, which pipelines, keeps one).
+    from jaxrunner.envs.process import launch
+
+    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 3, "process")
+    try:
+        assert envs._bounds == [(0, 2), (2, 3)]
+    finally:
+        envs.close()
+    assert launch.default_num_workers(3) == 1
+
+
 def test_worker_error_reaches_the_caller_with_its_traceback():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, "process", num_workers=1)
     with pytest.raises(jr.errors.InvalidActionError, match="policy_0"):

@@ -30,8 +30,8 @@ def make_multi_agent_vec(
             ``"ray"`` (Ray actors; extra ``[ray]``).
         policy_mapping_fn: ``agent_id -> policy_id``; None: one shared policy per
             distinct pair of observation and action spaces (``policy_0``, ...).
-        num_workers: ``"process"`` only: worker processes (None: one per CPU but
-            one, at most one per sub-env).
+        num_workers: ``"process"`` only: worker processes (None: one per CPU, at
+            most one per sub-env).
     """
     if not callable(env_fn):
         raise InvalidArgumentTypeError(

@@ -15,7 +15,12 @@ from typing import Any
 
 import cloudpickle
 
-from jaxrunner.envs.process.launch import multiprocessing_context, pickle_factories, worker_bounds
+from jaxrunner.envs.process.launch import (
+    default_num_workers,
+    multiprocessing_context,
+    pickle_factories,
+    worker_bounds,
+)
 from jaxrunner.errors import EnvError, JaxRunnerError
 from jaxrunner.multi_agent.groups import PolicyMappingFn
 from jaxrunner.multi_agent.remote import BlockServer, RemoteBlocksVectorEnv, Reply
@@ -60,7 +65,8 @@ class ProcessMultiAgentVectorEnv(RemoteBlocksVectorEnv):
     Args:
         env_fns: zero-argument factories of PettingZoo envs (picklable by cloudpickle).
         policy_mapping_fn: as for the sync backend (picklable).
-        num_workers: worker processes (None: one per CPU but one, at most one per env).
+        num_workers: worker processes (None: one per CPU, at most one per env: the main
+            process waits while they step).
     """
 
     def __init__(
@@ -72,6 +78,8 @@ class ProcessMultiAgentVectorEnv(RemoteBlocksVectorEnv):
     ) -> None:
         super().__init__()
         self.num_envs = len(env_fns)
+        if num_workers is None:  # lockstep: the main process waits while workers step
+            num_workers = default_num_workers(self.num_envs, main_process_busy=False)
         self._bounds = worker_bounds(self.num_envs, None, num_workers)
         ctx = multiprocessing_context("forkserver")
         self._conns: list[Any] = []
