@@ -287,7 +287,7 @@ def main() -> None:
     for width in args.widths or ((1, 8, 64, 256) if host else (4096,)):
         out = interleaved(args.part, names, width, rollout, args.seconds, args.rounds)
         dispatch = out["cpu_dispatch"]
-        results.append(_row(width, out, names[1]))
+        results.append(_row(width, out, names[-1]))
         print(results[-1], flush=True)
     machine = {**bench.machine_info(), "jax_cpu_dispatch": dispatch}
     bench.write_report(f"multi_agent_{args.part}", args, results, machine)
