@@ -236,12 +236,17 @@ def test_resets_are_fresh_random_states(walk_run):
     np.testing.assert_array_equal(first_obs[:, 1], 0.0)
 
 
+def sample_matching_hand_stepping(venv: jr.JaxVectorEnv, rollout_length: int) -> jr.Trajectory:
+    """One sample of ``venv``, checked against the env stepped by hand."""
+    with make_runner(venv, rollout_length) as runner:
+        traj = runner.sample().to_numpy()
+    assert_matches(traj, reference_functional(venv.env, venv.params, traj.action, SEED))
+    return traj
+
+
 def test_done_only_form_reads_the_time_limit():
     venv = jr.JaxVectorEnv(DoneOnlyRandomWalk(), WalkParams(max_steps_in_episode=7), 2)
-    with make_runner(venv, 30) as runner:
-        traj = runner.sample().to_numpy()
-    ref = reference_functional(venv.env, venv.params, traj.action, SEED)
-    assert_matches(traj, ref)
+    traj = sample_matching_hand_stepping(venv, 30)
     assert traj.truncated.any() and traj.terminated.any()
     assert not (traj.terminated & traj.truncated).any()
 
@@ -271,10 +276,7 @@ def test_resets_of_none_some_or_all_envs_match_hand_stepping():
     # The scan resets no env, a gathered few (up to B // 8) or all of them, by how many
     # ended: every case must be the reference's reset, with the same keys.
     venv = jr.JaxVectorEnv(RandomWalk(), WalkParams(max_steps_in_episode=6), 16)
-    with make_runner(venv, 40) as runner:
-        traj = runner.sample().to_numpy()
-    ref = reference_functional(venv.env, venv.params, traj.action, SEED)
-    assert_matches(traj, ref)
+    traj = sample_matching_hand_stepping(venv, 40)
     ended = traj.done.sum(axis=1)
     few = 16 // 8
     assert (ended == 0).any() and ((ended > 0) & (ended <= few)).any() and (ended > few).any()

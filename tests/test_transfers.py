@@ -161,22 +161,11 @@ def test_scan_path_makes_no_transfer_per_step(probe, capfd, rollout_length):
     assert np.asarray(trajs[-1].reward).shape == (rollout_length, 3)
 
 
-def test_packing_round_trips_every_leaf_width():
-    # Leaves of 1, 2 and 4 bytes (8 with x64), odd sizes, scalars: what the host writes
-    # into the word buffer's views unpacks unchanged on device, and what the device
-    # packs reads back unchanged through the views.
+def assert_packing_round_trips(tree: dict[str, np.ndarray]) -> None:
+    """What the host writes into a word buffer's views unpacks unchanged on device, and
+    what the device packs reads back unchanged through the views."""
     from jaxrunner.transfer import Packing
 
-    rng = np.random.default_rng(0)
-    tree = {
-        "flags": rng.random(3) < 0.5,
-        "image": rng.integers(0, 256, (5, 3), dtype=np.uint8),
-        "small": rng.integers(-128, 128, 7, dtype=np.int8),
-        "half": rng.random(5).astype(np.float16),
-        "obs": rng.random((3, 4)).astype(np.float32),
-        "index": np.int32(-7),
-        "ids": rng.integers(-(2**31), 2**31, 9, dtype=np.int64).astype(np.int32),
-    }
     packing = Packing(tree)
     buffer = packing.allocate()
     assert buffer.dtype == np.uint32 and buffer.nbytes == packing.nbytes
@@ -191,18 +180,24 @@ def test_packing_round_trips_every_leaf_width():
         np.testing.assert_array_equal(packing.host_views(packed)[name], value, err_msg=name)
 
 
-def test_packing_round_trips_8_byte_leaves_with_x64():
-    from jaxrunner.transfer import Packing
+def test_packing_round_trips_every_leaf_width():
+    # Leaves of 1, 2 and 4 bytes, odd sizes, scalars.
+    rng = np.random.default_rng(0)
+    assert_packing_round_trips(
+        {
+            "flags": rng.random(3) < 0.5,
+            "image": rng.integers(0, 256, (5, 3), dtype=np.uint8),
+            "small": rng.integers(-128, 128, 7, dtype=np.int8),
+            "half": rng.random(5).astype(np.float16),
+            "obs": rng.random((3, 4)).astype(np.float32),
+            "index": np.int32(-7),
+            "ids": rng.integers(-(2**31), 2**31, 9, dtype=np.int64).astype(np.int32),
+        }
+    )
 
-    tree = {"reward": np.array([0.1, -2.5, 1e300]), "steps": np.array([2**40, -3], np.int64)}
+
+def test_packing_round_trips_8_byte_leaves_with_x64():
     with jax.enable_x64(True):
-        packing = Packing(tree)
-        buffer = packing.allocate()
-        views = packing.host_views(buffer)
-        for name, value in tree.items():
-            views[name][...] = value
-        unpacked = jax.jit(packing.unpack)(buffer)
-        packed = np.asarray(jax.jit(packing.pack)(tree))
-        for name, value in tree.items():
-            np.testing.assert_array_equal(np.asarray(unpacked[name]), value, err_msg=name)
-            np.testing.assert_array_equal(packing.host_views(packed)[name], value, err_msg=name)
+        assert_packing_round_trips(
+            {"reward": np.array([0.1, -2.5, 1e300]), "steps": np.array([2**40, -3], np.int64)}
+        )
