@@ -1,4 +1,4 @@
-"""One transfer each way per step: pytrees packed into a single flat byte buffer.
+"""One transfer each way per step: pytrees packed into a single flat buffer.
 
 ``jax.device_put`` and ``jax.device_get`` cost a fixed amount *per array* (tens of
 microseconds on a CPU host), so the runner moves one buffer instead of one array per
@@ -77,7 +77,9 @@ class Packing:
             if dtype.itemsize == _WORD:
                 leaf = jax.lax.bitcast_convert_type(words, dtype)
             elif dtype.itemsize > _WORD:
-                leaf = jax.lax.bitcast_convert_type(words.reshape(size, -1), dtype)
+                leaf = jax.lax.bitcast_convert_type(
+                    words.reshape(size, dtype.itemsize // _WORD), dtype
+                )
             else:  # 1 or 2 bytes: the words' bytes (or halves), in memory order
                 small = jnp.uint8 if dtype.itemsize == 1 else jnp.uint16
                 parts = jax.lax.bitcast_convert_type(words, small).reshape(-1)[:size]
