@@ -11,7 +11,11 @@ import pytest
 from gymnasium import spaces
 
 import jaxrunner as jr
-from jaxrunner.sampling.scan import ENV_FIRST_RESET_STREAM, ENV_RESET_STREAM, ENV_STEP_STREAM
+from jaxrunner.sampling.env_streams import (
+    ENV_FIRST_RESET_STREAM,
+    ENV_RESET_STREAM,
+    ENV_STEP_STREAM,
+)
 
 
 def random_policy(num_actions):

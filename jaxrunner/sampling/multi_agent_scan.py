@@ -38,15 +38,14 @@ from jaxrunner.multi_agent.trajectory import GroupTrajectory, MultiAgentTrajecto
 from jaxrunner.policy import Params
 from jaxrunner.policy_step import act, initial_actor_state
 from jaxrunner.sampling.agent_episodes import agent_episode_ends
-from jaxrunner.sampling.episodes import EpisodeBook
-from jaxrunner.sampling.multi_agent import EnvLevel, MultiAgentSetup
-from jaxrunner.sampling.scan import (
-    ENV_FIRST_RESET_STREAM,
-    ENV_RESET_STREAM,
-    ENV_STEP_STREAM,
+from jaxrunner.sampling.env_streams import (
+    env_roots,
     env_step_keys,
+    first_reset_keys,
     reset_where_done,
 )
+from jaxrunner.sampling.episodes import EpisodeBook
+from jaxrunner.sampling.multi_agent import EnvLevel, MultiAgentSetup
 
 
 def _stack(values: dict[str, Any], agents: tuple[str, ...]) -> Any:
@@ -63,14 +62,9 @@ class MultiAgentScanSampler:
         self.agents = {g.policy_id: g.agents for g in envs.groups}
         groups: tuple[AgentGroup, ...] = envs.groups
         num_possible = len(envs.possible_agents)
-        root = jax.random.key(setup.seed)
-        self._step_root = jax.random.fold_in(root, ENV_STEP_STREAM)
-        self._reset_root = jax.random.fold_in(root, ENV_RESET_STREAM)
+        self._step_root, self._reset_root = env_roots(setup.seed)
         env_ids = jnp.arange(num_envs, dtype=jnp.uint32)
-        first_root = jax.random.fold_in(root, ENV_FIRST_RESET_STREAM)
-        obs, env_state = jax.vmap(env.reset)(
-            jax.vmap(lambda i: jax.random.fold_in(first_root, i))(env_ids)
-        )
+        obs, env_state = jax.vmap(env.reset)(first_reset_keys(setup.seed, env_ids))
         actors, offset = {}, 0
         for g in groups:
             ids = np.arange(num_envs)[:, None] * num_possible + offset + np.arange(g.num_agents)
