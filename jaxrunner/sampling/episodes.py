@@ -55,44 +55,57 @@ class EpisodeBook:
         """Fills ``episode_id`` and ``step`` of steps ``[0, t)`` of ``buf`` and moves
         every env's episode on past them; returns what they add to the metrics."""
         valid = buf.valid[:t]
-        cut = buf.terminated[:t] | buf.truncated[:t] | ~valid
+        all_valid = bool(valid.all())
+        cut = buf.terminated[:t] | buf.truncated[:t]
+        if not all_valid:
+            cut |= ~valid
+        num_envs = cut.shape[1]
         steps = np.arange(t)[:, None]
-        cols = np.arange(cut.shape[1])
+        cols = np.arange(num_envs)
         # The last step at which each env's episode ended: up to each step, and before it.
         last_end = accumulate_rows(np.maximum, np.where(cut, steps, -1))
-        prev_end = np.concatenate([np.full((1, cut.shape[1]), -1), last_end[:-1]])
+        prev_end = np.empty_like(last_end)
+        prev_end[0], prev_end[1:] = -1, last_end[:-1]
         started = prev_end >= 0  # the step's episode began in this sample
-        end_t, end_env = np.nonzero(cut)  # in (step, env) order: the order of new ids
-        new_ids = np.empty(cut.shape, np.int64)  # the id of the episode after each end
-        new_ids[end_t, end_env] = self.next_episode_id + np.arange(len(end_t))
-        at_prev = np.maximum(prev_end, 0), cols
+        # Ends as flat [t * B] positions, in (step, env) order: the order of new ids.
+        # Flat takes instead of [rows, cols] indexing: ~20% of this call at 8 x 4096.
+        ends = np.flatnonzero(cut)
+        new_ids = np.empty(cut.size, np.int64)  # the id of the episode after each end
+        new_ids[ends] = self.next_episode_id + np.arange(len(ends))
+        at_prev = np.maximum(prev_end, 0) * num_envs + cols
         episode_id, step = buf.episode_id[:t], buf.step[:t]
-        episode_id[...] = np.where(started, new_ids[at_prev], self.episode_id)
+        episode_id[...] = np.where(started, new_ids.take(at_prev), self.episode_id)
         step[...] = np.where(
             started, steps - prev_end - 1, self.steps_done + steps - self._episode_begin
         )
         # Each step's episode return so far, from running sums of the sample's rewards.
         total = accumulate_rows(np.add, buf.reward[:t])
-        before = np.where(started, total[at_prev], -self._episode_return)
-        good = valid[end_t, end_env]  # faulty episodes stay out of the statistics
-        num_failed = cut.size - int(np.count_nonzero(valid))
+        flat_total = total.reshape(-1)
+        before = np.where(started, flat_total.take(at_prev), -self._episode_return)
+        returns = flat_total.take(ends) - before.reshape(-1).take(ends)
+        lengths = step.reshape(-1).take(ends) + 1
+        num_failed = 0
+        if not all_valid:  # faulty episodes stay out of the statistics
+            good = valid.reshape(-1).take(ends)
+            returns, lengths = returns[good], lengths[good]
+            num_failed = cut.size - int(np.count_nonzero(valid))
         counts = SampleCounts(
             num_env_steps=cut.size - num_failed,
             num_faulty_episodes=num_failed,
             num_dropped_steps=num_failed,
-            returns=(total - before)[end_t, end_env][good],
-            lengths=step[end_t, end_env][good] + 1,
+            returns=returns,
+            lengths=lengths,
         )
         # The episode each env is in after step t - 1.
         final_end = last_end[-1]
         ended = final_end >= 0
-        at_end = np.maximum(final_end, 0), cols
-        self.episode_id = np.where(ended, new_ids[at_end], self.episode_id)
+        at_end = np.maximum(final_end, 0) * num_envs + cols
+        self.episode_id = np.where(ended, new_ids.take(at_end), self.episode_id)
         self._episode_begin = np.where(ended, self.steps_done + final_end + 1, self._episode_begin)
         self._episode_return = np.where(
-            ended, total[-1] - total[at_end], self._episode_return + total[-1]
+            ended, total[-1] - flat_total.take(at_end), self._episode_return + total[-1]
         )
-        self.next_episode_id += len(end_t)
+        self.next_episode_id += len(ends)
         self.steps_done += t
         return counts
 
