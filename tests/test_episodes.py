@@ -1,0 +1,78 @@
+"""EpisodeBook: episode ids, steps, returns and counts against a step-by-step reference."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxrunner.sampling.episodes import EpisodeBook
+
+
+class StepByStep:
+    """The numbering rule, one step and one env at a time: an episode ends where the
+    env ended it or a step failed; the next one takes the next id, in (step, env)
+    order; failed steps end their episode without counting it."""
+
+    def __init__(self, num_envs: int) -> None:
+        self.ids = list(range(num_envs))
+        self.next_id = num_envs
+        self.length = [0] * num_envs
+        self.ret = [0.0] * num_envs
+
+    def close(self, flags: types.SimpleNamespace, t: int):
+        ids, steps, returns, lengths = [], [], [], []
+        for k in range(t):
+            ids.append(list(self.ids))
+            steps.append(list(self.length))
+            for b in range(len(self.ids)):
+                self.ret[b] += float(flags.reward[k, b])
+                self.length[b] += 1
+                valid = flags.valid[k, b]
+                if flags.terminated[k, b] or flags.truncated[k, b] or not valid:
+                    if valid:
+                        returns.append(self.ret[b])
+                        lengths.append(self.length[b])
+                    self.ids[b], self.next_id = self.next_id, self.next_id + 1
+                    self.length[b], self.ret[b] = 0, 0.0
+        return np.array(ids), np.array(steps), returns, lengths
+
+
+def _buffers(rng: np.random.Generator, t: int, num_envs: int, fault_rate: float):
+    shape = (t, num_envs)
+    return types.SimpleNamespace(
+        terminated=rng.random(shape) < 0.2,
+        truncated=rng.random(shape) < 0.05,
+        valid=rng.random(shape) >= fault_rate,
+        reward=rng.integers(-3, 4, shape).astype(np.float32),
+        episode_id=np.full(shape, -1, np.int64),
+        step=np.full(shape, -1, np.int64),
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    num_envs=st.integers(1, 6),
+    lengths=st.lists(st.integers(1, 7), min_size=1, max_size=4),
+    fault_rate=st.sampled_from([0.0, 0.1]),
+    seed=st.integers(0, 2**16),
+)
+def test_close_matches_the_step_by_step_rule(num_envs, lengths, fault_rate, seed):
+    rng = np.random.default_rng(seed)
+    book, reference = EpisodeBook(num_envs), StepByStep(num_envs)
+    for t in lengths:  # several samples: episodes carry over from one to the next
+        buf = _buffers(rng, t + 1, num_envs, fault_rate)  # a row past t stays unclosed
+        counts = book.close(buf, t)
+        ids, steps, returns, ended_lengths = reference.close(buf, t)
+        np.testing.assert_array_equal(buf.episode_id[:t], ids)
+        np.testing.assert_array_equal(buf.step[:t], steps)
+        assert (buf.episode_id[t] == -1).all() and (buf.step[t] == -1).all()
+        np.testing.assert_array_equal(counts.returns, returns)  # integer rewards: exact
+        np.testing.assert_array_equal(counts.lengths, ended_lengths)
+        failed = t * num_envs - int(buf.valid[:t].sum())
+        assert counts.num_env_steps == t * num_envs - failed
+        assert counts.num_dropped_steps == counts.num_faulty_episodes == failed
+    np.testing.assert_array_equal(book.episode_id, reference.ids)
+    assert book.next_episode_id == reference.next_id
