@@ -89,13 +89,14 @@ def reset_cartpole_vector(
             "(reset(seed=...)), or use vectorization_mode='sync' for per-env seeding."
         )
     cartpole = env.unwrapped
-    count = int(mask.sum())
-    cartpole.state[:, mask] = cartpole.np_random.uniform(
-        low=cartpole.low, high=cartpole.high, size=(4, count)
+    # Indices, not the mask: the ended envs are few, and each boolean index scans all.
+    ended = np.flatnonzero(mask)
+    cartpole.state[:, ended] = cartpole.np_random.uniform(
+        low=cartpole.low, high=cartpole.high, size=(4, len(ended))
     )
-    cartpole.steps[mask] = 0
-    cartpole.prev_done[mask] = False
-    return cartpole.state[:, mask].T.astype(np.float32), _NoInfos(count)
+    cartpole.steps[ended] = 0
+    cartpole.prev_done[ended] = False
+    return cartpole.state[:, ended].T.astype(np.float32), _NoInfos(len(ended))
 
 
 class _NoInfos(Sequence[dict[str, Any]]):
