@@ -101,7 +101,9 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="git revision to compare against")
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--num-envs", type=int, nargs="+", default=[1, 8, 64, 256])
-    parser.add_argument("--backend", choices=("sync", "process", "ray"), default="sync")
+    parser.add_argument(
+        "--backend", choices=("sync", "process", "gymnasium", "envpool", "ray"), default="sync"
+    )
     parser.add_argument("--rollout-length", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")
     parser.add_argument("--out", type=pathlib.Path, default=None)

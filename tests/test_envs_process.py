@@ -36,6 +36,7 @@ from jaxrunner.envs.process import (
     ProcessConfig,
     ProcessVectorEnv,
     RemoteTraceback,
+    launch,
     worker_bounds,
 )
 from jaxrunner.errors import (
@@ -324,6 +325,25 @@ def test_worker_bounds():
     assert worker_bounds(7, None, 2) == [(0, 4), (4, 7)]
     assert worker_bounds(4, None, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
     assert len(worker_bounds(64, None, None)) == max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+@pytest.mark.parametrize(
+    ("num_envs", "main_process", "workers"),
+    [
+        (3, "computes", 3),  # one CPU for the main process's policy and bookkeeping
+        (255, "computes", 3),
+        (256, "computes", 4),  # from ALL_CPUS_FROM_ENVS, its envs outweigh that work
+        (512, "steps", 3),  # a main process with sub-envs of its own keeps a CPU
+        (8, "waits", 4),  # one that waits while the workers step does not
+        (2, "waits", 2),  # at most one worker per sub-env
+    ],
+)
+def test_default_workers_by_cpus_and_width(monkeypatch, num_envs, main_process, workers):
+    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _: {0, 1, 2, 3}, raising=False)
+    assert launch.ALL_CPUS_FROM_ENVS == 256
+    assert launch.default_num_workers(num_envs, main_process=main_process) == workers
+    if main_process == "computes":
+        assert len(worker_bounds(num_envs, None, None)) == workers
 
 
 # -- the rest of gymnasium's VectorEnv API ------------------------------------------------------

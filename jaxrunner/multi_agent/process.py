@@ -79,7 +79,7 @@ class ProcessMultiAgentVectorEnv(RemoteBlocksVectorEnv):
         super().__init__()
         self.num_envs = len(env_fns)
         if num_workers is None:  # lockstep: the main process waits while workers step
-            num_workers = default_num_workers(self.num_envs, main_process_busy=False)
+            num_workers = default_num_workers(self.num_envs, main_process="waits")
         self._bounds = worker_bounds(self.num_envs, None, num_workers)
         ctx = multiprocessing_context("forkserver")
         self._conns: list[Any] = []

@@ -24,8 +24,9 @@ class ProcessConfig:
     ``num_workers``, not both."""
     num_workers: int | None = None
     """Alternatively, the number of worker processes (sub-envs are split evenly).
-    Default (both None): one per CPU but one (the main process runs the policy), at
-    least one, at most one per sub-env."""
+    Default (both None): one per CPU but one (the main process runs the policy), or one
+    per CPU from 256 sub-envs (see :func:`~jaxrunner.envs.process.default_num_workers`);
+    at least one, at most one per sub-env."""
     start_method: str = "forkserver"
     """``"forkserver"`` (workers start in milliseconds) or ``"spawn"``; never ``"fork"``
     (forking a process that has started JAX's threads can deadlock the child)."""
@@ -45,7 +46,10 @@ class ProcessConfig:
     workers; lockstep only. The runner pipelines the two shares as two groups, so the
     main process steps its envs while the workers step theirs: it pays where env steps
     cost more than the policy (the workers are the bottleneck), e.g. ``num_envs // 2``
-    with one worker on 2 cores; with cheap envs it slows the main process down.
+    with one worker on 2 cores; for CartPole from about 256 sub-envs on 2 cores
+    (``benchmarks/process_layouts.py``); with fewer cheap envs it slows the main process
+    down. Its sub-envs are not isolated in a worker: a hang or a hard crash there stops
+    the main process.
     ``make_vec(..., backend="process")`` then builds a
     :class:`~jaxrunner.LocalShareVectorEnv`. 0 or None (default, for now no automatic
     share: see :func:`main_process_share`): every
@@ -112,9 +116,12 @@ def main_process_share(num_envs: int, config: ProcessConfig) -> int:
     ``config.main_process_envs``, with None (the automatic default) as 0.
 
     Why the default is 0: the share pays only where the workers are the bottleneck
-    (env steps cost more than the main process's policy and bookkeeping per step);
-    with cheap envs (CartPole) the main process already is, and stepping envs too
-    slows it down. Which case holds is not known when the vector env is built.
+    (env steps cost more than the main process's policy and bookkeeping per step:
+    CartPole on 2 cores from about 256 sub-envs, 1.29x at 256 and 1.61x at 512 in
+    ``benchmarks/results/process_layouts_cpu.json``, but 0.81x at 64); which case holds
+    is not known when the vector env is built. And the backend's promise is isolation:
+    a sub-env that hangs or crashes hard in a worker costs a restart, in the main
+    process it stops the run. So the share is asked for, never assumed.
 
     Raises:
         InvalidArgumentError: a share that leaves no sub-env (or too few for

@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import cloudpickle
 import gymnasium
@@ -43,20 +44,33 @@ class MainProcessFactory:
             ) from err
 
 
-def default_num_workers(num_envs: int, *, main_process_busy: bool = True) -> int:
-    """One worker per CPU this process may run on; but one where the main process
-    computes while the workers step (the pipelined single-agent backend: on 2 cores,
-    1 worker did as well as 2, see ``benchmarks/results/process_cpu_priority*.json``).
-    At least one, at most one per sub-env.
+ALL_CPUS_FROM_ENVS = 256
+"""From this many sub-envs, the pipelined backend's workers take every CPU, the main
+process's too: their stepping then outweighs its policy and bookkeeping. CartPole-v1 on
+2 cores, runners of both layouts in one process, interleaved rounds: 2 workers against
+1 did 1.01-1.23x at 256 sub-envs and 1.35x at 512, 0.93-0.94x at 64 and 128."""
 
-    ``main_process_busy=False``: the main process waits while the workers step
-    (the lockstep multi-agent backend), so they take every CPU (MPE at 64 envs on 2
-    cores: 5.8k env steps/s with 2 workers, 3.9k with 1)."""
+
+def default_num_workers(
+    num_envs: int, *, main_process: Literal["computes", "steps", "waits"] = "computes"
+) -> int:
+    """One worker per CPU this process may run on, at least one, at most one per sub-env;
+    but one CPU is left to the main process where it has work of its own while the
+    workers step:
+
+    * ``"computes"`` (the pipelined single-agent backend: the policy and bookkeeping),
+      below :data:`ALL_CPUS_FROM_ENVS` sub-envs;
+    * ``"steps"`` (a :class:`~jaxrunner.LocalShareVectorEnv`: sub-envs of its own), always.
+
+    ``"waits"``: the main process waits while the workers step (the lockstep multi-agent
+    backend), so they take every CPU (MPE at 64 envs on 2 cores: 5.8k env steps/s with
+    2 workers, 3.9k with 1)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(num_envs, cpus - 1 if main_process_busy else cpus))
+    keep = main_process == "steps" or (main_process == "computes" and num_envs < ALL_CPUS_FROM_ENVS)
+    return max(1, min(num_envs, cpus - 1 if keep else cpus))
 
 
 def worker_bounds(

@@ -30,7 +30,7 @@ from gymnasium.vector.utils import batch_space
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv, block_rows
 from jaxrunner.envs.process.config import ProcessConfig, checked_config, main_process_share
-from jaxrunner.envs.process.launch import EnvFactory, MainProcessFactory
+from jaxrunner.envs.process.launch import EnvFactory, MainProcessFactory, default_num_workers
 from jaxrunner.envs.process.vector_env import ProcessVectorEnv
 from jaxrunner.envs.sub_envs import StepBuffers
 from jaxrunner.envs.sync import SyncVectorEnv
@@ -128,6 +128,10 @@ class LocalShareVectorEnv(VectorEnv):
         self._local = SyncVectorEnv(local_fns, copy=False, restart_policy=restart_policy)
         try:
             worker_config = dataclasses.replace(config, main_process_envs=0)
+            if config.num_workers is None and config.envs_per_worker is None:
+                # The main process steps envs too: one CPU stays with it.
+                workers = default_num_workers(num_envs - k, main_process="steps")
+                worker_config = dataclasses.replace(worker_config, num_workers=workers)
             with self._workers_part():
                 self._remote = ProcessVectorEnv(
                     env_fns[k:], worker_config, copy=False, restart_policy=restart_policy

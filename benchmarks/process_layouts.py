@@ -1,0 +1,107 @@
+"""Process backend layouts side by side: how many workers, and whether the main process
+steps a share of the sub-envs itself.
+
+At each width, three runners of ``backend="process"`` are alive in this one process and
+take turns in interleaved rounds (a shared machine's drift hits each alike); figures are
+medians, ratios the median of per-round ratios to ``keep_one``:
+
+* ``keep_one``: one worker per CPU but one (the default below
+  ``launch.ALL_CPUS_FROM_ENVS`` sub-envs);
+* ``all_cpus``: one worker per CPU (the default from there);
+* ``main_share``: the main process steps ``num_envs // 2`` sub-envs itself, one worker
+  per CPU but one steps the rest (``ProcessConfig(main_process_envs=...)``, opt-in).
+
+CartPole-v1, the benchmark's 64-64 MLP, ``T = max(8, 2048 // num_envs)``.
+
+Usage::
+
+    python benchmarks/process_layouts.py --out benchmarks/results/process_layouts_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import statistics
+from typing import Any
+
+import jax
+
+import jaxrunner as jr
+from jaxrunner import bench
+
+
+def layouts(num_envs: int) -> dict[str, jr.ProcessConfig]:
+    cpus = len(os.sched_getaffinity(0))
+    keep_one = max(1, cpus - 1)
+    return {
+        "keep_one": jr.ProcessConfig(num_workers=keep_one),
+        "all_cpus": jr.ProcessConfig(num_workers=cpus),
+        "main_share": jr.ProcessConfig(num_workers=keep_one, main_process_envs=num_envs // 2),
+    }
+
+
+def measure_width(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
+    rollout = max(8, 2048 // num_envs)
+    runners = {}
+    try:
+        for name, config in layouts(num_envs).items():
+            envs = jr.make_vec(args.env, num_envs, backend="process", config=config)
+            policy = bench.mlp_policy(envs.single_action_space)
+            params = policy.init(jax.random.key(args.seed), envs.single_observation_space)
+            runners[name] = jr.EnvRunner(envs, policy, params, rollout, args.seed)
+            runners[name].sample()  # compiles, first resets
+
+        def step(runner: jr.EnvRunner) -> int:
+            return runner.sample().reward.size
+
+        rates: dict[str, list[float]] = {name: [] for name in runners}
+        for round_index in range(args.rounds):
+            order = list(runners) if round_index % 2 == 0 else list(runners)[::-1]
+            for name in order:
+                rates[name].append(bench.timed(lambda r=runners[name]: step(r), args.seconds))
+        row: dict[str, Any] = {"num_envs": num_envs, "rollout_length": rollout}
+        row.update({f"{name}_steps_per_s": statistics.median(r) for name, r in rates.items()})
+        for name in ("all_cpus", "main_share"):
+            per_round = [a / b for a, b in zip(rates[name], rates["keep_one"])]
+            row[f"{name}_vs_keep_one"] = statistics.median(per_round)
+            row[f"{name}_vs_keep_one_range"] = [min(per_round), max(per_round)]
+        row["all_rounds"] = rates
+        return row
+    finally:
+        for runner in runners.values():
+            runner.stop()
+            runner.envs.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--num-envs", type=int, nargs="+", default=[64, 128, 256, 512])
+    parser.add_argument("--seconds", type=float, default=0.6, help="per layout per round")
+    parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    args = bench.parse_args(parser)
+    load_before = os.getloadavg()
+    rows = []
+    for num_envs in args.num_envs:
+        row = measure_width(num_envs, args)
+        rows.append(row)
+        print(
+            f"x{num_envs}: keep_one {row['keep_one_steps_per_s']:,.0f}  all_cpus "
+            f"{row['all_cpus_vs_keep_one']:.2f}x  main_share {row['main_share_vs_keep_one']:.2f}x",
+            flush=True,
+        )
+    machine = {
+        **bench.machine_info(),
+        "autogroup": bench.autogroup(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
+    bench.write_report("process_layouts", args, rows, machine)
+
+
+if __name__ == "__main__":
+    main()
