@@ -21,7 +21,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import statistics
 from typing import Any
@@ -30,14 +29,17 @@ import jax
 
 import jaxrunner as jr
 from jaxrunner import bench
+from jaxrunner.envs.process import launch
 
 
 def layouts(num_envs: int) -> dict[str, jr.ProcessConfig]:
-    cpus = len(os.sched_getaffinity(0))
-    keep_one = max(1, cpus - 1)
+    # The backend's own rules: "steps" keeps a CPU for the main process, "waits" does not.
+    keep_one = launch.default_num_workers(num_envs, main_process="steps")
     return {
         "keep_one": jr.ProcessConfig(num_workers=keep_one),
-        "all_cpus": jr.ProcessConfig(num_workers=cpus),
+        "all_cpus": jr.ProcessConfig(
+            num_workers=launch.default_num_workers(num_envs, main_process="waits")
+        ),
         "main_share": jr.ProcessConfig(num_workers=keep_one, main_process_envs=num_envs // 2),
     }
 
@@ -84,7 +86,6 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = bench.parse_args(parser)
-    load_before = os.getloadavg()
     rows = []
     for num_envs in args.num_envs:
         row = measure_width(num_envs, args)
@@ -94,13 +95,10 @@ def main() -> None:
             f"{row['all_cpus_vs_keep_one']:.2f}x  main_share {row['main_share_vs_keep_one']:.2f}x",
             flush=True,
         )
-    machine = {
-        **bench.machine_info(),
-        "autogroup": bench.autogroup(),
-        "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg(),
-    }
-    bench.write_report("process_layouts", args, rows, machine)
+    # machine_info's load averages are taken at the end of the run.
+    bench.write_report(
+        "process_layouts", args, rows, {**bench.machine_info(), "autogroup": bench.autogroup()}
+    )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,17 @@ class MainProcessFactory:
 ALL_CPUS_FROM_ENVS = 256
 """From this many sub-envs, the pipelined backend's workers take every CPU, the main
 process's too: their stepping then outweighs its policy and bookkeeping. CartPole-v1 on
-2 cores, runners of both layouts in one process, interleaved rounds: 2 workers against
-1 did 1.01-1.23x at 256 sub-envs and 1.35x at 512, 0.93-0.94x at 64 and 128."""
+2 cores, both layouts in one process, 12 interleaved rounds: 2 workers against 1 did
+1.10x at 256 sub-envs and 1.43x at 512, 0.74x at 64 and 1.01x at 128
+(``benchmarks/results/process_layouts_cpu.json``)."""
+
+
+def available_cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def default_num_workers(
@@ -65,10 +74,7 @@ def default_num_workers(
     ``"waits"``: the main process waits while the workers step (the lockstep multi-agent
     backend), so they take every CPU (MPE at 64 envs on 2 cores: 5.8k env steps/s with
     2 workers, 3.9k with 1)."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
+    cpus = available_cpus()
     keep = main_process == "steps" or (main_process == "computes" and num_envs < ALL_CPUS_FROM_ENVS)
     return max(1, min(num_envs, cpus - 1 if keep else cpus))
 
