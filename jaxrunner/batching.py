@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
 
+from jaxrunner import keys
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.errors import ClosedError
 from jaxrunner.policy import Params, Policy, check_params_like
@@ -331,11 +332,11 @@ class PolicyBatcher:
             obs, given, logged, id_hi, id_lo, steps, carry = inputs
 
             def key_of(hi: jax.Array, lo: jax.Array, t: jax.Array) -> jax.Array:
-                key = jax.random.fold_in(jax.random.key(seed), hi)
+                key = jax.random.fold_in(keys.key(seed), hi)
                 return jax.random.fold_in(jax.random.fold_in(key, lo), t)
 
-            keys = jax.vmap(key_of)(id_hi, id_lo, steps)
-            action, extras, new_carry = policy.apply_fn(params, obs, carry, keys)
+            row_keys = jax.vmap(key_of)(id_hi, id_lo, steps)
+            action, extras, new_carry = policy.apply_fn(params, obs, carry, row_keys)
 
             def choose(sampled: jax.Array, taken: jax.Array) -> jax.Array:
                 mask = logged.reshape(-1, *([1] * (sampled.ndim - 1)))

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrunner import keys
 from jaxrunner.connectors.pipeline import (
     POLICY_OBS,
     Connectors,
@@ -72,7 +73,7 @@ def initial_actor_state(
 ) -> ActorState:
     """The actor state of envs ``env_ids``; with ``connectors``, their initial state for
     observations of ``obs_space`` (the env's single observation space)."""
-    key = jax.random.key(seed)
+    key = keys.key(seed)
     conn = ConnectorsState() if connectors is None else connectors.init(len(env_ids), obs_space)
     return ActorState(
         env_keys=jax.random.key_data(
@@ -117,7 +118,8 @@ def act(
 ) -> tuple[Any, Any, dict[str, Any], ActorState]:
     """One policy step for a batch of envs (pure; jitted once per runner).
 
-    Env ``i``'s key is ``fold_in(fold_in(seed_key, env_id[i]), env_steps[i])``: its
+    Env ``i``'s key is ``fold_in(fold_in(seed_key, env_id[i]), env_steps[i])``, a
+    :mod:`jaxrunner.keys` key (JAX's threefry, fusible on CPU): its
     actions depend on the seed, its id and its step count only, never on which
     envs share its batch. With ``active`` ([B] bool) only those envs take a step: the
     others' step counts, carries and per-env connector state are kept as they were,
@@ -140,9 +142,9 @@ def act(
             counted = jnp.ones_like(episode_start) if active is None else active
         obs, conn = connectors.observe(conn, obs, episode_start, counted)
     carry = jax.tree.map(restart, state.carry, state.initial_carry)
-    env_keys = jax.random.wrap_key_data(state.env_keys)
-    keys = jax.vmap(jax.random.fold_in)(env_keys, state.env_steps)
-    action, extras, carry = apply_fn(params, obs, carry, keys)
+    env_keys = keys.wrap(state.env_keys)
+    step_keys = jax.vmap(jax.random.fold_in)(env_keys, state.env_steps)
+    action, extras, carry = apply_fn(params, obs, carry, step_keys)
     env_action = action
     if connectors is not None:
         if connectors.obs:

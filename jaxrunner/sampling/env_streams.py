@@ -9,6 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxrunner import keys
+
 ENV_STEP_STREAM = 0xFFFFFFFF
 """Folded into the seed's key to root the envs' step keys (the policy's stream folds
 in env ids, which never reach these values)."""
@@ -25,12 +27,12 @@ def _fold_ids(root: jax.Array, env_ids: jax.Array) -> jax.Array:
 
 def first_reset_keys(seed: int, env_ids: jax.Array) -> jax.Array:
     """``[B]`` keys of the envs' first resets."""
-    return _fold_ids(jax.random.fold_in(jax.random.key(seed), ENV_FIRST_RESET_STREAM), env_ids)
+    return _fold_ids(jax.random.fold_in(keys.key(seed), ENV_FIRST_RESET_STREAM), env_ids)
 
 
 def env_roots(seed: int) -> jax.Array:
     """``[2]`` keys: the roots of the step keys and of the reset keys."""
-    key = jax.random.key(seed)
+    key = keys.key(seed)
     return jnp.stack(
         [jax.random.fold_in(key, ENV_STEP_STREAM), jax.random.fold_in(key, ENV_RESET_STREAM)]
     )

@@ -21,7 +21,8 @@ Semantics are the host loop's:
   ``n``-th step (the envs of a JaxVectorEnv step in lockstep), env ``i`` steps with
   ``fold_in(fold_in(step_root, n), i)`` and, if its episode ended, resets with
   ``fold_in(fold_in(reset_root, n), i)``. So env ``i``'s trajectory depends on the seed
-  and ``i`` only, not on the batch size. (The step comes first and the env id last,
+  and ``i`` only, not on the batch size. Every key is a :mod:`jaxrunner.keys` key:
+  JAX's threefry, bit for bit, in a form XLA fuses. (The step comes first and the env id last,
   so each batch of keys hashes with one shared key: on CPU that costs about half of a
   hash with a key per env, and two such fold-ins cost less than a ``split``.)
 
@@ -41,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrunner import keys
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.connectors.pipeline import (
     POLICY_OBS,
@@ -137,7 +139,7 @@ def rollout(
     env_ids = jnp.arange(envs.num_envs)
 
     def step(s: RolloutState, _: None) -> tuple[RolloutState, dict[str, Any]]:
-        roots = jax.random.wrap_key_data(s.env_roots)
+        roots = keys.wrap(s.env_roots)
         action, env_action, extras, actor = act(
             policy.apply_fn, params, s.actor, s.obs, s.episode_start, None, connectors
         )
@@ -149,7 +151,7 @@ def rollout(
         obs, env_state = reset_where_done(
             done,
             (out.obs, out.state),
-            lambda keys: envs.reset(keys, env_params),
+            lambda reset_keys: envs.reset(reset_keys, env_params),
             roots[1],
             s.num_steps,
             env_ids,
