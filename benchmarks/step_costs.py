@@ -6,15 +6,15 @@ own cost. Parts, each timed alone in 64-step blocks, interleaved round by round
 (median and minimum of the rounds kept):
 
 * ``runner``: ``EnvRunner.sample()``.
-* ``runner_policy``: the runner's policy call alone (``GroupActor`` dispatch and
-  collect: staging, the compiled call, ``np.asarray``).
+* ``runner_policy``: the runner's policy call alone (``CompiledPolicyStep`` dispatch
+  and collect: staging, the compiled call, ``np.asarray``).
 * ``runner_step_batch``: the vector env's ``step_batch`` alone.
 * ``hand_loop``: the recording hand loop over gymnasium ``SyncVectorEnv``
   (``jaxrunner.bench.hand_loop``).
 * ``hand_policy``: the hand loop's jitted call and numpy conversion alone.
 * ``gym_step``: gymnasium ``SyncVectorEnv.step`` alone.
 * ``warm_call``: the compiled policy step called back to back with nothing between
-  (the floor of any loop with one policy call per step).
+  (no staging, one ``np.asarray``: the floor of any loop with one policy call per step).
 
 ``--cpu-dispatch`` (``jaxrunner.bench.parse_args``; inline by default).
 
@@ -37,6 +37,7 @@ import numpy as np
 
 import jaxrunner as jr
 from jaxrunner import bench
+from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
 
 STEPS = 64
 
@@ -73,8 +74,11 @@ def parts(num_envs: int) -> tuple[dict[str, Callable[[], object]], Callable[[], 
     act = bench.hand_act(policy, num_envs)
     obs, _ = gym_envs.reset(seed=0)
     actions = np.zeros(num_envs, np.int64)
-    actor = runner._groups[0]  # the runner's own policy driver
-    starts = np.zeros(num_envs, np.bool_)
+    # The runner's compiled policy step, built as its lockstep sampler builds it.
+    state, _ = host_actor_state(policy, 0, num_envs, None, envs.single_observation_space)
+    call = CompiledPolicyStep(policy, params, state, num_envs, obs)
+    stage = call.new_stage()
+    stage.env_index[:] = np.arange(num_envs)
     key = jax.random.key(0)
 
     def repeat(step: Callable[[], object]) -> Callable[[], None]:
@@ -91,12 +95,15 @@ def parts(num_envs: int) -> tuple[dict[str, Callable[[], object]], Callable[[], 
         jax.tree.map(np.asarray, extras)
 
     def runner_policy() -> None:
-        actor.dispatch(runner.get_params(), envs.single_observation_space, obs, starts)
-        actor.collect()
+        nonlocal state
+        stage.obs[:] = obs
+        pending, state = call.dispatch(params, state, stage)
+        call.collect(pending)
 
     def warm_call() -> None:
-        actor._pending, actor.state = actor._step(runner.get_params(), actor.state, actor._stage)
-        np.asarray(actor._pending)
+        nonlocal state
+        pending, state = call.dispatch(params, state, stage)
+        np.asarray(pending)
 
     blocks = {
         "runner": runner.sample,
