@@ -118,6 +118,17 @@ def test_core_benchmark_is_the_bench_on_the_chosen_backends(tmp_path):
     assert report["children"]["hand_loop"]["cpu_dispatch"] == "async"
 
 
+def test_step_costs_times_every_part_of_the_runner_and_the_hand_loop(tmp_path):
+    """It drives the runner's own compiled policy step, so it breaks when that moves."""
+    out = tmp_path / "step_costs.json"
+    _run("step_costs.py", "--num-envs", "2", "--rounds", "1", "--blocks", "1", "--out", str(out))
+    (row,) = json.loads(out.read_text())["results"]
+    parts = ["runner", "runner_policy", "runner_step_batch", "hand_loop", "hand_policy"]
+    parts += ["gym_step", "warm_call"]
+    assert row["num_envs"] == 2
+    assert all(row[f"{part}_us_median"] > 0 for part in parts)
+
+
 def test_peers_smoke_run_writes_json_and_plot(tmp_path):
     out = tmp_path / "peers.json"
     options = ["--widths", "2", "--rounds", "1", "--seconds", "0.05", "--no-rllib"]
