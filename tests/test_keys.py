@@ -15,6 +15,16 @@ from jaxrunner import keys
 SHAPES = [(), (1,), (3,), (4, 5), (2, 3, 4)]
 
 
+@pytest.fixture(autouse=True)
+def _partitionable_threefry():
+    """JAX's threefry numbers its draws this way by default from jax 0.5 (the reference
+    here); jaxrunner's keys always do."""
+    old = jax.config.jax_threefry_partitionable
+    jax.config.update("jax_threefry_partitionable", True)
+    yield
+    jax.config.update("jax_threefry_partitionable", old)
+
+
 def _pair(seed: int) -> tuple[jax.Array, jax.Array]:
     return jax.random.key(seed, impl="threefry2x32"), keys.key(seed)
 
