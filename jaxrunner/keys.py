@@ -51,13 +51,13 @@ def threefry2x32(
     return x0, x1
 
 
-def _counters(shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
-    """The 64-bit counters ``0..prod(shape)-1`` as (high, low) uint32 words, as JAX's
-    partitionable threefry numbers its draws."""
+def _hash_counters(key: jax.Array, shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    """The hash of the 64-bit counters ``0..prod(shape)-1`` (as (high, low) uint32
+    words) under ``key``: how JAX's partitionable threefry numbers its draws."""
     if int(np.prod(shape)) >= 2**32:
         raise NotImplementedError(f"jaxrunner keys draw fewer than 2**32 values, not {shape}.")
     low = lax.iota(np.uint32, int(np.prod(shape))).reshape(shape)
-    return jnp.zeros(shape, np.uint32), low
+    return threefry2x32(key[0], key[1], jnp.zeros(shape, np.uint32), low)
 
 
 def _seed(seed: jax.Array) -> jax.Array:
@@ -66,8 +66,7 @@ def _seed(seed: jax.Array) -> jax.Array:
 
 
 def _split(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    high, low = _counters(shape)
-    bits1, bits2 = threefry2x32(key[0], key[1], high, low)
+    bits1, bits2 = _hash_counters(key, shape)
     return jnp.stack([bits1, bits2], axis=bits1.ndim)
 
 
@@ -79,8 +78,7 @@ def _fold_in(key: jax.Array, data: jax.Array) -> jax.Array:
 def _random_bits(key: jax.Array, bit_width: int, shape: tuple[int, ...]) -> jax.Array:
     if bit_width not in (8, 16, 32, 64):
         raise TypeError(f"random bits of width {bit_width}: expected 8, 16, 32 or 64.")
-    high, low = _counters(shape)
-    bits1, bits2 = threefry2x32(key[0], key[1], high, low)
+    bits1, bits2 = _hash_counters(key, shape)
     if bit_width == 64:
         return lax.shift_left(bits1.astype(np.uint64), np.uint64(32)) | bits2.astype(np.uint64)
     bits = bits1 ^ bits2
