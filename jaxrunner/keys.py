@@ -14,8 +14,7 @@ The keys are ordinary typed JAX keys of their own implementation: a policy split
 folds and samples with them through ``jax.random`` as with any key, and draws exactly
 what JAX's default threefry key with the same data would draw (with
 ``jax_threefry_partitionable=True``, JAX's default from 0.5; ``tests/test_keys.py``
-checks both). Only keys
-made here use it: the user's own JAX code is untouched.
+checks both). Only keys made here use it: the user's own JAX code is untouched.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ Semantics are the host loop's:
   ``fold_in(fold_in(step_root, n), i)`` and, if its episode ended, resets with
   ``fold_in(fold_in(reset_root, n), i)``. So env ``i``'s trajectory depends on the seed
   and ``i`` only, not on the batch size. Every key is a :mod:`jaxrunner.keys` key:
-  JAX's threefry, bit for bit, in a form XLA fuses. (The step comes first and the env id last,
-  so each batch of keys hashes with one shared key: on CPU that costs about half of a
-  hash with a key per env, and two such fold-ins cost less than a ``split``.)
+  JAX's threefry, bit for bit, in a form XLA fuses. (The step comes first and the env
+  id last, so each batch of keys hashes with one shared key: on CPU that costs about
+  half of a hash with a key per env, and two such fold-ins cost less than a ``split``.)
 
 On device, without ``jax_enable_x64``, rewards are float32 and ``env_id``,
 ``episode_id`` and ``step`` are int32 (JAX's canonical dtypes); the host loop's
