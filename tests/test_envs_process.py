@@ -14,7 +14,9 @@ import gc
 import json
 import os
 import pathlib
+import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -33,10 +35,13 @@ from conftest import ActorCritic, short_cartpole
 import jaxrunner as jr
 from jaxrunner import cli
 from jaxrunner.envs.process import (
+    DEFAULT_SPIN_WAIT_US,
     ProcessConfig,
     ProcessVectorEnv,
     RemoteTraceback,
     launch,
+    spin_wait_s,
+    wire,
     worker_bounds,
 )
 from jaxrunner.errors import (
@@ -313,6 +318,10 @@ def test_dead_worker_is_reported_and_closes_the_vec_env():
         ({"num_workers": 5}, r"more workers than sub-envs"),
         ({"num_workers": 2, "envs_per_worker": 2}, r"give one of them"),
         ({"start_method": "fork"}, r"'fork' is refused"),
+        ({"spin_wait_us": -1}, r"spin_wait_us=-1\)"),
+        ({"spin_wait_us": float("nan")}, r"spin_wait_us=nan\)"),
+        ({"spin_wait_us": True}, r"spin_wait_us=True\)"),
+        ({"spin_wait_us": "300"}, r"spin_wait_us='300'\)"),
     ],
 )
 def test_bad_options(options, match):
@@ -344,6 +353,49 @@ def test_default_workers_by_cpus_and_width(monkeypatch, num_envs, main_process, 
     assert launch.default_num_workers(num_envs, main_process=main_process) == workers
     if main_process == "computes":
         assert len(worker_bounds(num_envs, None, None)) == workers
+
+
+@pytest.mark.parametrize(
+    ("spin_wait_us", "num_workers", "spin_s"),
+    [
+        (None, 3, DEFAULT_SPIN_WAIT_US * 1e-6),  # a CPU each: spin a little before sleeping
+        (None, 4, 0.0),  # a worker per CPU: a spinning main process would take one's CPU
+        (0, 3, 0.0),
+        (50, 4, 50e-6),  # asked for: spins even where it shares CPUs
+    ],
+)
+def test_spin_budget_by_cpus(monkeypatch, spin_wait_us, num_workers, spin_s):
+    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _: {0, 1, 2, 3}, raising=False)
+    assert spin_wait_s(ProcessConfig(spin_wait_us=spin_wait_us), num_workers) == pytest.approx(
+        spin_s
+    )
+
+
+def test_spin_until_readable_returns_when_data_comes_or_the_budget_ends():
+    mine, theirs = socket.socketpair()
+    with mine, theirs:
+        poller = select.poll()
+        poller.register(mine, select.POLLIN)
+        start = time.perf_counter()
+        wire.spin_until_readable(poller.poll, 0.02)  # nothing comes: spins the whole budget
+        assert time.perf_counter() - start >= 0.02
+        theirs.sendall(b"x")
+        start = time.perf_counter()
+        wire.spin_until_readable(poller.poll, 60.0)  # data waiting: returns at once
+        assert time.perf_counter() - start < 30.0
+        calls = []
+        wire.spin_until_readable(lambda timeout: calls.append(timeout) or [], 0.0)
+        assert calls == []  # no budget: not even one poll
+
+
+def test_trajectories_equal_with_and_without_spinning(sync_reference):
+    for spin_wait_us in (0, 10_000):
+        config = ProcessConfig(num_workers=2, spin_wait_us=spin_wait_us)
+        envs = jr.make_vec(short_cartpole, NUM_ENVS, backend="process", config=config)
+        assert envs._pool.spin_s == pytest.approx(spin_wait_us * 1e-6)
+        with _runner(envs) as runner:
+            for t, expected in enumerate(sync_reference):
+                assert_trees_equal(_as_tree(runner.sample()), _as_tree(expected), f"sample {t}")
 
 
 # -- the rest of gymnasium's VectorEnv API ------------------------------------------------------

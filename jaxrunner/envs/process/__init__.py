@@ -16,7 +16,10 @@ their own when the main process dies (their socket reaches EOF).
 computes the policy of another group (lockstep), or take whichever worker answers
 first (``ProcessConfig(ready_first=True)``). With ``ProcessConfig(main_process_envs=k)``
 the main process steps the first ``k`` sub-envs itself while the workers step the
-rest (:mod:`.local_share`).
+rest (:mod:`.local_share`). Where every process has a CPU of its own, each side
+busy-waits a little for the other's message before it sleeps
+(``ProcessConfig(spin_wait_us=...)``): a sleeping process takes tens of microseconds
+to wake.
 
 Modules, main side first: :mod:`.config` (``ProcessConfig``), :mod:`.local_share` (the
 main process's share, and the backend ``make_vec`` builds), :mod:`.vector_env`
@@ -27,7 +30,12 @@ errors rebuilt here), :mod:`.launch` (arguments, start method); shared by both
 sides: :mod:`.wire`, :mod:`.shared`; the worker side: :mod:`.worker`.
 """
 
-from jaxrunner.envs.process.config import ProcessConfig, main_process_share
+from jaxrunner.envs.process.config import (
+    DEFAULT_SPIN_WAIT_US,
+    ProcessConfig,
+    main_process_share,
+    spin_wait_s,
+)
 from jaxrunner.envs.process.launch import (
     DEFAULT_STEP_TIMEOUT_S,
     START_METHODS,
@@ -41,6 +49,7 @@ from jaxrunner.envs.process.remote import RemoteTraceback
 from jaxrunner.envs.process.vector_env import ProcessVectorEnv
 
 __all__ = [
+    "DEFAULT_SPIN_WAIT_US",
     "DEFAULT_STEP_TIMEOUT_S",
     "START_METHODS",
     "EnvFactory",
@@ -52,5 +61,6 @@ __all__ = [
     "main_process_share",
     "make_process_vec",
     "pickle_factories",
+    "spin_wait_s",
     "worker_bounds",
 ]

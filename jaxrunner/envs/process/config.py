@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
 
-from jaxrunner.envs.process.launch import DEFAULT_STEP_TIMEOUT_S, START_METHODS, check_step_timeout
+from jaxrunner.envs.process.launch import (
+    DEFAULT_STEP_TIMEOUT_S,
+    START_METHODS,
+    available_cpus,
+    check_step_timeout,
+)
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
@@ -54,6 +60,14 @@ class ProcessConfig:
     :class:`~jaxrunner.LocalShareVectorEnv`. 0 or None (default, for now no automatic
     share: see :func:`main_process_share`): every
     sub-env in a worker."""
+    spin_wait_us: float | None = None
+    """How long, in microseconds, the main process busy-waits for a worker's reply, and
+    a worker for its next command, before sleeping until it comes. Waking a sleeping
+    process costs tens of microseconds per message (over 70 on a virtual machine),
+    paid twice per step and group. None (default): :data:`DEFAULT_SPIN_WAIT_US` where
+    the main process and every worker have a CPU of their own (workers < available
+    CPUs: the default below 256 sub-envs), else 0, since a spinning process would
+    take the CPU a worker needs. 0: always sleep."""
 
     def __post_init__(self) -> None:
         for name in ("envs_per_worker", "num_workers"):
@@ -80,6 +94,17 @@ class ProcessConfig:
         if not isinstance(self.ready_first, bool):
             raise InvalidArgumentTypeError(
                 f"ProcessConfig(ready_first={self.ready_first!r}): expected a bool."
+            )
+        spin = self.spin_wait_us
+        if spin is not None and (
+            isinstance(spin, bool)
+            or not isinstance(spin, (int, float, np.integer, np.floating))
+            or not math.isfinite(spin)
+            or spin < 0
+        ):
+            raise InvalidArgumentError(
+                f"ProcessConfig(spin_wait_us={spin!r}): expected a finite number of "
+                "microseconds >= 0 (0: never spin) or None for the default."
             )
         share = self.main_process_envs
         if share is not None and (
@@ -109,6 +134,20 @@ def checked_config(config: Any, where: str) -> ProcessConfig:
             f"{where}(config=...): expected a jaxrunner.ProcessConfig, got {type(config).__name__}."
         )
     return config
+
+
+DEFAULT_SPIN_WAIT_US = 300.0
+"""The default spin budget where every process has a CPU: longer than most of the
+main process's work between two replies at small widths (CartPole, 8 sub-envs on 2
+cores: 1.2x the steps/s of sleeping at once; ``benchmarks/process_spin.py``)."""
+
+
+def spin_wait_s(config: ProcessConfig, num_workers: int) -> float:
+    """The spin budget in seconds: ``config.spin_wait_us``, with None as
+    :data:`DEFAULT_SPIN_WAIT_US` where the workers leave the main process a CPU, else 0."""
+    if config.spin_wait_us is not None:
+        return float(config.spin_wait_us) * 1e-6
+    return DEFAULT_SPIN_WAIT_US * 1e-6 if num_workers < available_cpus() else 0.0
 
 
 def main_process_share(num_envs: int, config: ProcessConfig) -> int:

@@ -39,6 +39,8 @@ class WorkerPool:
         payloads: each worker's pickled factories (a replacement gets the same).
         step_timeout_s: how long a worker may take to answer a command (None: forever).
         res: what the vector env's finalizer releases (the pool adds its workers).
+        spin_s: how long to busy-wait for a step's reply before sleeping
+            (:func:`~.wire.spin_until_readable`).
     """
 
     def __init__(
@@ -48,14 +50,16 @@ class WorkerPool:
         payloads: list[bytes],
         step_timeout_s: float | None,
         res: Resources,
+        spin_s: float = 0.0,
     ) -> None:
         self.ctx, self.bounds, self.payloads = ctx, bounds, payloads
-        self.step_timeout_s = step_timeout_s
+        self.step_timeout_s, self.spin_s = step_timeout_s, spin_s
         self.res = res
         self.workers: list[WorkerHandle] = res.workers
         """Worker ``w`` is ``workers[w]`` (a replacement takes its place)."""
         self.memory_message = b""
-        """The ``OP_MEMORY`` payload: the pickled layout and restart policy."""
+        """The ``OP_MEMORY`` payload: the pickled layout, restart policy and the
+        worker's spin budget."""
         self.on_lost: LostHook | None = None
         """Set by the vector env: what a lost worker means (:mod:`.recovery`)."""
         self.close_after: Callable[[str], None] = lambda reason: None
@@ -157,14 +161,15 @@ class WorkerPool:
         timeout_ms = None
         if deadline != math.inf:
             timeout_ms = math.ceil(max(0.0, deadline - time.monotonic()) * 1000)
+        wire.spin_until_readable(poller.poll, self.spin_s)
         ready = poller.poll(timeout_ms)
         # Nothing ready: the worker with the first deadline missed it (its read says so).
         worker = by_fd[ready[0][0]] if ready else first
         self._read(worker.index, worker.read)
 
-    def _read(self, w: int, read: Callable[[float | None], tuple[int, int, bytes]]) -> None:
+    def _read(self, w: int, read: Callable[[float | None, float], tuple[int, int, bytes]]) -> None:
         try:
-            got, status, payload = read(self.step_timeout_s)
+            got, status, payload = read(self.step_timeout_s, self.spin_s)
         except WorkerLost as lost:
             self.lost_worker(lost)
             return

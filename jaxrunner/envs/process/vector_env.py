@@ -14,7 +14,7 @@ from gymnasium.vector.utils import batch_space
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
 from jaxrunner.envs.process import wire
-from jaxrunner.envs.process.config import ProcessConfig, checked_config
+from jaxrunner.envs.process.config import ProcessConfig, checked_config, spin_wait_s
 from jaxrunner.envs.process.handle import Resources, WorkerLost, shutdown
 from jaxrunner.envs.process.launch import (
     EnvFactory,
@@ -130,7 +130,8 @@ class ProcessVectorEnv(VectorEnv):
         bounds = worker_bounds(self.num_envs, config.envs_per_worker, config.num_workers)
         payloads = [pickle_factories(env_fns[lo:hi], lo) for lo, hi in bounds]
         ctx = multiprocessing_context(config.start_method)
-        self._pool = WorkerPool(ctx, bounds, payloads, config.step_timeout_s, self._res)
+        spin_s = spin_wait_s(config, len(bounds))
+        self._pool = WorkerPool(ctx, bounds, payloads, config.step_timeout_s, self._res, spin_s)
         self._pool.close_after = self._close_after
         try:
             self._start()
@@ -194,7 +195,7 @@ class ProcessVectorEnv(VectorEnv):
         layout = Layout(self.single_observation_space, self.single_action_space, self.num_envs)
         self._res.fd, self._res.memory = create_shared_block(layout.nbytes)
         self._views = layout.views(self._res.memory)
-        pool.memory_message = pickle.dumps((layout, self.restart_policy))
+        pool.memory_message = pickle.dumps((layout, self.restart_policy, pool.spin_s))
         try:
             seqs = [pool.send_memory(w) for w in range(len(pool.bounds))]
             for w, seq in enumerate(seqs):

@@ -6,7 +6,8 @@ Every message is a fixed-size header, then ``length`` payload bytes:
   worker's envs ``[lo, hi)`` (global indices); ``OP_CALL`` carries a pickled
   ``(method, args)`` in its payload (reset, reset_at, call, get_attr, set_attr,
   render, close); ``OP_MEMORY`` comes once, with the shared-memory fd attached and
-  a pickled ``(Layout, RestartPolicy | None)`` as payload.
+  a pickled ``(Layout, RestartPolicy | None, spin_s)`` as payload (``spin_s``: how
+  long the worker busy-waits for its next command before it sleeps).
 * worker -> main: ``REPLY = (seq, status, length)``. ``seq`` echoes the command's, so
   a reply can never be taken for another command's (a restarted worker starts
   again at a fresh socket). ``STATUS_OK`` with a payload is a pickled result
@@ -23,7 +24,9 @@ import dataclasses
 import pickle
 import socket
 import struct
+import time
 import traceback
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from jaxrunner.errors import EnvError
@@ -40,6 +43,20 @@ def call_message(seq: int, method: str, args: tuple) -> bytes:
     """An ``OP_CALL`` command asking the worker to run ``method(*args)``."""
     payload = pickle.dumps((method, args), protocol=5)
     return COMMAND.pack(OP_CALL, seq, 0, 0, len(payload)) + payload
+
+
+def spin_until_readable(poll: Callable[[int], list], budget_s: float) -> None:
+    """Busy-polls ``poll(0)`` (a ``select.poll``'s) until it reports data or ``budget_s``
+    has passed; the caller then reads, blocking only if nothing came. Waking a process
+    that sleeps in ``recv`` costs tens of microseconds (over 70 on a virtual machine),
+    once per reply and command; a process with a CPU of its own saves that by spinning
+    a little first (``ProcessConfig.spin_wait_us``)."""
+    if budget_s <= 0.0:
+        return
+    clock = time.perf_counter
+    until = clock() + budget_s
+    while not poll(0) and clock() < until:
+        pass
 
 
 def recv_exact(sock: socket.socket, size: int) -> bytes:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
+import select
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,7 @@ from jaxrunner.envs.process.wire import (
     RemoteError,
     StepReply,
     recv_exact,
+    spin_until_readable,
 )
 from jaxrunner.envs.sub_envs import SubEnvRaised, SubEnvs, build_envs
 from jaxrunner.errors import EnvError, JaxRunnerError
@@ -58,11 +60,15 @@ class Worker:
         self.sub_envs: SubEnvs | None = None
         """The step loop over ``envs``, once the shared block is attached."""
         self._memory: mmap.mmap | None = None
+        self.spin_s = 0.0
+        """How long to busy-wait for the next command before sleeping in ``recv``."""
 
     # -- setup
 
-    def attach(self, fd: int, layout: Layout, policy: RestartPolicy | None) -> None:
-        """Maps the shared block and builds the step loop over it."""
+    def attach(self, fd: int, layout: Layout, policy: RestartPolicy | None, spin_s: float) -> None:
+        """Maps the shared block, builds the step loop over it and keeps the spin
+        budget."""
+        self.spin_s = spin_s
         self._memory = mmap.mmap(fd, layout.nbytes)
         os.close(fd)
         v = layout.views(self._memory)
@@ -139,7 +145,10 @@ class Worker:
         sock, step, reply = self.sock, self.step, self.reply
         header_size = COMMAND.size
         dumps = pickle.dumps
+        poll = select.poll()
+        poll.register(sock, select.POLLIN)
         while True:
+            spin_until_readable(poll.poll, self.spin_s)
             try:
                 header = recv_exact(sock, header_size)
             except (EOFError, OSError):
@@ -152,9 +161,9 @@ class Worker:
                     continue
                 payload = recv_exact(sock, length) if length else b""
                 if op == OP_MEMORY:
-                    layout, policy = pickle.loads(payload)
+                    layout, policy, spin_s = pickle.loads(payload)
                     _, fds, _, _ = socket.recv_fds(sock, 1, 1)
-                    self.attach(fds[0], layout, policy)
+                    self.attach(fds[0], layout, policy, spin_s)
                     reply(seq, STATUS_OK)
                     continue
                 method, args = pickle.loads(payload)
