@@ -95,13 +95,18 @@ def test_bench_report_holds_every_round_and_each_system_ran_at_its_dispatch(caps
             )
         ceiling = row["ceiling"]
         assert ceiling["raw_env_us"] > 0 and ceiling["policy_us"] > 0
+        for measured in systems["ceiling"]["all_rounds"]:  # the in-turn loop's own rate
+            assert measured["in_turn_us"] == pytest.approx(
+                1e6 * row["num_envs"] / measured["in_turn_steps_per_s"]
+            )
+        assert ceiling["in_turn_us"] > 0
         assert ceiling["steps_per_s"] == pytest.approx(
             statistics.median(r["steps_per_s"] for r in systems["ceiling"]["all_rounds"])
         )
         assert row["layout"] == {"num_workers": 0, "num_groups": row["layout"]["num_groups"]}
     assert report["verdict"].startswith("jaxrunner is ")
     text = bench.format_report(report)
-    assert "hand loop" in text and "ceiling" in text
+    assert "hand loop" in text and "ceiling" in text and "in turn" in text
     assert text.splitlines()[-1] == report["verdict"]
 
 

@@ -144,7 +144,9 @@ def format_report(report: dict[str, Any]) -> str:
         "us per vector step: env | policy (the compiled step with its host<->device",
         "  transfers) | record (obs, actions, flags into the trajectory) | other (the rest of",
         "  the sampler) | total; ceiling: raw env step, bare policy call (its on-device",
-        "  compute alone in brackets).",
+        "  compute alone in brackets), each timed back to back; in turn: the env stepped",
+        "  with the bare policy's own actions, one call per step and nothing else (each",
+        "  slowed by the other's cache traffic, as in any loop that alternates them).",
     ]
     backends = dict.fromkeys(row["backend"] for row in report["results"])
     for backend in backends:
@@ -184,7 +186,8 @@ def format_backend(rows: Sequence[dict[str, Any]]) -> str:
     ]
     if any(row["split_us"] for row in rows):
         lines.append("where a jaxrunner step goes, us per vector step (medians):")
-        split = [["envs", "env", "policy", "record", "other", "total", "ceiling: env", "policy"]]
+        heads = ["env", "policy", "record", "other", "total", "ceiling: env", "policy", "in turn"]
+        split = [["envs", *heads]]
         for row in rows:
             s, c = row["split_us"], row["ceiling"]
             keys = ("env_us", "policy_us", "record_us", "other_us", "total_us")
@@ -193,9 +196,10 @@ def format_backend(rows: Sequence[dict[str, Any]]) -> str:
                 cells += [
                     f"{c['raw_env_us']:.1f}",
                     f"{c['policy_us']:.1f} ({c['policy_compute_us']:.1f})",
+                    f"{c['in_turn_us']:.1f}",
                 ]
             else:
-                cells += ["-", "-"]
+                cells += ["-", "-", "-"]
             split.append([str(row["num_envs"]), *cells])
         lines += _columns(split)
     for row in rows:

@@ -219,6 +219,13 @@ def summarize(results: Mapping[str, list[dict[str, Any]]], plan: Plan) -> dict[s
         first = results["jaxrunner"][0]
         out["layout"] = {k: first.get(k) for k in ("num_workers", "num_groups")}
     if results.get("ceiling"):
-        keys = ("steps_per_s", "raw_env_us", "policy_us", "policy_compute_us")
+        keys = (
+            "steps_per_s",
+            "raw_env_us",
+            "policy_us",
+            "policy_compute_us",
+            "in_turn_steps_per_s",
+            "in_turn_us",
+        )
         out["ceiling"] = {k: statistics.median(r[k] for r in results["ceiling"]) for k in keys}
     return out

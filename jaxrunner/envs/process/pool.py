@@ -39,7 +39,7 @@ class WorkerPool:
         payloads: each worker's pickled factories (a replacement gets the same).
         step_timeout_s: how long a worker may take to answer a command (None: forever).
         res: what the vector env's finalizer releases (the pool adds its workers).
-        spin_s: how long to busy-wait for a step's reply before sleeping
+        spin_s: how long to busy-wait for a reply before sleeping
             (:func:`~.wire.spin_until_readable`).
     """
 
