@@ -181,7 +181,7 @@ class CeilingSystem:
         self._obs, _ = envs.reset(seed=spec.seed)
         self._obs_device = jax.device_put(self._obs)
         self._key = jax.random.key(spec.seed)
-        self._latest_obs = self._obs.copy()  # the in-turn loop's own stream
+        self._latest_obs = jax.tree.map(np.array, self._obs)  # the in-turn loop's own stream
         self._raw_rollout()
         self._policy_call()
         self._policy_compute()
