@@ -55,14 +55,8 @@ def measure_width(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
             runners[name] = jr.EnvRunner(envs, policy, params, rollout, args.seed)
             runners[name].sample()  # compiles, first resets
 
-        def step(runner: jr.EnvRunner) -> int:
-            return runner.sample().reward.size
-
-        rates: dict[str, list[float]] = {name: [] for name in runners}
-        for round_index in range(args.rounds):
-            order = list(runners) if round_index % 2 == 0 else list(runners)[::-1]
-            for name in order:
-                rates[name].append(bench.timed(lambda r=runners[name]: step(r), args.seconds))
+        steps = {name: lambda r=runner: r.sample().reward.size for name, runner in runners.items()}
+        rates = bench.interleaved_rates(steps, args.rounds, args.seconds)
         row: dict[str, Any] = {"num_envs": num_envs, "rollout_length": rollout}
         row.update({f"{name}_steps_per_s": statistics.median(r) for name, r in rates.items()})
         for name in ("all_cpus", "main_share"):

@@ -45,14 +45,8 @@ def measure_width(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
             runners[name] = jr.EnvRunner(envs, policy, params, rollout, args.seed)
             runners[name].sample()  # compiles, first resets
 
-        rates: dict[str, list[float]] = {name: [] for name in runners}
-        for round_index in range(args.rounds):
-            order = list(runners) if round_index % 2 == 0 else list(runners)[::-1]
-            for name in order:
-                runner = runners[name]
-                rates[name].append(
-                    bench.timed(lambda r=runner: r.sample().reward.size, args.seconds)
-                )
+        steps = {name: lambda r=runner: r.sample().reward.size for name, runner in runners.items()}
+        rates = bench.interleaved_rates(steps, args.rounds, args.seconds)
         per_round = [a / b for a, b in zip(rates["spin"], rates["sleep"])]
         return {
             "num_envs": num_envs,

@@ -9,6 +9,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import time
 
 import gymnasium
 import jax
@@ -127,6 +128,34 @@ def test_step_costs_times_every_part_of_the_runner_and_the_hand_loop(tmp_path):
     parts += ["gym_step", "warm_call"]
     assert row["num_envs"] == 2
     assert all(row[f"{part}_us_median"] > 0 for part in parts)
+
+
+def test_interleaved_rates_run_every_system_each_round_in_alternating_order():
+    calls: list[str] = []
+
+    def system(name: str):
+        def step() -> int:
+            calls.append(name)
+            time.sleep(0.002)  # longer than a round's 1 ms: one call per system a round
+            return 10
+
+        return step
+
+    rates = bench.interleaved_rates({"a": system("a"), "b": system("b")}, 3, 0.001)
+    assert calls == ["a", "b", "b", "a", "a", "b"]
+    assert {name: len(r) for name, r in rates.items()} == {"a": 3, "b": 3}
+    assert all(rate > 0 for r in rates.values() for rate in r)
+
+
+def test_process_spin_compares_spinning_with_sleeping(tmp_path):
+    out = tmp_path / "process_spin.json"
+    options = ["--num-envs", "2", "--rounds", "2", "--seconds", "0.05", "--out", str(out)]
+    _run("process_spin.py", *options)
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["num_envs"] == 2 and row["spin_wait_us"] == 300.0
+    assert [len(row["all_rounds"][name]) for name in ("sleep", "spin")] == [2, 2]
+    low, high = row["spin_vs_sleep_range"]
+    assert low <= row["spin_vs_sleep"] <= high
 
 
 def test_peers_smoke_run_writes_json_and_plot(tmp_path):

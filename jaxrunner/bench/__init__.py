@@ -27,7 +27,7 @@ from jaxrunner.bench.report import (
     write_report,
 )
 from jaxrunner.bench.rounds import PLANS, Harness, LocalSystem, Plan, measure_width
-from jaxrunner.bench.timing import rollout_length, timed, us_per_call
+from jaxrunner.bench.timing import interleaved_rates, rollout_length, timed, us_per_call
 
 __all__ = [
     "MLP",
@@ -45,6 +45,7 @@ __all__ = [
     "format_report",
     "hand_act",
     "hand_loop",
+    "interleaved_rates",
     "machine_info",
     "measure_width",
     "mlp_policy",
