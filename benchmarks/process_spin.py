@@ -8,9 +8,9 @@ medians, the ratio the median of per-round ratios:
 * ``sleep``: ``spin_wait_us=0``, each side sleeps in ``poll``/``recv`` until the
   other's message wakes it;
 * ``spin``: ``spin_wait_us=DEFAULT_SPIN_WAIT_US`` (or ``--spin-us``), each side
-  busy-waits that long first (the default where the workers leave the main process a CPU: below 256
-  sub-envs on 2 cores; at 256 the default starts a worker per CPU and does not spin,
-  and this row shows why).
+  busy-waits that long first (the default where the workers leave the main process a
+  CPU: below 256 sub-envs on 2 cores; at 256 the default starts a worker per CPU and
+  does not spin, and this row shows why).
 
 CartPole-v1, the benchmark's 64-64 MLP, ``T = max(8, 2048 // num_envs)``.
 
