@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -44,11 +45,16 @@ def layouts(num_envs: int) -> dict[str, jr.ProcessConfig]:
     }
 
 
-def measure_width(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
+def compare_configs(
+    num_envs: int, configs: dict[str, jr.ProcessConfig], baseline: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One runner per process config, all alive in this process, in interleaved rounds:
+    each one's median steps/s and workers, and each other one's median per-round ratio
+    to ``baseline`` (``{name}_vs_{baseline}``, with its range)."""
     rollout = max(8, 2048 // num_envs)
     runners = {}
     try:
-        for name, config in layouts(num_envs).items():
+        for name, config in configs.items():
             envs = jr.make_vec(args.env, num_envs, backend="process", config=config)
             policy = bench.mlp_policy(envs.single_action_space)
             params = policy.init(jax.random.key(args.seed), envs.single_observation_space)
@@ -58,41 +64,64 @@ def measure_width(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
         steps = {name: lambda r=runner: r.sample().reward.size for name, runner in runners.items()}
         rates = bench.interleaved_rates(steps, args.rounds, args.seconds)
         row: dict[str, Any] = {"num_envs": num_envs, "rollout_length": rollout}
-        row.update({f"{name}_steps_per_s": statistics.median(r) for name, r in rates.items()})
-        for name in ("all_cpus", "main_share"):
-            per_round = [a / b for a, b in zip(rates[name], rates["keep_one"])]
-            row[f"{name}_vs_keep_one"] = statistics.median(per_round)
-            row[f"{name}_vs_keep_one_range"] = [min(per_round), max(per_round)]
+        for name, runner in runners.items():
+            row[f"{name}_steps_per_s"] = statistics.median(rates[name])
+            row[f"{name}_num_workers"] = runner.envs.num_workers
+        for name in configs:
+            if name != baseline:
+                per_round = [a / b for a, b in zip(rates[name], rates[baseline])]
+                row[f"{name}_vs_{baseline}"] = statistics.median(per_round)
+                row[f"{name}_vs_{baseline}_range"] = [min(per_round), max(per_round)]
         row["all_rounds"] = rates
         return row
     finally:
         for runner in runners.values():
             runner.stop()
-            runner.envs.close()
+
+
+def options(doc: str, widths: list[int], seconds: float, rounds: int) -> argparse.ArgumentParser:
+    """The command-line options of a process-config comparison, with its defaults."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--num-envs", type=int, nargs="+", default=widths)
+    parser.add_argument("--seconds", type=float, default=seconds, help="per config per round")
+    parser.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    return parser
+
+
+def run(
+    benchmark: str,
+    args: argparse.Namespace,
+    measure: Callable[[int, argparse.Namespace], dict[str, Any]],
+    describe: Callable[[dict[str, Any]], str],
+) -> None:
+    """Measures every width (printing ``describe(row)`` as it goes) and writes the
+    report; machine_info's load averages are taken at the end of the run."""
+    rows = []
+    for num_envs in args.num_envs:
+        rows.append(measure(num_envs, args))
+        print(f"x{num_envs}: {describe(rows[-1])}", flush=True)
+    bench.write_report(
+        benchmark, args, rows, {**bench.machine_info(), "autogroup": bench.autogroup()}
+    )
+
+
+def measure_width(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
+    return compare_configs(num_envs, layouts(num_envs), "keep_one", args)
+
+
+def describe(row: dict[str, Any]) -> str:
+    return (
+        f"keep_one {row['keep_one_steps_per_s']:,.0f}  all_cpus "
+        f"{row['all_cpus_vs_keep_one']:.2f}x  main_share {row['main_share_vs_keep_one']:.2f}x"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="CartPole-v1")
-    parser.add_argument("--num-envs", type=int, nargs="+", default=[64, 128, 256, 512])
-    parser.add_argument("--seconds", type=float, default=0.6, help="per layout per round")
-    parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=pathlib.Path, default=None)
-    args = bench.parse_args(parser)
-    rows = []
-    for num_envs in args.num_envs:
-        row = measure_width(num_envs, args)
-        rows.append(row)
-        print(
-            f"x{num_envs}: keep_one {row['keep_one_steps_per_s']:,.0f}  all_cpus "
-            f"{row['all_cpus_vs_keep_one']:.2f}x  main_share {row['main_share_vs_keep_one']:.2f}x",
-            flush=True,
-        )
-    # machine_info's load averages are taken at the end of the run.
-    bench.write_report(
-        "process_layouts", args, rows, {**bench.machine_info(), "autogroup": bench.autogroup()}
-    )
+    args = bench.parse_args(options(__doc__, [64, 128, 256, 512], 0.6, 12))
+    run("process_layouts", args, measure_width, describe)
 
 
 if __name__ == "__main__":
