@@ -65,11 +65,29 @@ def _box(low: float, high: float, dim: int) -> Callable[[np.random.Generator, in
     return lambda rng, num_envs: rng.uniform(low, high, (num_envs, dim)).astype(np.float32)
 
 
+class ScalarObsEnv(gymnasium.Env):
+    """A random walk whose observation is a shape-() Box returned as a numpy scalar (not
+    an array): the writer's fallback beside the array fast path."""
+
+    observation_space = spaces.Box(-3.0, 3.0, shape=(), dtype=np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self.x = np.float32(self.np_random.uniform(-0.5, 0.5))
+        return self.x, {}
+
+    def step(self, action: Any) -> tuple:
+        self.x = np.float32(self.x + (0.5 if action else -0.5))
+        return self.x, float(self.x), bool(abs(self.x) > 2.0), False, {}
+
+
 PARITY_CASES = {
     "cartpole": ParityCase("CartPole-v1", {"max_episode_steps": 20}, _discrete(2), True),
     "pendulum": ParityCase("Pendulum-v1", {}, _box(-2.0, 2.0, 1), True),
     "frozenlake": ParityCase("FrozenLake-v1", {"is_slippery": True}, _discrete(4), False),
     "dict_obs": ParityCase(functools.partial(DictObsEnv, max_steps=25), {}, _box(-1, 1, 2), True),
+    "scalar_obs": ParityCase(ScalarObsEnv, {}, _discrete(2), False),
 }
 
 

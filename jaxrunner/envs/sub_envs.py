@@ -198,20 +198,29 @@ class SubEnvs:
         self.status = status if status is not None else bytearray(offset + len(envs))
         self.write_obs = jr_spaces.make_writer(obs_space, buffers.obs)
         self.write_next_obs = jr_spaces.make_writer(obs_space, buffers.next_obs)
+        # Array observations (Box, MultiBinary, MultiDiscrete) are checked inline and
+        # written in one slice assignment per step: a numpy write per row costs more.
+        self._obs_leaf = _array_leaf(obs_space)
         self.num_restarts = 0
         """Sub-envs recreated after a failure."""
 
     def step(self, lo: int, hi: int, actions: Sequence[Any]) -> StepResult:
         """Steps sub-envs ``[lo, hi)`` (global indices) with ``actions[i - lo]``, SAME_STEP
         autoreset included: where an episode ended, ``next_obs`` keeps the final
-        observation and ``obs`` gets the reset's."""
+        observation and ``obs`` gets the reset's. Each sub-env's results are checked as
+        it returns them and written to the buffers once the block has stepped."""
         b = self.buffers
-        reward, terminated, truncated = b.reward, b.terminated, b.truncated
         write_next_obs, envs, offset = self.write_next_obs, self.envs, self.offset
         status, policy = self.status, self.restart_policy
+        dtype, shape = self._obs_leaf or (None, None)  # None: every obs goes to the writer
         infos: list[dict[str, Any]] = []
         ended: list[int] = []
         errors: dict[int, BaseException] = {}
+        rows: list[int] = []  # the sub-envs that stepped fine, and their results:
+        next_obs: list[Any] = []
+        rewards: list[float] = []
+        terms: list[bool] = []
+        truncs: list[bool] = []
         for i, action in zip(range(lo, hi), actions):
             status[i] = RUNNING
             try:
@@ -223,22 +232,40 @@ class SubEnvs:
                 infos.append({})
                 continue
             try:
-                write_next_obs(i, obs)
                 # Fast paths for the common types (r - r is NaN for NaN and inf); the
-                # checks explain anything else.
-                reward[i] = r if type(r) is float and r - r == 0.0 else check_reward(r, i)
-                terminated[i] = term if type(term) is bool else check_flag(term, i, "terminated")
-                truncated[i] = trunc if type(trunc) is bool else check_flag(trunc, i, "truncated")
-                infos.append(info if type(info) is dict else check_info(info, i, "step"))
+                # checks explain anything else, and the writer writes what it accepts.
+                if type(obs) is not np.ndarray or obs.dtype is not dtype or obs.shape != shape:
+                    write_next_obs(i, obs)
+                if type(r) is not float or r - r != 0.0:
+                    r = check_reward(r, i)
+                if type(term) is not bool:
+                    term = check_flag(term, i, "terminated")
+                if type(trunc) is not bool:
+                    trunc = check_flag(trunc, i, "truncated")
+                if type(info) is not dict:
+                    info = check_info(info, i, "step")
             except JaxRunnerError as err:  # an invalid step, already explained
                 if policy is None:
                     raise
                 errors[i] = err
                 infos.append({})
                 continue
+            rows.append(i)
+            next_obs.append(obs)
+            rewards.append(r)
+            terms.append(term)
+            truncs.append(trunc)
+            infos.append(info)
             if term or trunc:
                 ended.append(i)
             status[i] = DONE
+        if rows:
+            written = slice(lo, hi) if len(rows) == hi - lo else rows
+            if dtype is not None:
+                b.next_obs[written] = next_obs
+            b.reward[written] = rewards
+            b.terminated[written] = terms
+            b.truncated[written] = truncs
         failed = list(errors)
         for i in failed:
             self.restart(i, errors[i], failed_step=True)
@@ -313,6 +340,17 @@ class SubEnvs:
         for env in self.envs:
             env.close()
         self.envs = []
+
+
+def _array_leaf(space: gymnasium.Space) -> tuple[np.dtype, tuple[int, ...]] | None:
+    """The dtype and shape of an array observation space's elements; None for the others
+    (Discrete's observations are ints, Dict's and Tuple's are trees)."""
+    if isinstance(
+        space, (gymnasium.spaces.Box, gymnasium.spaces.MultiBinary, gymnasium.spaces.MultiDiscrete)
+    ):
+        shape, dtype = jr_spaces.leaf_spec(space)
+        return dtype, shape
+    return None
 
 
 def build_envs(fns: Sequence[EnvFactory], offset: int) -> list[gymnasium.Env]:
