@@ -18,6 +18,7 @@ import pytest
 
 from jaxrunner import bench
 from jaxrunner.bench.child import Child, ChildError
+from jaxrunner.envs.process import DEFAULT_SPIN_WAIT_US
 
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
@@ -150,12 +151,13 @@ def test_interleaved_rates_run_every_system_each_round_in_alternating_order():
 def test_process_spin_compares_spinning_with_sleeping(tmp_path):
     out = tmp_path / "process_spin.json"
     options = ["--num-envs", "2", "--rounds", "2", "--seconds", "0.05", "--out", str(out)]
-    _run("process_spin.py", *options)
+    _run("process_spin.py", *options, "--also-us", "300")
     (row,) = json.loads(out.read_text())["results"]
-    assert row["num_envs"] == 2 and row["spin_wait_us"] == 300.0
-    assert [len(row["all_rounds"][name]) for name in ("sleep", "spin")] == [2, 2]
-    low, high = row["spin_vs_sleep_range"]
-    assert low <= row["spin_vs_sleep"] <= high
+    assert row["num_envs"] == 2 and row["spin_wait_us"] == DEFAULT_SPIN_WAIT_US
+    assert [len(row["all_rounds"][name]) for name in ("sleep", "spin", "spin_300us")] == [2] * 3
+    for key in ("spin_vs_sleep", "spin_vs_spin_300us"):
+        low, high = row[f"{key}_range"]
+        assert low <= row[key] <= high
 
 
 def test_peers_smoke_run_writes_json_and_plot(tmp_path):
