@@ -72,7 +72,7 @@ class Worker:
         self._memory = mmap.mmap(fd, layout.nbytes)
         os.close(fd)
         v = layout.views(self._memory)
-        self.get_action = _action_getter(layout.action_space, v.action)
+        self.read_actions = _actions_reader(layout.action_space, v.action)
         self.sub_envs = SubEnvs(
             self.envs,
             self.fns,
@@ -88,8 +88,7 @@ class Worker:
     def step(self, lo: int, hi: int) -> StepReply | None:
         """Steps envs ``[lo, hi)`` with the shared loop, as the sync backend does;
         returns what does not fit in shared memory, or None when that is nothing."""
-        actions = [self.get_action(i) for i in range(lo, hi)]
-        out = self.sub_envs.step(lo, hi, actions)  # type: ignore[union-attr]
+        out = self.sub_envs.step(lo, hi, self.read_actions(lo, hi))  # type: ignore[union-attr]
         infos = {i: info for i, info in enumerate(out.infos, lo) if info}
         reset_infos = {i: info for i, info in out.reset_infos.items() if info}
         if not (infos or reset_infos or out.errors):
@@ -177,14 +176,15 @@ class Worker:
                 self.error(seq, err)
 
 
-def _action_getter(space: gymnasium.Space, buffer: Any) -> Callable[[int], Any]:
-    """``get(i)``: sub-env ``i``'s action, copied out of the shared buffer (an env may
-    keep it), as a numpy scalar or array of the action space's dtype."""
+def _actions_reader(space: gymnasium.Space, buffer: Any) -> Callable[[int, int], list[Any]]:
+    """``read(lo, hi)``: sub-envs ``[lo, hi)``'s actions, copied out of the shared buffer
+    (an env may keep its action), as numpy scalars or arrays of the action space's
+    dtype."""
     if isinstance(space, (gymnasium.spaces.Dict, gymnasium.spaces.Tuple)):
-        return lambda i: jr_spaces.take(space, buffer, i)
+        return lambda lo, hi: [jr_spaces.take(space, buffer, i) for i in range(lo, hi)]
     if buffer.ndim == 1:
-        return buffer.__getitem__  # numpy scalars are copies
-    return lambda i: buffer[i].copy()
+        return lambda lo, hi: list(buffer[lo:hi])  # numpy scalars are copies
+    return lambda lo, hi: list(buffer[lo:hi].copy())
 
 
 def worker_main(sock: socket.socket, offset: int, payload: bytes) -> None:
