@@ -216,8 +216,7 @@ class SubEnvs:
         infos: list[dict[str, Any]] = []
         ended: list[int] = []
         errors: dict[int, BaseException] = {}
-        rows: list[int] = []  # the sub-envs that stepped fine, and their results:
-        next_obs: list[Any] = []
+        next_obs: list[Any] = []  # the results of the sub-envs that stepped fine:
         rewards: list[float] = []
         terms: list[bool] = []
         truncs: list[bool] = []
@@ -250,7 +249,6 @@ class SubEnvs:
                 errors[i] = err
                 infos.append({})
                 continue
-            rows.append(i)
             next_obs.append(obs)
             rewards.append(r)
             terms.append(term)
@@ -259,8 +257,8 @@ class SubEnvs:
             if term or trunc:
                 ended.append(i)
             status[i] = DONE
-        if rows:
-            written = slice(lo, hi) if len(rows) == hi - lo else rows
+        if next_obs:
+            written = slice(lo, hi) if not errors else [i for i in range(lo, hi) if i not in errors]
             if dtype is not None:
                 b.next_obs[written] = next_obs
             b.reward[written] = rewards
