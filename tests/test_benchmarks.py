@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import statistics
 import subprocess
 import sys
 import time
@@ -158,6 +159,29 @@ def test_process_spin_compares_spinning_with_sleeping(tmp_path):
     for key in ("spin_vs_sleep", "spin_vs_spin_300us"):
         low, high = row[f"{key}_range"]
         assert low <= row[key] <= high
+
+
+def test_process_floor_compares_the_backend_with_one_core_stepping_every_sub_env(tmp_path):
+    out = tmp_path / "process_floor.json"
+    _run(
+        "process_floor.py",
+        "--num-envs",
+        "2",
+        "--rounds",
+        "2",
+        "--seconds",
+        "0.05",
+        "--out",
+        str(out),
+    )
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["num_envs"] == 2 and not row["errors"]
+    assert set(row["systems"]) == {"jaxrunner", "hand", "ceiling", "floor"}
+    for key in ("process_vs_hand", "floor_vs_hand", "process_vs_floor", "raw_vs_floor"):
+        assert 0 < row[key]["min"] <= row[key]["median"] <= row[key]["max"]
+    floor, hand = (row["systems"][name]["rounds"] for name in ("floor", "hand"))
+    ratios = [a / b for a, b in zip(floor, hand)]
+    assert row["floor_vs_hand"]["median"] == pytest.approx(statistics.median(ratios))
 
 
 def test_peers_smoke_run_writes_json_and_plot(tmp_path):
