@@ -69,12 +69,30 @@ class BareLoop:
             sub_env.close()
 
 
-def per_round(row: dict[str, Any], top: str, bottom: str, key: str = "steps_per_s") -> dict:
-    """The median and range of ``top``'s ``key`` over ``bottom``'s steps/s, round by round."""
+def per_round(
+    row: dict[str, Any], top: str, bottom: str, key: str = "steps_per_s"
+) -> dict[str, float] | None:
+    """The median and range of ``top``'s ``key`` over ``bottom``'s steps/s, round by
+    round; None where either system failed (``row["errors"]`` says why)."""
     systems = row["systems"]
+    if top not in systems or bottom not in systems:
+        return None
     tops = [r[key] for r in systems[top]["all_rounds"]]
     ratios = [a / r["steps_per_s"] for a, r in zip(tops, systems[bottom]["all_rounds"])]
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+
+
+def describe(row: dict[str, Any]) -> str:
+    parts = []
+    for key in ("process_vs_hand", "floor_vs_hand", "process_vs_floor", "raw_vs_floor"):
+        ratio = row[key]
+        shown = (
+            "failed"
+            if ratio is None
+            else (f"{ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}]")
+        )
+        parts.append(f"{key} {shown}")
+    return "  ".join(parts)
 
 
 def main() -> None:
@@ -110,19 +128,7 @@ def main() -> None:
             row["process_vs_floor"] = per_round(row, "jaxrunner", "floor")
             row["raw_vs_floor"] = per_round(row, "ceiling", "floor", "raw_env_steps_per_s")
             rows.append(row)
-            print(
-                f"x{num_envs}: "
-                + "  ".join(
-                    f"{key} {row[key]['median']:.2f} [{row[key]['min']:.2f}-{row[key]['max']:.2f}]"
-                    for key in (
-                        "process_vs_hand",
-                        "floor_vs_hand",
-                        "process_vs_floor",
-                        "raw_vs_floor",
-                    )
-                ),
-                flush=True,
-            )
+            print(f"x{num_envs}: {describe(row)}", flush=True)
     bench.write_report(
         "process_floor", args, rows, {**bench.machine_info(), "autogroup": bench.autogroup()}
     )
