@@ -20,8 +20,9 @@ from jaxrunner.envs.sub_envs import StepBuffers
 
 # Each sub-env's step progress (``status``): the main process sets NOT_RUN before it
 # sends a step; the worker's step loop sets RUNNING while env.step runs (and leaves it
-# after a step that failed) and DONE once the step's transition is written. When a
-# worker dies, these marks tell which of its steps were done and which never ran.
+# after a step that failed) and DONE once the step returned a valid transition (the
+# block's transitions are written when all its sub-envs have stepped). When a worker
+# dies, these marks tell which of its steps were done and which never ran.
 _ALIGN = 64  # a cache line: arrays never share one
 
 
