@@ -3,6 +3,21 @@
 from __future__ import annotations
 
 import functools
+import os
+import shutil
+import tempfile
+
+# One persistent XLA compilation cache for the run, before JAX starts: many tests (and
+# the JAX children of the benchmark and notebook tests, which inherit the environment)
+# compile the same small programs, and a hit skips XLA's compile. A fresh directory
+# each run, removed at its end, so no run reads another's programs.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _XLA_CACHE = tempfile.mkdtemp(prefix="jaxrunner-tests-xla-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _XLA_CACHE
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+else:
+    _XLA_CACHE = None
 
 import flax.linen as nn
 import gymnasium
@@ -27,6 +42,11 @@ class ActorCritic(nn.Module):
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         x = nn.tanh(nn.Dense(16)(obs.reshape(obs.shape[0], -1).astype("float32")))
         return nn.Dense(self.num_outputs)(x), nn.Dense(1)(x)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _XLA_CACHE is not None:
+        shutil.rmtree(_XLA_CACHE, ignore_errors=True)
 
 
 @pytest.fixture
