@@ -7,6 +7,7 @@ validate everything its sub-envs return, and name the sub-env at fault in every 
 from __future__ import annotations
 
 import functools
+import pickle
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from typing import Any, NamedTuple
@@ -17,6 +18,7 @@ import pytest
 from gymnasium import spaces
 
 import jaxrunner as jr
+from jaxrunner.envs.sub_envs import StepBuffers, SubEnvs
 from jaxrunner.errors import (
     EnvError,
     InvalidStepError,
@@ -454,3 +456,29 @@ def test_step_returns_copies_unless_copy_false() -> None:
         first, _ = vec.reset(seed=SEED)
         second, *_ = vec.step(actions)
         assert second is first  # the buffer itself, overwritten in place
+
+
+def test_observations_of_a_pickled_space_are_written_in_one_block() -> None:
+    """A process worker's spaces arrive pickled, holding copies of numpy's dtypes; the
+    step loop must still take its fast path (one block write, no per-row writer) and
+    write what gymnasium's own envs return."""
+    num_envs = 3
+    envs = [gymnasium.make("CartPole-v1") for _ in range(num_envs)]
+    reference = [gymnasium.make("CartPole-v1") for _ in range(num_envs)]
+    space = pickle.loads(pickle.dumps(envs[0].observation_space))
+    loop = SubEnvs(envs, [None] * num_envs, 0, StepBuffers.allocate(space, num_envs), space, None)
+    loop.reset(list(range(num_envs)), None)
+    for i, env in enumerate(reference):
+        env.reset(seed=i)
+    per_row = []
+    loop.write_next_obs = lambda i, obs: per_row.append(i)
+    for step in range(30):
+        actions = [np.int64((step + i) % 2) for i in range(num_envs)]
+        loop.step(0, num_envs, actions)
+        for i, env in enumerate(reference):
+            obs, reward, terminated, truncated, _ = env.step(actions[i])
+            np.testing.assert_array_equal(loop.buffers.next_obs[i], obs)
+            assert (loop.buffers.reward[i], loop.buffers.terminated[i]) == (reward, terminated)
+            if terminated or truncated:
+                env.reset()
+    assert per_row == []

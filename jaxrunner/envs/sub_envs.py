@@ -347,7 +347,10 @@ def _array_leaf(space: gymnasium.Space) -> tuple[np.dtype, tuple[int, ...]] | No
         space, (gymnasium.spaces.Box, gymnasium.spaces.MultiBinary, gymnasium.spaces.MultiDiscrete)
     ):
         shape, dtype = jr_spaces.leaf_spec(space)
-        return dtype, shape
+        # The fast path compares dtypes by identity: take numpy's own instance, the one
+        # an env's arrays carry. A space that was pickled (a process worker's) holds a
+        # copy, which would send every observation down the slow path.
+        return np.dtype(dtype.str), shape
     return None
 
 
