@@ -96,6 +96,12 @@ def time_block(runner: Any, samples: int, steps: int) -> float:
     return (time.perf_counter() - start) / (samples * steps) * 1e6
 
 
+def git(*command: str) -> str:
+    return subprocess.run(
+        ["git", *command], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="git revision to compare against")
@@ -108,6 +114,10 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = bench.parse_args(parser)
+    # Recorded as commits: "HEAD" or "HEAD~1" says nothing once HEAD has moved.
+    args.base_commit = git("rev-parse", "--verify", f"{args.base}^{{commit}}")
+    changed = bool(git("status", "--porcelain", "--", "jaxrunner/"))
+    args.new = f"{git('rev-parse', 'HEAD')}{' with uncommitted changes' if changed else ''}"
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

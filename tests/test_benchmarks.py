@@ -227,7 +227,11 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    (row,) = json.loads(out.read_text())["results"]
+    report = json.loads(out.read_text())
+    commit = head.stdout.decode().strip()
+    assert report["config"]["base_commit"] == commit  # "HEAD" resolved, as recorded
+    assert report["config"]["new"] == commit + (" with uncommitted changes" if dirty else "")
+    (row,) = report["results"]
     assert row["num_envs"] == 3
     assert row["base_us_per_step_median"] > 0 and row["new_us_per_step_median"] > 0
     assert row["speedup_median"] > 0
