@@ -235,6 +235,8 @@ class SubEnvs:
                 # checks explain anything else, and the writer writes what it accepts.
                 if type(obs) is not np.ndarray or obs.dtype is not dtype or obs.shape != shape:
                     write_next_obs(i, obs)
+                    if dtype is not None:  # the block write below keeps what it wrote
+                        obs = b.next_obs[i]
                 if type(r) is not float or r - r != 0.0:
                     r = check_reward(r, i)
                 if type(term) is not bool:
