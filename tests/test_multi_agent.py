@@ -63,7 +63,7 @@ def replay_parallel(factory, traj: jr.MultiAgentTrajectory, seed: int) -> float:
     unassigned = 0.0
     for b in range(traj.num_envs):
         env = factory()
-        obs, _ = env.reset(seed=seed + b)
+        obs, _ = env.reset(seed=jr.env_seeds(seed, traj.num_envs)[b])
         carried: dict[str, float] = {}
         for t in range(traj.num_steps):
             acting = list(env.agents)

@@ -52,7 +52,7 @@ def replay_aec(factory, traj: jr.MultiAgentTrajectory, seed: int) -> tuple[int, 
     for b in range(traj.num_envs):
         queue = transitions(traj, b)
         env = factory()
-        env.reset(seed=seed + b)
+        env.reset(seed=jr.env_seeds(seed, traj.num_envs)[b])
         pending: dict[str, dict] = {}
         before_first: dict[str, float] = {}  # rewards before an agent's first action
         acted: set[str] = set()
@@ -171,7 +171,7 @@ def rewards_summed_by_hand(factory, traj: jr.MultiAgentTrajectory, b: int, seed:
     got = dict.fromkeys(turns, 0.0)
     never_acted = dict.fromkeys(turns, 0.0)
     env = factory()
-    env.reset(seed=seed + b)
+    env.reset(seed=jr.env_seeds(seed, traj.num_envs)[b])
     episode = dict.fromkeys(turns, 0.0)
     acted: set[str] = set()
     for _ in ends:

@@ -54,11 +54,13 @@ def test_worker_error_reaches_the_caller_with_its_traceback():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, "process", num_workers=1)
     with pytest.raises(jr.errors.InvalidActionError, match="policy_0"):
         envs.step_batch([np.zeros((2, 3), np.int64)])  # checked before any worker steps
-    # Stepping before reset fails in the worker: its error comes with its traceback.
+    # Stepping before reset fails in the worker: its error names the sub-env and comes
+    # with the worker's traceback, the env's own exception chained.
     with pytest.raises(jr.errors.EnvError, match="no attribute 'agents'") as info:
         envs.step_batch([np.zeros((2, 4), np.int64)])
+    assert info.value.env_index == 0
     assert isinstance(info.value.__cause__, AttributeError)
-    assert "worker traceback" in "".join(info.value.__cause__.__notes__)
+    assert "worker traceback" in "".join(info.value.__notes__)
     with pytest.raises(jr.errors.ClosedError):
         envs.step_batch([np.zeros((2, 4), np.int64)])
 

@@ -128,11 +128,20 @@ class ActionSplitters:
 
 class SubEnvRaised(EnvError):
     """A sub-env's own code raised in ``call`` (``"step"``, ``"reset"``, ``"factory"``);
-    the original is chained."""
+    the original is chained. ``agent_id``: in a turn-based multi-agent env, the agent
+    whose turn it was (None otherwise)."""
 
-    def __init__(self, err: BaseException, env_index: int, call: str) -> None:
-        super().__init__(f"sub-env {env_index} raised in {call}(): {err!r}", env_index)
+    def __init__(
+        self, err: BaseException, env_index: int, call: str, agent_id: str | None = None
+    ) -> None:
+        who = (
+            f"sub-env {env_index}"
+            if agent_id is None
+            else f"sub-env {env_index} (agent {agent_id!r})"
+        )
+        super().__init__(f"{who} raised in {call}(): {err!r}", env_index)
         self.call = call
+        self.agent_id = agent_id
 
 
 def original(err: BaseException) -> BaseException:

@@ -38,33 +38,52 @@ from jaxrunner.multi_agent.groups import AgentGroup
 
 
 class Layout:
-    """Where each agent lives: its group's buffers and its slot on the agent axis."""
+    """Where each agent lives: its group's buffers and its slot on the agent axis.
 
-    def __init__(self, groups: Sequence[AgentGroup], buffers: Sequence[GroupBuffers]) -> None:
+    Args:
+        groups: the agent groups.
+        buffers: their buffers, rows ``0..n-1`` for sub-envs ``offset..offset+n-1``.
+        offset: the global index of row 0's sub-env (errors name sub-envs by it).
+    """
+
+    def __init__(
+        self, groups: Sequence[AgentGroup], buffers: Sequence[GroupBuffers], offset: int = 0
+    ) -> None:
         self.groups = tuple(groups)
         self.buffers = tuple(buffers)
+        self.offset = offset
         self.slot: dict[str, tuple[int, int]] = {}
         for g, group in enumerate(self.groups):
             for a, agent in enumerate(group.agents):
                 self.slot[agent] = (g, a)
         self.writers = [
             (
-                jr_spaces.make_writer(group.observation_space, buf.obs_rows, "obs"),
-                jr_spaces.make_writer(group.observation_space, buf.next_obs_rows, "next_obs"),
+                jr_spaces.make_writer(group.observation_space, buf.obs_rows, "obs", where),
+                jr_spaces.make_writer(
+                    group.observation_space, buf.next_obs_rows, "next_obs", where
+                ),
             )
             for group, buf in zip(self.groups, self.buffers)
+            for where in [self._row_names(group)]
         ]
 
+    def _row_names(self, group: AgentGroup) -> Any:
+        """Names a flat ``[B * A_g]`` row of ``group`` by its sub-env and agent."""
+        agents, offset = group.agents, self.offset
+        return lambda row: agent_label(offset + row // len(agents), agents[row % len(agents)])
+
     def where(self, agent: str, env_index: int) -> tuple[GroupBuffers, int, tuple[int, int]]:
-        """The agent's buffers, its flat row, and its ``(b, a)`` index (an
-        :class:`~jaxrunner.errors.EnvError` for an agent not in ``possible_agents``)."""
+        """The agent's buffers, its flat row, and its ``(b, a)`` index, for the sub-env in
+        row ``env_index`` (an :class:`~jaxrunner.errors.EnvError` for an agent not in
+        ``possible_agents``)."""
         slot = self.slot.get(agent)
         if slot is None:
+            index = self.offset + env_index
             raise EnvError(
-                f"sub-env {env_index}: agent {agent!r} is not among possible_agents "
+                f"sub-env {index}: agent {agent!r} is not among possible_agents "
                 f"{list(self.slot)}; a multi-agent env must declare every agent it may have "
                 "in possible_agents.",
-                env_index,
+                index,
             )
         g, a = slot
         buf = self.buffers[g]
@@ -107,6 +126,8 @@ class Driver(abc.ABC):
 
     def __init__(self, env: Any, index: int, layout: Layout) -> None:
         self.env, self.index, self.layout = env, index, layout
+        self.env_index = layout.offset + index
+        """The sub-env's index in its vector env (errors name it)."""
         self._slots: dict[str, _Slot] = {}
         self.pending_reward: dict[str, float] = {}
         """Rewards each agent received since its last action (or episode start)."""
@@ -157,7 +178,7 @@ class Driver(abc.ABC):
         if type(reward) is float and reward - reward == 0.0:  # a finite float: fast path
             value = reward
         else:
-            value = jr_spaces.check_reward(reward, self.index)
+            value = jr_spaces.check_reward(reward, agent_label(self.env_index, agent))
         pending = self.pending_reward
         pending[agent] = pending.get(agent, 0.0) + value
         return value
@@ -198,23 +219,23 @@ class ParallelDriver(Driver):
         self._begin_episode()
         self.live = [
             (agent, self._set_acting(agent, obs[agent]))
-            for agent in _check_dict(obs, "reset", "observations", self.index)
+            for agent in _check_dict(obs, "reset", "observations", self.env_index)
         ]
         self._newcomers = True
         if not self.live:
             raise EnvError(
-                f"sub-env {self.index}: reset() returned no observation; a multi-agent env "
+                f"sub-env {self.env_index}: reset() returned no observation; a multi-agent env "
                 "must start an episode with at least one agent.",
-                self.index,
+                self.env_index,
             )
         return infos
 
     def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
         # The hot loop of the host backends: per agent, dict look-ups and writes through
         # the slots resolved once; the checks' slow paths only for unusual values.
-        live, i = self.live, self.index
+        live, b, i = self.live, self.index, self.env_index
         obs, rewards, terms, truncs, infos = self.env.step(
-            {agent: actions[slot.g][i, slot.a] for agent, slot in live}
+            {agent: actions[slot.g][b, slot.a] for agent, slot in live}
         )
         if not (
             isinstance(obs, dict)
@@ -235,7 +256,7 @@ class ParallelDriver(Driver):
         env_reward, pending = 0.0, self.pending_reward
         for agent, r in rewards.items():
             if type(r) is not float or r - r != 0.0:  # not a finite float: check it
-                r = jr_spaces.check_reward(r, i)
+                r = jr_spaces.check_reward(r, agent_label(i, agent))
             pending[agent] = pending.get(agent, 0.0) + r
             env_reward += r
         # The buffers hold every acting agent as completed and still acting
@@ -253,9 +274,9 @@ class ParallelDriver(Driver):
                 ) from None
             term, trunc = terms.get(agent, False), truncs.get(agent, False)
             if type(term) is not bool:
-                term = jr_spaces.check_flag(term, i, "terminated")
+                term = jr_spaces.check_flag(term, agent_label(i, agent), "terminated")
             if type(trunc) is not bool:
-                trunc = jr_spaces.check_flag(trunc, i, "truncated")
+                trunc = jr_spaces.check_flag(trunc, agent_label(i, agent), "truncated")
             a, row = slot.a, slot.row
             slot.write_next(row, next_obs)
             slot.reward[a] = pending.pop(agent, 0.0)
@@ -296,9 +317,9 @@ class AECDriver(Driver):
         self._settle()
         if not self.env.agents:
             raise EnvError(
-                f"sub-env {self.index}: reset() left no agent to act; a multi-agent env must "
-                "start an episode with at least one agent.",
-                self.index,
+                f"sub-env {self.env_index}: reset() left no agent to act; a multi-agent env "
+                "must start an episode with at least one agent.",
+                self.env_index,
             )
         return dict(self.env.infos)
 
@@ -328,12 +349,14 @@ class AECDriver(Driver):
         """Completes what the env's new state decides: dead agents' transitions (and
         their ``step(None)``), then the selected agent's previous turn; marks who acts.
         Returns the rewards handed out by the dead steps."""
-        env, i = self.env, self.index
+        env, i = self.env, self.env_index
         reward = 0.0
         while env.agents:
             agent = env.agent_selection
-            term = jr_spaces.check_flag(env.terminations[agent], i, "terminated")
-            trunc = jr_spaces.check_flag(env.truncations[agent], i, "truncated")
+            term = jr_spaces.check_flag(
+                env.terminations[agent], agent_label(i, agent), "terminated"
+            )
+            trunc = jr_spaces.check_flag(env.truncations[agent], agent_label(i, agent), "truncated")
             if not (term or trunc):
                 break
             if agent in self.acted:
@@ -349,6 +372,12 @@ class AECDriver(Driver):
             self._last_obs[agent] = obs
             self._set_acting(agent, obs)
         return reward
+
+
+def agent_label(env_index: int, agent: str) -> str:
+    """How errors name an agent of a sub-env: ``"1, agent 'c'"`` (read as "sub-env 1,
+    agent 'c' returned ...")."""
+    return f"{env_index}, agent {agent!r}"
 
 
 def _check_dict(value: Any, call: str, name: str, index: int) -> dict:
@@ -376,4 +405,4 @@ def make_driver(env: Any, index: int, layout: Layout) -> Driver:
     )
 
 
-__all__ = ["AECDriver", "Driver", "Layout", "ParallelDriver", "make_driver"]
+__all__ = ["AECDriver", "Driver", "Layout", "ParallelDriver", "agent_label", "make_driver"]

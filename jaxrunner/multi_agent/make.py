@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jaxrunner.envs.process.config import ProcessConfig
 from jaxrunner.envs.ray.config import RayConfig
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.multi_agent.groups import PolicyMappingFn
@@ -18,7 +19,7 @@ def make_multi_agent_vec(
     *,
     policy_mapping_fn: PolicyMappingFn | None = None,
     num_workers: int | None = None,
-    config: RayConfig | None = None,
+    config: ProcessConfig | RayConfig | None = None,
 ) -> MultiAgentVectorEnv:
     """``num_envs`` copies of a PettingZoo env (parallel or AEC) stepped together.
 
@@ -31,7 +32,10 @@ def make_multi_agent_vec(
         policy_mapping_fn: ``agent_id -> policy_id``; None: one shared policy per
             distinct pair of observation and action spaces (``policy_0``, ...).
         num_workers: ``"process"`` only: worker processes (None: one per CPU, at
-            most one per sub-env).
+            most one per sub-env); a shorthand for ``ProcessConfig(num_workers=...)``.
+        config: the backend's typed config, as for :func:`jaxrunner.make_vec`: a
+            :class:`~jaxrunner.ProcessConfig` for ``"process"`` (workers, start method,
+            ``step_timeout_s``), a :class:`~jaxrunner.RayConfig` for ``"ray"``.
     """
     if not callable(env_fn):
         raise InvalidArgumentTypeError(
@@ -48,21 +52,36 @@ def make_multi_agent_vec(
             f"make_multi_agent_vec(backend={backend!r}, num_workers=...): num_workers applies "
             "to backend='process' only."
         )
-    if config is not None and backend != "ray":
+    if config is not None and backend not in ("process", "ray"):
         raise InvalidArgumentError(
             f"make_multi_agent_vec(backend={backend!r}, config=...): config applies to "
-            "backend='ray' only."
+            "backend='process' (a ProcessConfig) and backend='ray' (a RayConfig) only."
+        )
+    if backend == "process" and num_workers is not None:
+        if config is not None:
+            raise InvalidArgumentError(
+                "make_multi_agent_vec(backend='process', num_workers=..., config=...): give "
+                "the worker count in one place, ProcessConfig(num_workers=...)."
+            )
+        config = ProcessConfig(num_workers=num_workers)
+    expected = {"process": ProcessConfig, "ray": RayConfig}.get(backend)
+    if config is not None and expected is not None and not isinstance(config, expected):
+        raise InvalidArgumentTypeError(
+            f"make_multi_agent_vec(backend={backend!r}, config=...): expected a "
+            f"jaxrunner.{expected.__name__}, got {type(config).__name__}."
         )
     if backend == "sync":
         return SyncMultiAgentVectorEnv(fns, policy_mapping_fn)
     if backend == "ray":
         from jaxrunner.multi_agent.ray import RayMultiAgentVectorEnv
 
+        assert config is None or isinstance(config, RayConfig)  # checked above
         return RayMultiAgentVectorEnv(fns, policy_mapping_fn, config=config)
     if backend == "process":
         from jaxrunner.multi_agent.process import ProcessMultiAgentVectorEnv
 
-        return ProcessMultiAgentVectorEnv(fns, policy_mapping_fn, num_workers=num_workers)
+        assert config is None or isinstance(config, ProcessConfig)  # checked above
+        return ProcessMultiAgentVectorEnv(fns, policy_mapping_fn, config=config)
     raise InvalidArgumentError(
         f"make_multi_agent_vec(backend={backend!r}): expected one of {MULTI_AGENT_BACKENDS}."
     )

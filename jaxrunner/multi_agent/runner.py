@@ -31,6 +31,7 @@ from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.sampling.multi_agent import MultiAgentSampler, MultiAgentSetup
 from jaxrunner.sampling.multi_agent_scan import MultiAgentScanSampler
 from jaxrunner.sampling.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
+from jaxrunner.sampling.seeds import env_seeds
 
 
 class MultiAgentRunner(EnvOwner):
@@ -46,8 +47,9 @@ class MultiAgentRunner(EnvOwner):
             ``policy_id -> Policy`` (``envs.policy_ids``).
         params: ``policy_id -> params`` (or the params alone, when there is one policy id).
         rollout_length: T, the env steps of each :meth:`sample`.
-        seed: seeds the policies' keys and the envs (sub-env ``i`` is reset with
-            ``seed + i``).
+        seed: seeds the policies' keys and the envs: sub-env ``i`` is reset with
+            ``jaxrunner.env_seeds(seed, num_envs)[i]``, as an ``EnvRunner``'s are (so
+            runners with different seeds never share sub-env seeds).
         metrics: optional :class:`~jaxrunner.MetricsConfig`.
         connectors: optional :class:`~jaxrunner.connectors.Connectors` for every group
             (each group keeps its own state), or a dict ``policy_id -> Connectors``
@@ -82,10 +84,8 @@ class MultiAgentRunner(EnvOwner):
                     f"MultiAgentRunner(policies=...): policy {pid!r} is {policy!r}; expected a "
                     "jaxrunner.Policy."
                 )
-        single = len(ids) == 1 and not (isinstance(params, Mapping) and set(params) == set(ids))
         self._params = {
-            pid: jax.device_put(p)
-            for pid, p in _per_policy("params", params, ids, single=single).items()
+            pid: jax.device_put(p) for pid, p in _params_per_policy(params, ids).items()
         }
         check_rollout_arguments("MultiAgentRunner", rollout_length, seed)
         self.connectors: dict[str, Connectors] = per_policy_connectors(connectors, envs.groups)
@@ -111,7 +111,7 @@ class MultiAgentRunner(EnvOwner):
             if isinstance(envs, JaxMultiAgentVectorEnv):  # one jitted scan per sample
                 self.sampler = MultiAgentScanSampler(envs, setup)
             else:
-                first = envs.reset_batch([seed + i for i in range(envs.num_envs)])
+                first = envs.reset_batch(env_seeds(seed, envs.num_envs))
                 self.sampler = MultiAgentSampler(envs, first, setup)
         except BaseException:
             self._release(envs)
@@ -150,16 +150,21 @@ class MultiAgentRunner(EnvOwner):
     def set_params(self, policy_id: str, params: Params) -> None:
         """Replaces one policy's params; takes effect at the next step, never recompiles."""
         self._check_usable("set_params")
-        if policy_id not in self._params:
-            raise InvalidArgumentError(
-                f"set_params(policy_id={policy_id!r}): no such policy; the policy ids are "
-                f"{list(self._params)}."
-            )
+        self._check_policy_id("set_params", policy_id)
         check_params_like(self._params[policy_id], params, "runner")
         self._params[policy_id] = jax.device_put(params)
 
     def get_params(self, policy_id: str) -> Params:
+        """The params of policy ``policy_id`` (as the runner holds them, on device)."""
+        self._check_policy_id("get_params", policy_id)
         return self._params[policy_id]
+
+    def _check_policy_id(self, what: str, policy_id: Any) -> None:
+        if policy_id not in self._params:
+            raise InvalidArgumentError(
+                f"MultiAgentRunner.{what}(policy_id={policy_id!r}): no such policy; the policy "
+                f"ids are {list(self._params)}."
+            )
 
     def get_connector_state(self) -> dict[str, ConnectorsState]:
         """``policy_id -> `` the state of its group's connectors, as host copies: the
@@ -211,6 +216,29 @@ def _per_policy(name: str, value: Any, ids: tuple[str, ...], *, single: bool) ->
             f"{list(ids)}, got {got}."
         )
     return {pid: value[pid] for pid in ids}
+
+
+def _params_per_policy(params: Any, ids: tuple[str, ...]) -> dict[str, Params]:
+    """``policy_id -> params``: a dict keyed by policy ids must name every id and only
+    those (a typo is refused here, not met later inside the trace); with one policy id,
+    anything else is that policy's params."""
+    if isinstance(params, Mapping) and any(key in ids for key in params):
+        unknown = [key for key in params if key not in ids]
+        missing = [pid for pid in ids if pid not in params]
+        if unknown or missing:
+            raise InvalidArgumentError(
+                f"MultiAgentRunner(params=...): a dict keyed by policy ids must have exactly "
+                f"the ids {list(ids)}; unknown: {unknown}, missing: {missing}. Check the keys "
+                "against envs.policy_ids."
+            )
+        return {pid: params[pid] for pid in ids}
+    if len(ids) == 1:
+        return {ids[0]: params}
+    got = sorted(map(str, params)) if isinstance(params, Mapping) else type(params).__name__
+    raise InvalidArgumentError(
+        f"MultiAgentRunner(params=...): expected a dict keyed by the policy ids {list(ids)}, "
+        f"got {got}."
+    )
 
 
 __all__ = ["MultiAgentRunner"]

@@ -11,7 +11,8 @@ import jax
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.errors import InvalidActionError, SpaceMismatchError
+from jaxrunner.envs.sub_envs import SubEnvRaised
+from jaxrunner.errors import InvalidActionError, JaxRunnerError, SpaceMismatchError
 from jaxrunner.multi_agent.buffers import GroupBuffers, MultiAgentStep
 from jaxrunner.multi_agent.drivers import AECDriver, Driver, Layout, make_driver
 from jaxrunner.multi_agent.groups import AgentGroup, PolicyMappingFn, build_groups
@@ -50,7 +51,7 @@ class SubEnvBlock:
                 )
         self.buffers = [GroupBuffers.allocate(group, n) for group in self.groups]
         self.check_actions = ActionCheck(self.groups, n)
-        layout = Layout(self.groups, self.buffers)
+        layout = Layout(self.groups, self.buffers, offset)
         self.drivers: list[Driver] = [make_driver(env, i, layout) for i, env in enumerate(envs)]
         self.turn_based = isinstance(self.drivers[0], AECDriver)
         """AEC sub-envs: one agent acts per step."""
@@ -67,7 +68,10 @@ class SubEnvBlock:
         for buf in self.buffers:
             buf.completed[:] = False
         for driver, seed in zip(self.drivers, seeds):
-            infos.append(driver.reset(seed, options))
+            try:
+                infos.append(driver.reset(seed, options))
+            except Exception as err:
+                raise located(err, driver, "reset") from _cause(err)
         return infos
 
     def step(self, actions: Sequence[Any]) -> MultiAgentStep:
@@ -85,7 +89,10 @@ class SubEnvBlock:
         env_done[:] = False
         unassigned_reward[:] = 0.0
         for b, driver in enumerate(self.drivers):
-            done, reward, unassigned, info = driver.step(actions)
+            try:
+                done, reward, unassigned, info = driver.step(actions)
+            except Exception as err:
+                raise located(err, driver, "step") from _cause(err)
             env_reward[b] = reward
             if done:  # rare: written only then
                 env_done[b], unassigned_reward[b] = True, unassigned
@@ -104,6 +111,25 @@ class SubEnvBlock:
     def close(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def located(err: Exception, driver: Driver, call: str) -> Exception:
+    """``err`` from ``driver``'s sub-env as the error to raise: jaxrunner's own checks
+    (which already name the sub-env and agent) as they are, with ``env_index`` set;
+    anything the env's code raised as a :class:`~jaxrunner.envs.sub_envs.SubEnvRaised`
+    naming the sub-env (and, in a turn-based env, the agent whose turn it was), the
+    original chained."""
+    if isinstance(err, JaxRunnerError):
+        if getattr(err, "env_index", None) is None:
+            err.env_index = driver.env_index  # type: ignore[attr-defined]
+        return err
+    agent = driver.env.agent_selection if isinstance(driver, AECDriver) else None
+    return SubEnvRaised(err, driver.env_index, call, agent if isinstance(agent, str) else None)
+
+
+def _cause(err: Exception) -> BaseException | None:
+    """What :func:`located`'s error chains: the env's exception (ours keep their own)."""
+    return err.__cause__ if isinstance(err, JaxRunnerError) else err
 
 
 class ActionCheck:
@@ -166,4 +192,4 @@ class ActionCheck:
         return actions
 
 
-__all__ = ["ActionCheck", "MultiAgentEnvFactory", "SubEnvBlock", "env_groups"]
+__all__ = ["ActionCheck", "MultiAgentEnvFactory", "SubEnvBlock", "env_groups", "located"]

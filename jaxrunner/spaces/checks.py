@@ -156,7 +156,7 @@ def _check(space: spaces.Space, value: Any, path: str, bounds: bool) -> Any:
 # -- what a sub-env returns (the slow paths of every backend's step loop) -------------------------
 
 
-def observation_mismatch(path: str, index: int, expected: str, value: Any) -> SpaceMismatchError:
+def observation_mismatch(path: str, index: object, expected: str, value: Any) -> SpaceMismatchError:
     """The error for a sub-env's observation that does not fit its space at ``path``."""
     return mismatch(
         f"sub-env {index} returned an observation that does not match its observation space "
@@ -168,7 +168,7 @@ def observation_mismatch(path: str, index: int, expected: str, value: Any) -> Sp
     )
 
 
-def check_reward(value: Any, index: int) -> float:
+def check_reward(value: Any, index: object) -> float:
     """A reward as a Python float, or a clear error (slow path of the step loop)."""
     if isinstance(value, (bool, np.bool_)) or not (
         isinstance(value, (int, float, np.integer, np.floating))
@@ -188,7 +188,7 @@ def check_reward(value: Any, index: int) -> float:
     return reward
 
 
-def check_info(value: Any, index: int, call: str) -> dict[str, Any]:
+def check_info(value: Any, index: object, call: str) -> dict[str, Any]:
     """``value`` if it is a dict, as gymnasium's API requires of ``reset``/``step`` infos."""
     if not isinstance(value, dict):
         raise InvalidStepError(
@@ -199,7 +199,7 @@ def check_info(value: Any, index: int, call: str) -> dict[str, Any]:
     return value
 
 
-def check_flag(value: Any, index: int, name: str) -> bool:
+def check_flag(value: Any, index: object, name: str) -> bool:
     """``value`` (``terminated`` or ``truncated``) as a bool, if it is one."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)

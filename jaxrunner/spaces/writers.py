@@ -20,34 +20,45 @@ from jaxrunner.spaces.checks import check_action_batch, observation_mismatch
 Writer = Callable[[int, Any], None]
 
 
-def make_writer(space: spaces.Space, buffer: Any, path: str = "obs") -> Writer:
+def make_writer(
+    space: spaces.Space,
+    buffer: Any,
+    path: str = "obs",
+    where: Callable[[int], object] | None = None,
+) -> Writer:
     """Returns ``write(i, value)``: validates ``value`` against ``space`` and stores it
     in row ``i`` of the batched ``buffer`` (shaped by ``allocate(space, (B,))``).
+
+    ``where(i)`` names row ``i``'s sub-env in errors (None: the row is the sub-env
+    index); a multi-agent buffer's rows are agent slots, named by env and agent.
 
     Raises (from ``write``):
         SpaceMismatchError: ``value`` differs from the space in structure, shape or
             dtype; nothing is cast.
     """
+    name: Callable[[int], object] = where or (lambda i: i)
     if isinstance(space, spaces.Dict):
         keys = tuple(space.spaces)
         key_set = set(keys)
-        subs = [(key, make_writer(space[key], buffer[key], f"{path}[{key!r}]")) for key in keys]
+        subs = [
+            (key, make_writer(space[key], buffer[key], f"{path}[{key!r}]", where)) for key in keys
+        ]
 
         def write_dict(i: int, value: Any) -> None:
             if not isinstance(value, Mapping) or value.keys() != key_set:
-                raise observation_mismatch(path, i, f"a dict with keys {sorted(keys)}", value)
+                raise observation_mismatch(path, name(i), f"a dict with keys {sorted(keys)}", value)
             for key, sub in subs:
                 sub(i, value[key])
 
         return write_dict
 
     if isinstance(space, spaces.Tuple):
-        subs_t = [make_writer(sub, buffer[j], f"{path}[{j}]") for j, sub in enumerate(space)]
+        subs_t = [make_writer(sub, buffer[j], f"{path}[{j}]", where) for j, sub in enumerate(space)]
         n = len(subs_t)
 
         def write_tuple(i: int, value: Any) -> None:
             if not isinstance(value, (tuple, list)) or len(value) != n:
-                raise observation_mismatch(path, i, f"a tuple of {n} items", value)
+                raise observation_mismatch(path, name(i), f"a tuple of {n} items", value)
             for sub, item in zip(subs_t, value):
                 sub(i, item)
 
@@ -62,7 +73,7 @@ def make_writer(space: spaces.Space, buffer: Any, path: str = "obs") -> Writer:
                 if not (
                     isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu"
                 ):
-                    raise observation_mismatch(path, i, "an integer (Discrete)", value)
+                    raise observation_mismatch(path, name(i), "an integer (Discrete)", value)
             buffer[i] = value
 
         return write_discrete
@@ -73,7 +84,7 @@ def make_writer(space: spaces.Space, buffer: Any, path: str = "obs") -> Writer:
         if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
             # numpy scalars of the exact dtype are fine for shape-() spaces
             if not (isinstance(value, np.generic) and value.dtype == dtype and shape == ()):
-                raise observation_mismatch(path, i, expected, value)
+                raise observation_mismatch(path, name(i), expected, value)
         buffer[i] = value
 
     return write_array
