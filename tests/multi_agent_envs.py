@@ -37,6 +37,9 @@ class ComingAndGoing(ParallelEnv):
     def action_space(self, agent: str) -> spaces.Space:
         return self._act_space
 
+    def render(self) -> int:
+        return self.t
+
     def _obs(self, agent: str) -> np.ndarray:
         k = self.possible_agents.index(agent)
         return np.array([self.t, k, self.rng.uniform()], np.float32)

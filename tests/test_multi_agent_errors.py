@@ -141,3 +141,84 @@ def test_params_and_policy_ids_are_checked():
         with pytest.raises(InvalidArgumentError, match="no such policy"):
             runner.get_params("nobody")
         assert runner.get_params("policy_0")["w"].shape == (3,)
+
+
+RESTARTS = [
+    pytest.param("sync", {}, id="sync"),
+    pytest.param("process", {"num_workers": 2}, id="process"),
+]
+
+
+def _sample_with(factory, backend, kwargs, num_actions=3, restart=True):
+    envs = jr.make_multi_agent_vec(
+        factory,
+        NUM_ENVS,
+        backend,
+        restart_policy=jr.RestartPolicy() if restart else None,
+        **kwargs,
+    )
+    policy, params = random_policy(num_actions), zero_params(num_actions)
+    with jr.MultiAgentRunner(envs, policy, params, 12, seed=SEED) as runner:
+        return runner.sample(), runner.get_metrics(), envs.get_num_restarts()
+
+
+@pytest.mark.parametrize(("backend", "kwargs"), RESTARTS)
+def test_a_failed_sub_env_is_restarted_and_its_agents_get_no_transition(backend, kwargs):
+    good, good_metrics, _ = _sample_with(envs_mod.coming_and_going, "sync", {})
+    factory = envs_mod.faulty_coming_and_going("raise", _trigger(1), at_step=4)
+    got, metrics, restarts = _sample_with(factory, backend, kwargs)
+    assert restarts == 1
+    (pid,) = got.groups
+    g, ref = got.groups[pid], good.groups[pid]
+    # Steps 0..2 are the fault-free run's in every env, and envs 0 and 2 throughout
+    # (reset isolation); the failed step (3) holds no transition of env 1.
+    for field in ("valid", "reward", "terminated", "truncated", "obs", "action", "next_obs"):
+        a, b = getattr(g, field), getattr(ref, field)
+        np.testing.assert_array_equal(a[:3], b[:3])
+        np.testing.assert_array_equal(a[:, [0, 2]], b[:, [0, 2]])
+    assert not g.valid[3, 1].any()
+    # Env 1's episode ended there as a fault (the failed step is its last): a new episode
+    # follows, whose agents start at step 0.
+    assert got.episode_id[4, 1] != got.episode_id[3, 1] == got.episode_id[2, 1]
+    assert (g.agent_step[4, 1][g.valid[4, 1]] == 0).all()
+    # Exact accounting: good agent steps are the valid slots; the failed call is dropped
+    # with the actions of the agents that had acted in it.
+    assert metrics["num_agent_steps"] == int(g.valid.sum())
+    assert metrics["num_dropped_steps"] == 1 and metrics["num_faulty_episodes"] == 1
+    assert metrics["num_dropped_agent_steps"] == int(ref.valid[3, 1].sum()) > 0
+    assert metrics["num_env_steps"] == good_metrics["num_env_steps"] - 1
+
+
+def test_a_failed_turn_based_sub_env_drops_the_turns_waiting_for_their_transition():
+    factory = functools.partial(envs_mod.FaultyRelay, _trigger(0), 4)
+    got, metrics, restarts = _sample_with(factory, "sync", {}, num_actions=4)
+    assert restarts == 1
+    (g,) = got.groups.values()
+    assert metrics["num_agent_steps"] == int(g.valid.sum())
+    # r0, r1 and r2 took turns, then r0's second turn raised: r0's first transition had
+    # completed (when its turn came again), r1's and r2's wait for their next turn, and
+    # r0's new action was taken in the failed step: three actions no transition carries.
+    assert metrics["num_dropped_agent_steps"] == 3
+    assert metrics["num_dropped_steps"] == 1
+
+
+def test_without_a_restart_policy_the_failure_raises():
+    factory = envs_mod.faulty_coming_and_going("raise", _trigger(1), at_step=4)
+    with pytest.raises(EnvError, match="sub-env 1"):
+        _sample_with(factory, "sync", {}, restart=False)
+
+
+@pytest.mark.parametrize(("backend", "kwargs"), RESTARTS)
+def test_vector_env_utilities(backend, kwargs):
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, NUM_ENVS, backend, **kwargs)
+    with envs:
+        envs.reset_batch([1, 2, 3])
+        assert envs.get_attr("episode") == (0, 0, 0)
+        envs.set_attr("episode", [5, 6, 7])
+        assert envs.call("_obs", "a1")[2][1] == 1.0  # agent a1's index
+        assert envs.get_attr("episode") == (5, 6, 7)
+        assert envs.reset_at(1, seed=9) == {"a0": {}, "a1": {}}
+        assert envs.get_attr("episode") == (5, 7, 7)
+        assert envs.render() == (0, 0, 0)
+        with pytest.raises(jr.errors.EnvIndexError):
+            envs.reset_at(NUM_ENVS)

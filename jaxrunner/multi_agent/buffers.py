@@ -91,7 +91,15 @@ class MultiAgentStep(NamedTuple):
     an agent after its final transition. A reward before an agent's first action is
     not here: it is added to that agent's first transition (as RLlib does)."""
     infos: list[dict[str, Any]]
-    """Per-env infos of the step (the env's per-agent info dict)."""
+    """Per-env infos of the step (the env's per-agent info dict; ``{}`` where it failed)."""
+    failed: np.ndarray | None = None
+    """[B] bool, or None when no sub-env failed: the sub-envs whose step failed and were
+    recreated (only with a ``restart_policy``). Their rows hold no transition for any
+    agent (``completed`` False); their episodes ended as faults, and ``acting``/``obs``
+    are the new episode's."""
+    errors: dict[int, BaseException] | None = None
+    """The failures of this step by env index: failed steps (``failed``), and failed
+    resets after a good step (whose transitions stay valid)."""
 
 
 __all__ = ["GroupBuffers", "MultiAgentStep"]

@@ -144,9 +144,9 @@ class Driver(abc.ABC):
     def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
         """Steps the env with the acting agents' actions (``actions[g]`` is group
         ``g``'s ``[B, A_g, ...]`` batch); returns ``(env_done, env_reward,
-        unassigned_reward, infos)``. Where the episode ended the env is reset. The
-        caller has cleared the row's masks and outcomes (:meth:`SubEnvBlock.step`
-        clears every row at once)."""
+        unassigned_reward, infos)``. Where the episode ended (``env_done``) the caller
+        resets the env next (:meth:`reset`: SAME_STEP). The caller has cleared the
+        row's masks and outcomes (:meth:`SubEnvBlock.step` clears every row at once)."""
 
     # -- shared bookkeeping -----------------------------------------------------------
 
@@ -298,9 +298,7 @@ class ParallelDriver(Driver):
         self.live = next_live
         if next_live:
             return False, env_reward, 0.0, infos
-        unassigned = self._unassigned()
-        self.reset(None, None)
-        return True, env_reward, unassigned, infos
+        return True, env_reward, self._unassigned(), infos
 
 
 class AECDriver(Driver):
@@ -338,9 +336,7 @@ class AECDriver(Driver):
         # the env's (truncated), from the last observation the env gave them.
         for agent in list(self.acted):
             self._complete(agent, self._last_obs[agent], False, True)
-        unassigned = self._unassigned()
-        self.reset(None, None)
-        return True, env_reward, unassigned, infos
+        return True, env_reward, self._unassigned(), infos
 
     def _collect_rewards(self) -> float:
         return sum(self._add_reward(a, r) for a, r in self.env.rewards.items())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from jaxrunner.envs.process.config import ProcessConfig
 from jaxrunner.envs.ray.config import RayConfig
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.faults import RestartPolicy
 from jaxrunner.multi_agent.groups import PolicyMappingFn
 from jaxrunner.multi_agent.sub_envs import MultiAgentEnvFactory
 from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv, SyncMultiAgentVectorEnv
@@ -20,6 +21,7 @@ def make_multi_agent_vec(
     policy_mapping_fn: PolicyMappingFn | None = None,
     num_workers: int | None = None,
     config: ProcessConfig | RayConfig | None = None,
+    restart_policy: RestartPolicy | None = None,
 ) -> MultiAgentVectorEnv:
     """``num_envs`` copies of a PettingZoo env (parallel or AEC) stepped together.
 
@@ -36,7 +38,17 @@ def make_multi_agent_vec(
         config: the backend's typed config, as for :func:`jaxrunner.make_vec`: a
             :class:`~jaxrunner.ProcessConfig` for ``"process"`` (workers, start method,
             ``step_timeout_s``), a :class:`~jaxrunner.RayConfig` for ``"ray"``.
+        restart_policy: a :class:`~jaxrunner.RestartPolicy`: a sub-env that raises or
+            returns an invalid step is recreated and reset, its step yields no
+            transition for any of its agents and its episode ends as a fault (counted in
+            ``num_faulty_episodes``/``num_dropped_steps``); every backend. None
+            (default): failures raise.
     """
+    if restart_policy is not None and not isinstance(restart_policy, RestartPolicy):
+        raise InvalidArgumentTypeError(
+            f"make_multi_agent_vec(restart_policy=...): expected a jaxrunner.RestartPolicy or "
+            f"None, got {type(restart_policy).__name__}."
+        )
     if not callable(env_fn):
         raise InvalidArgumentTypeError(
             f"make_multi_agent_vec(env_fn=...): expected a zero-argument callable returning a "
@@ -71,17 +83,21 @@ def make_multi_agent_vec(
             f"jaxrunner.{expected.__name__}, got {type(config).__name__}."
         )
     if backend == "sync":
-        return SyncMultiAgentVectorEnv(fns, policy_mapping_fn)
+        return SyncMultiAgentVectorEnv(fns, policy_mapping_fn, restart_policy=restart_policy)
     if backend == "ray":
         from jaxrunner.multi_agent.ray import RayMultiAgentVectorEnv
 
         assert config is None or isinstance(config, RayConfig)  # checked above
-        return RayMultiAgentVectorEnv(fns, policy_mapping_fn, config=config)
+        return RayMultiAgentVectorEnv(
+            fns, policy_mapping_fn, config=config, restart_policy=restart_policy
+        )
     if backend == "process":
         from jaxrunner.multi_agent.process import ProcessMultiAgentVectorEnv
 
         assert config is None or isinstance(config, ProcessConfig)  # checked above
-        return ProcessMultiAgentVectorEnv(fns, policy_mapping_fn, config=config)
+        return ProcessMultiAgentVectorEnv(
+            fns, policy_mapping_fn, config=config, restart_policy=restart_policy
+        )
     raise InvalidArgumentError(
         f"make_multi_agent_vec(backend={backend!r}): expected one of {MULTI_AGENT_BACKENDS}."
     )

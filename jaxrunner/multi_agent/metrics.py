@@ -17,6 +17,8 @@ class MultiAgentMetrics(RunnerMetrics):
     def __init__(self, config: MetricsConfig, agents: dict[str, tuple[str, ...]]) -> None:
         super().__init__(config)
         self.num_agent_steps = 0
+        self.num_dropped_agent_steps = 0
+        """Agent actions no transition carries: their env's step failed (restarted)."""
         self.unassigned_reward = 0.0
         self._agents = agents
         window = config.episode_window
@@ -47,6 +49,7 @@ class MultiAgentMetrics(RunnerMetrics):
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         out["num_agent_steps"] = self.num_agent_steps
+        out["num_dropped_agent_steps"] = self.num_dropped_agent_steps
         out["unassigned_reward"] = self.unassigned_reward
         out["policies"] = {
             pid: {"num_agent_steps": self._steps_by_policy[pid], **stats.summary()}

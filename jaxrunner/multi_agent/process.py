@@ -35,6 +35,7 @@ from jaxrunner.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
+from jaxrunner.faults import RestartPolicy
 from jaxrunner.multi_agent.groups import PolicyMappingFn
 from jaxrunner.multi_agent.remote import BlockServer, RemoteBlocksVectorEnv, Reply
 from jaxrunner.multi_agent.sub_envs import MultiAgentEnvFactory
@@ -47,8 +48,8 @@ def _worker(conn: Any, payload: bytes, offset: int) -> None:
     """The worker loop: builds its block, then answers commands until ``close``."""
     server = None
     try:
-        env_fns, mapping = cloudpickle.loads(payload)
-        server = BlockServer(env_fns, mapping, offset)
+        env_fns, mapping, restart_policy = cloudpickle.loads(payload)
+        server = BlockServer(env_fns, mapping, offset, restart_policy)
         conn.send(("ok", server.describe()))
         while True:
             command, args = conn.recv()
@@ -86,6 +87,9 @@ class ProcessMultiAgentVectorEnv(RemoteBlocksVectorEnv):
             defaults, one worker per CPU, at most one per env: the main process waits
             while they step). Its ``ready_first`` and ``main_process_envs`` do not apply
             to multi-agent envs yet and are refused.
+        restart_policy: failed sub-envs are recreated inside their worker, as the sync
+            backend does (None: failures raise). A worker that dies or hangs is not
+            replaced yet: its error is raised and the vector env closes.
 
     Raises:
         InvalidArgumentError: a config option multi-agent envs do not take.
@@ -99,9 +103,11 @@ class ProcessMultiAgentVectorEnv(RemoteBlocksVectorEnv):
         policy_mapping_fn: PolicyMappingFn | None = None,
         *,
         config: ProcessConfig | None = None,
+        restart_policy: RestartPolicy | None = None,
     ) -> None:
         super().__init__()
         config = checked_config(config, "make_multi_agent_vec")
+        self.restart_policy = restart_policy
         if config.ready_first or config.main_process_envs:
             raise InvalidArgumentError(
                 "make_multi_agent_vec(backend='process', config=ProcessConfig(...)): "
@@ -121,7 +127,9 @@ class ProcessMultiAgentVectorEnv(RemoteBlocksVectorEnv):
         try:
             for lo, hi in self._bounds:
                 pickle_factories(env_fns[lo:hi], lo)  # a clear error for unpicklable ones
-                payload = cloudpickle.dumps((list(env_fns[lo:hi]), policy_mapping_fn))
+                payload = cloudpickle.dumps(
+                    (list(env_fns[lo:hi]), policy_mapping_fn, restart_policy)
+                )
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=_worker, args=(child, payload, lo), daemon=True)
                 proc.start()
@@ -152,6 +160,14 @@ class ProcessMultiAgentVectorEnv(RemoteBlocksVectorEnv):
         timeout = self.config.step_timeout_s
         deadline = None if timeout is None else time.monotonic() + timeout
         return [self._reply(k, deadline, method) for k in range(len(self._conns))]
+
+    def _call_one(self, k: int, method: str, args: tuple) -> Any:
+        try:
+            self._conns[k].send((method, args))
+        except OSError as err:
+            self._fail(self._lost(k, f"died before {method}()", err))
+        timeout = self.config.step_timeout_s
+        return self._reply(k, None if timeout is None else time.monotonic() + timeout, method)
 
     def _reply(self, k: int, deadline: float | None, method: str) -> Any:
         """Worker ``k``'s answer to ``method``, waited for until ``deadline``."""

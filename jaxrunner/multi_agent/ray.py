@@ -3,9 +3,9 @@
 
 Takes the single-agent backend's :class:`~jaxrunner.RayConfig` for placement
 (``envs_per_actor``, ``num_cpus_per_actor``, ``step_timeout_s``,
-``actor_start_timeout_s``); its ready-first batching and actor restarts do not apply
-here (a multi-agent step waits for every actor). Uses the running Ray instance, or
-starts a local one.
+``actor_start_timeout_s``); its ready-first batching and actor replacement do not
+apply here yet (a multi-agent step waits for every actor); sub-env restarts do. Uses
+the running Ray instance, or starts a local one.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 
 from jaxrunner.envs.ray.config import RayConfig, import_ray
 from jaxrunner.errors import EnvError, JaxRunnerError
+from jaxrunner.faults import RestartPolicy
 from jaxrunner.multi_agent.groups import PolicyMappingFn
 from jaxrunner.multi_agent.remote import BlockServer, RemoteBlocksVectorEnv, Reply
 from jaxrunner.multi_agent.sub_envs import MultiAgentEnvFactory
@@ -27,6 +28,8 @@ class RayMultiAgentVectorEnv(RemoteBlocksVectorEnv):
         env_fns: zero-argument factories of PettingZoo envs.
         policy_mapping_fn: as for the sync backend.
         config: placement options (default ``RayConfig()``).
+        restart_policy: failed sub-envs are recreated inside their actor, as the sync
+            backend does (None: failures raise). Actors are not replaced yet.
     """
 
     def __init__(
@@ -35,8 +38,10 @@ class RayMultiAgentVectorEnv(RemoteBlocksVectorEnv):
         policy_mapping_fn: PolicyMappingFn | None = None,
         *,
         config: RayConfig | None = None,
+        restart_policy: RestartPolicy | None = None,
     ) -> None:
         super().__init__()
+        self.restart_policy = restart_policy
         ray = import_ray()
         self._ray = ray
         self.config = config or RayConfig()
@@ -49,7 +54,9 @@ class RayMultiAgentVectorEnv(RemoteBlocksVectorEnv):
         self._actors: list[Any] = []
         try:
             for lo, hi in self._bounds:
-                self._actors.append(actor_class.remote(list(env_fns[lo:hi]), policy_mapping_fn, lo))
+                self._actors.append(
+                    actor_class.remote(list(env_fns[lo:hi]), policy_mapping_fn, lo, restart_policy)
+                )
             described = self._get(
                 [a.describe.remote() for a in self._actors], self.config.actor_start_timeout_s
             )
@@ -66,6 +73,10 @@ class RayMultiAgentVectorEnv(RemoteBlocksVectorEnv):
             for actor, args in zip(self._actors, args_per_remote)
         ]
         return self._get(refs, self.config.step_timeout_s)
+
+    def _call_one(self, k: int, method: str, args: tuple) -> Any:
+        ref = getattr(self._actors[k], method).remote(*args)
+        return self._get([ref], self.config.step_timeout_s)[0]
 
     def _get(self, refs: list[Any], timeout: float | None) -> list[Any]:
         ray = self._ray

@@ -12,7 +12,14 @@ import numpy as np
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.sub_envs import SubEnvRaised
-from jaxrunner.errors import InvalidActionError, JaxRunnerError, SpaceMismatchError
+from jaxrunner.errors import (
+    EnvError,
+    InvalidActionError,
+    InvalidArgumentError,
+    JaxRunnerError,
+    SpaceMismatchError,
+)
+from jaxrunner.faults import RestartPolicy, close_quietly, retry
 from jaxrunner.multi_agent.buffers import GroupBuffers, MultiAgentStep
 from jaxrunner.multi_agent.drivers import AECDriver, Driver, Layout, make_driver
 from jaxrunner.multi_agent.groups import AgentGroup, PolicyMappingFn, build_groups
@@ -30,54 +37,94 @@ def env_groups(env: Any, policy_mapping_fn: PolicyMappingFn | None) -> tuple[Age
 
 class SubEnvBlock:
     """Sub-envs ``offset .. offset + len(envs)`` of a vector env, stepped in turn into
-    their own ``[n, A_g, ...]`` buffers.
+    their own ``[n, A_g, ...]`` buffers: the multi-agent twin of
+    :class:`~jaxrunner.envs.sub_envs.SubEnvs` (same failure rules).
+
+    Failures: without a ``restart_policy`` a sub-env's failure raises (see
+    :func:`located`). With one, the sub-env is closed, recreated from its factory and
+    reset (:func:`jaxrunner.faults.retry`, the single-agent backends' retry), and:
+
+    * a failed ``step`` yields no transition for any of its agents (its row's
+      ``completed`` is cleared, its rewards of the step are lost) and its episode ends
+      as a fault (``MultiAgentStep.failed``); the new episode's first agents act next;
+    * a failed reset after a good step keeps that step's transitions, as the
+      single-agent loop does.
 
     Args:
         envs: the sub-envs (PettingZoo parallel or AEC envs, all of one kind).
         groups: the agent groups (equal for every sub-env).
         offset: the global index of the first sub-env (for error messages).
+        fns: the sub-envs' factories (needed for restarts).
+        restart_policy: how failed sub-envs are recreated (None: failures raise).
     """
 
-    def __init__(self, envs: Sequence[Any], groups: Sequence[AgentGroup], offset: int = 0) -> None:
+    def __init__(
+        self,
+        envs: Sequence[Any],
+        groups: Sequence[AgentGroup],
+        offset: int = 0,
+        *,
+        fns: Sequence[MultiAgentEnvFactory] | None = None,
+        restart_policy: RestartPolicy | None = None,
+    ) -> None:
         self.envs, self.groups, self.offset = list(envs), tuple(groups), offset
+        if restart_policy is not None and fns is None:
+            raise InvalidArgumentError("SubEnvBlock(restart_policy=...) needs the factories (fns).")
+        self.fns, self.restart_policy = (list(fns) if fns is not None else None), restart_policy
         n = len(self.envs)
+        self.possible_agents = tuple(self.envs[0].possible_agents)
         for i, env in enumerate(self.envs):
-            if tuple(env.possible_agents) != tuple(self.envs[0].possible_agents):
-                raise SpaceMismatchError(
-                    f"multi-agent sub-env {offset + i} has possible_agents "
-                    f"{list(env.possible_agents)}, sub-env {offset} has "
-                    f"{list(self.envs[0].possible_agents)}; every sub-env must have the same "
-                    "agents. Check the factory."
-                )
+            self._check_agents(env, offset + i)
         self.buffers = [GroupBuffers.allocate(group, n) for group in self.groups]
         self.check_actions = ActionCheck(self.groups, n)
-        layout = Layout(self.groups, self.buffers, offset)
-        self.drivers: list[Driver] = [make_driver(env, i, layout) for i, env in enumerate(envs)]
+        self.layout = Layout(self.groups, self.buffers, offset)
+        self.drivers: list[Driver] = [
+            make_driver(env, i, self.layout) for i, env in enumerate(envs)
+        ]
         self.turn_based = isinstance(self.drivers[0], AECDriver)
         """AEC sub-envs: one agent acts per step."""
         self.env_done = np.zeros(n, np.bool_)
         self.env_reward = np.zeros(n, np.float64)
         self.unassigned_reward = np.zeros(n, np.float64)
+        self._failed = np.zeros(n, np.bool_)
         self._groups_by_id = {g.policy_id: buf for g, buf in zip(self.groups, self.buffers)}
+        self.num_restarts = 0
+        """Sub-envs recreated after a failure."""
+
+    def _check_agents(self, env: Any, index: int) -> None:
+        if tuple(env.possible_agents) != self.possible_agents:
+            raise SpaceMismatchError(
+                f"multi-agent sub-env {index} has possible_agents {list(env.possible_agents)}, "
+                f"sub-env {self.offset} has {list(self.possible_agents)}; every sub-env must "
+                "have the same agents. Check the factory."
+            )
 
     def reset(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> list[dict[str, Any]]:
-        """Resets every sub-env (sub-env ``i`` with ``seeds[i]``)."""
+        """Resets every sub-env (sub-env ``i`` with ``seeds[i]``); with a restart policy,
+        one whose reset fails is recreated instead."""
         infos = []
         for buf in self.buffers:
             buf.completed[:] = False
-        for driver, seed in zip(self.drivers, seeds):
-            try:
-                infos.append(driver.reset(seed, options))
-            except Exception as err:
-                raise located(err, driver, "reset") from _cause(err)
+        for b, seed in enumerate(seeds):
+            infos.append(self._reset_row(b, seed, options))
         return infos
+
+    def _reset_row(self, b: int, seed: int | None, options: dict[str, Any] | None) -> dict:
+        driver = self.drivers[b]
+        try:
+            return driver.reset(seed, options)
+        except Exception as err:
+            error = located(err, driver, "reset")
+            if self.restart_policy is None:
+                raise error from _cause(err)
+            return self._restart(b, error)
 
     def step(self, actions: Sequence[Any]) -> MultiAgentStep:
         """One step of every sub-env; ``actions[g]`` is group ``g``'s ``[n, A_g, ...]``
         batch (only the acting agents' entries are read)."""
-        infos = []
+        infos: list[dict[str, Any]] = []
         same_step = not self.turn_based
         for buf in self.buffers:  # every row at once; the drivers set what they write
             buf.clear_step(same_step)
@@ -88,25 +135,120 @@ class SubEnvBlock:
         )
         env_done[:] = False
         unassigned_reward[:] = 0.0
+        errors: dict[int, BaseException] = {}
         for b, driver in enumerate(self.drivers):
             try:
                 done, reward, unassigned, info = driver.step(actions)
             except Exception as err:
-                raise located(err, driver, "step") from _cause(err)
+                error = located(err, driver, "step")
+                if self.restart_policy is None:
+                    raise error from _cause(err)
+                errors[b] = error
+                self._fail_row(b)
+                self._restart(b, error)
+                infos.append({})
+                continue
             env_reward[b] = reward
+            infos.append(info)
             if done:  # rare: written only then
                 env_done[b], unassigned_reward[b] = True, unassigned
-            infos.append(info)
-        return self.result(infos)
+                try:
+                    driver.reset(None, None)  # SAME_STEP
+                except Exception as err:
+                    error = located(err, driver, "reset")
+                    if self.restart_policy is None:
+                        raise error from _cause(err)
+                    errors[b] = error  # the step's transitions stay valid
+                    self._restart(b, error)
+        return self.result(infos, errors)
 
-    def result(self, infos: list[dict[str, Any]]) -> MultiAgentStep:
+    def _fail_row(self, b: int) -> None:
+        """Row ``b``'s step holds no transition (its outcomes are cleared)."""
+        self.env_reward[b] = 0.0
+        for buf in self.buffers:
+            buf.completed[b] = False
+            buf.reward[b] = 0.0
+            buf.terminated[b] = False
+            buf.truncated[b] = False
+
+    def _restart(self, b: int, cause: BaseException) -> dict[str, Any]:
+        """Replaces row ``b``'s sub-env by a new, reset one; returns its reset infos."""
+        assert self.restart_policy is not None and self.fns is not None  # internal
+        index = self.offset + b
+        close_quietly(self.envs[b])
+        factory = self.fns[b]
+
+        def attempt() -> tuple[Driver, dict[str, Any]]:
+            env = factory()
+            try:
+                self._check_agents(env, index)
+                driver = make_driver(env, b, self.layout)
+                return driver, driver.reset(None, None)
+            except BaseException:
+                close_quietly(env)
+                raise
+
+        def give_up(last: BaseException) -> BaseException:
+            return EnvError(
+                f"multi-agent sub-env {index} failed ({cause!r}) and could not be recreated: "
+                f"{self.restart_policy.max_attempts} attempts in a row failed, the last with "  # type: ignore[union-attr]
+                f"{last!r}. Fix the env factory, or raise RestartPolicy(max_attempts=...).",
+                index,
+            )
+
+        driver, info = retry(attempt, self.restart_policy, cause, give_up)
+        self.drivers[b], self.envs[b] = driver, driver.env
+        self.num_restarts += 1
+        return info
+
+    def result(
+        self, infos: list[dict[str, Any]], errors: dict[int, BaseException] | None = None
+    ) -> MultiAgentStep:
+        failed = None
+        if errors:
+            failed = self._failed
+            failed[:] = False
+            failed[[b for b, err in errors.items() if not self._reset_failure(b)]] = True
+            if not failed.any():
+                failed = None
         return MultiAgentStep(
             groups=self._groups_by_id,
             env_done=self.env_done,
             env_reward=self.env_reward,
             unassigned_reward=self.unassigned_reward,
             infos=infos,
+            failed=failed,
+            errors={self.offset + b: err for b, err in errors.items()} if errors else None,
         )
+
+    def _reset_failure(self, b: int) -> bool:
+        """Row ``b``'s error was its reset after a good step (the step stays valid)."""
+        return bool(self.env_done[b])
+
+    def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> dict:
+        """Resets sub-env ``index`` (global) alone; its reset infos."""
+        b = index - self.offset
+        for buf in self.buffers:
+            buf.completed[b] = False
+        return self._reset_row(b, seed, options)
+
+    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
+        results = []
+        for env in self.envs:
+            attr = getattr(env, name)
+            results.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return results
+
+    def get_attr(self, name: str) -> list[Any]:
+        return [getattr(env, name) for env in self.envs]
+
+    def set_attr(self, name: str, values: Sequence[Any]) -> None:
+        for env, value in zip(self.envs, values):
+            setattr(env, name, value)
+
+    def render(self) -> list[Any]:
+        return [env.render() for env in self.envs]
 
     def close(self) -> None:
         for env in self.envs:
@@ -124,7 +266,9 @@ def located(err: Exception, driver: Driver, call: str) -> Exception:
             err.env_index = driver.env_index  # type: ignore[attr-defined]
         return err
     agent = driver.env.agent_selection if isinstance(driver, AECDriver) else None
-    return SubEnvRaised(err, driver.env_index, call, agent if isinstance(agent, str) else None)
+    error = SubEnvRaised(err, driver.env_index, call, agent if isinstance(agent, str) else None)
+    error.__cause__ = err
+    return error
 
 
 def _cause(err: Exception) -> BaseException | None:

@@ -18,10 +18,14 @@ def agent_episode_ends(
     valid: np.ndarray,
     done: np.ndarray,
     t: int,
+    aborted: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Moves each agent's running return and length (``[B, A_g]``, updated in place)
     over steps ``[0, t)`` of ``[T, B, A_g]`` arrays; returns the agent episodes that
     ended there as arrays ``(slot, return, length)``, in (step, env, slot) order.
+
+    ``aborted`` (``[T, B]`` bool, None: never): the env's step failed, cutting every
+    agent's episode there as a fault: those episodes end without being returned.
 
     Vectorised over the steps, as :class:`~jaxrunner.sampling.episodes.EpisodeBook`
     does: an episode's return is the difference of running sums at its two ends."""
@@ -33,7 +37,10 @@ def agent_episode_ends(
     total = accumulate_rows(np.add, np.where(kept, reward[:t].reshape(t, per_row), 0.0))
     count = accumulate_rows(np.add, kept.astype(np.int64))
     before_r, before_l = running_return.reshape(-1), running_length.reshape(-1)
-    step, row = np.nonzero(kept & done[:t].reshape(t, per_row))  # (step, env, slot) order
+    ends = kept & done[:t].reshape(t, per_row)
+    if aborted is not None:  # a failed env step holds no transition: disjoint from ends
+        ends = ends | _per_agent(aborted[:t], shape[1])
+    step, row = np.nonzero(ends)  # (step, env, slot) order
     new_r, new_l = before_r + total[-1], before_l + count[-1]
     if len(step) == 0:
         running_return[...], running_length[...] = new_r.reshape(shape), new_l.reshape(shape)
@@ -51,15 +58,22 @@ def agent_episode_ends(
     new_r[row[last]] = total[-1, row[last]] - at_r[last]
     new_l[row[last]] = count[-1, row[last]] - at_l[last]
     running_return[...], running_length[...] = new_r.reshape(shape), new_l.reshape(shape)
-    return row % shape[1], at_r - prev_r, at_l - prev_l
+    good = kept[step, row]  # the aborted ends are faults: not reported
+    return row[good] % shape[1], (at_r - prev_r)[good], (at_l - prev_l)[good]
 
 
 def agent_steps(
-    length: np.ndarray, valid: np.ndarray, done: np.ndarray, t: int, out: np.ndarray
+    length: np.ndarray,
+    valid: np.ndarray,
+    done: np.ndarray,
+    t: int,
+    out: np.ndarray,
+    aborted: np.ndarray | None = None,
 ) -> None:
     """Writes into ``out[:t]`` (``[T, B, A_g]``) each valid transition's index within its
     agent episode, given each agent's episode length so far (``length``, ``[B, A_g]``;
-    not changed); invalid slots get 0. Vectorised over the steps."""
+    not changed); invalid slots get 0. ``aborted`` as for :func:`agent_episode_ends`.
+    Vectorised over the steps."""
     if t == 0:
         return
     per_row = length.size
@@ -67,10 +81,18 @@ def agent_steps(
     count = accumulate_rows(np.add, kept.astype(np.int64))  # valid transitions up to and at s
     # The count where each row's current episode began: -length before the sample, then
     # the count at its latest end before s (counts only grow, so a running maximum).
-    began = np.where(kept & done[:t].reshape(t, per_row), count, np.iinfo(np.int64).min)
+    ends = kept & done[:t].reshape(t, per_row)
+    if aborted is not None:
+        ends = ends | _per_agent(aborted[:t], length.shape[1])
+    began = np.where(ends, count, np.iinfo(np.int64).min)
     began = accumulate_rows(np.maximum, np.concatenate([-length.reshape(1, per_row), began[:-1]]))
     steps = np.where(kept, count - kept - began, 0)
     out[:t] = steps.reshape(out[:t].shape)
+
+
+def _per_agent(env_mask: np.ndarray, num_agents: int) -> np.ndarray:
+    """A ``[t, B]`` env mask as ``[t, B * A_g]`` agent rows (env-major, as the buffers)."""
+    return np.repeat(env_mask, num_agents, axis=1)
 
 
 __all__ = ["agent_episode_ends", "agent_steps"]

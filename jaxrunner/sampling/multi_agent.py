@@ -106,6 +106,8 @@ class _GroupSampler:
         self._all_rows = np.arange(self.rows, dtype=np.int32)
         self.pending: Any = None
         self.acting = np.zeros(shape, np.bool_)
+        self.awaiting = np.zeros(shape, np.bool_)
+        """AEC envs: agents whose last action's transition has not completed yet."""
         self._acting_rows = self.acting.reshape(-1)  # a view
         self.all_acting = False
         """Every agent of every env acts at this step (the masks can be skipped)."""
@@ -156,6 +158,8 @@ class _GroupSampler:
         _put(action_dst, _leaves(action), slot, mask)
         _put(extras_dst, [x.reshape(*shape, *x.shape[1:]) for x in extras], slot, mask)
         self.env_action = env_action if self.clip is None else self.clip(env_action)
+        if not self.same_step:
+            np.logical_or(self.awaiting, acting, out=self.awaiting)
 
     def record(self, out: GroupBuffers, traj: GroupTrajectory, t: int) -> None:
         """Writes the transitions completed at step ``t`` into slot ``t``."""
@@ -174,6 +178,8 @@ class _GroupSampler:
         traj.terminated[t] = out.terminated
         traj.truncated[t] = out.truncated
         traj.valid[t] = done  # agent_step is filled in at close()
+        if not self.same_step:
+            self.awaiting &= ~done
 
     def allocate(self, num_steps: int) -> GroupTrajectory:
         shape = (num_steps, self.num_envs, self.group.num_agents)
@@ -194,14 +200,27 @@ class _GroupSampler:
             agent_step=np.zeros(shape, np.int64),
         )
 
-    def close(self, traj: GroupTrajectory, t: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def drop(self, failed: np.ndarray) -> int:
+        """Envs ``failed`` (``[B]`` bool) failed their step: the actions of their agents
+        that no transition will carry (those just taken, and in AEC envs those still
+        waiting for their next turn) are dropped; returns how many."""
+        if self.same_step:
+            return int(np.count_nonzero(self.acting[failed]))
+        dropped = int(np.count_nonzero(self.awaiting[failed]))
+        self.awaiting[failed] = False
+        return dropped
+
+    def close(
+        self, traj: GroupTrajectory, t: int, aborted: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Fills in ``agent_step`` for steps ``[0, t)``; returns the agent episodes that
-        ended there: ``(slot, return, length)``."""
+        ended there: ``(slot, return, length)``. ``aborted`` (``[T, B]``, None: none):
+        envs whose step failed, cutting their agents' episodes as faults."""
         done = traj.terminated | traj.truncated
         # An agent's step index is its running episode length before the transition.
-        agent_steps(self.running_length, traj.valid, done, t, out=traj.agent_step)
+        agent_steps(self.running_length, traj.valid, done, t, traj.agent_step, aborted)
         return agent_episode_ends(
-            self.running_return, self.running_length, traj.reward, traj.valid, done, t
+            self.running_return, self.running_length, traj.reward, traj.valid, done, t, aborted
         )
 
 
@@ -338,6 +357,11 @@ class MultiAgentSampler:
             gs.record(out.groups[pid], traj.groups[pid], t)
         env_level.reward[t] = out.env_reward
         env_level.terminated[t] = out.env_done
+        if out.failed is not None:  # faults: their episodes end, their actions are dropped
+            env_level.valid[t] = ~out.failed
+            self.metrics.num_dropped_agent_steps += sum(
+                gs.drop(out.failed) for gs in self.groups.values()
+            )
         self._unassigned[t] = out.unassigned_reward
         self._last = out
         perf["obs_processing_ms"] += time.perf_counter() - tick
@@ -347,10 +371,12 @@ class MultiAgentSampler:
     ) -> MultiAgentTrajectory:
         self.metrics.add(self._book.close(env_level, t))  # type: ignore[arg-type]
         self.metrics.unassigned_reward += float(self._unassigned[:t].sum())
+        valid = env_level.valid[:t]
+        aborted = None if valid.all() else ~valid
         for pid, gs in self.groups.items():
             group = traj.groups[pid]
             steps = np.count_nonzero(group.valid[:t], axis=(0, 1))
-            self.metrics.add_group_counts(pid, steps, gs.close(group, t))
+            self.metrics.add_group_counts(pid, steps, gs.close(group, t, aborted))
         if t == self.rollout_length:
             return traj
         return jax.tree.map(lambda x: x[:t], traj)
