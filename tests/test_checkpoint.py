@@ -127,6 +127,21 @@ def test_sample_episodes_resumes_with_its_fragments(gru, tmp_path):
         assert_trees_equal(got, want, f"episode {want.episode_id}")
 
 
+def test_jax_env_sample_episodes_resumes(tmp_path):
+    """Episodes kept by a scan runner (float32 rewards, int32 actions) restore too."""
+    path = tmp_path / "runner.ckpt"
+    with walk_runner() as runner:
+        runner.sample_episodes(3)
+        assert runner._fragments
+        runner.save(path)
+        whole = runner.sample_episodes(3)
+    with walk_runner() as resumed:
+        resumed.restore(path)
+        tail = resumed.sample_episodes(3)
+    for got, want in zip(tail, whole, strict=True):
+        assert_trees_equal(got, want, f"episode {want.episode_id}")
+
+
 def test_the_file_loads_without_pickle(gru, tmp_path):
     path = tmp_path / "runner.ckpt"
     with cartpole_runner(gru) as runner:

@@ -13,10 +13,11 @@ header checked before memory is allocated) and checked against the runner it is 
   id, so new episodes never reuse one; step counts in range; returns finite);
 - the metrics: counters non-negative, timers finite and non-negative, the return and
   length windows finite, of one length;
-- the kept episodes: the observation and action spaces' structure and shapes, ``L + 1``
-  observations for ``L`` steps, finite rewards, one extras structure, ids below the
-  next free id, unfinished ones (fragments) in their env's current episode and
-  finished ones complete;
+- the kept episodes: the observation and action spaces' structure and shapes (the
+  observations' dtypes too), ``L + 1`` observations for ``L`` steps, finite rewards,
+  one dtype per field and one extras structure across them, ids below the next free id,
+  unfinished ones (fragments) in their env's current episode and finished ones
+  complete;
 - the sub-env pickles, only when the caller opted in: one ``uint8`` array per sub-env.
 
 Nothing is applied to the runner here; every failure is an
@@ -381,7 +382,7 @@ class CheckpointFile:
         if any(not all(isinstance(p, str) for p in path) for path in extras_paths):
             raise self._error(f"has {where}.extras with a non-string key")
         name = array_name(base, ["reward"])
-        reward = npz.read(name, name, "f", _leading((), np.dtype(np.float64), None))
+        reward = npz.read(name, name, "f", _leading((), None, None))
         self._require(np.isfinite(reward).all(), name, "not finite")
         steps = len(reward)
 
@@ -435,8 +436,8 @@ class CheckpointFile:
                 )
                 if signature is not None and sig != signature:
                     raise self._error(
-                        f"has {where}[{k}] whose actions or extras differ in structure, dtype "
-                        "or shape from the other kept episodes'"
+                        f"has {where}[{k}] whose rewards, actions or extras differ in structure, "
+                        "dtype or shape from the other kept episodes'"
                     )
                 signature = sig
         envs_with = [e.env_id for e in fragments]
