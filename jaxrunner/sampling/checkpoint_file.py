@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 FORMAT = "jaxrunner.EnvRunner checkpoint"
 VERSION = 1
 META = "__meta__"
-MAX_META_BYTES = 1 << 28
+MAX_META_BYTES = 1 << 26
 """The most bytes the JSON metadata may take in the file (4 per character)."""
 MAX_RESTORE_BYTES = 1 << 33
 """The most bytes a checkpoint's arrays may take in memory (8 GiB)."""
