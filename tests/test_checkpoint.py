@@ -504,3 +504,27 @@ def test_restore_refuses_pickles_that_are_not_envs(gru, saved, tmp_path, thing):
         assert_trees_equal(runner_state(runner), before, "runner")
         traj = runner.sample()  # the original sub-envs still step
     assert traj.valid.all()
+
+
+class FailingReset(gymnasium.Wrapper):
+    """Resets once (the runner's own first reset); every later reset raises."""
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        super().__init__(env)
+        self.resets = 0
+
+    def reset(self, **kwargs):
+        self.resets += 1
+        if self.resets > 1:
+            raise RuntimeError("this env resets once")
+        return self.env.reset(**kwargs)
+
+
+def test_restore_undoes_the_sampler_state_when_the_fresh_resets_fail(gru, saved):
+    """Without the pickles every env restarts; when that fails, the sampler keeps the
+    state it had and nothing else is applied."""
+    with cartpole_runner(gru, env_fn=lambda: FailingReset(short_cartpole())) as runner:
+        before = runner_state(runner)
+        with pytest.raises(jr.errors.EnvError):
+            runner.restore(saved)
+        assert_trees_equal(runner_state(runner), before, "runner")
