@@ -2,8 +2,9 @@
 
 Minari is the Farama Foundation's format for offline RL datasets (the successor of
 D4RL): :func:`to_minari` writes :class:`~jaxrunner.Episode`\\ s as a dataset that
-``minari.load_dataset`` opens, and :func:`from_minari` reads any Minari dataset back
-as Episodes.
+``minari.load_dataset`` opens, and :func:`from_minari` reads a Minari dataset back
+as Episodes, trusting its files as data only (it never imports or calls what a dataset
+names, unless told to by name) and refusing inconsistent episodes.
 
 Per episode Minari stores ``L + 1`` observations (the reset observation to the true
 final one), ``L`` actions, rewards and separate ``terminations`` / ``truncations``,
@@ -27,8 +28,16 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.errors import InvalidArgumentError, MissingDependencyError
+from jaxrunner.errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    MissingDependencyError,
+)
 from jaxrunner.trajectory import Episode
+
+MAX_METADATA_BYTES = 1 << 26
+"""The most bytes a dataset's ``metadata.json`` may take (:func:`from_minari`)."""
+_SPACE_KEYS = ("observation_space", "action_space")
 
 
 def _minari() -> Any:
@@ -145,7 +154,7 @@ def from_minari(
         trusted_entry_point: for a dataset whose metadata lacks its spaces: the entry
             point (``"package.module:EnvClass"``) of its ``env_spec`` you trust; the
             env is made once, to read its spaces. Refused when the dataset names
-            another one or wrappers.
+            another one or wrappers. Only for a dataset id.
 
     Returns:
         One Episode per dataset episode, in order: ``obs`` ``[L + 1]`` (the reset
@@ -163,6 +172,11 @@ def from_minari(
             the episode and the field.
     """
     _minari()
+    if trusted_entry_point is not None and not isinstance(trusted_entry_point, str):
+        raise InvalidArgumentTypeError(
+            f"from_minari(trusted_entry_point={trusted_entry_point!r}): expected None or a "
+            'string naming an entry point ("package.module:EnvClass").'
+        )
     if isinstance(dataset, str):
         name = repr(dataset)
         storage, obs_space, action_space, total = _open_local(dataset, trusted_entry_point)
@@ -174,9 +188,10 @@ def from_minari(
         episode_indices = range(total) if isinstance(dataset, str) else dataset.episode_indices
     indices = [_index(i, total, name) for i in episode_indices]
     episodes = []
-    reader = iter(storage.get_episodes(indices))
+    reader = None
     for index in indices:
         try:
+            reader = reader or iter(storage.get_episodes(indices))
             data = next(reader)
         except Exception as err:  # Minari's readers raise anything on damaged files
             raise InvalidArgumentError(
@@ -186,10 +201,6 @@ def from_minari(
         check = _EpisodeCheck(f"from_minari({name}): episode {index}")
         episodes.append(check.episode(data, index, obs_space, action_space))
     return episodes
-
-
-MAX_METADATA_BYTES = 1 << 26
-"""The most bytes a dataset's ``metadata.json`` may take."""
 
 
 def _open_local(
@@ -233,10 +244,10 @@ def _open_local(
         raise InvalidArgumentError(
             f"{where}: metadata.json has total_episodes={total!r}; expected an int >= 0."
         )
-    stored = {key: _stored_space(metadata, key, where) for key in SPACE_KEYS}
+    stored = {key: _stored_space(metadata, key, where) for key in _SPACE_KEYS}
     if None in stored.values():
         made = _spaces_from_env_spec(metadata, trusted_entry_point, where, stored)
-        stored = {key: stored[key] or made[key] for key in SPACE_KEYS}
+        stored = {key: stored[key] or made[key] for key in _SPACE_KEYS}
     try:
         storage = get_minari_storage(fmt)(
             data_path,
@@ -250,9 +261,6 @@ def _open_local(
             "dataset is damaged; download or write it again."
         ) from err
     return storage, stored["observation_space"], stored["action_space"], total
-
-
-SPACE_KEYS = ("observation_space", "action_space")
 
 
 def _stored_space(metadata: dict[str, Any], key: str, where: str) -> spaces.Space | None:
@@ -282,7 +290,7 @@ def _spaces_from_env_spec(
 ) -> dict[str, spaces.Space]:
     """The spaces of the env the dataset's ``env_spec`` names, made only if its entry
     point is ``trusted`` (and no wrapper is named)."""
-    missing = [key for key in SPACE_KEYS if stored[key] is None]
+    missing = [key for key in _SPACE_KEYS if stored[key] is None]
     try:
         spec = json.loads(metadata["env_spec"])
         entry_point = spec["entry_point"]
@@ -305,7 +313,13 @@ def _spaces_from_env_spec(
         )
     from gymnasium.envs.registration import EnvSpec
 
-    env = gymnasium.make(EnvSpec.from_json(metadata["env_spec"]))
+    try:
+        env = gymnasium.make(EnvSpec.from_json(metadata["env_spec"]))
+    except Exception as err:  # the spec's fields or the trusted env itself
+        raise InvalidArgumentError(
+            f"{where}: making the env of its env_spec (entry point {entry_point!r}, trusted) "
+            f"failed ({type(err).__name__}: {err}); write the dataset again with its spaces."
+        ) from err
     try:
         return {"observation_space": env.observation_space, "action_space": env.action_space}
     finally:
@@ -490,4 +504,4 @@ def _cast(action: Any, space: spaces.Space) -> Any:
     return np.asarray(action).astype(space.dtype, copy=False)
 
 
-__all__ = ["from_minari", "to_minari"]
+__all__ = ["MAX_METADATA_BYTES", "from_minari", "to_minari"]
