@@ -2,8 +2,9 @@
 
 Minari is the Farama Foundation's format for offline RL datasets (the successor of
 D4RL): :func:`to_minari` writes :class:`~jaxrunner.Episode`\\ s as a dataset that
-``minari.load_dataset`` opens, and :func:`from_minari` reads any Minari dataset back
-as Episodes.
+``minari.load_dataset`` opens, and :func:`from_minari` reads a Minari dataset back
+as Episodes, trusting its files as data only (it never imports or calls what a dataset
+names, unless told to by name) and refusing inconsistent episodes.
 
 Per episode Minari stores ``L + 1`` observations (the reset observation to the true
 final one), ``L`` actions, rewards and separate ``terminations`` / ``truncations``,
@@ -17,16 +18,26 @@ policy's outputs for the action taken at each observation (``log_prob``,
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import gymnasium
 import jax
 import numpy as np
 from gymnasium import spaces
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.errors import InvalidArgumentError, MissingDependencyError
+from jaxrunner.errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    MissingDependencyError,
+)
 from jaxrunner.trajectory import Episode
+
+MAX_METADATA_BYTES = 1 << 26
+"""The most bytes a dataset's ``metadata.json`` may take (:func:`from_minari`)."""
+_SPACE_KEYS = ("observation_space", "action_space")
 
 
 def _minari() -> Any:
@@ -119,13 +130,31 @@ def to_minari(
     return minari.create_dataset_from_buffers(dataset_id, buffers, **options)
 
 
-def from_minari(dataset: Any, episode_indices: Sequence[int] | None = None) -> list[Episode]:
-    """Reads a Minari dataset's episodes as :class:`~jaxrunner.Episode`\\ s.
+def from_minari(
+    dataset: Any,
+    episode_indices: Sequence[int] | None = None,
+    *,
+    trusted_entry_point: str | None = None,
+) -> list[Episode]:
+    """Reads a Minari dataset's episodes as :class:`~jaxrunner.Episode`\\ s, checking each.
+
+    A dataset id is opened without running anything the dataset names: its
+    ``metadata.json`` is read as data (within :data:`MAX_METADATA_BYTES`) and the spaces
+    are rebuilt from the serialized ``observation_space`` and ``action_space`` stored in
+    it (Minari's own format, which names no code). A dataset without them names an env
+    (``env_spec``) whose entry point Minari would import and call to learn the spaces;
+    that happens only when the caller names the same entry point in
+    ``trusted_entry_point``. A ``minari.MinariDataset`` you pass was opened by Minari
+    (``minari.load_dataset``), which may already have done so.
 
     Args:
-        dataset: a ``minari.MinariDataset`` or a dataset id (loaded with
-            ``minari.load_dataset``; downloads are left to you).
+        dataset: a dataset id of a local dataset (downloads are left to you:
+            ``minari.download_dataset(id)``), or a ``minari.MinariDataset``.
         episode_indices: which episodes (Minari's indices); all by default.
+        trusted_entry_point: for a dataset whose metadata lacks its spaces: the entry
+            point (``"package.module:EnvClass"``) of its ``env_spec`` you trust; the
+            env is made once, to read its spaces. Refused when the dataset names
+            another one or wrappers. Only for a dataset id.
 
     Returns:
         One Episode per dataset episode, in order: ``obs`` ``[L + 1]`` (the reset
@@ -133,30 +162,319 @@ def from_minari(dataset: Any, episode_indices: Sequence[int] | None = None) -> l
         ``truncated`` as stored, ``extras`` as written by :func:`to_minari` (empty for
         other datasets), ``env_id`` and ``episode_id`` as written by
         :func:`to_minari` (else 0 and Minari's index).
+
+    Raises:
+        InvalidArgumentError: the dataset is missing, its metadata is unreadable or
+            lacks its spaces (and no matching ``trusted_entry_point``), an index is out
+            of range, or an episode is inconsistent: ``L + 1`` observations and ``L``
+            actions, rewards and flags, in the spaces, finite rewards, the episode ended
+            at its last step only, ``infos`` rows per observation. The message names
+            the episode and the field.
     """
-    minari = _minari()
-    if isinstance(dataset, str):
-        dataset = minari.load_dataset(dataset)
-    indices = range(dataset.total_episodes) if episode_indices is None else episode_indices
-    episodes = []
-    for data in dataset.iterate_episodes(list(indices)):
-        infos = data.infos or {}
-        length = len(data.rewards)
-        # The final row belongs to the final observation, where no action was taken.
-        extras = jax.tree.map(lambda x, n=length: np.asarray(x)[:n], dict(infos.get("extras", {})))
-        episodes.append(
-            Episode(
-                obs=data.observations,
-                action=data.actions,
-                reward=np.asarray(data.rewards, np.float64),
-                extras=extras,
-                terminated=bool(length and data.terminations[-1]),
-                truncated=bool(length and data.truncations[-1]),
-                episode_id=int(infos["episode_id"][0]) if "episode_id" in infos else data.id,
-                env_id=int(infos["env_id"][0]) if "env_id" in infos else 0,
-            )
+    _minari()
+    if trusted_entry_point is not None and not isinstance(trusted_entry_point, str):
+        raise InvalidArgumentTypeError(
+            f"from_minari(trusted_entry_point={trusted_entry_point!r}): expected None or a "
+            'string naming an entry point ("package.module:EnvClass").'
         )
+    if isinstance(dataset, str):
+        name = repr(dataset)
+        storage, obs_space, action_space, total = _open_local(dataset, trusted_entry_point)
+    else:
+        name = f"<{type(dataset).__name__}>"
+        storage, total = dataset.storage, int(dataset.storage.total_episodes)
+        obs_space, action_space = dataset.observation_space, dataset.action_space
+    if episode_indices is None:
+        episode_indices = range(total) if isinstance(dataset, str) else dataset.episode_indices
+    indices = [_index(i, total, name) for i in episode_indices]
+    episodes = []
+    reader = None
+    for index in indices:
+        try:
+            reader = reader or iter(storage.get_episodes(indices))
+            data = next(reader)
+        except Exception as err:  # Minari's readers raise anything on damaged files
+            raise InvalidArgumentError(
+                f"from_minari({name}): episode {index} cannot be read ({type(err).__name__}: "
+                f"{err}). The dataset is damaged; download or write it again."
+            ) from err
+        check = _EpisodeCheck(f"from_minari({name}): episode {index}")
+        episodes.append(check.episode(data, index, obs_space, action_space))
     return episodes
+
+
+def _open_local(
+    dataset_id: str, trusted_entry_point: str | None
+) -> tuple[Any, spaces.Space, spaces.Space, int]:
+    """The storage, spaces and episode count of the local dataset ``dataset_id``, read
+    from its metadata as data."""
+    from minari.dataset._storages import get_minari_storage, get_storage_keys
+    from minari.storage import get_dataset_path
+
+    where = f"from_minari({dataset_id!r})"
+    data_path = get_dataset_path(dataset_id) / "data"
+    meta_path = data_path / "metadata.json"
+    try:
+        size = meta_path.stat().st_size
+        if size > MAX_METADATA_BYTES:
+            raise InvalidArgumentError(
+                f"{where}: {meta_path} is {size} bytes; the limit is {MAX_METADATA_BYTES} "
+                "(jaxrunner.datasets.MAX_METADATA_BYTES)."
+            )
+        metadata = json.loads(meta_path.read_text(encoding="utf-8"))
+    except FileNotFoundError as err:
+        raise InvalidArgumentError(
+            f"{where}: no local dataset at {data_path} (no metadata.json). from_minari never "
+            "downloads: minari.download_dataset(id) first, or check $MINARI_DATASETS_PATH."
+        ) from err
+    except (OSError, ValueError, RecursionError) as err:
+        raise InvalidArgumentError(
+            f"{where}: {meta_path} is not readable JSON ({type(err).__name__}: {err}). The "
+            "dataset is damaged; download or write it again."
+        ) from err
+    if not isinstance(metadata, dict):
+        raise InvalidArgumentError(f"{where}: {meta_path} is not a JSON object.")
+    fmt = metadata.get("data_format")
+    if fmt not in get_storage_keys():
+        raise InvalidArgumentError(
+            f"{where}: metadata.json has data_format={fmt!r}; expected one of {get_storage_keys()}."
+        )
+    total = metadata.get("total_episodes")
+    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+        raise InvalidArgumentError(
+            f"{where}: metadata.json has total_episodes={total!r}; expected an int >= 0."
+        )
+    stored = {key: _stored_space(metadata, key, where) for key in _SPACE_KEYS}
+    if None in stored.values():
+        made = _spaces_from_env_spec(metadata, trusted_entry_point, where, stored)
+        stored = {key: stored[key] or made[key] for key in _SPACE_KEYS}
+    try:
+        storage = get_minari_storage(fmt)(
+            data_path,
+            stored["observation_space"],
+            stored["action_space"],
+            jpeg_encoding=bool(metadata.get("jpeg_encoding", True)),
+        )
+    except Exception as err:  # the storage class opens its files: anything on damage
+        raise InvalidArgumentError(
+            f"{where}: its {fmt} data cannot be opened ({type(err).__name__}: {err}). The "
+            "dataset is damaged; download or write it again."
+        ) from err
+    return storage, stored["observation_space"], stored["action_space"], total
+
+
+def _stored_space(metadata: dict[str, Any], key: str, where: str) -> spaces.Space | None:
+    """The space serialized under ``key`` (Minari's JSON: a type name and numbers;
+    nothing is imported), or None where the metadata has none."""
+    from minari.serialization import deserialize_space
+
+    text = metadata.get(key)
+    if text is None:
+        return None
+    try:
+        if not isinstance(text, str):
+            raise TypeError(f"a {type(text).__name__}, not a string")
+        space = deserialize_space(text)
+        if not isinstance(space, spaces.Space):
+            raise TypeError(f"a {type(space).__name__}")
+    except Exception as err:  # any part of the JSON may be wrong: its type, numbers, dtype
+        raise InvalidArgumentError(
+            f"{where}: metadata.json's {key} is not a serialized space "
+            f"({type(err).__name__}: {err}). The dataset is damaged; write it again."
+        ) from err
+    return space
+
+
+def _spaces_from_env_spec(
+    metadata: dict[str, Any], trusted: str | None, where: str, stored: dict[str, Any]
+) -> dict[str, spaces.Space]:
+    """The spaces of the env the dataset's ``env_spec`` names, made only if its entry
+    point is ``trusted`` (and no wrapper is named)."""
+    missing = [key for key in _SPACE_KEYS if stored[key] is None]
+    try:
+        spec = json.loads(metadata["env_spec"])
+        entry_point = spec["entry_point"]
+        wrappers = spec.get("additional_wrappers") or []
+    except Exception as err:  # absent, not JSON, not an object: no env to name
+        raise InvalidArgumentError(
+            f"{where}: metadata.json has no {' or '.join(missing)} and no readable env_spec "
+            "to rebuild them from. Write the dataset again with its spaces (to_minari and "
+            "Minari's DataCollector store them)."
+        ) from err
+    if trusted is None or entry_point != trusted or wrappers:
+        named = "" if not wrappers else f" and the wrappers {wrappers!r}"
+        raise InvalidArgumentError(
+            f"{where}: metadata.json has no {' or '.join(missing)}; they would come from "
+            f"making the env its env_spec names (entry point {entry_point!r}{named}), which "
+            "imports and runs that code. from_minari does so only when you name the entry "
+            f"point: from_minari(..., trusted_entry_point={entry_point!r}) if you trust it "
+            "(no wrappers), else write the dataset again with its spaces "
+            f"(trusted_entry_point was {trusted!r})."
+        )
+    from gymnasium.envs.registration import EnvSpec
+
+    try:
+        env = gymnasium.make(EnvSpec.from_json(metadata["env_spec"]))
+    except Exception as err:  # the spec's fields or the trusted env itself
+        raise InvalidArgumentError(
+            f"{where}: making the env of its env_spec (entry point {entry_point!r}, trusted) "
+            f"failed ({type(err).__name__}: {err}); write the dataset again with its spaces."
+        ) from err
+    try:
+        return {"observation_space": env.observation_space, "action_space": env.action_space}
+    finally:
+        env.close()
+
+
+def _index(index: Any, total: int, name: str) -> int:
+    if isinstance(index, bool) or not isinstance(index, int | np.integer) or index < 0:
+        raise InvalidArgumentError(
+            f"from_minari({name}, episode_indices=...): expected ints >= 0, got {index!r}."
+        )
+    if index >= total:
+        raise InvalidArgumentError(
+            f"from_minari({name}, episode_indices=...): episode {index} is out of range; the "
+            f"dataset has {total} episodes."
+        )
+    return int(index)
+
+
+class _EpisodeCheck:
+    """Checks one stored episode (Minari's dict of its fields) and builds its Episode;
+    errors name the episode (``where``) and the field."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def error(self, field: str, problem: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"{self.where}, field {field}: {problem}. The episode is inconsistent and is "
+            "refused; write the dataset again from complete episodes."
+        )
+
+    def episode(
+        self, data: Any, index: int, obs_space: spaces.Space, action_space: spaces.Space
+    ) -> Episode:
+        if not isinstance(data, Mapping):
+            raise self.error("(all)", f"expected Minari's episode dict, got {type(data).__name__}")
+        reward = self.numeric(data.get("rewards"), "rewards", "biuf")
+        if reward.ndim != 1:
+            raise self.error("rewards", f"expected [L], got shape {list(reward.shape)}")
+        bad = np.flatnonzero(~np.isfinite(reward))
+        if len(bad):
+            raise self.error("rewards", f"step {bad[0]} is {reward[bad[0]]}; expected finite")
+        steps = len(reward)
+        ends = [self.flags(data.get(key), key, steps) for key in ("terminations", "truncations")]
+        obs = self.in_space(data.get("observations"), obs_space, steps + 1, "observations")
+        action = self.in_space(data.get("actions"), action_space, steps, "actions")
+        infos = data.get("infos") or {}
+        if not isinstance(infos, Mapping):
+            raise self.error("infos", f"expected a dict, got {type(infos).__name__}")
+        # The final row belongs to the final observation, where no action was taken.
+        extras = self.rows(infos.get("extras", {}), steps + 1, "infos.extras")
+        return Episode(
+            obs=obs,
+            action=action,
+            reward=reward.astype(np.float64),
+            extras=jax.tree.map(lambda x: x[:steps], extras),
+            terminated=bool(steps and ends[0][-1]),
+            truncated=bool(steps and ends[1][-1]),
+            episode_id=self.constant(infos, "episode_id", steps + 1, index),
+            env_id=self.constant(infos, "env_id", steps + 1, 0),
+        )
+
+    def numeric(self, value: Any, field: str, kinds: str) -> np.ndarray:
+        array = np.asarray(value) if isinstance(value, np.ndarray | list | tuple) else None
+        if array is None or array.dtype.kind not in kinds:
+            got = type(value).__name__ if array is None else str(array.dtype)
+            raise self.error(field, f"expected an array of dtype kind {kinds!r}, got {got}")
+        return array
+
+    def flags(self, value: Any, field: str, steps: int) -> np.ndarray:
+        flags = self.numeric(value, field, "biu")
+        if flags.shape != (steps,) or not np.isin(flags, (0, 1)).all():
+            raise self.error(
+                field,
+                f"expected [{steps}] flags (one per reward), got {flags.dtype}{list(flags.shape)}",
+            )
+        early = np.flatnonzero(flags[:-1])
+        if len(early):
+            raise self.error(
+                field, f"the episode ends at step {early[0]}, before its last step {steps - 1}"
+            )
+        return flags.astype(np.bool_)
+
+    def in_space(self, value: Any, space: spaces.Space, rows: int, field: str) -> Any:
+        """``value``: ``rows`` rows of ``space``, each in it."""
+        if isinstance(space, spaces.Dict):
+            if not isinstance(value, Mapping) or set(value) != set(space.spaces):
+                got = sorted(value) if isinstance(value, Mapping) else type(value).__name__
+                raise self.error(field, f"expected the keys {sorted(space.spaces)}, got {got}")
+            return {
+                k: self.in_space(value[k], sub, rows, f"{field}.{k}") for k, sub in space.items()
+            }
+        if isinstance(space, spaces.Tuple):
+            if not isinstance(value, tuple | list) or len(value) != len(space.spaces):
+                raise self.error(field, f"expected a tuple of {len(space.spaces)} parts")
+            return tuple(
+                self.in_space(v, sub, rows, f"{field}[{i}]")
+                for i, (v, sub) in enumerate(zip(value, space.spaces))
+            )
+        array = self.numeric(value, field, "biuf")
+        if array.shape != (rows, *space.shape):
+            raise self.error(
+                field,
+                f"expected {rows} rows of shape {list(space.shape)}, got "
+                f"{array.dtype}{list(array.shape)}",
+            )
+        inside = _rows_in_space(array, space)
+        if not inside.all():
+            row = int(np.flatnonzero(~inside)[0])
+            raise self.error(field, f"row {row} ({array[row]!r}) is outside {space}")
+        return array
+
+    def rows(self, tree: Any, rows: int, field: str) -> Any:
+        """A dict tree of arrays of ``rows`` rows (numeric)."""
+        if isinstance(tree, Mapping):
+            return {k: self.rows(v, rows, f"{field}.{k}") for k, v in tree.items()}
+        array = self.numeric(tree, field, "biufc")
+        if array.ndim < 1 or len(array) != rows:
+            raise self.error(field, f"expected {rows} rows (one per observation), got shape "
+                             f"{list(array.shape)}")  # fmt: skip
+        return array
+
+    def constant(self, infos: Mapping[str, Any], key: str, rows: int, default: int) -> int:
+        """``infos[key]``: one int >= 0 repeated on every row (``default`` if absent)."""
+        if key not in infos:
+            return default
+        array = self.numeric(infos[key], f"infos.{key}", "iu")
+        if array.shape != (rows,) or (array != array[:1]).any() or (array < 0).any():
+            raise self.error(
+                f"infos.{key}",
+                f"expected one int >= 0 on each of {rows} rows, got "
+                f"{array.dtype}{list(array.shape)}",
+            )
+        return int(array[0])
+
+
+def _rows_in_space(array: np.ndarray, space: spaces.Space) -> np.ndarray:
+    """Which rows of ``array`` (``[n, *space.shape]``) lie in ``space``."""
+    axes = tuple(range(1, array.ndim))
+    if isinstance(space, spaces.Box):
+        if np.issubdtype(space.dtype, np.integer) and array.dtype.kind == "f":
+            return np.zeros(len(array), np.bool_)  # fractions in an integer Box
+        inside = (array >= space.low) & (array <= space.high)  # NaN: outside
+    elif isinstance(space, spaces.Discrete):
+        inside = (array >= space.start) & (array < space.start + space.n)
+    elif isinstance(space, spaces.MultiDiscrete):
+        inside = (array >= space.start) & (array < space.start + space.nvec)
+    elif isinstance(space, spaces.MultiBinary):
+        inside = (array == 0) | (array == 1)
+    else:
+        return np.array([space.contains(row) for row in array], np.bool_)
+    if not isinstance(space, spaces.Box) and array.dtype.kind == "f":
+        inside &= array == np.round(array)
+    return np.all(inside, axis=axes) if axes else inside
 
 
 def _final_flag(length: int, value: bool) -> np.ndarray:
@@ -186,4 +504,4 @@ def _cast(action: Any, space: spaces.Space) -> Any:
     return np.asarray(action).astype(space.dtype, copy=False)
 
 
-__all__ = ["from_minari", "to_minari"]
+__all__ = ["MAX_METADATA_BYTES", "from_minari", "to_minari"]

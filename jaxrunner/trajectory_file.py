@@ -3,29 +3,27 @@
 A file written by ``Trajectory.save`` is a zip of ``.npy`` members: ``__spec__``
 (JSON: the format, its version, and each field's tree of dicts, tuples, ``None``
 and array names) and one member per array. :class:`TrajectoryFile` reads the spec
-within :data:`MAX_SPEC_BYTES`, then only the members it names, each checked against
-its own header (plain numeric dtype, byte count matching its shape) before memory is
-allocated, within a total byte cap; then it checks the fields against each other.
+within :data:`MAX_SPEC_BYTES`, then only the members it names, each once (one member
+backs one field), checked against its own header before memory is allocated, within a
+total byte cap (the bounded reader, :mod:`jaxrunner.npz_reader`); then it checks the
+fields against each other.
 Every failure is an :class:`~jaxrunner.errors.InvalidArgumentError` naming the field.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import zipfile
 from typing import Any
 
 import numpy as np
 
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.npz_reader import NpzReader
 
 MAX_SPEC_BYTES = 1 << 20
 """The most bytes the JSON spec may take."""
 MAX_TREE_DEPTH = 32
 """The deepest a field's tree may nest."""
-_NUMERIC_KINDS = "biufc"
 # Each field's leading shape [T, B] and the dtype kinds it may have (None: any numeric).
 _FIELD_KINDS: dict[str, str | None] = {
     "obs": None,
@@ -61,18 +59,13 @@ class TrajectoryFile:
     ) -> None:
         self.path = path
         self._format, self._version = expected_format, expected_version
-        self._left = math.inf if max_bytes is None else max_bytes
-        try:
-            self._zip = zipfile.ZipFile(path)
-        except (OSError, zipfile.BadZipFile, ValueError) as err:
-            raise self._error(f"cannot be opened as a .npz (zip) file ({err})") from err
-        self._members = {info.filename: info for info in self._zip.infolist()}
+        self._npz = NpzReader(path, self._error, max_bytes, "; pass a larger max_bytes")
 
     def __enter__(self) -> TrajectoryFile:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._zip.close()
+        self._npz.close()
 
     def read_fields(self, names: tuple[str, ...]) -> dict[str, Any]:
         """Every field ``names`` lists, decoded and checked against each other."""
@@ -99,20 +92,11 @@ class TrajectoryFile:
         )
 
     def _read_spec(self) -> dict[str, Any]:
-        info = self._members.get("__spec__.npy")
-        if info is None:
+        if not self._npz.has("__spec__"):
             raise InvalidArgumentError(
                 f"{os.fspath(self.path)} is not a jaxrunner trajectory file (no __spec__)."
             )
-        if info.file_size > MAX_SPEC_BYTES:
-            raise self._error(f"has a {info.file_size}-byte spec; the limit is {MAX_SPEC_BYTES}")
-        raw = self._read_member(info, "__spec__", kinds="U")
-        if raw.shape != ():
-            raise self._error(f"has a __spec__ of shape {raw.shape}; expected one string")
-        try:
-            spec = json.loads(str(raw))
-        except (ValueError, RecursionError) as err:
-            raise self._error(f"has a spec that is not valid JSON ({type(err).__name__})") from None
+        spec = self._npz.read_json("__spec__", "spec", MAX_SPEC_BYTES)
         if not isinstance(spec, dict):
             raise self._error("has a spec that is not a JSON object")
         if spec.get("format") != self._format or spec.get("version") != self._version:
@@ -137,56 +121,12 @@ class TrajectoryFile:
             return tuple(self._decode(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
         if kind == "none" and value is True:
             return None
-        if kind == "array" and isinstance(value, str) and f"{value}.npy" in self._members:
-            return self._read_member(self._members[f"{value}.npy"], where, _NUMERIC_KINDS)
+        if kind == "array" and isinstance(value, str) and self._npz.has(value):
+            return self._npz.read(value, where)
         raise self._error(
             f"describes field {where} with {str(node)[:80]!r}, which names no "
             "array member of the file"
         )
-
-    def _read_member(self, info: zipfile.ZipInfo, where: str, kinds: str) -> np.ndarray:
-        """One ``.npy`` member, its header checked before its data is read."""
-        try:
-            with self._zip.open(info) as member:
-                version = np.lib.format.read_magic(member)
-                if version == (1, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
-                elif version == (2, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
-                else:
-                    raise ValueError(f"unsupported .npy version {version}")
-                if dtype.hasobject or dtype.kind not in kinds or dtype.fields is not None:
-                    raise self._error(
-                        f"stores field {where} as {dtype}; expected a plain "
-                        f"dtype of kind {kinds!r} (never objects)"
-                    )
-                nbytes = math.prod(shape) * dtype.itemsize
-                if info.file_size != member.tell() + nbytes:
-                    raise self._error(
-                        f"has a member for field {where} whose size "
-                        f"({info.file_size} bytes) disagrees with its header "
-                        f"({shape}, {dtype})"
-                    )
-                if nbytes > self._left:
-                    raise self._error(
-                        f"needs more than max_bytes for its arrays (field {where} "
-                        f"alone is {nbytes} bytes); pass a larger max_bytes"
-                    )
-                self._left -= nbytes
-                array = np.empty(shape, dtype, order="F" if fortran else "C")
-                view = memoryview(array.reshape(-1, order="A").view(np.uint8))
-                filled = 0
-                while filled < nbytes:
-                    got = member.readinto(view[filled:])
-                    if not got:
-                        raise ValueError("the member ends early")
-                    filled += got
-                member.read(1)  # at the end: zipfile checks the CRC
-                return array
-        except InvalidArgumentError:
-            raise
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, RuntimeError) as err:
-            raise self._error(f"has an unreadable member for field {where} ({err})") from None
 
 
 def _check_shapes(fields: dict[str, Any], error: Any) -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
+import pathlib
+import pickle
 import threading
 import warnings
+import zipfile
 
 import flax.linen as nn
 import gymnasium
@@ -120,6 +124,21 @@ def test_sample_episodes_resumes_with_its_fragments(gru, tmp_path):
         tail = resumed.sample_episodes(6)
     assert [e.episode_id for e in head + tail] == [e.episode_id for e in whole]
     for got, want in zip(head + tail, whole):
+        assert_trees_equal(got, want, f"episode {want.episode_id}")
+
+
+def test_jax_env_sample_episodes_resumes(tmp_path):
+    """Episodes kept by a scan runner (float32 rewards, int32 actions) restore too."""
+    path = tmp_path / "runner.ckpt"
+    with walk_runner() as runner:
+        runner.sample_episodes(3)
+        assert runner._fragments
+        runner.save(path)
+        whole = runner.sample_episodes(3)
+    with walk_runner() as resumed:
+        resumed.restore(path)
+        tail = resumed.sample_episodes(3)
+    for got, want in zip(tail, whole, strict=True):
         assert_trees_equal(got, want, f"episode {want.episode_id}")
 
 
@@ -250,3 +269,262 @@ def test_process_backend_restarts_episodes_cleanly(gru, tmp_path, ready_first):
         assert counters(resumed)["num_env_steps"] == saved["num_env_steps"] + 44
     np.testing.assert_array_equal(traj.step[0], 0)
     np.testing.assert_array_equal(traj.episode_id[0], next_id + np.arange(4))
+
+
+# -- damaged and hostile checkpoints (issue 30, items 3, 4 and 13) ------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved(gru, tmp_path_factory) -> pathlib.Path:
+    """A checkpoint with pickled sub-envs, fragments and a finished episode."""
+    path = tmp_path_factory.mktemp("saved") / "runner.ckpt"
+    with cartpole_runner(gru) as runner:
+        runner.sample_episodes(4)
+        assert runner._fragments and runner._finished
+        runner.save(path)
+    return path
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, array, allow_pickle=True)
+    return buffer.getvalue()
+
+
+def rewrite(src, dst, meta=None, members=None) -> None:
+    """``src`` copied to ``dst``: ``meta(m)`` edits the metadata in place, ``members``
+    replace or add raw members (``None`` drops one)."""
+    with zipfile.ZipFile(src) as zf:
+        raw = {name: zf.read(name) for name in zf.namelist()}
+    if meta is not None:
+        doc = json.loads(str(np.load(io.BytesIO(raw["__meta__.npy"]))))
+        meta(doc)
+        raw["__meta__.npy"] = _npy(np.array(json.dumps(doc)))
+    for name, data in (members or {}).items():
+        if data is None:
+            raw.pop(name)
+        else:
+            raw[name] = data
+    with zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in raw.items():
+            zf.writestr(name, data)
+
+
+def meta(edit):
+    return lambda src, dst: rewrite(src, dst, meta=edit)
+
+
+def member(name, array):
+    """Member ``name`` replaced by ``array`` (raw bytes as they are; None: dropped)."""
+    data = array if array is None or isinstance(array, bytes) else _npy(np.asarray(array))
+    return lambda src, dst: rewrite(src, dst, members={f"{name}.npy": data})
+
+
+def edited(name, edit):
+    """Member ``name`` replaced by ``edit(its array)``."""
+
+    def damage(src, dst) -> None:
+        with np.load(src, allow_pickle=False) as data:
+            array = data[name].copy()
+        member(name, edit(array))(src, dst)
+
+    return damage
+
+
+def nan_at_end(array: np.ndarray) -> np.ndarray:
+    array[-1] = np.nan
+    return array
+
+
+def truncated(src, dst) -> None:
+    data = src.read_bytes()
+    dst.write_bytes(data[: len(data) // 2])
+
+
+def finished_twice(src, dst) -> None:
+    """A second finished episode with the first one's id (and arrays)."""
+    with zipfile.ZipFile(src) as zf:
+        copies = {
+            name.replace("finished/0/", "finished/1/"): zf.read(name)
+            for name in zf.namelist()
+            if name.startswith("finished/0/")
+        }
+    rewrite(src, dst, meta=lambda m: m["finished"].append(dict(m["finished"][0])), members=copies)
+
+
+def set_key(where: str, key: str, value) -> object:
+    def edit(m: dict) -> None:
+        field, k = where.split(".")
+        m[field][int(k)][key] = value
+
+    return meta(edit)
+
+
+GRU_KERNEL = "params/module/params/GRUCell_0/hn/kernel"
+# id -> (how the file is damaged, what the error must name)
+HOSTILE = {
+    "truncated zip": (truncated, "cannot be opened"),
+    "not a zip": (lambda src, dst: dst.write_bytes(b"PK\x03\x04 junk"), "cannot be opened"),
+    "bad JSON": (member("__meta__", np.array("{" * 100_000)), "not valid JSON"),
+    "deep JSON": (member("__meta__", np.array("[" * 100_000)), "not valid JSON"),
+    "JSON list": (member("__meta__", np.array("[1, 2]")), "not a JSON object"),
+    "meta as numbers": (member("__meta__", np.zeros(3)), "metadata"),
+    "string seed": (meta(lambda m: m.update(seed="3")), "seed"),
+    "negative seed": (meta(lambda m: m.update(seed=-1)), "seed"),
+    "float num_envs": (meta(lambda m: m.update(num_envs=5.0)), "num_envs"),
+    "zero rollout_length": (meta(lambda m: m.update(rollout_length=0)), "rollout_length"),
+    "unknown envs kind": (meta(lambda m: m.update(envs="magic")), "envs="),
+    "envs_note a list": (meta(lambda m: m.update(envs_note=[])), "envs_note"),
+    "metrics paths": (meta(lambda m: m.update(metrics=[["counters"]])), "metrics"),
+    "finished not a list": (meta(lambda m: m.update(finished={})), "finished"),
+    "episode id a string": (set_key("finished.0", "episode_id", "4"), r"finished\[0\]\.episode_id"),
+    "episode id too big": (
+        set_key("finished.0", "episode_id", 10**6),
+        r"finished\[0\]\.episode_id",
+    ),
+    "flag an int": (set_key("finished.0", "truncated", 1), r"finished\[0\]\.truncated"),
+    "env id out of range": (set_key("fragments.0", "env_id", 5), r"fragments\[0\]\.env_id"),
+    "negative start_step": (set_key("finished.0", "start_step", -2), r"finished\[0\]\.start_step"),
+    "extra episode key": (set_key("finished.0", "spare", 1), r"finished\[0\]"),
+    "paths miss obs": (set_key("finished.0", "paths", [["action"], ["reward"]]), "paths"),
+    "paths not lists": (set_key("finished.0", "paths", "obs"), "paths"),
+    "extras path an int": (set_key("finished.0", "extras", [[0]]), "extras"),
+    "extras unknown member": (set_key("finished.0", "extras", [["nope"]]), "nope"),
+    "finished incomplete": (set_key("finished.0", "start_step", 3), r"finished\[0\]"),
+    "fragment finished": (set_key("fragments.0", "terminated", True), r"fragments\[0\]"),
+    "fragment of another episode": (set_key("fragments.0", "episode_id", 4), "fragments"),
+    "finished id twice": (finished_twice, "repeated id"),
+    "negative steps_done": (member("sampler/book/steps_done", np.int64(-1)), "steps_done"),
+    "rewound next id": (member("sampler/book/next_episode_id", np.int64(2)), "next_episode_id"),
+    "repeated episode ids": (
+        member("sampler/book/episode_id", np.zeros(5, np.int64)),
+        "episode_id",
+    ),
+    "begin after steps_done": (
+        member("sampler/book/episode_begin", np.full(5, 10**9, np.int64)),
+        "episode_begin",
+    ),
+    "NaN episode return": (
+        member("sampler/book/episode_return", np.full(5, np.nan)),
+        "episode_return",
+    ),
+    "steps_done a string": (member("sampler/book/steps_done", np.array("7")), "steps_done"),
+    "counters of length 6": (member("metrics/counters", np.zeros(6, np.int64)), "metrics/counters"),
+    "negative counter": (member("metrics/counters", -np.ones(5, np.int64)), "metrics/counters"),
+    "returns as strings": (member("metrics/returns", np.array(["1.0"])), "metrics/returns"),
+    "NaN returns": (edited("metrics/returns", nan_at_end), "metrics/returns not finite"),
+    "short perf": (member("metrics/perf", np.zeros(2)), "metrics/perf"),
+    "negative perf": (member("metrics/perf", -np.ones(4)), "metrics/perf"),
+    "returns unlike lengths": (member("metrics/lengths", np.ones(7, np.int64)), "metrics/returns"),
+    "params shape": (member(GRU_KERNEL, np.zeros((3, 3), np.float32)), GRU_KERNEL),
+    "params as objects": (member(GRU_KERNEL, np.array([{}] * 64, object)), GRU_KERNEL),
+    "params size lies": (
+        member(GRU_KERNEL, _npy(np.zeros((8, 8), np.float32)).replace(b"(8, 8)", b"(80, 8)")),
+        "size",
+    ),
+    "obs missing": (member("sampler/obs", None), "sampler/obs"),
+    "NaN finished reward": (edited("finished/0/reward", nan_at_end), "finished/0/reward not"),
+    "short finished obs": (
+        member("finished/0/obs", np.zeros((1, 4), np.float32)),
+        "finished/0/obs",
+    ),
+    "action of another shape": (
+        member("finished/0/action", np.zeros((3, 2), np.int64)),
+        "finished/0/",
+    ),
+    "pickle as floats": (member("envs/0", np.zeros(8)), "envs/0"),
+}
+
+
+def runner_state(runner: jr.EnvRunner) -> dict:
+    """Everything a restore may change, as host values (envs by identity)."""
+    return {
+        "params": jax.device_get(runner.get_params()),
+        "sampler": jax.device_get(runner.sampler.get_state()),
+        "metrics": runner._metrics.get_state(),
+        "seed": runner.seed,
+        "finished": list(runner._finished),
+        "fragments": dict(runner._fragments),
+        "envs": [id(env) for env in runner.envs.envs],
+    }
+
+
+def test_restore_refuses_damaged_and_hostile_files_and_changes_nothing(gru, saved, tmp_path):
+    """Every rejection is a JaxRunnerError naming the field, raised before the runner
+    changes; afterwards the runner restores the intact file and samples."""
+    with cartpole_runner(gru) as runner:
+        before = runner_state(runner)
+        for case, (damage, match) in HOSTILE.items():
+            path = tmp_path / f"{case}.ckpt"
+            damage(saved, path)
+            with pytest.raises(jr.errors.JaxRunnerError, match=match) as info:
+                runner.restore(path, load_env_pickles=True)
+            assert isinstance(info.value, InvalidArgumentError), case
+            assert_trees_equal(runner_state(runner), before, case)
+            assert runner.get_metrics()["num_env_steps"] == 0, case
+        report = runner.restore(saved, load_env_pickles=True)
+        assert report.envs_restored
+        runner.sample()
+
+
+def test_restore_reads_only_the_members_it_references(gru, saved, tmp_path):
+    """Members nothing references are never read: a junk header promising 8 TiB, bytes
+    that are no .npy, an unused episode's arrays; and the sub-env pickles are not read
+    without the opt-in."""
+    huge = _npy(np.zeros(2)).replace(b"(2,)", b"(1099511627776,)")
+    path = tmp_path / "padded.ckpt"
+    rewrite(
+        saved,
+        path,
+        members={
+            "junk.npy": huge,
+            "noise.npy": b"\x00" * 100,
+            "finished/7/reward.npy": huge,
+            "envs/0.npy": b"not read without load_env_pickles",
+        },
+    )
+    with cartpole_runner(gru) as runner, pytest.warns(UserWarning, match="new episode"):
+        report = runner.restore(path)
+    assert not report.envs_restored
+
+
+class NotAnEnv:
+    """What a tampered pickle may hold instead of a sub-env."""
+
+
+@pytest.mark.parametrize("thing", [None, NotAnEnv()])
+def test_restore_refuses_pickles_that_are_not_envs(gru, saved, tmp_path, thing):
+    path = tmp_path / "tampered.ckpt"
+    blob = np.frombuffer(pickle.dumps(thing), np.uint8)
+    rewrite(saved, path, members={"envs/2.npy": _npy(blob)})
+    with cartpole_runner(gru) as runner:
+        before = runner_state(runner)
+        with pytest.raises(InvalidArgumentError, match="snapshot 2 unpickled to a"):
+            runner.restore(path, load_env_pickles=True)
+        assert_trees_equal(runner_state(runner), before, "runner")
+        traj = runner.sample()  # the original sub-envs still step
+    assert traj.valid.all()
+
+
+class FailingReset(gymnasium.Wrapper):
+    """Resets once (the runner's own first reset); every later reset raises."""
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        super().__init__(env)
+        self.resets = 0
+
+    def reset(self, **kwargs):
+        self.resets += 1
+        if self.resets > 1:
+            raise RuntimeError("this env resets once")
+        return self.env.reset(**kwargs)
+
+
+def test_restore_undoes_the_sampler_state_when_the_fresh_resets_fail(gru, saved):
+    """Without the pickles every env restarts; when that fails, the sampler keeps the
+    state it had and nothing else is applied."""
+    with cartpole_runner(gru, env_fn=lambda: FailingReset(short_cartpole())) as runner:
+        before = runner_state(runner)
+        with pytest.raises(jr.errors.EnvError):
+            runner.restore(saved)
+        assert_trees_equal(runner_state(runner), before, "runner")

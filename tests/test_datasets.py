@@ -3,8 +3,10 @@ own reader."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import gymnasium
 import jax
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from conftest import ActorCritic, short_cartpole
 import jaxrunner as jr
 
 minari = pytest.importorskip("minari")
+h5py = pytest.importorskip("h5py")
 
 
 @pytest.fixture
@@ -165,3 +168,190 @@ def test_external_env_ingests_a_dataset(datasets_path: Path, sampled) -> None:
         np.testing.assert_allclose(
             got.extras["log_prob"], want.extras["log_prob"], rtol=1e-5, atol=1e-6
         )
+
+
+# -- datasets that run code, and corrupt datasets (issue 30, items 2 and 6) ---------------------
+
+CARTPOLE = "gymnasium.envs.classic_control.cartpole:CartPoleEnv"
+
+
+def write_base(datasets_path: Path, sampled, dataset_id: str) -> Path:
+    """``sampled``'s first three episodes as ``dataset_id``; returns its data folder."""
+    episodes, spaces = sampled
+    jr.to_minari(
+        episodes[:3],
+        dataset_id,
+        observation_space=spaces["observation_space"],
+        action_space=spaces["action_space"],
+    )
+    return datasets_path / dataset_id / "data"
+
+
+def edit_metadata(data: Path, edit) -> None:
+    path = data / "metadata.json"
+    metadata = json.loads(path.read_text())
+    edit(metadata)
+    path.write_text(json.dumps(metadata))
+
+
+def without_spaces(data: Path, env_spec: dict) -> None:
+    """The metadata loses its spaces and names ``env_spec`` instead."""
+
+    def edit(metadata: dict) -> None:
+        metadata.pop("observation_space", None)
+        metadata.pop("action_space", None)
+        metadata["env_spec"] = json.dumps(env_spec)
+
+    edit_metadata(data, edit)
+
+
+def cartpole_spec(**changes) -> dict:
+    return {**json.loads(gymnasium.spec("CartPole-v1").to_json()), **changes}
+
+
+def test_from_minari_never_runs_what_a_dataset_names(datasets_path: Path, sampled) -> None:
+    """A dataset without spaces naming os:mkdir as its env: refused, nothing made."""
+    data = write_base(datasets_path, sampled, "jaxrunner/hostile/mkdir-v0")
+    target = datasets_path / "made-by-the-dataset"
+    without_spaces(data, cartpole_spec(entry_point="os:mkdir", kwargs={"path": str(target)}))
+    for trusted in (None, CARTPOLE):
+        with pytest.raises(
+            jr.errors.InvalidArgumentError, match=r"'os:mkdir'.*trusted_entry_point"
+        ):
+            jr.from_minari("jaxrunner/hostile/mkdir-v0", trusted_entry_point=trusted)
+    assert not target.exists()
+
+
+def test_from_minari_makes_a_named_env_only_when_trusted_by_name(
+    datasets_path: Path, sampled
+) -> None:
+    data = write_base(datasets_path, sampled, "jaxrunner/nospaces/cartpole-v0")
+    without_spaces(data, cartpole_spec())
+    with pytest.raises(jr.errors.InvalidArgumentError, match="no observation_space or action"):
+        jr.from_minari("jaxrunner/nospaces/cartpole-v0")
+    episodes = jr.from_minari("jaxrunner/nospaces/cartpole-v0", trusted_entry_point=CARTPOLE)
+    for got, want in zip(episodes, sampled[0][:3], strict=True):
+        np.testing.assert_array_equal(got.obs, want.obs)
+    wrapped = cartpole_spec(
+        additional_wrappers=[{"name": "X", "entry_point": "os:mkdir", "kwargs": {}}]
+    )
+    without_spaces(data, wrapped)
+    with pytest.raises(jr.errors.InvalidArgumentError, match="wrappers"):
+        jr.from_minari("jaxrunner/nospaces/cartpole-v0", trusted_entry_point=CARTPOLE)
+
+
+def h5_edit(edit):
+    """A damage that edits the dataset's HDF5 file with ``edit(file)``."""
+
+    def damage(data: Path) -> None:
+        with h5py.File(data / "main_data.hdf5", "a") as file:
+            edit(file)
+
+    return damage
+
+
+def replace(name: str, change):
+    """Dataset ``name`` (e.g. ``episode_0/rewards``) replaced by ``change(its values)``."""
+
+    def edit(file) -> None:
+        values = file[name][()]
+        del file[name]
+        file[name] = change(values)
+
+    return h5_edit(edit)
+
+
+def with_nan_at(values: np.ndarray, index: int) -> np.ndarray:
+    values = values.astype(np.float64)
+    values[index] = np.nan
+    return values
+
+
+def with_value_at(values: np.ndarray, index: int, value) -> np.ndarray:
+    values = values.copy()
+    values[index] = value
+    return values
+
+
+# id -> (how the dataset is damaged, what the error must say)
+CORRUPT = {
+    "metadata not JSON": (
+        lambda data: (data / "metadata.json").write_text("{" * 10_000),
+        "not readable JSON",
+    ),
+    "metadata a list": (lambda data: (data / "metadata.json").write_text("[]"), "not a JSON"),
+    "unknown data_format": (
+        lambda data: edit_metadata(data, lambda m: m.update(data_format="pickle")),
+        "data_format",
+    ),
+    "total_episodes a string": (
+        lambda data: edit_metadata(data, lambda m: m.update(total_episodes="3")),
+        "total_episodes",
+    ),
+    "space not a space": (
+        lambda data: edit_metadata(data, lambda m: m.update(action_space='{"type": "Nope"}')),
+        "action_space is not a serialized space",
+    ),
+    "data file gone": (lambda data: (data / "main_data.hdf5").unlink(), "cannot be"),
+    "data file truncated": (
+        lambda data: (data / "main_data.hdf5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 64),
+        "episode 0 cannot be",
+    ),
+    "episode missing": (
+        h5_edit(lambda file: file.__delitem__("episode_1")),
+        "episode 1 cannot be read",
+    ),
+    "rewards missing": (
+        h5_edit(lambda file: file.__delitem__("episode_2/rewards")),
+        "episode 2 cannot be read",
+    ),
+    "observations one short": (
+        replace("episode_0/observations", lambda v: v[:-1]),
+        "episode 0, field observations: expected",
+    ),
+    "NaN reward": (
+        replace("episode_1/rewards", lambda v: with_nan_at(v, 2)),
+        "episode 1, field rewards: step 2 is nan",
+    ),
+    "action outside the space": (
+        replace("episode_0/actions", lambda v: with_value_at(v, 3, 7)),
+        "episode 0, field actions: row 3",
+    ),
+    "observation NaN": (
+        replace("episode_2/observations", lambda v: with_nan_at(v, 0)),
+        "episode 2, field observations: row 0",
+    ),
+    "ended early": (
+        replace("episode_0/terminations", lambda v: with_value_at(v, 1, True)),
+        "episode 0, field terminations: the episode ends at step 1",
+    ),
+    "flags short": (
+        replace("episode_1/truncations", lambda v: v[:-2]),
+        "episode 1, field truncations",
+    ),
+    "extras rows": (
+        replace("episode_0/infos/extras/log_prob", lambda v: v[:-1]),
+        r"episode 0, field infos\.extras\.log_prob: expected",
+    ),
+    "episode ids differ": (
+        replace("episode_2/infos/episode_id", lambda v: with_value_at(v, 4, 99)),
+        r"episode 2, field infos\.episode_id",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CORRUPT))
+def test_from_minari_refuses_corrupt_datasets(datasets_path: Path, sampled, case: str) -> None:
+    damage, match = CORRUPT[case]
+    dataset_id = f"jaxrunner/corrupt/case{list(CORRUPT).index(case)}-v0"
+    damage(write_base(datasets_path, sampled, dataset_id))
+    with pytest.raises(jr.errors.InvalidArgumentError, match=match):
+        jr.from_minari(dataset_id)
+
+
+def test_from_minari_names_a_bad_index_or_a_missing_dataset(datasets_path: Path, sampled) -> None:
+    write_base(datasets_path, sampled, "jaxrunner/index/base-v0")
+    with pytest.raises(jr.errors.InvalidArgumentError, match="episode 3 is out of range"):
+        jr.from_minari("jaxrunner/index/base-v0", episode_indices=[0, 3])
+    with pytest.raises(jr.errors.InvalidArgumentError, match="no local dataset"):
+        jr.from_minari("jaxrunner/index/absent-v0")

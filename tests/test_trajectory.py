@@ -537,7 +537,7 @@ BAD_FILES = {
     "field obs.x with": lambda spec: spec["fields"]["obs"]["dict"].update(x={"array": "nope"}),
     "field action with": lambda spec: spec["fields"].update(action=[1, 2]),
     "field terminated of dtype float": lambda spec: spec["fields"].update(
-        terminated=spec["fields"]["reward"]
+        terminated=spec["fields"]["extras"]["dict"]["log_prob"], extras={"dict": {}}
     ),
     "next_obs shaped unlike obs": lambda spec: spec["fields"].update(
         next_obs={"tuple": [spec["fields"]["next_obs"]["dict"]["x"]]}
@@ -580,4 +580,22 @@ def test_load_names_what_is_wrong_with_a_bad_member(tmp_path: Any) -> None:
         Trajectory.load(path, max_bytes=100)
     path.write_bytes(b"not a zip")
     with pytest.raises(jr.errors.InvalidArgumentError, match="cannot be opened"):
+        Trajectory.load(path)
+
+
+# -- load allocates no more than the file justifies (issue 30, item 5) ---------------------------
+
+
+def test_load_refuses_one_member_named_for_many_fields(tmp_path: Any) -> None:
+    """A spec naming one deflated member 60 times (extras leaves, next_obs) would turn a
+    small file into 60 allocations of the member: one member backs one field."""
+    path = tmp_path / "traj.npz"
+    _hand_trajectory().save(path)
+
+    def alias(spec: dict[str, Any]) -> None:
+        reward = {"array": _array_of(spec, "reward")}
+        spec["fields"]["extras"] = {"dict": {f"k{i}": reward for i in range(60)}}
+
+    _rewrite(path, alias)
+    with pytest.raises(jr.errors.InvalidArgumentError, match=r"again for field extras\.k0"):
         Trajectory.load(path)

@@ -135,7 +135,24 @@ class SyncVectorEnv(InProcessVectorEnv):
                 f"restore_sub_envs(snapshots=...): expected {self.num_envs} snapshots, one per "
                 f"sub-env, got {len(snapshots)}."
             )
-        restored = [pickle.loads(blob) for blob in snapshots]
+        # Every snapshot unpickled and checked before any sub-env is replaced: all or none.
+        restored = []
+        for i, blob in enumerate(snapshots):
+            try:
+                env = pickle.loads(blob)
+            except Exception as err:  # a damaged pickle raises whatever its bytes lead to
+                raise InvalidArgumentError(
+                    f"restore_sub_envs(snapshots=...): snapshot {i} does not unpickle "
+                    f"({type(err).__name__}: {err}); the sub-envs are left as they were. Pass "
+                    "the bytes snapshot_sub_envs() returned."
+                ) from err
+            if not isinstance(env, gymnasium.Env):
+                raise InvalidArgumentError(
+                    f"restore_sub_envs(snapshots=...): snapshot {i} unpickled to a "
+                    f"{type(env).__name__}, not a gymnasium.Env; the sub-envs are left as they "
+                    "were. Pass the bytes snapshot_sub_envs() returned."
+                )
+            restored.append(env)
         for old in self.envs:
             old.close()
         self.envs[:] = restored  # in place: the step loop holds this list

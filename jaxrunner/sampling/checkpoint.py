@@ -20,6 +20,12 @@ since unpickling a file runs code from it. Without it (or for backends that cann
 snapshot), resuming resets every env with fresh seeds and starts new episodes in all
 of them, and says so (a :class:`RestoreReport` and a warning); everything else is
 restored.
+
+Restoring reads the whole file into a checked, frozen
+:class:`~jaxrunner.sampling.checkpoint_file.Checkpoint` first (see
+:mod:`jaxrunner.sampling.checkpoint_file`: a damaged or hostile file is refused with an
+:class:`~jaxrunner.errors.InvalidArgumentError` naming the field), then applies it; a
+refused restore leaves the runner as it was.
 """
 
 from __future__ import annotations
@@ -35,18 +41,23 @@ import numpy as np
 
 from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.sampling.checkpoint_file import (
+    EPISODE_SCALARS,
+    FORMAT,
+    META,
+    VERSION,
+    Checkpoint,
+    CheckpointFile,
+    Part,
+    array_name,
+    is_key,
+    part_of,
+)
 from jaxrunner.sampling.seeds import env_seeds
 from jaxrunner.trajectory import Episode
 
 if TYPE_CHECKING:
     from jaxrunner.sampling.runner import EnvRunner
-
-FORMAT = "jaxrunner.EnvRunner checkpoint"
-VERSION = 1
-META = "__meta__"
-
-Part = str | int
-"""One step of a tree path: a dict key or attribute name, or a sequence index."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,102 +71,19 @@ class RestoreReport:
     """How the envs were resumed, and why."""
 
 
-# -- trees <-> named arrays ----------------------------------------------------------------
-
-
-def _part(entry: Any) -> Part:
-    for attr in ("key", "name", "idx"):
-        if hasattr(entry, attr):
-            value = getattr(entry, attr)
-            return value if isinstance(value, int) else str(value)
-    raise TypeError(f"unsupported tree path entry {entry!r}")
-
-
-def _name(prefix: str, parts: list[Part]) -> str:
-    return "/".join([prefix, *(str(p) for p in parts)])
-
-
-def _is_key(leaf: Any) -> bool:
-    return hasattr(leaf, "dtype") and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+# -- writing -------------------------------------------------------------------------------
 
 
 def put_tree(arrays: dict[str, np.ndarray], prefix: str, tree: Any) -> list[list[Part]]:
     """Adds the leaves of ``tree`` as ``prefix/<path>`` (typed keys as their raw data);
-    returns the paths, for :func:`get_tree`."""
+    returns the paths, saved in the metadata."""
     paths = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        parts = [_part(e) for e in path]
-        value = jax.random.key_data(leaf) if _is_key(leaf) else leaf
-        arrays[_name(prefix, parts)] = np.asarray(jax.device_get(value))
+        parts = [part_of(e) for e in path]
+        value = jax.random.key_data(leaf) if is_key(leaf) else leaf
+        arrays[array_name(prefix, parts)] = np.asarray(jax.device_get(value))
         paths.append(parts)
     return paths
-
-
-def get_tree(arrays: Any, prefix: str, paths: list[list[Part]]) -> Any:
-    """The tree :func:`put_tree` saved, rebuilt from its paths: string steps as dicts,
-    integer steps as tuples (a lone leaf for an empty path)."""
-    if paths == [[]]:
-        return arrays[prefix + "/"] if prefix + "/" in arrays else arrays[prefix]
-    root: dict[Part, Any] = {}
-    for parts in paths:
-        node = root
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = arrays[_name(prefix, parts)]
-
-    def build(node: Any) -> Any:
-        if not isinstance(node, dict):
-            return node
-        if node and all(isinstance(k, int) for k in node):
-            return tuple(build(node[k]) for k in sorted(node))
-        return {k: build(v) for k, v in node.items()}
-
-    return build(root)
-
-
-def get_like(arrays: Any, prefix: str, template: Any, what: str) -> Any:
-    """The tree saved under ``prefix``, in ``template``'s structure, each leaf checked
-    against the template's shape and dtype (device arrays where the template has them)."""
-    leaves = []
-    flat, treedef = jax.tree_util.tree_flatten_with_path(template)
-    for path, like in flat:
-        name = _name(prefix, [_part(e) for e in path])
-        if name not in arrays:
-            raise InvalidArgumentError(
-                f"EnvRunner.restore(): the checkpoint has no {name!r}: its {what} has another "
-                "structure than this runner's. Restore into a runner built as the saved one "
-                "(same policy, envs and spaces)."
-            )
-        value = arrays[name]
-        want = jax.random.key_data(like) if _is_key(like) else like
-        want_shape, want_dtype = np.shape(want), np.asarray(want).dtype
-        if value.shape != want_shape or value.dtype != want_dtype:
-            raise InvalidArgumentError(
-                f"EnvRunner.restore(): {name!r} is {value.dtype}{list(value.shape)} in the "
-                f"checkpoint, but this runner's {what} has {want_dtype}{list(want_shape)}. "
-                "Restore into a runner built as the saved one (same policy, envs, num_envs)."
-            )
-        if _is_key(like):
-            leaves.append(jax.random.wrap_key_data(value, impl=jax.random.key_impl(like)))
-        elif isinstance(like, jax.Array):
-            leaves.append(jax.device_put(value))
-        else:
-            leaves.append(np.array(value))
-    return jax.tree_util.tree_unflatten(treedef, leaves)
-
-
-# -- episodes ------------------------------------------------------------------------------
-
-_SCALAR = {
-    "terminated": bool,
-    "truncated": bool,
-    "episode_id": int,
-    "env_id": int,
-    "start_step": int,
-    "faulty": bool,
-}
-"""The scalar fields of an :class:`Episode`, kept in the JSON."""
-_EPISODE_FIELDS = tuple(_SCALAR)
 
 
 def _put_episodes(
@@ -164,21 +92,11 @@ def _put_episodes(
     metas = []
     for k, episode in enumerate(episodes):
         data = {"obs": episode.obs, "action": episode.action, "reward": episode.reward}
-        meta: dict[str, Any] = {f: _SCALAR[f](getattr(episode, f)) for f in _EPISODE_FIELDS}
+        meta: dict[str, Any] = {f: t(getattr(episode, f)) for f, t in EPISODE_SCALARS.items()}
         meta["paths"] = put_tree(arrays, f"{prefix}/{k}", data)
         meta["extras"] = put_tree(arrays, f"{prefix}/{k}/extras", dict(episode.extras))
         metas.append(meta)
     return metas
-
-
-def _get_episodes(arrays: Any, prefix: str, metas: list[dict[str, Any]]) -> list[Episode]:
-    episodes = []
-    for k, meta in enumerate(metas):
-        data = get_tree(arrays, f"{prefix}/{k}", meta["paths"])
-        extras = get_tree(arrays, f"{prefix}/{k}/extras", meta["extras"]) if meta["extras"] else {}
-        scalars = {f: _SCALAR[f](meta[f]) for f in _EPISODE_FIELDS}
-        episodes.append(Episode(data["obs"], data["action"], data["reward"], extras, **scalars))
-    return episodes
 
 
 # -- save and restore ----------------------------------------------------------------------
@@ -232,68 +150,59 @@ def _put_env_snapshot(arrays: dict[str, np.ndarray], runner: EnvRunner) -> tuple
 
 def restore(runner: EnvRunner, path: str | os.PathLike, load_env_pickles: bool) -> RestoreReport:
     """Makes ``runner`` (new, built as the saved one) continue where the checkpoint at
-    ``path`` left off; see :meth:`EnvRunner.restore`."""
-    with np.load(os.fspath(path), allow_pickle=False) as data:
-        arrays = dict(data)
-    if META not in arrays:
-        raise InvalidArgumentError(
-            f"EnvRunner.restore({os.fspath(path)!r}): not a jaxrunner checkpoint (no {META}); "
-            "write one with EnvRunner.save(path)."
-        )
-    meta = json.loads(str(arrays.pop(META)))
-    _check_meta(runner, meta, os.fspath(path))
-    params = get_like(arrays, "params", runner.get_params(), "params")
+    ``path`` left off; see :meth:`EnvRunner.restore`. The file is read and checked whole
+    before anything of the runner changes."""
+    return _apply(runner, CheckpointFile(runner, path).read(load_env_pickles), os.fspath(path))
+
+
+def _apply(runner: EnvRunner, ckpt: Checkpoint, path: str) -> RestoreReport:
+    """Installs ``ckpt``. The steps that can fail (the sampler refusing a state, the
+    sub-env pickles, the fresh resets) come first and are undone if one fails; the rest
+    are assignments of values already checked."""
     sampler = runner.sampler
-    state = get_like(arrays, "sampler", sampler.get_state(), "sampler state")
-    envs_restored = meta["envs"] == "pytree"
-    note = meta["envs_note"]
-    if meta["envs"] == "pickle":
-        if load_env_pickles:
-            runner.envs.restore_sub_envs(
-                [arrays[f"envs/{i}"].tobytes() for i in range(meta["num_envs"])]
-            )
+    envs_restored = ckpt.envs == "pytree"
+    note = ckpt.envs_note
+    previous = sampler.get_state()
+    sampler.set_state(ckpt.sampler_state)  # refuses (runner unchanged) or takes it whole
+    try:
+        if ckpt.env_snapshots is not None:
+            _restore_sub_envs(runner, ckpt.env_snapshots, path)
             envs_restored, note = True, "the sub-envs were unpickled from the checkpoint"
-        else:
+        elif ckpt.envs == "pickle":
             note = (
                 "the checkpoint holds pickled sub-envs, which are only loaded with "
                 "restore(path, load_env_pickles=True) (unpickling runs code from the file: "
                 "only for checkpoints you trust)"
             )
-    runner.set_params(params)
-    runner._metrics.set_state(get_tree(arrays, "metrics", meta["metrics"]))
-    sampler.set_state(state)
-    runner.seed = int(meta["seed"])
-    runner._finished = _get_episodes(arrays, "finished", meta["finished"])
-    runner._fragments = {}
-    if envs_restored:
-        runner._fragments = {
-            e.env_id: e for e in _get_episodes(arrays, "fragments", meta["fragments"])
-        }
-    else:
-        steps_done = int(state["book"]["steps_done"])
-        sampler.restart_episodes(env_seeds((runner.seed, steps_done), meta["num_envs"]))
+        if not envs_restored:
+            num_envs = int(runner.envs.num_envs)
+            sampler.restart_episodes(env_seeds((ckpt.seed, ckpt.steps_done), num_envs))
+    except BaseException:
+        sampler.set_state(previous)
+        raise
+    runner.set_params(ckpt.params)
+    runner._metrics.set_state(ckpt.metrics_state)
+    runner.seed = ckpt.seed
+    runner._finished = list(ckpt.finished)
+    runner._fragments = {e.env_id: e for e in ckpt.fragments} if envs_restored else {}
+    if not envs_restored:
         note = (
             f"every env was reset and started a new episode ({note}); the episodes under way "
             "when it was saved are abandoned"
         )
-        warnings.warn(f"EnvRunner.restore({os.fspath(path)!r}): {note}.", stacklevel=3)
+        warnings.warn(f"EnvRunner.restore({path!r}): {note}.", stacklevel=4)
     return RestoreReport(envs_restored=envs_restored, note=note)
 
 
-def _check_meta(runner: EnvRunner, meta: dict[str, Any], path: str) -> None:
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+def _restore_sub_envs(runner: EnvRunner, snapshots: tuple[bytes, ...], path: str) -> None:
+    """Replaces the sub-envs by their pickles, all or none."""
+    try:
+        runner.envs.restore_sub_envs(list(snapshots))
+    except InvalidArgumentError as err:
         raise InvalidArgumentError(
-            f"EnvRunner.restore({path!r}): expected a {FORMAT} version {VERSION}, got "
-            f"{meta.get('format')!r} version {meta.get('version')!r}."
-        )
-    here = {"sampler": type(runner.sampler).__name__, "num_envs": int(runner.envs.num_envs)}
-    for key, value in here.items():
-        if meta.get(key) != value:
-            raise InvalidArgumentError(
-                f"EnvRunner.restore({path!r}): the checkpoint was saved by a runner with "
-                f"{key}={meta.get(key)!r}, this one has {key}={value!r}. Build the runner as the "
-                "saved one was (same kind of backend, same num_envs)."
-            )
+            f"EnvRunner.restore({path!r}): the checkpoint's sub-env pickles (envs/0, envs/1, "
+            f"...) were refused, and the runner is unchanged: {err}"
+        ) from err
 
 
-__all__ = ["RestoreReport", "get_like", "get_tree", "put_tree", "restore", "save"]
+__all__ = ["RestoreReport", "put_tree", "restore", "save"]

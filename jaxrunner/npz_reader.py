@@ -1,0 +1,186 @@
+"""Reading a ``.npz`` file that may be hostile, within bounds.
+
+The one reader behind :meth:`Trajectory.load <jaxrunner.Trajectory.load>` and
+:meth:`EnvRunner.restore <jaxrunner.EnvRunner.restore>`. A ``.npz`` is a zip of
+``.npy`` members; :class:`NpzReader` opens the zip's directory and reads nothing else
+until asked for a member by name. Each member is read at most once; its ``.npy``
+header is checked (plain dtype of an allowed kind, never objects; a byte count that
+matches the zip's own size for it; the caller's expected shape and dtype) before any
+memory is allocated for it, and every member read counts against one byte budget. So
+the memory a file can make its reader allocate is bounded by the members the caller
+asks for, each at most once: never by members nobody names, nor by one member named
+many times.
+
+Every failure is the caller's :class:`~jaxrunner.errors.JaxRunnerError`, built from a
+description of what is wrong (see ``error``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import zipfile
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from jaxrunner.errors import JaxRunnerError
+
+NUMERIC_KINDS = "biufc"
+"""The ``.npy`` dtype kinds of numeric arrays (bool, ints, floats, complex)."""
+
+HeaderCheck = Callable[[tuple[int, ...], np.dtype], str | None]
+"""Checks a member's header (shape, dtype) before it is read: None if it is what the
+caller expects, else a description of what is wrong (``"is float32[3]; expected ..."``)."""
+
+
+class NpzReader:
+    """An open ``.npz`` file read within bounds; use as a context manager.
+
+    Args:
+        path: the file.
+        error: builds the caller's error from a description of what is wrong with the
+            file (``"has an unreadable member for field reward (...)"``); the result is
+            raised.
+        max_bytes: the most bytes the members read may take in memory, all together
+            (None: no cap).
+        budget_hint: how to raise the cap, appended when ``max_bytes`` is exceeded.
+
+    Raises:
+        JaxRunnerError: (``error``'s) the file is not a zip file.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        error: Callable[[str], JaxRunnerError],
+        max_bytes: int | None,
+        budget_hint: str = "",
+    ) -> None:
+        self.path = path
+        self.error = error
+        self._left = math.inf if max_bytes is None else max_bytes
+        self._hint = budget_hint
+        self._read: dict[str, str] = {}  # member -> the field it was read for
+        try:
+            self._zip = zipfile.ZipFile(path)
+        except (OSError, zipfile.BadZipFile, ValueError, EOFError) as err:
+            raise error(f"cannot be opened as a .npz (zip) file ({err})") from err
+        self._members = {info.filename: info for info in self._zip.infolist()}
+
+    def __enter__(self) -> NpzReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._zip.close()
+
+    def has(self, name: str) -> bool:
+        """Whether the file has an array ``name`` (member ``name.npy``)."""
+        return f"{name}.npy" in self._members
+
+    def read(
+        self,
+        name: str,
+        where: str,
+        kinds: str = NUMERIC_KINDS,
+        check: HeaderCheck | None = None,
+    ) -> np.ndarray:
+        """The array ``name``, read for field ``where``.
+
+        Args:
+            name: the array's name (member ``name.npy``).
+            where: the field it is read for, named in errors.
+            kinds: the dtype kinds it may have (``"U"`` for a string).
+            check: checks its header before anything is allocated (see
+                :data:`HeaderCheck`).
+
+        Raises:
+            JaxRunnerError: (``error``'s) no such member; it was read before (for
+                another field: one member may back one field only); its header is not a
+                plain dtype of ``kinds``, disagrees with its size or fails ``check``; it
+                would exceed ``max_bytes``; it is unreadable (truncated, bad CRC, ...).
+        """
+        info = self._members.get(f"{name}.npy")
+        if info is None:
+            raise self.error(f"has no array {name!r} (for field {where})")
+        if name in self._read:
+            raise self.error(
+                f"names the array {name!r} for field {self._read[name]} and again for "
+                f"field {where}; each array backs one field"
+            )
+        self._read[name] = where
+        try:
+            with self._zip.open(info) as member:
+                shape, fortran, dtype = _read_header(member)
+                if dtype.hasobject or dtype.kind not in kinds or dtype.fields is not None:
+                    raise self.error(
+                        f"stores field {where} as {dtype}; expected a plain dtype of kind "
+                        f"{kinds!r} (never objects)"
+                    )
+                nbytes = math.prod(shape) * dtype.itemsize
+                if info.file_size != member.tell() + nbytes:
+                    raise self.error(
+                        f"has a member for field {where} whose size ({info.file_size} "
+                        f"bytes) disagrees with its header ({shape}, {dtype})"
+                    )
+                problem = None if check is None else check(shape, dtype)
+                if problem is not None:
+                    raise self.error(f"has field {where} that {problem}")
+                if nbytes > self._left:
+                    raise self.error(
+                        f"needs more than max_bytes for its arrays (field {where} alone is "
+                        f"{nbytes} bytes){self._hint}"
+                    )
+                self._left -= nbytes
+                array = np.empty(shape, dtype, order="F" if fortran else "C")
+                view = memoryview(array.reshape(-1, order="A").view(np.uint8))
+                filled = 0
+                while filled < nbytes:
+                    got = member.readinto(view[filled:])
+                    if not got:
+                        raise ValueError("the member ends early")
+                    filled += got
+                member.read(1)  # at the end: zipfile checks the CRC
+                return array
+        except JaxRunnerError:
+            raise
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, RuntimeError) as err:
+            raise self.error(f"has an unreadable member for field {where} ({err})") from err
+
+    def read_json(self, name: str, where: str, max_bytes: int) -> Any:
+        """The JSON document stored as the string array ``name``, at most ``max_bytes``
+        bytes in the file (numpy stores 4 bytes per character).
+
+        Raises:
+            JaxRunnerError: (``error``'s) as :meth:`read`; or it is larger than
+                ``max_bytes``, not one string, or not valid JSON (including nesting too
+                deep for Python's parser).
+        """
+        info = self._members.get(f"{name}.npy")
+        if info is not None and info.file_size > max_bytes:
+            raise self.error(f"has a {info.file_size}-byte {where}; the limit is {max_bytes}")
+        raw = self.read(name, where, kinds="U")
+        if raw.shape != ():
+            raise self.error(f"has a {where} of shape {raw.shape}; expected one string")
+        try:
+            return json.loads(str(raw))
+        except (ValueError, RecursionError) as err:
+            what = f"has a {where} that is not valid JSON ({type(err).__name__})"
+            raise self.error(what) from err
+
+
+def _read_header(member: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
+    version = np.lib.format.read_magic(member)
+    if version == (1, 0):
+        return np.lib.format.read_array_header_1_0(member)
+    if version == (2, 0):
+        return np.lib.format.read_array_header_2_0(member)
+    raise ValueError(f"unsupported .npy version {version}")
+
+
+__all__ = ["NUMERIC_KINDS", "HeaderCheck", "NpzReader"]
