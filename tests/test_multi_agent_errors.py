@@ -5,6 +5,8 @@ the single-agent runner's."""
 from __future__ import annotations
 
 import functools
+import os
+import signal
 import time
 
 import numpy as np
@@ -102,9 +104,7 @@ def test_a_worker_that_exits_mid_step_is_a_worker_error():
 def test_a_worker_killed_between_samples_is_a_worker_error_not_a_broken_pipe():
     with _runner(envs_mod.coming_and_going, "process", num_workers=2) as runner:
         runner.sample()
-        proc = runner.envs._procs[1]
-        proc.kill()
-        proc.join()
+        os.kill(runner.envs.worker_pids[1], signal.SIGKILL)
         with pytest.raises(jr.errors.WorkerError, match="worker 1") as info:
             runner.sample()
     assert not isinstance(info.value, BrokenPipeError)
@@ -222,3 +222,25 @@ def test_vector_env_utilities(backend, kwargs):
         assert envs.render() == (0, 0, 0)
         with pytest.raises(jr.errors.EnvIndexError):
             envs.reset_at(NUM_ENVS)
+
+
+@pytest.mark.parametrize("kind", ["exit", "hang"])
+def test_a_lost_worker_is_replaced_and_its_sub_envs_episodes_end_as_faults(kind):
+    good, _, _ = _sample_with(envs_mod.coming_and_going, "sync", {})
+    factory = envs_mod.faulty_coming_and_going(kind, _trigger(2), at_step=3)
+    config = jr.ProcessConfig(num_workers=2, step_timeout_s=2.0)  # worker 1 has env 2
+    envs = jr.make_multi_agent_vec(
+        factory, NUM_ENVS, "process", config=config, restart_policy=jr.RestartPolicy()
+    )
+    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 12, seed=SEED) as runner:
+        got, metrics = runner.sample(), runner.get_metrics()
+        assert envs.num_worker_restarts == 1
+    (g,), (ref,) = got.groups.values(), good.groups.values()
+    for field in ("valid", "reward", "obs", "action", "next_obs"):  # the other worker's envs
+        np.testing.assert_array_equal(getattr(g, field)[:, :2], getattr(ref, field)[:, :2])
+    assert not g.valid[2, 2].any()  # the step the lost worker owed
+    np.testing.assert_array_equal(g.valid[:2, 2], ref.valid[:2, 2])
+    assert g.valid[3:, 2].any()  # its replacement's new episode goes on
+    assert metrics["num_dropped_steps"] == 1 and metrics["num_faulty_episodes"] == 1
+    assert metrics["num_agent_steps"] == int(g.valid.sum())
+    assert metrics["num_dropped_agent_steps"] == int(ref.valid[2, 2].sum())

@@ -60,7 +60,11 @@ def test_worker_error_reaches_the_caller_with_its_traceback():
         envs.step_batch([np.zeros((2, 4), np.int64)])
     assert info.value.env_index == 0
     assert isinstance(info.value.__cause__, AttributeError)
-    assert "worker traceback" in "".join(info.value.__notes__)
+    assert "Traceback" in str(info.value.__cause__.__cause__)  # the worker's, as text
+    # As on the single-agent process backend, the workers live on: a reset recovers.
+    envs.reset_batch([0, 1])
+    assert envs.step_batch([np.zeros((2, 4), np.int64)]).env_reward.shape == (2,)
+    envs.close()
     with pytest.raises(jr.errors.ClosedError):
         envs.step_batch([np.zeros((2, 4), np.int64)])
 

@@ -15,6 +15,18 @@ import numpy as np
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.multi_agent.groups import AgentGroup
 
+FIELDS = (
+    "obs",
+    "acting",
+    "agent_start",
+    "completed",
+    "reward",
+    "terminated",
+    "truncated",
+    "next_obs",
+)
+"""The arrays of :class:`GroupBuffers` (its flat row views aside)."""
+
 
 @dataclasses.dataclass
 class GroupBuffers:
@@ -42,38 +54,73 @@ class GroupBuffers:
     def allocate(cls, group: AgentGroup, num_envs: int) -> GroupBuffers:
         shape = (num_envs, group.num_agents)
         space = group.observation_space
-        obs, next_obs = jr_spaces.allocate(space, shape), jr_spaces.allocate(space, shape)
-        flat = num_envs * group.num_agents
-        return cls(
-            obs=obs,
+        return cls.of(
+            obs=jr_spaces.allocate(space, shape),
             acting=np.zeros(shape, np.bool_),
             agent_start=np.zeros(shape, np.bool_),
             completed=np.zeros(shape, np.bool_),
             reward=np.zeros(shape, np.float64),
             terminated=np.zeros(shape, np.bool_),
             truncated=np.zeros(shape, np.bool_),
-            next_obs=next_obs,
-            obs_rows=jax.tree.map(lambda x: x.reshape(flat, *x.shape[2:]), obs),
-            next_obs_rows=jax.tree.map(lambda x: x.reshape(flat, *x.shape[2:]), next_obs),
+            next_obs=jr_spaces.allocate(space, shape),
         )
 
-    def clear_step(self, same_step: bool = False) -> None:
-        """Clears every env's masks and completed transitions before a step.
+    @classmethod
+    def of(cls, **arrays: Any) -> GroupBuffers:
+        """Buffers over the given ``[B, A_g, ...]`` arrays (owned or views of shared
+        memory), with their flat row views."""
+        shape = arrays["acting"].shape
+        flat = shape[0] * shape[1]
+
+        def rows(tree: Any) -> Any:
+            return jax.tree.map(lambda x: x.reshape(flat, *x.shape[2:]), tree)
+
+        return cls(**arrays, obs_rows=rows(arrays["obs"]), next_obs_rows=rows(arrays["next_obs"]))
+
+    def rows(self, part: slice) -> GroupBuffers:
+        """Envs ``part``'s rows, as views."""
+        return GroupBuffers.of(
+            **{name: jax.tree.map(lambda x: x[part], getattr(self, name)) for name in FIELDS}
+        )
+
+    def clear_step(self, same_step: bool = False, rows: slice = slice(None)) -> None:
+        """Clears the masks and completed transitions of envs ``rows`` before a step.
 
         Args:
             same_step: every acting agent's transition completes in this step (parallel
                 envs): ``completed`` is set to ``acting``, and ``acting`` is kept (the
                 drivers clear the agents that stop acting).
+            rows: the envs about to step (default: all).
         """
         if same_step:
-            np.copyto(self.completed, self.acting)
+            np.copyto(self.completed[rows], self.acting[rows])
         else:
-            self.acting[:] = False
-            self.completed[:] = False
-        self.agent_start[:] = False
-        self.reward[:] = 0.0
-        self.terminated[:] = False
-        self.truncated[:] = False
+            self.acting[rows] = False
+            self.completed[rows] = False
+        self.agent_start[rows] = False
+        self.reward[rows] = 0.0
+        self.terminated[rows] = False
+        self.truncated[rows] = False
+
+
+class AgentStepBuffers(NamedTuple):
+    """Everything a block of ``n`` multi-agent sub-envs writes in a step, ``[n, ...]``:
+    its own arrays (sync, Ray) or views of a process worker's rows of shared memory."""
+
+    groups: list[GroupBuffers]
+    """One per agent group, in group order."""
+    env_done: np.ndarray
+    env_reward: np.ndarray
+    unassigned_reward: np.ndarray
+
+    @classmethod
+    def allocate(cls, groups: Any, num_envs: int) -> AgentStepBuffers:
+        return cls(
+            [GroupBuffers.allocate(group, num_envs) for group in groups],
+            np.zeros(num_envs, np.bool_),
+            np.zeros(num_envs, np.float64),
+            np.zeros(num_envs, np.float64),
+        )
 
 
 class MultiAgentStep(NamedTuple):
@@ -102,4 +149,4 @@ class MultiAgentStep(NamedTuple):
     resets after a good step (whose transitions stay valid)."""
 
 
-__all__ = ["GroupBuffers", "MultiAgentStep"]
+__all__ = ["FIELDS", "AgentStepBuffers", "GroupBuffers", "MultiAgentStep"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from gymnasium import spaces
 
@@ -124,4 +125,46 @@ def build_groups(
     return tuple(groups)
 
 
-__all__ = ["AgentGroup", "PolicyMappingFn", "build_groups", "default_policy_mapping"]
+@dataclasses.dataclass(frozen=True)
+class AgentsDescription:
+    """What a PettingZoo env is, as a process worker reports it (picklable, comparable):
+    its agents, their spaces and its API."""
+
+    possible_agents: tuple[str, ...]
+    observation_spaces: tuple[spaces.Space, ...]
+    action_spaces: tuple[spaces.Space, ...]
+    turn_based: bool
+    """An ``AECEnv`` (one agent acts per step), not a ``ParallelEnv``."""
+
+    def groups(self, policy_mapping_fn: PolicyMappingFn | None) -> tuple[AgentGroup, ...]:
+        """The env's agent groups under ``policy_mapping_fn`` (see :func:`build_groups`)."""
+        index = {a: k for k, a in enumerate(self.possible_agents)}
+        return build_groups(
+            self.possible_agents,
+            lambda a: self.observation_spaces[index[a]],
+            lambda a: self.action_spaces[index[a]],
+            policy_mapping_fn,
+        )
+
+
+def describe_agents(env: Any) -> AgentsDescription:
+    """``env``'s :class:`AgentsDescription`."""
+    from pettingzoo.utils.env import AECEnv
+
+    agents = tuple(env.possible_agents)
+    return AgentsDescription(
+        agents,
+        tuple(env.observation_space(a) for a in agents),
+        tuple(env.action_space(a) for a in agents),
+        isinstance(env, AECEnv),
+    )
+
+
+__all__ = [
+    "AgentGroup",
+    "AgentsDescription",
+    "PolicyMappingFn",
+    "build_groups",
+    "default_policy_mapping",
+    "describe_agents",
+]

@@ -92,7 +92,7 @@ def make_multi_agent_vec(
             fns, policy_mapping_fn, config=config, restart_policy=restart_policy
         )
     if backend == "process":
-        from jaxrunner.multi_agent.process import ProcessMultiAgentVectorEnv
+        from jaxrunner.envs.process.agents import ProcessMultiAgentVectorEnv
 
         assert config is None or isinstance(config, ProcessConfig)  # checked above
         return ProcessMultiAgentVectorEnv(

@@ -4,14 +4,14 @@ for its own block)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.envs.sub_envs import SubEnvRaised
+from jaxrunner.envs.sub_envs import DONE, RUNNING, SubEnvRaised
 from jaxrunner.errors import (
     EnvError,
     InvalidActionError,
@@ -20,7 +20,7 @@ from jaxrunner.errors import (
     SpaceMismatchError,
 )
 from jaxrunner.faults import RestartPolicy, close_quietly, retry
-from jaxrunner.multi_agent.buffers import GroupBuffers, MultiAgentStep
+from jaxrunner.multi_agent.buffers import AgentStepBuffers, MultiAgentStep
 from jaxrunner.multi_agent.drivers import AECDriver, Driver, Layout, make_driver
 from jaxrunner.multi_agent.groups import AgentGroup, PolicyMappingFn, build_groups
 
@@ -66,6 +66,8 @@ class SubEnvBlock:
         *,
         fns: Sequence[MultiAgentEnvFactory] | None = None,
         restart_policy: RestartPolicy | None = None,
+        buffers: AgentStepBuffers | None = None,
+        status: MutableSequence[int] | None = None,
     ) -> None:
         self.envs, self.groups, self.offset = list(envs), tuple(groups), offset
         if restart_policy is not None and fns is None:
@@ -75,7 +77,11 @@ class SubEnvBlock:
         self.possible_agents = tuple(self.envs[0].possible_agents)
         for i, env in enumerate(self.envs):
             self._check_agents(env, offset + i)
-        self.buffers = [GroupBuffers.allocate(group, n) for group in self.groups]
+        if buffers is None:
+            buffers = AgentStepBuffers.allocate(self.groups, n)
+        self.buffers = buffers.groups
+        self.status = status if status is not None else bytearray(offset + n)
+        """Per global index, the step's progress marks (a process worker's are shared)."""
         self.check_actions = ActionCheck(self.groups, n)
         self.layout = Layout(self.groups, self.buffers, offset)
         self.drivers: list[Driver] = [
@@ -83,9 +89,9 @@ class SubEnvBlock:
         ]
         self.turn_based = isinstance(self.drivers[0], AECDriver)
         """AEC sub-envs: one agent acts per step."""
-        self.env_done = np.zeros(n, np.bool_)
-        self.env_reward = np.zeros(n, np.float64)
-        self.unassigned_reward = np.zeros(n, np.float64)
+        self.env_done = buffers.env_done
+        self.env_reward = buffers.env_reward
+        self.unassigned_reward = buffers.unassigned_reward
         self._failed = np.zeros(n, np.bool_)
         self._groups_by_id = {g.policy_id: buf for g, buf in zip(self.groups, self.buffers)}
         self.num_restarts = 0
@@ -124,19 +130,31 @@ class SubEnvBlock:
     def step(self, actions: Sequence[Any]) -> MultiAgentStep:
         """One step of every sub-env; ``actions[g]`` is group ``g``'s ``[n, A_g, ...]``
         batch (only the acting agents' entries are read)."""
+        infos, errors = self.step_rows(0, len(self.drivers), actions)
+        return self.result(infos, errors)
+
+    def step_rows(
+        self, lo: int, hi: int, actions: Sequence[Any]
+    ) -> tuple[list[dict[str, Any]], dict[int, BaseException]]:
+        """Steps the sub-envs in rows ``[lo, hi)`` of the block (``actions[g]`` holds the
+        block's rows); returns their infos and the errors by row."""
         infos: list[dict[str, Any]] = []
         same_step = not self.turn_based
+        part = slice(lo, hi)
         for buf in self.buffers:  # every row at once; the drivers set what they write
-            buf.clear_step(same_step)
+            buf.clear_step(same_step, part)
         env_done, env_reward, unassigned_reward = (
             self.env_done,
             self.env_reward,
             self.unassigned_reward,
         )
-        env_done[:] = False
-        unassigned_reward[:] = 0.0
+        env_done[part] = False
+        unassigned_reward[part] = 0.0
         errors: dict[int, BaseException] = {}
-        for b, driver in enumerate(self.drivers):
+        status, offset = self.status, self.offset
+        for b in range(lo, hi):
+            driver = self.drivers[b]
+            status[offset + b] = RUNNING
             try:
                 done, reward, unassigned, info = driver.step(actions)
             except Exception as err:
@@ -148,6 +166,7 @@ class SubEnvBlock:
                 self._restart(b, error)
                 infos.append({})
                 continue
+            status[offset + b] = DONE
             env_reward[b] = reward
             infos.append(info)
             if done:  # rare: written only then
@@ -160,7 +179,11 @@ class SubEnvBlock:
                         raise error from _cause(err)
                     errors[b] = error  # the step's transitions stay valid
                     self._restart(b, error)
-        return self.result(infos, errors)
+        return infos, errors
+
+    def failed_rows(self, errors: dict[int, BaseException]) -> list[int]:
+        """The rows of ``errors`` whose step failed (not a reset after a good step)."""
+        return [b for b in errors if not self.env_done[b]]
 
     def _fail_row(self, b: int) -> None:
         """Row ``b``'s step holds no transition (its outcomes are cleared)."""
@@ -208,7 +231,7 @@ class SubEnvBlock:
         if errors:
             failed = self._failed
             failed[:] = False
-            failed[[b for b, err in errors.items() if not self._reset_failure(b)]] = True
+            failed[self.failed_rows(errors)] = True
             if not failed.any():
                 failed = None
         return MultiAgentStep(
@@ -220,10 +243,6 @@ class SubEnvBlock:
             failed=failed,
             errors={self.offset + b: err for b, err in errors.items()} if errors else None,
         )
-
-    def _reset_failure(self, b: int) -> bool:
-        """Row ``b``'s error was its reset after a good step (the step stays valid)."""
-        return bool(self.env_done[b])
 
     def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> dict:
         """Resets sub-env ``index`` (global) alone; its reset infos."""

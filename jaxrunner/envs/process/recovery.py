@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterable
+from typing import Any
 
-import gymnasium
 import numpy as np
 
 from jaxrunner.envs.process import wire
 from jaxrunner.envs.process.handle import WorkerLost
 from jaxrunner.envs.process.pool import WorkerPool
-from jaxrunner.envs.process.shared import Views
-from jaxrunner.envs.sub_envs import DONE, NOT_RUN, fail_slot
-from jaxrunner.errors import SpaceMismatchError, WorkerError
+from jaxrunner.envs.process.shared import BlockLayout
+from jaxrunner.envs.sub_envs import DONE, NOT_RUN
+from jaxrunner.errors import WorkerError
 from jaxrunner.faults import RestartPolicy, retry
 
 Sent = tuple[int, int, int, int]
@@ -35,9 +35,10 @@ class WorkerRecovery:
     Args:
         pool: the workers.
         restart_policy: None: a lost worker closes the vector env and raises.
-        spaces: the vector env's single observation and action spaces (a replacement's
-            sub-envs must have them).
+        layout: the shared block's layout (it fails the slots).
         views: the shared block.
+        check_report: ``(report, where)``: raises if a replacement's start report
+            (its sub-envs' spaces) differs from the vector env's.
         in_flight: the step commands sent and not yet answered (the stepper's).
     """
 
@@ -45,12 +46,13 @@ class WorkerRecovery:
         self,
         pool: WorkerPool,
         restart_policy: RestartPolicy | None,
-        spaces: tuple[gymnasium.Space, gymnasium.Space],
-        views: Views,
+        layout: BlockLayout,
+        views: Any,
+        check_report: Callable[[dict[str, Any], str], None],
         in_flight: Callable[[], Iterable[Sent]],
     ) -> None:
-        self.pool, self.restart_policy, self.spaces = pool, restart_policy, spaces
-        self.views, self.in_flight = views, in_flight
+        self.pool, self.restart_policy, self.layout = pool, restart_policy, layout
+        self.views, self.check_report, self.in_flight = views, check_report, in_flight
         self.pending: dict[int, BaseException] = {}
         """Sub-envs of replaced workers that were not being stepped: their next step slot
         fails (with this error) instead of stepping."""
@@ -85,7 +87,7 @@ class WorkerRecovery:
     def fail_unrun(self, i: int) -> BaseException:
         """Sub-env ``i`` (pending) does not step: its slot fails now; returns why."""
         self.num_unrun_steps += 1
-        fail_slot(self.views.step_buffers, self.spaces[0], i)
+        self.layout.fail_slot(self.views, i)
         return self.pending.pop(i)
 
     def _recover(self, w: int, error: BaseException) -> None:
@@ -104,7 +106,7 @@ class WorkerRecovery:
             self.pending[i] = error
         self._respawn(w, error)
         for i in stepping:
-            fail_slot(self.views.step_buffers, self.spaces[0], i)
+            self.layout.fail_slot(self.views, i)
 
     def _respawn(self, w: int, cause: BaseException) -> None:
         """Starts a new worker ``w`` with new, reset sub-envs, as the restart policy
@@ -118,12 +120,7 @@ class WorkerRecovery:
             try:
                 pool.workers[w] = pool.spawn(w)
                 report = pool.expect(w, wire.START_REPORT_SEQ)
-                for pair in report["spaces"]:
-                    if pair != self.spaces:
-                        raise SpaceMismatchError(
-                            f"a restarted sub-env of worker {w} has spaces {pair}, the vector "
-                            f"env {self.spaces}; every sub-env must have equal spaces."
-                        )
+                self.check_report(report, f"a restarted sub-env of worker {w}")
                 pool.expect(w, pool.send_memory(w))
                 payload = pickle.dumps(("reset", ([None] * (hi - lo), None)), protocol=5)
                 pool.expect(w, pool.send(w, wire.OP_CALL, payload=payload))

@@ -18,17 +18,16 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
-import gymnasium
+import jax
 import numpy as np
 
-from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, EnvIds, block_rows
 from jaxrunner.envs.process import wire
 from jaxrunner.envs.process.handle import WorkerLost
 from jaxrunner.envs.process.pool import LOST, WorkerPool
 from jaxrunner.envs.process.recovery import Sent, WorkerRecovery
-from jaxrunner.envs.process.shared import Views
-from jaxrunner.envs.sub_envs import NOT_RUN, failed_mask
+from jaxrunner.envs.process.shared import BlockLayout
+from jaxrunner.envs.sub_envs import NOT_RUN
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -59,20 +58,19 @@ class Stepper:
         self,
         pool: WorkerPool,
         recovery: WorkerRecovery,
-        spaces: tuple[gymnasium.Space, gymnasium.Space],
-        views: Views,
+        layout: BlockLayout,
+        views: Any,
         ready_first: bool,
     ) -> None:
         self.pool, self.recovery, self.views, self.ready_first = pool, recovery, views, ready_first
-        self.obs_space, self.action_space = spaces
-        self.num_envs = len(views.reward)
+        self.layout = layout
+        self.num_envs = layout.num_envs
         self.calls: list[StepCall] = []
         """Calls sent and not yet received, in send order."""
         self.num_waiting = 0
         """Calls in :attr:`calls` whose send waits for earlier sends of their rows."""
         self.num_restarts = 0
         """Sub-envs recreated inside their worker after a failure."""
-        self._buffers = views.step_buffers  # views of the shared block: fixed for good
 
     def in_flight(self) -> Iterator[Sent]:
         """Every step command sent and not yet received (for recoveries)."""
@@ -89,7 +87,7 @@ class Stepper:
         n = self.num_envs
         lo, hi = (0, n) if env_ids is None else block_rows(env_ids, n, "ProcessVectorEnv")
         # Validates before any sub-env steps (the workers read the rows from shared memory).
-        jr_spaces.check_action_batch(self.action_space, actions, hi - lo)
+        self.layout.check_actions(actions, hi - lo)
         busy = [c for c in self.calls if c.overlaps(lo, hi)] if self.calls else []
         if busy and (self.ready_first or per_worker):
             raise InvalidArgumentError(
@@ -111,10 +109,10 @@ class Stepper:
             calls = [StepCall(lo, hi)]
         self.calls.extend(calls)  # registered first: a recovery sees them
         if busy:  # rows still in flight: sent once the earlier sends are received
-            calls[0].actions = jr_spaces.map_structure(self.action_space, np.array, actions)
+            calls[0].actions = jax.tree.map(np.array, actions)
             self.num_waiting += 1
             return calls
-        jr_spaces.copy_into(self.action_space, self.views.action, actions, slice(lo, hi))
+        self.layout.write_actions(self.views, actions, lo, hi)
         for call in calls:
             self._dispatch(call)
         return calls
@@ -125,8 +123,7 @@ class Stepper:
         if call.actions is not None:
             actions, call.actions = call.actions, None
             self.num_waiting -= 1
-            span = slice(call.lo, call.hi)
-            jr_spaces.copy_into(self.action_space, self.views.action, actions, span)
+            self.layout.write_actions(self.views, actions, call.lo, call.hi)
         for w, (wlo, whi) in enumerate(self.pool.bounds):
             lo, hi = max(call.lo, wlo), min(call.hi, whi)
             if lo < hi:
@@ -222,31 +219,21 @@ class Stepper:
         replies: list[tuple[int, int, bytes]],
         failed: list[int],
         errors: dict[int, BaseException],
-    ) -> BatchStep:
-        lo, hi, v = call.lo, call.hi, self.views
-        # The workers are done: the flags in shared memory are this step's.
-        infos: list[dict[str, Any]] = [{} for _ in range(hi - lo)]
-        ended = (v.terminated[lo:hi] | v.truncated[lo:hi]).nonzero()[0]
-        reset_infos: dict[int, dict[str, Any]] = (
-            {lo + int(j): {} for j in ended} if len(ended) else {}
-        )
+    ) -> Any:
+        infos: dict[int, dict[str, Any]] = {}
+        reset_infos: dict[int, dict[str, Any]] = {}
         for w, _, payload in replies:
             if not payload:
                 continue
             reply: wire.StepReply = pickle.loads(payload)
-            for i, info in reply.infos.items():
-                infos[i - lo] = info
+            infos.update(reply.infos)
             reset_infos.update(reply.reset_infos)
             failed.extend(reply.restarted)
             for i, remote in reply.errors.items():
                 errors[i] = self.pool.remote_exception(w, remote).__cause__  # type: ignore[assignment]
             self.num_restarts += len(reply.errors)
-        whole = (lo, hi) == (0, self.num_envs) and not call.per_worker
-        return self._buffers.batch_step(
-            self.obs_space,
-            None if whole else slice(lo, hi),
-            infos,
-            reset_infos,
-            failed_mask(failed, lo, hi) if failed else None,
-            errors or None,
+        # The workers are done: what they wrote in shared memory is this step's.
+        whole = (call.lo, call.hi) == (0, self.num_envs) and not call.per_worker
+        return self.layout.result(
+            self.views, call.lo, call.hi, whole, infos, reset_infos, failed, errors
         )

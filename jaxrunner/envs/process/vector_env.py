@@ -3,7 +3,6 @@ of the worker pool (:mod:`.pool`, :mod:`.recovery`)."""
 
 from __future__ import annotations
 
-import pickle
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -13,19 +12,14 @@ from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
-from jaxrunner.envs.process import wire
-from jaxrunner.envs.process.config import ProcessConfig, checked_config, spin_wait_s
-from jaxrunner.envs.process.handle import Resources, WorkerLost, shutdown
+from jaxrunner.envs.process.config import ProcessConfig, checked_config
+from jaxrunner.envs.process.handle import Resources, shutdown
 from jaxrunner.envs.process.launch import (
     EnvFactory,
-    multiprocessing_context,
-    pickle_factories,
     worker_bounds,
 )
-from jaxrunner.envs.process.pool import WorkerPool
-from jaxrunner.envs.process.recovery import WorkerRecovery
-from jaxrunner.envs.process.shared import Layout, create_shared_block
-from jaxrunner.envs.process.stepping import Stepper
+from jaxrunner.envs.process.shared import Layout
+from jaxrunner.envs.process.transport import ProcessTransport, Report
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 from jaxrunner.faults import RestartPolicy
 
@@ -128,23 +122,25 @@ class ProcessVectorEnv(VectorEnv):
             )
         self.num_envs = len(env_fns)
         bounds = worker_bounds(self.num_envs, config.envs_per_worker, config.num_workers)
-        payloads = [pickle_factories(env_fns[lo:hi], lo) for lo, hi in bounds]
-        ctx = multiprocessing_context(config.start_method)
-        spin_s = spin_wait_s(config, len(bounds))
-        self._pool = WorkerPool(ctx, bounds, payloads, config.step_timeout_s, self._res, spin_s)
-        self._pool.close_after = self._close_after
         try:
-            self._start()
+            self._transport = ProcessTransport(
+                env_fns,
+                bounds,
+                config,
+                restart_policy,
+                self._res,
+                self._close_after,
+                self._layout_for,
+                self._check_report,
+            )
         except BaseException:
             self._close_after("construction failed")
             raise
         self._closed_reason = None
-        spaces = (self.single_observation_space, self.single_action_space)
-        self._recovery = WorkerRecovery(
-            self._pool, restart_policy, spaces, self._views, lambda: self._stepper.in_flight()
-        )
-        self._pool.on_lost = self._recovery.worker_lost
-        self._stepper = Stepper(self._pool, self._recovery, spaces, self._views, config.ready_first)
+        self._pool = self._transport.pool
+        self._recovery = self._transport.recovery
+        self._stepper = self._transport.stepper
+        self._views = self._transport.views
 
     @property
     def step_timeout_s(self) -> float | None:
@@ -172,16 +168,15 @@ class ProcessVectorEnv(VectorEnv):
         self._closed_reason = reason
         self._finalizer()
 
-    def _start(self) -> None:
-        """Starts the workers, checks their sub-envs' spaces and hands them the shared
-        block (and the restart policy)."""
-        pool = self._pool
-        for w in range(len(pool.bounds)):
-            pool.workers.append(pool.spawn(w))
-        try:
-            reports = [pool.expect(w, wire.START_REPORT_SEQ) for w in range(len(pool.bounds))]
-        except WorkerLost as lost:
-            raise lost.error("the vector env could not start") from None
+    def _layout_for(self, reports: list[Report]) -> Layout:
+        """Checks the workers' sub-envs (equal, supported spaces) and takes their
+        spaces and metadata; the shared block's layout."""
+        if "spaces" not in reports[0]:
+            raise InvalidArgumentTypeError(
+                "ProcessVectorEnv: the env factories made multi-agent (PettingZoo) envs; "
+                "build those with jaxrunner.make_multi_agent_vec(env_fn, num_envs, "
+                "backend='process')."
+            )
         env_spaces = [pair for report in reports for pair in report["spaces"]]
         self._check_spaces(env_spaces)
         first = reports[0]
@@ -191,17 +186,16 @@ class ProcessVectorEnv(VectorEnv):
         self.spec = None
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
+        return Layout(self.single_observation_space, self.single_action_space, self.num_envs)
 
-        layout = Layout(self.single_observation_space, self.single_action_space, self.num_envs)
-        self._res.fd, self._res.memory = create_shared_block(layout.nbytes)
-        self._views = layout.views(self._res.memory)
-        pool.memory_message = pickle.dumps((layout, self.restart_policy, pool.spin_s))
-        try:
-            seqs = [pool.send_memory(w) for w in range(len(pool.bounds))]
-            for w, seq in enumerate(seqs):
-                pool.expect(w, seq)
-        except WorkerLost as lost:
-            raise lost.error("the vector env could not start") from None
+    def _check_report(self, report: Report, where: str) -> None:
+        spaces = (self.single_observation_space, self.single_action_space)
+        for pair in report.get("spaces", [None]):
+            if pair != spaces:
+                raise SpaceMismatchError(
+                    f"{where} has spaces {pair}, the vector env {spaces}; every sub-env must "
+                    "have equal spaces."
+                )
 
     def _check_spaces(self, env_spaces: list[tuple[gymnasium.Space, gymnasium.Space]]) -> None:
         self.single_observation_space, self.single_action_space = env_spaces[0]
@@ -224,27 +218,15 @@ class ProcessVectorEnv(VectorEnv):
     ) -> tuple[Any, list[dict[str, Any]]]:
         """Resets every sub-env; the results of sends not yet received are dropped."""
         self._check_open("reset")
-        self._stepper.discard()
-        seeds = list(seeds)
-        results = self._pool.call_all(
-            "reset", [(seeds[lo:hi], options) for lo, hi in self._pool.bounds]
-        )
-        self._recovery.pending.clear()  # every sub-env starts afresh from what the caller gets
-        return self._views.obs, [info for infos in results for info in infos]
+        return self._views.obs, self._transport.reset(seeds, options)
 
     def reset_at(
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
         self._check_open("reset_at")
         self._check_index(index, "reset_at")
-        w = self._pool.worker_of(index)
-        status, payload = self._pool.call(w, "reset_at", (index, seed, options))
-        if status != wire.STATUS_OK:
-            self._pool.raise_remote(w, pickle.loads(payload))
-        self._recovery.pending.pop(index, None)
-        return jr_spaces.take(self.single_observation_space, self._views.obs, index), (
-            pickle.loads(payload)
-        )
+        info = self._transport.reset_at(index, seed, options)
+        return jr_spaces.take(self.single_observation_space, self._views.obs, index), info
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         """Validates ``actions``, writes them to shared memory and tells the workers of
@@ -265,12 +247,7 @@ class ProcessVectorEnv(VectorEnv):
         """:meth:`send` then :meth:`recv` (the base's definition), for all of ``rows``
         at once (in ready-first mode too); nothing in flight: straight to the result."""
         self._check_open("step")
-        stepper = self._stepper
-        if stepper.calls and not self.config.ready_first:  # the oldest send answers first
-            stepper.send(actions, rows, per_worker=False)
-            return stepper.recv()
-        (call,) = stepper.send(actions, rows, per_worker=False)
-        return stepper.finish(call)
+        return self._transport.step_all(actions, rows, self.config.ready_first)
 
     def _obs_buffer(self) -> Any:
         return self._views.obs
@@ -296,10 +273,7 @@ class ProcessVectorEnv(VectorEnv):
 
     def set_attr(self, name: str, values: Any) -> None:
         self._check_open("set_attr")
-        values = self._values_per_env(name, values)
-        self._pool.call_all(
-            "set_attr", [(name, list(values[lo:hi])) for lo, hi in self._pool.bounds]
-        )
+        self._transport.set_attr(name, self._values_per_env(name, values))
 
     @property
     def num_workers(self) -> int:

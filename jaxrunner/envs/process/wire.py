@@ -100,6 +100,8 @@ class RemoteError:
     """Kind ``"recreate"``: the last attempt's pickled error; ``exception`` is then the
     failure that made the restart necessary and ``description`` the message of the
     :class:`~jaxrunner.errors.EnvError`."""
+    agent_id: str | None = None
+    """Kind ``"env"`` in a turn-based multi-agent sub-env: the agent whose turn it was."""
 
     @classmethod
     def capture(cls, err: BaseException, kind: str, env_index: int, call: str) -> RemoteError:

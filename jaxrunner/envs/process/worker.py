@@ -29,8 +29,7 @@ from typing import Any
 
 import gymnasium
 
-from jaxrunner import spaces as jr_spaces
-from jaxrunner.envs.process.shared import Layout
+from jaxrunner.envs.process.shared import BlockLayout
 from jaxrunner.envs.process.wire import (
     COMMAND,
     OP_MEMORY,
@@ -65,22 +64,23 @@ class Worker:
 
     # -- setup
 
-    def attach(self, fd: int, layout: Layout, policy: RestartPolicy | None, spin_s: float) -> None:
-        """Maps the shared block, builds the step loop over it and keeps the spin
-        budget."""
+    def attach(
+        self, fd: int, layout: BlockLayout, policy: RestartPolicy | None, spin_s: float
+    ) -> None:
+        """Maps the shared block, builds the layout's step loop over it and keeps the
+        spin budget."""
         self.spin_s = spin_s
         self._memory = mmap.mmap(fd, layout.nbytes)
         os.close(fd)
         v = layout.views(self._memory)
-        self.read_actions = _actions_reader(layout.action_space, v.action)
-        self.sub_envs = SubEnvs(
+        self.read_actions = layout.actions_reader(v)
+        self.sub_envs = layout.block(
             self.envs,
             self.fns,
             self.offset,
-            v.step_buffers,
-            layout.observation_space,
+            v,
             policy,
-            status=memoryview(v.status),  # faster item writes than numpy's
+            memoryview(v.status),  # faster item writes than numpy's
         )
 
     # -- commands
@@ -133,6 +133,7 @@ class Worker:
             remote = RemoteError.capture_recreation(err)
         elif isinstance(err, SubEnvRaised):
             remote = RemoteError.capture(err.__cause__, "env", err.env_index, err.call)  # type: ignore[arg-type]
+            remote.agent_id = err.agent_id
         elif isinstance(err, JaxRunnerError):
             remote = RemoteError.capture(err, "check", getattr(err, "env_index", -1), "")
         else:
@@ -176,15 +177,22 @@ class Worker:
                 self.error(seq, err)
 
 
-def _actions_reader(space: gymnasium.Space, buffer: Any) -> Callable[[int, int], list[Any]]:
-    """``read(lo, hi)``: sub-envs ``[lo, hi)``'s actions, copied out of the shared buffer
-    (an env may keep its action), as numpy scalars or arrays of the action space's
-    dtype."""
-    if isinstance(space, (gymnasium.spaces.Dict, gymnasium.spaces.Tuple)):
-        return lambda lo, hi: [jr_spaces.take(space, buffer, i) for i in range(lo, hi)]
-    if buffer.ndim == 1:
-        return lambda lo, hi: list(buffer[lo:hi])  # numpy scalars are copies
-    return lambda lo, hi: list(buffer[lo:hi].copy())
+def describe(envs: list[Any]) -> dict[str, Any]:
+    """A worker's start report: what its sub-envs are (the main process checks every
+    worker's against the first's): gymnasium envs by their spaces, PettingZoo envs by
+    their agents' spaces."""
+    first = envs[0]
+    report = {
+        "metadata": getattr(first, "metadata", {}),
+        "render_mode": getattr(first, "render_mode", None),
+    }
+    if hasattr(first, "possible_agents"):  # PettingZoo (imported only then)
+        from jaxrunner.multi_agent.groups import describe_agents
+
+        report["agents"] = [describe_agents(env) for env in envs]
+    else:
+        report["spaces"] = [(env.observation_space, env.action_space) for env in envs]
+    return report
 
 
 def worker_main(sock: socket.socket, offset: int, payload: bytes) -> None:
@@ -194,13 +202,7 @@ def worker_main(sock: socket.socket, offset: int, payload: bytes) -> None:
     try:
         worker.fns = pickle.loads(payload)
         worker.envs = build_envs(worker.fns, offset)
-        first = worker.envs[0]
-        info = {
-            "spaces": [(env.observation_space, env.action_space) for env in worker.envs],
-            "metadata": first.metadata,
-            "render_mode": first.render_mode,
-        }
-        worker.reply(START_REPORT_SEQ, STATUS_OK, pickle.dumps(info))
+        worker.reply(START_REPORT_SEQ, STATUS_OK, pickle.dumps(describe(worker.envs)))
     except BaseException as err:
         worker.error(START_REPORT_SEQ, err)
         sock.close()
