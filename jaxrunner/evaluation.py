@@ -9,11 +9,14 @@ favour short episodes, and so bias the mean return.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.multi_agent.evaluation import MultiAgentEvaluationResult, evaluate_multi_agent
+from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner.policy import Params, Policy
 from jaxrunner.sampling import EnvRunner
 from jaxrunner.trajectory import Episode
@@ -73,14 +76,14 @@ class EvaluationResult:
 
 def evaluate(
     envs: Any,
-    policy: Policy,
+    policy: Policy | Mapping[str, Policy],
     params: Params,
     num_episodes: int,
     *,
     deterministic: bool = True,
     seed: int = 0,
     rollout_length: int = 32,
-) -> EvaluationResult:
+) -> EvaluationResult | MultiAgentEvaluationResult:
     """Runs ``policy`` with ``params`` on ``envs`` for ``num_episodes`` complete
     episodes and returns them with their statistics.
 
@@ -92,8 +95,15 @@ def evaluate(
     yourself) and may be evaluated on again; use envs of their own, never a training
     runner's.
 
+    Multi-agent envs (:func:`jaxrunner.make_multi_agent_vec`) are evaluated the same
+    way over env episodes: ``policy`` and ``params`` are then as for
+    :class:`~jaxrunner.MultiAgentRunner` (one policy, or a dict by policy id), and the
+    result is a :class:`~jaxrunner.multi_agent.MultiAgentEvaluationResult` (each env
+    episode's return over its agents, and per agent).
+
     Args:
-        envs: a jaxrunner vector env (:func:`jaxrunner.make_vec`) for evaluation only.
+        envs: a jaxrunner vector env (:func:`jaxrunner.make_vec`) for evaluation only,
+            or a multi-agent one.
         policy: the policy; ``deterministic`` picks how it acts.
         params: its params (e.g. the training runner's ``get_params()``).
         num_episodes: how many complete episodes, ``>= 1``.
@@ -104,11 +114,26 @@ def evaluate(
             steps past the last episode needed, larger has less per-call overhead.
 
     Returns:
-        An :class:`EvaluationResult`.
+        An :class:`EvaluationResult` (multi-agent envs: a ``MultiAgentEvaluationResult``).
     """
     if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
         raise InvalidArgumentError(
             f"evaluate(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
+        )
+    if isinstance(envs, MultiAgentVectorEnv):
+        return evaluate_multi_agent(
+            envs,
+            policy,
+            params,
+            num_episodes,
+            deterministic=deterministic,
+            seed=seed,
+            rollout_length=rollout_length,
+        )
+    if not isinstance(policy, Policy):
+        raise InvalidArgumentError(
+            f"evaluate(policy=...): a single-agent vector env takes one jaxrunner.Policy, got "
+            f"{type(policy).__name__}."
         )
     acting = policy.deterministic() if deterministic else policy
     runner = EnvRunner(envs, acting, params, rollout_length=rollout_length, seed=seed)

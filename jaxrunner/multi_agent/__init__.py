@@ -2,6 +2,7 @@
 ``[T, B, A_g, ...]`` trajectories with masks (see DESIGN.md, "Multi-agent")."""
 
 from jaxrunner.multi_agent.buffers import GroupBuffers, MultiAgentStep
+from jaxrunner.multi_agent.evaluation import MultiAgentEvaluationResult
 from jaxrunner.multi_agent.groups import (
     AgentGroup,
     PolicyMappingFn,
@@ -29,6 +30,7 @@ __all__ = [
     "GroupTrajectory",
     "JaxMultiAgentVectorEnv",
     "MultiAgentRunner",
+    "MultiAgentEvaluationResult",
     "MultiAgentStep",
     "MultiAgentTrajectory",
     "MultiAgentVectorEnv",
