@@ -49,3 +49,55 @@ def test_evaluate_refuses_a_policy_dict_for_single_agent_envs():
     envs = jr.make_vec("CartPole-v1", 2)
     with envs, pytest.raises(jr.errors.InvalidArgumentError, match=r"one jaxrunner\.Policy"):
         jr.evaluate(envs, {"policy_0": random_policy(2)}, zero_params(2), 2)
+
+
+class _Recorder(jr.multi_agent.AgentCallbacks):
+    def __init__(self):
+        self.ended = []
+
+    def on_agent_episode_end(self, runner, episode):
+        self.ended.append(episode)
+
+
+@pytest.mark.parametrize("factory", [envs_mod.coming_and_going, envs_mod.relay])
+def test_callbacks_see_each_complete_agent_episode_once(factory):
+    n = 3 if factory is envs_mod.coming_and_going else 4
+    policy, params = random_policy(n), zero_params(n)
+    recorder = _Recorder()
+    envs = jr.make_multi_agent_vec(factory, 2)
+    with jr.MultiAgentRunner(envs, policy, params, 5, seed=1, callbacks=recorder) as runner:
+        for _ in range(4):  # 20 steps: episodes span samples
+            runner.sample()
+    envs = jr.make_multi_agent_vec(factory, 2)
+    with jr.MultiAgentRunner(envs, policy, params, 20, seed=1) as runner:
+        reference = runner.sample_episodes(len(recorder.ended))
+    # The same agent episodes (the callbacks see them sample by sample, so in another
+    # order than one long sample sorts them), each whole.
+    assert len(recorder.ended) > 4
+    ended = sorted(recorder.ended, key=lambda e: (e.episode_id, e.agent_id))
+    reference = sorted(reference, key=lambda e: (e.episode_id, e.agent_id))
+    assert [(e.episode_id, e.agent_id) for e in ended] == [
+        (e.episode_id, e.agent_id) for e in reference
+    ]
+    for got, want in zip(ended, reference):
+        np.testing.assert_array_equal(got.reward, want.reward)
+        np.testing.assert_array_equal(got.action, want.action)
+
+
+def test_callbacks_that_override_nothing_are_never_called():
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
+    callbacks = jr.multi_agent.AgentCallbacks()
+    with jr.MultiAgentRunner(
+        envs, random_policy(3), zero_params(3), 5, seed=1, callbacks=callbacks
+    ) as runner:
+        assert runner._on_agent_episode_end is None
+        runner.sample()
+    with pytest.raises(jr.errors.InvalidArgumentTypeError, match="AgentCallbacks"):
+        jr.MultiAgentRunner(
+            jr.make_multi_agent_vec(envs_mod.coming_and_going, 2),
+            random_policy(3),
+            zero_params(3),
+            5,
+            seed=1,
+            callbacks=object(),
+        )

@@ -2,6 +2,7 @@
 ``[T, B, A_g, ...]`` trajectories with masks (see DESIGN.md, "Multi-agent")."""
 
 from jaxrunner.multi_agent.buffers import GroupBuffers, MultiAgentStep
+from jaxrunner.multi_agent.callbacks import AgentCallbacks
 from jaxrunner.multi_agent.evaluation import MultiAgentEvaluationResult
 from jaxrunner.multi_agent.groups import (
     AgentGroup,
@@ -24,6 +25,7 @@ from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv, SyncMultiAgent
 
 __all__ = [
     "MULTI_AGENT_BACKENDS",
+    "AgentCallbacks",
     "AgentEpisode",
     "AgentGroup",
     "GroupBuffers",

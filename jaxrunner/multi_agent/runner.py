@@ -14,6 +14,7 @@ from jaxrunner.errors import (
     InvalidArgumentTypeError,
 )
 from jaxrunner.metrics import MetricsConfig
+from jaxrunner.multi_agent.callbacks import AgentCallbacks, AgentEpisodeJoiner, overrides
 from jaxrunner.multi_agent.connectors import (
     GroupConnectors,
     check_state_like,
@@ -21,11 +22,7 @@ from jaxrunner.multi_agent.connectors import (
 )
 from jaxrunner.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner.multi_agent.metrics import MultiAgentMetrics
-from jaxrunner.multi_agent.trajectory import (
-    AgentEpisode,
-    MultiAgentTrajectory,
-    concatenate_agent_episodes,
-)
+from jaxrunner.multi_agent.trajectory import AgentEpisode, MultiAgentTrajectory
 from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.sampling.multi_agent import MultiAgentSampler, MultiAgentSetup
@@ -57,6 +54,8 @@ class MultiAgentRunner(EnvOwner):
             policy step, with agent slots as rows (see
             :mod:`jaxrunner.multi_agent.connectors`). Initialise a group's policy on
             ``connectors.observation_space(group.observation_space)``.
+        callbacks: optional :class:`~jaxrunner.multi_agent.AgentCallbacks`, called per
+            complete agent episode after each ``sample()``.
     """
 
     def __init__(
@@ -69,6 +68,7 @@ class MultiAgentRunner(EnvOwner):
         *,
         metrics: MetricsConfig | None = None,
         connectors: GroupConnectors | None = None,
+        callbacks: AgentCallbacks | None = None,
     ) -> None:
         if not isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
             raise InvalidArgumentTypeError(
@@ -96,8 +96,21 @@ class MultiAgentRunner(EnvOwner):
         self._failure: BaseException | None = None
         agents = {g.policy_id: g.agents for g in envs.groups}
         self._metrics = MultiAgentMetrics(metrics or MetricsConfig(), agents)
-        self._fragments: dict[tuple[str, int], AgentEpisode] = {}
+        order = {a: k for k, a in enumerate(envs.possible_agents)}
+        self._episodes = AgentEpisodeJoiner(order)  # for sample_episodes
         self._finished: list[AgentEpisode] = []
+        if callbacks is not None and not isinstance(callbacks, AgentCallbacks):
+            raise InvalidArgumentTypeError(
+                f"MultiAgentRunner(callbacks=...): expected a jaxrunner.multi_agent."
+                f"AgentCallbacks (subclass it), got {type(callbacks).__name__}."
+            )
+        self.callbacks = callbacks
+        self._on_agent_episode_end = (
+            callbacks.on_agent_episode_end  # type: ignore[union-attr]
+            if overrides(callbacks, "on_agent_episode_end")
+            else None
+        )
+        self._callback_episodes = AgentEpisodeJoiner(order)  # apart: sample_episodes keeps its own
         try:
             setup = MultiAgentSetup(
                 self._policies,
@@ -124,26 +137,18 @@ class MultiAgentRunner(EnvOwner):
     def sample(self) -> MultiAgentTrajectory:
         """Collects ``rollout_length`` env steps of every env. Agent and env episodes
         carry on across calls; a failure raises with ``err.partial_trajectory``."""
-        return self._sample_once()
+        traj = self._sample_once()
+        if self._on_agent_episode_end is not None:
+            for episode in self._callback_episodes.complete(traj):
+                self._on_agent_episode_end(self, episode)
+        return traj
 
     def sample_episodes(self, num_episodes: int) -> list[AgentEpisode]:
         """Samples until ``num_episodes`` complete agent episodes are available; returns
         them ordered by (env episode id, agent). Extra ones are kept for the next call."""
         check_num_episodes(num_episodes)
-        order = {a: k for k, a in enumerate(self.envs.possible_agents)}
         while len(self._finished) < num_episodes:
-            complete = []
-            for part in self.sample().split_episodes():
-                key = (part.agent_id, part.env_id)
-                head = self._fragments.pop(key, None)
-                if head is not None and head.episode_id == part.episode_id:
-                    part = concatenate_agent_episodes(head, part)
-                if not part.is_done:
-                    self._fragments[key] = part
-                elif part.is_complete:
-                    complete.append(part)
-            complete.sort(key=lambda e: (e.episode_id, order[e.agent_id]))
-            self._finished.extend(complete)
+            self._finished.extend(self._episodes.complete(self.sample()))
         result, self._finished = self._finished[:num_episodes], self._finished[num_episodes:]
         return result
 
