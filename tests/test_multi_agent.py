@@ -270,14 +270,20 @@ def test_policy_pool_one_member_per_agent_episode_and_no_recompile():
     assert starts.sum() > 4 and (second.action[starts] == 2).all()
 
 
-def test_readme_multi_agent_example_runs():
+def test_readme_multi_agent_examples_run(capsys):
     pytest.importorskip("mpe2")
     import pathlib
+    import re
 
     readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
-    section = readme.read_text().split("## Multi-agent", 1)[1]
-    code = section.split("```python", 1)[1].split("```", 1)[0]
-    exec(compile(code, "README multi-agent example", "exec"), {})
+    section = readme.read_text().split("## Multi-agent", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 3  # the quickstart, restarts, evaluation
+    namespace: dict = {}
+    for k, code in enumerate(blocks):  # in order, in one namespace, as a reader pastes them
+        exec(compile(code, f"README multi-agent example {k}", "exec"), namespace)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-2:] == ["True", "4 ['agent_0', 'agent_1', 'agent_2']"]
 
 
 def test_host_sampler_makes_only_explicit_transfers():
