@@ -405,3 +405,54 @@ class TestRayContract(jr.testing.VectorEnvContract):
     def make_vec(self, env_fns):
         config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
         return jr.RayVectorEnv(env_fns, config)
+
+
+def test_multi_agent_group_samples_like_local_runners_and_syncs_params_per_policy():
+    pytest.importorskip("pettingzoo")
+    from tests import multi_agent_envs as envs_mod
+
+    ray.cloudpickle.register_pickle_by_value(envs_mod)
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 1)
+    (g,) = envs.groups
+    envs.close()
+    policy = POLICY(g.action_space)
+    first = {"policy_0": policy.init(jax.random.key(0), g.observation_space)}
+    second = {"policy_0": policy.init(jax.random.key(7), g.observation_space)}
+    config = jr.EnvRunnerGroupConfig(
+        num_runners=2,
+        num_envs_per_runner=2,
+        rollout_length=8,
+        seed=3,
+        num_cpus_per_runner=0.5,
+        sample_timeout_s=60.0,
+        multi_agent=True,
+    )
+
+    def local(index: int) -> jr.MultiAgentRunner:
+        envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
+        return jr.MultiAgentRunner(envs, policy, first, 8, config.runner_seed(index, 0))
+
+    with jr.EnvRunnerGroup(envs_mod.coming_and_going, POLICY, first, config) as group:
+        traj = group.sample()
+        group.set_params(second)
+        after = group.sample(concat=False)
+        with pytest.raises(jr.errors.InvalidArgumentError, match="by policy id"):
+            group.set_params({"ghost": second["policy_0"]})
+        metrics = group.get_metrics()
+    assert traj.groups["policy_0"].valid.shape == (8, 4, 4)
+    np.testing.assert_array_equal(traj.env_id[0], np.arange(4))
+    for index in (0, 1):  # each runner is a local MultiAgentRunner with its seed
+        with local(index) as runner:
+            expected = runner.sample()
+            runner.set_params("policy_0", second["policy_0"])
+            expected_after = runner.sample()
+        got = jax.tree.map(lambda x, i=index: x[:, 2 * i : 2 * i + 2], traj)
+        np.testing.assert_array_equal(
+            got.groups["policy_0"].action, expected.groups["policy_0"].action
+        )
+        np.testing.assert_array_equal(got.env_id, expected.env_id + 2 * index)
+        np.testing.assert_array_equal(
+            after[index].groups["policy_0"].action, expected_after.groups["policy_0"].action
+        )
+    assert metrics["num_env_steps_sampled"] == 2 * 2 * 2 * 8  # runners x envs x samples x T
+    assert metrics["runner_params_versions"] == {0: 1, 1: 1}

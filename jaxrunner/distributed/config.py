@@ -43,7 +43,15 @@ class EnvRunnerGroupConfig:
     None: a failure fails the runner (which the group then replaces)."""
     runner_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments for :class:`~jaxrunner.EnvRunner` (
-    ``metrics``, ``num_groups``...)."""
+    ``metrics``, ``num_groups``...), or for :class:`~jaxrunner.MultiAgentRunner`."""
+    multi_agent: bool = False
+    """The env factory makes PettingZoo envs: each runner is a
+    :class:`~jaxrunner.MultiAgentRunner` over ``make_multi_agent_vec``; the policy
+    factory is called once per agent group (with its action space), and params,
+    ``set_params`` and the connector statistics are dicts by policy id."""
+    policy_mapping_fn: Callable[[str], str] | None = None
+    """With ``multi_agent``: ``agent_id -> policy_id`` (picklable; None: the default
+    mapping)."""
     num_cpus_per_runner: float = 1.0
     """Ray CPU resources each runner reserves."""
     num_gpus_per_runner: float = 0.0
@@ -59,6 +67,11 @@ class EnvRunnerGroupConfig:
 
     def __post_init__(self) -> None:
         check_vec_options(self.backend, self.vec_config, self.restart_policy)
+        if self.policy_mapping_fn is not None and not self.multi_agent:
+            raise InvalidArgumentError(
+                "EnvRunnerGroupConfig(policy_mapping_fn=...): a policy mapping applies to "
+                "multi-agent envs; set multi_agent=True."
+            )
         for name in ("num_runners", "num_envs_per_runner", "rollout_length"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -44,10 +44,13 @@ class EnvRunnerGroup:
     """N :class:`~jaxrunner.EnvRunner` s as Ray actors (see the module docstring).
 
     Args:
-        env: a gymnasium id, or a picklable zero-argument factory of a gymnasium.Env.
+        env: a gymnasium id, or a picklable zero-argument factory of a gymnasium.Env
+            (with ``config.multi_agent``: of a PettingZoo env).
         policy_factory: a picklable callable ``(single_action_space) -> Policy`` (e.g.
-            ``functools.partial(jaxrunner.bench.mlp_policy, hidden=(64, 64))``).
-        params: the initial params (any pytree of arrays; sent once via ``ray.put``).
+            ``functools.partial(jaxrunner.bench.mlp_policy, hidden=(64, 64))``); for a
+            multi-agent env, called with each agent group's action space.
+        params: the initial params (any pytree of arrays; sent once via ``ray.put``);
+            for a multi-agent env, a dict by policy id, as :meth:`set_params` takes too.
         config: :class:`EnvRunnerGroupConfig`.
 
     Ray must be importable; ``ray.init(...)`` first to choose the cluster (otherwise
@@ -126,8 +129,9 @@ class EnvRunnerGroup:
         refs = [slot.actor.sample_with_statistics.remote() for slot in slots]
         done, _ = ray.wait(refs, num_returns=len(refs), timeout=self.config.sample_timeout_s)
         finished = set(done)
-        results: list[Trajectory] = []
-        deltas: list[list[Moments]] = []
+        results: list[Any] = []
+        deltas: list[Any] = []
+        steps = 0
         failed: list[tuple[_Slot, str]] = []  # replaced after the merge: they start from it
         for slot, ref in zip(slots, refs):
             if ref not in finished:
@@ -136,15 +140,15 @@ class EnvRunnerGroup:
                 )
                 continue
             try:
-                traj, delta = ray.get(ref)
+                traj, delta, new_steps = ray.get(ref)
                 results.append(traj)
                 deltas.append(delta)
+                steps += new_steps
             # RayError: also an env error Ray could not unpickle (UnserializableException).
             except ray.exceptions.RayError as err:
                 failed.append((slot, f"sample() failed: {err}"))
         if deltas and deltas[0]:  # connectors with statistics: merged in runner order, exactly
-            base = [] if self._statistics is None else [self._statistics]
-            self._statistics = merge_all([*base, *deltas])
+            self._statistics = _merged(self._statistics, deltas)
         for slot, why in failed:
             self._restart(slot, why)
         if not results:
@@ -153,7 +157,7 @@ class EnvRunnerGroup:
                 "a sample (each was replaced; see get_metrics()['runner_failures']). Check the "
                 "env and the runners' logs, or raise sample_timeout_s."
             )
-        self.num_env_steps_sampled += sum(int(np.sum(t.valid)) for t in results)
+        self.num_env_steps_sampled += steps
         return concatenate_envs(results) if concat else results
 
     @property
@@ -335,6 +339,15 @@ class EnvRunnerGroup:
             raise ClosedError(
                 f"EnvRunnerGroup.{what}() called after stop(); create a new EnvRunnerGroup."
             )
+
+
+def _merged(statistics: Any, deltas: list[Any]) -> Any:
+    """The group's statistics with the runners' new ones merged in (in runner order);
+    a multi-agent group's per policy id."""
+    if isinstance(deltas[0], dict):
+        base = statistics or {}
+        return {pid: _merged(base.get(pid), [delta[pid] for delta in deltas]) for pid in deltas[0]}
+    return merge_all([*([] if statistics is None else [statistics]), *deltas])
 
 
 def aggregate_metrics(per_runner: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:

@@ -85,7 +85,7 @@ def make_multi_agent_vec(
     if backend == "sync":
         return SyncMultiAgentVectorEnv(fns, policy_mapping_fn, restart_policy=restart_policy)
     if backend == "ray":
-        from jaxrunner.multi_agent.ray import RayMultiAgentVectorEnv
+        from jaxrunner.envs.ray.agents import RayMultiAgentVectorEnv
 
         assert config is None or isinstance(config, RayConfig)  # checked above
         return RayMultiAgentVectorEnv(

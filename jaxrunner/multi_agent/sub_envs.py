@@ -113,6 +113,7 @@ class SubEnvBlock:
         infos = []
         for buf in self.buffers:
             buf.completed[:] = False
+        self.env_done[:], self.env_reward[:], self.unassigned_reward[:] = False, 0.0, 0.0
         for b, seed in enumerate(seeds):
             infos.append(self._reset_row(b, seed, options))
         return infos

@@ -31,7 +31,12 @@ class EnvWorker:
     """The body of one env actor: a SyncVectorEnv over a block of sub-envs. Returns
     copies of its buffers (Ray serializes return values) and portable errors."""
 
-    def __init__(self, env_fns: Sequence[EnvFactory], restart_policy: RestartPolicy | None) -> None:
+    def __init__(
+        self,
+        env_fns: Sequence[EnvFactory],
+        restart_policy: RestartPolicy | None,
+        offset: int = 0,  # the caller re-indexes errors (the actor pool's convention)
+    ) -> None:
         self.envs = SyncVectorEnv(env_fns, copy=False, restart_policy=restart_policy)
 
     def describe(self) -> tuple[gymnasium.Space, gymnasium.Space, dict[str, Any], Any]:

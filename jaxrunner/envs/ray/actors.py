@@ -24,6 +24,12 @@ class ActorPool:
         env_fns: one factory per sub-env.
         config: placement and timeouts.
         restart_policy: how dead actors are replaced (None: their failure raises).
+        worker: the actor's body, built as ``worker(env_fns, restart_policy, offset,
+            *worker_args)`` (``offset``: its first sub-env's global index), with
+            ``describe``, ``reset``, ``reset_at``, ``step``, ``num_restarts``, ``call``,
+            ``get_attr``, ``set_attr``, ``render`` and ``close``: :class:`EnvWorker` for
+            gymnasium envs, the multi-agent one for PettingZoo envs.
+        worker_args: more arguments for ``worker``.
     """
 
     def __init__(
@@ -32,6 +38,8 @@ class ActorPool:
         env_fns: Sequence[EnvFactory],
         config: RayConfig,
         restart_policy: RestartPolicy | None,
+        worker: type = EnvWorker,
+        worker_args: tuple = (),
     ) -> None:
         self.ray, self.env_fns, self.config = ray, list(env_fns), config
         self.restart_policy = restart_policy
@@ -42,7 +50,8 @@ class ActorPool:
         """The current actor handles, one per block."""
         self.num_actor_restarts = 0
         """Actors replaced after dying or timing out."""
-        self._remote_cls = ray.remote(EnvWorker)
+        self._remote_cls = ray.remote(worker)
+        self._worker_args = worker_args
 
     def start(self) -> list[Any]:
         """Starts every actor; returns each one's ``describe()`` (kills them all if any
@@ -59,13 +68,13 @@ class ActorPool:
     def _make(self, u: int) -> Any:
         rows = self.unit_rows[u]
         return self._remote_cls.options(num_cpus=self.config.num_cpus_per_actor).remote(
-            self.env_fns[rows], self.restart_policy
+            self.env_fns[rows], self.restart_policy, rows.start, *self._worker_args
         )
 
-    def replace(self, u: int, cause: BaseException) -> tuple[Any, list[dict[str, Any]]]:
+    def replace(self, u: int, cause: BaseException) -> Any:
         """Kills actor ``u`` and starts a new one (reset, unseeded, as an in-process
-        restart; retried as the policy says); returns its first observations and
-        infos, or raises WorkerError."""
+        restart; retried as the policy says); returns what its ``reset`` returned (its
+        first observations and infos), or raises WorkerError."""
         self.kill(self.actors[u])
         rows = self.unit_rows[u]
         policy = self.restart_policy
@@ -78,10 +87,10 @@ class ActorPool:
                 range(rows.start, rows.stop),
             ) from cause
 
-        def attempt() -> tuple[Any, list[dict[str, Any]]]:
+        def attempt() -> Any:
             actor = self._make(u)
             try:
-                obs, infos = self.ray.get(
+                first = self.ray.get(
                     actor.reset.remote([None] * (rows.stop - rows.start), None),
                     timeout=self.config.actor_start_timeout_s,
                 )
@@ -90,7 +99,7 @@ class ActorPool:
                 raise
             self.actors[u] = actor
             self.num_actor_restarts += 1
-            return obs, infos
+            return first
 
         def give_up(last: BaseException) -> BaseException:
             return WorkerError(
