@@ -272,6 +272,9 @@ def restore(runner: EnvRunner, path: str | os.PathLike, load_env_pickles: bool) 
     else:
         steps_done = int(state["book"]["steps_done"])
         sampler.restart_episodes(env_seeds((runner.seed, steps_done), meta["num_envs"]))
+        if runner.connectors is not None:  # e.g. ScaleReward's running returns restart too
+            state = runner.connectors.restart_episodes(runner.get_connector_state())
+            runner.set_connector_state(state)
         note = (
             f"every env was reset and started a new episode ({note}); the episodes under way "
             "when it was saved are abandoned"

@@ -188,6 +188,51 @@ def check_reward(value: Any, index: int) -> float:
     return reward
 
 
+def _float_leaves(space: spaces.Space, tree: Any, path: str) -> list[tuple[str, np.ndarray]]:
+    """The floating-point leaves of ``tree`` (shaped by ``space``), with their paths."""
+    if isinstance(space, spaces.Dict):
+        return [
+            leaf
+            for key, sub in space.spaces.items()
+            for leaf in _float_leaves(sub, tree[key], f"{path}[{key!r}]")
+        ]
+    if isinstance(space, spaces.Tuple):
+        return [
+            leaf
+            for j, sub in enumerate(space)
+            for leaf in _float_leaves(sub, tree[j], f"{path}[{j}]")
+        ]
+    return [(path, tree)] if np.dtype(space.dtype).kind == "f" else []
+
+
+def nonfinite_observations(
+    space: spaces.Space, buffer: Any, lo: int, hi: int, call: str, skip: Any = ()
+) -> dict[int, InvalidStepError]:
+    """The rows ``[lo, hi)`` of a batched observation ``buffer`` holding a NaN or an
+    infinity (rows in ``skip`` aside), each with the error of an invalid step.
+
+    jaxrunner's one policy for non-finite env outputs: an observation with a NaN or an
+    infinity is refused like a non-finite reward (:func:`check_reward`), as an invalid
+    step: the sub-env is restarted under a ``restart_policy``, else the error is
+    raised. Statistics (``NormalizeObservation``) could never recover from one. Fast
+    when every value is finite: one ``isfinite`` per floating-point leaf and block."""
+    errors: dict[int, InvalidStepError] = {}
+    for path, leaf in _float_leaves(space, buffer, "obs"):
+        block = leaf[lo:hi]
+        if np.isfinite(block).all():
+            continue
+        bad = ~np.isfinite(block.reshape(hi - lo, -1)).all(axis=1)
+        for i in (lo + np.flatnonzero(bad)).tolist():
+            if i not in skip and i not in errors:
+                errors[i] = InvalidStepError(
+                    f"sub-env {i} returned a non-finite observation from {call}() at {path}: "
+                    "expected finite values, got NaN or infinity. Fix the env, or replace "
+                    "them in a gymnasium observation wrapper; with a restart_policy the "
+                    "sub-env is restarted instead."
+                )
+    return errors
+
+
 def check_info(value: Any, index: int, call: str) -> dict[str, Any]:
     """``value`` if it is a dict, as gymnasium's API requires of ``reset``/``step`` infos."""
     if not isinstance(value, dict):
