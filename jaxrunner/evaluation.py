@@ -9,11 +9,16 @@ favour short episodes, and so bias the mean return.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.connectors.base import ConnectorState
+from jaxrunner.connectors.moments import RunningMoments, freeze
+from jaxrunner.connectors.pipeline import Connectors, ConnectorsState
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.policy import Params, Policy
 from jaxrunner.sampling import EnvRunner
 from jaxrunner.trajectory import Episode
@@ -80,6 +85,8 @@ def evaluate(
     deterministic: bool = True,
     seed: int = 0,
     rollout_length: int = 32,
+    connectors: Connectors | None = None,
+    connector_state: ConnectorsState | Mapping[str, ConnectorState] | None = None,
 ) -> EvaluationResult:
     """Runs ``policy`` with ``params`` on ``envs`` for ``num_episodes`` complete
     episodes and returns them with their statistics.
@@ -102,6 +109,12 @@ def evaluate(
         seed: seeds the env resets and, when sampling, the policy's keys.
         rollout_length: steps per env of each inner ``sample()``; smaller wastes fewer
             steps past the last episode needed, larger has less per-call overhead.
+        connectors: the training runner's :class:`~jaxrunner.connectors.Connectors`
+            (the policy sees what they make of the observations).
+        connector_state: their state, e.g. the training runner's
+            ``get_connector_state()`` (or a dict by connector name); used frozen, so
+            evaluation never changes the statistics. Required when the connectors keep
+            statistics: fresh ones would evaluate on unnormalized observations.
 
     Returns:
         An :class:`EvaluationResult`.
@@ -110,9 +123,14 @@ def evaluate(
         raise InvalidArgumentError(
             f"evaluate(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
         )
+    _check_connectors(connectors, connector_state)
     acting = policy.deterministic() if deterministic else policy
-    runner = EnvRunner(envs, acting, params, rollout_length=rollout_length, seed=seed)
+    runner = EnvRunner(
+        envs, acting, params, rollout_length=rollout_length, seed=seed, connectors=connectors
+    )
     try:
+        if connectors is not None:
+            runner.set_connector_state(_frozen_state(runner, connectors, connector_state))
         episodes = _collect(runner, envs.num_envs, num_episodes)
     finally:  # the caller's envs stay open, free for the next evaluation
         runner.stop(close_envs=False)
@@ -121,6 +139,37 @@ def evaluate(
         returns=np.array([e.total_return for e in episodes], np.float64),
         lengths=np.array([e.length for e in episodes], np.int64),
     )
+
+
+def _check_connectors(connectors: Any, state: Any) -> None:
+    if connectors is not None and not isinstance(connectors, Connectors):
+        raise InvalidArgumentTypeError(
+            f"evaluate(connectors=...): expected a jaxrunner.connectors.Connectors, got "
+            f"{type(connectors).__name__}: pass the training runner's."
+        )
+    if connectors is None and state is not None:
+        raise InvalidArgumentError(
+            "evaluate(connector_state=...): no connectors to take it; pass "
+            "connectors=<the training runner's Connectors> as well."
+        )
+
+
+def _frozen_state(runner: EnvRunner, connectors: Connectors, given: Any) -> ConnectorsState:
+    """The evaluation runner's connector state: ``given`` (checked), frozen."""
+    state = runner.get_connector_state()
+    if given is not None:
+        return freeze(connectors.load_state(state, given))
+    if any(_is_running(x) for x in jax.tree.leaves(state.obs, is_leaf=_is_running)):
+        raise InvalidArgumentError(
+            "evaluate(connectors=...): these observation connectors keep statistics, and "
+            "fresh ones (mean 0, variance 1) would evaluate on unnormalized observations; "
+            "pass connector_state=runner.get_connector_state() of the training runner."
+        )
+    return freeze(state)
+
+
+def _is_running(x: Any) -> bool:
+    return isinstance(x, RunningMoments)
 
 
 def _collect(runner: EnvRunner, num_envs: int, num_episodes: int) -> list[Episode]:
