@@ -112,9 +112,11 @@ def evaluate(
         connectors: the training runner's :class:`~jaxrunner.connectors.Connectors`
             (the policy sees what they make of the observations).
         connector_state: their state, e.g. the training runner's
-            ``get_connector_state()`` (or a dict by connector name); used frozen, so
-            evaluation never changes the statistics. Required when the connectors keep
-            statistics: fresh ones would evaluate on unnormalized observations.
+            ``get_connector_state()`` (or a dict by connector name): its statistics,
+            used frozen, so evaluation never changes them (per-env parts such as frame
+            stacks start afresh with the evaluation envs' episodes). Required when the
+            observation connectors keep statistics: fresh ones would evaluate on
+            unnormalized observations.
 
     Returns:
         An :class:`EvaluationResult`.
@@ -158,7 +160,7 @@ def _frozen_state(runner: EnvRunner, connectors: Connectors, given: Any) -> Conn
     """The evaluation runner's connector state: ``given`` (checked), frozen."""
     state = runner.get_connector_state()
     if given is not None:
-        return freeze(connectors.load_state(state, given))
+        return freeze(connectors.load_state(state, given, shared_only=True))
     if any(_is_running(x) for x in jax.tree.leaves(state.obs, is_leaf=_is_running)):
         raise InvalidArgumentError(
             "evaluate(connectors=...): these observation connectors keep statistics, and "

@@ -99,6 +99,16 @@ def test_a_nan_observation_raises_an_invalid_step_naming_the_sub_env_and_field(c
         runner.sample()
 
 
+@pytest.mark.parametrize("call", ["step", "reset"])
+def test_a_wrapped_gymnasium_vector_env_refuses_a_nan_observation_too(call):
+    fns = nan_fns(3, bad=2, at=2 if call == "step" else 1, call=call)
+    match = rf"sub-env 2 .*non-finite observation from {call}\(\) at obs"
+    with pytest.raises(InvalidStepError, match=match):
+        envs = jr.from_gymnasium(gymnasium.vector.SyncVectorEnv(fns))
+        with make_runner(envs, C.Connectors(obs=[C.NormalizeObservation()])) as runner:
+            runner.sample()
+
+
 @pytest.mark.parametrize("backend", ["sync", "process"])
 def test_a_nan_observation_is_a_fault_restarted_under_a_restart_policy(backend):
     fns = nan_fns(3, bad=1, at=5)

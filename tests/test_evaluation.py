@@ -99,14 +99,14 @@ def test_evaluate_with_connectors_uses_the_training_statistics_frozen(setup) -> 
     from jaxrunner import connectors as C
 
     policy, params, module = setup
-    conn = C.Connectors(obs=[C.NormalizeObservation(clip=None)])
+    conn = C.Connectors(obs=[C.NormalizeObservation(clip=None)], reward=C.ScaleReward())
     with jr.EnvRunner(jr.make_vec("CartPole-v1", 2), policy, params, 16, 0, connectors=conn) as r:
         r.sample()
         r.sample()
         state = r.get_connector_state()
     stats = state.obs[0].shared.stats
     mean, std = np.asarray(stats.mean), np.sqrt(np.asarray(stats.var) + 1e-8)
-    envs = jr.make_vec("CartPole-v1", num_envs=2)
+    envs = jr.make_vec("CartPole-v1", num_envs=3)  # per-env state of 2 envs is not taken
     result = jr.evaluate(
         envs, policy, params, 3, seed=1, connectors=conn, connector_state=conn.state_dict(state)
     )

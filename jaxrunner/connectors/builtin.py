@@ -84,11 +84,13 @@ class NormalizeObservation(ObsConnector):
     sample is normalized too. It must be the first observation connector (its
     statistics are those of the env's observations).
 
-    With a ready-first sampler (Ray, EnvPool async, ``ProcessConfig(ready_first=True)``)
-    envs may step up to one sample ahead of the slowest: those steps open the next
-    sample's Trajectory and were normalized with the statistics of the sample in which
-    they were computed, one sample older (``policy_obs`` keeps what the policy saw, so
-    log-probs stay exact). A lockstep or scan sampler has no such steps.
+    The one exception: EnvPool's async mode (``make_vec(..., backend="envpool",
+    batch_size=k)``) keeps stepping envs up to one sample ahead, so the steps that open
+    a sample's Trajectory may have been computed during the previous sample, with its
+    statistics, one sample older (and a ``set_connector_state`` between samples reaches
+    them one sample late). ``policy_obs`` keeps what the policy saw, so log-probs stay
+    exact. Every other sampler (lockstep, scan, Ray's and the process backend's
+    ready-first) ends each sample with nothing in flight.
 
     An observation row holding a NaN or an infinity is never taken into the
     statistics (host backends refuse it earlier, as an invalid step: see the README).

@@ -219,13 +219,19 @@ class Connectors:
         return dict(zip(self.names, parts))
 
     def load_state(
-        self, current: ConnectorsState, new: ConnectorsState | Mapping[str, ConnectorState]
+        self,
+        current: ConnectorsState,
+        new: ConnectorsState | Mapping[str, ConnectorState],
+        *,
+        shared_only: bool = False,
     ) -> ConnectorsState:
         """``new`` checked against ``current`` (the runner's), as host arrays: a
         :class:`ConnectorsState` of the same connectors, or a dict by name (from
         :meth:`state_dict`; the connectors it leaves out keep ``current``'s state).
         Structure, shapes and dtypes must match and floats be finite; an error names the
-        connector and the field."""
+        connector and the field. ``shared_only``: take only the shared parts
+        (statistics), the per-env rows staying ``current``'s (envs of another number,
+        e.g. evaluation's, starting episodes of their own)."""
         who = "set_connector_state(state)"
         named = self.state_dict(current)
         if isinstance(new, ConnectorsState):
@@ -253,6 +259,8 @@ class Connectors:
                 f"by connector name (connectors.state_dict(...)), got {type(new).__name__}."
             )
         for name, value in given.items():
+            if shared_only and isinstance(value, ConnectorState):
+                value = named[name].replace(shared=value.shared)
             named[name] = check_state(who, name, named[name], value)
         parts = [named[name] for name in self.names]
         if self.reward is None:

@@ -227,10 +227,30 @@ def nonfinite_observations(
                 errors[i] = InvalidStepError(
                     f"sub-env {i} returned a non-finite observation from {call}() at {path}: "
                     "expected finite values, got NaN or infinity. Fix the env, or replace "
-                    "them in a gymnasium observation wrapper; with a restart_policy the "
-                    "sub-env is restarted instead."
+                    "them in a gymnasium observation wrapper (backends with a "
+                    "restart_policy restart the sub-env instead)."
                 )
     return errors
+
+
+def check_finite_observations(space: spaces.Space, buffer: Any, call: str) -> None:
+    """Raises the first :func:`nonfinite_observations` error of a whole batch (backends
+    that cannot restart one sub-env: a wrapped gymnasium vector env)."""
+    num_envs = len(next(iter(_leaves(buffer))))
+    bad = nonfinite_observations(space, buffer, 0, num_envs, call)
+    if bad:
+        raise bad[min(bad)]
+
+
+def _leaves(tree: Any) -> Any:
+    if isinstance(tree, Mapping):
+        for sub in tree.values():
+            yield from _leaves(sub)
+    elif isinstance(tree, tuple):
+        for sub in tree:
+            yield from _leaves(sub)
+    else:
+        yield tree
 
 
 def check_info(value: Any, index: int, call: str) -> dict[str, Any]:
