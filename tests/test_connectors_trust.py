@@ -211,6 +211,29 @@ def test_a_restore_that_restarts_episodes_restarts_scale_reward_returns(tmp_path
     jr.testing.assert_trees_equal(state.reward.shared, saved.reward.shared, "statistics kept")
 
 
+def test_a_checkpoint_of_the_older_connector_layout_is_refused_clearly(tmp_path):
+    """Before issue 29 the statistics had no frozen flag (no bool buffer in the packed
+    state): such a checkpoint is refused with an error that says so."""
+    path, old = tmp_path / "runner.npz", tmp_path / "old.npz"
+    conn = C.Connectors(obs=[C.NormalizeObservation()])
+    with make_runner(jr.make_vec(short_cartpole, 2), conn, rollout_length=4) as runner:
+        runner.sample()
+        runner.save(path)
+    with np.load(path) as data:
+        arrays = dict(data)
+    bools = [
+        k for k in arrays if k.startswith("sampler/actor/connectors/") and arrays[k].dtype == bool
+    ]
+    assert len(bools) == 1  # the frozen flags
+    del arrays[bools[0]]
+    np.savez(old, **arrays)
+    with (
+        make_runner(jr.make_vec(short_cartpole, 2), conn, rollout_length=4) as runner,
+        pytest.raises(InvalidArgumentError, match="older jaxrunner"),
+    ):
+        runner.restore(old)
+
+
 # -- statistics that never explode --------------------------------------------------------------
 
 

@@ -124,7 +124,9 @@ def get_like(arrays: Any, prefix: str, template: Any, what: str) -> Any:
             raise InvalidArgumentError(
                 f"EnvRunner.restore(): the checkpoint has no {name!r}: its {what} has another "
                 "structure than this runner's. Restore into a runner built as the saved one "
-                "(same policy, envs and spaces)."
+                "(same policy, envs, spaces and connectors). A checkpoint saved by an older "
+                "jaxrunner whose state had another layout (e.g. connector statistics before "
+                "their frozen flag) cannot be restored by this one."
             )
         value = arrays[name]
         want = jax.random.key_data(like) if _is_key(like) else like
