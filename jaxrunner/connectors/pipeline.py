@@ -11,8 +11,9 @@
 
 So a learner reads the policy's inputs from the Trajectory as they were:
 ``policy.evaluate(params, extras["policy_obs"], action)`` recomputes the sampled
-log-probs, ``policy.value(params, extras["policy_next_obs"])`` gives ``jr.gae`` its
-``next_value``, and ``reward=extras["scaled_reward"]`` its rewards.
+log-probs over the ``[T, B]`` batch, ``policy.value(params, extras["policy_next_obs"],
+batch_ndim=2)`` gives ``jr.gae`` its ``next_value``, and ``reward=extras["scaled_reward"]``
+its rewards.
 """
 
 from __future__ import annotations
