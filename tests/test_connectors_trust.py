@@ -25,6 +25,7 @@ from jaxrunner.errors import (
     InvalidStepError,
     SpaceMismatchError,
 )
+from jaxrunner.spaces.checks import nonfinite_observations
 
 POLICY = functools.partial(mlp_policy, hidden=(16, 16))
 
@@ -85,6 +86,21 @@ def test_statistics_never_take_in_a_row_with_a_nan_or_an_infinity():
     jr.testing.assert_trees_equal(jax.device_get(got), jax.device_get(want), "moments")
     running = C.RunningMoments.zeros((3,)).add(got)
     assert np.isfinite(running.stats.mean).all() and float(running.stats.count) == 2
+
+
+def test_non_finite_rows_of_a_structured_observation_are_named_by_path():
+    space = spaces.Dict(
+        {
+            "a": spaces.Discrete(3),
+            "b": spaces.Tuple((spaces.Box(0, 1, (2,), np.float64), spaces.MultiBinary(2))),
+        }
+    )
+    buffer = jr.spaces.allocate(space, (4,))
+    assert nonfinite_observations(space, buffer, 0, 4, "step") == {}
+    buffer["b"][0][2, 1], buffer["b"][0][3, 0] = np.inf, np.nan
+    bad = nonfinite_observations(space, buffer, 0, 4, "step", skip=(3,))
+    assert list(bad) == [2]
+    assert "sub-env 2 returned a non-finite observation from step() at obs['b'][0]" in str(bad[2])
 
 
 @pytest.mark.parametrize("call", ["step", "reset"])

@@ -190,6 +190,8 @@ def check_reward(value: Any, index: int) -> float:
 
 def _float_leaves(space: spaces.Space, tree: Any, path: str) -> list[tuple[str, np.ndarray]]:
     """The floating-point leaves of ``tree`` (shaped by ``space``), with their paths."""
+    if type(tree) is np.ndarray:  # the common case first: one array leaf
+        return [(path, tree)] if tree.dtype.kind == "f" else []
     if isinstance(space, spaces.Dict):
         return [
             leaf
@@ -202,7 +204,7 @@ def _float_leaves(space: spaces.Space, tree: Any, path: str) -> list[tuple[str, 
             for j, sub in enumerate(space)
             for leaf in _float_leaves(sub, tree[j], f"{path}[{j}]")
         ]
-    return [(path, tree)] if np.dtype(space.dtype).kind == "f" else []
+    return []  # not an array: nothing to check
 
 
 def nonfinite_observations(
