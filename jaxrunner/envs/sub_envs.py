@@ -274,7 +274,7 @@ class SubEnvs:
             errors.update(bad)
             ended = [i for i in ended if i not in bad]
             for i in bad:
-                infos[i - lo] = {}
+                infos[i - lo], status[i] = {}, RUNNING  # as any invalid step: no transition
         failed = list(errors)
         for i in failed:
             self.restart(i, errors[i], failed_step=True)
