@@ -12,9 +12,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.connectors.base import ConnectorState
+from jaxrunner.connectors.moments import RunningMoments, freeze
+from jaxrunner.connectors.pipeline import Connectors, ConnectorsState
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.multi_agent.evaluation import MultiAgentEvaluationResult, evaluate_multi_agent
 from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner.policy import Params, Policy
@@ -83,6 +87,8 @@ def evaluate(
     deterministic: bool = True,
     seed: int = 0,
     rollout_length: int = 32,
+    connectors: Connectors | None = None,
+    connector_state: ConnectorsState | Mapping[str, ConnectorState] | None = None,
 ) -> EvaluationResult | MultiAgentEvaluationResult:
     """Runs ``policy`` with ``params`` on ``envs`` for ``num_episodes`` complete
     episodes and returns them with their statistics.
@@ -112,6 +118,14 @@ def evaluate(
         seed: seeds the env resets and, when sampling, the policy's keys.
         rollout_length: steps per env of each inner ``sample()``; smaller wastes fewer
             steps past the last episode needed, larger has less per-call overhead.
+        connectors: the training runner's :class:`~jaxrunner.connectors.Connectors`
+            (the policy sees what they make of the observations).
+        connector_state: their state, e.g. the training runner's
+            ``get_connector_state()`` (or a dict by connector name): its statistics,
+            used frozen, so evaluation never changes them (per-env parts such as frame
+            stacks start afresh with the evaluation envs' episodes). Required when the
+            observation connectors keep statistics: fresh ones would evaluate on
+            unnormalized observations.
 
     Returns:
         An :class:`EvaluationResult` (multi-agent envs: a ``MultiAgentEvaluationResult``).
@@ -121,6 +135,11 @@ def evaluate(
             f"evaluate(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
         )
     if isinstance(envs, MultiAgentVectorEnv):
+        if connectors is not None or connector_state is not None:
+            raise InvalidArgumentError(
+                "evaluate(envs=<multi-agent>, connectors=...): connectors are not taken for "
+                "multi-agent envs yet; evaluate without them."
+            )
         return evaluate_multi_agent(
             envs,
             policy,
@@ -135,9 +154,14 @@ def evaluate(
             f"evaluate(policy=...): a single-agent vector env takes one jaxrunner.Policy, got "
             f"{type(policy).__name__}."
         )
+    _check_connectors(connectors, connector_state)
     acting = policy.deterministic() if deterministic else policy
-    runner = EnvRunner(envs, acting, params, rollout_length=rollout_length, seed=seed)
+    runner = EnvRunner(
+        envs, acting, params, rollout_length=rollout_length, seed=seed, connectors=connectors
+    )
     try:
+        if connectors is not None:
+            runner.set_connector_state(_frozen_state(runner, connectors, connector_state))
         episodes = _collect(runner, envs.num_envs, num_episodes)
     finally:  # the caller's envs stay open, free for the next evaluation
         runner.stop(close_envs=False)
@@ -146,6 +170,37 @@ def evaluate(
         returns=np.array([e.total_return for e in episodes], np.float64),
         lengths=np.array([e.length for e in episodes], np.int64),
     )
+
+
+def _check_connectors(connectors: Any, state: Any) -> None:
+    if connectors is not None and not isinstance(connectors, Connectors):
+        raise InvalidArgumentTypeError(
+            f"evaluate(connectors=...): expected a jaxrunner.connectors.Connectors, got "
+            f"{type(connectors).__name__}: pass the training runner's."
+        )
+    if connectors is None and state is not None:
+        raise InvalidArgumentError(
+            "evaluate(connector_state=...): no connectors to take it; pass "
+            "connectors=<the training runner's Connectors> as well."
+        )
+
+
+def _frozen_state(runner: EnvRunner, connectors: Connectors, given: Any) -> ConnectorsState:
+    """The evaluation runner's connector state: ``given`` (checked), frozen."""
+    state = runner.get_connector_state()
+    if given is not None:
+        return freeze(connectors.load_state(state, given, shared_only=True))
+    if any(_is_running(x) for x in jax.tree.leaves(state.obs, is_leaf=_is_running)):
+        raise InvalidArgumentError(
+            "evaluate(connectors=...): these observation connectors keep statistics, and "
+            "fresh ones (mean 0, variance 1) would evaluate on unnormalized observations; "
+            "pass connector_state=runner.get_connector_state() of the training runner."
+        )
+    return freeze(state)
+
+
+def _is_running(x: Any) -> bool:
+    return isinstance(x, RunningMoments)
 
 
 def _collect(runner: EnvRunner, num_envs: int, num_episodes: int) -> list[Episode]:

@@ -64,6 +64,7 @@ class Policy:
             are its parameters), the value ``[B]`` (``None`` without a value head) and
             the next carry. Powers :meth:`distribution`, :meth:`value` and
             :meth:`deterministic`. Optional; ``from_linen``/``from_nnx`` set it.
+        action_ndim: see the attribute.
     """
 
     apply_fn: ApplyFn
@@ -72,6 +73,9 @@ class Policy:
     log_prob_fn: LogProbFn | None = None
     evaluate_fn: EvaluateFn | None = None
     distribution_fn: DistributionFn | None = None
+    action_ndim: int | None = None
+    """The number of axes of one env's action (``len(action_space.shape)``), which lets
+    :meth:`evaluate` take any leading batch shape; ``from_linen``/``from_nnx`` set it."""
 
     def __post_init__(self) -> None:
         for name in ("apply_fn", "init_fn", "log_prob_fn", "evaluate_fn"):
@@ -88,15 +92,30 @@ class Policy:
         self, params: Params, obs: Any, action: Any, carry: Carry = None
     ) -> dict[str, jax.Array]:
         """Log-probability and entropy of ``action`` given ``obs`` (and the value, when
-        the module gives one) under ``params``: ``{"log_prob", "entropy", ["value"]}``,
-        each ``[B]``. Jittable and differentiable in ``params`` (a PPO loss uses it)."""
+        the module gives one) under ``params``: ``{"log_prob", "entropy", ["value"]}``.
+        Jittable and differentiable in ``params`` (a PPO loss uses it).
+
+        Any leading batch shape: with ``action`` ``[*batch, *action_shape]`` (and ``obs``,
+        ``carry`` ``[*batch, ...]``), e.g. a Trajectory's ``[T, B]``, each result is
+        ``[*batch]``. The batch is read off the action's rank, known to policies built by
+        ``from_linen``/``from_nnx`` (``action_ndim``); without it, one batch axis."""
         if self.evaluate_fn is None:
             raise InvalidArgumentError(
                 "Policy.evaluate: this Policy has no evaluate_fn; build it with "
                 "Policy.from_linen/from_nnx or pass evaluate_fn=(params, obs, carry, action) "
                 "-> dict."
             )
-        return self.evaluate_fn(params, obs, carry, action)
+        if self.action_ndim is None:
+            return self.evaluate_fn(params, obs, carry, action)
+        batch_ndim = jnp.ndim(action) - self.action_ndim
+        if batch_ndim < 1:
+            raise InvalidArgumentError(
+                f"Policy.evaluate(action=...): expected actions of shape [*batch, "
+                f"<{self.action_ndim} action axes>], got shape {jnp.shape(action)}. Pass a "
+                "batch of actions (e.g. action[None] for one)."
+            )
+        fn = self.evaluate_fn
+        return _over_batch(lambda o, c, a: fn(params, o, c, a), batch_ndim, obs, carry, action)
 
     def distribution(
         self, params: Params, obs: Any, carry: Carry = None
@@ -108,14 +127,21 @@ class Policy:
         the time axis."""
         return self._distribution_fn("distribution")(params, obs, carry)[0]
 
-    def value(self, params: Params, obs: Any, carry: Carry = None) -> jax.Array:
-        """The critic's value ``[B]`` of a batch of observations ``[B, ...]``, as
-        ``evaluate(...)["value"]`` and ``extras["value"]`` give it. Jittable and
-        differentiable in ``params``. For a trajectory's ``next_obs`` (``[T, B, ...]``)
-        map it over time: ``jax.vmap(policy.value, in_axes=(None, 0))(params,
-        traj.next_obs)`` is the ``[T, B]`` ``next_value`` that :func:`jaxrunner.gae`
-        takes."""
-        value = self._distribution_fn("value")(params, obs, carry)[1]
+    def value(
+        self, params: Params, obs: Any, carry: Carry = None, *, batch_ndim: int = 1
+    ) -> jax.Array:
+        """The critic's value of observations ``[*batch, ...]`` with ``batch_ndim``
+        leading batch axes (``[B]`` for ``[B, ...]``; ``batch_ndim=2`` gives a
+        Trajectory's ``[T, B]`` from ``next_obs``: the ``next_value`` that
+        :func:`jaxrunner.gae` takes), as ``evaluate(...)["value"]`` and
+        ``extras["value"]`` give it. Jittable and differentiable in ``params``."""
+        if isinstance(batch_ndim, bool) or not isinstance(batch_ndim, int) or batch_ndim < 1:
+            raise InvalidArgumentError(
+                f"Policy.value(batch_ndim={batch_ndim!r}): expected an int >= 1, the number "
+                "of leading batch axes of obs (2 for a Trajectory's [T, B, ...])."
+            )
+        fn = self._distribution_fn("value")
+        value = _over_batch(lambda o, c: fn(params, o, c)[1], batch_ndim, obs, carry)
         if value is None:
             raise InvalidArgumentError(
                 "Policy.value: the policy module has no value head. Return (out, value) or "
@@ -281,7 +307,31 @@ class Policy:
             log_prob_fn=log_prob_fn,
             evaluate_fn=evaluate_fn,
             distribution_fn=distribution_fn,
+            action_ndim=len(action_space.shape or ()),
         )
+
+
+def _over_batch(fn: Callable[..., Any], batch_ndim: int, *trees: Any) -> Any:
+    """``fn`` (written for one batch axis) on ``trees`` with ``batch_ndim`` leading batch
+    axes: they are flattened into one, and each output leaf gets them back."""
+    if batch_ndim == 1:
+        return fn(*trees)
+    leaves = jax.tree.leaves(trees)
+    batch = tuple(jnp.shape(leaves[0])[:batch_ndim]) if leaves else ()
+    for leaf in leaves:
+        if tuple(jnp.shape(leaf)[:batch_ndim]) != batch or jnp.ndim(leaf) < batch_ndim:
+            raise InvalidArgumentError(
+                f"Policy: expected every input with the leading batch shape {batch} (from "
+                f"the first), got one of shape {jnp.shape(leaf)}. Pass obs, action and "
+                "carry with the same leading axes."
+            )
+    size = int(np.prod(batch))
+
+    def flat(x: Any) -> Any:
+        return jnp.reshape(x, (size, *jnp.shape(x)[batch_ndim:]))
+
+    out = fn(*jax.tree.map(flat, trees))
+    return jax.tree.map(lambda x: jnp.reshape(x, (*batch, *jnp.shape(x)[1:])), out)
 
 
 def _extras(dist: distributions.Distribution, action: Any, value: jax.Array | None) -> dict:

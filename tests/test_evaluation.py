@@ -90,3 +90,31 @@ def test_bad_num_episodes(setup) -> None:
     with pytest.raises(ValueError, match="num_episodes"):
         jr.evaluate(envs, policy, params, num_episodes=0)
     envs.close()
+
+
+# -- with the training runner's connectors (issue 29) ------------------------------------------
+
+
+def test_evaluate_with_connectors_uses_the_training_statistics_frozen(setup) -> None:
+    from jaxrunner import connectors as C
+
+    policy, params, module = setup
+    conn = C.Connectors(obs=[C.NormalizeObservation(clip=None)], reward=C.ScaleReward())
+    with jr.EnvRunner(jr.make_vec("CartPole-v1", 2), policy, params, 16, 0, connectors=conn) as r:
+        r.sample()
+        r.sample()
+        state = r.get_connector_state()
+    stats = state.obs[0].shared.stats
+    mean, std = np.asarray(stats.mean), np.sqrt(np.asarray(stats.var) + 1e-8)
+    envs = jr.make_vec("CartPole-v1", num_envs=3)  # per-env state of 2 envs is not taken
+    result = jr.evaluate(
+        envs, policy, params, 3, seed=1, connectors=conn, connector_state=conn.state_dict(state)
+    )
+    for episode in result.episodes:  # the policy acted on the training statistics, frozen
+        logits, _ = module.apply(params["module"], (episode.obs[:-1] - mean) / std)
+        np.testing.assert_array_equal(episode.action, np.argmax(logits, axis=-1))
+    with pytest.raises(jr.errors.InvalidArgumentError, match="connector_state=runner"):
+        jr.evaluate(envs, policy, params, 1, connectors=conn)
+    with pytest.raises(jr.errors.InvalidArgumentError, match="connectors=<"):
+        jr.evaluate(envs, policy, params, 1, connector_state=state)
+    envs.close()

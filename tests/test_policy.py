@@ -678,3 +678,51 @@ def test_batched_action_space_suggests_single_action_space(
     params = policy.init(jax.random.key(0), OBS_SPACE)
     with pytest.raises(SpaceMismatchError, match="single_action_space"):
         policy.apply_fn(params, make_obs(), None, env_keys(0))
+
+
+# -- any leading batch shape (issue 29) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_evaluate_takes_any_leading_batch_shape(name: str) -> None:
+    """A learner's [T, B] batch: each result [T, B], equal to the per-step calls."""
+    policy, params, apply = build(name)
+    obs = np.stack([make_obs(seed) for seed in range(3)])  # [T=3, B, 4]
+    action = jnp.stack([apply(params, obs[t], None, env_keys(t))[0] for t in range(3)])
+    scored = jax.jit(policy.evaluate)(params, obs, action)
+    for key, value in scored.items():
+        assert value.shape == (3, B), key
+        for t in range(3):
+            step = policy.evaluate(params, obs[t], action[t])[key]
+            np.testing.assert_allclose(value[t], step, rtol=1e-5, atol=1e-6)
+    flat = policy.evaluate(params, obs.reshape(3 * B, 4), action.reshape(3 * B, *action.shape[2:]))
+    np.testing.assert_allclose(scored["log_prob"].reshape(-1), flat["log_prob"], rtol=1e-6)
+    with pytest.raises(jr.errors.InvalidArgumentError, match="leading batch shape"):
+        policy.evaluate(params, obs[:2], action)
+
+
+def test_value_takes_any_leading_batch_shape() -> None:
+    policy, params, _ = build("discrete_tuple1")
+    next_obs = np.stack([make_obs(seed) for seed in range(3)])  # [T=3, B, 4]
+    value = jax.jit(functools.partial(policy.value, batch_ndim=2))(params, next_obs)
+    assert value.shape == (3, B)
+    for t in range(3):
+        np.testing.assert_allclose(value[t], policy.value(params, next_obs[t]), rtol=1e-6)
+    with pytest.raises(jr.errors.InvalidArgumentError, match="batch_ndim"):
+        policy.value(params, next_obs, batch_ndim=0)
+
+
+def test_mlp_policy_evaluates_a_trajectory_batch() -> None:
+    """The README's recipe with the benchmark MLP, which flattens [batch, ...] itself."""
+    from jaxrunner.bench import mlp_policy
+
+    space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+    policy = mlp_policy(space, hidden=(8,))
+    params = policy.init(jax.random.key(0), OBS_SPACE)
+    obs = np.stack([make_obs(seed) for seed in range(4)])  # [T=4, B, 4]
+    action = np.random.default_rng(0).normal(size=(4, B, 2)).astype(np.float32)
+    scored = policy.evaluate(params, obs, action)
+    assert scored["log_prob"].shape == (4, B)
+    np.testing.assert_allclose(
+        scored["log_prob"][2], policy.evaluate(params, obs[2], action[2])["log_prob"], rtol=1e-6
+    )

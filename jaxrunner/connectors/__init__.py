@@ -21,11 +21,14 @@ from jaxrunner.connectors.builtin import (
     ScaleReward,
 )
 from jaxrunner.connectors.moments import (
+    COUNT_DTYPES,
     Moments,
     RunningMoments,
+    freeze,
     merge_all,
     set_statistics,
     take_deltas,
+    unfreeze,
 )
 from jaxrunner.connectors.pipeline import (
     POLICY_NEXT_OBS,
@@ -37,6 +40,7 @@ from jaxrunner.connectors.pipeline import (
 )
 
 __all__ = [
+    "COUNT_DTYPES",
     "POLICY_NEXT_OBS",
     "POLICY_OBS",
     "SCALED_REWARD",
@@ -53,7 +57,9 @@ __all__ = [
     "RunningMoments",
     "SampleEnd",
     "ScaleReward",
+    "freeze",
     "merge_all",
     "set_statistics",
     "take_deltas",
+    "unfreeze",
 ]

@@ -114,6 +114,11 @@ class RewardConnector(abc.ABC):
     def init(self, num_envs: int) -> ConnectorState:
         """The state for ``num_envs`` envs."""
 
+    def restart(self, state: ConnectorState) -> ConnectorState:
+        """``state`` as every env starts a new episode outside a sample (a restore that
+        restarts the episodes under way): default, ``per_env`` zeroed; ``shared`` kept."""
+        return state.replace(per_env=jax.tree.map(jax.numpy.zeros_like, state.per_env))
+
     @abc.abstractmethod
     def __call__(
         self,

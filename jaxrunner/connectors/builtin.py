@@ -24,8 +24,14 @@ from jaxrunner.connectors.base import (
     ObsConnector,
     RewardConnector,
 )
+from jaxrunner.connectors.checks import (
+    check_count_dtype,
+    check_flag,
+    check_number,
+    check_std_bounds,
+)
 from jaxrunner.connectors.moments import Moments, RunningMoments
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 _LEAVES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
 
@@ -63,7 +69,9 @@ def _is_stats(x: object) -> bool:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class NormalizeObservation(ObsConnector):
-    """Running mean/std normalization: ``clip((obs - mean) / sqrt(var + epsilon))``.
+    """Running mean/std normalization: ``clip((obs - mean) / std)``, where ``std`` is
+    ``sqrt(var + epsilon)`` clamped to ``[min_std, max_std]`` (brax's bounds), and 1
+    while the variance is 0 (before any sample, or a feature constant so far).
 
     The statistics a sample uses are fixed for the whole sample; at its end, the
     moments of every observation of the sample (``Trajectory.obs``, the ones the
@@ -71,8 +79,21 @@ class NormalizeObservation(ObsConnector):
     for the next sample (Chan et al.'s parallel variance). So the compiled step only
     normalizes, outputs never depend on how envs are grouped or batched, and the
     statistics equal the mean and (population) variance of every observation seen so
-    far. Before any sample has ended they are mean 0, variance 1. It must be the first
-    observation connector (its statistics are those of the env's observations).
+    far. Before any sample has ended they are mean 0, variance 1: prime them from a
+    few random steps with :meth:`~jaxrunner.connectors.Connectors.prime` so the first
+    sample is normalized too. It must be the first observation connector (its
+    statistics are those of the env's observations).
+
+    The one exception: EnvPool's async mode (``make_vec(..., backend="envpool",
+    batch_size=k)``) keeps stepping envs up to one sample ahead, so the steps that open
+    a sample's Trajectory may have been computed during the previous sample, with its
+    statistics, one sample older (and a ``set_connector_state`` between samples reaches
+    them one sample late). ``policy_obs`` keeps what the policy saw, so log-probs stay
+    exact. Every other sampler (lockstep, scan, Ray's and the process backend's
+    ready-first) ends each sample with nothing in flight.
+
+    An observation row holding a NaN or an infinity is never taken into the
+    statistics (host backends refuse it earlier, as an invalid step: see the README).
 
     ``Dict`` and ``Tuple`` observations: each ``Box`` leaf has statistics of its own
     (``shared`` is then a dict/tuple of the observation's structure, with a
@@ -83,17 +104,35 @@ class NormalizeObservation(ObsConnector):
     """
 
     clip: float | None = 10.0
-    """Bound of the normalized values (None: no clipping)."""
+    """Bound of the normalized values (> 0; None: no clipping)."""
     epsilon: float = 1e-8
-    """Added to the variance."""
+    """Added to the variance (>= 0)."""
+    min_std: float = 1e-6
+    """Smallest std divided by (> 0): a feature that barely varies is not blown up."""
+    max_std: float = 1e6
+    """Largest std divided by (>= min_std)."""
+    count_dtype: str = "float32"
+    """Dtype of the statistics' count: ``"float32"`` counts exactly to 2**24
+    observations, ``"int32"`` to 2**31 - 1, ``"float64"``/``"int64"`` (with
+    ``jax_enable_x64``) far beyond."""
     frozen: bool = False
-    """Use the statistics without updating them (evaluation)."""
+    """Start with the statistics frozen (evaluation); :func:`freeze` and
+    :func:`unfreeze` change it at run time, through ``runner.set_connector_state``."""
 
     first_only: ClassVar[bool] = True
 
+    def __post_init__(self) -> None:
+        who = "NormalizeObservation"
+        check_number(who, "clip", self.clip, low=0.0, low_open=True, optional=True)
+        check_std_bounds(who, self.epsilon, self.min_std, self.max_std)
+        check_count_dtype(who, self.count_dtype)
+        check_flag(who, "frozen", self.frozen)
+
     def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorState:
         def stats(leaf: spaces.Space) -> RunningMoments | None:
-            return RunningMoments.zeros(leaf.shape) if isinstance(leaf, spaces.Box) else None
+            if not isinstance(leaf, spaces.Box):
+                return None
+            return RunningMoments.zeros(leaf.shape, self.count_dtype, self.frozen)
 
         shared = _map_space("NormalizeObservation", obs_space, stats)
         if all(x is None for x in jax.tree.leaves(shared, is_leaf=_is_stats)):
@@ -116,41 +155,59 @@ class NormalizeObservation(ObsConnector):
 
     def normalize(self, stats: Moments, obs: jax.Array) -> jax.Array:
         """``obs`` normalized with ``stats`` (any leading axes)."""
-        # One rsqrt of [*shape], then multiplies: no division per row.
-        scale = jax.lax.rsqrt(stats.var + self.epsilon)
+        scale = stats.inverse_std(self.epsilon, self.min_std, self.max_std)
         out = (jnp.asarray(obs, jnp.float32) - stats.mean) * scale
         return out if self.clip is None else jnp.clip(out, -self.clip, self.clip)
 
-    def _apply(self, shared: Any, obs: Any) -> Any:
-        """``obs`` (any leading axes) with each Box leaf normalized, the rest as it is."""
+    def denormalize(self, stats: Moments, normalized: jax.Array) -> jax.Array:
+        """The inverse of :meth:`normalize` (brax's ``denormalize``): ``normalized * std +
+        mean``; exact where :meth:`normalize` did not clip."""
+        scale = stats.inverse_std(self.epsilon, self.min_std, self.max_std)
+        return jnp.asarray(normalized, jnp.float32) / scale + stats.mean
+
+    def _apply(self, shared: Any, obs: Any, fn: Callable[[Moments, Any], Any]) -> Any:
+        """``obs`` (any leading axes) with ``fn`` applied to each Box leaf."""
 
         def one(running: RunningMoments | None, leaf: Any) -> Any:
-            return leaf if running is None else self.normalize(running.stats, leaf)
+            return leaf if running is None else fn(running.stats, leaf)
 
         return jax.tree.map(one, shared, obs, is_leaf=_is_stats)
 
     def __call__(
         self, state: ConnectorState, obs: Any, episode_start: jax.Array, active: jax.Array
     ) -> tuple[Any, ConnectorState]:
-        return self._apply(state.shared, obs), state
+        return self._apply(state.shared, obs, self.normalize), state
 
     def follow(self, state: ConnectorState, seen: Any, next_obs: Any) -> Any:
-        return self._apply(state.shared, next_obs)
+        return self._apply(state.shared, next_obs, self.normalize)
+
+    def invert(self, state: ConnectorState, normalized: Any) -> Any:
+        """:meth:`denormalize` over a whole (structured) observation, with the
+        statistics in ``state`` (e.g. ``runner.get_connector_state().obs[0]``)."""
+        return self._apply(state.shared, normalized, self.denormalize)
 
     def end_sample(
         self, state: ConnectorState, inputs: Any = None, valid: jax.Array | None = None
     ) -> ConnectorState:
-        if self.frozen:
-            return state
         mask = None if valid is None else valid.reshape(-1)
+        return self._take_in(state, inputs, 2, mask, force=False)
 
+    def prime(self, state: ConnectorState, obs: Any) -> ConnectorState:
+        """``state`` with the observations ``obs`` (``[N, ...]`` env observations, e.g.
+        from a few random steps) merged into the statistics, frozen or not."""
+        return self._take_in(state, obs, 1, None, force=True)
+
+    def _take_in(
+        self, state: ConnectorState, obs: Any, batch: int, mask: Any, *, force: bool
+    ) -> ConnectorState:
         def one(running: RunningMoments | None, leaf: Any) -> RunningMoments | None:
             if running is None:
                 return None
             x = jnp.asarray(leaf, jnp.float32)
-            return running.add(Moments.of(x.reshape(-1, *x.shape[2:]), mask))
+            x = x.reshape(-1, *x.shape[batch:])
+            return running.add(Moments.of(x, mask, self.count_dtype), force=force)
 
-        return state.replace(shared=jax.tree.map(one, state.shared, inputs, is_leaf=_is_stats))
+        return state.replace(shared=jax.tree.map(one, state.shared, obs, is_leaf=_is_stats))
 
 
 def _stacked_space(leaf: spaces.Space, k: int) -> spaces.Box:
@@ -237,20 +294,50 @@ class ScaleReward(RewardConnector):
     gymnasium's ``NormalizeReward``: per env (per agent slot in a group) ``ret = gamma *
     ret + reward`` at each valid slot (an invalid slot, e.g. an agent waiting for its
     turn, leaves it as it is), reset where an episode ended; the statistics take in each
-    step's returns of every valid slot, then ``reward / sqrt(var + epsilon)`` (0 at
-    invalid slots). The raw rewards stay in ``Trajectory.reward``; the scaled ones go to
-    ``extras["scaled_reward"]``."""
+    step's returns of every valid slot, then ``reward / std`` (0 at invalid slots), with
+    ``std`` as :class:`NormalizeObservation`'s (``sqrt(var + epsilon)`` clamped to
+    ``[min_std, max_std]``, 1 while the variance is 0). The raw rewards stay in
+    ``Trajectory.reward``; the scaled ones go to ``extras["scaled_reward"]``.
+
+    Where it differs from gymnasium's ``NormalizeReward``: the return restarts after
+    every episode end, truncation included (gymnasium carries it over a truncation;
+    baselines' ``VecNormalize`` restarts it as here), and a zero variance scales by 1,
+    not by ``1 / sqrt(epsilon)``. CleanRL's recipe (clip the scaled rewards to +-10) is
+    :meth:`cleanrl`."""
 
     gamma: float = 0.99
+    """Discount of the return whose std scales the rewards, in [0, 1]."""
     epsilon: float = 1e-8
+    """Added to the variance (>= 0)."""
     clip: float | None = None
-    """Bound of the scaled rewards (None: no clipping)."""
+    """Bound of the scaled rewards (> 0; None: no clipping)."""
+    min_std: float = 1e-6
+    """Smallest std divided by (> 0)."""
+    max_std: float = 1e6
+    """Largest std divided by (>= min_std)."""
+    count_dtype: str = "float32"
+    """Dtype of the statistics' count (see :class:`NormalizeObservation`)."""
     frozen: bool = False
-    """Scale with the statistics without updating them."""
+    """Start with the statistics frozen; :func:`freeze`/:func:`unfreeze` at run time."""
+
+    def __post_init__(self) -> None:
+        who = "ScaleReward"
+        check_number(who, "gamma", self.gamma, low=0.0, high=1.0)
+        check_number(who, "clip", self.clip, low=0.0, low_open=True, optional=True)
+        check_std_bounds(who, self.epsilon, self.min_std, self.max_std)
+        check_count_dtype(who, self.count_dtype)
+        check_flag(who, "frozen", self.frozen)
+
+    @classmethod
+    def cleanrl(cls, gamma: float = 0.99) -> ScaleReward:
+        """CleanRL's reward recipe (``NormalizeReward(gamma)`` then rewards clipped to
+        +-10): ``ScaleReward(gamma=gamma, clip=10.0)``."""
+        return cls(gamma=gamma, clip=10.0)
 
     def init(self, num_envs: int) -> ConnectorState:
         return ConnectorState(
-            per_env=jnp.zeros(num_envs, jnp.float32), shared=RunningMoments.zeros(())
+            per_env=jnp.zeros(num_envs, jnp.float32),
+            shared=RunningMoments.zeros((), self.count_dtype, self.frozen),
         )
 
     def __call__(
@@ -266,9 +353,9 @@ class ScaleReward(RewardConnector):
             r, term, trunc, ok = xs
             r = jnp.where(ok, r.astype(jnp.float32), 0.0)
             ret = jnp.where(ok, self.gamma * ret + r, ret)
-            if not self.frozen:
-                shared = shared.add(Moments.of(ret, ok))
-            scaled = r / jnp.sqrt(shared.stats.var + self.epsilon)
+            shared = shared.add(Moments.of(ret, ok, self.count_dtype))
+            scale = shared.stats.inverse_std(self.epsilon, self.min_std, self.max_std)
+            scaled = r * scale
             if self.clip is not None:
                 scaled = jnp.clip(scaled, -self.clip, self.clip)
             ret = jnp.where(term | trunc, 0.0, ret)
@@ -289,6 +376,28 @@ class RescaleActions(ActionConnector):
     low: tuple
     high: tuple
     squash: bool = False
+
+    def __post_init__(self) -> None:
+        who = "RescaleActions"
+        check_flag(who, "squash", self.squash)
+        try:
+            low = np.asarray(self.low, np.float64)
+            high = np.asarray(self.high, np.float64)
+        except (TypeError, ValueError) as err:
+            raise InvalidArgumentTypeError(
+                f"{who}(low=..., high=...): expected tuples of numbers, got {self.low!r:.60} "
+                f"and {self.high!r:.60}. Build it with RescaleActions.for_space(space)."
+            ) from err
+        if low.shape != high.shape or low.ndim != 1:
+            raise InvalidArgumentError(
+                f"{who}(low=..., high=...): expected two flat tuples of the same length, got "
+                f"shapes {low.shape} and {high.shape}. Build it with RescaleActions.for_space."
+            )
+        if not (np.isfinite(low).all() and np.isfinite(high).all() and (low <= high).all()):
+            raise InvalidArgumentError(
+                f"{who}(low={self.low!r:.60}, high={self.high!r:.60}): expected finite bounds "
+                "with low <= high."
+            )
 
     @classmethod
     def for_space(cls, space: spaces.Space, squash: bool = False) -> RescaleActions:

@@ -3,17 +3,24 @@
 :class:`Moments` is Chan et al.'s parallel-variance state: two sets of moments merge into
 the moments of their union, so statistics gathered by different envs, samples or
 runners combine exactly (up to float rounding), in any grouping of the data.
-:class:`RunningMoments` is what a connector keeps: the statistics it uses, and the
-``delta`` gathered since an :class:`~jaxrunner.EnvRunnerGroup` last collected it.
+:class:`RunningMoments` is what a connector keeps: the statistics it uses, the
+``delta`` gathered since an :class:`~jaxrunner.EnvRunnerGroup` last collected it, and
+whether it is frozen (:func:`freeze`, :func:`unfreeze`: data, so no recompile).
+
+Non-finite values never enter the statistics: :meth:`Moments.of` leaves out every row
+holding a NaN or an infinity (one bad observation would otherwise make its feature's
+mean and variance NaN for good).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def _expand(count: jax.Array, like: jax.Array) -> jax.Array:
@@ -21,12 +28,18 @@ def _expand(count: jax.Array, like: jax.Array) -> jax.Array:
     return count.reshape(count.shape + (1,) * (like.ndim - count.ndim))
 
 
+COUNT_DTYPES = ("float32", "int32", "float64", "int64")
+"""The dtypes a count may have: float32 counts exactly to 2**24 samples, int32 to
+2**31 - 1, float64 and int64 (with ``jax_enable_x64``) far beyond."""
+
+
 @flax.struct.dataclass
 class Moments:
     """Moments of a set of samples of shape ``shape`` (optionally one set per env).
 
     Attributes:
-        count: ``[]`` (or ``[B]``) float32, the number of samples.
+        count: ``[]`` (or ``[B]``), the number of samples (float32 by default, or one of
+            :data:`COUNT_DTYPES`; arithmetic on it is done in the mean's dtype).
         mean: ``[*shape]`` (or ``[B, *shape]``) their mean.
         m2: the same shape: the sum of squared deviations from the mean.
     """
@@ -36,31 +49,49 @@ class Moments:
     m2: jax.Array
 
     @classmethod
-    def zeros(cls, shape: Sequence[int], batch: Sequence[int] = ()) -> Moments:
+    def zeros(
+        cls, shape: Sequence[int], batch: Sequence[int] = (), count_dtype: Any = jnp.float32
+    ) -> Moments:
         """Empty moments: ``batch`` sets of samples of shape ``shape``."""
         full = (*batch, *shape)
-        return cls(jnp.zeros(tuple(batch), jnp.float32), jnp.zeros(full), jnp.zeros(full))
+        return cls(jnp.zeros(tuple(batch), count_dtype), jnp.zeros(full), jnp.zeros(full))
 
     @classmethod
-    def of(cls, x: jax.Array, mask: jax.Array | None = None) -> Moments:
-        """The moments of the rows of ``x`` (``[N, *shape]``) where ``mask`` ([N]) is true."""
+    def of(
+        cls, x: jax.Array, mask: jax.Array | None = None, count_dtype: Any = jnp.float32
+    ) -> Moments:
+        """The moments of the rows of ``x`` (``[N, *shape]``) where ``mask`` ([N]) is true
+        and every value is finite (a row with a NaN or an infinity is left out)."""
         x = jnp.asarray(x, jnp.float32)
-        w = jnp.ones(x.shape[0], jnp.float32) if mask is None else mask.astype(jnp.float32)
+        finite = jnp.isfinite(x).reshape(x.shape[0], -1).all(axis=1)
+        keep = finite if mask is None else finite & mask
+        x = jnp.where(_expand(finite, x), x, 0.0)  # 0 * NaN would still be NaN
+        w = keep.astype(jnp.float32)
         count = w.sum()
         wx = _expand(w, x)
         mean = (wx * x).sum(0) / jnp.maximum(count, 1.0)
-        return cls(count, mean, (wx * (x - mean) ** 2).sum(0))
+        return cls(keep.sum(dtype=count_dtype), mean, (wx * (x - mean) ** 2).sum(0))
 
     @property
     def var(self) -> jax.Array:
         """Population variance (``m2 / count``); 1 where fewer than 2 samples."""
-        count = _expand(self.count, self.m2)
+        count = _expand(self.count, self.m2).astype(self.m2.dtype)
         return jnp.where(count > 1, self.m2 / jnp.maximum(count, 1.0), 1.0)
+
+    def inverse_std(self, epsilon: float, min_std: float, max_std: float) -> jax.Array:
+        """``1 / sqrt(var + epsilon)``, the std clamped to ``[min_std, max_std]``, and 1
+        where the variance is 0 (no sample, or every sample equal so far: nothing is
+        known of the scale yet, so dividing by ``sqrt(epsilon)`` would only blow values
+        up)."""
+        var = jnp.where(self.m2 > 0, self.var, 1.0)
+        # One rsqrt of [*shape], the clamp applied to it: callers then only multiply.
+        return jnp.clip(jax.lax.rsqrt(var + epsilon), 1.0 / max_std, 1.0 / min_std)
 
     def merge(self, other: Moments) -> Moments:
         """The moments of both sets of samples (Chan et al.'s parallel update)."""
-        count = self.count + other.count
-        na, nb = _expand(self.count, self.mean), _expand(other.count, other.mean)
+        count = self.count + other.count.astype(self.count.dtype)
+        na = _expand(self.count, self.mean).astype(self.mean.dtype)
+        nb = _expand(other.count, other.mean).astype(self.mean.dtype)
         n = jnp.maximum(na + nb, 1.0)
         delta = other.mean - self.mean
         mean = self.mean + delta * (nb / n)
@@ -70,16 +101,16 @@ class Moments:
     def add(self, x: jax.Array) -> Moments:
         """Welford's update of per-env moments (``[B]`` counts) with one row per env."""
         x = jnp.asarray(x, jnp.float32)
-        count = self.count + 1.0
+        count = self.count + jnp.ones((), self.count.dtype)
         delta = x - self.mean
-        mean = self.mean + delta / _expand(count, delta)
+        mean = self.mean + delta / _expand(count, delta).astype(delta.dtype)
         return Moments(count, mean, self.m2 + delta * (x - mean))
 
     def total(self) -> Moments:
         """Per-env moments (``[B]`` counts) merged into one set, in one fixed reduction
         (so the result depends on the envs' data only, never on how they were batched)."""
-        count = self.count.sum()
-        w = _expand(self.count, self.mean)
+        count = self.count.sum(dtype=self.count.dtype)
+        w = _expand(self.count, self.mean).astype(self.mean.dtype)
         mean = (w * self.mean).sum(0) / jnp.maximum(count, 1.0)
         m2 = self.m2.sum(0) + (w * (self.mean - mean) ** 2).sum(0)
         return Moments(count, mean, m2)
@@ -93,17 +124,30 @@ class RunningMoments:
         stats: the moments the connector uses (all samples it knows of).
         delta: the moments added to ``stats`` since an
             :class:`~jaxrunner.EnvRunnerGroup` last took them (:func:`take_deltas`).
+        frozen: ``[]`` bool: while true, :meth:`add` leaves the moments as they are
+            (:func:`freeze`, :func:`unfreeze`).
     """
 
     stats: Moments
     delta: Moments
+    frozen: jax.Array
 
     @classmethod
-    def zeros(cls, shape: Sequence[int]) -> RunningMoments:
-        return cls(Moments.zeros(shape), Moments.zeros(shape))
+    def zeros(
+        cls, shape: Sequence[int], count_dtype: Any = jnp.float32, frozen: bool = False
+    ) -> RunningMoments:
+        return cls(
+            Moments.zeros(shape, count_dtype=count_dtype),
+            Moments.zeros(shape, count_dtype=count_dtype),
+            jnp.asarray(frozen),
+        )
 
-    def add(self, batch: Moments) -> RunningMoments:
-        return RunningMoments(self.stats.merge(batch), self.delta.merge(batch))
+    def add(self, batch: Moments, *, force: bool = False) -> RunningMoments:
+        """The moments with ``batch`` merged in, unless frozen (``force``: even then)."""
+        added = self.replace(stats=self.stats.merge(batch), delta=self.delta.merge(batch))
+        if force:
+            return added
+        return jax.tree.map(lambda old, new: jnp.where(self.frozen, old, new), self, added)
 
 
 def _is_running(x: object) -> bool:
@@ -133,9 +177,31 @@ def set_statistics(state: object, stats: Sequence[Moments]) -> object:
         if not _is_running(x):
             return x
         new = queue.pop(0)
-        return RunningMoments(new, jax.tree.map(jnp.zeros_like, new))
+        return x.replace(stats=new, delta=jax.tree.map(jnp.zeros_like, new))  # type: ignore[attr-defined]
 
     return jax.tree.map(put, state, is_leaf=_is_running)
+
+
+def _set_frozen(state: Any, value: bool) -> Any:
+    def put(x: object) -> object:
+        if not _is_running(x):
+            return x
+        return x.replace(frozen=np.asarray(value))  # type: ignore[attr-defined]
+
+    return jax.tree.map(put, state, is_leaf=_is_running)
+
+
+def freeze(state: Any) -> Any:
+    """``state`` (a connector state pytree, e.g. ``runner.get_connector_state()``) with
+    every statistic frozen: used as they are, never updated, until :func:`unfreeze`.
+    Hand it back with ``runner.set_connector_state(...)``: it is data, nothing
+    recompiles (gymnasium's ``update_running_mean = False``)."""
+    return _set_frozen(state, True)
+
+
+def unfreeze(state: Any) -> Any:
+    """``state`` with every statistic updated again (the inverse of :func:`freeze`)."""
+    return _set_frozen(state, False)
 
 
 def merge_all(parts: Sequence[Sequence[Moments]]) -> list[Moments]:
@@ -146,4 +212,13 @@ def merge_all(parts: Sequence[Sequence[Moments]]) -> list[Moments]:
     return out
 
 
-__all__ = ["Moments", "RunningMoments", "merge_all", "set_statistics", "take_deltas"]
+__all__ = [
+    "COUNT_DTYPES",
+    "Moments",
+    "RunningMoments",
+    "freeze",
+    "merge_all",
+    "set_statistics",
+    "take_deltas",
+    "unfreeze",
+]

@@ -11,15 +11,17 @@
 
 So a learner reads the policy's inputs from the Trajectory as they were:
 ``policy.evaluate(params, extras["policy_obs"], action)`` recomputes the sampled
-log-probs, ``policy.value(params, extras["policy_next_obs"])`` gives ``jr.gae`` its
-``next_value``, and ``reward=extras["scaled_reward"]`` its rewards.
+log-probs over the ``[T, B]`` batch, ``policy.value(params, extras["policy_next_obs"],
+batch_ndim=2)`` gives ``jr.gae`` its ``next_value``, and ``reward=extras["scaled_reward"]``
+its rewards.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.struct
@@ -34,6 +36,7 @@ from jaxrunner.connectors.base import (
     ObsConnector,
     RewardConnector,
 )
+from jaxrunner.connectors.checks import check_state
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 POLICY_OBS = "policy_obs"
@@ -61,19 +64,36 @@ class ConnectorsState:
 class Connectors:
     """The connectors of a runner (``EnvRunner(..., connectors=...)``).
 
+    Each connector has a name: the key where ``obs`` is a dict, else its class name in
+    snake case (``"normalize_observation"``, ``"frame_stack"``; a second of one class
+    gets ``"_1"``, ...). State is saved and set by name (:meth:`state_dict`,
+    ``runner.set_connector_state({name: state})``), so saved state survives adding a
+    connector.
+
     Args:
-        obs: observation connectors, applied in order before the policy.
+        obs: observation connectors, applied in order before the policy: a sequence, or
+            a dict ``name -> connector`` (in order).
         action: action connectors, applied in order to the policy's action before the
             env gets it (the Trajectory keeps the policy's action).
         reward: a reward connector, applied once per sample.
     """
 
-    obs: Sequence[ObsConnector] = ()
+    obs: Sequence[ObsConnector] | Mapping[str, ObsConnector] = ()
     action: Sequence[ActionConnector] = ()
     reward: RewardConnector | None = None
+    obs_names: tuple[str, ...] = ()
+    """The observation connectors' names (filled in from ``obs``; give them here, or
+    pass ``obs`` as a dict)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "obs", tuple(self.obs))
+        given = list(self.obs) if isinstance(self.obs, Mapping) else list(self.obs_names)
+        if isinstance(self.obs, Mapping) and self.obs_names:
+            raise InvalidArgumentError(
+                "Connectors(obs={...}, obs_names=...): the dict's keys already name the "
+                "observation connectors; drop obs_names."
+            )
+        obs = tuple(self.obs.values() if isinstance(self.obs, Mapping) else self.obs)
+        object.__setattr__(self, "obs", obs)
         object.__setattr__(self, "action", tuple(self.action))
         for name, kind, items in (
             ("obs", ObsConnector, self.obs),
@@ -92,6 +112,23 @@ class Connectors:
                         f"Connectors({name}=...): expected {kind.__name__} instances, got "
                         f"{item!r}. Subclass jaxrunner.connectors.{kind.__name__}."
                     )
+        object.__setattr__(self, "obs_names", _obs_names(given, self.obs, self.reward))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every connector's name with state: the observation connectors', then the
+        reward connector's (its class name in snake case, e.g. ``"scale_reward"``)."""
+        return self.obs_names + (() if self.reward is None else (_reward_name(self.reward),))
+
+    @classmethod
+    def cleanrl(cls, gamma: float = 0.99) -> Connectors:
+        """CleanRL's continuous-control recipe in one line: observations normalized and
+        clipped to +-10, rewards scaled by the std of the discounted return and clipped
+        to +-10 (``ScaleReward.cleanrl``). Add ``action=[RescaleActions.for_space(...)]``
+        with ``dataclasses.replace`` where the policy acts in ``[-1, 1]``."""
+        from jaxrunner.connectors.builtin import NormalizeObservation, ScaleReward
+
+        return cls(obs=[NormalizeObservation(clip=10.0)], reward=ScaleReward.cleanrl(gamma))
 
     @property
     def per_sample(self) -> bool:
@@ -172,6 +209,121 @@ class Connectors:
             for i, (c, s) in enumerate(zip(self.obs, state.obs))
         )
         return extras, ConnectorsState(obs_states, reward_state)
+
+    # -- state by name ---------------------------------------------------------------------------
+
+    def state_dict(self, state: ConnectorsState) -> dict[str, ConnectorState]:
+        """``state`` (``runner.get_connector_state()``) keyed by connector name: what to
+        save, and what ``runner.set_connector_state`` takes back, also after connectors
+        were added (the new ones keep their state)."""
+        parts = [*state.obs, *(() if self.reward is None else (state.reward,))]
+        return dict(zip(self.names, parts))
+
+    def load_state(
+        self,
+        current: ConnectorsState,
+        new: ConnectorsState | Mapping[str, ConnectorState],
+        *,
+        shared_only: bool = False,
+    ) -> ConnectorsState:
+        """``new`` checked against ``current`` (the runner's), as host arrays: a
+        :class:`ConnectorsState` of the same connectors, or a dict by name (from
+        :meth:`state_dict`; the connectors it leaves out keep ``current``'s state).
+        Structure, shapes and dtypes must match and floats be finite; an error names the
+        connector and the field. ``shared_only``: take only the shared parts
+        (statistics), the per-env rows staying ``current``'s (envs of another number,
+        e.g. evaluation's, starting episodes of their own)."""
+        who = "set_connector_state(state)"
+        named = self.state_dict(current)
+        if isinstance(new, ConnectorsState):
+            if len(new.obs) != len(current.obs) or (new.reward is None) != (current.reward is None):
+                raise InvalidArgumentError(
+                    f"{who}: expected the state of {len(self.names)} connectors "
+                    f"{list(self.names)}, got a ConnectorsState of {len(new.obs)} observation "
+                    f"connector(s) and {'no' if new.reward is None else 'a'} reward connector "
+                    "(saved by other connectors?). Save state by name "
+                    "(connectors.state_dict(state)) so it survives adding a connector."
+                )
+            given = self.state_dict(new)
+        elif isinstance(new, Mapping):
+            unknown = sorted(set(new) - set(named), key=str)
+            if unknown:
+                raise InvalidArgumentError(
+                    f"{who}: no connector is named {unknown}; the connectors are "
+                    f"{list(self.names)}. Rename the entries, or drop those of removed "
+                    "connectors."
+                )
+            given = dict(new)
+        else:
+            raise InvalidArgumentTypeError(
+                f"{who}: expected a ConnectorsState (runner.get_connector_state()) or a dict "
+                f"by connector name (connectors.state_dict(...)), got {type(new).__name__}."
+            )
+        for name, value in given.items():
+            if shared_only and isinstance(value, ConnectorState):
+                value = named[name].replace(shared=value.shared)
+            named[name] = check_state(who, name, named[name], value)
+        parts = [named[name] for name in self.names]
+        if self.reward is None:
+            return ConnectorsState(tuple(parts), None)
+        return ConnectorsState(tuple(parts[:-1]), parts[-1])
+
+    # -- outside samples -------------------------------------------------------------------------
+
+    def prime(self, state: ConnectorsState, obs: Any) -> ConnectorsState:
+        """``state`` with ``obs`` (``[N, ...]`` env observations, e.g. from a few random
+        steps on envs of their own) merged into the first observation connector's
+        statistics, so that the first sample is normalized too:
+        ``runner.set_connector_state(connectors.prime(runner.get_connector_state(),
+        obs))``. Refused unless the first connector has statistics to prime."""
+        first = self.obs[0] if self.obs else None
+        if first is None or not callable(getattr(first, "prime", None)):
+            raise InvalidArgumentError(
+                f"Connectors.prime: expected a first observation connector with statistics "
+                f"(e.g. NormalizeObservation), got {type(first).__name__}. Nothing to prime."
+            )
+        primed = jax.device_get(first.prime(state.obs[0], obs))
+        return state.replace(obs=(primed, *state.obs[1:]))
+
+    def restart_episodes(self, state: ConnectorsState) -> ConnectorsState:
+        """``state`` as every env starts a new episode outside a sample (a restore
+        that cannot resume the episodes under way): the reward connector's running
+        returns restart (:meth:`RewardConnector.restart`); observation connectors
+        restart on the episode-start flags as always."""
+        if self.reward is None:
+            return state
+        return state.replace(reward=jax.device_get(self.reward.restart(state.reward)))
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _reward_name(reward: RewardConnector) -> str:
+    return _snake(type(reward).__name__)
+
+
+def _obs_names(
+    given: list[str], obs: tuple[ObsConnector, ...], reward: RewardConnector | None
+) -> tuple[str, ...]:
+    """The observation connectors' names (see :class:`Connectors`), checked unique."""
+    names = list(given)
+    if not names:
+        seen: dict[str, int] = {}
+        for connector in obs:
+            base = _snake(type(connector).__name__)
+            names.append(base if base not in seen else f"{base}_{seen[base]}")
+            seen[base] = seen.get(base, 0) + 1
+    every = names + ([] if reward is None else [_reward_name(reward)])
+    if len(names) != len(obs) or any(
+        not isinstance(n, str) or not n or every.count(n) > 1 for n in every
+    ):
+        raise InvalidArgumentError(
+            f"Connectors(obs=..., obs_names=...): expected one unique non-empty name per "
+            f"observation connector ({len(obs)}), got {names} (the reward connector is "
+            f"named after its class: {every[len(names) :]}). Rename them."
+        )
+    return tuple(names)
 
 
 def finish_group_sample(

@@ -14,7 +14,10 @@ jaxrunner's protocol, with two differences this adapter hides:
   ``reset_batch`` builds a new pool with those seeds, then collects every sub-env's
   first observation.
 
-Capabilities: ``ready_first`` with ``recv_batch_size=batch_size``. A ``recv`` answers
+Capabilities: ``ready_first`` with ``recv_batch_size=batch_size``: the sampler steps
+envs up to one sample ahead, so the first steps of a sample may have been computed with
+the previous sample's params and connector statistics (see
+:mod:`jaxrunner.sampling.ready_first`). A ``recv`` answers
 at least one and at most ``batch_size`` envs (an int array in ``BatchStep.env_ids``).
 """
 

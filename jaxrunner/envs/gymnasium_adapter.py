@@ -46,6 +46,7 @@ from jaxrunner.errors import (
     InvalidStepError,
     SpaceMismatchError,
 )
+from jaxrunner.spaces.checks import check_finite_observations
 
 
 def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | None:
@@ -148,6 +149,7 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
             "reset", self.env.reset, seed=_gymnasium_seed(seeds), options=options
         )
         self._store(self._obs, obs, "reset")
+        check_finite_observations(self.single_observation_space, self._obs, "reset")
         return self._obs, SplitInfos(merged, self.num_envs)
 
     def reset_at(
@@ -195,6 +197,8 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
             reset_infos = ResetInfos(
                 indices.tolist(), lambda i: infos_k[int(np.searchsorted(indices, i))]
             )
+        for buffer, call in ((self._next_obs, "step"), (self._obs, "reset")):
+            check_finite_observations(space, buffer, call)  # as a non-finite reward
         return BatchStep(
             self._obs, self._next_obs, self._reward, self._terminated, self._truncated,
             infos, reset_infos,

@@ -20,6 +20,7 @@ from jaxrunner.envs.base import BatchStep
 from jaxrunner.errors import EnvError, JaxRunnerError
 from jaxrunner.faults import RestartPolicy, recreate
 from jaxrunner.spaces import check_flag, check_info, check_reward
+from jaxrunner.spaces.checks import nonfinite_observations
 
 EnvFactory = Callable[[], gymnasium.Env]
 
@@ -275,6 +276,14 @@ class SubEnvs:
             b.reward[written] = rewards
             b.terminated[written] = terms
             b.truncated[written] = truncs
+        bad = nonfinite_observations(self.obs_space, b.next_obs, lo, hi, "step", errors)
+        if bad:  # a NaN or inf observation is an invalid step, as a NaN reward is
+            if policy is None:
+                raise next(iter(bad.values()))
+            errors.update(bad)
+            ended = [i for i in ended if i not in bad]
+            for i in bad:
+                infos[i - lo], status[i] = {}, RUNNING  # as any invalid step: no transition
         failed = list(errors)
         for i in failed:
             self.restart(i, errors[i], failed_step=True)
@@ -298,6 +307,9 @@ class SubEnvs:
         except Exception as err:
             raise SubEnvRaised(err, i, "reset") from err
         self.write_obs(i, obs)
+        bad = nonfinite_observations(self.obs_space, self.buffers.obs, i, i + 1, "reset")
+        if bad:
+            raise bad[i]
         return check_info(info, i, "reset")
 
     def reset(self, seeds: Sequence[int | None], options: dict[str, Any] | None) -> list[dict]:

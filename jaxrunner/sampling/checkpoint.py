@@ -177,6 +177,9 @@ def _apply(runner: EnvRunner, ckpt: Checkpoint, path: str) -> RestoreReport:
         if not envs_restored:
             num_envs = int(runner.envs.num_envs)
             sampler.restart_episodes(env_seeds((ckpt.seed, ckpt.steps_done), num_envs))
+            if runner.connectors is not None:  # e.g. ScaleReward's running returns restart too
+                state = runner.connectors.restart_episodes(runner.get_connector_state())
+                runner.set_connector_state(state)
     except BaseException:
         sampler.set_state(previous)
         raise

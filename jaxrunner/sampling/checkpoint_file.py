@@ -270,7 +270,10 @@ class CheckpointFile:
                 raise InvalidArgumentError(
                     f"EnvRunner.restore({self.path!r}): the checkpoint has no {name!r}: its "
                     f"{what} has another structure than this runner's. Restore into a runner "
-                    "built as the saved one (same policy, envs and spaces)."
+                    "built as the saved one (same policy, envs, spaces and connectors). A "
+                    "checkpoint saved by an older jaxrunner whose state had another layout "
+                    "(e.g. connector statistics before their frozen flag) cannot be restored "
+                    "by this one."
                 )
             want = jax.random.key_data(like) if is_key(like) else like
             value = npz.read(name, name, check=_exact(np.shape(want), np.asarray(want).dtype))

@@ -14,7 +14,9 @@ steps at its own row of the ``[T, B]`` buffers.
 * Backends whose ``recv`` waits for ``recv_batch_size`` envs (EnvPool async): the
   sampler keeps stepping envs past ``T`` (at most one sample ahead) so that enough
   are always in flight; those steps are recorded into the next sample's buffers, and
-  their actions come from the params in force when they were computed.
+  their actions come from the params and connector statistics in force when they
+  were computed (one sample older: the one exception to "the statistics a sample
+  uses are fixed for the whole sample").
 
 Exactness. The ready envs are padded to the smallest of a few bucket sizes, each
 compiled once up front, so XLA never recompiles. An env's action key depends only on

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -19,6 +20,7 @@ from gymnasium import spaces
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.callbacks import Callbacks
+from jaxrunner.connectors.base import ConnectorState
 from jaxrunner.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner.envs.base import VectorEnv
 from jaxrunner.envs.jax_env import JaxVectorEnv
@@ -253,10 +255,15 @@ class EnvRunner(EnvOwner):
         self._check_connectors("get_connector_state")
         return self.sampler.get_connector_state()  # type: ignore[attr-defined]
 
-    def set_connector_state(self, state: ConnectorsState) -> None:
+    def set_connector_state(self, state: ConnectorsState | Mapping[str, ConnectorState]) -> None:
         """Replaces the connectors' state (e.g. statistics merged across runners, or
-        those of a training runner in an evaluation runner); never recompiles."""
+        those of a training runner in an evaluation runner); never recompiles. Takes a
+        ``ConnectorsState`` or a dict by connector name (``connectors.state_dict``; the
+        connectors it leaves out keep their state); checked by
+        :meth:`~jaxrunner.connectors.Connectors.load_state`."""
         self._check_connectors("set_connector_state")
+        current = self.sampler.get_connector_state()  # type: ignore[attr-defined]
+        state = self.connectors.load_state(current, state)  # type: ignore[union-attr]
         self.sampler.set_connector_state(state)  # type: ignore[attr-defined]
 
     def get_metrics(self) -> dict[str, Any]:

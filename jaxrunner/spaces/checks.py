@@ -188,6 +188,73 @@ def check_reward(value: Any, index: object) -> float:
     return reward
 
 
+def _float_leaves(space: spaces.Space, tree: Any, path: str) -> list[tuple[str, np.ndarray]]:
+    """The floating-point leaves of ``tree`` (shaped by ``space``), with their paths."""
+    if type(tree) is np.ndarray:  # the common case first: one array leaf
+        return [(path, tree)] if tree.dtype.kind == "f" else []
+    if isinstance(space, spaces.Dict):
+        return [
+            leaf
+            for key, sub in space.spaces.items()
+            for leaf in _float_leaves(sub, tree[key], f"{path}[{key!r}]")
+        ]
+    if isinstance(space, spaces.Tuple):
+        return [
+            leaf
+            for j, sub in enumerate(space)
+            for leaf in _float_leaves(sub, tree[j], f"{path}[{j}]")
+        ]
+    return []  # not an array: nothing to check
+
+
+def nonfinite_observations(
+    space: spaces.Space, buffer: Any, lo: int, hi: int, call: str, skip: Any = ()
+) -> dict[int, InvalidStepError]:
+    """The rows ``[lo, hi)`` of a batched observation ``buffer`` holding a NaN or an
+    infinity (rows in ``skip`` aside), each with the error of an invalid step.
+
+    jaxrunner's one policy for non-finite env outputs: an observation with a NaN or an
+    infinity is refused like a non-finite reward (:func:`check_reward`), as an invalid
+    step: the sub-env is restarted under a ``restart_policy``, else the error is
+    raised. Statistics (``NormalizeObservation``) could never recover from one. Fast
+    when every value is finite: one ``isfinite`` per floating-point leaf and block."""
+    errors: dict[int, InvalidStepError] = {}
+    for path, leaf in _float_leaves(space, buffer, "obs"):
+        block = leaf[lo:hi]
+        if np.isfinite(block).all():
+            continue
+        bad = ~np.isfinite(block.reshape(hi - lo, -1)).all(axis=1)
+        for i in (lo + np.flatnonzero(bad)).tolist():
+            if i not in skip and i not in errors:
+                errors[i] = InvalidStepError(
+                    f"sub-env {i} returned a non-finite observation from {call}() at {path}: "
+                    "expected finite values, got NaN or infinity. Fix the env, or replace "
+                    "them in a gymnasium observation wrapper (backends with a "
+                    "restart_policy restart the sub-env instead)."
+                )
+    return errors
+
+
+def check_finite_observations(space: spaces.Space, buffer: Any, call: str) -> None:
+    """Raises the first :func:`nonfinite_observations` error of a whole batch (backends
+    that cannot restart one sub-env: a wrapped gymnasium vector env)."""
+    num_envs = len(next(iter(_leaves(buffer))))
+    bad = nonfinite_observations(space, buffer, 0, num_envs, call)
+    if bad:
+        raise bad[min(bad)]
+
+
+def _leaves(tree: Any) -> Any:
+    if isinstance(tree, Mapping):
+        for sub in tree.values():
+            yield from _leaves(sub)
+    elif isinstance(tree, tuple):
+        for sub in tree:
+            yield from _leaves(sub)
+    else:
+        yield tree
+
+
 def check_info(value: Any, index: object, call: str) -> dict[str, Any]:
     """``value`` if it is a dict, as gymnasium's API requires of ``reset``/``step`` infos."""
     if not isinstance(value, dict):
