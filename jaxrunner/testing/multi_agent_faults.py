@@ -13,6 +13,7 @@ it only on first use of one of its names.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -170,9 +171,9 @@ class FaultyAECEnv(FaultyMultiAgentEnv, BaseWrapper):
     ) -> None:
         BaseWrapper.__init__(self, env)
         self._init_faults(faults, log, seed, agent)
-        self._broken: tuple[str, tuple[Any, Any, Any, Any]] | None = None
-        """The target agent and its broken (obs, reward, terminated, info), until the
-        next call."""
+        self._broken: tuple[str, tuple[Any, Any, Any, Any], Any] | None = None
+        """Until the next call: the target agent, its broken (obs, reward, terminated,
+        info), and its broken reward since its last turn (what ``last()`` reads)."""
 
     def _call(self, call: str, inner: Callable[[], None]) -> None:
         self._broken = None
@@ -190,13 +191,15 @@ class FaultyAECEnv(FaultyMultiAgentEnv, BaseWrapper):
             agent = next(iter(env.rewards), None)
             if agent is None:
                 return
-        good = (
+        obs, term, info = (
             env.observe(agent),
-            env.rewards.get(agent, 0.0),
             env.terminations.get(agent, False),
             env.infos.get(agent, {}),
         )
-        self._broken = agent, break_returns(fault.kind, *good)
+        broken = break_returns(fault.kind, obs, env.rewards.get(agent, 0.0), term, info)
+        # last() reads the reward since the agent's last turn: broken alike.
+        cumulative = env._cumulative_rewards.get(agent, 0.0)
+        self._broken = agent, broken, break_returns(fault.kind, obs, cumulative, term, info)[1]
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         self._call("reset", lambda: self.env.reset(seed=seed, options=options))
@@ -207,7 +210,7 @@ class FaultyAECEnv(FaultyMultiAgentEnv, BaseWrapper):
     def _read(self, field: int, values: Mapping[str, Any]) -> dict[str, Any]:
         if self._broken is None:
             return values  # type: ignore[return-value]
-        agent, broken = self._broken
+        agent, broken, _ = self._broken
         return {**values, agent: broken[field]}
 
     def observe(self, agent: str) -> Any:
@@ -229,19 +232,20 @@ class FaultyAECEnv(FaultyMultiAgentEnv, BaseWrapper):
 
     def last(self, observe: bool = True) -> tuple[Any, Any, Any, Any, Any]:
         agent = self.env.agent_selection
-        return (
-            self.observe(agent) if observe else None,
-            self.rewards[agent],
-            self.terminations[agent],
-            self.env.truncations[agent],
-            self.infos[agent],
-        )
+        if self._broken is None or self._broken[0] != agent:
+            return self.env.last(observe)
+        _, (obs, _, term, info), cumulative = self._broken
+        return obs if observe else None, cumulative, term, self.env.truncations[agent], info
 
 
 def _make_faulty_multi_agent(
-    base: Callable[[], Any], faults: tuple[FaultPlan, ...], log: CallLog | None, seed: int
+    base: Callable[[], Any],
+    faults: tuple[FaultPlan, ...],
+    log: CallLog | None,
+    seed: int,
+    agent: str | None = None,
 ) -> FaultyMultiAgentEnv:
-    return FaultyMultiAgentEnv(base(), faults, log, seed)
+    return FaultyMultiAgentEnv(base(), faults, log, seed, agent)
 
 
 def faulty_multi_agent_env_fns(
@@ -250,6 +254,7 @@ def faulty_multi_agent_env_fns(
     faults: Sequence[FaultPlan] | Mapping[int, Sequence[FaultPlan]] = (),
     log: CallLog | None = None,
     seed: int = 0,
+    agent: str | None = None,
 ) -> list[Callable[[], FaultyMultiAgentEnv]]:
     """Picklable factories of :class:`FaultyMultiAgentEnv`, one per sub-env (the
     multi-agent twin of :func:`~jaxrunner.testing.faults.faulty_env_fns`).
@@ -264,14 +269,15 @@ def faulty_multi_agent_env_fns(
             (envs not in it behave).
         log: optional cross-process counter shared by all of them.
         seed: seeds probabilistic faults (mixed with the env index).
+        agent: whose returns garbage faults break (None: the first agent returned; see
+            :class:`FaultyMultiAgentEnv`).
 
     Raises:
         InvalidArgumentError: ``num_envs`` is missing for a single ``base``, or differs
             from the length of a sequence ``base``.
     """
-    return faulty_factories(
-        _make_faulty_multi_agent, base, num_envs, faults, log, seed, "faulty_multi_agent_env_fns"
-    )
+    wrap = functools.partial(_make_faulty_multi_agent, agent=agent)
+    return faulty_factories(wrap, base, num_envs, faults, log, seed, "faulty_multi_agent_env_fns")
 
 
 __all__ = [
