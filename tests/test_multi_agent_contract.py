@@ -4,6 +4,10 @@ own envs stepped by hand."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 pytest.importorskip("pettingzoo")
@@ -41,3 +45,30 @@ class TestRayMultiAgentContract(MultiAgentVectorEnvContract):
 
         config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
         return RayMultiAgentVectorEnv(env_fns, config=config, restart_policy=restart_policy)
+
+
+def test_multi_agent_testing_names_load_pettingzoo_on_first_use():
+    # With PettingZoo unimportable, jaxrunner.testing still imports; its multi-agent
+    # names say which extra to install.
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["pettingzoo"] = None  # as if it were not installed
+        import jaxrunner as jr
+        from jaxrunner.errors import MissingDependencyError
+        assert jr.testing.FaultyEnv.__name__ == "FaultyEnv"
+        assert "ComingAndGoing" in dir(jr.testing)
+        try:
+            jr.testing.ComingAndGoing
+        except MissingDependencyError as err:
+            print(err)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert 'needs PettingZoo: pip install "jaxrunner[multiagent]"' in done.stdout
+    # With it, the names are the modules' own.
+    from jaxrunner.testing import multi_agent_envs, multi_agent_faults
+
+    assert jr.testing.ComingAndGoing is multi_agent_envs.ComingAndGoing
+    assert jr.testing.faulty_multi_agent_env_fns is multi_agent_faults.faulty_multi_agent_env_fns
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        jr.testing.Nope  # noqa: B018

@@ -24,6 +24,7 @@ Reach it as ``jr.testing`` after ``import jaxrunner as jr`` (loaded on first use
 import importlib
 from typing import Any
 
+from jaxrunner.errors import MissingDependencyError
 from jaxrunner.testing.contract import VectorEnvContract, assert_trees_equal, gymnasium_reference
 from jaxrunner.testing.envs import (
     CountingEnv,
@@ -101,7 +102,15 @@ def __getattr__(name: str) -> Any:
     module = MULTI_AGENT_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'jaxrunner.testing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"jaxrunner.testing.{module}"), name)
+    try:
+        loaded = importlib.import_module(f"jaxrunner.testing.{module}")
+    except ImportError as err:
+        if err.name != "pettingzoo" and not (err.name or "").startswith("pettingzoo."):
+            raise
+        raise MissingDependencyError(
+            f'jaxrunner.testing.{name} needs PettingZoo: pip install "jaxrunner[multiagent]".'
+        ) from err
+    value = getattr(loaded, name)
     globals()[name] = value  # later look-ups skip __getattr__
     return value
 
