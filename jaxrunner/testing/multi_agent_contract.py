@@ -411,14 +411,21 @@ class MultiAgentVectorEnvContract:
             self._run_parity(envs, refs, out, 10, rng, "after reset_at")
 
     def test_a_restart_touches_no_other_env(self) -> None:
-        n, index, every = self.num_envs, 1, 3
+        """Sub-env 1 raises at every third step of each instance; with a restart policy
+        it is recreated each time (its step holds no transition, its new episode is an
+        unseeded fresh env's), and the other sub-envs go on as the envs stepped by hand."""
+        for factory in (coming_and_going, relay):
+            self._check_restarts(factory, index=1, every=3)
+
+    def _check_restarts(self, factory: MultiAgentEnvFactory, index: int, every: int) -> None:
+        n = self.num_envs
         fns = faulty_multi_agent_env_fns(
-            coming_and_going, n, {index: [FaultPlan(kind="raise", at=(every,))]}
+            factory, n, {index: [FaultPlan(kind="raise", at=(every,))]}
         )
         rng = np.random.default_rng(self.seed)
         with closing(self.make_envs(fns, restart_policy=RestartPolicy())) as envs:
             groups = envs.groups
-            refs = [_by_hand(coming_and_going) for _ in range(n)]
+            refs = [_by_hand(factory) for _ in range(n)]
             out = envs.reset_batch(self._seeds(self.seed))
             for ref, seed in zip(refs, self._seeds(self.seed)):
                 ref.reset(seed)
@@ -426,15 +433,16 @@ class MultiAgentVectorEnvContract:
             for t in range(4 * every):
                 actions = _sample_actions(rng, groups, out)
                 out = envs.step_batch(actions)
-                where = f"step {t}"
-                # Each instance of sub-env ``index`` fails at its ``every``-th step.
+                where = f"{factory.__name__}: step {t}"
+                # Each instance of sub-env ``index`` fails at its ``every``-th step (the
+                # contract envs have no AEC dead step before it).
                 fails = t % every == every - 1
                 failed = [] if out.failed is None else np.flatnonzero(out.failed).tolist()
                 if failed != ([index] if fails else []):
                     raise AssertionError(f"{where}: failed sub-envs {failed}")
                 for b, ref in enumerate(refs):
                     if b == index and fails:  # recreated and reset (unseeded)
-                        refs[b] = ref = _by_hand(coming_and_going)
+                        refs[b] = ref = _by_hand(factory)
                         ref.reset(None)
                         for group in groups:
                             if out.groups[group.policy_id].completed[b].any():
