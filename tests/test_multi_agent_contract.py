@@ -72,3 +72,22 @@ def test_multi_agent_testing_names_load_pettingzoo_on_first_use():
     assert jr.testing.faulty_multi_agent_env_fns is multi_agent_faults.faulty_multi_agent_env_fns
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         jr.testing.Nope  # noqa: B018
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=jr.errors.WorkerError,
+    reason="RemoteBlocksVectorEnv.get_num_restarts() does not check that the env is open: "
+    "after close() it reports 'worker died before get_num_restarts()' (a WorkerError) instead "
+    "of a ClosedError (the sync backend returns the count)",
+)
+def test_process_get_num_restarts_after_close_is_a_closed_error():
+    from jaxrunner.multi_agent.process import ProcessMultiAgentVectorEnv
+
+    envs = ProcessMultiAgentVectorEnv(
+        [jr.testing.coming_and_going] * 2, config=jr.ProcessConfig(num_workers=1)
+    )
+    assert envs.get_num_restarts() == 0
+    envs.close()
+    with pytest.raises(jr.errors.ClosedError):
+        envs.get_num_restarts()

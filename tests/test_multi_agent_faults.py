@@ -331,3 +331,36 @@ def test_only_pettingzoo_envs_are_wrapped_and_factories_pickle():
     envs = [pickle.loads(pickle.dumps(fn))() for fn in fns]
     assert [type(e) for e in envs] == [FaultyParallelEnv, FaultyAECEnv]
     assert envs[1].agent == "r0"
+
+
+RANDOM_FAULTS = [  # in-worker kinds at random (seeded) calls, resets included
+    FaultPlan(kind="raise", probability=0.04),
+    FaultPlan(kind="nan_reward", probability=0.03),
+    FaultPlan(kind="bad_obs", probability=0.03),
+    FaultPlan(kind="raise", call="reset", probability=0.1),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_random_faults_are_counted_exactly(backend, tmp_path):
+    # Every sub-env fails now and then, in steps and resets (restarts' resets too): every
+    # good step call is in the trajectory, every failed one is dropped, and every valid
+    # slot is one agent step.
+    log = CallLog(tmp_path)
+    fns = faulty_multi_agent_env_fns(coming_and_going, NUM_ENVS, RANDOM_FAULTS, log, seed=3)
+    envs = make_envs(backend, fns, restart=True)
+    policy, params = random_policy(3), zero_params(3)
+    with jr.MultiAgentRunner(envs, policy, params, 40, seed=SEED) as runner:
+        traj = runner.sample()
+        metrics = runner.get_metrics()
+        restarts = envs.get_num_restarts()
+    (g,) = traj.groups.values()
+    assert log.count("step_failed") >= 3 and log.count("reset_failed") >= 1
+    assert metrics["num_dropped_steps"] == log.count("step_failed")
+    assert metrics["num_env_steps"] == log.count("step_ok")
+    assert metrics["num_agent_steps"] == int(g.valid.sum())
+    assert metrics["num_faulty_episodes"] == log.count("step_failed")
+    # Every failure, of a step, a reset or a restart's reset, made one new instance; a
+    # restart whose first attempts failed counts once.
+    assert log.count("made") - NUM_ENVS == log.count("step_failed") + log.count("reset_failed")
+    assert log.count("step_failed") <= restarts < log.count("made") - NUM_ENVS
