@@ -16,7 +16,8 @@ Multi-agent (PettingZoo, an optional extra: these names import it on first use, 
 * :mod:`~jaxrunner.testing.multi_agent_faults`: :class:`FaultyMultiAgentEnv` and
   :func:`faulty_multi_agent_env_fns`, the same fault vocabulary on PettingZoo envs;
 * :mod:`~jaxrunner.testing.multi_agent_contract`: :class:`MultiAgentVectorEnvContract`,
-  the tests every multi-agent backend inherits.
+  the tests every multi-agent backend inherits, against the envs stepped by hand of
+  :mod:`~jaxrunner.testing.multi_agent_reference`.
 
 Reach it as ``jr.testing`` after ``import jaxrunner as jr`` (loaded on first use).
 """

@@ -17,7 +17,6 @@ module imports it, so ``jaxrunner.testing`` loads it only on first use.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from contextlib import closing
@@ -25,7 +24,6 @@ from typing import Any, ClassVar
 
 import jax
 import numpy as np
-from pettingzoo import AECEnv, ParallelEnv
 
 from jaxrunner.errors import ClosedError, EnvIndexError, InvalidActionError
 from jaxrunner.faults import RestartPolicy
@@ -36,130 +34,15 @@ from jaxrunner.testing.contract import assert_trees_equal, expect_raises
 from jaxrunner.testing.faults import FaultPlan
 from jaxrunner.testing.multi_agent_envs import coming_and_going, relay, tictactoe
 from jaxrunner.testing.multi_agent_faults import faulty_multi_agent_env_fns
-
-MultiAgentEnvFactory = Callable[[], Any]
+from jaxrunner.testing.multi_agent_reference import (
+    ExpectedRow,
+    MultiAgentEnvFactory,
+    by_hand,
+)
 
 # Rewards are sums of the env's rewards; the backends and PettingZoo's own bookkeeping
 # may add them in another order, so they agree to rounding, not bit for bit.
 _REWARD_ATOL = 1e-12
-
-
-# -- the envs stepped by hand -------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Expected:
-    """What one sub-env's row of a step must hold."""
-
-    completed: dict[str, tuple[Any, float, bool, bool]]
-    """Per agent whose transition completed: (next_obs, reward, terminated, truncated)."""
-    done: bool
-    env_reward: float
-    infos: Any
-
-
-class _ParallelByHand:
-    """A ``ParallelEnv`` stepped by hand: every acting agent's transition completes in
-    the step; a reward before an agent's first action goes onto its first transition."""
-
-    def __init__(self, env: ParallelEnv) -> None:
-        self.env = env
-        self.acting: dict[str, Any] = {}
-        self.started: set[str] = set()
-        self.pending: dict[str, float] = {}
-
-    def reset(self, seed: int | None, options: dict[str, Any] | None = None) -> Any:
-        obs, infos = self.env.reset(seed=seed, options=options)
-        self.acting, self.started, self.pending = dict(obs), set(), {}
-        return infos
-
-    def step(self, act: Callable[[str], Any]) -> _Expected:
-        actions = {agent: act(agent) for agent in self.acting}
-        obs, rewards, terms, truncs, infos = self.env.step(actions)
-        self.started |= set(actions)
-        env_reward = 0.0
-        for agent, r in rewards.items():
-            self.pending[agent] = self.pending.get(agent, 0.0) + r
-            env_reward += r
-        completed = {
-            agent: (
-                obs[agent],
-                self.pending.pop(agent, 0.0),
-                terms.get(agent, False),
-                truncs.get(agent, False),
-            )
-            for agent in actions
-        }
-        ended = {agent for agent in obs if terms.get(agent, False) or truncs.get(agent, False)}
-        self.acting = {agent: o for agent, o in obs.items() if agent not in ended}
-        done = not self.acting
-        if done:
-            self.reset(None)  # SAME_STEP autoreset, unseeded
-        return _Expected(completed, done, env_reward, infos)
-
-
-class _AECByHand:
-    """An ``AECEnv`` stepped by hand with PettingZoo's own loop (``last()`` at each
-    turn): an action's transition completes at the agent's next turn with ``last()``'s
-    reward (what it received since it acted), flags and observation; what it received
-    before its first action is added to its first transition."""
-
-    def __init__(self, env: AECEnv) -> None:
-        self.env = env
-        self.acting: dict[str, Any] = {}
-        self.started: set[str] = set()
-        self.waiting: set[str] = set()
-        self.before_first: dict[str, float] = {}
-
-    def reset(self, seed: int | None, options: dict[str, Any] | None = None) -> Any:
-        self.env.reset(seed=seed, options=options)
-        self.started, self.waiting, self.before_first = set(), set(), {}
-        self._settle({})
-        return dict(self.env.infos)
-
-    def _settle(self, completed: dict[str, tuple[Any, float, bool, bool]]) -> float:
-        """Turns until a live agent is to act (dead agents step with None)."""
-        env, reward = self.env, 0.0
-        self.acting = {}
-        while env.agents:
-            agent = env.agent_selection
-            obs, r, term, trunc, _ = env.last()
-            if agent in self.waiting:
-                self.waiting.discard(agent)
-                completed[agent] = (obs, r + self.before_first.pop(agent, 0.0), term, trunc)
-            elif agent not in self.started:
-                self.before_first[agent] = r
-            if not (term or trunc):
-                self.acting = {agent: obs}
-                break
-            env.step(None)
-            reward += sum(env.rewards.values())
-        return reward
-
-    def step(self, act: Callable[[str], Any]) -> _Expected:
-        env = self.env
-        (agent,) = self.acting
-        self.started.add(agent)
-        self.waiting.add(agent)
-        env.step(act(agent))
-        completed: dict[str, tuple[Any, float, bool, bool]] = {}
-        env_reward = sum(env.rewards.values())
-        env_reward += self._settle(completed)
-        infos = dict(env.infos)
-        done = not env.agents
-        if done:
-            if self.waiting:  # not in the contract envs: no reference for it
-                raise AssertionError(
-                    f"the reference cannot step an env that removes agents {self.waiting} "
-                    "without their dead step"
-                )
-            self.reset(None)
-        return _Expected(completed, done, env_reward, infos)
-
-
-def _by_hand(factory: MultiAgentEnvFactory) -> _ParallelByHand | _AECByHand:
-    env = factory()
-    return _AECByHand(env) if isinstance(env, AECEnv) else _ParallelByHand(env)
 
 
 # -- comparing a step with the envs stepped by hand ---------------------------------------------
@@ -193,7 +76,7 @@ def _assert_row(
     out: MultiAgentStep,
     groups: Sequence[AgentGroup],
     b: int,
-    expected: _Expected,
+    expected: ExpectedRow,
     ref: Any,
     where: str,
 ) -> None:
@@ -332,18 +215,18 @@ class MultiAgentVectorEnvContract:
         n = self.num_envs
         with closing(self.make_envs([coming_and_going] * n)) as envs:
             for seeds in (self._seeds(self.seed), [5] * n):
-                refs = [_by_hand(coming_and_going) for _ in range(n)]
+                refs = [by_hand(coming_and_going) for _ in range(n)]
                 out = envs.reset_batch(seeds)
                 for b, (ref, seed) in enumerate(zip(refs, seeds)):
                     ref.reset(seed)
                     _assert_acting(out, envs.groups, b, ref, f"reset_batch({seeds})")
 
-    def test_step_for_step_equal_to_the_envs_stepped_by_hand(self) -> None:
+    def test_step_for_step_equal_to_the_envs_steppedby_hand(self) -> None:
         n = self.num_envs
         for name, factory in self.env_cases().items():
             rng = np.random.default_rng(self.seed)
             with closing(self.make_envs([factory] * n)) as envs:
-                refs = [_by_hand(factory) for _ in range(n)]
+                refs = [by_hand(factory) for _ in range(n)]
                 for seeds in (self._seeds(self.seed), self._seeds(self.seed + 1000)):
                     out = envs.reset_batch(seeds)
                     for b, (ref, seed) in enumerate(zip(refs, seeds)):
@@ -356,7 +239,7 @@ class MultiAgentVectorEnvContract:
         for factory in (coming_and_going, relay):
             rng = np.random.default_rng(self.seed)
             with closing(self.make_envs([factory] * n)) as envs:
-                refs = [_by_hand(factory) for _ in range(n)]
+                refs = [by_hand(factory) for _ in range(n)]
                 out = envs.reset_batch(self._seeds(self.seed))
                 for ref, seed in zip(refs, self._seeds(self.seed)):
                     ref.reset(seed)
@@ -382,7 +265,7 @@ class MultiAgentVectorEnvContract:
         n, index = self.num_envs, 1
         rng = np.random.default_rng(self.seed)
         with closing(self.make_envs([coming_and_going] * n)) as envs:
-            refs = [_by_hand(coming_and_going) for _ in range(n)]
+            refs = [by_hand(coming_and_going) for _ in range(n)]
             out = envs.reset_batch(self._seeds(self.seed))
             for ref, seed in zip(refs, self._seeds(self.seed)):
                 ref.reset(seed)
@@ -425,7 +308,7 @@ class MultiAgentVectorEnvContract:
         rng = np.random.default_rng(self.seed)
         with closing(self.make_envs(fns, restart_policy=RestartPolicy())) as envs:
             groups = envs.groups
-            refs = [_by_hand(factory) for _ in range(n)]
+            refs = [by_hand(factory) for _ in range(n)]
             out = envs.reset_batch(self._seeds(self.seed))
             for ref, seed in zip(refs, self._seeds(self.seed)):
                 ref.reset(seed)
@@ -442,7 +325,7 @@ class MultiAgentVectorEnvContract:
                     raise AssertionError(f"{where}: failed sub-envs {failed}")
                 for b, ref in enumerate(refs):
                     if b == index and fails:  # recreated and reset (unseeded)
-                        refs[b] = ref = _by_hand(factory)
+                        refs[b] = ref = by_hand(factory)
                         ref.reset(None)
                         for group in groups:
                             if out.groups[group.policy_id].completed[b].any():
