@@ -331,6 +331,10 @@ def test_only_pettingzoo_envs_are_wrapped_and_factories_pickle():
     envs = [pickle.loads(pickle.dumps(fn))() for fn in fns]
     assert [type(e) for e in envs] == [FaultyParallelEnv, FaultyAECEnv]
     assert envs[1].agent == "r0"
+    # Wrapped envs pickle too (with their call counts), as PettingZoo's own wrappers do.
+    envs[0].reset(seed=1)
+    copy = pickle.loads(pickle.dumps(envs[0]))
+    assert type(copy) is FaultyParallelEnv and copy.calls == {"step": 0, "reset": 1}
 
 
 RANDOM_FAULTS = [  # in-worker kinds at random (seeded) calls, resets included

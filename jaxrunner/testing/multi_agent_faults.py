@@ -70,7 +70,8 @@ class FaultyMultiAgentEnv:
     schedule: FaultSchedule
     agent: str | None
 
-    def __new__(cls, env: Any, *args: Any, **kwargs: Any) -> FaultyMultiAgentEnv:
+    def __new__(cls, env: Any = None, *args: Any, **kwargs: Any) -> FaultyMultiAgentEnv:
+        # ``env`` has a default: unpickling calls ``cls.__new__(cls)`` on the subclass.
         if cls is FaultyMultiAgentEnv:  # pick the wrapper for env's API (as pathlib.Path)
             if isinstance(env, ParallelEnv):
                 cls = FaultyParallelEnv
