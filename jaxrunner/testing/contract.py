@@ -71,7 +71,9 @@ def assert_trees_equal(actual: Any, expected: Any, where: str = "value") -> None
 # -- the contract test mixin ---------------------------------------------------------------------
 
 
-def _expect_raises(error: type[BaseException], fn: Callable[[], Any], what: str) -> BaseException:
+def expect_raises(error: type[BaseException], fn: Callable[[], Any], what: str) -> BaseException:
+    """Calls ``fn``; returns the ``error`` it raised, or raises ``AssertionError`` naming
+    ``what`` if it raised nothing (other exceptions propagate)."""
     try:
         fn()
     except error as err:
@@ -248,7 +250,7 @@ class VectorEnvContract:
             vec.reset_batch([self.seed + i for i in range(n)])
             ref.reset(seed=self.seed)
             ref.action_space.seed(self.seed)
-            _expect_raises(InvalidArgumentError, vec.recv, "recv() with nothing in flight")
+            expect_raises(InvalidArgumentError, vec.recv, "recv() with nothing in flight")
             for t in range(8):
                 actions = ref.action_space.sample()
                 obs, reward, terminated, truncated, _ = ref.step(actions)
@@ -306,8 +308,8 @@ class VectorEnvContract:
                 steps = vec.get_attr("num_steps")
                 good = ref.action_space.sample()
                 for what, bad in _bad_action_batches(good, vec.single_action_space).items():
-                    _expect_raises(InvalidActionError, lambda b=bad: vec.step(b), f"{name}: {what}")
-                    _expect_raises(
+                    expect_raises(InvalidActionError, lambda b=bad: vec.step(b), f"{name}: {what}")
+                    expect_raises(
                         InvalidActionError, lambda b=bad: vec.step_batch(b), f"{name}: {what}"
                     )
                     if vec.get_attr("num_steps") != steps:
@@ -335,7 +337,7 @@ class VectorEnvContract:
             "set_attr": lambda: vec.set_attr("env_id", 1),
         }
         for name, call in calls.items():
-            _expect_raises(ClosedError, call, f"{name}() after close()")
+            expect_raises(ClosedError, call, f"{name}() after close()")
 
     def test_context_manager_closes(self) -> None:
         n = self.num_envs
@@ -344,7 +346,7 @@ class VectorEnvContract:
             vec.step(np.zeros(n, dtype=np.int64))
         if not vec.closed:
             raise AssertionError("leaving the with block did not close the vector env")
-        _expect_raises(ClosedError, lambda: vec.step(np.zeros(n, dtype=np.int64)), "step()")
+        expect_raises(ClosedError, lambda: vec.step(np.zeros(n, dtype=np.int64)), "step()")
 
 
-__all__ = ["VectorEnvContract", "assert_trees_equal", "gymnasium_reference"]
+__all__ = ["VectorEnvContract", "assert_trees_equal", "expect_raises", "gymnasium_reference"]

@@ -125,9 +125,9 @@ class CallLog:
             return 0
 
 
-# FaultyEnvs made so far in this process, per seed: the n-th one with seed s draws its
-# probabilistic faults from rng([s, n]), so a run is reproducible and a recreated env
-# draws differently from the one it replaces.
+# Fault-injecting envs made so far in this process, per seed: the n-th one with seed s
+# draws its probabilistic faults from rng([s, n]), so a run is reproducible and a
+# recreated env draws differently from the one it replaces.
 _made_per_seed: collections.Counter[int] = collections.Counter()
 
 
@@ -155,6 +155,113 @@ def _break_obs(kind: str, obs: Any) -> Any:
             f"a {type(obs).__name__} observation. Use kind='bad_obs' or 'obs_dtype'."
         )
     return dict(list(obs.items())[1:])
+
+
+def break_returns(kind: str, obs: Any, reward: Any, terminated: Any, info: Any) -> tuple:
+    """What a garbage fault of ``kind`` makes of one agent's good returns.
+
+    Args:
+        kind: a :data:`FaultKind` that returns garbage (not one of the kinds that never
+            return).
+        obs, reward, terminated, info: what the env returned (for a reset, any
+            ``reward`` and ``terminated``: reset faults never break them).
+
+    Returns:
+        ``(obs, reward, terminated, info)`` with the one part ``kind`` breaks broken.
+    """
+    if kind in ("nan_reward", "inf_reward"):
+        reward = float("nan") if kind == "nan_reward" else float("inf")
+    elif kind == "array_reward":
+        reward = np.array([reward, reward])
+    elif kind == "list_reward":
+        reward = [reward, reward]
+    elif kind == "flag_not_bool":
+        terminated = int(terminated)
+    elif kind == "info_not_dict":
+        info = list(info.items())
+    else:
+        obs = _break_obs(kind, obs)
+    return obs, reward, terminated, info
+
+
+class FaultSchedule:
+    """Which calls of one env instance misbehave, and the faults that never return: the
+    mechanism every fault-injecting wrapper shares (:class:`FaultyEnv`, and the
+    multi-agent :class:`~jaxrunner.testing.multi_agent_faults.FaultyMultiAgentEnv`).
+
+    A call misbehaves as the first of ``faults`` whose ``call`` it is and that is due
+    (its number is in ``at``, or the probability draw hit). Faults that never return
+    happen in :meth:`due`, before the wrapped env is called; garbage faults are
+    returned for the wrapper to apply (:func:`break_returns`).
+
+    Args:
+        faults: what goes wrong and when.
+        log: optional cross-process counter (see :class:`FaultyEnv` for its events);
+            this records ``made``.
+        seed: seeds the draws of probabilistic faults, mixed with an instance number
+            (the ``made`` count of ``log`` if given, else how many schedules this
+            process made with this seed), so a recreated env draws differently.
+        owner: the wrapper's name, for the messages of injected errors.
+    """
+
+    def __init__(
+        self,
+        faults: Sequence[FaultPlan],
+        log: CallLog | None = None,
+        seed: int = 0,
+        owner: str = "FaultyEnv",
+    ) -> None:
+        self.faults, self.log, self.owner = tuple(faults), log, owner
+        if log is not None:
+            instance = log.count("made")
+            log.record("made")
+        else:
+            instance = _made_per_seed[seed]
+            _made_per_seed[seed] += 1
+        self._rng = np.random.default_rng([seed, instance])
+        self.calls = {"step": 0, "reset": 0}
+        """How many times each method was called (failed calls included)."""
+
+    def due(self, call: str) -> FaultPlan | None:
+        """Counts one call of ``call``; returns the garbage fault due for it (None: the
+        call behaves, and is logged ``<call>_ok`` by :meth:`ok`). A due fault is logged
+        ``<call>_failed``; one that never returns happens here."""
+        self.calls[call] += 1
+        number, due = self.calls[call], None
+        for fault in self.faults:
+            if fault.call != call:
+                continue
+            # Draw for every probabilistic fault, due or not, so draws stay aligned.
+            hit = fault.probability > 0 and self._rng.random() < fault.probability
+            if due is None and (number in fault.at or hit):
+                due = fault
+        if due is not None:
+            self.record(f"{call}_failed")
+            if due.kind in _NO_RETURN:
+                self._fail_now(due, call)
+        return due
+
+    def ok(self, call: str) -> None:
+        """Logs a call that behaved."""
+        self.record(f"{call}_ok")
+
+    def _fail_now(self, fault: FaultPlan, call: str) -> None:
+        """Faults that never return a value."""
+        if fault.kind == "raise":
+            raise InjectedError(f"{self.owner}: injected failure in {call} #{self.calls[call]}")
+        if fault.kind == "hang":
+            time.sleep(fault.hang_s)
+            raise InjectedError(f"{self.owner}: {call} hung for {fault.hang_s} s")
+        if fault.kind == "exit":
+            os._exit(13)
+        if fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if fault.kind == "segfault":
+            ctypes.string_at(0)
+
+    def record(self, name: str) -> None:
+        if self.log is not None:
+            self.log.record(name)
 
 
 class FaultyEnv(gymnasium.Wrapper):
@@ -186,82 +293,27 @@ class FaultyEnv(gymnasium.Wrapper):
         seed: int = 0,
     ) -> None:
         super().__init__(env)
-        self.faults = tuple(faults)
-        self.log = log
-        if log is not None:
-            instance = log.count("made")
-            log.record("made")
-        else:
-            instance = _made_per_seed[seed]
-            _made_per_seed[seed] += 1
-        self._rng = np.random.default_rng([seed, instance])
-        self.calls = {"step": 0, "reset": 0}
+        self.schedule = FaultSchedule(faults, log, seed, "FaultyEnv")
+        self.faults, self.log = self.schedule.faults, log
+        self.calls = self.schedule.calls
         """How many times each method was called (failed calls included)."""
 
-    def _due(self, call: str) -> FaultPlan | None:
-        self.calls[call] += 1
-        number, due = self.calls[call], None
-        for fault in self.faults:
-            if fault.call != call:
-                continue
-            # Draw for every probabilistic fault, due or not, so draws stay aligned.
-            hit = fault.probability > 0 and self._rng.random() < fault.probability
-            if due is None and (number in fault.at or hit):
-                due = fault
-        if due is not None:
-            self._record(f"{call}_failed")
-            if due.kind in _NO_RETURN:
-                self._fail_now(due, call)
-        return due
-
-    def _fail_now(self, fault: FaultPlan, call: str) -> None:
-        """Faults that never return a value."""
-        if fault.kind == "raise":
-            raise InjectedError(f"FaultyEnv: injected failure in {call} #{self.calls[call]}")
-        if fault.kind == "hang":
-            time.sleep(fault.hang_s)
-            raise InjectedError(f"FaultyEnv: {call} hung for {fault.hang_s} s")
-        if fault.kind == "exit":
-            os._exit(13)
-        if fault.kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if fault.kind == "segfault":
-            ctypes.string_at(0)
-
-    def _record(self, name: str) -> None:
-        if self.log is not None:
-            self.log.record(name)
-
     def reset(self, **kwargs: Any) -> Any:
-        fault = self._due("reset")
+        fault = self.schedule.due("reset")
         obs, info = self.env.reset(**kwargs)
         if fault is None:
-            self._record("reset_ok")
-        elif fault.kind == "info_not_dict":
-            info = list(info.items())
-        else:
-            obs = _break_obs(fault.kind, obs)
+            self.schedule.ok("reset")
+            return obs, info
+        obs, _, _, info = break_returns(fault.kind, obs, 0.0, False, info)
         return obs, info
 
     def step(self, action: Any) -> Any:
-        fault = self._due("step")
+        fault = self.schedule.due("step")
         obs, reward, terminated, truncated, info = self.env.step(action)
         if fault is None:
-            self._record("step_ok")
+            self.schedule.ok("step")
             return obs, reward, terminated, truncated, info
-        kind = fault.kind
-        if kind in ("nan_reward", "inf_reward"):
-            reward = float("nan") if kind == "nan_reward" else float("inf")
-        elif kind == "array_reward":
-            reward = np.array([reward, reward])
-        elif kind == "list_reward":
-            reward = [reward, reward]
-        elif kind == "flag_not_bool":
-            terminated = int(terminated)
-        elif kind == "info_not_dict":
-            info = list(info.items())
-        else:
-            obs = _break_obs(kind, obs)
+        obs, reward, terminated, info = break_returns(fault.kind, obs, reward, terminated, info)
         return obs, reward, terminated, truncated, info
 
 
@@ -269,6 +321,44 @@ def _make_faulty(
     base: Callable[[], gymnasium.Env], faults: tuple[FaultPlan, ...], log: CallLog | None, seed: int
 ) -> gymnasium.Env:
     return FaultyEnv(base(), faults, log, seed)
+
+
+def faulty_factories(
+    wrap: Callable[[Callable[[], Any], tuple[FaultPlan, ...], CallLog | None, int], Any],
+    base: Callable[[], Any] | Sequence[Callable[[], Any]],
+    num_envs: int | None,
+    faults: Sequence[FaultPlan] | Mapping[int, Sequence[FaultPlan]],
+    log: CallLog | None,
+    seed: int,
+    caller: str,
+) -> list[Callable[[], Any]]:
+    """The factories of :func:`faulty_env_fns` (and its multi-agent twin): one
+    ``functools.partial(wrap, base_i, faults_i, log, seed_i)`` per sub-env, where
+    ``wrap`` is a module-level function that builds ``base_i()`` and wraps it.
+
+    Raises:
+        InvalidArgumentError: ``num_envs`` is missing for a single ``base``, or differs
+            from the length of a sequence ``base`` (named as ``caller``'s argument).
+    """
+    if callable(base):
+        if num_envs is None:
+            raise InvalidArgumentError(
+                f"{caller}(num_envs=None): expected how many envs to make from one base "
+                "factory; pass num_envs, or a sequence of factories as base."
+            )
+        bases = [base] * num_envs
+    else:
+        bases = list(base)
+        if num_envs is not None and num_envs != len(bases):
+            raise InvalidArgumentError(
+                f"{caller}(num_envs={num_envs}): expected {len(bases)}, the number of "
+                "factories in base (or None)."
+            )
+    per_env = faults if isinstance(faults, Mapping) else dict.fromkeys(range(len(bases)), faults)
+    return [
+        functools.partial(wrap, fn, tuple(per_env.get(i, ())), log, seed * 100_003 + i)
+        for i, fn in enumerate(bases)
+    ]
 
 
 def faulty_env_fns(
@@ -295,25 +385,7 @@ def faulty_env_fns(
         InvalidArgumentError: ``num_envs`` is missing for a single ``base``, or differs
             from the length of a sequence ``base``.
     """
-    if callable(base):
-        if num_envs is None:
-            raise InvalidArgumentError(
-                "faulty_env_fns(num_envs=None): expected how many envs to make from one base "
-                "factory; pass num_envs, or a sequence of factories as base."
-            )
-        bases = [base] * num_envs
-    else:
-        bases = list(base)
-        if num_envs is not None and num_envs != len(bases):
-            raise InvalidArgumentError(
-                f"faulty_env_fns(num_envs={num_envs}): expected {len(bases)}, the number of "
-                "factories in base (or None)."
-            )
-    per_env = faults if isinstance(faults, Mapping) else dict.fromkeys(range(len(bases)), faults)
-    return [
-        functools.partial(_make_faulty, fn, tuple(per_env.get(i, ())), log, seed * 100_003 + i)
-        for i, fn in enumerate(bases)
-    ]
+    return faulty_factories(_make_faulty, base, num_envs, faults, log, seed, "faulty_env_fns")
 
 
 __all__ = [
@@ -321,7 +393,10 @@ __all__ = [
     "CallLog",
     "FaultKind",
     "FaultPlan",
+    "FaultSchedule",
     "FaultyEnv",
     "InjectedError",
+    "break_returns",
     "faulty_env_fns",
+    "faulty_factories",
 ]
