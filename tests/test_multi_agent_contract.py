@@ -24,7 +24,7 @@ class TestSyncMultiAgentContract(MultiAgentVectorEnvContract):
 
 class TestProcessMultiAgentContract(MultiAgentVectorEnvContract):
     def make_envs(self, env_fns, restart_policy=None):
-        from jaxrunner.multi_agent.process import ProcessMultiAgentVectorEnv
+        from jaxrunner.envs.process.agents import ProcessMultiAgentVectorEnv
 
         config = jr.ProcessConfig(num_workers=2)
         return ProcessMultiAgentVectorEnv(env_fns, config=config, restart_policy=restart_policy)
@@ -41,7 +41,7 @@ def local_ray():
 @pytest.mark.usefixtures("local_ray")
 class TestRayMultiAgentContract(MultiAgentVectorEnvContract):
     def make_envs(self, env_fns, restart_policy=None):
-        from jaxrunner.multi_agent.ray import RayMultiAgentVectorEnv
+        from jaxrunner.envs.ray.agents import RayMultiAgentVectorEnv
 
         config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
         return RayMultiAgentVectorEnv(env_fns, config=config, restart_policy=restart_policy)
@@ -74,15 +74,8 @@ def test_multi_agent_testing_names_load_pettingzoo_on_first_use():
         jr.testing.Nope  # noqa: B018
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=jr.errors.WorkerError,
-    reason="RemoteBlocksVectorEnv.get_num_restarts() does not check that the env is open: "
-    "after close() it reports 'worker died before get_num_restarts()' (a WorkerError) instead "
-    "of a ClosedError (the sync backend returns the count)",
-)
 def test_process_get_num_restarts_after_close_is_a_closed_error():
-    from jaxrunner.multi_agent.process import ProcessMultiAgentVectorEnv
+    from jaxrunner.envs.process.agents import ProcessMultiAgentVectorEnv
 
     envs = ProcessMultiAgentVectorEnv(
         [jr.testing.coming_and_going] * 2, config=jr.ProcessConfig(num_workers=1)

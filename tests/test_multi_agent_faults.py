@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
+from jaxrunner.envs.process.agents import ProcessMultiAgentVectorEnv
 from jaxrunner.errors import (
     EnvError,
     InvalidArgumentError,
@@ -26,7 +27,6 @@ from jaxrunner.errors import (
     WorkerTimeoutError,
 )
 from jaxrunner.multi_agent import SyncMultiAgentVectorEnv
-from jaxrunner.multi_agent.process import ProcessMultiAgentVectorEnv
 from jaxrunner.testing import (
     CallLog,
     ComingAndGoing,
@@ -57,19 +57,7 @@ GARBAGE = {  # each garbage kind, and what the backends must raise for it
     "obs_dtype": SpaceMismatchError,
     "info_not_dict": InvalidStepError,
 }
-INFO_BUG = pytest.mark.xfail(
-    strict=True,
-    raises=(AssertionError, pytest.fail.Exception),  # no error, hence no restart
-    reason="multi-agent drivers never check infos: a non-dict agent info passes through "
-    "(single-agent sub-envs raise InvalidStepError via spaces.check_info)",
-)
 DEATHS = ("exit", "kill", "segfault")
-NOT_REPLACED = pytest.mark.xfail(
-    strict=True,
-    raises=(WorkerError, WorkerTimeoutError),
-    reason="multi-agent process workers that die or hang are not replaced yet (the lead is "
-    "building worker replacement on the core transport): drop this mark once they are",
-)
 
 
 def make_envs(backend, fns, restart, step_timeout_s=None):
@@ -123,9 +111,7 @@ def assert_restarted_and_accounted(got, clean, log):
 # -- without a restart policy: the right error, naming the sub-env ----------------------------
 
 BACKENDS = ["sync", "process"]
-GARBAGE_CASES = [
-    pytest.param(kind, marks=INFO_BUG if kind == "info_not_dict" else ()) for kind in GARBAGE
-]
+GARBAGE_CASES = list(GARBAGE)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -166,7 +152,7 @@ def test_a_sync_hang_that_ends_is_an_env_error():
 def test_a_process_worker_that_dies_or_hangs_is_a_worker_error_naming_its_sub_envs(kind):
     error = WorkerTimeoutError if kind == "hang" else WorkerError
     fns = faulty_fns(kind, hang_s=60.0)
-    with pytest.raises(error, match=r"worker 0 \(sub-envs 0..1\)") as info:
+    with pytest.raises(error, match=r"worker 0 \(pid \d+, sub-envs 0..1\)") as info:
         sample(fns, "process", step_timeout_s=1.5)
     assert FAILING_ENV in info.value.env_indices
     assert info.value.partial_trajectory.num_steps == AT - 1
@@ -214,12 +200,31 @@ def test_a_sync_hang_that_ends_is_restarted(clean, tmp_path):
     assert_restarted_and_accounted(sample(faulty_fns("hang", log), restart=True), clean, log)
 
 
-@NOT_REPLACED
 @pytest.mark.parametrize("kind", [*DEATHS, "hang"])
 def test_with_a_restart_policy_a_dead_or_hung_process_worker_is_replaced(kind, clean, tmp_path):
+    # Worker 0 runs envs 0 and 1: when env 1 ends it (or hangs it) at its step AT, the
+    # worker is replaced with new sub-envs, and both envs' slots of that step fail (their
+    # episodes end as faults); env 2, on worker 1, is the fault-free run's throughout.
     log = CallLog(tmp_path)
-    got = sample(faulty_fns(kind, log, hang_s=60.0), "process", restart=True, step_timeout_s=1.5)
-    assert_restarted_and_accounted(got, clean, log)
+    envs = make_envs("process", faulty_fns(kind, log, hang_s=60.0), True, step_timeout_s=1.5)
+    policy, params = random_policy(3), zero_params(3)
+    with jr.MultiAgentRunner(envs, policy, params, T, seed=SEED) as runner:
+        traj, metrics = runner.sample(), runner.get_metrics()
+        assert envs.num_worker_restarts == 1
+    (pid,) = traj.groups
+    g, ref = traj.groups[pid], clean[0].groups[pid]
+    t = AT - 1
+    assert not g.valid[t, :2].any()
+    for field in ("valid", "reward", "terminated", "truncated", "obs", "action", "next_obs"):
+        a, b = getattr(g, field), getattr(ref, field)
+        np.testing.assert_array_equal(a[:t], b[:t], err_msg=field)
+        np.testing.assert_array_equal(a[:, 2], b[:, 2], err_msg=field)
+    assert g.valid[t + 1 :, :2].any()  # the new sub-envs' episodes go on
+    assert log.count("made") == NUM_ENVS + 2  # the replacement made its two sub-envs anew
+    assert metrics["num_agent_steps"] == int(g.valid.sum())
+    assert metrics["num_dropped_steps"] == metrics["num_faulty_episodes"] == 2
+    assert metrics["num_dropped_agent_steps"] == int(ref.valid[t, :2].sum())
+    assert metrics["num_env_steps"] == NUM_ENVS * T - 2
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

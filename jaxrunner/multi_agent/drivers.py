@@ -222,6 +222,7 @@ class ParallelDriver(Driver):
             for agent in _check_dict(obs, "reset", "observations", self.env_index)
         ]
         self._newcomers = True
+        _check_infos(infos, self.env_index, "reset")
         if not self.live:
             raise EnvError(
                 f"sub-env {self.env_index}: reset() returned no observation; a multi-agent env "
@@ -296,6 +297,7 @@ class ParallelDriver(Driver):
                     next_live.append((agent, self._set_acting(agent, obs[agent])))
                     self._newcomers = True
         self.live = next_live
+        _check_infos(infos, i, "step")
         if next_live:
             return False, env_reward, 0.0, infos
         return True, env_reward, self._unassigned(), infos
@@ -319,7 +321,7 @@ class AECDriver(Driver):
                 "must start an episode with at least one agent.",
                 self.env_index,
             )
-        return dict(self.env.infos)
+        return _check_infos(dict(self.env.infos), self.env_index, "reset")
 
     def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
         env = self.env
@@ -329,7 +331,7 @@ class AECDriver(Driver):
         env.step(self._action(actions, agent))
         env_reward = self._collect_rewards()
         env_reward += self._settle()
-        infos = dict(env.infos)
+        infos = _check_infos(dict(env.infos), self.env_index, "step")
         if env.agents:
             return False, env_reward, 0.0, infos
         # Agents the env removed without their dead step: their episode was cut with
@@ -374,6 +376,15 @@ def agent_label(env_index: int, agent: str) -> str:
     """How errors name an agent of a sub-env: ``"1, agent 'c'"`` (read as "sub-env 1,
     agent 'c' returned ...")."""
     return f"{env_index}, agent {agent!r}"
+
+
+def _check_infos(infos: Any, index: int, call: str) -> dict[str, Any]:
+    """A PettingZoo env's infos: a dict of one dict per agent (gymnasium's rule for
+    infos, per agent), or the error that names the sub-env and agent."""
+    for agent, info in _check_dict(infos, call, "infos", index).items():
+        if type(info) is not dict:
+            jr_spaces.check_info(info, agent_label(index, agent), call)
+    return infos
 
 
 def _check_dict(value: Any, call: str, name: str, index: int) -> dict:

@@ -187,6 +187,7 @@ class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
         return tuple(self._block.render())
 
     def get_num_restarts(self) -> int:
+        self._check_open("get_num_restarts")
         return self._block.num_restarts
 
     def get_sub_environments(self) -> list[Any]:

@@ -365,6 +365,7 @@ class ProcessMultiAgentVectorEnv(MultiAgentVectorEnv):
         return self._transport.pool.call_each_env("render")
 
     def get_num_restarts(self) -> int:
+        self._check_open("get_num_restarts")
         return self._transport.stepper.num_restarts
 
     def _close_backend(self) -> None:

@@ -71,8 +71,8 @@ class WorkerRecovery:
             hint = (
                 ""
                 if fatal
-                else ", or build the envs with make_vec(..., restart_policy=RestartPolicy()) "
-                "to replace failed workers"
+                else ", or build the envs with restart_policy=jaxrunner.RestartPolicy() "
+                "(make_vec or make_multi_agent_vec) to replace failed workers"
             )
             error = lost.error(
                 "the vector env is closed. Create a new one (and check what ended the "

@@ -314,6 +314,7 @@ class RayMultiAgentVectorEnv(MultiAgentVectorEnv):
         return self._actors.call_each("render")
 
     def get_num_restarts(self) -> int:
+        self._check_open("get_num_restarts")
         actors = self._actors
         return sum(actors.get_all([a.num_restarts.remote() for a in actors.actors], None))
 
