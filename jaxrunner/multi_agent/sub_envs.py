@@ -1,6 +1,6 @@
 """A block of PettingZoo sub-envs with their group buffers: the step loop every
 multi-agent backend runs (the sync vector env in this process, each process worker
-for its own block)."""
+over its rows of shared memory, each Ray actor for its block)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def env_groups(env: Any, policy_mapping_fn: PolicyMappingFn | None) -> tuple[Age
 
 class SubEnvBlock:
     """Sub-envs ``offset .. offset + len(envs)`` of a vector env, stepped in turn into
-    their own ``[n, A_g, ...]`` buffers: the multi-agent twin of
+    ``[n, A_g, ...]`` buffers (their own, or a process worker's rows of shared memory):
+    the multi-agent twin of
     :class:`~jaxrunner.envs.sub_envs.SubEnvs` (same failure rules).
 
     Failures: without a ``restart_policy`` a sub-env's failure raises (see
@@ -56,6 +57,9 @@ class SubEnvBlock:
         offset: the global index of the first sub-env (for error messages).
         fns: the sub-envs' factories (needed for restarts).
         restart_policy: how failed sub-envs are recreated (None: failures raise).
+        buffers: where the block writes (None: buffers of its own).
+        status: per global index, the step's progress marks (a process worker's shared
+            ones tell which steps a dead worker had done); None: kept privately.
     """
 
     def __init__(
