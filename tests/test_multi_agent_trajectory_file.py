@@ -165,6 +165,9 @@ BAD_SPECS: dict[str, Callable[[dict[str, Any]], Any]] = {
     r"groups.policy_0.agents naming \['player_1'\] more than once": lambda s: s["groups"][
         "policy_0"
     ].update(agents=["player_1", "player_1"]),
+    r"groups.policy_1.agents naming \['player_2'\] more than once": lambda s: s["groups"].update(
+        policy_1={"agents": ["player_2"], "fields": _group(s)}
+    ),
     # the group's arrays hold two agents; the spec names one
     r"groups.policy_0.obs.action_mask of shape \[6, 2, 2, 9\]; every field must start "
     r"with \[6, 2, 1\] \(env_id's \[T, B\] and the group's 1 agents\)": lambda s: s["groups"][
