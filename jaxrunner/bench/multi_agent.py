@@ -116,8 +116,17 @@ class MultiAgentHandLoop:
                 f"MultiAgentHandLoop(num_envs={num_envs}, rollout_length={rollout_length}): "
                 "expected ints >= 1."
             )
+        self.num_envs, self.rollout_length = num_envs, rollout_length
         self.envs = [env_fn() for _ in range(num_envs)]
-        first = self.envs[0]
+        try:
+            self._build(seed)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, seed: int) -> None:
+        """Checks the spaces, builds the policy and buffers, resets the envs."""
+        first, num_envs, rollout_length = self.envs[0], self.num_envs, self.rollout_length
         self.agents = tuple(first.possible_agents)
         obs_space, action_space = (
             first.observation_space(self.agents[0]),
@@ -133,7 +142,6 @@ class MultiAgentHandLoop:
                     f"{self.agents[0]!r}; the hand loop stacks agents that share one "
                     "observation and one action space."
                 )
-        self.num_envs, self.rollout_length = num_envs, rollout_length
         self.policy = mlp_policy(action_space)
         self.params = self.policy.init(jax.random.key(seed), obs_space)
         self._act = hand_act(self.policy, num_envs * len(self.agents))
