@@ -11,11 +11,13 @@ median of the per-round ratios. Each child's dispatch mode is in the report.
   1, 8, 64, 256. ``jaxrunner``: ``MultiAgentRunner.sample()`` on the sync backend
   (the default); ``jaxrunner_process``: the same on ``backend="process"`` at its
   default worker count (one per CPU).
-  ``hand_loop``: a list of the same PettingZoo envs; per step the agents' observations
-  stacked into one ``[B * 3, 18]`` array, one jitted policy call (the benchmark MLP:
-  actions and log-probs), ``np.asarray``, obs/action/log-prob/reward/flags written into
-  preallocated ``[T, B, 3]`` arrays, each env stepped with its action dict and reset
-  where no agent is left.
+  ``hand_loop``: ``jaxrunner.bench.MultiAgentHandLoop``, a list of the same PettingZoo
+  envs; per step the agents' observations stacked into one ``[B * 3, 18]`` array, one
+  jitted policy call (the benchmark MLP: actions and log-probs), ``np.asarray``,
+  obs/action/log-prob/reward/flags written into preallocated ``[T, B, 3]`` arrays, each
+  env stepped with its action dict and reset where no agent is left. The same
+  comparison, at ``jaxrunner bench``'s rollout lengths and with its report, is
+  ``jaxrunner bench --env mpe2:simple_spread_v3 --backend all``.
 * ``jaxmarl``: JaxMARL's ``MPE_simple_spread_v3`` at 4096 envs. ``jaxrunner``:
   ``MultiAgentRunner`` on a ``JaxMultiAgentVectorEnv`` (one jitted scan per sample,
   true final observations, episode bookkeeping and metrics included). ``hand_scan``:
@@ -86,42 +88,9 @@ def jaxrunner_host(
 
 
 def hand_loop_host(num_envs: int, rollout: int) -> tuple[Callable[[], int], Callable[[], None]]:
-    envs = [make_env() for _ in range(num_envs)]
-    agents = envs[0].possible_agents
-    policy, params = _policy()
-    act = bench.hand_act(policy, num_envs * NUM_AGENTS)
-    key = jax.random.key(0)
-    obs_by_env = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
-    shape = (rollout, num_envs, NUM_AGENTS)
-    buf = {
-        "obs": np.zeros((*shape, 18), np.float32),
-        "action": np.zeros(shape, np.int64),
-        "log_prob": np.zeros(shape, np.float32),
-        "reward": np.zeros(shape, np.float64),
-        "terminated": np.zeros(shape, np.bool_),
-        "truncated": np.zeros(shape, np.bool_),
-    }
-
-    def step() -> int:
-        nonlocal key
-        for t in range(rollout):
-            obs = np.stack([np.stack([o[a] for a in agents]) for o in obs_by_env])
-            buf["obs"][t] = obs
-            action, extras, key = act(params, obs.reshape(-1, 18), key)
-            action = np.asarray(action).reshape(num_envs, NUM_AGENTS)
-            buf["action"][t] = action
-            buf["log_prob"][t] = np.asarray(extras["log_prob"]).reshape(num_envs, NUM_AGENTS)
-            for b, env in enumerate(envs):
-                o, r, term, trunc, _ = env.step(dict(zip(agents, action[b].tolist())))
-                for k, a in enumerate(agents):
-                    buf["reward"][t, b, k] = r[a]
-                    buf["terminated"][t, b, k] = term[a]
-                    buf["truncated"][t, b, k] = trunc[a]
-                obs_by_env[b] = o if env.agents else env.reset()[0]
-        return rollout * num_envs
-
-    step()  # warm-up (compiles the policy)
-    return step, lambda: None
+    loop = bench.MultiAgentHandLoop(make_env, num_envs, rollout, seed=0)
+    loop.rollout()  # warm-up (compiles the policy)
+    return loop.rollout, loop.close
 
 
 def jaxrunner_scan(env: Any, num_envs: int, rollout: int) -> tuple[Callable[[], int], Any]:

@@ -18,16 +18,19 @@ from jaxrunner.serve.command import add_serve_command
 def _bench(args: argparse.Namespace) -> int:
     from jaxrunner import bench
 
+    plans = bench.plans_for(args.env)  # a PettingZoo env has plans of its own
     try:
         config = bench.BenchConfig(
             env=args.env,
             widths=tuple(args.num_envs),
-            backends=tuple(PLANS) if args.backend == "all" else (args.backend,),
+            backends=tuple(plans) if args.backend == "all" else (args.backend,),
             seconds=args.seconds,
             rounds=args.rounds,
         )
     except InvalidArgumentError as err:  # before anything starts: name the flag
         flags = "--num-envs (ints >= 1), --seconds (> 0) or --rounds (>= 1)"
+        if args.backend not in (*plans, "all"):
+            flags = f"--backend ({', '.join(plans)} or all for this env)"
         print(f"jaxrunner bench: {err} Check {flags}.", file=sys.stderr)
         return 2
     started = time.perf_counter()
@@ -56,12 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench",
         help="is jaxrunner faster than the loop you would write by hand?",
-        description="Env steps/s of jaxrunner's EnvRunner.sample() at its defaults against "
+        description="Env steps/s of jaxrunner's EnvRunner.sample() (MultiAgentRunner for a "
+        "PettingZoo env) at its defaults against "
         "the recording hand loop a user writes (the same jitted 64-64 tanh MLP, np.asarray, "
         "[T, B] numpy buffers, JAX at its defaults), each in its own process, in interleaved "
         "rounds; the policy-bound ceiling; where a jaxrunner step goes; a one-line verdict.",
     )
-    bench.add_argument("--env", default="CartPole-v1", help="gymnasium id (default: %(default)s)")
+    bench.add_argument(
+        "--env",
+        default="CartPole-v1",
+        help="gymnasium id, or a PettingZoo parallel env as module:name (e.g. "
+        "mpe2:simple_spread_v3: MultiAgentRunner against the hand-written PettingZoo loop, "
+        "backends sync and process) (default: %(default)s)",
+    )
     bench.add_argument(
         "--num-envs",
         type=int,

@@ -17,6 +17,7 @@ description of what is wrong (see ``error``).
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -49,7 +50,8 @@ class NpzReader:
         budget_hint: how to raise the cap, appended when ``max_bytes`` is exceeded.
 
     Raises:
-        JaxRunnerError: (``error``'s) the file is not a zip file.
+        JaxRunnerError: (``error``'s) the file is not a zip file, or has two members of
+            one name.
     """
 
     def __init__(
@@ -68,7 +70,13 @@ class NpzReader:
             self._zip = zipfile.ZipFile(path)
         except (OSError, zipfile.BadZipFile, ValueError, EOFError) as err:
             raise error(f"cannot be opened as a .npz (zip) file ({err})") from err
-        self._members = {info.filename: info for info in self._zip.infolist()}
+        infos = self._zip.infolist()
+        self._members = {info.filename: info for info in infos}
+        if len(self._members) != len(infos):  # which one a reader takes would be a guess
+            counts = collections.Counter(info.filename for info in infos)
+            twice = next(name for name, count in counts.items() if count > 1)
+            self._zip.close()
+            raise error(f"has two members named {twice!r}; each name may appear once")
 
     def __enter__(self) -> NpzReader:
         return self

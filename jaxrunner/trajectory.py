@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -12,8 +11,14 @@ import flax.struct
 import jax
 import numpy as np
 
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
-from jaxrunner.trajectory_file import TrajectoryFile
+from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.trajectory_file import (
+    TrajectoryFile,
+    check_fields,
+    encode_tree,
+    lead_shape,
+    write_file,
+)
 
 _FORMAT = "jaxrunner.Trajectory"
 _VERSION = 1
@@ -111,11 +116,8 @@ class Trajectory:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Saves to one ``.npz`` file (no pickle); :meth:`load` restores it exactly."""
         arrays: dict[str, np.ndarray] = {}
-        fields = {name: _encode(getattr(self, name), arrays) for name in self.__dataclass_fields__}
-        spec = {"format": _FORMAT, "version": _VERSION, "fields": fields}
-        # An open file: np.savez would append ".npz" to a bare path, and load would miss it.
-        with open(path, "wb") as file:
-            np.savez(file, __spec__=np.array(json.dumps(spec)), **arrays)
+        fields = {n: encode_tree(getattr(self, n), arrays) for n in self.__dataclass_fields__}
+        write_file(path, {"format": _FORMAT, "version": _VERSION, "fields": fields}, arrays)
 
     @classmethod
     def load(
@@ -307,24 +309,11 @@ def concatenate(trajectories: Sequence[Trajectory]) -> Trajectory:
     return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *trajectories)
 
 
-def _encode(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
-    """JSON description of a pytree of dicts, tuples and arrays; arrays go to ``arrays``."""
-    if isinstance(tree, dict):
-        if not all(isinstance(k, str) for k in tree):
-            raise InvalidArgumentTypeError(
-                f"only str dict keys can be saved, got keys {list(tree)}"
-            )
-        return {"dict": {k: _encode(v, arrays) for k, v in tree.items()}}
-    if isinstance(tree, (tuple, list)):
-        return {"tuple": [_encode(v, arrays) for v in tree]}
-    if tree is None:
-        return {"none": True}
-    name = f"a{len(arrays)}"
-    arrays[name] = np.asarray(tree)
-    return {"array": name}
-
-
 def _load(cls: type[Trajectory], path: str | os.PathLike[str], max_bytes: int | None) -> Any:
     with TrajectoryFile(path, _FORMAT, _VERSION, max_bytes) as file:
-        fields = file.read_fields(tuple(cls.__dataclass_fields__))
+        spec = file.read_spec()
+        # valid is optional: files saved before it existed load as all valid.
+        names = tuple(cls.__dataclass_fields__)
+        fields = file.read_fields(spec.get("fields"), names, optional=("valid",))
+    check_fields(fields, lead_shape(fields, "reward", "[T, B]", file.error), "reward's", file.error)
     return cls(**fields)

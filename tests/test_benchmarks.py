@@ -5,6 +5,7 @@ quiet machine)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import pathlib
 import statistics
@@ -65,6 +66,55 @@ def test_recording_hand_loop_buffers_hold_what_the_env_returned():
     np.testing.assert_allclose(loop.log_prob[:, 0], log_prob["log_prob"], rtol=1e-5, atol=1e-6)
     assert len(set(loop.action[:, 0].tolist())) == 2  # stochastic actions
     envs.close()
+
+
+def test_multi_agent_hand_loop_buffers_hold_what_the_envs_returned():
+    """Two MPE simple_spread envs: the loop's [T, B, A] buffers against PettingZoo
+    stepped by hand with the recorded actions, over two rollouts that cross episode
+    ends (the hand loop resets an env once no agent is left)."""
+    pytest.importorskip("mpe2")
+    from tests.multi_agent_envs import simple_spread  # 10 steps per episode
+
+    loop = bench.MultiAgentHandLoop(simple_spread, num_envs=2, rollout_length=8, seed=3)
+    assert loop.agents == ("agent_0", "agent_1", "agent_2")
+    assert loop.obs.shape == (8, 2, 3, 18) and loop.reward.shape == (8, 2, 3)
+    envs = [simple_spread() for _ in range(2)]
+    obs = [env.reset(seed=3 + b)[0] for b, env in enumerate(envs)]
+    ends = 0
+    for _ in range(2):
+        assert loop.rollout() == 16
+        for t, b in itertools.product(range(8), range(2)):
+            for k, agent in enumerate(loop.agents):
+                np.testing.assert_array_equal(loop.obs[t, b, k], obs[b][agent])
+            actions = {a: int(loop.action[t, b, k]) for k, a in enumerate(loop.agents)}
+            obs[b], reward, terminated, truncated, _ = envs[b].step(actions)
+            for k, agent in enumerate(loop.agents):
+                assert loop.reward[t, b, k] == reward[agent]
+                assert loop.terminated[t, b, k] == terminated[agent]
+                assert loop.truncated[t, b, k] == truncated[agent]
+            if not envs[b].agents:
+                obs[b], _ = envs[b].reset()
+                ends += 1
+    assert ends == 2  # each env's first episode ended at step 10 of 16
+    # The log-probs are the policy's, of the actions taken, on the recorded obs.
+    flat = loop.obs.reshape(-1, 18)
+    log_prob = loop.policy.evaluate_fn(loop.params, flat, None, loop.action.reshape(-1))
+    np.testing.assert_allclose(
+        loop.log_prob.reshape(-1), log_prob["log_prob"], rtol=1e-5, atol=1e-6
+    )
+    assert len(set(loop.action.reshape(-1).tolist())) > 1  # stochastic actions
+    loop.close()
+
+
+def test_multi_agent_hand_loop_refuses_agents_it_cannot_stack():
+    pytest.importorskip("mpe2")
+    from tests.multi_agent_envs import coming_and_going, simple_adversary
+
+    with pytest.raises(ValueError, match="agent 'agent_0' has other spaces than 'adversary_0'"):
+        bench.MultiAgentHandLoop(simple_adversary, 1, 8, 0)
+    # a2 and a3 are not there at the start
+    with pytest.raises(ValueError, match=r"env 0 goes on with agents \['a0', 'a1'\], not all"):
+        bench.MultiAgentHandLoop(coming_and_going, 1, 8, 0)
 
 
 def test_hand_loop_refuses_a_wrong_width():

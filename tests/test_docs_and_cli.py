@@ -110,6 +110,70 @@ def test_bench_report_holds_every_round_and_each_system_ran_at_its_dispatch(caps
     assert text.splitlines()[-1] == report["verdict"]
 
 
+def test_bench_on_a_pettingzoo_env_times_the_multi_agent_runner_on_both_backends(capsys, tmp_path):
+    pytest.importorskip("mpe2")
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--env", "mpe2:simple_spread_v3", "--num-envs", "2", "--backend", "all"]
+    argv += ["--rounds", "2", "--seconds", "0.05", "--out", str(out)]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["multi_agent"] == {
+        "module": "mpe2.simple_spread_v3",
+        "agents": ["agent_0", "agent_1", "agent_2"],
+    }
+    assert report["config"]["backends"] == ["sync", "process"] and report["skipped"] == {}
+    assert [(row["backend"], row["num_envs"]) for row in report["results"]] == [
+        ("sync", 2),
+        ("process", 2),
+    ]
+    for row in report["results"]:
+        assert row["errors"] == {} and row["rollout_length"] == 1024
+        systems = row["systems"]
+        assert set(systems) == {"jaxrunner", "hand"}  # no ceiling for a multi-agent env
+        assert systems["jaxrunner"]["label"] == (
+            f"jaxrunner MultiAgentRunner.sample(), backend {row['backend']}"
+        )
+        assert systems["hand"]["label"] == (
+            "hand loop: a list of PettingZoo parallel envs, stepped one by one"
+        )
+        for system in systems.values():
+            assert len(system["rounds"]) == 2 and all(r > 0 for r in system["rounds"])
+        ratio = row["ratios"]["hand"]
+        assert ratio["median"] == pytest.approx(
+            systems["jaxrunner"]["median"] / systems["hand"]["median"]
+        )
+        split = row["split_us"]
+        assert split["env_us"] > 0 and split["policy_us"] > 0 and split["total_us"] > 0
+        assert row["ceiling"] is None
+    assert report["results"][1]["layout"]["num_workers"] >= 1
+    # The text: what was measured, a table per backend without ceiling columns, the verdict.
+    assert text.startswith("mpe2:simple_spread_v3 (3 agents: agent_0, agent_1, agent_2);")
+    assert "jaxrunner: MultiAgentRunner.sample() as a user runs it" in text
+    for backend in ("sync", "process"):
+        assert f"backend {backend}: jaxrunner MultiAgentRunner against the hand loop" in text
+    assert "ceiling" not in text
+    assert text.rstrip().splitlines()[-1] == report["verdict"]
+    assert report["verdict"].startswith("jaxrunner is ")
+
+
+def test_bench_on_a_pettingzoo_env_refuses_a_single_agent_backend(capsys):
+    pytest.importorskip("mpe2")
+    assert cli.main(["bench", "--env", "mpe2:simple_spread_v3", "--backend", "gymnasium"]) == 2
+    err = capsys.readouterr().err
+    assert "expected some of ['sync', 'process'] (those that step PettingZoo envs)" in err
+    assert err.rstrip().endswith("Check --backend (sync, process or all for this env).")
+
+
+def test_bench_tells_a_pettingzoo_env_from_a_gymnasium_id():
+    pytest.importorskip("mpe2")
+    assert bench.plans_for("mpe2:simple_spread_v3") is bench.MULTI_AGENT_PLANS
+    assert bench.plans_for("CartPole-v1") is bench.PLANS
+    # gymnasium's own module:EnvId form names no submodule
+    assert bench.plans_for("gymnasium.envs.classic_control:CartPole-v1") is bench.PLANS
+    assert bench.plans_for("no_such_package:simple_spread_v3") is bench.PLANS
+
+
 def _row(backend: str, num_envs: int, ratio: float, low: float, high: float) -> dict:
     return {
         "backend": backend,

@@ -10,11 +10,16 @@ Each system runs in a long-lived child process (``child.py``) with its own JAX
 settings, timed in interleaved rounds (``rounds.py``); ``benchmark.py`` runs it all,
 ``report.py`` prints tables and a one-line verdict. The benchmark scripts in
 ``benchmarks/`` share the policy, the hand loop and the report helpers.
+
+For a PettingZoo env (``--env mpe2:simple_spread_v3``): ``MultiAgentRunner.sample()``
+against the hand-written PettingZoo loop, on the sync and process backends
+(``multi_agent.py``).
 """
 
-from jaxrunner.bench.benchmark import BenchConfig, run
+from jaxrunner.bench.benchmark import BenchConfig, plans_for, run
 from jaxrunner.bench.hand_loop import REFERENCES, RecordingHandLoop, hand_loop, reference_envs
 from jaxrunner.bench.hand_scan import build_hand_scan
+from jaxrunner.bench.multi_agent import MultiAgentHandLoop, env_factory
 from jaxrunner.bench.policy import MLP, hand_act, mlp_policy
 from jaxrunner.bench.report import (
     add_cpu_dispatch_option,
@@ -26,21 +31,31 @@ from jaxrunner.bench.report import (
     verdict,
     write_report,
 )
-from jaxrunner.bench.rounds import PLANS, Harness, LocalSystem, Plan, measure_width
+from jaxrunner.bench.rounds import (
+    MULTI_AGENT_PLANS,
+    PLANS,
+    Harness,
+    LocalSystem,
+    Plan,
+    measure_width,
+)
 from jaxrunner.bench.timing import interleaved_rates, rollout_length, timed, us_per_call
 
 __all__ = [
     "MLP",
+    "MULTI_AGENT_PLANS",
     "PLANS",
     "REFERENCES",
     "BenchConfig",
     "Harness",
     "LocalSystem",
+    "MultiAgentHandLoop",
     "Plan",
     "RecordingHandLoop",
     "add_cpu_dispatch_option",
     "autogroup",
     "build_hand_scan",
+    "env_factory",
     "format_backend",
     "format_report",
     "hand_act",
@@ -50,6 +65,7 @@ __all__ = [
     "measure_width",
     "mlp_policy",
     "parse_args",
+    "plans_for",
     "reference_envs",
     "rollout_length",
     "run",

@@ -11,9 +11,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jaxrunner.bench.multi_agent import describe, parallel_env_module
 from jaxrunner.bench.report import autogroup, verdict
-from jaxrunner.bench.rounds import PLANS, Harness, measure_width
+from jaxrunner.bench.rounds import MULTI_AGENT_PLANS, PLANS, Harness, Plan, measure_width
 from jaxrunner.errors import InvalidArgumentError
+
+
+def plans_for(env: str) -> dict[str, Plan]:
+    """The plans for ``env``: ``MULTI_AGENT_PLANS`` for a PettingZoo env
+    (``module:name``), else ``PLANS``."""
+    return MULTI_AGENT_PLANS if parallel_env_module(env) else PLANS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -21,12 +28,16 @@ class BenchConfig:
     """What ``jaxrunner bench`` measures."""
 
     env: str = "CartPole-v1"
-    """A gymnasium id (also EnvPool's and gymnax's for those backends)."""
+    """A gymnasium id (also EnvPool's and gymnax's for those backends), or a PettingZoo
+    parallel env as ``module:name`` (``mpe2:simple_spread_v3``: the module
+    ``mpe2.simple_spread_v3``): then ``MultiAgentRunner`` is measured against the
+    multi-agent hand loop, on the backends of ``MULTI_AGENT_PLANS``."""
     widths: tuple[int, ...] = (1, 8, 64, 256)
     """Numbers of envs to measure."""
     backends: tuple[str, ...] = ("sync",)
-    """Keys of ``PLANS``; with more than one, each runs at the widths that fit it
-    (``Plan.max_width``) and a backend whose library is missing is skipped."""
+    """Keys of ``PLANS`` (of ``MULTI_AGENT_PLANS`` for a PettingZoo env); with more than
+    one, each runs at the widths that fit it (``Plan.max_width``) and a backend whose
+    library is missing is skipped."""
     seconds: float = 1.0
     """Wall time of each system's measurement in a round."""
     rounds: int = 3
@@ -40,24 +51,34 @@ class BenchConfig:
             raise InvalidArgumentError(f"BenchConfig(seconds={self.seconds}): expected > 0.")
         if self.rounds < 1:
             raise InvalidArgumentError(f"BenchConfig(rounds={self.rounds}): expected >= 1.")
-        unknown = [b for b in self.backends if b not in PLANS]
+        plans = self.plans()
+        unknown = [b for b in self.backends if b not in plans]
         if not self.backends or unknown:
+            kind = " (those that step PettingZoo envs)" if plans is MULTI_AGENT_PLANS else ""
             raise InvalidArgumentError(
-                f"BenchConfig(backends={self.backends}): expected some of {list(PLANS)}."
+                f"BenchConfig(env={self.env!r}, backends={self.backends}): expected some of "
+                f"{list(plans)}{kind}."
             )
+
+    def plans(self) -> dict[str, Plan]:
+        """The plans for this env (:func:`plans_for`)."""
+        return plans_for(self.env)
 
     def plan_widths(self) -> dict[str, tuple[int, ...]]:
         """The widths each backend runs at."""
         if len(self.backends) == 1:
             return {self.backends[0]: self.widths}
-        return {b: tuple(w for w in self.widths if w <= PLANS[b].max_width) for b in self.backends}
+        plans = self.plans()
+        return {b: tuple(w for w in self.widths if w <= plans[b].max_width) for b in self.backends}
 
 
 def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
     """Runs the benchmark; returns its report: config, machine (the jaxrunner child's
     :func:`machine_info`), each child's CPU dispatch, every row with every round,
-    the skipped backends with the reason, and the verdict."""
+    the skipped backends with the reason, and the verdict; for a PettingZoo env also
+    ``multi_agent``: its module and agents."""
     started = time.perf_counter()
+    plans = config.plans()
     report: dict[str, Any] = {
         "benchmark": "jaxrunner bench",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -70,6 +91,8 @@ def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) 
         "skipped": {},
         "results": [],
     }
+    if plans is MULTI_AGENT_PLANS:
+        report["multi_agent"] = describe(config.env)
     with Harness() as harness:
         children = harness.info()
         report["machine"] = children["jaxrunner"]["machine"]
@@ -82,7 +105,7 @@ def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) 
             f"dispatch, hand loops at {children['hand_loop']['cpu_dispatch']}"
         )
         for backend, widths in config.plan_widths().items():
-            plan = PLANS[backend]
+            plan = plans[backend]
             reason = plan.unavailable() or (None if widths else "no width fits")
             if reason:
                 report["skipped"][backend] = reason

@@ -5,7 +5,8 @@ log-probs, ``np.asarray`` on both, obs/action/log-prob/reward/flags written into
 preallocated ``[T, B]`` numpy buffers, the vector env stepped, JAX at its defaults:
 CleanRL's collection loop. One class drives any gymnasium-style vector env;
 :func:`reference_envs` builds the vector env a user would pick for each kind of env
-(the pure-JAX reference, a hand-written ``lax.scan``, is in ``hand_scan.py``).
+(the pure-JAX reference, a hand-written ``lax.scan``, is in ``hand_scan.py``; the
+multi-agent one, over PettingZoo envs, in ``multi_agent.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ REFERENCES: dict[str, str] = {
     "native": "gymnasium native vector env",
     "envpool": "EnvPool, sync mode",
     "scan": "gymnax lax.scan",
+    "pettingzoo": "a list of PettingZoo parallel envs, stepped one by one",
 }
 """Each hand-loop reference and what a user drives by hand in it."""
 
@@ -116,7 +118,8 @@ def hand_loop(
 
 def reference_envs(reference: str, env: str, num_envs: int, seed: int) -> tuple[Any, bool]:
     """The vector env a user drives by hand for ``reference`` (a key of
-    :data:`REFERENCES` other than ``"scan"``), and whether its reset takes a seed.
+    :data:`REFERENCES` other than ``"scan"`` and ``"pettingzoo"``), and whether its
+    reset takes a seed.
 
     Raises:
         InvalidArgumentError: an unknown reference.
@@ -138,5 +141,5 @@ def reference_envs(reference: str, env: str, num_envs: int, seed: int) -> tuple[
 
         # batch_size == num_envs: every step waits for every env (sync mode).
         return envpool.make_gymnasium(env, num_envs=num_envs, batch_size=num_envs, seed=seed), False
-    known = sorted(set(REFERENCES) - {"scan"})
+    known = sorted(set(REFERENCES) - {"scan", "pettingzoo"})
     raise InvalidArgumentError(f"reference_envs(reference={reference!r}): expected one of {known}.")

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from jaxrunner.bench.hand_loop import REFERENCES
-from jaxrunner.bench.rounds import PLANS
+from jaxrunner.bench.rounds import MULTI_AGENT_PLANS, PLANS, Plan
 from jaxrunner.cpu_dispatch import (
     inline_cpu_dispatch,
     use_async_cpu_dispatch,
@@ -125,7 +125,10 @@ def _ratio(value: float) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     """A ``jaxrunner bench`` report (:func:`jaxrunner.bench.run`) as text: what was
-    measured, a table per backend, the skipped backends and the verdict."""
+    measured, a table per backend, the skipped backends and the verdict (a PettingZoo
+    env's report in its own words)."""
+    if "multi_agent" in report:
+        return _format_multi_agent(report)
     config, children = report["config"], report["children"]
     lines = [
         f"{config['env']}; {report['policy']};",
@@ -157,9 +160,47 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join([*lines, "", report["verdict"]])
 
 
-def format_backend(rows: Sequence[dict[str, Any]]) -> str:
-    """One backend's rows as two tables: steps/s, then where a jaxrunner step goes."""
-    plan = PLANS[rows[0]["backend"]]
+def _format_multi_agent(report: dict[str, Any]) -> str:
+    """:func:`format_report` for a PettingZoo env: what was measured, a table per
+    backend (no ceiling), the skipped backends and the verdict."""
+    config, children, agents = report["config"], report["children"], report["multi_agent"]
+    lines = [
+        f"{config['env']} ({len(agents['agents'])} agents: {', '.join(agents['agents'])}); "
+        f"{report['policy']}, one per policy group;",
+        "T = max(8, 2048 // envs) steps per rollout for every system; figures are env steps/s",
+        f"  (agent steps/s = {len(agents['agents'])} x env steps/s);",
+        f"{config['rounds']} interleaved round{'s' if config['rounds'] > 1 else ''} of "
+        f"{config['seconds']:g} s per system; jaxrunner and the hand loop in their own processes.",
+        "jaxrunner: MultiAgentRunner.sample() as a user runs it "
+        f"(JAX CPU dispatch: {children['jaxrunner']['cpu_dispatch']}).",
+        "hand loop: the loop a user writes: a list of the PettingZoo envs; per step every",
+        "  agent's observation stacked into one [B * A, ...] array, the same jitted policy,",
+        "  np.asarray on actions and log-probs, obs/action/log-prob/reward/flags into",
+        "  [T, B, A] numpy buffers, each env stepped with its action dict and reset once no",
+        f"  agent is left; JAX at its defaults (CPU dispatch: "
+        f"{children['hand_loop']['cpu_dispatch']}).",
+        "ratio: jaxrunner / hand loop, the ratio of medians [min-max of per-round ratios].",
+        "us per vector step: env | policy (the compiled steps with their host<->device",
+        "  transfers) | record (obs, actions, flags into the trajectory) | other | total.",
+    ]
+    backends = dict.fromkeys(row["backend"] for row in report["results"])
+    for backend in backends:
+        rows = [row for row in report["results"] if row["backend"] == backend]
+        lines += ["", format_backend(rows, MULTI_AGENT_PLANS)]
+    for backend, reason in report["skipped"].items():
+        lines.append(f"skipped {backend}: {reason}")
+    return "\n".join([*lines, "", report["verdict"]])
+
+
+def format_backend(rows: Sequence[dict[str, Any]], plans: dict[str, Plan] = PLANS) -> str:
+    """One backend's rows as two tables: steps/s, then where a jaxrunner step goes.
+
+    Args:
+        rows: the backend's rows of a report.
+        plans: the plans the rows were measured by (``MULTI_AGENT_PLANS`` for a
+            PettingZoo env).
+    """
+    plan = plans[rows[0]["backend"]]
     extras = sorted({n for row in rows for n in row["systems"] if n.startswith("hand_")})
     extra_heads = [f"{n.removeprefix('hand_')} hand loop" for n in extras]
     head = ["envs", "T", "jaxrunner", "hand loop", "ratio", "ceiling", "vs ceiling", *extra_heads]
@@ -178,8 +219,11 @@ def format_backend(rows: Sequence[dict[str, Any]]) -> str:
                 *(_si(systems[n]["median"]) if n in systems else "-" for n in extras),
             ]
         )
+    if not plan.ceiling:  # no ceiling measured: no columns for it
+        table = [line[:5] + line[7:] for line in table]
+    runner = "MultiAgentRunner " if plan.multi_agent else ""
     lines = [
-        f"backend {plan.backend}: jaxrunner against the hand loop over "
+        f"backend {plan.backend}: jaxrunner {runner}against the hand loop over "
         f"{REFERENCES[plan.reference]}",
         "env steps/s, median [min-max] of rounds",
         *_columns(table),
@@ -201,7 +245,7 @@ def format_backend(rows: Sequence[dict[str, Any]]) -> str:
             else:
                 cells += ["-", "-", "-"]
             split.append([str(row["num_envs"]), *cells])
-        lines += _columns(split)
+        lines += _columns(split if plan.ceiling else [line[:6] for line in split])
     for row in rows:
         for name, error in row["errors"].items():
             lines.append(f"  x{row['num_envs']} {name}: {error.splitlines()[0]}")

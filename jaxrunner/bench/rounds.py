@@ -38,6 +38,9 @@ class Plan:
     """Modules that must be installed, else the plan is skipped."""
     ceiling: bool = True
     """Whether the policy-bound ceiling applies (not to a pure-JAX scan)."""
+    multi_agent: bool = False
+    """The env is a PettingZoo env: ``MultiAgentRunner`` against the multi-agent hand
+    loop."""
 
     def unavailable(self) -> str | None:
         """Why this plan cannot run here, or None."""
@@ -55,6 +58,19 @@ PLANS: dict[str, Plan] = {
         backend=JAX_BACKEND, reference="scan", max_width=4096, needs=("gymnax",), ceiling=False
     ),
 }
+
+MULTI_AGENT_PLANS: dict[str, Plan] = {
+    backend: Plan(
+        backend=backend,
+        reference="pettingzoo",
+        max_width=256,
+        needs=("pettingzoo",),
+        ceiling=False,
+        multi_agent=True,
+    )
+    for backend in ("sync", "process")
+}
+"""The plans for a PettingZoo env: its hand loop is the reference of both backends."""
 
 
 class LocalSystem(Protocol):
@@ -96,7 +112,8 @@ class Harness:
 def label(name: str, plan: Plan) -> str:
     """What a system of a row is, in words."""
     if name == "jaxrunner":
-        return f"jaxrunner EnvRunner.sample(), backend {plan.backend}"
+        runner = "MultiAgentRunner" if plan.multi_agent else "EnvRunner"
+        return f"jaxrunner {runner}.sample(), backend {plan.backend}"
     if name == "ceiling":
         return "policy-bound ceiling: raw env + one bare policy call"
     if name.startswith("hand"):
@@ -133,6 +150,7 @@ def measure_width(
     length = rollout_length(num_envs)
     common = {"backend": plan.backend, "env": env, "num_envs": num_envs, "seed": seed}
     common["rollout_length"] = length
+    common["multi_agent"] = plan.multi_agent
     builds: dict[str, tuple[Child, Spec]] = {
         "jaxrunner": (harness.defaults, Spec(system="jaxrunner", **common)),
         "hand": (harness.jax_defaults, Spec(system="hand", reference=plan.reference, **common)),

@@ -9,6 +9,9 @@ process (``child.py``) and then timed round after round.
   call per step, each timed back to back (pipelining can pass it, by overlapping the
   two); and the two in turn: the env stepped with the bare policy's own actions, one
   call per step and nothing else, where each pays for the other's cache traffic.
+
+For a PettingZoo env (``Spec.multi_agent``): ``MultiAgentRunner.sample()`` and the
+multi-agent hand loop (``multi_agent.py``) instead, and no ceiling.
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ import numpy as np
 
 from jaxrunner.bench.hand_loop import REFERENCES, RecordingHandLoop, reference_envs
 from jaxrunner.bench.hand_scan import build_hand_scan
+from jaxrunner.bench.multi_agent import MultiAgentHandSystem, MultiAgentRunnerSystem
 from jaxrunner.bench.policy import hand_act, mlp_policy
-from jaxrunner.bench.timing import timed, us_per_call
+from jaxrunner.bench.timing import measure_runner, timed, us_per_call
 from jaxrunner.envs import BACKENDS, make_vec
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.sampling import EnvRunner
 
 JAX_BACKEND = "jax"
@@ -47,10 +50,17 @@ class Spec:
     seed: int = 0
     reference: str | None = None
     """The hand loop's vector env (a key of ``REFERENCES``); hand systems only."""
+    multi_agent: bool = False
+    """``env`` is a PettingZoo env (``module:name``): ``MultiAgentRunner`` against the
+    multi-agent hand loop (``multi_agent.py``)."""
 
     def __post_init__(self) -> None:
-        if self.system not in BUILDERS:
-            raise InvalidArgumentError(f"Spec(system={self.system!r}): expected {list(BUILDERS)}.")
+        builders = MULTI_AGENT_BUILDERS if self.multi_agent else BUILDERS
+        if self.system not in builders:
+            raise InvalidArgumentError(
+                f"Spec(system={self.system!r}, multi_agent={self.multi_agent}): expected "
+                f"{list(builders)}."
+            )
         if self.backend not in (*BACKENDS, JAX_BACKEND):
             raise InvalidArgumentError(
                 f"Spec(backend={self.backend!r}): expected one of {(*BACKENDS, JAX_BACKEND)}."
@@ -104,33 +114,8 @@ class JaxrunnerSystem:
         return int(np.size(trajectory.reward))
 
     def measure(self, seconds: float) -> dict[str, Any]:
-        """Steps/s, and ``split_us``: microseconds per vector step in the env
-        (``env``), in the compiled policy step with its two transfers (``policy``),
-        recording obs/actions/flags (``record``) and the rest of the sampler's own
-        work (``other``: wall time less the timed phases); None where the runner
-        keeps no perf timers (a pure-JAX rollout is one compiled scan)."""
-        before = self._runner.get_metrics()
-        steps_per_s = timed(self._sample, seconds)
-        after = self._runner.get_metrics()
-        # The timers are running means (ms per vector step): take earlier steps out.
-        n0, n1 = (m["num_env_steps"] / self.num_envs for m in (before, after))
-        perf_us = {
-            key.replace("_ms", "_us"): 1000.0
-            * (after["perf"][key] * n1 - before["perf"][key] * n0)
-            / (n1 - n0)
-            for key in PERF_KEYS
-        }
-        total_us = 1e6 * self.num_envs / steps_per_s
-        split = None
-        if any(perf_us.values()):
-            split = {
-                "env_us": perf_us["env_wait_us"],
-                "policy_us": perf_us["inference_us"],
-                "record_us": perf_us["obs_processing_us"] + perf_us["action_processing_us"],
-            }
-            split["other_us"] = total_us - sum(split.values())
-            split["total_us"] = total_us
-        return {"steps_per_s": steps_per_s, "perf_us": perf_us, "split_us": split, **self.layout}
+        """Steps/s and where a step goes (:func:`measure_runner`), and the layout."""
+        return {**measure_runner(self._runner, self._sample, self.num_envs, seconds), **self.layout}
 
     def close(self) -> None:
         self._runner.stop()
@@ -245,6 +230,12 @@ BUILDERS: dict[str, type] = {
 }
 
 
+MULTI_AGENT_BUILDERS: dict[str, type] = {
+    "jaxrunner": MultiAgentRunnerSystem,
+    "hand": MultiAgentHandSystem,
+}
+
+
 def build(spec: Spec) -> System:
     """Builds and warms up ``spec``'s system."""
-    return BUILDERS[spec.system](spec)
+    return (MULTI_AGENT_BUILDERS if spec.multi_agent else BUILDERS)[spec.system](spec)

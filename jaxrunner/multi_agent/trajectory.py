@@ -11,7 +11,9 @@ action appears in exactly one valid slot.
 
 from __future__ import annotations
 
+import collections
 import itertools
+import os
 from typing import Any
 
 import flax.struct
@@ -19,7 +21,18 @@ import jax
 import numpy as np
 
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.trajectory import EpisodeSpan, cut_steps, join_steps
+from jaxrunner.trajectory import MAX_LOAD_BYTES, EpisodeSpan, cut_steps, join_steps
+from jaxrunner.trajectory_file import (
+    ErrorFn,
+    TrajectoryFile,
+    check_fields,
+    encode_tree,
+    lead_shape,
+    write_file,
+)
+
+_FORMAT = "jaxrunner.MultiAgentTrajectory"
+_VERSION = 1
 
 
 @flax.struct.dataclass
@@ -101,6 +114,60 @@ class MultiAgentTrajectory:
         """Every leaf as a numpy array (device -> host)."""
         return jax.tree.map(np.asarray, jax.device_get(self))
 
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Saves to one ``.npz`` file (no pickle); :meth:`load` restores it exactly.
+
+        The spec holds the env-level fields and, per policy id, the group's agent ids
+        and its fields; every array is one member of the file.
+        """
+        arrays: dict[str, np.ndarray] = {}
+        fields = {name: encode_tree(getattr(self, name), arrays) for name in _ENV_FIELDS}
+        groups = {
+            pid: {
+                "agents": list(self.agents[pid]),
+                "fields": {n: encode_tree(getattr(g, n), arrays) for n in _GROUP_FIELDS},
+            }
+            for pid, g in self.groups.items()
+        }
+        spec = {"format": _FORMAT, "version": _VERSION, "fields": fields, "groups": groups}
+        write_file(path, spec, arrays)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], *, max_bytes: int | None = MAX_LOAD_BYTES
+    ) -> MultiAgentTrajectory:
+        """Loads a file written by :meth:`save`, trusting nothing in it: the bounded
+        reader of :meth:`jaxrunner.Trajectory.load`, with its limits.
+
+        Only the members its spec names are read (never pickle), each once and checked
+        against its own header before any memory is allocated. The env-level fields
+        must be ``[T, B]``; each group's ``[T, B, A_g, ...]`` with ``A_g`` its number of
+        agents; flags and ``valid`` bool, ids and steps integer, rewards float;
+        ``next_obs`` shaped like ``obs``; agent ids unique strings.
+
+        Args:
+            path: the file.
+            max_bytes: the most bytes the arrays may take in memory (None: no cap).
+
+        Raises:
+            InvalidArgumentError: the file is not a valid multi-agent trajectory file;
+                the message names the field (or member) at fault and what is wrong.
+        """
+        with TrajectoryFile(path, _FORMAT, _VERSION, max_bytes, cls.__name__) as file:
+            spec = file.read_spec()
+            env = file.read_fields(spec.get("fields"), _ENV_FIELDS)
+            lead = lead_shape(env, "env_id", "[T, B]", file.error)
+            check_fields(env, lead, "env_id's", file.error)
+            agents = _agents_of(spec.get("groups"), file.error)
+            groups = {}
+            for pid, ids in agents.items():
+                where = f"groups.{pid}."
+                fields = file.read_fields(spec["groups"][pid].get("fields"), _GROUP_FIELDS, where)
+                source = f"env_id's [T, B] and the group's {len(ids)} agents"
+                check_fields(fields, (*lead, len(ids)), source, file.error, where)
+                groups[pid] = GroupTrajectory(**fields)
+        return cls(groups=groups, **env, agents=agents)
+
     def split_episodes(self) -> list[AgentEpisode]:
         """Per-agent episodes, env by env, agent by agent, in time order. Episodes
         still running at the end are not ``is_done``; those begun before the first
@@ -121,6 +188,33 @@ class MultiAgentTrajectory:
                         rows = steps[lo:hi]
                         episodes.append(_episode(host, policy_id, agent, b, a, rows))
         return episodes
+
+
+_ENV_FIELDS = ("env_id", "episode_id", "step", "env_done")
+_GROUP_FIELDS = tuple(GroupTrajectory.__dataclass_fields__)
+
+
+def _agents_of(groups: Any, error: ErrorFn) -> dict[str, tuple[str, ...]]:
+    """Policy id -> agent ids, from a spec's ``groups``: an object of objects, each
+    with a non-empty list of agent ids, every id a str and in one group only."""
+    if not isinstance(groups, dict):
+        raise error("has no 'groups' object in its spec")
+    agents: dict[str, tuple[str, ...]] = {}
+    seen: set[str] = set()
+    for pid, group in groups.items():
+        ids = group.get("agents") if isinstance(group, dict) else None
+        if not isinstance(ids, list) or not ids or not all(isinstance(a, str) for a in ids):
+            raise error(
+                f"has field groups.{pid}.agents {ids!r:.80}; expected a non-empty "
+                "list of agent ids (str)"
+            )
+        counts = collections.Counter(ids)
+        twice = sorted(seen.intersection(ids) | {a for a, n in counts.items() if n > 1})
+        if twice:
+            raise error(f"has field groups.{pid}.agents naming {twice} more than once")
+        seen.update(ids)
+        agents[pid] = tuple(ids)
+    return agents
 
 
 @flax.struct.dataclass
