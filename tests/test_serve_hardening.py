@@ -198,7 +198,14 @@ def test_transport_errors_are_json(tmp_path):
             head, body = _read_all(sock).split(b"\r\n\r\n", 1)
         assert head.startswith(b"HTTP/1.1 400")
         assert json.loads(body)["error"]["code"] == "bad_http"
+        # Four connections busy with a request (none idle): a fifth is refused.
         held = [_connect(server.url) for _ in range(4)]
+        for sock in held:
+            sock.sendall(
+                b"POST /v1/episodes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n{"
+            )
+        time.sleep(0.2)  # the server has read their heads
         with _connect(server.url) as sock:
             head, body = _read_all(sock).split(b"\r\n\r\n", 1)
         assert head.startswith(b"HTTP/1.1 503")
