@@ -234,3 +234,60 @@ def test_oversized_heads_get_414_or_431_in_json(tmp_path, request_bytes, status,
             line, body = head_of(read_all(sock))
         assert line.startswith(f"HTTP/1.1 {status}".encode())
         assert body["error"]["code"] == code
+
+
+# -- the eviction order, directly ------------------------------------------------------------
+
+
+class FakeSlot:
+    def __init__(self, name: str) -> None:
+        self.name, self.evicted = name, None
+
+    def evict(self, reason: str) -> None:
+        self.evicted = reason
+
+
+def test_slots_close_tokenless_idle_first_and_spare_new_connections():
+    from jaxrunner.serve.slots import ConnectionSlots
+
+    now = [0.0]
+    slots = ConnectionSlots(max_connections=100, max_unauthenticated=4, clock=lambda: now[0])
+    silent, arriving, reader, keepalive = (FakeSlot(n) for n in ("silent", "arriving", "r", "k"))
+    for slot in (silent, arriving, reader, keepalive):
+        assert slots.admit(slot)
+    slots.busy(arriving)  # half a head so far
+    for slot in (reader, keepalive):  # a whole request without the token each
+        slots.busy(slot)
+        slots.tokenless(slot)
+    slots.idle(keepalive)  # answered; the reader is still being answered
+    now[0] = 2.0  # "silent" has sent nothing for longer than grace_s
+    order, newcomers = [], []
+    for i in range(6):
+        newcomers.append(FakeSlot(f"new{i}"))
+        assert slots.admit(newcomers[-1])  # never sends a byte
+        gone = [s.name for s in (silent, arriving, reader, keepalive, *newcomers) if s.evicted]
+        order += [name for name in gone if name not in order]
+    # Then only new connections are left: spared, let in over the share.
+    assert order == ["k", "r", "silent", "arriving"]
+    assert slots.num_unauthenticated == 6 and not any(s.evicted for s in newcomers)
+    now[0] = 4.0  # now they have been silent too long: the oldest goes first
+    assert slots.admit(FakeSlot("late")) and newcomers[0].evicted
+
+
+def test_slots_at_the_cap_close_idle_connections_only():
+    from jaxrunner.serve.slots import ConnectionSlots
+
+    now = [0.0]
+    slots = ConnectionSlots(max_connections=2, max_unauthenticated=2, clock=lambda: now[0])
+    busy, idle = FakeSlot("busy"), FakeSlot("idle")
+    for slot in (busy, idle):
+        assert slots.admit(slot)
+        slots.busy(slot)
+        slots.authenticated(slot)
+    slots.idle(idle)
+    third = FakeSlot("third")
+    assert slots.admit(third) and idle.evicted and not busy.evicted
+    assert not slots.admit(FakeSlot("fourth"))  # the third is new, the other busy: 503
+    now[0] = 2.0
+    assert slots.admit(FakeSlot("fifth")) and third.evicted  # silent too long by now
+    assert not busy.evicted and len(slots) == 2

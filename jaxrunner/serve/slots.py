@@ -5,19 +5,28 @@ Two rules keep sockets without a token from denying service (issue 30):
 
 * Connections that have not yet sent a request with the server's token (every new
   one, until its first request's headers arrive) hold at most
-  ``max_unauthenticated`` slots. One more closes the oldest of them, idle ones
-  first (a keep-alive socket between requests, a socket that never sent a byte),
-  else the oldest: a tokenless client can churn that share, never take the rest.
+  ``max_unauthenticated`` slots. One more closes one of them, in this order: those
+  that sent a whole request without the token (idle ones first: a keep-alive socket
+  between requests, then slow readers), then those that have sent nothing for
+  ``grace_s``, then those with a request arriving; the oldest first in each. A
+  tokenless client can churn that share, never take the rest. A connection younger
+  than ``grace_s`` that has sent nothing is never closed for it (the server may not
+  have read its first bytes yet: clients open many at once); when only such are
+  left, the newcomer is let in over the share.
 * At ``max_connections``, a new connection closes the connection idle the longest
-  (unauthenticated ones first) instead of being refused, as nginx and HAProxy reuse
-  idle keep-alive connections when they run out; it is refused (503) only when no
-  connection is idle.
+  instead of being refused, as nginx and HAProxy reuse idle keep-alive connections
+  when they run out: one that sent requests without the token, then one silent for
+  ``grace_s``, then any other unauthenticated one, then (only while connections
+  without the token are within their share) an authenticated one; it is refused
+  (503) when none of these is idle.
 
 Everything here runs on the server's event loop thread, so nothing locks.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -34,14 +43,26 @@ class ConnectionSlots:
     Args:
         max_connections: the most open connections.
         max_unauthenticated: the most open connections without a token yet.
+        grace_s: how long a new connection that has sent nothing is spared.
+        clock: seconds, monotonic (tests pass their own).
     """
 
-    def __init__(self, max_connections: int, max_unauthenticated: int) -> None:
+    def __init__(
+        self,
+        max_connections: int,
+        max_unauthenticated: int,
+        grace_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_connections = max_connections
         self.max_unauthenticated = max_unauthenticated
+        self.grace_s = grace_s
+        self._clock = clock
         self._open: set[Slot] = set()
         # dicts as ordered sets: oldest first
         self._unauthenticated: dict[Slot, None] = {}
+        self._tokenless: dict[Slot, None] = {}  # sent a whole request without the token
+        self._fresh: dict[Slot, float] = {}  # never sent a byte: since when open
         self._idle: dict[Slot, None] = {}
         self.num_evicted = 0
 
@@ -56,26 +77,52 @@ class ConnectionSlots:
         """Takes a slot for a new connection (unauthenticated, idle), closing others
         as the module docstring says; False: none is free (refuse it)."""
         if len(self._unauthenticated) >= self.max_unauthenticated:
-            victim = self._first(self._unauthenticated, idle_first=True)
+            victim = (
+                self._first(self._tokenless, self._idle)
+                or self._first(self._tokenless)
+                or self._oldest_silent()
+                or self._first(self._unauthenticated, exclude=self._fresh)
+            )
             if victim is not None:
                 self._evict(victim, "too many connections without a token")
         if len(self._open) >= self.max_connections:
-            victim = self._first(self._idle, unauthenticated_first=True)
+            victim = (
+                self._first(self._tokenless, self._idle)
+                or self._oldest_silent()
+                or self._first(self._unauthenticated, self._idle, exclude=self._fresh)
+            )
+            if victim is None and len(self._unauthenticated) < self.max_unauthenticated:
+                victim = self._first(self._idle, exclude=self._fresh)
             if victim is None:
                 return False
             self._evict(victim, "the server is at max_connections: idle connections go first")
         self._open.add(slot)
         self._unauthenticated[slot] = None
+        self._fresh[slot] = self._clock()
         self._idle[slot] = None
         return True
 
+    def _oldest_silent(self) -> Slot | None:
+        """The oldest connection, if it has sent nothing for ``grace_s``."""
+        for slot, opened in self._fresh.items():  # in the order they opened
+            return slot if opened <= self._clock() - self.grace_s else None
+        return None
+
     def authenticated(self, slot: Slot) -> None:
-        """``slot`` sent the token: it no longer counts as unauthenticated."""
+        """``slot`` sent a request with the token: it no longer counts as
+        unauthenticated."""
         self._unauthenticated.pop(slot, None)
+        self._tokenless.pop(slot, None)
+
+    def tokenless(self, slot: Slot) -> None:
+        """``slot`` sent a whole request without the token."""
+        if slot in self._unauthenticated:
+            self._tokenless.setdefault(slot, None)
 
     def busy(self, slot: Slot) -> None:
         """A request is arriving or being answered on ``slot``."""
         self._idle.pop(slot, None)
+        self._fresh.pop(slot, None)
 
     def idle(self, slot: Slot) -> None:
         """``slot`` is between requests (it joins the idle ones as the newest)."""
@@ -87,6 +134,8 @@ class ConnectionSlots:
         """``slot``'s connection is closed."""
         self._open.discard(slot)
         self._unauthenticated.pop(slot, None)
+        self._tokenless.pop(slot, None)
+        self._fresh.pop(slot, None)
         self._idle.pop(slot, None)
 
     def _evict(self, slot: Slot, reason: str) -> None:
@@ -94,23 +143,17 @@ class ConnectionSlots:
         self.num_evicted += 1
         slot.evict(reason)
 
+    @staticmethod
     def _first(
-        self,
         slots: dict[Slot, None],
-        *,
-        idle_first: bool = False,
-        unauthenticated_first: bool = False,
+        among: dict[Slot, None] | None = None,
+        exclude: dict[Slot, float] | None = None,
     ) -> Slot | None:
-        """The oldest of ``slots``, preferring idle or unauthenticated ones."""
-        if idle_first:
-            for slot in slots:
-                if slot in self._idle:
-                    return slot
-        if unauthenticated_first:
-            for slot in slots:
-                if slot in self._unauthenticated:
-                    return slot
-        return next(iter(slots), None)
+        """The oldest of ``slots`` that is in ``among`` and not in ``exclude``."""
+        for slot in slots:
+            if (among is None or slot in among) and (exclude is None or slot not in exclude):
+                return slot
+        return None
 
 
 __all__ = ["ConnectionSlots", "Slot"]

@@ -204,14 +204,11 @@ class DeadlineH11Protocol(H11Protocol):
 
     def _on_request(self, event: h11.Request) -> None:
         token = self.limits.token
-        if token is None:
+        auth = next((value for name, value in event.headers if name == b"authorization"), None)
+        if token is None or (auth is not None and token_matches(auth.decode("latin-1"), token)):
             self.slots.authenticated(self)
-            return
-        for name, value in event.headers:
-            if name == b"authorization":
-                if token_matches(value.decode("latin-1"), token):
-                    self.slots.authenticated(self)
-                return
+        else:
+            self.slots.tokenless(self)
 
     # -- reading ------------------------------------------------------------------------------
 
