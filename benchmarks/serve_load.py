@@ -12,18 +12,25 @@ server over HTTP (start, then action + returns per step, then end), until
 * ``unbatched``: ``--max-batch 1``: one policy call per action (what a server that
   does not batch would do).
 
-With ``--slow-sockets N`` each system also runs with N slowloris sockets open
-beside the agents (loopback only): each sends half a request header, then one more
-header byte a second, and is reopened when the server closes it, until the run
-ends (at most ``--slow-max-opens`` opens in all). Each run records requests/s,
-latency percentiles, the responses by status (5xx must stay 0), lost steps (steps
-the agents took in episodes they ended, minus the server's ``num_env_steps``: must
-be 0) and how many slow sockets the server closed.
+With ``--hostile N`` each system also runs with N hostile sockets of each kind in
+``--kinds`` open beside the agents, one kind per run (loopback only, no token; each
+reopened one second after the server closes it, at most ``--hostile-max-opens`` opens
+in a run):
+
+* ``slow_reader``: pipelines 400 ``GET /openapi.json`` and never reads an answer
+  (its receive buffer set to 4 KiB);
+* ``idle_keepalive``: one ``GET /v1/health``, then silence;
+* ``slowloris``: half a request header, then one more header byte a second.
+
+Each run records requests/s, latency percentiles, the responses by status (5xx must
+stay 0), lost steps (steps the agents took in episodes they ended, minus the
+server's ``num_env_steps``: must be 0) and what became of the hostile sockets.
+The agents, the hostile sockets and the server share the machine's cores.
 
 Usage::
 
-    python3 benchmarks/serve_load.py --requests 20000 --clients 32 --rounds 3 \\
-        --slow-sockets 1000 --out benchmarks/results/serve_load_cpu.json
+    python3 benchmarks/serve_load.py --requests 10000 --clients 32 --rounds 2 \\
+        --hostile 1000 --max-connections 1000 --out benchmarks/results/serve_load_cpu.json
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import json
 import os
 import pathlib
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -56,47 +64,93 @@ SYSTEMS = {
 }
 
 
-def start_server(args: list[str], token_file: str) -> tuple[subprocess.Popen, dict[str, Any]]:
+def start_server(
+    args: list[str], token_file: str, max_connections: int
+) -> tuple[subprocess.Popen, dict[str, Any]]:
     command = [sys.executable, "-m", "jaxrunner", "serve", "--port", "0"]
-    command += ["--token-file", token_file, "--max-concurrent", "4096", *args]
+    command += ["--token-file", token_file, "--max-concurrent", "4096"]
+    command += ["--max-connections", str(max_connections), *args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     return process, json.loads(process.stdout.readline())
 
 
-MAX_SLOW_SOCKETS = 2000
+MAX_HOSTILE = 2000
+KINDS = ("slow_reader", "idle_keepalive", "slowloris")
+PIPELINED = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 400
 
 
-async def slowloris(url: str, count: int, max_opens: int, stop: asyncio.Event) -> dict:
-    """Keeps ``count`` stalled sockets open against ``url`` until ``stop``."""
+async def _open(host: str, port: int, kind: str) -> tuple[asyncio.StreamReader, Any]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if kind == "slow_reader":  # a small window: the server's answers pile up sooner
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    except OSError:
+        sock.close()
+        raise
+    return await asyncio.open_connection(sock=sock, limit=4096)
+
+
+async def _hold(kind: str, reader: asyncio.StreamReader, writer: Any, stop: asyncio.Event) -> str:
+    """Holds one hostile socket until the server closes it (or ``stop``); returns how
+    it ended."""
+    if kind == "slow_reader":
+        writer.write(PIPELINED)
+    elif kind == "idle_keepalive":
+        writer.write(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+    else:
+        writer.write(b"POST /v1/episodes HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    while not stop.is_set():
+        if kind == "slow_reader":  # never reads: probes with a harmless blank line
+            try:
+                writer.write(b"\r\n")
+                await asyncio.wait_for(writer.drain(), 1.0)
+            except asyncio.TimeoutError:
+                continue
+            except OSError:
+                return "closed_by_server"
+            if writer.transport.is_closing() or reader.at_eof():
+                return "closed_by_server"
+            await asyncio.sleep(1.0)
+            continue
+        try:  # idle keep-alive and slowloris: wait, read what comes
+            answer = await asyncio.wait_for(reader.read(4096), 1.0)
+        except asyncio.TimeoutError:
+            if kind == "slowloris":
+                writer.write(b"a")
+            continue
+        except OSError:
+            return "closed_by_server"
+        if not answer:
+            return "closed_by_server"
+        if kind == "slowloris" and answer.startswith(b"HTTP/1.1 408"):
+            return "closed_by_server"
+    return "still_open"
+
+
+async def hostile_sockets(
+    url: str, kind: str, count: int, max_opens: int, stop: asyncio.Event
+) -> dict[str, int]:
+    """Keeps ``count`` hostile sockets of ``kind`` against ``url`` until ``stop``."""
     host, port = url.removeprefix("http://").split(":")
-    counts = collections.Counter()
+    counts: collections.Counter[str] = collections.Counter()
 
     async def one() -> None:
         while not stop.is_set() and counts["opened"] < max_opens:
             try:
-                reader, writer = await asyncio.open_connection(host, int(port))
+                reader, writer = await _open(host, int(port), kind)
             except OSError:
                 counts["connect_errors"] += 1
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(1.0)
                 continue
             counts["opened"] += 1
-            writer.write(b"POST /v1/episodes HTTP/1.1\r\nHost: x\r\nX-Slow: ")
             try:
-                while not stop.is_set():
-                    try:  # a trickle: one header byte a second, never the end
-                        answer = await asyncio.wait_for(reader.read(4096), 1.0)
-                    except asyncio.TimeoutError:
-                        writer.write(b"a")
-                        await writer.drain()
-                        continue
-                    if not answer or answer.startswith(b"HTTP/1.1 408"):
-                        counts["closed_by_server"] += 1
-                        break
-            except OSError:
-                counts["closed_by_server"] += 1
+                counts[await _hold(kind, reader, writer, stop)] += 1
             finally:
-                writer.close()
+                writer.transport.abort()
+            await asyncio.sleep(1.0)  # then reconnect, as an attacker would
 
     tasks = [asyncio.ensure_future(one()) for _ in range(count)]
     await stop.wait()
@@ -110,11 +164,12 @@ async def run_load(
     num_clients: int,
     num_requests: int,
     seed: int,
-    slow_sockets: int = 0,
-    slow_max_opens: int = 0,
+    kind: str | None = None,
+    hostile: int = 0,
+    hostile_max_opens: int = 0,
 ) -> dict:
     """``num_clients`` agents playing CartPole until ``num_requests`` requests are made,
-    beside ``slow_sockets`` slowloris sockets."""
+    beside ``hostile`` sockets of ``kind``."""
     latencies: dict[str, list[float]] = {"start": [], "action": [], "returns": [], "end": []}
     budget = [num_requests]
     steps = [0]
@@ -160,8 +215,10 @@ async def run_load(
 
         before = (await http.get("/v1/metrics")).json()
         stop = asyncio.Event()
-        slow = asyncio.ensure_future(slowloris(url, slow_sockets, slow_max_opens, stop))
-        await asyncio.sleep(2.0 if slow_sockets else 0.0)  # every slow socket is open
+        slow = asyncio.ensure_future(
+            hostile_sockets(url, kind or "", hostile if kind else 0, hostile_max_opens, stop)
+        )
+        await asyncio.sleep(3.0 if kind else 0.0)  # every hostile socket is open
         started = time.perf_counter()
         await asyncio.gather(*(agent(i) for i in range(num_clients)))
         seconds = time.perf_counter() - started
@@ -189,8 +246,9 @@ async def run_load(
         "agent_steps": steps[0],
         "lost_steps": steps[0] - (metrics["num_env_steps"] - before["num_env_steps"]),
         "dropped_steps": metrics["num_dropped_steps"] - before["num_dropped_steps"],
-        "slow_sockets": slow_sockets,
-        "slow": slow_counts,
+        "hostile_kind": kind,
+        "hostile_sockets": hostile if kind else 0,
+        "hostile": slow_counts,
     }
 
 
@@ -201,24 +259,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--slow-sockets",
+        "--hostile",
         type=int,
         default=0,
-        help=f"slowloris sockets beside the agents (loopback; at most {MAX_SLOW_SOCKETS})",
+        help=f"hostile sockets of each kind beside the agents (loopback; at most {MAX_HOSTILE})",
     )
     parser.add_argument(
-        "--slow-max-opens", type=int, default=20_000, help="bound on slow-socket opens per run"
+        "--kinds",
+        nargs="+",
+        choices=KINDS,
+        default=["slow_reader", "idle_keepalive"],
+        help="hostile kinds, one per run (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--hostile-max-opens", type=int, default=20_000, help="bound on hostile opens per run"
+    )
+    parser.add_argument(
+        "--max-connections", type=int, default=2048, help="the servers' max_connections"
     )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parser.parse_args()
-    if not 0 <= args.slow_sockets <= MAX_SLOW_SOCKETS:
-        parser.error(f"--slow-sockets: expected 0..{MAX_SLOW_SOCKETS}")
+    if not 0 <= args.hostile <= MAX_HOSTILE:
+        parser.error(f"--hostile: expected 0..{MAX_HOSTILE}")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 2 * args.slow_sockets + 4 * args.clients + 256
+    wanted = 2 * args.hostile + 4 * args.clients + 256
     if soft != resource.RLIM_INFINITY and soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
-    variants = [0, args.slow_sockets] if args.slow_sockets else [0]
-    runs_of = [(name, slow) for slow in variants for name in SYSTEMS]
+    variants: list[str | None] = [None, *args.kinds] if args.hostile else [None]
+    runs_of = [(name, kind) for kind in variants for name in SYSTEMS]
 
     loadavg_start = os.getloadavg()
     servers = {}
@@ -226,13 +294,14 @@ def main() -> None:
         token_file = os.path.join(tmp, "token")
         try:
             for name, flags in SYSTEMS.items():
-                servers[name] = start_server(flags, token_file)
+                servers[name] = start_server(flags, token_file, args.max_connections)
             token = pathlib.Path(token_file).read_text().strip()
             for _, info in servers.values():  # warm-up: compile every bucket
                 asyncio.run(run_load(info["url"], token, args.clients, 2_000, args.seed))
-            runs: dict[str, list[dict]] = {_label(n, k): [] for n, k in runs_of}
+            runs: dict[str, list[dict]] = {_label(n, k, args.hostile): [] for n, k in runs_of}
             for round_index in range(args.rounds):
-                for name, slow in runs_of:
+                for name, kind in runs_of:
+                    label = _label(name, kind, args.hostile)
                     info = servers[name][1]
                     result = asyncio.run(
                         run_load(
@@ -241,19 +310,20 @@ def main() -> None:
                             args.clients,
                             args.requests,
                             args.seed,
-                            slow,
-                            args.slow_max_opens,
+                            kind,
+                            args.hostile,
+                            args.hostile_max_opens,
                         )
                     )
                     result["loadavg"] = os.getloadavg()
-                    runs[_label(name, slow)].append(result)
+                    runs[label].append(result)
                     print(
-                        f"round {round_index} {_label(name, slow):>20}: "
+                        f"round {round_index} {label:>30}: "
                         f"{result['requests_per_s']:6.0f} req/s, action p50 "
                         f"{result['latency_action']['p50_ms']:.1f} ms, p99 "
                         f"{result['latency_action']['p99_ms']:.1f} ms, mean batch "
                         f"{result['server_mean_batch_size']:.1f}, 5xx {result['num_5xx']}, lost "
-                        f"{result['lost_steps']}, slow {result['slow']}",
+                        f"{result['lost_steps']}, hostile {result['hostile']}",
                         file=sys.stderr,
                     )
         finally:
@@ -294,12 +364,15 @@ def main() -> None:
             "requests_per_run": args.requests,
             "clients": args.clients,
             "rounds": args.rounds,
-            "slow_sockets": args.slow_sockets,
-            "slow_max_opens": args.slow_max_opens,
+            "hostile_sockets_per_kind": args.hostile,
+            "hostile_kinds": args.kinds,
+            "hostile_max_opens": args.hostile_max_opens,
+            "max_connections": args.max_connections,
             "env": "CartPole-v1",
             "policy": "64-64 tanh MLP, stochastic",
             "systems": SYSTEMS,
-            "load": "one asyncio process (httpx), server in its own process, loopback",
+            "load": "one asyncio process (httpx agents and hostile sockets), server in its "
+            "own process, loopback",
         },
         "command": " ".join(["python", *sys.argv]),
         "machine": bench.machine_info(),
@@ -315,8 +388,8 @@ def main() -> None:
     print(text)
 
 
-def _label(name: str, slow: int) -> str:
-    return f"{name}+{slow}slow" if slow else name
+def _label(name: str, kind: str | None, hostile: int) -> str:
+    return f"{name}+{hostile}_{kind}" if kind else name
 
 
 if __name__ == "__main__":
