@@ -25,7 +25,8 @@ in a run):
 Each run records requests/s, latency percentiles, the responses by status (5xx must
 stay 0), lost steps (steps the agents took in episodes they ended, minus the
 server's ``num_env_steps``: must be 0) and what became of the hostile sockets.
-The agents, the hostile sockets and the server share the machine's cores.
+The hostile sockets run in a process of their own (not in the agents' event loop);
+the agents, the hostile sockets and the server share the machine's cores.
 
 Usage::
 
@@ -40,6 +41,7 @@ import asyncio
 import collections
 import datetime
 import json
+import multiprocessing
 import os
 import pathlib
 import resource
@@ -130,6 +132,48 @@ async def _hold(kind: str, reader: asyncio.StreamReader, writer: Any, stop: asyn
     return "still_open"
 
 
+class HostileProcess:
+    """``count`` hostile sockets of ``kind`` against ``url``, from a process of their
+    own (spawned), so they never slow the agents' event loop; :meth:`stop` ends them
+    and returns what became of them."""
+
+    def __init__(self, url: str, kind: str, count: int, max_opens: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._stop = context.Event()
+        self._results = context.Queue()
+        self._process = context.Process(
+            target=_hostile_main,
+            args=(url, kind, count, max_opens, self._stop, self._results),
+            daemon=True,
+        )
+        self._process.start()
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        counts = self._results.get(timeout=120)
+        self._process.join(30)
+        return counts
+
+
+def _hostile_main(url: str, kind: str, count: int, max_opens: int, stop: Any, results: Any) -> None:
+    """The hostile process: runs the sockets until ``stop`` is set, then reports."""
+
+    async def run() -> dict[str, int]:
+        done = asyncio.Event()
+
+        async def watch() -> None:
+            while not stop.is_set():
+                await asyncio.sleep(0.2)
+            done.set()
+
+        watcher = asyncio.ensure_future(watch())
+        counts = await hostile_sockets(url, kind, count, max_opens, done)
+        await watcher
+        return counts
+
+    results.put(asyncio.run(run()))
+
+
 async def hostile_sockets(
     url: str, kind: str, count: int, max_opens: int, stop: asyncio.Event
 ) -> dict[str, int]:
@@ -214,16 +258,12 @@ async def run_load(
                 steps[0] += taken
 
         before = (await http.get("/v1/metrics")).json()
-        stop = asyncio.Event()
-        slow = asyncio.ensure_future(
-            hostile_sockets(url, kind or "", hostile if kind else 0, hostile_max_opens, stop)
-        )
-        await asyncio.sleep(3.0 if kind else 0.0)  # every hostile socket is open
+        attackers = HostileProcess(url, kind, hostile, hostile_max_opens) if kind else None
+        await asyncio.sleep(8.0 if kind else 0.0)  # spawned, and every hostile socket open
         started = time.perf_counter()
         await asyncio.gather(*(agent(i) for i in range(num_clients)))
         seconds = time.perf_counter() - started
-        stop.set()
-        slow_counts = await slow
+        slow_counts = attackers.stop() if attackers is not None else {}
         metrics = (await http.get("/v1/metrics")).json()
 
     every = [x for values in latencies.values() for x in values]
@@ -371,8 +411,8 @@ def main() -> None:
             "env": "CartPole-v1",
             "policy": "64-64 tanh MLP, stochastic",
             "systems": SYSTEMS,
-            "load": "one asyncio process (httpx agents and hostile sockets), server in its "
-            "own process, loopback",
+            "load": "agents: one asyncio process (httpx); hostile sockets: another; each "
+            "server in its own process; loopback; all share the machine's cores",
         },
         "command": " ".join(["python", *sys.argv]),
         "machine": bench.machine_info(),

@@ -179,6 +179,10 @@ def test_pipelining_is_bounded(tmp_path):
             sock.sendall((b"GET /v1/spaces HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n") * 40)
             answers = read_all(sock)  # the server closes it
         assert answers.count(b"HTTP/1.1 200") == 6  # max_pipelined in a row, then one more
+        with connect(server.url) as sock:  # without the token: no pipelining at all
+            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n" * 40)
+            answers = read_all(sock)
+        assert answers.count(b"HTTP/1.1 200") == 1
 
 
 def test_answers_nobody_reads_are_dropped_after_write_timeout(tmp_path):

@@ -59,7 +59,9 @@ class ServerConfig:
     holds (as nginx's ``send_timeout``)."""
     max_pipelined: int = 16
     """The most requests answered in a row while the client has sent more (HTTP
-    pipelining); the connection is then closed once its answers are written."""
+    pipelining); the connection is then closed once its answers are written. A
+    connection that has not sent the token gets none: it is closed after its first
+    answer if more requests wait."""
     read_timeout_s: float = 5.0
     """A request must arrive whole (headers and body) within this long of its first
     byte, or of its connection opening; otherwise 408 and the socket is closed

@@ -114,6 +114,10 @@ class ConnectionSlots:
         self._unauthenticated.pop(slot, None)
         self._tokenless.pop(slot, None)
 
+    def is_authenticated(self, slot: Slot) -> bool:
+        """Whether ``slot`` has sent a request with the token."""
+        return slot in self._open and slot not in self._unauthenticated
+
     def tokenless(self, slot: Slot) -> None:
         """``slot`` sent a whole request without the token."""
         if slot in self._unauthenticated:

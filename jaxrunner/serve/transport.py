@@ -19,7 +19,9 @@ the answers used to hold its connection, and megabytes of answers, for good. Her
   ``write_timeout_s``, as nginx's ``send_timeout``; otherwise the connection is
   dropped with what it holds;
 * at most ``max_pipelined`` requests are answered in a row while more wait
-  (pipelining); then the connection is closed once its answers are out;
+  (pipelining); then the connection is closed once its answers are out. A
+  connection that has not sent the token gets no pipelining: it is closed after the
+  answer in progress (it can only ask for the health check and the schema);
 * connection slots: see :mod:`.slots`.
 
 Request lines over :data:`MAX_REQUEST_LINE_BYTES` get 414, headers over
@@ -225,8 +227,9 @@ class DeadlineH11Protocol(H11Protocol):
         self._got_bytes = False
         waiting = bool(self.conn.trailing_data[0])  # a pipelined request is in already
         self._pipelined = self._pipelined + 1 if waiting else 0
-        if self._pipelined > self.limits.max_pipelined and not self.transport.is_closing():
-            logger.info("closed a connection: over max_pipelined=%d", self.limits.max_pipelined)
+        limit = self.limits.max_pipelined if self.slots.is_authenticated(self) else 0
+        if self._pipelined > limit and not self.transport.is_closing():
+            logger.info("closed a connection: over its pipelining limit %d", limit)
             self.transport.close()  # after the answers given so far are written
         if self.transport.get_write_buffer_size():
             self._arm_write()
