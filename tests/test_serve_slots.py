@@ -120,6 +120,16 @@ def test_idle_keep_alive_sockets_without_token_cannot_fill_the_server(tmp_path):
         assert env.get_metrics()["num_episodes"] == 1
 
 
+def test_a_burst_of_silent_connections_is_trimmed_to_the_share_after_grace(tmp_path):
+    with serving(tmp_path) as (_, server):
+        share = ServerConfig(max_connections=CAP).unauthenticated_cap
+        hostile = [connect(server.url) for _ in range(2 * share)]  # all at once, silent
+        time.sleep(2.0)  # their 1 s grace is over (read_timeout_s, 5 s, is not)
+        assert sum(not closed_by_server(sock) for sock in hostile) == share
+        for sock in hostile:
+            sock.close()
+
+
 def test_authenticated_idle_connections_outlive_tokenless_churn(tmp_path):
     with serving(tmp_path) as (_, server):
         auth = f"Authorization: Bearer {server.token}\r\n".encode()
@@ -276,6 +286,9 @@ def test_slots_close_tokenless_idle_first_and_spare_new_connections():
     assert slots.num_unauthenticated == 6 and not any(s.evicted for s in newcomers)
     now[0] = 4.0  # now they have been silent too long: the oldest goes first
     assert slots.admit(FakeSlot("late")) and newcomers[0].evicted
+    assert slots.over_share() and not slots.trim()  # back to the share, the oldest first
+    assert [s.name for s in newcomers if s.evicted] == ["new0", "new1", "new2"]
+    assert slots.num_unauthenticated == 4 and not slots.over_share()
 
 
 def test_slots_at_the_cap_close_idle_connections_only():

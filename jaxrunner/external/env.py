@@ -213,7 +213,12 @@ class ExternalEnv:
 
     def end_episode(self, episode_id: int, obs: Any, *, truncated: bool = False) -> None:
         """Ends the episode at its final observation ``obs``: terminated, or truncated
-        (cut short: bootstrap from ``obs``) if ``truncated``."""
+        (cut short: bootstrap from ``obs``) if ``truncated``.
+
+        The episode is gone from the live ones at once (later calls for it get
+        ``EpisodeNotFoundError(ended=True)``); stacking it into an Episode happens in
+        the calling thread without the env's lock, so other episodes' calls go on
+        meanwhile. It counts in the metrics and is output when this returns."""
         obs = checks.check_obs(self.observation_space, obs, "obs")
         checks.check_flag(truncated, "end_episode", "truncated")
         with self._lock:

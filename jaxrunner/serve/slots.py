@@ -12,7 +12,8 @@ Two rules keep sockets without a token from denying service (issue 30):
   tokenless client can churn that share, never take the rest. A connection younger
   than ``grace_s`` that has sent nothing is never closed for it (the server may not
   have read its first bytes yet: clients open many at once); when only such are
-  left, the newcomer is let in over the share.
+  left, the newcomer is let in over the share, and the share is restored once
+  their grace is over (:meth:`ConnectionSlots.trim`).
 * At ``max_connections``, a new connection closes the connection idle the longest
   instead of being refused, as nginx and HAProxy reuse idle keep-alive connections
   when they run out: one that sent requests without the token, then one silent for
@@ -65,6 +66,8 @@ class ConnectionSlots:
         self._fresh: dict[Slot, float] = {}  # never sent a byte: since when open
         self._idle: dict[Slot, None] = {}
         self.num_evicted = 0
+        self.trim_scheduled = False
+        """Whether a :meth:`trim` is due (the transport schedules it)."""
 
     def __len__(self) -> int:
         return len(self._open)
@@ -77,12 +80,7 @@ class ConnectionSlots:
         """Takes a slot for a new connection (unauthenticated, idle), closing others
         as the module docstring says; False: none is free (refuse it)."""
         if len(self._unauthenticated) >= self.max_unauthenticated:
-            victim = (
-                self._first(self._tokenless, self._idle)
-                or self._first(self._tokenless)
-                or self._oldest_silent()
-                or self._first(self._unauthenticated, exclude=self._fresh)
-            )
+            victim = self._unauthenticated_victim()
             if victim is not None:
                 self._evict(victim, "too many connections without a token")
         if len(self._open) >= self.max_connections:
@@ -101,6 +99,29 @@ class ConnectionSlots:
         self._fresh[slot] = self._clock()
         self._idle[slot] = None
         return True
+
+    def over_share(self) -> bool:
+        """Whether connections without the token hold more than their share (new
+        ones were let in over it): :meth:`trim` once their grace is over."""
+        return len(self._unauthenticated) > self.max_unauthenticated
+
+    def trim(self) -> bool:
+        """Closes connections without the token down to their share, as :meth:`admit`
+        chooses; returns whether some are still over it (new ones in their grace)."""
+        while self.over_share():
+            victim = self._unauthenticated_victim()
+            if victim is None:
+                return True
+            self._evict(victim, "too many connections without a token")
+        return False
+
+    def _unauthenticated_victim(self) -> Slot | None:
+        return (
+            self._first(self._tokenless, self._idle)
+            or self._first(self._tokenless)
+            or self._oldest_silent()
+            or self._first(self._unauthenticated, exclude=self._fresh)
+        )
 
     def _oldest_silent(self) -> Slot | None:
         """The oldest connection, if it has sent nothing for ``grace_s``."""

@@ -189,6 +189,22 @@ class DeadlineH11Protocol(H11Protocol):
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self._arm()  # a connection that never sends a whole request is closed too
+        if self.slots.over_share() and not self.slots.trim_scheduled:
+            self._schedule_trim()
+
+    def _schedule_trim(self) -> None:
+        """Restores the share of connections without the token once the grace of
+        those let in over it is over (one timer per server)."""
+        slots, loop = self.slots, self.loop
+        slots.trim_scheduled = True
+
+        def trim() -> None:
+            if slots.trim():
+                loop.call_later(slots.grace_s, trim)
+            else:
+                slots.trim_scheduled = False
+
+        loop.call_later(slots.grace_s, trim)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.slots.release(self)
