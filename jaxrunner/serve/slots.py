@@ -65,7 +65,6 @@ class ConnectionSlots:
         self._tokenless: dict[Slot, None] = {}  # sent a whole request without the token
         self._fresh: dict[Slot, float] = {}  # never sent a byte: since when open
         self._idle: dict[Slot, None] = {}
-        self.num_evicted = 0
         self.trim_scheduled = False
         """Whether a :meth:`trim` is due (the transport schedules it)."""
 
@@ -165,7 +164,6 @@ class ConnectionSlots:
 
     def _evict(self, slot: Slot, reason: str) -> None:
         self.release(slot)
-        self.num_evicted += 1
         slot.evict(reason)
 
     @staticmethod
