@@ -12,18 +12,26 @@ server over HTTP (start, then action + returns per step, then end), until
 * ``unbatched``: ``--max-batch 1``: one policy call per action (what a server that
   does not batch would do).
 
-With ``--slow-sockets N`` each system also runs with N slowloris sockets open
-beside the agents (loopback only): each sends half a request header, then one more
-header byte a second, and is reopened when the server closes it, until the run
-ends (at most ``--slow-max-opens`` opens in all). Each run records requests/s,
-latency percentiles, the responses by status (5xx must stay 0), lost steps (steps
-the agents took in episodes they ended, minus the server's ``num_env_steps``: must
-be 0) and how many slow sockets the server closed.
+With ``--hostile N`` each system also runs with N hostile sockets of each kind in
+``--kinds`` open beside the agents, one kind per run (loopback only, no token; each
+reopened one second after the server closes it, at most ``--hostile-max-opens`` opens
+in a run):
+
+* ``slow_reader``: pipelines 400 ``GET /openapi.json`` and never reads an answer
+  (its receive buffer set to 4 KiB);
+* ``idle_keepalive``: one ``GET /v1/health``, then silence;
+* ``slowloris``: half a request header, then one more header byte a second.
+
+Each run records requests/s, latency percentiles, the responses by status (5xx must
+stay 0), lost steps (steps the agents took in episodes they ended, minus the
+server's ``num_env_steps``: must be 0) and what became of the hostile sockets.
+The hostile sockets run in a process of their own (not in the agents' event loop);
+the agents, the hostile sockets and the server share the machine's cores.
 
 Usage::
 
-    python3 benchmarks/serve_load.py --requests 20000 --clients 32 --rounds 3 \\
-        --slow-sockets 1000 --out benchmarks/results/serve_load_cpu.json
+    python3 benchmarks/serve_load.py --requests 10000 --clients 32 --rounds 2 \\
+        --hostile 1000 --max-connections 1000 --out benchmarks/results/serve_load_cpu.json
 """
 
 from __future__ import annotations
@@ -33,9 +41,11 @@ import asyncio
 import collections
 import datetime
 import json
+import multiprocessing
 import os
 import pathlib
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -56,47 +66,135 @@ SYSTEMS = {
 }
 
 
-def start_server(args: list[str], token_file: str) -> tuple[subprocess.Popen, dict[str, Any]]:
+def start_server(
+    args: list[str], token_file: str, max_connections: int
+) -> tuple[subprocess.Popen, dict[str, Any]]:
     command = [sys.executable, "-m", "jaxrunner", "serve", "--port", "0"]
-    command += ["--token-file", token_file, "--max-concurrent", "4096", *args]
+    command += ["--token-file", token_file, "--max-concurrent", "4096"]
+    command += ["--max-connections", str(max_connections), *args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     return process, json.loads(process.stdout.readline())
 
 
-MAX_SLOW_SOCKETS = 2000
+MAX_HOSTILE = 2000
+KINDS = ("slow_reader", "idle_keepalive", "slowloris")
+PIPELINED = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 400
 
 
-async def slowloris(url: str, count: int, max_opens: int, stop: asyncio.Event) -> dict:
-    """Keeps ``count`` stalled sockets open against ``url`` until ``stop``."""
+async def _open(host: str, port: int, kind: str) -> tuple[asyncio.StreamReader, Any]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if kind == "slow_reader":  # a small window: the server's answers pile up sooner
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    except OSError:
+        sock.close()
+        raise
+    return await asyncio.open_connection(sock=sock, limit=4096)
+
+
+async def _hold(kind: str, reader: asyncio.StreamReader, writer: Any, stop: asyncio.Event) -> str:
+    """Holds one hostile socket until the server closes it (or ``stop``); returns how
+    it ended."""
+    if kind == "slow_reader":
+        writer.write(PIPELINED)
+    elif kind == "idle_keepalive":
+        writer.write(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+    else:
+        writer.write(b"POST /v1/episodes HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    while not stop.is_set():
+        if kind == "slow_reader":  # never reads: probes with a harmless blank line
+            try:
+                writer.write(b"\r\n")
+                await asyncio.wait_for(writer.drain(), 1.0)
+            except asyncio.TimeoutError:
+                continue
+            except OSError:
+                return "closed_by_server"
+            if writer.transport.is_closing() or reader.at_eof():
+                return "closed_by_server"
+            await asyncio.sleep(1.0)
+            continue
+        try:  # idle keep-alive and slowloris: wait, read what comes
+            answer = await asyncio.wait_for(reader.read(4096), 1.0)
+        except asyncio.TimeoutError:
+            if kind == "slowloris":
+                writer.write(b"a")
+            continue
+        except OSError:
+            return "closed_by_server"
+        if not answer:
+            return "closed_by_server"
+        if kind == "slowloris" and answer.startswith(b"HTTP/1.1 408"):
+            return "closed_by_server"
+    return "still_open"
+
+
+class HostileProcess:
+    """``count`` hostile sockets of ``kind`` against ``url``, from a process of their
+    own (spawned), so they never slow the agents' event loop; :meth:`stop` ends them
+    and returns what became of them."""
+
+    def __init__(self, url: str, kind: str, count: int, max_opens: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._stop = context.Event()
+        self._results = context.Queue()
+        self._process = context.Process(
+            target=_hostile_main,
+            args=(url, kind, count, max_opens, self._stop, self._results),
+            daemon=True,
+        )
+        self._process.start()
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        counts = self._results.get(timeout=120)
+        self._process.join(30)
+        return counts
+
+
+def _hostile_main(url: str, kind: str, count: int, max_opens: int, stop: Any, results: Any) -> None:
+    """The hostile process: runs the sockets until ``stop`` is set, then reports."""
+
+    async def run() -> dict[str, int]:
+        done = asyncio.Event()
+
+        async def watch() -> None:
+            while not stop.is_set():
+                await asyncio.sleep(0.2)
+            done.set()
+
+        watcher = asyncio.ensure_future(watch())
+        counts = await hostile_sockets(url, kind, count, max_opens, done)
+        await watcher
+        return counts
+
+    results.put(asyncio.run(run()))
+
+
+async def hostile_sockets(
+    url: str, kind: str, count: int, max_opens: int, stop: asyncio.Event
+) -> dict[str, int]:
+    """Keeps ``count`` hostile sockets of ``kind`` against ``url`` until ``stop``."""
     host, port = url.removeprefix("http://").split(":")
-    counts = collections.Counter()
+    counts: collections.Counter[str] = collections.Counter()
 
     async def one() -> None:
         while not stop.is_set() and counts["opened"] < max_opens:
             try:
-                reader, writer = await asyncio.open_connection(host, int(port))
+                reader, writer = await _open(host, int(port), kind)
             except OSError:
                 counts["connect_errors"] += 1
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(1.0)
                 continue
             counts["opened"] += 1
-            writer.write(b"POST /v1/episodes HTTP/1.1\r\nHost: x\r\nX-Slow: ")
             try:
-                while not stop.is_set():
-                    try:  # a trickle: one header byte a second, never the end
-                        answer = await asyncio.wait_for(reader.read(4096), 1.0)
-                    except asyncio.TimeoutError:
-                        writer.write(b"a")
-                        await writer.drain()
-                        continue
-                    if not answer or answer.startswith(b"HTTP/1.1 408"):
-                        counts["closed_by_server"] += 1
-                        break
-            except OSError:
-                counts["closed_by_server"] += 1
+                counts[await _hold(kind, reader, writer, stop)] += 1
             finally:
-                writer.close()
+                writer.transport.abort()
+            await asyncio.sleep(1.0)  # then reconnect, as an attacker would
 
     tasks = [asyncio.ensure_future(one()) for _ in range(count)]
     await stop.wait()
@@ -110,11 +208,12 @@ async def run_load(
     num_clients: int,
     num_requests: int,
     seed: int,
-    slow_sockets: int = 0,
-    slow_max_opens: int = 0,
+    kind: str | None = None,
+    hostile: int = 0,
+    hostile_max_opens: int = 0,
 ) -> dict:
     """``num_clients`` agents playing CartPole until ``num_requests`` requests are made,
-    beside ``slow_sockets`` slowloris sockets."""
+    beside ``hostile`` sockets of ``kind``."""
     latencies: dict[str, list[float]] = {"start": [], "action": [], "returns": [], "end": []}
     budget = [num_requests]
     steps = [0]
@@ -159,14 +258,12 @@ async def run_load(
                 steps[0] += taken
 
         before = (await http.get("/v1/metrics")).json()
-        stop = asyncio.Event()
-        slow = asyncio.ensure_future(slowloris(url, slow_sockets, slow_max_opens, stop))
-        await asyncio.sleep(2.0 if slow_sockets else 0.0)  # every slow socket is open
+        attackers = HostileProcess(url, kind, hostile, hostile_max_opens) if kind else None
+        await asyncio.sleep(8.0 if kind else 0.0)  # spawned, and every hostile socket open
         started = time.perf_counter()
         await asyncio.gather(*(agent(i) for i in range(num_clients)))
         seconds = time.perf_counter() - started
-        stop.set()
-        slow_counts = await slow
+        slow_counts = attackers.stop() if attackers is not None else {}
         metrics = (await http.get("/v1/metrics")).json()
 
     every = [x for values in latencies.values() for x in values]
@@ -189,8 +286,9 @@ async def run_load(
         "agent_steps": steps[0],
         "lost_steps": steps[0] - (metrics["num_env_steps"] - before["num_env_steps"]),
         "dropped_steps": metrics["num_dropped_steps"] - before["num_dropped_steps"],
-        "slow_sockets": slow_sockets,
-        "slow": slow_counts,
+        "hostile_kind": kind,
+        "hostile_sockets": hostile if kind else 0,
+        "hostile": slow_counts,
     }
 
 
@@ -201,24 +299,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--slow-sockets",
+        "--hostile",
         type=int,
         default=0,
-        help=f"slowloris sockets beside the agents (loopback; at most {MAX_SLOW_SOCKETS})",
+        help=f"hostile sockets of each kind beside the agents (loopback; at most {MAX_HOSTILE})",
     )
     parser.add_argument(
-        "--slow-max-opens", type=int, default=20_000, help="bound on slow-socket opens per run"
+        "--kinds",
+        nargs="+",
+        choices=KINDS,
+        default=["slow_reader", "idle_keepalive"],
+        help="hostile kinds, one per run (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--hostile-max-opens", type=int, default=20_000, help="bound on hostile opens per run"
+    )
+    parser.add_argument(
+        "--max-connections", type=int, default=2048, help="the servers' max_connections"
     )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parser.parse_args()
-    if not 0 <= args.slow_sockets <= MAX_SLOW_SOCKETS:
-        parser.error(f"--slow-sockets: expected 0..{MAX_SLOW_SOCKETS}")
+    if not 0 <= args.hostile <= MAX_HOSTILE:
+        parser.error(f"--hostile: expected 0..{MAX_HOSTILE}")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = 2 * args.slow_sockets + 4 * args.clients + 256
+    wanted = 2 * args.hostile + 4 * args.clients + 256
     if soft != resource.RLIM_INFINITY and soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
-    variants = [0, args.slow_sockets] if args.slow_sockets else [0]
-    runs_of = [(name, slow) for slow in variants for name in SYSTEMS]
+    variants: list[str | None] = [None, *args.kinds] if args.hostile else [None]
+    runs_of = [(name, kind) for kind in variants for name in SYSTEMS]
 
     loadavg_start = os.getloadavg()
     servers = {}
@@ -226,13 +334,14 @@ def main() -> None:
         token_file = os.path.join(tmp, "token")
         try:
             for name, flags in SYSTEMS.items():
-                servers[name] = start_server(flags, token_file)
+                servers[name] = start_server(flags, token_file, args.max_connections)
             token = pathlib.Path(token_file).read_text().strip()
             for _, info in servers.values():  # warm-up: compile every bucket
                 asyncio.run(run_load(info["url"], token, args.clients, 2_000, args.seed))
-            runs: dict[str, list[dict]] = {_label(n, k): [] for n, k in runs_of}
+            runs: dict[str, list[dict]] = {_label(n, k, args.hostile): [] for n, k in runs_of}
             for round_index in range(args.rounds):
-                for name, slow in runs_of:
+                for name, kind in runs_of:
+                    label = _label(name, kind, args.hostile)
                     info = servers[name][1]
                     result = asyncio.run(
                         run_load(
@@ -241,19 +350,20 @@ def main() -> None:
                             args.clients,
                             args.requests,
                             args.seed,
-                            slow,
-                            args.slow_max_opens,
+                            kind,
+                            args.hostile,
+                            args.hostile_max_opens,
                         )
                     )
                     result["loadavg"] = os.getloadavg()
-                    runs[_label(name, slow)].append(result)
+                    runs[label].append(result)
                     print(
-                        f"round {round_index} {_label(name, slow):>20}: "
+                        f"round {round_index} {label:>30}: "
                         f"{result['requests_per_s']:6.0f} req/s, action p50 "
                         f"{result['latency_action']['p50_ms']:.1f} ms, p99 "
                         f"{result['latency_action']['p99_ms']:.1f} ms, mean batch "
                         f"{result['server_mean_batch_size']:.1f}, 5xx {result['num_5xx']}, lost "
-                        f"{result['lost_steps']}, slow {result['slow']}",
+                        f"{result['lost_steps']}, hostile {result['hostile']}",
                         file=sys.stderr,
                     )
         finally:
@@ -294,12 +404,15 @@ def main() -> None:
             "requests_per_run": args.requests,
             "clients": args.clients,
             "rounds": args.rounds,
-            "slow_sockets": args.slow_sockets,
-            "slow_max_opens": args.slow_max_opens,
+            "hostile_sockets_per_kind": args.hostile,
+            "hostile_kinds": args.kinds,
+            "hostile_max_opens": args.hostile_max_opens,
+            "max_connections": args.max_connections,
             "env": "CartPole-v1",
             "policy": "64-64 tanh MLP, stochastic",
             "systems": SYSTEMS,
-            "load": "one asyncio process (httpx), server in its own process, loopback",
+            "load": "agents: one asyncio process (httpx); hostile sockets: another; each "
+            "server in its own process; loopback; all share the machine's cores",
         },
         "command": " ".join(["python", *sys.argv]),
         "machine": bench.machine_info(),
@@ -315,8 +428,8 @@ def main() -> None:
     print(text)
 
 
-def _label(name: str, slow: int) -> str:
-    return f"{name}+{slow}slow" if slow else name
+def _label(name: str, kind: str | None, hostile: int) -> str:
+    return f"{name}+{hostile}_{kind}" if kind else name
 
 
 if __name__ == "__main__":

@@ -198,7 +198,14 @@ def test_transport_errors_are_json(tmp_path):
             head, body = _read_all(sock).split(b"\r\n\r\n", 1)
         assert head.startswith(b"HTTP/1.1 400")
         assert json.loads(body)["error"]["code"] == "bad_http"
+        # Four connections busy with a request (none idle): a fifth is refused.
         held = [_connect(server.url) for _ in range(4)]
+        for sock in held:
+            sock.sendall(
+                b"POST /v1/episodes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n{"
+            )
+        time.sleep(0.2)  # the server has read their heads
         with _connect(server.url) as sock:
             head, body = _read_all(sock).split(b"\r\n\r\n", 1)
         assert head.startswith(b"HTTP/1.1 503")
@@ -249,4 +256,34 @@ def test_report_decodes_off_the_event_loop(monkeypatch):
         body = {"obs": [obs] * 3, "actions": [zero] * 3, "rewards": [1.0] * 3, "final_obs": obs}
         assert post(server.url, f"/v1/episodes/{eid}/report", body).status_code == 200
     assert len(threads) == 7
+    assert "jaxrunner-server" not in threads  # the thread running the event loop
+
+
+# -- issue 30, item 8: ending a long episode is done off the event loop ----------------------
+
+
+def test_end_episode_stacks_off_the_event_loop(monkeypatch):
+    from jaxrunner.external.episodes import LiveEpisode
+
+    threads = []
+    to_episode = LiveEpisode.to_episode
+
+    def recording(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return to_episode(self, *args, **kwargs)
+
+    monkeypatch.setattr(LiveEpisode, "to_episode", recording)
+    env = make_env()
+    with env, PolicyServer(env, require_token=False) as server:
+        for path in ("end", "report"):
+            eid, act = open_episode(server.url)
+            if path == "end":
+                assert post(server.url, f"/v1/episodes/{eid}/action", act).status_code == 200
+                assert post(server.url, f"/v1/episodes/{eid}/end", act).status_code == 200
+            else:
+                zero = wire.encode_array(np.array(0, np.int64))
+                body = {"obs": [act["obs"]], "actions": [zero], "rewards": [1.0]}
+                body["final_obs"] = act["obs"]
+                assert post(server.url, f"/v1/episodes/{eid}/report", body).status_code == 200
+    assert len(threads) == 2
     assert "jaxrunner-server" not in threads  # the thread running the event loop

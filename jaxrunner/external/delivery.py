@@ -34,7 +34,8 @@ class ActionDelivery:
         lock: the owning env's lock, taken around every change to an episode.
         batcher: computes the actions.
         episodes: the env's live episodes (for :meth:`retract`).
-        memory: the env's memory budget, charged for what is recorded.
+        memory: the env's memory budget: a claimed episode's reservation
+            (``live.reserved``) is settled by what is recorded, or released.
         counts: the env's counters (``num_dropped_steps``, ``num_undelivered_actions``).
         action_timeout_s: how long :meth:`wait` waits.
         tickets: the row of each single-step request, for :meth:`retract`.
@@ -61,8 +62,7 @@ class ActionDelivery:
                 try:
                     live.record(row.obs, taken, extras, carry, ticket=row)
                 finally:
-                    live.busy = False
-                    self.memory.charge(live.nbytes - before, 1)
+                    self._settle(live, live.nbytes - before, 1)
             return taken if row.action is None else None
 
         future = self._submit_rows(live, [row], on_done)
@@ -84,8 +84,7 @@ class ActionDelivery:
                         live.record(rows[t].obs, taken, extras, None)
                         live.pending_reward += rewards[t]
                 finally:
-                    live.busy = False
-                    self.memory.charge(live.nbytes - before, len(results))
+                    self._settle(live, live.nbytes - before, len(results))
 
         return self._submit_rows(live, rows, on_done)
 
@@ -97,7 +96,7 @@ class ActionDelivery:
             # never wedges it). Cancelled (None): its waiter gave up, so the action
             # was never delivered; it is counted, never recorded.
             with self.lock:
-                live.busy = False
+                self._settle(live, 0, 0)
                 live.last_seen = time.monotonic()
                 if error is None:
                     self.counts["num_dropped_steps"] += len(rows)
@@ -107,8 +106,15 @@ class ActionDelivery:
             return self.batcher.submit(rows, on_done, on_abort)
         except BaseException:
             with self.lock:
-                live.busy = False
+                self._settle(live, 0, 0)
             raise
+
+    def _settle(self, live: LiveEpisode, grown: int, steps: int) -> None:
+        """Frees ``live`` (its call is over) and replaces its reservation by the
+        ``grown`` bytes its ``steps`` recorded steps took (caller holds the lock)."""
+        live.busy = False
+        self.memory.settle(live.reserved, grown, steps)
+        live.reserved = 0
 
     def retract(self, episode_id: int, future: concurrent.futures.Future) -> bool:
         """Takes back the step of ``future`` if it is still the episode's latest

@@ -1,11 +1,17 @@
 """How an :class:`~jaxrunner.ExternalEnv` episode ends: by ``end_episode`` or by the
 reaper, it leaves the live table and the memory budget, counts in the metrics, and
 its :class:`~jaxrunner.Episode` is handed on (to the output, or to a policy client).
+
+The episode leaves the live table under the env's lock (later calls for it get 410),
+is stacked without the lock (ending 100,000 steps stalls no other episode's calls),
+and is counted and handed on under the lock again. Its live bytes stay charged to the
+memory budget until then: stacking releases each recorded row as it copies it.
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -20,9 +26,10 @@ Emit = Callable[[LiveEpisode, "Episode | None"], None]
 
 
 class EpisodeEndings:
-    """Ends live episodes; every method is called with the env's lock held.
+    """Ends live episodes.
 
     Args:
+        lock: the env's lock; :meth:`finish` and :meth:`reap` take it themselves.
         episodes: the env's live episodes.
         memory: the env's memory budget (an ended episode's live bytes are freed).
         counts: the env's counters (``num_env_steps``, ``num_dropped_steps``,
@@ -30,12 +37,14 @@ class EpisodeEndings:
         stats: the env's recent-episode statistics.
         observation_space: one episode's observation space.
         action_space: one episode's action space.
-        emit: called with each ended episode and its Episode (None when it had no
-            step); ``ExternalEnv._emit``, which a policy client overrides.
+        emit: called, with the lock held, with each ended episode and its Episode
+            (None when it had no step); ``ExternalEnv._emit``, which a policy client
+            overrides.
     """
 
     def __init__(
         self,
+        lock: threading.Lock,
         episodes: EpisodeTable,
         memory: MemoryBudget,
         counts: collections.Counter[str],
@@ -44,34 +53,43 @@ class EpisodeEndings:
         action_space: spaces.Space,
         emit: Emit,
     ) -> None:
+        self._lock = lock
         self._episodes, self._memory, self._counts, self._stats = episodes, memory, counts, stats
         self._observation_space, self._action_space = observation_space, action_space
         self._emit = emit
 
     def finish(self, live: LiveEpisode, terminated: bool, truncated: bool) -> None:
-        """Ends ``live`` with the given flags: counts it and emits it."""
-        self._episodes.remove(live)
-        self._memory.live -= live.nbytes
-        length = live.num_actions
-        self._counts["num_env_steps"] += length
-        self._stats.add(np.array([sum(live.rewards)], np.float64), np.array([length]))
-        episode = None
-        if length:
-            episode = live.to_episode(
-                self._observation_space,
-                self._action_space,
-                terminated=terminated,
-                truncated=truncated,
-            )
-        self._emit(live, episode)
+        """Stacks ``live`` (closed, and removed from the live table by the caller) and
+        counts and emits it. Called without the lock."""
+        episode, length = None, live.num_actions  # stacking empties the record
+        try:
+            if length:
+                episode = live.to_episode(
+                    self._observation_space,
+                    self._action_space,
+                    terminated=terminated,
+                    truncated=truncated,
+                )
+        finally:
+            with self._lock:
+                self._memory.live -= live.nbytes
+                self._counts["num_env_steps"] += length
+                if length and episode is None:  # stacking failed (out of memory)
+                    self._counts["num_dropped_steps"] += length
+                self._stats.add(np.array([sum(live.rewards)], np.float64), np.array([length]))
+                self._emit(live, episode)
 
     def reap(self, idle_since: float) -> int:
         """Ends every idle episode last seen before ``idle_since`` as truncated at its
-        last observation, dropping its step in wait of an outcome; returns how many."""
-        stale = self._episodes.idle_since(idle_since)
+        last observation, dropping its step in wait of an outcome; returns how many.
+        Called without the lock."""
+        with self._lock:
+            stale = self._episodes.idle_since(idle_since)
+            for live in stale:
+                self._counts["num_dropped_steps"] += live.abandon(self._observation_space)
+                self._counts["num_abandoned_episodes"] += 1
+                self._episodes.remove(live)
         for live in stale:
-            self._counts["num_dropped_steps"] += live.abandon(self._observation_space)
-            self._counts["num_abandoned_episodes"] += 1
             self.finish(live, terminated=False, truncated=True)
         return len(stale)
 

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
+from jaxrunner import spaces as jr_spaces
 from jaxrunner.batching import PolicyBatcher, Row
 from jaxrunner.errors import ClosedError, EpisodeConflictError, InvalidArgumentError
 from jaxrunner.external import checks
@@ -36,6 +37,15 @@ from jaxrunner.metrics import EpisodeStats
 from jaxrunner.policy import Params, Policy
 from jaxrunner.spaces import check_value
 from jaxrunner.trajectory import Episode
+
+
+def _row_extras(policy: Policy, params: Params, observation_space: spaces.Space) -> Any:
+    """Zeroed extras of one row, shaped as the policy returns them (traced abstractly,
+    nothing compiled): the first step's reservation then covers its extras too."""
+    keys = jax.random.split(jax.random.key(0), 1)
+    obs = jr_spaces.allocate(observation_space, (1,))
+    _, extras, _ = jax.eval_shape(policy.apply_fn, params, obs, policy.batched_carry(1), keys)
+    return {k: np.zeros(v.shape[1:], v.dtype) for k, v in dict(extras).items()}
 
 
 class ExternalEnv:
@@ -74,7 +84,11 @@ class ExternalEnv:
         self._episodes = EpisodeTable(config.max_concurrent, config.max_episodes_per_client)
         self._memory = MemoryBudget(
             config.max_memory_bytes,
-            step_nbytes(observation_space.sample(), action_space.sample(), {}),
+            step_nbytes(
+                observation_space.sample(),
+                action_space.sample(),
+                _row_extras(policy, params, observation_space),
+            ),
         )
         self._output = EpisodeOutput(self._lock, self._memory, config.max_output_episodes)
         self._stats = EpisodeStats(config.episode_window)
@@ -105,6 +119,7 @@ class ExternalEnv:
             config.action_timeout_s,
         )
         self._endings = EpisodeEndings(
+            self._lock,
             self._episodes,
             self._memory,
             self._counts,
@@ -198,13 +213,19 @@ class ExternalEnv:
 
     def end_episode(self, episode_id: int, obs: Any, *, truncated: bool = False) -> None:
         """Ends the episode at its final observation ``obs``: terminated, or truncated
-        (cut short: bootstrap from ``obs``) if ``truncated``."""
+        (cut short: bootstrap from ``obs``) if ``truncated``.
+
+        The episode is gone from the live ones at once (later calls for it get
+        ``EpisodeNotFoundError(ended=True)``); stacking it into an Episode happens in
+        the calling thread without the env's lock, so other episodes' calls go on
+        meanwhile. It counts in the metrics and is output when this returns."""
         obs = checks.check_obs(self.observation_space, obs, "obs")
         checks.check_flag(truncated, "end_episode", "truncated")
         with self._lock:
             live = self._get_live(episode_id, "end_episode")
             live.close_at(obs)
-            self._endings.finish(live, terminated=not truncated, truncated=bool(truncated))
+            self._episodes.remove(live)
+        self._endings.finish(live, terminated=not truncated, truncated=bool(truncated))
 
     def log_steps(
         self,
@@ -353,7 +374,7 @@ class ExternalEnv:
                 f"{what}(episode_id={live.episode_id}): the episode would exceed "
                 f"max_episode_steps={limit}; end it (truncated=True) and start a new one."
             )
-        self._memory.check(steps, what)
+        live.reserved = self._memory.reserve(steps, what)
         live.busy = True
         live.last_seen = time.monotonic()
         return live
@@ -388,8 +409,7 @@ class ExternalEnv:
         """Ends every idle episode last seen before ``idle_since`` (``time.monotonic()``
         clock) as truncated at its last observation, dropping its step in wait of an
         outcome; returns how many. Runs by itself every so often (the reaper)."""
-        with self._lock:
-            return self._endings.reap(idle_since)
+        return self._endings.reap(idle_since)
 
 
 __all__ = ["ExternalEnv"]

@@ -47,6 +47,7 @@ class LiveEpisode:
     pending_reward: float = 0.0
     busy: bool = False  # a get_action/log_action call is in flight
     nbytes: int = 0  # what the recorded steps cost (see external.memory)
+    reserved: int = 0  # bytes reserved for the call in flight (see external.memory)
     _undo: Any = None  # (ticket, previous carry, whether record closed a reward, bytes)
 
     @property
@@ -120,14 +121,17 @@ class LiveEpisode:
         terminated: bool,
         truncated: bool,
     ) -> Episode:
-        """The closed record as an :class:`~jaxrunner.Episode` (needs at least one step)."""
+        """The closed record as an :class:`~jaxrunner.Episode` (needs at least one step).
 
-        def stack(space: spaces.Space, values: list[Any]) -> Any:
-            return jr_spaces.map_structure(space, lambda *xs: np.stack(xs), *values)
-
+        Consumes the record: each row is released as soon as it is copied into the
+        stacked arrays, so the copy replaces the rows instead of doubling the
+        episode's memory (the arrays are uninitialized, their pages committed as
+        they are written). Call it without the env's lock: it is the slow part of
+        ending a long episode.
+        """
         return Episode(
-            obs=stack(observation_space, self.obs),
-            action=stack(action_space, self.actions),
+            obs=_stack_releasing(observation_space, self.obs),
+            action=_stack_releasing(action_space, self.actions),
             reward=np.asarray(self.rewards, np.float64),
             extras={k: np.stack([e[k] for e in self.extras]) for k in self.extras[0]},
             terminated=terminated,
@@ -135,6 +139,19 @@ class LiveEpisode:
             episode_id=self.episode_id,
             env_id=self.env_id,
         )
+
+
+def _stack_releasing(space: spaces.Space, rows: list[Any]) -> Any:
+    """``rows`` stacked along a new first axis; empties ``rows``, dropping each row
+    once it is copied."""
+    stacked = jr_spaces.map_structure(
+        space, lambda leaf: np.empty((len(rows), *np.shape(leaf)), np.asarray(leaf).dtype), rows[0]
+    )
+    for t in range(len(rows)):
+        jr_spaces.copy_into(space, stacked, rows[t], t)
+        rows[t] = None  # its memory goes back now, not after the whole copy
+    rows.clear()
+    return stacked
 
 
 class EpisodeTable:

@@ -13,6 +13,7 @@ _EXPORTS = {
     "ServerConfig": "jaxrunner.serve.server",
     "PolicyClient": "jaxrunner.serve.client",
     "PolicyServerError": "jaxrunner.serve.client",
+    "ReportError": "jaxrunner.serve.client",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -181,7 +181,10 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
 
     @episode_route("end")
     async def end_episode(episode_id: EpisodeId, body: EndBody) -> JSONResponse:
-        env.end_episode(episode_id, decode(body.obs, "obs"), truncated=body.truncated)
+        def end() -> None:  # stacks the whole episode: in a worker thread, off the loop
+            env.end_episode(episode_id, decode(body.obs, "obs"), truncated=body.truncated)
+
+        await run_in_threadpool(end)
         return JSONResponse({"ok": True})
 
     @episode_route("report")
@@ -198,7 +201,7 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
         obs, actions, final = await run_in_threadpool(decode_all)
         await run_in_threadpool(env.log_steps, episode_id, obs, actions, body.rewards)
         if final is not None:
-            env.end_episode(episode_id, final, truncated=body.truncated)
+            await run_in_threadpool(env.end_episode, episode_id, final, truncated=body.truncated)
         return JSONResponse({"ok": True})
 
     install_error_handlers(app)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import uuid
@@ -31,6 +32,37 @@ class PolicyServerError(errors.JaxRunnerError, RuntimeError):
     def __init__(self, message: str, status: int, code: str) -> None:
         super().__init__(message)
         self.status, self.code = status, code
+
+
+class ReportError(PolicyServerError):
+    """A locally run episode could not be reported whole (``inference="local"``).
+
+    Nothing is lost: the first ``steps_reported`` steps are on the server, in an
+    episode ended there as truncated at the next observation (so its slot is free),
+    unless the failure left unknown whether the last request arrived (a network
+    error: then the server's reaper ends it after ``episode_timeout_s``); all of
+    them, reported or not, are in ``episode``.
+
+    Attributes:
+        episode: the whole episode as run locally.
+        steps_reported: how many of its first steps the server recorded.
+        ended_on_server: whether the server's episode was ended (its slot freed).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        status: int,
+        code: str,
+        *,
+        episode: Episode | None,
+        steps_reported: int,
+        ended_on_server: bool,
+    ) -> None:
+        super().__init__(message, status, code)
+        self.episode = episode
+        self.steps_reported = steps_reported
+        self.ended_on_server = ended_on_server
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -90,7 +122,10 @@ class PolicyClient:
         client_id: names this client to the server (per-client episode caps);
             random by default.
         timeout_s: HTTP timeout per request.
-        report_chunk_steps: local inference: steps per report request.
+        report_chunk_steps: local inference: the most steps per report request.
+        report_chunk_bytes: local inference: the most bytes per report request (keep
+            it at most the server's ``max_body_bytes``, 1 MiB by default; a chunk
+            the server still refuses as too large is split in two and sent again).
         local_config: local inference: batching of the client's own policy calls
             (default: batches of up to 32, one compiled size).
     """
@@ -108,8 +143,17 @@ class PolicyClient:
         client_id: str | None = None,
         timeout_s: float = 60.0,
         report_chunk_steps: int = 512,
+        report_chunk_bytes: int = 512 * 1024,
         local_config: ExternalEnvConfig | None = None,
     ) -> None:
+        for name, value in (
+            ("report_chunk_steps", report_chunk_steps),
+            ("report_chunk_bytes", report_chunk_bytes),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise errors.InvalidArgumentError(
+                    f"PolicyClient({name}={value!r}): expected an int >= 1."
+                )
         if inference not in ("remote", "local"):
             raise errors.InvalidArgumentError(
                 f"PolicyClient(inference={inference!r}): expected 'remote' or 'local'."
@@ -126,6 +170,7 @@ class PolicyClient:
             headers["Authorization"] = f"Bearer {token}"
         self.inference = inference
         self.report_chunk_steps = report_chunk_steps
+        self.report_chunk_bytes = report_chunk_bytes
         self._http = httpx.Client(
             base_url=url,
             headers=headers,
@@ -211,7 +256,15 @@ class PolicyClient:
         self._call("POST", f"/v1/episodes/{episode_id}/returns", body)
 
     def end_episode(self, episode_id: int, obs: Any, *, truncated: bool = False) -> None:
-        """Ends the episode at its final observation (terminated, or ``truncated``)."""
+        """Ends the episode at its final observation (terminated, or ``truncated``).
+
+        With ``inference="local"`` this reports the episode's steps, in requests of at
+        most ``report_chunk_bytes`` and ``report_chunk_steps``.
+
+        Raises:
+            ReportError: the report failed part way; the error holds the episode and
+                says how much of it the server has.
+        """
         obs = check_value(self.observation_space, obs, "obs")
         encoded_obs = wire.encode_tree(self.observation_space, obs)
         if self._local is None:
@@ -247,31 +300,111 @@ class PolicyClient:
         _raise_for(response)
         return response.json()
 
+    def _call_raw(self, method: str, path: str, content: bytes) -> Any:
+        """Like :meth:`_call`, for a body already encoded as JSON."""
+        headers = {"Content-Type": "application/json"}
+        response = self._http.request(method, path, content=content, headers=headers)
+        _raise_for(response)
+        return response.json()
+
     def _report(
         self, episode_id: int, episode: Episode | None, final_obs: Any, truncated: bool
     ) -> None:
-        """Sends a locally run episode's steps, in chunks; the last one ends it."""
+        """Sends a locally run episode's steps in chunks of at most
+        ``report_chunk_bytes`` and ``report_chunk_steps``; the last one ends it. A
+        chunk refused as too large (413: nothing recorded) is split and sent again."""
         length = 0 if episode is None else episode.length
-        obs_space, action_space = self.observation_space, self.action_space
-        start = 0
+        steps = [self._encode_step(episode, t) for t in range(length)]
+        tail = json.dumps({"final_obs": final_obs, "truncated": truncated})[1:]
+        budget, start = self.report_chunk_bytes, 0
         while True:
-            stop = min(start + self.report_chunk_steps, length)
-            body: dict[str, Any] = {"obs": [], "actions": [], "rewards": []}
-            for t in range(start, stop):
-                assert episode is not None
-                body["obs"].append(
-                    wire.encode_tree(obs_space, jr_spaces.take(obs_space, episode.obs, t))
-                )
-                body["actions"].append(
-                    wire.encode_tree(action_space, jr_spaces.take(action_space, episode.action, t))
-                )
-                body["rewards"].append(float(episode.reward[t]))
-            if stop == length:
-                body.update(final_obs=final_obs, truncated=truncated)
-            self._call("POST", f"/v1/episodes/{episode_id}/report", body)
+            stop = self._chunk_end(steps, start, budget, len(tail))
+            body = self._report_body(steps[start:stop], tail if stop == length else "}")
+            try:
+                self._call_raw("POST", f"/v1/episodes/{episode_id}/report", body)
+            except errors.JaxRunnerError as err:  # the server answered: nothing recorded
+                if isinstance(err, PolicyServerError) and err.status == 413 and stop - start > 1:
+                    budget = max(1, min(budget, len(body)) // 2)
+                    continue  # the guard refused it before reading: nothing recorded
+                self._abandon_report(episode_id, episode, start, err)
+            except httpx.HTTPError as err:  # unknown whether the chunk arrived
+                raise ReportError(
+                    f"reporting episode {episode_id} failed after {start} of {length} steps "
+                    f"({err!r}); whether the last chunk arrived is unknown, so the server's "
+                    "episode is left to its reaper (episode_timeout_s). The steps are in this "
+                    "error's episode.",
+                    0,
+                    "network_error",
+                    episode=episode,
+                    steps_reported=start,
+                    ended_on_server=False,
+                ) from err
             if stop == length:
                 return
             start = stop
+
+    def _encode_step(self, episode: Episode | None, t: int) -> tuple[str, str, str]:
+        """Step ``t`` of ``episode`` as the JSON texts of its obs, action and reward."""
+        assert episode is not None
+        obs = jr_spaces.take(self.observation_space, episode.obs, t)
+        action = jr_spaces.take(self.action_space, episode.action, t)
+        return (
+            json.dumps(wire.encode_tree(self.observation_space, obs)),
+            json.dumps(wire.encode_tree(self.action_space, action)),
+            json.dumps(float(episode.reward[t])),
+        )
+
+    def _chunk_end(
+        self, steps: list[tuple[str, str, str]], start: int, budget: int, tail: int
+    ) -> int:
+        """Where the chunk from ``start`` ends: as many steps as fit ``budget`` bytes
+        (at least one) and ``report_chunk_steps``."""
+        size = len(self._report_body([], "}")) + tail
+        stop = start
+        while stop < len(steps) and stop - start < self.report_chunk_steps:
+            step = sum(len(part) + 1 for part in steps[stop])  # with its commas
+            if stop > start and size + step > budget:
+                break
+            size += step
+            stop += 1
+        return stop
+
+    @staticmethod
+    def _report_body(steps: list[tuple[str, str, str]], tail: str) -> bytes:
+        """The JSON body of a report chunk; ``tail`` closes the object."""
+        obs, actions, rewards = ([step[i] for step in steps] for i in range(3))
+        return (
+            f'{{"obs":[{",".join(obs)}],"actions":[{",".join(actions)}],'
+            f'"rewards":[{",".join(rewards)}]' + ("," + tail if tail != "}" else tail)
+        ).encode()
+
+    def _abandon_report(
+        self, episode_id: int, episode: Episode | None, reported: int, cause: errors.JaxRunnerError
+    ) -> None:
+        """After a chunk the server refused (nothing of it recorded): ends the
+        server's episode as truncated after the ``reported`` steps it has, freeing
+        its slot, and raises :class:`ReportError`."""
+        ended = True
+        try:
+            if episode is not None:
+                obs = jr_spaces.take(self.observation_space, episode.obs, reported)
+                body = {"obs": wire.encode_tree(self.observation_space, obs), "truncated": True}
+                self._call("POST", f"/v1/episodes/{episode_id}/end", body)
+        except (httpx.HTTPError, errors.JaxRunnerError):
+            ended = False  # the server's reaper ends it after episode_timeout_s
+        length = 0 if episode is None else episode.length
+        where = "ended there as truncated" if ended else "left to the server's reaper"
+        raise ReportError(
+            f"reporting episode {episode_id} failed after {reported} of {length} steps: "
+            f"{cause} The server keeps the first {reported} steps ({where}); all steps are in "
+            "this error's episode. If the server refused a single step as too large, raise "
+            "its max_body_bytes.",
+            getattr(cause, "status", 0),
+            getattr(cause, "code", type(cause).__name__),
+            episode=episode,
+            steps_reported=reported,
+            ended_on_server=ended,
+        ) from cause
 
     def _pull_params(self) -> Params | None:
         since = None if self.params_version < 0 else self.params_version

@@ -95,6 +95,13 @@ def add_serve_command(commands: Any) -> None:
         help="an episode with no request for this long is ended, truncated (default: %(default)s)",
     )
     serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=2048,
+        help="the most open connections; an eighth of them at most without the token "
+        "(default: %(default)s)",
+    )
+    serve.add_argument(
         "--max-body-bytes",
         type=int,
         default=1 << 20,
@@ -149,6 +156,7 @@ def run_serve(args: argparse.Namespace) -> int:
                 port=args.port,
                 token_file=args.token_file,
                 max_body_bytes=args.max_body_bytes,
+                max_connections=args.max_connections,
             ),
         )
         info = {

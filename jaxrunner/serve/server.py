@@ -19,7 +19,7 @@ from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.external import ExternalEnv
 from jaxrunner.serve.app import create_app
 from jaxrunner.serve.auth import default_token_file, load_or_create_token
-from jaxrunner.serve.transport import MAX_HEADER_BYTES, TransportLimits, protocol_class
+from jaxrunner.serve.transport import TransportLimits, protocol_class
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,10 +40,28 @@ class ServerConfig:
     max_body_bytes: int = 1 << 20
     """Larger request bodies are refused (413) before they are parsed."""
     max_connections: int = 2048
-    """Open connections beyond this are answered 503 (JSON) and closed. Each costs
-    at most about 30 KB while it sends its request (16 KB of headers, buffers), and
-    lives at most ``read_timeout_s`` unless it sends whole requests; the process's
-    open-file limit is raised to fit it where the hard limit allows."""
+    """The most open connections. At the cap a new connection closes the one idle
+    the longest (those without a token first); with none idle it is answered 503
+    (JSON) and closed. Each costs at most about 30 KB while it sends its request (24
+    KB of head, buffers) and 128 KB of kernel send buffer, and lives at most
+    ``read_timeout_s`` unless it sends whole requests; the process's open-file limit
+    is raised to fit it where the hard limit allows."""
+    max_unauthenticated_connections: int | None = None
+    """The most open connections that have not yet sent a request with the token
+    (each new connection, until its first request's headers are in); one more closes
+    the oldest of them, idle ones first. None: an eighth of ``max_connections`` (at
+    least 16, at most ``max_connections``). Sockets without the token (slow readers,
+    idle keep-alive) can hold no more; with ``require_token=False`` any whole request
+    counts."""
+    write_timeout_s: float = 10.0
+    """Answers waiting to be written must make progress (some bytes taken by the
+    client) within this long; otherwise the connection is dropped with what it
+    holds (as nginx's ``send_timeout``)."""
+    max_pipelined: int = 16
+    """The most requests answered in a row while the client has sent more (HTTP
+    pipelining); the connection is then closed once its answers are written. A
+    connection that has not sent the token gets none: it is closed after its first
+    answer if more requests wait."""
     read_timeout_s: float = 5.0
     """A request must arrive whole (headers and body) within this long of its first
     byte, or of its connection opening; otherwise 408 and the socket is closed
@@ -64,11 +82,21 @@ class ServerConfig:
             raise InvalidArgumentError(
                 f"ServerConfig(port={self.port!r}): expected an int in [0, 65535]."
             )
-        for name in ("max_body_bytes", "max_connections"):
+        for name in ("max_body_bytes", "max_connections", "max_pipelined"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"ServerConfig({name}={value!r}): expected an int >= 1.")
-        for name in ("read_timeout_s", "keep_alive_s"):
+        unauthenticated = self.max_unauthenticated_connections
+        if unauthenticated is not None and (
+            isinstance(unauthenticated, bool)
+            or not isinstance(unauthenticated, int)
+            or not 1 <= unauthenticated <= self.max_connections
+        ):
+            raise InvalidArgumentError(
+                f"ServerConfig(max_unauthenticated_connections={unauthenticated!r}): expected "
+                f"None or an int in [1, max_connections={self.max_connections}]."
+            )
+        for name in ("read_timeout_s", "keep_alive_s", "write_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise InvalidArgumentError(f"ServerConfig({name}={value!r}): expected seconds > 0.")
@@ -82,6 +110,13 @@ class ServerConfig:
                 "is only allowed on a loopback host; anyone who can reach the port could feed the "
                 "policy. Keep the token (clients read it from the token file)."
             )
+
+    @property
+    def unauthenticated_cap(self) -> int:
+        """``max_unauthenticated_connections``, with None resolved."""
+        if self.max_unauthenticated_connections is not None:
+            return self.max_unauthenticated_connections
+        return min(self.max_connections, max(16, self.max_connections // 8))
 
 
 def _raise_open_file_limit(wanted: int) -> None:
@@ -154,9 +189,18 @@ class PolicyServer:
                 # No handlers of uvicorn's own: records go to the caller's logging
                 # setup (or Python's last-resort stderr handler for warnings).
                 log_config=None,
-                # Our h11 protocol: read deadlines, the connection cap, JSON errors.
-                http=protocol_class(TransportLimits(config.read_timeout_s, config.max_connections)),
-                h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                # Our h11 protocol: read and write deadlines, connection slots, head
+                # limits, JSON errors.
+                http=protocol_class(
+                    TransportLimits(
+                        read_timeout_s=config.read_timeout_s,
+                        write_timeout_s=config.write_timeout_s,
+                        max_connections=config.max_connections,
+                        max_unauthenticated=config.unauthenticated_cap,
+                        max_pipelined=config.max_pipelined,
+                        token=self.token,
+                    )
+                ),
                 timeout_keep_alive=config.keep_alive_s,
                 server_header=False,
                 access_log=False,

@@ -1,0 +1,182 @@
+"""Connection slots of the policy server: who holds them, and whom to close when
+they run short.
+
+Two rules keep sockets without a token from denying service (issue 30):
+
+* Connections that have not yet sent a request with the server's token (every new
+  one, until its first request's headers arrive) hold at most
+  ``max_unauthenticated`` slots. One more closes one of them, in this order: those
+  that sent a whole request without the token (idle ones first: a keep-alive socket
+  between requests, then slow readers), then those that have sent nothing for
+  ``grace_s``, then those with a request arriving; the oldest first in each. A
+  tokenless client can churn that share, never take the rest. A connection younger
+  than ``grace_s`` that has sent nothing is never closed for it (the server may not
+  have read its first bytes yet: clients open many at once); when only such are
+  left, the newcomer is let in over the share, and the share is restored once
+  their grace is over (:meth:`ConnectionSlots.trim`).
+* At ``max_connections``, a new connection closes the connection idle the longest
+  instead of being refused, as nginx and HAProxy reuse idle keep-alive connections
+  when they run out: one that sent requests without the token, then one silent for
+  ``grace_s``, then any other unauthenticated one, then (only while connections
+  without the token are within their share) an authenticated one; it is refused
+  (503) when none of these is idle.
+
+Everything here runs on the server's event loop thread, so nothing locks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+
+class Slot(Protocol):
+    """What :class:`ConnectionSlots` needs of a connection."""
+
+    def evict(self, reason: str) -> None:
+        """Closes the connection now (it is given back its slot by :meth:`release`)."""
+
+
+class ConnectionSlots:
+    """The open connections of one server, in the order they opened and went idle.
+
+    Args:
+        max_connections: the most open connections.
+        max_unauthenticated: the most open connections without a token yet.
+        grace_s: how long a new connection that has sent nothing is spared.
+        clock: seconds, monotonic (tests pass their own).
+    """
+
+    def __init__(
+        self,
+        max_connections: int,
+        max_unauthenticated: int,
+        grace_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_connections = max_connections
+        self.max_unauthenticated = max_unauthenticated
+        self.grace_s = grace_s
+        self._clock = clock
+        self._open: set[Slot] = set()
+        # dicts as ordered sets: oldest first
+        self._unauthenticated: dict[Slot, None] = {}
+        self._tokenless: dict[Slot, None] = {}  # sent a whole request without the token
+        self._fresh: dict[Slot, float] = {}  # never sent a byte: since when open
+        self._idle: dict[Slot, None] = {}
+        self.trim_scheduled = False
+        """Whether a :meth:`trim` is due (the transport schedules it)."""
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    @property
+    def num_unauthenticated(self) -> int:
+        return len(self._unauthenticated)
+
+    def admit(self, slot: Slot) -> bool:
+        """Takes a slot for a new connection (unauthenticated, idle), closing others
+        as the module docstring says; False: none is free (refuse it)."""
+        if len(self._unauthenticated) >= self.max_unauthenticated:
+            victim = self._unauthenticated_victim()
+            if victim is not None:
+                self._evict(victim, "too many connections without a token")
+        if len(self._open) >= self.max_connections:
+            victim = (
+                self._first(self._tokenless, self._idle)
+                or self._oldest_silent()
+                or self._first(self._unauthenticated, self._idle, exclude=self._fresh)
+            )
+            if victim is None and len(self._unauthenticated) < self.max_unauthenticated:
+                victim = self._first(self._idle, exclude=self._fresh)
+            if victim is None:
+                return False
+            self._evict(victim, "the server is at max_connections: idle connections go first")
+        self._open.add(slot)
+        self._unauthenticated[slot] = None
+        self._fresh[slot] = self._clock()
+        self._idle[slot] = None
+        return True
+
+    def over_share(self) -> bool:
+        """Whether connections without the token hold more than their share (new
+        ones were let in over it): :meth:`trim` once their grace is over."""
+        return len(self._unauthenticated) > self.max_unauthenticated
+
+    def trim(self) -> bool:
+        """Closes connections without the token down to their share, as :meth:`admit`
+        chooses; returns whether some are still over it (new ones in their grace)."""
+        while self.over_share():
+            victim = self._unauthenticated_victim()
+            if victim is None:
+                return True
+            self._evict(victim, "too many connections without a token")
+        return False
+
+    def _unauthenticated_victim(self) -> Slot | None:
+        return (
+            self._first(self._tokenless, self._idle)
+            or self._first(self._tokenless)
+            or self._oldest_silent()
+            or self._first(self._unauthenticated, exclude=self._fresh)
+        )
+
+    def _oldest_silent(self) -> Slot | None:
+        """The oldest connection, if it has sent nothing for ``grace_s``."""
+        for slot, opened in self._fresh.items():  # in the order they opened
+            return slot if opened <= self._clock() - self.grace_s else None
+        return None
+
+    def authenticated(self, slot: Slot) -> None:
+        """``slot`` sent a request with the token: it no longer counts as
+        unauthenticated."""
+        self._unauthenticated.pop(slot, None)
+        self._tokenless.pop(slot, None)
+
+    def is_authenticated(self, slot: Slot) -> bool:
+        """Whether ``slot`` has sent a request with the token."""
+        return slot in self._open and slot not in self._unauthenticated
+
+    def tokenless(self, slot: Slot) -> None:
+        """``slot`` sent a whole request without the token."""
+        if slot in self._unauthenticated:
+            self._tokenless.setdefault(slot, None)
+
+    def busy(self, slot: Slot) -> None:
+        """A request is arriving or being answered on ``slot``."""
+        self._idle.pop(slot, None)
+        self._fresh.pop(slot, None)
+
+    def idle(self, slot: Slot) -> None:
+        """``slot`` is between requests (it joins the idle ones as the newest)."""
+        if slot in self._open:
+            self._idle.pop(slot, None)
+            self._idle[slot] = None
+
+    def release(self, slot: Slot) -> None:
+        """``slot``'s connection is closed."""
+        self._open.discard(slot)
+        self._unauthenticated.pop(slot, None)
+        self._tokenless.pop(slot, None)
+        self._fresh.pop(slot, None)
+        self._idle.pop(slot, None)
+
+    def _evict(self, slot: Slot, reason: str) -> None:
+        self.release(slot)
+        slot.evict(reason)
+
+    @staticmethod
+    def _first(
+        slots: dict[Slot, None],
+        among: dict[Slot, None] | None = None,
+        exclude: dict[Slot, float] | None = None,
+    ) -> Slot | None:
+        """The oldest of ``slots`` that is in ``among`` and not in ``exclude``."""
+        for slot in slots:
+            if (among is None or slot in among) and (exclude is None or slot not in exclude):
+                return slot
+        return None
+
+
+__all__ = ["ConnectionSlots", "Slot"]

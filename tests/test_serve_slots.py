@@ -1,0 +1,310 @@
+"""The policy server against sockets that hold slots without a token: idle keep-alive
+connections, slow readers, deep pipelining, oversized heads (issue 30, items 1 and
+10). Loopback only; every hostile socket is counted and closed, every wait bounded."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import select
+import socket
+import time
+
+import gymnasium
+import jax
+import numpy as np
+import pytest
+
+import jaxrunner as jr
+from jaxrunner.bench import mlp_policy
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from jaxrunner.serve import PolicyServer, ServerConfig, wire  # noqa: E402
+
+CARTPOLE = gymnasium.make("CartPole-v1")
+OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space
+POLICY = mlp_policy(ACTION_SPACE, hidden=(16,))
+OBS = {"obs": wire.encode_array(np.zeros(4, np.float32))}
+CAP = 32  # max_connections of these tests: 16 slots for connections without a token
+
+
+def make_env() -> jr.ExternalEnv:
+    params = POLICY.init(jax.random.key(0), OBS_SPACE)
+    config = jr.ExternalEnvConfig(max_batch=8, buckets=(8,))
+    return jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, POLICY, params, seed=1, config=config)
+
+
+@contextlib.contextmanager
+def serving(tmp_path, **fields):
+    fields.setdefault("max_connections", CAP)
+    with make_env() as env, PolicyServer(env, token_file=tmp_path / "token", **fields) as server:
+        yield env, server
+
+
+def connect(url: str, rcvbuf: int | None = None) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf is not None:  # before connecting, so the window starts small
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.settimeout(10)
+    sock.connect((host, int(port)))
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (or resets) the socket."""
+    chunks = []
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (reads what it sent so far)."""
+    sock.settimeout(0)
+    try:
+        while chunk := sock.recv(1 << 20):
+            del chunk
+        return True
+    except BlockingIOError:
+        return False  # open, nothing more to read
+    except ConnectionResetError:
+        return True
+    finally:
+        sock.settimeout(10)
+
+
+def wait_for(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def serve_one_episode(url: str, token: str) -> None:
+    """A legitimate client: new connections, every call answered (3 s at most each,
+    far below keep_alive_s and write_timeout_s)."""
+    auth = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=url, headers=auth, timeout=3) as client:
+        eid = client.post("/v1/episodes", json={}).json()["episode_id"]
+        for _ in range(3):
+            assert client.post(f"/v1/episodes/{eid}/action", json=OBS).status_code == 200
+        assert client.post(f"/v1/episodes/{eid}/end", json=OBS).status_code == 200
+
+
+def head_of(answer: bytes) -> tuple[bytes, dict]:
+    head, body = answer.split(b"\r\n\r\n", 1)
+    return head.split(b"\r\n")[0], json.loads(body)
+
+
+# -- idle keep-alive sockets -----------------------------------------------------------------
+
+
+def test_idle_keep_alive_sockets_without_token_cannot_fill_the_server(tmp_path):
+    with serving(tmp_path) as (env, server):
+        hostile = []
+        for _ in range(2 * CAP):  # one tokenless request each, then silence
+            sock = connect(server.url)
+            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            hostile.append(sock)
+        serve_one_episode(server.url, server.token)
+        still_open = sum(not closed_by_server(sock) for sock in hostile)
+        assert still_open <= ServerConfig(max_connections=CAP).unauthenticated_cap
+        for sock in hostile:
+            sock.close()
+        assert env.get_metrics()["num_episodes"] == 1
+
+
+def test_a_burst_of_silent_connections_is_trimmed_to_the_share_after_grace(tmp_path):
+    with serving(tmp_path) as (_, server):
+        share = ServerConfig(max_connections=CAP).unauthenticated_cap
+        hostile = [connect(server.url) for _ in range(2 * share)]  # all at once, silent
+        time.sleep(2.0)  # their 1 s grace is over (read_timeout_s, 5 s, is not)
+        assert sum(not closed_by_server(sock) for sock in hostile) == share
+        for sock in hostile:
+            sock.close()
+
+
+def test_authenticated_idle_connections_outlive_tokenless_churn(tmp_path):
+    with serving(tmp_path) as (_, server):
+        auth = f"Authorization: Bearer {server.token}\r\n".encode()
+        request = b"GET /v1/spaces HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
+        friends = [connect(server.url) for _ in range(4)]
+        for sock in friends:
+            sock.sendall(request)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        hostile = [connect(server.url) for _ in range(3 * CAP)]  # never a byte
+        for sock in friends:  # idle all along, yet never closed for the tokenless ones
+            sock.sendall(request)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        for sock in friends + hostile:
+            sock.close()
+
+
+def test_at_the_cap_the_longest_idle_connection_makes_room(tmp_path):
+    with serving(tmp_path, max_connections=8, max_unauthenticated_connections=8) as (_, server):
+        auth = f"Authorization: Bearer {server.token}\r\n".encode()
+        request = b"GET /v1/spaces HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
+        idle = [connect(server.url) for _ in range(8)]
+        for sock in idle:
+            sock.sendall(request)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        with connect(server.url) as newcomer:
+            newcomer.sendall(request)
+            assert newcomer.recv(65536).startswith(b"HTTP/1.1 200")
+        wait_for(lambda: closed_by_server(idle[0]))  # the oldest idle one went
+        assert not any(closed_by_server(sock) for sock in idle[1:])
+        for sock in idle:
+            sock.close()
+
+
+# -- slow readers ----------------------------------------------------------------------------
+
+
+def test_slow_readers_without_token_cannot_fill_the_server(tmp_path):
+    burst = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 400
+    with serving(tmp_path) as (env, server):
+        hostile = []
+        for _ in range(2 * CAP):  # pipeline 400 requests each, never read an answer
+            sock = connect(server.url, rcvbuf=4096)
+            sock.sendall(burst)
+            hostile.append(sock)
+        serve_one_episode(server.url, server.token)
+        still_open = sum(not closed_by_server(sock) for sock in hostile)
+        assert still_open <= ServerConfig(max_connections=CAP).unauthenticated_cap
+        for sock in hostile:
+            sock.close()
+        assert env.get_metrics()["num_episodes"] == 1
+
+
+def test_pipelining_is_bounded(tmp_path):
+    with serving(tmp_path, max_pipelined=5) as (_, server):
+        auth = f"Authorization: Bearer {server.token}\r\n".encode()
+        with connect(server.url) as sock:
+            sock.sendall((b"GET /v1/spaces HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n") * 40)
+            answers = read_all(sock)  # the server closes it
+        assert answers.count(b"HTTP/1.1 200") == 6  # max_pipelined in a row, then one more
+        with connect(server.url) as sock:  # without the token: no pipelining at all
+            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n" * 40)
+            answers = read_all(sock)
+        assert answers.count(b"HTTP/1.1 200") == 1
+
+
+def test_answers_nobody_reads_are_dropped_after_write_timeout(tmp_path):
+    fields = {"write_timeout_s": 0.5, "max_pipelined": 1000}
+    with serving(tmp_path, **fields) as (_, server):
+        auth = f"Authorization: Bearer {server.token}\r\n".encode()
+        request = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
+        with connect(server.url, rcvbuf=4096) as sock:
+            sock.sendall(request * 200)  # ~4 MB of answers, far more than buffers hold
+            time.sleep(2.0)  # the deadline passes with nothing read
+            answers = read_all(sock)
+        assert 0 < answers.count(b"HTTP/1.1 200") < 200  # dropped, not waited on
+        serve_one_episode(server.url, server.token)
+
+
+# -- oversized heads in one burst (item 10) --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "code"),
+    [
+        (
+            b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+            431,
+            "headers_too_large",
+        ),
+        (
+            b"GET /v1/health?" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+            414,
+            "request_line_too_long",
+        ),
+        (
+            b"GET /v1/health HTTP/1.1\r\nHost: x\r\n" + b"X-Many: b\r\n" * 2_000 + b"\r\n",
+            431,
+            "headers_too_large",
+        ),
+    ],
+    ids=["one-header", "request-line", "many-headers"],
+)
+def test_oversized_heads_get_414_or_431_in_json(tmp_path, request_bytes, status, code):
+    with serving(tmp_path) as (_, server):
+        with connect(server.url) as sock:
+            sock.sendall(request_bytes)  # in one burst
+            line, body = head_of(read_all(sock))
+        assert line.startswith(f"HTTP/1.1 {status}".encode())
+        assert body["error"]["code"] == code
+        # ...and in pieces, past the cap on a head still arriving
+        with connect(server.url) as sock:
+            for start in range(0, 30_000, 4096):
+                if select.select([sock], [], [], 0.05)[0]:
+                    break  # answered: sending more would reset the connection
+                sock.sendall(request_bytes[:-4][start : start + 4096] or b"a" * 4096)
+            line, body = head_of(read_all(sock))
+        assert line.startswith(f"HTTP/1.1 {status}".encode())
+        assert body["error"]["code"] == code
+
+
+# -- the eviction order, directly ------------------------------------------------------------
+
+
+class FakeSlot:
+    def __init__(self, name: str) -> None:
+        self.name, self.evicted = name, None
+
+    def evict(self, reason: str) -> None:
+        self.evicted = reason
+
+
+def test_slots_close_tokenless_idle_first_and_spare_new_connections():
+    from jaxrunner.serve.slots import ConnectionSlots
+
+    now = [0.0]
+    slots = ConnectionSlots(max_connections=100, max_unauthenticated=4, clock=lambda: now[0])
+    silent, arriving, reader, keepalive = (FakeSlot(n) for n in ("silent", "arriving", "r", "k"))
+    for slot in (silent, arriving, reader, keepalive):
+        assert slots.admit(slot)
+    slots.busy(arriving)  # half a head so far
+    for slot in (reader, keepalive):  # a whole request without the token each
+        slots.busy(slot)
+        slots.tokenless(slot)
+    slots.idle(keepalive)  # answered; the reader is still being answered
+    now[0] = 2.0  # "silent" has sent nothing for longer than grace_s
+    order, newcomers = [], []
+    for i in range(6):
+        newcomers.append(FakeSlot(f"new{i}"))
+        assert slots.admit(newcomers[-1])  # never sends a byte
+        gone = [s.name for s in (silent, arriving, reader, keepalive, *newcomers) if s.evicted]
+        order += [name for name in gone if name not in order]
+    # Then only new connections are left: spared, let in over the share.
+    assert order == ["k", "r", "silent", "arriving"]
+    assert slots.num_unauthenticated == 6 and not any(s.evicted for s in newcomers)
+    now[0] = 4.0  # now they have been silent too long: the oldest goes first
+    assert slots.admit(FakeSlot("late")) and newcomers[0].evicted
+    assert slots.over_share() and not slots.trim()  # back to the share, the oldest first
+    assert [s.name for s in newcomers if s.evicted] == ["new0", "new1", "new2"]
+    assert slots.num_unauthenticated == 4 and not slots.over_share()
+
+
+def test_slots_at_the_cap_close_idle_connections_only():
+    from jaxrunner.serve.slots import ConnectionSlots
+
+    now = [0.0]
+    slots = ConnectionSlots(max_connections=2, max_unauthenticated=2, clock=lambda: now[0])
+    busy, idle = FakeSlot("busy"), FakeSlot("idle")
+    for slot in (busy, idle):
+        assert slots.admit(slot)
+        slots.busy(slot)
+        slots.authenticated(slot)
+    slots.idle(idle)
+    third = FakeSlot("third")
+    assert slots.admit(third) and idle.evicted and not busy.evicted
+    assert not slots.admit(FakeSlot("fourth"))  # the third is new, the other busy: 503
+    now[0] = 2.0
+    assert slots.admit(FakeSlot("fifth")) and third.evicted  # silent too long by now
+    assert not busy.evicted and len(slots) == 2
