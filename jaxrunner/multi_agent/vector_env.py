@@ -21,6 +21,7 @@ import abc
 import copyreg
 import io
 import pickle
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -301,13 +302,29 @@ class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
 class _StatePickler(pickle.Pickler):
     """Pickles :class:`~gymnasium.utils.EzPickle` objects (PettingZoo's classic games,
     MPE) by their attributes: EzPickle pickles the constructor's arguments, so an
-    unpickled env would be a new, unreset one, not the env as it was."""
+    unpickled env would be a new, unreset one, not the env as it was. Render resources
+    that do not pickle (:func:`_render_resource`) are rebuilt blank."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, EzPickle) and not isinstance(obj, type):
+        if isinstance(obj, type):
+            return NotImplemented
+        if isinstance(obj, EzPickle):
             # State set by _set_attributes, never EzPickle.__setstate__ (which rebuilds).
             return copyreg.__newobj__, (type(obj),), dict(vars(obj)), None, None, _set_attributes
-        return NotImplemented
+        return _render_resource(obj) or NotImplemented
+
+
+def _render_resource(obj: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    """How to rebuild a pygame canvas or font (MPE makes both at construction; only
+    ``render()`` uses them, and it redraws the canvas whole): a blank ``Surface`` of the
+    size, the ``Font`` from its file. None for anything else."""
+    pygame = sys.modules.get("pygame")
+    if pygame is not None and type(obj) is pygame.Surface:
+        return pygame.Surface, (obj.get_size(),)
+    freetype = sys.modules.get("pygame.freetype")
+    if freetype is not None and type(obj) is freetype.Font:
+        return freetype.Font, (obj.path, obj.size)
+    return None
 
 
 def _set_attributes(obj: Any, state: dict[str, Any]) -> None:
