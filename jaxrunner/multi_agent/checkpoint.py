@@ -53,6 +53,7 @@ from jaxrunner.sampling.checkpoint_format import (
     put_tree,
     write_checkpoint,
 )
+from jaxrunner.sampling.multi_agent_state import GroupState, MultiAgentSamplerState
 
 if TYPE_CHECKING:
     from jaxrunner.multi_agent.runner import MultiAgentRunner
@@ -81,7 +82,7 @@ class MultiAgentCheckpoint:
 
     params: dict[str, Any]
     """Policy id -> params, in the runner's structure (device arrays)."""
-    sampler_state: Any
+    sampler_state: MultiAgentSamplerState
     """The sampler's state, in the structure of the runner's ``sampler.get_state()``."""
     steps_done: int
     """Env steps every env had closed when it was saved (seeds the fresh resets)."""
@@ -194,8 +195,8 @@ class MultiAgentCheckpointFile(CheckpointReader):
             params = {pid: runner.get_params(pid) for pid in runner.policy_ids}
             params = self.read_like(npz, "params", params, "params")
             state = self.read_like(npz, "sampler", runner.sampler.get_state(), "sampler state")
-            ids, next_id, steps_done = self.check_book(state["book"], "sampler/book")
-            self._check_groups(state["groups"], steps_done)
+            ids, next_id, steps_done = self.check_book(state.book, "sampler/book")
+            self._check_groups(state.groups, steps_done)
             metrics = self._read_metrics(npz)
             finished = self._read_episodes(npz, "finished", meta["finished"], next_id)
             snapshots = None
@@ -225,13 +226,13 @@ class MultiAgentCheckpointFile(CheckpointReader):
 
     # -- state -------------------------------------------------------------------------------
 
-    def _check_groups(self, groups: dict[str, Any], steps_done: int) -> None:
+    def _check_groups(self, groups: dict[str, GroupState], steps_done: int) -> None:
         for pid, group in groups.items():
             where = f"sampler/groups/{pid}"
-            length = group["running_length"]
+            length = group.running_length
             ok = ((length >= 0) & (length <= steps_done)).all()
             self.require(ok, f"{where}/running_length", f"outside [0, {steps_done}]")
-            ok = np.isfinite(group["running_return"]).all()
+            ok = np.isfinite(group.running_return).all()
             self.require(ok, f"{where}/running_return", "not finite")
 
     def _read_metrics(self, npz: NpzReader) -> dict[str, Any]:
