@@ -239,6 +239,19 @@ def test_process_backend_restarts_episodes_and_says_so(name, tmp_path):
         assert_trees_equal(sync.sample(), traj, "trajectory")
 
 
+def test_sync_checkpoint_on_the_process_backend_starts_new_episodes(tmp_path):
+    path = tmp_path / "runner.ckpt"
+    with make() as runner:
+        runner.sample()
+        runner.save(path)
+    with make("coming_and_going", "process", config=jr.ProcessConfig(num_workers=2)) as other:
+        with pytest.warns(UserWarning, match="cannot restore sub-env snapshots"):
+            report = other.restore(path, load_env_pickles=True)
+        assert not report.envs_restored
+        traj = other.sample()
+    np.testing.assert_array_equal(traj.step[0], 0)
+
+
 def test_pure_jax_envs_refuse_checkpoints_clearly(tmp_path):
     from tests.test_multi_agent_jax import Drift
     from tests.test_multi_agent_jax import random_policy as scan_policy

@@ -199,9 +199,13 @@ class MultiAgentCheckpointFile(CheckpointReader):
             self._check_groups(state.groups, steps_done)
             metrics = self._read_metrics(npz)
             finished = self._read_episodes(npz, "finished", meta["finished"], next_id)
-            snapshots = None
-            if meta["envs"] == "pickle" and load_env_pickles:
-                snapshots = self.read_snapshots(npz, meta["num_envs"])
+            envs, envs_note, snapshots = meta["envs"], meta["envs_note"], None
+            if envs == "pickle" and load_env_pickles:
+                if runner.envs.can_snapshot:
+                    snapshots = self.read_snapshots(npz, meta["num_envs"])
+                else:  # saved on the sync backend, restored on another: new episodes
+                    name = type(runner.envs).__name__
+                    envs, envs_note = "none", f"{name} cannot restore sub-env snapshots"
             fragments: dict[str, tuple[AgentEpisode, ...]] = {}
             for key in ("fragments", "callback_fragments"):
                 fragments[key] = ()
@@ -216,8 +220,8 @@ class MultiAgentCheckpointFile(CheckpointReader):
             steps_done=steps_done,
             metrics_state=metrics,
             seed=meta["seed"],
-            envs=meta["envs"],
-            envs_note=meta["envs_note"],
+            envs=envs,
+            envs_note=envs_note,
             env_snapshots=snapshots,
             fragments=fragments["fragments"],
             callback_fragments=fragments["callback_fragments"],

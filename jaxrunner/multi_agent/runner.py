@@ -175,8 +175,8 @@ class MultiAgentRunner(EnvOwner):
 
     def restore(self, path: str | os.PathLike, *, load_env_pickles: bool = False) -> RestoreReport:
         """Continues from the checkpoint at ``path`` (:meth:`save`). Call it on a new
-        runner built as the saved one was (same policies, policy ids, agents, kind of
-        backend and num_envs; new envs), before it samples.
+        runner built as the saved one was (same policies, policy ids, agents and
+        num_envs; new envs, on any host backend), before it samples.
 
         With ``load_env_pickles`` (unpickling runs code from the file: only for
         checkpoints you trust) and a checkpoint that holds pickled sub-envs (the sync
