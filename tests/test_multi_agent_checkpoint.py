@@ -393,6 +393,21 @@ HOSTILE = {
         snapshot_of({"env": envs_mod.relay(), "driver": {}}),
         "snapshot 1 holds a Relay, not stepped as a ParallelDriver",
     ),
+    "pickle with an unknown live agent": (
+        snapshot_of(
+            {
+                "env": envs_mod.coming_and_going(),
+                "driver": {
+                    "pending_reward": {},
+                    "acted": [],
+                    "started": [],
+                    "live": ["zed"],
+                    "newcomers": False,
+                },
+            }
+        ),
+        "driver state's live is not a list of agent ids",
+    ),
     "pickle with a bad driver state": (
         snapshot_of({"env": envs_mod.coming_and_going(), "driver": {"live": ["zed"]}}),
         "snapshot 1 holds a driver state that is refused",
@@ -470,4 +485,16 @@ def test_restore_undoes_the_sampler_state_when_the_fresh_resets_fail(saved):
         runner.envs.reset_batch = failing_reset
         with pytest.raises(jr.errors.EnvError, match="reset refused"):
             runner.restore(saved)
+        assert_trees_equal(runner_state(runner), before, "runner")
+
+
+def test_restore_keeps_within_the_memory_limit(saved, monkeypatch):
+    """One limit for every runner's checkpoint: the setting the README documents."""
+    from jaxrunner.sampling import checkpoint_file
+
+    monkeypatch.setattr(checkpoint_file, "MAX_RESTORE_BYTES", 64)
+    with make() as runner:
+        before = runner_state(runner)
+        with pytest.raises(InvalidArgumentError, match=r"checkpoint_file\.MAX_RESTORE_BYTES"):
+            runner.restore(saved, load_env_pickles=True)
         assert_trees_equal(runner_state(runner), before, "runner")

@@ -42,7 +42,7 @@ from jaxrunner import spaces as jr_spaces
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.multi_agent.trajectory import AgentEpisode
 from jaxrunner.npz_reader import NpzReader
-from jaxrunner.sampling import checkpoint_format
+from jaxrunner.sampling import checkpoint_file
 from jaxrunner.sampling.checkpoint import RestoreReport, put_env_snapshot, resume_envs
 from jaxrunner.sampling.checkpoint_format import (
     CheckpointReader,
@@ -185,8 +185,8 @@ class MultiAgentCheckpointFile(CheckpointReader):
                 a value in it is damaged; the message names the field.
         """
         runner = self.runner
-        limit = "jaxrunner.sampling.checkpoint_format.MAX_RESTORE_BYTES"
-        with self.open(checkpoint_format.MAX_RESTORE_BYTES, limit) as npz:
+        limit = "jaxrunner.sampling.checkpoint_file.MAX_RESTORE_BYTES"
+        with self.open(checkpoint_file.MAX_RESTORE_BYTES, limit) as npz:
             meta = self.read_meta(npz, FORMAT, VERSION)
             self.check_same(meta, _shape_of(runner), "same envs, policy ids and num_envs")
             self.check_common_meta(meta, ("pickle", "none"))

@@ -155,6 +155,8 @@ class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
             no transition (``MultiAgentStep.failed``); None (default): failures raise.
     """
 
+    can_snapshot = True
+
     def __init__(
         self,
         env_fns: Sequence[MultiAgentEnvFactory],
@@ -218,8 +220,6 @@ class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
     def get_sub_environments(self) -> list[Any]:
         """The sub-envs themselves (this process holds them)."""
         return list(self._block.envs)
-
-    can_snapshot = True
 
     def snapshot_sub_envs(self) -> list[bytes]:
         """One pickle per sub-env of ``{"env": the PettingZoo env, "driver": its

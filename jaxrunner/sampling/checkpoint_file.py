@@ -54,9 +54,9 @@ if TYPE_CHECKING:
 FORMAT = "jaxrunner.EnvRunner checkpoint"
 VERSION = 1
 MAX_META_BYTES = checkpoint_format.MAX_META_BYTES
-MAX_RESTORE_BYTES = checkpoint_format.MAX_RESTORE_BYTES
-"""The most bytes an ``EnvRunner`` checkpoint's arrays may take in memory (8 GiB); read
-at each restore."""
+MAX_RESTORE_BYTES = 1 << 33
+"""The most bytes a checkpoint's arrays may take in memory (8 GiB), an ``EnvRunner``'s
+or a ``MultiAgentRunner``'s; read at each restore."""
 
 EPISODE_SCALARS = {
     "terminated": bool,

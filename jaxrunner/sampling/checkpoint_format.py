@@ -28,8 +28,6 @@ from jaxrunner.npz_reader import NUMERIC_KINDS, HeaderCheck, NpzReader
 META = "__meta__"
 MAX_META_BYTES = 1 << 26
 """The most bytes the JSON metadata may take in the file (4 per character)."""
-MAX_RESTORE_BYTES = 1 << 33
-"""The most bytes a checkpoint's arrays may take in memory (8 GiB)."""
 MAX_PATH_DEPTH = 32
 """The deepest a saved tree path may be."""
 WINDOWS = ("returns", "lengths")
@@ -437,7 +435,6 @@ class CheckpointReader:
 __all__ = [
     "MAX_META_BYTES",
     "MAX_PATH_DEPTH",
-    "MAX_RESTORE_BYTES",
     "META",
     "CheckpointReader",
     "Part",
