@@ -53,6 +53,7 @@ from jaxrunner.sampling.checkpoint_format import (
     put_tree,
     write_checkpoint,
 )
+from jaxrunner.sampling.multi_agent import MultiAgentSampler
 from jaxrunner.sampling.multi_agent_state import GroupState, MultiAgentSamplerState
 
 if TYPE_CHECKING:
@@ -107,12 +108,28 @@ class MultiAgentCheckpoint:
 # -- save ----------------------------------------------------------------------------------
 
 
+def host_sampler(runner: MultiAgentRunner, what: str) -> MultiAgentSampler:
+    """``runner``'s sampler, which must be the host one (PettingZoo envs).
+
+    Raises:
+        InvalidArgumentError: the runner samples a pure-JAX env (not supported yet).
+    """
+    if not isinstance(runner.sampler, MultiAgentSampler):
+        raise InvalidArgumentError(
+            f"MultiAgentRunner.{what}(): checkpoints of a runner on a pure-JAX multi-agent "
+            "env (JaxMultiAgentVectorEnv) are not supported yet; use a PettingZoo env "
+            "(jaxrunner.make_multi_agent_vec), or save the params with runner.get_params()."
+        )
+    return runner.sampler
+
+
 def save(runner: MultiAgentRunner, path: str | os.PathLike) -> None:
     """Writes ``runner``'s state to ``path`` (see the module docstring); atomic."""
+    sampler = host_sampler(runner, "save")
     arrays: dict[str, np.ndarray] = {}
-    envs = runner.envs
+    envs = sampler.envs
     put_tree(arrays, "params", {pid: runner.get_params(pid) for pid in runner.policy_ids})
-    put_tree(arrays, "sampler", runner.sampler.get_state())
+    put_tree(arrays, "sampler", sampler.get_state())
     metrics_paths = put_tree(arrays, "metrics", runner._metrics.get_state())
     envs_kind, envs_note = put_env_snapshot(arrays, envs, envs.can_snapshot)
     kept = {
@@ -176,6 +193,8 @@ class MultiAgentCheckpointFile(CheckpointReader):
     def __init__(self, runner: MultiAgentRunner, path: str | os.PathLike) -> None:
         super().__init__("MultiAgentRunner", path, runner._metrics.get_state())
         self.runner = runner
+        self.sampler = host_sampler(runner, "restore")
+        self.envs = self.sampler.envs
 
     def read(self, load_env_pickles: bool) -> MultiAgentCheckpoint:
         """Reads and checks the whole file; touches nothing of the runner.
@@ -194,17 +213,17 @@ class MultiAgentCheckpointFile(CheckpointReader):
                 self.check_list(meta, key)
             params = {pid: runner.get_params(pid) for pid in runner.policy_ids}
             params = self.read_like(npz, "params", params, "params")
-            state = self.read_like(npz, "sampler", runner.sampler.get_state(), "sampler state")
+            state = self.read_like(npz, "sampler", self.sampler.get_state(), "sampler state")
             ids, next_id, steps_done = self.check_book(state.book, "sampler/book")
             self._check_groups(state.groups, steps_done)
             metrics = self._read_metrics(npz)
             finished = self._read_episodes(npz, "finished", meta["finished"], next_id)
             envs, envs_note, snapshots = meta["envs"], meta["envs_note"], None
             if envs == "pickle" and load_env_pickles:
-                if runner.envs.can_snapshot:
+                if self.envs.can_snapshot:
                     snapshots = self.read_snapshots(npz, meta["num_envs"])
                 else:  # saved on the sync backend, restored on another: new episodes
-                    name = type(runner.envs).__name__
+                    name = type(self.envs).__name__
                     envs, envs_note = "none", f"{name} cannot restore sub-env snapshots"
             fragments: dict[str, tuple[AgentEpisode, ...]] = {}
             for key in ("fragments", "callback_fragments"):
@@ -360,8 +379,8 @@ def restore(
     sampler state, the sub-env pickles, the fresh resets) come next and are undone if
     one fails; the rest are assignments of values already checked."""
     path = os.fspath(path)
-    ckpt = MultiAgentCheckpointFile(runner, path).read(load_env_pickles)
-    sampler = runner.sampler
+    reader = MultiAgentCheckpointFile(runner, path)
+    ckpt, sampler = reader.read(load_env_pickles), reader.sampler
 
     def restart(seeds: list[int]) -> None:
         sampler.restart_episodes(seeds)
@@ -373,7 +392,7 @@ def restore(
         "MultiAgentRunner",
         sampler,
         ckpt,
-        runner.envs.restore_sub_envs,
+        reader.envs.restore_sub_envs,
         restart,
         int(runner.envs.num_envs),
         path,
@@ -392,21 +411,12 @@ def restore(
     return RestoreReport(envs_restored=envs_restored, note=note)
 
 
-def refuse_scan(what: str) -> InvalidArgumentError:
-    """The error for a checkpoint of a runner on a pure-JAX multi-agent env."""
-    return InvalidArgumentError(
-        f"MultiAgentRunner.{what}(): checkpoints of a runner on a pure-JAX multi-agent env "
-        "(JaxMultiAgentVectorEnv) are not supported yet; use a PettingZoo env "
-        "(jaxrunner.make_multi_agent_vec), or save the params with runner.get_params()."
-    )
-
-
 __all__ = [
     "FORMAT",
     "VERSION",
     "MultiAgentCheckpoint",
     "MultiAgentCheckpointFile",
-    "refuse_scan",
+    "host_sampler",
     "restore",
     "save",
 ]

@@ -51,7 +51,7 @@ class MultiAgentMetrics(RunnerMetrics):
         (``counters``: agent steps, dropped agent steps), ``unassigned_reward``, and
         per policy id and per agent id (``policies``, ``agents``) the agent-episode
         ``counters`` (episodes, agent steps) and recent ``returns`` and ``lengths``."""
-        state = super().get_state()
+        state: dict[str, Any] = dict(super().get_state())
 
         def stats(s: EpisodeStats, steps: int) -> dict[str, np.ndarray]:
             return {"counters": np.array([s.num_episodes, steps], np.int64), **s.get_window()}

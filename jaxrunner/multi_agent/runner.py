@@ -169,8 +169,6 @@ class MultiAgentRunner(EnvOwner):
             InvalidArgumentError: the runner samples a pure-JAX env (not supported yet).
         """
         self._check_usable("save")
-        if not isinstance(self.sampler, MultiAgentSampler):
-            raise checkpoint.refuse_scan("save")
         checkpoint.save(self, path)
 
     def restore(self, path: str | os.PathLike, *, load_env_pickles: bool = False) -> RestoreReport:
@@ -196,8 +194,6 @@ class MultiAgentRunner(EnvOwner):
                 runner is unchanged.
         """
         self._check_usable("restore")
-        if not isinstance(self.sampler, MultiAgentSampler):
-            raise checkpoint.refuse_scan("restore")
         return checkpoint.restore(self, path, load_env_pickles)
 
     def set_params(self, policy_id: str, params: Params) -> None:

@@ -18,7 +18,6 @@ stepped by hand):
 from __future__ import annotations
 
 import abc
-import copyreg
 import io
 import pickle
 import sys
@@ -310,7 +309,7 @@ class _StatePickler(pickle.Pickler):
             return NotImplemented
         if isinstance(obj, EzPickle):
             # State set by _set_attributes, never EzPickle.__setstate__ (which rebuilds).
-            return copyreg.__newobj__, (type(obj),), dict(vars(obj)), None, None, _set_attributes
+            return _new, (type(obj),), dict(vars(obj)), None, None, _set_attributes
         return _render_resource(obj) or NotImplemented
 
 
@@ -325,6 +324,10 @@ def _render_resource(obj: Any) -> tuple[Any, tuple[Any, ...]] | None:
     if freetype is not None and type(obj) is freetype.Font:
         return freetype.Font, (obj.path, obj.size)
     return None
+
+
+def _new(cls: Any) -> Any:
+    return cls.__new__(cls)
 
 
 def _set_attributes(obj: Any, state: dict[str, Any]) -> None:
