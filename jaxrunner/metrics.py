@@ -88,6 +88,20 @@ class EpisodeStats:
         self._returns.extend(returns[-self._window :].tolist())
         self._lengths.extend(lengths[-self._window :].tolist())
 
+    def get_window(self) -> dict[str, np.ndarray]:
+        """The recent window as arrays (for checkpoints): ``returns``, ``lengths``."""
+        return {
+            "returns": np.array(self._returns, np.float64),
+            "lengths": np.array(self._lengths, np.int64),
+        }
+
+    def set_window(self, num_episodes: int, window: dict[str, np.ndarray]) -> None:
+        """Takes a count and a :meth:`get_window` as its own (the window keeps its size)."""
+        self.num_episodes = num_episodes
+        for values, key in ((self._returns, "returns"), (self._lengths, "lengths")):
+            values.clear()
+            values.extend(window[key].tolist())
+
     def summary(self) -> dict[str, Any]:
         def stat(values: collections.deque, fn: Any) -> float:
             return float(fn(values)) if values else float("nan")
@@ -135,8 +149,7 @@ class RunnerMetrics:
                 np.int64,
             ),
             "sample_time_s": np.asarray(self.sample_time_s, np.float64),
-            "returns": np.array(self.episodes._returns, np.float64),
-            "lengths": np.array(self.episodes._lengths, np.int64),
+            **self.episodes.get_window(),
             "perf": np.array([self.perf._value[key] for key in PERF_KEYS], np.float64),
         }
 
@@ -144,14 +157,9 @@ class RunnerMetrics:
         """Takes a :meth:`get_state` as its own (the windows keep this runner's size)."""
         counters = [int(c) for c in state["counters"]]
         self.num_env_steps, self.num_faulty_episodes, self.num_dropped_steps = counters[:3]
-        self.episodes.num_episodes, self.perf._steps = counters[3:]
+        self.episodes.set_window(counters[3], state)
+        self.perf._steps = counters[4]
         self.sample_time_s = float(state["sample_time_s"])
-        for window, key in (
-            (self.episodes._returns, "returns"),
-            (self.episodes._lengths, "lengths"),
-        ):
-            window.clear()
-            window.extend(state[key].tolist())
         self.perf._value = dict(zip(PERF_KEYS, state["perf"].tolist()))
 
     def summary(self) -> dict[str, Any]:

@@ -278,12 +278,12 @@ def test_readme_multi_agent_examples_run(capsys):
     readme = pathlib.Path(__file__).resolve().parents[1] / "README.md"
     section = readme.read_text().split("## Multi-agent", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) == 3  # the quickstart, restarts, evaluation
+    assert len(blocks) == 4  # the quickstart, restarts, evaluation, checkpoints
     namespace: dict = {}
     for k, code in enumerate(blocks):  # in order, in one namespace, as a reader pastes them
         exec(compile(code, f"README multi-agent example {k}", "exec"), namespace)
     printed = capsys.readouterr().out.splitlines()
-    assert printed[-2:] == ["True", "4 ['agent_0', 'agent_1', 'agent_2']"]
+    assert printed[-3:] == ["True", "4 ['agent_0', 'agent_1', 'agent_2']", "True True"]
 
 
 def test_host_sampler_makes_only_explicit_transfers():

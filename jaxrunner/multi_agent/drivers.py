@@ -148,6 +148,49 @@ class Driver(abc.ABC):
         resets the env next (:meth:`reset`: SAME_STEP). The caller has cleared the
         row's masks and outcomes (:meth:`SubEnvBlock.step` clears every row at once)."""
 
+    # -- state, for snapshots ---------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """What the driver carries between steps besides the env (plain values, for a
+        pickle next to the env's): each agent's pending reward, who acted and who
+        started in the current episode."""
+        return {
+            "pending_reward": dict(self.pending_reward),
+            "acted": sorted(self.acted),
+            "started": sorted(self.started),
+        }
+
+    def set_state(self, state: Any) -> None:
+        """Takes a :meth:`get_state` (of a driver of the same kind) as its own.
+
+        Raises:
+            InvalidArgumentError: ``state`` is not such a value (names the field).
+        """
+        keys = set(self.get_state())
+        if not isinstance(state, dict) or set(state) != keys:
+            raise InvalidArgumentError(
+                f"sub-env {self.env_index}: a {type(self).__name__} state must be a dict of "
+                f"the keys {sorted(keys)}, got {type(state).__name__}"
+                f"{sorted(map(str, state)) if isinstance(state, dict) else ''}."
+            )
+        agents = set(self.layout.slot)
+        rewards = state["pending_reward"]
+        if not isinstance(rewards, dict) or not all(
+            a in agents and isinstance(r, float) and np.isfinite(r) for a, r in rewards.items()
+        ):
+            raise self._bad_state("pending_reward", "a dict agent id -> finite float")
+        for field in ("acted", "started"):
+            if not isinstance(state[field], list) or not set(state[field]) <= agents:
+                raise self._bad_state(field, "a list of agent ids")
+        self.pending_reward = dict(rewards)
+        self.acted, self.started = set(state["acted"]), set(state["started"])
+
+    def _bad_state(self, field: str, expected: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"sub-env {self.env_index}: the driver state's {field} is not {expected} of "
+            f"possible_agents {list(self.layout.slot)}."
+        )
+
     # -- shared bookkeeping -----------------------------------------------------------
 
     def _clear_rows(self) -> None:
@@ -213,6 +256,25 @@ class ParallelDriver(Driver):
         """The agents that act at the next step, with their slots."""
         self._newcomers = False
         """Some of ``live`` act for the first time in the episode."""
+
+    def get_state(self) -> dict[str, Any]:
+        """:meth:`Driver.get_state` plus who acts next (``live``) and whether some of
+        them act for the first time in the episode (``newcomers``)."""
+        return {
+            **super().get_state(),
+            "live": [agent for agent, _ in self.live],
+            "newcomers": self._newcomers,
+        }
+
+    def set_state(self, state: Any) -> None:
+        super().set_state(state)
+        live = state["live"]
+        if not isinstance(live, list) or not set(live) <= set(self.layout.slot):
+            raise self._bad_state("live", "a list of agent ids")
+        if not isinstance(state["newcomers"], bool):
+            raise self._bad_state("newcomers", "a bool, of agents")
+        self.live = [(agent, self._slot(agent)) for agent in live]
+        self._newcomers = state["newcomers"]
 
     def reset(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
         obs, infos = self.env.reset(seed=seed, options=options)
@@ -309,6 +371,18 @@ class AECDriver(Driver):
     def __init__(self, env: Any, index: int, layout: Layout) -> None:
         super().__init__(env, index, layout)
         self._last_obs: dict[str, Any] = {}  # each agent's latest observation
+
+    def get_state(self) -> dict[str, Any]:
+        """:meth:`Driver.get_state` plus each agent's latest observation (``last_obs``:
+        an agent the env removes without its dead step ends on it)."""
+        return {**super().get_state(), "last_obs": dict(self._last_obs)}
+
+    def set_state(self, state: Any) -> None:
+        super().set_state(state)
+        last_obs = state["last_obs"]
+        if not isinstance(last_obs, dict) or not set(last_obs) <= set(self.layout.slot):
+            raise self._bad_state("last_obs", "a dict agent id -> observation")
+        self._last_obs = dict(last_obs)
 
     def reset(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
         self.env.reset(seed=seed, options=options)

@@ -46,6 +46,41 @@ class MultiAgentMetrics(RunnerMetrics):
             if mine.any():
                 self._by_agent[agent].add(returns[mine], lengths[mine])
 
+    def get_state(self) -> dict[str, Any]:
+        """:meth:`RunnerMetrics.get_state` plus ``agents``: the agent-step counters
+        (``counters``: agent steps, dropped agent steps), ``unassigned_reward``, and
+        per policy id and per agent id (``policies``, ``agents``) the agent-episode
+        ``counters`` (episodes, agent steps) and recent ``returns`` and ``lengths``."""
+        state: dict[str, Any] = dict(super().get_state())
+
+        def stats(s: EpisodeStats, steps: int) -> dict[str, np.ndarray]:
+            return {"counters": np.array([s.num_episodes, steps], np.int64), **s.get_window()}
+
+        state["agents"] = {
+            "counters": np.array([self.num_agent_steps, self.num_dropped_agent_steps], np.int64),
+            "unassigned_reward": np.asarray(self.unassigned_reward, np.float64),
+            "policies": {
+                pid: stats(s, self._steps_by_policy[pid]) for pid, s in self._by_policy.items()
+            },
+            "agents": {a: stats(s, self._steps_by_agent[a]) for a, s in self._by_agent.items()},
+        }
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Takes a :meth:`get_state` as its own (the windows keep this runner's size)."""
+        super().set_state(state)
+        agents = state["agents"]
+        self.num_agent_steps, self.num_dropped_agent_steps = map(int, agents["counters"])
+        self.unassigned_reward = float(agents["unassigned_reward"])
+        for by, steps, key in (
+            (self._by_policy, self._steps_by_policy, "policies"),
+            (self._by_agent, self._steps_by_agent, "agents"),
+        ):
+            for name, stats in by.items():
+                saved = agents[key][name]
+                num_episodes, steps[name] = map(int, saved["counters"])
+                stats.set_window(num_episodes, saved)
+
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         out["num_agent_steps"] = self.num_agent_steps

@@ -3,6 +3,7 @@ metrics per policy and per agent, complete agent episodes)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +15,7 @@ from jaxrunner.errors import (
     InvalidArgumentTypeError,
 )
 from jaxrunner.metrics import MetricsConfig
+from jaxrunner.multi_agent import checkpoint
 from jaxrunner.multi_agent.callbacks import AgentCallbacks, AgentEpisodeJoiner, overrides
 from jaxrunner.multi_agent.connectors import (
     GroupConnectors,
@@ -25,6 +27,7 @@ from jaxrunner.multi_agent.metrics import MultiAgentMetrics
 from jaxrunner.multi_agent.trajectory import AgentEpisode, MultiAgentTrajectory
 from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner.policy import Params, Policy, check_params_like
+from jaxrunner.sampling.checkpoint import RestoreReport
 from jaxrunner.sampling.multi_agent import MultiAgentSampler, MultiAgentSetup
 from jaxrunner.sampling.multi_agent_scan import MultiAgentScanSampler
 from jaxrunner.sampling.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
@@ -151,6 +154,47 @@ class MultiAgentRunner(EnvOwner):
             self._finished.extend(self._episodes.complete(self.sample()))
         result, self._finished = self._finished[:num_episodes], self._finished[num_episodes:]
         return result
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes a checkpoint of the runner to ``path`` (one ``.npz`` file, numpy arrays
+        and a JSON document, as ``EnvRunner.save``; see
+        :mod:`jaxrunner.multi_agent.checkpoint`): the params per policy id, every agent
+        slot's policy key, step count and carry, connector state, episode bookkeeping
+        (env and agent episodes, turns waiting for their transition), the observations
+        the next step acts on, metrics, and the agent episodes ``sample_episodes`` and
+        the callbacks hold. The sync backend (``envs.can_snapshot``) adds a pickle of
+        each sub-env with its driver's state. Call it between samples.
+
+        Raises:
+            InvalidArgumentError: the runner samples a pure-JAX env (not supported yet).
+        """
+        self._check_usable("save")
+        checkpoint.save(self, path)
+
+    def restore(self, path: str | os.PathLike, *, load_env_pickles: bool = False) -> RestoreReport:
+        """Continues from the checkpoint at ``path`` (:meth:`save`). Call it on a new
+        runner built as the saved one was (same policies, policy ids, agents and
+        num_envs; new envs, on any host backend), before it samples.
+
+        With ``load_env_pickles`` (unpickling runs code from the file: only for
+        checkpoints you trust) and a checkpoint that holds pickled sub-envs (the sync
+        backend's), the envs resume exactly: sampling, metrics, ``sample_episodes`` and
+        the callbacks continue the saved run bit for bit. Otherwise every env is reset
+        with ``jaxrunner.env_seeds((seed, steps_done), num_envs)`` and starts a new
+        episode (the saved env and agent episodes under way are abandoned), with a
+        warning; params, policy keys, episode ids and metrics are restored either way.
+
+        Returns:
+            A :class:`~jaxrunner.RestoreReport`: whether the envs were restored, and how
+            they were resumed.
+
+        Raises:
+            InvalidArgumentError: the file is not a checkpoint of a runner built as this
+                one, or a value in it is damaged (the message names the field); the
+                runner is unchanged.
+        """
+        self._check_usable("restore")
+        return checkpoint.restore(self, path, load_env_pickles)
 
     def set_params(self, policy_id: str, params: Params) -> None:
         """Replaces one policy's params; takes effect at the next step, never recompiles."""

@@ -18,13 +18,19 @@ stepped by hand):
 from __future__ import annotations
 
 import abc
+import io
+import pickle
+import sys
 from collections.abc import Sequence
 from typing import Any
+
+from gymnasium.utils import EzPickle
 
 from jaxrunner.envs.sub_envs import build_envs
 from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError
 from jaxrunner.faults import RestartPolicy, close_quietly
 from jaxrunner.multi_agent.buffers import MultiAgentStep
+from jaxrunner.multi_agent.drivers import Driver, make_driver
 from jaxrunner.multi_agent.groups import GroupedAgents, PolicyMappingFn
 from jaxrunner.multi_agent.sub_envs import MultiAgentEnvFactory, SubEnvBlock, env_groups
 
@@ -37,9 +43,27 @@ class MultiAgentVectorEnv(GroupedAgents, abc.ABC):
     """AEC sub-envs: one agent acts per step."""
     restart_policy: RestartPolicy | None = None
     """How failed sub-envs are recreated (None: failures raise)."""
+    can_snapshot: bool = False
+    """The sub-envs' state (with their drivers') can be saved and restored
+    (:meth:`snapshot_sub_envs`), so a checkpointed runner resumes their episodes
+    exactly (as ``Capabilities.can_snapshot`` says of a single-agent backend)."""
 
     def __init__(self) -> None:
         self._closed = False
+
+    def snapshot_sub_envs(self) -> list[bytes]:
+        """Every sub-env's state, as a pickle (only where :attr:`can_snapshot`).
+        Unpickling runs code: restore only snapshots you made yourself."""
+        raise InvalidArgumentError(
+            f"{type(self).__name__} cannot snapshot its sub-envs (can_snapshot is False); "
+            "use backend='sync' for checkpoints that resume episodes exactly."
+        )
+
+    def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
+        """Replaces every sub-env by its snapshot (:meth:`snapshot_sub_envs`)."""
+        raise InvalidArgumentError(
+            f"{type(self).__name__} cannot restore sub-env snapshots (can_snapshot is False)."
+        )
 
     @abc.abstractmethod
     def reset_batch(
@@ -130,6 +154,8 @@ class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
             no transition (``MultiAgentStep.failed``); None (default): failures raise.
     """
 
+    can_snapshot = True
+
     def __init__(
         self,
         env_fns: Sequence[MultiAgentEnvFactory],
@@ -194,8 +220,124 @@ class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
         """The sub-envs themselves (this process holds them)."""
         return list(self._block.envs)
 
+    def snapshot_sub_envs(self) -> list[bytes]:
+        """One pickle per sub-env of ``{"env": the PettingZoo env, "driver": its
+        driver's state}`` (the rewards each agent received since its last action, who
+        acted, who acts next: :meth:`Driver.get_state`), taken together so that the
+        driver's references into the env stay shared. Raises ``pickle``'s error for a
+        sub-env that does not pickle."""
+        self._check_open("snapshot_sub_envs")
+        block = self._block
+        return [
+            _dumps({"env": env, "driver": driver.get_state()})
+            for env, driver in zip(block.envs, block.drivers)
+        ]
+
+    def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
+        """Replaces every sub-env and its driver by its snapshot; all or none: every
+        snapshot is unpickled and checked (a dict of a PettingZoo env of this vector
+        env's API and agents, and a valid driver state) before any sub-env is replaced.
+        The buffers are not touched: the sampler restores the observations and masks
+        its next step reads.
+
+        Raises:
+            InvalidArgumentError: the wrong number of snapshots, or one that does not
+                unpickle or is not what :meth:`snapshot_sub_envs` writes; the sub-envs
+                are left as they were.
+        """
+        self._check_open("restore_sub_envs")
+        block = self._block
+        if len(snapshots) != self.num_envs:
+            raise InvalidArgumentError(
+                f"restore_sub_envs(snapshots=...): expected {self.num_envs} snapshots, one per "
+                f"sub-env, got {len(snapshots)}."
+            )
+        restored: list[Driver] = []
+        for i, blob in enumerate(snapshots):
+            restored.append(self._restored_driver(i, blob))
+        for old in block.envs:
+            close_quietly(old)
+        block.envs[:] = [driver.env for driver in restored]
+        block.drivers[:] = restored
+
+    def _restored_driver(self, i: int, blob: bytes) -> Driver:
+        """Sub-env ``i``'s snapshot as a driver of row ``i`` (not yet installed)."""
+
+        def refuse(problem: str) -> InvalidArgumentError:
+            return InvalidArgumentError(
+                f"restore_sub_envs(snapshots=...): snapshot {i} {problem}; the sub-envs are "
+                "left as they were. Pass the bytes snapshot_sub_envs() returned."
+            )
+
+        try:
+            snapshot = pickle.loads(blob)
+        except Exception as err:  # a damaged pickle raises whatever its bytes lead to
+            raise refuse(f"does not unpickle ({type(err).__name__}: {err})") from err
+        if not isinstance(snapshot, dict) or set(snapshot) != {"env", "driver"}:
+            raise refuse(f"unpickled to a {type(snapshot).__name__}, not a sub-env snapshot")
+        env, kind = snapshot["env"], type(self._block.drivers[i])
+        try:
+            driver = make_driver(env, i, self._block.layout)
+        except InvalidArgumentError as err:
+            raise refuse(f"holds a {type(env).__name__}, not a PettingZoo env") from err
+        if type(driver) is not kind:
+            raise refuse(f"holds a {type(env).__name__}, not stepped as a {kind.__name__}")
+        agents = getattr(env, "possible_agents", None)
+        if agents is None or tuple(agents) != self._block.possible_agents:
+            raise refuse(
+                f"holds an env with possible_agents {agents!r}, not "
+                f"{list(self._block.possible_agents)}"
+            )
+        try:
+            driver.set_state(snapshot["driver"])
+        except InvalidArgumentError as err:
+            raise refuse(f"holds a driver state that is refused ({err})") from err
+        return driver
+
     def _close_backend(self) -> None:
         self._block.close()
+
+
+class _StatePickler(pickle.Pickler):
+    """Pickles :class:`~gymnasium.utils.EzPickle` objects (PettingZoo's classic games,
+    MPE) by their attributes: EzPickle pickles the constructor's arguments, so an
+    unpickled env would be a new, unreset one, not the env as it was. Render resources
+    that do not pickle (:func:`_render_resource`) are rebuilt blank."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type):
+            return NotImplemented
+        if isinstance(obj, EzPickle):
+            # State set by _set_attributes, never EzPickle.__setstate__ (which rebuilds).
+            return _new, (type(obj),), dict(vars(obj)), None, None, _set_attributes
+        return _render_resource(obj) or NotImplemented
+
+
+def _render_resource(obj: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    """How to rebuild a pygame canvas or font (MPE makes both at construction; only
+    ``render()`` uses them, and it redraws the canvas whole): a blank ``Surface`` of the
+    size, the ``Font`` from its file. None for anything else."""
+    pygame = sys.modules.get("pygame")
+    if pygame is not None and type(obj) is pygame.Surface:
+        return pygame.Surface, (obj.get_size(),)
+    freetype = sys.modules.get("pygame.freetype")
+    if freetype is not None and type(obj) is freetype.Font:
+        return freetype.Font, (obj.path, obj.size)
+    return None
+
+
+def _new(cls: Any) -> Any:
+    return cls.__new__(cls)
+
+
+def _set_attributes(obj: Any, state: dict[str, Any]) -> None:
+    obj.__dict__.update(state)
+
+
+def _dumps(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    _StatePickler(buffer, pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
 
 
 __all__ = ["MultiAgentVectorEnv", "SyncMultiAgentVectorEnv"]

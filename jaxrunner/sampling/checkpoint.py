@@ -21,6 +21,10 @@ snapshot), resuming resets every env with fresh seeds and starts new episodes in
 of them, and says so (a :class:`RestoreReport` and a warning); everything else is
 restored.
 
+The file format and the checks every runner's checkpoint shares (a
+``MultiAgentRunner``'s too) are in :mod:`jaxrunner.sampling.checkpoint_format`; the
+envs are resumed by :func:`resume_envs`, shared as well.
+
 Restoring reads the whole file into a checked, frozen
 :class:`~jaxrunner.sampling.checkpoint_file.Checkpoint` first (see
 :mod:`jaxrunner.sampling.checkpoint_file`: a damaged or hostile file is refused with an
@@ -31,12 +35,11 @@ refused restore leaves the runner as it was.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import warnings
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 
 from jaxrunner.envs.jax_env import JaxVectorEnv
@@ -44,14 +47,15 @@ from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.sampling.checkpoint_file import (
     EPISODE_SCALARS,
     FORMAT,
-    META,
     VERSION,
     Checkpoint,
     CheckpointFile,
-    Part,
-    array_name,
-    is_key,
-    part_of,
+)
+from jaxrunner.sampling.checkpoint_format import (
+    put_snapshots,
+    put_steps,
+    put_tree,
+    write_checkpoint,
 )
 from jaxrunner.sampling.seeds import env_seeds
 from jaxrunner.trajectory import Episode
@@ -62,7 +66,7 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class RestoreReport:
-    """What :meth:`EnvRunner.restore` restored."""
+    """What :meth:`EnvRunner.restore` (or ``MultiAgentRunner.restore``) restored."""
 
     envs_restored: bool
     """The envs are in their saved state: sampling continues the saved episodes exactly.
@@ -74,29 +78,31 @@ class RestoreReport:
 # -- writing -------------------------------------------------------------------------------
 
 
-def put_tree(arrays: dict[str, np.ndarray], prefix: str, tree: Any) -> list[list[Part]]:
-    """Adds the leaves of ``tree`` as ``prefix/<path>`` (typed keys as their raw data);
-    returns the paths, saved in the metadata."""
-    paths = []
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        parts = [part_of(e) for e in path]
-        value = jax.random.key_data(leaf) if is_key(leaf) else leaf
-        arrays[array_name(prefix, parts)] = np.asarray(jax.device_get(value))
-        paths.append(parts)
-    return paths
-
-
 def _put_episodes(
     arrays: dict[str, np.ndarray], prefix: str, episodes: list[Episode]
 ) -> list[dict[str, Any]]:
     metas = []
     for k, episode in enumerate(episodes):
-        data = {"obs": episode.obs, "action": episode.action, "reward": episode.reward}
         meta: dict[str, Any] = {f: t(getattr(episode, f)) for f, t in EPISODE_SCALARS.items()}
-        meta["paths"] = put_tree(arrays, f"{prefix}/{k}", data)
-        meta["extras"] = put_tree(arrays, f"{prefix}/{k}/extras", dict(episode.extras))
+        meta.update(put_steps(arrays, f"{prefix}/{k}", episode))
         metas.append(meta)
     return metas
+
+
+def put_env_snapshot(
+    arrays: dict[str, np.ndarray], envs: Any, can_snapshot: bool
+) -> tuple[str, str]:
+    """Adds the sub-envs' pickles (``envs.snapshot_sub_envs()``) where the backend can
+    take them; returns the ``(envs, envs_note)`` metadata: ``"pickle"`` or ``"none"``
+    and why."""
+    if not can_snapshot:
+        return "none", f"{type(envs).__name__} cannot snapshot its sub-envs"
+    try:
+        blobs = envs.snapshot_sub_envs()
+    except Exception as err:  # a sub-env that does not pickle: resume restarts episodes
+        return "none", f"a sub-env could not be pickled ({type(err).__name__}: {err})"
+    put_snapshots(arrays, blobs)
+    return "pickle", "the sub-envs are pickled"
 
 
 # -- save and restore ----------------------------------------------------------------------
@@ -110,7 +116,11 @@ def save(runner: EnvRunner, path: str | os.PathLike) -> None:
     put_tree(arrays, "params", runner.get_params())
     put_tree(arrays, "sampler", sampler.get_state())
     metrics_paths = put_tree(arrays, "metrics", runner._metrics.get_state())
-    envs_kind, envs_note = _put_env_snapshot(arrays, runner)
+    envs = runner.envs
+    if isinstance(envs, JaxVectorEnv):  # pure: its states are in the sampler's state
+        envs_kind, envs_note = "pytree", "the env states are arrays in the sampler's state"
+    else:
+        envs_kind, envs_note = put_env_snapshot(arrays, envs, envs.capabilities.can_snapshot)
     meta = {
         "format": FORMAT,
         "version": VERSION,
@@ -124,28 +134,7 @@ def save(runner: EnvRunner, path: str | os.PathLike) -> None:
         "fragments": _put_episodes(arrays, "fragments", list(runner._fragments.values())),
         "finished": _put_episodes(arrays, "finished", runner._finished),
     }
-    arrays[META] = np.array(json.dumps(meta))
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
-
-
-def _put_env_snapshot(arrays: dict[str, np.ndarray], runner: EnvRunner) -> tuple[str, str]:
-    """Adds the sub-envs' pickles where the backend can take them; returns (kind, note)."""
-    envs = runner.envs
-    if isinstance(envs, JaxVectorEnv):  # pure: its states are in the sampler's state
-        return "pytree", "the env states are arrays in the sampler's state"
-    if not envs.capabilities.can_snapshot:
-        return "none", f"{type(envs).__name__} cannot snapshot its sub-envs"
-    try:
-        blobs = envs.snapshot_sub_envs()
-    except Exception as err:  # a sub-env that does not pickle: resume restarts episodes
-        return "none", f"a sub-env could not be pickled ({type(err).__name__}: {err})"
-    for i, blob in enumerate(blobs):
-        arrays[f"envs/{i}"] = np.frombuffer(blob, np.uint8)
-    return "pickle", "the sub-envs are pickled"
+    write_checkpoint(path, arrays, meta)
 
 
 def restore(runner: EnvRunner, path: str | os.PathLike, load_env_pickles: bool) -> RestoreReport:
@@ -155,18 +144,39 @@ def restore(runner: EnvRunner, path: str | os.PathLike, load_env_pickles: bool) 
     return _apply(runner, CheckpointFile(runner, path).read(load_env_pickles), os.fspath(path))
 
 
-def _apply(runner: EnvRunner, ckpt: Checkpoint, path: str) -> RestoreReport:
-    """Installs ``ckpt``. The steps that can fail (the sampler refusing a state, the
-    sub-env pickles, the fresh resets) come first and are undone if one fails; the rest
-    are assignments of values already checked."""
-    sampler = runner.sampler
+def resume_envs(
+    runner_name: str,
+    sampler: Any,
+    ckpt: Any,
+    restore_sub_envs: Callable[[Sequence[bytes]], None],
+    restart: Callable[[list[int]], None],
+    num_envs: int,
+    path: str,
+) -> tuple[bool, str]:
+    """The fallible steps of a restore, all or none: installs ``ckpt.sampler_state`` in
+    ``sampler``, then resumes the envs: from ``ckpt.env_snapshots`` (by
+    ``restore_sub_envs``) where there are any, else by ``restart(seeds)``, every env
+    reset with ``env_seeds((ckpt.seed, ckpt.steps_done), num_envs)`` (new episodes),
+    unless ``ckpt.envs`` is ``"pytree"`` (the envs are in the sampler state). If a step
+    fails, the sampler gets its previous state back and the error propagates.
+
+    Returns:
+        ``(envs_restored, note)``: whether the envs resume their saved episodes, and
+        the note for the :class:`RestoreReport` (and the warning when they do not).
+    """
     envs_restored = ckpt.envs == "pytree"
     note = ckpt.envs_note
     previous = sampler.get_state()
     sampler.set_state(ckpt.sampler_state)  # refuses (runner unchanged) or takes it whole
     try:
         if ckpt.env_snapshots is not None:
-            _restore_sub_envs(runner, ckpt.env_snapshots, path)
+            try:
+                restore_sub_envs(list(ckpt.env_snapshots))
+            except InvalidArgumentError as err:
+                raise InvalidArgumentError(
+                    f"{runner_name}.restore({path!r}): the checkpoint's sub-env pickles (envs/0, "
+                    f"envs/1, ...) were refused, and the runner is unchanged: {err}"
+                ) from err
             envs_restored, note = True, "the sub-envs were unpickled from the checkpoint"
         elif ckpt.envs == "pickle":
             note = (
@@ -175,37 +185,47 @@ def _apply(runner: EnvRunner, ckpt: Checkpoint, path: str) -> RestoreReport:
                 "only for checkpoints you trust)"
             )
         if not envs_restored:
-            num_envs = int(runner.envs.num_envs)
-            sampler.restart_episodes(env_seeds((ckpt.seed, ckpt.steps_done), num_envs))
-            if runner.connectors is not None:  # e.g. ScaleReward's running returns restart too
-                state = runner.connectors.restart_episodes(runner.get_connector_state())
-                runner.set_connector_state(state)
+            restart(env_seeds((ckpt.seed, ckpt.steps_done), num_envs))
     except BaseException:
         sampler.set_state(previous)
         raise
+    if not envs_restored:
+        note = (
+            f"every env was reset and started a new episode ({note}); the episodes under way "
+            "when it was saved are abandoned"
+        )
+    return envs_restored, note
+
+
+def _apply(runner: EnvRunner, ckpt: Checkpoint, path: str) -> RestoreReport:
+    """Installs ``ckpt``. The steps that can fail (the sampler refusing a state, the
+    sub-env pickles, the fresh resets) come first and are undone if one fails; the rest
+    are assignments of values already checked."""
+    sampler = runner.sampler
+
+    def restart(seeds: list[int]) -> None:
+        sampler.restart_episodes(seeds)
+        if runner.connectors is not None:  # e.g. ScaleReward's running returns restart too
+            state = runner.connectors.restart_episodes(runner.get_connector_state())
+            runner.set_connector_state(state)
+
+    envs_restored, note = resume_envs(
+        "EnvRunner",
+        sampler,
+        ckpt,
+        lambda blobs: runner.envs.restore_sub_envs(blobs),
+        restart,
+        int(runner.envs.num_envs),
+        path,
+    )
     runner.set_params(ckpt.params)
     runner._metrics.set_state(ckpt.metrics_state)
     runner.seed = ckpt.seed
     runner._finished = list(ckpt.finished)
     runner._fragments = {e.env_id: e for e in ckpt.fragments} if envs_restored else {}
     if not envs_restored:
-        note = (
-            f"every env was reset and started a new episode ({note}); the episodes under way "
-            "when it was saved are abandoned"
-        )
         warnings.warn(f"EnvRunner.restore({path!r}): {note}.", stacklevel=4)
     return RestoreReport(envs_restored=envs_restored, note=note)
 
 
-def _restore_sub_envs(runner: EnvRunner, snapshots: tuple[bytes, ...], path: str) -> None:
-    """Replaces the sub-envs by their pickles, all or none."""
-    try:
-        runner.envs.restore_sub_envs(list(snapshots))
-    except InvalidArgumentError as err:
-        raise InvalidArgumentError(
-            f"EnvRunner.restore({path!r}): the checkpoint's sub-env pickles (envs/0, envs/1, "
-            f"...) were refused, and the runner is unchanged: {err}"
-        ) from err
-
-
-__all__ = ["RestoreReport", "put_tree", "restore", "save"]
+__all__ = ["RestoreReport", "put_env_snapshot", "put_tree", "restore", "resume_envs", "save"]

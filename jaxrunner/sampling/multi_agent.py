@@ -39,6 +39,7 @@ from jaxrunner.policy import Params, Policy
 from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
 from jaxrunner.sampling.agent_episodes import agent_episode_ends, agent_steps
 from jaxrunner.sampling.episodes import EpisodeBook
+from jaxrunner.sampling.multi_agent_state import GroupState, MultiAgentSamplerState
 from jaxrunner.sampling.sampler import attach_partial
 
 
@@ -116,6 +117,44 @@ class _GroupSampler:
         # Agent-episode returns and lengths across samples (for the metrics).
         self.running_return = np.zeros(shape, np.float64)
         self.running_length = np.zeros(shape, np.int64)
+
+    def get_state(self, last: GroupBuffers) -> GroupState:
+        """This group's :class:`GroupState` (copies); ``last`` is the step the next
+        dispatch reads."""
+        return GroupState(
+            actor=self.state,
+            running_return=self.running_return.copy(),
+            running_length=self.running_length.copy(),
+            awaiting=self.awaiting.copy(),
+            pending_obs=jax.tree.map(np.copy, self.pending_obs),
+            pending_action=jax.tree.map(np.copy, self.pending_action),
+            pending_extras=tuple(x.copy() for x in self.pending_extras),
+            obs=jax.tree.map(np.copy, last.obs),
+            acting=last.acting.copy(),
+            agent_start=last.agent_start.copy(),
+        )
+
+    def set_state(self, state: GroupState, last: GroupBuffers) -> None:
+        """Takes a :meth:`get_state` as its own; ``last``'s observations and masks are
+        overwritten in place (they are views of the env's buffers, which the backend
+        reads too: a parallel driver's next step starts from ``acting``)."""
+        self.state = state.actor
+        np.copyto(self.running_return, state.running_return)
+        np.copyto(self.running_length, state.running_length)
+        np.copyto(self.awaiting, state.awaiting)
+        _put(self._pending_obs, _leaves(state.pending_obs), None, None)
+        _put(self._pending_action, _leaves(state.pending_action), None, None)
+        _put(self.pending_extras, list(state.pending_extras), None, None)
+        _put(_leaves(last.obs), _leaves(state.obs), None, None)
+        np.copyto(last.acting, state.acting)
+        np.copyto(last.agent_start, state.agent_start)
+
+    def restart_episodes(self) -> None:
+        """Every agent's episode is abandoned (its env was reset): no turn waits for
+        its transition, and the running returns and lengths start again."""
+        self.awaiting[:] = False
+        self.running_return[:] = 0.0
+        self.running_length[:] = 0
 
     def begin(self, traj: GroupTrajectory) -> None:
         """Resolves the leaves of a new sample's buffers (no tree walks per step)."""
@@ -321,6 +360,33 @@ class MultiAgentSampler:
                 gs.state = gs.state.replace(connectors=connectors)
         self.metrics.sample_time_s += time.perf_counter() - clock
         return traj.replace(groups=groups)
+
+    def get_state(self) -> MultiAgentSamplerState:
+        """What the sampler carries from one ``sample()`` to the next (copies; valid
+        between samples): see :class:`MultiAgentSamplerState`."""
+        last = self._last.groups
+        return MultiAgentSamplerState(
+            book=self._book.get_state(),
+            groups={pid: gs.get_state(last[pid]) for pid, gs in self.groups.items()},
+        )
+
+    def set_state(self, state: MultiAgentSamplerState) -> None:
+        """Takes ``state`` (a :meth:`get_state`, shapes and dtypes checked by the caller)
+        as its own: sampling goes on exactly where it was taken, provided the envs are in
+        their saved state too."""
+        self._book.set_state(state.book)
+        for pid, gs in self.groups.items():
+            gs.set_state(state.groups[pid], self._last.groups[pid])
+
+    def restart_episodes(self, seeds: list[int]) -> None:
+        """After :meth:`set_state` when the envs could not be restored: resets sub-env
+        ``i`` with ``seeds[i]`` and starts a new env episode (the next free ids, in env
+        order) and new agent episodes (carries restart) in each; the episodes under way
+        are abandoned, uncounted."""
+        self._last = self.envs.reset_batch(seeds)
+        self._book.restart()
+        for gs in self.groups.values():
+            gs.restart_episodes()
 
     def get_connector_state(self, policy_id: str) -> ConnectorsState:
         """A host copy of the state of ``policy_id``'s connectors."""

@@ -1,0 +1,500 @@
+"""MultiAgentRunner checkpoints: a run split at a save equals the unbroken run (sync
+backend, sub-envs unpickled on request); otherwise new episodes with the documented
+seeds; damaged and hostile files refused, leaving the runner as it was."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from typing import Any
+
+import gymnasium
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("pettingzoo")
+
+import jaxrunner as jr
+from jaxrunner import connectors as C
+from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.testing import assert_trees_equal
+from tests import multi_agent_envs as envs_mod
+from tests.test_checkpoint import _npy, edited, member, meta, nan_at_end, rewrite, truncated
+
+SEED = 4
+NUM_ENVS = 3
+T = 7
+
+
+def recurrent_policy(num_actions: int, masked: bool = False) -> jr.Policy:
+    """Random actions whose logits drift with a per-agent carry (the sum of the agent's
+    observations this episode), so the carries are part of what must resume."""
+
+    def apply_fn(params, obs, carry, keys):
+        if masked:
+            x = obs["observation"].reshape(obs["observation"].shape[0], -1).astype(jnp.float32)
+            logits = jnp.where(obs["action_mask"] > 0, 0.0, -jnp.inf)
+        else:
+            x, logits = obs.reshape(obs.shape[0], -1), jnp.zeros((obs.shape[0], num_actions))
+        carry = carry + x.sum(-1)
+        logits = logits + params["w"] + jnp.sin(carry)[:, None] * jnp.arange(num_actions)
+        action = jax.vmap(jax.random.categorical)(keys, logits)
+        return action, {"carry": carry}, carry
+
+    return jr.Policy(apply_fn, initial_carry=jnp.zeros(()))
+
+
+class Recorder(jr.multi_agent.AgentCallbacks):
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str, float, int]] = []
+
+    def on_agent_episode_end(self, runner, episode) -> None:
+        self.seen.append(
+            (episode.episode_id, episode.agent_id, episode.total_reward, episode.length)
+        )
+
+
+# name -> (factory, actions, masked, connectors)
+ENVS = {
+    "coming_and_going": (envs_mod.coming_and_going, 3, False, True),
+    "relay": (envs_mod.relay, 4, False, False),
+    "tictactoe": (envs_mod.tictactoe, 9, True, False),
+    # MPE: EzPickle envs holding pygame render resources.
+    "simple_spread": (envs_mod.simple_spread, 5, False, False),
+}
+
+
+def make(
+    name: str = "coming_and_going",
+    backend: str = "sync",
+    num_envs: int = NUM_ENVS,
+    callbacks: Any = None,
+    **kwargs: Any,
+) -> jr.MultiAgentRunner:
+    factory, n, masked, with_connectors = ENVS[name]
+    envs = jr.make_multi_agent_vec(factory, num_envs, backend, **kwargs)
+    connectors = None
+    if with_connectors:
+        connectors = C.Connectors(
+            obs=[C.NormalizeObservation(), C.FrameStack(num_frames=2)], reward=C.ScaleReward()
+        )
+    params = {g.policy_id: {"w": jnp.zeros(n)} for g in envs.groups}
+    return jr.MultiAgentRunner(
+        envs,
+        recurrent_policy(n, masked),
+        params,
+        T,
+        seed=SEED,
+        connectors=connectors,
+        callbacks=callbacks,
+    )
+
+
+def steady_metrics(runner: jr.MultiAgentRunner) -> Any:
+    """The metrics that do not depend on timing (NaN as None, for equality)."""
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items() if k not in ("perf", "env_steps_per_s")}
+        return None if isinstance(x, float) and x != x else x
+
+    return clean(runner.get_metrics())
+
+
+def concatenate(trajs: list[jr.MultiAgentTrajectory]) -> jr.MultiAgentTrajectory:
+    return jax.tree.map(lambda *x: np.concatenate(x), *trajs)
+
+
+# -- exact resume --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(ENVS))
+def test_sync_backend_resumes_bit_for_bit(name, tmp_path):
+    """k samples, a save, a NEW runner on new envs restored: its samples, metrics and
+    callbacks are exactly those the original run produces by going on."""
+    if name == "simple_spread":
+        pytest.importorskip("mpe2")
+    with make(name, callbacks=Recorder()) as runner:
+        whole = concatenate([runner.sample() for _ in range(5)])
+        want_metrics, want_seen = steady_metrics(runner), runner.callbacks.seen
+    path = tmp_path / "runner.ckpt"
+    with make(name, callbacks=Recorder()) as runner:
+        head = [runner.sample() for _ in range(2)]
+        seen = runner.callbacks.seen
+        runner.save(path)
+    with make(name, callbacks=Recorder()) as resumed:
+        report = resumed.restore(path, load_env_pickles=True)
+        tail = [resumed.sample() for _ in range(3)]
+        metrics = steady_metrics(resumed)
+        seen = seen + resumed.callbacks.seen
+    assert report.envs_restored and "unpickled" in report.note
+    assert whole.env_done[: 2 * T].any() and whole.env_done[2 * T :].any()
+    group = next(iter(whole.groups.values()))
+    # Episodes and agent turns cross the save: the state of both had to resume.
+    assert group.valid[2 * T].any() and (group.agent_step[2 * T][group.valid[2 * T]] > 0).any()
+    assert_trees_equal(concatenate(head + tail), whole, "trajectory")
+    assert metrics == want_metrics
+    assert metrics["num_agent_steps"] > 0 and metrics["num_episodes"] > 0
+    assert seen == want_seen and len(want_seen) > 5
+
+
+@pytest.mark.parametrize("name", ["coming_and_going", "relay"])
+def test_sample_episodes_resumes_with_its_fragments(name, tmp_path):
+    with make(name) as runner:
+        whole = runner.sample_episodes(5) + runner.sample_episodes(9)
+    path = tmp_path / "runner.ckpt"
+    with make(name) as runner:
+        head = runner.sample_episodes(5)
+        assert runner._episodes.fragments and runner._finished  # both kinds are saved
+        runner.save(path)
+    with make(name) as resumed:
+        resumed.restore(path, load_env_pickles=True)
+        tail = resumed.sample_episodes(9)
+    keys = [(e.episode_id, e.agent_id) for e in head + tail]
+    assert keys == [(e.episode_id, e.agent_id) for e in whole]
+    for got, want in zip(head + tail, whole, strict=True):
+        assert_trees_equal(got, want, f"agent episode {want.episode_id, want.agent_id}")
+
+
+def test_the_file_loads_without_pickle(tmp_path):
+    path = tmp_path / "runner.ckpt"
+    with make() as runner:
+        runner.sample()
+        runner.save(path)
+    with np.load(path, allow_pickle=False) as data:
+        doc = json.loads(str(data["__meta__"]))
+        assert doc["format"] == "jaxrunner.MultiAgentRunner checkpoint"
+        assert doc["envs"] == "pickle" and doc["policy_ids"] == ["policy_0"]
+        assert data["envs/0"].dtype == np.uint8  # loaded on request only
+
+
+# -- new episodes --------------------------------------------------------------------------
+
+
+def first_obs_by_hand(factory, seed: int, steps_done: int, num_envs: int) -> list[dict]:
+    """Each sub-env's first observations after a reset with the documented seeds."""
+    out = []
+    for seed_b in jr.env_seeds((seed, steps_done), num_envs):
+        env = factory()
+        obs, _ = env.reset(seed=seed_b)
+        out.append(obs)
+    return out
+
+
+def test_without_the_opt_in_episodes_restart_with_documented_seeds(tmp_path):
+    path = tmp_path / "runner.ckpt"
+    trained = {"w": jnp.asarray([0.0, 0.0, 3.0])}
+    with make() as runner:
+        runner.sample()
+        runner.set_params("policy_0", trained)
+        runner.sample()
+        runner.save(path)
+        saved = steady_metrics(runner)
+        book = runner.sampler._book
+        next_id, steps_done = int(book.next_episode_id), int(book.steps_done)
+    with make() as resumed:
+        with pytest.warns(UserWarning, match="new episode"):
+            report = resumed.restore(path)
+        assert not report.envs_restored and "load_env_pickles" in report.note
+        assert steady_metrics(resumed) == saved
+        assert_trees_equal(jax.device_get(resumed.get_params("policy_0")), trained, "params")
+        traj = resumed.sample()
+        after = resumed.get_metrics()
+    np.testing.assert_array_equal(traj.step[0], 0)
+    np.testing.assert_array_equal(traj.episode_id[0], next_id + np.arange(NUM_ENVS))
+    assert after["num_env_steps"] == saved["num_env_steps"] + T * NUM_ENVS
+    group, agents = traj.groups["policy_0"], traj.agents["policy_0"]
+    starts = first_obs_by_hand(envs_mod.coming_and_going, SEED, steps_done, NUM_ENVS)
+    for b, obs in enumerate(starts):
+        assert sorted(agents[a] for a in np.flatnonzero(group.valid[0, b])) == sorted(obs)
+        np.testing.assert_array_equal(group.agent_step[0, b][group.valid[0, b]], 0)
+        for agent, value in obs.items():
+            np.testing.assert_array_equal(group.obs[0, b, agents.index(agent)], value)
+
+
+@pytest.mark.parametrize("name", ["coming_and_going", "relay"])
+def test_process_backend_restarts_episodes_and_says_so(name, tmp_path):
+    config = jr.ProcessConfig(num_workers=2)
+    path = tmp_path / "runner.ckpt"
+    with make(name, "process", config=config) as runner:
+        runner.sample()
+        runner.save(path)
+        saved = steady_metrics(runner)
+        next_id = int(runner.sampler._book.next_episode_id)
+    with make(name, "process", config=config) as resumed:
+        with pytest.warns(UserWarning, match="cannot snapshot"):
+            report = resumed.restore(path, load_env_pickles=True)
+        assert not report.envs_restored and "ProcessMultiAgentVectorEnv" in report.note
+        traj = resumed.sample()
+        after = steady_metrics(resumed)
+    np.testing.assert_array_equal(traj.step[0], 0)
+    np.testing.assert_array_equal(traj.episode_id[0], next_id + np.arange(NUM_ENVS))
+    assert after["num_env_steps"] == saved["num_env_steps"] + T * NUM_ENVS
+    # The same restart on the sync backend (no opt-in) gives the same trajectory.
+    with make(name) as sync:
+        with pytest.warns(UserWarning, match="new episode"):
+            sync.restore(path)
+        assert_trees_equal(sync.sample(), traj, "trajectory")
+
+
+def test_sync_checkpoint_on_the_process_backend_starts_new_episodes(tmp_path):
+    path = tmp_path / "runner.ckpt"
+    with make() as runner:
+        runner.sample()
+        runner.save(path)
+    with make("coming_and_going", "process", config=jr.ProcessConfig(num_workers=2)) as other:
+        with pytest.warns(UserWarning, match="cannot restore sub-env snapshots"):
+            report = other.restore(path, load_env_pickles=True)
+        assert not report.envs_restored
+        traj = other.sample()
+    np.testing.assert_array_equal(traj.step[0], 0)
+
+
+def test_pure_jax_envs_refuse_checkpoints_clearly(tmp_path):
+    from tests.test_multi_agent_jax import Drift
+    from tests.test_multi_agent_jax import random_policy as scan_policy
+
+    envs = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), 2)
+    with jr.MultiAgentRunner(envs, scan_policy(3), {"w": jnp.zeros(3)}, 4, seed=0) as runner:
+        with pytest.raises(InvalidArgumentError, match="pure-JAX"):
+            runner.save(tmp_path / "runner.ckpt")
+        with pytest.raises(InvalidArgumentError, match="pure-JAX"):
+            runner.restore(tmp_path / "runner.ckpt")
+
+
+# -- damaged and hostile checkpoints -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A checkpoint of a runner mid-run: pickled sub-envs, sample_episodes' fragments
+    and finished episodes, the callbacks' fragments."""
+    path = tmp_path_factory.mktemp("saved") / "runner.ckpt"
+    with make(callbacks=Recorder()) as runner:
+        runner.sample_episodes(3)
+        assert runner._episodes.fragments and runner._finished
+        assert runner._callback_episodes.fragments
+        runner.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def env_runner_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("single") / "runner.ckpt"
+    from jaxrunner.bench import mlp_policy
+
+    envs = jr.make_vec("CartPole-v1", 2)
+    policy = mlp_policy(envs.single_action_space, hidden=(4,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length=3, seed=0) as runner:
+        runner.save(path)
+    return path
+
+
+def snapshot_of(thing: Any):
+    """Member envs/1 replaced by a pickle of ``thing``."""
+    blob = np.frombuffer(pickle.dumps(thing), np.uint8)
+    return member("envs/1", blob)
+
+
+def huge_referenced(src, dst) -> None:
+    """A finished episode's reward whose header promises 8 TiB."""
+    huge = _npy(np.zeros(2)).replace(b"(2,)", b"(1099511627776,)")
+    rewrite(src, dst, members={"finished/0/reward.npy": huge})
+
+
+def set_key(kind: str, key: str, value: Any):
+    def edit(m: dict) -> None:
+        m[kind][0][key] = value
+
+    return meta(edit)
+
+
+def negate(array: np.ndarray) -> np.ndarray:
+    return -np.abs(array) - 1
+
+
+GROUP = "sampler/groups/policy_0"
+W = "params/policy_0/w"
+# id -> (how the file is damaged, what the error must name)
+HOSTILE = {
+    "truncated file": (truncated, "cannot be opened"),
+    "not a zip": (lambda src, dst: dst.write_bytes(b"PK\x03\x04 junk"), "cannot be opened"),
+    "bad JSON": (member("__meta__", np.array("{" * 1000)), "not valid JSON"),
+    "deep JSON": (member("__meta__", np.array("[" * 100_000)), "not valid JSON"),
+    "JSON list": (member("__meta__", np.array("[1]")), "not a JSON object"),
+    "wrong runner kind": (None, "expected a jaxrunner.MultiAgentRunner checkpoint"),
+    "wrong policy ids": (meta(lambda m: m.update(policy_ids=["hero"])), "policy_ids"),
+    "wrong agents": (meta(lambda m: m.update(possible_agents=["a0"])), "possible_agents"),
+    "other num_envs": (meta(lambda m: m.update(num_envs=4)), "num_envs"),
+    "string seed": (meta(lambda m: m.update(seed="4")), "seed"),
+    "metrics paths": (meta(lambda m: m.update(metrics=[["counters"]])), "metrics"),
+    "kept not a list": (meta(lambda m: m.update(callback_fragments={})), "callback_fragments"),
+    "params shape": (member(W, np.zeros(4, np.float32)), W),
+    "params dtype": (member(W, np.zeros(3, np.float64)), W),
+    "params as objects": (member(W, np.array([{}] * 3, object)), W),
+    "carry shape": (member(f"{GROUP}/actor/carry", np.zeros(3, np.float32)), "actor/carry"),
+    "acting dtype": (member(f"{GROUP}/acting", np.zeros((3, 4), np.int8)), f"{GROUP}/acting"),
+    "group missing": (member(f"{GROUP}/awaiting", None), f"{GROUP}/awaiting"),
+    "negative running length": (edited(f"{GROUP}/running_length", negate), "running_length"),
+    "NaN running return": (edited(f"{GROUP}/running_return", nan_at_end), "running_return"),
+    "negative steps_done": (member("sampler/book/steps_done", np.int64(-1)), "steps_done"),
+    "rewound next id": (member("sampler/book/next_episode_id", np.int64(1)), "next_episode_id"),
+    "repeated episode ids": (
+        member("sampler/book/episode_id", np.zeros(3, np.int64)),
+        "sampler/book/episode_id",
+    ),
+    "negative counter": (edited("metrics/counters", negate), "metrics/counters"),
+    "negative agent counter": (
+        edited("metrics/agents/counters", negate),
+        "metrics/agents/counters",
+    ),
+    "agent steps do not add up": (
+        edited("metrics/agents/counters", lambda a: a + 1),
+        "metrics/agents/counters",
+    ),
+    "negative per-agent count": (
+        edited("metrics/agents/agents/a1/counters", negate),
+        "metrics/agents/agents/a1/counters",
+    ),
+    "NaN per-policy return": (
+        edited("metrics/agents/policies/policy_0/returns", nan_at_end),
+        "metrics/agents/policies/policy_0/returns",
+    ),
+    "NaN unassigned reward": (
+        member("metrics/agents/unassigned_reward", np.float64(np.nan)),
+        "unassigned_reward",
+    ),
+    "short perf": (member("metrics/perf", np.zeros(2)), "metrics/perf"),
+    "unknown policy": (set_key("finished", "policy_id", "hero"), r"finished\[0\]\.policy_id"),
+    "agent of no policy": (set_key("finished", "agent_id", "zed"), r"finished\[0\]\.agent_id"),
+    "episode id too big": (set_key("finished", "episode_id", 10**6), r"finished\[0\]\.episode_id"),
+    "env id out of range": (set_key("fragments", "env_id", 3), r"fragments\[0\]\.env_id"),
+    "flag an int": (set_key("finished", "terminated", 1), r"finished\[0\]\.terminated"),
+    "finished incomplete": (set_key("finished", "start_step", 2), r"finished\[0\]"),
+    "fragment finished": (set_key("fragments", "truncated", True), r"fragments\[0\]"),
+    "callback fragment finished": (
+        set_key("callback_fragments", "truncated", True),
+        r"callback_fragments\[0\]",
+    ),
+    "negative env_step": (edited("fragments/0/env_step", negate), "fragments/0/env_step"),
+    "NaN kept reward": (edited("finished/0/reward", nan_at_end), "finished/0/reward"),
+    "short kept obs": (member("finished/0/obs", np.zeros((1, 3), np.float32)), "finished/0/obs"),
+    "huge referenced member": (huge_referenced, "finished/0/reward"),
+    "pickle as floats": (member("envs/0", np.zeros(8)), "envs/0"),
+    "pickle of None": (snapshot_of(None), "snapshot 1 unpickled to a NoneType"),
+    "pickle of a gymnasium env": (
+        snapshot_of({"env": gymnasium.make("CartPole-v1"), "driver": {}}),
+        "snapshot 1 holds a TimeLimit, not a PettingZoo env",
+    ),
+    "pickle of a turn-based env": (
+        snapshot_of({"env": envs_mod.relay(), "driver": {}}),
+        "snapshot 1 holds a Relay, not stepped as a ParallelDriver",
+    ),
+    "pickle with an unknown live agent": (
+        snapshot_of(
+            {
+                "env": envs_mod.coming_and_going(),
+                "driver": {
+                    "pending_reward": {},
+                    "acted": [],
+                    "started": [],
+                    "live": ["zed"],
+                    "newcomers": False,
+                },
+            }
+        ),
+        "driver state's live is not a list of agent ids",
+    ),
+    "pickle with a bad driver state": (
+        snapshot_of({"env": envs_mod.coming_and_going(), "driver": {"live": ["zed"]}}),
+        "snapshot 1 holds a driver state that is refused",
+    ),
+}
+
+
+def runner_state(runner: jr.MultiAgentRunner) -> dict:
+    """Everything a restore may change, as host values (sub-envs by identity)."""
+    return {
+        "params": jax.device_get(dict(runner._params)),
+        "sampler": jax.device_get(runner.sampler.get_state()),
+        "metrics": runner._metrics.get_state(),
+        "seed": runner.seed,
+        "finished": list(runner._finished),
+        "fragments": dict(runner._episodes.fragments),
+        "callback_fragments": dict(runner._callback_episodes.fragments),
+        "envs": [id(env) for env in runner.envs.get_sub_environments()],
+    }
+
+
+def test_restore_refuses_damaged_and_hostile_files_and_changes_nothing(
+    saved, env_runner_checkpoint, tmp_path
+):
+    """Each rejection is an InvalidArgumentError naming the field, raised before the
+    runner changes; afterwards it samples exactly as an untouched runner does."""
+    with make(callbacks=Recorder()) as runner:
+        runner.sample()
+        before = runner_state(runner)
+        for case, (damage, match) in HOSTILE.items():
+            path = tmp_path / f"{case}.ckpt"
+            if damage is None:
+                path = env_runner_checkpoint
+            else:
+                damage(saved, path)
+            with pytest.raises(InvalidArgumentError, match=match):
+                runner.restore(path, load_env_pickles=True)
+            assert_trees_equal(runner_state(runner), before, case)
+        after_attacks = runner.sample()
+        seen = runner.callbacks.seen
+    with make(callbacks=Recorder()) as untouched:
+        untouched.sample()
+        assert_trees_equal(after_attacks, untouched.sample(), "trajectory")
+        assert seen == untouched.callbacks.seen
+
+
+def test_restore_reads_only_the_members_it_references(saved, tmp_path):
+    """A junk member promising 8 TiB, an unused episode's arrays and, without the
+    opt-in, the sub-env pickles are never read."""
+    huge = _npy(np.zeros(2)).replace(b"(2,)", b"(1099511627776,)")
+    path = tmp_path / "padded.ckpt"
+    rewrite(
+        saved,
+        path,
+        members={
+            "junk.npy": huge,
+            "finished/9/reward.npy": huge,
+            "envs/0.npy": b"not read without load_env_pickles",
+        },
+    )
+    with make() as runner, pytest.warns(UserWarning, match="new episode"):
+        report = runner.restore(path)
+    assert not report.envs_restored
+
+
+def test_restore_undoes_the_sampler_state_when_the_fresh_resets_fail(saved):
+    """Without the pickles every env restarts; when that fails, the runner keeps the
+    state it had."""
+    with make() as runner:
+        before = runner_state(runner)
+
+        def failing_reset(*args, **kwargs):
+            raise jr.errors.EnvError("reset refused", 0)
+
+        runner.envs.reset_batch = failing_reset
+        with pytest.raises(jr.errors.EnvError, match="reset refused"):
+            runner.restore(saved)
+        assert_trees_equal(runner_state(runner), before, "runner")
+
+
+def test_restore_keeps_within_the_memory_limit(saved, monkeypatch):
+    """One limit for every runner's checkpoint: the setting the README documents."""
+    from jaxrunner.sampling import checkpoint_file
+
+    monkeypatch.setattr(checkpoint_file, "MAX_RESTORE_BYTES", 64)
+    with make() as runner:
+        before = runner_state(runner)
+        with pytest.raises(InvalidArgumentError, match=r"checkpoint_file\.MAX_RESTORE_BYTES"):
+            runner.restore(saved, load_env_pickles=True)
+        assert_trees_equal(runner_state(runner), before, "runner")
