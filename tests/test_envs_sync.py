@@ -482,3 +482,44 @@ def test_observations_of_a_pickled_space_are_written_in_one_block() -> None:
             if terminated or truncated:
                 env.reset()
     assert per_row == []
+
+
+class _EzCounter(gymnasium.Env, gymnasium.utils.EzPickle):
+    """An env pickled by its constructor arguments (gymnasium's EzPickle, as MuJoCo and
+    Box2D envs are), whose state is a step count and an rng."""
+
+    observation_space = gymnasium.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self, scale: float = 1.0) -> None:
+        gymnasium.utils.EzPickle.__init__(self, scale)
+        self.scale, self.t = scale, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([self.t, self.np_random.uniform()]), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.array([self.t * self.scale, self.np_random.uniform()])
+        return obs, float(action), False, self.t >= 50, {}
+
+
+def test_snapshots_keep_the_state_of_ezpickle_envs():
+    # A plain pickle of an EzPickle env rebuilds it from its constructor: a new env,
+    # silently losing its step count and rng.
+    envs = jr.SyncVectorEnv([_EzCounter, _EzCounter])
+    envs.reset(seed=3)
+    for _ in range(5):
+        envs.step(np.array([1, 0]))
+    snapshots = envs.snapshot_sub_envs()
+    again = jr.SyncVectorEnv([_EzCounter, _EzCounter])
+    again.reset(seed=99)
+    again.restore_sub_envs(snapshots)
+    for _ in range(3):
+        want, got = envs.step(np.array([0, 1])), again.step(np.array([0, 1]))
+        np.testing.assert_array_equal(got[0], want[0])
+    assert again.get_attr("t") == (8, 8)
+    envs.close()
+    again.close()

@@ -12,6 +12,7 @@ from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, InProcessVectorEnv, VectorEnv
+from jaxrunner.envs.snapshots import snapshot_dumps
 from jaxrunner.envs.sub_envs import ActionSplitters, EnvFactory, StepBuffers, SubEnvs
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 from jaxrunner.faults import RestartPolicy
@@ -123,10 +124,11 @@ class SyncVectorEnv(InProcessVectorEnv):
         )
 
     def snapshot_sub_envs(self) -> list[bytes]:
-        """Pickles of the sub-envs (wrappers, RNG and all); raises ``pickle``'s error for a
+        """Pickles of the sub-envs as they are (wrappers, RNG and all; EzPickle envs by
+        their state, :mod:`jaxrunner.envs.snapshots`); raises ``pickle``'s error for a
         sub-env that does not pickle (an open window, a socket)."""
         self._check_open("snapshot_sub_envs")
-        return [pickle.dumps(env) for env in self.envs]
+        return [snapshot_dumps(env) for env in self.envs]
 
     def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
         self._check_open("restore_sub_envs")

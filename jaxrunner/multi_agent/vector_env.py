@@ -18,14 +18,11 @@ stepped by hand):
 from __future__ import annotations
 
 import abc
-import io
 import pickle
-import sys
 from collections.abc import Sequence
 from typing import Any
 
-from gymnasium.utils import EzPickle
-
+from jaxrunner.envs.snapshots import snapshot_dumps
 from jaxrunner.envs.sub_envs import build_envs
 from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError
 from jaxrunner.faults import RestartPolicy, close_quietly
@@ -229,7 +226,7 @@ class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
         self._check_open("snapshot_sub_envs")
         block = self._block
         return [
-            _dumps({"env": env, "driver": driver.get_state()})
+            snapshot_dumps({"env": env, "driver": driver.get_state()})
             for env, driver in zip(block.envs, block.drivers)
         ]
 
@@ -296,48 +293,6 @@ class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
 
     def _close_backend(self) -> None:
         self._block.close()
-
-
-class _StatePickler(pickle.Pickler):
-    """Pickles :class:`~gymnasium.utils.EzPickle` objects (PettingZoo's classic games,
-    MPE) by their attributes: EzPickle pickles the constructor's arguments, so an
-    unpickled env would be a new, unreset one, not the env as it was. Render resources
-    that do not pickle (:func:`_render_resource`) are rebuilt blank."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, type):
-            return NotImplemented
-        if isinstance(obj, EzPickle):
-            # State set by _set_attributes, never EzPickle.__setstate__ (which rebuilds).
-            return _new, (type(obj),), dict(vars(obj)), None, None, _set_attributes
-        return _render_resource(obj) or NotImplemented
-
-
-def _render_resource(obj: Any) -> tuple[Any, tuple[Any, ...]] | None:
-    """How to rebuild a pygame canvas or font (MPE makes both at construction; only
-    ``render()`` uses them, and it redraws the canvas whole): a blank ``Surface`` of the
-    size, the ``Font`` from its file. None for anything else."""
-    pygame = sys.modules.get("pygame")
-    if pygame is not None and type(obj) is pygame.Surface:
-        return pygame.Surface, (obj.get_size(),)
-    freetype = sys.modules.get("pygame.freetype")
-    if freetype is not None and type(obj) is freetype.Font:
-        return freetype.Font, (obj.path, obj.size)
-    return None
-
-
-def _new(cls: Any) -> Any:
-    return cls.__new__(cls)
-
-
-def _set_attributes(obj: Any, state: dict[str, Any]) -> None:
-    obj.__dict__.update(state)
-
-
-def _dumps(value: Any) -> bytes:
-    buffer = io.BytesIO()
-    _StatePickler(buffer, pickle.HIGHEST_PROTOCOL).dump(value)
-    return buffer.getvalue()
 
 
 __all__ = ["MultiAgentVectorEnv", "SyncMultiAgentVectorEnv"]
