@@ -1,0 +1,190 @@
+"""Batch-invariant policy calls: a row's result never depends on its batch.
+
+XLA picks kernels by shape: the same observation run through the same MLP or CNN in a
+batch of 2 and in a batch of 250 can come out 1 ulp apart (measured on XLA CPU: a
+64-64 MLP's rows differ between batches of 1, 2-4 and 8 up; a 256-wide MLP's and a
+small CNN's differ between almost every batch size). A sampler that batches envs
+differently (pipelining groups, ready-first buckets, the sync against the process
+backend) would then give different actions, and trajectories diverge.
+
+:func:`chunked_apply` removes the batch size from the numerics: the policy is computed
+``chunk_rows`` rows at a time (the caller pads the rows to a multiple of
+``chunk_rows``, then one loop step per chunk), so every row of every call goes through the same
+compiled ``[chunk_rows, ...]`` program, whatever the number of rows in the call. The
+loop's trip count is only known at run time, so XLA compiles the chunk as a
+computation of its own in every layout (a one-chunk loop it could inline, and then fuse
+the policy's tail with the slicing after it: measured, 1 ulp apart on a Gaussian
+policy's actions; optimization barriers do not stop it, XLA CPU removes them). The
+policy is computed once per row: a call of ``n`` rows costs ``ceil(n / chunk_rows)``
+chunks, never the whole batch.
+
+Guarantee and its limits. For a fixed ``chunk_rows``, a row's outputs are the same
+bits in every call, provided that
+
+* the policy is row-wise: row ``i`` of its outputs depends only on row ``i`` of its
+  inputs (every per-observation policy is; one that mixes rows, e.g. a batch
+  statistic, is not, and nothing can batch it invariantly);
+* the backend's kernel for the ``[chunk_rows, ...]`` program computes a row the same
+  at any position in the chunk and whatever the other rows hold. Tests check this on
+  XLA CPU (MLPs 64 to 512 wide, a CNN, a 4-frame NatureCNN-style network, every
+  position, random neighbours); it is not checked on GPU or TPU.
+
+Rows are only comparable between calls with the same ``chunk_rows``: a runner picks it
+from its number of envs alone (:func:`default_chunk_rows`), never from its backend or
+grouping, so every backend and sampling mode of the same width agrees.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.policy import ApplyFn, Carry, Params
+
+SMALL_CHUNK_ROWS = 8
+"""The largest chunk of a narrow runner on a CPU host."""
+WIDE_FRACTION = 16
+"""Wide runners on a CPU host chunk 1/16 of their envs (from 256 envs up)."""
+MAX_CHUNK_ROWS = 256
+"""The largest default chunk on a CPU host."""
+
+
+def _pow2_floor(x: int) -> int:
+    """The largest power of two ``<= max(x, 1)``."""
+    return 1 << (max(x, 1).bit_length() - 1)
+
+
+def default_chunk_rows(num_rows: int, platform: str | None = None) -> int:
+    """Rows per policy chunk for a runner of ``num_rows`` envs on ``platform``
+    (default: JAX's default backend).
+
+    A function of the width and platform only, so every backend and grouping of the
+    same runner shape computes with the same chunks (the determinism guarantee).
+
+    CPU (measured on 2 cores; ``benchmarks/batch_invariance.py``): a chunk costs a
+    loop step (~1-2 us) and a NatureCNN needs about 8 images per call to run at its
+    batched speed, while a ready-first bucket or pipelining group smaller than a chunk
+    is padded to it. So: half the envs, at most :data:`SMALL_CHUNK_ROWS` (two
+    pipelining groups never pad), and from 256 envs up 1/:data:`WIDE_FRACTION` of them (at
+    most :data:`MAX_CHUNK_ROWS`: few loop steps at 4096 envs).
+
+    Accelerators (not measured): half the envs, so two pipelining groups are one chunk
+    each and a call never loops over many small kernels.
+    """
+    platform = platform or jax.default_backend()
+    if platform != "cpu":
+        return _pow2_floor(num_rows // 2)
+    small = min(SMALL_CHUNK_ROWS, _pow2_floor(num_rows // 2))
+    wide = min(MAX_CHUNK_ROWS, _pow2_floor(num_rows // WIDE_FRACTION))
+    return max(small, wide)
+
+
+def check_chunk_rows(chunk_rows: Any, where: str) -> int:
+    """``chunk_rows`` as an int ``>= 1``, or an error naming ``where``."""
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise InvalidArgumentError(
+            f"{where}(chunk_rows={chunk_rows!r}): expected an int >= 1 (rows per policy "
+            "chunk); leave it out for default_chunk_rows(num_envs)."
+        )
+    return chunk_rows
+
+
+class ChunkedApply(Protocol):
+    """A policy's ``apply_fn`` computed in fixed chunks (:func:`chunked_apply`)."""
+
+    def __call__(
+        self, params: Params, obs: Any, carry: Carry, keys: jax.Array, num_rows: jax.Array
+    ) -> tuple[Any, dict[str, Any], Carry]:
+        """``apply_fn``'s outputs for the first ``num_rows`` rows (a traced int; the
+        outputs of the rows after them are zeros)."""
+        ...
+
+
+def chunked_apply(apply_fn: ApplyFn, chunk_rows: int) -> ChunkedApply:
+    """``apply_fn`` computed ``chunk_rows`` rows at a time (see the module docstring).
+
+    The chunks run in a ``lax.while_loop`` whose trip count, ``ceil(num_rows /
+    chunk_rows)``, is only known at run time, so XLA compiles the loop's body, the
+    policy for one chunk, as a computation of its own whatever the call's size: it can
+    neither inline a one-chunk loop nor fuse the policy's last operations with what
+    follows the call (either changes rounding, e.g. an ``a * b + c`` contracted into a
+    fused multiply-add in one layout and not in another). Chunks holding only rows
+    after ``num_rows`` are not computed.
+
+    Args:
+        apply_fn: a row-wise policy, ``(params, obs, carry, keys) -> (action, extras,
+            carry)``, every input and output leaf ``[N, ...]``.
+        chunk_rows: rows per chunk.
+
+    Returns:
+        ``apply(params, obs, carry, keys, num_rows)``: ``apply_fn``'s outputs for ``N``
+        rows, a multiple of ``chunk_rows`` (traceable; jit it), where ``num_rows`` (a
+        traced int ``<= N``, from the call's inputs: a constant would let XLA inline a
+        one-chunk loop) counts the leading rows to compute. Pad the rows on the host:
+        padding XLA can see through (a broadcast, a constant gather) changes how it
+        compiles the chunk.
+
+    Raises:
+        InvalidArgumentError: while tracing, if ``N`` is not a multiple of
+            ``chunk_rows`` or an output leaf of the policy does not have one row per
+            input row.
+    """
+    chunk_rows = check_chunk_rows(chunk_rows, "chunked_apply")
+
+    def apply(
+        params: Params, obs: Any, carry: Carry, keys: jax.Array, num_rows: jax.Array
+    ) -> tuple[Any, dict[str, Any], Carry]:
+        rows = keys.shape[0]
+        if rows % chunk_rows:
+            raise InvalidArgumentError(
+                f"chunked_apply: {rows} rows, expected a multiple of chunk_rows="
+                f"{chunk_rows}. Pad the rows on the host (padding XLA can see through, a "
+                "broadcast or a constant gather, changes how it compiles the chunk)."
+            )
+        inputs = (obs, carry, keys)
+
+        def chunk_of(x: jax.Array, start: jax.Array) -> jax.Array:
+            return jax.lax.dynamic_slice_in_dim(x, start, chunk_rows)
+
+        def one_chunk(start: jax.Array) -> Any:
+            return apply_fn(params, *jax.tree.map(lambda x: chunk_of(x, start), inputs))
+
+        spec = jax.eval_shape(one_chunk, jnp.int32(0))
+        for leaf in jax.tree.leaves(spec):
+            if leaf.ndim == 0 or leaf.shape[0] != chunk_rows:
+                raise InvalidArgumentError(
+                    f"policy apply_fn: every output leaf must have one row per observation "
+                    f"([{chunk_rows}, ...] for {chunk_rows} rows), got shape "
+                    f"{tuple(leaf.shape)}. Return per-row actions, extras and carries (no "
+                    "batch statistics, no scalars)."
+                )
+        outputs = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape[1:]), s.dtype), spec)
+        num_chunks = (jnp.asarray(num_rows, jnp.int32) + chunk_rows - 1) // chunk_rows
+
+        def body(state: tuple[jax.Array, Any]) -> tuple[jax.Array, Any]:
+            i, outputs = state
+            start = i * chunk_rows
+            out = one_chunk(start)
+            put = lambda buf, o: jax.lax.dynamic_update_slice_in_dim(buf, o, start, 0)  # noqa: E731
+            return i + 1, jax.tree.map(put, outputs, out)
+
+        _, outputs = jax.lax.while_loop(
+            lambda state: state[0] < num_chunks, body, (jnp.int32(0), outputs)
+        )
+        return outputs
+
+    return apply
+
+
+__all__ = [
+    "MAX_CHUNK_ROWS",
+    "ChunkedApply",
+    "SMALL_CHUNK_ROWS",
+    "WIDE_FRACTION",
+    "check_chunk_rows",
+    "chunked_apply",
+    "default_chunk_rows",
+]
