@@ -26,7 +26,7 @@ bits in every call, provided that
   statistic, is not, and nothing can batch it invariantly);
 * the backend's kernel for the ``[chunk_rows, ...]`` program computes a row the same
   at any position in the chunk and whatever the other rows hold. Tests check this on
-  XLA CPU (MLPs 64 to 512 wide, a CNN, a 4-frame NatureCNN-style network, every
+  XLA CPU (MLPs 64 to 512 wide and a small CNN, at every
   position, random neighbours); it is not checked on GPU or TPU.
 
 Rows are only comparable between calls with the same ``chunk_rows``: a runner picks it
@@ -149,8 +149,15 @@ def chunked_apply(apply_fn: ApplyFn, chunk_rows: int) -> ChunkedApply:
         def chunk_of(x: jax.Array, start: jax.Array) -> jax.Array:
             return jax.lax.dynamic_slice_in_dim(x, start, chunk_rows)
 
-        def one_chunk(start: jax.Array) -> Any:
+        def traced_chunk(start: jax.Array) -> Any:
             return apply_fn(params, *jax.tree.map(lambda x: chunk_of(x, start), inputs))
+
+        # The policy is traced once (a runner counts its traces), here; the loop's body
+        # replays that trace.
+        converted, consts = jax.closure_convert(traced_chunk, jnp.int32(0))
+
+        def one_chunk(start: jax.Array) -> Any:
+            return converted(start, *consts)
 
         spec = jax.eval_shape(one_chunk, jnp.int32(0))
         for leaf in jax.tree.leaves(spec):
