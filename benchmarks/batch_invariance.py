@@ -1,7 +1,7 @@
 """Batch invariance: grouping changes no action, and the policy is paid once per env.
 
 The compiled policy step runs the policy in fixed chunks of
-``default_chunk_rows(num_envs)`` rows (``jaxrunner.batch_invariance``), so a pipelining
+``policy_chunk_rows(...)`` rows (``jaxrunner.batch_invariance``), so a pipelining
 group or a ready-first bucket computes its own envs' rows only, bitwise as in one
 full batch. Two parts:
 
@@ -39,7 +39,7 @@ import numpy as np
 
 import jaxrunner as jr
 from jaxrunner import bench
-from jaxrunner.batch_invariance import default_chunk_rows
+from jaxrunner.batch_invariance import policy_chunk_rows
 from jaxrunner.bench.timing import us_per_call
 from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
 
@@ -99,6 +99,7 @@ def exactness(num_envs: int, width: int, steps: int) -> list[dict[str, Any]]:
 
 
 def _policy_case(workload: str) -> tuple[jr.Policy, Any, gymnasium.Space, np.ndarray]:
+    """The workload's policy, params, observation space and random observations."""
     rng = np.random.default_rng(0)
     if workload == "cartpole_mlp":
         obs_space = gymnasium.make("CartPole-v1").observation_space
@@ -112,7 +113,12 @@ def _policy_case(workload: str) -> tuple[jr.Policy, Any, gymnasium.Space, np.nda
 
 
 def _step_fn(
-    policy: jr.Policy, params: Any, obs: np.ndarray, num_envs: int, groups: int, chunked: bool
+    policy: jr.Policy,
+    params: Any,
+    obs: np.ndarray,
+    num_envs: int,
+    groups: int,
+    chunk_rows: int | None,
 ) -> Callable[[], None]:
     """One env step's policy calls: ``groups`` calls, each of its own rows (chunked) or
     of every env's row (the previous full-batch layout)."""
@@ -120,9 +126,9 @@ def _step_fn(
     bounds = np.linspace(0, num_envs, groups + 1).round().astype(int)
     calls, stages = [], []
     for lo, hi in itertools.pairwise(bounds.tolist()):
+        chunked = chunk_rows is not None
         size = (hi - lo) if chunked else num_envs
-        chunk = default_chunk_rows(num_envs) if chunked else None
-        call = CompiledPolicyStep(policy, params, state, size, obs[:size], chunk_rows=chunk)
+        call = CompiledPolicyStep(policy, params, state, size, obs[:size], chunk_rows=chunk_rows)
         stage = call.new_stage()
         own = slice(0, hi - lo) if chunked else slice(lo, hi)
         stage.obs[own] = obs[lo:hi]
@@ -141,11 +147,12 @@ def _step_fn(
 
 def policy_cost(workload: str, num_envs: int, rounds: int, seconds: float) -> dict[str, Any]:
     """Microseconds of policy per env step, medians of interleaved rounds."""
-    policy, params, _, obs = _policy_case(workload)
+    policy, params, obs_space, obs = _policy_case(workload)
     obs = np.resize(obs, (num_envs, *obs.shape[1:]))
+    chunk_rows = policy_chunk_rows(policy, params, obs_space, num_envs)
     steps = {
         f"{layout}, {groups} group{'s' * (groups > 1)}": _step_fn(
-            policy, params, obs, num_envs, groups, layout == "chunked"
+            policy, params, obs, num_envs, groups, chunk_rows if layout == "chunked" else None
         )
         for layout in ("full_batch", "chunked")
         for groups in (1, 2)
@@ -160,7 +167,7 @@ def policy_cost(workload: str, num_envs: int, rounds: int, seconds: float) -> di
     row = {
         "workload": workload,
         "num_envs": num_envs,
-        "chunk_rows": default_chunk_rows(num_envs),
+        "chunk_rows": chunk_rows,
         "us_per_step_median": {k: round(v, 1) for k, v in median.items()},
         "us_per_step_rounds": {k: [round(v, 1) for v in vs] for k, vs in times.items()},
         "two_groups_over_one": {

@@ -30,8 +30,9 @@ bits in every call, provided that
   position, random neighbours); it is not checked on GPU or TPU.
 
 Rows are only comparable between calls with the same ``chunk_rows``: a runner picks it
-from its number of envs alone (:func:`default_chunk_rows`), never from its backend or
-grouping, so every backend and sampling mode of the same width agrees.
+from its number of envs and its policy's cost alone (:func:`policy_chunk_rows`), never
+from its backend or grouping, so every backend and sampling mode of the same runner
+shape agrees.
 """
 
 from __future__ import annotations
@@ -40,36 +41,45 @@ from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
+from gymnasium import spaces
 
+from jaxrunner import keys
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.policy import ApplyFn, Carry, Params
+from jaxrunner.policy import ApplyFn, Carry, Params, Policy, dummy_obs
 
-SMALL_CHUNK_ROWS = 8
-"""The largest chunk of a narrow runner on a CPU host."""
-WIDE_FRACTION = 16
-"""Wide runners on a CPU host chunk 1/16 of their envs (from 256 envs up)."""
+MIN_CHUNK_ROWS = 8
+"""The smallest default chunk on a CPU host (fewer rows when there are fewer envs)."""
+CHUNK_FLOPS = 2**21
+"""Target work of one chunk on a CPU host: a cheap policy takes more rows per chunk."""
 MAX_CHUNK_ROWS = 256
 """The largest default chunk on a CPU host."""
 
 
-def _pow2_floor(x: int) -> int:
+def _pow2_floor(x: float) -> int:
     """The largest power of two ``<= max(x, 1)``."""
-    return 1 << (max(x, 1).bit_length() - 1)
+    return 1 << (max(int(x), 1).bit_length() - 1)
 
 
-def default_chunk_rows(num_rows: int, platform: str | None = None) -> int:
-    """Rows per policy chunk for a runner of ``num_rows`` envs on ``platform``
-    (default: JAX's default backend).
+def default_chunk_rows(
+    num_rows: int, flops_per_row: float | None = None, platform: str | None = None
+) -> int:
+    """Rows per policy chunk for a runner of ``num_rows`` envs whose policy costs
+    ``flops_per_row`` (None: unknown, taken as costly), on ``platform`` (default: JAX's
+    default backend).
 
-    A function of the width and platform only, so every backend and grouping of the
-    same runner shape computes with the same chunks (the determinism guarantee).
+    A function of the width, the policy and the platform only, never of the backend or
+    the grouping, so every backend and mode of the same runner shape computes with the
+    same chunks (the determinism guarantee).
 
-    CPU (measured on 2 cores; ``benchmarks/batch_invariance.py``): a chunk costs a
-    loop step (~1-2 us) and a NatureCNN needs about 8 images per call to run at its
-    batched speed, while a ready-first bucket or pipelining group smaller than a chunk
-    is padded to it. So: half the envs, at most :data:`SMALL_CHUNK_ROWS` (two
-    pipelining groups never pad), and from 256 envs up 1/:data:`WIDE_FRACTION` of them (at
-    most :data:`MAX_CHUNK_ROWS`: few loop steps at 4096 envs).
+    CPU (measured on 2 shared cores, ``benchmarks/batch_invariance.py``): each chunk
+    costs a loop step of several microseconds, which a 64-64 MLP's rows do not pay
+    for; a NatureCNN runs at half speed in chunks of 4 images against 8; and a
+    ready-first bucket or a pipelining group smaller than a chunk is padded to it. So:
+    about :data:`CHUNK_FLOPS` of work per chunk, at most half the envs (two pipelining
+    groups are whole chunks) and :data:`MAX_CHUNK_ROWS`, but at least
+    :data:`MIN_CHUNK_ROWS` (or every env, if fewer). A CartPole MLP gets half the envs
+    up to 128 rows; a NatureCNN 8 rows (so 2 groups of 4 envs each compute a padded
+    chunk: with a costly policy, pipelining pays from 16 envs up).
 
     Accelerators (not measured): half the envs, so two pipelining groups are one chunk
     each and a call never loops over many small kernels.
@@ -77,9 +87,32 @@ def default_chunk_rows(num_rows: int, platform: str | None = None) -> int:
     platform = platform or jax.default_backend()
     if platform != "cpu":
         return _pow2_floor(num_rows // 2)
-    small = min(SMALL_CHUNK_ROWS, _pow2_floor(num_rows // 2))
-    wide = min(MAX_CHUNK_ROWS, _pow2_floor(num_rows // WIDE_FRACTION))
-    return max(small, wide)
+    by_work = 1 if not flops_per_row or flops_per_row <= 0 else CHUNK_FLOPS / flops_per_row
+    rows = min(_pow2_floor(by_work), MAX_CHUNK_ROWS, _pow2_floor(num_rows // 2))
+    return min(_pow2_floor(num_rows), max(MIN_CHUNK_ROWS, rows))
+
+
+def policy_flops_per_row(policy: Policy, params: Params, obs_space: spaces.Space) -> float | None:
+    """XLA's estimate of the floating-point operations ``policy`` takes per row of
+    observations of ``obs_space`` (what the policy sees: after the observation
+    connectors), from its HLO for one row (deterministic; nothing runs). None where
+    XLA gives no estimate or the policy does not trace on one dummy row."""
+    one_row = jax.tree.map(jnp.asarray, dummy_obs(obs_space, 1))
+    row_keys = jax.random.split(keys.key(0), 1)
+    try:
+        lowered = jax.jit(policy.apply_fn).lower(params, one_row, policy.batched_carry(1), row_keys)
+        flops = (lowered.cost_analysis() or {}).get("flops")
+    except Exception:  # an estimate only: the runner's own compile reports real errors
+        return None
+    return float(flops) if flops else None
+
+
+def policy_chunk_rows(
+    policy: Policy, params: Params, obs_space: spaces.Space, num_rows: int
+) -> int:
+    """:func:`default_chunk_rows` for ``num_rows`` envs of ``policy`` (observations of
+    ``obs_space`` as the policy sees them): what every sampler of a runner uses."""
+    return default_chunk_rows(num_rows, policy_flops_per_row(policy, params, obs_space))
 
 
 def check_chunk_rows(chunk_rows: Any, where: str) -> int:
@@ -116,7 +149,8 @@ def chunked_apply(apply_fn: ApplyFn, chunk_rows: int) -> ChunkedApply:
 
     Args:
         apply_fn: a row-wise policy, ``(params, obs, carry, keys) -> (action, extras,
-            carry)``, every input and output leaf ``[N, ...]``.
+            carry)``, every input and output leaf ``[N, ...]`` (or any row-wise function
+            of that shape, e.g. a policy's ``log_prob_fn``, actions in place of keys).
         chunk_rows: rows per chunk.
 
     Returns:
@@ -137,7 +171,7 @@ def chunked_apply(apply_fn: ApplyFn, chunk_rows: int) -> ChunkedApply:
     def apply(
         params: Params, obs: Any, carry: Carry, keys: jax.Array, num_rows: jax.Array
     ) -> tuple[Any, dict[str, Any], Carry]:
-        rows = keys.shape[0]
+        rows = jax.tree.leaves(keys)[0].shape[0]
         if rows % chunk_rows:
             raise InvalidArgumentError(
                 f"chunked_apply: {rows} rows, expected a multiple of chunk_rows="
@@ -187,11 +221,13 @@ def chunked_apply(apply_fn: ApplyFn, chunk_rows: int) -> ChunkedApply:
 
 
 __all__ = [
+    "CHUNK_FLOPS",
     "MAX_CHUNK_ROWS",
+    "MIN_CHUNK_ROWS",
     "ChunkedApply",
-    "SMALL_CHUNK_ROWS",
-    "WIDE_FRACTION",
     "check_chunk_rows",
     "chunked_apply",
     "default_chunk_rows",
+    "policy_chunk_rows",
+    "policy_flops_per_row",
 ]

@@ -11,14 +11,14 @@ while the policy runs.
 Rows. A stage holds ``rows`` rows of (observation, episode-start flag, env index):
 ``size`` rounded up to whole policy chunks (below).
 
-* ``rows == num_envs`` (lockstep, one group): row ``i`` is env ``i``; a row whose
-  index is ``num_envs`` is computed and dropped.
+* ``size == rows == num_envs`` (lockstep, one group): row ``i`` is env ``i``; a row
+  whose index is ``num_envs`` is computed and dropped.
 * otherwise (a pipelining group, a ready-first bucket): the rows' actor state is
   gathered by env index and scattered back; index ``num_envs`` marks padding, never
   written back.
 
-Batch invariance. With ``chunk_rows`` (every sampler passes
-:func:`~jaxrunner.batch_invariance.default_chunk_rows` of its width), the policy runs
+Batch invariance. With ``chunk_rows`` (every host sampler passes
+:func:`runner_chunk_rows`: a function of the width and the policy), the policy runs
 in fixed chunks of that many rows (:func:`~jaxrunner.batch_invariance.chunked_apply`):
 an env's actions are the same bits whatever the call's size, so a group or bucket
 computes only its own rows and grouping stays invisible. Padding rows are host data
@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrunner import keys
-from jaxrunner.batch_invariance import chunked_apply
+from jaxrunner.batch_invariance import chunked_apply, policy_chunk_rows
 from jaxrunner.connectors.pipeline import (
     POLICY_OBS,
     Connectors,
@@ -116,6 +116,21 @@ def host_actor_state(
         return state, None
     packing = StatePacking(state.connectors)
     return state.replace(connectors=packing.to_device(state.connectors)), packing
+
+
+def runner_chunk_rows(
+    policy: Policy,
+    params: Params,
+    obs_space: Any,
+    connectors: Connectors | None,
+    num_envs: int,
+) -> int:
+    """The policy chunk of a runner of ``num_envs`` envs with observations of
+    ``obs_space`` (the env's single space): the same in every host sampler, so their
+    trajectories are the same bits."""
+    if connectors is not None:
+        obs_space = connectors.observation_space(obs_space)  # what the policy sees
+    return policy_chunk_rows(policy, params, obs_space, num_envs)
 
 
 def act(
@@ -237,7 +252,7 @@ class CompiledPolicyStep:
                 apply_fn = functools.partial(chunked, num_rows=real.max())
             if packing is not None:
                 state = state.replace(connectors=packing.unpack(state.connectors))
-            if rows == num_envs:  # rows are envs: keep the active rows' new state
+            if size == rows == num_envs:  # rows are envs: keep the active rows' new state
                 action, env_action, extras, state = act(
                     apply_fn, params, state, obs, start, index < num_envs, connectors
                 )
@@ -348,4 +363,5 @@ __all__ = [
     "act",
     "host_actor_state",
     "initial_actor_state",
+    "runner_chunk_rows",
 ]

@@ -24,12 +24,12 @@ from gymnasium import spaces
 from shuffled_sync import ShuffledSync
 
 import jaxrunner as jr
-from jaxrunner.batch_invariance import chunked_apply, default_chunk_rows
+from jaxrunner.batch_invariance import chunked_apply, default_chunk_rows, policy_flops_per_row
 from jaxrunner.bench import mlp_policy
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.sampling.ready_first import ReadyFirstSampler
 
-NUM_ENVS = 8  # default_chunk_rows(8) == 4 on CPU: two groups of one chunk each
+NUM_ENVS = 16  # chunks of 8 rows for both policies on CPU: two groups of one chunk each
 SEED = 5
 
 
@@ -176,20 +176,26 @@ def test_chunked_apply_refuses_outputs_without_a_row_per_observation():
         chunked_apply(apply_fn, 0)
 
 
-def test_default_chunk_rows_depends_on_the_width_only():
-    assert [default_chunk_rows(n, "cpu") for n in (1, 2, 8, 16, 64, 256, 1024, 8192)] == [
-        1,
-        1,
-        4,
-        8,
-        8,
-        16,
-        64,
-        256,
-    ]
-    # Two pipelining groups never pad: half the envs fit whole chunks.
-    for n in (2, 4, 8, 16, 64, 256, 4096):
-        assert (n // 2) % default_chunk_rows(n, "cpu") == 0
+def test_default_chunk_rows_follow_the_width_and_the_policy_cost():
+    mlp, cnn = 9e3, 3e7  # flops per row: a CartPole 64-64 MLP, a NatureCNN
+    widths = (1, 2, 8, 16, 64, 256, 4096)
+    assert [default_chunk_rows(n, mlp, "cpu") for n in widths] == [1, 2, 8, 8, 32, 128, 128]
+    assert [default_chunk_rows(n, cnn, "cpu") for n in widths] == [1, 2, 8, 8, 8, 8, 8]
+    assert default_chunk_rows(64, None, "cpu") == default_chunk_rows(64, cnn, "cpu")
+    assert default_chunk_rows(64, mlp, "gpu") == 32
+    for n in (16, 64, 256, 4096):  # two pipelining groups are whole chunks
+        assert (n // 2) % default_chunk_rows(n, mlp, "cpu") == 0
+        assert (n // 2) % default_chunk_rows(n, cnn, "cpu") == 0
+
+
+def test_policy_flops_per_row_sees_the_policy_cost():
+    small = mlp_policy(spaces.Discrete(2), hidden=(8,))
+    wide = mlp_policy(spaces.Discrete(2), hidden=(256, 256))
+    space = spaces.Box(-1.0, 1.0, (4,), np.float32)
+    small_flops = policy_flops_per_row(small, small.init(jax.random.key(0), space), space)
+    wide_flops = policy_flops_per_row(wide, wide.init(jax.random.key(0), space), space)
+    assert small_flops is not None and wide_flops is not None
+    assert wide_flops > 100 * small_flops  # 256x256 multiply-adds against 4x8
 
 
 # -- the samplers -------------------------------------------------------------------------

@@ -21,7 +21,6 @@ import jax
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.batch_invariance import default_chunk_rows
 from jaxrunner.callbacks import Callbacks, LiveEpisode
 from jaxrunner.connectors.pipeline import SampleEnd
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch
@@ -29,7 +28,7 @@ from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Params
-from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
+from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state, runner_chunk_rows
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.sampler import (
     HostSampler,
@@ -111,7 +110,9 @@ class LockstepSampler(HostSampler):
         self._state, self._packing = host_actor_state(
             setup.policy, setup.seed, num_envs, connectors, self._obs_space
         )
-        chunk_rows = default_chunk_rows(num_envs)
+        chunk_rows = runner_chunk_rows(
+            setup.policy, setup.params, self._obs_space, connectors, num_envs
+        )
         calls: dict[int, CompiledPolicyStep] = {}  # one compile per group size
         for rows in self.groups:
             size = rows.stop - rows.start

@@ -37,13 +37,12 @@ import jax
 import numpy as np
 
 from jaxrunner import spaces as jr_spaces
-from jaxrunner.batch_invariance import default_chunk_rows
 from jaxrunner.connectors.pipeline import SampleEnd
 from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Params
-from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
+from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state, runner_chunk_rows
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.sampler import (
     HostSampler,
@@ -54,11 +53,9 @@ from jaxrunner.sampling.sampler import (
 from jaxrunner.trajectory import Trajectory
 
 
-def default_buckets(num_envs: int, chunk_rows: int | None = None) -> tuple[int, ...]:
-    """``chunk_rows`` (default: :func:`~jaxrunner.batch_invariance.default_chunk_rows`
-    of ``num_envs``) times powers of two below ``num_envs``, then ``num_envs``."""
-    if chunk_rows is None:
-        chunk_rows = default_chunk_rows(num_envs)
+def default_buckets(num_envs: int, chunk_rows: int) -> tuple[int, ...]:
+    """``chunk_rows`` (the runner's policy chunk) times powers of two below
+    ``num_envs``, then ``num_envs``."""
     buckets, size = [], chunk_rows
     while size < num_envs:
         buckets.append(size)
@@ -87,7 +84,10 @@ class ReadyFirstSampler(HostSampler):
         policy, params, rollout_length = setup.policy, setup.params, setup.rollout_length
         num_envs = envs.num_envs
         caps = envs.capabilities
-        chunk_rows = default_chunk_rows(num_envs)  # the lockstep sampler's: same bits
+        # The lockstep sampler's chunk: the same bits.
+        chunk_rows = runner_chunk_rows(
+            policy, params, envs.single_observation_space, setup.connectors, num_envs
+        )
         buckets = caps.batch_buckets or default_buckets(num_envs, chunk_rows)
         if any(not 1 <= b <= num_envs for b in buckets):
             raise InvalidArgumentError(
