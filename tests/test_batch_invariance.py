@@ -289,3 +289,35 @@ def test_each_env_row_is_computed_once_per_step(num_groups):
         runner.sample()
         jax.effects_barrier()
     assert sum(rows) == steps * NUM_ENVS
+
+
+def test_external_env_batcher_rows_do_not_depend_on_their_batch():
+    """The ExternalEnv batcher: a row's Box action and log-probs (sampled, and of a
+    logged action) are the same bits alone in a bucket of 1, with 2 others, or in a
+    full batch of 16."""
+    from jaxrunner.batching import PolicyBatcher, Row
+
+    policy, params = _pendulum_policy()
+    obs_space = spaces.Box(-8.0, 8.0, (3,), np.float32)
+    act_space = spaces.Box(-2.0, 2.0, (1,), np.float32)
+    rng = np.random.default_rng(3)
+    obs = rng.normal(size=(16, 3)).astype(np.float32)
+    logged = rng.uniform(-2, 2, size=(16, 1)).astype(np.float32)
+
+    def rows(ids: range, with_action: bool) -> list[Row]:
+        return [Row(obs[i], logged[i] if with_action else None, 1000 + i, 7, None) for i in ids]
+
+    batcher = PolicyBatcher(
+        policy, params, obs_space, act_space, SEED,
+        max_batch=16, max_wait_s=0.0, buckets=(1, 2, 4, 16),
+    )  # fmt: skip
+    try:
+        for with_action in (False, True):
+            full = batcher.submit(rows(range(16), with_action), lambda r: r).result()
+            for ids in (range(5, 6), range(9, 12), range(0, 2)):
+                part = batcher.submit(rows(ids, with_action), lambda r: r).result()
+                for i, (action, extras, _) in zip(ids, part):
+                    np.testing.assert_array_equal(action, full[i][0])
+                    np.testing.assert_array_equal(extras["log_prob"], full[i][1]["log_prob"])
+    finally:
+        batcher.close()
