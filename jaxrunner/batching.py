@@ -7,9 +7,11 @@ bucket is compiled once, ahead of time, the first time it is needed: shapes neve
 change afterwards, so new params or odd batch sizes never recompile.
 
 A row's action key is ``fold_in(fold_in(fold_in(key(seed), id_hi), id_lo), step)``
-for its episode id and step index: its action depends on the seed, the episode and
-the step only, never on which rows share its batch (as a runner's actions never depend on how
-its envs are grouped).
+for its episode id and step index, and the policy (and a logged action's log-prob) is
+computed in fixed chunks of ``chunk_rows`` rows (:mod:`jaxrunner.batch_invariance`;
+buckets are rounded up to whole chunks): its action depends on the seed, the episode
+and the step only, bit for bit, never on which rows share its batch or how many they
+are (as a runner's actions never depend on how its envs are grouped).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from gymnasium import spaces
 
 from jaxrunner import keys
 from jaxrunner import spaces as jr_spaces
+from jaxrunner.batch_invariance import check_chunk_rows, chunked_apply, policy_chunk_rows
 from jaxrunner.errors import ClosedError
 from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.transfer import Packing, compile_packed
@@ -95,6 +98,8 @@ class PolicyBatcher:
         buckets: batch sizes to pad to (sorted; the last must be ``max_batch``).
         ready_hint: returns how many rows could come at most (e.g. live episodes);
             once that many are queued, the batch goes without waiting longer.
+        chunk_rows: rows per policy chunk (default:
+            :func:`~jaxrunner.batch_invariance.policy_chunk_rows` for ``max_batch``).
     """
 
     def __init__(
@@ -109,7 +114,11 @@ class PolicyBatcher:
         max_wait_s: float,
         buckets: Sequence[int],
         ready_hint: Callable[[], int] | None = None,
+        chunk_rows: int | None = None,
     ) -> None:
+        if chunk_rows is None:
+            chunk_rows = policy_chunk_rows(policy, params, observation_space, max_batch)
+        self._chunk_rows = check_chunk_rows(chunk_rows, "PolicyBatcher")
         self._policy = policy
         self._obs_space = observation_space
         self._action_space = action_space
@@ -126,7 +135,8 @@ class PolicyBatcher:
         self._queued_rows = 0
         self._closed = False
         self.num_traces = 0
-        """How many times the policy step was traced (one per bucket used)."""
+        """How many times the policy step was traced (one per stage size used: a bucket
+        rounded up to whole chunks)."""
         self.num_batches = 0
         self.num_rows = 0
         self.inference_s = 0.0
@@ -274,8 +284,9 @@ class PolicyBatcher:
         started = time.perf_counter()
         size = next(b for b in self._buckets if b >= len(rows))
         step, in_packing, out_packing, stage = self._get_compiled(size)
-        obs, given, logged, id_hi, id_lo, steps, carry = in_packing.host_views(stage)
+        obs, given, logged, id_hi, id_lo, steps, carry, count = in_packing.host_views(stage)
         logged[:] = False
+        count[...] = len(rows)  # the rows after them (stale host data) are padding
         for i, row in enumerate(rows):
             jr_spaces.copy_into(self._obs_space, obs, row.obs, i)
             if row.action is not None:
@@ -311,7 +322,9 @@ class PolicyBatcher:
         self.inference_s += time.perf_counter() - started
         return results
 
-    def _get_compiled(self, size: int) -> tuple[Callable, Packing, Packing, np.ndarray]:
+    def _get_compiled(self, bucket: int) -> tuple[Callable, Packing, Packing, np.ndarray]:
+        """The compiled step for ``bucket`` rows, on a stage of whole chunks."""
+        size = -(-bucket // self._chunk_rows) * self._chunk_rows
         if size in self._compiled:
             return self._compiled[size]
         policy, action_space = self._policy, self._action_space
@@ -324,19 +337,24 @@ class PolicyBatcher:
             np.zeros(size, np.uint32),
             np.zeros(size, np.uint32),
             None if carry is None else jax.tree.map(np.asarray, carry),
+            np.zeros((), np.int32),
         )
         seed = self._seed
+        apply = chunked_apply(policy.apply_fn, self._chunk_rows)
+        log_prob = None
+        if policy.log_prob_fn is not None:  # same signature: (params, obs, carry, rows)
+            log_prob = chunked_apply(policy.log_prob_fn, self._chunk_rows)
 
         def step(params: Params, inputs: Any) -> tuple[Any]:
             self.num_traces += 1  # runs only while tracing: counts compiles
-            obs, given, logged, id_hi, id_lo, steps, carry = inputs
+            obs, given, logged, id_hi, id_lo, steps, carry, count = inputs
 
             def key_of(hi: jax.Array, lo: jax.Array, t: jax.Array) -> jax.Array:
                 key = jax.random.fold_in(keys.key(seed), hi)
                 return jax.random.fold_in(jax.random.fold_in(key, lo), t)
 
             row_keys = jax.vmap(key_of)(id_hi, id_lo, steps)
-            action, extras, new_carry = policy.apply_fn(params, obs, carry, row_keys)
+            action, extras, new_carry = apply(params, obs, carry, row_keys, count)
 
             def choose(sampled: jax.Array, taken: jax.Array) -> jax.Array:
                 mask = logged.reshape(-1, *([1] * (sampled.ndim - 1)))
@@ -345,8 +363,8 @@ class PolicyBatcher:
             action = jax.tree.map(choose, action, given)
             extras = dict(extras)
             if "log_prob" in extras:
-                if policy.log_prob_fn is not None:
-                    taken_lp = policy.log_prob_fn(params, obs, carry, action)
+                if log_prob is not None:
+                    taken_lp = log_prob(params, obs, carry, action, count)
                 else:  # no way to score a given action: mark it, never invent one
                     taken_lp = jnp.full_like(extras["log_prob"], jnp.nan)
                 extras["log_prob"] = jnp.where(logged, taken_lp, extras["log_prob"])

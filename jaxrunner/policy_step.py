@@ -8,14 +8,24 @@ host buffer and the outputs into one device buffer (one transfer each way, see
 computation is queued) and ``collect`` (waits for it), so a sampler can step envs
 while the policy runs.
 
-Rows. A stage holds ``size`` rows of (observation, episode-start flag, env index).
+Rows. A stage holds ``rows`` rows of (observation, episode-start flag, env index):
+``size`` rounded up to whole policy chunks (below).
 
-* ``size == num_envs`` (lockstep): row ``i`` is env ``i``. A pipelined group marks the
-  other groups' rows inactive (index ``num_envs``): they are computed and dropped.
-  XLA's matmuls round differently by batch size, so computing every row at its own
-  position is what makes an env's actions bitwise the same whatever the grouping.
-* ``size < num_envs`` (ready-first buckets): the rows' actor state is gathered by env
-  index and scattered back; index ``num_envs`` marks padding, never written back.
+* ``size == rows == num_envs`` (lockstep, one group): row ``i`` is env ``i``; a row
+  whose index is ``num_envs`` is computed and dropped.
+* otherwise (a pipelining group, a ready-first bucket): the rows' actor state is
+  gathered by env index and scattered back; index ``num_envs`` marks padding, never
+  written back.
+
+Batch invariance. With ``chunk_rows`` (every host sampler passes
+:func:`runner_chunk_rows`: a function of the width and the policy), the policy runs
+in fixed chunks of that many rows (:func:`~jaxrunner.batch_invariance.chunked_apply`):
+an env's actions are the same bits whatever the call's size, so a group or bucket
+computes only its own rows and grouping stays invisible. Padding rows are host data
+(whatever the stage holds), never values XLA can see through, and the chunk loop runs
+up to the last real row. Keys, carry restarts and
+connectors are elementwise per row (and connectors' shared statistics only change
+between samples), so they are invariant without chunks.
 
 Connectors (:mod:`jaxrunner.connectors`) run inside the same step: observation
 connectors before the policy (what the policy saw is returned as
@@ -25,6 +35,7 @@ beside the policy's). Their per-env state follows the rows' rule above.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -34,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrunner import keys
+from jaxrunner.batch_invariance import chunked_apply, policy_chunk_rows
 from jaxrunner.connectors.pipeline import (
     POLICY_OBS,
     Connectors,
@@ -43,7 +55,7 @@ from jaxrunner.connectors.pipeline import (
     put_rows,
     take_rows,
 )
-from jaxrunner.policy import Params, Policy
+from jaxrunner.policy import ApplyFn, Params, Policy
 from jaxrunner.transfer import compile_packed
 
 
@@ -104,6 +116,21 @@ def host_actor_state(
         return state, None
     packing = StatePacking(state.connectors)
     return state.replace(connectors=packing.to_device(state.connectors)), packing
+
+
+def runner_chunk_rows(
+    policy: Policy,
+    params: Params,
+    obs_space: Any,
+    connectors: Connectors | None,
+    num_envs: int,
+) -> int:
+    """The policy chunk of a runner of ``num_envs`` envs with observations of
+    ``obs_space`` (the env's single space): the same in every host sampler, so their
+    trajectories are the same bits."""
+    if connectors is not None:
+        obs_space = connectors.observation_space(obs_space)  # what the policy sees
+    return policy_chunk_rows(policy, params, obs_space, num_envs)
 
 
 def act(
@@ -171,11 +198,11 @@ class Stage(NamedTuple):
 
     buffer: np.ndarray
     obs: Any
-    """[size, ...] observations."""
+    """[rows, ...] observations."""
     episode_start: np.ndarray
-    """[size] bool: the row's env starts an episode (its carry restarts)."""
+    """[rows] bool: the row's env starts an episode (its carry restarts)."""
     env_index: np.ndarray
-    """[size] int32: the row's env, or ``num_envs`` for a row to drop."""
+    """[rows] int32: the row's env, or ``num_envs`` for a row to drop."""
 
 
 class CompiledPolicyStep:
@@ -186,10 +213,13 @@ class CompiledPolicyStep:
         policy: the policy.
         params: device params (the compile is specialised to their shapes).
         state: the runner's actor state (every env).
-        size: rows per call.
-        obs_example: observations of ``size`` envs (numpy, ``[size, ...]``).
+        size: rows per call (the stage has :attr:`rows`: ``size`` rounded up to a
+            multiple of ``chunk_rows``).
+        obs_example: observations (numpy, ``[n, ...]``: their dtypes and shapes).
         connectors: the runner's connectors (their state is in ``state.connectors``).
         packing: how ``state.connectors`` is packed (:func:`host_actor_state`).
+        chunk_rows: compute the policy in chunks of this many rows (batch-invariant,
+            see the module docstring); None: one call for all ``size`` rows.
     """
 
     def __init__(
@@ -201,23 +231,34 @@ class CompiledPolicyStep:
         obs_example: Any,
         connectors: Connectors | None = None,
         packing: StatePacking | None = None,
+        *,
+        chunk_rows: int | None = None,
     ) -> None:
         num_envs = int(state.env_steps.shape[0])
-        self.size, self.num_envs = size, num_envs
+        self.size, self.num_envs, self.chunk_rows = size, num_envs, chunk_rows
+        rows = size if chunk_rows is None else -(-size // chunk_rows) * chunk_rows
+        self.rows = rows
+        """Rows of the stage and of the outputs."""
+        chunked = None if chunk_rows is None else chunked_apply(policy.apply_fn, chunk_rows)
         # The env's action travels in the same output only when it differs.
         self._env_actions = connectors is not None and bool(connectors.action)
 
         def step(params: Params, state: ActorState, inputs: Any) -> tuple[Any, ActorState]:
             obs, start, index = inputs
+            apply_fn = policy.apply_fn
+            if chunked is not None:
+                # Rows up to the last real one (from the stage: a run-time count).
+                real = jnp.arange(1, rows + 1, dtype=jnp.int32) * (index < num_envs)
+                apply_fn = functools.partial(chunked, num_rows=real.max())
             if packing is not None:
                 state = state.replace(connectors=packing.unpack(state.connectors))
-            if size == num_envs:  # rows are envs: keep the active rows' new state
+            if size == rows == num_envs:  # rows are envs: keep the active rows' new state
                 action, env_action, extras, state = act(
-                    policy.apply_fn, params, state, obs, start, index < num_envs, connectors
+                    apply_fn, params, state, obs, start, index < num_envs, connectors
                 )
             else:  # gather the rows' state, scatter it back (padding dropped)
                 action, env_action, extras, state = _act_gathered(
-                    policy, params, state, obs, start, index, connectors
+                    apply_fn, params, state, obs, start, index, connectors
                 )
             if packing is not None:
                 state = state.replace(connectors=packing.pack(state.connectors))
@@ -225,12 +266,17 @@ class CompiledPolicyStep:
                 return (action, env_action, extras), state
             return (action, extras), state
 
-        example = (obs_example, np.zeros(size, np.bool_), np.zeros(size, np.int32))
+        obs_rows = jax.tree.map(lambda x: np.zeros((rows, *np.shape(x)[1:]), x.dtype), obs_example)
+        example = (obs_rows, np.zeros(rows, np.bool_), np.zeros(rows, np.int32))
         program = compile_packed(step, (params, state), example, donate_argnums=(1,))
         self._step, self._in_packing, self._out_packing = program[:3]
         spec = program.output_spec
         self.output_spec: tuple[Any, Any] = (spec[0], spec[-1])
-        """Shapes and dtypes of ``(action, extras)`` for ``size`` rows."""
+        """Shapes and dtypes of ``(action, extras)`` for :attr:`rows` rows."""
+        self.env_output_spec: tuple[Any, Any] = jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct((num_envs, *s.shape[1:]), s.dtype), self.output_spec
+        )
+        """:attr:`output_spec` for ``num_envs`` rows (what a ``[T, B]`` buffer holds)."""
         self._action_treedef = jax.tree.structure(self.output_spec[0])
         self._action_is_leaf = jax.tree_util.treedef_is_leaf(self._action_treedef)
         # The guard scopes, built once: each would cost ~2 us of Python per call.
@@ -257,7 +303,7 @@ class CompiledPolicyStep:
     def collect(self, pending: Any) -> tuple[Any, Any, list[np.ndarray]]:
         """Waits for a dispatched step; returns numpy views of the action and of the
         env's action (pytrees; the same object without action connectors) and of the
-        extras' leaves in ``jax.tree.leaves`` order, ``[size, ...]`` each (the step's
+        extras' leaves in ``jax.tree.leaves`` order, ``[rows, ...]`` each (the step's
         one device->host transfer)."""
         with self._allow_d2h:
             host = np.asarray(pending)
@@ -274,7 +320,7 @@ class CompiledPolicyStep:
 
 
 def _act_gathered(
-    policy: Policy,
+    apply_fn: ApplyFn,
     params: Params,
     state: ActorState,
     obs: Any,
@@ -298,7 +344,7 @@ def _act_gathered(
         connectors=take_rows(state.connectors, gather),
     )
     action, env_action, extras, sub = act(
-        policy.apply_fn, params, sub, obs, start, None, connectors, counted=index < num_envs
+        apply_fn, params, sub, obs, start, None, connectors, counted=index < num_envs
     )
     state = state.replace(
         env_steps=state.env_steps.at[index].set(sub.env_steps, mode="drop"),
@@ -317,4 +363,5 @@ __all__ = [
     "act",
     "host_actor_state",
     "initial_actor_state",
+    "runner_chunk_rows",
 ]

@@ -279,7 +279,7 @@ def test_ready_first_padding_rows_are_not_counted():
         runner.sample()
         runner.sample()
         assert float(runner.get_connector_state().obs[0].shared) == 2 * 10 * 5
-        assert runner.sampler.bucket_counts[2] + runner.sampler.bucket_counts[4] > 0
+        assert sum(n for size, n in runner.sampler.bucket_counts.items() if size < 5) > 0
 
 
 def test_transfers_stay_explicit_with_connectors():

@@ -198,7 +198,9 @@ def test_policy_compiled_once_and_new_params_apply_without_retrace():
     module = ActorCritic(2)
     base = jr.Policy.from_linen(module, gymnasium.spaces.Discrete(2), deterministic=True)
 
-    @chex.assert_max_traces(n=1)
+    # Two traces at construction: one row for XLA's cost estimate (the policy chunk,
+    # jaxrunner.batch_invariance), then the compiled step; none after.
+    @chex.assert_max_traces(n=2)
     def counting_apply(params, obs, carry, keys):
         return base.apply_fn(params, obs, carry, keys)
 

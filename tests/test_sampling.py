@@ -11,9 +11,9 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from shuffled_sync import ShuffledSync
 
 import jaxrunner as jr
-from jaxrunner.envs.base import BatchStep, Capabilities
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.lockstep import LockstepSampler
@@ -22,40 +22,6 @@ from jaxrunner.testing import RandomWalk
 
 NUM_ENVS = 6
 SEED = 3
-
-
-class ShuffledSync(jr.SyncVectorEnv):
-    """A ready-first backend in one process: each send is split into single envs, and
-    ``recv`` steps pending envs in a seeded random order, ``batch`` at a time (an int
-    array of env ids), or one at a time (a slice) without a batch size."""
-
-    def __init__(self, env_fns: Any, batch: int | None, buckets: tuple[int, ...]) -> None:
-        super().__init__(env_fns)
-        self.capabilities = Capabilities(
-            ready_first=True, recv_batch_size=batch, batch_buckets=buckets
-        )
-        self._batch = batch
-        self._rng = np.random.default_rng(0)
-        self._waiting: dict[int, Any] = {}
-
-    def send(self, actions: Any, env_ids: Any = None) -> None:
-        index = np.arange(self.num_envs)[slice(None) if env_ids is None else env_ids]
-        for j, i in enumerate(np.atleast_1d(index).tolist()):
-            self._waiting[i] = np.asarray(actions)[j]
-
-    def recv(self) -> BatchStep:
-        pending = sorted(self._waiting)
-        count = 1 if self._batch is None else self._batch
-        chosen = self._rng.choice(pending, size=count, replace=False)
-        outs = []
-        for i in chosen.tolist():
-            out = self._step(self._waiting.pop(i)[None], slice(i, i + 1))
-            outs.append(
-                jax.tree.map(np.copy, out._replace(infos=None, reset_infos=None, env_ids=None))
-            )
-        stack = jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
-        env_ids: Any = slice(int(chosen[0]), int(chosen[0]) + 1) if self._batch is None else chosen
-        return stack._replace(infos=[{}] * count, reset_infos={}, env_ids=env_ids)
 
 
 class Actor(nn.Module):

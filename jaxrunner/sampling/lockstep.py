@@ -4,7 +4,10 @@ Per step and group: one host->device transfer (observations and episode-start fl
 one compiled policy call, one device->host transfer (actions and extras), one
 ``send``/``recv`` of the backend, and numpy writes into preallocated ``[T, B]``
 buffers. With several groups, a group's policy step is queued as soon as its envs'
-results are in and computes while the other groups' envs step (pipelining).
+results are in and computes while the other groups' envs step (pipelining). A group's
+call computes its own envs' rows only, in the runner's fixed policy chunks
+(:mod:`jaxrunner.batch_invariance`), so grouping changes no action's bits and the
+policy is paid once per env per step.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Params
-from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
+from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state, runner_chunk_rows
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.sampler import (
     HostSampler,
@@ -107,15 +110,25 @@ class LockstepSampler(HostSampler):
         self._state, self._packing = host_actor_state(
             setup.policy, setup.seed, num_envs, connectors, self._obs_space
         )
-        self._call = CompiledPolicyStep(
-            setup.policy, setup.params, self._state, num_envs, obs, connectors, self._packing
+        chunk_rows = runner_chunk_rows(
+            setup.policy, setup.params, self._obs_space, connectors, num_envs
         )
+        calls: dict[int, CompiledPolicyStep] = {}  # one compile per group size
+        for rows in self.groups:
+            size = rows.stop - rows.start
+            if size not in calls:
+                calls[size] = CompiledPolicyStep(
+                    setup.policy, setup.params, self._state, size,
+                    jr_spaces.rows(self._obs_space, obs, slice(0, size)),
+                    connectors, self._packing, chunk_rows=chunk_rows,
+                )  # fmt: skip
+        self._calls = [calls[rows.stop - rows.start] for rows in self.groups]
         self._sample_end = None
         if connectors is not None and connectors.per_sample:
             self._sample_end = SampleEnd(connectors, self._packing)  # type: ignore[arg-type]
-        self._stages = [self._call.new_stage() for _ in self.groups]
+        self._stages = [call.new_stage() for call in self._calls]
         for stage, rows in zip(self._stages, self.groups):
-            stage.env_index[rows] = np.arange(rows.start, rows.stop)
+            stage.env_index[: rows.stop - rows.start] = np.arange(rows.start, rows.stop)
         self._pending: list[Any] = [None] * len(self.groups)
         self._whole = len(self.groups) == 1
         # Backends that step in the background get each group's actions as soon as they
@@ -124,7 +137,7 @@ class LockstepSampler(HostSampler):
         self._actions: list[Any] = [None] * len(self.groups)
         # The latest observations of each group's envs (views of the env's buffer).
         self._group_obs = [jr_spaces.rows(self._obs_space, obs, g) for g in self.groups]
-        self.action_spec, self._extras_spec = self._call.output_spec
+        self.action_spec, self._extras_spec = self._calls[0].env_output_spec
         self._live: list[LiveEpisode] = []
         self._live_next_id = num_envs  # the next id, counted step by step for callbacks
         if callbacks is not None:
@@ -206,11 +219,12 @@ class LockstepSampler(HostSampler):
         clock = time.perf_counter()
         rows, obs, stage = self.groups[g], self._group_obs[g], self._stages[g]
         jr_spaces.copy_into(self._obs_space, buf.obs, obs, (t, rows))
-        jr_spaces.copy_into(self._obs_space, stage.obs, obs, rows)
-        stage.episode_start[rows] = self._episode_start[rows]
+        own = slice(0, rows.stop - rows.start)  # then padding, up to whole chunks
+        jr_spaces.copy_into(self._obs_space, stage.obs, obs, own)
+        stage.episode_start[own] = self._episode_start[rows]
         tick = time.perf_counter()
         perf["obs_processing_ms"] += tick - clock
-        self._pending[g], self._state = self._call.dispatch(self._params, self._state, stage)
+        self._pending[g], self._state = self._calls[g].dispatch(self._params, self._state, stage)
         perf["inference_ms"] += time.perf_counter() - tick
 
     def _send_group(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
@@ -219,13 +233,14 @@ class LockstepSampler(HostSampler):
         clock = time.perf_counter()
         rows = self.groups[g]
         index = (t, rows)
-        action, env_action, extras = self._call.collect(self._pending[g])
+        call = self._calls[g]
+        action, env_action, extras = call.collect(self._pending[g])
         self._pending[g] = None
-        if not self._whole:
-            same = env_action is action  # no action connectors
-            action = jr_spaces.rows(self._action_space, action, rows)
-            env_action = action if same else jr_spaces.rows(self._action_space, env_action, rows)
-            extras = [leaf[rows] for leaf in extras]
+        if call.rows != call.size:  # drop the padding rows
+            own, same = slice(0, call.size), env_action is action
+            action = jr_spaces.rows(self._action_space, action, own)
+            env_action = action if same else jr_spaces.rows(self._action_space, env_action, own)
+            extras = [leaf[own] for leaf in extras]
         tick = time.perf_counter()
         perf["inference_ms"] += tick - clock
         jr_spaces.copy_into(self._action_space, buf.action, action, index)

@@ -21,12 +21,12 @@ steps at its own row of the ``[T, B]`` buffers.
 Exactness. The ready envs are padded to the smallest of a few bucket sizes, each
 compiled once up front, so XLA never recompiles. An env's action key depends only on
 the seed, its env id and its step count, and episode ids are numbered once per
-sample (:class:`~jaxrunner.sampling.episodes.EpisodeBook`), so the trajectory equals
-the lockstep sampler's for the same seed, provided the policy computes a row the
-same whatever the batch size. XLA's CPU matmuls do for a 64x64 MLP from batch 2 up
-(batch 1 takes a matrix-vector path, so buckets start at 2), but wide layers can
-round differently at small batches; ``Capabilities(batch_buckets=(num_envs,))``
-computes every row in a full batch, which is exact for any policy.
+sample (:class:`~jaxrunner.sampling.episodes.EpisodeBook`). Every bucket computes the
+policy in the same fixed chunks as the lockstep sampler of the same width
+(:mod:`jaxrunner.batch_invariance`), so a row's action is the same bits in a bucket of
+1 as in the full batch, for any row-wise policy: the trajectory equals the lockstep
+sampler's for the same seed. The default buckets are multiples of the chunk (a
+smaller bucket would compute a whole chunk anyway).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from jaxrunner.envs.base import BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Params
-from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
+from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state, runner_chunk_rows
 from jaxrunner.sampling.episodes import EpisodeBook
 from jaxrunner.sampling.sampler import (
     HostSampler,
@@ -55,9 +55,10 @@ from jaxrunner.sampling.sampler import (
 from jaxrunner.trajectory import Trajectory
 
 
-def default_buckets(num_envs: int) -> tuple[int, ...]:
-    """Powers of two from 2 below ``num_envs``, then ``num_envs`` (1 alone if 1 env)."""
-    buckets, size = [], 2
+def default_buckets(num_envs: int, chunk_rows: int) -> tuple[int, ...]:
+    """``chunk_rows`` (the runner's policy chunk) times powers of two below
+    ``num_envs``, then ``num_envs``."""
+    buckets, size = [], chunk_rows
     while size < num_envs:
         buckets.append(size)
         size *= 2
@@ -85,7 +86,11 @@ class ReadyFirstSampler(HostSampler):
         policy, params, rollout_length = setup.policy, setup.params, setup.rollout_length
         num_envs = envs.num_envs
         caps = envs.capabilities
-        buckets = caps.batch_buckets or default_buckets(num_envs)
+        # The lockstep sampler's chunk: the same bits.
+        chunk_rows = runner_chunk_rows(
+            policy, params, envs.single_observation_space, setup.connectors, num_envs
+        )
+        buckets = caps.batch_buckets or default_buckets(num_envs, chunk_rows)
         if any(not 1 <= b <= num_envs for b in buckets):
             raise InvalidArgumentError(
                 f"batch_buckets={buckets!r}: every bucket must be in [1, num_envs={num_envs}]."
@@ -109,14 +114,18 @@ class ReadyFirstSampler(HostSampler):
         self._sample_end = None
         if connectors is not None and connectors.per_sample:
             self._sample_end = SampleEnd(connectors, self._packing)  # type: ignore[arg-type]
-        self._calls = {}
+        self._calls: dict[int, CompiledPolicyStep] = {}
+        by_rows: dict[int, CompiledPolicyStep] = {}  # buckets of the same whole chunks
         for n in self.buckets:
-            example = jr_spaces.rows(self._obs_space, obs, slice(0, n))
-            self._calls[n] = CompiledPolicyStep(
-                policy, params, self._state, n, example, connectors, self._packing
-            )
+            rows = -(-n // chunk_rows) * chunk_rows
+            if rows not in by_rows or n == num_envs:
+                by_rows[rows] = CompiledPolicyStep(
+                    policy, params, self._state, n, obs, connectors, self._packing,
+                    chunk_rows=chunk_rows,
+                )  # fmt: skip
+            self._calls[n] = by_rows[rows]
         self._stages = {n: call.new_stage() for n, call in self._calls.items()}
-        self.action_spec, self._extras_spec = self._calls[num_envs].output_spec
+        self.action_spec, self._extras_spec = self._calls[num_envs].env_output_spec
         self._book = EpisodeBook(num_envs)
         self._episode_start = np.ones(num_envs, np.bool_)
         self._t = np.zeros(num_envs, np.int64)  # steps recorded per env, this sample on
@@ -251,8 +260,8 @@ class ReadyFirstSampler(HostSampler):
             jr_spaces.copy_into(
                 self._obs_space, buf.obs, jr_spaces.take(self._obs_space, obs, sel), (rows, envs)
             )
-        # A full batch computes env i at row i (the lockstep layout, bitwise the same);
-        # a smaller bucket takes the ready envs in order, then padding.
+        # A full batch computes env i at row i (its rows are the envs); a smaller
+        # bucket takes the ready envs in order, then padding.
         at = index if bucket == num_envs else np.arange(count)
         stage.env_index[:] = num_envs  # padding: computed, never written back
         stage.episode_start[:] = False

@@ -1,0 +1,323 @@
+"""Batch invariance: an env's actions are the same bits however envs are batched.
+
+Two levels. The mechanism (``jaxrunner.batch_invariance``): the XLA property it rests on
+(a row of a fixed-shape chunk does not depend on its position or its neighbours) and
+chunked calls of every size agreeing. The samplers: Pendulum-v1 with a Box-action MLP
+and an image env with a CNN give identical trajectories on the sync backend, in
+pipelined groups, in ready-first buckets of 1 and 2 and on the process backend, and
+each env's policy row is computed once per step.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import chex
+import flax.linen as nn
+import gymnasium
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gymnasium import spaces
+from shuffled_sync import ShuffledSync
+
+import jaxrunner as jr
+from jaxrunner.batch_invariance import chunked_apply, default_chunk_rows, policy_flops_per_row
+from jaxrunner.bench import mlp_policy
+from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.sampling.ready_first import ReadyFirstSampler
+
+NUM_ENVS = 16  # chunks of 8 rows for both policies on CPU: two groups of one chunk each
+SEED = 5
+
+
+class TinyCNN(nn.Module):
+    """A small conv policy for image observations (logits and a value)."""
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> dict[str, jax.Array]:
+        x = obs.astype(jnp.float32) / 255.0
+        x = nn.relu(nn.Conv(8, (3, 3), (2, 2))(x))
+        x = nn.relu(nn.Conv(8, (3, 3), (1, 1))(x))
+        x = nn.relu(nn.Dense(32)(x.reshape(x.shape[0], -1)))
+        return {"logits": nn.Dense(3)(x), "value": nn.Dense(1)(x)[..., 0]}
+
+
+class NoiseImageEnv(gymnasium.Env):
+    """uint8 ``12x12x2`` images of seeded noise; the action picks the next image's
+    brightness and the reward, so a different action changes everything after it."""
+
+    observation_space = spaces.Box(0, 255, (12, 12, 2), np.uint8)
+    action_space = spaces.Discrete(3)
+
+    def _image(self, action: int) -> np.ndarray:
+        noise = self.np_random.integers(0, 200, self.observation_space.shape)
+        return (noise + 25 * action).astype(np.uint8)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self.t = 0
+        return self._image(0), {}
+
+    def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
+        self.t += 1
+        done = self.t >= 9 + int(self.np_random.integers(0, 5))
+        return self._image(int(action)), float(action) - 1.0, done, False, {}
+
+
+def _pendulum() -> gymnasium.Env:
+    return gymnasium.make("Pendulum-v1")
+
+
+def _image_env() -> gymnasium.Env:
+    return NoiseImageEnv()
+
+
+# -- the mechanism ------------------------------------------------------------------------
+
+
+def _policies() -> dict[str, tuple[jr.Policy, Any, np.ndarray]]:
+    """Policies of every shape the guarantee is checked on, with 40 observations each."""
+    rng = np.random.default_rng(0)
+    box = spaces.Box(-2.0, 2.0, (1,), np.float32)
+    vector = spaces.Box(-8.0, 8.0, (3,), np.float32)
+    out = {}
+    for width in (64, 256, 512):
+        policy = mlp_policy(box, hidden=(width, width))
+        obs = rng.normal(size=(40, 3)).astype(np.float32)
+        out[f"mlp{width}"] = (policy, policy.init(jax.random.key(1), vector), obs)
+    image = NoiseImageEnv.observation_space
+    policy = jr.Policy.from_linen(TinyCNN(), spaces.Discrete(3))
+    obs = rng.integers(0, 255, (40, *image.shape)).astype(np.uint8)
+    out["cnn"] = (policy, policy.init(jax.random.key(1), image), obs)
+    return out
+
+
+POLICIES = _policies()
+
+
+def _row_keys(ids: np.ndarray) -> jax.Array:
+    return jax.vmap(lambda i: jax.random.fold_in(jax.random.key(7), i))(jnp.asarray(ids))
+
+
+def _outputs(
+    apply_fn: Any,
+    params: Any,
+    obs: np.ndarray,
+    ids: np.ndarray,
+    chunk_rows: int | None = None,
+    num_rows: int = 0,
+) -> list[np.ndarray]:
+    """Action and extras of rows ``obs`` (keys from ``ids``) as numpy leaves, from one
+    jitted call of ``apply_fn``, or of its :func:`chunked_apply` (``num_rows`` real
+    rows, a run-time argument)."""
+    keys = _row_keys(ids)
+    if chunk_rows is None:
+        action, extras, _ = jax.jit(apply_fn)(params, obs, None, keys)
+    else:
+        chunked = jax.jit(chunked_apply(apply_fn, chunk_rows))
+        action, extras, _ = chunked(params, obs, None, keys, np.int32(num_rows))
+    return [np.asarray(leaf) for leaf in jax.tree.leaves((action, extras))]
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_a_chunk_row_depends_on_neither_its_position_nor_its_neighbours(name):
+    """The XLA property the mechanism rests on, checked on this platform: in a
+    fixed-shape chunk, a row comes out the same at any position and whatever the
+    other rows hold (random neighbours, every position)."""
+    policy, params, obs = POLICIES[name]
+    chunk = 8
+    ids = np.arange(len(obs), dtype=np.uint32)
+    reference = _outputs(policy.apply_fn, params, obs[:chunk], ids[:chunk])
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        place = rng.permutation(chunk)  # row i of the reference goes to place[i]
+        others = rng.choice(np.arange(chunk, len(obs)), chunk, replace=False)
+        mixed_obs, mixed_ids = obs[others].copy(), ids[others].copy()
+        keep = rng.permutation(chunk)[: chunk // 2]  # half the rows, moved
+        mixed_obs[place[keep]], mixed_ids[place[keep]] = obs[keep], ids[keep]
+        got = _outputs(policy.apply_fn, params, mixed_obs, mixed_ids)
+        for ours, theirs in zip(got, reference):
+            np.testing.assert_array_equal(ours[place[keep]], theirs[keep])
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_chunked_calls_of_every_size_give_the_same_rows(name):
+    """A row's outputs are the same bits in calls of 1, 2, 3, 5, 8 and 17 real rows
+    (padded on the host with other rows to chunks of 4) as in the call of all 40."""
+    policy, params, obs = POLICIES[name]
+    chunk = 4
+    ids = np.arange(len(obs), dtype=np.uint32)
+    reference = _outputs(policy.apply_fn, params, obs, ids, chunk, len(obs))
+    for size in (1, 2, 3, 5, 8, 17):
+        for start in (0, len(obs) - size):
+            take = np.arange(start, start + size)
+            pad = np.setdiff1d(ids, take)[: -size % chunk]  # other rows as padding
+            rows = np.concatenate([take, pad])
+            got = _outputs(policy.apply_fn, params, obs[rows], ids[rows], chunk, size)
+            for ours, theirs in zip(got, reference):
+                np.testing.assert_array_equal(ours[:size], theirs[take])
+
+
+def test_chunked_apply_refuses_outputs_without_a_row_per_observation():
+    def apply_fn(params, obs, carry, keys):
+        return obs, {"mean": obs.mean()}, carry  # a batch statistic: not row-wise
+
+    def policy_fn(params, obs, carry, keys):
+        return obs, {}, carry
+
+    with pytest.raises(InvalidArgumentError, match=r"one row per observation.*got shape \(\)"):
+        _outputs(apply_fn, None, np.zeros((4, 3)), np.arange(4, dtype=np.uint32), 2, 4)
+    with pytest.raises(InvalidArgumentError, match=r"3 rows, expected a multiple of chunk_rows=2"):
+        _outputs(policy_fn, None, np.zeros((3, 3)), np.arange(3, dtype=np.uint32), 2, 3)
+    with pytest.raises(InvalidArgumentError, match=r"chunk_rows=0"):
+        chunked_apply(apply_fn, 0)
+
+
+def test_default_chunk_rows_follow_the_width_and_the_policy_cost():
+    mlp, cnn = 9e3, 3e7  # flops per row: a CartPole 64-64 MLP, a NatureCNN
+    widths = (1, 2, 8, 16, 64, 256, 4096)
+    assert [default_chunk_rows(n, mlp, "cpu") for n in widths] == [1, 2, 8, 8, 32, 128, 128]
+    assert [default_chunk_rows(n, cnn, "cpu") for n in widths] == [1, 2, 8, 8, 8, 8, 8]
+    assert default_chunk_rows(64, None, "cpu") == default_chunk_rows(64, cnn, "cpu")
+    assert default_chunk_rows(64, mlp, "gpu") == 32
+    for n in (16, 64, 256, 4096):  # two pipelining groups are whole chunks
+        assert (n // 2) % default_chunk_rows(n, mlp, "cpu") == 0
+        assert (n // 2) % default_chunk_rows(n, cnn, "cpu") == 0
+
+
+def test_policy_flops_per_row_sees_the_policy_cost():
+    small = mlp_policy(spaces.Discrete(2), hidden=(8,))
+    wide = mlp_policy(spaces.Discrete(2), hidden=(256, 256))
+    space = spaces.Box(-1.0, 1.0, (4,), np.float32)
+    small_flops = policy_flops_per_row(small, small.init(jax.random.key(0), space), space)
+    wide_flops = policy_flops_per_row(wide, wide.init(jax.random.key(0), space), space)
+    assert small_flops is not None and wide_flops is not None
+    assert wide_flops > 100 * small_flops  # 256x256 multiply-adds against 4x8
+
+
+# -- the samplers -------------------------------------------------------------------------
+
+
+def _pendulum_policy() -> tuple[jr.Policy, Any]:
+    policy = mlp_policy(spaces.Box(-2.0, 2.0, (1,), np.float32), hidden=(64, 64))
+    return policy, policy.init(jax.random.key(0), spaces.Box(-8.0, 8.0, (3,), np.float32))
+
+
+def _cnn_policy() -> tuple[jr.Policy, Any]:
+    policy = jr.Policy.from_linen(TinyCNN(), NoiseImageEnv.action_space)
+    return policy, policy.init(jax.random.key(0), NoiseImageEnv.observation_space)
+
+
+CASES = {
+    # Pendulum truncates at 200 steps: 3 samples of 100 cross an episode boundary.
+    "pendulum": (_pendulum, _pendulum_policy, 100),
+    "cnn": (_image_env, _cnn_policy, 30),
+}
+
+
+def _samples(
+    envs: Any, case: str, num_groups: int | None = None, ready_first: bool = False
+) -> list[jr.Trajectory]:
+    _, make_policy, steps = CASES[case]
+    policy, params = make_policy()
+    with jr.EnvRunner(envs, policy, params, steps, SEED, num_groups=num_groups) as runner:
+        assert isinstance(runner.sampler, ReadyFirstSampler) == ready_first
+        samples = [runner.sample() for _ in range(3)]
+        if ready_first:  # calls of fewer than all envs really ran
+            counts = runner.sampler.ready_counts
+            assert sum(n for ready, n in counts.items() if ready < NUM_ENVS)
+        return samples
+
+
+@functools.cache
+def _reference(case: str) -> list[jr.Trajectory]:
+    """The sync backend, one group."""
+    make_env = CASES[case][0]
+    return _samples(jr.make_vec(make_env, NUM_ENVS), case, num_groups=1)
+
+
+def _assert_same(got: list[jr.Trajectory], case: str) -> None:
+    for ours, theirs in zip(got, _reference(case), strict=True):
+        chex.assert_trees_all_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("num_groups", [2, 3])
+def test_pipelined_groups_equal_one_group(case, num_groups):
+    make_env = CASES[case][0]
+    envs = jr.make_vec(make_env, NUM_ENVS)
+    _assert_same(_samples(envs, case, num_groups=num_groups), case)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(("batch", "buckets"), [(None, (1, 2, 4)), (2, (2,)), (3, (1, 2, 3))])
+def test_ready_first_small_buckets_equal_the_sync_backend(case, batch, buckets):
+    """Envs answer one, two or three at a time, in a seeded random order, and are
+    computed in buckets of 1, 2, 3, 4 or all rows."""
+    make_env = CASES[case][0]
+    envs = ShuffledSync([make_env] * NUM_ENVS, batch, buckets=buckets)
+    _assert_same(_samples(envs, case, ready_first=True), case)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_process_backend_ready_first_equals_the_sync_backend(case):
+    make_env = CASES[case][0]
+    config = jr.ProcessConfig(num_workers=4, ready_first=True)
+    envs = jr.make_vec(make_env, NUM_ENVS, backend="process", config=config)
+    _assert_same(_samples(envs, case, ready_first=True), case)
+
+
+@pytest.mark.parametrize("num_groups", [1, 2])
+def test_each_env_row_is_computed_once_per_step(num_groups):
+    """Rows the policy computes per step, counted inside the compiled chunks: one per
+    env whatever the grouping (computing every env's row in each group's call would
+    be ``num_groups * NUM_ENVS``)."""
+    policy, params = _pendulum_policy()
+    rows: list[int] = []
+
+    def counted(params, obs, carry, keys):
+        jax.debug.callback(lambda n: rows.append(int(n)), obs.shape[0])
+        return policy.apply_fn(params, obs, carry, keys)
+
+    counting = jr.Policy(apply_fn=counted, init_fn=policy.init_fn)
+    envs = jr.make_vec(_pendulum, NUM_ENVS)
+    steps = 5
+    with jr.EnvRunner(envs, counting, params, steps, SEED, num_groups=num_groups) as runner:
+        runner.sample()
+        jax.effects_barrier()
+    assert sum(rows) == steps * NUM_ENVS
+
+
+def test_external_env_batcher_rows_do_not_depend_on_their_batch():
+    """The ExternalEnv batcher: a row's Box action and log-probs (sampled, and of a
+    logged action) are the same bits alone in a bucket of 1, with 2 others, or in a
+    full batch of 16."""
+    from jaxrunner.batching import PolicyBatcher, Row
+
+    policy, params = _pendulum_policy()
+    obs_space = spaces.Box(-8.0, 8.0, (3,), np.float32)
+    act_space = spaces.Box(-2.0, 2.0, (1,), np.float32)
+    rng = np.random.default_rng(3)
+    obs = rng.normal(size=(16, 3)).astype(np.float32)
+    logged = rng.uniform(-2, 2, size=(16, 1)).astype(np.float32)
+
+    def rows(ids: range, with_action: bool) -> list[Row]:
+        return [Row(obs[i], logged[i] if with_action else None, 1000 + i, 7, None) for i in ids]
+
+    batcher = PolicyBatcher(
+        policy, params, obs_space, act_space, SEED,
+        max_batch=16, max_wait_s=0.0, buckets=(1, 2, 4, 16),
+    )  # fmt: skip
+    try:
+        for with_action in (False, True):
+            full = batcher.submit(rows(range(16), with_action), lambda r: r).result()
+            for ids in (range(5, 6), range(9, 12), range(0, 2)):
+                part = batcher.submit(rows(ids, with_action), lambda r: r).result()
+                for i, (action, extras, _) in zip(ids, part):
+                    np.testing.assert_array_equal(action, full[i][0])
+                    np.testing.assert_array_equal(extras["log_prob"], full[i][1]["log_prob"])
+    finally:
+        batcher.close()
