@@ -84,11 +84,11 @@ def exactness(num_envs: int, width: int, steps: int) -> list[dict[str, Any]]:
         with jr.EnvRunner(envs, policy, params, steps, 0, **kwargs) as runner:
             return runner.sample()
 
-    reference = sample("", num_groups=1)
+    reference = sample("", num_splits=1)
     rows = []
     for layout, backend, kwargs in (
-        ("2 groups", "", {"num_groups": 2}),
-        ("3 groups", "", {"num_groups": 3}),
+        ("2 groups", "", {"num_splits": 2}),
+        ("3 groups", "", {"num_splits": 3}),
         ("ready-first, 4 workers", "process", {}),
     ):
         row = {"hidden": list(hidden), "layout": layout}

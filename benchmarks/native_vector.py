@@ -52,7 +52,7 @@ def _policy(space: gymnasium.Space, obs_space: gymnasium.Space, seed: int) -> tu
 def measure_jaxrunner(args: argparse.Namespace, num_envs: int) -> dict[str, Any]:
     envs = jr.make_vec(args.env, num_envs, backend="gymnasium")
     policy, params = _policy(envs.single_action_space, envs.single_observation_space, args.seed)
-    with jr.EnvRunner(envs, policy, params, args.rollout_length, args.seed, num_groups=1) as r:
+    with jr.EnvRunner(envs, policy, params, args.rollout_length, args.seed, num_splits=1) as r:
         r.sample()  # warm-up (compiles)
         steps_per_s = bench.timed(lambda: r.sample().reward.size, args.seconds)
         return {"steps_per_s": steps_per_s, "perf_ms_per_step": r.get_metrics()["perf"]}

@@ -4,7 +4,7 @@ Systems, all alive at once at each width and measured in interleaved rounds (med
 kept), so that a noisy, shared machine hits each alike:
 
 * ``process``: ``EnvRunner.sample()`` on ``backend="process"`` (default workers and
-  groups unless ``--num-workers``/``--num-groups`` say otherwise), 64-64 tanh MLP.
+  groups unless ``--num-workers``/``--num-splits`` say otherwise), 64-64 tanh MLP.
 * ``sync``: the same runner on ``backend="sync"``.
 * ``raw``: the same sub-envs stepped with random actions in one process, no policy
   on ``backend="sync"``): the target's yardstick.
@@ -62,8 +62,8 @@ def make_runner(env: str, num_envs: int, backend: str, args: argparse.Namespace)
     envs = make_vec(env, num_envs, backend=backend, config=config)
     policy = bench.mlp_policy(envs.single_action_space)
     params = policy.init(jax.random.key(args.seed), envs.single_observation_space)
-    groups = args.num_groups if backend == "process" else None
-    return EnvRunner(envs, policy, params, args.rollout_length, args.seed, num_groups=groups)
+    groups = args.num_splits if backend == "process" else None
+    return EnvRunner(envs, policy, params, args.rollout_length, args.seed, num_splits=groups)
 
 
 def measure_width(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def measure_width(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:
         process_envs = runners["process"].envs
         row["process_config"] = {
             "num_workers": process_envs.num_workers,  # type: ignore[attr-defined]
-            "num_groups": len(runners["process"]._groups),
+            "num_splits": len(runners["process"].sampler.splits),
         }
         row["process_perf_ms"] = runners["process"].get_metrics()["perf"]
         row["sync_perf_ms"] = runners["sync"].get_metrics()["perf"]
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--num-envs", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--num-workers", type=int, default=None, help="default: CPU count")
-    parser.add_argument("--num-groups", type=int, default=None, help="default: the backend's")
+    parser.add_argument("--num-splits", type=int, default=None, help="default: the backend's")
     parser.add_argument("--rollout-length", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved repeats; median kept")

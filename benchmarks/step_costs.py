@@ -66,7 +66,7 @@ def parts(num_envs: int) -> tuple[dict[str, Callable[[], object]], Callable[[], 
     envs = jr.make_vec(NullEnv, num_envs)
     policy = bench.mlp_policy(envs.single_action_space)
     params = policy.init(jax.random.key(0), envs.single_observation_space)
-    runner = jr.EnvRunner(envs, policy, params, STEPS, 0, num_groups=1)
+    runner = jr.EnvRunner(envs, policy, params, STEPS, 0, num_splits=1)
     gym_envs = gymnasium.vector.SyncVectorEnv(
         [NullEnv] * num_envs, autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP
     )

@@ -4,7 +4,7 @@ XLA picks kernels by shape: the same observation run through the same MLP or CNN
 batch of 2 and in a batch of 250 can come out 1 ulp apart (measured on XLA CPU: a
 64-64 MLP's rows differ between batches of 1, 2-4 and 8 up; a 256-wide MLP's and a
 small CNN's differ between almost every batch size). A sampler that batches envs
-differently (pipelining groups, ready-first buckets, the sync against the process
+differently (pipelining splits, ready-first buckets, the sync against the process
 backend) would then give different actions, and trajectories diverge.
 
 :func:`chunked_apply` removes the batch size from the numerics: the policy is computed
@@ -74,14 +74,14 @@ def default_chunk_rows(
     CPU (measured on 2 shared cores, ``benchmarks/batch_invariance.py``): each chunk
     costs a loop step of several microseconds, which a 64-64 MLP's rows do not pay
     for; a NatureCNN runs at half speed in chunks of 4 images against 8; and a
-    ready-first bucket or a pipelining group smaller than a chunk is padded to it. So:
+    ready-first bucket or a pipelining split smaller than a chunk is padded to it. So:
     about :data:`CHUNK_FLOPS` of work per chunk, at most half the envs (two pipelining
     groups are whole chunks) and :data:`MAX_CHUNK_ROWS`, but at least
     :data:`MIN_CHUNK_ROWS` (or every env, if fewer). A CartPole MLP gets half the envs
     up to 128 rows; a NatureCNN 8 rows (so 2 groups of 4 envs each compute a padded
     chunk: with a costly policy, pipelining pays from 16 envs up).
 
-    Accelerators (not measured): half the envs, so two pipelining groups are one chunk
+    Accelerators (not measured): half the envs, so two pipelining splits are one chunk
     each and a call never loops over many small kernels.
     """
     platform = platform or jax.default_backend()

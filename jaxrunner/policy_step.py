@@ -13,7 +13,7 @@ Rows. A stage holds ``rows`` rows of (observation, episode-start flag, env index
 
 * ``size == rows == num_envs`` (lockstep, one group): row ``i`` is env ``i``; a row
   whose index is ``num_envs`` is computed and dropped.
-* otherwise (a pipelining group, a ready-first bucket): the rows' actor state is
+* otherwise (a pipelining split, a ready-first bucket): the rows' actor state is
   gathered by env index and scattered back; index ``num_envs`` marks padding, never
   written back.
 

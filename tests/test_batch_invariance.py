@@ -219,11 +219,11 @@ CASES = {
 
 
 def _samples(
-    envs: Any, case: str, num_groups: int | None = None, ready_first: bool = False
+    envs: Any, case: str, num_splits: int | None = None, ready_first: bool = False
 ) -> list[jr.Trajectory]:
     _, make_policy, steps = CASES[case]
     policy, params = make_policy()
-    with jr.EnvRunner(envs, policy, params, steps, SEED, num_groups=num_groups) as runner:
+    with jr.EnvRunner(envs, policy, params, steps, SEED, num_splits=num_splits) as runner:
         assert isinstance(runner.sampler, ReadyFirstSampler) == ready_first
         samples = [runner.sample() for _ in range(3)]
         if ready_first:  # calls of fewer than all envs really ran
@@ -236,7 +236,7 @@ def _samples(
 def _reference(case: str) -> list[jr.Trajectory]:
     """The sync backend, one group."""
     make_env = CASES[case][0]
-    return _samples(jr.make_vec(make_env, NUM_ENVS), case, num_groups=1)
+    return _samples(jr.make_vec(make_env, NUM_ENVS), case, num_splits=1)
 
 
 def _assert_same(got: list[jr.Trajectory], case: str) -> None:
@@ -245,11 +245,11 @@ def _assert_same(got: list[jr.Trajectory], case: str) -> None:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("num_groups", [2, 3])
-def test_pipelined_groups_equal_one_group(case, num_groups):
+@pytest.mark.parametrize("num_splits", [2, 3])
+def test_pipelined_groups_equal_one_group(case, num_splits):
     make_env = CASES[case][0]
     envs = jr.make_vec(make_env, NUM_ENVS)
-    _assert_same(_samples(envs, case, num_groups=num_groups), case)
+    _assert_same(_samples(envs, case, num_splits=num_splits), case)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -270,11 +270,11 @@ def test_process_backend_ready_first_equals_the_sync_backend(case):
     _assert_same(_samples(envs, case, ready_first=True), case)
 
 
-@pytest.mark.parametrize("num_groups", [1, 2])
-def test_each_env_row_is_computed_once_per_step(num_groups):
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_each_env_row_is_computed_once_per_step(num_splits):
     """Rows the policy computes per step, counted inside the compiled chunks: one per
     env whatever the grouping (computing every env's row in each group's call would
-    be ``num_groups * NUM_ENVS``)."""
+    be ``num_splits * NUM_ENVS``)."""
     policy, params = _pendulum_policy()
     rows: list[int] = []
 
@@ -285,7 +285,7 @@ def test_each_env_row_is_computed_once_per_step(num_groups):
     counting = jr.Policy(apply_fn=counted, init_fn=policy.init_fn)
     envs = jr.make_vec(_pendulum, NUM_ENVS)
     steps = 5
-    with jr.EnvRunner(envs, counting, params, steps, SEED, num_groups=num_groups) as runner:
+    with jr.EnvRunner(envs, counting, params, steps, SEED, num_splits=num_splits) as runner:
         runner.sample()
         jax.effects_barrier()
     assert sum(rows) == steps * NUM_ENVS

@@ -85,10 +85,10 @@ def split_run(make, tmp_path, before: int, after: int, **restore_kwargs):
     return jr.concatenate(head + tail), report, metrics
 
 
-@pytest.mark.parametrize("num_groups", [1, 2])
-def test_sync_cartpole_resumes_bit_for_bit(gru, tmp_path, num_groups):
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_sync_cartpole_resumes_bit_for_bit(gru, tmp_path, num_splits):
     def make():
-        return cartpole_runner(gru, num_groups=num_groups)
+        return cartpole_runner(gru, num_splits=num_splits)
 
     with make() as runner:
         whole = jr.concatenate(samples(runner, 4))

@@ -73,10 +73,10 @@ def test_moments_merge_equals_numpy_whatever_the_split():
     assert_moments_match(masked, data[::3])
 
 
-@pytest.mark.parametrize("num_groups", [1, 2])
-def test_normalization_statistics_equal_numpy_over_the_observations_seen(num_groups):
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_normalization_statistics_equal_numpy_over_the_observations_seen(num_splits):
     conn = C.Connectors(obs=[C.NormalizeObservation(clip=None)])
-    with make_runner(jr.make_vec(short_cartpole, 6), conn, num_groups=num_groups) as runner:
+    with make_runner(jr.make_vec(short_cartpole, 6), conn, num_splits=num_splits) as runner:
         assert float(obs_stats(runner.get_connector_state()).count) == 0
         first = runner.sample()
         # Before any sample ended: mean 0, variance 1, so the policy saw the raw obs.
@@ -156,12 +156,12 @@ def test_frame_stack_unit_resets_at_episode_starts_and_keeps_envs_apart():
     assert stack.observation_space(space).shape == (3, 1)
 
 
-@pytest.mark.parametrize("num_groups", [1, 2])
-def test_frame_stack_in_a_runner_never_mixes_episodes_or_envs(num_groups):
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_frame_stack_in_a_runner_never_mixes_episodes_or_envs(num_splits):
     k = 3
     envs = jr.SyncVectorEnv(counting_env_fns(4, episode_length=2))
     conn = C.Connectors(obs=[C.FrameStack(num_frames=k)])
-    with make_runner(envs, conn, rollout_length=9, num_groups=num_groups) as runner:
+    with make_runner(envs, conn, rollout_length=9, num_splits=num_splits) as runner:
         trajs = [runner.sample() for _ in range(2)]
     traj = jr.concatenate(trajs)
     stacks = traj.extras["policy_obs"]  # [T, B, k, 5]
@@ -193,11 +193,11 @@ def sample_twice(envs: Any, **kwargs: Any) -> tuple[list[jr.Trajectory], Any]:
 
 
 def test_outputs_are_identical_across_backends_and_groupings():
-    expected, state = sample_twice(jr.make_vec(short_cartpole, 4, "sync"), num_groups=1)
+    expected, state = sample_twice(jr.make_vec(short_cartpole, 4, "sync"), num_splits=1)
     process = jr.make_vec(short_cartpole, 4, "process", config=ProcessConfig(num_workers=2))
     for envs, options in (
-        (jr.make_vec(short_cartpole, 4, "sync"), {"num_groups": 2}),
-        (process, {"num_groups": 2}),
+        (jr.make_vec(short_cartpole, 4, "sync"), {"num_splits": 2}),
+        (process, {"num_splits": 2}),
     ):
         trajs, other = sample_twice(envs, **options)
         for actual, want in zip(trajs, expected):
@@ -255,7 +255,7 @@ def test_a_connector_with_the_two_argument_end_sample_still_works():
 def test_one_compile_per_runner_and_new_statistics_never_retrace():
     counter = CountingTraces()
     conn = C.Connectors(obs=[C.NormalizeObservation(), counter])
-    with make_runner(jr.make_vec(short_cartpole, 4), conn, num_groups=2) as runner:
+    with make_runner(jr.make_vec(short_cartpole, 4), conn, num_splits=2) as runner:
         assert len(counter.traces) == 1  # one compiled step, for both groups
         for _ in range(3):
             runner.sample()
@@ -284,7 +284,7 @@ def test_ready_first_padding_rows_are_not_counted():
 
 def test_transfers_stay_explicit_with_connectors():
     conn = full_connectors()
-    with make_runner(jr.make_vec(short_cartpole, 4), conn, num_groups=2) as runner:
+    with make_runner(jr.make_vec(short_cartpole, 4), conn, num_splits=2) as runner:
         runner.sample()
         with jax.transfer_guard("disallow"):
             traj = runner.sample()

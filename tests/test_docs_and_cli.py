@@ -103,7 +103,7 @@ def test_bench_report_holds_every_round_and_each_system_ran_at_its_dispatch(caps
         assert ceiling["steps_per_s"] == pytest.approx(
             statistics.median(r["steps_per_s"] for r in systems["ceiling"]["all_rounds"])
         )
-        assert row["layout"] == {"num_workers": 0, "num_groups": row["layout"]["num_groups"]}
+        assert row["layout"] == {"num_workers": 0, "num_splits": row["layout"]["num_splits"]}
     assert report["verdict"].startswith("jaxrunner is ")
     text = bench.format_report(report)
     assert "hand loop" in text and "ceiling" in text and "in turn" in text

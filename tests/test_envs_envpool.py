@@ -90,7 +90,7 @@ def test_runner_on_envpool_gives_real_transitions(mlp: Callable) -> None:
     envs = _envpool(4)
     policy = mlp(envs.single_action_space)
     params = policy.init(jax.random.key(1), envs.single_observation_space)
-    with jr.EnvRunner(envs, policy, params, rollout_length=40, seed=SEED, num_groups=1) as r:
+    with jr.EnvRunner(envs, policy, params, rollout_length=40, seed=SEED, num_splits=1) as r:
         traj = r.sample()
     done = traj.terminated | traj.truncated
     assert done.sum() >= 4

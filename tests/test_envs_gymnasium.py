@@ -65,7 +65,7 @@ class _AdoptedSyncContract(VectorEnvContract):
             vec.reset(seed=self.seed)
             ref.reset(seed=self.seed)
             actions = np.ones(n, dtype=np.int64)
-            with pytest.raises(InvalidArgumentError, match=r"num_groups=1"):
+            with pytest.raises(InvalidArgumentError, match=r"num_splits=1"):
                 vec.step_batch(actions[:1], slice(0, 1))
             out = vec.step_batch(actions, slice(0, n))
             obs, reward, *_ = ref.step(actions)
@@ -234,7 +234,7 @@ def _runner(backend: str, num_envs: int, mlp: Callable, **kwargs: Any) -> jr.Env
     envs = jr.make_vec("CartPole-v1", num_envs, backend=backend, max_episode_steps=20, **kwargs)
     policy = mlp(envs.single_action_space)
     params = policy.init(jax.random.key(1), envs.single_observation_space)
-    return jr.EnvRunner(envs, policy, params, rollout_length=32, seed=SEED, num_groups=1)
+    return jr.EnvRunner(envs, policy, params, rollout_length=32, seed=SEED, num_splits=1)
 
 
 def _cartpole_step(env: Any, obs: np.ndarray, action: int) -> np.ndarray:
@@ -294,8 +294,8 @@ def test_runner_with_two_groups_gets_a_clear_error(mlp: Callable) -> None:
     envs = _cartpole(4)
     policy = mlp(envs.single_action_space)
     params = policy.init(jax.random.key(1), envs.single_observation_space)
-    runner = jr.EnvRunner(envs, policy, params, rollout_length=4, seed=0, num_groups=2)
-    with runner, pytest.raises(InvalidArgumentError, match=r"num_groups=1"):
+    runner = jr.EnvRunner(envs, policy, params, rollout_length=4, seed=0, num_splits=2)
+    with runner, pytest.raises(InvalidArgumentError, match=r"num_splits=1"):
         runner.sample()
 
 

@@ -122,7 +122,7 @@ NUM_ENVS = 7
 
 @pytest.fixture(scope="module")
 def sync_reference() -> list[jr.Trajectory]:
-    with _runner(jr.make_vec(short_cartpole, NUM_ENVS), num_groups=1) as runner:
+    with _runner(jr.make_vec(short_cartpole, NUM_ENVS), num_splits=1) as runner:
         return [runner.sample() for _ in range(2)]  # episodes carry on across samples
 
 
@@ -133,28 +133,28 @@ def shared_process_vec():
         yield vec
 
 
-@pytest.mark.parametrize("num_groups", [1, None])
-def test_runner_equal_to_sync_whatever_the_groups(sync_reference, shared_process_vec, num_groups):
-    runner = _runner(shared_process_vec, num_groups=num_groups)  # not stopped: vec is shared
-    if num_groups is None:  # the backend's default: two groups, one per worker
-        assert ProcessVectorEnv.capabilities.pipeline_groups == 2
+@pytest.mark.parametrize("num_splits", [1, None])
+def test_runner_equal_to_sync_whatever_the_groups(sync_reference, shared_process_vec, num_splits):
+    runner = _runner(shared_process_vec, num_splits=num_splits)  # not stopped: vec is shared
+    if num_splits is None:  # the backend's default: two groups, one per worker
+        assert ProcessVectorEnv.capabilities.pipeline_splits == 2
         assert runner.sampler.groups == [slice(0, 4), slice(4, 7)]
     for t, expected in enumerate(sync_reference):
         assert_trees_equal(_as_tree(runner.sample()), _as_tree(expected), f"sample {t}")
 
 
 @pytest.mark.parametrize(
-    "options, num_groups",
+    "options, num_splits",
     [
         ({"envs_per_worker": 3}, 3),  # groups 0-1, 2-4, 5-6 straddle workers 0-2, 3-5, 6
         ({"envs_per_worker": 1}, 2),
         ({"num_workers": 1}, 3),
     ],
 )
-def test_runner_equal_to_sync_whatever_the_workers(sync_reference, options, num_groups):
+def test_runner_equal_to_sync_whatever_the_workers(sync_reference, options, num_splits):
     envs = jr.make_vec(short_cartpole, NUM_ENVS, backend="process", config=ProcessConfig(**options))
     assert isinstance(envs, ProcessVectorEnv)
-    with _runner(envs, num_groups=num_groups) as runner:
+    with _runner(envs, num_splits=num_splits) as runner:
         for t, expected in enumerate(sync_reference):
             assert_trees_equal(_as_tree(runner.sample()), _as_tree(expected), f"sample {t}")
         metrics = runner.get_metrics()

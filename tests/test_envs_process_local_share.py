@@ -72,19 +72,19 @@ def _as_tree(traj: jr.Trajectory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def sync_reference() -> list[jr.Trajectory]:
-    with _runner(jr.make_vec(short_cartpole, NUM_ENVS), num_groups=1) as runner:
+    with _runner(jr.make_vec(short_cartpole, NUM_ENVS), num_splits=1) as runner:
         return [runner.sample() for _ in range(2)]  # episodes carry on across samples
 
 
-@pytest.mark.parametrize("num_groups", [None, 1, 3])
-def test_runner_equal_to_sync(sync_reference, num_groups):
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_runner_equal_to_sync(sync_reference, num_splits):
     """Default: two groups, the main process's share and the workers'; 1 and 3 groups
     send rows of both parts at once."""
     config = ProcessConfig(main_process_envs=3)
     envs = jr.make_vec(short_cartpole, NUM_ENVS, backend="process", config=config)
     assert isinstance(envs, LocalShareVectorEnv) and envs.main_process_envs == 3
-    with _runner(envs, num_groups=num_groups) as runner:
-        if num_groups is None:
+    with _runner(envs, num_splits=num_splits) as runner:
+        if num_splits is None:
             assert runner.sampler.groups == [slice(0, 3), slice(3, 7)]
         for t, expected in enumerate(sync_reference):
             assert_trees_equal(_as_tree(runner.sample()), _as_tree(expected), f"sample {t}")

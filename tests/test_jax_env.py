@@ -376,8 +376,8 @@ def test_bad_input_errors():
     venv = jr.JaxVectorEnv(RandomWalk(), None, 2)
     with pytest.raises(InvalidArgumentError, match="callbacks"):
         make_runner(venv, 4, callbacks=jr.Callbacks())
-    with pytest.raises(InvalidArgumentError, match="num_groups"):
-        make_runner(venv, 4, num_groups=2)
+    with pytest.raises(InvalidArgumentError, match="num_splits"):
+        make_runner(venv, 4, num_splits=2)
     box_policy = mlp_policy(spaces.Box(-1, 1, (3,)), hidden=(4,))
     params = box_policy.init(jax.random.key(0), venv.single_observation_space)
     with pytest.raises(SpaceMismatchError, match="action"):

@@ -132,9 +132,9 @@ def _numbered_by_hand(ended: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ids, steps
 
 
-@pytest.mark.parametrize("num_groups", [1, 3])
-def test_episode_ids_and_steps_match_a_hand_numbering(cartpole_runner, num_groups):
-    runner = cartpole_runner(num_envs=5, rollout_length=23, num_groups=num_groups)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_episode_ids_and_steps_match_a_hand_numbering(cartpole_runner, num_splits):
+    runner = cartpole_runner(num_envs=5, rollout_length=23, num_splits=num_splits)
     joined = jr.concatenate([runner.sample() for _ in range(3)])  # episodes span samples
     ids, steps = _numbered_by_hand(joined.terminated | joined.truncated | ~joined.valid)
     np.testing.assert_array_equal(joined.episode_id, ids)
@@ -161,11 +161,11 @@ def test_same_seed_same_trajectories_and_different_seed_differs(cartpole_runner)
     assert not np.array_equal(a.action, c.action)
 
 
-@pytest.mark.parametrize("num_groups", [2, 3])
-def test_pipelined_groups_give_identical_trajectories(cartpole_runner, num_groups):
+@pytest.mark.parametrize("num_splits", [2, 3])
+def test_pipelined_groups_give_identical_trajectories(cartpole_runner, num_splits):
     """Invariant 7: splitting the envs into pipelined groups changes nothing."""
-    reference = cartpole_runner(num_envs=7, rollout_length=30, seed=3, num_groups=1)
-    grouped = cartpole_runner(num_envs=7, rollout_length=30, seed=3, num_groups=num_groups)
+    reference = cartpole_runner(num_envs=7, rollout_length=30, seed=3, num_splits=1)
+    grouped = cartpole_runner(num_envs=7, rollout_length=30, seed=3, num_splits=num_splits)
     for _ in range(2):  # episodes continue across samples
         jax.tree.map(np.testing.assert_array_equal, reference.sample(), grouped.sample())
     ref_metrics, metrics = reference.get_metrics(), grouped.get_metrics()
@@ -173,8 +173,8 @@ def test_pipelined_groups_give_identical_trajectories(cartpole_runner, num_group
         assert metrics[key] == ref_metrics[key]
 
 
-@pytest.mark.parametrize("num_groups", [2, 3])
-def test_pipelined_groups_are_bitwise_equal_for_wide_policies_too(num_groups):
+@pytest.mark.parametrize("num_splits", [2, 3])
+def test_pipelined_groups_are_bitwise_equal_for_wide_policies_too(num_splits):
     """Invariant 7 where XLA's matmuls round by batch size: a 256-256 MLP on 64
     Pendulum envs gave Box actions up to 4.8e-7 apart when each group's policy ran
     at its own batch size (benchmarks/batch_invariance.py)."""
@@ -183,15 +183,15 @@ def test_pipelined_groups_are_bitwise_equal_for_wide_policies_too(num_groups):
         envs = jr.make_vec("Pendulum-v1", 64)
         policy = mlp_policy(envs.single_action_space, hidden=(256, 256))
         params = policy.init(jax.random.key(0), envs.single_observation_space)
-        with jr.EnvRunner(envs, policy, params, 6, 0, num_groups=groups) as runner:
+        with jr.EnvRunner(envs, policy, params, 6, 0, num_splits=groups) as runner:
             return jr.concatenate([runner.sample(), runner.sample()])
 
-    jax.tree.map(np.testing.assert_array_equal, sample(1), sample(num_groups))
+    jax.tree.map(np.testing.assert_array_equal, sample(1), sample(num_splits))
 
 
-def test_num_groups_validated(cartpole_runner):
-    with pytest.raises(ValueError, match="num_groups"):
-        cartpole_runner(num_envs=2, num_groups=3)
+def test_num_splits_validated(cartpole_runner):
+    with pytest.raises(ValueError, match="num_splits"):
+        cartpole_runner(num_envs=2, num_splits=3)
 
 
 def test_policy_compiled_once_and_new_params_apply_without_retrace():
@@ -270,15 +270,15 @@ def test_metrics_equal_sums_over_episodes(cartpole_runner):
     assert all(v > 0 for v in metrics["perf"].values())
 
 
-@pytest.mark.parametrize("num_groups", [1, 2])
-def test_episode_statistics_of_episodes_spanning_many_samples(num_groups):
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_episode_statistics_of_episodes_spanning_many_samples(num_splits):
     """Returns and lengths of episodes longer than a sample, summed across samples:
     Pendulum's rewards differ every step, episodes last 15 steps, samples 4."""
     envs = jr.make_vec(lambda: gymnasium.make("Pendulum-v1", max_episode_steps=15), 3)
     policy = jr.Policy.from_linen(ActorCritic(1), envs.single_action_space)
     params = policy.init(jax.random.key(0), envs.single_observation_space)
     config = jr.MetricsConfig(episode_window=1000)
-    with jr.EnvRunner(envs, policy, params, 4, 0, metrics=config, num_groups=num_groups) as runner:
+    with jr.EnvRunner(envs, policy, params, 4, 0, metrics=config, num_splits=num_splits) as runner:
         joined = jr.concatenate([runner.sample() for _ in range(12)])
         metrics = runner.get_metrics()
     ended = [e for e in joined.split_episodes() if e.is_done]
@@ -306,8 +306,8 @@ def test_perf_timers_mean_and_ema():
         jr.MetricsConfig(episode_window=0)
 
 
-@pytest.mark.parametrize("num_groups", [1, 2])
-def test_callbacks_see_each_episode(cartpole_runner, num_groups):
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_callbacks_see_each_episode(cartpole_runner, num_splits):
     class Recorder(jr.Callbacks):
         def __init__(self):
             self.started, self.steps, self.ended = [], 0, []
@@ -325,7 +325,7 @@ def test_callbacks_see_each_episode(cartpole_runner, num_groups):
 
     recorder = Recorder()
     runner = cartpole_runner(
-        num_envs=3, rollout_length=40, callbacks=recorder, num_groups=num_groups
+        num_envs=3, rollout_length=40, callbacks=recorder, num_splits=num_splits
     )
     joined = jr.concatenate([runner.sample(), runner.sample()])
     assert recorder.steps == joined.reward.size

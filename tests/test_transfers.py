@@ -113,20 +113,20 @@ def logged_transfers(capfd: pytest.CaptureFixture[str], run: Callable[[], object
     return err.count(H2D_LOG), err.count(D2H_LOG)
 
 
-@pytest.mark.parametrize("num_groups", [1, 2])
-def test_host_loop_makes_one_transfer_each_way_per_step(probe, capfd, num_groups):
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_host_loop_makes_one_transfer_each_way_per_step(probe, capfd, num_splits):
     """Per step, one transfer each way per pipelining group."""
     num_steps = 12
     envs = jr.make_vec("CartPole-v1", 4)
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
-    with jr.EnvRunner(envs, policy, params, num_steps, 0, num_groups=num_groups) as runner:
+    with jr.EnvRunner(envs, policy, params, num_steps, 0, num_splits=num_splits) as runner:
         runner.sample()  # compiles
         with jax.transfer_guard("disallow"):
             runner.sample()
         probe.reset()
         h2d, d2h = logged_transfers(capfd, runner.sample)
-    calls = num_steps * num_groups
+    calls = num_steps * num_splits
     assert h2d == calls, "one host->device transfer per step and group, by any route"
     assert all(n == 1 for n in probe.puts), "an explicit put moves one array"
     assert all(n == 1 for n in probe.gets), "an explicit get moves one array"

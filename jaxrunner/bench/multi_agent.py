@@ -222,7 +222,7 @@ class MultiAgentRunnerSystem:
         self._sample()  # warm-up: compiles, first resets
         workers = len(envs.worker_pids) if isinstance(envs, ProcessMultiAgentVectorEnv) else 0
         # No pipelining groups on the multi-agent sampler: one group of envs.
-        self.layout = {"num_workers": workers, "num_groups": 1}
+        self.layout = {"num_workers": workers, "num_splits": 1}
 
     def _sample(self) -> int:
         return self._runner.sample().num_steps * self.num_envs

@@ -235,7 +235,7 @@ def summarize(results: Mapping[str, list[dict[str, Any]]], plan: Plan) -> dict[s
         out["split_us"] = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
     if results.get("jaxrunner"):
         first = results["jaxrunner"][0]
-        out["layout"] = {k: first.get(k) for k in ("num_workers", "num_groups")}
+        out["layout"] = {k: first.get(k) for k in ("num_workers", "num_splits")}
     if results.get("ceiling"):
         keys = (
             "steps_per_s",

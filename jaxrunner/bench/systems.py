@@ -105,7 +105,7 @@ class JaxrunnerSystem:
         self._sample()  # warm-up: compiles, first resets
         self.layout = {
             "num_workers": getattr(envs, "num_workers", 0),
-            "num_groups": self._runner.num_groups,
+            "num_splits": self._runner.num_splits,
         }
 
     def _sample(self) -> int:

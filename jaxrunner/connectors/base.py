@@ -13,7 +13,7 @@ programs, never called per env from Python):
 State. A :class:`ConnectorState` has a ``per_env`` part (each leaf ``[num_envs, ...]``,
 e.g. a frame stack) and a ``shared`` part (e.g. normalization statistics). The runner
 owns the rows of ``per_env``: a call sees only the rows of the envs it computes, and the
-rows of inactive envs (another pipelining group, a ready-first bucket's padding) are
+rows of inactive envs (another pipelining split, a ready-first bucket's padding) are
 never written back. ``shared`` is the connector's to update; it must only take in the
 rows where ``active`` is true, so results never depend on how envs are batched.
 

@@ -43,7 +43,7 @@ class EnvRunnerGroupConfig:
     None: a failure fails the runner (which the group then replaces)."""
     runner_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments for :class:`~jaxrunner.EnvRunner` (
-    ``metrics``, ``num_groups``...), or for :class:`~jaxrunner.MultiAgentRunner`."""
+    ``metrics``, ``num_splits``...), or for :class:`~jaxrunner.MultiAgentRunner`."""
     multi_agent: bool = False
     """The env factory makes PettingZoo envs: each runner is a
     :class:`~jaxrunner.MultiAgentRunner` over ``make_multi_agent_vec``; the policy

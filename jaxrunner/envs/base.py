@@ -106,13 +106,13 @@ class Capabilities:
     batch_buckets: tuple[int, ...] | None = None
     """With ``ready_first``: the policy batch sizes the sampler compiles, the ready envs
     padded to the next one (None: powers of two, then all envs)."""
-    pipeline_groups: int | None = None
-    """Lockstep groups when the runner is given ``num_groups=None`` (None: the
-    sampler's own rule)."""
+    pipeline_splits: int | None = None
+    """Lockstep pipelining splits when the runner is given ``num_splits=None`` (None:
+    the sampler's own rule)."""
     pipeline_bounds: tuple[int, ...] | None = None
-    """Lockstep: the group edges ``(0, ..., num_envs)`` the sampler pipelines (its
-    default group count, and its groups whenever it runs that many), where the backend
-    steps some envs differently from others (None: groups of equal size)."""
+    """Lockstep: the split edges ``(0, ..., num_envs)`` the sampler pipelines (its
+    default split count, and its splits whenever it runs that many), where the backend
+    steps some envs differently from others (None: splits of equal size)."""
     can_snapshot: bool = False
     """The sub-envs' state can be saved and restored (:meth:`VectorEnv.snapshot_sub_envs`),
     so a checkpointed runner resumes their episodes exactly."""
@@ -123,7 +123,7 @@ class Capabilities:
             len(edges) < 2 or edges[0] != 0 or list(edges) != sorted(set(edges))
         ):
             raise InvalidArgumentError(
-                f"Capabilities(pipeline_bounds={edges!r}): expected increasing group edges "
+                f"Capabilities(pipeline_bounds={edges!r}): expected increasing split edges "
                 "from 0 to num_envs, e.g. (0, 4, 8)."
             )
         if self.recv_batch_size is not None and not self.ready_first:

@@ -79,7 +79,7 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
         InvalidArgumentError: for a NEXT_STEP env with no known masked reset.
     """
 
-    capabilities = Capabilities(pipeline_groups=1)
+    capabilities = Capabilities(pipeline_splits=1)
     """The wrapped env cannot step a subset of rows, so the runner uses one group."""
 
     def __init__(
@@ -175,7 +175,7 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
         if rows is not None and (rows.start, rows.stop) != (0, n):
             raise InvalidArgumentError(
                 f"step_batch(rows={rows}): a gymnasium vector env steps all {n} sub-envs at "
-                "once and cannot step a subset. Drive it with EnvRunner(..., num_groups=1)."
+                "once and cannot step a subset. Drive it with EnvRunner(..., num_splits=1)."
             )
         actions = self._check_actions(actions)
         obs, reward, terminated, truncated, merged = self._call("step", self.env.step, actions)

@@ -1,12 +1,12 @@
-"""The lockstep sampler: every env steps once per time step, in pipelined groups.
+"""The lockstep sampler: every env steps once per time step, in pipelined splits.
 
-Per step and group: one host->device transfer (observations and episode-start flags),
+Per step and split: one host->device transfer (observations and episode-start flags),
 one compiled policy call, one device->host transfer (actions and extras), one
 ``send``/``recv`` of the backend, and numpy writes into preallocated ``[T, B]``
-buffers. With several groups, a group's policy step is queued as soon as its envs'
-results are in and computes while the other groups' envs step (pipelining). A group's
+buffers. With several splits, a split's policy step is queued as soon as its envs'
+results are in and computes while the other splits' envs step (pipelining). A split's
 call computes its own envs' rows only, in the runner's fixed policy chunks
-(:mod:`jaxrunner.batch_invariance`), so grouping changes no action's bits and the
+(:mod:`jaxrunner.batch_invariance`), so splitting changes no action's bits and the
 policy is paid once per env per step.
 """
 
@@ -39,23 +39,23 @@ from jaxrunner.sampling.sampler import (
 from jaxrunner.trajectory import Trajectory
 
 PIPELINE_MIN_ENVS = 8
-"""From this many envs up, two groups by default on accelerators."""
+"""From this many envs up, two splits by default on accelerators."""
 PIPELINE_MIN_ENVS_CPU = 256
 """The same on a CPU host with asynchronous dispatch, where XLA and the envs share the
-cores: one group's policy computes while the other's envs step only pays once the env
-work per group outweighs the extra dispatch (CartPole-v1, 2 cores, 3 interleaved
-rounds: at 256 envs 2.6 ms a step with two groups against 3.3 ms with one; at 64 envs
+cores: one split's policy computes while the other's envs step only pays once the env
+work per split outweighs the extra dispatch (CartPole-v1, 2 cores, 3 interleaved
+rounds: at 256 envs 2.6 ms a step with two splits against 3.3 ms with one; at 64 envs
 no difference). With inline CPU dispatch a policy call cannot overlap the envs, so
-the default is one group."""
+the default is one split."""
 
 
-def default_num_groups(envs: VectorEnv) -> int:
+def default_num_splits(envs: VectorEnv) -> int:
     """The backend's declared choice, else 2 from a width where overlap pays, else 1."""
     num_envs = envs.num_envs
     if envs.capabilities.pipeline_bounds is not None:
         return len(envs.capabilities.pipeline_bounds) - 1
-    if envs.capabilities.pipeline_groups is not None:
-        return min(envs.capabilities.pipeline_groups, num_envs)
+    if envs.capabilities.pipeline_splits is not None:
+        return min(envs.capabilities.pipeline_splits, num_envs)
     if jax.default_backend() != "cpu":
         min_envs = PIPELINE_MIN_ENVS
     elif inline_cpu_dispatch():  # calls block: nothing to overlap
@@ -71,7 +71,7 @@ class LockstepSampler(HostSampler):
     Args:
         envs: the vector env, just reset; ``obs`` its first observations.
         setup: the policy, params, rollout length, seed and metrics.
-        num_groups: pipelining groups (None: :func:`default_num_groups`).
+        num_splits: pipelining splits (None: :func:`default_num_splits`).
         callbacks: optional hooks, called with ``runner``.
         runner: what the callbacks receive as their runner.
     """
@@ -82,16 +82,16 @@ class LockstepSampler(HostSampler):
         obs: Any,
         setup: SamplerSetup,
         *,
-        num_groups: int | None = None,
+        num_splits: int | None = None,
         callbacks: Callbacks | None = None,
         runner: Any = None,
     ) -> None:
         num_envs = envs.num_envs
-        if num_groups is None:
-            num_groups = default_num_groups(envs)
-        if not 1 <= num_groups <= num_envs:
+        if num_splits is None:
+            num_splits = default_num_splits(envs)
+        if not 1 <= num_splits <= num_envs:
             raise InvalidArgumentError(
-                f"EnvRunner(num_groups={num_groups!r}): expected an int in [1, num_envs="
+                f"EnvRunner(num_splits={num_splits!r}): expected an int in [1, num_envs="
                 f"{num_envs}] (or None for automatic)."
             )
         self.envs, self.rollout_length = envs, setup.rollout_length
@@ -102,10 +102,10 @@ class LockstepSampler(HostSampler):
         self._book = EpisodeBook(num_envs)
         self._episode_start = np.ones(num_envs, dtype=np.bool_)
         bounds = envs.capabilities.pipeline_bounds  # the backend's own split, if it has one
-        if bounds is None or len(bounds) != num_groups + 1 or bounds[-1] != num_envs:
-            bounds = np.linspace(0, num_envs, num_groups + 1).round().astype(int).tolist()
-        self.groups = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
-        """The envs of each pipelining group."""
+        if bounds is None or len(bounds) != num_splits + 1 or bounds[-1] != num_envs:
+            bounds = np.linspace(0, num_envs, num_splits + 1).round().astype(int).tolist()
+        self.splits = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
+        """The envs of each pipelining split."""
         connectors = setup.connectors
         self._state, self._packing = host_actor_state(
             setup.policy, setup.seed, num_envs, connectors, self._obs_space
@@ -113,8 +113,8 @@ class LockstepSampler(HostSampler):
         chunk_rows = runner_chunk_rows(
             setup.policy, setup.params, self._obs_space, connectors, num_envs
         )
-        calls: dict[int, CompiledPolicyStep] = {}  # one compile per group size
-        for rows in self.groups:
+        calls: dict[int, CompiledPolicyStep] = {}  # one compile per split size
+        for rows in self.splits:
             size = rows.stop - rows.start
             if size not in calls:
                 calls[size] = CompiledPolicyStep(
@@ -122,21 +122,21 @@ class LockstepSampler(HostSampler):
                     jr_spaces.rows(self._obs_space, obs, slice(0, size)),
                     connectors, self._packing, chunk_rows=chunk_rows,
                 )  # fmt: skip
-        self._calls = [calls[rows.stop - rows.start] for rows in self.groups]
+        self._calls = [calls[rows.stop - rows.start] for rows in self.splits]
         self._sample_end = None
         if connectors is not None and connectors.per_sample:
             self._sample_end = SampleEnd(connectors, self._packing)  # type: ignore[arg-type]
         self._stages = [call.new_stage() for call in self._calls]
-        for stage, rows in zip(self._stages, self.groups):
+        for stage, rows in zip(self._stages, self.splits):
             stage.env_index[: rows.stop - rows.start] = np.arange(rows.start, rows.stop)
-        self._pending: list[Any] = [None] * len(self.groups)
-        self._whole = len(self.groups) == 1
-        # Backends that step in the background get each group's actions as soon as they
-        # are ready and are waited for one group later; in-process ones step at recv.
+        self._pending: list[Any] = [None] * len(self.splits)
+        self._whole = len(self.splits) == 1
+        # Backends that step in the background get each split's actions as soon as they
+        # are ready and are waited for one split later; in-process ones step at recv.
         self._background = envs.capabilities.steps_in_background
-        self._actions: list[Any] = [None] * len(self.groups)
-        # The latest observations of each group's envs (views of the env's buffer).
-        self._group_obs = [jr_spaces.rows(self._obs_space, obs, g) for g in self.groups]
+        self._actions: list[Any] = [None] * len(self.splits)
+        # The latest observations of each split's envs (views of the env's buffer).
+        self._split_obs = [jr_spaces.rows(self._obs_space, obs, g) for g in self.splits]
         self.action_spec, self._extras_spec = self._calls[0].env_output_spec
         self._live: list[LiveEpisode] = []
         self._live_next_id = num_envs  # the next id, counted step by step for callbacks
@@ -155,16 +155,16 @@ class LockstepSampler(HostSampler):
         self._live_next_id = self._book.next_episode_id
         self._extras_leaves = jax.tree.leaves(buf.extras)
         self._params = params
-        t = 0  # steps recorded for every group
-        groups = range(len(self.groups))
-        lag = 1 if self._background and len(groups) > 1 else 0
+        t = 0  # steps recorded for every split
+        splits = range(len(self.splits))
+        lag = 1 if self._background and len(splits) > 1 else 0
         in_flight: collections.deque[tuple[int, int]] = collections.deque()
         try:
-            for g in groups:
+            for g in splits:
                 self._dispatch(g, buf, 0, perf)
             for step in range(num_steps):
-                for g in groups:
-                    self._send_group(g, buf, step, perf)
+                for g in splits:
+                    self._send_split(g, buf, step, perf)
                     in_flight.append((g, step))
                     while len(in_flight) > lag:
                         t = self._finish_group(*in_flight.popleft(), buf, perf)
@@ -185,7 +185,7 @@ class LockstepSampler(HostSampler):
 
     def get_state(self) -> dict[str, Any]:
         obs = jr_spaces.allocate(self._obs_space, (self.envs.num_envs,))
-        for rows, group_obs in zip(self.groups, self._group_obs):
+        for rows, group_obs in zip(self.splits, self._split_obs):
             jr_spaces.copy_into(self._obs_space, obs, group_obs, rows)
         return {
             "actor": self._state,
@@ -209,15 +209,15 @@ class LockstepSampler(HostSampler):
     def _set_obs(self, obs: Any) -> None:
         """The envs' latest observations are ``obs`` (callbacks' live episodes restart
         from them, with the book's ids)."""
-        self._group_obs = [jr_spaces.rows(self._obs_space, obs, g) for g in self.groups]
+        self._split_obs = [jr_spaces.rows(self._obs_space, obs, g) for g in self.splits]
         if self.callbacks is not None:
             ids = self._book.episode_id.tolist()
             self._live = [self._start_live(i, ids[i], obs) for i in range(self.envs.num_envs)]
 
     def _dispatch(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
-        """Records group ``g``'s observations at step ``t`` and queues its policy step."""
+        """Records split ``g``'s observations at step ``t`` and queues its policy step."""
         clock = time.perf_counter()
-        rows, obs, stage = self.groups[g], self._group_obs[g], self._stages[g]
+        rows, obs, stage = self.splits[g], self._split_obs[g], self._stages[g]
         jr_spaces.copy_into(self._obs_space, buf.obs, obs, (t, rows))
         own = slice(0, rows.stop - rows.start)  # then padding, up to whole chunks
         jr_spaces.copy_into(self._obs_space, stage.obs, obs, own)
@@ -227,11 +227,11 @@ class LockstepSampler(HostSampler):
         self._pending[g], self._state = self._calls[g].dispatch(self._params, self._state, stage)
         perf["inference_ms"] += time.perf_counter() - tick
 
-    def _send_group(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
-        """Takes group ``g``'s actions for step ``t``, records them and hands them to
+    def _send_split(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
+        """Takes split ``g``'s actions for step ``t``, records them and hands them to
         its envs (sent now if the backend steps in the background)."""
         clock = time.perf_counter()
-        rows = self.groups[g]
+        rows = self.splits[g]
         index = (t, rows)
         call = self._calls[g]
         action, env_action, extras = call.collect(self._pending[g])
@@ -257,10 +257,10 @@ class LockstepSampler(HostSampler):
         perf["env_wait_ms"] += time.perf_counter() - clock
 
     def _finish_group(self, g: int, t: int, buf: Trajectory, perf: dict[str, float]) -> int:
-        """Waits for group ``g``'s envs, records step ``t`` and queues the group's next
-        policy step; returns the number of steps now recorded for every group."""
+        """Waits for split ``g``'s envs, records step ``t`` and queues the split's next
+        policy step; returns the number of steps now recorded for every split."""
         clock = time.perf_counter()
-        rows, index = self.groups[g], (t, self.groups[g])
+        rows, index = self.splits[g], (t, self.splits[g])
         if self._background:
             out = self.envs.recv()
         else:
@@ -271,12 +271,12 @@ class LockstepSampler(HostSampler):
         buf.reward[index] = out.reward
         buf.terminated[index] = out.terminated
         buf.truncated[index] = out.truncated
-        self._group_obs[g] = out.obs
+        self._split_obs[g] = out.obs
         self._advance_episodes(buf, t, rows, out)
         perf["obs_processing_ms"] += time.perf_counter() - tick
         if t + 1 < self.rollout_length:
             self._dispatch(g, buf, t + 1, perf)
-        return t + 1 if g == len(self.groups) - 1 else t
+        return t + 1 if g == len(self.splits) - 1 else t
 
     def _advance_episodes(self, buf: Trajectory, t: int, rows: slice, out: BatchStep) -> None:
         """What step ``t`` of envs ``rows`` needs at once: the episode-start flags of
@@ -322,4 +322,4 @@ class LockstepSampler(HostSampler):
                 callbacks.on_episode_end(runner, i, live)
 
 
-__all__ = ["PIPELINE_MIN_ENVS", "PIPELINE_MIN_ENVS_CPU", "LockstepSampler", "default_num_groups"]
+__all__ = ["PIPELINE_MIN_ENVS", "PIPELINE_MIN_ENVS_CPU", "LockstepSampler", "default_num_splits"]

@@ -59,14 +59,15 @@ class EnvRunner(EnvOwner):
             gives the same trajectories.
         callbacks: optional :class:`~jaxrunner.Callbacks` (lockstep backends only).
         metrics: optional :class:`~jaxrunner.MetricsConfig`.
-        num_groups: pipelining: the envs are split in this many groups, and the
-            policy computes one group's actions while another group's envs step.
-            ``None`` lets the backend or the width decide (two groups on
+        num_splits: pipelining: the envs are split in this many parts, and the
+            policy computes one split's actions while another split's envs step.
+            ``None`` lets the backend or the width decide (two splits on
             accelerators from 8 envs, on a CPU host with asynchronous dispatch from
             256, else one). Outputs are bitwise identical whatever the number of
-            groups: each group's call computes the policy for every env at its own
-            row (XLA's matmuls round differently by batch size), which costs the
-            compute of the other groups' rows.
+            splits: each split's call computes only its own envs' rows, in fixed-size
+            chunks whose results do not depend on the batch
+            (:mod:`jaxrunner.batch_invariance`). (Called ``num_groups`` before; "groups"
+            now means agent groups only.)
         connectors: optional :class:`~jaxrunner.connectors.Connectors` (observation
             normalization, frame stacking, reward scaling, action rescaling), run on
             device inside the compiled policy step; initialise the policy on
@@ -88,12 +89,12 @@ class EnvRunner(EnvOwner):
         callbacks: Callbacks | None = None,
         *,
         metrics: MetricsConfig | None = None,
-        num_groups: int | None = None,
+        num_splits: int | None = None,
         connectors: Connectors | None = None,
         restart_failed_sub_envs: None = None,
         restart_policy: None = None,
     ) -> None:
-        _check_arguments(envs, policy, params, rollout_length, seed, callbacks, num_groups)
+        _check_arguments(envs, policy, params, rollout_length, seed, callbacks, num_splits)
         if restart_failed_sub_envs is not None or restart_policy is not None:
             raise InvalidArgumentError(
                 "EnvRunner(restart_failed_sub_envs=..., restart_policy=...): restarts are "
@@ -114,7 +115,7 @@ class EnvRunner(EnvOwner):
         self._finished: list[Episode] = []  # complete episodes not yet returned
         self._params = jax.device_put(params)
         try:
-            self.sampler = self._make_sampler(num_groups)
+            self.sampler = self._make_sampler(num_splits)
         except (KeyError, TypeError, AttributeError) as err:
             self._release(envs)
             if isinstance(err, InvalidArgumentTypeError):
@@ -129,7 +130,7 @@ class EnvRunner(EnvOwner):
             self._release(envs)
             raise
 
-    def _make_sampler(self, num_groups: int | None) -> Sampler:
+    def _make_sampler(self, num_splits: int | None) -> Sampler:
         """The sampler for what the backend declares (see the module docstring)."""
         envs = self.envs
         setup = SamplerSetup(
@@ -141,7 +142,7 @@ class EnvRunner(EnvOwner):
             connectors=self.connectors,
         )
         if isinstance(envs, JaxVectorEnv):
-            check_runner_options(self.callbacks, num_groups)
+            check_runner_options(self.callbacks, num_splits)
             return ScanSampler(envs, setup)
         if envs.reset_seed is not None and envs.reset_seed != self.seed:
             warnings.warn(
@@ -155,14 +156,14 @@ class EnvRunner(EnvOwner):
         obs, _ = envs.reset_batch(env_seeds(self.seed, envs.num_envs))
         sampler: Sampler
         if envs.capabilities.ready_first:
-            _check_ready_first_options(envs, self.callbacks, num_groups)
+            _check_ready_first_options(envs, self.callbacks, num_splits)
             sampler = ReadyFirstSampler(envs, obs, setup)
         else:
             sampler = LockstepSampler(
                 envs,
                 obs,
                 setup,
-                num_groups=num_groups,
+                num_splits=num_splits,
                 callbacks=self.callbacks,
                 # A proxy: the sampler must not keep its runner alive (one owner per env).
                 runner=weakref.proxy(self) if self.callbacks is not None else None,
@@ -281,7 +282,7 @@ class EnvRunner(EnvOwner):
         }
 
     @property
-    def num_groups(self) -> int:
+    def num_splits(self) -> int:
         """Pipelining groups of the lockstep sampler (1 for the others)."""
         sampler = self.sampler
         return len(sampler.groups) if isinstance(sampler, LockstepSampler) else 1
@@ -310,7 +311,7 @@ def _check_arguments(
     rollout_length: Any,
     seed: Any,
     callbacks: Any,
-    num_groups: Any,
+    num_splits: Any,
 ) -> None:
     """Refuses arguments of the wrong kind, naming the argument and the fix."""
     if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
@@ -336,11 +337,11 @@ def _check_arguments(
             "without params)."
         )
     check_rollout_arguments("EnvRunner", rollout_length, seed)
-    if num_groups is not None and (
-        isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer))
+    if num_splits is not None and (
+        isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer))
     ):
         raise InvalidArgumentError(
-            f"EnvRunner(num_groups={num_groups!r}): expected an int >= 1, or None for automatic."
+            f"EnvRunner(num_splits={num_splits!r}): expected an int >= 1, or None for automatic."
         )
     if callbacks is not None and not isinstance(callbacks, Callbacks):
         raise InvalidArgumentTypeError(
@@ -358,7 +359,7 @@ def _check_connectors(connectors: Any) -> Connectors | None:
     return connectors
 
 
-def _check_ready_first_options(envs: VectorEnv, callbacks: Any, num_groups: Any) -> None:
+def _check_ready_first_options(envs: VectorEnv, callbacks: Any, num_splits: Any) -> None:
     name = type(envs).__name__
     if callbacks is not None:
         raise InvalidArgumentError(
@@ -366,11 +367,11 @@ def _check_ready_first_options(envs: VectorEnv, callbacks: Any, num_groups: Any)
             "(ready-first), where per-step callbacks cannot run in order. Read the "
             "Trajectory instead, or use a lockstep backend ('sync', 'process')."
         )
-    if num_groups not in (None, 1):
+    if num_splits not in (None, 1):
         raise InvalidArgumentError(
-            f"EnvRunner(num_groups={num_groups!r}): {name} computes actions for whichever "
+            f"EnvRunner(num_splits={num_splits!r}): {name} computes actions for whichever "
             "sub-envs are ready (ready-first); pipelining groups do not apply. Leave "
-            "num_groups=None."
+            "num_splits=None."
         )
 
 

@@ -307,7 +307,7 @@ class ScanSampler(Sampler):
         self._state = state["rollout"]
 
 
-def check_runner_options(callbacks: Any, num_groups: int | None) -> None:
+def check_runner_options(callbacks: Any, num_splits: int | None) -> None:
     """Options of the host loop that a scan cannot honour."""
     if callbacks is not None:
         raise InvalidArgumentError(
@@ -315,10 +315,10 @@ def check_runner_options(callbacks: Any, num_groups: int | None) -> None:
             "rollout (one compiled lax.scan) cannot do. Drop them and read the Trajectory, or "
             "use a host vector env (jaxrunner.make_vec)."
         )
-    if num_groups not in (None, 1):
+    if num_splits not in (None, 1):
         raise InvalidArgumentError(
-            f"EnvRunner(num_groups={num_groups!r}): pipelining groups only applies to host vector "
-            "envs; a JaxVectorEnv rollout is one compiled program. Leave num_groups=None."
+            f"EnvRunner(num_splits={num_splits!r}): pipelining groups only applies to host vector "
+            "envs; a JaxVectorEnv rollout is one compiled program. Leave num_splits=None."
         )
 
 

@@ -12,7 +12,7 @@ main process, which may have started JAX's threads (:mod:`.launch`). They end on
 ``close()``, when the vector env is garbage collected, at interpreter exit, and on
 their own when the main process dies (their socket reaches EOF).
 
-``send``/``recv`` let the runner keep several groups of workers stepping while it
+``send``/``recv`` let the runner keep several splits of the workers stepping while it
 computes the policy of another group (lockstep), or take whichever worker answers
 first (``ProcessConfig(ready_first=True)``). With ``ProcessConfig(main_process_envs=k)``
 the main process steps the first ``k`` sub-envs itself while the workers step the

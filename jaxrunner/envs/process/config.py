@@ -44,7 +44,7 @@ class ProcessConfig:
     ``max(60 s, step_timeout_s)``."""
     ready_first: bool = False
     """False (default): lockstep; ``recv()`` answers the sends in order, and the runner
-    pipelines groups of workers. True: ``recv()`` returns whichever worker answers
+    pipelines splits of the workers. True: ``recv()`` returns whichever worker answers
     first (``BatchStep.env_ids`` is its slice), so one slow sub-env stalls only its own
     worker; ``send`` then takes whole workers."""
     main_process_envs: int | None = None

@@ -105,7 +105,7 @@ def worker_bounds(
             f"({num_envs}); every worker needs at least one sub-env."
         )
     count = default_num_workers(num_envs) if num_workers is None else int(num_workers)
-    # The runner splits its pipelining groups the same way, so groups fall on workers.
+    # The runner splits its pipelining splits the same way, so splits fall on workers.
     edges = np.linspace(0, num_envs, count + 1).round().astype(int).tolist()
     return list(itertools.pairwise(edges))
 

@@ -6,7 +6,7 @@ layout leaves the main process mostly waiting while its workers step (2 cores: 1
 worker, and JAX's CPU calls run inline).
 :class:`LocalShareVectorEnv` composes a :class:`~jaxrunner.SyncVectorEnv` of the
 first ``main_process_envs`` sub-envs with a :class:`~.vector_env.ProcessVectorEnv` of
-the others and declares the split as its two pipelining groups
+the others and declares the split as its two pipelining splits
 (``Capabilities.pipeline_bounds``). The lockstep sampler sends the workers' group and
 receives the main process's group one group later; that ``recv`` steps the main
 process's sub-envs while the workers step theirs, so both cores step envs.

@@ -85,7 +85,7 @@ class ProcessVectorEnv(VectorEnv):
         SpaceMismatchError: sub-envs with different or unsupported spaces.
     """
 
-    capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_groups=2)
+    capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
 
     def __init__(
         self,

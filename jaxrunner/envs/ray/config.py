@@ -38,9 +38,10 @@ class RayConfig:
     batches; shorter waits give lower latency."""
     batch_buckets: tuple[int, ...] | None = None
     """Policy batch sizes: the ready envs are padded to the smallest bucket that holds
-    them, and each bucket is compiled once, up front. None: powers of two from 2 up to
-    ``num_envs``, and ``num_envs``. ``(num_envs,)`` computes every env's row in a full
-    batch, as the sync backend does (see :mod:`jaxrunner.sampling.ready_first` on exactness)."""
+    them, and each bucket is compiled once, up front. None: the default buckets (multiples
+    of the policy's chunk, see :mod:`jaxrunner.sampling.ready_first`). Any buckets give
+    the sync backend's bits: the policy runs in fixed-size chunks whatever the batch
+    (:mod:`jaxrunner.batch_invariance`)."""
     step_timeout_s: float | None = None
     """An actor whose step has not answered after this long is treated as dead (killed,
     and replaced if restarts are on). None: wait forever."""
