@@ -26,7 +26,7 @@ policy = mlp_policy(envs.single_action_space, hidden=(16,))
 params = policy.init(jax.random.key(3), envs.single_observation_space)
 with jr.EnvRunner(envs, policy, params, 40, 7) as runner:
     traj = runner.sample()
-    groups = len(runner.sampler.groups)
+    groups = len(runner.sampler.splits)
 np.savez(OUT, action=traj.action, reward=traj.reward, obs=traj.obs,
          log_prob=traj.extras["log_prob"], episode_id=traj.episode_id, groups=groups)
 """
@@ -133,4 +133,4 @@ def test_inline_dispatch_means_one_group_by_default(monkeypatch):
     params = policy.init(jax.random.key(0), envs.single_observation_space)
     with jr.EnvRunner(envs, policy, params, 2, 0) as runner:
         expected = 1 if jax.default_backend() == "cpu" else 2
-        assert len(runner.sampler.groups) == expected
+        assert len(runner.sampler.splits) == expected

@@ -138,7 +138,7 @@ def test_runner_equal_to_sync_whatever_the_groups(sync_reference, shared_process
     runner = _runner(shared_process_vec, num_splits=num_splits)  # not stopped: vec is shared
     if num_splits is None:  # the backend's default: two groups, one per worker
         assert ProcessVectorEnv.capabilities.pipeline_splits == 2
-        assert runner.sampler.groups == [slice(0, 4), slice(4, 7)]
+        assert runner.sampler.splits == [slice(0, 4), slice(4, 7)]
     for t, expected in enumerate(sync_reference):
         assert_trees_equal(_as_tree(runner.sample()), _as_tree(expected), f"sample {t}")
 

@@ -85,7 +85,7 @@ def test_runner_equal_to_sync(sync_reference, num_splits):
     assert isinstance(envs, LocalShareVectorEnv) and envs.main_process_envs == 3
     with _runner(envs, num_splits=num_splits) as runner:
         if num_splits is None:
-            assert runner.sampler.groups == [slice(0, 3), slice(3, 7)]
+            assert runner.sampler.splits == [slice(0, 3), slice(3, 7)]
         for t, expected in enumerate(sync_reference):
             assert_trees_equal(_as_tree(runner.sample()), _as_tree(expected), f"sample {t}")
         assert runner.get_metrics()["num_env_steps"] == 2 * 25 * NUM_ENVS

@@ -283,9 +283,9 @@ class EnvRunner(EnvOwner):
 
     @property
     def num_splits(self) -> int:
-        """Pipelining groups of the lockstep sampler (1 for the others)."""
+        """Pipelining splits of the lockstep sampler (1 for the others)."""
         sampler = self.sampler
-        return len(sampler.groups) if isinstance(sampler, LockstepSampler) else 1
+        return len(sampler.splits) if isinstance(sampler, LockstepSampler) else 1
 
     # -- internals ---------------------------------------------------------------------------
 
