@@ -425,6 +425,39 @@ def test_withdrawn_call_records_no_agent():
     assert lengths == [1, 1]
 
 
+def test_retracted_call_takes_back_every_agent_step():
+    """Actions computed for a client that hung up before getting them are taken back
+    (what the server does), for every agent of the call; later ones go on exactly."""
+    with make_env(ComingAndGoing()) as env:
+        pz = ComingAndGoing()
+        obs, _ = pz.reset(seed=0)
+        eid = env.start_episode()
+        refs: dict[str, Ref] = {}
+        env.log_returns(eid, {"a1": 0.25})  # before a1's first action: stays with it
+        future = env.submit_action(eid, obs)
+        future.result(timeout=60)
+        assert env.retract_action(eid, future)
+        assert not env.retract_action(eid, future)  # once only
+        metrics = env.get_metrics()
+        assert metrics["num_undelivered_actions"] == 2 and metrics["num_env_steps"] == 0
+        refs["a1"] = Ref(pending=0.25)
+        actions = env.get_action(eid, obs)
+        for agent in obs:
+            refs.setdefault(agent, Ref()).act(obs[agent], actions[agent], 0)
+        later = env.submit_action(eid, obs)  # ... whose answer is not the latest once
+        later.result(timeout=60)
+        assert env.retract_action(eid, later)
+        obs2, rewards, *_ = pz.step({a: int(v) for a, v in actions.items()})
+        env.log_returns(eid, rewards)
+        for agent, reward in rewards.items():
+            refs[agent].pending += reward
+        env.end_episode(eid, {a: obs2[a] for a in actions})
+        for agent in actions:
+            refs[agent].end(obs2[agent], True, False)
+        assert_matches(env.poll_episodes(), refs)
+        assert env.get_metrics()["memory_bytes"] == 0
+
+
 def test_close_fails_waiting_calls_with_nothing_recorded():
     env = make_env(ComingAndGoing(), config=ExternalEnvConfig(max_wait_ms=5_000.0))
     pz = ComingAndGoing()

@@ -40,11 +40,28 @@ class AgentRecord(LiveEpisode):
     """The agent has ended (or its episode has): no further call may name it."""
 
     def record_at(
-        self, env_step: int, obs: Any, action: Any, extras: dict[str, np.ndarray], carry: Any
+        self,
+        env_step: int,
+        obs: Any,
+        action: Any,
+        extras: dict[str, np.ndarray],
+        carry: Any,
+        ticket: object = None,
     ) -> None:
         """Appends one step taken at ``env_step`` (see :meth:`LiveEpisode.record`)."""
-        self.record(obs, action, extras, carry)
+        self.record(obs, action, extras, carry, ticket=ticket)
         self.env_steps.append(env_step)
+
+    def can_undo(self, ticket: object) -> bool:
+        """Whether the latest step is the one recorded with ``ticket``."""
+        return self._undo is not None and self._undo[0] is ticket
+
+    def undo(self, ticket: object) -> bool:
+        """As :meth:`LiveEpisode.undo`, keeping ``env_steps`` aligned."""
+        if not super().undo(ticket):
+            return False
+        self.env_steps.pop()
+        return True
 
     def abandon(self, observation_space: spaces.Space) -> int:
         """As :meth:`LiveEpisode.abandon`, keeping ``env_steps`` aligned."""

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,6 +60,10 @@ class MultiAgentDelivery:
     batchers: Mapping[str, PolicyBatcher]
     memory: MemoryBudget
     counts: collections.Counter[str]
+    calls: weakref.WeakKeyDictionary[concurrent.futures.Future, _Call] = dataclasses.field(
+        default_factory=weakref.WeakKeyDictionary, repr=False
+    )
+    """The call of each future, for :meth:`retract`."""
 
     def submit(
         self, live: MultiAgentLiveEpisode, parts: dict[str, list[tuple[AgentRecord, Row]]]
@@ -68,6 +73,8 @@ class MultiAgentDelivery:
         ``action=None``; logged rows are left out), once every agent's step is recorded.
         """
         call = _Call(live, parts, concurrent.futures.Future())
+        with self.lock:
+            self.calls[call.future] = call  # for retract
         try:
             for policy_id, part in parts.items():
                 self.batchers[policy_id].submit(
@@ -103,7 +110,7 @@ class MultiAgentDelivery:
                 env_step = call.live.num_calls
                 for pid, part in call.parts.items():
                     for (record, row), (taken, extras, carry) in zip(part, call.results[pid]):
-                        record.record_at(env_step, row.obs, taken, extras, carry)
+                        record.record_at(env_step, row.obs, taken, extras, carry, ticket=call)
                         if row.action is None:
                             actions[record.agent_id] = taken
                 call.live.num_calls += 1
@@ -125,6 +132,28 @@ class MultiAgentDelivery:
                 self._count_undelivered(call)
         if delivered:
             call.future.set_exception(error or concurrent.futures.CancelledError())
+
+    def retract(self, future: concurrent.futures.Future) -> bool:
+        """Takes back the call of ``future`` (its actions never reached the agents)
+        if its steps are still every agent's latest; cancels the future if pending.
+        Returns whether anything was taken back."""
+        if future.cancel():
+            return True  # _on_done counts it
+        with self.lock:
+            call = self.calls.get(future)
+            if call is None or call.live.busy or not call.future.done():
+                return False
+            records = [record for part in call.parts.values() for record, _ in part]
+            if not all(not record.done and record.can_undo(call) for record in records):
+                return False  # a later call or an ending came first: too late
+            before = sum(record.nbytes for record in records)
+            for record in records:
+                record.undo(call)
+            self.memory.live -= before - sum(record.nbytes for record in records)
+            call.live.num_calls -= 1
+            self.counts["num_env_steps"] -= 1
+            self._count_undelivered(call)
+            return True
 
     def _count_undelivered(self, call: _Call) -> None:
         """Actions nobody received: counted, never recorded (caller holds the lock)."""

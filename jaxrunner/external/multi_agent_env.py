@@ -426,6 +426,16 @@ class MultiAgentExternalEnv(GroupedAgents):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def retract_action(self, episode_id: int, future: concurrent.futures.Future) -> bool:
+        """The actions of ``future`` (from :meth:`submit_action` or
+        :meth:`submit_log_action`) never reached the agents (their client hung up
+        before the answer went out): if the call's steps are still every agent's
+        latest, removes them, counted per agent in ``num_dropped_steps``. Cancels the
+        future if it is pending. Returns whether anything was taken back.
+        ``episode_id`` is for symmetry with :meth:`ExternalEnv.retract_action
+        <jaxrunner.ExternalEnv.retract_action>`; the future names its episode."""
+        return self._delivery.retract(future)
+
     def reap(self, idle_since: float) -> int:
         """Ends every idle episode last seen before ``idle_since`` (``time.monotonic()``
         clock): each agent still in it is truncated at its last observation, its step
