@@ -4,7 +4,6 @@ recorded agent episodes checked exactly against what the env itself returned."""
 from __future__ import annotations
 
 import pathlib
-import re
 import threading
 import time
 from typing import Any
@@ -366,12 +365,3 @@ def test_close_fails_waiting_calls_with_nothing_recorded():
     assert metrics["memory_bytes"] == 0  # the reservation went back
     with pytest.raises(ClosedError, match="after close"):
         env.start_episode()
-
-
-def test_readme_multi_agent_example_runs(capsys):
-    section = README.read_text().split("## Serving external environments", 1)[1]
-    section = section.split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    (code,) = [b for b in blocks if "MultiAgentExternalEnv" in b]
-    exec(compile(code, "README multi-agent serving example", "exec"), {})
-    assert "agent episodes:" in capsys.readouterr().out

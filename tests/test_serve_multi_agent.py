@@ -4,7 +4,9 @@ limits and error format as for one agent."""
 
 from __future__ import annotations
 
+import pathlib
 import pickle
+import re
 import threading
 
 import gymnasium
@@ -28,6 +30,8 @@ from jaxrunner.serve import (
     wire,
 )
 from jaxrunner.testing.multi_agent_envs import ComingAndGoing, Relay
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
 @pytest.fixture
@@ -162,3 +166,12 @@ def test_clients_refuse_the_other_kind_of_server(served, tmp_path):
         with PolicyClient(single.url, token_file=single_token) as client:
             play(client, seed=0)  # the single-agent routes are unchanged
         assert env.get_metrics()["num_episodes"] == 1
+
+
+def test_readme_multi_agent_example_runs(capsys):
+    section = README.read_text().split("## Serving external environments", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    (code,) = [b for b in blocks if "MultiAgentExternalEnv" in b]
+    exec(compile(code, "README multi-agent serving example", "exec"), {})
+    assert "agent episodes:" in capsys.readouterr().out
