@@ -3,12 +3,13 @@ recorded agent episodes checked exactly against what the env itself returned."""
 
 from __future__ import annotations
 
-import pathlib
+import gc
 import threading
 import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from external_multi_agent_helpers import Ref, assert_matches, make_env, play_parallel, play_turns
@@ -24,9 +25,8 @@ from jaxrunner.errors import (
     SpaceMismatchError,
 )
 from jaxrunner.external import ExternalEnvConfig, MultiAgentExternalEnv
+from jaxrunner.policy import Policy
 from jaxrunner.testing.multi_agent_envs import ComingAndGoing, Relay
-
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_parallel_env_agents_come_and_go_exactly():
@@ -365,3 +365,43 @@ def test_close_fails_waiting_calls_with_nothing_recorded():
     assert metrics["memory_bytes"] == 0  # the reservation went back
     with pytest.raises(ClosedError, match="after close"):
         env.start_episode()
+
+
+def test_recurrent_carry_is_per_agent():
+    """Each agent of an episode carries its own recurrent state, from the initial
+    one at its first action; logged actions advance it too."""
+
+    def apply_fn(params, obs, carry, keys):
+        return carry % 3, {"log_prob": jnp.zeros(obs.shape[0])}, carry + 1
+
+    pz = ComingAndGoing()
+    policy = Policy(apply_fn, initial_carry=jnp.int32(0))
+    config = ExternalEnvConfig(max_batch=4, buckets=(4,))
+    with MultiAgentExternalEnv.from_pettingzoo(pz, policy, {"policy_0": {}}, config=config) as env:
+        obs = {a: np.zeros(3, np.float32) for a in pz.possible_agents}
+        eid, other = env.start_episode(), env.start_episode()
+        got = [env.get_action(eid, {"a0": obs["a0"]}) for _ in range(2)]
+        got.append(env.get_action(eid, {"a0": obs["a0"], "a1": obs["a1"]}))
+        got.append(env.get_action(other, {"a0": obs["a0"]}))  # another episode's a0
+        env.log_action(eid, {"a1": obs["a1"]}, {"a1": 2})
+        got.append(env.get_action(eid, {"a1": obs["a1"]}))
+    assert [{a: int(v) for a, v in step.items()} for step in got] == [
+        {"a0": 0},
+        {"a0": 1},
+        {"a0": 2, "a1": 0},
+        {"a0": 0},
+        {"a1": 2},
+    ]
+
+
+def test_finished_calls_are_not_kept():
+    """The table that lets a call be retracted holds it only while its future lives."""
+    with make_env(ComingAndGoing()) as env:
+        pz = ComingAndGoing()
+        obs, _ = pz.reset(seed=0)
+        eid = env.start_episode()
+        for _ in range(5):
+            env.get_action(eid, obs)
+        gc.collect()
+        # At most the last batch's, which the batcher's loop still names until its next.
+        assert len(env._delivery.calls) <= 1

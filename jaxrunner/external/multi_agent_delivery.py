@@ -34,7 +34,8 @@ class _Call:
     live: MultiAgentLiveEpisode
     parts: dict[str, list[tuple[AgentRecord, Row]]]
     """Policy id -> its agents' records and rows."""
-    future: concurrent.futures.Future
+    # Not its future: ``calls`` maps the future to the call weakly, which a call
+    # holding its future would defeat (the callbacks get the future instead).
     results: dict[str, list[RowResult]] = dataclasses.field(default_factory=dict)
     finished: bool = False  # recorded, failed or dropped: later answers are ignored
 
@@ -72,15 +73,15 @@ class MultiAgentDelivery:
         future resolves to ``{agent_id: action}`` for sampled rows (rows with
         ``action=None``; logged rows are left out), once every agent's step is recorded.
         """
-        call = _Call(live, parts, concurrent.futures.Future())
+        call, future = _Call(live, parts), concurrent.futures.Future()
         with self.lock:
-            self.calls[call.future] = call  # for retract
+            self.calls[future] = call  # for retract
         try:
             for policy_id, part in parts.items():
                 self.batchers[policy_id].submit(
                     [row for _, row in part],
-                    functools.partial(self._on_done, call, policy_id),
-                    functools.partial(self._on_abort, call),
+                    functools.partial(self._on_done, call, future, policy_id),
+                    functools.partial(self._on_abort, call, future),
                 )
         except BaseException:  # a closed batcher: answers already asked for are ignored
             with self.lock:
@@ -88,9 +89,15 @@ class MultiAgentDelivery:
                     call.finished = True
                     self._settle(live, 0, 0)
             raise
-        return call.future
+        return future
 
-    def _on_done(self, call: _Call, policy_id: str, results: list[RowResult]) -> None:
+    def _on_done(
+        self,
+        call: _Call,
+        future: concurrent.futures.Future,
+        policy_id: str,
+        results: list[RowResult],
+    ) -> None:
         """One policy's answer (batcher thread); the last one records the call."""
         with self.lock:
             if call.finished:
@@ -100,7 +107,7 @@ class MultiAgentDelivery:
                 return
             call.finished = True
             # Running only now: until here the waiter could cancel (give up on) the call.
-            if not call.future.set_running_or_notify_cancel():
+            if not future.set_running_or_notify_cancel():
                 self._settle(call.live, 0, 0)
                 self._count_undelivered(call)
                 return
@@ -118,20 +125,22 @@ class MultiAgentDelivery:
             finally:
                 grown = sum(r.nbytes for part in call.parts.values() for r, _ in part) - before
                 self._settle(call.live, grown, call.num_rows)
-        call.future.set_result(actions)
+        future.set_result(actions)
 
-    def _on_abort(self, call: _Call, error: BaseException | None) -> None:
+    def _on_abort(
+        self, call: _Call, future: concurrent.futures.Future, error: BaseException | None
+    ) -> None:
         """A policy failed (or the batcher closed): the call fails, nothing recorded."""
         with self.lock:
             if call.finished:
                 return
             call.finished = True
             self._settle(call.live, 0, 0)
-            delivered = call.future.set_running_or_notify_cancel()
+            delivered = future.set_running_or_notify_cancel()
             if not delivered or error is None:
                 self._count_undelivered(call)
         if delivered:
-            call.future.set_exception(error or concurrent.futures.CancelledError())
+            future.set_exception(error or concurrent.futures.CancelledError())
 
     def retract(self, future: concurrent.futures.Future) -> bool:
         """Takes back the call of ``future`` (its actions never reached the agents)
@@ -141,7 +150,7 @@ class MultiAgentDelivery:
             return True  # _on_done counts it
         with self.lock:
             call = self.calls.get(future)
-            if call is None or call.live.busy or not call.future.done():
+            if call is None or call.live.busy or not future.done():
                 return False
             records = [record for part in call.parts.values() for record, _ in part]
             if not all(not record.done and record.can_undo(call) for record in records):
