@@ -29,6 +29,7 @@ from jaxrunner.serve import (
     PolicyServer,
     wire,
 )
+from jaxrunner.serve.schema import MAX_AGENTS
 from jaxrunner.testing.multi_agent_envs import ComingAndGoing, Relay
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
@@ -147,6 +148,18 @@ def test_bad_requests_get_the_error_format_and_lose_nothing(served):
     assert {a: e.length for a, e in episodes.items()} == {"a0": 1, "a1": 1}
     assert episodes["a1"].truncated and episodes["a0"].terminated
     assert env.get_metrics()["num_policy_rows"] == 2  # no refused request reached a policy
+
+
+def test_openapi_lists_the_multi_agent_routes_and_agent_counts_are_capped(served):
+    _, server, token_file = served
+    paths = set(httpx.get(server.url + "/openapi.json").json()["paths"])
+    routes = {"action", "log_action", "returns", "end_agents", "end"}
+    assert {f"/v1/episodes/{{episode_id}}/{r}" for r in routes} <= paths
+    assert "/v1/episodes/{episode_id}/report" not in paths  # local inference: single-agent
+    auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+    too_many = {"rewards": {f"agent{i}": 0.0 for i in range(MAX_AGENTS + 1)}}
+    response = httpx.post(f"{server.url}/v1/episodes/0/returns", json=too_many, headers=auth)
+    assert response.status_code == 422 and "error" in response.json()
 
 
 def test_clients_refuse_the_other_kind_of_server(served, tmp_path):
