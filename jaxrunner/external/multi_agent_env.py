@@ -26,8 +26,9 @@ The single-agent guarantees hold per agent: exactly one step per delivered actio
 (a call's agents are recorded together or not at all: :mod:`.multi_agent_delivery`),
 every argument checked before any state changes, one memory budget in bytes with
 reservations (:mod:`.memory`), finished agent episodes held in the same bounded
-output (:mod:`.output`), abandoned episodes reaped (:mod:`.reaper`): each agent
-still waiting for an outcome loses that step, counted in ``num_dropped_steps``.
+output (:mod:`.output`), agents ended by :mod:`.multi_agent_endings` with the
+single-agent endings, abandoned episodes reaped (:mod:`.reaper`): each agent still
+waiting for an outcome loses that step, counted in ``num_dropped_steps``.
 """
 
 from __future__ import annotations
@@ -54,11 +55,11 @@ from jaxrunner.external import checks
 from jaxrunner.external.agents import AgentRecord, MultiAgentLiveEpisode
 from jaxrunner.external.config import ExternalEnvConfig
 from jaxrunner.external.delivery import wait_for
-from jaxrunner.external.endings import EpisodeEndings
 from jaxrunner.external.episodes import EpisodeTable, LiveEpisode
 from jaxrunner.external.memory import MemoryBudget, estimate_step_nbytes
 from jaxrunner.external.metrics import external_metrics
 from jaxrunner.external.multi_agent_delivery import MultiAgentDelivery
+from jaxrunner.external.multi_agent_endings import AgentEndings
 from jaxrunner.external.output import EpisodeOutput
 from jaxrunner.external.reaper import Reaper
 from jaxrunner.external.run_thread import RunThread
@@ -182,20 +183,15 @@ class MultiAgentExternalEnv(GroupedAgents):
                 batcher.close()
             raise
         self._delivery = MultiAgentDelivery(self._lock, self._batchers, self._memory, self._counts)
-        self._endings = {
-            g.policy_id: EpisodeEndings(
-                self._lock,
-                self._episodes,
-                self._memory,
-                self._counts,
-                self._stats,
-                g.observation_space,
-                g.action_space,
-                self._emit,
-                steps_key="num_agent_steps",
-            )
-            for g in self.groups
-        }
+        self._endings = AgentEndings(
+            self._lock,
+            self._episodes,
+            self._memory,
+            self._counts,
+            self._stats,
+            self.groups,
+            self._emit,
+        )
         self._reaper = (
             None
             if config.episode_timeout_s is None
@@ -311,8 +307,8 @@ class MultiAgentExternalEnv(GroupedAgents):
         with self._lock:
             live = self._get_live(episode_id, "end_agents")
             self._check_not_ended(live, obs, "end_agents")
-            ended = [self._close(live, agent, obs[agent]) for agent in obs]
-        self._finish(ended, truncated)
+            ended = [self._endings.close(self._record(live, a), obs[a]) for a in obs]
+        self._endings.finish(ended, truncated)
 
     def end_episode(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:
         """Ends the episode: every agent that acted and has not ended needs its final
@@ -335,10 +331,11 @@ class MultiAgentExternalEnv(GroupedAgents):
                     "final observation in obs; pass one for each (or end them earlier with "
                     "end_agents)."
                 )
-            ended = [self._close(live, a, obs.get(a)) for a, r in live.agents.items() if not r.done]
+            open_agents = [(a, r) for a, r in live.agents.items() if not r.done]
+            ended = [self._endings.close(r, obs.get(a)) for a, r in open_agents]
             self._episodes.remove(live)
             self._counts["num_ended_episodes"] += 1
-        self._finish(ended, truncated)
+        self._endings.finish(ended, truncated)
 
     # -- output and params --------------------------------------------------------------------
 
@@ -441,22 +438,7 @@ class MultiAgentExternalEnv(GroupedAgents):
         clock): each agent still in it is truncated at its last observation, its step
         in wait of an outcome dropped (``num_dropped_steps``); returns how many
         episodes. Runs by itself every so often (the reaper)."""
-        with self._lock:
-            stale = self._episodes.idle_since(idle_since)
-            ended: list[AgentRecord | None] = []
-            for live in map(_multi_agent, stale):
-                for record in live.agents.values():
-                    if not record.done:
-                        record.done = True
-                        if record.num_actions:  # the others never acted: no episode
-                            space = self._group_of[record.agent_id].observation_space
-                            self._counts["num_dropped_steps"] += record.abandon(space)
-                            ended.append(record)
-                self._counts["num_abandoned_episodes"] += 1
-                self._counts["num_ended_episodes"] += 1
-                self._episodes.remove(live)
-        self._finish(ended, truncated=True)
-        return len(stale)
+        return self._endings.reap(idle_since)
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -492,26 +474,6 @@ class MultiAgentExternalEnv(GroupedAgents):
         group = self._group_of[agent]
         carry = self._initial_carry[group.policy_id]
         return live.agent(group, agent, self._agent_index[agent], carry)
-
-    def _close(self, live: MultiAgentLiveEpisode, agent: str, final_obs: Any) -> AgentRecord | None:
-        """Marks ``agent`` ended; if it acted, closes its record at ``final_obs`` (the
-        caller made sure there is one) and returns it for :meth:`_finish`; an agent
-        that never acted has no episode and counts nowhere (caller holds the lock)."""
-        record = self._record(live, agent)  # made if new: it may not act later either
-        record.done = True
-        if not record.num_actions:
-            return None
-        record.close_at(final_obs)
-        return record
-
-    def _finish(self, records: list[AgentRecord | None], truncated: bool) -> None:
-        """Stacks, counts and outputs the ended agent records (without the lock)."""
-        for record in records:
-            if record is None:
-                continue
-            self._endings[record.policy_id].finish(
-                record, terminated=not truncated, truncated=bool(truncated)
-            )
 
     def _submit(
         self, episode_id: int, obs: dict[str, Any], actions: dict[str, Any] | None, what: str
