@@ -23,6 +23,12 @@ the episode exactly as it was. Abandoned episodes (no call for
 seen; the action that observation got never had an outcome, so that step is
 dropped and counted in ``num_dropped_steps``.
 
+:class:`MultiAgentExternalEnv` is the multi-agent form (RLlib's
+ExternalMultiAgentEnv): the same calls with ``{agent_id: value}`` dicts, agents
+batched per policy, agent episodes (:class:`~jaxrunner.multi_agent.AgentEpisode`) out; it is built
+from the same parts (:mod:`.multi_agent_env`, :mod:`.agents`,
+:mod:`.multi_agent_delivery`, :mod:`.multi_agent_endings`).
+
 Modules: :mod:`.env` (the :class:`ExternalEnv` facade), :mod:`.checks` (argument
 checks), :mod:`.episodes` (live records and episode ids), :mod:`.delivery` (policy
 requests, from submission to the recorded step), :mod:`.memory` (the byte budget),
@@ -38,6 +44,7 @@ from jaxrunner.external.episodes import (
     MAX_EPISODE_ID,
     LiveEpisode,
 )
+from jaxrunner.external.multi_agent_env import MultiAgentExternalEnv
 
 _Live = LiveEpisode  # the name before the split into modules
 
@@ -48,4 +55,5 @@ __all__ = [
     "ExternalEnv",
     "ExternalEnvConfig",
     "LiveEpisode",
+    "MultiAgentExternalEnv",
 ]

@@ -86,18 +86,24 @@ def check_obs(space: spaces.Space, obs: Any, what: str) -> Any:
 def check_returns(reward: Any, info: Any) -> None:
     """Raises unless ``reward`` is a finite real number and ``info`` a dict or None
     (``log_returns``)."""
-    if isinstance(reward, (bool, np.bool_)) or not isinstance(
-        reward, (int, float, np.integer, np.floating)
-    ):
-        raise InvalidArgumentTypeError(
-            f"log_returns(reward={reward!r}): expected a real number, got {type(reward).__name__}."
-        )
-    if not math.isfinite(float(reward)):
-        raise InvalidArgumentError(f"log_returns(reward={reward!r}): rewards must be finite.")
+    check_reward(reward, "reward")
     if info is not None and not isinstance(info, dict):
         raise InvalidArgumentTypeError(
             f"log_returns(info=...): expected a dict or None, got {type(info).__name__}."
         )
+
+
+def check_reward(reward: Any, name: str) -> None:
+    """Raises unless ``reward`` (argument ``name`` of ``log_returns``) is a finite
+    real number."""
+    if isinstance(reward, (bool, np.bool_)) or not isinstance(
+        reward, (int, float, np.integer, np.floating)
+    ):
+        raise InvalidArgumentTypeError(
+            f"log_returns({name}={reward!r}): expected a real number, got {type(reward).__name__}."
+        )
+    if not math.isfinite(float(reward)):
+        raise InvalidArgumentError(f"log_returns({name}={reward!r}): rewards must be finite.")
 
 
 def check_steps(
@@ -131,11 +137,45 @@ def check_steps(
     return checked_obs, checked_actions
 
 
+def check_agent_dict(
+    value: Any, possible_agents: Sequence[str], call: str, name: str, *, empty: bool = False
+) -> dict[str, Any]:
+    """``value`` (argument ``name`` of ``call``) as a dict keyed by agent ids, each one
+    of ``possible_agents`` (a multi-agent external env's calls).
+
+    Raises:
+        InvalidArgumentTypeError: ``value`` is not a dict, or a key not a str.
+        InvalidArgumentError: a key is no known agent, or the dict is empty (unless
+            ``empty``).
+    """
+    if not isinstance(value, dict):
+        raise InvalidArgumentTypeError(
+            f"{call}({name}=...): expected a dict {{agent_id: value}}, got {type(value).__name__}."
+        )
+    for agent in value:
+        if not isinstance(agent, str):
+            raise InvalidArgumentTypeError(
+                f"{call}({name}=...): agent id {agent!r} is not a str; keys are agent ids."
+            )
+        if agent not in possible_agents:
+            raise InvalidArgumentError(
+                f"{call}({name}=...): unknown agent {agent!r}; the env's agents are "
+                f"{list(possible_agents)}."
+            )
+    if not value and not empty:
+        raise InvalidArgumentError(
+            f"{call}({name}={{}}): expected at least one agent; name the agents that act."
+        )
+    return dict(value)
+
+
 __all__ = [
+    "check_agent_dict",
     "check_construction",
     "check_episode_id",
     "check_flag",
     "check_obs",
     "check_returns",
+    "check_reward",
     "check_steps",
 ]

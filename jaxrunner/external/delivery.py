@@ -133,19 +133,25 @@ class ActionDelivery:
             return True
 
     def wait(self, future: concurrent.futures.Future) -> Any:
-        """The future's result; after ``action_timeout_s`` it is cancelled (never
-        recorded, counted in ``num_dropped_steps``) and ActionTimeoutError raised, unless
-        it was already being recorded: then the caller gets it after all."""
-        try:
-            return future.result(timeout=self.action_timeout_s)
-        except concurrent.futures.TimeoutError:
-            if not future.cancel():
-                return future.result()  # computed just now: deliver it
-            raise ActionTimeoutError(
-                "the policy did not answer within action_timeout_s="
-                f"{self.action_timeout_s} s; the request was withdrawn (nothing "
-                "recorded): retry it."
-            ) from None
+        """The future's result, waiting at most ``action_timeout_s`` (see :func:`wait_for`)."""
+        return wait_for(future, self.action_timeout_s)
 
 
-__all__ = ["ActionDelivery"]
+def wait_for(future: concurrent.futures.Future, timeout_s: float) -> Any:
+    """The future's result; after ``timeout_s`` it is cancelled (never recorded,
+    counted in ``num_dropped_steps`` by whoever submitted it) and ActionTimeoutError
+    raised, unless it was already being recorded: then the caller gets it after all.
+    Shared by the single- and multi-agent deliveries."""
+    try:
+        return future.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        if not future.cancel():
+            return future.result()  # computed just now: deliver it
+        raise ActionTimeoutError(
+            "the policy did not answer within action_timeout_s="
+            f"{timeout_s} s; the request was withdrawn (nothing "
+            "recorded): retry it."
+        ) from None
+
+
+__all__ = ["ActionDelivery", "wait_for"]

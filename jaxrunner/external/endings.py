@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -20,9 +21,9 @@ from gymnasium import spaces
 from jaxrunner.external.episodes import EpisodeTable, LiveEpisode
 from jaxrunner.external.memory import MemoryBudget
 from jaxrunner.metrics import EpisodeStats
-from jaxrunner.trajectory import Episode
 
-Emit = Callable[[LiveEpisode, "Episode | None"], None]
+Emit = Callable[[LiveEpisode, Any], None]
+"""``emit(record, episode)``: ``episode`` is what ``record.to_episode`` gave, or None."""
 
 
 class EpisodeEndings:
@@ -32,7 +33,7 @@ class EpisodeEndings:
         lock: the env's lock; :meth:`finish` and :meth:`reap` take it themselves.
         episodes: the env's live episodes.
         memory: the env's memory budget (an ended episode's live bytes are freed).
-        counts: the env's counters (``num_env_steps``, ``num_dropped_steps``,
+        counts: the env's counters (``steps_key``, ``num_dropped_steps``,
             ``num_abandoned_episodes``).
         stats: the env's recent-episode statistics.
         observation_space: one episode's observation space.
@@ -40,6 +41,11 @@ class EpisodeEndings:
         emit: called, with the lock held, with each ended episode and its Episode
             (None when it had no step); ``ExternalEnv._emit``, which a policy client
             overrides.
+        steps_key: the counter the ended episode's steps are added to
+            (``num_agent_steps`` for the agent records of a MultiAgentExternalEnv).
+
+    An agent record's ``to_episode`` gives an AgentEpisode: the same ending serves
+    each agent of a multi-agent episode, one group's spaces per instance.
     """
 
     def __init__(
@@ -52,11 +58,13 @@ class EpisodeEndings:
         observation_space: spaces.Space,
         action_space: spaces.Space,
         emit: Emit,
+        steps_key: str = "num_env_steps",
     ) -> None:
         self._lock = lock
         self._episodes, self._memory, self._counts, self._stats = episodes, memory, counts, stats
         self._observation_space, self._action_space = observation_space, action_space
         self._emit = emit
+        self._steps_key = steps_key
 
     def finish(self, live: LiveEpisode, terminated: bool, truncated: bool) -> None:
         """Stacks ``live`` (closed, and removed from the live table by the caller) and
@@ -73,7 +81,7 @@ class EpisodeEndings:
         finally:
             with self._lock:
                 self._memory.live -= live.nbytes
-                self._counts["num_env_steps"] += length
+                self._counts[self._steps_key] += length
                 if length and episode is None:  # stacking failed (out of memory)
                     self._counts["num_dropped_steps"] += length
                 self._stats.add(np.array([sum(live.rewards)], np.float64), np.array([length]))

@@ -20,7 +20,6 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner import spaces as jr_spaces
 from jaxrunner.batching import PolicyBatcher, Row
 from jaxrunner.errors import ClosedError, EpisodeConflictError, InvalidArgumentError
 from jaxrunner.external import checks
@@ -28,7 +27,7 @@ from jaxrunner.external.config import ExternalEnvConfig
 from jaxrunner.external.delivery import ActionDelivery
 from jaxrunner.external.endings import EpisodeEndings
 from jaxrunner.external.episodes import EpisodeTable, LiveEpisode
-from jaxrunner.external.memory import MemoryBudget, step_nbytes
+from jaxrunner.external.memory import MemoryBudget, estimate_step_nbytes
 from jaxrunner.external.metrics import external_metrics
 from jaxrunner.external.output import EpisodeOutput
 from jaxrunner.external.reaper import Reaper
@@ -37,15 +36,6 @@ from jaxrunner.metrics import EpisodeStats
 from jaxrunner.policy import Params, Policy
 from jaxrunner.spaces import check_value
 from jaxrunner.trajectory import Episode
-
-
-def _row_extras(policy: Policy, params: Params, observation_space: spaces.Space) -> Any:
-    """Zeroed extras of one row, shaped as the policy returns them (traced abstractly,
-    nothing compiled): the first step's reservation then covers its extras too."""
-    keys = jax.random.split(jax.random.key(0), 1)
-    obs = jr_spaces.allocate(observation_space, (1,))
-    _, extras, _ = jax.eval_shape(policy.apply_fn, params, obs, policy.batched_carry(1), keys)
-    return {k: np.zeros(v.shape[1:], v.dtype) for k, v in dict(extras).items()}
 
 
 class ExternalEnv:
@@ -84,11 +74,7 @@ class ExternalEnv:
         self._episodes = EpisodeTable(config.max_concurrent, config.max_episodes_per_client)
         self._memory = MemoryBudget(
             config.max_memory_bytes,
-            step_nbytes(
-                observation_space.sample(),
-                action_space.sample(),
-                _row_extras(policy, params, observation_space),
-            ),
+            estimate_step_nbytes(policy, params, observation_space, action_space),
         )
         self._output = EpisodeOutput(self._lock, self._memory, config.max_output_episodes)
         self._stats = EpisodeStats(config.episode_window)
@@ -306,14 +292,16 @@ class ExternalEnv:
         ``params_version``, ``env_steps_per_s`` and ``perf.inference_ms`` (per batch).
         """
         with self._lock:
-            return external_metrics(
+            metrics = external_metrics(
                 self._counts,
                 self._stats,
                 len(self._episodes),
                 self._memory.used,
-                self._batcher,
+                [self._batcher],
                 time.monotonic() - self._started_at,
             )
+        metrics["params_version"] = self._batcher.get_params()[1]
+        return metrics
 
     # -- the optional run() thread ------------------------------------------------------------
 

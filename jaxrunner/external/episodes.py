@@ -160,9 +160,17 @@ class EpisodeTable:
     Args:
         max_concurrent: the most live episodes.
         max_per_client: the most live episodes per client name (None: no cap).
+        record: the live record's class: :class:`LiveEpisode`, or a subclass taking
+            the same arguments (a multi-agent episode's record).
     """
 
-    def __init__(self, max_concurrent: int, max_per_client: int | None) -> None:
+    def __init__(
+        self,
+        max_concurrent: int,
+        max_per_client: int | None,
+        record: type[LiveEpisode] = LiveEpisode,
+    ) -> None:
+        self._record = record
         self._max_concurrent = max_concurrent
         self._max_per_client = max_per_client
         self._live: dict[int, LiveEpisode] = {}
@@ -209,7 +217,7 @@ class EpisodeTable:
         episode_id = int(episode_id)
         if client not in self._client_ids and len(self._client_ids) < CLIENT_IDS_KEPT:
             self._client_ids[client] = len(self._client_ids)
-        live = LiveEpisode(
+        live = self._record(
             episode_id,
             client,
             self._client_ids.get(client, -1),

@@ -18,9 +18,12 @@ from typing import Any
 
 import jax
 import numpy as np
+from gymnasium import spaces
 
+from jaxrunner import spaces as jr_spaces
 from jaxrunner.errors import MemoryLimitError
-from jaxrunner.trajectory import Episode
+from jaxrunner.policy import Params, Policy
+from jaxrunner.trajectory import EpisodeSpan
 
 ARRAY_OVERHEAD_BYTES = 112
 """A numpy array object without its data (CPython 3.11, 64-bit)."""
@@ -44,9 +47,28 @@ def step_nbytes(obs: Any, action: Any, extras: Any) -> int:
     return tree_nbytes(obs, action, extras) + STEP_OVERHEAD_BYTES
 
 
-def episode_nbytes(episode: Episode) -> int:
-    """What a finished episode takes, arrays and objects (charged until it is polled)."""
-    arrays = tree_nbytes(episode.obs, episode.action, episode.reward, episode.extras)
+def estimate_step_nbytes(
+    policy: Policy, params: Params, observation_space: spaces.Space, action_space: spaces.Space
+) -> int:
+    """What one step of ``policy`` costs before any was recorded: a sample of each
+    space and the policy's extras for one row (traced abstractly, nothing compiled),
+    so the first step's reservation covers its extras too."""
+    keys = jax.random.split(jax.random.key(0), 1)
+    obs = jr_spaces.allocate(observation_space, (1,))
+    _, extras, _ = jax.eval_shape(policy.apply_fn, params, obs, policy.batched_carry(1), keys)
+    row_extras = {k: np.zeros(v.shape[1:], v.dtype) for k, v in dict(extras).items()}
+    return step_nbytes(observation_space.sample(), action_space.sample(), row_extras)
+
+
+def episode_nbytes(episode: EpisodeSpan) -> int:
+    """What a finished episode (an Episode or an AgentEpisode) takes, arrays and
+    objects (charged until it is polled)."""
+    arrays = tree_nbytes(
+        episode.obs,  # type: ignore[attr-defined]
+        episode.action,  # type: ignore[attr-defined]
+        episode.reward,
+        episode.extras,  # type: ignore[attr-defined]
+    )
     return arrays + EPISODE_OVERHEAD_BYTES
 
 
@@ -117,6 +139,7 @@ __all__ = [
     "EPISODE_OVERHEAD_BYTES",
     "MemoryBudget",
     "episode_nbytes",
+    "estimate_step_nbytes",
     "step_nbytes",
     "tree_nbytes",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from typing import Any
 
 from jaxrunner.batching import PolicyBatcher
@@ -14,13 +15,16 @@ def external_metrics(
     stats: EpisodeStats,
     num_live_episodes: int,
     memory_bytes: int,
-    batcher: PolicyBatcher,
+    batchers: Sequence[PolicyBatcher],
     elapsed_s: float,
 ) -> dict[str, Any]:
     """The dict :meth:`ExternalEnv.get_metrics <jaxrunner.ExternalEnv.get_metrics>`
     returns (its keys are documented there), from the env's counters, its
-    recent-episode statistics and its batcher, ``elapsed_s`` after construction."""
-    batches = batcher.num_batches
+    recent-episode statistics and its batchers (one per policy; their counts add up),
+    ``elapsed_s`` after construction. ``params_version`` is the caller's to add."""
+    batches = sum(b.num_batches for b in batchers)
+    rows = sum(b.num_rows for b in batchers)
+    inference_s = sum(b.inference_s for b in batchers)
     return {
         "num_env_steps": counts["num_env_steps"],
         **stats.summary(),
@@ -33,12 +37,11 @@ def external_metrics(
         "memory_bytes": memory_bytes,
         "num_faulty_episodes": 0,
         "num_batches": batches,
-        "num_policy_rows": batcher.num_rows,
-        "mean_batch_size": batcher.num_rows / batches if batches else 0.0,
-        "num_traces": batcher.num_traces,
-        "params_version": batcher.get_params()[1],
+        "num_policy_rows": rows,
+        "mean_batch_size": rows / batches if batches else 0.0,
+        "num_traces": sum(b.num_traces for b in batchers),
         "env_steps_per_s": counts["num_env_steps"] / elapsed_s if elapsed_s else 0.0,
-        "perf": {"inference_ms": 1000.0 * batcher.inference_s / batches if batches else 0.0},
+        "perf": {"inference_ms": 1000.0 * inference_s / batches if batches else 0.0},
     }
 
 

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import collections
 import threading
+from typing import Generic, TypeVar
 
 from jaxrunner.errors import ActionTimeoutError
 from jaxrunner.external.memory import MemoryBudget, episode_nbytes
-from jaxrunner.trajectory import Episode
+from jaxrunner.trajectory import EpisodeSpan
+
+E = TypeVar("E", bound=EpisodeSpan)
 
 
-class EpisodeOutput:
-    """Finished episodes in the order they ended, charged to ``memory.output``.
+class EpisodeOutput(Generic[E]):
+    """Finished episodes in the order they ended, charged to ``memory.output``:
+    an ExternalEnv's :class:`~jaxrunner.Episode` or a MultiAgentExternalEnv's
+    :class:`~jaxrunner.multi_agent.AgentEpisode` (an ``EpisodeSpan`` with ``obs``,
+    ``action`` and ``extras``).
 
     Args:
         lock: the owning env's lock; :meth:`put` is called with it held, the other
@@ -26,12 +32,12 @@ class EpisodeOutput:
     """
 
     def __init__(self, lock: threading.Lock, memory: MemoryBudget, max_episodes: int) -> None:
-        self._episodes: collections.deque[Episode] = collections.deque()
+        self._episodes: collections.deque[E] = collections.deque()
         self._ready = threading.Condition(lock)
         self._memory = memory
         self._max_episodes = max_episodes
 
-    def put(self, episode: Episode) -> int:
+    def put(self, episode: E) -> int:
         """Adds ``episode`` (caller holds the lock); returns the steps dropped to make
         room (those of the oldest episode, or 0)."""
         self._episodes.append(episode)
@@ -44,7 +50,7 @@ class EpisodeOutput:
         self._ready.notify_all()
         return dropped_steps
 
-    def poll(self) -> list[Episode]:
+    def poll(self) -> list[E]:
         """Takes every episode held."""
         with self._ready:
             episodes = list(self._episodes)
@@ -52,7 +58,7 @@ class EpisodeOutput:
             self._memory.output = 0
             return episodes
 
-    def take(self, num_episodes: int, timeout_s: float | None) -> list[Episode]:
+    def take(self, num_episodes: int, timeout_s: float | None) -> list[E]:
         """Waits until ``num_episodes`` are held and takes the oldest of them.
 
         Raises:

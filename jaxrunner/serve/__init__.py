@@ -1,5 +1,6 @@
 """Serving external environments over HTTP: ``jr.serve.PolicyServer`` and
-``jr.serve.PolicyClient`` (extra ``[serve]``: FastAPI, uvicorn, httpx).
+``jr.serve.PolicyClient``, and ``jr.serve.MultiAgentPolicyClient`` for a
+multi-agent env (extra ``[serve]``: FastAPI, uvicorn, httpx).
 
 Imported lazily, so ``import jaxrunner`` never needs the extra.
 """
@@ -12,6 +13,7 @@ _EXPORTS = {
     "PolicyServer": "jaxrunner.serve.server",
     "ServerConfig": "jaxrunner.serve.server",
     "PolicyClient": "jaxrunner.serve.client",
+    "MultiAgentPolicyClient": "jaxrunner.serve.multi_agent_client",
     "PolicyServerError": "jaxrunner.serve.client",
     "ReportError": "jaxrunner.serve.client",
 }

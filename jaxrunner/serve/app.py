@@ -24,10 +24,11 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from jaxrunner import errors
-from jaxrunner.external import ExternalEnv
+from jaxrunner.external import ExternalEnv, MultiAgentExternalEnv
 from jaxrunner.serve import wire
 from jaxrunner.serve.error_handlers import ClientGone, install_error_handlers
 from jaxrunner.serve.guard import Guard
+from jaxrunner.serve.multi_agent_routes import add_multi_agent_routes
 from jaxrunner.serve.schema import (
     ERRORS,
     ActionOut,
@@ -54,10 +55,13 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tuple[Guard, FastAPI]:
+def create_app(
+    env: ExternalEnv | MultiAgentExternalEnv, token: str | None, max_body_bytes: int
+) -> tuple[Guard, FastAPI]:
     """The ASGI app serving ``env``: the :class:`Guard`-wrapped app to run, and the
-    FastAPI app inside it (for its OpenAPI schema)."""
-    obs_space, action_space = env.observation_space, env.action_space
+    FastAPI app inside it (for its OpenAPI schema). A multi-agent env gets the
+    routes of :mod:`.multi_agent_routes` instead of the single-agent episode routes;
+    both share the guard, the health, metrics and start routes and the delivery."""
     timeout_s = env.config.action_timeout_s
     app = FastAPI(
         title="jaxrunner policy server",
@@ -107,37 +111,13 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
             tags=["episodes"],
         )
 
-    def decode(obj: Any, where: str, space: Any = obs_space) -> Any:
-        return wire.decode_tree(space, raw(obj), where)
-
     @app.get("/v1/health", tags=["meta"])
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/v1/spaces", dependencies=[bearer], responses=ERRORS, tags=["meta"])
-    async def get_spaces() -> JSONResponse:
-        return JSONResponse(
-            {
-                "observation_space": wire.space_to_json(obs_space),
-                "action_space": wire.space_to_json(action_space),
-            }
-        )
-
     @app.get("/v1/metrics", dependencies=[bearer], responses=ERRORS, tags=["meta"])
     async def get_metrics() -> JSONResponse:
         return JSONResponse(_finite(env.get_metrics()))
-
-    @app.get("/v1/params", dependencies=[bearer], responses=ERRORS, tags=["params"])
-    async def get_params(
-        since: Annotated[int | None, Query(ge=0, description="skip params if unchanged")] = None,
-    ) -> JSONResponse:
-        params, version = env.get_params()
-        if since == version:
-            return JSONResponse({"version": version, "params": None})
-        if params_cache.get("version") != version:
-            encoded = await run_in_threadpool(wire.encode_params, params)
-            params_cache.update(version=version, params=encoded)
-        return JSONResponse({"version": version, "params": params_cache["params"]})
 
     @app.post(
         "/v1/episodes",
@@ -158,6 +138,36 @@ def create_app(env: ExternalEnv, token: str | None, max_body_bytes: int) -> tupl
         client = x_client_id or f"peer:{peer}"
         episode_id = env.start_episode(body.episode_id, body.training_enabled, client=client)
         return JSONResponse({"episode_id": episode_id}, status_code=201)
+
+    if isinstance(env, MultiAgentExternalEnv):
+        add_multi_agent_routes(app, env, bearer, deliver, episode_route)
+        install_error_handlers(app)
+        return Guard(app, token, max_body_bytes), app
+    obs_space, action_space = env.observation_space, env.action_space
+
+    def decode(obj: Any, where: str, space: Any = obs_space) -> Any:
+        return wire.decode_tree(space, raw(obj), where)
+
+    @app.get("/v1/spaces", dependencies=[bearer], responses=ERRORS, tags=["meta"])
+    async def get_spaces() -> JSONResponse:
+        return JSONResponse(
+            {
+                "observation_space": wire.space_to_json(obs_space),
+                "action_space": wire.space_to_json(action_space),
+            }
+        )
+
+    @app.get("/v1/params", dependencies=[bearer], responses=ERRORS, tags=["params"])
+    async def get_params(
+        since: Annotated[int | None, Query(ge=0, description="skip params if unchanged")] = None,
+    ) -> JSONResponse:
+        params, version = env.get_params()
+        if since == version:
+            return JSONResponse({"version": version, "params": None})
+        if params_cache.get("version") != version:
+            encoded = await run_in_threadpool(wire.encode_params, params)
+            params_cache.update(version=version, params=encoded)
+        return JSONResponse({"version": version, "params": params_cache["params"]})
 
     @episode_route("action", ActionOut)
     async def get_action(episode_id: EpisodeId, body: ObsBody, request: Request) -> JSONResponse:

@@ -91,6 +91,40 @@ def _raise_for(response: httpx.Response) -> None:
     raise PolicyServerError(text, status, code)
 
 
+def open_http(
+    url: str,
+    token: str | None,
+    token_file: str | os.PathLike[str] | None,
+    client_id: str | None,
+    timeout_s: float,
+) -> httpx.Client:
+    """The HTTP connection pool of a policy client: its token (given, or read from
+    ``token_file``) and client id (random by default) in every request's headers."""
+    if token is None and token_file is not None:
+        token = read_token(token_file)
+    headers = {"X-Client-Id": client_id or f"client-{uuid.uuid4().hex[:12]}"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return httpx.Client(
+        base_url=url,
+        headers=headers,
+        timeout=timeout_s,
+        # Idle connections expire here before the server's keep-alive (30 s) ends
+        # them, so a request never goes out on a connection being closed.
+        limits=httpx.Limits(
+            max_connections=256, max_keepalive_connections=256, keepalive_expiry=10.0
+        ),
+    )
+
+
+def request_json(http: httpx.Client, method: str, path: str, body: Any = None) -> Any:
+    """The server's JSON answer to a JSON request; its errors raised as the env's
+    (``EpisodeNotFoundError`` for 404/410, ...) or :class:`PolicyServerError`."""
+    response = http.request(method, path, json=body)
+    _raise_for(response)
+    return response.json()
+
+
 class _LocalEnv(ExternalEnv):
     """An ExternalEnv that hands every ended episode to the client for reporting."""
 
@@ -163,25 +197,17 @@ class PolicyClient:
                 "PolicyClient(inference='local') needs policy=<the server's jaxrunner.Policy>: "
                 "the client computes actions itself."
             )
-        if token is None and token_file is not None:
-            token = read_token(token_file)
-        headers = {"X-Client-Id": client_id or f"client-{uuid.uuid4().hex[:12]}"}
-        if token is not None:
-            headers["Authorization"] = f"Bearer {token}"
         self.inference = inference
         self.report_chunk_steps = report_chunk_steps
         self.report_chunk_bytes = report_chunk_bytes
-        self._http = httpx.Client(
-            base_url=url,
-            headers=headers,
-            timeout=timeout_s,
-            # Idle connections expire here before the server's keep-alive (30 s) ends
-            # them, so a request never goes out on a connection being closed.
-            limits=httpx.Limits(
-                max_connections=256, max_keepalive_connections=256, keepalive_expiry=10.0
-            ),
-        )
+        self._http = open_http(url, token, token_file, client_id, timeout_s)
         spaces_json = self._call("GET", "/v1/spaces")
+        if "agents" in spaces_json:
+            self._http.close()
+            raise errors.InvalidArgumentError(
+                f"PolicyClient({url!r}): the server serves a multi-agent env; talk to it "
+                "with jaxrunner.serve.MultiAgentPolicyClient."
+            )
         self.observation_space = wire.space_from_json(spaces_json["observation_space"])
         self.action_space = wire.space_from_json(spaces_json["action_space"])
         self._local: _LocalEnv | None = None
@@ -296,9 +322,7 @@ class PolicyClient:
     # -- internals ----------------------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
-        response = self._http.request(method, path, json=body)
-        _raise_for(response)
-        return response.json()
+        return request_json(self._http, method, path, body)
 
     def _call_raw(self, method: str, path: str, content: bytes) -> Any:
         """Like :meth:`_call`, for a body already encoded as JSON."""

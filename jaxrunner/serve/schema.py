@@ -17,6 +17,8 @@ from jaxrunner.serve import wire
 
 MAX_REPORT_STEPS = 4096
 """The most steps one report request may carry."""
+MAX_AGENTS = 1024
+"""The most agents one multi-agent request may name."""
 
 
 class _Strict(BaseModel):
@@ -75,6 +77,35 @@ class ReportBody(_Strict):
     truncated: bool = False
 
 
+AgentTrees = Annotated[dict[str, Tree], Field(max_length=MAX_AGENTS)]
+"""``{agent_id: tree}`` of a multi-agent env's calls."""
+
+
+class AgentObsBody(_Strict):
+    obs: AgentTrees
+
+
+class AgentLogActionBody(_Strict):
+    obs: AgentTrees
+    actions: AgentTrees
+
+
+class AgentReturnsBody(_Strict):
+    rewards: Annotated[dict[str, Reward], Field(max_length=MAX_AGENTS)]
+
+
+class AgentEndBody(_Strict):
+    """Final observations of the agents that end (``end_agents``), or of every agent
+    still in the episode (``end``)."""
+
+    obs: AgentTrees
+    truncated: bool = False
+
+
+class AgentActionsOut(BaseModel):
+    actions: dict[str, Tree]
+
+
 class EpisodeCreated(BaseModel):
     episode_id: int
 
@@ -111,7 +142,14 @@ def raw(tree: Any) -> Any:
 
 __all__ = [
     "ERRORS",
+    "MAX_AGENTS",
     "MAX_REPORT_STEPS",
+    "AgentActionsOut",
+    "AgentEndBody",
+    "AgentLogActionBody",
+    "AgentObsBody",
+    "AgentReturnsBody",
+    "AgentTrees",
     "ActionOut",
     "EndBody",
     "EpisodeCreated",

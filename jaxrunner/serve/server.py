@@ -16,7 +16,7 @@ from typing import Any
 import uvicorn
 
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
-from jaxrunner.external import ExternalEnv
+from jaxrunner.external import ExternalEnv, MultiAgentExternalEnv
 from jaxrunner.serve.app import create_app
 from jaxrunner.serve.auth import default_token_file, load_or_create_token
 from jaxrunner.serve.transport import TransportLimits, protocol_class
@@ -142,18 +142,25 @@ class PolicyServer:
     """Serves ``env`` over HTTP. The OpenAPI schema is at ``{url}/openapi.json``.
 
     Args:
-        env: the :class:`~jaxrunner.ExternalEnv` to serve (its owner closes it).
+        env: the :class:`~jaxrunner.ExternalEnv` or
+            :class:`~jaxrunner.external.MultiAgentExternalEnv` to serve (its owner
+            closes it).
         config: a :class:`ServerConfig`; or its fields as keyword arguments.
 
     Use :meth:`start` (a background thread) and :meth:`close`, or ``with``; or
     :meth:`serve_forever` in the main thread (Ctrl-C stops it).
     """
 
-    def __init__(self, env: ExternalEnv, config: ServerConfig | None = None, **fields: Any) -> None:
-        if not isinstance(env, ExternalEnv):
+    def __init__(
+        self,
+        env: ExternalEnv | MultiAgentExternalEnv,
+        config: ServerConfig | None = None,
+        **fields: Any,
+    ) -> None:
+        if not isinstance(env, (ExternalEnv, MultiAgentExternalEnv)):
             raise InvalidArgumentTypeError(
-                "PolicyServer(env=...): expected a jaxrunner.ExternalEnv, got "
-                f"{type(env).__name__}."
+                "PolicyServer(env=...): expected a jaxrunner.ExternalEnv or a "
+                f"jaxrunner.external.MultiAgentExternalEnv, got {type(env).__name__}."
             )
         if config is not None and fields:
             raise InvalidArgumentError(

@@ -1,0 +1,407 @@
+"""MultiAgentExternalEnv: PettingZoo envs driven by hand through the external API, the
+recorded agent episodes checked exactly against what the env itself returned."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from external_multi_agent_helpers import Ref, assert_matches, make_env, play_parallel, play_turns
+
+from jaxrunner.bench import mlp_policy
+from jaxrunner.errors import (
+    ClosedError,
+    EpisodeConflictError,
+    EpisodeNotFoundError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    MemoryLimitError,
+    SpaceMismatchError,
+)
+from jaxrunner.external import ExternalEnvConfig, MultiAgentExternalEnv
+from jaxrunner.policy import Policy
+from jaxrunner.testing.multi_agent_envs import ComingAndGoing, Relay
+
+
+def test_parallel_env_agents_come_and_go_exactly():
+    with make_env(ComingAndGoing()) as env:
+        pz = ComingAndGoing()
+        for seed in (3, 4):  # a2 terminates at step 6 in one episode, 7 in the other
+            refs = play_parallel(env, seed, pz)
+            episodes = env.poll_episodes()
+            assert_matches(episodes, refs)
+            by_agent = {e.agent_id: e for e in episodes}
+            assert "a3" not in by_agent  # never appeared: no episode
+            assert by_agent["a0"].terminated and by_agent["a1"].truncated
+            assert by_agent["a0"].length == 3 and by_agent["a1"].length == 5
+            np.testing.assert_array_equal(by_agent["a2"].env_step, refs["a2"].env_steps)
+            assert by_agent["a2"].env_step[0] == 2  # appeared after step 2
+            assert by_agent["a2"].reward[0] > 0.5  # the reward before it acted is carried
+            assert len({e.episode_id for e in episodes}) == 1
+        metrics = env.get_metrics()
+    assert metrics["num_agent_steps"] == 3 + 5 + 4 + 3 + 5 + 5
+    assert metrics["num_env_steps"] == 6 + 7
+    assert metrics["num_ended_episodes"] == 2 and metrics["num_episodes"] == 6
+    assert metrics["num_dropped_steps"] == 0 and metrics["memory_bytes"] == 0
+
+
+def test_turn_based_env_rewards_between_turns_exactly():
+    with make_env(Relay()) as env:
+        refs = play_turns(env, seed=5)
+        episodes = env.poll_episodes()
+    assert_matches(episodes, refs)
+    by_agent = {e.agent_id: e for e in episodes}
+    assert by_agent["r1"].terminated and by_agent["r1"].length == 2
+    assert by_agent["r0"].truncated and by_agent["r2"].truncated
+    assert by_agent["r1"].env_step.tolist() == [1, 4]
+    assert sum(e.length for e in episodes) == 8  # the env's 8 turns, one transition each
+
+
+def test_actions_do_not_depend_on_batching():
+    """Keys derive from the seed, the episode, the agent and its step only."""
+    results = []
+    for config in (
+        ExternalEnvConfig(max_batch=1),
+        ExternalEnvConfig(max_batch=16, buckets=(4, 16), max_wait_ms=50.0),
+    ):
+        with make_env(ComingAndGoing(), seed=7, config=config) as env:
+            threads = [
+                threading.Thread(target=play_parallel, args=(env, k, ComingAndGoing(), 10 + k))
+                for k in range(3)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            results.append(
+                {(e.episode_id, e.agent_id): e.action.tolist() for e in env.poll_episodes()}
+            )
+    assert len(results[0]) == 9 and results[0] == results[1]
+    assert len({tuple(a) for a in results[0].values()}) > 1  # agents draw their own keys
+
+
+def two_policy_env(**config: Any) -> MultiAgentExternalEnv:
+    pz = ComingAndGoing()
+    space = pz.observation_space("a0")
+    policy = mlp_policy(pz.action_space("a0"), hidden=(8,))
+    params = {
+        "left": policy.init(jax.random.key(0), space),
+        "right": policy.init(jax.random.key(1), space),
+    }
+    return MultiAgentExternalEnv.from_pettingzoo(
+        pz,
+        policy,
+        params,
+        policy_mapping_fn=lambda a: "left" if a in ("a0", "a1") else "right",
+        config=ExternalEnvConfig(**config),
+    )
+
+
+def test_one_compiled_call_per_policy_per_batch():
+    with two_policy_env(max_batch=8, buckets=(8,), max_wait_ms=10_000.0) as env:
+        eids = [env.start_episode() for _ in range(2)]
+        obs = {a: np.array([0.0, k, 0.5], np.float32) for k, a in enumerate(env.possible_agents)}
+        futures = [env.submit_action(eid, obs) for eid in eids]
+        # Every agent of both live episodes asked: each policy's batch goes at once.
+        actions = [f.result(timeout=60) for f in futures]
+        metrics = env.get_metrics()
+    assert [set(a) for a in actions] == [set(env.possible_agents)] * 2
+    assert metrics["num_batches"] == 2 and metrics["num_policy_rows"] == 8
+    assert metrics["num_traces"] == 2  # one bucket per policy, compiled once
+    assert metrics["params_version"] == {"left": 0, "right": 0}
+
+
+def test_policies_map_agents_and_params_are_per_policy():
+    with two_policy_env(max_batch=4, buckets=(4,)) as env:
+        assert env.policy_ids == ("left", "right")
+        refs = play_parallel(env, 2, ComingAndGoing())
+        episodes = env.poll_episodes()
+        assert {e.agent_id: e.policy_id for e in episodes} == {
+            "a0": "left",
+            "a1": "left",
+            "a2": "right",
+        }
+        for episode in episodes:
+            ref = refs[episode.agent_id]
+            np.testing.assert_array_equal(episode.action, ref.actions)
+        params, _ = env.get_params("right")
+        assert env.set_params("right", params) == 1
+        assert env.get_params("left")[1] == 0
+        with pytest.raises(InvalidArgumentError, match=r"policy_id='middle'.*unknown policy id"):
+            env.set_params("middle", params)
+
+
+def test_log_action_records_actions_as_given():
+    with make_env(ComingAndGoing()) as env:
+        pz = ComingAndGoing()
+        obs, _ = pz.reset(seed=0)
+        eid = env.start_episode()
+        given = {"a0": 2, "a1": 0}
+        env.log_action(eid, obs, given)
+        obs2, rewards, *_ = pz.step(given)
+        env.log_returns(eid, rewards)
+        env.end_episode(eid, {a: obs2[a] for a in given}, truncated=True)
+        episodes = {e.agent_id: e for e in env.poll_episodes()}
+    for agent, action in given.items():
+        assert episodes[agent].action.tolist() == [action]
+        assert episodes[agent].reward.tolist() == [rewards[agent]]
+        assert episodes[agent].truncated and not episodes[agent].terminated
+        assert np.isfinite(episodes[agent].extras["log_prob"]).all()
+        np.testing.assert_array_equal(episodes[agent].obs, np.stack([obs[agent], obs2[agent]]))
+
+
+def test_concurrent_threads_exact_counts():
+    num_threads, per_thread = 6, 3
+    refs: list[dict[str, Ref]] = []
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        pz = ComingAndGoing()
+        try:
+            for n in range(per_thread):
+                refs.append(play_parallel(env, 100 * k + n, pz))
+        except BaseException as err:
+            errors.append(err)
+
+    with make_env(ComingAndGoing(), config=ExternalEnvConfig(max_batch=16)) as env:
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(num_threads)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not errors
+        episodes = env.poll_episodes()
+        metrics = env.get_metrics()
+    expected_steps = sum(len(r.actions) for ref in refs for r in ref.values())
+    assert metrics["num_agent_steps"] == expected_steps
+    assert sum(e.length for e in episodes) == expected_steps
+    assert metrics["num_policy_rows"] == expected_steps  # one row per delivered action
+    assert metrics["num_dropped_steps"] == 0 and metrics["memory_bytes"] == 0
+    by_episode: dict[int, list[Any]] = {}
+    for episode in episodes:
+        by_episode.setdefault(episode.episode_id, []).append(episode)
+    assert len(by_episode) == num_threads * per_thread
+    # Each episode matches one reference: match them by a0's first observation.
+    ref_by_first = {ref["a0"].obs[0].tobytes(): ref for ref in refs}
+    for agent_episodes in by_episode.values():
+        a0 = next(e for e in agent_episodes if e.agent_id == "a0")
+        assert_matches(agent_episodes, ref_by_first[a0.obs[0].tobytes()])
+
+
+def test_bad_input_is_refused_and_loses_nothing():
+    with make_env(ComingAndGoing()) as env:
+        pz = ComingAndGoing()
+        obs, _ = pz.reset(seed=11)
+        eid = env.start_episode()
+        refs: dict[str, Ref] = {}
+        actions = env.get_action(eid, obs)
+        for agent in obs:
+            refs.setdefault(agent, Ref()).act(obs[agent], actions[agent], 0)
+        obs, rewards, *_ = pz.step({a: int(v) for a, v in actions.items()})
+        with pytest.raises(InvalidArgumentError, match="unknown agent 'ghost'"):
+            env.log_returns(eid, {**rewards, "ghost": 1.0})
+        with pytest.raises(InvalidArgumentError, match="rewards\\['a0'\\]"):
+            env.log_returns(eid, {**rewards, "a0": float("nan")})
+        env.log_returns(eid, rewards)
+        for agent, reward in rewards.items():
+            refs[agent].pending += reward
+        good = {a: obs[a] for a in pz.agents}
+        with pytest.raises(InvalidArgumentError, match="unknown agent 'ghost'"):
+            env.get_action(eid, {**good, "ghost": good["a0"]})
+        with pytest.raises(SpaceMismatchError, match="obs\\['a1'\\]"):
+            env.get_action(eid, {**good, "a1": np.zeros(4, np.float32)})
+        with pytest.raises(SpaceMismatchError, match="finite"):
+            env.get_action(eid, {**good, "a1": np.full(3, np.nan, np.float32)})
+        with pytest.raises(InvalidArgumentTypeError, match="expected a dict"):
+            env.get_action(eid, [good["a0"]])
+        with pytest.raises(InvalidArgumentError, match="at least one agent"):
+            env.get_action(eid, {})
+        with pytest.raises(EpisodeNotFoundError, match="episode_id=999"):
+            env.get_action(999, good)
+        with pytest.raises(InvalidArgumentError, match="one action per observed agent"):
+            env.log_action(eid, good, {"a0": 1})
+        with pytest.raises(InvalidArgumentError, match="\\['a0', 'a1'\\] acted"):
+            env.end_episode(eid, {})
+        env.end_agents(eid, {"a1": obs["a1"]}, truncated=True)
+        refs["a1"].end(obs["a1"], False, True)
+        with pytest.raises(EpisodeConflictError, match="\\['a1'\\] have ended"):
+            env.get_action(eid, good)
+        with pytest.raises(EpisodeConflictError, match="have ended"):
+            env.log_returns(eid, {"a1": 1.0})
+        assert env.get_metrics()["num_policy_rows"] == 2  # no refused call reached a policy
+        env.end_episode(eid, {"a0": obs["a0"]})
+        refs["a0"].end(obs["a0"], True, False)
+        with pytest.raises(EpisodeNotFoundError, match="has ended"):
+            env.get_action(eid, {"a0": obs["a0"]})
+        assert_matches(env.poll_episodes(), refs)
+
+
+def test_construction_errors_name_the_fix():
+    pz = ComingAndGoing()
+    policy = mlp_policy(pz.action_space("a0"), hidden=(8,))
+    params = policy.init(jax.random.key(0), pz.observation_space("a0"))
+    with pytest.raises(InvalidArgumentError, match="exactly the policy ids \\['policy_0'\\]"):
+        MultiAgentExternalEnv.from_pettingzoo(pz, policy, {"policy_O": params})
+    with pytest.raises(InvalidArgumentTypeError, match="policy_id -> params"):
+        MultiAgentExternalEnv.from_pettingzoo(pz, policy, [params])
+    with pytest.raises(InvalidArgumentError, match="the same agents"):
+        MultiAgentExternalEnv(
+            {"a": pz.observation_space("a0")}, {"b": pz.action_space("a0")}, policy, {}
+        )
+
+
+def test_memory_budget_refuses_before_anything_is_stored():
+    with make_env(ComingAndGoing()) as env:
+        step = env._memory.step_estimate  # what one agent step is charged up front
+    config = ExternalEnvConfig(max_memory_bytes=3 * step, max_batch=8, buckets=(8,))
+    with make_env(ComingAndGoing(), config=config) as env:
+        pz = ComingAndGoing()
+        obs, _ = pz.reset(seed=0)
+        eid = env.start_episode()
+        env.get_action(eid, obs)  # two agent steps fit
+        with pytest.raises(MemoryLimitError, match="max_memory_bytes"):
+            env.get_action(eid, obs)  # two more do not
+        env.end_episode(eid, obs, truncated=True)
+        (e0, e1) = env.poll_episodes()
+        assert (e0.length, e1.length) == (1, 1)
+        assert env.get_metrics()["memory_bytes"] == 0
+
+
+def test_reaper_truncates_each_agent_and_drops_waiting_steps():
+    with make_env(ComingAndGoing()) as env:
+        pz = ComingAndGoing()
+        obs, _ = pz.reset(seed=0)
+        eid = env.start_episode()
+        first = env.get_action(eid, obs)
+        obs2, rewards, *_ = pz.step({a: int(v) for a, v in first.items()})
+        env.log_returns(eid, rewards)
+        env.get_action(eid, {"a0": obs2["a0"]})  # a1 stays away
+        assert env.reap(time.monotonic() + 1.0) == 1
+        episodes = {e.agent_id: e for e in env.poll_episodes()}
+        metrics = env.get_metrics()
+    # a0's second action never had an outcome: dropped; it ends at its last observation.
+    assert episodes["a0"].length == 1 and episodes["a0"].truncated
+    np.testing.assert_array_equal(episodes["a0"].obs, np.stack([obs["a0"], obs2["a0"]]))
+    assert episodes["a0"].reward.tolist() == [rewards["a0"]]
+    # a1 waited for the outcome of its first action, which never came.
+    assert "a1" not in episodes
+    assert metrics["num_dropped_steps"] == 2 and metrics["num_abandoned_episodes"] == 1
+
+
+def test_withdrawn_call_records_no_agent():
+    """A caller that gives up before the batch runs gets nothing recorded, for every
+    agent of the call; the episode goes on."""
+    with make_env(ComingAndGoing(), config=ExternalEnvConfig(max_wait_ms=300.0)) as env:
+        pz = ComingAndGoing()
+        obs, _ = pz.reset(seed=0)
+        eid = env.start_episode()
+        env.start_episode()  # another live episode: the batch waits for its rows
+        future = env.submit_action(eid, obs)
+        assert future.cancel()
+        deadline = time.monotonic() + 30
+        while env.get_metrics()["num_undelivered_actions"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        metrics = env.get_metrics()
+        assert metrics["num_undelivered_actions"] == 2 and metrics["num_dropped_steps"] == 2
+        actions = env.get_action(eid, obs)  # the episode is free again
+        obs2, rewards, *_ = pz.step({a: int(v) for a, v in actions.items()})
+        env.log_returns(eid, rewards)
+        env.end_episode(eid, {a: obs2[a] for a in actions})
+        lengths = [e.length for e in env.poll_episodes()]
+    assert lengths == [1, 1]
+
+
+def test_retracted_call_takes_back_every_agent_step():
+    """Actions computed for a client that hung up before getting them are taken back
+    (what the server does), for every agent of the call; later ones go on exactly."""
+    with make_env(ComingAndGoing()) as env:
+        pz = ComingAndGoing()
+        obs, _ = pz.reset(seed=0)
+        eid = env.start_episode()
+        refs: dict[str, Ref] = {}
+        env.log_returns(eid, {"a1": 0.25})  # before a1's first action: stays with it
+        future = env.submit_action(eid, obs)
+        future.result(timeout=60)
+        assert env.retract_action(eid, future)
+        assert not env.retract_action(eid, future)  # once only
+        metrics = env.get_metrics()
+        assert metrics["num_undelivered_actions"] == 2 and metrics["num_env_steps"] == 0
+        refs["a1"] = Ref(pending=0.25)
+        actions = env.get_action(eid, obs)
+        for agent in obs:
+            refs.setdefault(agent, Ref()).act(obs[agent], actions[agent], 0)
+        later = env.submit_action(eid, obs)  # ... whose answer is not the latest once
+        later.result(timeout=60)
+        assert env.retract_action(eid, later)
+        obs2, rewards, *_ = pz.step({a: int(v) for a, v in actions.items()})
+        env.log_returns(eid, rewards)
+        for agent, reward in rewards.items():
+            refs[agent].pending += reward
+        env.end_episode(eid, {a: obs2[a] for a in actions})
+        for agent in actions:
+            refs[agent].end(obs2[agent], True, False)
+        assert_matches(env.poll_episodes(), refs)
+        assert env.get_metrics()["memory_bytes"] == 0
+
+
+def test_close_fails_waiting_calls_with_nothing_recorded():
+    env = make_env(ComingAndGoing(), config=ExternalEnvConfig(max_wait_ms=5_000.0))
+    pz = ComingAndGoing()
+    obs, _ = pz.reset(seed=0)
+    eid = env.start_episode()
+    env.start_episode()  # another live episode: the batch waits for its rows
+    future = env.submit_action(eid, obs)
+    env.close()
+    with pytest.raises(ClosedError):
+        future.result(timeout=30)
+    metrics = env.get_metrics()
+    assert metrics["num_policy_rows"] == 0 and metrics["num_env_steps"] == 0
+    assert metrics["memory_bytes"] == 0  # the reservation went back
+    with pytest.raises(ClosedError, match="after close"):
+        env.start_episode()
+
+
+def test_recurrent_carry_is_per_agent():
+    """Each agent of an episode carries its own recurrent state, from the initial
+    one at its first action; logged actions advance it too."""
+
+    def apply_fn(params, obs, carry, keys):
+        return carry % 3, {"log_prob": jnp.zeros(obs.shape[0])}, carry + 1
+
+    pz = ComingAndGoing()
+    policy = Policy(apply_fn, initial_carry=jnp.int32(0))
+    config = ExternalEnvConfig(max_batch=4, buckets=(4,))
+    with MultiAgentExternalEnv.from_pettingzoo(pz, policy, {"policy_0": {}}, config=config) as env:
+        obs = {a: np.zeros(3, np.float32) for a in pz.possible_agents}
+        eid, other = env.start_episode(), env.start_episode()
+        got = [env.get_action(eid, {"a0": obs["a0"]}) for _ in range(2)]
+        got.append(env.get_action(eid, {"a0": obs["a0"], "a1": obs["a1"]}))
+        got.append(env.get_action(other, {"a0": obs["a0"]}))  # another episode's a0
+        env.log_action(eid, {"a1": obs["a1"]}, {"a1": 2})
+        got.append(env.get_action(eid, {"a1": obs["a1"]}))
+    assert [{a: int(v) for a, v in step.items()} for step in got] == [
+        {"a0": 0},
+        {"a0": 1},
+        {"a0": 2, "a1": 0},
+        {"a0": 0},
+        {"a1": 2},
+    ]
+
+
+def test_finished_calls_are_not_kept():
+    """The table that lets a call be retracted holds it only while its future lives."""
+    with make_env(ComingAndGoing()) as env:
+        pz = ComingAndGoing()
+        obs, _ = pz.reset(seed=0)
+        eid = env.start_episode()
+        for _ in range(5):
+            env.get_action(eid, obs)
+        gc.collect()
+        # At most the last batch's, which the batcher's loop still names until its next.
+        assert len(env._delivery.calls) <= 1

@@ -1,0 +1,190 @@
+"""The policy server and MultiAgentPolicyClient for a MultiAgentExternalEnv: PettingZoo
+envs driven by hand over HTTP, the agent episodes checked exactly; the same guard,
+limits and error format as for one agent."""
+
+from __future__ import annotations
+
+import pathlib
+import pickle
+import re
+import threading
+
+import gymnasium
+import httpx
+import jax
+import numpy as np
+import pytest
+from external_helpers import play
+from external_multi_agent_helpers import assert_matches, make_env, play_parallel, play_turns
+
+pytest.importorskip("fastapi")
+
+import jaxrunner as jr
+from jaxrunner import errors
+from jaxrunner.bench import mlp_policy
+from jaxrunner.external import ExternalEnvConfig
+from jaxrunner.serve import (
+    MultiAgentPolicyClient,
+    PolicyClient,
+    PolicyServer,
+    wire,
+)
+from jaxrunner.serve.schema import MAX_AGENTS
+from jaxrunner.testing.multi_agent_envs import ComingAndGoing, Relay
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+@pytest.fixture
+def served(tmp_path):
+    token_file = tmp_path / "token"
+    env = make_env(ComingAndGoing(), config=ExternalEnvConfig(max_batch=16, buckets=(4, 16)))
+    server = PolicyServer(env, token_file=token_file).start()
+    yield env, server, token_file
+    server.close()
+    env.close()
+
+
+def test_parallel_env_over_http_exactly(served):
+    env, server, token_file = served
+    with MultiAgentPolicyClient(server.url, token_file=token_file) as client:
+        assert client.possible_agents == ("a0", "a1", "a2", "a3")
+        assert set(client.policy_ids.values()) == {"policy_0"}
+        for seed in (0, 1):
+            refs = play_parallel(client, seed, ComingAndGoing())
+            assert_matches(env.poll_episodes(), refs)
+        metrics = client.get_metrics()
+    assert metrics["num_agent_steps"] == 2 * (3 + 5 + 4)  # fresh envs: a2 acts 4 times
+    assert metrics["num_dropped_steps"] == 0
+    assert metrics["params_version"] == {"policy_0": 0}
+
+
+def test_turn_based_env_over_http_exactly(tmp_path):
+    token_file = tmp_path / "token"
+    with (
+        make_env(Relay()) as env,
+        PolicyServer(env, token_file=token_file) as server,
+        MultiAgentPolicyClient(server.url, token_file=token_file) as client,
+    ):
+        refs = play_turns(client, seed=2)
+        assert_matches(env.poll_episodes(), refs)
+
+
+def test_concurrent_clients_exact_counts(served):
+    env, server, token_file = served
+    refs, failures = [], []
+
+    def agent(seed: int) -> None:
+        try:
+            with MultiAgentPolicyClient(server.url, token_file=token_file) as client:
+                refs.append(play_parallel(client, seed, ComingAndGoing()))
+        except BaseException as err:
+            failures.append(err)
+
+    threads = [threading.Thread(target=agent, args=(seed,)) for seed in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    episodes = env.poll_episodes()
+    metrics = env.get_metrics()
+    steps = sum(len(r.actions) for ref in refs for r in ref.values())
+    assert sum(e.length for e in episodes) == steps == metrics["num_agent_steps"]
+    assert metrics["num_policy_rows"] == steps and metrics["num_dropped_steps"] == 0
+    first_obs = {ref["a0"].obs[0].tobytes(): ref for ref in refs}
+    for eid in {e.episode_id for e in episodes}:
+        mine = [e for e in episodes if e.episode_id == eid]
+        a0 = next(e for e in mine if e.agent_id == "a0")
+        assert_matches(mine, first_obs[a0.obs[0].tobytes()])
+
+
+def test_bad_requests_get_the_error_format_and_lose_nothing(served):
+    env, server, token_file = served
+    token = token_file.read_text().strip()
+    pz = ComingAndGoing()
+    obs, _ = pz.reset(seed=3)
+    space = pz.observation_space("a0")
+    with MultiAgentPolicyClient(server.url, token_file=token_file) as client:
+        eid = client.start_episode()
+        actions = client.get_action(eid, obs)
+        obs2, rewards, *_ = pz.step({a: int(v) for a, v in actions.items()})
+        client.log_returns(eid, rewards)
+        good = {a: wire.encode_tree(space, o) for a, o in obs2.items()}
+        url = f"{server.url}/v1/episodes/{eid}/action"
+        auth = {"Authorization": f"Bearer {token}"}
+        cases = [
+            ({"obs": {**good, "ghost": good["a0"]}}, auth, 422, "unknown agent 'ghost'"),
+            (
+                {"obs": {**good, "a1": wire.encode_tree(space, np.zeros(3, np.float64))}},
+                auth,
+                422,
+                "obs['a1']",
+            ),
+            ({"obs": {**good, "a1": [1, 2]}}, auth, 422, "a1"),
+            ({"obs": good}, {}, 401, ""),
+        ]
+        for body, headers, status, text in cases:
+            response = httpx.post(url, json=body, headers=headers)
+            assert response.status_code == status, (response.status_code, response.text)
+            error = response.json()["error"]
+            assert set(error) == {"code", "message"} and text in error["message"]
+        response = httpx.post(
+            url,
+            content=pickle.dumps({"obs": good}),
+            headers={**auth, "Content-Type": "application/python-pickle"},
+        )
+        assert response.status_code == 415
+        unknown = f"{server.url}/v1/episodes/999/action"
+        response = httpx.post(unknown, json={"obs": good}, headers=auth)
+        assert response.status_code == 404 and "error" in response.json()
+        client.end_agents(eid, {"a0": obs2["a0"]})
+        with pytest.raises(errors.EpisodeConflictError, match="have ended"):  # 409
+            client.get_action(eid, {"a0": obs2["a0"]})
+        with pytest.raises(errors.SpaceMismatchError, match="acted"):  # 422 from the server
+            client.end_episode(eid, {})
+        client.end_episode(eid, {"a1": obs2["a1"]}, truncated=True)
+        episodes = {e.agent_id: e for e in env.poll_episodes()}
+    assert {a: e.length for a, e in episodes.items()} == {"a0": 1, "a1": 1}
+    assert episodes["a1"].truncated and episodes["a0"].terminated
+    assert env.get_metrics()["num_policy_rows"] == 2  # no refused request reached a policy
+
+
+def test_openapi_lists_the_multi_agent_routes_and_agent_counts_are_capped(served):
+    _, server, token_file = served
+    paths = set(httpx.get(server.url + "/openapi.json").json()["paths"])
+    routes = {"action", "log_action", "returns", "end_agents", "end"}
+    assert {f"/v1/episodes/{{episode_id}}/{r}" for r in routes} <= paths
+    assert "/v1/episodes/{episode_id}/report" not in paths  # local inference: single-agent
+    auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+    too_many = {"rewards": {f"agent{i}": 0.0 for i in range(MAX_AGENTS + 1)}}
+    response = httpx.post(f"{server.url}/v1/episodes/0/returns", json=too_many, headers=auth)
+    assert response.status_code == 422 and "error" in response.json()
+
+
+def test_clients_refuse_the_other_kind_of_server(served, tmp_path):
+    _, server, token_file = served
+    with pytest.raises(errors.InvalidArgumentError, match="MultiAgentPolicyClient"):
+        PolicyClient(server.url, token_file=token_file)
+    single_token = tmp_path / "single"
+    game = gymnasium.make("CartPole-v1")
+    policy = mlp_policy(game.action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), game.observation_space)
+    with (
+        jr.ExternalEnv(game.observation_space, game.action_space, policy, params) as env,
+        PolicyServer(env, token_file=single_token) as single,
+    ):
+        with pytest.raises(errors.InvalidArgumentError, match="single-agent env"):
+            MultiAgentPolicyClient(single.url, token_file=single_token)
+        with PolicyClient(single.url, token_file=single_token) as client:
+            play(client, seed=0)  # the single-agent routes are unchanged
+        assert env.get_metrics()["num_episodes"] == 1
+
+
+def test_readme_multi_agent_example_runs(capsys):
+    section = README.read_text().split("## Serving external environments", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    (code,) = [b for b in blocks if "MultiAgentExternalEnv" in b]
+    exec(compile(code, "README multi-agent serving example", "exec"), {})
+    assert "agent episodes:" in capsys.readouterr().out
