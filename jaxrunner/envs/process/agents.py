@@ -14,6 +14,7 @@ they owed fail: ``MultiAgentStep.failed``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any, NamedTuple
@@ -128,13 +129,17 @@ class AgentLayout:
 
     # -- main side
 
+    @functools.cached_property
+    def _action_check(self) -> ActionCheck:
+        return ActionCheck(self.groups, self.num_envs)
+
     def check_actions(self, actions: Any, num: int) -> None:
         if num != self.num_envs:
             raise InvalidArgumentError(
                 f"multi-agent process backend: a step must send every sub-env ({self.num_envs}), "
                 f"got {num}."
             )
-        ActionCheck(self.groups, num)(actions)
+        self._action_check(actions)
 
     def write_actions(self, views: AgentViews, actions: Any, lo: int, hi: int) -> None:
         for dst, src in zip(views.action, actions):
