@@ -92,12 +92,9 @@ def test_callbacks_that_override_nothing_are_never_called():
     ) as runner:
         assert runner._on_agent_episode_end is None
         runner.sample()
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
     with pytest.raises(jr.errors.InvalidArgumentTypeError, match="AgentCallbacks"):
-        jr.MultiAgentRunner(
-            jr.make_multi_agent_vec(envs_mod.coming_and_going, 2),
-            random_policy(3),
-            zero_params(3),
-            5,
-            seed=1,
-            callbacks=object(),
-        )
+        jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 5, seed=1, callbacks=object())
+    # Refused before the runner took the envs: another runner may have them.
+    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 5, seed=1) as runner:
+        assert runner.sample().num_steps == 5

@@ -91,6 +91,11 @@ class MultiAgentRunner(EnvOwner):
             pid: jax.device_put(p) for pid, p in _params_per_policy(params, ids).items()
         }
         check_rollout_arguments("MultiAgentRunner", rollout_length, seed)
+        if callbacks is not None and not isinstance(callbacks, AgentCallbacks):
+            raise InvalidArgumentTypeError(
+                f"MultiAgentRunner(callbacks=...): expected a jaxrunner.multi_agent."
+                f"AgentCallbacks (subclass it), got {type(callbacks).__name__}."
+            )
         self.connectors: dict[str, Connectors] = per_policy_connectors(connectors, envs.groups)
         """Policy id -> the connectors of its group (groups with connectors only)."""
         self._claim(envs)  # one live runner per vector env
@@ -102,11 +107,6 @@ class MultiAgentRunner(EnvOwner):
         order = {a: k for k, a in enumerate(envs.possible_agents)}
         self._episodes = AgentEpisodeJoiner(order)  # for sample_episodes
         self._finished: list[AgentEpisode] = []
-        if callbacks is not None and not isinstance(callbacks, AgentCallbacks):
-            raise InvalidArgumentTypeError(
-                f"MultiAgentRunner(callbacks=...): expected a jaxrunner.multi_agent."
-                f"AgentCallbacks (subclass it), got {type(callbacks).__name__}."
-            )
         self.callbacks = callbacks
         self._on_agent_episode_end = (
             callbacks.on_agent_episode_end  # type: ignore[union-attr]
