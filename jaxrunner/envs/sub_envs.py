@@ -20,7 +20,7 @@ from jaxrunner.envs.base import BatchStep
 from jaxrunner.errors import EnvError, JaxRunnerError
 from jaxrunner.faults import RestartPolicy, recreate
 from jaxrunner.spaces import check_flag, check_info, check_reward
-from jaxrunner.spaces.checks import nonfinite_observations
+from jaxrunner.spaces.checks import all_finite_test, nonfinite_observations
 
 EnvFactory = Callable[[], gymnasium.Env]
 
@@ -211,6 +211,9 @@ class SubEnvs:
         # Array observations (Box, MultiBinary, MultiDiscrete) are checked inline and
         # written in one slice assignment per step: a numpy write per row costs more.
         self._obs_leaf = _array_leaf(obs_space)
+        # NaN and inf observations are invalid steps: one sum per float leaf and block
+        # (None: no float leaf), the exact check only when a sum is not finite.
+        self._all_finite = all_finite_test(obs_space, buffers.next_obs)
         self.num_restarts = 0
         """Sub-envs recreated after a failure."""
 
@@ -276,7 +279,12 @@ class SubEnvs:
             b.reward[written] = rewards
             b.terminated[written] = terms
             b.truncated[written] = truncs
-        bad = nonfinite_observations(self.obs_space, b.next_obs, lo, hi, "step", errors)
+        finite = self._all_finite
+        bad = (
+            nonfinite_observations(self.obs_space, b.next_obs, lo, hi, "step", errors)
+            if finite is not None and not finite(lo, hi)
+            else None
+        )
         if bad:  # a NaN or inf observation is an invalid step, as a NaN reward is
             if policy is None:
                 raise next(iter(bad.values()))

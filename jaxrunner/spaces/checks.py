@@ -13,7 +13,7 @@ exact, value-preserving conversion to the space's int64).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -205,6 +205,32 @@ def _float_leaves(space: spaces.Space, tree: Any, path: str) -> list[tuple[str, 
             for leaf in _float_leaves(sub, tree[j], f"{path}[{j}]")
         ]
     return []  # not an array: nothing to check
+
+
+def all_finite_test(space: spaces.Space, buffer: Any) -> Callable[[int, int], bool] | None:
+    """``test(lo, hi)``: False if rows ``[lo, hi)`` of ``buffer`` may hold a NaN or an
+    infinity (then :func:`nonfinite_observations` says which), True if they surely do
+    not; None when ``space`` has no floating-point leaf (nothing to test). The leaves are
+    resolved once and each block costs one sum per leaf: a NaN or infinity makes the sum
+    non-finite (an overflowing sum of finite values too, which the exact check clears)."""
+    leaves = [
+        (leaf.reshape(-1), int(np.prod(leaf.shape[1:], dtype=np.int64)))
+        for _, leaf in _float_leaves(space, buffer, "obs")
+    ]
+    if not leaves:
+        return None
+    add, isfinite = np.add.reduce, math.isfinite
+
+    def test(lo: int, hi: int) -> bool:
+        for flat, k in leaves:
+            block = flat[lo * k : hi * k]
+            # A few values: Python's sum of a list costs less than a numpy reduction.
+            total = sum(block.tolist()) if len(block) <= 64 else add(block)
+            if not isfinite(total):
+                return False
+        return True
+
+    return test
 
 
 def nonfinite_observations(

@@ -150,6 +150,17 @@ class ActorPool:
         parts = self.get_all([getattr(a, method).remote(*args) for a in self.actors], None)
         return tuple(x for part in parts for x in part)
 
+    def set_attr(self, name: str, values: list[Any]) -> None:
+        """Sets attribute ``name`` of every sub-env (``values``: one per sub-env)."""
+        refs = [
+            a.set_attr.remote(name, list(values[r])) for a, r in zip(self.actors, self.unit_rows)
+        ]
+        self.get_all(refs, None)
+
+    def num_restarts(self) -> int:
+        """Sub-envs recreated inside the current actors."""
+        return sum(self.get_all([a.num_restarts.remote() for a in self.actors], None))
+
     def kill(self, actor: Any) -> None:
         try:  # noqa: SIM105
             self.ray.kill(actor, no_restart=True)

@@ -301,13 +301,7 @@ class RayMultiAgentVectorEnv(MultiAgentVectorEnv):
 
     def set_attr(self, name: str, values: Any) -> None:
         self._check_open("set_attr")
-        values = self._values_per_env(name, values)
-        actors = self._actors
-        refs = [
-            a.set_attr.remote(name, list(values[r]))
-            for a, r in zip(actors.actors, actors.unit_rows)
-        ]
-        actors.get_all(refs, None)
+        self._actors.set_attr(name, self._values_per_env(name, values))
 
     def render(self) -> tuple[Any, ...]:
         self._check_open("render")
@@ -315,8 +309,7 @@ class RayMultiAgentVectorEnv(MultiAgentVectorEnv):
 
     def get_num_restarts(self) -> int:
         self._check_open("get_num_restarts")
-        actors = self._actors
-        return sum(actors.get_all([a.num_restarts.remote() for a in actors.actors], None))
+        return self._actors.num_restarts()
 
     def _close_backend(self) -> None:
         self._actors.close()

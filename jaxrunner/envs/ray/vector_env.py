@@ -118,8 +118,7 @@ class RayVectorEnv(VectorEnv):
     def num_restarts(self) -> int:
         """Sub-envs recreated inside the current actors (a replaced actor's count is
         lost with it; :attr:`num_actor_restarts` counts replaced actors)."""
-        actors = self._actors
-        return sum(actors.get_all([a.num_restarts.remote() for a in actors.actors], None))
+        return self._actors.num_restarts()
 
     @property
     def num_actor_restarts(self) -> int:
@@ -378,13 +377,7 @@ class RayVectorEnv(VectorEnv):
 
     def set_attr(self, name: str, values: Any) -> None:
         self._check_open("set_attr")
-        values = self._values_per_env(name, values)
-        actors = self._actors
-        refs = [
-            a.set_attr.remote(name, list(values[r]))
-            for a, r in zip(actors.actors, actors.unit_rows)
-        ]
-        actors.get_all(refs, None)
+        self._actors.set_attr(name, self._values_per_env(name, values))
 
     def render(self) -> tuple[Any, ...]:
         self._check_open("render")
