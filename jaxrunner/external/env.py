@@ -31,14 +31,14 @@ from jaxrunner.external.memory import MemoryBudget, estimate_step_nbytes
 from jaxrunner.external.metrics import external_metrics
 from jaxrunner.external.output import EpisodeOutput
 from jaxrunner.external.reaper import Reaper
-from jaxrunner.external.run_thread import RunThread
+from jaxrunner.external.run_thread import RunDriven, RunThread
 from jaxrunner.metrics import EpisodeStats
 from jaxrunner.policy import Params, Policy
 from jaxrunner.spaces import check_value
 from jaxrunner.trajectory import Episode
 
 
-class ExternalEnv:
+class ExternalEnv(RunDriven):
     """Serves a policy to episodes that are stepped elsewhere (see the module docstring).
 
     Args:
@@ -303,24 +303,7 @@ class ExternalEnv:
         metrics["params_version"] = self._batcher.get_params()[1]
         return metrics
 
-    # -- the optional run() thread ------------------------------------------------------------
-
-    def run(self) -> None:
-        """Override to drive episodes (call start_episode, get_action, ... on self);
-        :meth:`start` runs it in a thread of its own."""
-        raise NotImplementedError(
-            "ExternalEnv.run(): subclass ExternalEnv and override run() to use start(); or "
-            "call start_episode/get_action/... from your own threads."
-        )
-
-    def start(self) -> None:
-        """Runs :meth:`run` in a daemon thread; :meth:`join` waits and re-raises its error."""
-        self._run_thread.start(self.run)
-
-    def join(self, timeout_s: float | None = None) -> bool:
-        """Waits for the run() thread; returns False if it is still running after
-        ``timeout_s``. Re-raises an exception run() raised."""
-        return self._run_thread.join(timeout_s)
+    # -- closing (run/start/join: RunDriven) -------------------------------------------------
 
     def close(self) -> None:
         """Stops the batcher and the reaper; live episodes stay unfinished (counted in

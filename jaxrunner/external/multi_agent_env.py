@@ -62,7 +62,7 @@ from jaxrunner.external.multi_agent_delivery import MultiAgentDelivery
 from jaxrunner.external.multi_agent_endings import AgentEndings
 from jaxrunner.external.output import EpisodeOutput
 from jaxrunner.external.reaper import Reaper
-from jaxrunner.external.run_thread import RunThread
+from jaxrunner.external.run_thread import RunDriven, RunThread
 from jaxrunner.metrics import EpisodeStats
 from jaxrunner.multi_agent.groups import AgentGroup, GroupedAgents, PolicyMappingFn, build_groups
 from jaxrunner.multi_agent.trajectory import AgentEpisode
@@ -73,7 +73,7 @@ _KEY_STEPS = 2**32
 """Action keys fold in ``agent step * num_agents + agent index`` as a uint32."""
 
 
-class MultiAgentExternalEnv(GroupedAgents):
+class MultiAgentExternalEnv(RunDriven, GroupedAgents):
     """Serves policies to multi-agent episodes stepped elsewhere (see the module
     docstring).
 
@@ -387,24 +387,7 @@ class MultiAgentExternalEnv(GroupedAgents):
         metrics["params_version"] = {pid: b.get_params()[1] for pid, b in self._batchers.items()}
         return metrics
 
-    # -- the optional run() thread, closing ---------------------------------------------------
-
-    def run(self) -> None:
-        """Override to drive episodes (call start_episode, get_action, ... on self);
-        :meth:`start` runs it in a thread of its own."""
-        raise NotImplementedError(
-            "MultiAgentExternalEnv.run(): subclass it and override run() to use start(); or "
-            "call start_episode/get_action/... from your own threads."
-        )
-
-    def start(self) -> None:
-        """Runs :meth:`run` in a daemon thread; :meth:`join` waits and re-raises its error."""
-        self._run_thread.start(self.run)
-
-    def join(self, timeout_s: float | None = None) -> bool:
-        """Waits for the run() thread (see :meth:`ExternalEnv.join
-        <jaxrunner.ExternalEnv.join>`)."""
-        return self._run_thread.join(timeout_s)
+    # -- closing (run/start/join: RunDriven) -------------------------------------------------
 
     def close(self) -> None:
         """Stops the batchers and the reaper; later calls raise ``ClosedError``."""

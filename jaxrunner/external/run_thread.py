@@ -46,4 +46,30 @@ class RunThread:
         return not self._thread.is_alive()
 
 
-__all__ = ["RunThread"]
+class RunDriven:
+    """``run``/``start``/``join`` of the external envs (single- and multi-agent): a
+    subclass overrides :meth:`run` to drive its episodes, :meth:`start` runs it in a
+    thread of its own. The env sets ``_run_thread`` in its constructor."""
+
+    _run_thread: RunThread
+
+    def run(self) -> None:
+        """Override to drive episodes (call start_episode, get_action, ... on self);
+        :meth:`start` runs it in a thread of its own."""
+        name = type(self).__name__
+        raise NotImplementedError(
+            f"{name}.run(): subclass {name} and override run() to use start(); or call "
+            "start_episode/get_action/... from your own threads."
+        )
+
+    def start(self) -> None:
+        """Runs :meth:`run` in a daemon thread; :meth:`join` waits and re-raises its error."""
+        self._run_thread.start(self.run)
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        """Waits for the run() thread; returns False if it is still running after
+        ``timeout_s``. Re-raises an exception run() raised."""
+        return self._run_thread.join(timeout_s)
+
+
+__all__ = ["RunDriven", "RunThread"]
