@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import jax
 import numpy as np
 import pytest
@@ -87,7 +89,12 @@ def test_ray_equals_sync_and_replaces_a_dead_actor():
         )
         with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 6, seed=7) as runner:
             first = runner.sample()
-            ray.kill(envs.actors[1], no_restart=True)  # sub-env 2
+            dead = envs.actors[1]  # sub-env 2
+            ray.kill(dead, no_restart=True)
+            with pytest.raises(ray.exceptions.RayActorError):  # kill is asynchronous: wait
+                for _ in range(100):
+                    ray.get(dead.num_restarts.remote(), timeout=10)
+                    time.sleep(0.05)
             traj = runner.sample()
             metrics = runner.get_metrics()
             assert envs.num_actor_restarts == 1
