@@ -372,4 +372,6 @@ def test_random_faults_are_counted_exactly(backend, tmp_path):
     # Every failure, of a step, a reset or a restart's reset, made one new instance; a
     # restart whose first attempts failed counts once.
     assert log.count("made") - NUM_ENVS == log.count("step_failed") + log.count("reset_failed")
-    assert log.count("step_failed") <= restarts < log.count("made") - NUM_ENVS
+    # The process backend counts the restarts its step replies report (not those inside
+    # resets), so its count lies between the failed steps and every new instance.
+    assert log.count("step_failed") <= restarts <= log.count("made") - NUM_ENVS
