@@ -117,7 +117,7 @@ def test_sample_episodes_resumes_with_its_fragments(gru, tmp_path):
     path = tmp_path / "runner.ckpt"
     with cartpole_runner(gru) as runner:
         head = runner.sample_episodes(4)
-        assert runner._fragments and runner._finished  # both kinds of kept episodes are saved
+        assert runner.state.episodes.fragments and runner.state.finished  # both kinds of kept episodes are saved
         runner.save(path)
     with cartpole_runner(gru) as resumed:
         resumed.restore(path, load_env_pickles=True)
@@ -132,7 +132,7 @@ def test_jax_env_sample_episodes_resumes(tmp_path):
     path = tmp_path / "runner.ckpt"
     with walk_runner() as runner:
         runner.sample_episodes(3)
-        assert runner._fragments
+        assert runner.state.episodes.fragments
         runner.save(path)
         whole = runner.sample_episodes(3)
     with walk_runner() as resumed:
@@ -280,7 +280,7 @@ def saved(gru, tmp_path_factory) -> pathlib.Path:
     path = tmp_path_factory.mktemp("saved") / "runner.ckpt"
     with cartpole_runner(gru) as runner:
         runner.sample_episodes(4)
-        assert runner._fragments and runner._finished
+        assert runner.state.episodes.fragments and runner.state.finished
         runner.save(path)
     return path
 
@@ -441,10 +441,10 @@ def runner_state(runner: jr.EnvRunner) -> dict:
     return {
         "params": jax.device_get(runner.get_params()),
         "sampler": jax.device_get(runner.sampler.get_state()),
-        "metrics": runner._metrics.get_state(),
+        "metrics": runner.state.metrics.get_state(),
         "seed": runner.seed,
-        "finished": list(runner._finished),
-        "fragments": dict(runner._fragments),
+        "finished": list(runner.state.finished),
+        "fragments": dict(runner.state.episodes.fragments),
         "envs": [id(env) for env in runner.envs.envs],
     }
 

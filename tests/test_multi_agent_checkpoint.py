@@ -147,7 +147,7 @@ def test_sample_episodes_resumes_with_its_fragments(name, tmp_path):
     path = tmp_path / "runner.ckpt"
     with make(name) as runner:
         head = runner.sample_episodes(5)
-        assert runner._episodes.fragments and runner._finished  # both kinds are saved
+        assert runner.state.episodes.fragments and runner.state.finished  # both kinds are saved
         runner.save(path)
     with make(name) as resumed:
         resumed.restore(path, load_env_pickles=True)
@@ -274,8 +274,8 @@ def saved(tmp_path_factory):
     path = tmp_path_factory.mktemp("saved") / "runner.ckpt"
     with make(callbacks=Recorder()) as runner:
         runner.sample_episodes(3)
-        assert runner._episodes.fragments and runner._finished
-        assert runner._callback_episodes.fragments
+        assert runner.state.episodes.fragments and runner.state.finished
+        assert runner.state.callback_episodes.fragments
         runner.save(path)
     return path
 
@@ -418,13 +418,13 @@ HOSTILE = {
 def runner_state(runner: jr.MultiAgentRunner) -> dict:
     """Everything a restore may change, as host values (sub-envs by identity)."""
     return {
-        "params": jax.device_get(dict(runner._params)),
+        "params": jax.device_get(dict(runner.state.params)),
         "sampler": jax.device_get(runner.sampler.get_state()),
-        "metrics": runner._metrics.get_state(),
+        "metrics": runner.state.metrics.get_state(),
         "seed": runner.seed,
-        "finished": list(runner._finished),
-        "fragments": dict(runner._episodes.fragments),
-        "callback_fragments": dict(runner._callback_episodes.fragments),
+        "finished": list(runner.state.finished),
+        "fragments": dict(runner.state.episodes.fragments),
+        "callback_fragments": dict(runner.state.callback_episodes.fragments),
         "envs": [id(env) for env in runner.envs.get_sub_environments()],
     }
 

@@ -3,13 +3,11 @@ span samples (shared by the hooks and ``MultiAgentRunner.sample_episodes``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from jaxrunner.multi_agent.trajectory import (
-    AgentEpisode,
-    MultiAgentTrajectory,
-    concatenate_agent_episodes,
-)
+from jaxrunner.multi_agent.trajectory import AgentEpisode, concatenate_agent_episodes
+from jaxrunner.sampling.runner_state import EpisodeJoiner
 
 if TYPE_CHECKING:
     from jaxrunner.multi_agent.runner import MultiAgentRunner
@@ -34,33 +32,15 @@ def overrides(callbacks: AgentCallbacks | None, hook: str) -> bool:
     )
 
 
-class AgentEpisodeJoiner:
-    """Joins each sample's agent episodes with their parts from earlier samples; keeps
-    the unfinished ones for the next sample.
-
-    Args:
-        order: agent id -> its rank (the env's agent order).
-    """
-
-    def __init__(self, order: dict[str, int]) -> None:
-        self.order = order
-        self.fragments: dict[tuple[str, int], AgentEpisode] = {}
-        """(agent, env) -> the unfinished agent episode so far."""
-
-    def complete(self, traj: MultiAgentTrajectory) -> list[AgentEpisode]:
-        """The agent episodes that complete in ``traj``, by env episode id, then agent."""
-        done = []
-        for part in traj.split_episodes():
-            key = (part.agent_id, part.env_id)
-            head = self.fragments.pop(key, None)
-            if head is not None and head.episode_id == part.episode_id:
-                part = concatenate_agent_episodes(head, part)
-            if not part.is_done:
-                self.fragments[key] = part
-            elif part.is_complete:
-                done.append(part)
-        done.sort(key=lambda e: (e.episode_id, self.order[e.agent_id]))
-        return done
+def agent_episode_joiner(possible_agents: Sequence[str]) -> EpisodeJoiner[AgentEpisode]:
+    """Joins agent episodes across samples: one stream per agent and env, complete
+    episodes by env episode id, then the env's agent order."""
+    rank = {agent: k for k, agent in enumerate(possible_agents)}
+    return EpisodeJoiner(
+        key=lambda e: (e.agent_id, e.env_id),
+        concatenate=concatenate_agent_episodes,
+        order=lambda e: (e.episode_id, rank[e.agent_id]),
+    )
 
 
-__all__ = ["AgentCallbacks", "AgentEpisodeJoiner", "overrides"]
+__all__ = ["AgentCallbacks", "agent_episode_joiner", "overrides"]

@@ -55,6 +55,7 @@ from jaxrunner.sampling.checkpoint_format import (
 )
 from jaxrunner.sampling.multi_agent import MultiAgentSampler
 from jaxrunner.sampling.multi_agent_state import GroupState, MultiAgentSamplerState
+from jaxrunner.sampling.runner_state import EpisodeJoiner, RunnerState
 
 if TYPE_CHECKING:
     from jaxrunner.multi_agent.runner import MultiAgentRunner
@@ -130,12 +131,13 @@ def save(runner: MultiAgentRunner, path: str | os.PathLike) -> None:
     envs = sampler.envs
     put_tree(arrays, "params", {pid: runner.get_params(pid) for pid in runner.policy_ids})
     put_tree(arrays, "sampler", sampler.get_state())
-    metrics_paths = put_tree(arrays, "metrics", runner._metrics.get_state())
+    state = runner.state
+    metrics_paths = put_tree(arrays, "metrics", state.metrics.get_state())
     envs_kind, envs_note = put_env_snapshot(arrays, envs, envs.can_snapshot)
     kept = {
-        "fragments": list(runner._episodes.fragments.values()),
-        "callback_fragments": list(runner._callback_episodes.fragments.values()),
-        "finished": runner._finished,
+        "fragments": list(state.episodes.fragments.values()),
+        "callback_fragments": list(_callback_joiner(state).fragments.values()),
+        "finished": state.finished,
     }
     meta = {
         "format": FORMAT,
@@ -149,6 +151,12 @@ def save(runner: MultiAgentRunner, path: str | os.PathLike) -> None:
         **{key: _put_episodes(arrays, key, episodes) for key, episodes in kept.items()},
     }
     write_checkpoint(path, arrays, meta)
+
+
+def _callback_joiner(state: RunnerState) -> EpisodeJoiner:
+    joiner = state.callback_episodes
+    assert joiner is not None, "a MultiAgentRunner always keeps its callbacks' episodes"
+    return joiner
 
 
 def _shape_of(runner: MultiAgentRunner) -> dict[str, Any]:
@@ -191,7 +199,7 @@ class MultiAgentCheckpointFile(CheckpointReader):
     """
 
     def __init__(self, runner: MultiAgentRunner, path: str | os.PathLike) -> None:
-        super().__init__("MultiAgentRunner", path, runner._metrics.get_state())
+        super().__init__("MultiAgentRunner", path, runner.state.metrics.get_state())
         self.runner = runner
         self.sampler = host_sampler(runner, "restore")
         self.envs = self.sampler.envs
@@ -397,15 +405,13 @@ def restore(
         int(runner.envs.num_envs),
         path,
     )
-    runner._params.update(ckpt.params)
-    runner._metrics.set_state(ckpt.metrics_state)
+    state = runner.state
+    state.params.update(ckpt.params)
+    state.metrics.set_state(ckpt.metrics_state)
     runner.seed = ckpt.seed
-    runner._finished = list(ckpt.finished)
-    for joiner, episodes in (
-        (runner._episodes, ckpt.fragments),
-        (runner._callback_episodes, ckpt.callback_fragments),
-    ):
-        joiner.fragments = {(e.agent_id, e.env_id): e for e in episodes}
+    state.finished = list(ckpt.finished)
+    state.episodes.set_fragments(ckpt.fragments)
+    _callback_joiner(state).set_fragments(ckpt.callback_fragments)
     if not envs_restored:
         warnings.warn(f"MultiAgentRunner.restore({path!r}): {note}.", stacklevel=3)
     return RestoreReport(envs_restored=envs_restored, note=note)

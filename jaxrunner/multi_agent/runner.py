@@ -16,7 +16,7 @@ from jaxrunner.errors import (
 )
 from jaxrunner.metrics import MetricsConfig
 from jaxrunner.multi_agent import checkpoint
-from jaxrunner.multi_agent.callbacks import AgentCallbacks, AgentEpisodeJoiner, overrides
+from jaxrunner.multi_agent.callbacks import AgentCallbacks, agent_episode_joiner, overrides
 from jaxrunner.multi_agent.connectors import (
     GroupConnectors,
     check_state_like,
@@ -31,6 +31,7 @@ from jaxrunner.sampling.checkpoint import RestoreReport
 from jaxrunner.sampling.multi_agent import MultiAgentSampler, MultiAgentSetup
 from jaxrunner.sampling.multi_agent_scan import MultiAgentScanSampler
 from jaxrunner.sampling.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
+from jaxrunner.sampling.runner_state import RunnerState
 from jaxrunner.sampling.seeds import env_seeds
 
 
@@ -87,7 +88,7 @@ class MultiAgentRunner(EnvOwner):
                     f"MultiAgentRunner(policies=...): policy {pid!r} is {policy!r}; expected a "
                     "jaxrunner.Policy."
                 )
-        self._params = {
+        device_params = {
             pid: jax.device_put(p) for pid, p in _params_per_policy(params, ids).items()
         }
         check_rollout_arguments("MultiAgentRunner", rollout_length, seed)
@@ -101,26 +102,28 @@ class MultiAgentRunner(EnvOwner):
         self._claim(envs)  # one live runner per vector env
         self.envs, self.rollout_length, self.seed = envs, rollout_length, seed
         self._closed = False
-        self._failure: BaseException | None = None
         agents = {g.policy_id: g.agents for g in envs.groups}
-        self._metrics = MultiAgentMetrics(metrics or MetricsConfig(), agents)
-        order = {a: k for k, a in enumerate(envs.possible_agents)}
-        self._episodes = AgentEpisodeJoiner(order)  # for sample_episodes
-        self._finished: list[AgentEpisode] = []
+        self.state: RunnerState[AgentEpisode] = RunnerState(
+            params=device_params,
+            metrics=MultiAgentMetrics(metrics or MetricsConfig(), agents),
+            episodes=agent_episode_joiner(envs.possible_agents),
+            callback_episodes=agent_episode_joiner(envs.possible_agents),
+        )
+        """Params per policy id, metrics and agent-episode bookkeeping (see
+        :mod:`jaxrunner.sampling.runner_state`); the sampler holds the per-step rest."""
         self.callbacks = callbacks
         self._on_agent_episode_end = (
             callbacks.on_agent_episode_end  # type: ignore[union-attr]
             if overrides(callbacks, "on_agent_episode_end")
             else None
         )
-        self._callback_episodes = AgentEpisodeJoiner(order)  # apart: sample_episodes keeps its own
         try:
             setup = MultiAgentSetup(
                 self._policies,
-                self._params,
+                self.state.params,
                 rollout_length,
                 seed,
-                self._metrics,
+                self.state.metrics,
                 connectors=self.connectors,
             )
             self.sampler: MultiAgentSampler | MultiAgentScanSampler
@@ -142,7 +145,7 @@ class MultiAgentRunner(EnvOwner):
         carry on across calls; a failure raises with ``err.partial_trajectory``."""
         traj = self._sample_once()
         if self._on_agent_episode_end is not None:
-            for episode in self._callback_episodes.complete(traj):
+            for episode in self.state.callback_episodes.complete(traj.split_episodes()):  # type: ignore[union-attr]
                 self._on_agent_episode_end(self, episode)
         return traj
 
@@ -150,10 +153,10 @@ class MultiAgentRunner(EnvOwner):
         """Samples until ``num_episodes`` complete agent episodes are available; returns
         them ordered by (env episode id, agent). Extra ones are kept for the next call."""
         check_num_episodes(num_episodes)
-        while len(self._finished) < num_episodes:
-            self._finished.extend(self._episodes.complete(self.sample()))
-        result, self._finished = self._finished[:num_episodes], self._finished[num_episodes:]
-        return result
+        state = self.state
+        while len(state.finished) < num_episodes:
+            state.finished.extend(state.episodes.complete(self.sample().split_episodes()))
+        return state.take_finished(num_episodes)
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes a checkpoint of the runner to ``path`` (one ``.npz`` file, numpy arrays
@@ -200,19 +203,19 @@ class MultiAgentRunner(EnvOwner):
         """Replaces one policy's params; takes effect at the next step, never recompiles."""
         self._check_usable("set_params")
         self._check_policy_id("set_params", policy_id)
-        check_params_like(self._params[policy_id], params, "runner")
-        self._params[policy_id] = jax.device_put(params)
+        check_params_like(self.state.params[policy_id], params, "runner")
+        self.state.params[policy_id] = jax.device_put(params)
 
     def get_params(self, policy_id: str) -> Params:
         """The params of policy ``policy_id`` (as the runner holds them, on device)."""
         self._check_policy_id("get_params", policy_id)
-        return self._params[policy_id]
+        return self.state.params[policy_id]
 
     def _check_policy_id(self, what: str, policy_id: Any) -> None:
-        if policy_id not in self._params:
+        if policy_id not in self.state.params:
             raise InvalidArgumentError(
                 f"MultiAgentRunner.{what}(policy_id={policy_id!r}): no such policy; the policy "
-                f"ids are {list(self._params)}."
+                f"ids are {list(self.state.params)}."
             )
 
     def get_connector_state(self) -> dict[str, ConnectorsState]:
@@ -244,7 +247,7 @@ class MultiAgentRunner(EnvOwner):
         """Env steps and agent steps (counted apart), env episodes (returns summed
         over agents), and ``policies``/``agents``: per-policy and per-agent agent steps
         and agent-episode statistics."""
-        return self._metrics.summary()
+        return self.state.metrics.summary()
 
     def _check_connectors(self, what: str) -> None:
         if not self.connectors:

@@ -115,7 +115,8 @@ def save(runner: EnvRunner, path: str | os.PathLike) -> None:
     sampler = runner.sampler
     put_tree(arrays, "params", runner.get_params())
     put_tree(arrays, "sampler", sampler.get_state())
-    metrics_paths = put_tree(arrays, "metrics", runner._metrics.get_state())
+    state = runner.state
+    metrics_paths = put_tree(arrays, "metrics", state.metrics.get_state())
     envs = runner.envs
     if isinstance(envs, JaxVectorEnv):  # pure: its states are in the sampler's state
         envs_kind, envs_note = "pytree", "the env states are arrays in the sampler's state"
@@ -131,8 +132,8 @@ def save(runner: EnvRunner, path: str | os.PathLike) -> None:
         "envs": envs_kind,
         "envs_note": envs_note,
         "metrics": metrics_paths,
-        "fragments": _put_episodes(arrays, "fragments", list(runner._fragments.values())),
-        "finished": _put_episodes(arrays, "finished", runner._finished),
+        "fragments": _put_episodes(arrays, "fragments", list(state.episodes.fragments.values())),
+        "finished": _put_episodes(arrays, "finished", state.finished),
     }
     write_checkpoint(path, arrays, meta)
 
@@ -219,10 +220,11 @@ def _apply(runner: EnvRunner, ckpt: Checkpoint, path: str) -> RestoreReport:
         path,
     )
     runner.set_params(ckpt.params)
-    runner._metrics.set_state(ckpt.metrics_state)
+    state = runner.state
+    state.metrics.set_state(ckpt.metrics_state)
     runner.seed = ckpt.seed
-    runner._finished = list(ckpt.finished)
-    runner._fragments = {e.env_id: e for e in ckpt.fragments} if envs_restored else {}
+    state.finished = list(ckpt.finished)
+    state.episodes.set_fragments(ckpt.fragments if envs_restored else [])
     if not envs_restored:
         warnings.warn(f"EnvRunner.restore({path!r}): {note}.", stacklevel=4)
     return RestoreReport(envs_restored=envs_restored, note=note)

@@ -109,7 +109,7 @@ class CheckpointFile(CheckpointReader):
     """
 
     def __init__(self, runner: EnvRunner, path: str | os.PathLike) -> None:
-        super().__init__("EnvRunner", path, runner._metrics.get_state())
+        super().__init__("EnvRunner", path, runner.state.metrics.get_state())
         self.runner = runner
 
     def read(self, load_env_pickles: bool) -> Checkpoint:

@@ -15,17 +15,19 @@ from typing import Any
 import numpy as np
 
 from jaxrunner.errors import ClosedError, InvalidArgumentError, RunnerFailedError
+from jaxrunner.sampling.runner_state import RunnerState
 
 _OWNERS: weakref.WeakKeyDictionary[Any, weakref.ref] = weakref.WeakKeyDictionary()
 """Each vector env's live runner."""
 
 
 class EnvOwner:
-    """Base of the runners: the claim on ``envs``, ``stop``, the context manager."""
+    """Base of the runners: the claim on ``envs``, ``stop``, the context manager, and
+    the one ``sample`` call, over the runner's :class:`RunnerState`."""
 
     envs: Any
+    state: RunnerState
     _closed: bool = False
-    _failure: BaseException | None = None
 
     def _claim(self, envs: Any) -> None:
         """Makes this runner ``envs``' owner, or refuses if another live one is."""
@@ -65,21 +67,26 @@ class EnvOwner:
         """One ``sampler.sample(params)``; a failure marks the runner unusable."""
         self._check_usable("sample")
         try:
-            return self.sampler.sample(self._params)  # type: ignore[attr-defined]
+            return self.sampler.sample(self._sampler_params())  # type: ignore[attr-defined]
         except BaseException as err:
-            self._failure = err
+            self.state.failure = err
             raise
+
+    def _sampler_params(self) -> Any:
+        """The params as the sampler takes them: every policy id's (multi-agent)."""
+        return self.state.params
 
     def _check_usable(self, what: str) -> None:
         name = type(self).__name__
         if self._closed:
             raise ClosedError(f"{name}.{what}() called after stop(); create a new {name}.")
-        if self._failure is not None:
+        failure = self.state.failure
+        if failure is not None:
             raise RunnerFailedError(
-                f"{name}.{what}(): an earlier sample() failed ({self._failure!r}), leaving the "
+                f"{name}.{what}(): an earlier sample() failed ({failure!r}), leaving the "
                 "envs in an unknown state; its collected steps are in that error's "
                 f"partial_trajectory. Create a new {name} to continue."
-            ) from self._failure
+            ) from failure
 
 
 def check_rollout_arguments(runner: str, rollout_length: Any, seed: Any) -> None:

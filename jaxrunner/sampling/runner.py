@@ -36,6 +36,7 @@ from jaxrunner.sampling.lockstep import LockstepSampler
 from jaxrunner.sampling.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
 from jaxrunner.sampling.progress import EpisodeProgress
 from jaxrunner.sampling.ready_first import ReadyFirstSampler
+from jaxrunner.sampling.runner_state import DEFAULT_POLICY_ID, EpisodeJoiner, RunnerState
 from jaxrunner.sampling.sampler import Sampler, SamplerSetup
 from jaxrunner.sampling.scan import ScanSampler, check_runner_options
 from jaxrunner.sampling.seeds import env_seeds
@@ -109,11 +110,17 @@ class EnvRunner(EnvOwner):
         self.callbacks = callbacks
         self.connectors = _check_connectors(connectors)
         self._closed = False
-        self._failure: BaseException | None = None
-        self._metrics = RunnerMetrics(metrics or MetricsConfig())
-        self._fragments: dict[int, Episode] = {}  # unfinished episodes, for sample_episodes
-        self._finished: list[Episode] = []  # complete episodes not yet returned
-        self._params = jax.device_put(params)
+        self.state: RunnerState[Episode] = RunnerState(
+            params={DEFAULT_POLICY_ID: jax.device_put(params)},
+            metrics=RunnerMetrics(metrics or MetricsConfig()),
+            episodes=EpisodeJoiner(
+                key=lambda e: e.env_id,
+                concatenate=concatenate_episodes,
+                order=lambda e: e.episode_id,
+            ),
+        )
+        """Params, metrics and episode bookkeeping (see
+        :mod:`jaxrunner.sampling.runner_state`); the sampler holds the per-step rest."""
         try:
             self.sampler = self._make_sampler(num_splits)
         except (KeyError, TypeError, AttributeError) as err:
@@ -135,10 +142,10 @@ class EnvRunner(EnvOwner):
         envs = self.envs
         setup = SamplerSetup(
             self.policy,
-            self._params,
+            self.get_params(),
             self.rollout_length,
             self.seed,
-            self._metrics,
+            self.state.metrics,
             connectors=self.connectors,
         )
         if isinstance(envs, JaxVectorEnv):
@@ -194,20 +201,14 @@ class EnvRunner(EnvOwner):
         With ``progress``, a progress bar counts the episodes (tqdm where it is
         installed, else a line on stderr)."""
         check_num_episodes(num_episodes)
+        state = self.state
         with EpisodeProgress(num_episodes, enabled=progress) as bar:
-            bar.update(len(self._finished))
-            while len(self._finished) < num_episodes:
-                complete = []
-                for part in self.sample().split_episodes():
-                    episode = self._join_fragment(part)
-                    if not episode.is_done:
-                        self._fragments[episode.env_id] = episode
-                    elif episode.is_complete and (include_faulty or not episode.faulty):
-                        complete.append(episode)
-                self._finished.extend(sorted(complete, key=lambda e: e.episode_id))
-                bar.update(len(self._finished))
-        result, self._finished = self._finished[:num_episodes], self._finished[num_episodes:]
-        return result
+            bar.update(len(state.finished))
+            while len(state.finished) < num_episodes:
+                done = state.episodes.complete(self.sample().split_episodes())
+                state.finished.extend(e for e in done if include_faulty or not e.faulty)
+                bar.update(len(state.finished))
+        return state.take_finished(num_episodes)
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes a checkpoint of the runner to ``path`` (one ``.npz`` file, numpy
@@ -243,11 +244,11 @@ class EnvRunner(EnvOwner):
         """Replaces the policy params; takes effect at the next step, never recompiles.
         The new params must have the structure, shapes and dtypes of the old ones."""
         self._check_usable("set_params")
-        check_params_like(self._params, params, "runner")
-        self._params = jax.device_put(params)
+        check_params_like(self.get_params(), params, "runner")
+        self.state.params[DEFAULT_POLICY_ID] = jax.device_put(params)
 
     def get_params(self) -> Params:
-        return self._params
+        return self.state.params[DEFAULT_POLICY_ID]
 
     def get_connector_state(self) -> ConnectorsState:
         """The connectors' state, as a host copy: the statistics the next ``sample()``
@@ -270,7 +271,7 @@ class EnvRunner(EnvOwner):
     def get_metrics(self) -> dict[str, Any]:
         """Counters since construction, recent-episode statistics and perf timers, as
         of the last ``sample()`` (the episode bookkeeping is done once per sample)."""
-        return self._metrics.summary()
+        return self.state.metrics.summary()
 
     def get_spaces(self) -> dict[str, spaces.Space]:
         """The single-env and batched observation and action spaces."""
@@ -296,12 +297,8 @@ class EnvRunner(EnvOwner):
                 "EnvRunner(..., connectors=jaxrunner.connectors.Connectors(...))."
             )
 
-    def _join_fragment(self, part: Episode) -> Episode:
-        """Prepends the unfinished start of ``part``'s episode kept from earlier samples."""
-        head = self._fragments.pop(part.env_id, None)
-        if head is None or head.episode_id != part.episode_id:
-            return part
-        return concatenate_episodes(head, part)
+    def _sampler_params(self) -> Params:
+        return self.get_params()
 
 
 def _check_arguments(
