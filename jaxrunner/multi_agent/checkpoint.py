@@ -311,12 +311,8 @@ class MultiAgentCheckpointFile(CheckpointReader):
         """Agent episode ``k`` of ``prefix``: its metadata ``meta`` checked, then its
         arrays."""
         where, base = f"{prefix}[{k}]", f"{prefix}/{k}"
-        keys = {*EPISODE_SCALARS, "paths", "extras"}
-        if not isinstance(meta, dict) or set(meta) != keys:
-            raise self.error(f"has {where} that is not an object of the keys {sorted(keys)}")
-        for field in ("terminated", "truncated"):
-            if not isinstance(meta[field], bool):
-                raise self.error(f"has {where}.{field}={meta[field]!r}; expected true or false")
+        num_envs = int(self.runner.envs.num_envs)
+        self.check_episode_meta(meta, where, EPISODE_SCALARS, next_id, num_envs)
         agents = {g.policy_id: g.agents for g in self.runner.envs.groups}
         pid = meta["policy_id"]
         if not isinstance(pid, str) or pid not in agents:
@@ -326,9 +322,6 @@ class MultiAgentCheckpointFile(CheckpointReader):
                 f"has {where}.agent_id={meta['agent_id']!r}; policy {pid!r} serves the agents "
                 f"{list(agents[pid])}"
             )
-        self.int_field(meta["episode_id"], f"{where}.episode_id", 0, next_id - 1)
-        self.int_field(meta["env_id"], f"{where}.env_id", 0, int(self.runner.envs.num_envs) - 1)
-        self.int_field(meta["start_step"], f"{where}.start_step", 0)
         steps = self.read_steps(npz, where, base, meta, specs[pid])
         name = f"{base}/env_step"
         env_step = npz.read(name, name, "i", leading((), np.dtype(np.int64), len(steps["reward"])))

@@ -199,15 +199,8 @@ class CheckpointFile(CheckpointReader):
     ) -> Episode:
         """Episode ``k`` of ``prefix``: its metadata ``meta`` checked, then its arrays."""
         where, base = f"{prefix}[{k}]", f"{prefix}/{k}"
-        keys = {*EPISODE_FIELDS, "paths", "extras"}
-        if not isinstance(meta, dict) or set(meta) != keys:
-            raise self.error(f"has {where} that is not an object of the keys {sorted(keys)}")
-        for field, kind in EPISODE_SCALARS.items():
-            if kind is bool and not isinstance(meta[field], bool):
-                raise self.error(f"has {where}.{field}={meta[field]!r}; expected true or false")
-        self.int_field(meta["episode_id"], f"{where}.episode_id", 0, next_id - 1)
-        self.int_field(meta["env_id"], f"{where}.env_id", 0, int(self.runner.envs.num_envs) - 1)
-        self.int_field(meta["start_step"], f"{where}.start_step", 0)
+        num_envs = int(self.runner.envs.num_envs)
+        self.check_episode_meta(meta, where, EPISODE_SCALARS, next_id, num_envs)
         return Episode(
             **self.read_steps(npz, where, base, meta, specs),
             **{field: meta[field] for field in EPISODE_FIELDS},

@@ -211,6 +211,22 @@ class CheckpointReader:
             raise self.error(f"has {where}={value!r}; expected an int {bounds}")
         return value
 
+    def check_episode_meta(
+        self, meta: Any, where: str, scalars: dict[str, type], next_id: int, num_envs: int
+    ) -> None:
+        """A kept episode's JSON: an object of ``scalars`` (field -> type) and its paths
+        and extras, true or false where a bool is due, its episode id issued already,
+        its env in range, its start step not negative."""
+        keys = {*scalars, "paths", "extras"}
+        if not isinstance(meta, dict) or set(meta) != keys:
+            raise self.error(f"has {where} that is not an object of the keys {sorted(keys)}")
+        for field, kind in scalars.items():
+            if kind is bool and not isinstance(meta[field], bool):
+                raise self.error(f"has {where}.{field}={meta[field]!r}; expected true or false")
+        self.int_field(meta["episode_id"], f"{where}.episode_id", 0, next_id - 1)
+        self.int_field(meta["env_id"], f"{where}.env_id", 0, num_envs - 1)
+        self.int_field(meta["start_step"], f"{where}.start_step", 0)
+
     # -- metadata ----------------------------------------------------------------------------
 
     def read_meta(self, npz: NpzReader, fmt: str, version: int) -> dict[str, Any]:
