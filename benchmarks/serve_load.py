@@ -22,6 +22,14 @@ in a run):
 * ``idle_keepalive``: one ``GET /v1/health``, then silence;
 * ``slowloris``: half a request header, then one more header byte a second.
 
+With ``--placebo`` each system also runs beside a ``cpu_placebo``: a process with no
+socket that burns as much CPU as the busiest hostile process of the round did. It
+separates the two causes of a slowdown under attack: if the agents' rate beside the
+placebo is close to their rate beside the hostile sockets, the loss is the load
+generator's own CPU on the shared cores, not the server's handling of the sockets.
+Every run records the CPU seconds of the server, the agents' process and the hostile
+(or placebo) process, per legitimate request.
+
 Each run records requests/s, latency percentiles, the responses by status (5xx must
 stay 0), lost steps (steps the agents took in episodes they ended, minus the
 server's ``num_env_steps``: must be 0) and what became of the hostile sockets.
@@ -132,6 +140,40 @@ async def _hold(kind: str, reader: asyncio.StreamReader, writer: Any, stop: asyn
     return "still_open"
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _burn(fraction: float, stop: Any) -> None:
+    """The placebo: busy for ``fraction`` of every 10 ms until ``stop`` is set."""
+    while not stop.is_set():
+        start = time.perf_counter()
+        while time.perf_counter() - start < 0.010 * fraction:
+            pass
+        time.sleep(0.010 * (1.0 - fraction))
+
+
+class PlaceboProcess:
+    """A process that burns ``fraction`` of a core, with no socket (see the module
+    docstring); :meth:`stop` ends it."""
+
+    def __init__(self, fraction: float) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._stop = context.Event()
+        self._process = context.Process(
+            target=_burn, args=(min(max(fraction, 0.0), 1.0), self._stop), daemon=True
+        )
+        self._process.start()
+        self.pid = self._process.pid
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        self._process.join(30)
+        return {}
+
+
 class HostileProcess:
     """``count`` hostile sockets of ``kind`` against ``url``, from a process of their
     own (spawned), so they never slow the agents' event loop; :meth:`stop` ends them
@@ -147,6 +189,7 @@ class HostileProcess:
             daemon=True,
         )
         self._process.start()
+        self.pid = self._process.pid
 
     def stop(self) -> dict[str, int]:
         self._stop.set()
@@ -211,9 +254,12 @@ async def run_load(
     kind: str | None = None,
     hostile: int = 0,
     hostile_max_opens: int = 0,
+    server_pid: int | None = None,
+    placebo_fraction: float = 0.0,
 ) -> dict:
     """``num_clients`` agents playing CartPole until ``num_requests`` requests are made,
-    beside ``hostile`` sockets of ``kind``."""
+    beside ``hostile`` sockets of ``kind`` (or, for ``cpu_placebo``, a process burning
+    ``placebo_fraction`` of a core)."""
     latencies: dict[str, list[float]] = {"start": [], "action": [], "returns": [], "end": []}
     budget = [num_requests]
     steps = [0]
@@ -258,11 +304,20 @@ async def run_load(
                 steps[0] += taken
 
         before = (await http.get("/v1/metrics")).json()
-        attackers = HostileProcess(url, kind, hostile, hostile_max_opens) if kind else None
+        attackers: HostileProcess | PlaceboProcess | None = None
+        if kind == "cpu_placebo":
+            attackers = PlaceboProcess(placebo_fraction)
+        elif kind:
+            attackers = HostileProcess(url, kind, hostile, hostile_max_opens)
         await asyncio.sleep(8.0 if kind else 0.0)  # spawned, and every hostile socket open
+        pids = {"server": server_pid, "other": attackers.pid if attackers else None}
+        cpu_before = {k: cpu_seconds(pid) for k, pid in pids.items() if pid is not None}
+        agents_cpu = time.process_time()
         started = time.perf_counter()
         await asyncio.gather(*(agent(i) for i in range(num_clients)))
         seconds = time.perf_counter() - started
+        cpu = {k: cpu_seconds(pids[k]) - v for k, v in cpu_before.items()}  # type: ignore[arg-type]
+        cpu["agents"] = time.process_time() - agents_cpu
         slow_counts = attackers.stop() if attackers is not None else {}
         metrics = (await http.get("/v1/metrics")).json()
 
@@ -289,6 +344,10 @@ async def run_load(
         "hostile_kind": kind,
         "hostile_sockets": hostile if kind else 0,
         "hostile": slow_counts,
+        # CPU seconds of each party during the agents' run, and as cores (seconds / wall).
+        "cpu_seconds": cpu,
+        "cpu_cores": {k: v / seconds for k, v in cpu.items()},
+        "server_cpu_ms_per_request": 1000.0 * cpu.get("server", float("nan")) / len(every),
     }
 
 
@@ -317,6 +376,11 @@ def main() -> None:
     parser.add_argument(
         "--max-connections", type=int, default=2048, help="the servers' max_connections"
     )
+    parser.add_argument(
+        "--placebo",
+        action="store_true",
+        help="also run beside a socketless process burning the hostile processes' CPU",
+    )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parser.parse_args()
     if not 0 <= args.hostile <= MAX_HOSTILE:
@@ -326,6 +390,8 @@ def main() -> None:
     if soft != resource.RLIM_INFINITY and soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
     variants: list[str | None] = [None, *args.kinds] if args.hostile else [None]
+    if args.placebo and args.hostile:
+        variants.append("cpu_placebo")
     runs_of = [(name, kind) for kind in variants for name in SYSTEMS]
 
     loadavg_start = os.getloadavg()
@@ -340,6 +406,7 @@ def main() -> None:
                 asyncio.run(run_load(info["url"], token, args.clients, 2_000, args.seed))
             runs: dict[str, list[dict]] = {_label(n, k, args.hostile): [] for n, k in runs_of}
             for round_index in range(args.rounds):
+                hostile_cores = [0.0]  # the busiest hostile process of this round, in cores
                 for name, kind in runs_of:
                     label = _label(name, kind, args.hostile)
                     info = servers[name][1]
@@ -353,13 +420,18 @@ def main() -> None:
                             kind,
                             args.hostile,
                             args.hostile_max_opens,
+                            servers[name][0].pid,
+                            max(hostile_cores),
                         )
                     )
+                    if kind not in (None, "cpu_placebo"):
+                        hostile_cores.append(result["cpu_cores"]["other"])
                     result["loadavg"] = os.getloadavg()
                     runs[label].append(result)
                     print(
                         f"round {round_index} {label:>30}: "
-                        f"{result['requests_per_s']:6.0f} req/s, action p50 "
+                        f"{result['requests_per_s']:6.0f} req/s, cpu "
+                        f"{ {k: round(v, 2) for k, v in result['cpu_cores'].items()} }, action p50 "
                         f"{result['latency_action']['p50_ms']:.1f} ms, p99 "
                         f"{result['latency_action']['p99_ms']:.1f} ms, mean batch "
                         f"{result['server_mean_batch_size']:.1f}, 5xx {result['num_5xx']}, lost "
@@ -383,6 +455,11 @@ def main() -> None:
     summary: dict[str, Any] = {
         name: {
             "requests_per_s": median(name, "requests_per_s"),
+            "server_cpu_ms_per_request": median(name, "server_cpu_ms_per_request"),
+            **{
+                f"cpu_cores_{party}": median(name, "cpu_cores", party)
+                for party in runs[name][0]["cpu_cores"]
+            },
             "num_5xx_total": sum(run["num_5xx"] for run in runs[name]),
             "lost_steps_total": sum(run["lost_steps"] for run in runs[name]),
             "env_steps_per_s": median(name, "env_steps_per_s"),
