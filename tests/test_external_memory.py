@@ -153,6 +153,20 @@ def test_stacking_an_episode_releases_each_row_once_copied():
     assert record.obs == [] and record.actions == []
 
 
+def test_stacking_hands_freed_rows_back_to_the_os_as_it_goes(monkeypatch):
+    # Freed rows stay resident in the C heap unless trimmed: without the trims the
+    # stacked copy doubled an ending episode's memory (benchmarks/serve_episode_end.py).
+    from jaxrunner.external import episodes
+
+    trims = []
+    monkeypatch.setattr(episodes, "TRIM_EVERY_BYTES", 10 * OBS.nbytes)
+    monkeypatch.setattr(episodes, "release_freed_memory", lambda: trims.append(1))
+    record = _closed_record(0, 50)
+    record.to_episode(OBS_SPACE, ACTION_SPACE, terminated=True, truncated=False)
+    rows_per_trim = 10 * OBS.nbytes // (OBS.nbytes + 112)  # a row's bytes with its object
+    assert len(trims) >= 51 // (rows_per_trim + 1)  # the 51 observations, in runs
+
+
 def test_concurrent_ends_and_reaping_count_every_step_once():
     with make_external(max_concurrent=64) as env:
         ids = [env.start_episode() for _ in range(32)]

@@ -16,7 +16,12 @@ from gymnasium import spaces
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.errors import EpisodeConflictError, EpisodeNotFoundError, TooManyEpisodesError
-from jaxrunner.external.memory import step_nbytes
+from jaxrunner.external.memory import (
+    TRIM_EVERY_BYTES,
+    release_freed_memory,
+    step_nbytes,
+    tree_nbytes,
+)
 from jaxrunner.trajectory import Episode
 
 MAX_EPISODE_ID = 2**63 - 1
@@ -147,9 +152,14 @@ def _stack_releasing(space: spaces.Space, rows: list[Any]) -> Any:
     stacked = jr_spaces.map_structure(
         space, lambda leaf: np.empty((len(rows), *np.shape(leaf)), np.asarray(leaf).dtype), rows[0]
     )
+    freed = 0
     for t in range(len(rows)):
         jr_spaces.copy_into(space, stacked, rows[t], t)
+        freed += tree_nbytes(rows[t])
         rows[t] = None  # its memory goes back now, not after the whole copy
+        if freed >= TRIM_EVERY_BYTES:
+            freed = 0
+            release_freed_memory()
     rows.clear()
     return stacked
 

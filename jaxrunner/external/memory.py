@@ -14,6 +14,9 @@ the budget.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 from typing import Any
 
 import jax
@@ -34,6 +37,30 @@ EPISODE_OVERHEAD_BYTES = 448
 """Per finished episode, beside its arrays: the Episode object (~200 B), its extras
 dict (~230 B) and its slot in the output queue (CPython 3.11, 64-bit, measured with
 tracemalloc). Without it a one-step CartPole episode was charged 616 B of ~1,000."""
+
+
+TRIM_EVERY_BYTES = 32 << 20
+"""Ending an episode hands the freed rows back to the OS after this many bytes."""
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: its allocator returns memory itself
+        return None
+
+
+def release_freed_memory() -> None:
+    """Returns freed heap memory to the OS (glibc's ``malloc_trim``; elsewhere nothing).
+
+    A recorded step's rows are small allocations from the C heap; freeing them keeps
+    their pages resident, so stacking an episode (a new large array) while freeing its
+    rows would still double the resident memory. Trimming as the copy goes keeps the
+    peak near one episode (``benchmarks/serve_episode_end.py``)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def tree_nbytes(*trees: Any) -> int:
@@ -138,8 +165,10 @@ class MemoryBudget:
 __all__ = [
     "EPISODE_OVERHEAD_BYTES",
     "MemoryBudget",
+    "TRIM_EVERY_BYTES",
     "episode_nbytes",
     "estimate_step_nbytes",
+    "release_freed_memory",
     "step_nbytes",
     "tree_nbytes",
 ]
