@@ -333,7 +333,7 @@ def test_worker_bounds():
     assert worker_bounds(7, 3, None) == [(0, 3), (3, 6), (6, 7)]
     assert worker_bounds(7, None, 2) == [(0, 4), (4, 7)]
     assert worker_bounds(4, None, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
-    assert len(worker_bounds(64, None, None)) == max(1, len(os.sched_getaffinity(0)) - 1)
+    assert len(worker_bounds(64, None, None)) == max(1, launch.available_cpus() - 1)
 
 
 @pytest.mark.parametrize(
@@ -349,6 +349,7 @@ def test_worker_bounds():
 )
 def test_default_workers_by_cpus_and_width(monkeypatch, num_envs, main_process, workers):
     monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(launch, "cgroup_cpu_quota", lambda: None)
     assert launch.ALL_CPUS_FROM_ENVS == 256
     assert launch.default_num_workers(num_envs, main_process=main_process) == workers
     if main_process == "computes":
@@ -366,26 +367,66 @@ def test_default_workers_by_cpus_and_width(monkeypatch, num_envs, main_process, 
 )
 def test_spin_budget_by_cpus(monkeypatch, spin_wait_us, num_workers, spin_s):
     monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(launch, "cgroup_cpu_quota", lambda: None)
     assert spin_wait_s(ProcessConfig(spin_wait_us=spin_wait_us), num_workers) == pytest.approx(
         spin_s
     )
 
 
-def test_spin_until_readable_returns_when_data_comes_or_the_budget_ends():
+def test_spin_returns_when_data_comes_or_the_budget_ends(monkeypatch):
+    monkeypatch.setattr(wire.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # a quiet machine
     mine, theirs = socket.socketpair()
     with mine, theirs:
         poller = select.poll()
         poller.register(mine, select.POLLIN)
         start = time.perf_counter()
-        wire.spin_until_readable(poller.poll, 0.02)  # nothing comes: spins the whole budget
+        wire.Spin(0.02).until_readable(poller.poll)  # nothing comes: spins the whole budget
         assert time.perf_counter() - start >= 0.02
         theirs.sendall(b"x")
         start = time.perf_counter()
-        wire.spin_until_readable(poller.poll, 60.0)  # data waiting: returns at once
+        wire.Spin(60.0).until_readable(poller.poll)  # data waiting: returns at once
         assert time.perf_counter() - start < 30.0
         calls = []
-        wire.spin_until_readable(lambda timeout: calls.append(timeout) or [], 0.0)
+        wire.Spin(0.0).until_readable(lambda timeout: calls.append(timeout) or [])
         assert calls == []  # no budget: not even one poll
+
+
+def test_spin_backs_off_when_it_does_not_pay_and_comes_back(monkeypatch):
+    monkeypatch.setattr(wire.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    spin = wire.Spin(400e-6, cpus=2)
+    nothing = lambda timeout: []  # noqa: E731  (the reply always comes after the budget)
+    for _ in range(wire.Spin.WINDOW * 4):
+        spin.until_readable(nothing)
+    assert spin.budget_s == 0.0  # 400 -> 200 -> 100 -> 50 -> off
+    polls = []
+    for _ in range(wire.Spin.PROBE_EVERY - 1):  # off: not one poll until the probe
+        spin.until_readable(lambda timeout: polls.append(timeout) or [])
+    assert polls == []
+    spin.until_readable(nothing)
+    assert spin.budget_s == pytest.approx(50e-6)  # probing again, at an eighth
+    ready = lambda timeout: [(0, select.POLLIN)]  # noqa: E731  (data is there at once)
+    for _ in range(wire.Spin.WINDOW * 3):
+        spin.until_readable(ready)
+    assert spin.budget_s == pytest.approx(400e-6)  # every spin paid: back to the budget
+
+
+def test_spin_does_not_spin_while_the_machine_is_loaded(monkeypatch):
+    monkeypatch.setattr(wire.os, "getloadavg", lambda: (6.0, 6.0, 6.0))
+    polls = []
+    spin = wire.Spin(0.05, cpus=2)
+    start = time.perf_counter()
+    spin.until_readable(lambda timeout: polls.append(timeout) or [])
+    assert polls == [] and time.perf_counter() - start < 0.05
+
+
+def test_available_cpus_reads_the_cgroup_quota(monkeypatch, tmp_path):
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert launch.cgroup_cpu_quota(str(tmp_path)) == pytest.approx(1.5)
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert launch.cgroup_cpu_quota(str(tmp_path)) is None
+    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _: set(range(64)), raising=False)
+    monkeypatch.setattr(launch, "cgroup_cpu_quota", lambda: 1.5)
+    assert launch.available_cpus() == 2  # a container given 1.5 CPUs of a 64-core host
 
 
 def test_trajectories_equal_with_and_without_spinning(sync_reference):

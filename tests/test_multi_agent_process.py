@@ -44,6 +44,7 @@ def test_default_workers_take_every_cpu(monkeypatch):
     from jaxrunner.envs.process import launch
 
     monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
+    monkeypatch.setattr(launch, "cgroup_cpu_quota", lambda: None)
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 3, "process")
     try:
         assert envs._bounds == [(0, 2), (2, 3)]

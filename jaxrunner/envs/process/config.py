@@ -67,7 +67,8 @@ class ProcessConfig:
     paid twice per step and group. None (default): :data:`DEFAULT_SPIN_WAIT_US` where
     the main process and every worker have a CPU of their own (workers < available
     CPUs: the default below 256 sub-envs), else 0, since a spinning process would
-    take the CPU a worker needs. 0: always sleep."""
+    take the CPU a worker needs. 0: always sleep. The budget is the largest: it backs
+    off while spinning does not pay or the machine is loaded (:class:`.wire.Spin`)."""
 
     def __post_init__(self) -> None:
         for name in ("envs_per_worker", "num_workers"):

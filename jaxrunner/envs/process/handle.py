@@ -115,12 +115,15 @@ class WorkerHandle:
         except OSError as err:
             raise self.died() from err
 
-    def read(self, timeout_s: float | None, spin_s: float = 0.0) -> tuple[int, int, bytes]:
+    def read(
+        self, timeout_s: float | None, spin: wire.Spin | None = None
+    ) -> tuple[int, int, bytes]:
         """The next reply ``(seq, status, payload)``, waiting no longer than the
-        deadline of the oldest command (busy-waiting ``spin_s`` first); raises
+        deadline of the oldest command (busy-waiting as ``spin`` says first); raises
         :class:`WorkerLost` (and the worker is dead) if it died or missed the deadline
         (``timeout_s`` is only quoted)."""
-        wire.spin_until_readable(self.poller.poll, spin_s)
+        if spin is not None:
+            spin.until_readable(self.poller.poll)
         deadline = next(iter(self.inflight.values()), math.inf)
         if deadline != math.inf:
             remaining_ms = max(0.0, deadline - time.monotonic()) * 1000

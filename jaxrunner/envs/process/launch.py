@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import math
 import multiprocessing
 import os
 import sys
@@ -53,11 +54,25 @@ process's too: their stepping then outweighs its policy and bookkeeping. CartPol
 
 
 def available_cpus() -> int:
-    """The CPUs this process may run on."""
+    """The CPUs this process may use: those it may run on, bounded by its cgroup's CPU
+    quota where one is set (a container given 2 CPUs of a 64-core host has 2)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cpus, math.ceil(quota))) if quota is not None else cpus
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
+    """The cgroup v2 CPU quota in CPUs (``cpu.max``: quota and period in microseconds),
+    or None where there is none (``max``) or it cannot be read."""
+    try:
+        with open(os.path.join(root, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
 
 
 def default_num_workers(

@@ -19,6 +19,7 @@ from typing import Any
 
 from jaxrunner.envs.process import wire
 from jaxrunner.envs.process.handle import Resources, WorkerHandle, WorkerLost, spawn_worker
+from jaxrunner.envs.process.launch import available_cpus
 from jaxrunner.envs.process.remote import remote_exception
 
 LOST = -1
@@ -39,8 +40,8 @@ class WorkerPool:
         payloads: each worker's pickled factories (a replacement gets the same).
         step_timeout_s: how long a worker may take to answer a command (None: forever).
         res: what the vector env's finalizer releases (the pool adds its workers).
-        spin_s: how long to busy-wait for a reply before sleeping
-            (:func:`~.wire.spin_until_readable`).
+        spin_s: the most to busy-wait for a reply before sleeping (:class:`~.wire.Spin`
+            backs off from it when spinning does not pay).
     """
 
     def __init__(
@@ -54,6 +55,7 @@ class WorkerPool:
     ) -> None:
         self.ctx, self.bounds, self.payloads = ctx, bounds, payloads
         self.step_timeout_s, self.spin_s = step_timeout_s, spin_s
+        self.spin = wire.Spin(spin_s, available_cpus())
         self.res = res
         self.workers: list[WorkerHandle] = res.workers
         """Worker ``w`` is ``workers[w]`` (a replacement takes its place)."""
@@ -161,15 +163,17 @@ class WorkerPool:
         timeout_ms = None
         if deadline != math.inf:
             timeout_ms = math.ceil(max(0.0, deadline - time.monotonic()) * 1000)
-        wire.spin_until_readable(poller.poll, self.spin_s)
+        self.spin.until_readable(poller.poll)
         ready = poller.poll(timeout_ms)
         # Nothing ready: the worker with the first deadline missed it (its read says so).
         worker = by_fd[ready[0][0]] if ready else first
         self._read(worker.index, worker.read)
 
-    def _read(self, w: int, read: Callable[[float | None, float], tuple[int, int, bytes]]) -> None:
+    def _read(
+        self, w: int, read: Callable[[float | None, wire.Spin | None], tuple[int, int, bytes]]
+    ) -> None:
         try:
-            got, status, payload = read(self.step_timeout_s, self.spin_s)
+            got, status, payload = read(self.step_timeout_s, self.spin)
         except WorkerLost as lost:
             self.lost_worker(lost)
             return

@@ -29,6 +29,7 @@ from typing import Any
 
 import gymnasium
 
+from jaxrunner.envs.process.launch import available_cpus
 from jaxrunner.envs.process.shared import BlockLayout
 from jaxrunner.envs.process.wire import (
     COMMAND,
@@ -39,9 +40,9 @@ from jaxrunner.envs.process.wire import (
     STATUS_ERROR,
     STATUS_OK,
     RemoteError,
+    Spin,
     StepReply,
     recv_exact,
-    spin_until_readable,
 )
 from jaxrunner.envs.sub_envs import SubEnvRaised, SubEnvs, build_envs
 from jaxrunner.errors import EnvError, JaxRunnerError
@@ -59,7 +60,7 @@ class Worker:
         self.sub_envs: SubEnvs | None = None
         """The step loop over ``envs``, once the shared block is attached."""
         self._memory: mmap.mmap | None = None
-        self.spin_s = 0.0
+        self.spin = Spin(0.0)
         """How long to busy-wait for the next command before sleeping in ``recv``."""
 
     # -- setup
@@ -69,7 +70,7 @@ class Worker:
     ) -> None:
         """Maps the shared block, builds the layout's step loop over it and keeps the
         spin budget."""
-        self.spin_s = spin_s
+        self.spin = Spin(spin_s, available_cpus())
         self._memory = mmap.mmap(fd, layout.nbytes)
         os.close(fd)
         v = layout.views(self._memory)
@@ -148,7 +149,7 @@ class Worker:
         poll = select.poll()
         poll.register(sock, select.POLLIN)
         while True:
-            spin_until_readable(poll.poll, self.spin_s)
+            self.spin.until_readable(poll.poll)
             try:
                 header = recv_exact(sock, header_size)
             except (EOFError, OSError):
