@@ -15,7 +15,10 @@ medians, the ratio the median of per-round ratios:
   against ``sleep`` and against ``spin`` (``spin_vs_spin_{B}us``: the default's
   per-round ratio to it).
 
-CartPole-v1, the benchmark's 64-64 MLP, ``T = max(8, 2048 // num_envs)``; the
+With ``--hogs N``, N busy-looping processes run beside the measurement: a shared
+machine, where the spin must back off (``wire.Spin``) and never do worse than sleeping.
+
+CartPole-v1 (or ``--env``), the benchmark's 64-64 MLP, ``T = max(8, 2048 // num_envs)``; the
 comparison itself is ``process_layouts.compare_configs``.
 
 Usage::
@@ -26,6 +29,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 from typing import Any
 
@@ -80,7 +84,25 @@ def main() -> None:
         default=[],
         help="further budgets to measure alongside, e.g. an earlier default",
     )
-    run("process_spin", bench.parse_args(parser), measure_width, describe)
+    parser.add_argument(
+        "--hogs", type=int, default=0, help="busy-looping processes beside the measurement"
+    )
+    args = bench.parse_args(parser)
+    context = multiprocessing.get_context("spawn")
+    hogs = [context.Process(target=_hog, daemon=True) for _ in range(args.hogs)]
+    for hog in hogs:
+        hog.start()
+    try:
+        run("process_spin", args, measure_width, describe)
+    finally:
+        for hog in hogs:
+            hog.kill()
+
+
+def _hog() -> None:
+    """Another tenant of the machine: takes a CPU whenever it gets one."""
+    while True:
+        pass
 
 
 if __name__ == "__main__":
