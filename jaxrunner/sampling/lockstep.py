@@ -30,6 +30,7 @@ from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Params
 from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state, runner_chunk_rows
 from jaxrunner.sampling.episodes import EpisodeBook
+from jaxrunner.sampling.info_arrays import InfoRecorder, policy_extras
 from jaxrunner.sampling.sampler import (
     HostSampler,
     SamplerSetup,
@@ -100,6 +101,7 @@ class LockstepSampler(HostSampler):
         self._action_space = envs.single_action_space
         self._clip = jr_spaces.clip_box_actions(self._action_space)
         self._book = EpisodeBook(num_envs)
+        self._infos = InfoRecorder(setup.info_keys) if setup.info_keys else None
         self._episode_start = np.ones(num_envs, dtype=np.bool_)
         bounds = envs.capabilities.pipeline_bounds  # the backend's own split, if it has one
         if bounds is None or len(bounds) != num_splits + 1 or bounds[-1] != num_envs:
@@ -146,14 +148,19 @@ class LockstepSampler(HostSampler):
     def sample(self, params: Params) -> Trajectory:
         num_steps = self.rollout_length
         buf = allocate_trajectory(
-            self._obs_space, self._action_space, self._extras_spec, num_steps, self.envs.num_envs
+            self._obs_space,
+            self._action_space,
+            self._extras_spec,
+            num_steps,
+            self.envs.num_envs,
+            self._infos,
         )
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
         # Ids of episodes that start during this sample, for callbacks' live episodes
         # (the book gives the same ids to the trajectory, after the loop).
         self._live_next_id = self._book.next_episode_id
-        self._extras_leaves = jax.tree.leaves(buf.extras)
+        self._extras_leaves = jax.tree.leaves(policy_extras(buf.extras))
         self._params = params
         t = 0  # steps recorded for every split
         splits = range(len(self.splits))
@@ -272,6 +279,8 @@ class LockstepSampler(HostSampler):
         buf.terminated[index] = out.terminated
         buf.truncated[index] = out.truncated
         self._split_obs[g] = out.obs
+        if self._infos is not None:
+            self._infos.record(buf.extras, t, range(rows.start, rows.stop), out.infos)
         self._advance_episodes(buf, t, rows, out)
         perf["obs_processing_ms"] += time.perf_counter() - tick
         if t + 1 < self.rollout_length:

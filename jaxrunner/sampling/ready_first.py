@@ -46,6 +46,7 @@ from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Params
 from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state, runner_chunk_rows
 from jaxrunner.sampling.episodes import EpisodeBook
+from jaxrunner.sampling.info_arrays import InfoRecorder, policy_extras
 from jaxrunner.sampling.sampler import (
     HostSampler,
     SamplerSetup,
@@ -127,6 +128,7 @@ class ReadyFirstSampler(HostSampler):
         self._stages = {n: call.new_stage() for n, call in self._calls.items()}
         self.action_spec, self._extras_spec = self._calls[num_envs].env_output_spec
         self._book = EpisodeBook(num_envs)
+        self._infos = InfoRecorder(setup.info_keys) if setup.info_keys else None
         self._episode_start = np.ones(num_envs, np.bool_)
         self._t = np.zeros(num_envs, np.int64)  # steps recorded per env, this sample on
         self._in_flight = 0  # envs sent and not yet received
@@ -146,6 +148,7 @@ class ReadyFirstSampler(HostSampler):
                     self._extras_spec,
                     num_steps,
                     self.envs.num_envs,
+                    self._infos,
                 )
             )
         try:
@@ -305,7 +308,7 @@ class ReadyFirstSampler(HostSampler):
     def _extras_leaves(self, buf: Trajectory) -> list[np.ndarray]:
         """``jax.tree.leaves(buf.extras)``, kept per buffer (a buffer serves a sample)."""
         if buf is not self._leaves_of[0]:
-            self._leaves_of = (buf, jax.tree.leaves(buf.extras))
+            self._leaves_of = (buf, jax.tree.leaves(policy_extras(buf.extras)))
         return self._leaves_of[1]
 
     def _record(self, out: BatchStep) -> None:
@@ -323,6 +326,9 @@ class ReadyFirstSampler(HostSampler):
             buf.truncated[rows, envs] = out.truncated[sel]
             if out.failed is not None:  # a replaced actor or restarted sub-env
                 buf.valid[rows, envs] = ~out.failed[sel]
+            if self._infos is not None:
+                infos = out.infos if isinstance(sel, slice) else [out.infos[k] for k in sel]
+                self._infos.record(buf.extras, rows, envs.tolist(), infos)
         jr_spaces.copy_into(self._obs_space, self._obs, out.obs, index)
         done = np.logical_or(out.terminated, out.truncated)
         if out.failed is not None:

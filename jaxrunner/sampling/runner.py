@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -32,6 +32,7 @@ from jaxrunner.metrics import MetricsConfig, RunnerMetrics
 from jaxrunner.policy import Params, Policy, check_params_like
 from jaxrunner.sampling import checkpoint
 from jaxrunner.sampling.checkpoint import RestoreReport
+from jaxrunner.sampling.info_arrays import check_info_keys
 from jaxrunner.sampling.lockstep import LockstepSampler
 from jaxrunner.sampling.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
 from jaxrunner.sampling.progress import EpisodeProgress
@@ -69,6 +70,11 @@ class EnvRunner(EnvOwner):
             chunks whose results do not depend on the batch
             (:mod:`jaxrunner.batch_invariance`). (Called ``num_groups`` before; "groups"
             now means agent groups only.)
+        info_keys: names of per-step info entries to record as float64 ``[T, B]``
+            arrays, in ``traj.extras["infos"][name]`` with the mask of the steps that had
+            them in ``traj.extras["infos_present"][name]`` (``"episode.r"`` reaches into
+            ``info["episode"]``; see :mod:`jaxrunner.sampling.info_arrays`). Host
+            backends; nothing is recorded or paid without it.
         connectors: optional :class:`~jaxrunner.connectors.Connectors` (observation
             normalization, frame stacking, reward scaling, action rescaling), run on
             device inside the compiled policy step; initialise the policy on
@@ -92,6 +98,7 @@ class EnvRunner(EnvOwner):
         metrics: MetricsConfig | None = None,
         num_splits: int | None = None,
         connectors: Connectors | None = None,
+        info_keys: Sequence[str] = (),
         restart_failed_sub_envs: None = None,
         restart_policy: None = None,
     ) -> None:
@@ -102,8 +109,16 @@ class EnvRunner(EnvOwner):
                 "configured on the vector env now, in one place: build it with "
                 "jaxrunner.make_vec(..., restart_policy=jaxrunner.RestartPolicy())."
             )
+        info_keys = check_info_keys(info_keys)
+        if info_keys and isinstance(envs, JaxVectorEnv):
+            raise InvalidArgumentError(
+                "EnvRunner(info_keys=...): a pure-JAX env's infos stay on device inside "
+                "its scan and are not recorded; return what you need from the env's state, "
+                "or use a host backend (jaxrunner.make_vec)."
+            )
         self._claim(envs)
         self.envs = envs
+        self.info_keys = info_keys
         self.policy = policy
         self.rollout_length = int(rollout_length)
         self.seed = int(seed)
@@ -147,6 +162,7 @@ class EnvRunner(EnvOwner):
             self.seed,
             self.state.metrics,
             connectors=self.connectors,
+            info_keys=self.info_keys,
         )
         if isinstance(envs, JaxVectorEnv):
             check_runner_options(self.callbacks, num_splits)

@@ -23,6 +23,7 @@ from jaxrunner.connectors.pipeline import Connectors
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import RunnerMetrics
 from jaxrunner.policy import Params, Policy
+from jaxrunner.sampling.info_arrays import InfoRecorder
 from jaxrunner.trajectory import Trajectory
 
 
@@ -42,6 +43,8 @@ class SamplerSetup:
     """The runner's metrics, which every sample adds to."""
     connectors: Connectors | None = None
     """Transforms between the envs and the policy (:mod:`jaxrunner.connectors`)."""
+    info_keys: tuple[str, ...] = ()
+    """Info entries recorded as ``[T, B]`` arrays (:mod:`.info_arrays`; host samplers)."""
 
 
 class Sampler(abc.ABC):
@@ -118,10 +121,12 @@ def allocate_trajectory(
     extras_spec: Any,
     num_steps: int,
     num_envs: int,
+    infos: InfoRecorder | None = None,
 ) -> Trajectory:
-    """Zeroed ``[T, B]`` host buffers; ``extras_spec`` has a leading batch axis."""
+    """Zeroed ``[T, B]`` host buffers; ``extras_spec`` has a leading batch axis; with
+    ``infos``, its arrays too (``extras["infos"]``, ``extras["infos_present"]``)."""
     shape = (num_steps, num_envs)
-    return Trajectory(
+    buf = Trajectory(
         obs=jr_spaces.allocate(obs_space, shape),
         action=jr_spaces.allocate(action_space, shape),
         reward=np.zeros(shape, np.float64),
@@ -134,6 +139,9 @@ def allocate_trajectory(
         step=np.zeros(shape, np.int64),
         valid=np.ones(shape, np.bool_),
     )
+    if infos is not None:
+        infos.allocate(buf.extras, shape)
+    return buf
 
 
 def attach_partial(err: BaseException, partial: Trajectory | None) -> None:
