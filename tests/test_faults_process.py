@@ -419,3 +419,29 @@ def test_a_replaced_workers_process_is_gone(tmp_path):
         runner.sample()
         assert envs.worker_pids[0] != old and _pid_gone(old)
     assert os.getpid() not in envs.worker_pids
+
+
+def test_restarts_of_failed_resets_are_counted():
+    # A sub-env whose second reset raises is recreated inside the worker's reset (its
+    # new instance resets fine): the count must include it (it used to count only the
+    # restarts that step replies reported).
+    reset_fault = [FaultPlan(kind="raise", call="reset", at=(2,))]
+    with closing(process(fns_with({1: reset_fault, 2: reset_fault}))) as envs:
+        envs.reset(seed=0)
+        assert envs.num_restarts == 0
+        envs.reset(seed=1)
+        assert envs.num_restarts == 2
+
+
+def test_multi_agent_restarts_of_failed_resets_are_counted():
+    from jaxrunner.envs.process.agents import ProcessMultiAgentVectorEnv
+    from jaxrunner.testing import coming_and_going, faulty_multi_agent_env_fns
+
+    fault = FaultPlan(kind="raise", call="reset", at=(2,))
+    fns = faulty_multi_agent_env_fns(coming_and_going, 3, {0: [fault], 2: [fault]})
+    config = ProcessConfig(num_workers=2)
+    with ProcessMultiAgentVectorEnv(fns, config=config, restart_policy=jr.RestartPolicy()) as envs:
+        envs.reset_batch([0, 1, 2])
+        assert envs.get_num_restarts() == 0
+        envs.reset_batch([3, 4, 5])
+        assert envs.get_num_restarts() == 2

@@ -196,6 +196,10 @@ class WorkerBlock:
         failed = [offset + b for b in self.block.failed_rows(errors)]
         return StepResult(infos, {}, failed, {offset + b: e for b, e in errors.items()})
 
+    @property
+    def num_restarts(self) -> int:
+        return self.block.num_restarts
+
     def reset(self, seeds: Sequence[int | None], options: dict[str, Any] | None) -> list[dict]:
         return self.block.reset(seeds, options)
 

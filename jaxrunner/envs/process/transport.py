@@ -108,7 +108,8 @@ class ProcessTransport:
         seeds = list(seeds)
         results = self.pool.call_all("reset", [(seeds[lo:hi], options) for lo, hi in self.bounds])
         self.recovery.pending.clear()  # every sub-env starts afresh from what the caller gets
-        return [info for infos in results for info in infos]
+        self.stepper.num_restarts += sum(restarted for _, restarted in results)
+        return [info for infos, _ in results for info in infos]
 
     def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> dict:
         """Resets sub-env ``index`` alone; its reset info."""

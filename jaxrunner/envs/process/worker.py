@@ -101,8 +101,15 @@ class Worker:
         }
         return StepReply(infos, reset_infos, out.failed, remote)
 
-    def reset(self, seeds: list[int | None], options: dict[str, Any] | None) -> list[dict]:
-        return self.sub_envs.reset(seeds, options)  # type: ignore[union-attr]
+    def reset(
+        self, seeds: list[int | None], options: dict[str, Any] | None
+    ) -> tuple[list[dict], int]:
+        """The reset infos, and the sub-envs restarted because their reset failed (the
+        main side counts restarts: step replies report theirs)."""
+        sub_envs = self.sub_envs
+        before = sub_envs.num_restarts  # type: ignore[union-attr]
+        infos = sub_envs.reset(seeds, options)  # type: ignore[union-attr]
+        return infos, sub_envs.num_restarts - before  # type: ignore[union-attr]
 
     def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> dict:
         return self.sub_envs.reset_one(index, seed, options)  # type: ignore[union-attr]
