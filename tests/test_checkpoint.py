@@ -117,7 +117,8 @@ def test_sample_episodes_resumes_with_its_fragments(gru, tmp_path):
     path = tmp_path / "runner.ckpt"
     with cartpole_runner(gru) as runner:
         head = runner.sample_episodes(4)
-        assert runner.state.episodes.fragments and runner.state.finished  # both kinds of kept episodes are saved
+        # both kinds of kept episodes are saved
+        assert runner.state.episodes.fragments and runner.state.finished
         runner.save(path)
     with cartpole_runner(gru) as resumed:
         resumed.restore(path, load_env_pickles=True)
