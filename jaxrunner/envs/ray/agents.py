@@ -12,7 +12,9 @@ An actor that dies or misses ``step_timeout_s`` is killed and, with a
 ``restart_policy``, replaced by a new one whose sub-envs start new episodes: its
 sub-envs' slots of the step under way hold no transition (``MultiAgentStep.failed``)
 and their episodes end as faults, as on the process backend; without a policy, the
-failure raises :class:`~jaxrunner.errors.WorkerError`.
+failure raises :class:`~jaxrunner.errors.WorkerError` (a death) or
+:class:`~jaxrunner.errors.RemoteTimeoutError` (a missed deadline; it names the actor's
+sub-envs, ``env_indices``, too).
 """
 
 from __future__ import annotations
