@@ -154,7 +154,9 @@ class WorkerTimeoutError(JaxRunnerError, TimeoutError):
 
 class RemoteTimeoutError(JaxRunnerError, TimeoutError):
     """A Ray actor (an env actor of ``backend="ray"`` or a runner of an
-    ``EnvRunnerGroup``) did not answer within its timeout, or could not be placed."""
+    ``EnvRunnerGroup``) did not answer within its timeout, or could not be placed. An env
+    actor's missed ``step_timeout_s`` sets ``worker_index`` and ``env_indices`` too, as
+    :class:`WorkerError` does."""
 
 
 class MissingDependencyError(JaxRunnerError, ImportError):

@@ -22,6 +22,13 @@ def simple_spread():
     return simple_spread_v3.parallel_env(N=3, max_cycles=10)
 
 
+def simple_tag():
+    # Two groups (adversaries and the good agent see different observations).
+    from mpe2 import simple_tag_v3
+
+    return simple_tag_v3.parallel_env(num_good=1, num_adversaries=2, num_obstacles=1, max_cycles=8)
+
+
 def simple_adversary():
     from mpe2 import simple_adversary_v3
 

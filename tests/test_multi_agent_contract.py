@@ -1,6 +1,7 @@
 """Every multi-agent backend keeps the contract of :mod:`jaxrunner.multi_agent.vector_env`
 (:class:`jaxrunner.testing.MultiAgentVectorEnvContract`), checked against PettingZoo's
-own envs stepped by hand."""
+own envs stepped by hand: besides the contract's own envs, mpe2's simple_spread and
+simple_tag (two agent groups) and the classic connect_four, on every backend."""
 
 from __future__ import annotations
 
@@ -15,14 +16,28 @@ pytest.importorskip("pettingzoo")
 import jaxrunner as jr
 from jaxrunner.multi_agent import SyncMultiAgentVectorEnv
 from jaxrunner.testing import MultiAgentVectorEnvContract
+from tests import multi_agent_envs as envs_mod
 
 
-class TestSyncMultiAgentContract(MultiAgentVectorEnvContract):
+class PettingZooCases:
+    """The contract's parity test also on PettingZoo's MPE and classic envs (mixed in
+    before the contract, whose ``env_cases`` it extends)."""
+
+    def env_cases(self):
+        return {
+            **super().env_cases(),
+            "simple_spread": envs_mod.simple_spread,
+            "simple_tag": envs_mod.simple_tag,
+            "connect_four": envs_mod.connect_four,
+        }
+
+
+class TestSyncMultiAgentContract(PettingZooCases, MultiAgentVectorEnvContract):
     def make_envs(self, env_fns, restart_policy=None):
         return SyncMultiAgentVectorEnv(env_fns, restart_policy=restart_policy)
 
 
-class TestProcessMultiAgentContract(MultiAgentVectorEnvContract):
+class TestProcessMultiAgentContract(PettingZooCases, MultiAgentVectorEnvContract):
     def make_envs(self, env_fns, restart_policy=None):
         from jaxrunner.envs.process.agents import ProcessMultiAgentVectorEnv
 
@@ -33,13 +48,15 @@ class TestProcessMultiAgentContract(MultiAgentVectorEnvContract):
 @pytest.fixture(scope="class")
 def local_ray():
     ray = pytest.importorskip("ray")
+    # The tests' env factories travel to the actors by value (actors cannot import tests/).
+    ray.cloudpickle.register_pickle_by_value(envs_mod)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
 
 @pytest.mark.usefixtures("local_ray")
-class TestRayMultiAgentContract(MultiAgentVectorEnvContract):
+class TestRayMultiAgentContract(PettingZooCases, MultiAgentVectorEnvContract):
     def make_envs(self, env_fns, restart_policy=None):
         from jaxrunner.envs.ray.agents import RayMultiAgentVectorEnv
 

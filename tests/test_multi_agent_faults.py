@@ -1,6 +1,8 @@
 """jaxrunner.testing's fault vocabulary on multi-agent sub-envs (FaultyMultiAgentEnv):
-every kind on the sync and process backends, with and without a restart policy;
-accounting exact per agent."""
+every kind on the sync, process and Ray backends, with and without a restart policy;
+accounting exact per agent. Where a kind cannot apply to a backend, a comment says why
+(a sync sub-env shares the sampler's process: it has no step timeout, and its death is
+the sampler's)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from jaxrunner.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     InvalidStepError,
+    RemoteTimeoutError,
     SpaceMismatchError,
     WorkerError,
     WorkerTimeoutError,
@@ -61,11 +64,35 @@ DEATHS = ("exit", "kill", "segfault")
 
 
 def make_envs(backend, fns, restart, step_timeout_s=None):
+    # Process and Ray alike: sub-envs 0 and 1 in worker/actor 0, sub-env 2 in 1.
     policy = jr.RestartPolicy() if restart else None
     if backend == "sync":
         return SyncMultiAgentVectorEnv(fns, restart_policy=policy)
+    if backend == "ray":
+        from jaxrunner.envs.ray.agents import RayMultiAgentVectorEnv
+
+        config = jr.RayConfig(
+            envs_per_actor=2, num_cpus_per_actor=0.1, step_timeout_s=step_timeout_s
+        )
+        return RayMultiAgentVectorEnv(fns, config=config, restart_policy=policy)
     config = jr.ProcessConfig(num_workers=2, step_timeout_s=step_timeout_s)
     return ProcessMultiAgentVectorEnv(fns, config=config, restart_policy=policy)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def ray_for_the_ray_backend(request):
+    """Starts Ray (once, for the module) for the tests on backend "ray" only."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("backend") == "ray":
+        request.getfixturevalue("local_ray")
 
 
 def sample(fns, backend="sync", restart=False, num_actions=3, masked=False, **kwargs):
@@ -110,8 +137,18 @@ def assert_restarted_and_accounted(got, clean, log):
 
 # -- without a restart policy: the right error, naming the sub-env ----------------------------
 
-BACKENDS = ["sync", "process"]
+BACKENDS = ["sync", "process", "ray"]
+REMOTE = ["process", "ray"]  # where a sub-env's death or hang is not the sampler's
 GARBAGE_CASES = list(GARBAGE)
+# A Ray actor checks its sub-envs' returns with the sync backend's own loop (SubEnvBlock),
+# and each Ray test starts actors (seconds each): Ray runs one kind per error type, which
+# covers what it adds, carrying the error (type, sub-env, agent) or the restart back.
+ON_RAY = ("raise", "nan_reward", "bad_obs")
+
+
+def backends_and(kinds):
+    """(backend, kind) for every backend and kind, Ray's kinds those of ``ON_RAY``."""
+    return [(b, k) for b in BACKENDS for k in kinds if b != "ray" or k in ON_RAY]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -123,8 +160,7 @@ def test_raise_is_an_env_error_naming_the_sub_env_with_the_cause(backend):
     assert info.value.partial_trajectory.num_steps == AT - 1
 
 
-@pytest.mark.parametrize("kind", GARBAGE_CASES)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("backend", "kind"), backends_and(GARBAGE_CASES))
 def test_a_bad_return_is_the_right_error_naming_the_sub_env_and_agent(backend, kind):
     with pytest.raises(GARBAGE[kind], match=f"sub-env {FAILING_ENV}, agent '{AGENT}'") as info:
         sample(faulty_fns(kind), backend)
@@ -149,12 +185,18 @@ def test_a_sync_hang_that_ends_is_an_env_error():
 
 
 @pytest.mark.parametrize("kind", [*DEATHS, "hang"])
-def test_a_process_worker_that_dies_or_hangs_is_a_worker_error_naming_its_sub_envs(kind):
-    error = WorkerTimeoutError if kind == "hang" else WorkerError
+@pytest.mark.parametrize("backend", REMOTE)
+def test_a_worker_that_dies_or_hangs_is_a_worker_error_naming_its_sub_envs(backend, kind):
+    if backend == "process":
+        error = WorkerTimeoutError if kind == "hang" else WorkerError
+        where = r"worker 0 \(pid \d+, sub-envs 0..1\)"
+    else:
+        error = RemoteTimeoutError if kind == "hang" else WorkerError
+        where = r"Ray env actor 0 \(sub-envs 0..1\)"
     fns = faulty_fns(kind, hang_s=60.0)
-    with pytest.raises(error, match=r"worker 0 \(pid \d+, sub-envs 0..1\)") as info:
-        sample(fns, "process", step_timeout_s=1.5)
-    assert FAILING_ENV in info.value.env_indices
+    with pytest.raises(error, match=where) as info:
+        sample(fns, backend, step_timeout_s=1.5)
+    assert info.value.env_indices == range(2)
     assert info.value.partial_trajectory.num_steps == AT - 1
 
 
@@ -185,8 +227,7 @@ def test_a_sync_sub_env_that_kills_its_process_takes_the_sampler_with_it(kind, r
 RESTARTED = ["raise", *GARBAGE_CASES]
 
 
-@pytest.mark.parametrize("kind", RESTARTED)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("backend", "kind"), backends_and(RESTARTED))
 def test_with_a_restart_policy_sampling_goes_on_and_accounting_is_exact(
     backend, kind, clean, tmp_path
 ):
@@ -201,16 +242,18 @@ def test_a_sync_hang_that_ends_is_restarted(clean, tmp_path):
 
 
 @pytest.mark.parametrize("kind", [*DEATHS, "hang"])
-def test_with_a_restart_policy_a_dead_or_hung_process_worker_is_replaced(kind, clean, tmp_path):
-    # Worker 0 runs envs 0 and 1: when env 1 ends it (or hangs it) at its step AT, the
-    # worker is replaced with new sub-envs, and both envs' slots of that step fail (their
+@pytest.mark.parametrize("backend", REMOTE)
+def test_with_a_restart_policy_a_dead_or_hung_worker_is_replaced(backend, kind, clean, tmp_path):
+    # Worker (actor) 0 runs envs 0 and 1: when env 1 ends it (or hangs it) at its step
+    # AT, it is replaced with new sub-envs, and both envs' slots of that step fail (their
     # episodes end as faults); env 2, on worker 1, is the fault-free run's throughout.
     log = CallLog(tmp_path)
-    envs = make_envs("process", faulty_fns(kind, log, hang_s=60.0), True, step_timeout_s=1.5)
+    envs = make_envs(backend, faulty_fns(kind, log, hang_s=60.0), True, step_timeout_s=1.5)
     policy, params = random_policy(3), zero_params(3)
     with jr.MultiAgentRunner(envs, policy, params, T, seed=SEED) as runner:
         traj, metrics = runner.sample(), runner.get_metrics()
-        assert envs.num_worker_restarts == 1
+        replaced = envs.num_worker_restarts if backend == "process" else envs.num_actor_restarts
+        assert replaced == 1
     (pid,) = traj.groups
     g, ref = traj.groups[pid], clean[0].groups[pid]
     t = AT - 1
@@ -244,8 +287,7 @@ def test_a_turn_based_failure_drops_the_turns_waiting_for_their_transition(backe
     assert metrics["num_dropped_agent_steps"] == 2
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", ["raise", "bad_obs"])
+@pytest.mark.parametrize(("backend", "kind"), backends_and(["raise", "bad_obs"]))
 def test_a_failed_autoreset_keeps_the_good_step(backend, kind, clean, tmp_path):
     # Env 1's first episode ends at its 6th step (the last slot), and its autoreset (its
     # second reset) fails: the step's transitions stay; the env is recreated.

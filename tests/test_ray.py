@@ -376,9 +376,12 @@ def test_ray_backend_sub_env_error_arrives_as_env_error_with_index_and_cause():
         runner.sample()
     assert isinstance(caught.value, jr.errors.JaxRunnerError)
     assert caught.value.env_index == 3
-    # The original error is named, and its remote traceback is chained (RayTaskError).
+    # The original error is named and chained (as on the other backends), and where the
+    # actor raised it is noted.
     assert "ValueError('the env broke on purpose')" in str(caught.value)
+    assert isinstance(caught.value.__cause__, ValueError)
     assert "broke on purpose" in str(caught.value.__cause__)
+    assert any("raised in Ray env actor 1" in note for note in caught.value.__notes__)
 
 
 def test_group_runner_whose_env_raises_is_replaced(group_params, tmp_path):

@@ -114,7 +114,9 @@ class ActorPool:
 
     def remote_error(self, err: BaseException, u: int, call: str) -> BaseException:
         """What a failed remote call means: a dead actor (WorkerError) or an error raised
-        by its sub-envs (the original, re-indexed where it names a sub-env)."""
+        by its sub-envs (the original, re-indexed where it names a sub-env). Raise it as
+        it is, not ``from err``: it chains what it should (a sub-env's own exception,
+        which crossed with it, else the remote traceback)."""
         ray = self.ray
         rows = self.unit_rows[u]
         if isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)):
@@ -128,6 +130,11 @@ class ActorPool:
             return error
         if isinstance(err, ray.exceptions.RayTaskError):
             cause = err.cause if getattr(err, "cause", None) is not None else err
+            if cause is not err:
+                if cause.__cause__ is None:
+                    cause.__cause__ = err
+                elif hasattr(cause, "add_note"):  # Python >= 3.11
+                    cause.add_note(f"jaxrunner: raised in Ray env actor {u}: {err}")
             return with_global_env_index(cause, rows.start, f"Ray env actor {u}")
         return err
 

@@ -12,7 +12,9 @@ An actor that dies or misses ``step_timeout_s`` is killed and, with a
 ``restart_policy``, replaced by a new one whose sub-envs start new episodes: its
 sub-envs' slots of the step under way hold no transition (``MultiAgentStep.failed``)
 and their episodes end as faults, as on the process backend; without a policy, the
-failure raises :class:`~jaxrunner.errors.WorkerError`.
+failure raises :class:`~jaxrunner.errors.WorkerError` (a death) or
+:class:`~jaxrunner.errors.RemoteTimeoutError` (a missed deadline; it names the actor's
+sub-envs, ``env_indices``, too).
 """
 
 from __future__ import annotations
@@ -225,7 +227,7 @@ class RayMultiAgentVectorEnv(MultiAgentVectorEnv):
                 except Exception as err:
                     cause = self._actors.remote_error(err, u, "step")
                     if not isinstance(cause, WorkerError):  # raised by a sub-env
-                        raise cause from err
+                        raise cause  # noqa: B904  (remote_error chained the cause)
                     replies[u] = self._replace(u, cause, lost)
         except BaseException:
             self._in_flight.discard()
@@ -285,7 +287,7 @@ class RayMultiAgentVectorEnv(MultiAgentVectorEnv):
             ref = self._actors.actors[u].reset_at.remote(index - rows.start, seed, options)
             reply = self._actors.ray.get(ref, timeout=self.config.step_timeout_s)
         except Exception as err:
-            raise self._actors.remote_error(err, u, "reset_at") from err
+            raise self._actors.remote_error(err, u, "reset_at")  # noqa: B904  (chained)
         for buf, arrays in zip(self._buffers.groups, reply.groups):
             for name, value in arrays.items():
                 _copy_rows(getattr(buf, name), value, rows)

@@ -75,14 +75,13 @@ class InFlightSteps:
         expired = [ref for ref, (_, _, sent) in self._steps.items() if now - sent >= timeout]
         for ref in expired:
             u, rows = self.pop(ref)
-            yield (
-                u,
-                rows,
-                RemoteTimeoutError(
-                    f"Ray env actor {u} (sub-envs {rows.start}..{rows.stop - 1}) did not "
-                    f"answer a step within step_timeout_s={timeout}s; it is treated as dead."
-                ),
+            error = RemoteTimeoutError(
+                f"Ray env actor {u} (sub-envs {rows.start}..{rows.stop - 1}) did not "
+                f"answer a step within step_timeout_s={timeout}s; it is treated as dead."
             )
+            # As a WorkerError's: who timed out, for callers that handle it.
+            error.worker_index, error.env_indices = u, range(rows.start, rows.stop)
+            yield u, rows, error
 
     def discard(self) -> None:
         """Waits for the steps in flight (each up to the timeout) and forgets them,

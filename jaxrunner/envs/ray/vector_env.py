@@ -171,7 +171,7 @@ class RayVectorEnv(VectorEnv):
             ref = self._actors.actors[u].reset_at.remote(local, seed, options)
             obs, info = self._actors.ray.get(ref)
         except Exception as err:
-            raise self._actors.remote_error(err, u, "reset_at") from err
+            raise self._actors.remote_error(err, u, "reset_at")  # noqa: B904  (chained)
         jr_spaces.copy_into(self.single_observation_space, self._obs, obs, index)
         return jr_spaces.take(self.single_observation_space, self._obs, index), info
 
@@ -309,9 +309,7 @@ class RayVectorEnv(VectorEnv):
             if isinstance(cause, WorkerError):  # the actor died
                 obs, _ = self._actors.replace(u, cause)  # raises without a restart policy
                 return self._failed_result(u, rows, obs, cause)
-            if cause is err:
-                raise
-            raise cause from err  # raised by a sub-env (restarts off, or they gave up)
+            raise cause  # noqa: B904  (a sub-env raised, restarts off or given up; chained)
         space, offset = self.single_observation_space, self.unit_rows[u].start
         jr_spaces.copy_into(space, self._obs, out.obs, rows)
         jr_spaces.copy_into(space, self._next_obs, out.next_obs, rows)
