@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
 from jaxrunner.cpu_dispatch import ENV_VAR as ASYNC_DISPATCH_VARIABLE
@@ -41,11 +42,22 @@ class Child:
         name: for messages.
         jax_defaults: True: the child runs at JAX's defaults (the hand loops);
             False: with this process's environment, as a user runs jaxrunner.
+        command: the child's command line, if not this interpreter's ``-m
+            jaxrunner.bench`` (a peer library's server speaking the same protocol,
+            e.g. in its own venv).
+        extra_env: environment variables set in the child besides this process's.
     """
 
-    def __init__(self, name: str, *, jax_defaults: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        jax_defaults: bool,
+        command: Sequence[str] | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
         self.name = name
-        env = dict(os.environ)
+        env = {**os.environ, **(extra_env or {})}
         # The child imports the same jaxrunner as this process, wherever it came from.
         root = str(pathlib.Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
@@ -54,7 +66,7 @@ class Child:
         # The child's stderr, for the message if it dies; closed by close().
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "jaxrunner.bench"],
+            list(command or [sys.executable, "-m", "jaxrunner.bench"]),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
