@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import IO, Any
 
 from jaxrunner.cpu_dispatch import ENV_VAR as ASYNC_DISPATCH_VARIABLE
@@ -45,7 +45,6 @@ class Child:
         command: the child's command line, if not this interpreter's ``-m
             jaxrunner.bench`` (a peer library's server speaking the same protocol,
             e.g. in its own venv).
-        extra_env: environment variables set in the child besides this process's.
     """
 
     def __init__(
@@ -54,10 +53,9 @@ class Child:
         *,
         jax_defaults: bool,
         command: Sequence[str] | None = None,
-        extra_env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
-        env = {**os.environ, **(extra_env or {})}
+        env = dict(os.environ)
         # The child imports the same jaxrunner as this process, wherever it came from.
         root = str(pathlib.Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
