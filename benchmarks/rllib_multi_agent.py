@@ -9,6 +9,10 @@ MLP sampling its actions on every side. Per width (8 and 64 envs):
   defaults), on the sync backend (``jaxrunner bench``'s default) and on the process
   backend (one worker per CPU).
 * ``hand``: the multi-agent hand loop, the bench's reference (for context).
+* ``floor``: in the parent process, the same PettingZoo envs stepped in turn with
+  random actions drawn ahead, no policy and no recording: the most one process
+  stepping them reaches, so ``floor / rllib`` bounds what any in-process sampler of
+  these envs can show against RLlib.
 * ``rllib``: RLlib's ``MultiAgentEnvRunner`` (new API stack), in its own process
   under the RLlib venv's interpreter: ``PPOConfig().environment(...)`` with the env
   registered through RLlib's ``ParallelPettingZooEnv`` wrapper,
@@ -187,6 +191,43 @@ class RLlibProxy:
         return self.child.request("measure", name="rllib", seconds=seconds)
 
 
+class EnvFloor:
+    """``num_envs`` simple_spread envs stepped in turn with random action dicts drawn
+    ahead, each reset once no agent is left: no policy, no recording."""
+
+    def __init__(self, num_envs: int, seed: int) -> None:
+        from jaxrunner import bench
+
+        self.envs = [bench.env_factory(ENV)() for _ in range(num_envs)]
+        for i, env in enumerate(self.envs):
+            env.reset(seed=seed + i)
+            for agent in env.possible_agents:
+                env.action_space(agent).seed(seed + i)
+        self.pool = [
+            [{a: env.action_space(a).sample() for a in env.possible_agents} for env in self.envs]
+            for _ in range(97)
+        ]
+        self.cursor, self.length = 0, bench.rollout_length(num_envs)
+
+    def _rollout(self) -> int:
+        for _ in range(self.length):
+            for env, actions in zip(self.envs, self.pool[self.cursor]):
+                env.step(actions)
+                if not env.agents:
+                    env.reset()
+            self.cursor = (self.cursor + 1) % len(self.pool)
+        return self.length * len(self.envs)
+
+    def measure(self, seconds: float) -> dict[str, Any]:
+        from jaxrunner import bench
+
+        return {"steps_per_s": bench.timed(self._rollout, seconds)}
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
 def cpu_model() -> str | None:
     try:
         for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
@@ -211,9 +252,9 @@ def agent_steps(row: dict[str, Any], num_agents: int) -> None:
 def summary(rows: list[dict[str, Any]]) -> tuple[list[str], str]:
     """A markdown table of the rows and the verdict on issue 28's target."""
     table = [
-        "| backend | envs | jaxrunner env steps/s | RLlib env steps/s | hand loop | "
-        "jaxrunner / RLlib [min-max] |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| backend | envs | jaxrunner env steps/s | RLlib env steps/s | hand loop | env floor "
+        "| jaxrunner / RLlib [min-max] | floor / RLlib |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     verdicts = []
     for row in rows:
@@ -223,9 +264,12 @@ def summary(rows: list[dict[str, Any]]) -> tuple[list[str], str]:
             return f"{systems[name]['median']:,.0f}" if name in systems else "-"
 
         cell = f"{ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}]" if ratio else "-"
+        bound = "-"
+        if "floor" in systems and "rllib" in systems:
+            bound = f"{systems['floor']['median'] / systems['rllib']['median']:.2f}"
         table.append(
             f"| {row['backend']} | {row['num_envs']} | {rate('jaxrunner')} | {rate('rllib')} "
-            f"| {rate('hand')} | {cell} |"
+            f"| {rate('hand')} | {rate('floor')} | {cell} | {bound} |"
         )
         if ratio:
             holds = "holds" if ratio["median"] >= TARGET else "does not hold"
@@ -268,7 +312,8 @@ def run(args: argparse.Namespace) -> None:
             children = harness.info()
             for width in args.widths:
                 length = bench.rollout_length(width)
-                local: dict[str, Any] = {}
+                floor = EnvFloor(width, args.seed)
+                local: dict[str, Any] = {"floor": floor}
                 if rllib is not None:
                     spec = {"num_envs": width, "rollout_length": length, "seed": args.seed}
                     build = rllib.request("build", name="rllib", spec=spec)
@@ -291,6 +336,7 @@ def run(args: argparse.Namespace) -> None:
                     if rllib is not None:
                         row["rllib_build"] = build
                     rows.append(row)
+                floor.close()
                 if rllib is not None:
                     rllib.request("close", name="rllib")
     finally:

@@ -290,16 +290,16 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
 
 
 def test_rllib_multi_agent_jaxrunner_half_writes_its_rows(tmp_path):
-    """The RLlib comparison without RLlib (it lives in its own venv): jaxrunner and
-    the hand loop on simple_spread, agent steps at 3 per env step, RLlib recorded as
-    left out."""
+    """The RLlib comparison without RLlib (it lives in its own venv): jaxrunner, the
+    hand loop and the bare env floor on simple_spread, agent steps at 3 per env step,
+    RLlib recorded as left out."""
     pytest.importorskip("mpe2")
     out = tmp_path / "rllib.json"
     _run("rllib_multi_agent.py", "--quick", "--no-rllib", "--out", str(out))
     report = json.loads(out.read_text())
     [row] = report["results"]
     assert (row["backend"], row["num_envs"], row["rollout_length"]) == ("sync", 8, 256)
-    assert set(row["systems"]) == {"jaxrunner", "hand"}
+    assert set(row["systems"]) == {"jaxrunner", "hand", "floor"}
     for system in row["systems"].values():
         assert len(system["rounds"]) == 2
         assert system["agent_steps_per_s"] == pytest.approx(3 * system["median"])
