@@ -162,7 +162,10 @@ def serve_rllib(torch_threads: int) -> None:
                 systems[name] = RLlibSystem(spec["num_envs"], spec["rollout_length"], spec["seed"])
                 result = {"build_s": time.perf_counter() - start, **systems[name].describe()}
             elif op == "measure":
+                cpu, wall = time.process_time(), time.perf_counter()
                 result = systems[name].measure(float(request["seconds"]))
+                result["cpu_s"] = time.process_time() - cpu
+                result["wall_s"] = time.perf_counter() - wall
             elif op == "close":
                 systems.pop(name).close()
                 result = None
@@ -221,7 +224,10 @@ class EnvFloor:
     def measure(self, seconds: float) -> dict[str, Any]:
         from jaxrunner import bench
 
-        return {"steps_per_s": bench.timed(self._rollout, seconds)}
+        cpu, wall = time.process_time(), time.perf_counter()
+        rate = bench.timed(self._rollout, seconds)
+        cpu_s, wall_s = time.process_time() - cpu, time.perf_counter() - wall
+        return {"steps_per_s": rate, "cpu_s": cpu_s, "wall_s": wall_s}
 
     def close(self) -> None:
         for env in self.envs:
@@ -238,8 +244,23 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def agent_steps(row: dict[str, Any], num_agents: int) -> None:
-    """Adds each system's median agent steps/s to ``row``."""
+def per_system(row: dict[str, Any], num_agents: int) -> None:
+    """Adds each system's median agent steps/s and env steps per CPU second of its
+    process to ``row``; on the sync backend (one process per system) also the ratios
+    per CPU second, which move less with other sessions' load than the wall's."""
+    for name, system in row["systems"].items():
+        system["env_steps_per_cpu_s"] = statistics.median(
+            r["steps_per_s"] * r["wall_s"] / r["cpu_s"] for r in system["all_rounds"]
+        )
+        if name == "jaxrunner" and row["backend"] != "sync":
+            system["env_steps_per_cpu_s"] = None  # its env workers' CPU is not counted
+    if row["backend"] == "sync" and "jaxrunner" in row["systems"]:
+        ours = row["systems"]["jaxrunner"]["env_steps_per_cpu_s"]
+        row["ratios_per_cpu_s"] = {
+            name: ours / system["env_steps_per_cpu_s"]
+            for name, system in row["systems"].items()
+            if name != "jaxrunner"
+        }
     for name, system in row["systems"].items():
         if name == "rllib":
             rates = [r["agent_steps_per_s"] for r in system["all_rounds"]]
@@ -253,8 +274,8 @@ def summary(rows: list[dict[str, Any]]) -> tuple[list[str], str]:
     """A markdown table of the rows and the verdict on issue 28's target."""
     table = [
         "| backend | envs | jaxrunner env steps/s | RLlib env steps/s | hand loop | env floor "
-        "| jaxrunner / RLlib [min-max] | floor / RLlib |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| jaxrunner / RLlib [min-max] | floor / RLlib | jaxrunner / RLlib per CPU s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     verdicts = []
     for row in rows:
@@ -264,18 +285,21 @@ def summary(rows: list[dict[str, Any]]) -> tuple[list[str], str]:
             return f"{systems[name]['median']:,.0f}" if name in systems else "-"
 
         cell = f"{ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}]" if ratio else "-"
-        bound = "-"
+        bound, per_cpu = "-", "-"
+        if "rllib" in row.get("ratios_per_cpu_s", {}):
+            per_cpu = f"{row['ratios_per_cpu_s']['rllib']:.2f}"
         if "floor" in systems and "rllib" in systems:
             bound = f"{systems['floor']['median'] / systems['rllib']['median']:.2f}"
         table.append(
             f"| {row['backend']} | {row['num_envs']} | {rate('jaxrunner')} | {rate('rllib')} "
-            f"| {rate('hand')} | {rate('floor')} | {cell} | {bound} |"
+            f"| {rate('hand')} | {rate('floor')} | {cell} | {bound} | {per_cpu} |"
         )
         if ratio:
             holds = "holds" if ratio["median"] >= TARGET else "does not hold"
-            verdicts.append(
-                f"{row['backend']} x{row['num_envs']}: {ratio['median']:.2f}x ({holds})"
-            )
+            line = f"{row['backend']} x{row['num_envs']}: {ratio['median']:.2f}x ({holds}"
+            if per_cpu != "-":
+                line += f"; {per_cpu}x per CPU second"
+            verdicts.append(line + ")")
     verdict = (
         f"jaxrunner / RLlib MultiAgentEnvRunner, target >= {TARGET:g}x: " + "; ".join(verdicts)
         if verdicts
@@ -332,7 +356,7 @@ def run(args: argparse.Namespace) -> None:
                         local=local,
                         log=log,
                     )
-                    agent_steps(row, num_agents)
+                    per_system(row, num_agents)
                     if rllib is not None:
                         row["rllib_build"] = build
                     rows.append(row)

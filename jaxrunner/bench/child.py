@@ -7,7 +7,8 @@ its stdin and reads one JSON reply per line from its stdout:
 * ``{"op": "info"}``: the child's JAX CPU dispatch and :func:`machine_info`.
 * ``{"op": "build", "name": ..., "spec": {...}}``: builds and warms up a system
   (:class:`~jaxrunner.bench.systems.Spec`), replacing one of that name.
-* ``{"op": "measure", "name": ..., "seconds": S}``: times it for about S seconds.
+* ``{"op": "measure", "name": ..., "seconds": S}``: times it for about S seconds
+  (the system's figures, plus this process's ``cpu_s`` and ``wall_s`` meanwhile).
 * ``{"op": "close", "name": ...}``, ``{"op": "exit"}``.
 
 Each reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": ...}``.
@@ -159,7 +160,13 @@ def _serve(requests: IO[str], replies: IO[str]) -> None:
                 systems[name] = build(Spec(**request["spec"]))
                 result = {"build_s": time.perf_counter() - start}
             elif op == "measure":
+                # This process's CPU seconds beside the wall's: a rate per CPU second
+                # moves less with other sessions' load (the process backend's workers
+                # are other processes: not counted).
+                cpu, wall = time.process_time(), time.perf_counter()
                 result = systems[name].measure(float(request["seconds"]))
+                result["cpu_s"] = time.process_time() - cpu
+                result["wall_s"] = time.perf_counter() - wall
             elif op == "close":
                 systems.pop(name).close()
                 result = None
