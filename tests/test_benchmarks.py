@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import pathlib
 import statistics
 import subprocess
@@ -303,6 +304,13 @@ def test_rllib_multi_agent_jaxrunner_half_writes_its_rows(tmp_path):
     for system in row["systems"].values():
         assert len(system["rounds"]) == 2
         assert system["agent_steps_per_s"] == pytest.approx(3 * system["median"])
+        for measured in system["all_rounds"]:  # its process's CPU: at most every core's
+            assert 0 < measured["cpu_s"] <= os.cpu_count() * measured["wall_s"]
+    per_cpu = {k: s["env_steps_per_cpu_s"] for k, s in row["systems"].items()}
+    assert row["ratios_per_cpu_s"] == {
+        "hand": pytest.approx(per_cpu["jaxrunner"] / per_cpu["hand"]),
+        "floor": pytest.approx(per_cpu["jaxrunner"] / per_cpu["floor"]),
+    }
     assert "rllib" not in row["ratios"]
     assert report["skipped"] == {"rllib": "off (--no-rllib)"}
     assert report["verdict"] == "no verdict: RLlib was not measured"
