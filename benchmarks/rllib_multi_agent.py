@@ -30,7 +30,10 @@ interleaved rounds (``jaxrunner.bench.measure_width``: each system in turn, the 
 one rotating); figures are medians over rounds, the ratio jaxrunner's median / the
 other's. One env step is one step of one sub-env; agent steps count each agent acting
 (RLlib's own count: ``MultiAgentEpisode.agent_steps()``; jaxrunner's: env steps x
-agents, as every MPE agent acts every step). ``T = max(8, 2048 // N)`` for all.
+agents, as every MPE agent acts every step). ``T = max(8, 2048 // N)`` for all. Each
+measurement also reports its process's CPU seconds: env steps per CPU second, and on
+the sync backend (one process per system) their ratios, move less with other
+sessions' load than wall-clock figures.
 
 Usage (RLlib in its own venv, see benchmarks/README.md)::
 
