@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import pathlib
 import statistics
 import subprocess
@@ -287,3 +288,32 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
     assert row["speedup_median"] > 0
     if not dirty:  # uncommitted changes to the package may change the samples
         assert row["identical_trajectories"] is True
+
+
+def test_rllib_multi_agent_jaxrunner_half_writes_its_rows(tmp_path):
+    """The RLlib comparison without RLlib (it lives in its own venv): jaxrunner, the
+    hand loop and the bare env floor on simple_spread, agent steps at 3 per env step,
+    RLlib recorded as left out."""
+    pytest.importorskip("mpe2")
+    out = tmp_path / "rllib.json"
+    _run("rllib_multi_agent.py", "--quick", "--no-rllib", "--out", str(out))
+    report = json.loads(out.read_text())
+    [row] = report["results"]
+    assert (row["backend"], row["num_envs"], row["rollout_length"]) == ("sync", 8, 256)
+    assert set(row["systems"]) == {"jaxrunner", "hand", "floor"}
+    for system in row["systems"].values():
+        assert len(system["rounds"]) == 2
+        assert system["agent_steps_per_s"] == pytest.approx(3 * system["median"])
+        for measured in system["all_rounds"]:  # its process's CPU: at most every core's
+            assert 0 < measured["cpu_s"] <= os.cpu_count() * measured["wall_s"]
+    per_cpu = {k: s["env_steps_per_cpu_s"] for k, s in row["systems"].items()}
+    assert row["ratios_per_cpu_s"] == {
+        "hand": pytest.approx(per_cpu["jaxrunner"] / per_cpu["hand"]),
+        "floor": pytest.approx(per_cpu["jaxrunner"] / per_cpu["floor"]),
+    }
+    assert "rllib" not in row["ratios"]
+    assert report["skipped"] == {"rllib": "off (--no-rllib)"}
+    assert report["verdict"] == "no verdict: RLlib was not measured"
+    machine = report["machine"]
+    assert machine["mpe2"] and machine["pettingzoo"] and machine["cpu_model"]
+    assert len(report["loadavg_before"]) == len(report["loadavg_after"]) == 3

@@ -7,7 +7,8 @@ its stdin and reads one JSON reply per line from its stdout:
 * ``{"op": "info"}``: the child's JAX CPU dispatch and :func:`machine_info`.
 * ``{"op": "build", "name": ..., "spec": {...}}``: builds and warms up a system
   (:class:`~jaxrunner.bench.systems.Spec`), replacing one of that name.
-* ``{"op": "measure", "name": ..., "seconds": S}``: times it for about S seconds.
+* ``{"op": "measure", "name": ..., "seconds": S}``: times it for about S seconds
+  (the system's figures, plus this process's ``cpu_s`` and ``wall_s`` meanwhile).
 * ``{"op": "close", "name": ...}``, ``{"op": "exit"}``.
 
 Each reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": ...}``.
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
 from typing import IO, Any
 
 from jaxrunner.cpu_dispatch import ENV_VAR as ASYNC_DISPATCH_VARIABLE
@@ -41,9 +43,18 @@ class Child:
         name: for messages.
         jax_defaults: True: the child runs at JAX's defaults (the hand loops);
             False: with this process's environment, as a user runs jaxrunner.
+        command: the child's command line, if not this interpreter's ``-m
+            jaxrunner.bench`` (a peer library's server speaking the same protocol,
+            e.g. in its own venv).
     """
 
-    def __init__(self, name: str, *, jax_defaults: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        jax_defaults: bool,
+        command: Sequence[str] | None = None,
+    ) -> None:
         self.name = name
         env = dict(os.environ)
         # The child imports the same jaxrunner as this process, wherever it came from.
@@ -54,7 +65,7 @@ class Child:
         # The child's stderr, for the message if it dies; closed by close().
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "jaxrunner.bench"],
+            list(command or [sys.executable, "-m", "jaxrunner.bench"]),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -149,7 +160,13 @@ def _serve(requests: IO[str], replies: IO[str]) -> None:
                 systems[name] = build(Spec(**request["spec"]))
                 result = {"build_s": time.perf_counter() - start}
             elif op == "measure":
+                # This process's CPU seconds beside the wall's: a rate per CPU second
+                # moves less with other sessions' load (the process backend's workers
+                # are other processes: not counted).
+                cpu, wall = time.process_time(), time.perf_counter()
                 result = systems[name].measure(float(request["seconds"]))
+                result["cpu_s"] = time.process_time() - cpu
+                result["wall_s"] = time.perf_counter() - wall
             elif op == "close":
                 systems.pop(name).close()
                 result = None
