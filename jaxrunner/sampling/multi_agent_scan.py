@@ -32,7 +32,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrunner.connectors.pipeline import (
-    POLICY_OBS,
     Connectors,
     ConnectorsState,
     device_copy,
@@ -49,6 +48,7 @@ from jaxrunner.sampling.scan import (
     RolloutState,
     ScanLoop,
     episode_counts,
+    finish_sample,
     initial_state,
     scan_envs,
 )
@@ -157,22 +157,10 @@ def _rollout(
     state, groups, env, ends = scan_envs(step, jax.vmap(envs.env.reset), num_steps, state)
     actors = dict(state.actor["actors"])
     for pid, conn in connectors.items():
-        if not conn.per_sample:
-            continue
-        g = groups[pid]
-        extras, conn_state = finish_group_sample(
-            conn,
-            actors[pid].connectors,
-            g.obs,
-            g.extras.get(POLICY_OBS),
-            g.next_obs,
-            g.reward,
-            g.terminated,
-            g.truncated,
-            g.valid,
-        )
-        groups[pid] = g.replace(extras={**g.extras, **extras})
-        actors[pid] = actors[pid].replace(connectors=conn_state)
+        if conn.per_sample:
+            finish = functools.partial(finish_group_sample, conn)
+            groups[pid], conn_state = finish_sample(finish, actors[pid].connectors, groups[pid])
+            actors[pid] = actors[pid].replace(connectors=conn_state)
     state = state.replace(actor={**state.actor, "actors": actors})
     return state, groups, env, ends
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import flax.struct
 import jax
@@ -70,6 +70,8 @@ from jaxrunner.sampling.env_streams import (
 from jaxrunner.sampling.episodes import SampleCounts
 from jaxrunner.sampling.sampler import Sampler, SamplerSetup
 from jaxrunner.trajectory import Trajectory
+
+TrajT = TypeVar("TrajT")
 
 
 @flax.struct.dataclass
@@ -239,16 +241,18 @@ def rollout(
         step=env["step"],
     )
     if connectors is not None and connectors.per_sample:
-        traj, conn = finish_sample(connectors, state.actor.connectors, traj)
+        traj, conn = finish_sample(connectors.finish_sample, state.actor.connectors, traj)
         state = state.replace(actor=state.actor.replace(connectors=conn))
     return state, traj, ends
 
 
 def finish_sample(
-    connectors: Connectors, state: ConnectorsState, traj: Trajectory
-) -> tuple[Trajectory, ConnectorsState]:
-    """The connectors' per-sample part on a device Trajectory (pure)."""
-    extras, state = connectors.finish_sample(
+    finish: Callable[..., tuple], state: ConnectorsState, traj: TrajT
+) -> tuple[TrajT, ConnectorsState]:
+    """The connectors' per-sample part on a device trajectory (pure): ``finish`` is
+    :meth:`Connectors.finish_sample` for a :class:`Trajectory`, or
+    :func:`~jaxrunner.connectors.pipeline.finish_group_sample` for a group's."""
+    extras, state = finish(
         state,
         traj.obs,
         traj.extras.get(POLICY_OBS),
