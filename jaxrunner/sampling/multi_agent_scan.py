@@ -152,7 +152,8 @@ def _rollout(
     state: RolloutState,
 ) -> tuple[RolloutState, dict[str, GroupTrajectory], dict[str, jax.Array], jax.Array]:
     """:func:`~jaxrunner.sampling.scan.scan_envs` with :func:`_step`, then each group's
-    per-sample connectors (pure; jit it)."""
+    per-sample connectors (pure; jit it). Of the env-level fields, only those the
+    trajectory reads are returned: XLA drops the others from the loop."""
     step = functools.partial(_step, envs, policies, connectors, params)
     state, groups, env, ends = scan_envs(step, jax.vmap(envs.env.reset), num_steps, state)
     actors = dict(state.actor["actors"])
@@ -162,7 +163,7 @@ def _rollout(
             groups[pid], conn_state = finish_sample(finish, actors[pid].connectors, groups[pid])
             actors[pid] = actors[pid].replace(connectors=conn_state)
     state = state.replace(actor={**state.actor, "actors": actors})
-    return state, groups, env, ends
+    return state, groups, {k: env[k] for k in ("terminated", "episode_id", "step")}, ends
 
 
 class MultiAgentScanSampler:
@@ -206,7 +207,7 @@ class MultiAgentScanSampler:
         host = jax.device_get(
             {
                 "ends": ends,
-                "env": {k: env[k] for k in ("terminated", "episode_id", "step")},
+                "env": env,
                 "groups": {
                     pid: (g.reward, g.valid, g.terminated, g.truncated) for pid, g in groups.items()
                 },
