@@ -13,6 +13,12 @@ Usage::
 
     python benchmarks/ab_revision.py --base HEAD~1
     python benchmarks/ab_revision.py --base 8a8fdb1 --num-envs 1 64 --blocks 60
+    python benchmarks/ab_revision.py --base HEAD~1 --backend jax --num-envs 64 1024
+    python benchmarks/ab_revision.py --base HEAD~1 --backend jaxmarl --env MPE_simple_spread_v3
+
+``--backend jax`` runs the scan sampler on gymnax's env of that name, ``jaxmarl`` the
+multi-agent scan sampler on JaxMARL's (one policy for every agent; dones read as
+truncations, as MPE's time limits are); both need the ``[gymnax,jaxmarl]`` extras.
 """
 
 from __future__ import annotations
@@ -67,6 +73,16 @@ def import_base(revision: str, into: pathlib.Path) -> Any:
 def make_envs(package: Any, env: str, num_envs: int, backend: str) -> Any:
     """The vector env, built the way ``package``'s ``make_vec`` takes Ray's options
     (typed ``config=`` since the send/recv rewrite, keyword arguments before)."""
+    if backend == "jax":
+        import gymnax
+
+        return package.JaxVectorEnv(*gymnax.make(env), num_envs)
+    if backend == "jaxmarl":
+        import jaxmarl
+
+        return package.multi_agent.JaxMultiAgentVectorEnv(
+            jaxmarl.make(env), num_envs, dones_are_truncations=True
+        )
     if backend != "ray":
         return package.make_vec(env, num_envs, backend=backend)
     options = {"envs_per_actor": max(1, num_envs // 2), "num_cpus_per_actor": 0.1}
@@ -79,11 +95,14 @@ def make_runner(
     package: Any, env: str, num_envs: int, rollout_length: int, backend: str = "sync"
 ) -> Any:
     envs = make_envs(package, env, num_envs, backend)
-    policy = importlib.import_module(f"{package.__name__}.bench").mlp_policy(
-        envs.single_action_space
-    )
-    params = policy.init(jax.random.key(0), envs.single_observation_space)
-    runner = package.EnvRunner(envs, policy, params, rollout_length, 0)
+    if backend == "jaxmarl":  # one policy for every agent group: the first group's spaces
+        action_space, obs_space = envs.groups[0].action_space, envs.groups[0].observation_space
+    else:
+        action_space, obs_space = envs.single_action_space, envs.single_observation_space
+    policy = importlib.import_module(f"{package.__name__}.bench").mlp_policy(action_space)
+    params = policy.init(jax.random.key(0), obs_space)
+    make = package.MultiAgentRunner if backend == "jaxmarl" else package.EnvRunner
+    runner = make(envs, policy, params, rollout_length, seed=0)
     runner.sample()  # warm-up
     return runner
 
@@ -108,7 +127,9 @@ def main() -> None:
     parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("--num-envs", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument(
-        "--backend", choices=("sync", "process", "gymnasium", "envpool", "ray"), default="sync"
+        "--backend",
+        choices=("sync", "process", "gymnasium", "envpool", "ray", "jax", "jaxmarl"),
+        default="sync",
     )
     parser.add_argument("--rollout-length", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")

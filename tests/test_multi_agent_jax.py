@@ -4,6 +4,8 @@ jaxmarl is installed."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,7 @@ from jaxrunner.sampling.env_streams import (
     ENV_RESET_STREAM,
     ENV_STEP_STREAM,
 )
+from jaxrunner.sampling.episodes import EpisodeBook
 
 
 def random_policy(num_actions):
@@ -107,6 +110,41 @@ def test_scan_matches_env_stepped_by_hand():
     total = np.count_nonzero(group.valid) + int(np.count_nonzero(second.groups["policy_0"].valid))
     assert metrics["num_agent_steps"] == total
     assert metrics["agents"]["x0"]["episode_length_mean"] == 3
+
+
+def test_env_episodes_are_numbered_as_the_host_samplers_number_them():
+    """The scan loop numbers env episodes on device; the host samplers' EpisodeBook,
+    given the env's flags and rewards (the sum of its agents'), gives the same ids,
+    steps and returns, across samples."""
+    envs = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), 3)
+    config = jr.MetricsConfig(episode_window=1000)
+    with jr.MultiAgentRunner(
+        envs, random_policy(3), {"w": jnp.zeros(3)}, 7, seed=2, metrics=config
+    ) as r:
+        trajs = [r.sample().to_numpy() for _ in range(3)]
+        metrics = r.get_metrics()
+    book, returns, lengths = EpisodeBook(3), [], []
+    for traj in trajs:
+        group = traj.groups["policy_0"]
+        flags = traj.env_done
+        buf = SimpleNamespace(
+            reward=group.reward.astype(np.float64).sum(-1),
+            terminated=flags.copy(),
+            truncated=np.zeros_like(flags),
+            valid=np.ones_like(flags),
+            episode_id=np.zeros(flags.shape, np.int64),
+            step=np.zeros(flags.shape, np.int64),
+        )
+        counts = book.close(buf, 7)
+        np.testing.assert_array_equal(traj.episode_id, buf.episode_id)
+        np.testing.assert_array_equal(traj.step, buf.step)
+        returns.extend(counts.returns)
+        lengths.extend(counts.lengths)
+    assert 3 < metrics["num_episodes"] == len(returns)
+    assert metrics["episode_length_mean"] == pytest.approx(np.mean(lengths))
+    # Summed in float32 on device, in float64 by the book.
+    assert metrics["episode_return_mean"] == pytest.approx(np.mean(returns), rel=1e-6)
+    assert metrics["episode_return_min"] == pytest.approx(min(returns), rel=1e-6)
 
 
 def test_jaxmarl_mpe_runs_and_keeps_every_agent_valid():

@@ -1,5 +1,5 @@
-"""The envs' random streams in a scan, and their resets (shared by the single- and
-multi-agent scan samplers; the key rule is in :mod:`jaxrunner.sampling.scan`)."""
+"""The envs' random streams in a scan, and their resets (the loop of
+:mod:`jaxrunner.sampling.scan`, which both scan samplers run, states the key rule)."""
 
 from __future__ import annotations
 

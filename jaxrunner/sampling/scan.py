@@ -26,6 +26,11 @@ Semantics are the host loop's:
   id last, so each batch of keys hashes with one shared key: on CPU that costs about
   half of a hash with a key per env, and two such fold-ins cost less than a ``split``.)
 
+The loop itself (:func:`scan_envs`: keys, resets, episode numbering, the episode ends
+for the metrics; :class:`ScanLoop`: the ahead-of-time compile and the carried state;
+:func:`episode_counts`: the metrics from the ends) is shared with the multi-agent scan
+(:mod:`jaxrunner.sampling.multi_agent_scan`), which supplies only its step function.
+
 On device, without ``jax_enable_x64``, rewards are float32 and ``env_id``,
 ``episode_id`` and ``step`` are int32 (JAX's canonical dtypes); the host loop's
 numpy buffers hold float64/int64.
@@ -35,7 +40,8 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import flax.struct
 import jax
@@ -50,6 +56,7 @@ from jaxrunner.connectors.pipeline import (
     ConnectorsState,
     device_copy,
 )
+from jaxrunner.envs.functional_env import EnvStep
 from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.policy import Params, Policy
@@ -64,6 +71,8 @@ from jaxrunner.sampling.episodes import SampleCounts
 from jaxrunner.sampling.sampler import Sampler, SamplerSetup
 from jaxrunner.trajectory import Trajectory
 
+TrajT = TypeVar("TrajT")
+
 
 @flax.struct.dataclass
 class RolloutState:
@@ -73,8 +82,10 @@ class RolloutState:
     """[B, ...] observations to act on."""
     env_state: Any
     """[B, ...] env states."""
-    actor: ActorState
-    """Policy keys, per-env step counts and recurrent state (as in the host loop)."""
+    actor: Any
+    """The policy side's state, which only the step function reads: an
+    :class:`ActorState` (policy keys, per-env step counts and recurrent state, as in
+    the host loop), or the multi-agent scan's groups."""
     env_roots: jax.Array
     """[2, ...] the step and reset roots (raw key data)."""
     num_steps: jax.Array
@@ -91,23 +102,23 @@ class RolloutState:
     """[] the next free episode id."""
 
 
+StepFn = Callable[[Any, Any, jax.Array, Any, jax.Array], tuple[EnvStep, Any, Any]]
+"""``(actor, obs, episode_start, env_state, step_keys) -> (env_step, record, actor)``:
+the policy acts on ``[B]`` envs and the envs step (no reset) with ``step_keys``;
+``record`` is what the scan stacks besides the env-level fields."""
+
+
 def initial_state(
-    envs: JaxVectorEnv,
-    policy: Policy,
-    seed: int,
-    env_params: Any,
-    connectors: Connectors | None = None,
+    reset: Callable[[jax.Array], tuple[Any, Any]], actor: Any, seed: int, num_envs: int
 ) -> RolloutState:
-    """Resets every env with its first-reset key; pure, jit it."""
-    num_envs = envs.num_envs
-    obs, env_state = envs.reset(first_reset_keys(seed, jnp.arange(num_envs)), env_params)
+    """Resets every env with its first-reset key (``reset(keys) -> (obs, env_state)``,
+    ``[B]`` envs); pure, jit it."""
+    obs, env_state = reset(first_reset_keys(seed, jnp.arange(num_envs)))
     int_dtype = jax.dtypes.canonicalize_dtype(np.int64)
     return RolloutState(
         obs=obs,
         env_state=env_state,
-        actor=initial_actor_state(
-            policy, seed, np.arange(num_envs), connectors, envs.single_observation_space
-        ),
+        actor=actor,
         env_roots=jax.random.key_data(env_roots(seed)),
         num_steps=jnp.zeros((), jnp.uint32),
         episode_start=jnp.ones(num_envs, bool),
@@ -118,57 +129,42 @@ def initial_state(
     )
 
 
-def rollout(
-    envs: JaxVectorEnv,
-    policy: Policy,
+def scan_envs(
+    step_fn: StepFn,
+    reset: Callable[[jax.Array], tuple[Any, Any]],
     num_steps: int,
-    params: Params,
     state: RolloutState,
-    env_params: Any,
-    connectors: Connectors | None = None,
-) -> tuple[RolloutState, Trajectory, jax.Array]:
-    """``num_steps`` steps of every env (pure; jit it). With ``connectors``, they run in
-    each step and, at the end, over the whole rollout (see :mod:`jaxrunner.connectors`).
+) -> tuple[RolloutState, Any, dict[str, jax.Array], jax.Array]:
+    """``num_steps`` steps of every env (pure; jit it): ``step_fn``, then the resets of
+    the envs whose episode ended (``reset`` as for :func:`initial_state`) and the
+    episode numbering.
 
     Returns:
-        The new state, the :class:`Trajectory` ``[T, B, ...]`` and ``ends``, a
-        ``[2, T, B]`` float array: the return (``[0]``) and length (``[1]``) of each
-        episode that ended at ``[t, b]`` (length 0 where none did).
+        The new state, the stacked records ``[T, B, ...]``, the env-level fields
+        ``[T, B]`` (``reward``, ``terminated``, ``truncated``, ``episode_id``, ``step``,
+        ``total``: the episode's return so far) and ``ends``, a ``[2, T, B]`` float
+        array: the return (``[0]``) and length (``[1]``) of each episode that ended at
+        ``[t, b]`` (length 0 where none did).
     """
-    clip = jr_spaces.clip_box_actions_jax(envs.single_action_space)
-    env_ids = jnp.arange(envs.num_envs)
+    env_ids = jnp.arange(state.episode_id.shape[0])
 
-    def step(s: RolloutState, _: None) -> tuple[RolloutState, dict[str, Any]]:
+    def step(s: RolloutState, _: None) -> tuple[RolloutState, tuple[Any, dict[str, Any]]]:
         roots = keys.wrap(s.env_roots)
-        action, env_action, extras, actor = act(
-            policy.apply_fn, params, s.actor, s.obs, s.episode_start, None, connectors
-        )
-        # Checked while tracing (shapes only), before the env sees the actions.
-        jr_spaces.check_policy_actions(envs.single_action_space, action, envs.num_envs)
         key_step = env_step_keys(roots[0], s.num_steps, env_ids)
-        out = envs.step(key_step, s.env_state, clip(env_action), env_params)
+        out, record, actor = step_fn(s.actor, s.obs, s.episode_start, s.env_state, key_step)
         done = jnp.logical_or(out.terminated, out.truncated)
         obs, env_state = reset_where_done(
-            done,
-            (out.obs, out.state),
-            lambda reset_keys: envs.reset(reset_keys, env_params),
-            roots[1],
-            s.num_steps,
-            env_ids,
+            done, (out.obs, out.state), reset, roots[1], s.num_steps, env_ids
         )
         total = s.episode_return + out.reward
         # New ids in env order within the step, as the host loop gives them.
         new_ids = s.next_episode_id + jnp.cumsum(done, dtype=s.episode_id.dtype)
         # Only what varies per step is stacked by the scan (each output costs a write
-        # per step); the rest of the Trajectory is derived after the loop.
-        record = {
-            "obs": s.obs,
-            "action": action,
+        # per step); the rest is derived after the loop.
+        env = {
             "reward": out.reward,
             "terminated": out.terminated,
             "truncated": out.truncated,
-            "next_obs": out.obs,
-            "extras": extras,
             "episode_id": s.episode_id,
             "step": s.episode_step,
             "total": total,
@@ -185,40 +181,78 @@ def rollout(
             episode_return=jnp.where(done, 0, total),
             next_episode_id=new_ids[-1],
         )
-        return new_state, record
+        return new_state, (record, env)
 
-    state, rec = jax.lax.scan(step, state, None, length=num_steps)
-    shape = (num_steps, envs.num_envs)
-    done = jnp.logical_or(rec["terminated"], rec["truncated"])
+    state, (record, env) = jax.lax.scan(step, state, None, length=num_steps)
+    done = jnp.logical_or(env["terminated"], env["truncated"])
     ends = jnp.stack(
         [
-            jnp.where(done, rec["total"], 0),
-            jnp.where(done, rec["step"] + 1, 0).astype(rec["total"].dtype),
+            jnp.where(done, env["total"], 0),
+            jnp.where(done, env["step"] + 1, 0).astype(env["total"].dtype),
         ],
     )
+    return state, record, env, ends
+
+
+def rollout(
+    envs: JaxVectorEnv,
+    policy: Policy,
+    num_steps: int,
+    params: Params,
+    state: RolloutState,
+    env_params: Any,
+    connectors: Connectors | None = None,
+) -> tuple[RolloutState, Trajectory, jax.Array]:
+    """``num_steps`` steps of every env (pure; jit it). With ``connectors``, they run in
+    each step and, at the end, over the whole rollout (see :mod:`jaxrunner.connectors`).
+
+    Returns:
+        The new state, the :class:`Trajectory` ``[T, B, ...]`` and the ``ends`` of
+        :func:`scan_envs`.
+    """
+    clip = jr_spaces.clip_box_actions_jax(envs.single_action_space)
+
+    def step_fn(
+        actor: ActorState, obs: Any, start: jax.Array, env_state: Any, step_keys: jax.Array
+    ) -> tuple[EnvStep, dict[str, Any], ActorState]:
+        action, env_action, extras, actor = act(
+            policy.apply_fn, params, actor, obs, start, None, connectors
+        )
+        # Checked while tracing (shapes only), before the env sees the actions.
+        jr_spaces.check_policy_actions(envs.single_action_space, action, envs.num_envs)
+        out = envs.step(step_keys, env_state, clip(env_action), env_params)
+        record = {"obs": obs, "action": action, "next_obs": out.obs, "extras": extras}
+        return out, record, actor
+
+    state, rec, env, ends = scan_envs(
+        step_fn, lambda reset_keys: envs.reset(reset_keys, env_params), num_steps, state
+    )
+    shape = (num_steps, envs.num_envs)
     traj = Trajectory(
         obs=rec["obs"],
         action=rec["action"],
-        reward=rec["reward"],
-        terminated=rec["terminated"],
-        truncated=rec["truncated"],
+        reward=env["reward"],
+        terminated=env["terminated"],
+        truncated=env["truncated"],
         next_obs=rec["next_obs"],
         extras=rec["extras"],
         env_id=jnp.broadcast_to(jnp.arange(envs.num_envs, dtype=state.episode_id.dtype), shape),
-        episode_id=rec["episode_id"],
-        step=rec["step"],
+        episode_id=env["episode_id"],
+        step=env["step"],
     )
     if connectors is not None and connectors.per_sample:
-        traj, conn = finish_sample(connectors, state.actor.connectors, traj)
+        traj, conn = finish_sample(connectors.finish_sample, state.actor.connectors, traj)
         state = state.replace(actor=state.actor.replace(connectors=conn))
     return state, traj, ends
 
 
 def finish_sample(
-    connectors: Connectors, state: ConnectorsState, traj: Trajectory
-) -> tuple[Trajectory, ConnectorsState]:
-    """The connectors' per-sample part on a device Trajectory (pure)."""
-    extras, state = connectors.finish_sample(
+    finish: Callable[..., tuple], state: ConnectorsState, traj: TrajT
+) -> tuple[TrajT, ConnectorsState]:
+    """The connectors' per-sample part on a device trajectory (pure): ``finish`` is
+    :meth:`Connectors.finish_sample` for a :class:`Trajectory`, or
+    :func:`~jaxrunner.connectors.pipeline.finish_group_sample` for a group's."""
+    extras, state = finish(
         state,
         traj.obs,
         traj.extras.get(POLICY_OBS),
@@ -229,6 +263,47 @@ def finish_sample(
         traj.valid,
     )
     return traj.replace(extras={**traj.extras, **extras}), state
+
+
+class ScanLoop:
+    """A compiled rollout and the :class:`RolloutState` it carries between samples.
+
+    ``fn(params, state, *args) -> (state, *outputs)`` is compiled once, ahead of time,
+    for ``params``, ``state`` and ``args`` of these shapes (new values never retrace);
+    the state is donated to each call.
+    """
+
+    def __init__(self, fn: Callable[..., tuple], params: Any, state: RolloutState, *args: Any):
+        self.state = state
+        self._run = jax.jit(fn, donate_argnums=1).trace(params, state, *args).lower().compile()
+
+    def __call__(self, params: Any, *args: Any) -> tuple:
+        """One rollout: its outputs, the state kept for the next."""
+        self.state, *outputs = self._run(params, self.state, *args)
+        return tuple(outputs)
+
+
+def episode_counts(ends: np.ndarray, window: int, num_env_steps: int) -> SampleCounts:
+    """What a rollout adds to the metrics, from its ``ends`` (see :func:`scan_envs`, on
+    the host): the episodes that ended, the latest ``window`` at least, in step order
+    then env order (as the host loop)."""
+    num_episodes = np.count_nonzero(ends[1])
+    # The metrics keep the latest episodes only: read the last steps that hold them
+    # (a mask over every step cost another ~0.1 ms at 8 x 4096).
+    first, held = len(ends[1]), 0
+    while first > 0 and held < window:
+        first -= 1
+        held += np.count_nonzero(ends[1, first])
+    returns, lengths = ends[0, first:], ends[1, first:]
+    mask = lengths > 0  # row-major: step order, then env order
+    return SampleCounts(
+        num_env_steps=num_env_steps,
+        num_faulty_episodes=0,
+        num_dropped_steps=0,
+        returns=returns[mask].astype(np.float64),
+        lengths=lengths[mask].astype(np.int64),
+        num_episodes=num_episodes,
+    )
 
 
 class ScanSampler(Sampler):
@@ -249,62 +324,48 @@ class ScanSampler(Sampler):
         policy, rollout_length, seed = setup.policy, setup.rollout_length, setup.seed
         self.envs, self.rollout_length, self.metrics = envs, rollout_length, setup.metrics
         self._env_params = jax.device_put(envs.params)
-        connectors = setup.connectors
-        self._state = jax.jit(lambda p: initial_state(envs, policy, seed, p, connectors))(
-            self._env_params
-        )
+        connectors, num_envs = setup.connectors, envs.num_envs
+
+        def start(env_params: Any) -> RolloutState:
+            actor = initial_actor_state(
+                policy, seed, np.arange(num_envs), connectors, envs.single_observation_space
+            )
+            return initial_state(lambda k: envs.reset(k, env_params), actor, seed, num_envs)
+
         run = functools.partial(rollout, envs, policy, rollout_length, connectors=connectors)
-        traced = jax.jit(run, donate_argnums=1).trace(setup.params, self._state, self._env_params)
-        self._run = traced.lower().compile()
+        state = jax.jit(start)(self._env_params)
+        self._loop = ScanLoop(run, setup.params, state, self._env_params)
         self.action_spec = None  # checked against the action space while tracing
 
     def sample(self, params: Params) -> Trajectory:
         """One rollout; the returns and lengths of the episodes that ended, in step
         order then env order, go to the metrics (the sample's one transfer)."""
         start_time = time.perf_counter()
-        self._state, traj, ends = self._run(params, self._state, self._env_params)
+        traj, ends = self._loop(params, self._env_params)
         # The one transfer of a sample(), allowed by name; a view where the device is
         # the host CPU (device_get copied it: ~0.1 ms a sample at 8 x 4096).
         with jax.transfer_guard_device_to_host("allow"):
             ends = np.asarray(ends)
-        num_episodes = np.count_nonzero(ends[1])
-        # The metrics keep the latest episodes only: read the last steps that hold them
-        # (a mask over every step cost another ~0.1 ms).
-        first, held = len(ends[1]), 0
-        while first > 0 and held < self.metrics.episodes.window:
-            first -= 1
-            held += np.count_nonzero(ends[1, first])
-        returns, lengths = ends[0, first:], ends[1, first:]
-        mask = lengths > 0  # row-major: step order, then env order, as the host loop
         num_env_steps = self.rollout_length * self.envs.num_envs
-        self.metrics.add(
-            SampleCounts(
-                num_env_steps=num_env_steps,
-                num_faulty_episodes=0,
-                num_dropped_steps=0,
-                returns=returns[mask].astype(np.float64),
-                lengths=lengths[mask].astype(np.int64),
-                num_episodes=num_episodes,
-            )
-        )
+        self.metrics.add(episode_counts(ends, self.metrics.episodes.window, num_env_steps))
         self.metrics.sample_time_s += time.perf_counter() - start_time
         return traj
 
     def get_connector_state(self) -> ConnectorsState:
         """The connectors' state (a host copy): the statistics the next sample uses."""
-        return jax.device_get(self._state.actor.connectors)
+        return jax.device_get(self._loop.state.actor.connectors)
 
     def set_connector_state(self, state: ConnectorsState) -> None:
         """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
-        actor = self._state.actor.replace(connectors=device_copy(state))
-        self._state = self._state.replace(actor=actor)
+        actor = self._loop.state.actor.replace(connectors=device_copy(state))
+        self._loop.state = self._loop.state.replace(actor=actor)
 
     def get_state(self) -> dict[str, Any]:
         """The whole rollout state, env states included (always restorable exactly)."""
-        return {"rollout": self._state}
+        return {"rollout": self._loop.state}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self._state = state["rollout"]
+        self._loop.state = state["rollout"]
 
 
 def check_runner_options(callbacks: Any, num_splits: int | None) -> None:
@@ -324,9 +385,13 @@ def check_runner_options(callbacks: Any, num_splits: int | None) -> None:
 
 __all__ = [
     "RolloutState",
+    "ScanLoop",
     "ScanSampler",
+    "StepFn",
     "check_runner_options",
+    "episode_counts",
     "finish_sample",
     "initial_state",
     "rollout",
+    "scan_envs",
 ]
