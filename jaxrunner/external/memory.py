@@ -39,7 +39,7 @@ dict (~230 B) and its slot in the output queue (CPython 3.11, 64-bit, measured w
 tracemalloc). Without it a one-step CartPole episode was charged 616 B of ~1,000."""
 
 
-TRIM_EVERY_BYTES = 32 << 20
+TRIM_EVERY_BYTES = 8 << 20
 """Ending an episode hands the freed rows back to the OS after this many bytes."""
 
 
