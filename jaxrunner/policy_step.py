@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrunner import keys
-from jaxrunner.batch_invariance import chunked_apply, policy_chunk_rows
+from jaxrunner.batch_invariance import chunked_apply, default_chunk_rows, policy_flops_per_row
 from jaxrunner.connectors.pipeline import (
     POLICY_OBS,
     Connectors,
@@ -128,9 +128,17 @@ def runner_chunk_rows(
     """The policy chunk of a runner of ``num_envs`` envs with observations of
     ``obs_space`` (the env's single space): the same in every host sampler, so their
     trajectories are the same bits."""
+    return default_chunk_rows(num_envs, runner_policy_flops(policy, params, obs_space, connectors))
+
+
+def runner_policy_flops(
+    policy: Policy, params: Params, obs_space: Any, connectors: Connectors | None
+) -> float | None:
+    """XLA's estimate of the policy's work per env row, on the observations it sees
+    (after the connectors); None where there is none."""
     if connectors is not None:
         obs_space = connectors.observation_space(obs_space)  # what the policy sees
-    return policy_chunk_rows(policy, params, obs_space, num_envs)
+    return policy_flops_per_row(policy, params, obs_space)
 
 
 def act(

@@ -188,6 +188,26 @@ def test_default_chunk_rows_follow_the_width_and_the_policy_cost():
         assert (n // 2) % default_chunk_rows(n, cnn, "cpu") == 0
 
 
+@pytest.mark.parametrize(
+    ("num_envs", "flops", "splits"),
+    [
+        (8, 9e3, 2),  # a CartPole MLP: the padded rows cost nothing, the overlap stays
+        (8, 3e7, 1),  # a NatureCNN: two splits of 4 would compute 16 images, not 8
+        (16, 3e7, 2),  # two whole chunks of 8
+        (8, None, 1),  # unknown cost: taken as costly
+    ],
+)
+def test_default_splits_do_not_pay_a_costly_policy_twice(num_envs, flops, splits):
+    from types import SimpleNamespace
+
+    from jaxrunner.envs.base import Capabilities
+    from jaxrunner.sampling.lockstep import default_num_splits
+
+    process_like = SimpleNamespace(num_envs=num_envs, capabilities=Capabilities(pipeline_splits=2))
+    chunk_rows = default_chunk_rows(num_envs, flops, "cpu")
+    assert default_num_splits(process_like, chunk_rows, flops) == splits  # type: ignore[arg-type]
+
+
 def test_policy_flops_per_row_sees_the_policy_cost():
     small = mlp_policy(spaces.Discrete(2), hidden=(8,))
     wide = mlp_policy(spaces.Discrete(2), hidden=(256, 256))
