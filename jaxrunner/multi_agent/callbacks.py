@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from jaxrunner.callbacks import overrides as overrides_hook
 from jaxrunner.multi_agent.trajectory import AgentEpisode, concatenate_agent_episodes
 from jaxrunner.sampling.runner_state import EpisodeJoiner
 
@@ -27,9 +28,7 @@ class AgentCallbacks:
 
 def overrides(callbacks: AgentCallbacks | None, hook: str) -> bool:
     """Whether ``callbacks`` overrides ``hook`` (else it is never called)."""
-    return callbacks is not None and getattr(type(callbacks), hook) is not getattr(
-        AgentCallbacks, hook
-    )
+    return callbacks is not None and overrides_hook(callbacks, hook, AgentCallbacks)
 
 
 def agent_episode_joiner(possible_agents: Sequence[str]) -> EpisodeJoiner[AgentEpisode]:

@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.batch_invariance import CHUNK_FLOPS, default_chunk_rows
-from jaxrunner.callbacks import Callbacks, LiveEpisode
+from jaxrunner.callbacks import Callbacks, LiveEpisode, overrides
 from jaxrunner.connectors.pipeline import SampleEnd
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner.envs.base import BatchStep, VectorEnv
@@ -160,6 +160,7 @@ class LockstepSampler(HostSampler):
         self._split_obs = [jr_spaces.rows(self._obs_space, obs, g) for g in self.splits]
         self.action_spec, self._extras_spec = self._calls[0].env_output_spec
         self._live: list[LiveEpisode] = []
+        self._on_step = callbacks is not None and overrides(callbacks, "on_episode_step")
         self._live_next_id = num_envs  # the next id, counted step by step for callbacks
         if callbacks is not None:
             self._live = [self._start_live(i, i, obs) for i in range(num_envs)]
@@ -339,13 +340,10 @@ class LockstepSampler(HostSampler):
                 live.truncated = live.faulty = True
                 callbacks.on_episode_end(runner, i, live)
                 continue
-            live.obs.append(jr_spaces.take(self._obs_space, buf.next_obs, (t, i)))
-            live.action.append(jr_spaces.take(self._action_space, buf.action, (t, i)))
-            live.reward.append(float(out.reward[j]))
-            live.extras.append(jax.tree.map(lambda x, i=i: np.array(x[t, i]), buf.extras))
-            live.infos.append(out.infos[j])
+            live.add_step(buf, t, float(out.reward[j]), out.infos[j])
             live.terminated, live.truncated = bool(out.terminated[j]), bool(out.truncated[j])
-            callbacks.on_episode_step(runner, i, live)
+            if self._on_step:
+                callbacks.on_episode_step(runner, i, live)
             if done[j]:
                 callbacks.on_episode_end(runner, i, live)
 
