@@ -37,7 +37,7 @@ and policy (NatureCNN on Pong, a 256-256 Gaussian MLP on HalfCheetah) recording
 * row ``process``: jaxrunner's process backend, the same sync hand loop, gymnasium's
   ``AsyncVectorEnv`` by hand, EnvPool by hand in sync mode and in async mode
   (``batch_size = num_envs // 2``) and PufferLib's ``Multiprocessing`` (a worker per
-  physical core) -- the parallel ones.
+  physical core but one, left to the main process) -- the parallel ones.
 
 EnvPool and PufferLib (with torch, which ``import pufferlib`` needs) conflict with the
 main venv: they run in a child under ``--peers-python`` (default

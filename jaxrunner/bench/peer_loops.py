@@ -31,9 +31,11 @@ def available_cores() -> int:
 def puffer_envs(reference: str, make: Callable[[], Any], num_envs: int, seed: int) -> Any:
     """PufferLib's vectorization of gymnasium envs: each env in ``GymnasiumPufferEnv``;
     ``"puffer_serial"``: ``Serial`` steps them in this process; ``"puffer_mp"``:
-    ``Multiprocessing``, one worker per physical core at most (PufferLib refuses more
-    by default), ``num_envs`` split evenly among them; every step waits for every env
-    (``batch_size = num_envs``)."""
+    ``Multiprocessing`` with a worker per physical core but one (PufferLib refuses more
+    than one per core by default; its workers and its ``recv`` spin while they wait,
+    so the one left is the main process's, whose policy runs there: jaxrunner's process
+    backend leaves it too), at least one, ``num_envs`` split evenly among them; every
+    step waits for every env (``batch_size = num_envs``)."""
     import pufferlib.emulation
     import pufferlib.vector
 
@@ -42,8 +44,8 @@ def puffer_envs(reference: str, make: Callable[[], Any], num_envs: int, seed: in
         return pufferlib.vector.make(
             creator, backend=pufferlib.vector.Serial, num_envs=num_envs, seed=seed
         )
-    cores = min(available_cores(), num_envs)
-    workers = max(w for w in range(1, cores + 1) if num_envs % w == 0)
+    most = max(1, min(available_cores() - 1, num_envs))
+    workers = max(w for w in range(1, most + 1) if num_envs % w == 0)
     return pufferlib.vector.make(
         creator,
         backend=pufferlib.vector.Multiprocessing,
