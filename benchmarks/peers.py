@@ -75,6 +75,7 @@ from typing import Any
 
 from jaxrunner import bench
 from jaxrunner.bench.child import Child
+from jaxrunner.bench.peer_loops import RLLIB_HIDDEN, RLlibLoop
 from jaxrunner.bench.workloads import WORKLOADS, get_workload
 
 WIDTHS: dict[str, tuple[int, ...]] = {
@@ -98,9 +99,10 @@ PEER_MODULES = {
     "envpool_async": "envpool",
     "puffer_serial": "pufferlib",
     "puffer_mp": "pufferlib",
+    "rllib": "ray.rllib",
 }
-RLLIB_HIDDEN = {"cartpole": (64, 64), "halfcheetah": (256, 256)}
-"""RLlib's MLP per workload, as ours (no NatureCNN of the same layers: Pong skipped)."""
+"""The module each peer needs in the peers' venv (RLlib runs there when it imports, in
+this process otherwise)."""
 
 
 # --- RLlib -----------------------------------------------------------------------------------
@@ -115,9 +117,10 @@ def rllib_unavailable() -> str | None:
 
 
 class RLlibSystem:
-    """RLlib's ``SingleAgentEnvRunner`` (new API stack) in this process: its own
-    gymnasium SyncVectorEnv of ``width`` sub-envs, its default RLModule (a 64-64 tanh
-    MLP here, as ours), exploring; ``sample(num_timesteps=...)`` per call."""
+    """RLlib's ``SingleAgentEnvRunner`` in this process
+    (``jaxrunner.bench.peer_loops.RLlibLoop``: its own gymnasium SyncVectorEnv of
+    ``width`` sub-envs, its default RLModule, a tanh MLP of ``hidden`` as ours,
+    exploring)."""
 
     def __init__(
         self,
@@ -127,37 +130,15 @@ class RLlibSystem:
         hidden: tuple[int, ...] = (64, 64),
         rollout_length: int | None = None,
     ) -> None:
-        from ray.rllib.algorithms.ppo import PPOConfig
-        from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
-        from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
-
-        self._length = rollout_length or bench.rollout_length(width)
-        config = (
-            PPOConfig()
-            .environment(env)
-            .env_runners(
-                num_env_runners=0,
-                num_envs_per_env_runner=width,
-                rollout_fragment_length=self._length,
-            )
-            .rl_module(
-                model_config=DefaultModelConfig(fcnet_hiddens=list(hidden), fcnet_activation="tanh")
-            )
-            .debugging(seed=seed)
-        )
-        self._runner = SingleAgentEnvRunner(config=config)
-        self._width = width
-        self._rollout()  # warm-up
-
-    def _rollout(self) -> int:
-        episodes = self._runner.sample(num_timesteps=self._length * self._width, explore=True)
-        return sum(len(episode) for episode in episodes)  # env steps actually taken
+        length = rollout_length or bench.rollout_length(width)
+        self._loop = RLlibLoop(env, width, length, seed, hidden)
+        self._loop.rollout()  # warm-up
 
     def measure(self, seconds: float) -> dict[str, Any]:
-        return {"steps_per_s": bench.timed(self._rollout, seconds)}
+        return {"steps_per_s": bench.timed(self._loop.rollout, seconds)}
 
     def close(self) -> None:
-        self._runner.stop()
+        self._loop.close()
 
 
 # --- the peer libraries' venv and the workloads ---------------------------------------------
@@ -168,7 +149,8 @@ ASYNC_MAX_WIDTH = 64
 _PROBE = """
 import importlib, importlib.metadata, json
 found = {}
-for module, dist in (("envpool", "envpool"), ("pufferlib", "pufferlib-core")):
+modules = (("envpool", "envpool"), ("pufferlib", "pufferlib-core"), ("ray.rllib", "ray"))
+for module, dist in modules:
     try:
         importlib.import_module(module)
         found[module] = importlib.metadata.version(dist)
@@ -214,9 +196,6 @@ def workload_rows(
     """Per width, the single-process samplers beside jaxrunner's sync backend and the
     parallel ones beside its process backend (module docstring)."""
     workload = get_workload(args.workload)
-    if args.workload not in RLLIB_HIDDEN:
-        skipped["rllib"] = f"no RLlib model of {args.workload}'s policy here"
-        rllib_reason = skipped["rllib"]
     widths = workload.widths if args.widths is None else tuple(args.widths)
     rows: list[dict[str, Any]] = []
     for width in widths:
@@ -228,7 +207,12 @@ def workload_rows(
             if peers_child is not None:
                 peers.update({p: peers_child for p in peer_names if p not in unavailable})
             local: dict[str, Any] = {}
-            if kind == "sync" and not rllib_reason and width <= RLLIB_MAX_WIDTH:
+            rllib_here = kind == "sync" and width <= RLLIB_MAX_WIDTH
+            if rllib_here and args.workload not in RLLIB_HIDDEN:
+                skipped["rllib"] = f"RLlib has no model of {args.workload}'s policy"
+            elif rllib_here and peers_child is not None and "rllib" not in unavailable:
+                peers["rllib"] = peers_child  # in its own venv
+            elif rllib_here and not rllib_reason:
                 try:
                     local["rllib"] = RLlibSystem(
                         workload.env_id,
@@ -391,9 +375,16 @@ def main() -> None:
         if reason:
             parser.error(f"--workload {args.workload}: {reason}")
         peer_versions, unavailable = probe_peers(args.peers_python)
-        skipped.update(unavailable)
+        if args.no_rllib:
+            unavailable["rllib"] = "off (--no-rllib)"
+        if "rllib" not in unavailable or not rllib_reason:  # RLlib runs in one venv
+            skipped.pop("rllib", None)
+        else:
+            skipped["rllib"] = f"{unavailable['rllib']}; in this venv: {rllib_reason}"
         for peer, why in unavailable.items():
-            log(f"skip {peer}: {why}")
+            if peer != "rllib":
+                skipped[peer] = why
+            log(f"skip {peer} in the peers' venv: {why}")
     with contextlib.ExitStack() as stack:
         harness = stack.enter_context(bench.Harness())
         children = harness.info()

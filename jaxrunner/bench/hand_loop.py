@@ -31,6 +31,7 @@ REFERENCES: dict[str, str] = {
     "envpool_async": "EnvPool, async mode (batch_size = num_envs // 2)",
     "puffer_serial": "PufferLib Serial",
     "puffer_mp": "PufferLib Multiprocessing",
+    "rllib": "RLlib SingleAgentEnvRunner",
     "scan": "gymnax lax.scan",
     "pettingzoo": "a list of PettingZoo parallel envs, stepped one by one",
 }
@@ -148,7 +149,8 @@ def reference_envs(
     reference: str, env: str, num_envs: int, seed: int, workload: str | None = None
 ) -> tuple[Any, bool]:
     """The vector env a user drives by hand for ``reference`` (a key of
-    :data:`REFERENCES` other than ``"scan"``, ``"pettingzoo"`` and ``"envpool_async"``),
+    :data:`REFERENCES` other than ``"scan"``, ``"pettingzoo"``, ``"envpool_async"`` and
+    ``"rllib"``),
     and whether its reset takes a seed.
 
     Args:
@@ -188,7 +190,7 @@ def reference_envs(
             envpool_id, num_envs=num_envs, batch_size=num_envs, seed=seed, **envpool_kwargs
         )
         return envs, False
-    known = sorted(set(REFERENCES) - {"scan", "pettingzoo", "envpool_async"})
+    known = sorted(set(REFERENCES) - {"scan", "pettingzoo", "envpool_async", "rllib"})
     raise InvalidArgumentError(f"reference_envs(reference={reference!r}): expected one of {known}.")
 
 

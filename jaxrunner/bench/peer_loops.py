@@ -1,9 +1,10 @@
-"""The peer libraries' vectorization driven by hand, as their docs show: PufferLib's
-``Serial`` and ``Multiprocessing`` (stepped by :class:`RecordingHandLoop` like any
-gymnasium-style vector env) and EnvPool's async mode (:class:`EnvPoolAsyncLoop`: its
-``send``/``recv`` loop). Each runs the workload's jitted policy and records ``[T, B]``
-numpy buffers, as the recording hand loop does; their envs reset an ended episode on
-the step after (no transition), which is left out of the steps counted.
+"""The peer libraries driven as their docs show: PufferLib's ``Serial`` and
+``Multiprocessing`` (stepped by :class:`RecordingHandLoop` like any gymnasium-style
+vector env) and EnvPool's async mode (:class:`EnvPoolAsyncLoop`: its ``send``/``recv``
+loop), each running the workload's jitted policy and recording ``[T, B]`` numpy
+buffers as the recording hand loop does (their envs reset an ended episode on the step
+after: no transition, left out of the steps counted); and RLlib's own sampler,
+:class:`RLlibLoop` (its torch MLP of the same widths: RLlib runs no Flax policy).
 """
 
 from __future__ import annotations
@@ -129,3 +130,49 @@ class EnvPoolAsyncLoop:
 
     def close(self) -> None:
         self.envs.close()
+
+
+RLLIB_HIDDEN: dict[str, tuple[int, ...]] = {"cartpole": (64, 64), "halfcheetah": (256, 256)}
+"""RLlib's MLP per workload, as ours (it has no NatureCNN of the same layers: no Pong)."""
+
+
+class RLlibLoop:
+    """RLlib's ``SingleAgentEnvRunner`` (new API stack): its own gymnasium
+    SyncVectorEnv of ``num_envs`` sub-envs (``env`` a gymnasium id), its default
+    RLModule (a tanh MLP of ``hidden``, torch), exploring; one :meth:`rollout` is
+    ``sample(num_timesteps=rollout_length * num_envs)``."""
+
+    def __init__(
+        self,
+        env: str,
+        num_envs: int,
+        rollout_length: int,
+        seed: int,
+        hidden: tuple[int, ...] = (64, 64),
+    ) -> None:
+        from ray.rllib.algorithms.ppo import PPOConfig
+        from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+        from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
+
+        self._length, self._width = rollout_length, num_envs
+        config = (
+            PPOConfig()
+            .environment(env)
+            .env_runners(
+                num_env_runners=0,
+                num_envs_per_env_runner=num_envs,
+                rollout_fragment_length=rollout_length,
+            )
+            .rl_module(
+                model_config=DefaultModelConfig(fcnet_hiddens=list(hidden), fcnet_activation="tanh")
+            )
+            .debugging(seed=seed)
+        )
+        self._runner = SingleAgentEnvRunner(config=config)
+
+    def rollout(self) -> int:
+        episodes = self._runner.sample(num_timesteps=self._length * self._width, explore=True)
+        return sum(len(episode) for episode in episodes)  # env steps actually taken
+
+    def close(self) -> None:
+        self._runner.stop()

@@ -119,6 +119,8 @@ def label(name: str, plan: Plan) -> str:
         return "policy-bound ceiling: raw env + one bare policy call"
     if name.startswith("hand"):
         reference = plan.reference if name == "hand" else name.removeprefix("hand_")
+        if reference == "rllib":  # a sampler of its own, not driven by hand
+            return REFERENCES[reference]
         return f"hand loop: {REFERENCES[reference]}"
     return name
 

@@ -145,12 +145,21 @@ class JaxrunnerSystem:
 
 
 class HandSystem:
-    """The recording hand loop over the spec's reference vector env."""
+    """The recording hand loop over the spec's reference vector env (or a peer
+    library's own sampler: ``reference="rllib"``)."""
 
     def __init__(self, spec: Spec) -> None:
         self._envs: Any = None
         if spec.reference == "scan":
             self._rollout = build_hand_scan(spec.num_envs, spec.rollout_length, spec.seed, spec.env)
+        elif spec.reference == "rllib":
+            from jaxrunner.bench.peer_loops import RLLIB_HIDDEN, RLlibLoop
+
+            hidden = RLLIB_HIDDEN[spec.workload or "cartpole"]
+            self._envs = loop = RLlibLoop(
+                spec.env, spec.num_envs, spec.rollout_length, spec.seed, hidden
+            )
+            self._rollout = loop.rollout
         elif spec.reference == "envpool_async":
             from jaxrunner.bench.peer_loops import EnvPoolAsyncLoop
 
