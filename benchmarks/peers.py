@@ -39,8 +39,9 @@ and policy (NatureCNN on Pong, a 256-256 Gaussian MLP on HalfCheetah) recording
   (``batch_size = num_envs // 2``) and PufferLib's ``Multiprocessing`` (a worker per
   physical core but one, left to the main process) -- the parallel ones.
 
-EnvPool and PufferLib (with torch, which ``import pufferlib`` needs) conflict with the
-main venv: they run in a child under ``--peers-python`` (default
+EnvPool, PufferLib (with torch, which ``import pufferlib`` needs) and RLlib (where
+``ray.rllib`` imports there; else in this process) conflict with the main venv: they
+run in a child under ``--peers-python`` (default
 ``/work/venv-peers/bin/python``; see benchmarks/README.md), which imports this
 checkout's jaxrunner and speaks the bench child protocol; every other system runs in
 the main venv. EnvPool's and PufferLib's reset steps (the step after an episode ended,
