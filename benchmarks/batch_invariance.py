@@ -31,10 +31,8 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-import flax.linen as nn
 import gymnasium
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import jaxrunner as jr
@@ -42,21 +40,6 @@ from jaxrunner import bench
 from jaxrunner.batch_invariance import policy_chunk_rows
 from jaxrunner.bench.timing import us_per_call
 from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
-
-
-class NatureCNN(nn.Module):
-    """The DQN/PPO Atari network, with policy logits and a value."""
-
-    num_actions: int
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> dict[str, jax.Array]:
-        x = obs.astype(jnp.float32) / 255.0
-        x = nn.relu(nn.Conv(32, (8, 8), (4, 4))(x))
-        x = nn.relu(nn.Conv(64, (4, 4), (2, 2))(x))
-        x = nn.relu(nn.Conv(64, (3, 3), (1, 1))(x))
-        x = nn.relu(nn.Dense(512)(x.reshape(x.shape[0], -1)))
-        return {"logits": nn.Dense(self.num_actions)(x), "value": nn.Dense(1)(x)[..., 0]}
 
 
 def _trajectory_gap(reference: jr.Trajectory, other: jr.Trajectory) -> dict[str, Any]:
@@ -107,7 +90,7 @@ def _policy_case(workload: str) -> tuple[jr.Policy, Any, gymnasium.Space, np.nda
         obs = rng.normal(size=(4096, 4)).astype(np.float32)
     else:
         obs_space = gymnasium.spaces.Box(0, 255, (84, 84, 4), np.uint8)
-        policy = jr.Policy.from_linen(NatureCNN(4), gymnasium.spaces.Discrete(4))
+        policy = jr.models.nature_cnn_policy(obs_space, gymnasium.spaces.Discrete(4))
         obs = rng.integers(0, 256, (64, 84, 84, 4), dtype=np.uint8)
     return policy, policy.init(jax.random.key(0), obs_space), obs_space, obs
 

@@ -25,10 +25,33 @@ Ratios are jaxrunner / each other system, ratios of medians over rounds (the
 per-round ratios' spread kept). The JSON keeps every round, the machine and load
 averages; a PNG plots steps/s against width (log-log).
 
+``--workload {cartpole,pong,halfcheetah}`` (``jaxrunner.bench.workloads``) compares
+instead the peer libraries on a real workload, every system with the workload's envs
+and policy (NatureCNN on Pong, a 256-256 Gaussian MLP on HalfCheetah) recording
+``[T, B]``, ``T = max(8, steps // width)`` (2048, 256 and 512 steps), at its widths:
+
+* row ``sync``: jaxrunner's sync backend, the recording hand loop over gymnasium's
+  ``SyncVectorEnv``, PufferLib's ``Serial`` by hand and RLlib's
+  ``SingleAgentEnvRunner`` (CartPole and HalfCheetah; its own MLP of the same widths,
+  torch) -- the single-process samplers;
+* row ``process``: jaxrunner's process backend, the same sync hand loop, gymnasium's
+  ``AsyncVectorEnv`` by hand, EnvPool by hand in sync mode and in async mode
+  (``batch_size = num_envs // 2``) and PufferLib's ``Multiprocessing`` (a worker per
+  physical core but one, left to the main process) -- the parallel ones.
+
+EnvPool, PufferLib (with torch, which ``import pufferlib`` needs) and RLlib (where
+``ray.rllib`` imports there; else in this process) conflict with the main venv: they
+run in a child under ``--peers-python`` (default
+``/work/venv-peers/bin/python``; see benchmarks/README.md), which imports this
+checkout's jaxrunner and speaks the bench child protocol; every other system runs in
+the main venv. EnvPool's and PufferLib's reset steps (the step after an episode ended,
+which only resets it) are not counted.
+
 Usage::
 
     python benchmarks/peers.py --out benchmarks/results/peers_cpu.json   # ~5 min, 2 cores
     python benchmarks/peers.py --widths 1 --rounds 1 --seconds 0.2        # smoke test
+    python benchmarks/peers.py --workload pong --out benchmarks/results/peers_pong_cpu.json
 
 On a machine shared with other sessions, give this session priority (Linux autogroup;
 see README): ``setsid bash -c 'echo -10 > /proc/self/autogroup; exec python
@@ -38,17 +61,23 @@ benchmarks/peers.py --out benchmarks/results/peers_cpu.json'``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import datetime
 import importlib
 import importlib.metadata
 import json
 import os
 import pathlib
+import subprocess
 import sys
 import time
 from typing import Any
 
 from jaxrunner import bench
+from jaxrunner.bench.child import Child
+from jaxrunner.bench.peer_loops import RLLIB_HIDDEN, RLlibLoop
+from jaxrunner.bench.workloads import WORKLOADS, get_workload
 
 WIDTHS: dict[str, tuple[int, ...]] = {
     "sync": (1, 8, 64, 256),
@@ -59,6 +88,22 @@ WIDTHS: dict[str, tuple[int, ...]] = {
 }
 """The widths each kind of env is measured at by default."""
 RLLIB_MAX_WIDTH = 256
+PEERS_PYTHON = "/work/venv-peers/bin/python"
+"""The default interpreter of the peer libraries' venv (EnvPool, PufferLib)."""
+SINGLE_PROCESS_PEERS: tuple[str, ...] = ("puffer_serial",)
+"""Peers timed beside jaxrunner's sync backend, in the peers' venv."""
+PARALLEL_PEERS: tuple[str, ...] = ("envpool", "envpool_async", "puffer_mp")
+"""Peers timed beside jaxrunner's process backend, in the peers' venv (gymnasium's
+AsyncVectorEnv, by hand in the main venv, too)."""
+PEER_MODULES = {
+    "envpool": "envpool",
+    "envpool_async": "envpool",
+    "puffer_serial": "pufferlib",
+    "puffer_mp": "pufferlib",
+    "rllib": "ray.rllib",
+}
+"""The module each peer needs in the peers' venv (RLlib runs there when it imports, in
+this process otherwise)."""
 
 
 # --- RLlib -----------------------------------------------------------------------------------
@@ -73,42 +118,131 @@ def rllib_unavailable() -> str | None:
 
 
 class RLlibSystem:
-    """RLlib's ``SingleAgentEnvRunner`` (new API stack) in this process: its own
-    gymnasium SyncVectorEnv of ``width`` sub-envs, its default RLModule (a 64-64 tanh
-    MLP here, as ours), exploring; ``sample(num_timesteps=...)`` per call."""
+    """RLlib's ``SingleAgentEnvRunner`` in this process
+    (``jaxrunner.bench.peer_loops.RLlibLoop``: its own gymnasium SyncVectorEnv of
+    ``width`` sub-envs, its default RLModule, a tanh MLP of ``hidden`` as ours,
+    exploring)."""
 
-    def __init__(self, env: str, width: int, seed: int) -> None:
-        from ray.rllib.algorithms.ppo import PPOConfig
-        from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
-        from ray.rllib.env.single_agent_env_runner import SingleAgentEnvRunner
-
-        self._length = bench.rollout_length(width)
-        config = (
-            PPOConfig()
-            .environment(env)
-            .env_runners(
-                num_env_runners=0,
-                num_envs_per_env_runner=width,
-                rollout_fragment_length=self._length,
-            )
-            .rl_module(
-                model_config=DefaultModelConfig(fcnet_hiddens=[64, 64], fcnet_activation="tanh")
-            )
-            .debugging(seed=seed)
-        )
-        self._runner = SingleAgentEnvRunner(config=config)
-        self._width = width
-        self._rollout()  # warm-up
-
-    def _rollout(self) -> int:
-        episodes = self._runner.sample(num_timesteps=self._length * self._width, explore=True)
-        return sum(len(episode) for episode in episodes)  # env steps actually taken
+    def __init__(
+        self,
+        env: str,
+        width: int,
+        seed: int,
+        hidden: tuple[int, ...] = (64, 64),
+        rollout_length: int | None = None,
+    ) -> None:
+        length = rollout_length or bench.rollout_length(width)
+        self._loop = RLlibLoop(env, width, length, seed, hidden)
+        self._loop.rollout()  # warm-up
 
     def measure(self, seconds: float) -> dict[str, Any]:
-        return {"steps_per_s": bench.timed(self._rollout, seconds)}
+        return {"steps_per_s": bench.timed(self._loop.rollout, seconds)}
 
     def close(self) -> None:
-        self._runner.stop()
+        self._loop.close()
+
+
+# --- the peer libraries' venv and the workloads ---------------------------------------------
+
+ASYNC_MAX_WIDTH = 64
+"""Gymnasium's AsyncVectorEnv runs a process per env: not past this many."""
+
+_PROBE = """
+import importlib, importlib.metadata, json
+found = {}
+modules = (("envpool", "envpool"), ("pufferlib", "pufferlib-core"), ("ray.rllib", "ray"))
+for module, dist in modules:
+    try:
+        importlib.import_module(module)
+        found[module] = importlib.metadata.version(dist)
+    except Exception as err:
+        found[module] = None
+        found[module + "_error"] = f"{type(err).__name__}: {err}"
+print(json.dumps(found))
+"""
+
+
+def probe_peers(python: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """What imports under the peers' interpreter: (module versions, reason per peer
+    that cannot run there)."""
+    if not pathlib.Path(python).exists():
+        reason = (
+            f"--peers-python {python}: no such interpreter; make the peers' venv as "
+            "benchmarks/README.md says"
+        )
+        return {}, dict.fromkeys(PEER_MODULES, reason)
+    done = subprocess.run(
+        [python, "-c", _PROBE], capture_output=True, text=True, timeout=600, check=False
+    )
+    if done.returncode != 0:
+        return {}, dict.fromkeys(PEER_MODULES, f"{python}: probe failed: {done.stderr[-500:]}")
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    reasons = {
+        peer: f"{python}: import {module} failed: {found.get(module + '_error')}"
+        for peer, module in PEER_MODULES.items()
+        if found.get(module) is None
+    }
+    return found, reasons
+
+
+def workload_rows(
+    args: argparse.Namespace,
+    harness: bench.Harness,
+    peers_child: Child | None,
+    unavailable: dict[str, str],
+    rllib_reason: str | None,
+    skipped: dict[str, str],
+    log: Any,
+) -> list[dict[str, Any]]:
+    """Per width, the single-process samplers beside jaxrunner's sync backend and the
+    parallel ones beside its process backend (module docstring)."""
+    workload = get_workload(args.workload)
+    widths = workload.widths if args.widths is None else tuple(args.widths)
+    rows: list[dict[str, Any]] = []
+    for width in widths:
+        for kind, peer_names in (("sync", SINGLE_PROCESS_PEERS), ("process", PARALLEL_PEERS)):
+            plan = dataclasses.replace(bench.PLANS[kind], extras=())  # peers below instead
+            peers: dict[str, Child] = {}
+            if kind == "process" and width <= ASYNC_MAX_WIDTH:
+                peers["async"] = harness.jax_defaults  # gymnasium's, in the main venv
+            if peers_child is not None:
+                peers.update({p: peers_child for p in peer_names if p not in unavailable})
+            local: dict[str, Any] = {}
+            rllib_here = kind == "sync" and width <= RLLIB_MAX_WIDTH
+            if rllib_here and args.workload not in RLLIB_HIDDEN:
+                skipped["rllib"] = f"RLlib has no model of {args.workload}'s policy"
+            elif rllib_here and peers_child is not None and "rllib" not in unavailable:
+                peers["rllib"] = peers_child  # in its own venv
+            elif rllib_here and not rllib_reason:
+                try:
+                    local["rllib"] = RLlibSystem(
+                        workload.env_id,
+                        width,
+                        args.seed,
+                        RLLIB_HIDDEN[args.workload],
+                        workload.rollout_length(width),
+                    )
+                except Exception as err:  # keep the other figures; record why
+                    skipped[f"rllib x{width}"] = f"build: {type(err).__name__}: {err}"
+            rows.append(
+                bench.measure_width(
+                    harness,
+                    plan,
+                    workload.env_id,
+                    width,
+                    rounds=args.rounds,
+                    seconds=args.seconds,
+                    seed=args.seed,
+                    ceiling=False,
+                    local=local,
+                    log=log,
+                    workload=args.workload,
+                    peers=peers,
+                )
+            )
+            for system in local.values():
+                system.close()
+    return rows
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -208,6 +342,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; median kept")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-rllib", action="store_true", help="leave RLlib out")
+    parser.add_argument(
+        "--workload",
+        choices=list(WORKLOADS),
+        default=None,
+        help="the peer libraries on a real workload (module docstring); --env and --kinds "
+        "are then unused",
+    )
+    parser.add_argument(
+        "--peers-python",
+        default=PEERS_PYTHON,
+        help="interpreter of the venv with EnvPool and PufferLib (--workload only)",
+    )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--plot", type=pathlib.Path, default=None, help="default: --out as .png")
     args = parser.parse_args()
@@ -223,9 +369,36 @@ def main() -> None:
         skipped["rllib"] = rllib_reason
     load_before = os.getloadavg()
     rows: list[dict[str, Any]] = []
-    with bench.Harness() as harness:
+    peer_versions: dict[str, Any] = {}
+    unavailable: dict[str, str] = {}
+    if args.workload:
+        reason = get_workload(args.workload).unavailable()
+        if reason:
+            parser.error(f"--workload {args.workload}: {reason}")
+        peer_versions, unavailable = probe_peers(args.peers_python)
+        if args.no_rllib:
+            unavailable["rllib"] = "off (--no-rllib)"
+        if "rllib" not in unavailable or not rllib_reason:  # RLlib runs in one venv
+            skipped.pop("rllib", None)
+        else:
+            skipped["rllib"] = f"{unavailable['rllib']}; in this venv: {rllib_reason}"
+        for peer, why in unavailable.items():
+            if peer != "rllib":
+                skipped[peer] = why
+            log(f"skip {peer} in the peers' venv: {why}")
+    with contextlib.ExitStack() as stack:
+        harness = stack.enter_context(bench.Harness())
         children = harness.info()
-        for kind in args.kinds:
+        peers_child = None
+        if args.workload and len(unavailable) < len(PEER_MODULES):
+            command = [args.peers_python, "-m", "jaxrunner.bench"]
+            peers_child = stack.enter_context(Child("peers", jax_defaults=True, command=command))
+            children["peers"] = peers_child.request("info")
+        if args.workload:
+            rows = workload_rows(
+                args, harness, peers_child, unavailable, rllib_reason, skipped, log
+            )
+        for kind in [] if args.workload else args.kinds:
             plan = bench.PLANS[kind]
             reason = plan.unavailable()
             if reason:
@@ -257,16 +430,26 @@ def main() -> None:
                 rows.append(row)
     table = markdown_table(rows)
     machine = children["jaxrunner"]["machine"]
+    workload = get_workload(args.workload) if args.workload else None
+    env = workload.env_id if workload else args.env
+    policy = (
+        f"{workload.policy_label}, stochastic, jitted"
+        if workload
+        else "jaxrunner.bench.mlp_policy (64, 64) tanh, stochastic, jitted"
+    )
+    steps = workload.steps_per_rollout if workload else 2048
     report = {
         "benchmark": "peers",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", *sys.argv]),
         "python_executable": sys.executable,
         "config": {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()},
-        "env": args.env,
-        "policy": "jaxrunner.bench.mlp_policy (64, 64) tanh, stochastic, jitted",
-        "rollout_length": "max(8, 2048 // width) for every system",
+        "env": env,
+        "workload": args.workload,
+        "policy": policy,
+        "rollout_length": f"max(8, {steps} // width) for every system",
         "machine": {**machine, **_versions(("envpool", "gymnax", "ray", "matplotlib"))},
+        "peers_venv": {"python": args.peers_python, **peer_versions} if args.workload else None,
         "children": {
             k: {n: v for n, v in c.items() if n != "machine"} for k, c in children.items()
         },
@@ -287,7 +470,8 @@ def main() -> None:
     if plot_path:
         devices = ", ".join(machine["jax_devices"])
         title = (
-            f"{args.env}, 64-64 MLP policy; {devices}, {os.cpu_count()} CPUs; "
+            f"{env}, {workload.policy_label.split(': ')[1] if workload else '64-64 MLP policy'}; "
+            f"{devices}, {os.cpu_count()} CPUs; "
             f"median of {args.rounds} interleaved round{'s' if args.rounds > 1 else ''}"
         )
         plot(rows, title, plot_path)

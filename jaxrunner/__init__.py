@@ -21,7 +21,7 @@ from jaxrunner.cpu_dispatch import (  # isort: skip
 
 default_to_inline_cpu_dispatch()
 
-from jaxrunner import connectors, errors, multi_agent, serve
+from jaxrunner import connectors, errors, models, multi_agent, serve
 from jaxrunner.callbacks import Callbacks, LiveEpisode
 from jaxrunner.datasets import from_minari, to_minari
 from jaxrunner.envs import (
@@ -127,6 +127,7 @@ __all__ = [
     "inline_cpu_dispatch",
     "make_multi_agent_vec",
     "make_vec",
+    "models",
     "multi_agent",
     "serve",
     "testing",

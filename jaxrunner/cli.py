@@ -11,26 +11,46 @@ from collections.abc import Sequence
 
 from jaxrunner import __version__
 from jaxrunner.bench.rounds import PLANS
+from jaxrunner.bench.workloads import WORKLOADS
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.serve.command import add_serve_command
+
+DEFAULT_ENV = "CartPole-v1"
 
 
 def _bench(args: argparse.Namespace) -> int:
     from jaxrunner import bench
 
     plans = bench.plans_for(args.env)  # a PettingZoo env has plans of its own
+    widths = None if args.num_envs is None else tuple(args.num_envs)
+    backends = tuple(plans) if args.backend == "all" else (args.backend,)
     try:
-        config = bench.BenchConfig(
-            env=args.env,
-            widths=tuple(args.num_envs),
-            backends=tuple(plans) if args.backend == "all" else (args.backend,),
-            seconds=args.seconds,
-            rounds=args.rounds,
-        )
+        if args.workload is not None:
+            if args.env != DEFAULT_ENV:
+                raise InvalidArgumentError(
+                    f"--workload {args.workload} runs its own env; leave --env out."
+                )
+            config = bench.BenchConfig.for_workload(
+                args.workload,
+                widths=widths,
+                backends=("sync", "process") if args.backend is None else backends,
+                seconds=args.seconds,
+                rounds=args.rounds,
+            )
+        else:
+            config = bench.BenchConfig(
+                env=args.env,
+                widths=(1, 8, 64, 256) if widths is None else widths,
+                backends=("sync",) if args.backend is None else backends,
+                seconds=args.seconds,
+                rounds=args.rounds,
+            )
     except InvalidArgumentError as err:  # before anything starts: name the flag
         flags = "--num-envs (ints >= 1), --seconds (> 0) or --rounds (>= 1)"
-        if args.backend not in (*plans, "all"):
+        if args.backend not in (*plans, "all", None):
             flags = f"--backend ({', '.join(plans)} or all for this env)"
+        if args.workload is not None:
+            flags += ", --backend (a host backend) or --env (none with --workload)"
         print(f"jaxrunner bench: {err} Check {flags}.", file=sys.stderr)
         return 2
     started = time.perf_counter()
@@ -67,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--env",
-        default="CartPole-v1",
+        default=DEFAULT_ENV,
         help="gymnasium id, or a PettingZoo parallel env as module:name (e.g. "
         "mpe2:simple_spread_v3: MultiAgentRunner against the hand-written PettingZoo loop, "
         "backends sync and process) (default: %(default)s)",
@@ -76,16 +96,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-envs",
         type=int,
         nargs="+",
-        default=[1, 8, 64, 256],
+        default=None,
         metavar="N",
-        help="widths to measure (default: 1 8 64 256)",
+        help="widths to measure (default: 1 8 64 256; a workload's own with --workload)",
     )
     bench.add_argument(
         "--backend",
-        default="sync",
+        default=None,
         choices=(*PLANS, "all"),
         help="jaxrunner backend (make_vec(backend=...); jax: gymnax in a JaxVectorEnv), or "
-        "all: every installed one, each at the widths that fit it (default: %(default)s)",
+        "all: every installed one, each at the widths that fit it (default: sync; sync and "
+        "process with --workload)",
+    )
+    bench.add_argument(
+        "--workload",
+        default=None,
+        choices=tuple(WORKLOADS),
+        help="a real workload instead of --env: cartpole (CartPole-v1, 64-64 MLP; 1 8 64 "
+        "256 envs), pong (ALE/Pong-v5 preprocessed, 4 frames stacked, NatureCNN; 8 32 envs; "
+        "pip install 'jaxrunner[atari]'), halfcheetah (HalfCheetah-v5, 256-256 Gaussian MLP; "
+        "8 32 envs; pip install 'jaxrunner[mujoco]'), every system with the same envs and "
+        "policy (default: none)",
     )
     bench.add_argument(
         "--seconds",

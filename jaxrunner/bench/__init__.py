@@ -13,7 +13,9 @@ settings, timed in interleaved rounds (``rounds.py``); ``benchmark.py`` runs it 
 
 For a PettingZoo env (``--env mpe2:simple_spread_v3``): ``MultiAgentRunner.sample()``
 against the hand-written PettingZoo loop, on the sync and process backends
-(``multi_agent.py``).
+(``multi_agent.py``). ``--workload cartpole|pong|halfcheetah``: a real workload's envs
+and policy for every system (``workloads.py``); ``peer_loops.py`` drives the peer
+libraries (PufferLib, EnvPool's async mode) by hand for ``benchmarks/peers.py``.
 """
 
 from jaxrunner.bench.benchmark import BenchConfig, plans_for, run
@@ -40,12 +42,14 @@ from jaxrunner.bench.rounds import (
     measure_width,
 )
 from jaxrunner.bench.timing import interleaved_rates, rollout_length, timed, us_per_call
+from jaxrunner.bench.workloads import WORKLOADS, Workload, get_workload
 
 __all__ = [
     "MLP",
     "MULTI_AGENT_PLANS",
     "PLANS",
     "REFERENCES",
+    "WORKLOADS",
     "BenchConfig",
     "Harness",
     "LocalSystem",
@@ -72,5 +76,7 @@ __all__ = [
     "timed",
     "us_per_call",
     "verdict",
+    "Workload",
+    "get_workload",
     "write_report",
 ]

@@ -14,6 +14,8 @@ from typing import Any
 from jaxrunner.bench.multi_agent import describe, parallel_env_module
 from jaxrunner.bench.report import autogroup, verdict
 from jaxrunner.bench.rounds import MULTI_AGENT_PLANS, PLANS, Harness, Plan, measure_width
+from jaxrunner.bench.systems import JAX_BACKEND
+from jaxrunner.bench.workloads import WORKLOADS, get_workload
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -43,8 +45,44 @@ class BenchConfig:
     rounds: int = 3
     """Interleaved rounds per width; medians and min-max are over them."""
     seed: int = 0
+    workload: str | None = None
+    """A key of ``WORKLOADS`` (``cartpole``, ``pong``, ``halfcheetah``): every system
+    steps its envs with its policy, at its rollout length; ``env`` must then be its
+    gymnasium id (:meth:`for_workload` fills it, the widths and the backends)."""
+
+    @classmethod
+    def for_workload(
+        cls,
+        workload: str,
+        *,
+        widths: tuple[int, ...] | None = None,
+        backends: tuple[str, ...] = ("sync", "process"),
+        **options: Any,
+    ) -> BenchConfig:
+        """The bench of a workload: its env, at its widths unless given, on the sync
+        and process backends unless told."""
+        spec = get_workload(workload)
+        return cls(
+            env=spec.env_id,
+            widths=spec.widths if widths is None else widths,
+            backends=backends,
+            workload=workload,
+            **options,
+        )
 
     def __post_init__(self) -> None:
+        if self.workload is not None:
+            if self.workload not in WORKLOADS:
+                raise InvalidArgumentError(
+                    f"BenchConfig(workload={self.workload!r}): expected one of {list(WORKLOADS)}."
+                )
+            expected = WORKLOADS[self.workload].env_id
+            if self.env != expected or self.backends == (JAX_BACKEND,):
+                raise InvalidArgumentError(
+                    f"BenchConfig(workload={self.workload!r}, env={self.env!r}, backends="
+                    f"{self.backends}): a workload runs its own env ({expected!r}) on host "
+                    "backends; build it with BenchConfig.for_workload."
+                )
         if not self.widths or any(w < 1 for w in self.widths):
             raise InvalidArgumentError(f"BenchConfig(widths={self.widths}): expected ints >= 1.")
         if self.seconds <= 0:
@@ -93,6 +131,13 @@ def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) 
     }
     if plans is MULTI_AGENT_PLANS:
         report["multi_agent"] = describe(config.env)
+    if config.workload is not None:
+        workload = get_workload(config.workload)
+        report["workload"] = config.workload
+        report["policy"] = f"{workload.policy_label}, stochastic actions, jitted"
+        report["rollout_length"] = (
+            f"max(8, {workload.steps_per_rollout} // num_envs), for jaxrunner and the hand loops"
+        )
     with Harness() as harness:
         children = harness.info()
         report["machine"] = children["jaxrunner"]["machine"]
@@ -107,6 +152,8 @@ def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) 
         for backend, widths in config.plan_widths().items():
             plan = plans[backend]
             reason = plan.unavailable() or (None if widths else "no width fits")
+            if config.workload is not None:
+                reason = reason or get_workload(config.workload).unavailable()
             if reason:
                 report["skipped"][backend] = reason
                 log(f"skip {backend}: {reason}")
@@ -122,6 +169,7 @@ def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) 
                         seconds=config.seconds,
                         seed=config.seed,
                         log=log,
+                        workload=config.workload,
                     )
                 )
     report["loadavg_after"] = list(os.getloadavg())

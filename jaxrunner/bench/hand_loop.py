@@ -21,12 +21,17 @@ import numpy as np
 
 from jaxrunner.bench.policy import hand_act, mlp_policy
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.policy import Policy
 
 REFERENCES: dict[str, str] = {
     "sync": "gymnasium SyncVectorEnv",
     "async": "gymnasium AsyncVectorEnv",
     "native": "gymnasium native vector env",
     "envpool": "EnvPool, sync mode",
+    "envpool_async": "EnvPool, async mode (batch_size = num_envs // 2)",
+    "puffer_serial": "PufferLib Serial",
+    "puffer_mp": "PufferLib Multiprocessing",
+    "rllib": "RLlib SingleAgentEnvRunner",
     "scan": "gymnax lax.scan",
     "pettingzoo": "a list of PettingZoo parallel envs, stepped one by one",
 }
@@ -56,7 +61,14 @@ class RecordingHandLoop:
     """
 
     def __init__(
-        self, envs: Any, rollout_length: int, seed: int, *, seeded_reset: bool = True
+        self,
+        envs: Any,
+        rollout_length: int,
+        seed: int,
+        *,
+        seeded_reset: bool = True,
+        policy: Policy | None = None,
+        next_step_reset: bool = False,
     ) -> None:
         """Args:
         envs: a gymnasium-style vector env, SAME_STEP autoreset (EnvPool's too).
@@ -64,6 +76,11 @@ class RecordingHandLoop:
         seed: seeds the policy's params, its action keys and the envs' reset.
         seeded_reset: False for envs seeded when built (EnvPool ignores
             ``reset(seed=...)``).
+        policy: the policy (a workload's); None: the benchmark MLP for the envs'
+            action space.
+        next_step_reset: the envs reset an ended episode on the step after its end
+            (EnvPool's and PufferLib's autoreset), which is then no transition:
+            :meth:`rollout` leaves such steps out of its count.
         """
         if rollout_length < 1:
             raise InvalidArgumentError(
@@ -71,7 +88,13 @@ class RecordingHandLoop:
             )
         obs_space, action_space = single_spaces(envs)
         self.envs, self.num_envs, self.rollout_length = envs, int(envs.num_envs), rollout_length
-        self.policy = mlp_policy(action_space)
+        self.policy = mlp_policy(action_space) if policy is None else policy
+        # A user clips Box actions for the env (the runner does too), and records them
+        # as sampled.
+        self._clip = None
+        if isinstance(action_space, gymnasium.spaces.Box):
+            self._clip = (action_space.low, action_space.high)
+        self._ended = np.zeros(self.num_envs, np.bool_) if next_step_reset else None
         self.params = self.policy.init(jax.random.key(seed), obs_space)
         self._act = hand_act(self.policy, self.num_envs)
         shape = (rollout_length, self.num_envs)
@@ -86,20 +109,26 @@ class RecordingHandLoop:
 
     def rollout(self) -> int:
         """Steps the envs ``rollout_length`` times, recording; returns env steps done."""
-        envs, act, params = self.envs, self._act, self.params
-        next_obs, key = self._next_obs, self._key
+        envs, act, params, clip = self.envs, self._act, self.params, self._clip
+        next_obs, key, ended = self._next_obs, self._key, self._ended
+        resets = 0
         for t in range(self.rollout_length):
             self.obs[t] = next_obs
             action, extras, key = act(params, next_obs, key)
             action, log_prob = np.asarray(action), np.asarray(extras["log_prob"])
             self.action[t] = action
             self.log_prob[t] = log_prob
+            if clip is not None:
+                action = np.clip(action, *clip)
             next_obs, reward, terminated, truncated, _ = envs.step(action)
             self.reward[t] = reward
             self.terminated[t] = terminated
             self.truncated[t] = truncated
-        self._next_obs, self._key = next_obs, key
-        return self.rollout_length * self.num_envs
+            if ended is not None:  # this step reset the envs that had ended
+                resets += int(np.count_nonzero(ended))
+                ended = self.terminated[t] | self.truncated[t]
+        self._next_obs, self._key, self._ended = next_obs, key, ended
+        return self.rollout_length * self.num_envs - resets
 
 
 def hand_loop(
@@ -116,16 +145,33 @@ def hand_loop(
     return loop.rollout
 
 
-def reference_envs(reference: str, env: str, num_envs: int, seed: int) -> tuple[Any, bool]:
+def reference_envs(
+    reference: str, env: str, num_envs: int, seed: int, workload: str | None = None
+) -> tuple[Any, bool]:
     """The vector env a user drives by hand for ``reference`` (a key of
-    :data:`REFERENCES` other than ``"scan"`` and ``"pettingzoo"``), and whether its
-    reset takes a seed.
+    :data:`REFERENCES` other than ``"scan"``, ``"pettingzoo"``, ``"envpool_async"`` and
+    ``"rllib"``),
+    and whether its reset takes a seed.
+
+    Args:
+        workload: a key of ``WORKLOADS``: its env factory (its EnvPool port for
+            ``"envpool"``) instead of ``gymnasium.make(env)``.
 
     Raises:
         InvalidArgumentError: an unknown reference.
     """
     same_step = gymnasium.vector.AutoresetMode.SAME_STEP
-    make = functools.partial(gymnasium.make, env)
+    make: Callable[[], Any] = functools.partial(gymnasium.make, env)
+    envpool_id, envpool_kwargs = env, {}
+    if workload is not None:
+        from jaxrunner.bench.workloads import get_workload
+
+        spec = get_workload(workload)
+        make, envpool_id, envpool_kwargs = spec.make, spec.envpool_id, spec.envpool_kwargs
+    if reference in ("puffer_serial", "puffer_mp"):
+        from jaxrunner.bench.peer_loops import puffer_envs
+
+        return puffer_envs(reference, make, num_envs, seed), True
     if reference == "sync":
         return gymnasium.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=same_step), True
     if reference == "async":
@@ -140,6 +186,13 @@ def reference_envs(reference: str, env: str, num_envs: int, seed: int) -> tuple[
         import envpool
 
         # batch_size == num_envs: every step waits for every env (sync mode).
-        return envpool.make_gymnasium(env, num_envs=num_envs, batch_size=num_envs, seed=seed), False
-    known = sorted(set(REFERENCES) - {"scan", "pettingzoo"})
+        envs = envpool.make_gymnasium(
+            envpool_id, num_envs=num_envs, batch_size=num_envs, seed=seed, **envpool_kwargs
+        )
+        return envs, False
+    known = sorted(set(REFERENCES) - {"scan", "pettingzoo", "envpool_async", "rllib"})
     raise InvalidArgumentError(f"reference_envs(reference={reference!r}): expected one of {known}.")
+
+
+NEXT_STEP_RESET = frozenset({"envpool", "envpool_async", "puffer_serial", "puffer_mp"})
+"""References whose envs reset an ended episode on the next step (no transition)."""

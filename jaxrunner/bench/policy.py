@@ -1,42 +1,18 @@
-"""The benchmark's policy: a 64-64 tanh MLP with stochastic actions, and the jitted
-step a user writes around it by hand."""
+"""The benchmark's policies (``jaxrunner.models``: a 64-64 tanh MLP by default, the
+workloads' NatureCNN and Gaussian MLP), and the jitted step a user writes around one
+by hand."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-import flax.linen as nn
-import gymnasium
 import jax
-import numpy as np
 
+from jaxrunner.models import MLP, mlp_policy
 from jaxrunner.policy import Policy
 
-
-class MLP(nn.Module):
-    """The benchmark's policy network: a tanh MLP emitting distribution parameters."""
-
-    num_outputs: int
-    hidden: tuple[int, ...] = (64, 64)
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> jax.Array:
-        x = obs.reshape(obs.shape[0], -1).astype(np.float32)
-        for width in self.hidden:
-            x = nn.tanh(nn.Dense(width)(x))
-        return nn.Dense(self.num_outputs)(x)
-
-
-def mlp_policy(action_space: gymnasium.Space, hidden: tuple[int, ...] = (64, 64)) -> Policy:
-    """A stochastic MLP policy for a Discrete, MultiDiscrete, MultiBinary or Box space."""
-    if isinstance(action_space, gymnasium.spaces.Discrete):
-        outputs = int(action_space.n)
-    elif isinstance(action_space, gymnasium.spaces.MultiDiscrete):
-        outputs = int(np.sum(action_space.nvec))
-    else:
-        outputs = int(np.prod(action_space.shape))
-    return Policy.from_linen(MLP(outputs, hidden), action_space)
+__all__ = ["MLP", "hand_act", "mlp_policy"]
 
 
 def hand_act(policy: Policy, num_envs: int) -> Callable[[Any, Any, jax.Array], Any]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from jaxrunner.bench.hand_loop import REFERENCES
 from jaxrunner.bench.rounds import MULTI_AGENT_PLANS, PLANS, Plan
+from jaxrunner.bench.workloads import get_workload
 from jaxrunner.cpu_dispatch import (
     inline_cpu_dispatch,
     use_async_cpu_dispatch,
@@ -123,6 +124,13 @@ def _ratio(value: float) -> str:
     return f"{value:.2f}"
 
 
+def _steps_per_rollout(report: dict[str, Any]) -> int:
+    """About how many env steps a rollout takes: a workload's own, else 2048."""
+    if "workload" not in report:
+        return 2048
+    return get_workload(report["workload"]).steps_per_rollout
+
+
 def format_report(report: dict[str, Any]) -> str:
     """A ``jaxrunner bench`` report (:func:`jaxrunner.bench.run`) as text: what was
     measured, a table per backend, the skipped backends and the verdict (a PettingZoo
@@ -132,7 +140,7 @@ def format_report(report: dict[str, Any]) -> str:
     config, children = report["config"], report["children"]
     lines = [
         f"{config['env']}; {report['policy']};",
-        "T = max(8, 2048 // envs) steps per rollout for every system;",
+        f"T = max(8, {_steps_per_rollout(report)} // envs) steps per rollout for every system;",
         f"{config['rounds']} interleaved round{'s' if config['rounds'] > 1 else ''} of "
         f"{config['seconds']:g} s per system; jaxrunner and the hand loops in their own processes.",
         "jaxrunner: EnvRunner.sample() as a user runs it "

@@ -19,6 +19,7 @@ from jaxrunner.bench.child import Child, ChildError
 from jaxrunner.bench.hand_loop import REFERENCES
 from jaxrunner.bench.systems import JAX_BACKEND, Spec
 from jaxrunner.bench.timing import rollout_length
+from jaxrunner.bench.workloads import get_workload
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -118,6 +119,8 @@ def label(name: str, plan: Plan) -> str:
         return "policy-bound ceiling: raw env + one bare policy call"
     if name.startswith("hand"):
         reference = plan.reference if name == "hand" else name.removeprefix("hand_")
+        if reference == "rllib":  # a sampler of its own, not driven by hand
+            return REFERENCES[reference]
         return f"hand loop: {REFERENCES[reference]}"
     return name
 
@@ -143,14 +146,28 @@ def measure_width(
     ceiling: bool = True,
     local: Mapping[str, LocalSystem] | None = None,
     log: Callable[[str], None] = lambda message: None,
+    workload: str | None = None,
+    peers: Mapping[str, Child] | None = None,
 ) -> dict[str, Any]:
     """Builds every system of ``plan`` at ``num_envs`` (and times ``local`` ones
     alongside), then times them in ``rounds`` interleaved rounds of ``seconds`` each.
-    A system that fails is left out (its error recorded), the others go on."""
-    length = rollout_length(num_envs)
+    A system that fails is left out (its error recorded), the others go on.
+
+    Args:
+        workload: a key of ``WORKLOADS``: every system steps its envs with its policy,
+            ``T`` its rollout length (``env`` is then its gymnasium id, for labels).
+        peers: more hand loops, ``reference -> child``: a peer library driven by hand
+            (a key of ``REFERENCES``) in that child (its own venv, say), timed as
+            ``hand_<reference>``.
+    """
+    if workload is None:
+        length = rollout_length(num_envs)
+    else:
+        length = get_workload(workload).rollout_length(num_envs)
     common = {"backend": plan.backend, "env": env, "num_envs": num_envs, "seed": seed}
     common["rollout_length"] = length
     common["multi_agent"] = plan.multi_agent
+    common["workload"] = workload
     builds: dict[str, tuple[Child, Spec]] = {
         "jaxrunner": (harness.defaults, Spec(system="jaxrunner", **common)),
         "hand": (harness.jax_defaults, Spec(system="hand", reference=plan.reference, **common)),
@@ -161,6 +178,9 @@ def measure_width(
         if num_envs <= widest:
             spec = Spec(system="hand", reference=reference, **common)
             builds[f"hand_{reference}"] = (harness.jax_defaults, spec)
+    for reference, child in (peers or {}).items():
+        spec = Spec(system="hand", reference=reference, **common)
+        builds[f"hand_{reference}"] = (child, spec)
     row: dict[str, Any] = {
         "backend": plan.backend,
         "num_envs": num_envs,

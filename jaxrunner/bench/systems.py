@@ -22,13 +22,21 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from jaxrunner.bench.hand_loop import REFERENCES, RecordingHandLoop, reference_envs
+from jaxrunner.bench.hand_loop import (
+    NEXT_STEP_RESET,
+    REFERENCES,
+    RecordingHandLoop,
+    reference_envs,
+    single_spaces,
+)
 from jaxrunner.bench.hand_scan import build_hand_scan
 from jaxrunner.bench.multi_agent import MultiAgentHandSystem, MultiAgentRunnerSystem
 from jaxrunner.bench.policy import hand_act, mlp_policy
 from jaxrunner.bench.timing import measure_runner, timed, us_per_call
+from jaxrunner.bench.workloads import WORKLOADS, get_workload
 from jaxrunner.envs import BACKENDS, make_vec
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.policy import Policy
 from jaxrunner.sampling import EnvRunner
 
 JAX_BACKEND = "jax"
@@ -53,6 +61,9 @@ class Spec:
     multi_agent: bool = False
     """``env`` is a PettingZoo env (``module:name``): ``MultiAgentRunner`` against the
     multi-agent hand loop (``multi_agent.py``)."""
+    workload: str | None = None
+    """A key of ``WORKLOADS``: every system builds its envs and policy from it (``env``
+    is then its gymnasium id, for labels); None: ``env`` and the benchmark MLP."""
 
     def __post_init__(self) -> None:
         builders = MULTI_AGENT_BUILDERS if self.multi_agent else BUILDERS
@@ -64,6 +75,10 @@ class Spec:
         if self.backend not in (*BACKENDS, JAX_BACKEND):
             raise InvalidArgumentError(
                 f"Spec(backend={self.backend!r}): expected one of {(*BACKENDS, JAX_BACKEND)}."
+            )
+        if self.workload is not None and self.workload not in WORKLOADS:
+            raise InvalidArgumentError(
+                f"Spec(workload={self.workload!r}): expected one of {list(WORKLOADS)}."
             )
         if self.system == "hand" and self.reference not in REFERENCES:
             raise InvalidArgumentError(
@@ -90,7 +105,15 @@ def _make_envs(spec: Spec) -> Any:
 
         env, env_params = gymnax.make(spec.env)
         return JaxVectorEnv(env, env_params, spec.num_envs)
-    return make_vec(spec.env, spec.num_envs, backend=spec.backend, seed=spec.seed)
+    env = get_workload(spec.workload).make if spec.workload else spec.env
+    return make_vec(env, spec.num_envs, backend=spec.backend, seed=spec.seed)
+
+
+def _policy(spec: Spec, observation_space: Any, action_space: Any) -> Policy:
+    """The workload's policy, or the benchmark MLP."""
+    if spec.workload:
+        return get_workload(spec.workload).policy(observation_space, action_space)
+    return mlp_policy(action_space)
 
 
 class JaxrunnerSystem:
@@ -98,7 +121,7 @@ class JaxrunnerSystem:
 
     def __init__(self, spec: Spec) -> None:
         self._envs = envs = _make_envs(spec)
-        policy = mlp_policy(envs.single_action_space)
+        policy = _policy(spec, envs.single_observation_space, envs.single_action_space)
         params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
         self._runner = EnvRunner(envs, policy, params, spec.rollout_length, spec.seed)
         self.num_envs = spec.num_envs
@@ -122,18 +145,49 @@ class JaxrunnerSystem:
 
 
 class HandSystem:
-    """The recording hand loop over the spec's reference vector env."""
+    """The recording hand loop over the spec's reference vector env (or a peer
+    library's own sampler: ``reference="rllib"``)."""
 
     def __init__(self, spec: Spec) -> None:
         self._envs: Any = None
         if spec.reference == "scan":
             self._rollout = build_hand_scan(spec.num_envs, spec.rollout_length, spec.seed, spec.env)
+        elif spec.reference == "rllib":
+            from jaxrunner.bench.peer_loops import RLLIB_HIDDEN, RLlibLoop
+
+            hidden = RLLIB_HIDDEN[spec.workload or "cartpole"]
+            self._envs = loop = RLlibLoop(
+                spec.env, spec.num_envs, spec.rollout_length, spec.seed, hidden
+            )
+            self._rollout = loop.rollout
+        elif spec.reference == "envpool_async":
+            from jaxrunner.bench.peer_loops import EnvPoolAsyncLoop
+
+            envpool_id, options = spec.env, {}
+            if spec.workload:
+                workload = get_workload(spec.workload)
+                envpool_id, options = workload.envpool_id, workload.envpool_kwargs
+            self._envs = loop = EnvPoolAsyncLoop(
+                envpool_id,
+                options,
+                spec.num_envs,
+                spec.rollout_length,
+                spec.seed,
+                lambda obs_space, action_space: _policy(spec, obs_space, action_space),
+            )
+            self._rollout = loop.rollout
         else:
             self._envs, seeded = reference_envs(
-                str(spec.reference), spec.env, spec.num_envs, spec.seed
+                str(spec.reference), spec.env, spec.num_envs, spec.seed, spec.workload
             )
+            obs_space, action_space = single_spaces(self._envs)
             loop = RecordingHandLoop(
-                self._envs, spec.rollout_length, spec.seed, seeded_reset=seeded
+                self._envs,
+                spec.rollout_length,
+                spec.seed,
+                seeded_reset=seeded,
+                policy=_policy(spec, obs_space, action_space),
+                next_step_reset=spec.reference in NEXT_STEP_RESET,
             )
             self._rollout = loop.rollout
         self._rollout()  # warm-up: compiles, first resets
@@ -155,12 +209,12 @@ class CeilingSystem:
                 "CeilingSystem: a pure-JAX rollout is one compiled scan, with no separate "
                 "env and policy calls to add up; measure the host backends only."
             )
-        self._envs = envs = make_vec(spec.env, spec.num_envs, backend=spec.backend, seed=spec.seed)
+        self._envs = envs = _make_envs(spec)
         self.num_envs, self._length = spec.num_envs, spec.rollout_length
         envs.action_space.seed(spec.seed)
         self._pool = [envs.action_space.sample() for _ in range(97)]  # drawn ahead: free
         self._cursor = 0
-        policy = mlp_policy(envs.single_action_space)
+        policy = _policy(spec, envs.single_observation_space, envs.single_action_space)
         self._params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
         self._act = hand_act(policy, spec.num_envs)
         self._obs, _ = envs.reset(seed=spec.seed)
