@@ -59,8 +59,7 @@ from jaxrunner.policy import ApplyFn, Params, Policy
 from jaxrunner.transfer import compile_packed
 
 
-@flax.struct.dataclass
-class ActorState:
+class ActorState(flax.struct.PyTreeNode):
     """Device-resident state of the policy side of the loop, one row per env."""
 
     env_keys: jax.Array

@@ -26,8 +26,7 @@ MAX_LOAD_BYTES = 1 << 33
 """:meth:`Trajectory.load`'s default cap on the arrays' memory (8 GiB)."""
 
 
-@flax.struct.dataclass
-class Trajectory:
+class Trajectory(flax.struct.PyTreeNode):
     """``T`` steps of ``B`` envs. Every field is ``[T, B, ...]``; row ``[t, b]`` of
     every field comes from the same ``env.step`` call of env ``b``.
 
@@ -164,8 +163,7 @@ class EpisodeSpan:
         return self.is_done and self.start_step == 0
 
 
-@flax.struct.dataclass
-class Episode(EpisodeSpan):
+class Episode(EpisodeSpan, flax.struct.PyTreeNode):
     """One env's episode, or the part of it a trajectory holds.
 
     Attributes:

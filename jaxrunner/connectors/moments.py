@@ -33,8 +33,7 @@ COUNT_DTYPES = ("float32", "int32", "float64", "int64")
 2**31 - 1, float64 and int64 (with ``jax_enable_x64``) far beyond."""
 
 
-@flax.struct.dataclass
-class Moments:
+class Moments(flax.struct.PyTreeNode):
     """Moments of a set of samples of shape ``shape`` (optionally one set per env).
 
     Attributes:
@@ -116,8 +115,7 @@ class Moments:
         return Moments(count, mean, m2)
 
 
-@flax.struct.dataclass
-class RunningMoments:
+class RunningMoments(flax.struct.PyTreeNode):
     """A connector's shared statistics.
 
     Attributes:

@@ -74,8 +74,7 @@ from jaxrunner.trajectory import Trajectory
 TrajT = TypeVar("TrajT")
 
 
-@flax.struct.dataclass
-class RolloutState:
+class RolloutState(flax.struct.PyTreeNode):
     """Everything the scan carries from one step (and one ``sample()``) to the next."""
 
     obs: Any

@@ -20,16 +20,14 @@ import numpy as np
 from gymnasium import spaces
 
 
-@flax.struct.dataclass
-class WalkParams:
+class WalkParams(flax.struct.PyTreeNode):
     max_steps_in_episode: int = 12
     """Truncation at this many steps."""
     threshold: float = 1.5
     """Termination where ``|position| > threshold``."""
 
 
-@flax.struct.dataclass
-class WalkState:
+class WalkState(flax.struct.PyTreeNode):
     pos: jax.Array
     time: jax.Array
 
@@ -90,8 +88,7 @@ class DoneOnlyRandomWalk(RandomWalk):
         return obs, state, reward, jnp.logical_or(terminated, truncated), info
 
 
-@flax.struct.dataclass
-class BraxState:
+class BraxState(flax.struct.PyTreeNode):
     """brax's ``State`` fields."""
 
     pipeline_state: Any
