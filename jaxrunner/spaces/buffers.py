@@ -67,7 +67,7 @@ def copy_into(space: spaces.Space, dst: Any, src: Any, index: Any = slice(None))
         dst[index] = src
 
 
-def rows(space: spaces.Space, tree: Any, index: slice) -> Any:
+def rows(space: spaces.Space, tree: Any, index: int | slice) -> Any:
     """``tree[index]`` leaf by leaf, as views."""
     return map_structure(space, lambda leaf: leaf[index], tree)
 
