@@ -72,10 +72,10 @@ class MultiCategorical(flax.struct.PyTreeNode):
 
     def log_prob(self, action: jax.Array) -> jax.Array:
         flat = action.reshape(action.shape[0], -1)
-        return sum(part.log_prob(flat[:, j]) for j, part in enumerate(self._parts()))
+        return jnp.asarray(sum(part.log_prob(flat[:, j]) for j, part in enumerate(self._parts())))
 
     def entropy(self) -> jax.Array:
-        return sum(part.entropy() for part in self._parts())
+        return jnp.asarray(sum(part.entropy() for part in self._parts()))
 
 
 class Bernoulli(flax.struct.PyTreeNode):
