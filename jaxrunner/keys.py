@@ -71,8 +71,7 @@ def _split(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 def _fold_in(key: jax.Array, data: int | jax.Array) -> jax.Array:
     # threefry2x32 takes any array-like; its annotation says jax.Array.
-    zero = np.uint32(0)
-    y0, y1 = threefry2x32(key[0], key[1], zero, jnp.asarray(data, np.uint32))  # type: ignore[arg-type]
+    y0, y1 = threefry2x32(key[0], key[1], np.uint32(0), jnp.asarray(data, np.uint32))  # type: ignore[arg-type]
     return jnp.stack([y0, y1])
 
 
