@@ -37,7 +37,8 @@ shape agrees.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +46,7 @@ from gymnasium import spaces
 
 from jaxrunner import keys
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.policy import ApplyFn, Carry, Params, Policy, dummy_obs
+from jaxrunner.policy import Carry, Params, Policy, dummy_obs
 
 MIN_CHUNK_ROWS = 8
 """The smallest default chunk on a CPU host (fewer rows when there are fewer envs)."""
@@ -125,18 +126,25 @@ def check_chunk_rows(chunk_rows: Any, where: str) -> int:
     return chunk_rows
 
 
-class ChunkedApply(Protocol):
-    """A policy's ``apply_fn`` computed in fixed chunks (:func:`chunked_apply`)."""
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class ChunkedApply(Protocol[R_co]):
+    """A policy's ``apply_fn`` (or another row-wise function of the same inputs, e.g. its
+    ``log_prob_fn``) computed in fixed chunks (:func:`chunked_apply`)."""
 
     def __call__(
-        self, params: Params, obs: Any, carry: Carry, keys: jax.Array, num_rows: jax.Array
-    ) -> tuple[Any, dict[str, Any], Carry]:
+        self, params: Params, obs: Any, carry: Carry, keys: Any, num_rows: jax.Array
+    ) -> R_co:
         """``apply_fn``'s outputs for the first ``num_rows`` rows (a traced int; the
         outputs of the rows after them are zeros)."""
         ...
 
 
-def chunked_apply(apply_fn: ApplyFn, chunk_rows: int) -> ChunkedApply:
+def chunked_apply(
+    apply_fn: Callable[[Params, Any, Carry, Any], R], chunk_rows: int
+) -> ChunkedApply[R]:
     """``apply_fn`` computed ``chunk_rows`` rows at a time (see the module docstring).
 
     The chunks run in a ``lax.while_loop`` whose trip count, ``ceil(num_rows /
@@ -168,9 +176,7 @@ def chunked_apply(apply_fn: ApplyFn, chunk_rows: int) -> ChunkedApply:
     """
     chunk_rows = check_chunk_rows(chunk_rows, "chunked_apply")
 
-    def apply(
-        params: Params, obs: Any, carry: Carry, keys: jax.Array, num_rows: jax.Array
-    ) -> tuple[Any, dict[str, Any], Carry]:
+    def apply(params: Params, obs: Any, carry: Carry, keys: Any, num_rows: jax.Array) -> R:
         rows = jax.tree.leaves(keys)[0].shape[0]
         if rows % chunk_rows:
             raise InvalidArgumentError(

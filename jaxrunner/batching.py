@@ -208,12 +208,12 @@ class PolicyBatcher:
             while not self._queue and not self._closed:
                 self._cond.wait()
             if self._closed:
-                error = ClosedError("the external env was closed before this action was computed.")
                 queued = list(self._queue)
                 self._queue.clear()
             else:
                 queued = None
         if queued is not None:  # outside the lock: on_abort takes the env's lock
+            error = ClosedError("the external env was closed before this action was computed.")
             for request in queued:
                 self._fail(request, error)
             return None

@@ -112,9 +112,10 @@ def to_minari(
                 seed=seeds.get(episode.episode_id),
                 observations=jax.tree.map(np.asarray, episode.obs),
                 actions=action,
-                rewards=np.asarray(episode.reward, np.float64),
-                terminations=_final_flag(episode.length, episode.terminated),
-                truncations=_final_flag(episode.length, episode.truncated),
+                # Typed list by Minari, which stores any array-like.
+                rewards=np.asarray(episode.reward, np.float64),  # type: ignore[arg-type]
+                terminations=_final_flag(episode.length, episode.terminated),  # type: ignore[arg-type]
+                truncations=_final_flag(episode.length, episode.truncated),  # type: ignore[arg-type]
                 infos=_infos(episode),
             )
         )
@@ -184,9 +185,10 @@ def from_minari(
         name = f"<{type(dataset).__name__}>"
         storage, total = dataset.storage, int(dataset.storage.total_episodes)
         obs_space, action_space = dataset.observation_space, dataset.action_space
+    chosen: Iterable[int] = episode_indices if episode_indices is not None else ()
     if episode_indices is None:
-        episode_indices = range(total) if isinstance(dataset, str) else dataset.episode_indices
-    indices = [_index(i, total, name) for i in episode_indices]
+        chosen = range(total) if isinstance(dataset, str) else dataset.episode_indices
+    indices = [_index(i, total, name) for i in chosen]
     episodes = []
     reader = None
     for index in indices:
@@ -248,11 +250,13 @@ def _open_local(
     if None in stored.values():
         made = _spaces_from_env_spec(metadata, trusted_entry_point, where, stored)
         stored = {key: stored[key] or made[key] for key in _SPACE_KEYS}
+    obs_space, action_space = stored["observation_space"], stored["action_space"]
+    assert obs_space is not None and action_space is not None  # made above when missing
     try:
         storage = get_minari_storage(fmt)(
             data_path,
-            stored["observation_space"],
-            stored["action_space"],
+            obs_space,
+            action_space,
             jpeg_encoding=bool(metadata.get("jpeg_encoding", True)),
         )
     except Exception as err:  # the storage class opens its files: anything on damage
@@ -260,7 +264,7 @@ def _open_local(
             f"{where}: its {fmt} data cannot be opened ({type(err).__name__}: {err}). The "
             "dataset is damaged; download or write it again."
         ) from err
-    return storage, stored["observation_space"], stored["action_space"], total
+    return storage, obs_space, action_space, total
 
 
 def _stored_space(metadata: dict[str, Any], key: str, where: str) -> spaces.Space | None:
@@ -421,10 +425,11 @@ class _EpisodeCheck:
                 for i, (v, sub) in enumerate(zip(value, space.spaces))
             )
         array = self.numeric(value, field, "biuf")
-        if array.shape != (rows, *space.shape):
+        shape, _ = jr_spaces.leaf_spec(space)
+        if array.shape != (rows, *shape):
             raise self.error(
                 field,
-                f"expected {rows} rows of shape {list(space.shape)}, got "
+                f"expected {rows} rows of shape {list(shape)}, got "
                 f"{array.dtype}{list(array.shape)}",
             )
         inside = _rows_in_space(array, space)

@@ -25,8 +25,7 @@ def _sum_event(x: jax.Array) -> jax.Array:
     return x.reshape(x.shape[0], -1).sum(axis=1)
 
 
-@flax.struct.dataclass
-class Categorical:
+class Categorical(flax.struct.PyTreeNode):
     logits: jax.Array  # [B, n]
     start: int = flax.struct.field(pytree_node=False, default=0)
 
@@ -46,8 +45,7 @@ class Categorical:
         return -(jnp.exp(log_p) * log_p).sum(axis=-1)
 
 
-@flax.struct.dataclass
-class MultiCategorical:
+class MultiCategorical(flax.struct.PyTreeNode):
     """Independent categoricals; logits of all components concatenated on the last axis."""
 
     logits: jax.Array  # [B, sum(nvec)]
@@ -74,14 +72,13 @@ class MultiCategorical:
 
     def log_prob(self, action: jax.Array) -> jax.Array:
         flat = action.reshape(action.shape[0], -1)
-        return sum(part.log_prob(flat[:, j]) for j, part in enumerate(self._parts()))
+        return jnp.asarray(sum(part.log_prob(flat[:, j]) for j, part in enumerate(self._parts())))
 
     def entropy(self) -> jax.Array:
-        return sum(part.entropy() for part in self._parts())
+        return jnp.asarray(sum(part.entropy() for part in self._parts()))
 
 
-@flax.struct.dataclass
-class Bernoulli:
+class Bernoulli(flax.struct.PyTreeNode):
     logits: jax.Array  # [B, *shape]
 
     def sample(self, keys: jax.Array) -> jax.Array:
@@ -105,8 +102,7 @@ class Bernoulli:
         return _sum_event(per_dim)
 
 
-@flax.struct.dataclass
-class DiagGaussian:
+class DiagGaussian(flax.struct.PyTreeNode):
     mean: jax.Array  # [B, *shape]
     log_std: jax.Array  # broadcastable to mean
 

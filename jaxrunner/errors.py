@@ -158,6 +158,10 @@ class RemoteTimeoutError(JaxRunnerError, TimeoutError):
     actor's missed ``step_timeout_s`` sets ``worker_index`` and ``env_indices`` too, as
     :class:`WorkerError` does."""
 
+    # Set only by an env actor's missed step (absent otherwise).
+    worker_index: int
+    env_indices: range
+
 
 class MissingDependencyError(JaxRunnerError, ImportError):
     """An optional dependency is not installed; the message names the extra."""

@@ -69,8 +69,9 @@ def _split(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     return jnp.stack([bits1, bits2], axis=bits1.ndim)
 
 
-def _fold_in(key: jax.Array, data: jax.Array) -> jax.Array:
-    y0, y1 = threefry2x32(key[0], key[1], np.uint32(0), jnp.asarray(data, np.uint32))
+def _fold_in(key: jax.Array, data: int | jax.Array) -> jax.Array:
+    # threefry2x32 takes any array-like; its annotation says jax.Array.
+    y0, y1 = threefry2x32(key[0], key[1], np.uint32(0), jnp.asarray(data, np.uint32))  # type: ignore[arg-type]
     return jnp.stack([y0, y1])
 
 

@@ -10,7 +10,12 @@ import numpy as np
 
 from jaxrunner.errors import InvalidArgumentError
 
-PERF_KEYS = ("env_wait_ms", "inference_ms", "obs_processing_ms", "action_processing_ms")
+PERF_KEYS: tuple[str, ...] = (
+    "env_wait_ms",
+    "inference_ms",
+    "obs_processing_ms",
+    "action_processing_ms",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

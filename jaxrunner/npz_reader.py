@@ -146,10 +146,12 @@ class NpzReader:
                     )
                 self._left -= nbytes
                 array = np.empty(shape, dtype, order="F" if fortran else "C")
-                view = memoryview(array.reshape(-1, order="A").view(np.uint8))
+                # numpy's stubs leave out the buffer protocol ndarray has.
+                view = memoryview(array.reshape(-1, order="A").view(np.uint8))  # type: ignore[arg-type]
                 filled = 0
                 while filled < nbytes:
-                    got = member.readinto(view[filled:])
+                    # ZipFile.open's stub says IO[bytes]; it is a ZipExtFile (BufferedIOBase).
+                    got = member.readinto(view[filled:])  # type: ignore[attr-defined]
                     if not got:
                         raise ValueError("the member ends early")
                     filled += got

@@ -278,14 +278,14 @@ class Policy:
             dist = distributions.make_distribution(action_space, out, params)
             return dist, out.get("value"), carry
 
-        if deterministic:
-            apply_fn = _mode_apply_fn(distribution_fn)
-        else:
+        def sample_fn(
+            params: Params, obs: Any, carry: Carry, keys: jax.Array
+        ) -> tuple[Any, dict[str, Any], Carry]:
+            dist, value, carry = distribution_fn(params, obs, carry)
+            action = dist.sample(keys)
+            return action, _extras(dist, action, value), carry
 
-            def apply_fn(params: Params, obs: Any, carry: Carry, keys: jax.Array):
-                dist, value, carry = distribution_fn(params, obs, carry)
-                action = dist.sample(keys)
-                return action, _extras(dist, action, value), carry
+        apply_fn: ApplyFn = _mode_apply_fn(distribution_fn) if deterministic else sample_fn
 
         def init_fn(key: jax.Array, obs: Any, carry: Carry) -> Params:
             return {"module": init_module(key, obs, carry), **head}

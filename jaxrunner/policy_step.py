@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import flax.struct
 import jax
@@ -59,8 +59,7 @@ from jaxrunner.policy import ApplyFn, Params, Policy
 from jaxrunner.transfer import compile_packed
 
 
-@flax.struct.dataclass
-class ActorState:
+class ActorState(flax.struct.PyTreeNode):
     """Device-resident state of the policy side of the loop, one row per env."""
 
     env_keys: jax.Array
@@ -259,7 +258,9 @@ class CompiledPolicyStep:
                 real = jnp.arange(1, rows + 1, dtype=jnp.int32) * (index < num_envs)
                 apply_fn = functools.partial(chunked, num_rows=real.max())
             if packing is not None:
-                state = state.replace(connectors=packing.unpack(state.connectors))
+                # Between calls the state holds the packed buffers (see step's end).
+                flat = cast(tuple[jax.Array, ...], state.connectors)
+                state = state.replace(connectors=packing.unpack(flat))
             if size == rows == num_envs:  # rows are envs: keep the active rows' new state
                 action, env_action, extras, state = act(
                     apply_fn, params, state, obs, start, index < num_envs, connectors

@@ -25,9 +25,12 @@ _VERSION = 1
 MAX_LOAD_BYTES = 1 << 33
 """:meth:`Trajectory.load`'s default cap on the arrays' memory (8 GiB)."""
 
+HostOrDevice = np.ndarray | jax.Array
+"""A field's arrays: numpy from host samplers, jax.Array from the on-device scan (and
+inside its compiled functions)."""
 
-@flax.struct.dataclass
-class Trajectory:
+
+class Trajectory(flax.struct.PyTreeNode):
     """``T`` steps of ``B`` envs. Every field is ``[T, B, ...]``; row ``[t, b]`` of
     every field comes from the same ``env.step`` call of env ``b``.
 
@@ -52,14 +55,14 @@ class Trajectory:
 
     obs: Any
     action: Any
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
+    reward: HostOrDevice
+    terminated: HostOrDevice
+    truncated: HostOrDevice
     next_obs: Any
     extras: dict[str, Any]
-    env_id: np.ndarray
-    episode_id: np.ndarray
-    step: np.ndarray
+    env_id: HostOrDevice
+    episode_id: HostOrDevice
+    step: HostOrDevice
     valid: Any = None
 
     def __post_init__(self) -> None:
@@ -164,8 +167,7 @@ class EpisodeSpan:
         return self.is_done and self.start_step == 0
 
 
-@flax.struct.dataclass
-class Episode(EpisodeSpan):
+class Episode(EpisodeSpan, flax.struct.PyTreeNode):
     """One env's episode, or the part of it a trajectory holds.
 
     Attributes:
@@ -256,7 +258,7 @@ def _faulty_episode_from(traj: Trajectory, b: int, start: int, failed: int) -> E
     """Steps ``start:failed`` of env ``b``, cut at slot ``failed`` (its failed step).
     The last observation is ``obs[failed]``: the one after the last good step."""
 
-    def cut(x: np.ndarray) -> np.ndarray:
+    def cut(x: Any) -> Any:
         return x[start:failed, b]
 
     return Episode(

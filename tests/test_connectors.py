@@ -459,3 +459,15 @@ def test_connector_state_is_part_of_the_checkpoint(tmp_path):
             actual = jax.device_get(resumed.sample())
             jr.testing.assert_trees_equal(resumed.get_connector_state(), state, "state")
         jr.testing.assert_trees_equal(actual, expected, "sample after restore")
+
+
+def test_a_state_without_the_reward_connectors_state_is_refused_by_name():
+    # Typed Optional and once used unchecked: the reward connector got None and failed
+    # deep inside with an error naming neither the state nor the fix.
+    conn = C.Connectors(reward=C.ScaleReward())
+    without = C.Connectors().init(2, spaces.Box(-1.0, 1.0, (3,)))
+    with pytest.raises(InvalidArgumentError, match="ScaleReward has no state"):
+        conn.restart_episodes(without)
+    flags = jnp.zeros((1, 2), bool)
+    with pytest.raises(InvalidArgumentError, match="ScaleReward has no state"):
+        conn.finish_sample(without, None, None, None, jnp.zeros((1, 2)), flags, flags, ~flags)

@@ -33,8 +33,7 @@ import jax
 from gymnasium import spaces
 
 
-@flax.struct.dataclass
-class ConnectorState:
+class ConnectorState(flax.struct.PyTreeNode):
     """One connector's state.
 
     Attributes:

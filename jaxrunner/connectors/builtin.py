@@ -32,6 +32,7 @@ from jaxrunner.connectors.checks import (
 )
 from jaxrunner.connectors.moments import Moments, RunningMoments
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.spaces.buffers import leaf_spec
 
 _LEAVES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
 
@@ -212,6 +213,7 @@ class NormalizeObservation(ObsConnector):
 
 def _stacked_space(leaf: spaces.Space, k: int) -> spaces.Box:
     """The space of ``k`` stacked observations of a leaf space (a Box of its bounds)."""
+    shape, dtype = leaf_spec(leaf)
     if isinstance(leaf, spaces.Box):
         low, high = leaf.low, leaf.high
     elif isinstance(leaf, spaces.Discrete):
@@ -219,10 +221,10 @@ def _stacked_space(leaf: spaces.Space, k: int) -> spaces.Box:
     elif isinstance(leaf, spaces.MultiDiscrete):
         low, high = np.asarray(leaf.start), np.asarray(leaf.start + leaf.nvec - 1)
     else:  # MultiBinary
-        low, high = np.zeros(leaf.shape), np.ones(leaf.shape)
-    low = np.broadcast_to(np.asarray(low, leaf.dtype), leaf.shape)
-    high = np.broadcast_to(np.asarray(high, leaf.dtype), leaf.shape)
-    return spaces.Box(np.repeat(low[None], k, 0), np.repeat(high[None], k, 0), dtype=leaf.dtype)
+        low, high = np.zeros(shape), np.ones(shape)
+    low = np.broadcast_to(np.asarray(low, dtype), shape)
+    high = np.broadcast_to(np.asarray(high, dtype), shape)
+    return spaces.Box(np.repeat(low[None], k, 0), np.repeat(high[None], k, 0), dtype=dtype)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -252,8 +254,9 @@ class FrameStack(ObsConnector):
 
     def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorState:
         def zeros(leaf: spaces.Space) -> jax.Array:
-            dtype = jax.dtypes.canonicalize_dtype(leaf.dtype)  # int64 -> int32 without x64
-            return jnp.zeros((num_envs, self.num_frames, *leaf.shape), dtype)
+            shape, dtype = leaf_spec(leaf)
+            dtype = jax.dtypes.canonicalize_dtype(dtype)  # int64 -> int32 without x64
+            return jnp.zeros((num_envs, self.num_frames, *shape), dtype)
 
         return ConnectorState(per_env=_map_space("FrameStack", obs_space, zeros))
 

@@ -72,7 +72,8 @@ def check_count_dtype(who: str, count_dtype: Any) -> None:
         raise InvalidArgumentError(
             f"{who}(count_dtype={count_dtype!r}): expected one of {COUNT_DTYPES}."
         )
-    if count_dtype.endswith("64") and not jax.config.jax_enable_x64:
+    # jax.config's flags are attributes set at runtime, unseen by the checker.
+    if count_dtype.endswith("64") and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
         raise InvalidArgumentError(
             f"{who}(count_dtype={count_dtype!r}): JAX runs without 64-bit types here, so the "
             "count would silently be 32-bit. Enable them first "

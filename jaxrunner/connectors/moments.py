@@ -15,7 +15,7 @@ mean and variance NaN for good).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import flax.struct
 import jax
@@ -33,8 +33,7 @@ COUNT_DTYPES = ("float32", "int32", "float64", "int64")
 2**31 - 1, float64 and int64 (with ``jax_enable_x64``) far beyond."""
 
 
-@flax.struct.dataclass
-class Moments:
+class Moments(flax.struct.PyTreeNode):
     """Moments of a set of samples of shape ``shape`` (optionally one set per env).
 
     Attributes:
@@ -116,8 +115,7 @@ class Moments:
         return Moments(count, mean, m2)
 
 
-@flax.struct.dataclass
-class RunningMoments:
+class RunningMoments(flax.struct.PyTreeNode):
     """A connector's shared statistics.
 
     Attributes:
@@ -154,30 +152,34 @@ def _is_running(x: object) -> bool:
     return isinstance(x, RunningMoments)
 
 
-def take_deltas(state: object) -> tuple[object, list[Moments]]:
+S = TypeVar("S")
+"""A connector state pytree, kept as it is but for its :class:`RunningMoments`."""
+
+
+def take_deltas(state: S) -> tuple[S, list[Moments]]:
     """Every :class:`RunningMoments`' ``delta`` in ``state`` (a connector state pytree),
     and the state with those deltas emptied: what a runner reports to its group."""
     found = [x for x in jax.tree.leaves(state, is_leaf=_is_running) if _is_running(x)]
     deltas = [x.delta for x in found]
 
     def empty(x: object) -> object:
-        if not _is_running(x):
+        if not isinstance(x, RunningMoments):
             return x
-        return x.replace(delta=jax.tree.map(jnp.zeros_like, x.delta))  # type: ignore[attr-defined]
+        return x.replace(delta=jax.tree.map(jnp.zeros_like, x.delta))
 
     return jax.tree.map(empty, state, is_leaf=_is_running), deltas
 
 
-def set_statistics(state: object, stats: Sequence[Moments]) -> object:
+def set_statistics(state: S, stats: Sequence[Moments]) -> S:
     """``state`` with each :class:`RunningMoments`' ``stats`` replaced, in
     :func:`take_deltas` order, and its delta emptied: what a group broadcasts."""
     queue = list(stats)
 
     def put(x: object) -> object:
-        if not _is_running(x):
+        if not isinstance(x, RunningMoments):
             return x
         new = queue.pop(0)
-        return x.replace(stats=new, delta=jax.tree.map(jnp.zeros_like, new))  # type: ignore[attr-defined]
+        return x.replace(stats=new, delta=jax.tree.map(jnp.zeros_like, new))
 
     return jax.tree.map(put, state, is_leaf=_is_running)
 

@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import flax.struct
 import jax
@@ -47,8 +47,7 @@ SCALED_REWARD = "scaled_reward"
 """``extras`` key of the rewards as the reward connector scaled them."""
 
 
-@flax.struct.dataclass
-class ConnectorsState:
+class ConnectorsState(flax.struct.PyTreeNode):
     """The state of a runner's connectors (device arrays).
 
     Attributes:
@@ -96,7 +95,7 @@ class Connectors:
         object.__setattr__(self, "obs", obs)
         object.__setattr__(self, "action", tuple(self.action))
         for name, kind, items in (
-            ("obs", ObsConnector, self.obs),
+            ("obs", ObsConnector, obs),
             ("action", ActionConnector, self.action),
             ("reward", RewardConnector, () if self.reward is None else (self.reward,)),
         ):
@@ -112,7 +111,12 @@ class Connectors:
                         f"Connectors({name}=...): expected {kind.__name__} instances, got "
                         f"{item!r}. Subclass jaxrunner.connectors.{kind.__name__}."
                     )
-        object.__setattr__(self, "obs_names", _obs_names(given, self.obs, self.reward))
+        object.__setattr__(self, "obs_names", _obs_names(given, obs, self.reward))
+
+    @property
+    def _obs_connectors(self) -> tuple[ObsConnector, ...]:
+        """The observation connectors, in order (``obs`` as ``__post_init__`` left it)."""
+        return cast(tuple[ObsConnector, ...], self.obs)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -138,13 +142,13 @@ class Connectors:
     def observation_space(self, space: spaces.Space) -> spaces.Space:
         """What the policy sees, given the env's single observation space: initialise
         the policy on it (``policy.init(key, connectors.observation_space(space))``)."""
-        for connector in self.obs:
+        for connector in self._obs_connectors:
             space = connector.observation_space(space)
         return space
 
     def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorsState:
         states = []
-        for connector in self.obs:
+        for connector in self._obs_connectors:
             states.append(connector.init(num_envs, obs_space))
             obs_space = connector.observation_space(obs_space)
         reward = None if self.reward is None else self.reward.init(num_envs)
@@ -156,7 +160,7 @@ class Connectors:
         """The observation connectors on ``N`` rows (``state``'s per-env rows are the
         rows' own); the caller keeps only the active rows' new per-env state."""
         new = []
-        for connector, s in zip(self.obs, state.obs):
+        for connector, s in zip(self._obs_connectors, state.obs):
             obs, s = connector(s, obs, episode_start, active)
             new.append(s)
         return obs, state.replace(obs=tuple(new))
@@ -193,20 +197,22 @@ class Connectors:
         extras: dict[str, Any] = {}
         if self.obs:
             x = next_obs
-            last = len(self.obs) - 1
-            for i, (connector, s) in enumerate(zip(self.obs, state.obs)):
+            last = len(self._obs_connectors) - 1
+            for i, (connector, s) in enumerate(zip(self._obs_connectors, state.obs)):
                 x = connector.follow(s, policy_obs if i == last else None, x)
             extras[POLICY_NEXT_OBS] = x
         reward_state = state.reward
         if self.reward is not None:
             cut = truncated if gaps else truncated | ~valid
-            scaled, reward_state = self.reward(state.reward, reward, terminated, cut, valid)
+            scaled, reward_state = self.reward(
+                self._reward_state(state), reward, terminated, cut, valid
+            )
             extras[SCALED_REWARD] = scaled
         # Without gaps, the call a connector written for single-agent runners knows.
         extra = {"valid": valid} if gaps else {}
         obs_states = tuple(
             c.end_sample(s, obs if i == 0 else None, **extra)
-            for i, (c, s) in enumerate(zip(self.obs, state.obs))
+            for i, (c, s) in enumerate(zip(self._obs_connectors, state.obs))
         )
         return extras, ConnectorsState(obs_states, reward_state)
 
@@ -276,13 +282,14 @@ class Connectors:
         statistics, so that the first sample is normalized too:
         ``runner.set_connector_state(connectors.prime(runner.get_connector_state(),
         obs))``. Refused unless the first connector has statistics to prime."""
-        first = self.obs[0] if self.obs else None
-        if first is None or not callable(getattr(first, "prime", None)):
+        first = self._obs_connectors[0] if self._obs_connectors else None
+        prime = getattr(first, "prime", None)
+        if not callable(prime):
             raise InvalidArgumentError(
                 f"Connectors.prime: expected a first observation connector with statistics "
                 f"(e.g. NormalizeObservation), got {type(first).__name__}. Nothing to prime."
             )
-        primed = jax.device_get(first.prime(state.obs[0], obs))
+        primed = jax.device_get(prime(state.obs[0], obs))
         return state.replace(obs=(primed, *state.obs[1:]))
 
     def restart_episodes(self, state: ConnectorsState) -> ConnectorsState:
@@ -292,7 +299,16 @@ class Connectors:
         restart on the episode-start flags as always."""
         if self.reward is None:
             return state
-        return state.replace(reward=jax.device_get(self.reward.restart(state.reward)))
+        return state.replace(reward=jax.device_get(self.reward.restart(self._reward_state(state))))
+
+    def _reward_state(self, state: ConnectorsState) -> ConnectorState:
+        if state.reward is None:
+            raise InvalidArgumentError(
+                f"Connectors: the reward connector {type(self.reward).__name__} has no state "
+                "in this ConnectorsState (made by connectors without one?). Use the state of "
+                "these connectors (connectors.init or runner.get_connector_state())."
+            )
+        return state.reward
 
 
 def _snake(name: str) -> str:
@@ -377,8 +393,8 @@ def keep_active(new: ConnectorsState, old: ConnectorsState, active: jax.Array) -
 
 
 def _map_rows(state: ConnectorsState, fn: Any) -> ConnectorsState:
-    def one(s: ConnectorState | None) -> ConnectorState | None:
-        return None if s is None else s.replace(per_env=jax.tree.map(fn, s.per_env))
+    def one(s: ConnectorState) -> ConnectorState:
+        return s.replace(per_env=jax.tree.map(fn, s.per_env))
 
     return ConnectorsState(tuple(one(s) for s in state.obs), state.reward)
 

@@ -3,6 +3,7 @@ from picklable parts."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -85,7 +86,8 @@ class RunnerWorker:
 
     def sample(self) -> Trajectory | MultiAgentTrajectory:
         traj = self.runner.sample()
-        return traj.replace(
+        return dataclasses.replace(
+            traj,
             env_id=np.asarray(traj.env_id) + self._env_offset,
             episode_id=np.asarray(traj.episode_id) + self._id_offset,
         )
@@ -101,7 +103,7 @@ class RunnerWorker:
         new_steps, self._steps_reported = steps - self._steps_reported, steps
         if not self.runner.connectors:
             return traj, [], new_steps
-        if self.multi_agent:
+        if isinstance(self.runner, MultiAgentRunner):
             states = self.runner.get_connector_state()
             deltas = {}
             for pid, state in states.items():
@@ -113,13 +115,15 @@ class RunnerWorker:
         return traj, delta, new_steps
 
     def set_statistics(self, statistics: Statistics) -> None:
-        state = self.runner.get_connector_state()
-        if self.multi_agent:
+        if isinstance(self.runner, MultiAgentRunner):
             assert isinstance(statistics, dict)  # internal: the group keeps them by policy
+            state = self.runner.get_connector_state()
             self.runner.set_connector_state(
                 {pid: set_statistics(state[pid], stats) for pid, stats in statistics.items()}
             )
             return
+        assert isinstance(statistics, list)  # internal: a runner's, in take_deltas order
+        state = self.runner.get_connector_state()
         self.runner.set_connector_state(set_statistics(state, statistics))
 
     def get_connector_state(self) -> Any:

@@ -139,7 +139,7 @@ class GymnasiumMake:
             config = _CONFIGS.get(self.backend)
             names = {f.name for f in dataclasses.fields(config)} if config else set()
             bad = [k for k in self.kwargs if k in names and f"'{k}'" in str(err)]
-            if not bad:
+            if not bad or config is None:
                 raise
             raise InvalidArgumentTypeError(
                 f"make_vec({self.env_id!r}, backend={self.backend!r}, {bad[0]}=...): keyword "

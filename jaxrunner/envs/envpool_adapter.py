@@ -32,13 +32,24 @@ from jaxrunner.errors import InvalidArgumentError
 
 def _import_envpool() -> Any:
     try:
-        import envpool
+        import envpool  # type: ignore[import-not-found]  # the optional extra, absent in CI
     except ImportError as err:
         raise ImportError(
             "make_vec(backend='envpool') needs EnvPool: pip install 'jaxrunner[envpool]' "
             "(Linux x86_64/aarch64 wheels)."
         ) from err
     return envpool
+
+
+def every_seed(seeds: Sequence[int | None]) -> list[int]:
+    """``seeds`` for EnvPool, which seeds every sub-env when the pool is built: one per
+    sub-env, or an error naming the fix."""
+    given = [int(s) for s in seeds if s is not None]
+    if len(given) < len(seeds):
+        raise InvalidArgumentError(
+            "reset(seed=[...]): EnvPool needs a seed for every sub-env or none."
+        )
+    return given
 
 
 def reset_envpool(
@@ -55,7 +66,8 @@ def reset_envpool(
             "reset one sub-env without seed/options, or reset them all with reset(seed=...)."
         )
     ids = np.flatnonzero(mask).astype(np.int32)
-    obs, info = env.reset(ids)
+    envpool_env: Any = env  # EnvPool's reset takes env ids, unlike gymnasium's
+    obs, info = envpool_env.reset(ids)
     _check_order(info, ids)
     return obs, SplitInfos(info, len(ids))  # split on access: most steps never read them
 
@@ -117,11 +129,8 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
             )
         seed = _gymnasium_seed(seeds)
         if seed is not None:
-            if isinstance(seed, list) and any(s is None for s in seed):
-                raise InvalidArgumentError(
-                    "reset(seed=[...]): EnvPool needs a seed for every sub-env or none."
-                )
             # The seed is fixed when the pool is built: build a new pool with these seeds.
+            seed = seed if isinstance(seed, int) else every_seed(seed)
             old, self.env = self.env, self._build(seed)
             old.close()
         obs, infos = super().reset_batch([None] * self.num_envs)

@@ -31,6 +31,7 @@ from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
+from jaxrunner.envs.envpool_adapter import _import_envpool, every_seed
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -58,7 +59,6 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         copy: bool = True,
         **envpool_kwargs: Any,
     ) -> None:
-        from jaxrunner.envs.envpool_adapter import _import_envpool
 
         super().__init__(copy=copy)
         if not 1 <= batch_size < num_envs or num_envs % batch_size:
@@ -95,9 +95,9 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         self._final_terminated = np.zeros(num_envs, np.bool_)
         self._final_truncated = np.zeros(num_envs, np.bool_)
         self._idle = True  # nothing in flight in EnvPool
-        space = self.single_action_space
+        self._action_shape, action_dtype = jr_spaces.leaf_spec(self.single_action_space)
         # Actions of reset steps, which EnvPool ignores.
-        self._reset_actions = np.zeros((batch_size, *space.shape), space.dtype)
+        self._reset_actions = np.zeros((batch_size, *self._action_shape), action_dtype)
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -105,13 +105,8 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         self._check_open("reset")
         if options:
             raise InvalidArgumentError(f"reset(options={options!r}): EnvPool takes no options.")
-        if any(s is None for s in seeds):
-            if not all(s is None for s in seeds):
-                raise InvalidArgumentError(
-                    "reset(seed=[...]): EnvPool needs a seed for every sub-env or none."
-                )
-        else:  # the seed is fixed when the pool is built
-            old, self.env = self.env, self._build([int(s) for s in seeds])  # type: ignore[arg-type]
+        if not all(s is None for s in seeds):  # the seed is fixed when the pool is built
+            old, self.env = self.env, self._build(every_seed(seeds))
             old.close()
         if not self._idle:
             raise InvalidArgumentError(
@@ -141,7 +136,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         ids = np.arange(self.num_envs)[slice(None) if env_ids is None else env_ids]
         ids = np.atleast_1d(ids).astype(np.int32)
         actions = np.asarray(actions)
-        if actions.shape[:1] != ids.shape or not self.action_space.shape[1:] == actions.shape[1:]:
+        if actions.shape[:1] != ids.shape or not self._action_shape == actions.shape[1:]:
             raise InvalidArgumentError(
                 f"EnvPoolAsyncVectorEnv.send(actions): expected {len(ids)} actions of shape "
                 f"{self.single_action_space.shape}, got an array of shape {actions.shape}."

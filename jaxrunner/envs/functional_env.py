@@ -126,7 +126,8 @@ def functional_functions(env: Any) -> FunctionalEnv:
             )
         if len(out) == 6:
             return env_step(*out[:5])
-        return from_done_only(*out, params)
+        obs, state, reward, done, info = out
+        return from_done_only(obs, state, reward, done, info, params)
 
     return FunctionalEnv(reset=env.reset, step=step)
 

@@ -191,6 +191,8 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
             infos, reset_infos = self._same_step_finals(merged, done)
         else:
             indices = np.flatnonzero(done)
+            # masked_reset_for gives one to every mode but SAME_STEP.
+            assert self._masked_reset is not None
             reset_obs, infos_k = self._call("reset", self._masked_reset, self.env, done, None, None)
             self._store_rows(self._obs, reset_obs, indices, "reset")
             infos = SplitInfos(merged, n)
@@ -306,17 +308,23 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
         self._check_open("render")
         return self.env.render()
 
+    @property
+    def _attr_env(self) -> Any:
+        # Sync/AsyncVectorEnv (and envs that follow them) have call/get_attr/set_attr;
+        # gymnasium's VectorEnv does not declare them.
+        return self.env
+
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         self._check_open("call")
-        return self.env.call(name, *args, **kwargs)
+        return self._attr_env.call(name, *args, **kwargs)
 
     def get_attr(self, name: str) -> Any:
         self._check_open("get_attr")
-        return self.env.get_attr(name)
+        return self._attr_env.get_attr(name)
 
     def set_attr(self, name: str, values: Any) -> None:
         self._check_open("set_attr")
-        self.env.set_attr(name, values)
+        self._attr_env.set_attr(name, values)
 
     def _close_backend(self) -> None:
         self.env.close()

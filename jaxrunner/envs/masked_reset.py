@@ -62,7 +62,8 @@ sub-envs only (``[mask.sum(), ...]``, in index order) and their infos (one dict 
 def reset_with_mask(env: VectorEnv, mask: np.ndarray, seeds: Seeds, options: Options) -> ResetRows:
     """A :data:`MaskedReset` through gymnasium's ``reset(options={"reset_mask": mask})``
     (``SyncVectorEnv``, ``AsyncVectorEnv`` and envs that follow them)."""
-    obs, merged = env.reset(seed=seeds, options={**(options or {}), "reset_mask": mask})
+    # VectorEnv.reset's stub types one int seed; Sync/AsyncVectorEnv take a list too.
+    obs, merged = env.reset(seed=seeds, options={**(options or {}), "reset_mask": mask})  # type: ignore[arg-type]
     indices = np.flatnonzero(mask)
     space = env.single_observation_space
     infos = SplitInfos(merged, env.num_envs)
@@ -88,7 +89,8 @@ def reset_cartpole_vector(
             "sub-env cannot be reset with its own seed or options. Reset the whole vector env "
             "(reset(seed=...)), or use vectorization_mode='sync' for per-env seeding."
         )
-    cartpole = env.unwrapped
+    # A CartPoleVectorEnv (MASKED_RESETS keys this reset by class) past its first reset.
+    cartpole: Any = env.unwrapped
     # Indices, not the mask: the ended envs are few, and each boolean index scans all.
     ended = np.flatnonzero(mask)
     cartpole.state[:, ended] = cartpole.np_random.uniform(

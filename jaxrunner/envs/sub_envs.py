@@ -82,7 +82,7 @@ class StepBuffers(NamedTuple):
     def merge(self, obs_space: gymnasium.Space, results: Sequence[BatchStep]) -> BatchStep:
         """Results of contiguous blocks (``env_ids`` slices, in order) as one BatchStep
         whose ``env_ids`` is an int array; its arrays are copies from these buffers."""
-        ids = np.concatenate([np.arange(r.env_ids.start, r.env_ids.stop) for r in results])
+        ids = np.concatenate([np.arange(block.start, block.stop) for block in map(span, results)])
         failed = [
             np.zeros(len(r.reward), np.bool_) if r.failed is None else r.failed for r in results
         ]
@@ -99,6 +99,15 @@ class StepBuffers(NamedTuple):
             errors or None,
             ids,
         )
+
+
+def span(result: BatchStep) -> slice:
+    """The contiguous envs of a block's result (blocks report theirs as a slice)."""
+    if not isinstance(result.env_ids, slice):
+        raise TypeError(
+            f"expected a block's result, whose env_ids is a slice; got {result.env_ids!r}"
+        )
+    return result.env_ids
 
 
 def fail_slot(buffers: StepBuffers, space: gymnasium.Space, index: int | slice) -> None:

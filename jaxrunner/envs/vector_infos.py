@@ -134,7 +134,7 @@ class ResetInfos(Mapping[int, dict[str, Any]]):
         return index in self._members
 
 
-EMPTY_RESET_INFOS: Mapping[int, dict[str, Any]] = ResetInfos((), dict)
+EMPTY_RESET_INFOS: Mapping[int, dict[str, Any]] = ResetInfos((), lambda i: {})
 
 
 def same_step_infos(

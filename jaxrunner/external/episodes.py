@@ -247,7 +247,7 @@ class EpisodeTable:
             EpisodeConflictError: a call for it is in flight.
         """
         is_int = isinstance(episode_id, (int, np.integer))
-        live = self._live.get(episode_id) if is_int else None
+        live = self._live.get(int(episode_id)) if is_int else None
         if live is None:
             if is_int and episode_id in self._ended_ids:
                 raise EpisodeNotFoundError(
@@ -267,7 +267,8 @@ class EpisodeTable:
 
     def find(self, episode_id: Any) -> LiveEpisode | None:
         """The live episode ``episode_id``, or None."""
-        return self._live.get(episode_id) if isinstance(episode_id, (int, np.integer)) else None
+        is_int = isinstance(episode_id, (int, np.integer))
+        return self._live.get(int(episode_id)) if is_int else None
 
     def idle_since(self, since: float) -> list[LiveEpisode]:
         """Live episodes with no call in flight, last seen before ``since``."""

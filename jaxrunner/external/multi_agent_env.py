@@ -485,7 +485,7 @@ class MultiAgentExternalEnv(RunDriven, GroupedAgents):
             live.last_seen = time.monotonic()
         return self._delivery.submit(live, parts)
 
-    def _emit(self, record: AgentRecord, episode: AgentEpisode | None) -> None:
+    def _emit(self, record: LiveEpisode, episode: AgentEpisode | None) -> None:
         """Outputs an ended agent's episode (caller holds the lock); None: it never acted."""
         if episode is None or not record.training_enabled:
             return

@@ -56,7 +56,9 @@ def array_name(prefix: str, parts: list[Part] | tuple[Part, ...]) -> str:
 
 
 def is_key(leaf: Any) -> bool:
-    return hasattr(leaf, "dtype") and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    # jax.dtypes exports issubdtype without the re-export form pyright looks for.
+    is_sub = jax.dtypes.issubdtype  # type: ignore[attr-defined]
+    return hasattr(leaf, "dtype") and is_sub(leaf.dtype, jax.dtypes.prng_key)
 
 
 def leaf_specs(tree: Any) -> dict[tuple[Part, ...], tuple[tuple[int, ...], np.dtype]]:
@@ -128,7 +130,8 @@ def write_checkpoint(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+        # The stub lets a name collide with savez's allow_pickle; ours are paths "a/b".
+        np.savez(f, **arrays)  # type: ignore[arg-type]
     os.replace(tmp, path)
 
 
@@ -296,7 +299,9 @@ class CheckpointReader:
             want = jax.random.key_data(like) if is_key(like) else like
             value = npz.read(name, name, check=exact(np.shape(want), np.asarray(want).dtype))
             if is_key(like):
-                leaves.append(jax.random.wrap_key_data(value, impl=jax.random.key_impl(like)))
+                # wrap_key_data takes any array-like; its annotation says jax.Array.
+                key = jax.random.wrap_key_data(value, impl=jax.random.key_impl(like))  # type: ignore[arg-type]
+                leaves.append(key)
             elif isinstance(like, jax.Array):
                 leaves.append(jax.device_put(value))
             else:

@@ -74,13 +74,14 @@ class EpisodeBook:
         new_ids = np.empty(cut.size, np.int64)  # the id of the episode after each end
         new_ids[ends] = self.next_episode_id + np.arange(len(ends))
         at_prev = np.maximum(prev_end, 0) * num_envs + cols
-        episode_id, step = buf.episode_id[:t], buf.step[:t]
+        # A host buffer: numpy views, written in place.
+        episode_id, step = np.asarray(buf.episode_id[:t]), np.asarray(buf.step[:t])
         episode_id[...] = np.where(started, new_ids.take(at_prev), self.episode_id)
         step[...] = np.where(
             started, steps - prev_end - 1, self.steps_done + steps - self._episode_begin
         )
         # Each step's episode return so far, from running sums of the sample's rewards.
-        total = accumulate_rows(np.add, buf.reward[:t])
+        total = accumulate_rows(np.add, np.asarray(buf.reward[:t]))
         flat_total = total.reshape(-1)
         before = np.where(started, flat_total.take(at_prev), -self._episode_return)
         returns = flat_total.take(ends) - before.reshape(-1).take(ends)

@@ -12,7 +12,7 @@ import abc
 import contextlib
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -144,7 +144,15 @@ def allocate_trajectory(
     return buf
 
 
-def attach_partial(err: BaseException, partial: Trajectory | None) -> None:
+class PartialTrajectory(Protocol):
+    """What :func:`attach_partial` needs of the steps it attaches: a :class:`Trajectory`
+    or a ``MultiAgentTrajectory``."""
+
+    @property
+    def num_steps(self) -> int: ...
+
+
+def attach_partial(err: BaseException, partial: PartialTrajectory | None) -> None:
     """Puts the steps collected before ``err`` in ``err.partial_trajectory``, with a
     note saying so (exceptions that refuse new attributes are left as they are)."""
     with contextlib.suppress(AttributeError):

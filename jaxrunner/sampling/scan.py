@@ -38,10 +38,11 @@ numpy buffers hold float64/int64.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import flax.struct
 import jax
@@ -71,11 +72,33 @@ from jaxrunner.sampling.episodes import SampleCounts
 from jaxrunner.sampling.sampler import Sampler, SamplerSetup
 from jaxrunner.trajectory import Trajectory
 
-TrajT = TypeVar("TrajT")
+
+class SampleFields(Protocol):
+    """What :func:`finish_sample` reads of a device trajectory: a :class:`Trajectory`
+    or an agent group's (both dataclasses)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def obs(self) -> Any: ...
+    @property
+    def next_obs(self) -> Any: ...
+    @property
+    def extras(self) -> dict[str, Any]: ...
+    @property
+    def reward(self) -> Any: ...
+    @property
+    def terminated(self) -> Any: ...
+    @property
+    def truncated(self) -> Any: ...
+    @property
+    def valid(self) -> Any: ...
 
 
-@flax.struct.dataclass
-class RolloutState:
+TrajT = TypeVar("TrajT", bound=SampleFields)
+
+
+class RolloutState(flax.struct.PyTreeNode):
     """Everything the scan carries from one step (and one ``sample()``) to the next."""
 
     obs: Any
@@ -262,7 +285,7 @@ def finish_sample(
         traj.truncated,
         traj.valid,
     )
-    return traj.replace(extras={**traj.extras, **extras}), state
+    return dataclasses.replace(traj, extras={**traj.extras, **extras}), state
 
 
 class ScanLoop:
@@ -287,7 +310,7 @@ def episode_counts(ends: np.ndarray, window: int, num_env_steps: int) -> SampleC
     """What a rollout adds to the metrics, from its ``ends`` (see :func:`scan_envs`, on
     the host): the episodes that ended, the latest ``window`` at least, in step order
     then env order (as the host loop)."""
-    num_episodes = np.count_nonzero(ends[1])
+    num_episodes = int(np.count_nonzero(ends[1]))
     # The metrics keep the latest episodes only: read the last steps that hold them
     # (a mask over every step cost another ~0.1 ms at 8 x 4096).
     first, held = len(ends[1]), 0

@@ -7,7 +7,7 @@ their bytes are decoded and checked against the spaces by :mod:`jaxrunner.serve.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import Path
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,7 +25,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-DType = Literal[wire.DTYPES]  # type: ignore[valid-type]
+DType = wire.DType
 
 
 class WireArray(_Strict):

@@ -208,7 +208,9 @@ class PolicyServer:
                         token=self.token,
                     )
                 ),
-                timeout_keep_alive=config.keep_alive_s,
+                # Typed int by uvicorn, but our H11 protocol only hands it to
+                # loop.call_later, which takes float seconds.
+                timeout_keep_alive=config.keep_alive_s,  # type: ignore[arg-type]
                 server_header=False,
                 access_log=False,
             )

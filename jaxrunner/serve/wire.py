@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
 import jax
 import numpy as np
@@ -23,7 +23,7 @@ from gymnasium import spaces
 
 from jaxrunner.errors import SpaceMismatchError
 
-DTYPES = (
+DType = Literal[
     "bool",
     "int8",
     "int16",
@@ -36,7 +36,9 @@ DTYPES = (
     "float16",
     "float32",
     "float64",
-)
+]
+"""The only dtypes accepted on the wire (the schema's type)."""
+DTYPES: tuple[str, ...] = get_args(DType)
 """The only dtypes accepted on the wire."""
 
 MAX_DIMS = 16

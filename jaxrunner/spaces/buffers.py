@@ -17,9 +17,13 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from jaxrunner.errors import SpaceMismatchError
+
 
 def leaf_spec(space: spaces.Space) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of one element of a non-composite space."""
+    if space.shape is None:  # Text, Graph, ...: check_supported refuses them first
+        raise SpaceMismatchError(f"{space!r} has no fixed shape; jaxrunner cannot stack it.")
     return tuple(space.shape), np.dtype(space.dtype)
 
 
@@ -63,7 +67,7 @@ def copy_into(space: spaces.Space, dst: Any, src: Any, index: Any = slice(None))
         dst[index] = src
 
 
-def rows(space: spaces.Space, tree: Any, index: slice) -> Any:
+def rows(space: spaces.Space, tree: Any, index: int | slice) -> Any:
     """``tree[index]`` leaf by leaf, as views."""
     return map_structure(space, lambda leaf: leaf[index], tree)
 

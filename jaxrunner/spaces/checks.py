@@ -118,7 +118,7 @@ def _check(space: spaces.Space, value: Any, path: str, bounds: bool) -> Any:
         return tuple(
             _check(sub, v, f"{path}[{j}]", bounds) for j, (sub, v) in enumerate(zip(space, value))
         )
-    dtype, shape = np.dtype(space.dtype), tuple(space.shape)
+    shape, dtype = leaf_spec(space)
     if isinstance(space, spaces.Discrete):
         discrete = f"Discrete({space.n}, start={space.start})"
         if isinstance(value, (bool, np.bool_)) or not (

@@ -172,7 +172,7 @@ class VectorEnvContract:
                 assert_trees_equal(vec.reset(seed=self.seed), ref.reset(seed=self.seed), name)
                 self._run_parity(vec, ref, name, self.num_steps)
                 # A second, explicitly seeded reset mid-run restarts every sub-env alike.
-                seeds = [self.seed + 10 * i for i in range(self.num_envs)]
+                seeds: list[int | None] = [self.seed + 10 * i for i in range(self.num_envs)]
                 assert_trees_equal(vec.reset(seed=seeds), ref.reset(seed=seeds), name)
                 self._run_parity(vec, ref, f"{name} after reset", self.num_steps)
 

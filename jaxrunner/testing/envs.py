@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -34,7 +34,8 @@ class CountingEnv(gymnasium.Env[np.ndarray, np.int64]):
         render_mode: ``None``, ``"ansi"`` or ``"rgb_array"``.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}
+    # The base class declares it per instance, so not a ClassVar.
+    metadata: dict[str, Any] = {"render_modes": ["ansi", "rgb_array"], "render_fps": 4}  # noqa: RUF012
     ENV_ID, SEED, EPISODE, T, NOISE = range(5)  # observation columns
 
     def __init__(

@@ -20,16 +20,14 @@ import numpy as np
 from gymnasium import spaces
 
 
-@flax.struct.dataclass
-class WalkParams:
+class WalkParams(flax.struct.PyTreeNode):
     max_steps_in_episode: int = 12
     """Truncation at this many steps."""
     threshold: float = 1.5
     """Termination where ``|position| > threshold``."""
 
 
-@flax.struct.dataclass
-class WalkState:
+class WalkState(flax.struct.PyTreeNode):
     pos: jax.Array
     time: jax.Array
 
@@ -66,7 +64,11 @@ class RandomWalk:
         truncated = state.time >= params.max_steps_in_episode
         return self._obs(state), state, pos, terminated, truncated
 
-    def step(self, key: jax.Array, state: WalkState, action: jax.Array, params: WalkParams):
+    def step(
+        self, key: jax.Array, state: WalkState, action: jax.Array, params: WalkParams
+    ) -> tuple[Any, ...]:
+        """``(obs, state, reward, terminated, truncated, info)``; 5 items in the done-only
+        form of :class:`DoneOnlyRandomWalk`."""
         obs, state, reward, terminated, truncated = self._transition(key, state, action, params)
         return obs, state, reward, terminated, truncated, {}
 
@@ -84,14 +86,15 @@ class DoneOnlyRandomWalk(RandomWalk):
     def __init__(self, report_truncation: bool = False) -> None:
         self.report_truncation = report_truncation
 
-    def step(self, key: jax.Array, state: WalkState, action: jax.Array, params: WalkParams):
+    def step(
+        self, key: jax.Array, state: WalkState, action: jax.Array, params: WalkParams
+    ) -> tuple[Any, ...]:
         obs, state, reward, terminated, truncated = self._transition(key, state, action, params)
         info = {"truncation": truncated} if self.report_truncation else {}
         return obs, state, reward, jnp.logical_or(terminated, truncated), info
 
 
-@flax.struct.dataclass
-class BraxState:
+class BraxState(flax.struct.PyTreeNode):
     """brax's ``State`` fields."""
 
     pipeline_state: Any

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import jax
 import numpy as np
+from gymnasium import spaces
 
 from jaxrunner.errors import ClosedError, EnvIndexError, InvalidActionError
 from jaxrunner.faults import RestartPolicy
@@ -123,9 +124,15 @@ def _sample_actions(
             if isinstance(buf.obs, dict) and "action_mask" in buf.obs:
                 batch[b, a] = rng.choice(np.flatnonzero(buf.obs["action_mask"][b, a]))
             else:
-                batch[b, a] = rng.integers(group.action_space.n)
+                batch[b, a] = rng.integers(_num_actions(group.action_space))
         actions.append(batch)
     return actions
+
+
+def _num_actions(space: Any) -> int:
+    if not isinstance(space, spaces.Discrete):
+        raise TypeError(f"random agent actions: expected Discrete action spaces, got {space}.")
+    return int(space.n)
 
 
 def _actor(actions: Sequence[np.ndarray], groups: Sequence[AgentGroup], b: int) -> Callable:

@@ -12,8 +12,7 @@ loads it only on first use of one of its names.
 
 from __future__ import annotations
 
-import functools
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from gymnasium import spaces
@@ -32,7 +31,8 @@ class ComingAndGoing(ParallelEnv):
     misplaced reward shows. ``render()`` returns ``t``.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"name": "coming_and_going_v0"}
+    # The base class declares it per instance, so not a ClassVar.
+    metadata: dict[str, Any] = {"name": "coming_and_going_v0"}  # noqa: RUF012
 
     def __init__(self) -> None:
         self.possible_agents = ["a0", "a1", "a2", "a3"]
@@ -43,15 +43,15 @@ class ComingAndGoing(ParallelEnv):
         """Episodes begun (the first reset makes it 0)."""
         self.t = 0
 
-    @functools.cache  # noqa: B019  (one space object per agent, as PettingZoo asks)
+    # One space object for every agent, as PettingZoo asks.
     def observation_space(self, agent: str) -> spaces.Space:
         return self._obs_space
 
-    @functools.cache  # noqa: B019
     def action_space(self, agent: str) -> spaces.Space:
         return self._act_space
 
-    def render(self) -> int:
+    # ``t`` for the tests to read, outside PettingZoo's render types on purpose.
+    def render(self) -> int:  # type: ignore[override]
         return self.t
 
     def _obs(self, agent: str) -> np.ndarray:
@@ -108,7 +108,8 @@ class Relay(AECEnv):
     ``[t, agent index]`` (float32, shape ``(2,)``), actions ``Discrete(4)``.
     """
 
-    metadata: ClassVar[dict[str, Any]] = {"name": "relay_v0", "is_parallelizable": False}
+    # The base class declares it per instance, so not a ClassVar.
+    metadata: dict[str, Any] = {"name": "relay_v0", "is_parallelizable": False}  # noqa: RUF012
 
     def __init__(self) -> None:
         super().__init__()
@@ -125,7 +126,8 @@ class Relay(AECEnv):
     def observe(self, agent: str) -> np.ndarray:
         return np.array([self.t, self.possible_agents.index(agent)], np.float32)
 
-    def render(self) -> int:
+    # ``t`` for the tests to read, outside PettingZoo's render types on purpose.
+    def render(self) -> int:  # type: ignore[override]
         return self.t
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:

@@ -72,18 +72,20 @@ class FaultyMultiAgentEnv:
 
     def __new__(cls, env: Any = None, *args: Any, **kwargs: Any) -> FaultyMultiAgentEnv:
         # ``env`` has a default: unpickling calls ``cls.__new__(cls)`` on the subclass.
+        kind: type[FaultyMultiAgentEnv] = cls
         if cls is FaultyMultiAgentEnv:  # pick the wrapper for env's API (as pathlib.Path)
             if isinstance(env, ParallelEnv):
-                cls = FaultyParallelEnv
+                kind = FaultyParallelEnv
             elif isinstance(env, AECEnv):
-                cls = FaultyAECEnv
+                kind = FaultyAECEnv
             else:
                 raise InvalidArgumentTypeError(
                     f"FaultyMultiAgentEnv(env=...): expected a PettingZoo ParallelEnv or "
                     f"AECEnv, got {type(env).__name__}. Wrap gymnasium envs with "
                     "jaxrunner.testing.FaultyEnv."
                 )
-        return super().__new__(cls)
+        # Typeshed's object.__new__ takes type[Self]; handing it a subclass is the point.
+        return super().__new__(kind)  # type: ignore[arg-type]
 
     def _init_faults(
         self,

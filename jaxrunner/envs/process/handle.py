@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import multiprocessing
 import os
 import select
 import signal
 import socket
 import time
+from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -183,7 +183,7 @@ class WorkerHandle:
 
 
 def spawn_worker(
-    ctx: multiprocessing.context.BaseContext,
+    ctx: BaseContext,
     index: int,
     envs: range,
     factories: bytes,

@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Sequence
+from multiprocessing.context import BaseContext
 from typing import Literal
 
 import cloudpickle
@@ -207,7 +208,7 @@ def _is_main_test(test: ast.expr) -> bool:
     return names == ["__name__"] and constants == ["__main__"]
 
 
-def multiprocessing_context(start_method: str) -> multiprocessing.context.BaseContext:
+def multiprocessing_context(start_method: str) -> BaseContext:
     """The context workers start in; with ``"forkserver"``, one that preloads the
     worker module."""
     if sys.platform == "win32":

@@ -10,11 +10,11 @@ worker means is the business of :mod:`.recovery` (the pool's ``on_lost`` hook).
 from __future__ import annotations
 
 import math
-import multiprocessing
 import pickle
 import select
 import time
 from collections.abc import Callable
+from multiprocessing.context import BaseContext
 from typing import Any
 
 from jaxrunner.envs.process import wire
@@ -46,7 +46,7 @@ class WorkerPool:
 
     def __init__(
         self,
-        ctx: multiprocessing.context.BaseContext,
+        ctx: BaseContext,
         bounds: list[tuple[int, int]],
         payloads: list[bytes],
         step_timeout_s: float | None,

@@ -40,6 +40,11 @@ class StepBlock(Protocol):
     shared views by global index (:class:`~jaxrunner.envs.sub_envs.SubEnvs` and its
     multi-agent twin)."""
 
+    @property
+    def num_restarts(self) -> int:
+        """Sub-envs restarted so far (after a failed step or reset)."""
+        ...
+
     def step(self, lo: int, hi: int, actions: Sequence[Any]) -> StepResult: ...
 
     def reset(self, seeds: Sequence[int | None], options: dict[str, Any] | None) -> list[dict]: ...
@@ -59,7 +64,8 @@ class BlockLayout(Protocol):
     """What a kind of sub-env brings to the process transport (pickled to each worker
     with the shared block). Both sides call :meth:`views` on the same block."""
 
-    num_envs: int
+    @property
+    def num_envs(self) -> int: ...
 
     @property
     def nbytes(self) -> int: ...

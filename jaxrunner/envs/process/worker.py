@@ -30,7 +30,7 @@ from typing import Any
 import gymnasium
 
 from jaxrunner.envs.process.launch import available_cpus
-from jaxrunner.envs.process.shared import BlockLayout
+from jaxrunner.envs.process.shared import BlockLayout, StepBlock
 from jaxrunner.envs.process.wire import (
     COMMAND,
     OP_MEMORY,
@@ -44,7 +44,7 @@ from jaxrunner.envs.process.wire import (
     StepReply,
     recv_exact,
 )
-from jaxrunner.envs.sub_envs import SubEnvRaised, SubEnvs, build_envs
+from jaxrunner.envs.sub_envs import SubEnvRaised, build_envs
 from jaxrunner.errors import EnvError, JaxRunnerError
 from jaxrunner.faults import RestartPolicy
 
@@ -57,7 +57,7 @@ class Worker:
     ) -> None:
         self.sock, self.offset, self.fns = sock, offset, fns
         self.envs: list[gymnasium.Env] = []
-        self.sub_envs: SubEnvs | None = None
+        self.sub_envs: StepBlock | None = None
         """The step loop over ``envs``, once the shared block is attached."""
         self._memory: mmap.mmap | None = None
         self.spin = Spin(0.0)
@@ -81,7 +81,8 @@ class Worker:
             self.offset,
             v,
             policy,
-            memoryview(v.status),  # faster item writes than numpy's
+            # Faster item writes than numpy's (typeshed's memoryview is no MutableSequence).
+            memoryview(v.status),  # type: ignore[arg-type]
         )
 
     # -- commands

@@ -129,7 +129,9 @@ class ActorPool:
             error.__cause__ = err
             return error
         if isinstance(err, ray.exceptions.RayTaskError):
-            cause = err.cause if getattr(err, "cause", None) is not None else err
+            cause = getattr(err, "cause", None)
+            if cause is None:
+                cause = err
             if cause is not err:
                 if cause.__cause__ is None:
                     cause.__cause__ = err

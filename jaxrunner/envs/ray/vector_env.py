@@ -35,7 +35,7 @@ from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
 from jaxrunner.envs.ray.actors import ActorPool, EnvFactory
 from jaxrunner.envs.ray.config import RayConfig, import_ray
 from jaxrunner.envs.ray.deadlines import InFlightSteps
-from jaxrunner.envs.sub_envs import ActionSplitters, StepBuffers, fail_slot
+from jaxrunner.envs.sub_envs import ActionSplitters, StepBuffers, fail_slot, span
 from jaxrunner.errors import (
     EnvIndexError,
     InvalidArgumentError,
@@ -228,7 +228,7 @@ class RayVectorEnv(VectorEnv):
 
     def _merge(self, results: list[BatchStep]) -> BatchStep:
         """Several actors' results as one BatchStep (rows in actor order)."""
-        results.sort(key=lambda r: r.env_ids.start)
+        results.sort(key=lambda r: span(r).start)
         return self._buffers.merge(self.single_observation_space, results)
 
     def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
@@ -247,7 +247,7 @@ class RayVectorEnv(VectorEnv):
         results = []
         while self.num_in_flight:
             results.append(self._recv_one())
-        results.sort(key=lambda r: r.env_ids.start)
+        results.sort(key=lambda r: span(r).start)
         failed = np.zeros(hi - lo, np.bool_)
         infos, reset_infos, errors = [], {}, {}
         for out in results:
