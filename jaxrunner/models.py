@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrunner import spaces as jr_spaces
 from jaxrunner.errors import SpaceMismatchError
 from jaxrunner.policy import Policy
 
@@ -44,7 +45,7 @@ def _num_outputs(action_space: gymnasium.Space) -> int:
         return int(action_space.n)
     if isinstance(action_space, gymnasium.spaces.MultiDiscrete):
         return int(np.sum(action_space.nvec))
-    return int(np.prod(action_space.shape))
+    return int(np.prod(jr_spaces.leaf_spec(action_space)[0]))
 
 
 def mlp_policy(action_space: gymnasium.Space, hidden: tuple[int, ...] = (64, 64)) -> Policy:

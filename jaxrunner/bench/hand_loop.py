@@ -19,6 +19,7 @@ import gymnasium
 import jax
 import numpy as np
 
+from jaxrunner import spaces as jr_spaces
 from jaxrunner.bench.policy import hand_act, mlp_policy
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.policy import Policy
@@ -98,8 +99,8 @@ class RecordingHandLoop:
         self.params = self.policy.init(jax.random.key(seed), obs_space)
         self._act = hand_act(self.policy, self.num_envs)
         shape = (rollout_length, self.num_envs)
-        self.obs = np.zeros(shape + obs_space.shape, obs_space.dtype)
-        self.action = np.zeros(shape + action_space.shape, action_space.dtype)
+        self.obs = jr_spaces.allocate(obs_space, shape)
+        self.action = jr_spaces.allocate(action_space, shape)
         self.log_prob = np.zeros(shape, np.float32)
         self.reward = np.zeros(shape, np.float32)
         self.terminated = np.zeros(shape, np.bool_)
@@ -183,7 +184,7 @@ def reference_envs(
     if reference == "native":
         return gymnasium.make_vec(env, num_envs, vectorization_mode="vector_entry_point"), True
     if reference == "envpool":
-        import envpool
+        import envpool  # type: ignore[import-not-found]  # an optional extra
 
         # batch_size == num_envs: every step waits for every env (sync mode).
         envs = envpool.make_gymnasium(

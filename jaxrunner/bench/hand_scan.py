@@ -24,7 +24,7 @@ def build_hand_scan(
     Raises:
         ImportError: gymnax is not installed.
     """
-    import gymnax
+    import gymnax  # type: ignore[import-not-found]  # an optional extra
 
     env, env_params = gymnax.make(env_id)
     spaces = JaxVectorEnv(env, env_params, 1)

@@ -17,6 +17,7 @@ import gymnasium
 import jax
 import numpy as np
 
+from jaxrunner import spaces as jr_spaces
 from jaxrunner.bench.hand_loop import single_spaces
 from jaxrunner.bench.policy import hand_act
 from jaxrunner.policy import Policy
@@ -37,8 +38,8 @@ def puffer_envs(reference: str, make: Callable[[], Any], num_envs: int, seed: in
     so the one left is the main process's, whose policy runs there: jaxrunner's process
     backend leaves it too), at least one, ``num_envs`` split evenly among them; every
     step waits for every env (``batch_size = num_envs``)."""
-    import pufferlib.emulation
-    import pufferlib.vector
+    import pufferlib.emulation  # type: ignore[import-not-found]  # the peers venv only
+    import pufferlib.vector  # type: ignore[import-not-found]  # the peers venv only
 
     creator = functools.partial(pufferlib.emulation.GymnasiumPufferEnv, env_creator=make)
     if reference == "puffer_serial":
@@ -81,7 +82,7 @@ class EnvPoolAsyncLoop:
         seed: int,
         make_policy: Callable[[gymnasium.Space, gymnasium.Space], Policy],
     ) -> None:
-        import envpool
+        import envpool  # type: ignore[import-not-found]  # an optional extra
 
         self.batch_size = batch = max(1, num_envs // 2)
         self.envs = envs = envpool.make_gymnasium(
@@ -97,8 +98,8 @@ class EnvPoolAsyncLoop:
             self._clip = (action_space.low, action_space.high)
         self.rollout_length = rollout_length
         shape = (rollout_length, batch)
-        self.obs = np.zeros(shape + obs_space.shape, obs_space.dtype)
-        self.action = np.zeros(shape + action_space.shape, action_space.dtype)
+        self.obs = jr_spaces.allocate(obs_space, shape)
+        self.action = jr_spaces.allocate(action_space, shape)
         self.log_prob = np.zeros(shape, np.float32)
         self.reward = np.zeros(shape, np.float32)
         self.terminated = np.zeros(shape, np.bool_)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import pathlib
@@ -31,7 +32,6 @@ def machine_info() -> dict[str, Any]:
     JAX CPU dispatch and the load averages (1, 5, 15 min)."""
     import flax
     import gymnasium
-    import jaxlib
 
     return {
         "platform": platform.platform(),
@@ -39,7 +39,7 @@ def machine_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "python": platform.python_version(),
         "jax": jax.__version__,
-        "jaxlib": jaxlib.__version__,
+        "jaxlib": importlib.metadata.version("jaxlib"),
         "flax": flax.__version__,
         "gymnasium": gymnasium.__version__,
         "numpy": np.__version__,

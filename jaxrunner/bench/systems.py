@@ -99,7 +99,7 @@ class System(Protocol):
 
 def _make_envs(spec: Spec) -> Any:
     if spec.backend == JAX_BACKEND:
-        import gymnax
+        import gymnax  # type: ignore[import-not-found]  # an optional extra
 
         from jaxrunner.envs.jax_env import JaxVectorEnv
 
