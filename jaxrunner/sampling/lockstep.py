@@ -24,7 +24,7 @@ from jaxrunner import spaces as jr_spaces
 from jaxrunner.callbacks import Callbacks, LiveEpisode
 from jaxrunner.connectors.pipeline import SampleEnd
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch
-from jaxrunner.envs.base import BatchStep, VectorEnv
+from jaxrunner.envs.base import BaseVectorEnv, BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Params
@@ -49,7 +49,7 @@ no difference). With inline CPU dispatch a policy call cannot overlap the envs, 
 the default is one split."""
 
 
-def default_num_splits(envs: VectorEnv) -> int:
+def default_num_splits(envs: BaseVectorEnv) -> int:
     """The backend's declared choice, else 2 from a width where overlap pays, else 1."""
     num_envs = envs.num_envs
     if envs.capabilities.pipeline_bounds is not None:
@@ -63,6 +63,33 @@ def default_num_splits(envs: VectorEnv) -> int:
     else:
         min_envs = PIPELINE_MIN_ENVS_CPU
     return 2 if num_envs >= min_envs else 1
+
+
+def pipeline_splits(envs: BaseVectorEnv, num_splits: int | None, where: str) -> list[slice]:
+    """The envs of each pipelining split: ``num_splits`` (None:
+    :func:`default_num_splits`) contiguous parts, at the backend's
+    ``capabilities.pipeline_bounds`` where it declares that many, else of equal size;
+    ``where`` names the runner in the error.
+
+    Raises:
+        InvalidArgumentError: ``num_splits`` is not in ``[1, num_envs]``.
+    """
+    num_envs = envs.num_envs
+    if num_splits is None:
+        num_splits = default_num_splits(envs)
+    if (
+        isinstance(num_splits, bool)
+        or not isinstance(num_splits, int)
+        or not (1 <= num_splits <= num_envs)
+    ):
+        raise InvalidArgumentError(
+            f"{where}(num_splits={num_splits!r}): expected an int in [1, num_envs="
+            f"{num_envs}] (or None for automatic)."
+        )
+    bounds = envs.capabilities.pipeline_bounds  # the backend's own split, if it has one
+    if bounds is None or len(bounds) != num_splits + 1 or bounds[-1] != num_envs:
+        bounds = np.linspace(0, num_envs, num_splits + 1).round().astype(int).tolist()
+    return [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
 
 
 class LockstepSampler(HostSampler):
@@ -87,13 +114,8 @@ class LockstepSampler(HostSampler):
         runner: Any = None,
     ) -> None:
         num_envs = envs.num_envs
-        if num_splits is None:
-            num_splits = default_num_splits(envs)
-        if not 1 <= num_splits <= num_envs:
-            raise InvalidArgumentError(
-                f"EnvRunner(num_splits={num_splits!r}): expected an int in [1, num_envs="
-                f"{num_envs}] (or None for automatic)."
-            )
+        self.splits = pipeline_splits(envs, num_splits, "EnvRunner")
+        """The envs of each pipelining split."""
         self.envs, self.rollout_length = envs, setup.rollout_length
         self.metrics, self.callbacks, self._runner = setup.metrics, callbacks, runner
         self._obs_space = envs.single_observation_space
@@ -101,11 +123,6 @@ class LockstepSampler(HostSampler):
         self._clip = jr_spaces.clip_box_actions(self._action_space)
         self._book = EpisodeBook(num_envs)
         self._episode_start = np.ones(num_envs, dtype=np.bool_)
-        bounds = envs.capabilities.pipeline_bounds  # the backend's own split, if it has one
-        if bounds is None or len(bounds) != num_splits + 1 or bounds[-1] != num_envs:
-            bounds = np.linspace(0, num_envs, num_splits + 1).round().astype(int).tolist()
-        self.splits = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
-        """The envs of each pipelining split."""
         connectors = setup.connectors
         self._state, self._packing = host_actor_state(
             setup.policy, setup.seed, num_envs, connectors, self._obs_space
@@ -322,4 +339,10 @@ class LockstepSampler(HostSampler):
                 callbacks.on_episode_end(runner, i, live)
 
 
-__all__ = ["PIPELINE_MIN_ENVS", "PIPELINE_MIN_ENVS_CPU", "LockstepSampler", "default_num_splits"]
+__all__ = [
+    "PIPELINE_MIN_ENVS",
+    "PIPELINE_MIN_ENVS_CPU",
+    "LockstepSampler",
+    "default_num_splits",
+    "pipeline_splits",
+]
