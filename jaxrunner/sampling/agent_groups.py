@@ -11,6 +11,7 @@ group's actor state.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -57,7 +58,10 @@ class GroupSampler:
         num_possible: int,
         connectors: Connectors | None = None,
         same_step: bool = False,
+        blocks: Sequence[slice] = (),
     ) -> None:
+        """``blocks``: the envs of the blocks to compile now (the others compile at
+        their first dispatch; none: every env)."""
         self.group, self.num_envs = group, num_envs
         self.same_step = same_step
         """Each action's transition completes in the step that takes it (parallel envs)."""
@@ -79,13 +83,16 @@ class GroupSampler:
             )  # fmt: skip
 
         self._compile = compiled
-        self._calls: dict[int, CompiledPolicyStep] = {self.rows: compiled(self.rows)}
+        self._calls: dict[int, CompiledPolicyStep] = {}
         self._blocks: dict[tuple[int, int], _Block] = {}
+        for rows in blocks or [slice(0, num_envs)]:
+            self._block(rows.start, rows.stop)
         self._pending_views: dict[tuple[int, int], list[list[np.ndarray]]] = {}
         self.sample_end = None
         if connectors is not None and connectors.per_sample:
             self.sample_end = SampleEnd(connectors, self.packing, agent_axis=True)  # type: ignore[arg-type]
-        self.action_spec, self.extras_spec = self._calls[self.rows].env_output_spec
+        # The same for every block: shapes of num_envs rows.
+        self.action_spec, self.extras_spec = next(iter(self._calls.values())).env_output_spec
         shape = (num_envs, a_g)
         self.pending_obs = jr_spaces.allocate(group.observation_space, shape)
         self.pending_action = jax.tree.map(
@@ -105,10 +112,6 @@ class GroupSampler:
         # Agent-episode returns and lengths across samples (for the metrics).
         self.running_return = np.zeros(shape, np.float64)
         self.running_length = np.zeros(shape, np.int64)
-
-    def compile_block(self, lo: int, hi: int) -> None:
-        """Compiles the step of block ``[lo, hi)`` now (else at its first dispatch)."""
-        self._block(lo, hi)
 
     def _block(self, lo: int, hi: int) -> _Block:
         block = self._blocks.get((lo, hi))

@@ -133,9 +133,8 @@ class MultiAgentSampler:
                 num_possible,
                 setup.connectors.get(pid),
                 same_step=not envs.turn_based,
+                blocks=self.splits,
             )
-            for rows in self.splits:
-                self.groups[pid].compile_block(rows.start, rows.stop)
             offset += group.num_agents
         self._last = first
         """The reset step: its arrays are the env's buffers, which every later step's
