@@ -75,10 +75,16 @@ def test_process_splits_give_the_sync_trajectories(name):
         assert_same(reference, sample(name, "process", splits, num_workers=2))
 
 
-def test_process_defaults_to_two_splits():
-    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 4, "process", num_workers=2)
+def test_default_splits_follow_the_lockstep_samplers_rule(monkeypatch):
+    from jaxrunner.sampling import lockstep
+
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 8, "process", num_workers=2)
     with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
-        assert runner.sampler.splits == [slice(0, 2), slice(2, 4)]
+        assert len(runner.sampler.splits) == lockstep.default_num_splits(envs)
+    monkeypatch.setattr(lockstep.jax, "default_backend", lambda: "gpu")
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 8)
+    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
+        assert runner.sampler.splits == [slice(0, 4), slice(4, 8)]
 
 
 def test_block_sends_step_only_their_envs_and_answer_in_order():

@@ -62,9 +62,10 @@ class MultiAgentRunner(EnvOwner):
         num_splits: host envs, lockstep backends: pipelining, as for an ``EnvRunner``:
             the envs are split in this many contiguous parts, and one part's policy
             steps run while another part's envs step (process and Ray backends);
-            trajectories are the same bits for any value. None: the backend's default
-            (two on the process backend). Ready-first backends and pure-JAX envs take
-            None (or 1).
+            trajectories are the same bits for any value. None: the lockstep sampler's
+            rule (:func:`~jaxrunner.sampling.lockstep.default_num_splits`: one on a CPU
+            host with inline dispatch, two from 8 envs on accelerators). Ready-first
+            backends and pure-JAX envs take None (or 1).
     """
 
     def __init__(

@@ -217,9 +217,10 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
             most one per env: the main process waits while they step);
             ``main_process_envs`` does not apply to multi-agent envs yet and is refused.
             Lockstep (the default): ``recv`` answers the sends in order, and the runner
-            pipelines two splits. ``ready_first=True``: ``send`` covers whole workers and
-            ``recv`` answers whichever worker's envs are ready
-            (``capabilities.ready_first``), so a slow sub-env stalls only its worker's.
+            can pipeline splits (``MultiAgentRunner(num_splits=...)``).
+            ``ready_first=True``: ``send`` covers whole workers and ``recv`` answers
+            whichever worker's envs are ready (``capabilities.ready_first``), so a slow
+            sub-env stalls only its worker's.
         restart_policy: failed sub-envs are recreated inside their worker, and dead or
             hung workers replaced, as the single-agent process backend does (None:
             failures raise and close the vector env).
@@ -230,7 +231,10 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
         WorkerError, WorkerTimeoutError: a worker died or hung while starting.
     """
 
-    capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
+    # Pipelining splits by the lockstep sampler's rule (on a CPU host with inline
+    # dispatch, one: measured slower with two on 2 cores, results/
+    # multi_agent_host_pipeline_2splits_cpu.json).
+    capabilities = Capabilities(can_restart=True, steps_in_background=True)
 
     def __init__(
         self,
