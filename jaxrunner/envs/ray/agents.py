@@ -264,6 +264,7 @@ class RayMultiAgentVectorEnv(ActorForwarding, MultiAgentVectorEnv):
             if per_actor:
                 sends.append(_Send(start, stop))
             sends[-1].refs[ref] = u
+            sends[-1].actors[ref] = self._actors.actors[u]
             self._owner[ref] = sends[-1]
         self._sends.extend(sends)
         return sends[-1]
@@ -307,22 +308,31 @@ class RayMultiAgentVectorEnv(ActorForwarding, MultiAgentVectorEnv):
         if ref is None:
             by_rows = {(u, self._in_flight.rows(r).start): r for r, u in self._refs_in_flight()}
             for u, rows, cause in list(self._in_flight.pop_expired()):
-                old = by_rows[u, rows.start]
-                sent = self._owner.pop(old)
-                del sent.refs[old]
-                sent.replies.append((rows, self._replace(u, cause, sent.lost)))
+                self._lose(by_rows[u, rows.start], u, rows, cause)
             return
         u, rows = self._in_flight.pop(ref)
-        sent = self._owner.pop(ref)
-        del sent.refs[ref]
         try:
             reply = self._actors.ray.get(ref)
         except Exception as err:
             cause = self._actors.remote_error(err, u, "step")
             if not isinstance(cause, WorkerError):  # raised by a sub-env
                 raise cause from err
-            reply = self._replace(u, cause, sent.lost)
+            self._lose(ref, u, rows, cause)
+            return
+        sent = self._owner.pop(ref)
+        del sent.refs[ref], sent.actors[ref]
         sent.replies.append((rows, reply))
+
+    def _lose(self, ref: Any, u: int, rows: slice, cause: BaseException) -> None:
+        """Actor ``u``'s step ``ref`` (envs ``rows``) died with its actor: the actor is
+        replaced, unless a step of another block already replaced it; the envs' slots
+        fail with ``cause``."""
+        sent = self._owner.pop(ref)
+        del sent.refs[ref]
+        if sent.actors.pop(ref) is self._actors.actors[u]:
+            self._replace(u, cause, sent.lost)
+        else:  # replaced since this step was sent: its new episodes are in the buffers
+            sent.lost.update(dict.fromkeys(range(rows.start, rows.stop), cause))
 
     def _refs_in_flight(self) -> list[tuple[Any, int]]:
         return [(ref, u) for sent in self._sends for ref, u in sent.refs.items()]
@@ -333,16 +343,17 @@ class RayMultiAgentVectorEnv(ActorForwarding, MultiAgentVectorEnv):
         self._sends.clear()
         self._owner.clear()
 
-    def _replace(self, u: int, cause: BaseException, lost: dict[int, BaseException]) -> Any:
-        """A new actor ``u`` in place of a lost one (or the failure raised); its sub-envs'
-        slots fail with ``cause``."""
+    def _replace(self, u: int, cause: BaseException, lost: dict[int, BaseException]) -> None:
+        """A new actor ``u`` in place of a lost one (or the failure raised): its reset
+        sub-envs' rows are written now (all of them: whatever block they are in), and
+        their slots fail with ``cause``."""
         if self.restart_policy is None:
             self._actors.kill(self._actors.actors[u])
             raise cause
         reply = self._actors.replace(u, cause)
         rows = self.unit_rows[u]
+        _put_reply(self._buffers, reply, rows)
         lost.update(dict.fromkeys(range(rows.start, rows.stop), cause))
-        return reply
 
     def _gather(self, sent: _Send) -> MultiAgentStep:
         """Copies the replies of ``sent``'s actors into the buffers; its block's step."""
@@ -354,8 +365,6 @@ class RayMultiAgentVectorEnv(ActorForwarding, MultiAgentVectorEnv):
         failed = self._failed[lo:hi]
         failed[:] = False
         for rows, reply in sent.replies:
-            if rows.stop - rows.start != len(reply.env_done):  # a new actor's reset rows
-                rows = self.unit_rows[rows.start // self.config.envs_per_actor]
             _put_reply(b, reply, rows)
             start, stop = max(rows.start, lo), min(rows.stop, hi)  # the block's part of them
             own = slice(start - rows.start, stop - rows.start)
@@ -403,6 +412,8 @@ class _Send:
     def __init__(self, lo: int, hi: int) -> None:
         self.lo, self.hi = lo, hi
         self.refs: dict[Any, int] = {}
+        self.actors: dict[Any, Any] = {}
+        """The actor handle each step was sent to (a replaced one is lost with it)."""
         self.replies: list[tuple[slice, BlockReply]] = []
         self.lost: dict[int, BaseException] = {}
 
