@@ -10,7 +10,9 @@ median of the per-round ratios. Each child's dispatch mode is in the report.
 * ``host``: MPE ``simple_spread_v3`` (3 agents, PettingZoo parallel API) at widths
   1, 8, 64, 256. ``jaxrunner``: ``MultiAgentRunner.sample()`` on the sync backend
   (the default); ``jaxrunner_process``: the same on ``backend="process"`` at its
-  default worker count (one per CPU).
+  defaults (one worker per CPU, the lockstep sampler's split rule: one split on a CPU
+  host with inline dispatch); ``jaxrunner_process_2splits``: the process backend
+  with ``num_splits=2`` (one split's policy steps while the other's envs step).
   ``hand_loop``: ``jaxrunner.bench.MultiAgentHandLoop``, a list of the same PettingZoo
   envs; per step the agents' observations stacked into one ``[B * 3, 18]`` array, one
   jitted policy call (the benchmark MLP: actions and log-probs), ``np.asarray``,
@@ -73,11 +75,11 @@ def _policy() -> tuple[jr.Policy, Any]:
 
 
 def jaxrunner_host(
-    num_envs: int, rollout: int, backend: str = "sync"
+    num_envs: int, rollout: int, backend: str = "sync", num_splits: int | None = None
 ) -> tuple[Callable[[], int], Callable[[], None]]:
     envs = jr.make_multi_agent_vec(make_env, num_envs, backend)
     policy, params = _policy()
-    runner = jr.MultiAgentRunner(envs, policy, params, rollout, seed=0)
+    runner = jr.MultiAgentRunner(envs, policy, params, rollout, seed=0, num_splits=num_splits)
     runner.sample()  # warm-up
 
     def step() -> int:
@@ -153,9 +155,12 @@ def build(part: str, name: str, width: int, rollout: int) -> tuple[Callable[[], 
     if part == "host":
         if name == "hand_loop":
             return hand_loop_host(width, rollout)
-        return jaxrunner_host(
-            width, rollout, {"jaxrunner": "sync", "jaxrunner_process": "process"}[name]
-        )
+        backend, num_splits = {
+            "jaxrunner": ("sync", None),
+            "jaxrunner_process": ("process", None),
+            "jaxrunner_process_2splits": ("process", 2),
+        }[name]
+        return jaxrunner_host(width, rollout, backend, num_splits)
     import jaxmarl
 
     env = jaxmarl.make("MPE_simple_spread_v3")
@@ -250,7 +255,11 @@ def main() -> None:
     if args.child:
         child(args.part, args.child, args.widths[0], rollout)
         return
-    names = ("jaxrunner", "jaxrunner_process", "hand_loop") if host else ("jaxrunner", "hand_scan")
+    names = (
+        ("jaxrunner", "jaxrunner_process", "jaxrunner_process_2splits", "hand_loop")
+        if host
+        else ("jaxrunner", "hand_scan")
+    )
     dispatch: dict[str, str] = {}
     results = []
     for width in args.widths or ((1, 8, 64, 256) if host else (4096,)):

@@ -9,7 +9,7 @@ computation is queued) and ``collect`` (waits for it), so a sampler can step env
 while the policy runs.
 
 Rows. A stage holds ``rows`` rows of (observation, episode-start flag, env index):
-``size`` rounded up to whole policy chunks (below).
+``size`` rounded up to whole policy chunks, at least two (below).
 
 * ``size == rows == num_envs`` (lockstep, one group): row ``i`` is env ``i``; a row
   whose index is ``num_envs`` is computed and dropped.
@@ -243,7 +243,11 @@ class CompiledPolicyStep:
     ) -> None:
         num_envs = int(state.env_steps.shape[0])
         self.size, self.num_envs, self.chunk_rows = size, num_envs, chunk_rows
-        rows = size if chunk_rows is None else -(-size // chunk_rows) * chunk_rows
+        # At least two chunks: a one-chunk stage lets XLA drop the loop's dynamic slice
+        # and fuse the chunk differently (a row-sum policy's carry came out 1 ulp apart
+        # between a split of one chunk and a batch of two). Chunks after the last real
+        # row are not computed, so the second costs transfer only.
+        rows = size if chunk_rows is None else max(2, -(-size // chunk_rows)) * chunk_rows
         self.rows = rows
         """Rows of the stage and of the outputs."""
         chunked = None if chunk_rows is None else chunked_apply(policy.apply_fn, chunk_rows)

@@ -53,9 +53,9 @@ def test_a_worker_killed_between_samples_is_a_worker_error_not_a_broken_pipe():
 
 
 def test_process_config_options_that_do_not_apply_are_refused():
-    with pytest.raises(InvalidArgumentError, match="ready_first"):
+    with pytest.raises(InvalidArgumentError, match="main_process_envs"):
         jr.make_multi_agent_vec(
-            envs_mod.coming_and_going, 2, "process", config=jr.ProcessConfig(ready_first=True)
+            envs_mod.coming_and_going, 2, "process", config=jr.ProcessConfig(main_process_envs=1)
         )
     with pytest.raises(jr.errors.InvalidArgumentTypeError, match="ProcessConfig"):
         jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, "process", config=jr.RayConfig())

@@ -221,8 +221,8 @@ class MultiAgentRunnerSystem:
         self.num_envs = spec.num_envs
         self._sample()  # warm-up: compiles, first resets
         workers = len(envs.worker_pids) if isinstance(envs, ProcessMultiAgentVectorEnv) else 0
-        # No pipelining groups on the multi-agent sampler: one group of envs.
-        self.layout = {"num_workers": workers, "num_splits": 1}
+        splits = len(getattr(self._runner.sampler, "splits", [None]))
+        self.layout = {"num_workers": workers, "num_splits": splits}
 
     def _sample(self) -> int:
         return self._runner.sample().num_steps * self.num_envs

@@ -168,28 +168,153 @@ def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> l
     return seeds
 
 
-class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
-    """Base of jaxrunner's vector envs (see the module docstring for the contract)."""
+class BaseVectorEnv(abc.ABC):
+    """What every jaxrunner vector env shares, single-agent (:class:`VectorEnv`) or
+    multi-agent (:class:`~jaxrunner.multi_agent.MultiAgentVectorEnv`): the declared
+    :class:`Capabilities`, the closed state, the sub-env utilities and the snapshot
+    refusals. The two differ only in what a step carries."""
 
-    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP}
     capabilities: Capabilities = Capabilities()
     """What this backend can do (see :class:`Capabilities`)."""
     restart_policy: RestartPolicy | None = None
     """How failed sub-envs are recreated (None: failures raise); given at construction,
     only where ``capabilities.can_restart``."""
+    num_envs: int
+    closed: bool = False
+    _make_hint: ClassVar[str] = "jaxrunner.make_vec()"
+    """How to build a new one (quoted by :class:`~jaxrunner.errors.ClosedError`)."""
+
+    def __init__(self) -> None:
+        self._closed_reason: str | None = None
+
+    @property
+    def can_snapshot(self) -> bool:
+        """``capabilities.can_snapshot``: the sub-envs' state can be saved and restored."""
+        return self.capabilities.can_snapshot
+
+    @property
+    def num_restarts(self) -> int:
+        """Sub-envs recreated after a failure so far (0 where none can be)."""
+        return 0
+
+    def get_num_restarts(self) -> int:
+        """:attr:`num_restarts`, refused once closed."""
+        self._check_open("get_num_restarts")
+        return self.num_restarts
+
+    @abc.abstractmethod
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> Any:
+        """Resets sub-env ``index`` alone (the others are untouched)."""
+
+    @abc.abstractmethod
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
+
+    @abc.abstractmethod
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Attribute ``name`` of every sub-env."""
+
+    @abc.abstractmethod
+    def set_attr(self, name: str, values: Any) -> None:
+        """Sets attribute ``name`` of every sub-env (one value per sub-env, or one for
+        all)."""
+
+    @abc.abstractmethod
+    def render(self) -> Any:
+        """Every sub-env's ``render()``."""
+
+    def snapshot_sub_envs(self) -> list[bytes]:
+        """Every sub-env's state, as a pickle (only where ``capabilities.can_snapshot``).
+        Unpickling runs code: restore only snapshots you made yourself."""
+        raise InvalidArgumentError(
+            f"{type(self).__name__} cannot snapshot its sub-envs (capabilities.can_snapshot "
+            "is False); use backend='sync' for checkpoints that resume episodes exactly."
+        )
+
+    def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
+        """Replaces every sub-env by its snapshot (:meth:`snapshot_sub_envs`)."""
+        raise InvalidArgumentError(
+            f"{type(self).__name__} cannot restore sub-env snapshots (capabilities.can_snapshot "
+            "is False)."
+        )
+
+    @abc.abstractmethod
+    def _close_backend(self) -> None:
+        """Releases the sub-envs (called once)."""
+
+    def close_extras(self, **kwargs: Any) -> None:
+        if self._closed_reason is None:
+            self._closed_reason = "close() was called"
+            self._close_backend()
+
+    def close(self, **kwargs: Any) -> None:
+        """Releases the sub-envs; every later call raises
+        :class:`~jaxrunner.errors.ClosedError`."""
+        self.close_extras(**kwargs)
+        self.closed = True
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Backends holding processes need a finalizer.
+        # (No contextlib here: module globals may be gone at interpreter exit.)
+        try:  # noqa: SIM105
+            self.close()
+        except Exception:
+            pass
+
+    # -- helpers for subclasses ----------------------------------------------------------
+
+    def _check_open(self, what: str) -> None:
+        if self._closed_reason is not None:
+            raise ClosedError(
+                f"{type(self).__name__}.{what}() called after the vector env was closed "
+                f"({self._closed_reason}). Create a new one with {self._make_hint}."
+            )
+
+    def _check_index(self, index: Any, what: str = "reset_at") -> None:
+        if (
+            isinstance(index, bool)
+            or not isinstance(index, (int, np.integer))
+            or not 0 <= index < self.num_envs
+        ):
+            raise EnvIndexError(f"{what}(index={index!r}): index must be in [0, {self.num_envs}).")
+
+    def _values_per_env(self, name: str, values: Any) -> list[Any]:
+        """``set_attr``'s values: one per sub-env, or one value for all."""
+        if not isinstance(values, (list, tuple)):
+            return [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise InvalidArgumentError(
+                f"set_attr({name!r}, values): need one value per sub-env ({self.num_envs}), "
+                f"got {len(values)}."
+            )
+        return list(values)
+
+
+class VectorEnv(BaseVectorEnv, gymnasium.vector.VectorEnv):
+    """Base of jaxrunner's single-agent vector envs (see the module docstring for the
+    contract)."""
+
+    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP}
     reset_seed: int | None = None
     """The int seed of the last ``reset(seed=...)`` (e.g. ``make_vec(..., seed=...)``);
     None if there was none. An :class:`~jaxrunner.EnvRunner` reads it to warn when its
     own seed overrides this one."""
 
     # Set by subclasses in __init__.
-    num_envs: int
     single_observation_space: gymnasium.Space
     single_action_space: gymnasium.Space
 
     def __init__(self, *, copy: bool = True) -> None:
+        super().__init__()
         self.copy = copy
-        self._closed_reason: str | None = None
 
     # -- the backend contract -------------------------------------------------------
 
@@ -223,28 +348,9 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
     ) -> tuple[Any, dict[str, Any]]:
         """Resets sub-env ``index`` only; returns its observation and info."""
 
-    def snapshot_sub_envs(self) -> list[bytes]:
-        """Every sub-env's state, as a pickle (only where ``capabilities.can_snapshot``).
-        Unpickling runs code: restore only snapshots you made yourself."""
-        raise InvalidArgumentError(
-            f"{type(self).__name__} cannot snapshot its sub-envs (capabilities.can_snapshot "
-            "is False)."
-        )
-
-    def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
-        """Replaces every sub-env by its snapshot (:meth:`snapshot_sub_envs`)."""
-        raise InvalidArgumentError(
-            f"{type(self).__name__} cannot restore sub-env snapshots (capabilities.can_snapshot "
-            "is False)."
-        )
-
     @abc.abstractmethod
     def _obs_buffer(self) -> Any:
         """The current observations, ``[B, ...]`` (a view of the env's buffer)."""
-
-    @abc.abstractmethod
-    def _close_backend(self) -> None:
-        """Releases the sub-envs (called once)."""
 
     # -- gymnasium's API, derived -----------------------------------------------------
 
@@ -306,48 +412,7 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
             merged,
         )
 
-    def close_extras(self, **kwargs: Any) -> None:
-        if self._closed_reason is None:
-            self._closed_reason = "close() was called"
-            self._close_backend()
-
-    def __enter__(self) -> VectorEnv:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        # gymnasium's base has no finalizer; backends holding processes need one.
-        # (No contextlib here: module globals may be gone at interpreter exit.)
-        try:  # noqa: SIM105
-            self.close()
-        except Exception:
-            pass
-
     # -- helpers for subclasses ----------------------------------------------------------
-
-    def _check_open(self, what: str) -> None:
-        if self._closed_reason is not None:
-            raise ClosedError(
-                f"{type(self).__name__}.{what}() called after the vector env was closed "
-                f"({self._closed_reason}). Create a new one with jaxrunner.make_vec()."
-            )
-
-    def _check_index(self, index: int, what: str) -> None:
-        if not 0 <= index < self.num_envs:
-            raise EnvIndexError(f"{what}(index={index}): index must be in [0, {self.num_envs}).")
-
-    def _values_per_env(self, name: str, values: Any) -> list[Any]:
-        """``set_attr``'s values: one per sub-env, or one value for all."""
-        if not isinstance(values, (list, tuple)):
-            return [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise InvalidArgumentError(
-                f"set_attr({name!r}, values): need one value per sub-env ({self.num_envs}), "
-                f"got {len(values)}."
-            )
-        return list(values)
 
     def _maybe_copy(self, obs: Any) -> Any:
         if not self.copy:
@@ -355,21 +420,22 @@ class VectorEnv(gymnasium.vector.VectorEnv, abc.ABC):
         return jr_spaces.map_structure(self.single_observation_space, np.copy, obs)
 
 
-class InProcessVectorEnv(VectorEnv):
-    """Base of backends whose sub-envs step in the calling thread: :meth:`send` keeps
-    the actions (read, not copied: keep them unchanged until the matching
+class InProcessSends:
+    """``send``/``recv`` of a backend whose sub-envs step in the calling thread (a mixin
+    of :class:`InProcessVectorEnv` and the sync multi-agent backend): :meth:`send`
+    keeps the actions (read, not copied: keep them unchanged until the matching
     :meth:`recv`), and :meth:`recv` steps the oldest send with :meth:`_step`."""
 
-    def __init__(self, *, copy: bool = True) -> None:
-        super().__init__(copy=copy)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._sent: collections.deque[tuple[Any, slice | None]] = collections.deque()
 
     @abc.abstractmethod
-    def _step(self, actions: Any, rows: slice | None) -> BatchStep:
+    def _step(self, actions: Any, rows: slice | None) -> Any:
         """Steps envs ``rows`` (None: all) now; ``step_batch``'s contract."""
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
-        self._check_open("step")
+        self._check_open("step")  # type: ignore[attr-defined]
         if env_ids is not None and not isinstance(env_ids, slice):
             raise InvalidArgumentError(
                 f"{type(self).__name__}.send(env_ids=...): expected None or a slice of env "
@@ -377,8 +443,8 @@ class InProcessVectorEnv(VectorEnv):
             )
         self._sent.append((actions, env_ids))
 
-    def recv(self) -> BatchStep:
-        self._check_open("step")
+    def recv(self) -> Any:
+        self._check_open("step")  # type: ignore[attr-defined]
         if not self._sent:
             raise InvalidArgumentError(
                 f"{type(self).__name__}.recv(): no send() is waiting for its results. Call "
@@ -387,8 +453,14 @@ class InProcessVectorEnv(VectorEnv):
         actions, rows = self._sent.popleft()
         return self._step(actions, rows)
 
-    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
+    def step_batch(self, actions: Any, rows: slice | None = None) -> Any:
         if self._sent:  # send then recv, as the base defines it: the oldest send answers
-            return super().step_batch(actions, rows)
-        self._check_open("step")
+            self.send(actions, rows)
+            return self.recv()
+        self._check_open("step")  # type: ignore[attr-defined]
         return self._step(actions, rows)
+
+
+class InProcessVectorEnv(InProcessSends, VectorEnv):
+    """Base of single-agent backends whose sub-envs step in the calling thread (see
+    :class:`InProcessSends`)."""

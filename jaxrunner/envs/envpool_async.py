@@ -196,5 +196,25 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
     def _close_backend(self) -> None:
         self.env.close()
 
+    # EnvPool's sub-envs live in C++ threads: no per-sub-env attributes or rendering.
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        raise self._no_sub_envs("call")
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        raise self._no_sub_envs("get_attr")
+
+    def set_attr(self, name: str, values: Any) -> None:
+        raise self._no_sub_envs("set_attr")
+
+    def render(self) -> Any:
+        raise self._no_sub_envs("render")
+
+    def _no_sub_envs(self, what: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"EnvPoolAsyncVectorEnv.{what}(): EnvPool's sub-envs are not Python objects this "
+            "process can reach; use the 'sync' or 'process' backend for per-sub-env access."
+        )
+
 
 __all__ = ["EnvPoolAsyncVectorEnv"]

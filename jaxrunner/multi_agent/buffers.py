@@ -122,6 +122,15 @@ class AgentStepBuffers(NamedTuple):
             np.zeros(num_envs, np.float64),
         )
 
+    def rows(self, part: slice) -> AgentStepBuffers:
+        """Envs ``part``'s rows, as views."""
+        return AgentStepBuffers(
+            [g.rows(part) for g in self.groups],
+            self.env_done[part],
+            self.env_reward[part],
+            self.unassigned_reward[part],
+        )
+
 
 class MultiAgentStep(NamedTuple):
     """What one multi-agent vector step returns (views of the env's buffers: valid until
@@ -147,6 +156,59 @@ class MultiAgentStep(NamedTuple):
     errors: dict[int, BaseException] | None = None
     """The failures of this step by env index: failed steps (``failed``), and failed
     resets after a good step (whose transitions stay valid)."""
+    env_ids: slice | None = None
+    """Which envs these rows are: a contiguous block of env indices (a ``send`` of a
+    slice, or a ready-first worker's envs); None means every env, in order. Every
+    array has the block's rows only (views of the rows of the buffers
+    ``reset_batch`` returned), ``infos`` and ``failed`` too."""
 
 
-__all__ = ["FIELDS", "AgentStepBuffers", "GroupBuffers", "MultiAgentStep"]
+class StepViews:
+    """A backend's full step buffers and their row blocks' views (built once per
+    block), from which every :class:`MultiAgentStep` it returns is made."""
+
+    def __init__(self, buffers: AgentStepBuffers, policy_ids: tuple[str, ...]) -> None:
+        self.buffers, self.policy_ids = buffers, policy_ids
+        self.num_envs = len(buffers.env_done)
+        self._blocks: dict[tuple[int, int], tuple[AgentStepBuffers, dict[str, GroupBuffers]]] = {}
+
+    def block(self, lo: int, hi: int) -> tuple[AgentStepBuffers, dict[str, GroupBuffers]]:
+        """Envs ``[lo, hi)``'s buffers, as views, and their groups by policy id."""
+        views = self._blocks.get((lo, hi))
+        if views is None:
+            whole = (lo, hi) == (0, self.num_envs)
+            b = self.buffers if whole else self.buffers.rows(slice(lo, hi))
+            views = self._blocks[lo, hi] = (b, dict(zip(self.policy_ids, b.groups)))
+        return views
+
+    def step(
+        self,
+        lo: int,
+        hi: int,
+        infos: list[dict[str, Any]],
+        failed: Any = None,
+        errors: dict[int, BaseException] | None = None,
+    ) -> MultiAgentStep:
+        """Envs ``[lo, hi)``'s step: ``infos`` one per env of the block, ``failed`` its
+        failed envs (a ``[hi - lo]`` bool mask or global indices; None or empty: none)."""
+        b, groups = self.block(lo, hi)
+        mask = None
+        if failed is not None and len(failed):
+            if isinstance(failed, np.ndarray) and failed.dtype == np.bool_:
+                mask = failed if failed.any() else None
+            else:
+                mask = np.zeros(hi - lo, np.bool_)
+                mask[np.asarray(failed, np.int64) - lo] = True
+        return MultiAgentStep(
+            groups=groups,
+            env_done=b.env_done,
+            env_reward=b.env_reward,
+            unassigned_reward=b.unassigned_reward,
+            infos=infos,
+            failed=mask,
+            errors=errors or None,
+            env_ids=None if (lo, hi) == (0, self.num_envs) else slice(lo, hi),
+        )
+
+
+__all__ = ["FIELDS", "AgentStepBuffers", "GroupBuffers", "MultiAgentStep", "StepViews"]

@@ -37,7 +37,8 @@ def make_multi_agent_vec(
             most one per sub-env); a shorthand for ``ProcessConfig(num_workers=...)``.
         config: the backend's typed config, as for :func:`jaxrunner.make_vec`: a
             :class:`~jaxrunner.ProcessConfig` for ``"process"`` (workers, start method,
-            ``step_timeout_s``), a :class:`~jaxrunner.RayConfig` for ``"ray"``.
+            ``step_timeout_s``, ``ready_first``), a :class:`~jaxrunner.RayConfig` for
+            ``"ray"`` (placement, ``step_timeout_s``, ``ready_first``).
         restart_policy: a :class:`~jaxrunner.RestartPolicy`: a sub-env that raises or
             returns an invalid step is recreated and reset, its step yields no
             transition for any of its agents and its episode ends as a fault (counted in

@@ -60,6 +60,13 @@ class MultiAgentRunner(EnvOwner):
             ``connectors.observation_space(group.observation_space)``.
         callbacks: optional :class:`~jaxrunner.multi_agent.AgentCallbacks`, called per
             complete agent episode after each ``sample()``.
+        num_splits: host envs, lockstep backends: pipelining, as for an ``EnvRunner``:
+            the envs are split in this many contiguous parts, and one part's policy
+            steps run while another part's envs step (process and Ray backends);
+            trajectories are the same bits for any value. None: the lockstep sampler's
+            rule (:func:`~jaxrunner.sampling.lockstep.default_num_splits`: one on a CPU
+            host with inline dispatch, two from 8 envs on accelerators). Ready-first
+            backends and pure-JAX envs take None (or 1).
     """
 
     def __init__(
@@ -73,6 +80,7 @@ class MultiAgentRunner(EnvOwner):
         metrics: MetricsConfig | None = None,
         connectors: GroupConnectors | None = None,
         callbacks: AgentCallbacks | None = None,
+        num_splits: int | None = None,
     ) -> None:
         if not isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
             raise InvalidArgumentTypeError(
@@ -128,10 +136,16 @@ class MultiAgentRunner(EnvOwner):
             )
             self.sampler: MultiAgentSampler | MultiAgentScanSampler
             if isinstance(envs, JaxMultiAgentVectorEnv):  # one jitted scan per sample
+                if num_splits not in (None, 1):
+                    raise InvalidArgumentError(
+                        f"MultiAgentRunner(num_splits={num_splits!r}): a pure-JAX env is "
+                        "sampled as one jitted scan; pipelining splits do not apply. Leave "
+                        "num_splits=None."
+                    )
                 self.sampler = MultiAgentScanSampler(envs, setup)
             else:
                 first = envs.reset_batch(env_seeds(seed, envs.num_envs))
-                self.sampler = MultiAgentSampler(envs, first, setup)
+                self.sampler = MultiAgentSampler(envs, first, setup, num_splits=num_splits)
         except BaseException:
             self._release(envs)
             raise

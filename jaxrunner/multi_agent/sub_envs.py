@@ -83,6 +83,7 @@ class SubEnvBlock:
             self._check_agents(env, offset + i)
         if buffers is None:
             buffers = AgentStepBuffers.allocate(self.groups, n)
+        self.step_buffers = buffers
         self.buffers = buffers.groups
         self.status = status if status is not None else bytearray(offset + n)
         """Per global index, the step's progress marks (a process worker's are shared)."""
@@ -100,6 +101,7 @@ class SubEnvBlock:
         self._groups_by_id = {g.policy_id: buf for g, buf in zip(self.groups, self.buffers)}
         self.num_restarts = 0
         """Sub-envs recreated after a failure."""
+        self._action_rows: list[Any] | None = None  # a block's actions, placed at its rows
 
     def _check_agents(self, env: Any, index: int) -> None:
         if tuple(env.possible_agents) != self.possible_agents:
@@ -141,8 +143,10 @@ class SubEnvBlock:
     def step_rows(
         self, lo: int, hi: int, actions: Sequence[Any]
     ) -> tuple[list[dict[str, Any]], dict[int, BaseException]]:
-        """Steps the sub-envs in rows ``[lo, hi)`` of the block (``actions[g]`` holds the
-        block's rows); returns their infos and the errors by row."""
+        """Steps the sub-envs in rows ``[lo, hi)`` of the block (``actions[g]`` holds
+        those rows only); returns their infos and the errors by row."""
+        if (lo, hi) != (0, len(self.drivers)):  # the drivers read actions at their own row
+            actions = self._placed(lo, hi, actions)
         infos: list[dict[str, Any]] = []
         same_step = not self.turn_based
         part = slice(lo, hi)
@@ -185,6 +189,18 @@ class SubEnvBlock:
                     errors[b] = error  # the step's transitions stay valid
                     self._restart(b, error)
         return infos, errors
+
+    def _placed(self, lo: int, hi: int, actions: Sequence[Any]) -> list[Any]:
+        """``actions`` (rows ``[lo, hi)``) copied to those rows of block-sized arrays."""
+        n = len(self.drivers)
+        if self._action_rows is None:
+            self._action_rows = [
+                jax.tree.map(lambda x: np.zeros((n, *np.shape(x)[1:]), np.asarray(x).dtype), a)
+                for a in actions
+            ]
+        for dst, src in zip(self._action_rows, actions):
+            jax.tree.map(lambda d, s: d.__setitem__(slice(lo, hi), s), dst, src)
+        return self._action_rows
 
     def failed_rows(self, errors: dict[int, BaseException]) -> list[int]:
         """The rows of ``errors`` whose step failed (not a reset after a good step)."""

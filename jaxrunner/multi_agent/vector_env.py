@@ -1,18 +1,26 @@
 """Multi-agent vector envs: B PettingZoo sub-envs stepped together into group arrays.
 
-Contract (every multi-agent backend keeps it; the tests check it against the envs
-stepped by hand):
+A multi-agent backend is a :class:`~jaxrunner.envs.base.BaseVectorEnv` (one base with
+the single-agent ones: capabilities, closing, the sub-env utilities, snapshots) whose
+steps are :class:`~jaxrunner.multi_agent.buffers.MultiAgentStep` values. Contract
+(every multi-agent backend keeps it; the tests check it against the envs stepped by
+hand):
 
 * ``reset_batch(seeds)`` resets sub-env ``i`` with ``seeds[i]`` and returns a
   :class:`~jaxrunner.multi_agent.buffers.MultiAgentStep` whose group buffers say who
   acts first (``acting``) on what (``obs``).
-* ``step_batch(actions)`` steps every sub-env once; ``actions[g]`` is group ``g``'s
-  ``[B, A_g, ...]`` batch, read only where ``acting``. It returns the completed
-  transitions (``completed``, ``reward``, flags, ``next_obs``: the agent's final
-  observation where its episode ended) and who acts next. Where an env's episode ended
-  (``env_done``) it was reset in the same step (SAME_STEP), and ``obs`` is the new
-  episode's.
-* Results are views of the env's buffers, valid until its next call.
+* ``send(actions, env_ids)`` starts a step of a contiguous block of envs (None: all;
+  else a slice with step 1); ``actions[g]`` is group ``g``'s ``[n, A_g, ...]`` batch
+  for the block's ``n`` envs, read only where ``acting``, validated whole before any
+  sub-env steps. ``recv()`` returns one earlier send's step (the oldest; with
+  ``capabilities.ready_first``, a block whose envs are ready), ``env_ids`` its block;
+  ``step_batch(actions)`` is a send of every env and its ``recv``.
+* A step returns the completed transitions (``completed``, ``reward``, flags,
+  ``next_obs``: the agent's final observation where its episode ended) and who acts
+  next. Where an env's episode ended (``env_done``) it was reset in the same step
+  (SAME_STEP), and ``obs`` is the new episode's.
+* Results are views of the rows of the buffers ``reset_batch`` returned, valid until
+  the next step of those envs.
 """
 
 from __future__ import annotations
@@ -22,45 +30,35 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
+from jaxrunner.envs.base import (
+    BaseVectorEnv,
+    Capabilities,
+    EnvIds,
+    InProcessSends,
+    block_rows,
+)
 from jaxrunner.envs.snapshots import snapshot_dumps
 from jaxrunner.envs.sub_envs import build_envs
-from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError
+from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.faults import RestartPolicy, close_quietly
-from jaxrunner.multi_agent.buffers import MultiAgentStep
+from jaxrunner.multi_agent.buffers import MultiAgentStep, StepViews
 from jaxrunner.multi_agent.drivers import Driver, make_driver
 from jaxrunner.multi_agent.groups import GroupedAgents, PolicyMappingFn
-from jaxrunner.multi_agent.sub_envs import MultiAgentEnvFactory, SubEnvBlock, env_groups
+from jaxrunner.multi_agent.sub_envs import (
+    ActionCheck,
+    MultiAgentEnvFactory,
+    SubEnvBlock,
+    env_groups,
+)
 
 
-class MultiAgentVectorEnv(GroupedAgents, abc.ABC):
-    """Base of the multi-agent backends (see the module docstring)."""
+class MultiAgentVectorEnv(GroupedAgents, BaseVectorEnv):
+    """Base of the multi-agent backends (see the module docstring): the core's
+    :class:`~jaxrunner.envs.base.BaseVectorEnv` with multi-agent steps."""
 
-    num_envs: int
     turn_based: bool
     """AEC sub-envs: one agent acts per step."""
-    restart_policy: RestartPolicy | None = None
-    """How failed sub-envs are recreated (None: failures raise)."""
-    can_snapshot: bool = False
-    """The sub-envs' state (with their drivers') can be saved and restored
-    (:meth:`snapshot_sub_envs`), so a checkpointed runner resumes their episodes
-    exactly (as ``Capabilities.can_snapshot`` says of a single-agent backend)."""
-
-    def __init__(self) -> None:
-        self._closed = False
-
-    def snapshot_sub_envs(self) -> list[bytes]:
-        """Every sub-env's state, as a pickle (only where :attr:`can_snapshot`).
-        Unpickling runs code: restore only snapshots you made yourself."""
-        raise InvalidArgumentError(
-            f"{type(self).__name__} cannot snapshot its sub-envs (can_snapshot is False); "
-            "use backend='sync' for checkpoints that resume episodes exactly."
-        )
-
-    def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
-        """Replaces every sub-env by its snapshot (:meth:`snapshot_sub_envs`)."""
-        raise InvalidArgumentError(
-            f"{type(self).__name__} cannot restore sub-env snapshots (can_snapshot is False)."
-        )
+    _make_hint = "jaxrunner.make_multi_agent_vec()"
 
     @abc.abstractmethod
     def reset_batch(
@@ -69,17 +67,22 @@ class MultiAgentVectorEnv(GroupedAgents, abc.ABC):
         """Resets every sub-env; see the module docstring."""
 
     @abc.abstractmethod
-    def step_batch(self, actions: Sequence[Any]) -> MultiAgentStep:
-        """Steps every sub-env once; see the module docstring."""
+    def send(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
+        """Starts one step of the contiguous block ``env_ids`` (None: every env; else a
+        slice with step 1): ``actions[g]`` is group ``g``'s ``[hi - lo, A_g, ...]``
+        batch, validated whole before any sub-env steps. Sends of disjoint blocks may
+        be in flight together."""
 
     @abc.abstractmethod
-    def _close_backend(self) -> None:
-        """Releases the sub-envs (called once)."""
+    def recv(self) -> MultiAgentStep:
+        """The results of one earlier :meth:`send` (the oldest, unless
+        ``capabilities.ready_first``: then a block whose envs are ready);
+        ``MultiAgentStep.env_ids`` says which envs they are."""
 
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._close_backend()
+    def step_batch(self, actions: Sequence[Any]) -> MultiAgentStep:
+        """Steps every sub-env once (:meth:`send` of every env, then :meth:`recv`)."""
+        self.send(actions, None)
+        return self.recv()
 
     @abc.abstractmethod
     def reset_at(
@@ -88,59 +91,8 @@ class MultiAgentVectorEnv(GroupedAgents, abc.ABC):
         """Resets sub-env ``index`` alone (the others are untouched); returns its reset
         infos. Its row of the buffers then holds the new episode's first agents."""
 
-    @abc.abstractmethod
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
 
-    @abc.abstractmethod
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        """Attribute ``name`` of every sub-env."""
-
-    @abc.abstractmethod
-    def set_attr(self, name: str, values: Any) -> None:
-        """Sets attribute ``name`` of every sub-env (one value per sub-env, or one for
-        all)."""
-
-    @abc.abstractmethod
-    def render(self) -> tuple[Any, ...]:
-        """Every sub-env's ``render()``."""
-
-    @abc.abstractmethod
-    def get_num_restarts(self) -> int:
-        """Sub-envs recreated after a failure so far (with a ``restart_policy``)."""
-
-    def _check_index(self, index: Any) -> None:
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.num_envs:
-            raise EnvIndexError(
-                f"reset_at(index={index!r}): index must be in [0, {self.num_envs})."
-            )
-
-    def _values_per_env(self, name: str, values: Any) -> list[Any]:
-        """``set_attr``'s values: one per sub-env, or one value for all."""
-        if not isinstance(values, (list, tuple)):
-            return [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise InvalidArgumentError(
-                f"set_attr({name!r}, values): need one value per sub-env ({self.num_envs}), "
-                f"got {len(values)}."
-            )
-        return list(values)
-
-    def _check_open(self, what: str) -> None:
-        if self._closed:
-            raise ClosedError(
-                f"{type(self).__name__}.{what}() called after close(); create a new one with "
-                "jaxrunner.make_multi_agent_vec()."
-            )
-
-    def __enter__(self) -> MultiAgentVectorEnv:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
+class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
     """Every sub-env in this process, stepped in turn.
 
     Args:
@@ -151,7 +103,7 @@ class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
             no transition (``MultiAgentStep.failed``); None (default): failures raise.
     """
 
-    can_snapshot = True
+    capabilities = Capabilities(can_restart=True, can_snapshot=True)
 
     def __init__(
         self,
@@ -171,10 +123,12 @@ class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
         except BaseException:
             for env in envs:
                 close_quietly(env)
-            self._closed = True
+            self._closed_reason = "construction failed"
             raise
         self.num_envs = len(envs)
         self.turn_based = self._block.turn_based
+        self._views = StepViews(self._block.step_buffers, self.policy_ids)
+        self._checks: dict[int, ActionCheck] = {}
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -182,9 +136,13 @@ class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
         self._check_open("reset_batch")
         return self._block.result(self._block.reset(seeds, options))
 
-    def step_batch(self, actions: Sequence[Any]) -> MultiAgentStep:
-        self._check_open("step_batch")
-        return self._block.step(self._block.check_actions(actions))
+    def _step(self, actions: Sequence[Any], rows: slice | None) -> MultiAgentStep:
+        lo, hi = block_rows(rows, self.num_envs, type(self).__name__)
+        check = self._checks.get(hi - lo)
+        if check is None:
+            check = self._checks[hi - lo] = ActionCheck(self.groups, hi - lo)
+        infos, errors = self._block.step_rows(lo, hi, check(actions))
+        return self._views.step(lo, hi, infos, self._block.failed_rows(errors), errors)
 
     def reset_at(
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -209,8 +167,9 @@ class SyncMultiAgentVectorEnv(MultiAgentVectorEnv):
         self._check_open("render")
         return tuple(self._block.render())
 
-    def get_num_restarts(self) -> int:
-        self._check_open("get_num_restarts")
+    @property
+    def num_restarts(self) -> int:
+        """Sub-envs recreated after a failure so far."""
         return self._block.num_restarts
 
     def get_sub_environments(self) -> list[Any]:

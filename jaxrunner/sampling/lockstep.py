@@ -25,7 +25,7 @@ from jaxrunner.batch_invariance import CHUNK_FLOPS, default_chunk_rows
 from jaxrunner.callbacks import Callbacks, LiveEpisode, overrides
 from jaxrunner.connectors.pipeline import SampleEnd
 from jaxrunner.cpu_dispatch import inline_cpu_dispatch
-from jaxrunner.envs.base import BatchStep, VectorEnv
+from jaxrunner.envs.base import BaseVectorEnv, BatchStep, VectorEnv
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.policy import Params
@@ -52,7 +52,7 @@ the default is one split."""
 
 
 def default_num_splits(
-    envs: VectorEnv, chunk_rows: int = 1, flops_per_row: float | None = None
+    envs: BaseVectorEnv, chunk_rows: int = 1, flops_per_row: float | None = None
 ) -> int:
     """The backend's declared choice, else 2 from a width where overlap pays, else 1.
 
@@ -71,7 +71,7 @@ def default_num_splits(
     return wanted
 
 
-def _declared_or_width_splits(envs: VectorEnv) -> int:
+def _declared_or_width_splits(envs: BaseVectorEnv) -> int:
     num_envs = envs.num_envs
     if envs.capabilities.pipeline_splits is not None:
         return min(envs.capabilities.pipeline_splits, num_envs)
@@ -82,6 +82,39 @@ def _declared_or_width_splits(envs: VectorEnv) -> int:
     else:
         min_envs = PIPELINE_MIN_ENVS_CPU
     return 2 if num_envs >= min_envs else 1
+
+
+def pipeline_splits(
+    envs: BaseVectorEnv,
+    num_splits: int | None,
+    where: str,
+    chunk_rows: int = 1,
+    flops_per_row: float | None = None,
+) -> list[slice]:
+    """The envs of each pipelining split: ``num_splits`` (None:
+    :func:`default_num_splits` for the policy's ``chunk_rows`` and ``flops_per_row``)
+    contiguous parts, at the backend's ``capabilities.pipeline_bounds`` where it
+    declares that many, else of equal size; ``where`` names the runner in the error.
+
+    Raises:
+        InvalidArgumentError: ``num_splits`` is not in ``[1, num_envs]``.
+    """
+    num_envs = envs.num_envs
+    if num_splits is None:
+        num_splits = default_num_splits(envs, chunk_rows, flops_per_row)
+    if (
+        isinstance(num_splits, bool)
+        or not isinstance(num_splits, int)
+        or not (1 <= num_splits <= num_envs)
+    ):
+        raise InvalidArgumentError(
+            f"{where}(num_splits={num_splits!r}): expected an int in [1, num_envs="
+            f"{num_envs}] (or None for automatic)."
+        )
+    bounds = envs.capabilities.pipeline_bounds  # the backend's own split, if it has one
+    if bounds is None or len(bounds) != num_splits + 1 or bounds[-1] != num_envs:
+        bounds = np.linspace(0, num_envs, num_splits + 1).round().astype(int).tolist()
+    return [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
 
 
 class LockstepSampler(HostSampler):
@@ -111,13 +144,8 @@ class LockstepSampler(HostSampler):
             setup.policy, setup.params, envs.single_observation_space, connectors
         )
         chunk_rows = default_chunk_rows(num_envs, flops)  # as runner_chunk_rows: same bits
-        if num_splits is None:
-            num_splits = default_num_splits(envs, chunk_rows, flops)
-        if not 1 <= num_splits <= num_envs:
-            raise InvalidArgumentError(
-                f"EnvRunner(num_splits={num_splits!r}): expected an int in [1, num_envs="
-                f"{num_envs}] (or None for automatic)."
-            )
+        self.splits = pipeline_splits(envs, num_splits, "EnvRunner", chunk_rows, flops)
+        """The envs of each pipelining split."""
         self.envs, self.rollout_length = envs, setup.rollout_length
         self.metrics, self.callbacks, self._runner = setup.metrics, callbacks, runner
         self._obs_space = envs.single_observation_space
@@ -126,11 +154,6 @@ class LockstepSampler(HostSampler):
         self._book = EpisodeBook(num_envs)
         self._infos = InfoRecorder(setup.info_keys) if setup.info_keys else None
         self._episode_start = np.ones(num_envs, dtype=np.bool_)
-        bounds = envs.capabilities.pipeline_bounds  # the backend's own split, if it has one
-        if bounds is None or len(bounds) != num_splits + 1 or bounds[-1] != num_envs:
-            bounds = np.linspace(0, num_envs, num_splits + 1).round().astype(int).tolist()
-        self.splits = [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
-        """The envs of each pipelining split."""
         self._state, self._packing = host_actor_state(
             setup.policy, setup.seed, num_envs, connectors, self._obs_space
         )
@@ -348,4 +371,10 @@ class LockstepSampler(HostSampler):
                 callbacks.on_episode_end(runner, i, live)
 
 
-__all__ = ["PIPELINE_MIN_ENVS", "PIPELINE_MIN_ENVS_CPU", "LockstepSampler", "default_num_splits"]
+__all__ = [
+    "PIPELINE_MIN_ENVS",
+    "PIPELINE_MIN_ENVS_CPU",
+    "LockstepSampler",
+    "default_num_splits",
+    "pipeline_splits",
+]

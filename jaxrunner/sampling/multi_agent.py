@@ -1,12 +1,24 @@
 """The multi-agent sampler: groups of agents, one compiled policy step per group.
 
-Per step: for each group, its acting agents' observations (``[B * A_g, ...]`` rows)
-go to the group's :class:`~jaxrunner.policy_step.CompiledPolicyStep` (one
-host->device and one device->host transfer per group); rows of agents that do not act
-are computed and dropped, so their keys and carries do not move. Each action is
+Per step of a block of envs: for each group, its acting agents' observations
+(``[n * A_g, ...]`` rows) go to the group's
+:class:`~jaxrunner.policy_step.CompiledPolicyStep` (one host->device and one
+device->host transfer per group); rows of agents that do not act are computed and
+dropped, so their keys and carries do not move. Each action is
 written with its observation and extras to slot ``[t, b, a]`` of the step that
 completes its transition: in a parallel env that is the step that takes it (written
 straight into slot ``t``); in an AEC env the agent's next turn (kept until then).
+
+Blocks. The envs step in contiguous blocks (:mod:`jaxrunner.sampling.agent_groups`):
+on a lockstep backend the pipelining splits (``num_splits``, the lockstep sampler's
+rule), so that one split's policy steps compute while the others' envs step in the
+background (process and Ray); on a ready-first backend each block the backend answers
+(a worker's or actor's envs) is acted on as soon as it is in. Each env keeps its own
+step index: it steps exactly ``rollout_length`` times per ``sample()`` and its slot
+``[t, b, a]`` is written at its own ``t``. A block's policy call computes its own rows
+in the runner's fixed policy chunks (:mod:`jaxrunner.batch_invariance`), so the
+trajectory is the same bits whatever the splits, the backend or the order in which
+envs answer.
 
 Connectors (``MultiAgentSetup.connectors``, per policy id) run inside a group's step
 with its agent slots as rows (:mod:`jaxrunner.multi_agent.connectors`); their
@@ -22,24 +34,22 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import numpy as np
 
-from jaxrunner import spaces as jr_spaces
-from jaxrunner.connectors.pipeline import Connectors, ConnectorsState, SampleEnd
+from jaxrunner.connectors.pipeline import Connectors, ConnectorsState
+from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.metrics import PERF_KEYS
 from jaxrunner.multi_agent.buffers import GroupBuffers, MultiAgentStep
-from jaxrunner.multi_agent.groups import AgentGroup
 from jaxrunner.multi_agent.metrics import MultiAgentMetrics
-from jaxrunner.multi_agent.trajectory import GroupTrajectory, MultiAgentTrajectory
+from jaxrunner.multi_agent.trajectory import MultiAgentTrajectory
 from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner.policy import Params, Policy
-from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
-from jaxrunner.sampling.agent_episodes import agent_episode_ends, agent_steps
+from jaxrunner.sampling.agent_groups import GroupSampler
 from jaxrunner.sampling.episodes import EpisodeBook
-from jaxrunner.sampling.multi_agent_state import GroupState, MultiAgentSamplerState
+from jaxrunner.sampling.lockstep import pipeline_splits
+from jaxrunner.sampling.multi_agent_state import MultiAgentSamplerState
 from jaxrunner.sampling.sampler import attach_partial
 
 
@@ -56,211 +66,6 @@ class MultiAgentSetup:
     metrics: MultiAgentMetrics
     connectors: Mapping[str, Connectors] = dataclasses.field(default_factory=dict)
     """Policy id -> the connectors of its group (groups without connectors absent)."""
-
-
-class _GroupSampler:
-    """One group's compiled step, stage and pending turns."""
-
-    def __init__(
-        self,
-        group: AgentGroup,
-        first: GroupBuffers,
-        policy: Policy,
-        params: Params,
-        seed: int,
-        num_envs: int,
-        agent_offset: int,
-        num_possible: int,
-        connectors: Connectors | None = None,
-        same_step: bool = False,
-    ) -> None:
-        self.group, self.num_envs = group, num_envs
-        self.same_step = same_step
-        """Each action's transition completes in the step that takes it (parallel envs)."""
-        a_g = group.num_agents
-        self.rows = num_envs * a_g
-        ids = (np.arange(num_envs)[:, None] * num_possible + agent_offset + np.arange(a_g)).ravel()
-        # Connector state per agent slot (the rows), packed as in the single-agent samplers.
-        self.state, self.packing = host_actor_state(
-            policy, seed, self.rows, connectors, group.observation_space, env_ids=ids
-        )
-        self.call = CompiledPolicyStep(
-            policy, params, self.state, self.rows, first.obs_rows, connectors, self.packing
-        )
-        self.sample_end = None
-        if connectors is not None and connectors.per_sample:
-            self.sample_end = SampleEnd(connectors, self.packing, agent_axis=True)  # type: ignore[arg-type]
-        self.stage = self.call.new_stage()
-        self._stage_obs = _leaves(self.stage.obs)
-        self.action_spec, self.extras_spec = self.call.output_spec
-        shape = (num_envs, a_g)
-        self.pending_obs = jr_spaces.allocate(group.observation_space, shape)
-        self.pending_action = jax.tree.map(
-            lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
-        )
-        self._pending_obs = _leaves(self.pending_obs)
-        self._pending_action = _leaves(self.pending_action)
-        self.pending_extras = [
-            np.zeros((*shape, *s.shape[1:]), s.dtype) for s in jax.tree.leaves(self.extras_spec)
-        ]
-        self.clip = jr_spaces.clip_box_actions(group.action_space)
-        self._all_rows = np.arange(self.rows, dtype=np.int32)
-        self.pending: Any = None
-        self.acting = np.zeros(shape, np.bool_)
-        self.awaiting = np.zeros(shape, np.bool_)
-        """AEC envs: agents whose last action's transition has not completed yet."""
-        self._acting_rows = self.acting.reshape(-1)  # a view
-        self.all_acting = False
-        """Every agent of every env acts at this step (the masks can be skipped)."""
-        self._index_all = False  # the stage's env_index marks every row as acting
-        self.env_action: Any = None
-        # Agent-episode returns and lengths across samples (for the metrics).
-        self.running_return = np.zeros(shape, np.float64)
-        self.running_length = np.zeros(shape, np.int64)
-
-    def get_state(self, last: GroupBuffers) -> GroupState:
-        """This group's :class:`GroupState` (copies); ``last`` is the step the next
-        dispatch reads."""
-        return GroupState(
-            actor=self.state,
-            running_return=self.running_return.copy(),
-            running_length=self.running_length.copy(),
-            awaiting=self.awaiting.copy(),
-            pending_obs=jax.tree.map(np.copy, self.pending_obs),
-            pending_action=jax.tree.map(np.copy, self.pending_action),
-            pending_extras=tuple(x.copy() for x in self.pending_extras),
-            obs=jax.tree.map(np.copy, last.obs),
-            acting=last.acting.copy(),
-            agent_start=last.agent_start.copy(),
-        )
-
-    def set_state(self, state: GroupState, last: GroupBuffers) -> None:
-        """Takes a :meth:`get_state` as its own; ``last``'s observations and masks are
-        overwritten in place (they are views of the env's buffers, which the backend
-        reads too: a parallel driver's next step starts from ``acting``)."""
-        self.state = state.actor
-        np.copyto(self.running_return, state.running_return)
-        np.copyto(self.running_length, state.running_length)
-        np.copyto(self.awaiting, state.awaiting)
-        _put(self._pending_obs, _leaves(state.pending_obs), None, None)
-        _put(self._pending_action, _leaves(state.pending_action), None, None)
-        _put(self.pending_extras, list(state.pending_extras), None, None)
-        _put(_leaves(last.obs), _leaves(state.obs), None, None)
-        np.copyto(last.acting, state.acting)
-        np.copyto(last.agent_start, state.agent_start)
-
-    def restart_episodes(self) -> None:
-        """Every agent's episode is abandoned (its env was reset): no turn waits for
-        its transition, and the running returns and lengths start again."""
-        self.awaiting[:] = False
-        self.running_return[:] = 0.0
-        self.running_length[:] = 0
-
-    def begin(self, traj: GroupTrajectory) -> None:
-        """Resolves the leaves of a new sample's buffers (no tree walks per step)."""
-        self._traj_leaves = [
-            _leaves(traj.obs),
-            _leaves(traj.action),
-            _leaves(traj.extras),
-            _leaves(traj.next_obs),
-        ]
-
-    def dispatch(self, params: Params, buf: GroupBuffers) -> None:
-        stage = self.stage
-        for dst, src in zip(self._stage_obs, _leaves(buf.obs_rows)):
-            np.copyto(dst, src)
-        np.copyto(stage.episode_start, buf.agent_start.reshape(-1))
-        np.copyto(self.acting, buf.acting)
-        self.all_acting = np.count_nonzero(self._acting_rows) == self.rows
-        if not (self.all_acting and self._index_all):  # else the index is unchanged
-            stage.env_index[:] = np.where(self._acting_rows, self._all_rows, self.rows)
-            self._index_all = self.all_acting
-        self.pending, self.state = self.call.dispatch(params, self.state, stage)
-
-    def collect(self, buf: GroupBuffers, t: int) -> None:
-        """Takes the actions; writes each acting agent's turn into slot ``t`` (parallel
-        envs) or keeps it until its transition completes (AEC envs)."""
-        policy_action, env_action, extras = self.call.collect(self.pending)
-        self.pending = None
-        shape, acting = self.acting.shape, self.acting
-        action = _agent_axis(policy_action, shape)
-        # With action connectors the env gets their actions, else the policy's.
-        same = env_action is policy_action
-        env_action = action if same else _agent_axis(env_action, shape)
-        if self.same_step:
-            (obs_dst, action_dst, extras_dst), slot = self._traj_leaves[:3], t
-        else:
-            obs_dst, action_dst, slot = self._pending_obs, self._pending_action, None
-            extras_dst = self.pending_extras
-        mask = None if self.all_acting else acting
-        _put(obs_dst, _leaves(buf.obs), slot, mask)
-        _put(action_dst, _leaves(action), slot, mask)
-        _put(extras_dst, [x.reshape(*shape, *x.shape[1:]) for x in extras], slot, mask)
-        self.env_action = env_action if self.clip is None else self.clip(env_action)
-        if not self.same_step:
-            np.logical_or(self.awaiting, acting, out=self.awaiting)
-
-    def record(self, out: GroupBuffers, traj: GroupTrajectory, t: int) -> None:
-        """Writes the transitions completed at step ``t`` into slot ``t``."""
-        done = out.completed
-        obs, action, extras, next_obs = self._traj_leaves
-        # A parallel env completes exactly the turns taken at this step, which
-        # collect() has already written.
-        everyone = self.same_step and self.all_acting
-        mask = None if everyone else done
-        if not self.same_step:
-            _put(obs, self._pending_obs, t, mask)
-            _put(action, self._pending_action, t, mask)
-            _put(extras, self.pending_extras, t, mask)
-        _put(next_obs, _leaves(out.next_obs), t, mask)
-        traj.reward[t] = out.reward
-        traj.terminated[t] = out.terminated
-        traj.truncated[t] = out.truncated
-        traj.valid[t] = done  # agent_step is filled in at close()
-        if not self.same_step:
-            self.awaiting &= ~done
-
-    def allocate(self, num_steps: int) -> GroupTrajectory:
-        shape = (num_steps, self.num_envs, self.group.num_agents)
-        space = self.group.observation_space
-        return GroupTrajectory(
-            obs=jr_spaces.allocate(space, shape),
-            action=jax.tree.map(
-                lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
-            ),
-            reward=np.zeros(shape, np.float64),
-            terminated=np.zeros(shape, np.bool_),
-            truncated=np.zeros(shape, np.bool_),
-            next_obs=jr_spaces.allocate(space, shape),
-            extras=jax.tree.map(
-                lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.extras_spec
-            ),
-            valid=np.zeros(shape, np.bool_),
-            agent_step=np.zeros(shape, np.int64),
-        )
-
-    def drop(self, failed: np.ndarray) -> int:
-        """Envs ``failed`` (``[B]`` bool) failed their step: the actions of their agents
-        that no transition will carry (those just taken, and in AEC envs those still
-        waiting for their next turn) are dropped; returns how many."""
-        if self.same_step:
-            return int(np.count_nonzero(self.acting[failed]))
-        dropped = int(np.count_nonzero(self.awaiting[failed]))
-        self.awaiting[failed] = False
-        return dropped
-
-    def close(
-        self, traj: GroupTrajectory, t: int, aborted: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Fills in ``agent_step`` for steps ``[0, t)``; returns the agent episodes that
-        ended there: ``(slot, return, length)``. ``aborted`` (``[T, B]``, None: none):
-        envs whose step failed, cutting their agents' episodes as faults."""
-        done = traj.terminated | traj.truncated
-        # An agent's step index is its running episode length before the transition.
-        agent_steps(self.running_length, traj.valid, done, t, traj.agent_step, aborted)
-        return agent_episode_ends(
-            self.running_return, self.running_length, traj.reward, traj.valid, done, t, aborted
-        )
 
 
 @dataclasses.dataclass
@@ -282,33 +87,60 @@ class MultiAgentSampler:
     Args:
         envs: the multi-agent vector env, just reset; ``first`` its reset result.
         setup: policies, params, rollout length, seed and metrics.
+        num_splits: lockstep pipelining splits (None:
+            :func:`~jaxrunner.sampling.lockstep.default_num_splits`); a ready-first
+            backend takes None or 1.
     """
 
     def __init__(
-        self, envs: MultiAgentVectorEnv, first: MultiAgentStep, setup: MultiAgentSetup
+        self,
+        envs: MultiAgentVectorEnv,
+        first: MultiAgentStep,
+        setup: MultiAgentSetup,
+        *,
+        num_splits: int | None = None,
     ) -> None:
         self.envs, self.rollout_length = envs, setup.rollout_length
         self.metrics = setup.metrics
-        self._book = EpisodeBook(envs.num_envs)
+        num_envs = envs.num_envs
+        self.ready_first = envs.capabilities.ready_first
+        if self.ready_first:
+            if num_splits not in (None, 1):
+                raise InvalidArgumentError(
+                    f"MultiAgentRunner(num_splits={num_splits!r}): this backend is ready-first "
+                    "(it steps whichever envs are ready); pipelining splits do not apply. "
+                    "Leave num_splits=None."
+                )
+            self.splits = [slice(0, num_envs)]
+        else:
+            self.splits = pipeline_splits(envs, num_splits, "MultiAgentRunner")
+        """The blocks each sample starts with: the pipelining splits (ready-first: every
+        env, then each block the backend answers)."""
+        self._book = EpisodeBook(num_envs)
         num_possible = len(envs.possible_agents)
-        self.groups: dict[str, _GroupSampler] = {}
+        self.groups: dict[str, GroupSampler] = {}
         offset = 0
         for group in envs.groups:
             pid = group.policy_id
-            self.groups[pid] = _GroupSampler(
+            self.groups[pid] = GroupSampler(
                 group,
                 first.groups[pid],
                 setup.policies[pid],
                 setup.params[pid],
                 setup.seed,
-                envs.num_envs,
+                num_envs,
                 offset,
                 num_possible,
                 setup.connectors.get(pid),
                 same_step=not envs.turn_based,
+                blocks=self.splits,
             )
             offset += group.num_agents
         self._last = first
+        """The reset step: its arrays are the env's buffers, which every later step's
+        rows are views of."""
+        self._t = np.zeros(num_envs, np.int64)
+        """Steps each env has taken in this sample (its next slot)."""
         self.agents = {g.policy_id: g.agents for g in envs.groups}
 
     def sample(self, params: dict[str, Params]) -> MultiAgentTrajectory:
@@ -336,18 +168,86 @@ class MultiAgentSampler:
         )
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
-        t = 0
+        self._t[:] = 0
         try:
-            for t in range(num_steps):
-                self._step(params, traj, env_level, t, perf)
-            t = num_steps
+            # Envs sent and not yet received: a ready-first backend answers a send in
+            # parts (each worker's envs), each acted on again as soon as it is in.
+            in_flight = 0
+            for rows in self.splits:
+                last = {pid: buf.rows(rows) for pid, buf in self._last.groups.items()}
+                self._act(params, traj, rows.start, rows.stop, last, perf)
+                in_flight += rows.stop - rows.start
+            while in_flight:  # each env steps num_steps times, at its own pace
+                clock = time.perf_counter()
+                out = self.envs.recv()
+                perf["env_wait_ms"] += time.perf_counter() - clock
+                lo, hi = (
+                    (0, num_envs) if out.env_ids is None else (out.env_ids.start, out.env_ids.stop)
+                )
+                in_flight -= hi - lo
+                if self._record(traj, env_level, lo, hi, out, perf) < num_steps:
+                    self._act(params, traj, lo, hi, out.groups, perf)
+                    in_flight += hi - lo
         except BaseException as err:
-            attach_partial(err, self._close(traj, env_level, t) if t else None)
+            done = int(self._t.min())
+            attach_partial(err, self._close(traj, env_level, done) if done else None)
             raise
         finally:
             self.metrics.sample_time_s += time.perf_counter() - start_time
-            self.metrics.perf.record(perf, t)
+            self.metrics.perf.record(perf, int(self._t.min()))
         return self._end_sample(self._close(traj, env_level, num_steps))
+
+    def _act(
+        self,
+        params: dict[str, Params],
+        traj: MultiAgentTrajectory,
+        lo: int,
+        hi: int,
+        last: Mapping[str, GroupBuffers],
+        perf: dict[str, float],
+    ) -> None:
+        """Computes block ``[lo, hi)``'s actions from its last step ``last`` (every
+        group's policy queued before any is waited for) and sends them."""
+        clock = time.perf_counter()
+        for pid, gs in self.groups.items():
+            gs.dispatch(params[pid], last[pid], lo, hi)
+        tick = time.perf_counter()
+        perf["inference_ms"] += tick - clock
+        t = int(self._t[lo])
+        actions = [gs.collect(last[pid], lo, hi, t) for pid, gs in self.groups.items()]
+        clock = time.perf_counter()
+        perf["action_processing_ms"] += clock - tick
+        whole = (lo, hi) == (0, self.envs.num_envs)
+        self.envs.send(actions, None if whole else slice(lo, hi))
+        perf["env_wait_ms"] += time.perf_counter() - clock
+
+    def _record(
+        self,
+        traj: MultiAgentTrajectory,
+        env_level: EnvLevel,
+        lo: int,
+        hi: int,
+        out: MultiAgentStep,
+        perf: dict[str, float],
+    ) -> int:
+        """Writes block ``[lo, hi)``'s step into each env's own slot; returns the steps
+        its envs have now taken."""
+        clock = time.perf_counter()
+        t = int(self._t[lo])
+        for pid, gs in self.groups.items():
+            gs.record(out.groups[pid], traj.groups[pid], lo, hi, t)
+        index = (t, slice(lo, hi))
+        env_level.reward[index] = out.env_reward
+        env_level.terminated[index] = out.env_done
+        if out.failed is not None:  # faults: their episodes end, their actions are dropped
+            env_level.valid[index] = ~out.failed
+            self.metrics.num_dropped_agent_steps += sum(
+                gs.drop(out.failed, lo, hi) for gs in self.groups.values()
+            )
+        self._unassigned[index] = out.unassigned_reward
+        self._t[lo:hi] += 1
+        perf["obs_processing_ms"] += time.perf_counter() - clock
+        return t + 1
 
     def _end_sample(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
         """The groups' connectors' per-sample part (statistics, scaled rewards, what the
@@ -398,40 +298,6 @@ class MultiAgentSampler:
         gs = self.groups[policy_id]
         gs.state = gs.state.replace(connectors=gs.packing.to_device(state))  # type: ignore[union-attr]
 
-    def _step(
-        self,
-        params: dict[str, Params],
-        traj: MultiAgentTrajectory,
-        env_level: EnvLevel,
-        t: int,
-        perf: dict[str, float],
-    ) -> None:
-        last = self._last
-        clock = time.perf_counter()
-        for pid, gs in self.groups.items():
-            gs.dispatch(params[pid], last.groups[pid])
-        tick = time.perf_counter()
-        perf["inference_ms"] += tick - clock
-        for pid, gs in self.groups.items():
-            gs.collect(last.groups[pid], t)
-        clock = time.perf_counter()
-        perf["action_processing_ms"] += clock - tick
-        out = self.envs.step_batch([gs.env_action for gs in self.groups.values()])
-        tick = time.perf_counter()
-        perf["env_wait_ms"] += tick - clock
-        for pid, gs in self.groups.items():
-            gs.record(out.groups[pid], traj.groups[pid], t)
-        env_level.reward[t] = out.env_reward
-        env_level.terminated[t] = out.env_done
-        if out.failed is not None:  # faults: their episodes end, their actions are dropped
-            env_level.valid[t] = ~out.failed
-            self.metrics.num_dropped_agent_steps += sum(
-                gs.drop(out.failed) for gs in self.groups.values()
-            )
-        self._unassigned[t] = out.unassigned_reward
-        self._last = out
-        perf["obs_processing_ms"] += time.perf_counter() - tick
-
     def _close(
         self, traj: MultiAgentTrajectory, env_level: EnvLevel, t: int
     ) -> MultiAgentTrajectory:
@@ -446,39 +312,6 @@ class MultiAgentSampler:
         if t == self.rollout_length:
             return traj
         return jax.tree.map(lambda x: x[:t], traj)
-
-
-def _leaves(tree: Any) -> list[np.ndarray]:
-    """The arrays of a pytree (a lone array without a tree walk)."""
-    return [tree] if isinstance(tree, np.ndarray) else jax.tree.leaves(tree)
-
-
-def _agent_axis(action: Any, shape: tuple[int, ...]) -> Any:
-    """``[B * A_g, ...]`` rows viewed as ``[B, A_g, ...]``."""
-    if isinstance(action, np.ndarray):
-        return action.reshape(*shape, *action.shape[1:])
-    return jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), action)
-
-
-def _put(
-    dsts: list[np.ndarray], srcs: list[np.ndarray], t: int | None, mask: np.ndarray | None
-) -> None:
-    """Leaf by leaf, ``dst[t] = src`` (``dst`` itself where ``t`` is None) where ``mask``
-    (None: everywhere)."""
-    for dst, src in zip(dsts, srcs):
-        if mask is not None:
-            _copy_where(dst if t is None else dst[t], src, mask)
-        elif t is None:
-            dst[...] = src
-        else:
-            dst[t] = src
-
-
-def _copy_where(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> None:
-    """``dst[mask] = src[mask]``; ``mask`` covers the leading axes."""
-    if dst.ndim > mask.ndim:
-        mask = mask.reshape(*mask.shape, *([1] * (dst.ndim - mask.ndim)))
-    np.copyto(dst, src, where=mask)
 
 
 __all__ = ["EnvLevel", "MultiAgentSampler", "MultiAgentSetup"]

@@ -21,15 +21,21 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxrunner.envs.base import Capabilities, EnvIds
 from jaxrunner.envs.process.config import ProcessConfig, checked_config
 from jaxrunner.envs.process.handle import Resources, shutdown
 from jaxrunner.envs.process.launch import default_num_workers, worker_bounds
 from jaxrunner.envs.process.shared import Carver
-from jaxrunner.envs.process.transport import ProcessTransport, Report
+from jaxrunner.envs.process.transport import ProcessTransport, Report, TransportForwarding
 from jaxrunner.envs.sub_envs import StepResult
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 from jaxrunner.faults import RestartPolicy
-from jaxrunner.multi_agent.buffers import AgentStepBuffers, GroupBuffers, MultiAgentStep
+from jaxrunner.multi_agent.buffers import (
+    AgentStepBuffers,
+    GroupBuffers,
+    MultiAgentStep,
+    StepViews,
+)
 from jaxrunner.multi_agent.groups import AgentGroup, AgentsDescription, PolicyMappingFn
 from jaxrunner.multi_agent.sub_envs import ActionCheck, MultiAgentEnvFactory, SubEnvBlock
 from jaxrunner.multi_agent.vector_env import MultiAgentVectorEnv
@@ -42,17 +48,8 @@ class AgentViews(NamedTuple):
     action: list[Any]
     """Group ``g``'s actions, ``[B, A_g, ...]``."""
     status: np.ndarray
-
-    def rows(self, lo: int, hi: int) -> AgentStepBuffers:
-        """Envs ``[lo, hi)``'s buffers, as views (a worker's block writes these)."""
-        part = slice(lo, hi)
-        b = self.buffers
-        return AgentStepBuffers(
-            [g.rows(part) for g in b.groups],
-            b.env_done[part],
-            b.env_reward[part],
-            b.unassigned_reward[part],
-        )
+    steps: StepViews
+    """The steps the main process returns, views of :attr:`buffers`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +88,11 @@ class AgentLayout:
             carve.take((n,), np.float64),
             carve.take((n,), np.float64),
         )
-        return AgentViews(buffers, actions, carve.take((n,), np.int8)), carve.offset
+        status = carve.take((n,), np.int8)
+        if buffer is None:
+            return None, carve.offset  # type: ignore[return-value]
+        policy_ids = tuple(g.policy_id for g in self.groups)
+        return AgentViews(buffers, actions, status, StepViews(buffers, policy_ids)), carve.offset
 
     @property
     def nbytes(self) -> int:
@@ -111,7 +112,7 @@ class AgentLayout:
         restart_policy: RestartPolicy | None,
         status: MutableSequence[int],
     ) -> WorkerBlock:
-        buffers = views.rows(offset, offset + len(envs))
+        buffers = views.buffers.rows(slice(offset, offset + len(envs)))
         block = SubEnvBlock(
             envs,
             self.groups,
@@ -130,16 +131,14 @@ class AgentLayout:
     # -- main side
 
     @functools.cached_property
-    def _action_check(self) -> ActionCheck:
-        return ActionCheck(self.groups, self.num_envs)
+    def _action_checks(self) -> dict[int, ActionCheck]:
+        return {}
 
     def check_actions(self, actions: Any, num: int) -> None:
-        if num != self.num_envs:
-            raise InvalidArgumentError(
-                f"multi-agent process backend: a step must send every sub-env ({self.num_envs}), "
-                f"got {num}."
-            )
-        self._action_check(actions)
+        check = self._action_checks.get(num)
+        if check is None:
+            check = self._action_checks[num] = ActionCheck(self.groups, num)
+        check(actions)
 
     def write_actions(self, views: AgentViews, actions: Any, lo: int, hi: int) -> None:
         for dst, src in zip(views.action, actions):
@@ -167,20 +166,8 @@ class AgentLayout:
         failed: list[int],
         errors: dict[int, BaseException],
     ) -> MultiAgentStep:
-        b = views.buffers
-        mask = None
-        if failed:
-            mask = np.zeros(self.num_envs, np.bool_)
-            mask[failed] = True
-        return MultiAgentStep(
-            groups={g.policy_id: buf for g, buf in zip(self.groups, b.groups)},
-            env_done=b.env_done,
-            env_reward=b.env_reward,
-            unassigned_reward=b.unassigned_reward,
-            infos=[infos.get(i, {}) for i in range(self.num_envs)],
-            failed=mask,
-            errors=errors or None,
-        )
+        block_infos = [infos.get(i, {}) for i in range(lo, hi)]
+        return views.steps.step(lo, hi, block_infos, failed, errors)
 
 
 class WorkerBlock:
@@ -219,7 +206,7 @@ class WorkerBlock:
         return self.block.render()
 
 
-class ProcessMultiAgentVectorEnv(MultiAgentVectorEnv):
+class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
     """Multi-agent sub-envs in worker processes (see the module docstring).
 
     Step for step equal to the sync multi-agent backend for the same seeds and actions,
@@ -230,9 +217,14 @@ class ProcessMultiAgentVectorEnv(MultiAgentVectorEnv):
         policy_mapping_fn: as for the sync backend.
         config: a :class:`~jaxrunner.ProcessConfig`: ``num_workers`` or
             ``envs_per_worker``, ``start_method``, ``step_timeout_s`` and
-            ``spin_wait_us`` apply (default workers: one per CPU, at most one per env:
-            the main process waits while they step). ``ready_first`` and
-            ``main_process_envs`` do not apply to multi-agent envs yet and are refused.
+            ``spin_wait_us`` and ``ready_first`` apply (default workers: one per CPU, at
+            most one per env: the main process waits while they step);
+            ``main_process_envs`` does not apply to multi-agent envs yet and is refused.
+            Lockstep (the default): ``recv`` answers the sends in order, and the runner
+            can pipeline splits (``MultiAgentRunner(num_splits=...)``).
+            ``ready_first=True``: ``send`` covers whole workers and ``recv`` answers
+            whichever worker's envs are ready (``capabilities.ready_first``), so a slow
+            sub-env stalls only its worker's.
         restart_policy: failed sub-envs are recreated inside their worker, and dead or
             hung workers replaced, as the single-agent process backend does (None:
             failures raise and close the vector env).
@@ -242,6 +234,11 @@ class ProcessMultiAgentVectorEnv(MultiAgentVectorEnv):
         SpaceMismatchError: sub-envs with different agents or spaces.
         WorkerError, WorkerTimeoutError: a worker died or hung while starting.
     """
+
+    # Pipelining splits by the lockstep sampler's rule (on a CPU host with inline
+    # dispatch, one: measured slower with two on 2 cores, results/
+    # multi_agent_host_pipeline_2splits_cpu.json).
+    capabilities = Capabilities(can_restart=True, steps_in_background=True)
 
     def __init__(
         self,
@@ -254,12 +251,13 @@ class ProcessMultiAgentVectorEnv(MultiAgentVectorEnv):
         super().__init__()
         self._res = Resources()
         self._finalizer = weakref.finalize(self, shutdown, self._res)
+        self._closed_reason = "construction failed"  # until the workers are up
         config = checked_config(config, "make_multi_agent_vec")
-        if config.ready_first or config.main_process_envs:
+        if config.main_process_envs:
             raise InvalidArgumentError(
                 "make_multi_agent_vec(backend='process', config=ProcessConfig(...)): "
-                "ready_first and main_process_envs do not apply to multi-agent envs yet; "
-                "leave them at their defaults."
+                "main_process_envs does not apply to multi-agent envs yet; leave it at its "
+                "default."
             )
         if restart_policy is not None and not isinstance(restart_policy, RestartPolicy):
             raise InvalidArgumentTypeError(
@@ -267,6 +265,10 @@ class ProcessMultiAgentVectorEnv(MultiAgentVectorEnv):
                 f"or None, got {type(restart_policy).__name__}."
             )
         self.config, self.restart_policy = config, restart_policy
+        if config.ready_first:
+            self.capabilities = Capabilities(
+                can_restart=True, steps_in_background=True, ready_first=True
+            )
         self.num_envs = len(env_fns)
         self._mapping = policy_mapping_fn
         num_workers = config.num_workers
@@ -288,7 +290,9 @@ class ProcessMultiAgentVectorEnv(MultiAgentVectorEnv):
         except BaseException:
             self._close_after("construction failed")
             raise
+        self._closed_reason = None
         self._bounds = bounds
+        self._stepper = self._transport.stepper
 
     def _layout_for(self, reports: list[Report]) -> AgentLayout:
         if "agents" not in reports[0]:
@@ -316,7 +320,8 @@ class ProcessMultiAgentVectorEnv(MultiAgentVectorEnv):
             self._check_description(description, where)
 
     def _close_after(self, reason: str) -> None:
-        self._closed = True
+        """Closes the vector env after a failure (``reason`` is quoted to later calls)."""
+        self._closed_reason = reason
         self._finalizer()
 
     @property
@@ -344,9 +349,25 @@ class ProcessMultiAgentVectorEnv(MultiAgentVectorEnv):
         )
         return step._replace(infos=infos)
 
+    def send(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
+        """Validates ``actions``, writes them to shared memory and tells the workers of
+        ``env_ids`` to step; returns without waiting. Lockstep: any block (a send of
+        rows still in flight goes out once those are received). Ready-first:
+        ``env_ids`` covers whole workers, none of them in flight."""
+        self._check_open("step")
+        self._stepper.send(actions, env_ids, per_worker=self.config.ready_first)
+
+    def recv(self) -> MultiAgentStep:
+        """Lockstep: the oldest send's step. Ready-first: the step of the first worker
+        to answer (``env_ids`` its envs)."""
+        self._check_open("step")
+        return self._stepper.recv()
+
     def step_batch(self, actions: Sequence[Any]) -> MultiAgentStep:
-        self._check_open("step_batch")
-        return self._transport.step_all(actions, None, ready_first=False)
+        """Every env's step (in ready-first mode too); nothing in flight: straight to
+        the result."""
+        self._check_open("step")
+        return self._transport.step_all(actions, None, self.config.ready_first)
 
     def reset_at(
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -355,27 +376,10 @@ class ProcessMultiAgentVectorEnv(MultiAgentVectorEnv):
         self._check_index(index)
         return self._transport.reset_at(index, seed, options)
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env; the
-        results must pickle."""
-        self._check_open("call")
-        return self._transport.pool.call_each_env("call", (name, args, kwargs))
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        self._check_open("get_attr")
-        return self._transport.pool.call_each_env("get_attr", (name,))
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self._check_open("set_attr")
-        self._transport.set_attr(name, self._values_per_env(name, values))
-
-    def render(self) -> tuple[Any, ...]:
-        self._check_open("render")
-        return self._transport.pool.call_each_env("render")
-
-    def get_num_restarts(self) -> int:
-        self._check_open("get_num_restarts")
-        return self._transport.stepper.num_restarts
+    @property
+    def num_restarts(self) -> int:
+        """Sub-envs recreated inside their worker after a failure."""
+        return self._stepper.num_restarts
 
     def _close_backend(self) -> None:
         self._finalizer()

@@ -133,4 +133,30 @@ class ProcessTransport:
         self.pool.call_all("set_attr", [(name, list(values[lo:hi])) for lo, hi in self.bounds])
 
 
-__all__ = ["ProcessTransport", "Report"]
+class TransportForwarding:
+    """``call``/``get_attr``/``set_attr``/``render`` of a vector env over a
+    :class:`ProcessTransport` (``self._transport``): the single- and multi-agent
+    process backends. Results must pickle."""
+
+    _transport: ProcessTransport
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env; the
+        results must pickle."""
+        self._check_open("call")  # type: ignore[attr-defined]
+        return self._transport.pool.call_each_env("call", (name, args, kwargs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        self._check_open("get_attr")  # type: ignore[attr-defined]
+        return self._transport.pool.call_each_env("get_attr", (name,))
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self._check_open("set_attr")  # type: ignore[attr-defined]
+        self._transport.set_attr(name, self._values_per_env(name, values))  # type: ignore[attr-defined]
+
+    def render(self) -> tuple[Any, ...]:
+        self._check_open("render")  # type: ignore[attr-defined]
+        return self._transport.pool.call_each_env("render")
+
+
+__all__ = ["ProcessTransport", "Report", "TransportForwarding"]

@@ -19,7 +19,7 @@ from jaxrunner.envs.process.launch import (
     worker_bounds,
 )
 from jaxrunner.envs.process.shared import Layout
-from jaxrunner.envs.process.transport import ProcessTransport, Report
+from jaxrunner.envs.process.transport import ProcessTransport, Report, TransportForwarding
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 from jaxrunner.faults import RestartPolicy
 
@@ -33,7 +33,7 @@ def _recovery_count(name: str, doc: str) -> property:
     return property(count, doc=doc)
 
 
-class ProcessVectorEnv(VectorEnv):
+class ProcessVectorEnv(TransportForwarding, VectorEnv):
     """Sub-envs in worker processes, stepped in parallel, data in shared memory.
 
     Step for step equal to :class:`~jaxrunner.SyncVectorEnv` (and so to
@@ -255,25 +255,7 @@ class ProcessVectorEnv(VectorEnv):
     def _close_backend(self) -> None:
         self._finalizer()
 
-    # -- the rest of gymnasium's VectorEnv API ---------------------------------------------------
-
-    def render(self) -> tuple[Any, ...]:
-        self._check_open("render")
-        return self._pool.call_each_env("render")
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env; the
-        results must pickle."""
-        self._check_open("call")
-        return self._pool.call_each_env("call", (name, args, kwargs))
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        self._check_open("get_attr")
-        return self._pool.call_each_env("get_attr", (name,))
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self._check_open("set_attr")
-        self._transport.set_attr(name, self._values_per_env(name, values))
+    # -- gymnasium's utilities (call, get_attr, set_attr, render): TransportForwarding
 
     @property
     def num_workers(self) -> int:

@@ -187,3 +187,28 @@ class ActorPool:
         except Exception:  # dead actors, or Ray already shut down: nothing to close
             pass
         self.kill_all()
+
+
+class ActorForwarding:
+    """``call``/``get_attr``/``set_attr``/``render`` of a vector env whose sub-envs live
+    in an :class:`ActorPool` (``self._actors``): the single- and multi-agent Ray
+    backends."""
+
+    _actors: ActorPool
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
+        self._check_open("call")  # type: ignore[attr-defined]
+        return self._actors.call_each("call", name, args, kwargs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        self._check_open("get_attr")  # type: ignore[attr-defined]
+        return self._actors.call_each("get_attr", name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self._check_open("set_attr")  # type: ignore[attr-defined]
+        self._actors.set_attr(name, self._values_per_env(name, values))  # type: ignore[attr-defined]
+
+    def render(self) -> tuple[Any, ...]:
+        self._check_open("render")  # type: ignore[attr-defined]
+        return self._actors.call_each("render")

@@ -48,6 +48,11 @@ class RayConfig:
     actor_start_timeout_s: float = 120.0
     """How long to wait for a new actor to start and reset its sub-envs (the cluster may
     lack the resources to place it)."""
+    ready_first: bool = False
+    """Multi-agent envs (``make_multi_agent_vec(..., backend="ray")``): False (default):
+    lockstep, ``recv()`` answers the sends in order and the runner pipelines splits;
+    True: ``recv()`` answers whichever actor is ready, so a slow sub-env stalls only
+    its own actor's. Single-agent Ray envs are always ready-first."""
 
     def __post_init__(self) -> None:
         def positive(name: str, value: Any, kind: type | tuple[type, ...]) -> None:
@@ -55,6 +60,10 @@ class RayConfig:
                 raise InvalidArgumentError(f"RayConfig({name}={value!r}): expected a number > 0.")
 
         positive("envs_per_actor", self.envs_per_actor, int)
+        if not isinstance(self.ready_first, bool):
+            raise InvalidArgumentError(
+                f"RayConfig(ready_first={self.ready_first!r}): expected a bool."
+            )
         positive("actor_start_timeout_s", self.actor_start_timeout_s, (int, float))
         if self.step_timeout_s is not None:
             positive("step_timeout_s", self.step_timeout_s, (int, float))

@@ -40,6 +40,10 @@ class InFlightSteps:
         """Records the step ``ref`` of actor ``u`` (sub-envs ``rows``), sent now."""
         self._steps[ref] = (u, rows, time.monotonic())
 
+    def rows(self, ref: Any) -> slice:
+        """The sub-envs of step ``ref``."""
+        return self._steps[ref][1]
+
     def pop(self, ref: Any) -> tuple[int, slice]:
         """Forgets ``ref``; returns its actor and rows."""
         u, rows, _ = self._steps.pop(ref)

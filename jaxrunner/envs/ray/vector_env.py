@@ -32,7 +32,7 @@ from gymnasium.vector.utils import batch_space
 
 from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.base import BatchStep, Capabilities, EnvIds, VectorEnv
-from jaxrunner.envs.ray.actors import ActorPool, EnvFactory
+from jaxrunner.envs.ray.actors import ActorForwarding, ActorPool, EnvFactory
 from jaxrunner.envs.ray.config import RayConfig, import_ray
 from jaxrunner.envs.ray.deadlines import InFlightSteps
 from jaxrunner.envs.sub_envs import ActionSplitters, StepBuffers, fail_slot, span
@@ -46,7 +46,7 @@ from jaxrunner.errors import (
 from jaxrunner.faults import RestartPolicy
 
 
-class RayVectorEnv(VectorEnv):
+class RayVectorEnv(ActorForwarding, VectorEnv):
     """Sub-envs in Ray actors (see the module docstring).
 
     Ray must be importable; if no Ray instance is running, Ray starts a local one on
@@ -361,25 +361,6 @@ class RayVectorEnv(VectorEnv):
 
     def _obs_buffer(self) -> Any:
         return self._obs
-
-    # -- forwarding to the sub-envs ----------------------------------------------------------
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
-        self._check_open("call")
-        return self._actors.call_each("call", name, args, kwargs)
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        self._check_open("get_attr")
-        return self._actors.call_each("get_attr", name)
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self._check_open("set_attr")
-        self._actors.set_attr(name, self._values_per_env(name, values))
-
-    def render(self) -> tuple[Any, ...]:
-        self._check_open("render")
-        return self._actors.call_each("render")
 
     def _close_backend(self) -> None:
         self._actors.close()
