@@ -39,7 +39,7 @@ from __future__ import annotations
 import abc
 import collections
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import gymnasium
@@ -65,9 +65,9 @@ class BatchStep(NamedTuple):
     """[B] bool."""
     truncated: np.ndarray
     """[B] bool."""
-    infos: list[dict[str, Any]]
+    infos: Sequence[dict[str, Any]]
     """Per-env step infos (the final info where an episode ended)."""
-    reset_infos: dict[int, dict[str, Any]]
+    reset_infos: Mapping[int, dict[str, Any]]
     """Infos of the resets done in this call, by env index."""
     failed: np.ndarray | None = None
     """[B] bool, or None when no sub-env failed: the sub-envs whose step failed and
@@ -302,7 +302,8 @@ class VectorEnv(BaseVectorEnv, gymnasium.vector.VectorEnv):
     """Base of jaxrunner's single-agent vector envs (see the module docstring for the
     contract)."""
 
-    metadata: ClassVar[dict[str, Any]] = {"autoreset_mode": AutoresetMode.SAME_STEP}
+    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP}  # noqa: RUF012
+    """Per instance, as gymnasium declares it (backends set their own)."""
     reset_seed: int | None = None
     """The int seed of the last ``reset(seed=...)`` (e.g. ``make_vec(..., seed=...)``);
     None if there was none. An :class:`~jaxrunner.EnvRunner` reads it to warn when its

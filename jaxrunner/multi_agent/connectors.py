@@ -58,7 +58,7 @@ def per_policy_connectors(
                 f"MultiAgentRunner(connectors=...): no policy ids {unknown}; the policy ids are "
                 f"{ids}. Key the dict by policy id (envs.policy_ids)."
             )
-        chosen = {pid: value[pid] for pid in ids if value.get(pid) is not None}
+        chosen = {pid: conn for pid in ids if (conn := value.get(pid)) is not None}
         for pid, conn in chosen.items():
             if not isinstance(conn, Connectors):
                 raise InvalidArgumentTypeError(

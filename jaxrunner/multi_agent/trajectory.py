@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.trajectory import MAX_LOAD_BYTES, EpisodeSpan, cut_steps, join_steps
+from jaxrunner.trajectory import MAX_LOAD_BYTES, EpisodeSpan, HostOrDevice, cut_steps, join_steps
 from jaxrunner.trajectory_file import (
     ErrorFn,
     TrajectoryFile,
@@ -35,8 +35,7 @@ _FORMAT = "jaxrunner.MultiAgentTrajectory"
 _VERSION = 1
 
 
-@flax.struct.dataclass
-class GroupTrajectory:
+class GroupTrajectory(flax.struct.PyTreeNode):
     """One group's transitions, every field ``[T, B, A_g, ...]``.
 
     Attributes:
@@ -57,13 +56,13 @@ class GroupTrajectory:
 
     obs: Any
     action: Any
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
+    reward: HostOrDevice
+    terminated: HostOrDevice
+    truncated: HostOrDevice
     next_obs: Any
     extras: dict[str, Any]
-    valid: np.ndarray
-    agent_step: np.ndarray
+    valid: HostOrDevice
+    agent_step: HostOrDevice
 
     @property
     def done(self) -> np.ndarray:
@@ -71,8 +70,7 @@ class GroupTrajectory:
         return np.logical_or(self.terminated, self.truncated)
 
 
-@flax.struct.dataclass
-class MultiAgentTrajectory:
+class MultiAgentTrajectory(flax.struct.PyTreeNode):
     """``T`` env steps of ``B`` multi-agent envs.
 
     Attributes:
@@ -217,8 +215,7 @@ def _agents_of(groups: Any, error: ErrorFn) -> dict[str, tuple[str, ...]]:
     return agents
 
 
-@flax.struct.dataclass
-class AgentEpisode(EpisodeSpan):
+class AgentEpisode(EpisodeSpan, flax.struct.PyTreeNode):
     """One agent's episode (or the part of it in one trajectory).
 
     Attributes:

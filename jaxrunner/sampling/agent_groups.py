@@ -290,11 +290,15 @@ class GroupSampler:
         """Fills in ``agent_step`` for steps ``[0, t)``; returns the agent episodes that
         ended there: ``(slot, return, length)``. ``aborted`` (``[T, B]``, None: none):
         envs whose step failed, cutting their agents' episodes as faults."""
-        done = traj.terminated | traj.truncated
+        # The host sampler's trajectories are numpy (the asarray calls only say so).
+        valid, reward = np.asarray(traj.valid), np.asarray(traj.reward)
+        done = np.asarray(traj.terminated) | np.asarray(traj.truncated)
+        step = traj.agent_step
+        assert isinstance(step, np.ndarray)  # written in place: a host buffer
         # An agent's step index is its running episode length before the transition.
-        agent_steps(self.running_length, traj.valid, done, t, traj.agent_step, aborted)
+        agent_steps(self.running_length, valid, done, t, step, aborted)
         return agent_episode_ends(
-            self.running_return, self.running_length, traj.reward, traj.valid, done, t, aborted
+            self.running_return, self.running_length, reward, valid, done, t, aborted
         )
 
 

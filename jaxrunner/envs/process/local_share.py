@@ -325,7 +325,7 @@ class LocalShareVectorEnv(VectorEnv):
         return buffers.batch_step(
             space,
             None if whole else slice(sent.lo, sent.hi),
-            local.infos + remote.infos,
+            [*local.infos, *remote.infos],
             {**local.reset_infos, **remote.reset_infos},
             failed,
             errors or None,

@@ -154,8 +154,10 @@ class Stepper:
 
     # -- recv
 
-    def recv(self) -> BatchStep:
-        """The oldest call's result (lockstep), or the first call answered (ready-first)."""
+    def recv(self) -> Any:
+        """The oldest call's result (lockstep), or the first call answered (ready-first):
+        the layout's step result (a ``BatchStep``, or a ``MultiAgentStep`` for agent
+        blocks)."""
         if not self.calls:
             raise InvalidArgumentError(
                 "ProcessVectorEnv.recv(): no send() is waiting for its results. Call "
