@@ -235,10 +235,11 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
         WorkerError, WorkerTimeoutError: a worker died or hung while starting.
     """
 
-    # Pipelining splits by the lockstep sampler's rule (on a CPU host with inline
-    # dispatch, one: measured slower with two on 2 cores, results/
-    # multi_agent_host_pipeline_2splits_cpu.json).
-    capabilities = Capabilities(can_restart=True, steps_in_background=True)
+    # Two pipelining splits, as the single-agent process backend: on a quiet 2-core
+    # machine MPE simple_spread ran 1.25x / 1.77x / 1.91x the hand loop at 8 / 64 / 256
+    # envs with two, 1.18x / 1.64x / 1.74x with one (results/
+    # multi_agent_host_quiet_cpu.json; a loaded run had shown the reverse).
+    capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
 
     def __init__(
         self,
