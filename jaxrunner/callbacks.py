@@ -20,11 +20,13 @@ class LiveEpisode:
     observation, then the one after each step; at the end, the final one).
     ``user_data`` is yours: keep per-episode custom metrics there.
 
-    ``obs``, ``action`` and ``extras`` are read from the samples' buffers when a hook
+    ``obs``, ``action`` and ``extras`` are read from the sample's buffers when a hook
     asks for them, not copied at every step: hooks that do not read them cost next to
-    nothing (a subclass overriding only ``on_episode_end`` cost 23% of HalfCheetah's
-    steps/s when every step was copied). ``reward``, ``infos`` and the flags are kept
-    as they come.
+    nothing (a subclass overriding only ``on_episode_end`` cost 13% of HalfCheetah's
+    steps/s when every step was copied, ``benchmarks/callbacks_cost.py``). At the end of
+    each sample, and when the episode ends, its rows are copied out of the buffers
+    (one slice per episode), so a live episode never keeps a whole trajectory alive.
+    ``reward``, ``infos`` and the flags are kept as they come.
     """
 
     def __init__(self, env_id: int, episode_id: int, first_obs: Any) -> None:
@@ -37,28 +39,39 @@ class LiveEpisode:
         self.faulty = False  # cut by a failure of its env (then truncated too)
         self.user_data: dict[str, Any] = {}
         self._first_obs = first_obs
-        self._steps: list[tuple[Trajectory, int]] = []
-        """Each step's sample buffers and time index (the env's row is ``env_id``)."""
+        self._spans: list[_Span] = []
 
     def add_step(self, buf: Trajectory, t: int, reward: float, info: dict[str, Any]) -> None:
         """Step ``t`` of ``buf`` (a sample's buffers) continues the episode."""
-        self._steps.append((buf, t))
+        last = self._spans[-1] if self._spans else None
+        if last is not None and last.buf is buf and last.stop == t:
+            last.stop += 1
+        else:
+            self._spans.append(_Span(buf, t, t + 1, self.env_id))
         self.reward.append(reward)
         self.infos.append(info)
 
+    def detach(self, buf: Trajectory) -> None:
+        """Copies the episode's rows out of ``buf``, which it no longer references."""
+        for span in self._spans:
+            if span.buf is buf:
+                span.detach()
+
     @property
     def obs(self) -> list[Any]:
-        env = self.env_id
-        return [self._first_obs, *(_row(buf.next_obs, t, env) for buf, t in self._steps)]
+        return [self._first_obs, *self._rows("next_obs")]
 
     @property
     def action(self) -> list[Any]:
-        return [_row(buf.action, t, self.env_id) for buf, t in self._steps]
+        return self._rows("action")
 
     @property
     def extras(self) -> list[dict[str, Any]]:
-        env = self.env_id
-        return [_row(buf.extras, t, env) for buf, t in self._steps]
+        return self._rows("extras")
+
+    def _rows(self, field: str) -> list[Any]:
+        """One copy per step of ``field`` (``next_obs``, ``action`` or ``extras``)."""
+        return [row for span in self._spans for row in span.rows(field)]
 
     @property
     def length(self) -> int:
@@ -87,10 +100,37 @@ class LiveEpisode:
         )
 
 
-def _row(tree: Any, t: int, env: int) -> Any:
-    """Step ``t`` of env ``env`` of a ``[T, B, ...]`` pytree, as copies (a hook that
-    edits them leaves the trajectory alone)."""
-    return jax.tree.map(lambda x: np.array(x[t, env]), tree)
+class _Span:
+    """Steps ``[start, stop)`` of env ``env`` in a sample's buffers ``buf``; once
+    detached (``buf`` None), copies of those rows alone."""
+
+    FIELDS = ("next_obs", "action", "extras")
+
+    def __init__(self, buf: Trajectory, start: int, stop: int, env: int) -> None:
+        self.buf: Trajectory | None = buf
+        self.start, self.stop, self.env = start, stop, env
+        self.trees: dict[str, Any] = {}
+
+    def detach(self) -> None:
+        if self.buf is None:
+            return
+        cut = slice(self.start, self.stop)
+        self.trees = {
+            name: jax.tree.map(lambda x: np.array(x[cut, self.env]), getattr(self.buf, name))
+            for name in self.FIELDS
+        }
+        self.buf = None
+
+    def rows(self, field: str) -> list[Any]:
+        index: list[Any]
+        if self.buf is None:  # detached: the rows alone, from 0
+            tree, index = self.trees[field], list(range(self.stop - self.start))
+        else:
+            tree, index = (
+                getattr(self.buf, field),
+                [(t, self.env) for t in range(self.start, self.stop)],
+            )
+        return [jax.tree.map(lambda x, i=i: np.array(x[i]), tree) for i in index]
 
 
 class Callbacks:

@@ -336,6 +336,35 @@ def test_callbacks_see_each_episode(cartpole_runner, num_splits):
     assert len(recorder.started) == 3 + len(recorder.ended)
 
 
+def test_kept_live_episodes_keep_no_trajectory_alive(cartpole_runner):
+    # Live episodes read their rows from the sample's buffers while it runs; they must
+    # copy them out when the sample (or the episode) ends, else an episode a hook keeps
+    # would keep every trajectory it spanned alive.
+    import gc
+    import weakref
+
+    kept = []
+
+    class Keeper(jr.Callbacks):
+        def on_episode_end(self, runner, env_index, episode):
+            kept.append(episode)
+
+    runner = cartpole_runner(num_envs=3, rollout_length=8, callbacks=Keeper())
+    first = runner.sample()
+    first_ref = weakref.ref(first)
+    second = runner.sample()
+    spanning = [e for e in kept if e.length > 1]
+    assert spanning  # episodes that began in the first sample and ended in the second
+    rows = [e.to_episode() for e in kept]
+    del first
+    gc.collect()
+    assert first_ref() is None
+    joined = {e.episode_id: e for e in second.split_episodes()}
+    for episode in rows:  # still the same rows after the copies
+        if episode.episode_id in joined and joined[episode.episode_id].start_step == 0:
+            np.testing.assert_array_equal(episode.action, joined[episode.episode_id].action)
+
+
 def test_sample_episodes_complete_and_nothing_lost(cartpole_runner):
     runner = cartpole_runner(num_envs=3, rollout_length=16, seed=2)
     first = runner.sample_episodes(5)

@@ -230,6 +230,8 @@ class LockstepSampler(HostSampler):
         finally:
             self.metrics.sample_time_s += time.perf_counter() - start_time
             self.metrics.perf.record(perf, t)
+        for live in self._live:  # the next sample writes other buffers
+            live.detach(buf)
         self.metrics.add(self._book.close(buf, num_steps))
         return self._end_sample(buf)
 
@@ -369,6 +371,7 @@ class LockstepSampler(HostSampler):
                 callbacks.on_episode_step(runner, i, live)
             if done[j]:
                 callbacks.on_episode_end(runner, i, live)
+                live.detach(buf)  # a kept episode must not keep the trajectory alive
 
 
 __all__ = [
