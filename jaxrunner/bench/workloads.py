@@ -34,7 +34,7 @@ def make_cartpole() -> gymnasium.Env:
 def make_pong() -> gymnasium.Env:
     """ALE/Pong-v5 as the Atari baselines see it: the emulator's own frame skip off
     (``AtariPreprocessing`` skips 4 and max-pools), 84x84 grey, 4 frames stacked."""
-    import ale_py
+    import ale_py  # type: ignore[import-not-found]  # the atari extra
 
     gymnasium.register_envs(ale_py)  # here, not at import: each process-backend worker too
     env = gymnasium.make("ALE/Pong-v5", frameskip=1)
