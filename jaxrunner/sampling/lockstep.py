@@ -364,6 +364,7 @@ class LockstepSampler(HostSampler):
             if out.failed is not None and out.failed[j]:
                 live.truncated = live.faulty = True
                 callbacks.on_episode_end(runner, i, live)
+                live.detach(buf)
                 continue
             live.add_step(buf, t, float(out.reward[j]), out.infos[j])
             live.terminated, live.truncated = bool(out.terminated[j]), bool(out.truncated[j])
