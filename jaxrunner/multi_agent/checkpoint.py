@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jaxrunner import spaces as jr_spaces
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.multi_agent.trajectory import AgentEpisode
 from jaxrunner.npz_reader import NpzReader
@@ -48,7 +47,6 @@ from jaxrunner.sampling.checkpoint_format import (
     CheckpointReader,
     Part,
     leading,
-    leaf_specs,
     put_steps,
     put_tree,
     write_checkpoint,
@@ -289,10 +287,7 @@ class MultiAgentCheckpointFile(CheckpointReader):
         self, npz: NpzReader, prefix: str, metas: list[Any], next_id: int
     ) -> tuple[AgentEpisode, ...]:
         specs = {
-            g.policy_id: {
-                "obs": leaf_specs(jr_spaces.allocate(g.observation_space, (0,))),
-                "action": leaf_specs(jr_spaces.allocate(g.action_space, (0,))),
-            }
+            g.policy_id: self.episode_specs(g.observation_space, g.action_space)
             for g in self.runner.envs.groups
         }
         return tuple(

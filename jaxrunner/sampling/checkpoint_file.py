@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jaxrunner import spaces as jr_spaces
 from jaxrunner.envs.jax_env import JaxVectorEnv
 from jaxrunner.npz_reader import NpzReader
 from jaxrunner.sampling import checkpoint_format
@@ -43,7 +42,6 @@ from jaxrunner.sampling.checkpoint_format import (
     Part,
     array_name,
     is_key,
-    leaf_specs,
     part_of,
 )
 from jaxrunner.trajectory import Episode
@@ -180,10 +178,7 @@ class CheckpointFile(CheckpointReader):
         self, npz: NpzReader, prefix: str, metas: list[Any], next_id: int
     ) -> tuple[Episode, ...]:
         spaces = self.runner.get_spaces()
-        specs = {
-            "obs": leaf_specs(jr_spaces.allocate(spaces["observation_space"], (0,))),
-            "action": leaf_specs(jr_spaces.allocate(spaces["action_space"], (0,))),
-        }
+        specs = self.episode_specs(spaces["observation_space"], spaces["action_space"])
         return tuple(
             self._read_episode(npz, prefix, k, meta, next_id, specs) for k, meta in enumerate(metas)
         )

@@ -22,6 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxrunner import spaces as jr_spaces
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.npz_reader import NUMERIC_KINDS, HeaderCheck, NpzReader
 
@@ -213,6 +214,14 @@ class CheckpointReader:
             bounds = f">= {low}" if high == float("inf") else f"in [{low}, {high}]"
             raise self.error(f"has {where}={value!r}; expected an int {bounds}")
         return value
+
+    @staticmethod
+    def episode_specs(obs_space: Any, action_space: Any) -> dict[str, Any]:
+        """The leaf specs a kept episode's ``obs`` and ``action`` arrays must have."""
+        return {
+            "obs": leaf_specs(jr_spaces.allocate(obs_space, (0,))),
+            "action": leaf_specs(jr_spaces.allocate(action_space, (0,))),
+        }
 
     def check_episode_meta(
         self, meta: Any, where: str, scalars: dict[str, type], next_id: int, num_envs: int
