@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 import jaxrunner
-from jaxrunner import bench
+from jaxrunner._src import bench
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 IMPORT = re.compile(r"^(\s*)(from|import) jaxrunner\b", re.MULTILINE)

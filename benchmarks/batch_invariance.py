@@ -1,7 +1,7 @@
 """Batch invariance: grouping changes no action, and the policy is paid once per env.
 
 The compiled policy step runs the policy in fixed chunks of
-``policy_chunk_rows(...)`` rows (``jaxrunner.batch_invariance``), so a pipelining
+``policy_chunk_rows(...)`` rows (``jaxrunner._src.samplers.batch_invariance``), so a pipelining
 group or a ready-first bucket computes its own envs' rows only, bitwise as in one
 full batch. Two parts:
 
@@ -36,10 +36,10 @@ import jax
 import numpy as np
 
 import jaxrunner as jr
-from jaxrunner import bench
-from jaxrunner.batch_invariance import policy_chunk_rows
-from jaxrunner.bench.timing import us_per_call
-from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
+from jaxrunner._src import bench
+from jaxrunner._src.bench.timing import us_per_call
+from jaxrunner._src.samplers.batch_invariance import policy_chunk_rows
+from jaxrunner._src.samplers.policy_step import CompiledPolicyStep, host_actor_state
 
 
 def _trajectory_gap(reference: jr.Trajectory, other: jr.Trajectory) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import time
 import jax
 
 import jaxrunner as jr
-from jaxrunner import bench
+from jaxrunner._src import bench
 
 
 class EpisodeReturns(jr.Callbacks):

@@ -25,8 +25,8 @@ import jax
 import numpy as np
 
 import jaxrunner as jr
-from jaxrunner import bench
 from jaxrunner import connectors as C
+from jaxrunner._src import bench
 
 # Sibling benchmark scripts (this directory is on sys.path when run as a script).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))

@@ -1,8 +1,8 @@
 """Core benchmark: ``jaxrunner bench`` with the settings the recorded figures use.
 
-The same measurement as the command (``jaxrunner.bench.run``): per width, jaxrunner's
+The same measurement as the command (``jaxrunner._src.bench.run``): per width, jaxrunner's
 ``EnvRunner.sample()`` at its defaults against the recording hand loop a user writes
-(``jaxrunner.bench.RecordingHandLoop``: the same jitted 64-64 tanh MLP, ``np.asarray``,
+(``jaxrunner._src.bench.RecordingHandLoop``: the same jitted 64-64 tanh MLP, ``np.asarray``,
 ``[T, B]`` numpy buffers, JAX at its defaults in its own process), the policy-bound
 ceiling and where a jaxrunner step goes; interleaved rounds, medians with their
 spread, every round kept in the JSON with the machine's details.
@@ -20,7 +20,7 @@ import json
 import pathlib
 import sys
 
-from jaxrunner import bench
+from jaxrunner._src import bench
 
 
 def main() -> None:

@@ -3,8 +3,8 @@
 JAX reads the dispatch mode once per process, so each measurement runs in a child
 process; the two modes alternate round by round, so drifts in machine load hit both
 alike. Per width and mode: ``EnvRunner.sample()`` steps/s and the hand-written loop's
-(``jaxrunner.bench.RecordingHandLoop`` over gymnasium's SyncVectorEnv), CartPole-v1,
-64-64 MLP, ``T = jaxrunner.bench.rollout_length(width)``.
+(``jaxrunner._src.bench.RecordingHandLoop`` over gymnasium's SyncVectorEnv), CartPole-v1,
+64-64 MLP, ``T = jaxrunner._src.bench.rollout_length(width)``.
 
 Usage::
 
@@ -21,14 +21,14 @@ import sys
 
 import numpy as np
 
-from jaxrunner import bench
+from jaxrunner._src import bench
 
 CHILD = """
 import json
 import jaxrunner as jr
-(jr.use_inline_cpu_dispatch if {inline} else jr.use_async_cpu_dispatch)()
-from jaxrunner import bench
-from jaxrunner.bench.systems import Spec, build
+(jr.cpu_dispatch.use_inline_cpu_dispatch if {inline} else jr.cpu_dispatch.use_async_cpu_dispatch)()
+from jaxrunner._src import bench
+from jaxrunner._src.bench.systems import Spec, build
 
 def steps_per_s(system, **options):
     spec = Spec(system=system, backend="sync", env="CartPole-v1", num_envs={num_envs},

@@ -1,12 +1,12 @@
 """Pure-JAX path: EnvRunner on a JaxVectorEnv against a hand-written gymnax lax.scan.
 
-Systems, same env (gymnax CartPole-v1), same policy (``jaxrunner.bench.mlp_policy``,
+Systems, same env (gymnax CartPole-v1), same policy (``jaxrunner._src.bench.mlp_policy``,
 a 64x64 tanh MLP sampling its actions), same rollout length, one process:
 
 * ``jaxrunner``: ``EnvRunner(JaxVectorEnv(env, params, B), ...).sample()``: the whole
   rollout as one compiled ``lax.scan`` (true final observations, fresh resets,
   episode ids and steps, metrics fetched once per sample).
-* ``hand_scan`` (``jaxrunner.bench.build_hand_scan``): what a user would write with
+* ``hand_scan`` (``jaxrunner._src.bench.build_hand_scan``): what a user would write with
   gymnax: one jitted ``lax.scan`` over ``vmap(env.step)`` (gymnax's auto-resetting
   step, keys from ``split``), storing the same transition fields (obs, action,
   reward, terminated, truncated, the final observation from
@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 import jaxrunner as jr
-from jaxrunner import bench
+from jaxrunner._src import bench
 
 
 def build_jaxrunner(num_envs: int, rollout_length: int, seed: int) -> Callable[[], int]:

@@ -14,7 +14,7 @@ median of the per-round ratios. Each child's dispatch mode is in the report.
   ``jaxrunner_process_2splits``: the process backend with ``num_splits=2`` named
   (one split's policy steps while the other's envs step: the default since
   ``multi_agent_host_quiet_cpu.json``, kept to compare with that run).
-  ``hand_loop``: ``jaxrunner.bench.MultiAgentHandLoop``, a list of the same PettingZoo
+  ``hand_loop``: ``jaxrunner._src.bench.MultiAgentHandLoop``, a list of the same PettingZoo
   envs; per step the agents' observations stacked into one ``[B * 3, 18]`` array, one
   jitted policy call (the benchmark MLP: actions and log-probs), ``np.asarray``,
   obs/action/log-prob/reward/flags written into preallocated ``[T, B, 3]`` arrays, each
@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxrunner as jr
-from jaxrunner import bench
+from jaxrunner._src import bench
 
 NUM_AGENTS = 3
 ASYNC_DISPATCH_ENV = "JAX_CPU_ENABLE_ASYNC_DISPATCH"
@@ -175,7 +175,10 @@ def child(part: str, name: str, width: int, rollout: int) -> None:
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     step, stop = build(part, name, width, rollout)
-    reply = {"ready": True, "cpu_dispatch": "inline" if jr.inline_cpu_dispatch() else "async"}
+    reply = {
+        "ready": True,
+        "cpu_dispatch": "inline" if jr.cpu_dispatch.inline_cpu_dispatch() else "async",
+    }
     print(json.dumps(reply), file=replies, flush=True)
     for line in sys.stdin:
         print(json.dumps({"rate": bench.timed(step, float(line))}), file=replies, flush=True)

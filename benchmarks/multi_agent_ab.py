@@ -24,7 +24,7 @@ import subprocess
 import sys
 from typing import Any
 
-from jaxrunner import bench
+from jaxrunner._src import bench
 
 HERE = pathlib.Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,7 @@ which steps every env with a few numpy ops). Systems, measured side by side in o
 process, interleaved in rounds (medians reported, every round kept):
 
 * ``jaxrunner``: ``EnvRunner.sample()`` over ``make_vec(env, n, backend="gymnasium")``
-  with the benchmark MLP (``jaxrunner.bench.mlp_policy``); one group (the vector env
+  with the benchmark MLP (``jaxrunner._src.bench.mlp_policy``); one group (the vector env
   steps all envs at once).
 * ``hand_loop``: what a user would write: the same gymnasium vector env, the same
   policy jitted with one key split per step, ``np.asarray`` of actions and extras.
@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 import jaxrunner as jr
-from jaxrunner import bench
+from jaxrunner._src import bench
 
 Measure = Callable[[argparse.Namespace, int], dict[str, Any]]
 

@@ -1,14 +1,14 @@
 """Peers: every kind of env jaxrunner steps, against the loop a user writes for it.
 
 One run, one machine, one env (CartPole-v1: gymnasium's, EnvPool's C++ port or
-gymnax's JAX port, the same dynamics), one policy (``jaxrunner.bench.mlp_policy``: a
+gymnax's JAX port, the same dynamics), one policy (``jaxrunner._src.bench.mlp_policy``: a
 64-64 tanh MLP sampling its actions, jitted), ``T = max(8, 2048 // width)`` steps per
 rollout for every system. The measurement is ``jaxrunner bench``'s own
-(``jaxrunner.bench.measure_width``): jaxrunner's ``EnvRunner.sample()`` at its defaults
+(``jaxrunner._src.bench.measure_width``): jaxrunner's ``EnvRunner.sample()`` at its defaults
 in one long-lived child process, the recording hand loop
-(``jaxrunner.bench.RecordingHandLoop``: ``np.asarray`` on actions and log-probs,
+(``jaxrunner._src.bench.RecordingHandLoop``: ``np.asarray`` on actions and log-probs,
 obs/action/log-prob/reward/flags into ``[T, B]`` numpy buffers; for gymnax the
-``lax.scan`` of ``jaxrunner.bench.build_hand_scan``) at JAX's defaults in another,
+``lax.scan`` of ``jaxrunner._src.bench.build_hand_scan``) at JAX's defaults in another,
 each built once per width and timed in interleaved rounds. Per kind of env:
 
 * ``sync`` (widths 1 8 64 256): gymnasium ``SyncVectorEnv``, SAME_STEP autoreset.
@@ -25,7 +25,7 @@ Ratios are jaxrunner / each other system, ratios of medians over rounds (the
 per-round ratios' spread kept). The JSON keeps every round, the machine and load
 averages; a PNG plots steps/s against width (log-log).
 
-``--workload {cartpole,pong,halfcheetah}`` (``jaxrunner.bench.workloads``) compares
+``--workload {cartpole,pong,halfcheetah}`` (``jaxrunner._src.bench.workloads``) compares
 instead the peer libraries on a real workload, every system with the workload's envs
 and policy (NatureCNN on Pong, a 256-256 Gaussian MLP on HalfCheetah) recording
 ``[T, B]``, ``T = max(8, steps // width)`` (2048, 256 and 512 steps), at its widths:
@@ -74,10 +74,10 @@ import sys
 import time
 from typing import Any
 
-from jaxrunner import bench
-from jaxrunner.bench.child import Child
-from jaxrunner.bench.peer_loops import RLLIB_HIDDEN, RLlibLoop
-from jaxrunner.bench.workloads import WORKLOADS, get_workload
+from jaxrunner._src import bench
+from jaxrunner._src.bench.child import Child
+from jaxrunner._src.bench.peer_loops import RLLIB_HIDDEN, RLlibLoop
+from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
 
 WIDTHS: dict[str, tuple[int, ...]] = {
     "sync": (1, 8, 64, 256),
@@ -119,7 +119,7 @@ def rllib_unavailable() -> str | None:
 
 class RLlibSystem:
     """RLlib's ``SingleAgentEnvRunner`` in this process
-    (``jaxrunner.bench.peer_loops.RLlibLoop``: its own gymnasium SyncVectorEnv of
+    (``jaxrunner._src.bench.peer_loops.RLlibLoop``: its own gymnasium SyncVectorEnv of
     ``width`` sub-envs, its default RLModule, a tanh MLP of ``hidden`` as ours,
     exploring)."""
 
@@ -391,7 +391,7 @@ def main() -> None:
         children = harness.info()
         peers_child = None
         if args.workload and len(unavailable) < len(PEER_MODULES):
-            command = [args.peers_python, "-m", "jaxrunner.bench"]
+            command = [args.peers_python, "-m", "jaxrunner._src.bench"]
             peers_child = stack.enter_context(Child("peers", jax_defaults=True, command=command))
             children["peers"] = peers_child.request("info")
         if args.workload:
@@ -435,7 +435,7 @@ def main() -> None:
     policy = (
         f"{workload.policy_label}, stochastic, jitted"
         if workload
-        else "jaxrunner.bench.mlp_policy (64, 64) tanh, stochastic, jitted"
+        else "jaxrunner._src.bench.mlp_policy (64, 64) tanh, stochastic, jitted"
     )
     steps = workload.steps_per_rollout if workload else 2048
     report = {

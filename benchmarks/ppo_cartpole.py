@@ -21,7 +21,7 @@ import matplotlib
 import nbclient
 import nbformat
 
-from jaxrunner.bench import machine_info
+from jaxrunner._src.bench import machine_info
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt

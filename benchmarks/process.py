@@ -28,9 +28,9 @@ from typing import Any
 
 import jax
 
-from jaxrunner import bench
-from jaxrunner.envs import ProcessConfig, make_vec
-from jaxrunner.sampling import EnvRunner
+from jaxrunner._src import bench
+from jaxrunner._src.backends import ProcessConfig, make_vec
+from jaxrunner._src.samplers import EnvRunner
 
 
 def runner_step(runner: EnvRunner) -> Callable[[], int]:

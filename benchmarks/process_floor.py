@@ -3,7 +3,7 @@
 With one worker (the default on 2 cores below 256 sub-envs: the main process keeps a
 CPU for the policy), every sub-env steps in that worker, so the backend cannot pass
 one core's rate of stepping them. Measured in one run, in interleaved rounds
-(``jaxrunner.bench.measure_width``):
+(``jaxrunner._src.bench.measure_width``):
 
 * ``jaxrunner``: ``EnvRunner.sample()`` with ``backend="process"`` at its defaults, in
   its child;
@@ -37,7 +37,7 @@ from typing import Any
 
 import gymnasium
 
-from jaxrunner import bench
+from jaxrunner._src import bench
 
 
 class BareLoop:

@@ -29,8 +29,8 @@ from typing import Any
 import jax
 
 import jaxrunner as jr
-from jaxrunner import bench
-from jaxrunner.envs.process import launch
+from jaxrunner._src import bench
+from jaxrunner._src.backends.process import launch
 
 
 def layouts(num_envs: int) -> dict[str, jr.ProcessConfig]:

@@ -283,7 +283,7 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from jaxrunner.bench import autogroup, machine_info, write_report
+    from jaxrunner._src.bench import autogroup, machine_info, write_report
 
     # (workers, envs per worker, main work in microseconds)
     scenarios = [(1, 0, 0), (2, 0, 0), (2, 32, 0), (2, 32, 150), (4, 16, 150), (2, 128, 150)]

@@ -36,8 +36,8 @@ from typing import Any
 from process_layouts import compare_configs, options, run  # a script beside this one
 
 import jaxrunner as jr
-from jaxrunner import bench
-from jaxrunner.envs.process import config as process_config
+from jaxrunner._src import bench
+from jaxrunner._src.backends.process import config as process_config
 
 
 def measure_width(num_envs: int, args: argparse.Namespace) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 import jax
 
 import jaxrunner as jr
-from jaxrunner.bench import machine_info, mlp_policy
+from jaxrunner._src.bench import machine_info, mlp_policy
 
 
 def measure(sample: Any, steps_per_call: int, seconds: float) -> float:

@@ -5,7 +5,7 @@ per episode, discrete actions), one policy shared by the three agents, a 64-64 t
 MLP sampling its actions on every side. Per width (8 and 64 envs):
 
 * ``jaxrunner``: ``MultiAgentRunner.sample()`` as ``jaxrunner bench --env
-  mpe2:simple_spread_v3`` measures it (``jaxrunner.bench``'s child at jaxrunner's
+  mpe2:simple_spread_v3`` measures it (``jaxrunner._src.bench``'s child at jaxrunner's
   defaults), on the sync backend (``jaxrunner bench``'s default) and on the process
   backend (one worker per CPU).
 * ``hand``: the multi-agent hand loop, the bench's reference (for context).
@@ -26,7 +26,7 @@ MLP sampling its actions on every side. Per width (8 and 64 envs):
   matmul wait on the others on a loaded machine (``--torch-threads 0`` measures it).
 
 Every system is built and warmed up (one rollout) before timing, then timed in
-interleaved rounds (``jaxrunner.bench.measure_width``: each system in turn, the first
+interleaved rounds (``jaxrunner._src.bench.measure_width``: each system in turn, the first
 one rotating); figures are medians over rounds, the ratio jaxrunner's median / the
 other's. One env step is one step of one sub-env; agent steps count each agent acting
 (RLlib's own count: ``MultiAgentEpisode.agent_steps()``; jaxrunner's: env steps x
@@ -110,7 +110,7 @@ class RLlibSystem:
         return sum(e.env_steps() for e in episodes), sum(e.agent_steps() for e in episodes)
 
     def measure(self, seconds: float) -> dict[str, Any]:
-        # jaxrunner.bench.timed's loop, counting agent steps too (no jaxrunner here).
+        # jaxrunner._src.bench.timed's loop, counting agent steps too (no jaxrunner here).
         env_steps = agent_steps = 0
         start = time.perf_counter()
         while (elapsed := time.perf_counter() - start) < seconds:
@@ -133,7 +133,7 @@ class RLlibSystem:
 
 
 def serve_rllib(torch_threads: int) -> None:
-    """The RLlib child: ``jaxrunner.bench.child``'s protocol (one JSON request per line
+    """The RLlib child: ``jaxrunner._src.bench.child``'s protocol (one JSON request per line
     on stdin, one ``{"ok": ..., "result"|"error": ...}`` reply per line on stdout), its
     serving loop written again here since this venv cannot import jaxrunner."""
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
@@ -202,7 +202,7 @@ class EnvFloor:
     ahead, each reset once no agent is left: no policy, no recording."""
 
     def __init__(self, num_envs: int, seed: int) -> None:
-        from jaxrunner import bench
+        from jaxrunner._src import bench
 
         self.envs = [bench.env_factory(ENV)() for _ in range(num_envs)]
         for i, env in enumerate(self.envs):
@@ -225,7 +225,7 @@ class EnvFloor:
         return self.length * len(self.envs)
 
     def measure(self, seconds: float) -> dict[str, Any]:
-        from jaxrunner import bench
+        from jaxrunner._src import bench
 
         cpu, wall = time.process_time(), time.perf_counter()
         rate = bench.timed(self._rollout, seconds)
@@ -312,9 +312,9 @@ def summary(rows: list[dict[str, Any]]) -> tuple[list[str], str]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from jaxrunner import bench
-    from jaxrunner.bench.child import Child
-    from jaxrunner.bench.multi_agent import describe
+    from jaxrunner._src import bench
+    from jaxrunner._src.bench.child import Child
+    from jaxrunner._src.bench.multi_agent import describe
 
     started = time.perf_counter()
 

@@ -39,7 +39,7 @@ import jax
 import numpy as np
 
 import jaxrunner as jr
-from jaxrunner import bench
+from jaxrunner._src import bench
 
 OBS_SPACE = gymnasium.spaces.Box(0, 255, (84, 84, 4), np.uint8)
 ACTION_SPACE = gymnasium.spaces.Discrete(6)
@@ -109,7 +109,7 @@ def run(budget_mib: int, fill: float, seed: int) -> dict:
 WITHOUT_TRIM = """
 import json, sys
 sys.path.insert(0, "benchmarks")
-from jaxrunner.external import episodes
+from jaxrunner._src.services.external import episodes
 episodes.release_freed_memory = lambda: None
 import serve_episode_end
 print(json.dumps(serve_episode_end.run(int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]))))

@@ -65,8 +65,8 @@ import gymnasium
 import httpx
 import numpy as np
 
-from jaxrunner import bench
-from jaxrunner.serve import wire
+from jaxrunner._src import bench
+from jaxrunner._src.services.serve import wire
 
 SYSTEMS = {
     "batched": ["--max-batch", "64", "--max-wait-ms", "2"],

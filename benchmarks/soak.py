@@ -42,7 +42,7 @@ import gymnasium
 import jax
 
 import jaxrunner as jr
-from jaxrunner import bench
+from jaxrunner._src import bench
 from jaxrunner.testing import CallLog, FaultPlan, faulty_env_fns
 
 STEP_KINDS = ("raise", "hang", "exit", "kill", "segfault", "nan_reward", "bad_obs")

@@ -10,13 +10,13 @@ own cost. Parts, each timed alone in 64-step blocks, interleaved round by round
   and collect: staging, the compiled call, ``np.asarray``).
 * ``runner_step_batch``: the vector env's ``step_batch`` alone.
 * ``hand_loop``: the recording hand loop over gymnasium ``SyncVectorEnv``
-  (``jaxrunner.bench.hand_loop``).
+  (``jaxrunner._src.bench.hand_loop``).
 * ``hand_policy``: the hand loop's jitted call and numpy conversion alone.
 * ``gym_step``: gymnasium ``SyncVectorEnv.step`` alone.
 * ``warm_call``: the compiled policy step called back to back with nothing between
   (no staging, one ``np.asarray``: the floor of any loop with one policy call per step).
 
-``--cpu-dispatch`` (``jaxrunner.bench.parse_args``; inline by default).
+``--cpu-dispatch`` (``jaxrunner._src.bench.parse_args``; inline by default).
 
 Usage::
 
@@ -36,8 +36,8 @@ import jax
 import numpy as np
 
 import jaxrunner as jr
-from jaxrunner import bench
-from jaxrunner.policy_step import CompiledPolicyStep, host_actor_state
+from jaxrunner._src import bench
+from jaxrunner._src.samplers.policy_step import CompiledPolicyStep, host_actor_state
 
 STEPS = 64
 

@@ -1,50 +1,53 @@
 """jaxrunner: a JAX-accelerated vectorized sampler for reinforcement learning.
 
-The public API, in one place::
+The public API is this module, plus the namespaces :mod:`jaxrunner.connectors`,
+:mod:`jaxrunner.multi_agent`, :mod:`jaxrunner.serve`, :mod:`jaxrunner.testing`,
+:mod:`jaxrunner.models`, :mod:`jaxrunner.errors` and :mod:`jaxrunner.cpu_dispatch`.
+Everything under ``jaxrunner._src`` is private and may change without notice::
 
     import jaxrunner as jr
 
     envs = jr.make_vec("CartPole-v1", num_envs=64)
-    policy = jr.Policy.from_linen(module, envs.single_action_space)
+    policy = jr.models.mlp_policy(envs.single_action_space)
     params = policy.init(jax.random.key(0), envs.single_observation_space)
     with jr.EnvRunner(envs, policy, params, rollout_length=128, seed=0) as runner:
         traj = runner.sample()
 """
 
-# First, before any submodule can start JAX: inline CPU dispatch by default, where safe.
-from jaxrunner.cpu_dispatch import (  # isort: skip
-    default_to_inline_cpu_dispatch,
-    inline_cpu_dispatch,
-    use_async_cpu_dispatch,
-    use_inline_cpu_dispatch,
-)
+# First, before any submodule can start JAX: inline CPU dispatch by default, where safe
+# (what that changes for other JAX code: see jaxrunner.cpu_dispatch).
+from jaxrunner._src.cpu_dispatch import default_to_inline_cpu_dispatch  # isort: skip
 
 default_to_inline_cpu_dispatch()
 
-from jaxrunner import connectors, errors, models, multi_agent, serve
-from jaxrunner.callbacks import Callbacks, LiveEpisode
-from jaxrunner.datasets import from_minari, to_minari
-from jaxrunner.envs import (
-    BACKENDS,
+from jaxrunner import connectors, cpu_dispatch, errors, models, multi_agent, serve
+from jaxrunner._src.backends import (
     BatchStep,
+    EnvPoolVectorEnv,
     GymnasiumVectorEnv,
-    LocalShareVectorEnv,
     ProcessConfig,
     ProcessVectorEnv,
     RayConfig,
-    RayEnvConfig,
     RayVectorEnv,
     SyncVectorEnv,
     VectorEnv,
     from_gymnasium,
     make_vec,
 )
-from jaxrunner.envs.jax_env import JaxVectorEnv
-from jaxrunner.evaluation import EvaluationResult, evaluate
-from jaxrunner.external import ExternalEnv, ExternalEnvConfig
-from jaxrunner.faults import RestartPolicy
-from jaxrunner.metrics import MetricsConfig
-from jaxrunner.metrics_log import MetricsWriter, flatten_metrics
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
+from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.runner.callbacks import Callbacks, LiveEpisode
+from jaxrunner._src.runner.env_runner import EnvRunner
+from jaxrunner._src.runner.metrics import MetricsConfig
+from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.runner.returns import GAE, discounted_returns, gae
+from jaxrunner._src.runner.seeds import env_seeds
+from jaxrunner._src.runner.trajectory import Episode, Trajectory, concatenate, concatenate_episodes
+from jaxrunner._src.services.checkpoints.env_runner import RestoreReport
+from jaxrunner._src.services.datasets import from_minari, to_minari
+from jaxrunner._src.services.evaluation import EvaluationResult, evaluate
+from jaxrunner._src.services.external import ExternalEnv, ExternalEnvConfig
+from jaxrunner._src.services.metrics_writer import MetricsWriter, flatten_metrics
 from jaxrunner.multi_agent import (
     AgentEpisode,
     MultiAgentRunner,
@@ -52,23 +55,17 @@ from jaxrunner.multi_agent import (
     MultiAgentVectorEnv,
     make_multi_agent_vec,
 )
-from jaxrunner.policy import Policy
-from jaxrunner.returns import GAE, discounted_returns, gae
-from jaxrunner.sampling import EnvRunner
-from jaxrunner.sampling.checkpoint import RestoreReport
-from jaxrunner.sampling.seeds import env_seeds
-from jaxrunner.trajectory import Episode, Trajectory, concatenate, concatenate_episodes
 
 __version__ = "0.1.0"
 
-_LAZY = {"EnvRunnerGroup", "EnvRunnerGroupConfig"}  # jaxrunner.distributed (Ray, optional)
+# Ray is an optional extra: these names load the distributed runner group on first use,
+# and even that imports ray only when a group is built.
+_LAZY = {"EnvRunnerGroup", "EnvRunnerGroupConfig"}
 
 
 def __getattr__(name: str) -> object:
-    # Ray is an optional extra: these names load jaxrunner.distributed on first use,
-    # and even that imports ray only when a group is built.
     if name in _LAZY:
-        from jaxrunner import distributed
+        from jaxrunner._src.services import distributed
 
         return getattr(distributed, name)
     # Test utilities (chex, fake envs) load on first use of jr.testing, not with jaxrunner.
@@ -80,58 +77,60 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
-    "BACKENDS",
-    "AgentEpisode",
+    # vector envs
     "BatchStep",
-    "Callbacks",
-    "EnvRunner",
-    "EnvRunnerGroup",
-    "EnvRunnerGroupConfig",
-    "Episode",
-    "EvaluationResult",
-    "ExternalEnv",
-    "ExternalEnvConfig",
-    "GAE",
+    "EnvPoolVectorEnv",
     "GymnasiumVectorEnv",
     "JaxVectorEnv",
-    "LiveEpisode",
-    "LocalShareVectorEnv",
-    "MetricsConfig",
-    "MetricsWriter",
-    "MultiAgentRunner",
-    "MultiAgentTrajectory",
-    "MultiAgentVectorEnv",
-    "Policy",
     "ProcessConfig",
     "ProcessVectorEnv",
     "RayConfig",
-    "RayEnvConfig",
     "RayVectorEnv",
-    "RestoreReport",
     "RestartPolicy",
     "SyncVectorEnv",
-    "Trajectory",
     "VectorEnv",
-    "__version__",
+    "from_gymnasium",
+    "make_vec",
+    # the runner and what it gives
+    "Callbacks",
+    "EnvRunner",
+    "Episode",
+    "LiveEpisode",
+    "MetricsConfig",
+    "Policy",
+    "RestoreReport",
+    "Trajectory",
     "concatenate",
     "concatenate_episodes",
-    "connectors",
-    "discounted_returns",
     "env_seeds",
-    "errors",
+    # returns
+    "GAE",
+    "discounted_returns",
+    "gae",
+    # services
+    "EnvRunnerGroup",
+    "EnvRunnerGroupConfig",
+    "EvaluationResult",
+    "ExternalEnv",
+    "ExternalEnvConfig",
+    "MetricsWriter",
     "evaluate",
     "flatten_metrics",
     "from_minari",
-    "from_gymnasium",
-    "gae",
-    "inline_cpu_dispatch",
+    "to_minari",
+    # multi-agent entry points (the rest: jaxrunner.multi_agent)
+    "AgentEpisode",
+    "MultiAgentRunner",
+    "MultiAgentTrajectory",
+    "MultiAgentVectorEnv",
     "make_multi_agent_vec",
-    "make_vec",
+    # namespaces
+    "connectors",
+    "cpu_dispatch",
+    "errors",
     "models",
     "multi_agent",
     "serve",
     "testing",
-    "to_minari",
-    "use_async_cpu_dispatch",
-    "use_inline_cpu_dispatch",
+    "__version__",
 ]

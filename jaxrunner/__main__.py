@@ -1,5 +1,5 @@
 import sys
 
-from jaxrunner.cli import main
+from jaxrunner._src.cli import main
 
 sys.exit(main())

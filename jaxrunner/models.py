@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrunner import spaces as jr_spaces
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.runner.policy import Policy
 from jaxrunner.errors import SpaceMismatchError
-from jaxrunner.policy import Policy
 
 
 class MLP(nn.Module):
@@ -128,3 +128,13 @@ def gaussian_mlp_policy(
             "mlp_policy for discrete actions."
         )
     return Policy.from_linen(GaussianMLP(int(np.prod(action_space.shape)), hidden), action_space)
+
+
+__all__ = [
+    "GaussianMLP",
+    "MLP",
+    "NatureCNN",
+    "gaussian_mlp_policy",
+    "mlp_policy",
+    "nature_cnn_policy",
+]

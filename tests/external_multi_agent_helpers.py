@@ -11,9 +11,9 @@ import jax
 import numpy as np
 
 import jaxrunner as jr
-from jaxrunner.bench import mlp_policy
-from jaxrunner.external import ExternalEnvConfig, MultiAgentExternalEnv
-from jaxrunner.testing.multi_agent_envs import ComingAndGoing, Relay
+from jaxrunner._src.bench import mlp_policy
+from jaxrunner._src.services.external import ExternalEnvConfig, MultiAgentExternalEnv
+from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing, Relay
 
 
 @dataclasses.dataclass

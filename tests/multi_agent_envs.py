@@ -1,13 +1,13 @@
 """PettingZoo envs for the multi-agent tests (module-level: picklable factories).
 
 The small ones every backend is tested on are public, in
-:mod:`jaxrunner.testing.multi_agent_envs`; this module adds the tests' own: MPE and
+:mod:`jaxrunner._src.testing.multi_agent_envs`; this module adds the tests' own: MPE and
 classic envs, and ones that fail on a given seed.
 """
 
 from __future__ import annotations
 
-from jaxrunner.testing.multi_agent_envs import (  # noqa: F401  (re-exported for the tests)
+from jaxrunner._src.testing.multi_agent_envs import (  # noqa: F401  (re-exported for the tests)
     ComingAndGoing,
     Relay,
     coming_and_going,

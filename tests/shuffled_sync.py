@@ -8,7 +8,7 @@ import jax
 import numpy as np
 
 import jaxrunner as jr
-from jaxrunner.envs.base import BatchStep, Capabilities
+from jaxrunner._src.backends.base import BatchStep, Capabilities
 
 
 class ShuffledSync(jr.SyncVectorEnv):

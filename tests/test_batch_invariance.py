@@ -1,6 +1,7 @@
 """Batch invariance: an env's actions are the same bits however envs are batched.
 
-Two levels. The mechanism (``jaxrunner.batch_invariance``): the XLA property it rests on
+Two levels. The mechanism (``jaxrunner._src.samplers.batch_invariance``): the XLA property it rests
+on
 (a row of a fixed-shape chunk does not depend on its position or its neighbours) and
 chunked calls of every size agreeing. The samplers: Pendulum-v1 with a Box-action MLP
 and an image env with a CNN give identical trajectories on the sync backend, in
@@ -24,10 +25,14 @@ from gymnasium import spaces
 from shuffled_sync import ShuffledSync
 
 import jaxrunner as jr
-from jaxrunner.batch_invariance import chunked_apply, default_chunk_rows, policy_flops_per_row
-from jaxrunner.bench import mlp_policy
+from jaxrunner._src.bench import mlp_policy
+from jaxrunner._src.samplers.batch_invariance import (
+    chunked_apply,
+    default_chunk_rows,
+    policy_flops_per_row,
+)
+from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.sampling.ready_first import ReadyFirstSampler
 
 NUM_ENVS = 16  # chunks of 8 rows for both policies on CPU: two groups of one chunk each
 SEED = 5
@@ -200,8 +205,8 @@ def test_default_chunk_rows_follow_the_width_and_the_policy_cost():
 def test_default_splits_do_not_pay_a_costly_policy_twice(num_envs, flops, splits):
     from types import SimpleNamespace
 
-    from jaxrunner.envs.base import Capabilities
-    from jaxrunner.sampling.lockstep import default_num_splits
+    from jaxrunner._src.backends.base import Capabilities
+    from jaxrunner._src.samplers.lockstep import default_num_splits
 
     process_like = SimpleNamespace(num_envs=num_envs, capabilities=Capabilities(pipeline_splits=2))
     chunk_rows = default_chunk_rows(num_envs, flops, "cpu")
@@ -315,7 +320,7 @@ def test_external_env_batcher_rows_do_not_depend_on_their_batch():
     """The ExternalEnv batcher: a row's Box action and log-probs (sampled, and of a
     logged action) are the same bits alone in a bucket of 1, with 2 others, or in a
     full batch of 16."""
-    from jaxrunner.batching import PolicyBatcher, Row
+    from jaxrunner._src.services.external.batching import PolicyBatcher, Row
 
     policy, params = _pendulum_policy()
     obs_space = spaces.Box(-8.0, 8.0, (3,), np.float32)

@@ -9,9 +9,10 @@ import gymnasium
 import numpy as np
 import pytest
 
-from jaxrunner import bench, cli, models
-from jaxrunner.bench.systems import Spec
-from jaxrunner.bench.workloads import WORKLOADS, get_workload
+from jaxrunner import models
+from jaxrunner._src import bench, cli
+from jaxrunner._src.bench.systems import Spec
+from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
 from jaxrunner.errors import InvalidArgumentError
 
 

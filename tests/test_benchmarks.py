@@ -19,9 +19,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrunner import bench
-from jaxrunner.bench.child import Child, ChildError
-from jaxrunner.envs.process import DEFAULT_SPIN_WAIT_US
+from jaxrunner._src import bench
+from jaxrunner._src.backends.process import DEFAULT_SPIN_WAIT_US
+from jaxrunner._src.bench.child import Child, ChildError
 
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
 
@@ -140,7 +140,7 @@ def test_hand_scan_and_jaxrunner_on_gymnax():
     pytest.importorskip("gymnax")
     rollout = bench.build_hand_scan(4, 8, 0)
     assert rollout() == 32
-    from jaxrunner.bench.systems import Spec, build
+    from jaxrunner._src.bench.systems import Spec, build
 
     spec = Spec(system="jaxrunner", backend="jax", env="CartPole-v1", num_envs=4, rollout_length=8)
     system = build(spec)

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.bench import mlp_policy
+from jaxrunner._src.bench import mlp_policy
+from jaxrunner._src.testing.jax_envs import RandomWalk, WalkParams
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.testing import assert_trees_equal
-from jaxrunner.testing.jax_envs import RandomWalk, WalkParams
 
 SEED = 3
 

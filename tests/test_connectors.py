@@ -20,11 +20,11 @@ from gymnasium import spaces
 
 import jaxrunner as jr
 from jaxrunner import connectors as C
-from jaxrunner.bench import mlp_policy
-from jaxrunner.envs.process import ProcessConfig
+from jaxrunner._src.backends.process import ProcessConfig
+from jaxrunner._src.bench import mlp_policy
+from jaxrunner._src.testing.jax_envs import RandomWalk
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.testing import CountingEnv, counting_env_fns
-from jaxrunner.testing.jax_envs import RandomWalk
 
 POLICY = functools.partial(mlp_policy, hidden=(16, 16))
 

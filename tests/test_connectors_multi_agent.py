@@ -16,9 +16,9 @@ pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
 from jaxrunner import connectors as C
+from jaxrunner._src.connectors.per_group import per_policy_connectors
+from jaxrunner._src.runner.agent_groups import AgentGroup
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
-from jaxrunner.multi_agent.connectors import per_policy_connectors
-from jaxrunner.multi_agent.groups import AgentGroup
 from tests import multi_agent_envs as envs_mod
 from tests.test_connectors import CountingTraces, assert_moments_match
 from tests.test_multi_agent import random_policy, zero_params

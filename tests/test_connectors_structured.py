@@ -13,8 +13,8 @@ from gymnasium import spaces
 
 import jaxrunner as jr
 from jaxrunner import connectors as C
+from jaxrunner._src.testing.envs import DictObsEnv
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.testing.envs import DictObsEnv
 from tests.test_connectors import assert_moments_match
 
 

@@ -17,15 +17,15 @@ from gymnasium import spaces
 
 import jaxrunner as jr
 from jaxrunner import connectors as C
-from jaxrunner.bench import mlp_policy
-from jaxrunner.envs.process import ProcessConfig
+from jaxrunner._src.backends.process import ProcessConfig
+from jaxrunner._src.bench import mlp_policy
+from jaxrunner._src.space_arrays.checks import nonfinite_observations
 from jaxrunner.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     InvalidStepError,
     SpaceMismatchError,
 )
-from jaxrunner.spaces.checks import nonfinite_observations
 
 POLICY = functools.partial(mlp_policy, hidden=(16, 16))
 

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.bench import mlp_policy
-from jaxrunner.cpu_dispatch import ENV_VAR
+from jaxrunner._src.bench import mlp_policy
+from jaxrunner._src.cpu_dispatch import ENV_VAR
 from jaxrunner.errors import DispatchConfigError
 
 SAMPLE = """
 import jax, numpy as np
 import jaxrunner as jr
-from jaxrunner.bench import mlp_policy
+from jaxrunner._src.bench import mlp_policy
 envs = jr.make_vec(lambda: __import__("gymnasium").make("CartPole-v1", max_episode_steps=20), 5)
 policy = mlp_policy(envs.single_action_space, hidden=(16,))
 params = policy.init(jax.random.key(3), envs.single_observation_space)
@@ -51,7 +51,7 @@ def _sample(tmp_path, inline: bool) -> dict[str, np.ndarray]:
     return dict(np.load(out))
 
 
-CHECK_MODE = "\nassert jr.inline_cpu_dispatch() is {inline}\n"
+CHECK_MODE = "\nassert jr.cpu_dispatch.inline_cpu_dispatch() is {inline}\n"
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="a CPU-backend setting")
@@ -66,10 +66,10 @@ def test_importing_jaxrunner_makes_inline_the_default():
     proc = _run(
         """
         import jax, jaxrunner as jr
-        assert jr.inline_cpu_dispatch()
+        assert jr.cpu_dispatch.inline_cpu_dispatch()
         jax.numpy.zeros(3).block_until_ready()
-        assert jr.inline_cpu_dispatch()
-        jr.use_inline_cpu_dispatch()  # after start-up, already inline: harmless
+        assert jr.cpu_dispatch.inline_cpu_dispatch()
+        jr.cpu_dispatch.use_inline_cpu_dispatch()  # after start-up, already inline: harmless
         print("ok")
         """
     )
@@ -80,13 +80,13 @@ def test_a_chosen_mode_is_kept_and_switches_work_before_jax_starts():
     proc = _run(
         """
         import jax, jaxrunner as jr
-        assert not jr.inline_cpu_dispatch(), "the environment chose JAX's async default"
-        jr.use_inline_cpu_dispatch()
-        assert jr.inline_cpu_dispatch()
-        jr.use_async_cpu_dispatch()
-        jr.use_async_cpu_dispatch()  # again: harmless
+        assert not jr.cpu_dispatch.inline_cpu_dispatch(), "the environment chose async"
+        jr.cpu_dispatch.use_inline_cpu_dispatch()
+        assert jr.cpu_dispatch.inline_cpu_dispatch()
+        jr.cpu_dispatch.use_async_cpu_dispatch()
+        jr.cpu_dispatch.use_async_cpu_dispatch()  # again: harmless
         jax.numpy.zeros(3).block_until_ready()
-        assert not jr.inline_cpu_dispatch()
+        assert not jr.cpu_dispatch.inline_cpu_dispatch()
         print("ok")
         """,
         **{ENV_VAR: "1"},
@@ -100,15 +100,15 @@ def test_importing_after_jax_started_leaves_its_mode():
         import jax
         jax.numpy.zeros(3).block_until_ready()  # the user's JAX started first
         import jaxrunner as jr
-        assert not jr.inline_cpu_dispatch()
+        assert not jr.cpu_dispatch.inline_cpu_dispatch()
         try:
-            jr.use_inline_cpu_dispatch()
+            jr.cpu_dispatch.use_inline_cpu_dispatch()
         except jr.errors.DispatchConfigError as err:
             assert isinstance(err, RuntimeError)
             assert "before any JAX computation" in str(err) and "=0" in str(err), err
         else:
             raise SystemExit("expected DispatchConfigError")
-        assert not jr.inline_cpu_dispatch(), "a refused switch changes nothing"
+        assert not jr.cpu_dispatch.inline_cpu_dispatch(), "a refused switch changes nothing"
         print("ok")
         """
     )
@@ -117,17 +117,21 @@ def test_importing_after_jax_started_leaves_its_mode():
 
 def test_switch_after_jax_started_is_a_clear_error():
     jax.numpy.zeros(1).block_until_ready()  # this process's backend has started
-    switch = jr.use_async_cpu_dispatch if jr.inline_cpu_dispatch() else jr.use_inline_cpu_dispatch
-    mode = jr.inline_cpu_dispatch()
+    switch = (
+        jr.cpu_dispatch.use_async_cpu_dispatch
+        if jr.cpu_dispatch.inline_cpu_dispatch()
+        else jr.cpu_dispatch.use_inline_cpu_dispatch
+    )
+    mode = jr.cpu_dispatch.inline_cpu_dispatch()
     with pytest.raises(DispatchConfigError, match="before any JAX computation") as info:
         switch()
     assert isinstance(info.value, RuntimeError)
-    assert jr.inline_cpu_dispatch() == mode, "a refused switch changes nothing"
+    assert jr.cpu_dispatch.inline_cpu_dispatch() == mode, "a refused switch changes nothing"
 
 
 def test_inline_dispatch_means_one_group_by_default(monkeypatch):
     """With inline dispatch a policy call blocks, so pipelining has nothing to overlap."""
-    monkeypatch.setattr("jaxrunner.sampling.lockstep.inline_cpu_dispatch", lambda: True)
+    monkeypatch.setattr("jaxrunner._src.samplers.lockstep.inline_cpu_dispatch", lambda: True)
     envs = jr.make_vec("CartPole-v1", jr.sampling.lockstep.PIPELINE_MIN_ENVS_CPU)
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)

@@ -1,4 +1,4 @@
-"""Tests for jaxrunner.datasets: episodes to Minari and back, checked with Minari's
+"""Tests for jaxrunner._src.services.datasets: episodes to Minari and back, checked with Minari's
 own reader."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from jaxrunner import bench, cli
+from jaxrunner._src import bench, cli
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -37,7 +37,7 @@ def test_readme_setup_has_exactly_two_commands():
 def _fresh_process_dispatch(**env: str) -> str:
     """JAX's CPU dispatch in a new process after ``import jaxrunner``: what a user gets."""
     code = (
-        "import jaxrunner; from jaxrunner.cpu_dispatch import inline_cpu_dispatch; "
+        "import jaxrunner; from jaxrunner._src.cpu_dispatch import inline_cpu_dispatch; "
         "print('inline' if inline_cpu_dispatch() else 'async')"
     )
     done = subprocess.run(

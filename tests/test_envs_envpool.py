@@ -1,4 +1,4 @@
-"""Tests for backend="envpool" (jaxrunner.envs.envpool_adapter); skipped without EnvPool.
+"""Tests for backend="envpool" (jaxrunner._src.backends.envpool); skipped without EnvPool.
 
 EnvPool autoresets on the NEXT_STEP; the adapter must give exactly EnvPool's own real
 transitions (its reset steps left out, true final observations kept) and gymnasium's
@@ -112,7 +112,7 @@ def test_async_mode_samples_ready_first_and_replays_exactly(mlp: Callable) -> No
     every env records exactly T steps per sample, obs and next_obs line up, ended
     episodes keep their true final observation, and each env's trajectory replays
     step for step in a fresh (sync) EnvPool env of the same seed."""
-    from jaxrunner.sampling.ready_first import ReadyFirstSampler
+    from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 
     n, length, samples = 8, 20, 3
     envs = _envpool(n, batch_size=2)

@@ -1,4 +1,4 @@
-"""Tests for jaxrunner.envs.gymnasium_adapter and .masked_reset: backend="gymnasium" and
+"""Tests for jaxrunner._src.backends.gymnasium_adapter and .masked_reset: backend="gymnasium" and
 jr.from_gymnasium.
 
 Whatever the wrapped env's autoreset mode, the adopted env must equal gymnasium's own
@@ -23,8 +23,8 @@ from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode
 
 import jaxrunner as jr
-from jaxrunner.envs.masked_reset import reset_with_mask
-from jaxrunner.envs.vector_infos import SplitInfos, split_info
+from jaxrunner._src.backends.masked_reset import reset_with_mask
+from jaxrunner._src.backends.vector_infos import SplitInfos, split_info
 from jaxrunner.errors import (
     EnvError,
     InvalidArgumentError,

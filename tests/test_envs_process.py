@@ -1,4 +1,4 @@
-"""Tests for jaxrunner.envs.process (backend="process").
+"""Tests for jaxrunner._src.backends.process (backend="process").
 
 The backend must equal the sync backend step for step (and so gymnasium's SyncVectorEnv),
 give EnvRunner trajectories identical to the sync backend's whatever the workers and the
@@ -33,15 +33,15 @@ import pytest
 from conftest import ActorCritic, short_cartpole
 
 import jaxrunner as jr
-from jaxrunner import cli
-from jaxrunner.envs.process import (
+from jaxrunner._src import cli
+from jaxrunner._src.backends.process import (
     DEFAULT_SPIN_WAIT_US,
     ProcessConfig,
     ProcessVectorEnv,
     RemoteTraceback,
     launch,
+    protocol,
     spin_wait_s,
-    wire,
     worker_bounds,
 )
 from jaxrunner.errors import (
@@ -374,46 +374,46 @@ def test_spin_budget_by_cpus(monkeypatch, spin_wait_us, num_workers, spin_s):
 
 
 def test_spin_returns_when_data_comes_or_the_budget_ends(monkeypatch):
-    monkeypatch.setattr(wire.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # a quiet machine
+    monkeypatch.setattr(protocol.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # a quiet machine
     mine, theirs = socket.socketpair()
     with mine, theirs:
         poller = select.poll()
         poller.register(mine, select.POLLIN)
         start = time.perf_counter()
-        wire.Spin(0.02).until_readable(poller.poll)  # nothing comes: spins the whole budget
+        protocol.Spin(0.02).until_readable(poller.poll)  # nothing comes: spins the whole budget
         assert time.perf_counter() - start >= 0.02
         theirs.sendall(b"x")
         start = time.perf_counter()
-        wire.Spin(60.0).until_readable(poller.poll)  # data waiting: returns at once
+        protocol.Spin(60.0).until_readable(poller.poll)  # data waiting: returns at once
         assert time.perf_counter() - start < 30.0
         calls = []
-        wire.Spin(0.0).until_readable(lambda timeout: calls.append(timeout) or [])
+        protocol.Spin(0.0).until_readable(lambda timeout: calls.append(timeout) or [])
         assert calls == []  # no budget: not even one poll
 
 
 def test_spin_backs_off_when_it_does_not_pay_and_comes_back(monkeypatch):
-    monkeypatch.setattr(wire.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    spin = wire.Spin(400e-6, cpus=2)
+    monkeypatch.setattr(protocol.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    spin = protocol.Spin(400e-6, cpus=2)
     nothing = lambda timeout: []  # noqa: E731  (the reply always comes after the budget)
-    for _ in range(wire.Spin.WINDOW * 4):
+    for _ in range(protocol.Spin.WINDOW * 4):
         spin.until_readable(nothing)
     assert spin.budget_s == 0.0  # 400 -> 200 -> 100 -> 50 -> off
     polls = []
-    for _ in range(wire.Spin.PROBE_EVERY - 1):  # off: not one poll until the probe
+    for _ in range(protocol.Spin.PROBE_EVERY - 1):  # off: not one poll until the probe
         spin.until_readable(lambda timeout: polls.append(timeout) or [])
     assert polls == []
     spin.until_readable(nothing)
     assert spin.budget_s == pytest.approx(50e-6)  # probing again, at an eighth
     ready = lambda timeout: [(0, select.POLLIN)]  # noqa: E731  (data is there at once)
-    for _ in range(wire.Spin.WINDOW * 3):
+    for _ in range(protocol.Spin.WINDOW * 3):
         spin.until_readable(ready)
     assert spin.budget_s == pytest.approx(400e-6)  # every spin paid: back to the budget
 
 
 def test_spin_does_not_spin_while_the_machine_is_loaded(monkeypatch):
-    monkeypatch.setattr(wire.os, "getloadavg", lambda: (6.0, 6.0, 6.0))
+    monkeypatch.setattr(protocol.os, "getloadavg", lambda: (6.0, 6.0, 6.0))
     polls = []
-    spin = wire.Spin(0.05, cpus=2)
+    spin = protocol.Spin(0.05, cpus=2)
     start = time.perf_counter()
     spin.until_readable(lambda timeout: polls.append(timeout) or [])
     assert polls == [] and time.perf_counter() - start < 0.05

@@ -1,5 +1,5 @@
 """Tests for the main process's share of ``backend="process"``
-(:mod:`jaxrunner.envs.process.local_share`): the first sub-envs step in the main process,
+(:mod:`jaxrunner._src.backends.process.local_share`): the first sub-envs step in the main process,
 the rest in workers, and everything stays step for step equal to the sync backend."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from conftest import ActorCritic, short_cartpole
 
 import jaxrunner as jr
-from jaxrunner.envs.process import (
+from jaxrunner._src.backends.process import (
     LocalShareVectorEnv,
     ProcessConfig,
     ProcessVectorEnv,

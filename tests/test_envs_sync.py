@@ -1,4 +1,4 @@
-"""Tests for jaxrunner.envs.sync (backend="sync") and make_vec.
+"""Tests for jaxrunner._src.backends.sync (backend="sync") and make_vec.
 
 The backend must equal gymnasium's SyncVectorEnv with SAME_STEP autoreset step for step,
 validate everything its sub-envs return, and name the sub-env at fault in every error.
@@ -18,7 +18,7 @@ import pytest
 from gymnasium import spaces
 
 import jaxrunner as jr
-from jaxrunner.envs.sub_envs import StepBuffers, SubEnvs
+from jaxrunner._src.backends.sub_envs import StepBuffers, SubEnvs
 from jaxrunner.errors import (
     EnvError,
     InvalidStepError,

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxrunner.sampling.episodes import EpisodeBook
+from jaxrunner._src.samplers.episode_ids import EpisodeBook
 
 
 class StepByStep:

@@ -1,4 +1,4 @@
-"""Tests for jaxrunner.evaluation: jr.evaluate on envs of its own."""
+"""Tests for jaxrunner._src.services.evaluation: jr.evaluate on envs of its own."""
 
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ from gated_policy import GatedPolicy
 
 import jaxrunner as jr
 from jaxrunner import errors
-from jaxrunner.bench import mlp_policy
-from jaxrunner.external.episodes import LiveEpisode
-from jaxrunner.external.memory import episode_nbytes
+from jaxrunner._src.bench import mlp_policy
+from jaxrunner._src.services.external.episodes import LiveEpisode
+from jaxrunner._src.services.external.memory import episode_nbytes
 
 CARTPOLE = gymnasium.make("CartPole-v1")
 OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space
@@ -156,7 +156,7 @@ def test_stacking_an_episode_releases_each_row_once_copied():
 def test_stacking_hands_freed_rows_back_to_the_os_as_it_goes(monkeypatch):
     # Freed rows stay resident in the C heap unless trimmed: without the trims the
     # stacked copy doubled an ending episode's memory (benchmarks/serve_episode_end.py).
-    from jaxrunner.external import episodes
+    from jaxrunner._src.services.external import episodes
 
     trims = []
     monkeypatch.setattr(episodes, "TRIM_EVERY_BYTES", 10 * OBS.nbytes)

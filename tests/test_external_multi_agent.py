@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 from external_multi_agent_helpers import Ref, assert_matches, make_env, play_parallel, play_turns
 
-from jaxrunner.bench import mlp_policy
+from jaxrunner._src.bench import mlp_policy
+from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.services.external import ExternalEnvConfig, MultiAgentExternalEnv
+from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing, Relay
 from jaxrunner.errors import (
     ClosedError,
     EpisodeConflictError,
@@ -24,9 +27,6 @@ from jaxrunner.errors import (
     MemoryLimitError,
     SpaceMismatchError,
 )
-from jaxrunner.external import ExternalEnvConfig, MultiAgentExternalEnv
-from jaxrunner.policy import Policy
-from jaxrunner.testing.multi_agent_envs import ComingAndGoing, Relay
 
 
 def test_parallel_env_agents_come_and_go_exactly():

@@ -12,7 +12,7 @@ import pytest
 from conftest import short_cartpole
 
 import jaxrunner as jr
-from jaxrunner.bench import mlp_policy
+from jaxrunner._src.bench import mlp_policy
 from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidStepError
 from jaxrunner.testing import (
     CallLog,
@@ -296,17 +296,6 @@ def test_restart_policy_backoff_and_validation():
         jr.RestartPolicy(max_attempts=0)
     with pytest.raises(InvalidArgumentError, match="backoff_s"):
         jr.RestartPolicy(backoff_s=-1.0)
-
-
-def test_restarts_asked_of_the_runner_name_the_one_place_they_are_configured():
-    envs = jr.SyncVectorEnv(counting_env_fns(2))
-    policy = mlp_policy(envs.single_action_space, hidden=(8,))
-    params = policy.init(jax.random.key(0), envs.single_observation_space)
-    for kwargs in ({"restart_failed_sub_envs": True}, {"restart_policy": jr.RestartPolicy()}):
-        with pytest.raises(InvalidArgumentError, match=r"make_vec\(\.\.\., restart_policy="):
-            jr.EnvRunner(envs, policy, params, 4, 0, **kwargs)
-    with jr.EnvRunner(envs, policy, params, 4, 0) as runner:  # the refused ones claimed nothing
-        assert runner.sample().num_steps == 4
 
 
 def test_fault_validation():

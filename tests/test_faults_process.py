@@ -19,8 +19,8 @@ from conftest import short_cartpole
 from test_faults import RANDOM_FAULTS
 
 import jaxrunner as jr
-from jaxrunner.bench import mlp_policy
-from jaxrunner.envs.process import ProcessConfig, ProcessVectorEnv
+from jaxrunner._src.backends.process import ProcessConfig, ProcessVectorEnv
+from jaxrunner._src.bench import mlp_policy
 from jaxrunner.errors import (
     ClosedError,
     EnvError,
@@ -434,7 +434,7 @@ def test_restarts_of_failed_resets_are_counted():
 
 
 def test_multi_agent_restarts_of_failed_resets_are_counted():
-    from jaxrunner.envs.process.agents import ProcessMultiAgentVectorEnv
+    from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
     from jaxrunner.testing import coming_and_going, faulty_multi_agent_env_fns
 
     fault = FaultPlan(kind="raise", call="reset", at=(2,))

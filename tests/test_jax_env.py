@@ -1,6 +1,6 @@
 """JaxVectorEnv + EnvRunner's lax.scan path, against envs stepped by hand.
 
-The key rule checked here (documented in jaxrunner.sampling.scan) is re-derived in this
+The key rule checked here (documented in jaxrunner._src.samplers.scan) is re-derived in this
 file, not imported: with root(r) = fold_in(key(seed), 2**32 - r), env i's first reset
 uses fold_in(root(3), i); at step n it steps with fold_in(fold_in(root(1), n), i) and,
 where its episode ended, resets with fold_in(fold_in(root(2), n), i).
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.bench import mlp_policy
+from jaxrunner._src.bench import mlp_policy
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 from jaxrunner.testing import (
     AutoResetWrapper,

@@ -1,4 +1,4 @@
-"""Tests for jaxrunner.metrics_log: flatten_metrics and MetricsWriter."""
+"""Tests for jaxrunner._src.services.metrics_writer: flatten_metrics and MetricsWriter."""
 
 from __future__ import annotations
 

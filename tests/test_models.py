@@ -10,7 +10,7 @@ import pytest
 from gymnasium import spaces
 
 import jaxrunner as jr
-from jaxrunner import bench
+from jaxrunner._src import bench
 from jaxrunner.errors import SpaceMismatchError
 
 

@@ -306,7 +306,7 @@ def test_env_runner_points_multi_agent_envs_to_the_multi_agent_runner():
 def test_agent_episode_ends_and_steps_match_a_step_by_step_reference():
     """The vectorised episode close equals the running sums and step counters kept
     step by step."""
-    from jaxrunner.sampling.agent_episodes import agent_episode_ends, agent_steps
+    from jaxrunner._src.samplers.agent_episodes import agent_episode_ends, agent_steps
 
     def reference(ret, length, reward, valid, done, t):
         slots, returns, lengths = [], [], []

@@ -283,7 +283,7 @@ def saved(tmp_path_factory):
 @pytest.fixture(scope="module")
 def env_runner_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("single") / "runner.ckpt"
-    from jaxrunner.bench import mlp_policy
+    from jaxrunner._src.bench import mlp_policy
 
     envs = jr.make_vec("CartPole-v1", 2)
     policy = mlp_policy(envs.single_action_space, hidden=(4,))
@@ -490,7 +490,7 @@ def test_restore_undoes_the_sampler_state_when_the_fresh_resets_fail(saved):
 
 def test_restore_keeps_within_the_memory_limit(saved, monkeypatch):
     """One limit for every runner's checkpoint: the setting the README documents."""
-    from jaxrunner.sampling import checkpoint_file
+    from jaxrunner._src.services.checkpoints import env_runner_file as checkpoint_file
 
     monkeypatch.setattr(checkpoint_file, "MAX_RESTORE_BYTES", 64)
     with make() as runner:

@@ -1,4 +1,5 @@
-"""Every multi-agent backend keeps the contract of :mod:`jaxrunner.multi_agent.vector_env`
+"""Every multi-agent backend keeps the contract of
+:mod:`jaxrunner._src.backends.multi_agent.vector_env`
 (:class:`jaxrunner.testing.MultiAgentVectorEnvContract`), checked against PettingZoo's
 own envs stepped by hand: besides the contract's own envs, mpe2's simple_spread and
 simple_tag (two agent groups) and the classic connect_four, on every backend."""
@@ -39,7 +40,7 @@ class TestSyncMultiAgentContract(PettingZooCases, MultiAgentVectorEnvContract):
 
 class TestProcessMultiAgentContract(PettingZooCases, MultiAgentVectorEnvContract):
     def make_envs(self, env_fns, restart_policy=None):
-        from jaxrunner.envs.process.agents import ProcessMultiAgentVectorEnv
+        from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 
         config = jr.ProcessConfig(num_workers=2)
         return ProcessMultiAgentVectorEnv(env_fns, config=config, restart_policy=restart_policy)
@@ -58,7 +59,7 @@ def local_ray():
 @pytest.mark.usefixtures("local_ray")
 class TestRayMultiAgentContract(PettingZooCases, MultiAgentVectorEnvContract):
     def make_envs(self, env_fns, restart_policy=None):
-        from jaxrunner.envs.ray.agents import RayMultiAgentVectorEnv
+        from jaxrunner._src.backends.ray.agents import RayMultiAgentVectorEnv
 
         config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
         return RayMultiAgentVectorEnv(env_fns, config=config, restart_policy=restart_policy)
@@ -83,7 +84,7 @@ def test_multi_agent_testing_names_load_pettingzoo_on_first_use():
     assert done.returncode == 0, done.stderr
     assert 'needs PettingZoo: pip install "jaxrunner[multiagent]"' in done.stdout
     # With it, the names are the modules' own.
-    from jaxrunner.testing import multi_agent_envs, multi_agent_faults
+    from jaxrunner._src.testing import multi_agent_envs, multi_agent_faults
 
     assert jr.testing.ComingAndGoing is multi_agent_envs.ComingAndGoing
     assert jr.testing.faulty_multi_agent_env_fns is multi_agent_faults.faulty_multi_agent_env_fns
@@ -92,7 +93,7 @@ def test_multi_agent_testing_names_load_pettingzoo_on_first_use():
 
 
 def test_process_get_num_restarts_after_close_is_a_closed_error():
-    from jaxrunner.envs.process.agents import ProcessMultiAgentVectorEnv
+    from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 
     envs = ProcessMultiAgentVectorEnv(
         [jr.testing.coming_and_going] * 2, config=jr.ProcessConfig(num_workers=1)

@@ -13,12 +13,12 @@ import pytest
 from gymnasium import spaces
 
 import jaxrunner as jr
-from jaxrunner.sampling.env_streams import (
+from jaxrunner._src.samplers.env_streams import (
     ENV_FIRST_RESET_STREAM,
     ENV_RESET_STREAM,
     ENV_STEP_STREAM,
 )
-from jaxrunner.sampling.episodes import EpisodeBook
+from jaxrunner._src.samplers.episode_ids import EpisodeBook
 
 
 def random_policy(num_actions):

@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
-from jaxrunner.bench.policy import mlp_policy
+from jaxrunner._src.bench.policy import mlp_policy
+from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.testing.multi_agent_envs import ComingAndGoing
 from tests import multi_agent_envs as envs_mod
 from tests.test_multi_agent import random_policy, zero_params
 
@@ -76,7 +76,7 @@ def test_process_splits_give_the_sync_trajectories(name):
 
 
 def test_default_splits_follow_the_lockstep_samplers_rule(monkeypatch):
-    from jaxrunner.sampling import lockstep
+    from jaxrunner._src.samplers import lockstep
 
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 8, "process", num_workers=2)
     with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:

@@ -41,7 +41,7 @@ def test_process_equals_sync(factory, n, masked):
 def test_default_workers_take_every_cpu(monkeypatch):
     # Lockstep: the main process waits while the workers step, so none is kept back
     # for it (the single-agent backend, which pipelines, keeps one).
-    from jaxrunner.envs.process import launch
+    from jaxrunner._src.backends.process import launch
 
     monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
     monkeypatch.setattr(launch, "cgroup_cpu_quota", lambda: None)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.bench import mlp_policy
+from jaxrunner._src.bench import mlp_policy
 from jaxrunner.testing import CountingEnv
 
 ray = pytest.importorskip("ray")
@@ -110,7 +110,6 @@ def test_ray_backend_equals_sync_for_the_same_seed_although_batching_differs():
 
 
 def test_ray_config_is_checked_before_any_actor_starts():
-    assert jr.RayEnvConfig is jr.RayConfig  # the former name still works
     with pytest.raises(jr.errors.InvalidArgumentError, match=r"RayConfig\(envs_per_actor=0\)"):
         jr.RayConfig(envs_per_actor=0)
     with pytest.raises(jr.errors.InvalidArgumentError, match="batch_buckets"):
@@ -371,7 +370,7 @@ def raising_cartpole(marker: str) -> gymnasium.Env:
 
 def test_ray_backend_sub_env_error_arrives_as_env_error_with_index_and_cause():
     fns = [functools.partial(raising_counting, i, 3 if i == 3 else None) for i in range(4)]
-    envs = jr.RayVectorEnv(fns, jr.RayEnvConfig(envs_per_actor=2, num_cpus_per_actor=0.1))
+    envs = jr.RayVectorEnv(fns, jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1))
     with runner_on(envs, 8) as runner, pytest.raises(jr.errors.EnvError) as caught:
         runner.sample()
     assert isinstance(caught.value, jr.errors.JaxRunnerError)

@@ -12,7 +12,7 @@ import pytest
 from conftest import ActorCritic, short_cartpole
 
 import jaxrunner as jr
-from jaxrunner.bench import mlp_policy
+from jaxrunner._src.bench import mlp_policy
 from jaxrunner.errors import (
     ClosedError,
     InvalidStepError,
@@ -199,7 +199,7 @@ def test_policy_compiled_once_and_new_params_apply_without_retrace():
     base = jr.Policy.from_linen(module, gymnasium.spaces.Discrete(2), deterministic=True)
 
     # Two traces at construction: one row for XLA's cost estimate (the policy chunk,
-    # jaxrunner.batch_invariance), then the compiled step; none after.
+    # jaxrunner._src.samplers.batch_invariance), then the compiled step; none after.
     @chex.assert_max_traces(n=2)
     def counting_apply(params, obs, carry, keys):
         return base.apply_fn(params, obs, carry, keys)
@@ -291,7 +291,7 @@ def test_episode_statistics_of_episodes_spanning_many_samples(num_splits):
 
 
 def test_perf_timers_mean_and_ema():
-    from jaxrunner.metrics import PERF_KEYS, PerfTimers
+    from jaxrunner._src.runner.metrics import PERF_KEYS, PerfTimers
 
     mean, ema = PerfTimers(None), PerfTimers(0.5)
     for timers in (mean, ema):

@@ -14,10 +14,10 @@ import pytest
 from shuffled_sync import ShuffledSync
 
 import jaxrunner as jr
+from jaxrunner._src.samplers.episode_ids import EpisodeBook
+from jaxrunner._src.samplers.lockstep import LockstepSampler
+from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.sampling.episodes import EpisodeBook
-from jaxrunner.sampling.lockstep import LockstepSampler
-from jaxrunner.sampling.ready_first import ReadyFirstSampler
 from jaxrunner.testing import RandomWalk
 
 NUM_ENVS = 6

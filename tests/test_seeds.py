@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.bench import mlp_policy
-from jaxrunner.distributed import EnvRunnerGroupConfig
+from jaxrunner._src.bench import mlp_policy
+from jaxrunner._src.services.distributed import EnvRunnerGroupConfig
 from jaxrunner.errors import InvalidArgumentError
 
 

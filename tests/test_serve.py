@@ -23,18 +23,14 @@ from external_helpers import assert_replays, play
 
 import jaxrunner as jr
 from jaxrunner import errors
-from jaxrunner.bench import mlp_policy
+from jaxrunner._src.bench import mlp_policy
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from jaxrunner.serve import (  # noqa: E402
-    PolicyClient,
-    PolicyServer,
-    ServerConfig,
-    wire,
-)
+from jaxrunner._src.services.serve import wire  # noqa: E402
+from jaxrunner.serve import PolicyClient, PolicyServer, ServerConfig  # noqa: E402
 
 CARTPOLE = gymnasium.make("CartPole-v1")
 OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space

@@ -14,13 +14,14 @@ import pytest
 from gated_policy import GatedPolicy
 
 import jaxrunner as jr
-from jaxrunner.bench import mlp_policy
+from jaxrunner._src.bench import mlp_policy
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from jaxrunner.serve import PolicyServer, wire  # noqa: E402
+from jaxrunner._src.services.serve import wire  # noqa: E402
+from jaxrunner.serve import PolicyServer  # noqa: E402
 
 CARTPOLE = gymnasium.make("CartPole-v1")
 OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space
@@ -263,7 +264,7 @@ def test_report_decodes_off_the_event_loop(monkeypatch):
 
 
 def test_end_episode_stacks_off_the_event_loop(monkeypatch):
-    from jaxrunner.external.episodes import LiveEpisode
+    from jaxrunner._src.services.external.episodes import LiveEpisode
 
     threads = []
     to_episode = LiveEpisode.to_episode

@@ -21,16 +21,16 @@ pytest.importorskip("fastapi")
 
 import jaxrunner as jr
 from jaxrunner import errors
-from jaxrunner.bench import mlp_policy
-from jaxrunner.external import ExternalEnvConfig
+from jaxrunner._src.bench import mlp_policy
+from jaxrunner._src.services.external import ExternalEnvConfig
+from jaxrunner._src.services.serve import wire
+from jaxrunner._src.services.serve.schema import MAX_AGENTS
+from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing, Relay
 from jaxrunner.serve import (
     MultiAgentPolicyClient,
     PolicyClient,
     PolicyServer,
-    wire,
 )
-from jaxrunner.serve.schema import MAX_AGENTS
-from jaxrunner.testing.multi_agent_envs import ComingAndGoing, Relay
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 

@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.bench import mlp_policy
+from jaxrunner._src.bench import mlp_policy
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from jaxrunner.serve import PolicyServer, ServerConfig, wire  # noqa: E402
+from jaxrunner._src.services.serve import wire  # noqa: E402
+from jaxrunner.serve import PolicyServer, ServerConfig  # noqa: E402
 
 CARTPOLE = gymnasium.make("CartPole-v1")
 OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space
@@ -269,7 +270,7 @@ class FakeSlot:
 
 
 def test_slots_close_tokenless_idle_first_and_spare_new_connections():
-    from jaxrunner.serve.slots import ConnectionSlots
+    from jaxrunner._src.services.serve.slots import ConnectionSlots
 
     now = [0.0]
     slots = ConnectionSlots(max_connections=100, max_unauthenticated=4, clock=lambda: now[0])
@@ -299,7 +300,7 @@ def test_slots_close_tokenless_idle_first_and_spare_new_connections():
 
 
 def test_slots_at_the_cap_close_idle_connections_only():
-    from jaxrunner.serve.slots import ConnectionSlots
+    from jaxrunner._src.services.serve.slots import ConnectionSlots
 
     now = [0.0]
     slots = ConnectionSlots(max_connections=2, max_unauthenticated=2, clock=lambda: now[0])

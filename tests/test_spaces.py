@@ -1,4 +1,4 @@
-"""jaxrunner.spaces: Box clipping (numpy and JAX alike) and the checks' one wording."""
+"""jaxrunner._src.space_arrays: Box clipping (numpy and JAX alike) and the checks' one wording."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from jaxrunner import spaces as jr_spaces
+from jaxrunner._src import space_arrays as jr_spaces
 from jaxrunner.errors import InvalidActionError, InvalidStepError, SpaceMismatchError
 from jaxrunner.testing import assert_trees_equal
 

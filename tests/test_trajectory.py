@@ -1,4 +1,4 @@
-"""Tests for jaxrunner.trajectory: save/load, split_episodes, concatenate."""
+"""Tests for jaxrunner._src.runner.trajectory: save/load, split_episodes, concatenate."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jaxrunner as jr
-from jaxrunner import spaces as jr_spaces
-from jaxrunner.trajectory import Episode, Trajectory
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.runner.trajectory import Episode, Trajectory
 
 SETTINGS = settings(
     max_examples=40,

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.bench import mlp_policy
+from jaxrunner._src.bench import mlp_policy
 from jaxrunner.testing import RandomWalk
 
 H2D_LOG = "host-to-device transfer"
@@ -164,7 +164,7 @@ def test_scan_path_makes_no_transfer_per_step(probe, capfd, rollout_length):
 def assert_packing_round_trips(tree: dict[str, np.ndarray]) -> None:
     """What the host writes into a word buffer's views unpacks unchanged on device, and
     what the device packs reads back unchanged through the views."""
-    from jaxrunner.transfer import Packing
+    from jaxrunner._src.samplers.transfer import Packing
 
     packing = Packing(tree)
     buffer = packing.allocate()

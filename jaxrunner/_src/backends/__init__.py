@@ -1,0 +1,170 @@
+"""Vector-env backends and ``make_vec``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+
+from jaxrunner._src.backends.base import BatchStep, VectorEnv
+from jaxrunner._src.backends.envpool import EnvPoolVectorEnv, make_envpool_vec
+from jaxrunner._src.backends.gymnasium_adapter import (
+    GymnasiumVectorEnv,
+    from_gymnasium,
+    make_gymnasium_vec,
+)
+from jaxrunner._src.backends.process import (
+    LocalShareVectorEnv,
+    ProcessConfig,
+    ProcessVectorEnv,
+    make_process_vec,
+)
+from jaxrunner._src.backends.ray import RayConfig, RayVectorEnv
+from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sync import SyncVectorEnv
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+BACKENDS = ("sync", "gymnasium", "process", "envpool", "ray")
+_CONFIGS: dict[str, type] = {"process": ProcessConfig, "ray": RayConfig}
+"""The config class of each backend that takes one."""
+
+
+def make_vec(
+    env: str | Callable[[], gymnasium.Env],
+    num_envs: int,
+    backend: str = "sync",
+    seed: int | None = None,
+    *,
+    config: ProcessConfig | RayConfig | None = None,
+    restart_policy: RestartPolicy | None = None,
+    **env_kwargs: Any,
+) -> VectorEnv:
+    """Builds a vector env of ``num_envs`` sub-envs.
+
+    Args:
+        env: a gymnasium id (made with ``gymnasium.make(env, **env_kwargs)``) or a
+            zero-argument callable returning a ``gymnasium.Env``.
+        num_envs: number of sub-envs (>= 1).
+        backend: where the sub-envs run; one of ``BACKENDS``.
+        seed: if given, the envs are reset now with sub-env ``i`` seeded ``seed + i``.
+        config: the backend's options: a :class:`~jaxrunner.ProcessConfig` for
+            ``"process"``, a :class:`~jaxrunner.RayConfig` for ``"ray"``; None: its
+            defaults. The other backends take none.
+        restart_policy: for the backends that can restart sub-envs (``"sync"``,
+            ``"process"``, ``"ray"``): failed sub-envs are recreated as it says and
+            sampling goes on (see :mod:`jaxrunner._src.backends.restarts`). None: failures raise.
+        **env_kwargs: keyword arguments for ``gymnasium.make`` (ids only), passed
+            untouched, whatever their names (a backend option given here reaches the
+            env, not the backend: use ``config``). With ``backend="gymnasium"``: for
+            ``gymnasium.make_vec``, ``vectorization_mode`` included (default: the env's
+            own vector entry point where it has one). With ``backend="envpool"``: for
+            ``envpool.make_gymnasium`` (``env`` is an EnvPool task id).
+
+    Returns:
+        A ``gymnasium.vector.VectorEnv`` (autoreset mode SAME_STEP).
+    """
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise InvalidArgumentError(
+            f"make_vec(num_envs=...): expected an int >= 1, got {num_envs!r}."
+        )
+    if backend not in BACKENDS:
+        raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
+    check_vec_options(backend, config, restart_policy)
+    if backend == "gymnasium":
+        # gymnasium.make_vec builds the vector env itself (its own vector entry point
+        # where the env has one); env_kwargs may include vectorization_mode.
+        vec: VectorEnv = make_gymnasium_vec(env, num_envs, **env_kwargs)  # type: ignore[arg-type]
+    elif backend == "envpool":
+        # EnvPool builds its own pool from a task id (extra jaxrunner[envpool]).
+        vec = make_envpool_vec(env, num_envs, **env_kwargs)  # type: ignore[arg-type]
+    else:
+        fns = [_factory(env, env_kwargs, backend)] * num_envs
+        if backend == "sync":
+            vec = SyncVectorEnv(fns, restart_policy=restart_policy)
+        elif backend == "process":
+            vec = make_process_vec(fns, config, restart_policy=restart_policy)  # type: ignore[arg-type]
+        else:
+            vec = RayVectorEnv(fns, config, restart_policy=restart_policy)  # type: ignore[arg-type]
+    if seed is not None:
+        vec.reset(seed=seed)
+    return vec
+
+
+def check_vec_options(backend: str, config: Any, restart_policy: RestartPolicy | None) -> None:
+    """Raises unless ``config`` and ``restart_policy`` suit ``backend`` (as in
+    :func:`make_vec`)."""
+    expected = _CONFIGS.get(backend)
+    if config is not None and not isinstance(config, expected or ()):
+        want = f"a jaxrunner.{expected.__name__}" if expected else "no config (None)"
+        raise InvalidArgumentTypeError(
+            f"make_vec(backend={backend!r}, config=...): expected {want}, got "
+            f"{type(config).__name__}."
+        )
+    if restart_policy is not None and backend not in ("sync", "process", "ray"):
+        raise InvalidArgumentError(
+            f"make_vec(backend={backend!r}, restart_policy=...): the {backend} backend cannot "
+            "restart sub-envs. Use backend='sync', 'process' or 'ray', or leave "
+            "restart_policy=None."
+        )
+
+
+def _factory(
+    env: str | Callable[[], gymnasium.Env], env_kwargs: dict[str, Any], backend: str
+) -> Callable[[], gymnasium.Env]:
+    if isinstance(env, str):
+        return GymnasiumMake(env, env_kwargs, backend)
+    if callable(env):
+        if env_kwargs:
+            raise InvalidArgumentTypeError(
+                f"make_vec(env=<callable>, {', '.join(env_kwargs)}=...): keyword arguments "
+                "are passed to gymnasium.make and only apply to env ids; bind them in your "
+                "callable instead (e.g. functools.partial)."
+            )
+        return env
+    raise InvalidArgumentTypeError(
+        f"make_vec(env=...): expected a gymnasium id (str) or a zero-argument callable "
+        f"returning a gymnasium.Env, got {type(env).__name__}."
+    )
+
+
+class GymnasiumMake:
+    """A picklable ``gymnasium.make(env_id, **kwargs)`` factory. Where the env refuses a
+    keyword that is an option of the backend's config, the error says so."""
+
+    def __init__(self, env_id: str, kwargs: dict[str, Any], backend: str) -> None:
+        self.env_id, self.kwargs, self.backend = env_id, dict(kwargs), backend
+
+    def __call__(self) -> gymnasium.Env:
+        try:
+            return gymnasium.make(self.env_id, **self.kwargs)
+        except TypeError as err:
+            config = _CONFIGS.get(self.backend)
+            names = {f.name for f in dataclasses.fields(config)} if config else set()
+            bad = [k for k in self.kwargs if k in names and f"'{k}'" in str(err)]
+            if not bad or config is None:
+                raise
+            raise InvalidArgumentTypeError(
+                f"make_vec({self.env_id!r}, backend={self.backend!r}, {bad[0]}=...): keyword "
+                f"arguments go to the env (gymnasium.make), which refused {bad[0]!r} ({err}). "
+                f"It is an option of the backend: pass config=jaxrunner.{config.__name__}("
+                f"{bad[0]}=...) instead."
+            ) from err
+
+
+__all__ = [
+    "BACKENDS",
+    "BatchStep",
+    "EnvPoolVectorEnv",
+    "GymnasiumVectorEnv",
+    "LocalShareVectorEnv",
+    "ProcessConfig",
+    "ProcessVectorEnv",
+    "RayConfig",
+    "RayVectorEnv",
+    "SyncVectorEnv",
+    "VectorEnv",
+    "from_gymnasium",
+    "make_vec",
+]

@@ -1,0 +1,468 @@
+"""The contract every jaxrunner vector-env backend keeps: one stepping protocol.
+
+A backend subclasses :class:`VectorEnv` and implements :meth:`VectorEnv.reset_batch`,
+:meth:`VectorEnv.reset_at`, :meth:`VectorEnv.send` and :meth:`VectorEnv.recv`, in the
+style of EnvPool and PufferLib: ``send(actions, env_ids)`` starts a step of some envs,
+``recv()`` returns the results of one earlier send (a :class:`BatchStep` that says
+which envs answered). A lockstep :meth:`VectorEnv.step_batch` is the two in turn, and
+gymnasium's ``reset`` and ``step`` derive from these, so every backend is a
+``gymnasium.vector.VectorEnv`` with autoreset mode ``SAME_STEP``. Results are views
+of preallocated buffers and per-env info lists, with no per-step dict merging.
+
+What a backend can do is declared once, as a typed :class:`Capabilities` value
+(``VectorEnv.capabilities``); the samplers read it and never probe.
+
+Contract (``jaxrunner.testing.VectorEnvContract`` checks it for any backend):
+
+* ``reset_batch(seeds)`` resets sub-env ``i`` with ``seeds[i]``.
+* ``send(actions, env_ids)`` validates the whole action batch before stepping any
+  sub-env. ``recv()`` answers the sends in the order they were made, one
+  :class:`BatchStep` per send, unless the backend is ``ready_first`` (then it answers
+  whichever envs are ready; ``BatchStep.env_ids`` says which).
+* Each sent sub-env steps once. Where it ended (terminated or truncated),
+  ``next_obs`` holds its final observation and ``obs`` the observation of the reset
+  that followed in the same step (SAME_STEP autoreset); elsewhere the two are equal.
+* Observations are validated against the single observation space; rewards must be
+  finite scalars and infos dicts.
+* Resetting one sub-env touches no other.
+* Restarts (``capabilities.can_restart``): with a ``restart_policy`` given at
+  construction, a sub-env that raises in ``step()``/``reset()`` or returns an invalid
+  step is closed, recreated from its factory and reset (see
+  :mod:`jaxrunner._src.backends.restarts`);
+  the failed step yields no transition (``BatchStep.failed``) and no other sub-env is
+  touched. With no policy (the default), the failure raises
+  :class:`~jaxrunner.errors.EnvError`.
+* After ``close()`` every call raises :class:`~jaxrunner.errors.ClosedError`.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
+
+import gymnasium
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError
+
+
+class BatchStep(NamedTuple):
+    """What one ``step_batch`` call returns. Arrays are views of the env's buffers:
+    valid until its next call; copy what you keep."""
+
+    obs: Any
+    """[B, ...] observations to act on next (reset ones where an episode ended)."""
+    next_obs: Any
+    """[B, ...] true next observations (the final one where an episode ended)."""
+    reward: np.ndarray
+    """[B] float64."""
+    terminated: np.ndarray
+    """[B] bool."""
+    truncated: np.ndarray
+    """[B] bool."""
+    infos: Sequence[dict[str, Any]]
+    """Per-env step infos (the final info where an episode ended)."""
+    reset_infos: Mapping[int, dict[str, Any]]
+    """Infos of the resets done in this call, by env index."""
+    failed: np.ndarray | None = None
+    """[B] bool, or None when no sub-env failed: the sub-envs whose step failed and
+    were restarted (only with a ``restart_policy``). Their slots hold no transition:
+    reward 0, both flags False, and ``obs`` and ``next_obs`` the new sub-env's reset
+    observation. Their step infos are ``{}``; ``errors`` holds what went wrong."""
+    errors: dict[int, BaseException] | None = None
+    """The failures of this call, by env index: step failures (``failed``) and
+    reset failures after a good step (that transition stays valid)."""
+    env_ids: slice | np.ndarray | None = None
+    """Which envs these rows are: a ``slice`` of env indices (a contiguous block) or
+    an int array (any set, in row order). ``None`` means every env, in order."""
+
+
+EnvIds = slice | np.ndarray | None
+"""The envs a :meth:`VectorEnv.send` steps: a slice, an int array, or None for all."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """What a backend can do, declared once on its class (or, where a config picks it,
+    on the instance). The samplers read these fields; nothing else is probed."""
+
+    can_restart: bool = False
+    """Failed sub-envs can be recreated (a ``restart_policy`` given at construction)."""
+    steps_in_background: bool = False
+    """``send`` returns while the sub-envs step (other processes or threads), so the
+    lockstep sampler overlaps one group's policy with another group's envs."""
+    ready_first: bool = False
+    """``recv`` answers whichever sent envs are ready, not the sends in order: the
+    runner samples with the ready-first sampler."""
+    recv_batch_size: int | None = None
+    """With ``ready_first``: ``recv`` waits until this many envs have answered (EnvPool's
+    async ``batch_size``), so the sampler keeps at least this many in flight. ``None``:
+    ``recv`` returns as soon as any env answers."""
+    batch_buckets: tuple[int, ...] | None = None
+    """With ``ready_first``: the policy batch sizes the sampler compiles, the ready envs
+    padded to the next one (None: powers of two, then all envs)."""
+    pipeline_splits: int | None = None
+    """Lockstep pipelining splits when the runner is given ``num_splits=None`` (None:
+    the sampler's own rule)."""
+    pipeline_bounds: tuple[int, ...] | None = None
+    """Lockstep: the split edges ``(0, ..., num_envs)`` the sampler pipelines (its
+    default split count, and its splits whenever it runs that many), where the backend
+    steps some envs differently from others (None: splits of equal size)."""
+    can_snapshot: bool = False
+    """The sub-envs' state can be saved and restored (:meth:`VectorEnv.snapshot_sub_envs`),
+    so a checkpointed runner resumes their episodes exactly."""
+
+    def __post_init__(self) -> None:
+        edges = self.pipeline_bounds
+        if edges is not None and (
+            len(edges) < 2 or edges[0] != 0 or list(edges) != sorted(set(edges))
+        ):
+            raise InvalidArgumentError(
+                f"Capabilities(pipeline_bounds={edges!r}): expected increasing split edges "
+                "from 0 to num_envs, e.g. (0, 4, 8)."
+            )
+        if self.recv_batch_size is not None and not self.ready_first:
+            raise InvalidArgumentError(
+                f"Capabilities(recv_batch_size={self.recv_batch_size}): only a ready_first "
+                "backend answers in batches of its own size; set ready_first=True or leave "
+                "recv_batch_size=None."
+            )
+
+
+def block_rows(env_ids: EnvIds, num_envs: int, where: str) -> tuple[int, int]:
+    """The rows ``[lo, hi)`` of a lockstep send's ``env_ids``: None (every env) or a
+    non-empty slice with step 1; ``where`` names the caller in the error.
+
+    Raises:
+        InvalidArgumentError: any other ``env_ids``.
+    """
+    if env_ids is None:
+        return 0, num_envs
+    if isinstance(env_ids, slice):
+        lo, hi, step = env_ids.indices(num_envs)
+        if step == 1 and lo < hi:
+            return lo, hi
+    raise InvalidArgumentError(
+        f"{where}.send(env_ids={env_ids!r}): expected None (every env) or a non-empty "
+        f"slice of env indices with step 1 within [0, {num_envs}) (lockstep sends)."
+    )
+
+
+def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> list[int | None]:
+    """gymnasium's seeding rule: ``int`` s -> ``[s, s+1, ...]``; a list is taken as is."""
+    if seed is None:
+        return [None] * num_envs
+    if isinstance(seed, (int, np.integer)):
+        return [int(seed) + i for i in range(num_envs)]
+    seeds = list(seed)
+    if len(seeds) != num_envs:
+        raise InvalidArgumentError(
+            f"reset(seed=...): a list of seeds needs one per sub-env (num_envs={num_envs}), "
+            f"got {len(seeds)}. Pass an int to seed sub-env i with seed+i."
+        )
+    return seeds
+
+
+class BaseVectorEnv(abc.ABC):
+    """What every jaxrunner vector env shares, single-agent (:class:`VectorEnv`) or
+    multi-agent (:class:`~jaxrunner.multi_agent.MultiAgentVectorEnv`): the declared
+    :class:`Capabilities`, the closed state, the sub-env utilities and the snapshot
+    refusals. The two differ only in what a step carries."""
+
+    capabilities: Capabilities = Capabilities()
+    """What this backend can do (see :class:`Capabilities`)."""
+    restart_policy: RestartPolicy | None = None
+    """How failed sub-envs are recreated (None: failures raise); given at construction,
+    only where ``capabilities.can_restart``."""
+    num_envs: int
+    closed: bool = False
+    _make_hint: ClassVar[str] = "jaxrunner.make_vec()"
+    """How to build a new one (quoted by :class:`~jaxrunner.errors.ClosedError`)."""
+
+    def __init__(self) -> None:
+        self._closed_reason: str | None = None
+
+    @property
+    def can_snapshot(self) -> bool:
+        """``capabilities.can_snapshot``: the sub-envs' state can be saved and restored."""
+        return self.capabilities.can_snapshot
+
+    @property
+    def num_restarts(self) -> int:
+        """Sub-envs recreated after a failure so far (0 where none can be)."""
+        return 0
+
+    def get_num_restarts(self) -> int:
+        """:attr:`num_restarts`, refused once closed."""
+        self._check_open("get_num_restarts")
+        return self.num_restarts
+
+    @abc.abstractmethod
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> Any:
+        """Resets sub-env ``index`` alone (the others are untouched)."""
+
+    @abc.abstractmethod
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
+
+    @abc.abstractmethod
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """Attribute ``name`` of every sub-env."""
+
+    @abc.abstractmethod
+    def set_attr(self, name: str, values: Any) -> None:
+        """Sets attribute ``name`` of every sub-env (one value per sub-env, or one for
+        all)."""
+
+    @abc.abstractmethod
+    def render(self) -> Any:
+        """Every sub-env's ``render()``."""
+
+    def snapshot_sub_envs(self) -> list[bytes]:
+        """Every sub-env's state, as a pickle (only where ``capabilities.can_snapshot``).
+        Unpickling runs code: restore only snapshots you made yourself."""
+        raise InvalidArgumentError(
+            f"{type(self).__name__} cannot snapshot its sub-envs (capabilities.can_snapshot "
+            "is False); use backend='sync' for checkpoints that resume episodes exactly."
+        )
+
+    def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
+        """Replaces every sub-env by its snapshot (:meth:`snapshot_sub_envs`)."""
+        raise InvalidArgumentError(
+            f"{type(self).__name__} cannot restore sub-env snapshots (capabilities.can_snapshot "
+            "is False)."
+        )
+
+    @abc.abstractmethod
+    def _close_backend(self) -> None:
+        """Releases the sub-envs (called once)."""
+
+    def close_extras(self, **kwargs: Any) -> None:
+        if self._closed_reason is None:
+            self._closed_reason = "close() was called"
+            self._close_backend()
+
+    def close(self, **kwargs: Any) -> None:
+        """Releases the sub-envs; every later call raises
+        :class:`~jaxrunner.errors.ClosedError`."""
+        self.close_extras(**kwargs)
+        self.closed = True
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Backends holding processes need a finalizer.
+        # (No contextlib here: module globals may be gone at interpreter exit.)
+        try:  # noqa: SIM105
+            self.close()
+        except Exception:
+            pass
+
+    # -- helpers for subclasses ----------------------------------------------------------
+
+    def _check_open(self, what: str) -> None:
+        if self._closed_reason is not None:
+            raise ClosedError(
+                f"{type(self).__name__}.{what}() called after the vector env was closed "
+                f"({self._closed_reason}). Create a new one with {self._make_hint}."
+            )
+
+    def _check_index(self, index: Any, what: str = "reset_at") -> None:
+        if (
+            isinstance(index, bool)
+            or not isinstance(index, (int, np.integer))
+            or not 0 <= index < self.num_envs
+        ):
+            raise EnvIndexError(f"{what}(index={index!r}): index must be in [0, {self.num_envs}).")
+
+    def _values_per_env(self, name: str, values: Any) -> list[Any]:
+        """``set_attr``'s values: one per sub-env, or one value for all."""
+        if not isinstance(values, (list, tuple)):
+            return [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise InvalidArgumentError(
+                f"set_attr({name!r}, values): need one value per sub-env ({self.num_envs}), "
+                f"got {len(values)}."
+            )
+        return list(values)
+
+
+class VectorEnv(BaseVectorEnv, gymnasium.vector.VectorEnv):
+    """Base of jaxrunner's single-agent vector envs (see the module docstring for the
+    contract)."""
+
+    metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP}  # noqa: RUF012
+    """Per instance, as gymnasium declares it (backends set their own)."""
+    reset_seed: int | None = None
+    """The int seed of the last ``reset(seed=...)`` (e.g. ``make_vec(..., seed=...)``);
+    None if there was none. An :class:`~jaxrunner.EnvRunner` reads it to warn when its
+    own seed overrides this one."""
+
+    # Set by subclasses in __init__.
+    single_observation_space: gymnasium.Space
+    single_action_space: gymnasium.Space
+
+    def __init__(self, *, copy: bool = True) -> None:
+        super().__init__()
+        self.copy = copy
+
+    # -- the backend contract -------------------------------------------------------
+
+    @abc.abstractmethod
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        """Resets every sub-env; returns the obs buffer view and per-env infos."""
+
+    @abc.abstractmethod
+    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+        """Starts one step of envs ``env_ids`` (None: all) with ``actions`` (one row
+        per env, in ``env_ids`` order); validates the whole batch before any sub-env
+        steps. Sends of disjoint envs may be in flight together; a lockstep backend
+        needs ``env_ids`` to be None or a slice."""
+
+    @abc.abstractmethod
+    def recv(self) -> BatchStep:
+        """The results of one earlier :meth:`send` (the oldest unless ``ready_first``),
+        with ``BatchStep.env_ids`` saying which envs they are."""
+
+    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
+        """One lockstep step of envs ``rows`` (None: all): :meth:`send` then
+        :meth:`recv`. See :class:`BatchStep`; arrays are ``rows``' rows only."""
+        self.send(actions, rows)
+        return self.recv()
+
+    @abc.abstractmethod
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        """Resets sub-env ``index`` only; returns its observation and info."""
+
+    @abc.abstractmethod
+    def _obs_buffer(self) -> Any:
+        """The current observations, ``[B, ...]`` (a view of the env's buffer)."""
+
+    # -- gymnasium's API, derived -----------------------------------------------------
+
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """gymnasium ``reset``: sub-env ``i`` is seeded with ``seed + i``. As in
+        gymnasium, ``options["reset_mask"]`` (a bool array) resets only those envs."""
+        seeds = normalize_seeds(seed, self.num_envs)
+        if seed is not None:
+            self.reset_seed = int(seed) if isinstance(seed, (int, np.integer)) else None
+        options = dict(options) if options else None
+        mask = options.pop("reset_mask", None) if options else None
+        if mask is None:
+            obs, infos = self.reset_batch(seeds, options)
+            indices = list(range(self.num_envs))
+        else:
+            indices = np.flatnonzero(self._check_reset_mask(mask)).tolist()
+            infos = [self.reset_at(i, seed=seeds[i], options=options)[1] for i in indices]
+            obs = self._obs_buffer()
+        merged: dict[str, Any] = {}
+        for i, info in zip(indices, infos):
+            merged = self._add_info(merged, info, i)
+        return self._maybe_copy(obs), merged
+
+    def _check_reset_mask(self, mask: Any) -> np.ndarray:
+        if not (
+            isinstance(mask, np.ndarray)
+            and mask.dtype == np.bool_
+            and mask.shape == (self.num_envs,)
+            and mask.any()
+        ):
+            raise InvalidArgumentError(
+                f"reset(options={{'reset_mask': ...}}): expected a numpy bool array of shape "
+                f"({self.num_envs},) with at least one True, got {mask!r:.80}."
+            )
+        return mask
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """gymnasium ``step`` with SAME_STEP autoreset: where an episode ended, ``obs``
+        is the reset observation and ``info["final_obs"]``/``info["final_info"]`` hold
+        the final ones, exactly as ``gymnasium.vector.SyncVectorEnv`` reports them."""
+        out = self.step_batch(actions)
+        merged: dict[str, Any] = {}
+        for i, info in enumerate(out.infos):
+            if i in out.reset_infos:
+                final_obs = jr_spaces.take(self.single_observation_space, out.next_obs, i)
+                merged = self._add_info(merged, {"final_obs": final_obs, "final_info": info}, i)
+                info = out.reset_infos[i]
+            merged = self._add_info(merged, info, i)
+        return (
+            self._maybe_copy(out.obs),
+            out.reward.copy(),
+            out.terminated.copy(),
+            out.truncated.copy(),
+            merged,
+        )
+
+    # -- helpers for subclasses ----------------------------------------------------------
+
+    def _maybe_copy(self, obs: Any) -> Any:
+        if not self.copy:
+            return obs
+        return jr_spaces.map_structure(self.single_observation_space, np.copy, obs)
+
+
+class InProcessSends:
+    """``send``/``recv`` of a backend whose sub-envs step in the calling thread (a mixin
+    of :class:`InProcessVectorEnv` and the sync multi-agent backend): :meth:`send`
+    keeps the actions (read, not copied: keep them unchanged until the matching
+    :meth:`recv`), and :meth:`recv` steps the oldest send with :meth:`_step`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sent: collections.deque[tuple[Any, slice | None]] = collections.deque()
+
+    @abc.abstractmethod
+    def _step(self, actions: Any, rows: slice | None) -> Any:
+        """Steps envs ``rows`` (None: all) now; ``step_batch``'s contract."""
+
+    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+        self._check_open("step")  # type: ignore[attr-defined]
+        if env_ids is not None and not isinstance(env_ids, slice):
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.send(env_ids=...): expected None or a slice of env "
+                f"indices (this backend steps in lockstep), got {type(env_ids).__name__}."
+            )
+        self._sent.append((actions, env_ids))
+
+    def recv(self) -> Any:
+        self._check_open("step")  # type: ignore[attr-defined]
+        if not self._sent:
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.recv(): no send() is waiting for its results. Call "
+                "send(actions, env_ids) first, once per recv()."
+            )
+        actions, rows = self._sent.popleft()
+        return self._step(actions, rows)
+
+    def step_batch(self, actions: Any, rows: slice | None = None) -> Any:
+        if self._sent:  # send then recv, as the base defines it: the oldest send answers
+            self.send(actions, rows)
+            return self.recv()
+        self._check_open("step")  # type: ignore[attr-defined]
+        return self._step(actions, rows)
+
+
+class InProcessVectorEnv(InProcessSends, VectorEnv):
+    """Base of single-agent backends whose sub-envs step in the calling thread (see
+    :class:`InProcessSends`)."""

@@ -1,0 +1,220 @@
+"""``make_vec(..., backend="envpool", batch_size=k)`` with ``k < num_envs``: EnvPool's
+async mode, sampled ready-first.
+
+EnvPool's ``recv`` returns whichever ``batch_size`` sub-envs finished first, with
+``info["env_id"]`` saying which; ``send(actions, env_ids)`` steps any of them. That is
+jaxrunner's protocol, with two differences this adapter hides:
+
+* Autoreset. EnvPool resets an ended sub-env on its next step (NEXT_STEP: that step's
+  action is ignored, its reward is 0). The adapter sends that reset step itself as
+  soon as the episode ends and holds the final step until the reset answers; then it
+  answers both as one SAME_STEP row (``next_obs`` the final observation, ``obs`` the
+  reset one). No reset step is ever emitted as a transition.
+* Seeds. EnvPool seeds sub-env ``i`` when the pool is built, so a seeded
+  ``reset_batch`` builds a new pool with those seeds, then collects every sub-env's
+  first observation.
+
+Capabilities: ``ready_first`` with ``recv_batch_size=batch_size``: the sampler steps
+envs up to one sample ahead, so the first steps of a sample may have been computed with
+the previous sample's params and connector statistics (see
+:mod:`jaxrunner._src.samplers.ready_first`). A ``recv`` answers
+at least one and at most ``batch_size`` envs (an int array in ``BatchStep.env_ids``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.vector.utils import batch_space
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.backends.base import BatchStep, Capabilities, EnvIds, VectorEnv
+from jaxrunner._src.backends.envpool import _import_envpool, every_seed
+from jaxrunner.errors import InvalidArgumentError
+
+
+class EnvPoolAsyncVectorEnv(VectorEnv):
+    """An EnvPool pool in async mode (see the module docstring).
+
+    Args:
+        task_id: an EnvPool task id, e.g. ``"CartPole-v1"``.
+        num_envs: number of sub-envs.
+        batch_size: envs per ``recv`` (``1 <= batch_size < num_envs``).
+        seed: the pool's seed until a seeded ``reset_batch``: sub-env ``i`` gets
+            ``seed + i``.
+            (``num_envs`` must be a multiple of ``batch_size``.)
+        copy: if True, ``reset``/``step`` return copies of the observation buffer.
+        **envpool_kwargs: for ``envpool.make_gymnasium`` (``num_threads``, ...).
+    """
+
+    def __init__(
+        self,
+        task_id: str,
+        num_envs: int,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        copy: bool = True,
+        **envpool_kwargs: Any,
+    ) -> None:
+
+        super().__init__(copy=copy)
+        if not 1 <= batch_size < num_envs or num_envs % batch_size:
+            self._closed_reason = "construction failed"
+            # Whole batches: EnvPool's recv waits for batch_size answers, so the first
+            # observations of a reset can only be collected batch by batch.
+            raise InvalidArgumentError(
+                f"make_vec(backend='envpool', batch_size={batch_size}): async mode needs "
+                f"1 <= batch_size < num_envs={num_envs}, with num_envs a multiple of "
+                "batch_size; leave batch_size unset for sync mode."
+            )
+        envpool = _import_envpool()
+        self.capabilities = Capabilities(ready_first=True, recv_batch_size=batch_size)
+
+        def build(seeds: list[int]) -> Any:
+            return envpool.make_gymnasium(
+                task_id, num_envs=num_envs, batch_size=batch_size, env_seed=seeds,
+                **envpool_kwargs,
+            )  # fmt: skip
+
+        self._build = build
+        self.env = build([seed + i for i in range(num_envs)])
+        self.num_envs, self.batch_size = num_envs, batch_size
+        self.single_observation_space = self.env.observation_space
+        self.single_action_space = self.env.action_space
+        jr_spaces.check_supported(self.single_observation_space, "single_observation_space")
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self._obs = jr_spaces.allocate(self.single_observation_space, (num_envs,))
+        # The final step of each env whose reset step EnvPool has yet to return.
+        self._awaiting_reset = np.zeros(num_envs, np.bool_)
+        self._final_obs = jr_spaces.allocate(self.single_observation_space, (num_envs,))
+        self._final_reward = np.zeros(num_envs, np.float64)
+        self._final_terminated = np.zeros(num_envs, np.bool_)
+        self._final_truncated = np.zeros(num_envs, np.bool_)
+        self._idle = True  # nothing in flight in EnvPool
+        self._action_shape, action_dtype = jr_spaces.leaf_spec(self.single_action_space)
+        # Actions of reset steps, which EnvPool ignores.
+        self._reset_actions = np.zeros((batch_size, *self._action_shape), action_dtype)
+
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        self._check_open("reset")
+        if options:
+            raise InvalidArgumentError(f"reset(options={options!r}): EnvPool takes no options.")
+        if not all(s is None for s in seeds):  # the seed is fixed when the pool is built
+            old, self.env = self.env, self._build(every_seed(seeds))
+            old.close()
+        if not self._idle:
+            raise InvalidArgumentError(
+                "EnvPool async reset_batch(): envs are still stepping; recv() their results "
+                "first (the runner does), or build a new vector env."
+            )
+        self._awaiting_reset[:] = False
+        self.env.async_reset()
+        seen = 0
+        while seen < self.num_envs:
+            obs, _, _, _, info = self.env.recv()
+            ids = np.asarray(info["env_id"])
+            jr_spaces.copy_into(self.single_observation_space, self._obs, obs, ids)
+            seen += len(ids)
+        return self._obs, [{} for _ in range(self.num_envs)]
+
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        raise InvalidArgumentError(
+            "EnvPool async mode cannot reset one sub-env alone (its recv waits for "
+            "batch_size envs); reset them all with reset_batch(), or use sync mode."
+        )
+
+    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+        self._check_open("step")
+        ids = np.arange(self.num_envs)[slice(None) if env_ids is None else env_ids]
+        ids = np.atleast_1d(ids).astype(np.int32)
+        actions = np.asarray(actions)
+        if actions.shape[:1] != ids.shape or not self._action_shape == actions.shape[1:]:
+            raise InvalidArgumentError(
+                f"EnvPoolAsyncVectorEnv.send(actions): expected {len(ids)} actions of shape "
+                f"{self.single_action_space.shape}, got an array of shape {actions.shape}."
+            )
+        self._idle = False
+        self.env.send(actions.astype(self.single_action_space.dtype, copy=False), ids)
+
+    def recv(self) -> BatchStep:
+        self._check_open("step")
+        space = self.single_observation_space
+        while True:
+            obs, reward, terminated, truncated, info = self.env.recv()
+            ids = np.asarray(info["env_id"]).astype(np.int64)
+            resets = self._awaiting_reset[ids]  # reset steps of ended episodes: pair them
+            ended = np.logical_or(terminated, truncated) & ~resets
+            if ended.any():  # hold the final steps; EnvPool resets on the next step
+                held = ids[ended]
+                jr_spaces.copy_into(space, self._final_obs, jr_spaces.take(space, obs, ended), held)
+                self._final_reward[held] = reward[ended]
+                self._final_terminated[held] = terminated[ended]
+                self._final_truncated[held] = truncated[ended]
+                self._awaiting_reset[held] = True
+                self.env.send(self._reset_actions[: len(held)], held.astype(np.int32))
+            rows = ~ended
+            if rows.all():
+                rows = slice(None)
+            elif not rows.any():
+                continue
+            break
+        env_ids = ids[rows]
+        next_obs = jr_spaces.take(space, obs, rows)
+        # Copies: EnvPool's own arrays are not ours to write the final steps into.
+        reward_out = np.array(reward[rows], np.float64)
+        term_out = np.array(terminated[rows], np.bool_)
+        trunc_out = np.array(truncated[rows], np.bool_)
+        pairs = resets[rows]
+        reset_infos: dict[int, dict[str, Any]] = {}
+        if pairs.any():  # the final step in place of the reset step
+            k, finished = np.flatnonzero(pairs), env_ids[pairs]
+            final = jr_spaces.take(space, self._final_obs, finished)
+            jr_spaces.copy_into(space, next_obs, final, k)
+            reward_out[k] = self._final_reward[finished]
+            term_out[k] = self._final_terminated[finished]
+            trunc_out[k] = self._final_truncated[finished]
+            self._awaiting_reset[finished] = False
+            reset_infos = {i: {} for i in finished.tolist()}
+        obs_out = jr_spaces.take(space, obs, rows)
+        jr_spaces.copy_into(space, self._obs, obs_out, env_ids)
+        return BatchStep(
+            obs_out, next_obs, reward_out, term_out, trunc_out,
+            [{} for _ in range(len(env_ids))], reset_infos, None, None, env_ids,
+        )  # fmt: skip
+
+    def _obs_buffer(self) -> Any:
+        return self._obs
+
+    def _close_backend(self) -> None:
+        self.env.close()
+
+    # EnvPool's sub-envs live in C++ threads: no per-sub-env attributes or rendering.
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        raise self._no_sub_envs("call")
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        raise self._no_sub_envs("get_attr")
+
+    def set_attr(self, name: str, values: Any) -> None:
+        raise self._no_sub_envs("set_attr")
+
+    def render(self) -> Any:
+        raise self._no_sub_envs("render")
+
+    def _no_sub_envs(self, what: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"EnvPoolAsyncVectorEnv.{what}(): EnvPool's sub-envs are not Python objects this "
+            "process can reach; use the 'sync' or 'process' backend for per-sub-env access."
+        )
+
+
+__all__ = ["EnvPoolAsyncVectorEnv"]

@@ -1,0 +1,194 @@
+"""One env as a pair of pure functions (:class:`FunctionalEnv`), and the adapters that
+make one of a gymnax env or a functional env.
+
+* **gymnax environments** (a class that defines ``step_env`` and ``reset_env``, as
+  every ``gymnax.environments.environment.Environment``). Their auto-resetting
+  ``step`` is bypassed: jaxrunner calls ``step_env``/``reset_env``, which return the
+  true next observation. ``terminated`` and ``truncated`` are derived as gymnax's
+  own ``step`` derives them: where the env has ``is_truncated`` (gymnax >= 1.0),
+  ``step_env``'s flag is ``terminated`` and ``is_truncated(state, params)`` is
+  ``truncated``. Older gymnax envs return one ``done`` flag that includes the time
+  limit; then ``truncated`` is ``info["truncation"]`` if the env reports it, else
+  ``state.time >= params.max_steps_in_episode`` when both fields exist (else False),
+  and ``terminated = done & ~truncated``. (So in the old form, a natural end that
+  falls exactly on the time limit reads as a truncation: the old API cannot tell.)
+  gymnax wrappers (``LogWrapper`` and co.) forward ``step_env`` to the wrapped env
+  and auto-reset in ``step``: they are refused with an explanation.
+* **functional envs** with ``reset(key, params) -> (obs, state)`` and
+  ``step(key, state, action, params) -> (obs, state, reward, terminated, truncated,
+  info)``, or the done-only form ``(obs, state, reward, done, info)`` (truncation
+  read as for old gymnax). ``step`` must NOT auto-reset: ``obs`` is the true next
+  observation.
+
+Brax-style envs have their adapter in :mod:`jaxrunner._src.backends.brax_adapter`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+
+class EnvStep(NamedTuple):
+    """What :attr:`FunctionalEnv.step` returns (for one env, or batched ``[B]``)."""
+
+    obs: Any
+    """The true next observation (never a reset one)."""
+    state: Any
+    """The env state after the step."""
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionalEnv:
+    """One env as two pure, jittable functions. Neither auto-resets.
+
+    Attributes:
+        reset: ``(key, params) -> (obs, state)``.
+        step: ``(key, state, action, params) -> EnvStep``.
+    """
+
+    reset: Callable[[jax.Array, Any], tuple[Any, Any]]
+    step: Callable[[jax.Array, Any, Any, Any], EnvStep]
+
+
+def _defines(env: Any, name: str) -> bool:
+    """Whether ``env``'s class (not a ``__getattr__`` forward) defines method ``name``."""
+    return any(name in vars(cls) for cls in type(env).__mro__)
+
+
+def _time_limit(state: Any, params: Any, info: Any) -> jax.Array:
+    """Truncation of a done-only step: ``info["truncation"]``, else the gymnax time
+    limit ``state.time >= params.max_steps_in_episode`` where both exist, else False."""
+    if isinstance(info, dict) and "truncation" in info:
+        return jnp.asarray(info["truncation"]).astype(bool)
+    if hasattr(state, "time") and hasattr(params, "max_steps_in_episode"):
+        return jnp.asarray(state.time >= params.max_steps_in_episode)
+    return jnp.asarray(False)
+
+
+def env_step(obs: Any, state: Any, reward: Any, terminated: Any, truncated: Any) -> EnvStep:
+    """An :class:`EnvStep` with the reward as a float (float64 under x64) and bool flags."""
+    return EnvStep(
+        obs,
+        state,
+        jnp.asarray(reward).astype(jax.dtypes.canonicalize_dtype(np.float64)),
+        jnp.asarray(terminated).astype(bool),
+        jnp.asarray(truncated).astype(bool),
+    )
+
+
+def from_done_only(obs: Any, state: Any, reward: Any, done: Any, info: Any, params: Any) -> EnvStep:
+    """The :class:`EnvStep` of a done-only step: ``truncated`` from :func:`_time_limit`,
+    ``terminated = done & ~truncated``."""
+    truncated = _time_limit(state, params, info)
+    terminated = jnp.logical_and(jnp.asarray(done).astype(bool), jnp.logical_not(truncated))
+    return env_step(obs, state, reward, terminated, truncated)
+
+
+def gymnax_functions(env: Any) -> FunctionalEnv:
+    """:class:`FunctionalEnv` of a gymnax environment, via ``reset_env``/``step_env``
+    (gymnax's own ``step`` auto-resets, which would lose the final observation)."""
+    new_api = hasattr(env, "is_truncated")
+
+    def step(key: jax.Array, state: Any, action: Any, params: Any) -> EnvStep:
+        obs, state, reward, flag, info = env.step_env(key, state, action, params)
+        if new_api:
+            # gymnax >= 1.0: step_env's flag is `terminated`; the time limit is separate.
+            return env_step(obs, state, reward, flag, env.is_truncated(state, params))
+        return from_done_only(obs, state, reward, flag, info, params)
+
+    return FunctionalEnv(reset=env.reset_env, step=step)
+
+
+def functional_functions(env: Any) -> FunctionalEnv:
+    """:class:`FunctionalEnv` of an env with ``reset(key, params)`` and a non-auto-
+    resetting ``step(key, state, action, params)`` returning 6 or 5 items."""
+
+    def step(key: jax.Array, state: Any, action: Any, params: Any) -> EnvStep:
+        out = env.step(key, state, action, params)
+        if not isinstance(out, tuple) or len(out) not in (5, 6):
+            raise InvalidArgumentError(
+                f"JaxVectorEnv: {type(env).__name__}.step(key, state, action, params) returned "
+                f"{type(out).__name__} of length {len(out) if isinstance(out, tuple) else '?'}; "
+                "expected (obs, state, reward, terminated, truncated, info) or the done-only "
+                "(obs, state, reward, done, info)."
+            )
+        if len(out) == 6:
+            return env_step(*out[:5])
+        obs, state, reward, done, info = out
+        return from_done_only(obs, state, reward, done, info, params)
+
+    return FunctionalEnv(reset=env.reset, step=step)
+
+
+def functions_of(env: Any) -> FunctionalEnv:
+    """The :class:`FunctionalEnv` of a gymnax env or a functional env (see the module
+    docstring).
+
+    Raises:
+        InvalidArgumentError: ``env`` is a gymnax wrapper (it auto-resets in ``step``).
+        InvalidArgumentTypeError: ``env`` is neither kind.
+    """
+    if _defines(env, "step_env") and _defines(env, "reset_env"):
+        return gymnax_functions(env)
+    if hasattr(env, "step_env"):
+        raise InvalidArgumentError(
+            f"JaxVectorEnv(env=...): {type(env).__name__} forwards step_env to a wrapped "
+            "env but transforms reset/step (a gymnax wrapper). Wrappers auto-reset inside "
+            "step and hide the final observation; pass the unwrapped gymnax env (jaxrunner "
+            "resets episodes itself and logs returns in its metrics)."
+        )
+    if callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
+        return functional_functions(env)
+    raise InvalidArgumentTypeError(
+        f"JaxVectorEnv(env=...): expected a gymnax env or an object with reset(key, params) "
+        f"and step(key, state, action, params), got {type(env).__name__}. For brax envs use "
+        "JaxVectorEnv.from_brax(env, num_envs)."
+    )
+
+
+def from_gymnax_space(space: Any, where: str = "space") -> spaces.Space:
+    """A gymnasium space equal to a gymnax (or duck-typed) space: ``Discrete`` (has
+    ``n``), ``Box`` (has ``low``/``high``/``shape``), ``Dict`` or ``Tuple``."""
+    if isinstance(space, spaces.Space):
+        return space
+    inner = getattr(space, "spaces", None)
+    if isinstance(inner, dict):
+        return spaces.Dict({k: from_gymnax_space(v, f"{where}[{k!r}]") for k, v in inner.items()})
+    if isinstance(inner, (list, tuple)):
+        return spaces.Tuple([from_gymnax_space(v, f"{where}[{j}]") for j, v in enumerate(inner)])
+    if hasattr(space, "n") and not hasattr(space, "low"):
+        return spaces.Discrete(int(space.n))
+    if all(hasattr(space, a) for a in ("low", "high", "shape", "dtype")):
+        shape = tuple(space.shape)
+        dtype = np.dtype(space.dtype)
+        low = np.broadcast_to(np.asarray(space.low, dtype=dtype), shape)
+        high = np.broadcast_to(np.asarray(space.high, dtype=dtype), shape)
+        return spaces.Box(low, high, shape, dtype)
+    raise InvalidArgumentTypeError(
+        f"JaxVectorEnv: cannot convert {where} ({space!r:.80}) to a gymnasium space; pass "
+        "observation_space=/action_space= as gymnasium spaces."
+    )
+
+
+__all__ = [
+    "EnvStep",
+    "FunctionalEnv",
+    "env_step",
+    "from_done_only",
+    "from_gymnax_space",
+    "functional_functions",
+    "functions_of",
+    "gymnax_functions",
+]

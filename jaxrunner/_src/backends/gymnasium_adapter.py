@@ -1,0 +1,408 @@
+"""``backend="gymnasium"`` and :func:`from_gymnasium`: any gymnasium ``VectorEnv``,
+natively vectorized ones included, behind jaxrunner's SAME_STEP contract.
+
+A gymnasium vector env steps the whole batch in one call, so natively vectorized envs
+(``gymnasium.make_vec("CartPole-v1", n)`` builds ``CartPoleVectorEnv``, which steps all
+envs with a few numpy ops) run with no per-env Python work here either: actions,
+observations, rewards and flags move as whole arrays, and infos are split per env only
+when someone reads them (:mod:`jaxrunner._src.backends.vector_infos`).
+
+The wrapped env may use any of gymnasium's autoreset modes; the adapter always keeps
+jaxrunner's contract (``next_obs`` is the final observation and ``obs`` the reset one,
+in the same ``step_batch`` call) and never emits a fabricated transition:
+
+* ``SAME_STEP``: the env already resets in the same call; the final observations come
+  from ``info["final_obs"]`` and the final infos from ``info["final_info"]``.
+* ``NEXT_STEP``: the env would reset an ended sub-env on its *next* call, ignoring that
+  call's action and reporting reward 0. The adapter does not let that step happen: right
+  after a step that ended episodes it resets exactly the ended sub-envs (a *masked
+  reset*), so the next call is a real step for every sub-env.
+* ``DISABLED``: the env never resets by itself; the adapter resets the ended sub-envs
+  with ``reset(options={"reset_mask": done})``, the way gymnasium asks its users to.
+
+How a masked reset is done for each kind of env (and why natively vectorized CartPole
+needs one of its own) is :mod:`jaxrunner._src.backends.masked_reset`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.backends.base import BatchStep, Capabilities, InProcessVectorEnv
+from jaxrunner._src.backends.masked_reset import MaskedReset, masked_reset_for
+from jaxrunner._src.backends.vector_infos import (
+    EMPTY_RESET_INFOS,
+    ResetInfos,
+    SplitInfos,
+    same_step_infos,
+)
+from jaxrunner._src.space_arrays.checks import check_finite_observations
+from jaxrunner.errors import (
+    EnvError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    InvalidStepError,
+    SpaceMismatchError,
+)
+
+
+def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | None:
+    """``seeds`` as gymnasium's ``reset(seed=...)`` takes it: ``None`` if all are None, the
+    int ``s`` for ``[s, s+1, ...]`` (what natively vectorized envs accept), else the list."""
+    seeds = list(seeds)
+    if all(s is None for s in seeds):
+        return None
+    first = seeds[0]
+    if isinstance(first, (int, np.integer)) and seeds == list(range(first, first + len(seeds))):
+        return int(first)
+    return seeds
+
+
+class GymnasiumVectorEnv(InProcessVectorEnv):
+    """Adopts a gymnasium ``VectorEnv`` (see the module docstring for the semantics).
+
+    Every ``step_batch`` steps the wrapped env once with the whole action batch. The
+    wrapped env cannot step a subset of its sub-envs, so ``step_batch(rows=...)`` accepts
+    only all rows; an :class:`~jaxrunner.EnvRunner` over it uses one group by default.
+
+    Args:
+        env: the gymnasium vector env; the adapter owns it and closes it.
+        masked_reset: how to reset some sub-envs only (a
+            :data:`~jaxrunner._src.backends.masked_reset.MaskedReset`); ``None`` picks a known one
+            (:func:`~jaxrunner._src.backends.masked_reset.masked_reset_for`).
+        copy: if True, ``reset``/``step`` return copies of the observation buffer.
+
+    Raises:
+        InvalidArgumentError: for a NEXT_STEP env with no known masked reset.
+    """
+
+    capabilities = Capabilities(pipeline_splits=1)
+    """The wrapped env cannot step a subset of rows, so the runner uses one group."""
+
+    def __init__(
+        self,
+        env: gymnasium.vector.VectorEnv,
+        *,
+        masked_reset: MaskedReset | None = None,
+        copy: bool = True,
+    ) -> None:
+        super().__init__(copy=copy)
+        if not isinstance(env, gymnasium.vector.VectorEnv):
+            self._closed_reason = "construction failed"
+            raise InvalidArgumentTypeError(
+                f"from_gymnasium(vector_env=...): expected a gymnasium.vector.VectorEnv, got "
+                f"{type(env).__name__}. Wrap a single env with gymnasium.vector.SyncVectorEnv"
+                "([make_env] * n), or use jaxrunner.make_vec(make_env, n)."
+            )
+        self.env = env
+        try:
+            self._init_from(env, masked_reset)
+        except BaseException:
+            self._closed_reason = "construction failed"
+            env.close()
+            raise
+
+    def _init_from(self, env: gymnasium.vector.VectorEnv, masked_reset: MaskedReset | None) -> None:
+        mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        try:
+            self.wrapped_autoreset_mode = AutoresetMode(mode)
+        except ValueError as err:
+            raise InvalidArgumentError(
+                f"from_gymnasium: the env's metadata['autoreset_mode'] is {mode!r}; expected "
+                f"one of {[m.value for m in AutoresetMode]}."
+            ) from err
+        self._masked_reset = masked_reset_for(env, self.wrapped_autoreset_mode, masked_reset)
+        self.num_envs = int(env.num_envs)
+        self.single_observation_space = env.single_observation_space
+        self.single_action_space = env.single_action_space
+        jr_spaces.check_supported(self.single_observation_space, "single_observation_space")
+        jr_spaces.check_supported(self.single_action_space, "single_action_space")
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.metadata = {**env.metadata, "autoreset_mode": AutoresetMode.SAME_STEP}
+        self.render_mode = env.render_mode
+        self.spec = env.spec
+
+        n, space = self.num_envs, self.single_observation_space
+        self._obs = jr_spaces.allocate(space, (n,))
+        self._next_obs = jr_spaces.allocate(space, (n,))
+        self._write_next_obs = jr_spaces.make_writer(space, self._next_obs, "final_obs")
+        self._reward = np.zeros(n, dtype=np.float64)
+        self._terminated = np.zeros(n, dtype=np.bool_)
+        self._truncated = np.zeros(n, dtype=np.bool_)
+        self._composite_actions = isinstance(self.single_action_space, (spaces.Dict, spaces.Tuple))
+
+    # -- the backend contract -------------------------------------------------------------
+
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> tuple[Any, Sequence[dict[str, Any]]]:
+        self._check_open("reset")
+        if len(seeds) != self.num_envs:
+            raise InvalidArgumentError(
+                f"reset_batch(seeds=...): expected {self.num_envs} seeds, got {len(seeds)}."
+            )
+        obs, merged = self._call(
+            "reset", self.env.reset, seed=_gymnasium_seed(seeds), options=options
+        )
+        self._store(self._obs, obs, "reset")
+        check_finite_observations(self.single_observation_space, self._obs, "reset")
+        return self._obs, SplitInfos(merged, self.num_envs)
+
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        self._check_open("reset_at")
+        self._check_index(index, "reset_at")
+        if self._masked_reset is None:
+            raise InvalidArgumentError(
+                f"reset_at({index}): {type(self.env.unwrapped).__name__} has no known way to "
+                "reset one sub-env only; pass masked_reset to from_gymnasium, or reset all "
+                "sub-envs with reset()."
+            )
+        mask = np.zeros(self.num_envs, dtype=np.bool_)
+        mask[index] = True
+        seeds = None if seed is None else [seed if i == index else None for i in range(len(mask))]
+        obs, infos = self._call("reset", self._masked_reset, self.env, mask, seeds, options)
+        self._store_rows(self._obs, obs, np.array([index]), "reset")
+        return jr_spaces.take(self.single_observation_space, self._obs, index), infos[0]
+
+    def _step(self, actions: Any, rows: slice | None) -> BatchStep:
+        n = self.num_envs
+        if rows is not None and (rows.start, rows.stop) != (0, n):
+            raise InvalidArgumentError(
+                f"step_batch(rows={rows}): a gymnasium vector env steps all {n} sub-envs at "
+                "once and cannot step a subset. Drive it with EnvRunner(..., num_splits=1)."
+            )
+        actions = self._check_actions(actions)
+        obs, reward, terminated, truncated, merged = self._call("step", self.env.step, actions)
+        self._store(self._next_obs, obs, "step")
+        self._store_flags(reward, terminated, truncated)
+        done = self._terminated | self._truncated
+        space = self.single_observation_space
+        jr_spaces.copy_into(space, self._obs, self._next_obs)
+        if not done.any():
+            infos = SplitInfos(merged, n)
+            reset_infos: Mapping[int, dict[str, Any]] = EMPTY_RESET_INFOS
+        elif self.wrapped_autoreset_mode == AutoresetMode.SAME_STEP:
+            infos, reset_infos = self._same_step_finals(merged, done)
+        else:
+            indices = np.flatnonzero(done)
+            # masked_reset_for gives one to every mode but SAME_STEP.
+            assert self._masked_reset is not None
+            reset_obs, infos_k = self._call("reset", self._masked_reset, self.env, done, None, None)
+            self._store_rows(self._obs, reset_obs, indices, "reset")
+            infos = SplitInfos(merged, n)
+            reset_infos = ResetInfos(
+                indices.tolist(), lambda i: infos_k[int(np.searchsorted(indices, i))]
+            )
+        for buffer, call in ((self._next_obs, "step"), (self._obs, "reset")):
+            check_finite_observations(space, buffer, call)  # as a non-finite reward
+        return BatchStep(
+            self._obs, self._next_obs, self._reward, self._terminated, self._truncated,
+            infos, reset_infos,
+        )  # fmt: skip
+
+    def _same_step_finals(
+        self, merged: Mapping[str, Any], done: np.ndarray
+    ) -> tuple[SplitInfos, ResetInfos]:
+        """SAME_STEP: ``obs`` already holds the reset observations; the final ones are in
+        ``info["final_obs"]`` (the final step infos: :func:`.vector_infos.same_step_infos`)."""
+        indices = np.flatnonzero(done).tolist()
+        final_obs = merged.get("final_obs")
+        if not isinstance(final_obs, np.ndarray) or final_obs.shape != (self.num_envs,):
+            raise InvalidStepError(
+                f"{type(self.env).__name__} (SAME_STEP) ended episodes in sub-envs {indices} "
+                "but its info has no per-env 'final_obs' object array; gymnasium's SAME_STEP "
+                "envs report the final observations there."
+            )
+        for i in indices:
+            self._write_next_obs(i, final_obs[i])
+        return same_step_infos(merged, self.num_envs, indices)
+
+    # -- validation ---------------------------------------------------------------------------
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except InvalidArgumentError:
+            raise
+        except Exception as err:
+            raise EnvError(
+                f"the wrapped {type(self.env).__name__} raised in {what}(): {err!r}", -1
+            ) from err
+
+    def _check_actions(self, actions: Any) -> Any:
+        """Validates the whole batch without splitting it per env (composites as given)."""
+        checked = jr_spaces.check_action_batch(self.single_action_space, actions, self.num_envs)
+        return actions if self._composite_actions else checked
+
+    def _store(self, dst: Any, obs: Any, call: str) -> None:
+        """Copies a batched observation into ``dst`` after checking it against the space."""
+
+        def check(buffer: np.ndarray, value: Any) -> None:
+            if (
+                not isinstance(value, np.ndarray)
+                or value.dtype != buffer.dtype
+                or value.shape != buffer.shape
+            ):
+                raise jr_spaces.mismatch(
+                    f"the wrapped {type(self.env).__name__} returned observations from {call}()",
+                    f"an ndarray of dtype {buffer.dtype} and shape {buffer.shape} (its space)",
+                    value,
+                    f"{jr_spaces.NEVER_CAST}: fix the env or wrap it.",
+                )
+            buffer[...] = value
+
+        try:
+            jr_spaces.map_structure(self.single_observation_space, check, dst, obs)
+        except (KeyError, IndexError, TypeError) as err:
+            raise SpaceMismatchError(
+                f"the wrapped {type(self.env).__name__} returned observations from {call}() "
+                f"that do not match {self.single_observation_space}: {err!r}"
+            ) from err
+
+    def _store_rows(self, dst: Any, obs: Any, indices: np.ndarray, call: str) -> None:
+        sub = jr_spaces.allocate(self.single_observation_space, (len(indices),))
+        self._store(sub, obs, call)
+        jr_spaces.copy_into(self.single_observation_space, dst, sub, indices)
+
+    def _store_flags(self, reward: Any, terminated: Any, truncated: Any) -> None:
+        n, name = self.num_envs, type(self.env).__name__
+        reward = np.asarray(reward)
+        if reward.shape != (n,) or reward.dtype.kind not in "iuf":
+            raise InvalidStepError(
+                f"the wrapped {name} returned rewards of dtype {reward.dtype} and shape "
+                f"{reward.shape}; expected {n} real numbers."
+            )
+        self._reward[:] = reward
+        if not np.isfinite(self._reward).all():
+            bad = int(np.flatnonzero(~np.isfinite(self._reward))[0])
+            raise InvalidStepError(
+                f"the wrapped {name} returned a non-finite reward ({self._reward[bad]}) for "
+                f"sub-env {bad}; expected finite floats."
+            )
+        for flag, dst in (("terminated", self._terminated), ("truncated", self._truncated)):
+            value = terminated if flag == "terminated" else truncated
+            if not isinstance(value, np.ndarray) or value.dtype != np.bool_ or value.shape != (n,):
+                got = (
+                    f"an array of dtype {value.dtype} and shape {value.shape}"
+                    if isinstance(value, np.ndarray)
+                    else type(value).__name__
+                )
+                raise InvalidStepError(
+                    f"the wrapped {name} returned {flag} as {got}; expected a bool array of "
+                    f"shape ({n},)."
+                )
+            dst[:] = value
+
+    # -- the rest of gymnasium's API, delegated ------------------------------------------------
+
+    def _obs_buffer(self) -> Any:
+        return self._obs
+
+    def render(self) -> Any:
+        self._check_open("render")
+        return self.env.render()
+
+    @property
+    def _attr_env(self) -> Any:
+        # Sync/AsyncVectorEnv (and envs that follow them) have call/get_attr/set_attr;
+        # gymnasium's VectorEnv does not declare them.
+        return self.env
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        self._check_open("call")
+        return self._attr_env.call(name, *args, **kwargs)
+
+    def get_attr(self, name: str) -> Any:
+        self._check_open("get_attr")
+        return self._attr_env.get_attr(name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self._check_open("set_attr")
+        self._attr_env.set_attr(name, values)
+
+    def _close_backend(self) -> None:
+        self.env.close()
+
+
+def from_gymnasium(
+    vector_env: gymnasium.vector.VectorEnv,
+    *,
+    masked_reset: MaskedReset | None = None,
+    copy: bool = True,
+) -> GymnasiumVectorEnv:
+    """Adopts an existing gymnasium ``VectorEnv`` as a jaxrunner vector env.
+
+    Whatever the env's autoreset mode (NEXT_STEP, SAME_STEP or DISABLED), the result has
+    jaxrunner's SAME_STEP contract: true final observations, and no reset step (ignored
+    action, zero reward) ever emitted. The adapter owns ``vector_env`` and closes it.
+
+    Args:
+        vector_env: the env, e.g. ``gymnasium.make_vec("CartPole-v1", 1024)``.
+        masked_reset: how to reset some sub-envs only; see :class:`GymnasiumVectorEnv`.
+        copy: if True, ``reset``/``step`` return copies of the observation buffer.
+    """
+    return GymnasiumVectorEnv(vector_env, masked_reset=masked_reset, copy=copy)
+
+
+def make_gymnasium_vec(
+    env_id: str,
+    num_envs: int,
+    vectorization_mode: str | gymnasium.VectorizeMode | None = None,
+    vector_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> GymnasiumVectorEnv:
+    """``gymnasium.make_vec(env_id, num_envs, vectorization_mode, ...)``, adopted.
+
+    Args:
+        env_id: a registered gymnasium id.
+        num_envs: number of sub-envs.
+        vectorization_mode: ``"vector_entry_point"``, ``"sync"`` or ``"async"``; ``None``
+            uses the env's own vector implementation where it has one, else ``"sync"``.
+        vector_kwargs: for ``SyncVectorEnv``/``AsyncVectorEnv``; their autoreset mode
+            defaults to SAME_STEP here (no masked resets needed).
+        **kwargs: passed to gymnasium (env kwargs, ``wrappers``).
+    """
+    if not isinstance(env_id, str):
+        raise InvalidArgumentTypeError(
+            f"make_vec(env=..., backend='gymnasium'): expected a registered gymnasium id "
+            f"(gymnasium.make_vec needs one), got {type(env_id).__name__}. Use backend='sync' "
+            "for a factory, or adopt your own vector env with jaxrunner.from_gymnasium()."
+        )
+    try:
+        mode = None if vectorization_mode is None else gymnasium.VectorizeMode(vectorization_mode)
+    except ValueError as err:
+        raise InvalidArgumentError(
+            f"make_vec(backend='gymnasium', vectorization_mode={vectorization_mode!r}): expected "
+            f"one of {[m.value for m in gymnasium.VectorizeMode]} (or None for the env's own "
+            "vector implementation where it has one)."
+        ) from err
+    if mode is None:
+        spec = gymnasium.spec(env_id)
+        has_own = spec.vector_entry_point is not None
+        mode = (
+            gymnasium.VectorizeMode.VECTOR_ENTRY_POINT if has_own else gymnasium.VectorizeMode.SYNC
+        )
+    if mode != gymnasium.VectorizeMode.VECTOR_ENTRY_POINT:
+        vector_kwargs = {"autoreset_mode": AutoresetMode.SAME_STEP, **(vector_kwargs or {})}
+    env = gymnasium.make_vec(
+        env_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **kwargs
+    )
+    return GymnasiumVectorEnv(env)
+
+
+__all__ = [
+    "GymnasiumVectorEnv",
+    "from_gymnasium",
+    "make_gymnasium_vec",
+]

@@ -1,0 +1,162 @@
+"""Masked resets: resetting some sub-envs of a gymnasium vector env, and no other.
+
+:class:`~jaxrunner._src.backends.gymnasium_adapter.GymnasiumVectorEnv` needs one for envs that
+do not reset in the step that ends an episode. A NEXT_STEP env would reset an ended
+sub-env on its *next* call, ignoring that call's action and reporting reward 0; the
+adapter does not let that step happen: right after a step that ended episodes it
+resets exactly the ended sub-envs, so the next call is a real step for every sub-env.
+A DISABLED env never resets by itself, and the adapter resets the ended sub-envs the
+same way.
+
+How to reset some sub-envs only is not part of gymnasium's ``VectorEnv`` API:
+
+* gymnasium's ``SyncVectorEnv`` and ``AsyncVectorEnv`` (and envs that follow them)
+  take ``reset(options={"reset_mask": mask})``: :func:`reset_with_mask`, the default
+  for DISABLED envs, which gymnasium asks to be reset that way.
+* Natively vectorized envs often ignore that option and reset every sub-env. For
+  those, :data:`MASKED_RESETS` holds a reset per class (of ``env.unwrapped``), and
+  :func:`~jaxrunner.from_gymnasium` takes a ``masked_reset`` for any other. A
+  NEXT_STEP env with neither is refused (stepping it would mean emitting, or silently
+  dropping, its reset steps).
+
+The one per-class entry gymnasium itself needs is :func:`reset_cartpole_vector`:
+``CartPoleVectorEnv`` (the vector entry point of ``CartPole-v1``) is NEXT_STEP and
+its ``reset`` ignores ``reset_mask``. No generic reset can do its job: an env that
+ignores the mask can only reset everything, and the state to reset lives in the
+env's own fields. So that reset reproduces, field by field, what the env's own next
+``step`` does to ended sub-envs, and depends on ``CartPoleVectorEnv``'s internals
+(``state``, ``steps``, ``prev_done``, ``np_random``, ``low``/``high``);
+``tests/test_envs_gymnasium.py`` checks it against the env's own autoreset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.backends.vector_infos import SplitInfos
+from jaxrunner.errors import InvalidArgumentError
+
+Seeds = list[int | None] | None
+"""Per sub-env seeds of a masked reset (``None``: unseeded)."""
+Options = dict[str, Any] | None
+"""Reset options of a masked reset."""
+ResetRows = tuple[Any, Sequence[dict[str, Any]]]
+"""The reset observations of the masked sub-envs (``[mask.sum(), ...]``, in index
+order) and their infos (one dict each)."""
+
+MaskedReset = Callable[[VectorEnv, np.ndarray, Seeds, Options], ResetRows]
+"""``masked_reset(env, mask, seeds, options) -> (obs, infos)``: resets the sub-envs where
+the bool array ``mask`` is True (sub-env ``i`` with ``seeds[i]`` when ``seeds`` is given)
+and no other, so that the env's next ``step`` is a real step for every sub-env (a NEXT_STEP
+env must forget that those episodes ended). Returns the reset observations of the masked
+sub-envs only (``[mask.sum(), ...]``, in index order) and their infos (one dict each)."""
+
+
+def reset_with_mask(env: VectorEnv, mask: np.ndarray, seeds: Seeds, options: Options) -> ResetRows:
+    """A :data:`MaskedReset` through gymnasium's ``reset(options={"reset_mask": mask})``
+    (``SyncVectorEnv``, ``AsyncVectorEnv`` and envs that follow them)."""
+    # VectorEnv.reset's stub types one int seed; Sync/AsyncVectorEnv take a list too.
+    obs, merged = env.reset(seed=seeds, options={**(options or {}), "reset_mask": mask})  # type: ignore[arg-type]
+    indices = np.flatnonzero(mask)
+    space = env.single_observation_space
+    infos = SplitInfos(merged, env.num_envs)
+    return jr_spaces.map_structure(space, lambda leaf: leaf[indices], obs), [
+        infos[i] for i in indices.tolist()
+    ]
+
+
+def reset_cartpole_vector(
+    env: VectorEnv, mask: np.ndarray, seeds: Seeds, options: Options
+) -> ResetRows:
+    """A :data:`MaskedReset` for gymnasium's ``CartPoleVectorEnv`` (NEXT_STEP, and its
+    ``reset`` ignores ``reset_mask``; see the module docstring for why it is a special case).
+
+    It does exactly what the env's own next ``step`` would do to the ended envs (draws
+    their new state from the env's generator in one ``uniform(size=(4, k))`` call, zeroes
+    their step counts) and clears their pending-reset flags, so the next ``step`` is a
+    real step for every env and draws the same random numbers the env would have drawn.
+    """
+    if (seeds is not None and any(s is not None for s in seeds)) or options:
+        raise InvalidArgumentError(
+            "CartPoleVectorEnv draws every sub-env's start state from one generator, so one "
+            "sub-env cannot be reset with its own seed or options. Reset the whole vector env "
+            "(reset(seed=...)), or use vectorization_mode='sync' for per-env seeding."
+        )
+    # A CartPoleVectorEnv (MASKED_RESETS keys this reset by class) past its first reset.
+    cartpole: Any = env.unwrapped
+    # Indices, not the mask: the ended envs are few, and each boolean index scans all.
+    ended = np.flatnonzero(mask)
+    cartpole.state[:, ended] = cartpole.np_random.uniform(
+        low=cartpole.low, high=cartpole.high, size=(4, len(ended))
+    )
+    cartpole.steps[ended] = 0
+    cartpole.prev_done[ended] = False
+    return cartpole.state[:, ended].T.astype(np.float32), _NoInfos(len(ended))
+
+
+class _NoInfos(Sequence[dict[str, Any]]):
+    """``count`` empty infos, a fresh dict for each read (nothing built up front)."""
+
+    def __init__(self, count: int) -> None:
+        self._count = count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [{} for _ in range(*index.indices(self._count))]
+        if not -self._count <= index < self._count:
+            raise IndexError(index)
+        return {}
+
+
+MASKED_RESETS: dict[type, MaskedReset] = {
+    gymnasium.vector.SyncVectorEnv: reset_with_mask,
+    gymnasium.vector.AsyncVectorEnv: reset_with_mask,
+    CartPoleVectorEnv: reset_cartpole_vector,
+}
+"""Known masked resets, by the class of the wrapped env's ``unwrapped``."""
+
+
+def masked_reset_for(
+    env: VectorEnv, mode: AutoresetMode, given: MaskedReset | None
+) -> MaskedReset | None:
+    """The masked reset to use for ``env``, whose autoreset mode is ``mode``: ``given``,
+    else the :data:`MASKED_RESETS` entry of ``type(env.unwrapped)``, else
+    :func:`reset_with_mask` for a DISABLED env; ``None`` for a SAME_STEP env with none
+    known (it resets by itself; only resetting one sub-env is then impossible).
+
+    Raises:
+        InvalidArgumentError: ``env`` is NEXT_STEP and no masked reset is known.
+    """
+    masked_reset = given if given is not None else MASKED_RESETS.get(type(env.unwrapped))
+    if masked_reset is None and mode == AutoresetMode.DISABLED:
+        masked_reset = reset_with_mask
+    if masked_reset is None and mode == AutoresetMode.NEXT_STEP:
+        raise InvalidArgumentError(
+            f"from_gymnasium: {type(env.unwrapped).__name__} autoresets on the NEXT_STEP, "
+            "and jaxrunner does not know how to reset some of its sub-envs only, which it "
+            "needs to skip the reset steps (their action is ignored and their reward is 0; "
+            "emitting them would fabricate transitions). Pass masked_reset="
+            "jaxrunner._src.backends.masked_reset.reset_with_mask if the env honours "
+            "reset(options={'reset_mask': mask}), or your own MaskedReset; or build the "
+            "env with autoreset_mode=AutoresetMode.SAME_STEP."
+        )
+    return masked_reset
+
+
+__all__ = [
+    "MASKED_RESETS",
+    "MaskedReset",
+    "masked_reset_for",
+    "reset_cartpole_vector",
+    "reset_with_mask",
+]

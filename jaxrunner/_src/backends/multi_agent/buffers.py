@@ -1,0 +1,214 @@
+"""Host buffers of one multi-agent step: per-group ``[B, A_g, ...]`` arrays and masks.
+
+The sub-env drivers (:mod:`jaxrunner._src.backends.multi_agent.drivers`) write into them in place,
+row ``b`` per sub-env; the vector env hands them to the sampler as views.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.runner.agent_groups import AgentGroup
+
+FIELDS = (
+    "obs",
+    "acting",
+    "agent_start",
+    "completed",
+    "reward",
+    "terminated",
+    "truncated",
+    "next_obs",
+)
+"""The arrays of :class:`GroupBuffers` (its flat row views aside)."""
+
+
+@dataclasses.dataclass
+class GroupBuffers:
+    """One group's step buffers, ``[B, A_g, ...]``."""
+
+    obs: Any
+    """The observation each acting agent acts on next."""
+    acting: np.ndarray
+    """bool: the agent acts at the next step."""
+    agent_start: np.ndarray
+    """bool: the agent's next action is the first of its episode (its carry restarts)."""
+    completed: np.ndarray
+    """bool: a transition of the agent completed in the last step."""
+    reward: np.ndarray
+    """float64: the completed transition's reward."""
+    terminated: np.ndarray
+    truncated: np.ndarray
+    next_obs: Any
+    """The completed transition's next observation (the final one where it ended)."""
+    obs_rows: Any = None
+    """``obs`` viewed as ``[B * A_g, ...]`` (for the row writers)."""
+    next_obs_rows: Any = None
+
+    @classmethod
+    def allocate(cls, group: AgentGroup, num_envs: int) -> GroupBuffers:
+        shape = (num_envs, group.num_agents)
+        space = group.observation_space
+        return cls.of(
+            obs=jr_spaces.allocate(space, shape),
+            acting=np.zeros(shape, np.bool_),
+            agent_start=np.zeros(shape, np.bool_),
+            completed=np.zeros(shape, np.bool_),
+            reward=np.zeros(shape, np.float64),
+            terminated=np.zeros(shape, np.bool_),
+            truncated=np.zeros(shape, np.bool_),
+            next_obs=jr_spaces.allocate(space, shape),
+        )
+
+    @classmethod
+    def of(cls, **arrays: Any) -> GroupBuffers:
+        """Buffers over the given ``[B, A_g, ...]`` arrays (owned or views of shared
+        memory), with their flat row views."""
+        shape = arrays["acting"].shape
+        flat = shape[0] * shape[1]
+
+        def rows(tree: Any) -> Any:
+            return jax.tree.map(lambda x: x.reshape(flat, *x.shape[2:]), tree)
+
+        return cls(**arrays, obs_rows=rows(arrays["obs"]), next_obs_rows=rows(arrays["next_obs"]))
+
+    def rows(self, part: slice) -> GroupBuffers:
+        """Envs ``part``'s rows, as views."""
+        return GroupBuffers.of(
+            **{name: jax.tree.map(lambda x: x[part], getattr(self, name)) for name in FIELDS}
+        )
+
+    def clear_step(self, same_step: bool = False, rows: slice = slice(None)) -> None:
+        """Clears the masks and completed transitions of envs ``rows`` before a step.
+
+        Args:
+            same_step: every acting agent's transition completes in this step (parallel
+                envs): ``completed`` is set to ``acting``, and ``acting`` is kept (the
+                drivers clear the agents that stop acting).
+            rows: the envs about to step (default: all).
+        """
+        if same_step:
+            np.copyto(self.completed[rows], self.acting[rows])
+        else:
+            self.acting[rows] = False
+            self.completed[rows] = False
+        self.agent_start[rows] = False
+        self.reward[rows] = 0.0
+        self.terminated[rows] = False
+        self.truncated[rows] = False
+
+
+class AgentStepBuffers(NamedTuple):
+    """Everything a block of ``n`` multi-agent sub-envs writes in a step, ``[n, ...]``:
+    its own arrays (sync, Ray) or views of a process worker's rows of shared memory."""
+
+    groups: list[GroupBuffers]
+    """One per agent group, in group order."""
+    env_done: np.ndarray
+    env_reward: np.ndarray
+    unassigned_reward: np.ndarray
+
+    @classmethod
+    def allocate(cls, groups: Any, num_envs: int) -> AgentStepBuffers:
+        return cls(
+            [GroupBuffers.allocate(group, num_envs) for group in groups],
+            np.zeros(num_envs, np.bool_),
+            np.zeros(num_envs, np.float64),
+            np.zeros(num_envs, np.float64),
+        )
+
+    def rows(self, part: slice) -> AgentStepBuffers:
+        """Envs ``part``'s rows, as views."""
+        return AgentStepBuffers(
+            [g.rows(part) for g in self.groups],
+            self.env_done[part],
+            self.env_reward[part],
+            self.unassigned_reward[part],
+        )
+
+
+class MultiAgentStep(NamedTuple):
+    """What one multi-agent vector step returns (views of the env's buffers: valid until
+    its next call). Group dicts are keyed by policy id."""
+
+    groups: dict[str, GroupBuffers]
+    env_done: np.ndarray
+    """[B] bool: the env's episode ended in this step and the env was reset."""
+    env_reward: np.ndarray
+    """[B] float64: every reward handed out in the step, summed over agents."""
+    unassigned_reward: np.ndarray
+    """[B] float64: rewards no transition can carry, counted where the env's episode
+    ended (only then): those of agents that never acted in it, and those that reached
+    an agent after its final transition. A reward before an agent's first action is
+    not here: it is added to that agent's first transition (as RLlib does)."""
+    infos: list[dict[str, Any]]
+    """Per-env infos of the step (the env's per-agent info dict; ``{}`` where it failed)."""
+    failed: np.ndarray | None = None
+    """[B] bool, or None when no sub-env failed: the sub-envs whose step failed and were
+    recreated (only with a ``restart_policy``). Their rows hold no transition for any
+    agent (``completed`` False); their episodes ended as faults, and ``acting``/``obs``
+    are the new episode's."""
+    errors: dict[int, BaseException] | None = None
+    """The failures of this step by env index: failed steps (``failed``), and failed
+    resets after a good step (whose transitions stay valid)."""
+    env_ids: slice | None = None
+    """Which envs these rows are: a contiguous block of env indices (a ``send`` of a
+    slice, or a ready-first worker's envs); None means every env, in order. Every
+    array has the block's rows only (views of the rows of the buffers
+    ``reset_batch`` returned), ``infos`` and ``failed`` too."""
+
+
+class StepViews:
+    """A backend's full step buffers and their row blocks' views (built once per
+    block), from which every :class:`MultiAgentStep` it returns is made."""
+
+    def __init__(self, buffers: AgentStepBuffers, policy_ids: tuple[str, ...]) -> None:
+        self.buffers, self.policy_ids = buffers, policy_ids
+        self.num_envs = len(buffers.env_done)
+        self._blocks: dict[tuple[int, int], tuple[AgentStepBuffers, dict[str, GroupBuffers]]] = {}
+
+    def block(self, lo: int, hi: int) -> tuple[AgentStepBuffers, dict[str, GroupBuffers]]:
+        """Envs ``[lo, hi)``'s buffers, as views, and their groups by policy id."""
+        views = self._blocks.get((lo, hi))
+        if views is None:
+            whole = (lo, hi) == (0, self.num_envs)
+            b = self.buffers if whole else self.buffers.rows(slice(lo, hi))
+            views = self._blocks[lo, hi] = (b, dict(zip(self.policy_ids, b.groups)))
+        return views
+
+    def step(
+        self,
+        lo: int,
+        hi: int,
+        infos: list[dict[str, Any]],
+        failed: Any = None,
+        errors: dict[int, BaseException] | None = None,
+    ) -> MultiAgentStep:
+        """Envs ``[lo, hi)``'s step: ``infos`` one per env of the block, ``failed`` its
+        failed envs (a ``[hi - lo]`` bool mask or global indices; None or empty: none)."""
+        b, groups = self.block(lo, hi)
+        mask = None
+        if failed is not None and len(failed):
+            if isinstance(failed, np.ndarray) and failed.dtype == np.bool_:
+                mask = failed if failed.any() else None
+            else:
+                mask = np.zeros(hi - lo, np.bool_)
+                mask[np.asarray(failed, np.int64) - lo] = True
+        return MultiAgentStep(
+            groups=groups,
+            env_done=b.env_done,
+            env_reward=b.env_reward,
+            unassigned_reward=b.unassigned_reward,
+            infos=infos,
+            failed=mask,
+            errors=errors or None,
+            env_ids=None if (lo, hi) == (0, self.num_envs) else slice(lo, hi),
+        )
+
+
+__all__ = ["FIELDS", "AgentStepBuffers", "GroupBuffers", "MultiAgentStep", "StepViews"]

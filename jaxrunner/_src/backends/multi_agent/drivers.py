@@ -1,0 +1,489 @@
+"""Stepping one PettingZoo sub-env into the group buffers: parallel and AEC (turn-based).
+
+Shared by every multi-agent backend (sync in this process, process workers). Each
+driver owns row ``b`` of the :class:`~jaxrunner._src.backends.multi_agent.buffers.GroupBuffers` and
+keeps, per agent, the reward it received since its last action.
+
+Parallel envs: every live agent acts; each action's transition completes in the same
+step. Agents may leave (terminated, truncated, or dropped from the env's dicts after
+their final step) and new ones from ``possible_agents`` may appear: they act from the
+next step. The env's episode ends when no agent is left to act; it is then reset at
+once (SAME_STEP).
+
+AEC envs: only the selected agent acts. Its transition completes at its next turn (or
+at the end of its episode) with every reward it received in between. Dead agents'
+``step(None)`` calls are made here, never by the policy.
+
+Rewards (both APIs, as RLlib does): a reward that reaches an agent is added to the
+transition of its last action, completed or not yet; one that reaches it before its
+first action of the episode is added to its first transition. Only rewards no
+transition can carry (the agent never acts again in the episode: it never acted, or its
+final transition had already completed) are returned apart, as ``unassigned`` reward,
+when the episode ends: so every reward is in exactly one transition or in
+``unassigned_reward``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
+from jaxrunner._src.runner.agent_groups import AgentGroup
+from jaxrunner.errors import EnvError, InvalidArgumentError
+
+
+class Layout:
+    """Where each agent lives: its group's buffers and its slot on the agent axis.
+
+    Args:
+        groups: the agent groups.
+        buffers: their buffers, rows ``0..n-1`` for sub-envs ``offset..offset+n-1``.
+        offset: the global index of row 0's sub-env (errors name sub-envs by it).
+    """
+
+    def __init__(
+        self, groups: Sequence[AgentGroup], buffers: Sequence[GroupBuffers], offset: int = 0
+    ) -> None:
+        self.groups = tuple(groups)
+        self.buffers = tuple(buffers)
+        self.offset = offset
+        self.slot: dict[str, tuple[int, int]] = {}
+        for g, group in enumerate(self.groups):
+            for a, agent in enumerate(group.agents):
+                self.slot[agent] = (g, a)
+        self.writers = [
+            (
+                jr_spaces.make_writer(group.observation_space, buf.obs_rows, "obs", where),
+                jr_spaces.make_writer(
+                    group.observation_space, buf.next_obs_rows, "next_obs", where
+                ),
+            )
+            for group, buf in zip(self.groups, self.buffers)
+            for where in [self._row_names(group)]
+        ]
+
+    def _row_names(self, group: AgentGroup) -> Any:
+        """Names a flat ``[B * A_g]`` row of ``group`` by its sub-env and agent."""
+        agents, offset = group.agents, self.offset
+        return lambda row: agent_label(offset + row // len(agents), agents[row % len(agents)])
+
+    def where(self, agent: str, env_index: int) -> tuple[GroupBuffers, int, tuple[int, int]]:
+        """The agent's buffers, its flat row, and its ``(b, a)`` index, for the sub-env in
+        row ``env_index`` (an :class:`~jaxrunner.errors.EnvError` for an agent not in
+        ``possible_agents``)."""
+        slot = self.slot.get(agent)
+        if slot is None:
+            index = self.offset + env_index
+            raise EnvError(
+                f"sub-env {index}: agent {agent!r} is not among possible_agents "
+                f"{list(self.slot)}; a multi-agent env must declare every agent it may have "
+                "in possible_agents.",
+                index,
+            )
+        g, a = slot
+        buf = self.buffers[g]
+        return buf, env_index * self.groups[g].num_agents + a, (env_index, a)
+
+
+class _Slot:
+    """One agent's place in one env's row of the buffers, resolved once (the step loop
+    writes through these views per agent and step)."""
+
+    __slots__ = (
+        "a",
+        "acting",
+        "completed",
+        "g",
+        "obs_rows",
+        "reward",
+        "row",
+        "start",
+        "terminated",
+        "truncated",
+        "write_next",
+        "write_obs",
+    )
+
+    def __init__(self, layout: Layout, agent: str, env_index: int) -> None:
+        buf, row, (b, a) = layout.where(agent, env_index)
+        self.g, self.a, self.row = layout.slot[agent][0], a, row
+        self.write_obs, self.write_next = layout.writers[self.g]
+        self.acting, self.start = buf.acting[b], buf.agent_start[b]
+        self.completed, self.reward = buf.completed[b], buf.reward[b]
+        self.terminated, self.truncated = buf.terminated[b], buf.truncated[b]
+        # A plain array buffer: an observation already checked by ``write_next`` is
+        # copied in without a second check.
+        self.obs_rows = buf.obs_rows if isinstance(buf.obs_rows, np.ndarray) else None
+
+
+class Driver(abc.ABC):
+    """Steps one sub-env, writing row ``index`` of the buffers."""
+
+    def __init__(self, env: Any, index: int, layout: Layout) -> None:
+        self.env, self.index, self.layout = env, index, layout
+        self.env_index = layout.offset + index
+        """The sub-env's index in its vector env (errors name it)."""
+        self._slots: dict[str, _Slot] = {}
+        self.pending_reward: dict[str, float] = {}
+        """Rewards each agent received since its last action (or episode start)."""
+        self.acted: set[str] = set()
+        """Agents with an action whose transition has not completed yet (AEC)."""
+        self.started: set[str] = set()
+        """Agents that acted in the current episode."""
+
+    @abc.abstractmethod
+    def reset(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
+        """Resets the env and writes who acts first; returns the reset infos."""
+
+    @abc.abstractmethod
+    def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
+        """Steps the env with the acting agents' actions (``actions[g]`` is group
+        ``g``'s ``[B, A_g, ...]`` batch); returns ``(env_done, env_reward,
+        unassigned_reward, infos)``. Where the episode ended (``env_done``) the caller
+        resets the env next (:meth:`reset`: SAME_STEP). The caller has cleared the
+        row's masks and outcomes (:meth:`SubEnvBlock.step` clears every row at once)."""
+
+    # -- state, for snapshots ---------------------------------------------------------
+
+    def get_state(self) -> dict[str, Any]:
+        """What the driver carries between steps besides the env (plain values, for a
+        pickle next to the env's): each agent's pending reward, who acted and who
+        started in the current episode."""
+        return {
+            "pending_reward": dict(self.pending_reward),
+            "acted": sorted(self.acted),
+            "started": sorted(self.started),
+        }
+
+    def set_state(self, state: Any) -> None:
+        """Takes a :meth:`get_state` (of a driver of the same kind) as its own.
+
+        Raises:
+            InvalidArgumentError: ``state`` is not such a value (names the field).
+        """
+        keys = set(self.get_state())
+        if not isinstance(state, dict) or set(state) != keys:
+            raise InvalidArgumentError(
+                f"sub-env {self.env_index}: a {type(self).__name__} state must be a dict of "
+                f"the keys {sorted(keys)}, got {type(state).__name__}"
+                f"{sorted(map(str, state)) if isinstance(state, dict) else ''}."
+            )
+        agents = set(self.layout.slot)
+        rewards = state["pending_reward"]
+        if not isinstance(rewards, dict) or not all(
+            a in agents and isinstance(r, float) and np.isfinite(r) for a, r in rewards.items()
+        ):
+            raise self._bad_state("pending_reward", "a dict agent id -> finite float")
+        for field in ("acted", "started"):
+            if not isinstance(state[field], list) or not set(state[field]) <= agents:
+                raise self._bad_state(field, "a list of agent ids")
+        self.pending_reward = dict(rewards)
+        self.acted, self.started = set(state["acted"]), set(state["started"])
+
+    def _bad_state(self, field: str, expected: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"sub-env {self.env_index}: the driver state's {field} is not {expected} of "
+            f"possible_agents {list(self.layout.slot)}."
+        )
+
+    # -- shared bookkeeping -----------------------------------------------------------
+
+    def _clear_rows(self) -> None:
+        for buf in self.layout.buffers:
+            buf.acting[self.index] = False
+            buf.agent_start[self.index] = False
+
+    def _begin_episode(self) -> None:
+        self._clear_rows()
+        self.pending_reward.clear()
+        self.acted.clear()
+        self.started.clear()
+
+    def _slot(self, agent: str) -> _Slot:
+        slot = self._slots.get(agent)
+        if slot is None:
+            slot = self._slots[agent] = _Slot(self.layout, agent, self.index)
+        return slot
+
+    def _set_acting(self, agent: str, obs: Any) -> _Slot:
+        slot = self._slot(agent)
+        slot.write_obs(slot.row, obs)
+        slot.acting[slot.a] = True
+        slot.start[slot.a] = agent not in self.started
+        return slot
+
+    def _add_reward(self, agent: str, reward: Any) -> float:
+        if type(reward) is float and reward - reward == 0.0:  # a finite float: fast path
+            value = reward
+        else:
+            value = jr_spaces.check_reward(reward, agent_label(self.env_index, agent))
+        pending = self.pending_reward
+        pending[agent] = pending.get(agent, 0.0) + value
+        return value
+
+    def _complete(self, agent: str, next_obs: Any, terminated: bool, truncated: bool) -> None:
+        """Writes the outcome of ``agent``'s last action."""
+        slot = self._slot(agent)
+        a = slot.a
+        slot.write_next(slot.row, next_obs)
+        slot.completed[a] = True
+        slot.reward[a] = self.pending_reward.pop(agent, 0.0)
+        slot.terminated[a] = terminated
+        slot.truncated[a] = truncated
+        self.acted.discard(agent)
+
+    def _action(self, actions: Sequence[Any], agent: str) -> Any:
+        slot = self._slot(agent)
+        return actions[slot.g][self.index, slot.a]
+
+    def _unassigned(self) -> float:
+        """At the end of an episode, once every action's transition has completed: the
+        rewards no transition carries (see the module docstring)."""
+        return float(sum(self.pending_reward.values()))
+
+
+class ParallelDriver(Driver):
+    """A PettingZoo ``ParallelEnv`` (see the module docstring)."""
+
+    def __init__(self, env: Any, index: int, layout: Layout) -> None:
+        super().__init__(env, index, layout)
+        self.live: list[tuple[str, _Slot]] = []
+        """The agents that act at the next step, with their slots."""
+        self._newcomers = False
+        """Some of ``live`` act for the first time in the episode."""
+
+    def get_state(self) -> dict[str, Any]:
+        """:meth:`Driver.get_state` plus who acts next (``live``) and whether some of
+        them act for the first time in the episode (``newcomers``)."""
+        return {
+            **super().get_state(),
+            "live": [agent for agent, _ in self.live],
+            "newcomers": self._newcomers,
+        }
+
+    def set_state(self, state: Any) -> None:
+        super().set_state(state)
+        live = state["live"]
+        if not isinstance(live, list) or not set(live) <= set(self.layout.slot):
+            raise self._bad_state("live", "a list of agent ids")
+        if not isinstance(state["newcomers"], bool):
+            raise self._bad_state("newcomers", "a bool, of agents")
+        self.live = [(agent, self._slot(agent)) for agent in live]
+        self._newcomers = state["newcomers"]
+
+    def reset(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
+        obs, infos = self.env.reset(seed=seed, options=options)
+        self._begin_episode()
+        self.live = [
+            (agent, self._set_acting(agent, obs[agent]))
+            for agent in _check_dict(obs, "reset", "observations", self.env_index)
+        ]
+        self._newcomers = True
+        _check_infos(infos, self.env_index, "reset")
+        if not self.live:
+            raise EnvError(
+                f"sub-env {self.env_index}: reset() returned no observation; a multi-agent env "
+                "must start an episode with at least one agent.",
+                self.env_index,
+            )
+        return infos
+
+    def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
+        # The hot loop of the host backends: per agent, dict look-ups and writes through
+        # the slots resolved once; the checks' slow paths only for unusual values.
+        live, b, i = self.live, self.index, self.env_index
+        obs, rewards, terms, truncs, infos = self.env.step(
+            {agent: actions[slot.g][b, slot.a] for agent, slot in live}
+        )
+        if not (
+            isinstance(obs, dict)
+            and isinstance(rewards, dict)
+            and isinstance(terms, dict)
+            and isinstance(truncs, dict)
+        ):
+            for name, value in (
+                ("observations", obs),
+                ("rewards", rewards),
+                ("terminations", terms),
+                ("truncations", truncs),
+            ):
+                _check_dict(value, "step", name, i)
+        if self._newcomers:
+            self.started.update(agent for agent, _ in live)
+            self._newcomers = False
+        env_reward, pending = 0.0, self.pending_reward
+        for agent, r in rewards.items():
+            if type(r) is not float or r - r != 0.0:  # not a finite float: check it
+                r = jr_spaces.check_reward(r, agent_label(i, agent))
+            pending[agent] = pending.get(agent, 0.0) + r
+            env_reward += r
+        # The buffers hold every acting agent as completed and still acting
+        # (GroupBuffers.clear_step); only who stops acting is written.
+        next_live = []
+        for agent, slot in live:
+            try:
+                next_obs = obs[agent]
+            except KeyError:
+                raise EnvError(
+                    f"sub-env {i}: agent {agent!r} acted but step() returned no observation "
+                    "for it. A ParallelEnv must return the observation, reward and flags of "
+                    "every agent that acted (its final observation where it leaves).",
+                    i,
+                ) from None
+            term, trunc = terms.get(agent, False), truncs.get(agent, False)
+            if type(term) is not bool:
+                term = jr_spaces.check_flag(term, agent_label(i, agent), "terminated")
+            if type(trunc) is not bool:
+                trunc = jr_spaces.check_flag(trunc, agent_label(i, agent), "truncated")
+            a, row = slot.a, slot.row
+            slot.write_next(row, next_obs)
+            slot.reward[a] = pending.pop(agent, 0.0)
+            if term or trunc:  # the buffers' flags were cleared before the step
+                slot.terminated[a], slot.truncated[a] = term, trunc
+                slot.acting[a] = False
+            else:  # it acts next, on the observation just checked
+                if slot.obs_rows is not None:
+                    slot.obs_rows[row] = next_obs
+                else:
+                    slot.write_obs(row, next_obs)
+                next_live.append((agent, slot))
+        if len(obs) > len(live):  # agents that appeared (every one that acted is in obs)
+            acted = {agent for agent, _ in live}
+            for agent in obs:
+                if agent not in acted and not (terms.get(agent, False) or truncs.get(agent, False)):
+                    next_live.append((agent, self._set_acting(agent, obs[agent])))
+                    self._newcomers = True
+        self.live = next_live
+        _check_infos(infos, i, "step")
+        if next_live:
+            return False, env_reward, 0.0, infos
+        return True, env_reward, self._unassigned(), infos
+
+
+class AECDriver(Driver):
+    """A PettingZoo ``AECEnv`` (see the module docstring)."""
+
+    def __init__(self, env: Any, index: int, layout: Layout) -> None:
+        super().__init__(env, index, layout)
+        self._last_obs: dict[str, Any] = {}  # each agent's latest observation
+
+    def get_state(self) -> dict[str, Any]:
+        """:meth:`Driver.get_state` plus each agent's latest observation (``last_obs``:
+        an agent the env removes without its dead step ends on it)."""
+        return {**super().get_state(), "last_obs": dict(self._last_obs)}
+
+    def set_state(self, state: Any) -> None:
+        super().set_state(state)
+        last_obs = state["last_obs"]
+        if not isinstance(last_obs, dict) or not set(last_obs) <= set(self.layout.slot):
+            raise self._bad_state("last_obs", "a dict agent id -> observation")
+        self._last_obs = dict(last_obs)
+
+    def reset(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
+        self.env.reset(seed=seed, options=options)
+        self._begin_episode()
+        self._last_obs.clear()
+        self._settle()
+        if not self.env.agents:
+            raise EnvError(
+                f"sub-env {self.env_index}: reset() left no agent to act; a multi-agent env "
+                "must start an episode with at least one agent.",
+                self.env_index,
+            )
+        return _check_infos(dict(self.env.infos), self.env_index, "reset")
+
+    def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
+        env = self.env
+        agent = env.agent_selection
+        self.acted.add(agent)
+        self.started.add(agent)
+        env.step(self._action(actions, agent))
+        env_reward = self._collect_rewards()
+        env_reward += self._settle()
+        infos = _check_infos(dict(env.infos), self.env_index, "step")
+        if env.agents:
+            return False, env_reward, 0.0, infos
+        # Agents the env removed without their dead step: their episode was cut with
+        # the env's (truncated), from the last observation the env gave them.
+        for agent in list(self.acted):
+            self._complete(agent, self._last_obs[agent], False, True)
+        return True, env_reward, self._unassigned(), infos
+
+    def _collect_rewards(self) -> float:
+        return sum(self._add_reward(a, r) for a, r in self.env.rewards.items())
+
+    def _settle(self) -> float:
+        """Completes what the env's new state decides: dead agents' transitions (and
+        their ``step(None)``), then the selected agent's previous turn; marks who acts.
+        Returns the rewards handed out by the dead steps."""
+        env, i = self.env, self.env_index
+        reward = 0.0
+        while env.agents:
+            agent = env.agent_selection
+            term = jr_spaces.check_flag(
+                env.terminations[agent], agent_label(i, agent), "terminated"
+            )
+            trunc = jr_spaces.check_flag(env.truncations[agent], agent_label(i, agent), "truncated")
+            if not (term or trunc):
+                break
+            if agent in self.acted:
+                self._complete(agent, env.observe(agent), term, trunc)
+            self._last_obs.pop(agent, None)
+            env.step(None)
+            reward += self._collect_rewards()
+        if env.agents:
+            agent = env.agent_selection
+            obs = env.observe(agent)
+            if agent in self.acted:
+                self._complete(agent, obs, False, False)
+            self._last_obs[agent] = obs
+            self._set_acting(agent, obs)
+        return reward
+
+
+def agent_label(env_index: int, agent: str) -> str:
+    """How errors name an agent of a sub-env: ``"1, agent 'c'"`` (read as "sub-env 1,
+    agent 'c' returned ...")."""
+    return f"{env_index}, agent {agent!r}"
+
+
+def _check_infos(infos: Any, index: int, call: str) -> dict[str, Any]:
+    """A PettingZoo env's infos: a dict of one dict per agent (gymnasium's rule for
+    infos, per agent), or the error that names the sub-env and agent."""
+    for agent, info in _check_dict(infos, call, "infos", index).items():
+        if type(info) is not dict:
+            jr_spaces.check_info(info, agent_label(index, agent), call)
+    return infos
+
+
+def _check_dict(value: Any, call: str, name: str, index: int) -> dict:
+    if not isinstance(value, dict):
+        raise EnvError(
+            f"sub-env {index}: {call}() returned {name} of type {type(value).__name__}; a "
+            "PettingZoo env returns a dict keyed by agent id.",
+            index,
+        )
+    return value
+
+
+def make_driver(env: Any, index: int, layout: Layout) -> Driver:
+    """The driver for ``env``'s API: parallel if it has ``agents`` and a ``step`` taking
+    a dict (PettingZoo ``ParallelEnv``), AEC if it has ``agent_selection``."""
+    from pettingzoo.utils.env import AECEnv, ParallelEnv
+
+    if isinstance(env, ParallelEnv):
+        return ParallelDriver(env, index, layout)
+    if isinstance(env, AECEnv):
+        return AECDriver(env, index, layout)
+    raise InvalidArgumentError(
+        f"multi-agent sub-env {index}: expected a PettingZoo ParallelEnv or AECEnv, got "
+        f"{type(env).__name__}. Wrap other envs as one of these."
+    )
+
+
+__all__ = ["AECDriver", "Driver", "Layout", "ParallelDriver", "agent_label", "make_driver"]

@@ -1,0 +1,379 @@
+"""A block of PettingZoo sub-envs with their group buffers: the step loop every
+multi-agent backend runs (the sync vector env in this process, each process worker
+over its rows of shared memory, each Ray actor for its block)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableSequence, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep
+from jaxrunner._src.backends.multi_agent.drivers import AECDriver, Driver, Layout, make_driver
+from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly, retry
+from jaxrunner._src.backends.sub_envs import DONE, RUNNING, SubEnvRaised
+from jaxrunner._src.runner.agent_groups import AgentGroup, PolicyMappingFn, build_groups
+from jaxrunner.errors import (
+    EnvError,
+    InvalidActionError,
+    InvalidArgumentError,
+    JaxRunnerError,
+    SpaceMismatchError,
+)
+
+MultiAgentEnvFactory = Callable[[], Any]
+"""A zero-argument callable returning a PettingZoo ``ParallelEnv`` or ``AECEnv``."""
+
+
+def env_groups(env: Any, policy_mapping_fn: PolicyMappingFn | None) -> tuple[AgentGroup, ...]:
+    """The groups of a PettingZoo env's ``possible_agents``."""
+    return build_groups(
+        env.possible_agents, env.observation_space, env.action_space, policy_mapping_fn
+    )
+
+
+class SubEnvBlock:
+    """Sub-envs ``offset .. offset + len(envs)`` of a vector env, stepped in turn into
+    ``[n, A_g, ...]`` buffers (their own, or a process worker's rows of shared memory):
+    the multi-agent twin of
+    :class:`~jaxrunner._src.backends.sub_envs.SubEnvs` (same failure rules).
+
+    Failures: without a ``restart_policy`` a sub-env's failure raises (see
+    :func:`located`). With one, the sub-env is closed, recreated from its factory and
+    reset (:func:`jaxrunner._src.backends.restarts.retry`, the single-agent backends' retry), and:
+
+    * a failed ``step`` yields no transition for any of its agents (its row's
+      ``completed`` is cleared, its rewards of the step are lost) and its episode ends
+      as a fault (``MultiAgentStep.failed``); the new episode's first agents act next;
+    * a failed reset after a good step keeps that step's transitions, as the
+      single-agent loop does.
+
+    Args:
+        envs: the sub-envs (PettingZoo parallel or AEC envs, all of one kind).
+        groups: the agent groups (equal for every sub-env).
+        offset: the global index of the first sub-env (for error messages).
+        fns: the sub-envs' factories (needed for restarts).
+        restart_policy: how failed sub-envs are recreated (None: failures raise).
+        buffers: where the block writes (None: buffers of its own).
+        status: per global index, the step's progress marks (a process worker's shared
+            ones tell which steps a dead worker had done); None: kept privately.
+    """
+
+    def __init__(
+        self,
+        envs: Sequence[Any],
+        groups: Sequence[AgentGroup],
+        offset: int = 0,
+        *,
+        fns: Sequence[MultiAgentEnvFactory] | None = None,
+        restart_policy: RestartPolicy | None = None,
+        buffers: AgentStepBuffers | None = None,
+        status: MutableSequence[int] | None = None,
+    ) -> None:
+        self.envs, self.groups, self.offset = list(envs), tuple(groups), offset
+        if restart_policy is not None and fns is None:
+            raise InvalidArgumentError("SubEnvBlock(restart_policy=...) needs the factories (fns).")
+        self.fns, self.restart_policy = (list(fns) if fns is not None else None), restart_policy
+        n = len(self.envs)
+        self.possible_agents = tuple(self.envs[0].possible_agents)
+        for i, env in enumerate(self.envs):
+            self._check_agents(env, offset + i)
+        if buffers is None:
+            buffers = AgentStepBuffers.allocate(self.groups, n)
+        self.step_buffers = buffers
+        self.buffers = buffers.groups
+        self.status = status if status is not None else bytearray(offset + n)
+        """Per global index, the step's progress marks (a process worker's are shared)."""
+        self.check_actions = ActionCheck(self.groups, n)
+        self.layout = Layout(self.groups, self.buffers, offset)
+        self.drivers: list[Driver] = [
+            make_driver(env, i, self.layout) for i, env in enumerate(envs)
+        ]
+        self.turn_based = isinstance(self.drivers[0], AECDriver)
+        """AEC sub-envs: one agent acts per step."""
+        self.env_done = buffers.env_done
+        self.env_reward = buffers.env_reward
+        self.unassigned_reward = buffers.unassigned_reward
+        self._failed = np.zeros(n, np.bool_)
+        self._groups_by_id = {g.policy_id: buf for g, buf in zip(self.groups, self.buffers)}
+        self.num_restarts = 0
+        """Sub-envs recreated after a failure."""
+        self._action_rows: list[Any] | None = None  # a block's actions, placed at its rows
+
+    def _check_agents(self, env: Any, index: int) -> None:
+        if tuple(env.possible_agents) != self.possible_agents:
+            raise SpaceMismatchError(
+                f"multi-agent sub-env {index} has possible_agents {list(env.possible_agents)}, "
+                f"sub-env {self.offset} has {list(self.possible_agents)}; every sub-env must "
+                "have the same agents. Check the factory."
+            )
+
+    def reset(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """Resets every sub-env (sub-env ``i`` with ``seeds[i]``); with a restart policy,
+        one whose reset fails is recreated instead."""
+        infos = []
+        for buf in self.buffers:
+            buf.completed[:] = False
+        self.env_done[:], self.env_reward[:], self.unassigned_reward[:] = False, 0.0, 0.0
+        for b, seed in enumerate(seeds):
+            infos.append(self._reset_row(b, seed, options))
+        return infos
+
+    def _reset_row(self, b: int, seed: int | None, options: dict[str, Any] | None) -> dict:
+        driver = self.drivers[b]
+        try:
+            return driver.reset(seed, options)
+        except Exception as err:
+            error = located(err, driver, "reset")
+            if self.restart_policy is None:
+                raise error from _cause(err)
+            return self._restart(b, error)
+
+    def step(self, actions: Sequence[Any]) -> MultiAgentStep:
+        """One step of every sub-env; ``actions[g]`` is group ``g``'s ``[n, A_g, ...]``
+        batch (only the acting agents' entries are read)."""
+        infos, errors = self.step_rows(0, len(self.drivers), actions)
+        return self.result(infos, errors)
+
+    def step_rows(
+        self, lo: int, hi: int, actions: Sequence[Any]
+    ) -> tuple[list[dict[str, Any]], dict[int, BaseException]]:
+        """Steps the sub-envs in rows ``[lo, hi)`` of the block (``actions[g]`` holds
+        those rows only); returns their infos and the errors by row."""
+        if (lo, hi) != (0, len(self.drivers)):  # the drivers read actions at their own row
+            actions = self._placed(lo, hi, actions)
+        infos: list[dict[str, Any]] = []
+        same_step = not self.turn_based
+        part = slice(lo, hi)
+        for buf in self.buffers:  # every row at once; the drivers set what they write
+            buf.clear_step(same_step, part)
+        env_done, env_reward, unassigned_reward = (
+            self.env_done,
+            self.env_reward,
+            self.unassigned_reward,
+        )
+        env_done[part] = False
+        unassigned_reward[part] = 0.0
+        errors: dict[int, BaseException] = {}
+        status, offset = self.status, self.offset
+        for b in range(lo, hi):
+            driver = self.drivers[b]
+            status[offset + b] = RUNNING
+            try:
+                done, reward, unassigned, info = driver.step(actions)
+            except Exception as err:
+                error = located(err, driver, "step")
+                if self.restart_policy is None:
+                    raise error from _cause(err)
+                errors[b] = error
+                self._fail_row(b)
+                self._restart(b, error)
+                infos.append({})
+                continue
+            status[offset + b] = DONE
+            env_reward[b] = reward
+            infos.append(info)
+            if done:  # rare: written only then
+                env_done[b], unassigned_reward[b] = True, unassigned
+                try:
+                    driver.reset(None, None)  # SAME_STEP
+                except Exception as err:
+                    error = located(err, driver, "reset")
+                    if self.restart_policy is None:
+                        raise error from _cause(err)
+                    errors[b] = error  # the step's transitions stay valid
+                    self._restart(b, error)
+        return infos, errors
+
+    def _placed(self, lo: int, hi: int, actions: Sequence[Any]) -> list[Any]:
+        """``actions`` (rows ``[lo, hi)``) copied to those rows of block-sized arrays."""
+        n = len(self.drivers)
+        if self._action_rows is None:
+            self._action_rows = [
+                jax.tree.map(lambda x: np.zeros((n, *np.shape(x)[1:]), np.asarray(x).dtype), a)
+                for a in actions
+            ]
+        for dst, src in zip(self._action_rows, actions):
+            jax.tree.map(lambda d, s: d.__setitem__(slice(lo, hi), s), dst, src)
+        return self._action_rows
+
+    def failed_rows(self, errors: dict[int, BaseException]) -> list[int]:
+        """The rows of ``errors`` whose step failed (not a reset after a good step)."""
+        return [b for b in errors if not self.env_done[b]]
+
+    def _fail_row(self, b: int) -> None:
+        """Row ``b``'s step holds no transition (its outcomes are cleared)."""
+        self.env_reward[b] = 0.0
+        for buf in self.buffers:
+            buf.completed[b] = False
+            buf.reward[b] = 0.0
+            buf.terminated[b] = False
+            buf.truncated[b] = False
+
+    def _restart(self, b: int, cause: BaseException) -> dict[str, Any]:
+        """Replaces row ``b``'s sub-env by a new, reset one; returns its reset infos."""
+        assert self.restart_policy is not None and self.fns is not None  # internal
+        index = self.offset + b
+        close_quietly(self.envs[b])
+        factory = self.fns[b]
+
+        def attempt() -> tuple[Driver, dict[str, Any]]:
+            env = factory()
+            try:
+                self._check_agents(env, index)
+                driver = make_driver(env, b, self.layout)
+                return driver, driver.reset(None, None)
+            except BaseException:
+                close_quietly(env)
+                raise
+
+        def give_up(last: BaseException) -> BaseException:
+            return EnvError(
+                f"multi-agent sub-env {index} failed ({cause!r}) and could not be recreated: "
+                f"{self.restart_policy.max_attempts} attempts in a row failed, the last with "  # type: ignore[union-attr]
+                f"{last!r}. Fix the env factory, or raise RestartPolicy(max_attempts=...).",
+                index,
+            )
+
+        driver, info = retry(attempt, self.restart_policy, cause, give_up)
+        self.drivers[b], self.envs[b] = driver, driver.env
+        self.num_restarts += 1
+        return info
+
+    def result(
+        self, infos: list[dict[str, Any]], errors: dict[int, BaseException] | None = None
+    ) -> MultiAgentStep:
+        failed = None
+        if errors:
+            failed = self._failed
+            failed[:] = False
+            failed[self.failed_rows(errors)] = True
+            if not failed.any():
+                failed = None
+        return MultiAgentStep(
+            groups=self._groups_by_id,
+            env_done=self.env_done,
+            env_reward=self.env_reward,
+            unassigned_reward=self.unassigned_reward,
+            infos=infos,
+            failed=failed,
+            errors={self.offset + b: err for b, err in errors.items()} if errors else None,
+        )
+
+    def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> dict:
+        """Resets sub-env ``index`` (global) alone; its reset infos."""
+        b = index - self.offset
+        for buf in self.buffers:
+            buf.completed[b] = False
+        return self._reset_row(b, seed, options)
+
+    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
+        results = []
+        for env in self.envs:
+            attr = getattr(env, name)
+            results.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return results
+
+    def get_attr(self, name: str) -> list[Any]:
+        return [getattr(env, name) for env in self.envs]
+
+    def set_attr(self, name: str, values: Sequence[Any]) -> None:
+        for env, value in zip(self.envs, values):
+            setattr(env, name, value)
+
+    def render(self) -> list[Any]:
+        return [env.render() for env in self.envs]
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+def located(err: Exception, driver: Driver, call: str) -> Exception:
+    """``err`` from ``driver``'s sub-env as the error to raise: jaxrunner's own checks
+    (which already name the sub-env and agent) as they are, with ``env_index`` set;
+    anything the env's code raised as a :class:`~jaxrunner._src.backends.sub_envs.SubEnvRaised`
+    naming the sub-env (and, in a turn-based env, the agent whose turn it was), the
+    original chained."""
+    if isinstance(err, JaxRunnerError):
+        if getattr(err, "env_index", None) is None:
+            err.env_index = driver.env_index  # type: ignore[attr-defined]
+        return err
+    agent = driver.env.agent_selection if isinstance(driver, AECDriver) else None
+    error = SubEnvRaised(err, driver.env_index, call, agent if isinstance(agent, str) else None)
+    error.__cause__ = err
+    return error
+
+
+def _cause(err: Exception) -> BaseException | None:
+    """What :func:`located`'s error chains: the env's exception (ours keep their own)."""
+    return err.__cause__ if isinstance(err, JaxRunnerError) else err
+
+
+class ActionCheck:
+    """Validates every group's ``[B, A_g, ...]`` action batch as a whole, before any
+    sub-env steps (shapes and dtypes; nothing is cast). A call returns the actions.
+
+    The common case (one numpy array per group, of the expected shape and dtype kind)
+    is tested inline; anything else goes through
+    :func:`~jaxrunner._src.space_arrays.check_action_batch`, which names what is wrong.
+
+    Raises (from a call):
+        InvalidActionError: a batch of the wrong structure, shape or dtype.
+    """
+
+    def __init__(self, groups: Sequence[AgentGroup], num_envs: int) -> None:
+        self.groups, self.num_envs = tuple(groups), num_envs
+        self._fast: list[tuple[tuple[int, ...], str]] | None = []
+        for group in self.groups:
+            space = group.action_space
+            if type(space) not in jr_spaces.LEAF_TYPES:
+                self._fast = None
+                break
+            shape, dtype = jr_spaces.leaf_spec(space)
+            kinds = "iu" if dtype.kind in "iu" else "f" if dtype.kind == "f" else ""
+            self._fast.append(((num_envs, group.num_agents, *shape), kinds))
+
+    def __call__(self, actions: Sequence[Any]) -> Sequence[Any]:
+        fast = self._fast
+        if fast is not None and len(actions) == len(fast):
+            for batch, (shape, kinds) in zip(actions, fast):
+                if not (
+                    type(batch) is np.ndarray and batch.shape == shape and batch.dtype.kind in kinds
+                ):
+                    break
+            else:
+                return actions
+        return self._check(actions)
+
+    def _check(self, actions: Sequence[Any]) -> Sequence[Any]:
+        groups, num_envs = self.groups, self.num_envs
+        if len(actions) != len(groups):
+            raise InvalidActionError(
+                f"multi-agent step: expected one action batch per group ({len(groups)}: "
+                f"{[g.policy_id for g in groups]}), got {len(actions)}."
+            )
+        for group, batch in zip(groups, actions):
+            rows = num_envs * group.num_agents
+            lead = (num_envs, group.num_agents)
+
+            def flat(x: Any, lead: tuple[int, int] = lead, group: AgentGroup = group) -> Any:
+                shape = np.shape(x)
+                if shape[:2] != lead:
+                    raise InvalidActionError(
+                        f"multi-agent step: group {group.policy_id!r} expected actions of "
+                        f"leading shape [B, A_g] = {lead}, got shape {shape}."
+                    )
+                return np.asarray(x).reshape(-1, *shape[2:])
+
+            jr_spaces.check_action_batch(group.action_space, jax.tree.map(flat, batch), rows)
+        return actions
+
+
+__all__ = ["ActionCheck", "MultiAgentEnvFactory", "SubEnvBlock", "env_groups", "located"]

@@ -1,0 +1,257 @@
+"""Multi-agent vector envs: B PettingZoo sub-envs stepped together into group arrays.
+
+A multi-agent backend is a :class:`~jaxrunner._src.backends.base.BaseVectorEnv` (one base with
+the single-agent ones: capabilities, closing, the sub-env utilities, snapshots) whose
+steps are :class:`~jaxrunner._src.backends.multi_agent.buffers.MultiAgentStep` values. Contract
+(every multi-agent backend keeps it; the tests check it against the envs stepped by
+hand):
+
+* ``reset_batch(seeds)`` resets sub-env ``i`` with ``seeds[i]`` and returns a
+  :class:`~jaxrunner._src.backends.multi_agent.buffers.MultiAgentStep` whose group buffers say who
+  acts first (``acting``) on what (``obs``).
+* ``send(actions, env_ids)`` starts a step of a contiguous block of envs (None: all;
+  else a slice with step 1); ``actions[g]`` is group ``g``'s ``[n, A_g, ...]`` batch
+  for the block's ``n`` envs, read only where ``acting``, validated whole before any
+  sub-env steps. ``recv()`` returns one earlier send's step (the oldest; with
+  ``capabilities.ready_first``, a block whose envs are ready), ``env_ids`` its block;
+  ``step_batch(actions)`` is a send of every env and its ``recv``.
+* A step returns the completed transitions (``completed``, ``reward``, flags,
+  ``next_obs``: the agent's final observation where its episode ended) and who acts
+  next. Where an env's episode ended (``env_done``) it was reset in the same step
+  (SAME_STEP), and ``obs`` is the new episode's.
+* Results are views of the rows of the buffers ``reset_batch`` returned, valid until
+  the next step of those envs.
+"""
+
+from __future__ import annotations
+
+import abc
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+from jaxrunner._src.backends.base import (
+    BaseVectorEnv,
+    Capabilities,
+    EnvIds,
+    InProcessSends,
+    block_rows,
+)
+from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep, StepViews
+from jaxrunner._src.backends.multi_agent.drivers import Driver, make_driver
+from jaxrunner._src.backends.multi_agent.sub_envs import (
+    ActionCheck,
+    MultiAgentEnvFactory,
+    SubEnvBlock,
+    env_groups,
+)
+from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly
+from jaxrunner._src.backends.snapshots import snapshot_dumps
+from jaxrunner._src.backends.sub_envs import build_envs
+from jaxrunner._src.runner.agent_groups import GroupedAgents, PolicyMappingFn
+from jaxrunner.errors import InvalidArgumentError
+
+
+class MultiAgentVectorEnv(GroupedAgents, BaseVectorEnv):
+    """Base of the multi-agent backends (see the module docstring): the core's
+    :class:`~jaxrunner._src.backends.base.BaseVectorEnv` with multi-agent steps."""
+
+    turn_based: bool
+    """AEC sub-envs: one agent acts per step."""
+    _make_hint = "jaxrunner.make_multi_agent_vec()"
+
+    @abc.abstractmethod
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> MultiAgentStep:
+        """Resets every sub-env; see the module docstring."""
+
+    @abc.abstractmethod
+    def send(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
+        """Starts one step of the contiguous block ``env_ids`` (None: every env; else a
+        slice with step 1): ``actions[g]`` is group ``g``'s ``[hi - lo, A_g, ...]``
+        batch, validated whole before any sub-env steps. Sends of disjoint blocks may
+        be in flight together."""
+
+    @abc.abstractmethod
+    def recv(self) -> MultiAgentStep:
+        """The results of one earlier :meth:`send` (the oldest, unless
+        ``capabilities.ready_first``: then a block whose envs are ready);
+        ``MultiAgentStep.env_ids`` says which envs they are."""
+
+    def step_batch(self, actions: Sequence[Any]) -> MultiAgentStep:
+        """Steps every sub-env once (:meth:`send` of every env, then :meth:`recv`)."""
+        self.send(actions, None)
+        return self.recv()
+
+    @abc.abstractmethod
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Resets sub-env ``index`` alone (the others are untouched); returns its reset
+        infos. Its row of the buffers then holds the new episode's first agents."""
+
+
+class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
+    """Every sub-env in this process, stepped in turn.
+
+    Args:
+        env_fns: zero-argument factories of PettingZoo envs, one per sub-env.
+        policy_mapping_fn: ``agent_id -> policy_id`` (None: one shared policy per
+            distinct pair of observation and action spaces).
+        restart_policy: failed sub-envs are recreated as it says, and their step yields
+            no transition (``MultiAgentStep.failed``); None (default): failures raise.
+    """
+
+    capabilities = Capabilities(can_restart=True, can_snapshot=True)
+
+    def __init__(
+        self,
+        env_fns: Sequence[MultiAgentEnvFactory],
+        policy_mapping_fn: PolicyMappingFn | None = None,
+        *,
+        restart_policy: RestartPolicy | None = None,
+    ) -> None:
+        super().__init__()
+        if len(env_fns) == 0:
+            raise InvalidArgumentError("make_multi_agent_vec: num_envs must be >= 1, got 0.")
+        self.restart_policy = restart_policy
+        envs = build_envs(env_fns, 0)
+        try:
+            self.groups = env_groups(envs[0], policy_mapping_fn)
+            self._block = SubEnvBlock(envs, self.groups, fns=env_fns, restart_policy=restart_policy)
+        except BaseException:
+            for env in envs:
+                close_quietly(env)
+            self._closed_reason = "construction failed"
+            raise
+        self.num_envs = len(envs)
+        self.turn_based = self._block.turn_based
+        self._views = StepViews(self._block.step_buffers, self.policy_ids)
+        self._checks: dict[int, ActionCheck] = {}
+
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> MultiAgentStep:
+        self._check_open("reset_batch")
+        return self._block.result(self._block.reset(seeds, options))
+
+    def _step(self, actions: Sequence[Any], rows: slice | None) -> MultiAgentStep:
+        lo, hi = block_rows(rows, self.num_envs, type(self).__name__)
+        check = self._checks.get(hi - lo)
+        if check is None:
+            check = self._checks[hi - lo] = ActionCheck(self.groups, hi - lo)
+        infos, errors = self._block.step_rows(lo, hi, check(actions))
+        return self._views.step(lo, hi, infos, self._block.failed_rows(errors), errors)
+
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        self._check_open("reset_at")
+        self._check_index(index)
+        return self._block.reset_at(index, seed, options)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        self._check_open("call")
+        return tuple(self._block.call(name, args, kwargs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        self._check_open("get_attr")
+        return tuple(self._block.get_attr(name))
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self._check_open("set_attr")
+        self._block.set_attr(name, self._values_per_env(name, values))
+
+    def render(self) -> tuple[Any, ...]:
+        self._check_open("render")
+        return tuple(self._block.render())
+
+    @property
+    def num_restarts(self) -> int:
+        """Sub-envs recreated after a failure so far."""
+        return self._block.num_restarts
+
+    def get_sub_environments(self) -> list[Any]:
+        """The sub-envs themselves (this process holds them)."""
+        return list(self._block.envs)
+
+    def snapshot_sub_envs(self) -> list[bytes]:
+        """One pickle per sub-env of ``{"env": the PettingZoo env, "driver": its
+        driver's state}`` (the rewards each agent received since its last action, who
+        acted, who acts next: :meth:`Driver.get_state`), taken together so that the
+        driver's references into the env stay shared. Raises ``pickle``'s error for a
+        sub-env that does not pickle."""
+        self._check_open("snapshot_sub_envs")
+        block = self._block
+        return [
+            snapshot_dumps({"env": env, "driver": driver.get_state()})
+            for env, driver in zip(block.envs, block.drivers)
+        ]
+
+    def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
+        """Replaces every sub-env and its driver by its snapshot; all or none: every
+        snapshot is unpickled and checked (a dict of a PettingZoo env of this vector
+        env's API and agents, and a valid driver state) before any sub-env is replaced.
+        The buffers are not touched: the sampler restores the observations and masks
+        its next step reads.
+
+        Raises:
+            InvalidArgumentError: the wrong number of snapshots, or one that does not
+                unpickle or is not what :meth:`snapshot_sub_envs` writes; the sub-envs
+                are left as they were.
+        """
+        self._check_open("restore_sub_envs")
+        block = self._block
+        if len(snapshots) != self.num_envs:
+            raise InvalidArgumentError(
+                f"restore_sub_envs(snapshots=...): expected {self.num_envs} snapshots, one per "
+                f"sub-env, got {len(snapshots)}."
+            )
+        restored: list[Driver] = []
+        for i, blob in enumerate(snapshots):
+            restored.append(self._restored_driver(i, blob))
+        for old in block.envs:
+            close_quietly(old)
+        block.envs[:] = [driver.env for driver in restored]
+        block.drivers[:] = restored
+
+    def _restored_driver(self, i: int, blob: bytes) -> Driver:
+        """Sub-env ``i``'s snapshot as a driver of row ``i`` (not yet installed)."""
+
+        def refuse(problem: str) -> InvalidArgumentError:
+            return InvalidArgumentError(
+                f"restore_sub_envs(snapshots=...): snapshot {i} {problem}; the sub-envs are "
+                "left as they were. Pass the bytes snapshot_sub_envs() returned."
+            )
+
+        try:
+            snapshot = pickle.loads(blob)
+        except Exception as err:  # a damaged pickle raises whatever its bytes lead to
+            raise refuse(f"does not unpickle ({type(err).__name__}: {err})") from err
+        if not isinstance(snapshot, dict) or set(snapshot) != {"env", "driver"}:
+            raise refuse(f"unpickled to a {type(snapshot).__name__}, not a sub-env snapshot")
+        env, kind = snapshot["env"], type(self._block.drivers[i])
+        try:
+            driver = make_driver(env, i, self._block.layout)
+        except InvalidArgumentError as err:
+            raise refuse(f"holds a {type(env).__name__}, not a PettingZoo env") from err
+        if type(driver) is not kind:
+            raise refuse(f"holds a {type(env).__name__}, not stepped as a {kind.__name__}")
+        agents = getattr(env, "possible_agents", None)
+        if agents is None or tuple(agents) != self._block.possible_agents:
+            raise refuse(
+                f"holds an env with possible_agents {agents!r}, not "
+                f"{list(self._block.possible_agents)}"
+            )
+        try:
+            driver.set_state(snapshot["driver"])
+        except InvalidArgumentError as err:
+            raise refuse(f"holds a driver state that is refused ({err})") from err
+        return driver
+
+    def _close_backend(self) -> None:
+        self._block.close()
+
+
+__all__ = ["MultiAgentVectorEnv", "SyncMultiAgentVectorEnv"]

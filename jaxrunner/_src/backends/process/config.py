@@ -1,0 +1,189 @@
+"""``ProcessConfig``: the options of ``backend="process"``, checked once."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from jaxrunner._src.backends.process.launch import (
+    DEFAULT_STEP_TIMEOUT_S,
+    START_METHODS,
+    available_cpus,
+    check_step_timeout,
+)
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProcessConfig:
+    """How ``backend="process"`` places sub-envs in worker processes and steps them.
+
+    Give it to :class:`~jaxrunner.ProcessVectorEnv` or to
+    ``make_vec(..., backend="process", config=...)``.
+    """
+
+    envs_per_worker: int | None = None
+    """Sub-envs per worker process (the last may have fewer). Give this or
+    ``num_workers``, not both."""
+    num_workers: int | None = None
+    """Alternatively, the number of worker processes (sub-envs are split evenly).
+    Default (both None): one per CPU but one (the main process runs the policy), or one
+    per CPU from 256 sub-envs (see :func:`~jaxrunner._src.backends.process.default_num_workers`);
+    at least one, at most one per sub-env."""
+    start_method: str = "forkserver"
+    """``"forkserver"`` (workers start in milliseconds) or ``"spawn"``; never ``"fork"``
+    (forking a process that has started JAX's threads can deadlock the child)."""
+    step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S
+    """How long a worker may take to answer a command (a step of its sub-envs, restarts
+    of failed ones included; a reset; a call), counted from when it was sent. None
+    waits forever. The default, 300 s, only catches real hangs; lower it to what your
+    envs need, since a hang costs this long. Building a worker's sub-envs may take
+    ``max(60 s, step_timeout_s)``."""
+    ready_first: bool = False
+    """False (default): lockstep; ``recv()`` answers the sends in order, and the runner
+    pipelines splits of the workers. True: ``recv()`` returns whichever worker answers
+    first (``BatchStep.env_ids`` is its slice), so one slow sub-env stalls only its own
+    worker; ``send`` then takes whole workers."""
+    main_process_envs: int | None = None
+    """Sub-envs stepped in the main process itself (the first ones), the rest in the
+    workers; lockstep only. The runner pipelines the two shares as two groups, so the
+    main process steps its envs while the workers step theirs: it pays where env steps
+    cost more than the policy (the workers are the bottleneck), e.g. ``num_envs // 2``
+    with one worker on 2 cores; for CartPole from about 256 sub-envs on 2 cores
+    (``benchmarks/process_layouts.py``); with fewer cheap envs it slows the main process
+    down. Its sub-envs are not isolated in a worker: a hang or a hard crash there stops
+    the main process.
+    ``make_vec(..., backend="process")`` then builds a
+    :class:`~jaxrunner.LocalShareVectorEnv`. 0 or None (default, for now no automatic
+    share: see :func:`main_process_share`): every
+    sub-env in a worker."""
+    spin_wait_us: float | None = None
+    """How long, in microseconds, the main process busy-waits for a worker's reply, and
+    a worker for its next command, before sleeping until it comes. Waking a sleeping
+    process costs tens of microseconds per message (over 70 on a virtual machine),
+    paid twice per step and group. None (default): :data:`DEFAULT_SPIN_WAIT_US` where
+    the main process and every worker have a CPU of their own (workers < available
+    CPUs: the default below 256 sub-envs), else 0, since a spinning process would
+    take the CPU a worker needs. 0: always sleep. The budget is the largest: it backs
+    off while spinning does not pay or the machine is loaded (:class:`.wire.Spin`)."""
+
+    def __post_init__(self) -> None:
+        for name in ("envs_per_worker", "num_workers"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1
+            ):
+                raise InvalidArgumentError(
+                    f"ProcessConfig({name}={value!r}): expected an int >= 1 (or None for a "
+                    "default from the CPU count)."
+                )
+        if self.envs_per_worker is not None and self.num_workers is not None:
+            raise InvalidArgumentError(
+                f"ProcessConfig(envs_per_worker={self.envs_per_worker}, num_workers="
+                f"{self.num_workers}): give one of them; the other follows from num_envs."
+            )
+        if self.start_method not in START_METHODS:
+            raise InvalidArgumentError(
+                f"ProcessConfig(start_method={self.start_method!r}): expected one of "
+                f"{START_METHODS}. 'fork' is refused: forking a process that has started "
+                "JAX's threads can deadlock the child."
+            )
+        check_step_timeout(self.step_timeout_s)
+        if not isinstance(self.ready_first, bool):
+            raise InvalidArgumentTypeError(
+                f"ProcessConfig(ready_first={self.ready_first!r}): expected a bool."
+            )
+        spin = self.spin_wait_us
+        if spin is not None and (
+            isinstance(spin, bool)
+            or not isinstance(spin, (int, float, np.integer, np.floating))
+            or not math.isfinite(spin)
+            or spin < 0
+        ):
+            raise InvalidArgumentError(
+                f"ProcessConfig(spin_wait_us={spin!r}): expected a finite number of "
+                "microseconds >= 0 (0: never spin) or None for the default."
+            )
+        share = self.main_process_envs
+        if share is not None and (
+            isinstance(share, bool) or not isinstance(share, (int, np.integer)) or share < 0
+        ):
+            raise InvalidArgumentError(
+                f"ProcessConfig(main_process_envs={share!r}): expected an int >= 0 (0: every "
+                "sub-env in a worker) or None for the default."
+            )
+        if share and self.ready_first:
+            raise InvalidArgumentError(
+                f"ProcessConfig(main_process_envs={share}, ready_first=True): the main process "
+                "steps its share in lockstep, which a ready-first env cannot wait for. Use "
+                "main_process_envs=0 (or None) with ready_first=True, or ready_first=False."
+            )
+
+
+def checked_config(config: Any, where: str) -> ProcessConfig:
+    """``config`` (None: the defaults) as the ProcessConfig ``where`` takes.
+
+    Raises:
+        InvalidArgumentTypeError: ``config`` is not a ProcessConfig.
+    """
+    config = ProcessConfig() if config is None else config
+    if not isinstance(config, ProcessConfig):
+        raise InvalidArgumentTypeError(
+            f"{where}(config=...): expected a jaxrunner.ProcessConfig, got {type(config).__name__}."
+        )
+    return config
+
+
+DEFAULT_SPIN_WAIT_US = 2000.0
+"""The default spin budget where every process has a CPU: longer than a worker's step
+of a group of cheap envs, so that the main process is awake when the reply comes (and
+the worker pays no wake-up in its ``send``), yet short beside slow envs' steps, whose
+waits end in sleep. CartPole on 2 cores, one worker, 20 interleaved rounds: 1.04x,
+1.10x and 1.16x the steps/s of a 300 us budget at 8, 64 and 128 sub-envs
+(``benchmarks/process_spin.py --also-us 300``)."""
+
+
+def spin_wait_s(config: ProcessConfig, num_workers: int) -> float:
+    """The spin budget in seconds: ``config.spin_wait_us``, with None as
+    :data:`DEFAULT_SPIN_WAIT_US` where the workers leave the main process a CPU, else 0."""
+    if config.spin_wait_us is not None:
+        return float(config.spin_wait_us) * 1e-6
+    return DEFAULT_SPIN_WAIT_US * 1e-6 if num_workers < available_cpus() else 0.0
+
+
+def main_process_share(num_envs: int, config: ProcessConfig) -> int:
+    """How many sub-envs (the first ones) step in the main process:
+    ``config.main_process_envs``, with None (the automatic default) as 0.
+
+    Why the default is 0: the share pays only where the workers are the bottleneck
+    (env steps cost more than the main process's policy and bookkeeping per step:
+    CartPole on 2 cores from about 256 sub-envs, 1.29x at 256 and 1.61x at 512 in
+    ``benchmarks/results/process_layouts_cpu.json``, but 0.81x at 64); which case holds
+    is not known when the vector env is built. And the backend's promise is isolation:
+    a sub-env that hangs or crashes hard in a worker costs a restart, in the main
+    process it stops the run. So the share is asked for, never assumed.
+
+    Raises:
+        InvalidArgumentError: a share that leaves no sub-env (or too few for
+            ``num_workers``) to the workers.
+    """
+    share = config.main_process_envs
+    if share is None:
+        return 0
+    share = int(share)
+    if share >= num_envs:
+        raise InvalidArgumentError(
+            f"ProcessConfig(main_process_envs={share}) with num_envs={num_envs}: the workers "
+            f"need at least one sub-env; give main_process_envs < {num_envs}, or use "
+            "backend='sync' to step every sub-env in the main process."
+        )
+    if config.num_workers is not None and config.num_workers > num_envs - share:
+        raise InvalidArgumentError(
+            f"ProcessConfig(main_process_envs={share}, num_workers={config.num_workers}) with "
+            f"num_envs={num_envs}: only {num_envs - share} sub-envs are left for the workers, "
+            "fewer than workers; lower num_workers or main_process_envs."
+        )
+    return share

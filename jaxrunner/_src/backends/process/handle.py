@@ -1,0 +1,269 @@
+"""The main process's side of one worker: start, send, receive with a deadline, kill.
+
+A :class:`WorkerHandle` never decides what a lost worker means for the vector env
+(:mod:`.recovery` does); it only makes sure that a worker it reports lost is dead,
+so nothing it wrote is ever read again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import select
+import signal
+import socket
+import time
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from jaxrunner._src.backends.process import protocol
+from jaxrunner._src.backends.process.worker import worker_main
+from jaxrunner.errors import WorkerError, WorkerTimeoutError
+
+START_TIMEOUT_FLOOR_S = 60.0
+KILL_CONFIRM_S = 5.0
+"""How long :meth:`WorkerHandle.kill` waits for a SIGKILLed worker to be gone."""
+"""Building a worker's sub-envs may take at least this long, whatever
+``step_timeout_s`` says (factories import modules, load assets)."""
+
+
+class WorkerLost(Exception):
+    """Internal: worker ``w`` died or did not answer in time (it is dead now)."""
+
+    def __init__(self, w: int, envs: range, reason: str, timed_out: bool) -> None:
+        super().__init__(reason)
+        self.w, self.envs, self.reason, self.timed_out = w, envs, reason, timed_out
+
+    def error(self, consequence: str) -> WorkerError | WorkerTimeoutError:
+        """The public error for this loss, saying what became of the vector env."""
+        cls = WorkerTimeoutError if self.timed_out else WorkerError
+        return cls(f"{self.reason}; {consequence}", self.w, self.envs)
+
+
+@dataclasses.dataclass
+class WorkerHandle:
+    """One worker process, its socket and its commands in flight."""
+
+    index: int
+    envs: range
+    process: BaseProcess
+    sock: socket.socket
+    pid: int | None
+    poller: Any  # select.poll: waits for a reply with a deadline
+    inflight: dict[int, float] = dataclasses.field(default_factory=dict)
+    """Commands sent and not yet answered: seq -> deadline (oldest first; the worker
+    answers in order, so the first is the next reply's)."""
+    started: str | None = None
+    """The worker's start time from ``/proc`` (None where there is no ``/proc``): with
+    ``pid`` it names the process, so a recycled pid is never signalled."""
+
+    def is_running(self) -> bool:
+        """The worker process exists (and is not a zombie), asked of the OS by pid.
+
+        Never trusts ``process.exitcode``: with the fork server dead, multiprocessing
+        reports exit code 255 for workers that still run.
+        """
+        if self.pid is None:
+            return False
+        if self.started is None:  # no /proc: the handle's word is all there is
+            with contextlib.suppress(ValueError):
+                return self.process.exitcode is None
+            return False
+        stat = _proc_stat(self.pid)
+        return stat is not None and stat[1] == self.started and stat[0] not in ("Z", "X")
+
+    def signal(self, signum: int) -> None:
+        """Sends ``signum`` to the worker by pid, if it still runs."""
+        if self.pid is not None and self.is_running():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def wait_gone(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for the worker to be gone; True if it is."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(ValueError):  # reaps it if it is our child
+                self.process.join(0)
+            if not self.is_running():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+
+    def describe(self) -> str:
+        return (
+            f"worker {self.index} (pid {self.pid}, sub-envs "
+            f"{self.envs.start}..{self.envs.stop - 1})"
+        )
+
+    def send(self, message: bytes, seq: int, timeout_s: float | None) -> None:
+        """Sends a packed command numbered ``seq``, to be answered within
+        ``timeout_s``; raises :class:`WorkerLost` if the worker is gone."""
+        try:
+            self.sock.sendall(message)
+        except OSError as err:
+            raise self.died() from err
+        self.inflight[seq] = math.inf if timeout_s is None else time.monotonic() + timeout_s
+
+    def send_fd(self, fd: int) -> None:
+        """Passes a file descriptor (the shared block) along the socket."""
+        try:
+            socket.send_fds(self.sock, [b"m"], [fd])
+        except OSError as err:
+            raise self.died() from err
+
+    def read(
+        self, timeout_s: float | None, spin: protocol.Spin | None = None
+    ) -> tuple[int, int, bytes]:
+        """The next reply ``(seq, status, payload)``, waiting no longer than the
+        deadline of the oldest command (busy-waiting as ``spin`` says first); raises
+        :class:`WorkerLost` (and the worker is dead) if it died or missed the deadline
+        (``timeout_s`` is only quoted)."""
+        if spin is not None:
+            spin.until_readable(self.poller.poll)
+        deadline = next(iter(self.inflight.values()), math.inf)
+        if deadline != math.inf:
+            remaining_ms = max(0.0, deadline - time.monotonic()) * 1000
+            if not self.poller.poll(math.ceil(remaining_ms)):
+                reason = (
+                    f"{self.describe()} did not answer within step_timeout_s={timeout_s} s "
+                    "(a sub-env hangs, or the machine is overloaded)"
+                )
+                self.kill()
+                raise WorkerLost(self.index, self.envs, reason, timed_out=True)
+        try:
+            header = protocol.recv_exact(self.sock, protocol.REPLY.size)
+            got, status, length = protocol.REPLY.unpack(header)
+            payload = protocol.recv_exact(self.sock, length) if length else b""
+        except (EOFError, OSError) as err:
+            raise self.died() from err
+        self.inflight.pop(got, None)
+        return got, status, payload
+
+    def died(self) -> WorkerLost:
+        """The :class:`WorkerLost` for a worker whose socket broke (after making sure
+        it is dead)."""
+        description = self.describe()
+        code = None
+        with contextlib.suppress(ValueError):
+            self.process.join(0.5)
+            code = self.process.exitcode
+        if code is None:
+            what = "stopped answering (its socket broke)"
+        elif code < 0:
+            what = f"was killed by signal {signal.Signals(-code).name}"
+        else:
+            what = f"exited with code {code}"
+        self.kill()
+        return WorkerLost(self.index, self.envs, f"{description} {what}", timed_out=False)
+
+    def kill(self) -> None:
+        """Ends the worker now (SIGKILL by pid: a hung one gets no say), confirms it
+        is gone, and frees its resources.
+
+        Raises:
+            WorkerError: the worker still ran ``KILL_CONFIRM_S`` after SIGKILL.
+        """
+        self.signal(signal.SIGKILL)
+        gone = self.wait_gone(KILL_CONFIRM_S)
+        with contextlib.suppress(ValueError):  # already closed
+            self.process.join(0)
+            self.process.close()  # its sentinel fd: workers may be replaced many times
+        self.sock.close()
+        if not gone:
+            raise WorkerError(
+                f"{self.describe()} still runs {KILL_CONFIRM_S} s after SIGKILL (stuck in the "
+                "kernel?); it cannot be stopped from here.",
+                self.index,
+                self.envs,
+            )
+
+
+def spawn_worker(
+    ctx: BaseContext,
+    index: int,
+    envs: range,
+    factories: bytes,
+    step_timeout_s: float | None,
+) -> WorkerHandle:
+    """Starts worker ``index`` for sub-envs ``envs`` (pickled ``factories``); it builds
+    its sub-envs, then reports as command :data:`protocol.START_REPORT_SEQ`."""
+    mine, theirs = socket.socketpair()
+    process = ctx.Process(  # type: ignore[attr-defined]
+        target=worker_main,
+        args=(protocol.SocketHandle(theirs), envs.start, factories),
+        name=f"jaxrunner-worker-{index}",
+        daemon=True,
+    )
+    try:
+        process.start()
+    except BaseException:
+        mine.close()
+        raise
+    finally:
+        theirs.close()
+    poller = select.poll()
+    poller.register(mine, select.POLLIN)
+    start_s = math.inf if step_timeout_s is None else max(START_TIMEOUT_FLOOR_S, step_timeout_s)
+    deadline = {protocol.START_REPORT_SEQ: time.monotonic() + start_s}
+    stat = None if process.pid is None else _proc_stat(process.pid)
+    started = None if stat is None else stat[1]
+    return WorkerHandle(index, envs, process, mine, process.pid, poller, deadline, started)
+
+
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    """``(state, start time)`` of process ``pid`` from ``/proc`` (None: no such
+    process, or no ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], fields[19]  # fields 3 and 22 of proc(5)
+
+
+@dataclasses.dataclass
+class Resources:
+    """What the vector env's finalizer releases (it must not reference the vector env
+    itself)."""
+
+    workers: list[WorkerHandle] = dataclasses.field(default_factory=list)
+    fd: int | None = None
+    memory: Any = None
+
+
+def shutdown(res: Resources, timeout_s: float = 2.0) -> None:
+    """Ends every worker (asked first, then terminated, then killed) and frees the
+    shared memory. Safe to call at interpreter exit and more than once."""
+    workers, res.workers = res.workers, []
+    close = protocol.call_message(-1, "close", ())
+    for worker in workers:
+        try:
+            worker.sock.settimeout(0.5)
+            worker.sock.sendall(close)
+        except OSError:
+            pass
+    # By pid, never by the multiprocessing handle: with the fork server dead it calls
+    # live workers dead (exit code 255) and a hung worker would outlive us.
+    deadline = time.monotonic() + timeout_s
+    for worker in workers:
+        if not worker.wait_gone(max(0.0, deadline - time.monotonic())):
+            worker.signal(signal.SIGTERM)
+    for worker in workers:
+        if not worker.wait_gone(1.0):
+            with contextlib.suppress(WorkerError):  # nothing more can be done at exit
+                worker.kill()
+        with contextlib.suppress(ValueError):  # a worker kill() already closed
+            worker.process.close()
+        worker.sock.close()
+    if res.memory is not None:
+        # With numpy views still alive, the mapping goes when they are freed.
+        with contextlib.suppress(BufferError):
+            res.memory.close()
+        res.memory = None
+    if res.fd is not None:
+        os.close(res.fd)
+        res.fd = None

@@ -1,0 +1,248 @@
+"""How ``backend="process"`` lays out and starts its workers: the checks of the
+constructor's arguments, the split of sub-envs over workers, the factories' pickling
+(by value from ``__main__``), the check that a script guards its top-level code, and
+the multiprocessing context (never a plain ``fork``)."""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Sequence
+from multiprocessing.context import BaseContext
+from typing import Literal
+
+import cloudpickle
+import gymnasium
+import numpy as np
+
+from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidArgumentTypeError
+
+EnvFactory = Callable[[], gymnasium.Env]
+START_METHODS = ("forkserver", "spawn")
+DEFAULT_STEP_TIMEOUT_S = 300.0
+WORKER_MODULE = "jaxrunner._src.backends.process.worker"
+"""What the fork server imports once: the worker side only (numpy, gymnasium,
+jaxrunner; no JAX backend, so no JAX thread to fork)."""
+
+
+class MainProcessFactory:
+    """A factory of the main process's share whose failure raises as a worker's does:
+    an :class:`~jaxrunner.errors.EnvError` naming the sub-env (the original chained)."""
+
+    def __init__(self, fn: EnvFactory, index: int) -> None:
+        self.fn, self.index = fn, index
+
+    def __call__(self) -> gymnasium.Env:
+        try:
+            return self.fn()
+        except Exception as err:
+            raise EnvError(
+                f"the factory of sub-env {self.index} raised in the main process: {err}",
+                self.index,
+            ) from err
+
+
+ALL_CPUS_FROM_ENVS = 256
+"""From this many sub-envs, the pipelined backend's workers take every CPU, the main
+process's too: their stepping then outweighs its policy and bookkeeping. CartPole-v1 on
+2 cores, both layouts in one process, 12 interleaved rounds: 2 workers against 1 did
+1.10x at 256 sub-envs and 1.43x at 512, 0.74x at 64 and 1.01x at 128
+(``benchmarks/results/process_layouts_cpu.json``)."""
+
+
+def available_cpus() -> int:
+    """The CPUs this process may use: those it may run on, bounded by its cgroup's CPU
+    quota where one is set (a container given 2 CPUs of a 64-core host has 2)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cpus, math.ceil(quota))) if quota is not None else cpus
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
+    """The cgroup v2 CPU quota in CPUs (``cpu.max``: quota and period in microseconds),
+    or None where there is none (``max``) or it cannot be read."""
+    try:
+        with open(os.path.join(root, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def default_num_workers(
+    num_envs: int, *, main_process: Literal["computes", "steps", "waits"] = "computes"
+) -> int:
+    """One worker per CPU this process may run on, at least one, at most one per sub-env;
+    but one CPU is left to the main process where it has work of its own while the
+    workers step:
+
+    * ``"computes"`` (the pipelined single-agent backend: the policy and bookkeeping),
+      below :data:`ALL_CPUS_FROM_ENVS` sub-envs;
+    * ``"steps"`` (a :class:`~jaxrunner.LocalShareVectorEnv`: sub-envs of its own), always.
+
+    ``"waits"``: the main process waits while the workers step (the lockstep multi-agent
+    backend), so they take every CPU (MPE at 64 envs on 2 cores: 5.8k env steps/s with
+    2 workers, 3.9k with 1)."""
+    cpus = available_cpus()
+    keep = main_process == "steps" or (main_process == "computes" and num_envs < ALL_CPUS_FROM_ENVS)
+    return max(1, min(num_envs, cpus - 1 if keep else cpus))
+
+
+def worker_bounds(
+    num_envs: int, envs_per_worker: int | None, num_workers: int | None
+) -> list[tuple[int, int]]:
+    """The ``[lo, hi)`` sub-env range of each worker."""
+    for name, value in (("envs_per_worker", envs_per_worker), ("num_workers", num_workers)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1
+        ):
+            raise InvalidArgumentError(
+                f"ProcessVectorEnv({name}={value!r}): expected an int >= 1 (or None for a "
+                "default from the CPU count)."
+            )
+    if envs_per_worker is not None and num_workers is not None:
+        raise InvalidArgumentError(
+            f"ProcessVectorEnv(envs_per_worker={envs_per_worker}, num_workers={num_workers}): "
+            "give one of them; the other follows from num_envs."
+        )
+    if envs_per_worker is not None:
+        k = int(envs_per_worker)
+        return [(lo, min(lo + k, num_envs)) for lo in range(0, num_envs, k)]
+    if num_workers is not None and num_workers > num_envs:
+        raise InvalidArgumentError(
+            f"ProcessVectorEnv(num_workers={num_workers}): more workers than sub-envs "
+            f"({num_envs}); every worker needs at least one sub-env."
+        )
+    count = default_num_workers(num_envs) if num_workers is None else int(num_workers)
+    # The runner splits its pipelining splits the same way, so splits fall on workers.
+    edges = np.linspace(0, num_envs, count + 1).round().astype(int).tolist()
+    return list(itertools.pairwise(edges))
+
+
+def pickle_factories(env_fns: Sequence[EnvFactory], offset: int) -> bytes:
+    """The factories as bytes for a worker, by ``cloudpickle``: importable functions
+    and classes travel by reference, as with ``pickle``; lambdas, closures and
+    anything defined in ``__main__`` (a notebook cell, a script) travel by value, so a
+    worker needs no import of them. Anything else raises a clear error naming the
+    factory."""
+    try:
+        return cloudpickle.dumps(list(env_fns), protocol=5)
+    except Exception as err:
+        first_error: Exception = err
+    for j, fn in enumerate(env_fns):
+        try:
+            cloudpickle.dumps(fn)
+        except Exception as err:
+            first_error, bad = err, offset + j
+            break
+    else:  # pragma: no cover - the list failed but no element did
+        bad = offset
+    raise InvalidArgumentTypeError(
+        f"backend='process': the factory of sub-env {bad} cannot be sent to a worker "
+        f"process ({first_error!r}). Make it a function (or class) that holds nothing "
+        "process-bound (open files, locks, sockets); for gymnasium ids pass the id string "
+        "to make_vec."
+    ) from first_error
+
+
+def check_main_guard() -> None:
+    """Refuses to start workers from a script's unguarded top-level code.
+
+    Workers start by ``forkserver`` or ``spawn``, and both import the main script in
+    the new process; code at its top level runs again there, starts workers of its
+    own, and multiprocessing stops it. Without this check the worker dies and the
+    caller sees only that it could not start.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or not os.path.isfile(path):
+        return  # a notebook, ``python -c``, stdin: nothing is re-imported
+    frame = sys._getframe(1)
+    while frame is not None and not (
+        frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return  # not called from the script's top-level code
+    line = frame.f_lineno
+    if any(lo <= line <= hi for lo, hi in _main_guard_lines(path)):
+        return
+    raise InvalidArgumentError(
+        f"backend='process' was started from the top level of {path} (line {line}), "
+        'outside an `if __name__ == "__main__":` block. Its workers import that script '
+        "and would run this code again. Put the code that builds and runs the envs under "
+        '`if __name__ == "__main__":` (e.g. in a main() called from there).'
+    )
+
+
+def _main_guard_lines(path: str) -> list[tuple[int, int]]:
+    """The line ranges of the top-level ``if __name__ == "__main__":`` blocks."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return [(1, sys.maxsize)]  # cannot tell: let it start
+    ranges = []
+    for node in tree.body:
+        if isinstance(node, ast.If) and _is_main_test(node.test):
+            ranges.append((node.lineno, node.end_lineno or node.lineno))
+    return ranges
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """``__name__ == "__main__"`` (either order)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return False
+    if not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    constants = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return names == ["__name__"] and constants == ["__main__"]
+
+
+def multiprocessing_context(start_method: str) -> BaseContext:
+    """The context workers start in; with ``"forkserver"``, one that preloads the
+    worker module."""
+    if sys.platform == "win32":
+        raise InvalidArgumentError(
+            "backend='process' needs a Unix-like OS (it passes file descriptors between "
+            "processes); use backend='sync' on Windows."
+        )
+    if start_method not in START_METHODS:
+        raise InvalidArgumentError(
+            f"ProcessVectorEnv(start_method={start_method!r}): expected one of "
+            f"{START_METHODS}. 'fork' is refused: forking a process that has started JAX's "
+            "threads can deadlock the child."
+        )
+    check_main_guard()
+    ctx = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        from multiprocessing import forkserver
+
+        # The fork server imports the worker module once (numpy, gymnasium, jaxrunner:
+        # no JAX backend, so no JAX thread), and each worker forks from it in
+        # milliseconds. Takes effect when this process starts its fork server.
+        preload = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
+        if WORKER_MODULE not in preload:
+            ctx.set_forkserver_preload([*preload, WORKER_MODULE])
+    return ctx
+
+
+def check_step_timeout(value: float | None) -> float | None:
+    """``step_timeout_s`` as a float (or None: no deadline); refuses anything else."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise InvalidArgumentError(
+            f"ProcessVectorEnv(step_timeout_s={value!r}): expected a number of seconds > 0, "
+            "or None to wait for the workers forever."
+        )
+    return float(value)

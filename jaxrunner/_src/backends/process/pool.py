@@ -1,0 +1,237 @@
+"""The vector env's workers as seen from the main process: commands and replies.
+
+Commands are numbered by one sequence for all workers. A worker answers its
+commands in order, but the main process may wait for them in another order (several
+steps in flight, answered in the order they were sent or as workers finish), so
+replies that arrive before anyone waits for them are kept (``_stash``). What a lost
+worker means is the business of :mod:`.recovery` (the pool's ``on_lost`` hook).
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import select
+import time
+from collections.abc import Callable
+from multiprocessing.context import BaseContext
+from typing import Any
+
+from jaxrunner._src.backends.process import protocol
+from jaxrunner._src.backends.process.handle import Resources, WorkerHandle, WorkerLost, spawn_worker
+from jaxrunner._src.backends.process.launch import available_cpus
+from jaxrunner._src.backends.process.worker_errors import remote_exception
+
+LOST = -1
+"""A reply status of ours: the worker was replaced before it answered (:meth:`WorkerPool.
+take_lost` says why)."""
+
+LostHook = Callable[[WorkerLost, bool], BaseException]
+"""``(lost, fatal) -> error``: replaces a lost worker and returns the error its
+sub-envs failed with, or closes the vector env and raises."""
+
+
+class WorkerPool:
+    """The worker processes, their commands and replies.
+
+    Args:
+        ctx: the multiprocessing context workers start in.
+        bounds: the ``[lo, hi)`` sub-envs of each worker.
+        payloads: each worker's pickled factories (a replacement gets the same).
+        step_timeout_s: how long a worker may take to answer a command (None: forever).
+        res: what the vector env's finalizer releases (the pool adds its workers).
+        spin_s: the most to busy-wait for a reply before sleeping (:class:`~.protocol.Spin`
+            backs off from it when spinning does not pay).
+    """
+
+    def __init__(
+        self,
+        ctx: BaseContext,
+        bounds: list[tuple[int, int]],
+        payloads: list[bytes],
+        step_timeout_s: float | None,
+        res: Resources,
+        spin_s: float = 0.0,
+    ) -> None:
+        self.ctx, self.bounds, self.payloads = ctx, bounds, payloads
+        self.step_timeout_s, self.spin_s = step_timeout_s, spin_s
+        self.spin = protocol.Spin(spin_s, available_cpus())
+        self.res = res
+        self.workers: list[WorkerHandle] = res.workers
+        """Worker ``w`` is ``workers[w]`` (a replacement takes its place)."""
+        self.memory_message = b""
+        """The ``OP_MEMORY`` payload: the pickled layout, restart policy and the
+        worker's spin budget."""
+        self.on_lost: LostHook | None = None
+        """Set by the vector env: what a lost worker means (:mod:`.recovery`)."""
+        self.close_after: Callable[[str], None] = lambda reason: None
+        """Set by the vector env: closes it after a failure it cannot go on from."""
+        self._seq = 0
+        self._stash: dict[tuple[int, int], tuple[int, bytes]] = {}
+        """Replies received before anyone waited for them: (w, seq) -> (status, payload)."""
+        self._lost: dict[tuple[int, int], BaseException] = {}
+        """Commands whose worker was replaced before it answered: (w, seq) -> its error."""
+
+    # -- start-up
+
+    def spawn(self, w: int) -> WorkerHandle:
+        """Starts worker ``w`` (it builds its sub-envs, then reports)."""
+        envs = range(*self.bounds[w])
+        return spawn_worker(self.ctx, w, envs, self.payloads[w], self.step_timeout_s)
+
+    def send_memory(self, w: int) -> int:
+        """Hands worker ``w`` the shared block; returns the command's seq."""
+        seq = self.send(w, protocol.OP_MEMORY, payload=self.memory_message)
+        self.workers[w].send_fd(self.res.fd)  # type: ignore[arg-type]  # set by then
+        return seq
+
+    def worker_of(self, index: int) -> int:
+        """The worker running sub-env ``index``."""
+        return next(w for w, (lo, hi) in enumerate(self.bounds) if lo <= index < hi)
+
+    # -- sending and receiving
+
+    def send(self, w: int, op: int, lo: int = 0, hi: int = 0, payload: bytes = b"") -> int:
+        """Sends a command; raises :class:`WorkerLost` if the worker is gone."""
+        self._seq += 1
+        seq = self._seq
+        message = protocol.COMMAND.pack(op, seq, lo, hi, len(payload)) + payload
+        self.workers[w].send(message, seq, self.step_timeout_s)
+        return seq
+
+    def expect(self, w: int, seq: int) -> Any:
+        """The unpickled result of command ``seq`` (no stash: start-up only), or its
+        error raised here; raises :class:`WorkerLost`."""
+        while True:
+            got, status, payload = self.workers[w].read(self.step_timeout_s)
+            if got == seq:
+                break
+        if status != protocol.STATUS_OK:
+            self.raise_remote(w, pickle.loads(payload))
+        return pickle.loads(payload) if payload else None
+
+    def lost_worker(self, lost: WorkerLost, fatal: bool = False) -> BaseException:
+        """Hands a lost worker to the ``on_lost`` hook (see :data:`LostHook`)."""
+        assert self.on_lost is not None  # internal: set before any step
+        return self.on_lost(lost, fatal)
+
+    def mark_lost(self, w: int, error: BaseException) -> list[int]:
+        """Worker ``w`` is being replaced: its commands in flight will never be answered
+        (waiting for them gives ``LOST``); returns their seqs."""
+        worker = self.workers[w]
+        seqs = list(worker.inflight)
+        for seq in seqs:
+            self._lost[(w, seq)] = error
+        worker.inflight.clear()
+        return seqs
+
+    def take_lost(self, w: int, seq: int) -> BaseException:
+        """Why command ``seq`` of worker ``w`` was answered ``LOST`` (asked once)."""
+        return self._lost.pop((w, seq))
+
+    def forget(self, w: int, seq: int) -> None:
+        """Drops whatever was kept of command ``seq``'s reply."""
+        self._stash.pop((w, seq), None)
+        self._lost.pop((w, seq), None)
+
+    def replied(self, w: int, seq: int) -> bool:
+        """Whether waiting for command ``seq`` of worker ``w`` would return at once."""
+        return (w, seq) in self._stash or (w, seq) in self._lost
+
+    def reply(self, w: int, seq: int) -> tuple[int, bytes]:
+        """Worker ``w``'s reply to command ``seq`` (replies to earlier commands that
+        arrive first are kept for whoever waits for them). ``(LOST, b"")`` if the
+        worker was replaced before it answered (:meth:`take_lost` says why)."""
+        key = (w, seq)
+        while key not in self._stash:
+            if key in self._lost:
+                return LOST, b""
+            self._read(w, self.workers[w].read)
+        return self._stash.pop(key)
+
+    def read_any(self, ws: list[int]) -> None:
+        """Waits until one of workers ``ws`` (each with commands in flight) answers, and
+        keeps its reply; a worker that dies or misses its deadline goes to the
+        ``on_lost`` hook."""
+        workers = [self.workers[w] for w in ws]
+        by_fd = {worker.sock.fileno(): worker for worker in workers}
+        poller = select.poll()
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
+        first = min(workers, key=lambda wk: next(iter(wk.inflight.values()), math.inf))
+        deadline = next(iter(first.inflight.values()), math.inf)
+        timeout_ms = None
+        if deadline != math.inf:
+            timeout_ms = math.ceil(max(0.0, deadline - time.monotonic()) * 1000)
+        self.spin.until_readable(poller.poll)
+        ready = poller.poll(timeout_ms)
+        # Nothing ready: the worker with the first deadline missed it (its read says so).
+        worker = by_fd[ready[0][0]] if ready else first
+        self._read(worker.index, worker.read)
+
+    def _read(
+        self, w: int, read: Callable[[float | None, protocol.Spin | None], tuple[int, int, bytes]]
+    ) -> None:
+        try:
+            got, status, payload = read(self.step_timeout_s, self.spin)
+        except WorkerLost as lost:
+            self.lost_worker(lost)
+            return
+        self._stash[(w, got)] = (status, payload)
+
+    # -- calls
+
+    def _send_call(self, w: int, method: str, args: tuple) -> int:
+        payload = pickle.dumps((method, args), protocol=5)
+        try:
+            return self.send(w, protocol.OP_CALL, payload=payload)
+        except WorkerLost as lost:
+            self.lost_worker(lost)  # replaced (or raised): ask the new worker
+        try:
+            return self.send(w, protocol.OP_CALL, payload=payload)
+        except WorkerLost as lost:
+            raise self.lost_worker(lost, fatal=True) from None
+
+    def call(self, w: int, method: str, args: tuple, seq: int | None = None) -> tuple[int, bytes]:
+        """Worker ``w``'s reply to ``method(*args)`` (sent as ``seq`` if given); asks a
+        replaced worker's successor once more."""
+        if seq is None:
+            seq = self._send_call(w, method, args)
+        status, payload = self.reply(w, seq)
+        if status != LOST:
+            return status, payload
+        self.take_lost(w, seq)
+        seq = self._send_call(w, method, args)
+        status, payload = self.reply(w, seq)
+        if status == LOST:
+            error = self.take_lost(w, seq)
+            self.close_after(f"{error}")
+            raise error
+        return status, payload
+
+    def call_all(self, method: str, args: list[tuple]) -> list[Any]:
+        """Calls ``method`` in every worker (``args[w]`` for worker ``w``); raises the
+        error of the lowest sub-env index once every worker has answered."""
+        seqs = [self._send_call(w, method, a) for w, a in enumerate(args)]
+        results, errors = [], []
+        for w, seq in enumerate(seqs):
+            status, payload = self.call(w, method, args[w], seq)
+            if status == protocol.STATUS_OK:
+                results.append(pickle.loads(payload))
+            else:
+                errors.append((w, pickle.loads(payload)))
+        if errors:
+            self.raise_remote(*protocol.first_error(errors))
+        return results
+
+    def call_each_env(self, method: str, args: tuple = ()) -> tuple[Any, ...]:
+        """``method(*args)`` in every worker, its per-sub-env results in one tuple."""
+        parts = self.call_all(method, [args] * len(self.workers))
+        return tuple(x for part in parts for x in part)
+
+    def raise_remote(self, w: int, remote: protocol.RemoteError) -> None:
+        """Raises a worker's error here, with the worker's traceback chained."""
+        raise self.remote_exception(w, remote)
+
+    def remote_exception(self, w: int, remote: protocol.RemoteError) -> BaseException:
+        return remote_exception(remote, w, self.workers[w].envs)

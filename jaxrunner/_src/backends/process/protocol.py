@@ -1,0 +1,232 @@
+"""The wire protocol between the main process and a worker (both sides import it).
+
+Every message is a fixed-size header, then ``length`` payload bytes:
+
+* main -> worker: ``COMMAND = (op, seq, lo, hi, length)``. ``OP_STEP`` steps the
+  worker's envs ``[lo, hi)`` (global indices); ``OP_CALL`` carries a pickled
+  ``(method, args)`` in its payload (reset, reset_at, call, get_attr, set_attr,
+  render, close); ``OP_MEMORY`` comes once, with the shared-memory fd attached and
+  a pickled ``(Layout, RestartPolicy | None, spin_s)`` as payload (``spin_s``: how
+  long the worker busy-waits for its next command before it sleeps).
+* worker -> main: ``REPLY = (seq, status, length)``. ``seq`` echoes the command's, so
+  a reply can never be taken for another command's (a restarted worker starts
+  again at a fresh socket). ``STATUS_OK`` with a payload is a pickled result
+  (``OP_STEP``: a :class:`StepReply`, or no payload when it would be empty);
+  ``STATUS_ERROR``'s payload is a pickled :class:`RemoteError`.
+
+The worker's start report (its sub-envs' spaces and metadata) is the reply to an
+implicit command 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import socket
+import struct
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from jaxrunner.errors import EnvError
+
+COMMAND = struct.Struct("=qqqqq")
+REPLY = struct.Struct("=qqq")
+OP_STEP, OP_CALL, OP_MEMORY = 1, 2, 3
+STATUS_OK, STATUS_ERROR = 0, 1
+START_REPORT_SEQ = 0
+"""The ``seq`` of a worker's start report: every command after it has a larger one."""
+
+
+def call_message(seq: int, method: str, args: tuple) -> bytes:
+    """An ``OP_CALL`` command asking the worker to run ``method(*args)``."""
+    payload = pickle.dumps((method, args), protocol=5)
+    return COMMAND.pack(OP_CALL, seq, 0, 0, len(payload)) + payload
+
+
+class Spin:
+    """Busy-polls for data before a process sleeps in ``recv``, and backs off when
+    spinning does not pay.
+
+    Waking a process that sleeps in ``recv`` costs tens of microseconds (over 70 on a
+    virtual machine), once per reply and command; a process with a CPU of its own saves
+    that by spinning a little first (``ProcessConfig.spin_wait_us``). On a shared
+    machine the same spin takes the CPU from the process it waits for (HalfCheetah at 8
+    sub-envs, load 12-22 on 2 cores: 10 ms a step with a 2 ms spin, 2 ms without). So
+    the budget adapts to what it observes:
+
+    * every :attr:`WINDOW` waits, if fewer than half ended in data (the spin was
+      wasted: the reply comes later than the budget, or the CPU is contended) the
+      budget halves, down to nothing below :attr:`MIN_S`; if nearly all did, it grows
+      back towards the configured one;
+    * while off, every :attr:`PROBE_EVERY` waits it tries again at an eighth of the
+      configured budget, so a machine that becomes quiet gets the spin back;
+    * while the load average exceeds the CPUs this process may use, it does not spin.
+
+    Args:
+        budget_s: the configured (largest) budget; 0 never spins.
+        cpus: the CPUs this process may use (the load check's bound).
+    """
+
+    WINDOW = 32
+    MIN_S = 50e-6
+    PROBE_EVERY = 256
+    LOAD_CHECK_S = 1.0
+
+    def __init__(self, budget_s: float, cpus: int = 1) -> None:
+        self.max_s = self.budget_s = max(0.0, float(budget_s))
+        self.cpus = cpus
+        self._waits = self._hits = self._skipped = 0
+        self._next_load_check = 0.0
+        self._loaded = False
+
+    def until_readable(self, poll: Callable[[int], list]) -> None:
+        """Busy-polls ``poll(0)`` (a ``select.poll``'s) until it reports data or the
+        current budget has passed; the caller then reads, blocking only if nothing
+        came."""
+        if self.max_s <= 0.0:
+            return
+        clock = time.perf_counter
+        now = clock()
+        if now >= self._next_load_check:
+            self._next_load_check = now + self.LOAD_CHECK_S
+            self._loaded = os.getloadavg()[0] > self.cpus
+        budget = self.budget_s
+        if budget <= 0.0 or self._loaded:
+            self._skipped += 1
+            if budget <= 0.0 and self._skipped >= self.PROBE_EVERY:
+                self._skipped = 0
+                self.budget_s = self.max_s / 8
+            return
+        until = now + budget
+        while not poll(0):
+            if clock() >= until:
+                self._record(hit=False)
+                return
+        self._record(hit=True)
+
+    def _record(self, *, hit: bool) -> None:
+        self._waits += 1
+        self._hits += hit
+        if self._waits < self.WINDOW:
+            return
+        rate = self._hits / self._waits
+        self._waits = self._hits = 0
+        if rate < 0.5:
+            self.budget_s = self.budget_s / 2 if self.budget_s / 2 >= self.MIN_S else 0.0
+        elif rate >= 0.9:
+            self.budget_s = min(self.max_s, 2 * self.budget_s)
+
+
+def recv_exact(sock: socket.socket, size: int) -> bytes:
+    """Exactly ``size`` bytes; ``EOFError`` if the other side has gone."""
+    data = sock.recv(size, socket.MSG_WAITALL)
+    if len(data) == size:
+        return data
+    chunks = [data]
+    got = len(data)
+    while got < size:
+        if not data:
+            raise EOFError("the socket was closed by the other side")
+        data = sock.recv(size - got)
+        chunks.append(data)
+        got += len(data)
+    return b"".join(chunks)
+
+
+@dataclasses.dataclass
+class RemoteError:
+    """An exception raised in a worker, as sent to the main process.
+
+    Attributes:
+        kind: ``"env"`` (a sub-env's own code raised), ``"check"`` (jaxrunner
+            rejected what a sub-env returned), ``"recreate"`` (a failed sub-env could
+            not be recreated) or ``"worker"`` (anything else).
+        env_index: the sub-env concerned (-1 if none).
+        call: the sub-env method concerned (``"step"``, ``"reset"``, ...).
+        exception: the pickled exception (``None`` if it does not pickle).
+        description: ``repr`` of the exception.
+        traceback: the formatted traceback, as text.
+    """
+
+    kind: str
+    env_index: int
+    call: str
+    exception: bytes | None
+    description: str
+    traceback: str
+    recreation: bytes | None = None
+    """Kind ``"recreate"``: the last attempt's pickled error; ``exception`` is then the
+    failure that made the restart necessary and ``description`` the message of the
+    :class:`~jaxrunner.errors.EnvError`."""
+    agent_id: str | None = None
+    """Kind ``"env"`` in a turn-based multi-agent sub-env: the agent whose turn it was."""
+
+    @classmethod
+    def capture(cls, err: BaseException, kind: str, env_index: int, call: str) -> RemoteError:
+        return cls(kind, env_index, call, _pickled(err), repr(err), _format(err))
+
+    @classmethod
+    def capture_recreation(cls, err: EnvError) -> RemoteError:
+        """An :class:`EnvError` of :func:`jaxrunner._src.backends.restarts.recreate` (gave up)."""
+        recreation = _pickled(getattr(err, "recreation_error", None))
+        cause = _pickled(err.__cause__) if err.__cause__ is not None else None
+        return cls("recreate", err.env_index, "recreate", cause, str(err), _format(err), recreation)
+
+
+class StepReply(NamedTuple):
+    """A worker's answer to ``OP_STEP`` beyond what it wrote to shared memory (sent only
+    when some field is non-empty). Indices are global sub-env indices."""
+
+    infos: dict[int, dict[str, Any]]
+    """The non-empty step infos."""
+    reset_infos: dict[int, dict[str, Any]]
+    """The non-empty infos of the autoresets."""
+    restarted: list[int]
+    """Sub-envs whose step failed and that were restarted in the worker (restart
+    policy set): their slots hold no transition."""
+    errors: dict[int, RemoteError]
+    """Every failure of the step (the restarted steps, and autoresets that failed
+    after a good step)."""
+
+
+def first_error(errors: list[tuple[int, RemoteError]]) -> tuple[int, RemoteError]:
+    """The ``(worker, error)`` to raise of several: the lowest sub-env index first (as
+    the sync backend would have met it), errors of no sub-env last."""
+    return min(errors, key=lambda e: (e[1].env_index < 0, e[1].env_index))
+
+
+def _format(err: BaseException) -> str:
+    return "".join(traceback.format_exception(type(err), err, err.__traceback__))
+
+
+def _pickled(err: BaseException | None) -> bytes | None:
+    """``err`` pickled, or None if it does not survive the round trip."""
+    if err is None:
+        return None
+    try:
+        payload = pickle.dumps(err)
+        pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
+    except Exception:
+        return None
+    return payload
+
+
+class SocketHandle:
+    """A socket end to hand to a child process: pickled (only while the child is being
+    started) as a duplicate of its file descriptor, like multiprocessing's own
+    ``Connection`` objects."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def __reduce__(self) -> Any:
+        from multiprocessing.reduction import DupFd
+
+        return (_rebuild_socket, (DupFd(self.sock.fileno()),))
+
+
+def _rebuild_socket(dup: Any) -> socket.socket:
+    return socket.socket(fileno=dup.detach())

@@ -1,0 +1,275 @@
+"""The shared-memory block both sides read and write in place (both sides import it).
+
+Bulk data never crosses a worker's socket: observations, rewards, flags, actions and
+each sub-env's step progress live in one anonymous shared block, carved into numpy
+views the same way on both sides by a :class:`BlockLayout`.
+
+The layout is also what makes the transport generic over the kind of sub-env: it
+knows its buffers, builds the worker's step loop over them, and reads a step's result
+on the main side. :class:`Layout` is the gymnasium (single-agent) kind;
+``jaxrunner.multi_agent.shared_layout.AgentLayout`` the PettingZoo kind. The workers,
+the pool, restarts, timeouts and worker recovery are the same for both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+from collections.abc import Callable, MutableSequence, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import gymnasium
+import numpy as np
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.backends.base import BatchStep
+from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sub_envs import (
+    StepBuffers,
+    StepResult,
+    SubEnvs,
+    fail_slot,
+    failed_mask,
+)
+
+# Each sub-env's step progress (``status``): the main process sets NOT_RUN before it
+# sends a step; the worker's step loop sets RUNNING while env.step runs (and leaves it
+# after a step that failed) and DONE once the step returned a valid transition (the
+# block's transitions are written when all its sub-envs have stepped). When a worker
+# dies, these marks tell which of its steps were done and which never ran.
+_ALIGN = 64  # a cache line: arrays never share one
+
+
+class StepBlock(Protocol):
+    """A worker's step loop over its sub-envs ``[offset, offset + n)``, writing into the
+    shared views by global index (:class:`~jaxrunner._src.backends.sub_envs.SubEnvs` and its
+    multi-agent twin)."""
+
+    @property
+    def num_restarts(self) -> int:
+        """Sub-envs restarted so far (after a failed step or reset)."""
+        ...
+
+    def step(self, lo: int, hi: int, actions: Sequence[Any]) -> StepResult: ...
+
+    def reset(self, seeds: Sequence[int | None], options: dict[str, Any] | None) -> list[dict]: ...
+
+    def reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict: ...
+
+    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]: ...
+
+    def get_attr(self, name: str) -> list[Any]: ...
+
+    def set_attr(self, name: str, values: Sequence[Any]) -> None: ...
+
+    def render(self) -> list[Any]: ...
+
+
+class BlockLayout(Protocol):
+    """What a kind of sub-env brings to the process transport (pickled to each worker
+    with the shared block). Both sides call :meth:`views` on the same block."""
+
+    @property
+    def num_envs(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def views(self, buffer: Any) -> Any:
+        """The block carved into numpy views (every array ``[num_envs, ...]``, with
+        ``.status`` the progress marks and ``.action`` the action buffers)."""
+        ...
+
+    # -- worker side
+
+    def block(
+        self,
+        envs: list[Any],
+        fns: Sequence[Callable[[], Any]],
+        offset: int,
+        views: Any,
+        restart_policy: RestartPolicy | None,
+        status: MutableSequence[int],
+    ) -> StepBlock:
+        """The worker's step loop over ``envs`` (sub-envs ``offset..``)."""
+        ...
+
+    def actions_reader(self, views: Any) -> Callable[[int, int], list[Any]]:
+        """``read(lo, hi)``: sub-envs ``[lo, hi)``'s actions, copied out of the shared
+        buffer (an env may keep its action)."""
+        ...
+
+    # -- main side
+
+    def check_actions(self, actions: Any, num: int) -> None:
+        """Validates a batch of ``num`` actions, before any sub-env steps."""
+        ...
+
+    def write_actions(self, views: Any, actions: Any, lo: int, hi: int) -> None:
+        """Writes a checked batch of ``hi - lo`` actions to rows ``[lo, hi)``."""
+        ...
+
+    def fail_slot(self, views: Any, index: int) -> None:
+        """Sub-env ``index``'s slot of the step under way holds no transition (its
+        worker died): written in place of the worker's results."""
+        ...
+
+    def result(
+        self,
+        views: Any,
+        lo: int,
+        hi: int,
+        whole: bool,
+        infos: dict[int, dict[str, Any]],
+        reset_infos: dict[int, dict[str, Any]],
+        failed: list[int],
+        errors: dict[int, BaseException],
+    ) -> Any:
+        """Sub-envs ``[lo, hi)``'s step, read from ``views`` once their workers are done
+        (``whole``: every env, in one lockstep call): the non-empty step and autoreset
+        infos, the failed slots and the errors by global index."""
+        ...
+
+
+class Views(NamedTuple):
+    """Numpy views of a single-agent shared block (all ``[num_envs, ...]``)."""
+
+    obs: Any
+    next_obs: Any
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    action: Any
+    status: np.ndarray
+
+    @property
+    def step_buffers(self) -> StepBuffers:
+        """The buffers the step loop writes."""
+        return StepBuffers(self.obs, self.next_obs, self.reward, self.terminated, self.truncated)
+
+
+class Carver:
+    """Carves consecutive, cache-line aligned arrays out of ``buffer`` (None: only
+    counts the bytes, in :attr:`offset`)."""
+
+    def __init__(self, buffer: Any, num_envs: int) -> None:
+        self.buffer, self.num_envs, self.offset = buffer, num_envs, 0
+
+    def take(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        start = self.offset
+        self.offset += -(-max(size, 1) // _ALIGN) * _ALIGN
+        if self.buffer is None:
+            return np.empty(0, dtype)
+        return np.frombuffer(self.buffer, dtype, int(np.prod(shape)), start).reshape(shape)
+
+    def space(self, space: gymnasium.Space, lead: tuple[int, ...] = ()) -> Any:
+        """Buffers of ``space``'s values, ``[num_envs, *lead, ...]``."""
+        template = jr_spaces.allocate(space, (0,))
+        return jr_spaces.map_structure(
+            space,
+            lambda leaf: self.take((self.num_envs, *lead, *leaf.shape[1:]), leaf.dtype),
+            template,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The single-agent (gymnasium) block: where each stacked buffer lives; both sides
+    compute the same offsets from the same spaces and ``num_envs``."""
+
+    observation_space: gymnasium.Space
+    action_space: gymnasium.Space
+    num_envs: int
+
+    def _carve(self, buffer: Any) -> tuple[Views, int]:
+        carve = Carver(buffer, self.num_envs)
+        n = self.num_envs
+        views = Views(
+            obs=carve.space(self.observation_space),
+            next_obs=carve.space(self.observation_space),
+            reward=carve.take((n,), np.float64),
+            terminated=carve.take((n,), np.bool_),
+            truncated=carve.take((n,), np.bool_),
+            action=carve.space(self.action_space),
+            status=carve.take((n,), np.int8),
+        )
+        return views, carve.offset
+
+    @property
+    def nbytes(self) -> int:
+        return self._carve(None)[1]
+
+    def views(self, buffer: Any) -> Views:
+        return self._carve(buffer)[0]
+
+    def block(
+        self,
+        envs: list[Any],
+        fns: Sequence[Callable[[], Any]],
+        offset: int,
+        views: Views,
+        restart_policy: RestartPolicy | None,
+        status: MutableSequence[int],
+    ) -> SubEnvs:
+        return SubEnvs(
+            envs, fns, offset, views.step_buffers, self.observation_space, restart_policy, status
+        )
+
+    def actions_reader(self, views: Views) -> Callable[[int, int], list[Any]]:
+        space, buffer = self.action_space, views.action
+        if isinstance(space, (gymnasium.spaces.Dict, gymnasium.spaces.Tuple)):
+            return lambda lo, hi: [jr_spaces.take(space, buffer, i) for i in range(lo, hi)]
+        if buffer.ndim == 1:
+            return lambda lo, hi: list(buffer[lo:hi])  # numpy scalars are copies
+        return lambda lo, hi: list(buffer[lo:hi].copy())
+
+    def check_actions(self, actions: Any, num: int) -> None:
+        jr_spaces.check_action_batch(self.action_space, actions, num)
+
+    def write_actions(self, views: Views, actions: Any, lo: int, hi: int) -> None:
+        jr_spaces.copy_into(self.action_space, views.action, actions, slice(lo, hi))
+
+    def fail_slot(self, views: Views, index: int) -> None:
+        fail_slot(views.step_buffers, self.observation_space, index)
+
+    def result(
+        self,
+        views: Views,
+        lo: int,
+        hi: int,
+        whole: bool,
+        infos: dict[int, dict[str, Any]],
+        reset_infos: dict[int, dict[str, Any]],
+        failed: list[int],
+        errors: dict[int, BaseException],
+    ) -> BatchStep:
+        step_infos: list[dict[str, Any]] = [{} for _ in range(hi - lo)]
+        for i, info in infos.items():
+            step_infos[i - lo] = info
+        ended = (views.terminated[lo:hi] | views.truncated[lo:hi]).nonzero()[0]
+        all_reset_infos = {lo + int(j): {} for j in ended} if len(ended) else {}
+        all_reset_infos.update(reset_infos)
+        return views.step_buffers.batch_step(
+            self.observation_space,
+            None if whole else slice(lo, hi),
+            step_infos,
+            all_reset_infos,
+            failed_mask(failed, lo, hi) if failed else None,
+            errors or None,
+        )
+
+
+def create_shared_block(nbytes: int) -> tuple[int, mmap.mmap]:
+    """An anonymous shared-memory file (no name to leak) and its mapping."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("jaxrunner-process", os.MFD_CLOEXEC)
+    else:  # other Unixes: an unlinked temporary file
+        import tempfile
+
+        with tempfile.TemporaryFile() as file:
+            fd = os.dup(file.fileno())
+    os.ftruncate(fd, nbytes)
+    return fd, mmap.mmap(fd, nbytes)

@@ -1,0 +1,223 @@
+"""The worker process of ``backend="process"``: owns a block of sub-envs.
+
+Each worker owns the sub-envs ``[offset, offset + len(envs))`` and one Unix socket
+to the main process, on which it answers commands (:mod:`.wire`) in order. Step
+data goes through the shared block (:mod:`.shared`), never the socket.
+
+Steps run the shared loop of :mod:`jaxrunner._src.backends.sub_envs` over views of the shared
+block, so validation, autoreset and restarts are the sync backend's. Restarts: with a
+restart policy (sent with the shared block), a sub-env that raises or returns an
+invalid step is recreated here from its factory (:mod:`jaxrunner._src.backends.restarts`). A worker
+that dies or hangs is the main process's to replace; to tell which steps a dying
+worker had done, the loop marks each sub-env's progress in the shared ``status``
+array (``NOT_RUN`` -> ``RUNNING`` -> ``DONE``).
+
+A worker ends when told to close, and on its own when the main process goes away
+(its socket reaches EOF), so it never outlives the main process. This is the module
+the fork server preloads: it must not start JAX.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import select
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+
+from jaxrunner._src.backends.process.launch import available_cpus
+from jaxrunner._src.backends.process.protocol import (
+    COMMAND,
+    OP_MEMORY,
+    OP_STEP,
+    REPLY,
+    START_REPORT_SEQ,
+    STATUS_ERROR,
+    STATUS_OK,
+    RemoteError,
+    Spin,
+    StepReply,
+    recv_exact,
+)
+from jaxrunner._src.backends.process.shared import BlockLayout, StepBlock
+from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sub_envs import SubEnvRaised, build_envs
+from jaxrunner.errors import EnvError, JaxRunnerError
+
+
+class Worker:
+    """Owns sub-envs ``[offset, offset + len(envs))`` and answers the main process."""
+
+    def __init__(
+        self, sock: socket.socket, offset: int, fns: list[Callable[[], gymnasium.Env]]
+    ) -> None:
+        self.sock, self.offset, self.fns = sock, offset, fns
+        self.envs: list[gymnasium.Env] = []
+        self.sub_envs: StepBlock | None = None
+        """The step loop over ``envs``, once the shared block is attached."""
+        self._memory: mmap.mmap | None = None
+        self.spin = Spin(0.0)
+        """How long to busy-wait for the next command before sleeping in ``recv``."""
+
+    # -- setup
+
+    def attach(
+        self, fd: int, layout: BlockLayout, policy: RestartPolicy | None, spin_s: float
+    ) -> None:
+        """Maps the shared block, builds the layout's step loop over it and keeps the
+        spin budget."""
+        self.spin = Spin(spin_s, available_cpus())
+        self._memory = mmap.mmap(fd, layout.nbytes)
+        os.close(fd)
+        v = layout.views(self._memory)
+        self.read_actions = layout.actions_reader(v)
+        self.sub_envs = layout.block(
+            self.envs,
+            self.fns,
+            self.offset,
+            v,
+            policy,
+            # Faster item writes than numpy's (typeshed's memoryview is no MutableSequence).
+            memoryview(v.status),  # type: ignore[arg-type]
+        )
+
+    # -- commands
+
+    def step(self, lo: int, hi: int) -> StepReply | None:
+        """Steps envs ``[lo, hi)`` with the shared loop, as the sync backend does;
+        returns what does not fit in shared memory, or None when that is nothing."""
+        out = self.sub_envs.step(lo, hi, self.read_actions(lo, hi))  # type: ignore[union-attr]
+        infos = {i: info for i, info in enumerate(out.infos, lo) if info}
+        reset_infos = {i: info for i, info in out.reset_infos.items() if info}
+        if not (infos or reset_infos or out.errors):
+            return None
+        failed = set(out.failed)
+        remote = {
+            i: RemoteError.capture(err, "env", i, "step" if i in failed else "reset")
+            for i, err in out.errors.items()
+        }
+        return StepReply(infos, reset_infos, out.failed, remote)
+
+    def reset(
+        self, seeds: list[int | None], options: dict[str, Any] | None
+    ) -> tuple[list[dict], int]:
+        """The reset infos, and the sub-envs restarted because their reset failed (the
+        main side counts restarts: step replies report theirs)."""
+        sub_envs = self.sub_envs
+        before = sub_envs.num_restarts  # type: ignore[union-attr]
+        infos = sub_envs.reset(seeds, options)  # type: ignore[union-attr]
+        return infos, sub_envs.num_restarts - before  # type: ignore[union-attr]
+
+    def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> dict:
+        return self.sub_envs.reset_one(index, seed, options)  # type: ignore[union-attr]
+
+    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+        return self.sub_envs.call(name, args, kwargs)  # type: ignore[union-attr]
+
+    def get_attr(self, name: str) -> list[Any]:
+        return self.sub_envs.get_attr(name)  # type: ignore[union-attr]
+
+    def set_attr(self, name: str, values: list[Any]) -> None:
+        self.sub_envs.set_attr(name, values)  # type: ignore[union-attr]
+
+    def render(self) -> list[Any]:
+        return self.sub_envs.render()  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+        self.envs = []
+
+    # -- the loop
+
+    def reply(self, seq: int, status: int, payload: bytes = b"") -> None:
+        self.sock.sendall(REPLY.pack(seq, status, len(payload)) + payload)
+
+    def error(self, seq: int, err: BaseException) -> None:
+        if isinstance(err, EnvError) and hasattr(err, "recreation_error"):
+            remote = RemoteError.capture_recreation(err)
+        elif isinstance(err, SubEnvRaised):
+            remote = RemoteError.capture(err.__cause__, "env", err.env_index, err.call)  # type: ignore[arg-type]
+            remote.agent_id = err.agent_id
+        elif isinstance(err, JaxRunnerError):
+            remote = RemoteError.capture(err, "check", getattr(err, "env_index", -1), "")
+        else:
+            remote = RemoteError.capture(err, "worker", -1, "")
+        self.reply(seq, STATUS_ERROR, pickle.dumps(remote))
+
+    def serve(self) -> None:
+        """Answers commands until told to close or the main process goes away."""
+        sock, step, reply = self.sock, self.step, self.reply
+        header_size = COMMAND.size
+        dumps = pickle.dumps
+        poll = select.poll()
+        poll.register(sock, select.POLLIN)
+        while True:
+            self.spin.until_readable(poll.poll)
+            try:
+                header = recv_exact(sock, header_size)
+            except (EOFError, OSError):
+                return  # the main process is gone
+            op, seq, lo, hi, length = COMMAND.unpack(header)
+            try:
+                if op == OP_STEP:
+                    result = step(lo, hi)
+                    reply(seq, STATUS_OK, b"" if result is None else dumps(result, protocol=5))
+                    continue
+                payload = recv_exact(sock, length) if length else b""
+                if op == OP_MEMORY:
+                    layout, policy, spin_s = pickle.loads(payload)
+                    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+                    self.attach(fds[0], layout, policy, spin_s)
+                    reply(seq, STATUS_OK)
+                    continue
+                method, args = pickle.loads(payload)
+                result = getattr(self, method)(*args)
+                reply(seq, STATUS_OK, dumps(result, protocol=5))
+                if method == "close":
+                    return
+            except (EOFError, BrokenPipeError, ConnectionResetError):
+                return
+            except Exception as err:
+                self.error(seq, err)
+
+
+def describe(envs: list[Any]) -> dict[str, Any]:
+    """A worker's start report: what its sub-envs are (the main process checks every
+    worker's against the first's): gymnasium envs by their spaces, PettingZoo envs by
+    their agents' spaces."""
+    first = envs[0]
+    report = {
+        "metadata": getattr(first, "metadata", {}),
+        "render_mode": getattr(first, "render_mode", None),
+    }
+    if hasattr(first, "possible_agents"):  # PettingZoo (imported only then)
+        from jaxrunner._src.runner.agent_groups import describe_agents
+
+        report["agents"] = [describe_agents(env) for env in envs]
+    else:
+        report["spaces"] = [(env.observation_space, env.action_space) for env in envs]
+    return report
+
+
+def worker_main(sock: socket.socket, offset: int, payload: bytes) -> None:
+    """The worker process's entry point: builds the envs, reports their spaces and
+    metadata, then serves commands."""
+    worker = Worker(sock, offset, [])
+    try:
+        worker.fns = pickle.loads(payload)
+        worker.envs = build_envs(worker.fns, offset)
+        worker.reply(START_REPORT_SEQ, STATUS_OK, pickle.dumps(describe(worker.envs)))
+    except BaseException as err:
+        worker.error(START_REPORT_SEQ, err)
+        sock.close()
+        return
+    try:
+        worker.serve()
+    finally:
+        worker.close()
+        sock.close()

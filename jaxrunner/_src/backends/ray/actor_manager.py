@@ -1,0 +1,215 @@
+"""The env actors of ``backend="ray"``: starting, replacing and killing them, and what
+their failures mean."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium
+
+from jaxrunner._src.backends.error_indices import with_global_env_index
+from jaxrunner._src.backends.ray.config import RayConfig
+from jaxrunner._src.backends.ray.env_actor import EnvWorker
+from jaxrunner._src.backends.restarts import RestartPolicy, retry
+from jaxrunner.errors import RemoteTimeoutError, WorkerError
+
+EnvFactory = Callable[[], gymnasium.Env]
+
+
+class ActorPool:
+    """One Ray actor per block of sub-envs (:attr:`unit_rows`), replaced when it dies.
+
+    Args:
+        ray: the ``ray`` module.
+        env_fns: one factory per sub-env.
+        config: placement and timeouts.
+        restart_policy: how dead actors are replaced (None: their failure raises).
+        worker: the actor's body, built as ``worker(env_fns, restart_policy, offset,
+            *worker_args)`` (``offset``: its first sub-env's global index), with
+            ``describe``, ``reset``, ``reset_at``, ``step``, ``num_restarts``, ``call``,
+            ``get_attr``, ``set_attr``, ``render`` and ``close``: :class:`EnvWorker` for
+            gymnasium envs, the multi-agent one for PettingZoo envs.
+        worker_args: more arguments for ``worker``.
+    """
+
+    def __init__(
+        self,
+        ray: Any,
+        env_fns: Sequence[EnvFactory],
+        config: RayConfig,
+        restart_policy: RestartPolicy | None,
+        worker: type = EnvWorker,
+        worker_args: tuple = (),
+    ) -> None:
+        self.ray, self.env_fns, self.config = ray, list(env_fns), config
+        self.restart_policy = restart_policy
+        n, per = len(self.env_fns), config.envs_per_actor
+        self.unit_rows = [slice(lo, min(lo + per, n)) for lo in range(0, n, per)]
+        """The sub-envs each actor runs (consecutive blocks)."""
+        self.actors: list[Any] = []
+        """The current actor handles, one per block."""
+        self.num_actor_restarts = 0
+        """Actors replaced after dying or timing out."""
+        self._remote_cls = ray.remote(worker)
+        self._worker_args = worker_args
+
+    def start(self) -> list[Any]:
+        """Starts every actor; returns each one's ``describe()`` (kills them all if any
+        fails)."""
+        try:
+            self.actors = [self._make(u) for u in range(len(self.unit_rows))]
+            return self.get_all(
+                [a.describe.remote() for a in self.actors], self.config.actor_start_timeout_s
+            )
+        except BaseException:
+            self.kill_all()
+            raise
+
+    def _make(self, u: int) -> Any:
+        rows = self.unit_rows[u]
+        return self._remote_cls.options(num_cpus=self.config.num_cpus_per_actor).remote(
+            self.env_fns[rows], self.restart_policy, rows.start, *self._worker_args
+        )
+
+    def replace(self, u: int, cause: BaseException) -> Any:
+        """Kills actor ``u`` and starts a new one (reset, unseeded, as an in-process
+        restart; retried as the policy says); returns what its ``reset`` returned (its
+        first observations and infos), or raises WorkerError."""
+        self.kill(self.actors[u])
+        rows = self.unit_rows[u]
+        policy = self.restart_policy
+        if policy is None:
+            raise WorkerError(
+                f"Ray env actor {u} (sub-envs {rows.start}..{rows.stop - 1}) failed: {cause!r}. "
+                "Pass restart_policy=jaxrunner.RestartPolicy() to the vector env (make_vec) to "
+                "replace failed actors and go on sampling.",
+                u,
+                range(rows.start, rows.stop),
+            ) from cause
+
+        def attempt() -> Any:
+            actor = self._make(u)
+            try:
+                first = self.ray.get(
+                    actor.reset.remote([None] * (rows.stop - rows.start), None),
+                    timeout=self.config.actor_start_timeout_s,
+                )
+            except BaseException:
+                self.kill(actor)
+                raise
+            self.actors[u] = actor
+            self.num_actor_restarts += 1
+            return first
+
+        def give_up(last: BaseException) -> BaseException:
+            return WorkerError(
+                f"Ray env actor {u} (sub-envs {rows.start}..{rows.stop - 1}) failed ({cause!r}) "
+                f"and could not be replaced: {policy.max_attempts} attempts failed, the last "
+                f"with {last!r}. Check the cluster's resources and the env factory.",
+                u,
+                range(rows.start, rows.stop),
+            )
+
+        return retry(attempt, policy, cause, give_up)
+
+    def remote_error(self, err: BaseException, u: int, call: str) -> BaseException:
+        """What a failed remote call means: a dead actor (WorkerError) or an error raised
+        by its sub-envs (the original, re-indexed where it names a sub-env). Raise it as
+        it is, not ``from err``: it chains what it should (a sub-env's own exception,
+        which crossed with it, else the remote traceback)."""
+        ray = self.ray
+        rows = self.unit_rows[u]
+        if isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)):
+            error = WorkerError(
+                f"Ray env actor {u} (sub-envs {rows.start}..{rows.stop - 1}) died or did not "
+                f"answer during {call}(): {err}",
+                u,
+                range(rows.start, rows.stop),
+            )
+            error.__cause__ = err
+            return error
+        if isinstance(err, ray.exceptions.RayTaskError):
+            cause = getattr(err, "cause", None)
+            if cause is None:
+                cause = err
+            if cause is not err:
+                if cause.__cause__ is None:
+                    cause.__cause__ = err
+                elif hasattr(cause, "add_note"):  # Python >= 3.11
+                    cause.add_note(f"jaxrunner: raised in Ray env actor {u}: {err}")
+            return with_global_env_index(cause, rows.start, f"Ray env actor {u}")
+        return err
+
+    def get_all(self, refs: list[Any], timeout: float | None) -> list[Any]:
+        """``ray.get(refs)``; a timeout says what the actors may lack."""
+        ray = self.ray
+        try:
+            return ray.get(refs, timeout=timeout)
+        except ray.exceptions.GetTimeoutError as err:
+            raise RemoteTimeoutError(
+                f"Ray env actors did not answer within {timeout}s. If they are still being "
+                f"placed, the cluster lacks the resources: each asks for num_cpus="
+                f"{self.config.num_cpus_per_actor} (ray.available_resources(): "
+                f"{ray.available_resources()}). Lower RayConfig.num_cpus_per_actor "
+                "(fractions allowed) or envs per actor, or add nodes."
+            ) from err
+
+    def call_each(self, method: str, *args: Any) -> tuple[Any, ...]:
+        """``method(*args)`` on every actor, its per-sub-env results in one tuple."""
+        parts = self.get_all([getattr(a, method).remote(*args) for a in self.actors], None)
+        return tuple(x for part in parts for x in part)
+
+    def set_attr(self, name: str, values: list[Any]) -> None:
+        """Sets attribute ``name`` of every sub-env (``values``: one per sub-env)."""
+        refs = [
+            a.set_attr.remote(name, list(values[r])) for a, r in zip(self.actors, self.unit_rows)
+        ]
+        self.get_all(refs, None)
+
+    def num_restarts(self) -> int:
+        """Sub-envs recreated inside the current actors."""
+        return sum(self.get_all([a.num_restarts.remote() for a in self.actors], None))
+
+    def kill(self, actor: Any) -> None:
+        try:  # noqa: SIM105
+            self.ray.kill(actor, no_restart=True)
+        except Exception:  # already gone, or Ray shut down
+            pass
+
+    def kill_all(self) -> None:
+        for actor in self.actors:
+            self.kill(actor)
+
+    def close(self) -> None:
+        """Closes the actors' sub-envs (where they still answer), then kills them."""
+        try:  # noqa: SIM105  (no contextlib: this may run at interpreter exit)
+            self.ray.get([a.close.remote() for a in self.actors], timeout=10)
+        except Exception:  # dead actors, or Ray already shut down: nothing to close
+            pass
+        self.kill_all()
+
+
+class ActorForwarding:
+    """``call``/``get_attr``/``set_attr``/``render`` of a vector env whose sub-envs live
+    in an :class:`ActorPool` (``self._actors``): the single- and multi-agent Ray
+    backends."""
+
+    _actors: ActorPool
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
+        self._check_open("call")  # type: ignore[attr-defined]
+        return self._actors.call_each("call", name, args, kwargs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        self._check_open("get_attr")  # type: ignore[attr-defined]
+        return self._actors.call_each("get_attr", name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self._check_open("set_attr")  # type: ignore[attr-defined]
+        self._actors.set_attr(name, self._values_per_env(name, values))  # type: ignore[attr-defined]
+
+    def render(self) -> tuple[Any, ...]:
+        self._check_open("render")  # type: ignore[attr-defined]
+        return self._actors.call_each("render")

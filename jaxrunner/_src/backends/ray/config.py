@@ -1,0 +1,87 @@
+"""``RayConfig``: the options of ``backend="ray"``, checked once; and Ray's import."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxrunner.errors import InvalidArgumentError
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or an ImportError that says how to install it."""
+    try:
+        import ray
+    except ImportError as err:
+        raise ImportError(
+            f"jaxrunner's Ray support needs Ray: pip install 'jaxrunner[ray]' ({err})"
+        ) from err
+    return ray
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RayConfig:
+    """How ``backend="ray"`` places sub-envs in actors and how the runner batches them.
+
+    Give it to :class:`~jaxrunner.RayVectorEnv` or to
+    ``make_vec(..., backend="ray", config=...)``.
+    """
+
+    envs_per_actor: int = 4
+    """Sub-envs per Ray actor (the last actor may hold fewer). They step together: more
+    per actor means fewer messages, fewer means finer-grained dynamic batching."""
+    num_cpus_per_actor: float = 1.0
+    """Ray CPU resources each env actor reserves (fractions allowed, e.g. 0.5)."""
+    remote_env_batch_wait_ms: float = 0.0
+    """After the first actor's results arrive, how long the runner waits for more before
+    computing actions (0: take whatever is ready now). Longer waits give larger policy
+    batches; shorter waits give lower latency."""
+    batch_buckets: tuple[int, ...] | None = None
+    """Policy batch sizes: the ready envs are padded to the smallest bucket that holds
+    them, and each bucket is compiled once, up front. None: the default buckets (multiples
+    of the policy's chunk, see :mod:`jaxrunner._src.samplers.ready_first`). Any buckets give
+    the sync backend's bits: the policy runs in fixed-size chunks whatever the batch
+    (:mod:`jaxrunner._src.samplers.batch_invariance`)."""
+    step_timeout_s: float | None = None
+    """An actor whose step has not answered after this long is treated as dead (killed,
+    and replaced if restarts are on). None: wait forever."""
+    actor_start_timeout_s: float = 120.0
+    """How long to wait for a new actor to start and reset its sub-envs (the cluster may
+    lack the resources to place it)."""
+    ready_first: bool = False
+    """Multi-agent envs (``make_multi_agent_vec(..., backend="ray")``): False (default):
+    lockstep, ``recv()`` answers the sends in order and the runner pipelines splits;
+    True: ``recv()`` answers whichever actor is ready, so a slow sub-env stalls only
+    its own actor's. Single-agent Ray envs are always ready-first."""
+
+    def __post_init__(self) -> None:
+        def positive(name: str, value: Any, kind: type | tuple[type, ...]) -> None:
+            if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+                raise InvalidArgumentError(f"RayConfig({name}={value!r}): expected a number > 0.")
+
+        positive("envs_per_actor", self.envs_per_actor, int)
+        if not isinstance(self.ready_first, bool):
+            raise InvalidArgumentError(
+                f"RayConfig(ready_first={self.ready_first!r}): expected a bool."
+            )
+        positive("actor_start_timeout_s", self.actor_start_timeout_s, (int, float))
+        if self.step_timeout_s is not None:
+            positive("step_timeout_s", self.step_timeout_s, (int, float))
+        for name in ("num_cpus_per_actor", "remote_env_batch_wait_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise InvalidArgumentError(f"RayConfig({name}={value!r}): expected a number >= 0.")
+        if self.batch_buckets is not None and (
+            not isinstance(self.batch_buckets, tuple)
+            or not self.batch_buckets
+            or any(
+                isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.batch_buckets
+            )
+        ):
+            raise InvalidArgumentError(
+                f"RayConfig(batch_buckets={self.batch_buckets!r}): expected None or a "
+                "non-empty tuple of ints >= 1, e.g. (8, 16, 32)."
+            )
+
+
+__all__ = ["RayConfig", "import_ray"]

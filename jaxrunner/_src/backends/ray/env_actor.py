@@ -1,0 +1,83 @@
+"""The body of one env actor of ``backend="ray"``: a block of sub-envs in a
+:class:`~jaxrunner.SyncVectorEnv` (so the shared step loop of
+:mod:`jaxrunner._src.backends.sub_envs`: validation, SAME_STEP autoreset, restarts)."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium
+
+from jaxrunner._src.backends.base import BatchStep
+from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sync import SyncVectorEnv
+
+EnvFactory = Callable[[], gymnasium.Env]
+
+
+def _portable(err: BaseException) -> BaseException:
+    """``err`` if it survives pickling (it crosses a process boundary), else a
+    RuntimeError carrying its repr."""
+    try:
+        pickle.loads(pickle.dumps(err))
+    except Exception:
+        return RuntimeError(repr(err))
+    return err
+
+
+class EnvWorker:
+    """The body of one env actor: a SyncVectorEnv over a block of sub-envs. Returns
+    copies of its buffers (Ray serializes return values) and portable errors."""
+
+    def __init__(
+        self,
+        env_fns: Sequence[EnvFactory],
+        restart_policy: RestartPolicy | None,
+        offset: int = 0,  # the caller re-indexes errors (the actor pool's convention)
+    ) -> None:
+        self.envs = SyncVectorEnv(env_fns, copy=False, restart_policy=restart_policy)
+
+    def describe(self) -> tuple[gymnasium.Space, gymnasium.Space, dict[str, Any], Any]:
+        envs = self.envs
+        return (
+            envs.single_observation_space,
+            envs.single_action_space,
+            envs.metadata,
+            envs.render_mode,
+        )
+
+    def reset(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None
+    ) -> tuple[Any, list[dict[str, Any]]]:
+        return self.envs.reset_batch(seeds, options)
+
+    def reset_at(
+        self, index: int, seed: int | None, options: dict[str, Any] | None
+    ) -> tuple[Any, dict[str, Any]]:
+        return self.envs.reset_at(index, seed=seed, options=options)
+
+    def step(self, actions: Any, rows: slice | None) -> BatchStep:
+        out = self.envs.step_batch(actions, rows)
+        if out.errors:
+            out = out._replace(errors={i: _portable(e) for i, e in out.errors.items()})
+        return out
+
+    def num_restarts(self) -> int:
+        return self.envs.num_restarts
+
+    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        return self.envs.call(name, *args, **kwargs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        return self.envs.get_attr(name)
+
+    def set_attr(self, name: str, values: list[Any]) -> None:
+        self.envs.set_attr(name, values)
+
+    def render(self) -> tuple[Any, ...]:
+        return self.envs.render()
+
+    def close(self) -> None:
+        self.envs.close()

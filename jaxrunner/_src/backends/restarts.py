@@ -1,0 +1,151 @@
+"""Restarting failed sub-envs: the policy and the bounded, backed-off recreation.
+
+A backend that can restart (``capabilities.can_restart``) and is given a
+``restart_policy`` at construction turns a sub-env's failure into a restart instead of an
+error: the sub-env is closed, recreated from its factory and reset; the failed
+call yields no transition (its slot is marked in ``BatchStep.failed``). Every
+other sub-env carries on untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import gymnasium
+
+from jaxrunner._src.space_arrays import check_info
+from jaxrunner.errors import EnvError, InvalidArgumentError
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RestartPolicy:
+    """How a failed sub-env is recreated."""
+
+    max_attempts: int = 3
+    """Recreations (make + reset) tried in a row before giving up and raising."""
+    backoff_s: float = 0.0
+    """Wait before the second attempt; doubled after each further failure."""
+    max_backoff_s: float = 5.0
+    """Upper bound of the wait between attempts."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise InvalidArgumentError(
+                f"RestartPolicy(max_attempts={self.max_attempts!r}): expected an int >= 1."
+            )
+        if self.max_attempts < 1:
+            raise InvalidArgumentError(
+                f"RestartPolicy(max_attempts={self.max_attempts}): expected >= 1."
+            )
+        if not 0 <= self.backoff_s <= self.max_backoff_s:
+            raise InvalidArgumentError(
+                f"RestartPolicy(backoff_s={self.backoff_s}, max_backoff_s={self.max_backoff_s}):"
+                " expected 0 <= backoff_s <= max_backoff_s."
+            )
+
+    def waits(self) -> list[float]:
+        """The wait before each attempt (none before the first)."""
+        waits, wait = [0.0], self.backoff_s
+        for _ in range(self.max_attempts - 1):
+            waits.append(wait)
+            wait = min(2 * wait, self.max_backoff_s) if wait else 0.0
+        return waits
+
+
+def retry(
+    attempt: Callable[[], T],
+    policy: RestartPolicy,
+    cause: BaseException,
+    give_up: Callable[[BaseException], BaseException],
+) -> T:
+    """Calls ``attempt`` until it returns, at most ``policy.max_attempts`` times, waiting
+    ``policy.waits()`` before each try: the one retry-with-backoff of every backend.
+
+    Args:
+        attempt: one try; it cleans up after itself when it raises.
+        policy: attempts and backoff.
+        cause: the failure that made the retries necessary (chained if we give up).
+        give_up: ``(last_error) -> error``: the error to raise once every attempt failed.
+
+    Raises:
+        The error ``give_up`` returns, from ``cause``; its ``recreation_error`` is the
+        last attempt's error.
+    """
+    last: BaseException | None = None
+    for wait in policy.waits():
+        time.sleep(wait)
+        try:
+            return attempt()
+        except Exception as err:
+            last = err
+    assert last is not None  # internal: max_attempts >= 1
+    error = give_up(last)
+    error.recreation_error = last  # type: ignore[attr-defined]
+    raise error from cause
+
+
+def recreate(
+    old: gymnasium.Env,
+    factory: Callable[[], gymnasium.Env],
+    index: int,
+    policy: RestartPolicy,
+    cause: BaseException,
+    write_obs: Callable[[int, Any], None],
+) -> tuple[gymnasium.Env, dict[str, Any]]:
+    """Replaces failed sub-env ``index``: closes ``old``, then makes and resets a new
+    one, trying ``policy.max_attempts`` times (:func:`retry`).
+
+    Args:
+        old: the failed sub-env (closed quietly: its close may fail too).
+        factory: the sub-env's factory.
+        index: the sub-env's index (for messages).
+        policy: attempts and backoff.
+        cause: the failure that made the restart necessary (chained if we give up).
+        write_obs: ``(index, obs)``: stores and validates the new env's first
+            observation; a bad one (or a bad info) is a failed attempt.
+
+    Returns:
+        ``(env, info)``: the new sub-env and its reset info.
+
+    Raises:
+        EnvError: every attempt failed. The original failure (``cause``) is chained;
+            the last attempt's error is in the message and ``err.recreation_error``.
+    """
+    close_quietly(old)
+
+    def attempt() -> tuple[gymnasium.Env, dict[str, Any]]:
+        env = factory()
+        try:
+            obs, info = env.reset()
+            write_obs(index, obs)
+            return env, check_info(info, index, "reset")
+        except BaseException:
+            close_quietly(env)
+            raise
+
+    def give_up(last: BaseException) -> BaseException:
+        return EnvError(
+            f"sub-env {index} failed ({cause!r}) and could not be recreated: "
+            f"{policy.max_attempts} attempts in a row failed, the last with {last!r}. Fix the "
+            "env factory, or raise RestartPolicy(max_attempts=...) / backoff_s.",
+            index,
+        )
+
+    return retry(attempt, policy, cause, give_up)
+
+
+def close_quietly(env: gymnasium.Env) -> None:
+    """Closes a sub-env that already failed; its close may fail too and must not mask
+    the original error."""
+    try:  # noqa: SIM105
+        env.close()
+    except Exception:
+        pass
+
+
+__all__ = ["RestartPolicy", "close_quietly", "recreate", "retry"]

@@ -1,0 +1,428 @@
+"""The one per-sub-env step loop: step, validate, restart, SAME_STEP autoreset.
+
+:class:`SubEnvs` owns a block of sub-envs (their factories and restart policy) and
+writes their results into buffers its caller gives it (:class:`StepBuffers`): the
+sync backend's own arrays, or a process worker's views of shared memory. The sync
+backend, the process worker and (through the sync backend) the Ray actor all step
+with it, so validation, autoreset and restarts are one mechanism.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableSequence, Sequence
+from typing import Any, NamedTuple
+
+import gymnasium
+import numpy as np
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.backends.base import BatchStep
+from jaxrunner._src.backends.restarts import RestartPolicy, recreate
+from jaxrunner._src.space_arrays import check_flag, check_info, check_reward
+from jaxrunner._src.space_arrays.checks import all_finite_test, nonfinite_observations
+from jaxrunner.errors import EnvError, JaxRunnerError
+
+EnvFactory = Callable[[], gymnasium.Env]
+
+# Per sub-env progress of a step, written to the caller's ``status`` array: a process
+# worker's shared marks tell the main process which steps a dead worker had done.
+NOT_RUN, RUNNING, DONE = 0, 1, 2
+
+
+class StepBuffers(NamedTuple):
+    """The stacked buffers a step writes (all ``[num_envs, ...]``, by global index)."""
+
+    obs: Any
+    next_obs: Any
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+
+    @classmethod
+    def allocate(cls, obs_space: gymnasium.Space, num_envs: int) -> StepBuffers:
+        """New zeroed buffers for ``num_envs`` sub-envs."""
+        return cls(
+            jr_spaces.allocate(obs_space, (num_envs,)),
+            jr_spaces.allocate(obs_space, (num_envs,)),
+            np.zeros(num_envs, dtype=np.float64),
+            np.zeros(num_envs, dtype=np.bool_),
+            np.zeros(num_envs, dtype=np.bool_),
+        )
+
+    def batch_step(
+        self,
+        obs_space: gymnasium.Space,
+        rows: slice | None,
+        infos: list[dict[str, Any]],
+        reset_infos: dict[int, dict[str, Any]],
+        failed: np.ndarray | None = None,
+        errors: dict[int, BaseException] | None = None,
+    ) -> BatchStep:
+        """Rows ``rows``' results as a :class:`BatchStep` of views (``env_ids`` is
+        ``rows``); None: the buffers themselves, every env."""
+        if rows is None:
+            obs, next_obs, part = self.obs, self.next_obs, slice(None)
+        else:
+            obs = jr_spaces.rows(obs_space, self.obs, rows)
+            next_obs = jr_spaces.rows(obs_space, self.next_obs, rows)
+            part = rows
+        return BatchStep(
+            obs,
+            next_obs,
+            self.reward[part],
+            self.terminated[part],
+            self.truncated[part],
+            infos,
+            reset_infos,
+            failed,
+            errors,
+            rows,
+        )
+
+    def merge(self, obs_space: gymnasium.Space, results: Sequence[BatchStep]) -> BatchStep:
+        """Results of contiguous blocks (``env_ids`` slices, in order) as one BatchStep
+        whose ``env_ids`` is an int array; its arrays are copies from these buffers."""
+        ids = np.concatenate([np.arange(block.start, block.stop) for block in map(span, results)])
+        failed = [
+            np.zeros(len(r.reward), np.bool_) if r.failed is None else r.failed for r in results
+        ]
+        errors = {i: e for r in results for i, e in (r.errors or {}).items()}
+        return BatchStep(
+            jr_spaces.take(obs_space, self.obs, ids),
+            jr_spaces.take(obs_space, self.next_obs, ids),
+            self.reward[ids],
+            self.terminated[ids],
+            self.truncated[ids],
+            [info for r in results for info in r.infos],
+            {i: info for r in results for i, info in r.reset_infos.items()},
+            np.concatenate(failed) if any(r.failed is not None for r in results) else None,
+            errors or None,
+            ids,
+        )
+
+
+def span(result: BatchStep) -> slice:
+    """The contiguous envs of a block's result (blocks report theirs as a slice)."""
+    if not isinstance(result.env_ids, slice):
+        raise TypeError(
+            f"expected a block's result, whose env_ids is a slice; got {result.env_ids!r}"
+        )
+    return result.env_ids
+
+
+def fail_slot(buffers: StepBuffers, space: gymnasium.Space, index: int | slice) -> None:
+    """Sub-envs ``index``' slots of the step under way hold no transition: reward 0,
+    no flags, ``next_obs = obs`` (by then the reset observation of the new sub-env).
+    The one failed-slot helper of every backend."""
+    buffers.reward[index], buffers.terminated[index], buffers.truncated[index] = 0.0, False, False
+    jr_spaces.copy_into(space, buffers.next_obs, jr_spaces.rows(space, buffers.obs, index), index)
+
+
+class ActionSplitters:
+    """Validating splitters of action batches into per-sub-env actions, built once per
+    batch size (:func:`jaxrunner._src.space_arrays.make_action_splitter`)."""
+
+    def __init__(self, action_space: gymnasium.Space) -> None:
+        self.action_space = action_space
+        self._by_size: dict[int, Callable[[Any], list[Any]]] = {}
+
+    def split(self, actions: Any, size: int) -> list[Any]:
+        """``actions`` (a batch of ``size``) as one action per sub-env; raises
+        InvalidActionError before anything steps if the batch does not fit."""
+        splitter = self._by_size.get(size)
+        if splitter is None:
+            splitter = jr_spaces.make_action_splitter(self.action_space, size)
+            self._by_size[size] = splitter
+        return splitter(actions)
+
+
+class SubEnvRaised(EnvError):
+    """A sub-env's own code raised in ``call`` (``"step"``, ``"reset"``, ``"factory"``);
+    the original is chained. ``agent_id``: in a turn-based multi-agent env, the agent
+    whose turn it was (None otherwise)."""
+
+    def __init__(
+        self, err: BaseException, env_index: int, call: str, agent_id: str | None = None
+    ) -> None:
+        who = (
+            f"sub-env {env_index}"
+            if agent_id is None
+            else f"sub-env {env_index} (agent {agent_id!r})"
+        )
+        super().__init__(f"{who} raised in {call}(): {err!r}", env_index)
+        self.call = call
+        self.agent_id = agent_id
+
+
+def original(err: BaseException) -> BaseException:
+    """The sub-env's own exception behind a :class:`SubEnvRaised` (else ``err``)."""
+    return err.__cause__ if isinstance(err, SubEnvRaised) and err.__cause__ else err
+
+
+class StepResult(NamedTuple):
+    """What :meth:`SubEnvs.step` returns besides what it wrote to the buffers."""
+
+    infos: list[dict[str, Any]]
+    """Step infos of ``[lo, hi)`` in order (``{}`` for a failed step)."""
+    reset_infos: dict[int, dict[str, Any]]
+    """Infos of the autoresets, by global index."""
+    failed: list[int]
+    """Global indices whose step failed (restarted; their slots hold no transition)."""
+    errors: dict[int, BaseException]
+    """Every failure (step, or autoreset after a good step), by global index."""
+
+    def failed_mask(self, lo: int, hi: int) -> np.ndarray | None:
+        """The failed steps of ``[lo, hi)`` as a bool mask (None: none failed)."""
+        return failed_mask(self.failed, lo, hi)
+
+
+def failed_mask(failed: Sequence[int], lo: int, hi: int) -> np.ndarray | None:
+    """Sub-envs ``failed`` (global indices in ``[lo, hi)``) as a ``[hi - lo]`` bool
+    mask, as ``BatchStep.failed`` holds them; None when ``failed`` is empty."""
+    if not failed:
+        return None
+    mask = np.zeros(hi - lo, np.bool_)
+    mask[np.asarray(failed) - lo] = True
+    return mask
+
+
+class SubEnvs:
+    """Sub-envs ``[offset, offset + len(envs))`` of a vector env, stepped in turn.
+
+    Args:
+        envs: the sub-envs (owned: replaced on restarts, closed by :meth:`close`).
+        fns: their factories (for restarts).
+        offset: the global index of ``envs[0]``.
+        buffers: where results go, indexed by global index.
+        obs_space: the single observation space (validates every observation).
+        restart_policy: with one, a failing sub-env is recreated and its step
+            failed; without, the failure raises (:class:`SubEnvRaised` for the env's
+            own exceptions, the check's error for an invalid step).
+        status: per global index, the progress marks (``RUNNING``, ``DONE``); None:
+            not kept.
+    """
+
+    def __init__(
+        self,
+        envs: list[gymnasium.Env],
+        fns: Sequence[EnvFactory],
+        offset: int,
+        buffers: StepBuffers,
+        obs_space: gymnasium.Space,
+        restart_policy: RestartPolicy | None,
+        status: MutableSequence[int] | None = None,
+    ) -> None:
+        self.envs, self.fns, self.offset = envs, list(fns), offset
+        self.buffers, self.obs_space, self.restart_policy = buffers, obs_space, restart_policy
+        self.status = status if status is not None else bytearray(offset + len(envs))
+        self.write_obs = jr_spaces.make_writer(obs_space, buffers.obs)
+        self.write_next_obs = jr_spaces.make_writer(obs_space, buffers.next_obs)
+        # Array observations (Box, MultiBinary, MultiDiscrete) are checked inline and
+        # written in one slice assignment per step: a numpy write per row costs more.
+        self._obs_leaf = _array_leaf(obs_space)
+        # NaN and inf observations are invalid steps: one sum per float leaf and block
+        # (None: no float leaf), the exact check only when a sum is not finite.
+        self._all_finite = all_finite_test(obs_space, buffers.next_obs)
+        self.num_restarts = 0
+        """Sub-envs recreated after a failure."""
+
+    def step(self, lo: int, hi: int, actions: Sequence[Any]) -> StepResult:
+        """Steps sub-envs ``[lo, hi)`` (global indices) with ``actions[i - lo]``, SAME_STEP
+        autoreset included: where an episode ended, ``next_obs`` keeps the final
+        observation and ``obs`` gets the reset's. Each sub-env's results are checked as
+        it returns them and written to the buffers once the block has stepped."""
+        b = self.buffers
+        write_next_obs, envs, offset = self.write_next_obs, self.envs, self.offset
+        status, policy = self.status, self.restart_policy
+        dtype, shape = self._obs_leaf or (None, None)  # None: every obs goes to the writer
+        infos: list[dict[str, Any]] = []
+        ended: list[int] = []
+        errors: dict[int, BaseException] = {}
+        next_obs: list[Any] = []  # the results of the sub-envs that stepped fine:
+        rewards: list[float] = []
+        terms: list[bool] = []
+        truncs: list[bool] = []
+        for i, action in zip(range(lo, hi), actions):
+            status[i] = RUNNING
+            try:
+                obs, r, term, trunc, info = envs[i - offset].step(action)
+            except Exception as err:
+                if policy is None:
+                    raise SubEnvRaised(err, i, "step") from err
+                errors[i] = err
+                infos.append({})
+                continue
+            try:
+                # Fast paths for the common types (r - r is NaN for NaN and inf); the
+                # checks explain anything else, and the writer writes what it accepts.
+                if type(obs) is not np.ndarray or obs.dtype is not dtype or obs.shape != shape:
+                    write_next_obs(i, obs)
+                    if dtype is not None:  # the block write below keeps what it wrote
+                        obs = b.next_obs[i]
+                if type(r) is not float or r - r != 0.0:
+                    r = check_reward(r, i)
+                if type(term) is not bool:
+                    term = check_flag(term, i, "terminated")
+                if type(trunc) is not bool:
+                    trunc = check_flag(trunc, i, "truncated")
+                if type(info) is not dict:
+                    info = check_info(info, i, "step")
+            except JaxRunnerError as err:  # an invalid step, already explained
+                if policy is None:
+                    raise
+                errors[i] = err
+                infos.append({})
+                continue
+            next_obs.append(obs)
+            rewards.append(r)
+            terms.append(term)
+            truncs.append(trunc)
+            infos.append(info)
+            if term or trunc:
+                ended.append(i)
+            status[i] = DONE
+        if next_obs:
+            written = slice(lo, hi) if not errors else [i for i in range(lo, hi) if i not in errors]
+            if dtype is not None:
+                b.next_obs[written] = next_obs
+            b.reward[written] = rewards
+            b.terminated[written] = terms
+            b.truncated[written] = truncs
+        finite = self._all_finite
+        bad = (
+            nonfinite_observations(self.obs_space, b.next_obs, lo, hi, "step", errors)
+            if finite is not None and not finite(lo, hi)
+            else None
+        )
+        if bad:  # a NaN or inf observation is an invalid step, as a NaN reward is
+            if policy is None:
+                raise next(iter(bad.values()))
+            errors.update(bad)
+            ended = [i for i in ended if i not in bad]
+            for i in bad:
+                infos[i - lo], status[i] = {}, RUNNING  # as any invalid step: no transition
+        failed = list(errors)
+        for i in failed:
+            self.restart(i, errors[i], failed_step=True)
+        space, part = self.obs_space, slice(lo, hi)
+        jr_spaces.copy_into(space, b.obs, jr_spaces.rows(space, b.next_obs, part), part)
+        reset_infos = {}
+        for i in ended:
+            try:
+                reset_infos[i] = self.reset_one(i, None, None)
+            except JaxRunnerError as err:
+                if policy is None:
+                    raise
+                errors[i] = cause = original(err)
+                reset_infos[i] = self.restart(i, cause, failed_step=False)
+        return StepResult(infos, reset_infos, failed, errors)
+
+    def reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict:
+        """Resets sub-env ``i`` (global index) into ``obs``; returns its checked info."""
+        try:
+            obs, info = self.envs[i - self.offset].reset(seed=seed, options=options)
+        except Exception as err:
+            raise SubEnvRaised(err, i, "reset") from err
+        self.write_obs(i, obs)
+        bad = nonfinite_observations(self.obs_space, self.buffers.obs, i, i + 1, "reset")
+        if bad:
+            raise bad[i]
+        return check_info(info, i, "reset")
+
+    def reset(self, seeds: Sequence[int | None], options: dict[str, Any] | None) -> list[dict]:
+        """Resets every sub-env (``seeds[j]`` for ``envs[j]``); restarts one that fails
+        when there is a restart policy."""
+        infos = []
+        for j, seed in enumerate(seeds):
+            i = self.offset + j
+            try:
+                infos.append(self.reset_one(i, seed, options))
+            except JaxRunnerError as err:
+                if self.restart_policy is None:
+                    raise
+                infos.append(self.restart(i, original(err), failed_step=False))
+        return infos
+
+    def restart(self, i: int, cause: BaseException, failed_step: bool) -> dict:
+        """Replaces sub-env ``i`` by a new, reset one
+        (:func:`jaxrunner._src.backends.restarts.recreate`);
+        for a failed step, its slot then holds no transition (:func:`fail_slot`)."""
+        assert self.restart_policy is not None  # internal: only called with a policy
+        j = i - self.offset
+        self.envs[j], info = recreate(
+            self.envs[j], self.fns[j], i, self.restart_policy, cause, self.write_obs
+        )
+        self.num_restarts += 1
+        if failed_step:
+            fail_slot(self.buffers, self.obs_space, i)
+        return info
+
+    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
+        results = []
+        for env in self.envs:
+            attr = env.get_wrapper_attr(name)
+            results.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return results
+
+    def get_attr(self, name: str) -> list[Any]:
+        return [env.get_wrapper_attr(name) for env in self.envs]
+
+    def set_attr(self, name: str, values: Sequence[Any]) -> None:
+        for env, value in zip(self.envs, values):
+            env.set_wrapper_attr(name, value)
+
+    def render(self) -> list[Any]:
+        return [env.render() for env in self.envs]
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+        self.envs = []
+
+
+def _array_leaf(space: gymnasium.Space) -> tuple[np.dtype, tuple[int, ...]] | None:
+    """The dtype and shape of an array observation space's elements; None for the others
+    (Discrete's observations are ints, Dict's and Tuple's are trees)."""
+    if isinstance(
+        space, (gymnasium.spaces.Box, gymnasium.spaces.MultiBinary, gymnasium.spaces.MultiDiscrete)
+    ):
+        shape, dtype = jr_spaces.leaf_spec(space)
+        # The fast path compares dtypes by identity: take numpy's own instance, the one
+        # an env's arrays carry. A space that was pickled (a process worker's) holds a
+        # copy, which would send every observation down the slow path.
+        return np.dtype(dtype.str), shape
+    return None
+
+
+def build_envs(fns: Sequence[EnvFactory], offset: int) -> list[gymnasium.Env]:
+    """Calls the factories (``fns[j]`` is sub-env ``offset + j``); on failure closes
+    what it built and raises :class:`SubEnvRaised` (call ``"factory"``)."""
+    envs: list[gymnasium.Env] = []
+    try:
+        for j, fn in enumerate(fns):
+            try:
+                envs.append(fn())
+            except Exception as err:
+                raise SubEnvRaised(err, offset + j, "factory") from err
+    except BaseException:
+        for env in envs:
+            env.close()
+        raise
+    return envs
+
+
+__all__ = [
+    "DONE",
+    "ActionSplitters",
+    "NOT_RUN",
+    "RUNNING",
+    "StepBuffers",
+    "StepResult",
+    "SubEnvRaised",
+    "SubEnvs",
+    "build_envs",
+    "fail_slot",
+    "failed_mask",
+    "original",
+]

@@ -1,0 +1,178 @@
+"""The whole ``jaxrunner bench`` run: every chosen backend at its widths, measured
+in interleaved rounds by two long-lived children, gathered into one report."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jaxrunner._src.bench.multi_agent import describe, parallel_env_module
+from jaxrunner._src.bench.report import autogroup, verdict
+from jaxrunner._src.bench.rounds import MULTI_AGENT_PLANS, PLANS, Harness, Plan, measure_width
+from jaxrunner._src.bench.systems import JAX_BACKEND
+from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
+from jaxrunner.errors import InvalidArgumentError
+
+
+def plans_for(env: str) -> dict[str, Plan]:
+    """The plans for ``env``: ``MULTI_AGENT_PLANS`` for a PettingZoo env
+    (``module:name``), else ``PLANS``."""
+    return MULTI_AGENT_PLANS if parallel_env_module(env) else PLANS
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """What ``jaxrunner bench`` measures."""
+
+    env: str = "CartPole-v1"
+    """A gymnasium id (also EnvPool's and gymnax's for those backends), or a PettingZoo
+    parallel env as ``module:name`` (``mpe2:simple_spread_v3``: the module
+    ``mpe2.simple_spread_v3``): then ``MultiAgentRunner`` is measured against the
+    multi-agent hand loop, on the backends of ``MULTI_AGENT_PLANS``."""
+    widths: tuple[int, ...] = (1, 8, 64, 256)
+    """Numbers of envs to measure."""
+    backends: tuple[str, ...] = ("sync",)
+    """Keys of ``PLANS`` (of ``MULTI_AGENT_PLANS`` for a PettingZoo env); with more than
+    one, each runs at the widths that fit it (``Plan.max_width``) and a backend whose
+    library is missing is skipped."""
+    seconds: float = 1.0
+    """Wall time of each system's measurement in a round."""
+    rounds: int = 3
+    """Interleaved rounds per width; medians and min-max are over them."""
+    seed: int = 0
+    workload: str | None = None
+    """A key of ``WORKLOADS`` (``cartpole``, ``pong``, ``halfcheetah``): every system
+    steps its envs with its policy, at its rollout length; ``env`` must then be its
+    gymnasium id (:meth:`for_workload` fills it, the widths and the backends)."""
+
+    @classmethod
+    def for_workload(
+        cls,
+        workload: str,
+        *,
+        widths: tuple[int, ...] | None = None,
+        backends: tuple[str, ...] = ("sync", "process"),
+        **options: Any,
+    ) -> BenchConfig:
+        """The bench of a workload: its env, at its widths unless given, on the sync
+        and process backends unless told."""
+        spec = get_workload(workload)
+        return cls(
+            env=spec.env_id,
+            widths=spec.widths if widths is None else widths,
+            backends=backends,
+            workload=workload,
+            **options,
+        )
+
+    def __post_init__(self) -> None:
+        if self.workload is not None:
+            if self.workload not in WORKLOADS:
+                raise InvalidArgumentError(
+                    f"BenchConfig(workload={self.workload!r}): expected one of {list(WORKLOADS)}."
+                )
+            expected = WORKLOADS[self.workload].env_id
+            if self.env != expected or self.backends == (JAX_BACKEND,):
+                raise InvalidArgumentError(
+                    f"BenchConfig(workload={self.workload!r}, env={self.env!r}, backends="
+                    f"{self.backends}): a workload runs its own env ({expected!r}) on host "
+                    "backends; build it with BenchConfig.for_workload."
+                )
+        if not self.widths or any(w < 1 for w in self.widths):
+            raise InvalidArgumentError(f"BenchConfig(widths={self.widths}): expected ints >= 1.")
+        if self.seconds <= 0:
+            raise InvalidArgumentError(f"BenchConfig(seconds={self.seconds}): expected > 0.")
+        if self.rounds < 1:
+            raise InvalidArgumentError(f"BenchConfig(rounds={self.rounds}): expected >= 1.")
+        plans = self.plans()
+        unknown = [b for b in self.backends if b not in plans]
+        if not self.backends or unknown:
+            kind = " (those that step PettingZoo envs)" if plans is MULTI_AGENT_PLANS else ""
+            raise InvalidArgumentError(
+                f"BenchConfig(env={self.env!r}, backends={self.backends}): expected some of "
+                f"{list(plans)}{kind}."
+            )
+
+    def plans(self) -> dict[str, Plan]:
+        """The plans for this env (:func:`plans_for`)."""
+        return plans_for(self.env)
+
+    def plan_widths(self) -> dict[str, tuple[int, ...]]:
+        """The widths each backend runs at."""
+        if len(self.backends) == 1:
+            return {self.backends[0]: self.widths}
+        plans = self.plans()
+        return {b: tuple(w for w in self.widths if w <= plans[b].max_width) for b in self.backends}
+
+
+def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
+    """Runs the benchmark; returns its report: config, machine (the jaxrunner child's
+    :func:`machine_info`), each child's CPU dispatch, every row with every round,
+    the skipped backends with the reason, and the verdict; for a PettingZoo env also
+    ``multi_agent``: its module and agents."""
+    started = time.perf_counter()
+    plans = config.plans()
+    report: dict[str, Any] = {
+        "benchmark": "jaxrunner bench",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "config": dataclasses.asdict(config),
+        "policy": "jaxrunner._src.bench.mlp_policy: 64-64 tanh MLP, stochastic actions, jitted",
+        "rollout_length": "max(8, 2048 // num_envs), for jaxrunner and the hand loops",
+        "autogroup": autogroup(),
+        "loadavg_before": list(os.getloadavg()),
+        "skipped": {},
+        "results": [],
+    }
+    if plans is MULTI_AGENT_PLANS:
+        report["multi_agent"] = describe(config.env)
+    if config.workload is not None:
+        workload = get_workload(config.workload)
+        report["workload"] = config.workload
+        report["policy"] = f"{workload.policy_label}, stochastic actions, jitted"
+        report["rollout_length"] = (
+            f"max(8, {workload.steps_per_rollout} // num_envs), for jaxrunner and the hand loops"
+        )
+    with Harness() as harness:
+        children = harness.info()
+        report["machine"] = children["jaxrunner"]["machine"]
+        report["children"] = {
+            name: {k: v for k, v in info.items() if k != "machine"}
+            for name, info in children.items()
+        }
+        log(
+            f"children started: jaxrunner at {children['jaxrunner']['cpu_dispatch']} CPU "
+            f"dispatch, hand loops at {children['hand_loop']['cpu_dispatch']}"
+        )
+        for backend, widths in config.plan_widths().items():
+            plan = plans[backend]
+            reason = plan.unavailable() or (None if widths else "no width fits")
+            if config.workload is not None:
+                reason = reason or get_workload(config.workload).unavailable()
+            if reason:
+                report["skipped"][backend] = reason
+                log(f"skip {backend}: {reason}")
+                continue
+            for num_envs in widths:
+                report["results"].append(
+                    measure_width(
+                        harness,
+                        plan,
+                        config.env,
+                        num_envs,
+                        rounds=config.rounds,
+                        seconds=config.seconds,
+                        seed=config.seed,
+                        log=log,
+                        workload=config.workload,
+                    )
+                )
+    report["loadavg_after"] = list(os.getloadavg())
+    report["wall_s"] = time.perf_counter() - started
+    report["verdict"] = verdict(report["results"])
+    return report

@@ -1,0 +1,190 @@
+"""Child processes that host the measured systems, so that each runs with its own JAX
+settings: jaxrunner as a user runs it (no flags), the hand loops at JAX's defaults.
+
+A child lives for the whole benchmark. The parent sends one JSON request per line on
+its stdin and reads one JSON reply per line from its stdout:
+
+* ``{"op": "info"}``: the child's JAX CPU dispatch and :func:`machine_info`.
+* ``{"op": "build", "name": ..., "spec": {...}}``: builds and warms up a system
+  (:class:`~jaxrunner._src.bench.systems.Spec`), replacing one of that name.
+* ``{"op": "measure", "name": ..., "seconds": S}``: times it for about S seconds
+  (the system's figures, plus this process's ``cpu_s`` and ``wall_s`` meanwhile).
+* ``{"op": "close", "name": ...}``, ``{"op": "exit"}``.
+
+Each reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": ...}``.
+Started as ``python -m jaxrunner._src.bench``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+from typing import IO, Any
+
+from jaxrunner._src.cpu_dispatch import ENV_VAR as ASYNC_DISPATCH_VARIABLE
+from jaxrunner.errors import JaxRunnerError
+
+
+class ChildError(JaxRunnerError, RuntimeError):
+    """A benchmark child failed: a request raised there, or the process died."""
+
+
+class Child:
+    """The parent's handle on one child process.
+
+    Args:
+        name: for messages.
+        jax_defaults: True: the child runs at JAX's defaults (the hand loops);
+            False: with this process's environment, as a user runs jaxrunner.
+        command: the child's command line, if not this interpreter's ``-m
+            jaxrunner._src.bench`` (a peer library's server speaking the same protocol,
+            e.g. in its own venv).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        jax_defaults: bool,
+        command: Sequence[str] | None = None,
+    ) -> None:
+        self.name = name
+        env = dict(os.environ)
+        # The child imports the same jaxrunner as this process, wherever it came from.
+        root = str(pathlib.Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        if jax_defaults:  # JAX keeps its own default, and import jaxrunner leaves it alone
+            env[ASYNC_DISPATCH_VARIABLE] = "true"
+        # The child's stderr, for the message if it dies; closed by close().
+        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115
+        self._process = subprocess.Popen(
+            list(command or [sys.executable, "-m", "jaxrunner._src.bench"]),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=env,
+            text=True,
+        )
+
+    def send(self, op: str, **fields: Any) -> None:
+        """Sends a request; :meth:`receive` gets its reply (several children can work
+        at once)."""
+        assert self._process.stdin is not None
+        try:
+            self._process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+            self._process.stdin.flush()
+        except BrokenPipeError as err:
+            raise self._died() from err
+
+    def receive(self) -> Any:
+        """The reply to the oldest request not yet answered.
+
+        Raises:
+            ChildError: the request failed in the child, or the child died.
+        """
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline()
+        if not line:
+            raise self._died()
+        reply = json.loads(line)
+        if not reply["ok"]:
+            raise ChildError(f"benchmark child {self.name!r}: {reply['error']}")
+        return reply["result"]
+
+    def request(self, op: str, **fields: Any) -> Any:
+        self.send(op, **fields)
+        return self.receive()
+
+    def _died(self) -> ChildError:
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # its output closed, yet it lives on: end it
+            self._process.kill()
+            self._process.wait()
+        self._stderr.seek(0)
+        tail = self._stderr.read().decode(errors="replace")[-3000:]
+        return ChildError(
+            f"benchmark child {self.name!r} exited (code {self._process.returncode}); "
+            f"its stderr ends:\n{tail}"
+        )
+
+    def close(self) -> None:
+        """Asks the child to exit (closing its systems), killing it if it does not."""
+        if self._process.poll() is None:
+            try:
+                self.send("exit")
+                self._process.wait(timeout=30)
+            except Exception:
+                self._process.kill()
+                self._process.wait()
+        for stream in (self._process.stdin, self._process.stdout, self._stderr):
+            if stream is not None:
+                stream.close()
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _serve(requests: IO[str], replies: IO[str]) -> None:
+    from jaxrunner._src.bench.report import machine_info
+    from jaxrunner._src.bench.systems import Spec, build
+    from jaxrunner._src.cpu_dispatch import inline_cpu_dispatch
+
+    systems: dict[str, Any] = {}
+    for line in requests:
+        request = json.loads(line)
+        op, name = request["op"], request.get("name")
+        try:
+            if op == "exit":
+                break
+            if op == "info":
+                result: Any = {
+                    "cpu_dispatch": "inline" if inline_cpu_dispatch() else "async",
+                    ASYNC_DISPATCH_VARIABLE: os.environ.get(ASYNC_DISPATCH_VARIABLE),
+                    "machine": machine_info(),
+                }
+            elif op == "build":
+                if name in systems:
+                    systems.pop(name).close()
+                start = time.perf_counter()
+                systems[name] = build(Spec(**request["spec"]))
+                result = {"build_s": time.perf_counter() - start}
+            elif op == "measure":
+                # This process's CPU seconds beside the wall's: a rate per CPU second
+                # moves less with other sessions' load (the process backend's workers
+                # are other processes: not counted).
+                cpu, wall = time.process_time(), time.perf_counter()
+                result = systems[name].measure(float(request["seconds"]))
+                result["cpu_s"] = time.process_time() - cpu
+                result["wall_s"] = time.perf_counter() - wall
+            elif op == "close":
+                systems.pop(name).close()
+                result = None
+            else:
+                raise ValueError(f"unknown op {op!r}")
+            reply = {"ok": True, "result": result}
+        except Exception as err:
+            traceback.print_exc()
+            reply = {"ok": False, "error": f"{op} {name or ''}: {type(err).__name__}: {err}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+    for system in systems.values():
+        system.close()
+
+
+def main() -> None:
+    # Replies need a clean stdout: keep it for them, and send anything else printed
+    # (libraries, C code) to stderr.
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    _serve(sys.stdin, replies)

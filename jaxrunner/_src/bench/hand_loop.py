@@ -1,0 +1,199 @@
+"""The recording hand loop: the loop a user writes by hand, jaxrunner's speed reference.
+
+DESIGN.md ("Speed references"): the same jitted policy returning actions and
+log-probs, ``np.asarray`` on both, obs/action/log-prob/reward/flags written into
+preallocated ``[T, B]`` numpy buffers, the vector env stepped, JAX at its defaults:
+CleanRL's collection loop. One class drives any gymnasium-style vector env;
+:func:`reference_envs` builds the vector env a user would pick for each kind of env
+(the pure-JAX reference, a hand-written ``lax.scan``, is in ``hand_scan.py``; the
+multi-agent one, over PettingZoo envs, in ``multi_agent.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+import jax
+import numpy as np
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.bench.policy import hand_act, mlp_policy
+from jaxrunner._src.runner.policy import Policy
+from jaxrunner.errors import InvalidArgumentError
+
+REFERENCES: dict[str, str] = {
+    "sync": "gymnasium SyncVectorEnv",
+    "async": "gymnasium AsyncVectorEnv",
+    "native": "gymnasium native vector env",
+    "envpool": "EnvPool, sync mode",
+    "envpool_async": "EnvPool, async mode (batch_size = num_envs // 2)",
+    "puffer_serial": "PufferLib Serial",
+    "puffer_mp": "PufferLib Multiprocessing",
+    "rllib": "RLlib SingleAgentEnvRunner",
+    "scan": "gymnax lax.scan",
+    "pettingzoo": "a list of PettingZoo parallel envs, stepped one by one",
+}
+"""Each hand-loop reference and what a user drives by hand in it."""
+
+
+def single_spaces(envs: Any) -> tuple[gymnasium.Space, gymnasium.Space]:
+    """A vector env's single observation and action spaces (EnvPool names them
+    ``observation_space`` and ``action_space``)."""
+    obs = getattr(envs, "single_observation_space", None) or envs.observation_space
+    action = getattr(envs, "single_action_space", None) or envs.action_space
+    return obs, action
+
+
+class RecordingHandLoop:
+    """CleanRL's collection loop around a vector env and the benchmark MLP.
+
+    Each :meth:`rollout` steps the envs ``rollout_length`` times and overwrites the
+    buffers below; step ``t`` of env ``b`` is row ``[t, b]`` of each.
+
+    Attributes:
+        obs: ``[T, B, *obs_shape]``, the observations the actions were taken on (the
+            reset observation after an episode ended: SAME_STEP autoreset).
+        action: ``[T, B, *action_shape]``, the sampled actions.
+        log_prob: ``[T, B]``, their log-probabilities under the policy.
+        reward, terminated, truncated: ``[T, B]``, what ``envs.step`` returned.
+    """
+
+    def __init__(
+        self,
+        envs: Any,
+        rollout_length: int,
+        seed: int,
+        *,
+        seeded_reset: bool = True,
+        policy: Policy | None = None,
+        next_step_reset: bool = False,
+    ) -> None:
+        """Args:
+        envs: a gymnasium-style vector env, SAME_STEP autoreset (EnvPool's too).
+        rollout_length: T, steps per :meth:`rollout`.
+        seed: seeds the policy's params, its action keys and the envs' reset.
+        seeded_reset: False for envs seeded when built (EnvPool ignores
+            ``reset(seed=...)``).
+        policy: the policy (a workload's); None: the benchmark MLP for the envs'
+            action space.
+        next_step_reset: the envs reset an ended episode on the step after its end
+            (EnvPool's and PufferLib's autoreset), which is then no transition:
+            :meth:`rollout` leaves such steps out of its count.
+        """
+        if rollout_length < 1:
+            raise InvalidArgumentError(
+                f"RecordingHandLoop(rollout_length={rollout_length}): expected an int >= 1."
+            )
+        obs_space, action_space = single_spaces(envs)
+        self.envs, self.num_envs, self.rollout_length = envs, int(envs.num_envs), rollout_length
+        self.policy = mlp_policy(action_space) if policy is None else policy
+        # A user clips Box actions for the env (the runner does too), and records them
+        # as sampled.
+        self._clip = None
+        if isinstance(action_space, gymnasium.spaces.Box):
+            self._clip = (action_space.low, action_space.high)
+        self._ended = np.zeros(self.num_envs, np.bool_) if next_step_reset else None
+        self.params = self.policy.init(jax.random.key(seed), obs_space)
+        self._act = hand_act(self.policy, self.num_envs)
+        shape = (rollout_length, self.num_envs)
+        self.obs = jr_spaces.allocate(obs_space, shape)
+        self.action = jr_spaces.allocate(action_space, shape)
+        self.log_prob = np.zeros(shape, np.float32)
+        self.reward = np.zeros(shape, np.float32)
+        self.terminated = np.zeros(shape, np.bool_)
+        self.truncated = np.zeros(shape, np.bool_)
+        self._next_obs, _ = envs.reset(seed=seed) if seeded_reset else envs.reset()
+        self._key = jax.random.key(seed)
+
+    def rollout(self) -> int:
+        """Steps the envs ``rollout_length`` times, recording; returns env steps done."""
+        envs, act, params, clip = self.envs, self._act, self.params, self._clip
+        next_obs, key, ended = self._next_obs, self._key, self._ended
+        resets = 0
+        for t in range(self.rollout_length):
+            self.obs[t] = next_obs
+            action, extras, key = act(params, next_obs, key)
+            action, log_prob = np.asarray(action), np.asarray(extras["log_prob"])
+            self.action[t] = action
+            self.log_prob[t] = log_prob
+            if clip is not None:
+                action = np.clip(action, *clip)
+            next_obs, reward, terminated, truncated, _ = envs.step(action)
+            self.reward[t] = reward
+            self.terminated[t] = terminated
+            self.truncated[t] = truncated
+            if ended is not None:  # this step reset the envs that had ended
+                resets += int(np.count_nonzero(ended))
+                ended = self.terminated[t] | self.truncated[t]
+        self._next_obs, self._key, self._ended = next_obs, key, ended
+        return self.rollout_length * self.num_envs - resets
+
+
+def hand_loop(
+    envs: Any, num_envs: int, rollout_length: int, seed: int, seeded_reset: bool = True
+) -> Callable[[], int]:
+    """:meth:`RecordingHandLoop.rollout` of a new loop around ``envs`` (``num_envs``
+    sub-envs): ``rollout() -> env steps done``."""
+    loop = RecordingHandLoop(envs, rollout_length, seed, seeded_reset=seeded_reset)
+    if loop.num_envs != num_envs:
+        raise InvalidArgumentError(
+            f"hand_loop(num_envs={num_envs}): the vector env has {loop.num_envs} sub-envs; "
+            "pass its num_envs."
+        )
+    return loop.rollout
+
+
+def reference_envs(
+    reference: str, env: str, num_envs: int, seed: int, workload: str | None = None
+) -> tuple[Any, bool]:
+    """The vector env a user drives by hand for ``reference`` (a key of
+    :data:`REFERENCES` other than ``"scan"``, ``"pettingzoo"``, ``"envpool_async"`` and
+    ``"rllib"``),
+    and whether its reset takes a seed.
+
+    Args:
+        workload: a key of ``WORKLOADS``: its env factory (its EnvPool port for
+            ``"envpool"``) instead of ``gymnasium.make(env)``.
+
+    Raises:
+        InvalidArgumentError: an unknown reference.
+    """
+    same_step = gymnasium.vector.AutoresetMode.SAME_STEP
+    make: Callable[[], Any] = functools.partial(gymnasium.make, env)
+    envpool_id, envpool_kwargs = env, {}
+    if workload is not None:
+        from jaxrunner._src.bench.workloads import get_workload
+
+        spec = get_workload(workload)
+        make, envpool_id, envpool_kwargs = spec.make, spec.envpool_id, spec.envpool_kwargs
+    if reference in ("puffer_serial", "puffer_mp"):
+        from jaxrunner._src.bench.peer_loops import puffer_envs
+
+        return puffer_envs(reference, make, num_envs, seed), True
+    if reference == "sync":
+        return gymnasium.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=same_step), True
+    if reference == "async":
+        # forkserver, not fork: forking a process whose JAX threads run can deadlock.
+        envs = gymnasium.vector.AsyncVectorEnv(
+            [make] * num_envs, autoreset_mode=same_step, context="forkserver"
+        )
+        return envs, True
+    if reference == "native":
+        return gymnasium.make_vec(env, num_envs, vectorization_mode="vector_entry_point"), True
+    if reference == "envpool":
+        import envpool  # type: ignore[import-not-found]  # an optional extra
+
+        # batch_size == num_envs: every step waits for every env (sync mode).
+        envs = envpool.make_gymnasium(
+            envpool_id, num_envs=num_envs, batch_size=num_envs, seed=seed, **envpool_kwargs
+        )
+        return envs, False
+    known = sorted(set(REFERENCES) - {"scan", "pettingzoo", "envpool_async", "rllib"})
+    raise InvalidArgumentError(f"reference_envs(reference={reference!r}): expected one of {known}.")
+
+
+NEXT_STEP_RESET = frozenset({"envpool", "envpool_async", "puffer_serial", "puffer_mp"})
+"""References whose envs reset an ended episode on the next step (no transition)."""

@@ -1,0 +1,262 @@
+"""``jaxrunner bench`` on a PettingZoo parallel env: ``MultiAgentRunner.sample()``
+against the loop a user writes by hand for it.
+
+The env is named ``module:name`` where ``module.name`` is a PettingZoo env module with
+a ``parallel_env`` (``mpe2:simple_spread_v3``), built at its defaults. The hand loop
+(:class:`MultiAgentHandLoop`) is the multi-agent form of CleanRL's loop: a list of the
+envs; per step every agent's observation stacked into one ``[B * A, ...]`` array, one
+jitted policy call (the benchmark MLP: actions and log-probs), ``np.asarray``,
+obs/action/log-prob/reward/flags written into preallocated ``[T, B, A]`` numpy
+buffers, each env stepped with its action dict and reset once no agent is left.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
+from jaxrunner._src.bench.policy import hand_act, mlp_policy
+from jaxrunner._src.bench.timing import measure_runner, timed
+from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.multi_agent import MultiAgentRunner, make_multi_agent_vec
+
+
+def parallel_env_module(env: str) -> str | None:
+    """The module of a PettingZoo env named ``module:name`` (``"mpe2.simple_spread_v3"``
+    for ``"mpe2:simple_spread_v3"``), or None: then ``env`` is a gymnasium id (which may
+    be ``module:EnvId`` too, but names no submodule)."""
+    package, sep, name = env.partition(":")
+    if not sep or not package or not name.isidentifier():
+        return None
+    try:
+        found = importlib.util.find_spec(f"{package}.{name}")
+    except ImportError:  # the package is not installed: not ours to name
+        return None
+    return None if found is None else found.name
+
+
+def make_parallel_env(module: str) -> Any:
+    """A PettingZoo ``ParallelEnv`` from ``module.parallel_env()``, at its defaults.
+
+    Raises:
+        InvalidArgumentError: the module has no ``parallel_env`` (an AEC-only env).
+    """
+    make = getattr(importlib.import_module(module), "parallel_env", None)
+    if not callable(make):
+        raise InvalidArgumentError(
+            f"jaxrunner bench --env: {module} has no parallel_env(); the multi-agent bench "
+            "measures PettingZoo parallel envs (e.g. mpe2:simple_spread_v3)."
+        )
+    return make()
+
+
+def env_factory(env: str) -> Callable[[], Any]:
+    """A picklable zero-argument factory of the PettingZoo env ``env`` (``module:name``).
+
+    Raises:
+        InvalidArgumentError: ``env`` names no PettingZoo env module.
+    """
+    module = parallel_env_module(env)
+    if module is None:
+        raise InvalidArgumentError(
+            f"env={env!r}: expected a PettingZoo env as module:name, e.g. "
+            "mpe2:simple_spread_v3 (the module mpe2.simple_spread_v3 must be installed)."
+        )
+    return functools.partial(make_parallel_env, module)
+
+
+def describe(env: str) -> dict[str, Any]:
+    """The env's agents and module, for the report (builds one env)."""
+    instance = env_factory(env)()
+    try:
+        return {"module": parallel_env_module(env), "agents": list(instance.possible_agents)}
+    finally:
+        instance.close()
+
+
+class MultiAgentHandLoop:
+    """The loop a user writes by hand for ``num_envs`` PettingZoo parallel envs whose
+    agents share one observation and one action space and all act every step until
+    their episode ends (as in MPE).
+
+    Each :meth:`rollout` steps the envs ``rollout_length`` times and overwrites the
+    buffers below; agent ``a`` (``agents[a]``) of env ``b`` at step ``t`` is row
+    ``[t, b, a]`` of each.
+
+    Attributes:
+        obs: ``[T, B, A, *obs_shape]``, the observations acted on.
+        action: ``[T, B, A, *action_shape]``, the sampled actions.
+        log_prob: ``[T, B, A]``, their log-probabilities under the policy.
+        reward, terminated, truncated: ``[T, B, A]``, what each ``env.step`` returned.
+    """
+
+    def __init__(
+        self, env_fn: Callable[[], Any], num_envs: int, rollout_length: int, seed: int
+    ) -> None:
+        """Args:
+        env_fn: zero-argument factory of the PettingZoo ``ParallelEnv``.
+        num_envs: B.
+        rollout_length: T, steps per :meth:`rollout`.
+        seed: seeds the policy's params and keys; env ``b`` is reset with ``seed + b``.
+
+        Raises:
+            InvalidArgumentError: a size below 1, agents whose spaces differ, or an env
+                that starts without some of its agents.
+        """
+        if num_envs < 1 or rollout_length < 1:
+            raise InvalidArgumentError(
+                f"MultiAgentHandLoop(num_envs={num_envs}, rollout_length={rollout_length}): "
+                "expected ints >= 1."
+            )
+        self.num_envs, self.rollout_length = num_envs, rollout_length
+        self.envs = [env_fn() for _ in range(num_envs)]
+        try:
+            self._build(seed)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, seed: int) -> None:
+        """Checks the spaces, builds the policy and buffers, resets the envs."""
+        first, num_envs, rollout_length = self.envs[0], self.num_envs, self.rollout_length
+        self.agents = tuple(first.possible_agents)
+        obs_space, action_space = (
+            first.observation_space(self.agents[0]),
+            first.action_space(self.agents[0]),
+        )
+        for agent in self.agents:
+            if (first.observation_space(agent), first.action_space(agent)) != (
+                obs_space,
+                action_space,
+            ):
+                raise InvalidArgumentError(
+                    f"MultiAgentHandLoop: agent {agent!r} has other spaces than "
+                    f"{self.agents[0]!r}; the hand loop stacks agents that share one "
+                    "observation and one action space."
+                )
+        self.policy = mlp_policy(action_space)
+        self.params = self.policy.init(jax.random.key(seed), obs_space)
+        self._act = hand_act(self.policy, num_envs * len(self.agents))
+        self._discrete = isinstance(action_space, spaces.Discrete)
+        self._obs_shape = obs_space.shape
+        shape = (rollout_length, num_envs, len(self.agents))
+        self.obs = np.zeros(shape + obs_space.shape, obs_space.dtype)
+        self.action = np.zeros(shape + action_space.shape, action_space.dtype)
+        self.log_prob = np.zeros(shape, np.float32)
+        self.reward = np.zeros(shape, np.float64)
+        self.terminated = np.zeros(shape, np.bool_)
+        self.truncated = np.zeros(shape, np.bool_)
+        self._next = [
+            self._every_agent(b, env.reset(seed=seed + b)[0]) for b, env in enumerate(self.envs)
+        ]
+        self._key = jax.random.key(seed)
+
+    def rollout(self) -> int:
+        """Steps the envs ``rollout_length`` times, recording; returns env steps done.
+
+        Raises:
+            InvalidArgumentError: an env went on without some of its agents.
+        """
+        agents, envs, act, params = self.agents, self.envs, self._act, self.params
+        num_agents, key = len(agents), self._key
+        for t in range(self.rollout_length):
+            obs = np.stack([np.stack([o[a] for a in agents]) for o in self._next])
+            self.obs[t] = obs
+            action, extras, key = act(params, obs.reshape(-1, *self._obs_shape), key)
+            action = np.asarray(action).reshape(self.num_envs, num_agents, *self.action.shape[3:])
+            self.action[t] = action
+            log_prob = np.asarray(extras["log_prob"])
+            self.log_prob[t] = log_prob.reshape(self.num_envs, num_agents)
+            per_env = action.tolist() if self._discrete else action
+            for b, env in enumerate(envs):
+                o, r, term, trunc, _ = env.step(dict(zip(agents, per_env[b])))
+                for k, a in enumerate(agents):
+                    self.reward[t, b, k] = r[a]
+                    self.terminated[t, b, k] = term[a]
+                    self.truncated[t, b, k] = trunc[a]
+                self._next[b] = self._every_agent(b, o if env.agents else env.reset()[0])
+        self._key = key
+        return self.rollout_length * self.num_envs
+
+    def _every_agent(self, b: int, obs: dict[str, Any]) -> dict[str, Any]:
+        """``obs``, env ``b``'s next observations, checked to hold every agent's."""
+        if len(obs) != len(self.agents):
+            raise InvalidArgumentError(
+                f"MultiAgentHandLoop: env {b} goes on with agents {sorted(obs)}, not all of "
+                f"{list(self.agents)}; the hand loop stacks every agent every step (as MPE "
+                "envs have them)."
+            )
+        return obs
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class MultiAgentRunnerSystem:
+    """``MultiAgentRunner.sample()`` with the benchmark MLP per policy group, every
+    option at its default (``systems.Spec`` with ``multi_agent``)."""
+
+    def __init__(self, spec: Any) -> None:
+        envs = make_multi_agent_vec(env_factory(spec.env), spec.num_envs, spec.backend)
+        try:
+            policies = {g.policy_id: mlp_policy(g.action_space) for g in envs.groups}
+            key = jax.random.key(spec.seed)
+            params = {
+                g.policy_id: policies[g.policy_id].init(key, g.observation_space)
+                for g in envs.groups
+            }
+            self._runner = MultiAgentRunner(envs, policies, params, spec.rollout_length, spec.seed)
+        except BaseException:
+            envs.close()
+            raise
+        self.num_envs = spec.num_envs
+        self._sample()  # warm-up: compiles, first resets
+        workers = len(envs.worker_pids) if isinstance(envs, ProcessMultiAgentVectorEnv) else 0
+        splits = len(getattr(self._runner.sampler, "splits", [None]))
+        self.layout = {"num_workers": workers, "num_splits": splits}
+
+    def _sample(self) -> int:
+        return self._runner.sample().num_steps * self.num_envs
+
+    def measure(self, seconds: float) -> dict[str, Any]:
+        """Env steps/s and where a step goes (:func:`measure_runner`), and the layout."""
+        return {**measure_runner(self._runner, self._sample, self.num_envs, seconds), **self.layout}
+
+    def close(self) -> None:
+        self._runner.stop()
+
+
+class MultiAgentHandSystem:
+    """The hand loop as a benchmark system (``systems.Spec`` with ``multi_agent``)."""
+
+    def __init__(self, spec: Any) -> None:
+        self._loop = MultiAgentHandLoop(
+            env_factory(spec.env), spec.num_envs, spec.rollout_length, spec.seed
+        )
+        self._loop.rollout()  # warm-up: compiles, first resets
+
+    def measure(self, seconds: float) -> dict[str, Any]:
+        return {"steps_per_s": timed(self._loop.rollout, seconds)}
+
+    def close(self) -> None:
+        self._loop.close()
+
+
+__all__ = [
+    "MultiAgentHandLoop",
+    "MultiAgentHandSystem",
+    "MultiAgentRunnerSystem",
+    "describe",
+    "env_factory",
+    "make_parallel_env",
+    "parallel_env_module",
+]

@@ -1,0 +1,318 @@
+"""What the benchmarks report: the machine, JSON reports, the ``jaxrunner bench``
+tables and its one-line verdict, and the benchmark scripts' common command line."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import pathlib
+import platform
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrunner._src.bench.hand_loop import REFERENCES
+from jaxrunner._src.bench.rounds import MULTI_AGENT_PLANS, PLANS, Plan
+from jaxrunner._src.bench.workloads import get_workload
+from jaxrunner._src.cpu_dispatch import (
+    inline_cpu_dispatch,
+    use_async_cpu_dispatch,
+    use_inline_cpu_dispatch,
+)
+
+
+def machine_info() -> dict[str, Any]:
+    """What a benchmark figure depends on: hardware, library versions, this process's
+    JAX CPU dispatch and the load averages (1, 5, 15 min)."""
+    import flax
+    import gymnasium
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": importlib.metadata.version("jaxlib"),
+        "flax": flax.__version__,
+        "gymnasium": gymnasium.__version__,
+        "numpy": np.__version__,
+        "jax_devices": [str(d) for d in jax.devices()],
+        "jax_cpu_dispatch": "inline" if inline_cpu_dispatch() else "async",
+        "loadavg": list(os.getloadavg()),
+    }
+
+
+def autogroup() -> str | None:
+    """This session's scheduling group and its nice (Linux autogroup), which decide
+    its share of the CPUs on a machine shared with other sessions."""
+    try:
+        return pathlib.Path("/proc/self/autogroup").read_text().strip()
+    except OSError:
+        return None
+
+
+def add_cpu_dispatch_option(parser: argparse.ArgumentParser) -> None:
+    """``--cpu-dispatch {inline,async}`` (default inline): how JAX runs CPU
+    computations while a benchmark script runs (:func:`parse_args`)."""
+    parser.add_argument(
+        "--cpu-dispatch",
+        choices=("inline", "async"),
+        default="inline",
+        help="how JAX runs CPU computations: inline in the calling thread "
+        "(jaxrunner.cpu_dispatch.use_inline_cpu_dispatch) or JAX's default asynchronous dispatch "
+        "(default: %(default)s)",
+    )
+
+
+def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """A benchmark script's command line: adds ``--cpu-dispatch``, parses, and sets
+    JAX's CPU dispatch as told. Call it before any JAX computation."""
+    add_cpu_dispatch_option(parser)
+    args = parser.parse_args()
+    if args.cpu_dispatch == "inline":
+        use_inline_cpu_dispatch()
+    else:
+        use_async_cpu_dispatch()
+    return args
+
+
+def write_report(
+    benchmark: str,
+    args: argparse.Namespace,
+    results: list[dict[str, Any]],
+    machine: dict[str, Any] | None = None,
+) -> None:
+    """Prints a benchmark's JSON report (its name, date, command line, options,
+    ``machine`` or :func:`machine_info`, results) and writes it to ``args.out`` if set."""
+    report = {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]),
+        "config": {**vars(args), "out": str(args.out)},
+        "machine": machine_info() if machine is None else machine,
+        "results": results,
+    }
+    text = json.dumps(report, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+def _si(value: float) -> str:
+    if value >= 1e6:
+        return f"{value / 1e6:.2f}M"
+    if value >= 1e4:
+        return f"{value / 1e3:.0f}k"
+    if value >= 1e3:
+        return f"{value / 1e3:.1f}k"
+    return f"{value:.0f}"
+
+
+def _cell(spread: dict[str, Any], number: Any = _si) -> str:
+    return f"{number(spread['median'])} [{number(spread['min'])}-{number(spread['max'])}]"
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def _steps_per_rollout(report: dict[str, Any]) -> int:
+    """About how many env steps a rollout takes: a workload's own, else 2048."""
+    if "workload" not in report:
+        return 2048
+    return get_workload(report["workload"]).steps_per_rollout
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A ``jaxrunner bench`` report (:func:`jaxrunner._src.bench.run`) as text: what was
+    measured, a table per backend, the skipped backends and the verdict (a PettingZoo
+    env's report in its own words)."""
+    if "multi_agent" in report:
+        return _format_multi_agent(report)
+    config, children = report["config"], report["children"]
+    lines = [
+        f"{config['env']}; {report['policy']};",
+        f"T = max(8, {_steps_per_rollout(report)} // envs) steps per rollout for every system;",
+        f"{config['rounds']} interleaved round{'s' if config['rounds'] > 1 else ''} of "
+        f"{config['seconds']:g} s per system; jaxrunner and the hand loops in their own processes.",
+        "jaxrunner: EnvRunner.sample() as a user runs it "
+        f"(JAX CPU dispatch: {children['jaxrunner']['cpu_dispatch']}).",
+        "hand loop: the loop a user writes: the same jitted policy, np.asarray on actions and",
+        "  log-probs, obs/action/log-prob/reward/flags into [T, B] numpy buffers, JAX at its",
+        f"  defaults (CPU dispatch: {children['hand_loop']['cpu_dispatch']}).",
+        "ratio: jaxrunner / hand loop, the ratio of medians [min-max of per-round ratios].",
+        "ceiling: the same vector env stepped with random actions + one bare policy call per",
+        "  step: what a loop doing these two in turn and nothing else would reach; vs ceiling:",
+        "  jaxrunner / ceiling.",
+        "us per vector step: env | policy (the compiled step with its host<->device",
+        "  transfers) | record (obs, actions, flags into the trajectory) | other (the rest of",
+        "  the sampler) | total; ceiling: raw env step, bare policy call (its on-device",
+        "  compute alone in brackets), each timed back to back; in turn: the env stepped",
+        "  with the bare policy's own actions, one call per step and nothing else (each",
+        "  slowed by the other's cache traffic, as in any loop that alternates them).",
+    ]
+    backends = dict.fromkeys(row["backend"] for row in report["results"])
+    for backend in backends:
+        rows = [row for row in report["results"] if row["backend"] == backend]
+        lines += ["", format_backend(rows)]
+    for backend, reason in report["skipped"].items():
+        lines.append(f"skipped {backend}: {reason}")
+    return "\n".join([*lines, "", report["verdict"]])
+
+
+def _format_multi_agent(report: dict[str, Any]) -> str:
+    """:func:`format_report` for a PettingZoo env: what was measured, a table per
+    backend (no ceiling), the skipped backends and the verdict."""
+    config, children, agents = report["config"], report["children"], report["multi_agent"]
+    lines = [
+        f"{config['env']} ({len(agents['agents'])} agents: {', '.join(agents['agents'])}); "
+        f"{report['policy']}, one per policy group;",
+        "T = max(8, 2048 // envs) steps per rollout for every system; figures are env steps/s",
+        f"  (agent steps/s = {len(agents['agents'])} x env steps/s);",
+        f"{config['rounds']} interleaved round{'s' if config['rounds'] > 1 else ''} of "
+        f"{config['seconds']:g} s per system; jaxrunner and the hand loop in their own processes.",
+        "jaxrunner: MultiAgentRunner.sample() as a user runs it "
+        f"(JAX CPU dispatch: {children['jaxrunner']['cpu_dispatch']}).",
+        "hand loop: the loop a user writes: a list of the PettingZoo envs; per step every",
+        "  agent's observation stacked into one [B * A, ...] array, the same jitted policy,",
+        "  np.asarray on actions and log-probs, obs/action/log-prob/reward/flags into",
+        "  [T, B, A] numpy buffers, each env stepped with its action dict and reset once no",
+        f"  agent is left; JAX at its defaults (CPU dispatch: "
+        f"{children['hand_loop']['cpu_dispatch']}).",
+        "ratio: jaxrunner / hand loop, the ratio of medians [min-max of per-round ratios].",
+        "us per vector step: env | policy (the compiled steps with their host<->device",
+        "  transfers) | record (obs, actions, flags into the trajectory) | other | total.",
+    ]
+    backends = dict.fromkeys(row["backend"] for row in report["results"])
+    for backend in backends:
+        rows = [row for row in report["results"] if row["backend"] == backend]
+        lines += ["", format_backend(rows, MULTI_AGENT_PLANS)]
+    for backend, reason in report["skipped"].items():
+        lines.append(f"skipped {backend}: {reason}")
+    return "\n".join([*lines, "", report["verdict"]])
+
+
+def format_backend(rows: Sequence[dict[str, Any]], plans: dict[str, Plan] = PLANS) -> str:
+    """One backend's rows as two tables: steps/s, then where a jaxrunner step goes.
+
+    Args:
+        rows: the backend's rows of a report.
+        plans: the plans the rows were measured by (``MULTI_AGENT_PLANS`` for a
+            PettingZoo env).
+    """
+    plan = plans[rows[0]["backend"]]
+    extras = sorted({n for row in rows for n in row["systems"] if n.startswith("hand_")})
+    extra_heads = [f"{n.removeprefix('hand_')} hand loop" for n in extras]
+    head = ["envs", "T", "jaxrunner", "hand loop", "ratio", "ceiling", "vs ceiling", *extra_heads]
+    table = [head]
+    for row in rows:
+        systems, ratios = row["systems"], row["ratios"]
+        table.append(
+            [
+                str(row["num_envs"]),
+                str(row["rollout_length"]),
+                _cell(systems["jaxrunner"]) if "jaxrunner" in systems else "failed",
+                _cell(systems["hand"]) if "hand" in systems else "failed",
+                _cell(ratios["hand"], _ratio) if "hand" in ratios else "-",
+                _si(row["ceiling"]["steps_per_s"]) if row["ceiling"] else "-",
+                _ratio(ratios["ceiling"]["median"]) if "ceiling" in ratios else "-",
+                *(_si(systems[n]["median"]) if n in systems else "-" for n in extras),
+            ]
+        )
+    if not plan.ceiling:  # no ceiling measured: no columns for it
+        table = [line[:5] + line[7:] for line in table]
+    runner = "MultiAgentRunner " if plan.multi_agent else ""
+    lines = [
+        f"backend {plan.backend}: jaxrunner {runner}against the hand loop over "
+        f"{REFERENCES[plan.reference]}",
+        "env steps/s, median [min-max] of rounds",
+        *_columns(table),
+    ]
+    if any(row["split_us"] for row in rows):
+        lines.append("where a jaxrunner step goes, us per vector step (medians):")
+        heads = ["env", "policy", "record", "other", "total", "ceiling: env", "policy", "in turn"]
+        split = [["envs", *heads]]
+        for row in rows:
+            s, c = row["split_us"], row["ceiling"]
+            keys = ("env_us", "policy_us", "record_us", "other_us", "total_us")
+            cells = [f"{s[k]:.1f}" for k in keys] if s else ["-"] * len(keys)
+            if c:
+                cells += [
+                    f"{c['raw_env_us']:.1f}",
+                    f"{c['policy_us']:.1f} ({c['policy_compute_us']:.1f})",
+                    f"{c['in_turn_us']:.1f}",
+                ]
+            else:
+                cells += ["-", "-", "-"]
+            split.append([str(row["num_envs"]), *cells])
+        lines += _columns(split if plan.ceiling else [line[:6] for line in split])
+    for row in rows:
+        for name, error in row["errors"].items():
+            lines.append(f"  x{row['num_envs']} {name}: {error.splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def _columns(table: list[list[str]]) -> list[str]:
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    return ["  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in table]
+
+
+def verdict(rows: Sequence[dict[str, Any]]) -> str:
+    """One plain-language line: where jaxrunner beats the hand loop and by how much,
+    where it loses and by how much (ratios of medians), where the rounds disagree."""
+    pairs = [
+        (r["backend"], r["num_envs"], r["ratios"]["hand"]) for r in rows if "hand" in r["ratios"]
+    ]
+    if not pairs:
+        return "no verdict: no width measured both jaxrunner and the hand loop"
+    several = len({backend for backend, _, _ in pairs}) > 1
+
+    def where(items: list[tuple[str, int, dict[str, Any]]]) -> str:
+        if several:
+            return ", ".join(f"{b} x{w}" for b, w, _ in items)
+        widths = [w for _, w, _ in items]
+        return ", ".join(map(str, widths)) + (" env" if widths == [1] else " envs")
+
+    def span(items: list[tuple[str, int, dict[str, Any]]]) -> str:
+        low, high = (f(r["median"] for _, _, r in items) for f in (min, max))
+        return f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}x"
+
+    wins = [p for p in pairs if p[2]["median"] >= 1.0]
+    losses = [p for p in pairs if p[2]["median"] < 1.0]
+    failed = [(r["backend"], r["num_envs"], {}) for r in rows if "hand" not in r["ratios"]]
+    if failed:
+        scope = "where compared"
+    else:
+        scope = "on every backend at every width" if several else "at every width"
+    if not losses:
+        line = (
+            f"jaxrunner is {span(wins)} faster than the hand-written loop {scope} ({where(wins)})"
+        )
+    elif not wins:
+        line = (
+            f"jaxrunner is slower than the hand-written loop {scope} ({where(losses)}): "
+            f"{span(losses)} its speed"
+        )
+    else:
+        lost = ", ".join(
+            f"{where([p])} ({p[2]['median']:.2f}x, {100 * (1 - p[2]['median']):.0f}% slower)"
+            for p in losses
+        )
+        line = (
+            f"jaxrunner is {span(wins)} faster than the hand-written loop at {where(wins)}, "
+            f"and loses at {lost}"
+        )
+    unsure = [p for p in pairs if p[2]["min"] < 1.0 < p[2]["max"]]
+    if unsure:
+        line += f"; the rounds disagree at {where(unsure)}"
+    if failed:
+        line += f"; not compared at {where(failed)} (a system failed: see its errors)"
+    return line

@@ -1,0 +1,269 @@
+"""Interleaved rounds: each system built once per width in its child, then timed in
+turn, round after round, so that drifts in a shared machine's load hit all alike.
+
+Per width the result keeps every round; it reports medians, their spread (min-max
+over rounds) and the ratios jaxrunner / each other system as ratios of medians, with
+the per-round ratios' spread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from jaxrunner._src.bench.child import Child, ChildError
+from jaxrunner._src.bench.hand_loop import REFERENCES
+from jaxrunner._src.bench.systems import JAX_BACKEND, Spec
+from jaxrunner._src.bench.timing import rollout_length
+from jaxrunner._src.bench.workloads import get_workload
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    """How one kind of env is compared: jaxrunner's backend against the loop a user
+    would write for it."""
+
+    backend: str
+    """jaxrunner's backend (``make_vec``), or ``"jax"``: gymnax in a ``JaxVectorEnv``."""
+    reference: str
+    """The hand loop it is measured against (a key of ``REFERENCES``)."""
+    max_width: int
+    """The widest it is measured at when every backend is compared."""
+    extras: tuple[tuple[str, int], ...] = ()
+    """Further hand loops shown for information: (reference, widest width)."""
+    needs: tuple[str, ...] = ()
+    """Modules that must be installed, else the plan is skipped."""
+    ceiling: bool = True
+    """Whether the policy-bound ceiling applies (not to a pure-JAX scan)."""
+    multi_agent: bool = False
+    """The env is a PettingZoo env: ``MultiAgentRunner`` against the multi-agent hand
+    loop."""
+
+    def unavailable(self) -> str | None:
+        """Why this plan cannot run here, or None."""
+        missing = [m for m in self.needs if importlib.util.find_spec(m) is None]
+        return f"not installed: {', '.join(missing)}" if missing else None
+
+
+PLANS: dict[str, Plan] = {
+    "sync": Plan(backend="sync", reference="sync", max_width=1024),
+    # The process backend's reference is the loop a user writes: the sync one.
+    "process": Plan(backend="process", reference="sync", max_width=1024, extras=(("async", 64),)),
+    "gymnasium": Plan(backend="gymnasium", reference="native", max_width=4096),
+    "envpool": Plan(backend="envpool", reference="envpool", max_width=4096, needs=("envpool",)),
+    JAX_BACKEND: Plan(
+        backend=JAX_BACKEND, reference="scan", max_width=4096, needs=("gymnax",), ceiling=False
+    ),
+}
+
+MULTI_AGENT_PLANS: dict[str, Plan] = {
+    backend: Plan(
+        backend=backend,
+        reference="pettingzoo",
+        max_width=256,
+        needs=("pettingzoo",),
+        ceiling=False,
+        multi_agent=True,
+    )
+    for backend in ("sync", "process")
+}
+"""The plans for a PettingZoo env: its hand loop is the reference of both backends."""
+
+
+class LocalSystem(Protocol):
+    """A system timed in the parent process itself (e.g. a peer library's sampler)."""
+
+    def measure(self, seconds: float) -> dict[str, Any]: ...
+
+
+class Harness:
+    """The two children, started once for the whole benchmark: ``defaults`` runs
+    jaxrunner as a user runs it, ``jax_defaults`` the hand loops at JAX's defaults."""
+
+    def __init__(self) -> None:
+        self.defaults = Child("jaxrunner", jax_defaults=False)
+        try:
+            self.jax_defaults = Child("hand loop", jax_defaults=True)
+        except BaseException:
+            self.defaults.close()
+            raise
+
+    def info(self) -> dict[str, Any]:
+        """Each child's CPU dispatch, its environment variable and machine details."""
+        children = {"jaxrunner": self.defaults, "hand_loop": self.jax_defaults}
+        for child in children.values():
+            child.send("info")
+        return {name: child.receive() for name, child in children.items()}
+
+    def close(self) -> None:
+        self.defaults.close()
+        self.jax_defaults.close()
+
+    def __enter__(self) -> Harness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def label(name: str, plan: Plan) -> str:
+    """What a system of a row is, in words."""
+    if name == "jaxrunner":
+        runner = "MultiAgentRunner" if plan.multi_agent else "EnvRunner"
+        return f"jaxrunner {runner}.sample(), backend {plan.backend}"
+    if name == "ceiling":
+        return "policy-bound ceiling: raw env + one bare policy call"
+    if name.startswith("hand"):
+        reference = plan.reference if name == "hand" else name.removeprefix("hand_")
+        if reference == "rllib":  # a sampler of its own, not driven by hand
+            return REFERENCES[reference]
+        return f"hand loop: {REFERENCES[reference]}"
+    return name
+
+
+def _spread(values: Sequence[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "rounds": list(values),
+    }
+
+
+def measure_width(
+    harness: Harness,
+    plan: Plan,
+    env: str,
+    num_envs: int,
+    *,
+    rounds: int,
+    seconds: float,
+    seed: int = 0,
+    ceiling: bool = True,
+    local: Mapping[str, LocalSystem] | None = None,
+    log: Callable[[str], None] = lambda message: None,
+    workload: str | None = None,
+    peers: Mapping[str, Child] | None = None,
+) -> dict[str, Any]:
+    """Builds every system of ``plan`` at ``num_envs`` (and times ``local`` ones
+    alongside), then times them in ``rounds`` interleaved rounds of ``seconds`` each.
+    A system that fails is left out (its error recorded), the others go on.
+
+    Args:
+        workload: a key of ``WORKLOADS``: every system steps its envs with its policy,
+            ``T`` its rollout length (``env`` is then its gymnasium id, for labels).
+        peers: more hand loops, ``reference -> child``: a peer library driven by hand
+            (a key of ``REFERENCES``) in that child (its own venv, say), timed as
+            ``hand_<reference>``.
+    """
+    if workload is None:
+        length = rollout_length(num_envs)
+    else:
+        length = get_workload(workload).rollout_length(num_envs)
+    common = {"backend": plan.backend, "env": env, "num_envs": num_envs, "seed": seed}
+    common["rollout_length"] = length
+    common["multi_agent"] = plan.multi_agent
+    common["workload"] = workload
+    builds: dict[str, tuple[Child, Spec]] = {
+        "jaxrunner": (harness.defaults, Spec(system="jaxrunner", **common)),
+        "hand": (harness.jax_defaults, Spec(system="hand", reference=plan.reference, **common)),
+    }
+    if ceiling and plan.ceiling:
+        builds["ceiling"] = (harness.defaults, Spec(system="ceiling", **common))
+    for reference, widest in plan.extras:
+        if num_envs <= widest:
+            spec = Spec(system="hand", reference=reference, **common)
+            builds[f"hand_{reference}"] = (harness.jax_defaults, spec)
+    for reference, child in (peers or {}).items():
+        spec = Spec(system="hand", reference=reference, **common)
+        builds[f"hand_{reference}"] = (child, spec)
+    row: dict[str, Any] = {
+        "backend": plan.backend,
+        "num_envs": num_envs,
+        "rollout_length": length,
+        "errors": {},
+    }
+    for name, (child, spec) in builds.items():  # the two children build at once
+        child.send("build", name=name, spec=dataclasses.asdict(spec))
+    built: dict[str, Callable[[], dict[str, Any]]] = {}
+    in_child: list[str] = []  # systems alive in a child: closed at the end, failed or not
+    for name, (child, _) in builds.items():
+        try:
+            child.receive()
+        except ChildError as err:
+            row["errors"][name] = f"build: {err}"
+            log(f"  {plan.backend} x{num_envs} {name}: build failed: {err}")
+            continue
+        built[name] = lambda c=child, n=name: c.request("measure", name=n, seconds=seconds)
+        in_child.append(name)
+    for name, system in (local or {}).items():
+        built[name] = lambda s=system: s.measure(seconds)
+
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in built}
+    row["loadavg_per_round"] = []
+    for index in range(rounds):
+        if not built:
+            break
+        row["loadavg_per_round"].append(os.getloadavg())
+        names = list(built)
+        shift = index % len(names)  # no system always first or always last
+        for name in names[shift:] + names[:shift]:
+            try:
+                results[name].append(built[name]())
+            except Exception as err:  # keep the other systems' figures; record why
+                row["errors"][name] = f"round {index}: {type(err).__name__}: {err}"
+                log(f"  {plan.backend} x{num_envs} {name}: failed: {err}")
+                del built[name], results[name]
+        log(
+            f"  {plan.backend} x{num_envs} round {index + 1}/{rounds}: "
+            + "  ".join(f"{k}={v[-1]['steps_per_s']:,.0f}" for k, v in results.items())
+        )
+    for name in in_child:
+        try:
+            builds[name][0].request("close", name=name)
+        except ChildError as err:
+            row["errors"].setdefault(name, f"close: {err}")
+    return {**row, **summarize(results, plan)}
+
+
+def summarize(results: Mapping[str, list[dict[str, Any]]], plan: Plan) -> dict[str, Any]:
+    """Medians, spreads and ratios of one width's rounds."""
+    systems = {
+        name: {"label": label(name, plan), **_spread([r["steps_per_s"] for r in rounds])}
+        for name, rounds in results.items()
+    }
+    for name, rounds in results.items():
+        systems[name]["all_rounds"] = rounds
+    out: dict[str, Any] = {"systems": systems, "ratios": {}, "split_us": None, "ceiling": None}
+    ours = systems.get("jaxrunner")
+    for name, theirs in systems.items():
+        if ours is None or name == "jaxrunner":
+            continue
+        per_round = [a / b for a, b in zip(ours["rounds"], theirs["rounds"])]
+        out["ratios"][name] = {
+            "median": ours["median"] / theirs["median"],  # the ratio of the medians
+            "min": min(per_round),
+            "max": max(per_round),
+            "rounds": per_round,
+        }
+    splits = [r["split_us"] for r in results.get("jaxrunner", []) if r.get("split_us")]
+    if splits:
+        out["split_us"] = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
+    if results.get("jaxrunner"):
+        first = results["jaxrunner"][0]
+        out["layout"] = {k: first.get(k) for k in ("num_workers", "num_splits")}
+    if results.get("ceiling"):
+        keys = (
+            "steps_per_s",
+            "raw_env_us",
+            "policy_us",
+            "policy_compute_us",
+            "in_turn_steps_per_s",
+            "in_turn_us",
+        )
+        out["ceiling"] = {k: statistics.median(r[k] for r in results["ceiling"]) for k in keys}
+    return out

@@ -1,0 +1,295 @@
+"""What the benchmark measures, each built and warmed once per width inside a child
+process (``child.py``) and then timed round after round.
+
+* :class:`JaxrunnerSystem`: ``EnvRunner.sample()`` at its defaults, and where its
+  time goes (the runner's perf timers).
+* :class:`HandSystem`: the recording hand loop (``hand_loop.py``, ``hand_scan.py``).
+* :class:`CeilingSystem`: the policy-bound ceiling: the same vector env stepped with
+  random actions drawn ahead (its own lockstep ``step_batch``), plus one bare policy
+  call per step, each timed back to back (pipelining can pass it, by overlapping the
+  two); and the two in turn: the env stepped with the bare policy's own actions, one
+  call per step and nothing else, where each pays for the other's cache traffic.
+
+For a PettingZoo env (``Spec.multi_agent``): ``MultiAgentRunner.sample()`` and the
+multi-agent hand loop (``multi_agent.py``) instead, and no ceiling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+
+from jaxrunner._src.backends import BACKENDS, make_vec
+from jaxrunner._src.bench.hand_loop import (
+    NEXT_STEP_RESET,
+    REFERENCES,
+    RecordingHandLoop,
+    reference_envs,
+    single_spaces,
+)
+from jaxrunner._src.bench.hand_scan import build_hand_scan
+from jaxrunner._src.bench.multi_agent import MultiAgentHandSystem, MultiAgentRunnerSystem
+from jaxrunner._src.bench.policy import hand_act, mlp_policy
+from jaxrunner._src.bench.timing import measure_runner, timed, us_per_call
+from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
+from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.samplers import EnvRunner
+from jaxrunner.errors import InvalidArgumentError
+
+JAX_BACKEND = "jax"
+"""The benchmark's name for pure-JAX envs: ``JaxVectorEnv`` over a gymnax env."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Spec:
+    """One system at one width, as the parent sends it to a child (JSON)."""
+
+    system: str
+    """``"jaxrunner"``, ``"hand"`` or ``"ceiling"``."""
+    backend: str
+    """jaxrunner's backend (``make_vec``), or ``"jax"`` (gymnax in a ``JaxVectorEnv``)."""
+    env: str
+    """A gymnasium id (a gymnax id for ``"jax"``, an EnvPool id for ``"envpool"``)."""
+    num_envs: int
+    rollout_length: int
+    seed: int = 0
+    reference: str | None = None
+    """The hand loop's vector env (a key of ``REFERENCES``); hand systems only."""
+    multi_agent: bool = False
+    """``env`` is a PettingZoo env (``module:name``): ``MultiAgentRunner`` against the
+    multi-agent hand loop (``multi_agent.py``)."""
+    workload: str | None = None
+    """A key of ``WORKLOADS``: every system builds its envs and policy from it (``env``
+    is then its gymnasium id, for labels); None: ``env`` and the benchmark MLP."""
+
+    def __post_init__(self) -> None:
+        builders = MULTI_AGENT_BUILDERS if self.multi_agent else BUILDERS
+        if self.system not in builders:
+            raise InvalidArgumentError(
+                f"Spec(system={self.system!r}, multi_agent={self.multi_agent}): expected "
+                f"{list(builders)}."
+            )
+        if self.backend not in (*BACKENDS, JAX_BACKEND):
+            raise InvalidArgumentError(
+                f"Spec(backend={self.backend!r}): expected one of {(*BACKENDS, JAX_BACKEND)}."
+            )
+        if self.workload is not None and self.workload not in WORKLOADS:
+            raise InvalidArgumentError(
+                f"Spec(workload={self.workload!r}): expected one of {list(WORKLOADS)}."
+            )
+        if self.system == "hand" and self.reference not in REFERENCES:
+            raise InvalidArgumentError(
+                f"Spec(reference={self.reference!r}): a hand system needs one of "
+                f"{list(REFERENCES)}."
+            )
+
+
+class System(Protocol):
+    """A built, warmed-up system."""
+
+    def measure(self, seconds: float) -> dict[str, Any]:
+        """Runs for about ``seconds``; returns at least ``steps_per_s``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _make_envs(spec: Spec) -> Any:
+    if spec.backend == JAX_BACKEND:
+        import gymnax  # type: ignore[import-not-found]  # an optional extra
+
+        from jaxrunner._src.backends.jax_env import JaxVectorEnv
+
+        env, env_params = gymnax.make(spec.env)
+        return JaxVectorEnv(env, env_params, spec.num_envs)
+    env = get_workload(spec.workload).make if spec.workload else spec.env
+    return make_vec(env, spec.num_envs, backend=spec.backend, seed=spec.seed)
+
+
+def _policy(spec: Spec, observation_space: Any, action_space: Any) -> Policy:
+    """The workload's policy, or the benchmark MLP."""
+    if spec.workload:
+        return get_workload(spec.workload).policy(observation_space, action_space)
+    return mlp_policy(action_space)
+
+
+class JaxrunnerSystem:
+    """``EnvRunner.sample()`` with the benchmark MLP, every option at its default."""
+
+    def __init__(self, spec: Spec) -> None:
+        self._envs = envs = _make_envs(spec)
+        policy = _policy(spec, envs.single_observation_space, envs.single_action_space)
+        params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
+        self._runner = EnvRunner(envs, policy, params, spec.rollout_length, spec.seed)
+        self.num_envs = spec.num_envs
+        self._sample()  # warm-up: compiles, first resets
+        self.layout = {
+            "num_workers": getattr(envs, "num_workers", 0),
+            "num_splits": self._runner.num_splits,
+        }
+
+    def _sample(self) -> int:
+        trajectory = self._runner.sample()
+        jax.block_until_ready(trajectory.reward)  # pure-JAX samples stay on device
+        return int(np.size(trajectory.reward))
+
+    def measure(self, seconds: float) -> dict[str, Any]:
+        """Steps/s and where a step goes (:func:`measure_runner`), and the layout."""
+        return {**measure_runner(self._runner, self._sample, self.num_envs, seconds), **self.layout}
+
+    def close(self) -> None:
+        self._runner.stop()
+
+
+class HandSystem:
+    """The recording hand loop over the spec's reference vector env (or a peer
+    library's own sampler: ``reference="rllib"``)."""
+
+    def __init__(self, spec: Spec) -> None:
+        self._envs: Any = None
+        if spec.reference == "scan":
+            self._rollout = build_hand_scan(spec.num_envs, spec.rollout_length, spec.seed, spec.env)
+        elif spec.reference == "rllib":
+            from jaxrunner._src.bench.peer_loops import RLLIB_HIDDEN, RLlibLoop
+
+            hidden = RLLIB_HIDDEN[spec.workload or "cartpole"]
+            self._envs = loop = RLlibLoop(
+                spec.env, spec.num_envs, spec.rollout_length, spec.seed, hidden
+            )
+            self._rollout = loop.rollout
+        elif spec.reference == "envpool_async":
+            from jaxrunner._src.bench.peer_loops import EnvPoolAsyncLoop
+
+            envpool_id, options = spec.env, {}
+            if spec.workload:
+                workload = get_workload(spec.workload)
+                envpool_id, options = workload.envpool_id, workload.envpool_kwargs
+            self._envs = loop = EnvPoolAsyncLoop(
+                envpool_id,
+                options,
+                spec.num_envs,
+                spec.rollout_length,
+                spec.seed,
+                lambda obs_space, action_space: _policy(spec, obs_space, action_space),
+            )
+            self._rollout = loop.rollout
+        else:
+            self._envs, seeded = reference_envs(
+                str(spec.reference), spec.env, spec.num_envs, spec.seed, spec.workload
+            )
+            obs_space, action_space = single_spaces(self._envs)
+            loop = RecordingHandLoop(
+                self._envs,
+                spec.rollout_length,
+                spec.seed,
+                seeded_reset=seeded,
+                policy=_policy(spec, obs_space, action_space),
+                next_step_reset=spec.reference in NEXT_STEP_RESET,
+            )
+            self._rollout = loop.rollout
+        self._rollout()  # warm-up: compiles, first resets
+
+    def measure(self, seconds: float) -> dict[str, Any]:
+        return {"steps_per_s": timed(self._rollout, seconds)}
+
+    def close(self) -> None:
+        if self._envs is not None:
+            self._envs.close()
+
+
+class CeilingSystem:
+    """The policy-bound ceiling for jaxrunner's vector env (a host backend)."""
+
+    def __init__(self, spec: Spec) -> None:
+        if spec.backend == JAX_BACKEND:
+            raise InvalidArgumentError(
+                "CeilingSystem: a pure-JAX rollout is one compiled scan, with no separate "
+                "env and policy calls to add up; measure the host backends only."
+            )
+        self._envs = envs = _make_envs(spec)
+        self.num_envs, self._length = spec.num_envs, spec.rollout_length
+        envs.action_space.seed(spec.seed)
+        self._pool = [envs.action_space.sample() for _ in range(97)]  # drawn ahead: free
+        self._cursor = 0
+        policy = _policy(spec, envs.single_observation_space, envs.single_action_space)
+        self._params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
+        self._act = hand_act(policy, spec.num_envs)
+        self._obs, _ = envs.reset(seed=spec.seed)
+        self._obs_device = jax.device_put(self._obs)
+        self._key = jax.random.key(spec.seed)
+        self._latest_obs = jax.tree.map(np.array, self._obs)  # the in-turn loop's own stream
+        self._raw_rollout()
+        self._policy_call()
+        self._policy_compute()
+        self._in_turn_rollout()
+
+    def _raw_rollout(self) -> int:
+        # step_batch: the backend's own lockstep step, as the runner calls it (no
+        # gymnasium step() wrapping: infos, autoreset bookkeeping for the caller).
+        for _ in range(self._length):
+            self._envs.step_batch(self._pool[self._cursor])
+            self._cursor = (self._cursor + 1) % len(self._pool)
+        return self._length * self.num_envs
+
+    def _in_turn_rollout(self) -> int:
+        """The env stepped with the bare policy's actions, one call per step: the two in
+        turn and nothing else (no recording, no episode bookkeeping)."""
+        obs = self._latest_obs
+        for _ in range(self._length):
+            action, extras, self._key = self._act(self._params, obs, self._key)
+            action, _ = np.asarray(action), np.asarray(extras["log_prob"])
+            obs = self._envs.step_batch(action).obs
+        self._latest_obs = obs
+        return self._length * self.num_envs
+
+    def _policy_call(self) -> None:
+        """One bare policy call as the hand loop makes it: numpy in, numpy out."""
+        action, extras, self._key = self._act(self._params, self._obs, self._key)
+        np.asarray(action), np.asarray(extras["log_prob"])
+
+    def _policy_compute(self) -> None:
+        """The same call on observations already on the device, waiting for it."""
+        action, extras, self._key = self._act(self._params, self._obs_device, self._key)
+        jax.block_until_ready((action, extras))
+
+    def measure(self, seconds: float) -> dict[str, Any]:
+        """A third of the time stepping the envs, a third on the two in turn, a sixth on
+        each policy call."""
+        raw_steps_per_s = timed(self._raw_rollout, seconds / 3)
+        in_turn_steps_per_s = timed(self._in_turn_rollout, seconds / 3)
+        policy_us = us_per_call(self._policy_call, seconds / 6)
+        compute_us = us_per_call(self._policy_compute, seconds / 6)
+        raw_us = 1e6 * self.num_envs / raw_steps_per_s
+        return {
+            "steps_per_s": 1e6 * self.num_envs / (raw_us + policy_us),
+            "raw_env_steps_per_s": raw_steps_per_s,
+            "raw_env_us": raw_us,
+            "policy_us": policy_us,
+            "policy_compute_us": compute_us,
+            "in_turn_steps_per_s": in_turn_steps_per_s,
+            "in_turn_us": 1e6 * self.num_envs / in_turn_steps_per_s,
+        }
+
+    def close(self) -> None:
+        self._envs.close()
+
+
+BUILDERS: dict[str, type] = {
+    "jaxrunner": JaxrunnerSystem,
+    "hand": HandSystem,
+    "ceiling": CeilingSystem,
+}
+
+
+MULTI_AGENT_BUILDERS: dict[str, type] = {
+    "jaxrunner": MultiAgentRunnerSystem,
+    "hand": MultiAgentHandSystem,
+}
+
+
+def build(spec: Spec) -> System:
+    """Builds and warms up ``spec``'s system."""
+    return (MULTI_AGENT_BUILDERS if spec.multi_agent else BUILDERS)[spec.system](spec)

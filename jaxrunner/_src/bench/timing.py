@@ -1,0 +1,92 @@
+"""How the benchmark times things: wall-clock loops, a runner and where its time goes,
+and the rollout length per width."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jaxrunner._src.runner.metrics import PERF_KEYS
+
+
+def rollout_length(num_envs: int) -> int:
+    """T for ``num_envs`` envs, for jaxrunner and the hand loops alike: about 2048
+    env steps per rollout, at least 8 steps."""
+    return max(8, 2048 // num_envs)
+
+
+def timed(step: Callable[[], int], seconds: float) -> float:
+    """Calls ``step`` (returning env steps done) for ``seconds``; returns steps/s."""
+    steps, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        steps += step()
+    return steps / elapsed
+
+
+def interleaved_rates(
+    steps: Mapping[str, Callable[[], int]], rounds: int, seconds: float
+) -> dict[str, list[float]]:
+    """Steps/s of each system (``step`` returning env steps done) in ``rounds`` rounds
+    of ``seconds`` each: every round runs every system once, in an order reversed
+    every other round, so a shared machine's drift hits each alike."""
+    rates: dict[str, list[float]] = {name: [] for name in steps}
+    for round_index in range(rounds):
+        order = list(steps) if round_index % 2 == 0 else list(steps)[::-1]
+        for name in order:
+            rates[name].append(timed(steps[name], seconds))
+    return rates
+
+
+def us_per_call(call: Callable[[], object], seconds: float) -> float:
+    """Calls ``call`` for ``seconds``; returns microseconds per call."""
+    calls, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        call()
+        calls += 1
+    return 1e6 * elapsed / calls
+
+
+def measure_runner(
+    runner: Any, sample: Callable[[], int], num_envs: int, seconds: float
+) -> dict[str, Any]:
+    """Times ``sample`` (one ``runner.sample()``, returning env steps done) for
+    ``seconds``.
+
+    Args:
+        runner: an ``EnvRunner`` or ``MultiAgentRunner`` (its ``get_metrics()``: env
+            steps and the perf timers, ms per vector step).
+        sample: samples once.
+        num_envs: B.
+        seconds: how long.
+
+    Returns:
+        ``steps_per_s`` (env steps/s), ``perf_us`` (each perf timer over this
+        measurement, us per vector step) and ``split_us``: microseconds per vector step
+        in the env (``env``), in the compiled policy step with its two transfers
+        (``policy``), recording obs/actions/flags (``record``) and the rest of the
+        sampler's own work (``other``: wall time less the timed phases); None where the
+        runner keeps no perf timers (a pure-JAX rollout is one compiled scan).
+    """
+    before = runner.get_metrics()
+    steps_per_s = timed(sample, seconds)
+    after = runner.get_metrics()
+    # The timers are running means (ms per vector step): take earlier steps out.
+    n0, n1 = (m["num_env_steps"] / num_envs for m in (before, after))
+    perf_us = {
+        key.replace("_ms", "_us"): 1000.0
+        * (after["perf"][key] * n1 - before["perf"][key] * n0)
+        / (n1 - n0)
+        for key in PERF_KEYS
+    }
+    total_us = 1e6 * num_envs / steps_per_s
+    split = None
+    if any(perf_us.values()):
+        split = {
+            "env_us": perf_us["env_wait_us"],
+            "policy_us": perf_us["inference_us"],
+            "record_us": perf_us["obs_processing_us"] + perf_us["action_processing_us"],
+        }
+        split["other_us"] = total_us - sum(split.values())
+        split["total_us"] = total_us
+    return {"steps_per_s": steps_per_s, "perf_us": perf_us, "split_us": split}

@@ -1,0 +1,143 @@
+"""Real workloads for ``jaxrunner bench --workload`` and ``benchmarks/peers.py``: an env
+factory, the policy and the widths each is measured at.
+
+* ``cartpole``: CartPole-v1, a 64-64 tanh MLP (categorical), 1 8 64 256 envs.
+* ``pong``: ALE/Pong-v5 (``frameskip=1``) in ``AtariPreprocessing`` (84x84 grey,
+  frame skip 4, 30 no-ops) and ``FrameStackObservation(4)``: uint8 ``(4, 84, 84)``,
+  NatureCNN (categorical), 8 and 32 envs. Needs ``pip install 'jaxrunner[atari]'``.
+* ``halfcheetah``: HalfCheetah-v5, a 256-256 tanh Gaussian MLP, 8 and 32 envs. Needs
+  ``pip install 'jaxrunner[mujoco]'``.
+
+Every system of a comparison (jaxrunner, the hand loops, the peer libraries) builds
+its envs and its policy from here, so that each does the same work. The factories are
+module-level functions: the process backend and ``AsyncVectorEnv`` pickle them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+
+from jaxrunner import models
+from jaxrunner._src.runner.policy import Policy
+from jaxrunner.errors import InvalidArgumentError
+
+
+def make_cartpole() -> gymnasium.Env:
+    return gymnasium.make("CartPole-v1")
+
+
+def make_pong() -> gymnasium.Env:
+    """ALE/Pong-v5 as the Atari baselines see it: the emulator's own frame skip off
+    (``AtariPreprocessing`` skips 4 and max-pools), 84x84 grey, 4 frames stacked."""
+    import ale_py  # type: ignore[import-not-found]  # the atari extra
+
+    gymnasium.register_envs(ale_py)  # here, not at import: each process-backend worker too
+    env = gymnasium.make("ALE/Pong-v5", frameskip=1)
+    env = gymnasium.wrappers.AtariPreprocessing(env)
+    return gymnasium.wrappers.FrameStackObservation(env, 4)
+
+
+def make_halfcheetah() -> gymnasium.Env:
+    return gymnasium.make("HalfCheetah-v5")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Workload:
+    """One real workload: the env every system steps and the policy every one runs."""
+
+    name: str
+    env_id: str
+    """The gymnasium id (for labels; :attr:`make` builds the env)."""
+    make: Callable[[], gymnasium.Env]
+    """Builds one sub-env, wrappers included."""
+    policy: Callable[[gymnasium.Space, gymnasium.Space], Policy]
+    """``(single observation space, single action space) -> Policy``."""
+    policy_label: str
+    widths: tuple[int, ...]
+    steps_per_rollout: int
+    """About this many env steps per rollout: ``T = max(8, steps_per_rollout // B)``
+    for every system (Pong steps take milliseconds: a rollout stays under a second)."""
+    envpool_id: str
+    envpool_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """EnvPool's port of the same env, configured as close to :attr:`make` as it goes."""
+    needs: tuple[str, ...] = ()
+    """Modules the env needs (the ``extra`` to install names them)."""
+    extra: str | None = None
+    """``pip install 'jaxrunner[<extra>]'`` brings :attr:`needs`."""
+
+    def rollout_length(self, num_envs: int) -> int:
+        return max(8, self.steps_per_rollout // num_envs)
+
+    def unavailable(self) -> str | None:
+        """Why this workload cannot run here (and what to install), or None."""
+        missing = [m for m in self.needs if importlib.util.find_spec(m) is None]
+        if not missing:
+            return None
+        return f"not installed: {', '.join(missing)} (pip install 'jaxrunner[{self.extra}]')"
+
+
+def _mlp(observation_space: gymnasium.Space, action_space: gymnasium.Space) -> Policy:
+    del observation_space
+    return models.mlp_policy(action_space)
+
+
+def _gaussian(observation_space: gymnasium.Space, action_space: gymnasium.Space) -> Policy:
+    del observation_space
+    return models.gaussian_mlp_policy(action_space)
+
+
+WORKLOADS: dict[str, Workload] = {
+    "cartpole": Workload(
+        name="cartpole",
+        env_id="CartPole-v1",
+        make=make_cartpole,
+        policy=_mlp,
+        policy_label="jr.models.mlp_policy: 64-64 tanh MLP, categorical",
+        widths=(1, 8, 64, 256),
+        steps_per_rollout=2048,  # as rollout_length(): the default bench's rollouts
+        envpool_id="CartPole-v1",
+    ),
+    "pong": Workload(
+        name="pong",
+        env_id="ALE/Pong-v5",
+        make=make_pong,
+        policy=models.nature_cnn_policy,
+        policy_label="jr.models.nature_cnn_policy: NatureCNN on uint8 4x84x84, categorical",
+        widths=(8, 32),
+        steps_per_rollout=256,
+        # EnvPool's Atari defaults already match AtariPreprocessing (84x84 grey, skip 4,
+        # 30 no-ops, 4 stacked, no episodic life); ALE v5 repeats actions with p=0.25.
+        envpool_id="Pong-v5",
+        envpool_kwargs={"repeat_action_probability": 0.25},
+        needs=("ale_py", "cv2"),
+        extra="atari",
+    ),
+    "halfcheetah": Workload(
+        name="halfcheetah",
+        env_id="HalfCheetah-v5",
+        make=make_halfcheetah,
+        policy=_gaussian,
+        policy_label="jr.models.gaussian_mlp_policy: 256-256 tanh MLP, diagonal Gaussian",
+        widths=(8, 32),
+        steps_per_rollout=512,
+        envpool_id="HalfCheetah-v5",
+        needs=("mujoco",),
+        extra="mujoco",
+    ),
+}
+
+
+def get_workload(name: str) -> Workload:
+    """The workload called ``name``.
+
+    Raises:
+        InvalidArgumentError: an unknown name.
+    """
+    if name not in WORKLOADS:
+        raise InvalidArgumentError(f"workload {name!r}: expected one of {list(WORKLOADS)}.")
+    return WORKLOADS[name]

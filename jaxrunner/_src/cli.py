@@ -1,0 +1,152 @@
+"""The ``jaxrunner`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+from collections.abc import Sequence
+
+from jaxrunner import __version__
+from jaxrunner._src.bench.rounds import PLANS
+from jaxrunner._src.bench.workloads import WORKLOADS
+from jaxrunner._src.services.serve.command import add_serve_command
+from jaxrunner.errors import InvalidArgumentError
+
+DEFAULT_ENV = "CartPole-v1"
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from jaxrunner._src import bench
+
+    plans = bench.plans_for(args.env)  # a PettingZoo env has plans of its own
+    widths = None if args.num_envs is None else tuple(args.num_envs)
+    backends = tuple(plans) if args.backend == "all" else (args.backend,)
+    try:
+        if args.workload is not None:
+            if args.env != DEFAULT_ENV:
+                raise InvalidArgumentError(
+                    f"--workload {args.workload} runs its own env; leave --env out."
+                )
+            config = bench.BenchConfig.for_workload(
+                args.workload,
+                widths=widths,
+                backends=("sync", "process") if args.backend is None else backends,
+                seconds=args.seconds,
+                rounds=args.rounds,
+            )
+        else:
+            config = bench.BenchConfig(
+                env=args.env,
+                widths=(1, 8, 64, 256) if widths is None else widths,
+                backends=("sync",) if args.backend is None else backends,
+                seconds=args.seconds,
+                rounds=args.rounds,
+            )
+    except InvalidArgumentError as err:  # before anything starts: name the flag
+        flags = "--num-envs (ints >= 1), --seconds (> 0) or --rounds (>= 1)"
+        if args.backend not in (*plans, "all", None):
+            flags = f"--backend ({', '.join(plans)} or all for this env)"
+        if args.workload is not None:
+            flags += ", --backend (a host backend) or --env (none with --workload)"
+        print(f"jaxrunner bench: {err} Check {flags}.", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - started:5.0f} s] {message}", file=sys.stderr, flush=True)
+
+    report = bench.run(config, log)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(bench.format_report(report))
+    complete = report["results"] and all("hand" in row["ratios"] for row in report["results"])
+    return 0 if complete else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jaxrunner", description="A JAX-accelerated vectorized sampler for RL."
+    )
+    parser.add_argument("--version", action="version", version=f"jaxrunner {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench = commands.add_parser(
+        "bench",
+        help="is jaxrunner faster than the loop you would write by hand?",
+        description="Env steps/s of jaxrunner's EnvRunner.sample() (MultiAgentRunner for a "
+        "PettingZoo env) at its defaults against "
+        "the recording hand loop a user writes (the same jitted 64-64 tanh MLP, np.asarray, "
+        "[T, B] numpy buffers, JAX at its defaults), each in its own process, in interleaved "
+        "rounds; the policy-bound ceiling; where a jaxrunner step goes; a one-line verdict.",
+    )
+    bench.add_argument(
+        "--env",
+        default=DEFAULT_ENV,
+        help="gymnasium id, or a PettingZoo parallel env as module:name (e.g. "
+        "mpe2:simple_spread_v3: MultiAgentRunner against the hand-written PettingZoo loop, "
+        "backends sync and process) (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--num-envs",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="widths to measure (default: 1 8 64 256; a workload's own with --workload)",
+    )
+    bench.add_argument(
+        "--backend",
+        default=None,
+        choices=(*PLANS, "all"),
+        help="jaxrunner backend (make_vec(backend=...); jax: gymnax in a JaxVectorEnv), or "
+        "all: every installed one, each at the widths that fit it (default: sync; sync and "
+        "process with --workload)",
+    )
+    bench.add_argument(
+        "--workload",
+        default=None,
+        choices=tuple(WORKLOADS),
+        help="a real workload instead of --env: cartpole (CartPole-v1, 64-64 MLP; 1 8 64 "
+        "256 envs), pong (ALE/Pong-v5 preprocessed, 4 frames stacked, NatureCNN; 8 32 envs; "
+        "pip install 'jaxrunner[atari]'), halfcheetah (HalfCheetah-v5, 256-256 Gaussian MLP; "
+        "8 32 envs; pip install 'jaxrunner[mujoco]'), every system with the same envs and "
+        "policy (default: none)",
+    )
+    bench.add_argument(
+        "--seconds",
+        type=float,
+        default=1.0,
+        help="seconds per system per round (default: %(default)s)",
+    )
+    bench.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds per width (default: %(default)s)"
+    )
+    bench.add_argument(
+        "--json",
+        action="store_true",
+        help="print only the JSON report on stdout (default: tables and a verdict)",
+    )
+    bench.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=None,
+        help="also write the JSON report (every round, the machine) to this file (default: none)",
+    )
+    bench.set_defaults(func=_bench)
+    add_serve_command(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

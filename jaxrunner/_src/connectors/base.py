@@ -1,0 +1,137 @@
+"""What a connector is: a pure, stateful transform between the env and the policy.
+
+Three kinds, all pure functions of explicit state (jitted into the runner's compiled
+programs, never called per env from Python):
+
+* :class:`ObsConnector`: observations -> what the policy sees, once per policy step,
+  inside the compiled policy step (:mod:`jaxrunner._src.samplers.policy_step`).
+* :class:`ActionConnector`: the policy's action -> the action the env gets, in the same
+  compiled step (the Trajectory keeps the policy's action, so log-probs stay exact).
+* :class:`RewardConnector`: rewards -> scaled rewards, once per sample over the whole
+  ``[T, B]`` rollout (rewards arrive after the step that acted).
+
+State. A :class:`ConnectorState` has a ``per_env`` part (each leaf ``[num_envs, ...]``,
+e.g. a frame stack) and a ``shared`` part (e.g. normalization statistics). The runner
+owns the rows of ``per_env``: a call sees only the rows of the envs it computes, and the
+rows of inactive envs (another pipelining split, a ready-first bucket's padding) are
+never written back. ``shared`` is the connector's to update; it must only take in the
+rows where ``active`` is true, so results never depend on how envs are batched.
+
+Agent groups (:class:`~jaxrunner.MultiAgentRunner`): a group's connectors see its
+agent slots as rows, ``N = B * A_g`` (row ``b * A_g + a``: agent ``a`` of env ``b``):
+``per_env`` is per agent slot, ``episode_start`` is the agent's episode start, and
+``active`` marks the agents that act.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+import flax.struct
+import jax
+from gymnasium import spaces
+
+
+class ConnectorState(flax.struct.PyTreeNode):
+    """One connector's state.
+
+    Attributes:
+        per_env: pytree of ``[num_envs, ...]`` leaves (rows gathered and scattered by the
+            runner), or None.
+        shared: pytree shared by every env (statistics), or None.
+    """
+
+    per_env: Any = None
+    shared: Any = None
+
+
+class ObsConnector(abc.ABC):
+    """Transforms observations before the policy sees them (see the module docstring).
+
+    Subclasses are frozen dataclasses (hashable, picklable: the runner's compiled
+    programs close over them). Only :meth:`init` and :meth:`__call__` are required.
+    """
+
+    first_only: ClassVar[bool] = False
+    """True for a connector that must come first: its :meth:`end_sample` reads its
+    inputs over the sample, which are then the Trajectory's observations."""
+
+    @abc.abstractmethod
+    def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorState:
+        """The state for ``num_envs`` envs whose observations live in ``obs_space``
+        (the space the connector receives: the env's, or the previous connector's)."""
+
+    @abc.abstractmethod
+    def __call__(
+        self, state: ConnectorState, obs: Any, episode_start: jax.Array, active: jax.Array
+    ) -> tuple[Any, ConnectorState]:
+        """One step of ``N`` rows: ``obs`` ``[N, ...]``, ``episode_start`` and ``active``
+        ``[N]`` bool, ``state.per_env`` the rows' own ``[N, ...]``. Returns what the
+        policy sees and the new state; ``shared`` may only change from active rows."""
+
+    def observation_space(self, space: spaces.Space) -> spaces.Space:
+        """The space of what this connector outputs, given its input ``space`` (the
+        policy is initialised on the last connector's)."""
+        return space
+
+    def follow(self, state: ConnectorState, seen: Any, next_obs: Any) -> Any:
+        """What the policy would see of ``next_obs`` ``[T, B, ...]`` (the true next
+        observations of a sample), for a learner's bootstrap values. ``seen`` is this
+        connector's output at the same steps when it is the chain's last (else None).
+        Called with the state of the sample, before :meth:`end_sample`. Default: this
+        connector applied without episode starts, its new state dropped."""
+        num_envs = jax.tree.leaves(next_obs)[0].shape[1]
+        flags = jax.numpy.zeros(num_envs, bool)
+        return jax.vmap(lambda x: self(state, x, flags, flags)[0])(next_obs)
+
+    def end_sample(
+        self, state: ConnectorState, inputs: Any = None, valid: jax.Array | None = None
+    ) -> ConnectorState:
+        """Called once at the end of each sample (jitted), after :meth:`follow`: e.g.
+        folds the sample into the statistics the next sample uses. ``inputs`` is the
+        ``[T, B, ...]`` observations this connector received during the sample when it
+        is the first connector (``Trajectory.obs``), else None. ``valid`` (``[T, B]``
+        bool, or None for all) marks the rows of ``inputs`` to take in: for an agent
+        group (rows ``B * A_g``), the slots that hold an agent's transition, never the
+        padding of absent or waiting agents."""
+        return state
+
+
+class ActionConnector(abc.ABC):
+    """Transforms the policy's action into the env's (pure, stateless, jitted)."""
+
+    @abc.abstractmethod
+    def __call__(self, action: Any) -> Any:
+        """``[N, ...]`` actions as sampled -> ``[N, ...]`` actions for the env."""
+
+
+class RewardConnector(abc.ABC):
+    """Transforms a sample's rewards, once per sample (pure, jitted)."""
+
+    @abc.abstractmethod
+    def init(self, num_envs: int) -> ConnectorState:
+        """The state for ``num_envs`` envs."""
+
+    def restart(self, state: ConnectorState) -> ConnectorState:
+        """``state`` as every env starts a new episode outside a sample (a restore that
+        restarts the episodes under way): default, ``per_env`` zeroed; ``shared`` kept."""
+        return state.replace(per_env=jax.tree.map(jax.numpy.zeros_like, state.per_env))
+
+    @abc.abstractmethod
+    def __call__(
+        self,
+        state: ConnectorState,
+        reward: jax.Array,
+        terminated: jax.Array,
+        truncated: jax.Array,
+        valid: jax.Array,
+    ) -> tuple[jax.Array, ConnectorState]:
+        """``[T, B]`` raw rewards and flags -> ``[T, B]`` transformed rewards and the new
+        state (``per_env`` is the full ``[B, ...]`` here). ``valid`` marks the slots that
+        hold a transition; an invalid slot does not end an episode by itself (an agent
+        of a group waiting for its turn goes on after it): where an episode was cut
+        there (a failed sub-env), the slot is flagged ``truncated``."""
+
+
+__all__ = ["ActionConnector", "ConnectorState", "ObsConnector", "RewardConnector"]

@@ -1,0 +1,137 @@
+"""Checks of what users hand the connectors: constructor arguments and states.
+
+Every error names the connector, the argument or field, what was expected, what came,
+and the fix (the house wording); nothing is cast silently.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrunner._src.connectors.moments import COUNT_DTYPES
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
+
+
+def check_number(
+    who: str,
+    name: str,
+    value: Any,
+    *,
+    low: float,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+    optional: bool = False,
+) -> None:
+    """Refuses ``value`` unless it is a real number in the interval (``optional``: or
+    None). ``who`` names the connector in the message, ``name`` the argument."""
+    if value is None and optional:
+        return
+    none = " or None" if optional else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidArgumentTypeError(
+            f"{who}({name}={value!r}): expected a number{none}, got {type(value).__name__}."
+        )
+    number = float(value)
+    below = number <= low if low_open else number < low
+    above = number >= high if high_open else number > high
+    if math.isnan(number) or below or above:
+        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+        raise InvalidArgumentError(
+            f"{who}({name}={value!r}): expected a value in {lo}{low}, {high}{hi}{none}."
+        )
+
+
+def check_flag(who: str, name: str, value: Any) -> None:
+    """Refuses anything but a bool (a truthy string would read as True)."""
+    if not isinstance(value, bool):
+        raise InvalidArgumentTypeError(
+            f"{who}({name}={value!r}): expected True or False, got {type(value).__name__}."
+        )
+
+
+def check_std_bounds(who: str, epsilon: Any, min_std: Any, max_std: Any) -> None:
+    """The shared ``epsilon``, ``min_std`` and ``max_std`` arguments of a normalizer."""
+    check_number(who, "epsilon", epsilon, low=0.0)
+    check_number(who, "min_std", min_std, low=0.0, low_open=True)
+    check_number(who, "max_std", max_std, low=0.0, low_open=True, high_open=True)
+    if min_std > max_std:
+        raise InvalidArgumentError(
+            f"{who}(min_std={min_std!r}, max_std={max_std!r}): expected min_std <= max_std."
+        )
+
+
+def check_count_dtype(who: str, count_dtype: Any) -> None:
+    """``count_dtype`` is one of :data:`~jaxrunner._src.connectors.moments.COUNT_DTYPES`, and a
+    64-bit one only with ``jax_enable_x64`` (JAX would silently make it 32-bit)."""
+    if count_dtype not in COUNT_DTYPES:
+        raise InvalidArgumentError(
+            f"{who}(count_dtype={count_dtype!r}): expected one of {COUNT_DTYPES}."
+        )
+    # jax.config's flags are attributes set at runtime, unseen by the checker.
+    if count_dtype.endswith("64") and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+        raise InvalidArgumentError(
+            f"{who}(count_dtype={count_dtype!r}): JAX runs without 64-bit types here, so the "
+            "count would silently be 32-bit. Enable them first "
+            "(jax.config.update('jax_enable_x64', True)), or use count_dtype='int32' (exact "
+            "to 2**31 - 1 samples)."
+        )
+
+
+def check_state(who: str, name: str, current: Any, new: Any) -> Any:
+    """``new`` (one connector's state) as host numpy arrays, refused unless it has the
+    structure, shapes and dtypes of ``current`` and finite floats.
+
+    Args:
+        who: the call, for the message (``"set_connector_state(state)"``).
+        name: the connector's name in :class:`~jaxrunner.connectors.Connectors`.
+        current: the state the runner holds for it (host or device arrays).
+        new: the state handed in.
+    """
+    want, treedef = jax.tree_util.tree_flatten_with_path(current)
+    try:
+        got = treedef.flatten_up_to(new)
+    except (ValueError, TypeError) as err:
+        raise InvalidArgumentError(
+            f"{who}: connector {name!r}: expected a state of structure {treedef}, got "
+            f"{jax.tree.structure(new)}. Start from runner.get_connector_state() and replace "
+            "its arrays."
+        ) from err
+    out = []
+    for (path, old), value in zip(want, got):
+        field = f"{name}{jax.tree_util.keystr(path)}"
+        dtype = np.dtype(jax.dtypes.canonicalize_dtype(np.result_type(old)))
+        shape = tuple(np.shape(old))
+        array = value if isinstance(value, (np.ndarray, np.generic, jax.Array)) else None
+        if array is None or np.dtype(array.dtype) != dtype or tuple(np.shape(array)) != shape:
+            came = (
+                f"an array of dtype {array.dtype} and shape {tuple(np.shape(array))}"
+                if array is not None
+                else f"a {type(value).__name__} ({value!r:.60})"
+            )
+            raise SpaceMismatchError(
+                f"{who}: field {field}: expected an array of dtype {dtype} and shape {shape}, "
+                f"got {came}. jaxrunner never casts silently: convert it "
+                f"(np.asarray(x, np.{dtype.name})) or start from runner.get_connector_state()."
+            )
+        array = np.array(array)
+        if dtype.kind == "f" and not np.isfinite(array).all():
+            raise SpaceMismatchError(
+                f"{who}: field {field}: expected finite values, got NaN or infinity. Statistics "
+                "never take in a non-finite value: fix the values before setting them."
+            )
+        out.append(array)
+    return treedef.unflatten(out)
+
+
+__all__ = [
+    "check_count_dtype",
+    "check_flag",
+    "check_number",
+    "check_state",
+    "check_std_bounds",
+]

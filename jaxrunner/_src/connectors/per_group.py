@@ -1,0 +1,102 @@
+"""Connectors per agent group: which :class:`~jaxrunner.connectors.Connectors` each
+policy id's group runs (``MultiAgentRunner(..., connectors=...)``), and their state.
+
+A group's connectors run inside its compiled policy step with the group's agent slots
+as rows (``B * A_g``, row ``b * A_g + a``), so:
+
+* per-env state (a frame stack) is per agent slot: it restarts at that agent's
+  episode start and never mixes envs or agents;
+* shared statistics take in only the agents that act (in the step) and only the valid
+  slots of the group's trajectory (per sample), never the padding of absent, waiting
+  or departed agents;
+* the group's trajectory keeps its raw ``obs``, ``next_obs`` and ``reward`` beside
+  ``extras["policy_obs"]``, ``extras["policy_next_obs"]`` and
+  ``extras["scaled_reward"]`` (zero at invalid slots, as every field there).
+
+Each group has its own state, also when one :class:`Connectors` is given for every
+group; a policy is initialised on ``connectors.observation_space(group.observation_space)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
+from jaxrunner._src.runner.agent_groups import AgentGroup
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+GroupConnectors = Connectors | Mapping[str, Connectors | None]
+"""What ``MultiAgentRunner(connectors=...)`` takes: one :class:`Connectors` for every
+group (each group gets its own state), or a dict ``policy_id -> Connectors`` (policy
+ids left out, or mapped to None, run without connectors)."""
+
+
+def per_policy_connectors(
+    value: GroupConnectors | None, groups: Sequence[AgentGroup]
+) -> dict[str, Connectors]:
+    """``policy_id -> Connectors`` of the groups that have connectors, checked against
+    each group's observation space.
+
+    Raises:
+        InvalidArgumentTypeError: ``value`` is neither a Connectors nor a dict of them.
+        InvalidArgumentError: an unknown policy id, or connectors that do not fit a
+            group's observation space (the note names the policy id).
+    """
+    ids = [g.policy_id for g in groups]
+    if value is None:
+        return {}
+    if isinstance(value, Connectors):
+        chosen: dict[str, Connectors] = dict.fromkeys(ids, value)
+    elif isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(ids), key=str)
+        if unknown:
+            raise InvalidArgumentError(
+                f"MultiAgentRunner(connectors=...): no policy ids {unknown}; the policy ids are "
+                f"{ids}. Key the dict by policy id (envs.policy_ids)."
+            )
+        chosen = {pid: conn for pid in ids if (conn := value.get(pid)) is not None}
+        for pid, conn in chosen.items():
+            if not isinstance(conn, Connectors):
+                raise InvalidArgumentTypeError(
+                    f"MultiAgentRunner(connectors={{{pid!r}: ...}}): expected a "
+                    f"jaxrunner.connectors.Connectors (or None), got {type(conn).__name__}. "
+                    "Wrap them: Connectors(obs=[...], action=[...], reward=...)."
+                )
+    else:
+        raise InvalidArgumentTypeError(
+            f"MultiAgentRunner(connectors=...): expected a jaxrunner.connectors.Connectors "
+            f"(for every group) or a dict policy_id -> Connectors, got {type(value).__name__}. "
+            "Wrap a list of connectors: Connectors(obs=[...], action=[...], reward=...)."
+        )
+    spaces = {g.policy_id: g.observation_space for g in groups}
+    for pid, conn in chosen.items():
+        try:
+            conn.observation_space(spaces[pid])
+            conn.init(1, spaces[pid])
+        except InvalidArgumentError as err:
+            err.add_note(
+                f"jaxrunner: in MultiAgentRunner(connectors=...) for policy {pid!r}, whose "
+                f"agents observe {spaces[pid]!r}."
+            )
+            raise
+    return chosen
+
+
+def check_state_like(policy_id: str, current: ConnectorsState, state: Any) -> None:
+    """Refuses a state of another structure or shapes than ``current`` (the group's)."""
+    want = jax.tree.structure(current), [np.shape(x) for x in jax.tree.leaves(current)]
+    got = jax.tree.structure(state), [np.shape(x) for x in jax.tree.leaves(state)]
+    if want != got:
+        raise InvalidArgumentError(
+            f"MultiAgentRunner.set_connector_state({{{policy_id!r}: state}}): expected the "
+            f"structure and shapes of get_connector_state()[{policy_id!r}] ({want[0]}, shapes "
+            f"{want[1]}), got {got[0]}, shapes {got[1]}. Start from "
+            "runner.get_connector_state() and replace its arrays."
+        )
+
+
+__all__ = ["GroupConnectors", "check_state_like", "per_policy_connectors"]

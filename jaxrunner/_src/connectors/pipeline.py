@@ -1,0 +1,540 @@
+"""Connectors composed: what a runner is given, and the two places they run.
+
+* Every policy step (inside :class:`~jaxrunner._src.samplers.policy_step.CompiledPolicyStep` and the
+  scan sampler's step): observation connectors in order, the policy, action connectors.
+  What the policy saw goes back in the step's one packed output as
+  ``extras["policy_obs"]``.
+* Once per sample (:meth:`Connectors.finish_sample`, one compiled call): what the policy
+  would see of each ``next_obs`` (``extras["policy_next_obs"]``), the scaled rewards
+  (``extras["scaled_reward"]``), then each connector's ``end_sample`` (statistics
+  gathered during the sample are folded in for the next one).
+
+So a learner reads the policy's inputs from the Trajectory as they were:
+``policy.evaluate(params, extras["policy_obs"], action)`` recomputes the sampled
+log-probs over the ``[T, B]`` batch, ``policy.value(params, extras["policy_next_obs"],
+batch_ndim=2)`` gives ``jr.gae`` its ``next_value``, and ``reward=extras["scaled_reward"]``
+its rewards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src.connectors.base import (
+    ActionConnector,
+    ConnectorState,
+    ObsConnector,
+    RewardConnector,
+)
+from jaxrunner._src.connectors.checks import check_state
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+POLICY_OBS = "policy_obs"
+"""``extras`` key of what the policy saw at each step."""
+POLICY_NEXT_OBS = "policy_next_obs"
+"""``extras`` key of what the policy would see of each step's ``next_obs``."""
+SCALED_REWARD = "scaled_reward"
+"""``extras`` key of the rewards as the reward connector scaled them."""
+
+
+class ConnectorsState(flax.struct.PyTreeNode):
+    """The state of a runner's connectors (device arrays).
+
+    Attributes:
+        obs: one :class:`ConnectorState` per observation connector, in order.
+        reward: the reward connector's state, or None.
+    """
+
+    obs: tuple[ConnectorState, ...] = ()
+    reward: ConnectorState | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Connectors:
+    """The connectors of a runner (``EnvRunner(..., connectors=...)``).
+
+    Each connector has a name: the key where ``obs`` is a dict, else its class name in
+    snake case (``"normalize_observation"``, ``"frame_stack"``; a second of one class
+    gets ``"_1"``, ...). State is saved and set by name (:meth:`state_dict`,
+    ``runner.set_connector_state({name: state})``), so saved state survives adding a
+    connector.
+
+    Args:
+        obs: observation connectors, applied in order before the policy: a sequence, or
+            a dict ``name -> connector`` (in order).
+        action: action connectors, applied in order to the policy's action before the
+            env gets it (the Trajectory keeps the policy's action).
+        reward: a reward connector, applied once per sample.
+    """
+
+    obs: Sequence[ObsConnector] | Mapping[str, ObsConnector] = ()
+    action: Sequence[ActionConnector] = ()
+    reward: RewardConnector | None = None
+    obs_names: tuple[str, ...] = ()
+    """The observation connectors' names (filled in from ``obs``; give them here, or
+    pass ``obs`` as a dict)."""
+
+    def __post_init__(self) -> None:
+        given = list(self.obs) if isinstance(self.obs, Mapping) else list(self.obs_names)
+        if isinstance(self.obs, Mapping) and self.obs_names:
+            raise InvalidArgumentError(
+                "Connectors(obs={...}, obs_names=...): the dict's keys already name the "
+                "observation connectors; drop obs_names."
+            )
+        obs = tuple(self.obs.values() if isinstance(self.obs, Mapping) else self.obs)
+        object.__setattr__(self, "obs", obs)
+        object.__setattr__(self, "action", tuple(self.action))
+        for name, kind, items in (
+            ("obs", ObsConnector, obs),
+            ("action", ActionConnector, self.action),
+            ("reward", RewardConnector, () if self.reward is None else (self.reward,)),
+        ):
+            for i, item in enumerate(items):
+                if name == "obs" and i > 0 and getattr(item, "first_only", False):
+                    raise InvalidArgumentError(
+                        f"Connectors(obs=[...]): {type(item).__name__} must be the first "
+                        f"observation connector (it is at position {i}); its statistics are "
+                        "those of the env's observations. Move it first."
+                    )
+                if not isinstance(item, kind):
+                    raise InvalidArgumentTypeError(
+                        f"Connectors({name}=...): expected {kind.__name__} instances, got "
+                        f"{item!r}. Subclass jaxrunner.connectors.{kind.__name__}."
+                    )
+        object.__setattr__(self, "obs_names", _obs_names(given, obs, self.reward))
+
+    @property
+    def _obs_connectors(self) -> tuple[ObsConnector, ...]:
+        """The observation connectors, in order (``obs`` as ``__post_init__`` left it)."""
+        return cast(tuple[ObsConnector, ...], self.obs)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every connector's name with state: the observation connectors', then the
+        reward connector's (its class name in snake case, e.g. ``"scale_reward"``)."""
+        return self.obs_names + (() if self.reward is None else (_reward_name(self.reward),))
+
+    @classmethod
+    def cleanrl(cls, gamma: float = 0.99) -> Connectors:
+        """CleanRL's continuous-control recipe in one line: observations normalized and
+        clipped to +-10, rewards scaled by the std of the discounted return and clipped
+        to +-10 (``ScaleReward.cleanrl``). Add ``action=[RescaleActions.for_space(...)]``
+        with ``dataclasses.replace`` where the policy acts in ``[-1, 1]``."""
+        from jaxrunner._src.connectors.builtin import NormalizeObservation, ScaleReward
+
+        return cls(obs=[NormalizeObservation(clip=10.0)], reward=ScaleReward.cleanrl(gamma))
+
+    @property
+    def per_sample(self) -> bool:
+        """Whether :meth:`finish_sample` has anything to do."""
+        return bool(self.obs) or self.reward is not None
+
+    def observation_space(self, space: spaces.Space) -> spaces.Space:
+        """What the policy sees, given the env's single observation space: initialise
+        the policy on it (``policy.init(key, connectors.observation_space(space))``)."""
+        for connector in self._obs_connectors:
+            space = connector.observation_space(space)
+        return space
+
+    def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorsState:
+        states = []
+        for connector in self._obs_connectors:
+            states.append(connector.init(num_envs, obs_space))
+            obs_space = connector.observation_space(obs_space)
+        reward = None if self.reward is None else self.reward.init(num_envs)
+        return ConnectorsState(tuple(states), reward)
+
+    def observe(
+        self, state: ConnectorsState, obs: Any, episode_start: jax.Array, active: jax.Array
+    ) -> tuple[Any, ConnectorsState]:
+        """The observation connectors on ``N`` rows (``state``'s per-env rows are the
+        rows' own); the caller keeps only the active rows' new per-env state."""
+        new = []
+        for connector, s in zip(self._obs_connectors, state.obs):
+            obs, s = connector(s, obs, episode_start, active)
+            new.append(s)
+        return obs, state.replace(obs=tuple(new))
+
+    def env_action(self, action: Any) -> Any:
+        for connector in self.action:
+            action = connector(action)
+        return action
+
+    def finish_sample(
+        self,
+        state: ConnectorsState,
+        obs: Any,
+        policy_obs: Any,
+        next_obs: Any,
+        reward: jax.Array,
+        terminated: jax.Array,
+        truncated: jax.Array,
+        valid: jax.Array,
+        *,
+        gaps: bool = False,
+    ) -> tuple[dict[str, Any], ConnectorsState]:
+        """The per-sample part (pure; ``[T, B]`` inputs: the env's observations, what the
+        policy saw, the next observations, rewards and flags): the extras to add to the
+        Trajectory and the state for the next sample.
+
+        ``valid`` marks the slots holding a transition. Without ``gaps`` (one env per
+        row) an invalid slot is a failed step that cut its episode: the reward
+        connector sees it truncated, and the statistics take in every observation the
+        policy acted on. With ``gaps`` (agent slots, :func:`finish_group_sample`) an
+        invalid slot is an agent that completed no transition there (waiting, absent,
+        gone): its episode goes on across it, and the statistics take in valid slots
+        only."""
+        extras: dict[str, Any] = {}
+        if self.obs:
+            x = next_obs
+            last = len(self._obs_connectors) - 1
+            for i, (connector, s) in enumerate(zip(self._obs_connectors, state.obs)):
+                x = connector.follow(s, policy_obs if i == last else None, x)
+            extras[POLICY_NEXT_OBS] = x
+        reward_state = state.reward
+        if self.reward is not None:
+            cut = truncated if gaps else truncated | ~valid
+            scaled, reward_state = self.reward(
+                self._reward_state(state), reward, terminated, cut, valid
+            )
+            extras[SCALED_REWARD] = scaled
+        # Without gaps, the call a connector written for single-agent runners knows.
+        extra = {"valid": valid} if gaps else {}
+        obs_states = tuple(
+            c.end_sample(s, obs if i == 0 else None, **extra)
+            for i, (c, s) in enumerate(zip(self._obs_connectors, state.obs))
+        )
+        return extras, ConnectorsState(obs_states, reward_state)
+
+    # -- state by name ---------------------------------------------------------------------------
+
+    def state_dict(self, state: ConnectorsState) -> dict[str, ConnectorState]:
+        """``state`` (``runner.get_connector_state()``) keyed by connector name: what to
+        save, and what ``runner.set_connector_state`` takes back, also after connectors
+        were added (the new ones keep their state)."""
+        parts = [*state.obs, *(() if self.reward is None else (state.reward,))]
+        return dict(zip(self.names, parts))
+
+    def load_state(
+        self,
+        current: ConnectorsState,
+        new: ConnectorsState | Mapping[str, ConnectorState],
+        *,
+        shared_only: bool = False,
+    ) -> ConnectorsState:
+        """``new`` checked against ``current`` (the runner's), as host arrays: a
+        :class:`ConnectorsState` of the same connectors, or a dict by name (from
+        :meth:`state_dict`; the connectors it leaves out keep ``current``'s state).
+        Structure, shapes and dtypes must match and floats be finite; an error names the
+        connector and the field. ``shared_only``: take only the shared parts
+        (statistics), the per-env rows staying ``current``'s (envs of another number,
+        e.g. evaluation's, starting episodes of their own)."""
+        who = "set_connector_state(state)"
+        named = self.state_dict(current)
+        if isinstance(new, ConnectorsState):
+            if len(new.obs) != len(current.obs) or (new.reward is None) != (current.reward is None):
+                raise InvalidArgumentError(
+                    f"{who}: expected the state of {len(self.names)} connectors "
+                    f"{list(self.names)}, got a ConnectorsState of {len(new.obs)} observation "
+                    f"connector(s) and {'no' if new.reward is None else 'a'} reward connector "
+                    "(saved by other connectors?). Save state by name "
+                    "(connectors.state_dict(state)) so it survives adding a connector."
+                )
+            given = self.state_dict(new)
+        elif isinstance(new, Mapping):
+            unknown = sorted(set(new) - set(named), key=str)
+            if unknown:
+                raise InvalidArgumentError(
+                    f"{who}: no connector is named {unknown}; the connectors are "
+                    f"{list(self.names)}. Rename the entries, or drop those of removed "
+                    "connectors."
+                )
+            given = dict(new)
+        else:
+            raise InvalidArgumentTypeError(
+                f"{who}: expected a ConnectorsState (runner.get_connector_state()) or a dict "
+                f"by connector name (connectors.state_dict(...)), got {type(new).__name__}."
+            )
+        for name, value in given.items():
+            if shared_only and isinstance(value, ConnectorState):
+                value = named[name].replace(shared=value.shared)
+            named[name] = check_state(who, name, named[name], value)
+        parts = [named[name] for name in self.names]
+        if self.reward is None:
+            return ConnectorsState(tuple(parts), None)
+        return ConnectorsState(tuple(parts[:-1]), parts[-1])
+
+    # -- outside samples -------------------------------------------------------------------------
+
+    def prime(self, state: ConnectorsState, obs: Any) -> ConnectorsState:
+        """``state`` with ``obs`` (``[N, ...]`` env observations, e.g. from a few random
+        steps on envs of their own) merged into the first observation connector's
+        statistics, so that the first sample is normalized too:
+        ``runner.set_connector_state(connectors.prime(runner.get_connector_state(),
+        obs))``. Refused unless the first connector has statistics to prime."""
+        first = self._obs_connectors[0] if self._obs_connectors else None
+        prime = getattr(first, "prime", None)
+        if not callable(prime):
+            raise InvalidArgumentError(
+                f"Connectors.prime: expected a first observation connector with statistics "
+                f"(e.g. NormalizeObservation), got {type(first).__name__}. Nothing to prime."
+            )
+        primed = jax.device_get(prime(state.obs[0], obs))
+        return state.replace(obs=(primed, *state.obs[1:]))
+
+    def restart_episodes(self, state: ConnectorsState) -> ConnectorsState:
+        """``state`` as every env starts a new episode outside a sample (a restore
+        that cannot resume the episodes under way): the reward connector's running
+        returns restart (:meth:`RewardConnector.restart`); observation connectors
+        restart on the episode-start flags as always."""
+        if self.reward is None:
+            return state
+        return state.replace(reward=jax.device_get(self.reward.restart(self._reward_state(state))))
+
+    def _reward_state(self, state: ConnectorsState) -> ConnectorState:
+        if state.reward is None:
+            raise InvalidArgumentError(
+                f"Connectors: the reward connector {type(self.reward).__name__} has no state "
+                "in this ConnectorsState (made by connectors without one?). Use the state of "
+                "these connectors (connectors.init or runner.get_connector_state())."
+            )
+        return state.reward
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _reward_name(reward: RewardConnector) -> str:
+    return _snake(type(reward).__name__)
+
+
+def _obs_names(
+    given: list[str], obs: tuple[ObsConnector, ...], reward: RewardConnector | None
+) -> tuple[str, ...]:
+    """The observation connectors' names (see :class:`Connectors`), checked unique."""
+    names = list(given)
+    if not names:
+        seen: dict[str, int] = {}
+        for connector in obs:
+            base = _snake(type(connector).__name__)
+            names.append(base if base not in seen else f"{base}_{seen[base]}")
+            seen[base] = seen.get(base, 0) + 1
+    every = names + ([] if reward is None else [_reward_name(reward)])
+    if len(names) != len(obs) or any(
+        not isinstance(n, str) or not n or every.count(n) > 1 for n in every
+    ):
+        raise InvalidArgumentError(
+            f"Connectors(obs=..., obs_names=...): expected one unique non-empty name per "
+            f"observation connector ({len(obs)}), got {names} (the reward connector is "
+            f"named after its class: {every[len(names) :]}). Rename them."
+        )
+    return tuple(names)
+
+
+def finish_group_sample(
+    connectors: Connectors,
+    state: ConnectorsState,
+    obs: Any,
+    policy_obs: Any,
+    next_obs: Any,
+    reward: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    valid: jax.Array,
+) -> tuple[dict[str, Any], ConnectorsState]:
+    """:meth:`Connectors.finish_sample` for one agent group's ``[T, B, A_g, ...]`` arrays
+    (pure): its agent slots are the rows (``[T, B * A_g, ...]``, the rows of the group's
+    compiled step), invalid slots are gaps; the extras come back ``[T, B, A_g, ...]``,
+    zero at invalid slots (as every field of a group's invalid slot)."""
+    t, b, a = valid.shape
+
+    def rows(x: Any) -> jax.Array:
+        return jnp.reshape(x, (t, b * a, *jnp.shape(x)[3:]))
+
+    inputs = jax.tree.map(rows, (obs, policy_obs, next_obs, reward, terminated, truncated, valid))
+    extras, state = connectors.finish_sample(state, *inputs, gaps=True)
+
+    def back(x: jax.Array) -> jax.Array:
+        x = x.reshape(t, b, a, *x.shape[2:])
+        return jnp.where(valid.reshape(t, b, a, *([1] * (x.ndim - 3))), x, jnp.zeros((), x.dtype))
+
+    return jax.tree.map(back, extras), state
+
+
+def take_rows(state: ConnectorsState, index: jax.Array) -> ConnectorsState:
+    """The per-env rows ``index`` of every connector (shared parts as they are)."""
+    return _map_rows(state, lambda x: x[index])
+
+
+def put_rows(state: ConnectorsState, part: ConnectorsState, index: jax.Array) -> ConnectorsState:
+    """``state`` with per-env rows ``index`` from ``part`` (index ``num_envs``: dropped) and
+    the shared parts from ``part``."""
+    return _zip_rows(state, part, lambda full, p: full.at[index].set(p, mode="drop"))
+
+
+def keep_active(new: ConnectorsState, old: ConnectorsState, active: jax.Array) -> ConnectorsState:
+    """``new`` with the inactive rows' per-env state from ``old``."""
+
+    def pick(n: jax.Array, o: jax.Array) -> jax.Array:
+        return jnp.where(active.reshape(-1, *([1] * (n.ndim - 1))), n, o)
+
+    return _zip_rows(old, new, lambda o, n: pick(n, o))
+
+
+def _map_rows(state: ConnectorsState, fn: Any) -> ConnectorsState:
+    def one(s: ConnectorState) -> ConnectorState:
+        return s.replace(per_env=jax.tree.map(fn, s.per_env))
+
+    return ConnectorsState(tuple(one(s) for s in state.obs), state.reward)
+
+
+def _zip_rows(full: ConnectorsState, part: ConnectorsState, fn: Any) -> ConnectorsState:
+    obs = tuple(
+        p.replace(per_env=jax.tree.map(fn, f.per_env, p.per_env))
+        for f, p in zip(full.obs, part.obs)
+    )
+    return ConnectorsState(obs, part.reward)
+
+
+def device_copy(state: ConnectorsState) -> ConnectorsState:
+    """A device copy of ``state`` that the runner owns: its compiled step donates its
+    state, so a caller's arrays must never be the runner's."""
+    return jax.device_put(jax.device_get(state))
+
+
+class StatePacking:
+    """The connectors' state as one flat device buffer per dtype between a host
+    sampler's compiled calls: each array a call takes and returns costs about 1.5 us
+    of dispatch on a CPU host, and a state has several (statistics, their delta,
+    per-env rows). Leaves of a dtype are raveled and concatenated (no bitcasts, which
+    cost more than they save on a CPU).
+
+    Args:
+        example: the unpacked state (its shapes and dtypes fix the layout).
+    """
+
+    def __init__(self, example: ConnectorsState) -> None:
+        leaves, self.treedef = jax.tree.flatten(example)
+        self.shapes = [tuple(np.shape(x)) for x in leaves]
+        self.dtypes = [np.dtype(jax.dtypes.canonicalize_dtype(x.dtype)) for x in leaves]
+        self.groups = sorted({d.str for d in self.dtypes})
+        # Leaf i lives in buffer groups.index(dtype) at [offset, offset + size).
+        self.where: list[tuple[int, int, int]] = []
+        sizes = dict.fromkeys(self.groups, 0)
+        for shape, dtype in zip(self.shapes, self.dtypes):
+            size = int(np.prod(shape))
+            self.where.append((self.groups.index(dtype.str), sizes[dtype.str], size))
+            sizes[dtype.str] += size
+        self.sizes = [sizes[g] for g in self.groups]
+
+    def pack(self, state: ConnectorsState) -> tuple[jax.Array, ...]:
+        """Traceable: the flat buffers of ``state``, one per dtype."""
+        parts: list[list[jax.Array]] = [[] for _ in self.groups]
+        for (group, _, _), leaf in zip(self.where, self.treedef.flatten_up_to(state)):
+            parts[group].append(jnp.ravel(leaf))
+        return tuple(
+            jnp.concatenate(p) if p else jnp.zeros(0, g) for p, g in zip(parts, self.groups)
+        )
+
+    def unpack(self, flat: tuple[jax.Array, ...]) -> ConnectorsState:
+        """Traceable: the state in ``flat``."""
+        leaves = [
+            flat[group][offset : offset + size].reshape(shape)
+            for (group, offset, size), shape in zip(self.where, self.shapes)
+        ]
+        return self.treedef.unflatten(leaves)
+
+    def to_host(self, flat: tuple[jax.Array, ...]) -> ConnectorsState:
+        """The state in device buffers, as numpy copies (one explicit transfer)."""
+        host = [np.asarray(x) for x in jax.device_get(flat)]
+        return self.treedef.unflatten(
+            [
+                host[group][offset : offset + size].reshape(shape).copy()
+                for (group, offset, size), shape in zip(self.where, self.shapes)
+            ]
+        )
+
+    def to_device(self, state: ConnectorsState) -> tuple[jax.Array, ...]:
+        """Fresh device buffers holding ``state`` (host or device arrays)."""
+        values, treedef = jax.tree.flatten(jax.device_get(state))
+        shapes = [tuple(np.shape(v)) for v in values]
+        if treedef != self.treedef or shapes != self.shapes:
+            raise InvalidArgumentError(
+                "set_connector_state(state): expected the structure and shapes of "
+                f"get_connector_state() ({self.treedef}, shapes {self.shapes}), got "
+                f"{treedef}, shapes {shapes}. Start from runner.get_connector_state() and "
+                "replace its arrays."
+            )
+        buffers = [np.zeros(size, g) for size, g in zip(self.sizes, self.groups)]
+        for (group, offset, size), value in zip(self.where, values):
+            buffers[group][offset : offset + size] = np.ravel(value)
+        return tuple(jax.device_put(buffers))
+
+
+class SampleEnd:
+    """:meth:`Connectors.finish_sample` for a host sampler's numpy ``[T, B]`` buffers
+    (with ``agent_axis``: an agent group's ``[T, B, A_g]`` buffers, by
+    :func:`finish_group_sample`) and packed state: compiled once, one transfer each way
+    per sample."""
+
+    def __init__(
+        self, connectors: Connectors, packing: StatePacking, *, agent_axis: bool = False
+    ) -> None:
+        finish_arrays = (
+            functools.partial(finish_group_sample, connectors)
+            if agent_axis
+            else connectors.finish_sample
+        )
+
+        def finish(flat: Any, *inputs: Any) -> tuple[dict[str, Any], Any]:
+            extras, state = finish_arrays(packing.unpack(flat), *inputs)
+            return extras, packing.pack(state)
+
+        self._connectors = connectors
+        self._fn = jax.jit(finish, donate_argnums=0)
+
+    def __call__(self, flat: Any, traj: Any) -> tuple[Any, Any]:
+        """Returns ``traj`` with the connectors' extras added and the new packed state."""
+        policy_obs = traj.extras.get(POLICY_OBS)
+        obs = traj.obs if self._connectors.obs else None
+        inputs = jax.device_put(
+            (
+                obs,
+                policy_obs,
+                traj.next_obs,
+                traj.reward,
+                traj.terminated,
+                traj.truncated,
+                traj.valid,
+            )
+        )
+        extras, flat = self._fn(flat, *inputs)
+        extras = jax.tree.map(np.asarray, jax.device_get(extras))
+        return traj.replace(extras={**traj.extras, **extras}), flat
+
+
+__all__ = [
+    "POLICY_NEXT_OBS",
+    "POLICY_OBS",
+    "SCALED_REWARD",
+    "Connectors",
+    "ConnectorsState",
+    "SampleEnd",
+    "StatePacking",
+    "device_copy",
+    "finish_group_sample",
+    "keep_active",
+    "put_rows",
+    "take_rows",
+]

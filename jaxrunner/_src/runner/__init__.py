@@ -1,0 +1,1 @@
+"""Private: see the public modules of ``jaxrunner``."""

@@ -1,0 +1,383 @@
+"""EnvRunner: the facade over the samplers.
+
+It owns what every sampler shares (params, metrics, complete episodes, failures, the
+claim on its envs) and picks the sampler from what the backend declares
+(:class:`~jaxrunner._src.backends.base.Capabilities`): the scan sampler for a pure-JAX env,
+the ready-first sampler for ``ready_first`` backends, the lockstep sampler otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
+from jaxrunner._src.connectors.base import ConnectorState
+from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
+from jaxrunner._src.runner.callbacks import Callbacks
+from jaxrunner._src.runner.metrics import MetricsConfig, RunnerMetrics
+from jaxrunner._src.runner.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
+from jaxrunner._src.runner.policy import Params, Policy, check_params_like
+from jaxrunner._src.runner.progress import EpisodeProgress
+from jaxrunner._src.runner.runner_state import DEFAULT_POLICY_ID, EpisodeJoiner, RunnerState
+from jaxrunner._src.runner.seeds import env_seeds
+from jaxrunner._src.runner.trajectory import Episode, Trajectory, concatenate_episodes
+from jaxrunner._src.samplers.info_arrays import check_info_keys
+from jaxrunner._src.samplers.lockstep import LockstepSampler
+from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
+from jaxrunner._src.samplers.sampler import Sampler, SamplerSetup
+from jaxrunner._src.samplers.scan import ScanSampler, check_runner_options
+from jaxrunner._src.services.checkpoints import env_runner as checkpoint
+from jaxrunner._src.services.checkpoints.env_runner import RestoreReport
+from jaxrunner.errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+)
+
+
+class EnvRunner(EnvOwner):
+    """Samples trajectories from a vector env with a jitted policy.
+
+    Args:
+        envs: a jaxrunner vector env (:func:`jaxrunner.make_vec`) or a
+            :class:`~jaxrunner.JaxVectorEnv`. The runner owns it until :meth:`stop`:
+            a second runner on the same envs is refused.
+        policy: the :class:`~jaxrunner.Policy`.
+        params: its params (``policy.init(...)``).
+        rollout_length: T, the steps per env of each :meth:`sample`.
+        seed: seeds the policy's keys and the envs: the runner resets sub-env ``i``
+            with ``jr.env_seeds(seed, num_envs)[i]`` (a block of seeds unrelated to other
+            runner seeds' blocks), whatever seed the envs were reset with before (a different
+            ``make_vec(..., seed=...)`` is overridden, with a warning). The same seed
+            gives the same trajectories.
+        callbacks: optional :class:`~jaxrunner.Callbacks` (lockstep backends only).
+        metrics: optional :class:`~jaxrunner.MetricsConfig`.
+        num_splits: pipelining: the envs are split in this many parts, and the
+            policy computes one split's actions while another split's envs step.
+            ``None`` lets the backend or the width decide (two splits on
+            accelerators from 8 envs, on a CPU host with asynchronous dispatch from
+            256, else one). Outputs are bitwise identical whatever the number of
+            splits: each split's call computes only its own envs' rows, in fixed-size
+            chunks whose results do not depend on the batch
+            (:mod:`jaxrunner._src.samplers.batch_invariance`).
+        info_keys: names of per-step info entries to record as float64 ``[T, B]``
+            arrays, in ``traj.extras["infos"][name]`` with the mask of the steps that had
+            them in ``traj.extras["infos_present"][name]`` (``"episode.r"`` reaches into
+            ``info["episode"]``; see :mod:`jaxrunner._src.samplers.info_arrays`). Host
+            backends; nothing is recorded or paid without it.
+        connectors: optional :class:`~jaxrunner.connectors.Connectors` (observation
+            normalization, frame stacking, reward scaling, action rescaling), run on
+            device inside the compiled policy step; initialise the policy on
+            ``connectors.observation_space(envs.single_observation_space)``.
+
+    Faults: restarts of failed sub-envs are configured on the vector env
+    (``make_vec(..., restart_policy=jr.RestartPolicy())``); the runner then records a
+    failed step as ``valid=False`` and counts it in ``num_faulty_episodes`` and
+    ``num_dropped_steps``.
+    """
+
+    def __init__(
+        self,
+        envs: VectorEnv | JaxVectorEnv,
+        policy: Policy,
+        params: Params,
+        rollout_length: int,
+        seed: int,
+        callbacks: Callbacks | None = None,
+        *,
+        metrics: MetricsConfig | None = None,
+        num_splits: int | None = None,
+        connectors: Connectors | None = None,
+        info_keys: Sequence[str] = (),
+    ) -> None:
+        _check_arguments(envs, policy, params, rollout_length, seed, callbacks, num_splits)
+        info_keys = check_info_keys(info_keys)
+        if info_keys and isinstance(envs, JaxVectorEnv):
+            raise InvalidArgumentError(
+                "EnvRunner(info_keys=...): a pure-JAX env's infos stay on device inside "
+                "its scan and are not recorded; return what you need from the env's state, "
+                "or use a host backend (jaxrunner.make_vec)."
+            )
+        self._claim(envs)
+        self.envs = envs
+        self.info_keys = info_keys
+        self.policy = policy
+        self.rollout_length = int(rollout_length)
+        self.seed = int(seed)
+        self.callbacks = callbacks
+        self.connectors = _check_connectors(connectors)
+        self._closed = False
+        self.state: RunnerState[Episode] = RunnerState(
+            params={DEFAULT_POLICY_ID: jax.device_put(params)},
+            metrics=RunnerMetrics(metrics or MetricsConfig()),
+            episodes=EpisodeJoiner(
+                key=lambda e: e.env_id,
+                concatenate=concatenate_episodes,
+                order=lambda e: e.episode_id,
+            ),
+        )
+        """Params, metrics and episode bookkeeping (see
+        :mod:`jaxrunner._src.runner.runner_state`); the sampler holds the per-step rest."""
+        try:
+            self.sampler = self._make_sampler(num_splits)
+        except (KeyError, TypeError, AttributeError) as err:
+            self._release(envs)
+            if isinstance(err, InvalidArgumentTypeError):
+                raise
+            # Tracing the policy with params of the wrong structure fails deep in its code.
+            raise InvalidArgumentError(
+                f"EnvRunner(params=...): the policy could not be applied to these params "
+                f"({type(err).__name__}: {err}). Pass the params the policy was initialised "
+                "with: policy.init(jax.random.key(0), envs.single_observation_space)."
+            ) from err
+        except BaseException:
+            self._release(envs)
+            raise
+
+    def _make_sampler(self, num_splits: int | None) -> Sampler:
+        """The sampler for what the backend declares (see the module docstring)."""
+        envs = self.envs
+        setup = SamplerSetup(
+            self.policy,
+            self.get_params(),
+            self.rollout_length,
+            self.seed,
+            self.state.metrics,
+            connectors=self.connectors,
+            info_keys=self.info_keys,
+        )
+        if isinstance(envs, JaxVectorEnv):
+            check_runner_options(self.callbacks, num_splits)
+            return ScanSampler(envs, setup)
+        if envs.reset_seed is not None and envs.reset_seed != self.seed:
+            warnings.warn(
+                f"EnvRunner(seed={self.seed}): these envs were reset with seed="
+                f"{envs.reset_seed} (make_vec(..., seed=...) or reset(seed=...)); the runner "
+                f"resets them again with its own seed, which decides. Give the seed in one "
+                "place: EnvRunner(..., seed=...).",
+                UserWarning,
+                stacklevel=3,
+            )
+        obs, _ = envs.reset_batch(env_seeds(self.seed, envs.num_envs))
+        sampler: Sampler
+        if envs.capabilities.ready_first:
+            _check_ready_first_options(envs, self.callbacks, num_splits)
+            sampler = ReadyFirstSampler(envs, obs, setup)
+        else:
+            sampler = LockstepSampler(
+                envs,
+                obs,
+                setup,
+                num_splits=num_splits,
+                callbacks=self.callbacks,
+                # A proxy: the sampler must not keep its runner alive (one owner per env).
+                runner=weakref.proxy(self) if self.callbacks is not None else None,
+            )
+        jr_spaces.check_policy_actions(envs.single_action_space, sampler.action_spec, envs.num_envs)
+        return sampler
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def sample(self) -> Trajectory:
+        """Collects ``rollout_length`` steps of every env.
+
+        Episodes carry on across calls. If a step fails, the exception propagates
+        with ``err.partial_trajectory`` holding every step completed before it, and
+        the runner refuses further sampling (its envs are in an unknown state).
+        """
+        return self._sample_once()
+
+    def sample_episodes(
+        self, num_episodes: int, include_faulty: bool = False, progress: bool = False
+    ) -> list[Episode]:
+        """Samples until ``num_episodes`` complete episodes (seen from their first
+        step) are available; returns them in the order they started. Episodes that
+        complete beyond the count are kept for the next call, so none is lost.
+        Episodes already under way before the first call are not complete and are
+        skipped (their steps went to earlier ``sample()`` results). Episodes cut by a
+        sub-env failure (``Episode.faulty``) are skipped unless ``include_faulty``.
+        With ``progress``, a progress bar counts the episodes (tqdm where it is
+        installed, else a line on stderr)."""
+        check_num_episodes(num_episodes)
+        state = self.state
+        with EpisodeProgress(num_episodes, enabled=progress) as bar:
+            bar.update(len(state.finished))
+            while len(state.finished) < num_episodes:
+                done = state.episodes.complete(self.sample().split_episodes())
+                state.finished.extend(e for e in done if include_faulty or not e.faulty)
+                bar.update(len(state.finished))
+        return state.take_finished(num_episodes)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes a checkpoint of the runner to ``path`` (one ``.npz`` file, numpy
+        arrays and a JSON document; see :mod:`jaxrunner._src.services.checkpoints.env_runner`): the
+        params, every env's policy key and step count, recurrent carries, episode
+        bookkeeping, the latest observations, metrics, and the episodes
+        ``sample_episodes`` holds. Pure-JAX envs' states are always in it; sub-envs of
+        a backend that can snapshot them (``capabilities.can_snapshot``: the sync
+        backend) are added as pickles. Call it between samples."""
+        self._check_usable("save")
+        checkpoint.save(self, path)
+
+    def restore(self, path: str | os.PathLike, *, load_env_pickles: bool = False) -> RestoreReport:
+        """Continues from the checkpoint at ``path`` (:meth:`save`). Call it on a new
+        runner built as the saved one was (same policy, kind of backend, num_envs;
+        new envs), before it samples.
+
+        The envs resume exactly, so sampling continues the saved trajectories bit for
+        bit, when they are pure JAX, or when the checkpoint holds pickled sub-envs and
+        ``load_env_pickles`` is True (unpickling runs code from the file: only for
+        checkpoints you trust). Otherwise every env is reset with fresh seeds and starts
+        a new episode (the saved episodes under way are abandoned), with a warning;
+        params, policy keys, episode ids and metrics are restored either way.
+
+        Returns:
+            A :class:`~jaxrunner._src.services.checkpoints.env_runner.RestoreReport`: whether the
+            envs
+            were restored, and how they were resumed.
+        """
+        self._check_usable("restore")
+        return checkpoint.restore(self, path, load_env_pickles)
+
+    def set_params(self, params: Params) -> None:
+        """Replaces the policy params; takes effect at the next step, never recompiles.
+        The new params must have the structure, shapes and dtypes of the old ones."""
+        self._check_usable("set_params")
+        check_params_like(self.get_params(), params, "runner")
+        self.state.params[DEFAULT_POLICY_ID] = jax.device_put(params)
+
+    def get_params(self) -> Params:
+        return self.state.params[DEFAULT_POLICY_ID]
+
+    def get_connector_state(self) -> ConnectorsState:
+        """The connectors' state, as a host copy: the statistics the next ``sample()``
+        uses (those the last one used are already folded in; its Trajectory keeps what
+        the policy saw, ``extras["policy_obs"]``)."""
+        self._check_connectors("get_connector_state")
+        return self.sampler.get_connector_state()  # type: ignore[attr-defined]
+
+    def set_connector_state(self, state: ConnectorsState | Mapping[str, ConnectorState]) -> None:
+        """Replaces the connectors' state (e.g. statistics merged across runners, or
+        those of a training runner in an evaluation runner); never recompiles. Takes a
+        ``ConnectorsState`` or a dict by connector name (``connectors.state_dict``; the
+        connectors it leaves out keep their state); checked by
+        :meth:`~jaxrunner.connectors.Connectors.load_state`."""
+        self._check_connectors("set_connector_state")
+        current = self.sampler.get_connector_state()  # type: ignore[attr-defined]
+        state = self.connectors.load_state(current, state)  # type: ignore[union-attr]
+        self.sampler.set_connector_state(state)  # type: ignore[attr-defined]
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Counters since construction, recent-episode statistics and perf timers, as
+        of the last ``sample()`` (the episode bookkeeping is done once per sample)."""
+        return self.state.metrics.summary()
+
+    def get_spaces(self) -> dict[str, spaces.Space]:
+        """The single-env and batched observation and action spaces."""
+        return {
+            "observation_space": self.envs.single_observation_space,
+            "action_space": self.envs.single_action_space,
+            "batched_observation_space": self.envs.observation_space,
+            "batched_action_space": self.envs.action_space,
+        }
+
+    @property
+    def num_splits(self) -> int:
+        """Pipelining splits of the lockstep sampler (1 for the others)."""
+        sampler = self.sampler
+        return len(sampler.splits) if isinstance(sampler, LockstepSampler) else 1
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _check_connectors(self, what: str) -> None:
+        if self.connectors is None:
+            raise InvalidArgumentError(
+                f"EnvRunner.{what}(): this runner has no connectors; pass "
+                "EnvRunner(..., connectors=jaxrunner.connectors.Connectors(...))."
+            )
+
+    def _sampler_params(self) -> Params:
+        return self.get_params()
+
+
+def _check_arguments(
+    envs: Any,
+    policy: Any,
+    params: Any,
+    rollout_length: Any,
+    seed: Any,
+    callbacks: Any,
+    num_splits: Any,
+) -> None:
+    """Refuses arguments of the wrong kind, naming the argument and the fix."""
+    if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
+        from jaxrunner.multi_agent import JaxMultiAgentVectorEnv, MultiAgentVectorEnv
+
+        hint = (
+            "Multi-agent envs are sampled by jaxrunner.MultiAgentRunner."
+            if isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv))
+            else "Build one with jaxrunner.make_vec(env_id_or_factory, num_envs)."
+        )
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(envs=...): expected a jaxrunner vector env, got "
+            f"{type(envs).__name__}. {hint}"
+        )
+    if not isinstance(policy, Policy):
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(policy=...): expected a jaxrunner.Policy, got {policy!r}."
+        )
+    if params is None:
+        raise InvalidArgumentError(
+            "EnvRunner(params=None): expected the policy's params, e.g. "
+            "policy.init(jax.random.key(0), envs.single_observation_space) ({} for a policy "
+            "without params)."
+        )
+    check_rollout_arguments("EnvRunner", rollout_length, seed)
+    if num_splits is not None and (
+        isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer))
+    ):
+        raise InvalidArgumentError(
+            f"EnvRunner(num_splits={num_splits!r}): expected an int >= 1, or None for automatic."
+        )
+    if callbacks is not None and not isinstance(callbacks, Callbacks):
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(callbacks=...): expected a jaxrunner.Callbacks subclass instance, got "
+            f"{type(callbacks).__name__}. Subclass jr.Callbacks and override its hooks."
+        )
+
+
+def _check_connectors(connectors: Any) -> Connectors | None:
+    if connectors is not None and not isinstance(connectors, Connectors):
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(connectors=...): expected a jaxrunner.connectors.Connectors, got "
+            f"{type(connectors).__name__}. Wrap them: Connectors(obs=[...], action=[...])."
+        )
+    return connectors
+
+
+def _check_ready_first_options(envs: VectorEnv, callbacks: Any, num_splits: Any) -> None:
+    name = type(envs).__name__
+    if callbacks is not None:
+        raise InvalidArgumentError(
+            f"EnvRunner(callbacks=...): {name} steps its sub-envs at their own pace "
+            "(ready-first), where per-step callbacks cannot run in order. Read the "
+            "Trajectory instead, or use a lockstep backend ('sync', 'process')."
+        )
+    if num_splits not in (None, 1):
+        raise InvalidArgumentError(
+            f"EnvRunner(num_splits={num_splits!r}): {name} computes actions for whichever "
+            "sub-envs are ready (ready-first); pipelining groups do not apply. Leave "
+            "num_splits=None."
+        )
+
+
+__all__ = ["EnvRunner"]

@@ -1,0 +1,311 @@
+"""MultiAgentRunner: the facade over the multi-agent sampler (params per policy id,
+metrics per policy and per agent, complete agent episodes)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+
+from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
+from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
+from jaxrunner._src.connectors.per_group import (
+    GroupConnectors,
+    check_state_like,
+    per_policy_connectors,
+)
+from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
+from jaxrunner._src.runner.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
+from jaxrunner._src.runner.metrics import MetricsConfig
+from jaxrunner._src.runner.multi_agent_metrics import MultiAgentMetrics
+from jaxrunner._src.runner.multi_agent_trajectory import AgentEpisode, MultiAgentTrajectory
+from jaxrunner._src.runner.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
+from jaxrunner._src.runner.policy import Params, Policy, check_params_like
+from jaxrunner._src.runner.runner_state import RunnerState
+from jaxrunner._src.runner.seeds import env_seeds
+from jaxrunner._src.samplers.multi_agent import MultiAgentSampler, MultiAgentSetup
+from jaxrunner._src.samplers.multi_agent_scan import MultiAgentScanSampler
+from jaxrunner._src.services.checkpoints import multi_agent_runner as checkpoint
+from jaxrunner._src.services.checkpoints.env_runner import RestoreReport
+from jaxrunner.errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+)
+
+
+class MultiAgentRunner(EnvOwner):
+    """Samples multi-agent trajectories from a multi-agent vector env.
+
+    Args:
+        envs: a :class:`~jaxrunner.multi_agent.MultiAgentVectorEnv`
+            (:func:`jaxrunner.make_multi_agent_vec`: PettingZoo envs, stepped on the
+            host) or a :class:`~jaxrunner.multi_agent.JaxMultiAgentVectorEnv` (a pure-JAX,
+            JaxMARL-style env: one jitted scan per sample, arrays on device), owned by
+            the runner until :meth:`stop`.
+        policies: one :class:`~jaxrunner.Policy` for every policy id, or a dict
+            ``policy_id -> Policy`` (``envs.policy_ids``).
+        params: ``policy_id -> params`` (or the params alone, when there is one policy id).
+        rollout_length: T, the env steps of each :meth:`sample`.
+        seed: seeds the policies' keys and the envs: sub-env ``i`` is reset with
+            ``jaxrunner.env_seeds(seed, num_envs)[i]``, as an ``EnvRunner``'s are (so
+            runners with different seeds never share sub-env seeds).
+        metrics: optional :class:`~jaxrunner.MetricsConfig`.
+        connectors: optional :class:`~jaxrunner.connectors.Connectors` for every group
+            (each group keeps its own state), or a dict ``policy_id -> Connectors``
+            (ids left out run without); run on device inside each group's compiled
+            policy step, with agent slots as rows (see
+            :mod:`jaxrunner._src.connectors.per_group`). Initialise a group's policy on
+            ``connectors.observation_space(group.observation_space)``.
+        callbacks: optional :class:`~jaxrunner.multi_agent.AgentCallbacks`, called per
+            complete agent episode after each ``sample()``.
+        num_splits: host envs, lockstep backends: pipelining, as for an ``EnvRunner``:
+            the envs are split in this many contiguous parts, and one part's policy
+            steps run while another part's envs step (process and Ray backends);
+            trajectories are the same bits for any value. None: the lockstep sampler's
+            rule (:func:`~jaxrunner._src.samplers.lockstep.default_num_splits`: one on a CPU
+            host with inline dispatch, two from 8 envs on accelerators). Ready-first
+            backends and pure-JAX envs take None (or 1).
+    """
+
+    def __init__(
+        self,
+        envs: MultiAgentVectorEnv | JaxMultiAgentVectorEnv,
+        policies: Policy | Mapping[str, Policy],
+        params: Params,
+        rollout_length: int,
+        seed: int,
+        *,
+        metrics: MetricsConfig | None = None,
+        connectors: GroupConnectors | None = None,
+        callbacks: AgentCallbacks | None = None,
+        num_splits: int | None = None,
+    ) -> None:
+        if not isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
+            raise InvalidArgumentTypeError(
+                f"MultiAgentRunner(envs=...): expected a multi-agent vector env, got "
+                f"{type(envs).__name__}. Build one with jaxrunner.make_multi_agent_vec(env_fn, "
+                "num_envs)."
+            )
+        ids = envs.policy_ids
+        self._policies = _per_policy("policies", policies, ids, single=isinstance(policies, Policy))
+        for pid, policy in self._policies.items():
+            if not isinstance(policy, Policy):
+                raise InvalidArgumentTypeError(
+                    f"MultiAgentRunner(policies=...): policy {pid!r} is {policy!r}; expected a "
+                    "jaxrunner.Policy."
+                )
+        device_params = {
+            pid: jax.device_put(p) for pid, p in _params_per_policy(params, ids).items()
+        }
+        check_rollout_arguments("MultiAgentRunner", rollout_length, seed)
+        if callbacks is not None and not isinstance(callbacks, AgentCallbacks):
+            raise InvalidArgumentTypeError(
+                f"MultiAgentRunner(callbacks=...): expected a jaxrunner.multi_agent."
+                f"AgentCallbacks (subclass it), got {type(callbacks).__name__}."
+            )
+        self.connectors: dict[str, Connectors] = per_policy_connectors(connectors, envs.groups)
+        """Policy id -> the connectors of its group (groups with connectors only)."""
+        self._claim(envs)  # one live runner per vector env
+        self.envs, self.rollout_length, self.seed = envs, rollout_length, seed
+        self._closed = False
+        agents = {g.policy_id: g.agents for g in envs.groups}
+        self.state: RunnerState[AgentEpisode] = RunnerState(
+            params=device_params,
+            metrics=MultiAgentMetrics(metrics or MetricsConfig(), agents),
+            episodes=agent_episode_joiner(envs.possible_agents),
+            callback_episodes=agent_episode_joiner(envs.possible_agents),
+        )
+        """Params per policy id, metrics and agent-episode bookkeeping (see
+        :mod:`jaxrunner._src.runner.runner_state`); the sampler holds the per-step rest."""
+        self.callbacks = callbacks
+        self._on_agent_episode_end = (
+            callbacks.on_agent_episode_end  # type: ignore[union-attr]
+            if overrides(callbacks, "on_agent_episode_end")
+            else None
+        )
+        try:
+            setup = MultiAgentSetup(
+                self._policies,
+                self.state.params,
+                rollout_length,
+                seed,
+                self.state.metrics,
+                connectors=self.connectors,
+            )
+            self.sampler: MultiAgentSampler | MultiAgentScanSampler
+            if isinstance(envs, JaxMultiAgentVectorEnv):  # one jitted scan per sample
+                if num_splits not in (None, 1):
+                    raise InvalidArgumentError(
+                        f"MultiAgentRunner(num_splits={num_splits!r}): a pure-JAX env is "
+                        "sampled as one jitted scan; pipelining splits do not apply. Leave "
+                        "num_splits=None."
+                    )
+                self.sampler = MultiAgentScanSampler(envs, setup)
+            else:
+                first = envs.reset_batch(env_seeds(seed, envs.num_envs))
+                self.sampler = MultiAgentSampler(envs, first, setup, num_splits=num_splits)
+        except BaseException:
+            self._release(envs)
+            raise
+
+    @property
+    def policy_ids(self) -> tuple[str, ...]:
+        return self.envs.policy_ids
+
+    def sample(self) -> MultiAgentTrajectory:
+        """Collects ``rollout_length`` env steps of every env. Agent and env episodes
+        carry on across calls; a failure raises with ``err.partial_trajectory``."""
+        traj = self._sample_once()
+        if self._on_agent_episode_end is not None:
+            for episode in self.state.callback_episodes.complete(traj.split_episodes()):  # type: ignore[union-attr]
+                self._on_agent_episode_end(self, episode)
+        return traj
+
+    def sample_episodes(self, num_episodes: int) -> list[AgentEpisode]:
+        """Samples until ``num_episodes`` complete agent episodes are available; returns
+        them ordered by (env episode id, agent). Extra ones are kept for the next call."""
+        check_num_episodes(num_episodes)
+        state = self.state
+        while len(state.finished) < num_episodes:
+            state.finished.extend(state.episodes.complete(self.sample().split_episodes()))
+        return state.take_finished(num_episodes)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes a checkpoint of the runner to ``path`` (one ``.npz`` file, numpy arrays
+        and a JSON document, as ``EnvRunner.save``; see
+        :mod:`jaxrunner._src.services.checkpoints.multi_agent_runner`): the params per policy id,
+        every agent
+        slot's policy key, step count and carry, connector state, episode bookkeeping
+        (env and agent episodes, turns waiting for their transition), the observations
+        the next step acts on, metrics, and the agent episodes ``sample_episodes`` and
+        the callbacks hold. The sync backend (``envs.can_snapshot``) adds a pickle of
+        each sub-env with its driver's state. Call it between samples.
+
+        Raises:
+            InvalidArgumentError: the runner samples a pure-JAX env (not supported yet).
+        """
+        self._check_usable("save")
+        checkpoint.save(self, path)
+
+    def restore(self, path: str | os.PathLike, *, load_env_pickles: bool = False) -> RestoreReport:
+        """Continues from the checkpoint at ``path`` (:meth:`save`). Call it on a new
+        runner built as the saved one was (same policies, policy ids, agents and
+        num_envs; new envs, on any host backend), before it samples.
+
+        With ``load_env_pickles`` (unpickling runs code from the file: only for
+        checkpoints you trust) and a checkpoint that holds pickled sub-envs (the sync
+        backend's), the envs resume exactly: sampling, metrics, ``sample_episodes`` and
+        the callbacks continue the saved run bit for bit. Otherwise every env is reset
+        with ``jaxrunner.env_seeds((seed, steps_done), num_envs)`` and starts a new
+        episode (the saved env and agent episodes under way are abandoned), with a
+        warning; params, policy keys, episode ids and metrics are restored either way.
+
+        Returns:
+            A :class:`~jaxrunner.RestoreReport`: whether the envs were restored, and how
+            they were resumed.
+
+        Raises:
+            InvalidArgumentError: the file is not a checkpoint of a runner built as this
+                one, or a value in it is damaged (the message names the field); the
+                runner is unchanged.
+        """
+        self._check_usable("restore")
+        return checkpoint.restore(self, path, load_env_pickles)
+
+    def set_params(self, policy_id: str, params: Params) -> None:
+        """Replaces one policy's params; takes effect at the next step, never recompiles."""
+        self._check_usable("set_params")
+        self._check_policy_id("set_params", policy_id)
+        check_params_like(self.state.params[policy_id], params, "runner")
+        self.state.params[policy_id] = jax.device_put(params)
+
+    def get_params(self, policy_id: str) -> Params:
+        """The params of policy ``policy_id`` (as the runner holds them, on device)."""
+        self._check_policy_id("get_params", policy_id)
+        return self.state.params[policy_id]
+
+    def _check_policy_id(self, what: str, policy_id: Any) -> None:
+        if policy_id not in self.state.params:
+            raise InvalidArgumentError(
+                f"MultiAgentRunner.{what}(policy_id={policy_id!r}): no such policy; the policy "
+                f"ids are {list(self.state.params)}."
+            )
+
+    def get_connector_state(self) -> dict[str, ConnectorsState]:
+        """``policy_id -> `` the state of its group's connectors, as host copies: the
+        statistics the next ``sample()`` uses (those the last one used are already
+        folded in; each group's trajectory keeps what its policy saw,
+        ``extras["policy_obs"]``)."""
+        self._check_connectors("get_connector_state")
+        return {pid: self.sampler.get_connector_state(pid) for pid in self.connectors}
+
+    def set_connector_state(self, state: Mapping[str, ConnectorsState]) -> None:
+        """Replaces the connectors' state of the policy ids in ``state`` (a dict shaped
+        as :meth:`get_connector_state`'s, or part of it), e.g. the statistics of a
+        training runner in an evaluation runner; never recompiles."""
+        self._check_connectors("set_connector_state")
+        if not isinstance(state, Mapping) or not set(state) <= set(self.connectors):
+            got = sorted(state, key=str) if isinstance(state, Mapping) else type(state).__name__
+            raise InvalidArgumentError(
+                "MultiAgentRunner.set_connector_state(state): expected a dict keyed by policy "
+                f"ids with connectors ({list(self.connectors)}), got {got}. Start from "
+                "runner.get_connector_state()."
+            )
+        for pid, value in state.items():
+            check_state_like(pid, self.sampler.get_connector_state(pid), value)
+        for pid, value in state.items():
+            self.sampler.set_connector_state(pid, value)
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Env steps and agent steps (counted apart), env episodes (returns summed
+        over agents), and ``policies``/``agents``: per-policy and per-agent agent steps
+        and agent-episode statistics."""
+        return self.state.metrics.summary()
+
+    def _check_connectors(self, what: str) -> None:
+        if not self.connectors:
+            raise InvalidArgumentError(
+                f"MultiAgentRunner.{what}(): this runner has no connectors; pass "
+                "MultiAgentRunner(..., connectors=jaxrunner.connectors.Connectors(...)) (or a "
+                "dict policy_id -> Connectors)."
+            )
+
+
+def _per_policy(name: str, value: Any, ids: tuple[str, ...], *, single: bool) -> dict[str, Any]:
+    if single:
+        return dict.fromkeys(ids, value)
+    if not isinstance(value, Mapping) or set(value) != set(ids):
+        got = sorted(value) if isinstance(value, Mapping) else type(value).__name__
+        raise InvalidArgumentError(
+            f"MultiAgentRunner({name}=...): expected a dict keyed by the policy ids "
+            f"{list(ids)}, got {got}."
+        )
+    return {pid: value[pid] for pid in ids}
+
+
+def _params_per_policy(params: Any, ids: tuple[str, ...]) -> dict[str, Params]:
+    """``policy_id -> params``: a dict keyed by policy ids must name every id and only
+    those (a typo is refused here, not met later inside the trace); with one policy id,
+    anything else is that policy's params."""
+    if isinstance(params, Mapping) and any(key in ids for key in params):
+        unknown = [key for key in params if key not in ids]
+        missing = [pid for pid in ids if pid not in params]
+        if unknown or missing:
+            raise InvalidArgumentError(
+                f"MultiAgentRunner(params=...): a dict keyed by policy ids must have exactly "
+                f"the ids {list(ids)}; unknown: {unknown}, missing: {missing}. Check the keys "
+                "against envs.policy_ids."
+            )
+        return {pid: params[pid] for pid in ids}
+    if len(ids) == 1:
+        return {ids[0]: params}
+    got = sorted(map(str, params)) if isinstance(params, Mapping) else type(params).__name__
+    raise InvalidArgumentError(
+        f"MultiAgentRunner(params=...): expected a dict keyed by the policy ids {list(ids)}, "
+        f"got {got}."
+    )
+
+
+__all__ = ["MultiAgentRunner"]

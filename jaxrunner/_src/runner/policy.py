@@ -1,0 +1,412 @@
+"""Policies as pure functions: ``apply_fn(params, obs, carry, keys) -> (action, extras, carry)``.
+
+Everything is batched over envs: ``obs`` is a pytree of ``[B, ...]`` arrays,
+``keys`` holds one PRNG key per env (``[B]``), ``carry`` is the recurrent state
+(a pytree of ``[B, ...]`` arrays, ``None`` for feed-forward policies). ``extras``
+is a dict of ``[B, ...]`` arrays stored with each transition (``log_prob``, and
+``value`` when the module gives one).
+
+The runner jits ``apply_fn`` once, passes params as an argument (so new params
+never retrace) and resets each env's carry to ``initial_carry`` when an episode
+starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.runner import distributions
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
+
+Params = Any
+Carry = Any
+ApplyFn = Callable[[Params, Any, Carry, jax.Array], tuple[Any, dict[str, Any], Carry]]
+InitFn = Callable[[jax.Array, Any, Carry], Params]
+LogProbFn = Callable[[Params, Any, Carry, Any], jax.Array]
+EvaluateFn = Callable[[Params, Any, Carry, Any], dict[str, jax.Array]]
+DistributionFn = Callable[
+    [Params, Any, Carry], tuple[distributions.Distribution, jax.Array | None, Carry]
+]
+
+
+def dummy_obs(observation_space: spaces.Space, batch: int = 1) -> Any:
+    """A batch of zero observations with the space's structure, shapes and dtypes."""
+    return jr_spaces.allocate(observation_space, (batch,))
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A pure policy.
+
+    Attributes:
+        apply_fn: ``(params, obs, carry, keys) -> (action, extras, carry)``, batched
+            over envs (see the module docstring). Must be jittable.
+        init_fn: ``(key, obs, carry) -> params`` given a batch of one dummy obs (and
+            one carry); used by :meth:`init`. Optional if you build params yourself.
+        initial_carry: one env's recurrent state (no batch axis), or ``None`` for a
+            feed-forward policy. Each env's carry is reset to it at episode start.
+        log_prob_fn: ``(params, obs, carry, action) -> log_prob [B]``: the
+            log-probability of given actions (chosen elsewhere, e.g. logged by an
+            external env). Optional; ``from_linen``/``from_nnx`` set it.
+        evaluate_fn: ``(params, obs, carry, action) -> {"log_prob", "entropy",
+            ["value"]}``, each ``[B]``: what a policy-gradient learner needs of stored
+            actions under new params. Optional; ``from_linen``/``from_nnx`` set it.
+        distribution_fn: ``(params, obs, carry) -> (distribution, value, carry)``: the
+            action distribution (a :mod:`jaxrunner._src.runner.distributions` class, whose fields
+            are its parameters), the value ``[B]`` (``None`` without a value head) and
+            the next carry. Powers :meth:`distribution`, :meth:`value` and
+            :meth:`deterministic`. Optional; ``from_linen``/``from_nnx`` set it.
+        action_ndim: see the attribute.
+    """
+
+    apply_fn: ApplyFn
+    init_fn: InitFn | None = None
+    initial_carry: Carry = None
+    log_prob_fn: LogProbFn | None = None
+    evaluate_fn: EvaluateFn | None = None
+    distribution_fn: DistributionFn | None = None
+    action_ndim: int | None = None
+    """The number of axes of one env's action (``len(action_space.shape)``), which lets
+    :meth:`evaluate` take any leading batch shape; ``from_linen``/``from_nnx`` set it."""
+
+    def __post_init__(self) -> None:
+        for name in ("apply_fn", "init_fn", "log_prob_fn", "evaluate_fn"):
+            value = getattr(self, name)
+            if not callable(value) and (name == "apply_fn" or value is not None):
+                none = "" if name == "apply_fn" else " or None"
+                raise InvalidArgumentTypeError(
+                    f"Policy({name}=...): expected a function{none}, got {value!r}. Build a "
+                    "Policy with Policy.from_linen/from_nnx, or pass apply_fn=(params, obs, "
+                    "carry, keys) -> (action, extras, carry)."
+                )
+
+    def evaluate(
+        self, params: Params, obs: Any, action: Any, carry: Carry = None
+    ) -> dict[str, jax.Array]:
+        """Log-probability and entropy of ``action`` given ``obs`` (and the value, when
+        the module gives one) under ``params``: ``{"log_prob", "entropy", ["value"]}``.
+        Jittable and differentiable in ``params`` (a PPO loss uses it).
+
+        Any leading batch shape: with ``action`` ``[*batch, *action_shape]`` (and ``obs``,
+        ``carry`` ``[*batch, ...]``), e.g. a Trajectory's ``[T, B]``, each result is
+        ``[*batch]``. The batch is read off the action's rank, known to policies built by
+        ``from_linen``/``from_nnx`` (``action_ndim``); without it, one batch axis."""
+        if self.evaluate_fn is None:
+            raise InvalidArgumentError(
+                "Policy.evaluate: this Policy has no evaluate_fn; build it with "
+                "Policy.from_linen/from_nnx or pass evaluate_fn=(params, obs, carry, action) "
+                "-> dict."
+            )
+        if self.action_ndim is None:
+            return self.evaluate_fn(params, obs, carry, action)
+        batch_ndim = jnp.ndim(action) - self.action_ndim
+        if batch_ndim < 1:
+            raise InvalidArgumentError(
+                f"Policy.evaluate(action=...): expected actions of shape [*batch, "
+                f"<{self.action_ndim} action axes>], got shape {jnp.shape(action)}. Pass a "
+                "batch of actions (e.g. action[None] for one)."
+            )
+        fn = self.evaluate_fn
+        return _over_batch(lambda o, c, a: fn(params, o, c, a), batch_ndim, obs, carry, action)
+
+    def distribution(
+        self, params: Params, obs: Any, carry: Carry = None
+    ) -> distributions.Distribution:
+        """The action distribution at a batch of observations ``[B, ...]``, the one
+        ``apply_fn`` samples from: e.g. ``Categorical(logits)`` or ``DiagGaussian(mean,
+        log_std)``, with ``sample(keys)``, ``mode()``, ``log_prob(action)`` and
+        ``entropy()``. Jittable; for ``[T, B, ...]`` observations ``jax.vmap`` it over
+        the time axis."""
+        return self._distribution_fn("distribution")(params, obs, carry)[0]
+
+    def value(
+        self, params: Params, obs: Any, carry: Carry = None, *, batch_ndim: int = 1
+    ) -> jax.Array:
+        """The critic's value of observations ``[*batch, ...]`` with ``batch_ndim``
+        leading batch axes (``[B]`` for ``[B, ...]``; ``batch_ndim=2`` gives a
+        Trajectory's ``[T, B]`` from ``next_obs``: the ``next_value`` that
+        :func:`jaxrunner.gae` takes), as ``evaluate(...)["value"]`` and
+        ``extras["value"]`` give it. Jittable and differentiable in ``params``."""
+        if isinstance(batch_ndim, bool) or not isinstance(batch_ndim, int) or batch_ndim < 1:
+            raise InvalidArgumentError(
+                f"Policy.value(batch_ndim={batch_ndim!r}): expected an int >= 1, the number "
+                "of leading batch axes of obs (2 for a Trajectory's [T, B, ...])."
+            )
+        fn = self._distribution_fn("value")
+        value = _over_batch(lambda o, c: fn(params, o, c)[1], batch_ndim, obs, carry)
+        if value is None:
+            raise InvalidArgumentError(
+                "Policy.value: the policy module has no value head. Return (out, value) or "
+                "a dict with a 'value' entry from the module to have one."
+            )
+        return value
+
+    def deterministic(self) -> Policy:
+        """This policy acting with its distribution's mode instead of sampling: the
+        argmax of the logits (Discrete, MultiDiscrete), ``logits > 0`` (MultiBinary),
+        the mean (Box). Same params, same ``extras`` (``log_prob`` of the mode action,
+        ``value``); use it to evaluate a trained policy (:func:`jaxrunner.evaluate`)."""
+        distribution_fn = self._distribution_fn("deterministic")
+        return dataclasses.replace(self, apply_fn=_mode_apply_fn(distribution_fn))
+
+    def _distribution_fn(self, what: str) -> DistributionFn:
+        if self.distribution_fn is None:
+            raise InvalidArgumentError(
+                f"Policy.{what}: this Policy has no distribution_fn; build it with "
+                "Policy.from_linen/from_nnx or pass distribution_fn=(params, obs, carry) -> "
+                "(distribution, value_or_None, carry)."
+            )
+        return self.distribution_fn
+
+    def init(self, key: jax.Array, observation_space: spaces.Space) -> Params:
+        """Initial params for observations of ``observation_space`` (a single env's)."""
+        if self.init_fn is None:
+            raise InvalidArgumentError(
+                "Policy.init: this Policy has no init_fn; build params yourself or pass "
+                "init_fn=(key, obs, carry) -> params."
+            )
+        return self.init_fn(key, dummy_obs(observation_space), self.batched_carry(1))
+
+    def batched_carry(self, num_envs: int) -> Carry:
+        """``initial_carry`` repeated for ``num_envs`` envs (``None`` if feed-forward)."""
+        if self.initial_carry is None:
+            return None
+        return jax.tree.map(
+            lambda c: jnp.broadcast_to(jnp.asarray(c), (num_envs, *jnp.shape(c))),
+            self.initial_carry,
+        )
+
+    @classmethod
+    def from_linen(
+        cls,
+        module: Any,
+        action_space: spaces.Space,
+        *,
+        deterministic: bool = False,
+        initial_carry: Carry = None,
+    ) -> Policy:
+        """Wraps a ``flax.linen`` module that maps a batch of observations to the
+        parameters of the action distribution.
+
+        The module's output (``out``) is one of:
+
+        * an array: logits (Discrete, MultiDiscrete with all components' logits
+          concatenated, MultiBinary) or the mean (Box);
+        * a tuple ``(out, value)`` with ``value`` of shape ``[B]`` or ``[B, 1]``;
+        * a dict with ``"logits"`` or ``"mean"``, and optionally ``"log_std"`` (Box;
+          otherwise a learned state-independent log-std is used) and ``"value"``.
+
+        Recurrent modules (``initial_carry`` given) are called as
+        ``module(carry, obs) -> (carry, out)``, like flax's RNN cells.
+
+        Args:
+            module: the linen module.
+            action_space: a single env's action space; picks the distribution.
+            deterministic: act with the distribution's mode instead of sampling (the
+                same as ``Policy.from_linen(...).deterministic()``).
+            initial_carry: one env's initial recurrent state, for recurrent modules.
+        """
+
+        def forward(module_params: Params, obs: Any, carry: Carry) -> tuple[Any, Carry]:
+            if initial_carry is None:
+                return module.apply(module_params, obs), None
+            carry, out = module.apply(module_params, carry, obs)
+            return out, carry
+
+        def init_module(key: jax.Array, obs: Any, carry: Carry) -> Params:
+            if initial_carry is None:
+                return module.init(key, obs)
+            return module.init(key, carry, obs)
+
+        return cls._from_forward(forward, init_module, action_space, deterministic, initial_carry)
+
+    @classmethod
+    def from_nnx(
+        cls,
+        module: Any,
+        action_space: spaces.Space,
+        *,
+        deterministic: bool = False,
+        initial_carry: Carry = None,
+    ) -> Policy:
+        """Like :meth:`from_linen`, for a constructed ``flax.nnx`` module. Its state
+        (from ``nnx.split``) becomes the params; ``init`` returns the module's current
+        state (nnx modules are initialised when constructed), whatever the key."""
+        from flax import nnx
+
+        graphdef, state = nnx.split(module)
+
+        def forward(module_params: Params, obs: Any, carry: Carry) -> tuple[Any, Carry]:
+            model = nnx.merge(graphdef, module_params)
+            if initial_carry is None:
+                return model(obs), None
+            carry, out = model(carry, obs)
+            return out, carry
+
+        def init_module(key: jax.Array, obs: Any, carry: Carry) -> Params:
+            del key, obs, carry
+            return state
+
+        return cls._from_forward(forward, init_module, action_space, deterministic, initial_carry)
+
+    @classmethod
+    def _from_forward(
+        cls,
+        forward: Callable[[Params, Any, Carry], tuple[Any, Carry]],
+        init_module: Callable[[jax.Array, Any, Carry], Params],
+        action_space: spaces.Space,
+        deterministic: bool,
+        initial_carry: Carry,
+    ) -> Policy:
+        head = distributions.head_params(action_space)
+        # Fail now, not at the first step, if no distribution fits the space.
+        distributions.make_distribution(action_space, _probe_output(action_space), head)
+
+        def distribution_fn(
+            params: Params, obs: Any, carry: Carry
+        ) -> tuple[distributions.Distribution, jax.Array | None, Carry]:
+            out, carry = forward(params["module"], obs, carry)
+            out = parse_module_output(out)
+            dist = distributions.make_distribution(action_space, out, params)
+            return dist, out.get("value"), carry
+
+        def sample_fn(
+            params: Params, obs: Any, carry: Carry, keys: jax.Array
+        ) -> tuple[Any, dict[str, Any], Carry]:
+            dist, value, carry = distribution_fn(params, obs, carry)
+            action = dist.sample(keys)
+            return action, _extras(dist, action, value), carry
+
+        apply_fn: ApplyFn = _mode_apply_fn(distribution_fn) if deterministic else sample_fn
+
+        def init_fn(key: jax.Array, obs: Any, carry: Carry) -> Params:
+            return {"module": init_module(key, obs, carry), **head}
+
+        def evaluate_fn(params: Params, obs: Any, carry: Carry, action: Any) -> dict[str, Any]:
+            dist, value, _ = distribution_fn(params, obs, carry)
+            result = {"log_prob": dist.log_prob(action), "entropy": dist.entropy()}
+            if value is not None:
+                result["value"] = value
+            return result
+
+        def log_prob_fn(params: Params, obs: Any, carry: Carry, action: Any) -> jax.Array:
+            return evaluate_fn(params, obs, carry, action)["log_prob"]  # XLA drops the rest
+
+        return cls(
+            apply_fn=apply_fn,
+            init_fn=init_fn,
+            initial_carry=initial_carry,
+            log_prob_fn=log_prob_fn,
+            evaluate_fn=evaluate_fn,
+            distribution_fn=distribution_fn,
+            action_ndim=len(action_space.shape or ()),
+        )
+
+
+def _over_batch(fn: Callable[..., Any], batch_ndim: int, *trees: Any) -> Any:
+    """``fn`` (written for one batch axis) on ``trees`` with ``batch_ndim`` leading batch
+    axes: they are flattened into one, and each output leaf gets them back."""
+    if batch_ndim == 1:
+        return fn(*trees)
+    leaves = jax.tree.leaves(trees)
+    batch = tuple(jnp.shape(leaves[0])[:batch_ndim]) if leaves else ()
+    for leaf in leaves:
+        if tuple(jnp.shape(leaf)[:batch_ndim]) != batch or jnp.ndim(leaf) < batch_ndim:
+            raise InvalidArgumentError(
+                f"Policy: expected every input with the leading batch shape {batch} (from "
+                f"the first), got one of shape {jnp.shape(leaf)}. Pass obs, action and "
+                "carry with the same leading axes."
+            )
+    size = int(np.prod(batch))
+
+    def flat(x: Any) -> Any:
+        return jnp.reshape(x, (size, *jnp.shape(x)[batch_ndim:]))
+
+    out = fn(*jax.tree.map(flat, trees))
+    return jax.tree.map(lambda x: jnp.reshape(x, (*batch, *jnp.shape(x)[1:])), out)
+
+
+def _extras(dist: distributions.Distribution, action: Any, value: jax.Array | None) -> dict:
+    """What each transition stores of the policy: ``log_prob`` and ``value`` if any."""
+    extras = {"log_prob": dist.log_prob(action)}
+    if value is not None:
+        extras["value"] = value
+    return extras
+
+
+def _mode_apply_fn(distribution_fn: DistributionFn) -> ApplyFn:
+    """An ``apply_fn`` that acts with the distribution's mode (the keys are unused)."""
+
+    def apply_fn(params: Params, obs: Any, carry: Carry, keys: jax.Array):
+        del keys
+        dist, value, carry = distribution_fn(params, obs, carry)
+        action = dist.mode()
+        return action, _extras(dist, action, value), carry
+
+    return apply_fn
+
+
+def check_params_like(current: Params, new: Params, owner: str) -> None:
+    """Refuses ``new`` params unless they match ``current`` in structure, shapes and
+    dtypes: ``owner`` compiled its policy for those, and must never retrace."""
+    old = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), current)
+    got = jax.tree.map(lambda x: (jnp.shape(x), jnp.result_type(x)), new)
+    if jax.tree.structure(old) != jax.tree.structure(got) or old != got:
+        raise SpaceMismatchError(
+            f"set_params(params): the new params differ in structure, shape or dtype from "
+            f"the {owner}'s; the policy is compiled for the old ones. Pass params with the "
+            "same pytree structure (e.g. the output of the same Policy.init)."
+        )
+
+
+def _probe_output(action_space: spaces.Space) -> dict[str, jax.Array]:
+    """A stand-in module output of the right size, to check the space early."""
+    if isinstance(action_space, spaces.MultiDiscrete):
+        size = int(np.sum(action_space.nvec))
+    elif isinstance(action_space, spaces.Discrete):
+        size = int(action_space.n)
+    else:
+        size = int(np.prod(action_space.shape or (1,)))
+    return {"params": jnp.zeros((1, size))}
+
+
+def parse_module_output(out: Any) -> dict[str, jax.Array]:
+    """Normalises a module output to ``{"params", ["log_std"], ["value"]}``."""
+    if isinstance(out, dict):
+        keys = {"logits", "mean"} & set(out)
+        unknown = set(out) - {"logits", "mean", "log_std", "value"}
+        if len(keys) != 1 or unknown:
+            raise SpaceMismatchError(
+                f"the policy module returned a dict with keys {sorted(out)}; expected exactly "
+                "one of 'logits'/'mean', plus optionally 'log_std' and 'value'."
+            )
+        parsed = {"params": out[keys.pop()]}
+        parsed.update({k: out[k] for k in ("log_std", "value") if k in out})
+    elif isinstance(out, tuple):
+        if len(out) != 2:
+            raise SpaceMismatchError(
+                f"the policy module returned a tuple of {len(out)} items; expected "
+                "(logits_or_mean, value). Return a dict for anything richer."
+            )
+        parsed = {"params": out[0], "value": out[1]}
+    else:
+        parsed = {"params": out}
+    if "value" in parsed:
+        value = parsed["value"]
+        if value.ndim == 2 and value.shape[1] == 1:
+            value = value[:, 0]
+        if value.ndim != 1:
+            raise SpaceMismatchError(
+                f"the policy module's value has shape {value.shape}; expected [batch] or "
+                "[batch, 1]."
+            )
+        parsed["value"] = value
+    return parsed

@@ -1,0 +1,94 @@
+"""Many policies in one call: a fixed-size pool of params of one architecture, with
+a per-episode choice of which member each agent acts with (self-play, leagues).
+
+``pooled_policy(policy, size)`` is a :class:`~jaxrunner.Policy` whose params are a
+pool (:func:`pool_params`): ``members``, the member params stacked on a leading axis
+of ``size``, and ``weights`` (``[size]``, how often each member is drawn; 0 for an
+empty slot). Each step computes every member on every row in one vmapped call and
+keeps, per row, the output of the row's member. The member is drawn at each episode
+start from ``weights`` with the row's own key (so it is deterministic), kept in the
+carry for the rest of the episode, and recorded in ``extras["member"]``.
+
+Changing the pool (new snapshots, new weights) is ``runner.set_params(policy_id,
+pool_params(...))`` with the same ``size``: same shapes, so it never recompiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrunner._src.runner.policy import Params, Policy
+from jaxrunner.errors import InvalidArgumentError
+
+_DRAW = 0x5EED
+"""Folded into a row's key for its member draw (kept apart from its action key)."""
+
+
+def pool_params(
+    members: Sequence[Params], size: int, weights: Sequence[float] | None = None
+) -> dict[str, Any]:
+    """A pool of ``size`` slots holding ``members`` (params of one structure), drawn
+    with ``weights`` (default: uniform over the members); slots past the members hold
+    a copy of the first with weight 0."""
+    members = list(members)
+    if not 1 <= len(members) <= size:
+        raise InvalidArgumentError(
+            f"pool_params: expected between 1 and size={size} members, got {len(members)}. "
+            "The pool's size is fixed (it fixes the compile): drop old members to add new ones."
+        )
+    if weights is None:
+        weights = [1.0] * len(members)
+    if len(weights) != len(members) or min(weights) < 0 or sum(weights) <= 0:
+        raise InvalidArgumentError(
+            f"pool_params(weights={list(weights)!r}): expected one weight >= 0 per member "
+            f"({len(members)}), not all zero."
+        )
+    structure = jax.tree.structure(members[0])
+    for k, member in enumerate(members[1:], 1):
+        if jax.tree.structure(member) != structure:
+            raise InvalidArgumentError(
+                f"pool_params: member {k} has a different params structure from member 0; a "
+                "pool holds params of one architecture."
+            )
+    padded = members + [members[0]] * (size - len(members))
+    stacked = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *padded)
+    w = np.zeros(size, np.float32)
+    w[: len(members)] = weights
+    return {"members": stacked, "weights": jnp.asarray(w)}
+
+
+def pooled_policy(policy: Policy, size: int) -> Policy:
+    """``policy`` served from a pool of ``size`` params (see the module docstring)."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise InvalidArgumentError(f"pooled_policy(size={size!r}): expected an int >= 1.")
+    inner_apply = policy.apply_fn
+
+    def apply_fn(params: Params, obs: Any, carry: Any, keys: jax.Array) -> Any:
+        rows = jnp.arange(keys.shape[0])
+        draw_keys = jax.vmap(lambda k: jax.random.fold_in(k, _DRAW))(keys)
+        logits = jnp.log(params["weights"])
+        drawn = jax.vmap(lambda k: jax.random.categorical(k, logits))(draw_keys)
+        member = jnp.where(carry["member"] < 0, drawn, carry["member"]).astype(jnp.int32)
+        action, extras, inner = jax.vmap(inner_apply, in_axes=(0, None, None, None))(
+            params["members"], obs, carry["inner"], keys
+        )
+
+        def pick(x: jax.Array) -> jax.Array:
+            return x[member, rows]
+
+        extras = {**jax.tree.map(pick, extras), "member": member}
+        new_carry = {"member": member, "inner": jax.tree.map(pick, inner)}
+        return jax.tree.map(pick, action), extras, new_carry
+
+    return Policy(
+        apply_fn=apply_fn,
+        initial_carry={"member": jnp.int32(-1), "inner": policy.initial_carry},
+    )
+
+
+__all__ = ["pool_params", "pooled_policy"]

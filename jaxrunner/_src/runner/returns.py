@@ -1,0 +1,293 @@
+"""Discounted returns and GAE over ``[T, B]`` trajectories, truncation-correct.
+
+Most hand-written learners get episode ends wrong in one of three ways: they
+bootstrap with ``value[t + 1]`` (the *reset* observation's value where an episode
+ended), they treat a truncation like a termination (zero future value), or they
+chain an episode's advantage into the next one inside the batch. These helpers
+take the value of the true next observation, ``next_value[t] = V(next_obs[t])``,
+and follow three rules:
+
+* after a **termination** the future is worth zero;
+* after a **truncation** (time limit, fault cut, or the last step of the batch)
+  the future is worth ``next_value[t]``, and nothing after it is chained in;
+* a slot with no transition (``valid[t, b]`` false, e.g. the failed call of a
+  sub-env that crashed) contributes nothing: its outputs are zero, and the episode
+  before it ends there like a truncation.
+
+Inside an episode ``next_value[t]`` and ``value[t + 1]`` are values of the same
+observation, so using ``next_value`` everywhere is exact, not an approximation.
+
+Everything is pure ``jax.numpy`` (one reverse ``lax.scan``), so it runs under
+``jax.jit`` and accepts numpy or JAX arrays; the time axis is axis 0 and any
+trailing axes (``[T]``, ``[T, B]``, ``[T, B, ...]``) are batch axes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxrunner._src.runner.trajectory import Trajectory
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+ArrayLike = Any
+
+
+class GAE(NamedTuple):
+    """The output of :func:`gae`.
+
+    Attributes:
+        advantages: ``A[t]``, zero where ``valid`` is false.
+        returns: ``advantages + value``, the value-function target (TD(lambda)
+            return), zero where ``valid`` is false.
+    """
+
+    advantages: jax.Array
+    returns: jax.Array
+
+
+def gae(
+    trajectory: Trajectory | None = None,
+    *,
+    next_value: ArrayLike,
+    value: ArrayLike | None = None,
+    reward: ArrayLike | None = None,
+    terminated: ArrayLike | None = None,
+    truncated: ArrayLike | None = None,
+    valid: ArrayLike | None = None,
+    gamma: float = 0.99,
+    lam: float = 0.95,
+) -> GAE:
+    """Generalized advantage estimation (Schulman et al. 2016), boundary-correct.
+
+    With ``c[t] = 1 - terminated[t]`` and ``k[t]`` true while the episode goes on
+    after step ``t`` inside the batch (not terminated, not truncated, ``t < T - 1``
+    and step ``t + 1`` valid)::
+
+        delta[t] = reward[t] + gamma * c[t] * next_value[t] - value[t]
+        A[t]     = delta[t] + gamma * lam * k[t] * A[t + 1]
+
+    Args:
+        trajectory: a :class:`~jaxrunner.Trajectory`; supplies ``reward``,
+            ``terminated``, ``truncated``, ``value`` (``extras["value"]``) and
+            ``valid`` (its ``valid`` field, if it has one) unless given explicitly.
+        next_value: ``V(next_obs)``, ``[T, B]``: the value of the observation that
+            followed each step (the final observation where an episode ended).
+        value: ``V(obs)``, ``[T, B]``.
+        reward, terminated, truncated: ``[T, B]``.
+        valid: optional boolean ``[T, B]``; false marks a slot holding no
+            transition. Default: every slot valid.
+        gamma: discount factor.
+        lam: GAE's lambda (1 gives discounted returns minus ``value``, 0 gives TD(0)).
+
+    Returns:
+        ``GAE(advantages, returns)``, arrays of the inputs' shape.
+    """
+    inputs = _gather(
+        "gae",
+        trajectory,
+        reward=reward,
+        terminated=terminated,
+        truncated=truncated,
+        valid=valid,
+        value=value,
+        next_value=next_value,
+    )
+    _check_unit("gae", "gamma", gamma)
+    _check_unit("gae", "lam", lam)
+    reward_, terminated_, truncated_, valid_, value_, next_value_ = inputs
+    advantages = _gae_scan(
+        reward_, terminated_, truncated_, valid_, value_, next_value_, gamma, lam
+    )
+    return GAE(advantages, jnp.where(valid_, advantages + value_, 0.0))
+
+
+def discounted_returns(
+    trajectory: Trajectory | None = None,
+    *,
+    next_value: ArrayLike,
+    reward: ArrayLike | None = None,
+    terminated: ArrayLike | None = None,
+    truncated: ArrayLike | None = None,
+    valid: ArrayLike | None = None,
+    gamma: float = 0.99,
+) -> jax.Array:
+    """Discounted reward-to-go, bootstrapped where an episode was cut::
+
+        G[t] = reward[t] + gamma * (k[t] * G[t + 1] + (1 - k[t]) * c[t] * next_value[t])
+
+    with ``c`` and ``k`` as in :func:`gae`: after a termination the future is zero,
+    after a truncation (or the batch's last step, or before an invalid slot) it is
+    ``next_value[t]``, and no episode's rewards leak into another's.
+
+    Args:
+        trajectory, reward, terminated, truncated, valid: as in :func:`gae`.
+        next_value: ``V(next_obs)``, ``[T, B]`` (or a scalar such as ``0.0`` when
+            no episode is cut, e.g. complete episodes only).
+        gamma: discount factor.
+
+    Returns:
+        ``G``, of the inputs' shape, zero where ``valid`` is false.
+    """
+    reward_, terminated_, truncated_, valid_, _, next_value_ = _gather(
+        "discounted_returns",
+        trajectory,
+        reward=reward,
+        terminated=terminated,
+        truncated=truncated,
+        valid=valid,
+        value=0.0,
+        next_value=next_value,
+    )
+    _check_unit("discounted_returns", "gamma", gamma)
+    return _returns_scan(reward_, terminated_, truncated_, valid_, next_value_, gamma)
+
+
+def _episode_goes_on(terminated: jax.Array, truncated: jax.Array, valid: jax.Array) -> jax.Array:
+    """``k[t]``: step ``t + 1`` continues step ``t``'s episode (false at ``T - 1``)."""
+    next_valid = jnp.concatenate([valid[1:], jnp.zeros_like(valid[:1])], axis=0)
+    return valid & next_valid & ~terminated & ~truncated
+
+
+@jax.jit
+def _gae_scan(
+    reward: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    valid: jax.Array,
+    value: jax.Array,
+    next_value: jax.Array,
+    gamma: jax.Array,
+    lam: jax.Array,
+) -> jax.Array:
+    goes_on = _episode_goes_on(terminated, truncated, valid)
+    delta = reward + gamma * jnp.where(terminated, 0.0, next_value) - value
+    delta = jnp.where(valid, delta, 0.0)
+
+    def step(later: jax.Array, xs: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        delta_t, goes_on_t = xs
+        advantage = delta_t + gamma * lam * jnp.where(goes_on_t, later, 0.0)
+        return advantage, advantage
+
+    _, advantages = jax.lax.scan(step, jnp.zeros_like(delta[0]), (delta, goes_on), reverse=True)
+    return advantages
+
+
+@jax.jit
+def _returns_scan(
+    reward: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    valid: jax.Array,
+    next_value: jax.Array,
+    gamma: jax.Array,
+) -> jax.Array:
+    goes_on = _episode_goes_on(terminated, truncated, valid)
+    bootstrap = jnp.where(terminated, 0.0, next_value)
+
+    def step(
+        later: jax.Array, xs: tuple[jax.Array, jax.Array, jax.Array, jax.Array]
+    ) -> tuple[jax.Array, jax.Array]:
+        reward_t, bootstrap_t, goes_on_t, valid_t = xs
+        ret = reward_t + gamma * jnp.where(goes_on_t, later, bootstrap_t)
+        ret = jnp.where(valid_t, ret, 0.0)
+        return ret, ret
+
+    xs = (reward, bootstrap, goes_on, valid)
+    _, returns = jax.lax.scan(step, jnp.zeros_like(reward[0]), xs, reverse=True)
+    return returns
+
+
+_FIELDS = ("reward", "terminated", "truncated", "valid", "value", "next_value")
+
+
+def _gather(
+    fn: str, trajectory: Trajectory | None, **given: ArrayLike | None
+) -> tuple[jax.Array, ...]:
+    """Fills missing inputs from ``trajectory``, converts and checks shapes.
+
+    Returns the inputs in ``_FIELDS`` order: float arrays for reward and values,
+    bool arrays for the flags, all of the reward's shape.
+    """
+    if trajectory is not None and not isinstance(trajectory, Trajectory):
+        raise InvalidArgumentTypeError(
+            f"{fn}(trajectory=...): expected a jaxrunner.Trajectory (or None with the arrays "
+            f"passed by keyword), got {type(trajectory).__name__}."
+        )
+    if trajectory is not None:
+        from_traj = {
+            "reward": trajectory.reward,
+            "terminated": trajectory.terminated,
+            "truncated": trajectory.truncated,
+            "valid": getattr(trajectory, "valid", None),
+            "value": trajectory.extras.get("value"),
+        }
+        given = {k: from_traj.get(k) if v is None else v for k, v in given.items()}
+    for name in ("reward", "terminated", "truncated", "value", "next_value"):
+        if given[name] is None:
+            hint = (
+                "the trajectory's policy has no value head (extras['value']); pass value=V(obs)"
+                if name == "value" and trajectory is not None
+                else f"pass {name}=... or a Trajectory"
+            )
+            raise InvalidArgumentError(f"{fn}(): no {name} given; {hint}.")
+    reward = jnp.asarray(given["reward"])
+    if reward.ndim < 1 or reward.shape[0] < 1:
+        raise InvalidArgumentError(
+            f"{fn}(reward=...): expected a [T, ...] array with T >= 1 (time on axis 0), got "
+            f"shape {reward.shape}."
+        )
+    if not jnp.issubdtype(reward.dtype, jnp.floating):
+        reward = reward.astype(jnp.result_type(float))
+    shape = reward.shape
+    out: list[jax.Array] = []
+    for name in _FIELDS:
+        raw = given[name]
+        if name == "valid" and raw is None:
+            out.append(jnp.ones(shape, jnp.bool_))
+            continue
+        array = jnp.asarray(raw)
+        if name in ("value", "next_value") and array.ndim == 0:
+            array = jnp.broadcast_to(array, shape)
+        if array.shape != shape:
+            # A critic's Dense(1) head gives [T, B, 1]: name the squeeze.
+            squeeze = (
+                f" Drop the trailing axis of size 1: pass {name}={name}[..., 0]."
+                if array.shape == (*shape, 1)
+                else ""
+            )
+            raise InvalidArgumentError(
+                f"{fn}({name}=...): expected shape {shape} (the reward's, [T, B]), got "
+                f"{array.shape}.{squeeze} Every input is time-major [T, B]; compute "
+                "next_value as V(next_obs) over the whole [T, B] batch, e.g. "
+                "jax.vmap(policy.value, in_axes=(None, 0))(params, traj.next_obs)."
+            )
+        if name in ("terminated", "truncated", "valid"):
+            if array.dtype != jnp.bool_:
+                raise InvalidArgumentError(
+                    f"{fn}({name}=...): expected a boolean array, got dtype {array.dtype}; "
+                    "pass a mask (e.g. x.astype(bool)) so flags are never mistaken for weights."
+                )
+        else:
+            array = array.astype(reward.dtype)
+        out.append(array)
+    return tuple(out)
+
+
+def _check_unit(fn: str, name: str, x: Any) -> None:
+    """Checks ``0 <= x <= 1`` where ``x`` is concrete (traced values pass)."""
+    try:
+        concrete = float(x)
+    except jax.errors.ConcretizationTypeError:
+        return  # traced under jit: checked by the caller's own code, if at all
+    except (TypeError, ValueError) as err:
+        raise InvalidArgumentTypeError(
+            f"{fn}({name}=...): expected a float, got {type(x).__name__} {x!r}."
+        ) from err
+    if not 0.0 <= concrete <= 1.0:
+        raise InvalidArgumentError(f"{fn}({name}={concrete}): expected a value in [0, 1].")
+
+
+__all__ = ["GAE", "discounted_returns", "gae"]

@@ -1,0 +1,114 @@
+"""The runner state: what a runner holds between samples, as one typed object.
+
+Both runners (:class:`~jaxrunner.EnvRunner` and
+:class:`~jaxrunner.multi_agent.MultiAgentRunner`) keep their state in a
+:class:`RunnerState` and nowhere else, so the services built on a runner (checkpoints,
+``sample_episodes``, callbacks, :func:`~jaxrunner.evaluate`, ``EnvRunnerGroup``) read and
+write that object, never a runner's private fields, and serve both kinds of runner.
+
+The state is split where it lives: what the sampler carries from step to step (policy
+keys, step counts, recurrent carries, the observations the next step acts on, episode
+numbering, connector state) stays in the sampler, behind ``get_state``/``set_state``;
+the rest (params per policy id, metrics, the episodes ``sample_episodes`` and the
+callbacks are assembling, the failure that ended the runner) is here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, Generic, Protocol, TypeVar
+
+from jaxrunner._src.runner.policy import Params
+
+DEFAULT_POLICY_ID = "default_policy"
+"""The policy id of an ``EnvRunner``'s one policy (RLlib's name for it)."""
+
+
+class EpisodePart(Protocol):
+    """What :class:`EpisodeJoiner` reads of an episode (``Episode``, ``AgentEpisode``)."""
+
+    @property
+    def episode_id(self) -> int: ...
+    @property
+    def is_done(self) -> bool: ...
+    @property
+    def is_complete(self) -> bool: ...
+
+
+E = TypeVar("E", bound=EpisodePart)
+
+
+class EpisodeJoiner(Generic[E]):
+    """Joins each sample's episode parts with their starts from earlier samples, and
+    keeps the unfinished ones for the next sample (``sample_episodes``, callbacks).
+
+    Args:
+        key: the episode's stream: its env (``Episode.env_id``) or its agent in its env.
+        concatenate: joins an unfinished head to its continuation.
+        order: the order :meth:`complete` returns episodes in.
+    """
+
+    def __init__(
+        self,
+        key: Callable[[E], Hashable],
+        concatenate: Callable[[E, E], E],
+        order: Callable[[E], Any],
+    ) -> None:
+        self.key, self.concatenate, self.order = key, concatenate, order
+        self.fragments: dict[Hashable, E] = {}
+        """Stream -> its unfinished episode so far."""
+
+    def complete(self, parts: Iterable[E]) -> list[E]:
+        """The episodes that complete in ``parts`` (one sample's split episodes), joined
+        with their earlier parts, in :attr:`order`. Unfinished ones are kept; episodes
+        begun before the first sample (never seen from their start) are dropped."""
+        done = []
+        for part in parts:
+            stream = self.key(part)
+            head = self.fragments.pop(stream, None)
+            if head is not None and head.episode_id == part.episode_id:
+                part = self.concatenate(head, part)
+            if not part.is_done:
+                self.fragments[stream] = part
+            elif part.is_complete:
+                done.append(part)
+        done.sort(key=self.order)
+        return done
+
+    def set_fragments(self, fragments: Iterable[E]) -> None:
+        """Replaces the unfinished episodes (a restored checkpoint's)."""
+        self.fragments = {self.key(e): e for e in fragments}
+
+
+@dataclasses.dataclass(eq=False)
+class RunnerState(Generic[E]):
+    """A runner's state between samples (see the module docstring).
+
+    The runner's ``sampler`` holds the per-step part: policy keys, step counts,
+    carries, latest observations, episode numbering and connector state
+    (``sampler.get_state()`` / ``set_state()``).
+    """
+
+    params: dict[str, Params]
+    """Policy id -> device params (an ``EnvRunner`` has one, :data:`DEFAULT_POLICY_ID`)."""
+    metrics: Any
+    """The runner's metrics (``RunnerMetrics`` or ``MultiAgentMetrics``): counters,
+    recent-episode statistics, timers; ``get_state``/``set_state`` for checkpoints."""
+    episodes: EpisodeJoiner[E]
+    """The unfinished episodes ``sample_episodes`` is assembling."""
+    finished: list[E] = dataclasses.field(default_factory=list)
+    """Complete episodes ``sample_episodes`` has not returned yet."""
+    callback_episodes: EpisodeJoiner[E] | None = None
+    """The unfinished episodes the per-episode callbacks are assembling (apart from
+    ``episodes``: ``sample_episodes`` and the callbacks each see every episode)."""
+    failure: BaseException | None = None
+    """The error of the ``sample()`` that failed, after which the runner refuses to go on."""
+
+    def take_finished(self, num_episodes: int) -> list[E]:
+        """The first ``num_episodes`` finished episodes, removed from :attr:`finished`."""
+        taken, self.finished = self.finished[:num_episodes], self.finished[num_episodes:]
+        return taken
+
+
+__all__ = ["DEFAULT_POLICY_ID", "EpisodeJoiner", "RunnerState"]

@@ -1,0 +1,321 @@
+"""Trajectory ([T, B] transitions) and Episode, with split, concatenate, save and load."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import numpy as np
+
+from jaxrunner._src.runner.trajectory_file import (
+    TrajectoryFile,
+    check_fields,
+    encode_tree,
+    lead_shape,
+    write_file,
+)
+from jaxrunner.errors import InvalidArgumentError
+
+_FORMAT = "jaxrunner.Trajectory"
+_VERSION = 1
+MAX_LOAD_BYTES = 1 << 33
+""":meth:`Trajectory.load`'s default cap on the arrays' memory (8 GiB)."""
+
+HostOrDevice = np.ndarray | jax.Array
+"""A field's arrays: numpy from host samplers, jax.Array from the on-device scan (and
+inside its compiled functions)."""
+
+
+class Trajectory(flax.struct.PyTreeNode):
+    """``T`` steps of ``B`` envs. Every field is ``[T, B, ...]``; row ``[t, b]`` of
+    every field comes from the same ``env.step`` call of env ``b``.
+
+    Attributes:
+        obs: observations acted on (pytree shaped by the observation space).
+        action: actions as sampled by the policy (Box actions unclipped).
+        reward: float64 rewards.
+        terminated: the episode ended in a terminal state.
+        truncated: the episode was cut (time limit...); bootstrap from ``next_obs``.
+        next_obs: the true next observation: the final one where an episode ended,
+            never the observation of the reset that followed.
+        extras: dict of policy outputs per step (``log_prob``, ``value``, ...).
+        env_id: index of the env (global across workers).
+        episode_id: unique per runner; the same for every step of an episode.
+        step: index of the step within its episode (0 at the first).
+        valid: False where the slot holds no transition: the env's step failed and
+            the env was restarted (``make_vec(..., restart_policy=...)``). Such
+            a slot ends its episode (``episode_id``) at the step before it, which is
+            then bootstrapped like a truncation (``jr.gae`` does); its reward is 0.
+            All True when omitted.
+    """
+
+    obs: Any
+    action: Any
+    reward: HostOrDevice
+    terminated: HostOrDevice
+    truncated: HostOrDevice
+    next_obs: Any
+    extras: dict[str, Any]
+    env_id: HostOrDevice
+    episode_id: HostOrDevice
+    step: HostOrDevice
+    valid: Any = None
+
+    def __post_init__(self) -> None:
+        if self.valid is None and hasattr(self.reward, "shape"):
+            ones = np.ones if isinstance(self.reward, np.ndarray) else jax.numpy.ones
+            object.__setattr__(self, "valid", ones(self.reward.shape, np.bool_))
+
+    @property
+    def num_steps(self) -> int:
+        """T, the length of the time axis."""
+        return int(self.reward.shape[0])
+
+    @property
+    def num_envs(self) -> int:
+        """B, the length of the env axis."""
+        return int(self.reward.shape[1])
+
+    @property
+    def done(self) -> np.ndarray:
+        """``terminated | truncated``: where an episode ended."""
+        return np.logical_or(self.terminated, self.truncated)
+
+    def to_numpy(self) -> Trajectory:
+        """The same trajectory with every leaf a numpy array (device -> host)."""
+        return jax.tree.map(np.asarray, jax.device_get(self))
+
+    def time_slice(self, start: int, stop: int) -> Trajectory:
+        """Steps ``start:stop`` of every field."""
+        return jax.tree.map(lambda x: x[start:stop], self)
+
+    def split_episodes(self) -> list[Episode]:
+        """Splits into episodes, env by env, in time order.
+
+        Episodes that end inside the trajectory are ``is_done``; the trailing ones
+        still running at its end are not. An episode that began before the first
+        step (continued from an earlier ``sample()``) has ``start_step > 0``;
+        ``is_complete`` is true only for episodes seen from first to last step.
+        """
+        host = self.to_numpy()
+        episodes: list[Episode] = []
+        if host.num_steps == 0:
+            return episodes
+        for b in range(host.num_envs):
+            ids = host.episode_id[:, b]
+            cuts = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist(), host.num_steps]
+            for start, stop in itertools.pairwise(cuts):
+                # An invalid slot can only close its episode (a restart starts a new id).
+                if host.valid[stop - 1, b]:
+                    episodes.append(_episode_from(host, b, start, stop))
+                else:
+                    episodes.append(_faulty_episode_from(host, b, start, stop - 1))
+        return episodes
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Saves to one ``.npz`` file (no pickle); :meth:`load` restores it exactly."""
+        arrays: dict[str, np.ndarray] = {}
+        fields = {n: encode_tree(getattr(self, n), arrays) for n in self.__dataclass_fields__}
+        write_file(path, {"format": _FORMAT, "version": _VERSION, "fields": fields}, arrays)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], *, max_bytes: int | None = MAX_LOAD_BYTES
+    ) -> Trajectory:
+        """Loads a file written by :meth:`save`, trusting nothing in it.
+
+        Only the members its spec names are read (never pickle), each checked against
+        its own header before any memory is allocated; fields must have the keys,
+        ``[T, B]`` leading shapes and dtype kinds a trajectory has.
+
+        Args:
+            path: the file.
+            max_bytes: the most bytes the arrays may take in memory (None: no cap).
+
+        Raises:
+            InvalidArgumentError: the file is not a valid trajectory file; the message
+                names the field (or member) at fault and what is wrong with it.
+        """
+        return _load(cls, path, max_bytes)
+
+
+class EpisodeSpan:
+    """What an episode's steps say about it (``reward`` [L], the flags, ``start_step``),
+    shared by :class:`Episode` and the multi-agent ``AgentEpisode``."""
+
+    reward: np.ndarray
+    terminated: bool
+    truncated: bool
+    start_step: int
+
+    @property
+    def length(self) -> int:
+        return int(self.reward.shape[0])
+
+    @property
+    def is_done(self) -> bool:
+        """The episode ended (terminated or truncated)."""
+        return bool(self.terminated or self.truncated)
+
+    @property
+    def is_complete(self) -> bool:
+        """Seen whole: from its first step to its end."""
+        return self.is_done and self.start_step == 0
+
+
+class Episode(EpisodeSpan, flax.struct.PyTreeNode):
+    """One env's episode, or the part of it a trajectory holds.
+
+    Attributes:
+        obs: ``[L+1, ...]``, the first observation to the last (the final
+            observation if the episode ended).
+        action, reward, extras: ``[L, ...]``.
+        terminated, truncated: how it ended (both False while it still runs).
+        episode_id, env_id: as in :class:`Trajectory`.
+        start_step: episode step index of ``action[0]`` (0 unless this is the tail
+            of an episode that began before the trajectory did).
+        faulty: the episode was cut by a failure of its env (then ``truncated`` is
+            True too: bootstrap from its last observation).
+    """
+
+    obs: Any
+    action: Any
+    reward: np.ndarray
+    extras: dict[str, Any]
+    terminated: bool = flax.struct.field(pytree_node=False)
+    truncated: bool = flax.struct.field(pytree_node=False)
+    episode_id: int = flax.struct.field(pytree_node=False)
+    env_id: int = flax.struct.field(pytree_node=False)
+    start_step: int = flax.struct.field(pytree_node=False, default=0)
+    faulty: bool = flax.struct.field(pytree_node=False, default=False)
+
+    @property
+    def total_return(self) -> float:
+        return float(np.sum(self.reward))
+
+
+def cut_steps(traj: Any, steps: Any, last: Any) -> dict[str, Any]:
+    """The step fields of one episode (:class:`Episode`'s or ``AgentEpisode``'s) cut
+    out of time-major arrays.
+
+    Args:
+        traj: a :class:`Trajectory` or a multi-agent ``GroupTrajectory`` (its ``obs``,
+            ``next_obs``, ``action``, ``reward`` and ``extras`` are read).
+        steps: the index of the episode's slots in each leaf, e.g. ``(slice(t0, t1), b)``.
+        last: the index of its last slot, e.g. ``(t1 - 1, b)``.
+
+    Returns:
+        ``obs`` (``[L + 1]``: the slots' observations, then the last slot's
+        ``next_obs``), and ``action``, ``reward``, ``extras`` (``[L]``).
+    """
+
+    def cut(x: np.ndarray) -> np.ndarray:
+        return x[steps]
+
+    return {
+        "obs": jax.tree.map(
+            lambda o, n: np.concatenate([o[steps], n[last][None]]), traj.obs, traj.next_obs
+        ),
+        "action": jax.tree.map(cut, traj.action),
+        "reward": cut(traj.reward),
+        "extras": jax.tree.map(cut, traj.extras),
+    }
+
+
+def join_steps(head: Any, tail: Any) -> dict[str, Any]:
+    """The step fields of two consecutive pieces of one episode (:class:`Episode`'s or
+    ``AgentEpisode``'s), joined: ``obs`` without ``head``'s last one (``tail``'s
+    first), and ``action``, ``reward``, ``extras`` end to end."""
+
+    def cat(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.concatenate([x, y])
+
+    return {
+        "obs": jax.tree.map(lambda x, y: cat(x[:-1], y), head.obs, tail.obs),
+        "action": jax.tree.map(cat, head.action, tail.action),
+        "reward": cat(head.reward, tail.reward),
+        "extras": jax.tree.map(cat, head.extras, tail.extras),
+    }
+
+
+def _episode_from(traj: Trajectory, b: int, start: int, stop: int) -> Episode:
+    last = stop - 1
+    return Episode(
+        **cut_steps(traj, (slice(start, stop), b), (last, b)),
+        terminated=bool(traj.terminated[last, b]),
+        truncated=bool(traj.truncated[last, b]),
+        episode_id=int(traj.episode_id[start, b]),
+        env_id=int(traj.env_id[start, b]),
+        start_step=int(traj.step[start, b]),
+    )
+
+
+def _faulty_episode_from(traj: Trajectory, b: int, start: int, failed: int) -> Episode:
+    """Steps ``start:failed`` of env ``b``, cut at slot ``failed`` (its failed step).
+    The last observation is ``obs[failed]``: the one after the last good step."""
+
+    def cut(x: Any) -> Any:
+        return x[start:failed, b]
+
+    return Episode(
+        obs=jax.tree.map(lambda o: o[start : failed + 1, b], traj.obs),
+        action=jax.tree.map(cut, traj.action),
+        reward=cut(traj.reward),
+        extras=jax.tree.map(cut, traj.extras),
+        terminated=False,
+        truncated=True,
+        episode_id=int(traj.episode_id[failed, b]),
+        env_id=int(traj.env_id[failed, b]),
+        start_step=int(traj.step[start, b]),
+        faulty=True,
+    )
+
+
+def concatenate_episodes(head: Episode, tail: Episode) -> Episode:
+    """Joins two consecutive pieces of one episode (``head`` unfinished)."""
+    if head.is_done or head.episode_id != tail.episode_id or head.env_id != tail.env_id:
+        raise InvalidArgumentError(
+            f"concatenate_episodes(): episode {tail.episode_id} of env {tail.env_id} does not "
+            f"continue episode {head.episode_id} of env {head.env_id} (done={head.is_done})."
+        )
+    return head.replace(
+        **join_steps(head, tail),
+        terminated=tail.terminated,
+        truncated=tail.truncated,
+        faulty=tail.faulty,
+    )
+
+
+def concatenate(trajectories: Sequence[Trajectory]) -> Trajectory:
+    """Joins trajectories of the same envs along time (``[T1 + T2 + ..., B]``)."""
+    if not trajectories:
+        raise InvalidArgumentError("concatenate() needs at least one Trajectory, got none.")
+    first = trajectories[0]
+    structure = jax.tree.structure(first)
+    for i, traj in enumerate(trajectories):
+        if jax.tree.structure(traj) != structure:
+            raise InvalidArgumentError(
+                f"concatenate(): trajectory {i} has a different structure (observation or "
+                "extras fields) than trajectory 0; only trajectories of the same runner or "
+                "spaces can be joined."
+            )
+        if traj.num_envs != first.num_envs:
+            raise InvalidArgumentError(
+                f"concatenate(): trajectory {i} has {traj.num_envs} envs, trajectory 0 has "
+                f"{first.num_envs}; concatenation is along time and needs equal env axes."
+            )
+    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *trajectories)
+
+
+def _load(cls: type[Trajectory], path: str | os.PathLike[str], max_bytes: int | None) -> Any:
+    with TrajectoryFile(path, _FORMAT, _VERSION, max_bytes) as file:
+        spec = file.read_spec()
+        # valid is optional: files saved before it existed load as all valid.
+        names = tuple(cls.__dataclass_fields__)
+        fields = file.read_fields(spec.get("fields"), names, optional=("valid",))
+    check_fields(fields, lead_shape(fields, "reward", "[T, B]", file.error), "reward's", file.error)
+    return cls(**fields)

@@ -1,0 +1,259 @@
+"""Writing and reading trajectory files; a file read may be hostile.
+
+A file written by ``Trajectory.save`` or ``MultiAgentTrajectory.save`` is a zip of
+``.npy`` members: ``__spec__`` (JSON: the format, its version, and each field's tree of
+dicts, tuples, ``None`` and array names; a multi-agent file adds its groups) and one
+member per array (:func:`write_file`, :func:`encode_tree`). :class:`TrajectoryFile`
+reads the spec within :data:`MAX_SPEC_BYTES`, then only the members it names, each
+once (one member backs one field), checked against its own header before memory is
+allocated, within a total byte cap (the bounded reader, :mod:`jaxrunner._src.runner.npz_reader`);
+:func:`check_fields` then checks the fields against each other.
+Every failure is an :class:`~jaxrunner.errors.InvalidArgumentError` naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from jaxrunner._src.runner.npz_reader import NpzReader
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+MAX_SPEC_BYTES = 1 << 20
+"""The most bytes the JSON spec may take."""
+MAX_TREE_DEPTH = 32
+"""The deepest a field's tree may nest."""
+FLAT_KINDS: dict[str, str] = {
+    "reward": "f",
+    "terminated": "b",
+    "truncated": "b",
+    "valid": "b",
+    "env_id": "iu",
+    "episode_id": "iu",
+    "step": "iu",
+    "env_done": "b",
+    "agent_step": "iu",
+}
+"""The fields that are exactly one array of the leading shape, and their dtype kinds;
+every other field is a tree of numeric arrays that start with the leading shape."""
+
+ErrorFn = Callable[[str], InvalidArgumentError]
+"""Builds the loader's error from a description of what is wrong with the file."""
+
+
+def encode_tree(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """JSON description of a pytree of dicts, tuples and arrays; each array is added to
+    ``arrays`` under a new name, which the description refers to.
+
+    Raises:
+        InvalidArgumentTypeError: a dict key is not a str.
+    """
+    if isinstance(tree, dict):
+        if not all(isinstance(k, str) for k in tree):
+            raise InvalidArgumentTypeError(
+                f"only str dict keys can be saved, got keys {list(tree)}"
+            )
+        return {"dict": {k: encode_tree(v, arrays) for k, v in tree.items()}}
+    if isinstance(tree, (tuple, list)):
+        return {"tuple": [encode_tree(v, arrays) for v in tree]}
+    if tree is None:
+        return {"none": True}
+    name = f"a{len(arrays)}"
+    arrays[name] = np.asarray(tree)
+    return {"array": name}
+
+
+def write_file(path: str | os.PathLike[str], spec: dict[str, Any], arrays: dict[str, Any]) -> None:
+    """Writes ``spec`` (JSON) and ``arrays`` (from :func:`encode_tree`) to one ``.npz``
+    at exactly ``path`` (no pickle)."""
+    # An open file: np.savez would append ".npz" to a bare path, and load would miss it.
+    with open(path, "wb") as file:
+        np.savez(file, __spec__=np.array(json.dumps(spec)), **arrays)
+
+
+class TrajectoryFile:
+    """An open trajectory file; use as a context manager.
+
+    Args:
+        path: the file.
+        expected_format, expected_version: what its spec must say.
+        max_bytes: the most bytes its arrays may take (None: no cap).
+        kind: the class that loads it (``"Trajectory"``), named in errors.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        expected_format: str,
+        expected_version: int,
+        max_bytes: int | None,
+        kind: str = "Trajectory",
+    ) -> None:
+        self.path = path
+        self._format, self._version, self._kind = expected_format, expected_version, kind
+        self._npz = NpzReader(path, self.error, max_bytes, "; pass a larger max_bytes")
+
+    def __enter__(self) -> TrajectoryFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._npz.close()
+
+    def error(self, what: str) -> InvalidArgumentError:
+        """The loader's error: the file ``what`` (``"has field reward of ..."``)."""
+        return InvalidArgumentError(
+            f"{self._kind}.load({os.fspath(self.path)!r}): the file {what}. Load only files "
+            f"written by {self._kind}.save."
+        )
+
+    def read_spec(self) -> dict[str, Any]:
+        """The JSON spec, checked to be an object of the expected format and version."""
+        if not self._npz.has("__spec__"):
+            raise InvalidArgumentError(
+                f"{os.fspath(self.path)} is not a jaxrunner trajectory file (no __spec__)."
+            )
+        spec = self._npz.read_json("__spec__", "spec", MAX_SPEC_BYTES)
+        if not isinstance(spec, dict):
+            raise self.error("has a spec that is not a JSON object")
+        if spec.get("format") != self._format or spec.get("version") != self._version:
+            raise InvalidArgumentError(
+                f"{os.fspath(self.path)}: expected format {self._format} version "
+                f"{self._version}, got {spec.get('format')!r} version {spec.get('version')!r}."
+            )
+        return spec
+
+    def read_fields(
+        self, node: Any, names: tuple[str, ...], where: str = "", optional: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """The fields a spec object ``node`` describes, decoded (arrays read).
+
+        Args:
+            node: the spec's object of fields (``spec["fields"]``).
+            names: the fields it must have, exactly; ``optional`` ones may be missing.
+            where: the prefix of the fields' names in errors (``"groups.p0."``).
+
+        Raises:
+            InvalidArgumentError: ``node`` is not an object, has other fields, or a
+                field's tree or one of its arrays is bad (see :class:`NpzReader`).
+        """
+        if not isinstance(node, dict):
+            raise self.error(f"has no '{where}fields' object in its spec")
+        missing = [n for n in names if n not in node and n not in optional]
+        unknown = sorted(set(node) - set(names))
+        if missing or unknown:
+            raise self.error(
+                f"expected the fields {list(names)}{f' in {where[:-1]}' if where else ''}; "
+                f"missing {missing}, unknown {unknown}"
+            )
+        return {name: self._decode(node[name], where + name, 0) for name in names if name in node}
+
+    def _decode(self, node: Any, where: str, depth: int) -> Any:
+        if depth > MAX_TREE_DEPTH:
+            raise self.error(f"nests field {where} deeper than {MAX_TREE_DEPTH} levels")
+        if not isinstance(node, dict) or len(node) != 1:
+            raise self.error(
+                f"describes field {where} with {str(node)[:80]!r}; expected one "
+                "of {'dict': ...}, {'tuple': ...}, {'none': true}, {'array': name}"
+            )
+        ((kind, value),) = node.items()
+        if kind == "dict" and isinstance(value, dict):
+            return {k: self._decode(v, f"{where}.{k}", depth + 1) for k, v in value.items()}
+        if kind == "tuple" and isinstance(value, list):
+            return tuple(self._decode(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
+        if kind == "none" and value is True:
+            return None
+        if kind == "array" and isinstance(value, str) and self._npz.has(value):
+            return self._npz.read(value, where)
+        raise self.error(
+            f"describes field {where} with {str(node)[:80]!r}, which names no "
+            "array member of the file"
+        )
+
+
+def lead_shape(fields: dict[str, Any], name: str, axes: str, error: ErrorFn) -> tuple[int, ...]:
+    """The shape of field ``name``, which must be one array with the axes ``axes``
+    (``"[T, B]"``): the leading shape the other fields are checked against."""
+    array = fields.get(name)
+    ndim = axes.count(",") + 1
+    if not isinstance(array, np.ndarray) or array.ndim != ndim:
+        raise error(f"has a {name} of shape {getattr(array, 'shape', None)}; expected {axes}")
+    return array.shape
+
+
+def check_fields(
+    fields: dict[str, Any],
+    lead: tuple[int, ...],
+    lead_source: str,
+    error: ErrorFn,
+    where: str = "",
+) -> None:
+    """Every leaf of every field starts with ``lead``; the :data:`FLAT_KINDS` fields are
+    exactly one ``lead``-shaped array of their dtype kind; ``next_obs`` (if any) has
+    ``obs``'s structure, shapes and dtypes.
+
+    Args:
+        fields: decoded fields (:meth:`TrajectoryFile.read_fields`).
+        lead: the leading shape (``[T, B]``, or ``[T, B, A_g]`` for a group).
+        lead_source: where ``lead`` comes from, named in errors (``"reward's"``).
+        error: the loader's error.
+        where: the prefix of the fields' names in errors.
+
+    Raises:
+        InvalidArgumentError: (``error``'s) naming the field at fault.
+    """
+    for name, tree in fields.items():
+        leaves = _leaves(tree, where + name)
+        kinds = FLAT_KINDS.get(name)
+        if kinds is not None and (len(leaves) != 1 or leaves[0][1].ndim != len(lead)):
+            raise error(f"has field {where}{name} that is not one {list(lead)}-shaped array")
+        for at, leaf in leaves:
+            if leaf.shape[: len(lead)] != lead:
+                raise error(
+                    f"has field {at} of shape {list(leaf.shape)}; every field must "
+                    f"start with {list(lead)} ({lead_source})"
+                )
+            if kinds is not None and leaf.dtype.kind not in kinds:
+                raise error(f"has field {at} of dtype {leaf.dtype}; expected kind {kinds!r}")
+    if "next_obs" not in fields:
+        return
+    obs = [(leaf.shape, leaf.dtype) for _, leaf in _leaves(fields["obs"], "obs")]
+    nxt = [(leaf.shape, leaf.dtype) for _, leaf in _leaves(fields["next_obs"], "next_obs")]
+    if obs != nxt or _structure(fields["obs"]) != _structure(fields["next_obs"]):
+        raise error(
+            f"has {where}next_obs shaped unlike {where}obs; they must have one structure, "
+            "shapes and dtypes"
+        )
+
+
+def _leaves(tree: Any, where: str) -> list[tuple[str, np.ndarray]]:
+    if isinstance(tree, dict):
+        return [leaf for k, v in tree.items() for leaf in _leaves(v, f"{where}.{k}")]
+    if isinstance(tree, tuple):
+        return [leaf for i, v in enumerate(tree) for leaf in _leaves(v, f"{where}[{i}]")]
+    if tree is None:
+        return []
+    return [(where, tree)]
+
+
+def _structure(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _structure(v) for k, v in tree.items()}
+    if isinstance(tree, tuple):
+        return tuple(_structure(v) for v in tree)
+    return None if tree is None else "array"
+
+
+__all__ = [
+    "FLAT_KINDS",
+    "MAX_SPEC_BYTES",
+    "MAX_TREE_DEPTH",
+    "TrajectoryFile",
+    "check_fields",
+    "encode_tree",
+    "lead_shape",
+    "write_file",
+]

@@ -1,0 +1,98 @@
+"""Agent episodes of the multi-agent host sampler, from its ``[T, B, A_g]`` arrays:
+each agent's running return and length, the agent episodes that ended, and each
+transition's index within its agent episode (the agent-level twin of
+:class:`~jaxrunner._src.samplers.episode_ids.EpisodeBook`; the scan sampler uses the same
+functions on its fetched arrays)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxrunner._src.samplers.episode_ids import accumulate_rows
+
+
+def agent_episode_ends(
+    running_return: np.ndarray,
+    running_length: np.ndarray,
+    reward: np.ndarray,
+    valid: np.ndarray,
+    done: np.ndarray,
+    t: int,
+    aborted: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Moves each agent's running return and length (``[B, A_g]``, updated in place)
+    over steps ``[0, t)`` of ``[T, B, A_g]`` arrays; returns the agent episodes that
+    ended there as arrays ``(slot, return, length)``, in (step, env, slot) order.
+
+    ``aborted`` (``[T, B]`` bool, None: never): the env's step failed, cutting every
+    agent's episode there as a fault: those episodes end without being returned.
+
+    Vectorised over the steps, as :class:`~jaxrunner._src.samplers.episode_ids.EpisodeBook`
+    does: an episode's return is the difference of running sums at its two ends."""
+    empty = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
+    if t == 0:
+        return empty
+    shape, per_row = running_return.shape, running_return.size
+    kept = valid[:t].reshape(t, per_row)
+    total = accumulate_rows(np.add, np.where(kept, reward[:t].reshape(t, per_row), 0.0))
+    count = accumulate_rows(np.add, kept.astype(np.int64))
+    before_r, before_l = running_return.reshape(-1), running_length.reshape(-1)
+    ends = kept & done[:t].reshape(t, per_row)
+    if aborted is not None:  # a failed env step holds no transition: disjoint from ends
+        ends = ends | _per_agent(aborted[:t], shape[1])
+    step, row = np.nonzero(ends)  # (step, env, slot) order
+    new_r, new_l = before_r + total[-1], before_l + count[-1]
+    if len(step) == 0:
+        running_return[...], running_length[...] = new_r.reshape(shape), new_l.reshape(shape)
+        return empty
+    at_r, at_l = total[step, row], count[step, row]
+    # Each end's previous end in the same row (or the running value before the sample).
+    order = np.lexsort((step, row))
+    by_row = row[order]
+    first = np.ones(len(order), np.bool_)
+    first[1:] = by_row[1:] != by_row[:-1]
+    prev_r, prev_l = np.empty_like(at_r), np.empty_like(at_l)
+    prev_r[order] = np.where(first, -before_r[by_row], np.roll(at_r[order], 1))
+    prev_l[order] = np.where(first, -before_l[by_row], np.roll(at_l[order], 1))
+    last = order[np.append(by_row[1:] != by_row[:-1], True)]  # each row's last end
+    new_r[row[last]] = total[-1, row[last]] - at_r[last]
+    new_l[row[last]] = count[-1, row[last]] - at_l[last]
+    running_return[...], running_length[...] = new_r.reshape(shape), new_l.reshape(shape)
+    good = kept[step, row]  # the aborted ends are faults: not reported
+    return row[good] % shape[1], (at_r - prev_r)[good], (at_l - prev_l)[good]
+
+
+def agent_steps(
+    length: np.ndarray,
+    valid: np.ndarray,
+    done: np.ndarray,
+    t: int,
+    out: np.ndarray,
+    aborted: np.ndarray | None = None,
+) -> None:
+    """Writes into ``out[:t]`` (``[T, B, A_g]``) each valid transition's index within its
+    agent episode, given each agent's episode length so far (``length``, ``[B, A_g]``;
+    not changed); invalid slots get 0. ``aborted`` as for :func:`agent_episode_ends`.
+    Vectorised over the steps."""
+    if t == 0:
+        return
+    per_row = length.size
+    kept = valid[:t].reshape(t, per_row)
+    count = accumulate_rows(np.add, kept.astype(np.int64))  # valid transitions up to and at s
+    # The count where each row's current episode began: -length before the sample, then
+    # the count at its latest end before s (counts only grow, so a running maximum).
+    ends = kept & done[:t].reshape(t, per_row)
+    if aborted is not None:
+        ends = ends | _per_agent(aborted[:t], length.shape[1])
+    began = np.where(ends, count, np.iinfo(np.int64).min)
+    began = accumulate_rows(np.maximum, np.concatenate([-length.reshape(1, per_row), began[:-1]]))
+    steps = np.where(kept, count - kept - began, 0)
+    out[:t] = steps.reshape(out[:t].shape)
+
+
+def _per_agent(env_mask: np.ndarray, num_agents: int) -> np.ndarray:
+    """A ``[t, B]`` env mask as ``[t, B * A_g]`` agent rows (env-major, as the buffers)."""
+    return np.repeat(env_mask, num_agents, axis=1)
+
+
+__all__ = ["agent_episode_ends", "agent_steps"]

@@ -1,0 +1,239 @@
+"""Batch-invariant policy calls: a row's result never depends on its batch.
+
+XLA picks kernels by shape: the same observation run through the same MLP or CNN in a
+batch of 2 and in a batch of 250 can come out 1 ulp apart (measured on XLA CPU: a
+64-64 MLP's rows differ between batches of 1, 2-4 and 8 up; a 256-wide MLP's and a
+small CNN's differ between almost every batch size). A sampler that batches envs
+differently (pipelining splits, ready-first buckets, the sync against the process
+backend) would then give different actions, and trajectories diverge.
+
+:func:`chunked_apply` removes the batch size from the numerics: the policy is computed
+``chunk_rows`` rows at a time (the caller pads the rows to a multiple of
+``chunk_rows``, then one loop step per chunk), so every row of every call goes through the same
+compiled ``[chunk_rows, ...]`` program, whatever the number of rows in the call. The
+loop's trip count is only known at run time, so XLA compiles the chunk as a
+computation of its own in every layout (a one-chunk loop it could inline, and then fuse
+the policy's tail with the slicing after it: measured, 1 ulp apart on a Gaussian
+policy's actions; optimization barriers do not stop it, XLA CPU removes them). The
+policy is computed once per row: a call of ``n`` rows costs ``ceil(n / chunk_rows)``
+chunks, never the whole batch.
+
+Guarantee and its limits. For a fixed ``chunk_rows``, a row's outputs are the same
+bits in every call, provided that
+
+* the policy is row-wise: row ``i`` of its outputs depends only on row ``i`` of its
+  inputs (every per-observation policy is; one that mixes rows, e.g. a batch
+  statistic, is not, and nothing can batch it invariantly);
+* the backend's kernel for the ``[chunk_rows, ...]`` program computes a row the same
+  at any position in the chunk and whatever the other rows hold. Tests check this on
+  XLA CPU (MLPs 64 to 512 wide and a small CNN, at every
+  position, random neighbours); it is not checked on GPU or TPU.
+
+Rows are only comparable between calls with the same ``chunk_rows``: a runner picks it
+from its number of envs and its policy's cost alone (:func:`policy_chunk_rows`), never
+from its backend or grouping, so every backend and sampling mode of the same runner
+shape agrees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import jax
+import jax.numpy as jnp
+from gymnasium import spaces
+
+from jaxrunner._src.runner.policy import Carry, Params, Policy, dummy_obs
+from jaxrunner._src.samplers import keys
+from jaxrunner.errors import InvalidArgumentError
+
+MIN_CHUNK_ROWS = 8
+"""The smallest default chunk on a CPU host (fewer rows when there are fewer envs)."""
+CHUNK_FLOPS = 2**21
+"""Target work of one chunk on a CPU host: a cheap policy takes more rows per chunk."""
+MAX_CHUNK_ROWS = 256
+"""The largest default chunk on a CPU host."""
+
+
+def _pow2_floor(x: float) -> int:
+    """The largest power of two ``<= max(x, 1)``."""
+    return 1 << (max(int(x), 1).bit_length() - 1)
+
+
+def default_chunk_rows(
+    num_rows: int, flops_per_row: float | None = None, platform: str | None = None
+) -> int:
+    """Rows per policy chunk for a runner of ``num_rows`` envs whose policy costs
+    ``flops_per_row`` (None: unknown, taken as costly), on ``platform`` (default: JAX's
+    default backend).
+
+    A function of the width, the policy and the platform only, never of the backend or
+    the grouping, so every backend and mode of the same runner shape computes with the
+    same chunks (the determinism guarantee).
+
+    CPU (measured on 2 shared cores, ``benchmarks/batch_invariance.py``): each chunk
+    costs a loop step of several microseconds, which a 64-64 MLP's rows do not pay
+    for; a NatureCNN runs at half speed in chunks of 4 images against 8; and a
+    ready-first bucket or a pipelining split smaller than a chunk is padded to it. So:
+    about :data:`CHUNK_FLOPS` of work per chunk, at most half the envs (two pipelining
+    groups are whole chunks) and :data:`MAX_CHUNK_ROWS`, but at least
+    :data:`MIN_CHUNK_ROWS` (or every env, if fewer). A CartPole MLP gets half the envs
+    up to 128 rows; a NatureCNN 8 rows (so 2 groups of 4 envs each compute a padded
+    chunk: with a costly policy, pipelining pays from 16 envs up).
+
+    Accelerators (not measured): half the envs, so two pipelining splits are one chunk
+    each and a call never loops over many small kernels.
+    """
+    platform = platform or jax.default_backend()
+    if platform != "cpu":
+        return _pow2_floor(num_rows // 2)
+    by_work = 1 if not flops_per_row or flops_per_row <= 0 else CHUNK_FLOPS / flops_per_row
+    rows = min(_pow2_floor(by_work), MAX_CHUNK_ROWS, _pow2_floor(num_rows // 2))
+    return min(_pow2_floor(num_rows), max(MIN_CHUNK_ROWS, rows))
+
+
+def policy_flops_per_row(policy: Policy, params: Params, obs_space: spaces.Space) -> float | None:
+    """XLA's estimate of the floating-point operations ``policy`` takes per row of
+    observations of ``obs_space`` (what the policy sees: after the observation
+    connectors), from its HLO for one row (deterministic; nothing runs). None where
+    XLA gives no estimate or the policy does not trace on one dummy row."""
+    one_row = jax.tree.map(jnp.asarray, dummy_obs(obs_space, 1))
+    row_keys = jax.random.split(keys.key(0), 1)
+    try:
+        lowered = jax.jit(policy.apply_fn).lower(params, one_row, policy.batched_carry(1), row_keys)
+        flops = (lowered.cost_analysis() or {}).get("flops")
+    except Exception:  # an estimate only: the runner's own compile reports real errors
+        return None
+    return float(flops) if flops else None
+
+
+def policy_chunk_rows(
+    policy: Policy, params: Params, obs_space: spaces.Space, num_rows: int
+) -> int:
+    """:func:`default_chunk_rows` for ``num_rows`` envs of ``policy`` (observations of
+    ``obs_space`` as the policy sees them): what every sampler of a runner uses."""
+    return default_chunk_rows(num_rows, policy_flops_per_row(policy, params, obs_space))
+
+
+def check_chunk_rows(chunk_rows: Any, where: str) -> int:
+    """``chunk_rows`` as an int ``>= 1``, or an error naming ``where``."""
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise InvalidArgumentError(
+            f"{where}(chunk_rows={chunk_rows!r}): expected an int >= 1 (rows per policy "
+            "chunk); leave it out for default_chunk_rows(num_envs)."
+        )
+    return chunk_rows
+
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class ChunkedApply(Protocol[R_co]):
+    """A policy's ``apply_fn`` (or another row-wise function of the same inputs, e.g. its
+    ``log_prob_fn``) computed in fixed chunks (:func:`chunked_apply`)."""
+
+    def __call__(
+        self, params: Params, obs: Any, carry: Carry, keys: Any, num_rows: jax.Array
+    ) -> R_co:
+        """``apply_fn``'s outputs for the first ``num_rows`` rows (a traced int; the
+        outputs of the rows after them are zeros)."""
+        ...
+
+
+def chunked_apply(
+    apply_fn: Callable[[Params, Any, Carry, Any], R], chunk_rows: int
+) -> ChunkedApply[R]:
+    """``apply_fn`` computed ``chunk_rows`` rows at a time (see the module docstring).
+
+    The chunks run in a ``lax.while_loop`` whose trip count, ``ceil(num_rows /
+    chunk_rows)``, is only known at run time, so XLA compiles the loop's body, the
+    policy for one chunk, as a computation of its own whatever the call's size: it can
+    neither inline a one-chunk loop nor fuse the policy's last operations with what
+    follows the call (either changes rounding, e.g. an ``a * b + c`` contracted into a
+    fused multiply-add in one layout and not in another). Chunks holding only rows
+    after ``num_rows`` are not computed.
+
+    Args:
+        apply_fn: a row-wise policy, ``(params, obs, carry, keys) -> (action, extras,
+            carry)``, every input and output leaf ``[N, ...]`` (or any row-wise function
+            of that shape, e.g. a policy's ``log_prob_fn``, actions in place of keys).
+        chunk_rows: rows per chunk.
+
+    Returns:
+        ``apply(params, obs, carry, keys, num_rows)``: ``apply_fn``'s outputs for ``N``
+        rows, a multiple of ``chunk_rows`` (traceable; jit it), where ``num_rows`` (a
+        traced int ``<= N``, from the call's inputs: a constant would let XLA inline a
+        one-chunk loop) counts the leading rows to compute. Pad the rows on the host:
+        padding XLA can see through (a broadcast, a constant gather) changes how it
+        compiles the chunk.
+
+    Raises:
+        InvalidArgumentError: while tracing, if ``N`` is not a multiple of
+            ``chunk_rows`` or an output leaf of the policy does not have one row per
+            input row.
+    """
+    chunk_rows = check_chunk_rows(chunk_rows, "chunked_apply")
+
+    def apply(params: Params, obs: Any, carry: Carry, keys: Any, num_rows: jax.Array) -> R:
+        rows = jax.tree.leaves(keys)[0].shape[0]
+        if rows % chunk_rows:
+            raise InvalidArgumentError(
+                f"chunked_apply: {rows} rows, expected a multiple of chunk_rows="
+                f"{chunk_rows}. Pad the rows on the host (padding XLA can see through, a "
+                "broadcast or a constant gather, changes how it compiles the chunk)."
+            )
+        inputs = (obs, carry, keys)
+
+        def chunk_of(x: jax.Array, start: jax.Array) -> jax.Array:
+            return jax.lax.dynamic_slice_in_dim(x, start, chunk_rows)
+
+        def traced_chunk(start: jax.Array) -> Any:
+            return apply_fn(params, *jax.tree.map(lambda x: chunk_of(x, start), inputs))
+
+        # The policy is traced once (a runner counts its traces), here; the loop's body
+        # replays that trace.
+        converted, consts = jax.closure_convert(traced_chunk, jnp.int32(0))
+
+        def one_chunk(start: jax.Array) -> Any:
+            return converted(start, *consts)
+
+        spec = jax.eval_shape(one_chunk, jnp.int32(0))
+        for leaf in jax.tree.leaves(spec):
+            if leaf.ndim == 0 or leaf.shape[0] != chunk_rows:
+                raise InvalidArgumentError(
+                    f"policy apply_fn: every output leaf must have one row per observation "
+                    f"([{chunk_rows}, ...] for {chunk_rows} rows), got shape "
+                    f"{tuple(leaf.shape)}. Return per-row actions, extras and carries (no "
+                    "batch statistics, no scalars)."
+                )
+        outputs = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape[1:]), s.dtype), spec)
+        num_chunks = (jnp.asarray(num_rows, jnp.int32) + chunk_rows - 1) // chunk_rows
+
+        def body(state: tuple[jax.Array, Any]) -> tuple[jax.Array, Any]:
+            i, outputs = state
+            start = i * chunk_rows
+            out = one_chunk(start)
+            put = lambda buf, o: jax.lax.dynamic_update_slice_in_dim(buf, o, start, 0)  # noqa: E731
+            return i + 1, jax.tree.map(put, outputs, out)
+
+        _, outputs = jax.lax.while_loop(
+            lambda state: state[0] < num_chunks, body, (jnp.int32(0), outputs)
+        )
+        return outputs
+
+    return apply
+
+
+__all__ = [
+    "CHUNK_FLOPS",
+    "MAX_CHUNK_ROWS",
+    "MIN_CHUNK_ROWS",
+    "ChunkedApply",
+    "check_chunk_rows",
+    "chunked_apply",
+    "default_chunk_rows",
+    "policy_chunk_rows",
+    "policy_flops_per_row",
+]

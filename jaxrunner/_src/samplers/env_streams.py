@@ -1,0 +1,96 @@
+"""The envs' random streams in a scan, and their resets (the loop of
+:mod:`jaxrunner._src.samplers.scan`, which both scan samplers run, states the key rule)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrunner._src.samplers import keys
+
+ENV_STEP_STREAM = 0xFFFFFFFF
+"""Folded into the seed's key to root the envs' step keys (the policy's stream folds
+in env ids, which never reach these values)."""
+ENV_RESET_STREAM = 0xFFFFFFFE
+"""Roots the keys of the resets that follow ended episodes."""
+ENV_FIRST_RESET_STREAM = 0xFFFFFFFD
+"""Roots the keys of the envs' first resets."""
+
+
+def _fold_ids(root: jax.Array, env_ids: jax.Array) -> jax.Array:
+    """``[B]`` keys ``fold_in(root, i)``: one shared key, hashed with each env id."""
+    return jax.vmap(lambda i: jax.random.fold_in(root, i))(env_ids.astype(jnp.uint32))
+
+
+def first_reset_keys(seed: int, env_ids: jax.Array) -> jax.Array:
+    """``[B]`` keys of the envs' first resets."""
+    return _fold_ids(jax.random.fold_in(keys.key(seed), ENV_FIRST_RESET_STREAM), env_ids)
+
+
+def env_roots(seed: int) -> jax.Array:
+    """``[2]`` keys: the roots of the step keys and of the reset keys."""
+    key = keys.key(seed)
+    return jnp.stack(
+        [jax.random.fold_in(key, ENV_STEP_STREAM), jax.random.fold_in(key, ENV_RESET_STREAM)]
+    )
+
+
+def env_step_keys(root: jax.Array, step: jax.Array, env_ids: jax.Array) -> jax.Array:
+    """``[B]`` keys of the envs' ``step``-th step (or reset) under ``root``."""
+    return _fold_ids(jax.random.fold_in(root, step), env_ids)
+
+
+def _select(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
+    """``where(mask, a, b)`` leaf by leaf, ``mask`` [B] broadcast over trailing axes."""
+
+    def pick(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jnp.where(mask.reshape(-1, *([1] * (jnp.ndim(b) - 1))), a, b)
+
+    return jax.tree.map(pick, on_true, on_false)
+
+
+def reset_where_done(
+    done: jax.Array,
+    stepped: Any,
+    reset: Callable[[jax.Array], Any],
+    reset_root: jax.Array,
+    step: jax.Array,
+    env_ids: jax.Array,
+) -> Any:
+    """``stepped`` (a pytree of ``[B, ...]`` leaves) with the rows where ``done`` replaced
+    by ``reset(keys)``'s (a reset of ``len(keys)`` envs), env ``i`` reset with
+    ``fold_in(fold_in(reset_root, step), i)``.
+
+    Only the envs that are done are reset: none in most steps of fixed-horizon envs
+    (MPE, most JaxMARL envs end together); up to ``B // 8`` gathered into a small
+    batch (episodes of other envs end a few at a time); every env at once beyond
+    that. A user's loop resets all ``B`` every step (gymnax's and JaxMARL's ``step``)."""
+    num_envs = done.shape[0]
+    few = max(num_envs // 8, 1)
+
+    def all_rows() -> Any:
+        return _select(done, reset(env_step_keys(reset_root, step, env_ids)), stepped)
+
+    def some_rows() -> Any:
+        # The done rows, padded with an index past the end that the scatter drops.
+        rows = jnp.nonzero(done, size=few, fill_value=num_envs)[0]
+        fresh = reset(env_step_keys(reset_root, step, env_ids[jnp.minimum(rows, num_envs - 1)]))
+        return jax.tree.map(lambda old, new: old.at[rows].set(new, mode="drop"), stepped, fresh)
+
+    count = jnp.count_nonzero(done)
+    branch = jnp.where(count == 0, 0, jnp.where(count <= few, 1, 2))
+    return jax.lax.switch(branch, [lambda: stepped, some_rows, all_rows])
+
+
+__all__ = [
+    "ENV_FIRST_RESET_STREAM",
+    "ENV_RESET_STREAM",
+    "ENV_STEP_STREAM",
+    "env_roots",
+    "env_step_keys",
+    "first_reset_keys",
+    "reset_where_done",
+]

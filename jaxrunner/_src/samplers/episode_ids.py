@@ -1,0 +1,155 @@
+"""Episode numbering for the host samplers: ids, steps and returns from the flags.
+
+One function of the recorded flags, run once per ``sample()`` over the ``[T, B]``
+buffers (the scan sampler has its jnp twin in :mod:`jaxrunner._src.samplers.scan`; a test
+proves the two agree). An episode ends where the env ended it (terminated or
+truncated) or a fault cut it (``valid`` False); the next one gets the next id, in
+step-major, env-minor order, whatever order the sampler stepped the envs in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxrunner._src.runner.trajectory import Trajectory
+
+
+@dataclasses.dataclass
+class SampleCounts:
+    """What the steps closed by :meth:`EpisodeBook.close` add to a runner's metrics."""
+
+    num_env_steps: int
+    """Valid transitions."""
+    num_faulty_episodes: int
+    """Episodes cut by a failed step (one per failed slot)."""
+    num_dropped_steps: int
+    """Failed slots: steps that yielded no transition."""
+    returns: np.ndarray
+    """Returns of the episodes that ended well, in (step, env) order: all of them, or
+    the latest ones, at least the metrics' ``episode_window`` (all that is kept)."""
+    lengths: np.ndarray
+    """Their lengths."""
+    num_episodes: int | None = None
+    """How many episodes ended well (None: ``len(returns)``)."""
+
+
+class EpisodeBook:
+    """Each env's current episode (id, first step, return so far) across samples.
+
+    Args:
+        num_envs: B. The envs start episodes ``0..B-1``.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self.episode_id = np.arange(num_envs, dtype=np.int64)
+        """The episode each env is in after the last closed step."""
+        self.next_episode_id = num_envs
+        self.steps_done = 0
+        """Steps closed so far, per env (every env closes the same number)."""
+        self._episode_begin = np.zeros(num_envs, dtype=np.int64)
+        self._episode_return = np.zeros(num_envs, dtype=np.float64)
+
+    def close(self, buf: Trajectory, t: int) -> SampleCounts:
+        """Fills ``episode_id`` and ``step`` of steps ``[0, t)`` of ``buf`` and moves
+        every env's episode on past them; returns what they add to the metrics."""
+        valid = buf.valid[:t]
+        all_valid = bool(valid.all())
+        cut = buf.terminated[:t] | buf.truncated[:t]
+        if not all_valid:
+            cut |= ~valid
+        num_envs = cut.shape[1]
+        steps = np.arange(t)[:, None]
+        cols = np.arange(num_envs)
+        # The last step at which each env's episode ended: up to each step, and before it.
+        last_end = accumulate_rows(np.maximum, np.where(cut, steps, -1))
+        prev_end = np.empty_like(last_end)
+        prev_end[0], prev_end[1:] = -1, last_end[:-1]
+        started = prev_end >= 0  # the step's episode began in this sample
+        # Ends as flat [t * B] positions, in (step, env) order: the order of new ids.
+        # Flat takes instead of [rows, cols] indexing, and no fault masks when no step
+        # failed: 615 -> 379 us a sample at 8 x 4096.
+        ends = np.flatnonzero(cut)
+        new_ids = np.empty(cut.size, np.int64)  # the id of the episode after each end
+        new_ids[ends] = self.next_episode_id + np.arange(len(ends))
+        at_prev = np.maximum(prev_end, 0) * num_envs + cols
+        # A host buffer: numpy views, written in place.
+        episode_id, step = np.asarray(buf.episode_id[:t]), np.asarray(buf.step[:t])
+        episode_id[...] = np.where(started, new_ids.take(at_prev), self.episode_id)
+        step[...] = np.where(
+            started, steps - prev_end - 1, self.steps_done + steps - self._episode_begin
+        )
+        # Each step's episode return so far, from running sums of the sample's rewards.
+        total = accumulate_rows(np.add, np.asarray(buf.reward[:t]))
+        flat_total = total.reshape(-1)
+        before = np.where(started, flat_total.take(at_prev), -self._episode_return)
+        returns = flat_total.take(ends) - before.reshape(-1).take(ends)
+        lengths = step.reshape(-1).take(ends) + 1
+        num_failed = 0
+        if not all_valid:  # faulty episodes stay out of the statistics
+            good = valid.reshape(-1).take(ends)
+            returns, lengths = returns[good], lengths[good]
+            num_failed = cut.size - int(np.count_nonzero(valid))
+        counts = SampleCounts(
+            num_env_steps=cut.size - num_failed,
+            num_faulty_episodes=num_failed,
+            num_dropped_steps=num_failed,
+            returns=returns,
+            lengths=lengths,
+        )
+        # The episode each env is in after step t - 1.
+        final_end = last_end[-1]
+        ended = final_end >= 0
+        at_end = np.maximum(final_end, 0) * num_envs + cols
+        self.episode_id = np.where(ended, new_ids.take(at_end), self.episode_id)
+        self._episode_begin = np.where(ended, self.steps_done + final_end + 1, self._episode_begin)
+        self._episode_return = np.where(
+            ended, total[-1] - flat_total.take(at_end), self._episode_return + total[-1]
+        )
+        self.next_episode_id += len(ends)
+        self.steps_done += t
+        return counts
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """The book as arrays (for checkpoints)."""
+        return {
+            "episode_id": self.episode_id.copy(),
+            "next_episode_id": np.asarray(self.next_episode_id, np.int64),
+            "steps_done": np.asarray(self.steps_done, np.int64),
+            "episode_begin": self._episode_begin.copy(),
+            "episode_return": self._episode_return.copy(),
+        }
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        """Takes a :meth:`get_state` as its own."""
+        self.episode_id = np.array(state["episode_id"], np.int64)
+        self.next_episode_id = int(state["next_episode_id"])
+        self.steps_done = int(state["steps_done"])
+        self._episode_begin = np.array(state["episode_begin"], np.int64)
+        self._episode_return = np.array(state["episode_return"], np.float64)
+
+    def restart(self) -> None:
+        """Every env starts a new episode now, with the next free ids in env order (the
+        episodes under way are abandoned: their envs were reset)."""
+        num_envs = len(self.episode_id)
+        self.episode_id = self.next_episode_id + np.arange(num_envs, dtype=np.int64)
+        self.next_episode_id += num_envs
+        self._episode_begin = np.full(num_envs, self.steps_done, np.int64)
+        self._episode_return = np.zeros(num_envs, np.float64)
+
+
+def accumulate_rows(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
+    """``ufunc.accumulate(x, axis=0)`` (a new array). Wide arrays go row by row: numpy's
+    accumulate along the outer axis of a C-ordered array is 15-40x slower there (9.5 ms
+    against 0.3 ms for a cumsum over 64 x 12288); narrow ones, where the per-row call
+    would dominate, go through numpy."""
+    if x.ndim < 2 or x[0].size < 128:
+        return ufunc.accumulate(x, axis=0)
+    out = x.copy()
+    for i in range(1, len(out)):
+        ufunc(out[i - 1], out[i], out=out[i])
+    return out
+
+
+__all__ = ["EpisodeBook", "SampleCounts", "accumulate_rows"]

@@ -1,0 +1,342 @@
+"""One agent group's part of the multi-agent sampler: its compiled policy steps, stage
+and pending turns, stepped block by block (:mod:`jaxrunner._src.samplers.multi_agent`).
+
+A block is a contiguous range of envs ``[lo, hi)``: a pipelining split, a ready-first
+worker's envs, or every env. Its rows of the group are agent slots ``lo * A_g`` to
+``hi * A_g``; each block size has one compiled policy step (computed in the runner's
+fixed policy chunks, :mod:`jaxrunner._src.samplers.batch_invariance`, so an agent's action is the
+same bits whatever block it is computed in), gathering and scattering those rows of the
+group's actor state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
+from jaxrunner._src.connectors.pipeline import Connectors, SampleEnd
+from jaxrunner._src.runner.agent_groups import AgentGroup
+from jaxrunner._src.runner.multi_agent_trajectory import GroupTrajectory
+from jaxrunner._src.runner.policy import Params, Policy
+from jaxrunner._src.samplers.agent_episodes import agent_episode_ends, agent_steps
+from jaxrunner._src.samplers.multi_agent_state import GroupState
+from jaxrunner._src.samplers.policy_step import (
+    CompiledPolicyStep,
+    Stage,
+    host_actor_state,
+    runner_chunk_rows,
+)
+
+
+class _Block:
+    """A block's stage and what its last dispatch saw."""
+
+    def __init__(self, call: CompiledPolicyStep, lo: int, hi: int, a_g: int) -> None:
+        self.call, self.lo, self.hi = call, lo, hi
+        self.rows = slice(lo, hi)
+        self.size = (hi - lo) * a_g
+        self.stage: Stage = call.new_stage()
+        self.ids = np.arange(lo * a_g, hi * a_g, dtype=np.int32)
+        """The block's agent slots (rows of the actor state)."""
+        self.all_acting = False
+        """Every agent of the block acted at its last dispatch (masks can be skipped)."""
+        self.index_all = False  # the stage's env_index marks every row as acting
+
+
+class GroupSampler:
+    """One group's compiled steps, stages and pending turns."""
+
+    def __init__(
+        self,
+        group: AgentGroup,
+        first: GroupBuffers,
+        policy: Policy,
+        params: Params,
+        seed: int,
+        num_envs: int,
+        agent_offset: int,
+        num_possible: int,
+        connectors: Connectors | None = None,
+        same_step: bool = False,
+        blocks: Sequence[slice] = (),
+    ) -> None:
+        """``blocks``: the envs of the blocks to compile now (the others compile at
+        their first dispatch; none: every env)."""
+        self.group, self.num_envs = group, num_envs
+        self.same_step = same_step
+        """Each action's transition completes in the step that takes it (parallel envs)."""
+        a_g = group.num_agents
+        self.rows = num_envs * a_g
+        ids = (np.arange(num_envs)[:, None] * num_possible + agent_offset + np.arange(a_g)).ravel()
+        # Connector state per agent slot (the rows), packed as in the single-agent samplers.
+        self.state, self.packing = host_actor_state(
+            policy, seed, self.rows, connectors, group.observation_space, env_ids=ids
+        )
+        chunk_rows = runner_chunk_rows(
+            policy, params, group.observation_space, connectors, self.rows
+        )
+
+        def compiled(size: int) -> CompiledPolicyStep:
+            return CompiledPolicyStep(
+                policy, params, self.state, size, first.obs_rows, connectors, self.packing,
+                chunk_rows=chunk_rows,
+            )  # fmt: skip
+
+        self._compile = compiled
+        self._calls: dict[int, CompiledPolicyStep] = {}
+        self._blocks: dict[tuple[int, int], _Block] = {}
+        for rows in blocks or [slice(0, num_envs)]:
+            self._block(rows.start, rows.stop)
+        self._pending_views: dict[tuple[int, int], list[list[np.ndarray]]] = {}
+        self.sample_end = None
+        if connectors is not None and connectors.per_sample:
+            self.sample_end = SampleEnd(connectors, self.packing, agent_axis=True)  # type: ignore[arg-type]
+        # The same for every block: shapes of num_envs rows.
+        self.action_spec, self.extras_spec = next(iter(self._calls.values())).env_output_spec
+        shape = (num_envs, a_g)
+        self.pending_obs = jr_spaces.allocate(group.observation_space, shape)
+        self.pending_action = jax.tree.map(
+            lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
+        )
+        self._pending_obs = _leaves(self.pending_obs)
+        self._pending_action = _leaves(self.pending_action)
+        self.pending_extras = [
+            np.zeros((*shape, *s.shape[1:]), s.dtype) for s in jax.tree.leaves(self.extras_spec)
+        ]
+        self.clip = jr_spaces.clip_box_actions(group.action_space)
+        self.pending: Any = None
+        self.acting = np.zeros(shape, np.bool_)
+        """Who acted at each block's last dispatch."""
+        self.awaiting = np.zeros(shape, np.bool_)
+        """AEC envs: agents whose last action's transition has not completed yet."""
+        # Agent-episode returns and lengths across samples (for the metrics).
+        self.running_return = np.zeros(shape, np.float64)
+        self.running_length = np.zeros(shape, np.int64)
+
+    def _block(self, lo: int, hi: int) -> _Block:
+        block = self._blocks.get((lo, hi))
+        if block is None:
+            size = (hi - lo) * self.group.num_agents
+            call = self._calls.get(size)
+            if call is None:
+                call = self._calls[size] = self._compile(size)
+            block = self._blocks[lo, hi] = _Block(call, lo, hi, self.group.num_agents)
+        return block
+
+    def _pending_rows(self, lo: int, hi: int) -> list[list[np.ndarray]]:
+        """AEC envs: views of envs ``[lo, hi)``'s pending turns (obs, action, extras)."""
+        views = self._pending_views.get((lo, hi))
+        if views is None:
+            views = self._pending_views[lo, hi] = [
+                [x[lo:hi] for x in self._pending_obs],
+                [x[lo:hi] for x in self._pending_action],
+                [x[lo:hi] for x in self.pending_extras],
+            ]
+        return views
+
+    def get_state(self, last: GroupBuffers) -> GroupState:
+        """This group's :class:`GroupState` (copies); ``last`` is the step the next
+        dispatch reads."""
+        return GroupState(
+            actor=self.state,
+            running_return=self.running_return.copy(),
+            running_length=self.running_length.copy(),
+            awaiting=self.awaiting.copy(),
+            pending_obs=jax.tree.map(np.copy, self.pending_obs),
+            pending_action=jax.tree.map(np.copy, self.pending_action),
+            pending_extras=tuple(x.copy() for x in self.pending_extras),
+            obs=jax.tree.map(np.copy, last.obs),
+            acting=last.acting.copy(),
+            agent_start=last.agent_start.copy(),
+        )
+
+    def set_state(self, state: GroupState, last: GroupBuffers) -> None:
+        """Takes a :meth:`get_state` as its own; ``last``'s observations and masks are
+        overwritten in place (they are views of the env's buffers, which the backend
+        reads too: a parallel driver's next step starts from ``acting``)."""
+        self.state = state.actor
+        np.copyto(self.running_return, state.running_return)
+        np.copyto(self.running_length, state.running_length)
+        np.copyto(self.awaiting, state.awaiting)
+        _put(self._pending_obs, _leaves(state.pending_obs), None, None)
+        _put(self._pending_action, _leaves(state.pending_action), None, None)
+        _put(self.pending_extras, list(state.pending_extras), None, None)
+        _put(_leaves(last.obs), _leaves(state.obs), None, None)
+        np.copyto(last.acting, state.acting)
+        np.copyto(last.agent_start, state.agent_start)
+
+    def restart_episodes(self) -> None:
+        """Every agent's episode is abandoned (its env was reset): no turn waits for
+        its transition, and the running returns and lengths start again."""
+        self.awaiting[:] = False
+        self.running_return[:] = 0.0
+        self.running_length[:] = 0
+
+    def begin(self, traj: GroupTrajectory) -> None:
+        """Resolves the leaves of a new sample's buffers (no tree walks per step)."""
+        self._traj_leaves = [
+            _leaves(traj.obs),
+            _leaves(traj.action),
+            _leaves(traj.extras),
+            _leaves(traj.next_obs),
+        ]
+
+    def dispatch(self, params: Params, buf: GroupBuffers, lo: int, hi: int) -> None:
+        """Queues the policy step of block ``[lo, hi)``; ``buf`` holds its rows."""
+        block = self._block(lo, hi)
+        stage, n = block.stage, block.size
+        for dst, src in zip(_leaves(stage.obs), _leaves(buf.obs_rows)):
+            dst[:n] = src
+        stage.episode_start[:n] = buf.agent_start.reshape(-1)
+        acting = self.acting[block.rows]
+        np.copyto(acting, buf.acting)
+        flat = acting.reshape(-1)
+        block.all_acting = np.count_nonzero(flat) == n
+        if not (block.all_acting and block.index_all):  # else the index is unchanged
+            stage.env_index[:n] = np.where(flat, block.ids, self.rows)
+            block.index_all = block.all_acting
+        self.pending, self.state = block.call.dispatch(params, self.state, stage)
+
+    def collect(self, buf: GroupBuffers, lo: int, hi: int, t: int) -> Any:
+        """Takes block ``[lo, hi)``'s actions; writes each acting agent's turn into slot
+        ``t`` (parallel envs) or keeps it until its transition completes (AEC envs).
+        Returns the env's actions, ``[hi - lo, A_g, ...]``."""
+        block = self._blocks[lo, hi]
+        policy_action, env_action, extras = block.call.collect(self.pending)
+        self.pending = None
+        shape, rows = (hi - lo, self.group.num_agents), block.rows
+        if block.call.rows != block.size:  # drop the padding rows
+            own, same = slice(0, block.size), env_action is policy_action
+            policy_action = jax.tree.map(lambda x: x[own], policy_action)
+            env_action = policy_action if same else jax.tree.map(lambda x: x[own], env_action)
+            extras = [x[own] for x in extras]
+        action = _agent_axis(policy_action, shape)
+        # With action connectors the env gets their actions, else the policy's.
+        same = env_action is policy_action
+        env_action = action if same else _agent_axis(env_action, shape)
+        acting = self.acting[rows]
+        if self.same_step:
+            (obs_dst, action_dst, extras_dst), index = self._traj_leaves[:3], (t, rows)
+        else:
+            (obs_dst, action_dst, extras_dst), index = self._pending_rows(lo, hi), None
+        mask = None if block.all_acting else acting
+        _put(obs_dst, _leaves(buf.obs), index, mask)
+        _put(action_dst, _leaves(action), index, mask)
+        _put(extras_dst, [x.reshape(*shape, *x.shape[1:]) for x in extras], index, mask)
+        if not self.same_step:
+            awaiting = self.awaiting[rows]
+            np.logical_or(awaiting, acting, out=awaiting)
+        return env_action if self.clip is None else self.clip(env_action)
+
+    def record(self, out: GroupBuffers, traj: GroupTrajectory, lo: int, hi: int, t: int) -> None:
+        """Writes the transitions of envs ``[lo, hi)`` completed at their step ``t`` into
+        slot ``t`` (the block may be part of the one that was sent: a ready-first
+        backend answers each worker's envs apart)."""
+        rows = slice(lo, hi)
+        index = (t, rows)
+        done = out.completed
+        obs, action, extras, next_obs = self._traj_leaves
+        # A parallel env completes exactly the turns taken at this step, which
+        # collect() has already written.
+        everyone = self.same_step and bool(self.acting[rows].all())
+        mask = None if everyone else done
+        if not self.same_step:
+            pending_obs, pending_action, pending_extras = self._pending_rows(lo, hi)
+            _put(obs, pending_obs, index, mask)
+            _put(action, pending_action, index, mask)
+            _put(extras, pending_extras, index, mask)
+        _put(next_obs, _leaves(out.next_obs), index, mask)
+        traj.reward[index] = out.reward
+        traj.terminated[index] = out.terminated
+        traj.truncated[index] = out.truncated
+        traj.valid[index] = done  # agent_step is filled in at close()
+        if not self.same_step:
+            self.awaiting[rows] &= ~done
+
+    def allocate(self, num_steps: int) -> GroupTrajectory:
+        shape = (num_steps, self.num_envs, self.group.num_agents)
+        space = self.group.observation_space
+        return GroupTrajectory(
+            obs=jr_spaces.allocate(space, shape),
+            action=jax.tree.map(
+                lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
+            ),
+            reward=np.zeros(shape, np.float64),
+            terminated=np.zeros(shape, np.bool_),
+            truncated=np.zeros(shape, np.bool_),
+            next_obs=jr_spaces.allocate(space, shape),
+            extras=jax.tree.map(
+                lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.extras_spec
+            ),
+            valid=np.zeros(shape, np.bool_),
+            agent_step=np.zeros(shape, np.int64),
+        )
+
+    def drop(self, failed: np.ndarray, lo: int, hi: int) -> int:
+        """Envs ``failed`` of block ``[lo, hi)`` (``[hi - lo]`` bool) failed their step:
+        the actions of their agents that no transition will carry (those just taken,
+        and in AEC envs those still waiting for their next turn) are dropped; returns
+        how many."""
+        if self.same_step:
+            return int(np.count_nonzero(self.acting[lo:hi][failed]))
+        awaiting = self.awaiting[lo:hi]
+        dropped = int(np.count_nonzero(awaiting[failed]))
+        awaiting[failed] = False
+        return dropped
+
+    def close(
+        self, traj: GroupTrajectory, t: int, aborted: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Fills in ``agent_step`` for steps ``[0, t)``; returns the agent episodes that
+        ended there: ``(slot, return, length)``. ``aborted`` (``[T, B]``, None: none):
+        envs whose step failed, cutting their agents' episodes as faults."""
+        # The host sampler's trajectories are numpy (the asarray calls only say so).
+        valid, reward = np.asarray(traj.valid), np.asarray(traj.reward)
+        done = np.asarray(traj.terminated) | np.asarray(traj.truncated)
+        step = traj.agent_step
+        assert isinstance(step, np.ndarray)  # written in place: a host buffer
+        # An agent's step index is its running episode length before the transition.
+        agent_steps(self.running_length, valid, done, t, step, aborted)
+        return agent_episode_ends(
+            self.running_return, self.running_length, reward, valid, done, t, aborted
+        )
+
+
+def _leaves(tree: Any) -> list[np.ndarray]:
+    """The arrays of a pytree (a lone array without a tree walk)."""
+    return [tree] if isinstance(tree, np.ndarray) else jax.tree.leaves(tree)
+
+
+def _agent_axis(action: Any, shape: tuple[int, ...]) -> Any:
+    """``[B * A_g, ...]`` rows viewed as ``[B, A_g, ...]``."""
+    if isinstance(action, np.ndarray):
+        return action.reshape(*shape, *action.shape[1:])
+    return jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), action)
+
+
+def _put(
+    dsts: list[np.ndarray], srcs: list[np.ndarray], index: Any, mask: np.ndarray | None
+) -> None:
+    """Leaf by leaf, ``dst[index] = src`` (``dst`` itself where ``index`` is None)
+    where ``mask`` (None: everywhere)."""
+    for dst, src in zip(dsts, srcs):
+        part = dst if index is None else dst[index]
+        if mask is not None:
+            _copy_where(part, src, mask)
+        else:
+            part[...] = src
+
+
+def _copy_where(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> None:
+    """``dst[mask] = src[mask]``; ``mask`` covers the leading axes."""
+    if dst.ndim > mask.ndim:
+        mask = mask.reshape(*mask.shape, *([1] * (dst.ndim - mask.ndim)))
+    np.copyto(dst, src, where=mask)
+
+
+__all__ = ["GroupSampler"]

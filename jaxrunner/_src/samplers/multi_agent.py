@@ -1,0 +1,317 @@
+"""The multi-agent sampler: groups of agents, one compiled policy step per group.
+
+Per step of a block of envs: for each group, its acting agents' observations
+(``[n * A_g, ...]`` rows) go to the group's
+:class:`~jaxrunner._src.samplers.policy_step.CompiledPolicyStep` (one host->device and one
+device->host transfer per group); rows of agents that do not act are computed and
+dropped, so their keys and carries do not move. Each action is
+written with its observation and extras to slot ``[t, b, a]`` of the step that
+completes its transition: in a parallel env that is the step that takes it (written
+straight into slot ``t``); in an AEC env the agent's next turn (kept until then).
+
+Blocks. The envs step in contiguous blocks (:mod:`jaxrunner._src.samplers.group_step`):
+on a lockstep backend the pipelining splits (``num_splits``, the lockstep sampler's
+rule), so that one split's policy steps compute while the others' envs step in the
+background (process and Ray); on a ready-first backend each block the backend answers
+(a worker's or actor's envs) is acted on as soon as it is in. Each env keeps its own
+step index: it steps exactly ``rollout_length`` times per ``sample()`` and its slot
+``[t, b, a]`` is written at its own ``t``. A block's policy call computes its own rows
+in the runner's fixed policy chunks (:mod:`jaxrunner._src.samplers.batch_invariance`), so the
+trajectory is the same bits whatever the splits, the backend or the order in which
+envs answer.
+
+Connectors (``MultiAgentSetup.connectors``, per policy id) run inside a group's step
+with its agent slots as rows (:mod:`jaxrunner._src.connectors.per_group`); their
+per-sample part runs once per ``sample()`` on the group's trajectory.
+
+Keys: agent ``a`` of env ``b`` draws from ``fold_in(fold_in(seed_key, b * N + k),
+its action count)``, ``k`` its index among the env's ``N`` possible agents: its
+actions depend on the seed, the env, the agent and its own history only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+
+from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgentStep
+from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
+from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
+from jaxrunner._src.runner.metrics import PERF_KEYS
+from jaxrunner._src.runner.multi_agent_metrics import MultiAgentMetrics
+from jaxrunner._src.runner.multi_agent_trajectory import MultiAgentTrajectory
+from jaxrunner._src.runner.policy import Params, Policy
+from jaxrunner._src.samplers.episode_ids import EpisodeBook
+from jaxrunner._src.samplers.group_step import GroupSampler
+from jaxrunner._src.samplers.lockstep import pipeline_splits
+from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
+from jaxrunner._src.samplers.sampler import attach_partial
+from jaxrunner.errors import InvalidArgumentError
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiAgentSetup:
+    """What the multi-agent sampler is built from, besides its envs."""
+
+    policies: dict[str, Policy]
+    """Policy id -> Policy."""
+    params: dict[str, Params]
+    """Policy id -> device params (their shapes fix the compile)."""
+    rollout_length: int
+    seed: int
+    metrics: MultiAgentMetrics
+    connectors: Mapping[str, Connectors] = dataclasses.field(default_factory=dict)
+    """Policy id -> the connectors of its group (groups without connectors absent)."""
+
+
+@dataclasses.dataclass
+class EnvLevel:
+    """The env-level fields :class:`EpisodeBook` numbers episodes from."""
+
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    valid: np.ndarray
+    episode_id: np.ndarray
+    step: np.ndarray
+
+
+class MultiAgentSampler:
+    """Samples a :class:`~jaxrunner.multi_agent.MultiAgentVectorEnv` (see the module
+    docstring).
+
+    Args:
+        envs: the multi-agent vector env, just reset; ``first`` its reset result.
+        setup: policies, params, rollout length, seed and metrics.
+        num_splits: lockstep pipelining splits (None:
+            :func:`~jaxrunner._src.samplers.lockstep.default_num_splits`); a ready-first
+            backend takes None or 1.
+    """
+
+    def __init__(
+        self,
+        envs: MultiAgentVectorEnv,
+        first: MultiAgentStep,
+        setup: MultiAgentSetup,
+        *,
+        num_splits: int | None = None,
+    ) -> None:
+        self.envs, self.rollout_length = envs, setup.rollout_length
+        self.metrics = setup.metrics
+        num_envs = envs.num_envs
+        self.ready_first = envs.capabilities.ready_first
+        if self.ready_first:
+            if num_splits not in (None, 1):
+                raise InvalidArgumentError(
+                    f"MultiAgentRunner(num_splits={num_splits!r}): this backend is ready-first "
+                    "(it steps whichever envs are ready); pipelining splits do not apply. "
+                    "Leave num_splits=None."
+                )
+            self.splits = [slice(0, num_envs)]
+        else:
+            self.splits = pipeline_splits(envs, num_splits, "MultiAgentRunner")
+        """The blocks each sample starts with: the pipelining splits (ready-first: every
+        env, then each block the backend answers)."""
+        self._book = EpisodeBook(num_envs)
+        num_possible = len(envs.possible_agents)
+        self.groups: dict[str, GroupSampler] = {}
+        offset = 0
+        for group in envs.groups:
+            pid = group.policy_id
+            self.groups[pid] = GroupSampler(
+                group,
+                first.groups[pid],
+                setup.policies[pid],
+                setup.params[pid],
+                setup.seed,
+                num_envs,
+                offset,
+                num_possible,
+                setup.connectors.get(pid),
+                same_step=not envs.turn_based,
+                blocks=self.splits,
+            )
+            offset += group.num_agents
+        self._last = first
+        """The reset step: its arrays are the env's buffers, which every later step's
+        rows are views of."""
+        self._t = np.zeros(num_envs, np.int64)
+        """Steps each env has taken in this sample (its next slot)."""
+        self.agents = {g.policy_id: g.agents for g in envs.groups}
+
+    def sample(self, params: dict[str, Params]) -> MultiAgentTrajectory:
+        num_steps, num_envs = self.rollout_length, self.envs.num_envs
+        groups = {pid: gs.allocate(num_steps) for pid, gs in self.groups.items()}
+        for pid, gs in self.groups.items():
+            gs.begin(groups[pid])
+        shape = (num_steps, num_envs)
+        env_level = EnvLevel(
+            reward=np.zeros(shape, np.float64),
+            terminated=np.zeros(shape, np.bool_),
+            truncated=np.zeros(shape, np.bool_),
+            valid=np.ones(shape, np.bool_),
+            episode_id=np.zeros(shape, np.int64),
+            step=np.zeros(shape, np.int64),
+        )
+        self._unassigned = np.zeros(shape, np.float64)  # summed once, in _close
+        traj = MultiAgentTrajectory(
+            groups=groups,
+            env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
+            episode_id=env_level.episode_id,
+            step=env_level.step,
+            env_done=env_level.terminated,
+            agents=self.agents,
+        )
+        perf = dict.fromkeys(PERF_KEYS, 0.0)
+        start_time = time.perf_counter()
+        self._t[:] = 0
+        try:
+            # Envs sent and not yet received: a ready-first backend answers a send in
+            # parts (each worker's envs), each acted on again as soon as it is in.
+            in_flight = 0
+            for rows in self.splits:
+                last = {pid: buf.rows(rows) for pid, buf in self._last.groups.items()}
+                self._act(params, traj, rows.start, rows.stop, last, perf)
+                in_flight += rows.stop - rows.start
+            while in_flight:  # each env steps num_steps times, at its own pace
+                clock = time.perf_counter()
+                out = self.envs.recv()
+                perf["env_wait_ms"] += time.perf_counter() - clock
+                lo, hi = (
+                    (0, num_envs) if out.env_ids is None else (out.env_ids.start, out.env_ids.stop)
+                )
+                in_flight -= hi - lo
+                if self._record(traj, env_level, lo, hi, out, perf) < num_steps:
+                    self._act(params, traj, lo, hi, out.groups, perf)
+                    in_flight += hi - lo
+        except BaseException as err:
+            done = int(self._t.min())
+            attach_partial(err, self._close(traj, env_level, done) if done else None)
+            raise
+        finally:
+            self.metrics.sample_time_s += time.perf_counter() - start_time
+            self.metrics.perf.record(perf, int(self._t.min()))
+        return self._end_sample(self._close(traj, env_level, num_steps))
+
+    def _act(
+        self,
+        params: dict[str, Params],
+        traj: MultiAgentTrajectory,
+        lo: int,
+        hi: int,
+        last: Mapping[str, GroupBuffers],
+        perf: dict[str, float],
+    ) -> None:
+        """Computes block ``[lo, hi)``'s actions from its last step ``last`` (every
+        group's policy queued before any is waited for) and sends them."""
+        clock = time.perf_counter()
+        for pid, gs in self.groups.items():
+            gs.dispatch(params[pid], last[pid], lo, hi)
+        tick = time.perf_counter()
+        perf["inference_ms"] += tick - clock
+        t = int(self._t[lo])
+        actions = [gs.collect(last[pid], lo, hi, t) for pid, gs in self.groups.items()]
+        clock = time.perf_counter()
+        perf["action_processing_ms"] += clock - tick
+        whole = (lo, hi) == (0, self.envs.num_envs)
+        self.envs.send(actions, None if whole else slice(lo, hi))
+        perf["env_wait_ms"] += time.perf_counter() - clock
+
+    def _record(
+        self,
+        traj: MultiAgentTrajectory,
+        env_level: EnvLevel,
+        lo: int,
+        hi: int,
+        out: MultiAgentStep,
+        perf: dict[str, float],
+    ) -> int:
+        """Writes block ``[lo, hi)``'s step into each env's own slot; returns the steps
+        its envs have now taken."""
+        clock = time.perf_counter()
+        t = int(self._t[lo])
+        for pid, gs in self.groups.items():
+            gs.record(out.groups[pid], traj.groups[pid], lo, hi, t)
+        index = (t, slice(lo, hi))
+        env_level.reward[index] = out.env_reward
+        env_level.terminated[index] = out.env_done
+        if out.failed is not None:  # faults: their episodes end, their actions are dropped
+            env_level.valid[index] = ~out.failed
+            self.metrics.num_dropped_agent_steps += sum(
+                gs.drop(out.failed, lo, hi) for gs in self.groups.values()
+            )
+        self._unassigned[index] = out.unassigned_reward
+        self._t[lo:hi] += 1
+        perf["obs_processing_ms"] += time.perf_counter() - clock
+        return t + 1
+
+    def _end_sample(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
+        """The groups' connectors' per-sample part (statistics, scaled rewards, what the
+        policy would see of each next_obs), timed as sampling."""
+        clock = time.perf_counter()
+        groups = dict(traj.groups)
+        for pid, gs in self.groups.items():
+            if gs.sample_end is not None:
+                groups[pid], connectors = gs.sample_end(gs.state.connectors, groups[pid])
+                gs.state = gs.state.replace(connectors=connectors)
+        self.metrics.sample_time_s += time.perf_counter() - clock
+        return traj.replace(groups=groups)
+
+    def get_state(self) -> MultiAgentSamplerState:
+        """What the sampler carries from one ``sample()`` to the next (copies; valid
+        between samples): see :class:`MultiAgentSamplerState`."""
+        last = self._last.groups
+        return MultiAgentSamplerState(
+            book=self._book.get_state(),
+            groups={pid: gs.get_state(last[pid]) for pid, gs in self.groups.items()},
+        )
+
+    def set_state(self, state: MultiAgentSamplerState) -> None:
+        """Takes ``state`` (a :meth:`get_state`, shapes and dtypes checked by the caller)
+        as its own: sampling goes on exactly where it was taken, provided the envs are in
+        their saved state too."""
+        self._book.set_state(state.book)
+        for pid, gs in self.groups.items():
+            gs.set_state(state.groups[pid], self._last.groups[pid])
+
+    def restart_episodes(self, seeds: list[int]) -> None:
+        """After :meth:`set_state` when the envs could not be restored: resets sub-env
+        ``i`` with ``seeds[i]`` and starts a new env episode (the next free ids, in env
+        order) and new agent episodes (carries restart) in each; the episodes under way
+        are abandoned, uncounted."""
+        self._last = self.envs.reset_batch(seeds)
+        self._book.restart()
+        for gs in self.groups.values():
+            gs.restart_episodes()
+
+    def get_connector_state(self, policy_id: str) -> ConnectorsState:
+        """A host copy of the state of ``policy_id``'s connectors."""
+        gs = self.groups[policy_id]
+        return gs.packing.to_host(gs.state.connectors)  # type: ignore[union-attr]
+
+    def set_connector_state(self, policy_id: str, state: ConnectorsState) -> None:
+        """Replaces the state of ``policy_id``'s connectors; never recompiles."""
+        gs = self.groups[policy_id]
+        gs.state = gs.state.replace(connectors=gs.packing.to_device(state))  # type: ignore[union-attr]
+
+    def _close(
+        self, traj: MultiAgentTrajectory, env_level: EnvLevel, t: int
+    ) -> MultiAgentTrajectory:
+        self.metrics.add(self._book.close(env_level, t))  # type: ignore[arg-type]
+        self.metrics.unassigned_reward += float(self._unassigned[:t].sum())
+        valid = env_level.valid[:t]
+        aborted = None if valid.all() else ~valid
+        for pid, gs in self.groups.items():
+            group = traj.groups[pid]
+            steps = np.count_nonzero(group.valid[:t], axis=(0, 1))
+            self.metrics.add_group_counts(pid, steps, gs.close(group, t, aborted))
+        if t == self.rollout_length:
+            return traj
+        return jax.tree.map(lambda x: x[:t], traj)
+
+
+__all__ = ["EnvLevel", "MultiAgentSampler", "MultiAgentSetup"]

@@ -1,0 +1,384 @@
+"""The compiled policy step: staged observations in, actions and extras out.
+
+One path, shared by every host sampler: :func:`act` is the pure step (keys, carries,
+the policy); :class:`CompiledPolicyStep` compiles it once, ahead of time, for a batch
+of ``size`` rows out of the runner's ``num_envs`` envs, with the inputs packed into one
+host buffer and the outputs into one device buffer (one transfer each way, see
+:mod:`jaxrunner._src.samplers.transfer`). Calls are split into ``dispatch`` (returns once the
+computation is queued) and ``collect`` (waits for it), so a sampler can step envs
+while the policy runs.
+
+Rows. A stage holds ``rows`` rows of (observation, episode-start flag, env index):
+``size`` rounded up to whole policy chunks, at least two (below).
+
+* ``size == rows == num_envs`` (lockstep, one group): row ``i`` is env ``i``; a row
+  whose index is ``num_envs`` is computed and dropped.
+* otherwise (a pipelining split, a ready-first bucket): the rows' actor state is
+  gathered by env index and scattered back; index ``num_envs`` marks padding, never
+  written back.
+
+Batch invariance. With ``chunk_rows`` (every host sampler passes
+:func:`runner_chunk_rows`: a function of the width and the policy), the policy runs
+in fixed chunks of that many rows (:func:`~jaxrunner._src.samplers.batch_invariance.chunked_apply`):
+an env's actions are the same bits whatever the call's size, so a group or bucket
+computes only its own rows and grouping stays invisible. Padding rows are host data
+(whatever the stage holds), never values XLA can see through, and the chunk loop runs
+up to the last real row. Keys, carry restarts and
+connectors are elementwise per row (and connectors' shared statistics only change
+between samples), so they are invariant without chunks.
+
+Connectors (:mod:`jaxrunner.connectors`) run inside the same step: observation
+connectors before the policy (what the policy saw is returned as
+``extras["policy_obs"]``), action connectors after it (the env's action is packed
+beside the policy's). Their per-env state follows the rows' rule above.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple, cast
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrunner._src.connectors.pipeline import (
+    POLICY_OBS,
+    Connectors,
+    ConnectorsState,
+    StatePacking,
+    keep_active,
+    put_rows,
+    take_rows,
+)
+from jaxrunner._src.runner.policy import ApplyFn, Params, Policy
+from jaxrunner._src.samplers import keys
+from jaxrunner._src.samplers.batch_invariance import (
+    chunked_apply,
+    default_chunk_rows,
+    policy_flops_per_row,
+)
+from jaxrunner._src.samplers.transfer import compile_packed
+
+
+class ActorState(flax.struct.PyTreeNode):
+    """Device-resident state of the policy side of the loop, one row per env."""
+
+    env_keys: jax.Array
+    """[B, ...] one key per env, ``fold_in(seed_key, env_id)``, as raw key data: typed
+    key arrays cost ~20 us of Python per compiled call (re-wrapped on the way out)."""
+    env_steps: jax.Array
+    """[B] steps each env has taken so far (folded into its key each step)."""
+    carry: Any
+    """[B, ...] recurrent state (None for feed-forward policies)."""
+    initial_carry: Any
+    """[B, ...] the carry each env restarts from at an episode start."""
+    connectors: ConnectorsState = ConnectorsState()
+    """The connectors' state (per-env rows and shared statistics)."""
+
+
+def initial_actor_state(
+    policy: Policy,
+    seed: int,
+    env_ids: np.ndarray,
+    connectors: Connectors | None = None,
+    obs_space: Any = None,
+) -> ActorState:
+    """The actor state of envs ``env_ids``; with ``connectors``, their initial state for
+    observations of ``obs_space`` (the env's single observation space)."""
+    key = keys.key(seed)
+    conn = ConnectorsState() if connectors is None else connectors.init(len(env_ids), obs_space)
+    return ActorState(
+        env_keys=jax.random.key_data(
+            jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.asarray(env_ids, jnp.uint32))
+        ),
+        env_steps=jnp.zeros(len(env_ids), dtype=jnp.uint32),
+        carry=policy.batched_carry(len(env_ids)),
+        initial_carry=policy.batched_carry(len(env_ids)),
+        connectors=conn,
+    )
+
+
+def host_actor_state(
+    policy: Policy,
+    seed: int,
+    num_envs: int,
+    connectors: Connectors | None,
+    obs_space: Any,
+    env_ids: np.ndarray | None = None,
+) -> tuple[ActorState, StatePacking | None]:
+    """:func:`initial_actor_state` of envs ``env_ids`` (default ``0..num_envs-1``) for a
+    host sampler, with the connectors' state packed into one device buffer (and the
+    packing; None without connectors): the state :class:`CompiledPolicyStep` takes and
+    returns."""
+    ids = np.arange(num_envs) if env_ids is None else env_ids
+    state = initial_actor_state(policy, seed, ids, connectors, obs_space)
+    if connectors is None:
+        return state, None
+    packing = StatePacking(state.connectors)
+    return state.replace(connectors=packing.to_device(state.connectors)), packing
+
+
+def runner_chunk_rows(
+    policy: Policy,
+    params: Params,
+    obs_space: Any,
+    connectors: Connectors | None,
+    num_envs: int,
+) -> int:
+    """The policy chunk of a runner of ``num_envs`` envs with observations of
+    ``obs_space`` (the env's single space): the same in every host sampler, so their
+    trajectories are the same bits."""
+    return default_chunk_rows(num_envs, runner_policy_flops(policy, params, obs_space, connectors))
+
+
+def runner_policy_flops(
+    policy: Policy, params: Params, obs_space: Any, connectors: Connectors | None
+) -> float | None:
+    """XLA's estimate of the policy's work per env row, on the observations it sees
+    (after the connectors); None where there is none."""
+    if connectors is not None:
+        obs_space = connectors.observation_space(obs_space)  # what the policy sees
+    return policy_flops_per_row(policy, params, obs_space)
+
+
+def act(
+    apply_fn: Callable,
+    params: Params,
+    state: ActorState,
+    obs: Any,
+    episode_start: jax.Array,
+    active: jax.Array | None = None,
+    connectors: Connectors | None = None,
+    counted: jax.Array | None = None,
+) -> tuple[Any, Any, dict[str, Any], ActorState]:
+    """One policy step for a batch of envs (pure; jitted once per runner).
+
+    Env ``i``'s key is ``fold_in(fold_in(seed_key, env_id[i]), env_steps[i])``, a
+    :mod:`jaxrunner._src.samplers.keys` key (JAX's threefry, fusible on CPU): its
+    actions depend on the seed, its id and its step count only, never on which
+    envs share its batch. With ``active`` ([B] bool) only those envs take a step: the
+    others' step counts, carries and per-env connector state are kept as they were,
+    and shared connector statistics take in active rows only. ``counted`` ([B] bool,
+    default ``active``) overrides which rows the statistics take in (a bucket's padding
+    steps, but is not counted).
+
+    Returns:
+        ``(action, env_action, extras, state)``: the policy's action, the env's (after
+        the action connectors; the same object without any), the extras (with
+        ``"policy_obs"`` when there are observation connectors) and the new state.
+    """
+
+    def restart(c: jax.Array, c0: jax.Array) -> jax.Array:
+        return jnp.where(_rows_mask(episode_start, c), c0, c)
+
+    conn = state.connectors
+    if connectors is not None and connectors.obs:
+        if counted is None:
+            counted = jnp.ones_like(episode_start) if active is None else active
+        obs, conn = connectors.observe(conn, obs, episode_start, counted)
+    carry = jax.tree.map(restart, state.carry, state.initial_carry)
+    env_keys = keys.wrap(state.env_keys)
+    step_keys = jax.vmap(jax.random.fold_in)(env_keys, state.env_steps)
+    action, extras, carry = apply_fn(params, obs, carry, step_keys)
+    env_action = action
+    if connectors is not None:
+        if connectors.obs:
+            extras = {**extras, POLICY_OBS: obs}
+        env_action = connectors.env_action(action)
+    env_steps = state.env_steps + 1
+    if active is not None:
+        env_steps = jnp.where(active, env_steps, state.env_steps)
+        carry = jax.tree.map(
+            lambda new, old: jnp.where(_rows_mask(active, new), new, old), carry, state.carry
+        )
+        conn = keep_active(conn, state.connectors, active)
+    new_state = state.replace(carry=carry, env_steps=env_steps, connectors=conn)
+    return action, env_action, extras, new_state
+
+
+def _rows_mask(flags: jax.Array, like: jax.Array) -> jax.Array:
+    """``[B]`` flags shaped to broadcast over the rows of ``like`` (``[B, ...]``)."""
+    return flags.reshape(-1, *([1] * (like.ndim - 1)))
+
+
+class Stage(NamedTuple):
+    """A host buffer of one call's inputs and numpy views into it."""
+
+    buffer: np.ndarray
+    obs: Any
+    """[rows, ...] observations."""
+    episode_start: np.ndarray
+    """[rows] bool: the row's env starts an episode (its carry restarts)."""
+    env_index: np.ndarray
+    """[rows] int32: the row's env, or ``num_envs`` for a row to drop."""
+
+
+class CompiledPolicyStep:
+    """:func:`act` for ``size`` rows, compiled once, ahead of time (see the module
+    docstring for the row layout).
+
+    Args:
+        policy: the policy.
+        params: device params (the compile is specialised to their shapes).
+        state: the runner's actor state (every env).
+        size: rows per call (the stage has :attr:`rows`: ``size`` rounded up to a
+            multiple of ``chunk_rows``).
+        obs_example: observations (numpy, ``[n, ...]``: their dtypes and shapes).
+        connectors: the runner's connectors (their state is in ``state.connectors``).
+        packing: how ``state.connectors`` is packed (:func:`host_actor_state`).
+        chunk_rows: compute the policy in chunks of this many rows (batch-invariant,
+            see the module docstring); None: one call for all ``size`` rows.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        params: Params,
+        state: ActorState,
+        size: int,
+        obs_example: Any,
+        connectors: Connectors | None = None,
+        packing: StatePacking | None = None,
+        *,
+        chunk_rows: int | None = None,
+    ) -> None:
+        num_envs = int(state.env_steps.shape[0])
+        self.size, self.num_envs, self.chunk_rows = size, num_envs, chunk_rows
+        # At least two chunks: a one-chunk stage lets XLA drop the loop's dynamic slice
+        # and fuse the chunk differently (a row-sum policy's carry came out 1 ulp apart
+        # between a split of one chunk and a batch of two). Chunks after the last real
+        # row are not computed, so the second costs transfer only.
+        rows = size if chunk_rows is None else max(2, -(-size // chunk_rows)) * chunk_rows
+        self.rows = rows
+        """Rows of the stage and of the outputs."""
+        chunked = None if chunk_rows is None else chunked_apply(policy.apply_fn, chunk_rows)
+        # The env's action travels in the same output only when it differs.
+        self._env_actions = connectors is not None and bool(connectors.action)
+
+        def step(params: Params, state: ActorState, inputs: Any) -> tuple[Any, ActorState]:
+            obs, start, index = inputs
+            apply_fn = policy.apply_fn
+            if chunked is not None:
+                # Rows up to the last real one (from the stage: a run-time count).
+                real = jnp.arange(1, rows + 1, dtype=jnp.int32) * (index < num_envs)
+                apply_fn = functools.partial(chunked, num_rows=real.max())
+            if packing is not None:
+                # Between calls the state holds the packed buffers (see step's end).
+                flat = cast(tuple[jax.Array, ...], state.connectors)
+                state = state.replace(connectors=packing.unpack(flat))
+            if size == rows == num_envs:  # rows are envs: keep the active rows' new state
+                action, env_action, extras, state = act(
+                    apply_fn, params, state, obs, start, index < num_envs, connectors
+                )
+            else:  # gather the rows' state, scatter it back (padding dropped)
+                action, env_action, extras, state = _act_gathered(
+                    apply_fn, params, state, obs, start, index, connectors
+                )
+            if packing is not None:
+                state = state.replace(connectors=packing.pack(state.connectors))
+            if self._env_actions:
+                return (action, env_action, extras), state
+            return (action, extras), state
+
+        obs_rows = jax.tree.map(lambda x: np.zeros((rows, *np.shape(x)[1:]), x.dtype), obs_example)
+        example = (obs_rows, np.zeros(rows, np.bool_), np.zeros(rows, np.int32))
+        program = compile_packed(step, (params, state), example, donate_argnums=(1,))
+        self._step, self._in_packing, self._out_packing = program[:3]
+        spec = program.output_spec
+        self.output_spec: tuple[Any, Any] = (spec[0], spec[-1])
+        """Shapes and dtypes of ``(action, extras)`` for :attr:`rows` rows."""
+        self.env_output_spec: tuple[Any, Any] = jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct((num_envs, *s.shape[1:]), s.dtype), self.output_spec
+        )
+        """:attr:`output_spec` for ``num_envs`` rows (what a ``[T, B]`` buffer holds)."""
+        self._action_treedef = jax.tree.structure(self.output_spec[0])
+        self._action_is_leaf = jax.tree_util.treedef_is_leaf(self._action_treedef)
+        # The guard scopes, built once: each would cost ~2 us of Python per call.
+        self._allow_h2d = jax.transfer_guard_host_to_device("allow")
+        self._allow_d2h = jax.transfer_guard_device_to_host("allow")
+
+    def new_stage(self) -> Stage:
+        """A zeroed stage (every row marked to drop)."""
+        buffer = self._in_packing.allocate()
+        obs, start, index = self._in_packing.host_views(buffer)
+        index[:] = self.num_envs
+        return Stage(buffer, obs, start, index)
+
+    def dispatch(self, params: Params, state: ActorState, stage: Stage) -> tuple[Any, ActorState]:
+        """Sends ``stage`` (one host->device transfer) and queues the step; returns the
+        pending output and the new actor state without waiting. The stage must stay
+        unchanged until :meth:`collect` (the transfer may alias it)."""
+        # The numpy stage goes in as the call's argument: the step's one host->device
+        # transfer, allowed here by name so a caller's jax.transfer_guard("disallow")
+        # still catches any other (an explicit device_put costs ~60 us more per call).
+        with self._allow_h2d:
+            return self._step(params, state, stage.buffer)
+
+    def collect(self, pending: Any) -> tuple[Any, Any, list[np.ndarray]]:
+        """Waits for a dispatched step; returns numpy views of the action and of the
+        env's action (pytrees; the same object without action connectors) and of the
+        extras' leaves in ``jax.tree.leaves`` order, ``[rows, ...]`` each (the step's
+        one device->host transfer)."""
+        with self._allow_d2h:
+            host = np.asarray(pending)
+        leaves = self._out_packing.host_leaves(host)
+        num = self._action_treedef.num_leaves
+        action = self._unflatten(leaves[:num])
+        if not self._env_actions:
+            return action, action, leaves[num:]
+        return action, self._unflatten(leaves[num : 2 * num]), leaves[2 * num :]
+
+    def _unflatten(self, leaves: list[np.ndarray]) -> Any:
+        # The common case (one array) without a tree rebuilt per step.
+        return leaves[0] if self._action_is_leaf else self._action_treedef.unflatten(leaves)
+
+
+def _act_gathered(
+    apply_fn: ApplyFn,
+    params: Params,
+    state: ActorState,
+    obs: Any,
+    start: jax.Array,
+    index: jax.Array,
+    connectors: Connectors | None = None,
+) -> tuple[Any, Any, Any, ActorState]:
+    """:func:`act` for the envs at ``index`` (``num_envs``: padding, dropped); shared
+    connector statistics take in the real rows only."""
+    num_envs = state.env_steps.shape[0]
+    gather = jnp.minimum(index, num_envs - 1)
+
+    def take(x: jax.Array) -> jax.Array:
+        return x[gather]
+
+    sub = ActorState(
+        env_keys=state.env_keys[gather],
+        env_steps=state.env_steps[gather],
+        carry=jax.tree.map(take, state.carry),
+        initial_carry=jax.tree.map(take, state.initial_carry),
+        connectors=take_rows(state.connectors, gather),
+    )
+    action, env_action, extras, sub = act(
+        apply_fn, params, sub, obs, start, None, connectors, counted=index < num_envs
+    )
+    state = state.replace(
+        env_steps=state.env_steps.at[index].set(sub.env_steps, mode="drop"),
+        carry=jax.tree.map(
+            lambda full, part: full.at[index].set(part, mode="drop"), state.carry, sub.carry
+        ),
+        connectors=put_rows(state.connectors, sub.connectors, index),
+    )
+    return action, env_action, extras, state
+
+
+__all__ = [
+    "ActorState",
+    "CompiledPolicyStep",
+    "Stage",
+    "act",
+    "host_actor_state",
+    "initial_actor_state",
+    "runner_chunk_rows",
+]

@@ -1,0 +1,345 @@
+"""The ready-first sampler: infer for whichever envs have answered.
+
+For backends whose sub-envs step at their own pace (``capabilities.ready_first``: Ray
+actors, EnvPool's async mode, the process backend when asked), waiting for every env
+each step would make the batch as slow as its slowest env. This sampler instead
+``recv``s whatever is ready, computes the actions of every env that answered in one
+compiled policy call, ``send``s them, and ``recv``s again. Each env records its own
+steps at its own row of the ``[T, B]`` buffers.
+
+* Backends whose ``recv`` returns as soon as any env answers: an env that has
+  recorded ``T`` steps waits for the others, so every sample ends with nothing in
+  flight and params set between samples apply to every env's next step, exactly as
+  in the lockstep sampler.
+* Backends whose ``recv`` waits for ``recv_batch_size`` envs (EnvPool async): the
+  sampler keeps stepping envs past ``T`` (at most one sample ahead) so that enough
+  are always in flight; those steps are recorded into the next sample's buffers, and
+  their actions come from the params and connector statistics in force when they
+  were computed (one sample older: the one exception to "the statistics a sample
+  uses are fixed for the whole sample").
+
+Exactness. The ready envs are padded to the smallest of a few bucket sizes, each
+compiled once up front, so XLA never recompiles. An env's action key depends only on
+the seed, its env id and its step count, and episode ids are numbered once per
+sample (:class:`~jaxrunner._src.samplers.episode_ids.EpisodeBook`). Every bucket computes the
+policy in the same fixed chunks as the lockstep sampler of the same width
+(:mod:`jaxrunner._src.samplers.batch_invariance`), so a row's action is the same bits in a bucket of
+1 as in the full batch, for any row-wise policy: the trajectory equals the lockstep
+sampler's for the same seed. The default buckets are multiples of the chunk (a
+smaller bucket would compute a whole chunk anyway).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.backends.base import BatchStep, VectorEnv
+from jaxrunner._src.connectors.pipeline import SampleEnd
+from jaxrunner._src.runner.metrics import PERF_KEYS
+from jaxrunner._src.runner.policy import Params
+from jaxrunner._src.runner.trajectory import Trajectory
+from jaxrunner._src.samplers.episode_ids import EpisodeBook
+from jaxrunner._src.samplers.info_arrays import InfoRecorder, policy_extras
+from jaxrunner._src.samplers.policy_step import (
+    CompiledPolicyStep,
+    host_actor_state,
+    runner_chunk_rows,
+)
+from jaxrunner._src.samplers.sampler import (
+    HostSampler,
+    SamplerSetup,
+    allocate_trajectory,
+    attach_partial,
+)
+from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
+
+
+def default_buckets(num_envs: int, chunk_rows: int) -> tuple[int, ...]:
+    """``chunk_rows`` (the runner's policy chunk) times powers of two below
+    ``num_envs``, then ``num_envs``."""
+    buckets, size = [], chunk_rows
+    while size < num_envs:
+        buckets.append(size)
+        size *= 2
+    return (*buckets, num_envs)
+
+
+def _env_indices(env_ids: Any, num_envs: int) -> np.ndarray:
+    """``BatchStep.env_ids`` as an int array."""
+    if env_ids is None:
+        return np.arange(num_envs)
+    if isinstance(env_ids, slice):
+        return np.arange(env_ids.start, env_ids.stop)
+    return np.asarray(env_ids, dtype=np.int64)
+
+
+class ReadyFirstSampler(HostSampler):
+    """Samples a ``ready_first`` backend (see the module docstring).
+
+    Args:
+        envs: the vector env, just reset; ``obs`` its first observations.
+        setup: the policy, params, rollout length, seed and metrics.
+    """
+
+    def __init__(self, envs: VectorEnv, obs: Any, setup: SamplerSetup) -> None:
+        policy, params, rollout_length = setup.policy, setup.params, setup.rollout_length
+        num_envs = envs.num_envs
+        caps = envs.capabilities
+        # The lockstep sampler's chunk: the same bits.
+        chunk_rows = runner_chunk_rows(
+            policy, params, envs.single_observation_space, setup.connectors, num_envs
+        )
+        buckets = caps.batch_buckets or default_buckets(num_envs, chunk_rows)
+        if any(not 1 <= b <= num_envs for b in buckets):
+            raise InvalidArgumentError(
+                f"batch_buckets={buckets!r}: every bucket must be in [1, num_envs={num_envs}]."
+            )
+        self.buckets = tuple(sorted({*buckets, num_envs}))
+        """Policy batch sizes, each compiled once."""
+        self.bucket_counts: dict[int, int] = dict.fromkeys(self.buckets, 0)
+        """Policy calls per bucket size so far."""
+        self.ready_counts: dict[int, int] = {}
+        """Policy calls per number of ready envs so far."""
+        self.envs, self.rollout_length, self.metrics = envs, rollout_length, setup.metrics
+        self._keep_in_flight = caps.recv_batch_size or 0
+        self._obs_space = envs.single_observation_space
+        self._action_space = envs.single_action_space
+        self._clip = jr_spaces.clip_box_actions(self._action_space)
+        self._obs = jr_spaces.map_structure(self._obs_space, np.copy, obs)  # latest, per env
+        connectors = setup.connectors
+        self._state, self._packing = host_actor_state(
+            policy, setup.seed, num_envs, connectors, self._obs_space
+        )
+        self._sample_end = None
+        if connectors is not None and connectors.per_sample:
+            self._sample_end = SampleEnd(connectors, self._packing)  # type: ignore[arg-type]
+        self._calls: dict[int, CompiledPolicyStep] = {}
+        by_rows: dict[int, CompiledPolicyStep] = {}  # buckets of the same whole chunks
+        for n in self.buckets:
+            rows = -(-n // chunk_rows) * chunk_rows
+            if rows not in by_rows or n == num_envs:
+                by_rows[rows] = CompiledPolicyStep(
+                    policy, params, self._state, n, obs, connectors, self._packing,
+                    chunk_rows=chunk_rows,
+                )  # fmt: skip
+            self._calls[n] = by_rows[rows]
+        self._stages = {n: call.new_stage() for n, call in self._calls.items()}
+        self.action_spec, self._extras_spec = self._calls[num_envs].env_output_spec
+        self._book = EpisodeBook(num_envs)
+        self._infos = InfoRecorder(setup.info_keys) if setup.info_keys else None
+        self._episode_start = np.ones(num_envs, np.bool_)
+        self._t = np.zeros(num_envs, np.int64)  # steps recorded per env, this sample on
+        self._in_flight = 0  # envs sent and not yet received
+        self._ready: list[Any] = [slice(0, num_envs)]  # env ids waiting for actions
+        self._bufs: list[Trajectory] = []  # this sample's buffers, then the next one's
+        self._leaves_of: tuple[Any, list[np.ndarray]] = (None, [])
+
+    def sample(self, params: Params) -> Trajectory:
+        num_steps = self.rollout_length
+        perf = dict.fromkeys(PERF_KEYS, 0.0)
+        start_time = time.perf_counter()
+        while len(self._bufs) < 2:
+            self._bufs.append(
+                allocate_trajectory(
+                    self._obs_space,
+                    self._action_space,
+                    self._extras_spec,
+                    num_steps,
+                    self.envs.num_envs,
+                    self._infos,
+                )
+            )
+        try:
+            while True:
+                todo = self._take_ready()
+                if todo:
+                    self._act(params, todo, perf)
+                if self._t.min() >= num_steps and (self._keep_in_flight or not self._in_flight):
+                    break
+                self._check_can_recv()
+                clock = time.perf_counter()
+                out = self.envs.recv()
+                tick = time.perf_counter()
+                perf["env_wait_ms"] += tick - clock
+                self._record(out)
+                perf["obs_processing_ms"] += time.perf_counter() - tick
+        except BaseException as err:
+            done = int(min(self._t.min(), num_steps))
+            partial = None
+            if done:
+                self.metrics.add(self._book.close(self._bufs[0], done))
+                partial = self._bufs[0].time_slice(0, done)
+            attach_partial(err, partial)
+            raise
+        finally:
+            self.metrics.sample_time_s += time.perf_counter() - start_time
+            self.metrics.perf.record(perf, num_steps)
+        buf = self._bufs.pop(0)
+        self.metrics.add(self._book.close(buf, num_steps))
+        self._t -= num_steps
+        return self._end_sample(buf)
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "actor": self._state,
+            "book": self._book.get_state(),
+            "episode_start": self._episode_start.copy(),
+            "obs": jr_spaces.map_structure(self._obs_space, np.copy, self._obs),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if self._in_flight or self._t.any():
+            raise InvalidArgumentError(
+                "EnvRunner.restore(): this runner has envs stepping ahead of its last "
+                "sample; restore into a new EnvRunner, before its first sample()."
+            )
+        self._state = state["actor"]
+        self._book.set_state(state["book"])
+        self._episode_start[:] = state["episode_start"]
+        self._obs = jr_spaces.map_structure(self._obs_space, np.array, state["obs"])
+
+    def restart_episodes(self, seeds: list[int]) -> None:
+        obs, _ = self.envs.reset_batch(seeds)
+        self._obs = jr_spaces.map_structure(self._obs_space, np.copy, obs)
+        self._book.restart()
+        self._episode_start[:] = True
+        self._ready = [slice(0, self.envs.num_envs)]
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _take_ready(self) -> list[np.ndarray]:
+        """The waiting envs that may step now: below ``T`` steps, or below ``2T`` if the
+        backend needs envs in flight; the others keep waiting."""
+        limit = self.rollout_length * (2 if self._keep_in_flight else 1)
+        todo, waiting = [], []
+        for ids in self._ready:
+            if isinstance(ids, slice):  # a block steps together: one step count
+                (todo if self._t[ids.start] < limit else waiting).append(ids)
+                continue
+            below = self._t[ids] < limit
+            if below.any():
+                todo.append(ids[below])
+            if not below.all():
+                waiting.append(ids[~below])
+        self._ready = waiting
+        return todo
+
+    def _check_can_recv(self) -> None:
+        if self._in_flight == 0 or self._in_flight < self._keep_in_flight:
+            raise JaxRunnerError(
+                f"ready-first sampling stalled: {self._in_flight} envs in flight, but "
+                f"{type(self.envs).__name__}.recv() needs {max(self._keep_in_flight, 1)}. "
+                "Some envs ran a whole sample ahead of the slowest; use a recv batch size "
+                "of at most half the envs."
+            )
+
+    def _rows(self, index: np.ndarray) -> list[tuple[Trajectory, np.ndarray, np.ndarray, Any]]:
+        """Where envs ``index`` record their current step: (buffer, rows, envs, their
+        positions in ``index``); envs a sample ahead go to the next sample's buffer."""
+        t, num_steps = self._t[index], self.rollout_length
+        ahead = t >= num_steps
+        if not ahead.any():
+            return [(self._bufs[0], t, index, slice(None))]
+        parts = [(self._bufs[1], t[ahead] - num_steps, index[ahead], np.flatnonzero(ahead))]
+        if not ahead.all():
+            parts.append((self._bufs[0], t[~ahead], index[~ahead], np.flatnonzero(~ahead)))
+        return parts
+
+    def _act(self, params: Params, todo: list[Any], perf: dict[str, float]) -> None:
+        """One policy call for the envs of ``todo``; records their obs and actions at
+        each env's current step and sends the actions."""
+        clock = time.perf_counter()
+        num_envs = self.envs.num_envs
+        indices = [_env_indices(ids, num_envs) for ids in todo]
+        index = np.concatenate(indices)
+        count = len(index)
+        bucket = self.buckets[bisect.bisect_left(self.buckets, count)]
+        call, stage = self._calls[bucket], self._stages[bucket]
+        obs = jr_spaces.map_structure(self._obs_space, lambda x: x[index], self._obs)
+        where = self._rows(index)
+        for buf, rows, envs, sel in where:
+            jr_spaces.copy_into(
+                self._obs_space, buf.obs, jr_spaces.take(self._obs_space, obs, sel), (rows, envs)
+            )
+        # A full batch computes env i at row i (its rows are the envs); a smaller
+        # bucket takes the ready envs in order, then padding.
+        at = index if bucket == num_envs else np.arange(count)
+        stage.env_index[:] = num_envs  # padding: computed, never written back
+        stage.episode_start[:] = False
+        jr_spaces.copy_into(self._obs_space, stage.obs, obs, at)
+        stage.episode_start[at] = self._episode_start[index]
+        stage.env_index[at] = index
+        tick = time.perf_counter()
+        perf["obs_processing_ms"] += tick - clock
+        pending, self._state = call.dispatch(params, self._state, stage)
+        action, env_actions, extras = call.collect(pending)
+        self.bucket_counts[bucket] += 1
+        self.ready_counts[count] = self.ready_counts.get(count, 0) + 1
+        clock = time.perf_counter()
+        perf["inference_ms"] += clock - tick
+        k = 0
+        for ids, part_index in zip(todo, indices):
+            n = len(part_index)
+            part_at = at[k : k + n]
+            part = jr_spaces.map_structure(self._action_space, lambda x, at=part_at: x[at], action)
+            env_part = part
+            if env_actions is not action:  # action connectors: the env's own actions
+                env_part = jr_spaces.map_structure(
+                    self._action_space, lambda x, at=part_at: x[at], env_actions
+                )
+            # One ready group (the common case) records where its observations went.
+            for buf, rows, envs, sel in where if len(todo) == 1 else self._rows(part_index):
+                recorded = part  # all of it, unless some envs record into the next sample
+                if not isinstance(sel, slice):
+                    recorded = jr_spaces.take(self._action_space, part, sel)
+                jr_spaces.copy_into(self._action_space, buf.action, recorded, (rows, envs))
+                for dst, src in zip(self._extras_leaves(buf), extras):
+                    dst[rows, envs] = src[part_at][sel]
+            self._episode_start[part_index] = False
+            # ``part`` is a fresh array (fancy indexing): the backend may keep it.
+            env_action = env_part if self._clip is None else self._clip(env_part)
+            self.envs.send(env_action, ids)
+            self._in_flight += n
+            k += n
+        perf["action_processing_ms"] += time.perf_counter() - clock
+
+    def _extras_leaves(self, buf: Trajectory) -> list[np.ndarray]:
+        """``jax.tree.leaves(buf.extras)``, kept per buffer (a buffer serves a sample)."""
+        if buf is not self._leaves_of[0]:
+            self._leaves_of = (buf, jax.tree.leaves(policy_extras(buf.extras)))
+        return self._leaves_of[1]
+
+    def _record(self, out: BatchStep) -> None:
+        """Records the step ``out`` of the envs that answered and queues them."""
+        index = _env_indices(out.env_ids, self.envs.num_envs)
+        n = len(index)
+        self._in_flight -= n
+        for buf, rows, envs, sel in self._rows(index):
+            jr_spaces.copy_into(
+                self._obs_space, buf.next_obs,
+                jr_spaces.take(self._obs_space, out.next_obs, sel), (rows, envs),
+            )  # fmt: skip
+            buf.reward[rows, envs] = out.reward[sel]
+            buf.terminated[rows, envs] = out.terminated[sel]
+            buf.truncated[rows, envs] = out.truncated[sel]
+            if out.failed is not None:  # a replaced actor or restarted sub-env
+                buf.valid[rows, envs] = ~out.failed[sel]
+            if self._infos is not None:
+                infos = out.infos if isinstance(sel, slice) else [out.infos[k] for k in sel]
+                self._infos.record(buf.extras, rows, envs.tolist(), infos)
+        jr_spaces.copy_into(self._obs_space, self._obs, out.obs, index)
+        done = np.logical_or(out.terminated, out.truncated)
+        if out.failed is not None:
+            done |= out.failed
+        self._episode_start[index] = done
+        self._t[index] += 1
+        self._ready.append(out.env_ids if out.env_ids is not None else slice(0, n))
+
+
+__all__ = ["ReadyFirstSampler", "default_buckets"]

@@ -1,0 +1,245 @@
+"""Reading an :class:`~jaxrunner.EnvRunner` checkpoint that may be damaged or hostile.
+
+:meth:`CheckpointFile.read` turns the file into a :class:`Checkpoint`: a frozen value
+holding everything a restore installs, each part read through the bounded reader
+(:mod:`jaxrunner._src.runner.npz_reader`: only the members something references, each once, its
+header checked before memory is allocated) and checked against the runner it is for:
+
+- the metadata: a JSON object of the saved format and version, with ``sampler``,
+  ``num_envs``, ``seed``, ``rollout_length``, ``envs``, ``envs_note``, ``metrics``,
+  ``fragments`` and ``finished`` of the right types and ranges;
+- the params and sampler state: the runner's own structure, shapes and dtypes; the
+  episode bookkeeping consistent (ids non-negative, distinct and below the next free
+  id, so new episodes never reuse one; step counts in range; returns finite);
+- the metrics: counters non-negative, timers finite and non-negative, the return and
+  length windows finite, of one length;
+- the kept episodes: the observation and action spaces' structure and shapes (the
+  observations' dtypes too), ``L + 1`` observations for ``L`` steps, finite rewards,
+  one dtype per field and one extras structure across them, ids below the next free id,
+  unfinished ones (fragments) in their env's current episode and finished ones
+  complete;
+- the sub-env pickles, only when the caller opted in: one ``uint8`` array per sub-env.
+
+Nothing is applied to the runner here; every failure is an
+:class:`~jaxrunner.errors.InvalidArgumentError` naming the field at fault. The checks
+every runner's checkpoint shares are in :mod:`jaxrunner._src.services.checkpoints.format`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
+from jaxrunner._src.runner.npz_reader import NpzReader
+from jaxrunner._src.runner.trajectory import Episode
+from jaxrunner._src.services.checkpoints import format as checkpoint_format
+from jaxrunner._src.services.checkpoints.format import (
+    META,
+    CheckpointReader,
+    Part,
+    array_name,
+    is_key,
+    part_of,
+)
+
+if TYPE_CHECKING:
+    from jaxrunner._src.runner.env_runner import EnvRunner
+
+FORMAT = "jaxrunner.EnvRunner checkpoint"
+VERSION = 1
+MAX_META_BYTES = checkpoint_format.MAX_META_BYTES
+MAX_RESTORE_BYTES = 1 << 33
+"""The most bytes a checkpoint's arrays may take in memory (8 GiB), an ``EnvRunner``'s
+or a ``MultiAgentRunner``'s; read at each restore."""
+
+EPISODE_SCALARS = {
+    "terminated": bool,
+    "truncated": bool,
+    "episode_id": int,
+    "env_id": int,
+    "start_step": int,
+    "faulty": bool,
+}
+"""The scalar fields of an :class:`Episode`, kept in the JSON."""
+EPISODE_FIELDS = tuple(EPISODE_SCALARS)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """A checkpoint read and checked against the runner it restores: ready to apply."""
+
+    params: Any
+    """The policy params, in the runner's structure (device arrays)."""
+    sampler_state: Any
+    """The sampler's state, in the structure of the runner's ``sampler.get_state()``."""
+    steps_done: int
+    """Steps every env had closed when it was saved (seeds the fresh resets)."""
+    metrics_state: dict[str, np.ndarray]
+    """The metrics' counters, windows and timers (``RunnerMetrics.get_state()``)."""
+    seed: int
+    """The saved runner's seed."""
+    envs: str
+    """How the envs were saved: ``"pytree"`` (in the sampler state), ``"pickle"``
+    (sub-env pickles) or ``"none"``."""
+    envs_note: str
+    """Why, as the saving runner said it."""
+    env_snapshots: tuple[bytes, ...] | None
+    """One pickle per sub-env; None unless saved and opted in to."""
+    fragments: tuple[Episode, ...]
+    """Unfinished episodes ``sample_episodes`` holds (read only when the envs resume)."""
+    finished: tuple[Episode, ...]
+    """Complete episodes ``sample_episodes`` holds, not yet returned."""
+
+
+# -- the reader ----------------------------------------------------------------------------
+
+
+class CheckpointFile(CheckpointReader):
+    """The checkpoint at ``path``, read for ``runner`` (see the module docstring).
+
+    Args:
+        runner: the runner it will restore (its structure is what the file must have).
+        path: the file.
+    """
+
+    def __init__(self, runner: EnvRunner, path: str | os.PathLike) -> None:
+        super().__init__("EnvRunner", path, runner.state.metrics.get_state())
+        self.runner = runner
+
+    def read(self, load_env_pickles: bool) -> Checkpoint:
+        """Reads and checks the whole file; touches nothing of the runner.
+
+        Raises:
+            InvalidArgumentError: the file is not a checkpoint of this runner's kind, or
+                a value in it is damaged; the message names the field.
+        """
+        limit = "jaxrunner._src.services.checkpoints.env_runner_file.MAX_RESTORE_BYTES"
+        with self.open(MAX_RESTORE_BYTES, limit) as npz:
+            meta = self._check_meta(npz)
+            runner = self.runner
+            params = self.read_like(npz, "params", runner.get_params(), "params")
+            state = self.read_like(npz, "sampler", runner.sampler.get_state(), "sampler state")
+            ids, next_id, steps_done = self._check_book(state)
+            metrics = self.read_metrics(npz)
+            finished = self._read_episodes(npz, "finished", meta["finished"], next_id)
+            snapshots = None
+            if meta["envs"] == "pickle" and load_env_pickles:
+                snapshots = self.read_snapshots(npz, meta["num_envs"])
+            fragments: tuple[Episode, ...] = ()
+            if meta["envs"] == "pytree" or snapshots is not None:  # the envs resume
+                fragments = self._read_episodes(npz, "fragments", meta["fragments"], next_id)
+        self._check_kept(fragments, finished, ids)
+        return Checkpoint(
+            params=params,
+            sampler_state=state,
+            steps_done=steps_done,
+            metrics_state=metrics,
+            seed=meta["seed"],
+            envs=meta["envs"],
+            envs_note=meta["envs_note"],
+            env_snapshots=snapshots,
+            fragments=fragments,
+            finished=finished,
+        )
+
+    def _check_meta(self, npz: NpzReader) -> dict[str, Any]:
+        meta = self.read_meta(npz, FORMAT, VERSION)
+        here = {
+            "sampler": type(self.runner.sampler).__name__,
+            "num_envs": int(self.runner.envs.num_envs),
+        }
+        self.check_same(meta, here, "same kind of backend, same num_envs")
+        kinds = ("pytree",) if isinstance(self.runner.envs, JaxVectorEnv) else ("pickle", "none")
+        self.check_common_meta(meta, kinds)
+        for key in ("fragments", "finished"):
+            self.check_list(meta, key)
+        return meta
+
+    def _check_book(self, state: dict[str, Any]) -> tuple[np.ndarray, int, int]:
+        """Checks the sampler's episode bookkeeping; returns each env's current episode
+        id, the next free id and the steps closed so far."""
+        if "book" in state:  # the host samplers
+            return self.check_book(state["book"], "sampler/book")
+        rollout, where = state["rollout"], "sampler/rollout"  # the scan sampler
+        ids = np.asarray(rollout.episode_id)
+        next_id, steps_done = int(rollout.next_episode_id), int(rollout.num_steps)
+        step = np.asarray(rollout.episode_step)
+        self.require((step >= 0).all(), f"{where}/episode_step", "negative")
+        self.check_ids(ids, next_id, np.asarray(rollout.episode_return), where)
+        return ids, next_id, steps_done
+
+    # -- episodes ----------------------------------------------------------------------------
+
+    def _read_episodes(
+        self, npz: NpzReader, prefix: str, metas: list[Any], next_id: int
+    ) -> tuple[Episode, ...]:
+        spaces = self.runner.get_spaces()
+        specs = self.episode_specs(spaces["observation_space"], spaces["action_space"])
+        return tuple(
+            self._read_episode(npz, prefix, k, meta, next_id, specs) for k, meta in enumerate(metas)
+        )
+
+    def _read_episode(
+        self,
+        npz: NpzReader,
+        prefix: str,
+        k: int,
+        meta: Any,
+        next_id: int,
+        specs: dict[str, dict[tuple[Part, ...], tuple[tuple[int, ...], np.dtype]]],
+    ) -> Episode:
+        """Episode ``k`` of ``prefix``: its metadata ``meta`` checked, then its arrays."""
+        where, base = f"{prefix}[{k}]", f"{prefix}/{k}"
+        num_envs = int(self.runner.envs.num_envs)
+        self.check_episode_meta(meta, where, EPISODE_SCALARS, next_id, num_envs)
+        return Episode(
+            **self.read_steps(npz, where, base, meta, specs),
+            **{field: meta[field] for field in EPISODE_FIELDS},
+        )
+
+    def _check_kept(
+        self, fragments: tuple[Episode, ...], finished: tuple[Episode, ...], ids: np.ndarray
+    ) -> None:
+        """The kept episodes fit each other and the bookkeeping."""
+        self.check_alike(
+            [(f"fragments[{k}]", e) for k, e in enumerate(fragments)]
+            + [(f"finished[{k}]", e) for k, e in enumerate(finished)]
+        )
+        envs_with = [e.env_id for e in fragments]
+        for k, episode in enumerate(fragments):
+            self.require(not episode.is_done, f"fragments[{k}]", "that is finished")
+            self.require(
+                episode.episode_id == ids[episode.env_id],
+                f"fragments[{k}].episode_id",
+                f"{episode.episode_id}, not the current episode of env {episode.env_id}",
+            )
+        self.require(len(set(envs_with)) == len(envs_with), "fragments", "with two for one env")
+        finished_ids = [e.episode_id for e in finished]
+        self.require(len(set(finished_ids)) == len(finished_ids), "finished", "with a repeated id")
+        for k, episode in enumerate(finished):
+            self.require(episode.is_complete, f"finished[{k}]", "that is not complete")
+            self.require(
+                episode.episode_id not in set(ids.tolist()),
+                f"finished[{k}].episode_id",
+                f"{episode.episode_id}, the id of an episode still running",
+            )
+
+
+__all__ = [
+    "FORMAT",
+    "MAX_META_BYTES",
+    "MAX_RESTORE_BYTES",
+    "META",
+    "VERSION",
+    "EPISODE_FIELDS",
+    "EPISODE_SCALARS",
+    "Checkpoint",
+    "CheckpointFile",
+    "array_name",
+    "is_key",
+    "part_of",
+]

@@ -1,0 +1,113 @@
+"""EnvRunnerGroupConfig: what an EnvRunnerGroup builds, checked once."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gymnasium
+
+from jaxrunner._src.backends import ProcessConfig, RayConfig, check_vec_options
+from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.runner.policy import Policy
+from jaxrunner.errors import InvalidArgumentError
+
+EPISODE_ID_BITS = 40
+"""Low bits of a group episode id that hold the runner-local id."""
+
+PolicyFactory = Callable[[gymnasium.Space], Policy]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvRunnerGroupConfig:
+    """What each runner of an :class:`EnvRunnerGroup` runs, and where."""
+
+    num_runners: int = 2
+    """Runners (Ray actors)."""
+    num_envs_per_runner: int = 8
+    """Sub-envs of each runner's vector env."""
+    rollout_length: int = 128
+    """T of every runner's ``sample()``."""
+    seed: int = 0
+    """Base seed (see the module docstring for each runner's)."""
+    backend: str = "sync"
+    """Each runner's ``make_vec`` backend."""
+    env_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments for the env (``gymnasium.make``), passed untouched."""
+    vec_config: ProcessConfig | RayConfig | None = None
+    """The backend's options (``make_vec(config=...)``): a ProcessConfig for
+    ``backend="process"``, a RayConfig for ``"ray"``; None: its defaults."""
+    restart_policy: RestartPolicy | None = None
+    """How each runner's envs recreate failed sub-envs (``make_vec(restart_policy=...)``);
+    None: a failure fails the runner (which the group then replaces)."""
+    runner_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Keyword arguments for :class:`~jaxrunner.EnvRunner` (
+    ``metrics``, ``num_splits``...), or for :class:`~jaxrunner.MultiAgentRunner`."""
+    multi_agent: bool = False
+    """The env factory makes PettingZoo envs: each runner is a
+    :class:`~jaxrunner.MultiAgentRunner` over ``make_multi_agent_vec``; the policy
+    factory is called once per agent group (with its action space), and params,
+    ``set_params`` and the connector statistics are dicts by policy id."""
+    policy_mapping_fn: Callable[[str], str] | None = None
+    """With ``multi_agent``: ``agent_id -> policy_id`` (picklable; None: the default
+    mapping)."""
+    num_cpus_per_runner: float = 1.0
+    """Ray CPU resources each runner reserves."""
+    num_gpus_per_runner: float = 0.0
+    """Ray GPU resources each runner reserves (fractions share a GPU); JAX in the actor
+    then sees the GPU Ray assigned."""
+    sample_timeout_s: float | None = None
+    """A runner that has not returned a sample (or acknowledged new params) after this
+    long is treated as failed: killed and replaced. None: wait forever."""
+    start_timeout_s: float = 300.0
+    """How long to wait for a runner to start (import, build its envs, compile)."""
+    max_restarts: int = 100
+    """Runner restarts the group allows in all, before it gives up and raises."""
+
+    def __post_init__(self) -> None:
+        check_vec_options(self.backend, self.vec_config, self.restart_policy)
+        if self.policy_mapping_fn is not None and not self.multi_agent:
+            raise InvalidArgumentError(
+                "EnvRunnerGroupConfig(policy_mapping_fn=...): a policy mapping applies to "
+                "multi-agent envs; set multi_agent=True."
+            )
+        for name in ("num_runners", "num_envs_per_runner", "rollout_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(
+                    f"EnvRunnerGroupConfig({name}={value!r}): expected an int >= 1."
+                )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise InvalidArgumentError(
+                f"EnvRunnerGroupConfig(seed={self.seed!r}): expected an int >= 0."
+            )
+        for name in ("num_cpus_per_runner", "num_gpus_per_runner"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise InvalidArgumentError(
+                    f"EnvRunnerGroupConfig({name}={value!r}): expected a number >= 0."
+                )
+        for name in ("sample_timeout_s", "start_timeout_s"):
+            value = getattr(self, name)
+            if value is None and name == "sample_timeout_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise InvalidArgumentError(
+                    f"EnvRunnerGroupConfig({name}={value!r}): expected a number of seconds > 0."
+                )
+        if (
+            isinstance(self.max_restarts, bool)
+            or not isinstance(self.max_restarts, int)
+            or (self.max_restarts < 0)
+        ):
+            raise InvalidArgumentError(
+                f"EnvRunnerGroupConfig(max_restarts={self.max_restarts!r}): expected an int >= 0."
+            )
+
+    def runner_seed(self, index: int, incarnation: int) -> int:
+        """The seed of runner ``index``'s ``incarnation``-th instance."""
+        return self.seed + (incarnation * self.num_runners + index) * self.num_envs_per_runner
+
+
+__all__ = ["EPISODE_ID_BITS", "EnvRunnerGroupConfig", "PolicyFactory"]

@@ -1,0 +1,386 @@
+"""EnvRunnerGroup: the runner actors, sampling, weight and statistics sync, restarts."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gymnasium
+import jax
+import numpy as np
+
+from jaxrunner._src.backends.ray import import_ray
+from jaxrunner._src.connectors.moments import Moments, merge_all
+from jaxrunner._src.runner.policy import Params
+from jaxrunner._src.runner.trajectory import Trajectory
+from jaxrunner._src.services.distributed.config import EnvRunnerGroupConfig, PolicyFactory
+from jaxrunner._src.services.distributed.worker import RunnerWorker
+from jaxrunner.errors import InvalidArgumentError, RemoteTimeoutError, RunnerFailedError
+
+
+@dataclasses.dataclass
+class _Slot:
+    """One runner position: its current actor and how it is doing."""
+
+    index: int
+    actor: Any
+    incarnation: int
+    ready_ref: Any  # None once the actor answered ready()
+    failures: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return self.ready_ref is None
+
+
+def concatenate_envs(trajectories: list[Trajectory]) -> Trajectory:
+    """Joins trajectories of the same T along the env axis (``[T, B1 + B2 + ...]``)."""
+    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *trajectories)
+
+
+class EnvRunnerGroup:
+    """N :class:`~jaxrunner.EnvRunner` s as Ray actors (see the module docstring).
+
+    Args:
+        env: a gymnasium id, or a picklable zero-argument factory of a gymnasium.Env
+            (with ``config.multi_agent``: of a PettingZoo env).
+        policy_factory: a picklable callable ``(single_action_space) -> Policy`` (e.g.
+            ``functools.partial(jaxrunner._src.bench.mlp_policy, hidden=(64, 64))``); for a
+            multi-agent env, called with each agent group's action space.
+        params: the initial params (any pytree of arrays; sent once via ``ray.put``);
+            for a multi-agent env, a dict by policy id, as :meth:`set_params` takes too.
+        config: :class:`EnvRunnerGroupConfig`.
+
+    Ray must be importable; ``ray.init(...)`` first to choose the cluster (otherwise
+    Ray starts a local instance).
+    """
+
+    def __init__(
+        self,
+        env: str | Callable[[], gymnasium.Env],
+        policy_factory: PolicyFactory,
+        params: Params,
+        config: EnvRunnerGroupConfig | None = None,
+    ) -> None:
+        self.config = config or EnvRunnerGroupConfig()
+        if not isinstance(self.config, EnvRunnerGroupConfig):
+            raise InvalidArgumentError(
+                f"EnvRunnerGroup(config=...): expected an EnvRunnerGroupConfig, got {config!r}."
+            )
+        if not (isinstance(env, str) or callable(env)) or not callable(policy_factory):
+            raise InvalidArgumentError(
+                "EnvRunnerGroup(env, policy_factory, ...): expected a gymnasium id or env "
+                "factory and a callable (single_action_space) -> Policy, got "
+                f"{type(env).__name__} and {type(policy_factory).__name__}."
+            )
+        self._ray = import_ray()
+        self._env, self._policy_factory = env, policy_factory
+        self._params_ref = self._ray.put(jax.device_get(params))
+        self._params_version = 0
+        self._statistics: list[Moments] | None = None
+        self._statistics_ref: Any = None
+        self._closed = False
+        self.num_restarts = 0
+        """Runners replaced so far."""
+        self.num_env_steps_sampled = 0
+        """Valid transitions returned by :meth:`sample` so far."""
+        options = {
+            "num_cpus": self.config.num_cpus_per_runner,
+            "num_gpus": self.config.num_gpus_per_runner,
+        }
+        self._remote_cls = self._ray.remote(RunnerWorker).options(**options)
+        self._slots = [self._start(i, 0) for i in range(self.config.num_runners)]
+        try:
+            self.wait_until_healthy(self.config.start_timeout_s, all_runners=True)
+        except BaseException:
+            self.stop()
+            raise
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def runner_actors(self) -> list[Any]:
+        """The current Ray actor handle of each runner."""
+        return [slot.actor for slot in self._slots]
+
+    @property
+    def healthy_runners(self) -> list[int]:
+        """Indices of the runners that are up (started and not known to have failed)."""
+        self._poll_restored()
+        return [slot.index for slot in self._slots if slot.healthy]
+
+    def sample(self, concat: bool = True) -> Trajectory | list[Trajectory]:
+        """One ``sample()`` of every healthy runner, run in parallel.
+
+        Args:
+            concat: join the trajectories along the env axis (``[T, n * answered]``);
+                False returns them as a list, one per runner that answered, in runner
+                order (read ``env_id`` to tell them apart).
+
+        A runner that dies, raises or misses ``sample_timeout_s`` is replaced (in the
+        background) and left out of this result; restored runners join the next calls
+        once started. Blocks for restored runners only when none is healthy.
+        """
+        self._check_open("sample")
+        ray = self._ray
+        slots = self._healthy_slots()
+        refs = [slot.actor.sample_with_statistics.remote() for slot in slots]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=self.config.sample_timeout_s)
+        finished = set(done)
+        results: list[Any] = []
+        deltas: list[Any] = []
+        steps = 0
+        failed: list[tuple[_Slot, str]] = []  # replaced after the merge: they start from it
+        for slot, ref in zip(slots, refs):
+            if ref not in finished:
+                failed.append(
+                    (slot, f"no sample within sample_timeout_s={self.config.sample_timeout_s}")
+                )
+                continue
+            try:
+                traj, delta, new_steps = ray.get(ref)
+                results.append(traj)
+                deltas.append(delta)
+                steps += new_steps
+            # RayError: also an env error Ray could not unpickle (UnserializableException).
+            except ray.exceptions.RayError as err:
+                failed.append((slot, f"sample() failed: {err}"))
+        if deltas and deltas[0]:  # connectors with statistics: merged in runner order, exactly
+            self._statistics = _merged(self._statistics, deltas)
+        for slot, why in failed:
+            self._restart(slot, why)
+        if not results:
+            raise RunnerFailedError(
+                f"EnvRunnerGroup.sample(): none of the runners {[s.index for s in slots]} returned "
+                "a sample (each was replaced; see get_metrics()['runner_failures']). Check the "
+                "env and the runners' logs, or raise sample_timeout_s."
+            )
+        self.num_env_steps_sampled += steps
+        return concatenate_envs(results) if concat else results
+
+    @property
+    def connector_statistics(self) -> list[Moments] | None:
+        """The connectors' statistics merged over every runner's samples so far (None
+        before the first sample or without connectors); :meth:`set_params` sends them
+        to every runner with the weights."""
+        return self._statistics
+
+    def set_params(self, params: Params) -> None:
+        """Sends new params to every runner: one ``ray.put``, one reference for all.
+        Returns once every healthy runner has them; runners being restored get them
+        too (queued), and later restarts start from them."""
+        self._check_open("set_params")
+        ray = self._ray
+        self._params_ref = ray.put(jax.device_get(params))
+        self._params_version += 1
+        version = self._params_version
+        if self._statistics is not None:
+            self._statistics_ref = ray.put(jax.device_get(self._statistics))
+        stats = self._statistics_ref
+        refs = [
+            slot.actor.set_params.remote(self._params_ref, version, stats) for slot in self._slots
+        ]
+        waiting = [ref for slot, ref in zip(self._slots, refs) if slot.healthy]
+        done, _ = ray.wait(waiting, num_returns=len(waiting), timeout=self.config.sample_timeout_s)
+        finished = set(done)
+        for slot, ref in zip(list(self._slots), refs):
+            if not slot.healthy:
+                continue
+            if ref not in finished:
+                self._restart(slot, "no answer to set_params() within sample_timeout_s")
+                continue
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as err:
+                self._restart(slot, f"died during set_params(): {err}")
+            except ray.exceptions.RayTaskError as err:  # bad params: the caller's to fix
+                cause = getattr(err, "cause", None)
+                raise (cause if isinstance(cause, Exception) else err) from err
+
+    @property
+    def params_version(self) -> int:
+        """How many times :meth:`set_params` was called."""
+        return self._params_version
+
+    def get_metrics(self) -> dict[str, Any]:
+        """Sums (steps, episodes, faults, steps/s), means over runners (episode return
+        and length, perf timers), and the group's own: runners up, restarts, params
+        versions, and each runner's metrics under ``runners``. A runner's counters
+        start again from 0 when it is replaced; ``num_env_steps_sampled`` does not."""
+        self._check_open("get_metrics")
+        ray = self._ray
+        slots = self._healthy_slots(block=False)
+        refs = [slot.actor.get_metrics.remote() for slot in slots]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=self.config.sample_timeout_s)
+        per_runner: dict[int, dict[str, Any]] = {}
+        for slot, ref in zip(slots, refs):
+            try:
+                if ref not in done:
+                    raise RemoteTimeoutError("no answer within sample_timeout_s")
+                per_runner[slot.index] = ray.get(ref)
+            except (ray.exceptions.RayActorError, RemoteTimeoutError) as err:
+                self._restart(slot, f"get_metrics() failed: {err}")
+        return aggregate_metrics(per_runner) | {
+            "num_runners": self.config.num_runners,
+            "num_healthy_runners": len(self.healthy_runners),
+            "num_runner_restarts": self.num_restarts,
+            "num_env_steps_sampled": self.num_env_steps_sampled,
+            "params_version": self._params_version,
+            "runner_params_versions": {i: m["params_version"] for i, m in per_runner.items()},
+            "runner_failures": {s.index: list(s.failures) for s in self._slots if s.failures},
+            "runners": per_runner,
+        }
+
+    def wait_until_healthy(self, timeout_s: float, all_runners: bool = True) -> None:
+        """Blocks until every runner (or, with ``all_runners=False``, at least one) is up.
+
+        Raises:
+            RemoteTimeoutError: not within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._poll_restored()
+            up = [s for s in self._slots if s.healthy]
+            if len(up) == len(self._slots) or (up and not all_runners):
+                return
+            pending = [s.ready_ref for s in self._slots if not s.healthy]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RemoteTimeoutError(
+                    f"EnvRunnerGroup: runners {[s.index for s in self._slots if not s.healthy]} "
+                    f"did not start within {timeout_s}s. Each asks for num_cpus="
+                    f"{self.config.num_cpus_per_runner}, num_gpus={self.config.num_gpus_per_runner}"
+                    f" (available: {self._ray.available_resources()}); lower them or add nodes."
+                )
+            self._ray.wait(pending, num_returns=1, timeout=left)
+
+    def stop(self) -> None:
+        """Stops every runner (closing its envs) and kills the actors."""
+        if self._closed:
+            return
+        self._closed = True
+        ray = self._ray
+        try:  # noqa: SIM105
+            ray.get([s.actor.stop.remote() for s in self._slots], timeout=10)
+        except Exception:  # dead or stuck runners: killed below
+            pass
+        for slot in self._slots:
+            _kill(ray, slot.actor)
+
+    def __enter__(self) -> EnvRunnerGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _start(self, index: int, incarnation: int) -> _Slot:
+        actor = self._remote_cls.remote(
+            self._env,
+            self._policy_factory,
+            self._params_ref,
+            self._params_version,
+            self.config,
+            index,
+            incarnation,
+            # The latest merged statistics, broadcast or not yet.
+            None if self._statistics is None else self._ray.put(jax.device_get(self._statistics)),
+        )
+        return _Slot(index, actor, incarnation, actor.ready.remote())
+
+    def _restart(self, slot: _Slot, why: str) -> None:
+        """Kills ``slot``'s actor and starts its next incarnation (in the background)."""
+        _kill(self._ray, slot.actor)
+        slot.failures.append(f"incarnation {slot.incarnation}: {why}")
+        if self.num_restarts >= self.config.max_restarts:
+            raise RunnerFailedError(
+                f"EnvRunnerGroup: runner {slot.index} failed ({why}) and the group has used its "
+                f"max_restarts={self.config.max_restarts}. Failures: {slot.failures}"
+            )
+        self.num_restarts += 1
+        new = self._start(slot.index, slot.incarnation + 1)
+        self._slots[slot.index] = new
+        new.failures = slot.failures
+
+    def _poll_restored(self) -> None:
+        """Marks runners whose start finished as healthy (restarting those that failed)."""
+        pending = [s for s in self._slots if not s.healthy]
+        if not pending:
+            return
+        done, _ = self._ray.wait(
+            [s.ready_ref for s in pending], num_returns=len(pending), timeout=0
+        )
+        for slot in pending:
+            if slot.ready_ref in done:
+                try:
+                    self._ray.get(slot.ready_ref)
+                except Exception as err:  # the runner's constructor raised or it died
+                    if slot.incarnation == 0:  # a bad config: no point restarting
+                        raise RunnerFailedError(
+                            f"EnvRunnerGroup: runner {slot.index} failed to start: {err}"
+                        ) from err
+                    self._restart(slot, f"failed to start: {err}")
+                    continue
+                slot.ready_ref = None
+
+    def _healthy_slots(self, block: bool = True) -> list[_Slot]:
+        self._poll_restored()
+        if block and not any(s.healthy for s in self._slots):
+            self.wait_until_healthy(self.config.start_timeout_s, all_runners=False)
+        return [s for s in self._slots if s.healthy]
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            from jaxrunner.errors import ClosedError
+
+            raise ClosedError(
+                f"EnvRunnerGroup.{what}() called after stop(); create a new EnvRunnerGroup."
+            )
+
+
+def _merged(statistics: Any, deltas: list[Any]) -> Any:
+    """The group's statistics with the runners' new ones merged in (in runner order);
+    a multi-agent group's per policy id."""
+    if isinstance(deltas[0], dict):
+        base = statistics or {}
+        return {pid: _merged(base.get(pid), [delta[pid] for delta in deltas]) for pid in deltas[0]}
+    return merge_all([*([] if statistics is None else [statistics]), *deltas])
+
+
+def aggregate_metrics(per_runner: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """Group metrics from runners' ``get_metrics()``: counters and rates summed (the
+    runners run in parallel), episode statistics and perf timers averaged."""
+    runs = list(per_runner.values())
+    if not runs:
+        return {}
+    summed = ("num_env_steps", "num_episodes", "num_faulty_episodes", "num_dropped_steps")
+    out: dict[str, Any] = {key: sum(int(m.get(key, 0)) for m in runs) for key in summed}
+    out["env_steps_per_s"] = float(sum(m.get("env_steps_per_s", 0.0) for m in runs))
+    with np.errstate(all="ignore"):
+        for key, fn in (
+            ("episode_return_mean", np.nanmean),
+            ("episode_length_mean", np.nanmean),
+            ("episode_return_min", np.nanmin),
+            ("episode_return_max", np.nanmax),
+        ):
+            values = [m.get(key, float("nan")) for m in runs]
+            out[key] = float(fn(values)) if not np.all(np.isnan(values)) else float("nan")
+    perf_keys = set().union(*(m.get("perf", {}) for m in runs))
+    out["perf"] = {
+        k: float(np.mean([m["perf"][k] for m in runs if k in m.get("perf", {})]))
+        for k in sorted(perf_keys)
+    }
+    return out
+
+
+def _kill(ray: Any, actor: Any) -> None:
+    try:  # noqa: SIM105
+        ray.kill(actor, no_restart=True)
+    except Exception:  # already dead, or Ray shut down
+        pass
+
+
+__all__ = ["EnvRunnerGroup", "aggregate_metrics", "concatenate_envs"]

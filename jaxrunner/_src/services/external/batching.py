@@ -1,0 +1,385 @@
+"""Dynamic batching of policy requests from many concurrent episodes.
+
+Requests (one row per observation) queue up; a single thread takes up to
+``max_batch`` rows, waiting at most ``max_wait_s`` after the first for more, pads
+them to the smallest of a few bucket sizes and runs one compiled policy call. Each
+bucket is compiled once, ahead of time, the first time it is needed: shapes never
+change afterwards, so new params or odd batch sizes never recompile.
+
+A row's action key is ``fold_in(fold_in(fold_in(key(seed), id_hi), id_lo), step)``
+for its episode id and step index, and the policy (and a logged action's log-prob) is
+computed in fixed chunks of ``chunk_rows`` rows (:mod:`jaxrunner._src.samplers.batch_invariance`;
+buckets are rounded up to whole chunks): its action depends on the seed, the episode
+and the step only, bit for bit, never on which rows share its batch or how many they
+are (as a runner's actions never depend on how its envs are grouped).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.runner.policy import Params, Policy, check_params_like
+from jaxrunner._src.samplers import keys
+from jaxrunner._src.samplers.batch_invariance import (
+    check_chunk_rows,
+    chunked_apply,
+    policy_chunk_rows,
+)
+from jaxrunner._src.samplers.transfer import Packing, compile_packed
+from jaxrunner.errors import ClosedError
+
+logger = logging.getLogger("jaxrunner._src.services.external.batching")
+
+
+@dataclasses.dataclass
+class Row:
+    """One policy evaluation.
+
+    Attributes:
+        obs: one observation (numpy tree, already checked against the space).
+        action: the action taken, for logged (off-policy) rows; ``None`` to sample.
+        episode_id: the episode's id (an int in ``[0, 2**63)``), for the key.
+        step: the step's index within its episode, for the key.
+        carry: the episode's recurrent state (numpy tree; ``None`` if feed-forward).
+    """
+
+    obs: Any
+    action: Any
+    episode_id: int
+    step: int
+    carry: Any
+
+
+RowResult = tuple[Any, dict[str, np.ndarray], Any]
+"""``(action, extras, carry)`` of one row, as numpy (action in the space's dtype)."""
+
+
+@dataclasses.dataclass
+class _Request:
+    rows: list[Row]
+    on_done: Callable[[list[RowResult]], Any]
+    on_abort: Callable[[BaseException | None], Any] | None
+    future: concurrent.futures.Future
+    results: list[RowResult | None]
+    taken: int = 0  # rows handed to a batch so far
+    remaining: int = 0  # rows not yet computed
+    finished: bool = False  # on_done or on_abort has run
+
+
+def default_buckets(max_batch: int) -> tuple[int, ...]:
+    """Powers of four below ``max_batch``, then ``max_batch`` itself: few compiles
+    (each costs about a second on a CPU host), at most 4x padding."""
+    sizes, size = [], 1
+    while size < max_batch:
+        sizes.append(size)
+        size *= 4
+    return (*sizes, max_batch)
+
+
+class PolicyBatcher:
+    """Runs a policy for rows submitted from any thread, batched.
+
+    Args:
+        policy: the policy; ``log_prob_fn`` (if set) gives logged actions' log-probs.
+        params: its params.
+        observation_space, action_space: a single episode's spaces.
+        seed: seeds every action key.
+        max_batch: the most rows per policy call.
+        max_wait_s: how long to wait after the first queued row for more.
+        buckets: batch sizes to pad to (sorted; the last must be ``max_batch``).
+        ready_hint: returns how many rows could come at most (e.g. live episodes);
+            once that many are queued, the batch goes without waiting longer.
+        chunk_rows: rows per policy chunk (default:
+            :func:`~jaxrunner._src.samplers.batch_invariance.policy_chunk_rows` for ``max_batch``).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        params: Params,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        seed: int,
+        *,
+        max_batch: int,
+        max_wait_s: float,
+        buckets: Sequence[int],
+        ready_hint: Callable[[], int] | None = None,
+        chunk_rows: int | None = None,
+    ) -> None:
+        if chunk_rows is None:
+            chunk_rows = policy_chunk_rows(policy, params, observation_space, max_batch)
+        self._chunk_rows = check_chunk_rows(chunk_rows, "PolicyBatcher")
+        self._policy = policy
+        self._obs_space = observation_space
+        self._action_space = action_space
+        self._seed = seed
+        self._max_batch = max_batch
+        self._max_wait_s = max_wait_s
+        self._buckets = tuple(sorted(buckets))
+        self._ready_hint = ready_hint
+        self._params = jax.device_put(params)
+        self._params_version = 0
+        self._compiled: dict[int, tuple[Callable, Packing, Packing, np.ndarray]] = {}
+        self._cond = threading.Condition()
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._queued_rows = 0
+        self._closed = False
+        self.num_traces = 0
+        """How many times the policy step was traced (one per stage size used: a bucket
+        rounded up to whole chunks)."""
+        self.num_batches = 0
+        self.num_rows = 0
+        self.inference_s = 0.0
+        # Compile the largest bucket now: a bad policy fails here, not in a request.
+        self._get_compiled(self._buckets[-1])
+        self._thread = threading.Thread(target=self._loop, name="jaxrunner-batcher", daemon=True)
+        self._thread.start()
+
+    # -- public -------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        rows: list[Row],
+        on_done: Callable[[list[RowResult]], Any],
+        on_abort: Callable[[BaseException | None], Any] | None = None,
+    ) -> concurrent.futures.Future:
+        """Queues ``rows``; exactly one of ``on_done`` and ``on_abort`` runs, in the
+        batcher's thread.
+
+        When all rows are computed and the future was not cancelled,
+        ``on_done(results)`` runs and the future resolves to its return value (or to
+        the exception it raised). The future stays pending (cancellable) until then:
+        a waiter that gives up cancels it, and ``on_abort(None)`` runs instead, so
+        nothing is recorded for an action nobody received. If the policy fails (or
+        the batcher closes), ``on_abort(error)`` runs and the future fails with it.
+        """
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        request = _Request(rows, on_done, on_abort, future, [None] * len(rows), 0, len(rows))
+        with self._cond:
+            if self._closed:
+                raise ClosedError("the policy batcher is closed; no more actions can be computed.")
+            self._queue.append(request)
+            self._queued_rows += len(rows)
+            self._cond.notify()
+        return future
+
+    def set_params(self, params: Params) -> int:
+        """Swaps the params for the next batch (never recompiles); returns their version."""
+        check_params_like(self._params, params, "batcher")
+        device = jax.device_put(params)
+        with self._cond:
+            self._params = device
+            self._params_version += 1
+            return self._params_version
+
+    def get_params(self) -> tuple[Params, int]:
+        """The current params and their version (0 for the initial ones)."""
+        with self._cond:
+            return self._params, self._params_version
+
+    def close(self) -> None:
+        """Stops the thread; queued requests fail with ``ClosedError``."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if batch is None:
+                return
+            self._run_batch(batch)
+
+    def _take_batch(self) -> list[tuple[_Request, int]] | None:
+        with self._cond:
+            while not self._queue and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                queued = list(self._queue)
+                self._queue.clear()
+            else:
+                queued = None
+        if queued is not None:  # outside the lock: on_abort takes the env's lock
+            error = ClosedError("the external env was closed before this action was computed.")
+            for request in queued:
+                self._fail(request, error)
+            return None
+        with self._cond:
+            deadline = time.monotonic() + self._max_wait_s
+            while self._queued_rows < self._max_batch and not self._closed:
+                if self._ready_hint is not None and self._queued_rows >= self._ready_hint():
+                    break  # every row that could come is here: waiting gains nothing
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            batch: list[tuple[_Request, int]] = []
+            while self._queue and len(batch) < self._max_batch:
+                request = self._queue[0]
+                count = min(len(request.rows) - request.taken, self._max_batch - len(batch))
+                batch.extend((request, request.taken + j) for j in range(count))
+                request.taken += count
+                if request.taken == len(request.rows):
+                    self._queue.popleft()
+            self._queued_rows -= len(batch)
+            return batch
+
+    def _run_batch(self, batch: list[tuple[_Request, int]]) -> None:
+        try:
+            results = self._compute([request.rows[i] for request, i in batch])
+        except Exception as err:  # a policy failure fails its requests, not the server
+            for request in {id(r): r for r, _ in batch}.values():
+                self._fail(request, err)
+            return
+        for (request, i), result in zip(batch, results):
+            request.results[i] = result
+            request.remaining -= 1
+            if request.remaining == 0 and not request.finished:
+                request.finished = True
+                # Running only now: until here its waiter could cancel it.
+                if not request.future.set_running_or_notify_cancel():
+                    self._abort(request, None)
+                    continue
+                try:
+                    value = request.on_done(request.results)  # type: ignore[arg-type]
+                except Exception as err:
+                    request.future.set_exception(err)
+                else:
+                    request.future.set_result(value)
+
+    def _fail(self, request: _Request, error: BaseException) -> None:
+        """Ends ``request`` with ``error`` (its on_abort runs; None if it was cancelled)."""
+        if request.finished:
+            return
+        request.finished = True
+        if request.future.set_running_or_notify_cancel():
+            self._abort(request, error)
+            request.future.set_exception(error)
+        else:
+            self._abort(request, None)
+
+    @staticmethod
+    def _abort(request: _Request, error: BaseException | None) -> None:
+        if request.on_abort is None:
+            return
+        try:
+            request.on_abort(error)
+        except Exception:  # the batcher thread must live on
+            logger.exception("on_abort of a policy request raised")
+
+    def _compute(self, rows: list[Row]) -> list[RowResult]:
+        started = time.perf_counter()
+        size = next(b for b in self._buckets if b >= len(rows))
+        step, in_packing, out_packing, stage = self._get_compiled(size)
+        obs, given, logged, id_hi, id_lo, steps, carry, count = in_packing.host_views(stage)
+        logged[:] = False
+        count[...] = len(rows)  # the rows after them (stale host data) are padding
+        for i, row in enumerate(rows):
+            jr_spaces.copy_into(self._obs_space, obs, row.obs, i)
+            if row.action is not None:
+                jr_spaces.copy_into(self._action_space, given, row.action, i)
+                logged[i] = True
+            id_hi[i], id_lo[i] = row.episode_id >> 32, row.episode_id & 0xFFFFFFFF
+            steps[i] = row.step
+            for dst, src in zip(jax.tree.leaves(carry), jax.tree.leaves(row.carry)):
+                dst[i] = src
+        with self._cond:
+            params = self._params
+        host = np.asarray(jax.device_get(step(params, jax.device_put(stage))))
+        action, extras, new_carry = out_packing.host_views(host)
+        action = jr_spaces.map_structure(
+            self._action_space,
+            lambda leaf, like: leaf.astype(like.dtype),
+            action,
+            jr_spaces.allocate(self._action_space, ()),
+        )
+        results: list[RowResult] = []
+        for i in range(len(rows)):
+            results.append(
+                (
+                    jr_spaces.take(self._action_space, action, i),
+                    {k: np.array(v[i]) for k, v in extras.items()},
+                    None
+                    if new_carry is None
+                    else jax.tree.map(lambda c, i=i: np.array(c[i]), new_carry),
+                )
+            )
+        self.num_batches += 1
+        self.num_rows += len(rows)
+        self.inference_s += time.perf_counter() - started
+        return results
+
+    def _get_compiled(self, bucket: int) -> tuple[Callable, Packing, Packing, np.ndarray]:
+        """The compiled step for ``bucket`` rows, on a stage of whole chunks."""
+        size = -(-bucket // self._chunk_rows) * self._chunk_rows
+        if size in self._compiled:
+            return self._compiled[size]
+        policy, action_space = self._policy, self._action_space
+        carry = policy.batched_carry(size)
+        in_example = (
+            jr_spaces.allocate(self._obs_space, (size,)),
+            jr_spaces.allocate(action_space, (size,)),
+            np.zeros(size, np.bool_),
+            np.zeros(size, np.uint32),
+            np.zeros(size, np.uint32),
+            np.zeros(size, np.uint32),
+            None if carry is None else jax.tree.map(np.asarray, carry),
+            np.zeros((), np.int32),
+        )
+        seed = self._seed
+        apply = chunked_apply(policy.apply_fn, self._chunk_rows)
+        log_prob = None
+        if policy.log_prob_fn is not None:  # same signature: (params, obs, carry, rows)
+            log_prob = chunked_apply(policy.log_prob_fn, self._chunk_rows)
+
+        def step(params: Params, inputs: Any) -> tuple[Any]:
+            self.num_traces += 1  # runs only while tracing: counts compiles
+            obs, given, logged, id_hi, id_lo, steps, carry, count = inputs
+
+            def key_of(hi: jax.Array, lo: jax.Array, t: jax.Array) -> jax.Array:
+                key = jax.random.fold_in(keys.key(seed), hi)
+                return jax.random.fold_in(jax.random.fold_in(key, lo), t)
+
+            row_keys = jax.vmap(key_of)(id_hi, id_lo, steps)
+            action, extras, new_carry = apply(params, obs, carry, row_keys, count)
+
+            def choose(sampled: jax.Array, taken: jax.Array) -> jax.Array:
+                mask = logged.reshape(-1, *([1] * (sampled.ndim - 1)))
+                return jnp.where(mask, taken.astype(sampled.dtype), sampled)
+
+            action = jax.tree.map(choose, action, given)
+            extras = dict(extras)
+            if "log_prob" in extras:
+                if log_prob is not None:
+                    taken_lp = log_prob(params, obs, carry, action, count)
+                else:  # no way to score a given action: mark it, never invent one
+                    taken_lp = jnp.full_like(extras["log_prob"], jnp.nan)
+                extras["log_prob"] = jnp.where(logged, taken_lp, extras["log_prob"])
+            return ((action, extras, new_carry),)
+
+        program = compile_packed(step, (self._params,), in_example)
+        jr_spaces.check_policy_actions(self._action_space, program.output_spec[0], size)
+        compiled = lambda params, stage: program.run(params, stage)[0]  # noqa: E731
+        entry = (compiled, program.inputs, program.outputs, program.inputs.allocate())
+        self._compiled[size] = entry
+        return entry
+
+
+__all__ = ["PolicyBatcher", "Row", "RowResult", "default_buckets"]

@@ -1,0 +1,181 @@
+"""Argument checks of an :class:`~jaxrunner.ExternalEnv`.
+
+Every public call checks its values with these before it touches any state, so a bad
+call raises and leaves the episode exactly as it was.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.services.external.episodes import MAX_EPISODE_ID
+from jaxrunner._src.space_arrays import check_value
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
+
+
+def check_construction(observation_space: Any, action_space: Any, policy: Any, seed: Any) -> None:
+    """Raises unless the arguments of ``ExternalEnv(...)`` are usable.
+
+    Raises:
+        InvalidArgumentTypeError: a space is not a gymnasium space, or ``policy`` is
+            not a :class:`~jaxrunner.Policy`.
+        InvalidArgumentError: ``seed`` is not an int >= 0 (or a space is unsupported).
+    """
+    for name, space in (
+        ("observation_space", observation_space),
+        ("action_space", action_space),
+    ):
+        if not isinstance(space, spaces.Space):
+            raise InvalidArgumentTypeError(
+                f"ExternalEnv({name}=...): expected a gymnasium space, got {type(space).__name__}."
+            )
+        jr_spaces.check_supported(space, name)
+    if not isinstance(policy, Policy):
+        raise InvalidArgumentTypeError(
+            f"ExternalEnv(policy=...): expected a jaxrunner.Policy, got {policy!r}."
+        )
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InvalidArgumentError(f"ExternalEnv(seed={seed!r}): expected an int >= 0.")
+
+
+def check_episode_id(episode_id: Any) -> None:
+    """Raises unless ``episode_id`` is None or an int in ``[0, 2**63)`` (``start_episode``)."""
+    if episode_id is not None and (
+        isinstance(episode_id, bool)
+        or not isinstance(episode_id, (int, np.integer))
+        or not 0 <= episode_id <= MAX_EPISODE_ID
+    ):
+        raise InvalidArgumentError(
+            f"start_episode(episode_id={episode_id!r}): expected None or an int in [0, 2**63)."
+        )
+
+
+def check_flag(value: Any, call: str, name: str) -> None:
+    """Raises ``InvalidArgumentTypeError`` unless ``value`` (argument ``name`` of
+    ``call``) is a bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidArgumentTypeError(f"{call}({name}={value!r}): expected a bool.")
+
+
+def check_obs(space: spaces.Space, obs: Any, what: str) -> Any:
+    """``obs`` checked against ``space``, and finite: NaN and ±inf are refused even
+    where the space is unbounded (no policy can act on them, and a recorded one
+    poisons every return computed from it).
+
+    Raises:
+        SpaceMismatchError: ``obs`` does not fit ``space`` or is not finite.
+    """
+    obs = check_value(space, obs, what, bounds=False)
+    for leaf in jax.tree.leaves(obs):  # first: one wording for NaN and ±inf
+        if leaf.dtype.kind in "fc" and not np.isfinite(leaf).all():
+            raise SpaceMismatchError(
+                f"{what}: expected finite values, got NaN or infinity; observations of "
+                "an external env must be finite, even in unbounded dimensions."
+            )
+    return check_value(space, obs, what, bounds=True)
+
+
+def check_returns(reward: Any, info: Any) -> None:
+    """Raises unless ``reward`` is a finite real number and ``info`` a dict or None
+    (``log_returns``)."""
+    check_reward(reward, "reward")
+    if info is not None and not isinstance(info, dict):
+        raise InvalidArgumentTypeError(
+            f"log_returns(info=...): expected a dict or None, got {type(info).__name__}."
+        )
+
+
+def check_reward(reward: Any, name: str) -> None:
+    """Raises unless ``reward`` (argument ``name`` of ``log_returns``) is a finite
+    real number."""
+    if isinstance(reward, (bool, np.bool_)) or not isinstance(
+        reward, (int, float, np.integer, np.floating)
+    ):
+        raise InvalidArgumentTypeError(
+            f"log_returns({name}={reward!r}): expected a real number, got {type(reward).__name__}."
+        )
+    if not math.isfinite(float(reward)):
+        raise InvalidArgumentError(f"log_returns({name}={reward!r}): rewards must be finite.")
+
+
+def check_steps(
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    obs: Sequence[Any],
+    actions: Sequence[Any],
+    rewards: Sequence[Any],
+) -> tuple[list[Any], list[Any]]:
+    """The arguments of ``log_steps`` checked: one observation, action and finite
+    reward per step, each value in its space. Returns the checked observations and
+    actions."""
+    if not len(obs) == len(actions) == len(rewards):
+        raise InvalidArgumentError(
+            f"log_steps(): got {len(obs)} observations, {len(actions)} actions and "
+            f"{len(rewards)} rewards; expected one of each per step."
+        )
+    checked_obs = [check_obs(observation_space, o, f"obs[{t}]") for t, o in enumerate(obs)]
+    checked_actions = [
+        check_value(action_space, a, f"action[{t}]", bounds=False) for t, a in enumerate(actions)
+    ]
+    for t, reward in enumerate(rewards):
+        if (
+            isinstance(reward, bool)
+            or not isinstance(reward, (int, float))
+            or not math.isfinite(reward)
+        ):
+            raise InvalidArgumentError(
+                f"log_steps(): rewards[{t}]={reward!r} is not a finite number."
+            )
+    return checked_obs, checked_actions
+
+
+def check_agent_dict(
+    value: Any, possible_agents: Sequence[str], call: str, name: str, *, empty: bool = False
+) -> dict[str, Any]:
+    """``value`` (argument ``name`` of ``call``) as a dict keyed by agent ids, each one
+    of ``possible_agents`` (a multi-agent external env's calls).
+
+    Raises:
+        InvalidArgumentTypeError: ``value`` is not a dict, or a key not a str.
+        InvalidArgumentError: a key is no known agent, or the dict is empty (unless
+            ``empty``).
+    """
+    if not isinstance(value, dict):
+        raise InvalidArgumentTypeError(
+            f"{call}({name}=...): expected a dict {{agent_id: value}}, got {type(value).__name__}."
+        )
+    for agent in value:
+        if not isinstance(agent, str):
+            raise InvalidArgumentTypeError(
+                f"{call}({name}=...): agent id {agent!r} is not a str; keys are agent ids."
+            )
+        if agent not in possible_agents:
+            raise InvalidArgumentError(
+                f"{call}({name}=...): unknown agent {agent!r}; the env's agents are "
+                f"{list(possible_agents)}."
+            )
+    if not value and not empty:
+        raise InvalidArgumentError(
+            f"{call}({name}={{}}): expected at least one agent; name the agents that act."
+        )
+    return dict(value)
+
+
+__all__ = [
+    "check_agent_dict",
+    "check_construction",
+    "check_episode_id",
+    "check_flag",
+    "check_obs",
+    "check_returns",
+    "check_reward",
+    "check_steps",
+]

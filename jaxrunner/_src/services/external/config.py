@@ -1,0 +1,99 @@
+"""ExternalEnvConfig: the limits and batching of an :class:`~jaxrunner.ExternalEnv`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxrunner._src.services.external.batching import default_buckets
+from jaxrunner.errors import InvalidArgumentError
+
+
+def _positive(name: str, value: Any, *, integer: bool, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
+        kind = "an int" if integer else "a number"
+        none = " (or None)" if allow_none else ""
+        raise InvalidArgumentError(
+            f"ExternalEnvConfig({name}={value!r}): expected {kind} > 0{none}."
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExternalEnvConfig:
+    """Limits and batching of an :class:`ExternalEnv`."""
+
+    max_concurrent: int = 1024
+    """The most episodes live at once; one more ``start_episode`` raises
+    ``TooManyEpisodesError`` (HTTP 429 when served)."""
+    max_memory_bytes: int = 1 << 30
+    """The most bytes live episodes and finished, unpolled ones may hold together
+    (1 GiB: about 1.4 million CartPole steps at ~750 B each). A step or episode that
+    would pass it raises ``MemoryLimitError`` (HTTP 429) before anything is stored:
+    poll or end episodes. This, not the counts, is what bounds memory."""
+    max_episodes_per_client: int | None = None
+    """The most live episodes per client name; None: only ``max_concurrent``.
+    Advisory: over HTTP the name is the client's own ``X-Client-Id`` (or its address),
+    which a hostile client can vary; ``max_concurrent`` and ``max_memory_bytes`` are
+    the limits to rely on."""
+    max_batch: int = 64
+    """The most rows per policy call."""
+    max_wait_ms: float = 2.0
+    """After the first request of a batch, how long to wait for more (unless every
+    live episode has already asked)."""
+    buckets: tuple[int, ...] | None = None
+    """Batch sizes the policy is compiled for (each once); batches are padded to the
+    smallest that fits. None: powers of four up to ``max_batch``."""
+    episode_timeout_s: float | None = 300.0
+    """An episode with no call for this long is ended by the reaper (truncated)."""
+    action_timeout_s: float = 60.0
+    """``get_action``/``log_action`` raise ``TimeoutError`` after this long."""
+    max_episode_steps: int = 100_000
+    """Longer episodes are refused further steps: end them."""
+    max_output_episodes: int = 10_000
+    """Finished episodes kept for ``poll_episodes``; beyond, the oldest are dropped
+    (counted in ``num_dropped_steps``)."""
+    episode_window: int = 100
+    """Episode return/length means are over this many most recent episodes."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_concurrent",
+            "max_memory_bytes",
+            "max_batch",
+            "max_episode_steps",
+            "max_output_episodes",
+            "episode_window",
+        ):
+            _positive(name, getattr(self, name), integer=True)
+        _positive(
+            "max_episodes_per_client", self.max_episodes_per_client, integer=True, allow_none=True
+        )
+        _positive("episode_timeout_s", self.episode_timeout_s, integer=False, allow_none=True)
+        _positive("action_timeout_s", self.action_timeout_s, integer=False)
+        wait = self.max_wait_ms
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:
+            raise InvalidArgumentError(
+                f"ExternalEnvConfig(max_wait_ms={self.max_wait_ms!r}): expected a number >= 0."
+            )
+        if self.buckets is not None:
+            sizes = list(self.buckets)
+            if (
+                not sizes
+                or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes)
+                or sizes != sorted(set(sizes))
+                or sizes[-1] != self.max_batch
+            ):
+                raise InvalidArgumentError(
+                    f"ExternalEnvConfig(buckets={self.buckets!r}): expected increasing ints >= 1 "
+                    f"ending with max_batch={self.max_batch}, e.g. (1, 8, {self.max_batch})."
+                )
+
+    @property
+    def bucket_sizes(self) -> tuple[int, ...]:
+        return self.buckets if self.buckets is not None else default_buckets(self.max_batch)
+
+
+__all__ = ["ExternalEnvConfig"]

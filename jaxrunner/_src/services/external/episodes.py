@@ -1,0 +1,297 @@
+"""Episode bookkeeping of an :class:`~jaxrunner.ExternalEnv`: live records and ids.
+
+Nothing here locks: the :class:`~jaxrunner.ExternalEnv` that owns these objects
+holds its lock around every call.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.runner.trajectory import Episode
+from jaxrunner._src.services.external.memory import (
+    TRIM_EVERY_BYTES,
+    release_freed_memory,
+    step_nbytes,
+    tree_nbytes,
+)
+from jaxrunner.errors import EpisodeConflictError, EpisodeNotFoundError, TooManyEpisodesError
+
+MAX_EPISODE_ID = 2**63 - 1
+ENDED_IDS_KEPT = 100_000
+"""How many ended episode ids are remembered (to refuse their reuse and answer 410)."""
+CLIENT_IDS_KEPT = 65_536
+"""Client names numbered as ``env_id``s; later new names get ``env_id`` -1 (memory bound)."""
+
+
+@dataclasses.dataclass
+class LiveEpisode:
+    """A live episode's host-side record.
+
+    ``obs[t]`` got ``actions[t]``; ``rewards[t]`` is closed by the next observation,
+    so while an action waits for its outcome its reward adds up in ``pending_reward``.
+    """
+
+    episode_id: int
+    client: str
+    env_id: int
+    training_enabled: bool
+    carry: Any
+    last_seen: float
+    obs: list[Any] = dataclasses.field(default_factory=list)
+    actions: list[Any] = dataclasses.field(default_factory=list)
+    extras: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
+    rewards: list[float] = dataclasses.field(default_factory=list)
+    pending_reward: float = 0.0
+    busy: bool = False  # a get_action/log_action call is in flight
+    nbytes: int = 0  # what the recorded steps cost (see external.memory)
+    reserved: int = 0  # bytes reserved for the call in flight (see external.memory)
+    _undo: Any = None  # (ticket, previous carry, whether record closed a reward, bytes)
+
+    @property
+    def num_actions(self) -> int:
+        return len(self.actions)
+
+    def record(
+        self,
+        obs: Any,
+        action: Any,
+        extras: dict[str, np.ndarray],
+        carry: Any,
+        ticket: object = None,
+    ) -> None:
+        """Appends one step; this obs closes the previous step's reward. ``ticket``
+        names the step for :meth:`undo`."""
+        closed = self.num_actions > 0
+        size = step_nbytes(obs, action, extras)
+        self.nbytes += size
+        self._undo = (ticket, self.carry, closed, size) if ticket is not None else None
+        if closed:
+            self.rewards.append(self.pending_reward)
+            self.pending_reward = 0.0
+        self.obs.append(obs)
+        self.actions.append(action)
+        self.extras.append(extras)
+        self.carry = carry
+        self.last_seen = time.monotonic()
+
+    def undo(self, ticket: object) -> bool:
+        """Removes the latest step if :meth:`record` got it with ``ticket`` (its action
+        never reached the agent); rewards logged since go back to the step before."""
+        if self._undo is None or self._undo[0] is not ticket:
+            return False
+        _, self.carry, closed, size = self._undo
+        self._undo = None
+        self.nbytes -= size
+        self.obs.pop()
+        self.actions.pop()
+        self.extras.pop()
+        if closed:
+            self.pending_reward += self.rewards.pop()
+        return True
+
+    def close_at(self, final_obs: Any) -> None:
+        """Appends the final observation, closing the last step's reward."""
+        if self.num_actions:
+            self.rewards.append(self.pending_reward)
+        self.obs.append(final_obs)
+
+    def abandon(self, observation_space: spaces.Space) -> int:
+        """Closes the record at its last observation; returns the steps dropped.
+
+        The last action's outcome never came, so that step is dropped (0 or 1).
+        """
+        dropped = 0
+        if self.num_actions:
+            self.actions.pop()
+            self.extras.pop()
+            self.pending_reward = 0.0
+            dropped = 1
+        if not self.obs:
+            self.obs.append(jr_spaces.allocate(observation_space, ()))  # never output
+        return dropped
+
+    def to_episode(
+        self,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        *,
+        terminated: bool,
+        truncated: bool,
+    ) -> Episode:
+        """The closed record as an :class:`~jaxrunner.Episode` (needs at least one step).
+
+        Consumes the record: each row is released as soon as it is copied into the
+        stacked arrays, so the copy replaces the rows instead of doubling the
+        episode's memory (the arrays are uninitialized, their pages committed as
+        they are written). Call it without the env's lock: it is the slow part of
+        ending a long episode.
+        """
+        return Episode(
+            obs=_stack_releasing(observation_space, self.obs),
+            action=_stack_releasing(action_space, self.actions),
+            reward=np.asarray(self.rewards, np.float64),
+            extras={k: np.stack([e[k] for e in self.extras]) for k in self.extras[0]},
+            terminated=terminated,
+            truncated=truncated,
+            episode_id=self.episode_id,
+            env_id=self.env_id,
+        )
+
+
+def _stack_releasing(space: spaces.Space, rows: list[Any]) -> Any:
+    """``rows`` stacked along a new first axis; empties ``rows``, dropping each row
+    once it is copied."""
+    stacked = jr_spaces.map_structure(
+        space, lambda leaf: np.empty((len(rows), *np.shape(leaf)), np.asarray(leaf).dtype), rows[0]
+    )
+    freed = 0
+    for t in range(len(rows)):
+        jr_spaces.copy_into(space, stacked, rows[t], t)
+        freed += tree_nbytes(rows[t])
+        rows[t] = None  # its memory goes back now, not after the whole copy
+        if freed >= TRIM_EVERY_BYTES:
+            freed = 0
+            release_freed_memory()
+    rows.clear()
+    return stacked
+
+
+class EpisodeTable:
+    """Live episodes by id, the ids recently ended, and per-client counts.
+
+    Args:
+        max_concurrent: the most live episodes.
+        max_per_client: the most live episodes per client name (None: no cap).
+        record: the live record's class: :class:`LiveEpisode`, or a subclass taking
+            the same arguments (a multi-agent episode's record).
+    """
+
+    def __init__(
+        self,
+        max_concurrent: int,
+        max_per_client: int | None,
+        record: type[LiveEpisode] = LiveEpisode,
+    ) -> None:
+        self._record = record
+        self._max_concurrent = max_concurrent
+        self._max_per_client = max_per_client
+        self._live: dict[int, LiveEpisode] = {}
+        self._per_client: collections.Counter[str] = collections.Counter()
+        self._client_ids: dict[str, int] = {}
+        self._ended_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._next_auto_id = 0
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def open(
+        self, episode_id: int | None, client: str, training_enabled: bool, carry: Any
+    ) -> LiveEpisode:
+        """Adds a live episode (``episode_id`` already type-checked; None: a fresh id).
+
+        Raises:
+            TooManyEpisodesError: at either cap.
+            EpisodeConflictError: ``episode_id`` is live or recently ended.
+        """
+        cap = self._max_concurrent
+        if len(self._live) >= cap:
+            raise TooManyEpisodesError(
+                f"start_episode(): {cap} episodes are live, the max_concurrent cap; end some "
+                "episodes first (or raise ExternalEnvConfig.max_concurrent)."
+            )
+        per_client = self._max_per_client
+        if per_client is not None and self._per_client[client] >= per_client:
+            raise TooManyEpisodesError(
+                f"start_episode(): client {client!r} has {per_client} live episodes, the "
+                "max_episodes_per_client cap; end some of them first."
+            )
+        if episode_id is None:
+            while self._is_taken(self._next_auto_id):
+                self._next_auto_id += 1
+            episode_id = self._next_auto_id
+            self._next_auto_id += 1
+        elif self._is_taken(episode_id):
+            state = "live" if episode_id in self._live else "recently ended"
+            raise EpisodeConflictError(
+                f"start_episode(episode_id={episode_id}): an episode with this id is {state}; "
+                "episode ids must be unique. Pass another id, or None for a fresh one."
+            )
+        episode_id = int(episode_id)
+        if client not in self._client_ids and len(self._client_ids) < CLIENT_IDS_KEPT:
+            self._client_ids[client] = len(self._client_ids)
+        live = self._record(
+            episode_id,
+            client,
+            self._client_ids.get(client, -1),
+            bool(training_enabled),
+            carry,
+            time.monotonic(),
+        )
+        self._live[episode_id] = live
+        self._per_client[client] += 1
+        return live
+
+    def get_idle(self, episode_id: Any, what: str) -> LiveEpisode:
+        """The live episode ``episode_id`` with no call in flight.
+
+        Raises:
+            EpisodeNotFoundError: no such live episode (``ended=True`` if it ended).
+            EpisodeConflictError: a call for it is in flight.
+        """
+        is_int = isinstance(episode_id, (int, np.integer))
+        live = self._live.get(int(episode_id)) if is_int else None
+        if live is None:
+            if is_int and episode_id in self._ended_ids:
+                raise EpisodeNotFoundError(
+                    f"{what}(episode_id={episode_id}): the episode has ended; start a new one.",
+                    ended=True,
+                )
+            raise EpisodeNotFoundError(
+                f"{what}(episode_id={episode_id!r}): no live episode has this id; start one "
+                "with start_episode() and use the id it returns."
+            )
+        if live.busy:
+            raise EpisodeConflictError(
+                f"{what}(episode_id={episode_id}): another call for this episode is still in "
+                "flight; an episode's calls must come one after another."
+            )
+        return live
+
+    def find(self, episode_id: Any) -> LiveEpisode | None:
+        """The live episode ``episode_id``, or None."""
+        is_int = isinstance(episode_id, (int, np.integer))
+        return self._live.get(int(episode_id)) if is_int else None
+
+    def idle_since(self, since: float) -> list[LiveEpisode]:
+        """Live episodes with no call in flight, last seen before ``since``."""
+        return [ep for ep in self._live.values() if not ep.busy and ep.last_seen < since]
+
+    def remove(self, live: LiveEpisode) -> None:
+        """Moves ``live`` from the live episodes to the recently ended ids."""
+        del self._live[live.episode_id]
+        self._per_client[live.client] -= 1
+        if self._per_client[live.client] <= 0:
+            del self._per_client[live.client]
+        self._ended_ids[live.episode_id] = None
+        while len(self._ended_ids) > ENDED_IDS_KEPT:
+            self._ended_ids.popitem(last=False)
+
+    def _is_taken(self, episode_id: int) -> bool:
+        return episode_id in self._live or episode_id in self._ended_ids
+
+
+__all__ = [
+    "CLIENT_IDS_KEPT",
+    "ENDED_IDS_KEPT",
+    "MAX_EPISODE_ID",
+    "EpisodeTable",
+    "LiveEpisode",
+]

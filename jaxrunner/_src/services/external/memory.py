@@ -1,0 +1,174 @@
+"""The memory budget of an :class:`~jaxrunner.ExternalEnv`: bytes, not just counts.
+
+Counts alone bound nothing useful: 1,024 live episodes of 100,000 steps at ~750 B a
+step are 77 GB. So every recorded step is charged its arrays' bytes plus the Python
+objects that hold them, and a call that would grow the records past
+``max_memory_bytes`` is refused (``MemoryLimitError``, HTTP 429) before anything is
+stored. Finished episodes count until they are polled.
+
+A call reserves its steps' bytes when it is admitted, before the policy computes
+anything, and settles the reservation when the step is recorded (or released when it
+is not): concurrent calls see each other's reservations, so together they never pass
+the budget.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+from typing import Any
+
+import jax
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.runner.policy import Params, Policy
+from jaxrunner._src.runner.trajectory import EpisodeSpan
+from jaxrunner.errors import MemoryLimitError
+
+ARRAY_OVERHEAD_BYTES = 112
+"""A numpy array object without its data (CPython 3.11, 64-bit)."""
+STEP_OVERHEAD_BYTES = 384
+"""Per recorded step, beside its arrays: the extras dict, list slots, the reward (with
+the arrays about 750 B a CartPole step, the figure issue 16 measured)."""
+EPISODE_OVERHEAD_BYTES = 448
+"""Per finished episode, beside its arrays: the Episode object (~200 B), its extras
+dict (~230 B) and its slot in the output queue (CPython 3.11, 64-bit, measured with
+tracemalloc). Without it a one-step CartPole episode was charged 616 B of ~1,000."""
+
+
+TRIM_EVERY_BYTES = 8 << 20
+"""Ending an episode hands the freed rows back to the OS after this many bytes."""
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: its allocator returns memory itself
+        return None
+
+
+def release_freed_memory() -> None:
+    """Returns freed heap memory to the OS (glibc's ``malloc_trim``; elsewhere nothing).
+
+    A recorded step's rows are small allocations from the C heap; freeing them keeps
+    their pages resident, so stacking an episode (a new large array) while freeing its
+    rows would still double the resident memory. Trimming as the copy goes keeps the
+    peak near one episode (``benchmarks/serve_episode_end.py``)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def tree_nbytes(*trees: Any) -> int:
+    """The bytes the arrays of ``trees`` take, with their objects."""
+    leaves = [leaf for tree in trees for leaf in jax.tree.leaves(tree)]
+    return sum(np.asarray(leaf).nbytes + ARRAY_OVERHEAD_BYTES for leaf in leaves)
+
+
+def step_nbytes(obs: Any, action: Any, extras: Any) -> int:
+    """What one recorded step costs."""
+    return tree_nbytes(obs, action, extras) + STEP_OVERHEAD_BYTES
+
+
+def estimate_step_nbytes(
+    policy: Policy, params: Params, observation_space: spaces.Space, action_space: spaces.Space
+) -> int:
+    """What one step of ``policy`` costs before any was recorded: a sample of each
+    space and the policy's extras for one row (traced abstractly, nothing compiled),
+    so the first step's reservation covers its extras too."""
+    keys = jax.random.split(jax.random.key(0), 1)
+    obs = jr_spaces.allocate(observation_space, (1,))
+    _, extras, _ = jax.eval_shape(policy.apply_fn, params, obs, policy.batched_carry(1), keys)
+    row_extras = {k: np.zeros(v.shape[1:], v.dtype) for k, v in dict(extras).items()}
+    return step_nbytes(observation_space.sample(), action_space.sample(), row_extras)
+
+
+def episode_nbytes(episode: EpisodeSpan) -> int:
+    """What a finished episode (an Episode or an AgentEpisode) takes, arrays and
+    objects (charged until it is polled)."""
+    arrays = tree_nbytes(
+        episode.obs,  # type: ignore[attr-defined]
+        episode.action,  # type: ignore[attr-defined]
+        episode.reward,
+        episode.extras,  # type: ignore[attr-defined]
+    )
+    return arrays + EPISODE_OVERHEAD_BYTES
+
+
+class MemoryBudget:
+    """Bytes held by live records and by finished, unpolled episodes, and bytes
+    reserved for steps being computed. Every method is called with the env's lock held.
+
+    Args:
+        max_bytes: the most both may hold together.
+        step_estimate: the cost of one step before any was recorded.
+    """
+
+    def __init__(self, max_bytes: int, step_estimate: int) -> None:
+        self.max_bytes = max_bytes
+        self.live = 0
+        self.output = 0
+        self.reserved = 0
+        self.step_estimate = step_estimate
+
+    @property
+    def used(self) -> int:
+        return self.live + self.output + self.reserved
+
+    def observe_step(self, nbytes: int) -> None:
+        """Keeps the estimate at the largest step seen (extras may be larger than
+        the spaces suggest)."""
+        self.step_estimate = max(self.step_estimate, nbytes)
+
+    def settle(self, reserved: int, grown: int, steps: int) -> None:
+        """Replaces a reservation of ``reserved`` bytes by the ``grown`` bytes that live
+        records took for ``steps`` recorded steps; keeps the estimate at the largest
+        step seen."""
+        self.reserved -= reserved
+        self.live += grown
+        if grown > 0:
+            self.observe_step(grown // steps)
+
+    def release(self, reserved: int) -> None:
+        """Gives back a reservation whose steps were never recorded."""
+        self.reserved -= reserved
+
+    def check(self, steps: int, what: str) -> int:
+        """Raises unless ``steps`` more steps fit; returns their estimated bytes.
+
+        Raises:
+            MemoryLimitError: they do not fit now (HTTP 429).
+        """
+        need = steps * self.step_estimate
+        if self.used + need > self.max_bytes:
+            raise MemoryLimitError(
+                f"{what}(): {steps} more step(s) (~{need} bytes) would take the records past "
+                f"max_memory_bytes={self.max_bytes} ({self.live} bytes live, {self.output} in "
+                f"finished episodes not yet polled, {self.reserved} reserved for steps being "
+                "computed); poll_episodes() or end episodes first, or raise "
+                "ExternalEnvConfig.max_memory_bytes."
+            )
+        return need
+
+    def reserve(self, steps: int, what: str) -> int:
+        """Reserves the bytes of ``steps`` more steps (see :meth:`check`); returns
+        them, for :meth:`settle` or :meth:`release`."""
+        need = self.check(steps, what)
+        self.reserved += need
+        return need
+
+
+__all__ = [
+    "EPISODE_OVERHEAD_BYTES",
+    "MemoryBudget",
+    "TRIM_EVERY_BYTES",
+    "episode_nbytes",
+    "estimate_step_nbytes",
+    "release_freed_memory",
+    "step_nbytes",
+    "tree_nbytes",
+]

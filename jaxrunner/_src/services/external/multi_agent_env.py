@@ -1,0 +1,548 @@
+"""The :class:`MultiAgentExternalEnv` facade: RLlib's ExternalMultiAgentEnv, built
+from the single-agent ExternalEnv's parts.
+
+Episodes of a multi-agent env stepped elsewhere call in with dicts keyed by agent
+id::
+
+    env = MultiAgentExternalEnv.from_pettingzoo(pz_env, policies, params, seed=0)
+    eid = env.start_episode()
+    actions = env.get_action(eid, {"a0": obs0, "a1": obs1})   # {"a0": ..., "a1": ...}
+    env.log_returns(eid, {"a0": 1.0, "a1": 0.5})              # add up per agent
+    env.log_action(eid, {"a0": obs0}, {"a0": action0})        # chosen elsewhere
+    env.end_agents(eid, {"a1": final_obs1}, truncated=False)  # a1 leaves
+    env.end_episode(eid, {"a0": final_obs0})                  # everyone left ends
+    episodes = env.poll_episodes()   # list[jr.multi_agent.AgentEpisode]
+
+Agents map to policies as in :func:`jaxrunner.multi_agent.build_groups`; each policy
+has its own :class:`~jaxrunner._src.services.external.batching.PolicyBatcher`, so the agents of
+every live
+episode that one policy serves share one compiled call per batch. Per agent, a
+transition is the observation of one call, the action it got, the rewards logged to
+that agent after it (a reward logged before the agent's first action goes onto that
+action, as in the multi-agent runner) and the agent's next observation (its next
+call, ``end_agents`` or ``end_episode``). An agent that ended gets no further step,
+and an agent that never acted gets no episode.
+
+The single-agent guarantees hold per agent: exactly one step per delivered action
+(a call's agents are recorded together or not at all: :mod:`.multi_agent_delivery`),
+every argument checked before any state changes, one memory budget in bytes with
+reservations (:mod:`.memory`), finished agent episodes held in the same bounded
+output (:mod:`.output`), agents ended by :mod:`.multi_agent_endings` with the
+single-agent endings, abandoned episodes reaped (:mod:`.reaper`): each agent still
+waiting for an outcome loses that step, counted in ``num_dropped_steps``.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import jax
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src.runner.agent_groups import (
+    AgentGroup,
+    GroupedAgents,
+    PolicyMappingFn,
+    build_groups,
+)
+from jaxrunner._src.runner.metrics import EpisodeStats
+from jaxrunner._src.runner.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.runner.policy import Params, Policy
+from jaxrunner._src.services.external import checks
+from jaxrunner._src.services.external.agents import AgentRecord, MultiAgentLiveEpisode
+from jaxrunner._src.services.external.batching import PolicyBatcher, Row
+from jaxrunner._src.services.external.config import ExternalEnvConfig
+from jaxrunner._src.services.external.delivery import wait_for
+from jaxrunner._src.services.external.episodes import EpisodeTable, LiveEpisode
+from jaxrunner._src.services.external.memory import MemoryBudget, estimate_step_nbytes
+from jaxrunner._src.services.external.metrics import external_metrics
+from jaxrunner._src.services.external.multi_agent_delivery import MultiAgentDelivery
+from jaxrunner._src.services.external.multi_agent_endings import AgentEndings
+from jaxrunner._src.services.external.output import EpisodeOutput
+from jaxrunner._src.services.external.reaper import Reaper
+from jaxrunner._src.services.external.run_thread import RunDriven, RunThread
+from jaxrunner._src.space_arrays import check_value
+from jaxrunner.errors import (
+    ClosedError,
+    EpisodeConflictError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+)
+
+_KEY_STEPS = 2**32
+"""Action keys fold in ``agent step * num_agents + agent index`` as a uint32."""
+
+
+class MultiAgentExternalEnv(RunDriven, GroupedAgents):
+    """Serves policies to multi-agent episodes stepped elsewhere (see the module
+    docstring).
+
+    Args:
+        observation_spaces: ``agent_id -> space``, every agent that may appear, in the
+            env's agent order (PettingZoo's ``possible_agents``).
+        action_spaces: ``agent_id -> space``, the same agents.
+        policies: one :class:`~jaxrunner.Policy` for every policy id, or a dict keyed
+            by exactly the policy ids.
+        params: ``policy_id -> params``, exactly the policy ids.
+        policy_mapping_fn: ``agent_id -> policy_id``; None: one policy per distinct
+            pair of spaces (:func:`~jaxrunner.multi_agent.default_policy_mapping`).
+        seed: an agent's action key derives from it, the episode id, the agent and
+            its step, so the same calls get the same actions whatever the batching.
+        config: limits and batching (:class:`ExternalEnvConfig`), per policy for
+            batching; ``max_episode_steps`` bounds each agent's actions.
+
+    Subclass and override :meth:`run` to drive episodes from a thread of your own,
+    started with :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        observation_spaces: Mapping[str, spaces.Space],
+        action_spaces: Mapping[str, spaces.Space],
+        policies: Policy | Mapping[str, Policy],
+        params: Mapping[str, Params],
+        *,
+        policy_mapping_fn: PolicyMappingFn | None = None,
+        seed: int = 0,
+        config: ExternalEnvConfig | None = None,
+    ) -> None:
+        for name, value in (
+            ("observation_spaces", observation_spaces),
+            ("action_spaces", action_spaces),
+        ):
+            if not isinstance(value, Mapping):
+                raise InvalidArgumentTypeError(
+                    f"MultiAgentExternalEnv({name}=...): expected a dict agent_id -> space, got "
+                    f"{type(value).__name__}."
+                )
+        agents = list(observation_spaces)
+        if set(action_spaces) != set(agents):
+            raise InvalidArgumentError(
+                f"MultiAgentExternalEnv: observation_spaces names the agents {agents}, "
+                f"action_spaces {list(action_spaces)}; expected the same agents in both."
+            )
+        self.groups = build_groups(
+            agents, observation_spaces.__getitem__, action_spaces.__getitem__, policy_mapping_fn
+        )
+        self.config = config = config or ExternalEnvConfig()
+        self.policies = _per_policy("policies", policies, self.policy_ids)
+        initial_params = _per_policy("params", params, self.policy_ids, mapping_only=True)
+        for group in self.groups:
+            checks.check_construction(
+                group.observation_space, group.action_space, self.policies[group.policy_id], seed
+            )
+        self.seed = int(seed)
+        if config.max_episode_steps * len(agents) >= _KEY_STEPS:
+            raise InvalidArgumentError(
+                f"MultiAgentExternalEnv: max_episode_steps={config.max_episode_steps} times "
+                f"{len(agents)} agents must stay below 2**32 (action keys); lower "
+                "ExternalEnvConfig.max_episode_steps."
+            )
+        self._agent_index = {a: k for k, a in enumerate(agents)}
+        self._group_of: dict[str, AgentGroup] = {a: g for g in self.groups for a in g.agents}
+        self._lock = threading.Lock()
+        self._episodes = EpisodeTable(
+            config.max_concurrent, config.max_episodes_per_client, MultiAgentLiveEpisode
+        )
+        self._memory = MemoryBudget(
+            config.max_memory_bytes,
+            max(
+                estimate_step_nbytes(
+                    self.policies[g.policy_id],
+                    initial_params[g.policy_id],
+                    g.observation_space,
+                    g.action_space,
+                )
+                for g in self.groups
+            ),
+        )
+        self._output: EpisodeOutput[AgentEpisode] = EpisodeOutput(
+            self._lock, self._memory, config.max_output_episodes
+        )
+        self._stats = EpisodeStats(config.episode_window)
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._started_at = time.monotonic()
+        self._closed = False
+        self._initial_carry = {pid: _row_carry(p) for pid, p in self.policies.items()}
+        self._batchers: dict[str, PolicyBatcher] = {}
+        try:
+            for group in self.groups:
+                self._batchers[group.policy_id] = PolicyBatcher(
+                    self.policies[group.policy_id],
+                    initial_params[group.policy_id],
+                    group.observation_space,
+                    group.action_space,
+                    self.seed,
+                    max_batch=config.max_batch,
+                    max_wait_s=config.max_wait_ms / 1000.0,
+                    buckets=config.bucket_sizes,
+                    ready_hint=_rows_possible(self._episodes, group.num_agents),
+                )
+        except BaseException:
+            for batcher in self._batchers.values():
+                batcher.close()
+            raise
+        self._delivery = MultiAgentDelivery(self._lock, self._batchers, self._memory, self._counts)
+        self._endings = AgentEndings(
+            self._lock,
+            self._episodes,
+            self._memory,
+            self._counts,
+            self._stats,
+            self.groups,
+            self._emit,
+        )
+        self._reaper = (
+            None
+            if config.episode_timeout_s is None
+            else Reaper(config.episode_timeout_s, self.reap)
+        )
+        self._run_thread = RunThread()
+
+    @classmethod
+    def from_pettingzoo(
+        cls,
+        env: Any,
+        policies: Policy | Mapping[str, Policy],
+        params: Mapping[str, Params],
+        **kwargs: Any,
+    ) -> MultiAgentExternalEnv:
+        """The env for the agents of a PettingZoo env (parallel or AEC): its
+        ``possible_agents`` and their spaces; ``kwargs`` as for the constructor."""
+        agents = list(env.possible_agents)
+        return cls(
+            {a: env.observation_space(a) for a in agents},
+            {a: env.action_space(a) for a in agents},
+            policies,
+            params,
+            **kwargs,
+        )
+
+    # -- episodes -----------------------------------------------------------------------------
+
+    def start_episode(
+        self, episode_id: int | None = None, training_enabled: bool = True, *, client: str = "local"
+    ) -> int:
+        """Starts an episode and returns its id (as :meth:`ExternalEnv.start_episode
+        <jaxrunner.ExternalEnv.start_episode>`)."""
+        checks.check_episode_id(episode_id)
+        checks.check_flag(training_enabled, "start_episode", "training_enabled")
+        with self._lock:
+            self._check_open("start_episode")
+            self._memory.check(1, "start_episode")
+            live = self._episodes.open(episode_id, client, training_enabled, None)
+            self._counts["num_started_episodes"] += 1
+            return live.episode_id
+
+    def get_action(self, episode_id: int, obs: dict[str, Any]) -> dict[str, Any]:
+        """The policies' actions for ``obs`` (``{agent_id: obs}``, the agents that act
+        now), as ``{agent_id: action}``. Blocks until every action is computed.
+
+        Raises:
+            InvalidArgumentError: an unknown agent, or none.
+            SpaceMismatchError: an observation does not fit its agent's space.
+            EpisodeNotFoundError: no such live episode (``ended=True`` if it ended).
+            EpisodeConflictError: a call for the episode is in flight, or an agent has
+                ended.
+            MemoryLimitError: the steps would pass ``max_memory_bytes``.
+            TimeoutError: the actions took longer than ``action_timeout_s`` (withdrawn,
+                nothing recorded).
+        """
+        return wait_for(self.submit_action(episode_id, obs), self.config.action_timeout_s)
+
+    def log_action(self, episode_id: int, obs: dict[str, Any], actions: dict[str, Any]) -> None:
+        """Records that ``actions`` (``{agent_id: action}``, the same agents as ``obs``),
+        chosen elsewhere, were taken at ``obs`` (off-policy); stored as given, with
+        their log-probs under the current params. Blocks until recorded."""
+        wait_for(self.submit_log_action(episode_id, obs, actions), self.config.action_timeout_s)
+
+    def submit_action(self, episode_id: int, obs: dict[str, Any]) -> concurrent.futures.Future:
+        """Like :meth:`get_action`, without waiting: the future resolves to the actions."""
+        return self._submit(episode_id, self._check_obs(obs, "get_action"), None, "get_action")
+
+    def submit_log_action(
+        self, episode_id: int, obs: dict[str, Any], actions: dict[str, Any]
+    ) -> concurrent.futures.Future:
+        """Like :meth:`log_action`, without waiting: the future resolves to ``{}``."""
+        obs = self._check_obs(obs, "log_action")
+        actions = checks.check_agent_dict(actions, self.possible_agents, "log_action", "actions")
+        if set(actions) != set(obs):
+            raise InvalidArgumentError(
+                f"log_action(episode_id={episode_id}): observations for {sorted(obs)}, actions "
+                f"for {sorted(actions)}; expected one action per observed agent."
+            )
+        actions = {
+            a: check_value(self._group_of[a].action_space, v, f"actions[{a!r}]", bounds=False)
+            for a, v in actions.items()
+        }
+        return self._submit(episode_id, obs, actions, "log_action")
+
+    def log_returns(self, episode_id: int, rewards: dict[str, float]) -> None:
+        """Adds each agent's reward (``{agent_id: reward}``) to the reward of its latest
+        action; before its first action, onto that action.
+
+        Raises:
+            EpisodeConflictError: an agent has ended (its rewards belong before
+                ``end_agents``), or a call for the episode is in flight.
+        """
+        rewards = checks.check_agent_dict(
+            rewards, self.possible_agents, "log_returns", "rewards", empty=True
+        )
+        for agent, reward in rewards.items():
+            checks.check_reward(reward, f"rewards[{agent!r}]")
+        with self._lock:
+            live = self._get_live(episode_id, "log_returns")
+            self._check_not_ended(live, rewards, "log_returns")
+            for agent, reward in rewards.items():
+                self._record(live, agent).pending_reward += float(reward)
+            live.last_seen = time.monotonic()
+
+    def end_agents(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:
+        """Ends the agents of ``obs`` (``{agent_id: final_obs}``) while the episode goes
+        on: terminated, or truncated (bootstrap from the final observation). Each agent
+        that acted is output as an AgentEpisode; none of them may act again in this
+        episode."""
+        obs = self._check_obs(obs, "end_agents")
+        checks.check_flag(truncated, "end_agents", "truncated")
+        with self._lock:
+            live = self._get_live(episode_id, "end_agents")
+            self._check_not_ended(live, obs, "end_agents")
+            ended = [self._endings.close(self._record(live, a), obs[a]) for a in obs]
+        self._endings.finish(ended, truncated)
+
+    def end_episode(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:
+        """Ends the episode: every agent that acted and has not ended needs its final
+        observation in ``obs`` (``{agent_id: final_obs}``; others may be given too and
+        only get checked); each ends terminated, or truncated.
+
+        Raises:
+            InvalidArgumentError: an agent that acted has no final observation (nothing
+                changes: pass it, or end that agent first with :meth:`end_agents`).
+        """
+        obs = self._check_obs(obs, "end_episode", empty=True)
+        checks.check_flag(truncated, "end_episode", "truncated")
+        with self._lock:
+            live = self._get_live(episode_id, "end_episode")
+            self._check_not_ended(live, obs, "end_episode")
+            missing = [r.agent_id for r in live.open_agents() if r.agent_id not in obs]
+            if missing:
+                raise InvalidArgumentError(
+                    f"end_episode(episode_id={episode_id}): agents {missing} acted and have no "
+                    "final observation in obs; pass one for each (or end them earlier with "
+                    "end_agents)."
+                )
+            open_agents = [(a, r) for a, r in live.agents.items() if not r.done]
+            ended = [self._endings.close(r, obs.get(a)) for a, r in open_agents]
+            self._episodes.remove(live)
+            self._counts["num_ended_episodes"] += 1
+        self._endings.finish(ended, truncated)
+
+    # -- output and params --------------------------------------------------------------------
+
+    def poll_episodes(self) -> list[AgentEpisode]:
+        """Takes every finished training agent episode not yet taken, in the order
+        they ended."""
+        return self._output.poll()
+
+    def sample_episodes(
+        self, num_episodes: int, timeout_s: float | None = None
+    ) -> list[AgentEpisode]:
+        """Waits until ``num_episodes`` training agent episodes have ended and takes them.
+
+        Raises:
+            TimeoutError: fewer ended within ``timeout_s`` (none are taken then).
+        """
+        if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
+            raise InvalidArgumentError(
+                f"sample_episodes(num_episodes={num_episodes!r}): expected an int >= 1."
+            )
+        return self._output.take(num_episodes, timeout_s)
+
+    def set_params(self, policy_id: str, params: Params) -> int:
+        """Replaces ``policy_id``'s params from its next batch on (never recompiles);
+        returns their new version."""
+        return self._batcher(policy_id, "set_params").set_params(params)
+
+    def get_params(self, policy_id: str) -> tuple[Params, int]:
+        """``policy_id``'s current params and their version (0: those given first)."""
+        return self._batcher(policy_id, "get_params").get_params()
+
+    def get_metrics(self) -> dict[str, Any]:
+        """As :meth:`ExternalEnv.get_metrics <jaxrunner.ExternalEnv.get_metrics>`, with
+        ``num_env_steps`` counting action calls (env steps), ``num_agent_steps`` the
+        agent transitions of ended agent episodes, ``num_episodes`` and the episode
+        statistics agent episodes, ``num_ended_episodes`` env episodes, batch counts
+        summed over the policies and ``params_version`` per policy id."""
+        with self._lock:
+            metrics = external_metrics(
+                self._counts,
+                self._stats,
+                len(self._episodes),
+                self._memory.used,
+                list(self._batchers.values()),
+                time.monotonic() - self._started_at,
+            )
+            metrics["num_agent_steps"] = self._counts["num_agent_steps"]
+            metrics["num_ended_episodes"] = self._counts["num_ended_episodes"]
+        metrics["params_version"] = {pid: b.get_params()[1] for pid, b in self._batchers.items()}
+        return metrics
+
+    # -- closing (run/start/join: RunDriven) -------------------------------------------------
+
+    def close(self) -> None:
+        """Stops the batchers and the reaper; later calls raise ``ClosedError``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for batcher in self._batchers.values():
+            batcher.close()
+        if self._reaper is not None:
+            self._reaper.close()
+
+    def __enter__(self) -> MultiAgentExternalEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def retract_action(self, episode_id: int, future: concurrent.futures.Future) -> bool:
+        """The actions of ``future`` (from :meth:`submit_action` or
+        :meth:`submit_log_action`) never reached the agents (their client hung up
+        before the answer went out): if the call's steps are still every agent's
+        latest, removes them, counted per agent in ``num_dropped_steps``. Cancels the
+        future if it is pending. Returns whether anything was taken back.
+        ``episode_id`` is for symmetry with :meth:`ExternalEnv.retract_action
+        <jaxrunner.ExternalEnv.retract_action>`; the future names its episode."""
+        return self._delivery.retract(future)
+
+    def reap(self, idle_since: float) -> int:
+        """Ends every idle episode last seen before ``idle_since`` (``time.monotonic()``
+        clock): each agent still in it is truncated at its last observation, its step
+        in wait of an outcome dropped (``num_dropped_steps``); returns how many
+        episodes. Runs by itself every so often (the reaper)."""
+        return self._endings.reap(idle_since)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _check_obs(self, obs: Any, what: str, *, empty: bool = False) -> dict[str, Any]:
+        obs = checks.check_agent_dict(obs, self.possible_agents, what, "obs", empty=empty)
+        return {
+            a: checks.check_obs(self._group_of[a].observation_space, o, f"obs[{a!r}]")
+            for a, o in obs.items()
+        }
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise ClosedError(
+                f"MultiAgentExternalEnv.{what}() called after close(); create a new one."
+            )
+
+    def _get_live(self, episode_id: Any, what: str) -> MultiAgentLiveEpisode:
+        """The live, idle episode ``episode_id`` (caller holds the lock)."""
+        self._check_open(what)
+        return _multi_agent(self._episodes.get_idle(episode_id, what))
+
+    @staticmethod
+    def _check_not_ended(live: MultiAgentLiveEpisode, agents: Mapping[str, Any], what: str) -> None:
+        ended = [a for a in agents if a in live.agents and live.agents[a].done]
+        if ended:
+            raise EpisodeConflictError(
+                f"{what}(episode_id={live.episode_id}): agents {ended} have ended in this "
+                "episode; an agent that ended neither acts nor gets rewards again. Leave them "
+                "out."
+            )
+
+    def _record(self, live: MultiAgentLiveEpisode, agent: str) -> AgentRecord:
+        group = self._group_of[agent]
+        carry = self._initial_carry[group.policy_id]
+        return live.agent(group, agent, self._agent_index[agent], carry)
+
+    def _submit(
+        self, episode_id: int, obs: dict[str, Any], actions: dict[str, Any] | None, what: str
+    ) -> concurrent.futures.Future:
+        """Claims the episode and requests one step per agent of ``obs``: sampled if
+        ``actions`` is None, else logged."""
+        limit, num_agents = self.config.max_episode_steps, len(self.possible_agents)
+        with self._lock:
+            live = self._get_live(episode_id, what)
+            self._check_not_ended(live, obs, what)
+            full = [a for a in obs if a in live.agents and live.agents[a].num_actions >= limit]
+            if full:
+                raise InvalidArgumentError(
+                    f"{what}(episode_id={episode_id}): agents {full} would exceed "
+                    f"max_episode_steps={limit}; end them (truncated=True)."
+                )
+            live.reserved = self._memory.reserve(len(obs), what)
+            parts: dict[str, list[tuple[AgentRecord, Row]]] = {}
+            for agent, agent_obs in obs.items():
+                record = self._record(live, agent)
+                step = record.num_actions * num_agents + record.index  # unique per agent
+                action = None if actions is None else actions[agent]
+                row = Row(agent_obs, action, live.episode_id, step, record.carry)
+                parts.setdefault(record.policy_id, []).append((record, row))
+            live.busy = True
+            live.last_seen = time.monotonic()
+        return self._delivery.submit(live, parts)
+
+    def _emit(self, record: LiveEpisode, episode: AgentEpisode | None) -> None:
+        """Outputs an ended agent's episode (caller holds the lock); None: it never acted."""
+        if episode is None or not record.training_enabled:
+            return
+        self._counts["num_training_episodes"] += 1
+        self._counts["num_dropped_steps"] += self._output.put(episode)
+
+    def _batcher(self, policy_id: Any, what: str) -> PolicyBatcher:
+        batcher = self._batchers.get(policy_id) if isinstance(policy_id, str) else None
+        if batcher is None:
+            raise InvalidArgumentError(
+                f"{what}(policy_id={policy_id!r}): unknown policy id; the env's policies are "
+                f"{list(self.policy_ids)}."
+            )
+        return batcher
+
+
+def _multi_agent(live: LiveEpisode) -> MultiAgentLiveEpisode:
+    """``live`` as the multi-agent record it is (the table makes only those)."""
+    return cast(MultiAgentLiveEpisode, live)
+
+
+def _per_policy(
+    name: str, value: Any, ids: tuple[str, ...], *, mapping_only: bool = False
+) -> dict[str, Any]:
+    """``value`` per policy id: a dict keyed by exactly ``ids``, or (unless
+    ``mapping_only``) one value for every id."""
+    if isinstance(value, Mapping):
+        if set(value) != set(ids):
+            raise InvalidArgumentError(
+                f"MultiAgentExternalEnv({name}=...): expected a dict keyed by exactly the "
+                f"policy ids {list(ids)}, got the keys {list(value)}. Check the keys against "
+                "the policy mapping."
+            )
+        return {pid: value[pid] for pid in ids}
+    if mapping_only:
+        raise InvalidArgumentTypeError(
+            f"MultiAgentExternalEnv({name}=...): expected a dict policy_id -> {name}, got "
+            f"{type(value).__name__}; the policy ids are {list(ids)}."
+        )
+    return dict.fromkeys(ids, value)
+
+
+def _row_carry(policy: Policy) -> Any:
+    """One row's initial recurrent state (numpy), or None if feed-forward."""
+    carry = policy.batched_carry(1)
+    return None if carry is None else jax.tree.map(lambda c: np.array(c[0]), carry)
+
+
+def _rows_possible(episodes: EpisodeTable, group_size: int) -> Callable[[], int]:
+    """A batcher's ``ready_hint``: at most ``group_size`` rows per live episode."""
+    return lambda: len(episodes) * group_size
+
+
+__all__ = ["MultiAgentExternalEnv"]

@@ -1,0 +1,88 @@
+"""The guard of the policy server: token, media type and body size, checked before
+FastAPI reads anything.
+
+Every request passes, in this order: the token check (401; only :data:`OPEN_PATHS`
+are served without one), the JSON-only rule (415: pickle and every other format are
+refused) and the body size cap (413, also for a body that streams past it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from jaxrunner._src.services.serve.auth import token_matches
+from jaxrunner._src.services.serve.error_handlers import error_response
+
+OPEN_PATHS = frozenset({"/v1/health", "/openapi.json"})
+"""Paths served without a token: liveness and the published schema only."""
+
+
+class Guard:
+    """Pure ASGI middleware enforcing the token, JSON bodies and the size cap."""
+
+    def __init__(self, app: Any, token: str | None, max_body_bytes: int) -> None:
+        self.app, self.token, self.max_body_bytes = app, token, max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.lower(): v for k, v in scope["headers"]}
+        if self.token is not None and scope["path"] not in OPEN_PATHS:
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            if not token_matches(auth, self.token):
+                await error_response(
+                    401,
+                    "unauthorized",
+                    "missing or wrong token: send 'Authorization: Bearer <token>' with the token "
+                    "from the server's token file.",
+                )(scope, receive, send)
+                return
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            media = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            if media != b"application/json":
+                await error_response(
+                    415,
+                    "unsupported_media_type",
+                    f"bodies must be JSON (Content-Type: application/json), got "
+                    f"{media.decode('latin-1')[:60]!r}; pickle and other formats are refused.",
+                )(scope, receive, send)
+                return
+            declared = headers.get(b"content-length")
+            if declared is not None and (
+                not declared.isdigit() or int(declared) > self.max_body_bytes
+            ):
+                await self._too_large(scope, receive, send)
+                return
+            body = bytearray()
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body += message.get("body", b"")
+                if len(body) > self.max_body_bytes:
+                    await self._too_large(scope, receive, send)
+                    return
+                if not message.get("more_body", False):
+                    break
+            replayed = False
+
+            async def replay() -> dict:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": bytes(body), "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, send)
+            return
+        await self.app(scope, receive, send)
+
+    async def _too_large(self, scope: dict, receive: Callable, send: Callable) -> None:
+        await error_response(
+            413, "too_large", f"the request body exceeds the limit of {self.max_body_bytes} bytes."
+        )(scope, receive, send)
+
+
+__all__ = ["OPEN_PATHS", "Guard"]

@@ -1,0 +1,353 @@
+"""The HTTP transport under uvicorn: deadlines on reading requests and writing
+answers, bounded pipelining, connection slots, head size limits, and the app's JSON
+error format for what the transport answers itself.
+
+uvicorn has no header-read timeout (its keep-alive timer stops at a request's first
+byte, and the app waits for a promised body for as long as the client likes), so a
+few hundred sockets that send half a request used to hold the server for good.
+Here, as Node's ``requestTimeout``: a request must arrive whole (headers and body)
+within ``read_timeout_s`` of its first byte, or of the connection opening; a late
+one gets ``408`` and its socket is closed. Once a request is in, the app has it
+(action timeouts are the app's business) and the clock stops.
+
+Nor does uvicorn bound writing: a client that pipelines requests and never reads
+the answers used to hold its connection, and megabytes of answers, for good. Here
+(issue 30):
+
+* each socket's kernel send buffer is capped at :data:`SEND_BUFFER_BYTES`;
+* answers waiting in the process must make progress (some bytes go out) every
+  ``write_timeout_s``, as nginx's ``send_timeout``; otherwise the connection is
+  dropped with what it holds;
+* at most ``max_pipelined`` requests are answered in a row while more wait
+  (pipelining); then the connection is closed once its answers are out. A
+  connection that has not sent the token gets no pipelining: it is closed after the
+  answer in progress (it can only ask for the health check and the schema);
+* connection slots: see :mod:`.slots`.
+
+Request lines over :data:`MAX_REQUEST_LINE_BYTES` get 414, headers over
+:data:`MAX_HEADER_BYTES` 431, however they arrive (in pieces or in one burst).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from jaxrunner._src.services.serve.auth import token_matches
+from jaxrunner._src.services.serve.slots import ConnectionSlots
+
+logger = logging.getLogger("jaxrunner.serve")
+
+MAX_REQUEST_LINE_BYTES = 8 * 1024
+"""Longer request lines get 414 (nginx's default buffer for one)."""
+MAX_HEADER_BYTES = 16 * 1024
+"""Headers (names, values, separators) beyond this get 431."""
+MAX_HEAD_BYTES = MAX_REQUEST_LINE_BYTES + MAX_HEADER_BYTES
+"""h11's cap on a head still arriving (its incomplete-event size)."""
+SEND_BUFFER_BYTES = 64 * 1024
+"""Each socket's kernel send buffer (``SO_SNDBUF``; Linux doubles it): a client that
+never reads holds at most this much of the kernel's memory, not the 4 MB a loopback
+socket grows to by itself."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TransportLimits:
+    """What the transport enforces for a :class:`~jaxrunner.serve.PolicyServer`
+    (the :class:`~jaxrunner.serve.ServerConfig` fields of the same names)."""
+
+    read_timeout_s: float
+    """A request must arrive whole within this long."""
+    write_timeout_s: float
+    """Waiting answers must make progress within this long."""
+    max_connections: int
+    """The most open connections."""
+    max_unauthenticated: int
+    """The most open connections that have not sent the token yet."""
+    max_pipelined: int
+    """The most requests answered in a row while more wait."""
+    token: str | None
+    """The token that authenticates a connection; None: any whole request does."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """A transport error answer: status, reason phrase, error code, message."""
+
+    status: int
+    reason: str
+    code: str
+    message: str
+
+    def response(self) -> bytes:
+        """The whole ``Connection: close`` response in the app's JSON error format."""
+        return raw_error(self.status, self.reason, self.code, self.message)
+
+
+def raw_error(status: int, reason: str, code: str, message: str) -> bytes:
+    """A whole ``Connection: close`` response in the app's JSON error format."""
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class HeadLimitedConnection(h11.Connection):
+    """h11's server connection that also refuses request lines and headers over the
+    limits when they came whole in one read (h11 caps only a head still arriving).
+
+    Attributes:
+        refusal: why the last ``RemoteProtocolError`` was raised, if it was a size
+            limit (the protocol answers 414 or 431 then, else 400).
+        on_request: called with each request's head before it is returned.
+    """
+
+    def __init__(self, on_request: Callable[[h11.Request], None]) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.refusal: Refusal | None = None
+        self.on_request = on_request
+
+    def next_event(self) -> Any:
+        try:
+            event = super().next_event()
+        except h11.RemoteProtocolError as err:
+            if err.error_status_hint == 431:  # the head still arriving is over the cap
+                head = self.trailing_data[0]
+                self.refusal = _too_long(b"\r\n" not in head[:MAX_REQUEST_LINE_BYTES])
+            raise
+        if isinstance(event, h11.Request):
+            line = len(event.method) + len(event.target) + len(b"  HTTP/1.1\r\n")
+            headers = sum(len(k) + len(v) + 4 for k, v in event.headers.raw_items())
+            if line > MAX_REQUEST_LINE_BYTES or headers > MAX_HEADER_BYTES:
+                self.refusal = _too_long(line > MAX_REQUEST_LINE_BYTES)
+                raise h11.RemoteProtocolError(self.refusal.message, self.refusal.status)
+            self.on_request(event)
+        return event
+
+
+def _too_long(request_line: bool) -> Refusal:
+    if request_line:
+        return Refusal(
+            414,
+            "URI Too Long",
+            "request_line_too_long",
+            f"the request line is longer than {MAX_REQUEST_LINE_BYTES} bytes; send long "
+            "data in a JSON body instead.",
+        )
+    return Refusal(
+        431,
+        "Request Header Fields Too Large",
+        "headers_too_large",
+        f"the request headers are longer than {MAX_HEADER_BYTES} bytes in all; send fewer "
+        "or shorter headers.",
+    )
+
+
+class DeadlineH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the limits of the module docstring.
+    :func:`protocol_class` binds the limits and the server's slots."""
+
+    limits: TransportLimits
+    slots: ConnectionSlots
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.conn = HeadLimitedConnection(self._on_request)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._got_bytes = False  # bytes of the request being read have come
+        self._write_deadline: asyncio.TimerHandle | None = None
+        self._write_left = 0  # bytes waiting when the write deadline was armed
+        self._pipelined = 0  # answers in a row with the next request already waiting
+
+    # -- connections and slots ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if not self.slots.admit(self):
+            logger.warning("refused a connection: %d are open", len(self.slots))
+            transport.write(
+                raw_error(
+                    503,
+                    "Service Unavailable",
+                    "too_many_connections",
+                    f"the server has {self.limits.max_connections} connections open, its "
+                    "max_connections, none of them idle; retry later.",
+                )
+            )
+            transport.close()
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+        self._arm()  # a connection that never sends a whole request is closed too
+        if self.slots.over_share() and not self.slots.trim_scheduled:
+            self._schedule_trim()
+
+    def _schedule_trim(self) -> None:
+        """Restores the share of connections without the token once the grace of
+        those let in over it is over (one timer per server)."""
+        slots, loop = self.slots, self.loop
+        slots.trim_scheduled = True
+
+        def trim() -> None:
+            if slots.trim():
+                loop.call_later(slots.grace_s, trim)
+            else:
+                slots.trim_scheduled = False
+
+        loop.call_later(slots.grace_s, trim)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.slots.release(self)
+        self._disarm()
+        self._disarm_write()
+        super().connection_lost(exc)
+
+    def evict(self, reason: str) -> None:
+        """Closes this connection to free its slot (see :mod:`.slots`), dropping any
+        answer it has not taken."""
+        logger.info("closed a connection: %s", reason)
+        self._disarm()
+        self._disarm_write()
+        self.transport.abort()
+
+    def _on_request(self, event: h11.Request) -> None:
+        token = self.limits.token
+        auth = next((value for name, value in event.headers if name == b"authorization"), None)
+        if token is None or (auth is not None and token_matches(auth.decode("latin-1"), token)):
+            self.slots.authenticated(self)
+        else:
+            self.slots.tokenless(self)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None and self.conn.their_state is h11.IDLE:
+            self._arm()  # the first byte of the next request on a kept-alive connection
+        self._got_bytes = True
+        self.slots.busy(self)
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE and self.conn.their_state is not h11.SEND_BODY:
+            self._disarm()  # the whole request is in (or the connection is done)
+
+    def on_response_complete(self) -> None:
+        self._got_bytes = False
+        waiting = bool(self.conn.trailing_data[0])  # a pipelined request is in already
+        self._pipelined = self._pipelined + 1 if waiting else 0
+        limit = self.limits.max_pipelined if self.slots.is_authenticated(self) else 0
+        if self._pipelined > limit and not self.transport.is_closing():
+            logger.info("closed a connection: over its pipelining limit %d", limit)
+            self.transport.close()  # after the answers given so far are written
+        if self.transport.get_write_buffer_size():
+            self._arm_write()
+        super().on_response_complete()
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return  # closing, or the next pipelined request is being answered
+        if self.conn.trailing_data[0]:  # part of a pipelined request waits
+            self._got_bytes = True
+            if self._deadline is None:
+                self._arm()
+        else:
+            self.slots.idle(self)
+
+    def send_400_response(self, msg: str) -> None:
+        self._disarm()
+        refusal = self.conn.refusal or Refusal(
+            400, "Bad Request", "bad_http", f"{msg} (malformed HTTP)"
+        )
+        self.transport.write(refusal.response())
+        self.transport.close()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(self.limits.read_timeout_s, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        state = self.conn.their_state
+        if state is not h11.IDLE and state is not h11.SEND_BODY:
+            return  # the request came whole in the meantime
+        responding = self.cycle is not None and self.cycle.response_started
+        if self._got_bytes and not responding:
+            self.transport.write(
+                raw_error(
+                    408,
+                    "Request Timeout",
+                    "request_timeout",
+                    f"the request did not arrive whole within read_timeout_s="
+                    f"{self.limits.read_timeout_s} s; the connection is closed.",
+                )
+            )
+        self.transport.close()  # the app, if waiting for the body, sees a disconnect
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._arm_write()
+
+    def timeout_keep_alive_handler(self) -> None:
+        if self.transport.get_write_buffer_size():
+            self.transport.abort()  # close() would wait for a reader that never reads
+            return
+        super().timeout_keep_alive_handler()
+
+    def _arm_write(self) -> None:
+        if self._write_deadline is None:
+            self._write_left = self.transport.get_write_buffer_size()
+            self._write_deadline = self.loop.call_later(
+                self.limits.write_timeout_s, self._write_expired
+            )
+
+    def _disarm_write(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None
+
+    def _write_expired(self) -> None:
+        self._write_deadline = None
+        left = self.transport.get_write_buffer_size()
+        if left == 0:
+            return  # all written
+        if left < self._write_left:
+            self._arm_write()  # progress: the client reads, slowly
+            return
+        logger.info(
+            "dropped a connection: %d bytes of answers unread for write_timeout_s=%s s",
+            left,
+            self.limits.write_timeout_s,
+        )
+        self.transport.abort()
+
+
+def protocol_class(limits: TransportLimits) -> type[DeadlineH11Protocol]:
+    """The protocol class uvicorn runs (``uvicorn.Config(http=...)``) for ``limits``,
+    with the slots of one server."""
+    slots = ConnectionSlots(limits.max_connections, limits.max_unauthenticated)
+    return type("JaxRunnerH11Protocol", (DeadlineH11Protocol,), {"limits": limits, "slots": slots})
+
+
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "MAX_REQUEST_LINE_BYTES",
+    "SEND_BUFFER_BYTES",
+    "DeadlineH11Protocol",
+    "TransportLimits",
+    "protocol_class",
+]

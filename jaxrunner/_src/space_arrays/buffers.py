@@ -1,0 +1,80 @@
+"""Gymnasium spaces as stacked numpy buffers: allocation, copies, row views.
+
+A space maps to a pytree of numpy arrays: ``Dict`` to a ``dict``, ``Tuple`` to a
+``tuple``, every other supported space to one array whose dtype is the space's
+dtype. Batched buffers add leading axes (``[B, ...]`` or ``[T, B, ...]``).
+
+Nothing here validates: the functions trust their inputs to be shaped by the space
+(validated writes are in :mod:`jaxrunner._src.space_arrays.writers`, checks in
+:mod:`jaxrunner._src.space_arrays.checks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner.errors import SpaceMismatchError
+
+
+def leaf_spec(space: spaces.Space) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of one element of a non-composite space."""
+    if space.shape is None:  # Text, Graph, ...: check_supported refuses them first
+        raise SpaceMismatchError(f"{space!r} has no fixed shape; jaxrunner cannot stack it.")
+    return tuple(space.shape), np.dtype(space.dtype)
+
+
+def allocate(space: spaces.Space, leading: tuple[int, ...], fill: float = 0) -> Any:
+    """Preallocates a pytree of arrays shaped ``leading + space.shape`` per leaf."""
+    if isinstance(space, spaces.Dict):
+        return {key: allocate(sub, leading, fill) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(allocate(sub, leading, fill) for sub in space.spaces)
+    shape, dtype = leaf_spec(space)
+    return np.full(leading + shape, fill, dtype=dtype)
+
+
+# gymnasium's Dict and Tuple are ABCs (Mapping, Sequence), so isinstance() on them
+# costs ~0.5 us; the helpers below run every step, and test the leaf types first.
+LEAF_TYPES = frozenset({spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary})
+
+
+def map_structure(space: spaces.Space, fn: Callable[..., Any], *trees: Any) -> Any:
+    """Applies ``fn`` leaf by leaf to pytrees shaped by ``space``."""
+    if type(space) in LEAF_TYPES:
+        return fn(*trees)
+    if isinstance(space, spaces.Dict):
+        return {key: map_structure(sub, fn, *(t[key] for t in trees)) for key, sub in space.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(map_structure(sub, fn, *(t[j] for t in trees)) for j, sub in enumerate(space))
+    return fn(*trees)
+
+
+def copy_into(space: spaces.Space, dst: Any, src: Any, index: Any = slice(None)) -> None:
+    """``dst[index] = src`` leaf by leaf (both shaped by ``space``)."""
+    if type(space) in LEAF_TYPES:
+        dst[index] = src
+    elif isinstance(space, spaces.Dict):
+        for key, sub in space.items():
+            copy_into(sub, dst[key], src[key], index)
+    elif isinstance(space, spaces.Tuple):
+        for j, sub in enumerate(space):
+            copy_into(sub, dst[j], src[j], index)
+    else:
+        dst[index] = src
+
+
+def rows(space: spaces.Space, tree: Any, index: int | slice) -> Any:
+    """``tree[index]`` leaf by leaf, as views."""
+    return map_structure(space, lambda leaf: leaf[index], tree)
+
+
+def take(space: spaces.Space, tree: Any, index: Any) -> Any:
+    """``tree[index]`` leaf by leaf, as copies."""
+    return map_structure(space, lambda leaf: np.array(leaf[index]), tree)
+
+
+__all__ = ["LEAF_TYPES", "allocate", "copy_into", "leaf_spec", "map_structure", "rows", "take"]

@@ -1,0 +1,389 @@
+"""Every check of a value against its space or gymnasium's API, in one wording.
+
+Each error says where (the sub-env, the path inside the value), what was expected,
+what came (described by one helper, :func:`_describe`) and how to fix it::
+
+    <where>: expected <what the space declares>, got <what came>. <how to fix it>
+
+Invariant 6: a value that is not exactly what its space declares raises, it is never
+cast. Python ``int`` and numpy integer scalars are accepted for ``Discrete`` (an
+exact, value-preserving conversion to the space's int64).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src.space_arrays.buffers import LEAF_TYPES, allocate, leaf_spec, map_structure
+from jaxrunner.errors import InvalidActionError, InvalidStepError, SpaceMismatchError
+
+SUPPORTED_SPACES = (
+    spaces.Box,
+    spaces.Discrete,
+    spaces.MultiDiscrete,
+    spaces.MultiBinary,
+    spaces.Dict,
+    spaces.Tuple,
+)
+NEVER_CAST = "jaxrunner never casts silently"
+
+
+def _describe(value: Any) -> str:
+    """What came, for an error message: type, dtype and shape, keys or a short repr."""
+    if isinstance(value, np.ndarray):
+        return f"an ndarray of dtype {value.dtype} and shape {value.shape}"
+    if isinstance(value, np.generic):
+        return f"a numpy scalar of dtype {value.dtype} ({value!r:.60})"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # jax arrays, ShapeDtypeStruct
+        return f"an array of dtype {value.dtype} and shape {tuple(value.shape)}"
+    name = type(value).__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    if isinstance(value, Mapping):
+        return f"{article} {name} with keys {sorted(map(str, value))}"
+    if isinstance(value, (list, tuple)):
+        return f"{article} {name} of {len(value)} items ({value!r:.60})"
+    return f"{article} {name} ({value!r:.60})"
+
+
+def mismatch(where: str, expected: str, value: Any, fix: str) -> SpaceMismatchError:
+    """The one ``SpaceMismatchError`` wording: where, what was expected, what came (``value``,
+    described), and how to fix it."""
+    return SpaceMismatchError(f"{where}: expected {expected}, got {_describe(value)}. {fix}")
+
+
+# -- spaces --------------------------------------------------------------------------------------
+
+
+def check_supported(space: spaces.Space, path: str = "space") -> None:
+    """Raises ``SpaceMismatchError`` if ``space`` (or a part of it) is not supported."""
+    if isinstance(space, spaces.Dict):
+        for key, sub in space.spaces.items():
+            check_supported(sub, f"{path}[{key!r}]")
+    elif isinstance(space, spaces.Tuple):
+        for j, sub in enumerate(space.spaces):
+            check_supported(sub, f"{path}[{j}]")
+    elif not isinstance(space, SUPPORTED_SPACES):
+        names = ", ".join(cls.__name__ for cls in SUPPORTED_SPACES)
+        raise SpaceMismatchError(
+            f"{path} is a {type(space).__name__}, which jaxrunner cannot stack into fixed-shape "
+            f"arrays; supported spaces are {names} (nested freely). Flatten it with a "
+            "gymnasium observation/action wrapper first."
+        )
+
+
+# -- one value (external envs, the policy server) ------------------------------------------------
+
+
+def check_value(space: spaces.Space, value: Any, what: str, *, bounds: bool = True) -> Any:
+    """Returns ``value`` as a fresh tree of numpy arrays that fits ``space`` exactly.
+
+    Used where values come from outside jaxrunner's own loop: external envs and the
+    policy server. Nothing is touched on failure.
+
+    Args:
+        space: a single (unbatched) gymnasium space.
+        value: the value to check: arrays of exactly the space's dtype and shape;
+            a Python or numpy integer for ``Discrete``; dicts/tuples for composites.
+        what: names the value in error messages (``"obs"``, ``"action"``).
+        bounds: if True, values must lie inside the space (``space.contains``); if
+            False (sampled Box actions, which jaxrunner keeps unclipped), Box values
+            need only be finite. Discrete, MultiDiscrete and MultiBinary values are
+            always range-checked.
+
+    Raises:
+        SpaceMismatchError: naming the path inside the value, what was expected and
+            what came.
+    """
+    return _check(space, value, what, bounds)
+
+
+def _check(space: spaces.Space, value: Any, path: str, bounds: bool) -> Any:
+    if isinstance(space, spaces.Dict):
+        if not isinstance(value, Mapping) or set(value) != set(space.spaces):
+            raise SpaceMismatchError(
+                f"{path}: expected a dict with keys {sorted(space.spaces)}, got {_describe(value)}."
+            )
+        return {k: _check(sub, value[k], f"{path}[{k!r}]", bounds) for k, sub in space.items()}
+    if isinstance(space, spaces.Tuple):
+        n = len(space.spaces)
+        if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != n:
+            raise SpaceMismatchError(
+                f"{path}: expected a tuple of {n} items, got {_describe(value)}."
+            )
+        return tuple(
+            _check(sub, v, f"{path}[{j}]", bounds) for j, (sub, v) in enumerate(zip(space, value))
+        )
+    shape, dtype = leaf_spec(space)
+    if isinstance(space, spaces.Discrete):
+        discrete = f"Discrete({space.n}, start={space.start})"
+        if isinstance(value, (bool, np.bool_)) or not (
+            isinstance(value, (int, np.integer))
+            or (isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu")
+        ):
+            raise SpaceMismatchError(
+                f"{path}: expected an integer ({discrete}), got {_describe(value)}."
+            )
+        number, start = int(value), int(space.start)
+        if not start <= number < start + int(space.n):
+            raise SpaceMismatchError(
+                f"{path}: expected an integer in [{start}, {start + int(space.n)}) ({discrete}), "
+                f"got {number}."
+            )
+        return np.asarray(number, dtype=dtype)
+    exact = isinstance(value, np.ndarray) or (isinstance(value, np.generic) and shape == ())
+    if not exact or value.dtype != dtype or np.shape(value) != shape:
+        raise SpaceMismatchError(
+            f"{path}: expected an ndarray of dtype {dtype} and shape {shape}, got "
+            f"{_describe(value)}. {NEVER_CAST}: convert values to the space's dtype first."
+        )
+    array = np.array(value, dtype=dtype)
+    if isinstance(space, spaces.Box) and not bounds:
+        if dtype.kind == "f" and not np.isfinite(array).all():
+            raise SpaceMismatchError(f"{path}: expected finite values, got NaN or infinity.")
+        return array
+    if not space.contains(array):
+        raise SpaceMismatchError(
+            f"{path}: expected a value inside {space}, got one out of bounds (or NaN)."
+        )
+    return array
+
+
+# -- what a sub-env returns (the slow paths of every backend's step loop) -------------------------
+
+
+def observation_mismatch(path: str, index: object, expected: str, value: Any) -> SpaceMismatchError:
+    """The error for a sub-env's observation that does not fit its space at ``path``."""
+    return mismatch(
+        f"sub-env {index} returned an observation that does not match its observation space "
+        f"at {path}",
+        expected,
+        value,
+        f"{NEVER_CAST}: make the env return exactly what its space declares, or wrap it (e.g. "
+        "gymnasium.wrappers.DtypeObservation / ReshapeObservation) so that it does.",
+    )
+
+
+def check_reward(value: Any, index: object) -> float:
+    """A reward as a Python float, or a clear error (slow path of the step loop)."""
+    if isinstance(value, (bool, np.bool_)) or not (
+        isinstance(value, (int, float, np.integer, np.floating))
+        or (isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iuf")
+    ):
+        raise InvalidStepError(
+            f"sub-env {index} returned a reward of type {type(value).__name__}: expected a "
+            f"finite scalar (float), got {_describe(value)}. Return float(reward) from the "
+            "env's step()."
+        )
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise InvalidStepError(
+            f"sub-env {index} returned a non-finite reward: expected a finite float, got "
+            f"{reward}. Fix the env, or clip/replace NaN and inf rewards in a wrapper."
+        )
+    return reward
+
+
+def _float_leaves(space: spaces.Space, tree: Any, path: str) -> list[tuple[str, np.ndarray]]:
+    """The floating-point leaves of ``tree`` (shaped by ``space``), with their paths."""
+    if type(tree) is np.ndarray:  # the common case first: one array leaf
+        return [(path, tree)] if tree.dtype.kind == "f" else []
+    if isinstance(space, spaces.Dict):
+        return [
+            leaf
+            for key, sub in space.spaces.items()
+            for leaf in _float_leaves(sub, tree[key], f"{path}[{key!r}]")
+        ]
+    if isinstance(space, spaces.Tuple):
+        return [
+            leaf
+            for j, sub in enumerate(space)
+            for leaf in _float_leaves(sub, tree[j], f"{path}[{j}]")
+        ]
+    return []  # not an array: nothing to check
+
+
+def all_finite_test(space: spaces.Space, buffer: Any) -> Callable[[int, int], bool] | None:
+    """``test(lo, hi)``: False if rows ``[lo, hi)`` of ``buffer`` may hold a NaN or an
+    infinity (then :func:`nonfinite_observations` says which), True if they surely do
+    not; None when ``space`` has no floating-point leaf (nothing to test). The leaves are
+    resolved once and each block costs one sum per leaf: a NaN or infinity makes the sum
+    non-finite (an overflowing sum of finite values too, which the exact check clears)."""
+    leaves = [
+        (leaf.reshape(-1), int(np.prod(leaf.shape[1:], dtype=np.int64)))
+        for _, leaf in _float_leaves(space, buffer, "obs")
+    ]
+    if not leaves:
+        return None
+    add, isfinite = np.add.reduce, math.isfinite
+
+    def test(lo: int, hi: int) -> bool:
+        for flat, k in leaves:
+            block = flat[lo * k : hi * k]
+            # A few values: Python's sum of a list costs less than a numpy reduction.
+            total = sum(block.tolist()) if len(block) <= 64 else add(block)
+            if not isfinite(total):
+                return False
+        return True
+
+    return test
+
+
+def nonfinite_observations(
+    space: spaces.Space, buffer: Any, lo: int, hi: int, call: str, skip: Any = ()
+) -> dict[int, InvalidStepError]:
+    """The rows ``[lo, hi)`` of a batched observation ``buffer`` holding a NaN or an
+    infinity (rows in ``skip`` aside), each with the error of an invalid step.
+
+    jaxrunner's one policy for non-finite env outputs: an observation with a NaN or an
+    infinity is refused like a non-finite reward (:func:`check_reward`), as an invalid
+    step: the sub-env is restarted under a ``restart_policy``, else the error is
+    raised. Statistics (``NormalizeObservation``) could never recover from one. Fast
+    when every value is finite: one ``isfinite`` per floating-point leaf and block."""
+    errors: dict[int, InvalidStepError] = {}
+    for path, leaf in _float_leaves(space, buffer, "obs"):
+        block = leaf[lo:hi]
+        if np.isfinite(block).all():
+            continue
+        bad = ~np.isfinite(block.reshape(hi - lo, -1)).all(axis=1)
+        for i in (lo + np.flatnonzero(bad)).tolist():
+            if i not in skip and i not in errors:
+                errors[i] = InvalidStepError(
+                    f"sub-env {i} returned a non-finite observation from {call}() at {path}: "
+                    "expected finite values, got NaN or infinity. Fix the env, or replace "
+                    "them in a gymnasium observation wrapper (backends with a "
+                    "restart_policy restart the sub-env instead)."
+                )
+    return errors
+
+
+def check_finite_observations(space: spaces.Space, buffer: Any, call: str) -> None:
+    """Raises the first :func:`nonfinite_observations` error of a whole batch (backends
+    that cannot restart one sub-env: a wrapped gymnasium vector env)."""
+    num_envs = len(next(iter(_leaves(buffer))))
+    bad = nonfinite_observations(space, buffer, 0, num_envs, call)
+    if bad:
+        raise bad[min(bad)]
+
+
+def _leaves(tree: Any) -> Any:
+    if isinstance(tree, Mapping):
+        for sub in tree.values():
+            yield from _leaves(sub)
+    elif isinstance(tree, tuple):
+        for sub in tree:
+            yield from _leaves(sub)
+    else:
+        yield tree
+
+
+def check_info(value: Any, index: object, call: str) -> dict[str, Any]:
+    """``value`` if it is a dict, as gymnasium's API requires of ``reset``/``step`` infos."""
+    if not isinstance(value, dict):
+        raise InvalidStepError(
+            f"sub-env {index} returned an info of type {type(value).__name__} from {call}(): "
+            f"expected a dict (gymnasium's API), got {_describe(value)}. Return {{}} when "
+            "there is nothing to report."
+        )
+    return value
+
+
+def check_flag(value: Any, index: object, name: str) -> bool:
+    """``value`` (``terminated`` or ``truncated``) as a bool, if it is one."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise InvalidStepError(
+        f"sub-env {index} returned {name}={value!r:.60}: expected a bool, got "
+        f"{_describe(value)}. Return bool({name}) from the env's step()."
+    )
+
+
+# -- actions -------------------------------------------------------------------------------------
+
+
+def check_policy_actions(action_space: spaces.Space, spec: Any, num_envs: int) -> None:
+    """Checks a policy's action output (arrays or ``ShapeDtypeStruct`` leaves) for a
+    batch of ``num_envs`` against the action space, before any env is stepped."""
+    expected = allocate(action_space, (num_envs,))
+
+    def check(exp: np.ndarray, got: Any) -> None:
+        if tuple(got.shape) != exp.shape or not np.can_cast(got.dtype, exp.dtype, "safe"):
+            raise mismatch(
+                "policy actions",
+                f"shape {exp.shape} (a batch of {num_envs} for the action space {action_space}) "
+                f"and a dtype safely castable to {exp.dtype}",
+                got,
+                "Check the policy's action head against the env.",
+            )
+
+    try:
+        map_structure(action_space, check, expected, spec)
+    except (KeyError, IndexError, TypeError, AttributeError) as err:
+        raise mismatch(
+            "policy actions",
+            f"the structure of the action space {action_space}",
+            spec,
+            "Check the policy's action head against the env.",
+        ) from err
+
+
+def _action_kind_ok(space_dtype: np.dtype, got: np.dtype) -> bool:
+    if space_dtype.kind in "iu":
+        return got.kind in "iu"
+    if space_dtype.kind == "f":
+        return got.kind == "f"
+    return got == space_dtype
+
+
+def check_action_batch(space: spaces.Space, actions: Any, num_envs: int, path: str = "") -> Any:
+    """Checks a whole batch of ``num_envs`` actions before any sub-env is stepped.
+
+    Each leaf must be array-like of shape ``[num_envs, *shape]`` with the dtype kind
+    of its space (integer or float); dicts and tuples must match composite spaces.
+
+    Returns:
+        The batch with every leaf as a numpy array.
+
+    Raises:
+        InvalidActionError: naming the path inside the batch.
+    """
+    if type(space) in LEAF_TYPES:  # the per-step fast path: no ABC isinstance checks
+        return _check_action_leaf(space, actions, num_envs, path)
+    if isinstance(space, spaces.Dict):
+        if not isinstance(actions, Mapping) or actions.keys() != set(space.spaces):
+            raise InvalidActionError(
+                f"actions{path}: expected a dict with keys {sorted(space.spaces)}, got "
+                f"{_describe(actions)}."
+            )
+        return {
+            k: check_action_batch(s, actions[k], num_envs, f"{path}[{k!r}]")
+            for k, s in space.items()
+        }
+    if isinstance(space, spaces.Tuple):
+        if not isinstance(actions, Sequence) or len(actions) != len(space.spaces):
+            raise InvalidActionError(
+                f"actions{path}: expected a tuple of {len(space.spaces)} items, got "
+                f"{_describe(actions)}."
+            )
+        return tuple(
+            check_action_batch(s, v, num_envs, f"{path}[{j}]")
+            for j, (s, v) in enumerate(zip(space, actions))
+        )
+    return _check_action_leaf(space, actions, num_envs, path)
+
+
+def _check_action_leaf(space: spaces.Space, actions: Any, num_envs: int, path: str) -> np.ndarray:
+    shape, dtype = leaf_spec(space)
+    array = np.asarray(actions)
+    if array.shape != (num_envs, *shape) or not _action_kind_ok(dtype, array.dtype):
+        raise InvalidActionError(
+            f"actions{path}: expected an array of shape {(num_envs, *shape)} "
+            f"(num_envs={num_envs}, single action shape {shape}) with {dtype.kind!r}-kind "
+            f"dtype like {dtype}, got {_describe(array)}. Pass one action per sub-env, "
+            "stacked along the first axis."
+        )
+    return array

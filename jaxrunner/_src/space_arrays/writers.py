@@ -1,0 +1,114 @@
+"""Validated writes into stacked buffers, and validated splits of action batches.
+
+The step loops of every backend write each sub-env's observation with a writer
+built once per space, and split each action batch with a splitter built once per
+batch size: the common types are tested inline (the fast path), anything else goes
+to :mod:`jaxrunner._src.space_arrays.checks` for the error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src.space_arrays.buffers import leaf_spec, take
+from jaxrunner._src.space_arrays.checks import check_action_batch, observation_mismatch
+
+Writer = Callable[[int, Any], None]
+
+
+def make_writer(
+    space: spaces.Space,
+    buffer: Any,
+    path: str = "obs",
+    where: Callable[[int], object] | None = None,
+) -> Writer:
+    """Returns ``write(i, value)``: validates ``value`` against ``space`` and stores it
+    in row ``i`` of the batched ``buffer`` (shaped by ``allocate(space, (B,))``).
+
+    ``where(i)`` names row ``i``'s sub-env in errors (None: the row is the sub-env
+    index); a multi-agent buffer's rows are agent slots, named by env and agent.
+
+    Raises (from ``write``):
+        SpaceMismatchError: ``value`` differs from the space in structure, shape or
+            dtype; nothing is cast.
+    """
+    name: Callable[[int], object] = where or (lambda i: i)
+    if isinstance(space, spaces.Dict):
+        keys = tuple(space.spaces)
+        key_set = set(keys)
+        subs = [
+            (key, make_writer(space[key], buffer[key], f"{path}[{key!r}]", where)) for key in keys
+        ]
+
+        def write_dict(i: int, value: Any) -> None:
+            if not isinstance(value, Mapping) or value.keys() != key_set:
+                raise observation_mismatch(path, name(i), f"a dict with keys {sorted(keys)}", value)
+            for key, sub in subs:
+                sub(i, value[key])
+
+        return write_dict
+
+    if isinstance(space, spaces.Tuple):
+        subs_t = [make_writer(sub, buffer[j], f"{path}[{j}]", where) for j, sub in enumerate(space)]
+        n = len(subs_t)
+
+        def write_tuple(i: int, value: Any) -> None:
+            if not isinstance(value, (tuple, list)) or len(value) != n:
+                raise observation_mismatch(path, name(i), f"a tuple of {n} items", value)
+            for sub, item in zip(subs_t, value):
+                sub(i, item)
+
+        return write_tuple
+
+    shape, dtype = leaf_spec(space)
+    if isinstance(space, spaces.Discrete):
+
+        def write_discrete(i: int, value: Any) -> None:
+            kind = type(value)
+            if kind is not int and not isinstance(value, np.integer):
+                if not (
+                    isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu"
+                ):
+                    raise observation_mismatch(path, name(i), "an integer (Discrete)", value)
+            buffer[i] = value
+
+        return write_discrete
+
+    expected = f"an ndarray of dtype {dtype} and shape {shape}"
+
+    def write_array(i: int, value: Any) -> None:
+        if type(value) is not np.ndarray or value.dtype != dtype or value.shape != shape:
+            # numpy scalars of the exact dtype are fine for shape-() spaces
+            if not (isinstance(value, np.generic) and value.dtype == dtype and shape == ()):
+                raise observation_mismatch(path, name(i), expected, value)
+        buffer[i] = value
+
+    return write_array
+
+
+def make_action_splitter(space: spaces.Space, num_envs: int) -> Callable[[Any], list[Any]]:
+    """Returns ``split(actions) -> list`` of ``num_envs`` per-env actions.
+
+    The batch is checked as a whole first
+    (:func:`~jaxrunner._src.space_arrays.checks.check_action_batch`),
+    so a bad batch is rejected before any sub-env is stepped.
+    """
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+
+        def split_tree(actions: Any) -> list[Any]:
+            checked = check_action_batch(space, actions, num_envs)
+            return [take(space, checked, i) for i in range(num_envs)]
+
+        return split_tree
+
+    def split_leaf(actions: Any) -> list[Any]:
+        return list(check_action_batch(space, actions, num_envs))
+
+    return split_leaf
+
+
+__all__ = ["Writer", "make_action_splitter", "make_writer"]

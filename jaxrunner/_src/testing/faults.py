@@ -1,0 +1,402 @@
+"""Fault injection: envs that crash, hang, die or break gymnasium's API, on purpose.
+
+For jaxrunner's tests and for users testing their own setups. Wrap any env with
+:class:`FaultyEnv` (or build factories with :func:`faulty_env_fns`, picklable for
+worker processes) and say what goes wrong and when with :class:`FaultPlan`. A
+:class:`CallLog` counts good and failed calls across processes, so a test can
+check the runner's accounting against what the envs really did.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import dataclasses
+import functools
+import os
+import pathlib
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, get_args
+
+import gymnasium
+import numpy as np
+
+from jaxrunner.errors import InvalidArgumentError
+
+FaultKind = Literal[
+    # Never return: the call raises, sleeps, or takes its process down.
+    "raise",  # raise InjectedError
+    "hang",  # sleep hang_s, then raise InjectedError
+    "exit",  # os._exit(13)
+    "kill",  # SIGKILL
+    "segfault",  # read address 0
+    # Return garbage (the inner call runs first): step only.
+    "nan_reward",
+    "inf_reward",
+    "array_reward",  # an ndarray of shape (2,)
+    "list_reward",  # [r, r]
+    "flag_not_bool",  # terminated as an int
+    # Return garbage: step or reset.
+    "bad_obs",  # first array leaf of the observation with an extra leading axis
+    "obs_dtype",  # first array leaf cast to another dtype
+    "obs_missing_key",  # first key of a dict observation dropped
+    "info_not_dict",  # info as a list of (key, value) pairs
+]
+_KINDS: tuple[str, ...] = get_args(FaultKind)
+_NO_RETURN = ("raise", "hang", "exit", "kill", "segfault")
+STEP_ONLY_KINDS = ("nan_reward", "inf_reward", "array_reward", "list_reward", "flag_not_bool")
+"""Kinds that break what only ``step`` returns (the reward, the flags)."""
+
+
+class InjectedError(RuntimeError):
+    """What a :class:`FaultPlan` of kind ``"raise"`` (or an ended ``"hang"``) raises."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FaultPlan:
+    """One way a sub-env misbehaves, and when."""
+
+    kind: FaultKind = "raise"
+    """What goes wrong (see :data:`FaultKind`): ``raise`` an :class:`InjectedError`;
+    ``hang`` (sleep ``hang_s``); ``exit`` the process (``os._exit``); ``kill`` it
+    (SIGKILL); ``segfault``; or return garbage: a non-finite (``nan_reward``,
+    ``inf_reward``) or non-scalar (``array_reward``, ``list_reward``) reward, an int
+    ``terminated`` (``flag_not_bool``), an observation with an extra axis
+    (``bad_obs``), another dtype (``obs_dtype``) or a missing dict key
+    (``obs_missing_key``), or an info that is not a dict (``info_not_dict``)."""
+    call: Literal["step", "reset"] = "step"
+    """Which method misbehaves."""
+    at: tuple[int, ...] = ()
+    """1-based numbers of the calls of ``call`` that misbehave, counted per env
+    instance (a recreated env counts from 1 again)."""
+    probability: float = 0.0
+    """Chance that any other call misbehaves."""
+    hang_s: float = 3600.0
+    """How long ``hang`` sleeps."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise InvalidArgumentError(f"FaultPlan(kind={self.kind!r}): expected one of {_KINDS}.")
+        if self.call not in ("step", "reset"):
+            raise InvalidArgumentError(
+                f"FaultPlan(call={self.call!r}): expected 'step' or 'reset'."
+            )
+        if self.call == "reset" and self.kind in STEP_ONLY_KINDS:
+            raise InvalidArgumentError(
+                f"FaultPlan(kind={self.kind!r}) only applies to call='step': reset returns "
+                "no reward or flags."
+            )
+        if not 0.0 <= self.probability <= 1.0:
+            raise InvalidArgumentError(
+                f"FaultPlan(probability={self.probability}): expected a number in [0, 1]."
+            )
+        if isinstance(self.at, int) or any(n < 1 for n in self.at):
+            raise InvalidArgumentError(
+                f"FaultPlan(at={self.at!r}): expected a tuple of call numbers, starting at 1."
+            )
+
+
+class CallLog:
+    """Counts events across processes: one byte appended to ``directory/<name>`` per
+    event (``O_APPEND`` writes are atomic), so the count is the file's size.
+
+    Picklable (it is just a path): give it to env factories that run in workers.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = pathlib.Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def record(self, name: str) -> None:
+        """Counts one ``name`` event."""
+        fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, b".")
+        finally:
+            os.close(fd)
+
+    def count(self, name: str) -> int:
+        """How many ``name`` events were recorded, by any process."""
+        try:
+            return (self.directory / name).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+
+# Fault-injecting envs made so far in this process, per seed: the n-th one with seed s
+# draws its probabilistic faults from rng([s, n]), so a run is reproducible and a
+# recreated env draws differently from the one it replaces.
+_made_per_seed: collections.Counter[int] = collections.Counter()
+
+
+def _map_first_leaf(obs: Any, fn: Callable[[np.ndarray], Any]) -> Any:
+    if isinstance(obs, Mapping):
+        key = next(iter(obs))
+        return {**obs, key: _map_first_leaf(obs[key], fn)}
+    if isinstance(obs, tuple):
+        return (_map_first_leaf(obs[0], fn), *obs[1:])
+    return fn(np.asarray(obs))
+
+
+def _other_dtype(leaf: np.ndarray) -> np.ndarray:
+    return leaf.astype(np.float32 if leaf.dtype == np.float64 else np.float64)
+
+
+def _break_obs(kind: str, obs: Any) -> Any:
+    if kind == "bad_obs":
+        return _map_first_leaf(obs, lambda leaf: leaf[None])
+    if kind == "obs_dtype":
+        return _map_first_leaf(obs, _other_dtype)
+    if not isinstance(obs, Mapping):
+        raise InvalidArgumentError(
+            f"FaultPlan(kind='obs_missing_key'): expected an env with dict observations, got "
+            f"a {type(obs).__name__} observation. Use kind='bad_obs' or 'obs_dtype'."
+        )
+    return dict(list(obs.items())[1:])
+
+
+def break_returns(kind: str, obs: Any, reward: Any, terminated: Any, info: Any) -> tuple:
+    """What a garbage fault of ``kind`` makes of one agent's good returns.
+
+    Args:
+        kind: a :data:`FaultKind` that returns garbage (not one of the kinds that never
+            return).
+        obs, reward, terminated, info: what the env returned (for a reset, any
+            ``reward`` and ``terminated``: reset faults never break them).
+
+    Returns:
+        ``(obs, reward, terminated, info)`` with the one part ``kind`` breaks broken.
+    """
+    if kind in ("nan_reward", "inf_reward"):
+        reward = float("nan") if kind == "nan_reward" else float("inf")
+    elif kind == "array_reward":
+        reward = np.array([reward, reward])
+    elif kind == "list_reward":
+        reward = [reward, reward]
+    elif kind == "flag_not_bool":
+        terminated = int(terminated)
+    elif kind == "info_not_dict":
+        info = list(info.items())
+    else:
+        obs = _break_obs(kind, obs)
+    return obs, reward, terminated, info
+
+
+class FaultSchedule:
+    """Which calls of one env instance misbehave, and the faults that never return: the
+    mechanism every fault-injecting wrapper shares (:class:`FaultyEnv`, and the
+    multi-agent :class:`~jaxrunner._src.testing.multi_agent_faults.FaultyMultiAgentEnv`).
+
+    A call misbehaves as the first of ``faults`` whose ``call`` it is and that is due
+    (its number is in ``at``, or the probability draw hit). Faults that never return
+    happen in :meth:`due`, before the wrapped env is called; garbage faults are
+    returned for the wrapper to apply (:func:`break_returns`).
+
+    Args:
+        faults: what goes wrong and when.
+        log: optional cross-process counter (see :class:`FaultyEnv` for its events);
+            this records ``made``.
+        seed: seeds the draws of probabilistic faults, mixed with an instance number
+            (the ``made`` count of ``log`` if given, else how many schedules this
+            process made with this seed), so a recreated env draws differently.
+        owner: the wrapper's name, for the messages of injected errors.
+    """
+
+    def __init__(
+        self,
+        faults: Sequence[FaultPlan],
+        log: CallLog | None = None,
+        seed: int = 0,
+        owner: str = "FaultyEnv",
+    ) -> None:
+        self.faults, self.log, self.owner = tuple(faults), log, owner
+        if log is not None:
+            instance = log.count("made")
+            log.record("made")
+        else:
+            instance = _made_per_seed[seed]
+            _made_per_seed[seed] += 1
+        self._rng = np.random.default_rng([seed, instance])
+        self.calls = {"step": 0, "reset": 0}
+        """How many times each method was called (failed calls included)."""
+
+    def due(self, call: str) -> FaultPlan | None:
+        """Counts one call of ``call``; returns the garbage fault due for it (None: the
+        call behaves, and is logged ``<call>_ok`` by :meth:`ok`). A due fault is logged
+        ``<call>_failed``; one that never returns happens here."""
+        self.calls[call] += 1
+        number, due = self.calls[call], None
+        for fault in self.faults:
+            if fault.call != call:
+                continue
+            # Draw for every probabilistic fault, due or not, so draws stay aligned.
+            hit = fault.probability > 0 and self._rng.random() < fault.probability
+            if due is None and (number in fault.at or hit):
+                due = fault
+        if due is not None:
+            self.record(f"{call}_failed")
+            if due.kind in _NO_RETURN:
+                self._fail_now(due, call)
+        return due
+
+    def ok(self, call: str) -> None:
+        """Logs a call that behaved."""
+        self.record(f"{call}_ok")
+
+    def _fail_now(self, fault: FaultPlan, call: str) -> None:
+        """Faults that never return a value."""
+        if fault.kind == "raise":
+            raise InjectedError(f"{self.owner}: injected failure in {call} #{self.calls[call]}")
+        if fault.kind == "hang":
+            time.sleep(fault.hang_s)
+            raise InjectedError(f"{self.owner}: {call} hung for {fault.hang_s} s")
+        if fault.kind == "exit":
+            os._exit(13)
+        if fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if fault.kind == "segfault":
+            ctypes.string_at(0)
+
+    def record(self, name: str) -> None:
+        if self.log is not None:
+            self.log.record(name)
+
+
+class FaultyEnv(gymnasium.Wrapper):
+    """Wraps an env and injects ``faults``; counts calls in ``log`` if given.
+
+    A call misbehaves as the first of ``faults`` whose ``call`` it is and that is due
+    (its number is in ``at``, or the probability draw hit); every other call passes
+    through unchanged. Faults that never return fail before the inner env is called;
+    garbage faults call it, then break what it returned.
+
+    Events logged: ``step_ok`` (a step returned a good transition), ``step_failed``
+    (a step misbehaved: raised, returned garbage; hangs and deaths are logged
+    before they happen), ``reset_ok``, ``reset_failed`` and ``made`` (instances).
+
+    Args:
+        env: the env to wrap.
+        faults: what goes wrong and when.
+        log: optional cross-process counter.
+        seed: seeds the draws of probabilistic faults, mixed with an instance number
+            (the ``made`` count of ``log`` if given, else how many FaultyEnvs this
+            process made with this seed), so a recreated env draws differently.
+    """
+
+    def __init__(
+        self,
+        env: gymnasium.Env,
+        faults: Sequence[FaultPlan] = (),
+        log: CallLog | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(env)
+        self.schedule = FaultSchedule(faults, log, seed, "FaultyEnv")
+        self.faults, self.log = self.schedule.faults, log
+        self.calls = self.schedule.calls
+        """How many times each method was called (failed calls included)."""
+
+    def reset(self, **kwargs: Any) -> Any:
+        fault = self.schedule.due("reset")
+        obs, info = self.env.reset(**kwargs)
+        if fault is None:
+            self.schedule.ok("reset")
+            return obs, info
+        obs, _, _, info = break_returns(fault.kind, obs, 0.0, False, info)
+        return obs, info
+
+    def step(self, action: Any) -> Any:
+        fault = self.schedule.due("step")
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if fault is None:
+            self.schedule.ok("step")
+            return obs, reward, terminated, truncated, info
+        obs, reward, terminated, info = break_returns(fault.kind, obs, reward, terminated, info)
+        return obs, reward, terminated, truncated, info
+
+
+def _make_faulty(
+    base: Callable[[], gymnasium.Env], faults: tuple[FaultPlan, ...], log: CallLog | None, seed: int
+) -> gymnasium.Env:
+    return FaultyEnv(base(), faults, log, seed)
+
+
+def faulty_factories(
+    wrap: Callable[[Callable[[], Any], tuple[FaultPlan, ...], CallLog | None, int], Any],
+    base: Callable[[], Any] | Sequence[Callable[[], Any]],
+    num_envs: int | None,
+    faults: Sequence[FaultPlan] | Mapping[int, Sequence[FaultPlan]],
+    log: CallLog | None,
+    seed: int,
+    caller: str,
+) -> list[Callable[[], Any]]:
+    """The factories of :func:`faulty_env_fns` (and its multi-agent twin): one
+    ``functools.partial(wrap, base_i, faults_i, log, seed_i)`` per sub-env, where
+    ``wrap`` is a module-level function that builds ``base_i()`` and wraps it.
+
+    Raises:
+        InvalidArgumentError: ``num_envs`` is missing for a single ``base``, or differs
+            from the length of a sequence ``base`` (named as ``caller``'s argument).
+    """
+    if callable(base):
+        if num_envs is None:
+            raise InvalidArgumentError(
+                f"{caller}(num_envs=None): expected how many envs to make from one base "
+                "factory; pass num_envs, or a sequence of factories as base."
+            )
+        bases = [base] * num_envs
+    else:
+        bases = list(base)
+        if num_envs is not None and num_envs != len(bases):
+            raise InvalidArgumentError(
+                f"{caller}(num_envs={num_envs}): expected {len(bases)}, the number of "
+                "factories in base (or None)."
+            )
+    per_env = faults if isinstance(faults, Mapping) else dict.fromkeys(range(len(bases)), faults)
+    return [
+        functools.partial(wrap, fn, tuple(per_env.get(i, ())), log, seed * 100_003 + i)
+        for i, fn in enumerate(bases)
+    ]
+
+
+def faulty_env_fns(
+    base: Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]],
+    num_envs: int | None = None,
+    faults: Sequence[FaultPlan] | Mapping[int, Sequence[FaultPlan]] = (),
+    log: CallLog | None = None,
+    seed: int = 0,
+) -> list[Callable[[], gymnasium.Env]]:
+    """Picklable factories of :class:`FaultyEnv`, one per sub-env.
+
+    Args:
+        base: a picklable zero-argument env factory (e.g. ``functools.partial(
+            gymnasium.make, "CartPole-v1")``) used for every sub-env, or a sequence
+            of them, one per sub-env.
+        num_envs: how many factories; ``None`` (only with a sequence ``base``) for
+            ``len(base)``.
+        faults: the same faults for every env, or a mapping ``{env index: faults}``
+            (envs not in it behave).
+        log: optional cross-process counter shared by all of them.
+        seed: seeds probabilistic faults (mixed with the env index).
+
+    Raises:
+        InvalidArgumentError: ``num_envs`` is missing for a single ``base``, or differs
+            from the length of a sequence ``base``.
+    """
+    return faulty_factories(_make_faulty, base, num_envs, faults, log, seed, "faulty_env_fns")
+
+
+__all__ = [
+    "STEP_ONLY_KINDS",
+    "CallLog",
+    "FaultKind",
+    "FaultPlan",
+    "FaultSchedule",
+    "FaultyEnv",
+    "InjectedError",
+    "break_returns",
+    "faulty_env_fns",
+    "faulty_factories",
+]

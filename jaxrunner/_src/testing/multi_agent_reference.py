@@ -1,0 +1,135 @@
+"""PettingZoo envs stepped by hand: what each row of a multi-agent vector step must hold.
+
+The reference of :class:`~jaxrunner._src.testing.multi_agent_contract.MultiAgentVectorEnvContract`.
+Parallel envs follow the PettingZoo API directly; AEC envs PettingZoo's own loop
+(``last()`` at each turn), independent of how the backends' drivers keep their books.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from pettingzoo import AECEnv, ParallelEnv
+
+MultiAgentEnvFactory = Callable[[], Any]
+
+
+@dataclasses.dataclass
+class ExpectedRow:
+    """What one sub-env's row of a step must hold."""
+
+    completed: dict[str, tuple[Any, float, bool, bool]]
+    """Per agent whose transition completed: (next_obs, reward, terminated, truncated)."""
+    done: bool
+    env_reward: float
+    infos: Any
+
+
+class ParallelByHand:
+    """A ``ParallelEnv`` stepped by hand: every acting agent's transition completes in
+    the step; a reward before an agent's first action goes onto its first transition."""
+
+    def __init__(self, env: ParallelEnv) -> None:
+        self.env = env
+        self.acting: dict[str, Any] = {}
+        self.started: set[str] = set()
+        self.pending: dict[str, float] = {}
+
+    def reset(self, seed: int | None, options: dict[str, Any] | None = None) -> Any:
+        obs, infos = self.env.reset(seed=seed, options=options)
+        self.acting, self.started, self.pending = dict(obs), set(), {}
+        return infos
+
+    def step(self, act: Callable[[str], Any]) -> ExpectedRow:
+        actions = {agent: act(agent) for agent in self.acting}
+        obs, rewards, terms, truncs, infos = self.env.step(actions)
+        self.started |= set(actions)
+        env_reward = 0.0
+        for agent, r in rewards.items():
+            self.pending[agent] = self.pending.get(agent, 0.0) + r
+            env_reward += r
+        completed = {
+            agent: (
+                obs[agent],
+                self.pending.pop(agent, 0.0),
+                terms.get(agent, False),
+                truncs.get(agent, False),
+            )
+            for agent in actions
+        }
+        ended = {agent for agent in obs if terms.get(agent, False) or truncs.get(agent, False)}
+        self.acting = {agent: o for agent, o in obs.items() if agent not in ended}
+        done = not self.acting
+        if done:
+            self.reset(None)  # SAME_STEP autoreset, unseeded
+        return ExpectedRow(completed, done, env_reward, infos)
+
+
+class AECByHand:
+    """An ``AECEnv`` stepped by hand with PettingZoo's own loop (``last()`` at each
+    turn): an action's transition completes at the agent's next turn with ``last()``'s
+    reward (what it received since it acted), flags and observation; what it received
+    before its first action is added to its first transition."""
+
+    def __init__(self, env: AECEnv) -> None:
+        self.env = env
+        self.acting: dict[str, Any] = {}
+        self.started: set[str] = set()
+        self.waiting: set[str] = set()
+        self.before_first: dict[str, float] = {}
+
+    def reset(self, seed: int | None, options: dict[str, Any] | None = None) -> Any:
+        self.env.reset(seed=seed, options=options)
+        self.started, self.waiting, self.before_first = set(), set(), {}
+        self._settle({})
+        return dict(self.env.infos)
+
+    def _settle(self, completed: dict[str, tuple[Any, float, bool, bool]]) -> float:
+        """Turns until a live agent is to act (dead agents step with None)."""
+        env, reward = self.env, 0.0
+        self.acting = {}
+        while env.agents:
+            agent = env.agent_selection
+            obs, r, term, trunc, _ = env.last()
+            if agent in self.waiting:
+                self.waiting.discard(agent)
+                completed[agent] = (obs, r + self.before_first.pop(agent, 0.0), term, trunc)
+            elif agent not in self.started:
+                self.before_first[agent] = r
+            if not (term or trunc):
+                self.acting = {agent: obs}
+                break
+            env.step(None)
+            reward += sum(env.rewards.values())
+        return reward
+
+    def step(self, act: Callable[[str], Any]) -> ExpectedRow:
+        env = self.env
+        (agent,) = self.acting
+        self.started.add(agent)
+        self.waiting.add(agent)
+        env.step(act(agent))
+        completed: dict[str, tuple[Any, float, bool, bool]] = {}
+        env_reward = sum(env.rewards.values())
+        env_reward += self._settle(completed)
+        infos = dict(env.infos)
+        done = not env.agents
+        if done:
+            if self.waiting:  # not in the contract envs: no reference for it
+                raise AssertionError(
+                    f"the reference cannot step an env that removes agents {self.waiting} "
+                    "without their dead step"
+                )
+            self.reset(None)
+        return ExpectedRow(completed, done, env_reward, infos)
+
+
+def by_hand(factory: MultiAgentEnvFactory) -> ParallelByHand | AECByHand:
+    """A new env from ``factory``, to be stepped by hand (reset it first)."""
+    env = factory()
+    return AECByHand(env) if isinstance(env, AECEnv) else ParallelByHand(env)
+
+
+__all__ = ["AECByHand", "ExpectedRow", "ParallelByHand", "by_hand"]

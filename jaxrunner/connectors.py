@@ -1,0 +1,65 @@
+"""Connectors: pure, stateful, jitted transforms between the env and the policy.
+
+Observation connectors (normalization, frame stacking) run inside the runner's compiled
+policy step, action connectors (rescaling) right after the policy, a reward connector
+(scaling) once per sample; see :mod:`jaxrunner._src.connectors.pipeline` for where the
+Trajectory keeps what the policy saw, and :mod:`jaxrunner._src.connectors.base` to write one.
+With agent groups (``MultiAgentRunner(..., connectors=...)``) see
+:mod:`jaxrunner._src.connectors.per_group`.
+"""
+
+from jaxrunner._src.connectors.base import (
+    ActionConnector,
+    ConnectorState,
+    ObsConnector,
+    RewardConnector,
+)
+from jaxrunner._src.connectors.builtin import (
+    FrameStack,
+    NormalizeObservation,
+    RescaleActions,
+    ScaleReward,
+)
+from jaxrunner._src.connectors.moments import (
+    COUNT_DTYPES,
+    Moments,
+    RunningMoments,
+    freeze,
+    merge_all,
+    set_statistics,
+    take_deltas,
+    unfreeze,
+)
+from jaxrunner._src.connectors.pipeline import (
+    POLICY_NEXT_OBS,
+    POLICY_OBS,
+    SCALED_REWARD,
+    Connectors,
+    ConnectorsState,
+    SampleEnd,
+)
+
+__all__ = [
+    "COUNT_DTYPES",
+    "POLICY_NEXT_OBS",
+    "POLICY_OBS",
+    "SCALED_REWARD",
+    "ActionConnector",
+    "ConnectorState",
+    "Connectors",
+    "ConnectorsState",
+    "FrameStack",
+    "Moments",
+    "NormalizeObservation",
+    "ObsConnector",
+    "RescaleActions",
+    "RewardConnector",
+    "RunningMoments",
+    "SampleEnd",
+    "ScaleReward",
+    "freeze",
+    "merge_all",
+    "set_statistics",
+    "take_deltas",
+    "unfreeze",
+]

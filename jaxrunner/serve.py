@@ -1,0 +1,35 @@
+"""Serving external environments over HTTP: ``jr.serve.PolicyServer`` and
+``jr.serve.PolicyClient``, and ``jr.serve.MultiAgentPolicyClient`` for a
+multi-agent env (extra ``[serve]``: FastAPI, uvicorn, httpx).
+
+Imported lazily, so ``import jaxrunner`` never needs the extra.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_EXPORTS = {
+    "PolicyServer": "jaxrunner._src.services.serve.server",
+    "ServerConfig": "jaxrunner._src.services.serve.server",
+    "PolicyClient": "jaxrunner._src.services.serve.client",
+    "MultiAgentPolicyClient": "jaxrunner._src.services.serve.multi_agent_client",
+    "PolicyServerError": "jaxrunner._src.services.serve.client",
+    "ReportError": "jaxrunner._src.services.serve.client",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'jaxrunner.serve' has no attribute {name!r}")
+    import importlib
+
+    try:
+        module = importlib.import_module(_EXPORTS[name])
+    except ImportError as err:
+        raise ImportError(
+            f"jaxrunner.serve.{name} needs the serve extra: pip install 'jaxrunner[serve]' ({err})"
+        ) from err
+    return getattr(module, name)
