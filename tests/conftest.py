@@ -25,7 +25,7 @@ import jax
 import pytest
 
 import jaxrunner as jr
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 
 
 def short_cartpole(max_episode_steps: int = 20) -> gymnasium.Env:

@@ -25,7 +25,7 @@ from gymnasium import spaces
 from shuffled_sync import ShuffledSync
 
 import jaxrunner as jr
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner._src.samplers.batch_invariance import (
     chunked_apply,
     default_chunk_rows,

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner._src.testing.jax_envs import RandomWalk, WalkParams
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.testing import assert_trees_equal

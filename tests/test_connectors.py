@@ -21,7 +21,7 @@ from gymnasium import spaces
 import jaxrunner as jr
 from jaxrunner import connectors as C
 from jaxrunner._src.backends.process import ProcessConfig
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner._src.testing.jax_envs import RandomWalk
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.testing import CountingEnv, counting_env_fns

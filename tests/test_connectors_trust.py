@@ -18,7 +18,7 @@ from gymnasium import spaces
 import jaxrunner as jr
 from jaxrunner import connectors as C
 from jaxrunner._src.backends.process import ProcessConfig
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner._src.space_arrays.checks import nonfinite_observations
 from jaxrunner.errors import (
     InvalidArgumentError,

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner._src.cpu_dispatch import ENV_VAR
 from jaxrunner.errors import DispatchConfigError
 
 SAMPLE = """
 import jax, numpy as np
 import jaxrunner as jr
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 envs = jr.make_vec(lambda: __import__("gymnasium").make("CartPole-v1", max_episode_steps=20), 5)
 policy = mlp_policy(envs.single_action_space, hidden=(16,))
 params = policy.init(jax.random.key(3), envs.single_observation_space)

@@ -16,7 +16,7 @@ from gymnasium import spaces
 
 import jaxrunner as jr
 from jaxrunner import errors
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner._src.space_arrays import check_value
 
 CARTPOLE = gymnasium.make("CartPole-v1")

@@ -16,7 +16,7 @@ from gated_policy import GatedPolicy
 
 import jaxrunner as jr
 from jaxrunner import errors
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner._src.services.external.episodes import LiveEpisode
 from jaxrunner._src.services.external.memory import episode_nbytes
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import short_cartpole
 
 import jaxrunner as jr
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidStepError
 from jaxrunner.testing import (
     CallLog,

@@ -20,7 +20,7 @@ from test_faults import RANDOM_FAULTS
 
 import jaxrunner as jr
 from jaxrunner._src.backends.process import ProcessConfig, ProcessVectorEnv
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner.errors import (
     ClosedError,
     EnvError,

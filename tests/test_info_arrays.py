@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner.errors import InvalidArgumentError
 
 T = 48

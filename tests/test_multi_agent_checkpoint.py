@@ -283,7 +283,7 @@ def saved(tmp_path_factory):
 @pytest.fixture(scope="module")
 def env_runner_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("single") / "runner.ckpt"
-    from jaxrunner._src.bench import mlp_policy
+    from jaxrunner.models import mlp_policy
 
     envs = jr.make_vec("CartPole-v1", 2)
     policy = mlp_policy(envs.single_action_space, hidden=(4,))

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
-from jaxrunner._src.bench.policy import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing
 from jaxrunner.errors import InvalidArgumentError
 from tests import multi_agent_envs as envs_mod

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner.testing import CountingEnv
 
 ray = pytest.importorskip("ray")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner._src.services.distributed import EnvRunnerGroupConfig
 from jaxrunner.errors import InvalidArgumentError
 

@@ -23,7 +23,7 @@ from external_helpers import assert_replays, play
 
 import jaxrunner as jr
 from jaxrunner import errors
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")

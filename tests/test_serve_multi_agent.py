@@ -21,7 +21,7 @@ pytest.importorskip("fastapi")
 
 import jaxrunner as jr
 from jaxrunner import errors
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner._src.services.external import ExternalEnvConfig
 from jaxrunner._src.services.serve import wire
 from jaxrunner._src.services.serve.schema import MAX_AGENTS

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner._src.bench import mlp_policy
+from jaxrunner.models import mlp_policy
 from jaxrunner.testing import RandomWalk
 
 H2D_LOG = "host-to-device transfer"

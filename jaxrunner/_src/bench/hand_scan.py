@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
-from jaxrunner._src.bench.policy import mlp_policy
+from jaxrunner.models import mlp_policy
 
 
 def build_hand_scan(

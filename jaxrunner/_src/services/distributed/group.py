@@ -47,7 +47,7 @@ class EnvRunnerGroup:
         env: a gymnasium id, or a picklable zero-argument factory of a gymnasium.Env
             (with ``config.multi_agent``: of a PettingZoo env).
         policy_factory: a picklable callable ``(single_action_space) -> Policy`` (e.g.
-            ``functools.partial(jaxrunner._src.bench.mlp_policy, hidden=(64, 64))``); for a
+            ``functools.partial(jaxrunner.models.mlp_policy, hidden=(64, 64))``); for a
             multi-agent env, called with each agent group's action space.
         params: the initial params (any pytree of arrays; sent once via ``ray.put``);
             for a multi-agent env, a dict by policy id, as :meth:`set_params` takes too.

@@ -114,7 +114,7 @@ def _load_policy(spec: str | None, args: argparse.Namespace, obs_space: Any, act
     import jax
 
     if spec is None:
-        from jaxrunner._src.bench import mlp_policy
+        from jaxrunner.models import mlp_policy
 
         policy = mlp_policy(action_space, hidden=tuple(args.hidden))
         return policy, policy.init(jax.random.key(args.seed), obs_space)
