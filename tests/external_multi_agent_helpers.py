@@ -11,9 +11,9 @@ import jax
 import numpy as np
 
 import jaxrunner as jr
-from jaxrunner.models import mlp_policy
 from jaxrunner._src.services.external import ExternalEnvConfig, MultiAgentExternalEnv
 from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing, Relay
+from jaxrunner.models import mlp_policy
 
 
 @dataclasses.dataclass

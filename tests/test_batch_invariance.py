@@ -25,7 +25,6 @@ from gymnasium import spaces
 from shuffled_sync import ShuffledSync
 
 import jaxrunner as jr
-from jaxrunner.models import mlp_policy
 from jaxrunner._src.samplers.batch_invariance import (
     chunked_apply,
     default_chunk_rows,
@@ -33,6 +32,7 @@ from jaxrunner._src.samplers.batch_invariance import (
 )
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.models import mlp_policy
 
 NUM_ENVS = 16  # chunks of 8 rows for both policies on CPU: two groups of one chunk each
 SEED = 5

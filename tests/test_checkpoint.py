@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.models import mlp_policy
 from jaxrunner._src.testing.jax_envs import RandomWalk, WalkParams
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.models import mlp_policy
 from jaxrunner.testing import assert_trees_equal
 
 SEED = 3

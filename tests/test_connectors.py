@@ -21,9 +21,9 @@ from gymnasium import spaces
 import jaxrunner as jr
 from jaxrunner import connectors as C
 from jaxrunner._src.backends.process import ProcessConfig
-from jaxrunner.models import mlp_policy
 from jaxrunner._src.testing.jax_envs import RandomWalk
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.models import mlp_policy
 from jaxrunner.testing import CountingEnv, counting_env_fns
 
 POLICY = functools.partial(mlp_policy, hidden=(16, 16))

@@ -18,7 +18,6 @@ from gymnasium import spaces
 import jaxrunner as jr
 from jaxrunner import connectors as C
 from jaxrunner._src.backends.process import ProcessConfig
-from jaxrunner.models import mlp_policy
 from jaxrunner._src.space_arrays.checks import nonfinite_observations
 from jaxrunner.errors import (
     InvalidArgumentError,
@@ -26,6 +25,7 @@ from jaxrunner.errors import (
     InvalidStepError,
     SpaceMismatchError,
 )
+from jaxrunner.models import mlp_policy
 
 POLICY = functools.partial(mlp_policy, hidden=(16, 16))
 

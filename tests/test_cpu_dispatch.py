@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.models import mlp_policy
 from jaxrunner._src.cpu_dispatch import ENV_VAR
 from jaxrunner.errors import DispatchConfigError
+from jaxrunner.models import mlp_policy
 
 SAMPLE = """
 import jax, numpy as np

@@ -16,8 +16,8 @@ from gymnasium import spaces
 
 import jaxrunner as jr
 from jaxrunner import errors
-from jaxrunner.models import mlp_policy
 from jaxrunner._src.space_arrays import check_value
+from jaxrunner.models import mlp_policy
 
 CARTPOLE = gymnasium.make("CartPole-v1")
 OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space

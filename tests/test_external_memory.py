@@ -16,9 +16,9 @@ from gated_policy import GatedPolicy
 
 import jaxrunner as jr
 from jaxrunner import errors
-from jaxrunner.models import mlp_policy
 from jaxrunner._src.services.external.episodes import LiveEpisode
 from jaxrunner._src.services.external.memory import episode_nbytes
+from jaxrunner.models import mlp_policy
 
 CARTPOLE = gymnasium.make("CartPole-v1")
 OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space

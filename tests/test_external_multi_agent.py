@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from external_multi_agent_helpers import Ref, assert_matches, make_env, play_parallel, play_turns
 
-from jaxrunner.models import mlp_policy
 from jaxrunner._src.runner.policy import Policy
 from jaxrunner._src.services.external import ExternalEnvConfig, MultiAgentExternalEnv
 from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing, Relay
@@ -27,6 +26,7 @@ from jaxrunner.errors import (
     MemoryLimitError,
     SpaceMismatchError,
 )
+from jaxrunner.models import mlp_policy
 
 
 def test_parallel_env_agents_come_and_go_exactly():

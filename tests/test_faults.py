@@ -12,8 +12,8 @@ import pytest
 from conftest import short_cartpole
 
 import jaxrunner as jr
-from jaxrunner.models import mlp_policy
 from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidStepError
+from jaxrunner.models import mlp_policy
 from jaxrunner.testing import (
     CallLog,
     CountingEnv,

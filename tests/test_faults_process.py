@@ -20,7 +20,6 @@ from test_faults import RANDOM_FAULTS
 
 import jaxrunner as jr
 from jaxrunner._src.backends.process import ProcessConfig, ProcessVectorEnv
-from jaxrunner.models import mlp_policy
 from jaxrunner.errors import (
     ClosedError,
     EnvError,
@@ -29,6 +28,7 @@ from jaxrunner.errors import (
     WorkerError,
     WorkerTimeoutError,
 )
+from jaxrunner.models import mlp_policy
 from jaxrunner.testing import CallLog, CountingEnv, FaultPlan, InjectedError, faulty_env_fns
 
 NUM_ENVS, T = 4, 8

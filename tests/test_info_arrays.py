@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.models import mlp_policy
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.models import mlp_policy
 
 T = 48
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.models import mlp_policy
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
+from jaxrunner.models import mlp_policy
 from jaxrunner.testing import (
     AutoResetWrapper,
     BraxPoint,

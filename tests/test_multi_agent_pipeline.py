@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
-from jaxrunner.models import mlp_policy
 from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.models import mlp_policy
 from tests import multi_agent_envs as envs_mod
 from tests.test_multi_agent import random_policy, zero_params
 

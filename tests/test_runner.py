@@ -12,7 +12,6 @@ import pytest
 from conftest import ActorCritic, short_cartpole
 
 import jaxrunner as jr
-from jaxrunner.models import mlp_policy
 from jaxrunner.errors import (
     ClosedError,
     InvalidStepError,
@@ -20,6 +19,7 @@ from jaxrunner.errors import (
     RunnerFailedError,
     SpaceMismatchError,
 )
+from jaxrunner.models import mlp_policy
 
 
 def replay(make_env, seed: int, trajs: list[jr.Trajectory], b: int, clip=None) -> int:

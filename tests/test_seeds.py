@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.models import mlp_policy
 from jaxrunner._src.services.distributed import EnvRunnerGroupConfig
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.models import mlp_policy
 
 
 def test_env_seeds_are_consecutive_and_independent_of_width():
