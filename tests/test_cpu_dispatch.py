@@ -76,6 +76,25 @@ def test_importing_jaxrunner_makes_inline_the_default():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
+def test_a_jax_without_the_private_probe_leaves_the_mode_alone():
+    # jaxrunner asks JAX's private jax._src.xla_bridge whether the backends started; a
+    # JAX release that moves it must not make the import fail or switch blindly.
+    proc = _run(
+        """
+        import jax._src.xla_bridge as bridge
+        del bridge.backends_are_initialized  # as a JAX upgrade that renamed it would
+        import jax, jaxrunner as jr
+        from jaxrunner._src.cpu_dispatch import _backends_started
+        assert _backends_started() is None
+        assert not jr.cpu_dispatch.inline_cpu_dispatch(), "unknown state: JAX's default kept"
+        jr.cpu_dispatch.use_inline_cpu_dispatch()  # an explicit choice still works
+        assert jr.cpu_dispatch.inline_cpu_dispatch()
+        print("ok")
+        """
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
 def test_a_chosen_mode_is_kept_and_switches_work_before_jax_starts():
     proc = _run(
         """
