@@ -99,7 +99,11 @@ def make_runner(
         action_space, obs_space = envs.groups[0].action_space, envs.groups[0].observation_space
     else:
         action_space, obs_space = envs.single_action_space, envs.single_observation_space
-    policy = importlib.import_module(f"{package.__name__}.bench").mlp_policy(action_space)
+    # jr.models since the public/private split; the bench harness's policy before it.
+    models = getattr(package, "models", None) or importlib.import_module(
+        f"{package.__name__}.bench"
+    )
+    policy = models.mlp_policy(action_space)
     params = policy.init(jax.random.key(0), obs_space)
     make = package.MultiAgentRunner if backend == "jaxmarl" else package.EnvRunner
     runner = make(envs, policy, params, rollout_length, seed=0)

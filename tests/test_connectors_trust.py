@@ -17,6 +17,7 @@ from gymnasium import spaces
 
 import jaxrunner as jr
 from jaxrunner import connectors as C
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.process import ProcessConfig
 from jaxrunner._src.space_arrays.checks import nonfinite_observations
 from jaxrunner.errors import (
@@ -95,7 +96,7 @@ def test_non_finite_rows_of_a_structured_observation_are_named_by_path():
             "b": spaces.Tuple((spaces.Box(0, 1, (2,), np.float64), spaces.MultiBinary(2))),
         }
     )
-    buffer = jr.spaces.allocate(space, (4,))
+    buffer = space_arrays.allocate(space, (4,))
     assert nonfinite_observations(space, buffer, 0, 4, "step") == {}
     buffer["b"][0][2, 1], buffer["b"][0][3, 0] = np.inf, np.nan
     bad = nonfinite_observations(space, buffer, 0, 4, "step", skip=(3,))

@@ -17,6 +17,7 @@ import pytest
 from conftest import ActorCritic, short_cartpole
 
 import jaxrunner as jr
+from jaxrunner._src.backends.base import Capabilities
 from jaxrunner._src.backends.process import (
     LocalShareVectorEnv,
     ProcessConfig,
@@ -263,7 +264,7 @@ def test_a_share_that_leaves_the_workers_too_little_is_refused(options, match):
 @pytest.mark.parametrize("bounds", [(0,), (1, 4), (0, 3, 3), (0, 4, 2)])
 def test_pipeline_bounds_must_increase_from_zero(bounds):
     with pytest.raises(InvalidArgumentError, match=r"pipeline_bounds="):
-        jr.envs.base.Capabilities(pipeline_bounds=bounds)
+        Capabilities(pipeline_bounds=bounds)
 
 
 def test_each_class_refuses_the_other_ones_layout():

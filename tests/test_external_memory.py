@@ -16,6 +16,7 @@ from gated_policy import GatedPolicy
 
 import jaxrunner as jr
 from jaxrunner import errors
+from jaxrunner._src import space_arrays
 from jaxrunner._src.services.external.episodes import LiveEpisode
 from jaxrunner._src.services.external.memory import episode_nbytes
 from jaxrunner.models import mlp_policy
@@ -136,7 +137,7 @@ def test_stacking_an_episode_releases_each_row_once_copied():
     original = list(record.obs)
     probes = [weakref.ref(row) for row in original]
     del original
-    copy_into = jr.spaces.copy_into
+    copy_into = space_arrays.copy_into
     calls = [0]
 
     def watching(space, dst, src, index=slice(None)):
@@ -146,7 +147,7 @@ def test_stacking_an_episode_releases_each_row_once_copied():
         copy_into(space, dst, src, index)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(jr.spaces, "copy_into", watching)
+        patch.setattr(space_arrays, "copy_into", watching)
         episode = record.to_episode(OBS_SPACE, ACTION_SPACE, terminated=True, truncated=False)
     assert calls[0] == 51 and alive == [0] * 51
     assert episode.obs.shape == (51, 4) and episode.action.shape == (50,)

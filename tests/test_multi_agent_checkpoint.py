@@ -488,13 +488,13 @@ def test_restore_undoes_the_sampler_state_when_the_fresh_resets_fail(saved):
         assert_trees_equal(runner_state(runner), before, "runner")
 
 
-def test_restore_keeps_within_the_memory_limit(saved, monkeypatch):
-    """One limit for every runner's checkpoint: the setting the README documents."""
-    from jaxrunner._src.services.checkpoints import env_runner_file as checkpoint_file
-
-    monkeypatch.setattr(checkpoint_file, "MAX_RESTORE_BYTES", 64)
+def test_restore_keeps_within_the_memory_limit(saved):
+    """One limit for every runner's checkpoint: restore(..., max_bytes=...)."""
     with make() as runner:
         before = runner_state(runner)
-        with pytest.raises(InvalidArgumentError, match=r"checkpoint_file\.MAX_RESTORE_BYTES"):
-            runner.restore(saved, load_env_pickles=True)
+        with pytest.raises(
+            InvalidArgumentError, match=r"max_bytes=64 \(restore\(\.\.\., max_bytes"
+        ):
+            runner.restore(saved, load_env_pickles=True, max_bytes=64)
         assert_trees_equal(runner_state(runner), before, "runner")
+        assert runner.restore(saved, load_env_pickles=True).envs_restored  # the default fits

@@ -38,6 +38,7 @@ from jaxrunner._src.samplers.sampler import Sampler, SamplerSetup
 from jaxrunner._src.samplers.scan import ScanSampler, check_runner_options
 from jaxrunner._src.services.checkpoints import env_runner as checkpoint
 from jaxrunner._src.services.checkpoints.env_runner import RestoreReport
+from jaxrunner._src.services.checkpoints.env_runner_file import MAX_RESTORE_BYTES
 from jaxrunner.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -228,7 +229,13 @@ class EnvRunner(EnvOwner):
         self._check_usable("save")
         checkpoint.save(self, path)
 
-    def restore(self, path: str | os.PathLike, *, load_env_pickles: bool = False) -> RestoreReport:
+    def restore(
+        self,
+        path: str | os.PathLike,
+        *,
+        load_env_pickles: bool = False,
+        max_bytes: int = MAX_RESTORE_BYTES,
+    ) -> RestoreReport:
         """Continues from the checkpoint at ``path`` (:meth:`save`). Call it on a new
         runner built as the saved one was (same policy, kind of backend, num_envs;
         new envs), before it samples.
@@ -240,13 +247,15 @@ class EnvRunner(EnvOwner):
         a new episode (the saved episodes under way are abandoned), with a warning;
         params, policy keys, episode ids and metrics are restored either way.
 
+        ``max_bytes`` bounds what the file's arrays may take in memory once read (8 GiB
+        by default): a file that needs more is refused before it is read.
+
         Returns:
-            A :class:`~jaxrunner._src.services.checkpoints.env_runner.RestoreReport`: whether the
-            envs
-            were restored, and how they were resumed.
+            A :class:`~jaxrunner.RestoreReport`: whether the envs were restored, and how
+            they were resumed.
         """
         self._check_usable("restore")
-        return checkpoint.restore(self, path, load_env_pickles)
+        return checkpoint.restore(self, path, load_env_pickles, max_bytes)
 
     def set_params(self, params: Params) -> None:
         """Replaces the policy params; takes effect at the next step, never recompiles.

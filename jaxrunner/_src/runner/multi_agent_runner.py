@@ -29,6 +29,7 @@ from jaxrunner._src.samplers.multi_agent import MultiAgentSampler, MultiAgentSet
 from jaxrunner._src.samplers.multi_agent_scan import MultiAgentScanSampler
 from jaxrunner._src.services.checkpoints import multi_agent_runner as checkpoint
 from jaxrunner._src.services.checkpoints.env_runner import RestoreReport
+from jaxrunner._src.services.checkpoints.env_runner_file import MAX_RESTORE_BYTES
 from jaxrunner.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -189,7 +190,13 @@ class MultiAgentRunner(EnvOwner):
         self._check_usable("save")
         checkpoint.save(self, path)
 
-    def restore(self, path: str | os.PathLike, *, load_env_pickles: bool = False) -> RestoreReport:
+    def restore(
+        self,
+        path: str | os.PathLike,
+        *,
+        load_env_pickles: bool = False,
+        max_bytes: int = MAX_RESTORE_BYTES,
+    ) -> RestoreReport:
         """Continues from the checkpoint at ``path`` (:meth:`save`). Call it on a new
         runner built as the saved one was (same policies, policy ids, agents and
         num_envs; new envs, on any host backend), before it samples.
@@ -201,6 +208,8 @@ class MultiAgentRunner(EnvOwner):
         with ``jaxrunner.env_seeds((seed, steps_done), num_envs)`` and starts a new
         episode (the saved env and agent episodes under way are abandoned), with a
         warning; params, policy keys, episode ids and metrics are restored either way.
+        ``max_bytes`` bounds what the file's arrays may take in memory once read (8 GiB
+        by default).
 
         Returns:
             A :class:`~jaxrunner.RestoreReport`: whether the envs were restored, and how
@@ -212,7 +221,7 @@ class MultiAgentRunner(EnvOwner):
                 runner is unchanged.
         """
         self._check_usable("restore")
-        return checkpoint.restore(self, path, load_env_pickles)
+        return checkpoint.restore(self, path, load_env_pickles, max_bytes)
 
     def set_params(self, policy_id: str, params: Params) -> None:
         """Replaces one policy's params; takes effect at the next step, never recompiles."""

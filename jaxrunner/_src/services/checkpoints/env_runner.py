@@ -139,11 +139,15 @@ def save(runner: EnvRunner, path: str | os.PathLike) -> None:
     write_checkpoint(path, arrays, meta)
 
 
-def restore(runner: EnvRunner, path: str | os.PathLike, load_env_pickles: bool) -> RestoreReport:
+def restore(
+    runner: EnvRunner, path: str | os.PathLike, load_env_pickles: bool, max_bytes: int
+) -> RestoreReport:
     """Makes ``runner`` (new, built as the saved one) continue where the checkpoint at
     ``path`` left off; see :meth:`EnvRunner.restore`. The file is read and checked whole
     before anything of the runner changes."""
-    return _apply(runner, CheckpointFile(runner, path).read(load_env_pickles), os.fspath(path))
+    return _apply(
+        runner, CheckpointFile(runner, path).read(load_env_pickles, max_bytes), os.fspath(path)
+    )
 
 
 def resume_envs(

@@ -110,15 +110,14 @@ class CheckpointFile(CheckpointReader):
         super().__init__("EnvRunner", path, runner.state.metrics.get_state())
         self.runner = runner
 
-    def read(self, load_env_pickles: bool) -> Checkpoint:
+    def read(self, load_env_pickles: bool, max_bytes: int = MAX_RESTORE_BYTES) -> Checkpoint:
         """Reads and checks the whole file; touches nothing of the runner.
 
         Raises:
             InvalidArgumentError: the file is not a checkpoint of this runner's kind, or
                 a value in it is damaged; the message names the field.
         """
-        limit = "jaxrunner._src.services.checkpoints.env_runner_file.MAX_RESTORE_BYTES"
-        with self.open(MAX_RESTORE_BYTES, limit) as npz:
+        with self.open(max_bytes, f"max_bytes={max_bytes} (restore(..., max_bytes=...))") as npz:
             meta = self._check_meta(npz)
             runner = self.runner
             params = self.read_like(npz, "params", runner.get_params(), "params")

@@ -206,7 +206,9 @@ class MultiAgentCheckpointFile(CheckpointReader):
         self.sampler = host_sampler(runner, "restore")
         self.envs = self.sampler.envs
 
-    def read(self, load_env_pickles: bool) -> MultiAgentCheckpoint:
+    def read(
+        self, load_env_pickles: bool, max_bytes: int = checkpoint_file.MAX_RESTORE_BYTES
+    ) -> MultiAgentCheckpoint:
         """Reads and checks the whole file; touches nothing of the runner.
 
         Raises:
@@ -214,8 +216,7 @@ class MultiAgentCheckpointFile(CheckpointReader):
                 a value in it is damaged; the message names the field.
         """
         runner = self.runner
-        limit = "jaxrunner._src.services.checkpoints.env_runner_file.MAX_RESTORE_BYTES"
-        with self.open(checkpoint_file.MAX_RESTORE_BYTES, limit) as npz:
+        with self.open(max_bytes, f"max_bytes={max_bytes} (restore(..., max_bytes=...))") as npz:
             meta = self.read_meta(npz, FORMAT, VERSION)
             self.check_same(meta, _shape_of(runner), "same envs, policy ids and num_envs")
             self.check_common_meta(meta, ("pickle", "none"))
@@ -371,7 +372,7 @@ class MultiAgentCheckpointFile(CheckpointReader):
 
 
 def restore(
-    runner: MultiAgentRunner, path: str | os.PathLike, load_env_pickles: bool
+    runner: MultiAgentRunner, path: str | os.PathLike, load_env_pickles: bool, max_bytes: int
 ) -> RestoreReport:
     """Makes ``runner`` (new, built as the saved one) continue where the checkpoint at
     ``path`` left off; see :meth:`MultiAgentRunner.restore`. The file is read and
@@ -380,7 +381,7 @@ def restore(
     one fails; the rest are assignments of values already checked."""
     path = os.fspath(path)
     reader = MultiAgentCheckpointFile(runner, path)
-    ckpt, sampler = reader.read(load_env_pickles), reader.sampler
+    ckpt, sampler = reader.read(load_env_pickles, max_bytes), reader.sampler
 
     def restart(seeds: list[int]) -> None:
         sampler.restart_episodes(seeds)
