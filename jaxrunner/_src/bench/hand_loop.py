@@ -1,6 +1,6 @@
 """The recording hand loop: the loop a user writes by hand, jaxrunner's speed reference.
 
-DESIGN.md ("Speed references"): the same jitted policy returning actions and
+What it does (see docs/design.md): the same jitted policy returning actions and
 log-probs, ``np.asarray`` on both, obs/action/log-prob/reward/flags written into
 preallocated ``[T, B]`` numpy buffers, the vector env stepped, JAX at its defaults:
 CleanRL's collection loop. One class drives any gymnasium-style vector env;

@@ -2,7 +2,7 @@
 ``[T, B]`` Trajectory buffers and episode bookkeeping.
 
 The :class:`~jaxrunner.EnvRunner` facade picks one from the backend's declared
-capabilities (:func:`jaxrunner._src.runner.env_runner.pick_sampler`) and owns what is common:
+capabilities (``EnvRunner._make_sampler``) and owns what is common:
 params, metrics, ``sample_episodes``, failures.
 """
 
