@@ -51,7 +51,7 @@ LABELS = {
 }
 HEADLINE_RUNS = [
     ("CartPole-v1", "peers_cpu.json"),
-    ("Pong (ALE, 84x84x4)", "peers_pong_cpu.json"),
+    ("Pong", "peers_pong_cpu.json"),
     ("HalfCheetah-v5", "peers_halfcheetah_cpu.json"),
 ]
 
