@@ -1,7 +1,7 @@
-"""Smoke tests of the benchmarks the README's figures come from, and of the reference
-they measure against: they run end to end and report what their docstrings promise.
-Tiny settings; nothing timed is asserted (speed is for the benchmarks themselves, on a
-quiet machine)."""
+"""Smoke tests of the benchmarks the performance page's figures come from, and of the
+reference they measure against: they run end to end and report what their docstrings
+promise. Tiny settings; nothing timed is asserted (speed is for the benchmarks
+themselves, on a quiet machine)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import itertools
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import time
@@ -19,8 +18,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrunner._src import bench
-from jaxrunner._src.backends.process import DEFAULT_SPIN_WAIT_US
+from jaxrunner._src import bench, cli
 from jaxrunner._src.bench.child import Child, ChildError
 
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
@@ -152,20 +150,20 @@ def test_hand_scan_and_jaxrunner_on_gymnax():
     jax.clear_caches()
 
 
-def test_core_benchmark_is_the_bench_on_the_chosen_backends(tmp_path):
-    out = tmp_path / "core.json"
+def test_bench_on_the_process_backend_measures_the_sync_hand_loop_and_async_vector_env(
+    capsys, tmp_path
+):
+    """The figures' settings are `jaxrunner bench`'s own (benchmarks/core.py, which only
+    changed its defaults, is gone): the process row's reference is the sync hand loop."""
+    out = tmp_path / "bench.json"
     options = ["--num-envs", "2", "--rounds", "1", "--seconds", "0.05"]
-    _run("core.py", *options, "--backend", "sync", "process", "--out", str(out))
+    assert cli.main(["bench", *options, "--backend", "process", "--out", str(out)]) == 0
+    capsys.readouterr()
     report = json.loads(out.read_text())
-    assert report["benchmark"] == "core"
-    assert [(row["backend"], row["num_envs"]) for row in report["results"]] == [
-        ("sync", 2),
-        ("process", 2),
-    ]
-    sync, process = report["results"]
-    assert process["errors"] == {} and sync["errors"] == {}
-    assert set(sync["systems"]) == {"jaxrunner", "hand", "ceiling"}
-    # The process backend's reference is the sync hand loop; AsyncVectorEnv for information.
+    (process,) = report["results"]
+    assert (process["backend"], process["num_envs"]) == ("process", 2)
+    assert process["errors"] == {}
+    # AsyncVectorEnv by hand is measured for information beside the reference.
     assert set(process["systems"]) == {"jaxrunner", "hand", "ceiling", "hand_async"}
     assert process["systems"]["hand"]["label"] == "hand loop: gymnasium SyncVectorEnv"
     assert process["layout"]["num_workers"] >= 1
@@ -198,41 +196,6 @@ def test_interleaved_rates_run_every_system_each_round_in_alternating_order():
     assert calls == ["a", "b", "b", "a", "a", "b"]
     assert {name: len(r) for name, r in rates.items()} == {"a": 3, "b": 3}
     assert all(rate > 0 for r in rates.values() for rate in r)
-
-
-def test_process_spin_compares_spinning_with_sleeping(tmp_path):
-    out = tmp_path / "process_spin.json"
-    options = ["--num-envs", "2", "--rounds", "2", "--seconds", "0.05", "--out", str(out)]
-    _run("process_spin.py", *options, "--also-us", "300")
-    (row,) = json.loads(out.read_text())["results"]
-    assert row["num_envs"] == 2 and row["spin_wait_us"] == DEFAULT_SPIN_WAIT_US
-    assert [len(row["all_rounds"][name]) for name in ("sleep", "spin", "spin_300us")] == [2] * 3
-    for key in ("spin_vs_sleep", "spin_vs_spin_300us"):
-        low, high = row[f"{key}_range"]
-        assert low <= row[key] <= high
-
-
-def test_process_floor_compares_the_backend_with_one_core_stepping_every_sub_env(tmp_path):
-    out = tmp_path / "process_floor.json"
-    _run(
-        "process_floor.py",
-        "--num-envs",
-        "2",
-        "--rounds",
-        "2",
-        "--seconds",
-        "0.05",
-        "--out",
-        str(out),
-    )
-    (row,) = json.loads(out.read_text())["results"]
-    assert row["num_envs"] == 2 and not row["errors"]
-    assert set(row["systems"]) == {"jaxrunner", "hand", "ceiling", "floor"}
-    for key in ("process_vs_hand", "floor_vs_hand", "process_vs_floor", "raw_vs_floor"):
-        assert 0 < row[key]["min"] <= row[key]["median"] <= row[key]["max"]
-    floor, hand = (row["systems"][name]["rounds"] for name in ("floor", "hand"))
-    ratios = [a / b for a, b in zip(floor, hand)]
-    assert row["floor_vs_hand"]["median"] == pytest.approx(statistics.median(ratios))
 
 
 def test_peers_smoke_run_writes_json_and_plot(tmp_path):

@@ -177,7 +177,7 @@ def test_pipelined_groups_give_identical_trajectories(cartpole_runner, num_split
 def test_pipelined_groups_are_bitwise_equal_for_wide_policies_too(num_splits):
     """Invariant 7 where XLA's matmuls round by batch size: a 256-256 MLP on 64
     Pendulum envs gave Box actions up to 4.8e-7 apart when each group's policy ran
-    at its own batch size (benchmarks/batch_invariance.py)."""
+    at its own batch size (docs/performance.md, batch invariance)."""
 
     def sample(groups: int) -> jr.Trajectory:
         envs = jr.make_vec("Pendulum-v1", 64)

@@ -6,7 +6,7 @@ a sampler's policy step, a few microseconds of work called once per env step, th
 two thread hand-offs cost more than the computation itself. On a shared 2-core
 machine the runner's policy call took a median 34 us inline against 56 us dispatched
 (``benchmarks/step_costs.py``), and CartPole sampling ran 1.1-1.7x faster at 1 to 256
-envs (``benchmarks/cpu_dispatch.py``).
+envs (``docs/performance.md``, CPU dispatch).
 
 JAX reads the setting once, when its CPU backend starts, so it cannot be switched
 per runner, only for the whole process. Since the samples are what a user came for,

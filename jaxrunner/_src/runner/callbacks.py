@@ -23,7 +23,7 @@ class LiveEpisode:
     ``obs``, ``action`` and ``extras`` are read from the sample's buffers when a hook
     asks for them, not copied at every step: hooks that do not read them cost next to
     nothing (a subclass overriding only ``on_episode_end`` cost 13% of HalfCheetah's
-    steps/s when every step was copied, ``benchmarks/callbacks_cost.py``). At the end of
+    steps/s when every step was copied: ``docs/performance.md``, callbacks). At the end of
     each sample, and when the episode ends, its rows are copied out of the buffers
     (one slice per episode), so a live episode never keeps a whole trajectory alive.
     ``reward``, ``infos`` and the flags are kept as they come.

@@ -72,7 +72,7 @@ def default_chunk_rows(
     the grouping, so every backend and mode of the same runner shape computes with the
     same chunks (the determinism guarantee).
 
-    CPU (measured on 2 shared cores, ``benchmarks/batch_invariance.py``): each chunk
+    CPU (measured on 2 shared cores, ``docs/performance.md``): each chunk
     costs a loop step of several microseconds, which a 64-64 MLP's rows do not pay
     for; a NatureCNN runs at half speed in chunks of 4 images against 8; and a
     ready-first bucket or a pipelining split smaller than a chunk is padded to it. So:

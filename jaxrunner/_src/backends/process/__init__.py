@@ -4,8 +4,9 @@ Each worker process owns a contiguous block of sub-envs. Observations, rewards,
 flags and actions live in one shared-memory block that the workers write in place
 (:mod:`.shared`); per step, each worker gets one small command on its Unix socket and
 answers with one small reply, plus pickled infos only when an env returned a
-non-empty info (:mod:`.wire`). ``benchmarks/process_signal.py`` compares this
-signalling with the alternatives (pipes, semaphores, spinning on shared flags).
+non-empty info (:mod:`.wire`). ``docs/performance.md`` (the signal between processes)
+compares this signalling with the alternatives (pipes, semaphores, spinning on shared
+flags).
 
 Workers start with ``forkserver`` (or ``spawn``), never a plain ``fork`` of the
 main process, which may have started JAX's threads (:mod:`.launch`). They end on

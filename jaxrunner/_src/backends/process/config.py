@@ -53,7 +53,7 @@ class ProcessConfig:
     main process steps its envs while the workers step theirs: it pays where env steps
     cost more than the policy (the workers are the bottleneck), e.g. ``num_envs // 2``
     with one worker on 2 cores; for CartPole from about 256 sub-envs on 2 cores
-    (``benchmarks/process_layouts.py``); with fewer cheap envs it slows the main process
+    (``docs/performance.md``, process layouts); with fewer cheap envs it slows the main process
     down. Its sub-envs are not isolated in a worker: a hang or a hard crash there stops
     the main process.
     ``make_vec(..., backend="process")`` then builds a
@@ -143,7 +143,7 @@ of a group of cheap envs, so that the main process is awake when the reply comes
 the worker pays no wake-up in its ``send``), yet short beside slow envs' steps, whose
 waits end in sleep. CartPole on 2 cores, one worker, 20 interleaved rounds: 1.04x,
 1.10x and 1.16x the steps/s of a 300 us budget at 8, 64 and 128 sub-envs
-(``benchmarks/process_spin.py --also-us 300``)."""
+(``docs/performance.md``, spin, then sleep)."""
 
 
 def spin_wait_s(config: ProcessConfig, num_workers: int) -> float:
@@ -161,7 +161,7 @@ def main_process_share(num_envs: int, config: ProcessConfig) -> int:
     Why the default is 0: the share pays only where the workers are the bottleneck
     (env steps cost more than the main process's policy and bookkeeping per step:
     CartPole on 2 cores from about 256 sub-envs, 1.29x at 256 and 1.61x at 512 in
-    ``benchmarks/results/process_layouts_cpu.json``, but 0.81x at 64); which case holds
+    ``docs/performance.md``, process layouts, but 0.81x at 64); which case holds
     is not known when the vector env is built. And the backend's promise is isolation:
     a sub-env that hangs or crashes hard in a worker costs a restart, in the main
     process it stops the run. So the share is asked for, never assumed.

@@ -51,7 +51,7 @@ ALL_CPUS_FROM_ENVS = 256
 process's too: their stepping then outweighs its policy and bookkeeping. CartPole-v1 on
 2 cores, both layouts in one process, 12 interleaved rounds: 2 workers against 1 did
 1.10x at 256 sub-envs and 1.43x at 512, 0.74x at 64 and 1.01x at 128
-(``benchmarks/results/process_layouts_cpu.json``)."""
+(``docs/performance.md``, process layouts)."""
 
 
 def available_cpus() -> int:
