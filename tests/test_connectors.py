@@ -379,11 +379,10 @@ def test_learner_recomputes_the_sampled_log_probs_bit_for_bit():
     )
 
 
-def test_readme_connectors_example_runs(capsys):
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Connectors", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    exec(compile(code, "README connectors", "exec"), {})
+def test_docs_connectors_example_runs(capsys):
+    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "connectors.md").read_text()
+    code = re.search(r"^```python\n(.*?)^```", page, re.S | re.M).group(1)
+    exec(compile(code, "docs/connectors.md", "exec"), {})
     assert capsys.readouterr().out.startswith("(64, 8, 3) 1024.0 [")
 
 

@@ -320,13 +320,13 @@ def test_connectors_that_do_not_fit_a_group_name_its_policy_id():
     assert "for policy 'p'" in "".join(info.value.__notes__)
 
 
-def test_readme_multi_agent_connectors_example_runs(capsys):
+def test_docs_multi_agent_connectors_example_runs(capsys):
     pytest.importorskip("mpe2")
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("## Connectors", 1)[1].split("**Multi-agent.**", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    exec(compile(code, "README multi-agent connectors", "exec"), {})
+    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "connectors.md").read_text()
+    section = page.split("\n## Multi-agent\n", 1)[1]
+    code = re.search(r"^```python\n(.*?)^```", section, re.S | re.M).group(1)
+    exec(compile(code, "docs/connectors.md, multi-agent", "exec"), {})
     assert capsys.readouterr().out.startswith("(16, 4, 3, 2, 18) 384.0")

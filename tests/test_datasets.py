@@ -131,7 +131,7 @@ def test_incomplete_episodes_are_refused(datasets_path: Path, sampled) -> None:
 
 
 def ingest(env: jr.ExternalEnv, episode: jr.Episode) -> None:
-    """The README's recipe: one logged episode into an ExternalEnv."""
+    """docs/evaluation-and-datasets.md's recipe: one logged episode into an ExternalEnv."""
     eid = env.start_episode()
     env.log_steps(eid, list(episode.obs[:-1]), list(episode.action), episode.reward.tolist())
     env.end_episode(eid, episode.obs[-1], truncated=not episode.terminated)

@@ -713,7 +713,8 @@ def test_value_takes_any_leading_batch_shape() -> None:
 
 
 def test_mlp_policy_evaluates_a_trajectory_batch() -> None:
-    """The README's recipe with the benchmark MLP, which flattens [batch, ...] itself."""
+    """The learner-glue recipe (docs/evaluation-and-datasets.md) with jr.models' MLP, which
+    flattens [batch, ...] itself."""
     from jaxrunner.models import mlp_policy
 
     space = spaces.Box(-1.0, 1.0, (2,), np.float32)

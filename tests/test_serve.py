@@ -35,7 +35,7 @@ from jaxrunner.serve import PolicyClient, PolicyServer, ServerConfig  # noqa: E4
 CARTPOLE = gymnasium.make("CartPole-v1")
 OBS_SPACE, ACTION_SPACE = CARTPOLE.observation_space, CARTPOLE.action_space
 POLICY = mlp_policy(ACTION_SPACE, hidden=(16,))
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+SERVING_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "serving.md"
 
 
 def make_env(**config) -> jr.ExternalEnv:
@@ -409,12 +409,15 @@ def test_cli_serve_end_to_end(tmp_path):
         process.wait(30)
 
 
-def test_readme_serving_example_runs(capsys):
-    section = README.read_text().split("## Serving external environments", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    exec(compile(code, "README serving example", "exec"), {})
-    printed = capsys.readouterr().out
-    assert "episodes:" in printed
+def test_docs_serving_example_collects_every_agents_episode():
+    code = re.search(r"^```python\n(.*?)^```", SERVING_PAGE.read_text(), re.S | re.M).group(1)
+    namespace: dict = {}
+    exec(compile(code, "docs/serving.md", "exec"), namespace)
+    # Each of the 4 agents played one whole episode through the server.
+    episodes, metrics = namespace["episodes"], namespace["metrics"]
+    assert len(episodes) == 4 and all(e.length >= 1 for e in episodes)
+    assert metrics["num_episodes"] == 4
+    assert metrics["num_env_steps"] == sum(e.length for e in episodes)
 
 
 def test_constant_policy_params_reach_remote_clients(served):
