@@ -31,7 +31,7 @@ from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.runner.agent_groups import AgentGroup
-from jaxrunner._src.testing.contract import assert_trees_equal, expect_raises
+from jaxrunner._src.testing.contract import assert_trees_equal, expect_raises, sub_env_handles
 from jaxrunner._src.testing.faults import FaultPlan
 from jaxrunner._src.testing.multi_agent_envs import coming_and_going, relay, tictactoe
 from jaxrunner._src.testing.multi_agent_faults import faulty_multi_agent_env_fns
@@ -407,7 +407,7 @@ class MultiAgentVectorEnvContract:
         envs = self.make_envs([coming_and_going] * n)
         out = envs.reset_batch(self._seeds(self.seed))
         actions = _sample_actions(np.random.default_rng(self.seed), envs.groups, out)
-        handles = [sub for sub in envs.get_sub_environments() if isinstance(sub, SubEnvHandle)]
+        handles = sub_env_handles(envs)
         envs.close()
         envs.close()  # closing twice is allowed and does nothing
         calls: dict[str, Callable[[], Any]] = {
