@@ -26,6 +26,7 @@ import jaxrunner as jr
 from jaxrunner._src.backends.masked_reset import reset_with_mask
 from jaxrunner._src.backends.vector_infos import SplitInfos, split_info
 from jaxrunner.errors import (
+    ClosedError,
     EnvError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -97,6 +98,29 @@ def test_adopted_async_vector_env_equals_gymnasium(mode: AutoresetMode) -> None:
             assert_trees_equal(vec.step(actions), ref.step(actions), f"step {t}")
 
 
+def test_adopted_async_vector_env_gives_a_handle_per_sub_env() -> None:
+    """Each handle's requests go down its own worker's pipe: it reads and sets its own
+    sub-env only, the env steps on after them, a sub-env's error comes home (and
+    gymnasium ends that worker), and the handles close with the vector env."""
+    fns = [functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=4)] * 2
+    env = gymnasium.vector.AsyncVectorEnv(fns, context="spawn")
+    with closing(jr.from_gymnasium(env)) as vec:
+        vec.reset(seed=SEED)
+        handles = vec.get_sub_environments()
+        assert [h.index for h in handles] == [0, 1]
+        assert tuple(h.get_attr("length") for h in handles) == vec.get_attr("length")
+        handles[1].set_attr("length", 0.75)
+        assert vec.get_attr("length") == (0.5, 0.75)
+        assert handles[1].call("get_wrapper_attr", "length") == 0.75
+        vec.step(np.zeros(2, np.int64))
+        with pytest.raises(AttributeError, match="no_such_attribute"):
+            handles[0].get_attr("no_such_attribute")
+        with pytest.raises(InvalidArgumentError, match=r"worker of sub-env 0 has ended"):
+            handles[0].get_attr("length")
+    with pytest.raises(ClosedError):
+        handles[1].get_attr("length")
+
+
 # -- natively vectorized CartPole ------------------------------------------------------------------
 
 
@@ -112,6 +136,9 @@ def test_make_vec_uses_the_vector_entry_point() -> None:
         assert isinstance(vec.env.unwrapped, CartPoleVectorEnv)
         assert vec.wrapped_autoreset_mode == AutoresetMode.NEXT_STEP
         assert vec.metadata["autoreset_mode"] == AutoresetMode.SAME_STEP
+        # One batch of states: there is no sub-env object to return.
+        with pytest.raises(InvalidArgumentError, match=r"CartPoleVectorEnv steps its envs as"):
+            vec.get_sub_environments()
 
 
 def test_cartpole_equals_gymnasium_vector_env_without_its_reset_steps() -> None:

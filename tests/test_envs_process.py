@@ -459,6 +459,31 @@ def test_call_get_attr_set_attr_render():
         assert vec.render() == ("env 0 episode 0 t 1", "env 1 episode 1 t 0", "env 2 episode 0 t 1")
 
 
+@pytest.mark.parametrize("first", ["step", "handle"])
+def test_a_sub_env_handle_reaches_the_replacement_of_its_worker(first):
+    """A handle names a slot, not an object: taken before sub-env 3's worker is killed
+    and replaced (restart policy), it reaches the new worker's fresh sub-env, whether
+    a step or the handle's own request meets the dead worker first."""
+    config = ProcessConfig(num_workers=2)
+    fns = counting_env_fns(4)  # episode lengths 3, 4, 5, 6
+    with closing(ProcessVectorEnv(fns, config, restart_policy=jr.RestartPolicy())) as vec:
+        vec.reset(seed=SEED)
+        handles = vec.get_sub_environments()
+        handles[3].set_attr("episode_length", 99)
+        with pytest.raises(AttributeError):  # the sub-env's own error, re-raised here
+            handles[3].get_attr("no_such_attribute")
+        old_pid = vec.worker_pids[1]
+        os.kill(old_pid, signal.SIGKILL)
+        if first == "step":
+            out = vec.step_batch(np.zeros(4, np.int64))
+            np.testing.assert_array_equal(out.failed, [False, False, True, True])
+        # The factory's new sub-env: its own episode length, not the one set on the old.
+        assert handles[3].get_attr("episode_length") == 6
+        assert vec.worker_pids[1] != old_pid and vec.num_worker_restarts == 1
+        handles[3].set_attr("episode_length", 7)
+        assert vec.get_attr("episode_length") == (3, 4, 5, 7)
+
+
 def test_spawn_start_method():
     fns = [functools.partial(jr.testing.DictObsEnv, max_steps=3)] * 2
     with (

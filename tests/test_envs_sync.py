@@ -428,6 +428,22 @@ def test_get_sub_environments() -> None:
         assert len(vec.get_sub_environments()) == 3
 
 
+def test_get_sub_environments_after_a_restart_holds_the_new_sub_env() -> None:
+    # In-process entries are the env objects of the moment: a restart closes the old
+    # one, and a new call returns its successor (a remote backend's handle follows it).
+    plan = FaultPlan(kind="raise", call="step", at=(1,))
+    fns = faulty_env_fns(counting_env_fns(2), faults={1: [plan]})
+    with closing(jr.SyncVectorEnv(fns, restart_policy=jr.RestartPolicy())) as vec:
+        vec.reset(seed=SEED)
+        before = vec.get_sub_environments()
+        out = vec.step_batch(np.zeros(2, dtype=np.int64))
+        assert out.failed is not None and out.failed.tolist() == [False, True]
+        after = vec.get_sub_environments()
+        assert after[0] is before[0] and after[1] is not before[1]
+        assert before[1].get_wrapper_attr("is_closed")
+        assert not after[1].get_wrapper_attr("is_closed")
+
+
 def test_call_get_attr_set_attr() -> None:
     # TimeLimit wrappers in between: attributes are found through them.
     with closing(jr.SyncVectorEnv(counting_env_fns(3, max_episode_steps=10))) as vec:

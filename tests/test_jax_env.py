@@ -374,6 +374,8 @@ def test_bad_input_errors():
     with pytest.raises(TypeError, match="reset"):
         jr.JaxVectorEnv(object(), None, 2)
     venv = jr.JaxVectorEnv(RandomWalk(), None, 2)
+    with pytest.raises(InvalidArgumentError, match="no per-env objects"):
+        venv.get_sub_environments()
     with pytest.raises(InvalidArgumentError, match="callbacks"):
         make_runner(venv, 4, callbacks=jr.Callbacks())
     with pytest.raises(InvalidArgumentError, match="num_splits"):

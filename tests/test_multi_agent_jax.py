@@ -112,6 +112,12 @@ def test_scan_matches_env_stepped_by_hand():
     assert metrics["agents"]["x0"]["episode_length_mean"] == 3
 
 
+def test_no_sub_env_objects_to_return():
+    envs = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), 2)
+    with pytest.raises(jr.errors.InvalidArgumentError, match="no per-env objects"):
+        envs.get_sub_environments()
+
+
 def test_env_episodes_are_numbered_as_the_host_samplers_number_them():
     """The scan loop numbers env episodes on device; the host samplers' EpisodeBook,
     given the env's flags and rewards (the sum of its agents'), gives the same ids,

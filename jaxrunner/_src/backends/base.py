@@ -33,6 +33,18 @@ Contract (``jaxrunner.testing.VectorEnvContract`` checks it for any backend):
   touched. With no policy (the default), the failure raises
   :class:`~jaxrunner.errors.EnvError`.
 * After ``close()`` every call raises :class:`~jaxrunner.errors.ClosedError`.
+
+Sub-env utilities: ``call``, ``get_attr``, ``set_attr`` and ``render`` reach every
+sub-env, ``reset_at(i)`` one. ``get_sub_environments()`` returns one entry per
+sub-env, in index order: the env object itself where the sub-env lives in this process
+(``sync``, an adopted gymnasium ``SyncVectorEnv``, the process backend's main-process
+share), else a :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` whose
+``call``/``get_attr``/``set_attr``/``render`` reach that sub-env alone (process
+workers, Ray actors, gymnasium's ``AsyncVectorEnv``). A handle names the slot: after a
+restart or a replaced worker it reaches the new sub-env, where an env object taken
+before is the closed old one (ask again). Backends with no per-sub-env Python object
+(EnvPool, natively vectorized gymnasium envs) refuse with
+:class:`~jaxrunner.errors.InvalidArgumentError`.
 """
 
 from __future__ import annotations
@@ -225,6 +237,19 @@ class BaseVectorEnv(abc.ABC):
     @abc.abstractmethod
     def render(self) -> Any:
         """Every sub-env's ``render()``."""
+
+    def get_sub_environments(self) -> list[Any]:
+        """One entry per sub-env, in index order: the env object where it lives in this
+        process, else a :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle`
+        (see the module docstring). This base refuses: a backend that can reach its
+        sub-envs one by one overrides it."""
+        self._check_open("get_sub_environments")
+        raise InvalidArgumentError(
+            f"{type(self).__name__}.get_sub_environments(): this backend cannot reach its "
+            "sub-envs one by one (they are no Python objects it can address); use "
+            "call/get_attr/set_attr where it has them, or backend='sync' or 'process' for "
+            "per-sub-env access."
+        )
 
     def snapshot_sub_envs(self) -> list[bytes]:
         """Every sub-env's state, as a pickle (only where ``capabilities.can_snapshot``).

@@ -210,6 +210,10 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
     def render(self) -> Any:
         raise self._no_sub_envs("render")
 
+    def get_sub_environments(self) -> list[Any]:
+        self._check_open("get_sub_environments")
+        raise self._no_sub_envs("get_sub_environments")
+
     def _no_sub_envs(self, what: str) -> InvalidArgumentError:
         return InvalidArgumentError(
             f"EnvPoolAsyncVectorEnv.{what}(): EnvPool's sub-envs are not Python objects this "

@@ -37,6 +37,7 @@ from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays as jr_spaces
 from jaxrunner._src.backends.base import BatchStep, Capabilities, InProcessVectorEnv
+from jaxrunner._src.backends.gymnasium_sub_envs import async_request, sub_environments
 from jaxrunner._src.backends.masked_reset import MaskedReset, masked_reset_for
 from jaxrunner._src.backends.vector_infos import (
     EMPTY_RESET_INFOS,
@@ -330,6 +331,17 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
     def set_attr(self, name: str, values: Any) -> None:
         self._check_open("set_attr")
         self._attr_env.set_attr(name, values)
+
+    def get_sub_environments(self) -> list[Any]:
+        """A wrapped ``SyncVectorEnv``'s sub-envs themselves, a
+        :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env of an
+        ``AsyncVectorEnv``; refused for any other (natively vectorized) vector env."""
+        self._check_open("get_sub_environments")
+        return sub_environments(self, self.env)
+
+    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
+        self._check_open(f"get_sub_environments()[{index}].{method}")
+        return async_request(self.env, index, method, args)
 
     def _close_backend(self) -> None:
         self.env.close()

@@ -147,6 +147,16 @@ class JaxVectorEnv:
     def close(self) -> None:
         """Nothing to release (kept for the vector-env interface)."""
 
+    def get_sub_environments(self) -> list[Any]:
+        """Refused: the envs are one env's pure functions vmapped over a batch of states,
+        with no per-env Python object."""
+        raise InvalidArgumentError(
+            "JaxVectorEnv.get_sub_environments(): a pure-JAX vector env has no per-env "
+            "objects (one env's functions are vmapped over a batch of states held by the "
+            "runner's compiled scan; .env is the one env object, shared by all). For "
+            "per-sub-env access use a gymnasium env with make_vec(..., backend='sync')."
+        )
+
     def __enter__(self) -> JaxVectorEnv:
         return self
 

@@ -18,6 +18,7 @@ import numpy as np
 from jaxrunner._src import space_arrays as jr_spaces
 from jaxrunner._src.backends.base import BatchStep
 from jaxrunner._src.backends.restarts import RestartPolicy, recreate
+from jaxrunner._src.backends.sub_env_handle import run_on_env
 from jaxrunner._src.space_arrays import check_flag, check_info, check_reward
 from jaxrunner._src.space_arrays.checks import all_finite_test, nonfinite_observations
 from jaxrunner.errors import EnvError, JaxRunnerError
@@ -374,6 +375,11 @@ class SubEnvs:
 
     def render(self) -> list[Any]:
         return [env.render() for env in self.envs]
+
+    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
+        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` request, run on
+        sub-env ``index`` (global) alone."""
+        return run_on_env(self.envs[index - self.offset], method, args)
 
     def close(self) -> None:
         for env in self.envs:

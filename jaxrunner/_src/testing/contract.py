@@ -27,6 +27,7 @@ from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays as jr_spaces
 from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.testing.envs import (
     CountingEnv,
     DictObsEnv,
@@ -101,6 +102,29 @@ def _bad_action_batches(good: Any, space: gymnasium.Space) -> dict[str, Any]:
     }
 
 
+def _sub_env_attr(sub: Any, name: str) -> Any:
+    """Attribute ``name`` of an entry of ``get_sub_environments()``: through a handle,
+    or found through a gymnasium env's wrappers (as the vector env's ``get_attr``)."""
+    return sub.get_attr(name) if isinstance(sub, SubEnvHandle) else sub.get_wrapper_attr(name)
+
+
+def _set_sub_env_attr(sub: Any, name: str, value: Any) -> None:
+    if isinstance(sub, SubEnvHandle):
+        sub.set_attr(name, value)
+    else:
+        sub.set_wrapper_attr(name, value)
+
+
+def sub_env_handles(vec: Any) -> list[SubEnvHandle]:
+    """The handles among ``vec.get_sub_environments()``; none where the backend refuses
+    (it has no per-sub-env objects: it overrides the contract's sub-env test)."""
+    try:
+        subs = vec.get_sub_environments()
+    except InvalidArgumentError:
+        return []
+    return [sub for sub in subs if isinstance(sub, SubEnvHandle)]
+
+
 class VectorEnvContract:
     """Tests that a vector-env backend keeps the contract of :mod:`jaxrunner._src.backends.base`.
 
@@ -115,6 +139,8 @@ class VectorEnvContract:
     * ``send``/``recv``: each env steps once per send, ``env_ids`` says which rows are
       which env, and ``recv`` with nothing in flight raises;
     * ``reset_at(i)`` touches no other sub-env;
+    * ``get_sub_environments()`` has one entry per sub-env, in order, each reaching its
+      own sub-env only (an env object, or a handle that is closed with the vector env);
     * a bad action batch raises ``InvalidActionError`` before any sub-env steps;
     * every call after ``close()`` raises ``ClosedError``; the context manager closes.
     """
@@ -293,6 +319,33 @@ class VectorEnvContract:
                     )
             self._run_parity(vec, ref, "after reset_at", 10)
 
+    def test_get_sub_environments_reach_each_sub_env_alone(self) -> None:
+        """One entry per sub-env, in index order: the env object (in this process) or a
+        :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle`. Each reads its
+        own sub-env's attributes and renders, ``set_attr`` through sub-env 1's changes
+        sub-env 1 only, and a handle's ``call`` equals the vector env's for its sub-env.
+        (A backend with no per-sub-env objects, which refuses, overrides this test.)"""
+        n = self.num_envs
+        with closing(self.make_vec(counting_env_fns(n, render_mode="ansi"))) as vec:
+            vec.reset(seed=self.seed)
+            subs = vec.get_sub_environments()
+            if len(subs) != n:
+                raise AssertionError(f"get_sub_environments(): {len(subs)} entries, not {n}")
+            ids = tuple(_sub_env_attr(sub, "env_id") for sub in subs)
+            assert_trees_equal(ids, tuple(range(n)), "each entry's env_id (index order)")
+            assert_trees_equal(ids, vec.get_attr("env_id"), "entries' env_id vs get_attr")
+            lengths = list(vec.get_attr("episode_length"))
+            _set_sub_env_attr(subs[1], "episode_length", 99)
+            lengths[1] = 99
+            assert_trees_equal(vec.get_attr("episode_length"), tuple(lengths), "set_attr of 1")
+            renders = tuple(sub.render() for sub in subs)
+            assert_trees_equal(renders, vec.render(), "each entry's render()")
+            for i, sub in enumerate(subs):
+                if isinstance(sub, SubEnvHandle):
+                    got = (sub.index, sub.call("get_wrapper_attr", "episode_length"))
+                    want = (i, vec.call("get_wrapper_attr", "episode_length")[i])
+                    assert_trees_equal(got, want, f"{sub!r}.call()")
+
     def test_invalid_actions_rejected_before_any_step(self) -> None:
         n = self.num_envs
         cases = {
@@ -323,6 +376,7 @@ class VectorEnvContract:
         vec = self.make_vec(counting_env_fns(n))
         vec.reset(seed=self.seed)
         actions = np.zeros(n, dtype=np.int64)
+        handles = sub_env_handles(vec)
         vec.close()
         vec.close()  # closing twice is allowed and does nothing
         calls: dict[str, Callable[[], Any]] = {
@@ -335,6 +389,8 @@ class VectorEnvContract:
             "call": lambda: vec.call("render"),
             "get_attr": lambda: vec.get_attr("env_id"),
             "set_attr": lambda: vec.set_attr("env_id", 1),
+            "get_sub_environments": vec.get_sub_environments,
+            **{f"{h!r}.get_attr": lambda h=h: h.get_attr("env_id") for h in handles},
         }
         for name, call in calls.items():
             expect_raises(ClosedError, call, f"{name}() after close()")

@@ -29,8 +29,9 @@ from gymnasium import spaces
 from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.runner.agent_groups import AgentGroup
-from jaxrunner._src.testing.contract import assert_trees_equal, expect_raises
+from jaxrunner._src.testing.contract import assert_trees_equal, expect_raises, sub_env_handles
 from jaxrunner._src.testing.faults import FaultPlan
 from jaxrunner._src.testing.multi_agent_envs import coming_and_going, relay, tictactoe
 from jaxrunner._src.testing.multi_agent_faults import faulty_multi_agent_env_fns
@@ -151,6 +152,19 @@ def _actor(actions: Sequence[np.ndarray], groups: Sequence[AgentGroup], b: int) 
 # -- the contract test mixin ---------------------------------------------------------------------
 
 
+def _sub_env_attr(sub: Any, name: str) -> Any:
+    """Attribute ``name`` of an entry of ``get_sub_environments()`` (a handle's, or the
+    PettingZoo env's own, as the vector env's ``get_attr`` reads it)."""
+    return sub.get_attr(name) if isinstance(sub, SubEnvHandle) else getattr(sub, name)
+
+
+def _set_sub_env_attr(sub: Any, name: str, value: Any) -> None:
+    if isinstance(sub, SubEnvHandle):
+        sub.set_attr(name, value)
+    else:
+        setattr(sub, name, value)
+
+
 class MultiAgentVectorEnvContract:
     """Tests that a multi-agent vector-env backend keeps the contract of
     :mod:`jaxrunner._src.backends.multi_agent.vector_env`.
@@ -169,7 +183,9 @@ class MultiAgentVectorEnvContract:
     * a bad action batch raises ``InvalidActionError`` before any sub-env steps;
     * ``reset_at(i)`` touches no other sub-env;
     * with a restart policy, a failed sub-env is restarted and no other is touched;
-    * ``call``, ``get_attr``, ``set_attr``, ``render``;
+    * ``call``, ``get_attr``, ``set_attr``, ``render``; ``get_sub_environments()`` has
+      one entry per sub-env, in order, each reaching its own sub-env only (an env
+      object, or a handle that is closed with the vector env);
     * every call after ``close()`` raises ``ClosedError``; the context manager closes.
     """
 
@@ -359,12 +375,39 @@ class MultiAgentVectorEnvContract:
             assert_trees_equal(envs.call("possible_agents")[0], ["a0", "a1", "a2", "a3"], "call")
             assert_trees_equal(envs.render(), (0,) * n, "render")
             expect_raises(EnvIndexError, lambda: envs.reset_at(n), "reset_at(num_envs)")
+            self._check_sub_environments(envs)  # on these envs: no other to build
+
+    def _check_sub_environments(self, envs: MultiAgentVectorEnv) -> None:
+        """``get_sub_environments()``: one entry per sub-env, in index order, the env
+        object (in this process) or a
+        :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle`. Each reads its
+        own sub-env's attributes and renders, ``set_attr`` through sub-env 1's changes
+        sub-env 1 only, and a handle's ``call`` equals the vector env's for its sub-env."""
+        n = self.num_envs
+        episodes = [10 + b for b in range(n)]  # tells the sub-envs apart
+        envs.set_attr("episode", episodes)
+        subs = envs.get_sub_environments()
+        if len(subs) != n:
+            raise AssertionError(f"get_sub_environments(): {len(subs)} entries, not {n}")
+        got = tuple(_sub_env_attr(sub, "episode") for sub in subs)
+        assert_trees_equal(got, tuple(episodes), "each entry's episode (index order)")
+        _set_sub_env_attr(subs[1], "episode", 99)
+        episodes[1] = 99
+        assert_trees_equal(envs.get_attr("episode"), tuple(episodes), "set_attr of sub-env 1")
+        assert_trees_equal(tuple(sub.render() for sub in subs), envs.render(), "render()s")
+        for b, sub in enumerate(subs):
+            if isinstance(sub, SubEnvHandle):
+                got = (sub.index, sub.call("observation_space", "a0"))
+                want = (b, envs.call("observation_space", "a0")[b])
+                if got != want:
+                    raise AssertionError(f"{sub!r}.call(): {got} != {want}")
 
     def test_every_call_after_close_raises(self) -> None:
         n = self.num_envs
         envs = self.make_envs([coming_and_going] * n)
         out = envs.reset_batch(self._seeds(self.seed))
         actions = _sample_actions(np.random.default_rng(self.seed), envs.groups, out)
+        handles = sub_env_handles(envs)
         envs.close()
         envs.close()  # closing twice is allowed and does nothing
         calls: dict[str, Callable[[], Any]] = {
@@ -375,6 +418,8 @@ class MultiAgentVectorEnvContract:
             "call": lambda: envs.call("render"),
             "get_attr": lambda: envs.get_attr("t"),
             "set_attr": lambda: envs.set_attr("t", 1),
+            "get_sub_environments": envs.get_sub_environments,
+            **{f"{h!r}.get_attr": lambda h=h: h.get_attr("t") for h in handles},
         }
         for name, call in calls.items():
             expect_raises(ClosedError, call, f"{name}() after close()")

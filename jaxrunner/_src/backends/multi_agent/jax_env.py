@@ -91,5 +91,16 @@ class JaxMultiAgentVectorEnv(GroupedAgents):
     def close(self) -> None:
         """Nothing to release (kept for the runner's ``stop``)."""
 
+    def get_sub_environments(self) -> list[Any]:
+        """Refused: the envs are one env's functions vmapped over a batch of states,
+        with no per-env Python object."""
+        raise InvalidArgumentError(
+            "JaxMultiAgentVectorEnv.get_sub_environments(): a pure-JAX vector env has no "
+            "per-env objects (one env's functions are vmapped over a batch of states held "
+            "by the runner's compiled scan; .env is the one env object, shared by all). For "
+            "per-sub-env access use a PettingZoo env with make_multi_agent_vec(..., "
+            "backend='sync')."
+        )
+
 
 __all__ = ["JaxMultiAgentVectorEnv", "to_gymnasium_space"]

@@ -14,6 +14,7 @@ from jaxrunner._src import space_arrays as jr_spaces
 from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep
 from jaxrunner._src.backends.multi_agent.drivers import AECDriver, Driver, Layout, make_driver
 from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly, retry
+from jaxrunner._src.backends.sub_env_handle import run_on_env
 from jaxrunner._src.backends.sub_envs import DONE, RUNNING, SubEnvRaised
 from jaxrunner._src.runner.agent_groups import AgentGroup, PolicyMappingFn, build_groups
 from jaxrunner.errors import (
@@ -289,6 +290,11 @@ class SubEnvBlock:
 
     def render(self) -> list[Any]:
         return [env.render() for env in self.envs]
+
+    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
+        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` request, run on
+        sub-env ``index`` (global) alone."""
+        return run_on_env(self.envs[index - self.offset], method, args)
 
     def close(self) -> None:
         for env in self.envs:

@@ -173,7 +173,8 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
         return self._block.num_restarts
 
     def get_sub_environments(self) -> list[Any]:
-        """The sub-envs themselves (this process holds them)."""
+        """The sub-envs themselves (this process holds them), in index order."""
+        self._check_open("get_sub_environments")
         return list(self._block.envs)
 
     def snapshot_sub_envs(self) -> list[bytes]:

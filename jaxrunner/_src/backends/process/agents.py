@@ -209,6 +209,9 @@ class WorkerBlock:
     def render(self) -> list[Any]:
         return self.block.render()
 
+    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
+        return self.block.on_sub_env(index, method, args)
+
 
 class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
     """Multi-agent sub-envs in worker processes (see the module docstring).

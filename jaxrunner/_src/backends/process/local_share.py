@@ -38,6 +38,7 @@ from jaxrunner._src.backends.process.launch import (
 )
 from jaxrunner._src.backends.process.vector_env import ProcessVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.backends.sub_envs import StepBuffers
 from jaxrunner._src.backends.sync import SyncVectorEnv
 from jaxrunner.errors import (
@@ -360,6 +361,19 @@ class LocalShareVectorEnv(VectorEnv):
     def render(self) -> tuple[Any, ...]:
         self._check_open("render")
         return self._local.render() + self._remote.render()
+
+    def get_sub_environments(self) -> list[Any]:
+        """The main process's sub-envs themselves, then a
+        :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per worker's
+        sub-env, in index order."""
+        self._check_open("get_sub_environments")
+        handles = [SubEnvHandle(self, i) for i in range(self.main_process_envs, self.num_envs)]
+        return self._local.get_sub_environments() + handles
+
+    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
+        self._check_open(f"get_sub_environments()[{index}].{method}")
+        with self._workers_part():
+            return self._remote._sub_env_request(index - self.main_process_envs, method, args)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env; the

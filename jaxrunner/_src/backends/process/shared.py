@@ -65,6 +65,10 @@ class StepBlock(Protocol):
 
     def render(self) -> list[Any]: ...
 
+    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
+        """A sub-env handle's request, run on sub-env ``index`` (global) alone."""
+        ...
+
 
 class BlockLayout(Protocol):
     """What a kind of sub-env brings to the process transport (pickled to each worker

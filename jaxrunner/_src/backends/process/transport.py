@@ -22,6 +22,7 @@ from jaxrunner._src.backends.process.recovery import WorkerRecovery
 from jaxrunner._src.backends.process.shared import BlockLayout, create_shared_block
 from jaxrunner._src.backends.process.stepping import Stepper
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 
 Report = dict[str, Any]
 """A worker's start report (:func:`~.worker.describe`)."""
@@ -132,13 +133,33 @@ class ProcessTransport:
     def set_attr(self, name: str, values: list[Any]) -> None:
         self.pool.call_all("set_attr", [(name, list(values[lo:hi])) for lo, hi in self.bounds])
 
+    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
+        """A sub-env handle's request, run on sub-env ``index`` alone in its worker (the
+        current one: a replaced worker's successor); its result."""
+        w = self.pool.worker_of(index)
+        status, payload = self.pool.call(w, "on_sub_env", (index, method, args))
+        if status != protocol.STATUS_OK:
+            self.pool.raise_remote(w, pickle.loads(payload))
+        return pickle.loads(payload)
+
 
 class TransportForwarding:
-    """``call``/``get_attr``/``set_attr``/``render`` of a vector env over a
-    :class:`ProcessTransport` (``self._transport``): the single- and multi-agent
-    process backends. Results must pickle."""
+    """``call``/``get_attr``/``set_attr``/``render`` and ``get_sub_environments`` of a
+    vector env over a :class:`ProcessTransport` (``self._transport``): the single- and
+    multi-agent process backends. Results must pickle."""
 
     _transport: ProcessTransport
+    num_envs: int
+
+    def get_sub_environments(self) -> list[SubEnvHandle]:
+        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env,
+        in index order (the sub-envs live in the workers)."""
+        self._check_open("get_sub_environments")  # type: ignore[attr-defined]
+        return [SubEnvHandle(self, i) for i in range(self.num_envs)]
+
+    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
+        self._check_open(f"get_sub_environments()[{index}].{method}")  # type: ignore[attr-defined]
+        return self._transport.on_sub_env(index, method, args)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env; the

@@ -127,6 +127,9 @@ class Worker:
     def render(self) -> list[Any]:
         return self.sub_envs.render()  # type: ignore[union-attr]
 
+    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
+        return self.sub_envs.on_sub_env(index, method, args)  # type: ignore[union-attr]
+
     def close(self) -> None:
         for env in self.envs:
             env.close()

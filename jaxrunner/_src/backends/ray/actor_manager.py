@@ -12,6 +12,7 @@ from jaxrunner._src.backends.error_indices import with_global_env_index
 from jaxrunner._src.backends.ray.config import RayConfig
 from jaxrunner._src.backends.ray.env_actor import EnvWorker
 from jaxrunner._src.backends.restarts import RestartPolicy, retry
+from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner.errors import RemoteTimeoutError, WorkerError
 
 EnvFactory = Callable[[], gymnasium.Env]
@@ -28,7 +29,8 @@ class ActorPool:
         worker: the actor's body, built as ``worker(env_fns, restart_policy, offset,
             *worker_args)`` (``offset``: its first sub-env's global index), with
             ``describe``, ``reset``, ``reset_at``, ``step``, ``num_restarts``, ``call``,
-            ``get_attr``, ``set_attr``, ``render`` and ``close``: :class:`EnvWorker` for
+            ``get_attr``, ``set_attr``, ``render``, ``on_sub_env`` (by the block's own
+            index) and ``close``: :class:`EnvWorker` for
             gymnasium envs, the multi-agent one for PettingZoo envs.
         worker_args: more arguments for ``worker``.
     """
@@ -167,6 +169,16 @@ class ActorPool:
         ]
         self.get_all(refs, None)
 
+    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
+        """A sub-env handle's request, run on sub-env ``index`` alone in its actor (the
+        current one: a replaced actor's successor); its result."""
+        u = next(u for u, rows in enumerate(self.unit_rows) if rows.start <= index < rows.stop)
+        local = index - self.unit_rows[u].start
+        try:
+            return self.ray.get(self.actors[u].on_sub_env.remote(local, method, args))
+        except Exception as err:
+            raise self.remote_error(err, u, method)  # noqa: B904  (chained as it should be)
+
     def num_restarts(self) -> int:
         """Sub-envs recreated inside the current actors."""
         return sum(self.get_all([a.num_restarts.remote() for a in self.actors], None))
@@ -191,11 +203,22 @@ class ActorPool:
 
 
 class ActorForwarding:
-    """``call``/``get_attr``/``set_attr``/``render`` of a vector env whose sub-envs live
-    in an :class:`ActorPool` (``self._actors``): the single- and multi-agent Ray
-    backends."""
+    """``call``/``get_attr``/``set_attr``/``render`` and ``get_sub_environments`` of a
+    vector env whose sub-envs live in an :class:`ActorPool` (``self._actors``): the
+    single- and multi-agent Ray backends."""
 
     _actors: ActorPool
+    num_envs: int
+
+    def get_sub_environments(self) -> list[SubEnvHandle]:
+        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env,
+        in index order (the sub-envs live in the actors)."""
+        self._check_open("get_sub_environments")  # type: ignore[attr-defined]
+        return [SubEnvHandle(self, i) for i in range(self.num_envs)]
+
+    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
+        self._check_open(f"get_sub_environments()[{index}].{method}")  # type: ignore[attr-defined]
+        return self._actors.on_sub_env(index, method, args)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""

@@ -121,6 +121,10 @@ class AgentEnvWorker:
     def render(self) -> list[Any]:
         return self.block.render()
 
+    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
+        """A sub-env handle's request, run on the block's sub-env ``index`` alone."""
+        return self.block.on_sub_env(self.block.offset + index, method, args)
+
     def close(self) -> None:
         self.block.close()
 

@@ -12,6 +12,7 @@ import gymnasium
 
 from jaxrunner._src.backends.base import BatchStep
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sub_env_handle import run_on_env
 from jaxrunner._src.backends.sync import SyncVectorEnv
 
 EnvFactory = Callable[[], gymnasium.Env]
@@ -78,6 +79,10 @@ class EnvWorker:
 
     def render(self) -> tuple[Any, ...]:
         return self.envs.render()
+
+    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
+        """A sub-env handle's request, run on the block's sub-env ``index`` alone."""
+        return run_on_env(self.envs.envs[index], method, args)
 
     def close(self) -> None:
         self.envs.close()

@@ -1,0 +1,75 @@
+"""The sub-envs of an adopted gymnasium vector env, one by one (what
+:meth:`~jaxrunner._src.backends.gymnasium_adapter.GymnasiumVectorEnv.get_sub_environments`
+returns): a ``SyncVectorEnv``'s env objects, handles on an ``AsyncVectorEnv``'s (each
+request sent down that sub-env's worker pipe alone), and a refusal for any other
+vector env: a natively vectorized one (``CartPoleVectorEnv``, EnvPool) has no sub-env
+objects at all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium
+
+from jaxrunner._src.backends.sub_env_handle import ReachesSubEnvs, SubEnvHandle
+from jaxrunner.errors import InvalidArgumentError
+
+
+def sub_environments(vector_env: ReachesSubEnvs, env: gymnasium.vector.VectorEnv) -> list[Any]:
+    """The sub-envs of ``env`` (the gymnasium vector env ``vector_env`` adopted), in
+    index order: the objects of a ``SyncVectorEnv``, handles on an ``AsyncVectorEnv``'s
+    (their requests reach :func:`async_request` through ``vector_env``).
+
+    Raises:
+        InvalidArgumentError: any other vector env.
+    """
+    inner = env.unwrapped
+    if isinstance(inner, gymnasium.vector.SyncVectorEnv):
+        return list(inner.envs)
+    if isinstance(inner, gymnasium.vector.AsyncVectorEnv):
+        return [SubEnvHandle(vector_env, i) for i in range(inner.num_envs)]
+    raise InvalidArgumentError(
+        f"get_sub_environments(): the adopted {type(inner).__name__} steps its envs as one "
+        "batch and has no sub-env objects to return (only gymnasium's SyncVectorEnv and "
+        "AsyncVectorEnv have them). Use its call/get_attr/set_attr where it has them, or "
+        "make_vec(..., backend='sync') with the env's factory for per-sub-env access."
+    )
+
+
+def async_request(env: gymnasium.vector.VectorEnv, index: int, method: str, args: tuple) -> Any:
+    """A sub-env handle's request run on sub-env ``index`` of the ``AsyncVectorEnv``
+    under ``env``, with the commands its own ``call``/``set_attr`` send every worker
+    (``get_attr`` is gymnasium's: its ``call``, so a method is called), sent to that
+    worker alone.
+
+    Raises:
+        InvalidArgumentError: that worker is gone (gymnasium ends a worker whose
+            command raised).
+        Exception: what the sub-env raised (gymnasium then ends its worker).
+    """
+    inner: Any = env.unwrapped
+    if method == "set_attr":
+        command, data = "_setattr", args
+    elif method == "call":
+        command, data = "_call", args
+    else:  # get_attr and render: a call of that name, as AsyncVectorEnv does
+        command, data = "_call", (args[0] if method == "get_attr" else "render", (), {})
+    pipe = inner.parent_pipes[index]
+    if pipe is None:
+        raise InvalidArgumentError(
+            f"get_sub_environments()[{index}].{method}(): the AsyncVectorEnv's worker of "
+            f"sub-env {index} has ended (gymnasium ends a worker after an error); build a new "
+            "vector env."
+        )
+    pipe.send((command, data))
+    result, ok = pipe.recv()
+    if ok:
+        return result
+    # As AsyncVectorEnv does: the worker queued its error and ended; its pipe is closed.
+    _, error_type, error, trace = inner.error_queue.get()
+    pipe.close()
+    inner.parent_pipes[index] = None
+    if not isinstance(error, BaseException):
+        error = error_type(error)
+    error.add_note(f"jaxrunner: raised in AsyncVectorEnv worker {index}:\n{trace}")
+    raise error
