@@ -102,7 +102,7 @@ def _bad_action_batches(good: Any, space: gymnasium.Space) -> dict[str, Any]:
 
 
 class VectorEnvContract:
-    """Tests that a vector-env backend keeps the contract of :mod:`jaxrunner._src.backends.base`.
+    """Tests that a vector-env backend keeps the contract of :class:`~jaxrunner.VectorEnv`.
 
     Inherit it in a ``Test*`` class and implement :meth:`make_vec`; pytest then runs every
     ``test_*`` method below against the backend. The checks:
