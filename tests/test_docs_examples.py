@@ -10,8 +10,11 @@ not run. A page whose examples need an optional extra says so on its first line,
 from __future__ import annotations
 
 import re
+import sys
+import types
 from pathlib import Path
 
+import cloudpickle
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,9 +94,17 @@ def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
     for module in required_modules(text):
         pytest.importorskip(module)
     monkeypatch.chdir(tmp_path)
-    # Not "__main__": a page's `if __name__ == "__main__":` block is for a script of its own.
-    namespace: dict[str, object] = {"__name__": "docs_example"}
-    # An example that raises fails the page, its traceback naming the page and the line.
-    for line, body in python_blocks(text):
-        code = compile("\n" * (line) + body, str(page.relative_to(ROOT)), "exec")
-        exec(code, namespace)
+    # The page's namespace is a module of its own, as a script's or a notebook's is: a
+    # dataclass defined there finds its module, and cloudpickle sends what the page
+    # defines to worker processes by value. Not "__main__": a page's
+    # `if __name__ == "__main__":` block is for a script of its own.
+    page_module = types.ModuleType("docs_example")
+    monkeypatch.setitem(sys.modules, page_module.__name__, page_module)
+    cloudpickle.register_pickle_by_value(page_module)
+    try:
+        # An example that raises fails the page, its traceback naming the page and line.
+        for line, body in python_blocks(text):
+            code = compile("\n" * line + body, str(page.relative_to(ROOT)), "exec")
+            exec(code, page_module.__dict__)
+    finally:
+        cloudpickle.unregister_pickle_by_value(page_module)
