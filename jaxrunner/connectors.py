@@ -2,10 +2,11 @@
 
 Observation connectors (normalization, frame stacking) run inside the runner's compiled
 policy step, action connectors (rescaling) right after the policy, a reward connector
-(scaling) once per sample; see :mod:`jaxrunner._src.connectors.pipeline` for where the
-Trajectory keeps what the policy saw, and :mod:`jaxrunner._src.connectors.base` to write one.
-With agent groups (``MultiAgentRunner(..., connectors=...)``) see
-:mod:`jaxrunner._src.connectors.per_group`.
+(scaling) once per sample. :class:`Connectors` composes them; the Trajectory keeps
+what the policy saw in its ``extras`` (``policy_obs``, ``policy_next_obs``,
+``scaled_reward``). To write one, subclass :class:`ObsConnector`,
+:class:`ActionConnector` or :class:`RewardConnector`. With agent groups
+(``MultiAgentRunner(..., connectors=...)``) each group keeps a state of its own.
 """
 
 from jaxrunner._src.connectors.base import (

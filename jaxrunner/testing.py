@@ -1,23 +1,23 @@
 """Test utilities: small deterministic envs, one fault injector, the contract test mixin.
 
-* :mod:`~jaxrunner._src.testing.envs`: :class:`CountingEnv`, :class:`DictObsEnv`,
-  :class:`StepCounter` and picklable factories of them;
-* :mod:`~jaxrunner._src.testing.faults`: :class:`FaultyEnv`, :class:`FaultPlan`,
-  :class:`CallLog`: envs that crash, hang, die or break gymnasium's API on purpose;
-* :mod:`~jaxrunner._src.testing.contract`: :class:`VectorEnvContract`, the tests every
-  vector-env backend inherits, and :func:`assert_trees_equal`;
-* :mod:`~jaxrunner._src.testing.jax_envs`: small pure-JAX envs (gymnax and brax style).
+* small envs: :class:`CountingEnv`, :class:`DictObsEnv`, :class:`StepCounter` and
+  picklable factories of them;
+* faults: :class:`FaultyEnv`, :class:`FaultPlan`, :class:`CallLog`: envs that crash,
+  hang, die or break gymnasium's API on purpose;
+* the contract: :class:`VectorEnvContract`, the tests every vector-env backend
+  inherits, and :func:`assert_trees_equal`;
+* small pure-JAX envs (gymnax and brax style): :class:`RandomWalk`,
+  :class:`DoneOnlyRandomWalk`, :class:`BraxPoint`.
 
 Multi-agent (PettingZoo, an optional extra: these names import it on first use, so
 ``import jaxrunner.testing`` works without it; they are not in ``__all__``):
 
-* :mod:`~jaxrunner._src.testing.multi_agent_envs`: :class:`ComingAndGoing` (agents leave
-  and appear), :class:`Relay` (turn-based) and picklable factories;
-* :mod:`~jaxrunner._src.testing.multi_agent_faults`: :class:`FaultyMultiAgentEnv` and
-  :func:`faulty_multi_agent_env_fns`, the same fault vocabulary on PettingZoo envs;
-* :mod:`~jaxrunner._src.testing.multi_agent_contract`: :class:`MultiAgentVectorEnvContract`,
-  the tests every multi-agent backend inherits, against the envs stepped by hand of
-  :mod:`~jaxrunner._src.testing.multi_agent_reference`.
+* ``ComingAndGoing`` (agents leave and appear), ``Relay`` (turn-based) and picklable
+  factories;
+* ``FaultyMultiAgentEnv`` and ``faulty_multi_agent_env_fns``, the same fault
+  vocabulary on PettingZoo envs;
+* ``MultiAgentVectorEnvContract``, the tests every multi-agent backend inherits,
+  against the same envs stepped by hand.
 
 Reach it as ``jr.testing`` after ``import jaxrunner as jr`` (loaded on first use).
 """

@@ -54,7 +54,7 @@ def make_vec(
             defaults. The other backends take none.
         restart_policy: for the backends that can restart sub-envs (``"sync"``,
             ``"process"``, ``"ray"``): failed sub-envs are recreated as it says and
-            sampling goes on (see :mod:`jaxrunner._src.backends.restarts`). None: failures raise.
+            sampling goes on (see :class:`~jaxrunner.RestartPolicy`). None: failures raise.
         **env_kwargs: keyword arguments for ``gymnasium.make`` (ids only), passed
             untouched, whatever their names (a backend option given here reaches the
             env, not the backend: use ``config``). With ``backend="gymnasium"``: for

@@ -30,7 +30,7 @@ class SyncVectorEnv(InProcessVectorEnv):
         copy: if True, ``reset``/``step`` return copies of the observation buffer
             (as gymnasium's does); the runner's batch methods never copy.
         restart_policy: if given, a sub-env that fails is recreated and reset as this
-            policy says, and sampling goes on (see :mod:`jaxrunner._src.backends.restarts`); if None
+            policy says, and sampling goes on (see :class:`~jaxrunner.RestartPolicy`); if None
             (default), the failure raises.
     """
 
@@ -125,7 +125,7 @@ class SyncVectorEnv(InProcessVectorEnv):
 
     def snapshot_sub_envs(self) -> list[bytes]:
         """Pickles of the sub-envs as they are (wrappers, RNG and all; EzPickle envs by
-        their state, :mod:`jaxrunner._src.backends.snapshots`); raises ``pickle``'s error for a
+        their state); raises ``pickle``'s error for a
         sub-env that does not pickle (an open window, a socket)."""
         self._check_open("snapshot_sub_envs")
         return [snapshot_dumps(env) for env in self.envs]

@@ -68,12 +68,11 @@ class EnvRunner(EnvOwner):
             accelerators from 8 envs, on a CPU host with asynchronous dispatch from
             256, else one). Outputs are bitwise identical whatever the number of
             splits: each split's call computes only its own envs' rows, in fixed-size
-            chunks whose results do not depend on the batch
-            (:mod:`jaxrunner._src.samplers.batch_invariance`).
+            chunks whose results do not depend on the batch (batch invariance).
         info_keys: names of per-step info entries to record as float64 ``[T, B]``
             arrays, in ``traj.extras["infos"][name]`` with the mask of the steps that had
             them in ``traj.extras["infos_present"][name]`` (``"episode.r"`` reaches into
-            ``info["episode"]``; see :mod:`jaxrunner._src.samplers.info_arrays`). Host
+            ``info["episode"]``). Host
             backends; nothing is recorded or paid without it.
         connectors: optional :class:`~jaxrunner.connectors.Connectors` (observation
             normalization, frame stacking, reward scaling, action rescaling), run on
@@ -126,8 +125,8 @@ class EnvRunner(EnvOwner):
                 order=lambda e: e.episode_id,
             ),
         )
-        """Params, metrics and episode bookkeeping (see
-        :mod:`jaxrunner._src.runner.runner_state`); the sampler holds the per-step rest."""
+        """Params, metrics and episode bookkeeping (a typed runner state, which the
+        services read); the sampler holds the per-step rest."""
         try:
             self.sampler = self._make_sampler(num_splits)
         except (KeyError, TypeError, AttributeError) as err:
@@ -220,7 +219,7 @@ class EnvRunner(EnvOwner):
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes a checkpoint of the runner to ``path`` (one ``.npz`` file, numpy
-        arrays and a JSON document; see :mod:`jaxrunner._src.services.checkpoints.env_runner`): the
+        arrays and a JSON document): the
         params, every env's policy key and step count, recurrent carries, episode
         bookkeeping, the latest observations, metrics, and the episodes
         ``sample_episodes`` holds. Pure-JAX envs' states are always in it; sub-envs of

@@ -56,8 +56,7 @@ class MultiAgentRunner(EnvOwner):
         connectors: optional :class:`~jaxrunner.connectors.Connectors` for every group
             (each group keeps its own state), or a dict ``policy_id -> Connectors``
             (ids left out run without); run on device inside each group's compiled
-            policy step, with agent slots as rows (see
-            :mod:`jaxrunner._src.connectors.per_group`). Initialise a group's policy on
+            policy step, with agent slots as rows. Initialise a group's policy on
             ``connectors.observation_space(group.observation_space)``.
         callbacks: optional :class:`~jaxrunner.multi_agent.AgentCallbacks`, called per
             complete agent episode after each ``sample()``.
@@ -118,8 +117,8 @@ class MultiAgentRunner(EnvOwner):
             episodes=agent_episode_joiner(envs.possible_agents),
             callback_episodes=agent_episode_joiner(envs.possible_agents),
         )
-        """Params per policy id, metrics and agent-episode bookkeeping (see
-        :mod:`jaxrunner._src.runner.runner_state`); the sampler holds the per-step rest."""
+        """Params per policy id, metrics and agent-episode bookkeeping (a typed runner
+        state, which the services read); the sampler holds the per-step rest."""
         self.callbacks = callbacks
         self._on_agent_episode_end = (
             callbacks.on_agent_episode_end  # type: ignore[union-attr]
@@ -175,10 +174,8 @@ class MultiAgentRunner(EnvOwner):
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes a checkpoint of the runner to ``path`` (one ``.npz`` file, numpy arrays
-        and a JSON document, as ``EnvRunner.save``; see
-        :mod:`jaxrunner._src.services.checkpoints.multi_agent_runner`): the params per policy id,
-        every agent
-        slot's policy key, step count and carry, connector state, episode bookkeeping
+        and a JSON document, as ``EnvRunner.save``): the params per policy id, every
+        agent slot's policy key, step count and carry, connector state, episode bookkeeping
         (env and agent episodes, turns waiting for their transition), the observations
         the next step acts on, metrics, and the agent episodes ``sample_episodes`` and
         the callbacks hold. The sync backend (``envs.can_snapshot``) adds a pickle of

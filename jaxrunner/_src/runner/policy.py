@@ -60,7 +60,7 @@ class Policy:
             ["value"]}``, each ``[B]``: what a policy-gradient learner needs of stored
             actions under new params. Optional; ``from_linen``/``from_nnx`` set it.
         distribution_fn: ``(params, obs, carry) -> (distribution, value, carry)``: the
-            action distribution (a :mod:`jaxrunner._src.runner.distributions` class, whose fields
+            action distribution (``Categorical``, ``DiagGaussian``, ...: a class whose fields
             are its parameters), the value ``[B]`` (``None`` without a value head) and
             the next carry. Powers :meth:`distribution`, :meth:`value` and
             :meth:`deterministic`. Optional; ``from_linen``/``from_nnx`` set it.

@@ -126,7 +126,7 @@ def sub_env_handles(vec: Any) -> list[SubEnvHandle]:
 
 
 class VectorEnvContract:
-    """Tests that a vector-env backend keeps the contract of :mod:`jaxrunner._src.backends.base`.
+    """Tests that a vector-env backend keeps the contract of :class:`~jaxrunner.VectorEnv`.
 
     Inherit it in a ``Test*`` class and implement :meth:`make_vec`; pytest then runs every
     ``test_*`` method below against the backend. The checks:

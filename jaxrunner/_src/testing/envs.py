@@ -67,6 +67,7 @@ class CountingEnv(gymnasium.Env[np.ndarray, np.int64]):
         return self._obs(), {"episode": self.episode}
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Moves one step: the reward is the action; the episode ends after episode_length steps."""
         if not self.action_space.contains(action):
             raise ValueError(f"CountingEnv: invalid action {action!r} for {self.action_space}.")
         self.t += 1
@@ -151,6 +152,7 @@ class DictObsEnv(gymnasium.Env[dict, np.ndarray]):
         return self._obs(), {}
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        """Moves the point by a quarter of the clipped action; ends it when it leaves the box."""
         action = np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
         self.pos = (self.pos + 0.25 * action).astype(np.float32)
         self.t += 1

@@ -31,8 +31,7 @@ class ProcessConfig:
     num_workers: int | None = None
     """Alternatively, the number of worker processes (sub-envs are split evenly).
     Default (both None): one per CPU but one (the main process runs the policy), or one
-    per CPU from 256 sub-envs (see :func:`~jaxrunner._src.backends.process.default_num_workers`);
-    at least one, at most one per sub-env."""
+    per CPU from 256 sub-envs; at least one, at most one per sub-env."""
     start_method: str = "forkserver"
     """``"forkserver"`` (workers start in milliseconds) or ``"spawn"``; never ``"fork"``
     (forking a process that has started JAX's threads can deadlock the child)."""
@@ -56,19 +55,18 @@ class ProcessConfig:
     (``docs/performance.md``, process layouts); with fewer cheap envs it slows the main process
     down. Its sub-envs are not isolated in a worker: a hang or a hard crash there stops
     the main process.
-    ``make_vec(..., backend="process")`` then builds a
-    :class:`~jaxrunner.LocalShareVectorEnv`. 0 or None (default, for now no automatic
-    share: see :func:`main_process_share`): every
-    sub-env in a worker."""
+    ``make_vec(..., backend="process")`` then builds a vector env of both shares
+    (``LocalShareVectorEnv``, not public). 0 or None (default, for now no automatic
+    share): every sub-env in a worker."""
     spin_wait_us: float | None = None
     """How long, in microseconds, the main process busy-waits for a worker's reply, and
     a worker for its next command, before sleeping until it comes. Waking a sleeping
     process costs tens of microseconds per message (over 70 on a virtual machine),
-    paid twice per step and group. None (default): :data:`DEFAULT_SPIN_WAIT_US` where
+    paid twice per step and group. None (default): ``DEFAULT_SPIN_WAIT_US`` (2 ms) where
     the main process and every worker have a CPU of their own (workers < available
     CPUs: the default below 256 sub-envs), else 0, since a spinning process would
     take the CPU a worker needs. 0: always sleep. The budget is the largest: it backs
-    off while spinning does not pay or the machine is loaded (:class:`.wire.Spin`)."""
+    off while spinning does not pay or the machine is loaded."""
 
     def __post_init__(self) -> None:
         for name in ("envs_per_worker", "num_workers"):

@@ -72,7 +72,7 @@ class ProcessVectorEnv(TransportForwarding, VectorEnv):
         config: workers, start method, timeout and stepping mode
             (:class:`~jaxrunner.ProcessConfig`; None: the defaults). Every sub-env steps
             in a worker: ``main_process_envs`` must be None or 0 (a share in the main
-            process is :class:`~jaxrunner.LocalShareVectorEnv`, which ``make_vec`` builds).
+            process is built by ``make_vec(..., backend="process")``).
         copy: as for :class:`~jaxrunner.SyncVectorEnv`.
         restart_policy: if given, failed sub-envs and lost workers are replaced as it
             says and sampling goes on; if None (default), failures raise.

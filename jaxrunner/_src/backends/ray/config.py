@@ -39,9 +39,9 @@ class RayConfig:
     batch_buckets: tuple[int, ...] | None = None
     """Policy batch sizes: the ready envs are padded to the smallest bucket that holds
     them, and each bucket is compiled once, up front. None: the default buckets (multiples
-    of the policy's chunk, see :mod:`jaxrunner._src.samplers.ready_first`). Any buckets give
+    of the policy's chunk). Any buckets give
     the sync backend's bits: the policy runs in fixed-size chunks whatever the batch
-    (:mod:`jaxrunner._src.samplers.batch_invariance`)."""
+    (batch invariance)."""
     step_timeout_s: float | None = None
     """An actor whose step has not answered after this long is treated as dead (killed,
     and replaced if restarts are on). None: wait forever."""
