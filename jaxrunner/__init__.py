@@ -36,6 +36,7 @@ from jaxrunner._src.backends import (
 )
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.runner.callbacks import Callbacks, LiveEpisode
 from jaxrunner._src.runner.env_runner import EnvRunner
 from jaxrunner._src.runner.metrics import MetricsConfig
@@ -87,6 +88,7 @@ __all__ = [
     "RayConfig",
     "RayVectorEnv",
     "RestartPolicy",
+    "SubEnvHandle",
     "SyncVectorEnv",
     "VectorEnv",
     "from_gymnasium",

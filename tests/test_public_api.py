@@ -40,6 +40,7 @@ PUBLIC = {
         "RayVectorEnv",
         "RestartPolicy",
         "RestoreReport",
+        "SubEnvHandle",
         "SyncVectorEnv",
         "Trajectory",
         "VectorEnv",
