@@ -36,8 +36,8 @@ from jaxrunner._src.connectors.pipeline import (
     SCALED_REWARD,
     Connectors,
     ConnectorsState,
-    SampleEnd,
 )
+from jaxrunner._src.connectors.sample_end import SampleEnd
 
 __all__ = [
     "COUNT_DTYPES",

@@ -36,9 +36,9 @@ from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner._src.connectors.pipeline import (
     Connectors,
     ConnectorsState,
-    device_copy,
     finish_group_sample,
 )
+from jaxrunner._src.connectors.state_rows import device_copy
 from jaxrunner._src.runner.multi_agent_trajectory import GroupTrajectory, MultiAgentTrajectory
 from jaxrunner._src.runner.policy import Params, Policy
 from jaxrunner._src.samplers.agent_episodes import agent_episode_ends

@@ -57,8 +57,8 @@ from jaxrunner._src.connectors.pipeline import (
     POLICY_OBS,
     Connectors,
     ConnectorsState,
-    device_copy,
 )
+from jaxrunner._src.connectors.state_rows import device_copy
 from jaxrunner._src.runner.policy import Params, Policy
 from jaxrunner._src.runner.trajectory import Trajectory
 from jaxrunner._src.samplers import keys
