@@ -49,14 +49,10 @@ from jaxrunner._src.services.checkpoints.env_runner import (
     put_env_snapshot,
     resume_envs,
 )
-from jaxrunner._src.services.checkpoints.format import (
-    CheckpointReader,
-    Part,
-    leading,
-    put_steps,
-    put_tree,
-    write_checkpoint,
-)
+from jaxrunner._src.services.checkpoints.format import Part
+from jaxrunner._src.services.checkpoints.header_checks import leading
+from jaxrunner._src.services.checkpoints.reader import CheckpointReader
+from jaxrunner._src.services.checkpoints.writer import put_steps, put_tree, write_checkpoint
 from jaxrunner.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -188,7 +184,7 @@ def _put_episodes(
 
 class MultiAgentCheckpointFile(CheckpointReader):
     """The checkpoint at ``path``, read for ``runner``: every check of an ``EnvRunner``
-    checkpoint (:class:`~jaxrunner._src.services.checkpoints.format.CheckpointReader`), plus
+    checkpoint (:class:`~jaxrunner._src.services.checkpoints.reader.CheckpointReader`), plus
     the runner's policy ids and agents, each group's state (running lengths in range,
     returns finite), the agent metrics (per-policy and per-agent windows, agent steps
     that add up) and the kept agent episodes (agents of their policy, envs in range, ids
