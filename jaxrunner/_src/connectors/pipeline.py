@@ -128,7 +128,8 @@ class Connectors:
         clipped to +-10, rewards scaled by the std of the discounted return and clipped
         to +-10 (``ScaleReward.cleanrl``). Add ``action=[RescaleActions.for_space(...)]``
         with ``dataclasses.replace`` where the policy acts in ``[-1, 1]``."""
-        from jaxrunner._src.connectors.builtin import NormalizeObservation, ScaleReward
+        from jaxrunner._src.connectors.normalize_observation import NormalizeObservation
+        from jaxrunner._src.connectors.scale_reward import ScaleReward
 
         return cls(obs=[NormalizeObservation(clip=10.0)], reward=ScaleReward.cleanrl(gamma))
 
