@@ -7,7 +7,7 @@ are tree paths (``params/module/Dense_0/kernel``). :func:`~.writer.put_tree` and
 checks every runner's reader makes
 (:class:`~jaxrunner._src.services.checkpoints.env_runner_file.CheckpointFile`
 for
-an ``EnvRunner``, :mod:`jaxrunner._src.services.checkpoints.multi_agent_runner` for a
+an ``EnvRunner``, :mod:`jaxrunner._src.services.checkpoints.multi_agent_runner_file` for a
 ``MultiAgentRunner``):
 every tree read in the structure, shapes and dtypes of the restoring runner's own
 (a template), through the bounded reader (:mod:`jaxrunner._src.runner.npz_reader`: only the
