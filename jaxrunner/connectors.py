@@ -15,12 +15,7 @@ from jaxrunner._src.connectors.base import (
     ObsConnector,
     RewardConnector,
 )
-from jaxrunner._src.connectors.builtin import (
-    FrameStack,
-    NormalizeObservation,
-    RescaleActions,
-    ScaleReward,
-)
+from jaxrunner._src.connectors.frame_stack import FrameStack
 from jaxrunner._src.connectors.moments import (
     COUNT_DTYPES,
     Moments,
@@ -31,14 +26,17 @@ from jaxrunner._src.connectors.moments import (
     take_deltas,
     unfreeze,
 )
+from jaxrunner._src.connectors.normalize_observation import NormalizeObservation
 from jaxrunner._src.connectors.pipeline import (
     POLICY_NEXT_OBS,
     POLICY_OBS,
     SCALED_REWARD,
     Connectors,
     ConnectorsState,
-    SampleEnd,
 )
+from jaxrunner._src.connectors.rescale_actions import RescaleActions
+from jaxrunner._src.connectors.sample_end import SampleEnd
+from jaxrunner._src.connectors.scale_reward import ScaleReward
 
 __all__ = [
     "COUNT_DTYPES",

@@ -14,8 +14,8 @@ _EXPORTS = {
     "ServerConfig": "jaxrunner._src.services.serve.server",
     "PolicyClient": "jaxrunner._src.services.serve.client",
     "MultiAgentPolicyClient": "jaxrunner._src.services.serve.multi_agent_client",
-    "PolicyServerError": "jaxrunner._src.services.serve.client",
-    "ReportError": "jaxrunner._src.services.serve.client",
+    "PolicyServerError": "jaxrunner._src.services.serve.client_http",
+    "ReportError": "jaxrunner._src.services.serve.client_http",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -25,6 +25,7 @@ Reach it as ``jr.testing`` after ``import jaxrunner as jr`` (loaded on first use
 import importlib
 from typing import Any
 
+from jaxrunner._src.testing.broken_returns import break_returns
 from jaxrunner._src.testing.contract import (
     VectorEnvContract,
     assert_trees_equal,
@@ -46,7 +47,6 @@ from jaxrunner._src.testing.faults import (
     FaultSchedule,
     FaultyEnv,
     InjectedError,
-    break_returns,
     faulty_env_fns,
 )
 from jaxrunner._src.testing.jax_envs import (

@@ -19,7 +19,6 @@ its rewards.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -27,7 +26,6 @@ from typing import Any, cast
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src.connectors.base import (
@@ -130,7 +128,8 @@ class Connectors:
         clipped to +-10, rewards scaled by the std of the discounted return and clipped
         to +-10 (``ScaleReward.cleanrl``). Add ``action=[RescaleActions.for_space(...)]``
         with ``dataclasses.replace`` where the policy acts in ``[-1, 1]``."""
-        from jaxrunner._src.connectors.builtin import NormalizeObservation, ScaleReward
+        from jaxrunner._src.connectors.normalize_observation import NormalizeObservation
+        from jaxrunner._src.connectors.scale_reward import ScaleReward
 
         return cls(obs=[NormalizeObservation(clip=10.0)], reward=ScaleReward.cleanrl(gamma))
 
@@ -372,169 +371,11 @@ def finish_group_sample(
     return jax.tree.map(back, extras), state
 
 
-def take_rows(state: ConnectorsState, index: jax.Array) -> ConnectorsState:
-    """The per-env rows ``index`` of every connector (shared parts as they are)."""
-    return _map_rows(state, lambda x: x[index])
-
-
-def put_rows(state: ConnectorsState, part: ConnectorsState, index: jax.Array) -> ConnectorsState:
-    """``state`` with per-env rows ``index`` from ``part`` (index ``num_envs``: dropped) and
-    the shared parts from ``part``."""
-    return _zip_rows(state, part, lambda full, p: full.at[index].set(p, mode="drop"))
-
-
-def keep_active(new: ConnectorsState, old: ConnectorsState, active: jax.Array) -> ConnectorsState:
-    """``new`` with the inactive rows' per-env state from ``old``."""
-
-    def pick(n: jax.Array, o: jax.Array) -> jax.Array:
-        return jnp.where(active.reshape(-1, *([1] * (n.ndim - 1))), n, o)
-
-    return _zip_rows(old, new, lambda o, n: pick(n, o))
-
-
-def _map_rows(state: ConnectorsState, fn: Any) -> ConnectorsState:
-    def one(s: ConnectorState) -> ConnectorState:
-        return s.replace(per_env=jax.tree.map(fn, s.per_env))
-
-    return ConnectorsState(tuple(one(s) for s in state.obs), state.reward)
-
-
-def _zip_rows(full: ConnectorsState, part: ConnectorsState, fn: Any) -> ConnectorsState:
-    obs = tuple(
-        p.replace(per_env=jax.tree.map(fn, f.per_env, p.per_env))
-        for f, p in zip(full.obs, part.obs)
-    )
-    return ConnectorsState(obs, part.reward)
-
-
-def device_copy(state: ConnectorsState) -> ConnectorsState:
-    """A device copy of ``state`` that the runner owns: its compiled step donates its
-    state, so a caller's arrays must never be the runner's."""
-    return jax.device_put(jax.device_get(state))
-
-
-class StatePacking:
-    """The connectors' state as one flat device buffer per dtype between a host
-    sampler's compiled calls: each array a call takes and returns costs about 1.5 us
-    of dispatch on a CPU host, and a state has several (statistics, their delta,
-    per-env rows). Leaves of a dtype are raveled and concatenated (no bitcasts, which
-    cost more than they save on a CPU).
-
-    Args:
-        example: the unpacked state (its shapes and dtypes fix the layout).
-    """
-
-    def __init__(self, example: ConnectorsState) -> None:
-        leaves, self.treedef = jax.tree.flatten(example)
-        self.shapes = [tuple(np.shape(x)) for x in leaves]
-        self.dtypes = [np.dtype(jax.dtypes.canonicalize_dtype(x.dtype)) for x in leaves]
-        self.groups = sorted({d.str for d in self.dtypes})
-        # Leaf i lives in buffer groups.index(dtype) at [offset, offset + size).
-        self.where: list[tuple[int, int, int]] = []
-        sizes = dict.fromkeys(self.groups, 0)
-        for shape, dtype in zip(self.shapes, self.dtypes):
-            size = int(np.prod(shape))
-            self.where.append((self.groups.index(dtype.str), sizes[dtype.str], size))
-            sizes[dtype.str] += size
-        self.sizes = [sizes[g] for g in self.groups]
-
-    def pack(self, state: ConnectorsState) -> tuple[jax.Array, ...]:
-        """Traceable: the flat buffers of ``state``, one per dtype."""
-        parts: list[list[jax.Array]] = [[] for _ in self.groups]
-        for (group, _, _), leaf in zip(self.where, self.treedef.flatten_up_to(state)):
-            parts[group].append(jnp.ravel(leaf))
-        return tuple(
-            jnp.concatenate(p) if p else jnp.zeros(0, g) for p, g in zip(parts, self.groups)
-        )
-
-    def unpack(self, flat: tuple[jax.Array, ...]) -> ConnectorsState:
-        """Traceable: the state in ``flat``."""
-        leaves = [
-            flat[group][offset : offset + size].reshape(shape)
-            for (group, offset, size), shape in zip(self.where, self.shapes)
-        ]
-        return self.treedef.unflatten(leaves)
-
-    def to_host(self, flat: tuple[jax.Array, ...]) -> ConnectorsState:
-        """The state in device buffers, as numpy copies (one explicit transfer)."""
-        host = [np.asarray(x) for x in jax.device_get(flat)]
-        return self.treedef.unflatten(
-            [
-                host[group][offset : offset + size].reshape(shape).copy()
-                for (group, offset, size), shape in zip(self.where, self.shapes)
-            ]
-        )
-
-    def to_device(self, state: ConnectorsState) -> tuple[jax.Array, ...]:
-        """Fresh device buffers holding ``state`` (host or device arrays)."""
-        values, treedef = jax.tree.flatten(jax.device_get(state))
-        shapes = [tuple(np.shape(v)) for v in values]
-        if treedef != self.treedef or shapes != self.shapes:
-            raise InvalidArgumentError(
-                "set_connector_state(state): expected the structure and shapes of "
-                f"get_connector_state() ({self.treedef}, shapes {self.shapes}), got "
-                f"{treedef}, shapes {shapes}. Start from runner.get_connector_state() and "
-                "replace its arrays."
-            )
-        buffers = [np.zeros(size, g) for size, g in zip(self.sizes, self.groups)]
-        for (group, offset, size), value in zip(self.where, values):
-            buffers[group][offset : offset + size] = np.ravel(value)
-        return tuple(jax.device_put(buffers))
-
-
-class SampleEnd:
-    """:meth:`Connectors.finish_sample` for a host sampler's numpy ``[T, B]`` buffers
-    (with ``agent_axis``: an agent group's ``[T, B, A_g]`` buffers, by
-    :func:`finish_group_sample`) and packed state: compiled once, one transfer each way
-    per sample."""
-
-    def __init__(
-        self, connectors: Connectors, packing: StatePacking, *, agent_axis: bool = False
-    ) -> None:
-        finish_arrays = (
-            functools.partial(finish_group_sample, connectors)
-            if agent_axis
-            else connectors.finish_sample
-        )
-
-        def finish(flat: Any, *inputs: Any) -> tuple[dict[str, Any], Any]:
-            extras, state = finish_arrays(packing.unpack(flat), *inputs)
-            return extras, packing.pack(state)
-
-        self._connectors = connectors
-        self._fn = jax.jit(finish, donate_argnums=0)
-
-    def __call__(self, flat: Any, traj: Any) -> tuple[Any, Any]:
-        """Returns ``traj`` with the connectors' extras added and the new packed state."""
-        policy_obs = traj.extras.get(POLICY_OBS)
-        obs = traj.obs if self._connectors.obs else None
-        inputs = jax.device_put(
-            (
-                obs,
-                policy_obs,
-                traj.next_obs,
-                traj.reward,
-                traj.terminated,
-                traj.truncated,
-                traj.valid,
-            )
-        )
-        extras, flat = self._fn(flat, *inputs)
-        extras = jax.tree.map(np.asarray, jax.device_get(extras))
-        return traj.replace(extras={**traj.extras, **extras}), flat
-
-
 __all__ = [
     "POLICY_NEXT_OBS",
     "POLICY_OBS",
     "SCALED_REWARD",
     "Connectors",
     "ConnectorsState",
-    "SampleEnd",
-    "StatePacking",
-    "device_copy",
     "finish_group_sample",
-    "keep_active",
-    "put_rows",
-    "take_rows",
 ]

@@ -19,7 +19,8 @@ import numpy as np
 
 from jaxrunner._src import space_arrays as jr_spaces
 from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
-from jaxrunner._src.connectors.pipeline import Connectors, SampleEnd
+from jaxrunner._src.connectors.pipeline import Connectors
+from jaxrunner._src.connectors.sample_end import SampleEnd
 from jaxrunner._src.runner.agent_groups import AgentGroup
 from jaxrunner._src.runner.multi_agent_trajectory import GroupTrajectory
 from jaxrunner._src.runner.policy import Params, Policy

@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxrunner._src import space_arrays as jr_spaces
 from jaxrunner._src.backends.base import BaseVectorEnv, BatchStep, VectorEnv
-from jaxrunner._src.connectors.pipeline import SampleEnd
+from jaxrunner._src.connectors.sample_end import SampleEnd
 from jaxrunner._src.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner._src.runner.callbacks import Callbacks, LiveEpisode, overrides
 from jaxrunner._src.runner.metrics import PERF_KEYS

@@ -36,15 +36,15 @@ from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner._src.connectors.pipeline import (
     Connectors,
     ConnectorsState,
-    device_copy,
     finish_group_sample,
 )
+from jaxrunner._src.connectors.state_rows import device_copy
 from jaxrunner._src.runner.multi_agent_trajectory import GroupTrajectory, MultiAgentTrajectory
 from jaxrunner._src.runner.policy import Params, Policy
 from jaxrunner._src.samplers.agent_episodes import agent_episode_ends
 from jaxrunner._src.samplers.multi_agent import MultiAgentSetup
 from jaxrunner._src.samplers.policy_step import act, initial_actor_state
-from jaxrunner._src.samplers.scan import (
+from jaxrunner._src.samplers.scan_loop import (
     RolloutState,
     ScanLoop,
     episode_counts,
@@ -70,7 +70,7 @@ def _step(
     env_state: Any,
     step_keys: jax.Array,
 ) -> tuple[EnvStep, dict[str, GroupTrajectory], dict[str, Any]]:
-    """The scan's step function (:data:`~jaxrunner._src.samplers.scan.StepFn`): every group
+    """The scan's step function (:data:`~jaxrunner._src.samplers.scan_loop.StepFn`): every group
     acts on its agents' slots, then the envs step. ``actor`` holds per policy id the
     groups' ``actors`` (policy state, one row per slot), ``alive`` (the slot's agent
     acts this step) and ``agent_step`` (its steps in its agent episode), ``[B, A_g]``."""
@@ -151,7 +151,7 @@ def _rollout(
     params: dict[str, Params],
     state: RolloutState,
 ) -> tuple[RolloutState, dict[str, GroupTrajectory], dict[str, jax.Array], jax.Array]:
-    """:func:`~jaxrunner._src.samplers.scan.scan_envs` with :func:`_step`, then each group's
+    """:func:`~jaxrunner._src.samplers.scan_loop.scan_envs` with :func:`_step`, then each group's
     per-sample connectors (pure; jit it). Of the env-level fields, only those the
     trajectory reads are returned: XLA drops the others from the loop."""
     step = functools.partial(_step, envs, policies, connectors, params)

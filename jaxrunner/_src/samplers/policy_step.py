@@ -48,11 +48,9 @@ from jaxrunner._src.connectors.pipeline import (
     POLICY_OBS,
     Connectors,
     ConnectorsState,
-    StatePacking,
-    keep_active,
-    put_rows,
-    take_rows,
 )
+from jaxrunner._src.connectors.state_packing import StatePacking
+from jaxrunner._src.connectors.state_rows import keep_active, put_rows, take_rows
 from jaxrunner._src.runner.policy import ApplyFn, Params, Policy
 from jaxrunner._src.samplers import keys
 from jaxrunner._src.samplers.batch_invariance import (

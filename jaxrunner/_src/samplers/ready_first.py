@@ -40,7 +40,7 @@ import numpy as np
 
 from jaxrunner._src import space_arrays as jr_spaces
 from jaxrunner._src.backends.base import BatchStep, VectorEnv
-from jaxrunner._src.connectors.pipeline import SampleEnd
+from jaxrunner._src.connectors.sample_end import SampleEnd
 from jaxrunner._src.runner.metrics import PERF_KEYS
 from jaxrunner._src.runner.policy import Params
 from jaxrunner._src.runner.trajectory import Trajectory

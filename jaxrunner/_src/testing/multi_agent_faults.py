@@ -4,8 +4,8 @@ multi-agent sub-envs.
 The same :class:`~jaxrunner._src.testing.faults.FaultPlan` kinds and call numbering as
 :class:`~jaxrunner._src.testing.faults.FaultyEnv` (one
 :class:`~jaxrunner._src.testing.faults.FaultSchedule`
-decides, :func:`~jaxrunner._src.testing.faults.break_returns` breaks), applied to one agent's
-returns. Wrap a ``ParallelEnv`` or an ``AECEnv`` with :class:`FaultyMultiAgentEnv`, or
+decides, :func:`~jaxrunner._src.testing.broken_returns.break_returns` breaks), applied to one
+agent's returns. Wrap a ``ParallelEnv`` or an ``AECEnv`` with :class:`FaultyMultiAgentEnv`, or
 build picklable factories with :func:`faulty_multi_agent_env_fns`.
 
 PettingZoo is an optional extra: this module imports it, so ``jaxrunner.testing`` loads
@@ -21,11 +21,11 @@ from typing import Any
 from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils.wrappers import BaseParallelWrapper, BaseWrapper
 
+from jaxrunner._src.testing.broken_returns import break_returns
 from jaxrunner._src.testing.faults import (
     CallLog,
     FaultPlan,
     FaultSchedule,
-    break_returns,
     faulty_factories,
 )
 from jaxrunner.errors import InvalidArgumentTypeError
@@ -43,7 +43,7 @@ class FaultyMultiAgentEnv:
     instance, is in ``at``, or the probability draw hit). Faults that never return
     (``raise``, ``hang``, ``exit``, ``kill``, ``segfault``) happen before the inner env
     is called; garbage faults call it, then break one agent's returns as
-    :func:`~jaxrunner._src.testing.faults.break_returns` says (its observation, reward,
+    :func:`~jaxrunner._src.testing.broken_returns.break_returns` says (its observation, reward,
     ``terminated`` flag or info). That agent is ``agent`` if it is among the agents the
     call returns, else the first of them (parallel: the first key of the returned
     observations; AEC: the agent selected after the call, whose observation, flags and

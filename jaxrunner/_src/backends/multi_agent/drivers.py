@@ -25,226 +25,13 @@ when the episode ends: so every reward is in exactly one transition or in
 
 from __future__ import annotations
 
-import abc
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from jaxrunner._src import space_arrays as jr_spaces
-from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
-from jaxrunner._src.runner.agent_groups import AgentGroup
+from jaxrunner._src.backends.multi_agent.driver import Driver, check_dict, check_infos
+from jaxrunner._src.backends.multi_agent.layout import AgentSlot, Layout, agent_label
 from jaxrunner.errors import EnvError, InvalidArgumentError
-
-
-class Layout:
-    """Where each agent lives: its group's buffers and its slot on the agent axis.
-
-    Args:
-        groups: the agent groups.
-        buffers: their buffers, rows ``0..n-1`` for sub-envs ``offset..offset+n-1``.
-        offset: the global index of row 0's sub-env (errors name sub-envs by it).
-    """
-
-    def __init__(
-        self, groups: Sequence[AgentGroup], buffers: Sequence[GroupBuffers], offset: int = 0
-    ) -> None:
-        self.groups = tuple(groups)
-        self.buffers = tuple(buffers)
-        self.offset = offset
-        self.slot: dict[str, tuple[int, int]] = {}
-        for g, group in enumerate(self.groups):
-            for a, agent in enumerate(group.agents):
-                self.slot[agent] = (g, a)
-        self.writers = [
-            (
-                jr_spaces.make_writer(group.observation_space, buf.obs_rows, "obs", where),
-                jr_spaces.make_writer(
-                    group.observation_space, buf.next_obs_rows, "next_obs", where
-                ),
-            )
-            for group, buf in zip(self.groups, self.buffers)
-            for where in [self._row_names(group)]
-        ]
-
-    def _row_names(self, group: AgentGroup) -> Any:
-        """Names a flat ``[B * A_g]`` row of ``group`` by its sub-env and agent."""
-        agents, offset = group.agents, self.offset
-        return lambda row: agent_label(offset + row // len(agents), agents[row % len(agents)])
-
-    def where(self, agent: str, env_index: int) -> tuple[GroupBuffers, int, tuple[int, int]]:
-        """The agent's buffers, its flat row, and its ``(b, a)`` index, for the sub-env in
-        row ``env_index`` (an :class:`~jaxrunner.errors.EnvError` for an agent not in
-        ``possible_agents``)."""
-        slot = self.slot.get(agent)
-        if slot is None:
-            index = self.offset + env_index
-            raise EnvError(
-                f"sub-env {index}: agent {agent!r} is not among possible_agents "
-                f"{list(self.slot)}; a multi-agent env must declare every agent it may have "
-                "in possible_agents.",
-                index,
-            )
-        g, a = slot
-        buf = self.buffers[g]
-        return buf, env_index * self.groups[g].num_agents + a, (env_index, a)
-
-
-class _Slot:
-    """One agent's place in one env's row of the buffers, resolved once (the step loop
-    writes through these views per agent and step)."""
-
-    __slots__ = (
-        "a",
-        "acting",
-        "completed",
-        "g",
-        "obs_rows",
-        "reward",
-        "row",
-        "start",
-        "terminated",
-        "truncated",
-        "write_next",
-        "write_obs",
-    )
-
-    def __init__(self, layout: Layout, agent: str, env_index: int) -> None:
-        buf, row, (b, a) = layout.where(agent, env_index)
-        self.g, self.a, self.row = layout.slot[agent][0], a, row
-        self.write_obs, self.write_next = layout.writers[self.g]
-        self.acting, self.start = buf.acting[b], buf.agent_start[b]
-        self.completed, self.reward = buf.completed[b], buf.reward[b]
-        self.terminated, self.truncated = buf.terminated[b], buf.truncated[b]
-        # A plain array buffer: an observation already checked by ``write_next`` is
-        # copied in without a second check.
-        self.obs_rows = buf.obs_rows if isinstance(buf.obs_rows, np.ndarray) else None
-
-
-class Driver(abc.ABC):
-    """Steps one sub-env, writing row ``index`` of the buffers."""
-
-    def __init__(self, env: Any, index: int, layout: Layout) -> None:
-        self.env, self.index, self.layout = env, index, layout
-        self.env_index = layout.offset + index
-        """The sub-env's index in its vector env (errors name it)."""
-        self._slots: dict[str, _Slot] = {}
-        self.pending_reward: dict[str, float] = {}
-        """Rewards each agent received since its last action (or episode start)."""
-        self.acted: set[str] = set()
-        """Agents with an action whose transition has not completed yet (AEC)."""
-        self.started: set[str] = set()
-        """Agents that acted in the current episode."""
-
-    @abc.abstractmethod
-    def reset(self, seed: int | None, options: dict[str, Any] | None) -> dict[str, Any]:
-        """Resets the env and writes who acts first; returns the reset infos."""
-
-    @abc.abstractmethod
-    def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
-        """Steps the env with the acting agents' actions (``actions[g]`` is group
-        ``g``'s ``[B, A_g, ...]`` batch); returns ``(env_done, env_reward,
-        unassigned_reward, infos)``. Where the episode ended (``env_done``) the caller
-        resets the env next (:meth:`reset`: SAME_STEP). The caller has cleared the
-        row's masks and outcomes (:meth:`SubEnvBlock.step` clears every row at once)."""
-
-    # -- state, for snapshots ---------------------------------------------------------
-
-    def get_state(self) -> dict[str, Any]:
-        """What the driver carries between steps besides the env (plain values, for a
-        pickle next to the env's): each agent's pending reward, who acted and who
-        started in the current episode."""
-        return {
-            "pending_reward": dict(self.pending_reward),
-            "acted": sorted(self.acted),
-            "started": sorted(self.started),
-        }
-
-    def set_state(self, state: Any) -> None:
-        """Takes a :meth:`get_state` (of a driver of the same kind) as its own.
-
-        Raises:
-            InvalidArgumentError: ``state`` is not such a value (names the field).
-        """
-        keys = set(self.get_state())
-        if not isinstance(state, dict) or set(state) != keys:
-            raise InvalidArgumentError(
-                f"sub-env {self.env_index}: a {type(self).__name__} state must be a dict of "
-                f"the keys {sorted(keys)}, got {type(state).__name__}"
-                f"{sorted(map(str, state)) if isinstance(state, dict) else ''}."
-            )
-        agents = set(self.layout.slot)
-        rewards = state["pending_reward"]
-        if not isinstance(rewards, dict) or not all(
-            a in agents and isinstance(r, float) and np.isfinite(r) for a, r in rewards.items()
-        ):
-            raise self._bad_state("pending_reward", "a dict agent id -> finite float")
-        for field in ("acted", "started"):
-            if not isinstance(state[field], list) or not set(state[field]) <= agents:
-                raise self._bad_state(field, "a list of agent ids")
-        self.pending_reward = dict(rewards)
-        self.acted, self.started = set(state["acted"]), set(state["started"])
-
-    def _bad_state(self, field: str, expected: str) -> InvalidArgumentError:
-        return InvalidArgumentError(
-            f"sub-env {self.env_index}: the driver state's {field} is not {expected} of "
-            f"possible_agents {list(self.layout.slot)}."
-        )
-
-    # -- shared bookkeeping -----------------------------------------------------------
-
-    def _clear_rows(self) -> None:
-        for buf in self.layout.buffers:
-            buf.acting[self.index] = False
-            buf.agent_start[self.index] = False
-
-    def _begin_episode(self) -> None:
-        self._clear_rows()
-        self.pending_reward.clear()
-        self.acted.clear()
-        self.started.clear()
-
-    def _slot(self, agent: str) -> _Slot:
-        slot = self._slots.get(agent)
-        if slot is None:
-            slot = self._slots[agent] = _Slot(self.layout, agent, self.index)
-        return slot
-
-    def _set_acting(self, agent: str, obs: Any) -> _Slot:
-        slot = self._slot(agent)
-        slot.write_obs(slot.row, obs)
-        slot.acting[slot.a] = True
-        slot.start[slot.a] = agent not in self.started
-        return slot
-
-    def _add_reward(self, agent: str, reward: Any) -> float:
-        if type(reward) is float and reward - reward == 0.0:  # a finite float: fast path
-            value = reward
-        else:
-            value = jr_spaces.check_reward(reward, agent_label(self.env_index, agent))
-        pending = self.pending_reward
-        pending[agent] = pending.get(agent, 0.0) + value
-        return value
-
-    def _complete(self, agent: str, next_obs: Any, terminated: bool, truncated: bool) -> None:
-        """Writes the outcome of ``agent``'s last action."""
-        slot = self._slot(agent)
-        a = slot.a
-        slot.write_next(slot.row, next_obs)
-        slot.completed[a] = True
-        slot.reward[a] = self.pending_reward.pop(agent, 0.0)
-        slot.terminated[a] = terminated
-        slot.truncated[a] = truncated
-        self.acted.discard(agent)
-
-    def _action(self, actions: Sequence[Any], agent: str) -> Any:
-        slot = self._slot(agent)
-        return actions[slot.g][self.index, slot.a]
-
-    def _unassigned(self) -> float:
-        """At the end of an episode, once every action's transition has completed: the
-        rewards no transition carries (see the module docstring)."""
-        return float(sum(self.pending_reward.values()))
 
 
 class ParallelDriver(Driver):
@@ -252,7 +39,7 @@ class ParallelDriver(Driver):
 
     def __init__(self, env: Any, index: int, layout: Layout) -> None:
         super().__init__(env, index, layout)
-        self.live: list[tuple[str, _Slot]] = []
+        self.live: list[tuple[str, AgentSlot]] = []
         """The agents that act at the next step, with their slots."""
         self._newcomers = False
         """Some of ``live`` act for the first time in the episode."""
@@ -281,10 +68,10 @@ class ParallelDriver(Driver):
         self._begin_episode()
         self.live = [
             (agent, self._set_acting(agent, obs[agent]))
-            for agent in _check_dict(obs, "reset", "observations", self.env_index)
+            for agent in check_dict(obs, "reset", "observations", self.env_index)
         ]
         self._newcomers = True
-        _check_infos(infos, self.env_index, "reset")
+        check_infos(infos, self.env_index, "reset")
         if not self.live:
             raise EnvError(
                 f"sub-env {self.env_index}: reset() returned no observation; a multi-agent env "
@@ -312,7 +99,7 @@ class ParallelDriver(Driver):
                 ("terminations", terms),
                 ("truncations", truncs),
             ):
-                _check_dict(value, "step", name, i)
+                check_dict(value, "step", name, i)
         if self._newcomers:
             self.started.update(agent for agent, _ in live)
             self._newcomers = False
@@ -359,7 +146,7 @@ class ParallelDriver(Driver):
                     next_live.append((agent, self._set_acting(agent, obs[agent])))
                     self._newcomers = True
         self.live = next_live
-        _check_infos(infos, i, "step")
+        check_infos(infos, i, "step")
         if next_live:
             return False, env_reward, 0.0, infos
         return True, env_reward, self._unassigned(), infos
@@ -395,7 +182,7 @@ class AECDriver(Driver):
                 "must start an episode with at least one agent.",
                 self.env_index,
             )
-        return _check_infos(dict(self.env.infos), self.env_index, "reset")
+        return check_infos(dict(self.env.infos), self.env_index, "reset")
 
     def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
         env = self.env
@@ -405,7 +192,7 @@ class AECDriver(Driver):
         env.step(self._action(actions, agent))
         env_reward = self._collect_rewards()
         env_reward += self._settle()
-        infos = _check_infos(dict(env.infos), self.env_index, "step")
+        infos = check_infos(dict(env.infos), self.env_index, "step")
         if env.agents:
             return False, env_reward, 0.0, infos
         # Agents the env removed without their dead step: their episode was cut with
@@ -446,31 +233,6 @@ class AECDriver(Driver):
         return reward
 
 
-def agent_label(env_index: int, agent: str) -> str:
-    """How errors name an agent of a sub-env: ``"1, agent 'c'"`` (read as "sub-env 1,
-    agent 'c' returned ...")."""
-    return f"{env_index}, agent {agent!r}"
-
-
-def _check_infos(infos: Any, index: int, call: str) -> dict[str, Any]:
-    """A PettingZoo env's infos: a dict of one dict per agent (gymnasium's rule for
-    infos, per agent), or the error that names the sub-env and agent."""
-    for agent, info in _check_dict(infos, call, "infos", index).items():
-        if type(info) is not dict:
-            jr_spaces.check_info(info, agent_label(index, agent), call)
-    return infos
-
-
-def _check_dict(value: Any, call: str, name: str, index: int) -> dict:
-    if not isinstance(value, dict):
-        raise EnvError(
-            f"sub-env {index}: {call}() returned {name} of type {type(value).__name__}; a "
-            "PettingZoo env returns a dict keyed by agent id.",
-            index,
-        )
-    return value
-
-
 def make_driver(env: Any, index: int, layout: Layout) -> Driver:
     """The driver for ``env``'s API: parallel if it has ``agents`` and a ``step`` taking
     a dict (PettingZoo ``ParallelEnv``), AEC if it has ``agent_selection``."""
@@ -486,4 +248,4 @@ def make_driver(env: Any, index: int, layout: Layout) -> Driver:
     )
 
 
-__all__ = ["AECDriver", "Driver", "Layout", "ParallelDriver", "agent_label", "make_driver"]
+__all__ = ["AECDriver", "ParallelDriver", "make_driver"]

@@ -12,7 +12,9 @@ import numpy as np
 
 from jaxrunner._src import space_arrays as jr_spaces
 from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep
-from jaxrunner._src.backends.multi_agent.drivers import AECDriver, Driver, Layout, make_driver
+from jaxrunner._src.backends.multi_agent.driver import Driver
+from jaxrunner._src.backends.multi_agent.drivers import AECDriver, make_driver
+from jaxrunner._src.backends.multi_agent.layout import Layout
 from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly, retry
 from jaxrunner._src.backends.sub_env_handle import run_on_env
 from jaxrunner._src.backends.sub_envs import DONE, RUNNING, SubEnvRaised

@@ -38,7 +38,8 @@ from jaxrunner._src.backends.base import (
     block_rows,
 )
 from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep, StepViews
-from jaxrunner._src.backends.multi_agent.drivers import Driver, make_driver
+from jaxrunner._src.backends.multi_agent.driver import Driver
+from jaxrunner._src.backends.multi_agent.drivers import make_driver
 from jaxrunner._src.backends.multi_agent.sub_envs import (
     ActionCheck,
     MultiAgentEnvFactory,

@@ -53,7 +53,7 @@ from jaxrunner._src.services.checkpoints.env_runner_file import (
     Checkpoint,
     CheckpointFile,
 )
-from jaxrunner._src.services.checkpoints.format import (
+from jaxrunner._src.services.checkpoints.writer import (
     put_snapshots,
     put_steps,
     put_tree,

@@ -37,14 +37,8 @@ from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.runner.npz_reader import NpzReader
 from jaxrunner._src.runner.trajectory import Episode
 from jaxrunner._src.services.checkpoints import format as checkpoint_format
-from jaxrunner._src.services.checkpoints.format import (
-    META,
-    CheckpointReader,
-    Part,
-    array_name,
-    is_key,
-    part_of,
-)
+from jaxrunner._src.services.checkpoints.format import META, Part, array_name, is_key, part_of
+from jaxrunner._src.services.checkpoints.reader import CheckpointReader
 
 if TYPE_CHECKING:
     from jaxrunner._src.runner.env_runner import EnvRunner

@@ -38,11 +38,9 @@ import collections
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, cast
 
-import jax
-import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src.runner.agent_groups import (
@@ -62,21 +60,24 @@ from jaxrunner._src.services.external.delivery import wait_for
 from jaxrunner._src.services.external.episodes import EpisodeTable, LiveEpisode
 from jaxrunner._src.services.external.memory import MemoryBudget, estimate_step_nbytes
 from jaxrunner._src.services.external.metrics import external_metrics
+from jaxrunner._src.services.external.multi_agent_batchers import group_batchers, row_carry
+from jaxrunner._src.services.external.multi_agent_checks import (
+    check_agent_obs,
+    check_agent_spaces,
+    check_key_steps,
+    check_logged_actions,
+    check_not_ended,
+    per_policy,
+)
 from jaxrunner._src.services.external.multi_agent_delivery import MultiAgentDelivery
 from jaxrunner._src.services.external.multi_agent_endings import AgentEndings
 from jaxrunner._src.services.external.output import EpisodeOutput
 from jaxrunner._src.services.external.reaper import Reaper
 from jaxrunner._src.services.external.run_thread import RunDriven, RunThread
-from jaxrunner._src.space_arrays import check_value
 from jaxrunner.errors import (
     ClosedError,
-    EpisodeConflictError,
     InvalidArgumentError,
-    InvalidArgumentTypeError,
 )
-
-_KEY_STEPS = 2**32
-"""Action keys fold in ``agent step * num_agents + agent index`` as a uint32."""
 
 
 class MultiAgentExternalEnv(RunDriven, GroupedAgents):
@@ -112,38 +113,19 @@ class MultiAgentExternalEnv(RunDriven, GroupedAgents):
         seed: int = 0,
         config: ExternalEnvConfig | None = None,
     ) -> None:
-        for name, value in (
-            ("observation_spaces", observation_spaces),
-            ("action_spaces", action_spaces),
-        ):
-            if not isinstance(value, Mapping):
-                raise InvalidArgumentTypeError(
-                    f"MultiAgentExternalEnv({name}=...): expected a dict agent_id -> space, got "
-                    f"{type(value).__name__}."
-                )
-        agents = list(observation_spaces)
-        if set(action_spaces) != set(agents):
-            raise InvalidArgumentError(
-                f"MultiAgentExternalEnv: observation_spaces names the agents {agents}, "
-                f"action_spaces {list(action_spaces)}; expected the same agents in both."
-            )
+        agents = check_agent_spaces(observation_spaces, action_spaces)
         self.groups = build_groups(
             agents, observation_spaces.__getitem__, action_spaces.__getitem__, policy_mapping_fn
         )
         self.config = config = config or ExternalEnvConfig()
-        self.policies = _per_policy("policies", policies, self.policy_ids)
-        initial_params = _per_policy("params", params, self.policy_ids, mapping_only=True)
+        self.policies = per_policy("policies", policies, self.policy_ids)
+        initial_params = per_policy("params", params, self.policy_ids, mapping_only=True)
         for group in self.groups:
             checks.check_construction(
                 group.observation_space, group.action_space, self.policies[group.policy_id], seed
             )
         self.seed = int(seed)
-        if config.max_episode_steps * len(agents) >= _KEY_STEPS:
-            raise InvalidArgumentError(
-                f"MultiAgentExternalEnv: max_episode_steps={config.max_episode_steps} times "
-                f"{len(agents)} agents must stay below 2**32 (action keys); lower "
-                "ExternalEnvConfig.max_episode_steps."
-            )
+        check_key_steps(config.max_episode_steps, len(agents))
         self._agent_index = {a: k for k, a in enumerate(agents)}
         self._group_of: dict[str, AgentGroup] = {a: g for g in self.groups for a in g.agents}
         self._lock = threading.Lock()
@@ -169,25 +151,10 @@ class MultiAgentExternalEnv(RunDriven, GroupedAgents):
         self._counts: collections.Counter[str] = collections.Counter()
         self._started_at = time.monotonic()
         self._closed = False
-        self._initial_carry = {pid: _row_carry(p) for pid, p in self.policies.items()}
-        self._batchers: dict[str, PolicyBatcher] = {}
-        try:
-            for group in self.groups:
-                self._batchers[group.policy_id] = PolicyBatcher(
-                    self.policies[group.policy_id],
-                    initial_params[group.policy_id],
-                    group.observation_space,
-                    group.action_space,
-                    self.seed,
-                    max_batch=config.max_batch,
-                    max_wait_s=config.max_wait_ms / 1000.0,
-                    buckets=config.bucket_sizes,
-                    ready_hint=_rows_possible(self._episodes, group.num_agents),
-                )
-        except BaseException:
-            for batcher in self._batchers.values():
-                batcher.close()
-            raise
+        self._initial_carry = {pid: row_carry(p) for pid, p in self.policies.items()}
+        self._batchers = group_batchers(
+            self.groups, self.policies, initial_params, self.seed, config, self._episodes
+        )
         self._delivery = MultiAgentDelivery(self._lock, self._batchers, self._memory, self._counts)
         self._endings = AgentEndings(
             self._lock,
@@ -271,16 +238,9 @@ class MultiAgentExternalEnv(RunDriven, GroupedAgents):
     ) -> concurrent.futures.Future:
         """Like :meth:`log_action`, without waiting: the future resolves to ``{}``."""
         obs = self._check_obs(obs, "log_action")
-        actions = checks.check_agent_dict(actions, self.possible_agents, "log_action", "actions")
-        if set(actions) != set(obs):
-            raise InvalidArgumentError(
-                f"log_action(episode_id={episode_id}): observations for {sorted(obs)}, actions "
-                f"for {sorted(actions)}; expected one action per observed agent."
-            )
-        actions = {
-            a: check_value(self._group_of[a].action_space, v, f"actions[{a!r}]", bounds=False)
-            for a, v in actions.items()
-        }
+        actions = check_logged_actions(
+            actions, obs, self.possible_agents, self._group_of, episode_id
+        )
         return self._submit(episode_id, obs, actions, "log_action")
 
     def log_returns(self, episode_id: int, rewards: dict[str, float]) -> None:
@@ -298,7 +258,7 @@ class MultiAgentExternalEnv(RunDriven, GroupedAgents):
             checks.check_reward(reward, f"rewards[{agent!r}]")
         with self._lock:
             live = self._get_live(episode_id, "log_returns")
-            self._check_not_ended(live, rewards, "log_returns")
+            check_not_ended(live, rewards, "log_returns")
             for agent, reward in rewards.items():
                 self._record(live, agent).pending_reward += float(reward)
             live.last_seen = time.monotonic()
@@ -312,7 +272,7 @@ class MultiAgentExternalEnv(RunDriven, GroupedAgents):
         checks.check_flag(truncated, "end_agents", "truncated")
         with self._lock:
             live = self._get_live(episode_id, "end_agents")
-            self._check_not_ended(live, obs, "end_agents")
+            check_not_ended(live, obs, "end_agents")
             ended = [self._endings.close(self._record(live, a), obs[a]) for a in obs]
         self._endings.finish(ended, truncated)
 
@@ -329,7 +289,7 @@ class MultiAgentExternalEnv(RunDriven, GroupedAgents):
         checks.check_flag(truncated, "end_episode", "truncated")
         with self._lock:
             live = self._get_live(episode_id, "end_episode")
-            self._check_not_ended(live, obs, "end_episode")
+            check_not_ended(live, obs, "end_episode")
             missing = [r.agent_id for r in live.open_agents() if r.agent_id not in obs]
             if missing:
                 raise InvalidArgumentError(
@@ -432,11 +392,7 @@ class MultiAgentExternalEnv(RunDriven, GroupedAgents):
     # -- internals ----------------------------------------------------------------------------
 
     def _check_obs(self, obs: Any, what: str, *, empty: bool = False) -> dict[str, Any]:
-        obs = checks.check_agent_dict(obs, self.possible_agents, what, "obs", empty=empty)
-        return {
-            a: checks.check_obs(self._group_of[a].observation_space, o, f"obs[{a!r}]")
-            for a, o in obs.items()
-        }
+        return check_agent_obs(obs, self.possible_agents, self._group_of, what, empty=empty)
 
     def _check_open(self, what: str) -> None:
         if self._closed:
@@ -448,16 +404,6 @@ class MultiAgentExternalEnv(RunDriven, GroupedAgents):
         """The live, idle episode ``episode_id`` (caller holds the lock)."""
         self._check_open(what)
         return _multi_agent(self._episodes.get_idle(episode_id, what))
-
-    @staticmethod
-    def _check_not_ended(live: MultiAgentLiveEpisode, agents: Mapping[str, Any], what: str) -> None:
-        ended = [a for a in agents if a in live.agents and live.agents[a].done]
-        if ended:
-            raise EpisodeConflictError(
-                f"{what}(episode_id={live.episode_id}): agents {ended} have ended in this "
-                "episode; an agent that ended neither acts nor gets rewards again. Leave them "
-                "out."
-            )
 
     def _record(self, live: MultiAgentLiveEpisode, agent: str) -> AgentRecord:
         group = self._group_of[agent]
@@ -472,7 +418,7 @@ class MultiAgentExternalEnv(RunDriven, GroupedAgents):
         limit, num_agents = self.config.max_episode_steps, len(self.possible_agents)
         with self._lock:
             live = self._get_live(episode_id, what)
-            self._check_not_ended(live, obs, what)
+            check_not_ended(live, obs, what)
             full = [a for a in obs if a in live.agents and live.agents[a].num_actions >= limit]
             if full:
                 raise InvalidArgumentError(
@@ -511,38 +457,6 @@ class MultiAgentExternalEnv(RunDriven, GroupedAgents):
 def _multi_agent(live: LiveEpisode) -> MultiAgentLiveEpisode:
     """``live`` as the multi-agent record it is (the table makes only those)."""
     return cast(MultiAgentLiveEpisode, live)
-
-
-def _per_policy(
-    name: str, value: Any, ids: tuple[str, ...], *, mapping_only: bool = False
-) -> dict[str, Any]:
-    """``value`` per policy id: a dict keyed by exactly ``ids``, or (unless
-    ``mapping_only``) one value for every id."""
-    if isinstance(value, Mapping):
-        if set(value) != set(ids):
-            raise InvalidArgumentError(
-                f"MultiAgentExternalEnv({name}=...): expected a dict keyed by exactly the "
-                f"policy ids {list(ids)}, got the keys {list(value)}. Check the keys against "
-                "the policy mapping."
-            )
-        return {pid: value[pid] for pid in ids}
-    if mapping_only:
-        raise InvalidArgumentTypeError(
-            f"MultiAgentExternalEnv({name}=...): expected a dict policy_id -> {name}, got "
-            f"{type(value).__name__}; the policy ids are {list(ids)}."
-        )
-    return dict.fromkeys(ids, value)
-
-
-def _row_carry(policy: Policy) -> Any:
-    """One row's initial recurrent state (numpy), or None if feed-forward."""
-    carry = policy.batched_carry(1)
-    return None if carry is None else jax.tree.map(lambda c: np.array(c[0]), carry)
-
-
-def _rows_possible(episodes: EpisodeTable, group_size: int) -> Callable[[], int]:
-    """A batcher's ``ready_hint``: at most ``group_size`` rows per live episode."""
-    return lambda: len(episodes) * group_size
 
 
 __all__ = ["MultiAgentExternalEnv"]

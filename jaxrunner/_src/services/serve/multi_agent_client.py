@@ -11,7 +11,7 @@ from gymnasium import spaces
 from jaxrunner import errors
 from jaxrunner._src.services.external import checks
 from jaxrunner._src.services.serve import wire
-from jaxrunner._src.services.serve.client import open_http, request_json
+from jaxrunner._src.services.serve.client_http import open_http, request_json
 from jaxrunner._src.space_arrays import check_value
 
 

@@ -1,0 +1,107 @@
+"""Where each agent of a multi-agent sub-env lives in the group buffers: its group and slot,
+and the views of its row the step loop writes through."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
+from jaxrunner._src.runner.agent_groups import AgentGroup
+from jaxrunner.errors import EnvError
+
+
+class Layout:
+    """Where each agent lives: its group's buffers and its slot on the agent axis.
+
+    Args:
+        groups: the agent groups.
+        buffers: their buffers, rows ``0..n-1`` for sub-envs ``offset..offset+n-1``.
+        offset: the global index of row 0's sub-env (errors name sub-envs by it).
+    """
+
+    def __init__(
+        self, groups: Sequence[AgentGroup], buffers: Sequence[GroupBuffers], offset: int = 0
+    ) -> None:
+        self.groups = tuple(groups)
+        self.buffers = tuple(buffers)
+        self.offset = offset
+        self.slot: dict[str, tuple[int, int]] = {}
+        for g, group in enumerate(self.groups):
+            for a, agent in enumerate(group.agents):
+                self.slot[agent] = (g, a)
+        self.writers = [
+            (
+                jr_spaces.make_writer(group.observation_space, buf.obs_rows, "obs", where),
+                jr_spaces.make_writer(
+                    group.observation_space, buf.next_obs_rows, "next_obs", where
+                ),
+            )
+            for group, buf in zip(self.groups, self.buffers)
+            for where in [self._row_names(group)]
+        ]
+
+    def _row_names(self, group: AgentGroup) -> Any:
+        """Names a flat ``[B * A_g]`` row of ``group`` by its sub-env and agent."""
+        agents, offset = group.agents, self.offset
+        return lambda row: agent_label(offset + row // len(agents), agents[row % len(agents)])
+
+    def where(self, agent: str, env_index: int) -> tuple[GroupBuffers, int, tuple[int, int]]:
+        """The agent's buffers, its flat row, and its ``(b, a)`` index, for the sub-env in
+        row ``env_index`` (an :class:`~jaxrunner.errors.EnvError` for an agent not in
+        ``possible_agents``)."""
+        slot = self.slot.get(agent)
+        if slot is None:
+            index = self.offset + env_index
+            raise EnvError(
+                f"sub-env {index}: agent {agent!r} is not among possible_agents "
+                f"{list(self.slot)}; a multi-agent env must declare every agent it may have "
+                "in possible_agents.",
+                index,
+            )
+        g, a = slot
+        buf = self.buffers[g]
+        return buf, env_index * self.groups[g].num_agents + a, (env_index, a)
+
+
+class AgentSlot:
+    """One agent's place in one env's row of the buffers, resolved once (the step loop
+    writes through these views per agent and step)."""
+
+    __slots__ = (
+        "a",
+        "acting",
+        "completed",
+        "g",
+        "obs_rows",
+        "reward",
+        "row",
+        "start",
+        "terminated",
+        "truncated",
+        "write_next",
+        "write_obs",
+    )
+
+    def __init__(self, layout: Layout, agent: str, env_index: int) -> None:
+        buf, row, (b, a) = layout.where(agent, env_index)
+        self.g, self.a, self.row = layout.slot[agent][0], a, row
+        self.write_obs, self.write_next = layout.writers[self.g]
+        self.acting, self.start = buf.acting[b], buf.agent_start[b]
+        self.completed, self.reward = buf.completed[b], buf.reward[b]
+        self.terminated, self.truncated = buf.terminated[b], buf.truncated[b]
+        # A plain array buffer: an observation already checked by ``write_next`` is
+        # copied in without a second check.
+        self.obs_rows = buf.obs_rows if isinstance(buf.obs_rows, np.ndarray) else None
+
+
+def agent_label(env_index: int, agent: str) -> str:
+    """How errors name an agent of a sub-env: ``"1, agent 'c'"`` (read as "sub-env 1,
+    agent 'c' returned ...")."""
+    return f"{env_index}, agent {agent!r}"
+
+
+__all__ = ["AgentSlot", "Layout", "agent_label"]

@@ -1,0 +1,57 @@
+"""The end of a host sampler's sample: :meth:`Connectors.finish_sample` compiled once."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrunner._src.connectors.pipeline import POLICY_OBS, Connectors, finish_group_sample
+from jaxrunner._src.connectors.state_packing import StatePacking
+
+
+class SampleEnd:
+    """:meth:`Connectors.finish_sample` for a host sampler's numpy ``[T, B]`` buffers
+    (with ``agent_axis``: an agent group's ``[T, B, A_g]`` buffers, by
+    :func:`finish_group_sample`) and packed state: compiled once, one transfer each way
+    per sample."""
+
+    def __init__(
+        self, connectors: Connectors, packing: StatePacking, *, agent_axis: bool = False
+    ) -> None:
+        finish_arrays = (
+            functools.partial(finish_group_sample, connectors)
+            if agent_axis
+            else connectors.finish_sample
+        )
+
+        def finish(flat: Any, *inputs: Any) -> tuple[dict[str, Any], Any]:
+            extras, state = finish_arrays(packing.unpack(flat), *inputs)
+            return extras, packing.pack(state)
+
+        self._connectors = connectors
+        self._fn = jax.jit(finish, donate_argnums=0)
+
+    def __call__(self, flat: Any, traj: Any) -> tuple[Any, Any]:
+        """Returns ``traj`` with the connectors' extras added and the new packed state."""
+        policy_obs = traj.extras.get(POLICY_OBS)
+        obs = traj.obs if self._connectors.obs else None
+        inputs = jax.device_put(
+            (
+                obs,
+                policy_obs,
+                traj.next_obs,
+                traj.reward,
+                traj.terminated,
+                traj.truncated,
+                traj.valid,
+            )
+        )
+        extras, flat = self._fn(flat, *inputs)
+        extras = jax.tree.map(np.asarray, jax.device_get(extras))
+        return traj.replace(extras={**traj.extras, **extras}), flat
+
+
+__all__ = ["SampleEnd"]

@@ -1,0 +1,53 @@
+"""The leaf spaces of a structured (``Dict``/``Tuple``) observation space, mapped and
+rebuilt, for the observation connectors.
+
+Structured observations (``Dict`` and ``Tuple`` spaces, nested freely) are handled leaf
+by leaf: :class:`~jaxrunner.connectors.NormalizeObservation` keeps statistics per ``Box``
+leaf and passes other leaves (``Discrete``, ``MultiBinary``, ``MultiDiscrete``) through
+unchanged;
+:class:`~jaxrunner.connectors.FrameStack` stacks every leaf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gymnasium import spaces
+
+from jaxrunner.errors import InvalidArgumentError
+
+_LEAVES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
+
+
+def map_space(who: str, space: spaces.Space, fn: Callable[[spaces.Space], Any]) -> Any:
+    """``fn`` applied to each leaf space of ``space``, in the shape of its observations
+    (``Dict`` -> dict, ``Tuple`` -> tuple)."""
+    if isinstance(space, spaces.Dict):
+        return {key: map_space(who, sub, fn) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(map_space(who, sub, fn) for sub in space.spaces)
+    if not isinstance(space, _LEAVES):
+        raise InvalidArgumentError(
+            f"{who}: expected a Box, Discrete, MultiBinary or MultiDiscrete observation space "
+            f"(or a Dict/Tuple of them), got {space!r}. Flatten it with a gymnasium "
+            "observation wrapper first."
+        )
+    return fn(space)
+
+
+def rebuild_space(space: spaces.Space, leaves: Any) -> spaces.Space:
+    """A space of ``space``'s structure with the leaf spaces ``leaves`` (a
+    :func:`map_space` result)."""
+    if isinstance(space, spaces.Dict):
+        return spaces.Dict(
+            {key: rebuild_space(sub, leaves[key]) for key, sub in space.spaces.items()}
+        )
+    if isinstance(space, spaces.Tuple):
+        return spaces.Tuple(
+            tuple(rebuild_space(sub, leaf) for sub, leaf in zip(space.spaces, leaves))
+        )
+    return leaves
+
+
+__all__ = ["map_space", "rebuild_space"]

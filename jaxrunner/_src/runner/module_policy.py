@@ -1,0 +1,143 @@
+"""A Policy's functions built from a flax module's forward pass: its output parsed into the
+action distribution, sampled or at its mode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src.runner import distributions
+from jaxrunner.errors import SpaceMismatchError
+
+if TYPE_CHECKING:
+    from jaxrunner._src.runner.policy import ApplyFn, Carry, DistributionFn, Params
+
+
+def module_policy_fns(
+    forward: Callable[[Params, Any, Carry], tuple[Any, Carry]],
+    init_module: Callable[[jax.Array, Any, Carry], Params],
+    action_space: spaces.Space,
+    deterministic: bool,
+) -> dict[str, Any]:
+    """A :class:`~jaxrunner.Policy`'s functions (``apply_fn``, ``init_fn``, ``log_prob_fn``,
+    ``evaluate_fn``, ``distribution_fn``) around a module's ``forward`` pass."""
+    head = distributions.head_params(action_space)
+    # Fail now, not at the first step, if no distribution fits the space.
+    distributions.make_distribution(action_space, probe_output(action_space), head)
+
+    def distribution_fn(
+        params: Params, obs: Any, carry: Carry
+    ) -> tuple[distributions.Distribution, jax.Array | None, Carry]:
+        out, carry = forward(params["module"], obs, carry)
+        out = parse_module_output(out)
+        dist = distributions.make_distribution(action_space, out, params)
+        return dist, out.get("value"), carry
+
+    def sample_fn(
+        params: Params, obs: Any, carry: Carry, keys: jax.Array
+    ) -> tuple[Any, dict[str, Any], Carry]:
+        dist, value, carry = distribution_fn(params, obs, carry)
+        action = dist.sample(keys)
+        return action, policy_extras(dist, action, value), carry
+
+    apply_fn: ApplyFn = mode_apply_fn(distribution_fn) if deterministic else sample_fn
+
+    def init_fn(key: jax.Array, obs: Any, carry: Carry) -> Params:
+        return {"module": init_module(key, obs, carry), **head}
+
+    def evaluate_fn(params: Params, obs: Any, carry: Carry, action: Any) -> dict[str, Any]:
+        dist, value, _ = distribution_fn(params, obs, carry)
+        result = {"log_prob": dist.log_prob(action), "entropy": dist.entropy()}
+        if value is not None:
+            result["value"] = value
+        return result
+
+    def log_prob_fn(params: Params, obs: Any, carry: Carry, action: Any) -> jax.Array:
+        return evaluate_fn(params, obs, carry, action)["log_prob"]  # XLA drops the rest
+
+    return {
+        "apply_fn": apply_fn,
+        "init_fn": init_fn,
+        "log_prob_fn": log_prob_fn,
+        "evaluate_fn": evaluate_fn,
+        "distribution_fn": distribution_fn,
+    }
+
+
+def policy_extras(dist: distributions.Distribution, action: Any, value: jax.Array | None) -> dict:
+    """What each transition stores of the policy: ``log_prob`` and ``value`` if any."""
+    extras = {"log_prob": dist.log_prob(action)}
+    if value is not None:
+        extras["value"] = value
+    return extras
+
+
+def mode_apply_fn(distribution_fn: DistributionFn) -> ApplyFn:
+    """An ``apply_fn`` that acts with the distribution's mode (the keys are unused)."""
+
+    def apply_fn(params: Params, obs: Any, carry: Carry, keys: jax.Array):
+        del keys
+        dist, value, carry = distribution_fn(params, obs, carry)
+        action = dist.mode()
+        return action, policy_extras(dist, action, value), carry
+
+    return apply_fn
+
+
+def probe_output(action_space: spaces.Space) -> dict[str, jax.Array]:
+    """A stand-in module output of the right size, to check the space early."""
+    if isinstance(action_space, spaces.MultiDiscrete):
+        size = int(np.sum(action_space.nvec))
+    elif isinstance(action_space, spaces.Discrete):
+        size = int(action_space.n)
+    else:
+        size = int(np.prod(action_space.shape or (1,)))
+    return {"params": jnp.zeros((1, size))}
+
+
+def parse_module_output(out: Any) -> dict[str, jax.Array]:
+    """Normalises a module output to ``{"params", ["log_std"], ["value"]}``."""
+    if isinstance(out, dict):
+        keys = {"logits", "mean"} & set(out)
+        unknown = set(out) - {"logits", "mean", "log_std", "value"}
+        if len(keys) != 1 or unknown:
+            raise SpaceMismatchError(
+                f"the policy module returned a dict with keys {sorted(out)}; expected exactly "
+                "one of 'logits'/'mean', plus optionally 'log_std' and 'value'."
+            )
+        parsed = {"params": out[keys.pop()]}
+        parsed.update({k: out[k] for k in ("log_std", "value") if k in out})
+    elif isinstance(out, tuple):
+        if len(out) != 2:
+            raise SpaceMismatchError(
+                f"the policy module returned a tuple of {len(out)} items; expected "
+                "(logits_or_mean, value). Return a dict for anything richer."
+            )
+        parsed = {"params": out[0], "value": out[1]}
+    else:
+        parsed = {"params": out}
+    if "value" in parsed:
+        value = parsed["value"]
+        if value.ndim == 2 and value.shape[1] == 1:
+            value = value[:, 0]
+        if value.ndim != 1:
+            raise SpaceMismatchError(
+                f"the policy module's value has shape {value.shape}; expected [batch] or "
+                "[batch, 1]."
+            )
+        parsed["value"] = value
+    return parsed
+
+
+__all__ = [
+    "mode_apply_fn",
+    "module_policy_fns",
+    "parse_module_output",
+    "policy_extras",
+    "probe_output",
+]

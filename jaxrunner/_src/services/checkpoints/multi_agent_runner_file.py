@@ -1,0 +1,288 @@
+"""Reading a :class:`~jaxrunner.MultiAgentRunner` checkpoint (:class:`MultiAgentCheckpointFile`)
+into a checked :class:`MultiAgentCheckpoint`, ready to apply."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from jaxrunner._src.runner.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.runner.npz_reader import NpzReader
+from jaxrunner._src.samplers.multi_agent import MultiAgentSampler
+from jaxrunner._src.samplers.multi_agent_state import GroupState, MultiAgentSamplerState
+from jaxrunner._src.services.checkpoints import env_runner_file as checkpoint_file
+from jaxrunner._src.services.checkpoints.format import Part
+from jaxrunner._src.services.checkpoints.header_checks import leading
+from jaxrunner._src.services.checkpoints.reader import CheckpointReader
+from jaxrunner.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
+
+
+FORMAT = "jaxrunner.MultiAgentRunner checkpoint"
+VERSION = 1
+KEPT = ("fragments", "callback_fragments", "finished")
+"""The kinds of kept agent episodes, as saved: ``sample_episodes``' unfinished ones,
+the callbacks' unfinished ones, ``sample_episodes``' finished ones not yet returned."""
+EPISODE_SCALARS = {
+    "terminated": bool,
+    "truncated": bool,
+    "agent_id": str,
+    "policy_id": str,
+    "env_id": int,
+    "episode_id": int,
+    "start_step": int,
+}
+"""The scalar fields of an :class:`AgentEpisode`, kept in the JSON."""
+EpisodeSpecs = dict[str, dict[tuple[Part, ...], tuple[tuple[int, ...], np.dtype]]]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MultiAgentCheckpoint:
+    """A checkpoint read and checked against the runner it restores: ready to apply."""
+
+    params: dict[str, Any]
+    """Policy id -> params, in the runner's structure (device arrays)."""
+    sampler_state: MultiAgentSamplerState
+    """The sampler's state, in the structure of the runner's ``sampler.get_state()``."""
+    steps_done: int
+    """Env steps every env had closed when it was saved (seeds the fresh resets)."""
+    metrics_state: dict[str, Any]
+    """``MultiAgentMetrics.get_state()``."""
+    seed: int
+    """The saved runner's seed."""
+    envs: str
+    """How the envs were saved: ``"pickle"`` (sub-env pickles) or ``"none"``."""
+    envs_note: str
+    """Why, as the saving runner said it."""
+    env_snapshots: tuple[bytes, ...] | None
+    """One pickle per sub-env; None unless saved and opted in to."""
+    fragments: tuple[AgentEpisode, ...]
+    """Unfinished agent episodes ``sample_episodes`` holds (only when the envs resume)."""
+    callback_fragments: tuple[AgentEpisode, ...]
+    """Unfinished agent episodes the callbacks' joiner holds (likewise)."""
+    finished: tuple[AgentEpisode, ...]
+    """Complete agent episodes ``sample_episodes`` holds, not yet returned."""
+
+
+def host_sampler(runner: MultiAgentRunner, what: str) -> MultiAgentSampler:
+    """``runner``'s sampler, which must be the host one (PettingZoo envs).
+
+    Raises:
+        InvalidArgumentError: the runner samples a pure-JAX env (not supported yet).
+    """
+    if not isinstance(runner.sampler, MultiAgentSampler):
+        raise InvalidArgumentError(
+            f"MultiAgentRunner.{what}(): checkpoints of a runner on a pure-JAX multi-agent "
+            "env (JaxMultiAgentVectorEnv) are not supported yet; use a PettingZoo env "
+            "(jaxrunner.make_multi_agent_vec), or save the params with runner.get_params()."
+        )
+    return runner.sampler
+
+
+def shape_of(runner: MultiAgentRunner) -> dict[str, Any]:
+    """What a restoring runner must share with the saved one (JSON values)."""
+    return {
+        "sampler": type(runner.sampler).__name__,
+        "num_envs": int(runner.envs.num_envs),
+        "policy_ids": list(runner.policy_ids),
+        "possible_agents": list(runner.envs.possible_agents),
+    }
+
+
+class MultiAgentCheckpointFile(CheckpointReader):
+    """The checkpoint at ``path``, read for ``runner``: every check of an ``EnvRunner``
+    checkpoint (:class:`~jaxrunner._src.services.checkpoints.reader.CheckpointReader`), plus
+    the runner's policy ids and agents, each group's state (running lengths in range,
+    returns finite), the agent metrics (per-policy and per-agent windows, agent steps
+    that add up) and the kept agent episodes (agents of their policy, envs in range, ids
+    below the next free one, one unfinished episode per agent and env, finished ones
+    complete and distinct).
+
+    Args:
+        runner: the runner it will restore (its structure is what the file must have).
+        path: the file.
+    """
+
+    def __init__(self, runner: MultiAgentRunner, path: str | os.PathLike) -> None:
+        super().__init__("MultiAgentRunner", path, runner.state.metrics.get_state())
+        self.runner = runner
+        self.sampler = host_sampler(runner, "restore")
+        self.envs = self.sampler.envs
+
+    def read(
+        self, load_env_pickles: bool, max_bytes: int = checkpoint_file.MAX_RESTORE_BYTES
+    ) -> MultiAgentCheckpoint:
+        """Reads and checks the whole file; touches nothing of the runner.
+
+        Raises:
+            InvalidArgumentError: the file is not a checkpoint of this runner's kind, or
+                a value in it is damaged; the message names the field.
+        """
+        runner = self.runner
+        with self.open(max_bytes, f"max_bytes={max_bytes} (restore(..., max_bytes=...))") as npz:
+            meta = self.read_meta(npz, FORMAT, VERSION)
+            self.check_same(meta, shape_of(runner), "same envs, policy ids and num_envs")
+            self.check_common_meta(meta, ("pickle", "none"))
+            for key in KEPT:
+                self.check_list(meta, key)
+            params = {pid: runner.get_params(pid) for pid in runner.policy_ids}
+            params = self.read_like(npz, "params", params, "params")
+            state = self.read_like(npz, "sampler", self.sampler.get_state(), "sampler state")
+            ids, next_id, steps_done = self.check_book(state.book, "sampler/book")
+            self._check_groups(state.groups, steps_done)
+            metrics = self._read_metrics(npz)
+            finished = self._read_episodes(npz, "finished", meta["finished"], next_id)
+            envs, envs_note, snapshots = meta["envs"], meta["envs_note"], None
+            if envs == "pickle" and load_env_pickles:
+                if self.envs.can_snapshot:
+                    snapshots = self.read_snapshots(npz, meta["num_envs"])
+                else:  # saved on the sync backend, restored on another: new episodes
+                    name = type(self.envs).__name__
+                    envs, envs_note = "none", f"{name} cannot restore sub-env snapshots"
+            fragments: dict[str, tuple[AgentEpisode, ...]] = {}
+            for key in ("fragments", "callback_fragments"):
+                fragments[key] = ()
+                if snapshots is not None:  # the envs resume: so do their episodes
+                    fragments[key] = self._read_episodes(npz, key, meta[key], next_id)
+        for key, episodes in fragments.items():
+            self._check_fragments(key, episodes, ids)
+        self._check_finished(finished)
+        return MultiAgentCheckpoint(
+            params=params,
+            sampler_state=state,
+            steps_done=steps_done,
+            metrics_state=metrics,
+            seed=meta["seed"],
+            envs=envs,
+            envs_note=envs_note,
+            env_snapshots=snapshots,
+            fragments=fragments["fragments"],
+            callback_fragments=fragments["callback_fragments"],
+            finished=finished,
+        )
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _check_groups(self, groups: dict[str, GroupState], steps_done: int) -> None:
+        for pid, group in groups.items():
+            where = f"sampler/groups/{pid}"
+            length = group.running_length
+            ok = ((length >= 0) & (length <= steps_done)).all()
+            self.require(ok, f"{where}/running_length", f"outside [0, {steps_done}]")
+            ok = np.isfinite(group.running_return).all()
+            self.require(ok, f"{where}/running_return", "not finite")
+
+    def _read_metrics(self, npz: NpzReader) -> dict[str, Any]:
+        state = self.read_metrics(npz)
+        agents, where = state["agents"], "metrics/agents"
+        ok = np.isfinite(agents["unassigned_reward"])
+        self.require(ok, f"{where}/unassigned_reward", "not finite")
+        for key in ("policies", "agents"):
+            for name, stats in agents[key].items():
+                self.check_window(stats, f"{where}/{key}/{name}", int(stats["counters"][0]))
+            steps = sum(int(stats["counters"][1]) for stats in agents[key].values())
+            self.require(
+                steps == int(agents["counters"][0]),
+                f"{where}/counters",
+                f"whose agent steps ({int(agents['counters'][0])}) are not the sum over "
+                f"{where}/{key} ({steps})",
+            )
+        return state
+
+    # -- kept agent episodes -----------------------------------------------------------------
+
+    def _read_episodes(
+        self, npz: NpzReader, prefix: str, metas: list[Any], next_id: int
+    ) -> tuple[AgentEpisode, ...]:
+        specs = {
+            g.policy_id: self.episode_specs(g.observation_space, g.action_space)
+            for g in self.runner.envs.groups
+        }
+        return tuple(
+            self._read_episode(npz, prefix, k, meta, next_id, specs) for k, meta in enumerate(metas)
+        )
+
+    def _read_episode(
+        self,
+        npz: NpzReader,
+        prefix: str,
+        k: int,
+        meta: Any,
+        next_id: int,
+        specs: dict[str, EpisodeSpecs],
+    ) -> AgentEpisode:
+        """Agent episode ``k`` of ``prefix``: its metadata ``meta`` checked, then its
+        arrays."""
+        where, base = f"{prefix}[{k}]", f"{prefix}/{k}"
+        num_envs = int(self.runner.envs.num_envs)
+        self.check_episode_meta(meta, where, EPISODE_SCALARS, next_id, num_envs)
+        agents = {g.policy_id: g.agents for g in self.runner.envs.groups}
+        pid = meta["policy_id"]
+        if not isinstance(pid, str) or pid not in agents:
+            raise self.error(f"has {where}.policy_id={pid!r}; expected one of {list(agents)}")
+        if not isinstance(meta["agent_id"], str) or meta["agent_id"] not in agents[pid]:
+            raise self.error(
+                f"has {where}.agent_id={meta['agent_id']!r}; policy {pid!r} serves the agents "
+                f"{list(agents[pid])}"
+            )
+        steps = self.read_steps(npz, where, base, meta, specs[pid])
+        name = f"{base}/env_step"
+        env_step = npz.read(name, name, "i", leading((), np.dtype(np.int64), len(steps["reward"])))
+        self.require((env_step >= 0).all(), name, "negative")
+        return AgentEpisode(**steps, env_step=env_step, **{f: meta[f] for f in EPISODE_SCALARS})
+
+    def _check_fragments(
+        self, key: str, episodes: tuple[AgentEpisode, ...], ids: np.ndarray
+    ) -> None:
+        """Unfinished, alike per policy, one per (agent, env), none of an env episode
+        after the env's current one."""
+        self._check_alike(key, episodes)
+        seen = set()
+        for k, episode in enumerate(episodes):
+            where = f"{key}[{k}]"
+            self.require(not episode.is_done, where, "that is finished")
+            current = int(ids[episode.env_id])
+            self.require(
+                episode.episode_id <= current,
+                f"{where}.episode_id",
+                f"{episode.episode_id}, after the current episode of env {episode.env_id} "
+                f"({current})",
+            )
+            slot = (episode.agent_id, episode.env_id)
+            self.require(slot not in seen, key, f"with two for agent {slot[0]!r} of env {slot[1]}")
+            seen.add(slot)
+
+    def _check_finished(self, episodes: tuple[AgentEpisode, ...]) -> None:
+        """Complete, alike per policy, each (episode, agent) once."""
+        self._check_alike("finished", episodes)
+        seen = set()
+        for k, episode in enumerate(episodes):
+            self.require(episode.is_complete, f"finished[{k}]", "that is not complete")
+            slot = (episode.episode_id, episode.agent_id)
+            self.require(
+                slot not in seen, "finished", f"with a repeated (episode id, agent) {slot}"
+            )
+            seen.add(slot)
+
+    def _check_alike(self, key: str, episodes: tuple[AgentEpisode, ...]) -> None:
+        for pid in self.runner.policy_ids:
+            self.check_alike(
+                [(f"{key}[{k}]", e) for k, e in enumerate(episodes) if e.policy_id == pid]
+            )
+
+
+__all__ = [
+    "EPISODE_SCALARS",
+    "FORMAT",
+    "KEPT",
+    "VERSION",
+    "MultiAgentCheckpoint",
+    "MultiAgentCheckpointFile",
+    "host_sampler",
+    "shape_of",
+]

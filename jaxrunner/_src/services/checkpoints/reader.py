@@ -1,0 +1,315 @@
+"""The checked reader every runner's checkpoint reader builds on (:class:`CheckpointReader`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.runner.npz_reader import NUMERIC_KINDS, HeaderCheck, NpzReader
+from jaxrunner._src.services.checkpoints.format import (
+    MAX_META_BYTES,
+    MAX_PATH_DEPTH,
+    META,
+    WINDOWS,
+    Part,
+    array_name,
+    build_tree,
+    is_key,
+    leaf_specs,
+    part_of,
+)
+from jaxrunner._src.services.checkpoints.header_checks import bytes_check, exact, leading
+from jaxrunner.errors import InvalidArgumentError
+
+
+class CheckpointReader:
+    """The checks every runner's checkpoint reader makes; subclasses read their
+    runner's parts with them. Nothing here changes a runner.
+
+    Args:
+        runner_name: the runner's class name, in messages (``"EnvRunner"``).
+        path: the file.
+        metrics_template: the restoring runner's ``metrics.get_state()``.
+    """
+
+    def __init__(self, runner_name: str, path: str | os.PathLike, metrics_template: Any) -> None:
+        self.runner_name = runner_name
+        self.path = os.fspath(path)
+        self.metrics_template = metrics_template
+
+    def open(self, max_bytes: int, limit_name: str) -> NpzReader:
+        """The file, opened within ``max_bytes`` for its arrays (a context manager);
+        ``limit_name`` names the setting in the error for a file beyond it."""
+        return NpzReader(self.path, self.error, max_bytes, f"; the limit is {limit_name}")
+
+    def where(self) -> str:
+        return f"{self.runner_name}.restore({self.path!r})"
+
+    def error(self, what: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"{self.where()}: the checkpoint {what}. Restore only checkpoints written by "
+            f"{self.runner_name}.save, into a runner built as the saved one."
+        )
+
+    def require(self, ok: Any, where: str, problem: str) -> None:
+        if not ok:
+            raise self.error(f"has {where} {problem}")
+
+    def int_field(self, value: Any, where: str, low: int, high: float = float("inf")) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            bounds = f">= {low}" if high == float("inf") else f"in [{low}, {high}]"
+            raise self.error(f"has {where}={value!r}; expected an int {bounds}")
+        return value
+
+    @staticmethod
+    def episode_specs(obs_space: Any, action_space: Any) -> dict[str, Any]:
+        """The leaf specs a kept episode's ``obs`` and ``action`` arrays must have."""
+        return {
+            "obs": leaf_specs(jr_spaces.allocate(obs_space, (0,))),
+            "action": leaf_specs(jr_spaces.allocate(action_space, (0,))),
+        }
+
+    def check_episode_meta(
+        self, meta: Any, where: str, scalars: dict[str, type], next_id: int, num_envs: int
+    ) -> None:
+        """A kept episode's JSON: an object of ``scalars`` (field -> type) and its paths
+        and extras, true or false where a bool is due, its episode id issued already,
+        its env in range, its start step not negative."""
+        keys = {*scalars, "paths", "extras"}
+        if not isinstance(meta, dict) or set(meta) != keys:
+            raise self.error(f"has {where} that is not an object of the keys {sorted(keys)}")
+        for field, kind in scalars.items():
+            if kind is bool and not isinstance(meta[field], bool):
+                raise self.error(f"has {where}.{field}={meta[field]!r}; expected true or false")
+        self.int_field(meta["episode_id"], f"{where}.episode_id", 0, next_id - 1)
+        self.int_field(meta["env_id"], f"{where}.env_id", 0, num_envs - 1)
+        self.int_field(meta["start_step"], f"{where}.start_step", 0)
+
+    # -- metadata ----------------------------------------------------------------------------
+
+    def read_meta(self, npz: NpzReader, fmt: str, version: int) -> dict[str, Any]:
+        """The JSON metadata: an object of format ``fmt`` and ``version``."""
+        if not npz.has(META):
+            raise InvalidArgumentError(
+                f"{self.where()}: not a jaxrunner checkpoint (no {META}); write one with "
+                f"{self.runner_name}.save(path)."
+            )
+        meta = npz.read_json(META, f"metadata ({META})", MAX_META_BYTES)
+        if not isinstance(meta, dict):
+            raise self.error(f"has metadata ({META}) that is not a JSON object")
+        if meta.get("format") != fmt or meta.get("version") != version:
+            raise InvalidArgumentError(
+                f"{self.where()}: expected a {fmt} version {version}, got "
+                f"{meta.get('format')!r} version {meta.get('version')!r}."
+            )
+        return meta
+
+    def check_same(self, meta: dict[str, Any], here: dict[str, Any], fix: str) -> None:
+        """The saved runner's ``here`` keys equal this runner's (value and type)."""
+        for key, value in here.items():
+            if meta.get(key) != value or type(meta.get(key)) is not type(value):
+                raise InvalidArgumentError(
+                    f"{self.where()}: the checkpoint was saved by a runner with "
+                    f"{key}={meta.get(key)!r}, this one has {key}={value!r}. Build the runner "
+                    f"as the saved one was ({fix})."
+                )
+
+    def check_common_meta(self, meta: dict[str, Any], env_kinds: tuple[str, ...]) -> None:
+        """``seed``, ``rollout_length``, ``envs`` (one of ``env_kinds``), ``envs_note``
+        and the ``metrics`` paths (this runner's)."""
+        self.int_field(meta.get("seed"), "metadata field seed", 0)
+        self.int_field(meta.get("rollout_length"), "metadata field rollout_length", 1)
+        if meta.get("envs") not in env_kinds:
+            raise self.error(f"has metadata field envs={meta.get('envs')!r}; expected {env_kinds}")
+        note = meta.get("envs_note")
+        if not isinstance(note, str) or len(note) > 10_000:
+            raise self.error("has a metadata field envs_note that is not a short string")
+        want = [list(p) for p in leaf_specs(self.metrics_template)]
+        if meta.get("metrics") != want:
+            raise self.error(f"has metadata field metrics={meta.get('metrics')!r}; expected {want}")
+
+    def check_list(self, meta: dict[str, Any], key: str) -> list[Any]:
+        if not isinstance(meta.get(key), list):
+            raise self.error(f"has a metadata field {key} that is not a list")
+        return meta[key]
+
+    # -- arrays ------------------------------------------------------------------------------
+
+    def read_like(self, npz: NpzReader, prefix: str, template: Any, what: str) -> Any:
+        """The tree saved under ``prefix`` in ``template``'s structure, shapes and dtypes
+        (checked from each member's header before it is read); device arrays where the
+        template has them, typed keys rewrapped."""
+        leaves = []
+        flat, treedef = jax.tree_util.tree_flatten_with_path(template)
+        for path, like in flat:
+            name = array_name(prefix, [part_of(e) for e in path])
+            if not npz.has(name):
+                raise InvalidArgumentError(
+                    f"{self.where()}: the checkpoint has no {name!r}: its {what} has another "
+                    "structure than this runner's. Restore into a runner built as the saved "
+                    "one (same policy, envs, spaces and connectors). A checkpoint saved by an "
+                    "older jaxrunner whose state had another layout (e.g. connector "
+                    "statistics before their frozen flag) cannot be restored by this one."
+                )
+            want = jax.random.key_data(like) if is_key(like) else like
+            value = npz.read(name, name, check=exact(np.shape(want), np.asarray(want).dtype))
+            if is_key(like):
+                # wrap_key_data takes any array-like; its annotation says jax.Array.
+                key = jax.random.wrap_key_data(value, impl=jax.random.key_impl(like))  # type: ignore[arg-type]
+                leaves.append(key)
+            elif isinstance(like, jax.Array):
+                leaves.append(jax.device_put(value))
+            else:
+                leaves.append(value)
+        return jax.tree_util.tree_unflatten(treedef, leaves)
+
+    def check_book(self, book: dict[str, Any], where: str) -> tuple[np.ndarray, int, int]:
+        """Checks an :class:`~jaxrunner._src.samplers.episode_ids.EpisodeBook` state; returns
+        each env's current episode id, the next free id and the steps closed so far."""
+        ids, next_id = book["episode_id"], int(book["next_episode_id"])
+        steps_done = int(book["steps_done"])
+        begin = book["episode_begin"]
+        self.require(steps_done >= 0, f"{where}/steps_done", f"{steps_done} < 0")
+        bad = (begin < 0) | (begin > steps_done)
+        self.require(not bad.any(), f"{where}/episode_begin", f"outside [0, {steps_done}]")
+        self.check_ids(ids, next_id, book["episode_return"], where)
+        return ids, next_id, steps_done
+
+    def check_ids(self, ids: np.ndarray, next_id: int, returns: np.ndarray, where: str) -> None:
+        """Current episode ids non-negative, distinct and below the next free id (so new
+        episodes never reuse one); their returns so far finite."""
+        self.require(np.isfinite(returns).all(), f"{where}/episode_return", "not finite")
+        self.require((ids >= 0).all(), f"{where}/episode_id", "negative")
+        self.require(len(np.unique(ids)) == len(ids), f"{where}/episode_id", "repeated")
+        self.require(
+            bool((ids < next_id).all()),
+            f"{where}/next_episode_id",
+            f"{next_id}, not above every current episode id (max {int(ids.max(initial=-1))}): "
+            "new episodes would reuse ids",
+        )
+
+    def read_metrics(self, npz: NpzReader) -> Any:
+        """The metrics state in the template's structure (windows of any length), with
+        every count non-negative, every float finite, and the base
+        :class:`~jaxrunner._src.runner.metrics.RunnerMetrics` part consistent."""
+        leaves = []
+        flat, treedef = jax.tree_util.tree_flatten_with_path(self.metrics_template)
+        for path, want in flat:
+            parts = [part_of(e) for e in path]
+            name = array_name("metrics", parts)
+            if parts[-1] in WINDOWS:
+                check = leading(want.shape[1:], want.dtype, None)
+            else:
+                check = exact(want.shape, want.dtype)
+            value = npz.read(name, name, check=check)
+            if value.dtype.kind in "iu":
+                self.require((value >= 0).all(), name, "with a negative count")
+            leaves.append(value)
+        state = jax.tree_util.tree_unflatten(treedef, leaves)
+        self.check_window(state, "metrics", int(state["counters"][3]))
+        for key in ("sample_time_s", "perf"):
+            ok = np.isfinite(state[key]).all() and (state[key] >= 0).all()
+            self.require(ok, f"metrics/{key}", "not finite and >= 0")
+        return state
+
+    def check_window(self, stats: dict[str, np.ndarray], where: str, num_episodes: int) -> None:
+        """An episode window (``returns``, ``lengths``) of at most ``num_episodes``."""
+        returns, lengths = stats["returns"], stats["lengths"]
+        self.require(len(returns) == len(lengths), f"{where}/returns", f"unlike {where}/lengths")
+        self.require(np.isfinite(returns).all(), f"{where}/returns", "not finite")
+        self.require((lengths >= 1).all(), f"{where}/lengths", "below 1")
+        self.require(len(returns) <= num_episodes, f"{where}/returns", "beyond num_episodes")
+
+    def read_snapshots(self, npz: NpzReader, num_envs: int) -> tuple[bytes, ...]:
+        """The sub-env pickles ``envs/0 .. envs/<num_envs - 1>``, as bytes (not
+        unpickled here)."""
+        return tuple(
+            npz.read(f"envs/{i}", f"envs/{i}", "u", bytes_check).tobytes() for i in range(num_envs)
+        )
+
+    # -- kept episodes -----------------------------------------------------------------------
+
+    def paths(self, paths: Any, where: str) -> list[tuple[Part, ...]]:
+        """``paths`` as tuples, each a non-empty list of str or int parts."""
+
+        def ok(path: Any) -> bool:
+            return (
+                isinstance(path, list)
+                and 0 < len(path) <= MAX_PATH_DEPTH
+                and all(isinstance(p, str | int) and not isinstance(p, bool) for p in path)
+            )
+
+        if not isinstance(paths, list) or not all(ok(p) for p in paths):
+            raise self.error(
+                f"has {where} that is not a list of tree paths (lists of keys and indices)"
+            )
+        result = [tuple(p) for p in paths]
+        if len(set(result)) != len(result):
+            raise self.error(f"has {where} with a repeated path")
+        return result
+
+    def read_steps(
+        self,
+        npz: NpzReader,
+        where: str,
+        base: str,
+        meta: dict[str, Any],
+        specs: dict[str, dict[tuple[Part, ...], tuple[tuple[int, ...], np.dtype]]],
+    ) -> dict[str, Any]:
+        """An episode's step arrays saved by :func:`put_steps` below ``base``:
+        ``obs`` (``[L + 1]``, the structure, trailing shapes and dtypes of
+        ``specs["obs"]``), ``action`` (``[L]``, the structure and trailing shapes of
+        ``specs["action"]``), ``reward`` (``[L]``, finite) and ``extras`` (``[L]``, the
+        string paths of ``meta["extras"]``)."""
+        data_paths = self.paths(meta["paths"], f"{where}.paths")
+        extras_paths = self.paths(meta["extras"], f"{where}.extras")
+        want = {("reward",)} | {(key, *p) for key, leaves in specs.items() for p in leaves}
+        if set(data_paths) != want:
+            raise self.error(
+                f"has {where}.paths={meta['paths']!r}; this runner's episodes have the "
+                f"paths {sorted(map(list, want), key=str)}"
+            )
+        if any(not all(isinstance(p, str) for p in path) for path in extras_paths):
+            raise self.error(f"has {where}.extras with a non-string key")
+        name = array_name(base, ["reward"])
+        reward = npz.read(name, name, "f", leading((), None, None))
+        self.require(np.isfinite(reward).all(), name, "not finite")
+        steps = len(reward)
+
+        def read(path: tuple[Part, ...], sub: str, check: HeaderCheck) -> np.ndarray:
+            name = array_name(f"{base}{sub}", path)
+            return npz.read(name, name, NUMERIC_KINDS, check)
+
+        obs_specs, action_specs = specs["obs"], specs["action"]
+        obs = {p: read(("obs", *p), "", leading(*obs_specs[p], steps + 1)) for p in obs_specs}
+        action = {
+            p: read(("action", *p), "", leading(action_specs[p][0], None, steps))
+            for p in action_specs
+        }
+        extras = {p: read(p, "/extras", leading(None, None, steps)) for p in extras_paths}
+        return {
+            "obs": build_tree(obs),
+            "action": build_tree(action),
+            "reward": reward,
+            "extras": build_tree(extras) if extras else {},
+        }
+
+    def check_alike(self, named: list[tuple[str, Any]]) -> None:
+        """Kept episodes ``(where, episode)`` of one kind have one structure, dtype and
+        trailing shape per action and extras leaf."""
+        signature = None
+        for where, episode in named:
+            sig = jax.tree.map(lambda x: (x.dtype, x.shape[1:]), (episode.action, episode.extras))
+            if signature is not None and sig != signature:
+                raise self.error(
+                    f"has {where} whose rewards, actions or extras differ in structure, "
+                    "dtype or shape from the other kept episodes'"
+                )
+            signature = sig
+
+
+__all__ = ["CheckpointReader"]

@@ -1,0 +1,124 @@
+"""Writing Episodes as a Minari dataset (:func:`to_minari`)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src.runner.trajectory import Episode
+from jaxrunner._src.services.datasets.dependency import import_minari
+from jaxrunner.errors import InvalidArgumentError
+
+
+def to_minari(
+    episodes: Iterable[Episode],
+    dataset_id: str,
+    *,
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    env: str | None = None,
+    seeds: Mapping[int, int] | None = None,
+    include_faulty: bool = False,
+    **metadata: Any,
+) -> Any:
+    """Writes ``episodes`` as the Minari dataset ``dataset_id`` and returns it (a
+    ``minari.MinariDataset``; ``minari.load_dataset(dataset_id)`` opens it later).
+
+    The dataset lands where Minari keeps local datasets (``$MINARI_DATASETS_PATH``,
+    default ``~/.minari/datasets``); an existing ``dataset_id`` is refused by Minari.
+    Actions are stored as the env received them: Box actions clipped to the bounds,
+    every action cast to the space's dtype (``extras["log_prob"]`` stays that of the
+    sampled action). Observations are stored losslessly (no JPEG encoding).
+
+    Args:
+        episodes: complete episodes, e.g. from ``runner.sample_episodes(n)``.
+        dataset_id: Minari's ``(namespace/)(env_name/)name-v(version)``.
+        observation_space, action_space: a single env's spaces
+            (``envs.single_observation_space``, ``envs.single_action_space``).
+        env: the gymnasium id the episodes came from, if any; Minari records its spec
+            so ``dataset.recover_environment()`` can rebuild it.
+        seeds: the reset seed of the episodes whose seed you know, by
+            ``episode_id``; the others are stored without one.
+        include_faulty: also write episodes cut by a failure of their env
+            (``Episode.faulty``; stored as truncated). Left out by default.
+        **metadata: passed to ``minari.create_dataset_from_buffers`` (e.g.
+            ``algorithm_name``, ``author``, ``description``).
+
+    Raises:
+        InvalidArgumentError: an episode is not complete (not seen from its reset,
+            or not finished).
+    """
+    minari = import_minari()
+    from minari.data_collector import EpisodeBuffer
+
+    clip = jr_spaces.clip_box_actions(action_space)
+    seeds = dict(seeds or {})
+    buffers = []
+    for episode in episodes:
+        if episode.faulty and not include_faulty:
+            continue
+        if not episode.is_complete:
+            raise InvalidArgumentError(
+                f"to_minari: episode {episode.episode_id} of env {episode.env_id} is not "
+                f"complete (start_step={episode.start_step}, terminated="
+                f"{episode.terminated}, truncated={episode.truncated}); a dataset holds "
+                "whole episodes. Collect them with runner.sample_episodes(n)."
+            )
+        action = episode.action if clip is None else clip(episode.action)
+        action = _cast(action, action_space)
+        buffers.append(
+            EpisodeBuffer(
+                id=len(buffers),
+                seed=seeds.get(episode.episode_id),
+                observations=jax.tree.map(np.asarray, episode.obs),
+                actions=action,
+                # Typed list by Minari, which stores any array-like.
+                rewards=np.asarray(episode.reward, np.float64),  # type: ignore[arg-type]
+                terminations=_final_flag(episode.length, episode.terminated),  # type: ignore[arg-type]
+                truncations=_final_flag(episode.length, episode.truncated),  # type: ignore[arg-type]
+                infos=_infos(episode),
+            )
+        )
+    if not buffers:
+        raise InvalidArgumentError(
+            "to_minari: no episodes to write (faulty ones are left out unless include_faulty=True)."
+        )
+    options: dict[str, Any] = {"env": env, **metadata}
+    if env is None:
+        options.update(observation_space=observation_space, action_space=action_space)
+    if "jpeg_encoding" in inspect.signature(minari.create_dataset_from_buffers).parameters:
+        options.setdefault("jpeg_encoding", False)  # lossless, as the episodes came
+    return minari.create_dataset_from_buffers(dataset_id, buffers, **options)
+
+
+def _final_flag(length: int, value: bool) -> np.ndarray:
+    flags = np.zeros(length, np.bool_)
+    flags[-1:] = value
+    return flags
+
+
+def _infos(episode: Episode) -> dict[str, Any]:
+    rows = episode.length + 1
+    return {
+        "env_id": np.full(rows, episode.env_id, np.int64),
+        "episode_id": np.full(rows, episode.episode_id, np.int64),
+        "extras": jax.tree.map(
+            lambda x: np.concatenate([np.asarray(x), np.zeros_like(np.asarray(x)[:1])]),
+            dict(episode.extras),
+        ),
+    }
+
+
+def _cast(action: Any, space: spaces.Space) -> Any:
+    """``action`` (a batch over steps) in the dtypes of ``space``'s leaves."""
+    if isinstance(space, spaces.Dict):
+        return {key: _cast(action[key], sub) for key, sub in space.spaces.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(_cast(a, sub) for a, sub in zip(action, space.spaces))
+    return np.asarray(action).astype(space.dtype, copy=False)
