@@ -109,8 +109,9 @@ def _open_local(
         size = meta_path.stat().st_size
         if size > MAX_METADATA_BYTES:
             raise InvalidArgumentError(
-                f"{where}: {meta_path} is {size} bytes; the limit is {MAX_METADATA_BYTES} "
-                "(jaxrunner._src.services.datasets.MAX_METADATA_BYTES)."
+                f"{where}: {meta_path} is {size} bytes, more than the {MAX_METADATA_BYTES} "
+                "a dataset's metadata may take; it is not a Minari dataset's metadata (check "
+                "the file, or rebuild the dataset)."
             )
         metadata = json.loads(meta_path.read_text(encoding="utf-8"))
     except FileNotFoundError as err:
