@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.runner.policy import Policy
 from jaxrunner.errors import SpaceMismatchError
 
@@ -45,7 +45,7 @@ def _num_outputs(action_space: gymnasium.Space) -> int:
         return int(action_space.n)
     if isinstance(action_space, gymnasium.spaces.MultiDiscrete):
         return int(np.sum(action_space.nvec))
-    return int(np.prod(jr_spaces.leaf_spec(action_space)[0]))
+    return int(np.prod(space_arrays.leaf_spec(action_space)[0]))
 
 
 def mlp_policy(action_space: gymnasium.Space, hidden: tuple[int, ...] = (64, 64)) -> Policy:

@@ -59,7 +59,7 @@ import gymnasium
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError
 
@@ -427,7 +427,7 @@ class VectorEnv(BaseVectorEnv, gymnasium.vector.VectorEnv):
         merged: dict[str, Any] = {}
         for i, info in enumerate(out.infos):
             if i in out.reset_infos:
-                final_obs = jr_spaces.take(self.single_observation_space, out.next_obs, i)
+                final_obs = space_arrays.take(self.single_observation_space, out.next_obs, i)
                 merged = self._add_info(merged, {"final_obs": final_obs, "final_info": info}, i)
                 info = out.reset_infos[i]
             merged = self._add_info(merged, info, i)
@@ -444,7 +444,7 @@ class VectorEnv(BaseVectorEnv, gymnasium.vector.VectorEnv):
     def _maybe_copy(self, obs: Any) -> Any:
         if not self.copy:
             return obs
-        return jr_spaces.map_structure(self.single_observation_space, np.copy, obs)
+        return space_arrays.map_structure(self.single_observation_space, np.copy, obs)
 
 
 class InProcessSends:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import BatchStep, Capabilities, EnvIds, VectorEnv
 from jaxrunner._src.backends.envpool import _import_envpool, every_seed
 from jaxrunner.errors import InvalidArgumentError
@@ -84,18 +84,18 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         self.num_envs, self.batch_size = num_envs, batch_size
         self.single_observation_space = self.env.observation_space
         self.single_action_space = self.env.action_space
-        jr_spaces.check_supported(self.single_observation_space, "single_observation_space")
+        space_arrays.check_supported(self.single_observation_space, "single_observation_space")
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
-        self._obs = jr_spaces.allocate(self.single_observation_space, (num_envs,))
+        self._obs = space_arrays.allocate(self.single_observation_space, (num_envs,))
         # The final step of each env whose reset step EnvPool has yet to return.
         self._awaiting_reset = np.zeros(num_envs, np.bool_)
-        self._final_obs = jr_spaces.allocate(self.single_observation_space, (num_envs,))
+        self._final_obs = space_arrays.allocate(self.single_observation_space, (num_envs,))
         self._final_reward = np.zeros(num_envs, np.float64)
         self._final_terminated = np.zeros(num_envs, np.bool_)
         self._final_truncated = np.zeros(num_envs, np.bool_)
         self._idle = True  # nothing in flight in EnvPool
-        self._action_shape, action_dtype = jr_spaces.leaf_spec(self.single_action_space)
+        self._action_shape, action_dtype = space_arrays.leaf_spec(self.single_action_space)
         # Actions of reset steps, which EnvPool ignores.
         self._reset_actions = np.zeros((batch_size, *self._action_shape), action_dtype)
 
@@ -119,7 +119,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         while seen < self.num_envs:
             obs, _, _, _, info = self.env.recv()
             ids = np.asarray(info["env_id"])
-            jr_spaces.copy_into(self.single_observation_space, self._obs, obs, ids)
+            space_arrays.copy_into(self.single_observation_space, self._obs, obs, ids)
             seen += len(ids)
         return self._obs, [{} for _ in range(self.num_envs)]
 
@@ -154,7 +154,9 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             ended = np.logical_or(terminated, truncated) & ~resets
             if ended.any():  # hold the final steps; EnvPool resets on the next step
                 held = ids[ended]
-                jr_spaces.copy_into(space, self._final_obs, jr_spaces.take(space, obs, ended), held)
+                space_arrays.copy_into(
+                    space, self._final_obs, space_arrays.take(space, obs, ended), held
+                )
                 self._final_reward[held] = reward[ended]
                 self._final_terminated[held] = terminated[ended]
                 self._final_truncated[held] = truncated[ended]
@@ -167,7 +169,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
                 continue
             break
         env_ids = ids[rows]
-        next_obs = jr_spaces.take(space, obs, rows)
+        next_obs = space_arrays.take(space, obs, rows)
         # Copies: EnvPool's own arrays are not ours to write the final steps into.
         reward_out = np.array(reward[rows], np.float64)
         term_out = np.array(terminated[rows], np.bool_)
@@ -176,15 +178,15 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         reset_infos: dict[int, dict[str, Any]] = {}
         if pairs.any():  # the final step in place of the reset step
             k, finished = np.flatnonzero(pairs), env_ids[pairs]
-            final = jr_spaces.take(space, self._final_obs, finished)
-            jr_spaces.copy_into(space, next_obs, final, k)
+            final = space_arrays.take(space, self._final_obs, finished)
+            space_arrays.copy_into(space, next_obs, final, k)
             reward_out[k] = self._final_reward[finished]
             term_out[k] = self._final_terminated[finished]
             trunc_out[k] = self._final_truncated[finished]
             self._awaiting_reset[finished] = False
             reset_infos = {i: {} for i in finished.tolist()}
-        obs_out = jr_spaces.take(space, obs, rows)
-        jr_spaces.copy_into(space, self._obs, obs_out, env_ids)
+        obs_out = space_arrays.take(space, obs, rows)
+        space_arrays.copy_into(space, self._obs, obs_out, env_ids)
         return BatchStep(
             obs_out, next_obs, reward_out, term_out, trunc_out,
             [{} for _ in range(len(env_ids))], reset_infos, None, None, env_ids,

@@ -35,7 +35,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import BatchStep, Capabilities, InProcessVectorEnv
 from jaxrunner._src.backends.gymnasium_sub_envs import async_request, sub_environments
 from jaxrunner._src.backends.masked_reset import MaskedReset, masked_reset_for
@@ -124,8 +124,8 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
         self.num_envs = int(env.num_envs)
         self.single_observation_space = env.single_observation_space
         self.single_action_space = env.single_action_space
-        jr_spaces.check_supported(self.single_observation_space, "single_observation_space")
-        jr_spaces.check_supported(self.single_action_space, "single_action_space")
+        space_arrays.check_supported(self.single_observation_space, "single_observation_space")
+        space_arrays.check_supported(self.single_action_space, "single_action_space")
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.metadata = {**env.metadata, "autoreset_mode": AutoresetMode.SAME_STEP}
@@ -133,9 +133,9 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
         self.spec = env.spec
 
         n, space = self.num_envs, self.single_observation_space
-        self._obs = jr_spaces.allocate(space, (n,))
-        self._next_obs = jr_spaces.allocate(space, (n,))
-        self._write_next_obs = jr_spaces.make_writer(space, self._next_obs, "final_obs")
+        self._obs = space_arrays.allocate(space, (n,))
+        self._next_obs = space_arrays.allocate(space, (n,))
+        self._write_next_obs = space_arrays.make_writer(space, self._next_obs, "final_obs")
         self._reward = np.zeros(n, dtype=np.float64)
         self._terminated = np.zeros(n, dtype=np.bool_)
         self._truncated = np.zeros(n, dtype=np.bool_)
@@ -174,7 +174,7 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
         seeds = None if seed is None else [seed if i == index else None for i in range(len(mask))]
         obs, infos = self._call("reset", self._masked_reset, self.env, mask, seeds, options)
         self._store_rows(self._obs, obs, np.array([index]), "reset")
-        return jr_spaces.take(self.single_observation_space, self._obs, index), infos[0]
+        return space_arrays.take(self.single_observation_space, self._obs, index), infos[0]
 
     def _step(self, actions: Any, rows: slice | None) -> BatchStep:
         n = self.num_envs
@@ -189,7 +189,7 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
         self._store_flags(reward, terminated, truncated)
         done = self._terminated | self._truncated
         space = self.single_observation_space
-        jr_spaces.copy_into(space, self._obs, self._next_obs)
+        space_arrays.copy_into(space, self._obs, self._next_obs)
         if not done.any():
             infos = SplitInfos(merged, n)
             reset_infos: Mapping[int, dict[str, Any]] = EMPTY_RESET_INFOS
@@ -243,7 +243,7 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
 
     def _check_actions(self, actions: Any) -> Any:
         """Validates the whole batch without splitting it per env (composites as given)."""
-        checked = jr_spaces.check_action_batch(self.single_action_space, actions, self.num_envs)
+        checked = space_arrays.check_action_batch(self.single_action_space, actions, self.num_envs)
         return actions if self._composite_actions else checked
 
     def _store(self, dst: Any, obs: Any, call: str) -> None:
@@ -255,16 +255,16 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
                 or value.dtype != buffer.dtype
                 or value.shape != buffer.shape
             ):
-                raise jr_spaces.mismatch(
+                raise space_arrays.mismatch(
                     f"the wrapped {type(self.env).__name__} returned observations from {call}()",
                     f"an ndarray of dtype {buffer.dtype} and shape {buffer.shape} (its space)",
                     value,
-                    f"{jr_spaces.NEVER_CAST}: fix the env or wrap it.",
+                    f"{space_arrays.NEVER_CAST}: fix the env or wrap it.",
                 )
             buffer[...] = value
 
         try:
-            jr_spaces.map_structure(self.single_observation_space, check, dst, obs)
+            space_arrays.map_structure(self.single_observation_space, check, dst, obs)
         except (KeyError, IndexError, TypeError) as err:
             raise SpaceMismatchError(
                 f"the wrapped {type(self.env).__name__} returned observations from {call}() "
@@ -272,9 +272,9 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
             ) from err
 
     def _store_rows(self, dst: Any, obs: Any, indices: np.ndarray, call: str) -> None:
-        sub = jr_spaces.allocate(self.single_observation_space, (len(indices),))
+        sub = space_arrays.allocate(self.single_observation_space, (len(indices),))
         self._store(sub, obs, call)
-        jr_spaces.copy_into(self.single_observation_space, dst, sub, indices)
+        space_arrays.copy_into(self.single_observation_space, dst, sub, indices)
 
     def _store_flags(self, reward: Any, terminated: Any, truncated: Any) -> None:
         n, name = self.num_envs, type(self.env).__name__

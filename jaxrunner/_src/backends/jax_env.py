@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.brax_adapter import brax_functions, brax_spaces, check_brax_wrappers
 from jaxrunner._src.backends.functional_env import (
     EnvStep,
@@ -96,7 +96,7 @@ class JaxVectorEnv:
             ("observation_space", self.single_observation_space),
             ("action_space", self.single_action_space),
         ):
-            jr_spaces.check_supported(space, f"JaxVectorEnv {name}")
+            space_arrays.check_supported(space, f"JaxVectorEnv {name}")
         self.observation_space = gymnasium.vector.utils.batch_space(
             self.single_observation_space, self.num_envs
         )
@@ -190,12 +190,12 @@ class JaxVectorEnv:
         dtypes (dtypes as JAX stores them: float64 spaces are float32 without x64)."""
         space = self.single_observation_space
         obs = jax.eval_shape(self.functions.reset, jax.random.key(0), self.params)[0]
-        expected = jr_spaces.allocate(space, ())
+        expected = space_arrays.allocate(space, ())
 
         def check(exp: np.ndarray, got: Any) -> None:
             want = jax.dtypes.canonicalize_dtype(exp.dtype)
             if tuple(got.shape) != exp.shape or np.dtype(got.dtype) != want:
-                raise jr_spaces.mismatch(
+                raise space_arrays.mismatch(
                     f"JaxVectorEnv: {type(self.env).__name__}'s reset returns observations",
                     f"dtype {want} and shape {exp.shape} (the observation space {space})",
                     got,
@@ -204,7 +204,7 @@ class JaxVectorEnv:
                 )
 
         try:
-            jr_spaces.map_structure(space, check, expected, obs)
+            space_arrays.map_structure(space, check, expected, obs)
         except (KeyError, IndexError, TypeError, AttributeError) as err:
             raise SpaceMismatchError(
                 f"JaxVectorEnv: the structure of {type(self.env).__name__}'s observations "

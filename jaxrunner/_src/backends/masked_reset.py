@@ -39,7 +39,7 @@ import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.vector_infos import SplitInfos
 from jaxrunner.errors import InvalidArgumentError
 
@@ -67,7 +67,7 @@ def reset_with_mask(env: VectorEnv, mask: np.ndarray, seeds: Seeds, options: Opt
     indices = np.flatnonzero(mask)
     space = env.single_observation_space
     infos = SplitInfos(merged, env.num_envs)
-    return jr_spaces.map_structure(space, lambda leaf: leaf[indices], obs), [
+    return space_arrays.map_structure(space, lambda leaf: leaf[indices], obs), [
         infos[i] for i in indices.tolist()
     ]
 

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import gymnasium
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import BatchStep
 from jaxrunner._src.backends.restarts import RestartPolicy, recreate
 from jaxrunner._src.backends.sub_env_handle import run_on_env
@@ -43,8 +43,8 @@ class StepBuffers(NamedTuple):
     def allocate(cls, obs_space: gymnasium.Space, num_envs: int) -> StepBuffers:
         """New zeroed buffers for ``num_envs`` sub-envs."""
         return cls(
-            jr_spaces.allocate(obs_space, (num_envs,)),
-            jr_spaces.allocate(obs_space, (num_envs,)),
+            space_arrays.allocate(obs_space, (num_envs,)),
+            space_arrays.allocate(obs_space, (num_envs,)),
             np.zeros(num_envs, dtype=np.float64),
             np.zeros(num_envs, dtype=np.bool_),
             np.zeros(num_envs, dtype=np.bool_),
@@ -64,8 +64,8 @@ class StepBuffers(NamedTuple):
         if rows is None:
             obs, next_obs, part = self.obs, self.next_obs, slice(None)
         else:
-            obs = jr_spaces.rows(obs_space, self.obs, rows)
-            next_obs = jr_spaces.rows(obs_space, self.next_obs, rows)
+            obs = space_arrays.rows(obs_space, self.obs, rows)
+            next_obs = space_arrays.rows(obs_space, self.next_obs, rows)
             part = rows
         return BatchStep(
             obs,
@@ -89,8 +89,8 @@ class StepBuffers(NamedTuple):
         ]
         errors = {i: e for r in results for i, e in (r.errors or {}).items()}
         return BatchStep(
-            jr_spaces.take(obs_space, self.obs, ids),
-            jr_spaces.take(obs_space, self.next_obs, ids),
+            space_arrays.take(obs_space, self.obs, ids),
+            space_arrays.take(obs_space, self.next_obs, ids),
             self.reward[ids],
             self.terminated[ids],
             self.truncated[ids],
@@ -116,7 +116,9 @@ def fail_slot(buffers: StepBuffers, space: gymnasium.Space, index: int | slice) 
     no flags, ``next_obs = obs`` (by then the reset observation of the new sub-env).
     The one failed-slot helper of every backend."""
     buffers.reward[index], buffers.terminated[index], buffers.truncated[index] = 0.0, False, False
-    jr_spaces.copy_into(space, buffers.next_obs, jr_spaces.rows(space, buffers.obs, index), index)
+    space_arrays.copy_into(
+        space, buffers.next_obs, space_arrays.rows(space, buffers.obs, index), index
+    )
 
 
 class ActionSplitters:
@@ -132,7 +134,7 @@ class ActionSplitters:
         InvalidActionError before anything steps if the batch does not fit."""
         splitter = self._by_size.get(size)
         if splitter is None:
-            splitter = jr_spaces.make_action_splitter(self.action_space, size)
+            splitter = space_arrays.make_action_splitter(self.action_space, size)
             self._by_size[size] = splitter
         return splitter(actions)
 
@@ -216,8 +218,8 @@ class SubEnvs:
         self.envs, self.fns, self.offset = envs, list(fns), offset
         self.buffers, self.obs_space, self.restart_policy = buffers, obs_space, restart_policy
         self.status = status if status is not None else bytearray(offset + len(envs))
-        self.write_obs = jr_spaces.make_writer(obs_space, buffers.obs)
-        self.write_next_obs = jr_spaces.make_writer(obs_space, buffers.next_obs)
+        self.write_obs = space_arrays.make_writer(obs_space, buffers.obs)
+        self.write_next_obs = space_arrays.make_writer(obs_space, buffers.next_obs)
         # Array observations (Box, MultiBinary, MultiDiscrete) are checked inline and
         # written in one slice assignment per step: a numpy write per row costs more.
         self._obs_leaf = _array_leaf(obs_space)
@@ -306,7 +308,7 @@ class SubEnvs:
         for i in failed:
             self.restart(i, errors[i], failed_step=True)
         space, part = self.obs_space, slice(lo, hi)
-        jr_spaces.copy_into(space, b.obs, jr_spaces.rows(space, b.next_obs, part), part)
+        space_arrays.copy_into(space, b.obs, space_arrays.rows(space, b.next_obs, part), part)
         reset_infos = {}
         for i in ended:
             try:
@@ -393,7 +395,7 @@ def _array_leaf(space: gymnasium.Space) -> tuple[np.dtype, tuple[int, ...]] | No
     if isinstance(
         space, (gymnasium.spaces.Box, gymnasium.spaces.MultiBinary, gymnasium.spaces.MultiDiscrete)
     ):
-        shape, dtype = jr_spaces.leaf_spec(space)
+        shape, dtype = space_arrays.leaf_spec(space)
         # The fast path compares dtypes by identity: take numpy's own instance, the one
         # an env's arrays carry. A space that was pickled (a process worker's) holds a
         # copy, which would send every observation down the slow path.

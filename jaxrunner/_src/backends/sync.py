@@ -10,7 +10,7 @@ from typing import Any
 import gymnasium
 from gymnasium.vector.utils import batch_space
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import BatchStep, Capabilities, InProcessVectorEnv, VectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.snapshots import snapshot_dumps
@@ -75,8 +75,8 @@ class SyncVectorEnv(InProcessVectorEnv):
                         "sub-env of a vector env must have equal spaces. Check the factory."
                     )
         try:
-            jr_spaces.check_supported(self.single_observation_space, "single_observation_space")
-            jr_spaces.check_supported(self.single_action_space, "single_action_space")
+            space_arrays.check_supported(self.single_observation_space, "single_observation_space")
+            space_arrays.check_supported(self.single_action_space, "single_action_space")
         except SpaceMismatchError:
             self.close()
             raise
@@ -108,7 +108,7 @@ class SyncVectorEnv(InProcessVectorEnv):
         self._check_open("reset_at")
         self._check_index(index, "reset_at")
         info = self._sub_envs.reset_one(index, seed, options)
-        return jr_spaces.take(self.single_observation_space, self._obs, index), info
+        return space_arrays.take(self.single_observation_space, self._obs, index), info
 
     def _step(self, actions: Any, rows: slice | None) -> BatchStep:
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)

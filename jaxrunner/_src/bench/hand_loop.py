@@ -19,7 +19,7 @@ import gymnasium
 import jax
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
 from jaxrunner._src.runner.policy import Policy
 from jaxrunner.errors import InvalidArgumentError
@@ -99,8 +99,8 @@ class RecordingHandLoop:
         self.params = self.policy.init(jax.random.key(seed), obs_space)
         self._act = hand_act(self.policy, self.num_envs)
         shape = (rollout_length, self.num_envs)
-        self.obs = jr_spaces.allocate(obs_space, shape)
-        self.action = jr_spaces.allocate(action_space, shape)
+        self.obs = space_arrays.allocate(obs_space, shape)
+        self.action = space_arrays.allocate(action_space, shape)
         self.log_prob = np.zeros(shape, np.float32)
         self.reward = np.zeros(shape, np.float32)
         self.terminated = np.zeros(shape, np.bool_)

@@ -17,7 +17,7 @@ import gymnasium
 import jax
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.bench.hand_loop import single_spaces
 from jaxrunner._src.bench.policy import hand_act
 from jaxrunner._src.runner.policy import Policy
@@ -98,8 +98,8 @@ class EnvPoolAsyncLoop:
             self._clip = (action_space.low, action_space.high)
         self.rollout_length = rollout_length
         shape = (rollout_length, batch)
-        self.obs = jr_spaces.allocate(obs_space, shape)
-        self.action = jr_spaces.allocate(action_space, shape)
+        self.obs = space_arrays.allocate(obs_space, shape)
+        self.action = space_arrays.allocate(action_space, shape)
         self.log_prob = np.zeros(shape, np.float32)
         self.reward = np.zeros(shape, np.float32)
         self.terminated = np.zeros(shape, np.bool_)

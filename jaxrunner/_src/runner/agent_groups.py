@@ -13,7 +13,7 @@ from typing import Any
 
 from gymnasium import spaces
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 
 PolicyMappingFn = Callable[[str], str]
@@ -119,8 +119,8 @@ def build_groups(
                         f"{got}). A policy serves agents of one observation and action space: "
                         "map them to different policy ids."
                     )
-        jr_spaces.check_supported(obs_space, f"observation_space({group_agents[0]!r})")
-        jr_spaces.check_supported(act_space, f"action_space({group_agents[0]!r})")
+        space_arrays.check_supported(obs_space, f"observation_space({group_agents[0]!r})")
+        space_arrays.check_supported(act_space, f"action_space({group_agents[0]!r})")
         groups.append(AgentGroup(policy_id, tuple(group_agents), obs_space, act_space))
     return tuple(groups)
 

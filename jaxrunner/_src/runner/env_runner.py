@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.connectors.base import ConnectorState
@@ -182,7 +182,9 @@ class EnvRunner(EnvOwner):
                 # A proxy: the sampler must not keep its runner alive (one owner per env).
                 runner=weakref.proxy(self) if self.callbacks is not None else None,
             )
-        jr_spaces.check_policy_actions(envs.single_action_space, sampler.action_spec, envs.num_envs)
+        space_arrays.check_policy_actions(
+            envs.single_action_space, sampler.action_spec, envs.num_envs
+        )
         return sampler
 
     # -- public API ---------------------------------------------------------------------------

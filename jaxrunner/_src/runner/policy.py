@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.runner import distributions
 from jaxrunner._src.runner.module_policy import mode_apply_fn, module_policy_fns
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
@@ -40,7 +40,7 @@ DistributionFn = Callable[
 
 def dummy_obs(observation_space: spaces.Space, batch: int = 1) -> Any:
     """A batch of zero observations with the space's structure, shapes and dtypes."""
-    return jr_spaces.allocate(observation_space, (batch,))
+    return space_arrays.allocate(observation_space, (batch,))
 
 
 @dataclasses.dataclass(frozen=True)

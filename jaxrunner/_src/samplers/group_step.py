@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.connectors.sample_end import SampleEnd
@@ -100,7 +100,7 @@ class GroupSampler:
         # The same for every block: shapes of num_envs rows.
         self.action_spec, self.extras_spec = next(iter(self._calls.values())).env_output_spec
         shape = (num_envs, a_g)
-        self.pending_obs = jr_spaces.allocate(group.observation_space, shape)
+        self.pending_obs = space_arrays.allocate(group.observation_space, shape)
         self.pending_action = jax.tree.map(
             lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
         )
@@ -109,7 +109,7 @@ class GroupSampler:
         self.pending_extras = [
             np.zeros((*shape, *s.shape[1:]), s.dtype) for s in jax.tree.leaves(self.extras_spec)
         ]
-        self.clip = jr_spaces.clip_box_actions(group.action_space)
+        self.clip = space_arrays.clip_box_actions(group.action_space)
         self.pending: Any = None
         self.acting = np.zeros(shape, np.bool_)
         """Who acted at each block's last dispatch."""
@@ -263,14 +263,14 @@ class GroupSampler:
         shape = (num_steps, self.num_envs, self.group.num_agents)
         space = self.group.observation_space
         return GroupTrajectory(
-            obs=jr_spaces.allocate(space, shape),
+            obs=space_arrays.allocate(space, shape),
             action=jax.tree.map(
                 lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
             ),
             reward=np.zeros(shape, np.float64),
             terminated=np.zeros(shape, np.bool_),
             truncated=np.zeros(shape, np.bool_),
-            next_obs=jr_spaces.allocate(space, shape),
+            next_obs=space_arrays.allocate(space, shape),
             extras=jax.tree.map(
                 lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.extras_spec
             ),

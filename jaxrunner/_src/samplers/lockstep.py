@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import BaseVectorEnv, BatchStep, VectorEnv
 from jaxrunner._src.connectors.sample_end import SampleEnd
 from jaxrunner._src.cpu_dispatch import inline_cpu_dispatch
@@ -155,7 +155,7 @@ class LockstepSampler(HostSampler):
         self.metrics, self.callbacks, self._runner = setup.metrics, callbacks, runner
         self._obs_space = envs.single_observation_space
         self._action_space = envs.single_action_space
-        self._clip = jr_spaces.clip_box_actions(self._action_space)
+        self._clip = space_arrays.clip_box_actions(self._action_space)
         self._book = EpisodeBook(num_envs)
         self._infos = InfoRecorder(setup.info_keys) if setup.info_keys else None
         self._episode_start = np.ones(num_envs, dtype=np.bool_)
@@ -168,7 +168,7 @@ class LockstepSampler(HostSampler):
             if size not in calls:
                 calls[size] = CompiledPolicyStep(
                     setup.policy, setup.params, self._state, size,
-                    jr_spaces.rows(self._obs_space, obs, slice(0, size)),
+                    space_arrays.rows(self._obs_space, obs, slice(0, size)),
                     connectors, self._packing, chunk_rows=chunk_rows,
                 )  # fmt: skip
         self._calls = [calls[rows.stop - rows.start] for rows in self.splits]
@@ -185,7 +185,7 @@ class LockstepSampler(HostSampler):
         self._background = envs.capabilities.steps_in_background
         self._actions: list[Any] = [None] * len(self.splits)
         # The latest observations of each split's envs (views of the env's buffer).
-        self._split_obs = [jr_spaces.rows(self._obs_space, obs, g) for g in self.splits]
+        self._split_obs = [space_arrays.rows(self._obs_space, obs, g) for g in self.splits]
         self.action_spec, self._extras_spec = self._calls[0].env_output_spec
         self._live: list[LiveEpisode] = []
         self._on_step = callbacks is not None and overrides(callbacks, "on_episode_step")
@@ -241,9 +241,9 @@ class LockstepSampler(HostSampler):
         return self._end_sample(buf)
 
     def get_state(self) -> dict[str, Any]:
-        obs = jr_spaces.allocate(self._obs_space, (self.envs.num_envs,))
+        obs = space_arrays.allocate(self._obs_space, (self.envs.num_envs,))
         for rows, group_obs in zip(self.splits, self._split_obs):
-            jr_spaces.copy_into(self._obs_space, obs, group_obs, rows)
+            space_arrays.copy_into(self._obs_space, obs, group_obs, rows)
         return {
             "actor": self._state,
             "book": self._book.get_state(),
@@ -255,7 +255,7 @@ class LockstepSampler(HostSampler):
         self._state = state["actor"]
         self._book.set_state(state["book"])
         self._episode_start[:] = state["episode_start"]
-        self._set_obs(jr_spaces.map_structure(self._obs_space, np.array, state["obs"]))
+        self._set_obs(space_arrays.map_structure(self._obs_space, np.array, state["obs"]))
 
     def restart_episodes(self, seeds: list[int]) -> None:
         obs, _ = self.envs.reset_batch(seeds)
@@ -266,7 +266,7 @@ class LockstepSampler(HostSampler):
     def _set_obs(self, obs: Any) -> None:
         """The envs' latest observations are ``obs`` (callbacks' live episodes restart
         from them, with the book's ids)."""
-        self._split_obs = [jr_spaces.rows(self._obs_space, obs, g) for g in self.splits]
+        self._split_obs = [space_arrays.rows(self._obs_space, obs, g) for g in self.splits]
         if self.callbacks is not None:
             ids = self._book.episode_id.tolist()
             self._live = [self._start_live(i, ids[i], obs) for i in range(self.envs.num_envs)]
@@ -275,9 +275,9 @@ class LockstepSampler(HostSampler):
         """Records split ``g``'s observations at step ``t`` and queues its policy step."""
         clock = time.perf_counter()
         rows, obs, stage = self.splits[g], self._split_obs[g], self._stages[g]
-        jr_spaces.copy_into(self._obs_space, buf.obs, obs, (t, rows))
+        space_arrays.copy_into(self._obs_space, buf.obs, obs, (t, rows))
         own = slice(0, rows.stop - rows.start)  # then padding, up to whole chunks
-        jr_spaces.copy_into(self._obs_space, stage.obs, obs, own)
+        space_arrays.copy_into(self._obs_space, stage.obs, obs, own)
         stage.episode_start[own] = self._episode_start[rows]
         tick = time.perf_counter()
         perf["obs_processing_ms"] += tick - clock
@@ -295,12 +295,12 @@ class LockstepSampler(HostSampler):
         self._pending[g] = None
         if call.rows != call.size:  # drop the padding rows
             own, same = slice(0, call.size), env_action is action
-            action = jr_spaces.rows(self._action_space, action, own)
-            env_action = action if same else jr_spaces.rows(self._action_space, env_action, own)
+            action = space_arrays.rows(self._action_space, action, own)
+            env_action = action if same else space_arrays.rows(self._action_space, env_action, own)
             extras = [leaf[own] for leaf in extras]
         tick = time.perf_counter()
         perf["inference_ms"] += tick - clock
-        jr_spaces.copy_into(self._action_space, buf.action, action, index)
+        space_arrays.copy_into(self._action_space, buf.action, action, index)
         for dst, src in zip(self._extras_leaves, extras):
             dst[index] = src
         if self._clip is not None:
@@ -324,7 +324,7 @@ class LockstepSampler(HostSampler):
             out = self.envs.step_batch(self._actions[g], None if self._whole else rows)
         tick = time.perf_counter()
         perf["env_wait_ms"] += tick - clock
-        jr_spaces.copy_into(self._obs_space, buf.next_obs, out.next_obs, index)
+        space_arrays.copy_into(self._obs_space, buf.next_obs, out.next_obs, index)
         buf.reward[index] = out.reward
         buf.terminated[index] = out.terminated
         buf.truncated[index] = out.truncated
@@ -354,7 +354,7 @@ class LockstepSampler(HostSampler):
                 self._live_next_id += 1
 
     def _start_live(self, i: int, episode_id: int, obs: Any, offset: int = 0) -> LiveEpisode:
-        first_obs = jr_spaces.take(self._obs_space, obs, i - offset)
+        first_obs = space_arrays.take(self._obs_space, obs, i - offset)
         live = LiveEpisode(i, int(episode_id), first_obs)
         self.callbacks.on_episode_start(self._runner, i, live)  # type: ignore[union-attr]
         return live

@@ -38,7 +38,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import BatchStep, VectorEnv
 from jaxrunner._src.connectors.sample_end import SampleEnd
 from jaxrunner._src.runner.metrics import PERF_KEYS
@@ -110,8 +110,8 @@ class ReadyFirstSampler(HostSampler):
         self._keep_in_flight = caps.recv_batch_size or 0
         self._obs_space = envs.single_observation_space
         self._action_space = envs.single_action_space
-        self._clip = jr_spaces.clip_box_actions(self._action_space)
-        self._obs = jr_spaces.map_structure(self._obs_space, np.copy, obs)  # latest, per env
+        self._clip = space_arrays.clip_box_actions(self._action_space)
+        self._obs = space_arrays.map_structure(self._obs_space, np.copy, obs)  # latest, per env
         connectors = setup.connectors
         self._state, self._packing = host_actor_state(
             policy, setup.seed, num_envs, connectors, self._obs_space
@@ -190,7 +190,7 @@ class ReadyFirstSampler(HostSampler):
             "actor": self._state,
             "book": self._book.get_state(),
             "episode_start": self._episode_start.copy(),
-            "obs": jr_spaces.map_structure(self._obs_space, np.copy, self._obs),
+            "obs": space_arrays.map_structure(self._obs_space, np.copy, self._obs),
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -202,11 +202,11 @@ class ReadyFirstSampler(HostSampler):
         self._state = state["actor"]
         self._book.set_state(state["book"])
         self._episode_start[:] = state["episode_start"]
-        self._obs = jr_spaces.map_structure(self._obs_space, np.array, state["obs"])
+        self._obs = space_arrays.map_structure(self._obs_space, np.array, state["obs"])
 
     def restart_episodes(self, seeds: list[int]) -> None:
         obs, _ = self.envs.reset_batch(seeds)
-        self._obs = jr_spaces.map_structure(self._obs_space, np.copy, obs)
+        self._obs = space_arrays.map_structure(self._obs_space, np.copy, obs)
         self._book.restart()
         self._episode_start[:] = True
         self._ready = [slice(0, self.envs.num_envs)]
@@ -261,18 +261,18 @@ class ReadyFirstSampler(HostSampler):
         count = len(index)
         bucket = self.buckets[bisect.bisect_left(self.buckets, count)]
         call, stage = self._calls[bucket], self._stages[bucket]
-        obs = jr_spaces.map_structure(self._obs_space, lambda x: x[index], self._obs)
+        obs = space_arrays.map_structure(self._obs_space, lambda x: x[index], self._obs)
         where = self._rows(index)
         for buf, rows, envs, sel in where:
-            jr_spaces.copy_into(
-                self._obs_space, buf.obs, jr_spaces.take(self._obs_space, obs, sel), (rows, envs)
+            space_arrays.copy_into(
+                self._obs_space, buf.obs, space_arrays.take(self._obs_space, obs, sel), (rows, envs)
             )
         # A full batch computes env i at row i (its rows are the envs); a smaller
         # bucket takes the ready envs in order, then padding.
         at = index if bucket == num_envs else np.arange(count)
         stage.env_index[:] = num_envs  # padding: computed, never written back
         stage.episode_start[:] = False
-        jr_spaces.copy_into(self._obs_space, stage.obs, obs, at)
+        space_arrays.copy_into(self._obs_space, stage.obs, obs, at)
         stage.episode_start[at] = self._episode_start[index]
         stage.env_index[at] = index
         tick = time.perf_counter()
@@ -287,18 +287,20 @@ class ReadyFirstSampler(HostSampler):
         for ids, part_index in zip(todo, indices):
             n = len(part_index)
             part_at = at[k : k + n]
-            part = jr_spaces.map_structure(self._action_space, lambda x, at=part_at: x[at], action)
+            part = space_arrays.map_structure(
+                self._action_space, lambda x, at=part_at: x[at], action
+            )
             env_part = part
             if env_actions is not action:  # action connectors: the env's own actions
-                env_part = jr_spaces.map_structure(
+                env_part = space_arrays.map_structure(
                     self._action_space, lambda x, at=part_at: x[at], env_actions
                 )
             # One ready group (the common case) records where its observations went.
             for buf, rows, envs, sel in where if len(todo) == 1 else self._rows(part_index):
                 recorded = part  # all of it, unless some envs record into the next sample
                 if not isinstance(sel, slice):
-                    recorded = jr_spaces.take(self._action_space, part, sel)
-                jr_spaces.copy_into(self._action_space, buf.action, recorded, (rows, envs))
+                    recorded = space_arrays.take(self._action_space, part, sel)
+                space_arrays.copy_into(self._action_space, buf.action, recorded, (rows, envs))
                 for dst, src in zip(self._extras_leaves(buf), extras):
                     dst[rows, envs] = src[part_at][sel]
             self._episode_start[part_index] = False
@@ -321,9 +323,9 @@ class ReadyFirstSampler(HostSampler):
         n = len(index)
         self._in_flight -= n
         for buf, rows, envs, sel in self._rows(index):
-            jr_spaces.copy_into(
+            space_arrays.copy_into(
                 self._obs_space, buf.next_obs,
-                jr_spaces.take(self._obs_space, out.next_obs, sel), (rows, envs),
+                space_arrays.take(self._obs_space, out.next_obs, sel), (rows, envs),
             )  # fmt: skip
             buf.reward[rows, envs] = out.reward[sel]
             buf.terminated[rows, envs] = out.terminated[sel]
@@ -333,7 +335,7 @@ class ReadyFirstSampler(HostSampler):
             if self._infos is not None:
                 infos = out.infos if isinstance(sel, slice) else [out.infos[k] for k in sel]
                 self._infos.record(buf.extras, rows, envs.tolist(), infos)
-        jr_spaces.copy_into(self._obs_space, self._obs, out.obs, index)
+        space_arrays.copy_into(self._obs_space, self._obs, out.obs, index)
         done = np.logical_or(out.terminated, out.truncated)
         if out.failed is not None:
             done |= out.failed

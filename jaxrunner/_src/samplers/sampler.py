@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.runner.metrics import RunnerMetrics
 from jaxrunner._src.runner.policy import Params, Policy
@@ -127,12 +127,12 @@ def allocate_trajectory(
     ``infos``, its arrays too (``extras["infos"]``, ``extras["infos_present"]``)."""
     shape = (num_steps, num_envs)
     buf = Trajectory(
-        obs=jr_spaces.allocate(obs_space, shape),
-        action=jr_spaces.allocate(action_space, shape),
+        obs=space_arrays.allocate(obs_space, shape),
+        action=space_arrays.allocate(action_space, shape),
         reward=np.zeros(shape, np.float64),
         terminated=np.zeros(shape, np.bool_),
         truncated=np.zeros(shape, np.bool_),
-        next_obs=jr_spaces.allocate(obs_space, shape),
+        next_obs=space_arrays.allocate(obs_space, shape),
         extras=jax.tree.map(lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), extras_spec),
         env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
         episode_id=np.zeros(shape, np.int64),

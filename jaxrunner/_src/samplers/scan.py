@@ -48,7 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.functional_env import EnvStep
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.connectors.pipeline import (
@@ -87,7 +87,7 @@ def rollout(
         The new state, the :class:`Trajectory` ``[T, B, ...]`` and the ``ends`` of
         :func:`~.scan_loop.scan_envs`.
     """
-    clip = jr_spaces.clip_box_actions_jax(envs.single_action_space)
+    clip = space_arrays.clip_box_actions_jax(envs.single_action_space)
 
     def step_fn(
         actor: ActorState, obs: Any, start: jax.Array, env_state: Any, step_keys: jax.Array
@@ -96,7 +96,7 @@ def rollout(
             policy.apply_fn, params, actor, obs, start, None, connectors
         )
         # Checked while tracing (shapes only), before the env sees the actions.
-        jr_spaces.check_policy_actions(envs.single_action_space, action, envs.num_envs)
+        space_arrays.check_policy_actions(envs.single_action_space, action, envs.num_envs)
         out = envs.step(step_keys, env_state, clip(env_action), env_params)
         record = {"obs": obs, "action": action, "next_obs": out.obs, "extras": extras}
         return out, record, actor

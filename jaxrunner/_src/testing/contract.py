@@ -25,7 +25,7 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.testing.envs import (
@@ -235,8 +235,8 @@ class VectorEnvContract:
                 if sorted(out.reset_infos) != np.flatnonzero(done).tolist():
                     raise AssertionError(f"{where}: reset_infos for {sorted(out.reset_infos)}")
                 for i in range(self.num_envs):
-                    next_i = jr_spaces.take(space, out.next_obs, i)
-                    want = info["final_obs"][i] if done[i] else jr_spaces.take(space, obs, i)
+                    next_i = space_arrays.take(space, out.next_obs, i)
+                    want = info["final_obs"][i] if done[i] else space_arrays.take(space, obs, i)
                     assert_trees_equal(next_i, want, f"{where}: next_obs[{i}]")
 
     def test_step_batch_rows_steps_only_those_envs(self) -> None:
@@ -258,7 +258,7 @@ class VectorEnvContract:
                     assert_trees_equal(
                         (out.obs, out.reward, out.terminated, out.truncated),
                         (
-                            jr_spaces.rows(space, obs, rows),
+                            space_arrays.rows(space, obs, rows),
                             reward[rows],
                             terminated[rows],
                             truncated[rows],
@@ -306,15 +306,15 @@ class VectorEnvContract:
             actions = ref.action_space.sample()
             out = vec.step_batch(actions)
             ref.step(actions)
-            before = jr_spaces.map_structure(space, np.copy, out.obs)
+            before = space_arrays.map_structure(space, np.copy, out.obs)
             obs_i, info_i = vec.reset_at(index, seed=99)
             # The reference resets the same sub-env directly and nothing else.
             assert_trees_equal((obs_i, info_i), ref.envs[index].reset(seed=99), "reset_at")
             for j in range(n):
                 if j != index:
                     assert_trees_equal(
-                        jr_spaces.take(space, out.obs, j),
-                        jr_spaces.take(space, before, j),
+                        space_arrays.take(space, out.obs, j),
+                        space_arrays.take(space, before, j),
                         f"obs buffer row {j} after reset_at({index})",
                     )
             self._run_parity(vec, ref, "after reset_at", 10)

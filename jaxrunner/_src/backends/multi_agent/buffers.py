@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.runner.agent_groups import AgentGroup
 
 FIELDS = (
@@ -55,14 +55,14 @@ class GroupBuffers:
         shape = (num_envs, group.num_agents)
         space = group.observation_space
         return cls.of(
-            obs=jr_spaces.allocate(space, shape),
+            obs=space_arrays.allocate(space, shape),
             acting=np.zeros(shape, np.bool_),
             agent_start=np.zeros(shape, np.bool_),
             completed=np.zeros(shape, np.bool_),
             reward=np.zeros(shape, np.float64),
             terminated=np.zeros(shape, np.bool_),
             truncated=np.zeros(shape, np.bool_),
-            next_obs=jr_spaces.allocate(space, shape),
+            next_obs=space_arrays.allocate(space, shape),
         )
 
     @classmethod

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.layout import AgentSlot, Layout, agent_label
 from jaxrunner.errors import EnvError, InvalidArgumentError
 
@@ -114,7 +114,7 @@ class Driver(abc.ABC):
         if type(reward) is float and reward - reward == 0.0:  # a finite float: fast path
             value = reward
         else:
-            value = jr_spaces.check_reward(reward, agent_label(self.env_index, agent))
+            value = space_arrays.check_reward(reward, agent_label(self.env_index, agent))
         pending = self.pending_reward
         pending[agent] = pending.get(agent, 0.0) + value
         return value
@@ -145,7 +145,7 @@ def check_infos(infos: Any, index: int, call: str) -> dict[str, Any]:
     infos, per agent), or the error that names the sub-env and agent."""
     for agent, info in check_dict(infos, call, "infos", index).items():
         if type(info) is not dict:
-            jr_spaces.check_info(info, agent_label(index, agent), call)
+            space_arrays.check_info(info, agent_label(index, agent), call)
     return infos
 
 

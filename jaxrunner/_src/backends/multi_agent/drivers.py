@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.driver import Driver, check_dict, check_infos
 from jaxrunner._src.backends.multi_agent.layout import AgentSlot, Layout, agent_label
 from jaxrunner.errors import EnvError, InvalidArgumentError
@@ -106,7 +106,7 @@ class ParallelDriver(Driver):
         env_reward, pending = 0.0, self.pending_reward
         for agent, r in rewards.items():
             if type(r) is not float or r - r != 0.0:  # not a finite float: check it
-                r = jr_spaces.check_reward(r, agent_label(i, agent))
+                r = space_arrays.check_reward(r, agent_label(i, agent))
             pending[agent] = pending.get(agent, 0.0) + r
             env_reward += r
         # The buffers hold every acting agent as completed and still acting
@@ -124,9 +124,9 @@ class ParallelDriver(Driver):
                 ) from None
             term, trunc = terms.get(agent, False), truncs.get(agent, False)
             if type(term) is not bool:
-                term = jr_spaces.check_flag(term, agent_label(i, agent), "terminated")
+                term = space_arrays.check_flag(term, agent_label(i, agent), "terminated")
             if type(trunc) is not bool:
-                trunc = jr_spaces.check_flag(trunc, agent_label(i, agent), "truncated")
+                trunc = space_arrays.check_flag(trunc, agent_label(i, agent), "truncated")
             a, row = slot.a, slot.row
             slot.write_next(row, next_obs)
             slot.reward[a] = pending.pop(agent, 0.0)
@@ -212,10 +212,12 @@ class AECDriver(Driver):
         reward = 0.0
         while env.agents:
             agent = env.agent_selection
-            term = jr_spaces.check_flag(
+            term = space_arrays.check_flag(
                 env.terminations[agent], agent_label(i, agent), "terminated"
             )
-            trunc = jr_spaces.check_flag(env.truncations[agent], agent_label(i, agent), "truncated")
+            trunc = space_arrays.check_flag(
+                env.truncations[agent], agent_label(i, agent), "truncated"
+            )
             if not (term or trunc):
                 break
             if agent in self.acted:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
 from jaxrunner._src.runner.agent_groups import AgentGroup
 from jaxrunner.errors import EnvError
@@ -35,8 +35,8 @@ class Layout:
                 self.slot[agent] = (g, a)
         self.writers = [
             (
-                jr_spaces.make_writer(group.observation_space, buf.obs_rows, "obs", where),
-                jr_spaces.make_writer(
+                space_arrays.make_writer(group.observation_space, buf.obs_rows, "obs", where),
+                space_arrays.make_writer(
                     group.observation_space, buf.next_obs_rows, "next_obs", where
                 ),
             )

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep
 from jaxrunner._src.backends.multi_agent.driver import Driver
 from jaxrunner._src.backends.multi_agent.drivers import AECDriver, make_driver
@@ -341,10 +341,10 @@ class ActionCheck:
         self._fast: list[tuple[tuple[int, ...], str]] | None = []
         for group in self.groups:
             space = group.action_space
-            if type(space) not in jr_spaces.LEAF_TYPES:
+            if type(space) not in space_arrays.LEAF_TYPES:
                 self._fast = None
                 break
-            shape, dtype = jr_spaces.leaf_spec(space)
+            shape, dtype = space_arrays.leaf_spec(space)
             kinds = "iu" if dtype.kind in "iu" else "f" if dtype.kind == "f" else ""
             self._fast.append(((num_envs, group.num_agents, *shape), kinds))
 
@@ -380,7 +380,7 @@ class ActionCheck:
                     )
                 return np.asarray(x).reshape(-1, *shape[2:])
 
-            jr_spaces.check_action_batch(group.action_space, jax.tree.map(flat, batch), rows)
+            space_arrays.check_action_batch(group.action_space, jax.tree.map(flat, batch), rows)
         return actions
 
 

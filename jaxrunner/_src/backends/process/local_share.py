@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import BatchStep, Capabilities, EnvIds, VectorEnv, block_rows
 from jaxrunner._src.backends.error_indices import with_global_env_index
 from jaxrunner._src.backends.process.config import ProcessConfig, checked_config, main_process_share
@@ -243,14 +243,14 @@ class LocalShareVectorEnv(VectorEnv):
         local, remote = lo < k, hi > k
         space = self.single_action_space
         if local:  # checked here: the workers' rows may start before the main process's
-            actions = jr_spaces.check_action_batch(space, actions, hi - lo)
+            actions = space_arrays.check_action_batch(space, actions, hi - lo)
         if remote:
-            part = actions if not local else jr_spaces.rows(space, actions, slice(k - lo, None))
+            part = actions if not local else space_arrays.rows(space, actions, slice(k - lo, None))
             self._remote.send(part, slice(max(lo, k) - k, hi - k))
         local_actions = None
         if local:  # a copy: the caller may reuse its array before the matching recv
-            part = actions if not remote else jr_spaces.rows(space, actions, slice(0, k - lo))
-            local_actions = jr_spaces.map_structure(space, np.array, part)
+            part = actions if not remote else space_arrays.rows(space, actions, slice(0, k - lo))
+            local_actions = space_arrays.map_structure(space, np.array, part)
         self._sent.append(_Send(lo, hi, local_actions, remote))
 
     def recv(self) -> BatchStep:
@@ -313,8 +313,8 @@ class LocalShareVectorEnv(VectorEnv):
         buffers, space, k = self._buffers, self.single_observation_space, self.main_process_envs
         for out in (local, remote):
             rows = out.env_ids
-            jr_spaces.copy_into(space, buffers.obs, out.obs, rows)
-            jr_spaces.copy_into(space, buffers.next_obs, out.next_obs, rows)
+            space_arrays.copy_into(space, buffers.obs, out.obs, rows)
+            space_arrays.copy_into(space, buffers.next_obs, out.next_obs, rows)
             buffers.reward[rows] = out.reward
             buffers.terminated[rows] = out.terminated
             buffers.truncated[rows] = out.truncated
@@ -339,8 +339,8 @@ class LocalShareVectorEnv(VectorEnv):
     def _obs_buffer(self) -> Any:
         """Both parts' current observations, copied into this env's buffer."""
         k, space, obs = self.main_process_envs, self.single_observation_space, self._buffers.obs
-        jr_spaces.copy_into(space, obs, self._local._obs_buffer(), slice(0, k))
-        jr_spaces.copy_into(space, obs, self._remote._obs_buffer(), slice(k, None))
+        space_arrays.copy_into(space, obs, self._local._obs_buffer(), slice(0, k))
+        space_arrays.copy_into(space, obs, self._remote._obs_buffer(), slice(k, None))
         return obs
 
     def _check_open(self, what: str) -> None:

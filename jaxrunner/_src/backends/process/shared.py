@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Protocol
 import gymnasium
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import BatchStep
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_envs import (
@@ -171,8 +171,8 @@ class Carver:
 
     def space(self, space: gymnasium.Space, lead: tuple[int, ...] = ()) -> Any:
         """Buffers of ``space``'s values, ``[num_envs, *lead, ...]``."""
-        template = jr_spaces.allocate(space, (0,))
-        return jr_spaces.map_structure(
+        template = space_arrays.allocate(space, (0,))
+        return space_arrays.map_structure(
             space,
             lambda leaf: self.take((self.num_envs, *lead, *leaf.shape[1:]), leaf.dtype),
             template,
@@ -225,16 +225,16 @@ class Layout:
     def actions_reader(self, views: Views) -> Callable[[int, int], list[Any]]:
         space, buffer = self.action_space, views.action
         if isinstance(space, (gymnasium.spaces.Dict, gymnasium.spaces.Tuple)):
-            return lambda lo, hi: [jr_spaces.take(space, buffer, i) for i in range(lo, hi)]
+            return lambda lo, hi: [space_arrays.take(space, buffer, i) for i in range(lo, hi)]
         if buffer.ndim == 1:
             return lambda lo, hi: list(buffer[lo:hi])  # numpy scalars are copies
         return lambda lo, hi: list(buffer[lo:hi].copy())
 
     def check_actions(self, actions: Any, num: int) -> None:
-        jr_spaces.check_action_batch(self.action_space, actions, num)
+        space_arrays.check_action_batch(self.action_space, actions, num)
 
     def write_actions(self, views: Views, actions: Any, lo: int, hi: int) -> None:
-        jr_spaces.copy_into(self.action_space, views.action, actions, slice(lo, hi))
+        space_arrays.copy_into(self.action_space, views.action, actions, slice(lo, hi))
 
     def fail_slot(self, views: Views, index: int) -> None:
         fail_slot(views.step_buffers, self.observation_space, index)

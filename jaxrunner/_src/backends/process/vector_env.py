@@ -10,7 +10,7 @@ from typing import Any
 import gymnasium
 from gymnasium.vector.utils import batch_space
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import BatchStep, Capabilities, EnvIds, VectorEnv
 from jaxrunner._src.backends.process.config import ProcessConfig, checked_config
 from jaxrunner._src.backends.process.handle import Resources, shutdown
@@ -208,8 +208,8 @@ class ProcessVectorEnv(TransportForwarding, VectorEnv):
                         f"sub-env {i} has {name}={got}, but sub-env 0 has {expected}; every "
                         "sub-env of a vector env must have equal spaces. Check the factory."
                     )
-        jr_spaces.check_supported(self.single_observation_space, "single_observation_space")
-        jr_spaces.check_supported(self.single_action_space, "single_action_space")
+        space_arrays.check_supported(self.single_observation_space, "single_observation_space")
+        space_arrays.check_supported(self.single_action_space, "single_action_space")
 
     # -- the backend contract -------------------------------------------------------------------
 
@@ -226,7 +226,7 @@ class ProcessVectorEnv(TransportForwarding, VectorEnv):
         self._check_open("reset_at")
         self._check_index(index, "reset_at")
         info = self._transport.reset_at(index, seed, options)
-        return jr_spaces.take(self.single_observation_space, self._views.obs, index), info
+        return space_arrays.take(self.single_observation_space, self._views.obs, index), info
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         """Validates ``actions``, writes them to shared memory and tells the workers of

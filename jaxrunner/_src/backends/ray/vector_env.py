@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import BatchStep, Capabilities, EnvIds, VectorEnv
 from jaxrunner._src.backends.ray.actor_manager import ActorForwarding, ActorPool, EnvFactory
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
@@ -154,7 +154,7 @@ class RayVectorEnv(ActorForwarding, VectorEnv):
             except Exception as err:
                 cause = self._actors.remote_error(err, u, "reset")
                 obs, part = self._actors.replace(u, cause)
-            jr_spaces.copy_into(self.single_observation_space, self._obs, obs, self.unit_rows[u])
+            space_arrays.copy_into(self.single_observation_space, self._obs, obs, self.unit_rows[u])
             infos.extend(part)
         return self._obs, infos
 
@@ -172,8 +172,8 @@ class RayVectorEnv(ActorForwarding, VectorEnv):
             obs, info = self._actors.ray.get(ref)
         except Exception as err:
             raise self._actors.remote_error(err, u, "reset_at")  # noqa: B904  (chained)
-        jr_spaces.copy_into(self.single_observation_space, self._obs, obs, index)
-        return jr_spaces.take(self.single_observation_space, self._obs, index), info
+        space_arrays.copy_into(self.single_observation_space, self._obs, obs, index)
+        return space_arrays.take(self.single_observation_space, self._obs, index), info
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         """Starts the step of the actors of ``env_ids`` (None: all; else a slice or an
@@ -189,7 +189,7 @@ class RayVectorEnv(ActorForwarding, VectorEnv):
                 "in flight from an earlier send; recv() its result first."
             )
         for u, at in units:
-            part = jr_spaces.map_structure(
+            part = space_arrays.map_structure(
                 self.single_action_space, lambda a, at=at: np.asarray(a)[at], actions
             )
             self._submit(u, part, None)
@@ -291,7 +291,7 @@ class RayVectorEnv(ActorForwarding, VectorEnv):
 
     def _part(self, actions: Any, lo: int, start: int, stop: int) -> Any:
         """Rows ``[start, stop)`` of ``actions`` (whose row 0 is sub-env ``lo``)."""
-        return jr_spaces.map_structure(
+        return space_arrays.map_structure(
             self.single_action_space, lambda a: np.asarray(a)[start - lo : stop - lo], actions
         )
 
@@ -311,8 +311,8 @@ class RayVectorEnv(ActorForwarding, VectorEnv):
                 return self._failed_result(u, rows, obs, cause)
             raise cause  # noqa: B904  (a sub-env raised, restarts off or given up; chained)
         space, offset = self.single_observation_space, self.unit_rows[u].start
-        jr_spaces.copy_into(space, self._obs, out.obs, rows)
-        jr_spaces.copy_into(space, self._next_obs, out.next_obs, rows)
+        space_arrays.copy_into(space, self._obs, out.obs, rows)
+        space_arrays.copy_into(space, self._next_obs, out.next_obs, rows)
         self._reward[rows], self._terminated[rows] = out.reward, out.terminated
         self._truncated[rows] = out.truncated
         failed = out.failed
@@ -331,7 +331,7 @@ class RayVectorEnv(ActorForwarding, VectorEnv):
         """Every sub-env of the replaced actor ``u``: a failed slot (reward 0, no flags,
         ``obs`` and ``next_obs`` the new sub-envs' reset observations)."""
         space, unit = self.single_observation_space, self.unit_rows[u]
-        jr_spaces.copy_into(space, self._obs, obs, unit)
+        space_arrays.copy_into(space, self._obs, obs, unit)
         fail_slot(self._buffers, space, unit)
         n = rows.stop - rows.start
         errors = dict.fromkeys(range(rows.start, rows.stop), cause)

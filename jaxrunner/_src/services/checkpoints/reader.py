@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.runner.npz_reader import NUMERIC_KINDS, HeaderCheck, NpzReader
 from jaxrunner._src.services.checkpoints.format import (
     MAX_META_BYTES,
@@ -69,8 +69,8 @@ class CheckpointReader:
     def episode_specs(obs_space: Any, action_space: Any) -> dict[str, Any]:
         """The leaf specs a kept episode's ``obs`` and ``action`` arrays must have."""
         return {
-            "obs": leaf_specs(jr_spaces.allocate(obs_space, (0,))),
-            "action": leaf_specs(jr_spaces.allocate(action_space, (0,))),
+            "obs": leaf_specs(space_arrays.allocate(obs_space, (0,))),
+            "action": leaf_specs(space_arrays.allocate(action_space, (0,))),
         }
 
     def check_episode_meta(

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.runner.trajectory import Episode
 from jaxrunner.errors import InvalidArgumentError
 
@@ -96,7 +96,7 @@ class EpisodeCheck:
                 for i, (v, sub) in enumerate(zip(value, space.spaces))
             )
         array = self.numeric(value, field, "biuf")
-        shape, _ = jr_spaces.leaf_spec(space)
+        shape, _ = space_arrays.leaf_spec(space)
         if array.shape != (rows, *shape):
             raise self.error(
                 field,

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.runner.trajectory import Episode
 from jaxrunner._src.services.datasets.dependency import import_minari
 from jaxrunner.errors import InvalidArgumentError
@@ -57,7 +57,7 @@ def to_minari(
     minari = import_minari()
     from minari.data_collector import EpisodeBuffer
 
-    clip = jr_spaces.clip_box_actions(action_space)
+    clip = space_arrays.clip_box_actions(action_space)
     seeds = dict(seeds or {})
     buffers = []
     for episode in episodes:

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.runner.policy import Params, Policy, check_params_like
 from jaxrunner._src.samplers import keys
 from jaxrunner._src.samplers.batch_invariance import (
@@ -292,9 +292,9 @@ class PolicyBatcher:
         logged[:] = False
         count[...] = len(rows)  # the rows after them (stale host data) are padding
         for i, row in enumerate(rows):
-            jr_spaces.copy_into(self._obs_space, obs, row.obs, i)
+            space_arrays.copy_into(self._obs_space, obs, row.obs, i)
             if row.action is not None:
-                jr_spaces.copy_into(self._action_space, given, row.action, i)
+                space_arrays.copy_into(self._action_space, given, row.action, i)
                 logged[i] = True
             id_hi[i], id_lo[i] = row.episode_id >> 32, row.episode_id & 0xFFFFFFFF
             steps[i] = row.step
@@ -304,17 +304,17 @@ class PolicyBatcher:
             params = self._params
         host = np.asarray(jax.device_get(step(params, jax.device_put(stage))))
         action, extras, new_carry = out_packing.host_views(host)
-        action = jr_spaces.map_structure(
+        action = space_arrays.map_structure(
             self._action_space,
             lambda leaf, like: leaf.astype(like.dtype),
             action,
-            jr_spaces.allocate(self._action_space, ()),
+            space_arrays.allocate(self._action_space, ()),
         )
         results: list[RowResult] = []
         for i in range(len(rows)):
             results.append(
                 (
-                    jr_spaces.take(self._action_space, action, i),
+                    space_arrays.take(self._action_space, action, i),
                     {k: np.array(v[i]) for k, v in extras.items()},
                     None
                     if new_carry is None
@@ -334,8 +334,8 @@ class PolicyBatcher:
         policy, action_space = self._policy, self._action_space
         carry = policy.batched_carry(size)
         in_example = (
-            jr_spaces.allocate(self._obs_space, (size,)),
-            jr_spaces.allocate(action_space, (size,)),
+            space_arrays.allocate(self._obs_space, (size,)),
+            space_arrays.allocate(action_space, (size,)),
             np.zeros(size, np.bool_),
             np.zeros(size, np.uint32),
             np.zeros(size, np.uint32),
@@ -375,7 +375,7 @@ class PolicyBatcher:
             return ((action, extras, new_carry),)
 
         program = compile_packed(step, (self._params,), in_example)
-        jr_spaces.check_policy_actions(self._action_space, program.output_spec[0], size)
+        space_arrays.check_policy_actions(self._action_space, program.output_spec[0], size)
         compiled = lambda params, stage: program.run(params, stage)[0]  # noqa: E731
         entry = (compiled, program.inputs, program.outputs, program.inputs.allocate())
         self._compiled[size] = entry

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.runner.policy import Policy
 from jaxrunner._src.services.external.episodes import MAX_EPISODE_ID
 from jaxrunner._src.space_arrays import check_value
@@ -37,7 +37,7 @@ def check_construction(observation_space: Any, action_space: Any, policy: Any, s
             raise InvalidArgumentTypeError(
                 f"ExternalEnv({name}=...): expected a gymnasium space, got {type(space).__name__}."
             )
-        jr_spaces.check_supported(space, name)
+        space_arrays.check_supported(space, name)
     if not isinstance(policy, Policy):
         raise InvalidArgumentTypeError(
             f"ExternalEnv(policy=...): expected a jaxrunner.Policy, got {policy!r}."

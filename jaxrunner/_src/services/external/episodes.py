@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.runner.trajectory import Episode
 from jaxrunner._src.services.external.memory import (
     TRIM_EVERY_BYTES,
@@ -115,7 +115,7 @@ class LiveEpisode:
             self.pending_reward = 0.0
             dropped = 1
         if not self.obs:
-            self.obs.append(jr_spaces.allocate(observation_space, ()))  # never output
+            self.obs.append(space_arrays.allocate(observation_space, ()))  # never output
         return dropped
 
     def to_episode(
@@ -149,12 +149,12 @@ class LiveEpisode:
 def _stack_releasing(space: spaces.Space, rows: list[Any]) -> Any:
     """``rows`` stacked along a new first axis; empties ``rows``, dropping each row
     once it is copied."""
-    stacked = jr_spaces.map_structure(
+    stacked = space_arrays.map_structure(
         space, lambda leaf: np.empty((len(rows), *np.shape(leaf)), np.asarray(leaf).dtype), rows[0]
     )
     freed = 0
     for t in range(len(rows)):
-        jr_spaces.copy_into(space, stacked, rows[t], t)
+        space_arrays.copy_into(space, stacked, rows[t], t)
         freed += tree_nbytes(rows[t])
         rows[t] = None  # its memory goes back now, not after the whole copy
         if freed >= TRIM_EVERY_BYTES:

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.runner.policy import Params, Policy
 from jaxrunner._src.runner.trajectory import EpisodeSpan
 from jaxrunner.errors import MemoryLimitError
@@ -81,7 +81,7 @@ def estimate_step_nbytes(
     space and the policy's extras for one row (traced abstractly, nothing compiled),
     so the first step's reservation covers its extras too."""
     keys = jax.random.split(jax.random.key(0), 1)
-    obs = jr_spaces.allocate(observation_space, (1,))
+    obs = space_arrays.allocate(observation_space, (1,))
     _, extras, _ = jax.eval_shape(policy.apply_fn, params, obs, policy.batched_carry(1), keys)
     row_extras = {k: np.zeros(v.shape[1:], v.dtype) for k, v in dict(extras).items()}
     return step_nbytes(observation_space.sample(), action_space.sample(), row_extras)

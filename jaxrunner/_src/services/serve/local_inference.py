@@ -10,7 +10,7 @@ import httpx
 from gymnasium import spaces
 
 from jaxrunner import errors
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.runner.trajectory import Episode
 from jaxrunner._src.services.external import ExternalEnv, LiveEpisode
 from jaxrunner._src.services.serve import wire
@@ -95,8 +95,8 @@ class EpisodeReport:
     def encode_step(self, episode: Episode | None, t: int) -> tuple[str, str, str]:
         """Step ``t`` of ``episode`` as the JSON texts of its obs, action and reward."""
         assert episode is not None
-        obs = jr_spaces.take(self.observation_space, episode.obs, t)
-        action = jr_spaces.take(self.action_space, episode.action, t)
+        obs = space_arrays.take(self.observation_space, episode.obs, t)
+        action = space_arrays.take(self.action_space, episode.action, t)
         return (
             json.dumps(wire.encode_tree(self.observation_space, obs)),
             json.dumps(wire.encode_tree(self.action_space, action)),
@@ -136,7 +136,7 @@ class EpisodeReport:
         ended = True
         try:
             if episode is not None:
-                obs = jr_spaces.take(self.observation_space, episode.obs, reported)
+                obs = space_arrays.take(self.observation_space, episode.obs, reported)
                 body = {"obs": wire.encode_tree(self.observation_space, obs), "truncated": True}
                 request_json(self.http, "POST", f"/v1/episodes/{episode_id}/end", body)
         except (httpx.HTTPError, errors.JaxRunnerError):
