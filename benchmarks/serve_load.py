@@ -379,16 +379,18 @@ async def run_load(
     """``num_clients`` agents over ``agent_processes`` processes playing CartPole until
     ``num_requests`` requests are made, beside ``hostile`` sockets of ``kind`` (or, for
     ``cpu_placebo``, a process burning ``placebo_fraction`` of a core)."""
-    agents = AgentProcesses(url, token, num_clients, num_requests, seed, agent_processes)
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
         before = (await http.get("/v1/metrics")).json()
     attackers: HostileProcess | PlaceboProcess | None = None
+    opened = time.perf_counter()
     if kind == "cpu_placebo":
         attackers = PlaceboProcess(placebo_fraction)
     elif kind:
         attackers = HostileProcess(url, kind, hostile, hostile_max_opens)
-    await asyncio.sleep(8.0 if kind else 0.0)  # spawned, and every hostile socket open
+    # The agents start up while the hostile sockets open (8 s: spawned, every one open).
+    agents = AgentProcesses(url, token, num_clients, num_requests, seed, agent_processes)
+    await asyncio.sleep(max(0.0, opened + 8.0 - time.perf_counter()) if kind else 0.0)
     pids = {"server": server_pid, "other": attackers.pid if attackers else None}
     cpu_before = {k: cpu_seconds(pid) for k, pid in pids.items() if pid is not None}
     started = time.perf_counter()
@@ -407,7 +409,7 @@ async def run_load(
     for part in parts:
         statuses.update({int(k): v for k, v in part["statuses"].items()})
     steps = sum(part["steps"] for part in parts)
-    opened = sum(part["connections_opened"] for part in parts)
+    connections = sum(part["connections_opened"] for part in parts)
     every = [x for values in latencies.values() for x in values]
 
     def percentiles(values: list[float]) -> dict[str, float]:
@@ -430,8 +432,8 @@ async def run_load(
         "dropped_steps": metrics["num_dropped_steps"] - before["num_dropped_steps"],
         # The agents' TCP connections: one per client unless the server closed some.
         "agent_processes": agent_processes,
-        "agent_connections_opened": opened,
-        "agent_reconnects": max(0, opened - num_clients),
+        "agent_connections_opened": connections,
+        "agent_reconnects": max(0, connections - num_clients),
         "hostile_kind": kind,
         "hostile_sockets": hostile if kind else 0,
         "hostile": slow_counts,
