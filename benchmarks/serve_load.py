@@ -1,11 +1,15 @@
 """Load test of the policy server: throughput and latency under many concurrent agents.
 
 Each system is a ``jaxrunner serve`` subprocess (CartPole-v1 spaces, a 64-64 tanh
-MLP, token auth on, 127.0.0.1). The load comes from this process: ``--clients``
-agents on one asyncio loop (httpx), each playing CartPole episodes against the
-server over HTTP (start, then action + returns per step, then end), until
-``--requests`` requests have been made in all. Systems run in interleaved rounds
-(the machine is shared; medians are kept):
+MLP, token auth on, 127.0.0.1). The load comes from ``--clients`` agents spread
+over ``--agent-processes`` processes (httpx, one asyncio loop each), each agent
+playing CartPole episodes against the server over HTTP (start, then action + returns
+per step, then end), until ``--requests`` requests have been made in all. One
+process of 32 httpx clients needs about a core at 500 requests/s: on one process the
+benchmark measures the load generator, not the server. Each agent keeps one
+keep-alive connection; every connection opened beyond one per agent is a reconnect
+(``agent_reconnects``: the server closed an authenticated connection; must be 0).
+Systems run in interleaved rounds (the machine is shared; medians are kept):
 
 * ``batched``: ``--max-batch 64 --max-wait-ms 2``: concurrent actions share one
   jitted policy call.
@@ -27,19 +31,20 @@ socket that burns as much CPU as the busiest hostile process of the round did. I
 separates the two causes of a slowdown under attack: if the agents' rate beside the
 placebo is close to their rate beside the hostile sockets, the loss is the load
 generator's own CPU on the shared cores, not the server's handling of the sockets.
-Every run records the CPU seconds of the server, the agents' process and the hostile
-(or placebo) process, per legitimate request.
+Every run records the CPU seconds of the server, the agents' processes and the
+hostile (or placebo) process, per legitimate request.
 
 Each run records requests/s, latency percentiles, the responses by status (5xx must
 stay 0), lost steps (steps the agents took in episodes they ended, minus the
 server's ``num_env_steps``: must be 0) and what became of the hostile sockets.
-The hostile sockets run in a process of their own (not in the agents' event loop);
+The hostile sockets run in a process of their own (not in the agents' event loops);
 the agents, the hostile sockets and the server share the machine's cores.
 
 Usage::
 
-    python3 benchmarks/serve_load.py --requests 10000 --clients 32 --rounds 2 \\
-        --hostile 1000 --max-connections 1000 --out benchmarks/results/serve_load_cpu.json
+    python3 benchmarks/serve_load.py --requests 10000 --clients 32 --agent-processes 4 \\
+        --rounds 2 --hostile 1000 --max-connections 1000 \\
+        --out benchmarks/results/serve_load_cpu.json
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ def start_server(
     return process, json.loads(process.stdout.readline())
 
 
+KINDS_OF_CALL = ("start", "action", "returns", "end")
 MAX_HOSTILE = 2000
 KINDS = ("slow_reader", "idle_keepalive", "slowloris")
 PIPELINED = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 400
@@ -245,37 +251,34 @@ async def hostile_sockets(
     return dict(counts)
 
 
-async def run_load(
-    url: str,
-    token: str,
-    num_clients: int,
-    num_requests: int,
-    seed: int,
-    kind: str | None = None,
-    hostile: int = 0,
-    hostile_max_opens: int = 0,
-    server_pid: int | None = None,
-    placebo_fraction: float = 0.0,
+async def play(
+    url: str, token: str, num_clients: int, num_requests: int, seed: int, first_index: int
 ) -> dict:
-    """``num_clients`` agents playing CartPole until ``num_requests`` requests are made,
-    beside ``hostile`` sockets of ``kind`` (or, for ``cpu_placebo``, a process burning
-    ``placebo_fraction`` of a core)."""
-    latencies: dict[str, list[float]] = {"start": [], "action": [], "returns": [], "end": []}
+    """``num_clients`` agents (numbered from ``first_index``) on this process's loop
+    playing CartPole until ``num_requests`` requests are made; returns their raw
+    latencies, statuses, steps and TCP connections opened (a reconnect is one more
+    than ``num_clients``: the server closed a keep-alive connection)."""
+    latencies: dict[str, list[float]] = {k: [] for k in KINDS_OF_CALL}
     budget = [num_requests]
     steps = [0]
     statuses: collections.Counter[int] = collections.Counter()
+    connects = [0]
     obs_space = gymnasium.make("CartPole-v1").observation_space
     limits = httpx.Limits(
         max_connections=num_clients, max_keepalive_connections=num_clients, keepalive_expiry=10.0
     )
     headers = {"Authorization": f"Bearer {token}"}
 
+    async def trace(event: str, info: dict) -> None:  # httpcore's connection events
+        if event == "connection.connect_tcp.started":
+            connects[0] += 1
+
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as http:
 
         async def call(kind: str, path: str, body: dict) -> Any:
             budget[0] -= 1
             tick = time.perf_counter()
-            response = await http.post(path, json=body)
+            response = await http.post(path, json=body, extensions={"trace": trace})
             latencies[kind].append(time.perf_counter() - tick)
             statuses[response.status_code] += 1
             response.raise_for_status()
@@ -303,24 +306,110 @@ async def run_load(
                 await call("end", f"/v1/episodes/{eid}/end", final)
                 steps[0] += taken
 
+        cpu = time.process_time()
+        await asyncio.gather(*(agent(first_index + i) for i in range(num_clients)))
+        cpu = time.process_time() - cpu
+    return {
+        "latencies": latencies,
+        "statuses": dict(statuses),
+        "steps": steps[0],
+        "connections_opened": connects[0],
+        "cpu_seconds": cpu,
+    }
+
+
+def _agents_main(
+    url: str, token: str, clients: int, requests: int, seed: int, first: int, go: Any, out: Any
+) -> None:
+    """An agent process: ready once imported, plays when ``go`` is set, reports to ``out``."""
+    out.put("ready")
+    go.wait()
+    out.put(asyncio.run(play(url, token, clients, requests, seed, first)))
+
+
+class AgentProcesses:
+    """The agents spread over ``processes`` spawned processes (clients and requests
+    shared out evenly), so that one process's CPU does not cap the load: 32 httpx
+    clients on one loop need about a core at 500 requests/s."""
+
+    def __init__(
+        self, url: str, token: str, clients: int, requests: int, seed: int, processes: int
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._go = context.Event()
+        self._out = context.Queue()
+        self._processes = []
+        first = 0
+        for index in range(processes):
+            share = clients // processes + (index < clients % processes)
+            budget = requests // processes + (index < requests % processes)
+            process = context.Process(
+                target=_agents_main,
+                args=(url, token, share, budget, seed, first, self._go, self._out),
+                daemon=True,
+            )
+            process.start()
+            self._processes.append(process)
+            first += share
+        for _ in self._processes:  # every process imported and connected to nothing yet
+            assert self._out.get(timeout=120) == "ready"
+
+    def run(self) -> list[dict]:
+        """Starts them all at once; returns each process's :func:`play` result."""
+        self._go.set()
+        results = [self._out.get(timeout=3600) for _ in self._processes]
+        for process in self._processes:
+            process.join(30)
+        return results
+
+
+async def run_load(
+    url: str,
+    token: str,
+    num_clients: int,
+    num_requests: int,
+    seed: int,
+    kind: str | None = None,
+    hostile: int = 0,
+    hostile_max_opens: int = 0,
+    server_pid: int | None = None,
+    placebo_fraction: float = 0.0,
+    agent_processes: int = 1,
+) -> dict:
+    """``num_clients`` agents over ``agent_processes`` processes playing CartPole until
+    ``num_requests`` requests are made, beside ``hostile`` sockets of ``kind`` (or, for
+    ``cpu_placebo``, a process burning ``placebo_fraction`` of a core)."""
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
         before = (await http.get("/v1/metrics")).json()
-        attackers: HostileProcess | PlaceboProcess | None = None
-        if kind == "cpu_placebo":
-            attackers = PlaceboProcess(placebo_fraction)
-        elif kind:
-            attackers = HostileProcess(url, kind, hostile, hostile_max_opens)
-        await asyncio.sleep(8.0 if kind else 0.0)  # spawned, and every hostile socket open
-        pids = {"server": server_pid, "other": attackers.pid if attackers else None}
-        cpu_before = {k: cpu_seconds(pid) for k, pid in pids.items() if pid is not None}
-        agents_cpu = time.process_time()
-        started = time.perf_counter()
-        await asyncio.gather(*(agent(i) for i in range(num_clients)))
-        seconds = time.perf_counter() - started
-        cpu = {k: cpu_seconds(pids[k]) - v for k, v in cpu_before.items()}  # type: ignore[arg-type]
-        cpu["agents"] = time.process_time() - agents_cpu
-        slow_counts = attackers.stop() if attackers is not None else {}
+    attackers: HostileProcess | PlaceboProcess | None = None
+    opened = time.perf_counter()
+    if kind == "cpu_placebo":
+        attackers = PlaceboProcess(placebo_fraction)
+    elif kind:
+        attackers = HostileProcess(url, kind, hostile, hostile_max_opens)
+    # The agents start up while the hostile sockets open (8 s: spawned, every one open).
+    agents = AgentProcesses(url, token, num_clients, num_requests, seed, agent_processes)
+    await asyncio.sleep(max(0.0, opened + 8.0 - time.perf_counter()) if kind else 0.0)
+    pids = {"server": server_pid, "other": attackers.pid if attackers else None}
+    cpu_before = {k: cpu_seconds(pid) for k, pid in pids.items() if pid is not None}
+    started = time.perf_counter()
+    parts = await asyncio.get_running_loop().run_in_executor(None, agents.run)
+    seconds = time.perf_counter() - started
+    cpu = {k: cpu_seconds(pids[k]) - v for k, v in cpu_before.items()}  # type: ignore[arg-type]
+    cpu["agents"] = sum(part["cpu_seconds"] for part in parts)
+    slow_counts = attackers.stop() if attackers is not None else {}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as http:
         metrics = (await http.get("/v1/metrics")).json()
 
+    latencies = {
+        k: [x for part in parts for x in part["latencies"][k]] for k in parts[0]["latencies"]
+    }
+    statuses: collections.Counter[int] = collections.Counter()
+    for part in parts:
+        statuses.update({int(k): v for k, v in part["statuses"].items()})
+    steps = sum(part["steps"] for part in parts)
+    connections = sum(part["connections_opened"] for part in parts)
     every = [x for values in latencies.values() for x in values]
 
     def percentiles(values: list[float]) -> dict[str, float]:
@@ -331,23 +420,29 @@ async def run_load(
         "requests": len(every),
         "seconds": seconds,
         "requests_per_s": len(every) / seconds,
-        "env_steps_per_s": steps[0] / seconds,
+        "env_steps_per_s": steps / seconds,
         "latency_all": percentiles(every),
         "latency_action": percentiles(latencies["action"]),
         "server_mean_batch_size": metrics["mean_batch_size"],
         "server_inference_ms_per_batch": metrics["perf"]["inference_ms"],
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "num_5xx": sum(v for k, v in statuses.items() if k >= 500),
-        "agent_steps": steps[0],
-        "lost_steps": steps[0] - (metrics["num_env_steps"] - before["num_env_steps"]),
+        "agent_steps": steps,
+        "lost_steps": steps - (metrics["num_env_steps"] - before["num_env_steps"]),
         "dropped_steps": metrics["num_dropped_steps"] - before["num_dropped_steps"],
+        # The agents' TCP connections: one per client unless the server closed some.
+        "agent_processes": agent_processes,
+        "agent_connections_opened": connections,
+        "agent_reconnects": max(0, connections - num_clients),
         "hostile_kind": kind,
         "hostile_sockets": hostile if kind else 0,
         "hostile": slow_counts,
-        # CPU seconds of each party during the agents' run, and as cores (seconds / wall).
+        # CPU seconds of each party during the agents' run (the agents: all their
+        # processes), and as cores (seconds / wall).
         "cpu_seconds": cpu,
         "cpu_cores": {k: v / seconds for k, v in cpu.items()},
         "server_cpu_ms_per_request": 1000.0 * cpu.get("server", float("nan")) / len(every),
+        "agents_cpu_ms_per_request": 1000.0 * cpu["agents"] / len(every),
     }
 
 
@@ -355,6 +450,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20_000, help="requests per run")
     parser.add_argument("--clients", type=int, default=32, help="concurrent agents")
+    parser.add_argument(
+        "--agent-processes",
+        type=int,
+        default=4,
+        help="processes the agents are spread over (default: %(default)s)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -383,6 +484,8 @@ def main() -> None:
     )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parser.parse_args()
+    if not 1 <= args.agent_processes <= args.clients:
+        parser.error("--agent-processes: expected 1..--clients")
     if not 0 <= args.hostile <= MAX_HOSTILE:
         parser.error(f"--hostile: expected 0..{MAX_HOSTILE}")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -403,7 +506,16 @@ def main() -> None:
                 servers[name] = start_server(flags, token_file, args.max_connections)
             token = pathlib.Path(token_file).read_text().strip()
             for _, info in servers.values():  # warm-up: compile every bucket
-                asyncio.run(run_load(info["url"], token, args.clients, 2_000, args.seed))
+                asyncio.run(
+                    run_load(
+                        info["url"],
+                        token,
+                        args.clients,
+                        2_000,
+                        args.seed,
+                        agent_processes=args.agent_processes,
+                    )
+                )
             runs: dict[str, list[dict]] = {_label(n, k, args.hostile): [] for n, k in runs_of}
             for round_index in range(args.rounds):
                 hostile_cores = [0.0]  # the busiest hostile process of this round, in cores
@@ -422,6 +534,7 @@ def main() -> None:
                             args.hostile_max_opens,
                             servers[name][0].pid,
                             max(hostile_cores),
+                            args.agent_processes,
                         )
                     )
                     if kind not in (None, "cpu_placebo"):
@@ -435,7 +548,8 @@ def main() -> None:
                         f"{result['latency_action']['p50_ms']:.1f} ms, p99 "
                         f"{result['latency_action']['p99_ms']:.1f} ms, mean batch "
                         f"{result['server_mean_batch_size']:.1f}, 5xx {result['num_5xx']}, lost "
-                        f"{result['lost_steps']}, hostile {result['hostile']}",
+                        f"{result['lost_steps']}, agent reconnects {result['agent_reconnects']}, "
+                        f"hostile {result['hostile']}",
                         file=sys.stderr,
                     )
         finally:
@@ -456,12 +570,14 @@ def main() -> None:
         name: {
             "requests_per_s": median(name, "requests_per_s"),
             "server_cpu_ms_per_request": median(name, "server_cpu_ms_per_request"),
+            "agents_cpu_ms_per_request": median(name, "agents_cpu_ms_per_request"),
             **{
                 f"cpu_cores_{party}": median(name, "cpu_cores", party)
                 for party in runs[name][0]["cpu_cores"]
             },
             "num_5xx_total": sum(run["num_5xx"] for run in runs[name]),
             "lost_steps_total": sum(run["lost_steps"] for run in runs[name]),
+            "agent_reconnects_total": sum(run["agent_reconnects"] for run in runs[name]),
             "env_steps_per_s": median(name, "env_steps_per_s"),
             **{
                 f"action_{q}": median(name, "latency_action", q)
@@ -480,6 +596,7 @@ def main() -> None:
         "config": {
             "requests_per_run": args.requests,
             "clients": args.clients,
+            "agent_processes": args.agent_processes,
             "rounds": args.rounds,
             "hostile_sockets_per_kind": args.hostile,
             "hostile_kinds": args.kinds,
@@ -488,7 +605,8 @@ def main() -> None:
             "env": "CartPole-v1",
             "policy": "64-64 tanh MLP, stochastic",
             "systems": SYSTEMS,
-            "load": "agents: one asyncio process (httpx); hostile sockets: another; each "
+            "load": "agents: --agent-processes asyncio processes (httpx); hostile sockets: "
+            "another; each "
             "server in its own process; loopback; all share the machine's cores",
         },
         "command": " ".join(["python", *sys.argv]),

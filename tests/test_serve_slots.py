@@ -114,8 +114,9 @@ def test_idle_keep_alive_sockets_without_token_cannot_fill_the_server(tmp_path):
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")
             hostile.append(sock)
         serve_one_episode(server.url, server.token)
-        still_open = sum(not closed_by_server(sock) for sock in hostile)
-        assert still_open <= ServerConfig(max_connections=CAP).unauthenticated_cap
+        share = ServerConfig(max_connections=CAP).unauthenticated_cap
+        # Those closed for the share linger EVICTED_LINGER_S (2 s) before their close.
+        wait_for(lambda: sum(not closed_by_server(sock) for sock in hostile) <= share)
         for sock in hostile:
             sock.close()
         assert env.get_metrics()["num_episodes"] == 1
@@ -168,6 +169,51 @@ def test_at_the_cap_the_longest_idle_connection_makes_room(tmp_path):
         wait_for(lambda: closed_by_server(idle[0]))  # the oldest idle one went
         assert not any(closed_by_server(sock) for sock in idle[1:])
         for sock in idle:
+            sock.close()
+
+
+def test_tokenless_keep_alive_churn_is_slowed_by_lingering(tmp_path, monkeypatch):
+    """Sockets that reconnect as soon as they are closed, one health check each, 8
+    more than the share: each one closed for the share lingers, so the server builds
+    no more protocols than sockets in ``EVICTED_LINGER_S``, not one per eviction as
+    fast as they can come back (hundreds a second)."""
+    from jaxrunner._src.services.serve import transport
+
+    built = [0]
+    connection_made = transport.DeadlineH11Protocol.connection_made
+
+    def counted(self, sock):
+        built[0] += 1
+        connection_made(self, sock)
+
+    monkeypatch.setattr(transport.DeadlineH11Protocol, "connection_made", counted)
+    share = ServerConfig(max_connections=CAP).unauthenticated_cap
+    health = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+    with serving(tmp_path) as (_, server):
+
+        def opened() -> socket.socket:
+            sock = connect(server.url)
+            sock.sendall(health)
+            return sock
+
+        hostile = [opened() for _ in range(share + 8)]
+        answered = 0
+        deadline = time.monotonic() + 0.8 * transport.EVICTED_LINGER_S
+        while time.monotonic() < deadline:
+            readable, _, _ = select.select(hostile, [], [], 0.05)
+            for sock in readable:
+                try:
+                    chunk = sock.recv(65536)
+                except ConnectionResetError:
+                    chunk = b""
+                if chunk:
+                    answered += chunk.startswith(b"HTTP/1.1 200")
+                    continue
+                sock.close()  # closed by the server: back at once, as a client retries
+                hostile[hostile.index(sock)] = opened()
+        assert answered >= share + 8  # each got its health check
+        assert built[0] <= 2 * (share + 8)
+        for sock in hostile:
             sock.close()
 
 
@@ -268,6 +314,9 @@ class FakeSlot:
     def evict(self, reason: str) -> None:
         self.evicted = reason
 
+    def linger(self, reason: str) -> None:
+        self.evicted = f"lingering: {reason}"
+
 
 def test_slots_close_tokenless_idle_first_and_spare_new_connections():
     from jaxrunner._src.services.serve.slots import ConnectionSlots
@@ -316,3 +365,29 @@ def test_slots_at_the_cap_close_idle_connections_only():
     now[0] = 2.0
     assert slots.admit(FakeSlot("fifth")) and third.evicted  # silent too long by now
     assert not busy.evicted and len(slots) == 2
+
+
+def test_slots_let_tokenless_idle_connections_linger_within_max_connections():
+    from jaxrunner._src.services.serve.slots import ConnectionSlots
+
+    slots = ConnectionSlots(max_connections=4, max_unauthenticated=2, linger_s=2.0)
+    friend, keepalive, reader = FakeSlot("friend"), FakeSlot("k"), FakeSlot("r")
+    for slot in (friend, keepalive, reader):
+        assert slots.admit(slot)
+        slots.busy(slot)  # a whole request: with the token, or without
+        if slot is friend:
+            slots.authenticated(slot)
+        else:
+            slots.tokenless(slot)
+    slots.idle(friend)
+    slots.idle(keepalive)  # answered; the reader is still being answered
+    first, second = FakeSlot("new0"), FakeSlot("new1")
+    assert slots.admit(first)  # over the share: the idle tokenless one lingers
+    assert keepalive.evicted == "lingering: too many connections without a token"
+    assert slots.num_lingering == 1 and len(slots) == 3  # out of the slots, still open
+    assert slots.admit(second)  # the reader, still being answered, is closed at once
+    assert reader.evicted == "too many connections without a token"
+    # 3 open + 1 lingering fill max_connections: the lingering one goes first, and
+    # never an authenticated one.
+    assert slots.admit(FakeSlot("new2")) and keepalive.evicted.startswith("the server is at")
+    assert slots.num_lingering == 0 and not friend.evicted

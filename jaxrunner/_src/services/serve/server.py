@@ -52,7 +52,10 @@ class ServerConfig:
     the oldest of them, idle ones first. None: an eighth of ``max_connections`` (at
     least 16, at most ``max_connections``). Sockets without the token (slow readers,
     idle keep-alive) can hold no more; with ``require_token=False`` any whole request
-    counts."""
+    counts. An idle one closed for this share after a request without the token
+    lingers 2 s, unread, before its socket is closed, so that its owner cannot come
+    back at once (its socket counts against ``max_connections`` meanwhile, and goes
+    first when they run short)."""
     write_timeout_s: float = 10.0
     """Answers waiting to be written must make progress (some bytes taken by the
     client) within this long; otherwise the connection is dropped with what it

@@ -1,7 +1,7 @@
 """Connection slots of the policy server: who holds them, and whom to close when
 they run short.
 
-Two rules keep sockets without a token from denying service (issue 30):
+Three rules keep sockets without a token from denying service (issue 30):
 
 * Connections that have not yet sent a request with the server's token (every new
   one, until its first request's headers arrive) hold at most
@@ -14,6 +14,15 @@ Two rules keep sockets without a token from denying service (issue 30):
   have read its first bytes yet: clients open many at once); when only such are
   left, the newcomer is let in over the share, and the share is restored once
   their grace is over (:meth:`ConnectionSlots.trim`).
+* A connection closed for that share after a whole request without the token, idle,
+  lingers: it leaves the slots at once but its socket is closed only after
+  ``linger_s``, unread (:meth:`Slot.linger`). Its owner, if it waits for the close
+  to reconnect (as clients and the benchmark's attacker do), cannot come back at
+  once for another answer: without it each eviction let a new tokenless request in
+  through the whole HTTP stack, a thousand a second for a thousand idle keep-alive
+  sockets. Lingering sockets count against ``max_connections`` (the file limit is
+  provisioned for it): a new connection that finds them filling the room closes the
+  oldest of them at once, before any open one.
 * At ``max_connections``, a new connection closes the connection idle the longest
   instead of being refused, as nginx and HAProxy reuse idle keep-alive connections
   when they run out: one that sent requests without the token, then one silent for
@@ -37,6 +46,10 @@ class Slot(Protocol):
     def evict(self, reason: str) -> None:
         """Closes the connection now (it is given back its slot by :meth:`release`)."""
 
+    def linger(self, reason: str) -> None:
+        """Stops reading the connection and closes it after ``linger_s`` (then it
+        is given back to :meth:`release`)."""
+
 
 class ConnectionSlots:
     """The open connections of one server, in the order they opened and went idle.
@@ -45,6 +58,8 @@ class ConnectionSlots:
         max_connections: the most open connections.
         max_unauthenticated: the most open connections without a token yet.
         grace_s: how long a new connection that has sent nothing is spared.
+        linger_s: how long a connection closed for the unauthenticated share after a
+            tokenless request lingers (0: closed at once).
         clock: seconds, monotonic (tests pass their own).
     """
 
@@ -53,11 +68,13 @@ class ConnectionSlots:
         max_connections: int,
         max_unauthenticated: int,
         grace_s: float = 1.0,
+        linger_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_connections = max_connections
         self.max_unauthenticated = max_unauthenticated
         self.grace_s = grace_s
+        self.linger_s = linger_s
         self._clock = clock
         self._open: set[Slot] = set()
         # dicts as ordered sets: oldest first
@@ -65,6 +82,7 @@ class ConnectionSlots:
         self._tokenless: dict[Slot, None] = {}  # sent a whole request without the token
         self._fresh: dict[Slot, float] = {}  # never sent a byte: since when open
         self._idle: dict[Slot, None] = {}
+        self._lingering: dict[Slot, None] = {}  # out of the slots, socket still open
         self.trim_scheduled = False
         """Whether a :meth:`trim` is due (the transport schedules it)."""
 
@@ -75,13 +93,21 @@ class ConnectionSlots:
     def num_unauthenticated(self) -> int:
         return len(self._unauthenticated)
 
+    @property
+    def num_lingering(self) -> int:
+        return len(self._lingering)
+
     def admit(self, slot: Slot) -> bool:
         """Takes a slot for a new connection (unauthenticated, idle), closing others
         as the module docstring says; False: none is free (refuse it)."""
+        while self._lingering and len(self._open) + len(self._lingering) >= self.max_connections:
+            lingering = next(iter(self._lingering))
+            self.release(lingering)
+            lingering.evict("the server is at max_connections: lingering connections go first")
         if len(self._unauthenticated) >= self.max_unauthenticated:
             victim = self._unauthenticated_victim()
             if victim is not None:
-                self._evict(victim, "too many connections without a token")
+                self._evict_for_share(victim)
         if len(self._open) >= self.max_connections:
             victim = (
                 self._first(self._tokenless, self._idle)
@@ -111,7 +137,7 @@ class ConnectionSlots:
             victim = self._unauthenticated_victim()
             if victim is None:
                 return True
-            self._evict(victim, "too many connections without a token")
+            self._evict_for_share(victim)
         return False
 
     def _unauthenticated_victim(self) -> Slot | None:
@@ -161,6 +187,16 @@ class ConnectionSlots:
         self._tokenless.pop(slot, None)
         self._fresh.pop(slot, None)
         self._idle.pop(slot, None)
+        self._lingering.pop(slot, None)
+
+    def _evict_for_share(self, slot: Slot) -> None:
+        reason = "too many connections without a token"
+        if self.linger_s > 0 and slot in self._tokenless and slot in self._idle:
+            self.release(slot)
+            self._lingering[slot] = None
+            slot.linger(reason)
+        else:
+            self._evict(slot, reason)
 
     def _evict(self, slot: Slot, reason: str) -> None:
         self.release(slot)

@@ -52,6 +52,12 @@ MAX_HEADER_BYTES = 16 * 1024
 """Headers (names, values, separators) beyond this get 431."""
 MAX_HEAD_BYTES = MAX_REQUEST_LINE_BYTES + MAX_HEADER_BYTES
 """h11's cap on a head still arriving (its incomplete-event size)."""
+EVICTED_LINGER_S = 2.0
+"""How long a connection closed for the unauthenticated share after a whole request
+without the token lingers, unread, before its socket is closed (see :mod:`.slots`):
+an owner that reconnects on the close comes back at most this often per socket. A
+keep-alive health probe that loses its connection this way waits as long for the
+close (then retries on a new one)."""
 SEND_BUFFER_BYTES = 64 * 1024
 """Each socket's kernel send buffer (``SO_SNDBUF``; Linux doubles it): a client that
 never reads holds at most this much of the kernel's memory, not the 4 MB a loopback
@@ -167,6 +173,7 @@ class DeadlineH11Protocol(H11Protocol):
         self._write_deadline: asyncio.TimerHandle | None = None
         self._write_left = 0  # bytes waiting when the write deadline was armed
         self._pipelined = 0  # answers in a row with the next request already waiting
+        self._lingering: asyncio.TimerHandle | None = None
 
     # -- connections and slots ----------------------------------------------------------------
 
@@ -208,6 +215,8 @@ class DeadlineH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.slots.release(self)
+        if self._lingering is not None:
+            self._lingering.cancel()
         self._disarm()
         self._disarm_write()
         super().connection_lost(exc)
@@ -219,6 +228,19 @@ class DeadlineH11Protocol(H11Protocol):
         self._disarm()
         self._disarm_write()
         self.transport.abort()
+
+    def linger(self, reason: str) -> None:
+        """Closes this idle connection after ``slots.linger_s``, reading nothing more
+        meanwhile (see :mod:`.slots`)."""
+        if self.transport.get_write_buffer_size():
+            self.evict(reason)  # not idle after all: an answer is still going out
+            return
+        logger.info("closing a connection in %s s: %s", self.slots.linger_s, reason)
+        self._disarm()
+        self._disarm_write()
+        self._unset_keepalive_if_required()  # uvicorn's keep-alive timer
+        self.transport.pause_reading()
+        self._lingering = self.loop.call_later(self.slots.linger_s, self.transport.abort)
 
     def _on_request(self, event: h11.Request) -> None:
         token = self.limits.token
@@ -339,11 +361,14 @@ class DeadlineH11Protocol(H11Protocol):
 def protocol_class(limits: TransportLimits) -> type[DeadlineH11Protocol]:
     """The protocol class uvicorn runs (``uvicorn.Config(http=...)``) for ``limits``,
     with the slots of one server."""
-    slots = ConnectionSlots(limits.max_connections, limits.max_unauthenticated)
+    slots = ConnectionSlots(
+        limits.max_connections, limits.max_unauthenticated, linger_s=EVICTED_LINGER_S
+    )
     return type("JaxRunnerH11Protocol", (DeadlineH11Protocol,), {"limits": limits, "slots": slots})
 
 
 __all__ = [
+    "EVICTED_LINGER_S",
     "MAX_HEADER_BYTES",
     "MAX_REQUEST_LINE_BYTES",
     "SEND_BUFFER_BYTES",
