@@ -219,6 +219,37 @@ def test_keep_reset_steps_records_envpool_as_stepped_by_hand(mlp: Callable) -> N
             np.testing.assert_array_equal(first, e.obs[0])
 
 
-def test_keep_reset_steps_is_sync_only() -> None:
-    with pytest.raises(InvalidArgumentError, match="sync mode only"):
-        jr.make_vec("CartPole-v1", 4, backend="envpool", batch_size=2, keep_reset_steps=True)
+def test_async_keep_reset_steps_replays_envpool_by_hand(mlp: Callable) -> None:
+    """Async mode with keep_reset_steps=True: each env's rows, in time order, are what
+    EnvPool stepped by hand gives for the same actions, its reset steps included; the
+    reset slots are exactly the steps after an end, and count in no metric."""
+    n, length, samples, limit = 8, 20, 3, 12
+    envs = _envpool(n, limit, batch_size=2, keep_reset_steps=True)
+    assert envs.capabilities.reset_steps and envs.capabilities.ready_first
+    policy = mlp(envs.single_action_space)
+    params = policy.init(jax.random.key(1), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length=length, seed=SEED) as runner:
+        traj = jr.concatenate([runner.sample() for _ in range(samples)])
+        metrics = runner.get_metrics()
+        assert any(count < n for count in runner.sampler.ready_counts)
+    done = traj.terminated | traj.truncated
+    resets = ~traj.valid
+    assert done.sum() >= n and traj.truncated.any()
+    np.testing.assert_array_equal(resets[1:], done[:-1])
+    assert not resets[0].any()  # the first sample starts from the pool's reset
+    np.testing.assert_array_equal(traj.step[resets], -1)
+    np.testing.assert_array_equal(traj.step[1:][resets[:-1]], 0)
+    assert metrics["num_env_steps"] == int(traj.valid.sum())
+    assert metrics["num_faulty_episodes"] == metrics["num_dropped_steps"] == 0
+    assert metrics["num_episodes"] == int(done.sum())
+    ref = envpool.make_gymnasium(
+        "CartPole-v1", num_envs=n, env_seed=jr.env_seeds(SEED, n), max_episode_steps=limit
+    )
+    with closing(ref):
+        obs = ref.reset()[0]
+        for t in range(traj.num_steps):  # each env's t-th step, all envs in one call
+            next_obs, reward, terminated, truncated, _ = ref.step(traj.action[t].astype(np.int32))
+            got = (traj.obs[t], traj.next_obs[t], traj.reward[t], traj.terminated[t])
+            assert_trees_equal(got, (obs, next_obs, reward.astype(np.float64), terminated))
+            np.testing.assert_array_equal(traj.truncated[t], truncated)
+            obs = next_obs

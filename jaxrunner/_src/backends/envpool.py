@@ -12,9 +12,9 @@ vector env, with EnvPool's own tools for what gymnasium lacks:
   rebuilds the pool with those seeds (cheap: about 50 ms for 4096 CartPoles), which
   gives gymnasium's semantics: the same seed, the same episodes.
 
-Reset steps (``keep_reset_steps=True``, sync mode only). The masked reset costs a second
-call into EnvPool after every step that ended an episode (at 256 CartPoles nearly every
-step). With ``keep_reset_steps=True`` the pool runs EnvPool's own NEXT_STEP autoreset
+Reset steps (``keep_reset_steps=True``, in async mode too). The masked reset costs a
+second call into EnvPool after every step that ended an episode (at 256 CartPoles
+nearly every step). With ``keep_reset_steps=True`` the pool runs EnvPool's own NEXT_STEP autoreset
 instead, as a hand-written EnvPool loop does, and the contract differs in two places:
 
 * Where an episode ended, ``next_obs`` is the final observation as always, but ``obs``
@@ -217,12 +217,6 @@ def make_envpool_vec(
             f"{type(task_id).__name__}."
         )
     if batch_size is not None and batch_size != num_envs:
-        if kwargs.get("keep_reset_steps"):
-            raise InvalidArgumentError(
-                "make_vec(backend='envpool', batch_size=..., keep_reset_steps=True): reset "
-                "steps are kept in sync mode only; leave batch_size unset (or drop "
-                "keep_reset_steps: async mode already overlaps its resets with other envs)."
-            )
         from jaxrunner._src.backends.envpool_async import EnvPoolAsyncVectorEnv
 
         return EnvPoolAsyncVectorEnv(task_id, num_envs, batch_size, **kwargs)
