@@ -280,3 +280,15 @@ def test_rllib_multi_agent_jaxrunner_half_writes_its_rows(tmp_path):
     machine = report["machine"]
     assert machine["mpe2"] and machine["pettingzoo"] and machine["cpu_model"]
     assert len(report["loadavg_before"]) == len(report["loadavg_after"]) == 3
+
+
+@pytest.mark.parametrize("mode", [[], ["--async-mode"]])
+def test_envpool_reset_steps_times_both_modes_and_the_hand_loop(tmp_path, mode):
+    pytest.importorskip("envpool")
+    out = tmp_path / "envpool_reset_steps.json"
+    options = ["--num-envs", "4", "--rollout-length", "8", "--rounds", "2", "--out", str(out)]
+    _run("envpool_reset_steps.py", *options, *mode)
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["num_envs"] == 4
+    assert set(row["median_steps_per_s"]) == {"default", "keep_reset_steps", "hand"}
+    assert all(len(rates) == 2 and min(rates) > 0 for rates in row["rounds"].values())

@@ -145,3 +145,111 @@ def test_async_mode_batch_size_checked() -> None:
     for batch_size in (0, 3):
         with pytest.raises(InvalidArgumentError, match=r"1 <= batch_size < num_envs=4"):
             jr.make_vec("CartPole-v1", 4, backend="envpool", batch_size=batch_size)
+
+
+class _EpisodeLog(jr.Callbacks):
+    """Every episode a callback sees end: its id, first observation and length."""
+
+    def __init__(self) -> None:
+        self.ended: list[tuple[int, np.ndarray, int]] = []
+
+    def on_episode_end(self, runner: object, env_index: int, episode: jr.LiveEpisode) -> None:
+        first = np.asarray(episode.obs[0]).copy()
+        self.ended.append((episode.episode_id, first, episode.length))
+
+
+def test_keep_reset_steps_records_envpool_as_stepped_by_hand(mlp: Callable) -> None:
+    """keep_reset_steps=True: the runner records EnvPool's own steps, its reset steps
+    included, exactly as a hand loop over the same actions sees them; the reset slots
+    are exactly the steps after an episode ended (valid False, step -1, the next
+    episode's id) and count in no metric; everything else is as the default mode."""
+    n, length, samples, limit = 5, 16, 3, 12
+    envs = _envpool(n, limit, keep_reset_steps=True)
+    assert envs.metadata["autoreset_mode"] == gymnasium.vector.AutoresetMode.NEXT_STEP
+    policy = mlp(envs.single_action_space)
+    params = policy.init(jax.random.key(1), envs.single_observation_space)
+    log = _EpisodeLog()
+    with jr.EnvRunner(
+        envs, policy, params, rollout_length=length, seed=SEED, callbacks=log
+    ) as runner:
+        traj = jr.concatenate([runner.sample() for _ in range(samples)])
+        metrics = runner.get_metrics()
+    seeds = jr.env_seeds(SEED, n)
+    ref = envpool.make_gymnasium("CartPole-v1", num_envs=n, env_seed=seeds, max_episode_steps=limit)
+    ended = np.zeros(n, bool)
+    with closing(ref):
+        obs = ref.reset()[0]
+        for t in range(traj.num_steps):
+            next_obs, reward, terminated, truncated, _ = ref.step(traj.action[t].astype(np.int32))
+            got = (traj.obs[t], traj.next_obs[t], traj.reward[t], traj.terminated[t])
+            assert_trees_equal(got, (obs, next_obs, reward.astype(np.float64), terminated))
+            np.testing.assert_array_equal(traj.truncated[t], truncated)
+            np.testing.assert_array_equal(traj.valid[t], ~ended, f"step {t}")
+            obs, ended = next_obs, terminated | truncated
+    done = traj.terminated | traj.truncated
+    resets = ~traj.valid
+    assert done.sum() >= 2 * n and traj.truncated.any() and traj.terminated.any()
+    # Reset slots: right after each end, step -1 and the id of the episode that follows.
+    np.testing.assert_array_equal(resets[1:], done[:-1])
+    np.testing.assert_array_equal(traj.step[resets], -1)
+    np.testing.assert_array_equal(traj.reward[resets], 0.0)
+    np.testing.assert_array_equal(traj.step[1:][resets[:-1]], 0)  # then the first step
+    after = resets[:-1]  # the reset slot and its episode's first step share the id
+    np.testing.assert_array_equal(traj.episode_id[1:][after], traj.episode_id[:-1][after])
+    assert (traj.episode_id[resets] != traj.episode_id[:-1][resets[1:]]).all()
+    # Metrics: real transitions only, no faults, lengths in transitions.
+    num_real = traj.reward.size - int(done[:-1].sum())
+    assert metrics["num_env_steps"] == int(traj.valid.sum()) == num_real
+    assert metrics["num_faulty_episodes"] == metrics["num_dropped_steps"] == 0
+    assert metrics["num_episodes"] == int(done.sum())
+    episodes = traj.split_episodes()
+    finished = [e for e in episodes if e.is_done]
+    assert len(finished) == int(done.sum()) and not any(e.faulty for e in episodes)
+    real_lengths = [len(e.reward) for e in finished]
+    assert metrics["episode_length_mean"] == pytest.approx(np.mean(real_lengths))
+    for e in episodes:  # no reset step inside an episode: every reward is CartPole's 1
+        np.testing.assert_array_equal(e.reward, 1.0)
+    # Callbacks see the same episodes: ids, lengths, the reset observation first.
+    by_id = {e.episode_id: e for e in finished}
+    assert len(log.ended) == len(finished)
+    for episode_id, first, steps in log.ended:
+        e = by_id[episode_id]
+        assert steps == len(e.reward)
+        if e.start_step == 0:
+            np.testing.assert_array_equal(first, e.obs[0])
+
+
+def test_async_keep_reset_steps_replays_envpool_by_hand(mlp: Callable) -> None:
+    """Async mode with keep_reset_steps=True: each env's rows, in time order, are what
+    EnvPool stepped by hand gives for the same actions, its reset steps included; the
+    reset slots are exactly the steps after an end, and count in no metric."""
+    n, length, samples, limit = 8, 20, 3, 12
+    envs = _envpool(n, limit, batch_size=2, keep_reset_steps=True)
+    assert envs.capabilities.reset_steps and envs.capabilities.ready_first
+    policy = mlp(envs.single_action_space)
+    params = policy.init(jax.random.key(1), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, rollout_length=length, seed=SEED) as runner:
+        traj = jr.concatenate([runner.sample() for _ in range(samples)])
+        metrics = runner.get_metrics()
+        assert any(count < n for count in runner.sampler.ready_counts)
+    done = traj.terminated | traj.truncated
+    resets = ~traj.valid
+    assert done.sum() >= n and traj.truncated.any()
+    np.testing.assert_array_equal(resets[1:], done[:-1])
+    assert not resets[0].any()  # the first sample starts from the pool's reset
+    np.testing.assert_array_equal(traj.step[resets], -1)
+    np.testing.assert_array_equal(traj.step[1:][resets[:-1]], 0)
+    assert metrics["num_env_steps"] == int(traj.valid.sum())
+    assert metrics["num_faulty_episodes"] == metrics["num_dropped_steps"] == 0
+    assert metrics["num_episodes"] == int(done.sum())
+    ref = envpool.make_gymnasium(
+        "CartPole-v1", num_envs=n, env_seed=jr.env_seeds(SEED, n), max_episode_steps=limit
+    )
+    with closing(ref):
+        obs = ref.reset()[0]
+        for t in range(traj.num_steps):  # each env's t-th step, all envs in one call
+            next_obs, reward, terminated, truncated, _ = ref.step(traj.action[t].astype(np.int32))
+            got = (traj.obs[t], traj.next_obs[t], traj.reward[t], traj.terminated[t])
+            assert_trees_equal(got, (obs, next_obs, reward.astype(np.float64), terminated))
+            np.testing.assert_array_equal(traj.truncated[t], truncated)
+            obs = next_obs

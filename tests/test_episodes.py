@@ -14,7 +14,9 @@ from jaxrunner._src.samplers.episode_ids import EpisodeBook
 class StepByStep:
     """The numbering rule, one step and one env at a time: an episode ends where the
     env ended it or a step failed; the next one takes the next id, in (step, env)
-    order; failed steps end their episode without counting it."""
+    order; failed steps end their episode without counting it. A reset slot (``resets``:
+    the env's own reset step after an end) belongs to the next episode as its step -1
+    and ends nothing."""
 
     def __init__(self, num_envs: int) -> None:
         self.ids = list(range(num_envs))
@@ -22,12 +24,15 @@ class StepByStep:
         self.length = [0] * num_envs
         self.ret = [0.0] * num_envs
 
-    def close(self, flags: types.SimpleNamespace, t: int):
+    def close(self, flags: types.SimpleNamespace, t: int, resets: np.ndarray | None = None):
         ids, steps, returns, lengths = [], [], [], []
         for k in range(t):
             ids.append(list(self.ids))
             steps.append(list(self.length))
             for b in range(len(self.ids)):
+                if resets is not None and resets[k, b]:
+                    steps[-1][b] = -1
+                    continue
                 self.ret[b] += float(flags.reward[k, b])
                 self.length[b] += 1
                 valid = flags.valid[k, b]
@@ -74,5 +79,53 @@ def test_close_matches_the_step_by_step_rule(num_envs, lengths, fault_rate, seed
         failed = t * num_envs - int(buf.valid[:t].sum())
         assert counts.num_env_steps == t * num_envs - failed
         assert counts.num_dropped_steps == counts.num_faulty_episodes == failed
+    np.testing.assert_array_equal(book.episode_id, reference.ids)
+    assert book.next_episode_id == reference.next_id
+
+
+def _buffers_with_resets(
+    rng: np.random.Generator, t: int, num_envs: int, fault_rate: float, ended: np.ndarray
+):
+    """Like :func:`_buffers`, where each env's step after an end (``ended``: the envs
+    that ended at the last step before these) is a reset slot: valid False, reward 0,
+    both flags False. Returns the buffers and the reset mask."""
+    buf = _buffers(rng, t, num_envs, fault_rate)
+    resets = np.zeros((t, num_envs), np.bool_)
+    for k in range(t):
+        resets[k] = ended
+        for name in ("terminated", "truncated", "valid"):
+            getattr(buf, name)[k][ended] = False
+        buf.reward[k][ended] = 0
+        ended = (buf.terminated[k] | buf.truncated[k]) & buf.valid[k]
+    return buf, resets, ended
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    num_envs=st.integers(1, 6),
+    lengths=st.lists(st.integers(1, 7), min_size=1, max_size=4),
+    fault_rate=st.sampled_from([0.0, 0.1]),
+    seed=st.integers(0, 2**16),
+)
+def test_close_with_reset_slots_matches_the_step_by_step_rule(num_envs, lengths, fault_rate, seed):
+    """Reset slots (EnvPool's keep_reset_steps): no fault, no transition, step -1 of the
+    next episode, across samples and through get_state/set_state."""
+    rng = np.random.default_rng(seed)
+    book, reference = EpisodeBook(num_envs), StepByStep(num_envs)
+    ended = np.zeros(num_envs, np.bool_)
+    for t in lengths:
+        buf, resets, ended = _buffers_with_resets(rng, t, num_envs, fault_rate, ended)
+        counts = book.close(buf, t, resets)
+        ids, steps, returns, ended_lengths = reference.close(buf, t, resets)
+        np.testing.assert_array_equal(buf.episode_id[:t], ids)
+        np.testing.assert_array_equal(buf.step[:t], steps)
+        np.testing.assert_array_equal(counts.returns, returns)
+        np.testing.assert_array_equal(counts.lengths, ended_lengths)
+        invalid = t * num_envs - int(buf.valid[:t].sum())
+        failed = invalid - int(resets.sum())
+        assert counts.num_env_steps == t * num_envs - invalid
+        assert counts.num_dropped_steps == counts.num_faulty_episodes == failed
+        state, book = book.get_state(), EpisodeBook(num_envs)
+        book.set_state(state)
     np.testing.assert_array_equal(book.episode_id, reference.ids)
     assert book.next_episode_id == reference.next_id

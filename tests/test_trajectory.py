@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jaxrunner as jr
-from jaxrunner._src import space_arrays as jr_spaces
+from jaxrunner._src import space_arrays
 from jaxrunner._src.runner.trajectory import Episode, Trajectory
 
 SETTINGS = settings(
@@ -86,7 +86,7 @@ SPACES = st.one_of(LEAF_SPACES, DEPTH_1, DEPTH_2)
 
 def fill(space: spaces.Space, buffer: Any, index: tuple[int, int]) -> None:
     """Writes one sample of ``space`` (seeded beforehand) into ``buffer[index]``."""
-    jr_spaces.copy_into(space, buffer, space.sample(), index)
+    space_arrays.copy_into(space, buffer, space.sample(), index)
 
 
 @st.composite
@@ -116,9 +116,9 @@ def trajectories(
     first_steps = np.array(draw(st.lists(st.integers(0, 5), min_size=B, max_size=B)))
     env_offset = draw(st.integers(0, 3))
 
-    obs = jr_spaces.allocate(obs_space, (T, B))
-    next_obs = jr_spaces.allocate(obs_space, (T, B))
-    action = jr_spaces.allocate(action_space, (T, B))
+    obs = space_arrays.allocate(obs_space, (T, B))
+    next_obs = space_arrays.allocate(obs_space, (T, B))
+    action = space_arrays.allocate(action_space, (T, B))
     episode_id = np.zeros((T, B), np.int64)
     step = np.zeros((T, B), np.int64)
 
@@ -128,10 +128,10 @@ def trajectories(
     current_obs = [obs_space.sample() for _ in range(B)]
     for t in range(T):
         for b in range(B):
-            jr_spaces.copy_into(obs_space, obs, current_obs[b], (t, b))
+            space_arrays.copy_into(obs_space, obs, current_obs[b], (t, b))
             fill(action_space, action, (t, b))
             final = obs_space.sample()
-            jr_spaces.copy_into(obs_space, next_obs, final, (t, b))
+            space_arrays.copy_into(obs_space, next_obs, final, (t, b))
             episode_id[t, b] = current_id[b]
             step[t, b] = current_step[b]
             current_obs[b] = final

@@ -93,6 +93,14 @@ class BatchStep(NamedTuple):
     env_ids: slice | np.ndarray | None = None
     """Which envs these rows are: a ``slice`` of env indices (a contiguous block) or
     an int array (any set, in row order). ``None`` means every env, in order."""
+    reset_rows: np.ndarray | None = None
+    """[B] bool, or None when there are none: rows that are the env's own reset step
+    (EnvPool's NEXT_STEP autoreset, kept by ``make_vec(..., backend="envpool",
+    keep_reset_steps=True)``), the call after an episode ended. The env ignored their
+    action: no transition (reward 0, both flags False), ``next_obs`` and ``obs`` the new
+    episode's first observation. Not a fault: the runner records them ``valid=False``
+    with ``step`` -1 and counts them in no metric (see
+    :class:`~jaxrunner._src.samplers.episode_ids.EpisodeBook`)."""
 
 
 EnvIds = slice | np.ndarray | None
@@ -129,6 +137,10 @@ class Capabilities:
     can_snapshot: bool = False
     """The sub-envs' state can be saved and restored (:meth:`VectorEnv.snapshot_sub_envs`),
     so a checkpointed runner resumes their episodes exactly."""
+    reset_steps: bool = False
+    """The env's own reset steps come back as rows (``BatchStep.reset_rows``), one call
+    after each episode end, instead of being skipped: the sampler records them as
+    ``valid=False`` slots that are no faults (EnvPool's ``keep_reset_steps=True``)."""
 
     def __post_init__(self) -> None:
         edges = self.pipeline_bounds

@@ -12,6 +12,26 @@ vector env, with EnvPool's own tools for what gymnasium lacks:
   rebuilds the pool with those seeds (cheap: about 50 ms for 4096 CartPoles), which
   gives gymnasium's semantics: the same seed, the same episodes.
 
+Reset steps (``keep_reset_steps=True``, in async mode too). The masked reset costs a
+second call into EnvPool after every step that ended an episode (at 256 CartPoles
+nearly every step). With ``keep_reset_steps=True`` the pool runs EnvPool's own NEXT_STEP autoreset
+instead, as a hand-written EnvPool loop does, and the contract differs in two places:
+
+* Where an episode ended, ``next_obs`` is the final observation as always, but ``obs``
+  is that final observation too (no reset has happened yet), and ``reset_infos`` is
+  empty.
+* The sub-env's next call is EnvPool's reset step: its action is ignored, and it comes
+  back as a row of ``BatchStep.reset_rows`` (reward 0, both flags False, ``next_obs``
+  and ``obs`` the new episode's first observation). The runner records it as a slot
+  with ``valid=False`` and ``step`` -1 in the new episode's ``episode_id``; unlike a
+  failed step it is no fault (``num_faulty_episodes`` and ``num_dropped_steps`` do not
+  count it) and no transition (``num_env_steps`` does not count it either).
+
+The gymnasium API (``step``) then reports NEXT_STEP (``metadata["autoreset_mode"]``).
+A trajectory so sampled has one ``valid=False`` slot per episode end, which
+``jr.gae`` and ``split_episodes`` skip; a learner that ignores ``valid`` would train on
+them, so the default stays ``False``.
+
 This module is sync mode (``batch_size`` equal to ``num_envs``); async mode, sampled
 ready-first, is :mod:`jaxrunner._src.backends.envpool_async`.
 """
@@ -23,10 +43,13 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+from gymnasium.vector import AutoresetMode
 
-from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.base import BatchStep, Capabilities, VectorEnv
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, _gymnasium_seed
-from jaxrunner._src.backends.vector_infos import SplitInfos
+from jaxrunner._src.backends.vector_infos import EMPTY_RESET_INFOS, SplitInfos
+from jaxrunner._src.space_arrays.checks import check_finite_observations
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -89,6 +112,10 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         num_envs: number of sub-envs.
         seed: the pool's seed until a seeded ``reset``: sub-env ``i`` gets ``seed + i``.
         copy: if True, ``reset``/``step`` return copies of the observation buffer.
+        keep_reset_steps: step with EnvPool's own NEXT_STEP autoreset and return its
+            reset steps as ``BatchStep.reset_rows`` (``valid=False`` slots, no faults)
+            instead of a masked reset after each episode end; see the module docstring
+            for how the contract differs.
         **envpool_kwargs: for ``envpool.make_gymnasium`` (``num_threads``,
             ``max_episode_steps``, ...).
     """
@@ -100,6 +127,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         *,
         seed: int = 0,
         copy: bool = True,
+        keep_reset_steps: bool = False,
         **envpool_kwargs: Any,
     ) -> None:
         envpool = _import_envpool()
@@ -118,6 +146,13 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         self._build = build
         self._stepped = False
         super().__init__(build(seed), masked_reset=reset_envpool, copy=copy)
+        self.keep_reset_steps = bool(keep_reset_steps)
+        # Sub-envs whose episode ended in the last call: EnvPool resets them in the next.
+        self._ended = np.zeros(num_envs, dtype=np.bool_)
+        self._reset_rows = np.zeros(num_envs, dtype=np.bool_)
+        if self.keep_reset_steps:
+            self.capabilities = Capabilities(pipeline_splits=1, reset_steps=True)
+            self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -136,7 +171,37 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         obs, infos = super().reset_batch([None] * self.num_envs)
         if isinstance(infos, SplitInfos):
             _check_order(dict(infos.merged), np.arange(self.num_envs))
+        self._ended[:] = False
         return obs, infos
+
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
+        out = super().reset_at(index, seed=seed, options=options)
+        self._ended[index] = False  # reset(env_id=...) cleared EnvPool's pending reset
+        return out
+
+    def _step(self, actions: Any, rows: slice | None) -> BatchStep:
+        if not self.keep_reset_steps:
+            return super()._step(actions, rows)
+        n = self.num_envs
+        if rows is not None and (rows.start, rows.stop) != (0, n):
+            return super()._step(actions, rows)  # refuses a subset, as the adapter does
+        actions = self._check_actions(actions)
+        obs, reward, terminated, truncated, merged = self._call("step", self.env.step, actions)
+        self._store(self._next_obs, obs, "step")
+        self._store_flags(reward, terminated, truncated)
+        space = self.single_observation_space
+        check_finite_observations(space, self._next_obs, "step")
+        space_arrays.copy_into(space, self._obs, self._next_obs)
+        # This call reset the sub-envs that ended in the last one (NEXT_STEP).
+        self._reset_rows[:] = self._ended
+        np.logical_or(self._terminated, self._truncated, out=self._ended)
+        return BatchStep(
+            self._obs, self._next_obs, self._reward, self._terminated, self._truncated,
+            SplitInfos(merged, n), EMPTY_RESET_INFOS,
+            reset_rows=self._reset_rows if self._reset_rows.any() else None,
+        )  # fmt: skip
 
 
 def make_envpool_vec(

@@ -9,7 +9,12 @@ jaxrunner's protocol, with two differences this adapter hides:
   action is ignored, its reward is 0). The adapter sends that reset step itself as
   soon as the episode ends and holds the final step until the reset answers; then it
   answers both as one SAME_STEP row (``next_obs`` the final observation, ``obs`` the
-  reset one). No reset step is ever emitted as a transition.
+  reset one). No reset step is ever emitted as a transition. With
+  ``keep_reset_steps=True`` it does neither: the final step is answered at once
+  (``obs`` the final observation too), the policy acts on it like on any ready env,
+  and EnvPool's reset step comes back as a row of ``BatchStep.reset_rows``, which the
+  sampler records ``valid=False`` (no transition, no fault), as in sync mode
+  (:mod:`jaxrunner._src.backends.envpool`, whose docstring has the contract).
 * Seeds. EnvPool seeds sub-env ``i`` when the pool is built, so a seeded
   ``reset_batch`` builds a new pool with those seeds, then collects every sub-env's
   first observation.
@@ -27,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
@@ -46,6 +52,8 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             ``seed + i``.
             (``num_envs`` must be a multiple of ``batch_size``.)
         copy: if True, ``reset``/``step`` return copies of the observation buffer.
+        keep_reset_steps: answer EnvPool's own reset steps as ``BatchStep.reset_rows``
+            instead of sending them itself (see the module docstring).
         **envpool_kwargs: for ``envpool.make_gymnasium`` (``num_threads``, ...).
     """
 
@@ -57,6 +65,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         *,
         seed: int = 0,
         copy: bool = True,
+        keep_reset_steps: bool = False,
         **envpool_kwargs: Any,
     ) -> None:
 
@@ -71,7 +80,12 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
                 "batch_size; leave batch_size unset for sync mode."
             )
         envpool = _import_envpool()
-        self.capabilities = Capabilities(ready_first=True, recv_batch_size=batch_size)
+        self.keep_reset_steps = bool(keep_reset_steps)
+        self.capabilities = Capabilities(
+            ready_first=True, recv_batch_size=batch_size, reset_steps=self.keep_reset_steps
+        )
+        if self.keep_reset_steps:
+            self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
 
         def build(seeds: list[int]) -> Any:
             return envpool.make_gymnasium(
@@ -90,6 +104,8 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         self._obs = space_arrays.allocate(self.single_observation_space, (num_envs,))
         # The final step of each env whose reset step EnvPool has yet to return.
         self._awaiting_reset = np.zeros(num_envs, np.bool_)
+        # keep_reset_steps: the envs whose episode ended at their last answer.
+        self._ended = np.zeros(num_envs, np.bool_)
         self._final_obs = space_arrays.allocate(self.single_observation_space, (num_envs,))
         self._final_reward = np.zeros(num_envs, np.float64)
         self._final_terminated = np.zeros(num_envs, np.bool_)
@@ -114,6 +130,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
                 "first (the runner does), or build a new vector env."
             )
         self._awaiting_reset[:] = False
+        self._ended[:] = False
         self.env.async_reset()
         seen = 0
         while seen < self.num_envs:
@@ -146,6 +163,8 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
 
     def recv(self) -> BatchStep:
         self._check_open("step")
+        if self.keep_reset_steps:
+            return self._recv_with_reset_steps()
         space = self.single_observation_space
         while True:
             obs, reward, terminated, truncated, info = self.env.recv()
@@ -190,6 +209,22 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         return BatchStep(
             obs_out, next_obs, reward_out, term_out, trunc_out,
             [{} for _ in range(len(env_ids))], reset_infos, None, None, env_ids,
+        )  # fmt: skip
+
+    def _recv_with_reset_steps(self) -> BatchStep:
+        """EnvPool's answer as it is: the envs that ended at their last answer are
+        answering their reset step now."""
+        space = self.single_observation_space
+        obs, reward, terminated, truncated, info = self.env.recv()
+        env_ids = np.asarray(info["env_id"]).astype(np.int64)
+        reset = self._ended[env_ids]
+        self._ended[env_ids] = np.logical_or(terminated, truncated)
+        obs_out = space_arrays.map_structure(space, np.array, obs)  # ours, not EnvPool's
+        space_arrays.copy_into(space, self._obs, obs_out, env_ids)
+        return BatchStep(
+            obs_out, obs_out, np.array(reward, np.float64), np.array(terminated, np.bool_),
+            np.array(truncated, np.bool_), [{} for _ in range(len(env_ids))], {}, None, None,
+            env_ids, reset if reset.any() else None,
         )  # fmt: skip
 
     def _obs_buffer(self) -> Any:

@@ -50,7 +50,10 @@ class Trajectory(flax.struct.PyTreeNode):
             the env was restarted (``make_vec(..., restart_policy=...)``). Such
             a slot ends its episode (``episode_id``) at the step before it, which is
             then bootstrapped like a truncation (``jr.gae`` does); its reward is 0.
-            All True when omitted.
+            Also False at an env's own reset step, kept by EnvPool's
+            ``keep_reset_steps=True``: the slot after an episode end, with ``step``
+            -1 and the next episode's id, whose ``next_obs`` is that episode's first
+            observation (no fault: it cuts nothing). All True when omitted.
     """
 
     obs: Any
@@ -109,6 +112,10 @@ class Trajectory(flax.struct.PyTreeNode):
             ids = host.episode_id[:, b]
             cuts = [0, *(np.flatnonzero(ids[1:] != ids[:-1]) + 1).tolist(), host.num_steps]
             for start, stop in itertools.pairwise(cuts):
+                if host.step[start, b] < 0:  # an env's reset step: no transition
+                    start += 1
+                    if start == stop:
+                        continue
                 # An invalid slot can only close its episode (a restart starts a new id).
                 if host.valid[stop - 1, b]:
                     episodes.append(_episode_from(host, b, start, stop))

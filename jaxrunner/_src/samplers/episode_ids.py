@@ -5,6 +5,11 @@ buffers (the scan sampler has its jnp twin in :mod:`jaxrunner._src.samplers.scan
 proves the two agree). An episode ends where the env ended it (terminated or
 truncated) or a fault cut it (``valid`` False); the next one gets the next id, in
 step-major, env-minor order, whatever order the sampler stepped the envs in.
+
+A *reset slot* (``BatchStep.reset_rows``: the env's own reset step, kept by a NEXT_STEP
+backend) is also ``valid`` False but no fault: it cuts nothing, belongs to the episode
+that follows the end before it, and is its step -1, so that episode's first transition
+is still step 0 and lengths count transitions only.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ class SampleCounts:
     num_faulty_episodes: int
     """Episodes cut by a failed step (one per failed slot)."""
     num_dropped_steps: int
-    """Failed slots: steps that yielded no transition."""
+    """Failed slots: steps that yielded no transition (reset slots are not counted)."""
     returns: np.ndarray
     """Returns of the episodes that ended well, in (step, env) order: all of them, or
     the latest ones, at least the metrics' ``episode_window`` (all that is kept)."""
@@ -50,15 +55,21 @@ class EpisodeBook:
         """Steps closed so far, per env (every env closes the same number)."""
         self._episode_begin = np.zeros(num_envs, dtype=np.int64)
         self._episode_return = np.zeros(num_envs, dtype=np.float64)
+        self._reset_first = np.zeros(num_envs, dtype=np.bool_)
+        """The current episode's first slot (before this sample) is a reset slot."""
 
-    def close(self, buf: Trajectory, t: int) -> SampleCounts:
+    def close(self, buf: Trajectory, t: int, resets: np.ndarray | None = None) -> SampleCounts:
         """Fills ``episode_id`` and ``step`` of steps ``[0, t)`` of ``buf`` and moves
-        every env's episode on past them; returns what they add to the metrics."""
+        every env's episode on past them; returns what they add to the metrics.
+        ``resets`` (``[>= t, B]`` bool, None: none) marks the reset slots among the
+        invalid ones (see the module docstring)."""
         valid = buf.valid[:t]
         all_valid = bool(valid.all())
         cut = buf.terminated[:t] | buf.truncated[:t]
+        faults = None
         if not all_valid:
-            cut |= ~valid
+            faults = ~valid if resets is None else ~valid & ~resets[:t]
+            cut |= faults
         num_envs = cut.shape[1]
         steps = np.arange(t)[:, None]
         cols = np.arange(num_envs)
@@ -80,19 +91,22 @@ class EpisodeBook:
         step[...] = np.where(
             started, steps - prev_end - 1, self.steps_done + steps - self._episode_begin
         )
+        if resets is not None:  # an episode that began with a reset slot: one step less
+            step -= self._began_with_reset(resets[:t], started, prev_end)
         # Each step's episode return so far, from running sums of the sample's rewards.
         total = accumulate_rows(np.add, np.asarray(buf.reward[:t]))
         flat_total = total.reshape(-1)
         before = np.where(started, flat_total.take(at_prev), -self._episode_return)
         returns = flat_total.take(ends) - before.reshape(-1).take(ends)
         lengths = step.reshape(-1).take(ends) + 1
-        num_failed = 0
-        if not all_valid:  # faulty episodes stay out of the statistics
-            good = valid.reshape(-1).take(ends)
+        num_failed = num_invalid = 0
+        if faults is not None:  # faulty episodes stay out of the statistics
+            good = ~faults.reshape(-1).take(ends)
             returns, lengths = returns[good], lengths[good]
-            num_failed = cut.size - int(np.count_nonzero(valid))
+            num_failed = int(np.count_nonzero(faults))
+            num_invalid = cut.size - int(np.count_nonzero(valid))
         counts = SampleCounts(
-            num_env_steps=cut.size - num_failed,
+            num_env_steps=cut.size - num_invalid,
             num_faulty_episodes=num_failed,
             num_dropped_steps=num_failed,
             returns=returns,
@@ -104,12 +118,29 @@ class EpisodeBook:
         at_end = np.maximum(final_end, 0) * num_envs + cols
         self.episode_id = np.where(ended, new_ids.take(at_end), self.episode_id)
         self._episode_begin = np.where(ended, self.steps_done + final_end + 1, self._episode_begin)
+        if resets is not None:
+            first = self._episode_begin - self.steps_done  # in this sample where < t
+            inside = (first >= 0) & (first < t)
+            at = np.minimum(np.maximum(first, 0), t - 1)
+            self._reset_first = np.where(inside, resets[at, cols], self._reset_first)
+            self._reset_first &= first < t  # begins in the next sample: not known yet
         self._episode_return = np.where(
             ended, total[-1] - flat_total.take(at_end), self._episode_return + total[-1]
         )
         self.next_episode_id += len(ends)
         self.steps_done += t
         return counts
+
+    def _began_with_reset(
+        self, resets: np.ndarray, started: np.ndarray, prev_end: np.ndarray
+    ) -> np.ndarray:
+        """``[t, B]``: each slot's episode began with a reset slot (a reset slot
+        itself included: its step becomes -1)."""
+        num_steps, num_envs = resets.shape
+        cols = np.arange(num_envs)
+        first = np.where(started, prev_end + 1, self._episode_begin - self.steps_done)
+        at = np.minimum(np.maximum(first, 0), num_steps - 1)
+        return np.where(first >= 0, resets[at, cols], self._reset_first)
 
     def get_state(self) -> dict[str, np.ndarray]:
         """The book as arrays (for checkpoints)."""
@@ -119,6 +150,7 @@ class EpisodeBook:
             "steps_done": np.asarray(self.steps_done, np.int64),
             "episode_begin": self._episode_begin.copy(),
             "episode_return": self._episode_return.copy(),
+            "reset_first": self._reset_first.copy(),
         }
 
     def set_state(self, state: dict[str, np.ndarray]) -> None:
@@ -128,6 +160,8 @@ class EpisodeBook:
         self.steps_done = int(state["steps_done"])
         self._episode_begin = np.array(state["episode_begin"], np.int64)
         self._episode_return = np.array(state["episode_return"], np.float64)
+        default = np.zeros(len(self.episode_id), np.bool_)  # checkpoints from before
+        self._reset_first = np.array(state.get("reset_first", default), np.bool_)
 
     def restart(self) -> None:
         """Every env starts a new episode now, with the next free ids in env order (the
@@ -137,6 +171,7 @@ class EpisodeBook:
         self.next_episode_id += num_envs
         self._episode_begin = np.full(num_envs, self.steps_done, np.int64)
         self._episode_return = np.zeros(num_envs, np.float64)
+        self._reset_first = np.zeros(num_envs, np.bool_)
 
 
 def accumulate_rows(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:

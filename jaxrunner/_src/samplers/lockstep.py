@@ -190,6 +190,12 @@ class LockstepSampler(HostSampler):
         self._live: list[LiveEpisode] = []
         self._on_step = callbacks is not None and overrides(callbacks, "on_episode_step")
         self._live_next_id = num_envs  # the next id, counted step by step for callbacks
+        # Backends that keep their reset steps: which slots are resets (for the book),
+        # and the ids reserved at each episode end for the live episode that starts at
+        # the env's reset step (its first observation).
+        self._reset_steps = envs.capabilities.reset_steps
+        self._resets: np.ndarray | None = None
+        self._live_reserved = np.zeros(num_envs, dtype=np.int64)
         if callbacks is not None:
             self._live = [self._start_live(i, i, obs) for i in range(num_envs)]
 
@@ -210,6 +216,8 @@ class LockstepSampler(HostSampler):
         self._live_next_id = self._book.next_episode_id
         self._extras_leaves = jax.tree.leaves(policy_extras(buf.extras))
         self._params = params
+        if self._reset_steps:
+            self._resets = np.zeros((num_steps, self.envs.num_envs), dtype=np.bool_)
         t = 0  # steps recorded for every split
         splits = range(len(self.splits))
         lag = 1 if self._background and len(splits) > 1 else 0
@@ -228,7 +236,7 @@ class LockstepSampler(HostSampler):
         except BaseException as err:
             partial = None
             if t:
-                self.metrics.add(self._book.close(buf, t))
+                self.metrics.add(self._book.close(buf, t, self._resets))
                 partial = buf.time_slice(0, t)
             attach_partial(err, partial)
             raise
@@ -237,7 +245,7 @@ class LockstepSampler(HostSampler):
             self.metrics.perf.record(perf, t)
         for live in self._live:  # the next sample writes other buffers
             live.detach(buf)
-        self.metrics.add(self._book.close(buf, num_steps))
+        self.metrics.add(self._book.close(buf, num_steps, self._resets))
         return self._end_sample(buf)
 
     def get_state(self) -> dict[str, Any]:
@@ -339,19 +347,34 @@ class LockstepSampler(HostSampler):
 
     def _advance_episodes(self, buf: Trajectory, t: int, rows: slice, out: BatchStep) -> None:
         """What step ``t`` of envs ``rows`` needs at once: the episode-start flags of
-        their next policy step, the fault mask and the callbacks. The rest of the
-        bookkeeping waits for the end of the sample (:class:`EpisodeBook`)."""
+        their next policy step, the fault and reset masks and the callbacks. The rest of
+        the bookkeeping waits for the end of the sample (:class:`EpisodeBook`)."""
         done = np.logical_or(out.terminated, out.truncated, out=self._episode_start[rows])
         if self.callbacks is not None:  # they see the env's own flags
             self._run_callbacks(buf, t, rows, out, done)
         if out.failed is not None:  # restarted sub-envs: no transition, episode cut
             buf.valid[t, rows] = ~out.failed
             np.logical_or(done, out.failed, out=done)
+        reset = out.reset_rows
+        if reset is not None:  # the env's reset steps: no transition, and no fault
+            assert self._resets is not None  # internal: the backend declares reset_steps
+            self._resets[t, rows] = reset
+            buf.valid[t, rows] &= ~reset
         if self.callbacks is not None:
-            # New episodes get ids in env order, as the book gives them.
+            # New episodes get ids in env order, as the book gives them; where the env
+            # resets a call later, the episode starts there, from its first observation.
             for i in (rows.start + np.flatnonzero(done)).tolist():
-                self._live[i] = self._start_live(i, self._live_next_id, out.obs, rows.start)
+                if self._reset_steps:
+                    self._live_reserved[i] = self._live_next_id
+                else:
+                    self._live[i] = self._start_live(i, self._live_next_id, out.obs, rows.start)
                 self._live_next_id += 1
+            if reset is not None:
+                for i in (rows.start + np.flatnonzero(reset)).tolist():
+                    reserved = int(self._live_reserved[i])
+                    self._live[i] = self._start_live(i, reserved, out.obs, rows.start)
+        if reset is not None:  # the new episode's first policy step comes next
+            np.logical_or(done, reset, out=done)
 
     def _start_live(self, i: int, episode_id: int, obs: Any, offset: int = 0) -> LiveEpisode:
         first_obs = space_arrays.take(self._obs_space, obs, i - offset)
@@ -366,6 +389,8 @@ class LockstepSampler(HostSampler):
         assert callbacks is not None  # internal: only called with callbacks
         for j, i in enumerate(range(rows.start, rows.stop)):
             live = self._live[i]
+            if out.reset_rows is not None and out.reset_rows[j]:
+                continue  # the ended episode's reset: no step of any episode
             if out.failed is not None and out.failed[j]:
                 live.truncated = live.faulty = True
                 callbacks.on_episode_end(runner, i, live)

@@ -138,6 +138,9 @@ class ReadyFirstSampler(HostSampler):
         self._in_flight = 0  # envs sent and not yet received
         self._ready: list[Any] = [slice(0, num_envs)]  # env ids waiting for actions
         self._bufs: list[Trajectory] = []  # this sample's buffers, then the next one's
+        # Backends that keep their reset steps: each buffer's reset slots (for the book).
+        self._reset_steps = caps.reset_steps
+        self._resets: list[np.ndarray] = []
         self._leaves_of: tuple[Any, list[np.ndarray]] = (None, [])
 
     def sample(self, params: Params) -> Trajectory:
@@ -155,6 +158,9 @@ class ReadyFirstSampler(HostSampler):
                     self._infos,
                 )
             )
+            if self._reset_steps:
+                self._resets.append(np.zeros((num_steps, self.envs.num_envs), np.bool_))
+        resets = self._resets[0] if self._reset_steps else None
         try:
             while True:
                 todo = self._take_ready()
@@ -173,7 +179,7 @@ class ReadyFirstSampler(HostSampler):
             done = int(min(self._t.min(), num_steps))
             partial = None
             if done:
-                self.metrics.add(self._book.close(self._bufs[0], done))
+                self.metrics.add(self._book.close(self._bufs[0], done, resets))
                 partial = self._bufs[0].time_slice(0, done)
             attach_partial(err, partial)
             raise
@@ -181,7 +187,9 @@ class ReadyFirstSampler(HostSampler):
             self.metrics.sample_time_s += time.perf_counter() - start_time
             self.metrics.perf.record(perf, num_steps)
         buf = self._bufs.pop(0)
-        self.metrics.add(self._book.close(buf, num_steps))
+        if self._reset_steps:
+            self._resets.pop(0)
+        self.metrics.add(self._book.close(buf, num_steps, resets))
         self._t -= num_steps
         return self._end_sample(buf)
 
@@ -242,13 +250,17 @@ class ReadyFirstSampler(HostSampler):
     def _rows(self, index: np.ndarray) -> list[tuple[Trajectory, np.ndarray, np.ndarray, Any]]:
         """Where envs ``index`` record their current step: (buffer, rows, envs, their
         positions in ``index``); envs a sample ahead go to the next sample's buffer."""
+        return [(self._bufs[b], rows, envs, sel) for b, rows, envs, sel in self._parts(index)]
+
+    def _parts(self, index: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray, Any]]:
+        """:meth:`_rows` with the buffer's position in ``_bufs`` (0: this sample's)."""
         t, num_steps = self._t[index], self.rollout_length
         ahead = t >= num_steps
         if not ahead.any():
-            return [(self._bufs[0], t, index, slice(None))]
-        parts = [(self._bufs[1], t[ahead] - num_steps, index[ahead], np.flatnonzero(ahead))]
+            return [(0, t, index, slice(None))]
+        parts = [(1, t[ahead] - num_steps, index[ahead], np.flatnonzero(ahead))]
         if not ahead.all():
-            parts.append((self._bufs[0], t[~ahead], index[~ahead], np.flatnonzero(~ahead)))
+            parts.append((0, t[~ahead], index[~ahead], np.flatnonzero(~ahead)))
         return parts
 
     def _act(self, params: Params, todo: list[Any], perf: dict[str, float]) -> None:
@@ -322,7 +334,9 @@ class ReadyFirstSampler(HostSampler):
         index = _env_indices(out.env_ids, self.envs.num_envs)
         n = len(index)
         self._in_flight -= n
-        for buf, rows, envs, sel in self._rows(index):
+        reset = out.reset_rows
+        for b, rows, envs, sel in self._parts(index):
+            buf = self._bufs[b]
             space_arrays.copy_into(
                 self._obs_space, buf.next_obs,
                 space_arrays.take(self._obs_space, out.next_obs, sel), (rows, envs),
@@ -332,6 +346,9 @@ class ReadyFirstSampler(HostSampler):
             buf.truncated[rows, envs] = out.truncated[sel]
             if out.failed is not None:  # a replaced actor or restarted sub-env
                 buf.valid[rows, envs] = ~out.failed[sel]
+            if reset is not None:  # the env's reset steps: no transition, and no fault
+                self._resets[b][rows, envs] = reset[sel]
+                buf.valid[rows, envs] &= ~reset[sel]
             if self._infos is not None:
                 infos = out.infos if isinstance(sel, slice) else [out.infos[k] for k in sel]
                 self._infos.record(buf.extras, rows, envs.tolist(), infos)
@@ -339,6 +356,8 @@ class ReadyFirstSampler(HostSampler):
         done = np.logical_or(out.terminated, out.truncated)
         if out.failed is not None:
             done |= out.failed
+        if reset is not None:  # the new episode's first policy step comes next
+            done |= reset
         self._episode_start[index] = done
         self._t[index] += 1
         self._ready.append(out.env_ids if out.env_ids is not None else slice(0, n))

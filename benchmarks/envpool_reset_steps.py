@@ -1,0 +1,124 @@
+"""Does keeping EnvPool's reset steps (``keep_reset_steps=True``) catch up with EnvPool by hand?
+
+Per width, three systems on CartPole-v1 with the 64-64 MLP of ``jr.models``, in one
+process, timed in interleaved rounds (the order alternates each round): jaxrunner's
+EnvPool backend at its default (a masked reset round trip after each step that ended
+an episode), the same with ``keep_reset_steps=True``, and the recording hand loop over
+EnvPool (``jaxrunner._src.bench``: sync mode stepped by hand, or CleanRL's async loop
+with ``--async-mode``). Steps/s count real transitions only (the runner's
+``num_env_steps``; the hand loops leave EnvPool's reset steps out). Reports the median
+of each system over the rounds and the ratios of those medians, with the load average.
+
+Usage (needs the ``envpool`` extra)::
+
+    python benchmarks/envpool_reset_steps.py --num-envs 8 64 256 --rounds 15
+    python benchmarks/envpool_reset_steps.py --async-mode --out /tmp/envpool_async.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+
+import jaxrunner as jr
+from jaxrunner._src.bench.hand_loop import RecordingHandLoop
+from jaxrunner._src.bench.peer_loops import EnvPoolAsyncLoop
+
+SEED = 0
+
+
+def _runner(num_envs: int, length: int, keep: bool, async_mode: bool) -> Callable[[], int]:
+    batch = {"batch_size": num_envs // 2} if async_mode else {}
+    envs = jr.make_vec("CartPole-v1", num_envs, backend="envpool", keep_reset_steps=keep, **batch)
+    policy = jr.models.mlp_policy(envs.single_action_space, hidden=(64, 64))
+    params = policy.init(jax.random.key(SEED), envs.single_observation_space)
+    runner = jr.EnvRunner(envs, policy, params, rollout_length=length, seed=SEED)
+
+    def sample() -> int:  # real transitions of one sample
+        before = runner.get_metrics()["num_env_steps"]
+        runner.sample()
+        return runner.get_metrics()["num_env_steps"] - before
+
+    return sample
+
+
+def _hand(num_envs: int, length: int, async_mode: bool) -> Callable[[], int]:
+    import envpool  # type: ignore[import-not-found]  # the optional extra
+
+    if async_mode:  # recvs of num_envs // 2 envs: twice the rounds for as many steps
+        loop = EnvPoolAsyncLoop(
+            "CartPole-v1", {}, num_envs, 2 * length, SEED,
+            lambda obs_space, action_space: jr.models.mlp_policy(action_space, hidden=(64, 64)),
+        )  # fmt: skip
+        return loop.rollout
+    envs = envpool.make_gymnasium("CartPole-v1", num_envs=num_envs, batch_size=num_envs, seed=SEED)
+    return RecordingHandLoop(
+        envs, length, SEED, seeded_reset=False, next_step_reset=True,
+        policy=jr.models.mlp_policy(envs.action_space, hidden=(64, 64)),
+    ).rollout  # fmt: skip
+
+
+def measure(num_envs: int, length: int, rounds: int, async_mode: bool) -> dict:
+    systems = {
+        "default": _runner(num_envs, length, False, async_mode),
+        "keep_reset_steps": _runner(num_envs, length, True, async_mode),
+        "hand": _hand(num_envs, length, async_mode),
+    }
+    for run in systems.values():  # compile and warm up
+        run()
+        run()
+    reps = max(1, 512 // num_envs)  # rounds of about 0.2 s: one preemption weighs less
+    rates: dict[str, list[float]] = {name: [] for name in systems}
+    for k in range(rounds):
+        for name in list(systems) if k % 2 == 0 else list(reversed(systems)):
+            start = time.perf_counter()
+            steps = sum(systems[name]() for _ in range(reps))
+            rates[name].append(steps / (time.perf_counter() - start))
+    med = {name: statistics.median(r) for name, r in rates.items()}
+    return {
+        "num_envs": num_envs,
+        "median_steps_per_s": med,
+        "ratios": {
+            "default/hand": med["default"] / med["hand"],
+            "keep_reset_steps/hand": med["keep_reset_steps"] / med["hand"],
+            "keep_reset_steps/default": med["keep_reset_steps"] / med["default"],
+        },
+        "load_average": os.getloadavg(),
+        "rounds": rates,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--num-envs", type=int, nargs="+", default=[8, 64, 256])
+    parser.add_argument("--rollout-length", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--async-mode", action="store_true", help="batch_size = num_envs // 2")
+    parser.add_argument("--out", help="write the results here as JSON")
+    args = parser.parse_args()
+    results = []
+    for n in args.num_envs:
+        row = measure(n, args.rollout_length, args.rounds, args.async_mode)
+        results.append(row)
+        med, ratio = row["median_steps_per_s"], row["ratios"]
+        print(
+            f"{n} envs: " + ", ".join(f"{k} {v:,.0f}" for k, v in med.items()) + " steps/s | "
+            + ", ".join(f"{k} {v:.2f}" for k, v in ratio.items())
+            + f" | load {row['load_average'][0]:.2f}",
+            flush=True,
+        )  # fmt: skip
+    if args.out:
+        machine = {"cpus": os.cpu_count(), "platform": platform.platform()}
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "machine": machine, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
