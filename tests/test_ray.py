@@ -251,6 +251,12 @@ def group(group_params):
         yield group
 
 
+def _runner_metrics(group: jr.EnvRunnerGroup) -> list[tuple[int, dict[str, Any]]]:
+    metrics = group.get_metrics()
+    assert metrics["num_runner_restarts"] == 0  # else the local twins below start elsewhere
+    return sorted(metrics["runners"].items())
+
+
 def local_runner(group: jr.EnvRunnerGroup, index: int, incarnation: int, params: Any):
     """The runner that runner ``index`` of ``group`` is, built here."""
     config = group.config
@@ -286,6 +292,9 @@ def test_group_of_two_runners_samples_in_parallel(group, group_params):
 
 
 def test_weight_broadcast_reaches_every_runner(group, group_params, monkeypatch):
+    # The samples each runner took before (other tests of this module share the group,
+    # and pytest-xdist may run any of them elsewhere): read, not assumed.
+    before = {i: m["num_env_steps"] // (N_ENVS * T_GROUP) for i, m in _runner_metrics(group)}
     puts = []
     real_put = ray.put
     monkeypatch.setattr(ray, "put", lambda value: puts.append(1) or real_put(value))
@@ -295,13 +304,13 @@ def test_weight_broadcast_reaches_every_runner(group, group_params, monkeypatch)
     traj = group.sample(concat=False)
     assert group.get_metrics()["runner_params_versions"] == {0: 1, 1: 1}
     # Each runner now acts exactly as a local runner that got the same params at the
-    # same point (after its two earlier samples), and unlike one that kept the old ones.
+    # same point (after its earlier samples), and unlike one that kept the old ones.
     for index in (0, 1):
         with (
             local_runner(group, index, 0, group_params[0]) as new,
             local_runner(group, index, 0, group_params[0]) as old,
         ):
-            for _ in range(2):
+            for _ in range(before[index]):
                 new.sample(), old.sample()
             new.set_params(group_params[1])
             expected, stale = new.sample(), old.sample()
