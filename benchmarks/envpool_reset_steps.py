@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from collections.abc import Callable
 import jax
 
 import jaxrunner as jr
+from jaxrunner._src.bench import machine_info
 from jaxrunner._src.bench.hand_loop import RecordingHandLoop
 from jaxrunner._src.bench.peer_loops import EnvPoolAsyncLoop
 
@@ -115,7 +115,9 @@ def main() -> None:
             flush=True,
         )  # fmt: skip
     if args.out:
-        machine = {"cpus": os.cpu_count(), "platform": platform.platform()}
+        import envpool  # type: ignore[import-not-found]  # the benchmark's own venv
+
+        machine = machine_info() | {"envpool": envpool.__version__}
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "machine": machine, "results": results}, f, indent=1)
 
