@@ -138,7 +138,12 @@ def test_jaxmarl_table_holds_the_files_rates_and_ratio():
 
 
 @pytest.mark.parametrize(
-    "name", ["serve_load_hostile_placebo_quiet_cpu.json", "serve_load_hostile_cpu.json"]
+    "name",
+    [
+        "serve_load_hostile_quiet_cpu.json",
+        "serve_load_hostile_placebo_quiet_cpu.json",
+        "serve_load_hostile_cpu.json",
+    ],
 )
 def test_serve_load_table_has_every_system_with_its_medians(name):
     report = tables.load(name)

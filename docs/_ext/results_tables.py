@@ -241,7 +241,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "multi_agent_jaxmarl": multi_agent_jaxmarl_table,
     "multi_agent_rllib": lambda: systems_table("multi_agent_rllib_quiet_cpu.json"),
     "multi_agent_rllib_loaded": lambda: systems_table("multi_agent_rllib_cpu.json"),
-    "serve_load": lambda: serve_load_table("serve_load_hostile_placebo_quiet_cpu.json"),
+    "serve_load": lambda: serve_load_table("serve_load_hostile_quiet_cpu.json"),
+    "serve_load_before": lambda: serve_load_table("serve_load_hostile_placebo_quiet_cpu.json"),
     "serve_load_loaded": lambda: serve_load_table("serve_load_hostile_cpu.json"),
     "ray_scaling": ray_scaling_table,
 }
