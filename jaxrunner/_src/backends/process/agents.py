@@ -38,7 +38,7 @@ from jaxrunner._src.backends.process.config import ProcessConfig, checked_config
 from jaxrunner._src.backends.process.handle import Resources, shutdown
 from jaxrunner._src.backends.process.launch import default_num_workers, worker_bounds
 from jaxrunner._src.backends.process.shared import Carver
-from jaxrunner._src.backends.process.transport import ProcessTransport, Report, TransportForwarding
+from jaxrunner._src.backends.process.transport import Report, TransportForwarding
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_envs import StepResult
 from jaxrunner._src.runner.agent_groups import AgentGroup, AgentsDescription, PolicyMappingFn
@@ -284,21 +284,7 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
             # lockstep: the main process waits while the workers step
             num_workers = default_num_workers(self.num_envs, main_process="waits")
         bounds = worker_bounds(self.num_envs, config.envs_per_worker, num_workers)
-        try:
-            self._transport = ProcessTransport(
-                env_fns,
-                bounds,
-                config,
-                restart_policy,
-                self._res,
-                self._close_after,
-                self._layout_for,
-                self._check_report,
-            )
-        except BaseException:
-            self._close_after("construction failed")
-            raise
-        self._closed_reason = None
+        self._start_transport(env_fns, bounds, config, restart_policy)
         self._bounds = bounds
         self._stepper = self._transport.stepper
 
@@ -326,11 +312,6 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
     def _check_report(self, report: Report, where: str) -> None:
         for description in report.get("agents", [None]):
             self._check_description(description, where)
-
-    def _close_after(self, reason: str) -> None:
-        """Closes the vector env after a failure (``reason`` is quoted to later calls)."""
-        self._closed_reason = reason
-        self._finalizer()
 
     @property
     def step_timeout_s(self) -> float | None:

@@ -150,6 +150,39 @@ class TransportForwarding:
 
     _transport: ProcessTransport
     num_envs: int
+    _res: Resources
+    _closed_reason: str | None
+    _finalizer: Callable[[], Any]
+
+    def _start_transport(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        bounds: list[tuple[int, int]],
+        config: ProcessConfig,
+        restart_policy: RestartPolicy | None,
+    ) -> None:
+        """Starts the workers (``self._transport``); a failure closes the vector env
+        before it raises."""
+        try:
+            self._transport = ProcessTransport(
+                env_fns,
+                bounds,
+                config,
+                restart_policy,
+                self._res,
+                self._close_after,
+                self._layout_for,  # type: ignore[attr-defined]
+                self._check_report,  # type: ignore[attr-defined]
+            )
+        except BaseException:
+            self._close_after("construction failed")
+            raise
+        self._closed_reason = None
+
+    def _close_after(self, reason: str) -> None:
+        """Closes the vector env after a failure (``reason`` is quoted to later calls)."""
+        self._closed_reason = reason
+        self._finalizer()
 
     def get_sub_environments(self) -> list[SubEnvHandle]:
         """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env,

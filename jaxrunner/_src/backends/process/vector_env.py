@@ -19,7 +19,7 @@ from jaxrunner._src.backends.process.launch import (
     worker_bounds,
 )
 from jaxrunner._src.backends.process.shared import Layout
-from jaxrunner._src.backends.process.transport import ProcessTransport, Report, TransportForwarding
+from jaxrunner._src.backends.process.transport import Report, TransportForwarding
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 
@@ -122,21 +122,7 @@ class ProcessVectorEnv(TransportForwarding, VectorEnv):
             )
         self.num_envs = len(env_fns)
         bounds = worker_bounds(self.num_envs, config.envs_per_worker, config.num_workers)
-        try:
-            self._transport = ProcessTransport(
-                env_fns,
-                bounds,
-                config,
-                restart_policy,
-                self._res,
-                self._close_after,
-                self._layout_for,
-                self._check_report,
-            )
-        except BaseException:
-            self._close_after("construction failed")
-            raise
-        self._closed_reason = None
+        self._start_transport(env_fns, bounds, config, restart_policy)
         self._pool = self._transport.pool
         self._recovery = self._transport.recovery
         self._stepper = self._transport.stepper
@@ -162,11 +148,6 @@ class ProcessVectorEnv(TransportForwarding, VectorEnv):
         "num_unrun_steps",
         "Failed slots of replaced workers' sub-envs that had not started their step.",
     )
-
-    def _close_after(self, reason: str) -> None:
-        """Closes the vector env after a failure (``reason`` is quoted to later calls)."""
-        self._closed_reason = reason
-        self._finalizer()
 
     def _layout_for(self, reports: list[Report]) -> Layout:
         """Checks the workers' sub-envs (equal, supported spaces) and takes their
