@@ -36,8 +36,9 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep, Capabilities, InProcessVectorEnv
+from jaxrunner._src.backends.base import BatchStep, Capabilities
 from jaxrunner._src.backends.gymnasium_sub_envs import async_request, sub_environments
+from jaxrunner._src.backends.in_process import InProcessVectorEnv
 from jaxrunner._src.backends.masked_reset import MaskedReset, masked_reset_for
 from jaxrunner._src.backends.vector_infos import (
     EMPTY_RESET_INFOS,

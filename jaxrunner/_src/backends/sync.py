@@ -11,7 +11,8 @@ import gymnasium
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep, Capabilities, InProcessVectorEnv, VectorEnv
+from jaxrunner._src.backends.base import BatchStep, Capabilities, VectorEnv
+from jaxrunner._src.backends.in_process import InProcessVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.snapshots import snapshot_dumps
 from jaxrunner._src.backends.sub_envs import ActionSplitters, EnvFactory, StepBuffers, SubEnvs

@@ -34,9 +34,9 @@ from jaxrunner._src.backends.base import (
     BaseVectorEnv,
     Capabilities,
     EnvIds,
-    InProcessSends,
     block_rows,
 )
+from jaxrunner._src.backends.in_process import InProcessSends
 from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep, StepViews
 from jaxrunner._src.backends.multi_agent.driver import Driver
 from jaxrunner._src.backends.multi_agent.drivers import make_driver
