@@ -115,22 +115,15 @@ class _Span:
         if self.buf is None:
             return
         cut = slice(self.start, self.stop)
-        self.trees = {
-            name: jax.tree.map(lambda x: np.array(x[cut, self.env]), getattr(self.buf, name))
-            for name in self.FIELDS
-        }
+        self.trees = {name: self.buf.env_rows(name, cut, self.env) for name in self.FIELDS}
         self.buf = None
 
     def rows(self, field: str) -> list[Any]:
-        index: list[Any]
-        if self.buf is None:  # detached: the rows alone, from 0
-            tree, index = self.trees[field], list(range(self.stop - self.start))
+        if self.buf is None:  # detached: the rows alone
+            tree = self.trees[field]
         else:
-            tree, index = (
-                getattr(self.buf, field),
-                [(t, self.env) for t in range(self.start, self.stop)],
-            )
-        return [jax.tree.map(lambda x, i=i: np.array(x[i]), tree) for i in index]
+            tree = self.buf.env_rows(field, slice(self.start, self.stop), self.env)
+        return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(self.stop - self.start)]
 
 
 class Callbacks:

@@ -34,7 +34,7 @@ from jaxrunner._src.runner.trajectory import Episode, Trajectory, concatenate_ep
 from jaxrunner._src.samplers.info_arrays import check_info_keys
 from jaxrunner._src.samplers.lockstep import LockstepSampler
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
-from jaxrunner._src.samplers.sampler import Sampler, SamplerSetup
+from jaxrunner._src.samplers.sampler import HostSampler, Sampler, SamplerSetup
 from jaxrunner._src.samplers.scan import ScanSampler, check_runner_options
 from jaxrunner._src.services.checkpoints import env_runner as checkpoint
 from jaxrunner._src.services.checkpoints.env_runner import RestoreReport
@@ -74,6 +74,11 @@ class EnvRunner(EnvOwner):
             them in ``traj.extras["infos_present"][name]`` (``"episode.r"`` reaches into
             ``info["episode"]``). Host
             backends; nothing is recorded or paid without it.
+        compact_next_obs: store ``traj.next_obs`` only where it is not the next step's
+            ``obs`` (episode ends, failed steps, reset steps, the last step), and build
+            it from ``obs`` when it is read: half the memory of image observations,
+            and ``traj.next_value(value, value_fn)`` evaluates only the stored rows.
+            Host backends.
         connectors: optional :class:`~jaxrunner.connectors.Connectors` (observation
             normalization, frame stacking, reward scaling, action rescaling), run on
             device inside the compiled policy step; initialise the policy on
@@ -98,9 +103,22 @@ class EnvRunner(EnvOwner):
         num_splits: int | None = None,
         connectors: Connectors | None = None,
         info_keys: Sequence[str] = (),
+        compact_next_obs: bool = False,
     ) -> None:
         _check_arguments(envs, policy, params, rollout_length, seed, callbacks, num_splits)
         info_keys = check_info_keys(info_keys)
+        if not isinstance(compact_next_obs, bool):
+            raise InvalidArgumentTypeError(
+                f"EnvRunner(compact_next_obs={compact_next_obs!r}): expected a bool."
+            )
+        if compact_next_obs and isinstance(envs, JaxVectorEnv):
+            raise InvalidArgumentError(
+                "EnvRunner(compact_next_obs=True): a pure-JAX env's trajectory is built on "
+                "device by one compiled scan, where the rows to keep are not known in "
+                "advance; leave compact_next_obs=False, or use a host backend "
+                "(jaxrunner.make_vec)."
+            )
+        self.compact_next_obs = compact_next_obs
         if info_keys and isinstance(envs, JaxVectorEnv):
             raise InvalidArgumentError(
                 "EnvRunner(info_keys=...): a pure-JAX env's infos stay on device inside "
@@ -154,6 +172,7 @@ class EnvRunner(EnvOwner):
             self.state.metrics,
             connectors=self.connectors,
             info_keys=self.info_keys,
+            compact_next_obs=self.compact_next_obs,
         )
         if isinstance(envs, JaxVectorEnv):
             check_runner_options(self.callbacks, num_splits)
@@ -197,6 +216,27 @@ class EnvRunner(EnvOwner):
         the runner refuses further sampling (its envs are in an unknown state).
         """
         return self._sample_once()
+
+    def release(self, traj: Trajectory) -> None:
+        """Hands back a trajectory :meth:`sample` returned that you no longer read: the
+        next sample writes into its arrays instead of allocating new ones (a sample's
+        memory is allocated and zeroed once, not every call). ``traj`` and any view of
+        it (``time_slice``, its arrays) then change under you: copy what you keep
+        first. Episodes from ``split_episodes`` are copies and stay valid.
+
+        Raises:
+            InvalidArgumentError: ``traj`` is not a result of this runner's ``sample()``
+                still out (released twice, a copy or slice, another runner's), or the
+                envs are pure JAX (their trajectories live on device).
+        """
+        self._check_usable("release")
+        if not isinstance(self.sampler, HostSampler):
+            raise InvalidArgumentError(
+                "EnvRunner.release(traj): a pure-JAX env's trajectories are device arrays "
+                "built by its compiled scan, which allocates them itself; there is nothing to "
+                "hand back."
+            )
+        self.sampler.release(traj)
 
     def sample_episodes(
         self, num_episodes: int, include_faulty: bool = False, progress: bool = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections.abc import Sequence
@@ -11,6 +12,8 @@ import flax.struct
 import jax
 import numpy as np
 
+from jaxrunner._src.runner import next_obs_store
+from jaxrunner._src.runner.next_obs_store import FinalObs, FinalObsRecorder
 from jaxrunner._src.runner.trajectory_file import (
     TrajectoryFile,
     check_fields,
@@ -20,6 +23,11 @@ from jaxrunner._src.runner.trajectory_file import (
 )
 from jaxrunner.errors import InvalidArgumentError
 
+_FILE_FIELDS = (
+    "obs", "action", "reward", "terminated", "truncated", "next_obs",
+    "extras", "env_id", "episode_id", "step", "valid",
+)  # fmt: skip
+"""The fields of a trajectory file: ``next_obs`` always dense."""
 _FORMAT = "jaxrunner.Trajectory"
 _VERSION = 1
 MAX_LOAD_BYTES = 1 << 33
@@ -41,7 +49,10 @@ class Trajectory(flax.struct.PyTreeNode):
         terminated: the episode ended in a terminal state.
         truncated: the episode was cut (time limit...); bootstrap from ``next_obs``.
         next_obs: the true next observation: the final one where an episode ended,
-            never the observation of the reset that followed.
+            never the observation of the reset that followed. A property: a compact
+            trajectory (``EnvRunner(..., compact_next_obs=True)``) stores only the rows
+            that are not the next step's ``obs`` (``next_obs_store``, a
+            :class:`FinalObs`) and builds the array on demand.
         extras: dict of policy outputs per step (``log_prob``, ``value``, ...).
         env_id: index of the env (global across workers).
         episode_id: unique per runner; the same for every step of an episode.
@@ -61,17 +72,101 @@ class Trajectory(flax.struct.PyTreeNode):
     reward: HostOrDevice
     terminated: HostOrDevice
     truncated: HostOrDevice
-    next_obs: Any
+    next_obs_store: Any
+    """The dense ``[T, B]`` next observations, or a compact trajectory's
+    :class:`FinalObs` (see ``next_obs``)."""
     extras: dict[str, Any]
     env_id: HostOrDevice
     episode_id: HostOrDevice
     step: HostOrDevice
     valid: Any = None
 
-    def __post_init__(self) -> None:
-        if self.valid is None and hasattr(self.reward, "shape"):
-            ones = np.ones if isinstance(self.reward, np.ndarray) else jax.numpy.ones
-            object.__setattr__(self, "valid", ones(self.reward.shape, np.bool_))
+    def __init__(
+        self,
+        obs: Any,
+        action: Any,
+        reward: HostOrDevice,
+        terminated: HostOrDevice,
+        truncated: HostOrDevice,
+        next_obs: Any = None,
+        extras: dict[str, Any] | None = None,
+        env_id: HostOrDevice | None = None,
+        episode_id: HostOrDevice | None = None,
+        step: HostOrDevice | None = None,
+        valid: Any = None,
+        *,
+        next_obs_store: Any = None,
+    ) -> None:
+        # next_obs (dense) is how users build one; next_obs_store is the field itself
+        # (what pytree unflattening and replace() pass).
+        if next_obs is not None and next_obs_store is not None:
+            raise InvalidArgumentError(
+                "Trajectory(next_obs=..., next_obs_store=...): give one of them (next_obs: "
+                "the dense [T, B] next observations)."
+            )
+        if valid is None and hasattr(reward, "shape"):
+            ones = np.ones if isinstance(reward, np.ndarray) else jax.numpy.ones
+            valid = ones(reward.shape, np.bool_)
+        values = {
+            "obs": obs,
+            "action": action,
+            "reward": reward,
+            "terminated": terminated,
+            "truncated": truncated,
+            "next_obs_store": next_obs if next_obs_store is None else next_obs_store,
+            "extras": {} if extras is None else extras,
+            "env_id": env_id,
+            "episode_id": episode_id,
+            "step": step,
+            "valid": valid,
+        }
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def is_compact(self) -> bool:
+        """Only the next observations that are not the next step's are stored."""
+        return isinstance(self.next_obs_store, (FinalObs, FinalObsRecorder))
+
+    @property
+    def next_obs(self) -> Any:
+        """``[T, B]`` next observations (see the class docstring). On a compact
+        trajectory each access builds a new array of ``obs``'s size; take what you
+        need of it once, or use :meth:`next_value`."""
+        store = self.next_obs_store
+        if isinstance(store, FinalObsRecorder):  # a sample still running (callbacks)
+            store = store.finish()
+        if isinstance(store, FinalObs):
+            return next_obs_store.materialize(self.obs, store, self.num_envs)
+        return store
+
+    def env_rows(self, name: str, steps: slice, env: int) -> Any:
+        """A copy of field ``name``'s steps ``steps`` of env ``env`` (``next_obs``
+        included, built from the stored rows of a compact trajectory)."""
+        if name == "next_obs" and self.is_compact:
+            return next_obs_store.slot_rows(
+                self.obs, self.next_obs_store, self.num_envs, steps, env
+            )
+        return jax.tree.map(lambda x: np.array(x[steps, env]), getattr(self, name))
+
+    def dense(self) -> Trajectory:
+        """This trajectory with ``next_obs`` stored in full (itself if it is)."""
+        return self.replace(next_obs_store=self.next_obs) if self.is_compact else self
+
+    def next_value(self, value: Any, value_fn: Any) -> Any:
+        """``V(next_obs)`` as ``[T, B]``, from ``value`` = ``V(obs)`` (``[T, B]``, which
+        a learner computes anyway) and ``value_fn``, called on a batch of observations
+        (``[N, ...]`` per leaf): only on the stored rows of a compact trajectory, on
+        every row of a dense one. The input :func:`jaxrunner.gae` takes as
+        ``next_value``."""
+        store = self.next_obs_store
+        if not isinstance(store, FinalObs):
+            flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), self.next_obs)
+            return jax.numpy.reshape(value_fn(flat), np.shape(self.reward))
+        num_steps, num_envs = np.shape(self.reward)
+        shifted = jax.numpy.concatenate([value[1:], value[-1:]])
+        stored = value_fn(store.obs) if len(store.index) else shifted.reshape(-1)[:0]
+        return shifted.reshape(-1).at[store.index].set(stored).reshape(num_steps, num_envs)
 
     @property
     def num_steps(self) -> int:
@@ -94,7 +189,17 @@ class Trajectory(flax.struct.PyTreeNode):
 
     def time_slice(self, start: int, stop: int) -> Trajectory:
         """Steps ``start:stop`` of every field."""
-        return jax.tree.map(lambda x: x[start:stop], self)
+        if not self.is_compact:
+            return jax.tree.map(lambda x: x[start:stop], self)
+        start, stop, _ = slice(start, stop).indices(self.num_steps)
+        if stop <= start:
+            return self.dense().time_slice(start, stop)
+        store = self.next_obs_store
+        if isinstance(store, FinalObsRecorder):  # the steps of a failed sample
+            store = store.finish(stop)
+        sliced = next_obs_store.time_slice(self.obs, store, self.num_envs, start, stop)
+        rest = self.replace(next_obs_store=None)
+        return jax.tree.map(lambda x: x[start:stop], rest).replace(next_obs_store=sliced)
 
     def split_episodes(self) -> list[Episode]:
         """Splits into episodes, env by env, in time order.
@@ -104,7 +209,7 @@ class Trajectory(flax.struct.PyTreeNode):
         step (continued from an earlier ``sample()``) has ``start_step > 0``;
         ``is_complete`` is true only for episodes seen from first to last step.
         """
-        host = self.to_numpy()
+        host = self.dense().to_numpy()
         episodes: list[Episode] = []
         if host.num_steps == 0:
             return episodes
@@ -124,9 +229,10 @@ class Trajectory(flax.struct.PyTreeNode):
         return episodes
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Saves to one ``.npz`` file (no pickle); :meth:`load` restores it exactly."""
+        """Saves to one ``.npz`` file (no pickle); :meth:`load` restores it exactly (a
+        compact trajectory is saved, and loads, dense)."""
         arrays: dict[str, np.ndarray] = {}
-        fields = {n: encode_tree(getattr(self, n), arrays) for n in self.__dataclass_fields__}
+        fields = {n: encode_tree(getattr(self, n), arrays) for n in _FILE_FIELDS}
         write_file(path, {"format": _FORMAT, "version": _VERSION, "fields": fields}, arrays)
 
     @classmethod
@@ -148,6 +254,17 @@ class Trajectory(flax.struct.PyTreeNode):
                 names the field (or member) at fault and what is wrong with it.
         """
         return _load(cls, path, max_bytes)
+
+
+def _replace(self: Trajectory, **updates: Any) -> Trajectory:
+    """A copy with the given fields replaced (``next_obs=`` replaces the store)."""
+    if "next_obs" in updates:
+        updates["next_obs_store"] = updates.pop("next_obs")
+    return dataclasses.replace(self, **updates)
+
+
+# After the class: flax's dataclass transform sets its own replace on the class.
+Trajectory.replace = _replace  # type: ignore[method-assign]
 
 
 class EpisodeSpan:
@@ -221,7 +338,7 @@ def cut_steps(traj: Any, steps: Any, last: Any) -> dict[str, Any]:
     """
 
     def cut(x: np.ndarray) -> np.ndarray:
-        return x[steps]
+        return np.array(x[steps])  # a copy: the trajectory's buffers may be reused
 
     return {
         "obs": jax.tree.map(
@@ -266,10 +383,10 @@ def _faulty_episode_from(traj: Trajectory, b: int, start: int, failed: int) -> E
     The last observation is ``obs[failed]``: the one after the last good step."""
 
     def cut(x: Any) -> Any:
-        return x[start:failed, b]
+        return np.array(x[start:failed, b])
 
     return Episode(
-        obs=jax.tree.map(lambda o: o[start : failed + 1, b], traj.obs),
+        obs=jax.tree.map(lambda o: np.array(o[start : failed + 1, b]), traj.obs),
         action=jax.tree.map(cut, traj.action),
         reward=cut(traj.reward),
         extras=jax.tree.map(cut, traj.extras),
@@ -298,9 +415,13 @@ def concatenate_episodes(head: Episode, tail: Episode) -> Episode:
 
 
 def concatenate(trajectories: Sequence[Trajectory]) -> Trajectory:
-    """Joins trajectories of the same envs along time (``[T1 + T2 + ..., B]``)."""
+    """Joins trajectories of the same envs along time (``[T1 + T2 + ..., B]``); compact
+    if they all are."""
     if not trajectories:
         raise InvalidArgumentError("concatenate() needs at least one Trajectory, got none.")
+    compact = all(t.is_compact for t in trajectories)
+    if not compact:
+        trajectories = [t.dense() for t in trajectories]
     first = trajectories[0]
     structure = jax.tree.structure(first)
     for i, traj in enumerate(trajectories):
@@ -315,14 +436,21 @@ def concatenate(trajectories: Sequence[Trajectory]) -> Trajectory:
                 f"concatenate(): trajectory {i} has {traj.num_envs} envs, trajectory 0 has "
                 f"{first.num_envs}; concatenation is along time and needs equal env axes."
             )
-    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *trajectories)
+    if not compact:
+        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *trajectories)
+    stores = [t.next_obs_store for t in trajectories]
+    lengths = [t.num_steps for t in trajectories]
+    rest = [t.replace(next_obs_store=None) for t in trajectories]
+    joined = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *rest)
+    return joined.replace(
+        next_obs_store=next_obs_store.concatenate(stores, lengths, first.num_envs)
+    )
 
 
 def _load(cls: type[Trajectory], path: str | os.PathLike[str], max_bytes: int | None) -> Any:
     with TrajectoryFile(path, _FORMAT, _VERSION, max_bytes) as file:
         spec = file.read_spec()
         # valid is optional: files saved before it existed load as all valid.
-        names = tuple(cls.__dataclass_fields__)
-        fields = file.read_fields(spec.get("fields"), names, optional=("valid",))
+        fields = file.read_fields(spec.get("fields"), _FILE_FIELDS, optional=("valid",))
     check_fields(fields, lead_shape(fields, "reward", "[T, B]", file.error), "reward's", file.error)
     return cls(**fields)

@@ -67,6 +67,12 @@ class InfoRecorder:
         extras[INFOS] = {k: np.zeros(shape, np.float64) for k in self.keys}
         extras[INFOS_PRESENT] = {k: np.zeros(shape, np.bool_) for k in self.keys}
 
+    def clear(self, extras: dict[str, Any]) -> None:
+        """Zeroes a reused buffer's arrays (a sample writes only the entries present)."""
+        for key in self.keys:
+            extras[INFOS][key].fill(0.0)
+            extras[INFOS_PRESENT][key].fill(False)
+
     def record(
         self, extras: dict[str, Any], t: Any, envs: Sequence[int], infos: Sequence[dict]
     ) -> None:

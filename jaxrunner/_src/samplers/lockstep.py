@@ -37,10 +37,12 @@ from jaxrunner._src.samplers.policy_step import (
     runner_policy_flops,
 )
 from jaxrunner._src.samplers.sampler import (
+    BufferPool,
     HostSampler,
     SamplerSetup,
-    allocate_trajectory,
     attach_partial,
+    finish_next_obs,
+    record_next_obs,
 )
 from jaxrunner.errors import InvalidArgumentError
 
@@ -187,6 +189,10 @@ class LockstepSampler(HostSampler):
         # The latest observations of each split's envs (views of the env's buffer).
         self._split_obs = [space_arrays.rows(self._obs_space, obs, g) for g in self.splits]
         self.action_spec, self._extras_spec = self._calls[0].env_output_spec
+        self._pool = BufferPool(
+            self._obs_space, self._action_space, self._extras_spec, setup.rollout_length,
+            num_envs, self._infos, setup.compact_next_obs,
+        )  # fmt: skip
         self._live: list[LiveEpisode] = []
         self._on_step = callbacks is not None and overrides(callbacks, "on_episode_step")
         self._live_next_id = num_envs  # the next id, counted step by step for callbacks
@@ -201,14 +207,7 @@ class LockstepSampler(HostSampler):
 
     def sample(self, params: Params) -> Trajectory:
         num_steps = self.rollout_length
-        buf = allocate_trajectory(
-            self._obs_space,
-            self._action_space,
-            self._extras_spec,
-            num_steps,
-            self.envs.num_envs,
-            self._infos,
-        )
+        buf = self._pool.take()
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
         # Ids of episodes that start during this sample, for callbacks' live episodes
@@ -246,7 +245,7 @@ class LockstepSampler(HostSampler):
         for live in self._live:  # the next sample writes other buffers
             live.detach(buf)
         self.metrics.add(self._book.close(buf, num_steps, self._resets))
-        return self._end_sample(buf)
+        return self._end_sample(finish_next_obs(buf))
 
     def get_state(self) -> dict[str, Any]:
         obs = space_arrays.allocate(self._obs_space, (self.envs.num_envs,))
@@ -332,7 +331,7 @@ class LockstepSampler(HostSampler):
             out = self.envs.step_batch(self._actions[g], None if self._whole else rows)
         tick = time.perf_counter()
         perf["env_wait_ms"] += tick - clock
-        space_arrays.copy_into(self._obs_space, buf.next_obs, out.next_obs, index)
+        record_next_obs(self._obs_space, buf, index, out)
         buf.reward[index] = out.reward
         buf.terminated[index] = out.terminated
         buf.truncated[index] = out.truncated

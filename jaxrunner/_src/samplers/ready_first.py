@@ -52,10 +52,12 @@ from jaxrunner._src.samplers.policy_step import (
     runner_chunk_rows,
 )
 from jaxrunner._src.samplers.sampler import (
+    BufferPool,
     HostSampler,
     SamplerSetup,
-    allocate_trajectory,
     attach_partial,
+    finish_next_obs,
+    record_next_obs,
 )
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 
@@ -133,6 +135,10 @@ class ReadyFirstSampler(HostSampler):
         self.action_spec, self._extras_spec = self._calls[num_envs].env_output_spec
         self._book = EpisodeBook(num_envs)
         self._infos = InfoRecorder(setup.info_keys) if setup.info_keys else None
+        self._pool = BufferPool(
+            self._obs_space, self._action_space, self._extras_spec, setup.rollout_length,
+            num_envs, self._infos, setup.compact_next_obs,
+        )  # fmt: skip
         self._episode_start = np.ones(num_envs, np.bool_)
         self._t = np.zeros(num_envs, np.int64)  # steps recorded per env, this sample on
         self._in_flight = 0  # envs sent and not yet received
@@ -148,16 +154,7 @@ class ReadyFirstSampler(HostSampler):
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
         while len(self._bufs) < 2:
-            self._bufs.append(
-                allocate_trajectory(
-                    self._obs_space,
-                    self._action_space,
-                    self._extras_spec,
-                    num_steps,
-                    self.envs.num_envs,
-                    self._infos,
-                )
-            )
+            self._bufs.append(self._pool.take())
             if self._reset_steps:
                 self._resets.append(np.zeros((num_steps, self.envs.num_envs), np.bool_))
         resets = self._resets[0] if self._reset_steps else None
@@ -191,7 +188,7 @@ class ReadyFirstSampler(HostSampler):
             self._resets.pop(0)
         self.metrics.add(self._book.close(buf, num_steps, resets))
         self._t -= num_steps
-        return self._end_sample(buf)
+        return self._end_sample(finish_next_obs(buf))
 
     def get_state(self) -> dict[str, Any]:
         return {
@@ -337,10 +334,7 @@ class ReadyFirstSampler(HostSampler):
         reset = out.reset_rows
         for b, rows, envs, sel in self._parts(index):
             buf = self._bufs[b]
-            space_arrays.copy_into(
-                self._obs_space, buf.next_obs,
-                space_arrays.take(self._obs_space, out.next_obs, sel), (rows, envs),
-            )  # fmt: skip
+            record_next_obs(self._obs_space, buf, (rows, envs), out, sel)
             buf.reward[rows, envs] = out.reward[sel]
             buf.terminated[rows, envs] = out.terminated[sel]
             buf.truncated[rows, envs] = out.truncated[sel]

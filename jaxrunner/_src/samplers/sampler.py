@@ -12,6 +12,7 @@ import abc
 import contextlib
 import dataclasses
 import time
+import weakref
 from typing import Any, Protocol
 
 import jax
@@ -19,11 +20,13 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.base import BatchStep
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.runner.metrics import RunnerMetrics
+from jaxrunner._src.runner.next_obs_store import FinalObsRecorder
 from jaxrunner._src.runner.policy import Params, Policy
 from jaxrunner._src.runner.trajectory import Trajectory
-from jaxrunner._src.samplers.info_arrays import InfoRecorder
+from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, InfoRecorder
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -45,6 +48,9 @@ class SamplerSetup:
     """Transforms between the envs and the policy (:mod:`jaxrunner.connectors`)."""
     info_keys: tuple[str, ...] = ()
     """Info entries recorded as ``[T, B]`` arrays (:mod:`.info_arrays`; host samplers)."""
+    compact_next_obs: bool = False
+    """Store ``next_obs`` only where it is not the next step's ``obs`` (host samplers;
+    :mod:`jaxrunner._src.runner.next_obs_store`)."""
 
 
 class Sampler(abc.ABC):
@@ -95,6 +101,11 @@ class HostSampler(Sampler):
     _packing: Any
     _sample_end: Any
     metrics: RunnerMetrics
+    _pool: BufferPool
+
+    def release(self, traj: Trajectory) -> None:
+        """Takes back ``traj`` (a sample's result the caller is done with) for reuse."""
+        self._pool.release(traj)
 
     def _end_sample(self, buf: Trajectory) -> Trajectory:
         """The connectors' end-of-sample update (statistics from this sample's
@@ -115,6 +126,70 @@ class HostSampler(Sampler):
         self._state = self._state.replace(connectors=self._packing.to_device(state))
 
 
+class BufferPool:
+    """A host sampler's ``[T, B]`` buffers: new ones, or those of samples the caller
+    released (``EnvRunner.release``), which the next sample writes into instead of
+    allocating (and zeroing) a trajectory's memory again."""
+
+    def __init__(
+        self,
+        obs_space: spaces.Space,
+        action_space: spaces.Space,
+        extras_spec: Any,
+        num_steps: int,
+        num_envs: int,
+        infos: InfoRecorder | None,
+        compact: bool,
+    ) -> None:
+        self._shape = (obs_space, action_space, extras_spec, num_steps, num_envs, infos)
+        self._compact = compact
+        self._issued: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+        self._free: list[Trajectory] = []
+
+    def take(self) -> Trajectory:
+        """A buffer for the next sample: a released one, reset, or a new one."""
+        obs_space, _, _, num_steps, num_envs, infos = self._shape
+        if self._free:
+            buf = self._free.pop()
+            buf.valid.fill(True)  # the only fields a sample does not write in full
+            if infos is not None:
+                infos.clear(buf.extras)
+        else:
+            buf = allocate_trajectory(*self._shape)
+        if self._compact:
+            buf = buf.replace(next_obs_store=FinalObsRecorder(obs_space, num_steps, num_envs))
+        reward = np.asarray(buf.reward)  # a host buffer: the array itself
+        self._issued[id(reward)] = reward
+        return buf
+
+    def release(self, traj: Trajectory) -> None:
+        """Makes ``traj``'s arrays the next sample's.
+
+        Raises:
+            InvalidArgumentError: ``traj`` is not a result of this sampler still out
+                (another runner's, a slice or copy of one, or released already).
+        """
+        reward = getattr(traj, "reward", None)
+        if reward is None or self._issued.get(id(reward)) is not reward:
+            raise InvalidArgumentError(
+                "EnvRunner.release(traj): traj is not a Trajectory this runner's sample() "
+                "returned and that is still out (it may be another runner's, a slice or a "
+                "copy of one, or released already). Pass the sample() result itself, once."
+            )
+        del self._issued[id(reward)]
+        own = policy_extras_keys(self._shape[2], self._shape[5])
+        self._free.append(traj.replace(extras={k: traj.extras[k] for k in own}))
+
+
+def policy_extras_keys(extras_spec: Any, infos: InfoRecorder | None) -> list[str]:
+    """The ``extras`` a sampler writes itself (the policy's and the infos), not those
+    connectors add at the end of a sample."""
+    keys = list(extras_spec)
+    if infos is not None:
+        keys += [INFOS, INFOS_PRESENT]
+    return keys
+
+
 def allocate_trajectory(
     obs_space: spaces.Space,
     action_space: spaces.Space,
@@ -122,9 +197,11 @@ def allocate_trajectory(
     num_steps: int,
     num_envs: int,
     infos: InfoRecorder | None = None,
+    compact: bool = False,
 ) -> Trajectory:
     """Zeroed ``[T, B]`` host buffers; ``extras_spec`` has a leading batch axis; with
-    ``infos``, its arrays too (``extras["infos"]``, ``extras["infos_present"]``)."""
+    ``infos``, its arrays too (``extras["infos"]``, ``extras["infos_present"]``).
+    ``compact``: no ``next_obs`` arrays (the sampler sets a recorder)."""
     shape = (num_steps, num_envs)
     buf = Trajectory(
         obs=space_arrays.allocate(obs_space, shape),
@@ -132,7 +209,7 @@ def allocate_trajectory(
         reward=np.zeros(shape, np.float64),
         terminated=np.zeros(shape, np.bool_),
         truncated=np.zeros(shape, np.bool_),
-        next_obs=space_arrays.allocate(obs_space, shape),
+        next_obs=None if compact else space_arrays.allocate(obs_space, shape),
         extras=jax.tree.map(lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), extras_spec),
         env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
         episode_id=np.zeros(shape, np.int64),
@@ -141,6 +218,41 @@ def allocate_trajectory(
     )
     if infos is not None:
         infos.allocate(buf.extras, shape)
+    return buf
+
+
+def record_next_obs(
+    obs_space: spaces.Space,
+    buf: Trajectory,
+    index: tuple[Any, Any],
+    out: BatchStep,
+    sel: Any = None,
+) -> None:
+    """Writes the next observations of ``out`` (its rows ``sel``; all by default) at
+    ``index`` (steps, envs) of ``buf``: all of them, or into a compact buffer's
+    recorder, which keeps those that are not the next step's observation."""
+    store = buf.next_obs_store
+    if not isinstance(store, FinalObsRecorder):
+        next_obs = out.next_obs if sel is None else space_arrays.take(obs_space, out.next_obs, sel)
+        space_arrays.copy_into(obs_space, store, next_obs, index)
+        return
+    steps, envs = index
+    if isinstance(envs, slice):
+        envs = np.arange(envs.start, envs.stop)
+    sel = np.arange(len(out.reward))[slice(None) if sel is None else sel]
+    differs = out.terminated[sel] | out.truncated[sel]
+    for mask in (out.failed, out.reset_rows):  # a restart or a reset step: another obs
+        if mask is not None:
+            differs |= mask[sel]
+    steps = np.broadcast_to(np.asarray(steps), envs.shape)
+    store.record(buf.obs, steps, envs, out.next_obs, out.obs, sel, differs)
+
+
+def finish_next_obs(buf: Trajectory) -> Trajectory:
+    """``buf`` with its recorder (a compact buffer's) turned into the stored rows."""
+    store = buf.next_obs_store
+    if isinstance(store, FinalObsRecorder):
+        return buf.replace(next_obs_store=store.finish())
     return buf
 
 
@@ -164,4 +276,13 @@ def attach_partial(err: BaseException, partial: PartialTrajectory | None) -> Non
         )
 
 
-__all__ = ["Sampler", "SamplerSetup", "allocate_trajectory", "attach_partial"]
+__all__ = [
+    "BufferPool",
+    "Sampler",
+    "SamplerSetup",
+    "allocate_trajectory",
+    "attach_partial",
+    "finish_next_obs",
+    "policy_extras_keys",
+    "record_next_obs",
+]

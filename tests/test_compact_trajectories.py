@@ -1,0 +1,221 @@
+"""Compact trajectories (``EnvRunner(compact_next_obs=True)``) and buffer reuse
+(``EnvRunner.release``): the same transitions, bit for bit, as the dense buffers of a
+runner without them, on every host sampler, with restarts, reset steps, callbacks, a
+CNN on images and a Box-action MLP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import chex
+import gymnasium
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import short_cartpole
+from shuffled_sync import ShuffledSync
+from test_batch_invariance import CASES
+
+import jaxrunner as jr
+from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
+from jaxrunner.models import mlp_policy
+from jaxrunner.testing import FaultPlan, InjectedError, faulty_env_fns
+
+SEED, NUM_ENVS = 5, 4
+
+
+def _runner(envs: Any, case: str = "cartpole", steps: int = 13, **kwargs: Any) -> jr.EnvRunner:
+    if case == "cartpole":
+        policy = mlp_policy(envs.single_action_space, hidden=(8,))
+        params = policy.init(jax.random.key(0), envs.single_observation_space)
+    else:
+        policy, params = CASES[case][1]()
+        steps = CASES[case][2]
+    return jr.EnvRunner(envs, policy, params, steps, SEED, **kwargs)
+
+
+def _samples(make_envs: Any, num: int = 3, case: str = "cartpole", **kwargs: Any) -> list:
+    with _runner(make_envs(), case, **kwargs) as runner:
+        return [runner.sample() for _ in range(num)]
+
+
+class _SeededRestarts(gymnasium.Wrapper):
+    """A restarted sub-env is reset without a seed; this one then takes a fixed one, so
+    that two runs with the same faults restart into the same episodes."""
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
+        return self.env.reset(seed=1234 if seed is None else seed, options=options)
+
+
+def _seeded_cartpole() -> gymnasium.Env:
+    return _SeededRestarts(short_cartpole())
+
+
+def _faulty_envs() -> jr.SyncVectorEnv:
+    faults = {1: [FaultPlan(kind="raise", at=(4,))], 2: [FaultPlan(kind="bad_obs", at=(6, 20))]}
+    fns = faulty_env_fns(_seeded_cartpole, NUM_ENVS, faults, seed=1)
+    return jr.SyncVectorEnv(fns, restart_policy=jr.RestartPolicy())
+
+
+BACKENDS = {
+    "sync": lambda: jr.make_vec(short_cartpole, NUM_ENVS),
+    "sync-restarts": _faulty_envs,
+    "ready-first": lambda: ShuffledSync([short_cartpole] * NUM_ENVS, 2, buckets=(NUM_ENVS,)),
+    "process": lambda: jr.make_vec(
+        short_cartpole, NUM_ENVS, "process", config=jr.ProcessConfig(num_workers=2)
+    ),
+}
+
+
+def _check_compact(compact: jr.Trajectory, dense: jr.Trajectory) -> None:
+    assert compact.is_compact and not dense.is_compact
+    chex.assert_trees_all_equal(compact.dense(), dense)
+    stored = np.zeros(dense.reward.shape, bool).reshape(-1)
+    stored[compact.next_obs_store.index] = True
+    stored = stored.reshape(dense.reward.shape)
+    # What is stored: the last step, and where the next step acts on another observation.
+    assert stored[-1].all()
+    needed = dense.done | ~dense.valid
+    assert (stored[:-1] == needed[:-1]).all()
+    assert stored.sum() < stored.size  # it is compact
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_compact_next_obs_equals_the_dense_one(backend: str) -> None:
+    dense = _samples(BACKENDS[backend])
+    compact = _samples(BACKENDS[backend], compact_next_obs=True)
+    for c, d in zip(compact, dense):
+        _check_compact(c, d)
+    if backend == "sync-restarts":  # restarts did happen
+        assert not all(d.valid.all() for d in dense)
+
+
+@pytest.mark.parametrize("case", ["cnn", "pendulum"])
+def test_compact_next_obs_with_a_cnn_and_box_actions(case: str) -> None:
+    make_envs = lambda: jr.make_vec(CASES[case][0], NUM_ENVS)  # noqa: E731
+    dense = _samples(make_envs, 2, case)
+    compact = _samples(make_envs, 2, case, compact_next_obs=True)
+    for c, d in zip(compact, dense):
+        _check_compact(c, d)
+    obs = dense[0].obs
+    assert compact[0].next_obs_store.obs.nbytes < obs.nbytes / 2  # the memory saved
+
+
+def test_compact_slices_joins_episodes_and_files(tmp_path: Any) -> None:
+    make_envs = BACKENDS["sync-restarts"]
+    (c1, c2), (d1, d2) = _samples(make_envs, 2, compact_next_obs=True), _samples(make_envs, 2)
+    for start, stop in [(0, 1), (2, 9), (0, 13), (12, 13), (5, 5)]:
+        chex.assert_trees_all_equal(c1.time_slice(start, stop).dense(), d1.time_slice(start, stop))
+    joined = jr.concatenate([c1, c2])
+    assert joined.is_compact
+    chex.assert_trees_all_equal(joined.dense(), jr.concatenate([d1, d2]))
+    chex.assert_trees_all_equal(jr.concatenate([c1, d2]), jr.concatenate([d1, d2]))
+    for ce, de in zip(c1.split_episodes(), d1.split_episodes(), strict=True):
+        chex.assert_trees_all_equal(ce, de)
+    c1.save(tmp_path / "c.npz")
+    chex.assert_trees_all_equal(jr.Trajectory.load(tmp_path / "c.npz"), d1)
+
+
+def test_next_value_evaluates_only_the_stored_rows() -> None:
+    compact, dense = (
+        _samples(BACKENDS["sync"], 1, compact_next_obs=True)[0],
+        _samples(BACKENDS["sync"], 1)[0],
+    )
+    weights = jnp.arange(1.0, 5.0)
+    seen: list[int] = []
+
+    def value_fn(obs: Any) -> jax.Array:
+        seen.append(len(obs))
+        return jnp.asarray(obs, jnp.float32) @ weights
+
+    expected = value_fn(dense.next_obs.reshape(-1, 4)).reshape(dense.reward.shape)
+    seen.clear()
+    value = value_fn(dense.obs.reshape(-1, 4)).reshape(dense.reward.shape)
+    got = compact.next_value(value, value_fn)
+    np.testing.assert_array_equal(got, expected)
+    assert seen[-1] == len(compact.next_obs_store.index) < dense.reward.size
+    np.testing.assert_array_equal(dense.next_value(value, value_fn), expected)
+
+
+class _Recorder(jr.Callbacks):
+    def __init__(self) -> None:
+        self.episodes: list[Any] = []
+        self.last_obs: list[Any] = []
+
+    def on_episode_step(self, runner: Any, env_index: int, episode: Any) -> None:
+        self.last_obs.append(np.array(episode.obs[-1]))  # read while the sample runs
+
+    def on_episode_end(self, runner: Any, env_index: int, episode: Any) -> None:
+        self.episodes.append(episode.to_episode())
+
+
+def test_callbacks_see_the_same_episodes_with_compact_buffers() -> None:
+    seen = {}
+    for compact in (False, True):
+        callbacks = _Recorder()
+        _samples(BACKENDS["sync-restarts"], 3, callbacks=callbacks, compact_next_obs=compact)
+        seen[compact] = callbacks
+    assert seen[True].episodes
+    for a, b in zip(seen[True].episodes, seen[False].episodes, strict=True):
+        chex.assert_trees_all_equal(a, b)
+    np.testing.assert_array_equal(seen[True].last_obs, seen[False].last_obs)
+
+
+def test_a_failed_compact_sample_keeps_its_steps() -> None:
+    def broken() -> Any:
+        fns = faulty_env_fns(short_cartpole, NUM_ENVS, {2: [FaultPlan(kind="raise", at=(9,))]})
+        return jr.SyncVectorEnv(fns)
+
+    partial = {}
+    for compact in (False, True):
+        with _runner(broken(), compact_next_obs=compact) as runner:
+            with pytest.raises(JaxRunnerError) as info:
+                runner.sample()
+            assert isinstance(info.value.__cause__, InjectedError)
+            partial[compact] = info.value.partial_trajectory
+    assert partial[True].is_compact and partial[True].num_steps == partial[False].num_steps > 0
+    chex.assert_trees_all_equal(partial[True].dense(), partial[False])
+
+
+# -- buffer reuse -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sync-restarts", "ready-first"])
+@pytest.mark.parametrize("compact", [False, True])
+def test_released_buffers_are_reused_and_change_nothing(backend: str, compact: bool) -> None:
+    reference = [t.dense() for t in _samples(BACKENDS[backend], 4, info_keys=("x",))]
+    with _runner(BACKENDS[backend](), info_keys=("x",), compact_next_obs=compact) as runner:
+        got, arrays = [], set()
+        for _ in range(4):
+            traj = runner.sample()
+            arrays.add(id(traj.obs))
+            got.append(jax.tree.map(np.copy, traj.dense()))
+            runner.release(traj)
+    for g, r in zip(got, reference):
+        chex.assert_trees_all_equal(g, r)
+    assert len(arrays) <= 2  # the same memory, sample after sample (two: ready-first's)
+
+
+def test_release_refuses_what_it_did_not_hand_out() -> None:
+    with _runner(BACKENDS["sync"]()) as runner, _runner(BACKENDS["sync"]()) as other:
+        traj = runner.sample()
+        for wrong in (traj.time_slice(0, 2), jax.tree.map(np.copy, traj), other.sample(), None):
+            with pytest.raises(InvalidArgumentError, match="release"):
+                runner.release(wrong)  # type: ignore[arg-type]
+        runner.release(traj)
+        with pytest.raises(InvalidArgumentError, match="released already"):
+            runner.release(traj)
+
+
+def test_pure_jax_envs_refuse_compact_buffers_and_release() -> None:
+    venv = jr.JaxVectorEnv(jr.testing.RandomWalk(), num_envs=2)
+    policy = mlp_policy(venv.single_action_space, hidden=(4,))
+    params = policy.init(jax.random.key(0), venv.single_observation_space)
+    with pytest.raises(InvalidArgumentError, match="compact_next_obs"):
+        jr.EnvRunner(venv, policy, params, 4, 0, compact_next_obs=True)
+    with (
+        jr.EnvRunner(venv, policy, params, 4, 0) as runner,
+        pytest.raises(InvalidArgumentError, match="device"),
+    ):
+        runner.release(runner.sample())
