@@ -282,7 +282,8 @@ class LockstepSampler(HostSampler):
         """Records split ``g``'s observations at step ``t`` and queues its policy step."""
         clock = time.perf_counter()
         rows, obs, stage = self.splits[g], self._split_obs[g], self._stages[g]
-        space_arrays.copy_into(self._obs_space, buf.obs, obs, (t, rows))
+        if t == 0 or not buf.is_compact:  # a compact buffer's recorder wrote the rest
+            space_arrays.copy_into(self._obs_space, buf.obs, obs, (t, rows))
         own = slice(0, rows.stop - rows.start)  # then padding, up to whole chunks
         space_arrays.copy_into(self._obs_space, stage.obs, obs, own)
         stage.episode_start[own] = self._episode_start[rows]

@@ -273,6 +273,11 @@ class ReadyFirstSampler(HostSampler):
         obs = space_arrays.map_structure(self._obs_space, lambda x: x[index], self._obs)
         where = self._rows(index)
         for buf, rows, envs, sel in where:
+            if buf.is_compact:  # its recorder wrote every row but the first
+                first = np.flatnonzero(rows == 0)
+                if not len(first):
+                    continue
+                rows, envs, sel = rows[first], envs[first], np.arange(count)[sel][first]
             space_arrays.copy_into(
                 self._obs_space, buf.obs, space_arrays.take(self._obs_space, obs, sel), (rows, envs)
             )
