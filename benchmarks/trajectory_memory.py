@@ -13,8 +13,8 @@ Per system, in interleaved rounds (the order alternates): the bytes a trajectory
 holds, the peak of memory newly allocated during ``sample()`` (``tracemalloc``, which
 numpy reports its allocations to), the seconds per sample and env steps/s, and the
 runner's own timer of observation handling (``obs_processing_ms``, its running
-average per step: the copies of ``obs`` and ``next_obs`` into the buffers). Medians over the rounds, ratios against
-``dense``, with the machine's details and load average.
+average per step: the copies of ``obs`` and ``next_obs`` into the buffers). Medians
+over the rounds, ratios against ``dense``, with the machine's details and load average.
 
 Usage::
 
