@@ -74,7 +74,9 @@ def gae(
             ``terminated``, ``truncated``, ``value`` (``extras["value"]``) and
             ``valid`` (its ``valid`` field, if it has one) unless given explicitly.
         next_value: ``V(next_obs)``, ``[T, B]``: the value of the observation that
-            followed each step (the final observation where an episode ended).
+            followed each step (the final observation where an episode ended);
+            ``trajectory.next_value(value, value_fn)`` computes it from ``value``,
+            calling ``value_fn`` only on a compact trajectory's stored rows.
         value: ``V(obs)``, ``[T, B]``.
         reward, terminated, truncated: ``[T, B]``.
         valid: optional boolean ``[T, B]``; false marks a slot holding no
