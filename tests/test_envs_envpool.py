@@ -158,11 +158,13 @@ class _EpisodeLog(jr.Callbacks):
         self.ended.append((episode.episode_id, first, episode.length))
 
 
-def test_keep_reset_steps_records_envpool_as_stepped_by_hand(mlp: Callable) -> None:
+@pytest.mark.parametrize("compact", [False, True])
+def test_keep_reset_steps_records_envpool_as_stepped_by_hand(mlp: Callable, compact: bool) -> None:
     """keep_reset_steps=True: the runner records EnvPool's own steps, its reset steps
     included, exactly as a hand loop over the same actions sees them; the reset slots
     are exactly the steps after an episode ended (valid False, step -1, the next
-    episode's id) and count in no metric; everything else is as the default mode."""
+    episode's id) and count in no metric; everything else is as the default mode.
+    With ``compact_next_obs``, ``next_obs`` built from the stored rows is the same."""
     n, length, samples, limit = 5, 16, 3, 12
     envs = _envpool(n, limit, keep_reset_steps=True)
     assert envs.metadata["autoreset_mode"] == gymnasium.vector.AutoresetMode.NEXT_STEP
@@ -170,9 +172,10 @@ def test_keep_reset_steps_records_envpool_as_stepped_by_hand(mlp: Callable) -> N
     params = policy.init(jax.random.key(1), envs.single_observation_space)
     log = _EpisodeLog()
     with jr.EnvRunner(
-        envs, policy, params, rollout_length=length, seed=SEED, callbacks=log
+        envs, policy, params, length, SEED, callbacks=log, compact_next_obs=compact
     ) as runner:
         traj = jr.concatenate([runner.sample() for _ in range(samples)])
+        assert traj.is_compact == compact
         metrics = runner.get_metrics()
     seeds = jr.env_seeds(SEED, n)
     ref = envpool.make_gymnasium("CartPole-v1", num_envs=n, env_seed=seeds, max_episode_steps=limit)
@@ -219,19 +222,22 @@ def test_keep_reset_steps_records_envpool_as_stepped_by_hand(mlp: Callable) -> N
             np.testing.assert_array_equal(first, e.obs[0])
 
 
-def test_async_keep_reset_steps_replays_envpool_by_hand(mlp: Callable) -> None:
+@pytest.mark.parametrize("compact", [False, True])
+def test_async_keep_reset_steps_replays_envpool_by_hand(mlp: Callable, compact: bool) -> None:
     """Async mode with keep_reset_steps=True: each env's rows, in time order, are what
     EnvPool stepped by hand gives for the same actions, its reset steps included; the
-    reset slots are exactly the steps after an end, and count in no metric."""
+    reset slots are exactly the steps after an end, and count in no metric (also with
+    ``compact_next_obs``)."""
     n, length, samples, limit = 8, 20, 3, 12
     envs = _envpool(n, limit, batch_size=2, keep_reset_steps=True)
     assert envs.capabilities.reset_steps and envs.capabilities.ready_first
     policy = mlp(envs.single_action_space)
     params = policy.init(jax.random.key(1), envs.single_observation_space)
-    with jr.EnvRunner(envs, policy, params, rollout_length=length, seed=SEED) as runner:
+    with jr.EnvRunner(envs, policy, params, length, SEED, compact_next_obs=compact) as runner:
         traj = jr.concatenate([runner.sample() for _ in range(samples)])
         metrics = runner.get_metrics()
         assert any(count < n for count in runner.sampler.ready_counts)
+        assert traj.is_compact == compact
     done = traj.terminated | traj.truncated
     resets = ~traj.valid
     assert done.sum() >= n and traj.truncated.any()
