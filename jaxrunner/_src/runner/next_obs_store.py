@@ -120,21 +120,36 @@ class FinalObsRecorder:
     def record(
         self,
         buf_obs: Any,
-        steps: np.ndarray,
-        envs: np.ndarray,
+        steps: Any,
+        envs: Any,
         next_obs: Any,
         obs: Any,
-        sel: np.ndarray,
+        sel: Any,
         differs: np.ndarray,
     ) -> None:
         """Steps ``steps`` of envs ``envs``, whose next and following observations are
         rows ``sel`` of ``next_obs`` and ``obs``; ``differs``: where an episode ended,
-        failed or reset (the next step's observation is another)."""
-        last = steps == self.num_steps - 1
-        keep = differs | last
+        failed or reset (the next step's observation is another). Lockstep: ``steps``
+        an int, ``envs`` a slice and ``sel`` None (every row, in order), written as one
+        block; else arrays, one entry per env."""
+        block = isinstance(envs, slice)
+        if block:
+            last = steps == self.num_steps - 1
+            keep = np.ones_like(differs) if last else differs
+            env_ids = range(envs.start, envs.stop)
+        else:
+            last = steps == self.num_steps - 1
+            keep = differs | last
+            env_ids = envs
         for j in np.flatnonzero(keep).tolist():
-            row = space_arrays.take(self._space, next_obs, int(sel[j]))
-            self._rows[int(steps[j]) * self.num_envs + int(envs[j])] = jax.tree.map(np.array, row)
+            t = steps if block else int(steps[j])
+            row = space_arrays.take(self._space, next_obs, j if block else int(sel[j]))
+            slot = int(t) * self.num_envs + int(env_ids[j])
+            self._rows[slot] = jax.tree.map(np.array, row)
+        if block:
+            if not last:
+                space_arrays.copy_into(self._space, buf_obs, obs, (steps + 1, envs))
+            return
         go_on = ~last
         if go_on.any():
             space_arrays.copy_into(

@@ -237,14 +237,17 @@ def record_next_obs(
         space_arrays.copy_into(obs_space, store, next_obs, index)
         return
     steps, envs = index
-    if isinstance(envs, slice):
-        envs = np.arange(envs.start, envs.stop)
-    sel = np.arange(len(out.reward))[slice(None) if sel is None else sel]
-    differs = out.terminated[sel] | out.truncated[sel]
+    if isinstance(envs, slice) and sel is None:  # lockstep: a block of envs, one step
+        differs = out.terminated | out.truncated
+    else:
+        if isinstance(envs, slice):
+            envs = np.arange(envs.start, envs.stop)
+        sel = np.arange(len(out.reward))[slice(None) if sel is None else sel]
+        differs = out.terminated[sel] | out.truncated[sel]
+        steps = np.broadcast_to(np.asarray(steps), envs.shape)
     for mask in (out.failed, out.reset_rows):  # a restart or a reset step: another obs
         if mask is not None:
-            differs |= mask[sel]
-    steps = np.broadcast_to(np.asarray(steps), envs.shape)
+            differs |= mask if sel is None else mask[sel]
     store.record(buf.obs, steps, envs, out.next_obs, out.obs, sel, differs)
 
 
