@@ -18,6 +18,7 @@ from shuffled_sync import ShuffledSync
 from test_batch_invariance import CASES
 
 import jaxrunner as jr
+from jaxrunner._src.services.distributed import concatenate_envs
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 from jaxrunner.models import mlp_policy
 from jaxrunner.testing import FaultPlan, InjectedError, faulty_env_fns
@@ -219,3 +220,15 @@ def test_pure_jax_envs_refuse_compact_buffers_and_release() -> None:
         pytest.raises(InvalidArgumentError, match="device"),
     ):
         runner.release(runner.sample())
+
+
+def test_runner_groups_join_compact_samples_along_envs() -> None:
+    """EnvRunnerGroup joins its runners' samples along the env axis
+    (``concatenate_envs``): compact ones stay compact and equal the dense join."""
+    widths = (2, 3)
+    make = [lambda b=b: jr.make_vec(short_cartpole, b) for b in widths]
+    compact = [_samples(m, 1, compact_next_obs=True)[0] for m in make]
+    dense = [_samples(m, 1)[0] for m in make]
+    joined = concatenate_envs(compact)
+    assert joined.is_compact and joined.num_envs == sum(widths)
+    chex.assert_trees_all_equal(joined.dense(), concatenate_envs(dense))

@@ -105,6 +105,21 @@ def concatenate(stores: list[FinalObs], lengths: list[int], num_envs: int) -> Fi
     return FinalObs(index=index, obs=obs)
 
 
+def concatenate_envs(stores: list[FinalObs], widths: list[int]) -> FinalObs:
+    """The stores of trajectories of the same ``T`` joined along the env axis
+    (``widths``: their ``B``)."""
+    total, offsets = sum(widths), np.cumsum([0, *widths[:-1]])
+    index = np.concatenate(
+        [
+            np.asarray(s.index) // b * total + np.asarray(s.index) % b + o
+            for s, b, o in zip(stores, widths, offsets)
+        ]
+    )
+    order = np.argsort(index, kind="stable")
+    obs = jax.tree.map(lambda *xs: np.concatenate(xs)[order], *(s.obs for s in stores))
+    return FinalObs(index=index[order], obs=obs)
+
+
 class FinalObsRecorder:
     """Collects a sample's stored rows while it runs, then builds its :class:`FinalObs`.
 
@@ -176,6 +191,7 @@ __all__ = [
     "FinalObs",
     "FinalObsRecorder",
     "concatenate",
+    "concatenate_envs",
     "materialize",
     "slot_rows",
     "time_slice",

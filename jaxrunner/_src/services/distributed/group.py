@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxrunner._src.backends.ray import import_ray
 from jaxrunner._src.connectors.moments import Moments, merge_all
+from jaxrunner._src.runner import next_obs_store
 from jaxrunner._src.runner.policy import Params
 from jaxrunner._src.runner.trajectory import Trajectory
 from jaxrunner._src.services.distributed.config import EnvRunnerGroupConfig, PolicyFactory
@@ -36,8 +37,16 @@ class _Slot:
 
 
 def concatenate_envs(trajectories: list[Trajectory]) -> Trajectory:
-    """Joins trajectories of the same T along the env axis (``[T, B1 + B2 + ...]``)."""
-    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *trajectories)
+    """Joins trajectories of the same T along the env axis (``[T, B1 + B2 + ...]``);
+    compact if they all are."""
+    if not all(t.is_compact for t in trajectories):
+        trajectories = [t.dense() for t in trajectories]
+        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *trajectories)
+    rest = [t.replace(next_obs_store=None) for t in trajectories]
+    joined = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *rest)
+    widths = [t.num_envs for t in trajectories]
+    stores = [t.next_obs_store for t in trajectories]
+    return joined.replace(next_obs_store=next_obs_store.concatenate_envs(stores, widths))
 
 
 class EnvRunnerGroup:
