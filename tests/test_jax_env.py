@@ -145,9 +145,10 @@ def test_schema_and_device_arrays(walk_run):
         assert isinstance(leaf, jax.Array), "the scan path returns device arrays"
     num_steps, num_envs = 25, 3
     assert set(traj.__dataclass_fields__) >= {
-        "obs", "action", "reward", "terminated", "truncated", "next_obs", "extras",
+        "obs", "action", "reward", "terminated", "truncated", "next_obs_store", "extras",
         "env_id", "episode_id", "step",
     }  # fmt: skip
+    assert not traj.is_compact  # the scan keeps next_obs in full
     assert traj.obs.shape == traj.next_obs.shape == (num_steps, num_envs, 2)
     assert traj.obs.dtype == np.float32
     for name in ("action", "reward", "terminated", "truncated", "env_id", "episode_id", "step"):
