@@ -176,7 +176,9 @@ def measure_env_step_us(
         env.close()
 
 
-def choose_for(make_env: Callable[[], gymnasium.Env], num_envs: int, seed: int | None) -> LayoutChoice:
+def choose_for(
+    make_env: Callable[[], gymnasium.Env], num_envs: int, seed: int | None
+) -> LayoutChoice:
     """Measures ``make_env``'s step here and chooses (:func:`choose_layout`)."""
     return choose_layout(measure_env_step_us(make_env, seed), num_envs, available_cpus())
 
