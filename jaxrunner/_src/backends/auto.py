@@ -4,17 +4,17 @@
 (:func:`measure_env_step_us`), reads the CPUs this process may use
 (:func:`~jaxrunner._src.backends.process.launch.available_cpus`: affinity and cgroup
 quota) and asks :func:`choose_layout`, a pure function of those measurements, for a
-:class:`LayoutChoice`: ``"sync"``, or ``"process"`` with its workers and the main
-process's share. The vector env it builds is then exactly the one
+:class:`LayoutChoice`: ``"sync"``, or ``"process"`` with its number of workers. The
+vector env it builds is then exactly the one
 ``backend="process", config=choice.process_config()`` (or ``backend="sync"``) builds,
 so trajectories are the same for the same seed; the choice is kept on it
 (``envs.layout_choice``) and reported by ``EnvRunner.get_metrics()["auto"]``.
 
 What is not measured: the policy. ``make_vec`` does not know it, and a layout cannot
 change under the runner once it holds the envs. The runner's own split rule already
-weighs the policy (``default_num_splits``, from its FLOPs); here the model counts only
-the env's work, which makes it conservative where a costly policy would also overlap
-with the workers' stepping (see :data:`PROCESS_OVERHEAD_US`).
+weighs the policy (``default_num_splits``, from its FLOPs); here the model takes the
+policy's worst case for the workers, a free one (see :func:`choose_layout`), so a
+costly policy can only make the chosen process layout pay more.
 """
 
 from __future__ import annotations
@@ -30,20 +30,25 @@ import gymnasium
 from jaxrunner._src.backends.process import ProcessConfig
 from jaxrunner._src.backends.process.launch import available_cpus
 
-PROCESS_OVERHEAD_US = 500.0
-"""What a process layout costs per vector step beyond its share of the stepping: the
-command and reply of each group (a sleeping process takes 70+ us to wake on a virtual
-machine, twice per step and group), the main process stepping its share beside the
-policy, and processes contending for shared cores. Fitted on 2 cores to CartPole-v1
-with the 64-64 MLP (``docs/performance.md``: sync's env step 509 us at 64 envs and
-2,032 us at 256; one worker with the main process stepping half the envs did 0.74x
-and 1.37x sync there): both widths give 470-500 us. Where every process has a core of
-its own (16 cores) the real cost is lower, so the rule errs towards sync there."""
+PROCESS_OVERHEAD_US = 1000.0
+"""What a process layout costs per vector step beyond the workers' share of the
+stepping: a command and a reply per group (a sleeping process takes 70+ us to wake on
+a virtual machine, twice per step and group), copies through shared memory, and the
+workers contending with the policy's threads for the cores. Measured on the 2-core VM
+of ``benchmarks/results/auto_backend_cpu.json`` (loaded, load average 1.5-2.7), from
+the process backend's steps/s against sync's: 1,100-1,500 us on CartPole at 256 envs
+and HalfCheetah at 32 (one worker); 470-500 us on a quieter day (CartPole 64 and 256,
+``docs/performance.md``). Where every process has a core of its own (16 cores) it is
+lower, so the rule errs towards sync there."""
 
-MIN_SPEEDUP = 1.2
-"""The predicted speed-up over sync a process layout must reach to be chosen: the
-model is coarse, and workers cost start-up time and (for the main process's share)
-the isolation of those sub-envs."""
+MIN_WORST_CASE = 0.9
+"""The least a process layout may reach, as a fraction of sync's steps/s, with a free
+policy (the worst case, below). In the model the policy's cost can only help a process
+layout (on 2 cores its threads also slow the worker a little): the runner computes it
+for one group while the workers step another, where sync pays the two in turn. So a
+layout that loses at most 10% with a free policy gains with any policy that costs
+about as much as that 10%; on 2 cores (one worker, nothing to gain but that overlap)
+this asks for 9 ms of env work a step (Pong at 32 envs, not at 8)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,8 +59,6 @@ class LayoutChoice:
     """``"sync"`` or ``"process"``."""
     num_workers: int
     """Worker processes (0 for sync)."""
-    main_process_envs: int
-    """Sub-envs stepped in the main process beside the workers (0: none, or sync)."""
     env_step_us: float
     """The measured median cost of one sub-env's step, in microseconds."""
     num_envs: int
@@ -65,11 +68,11 @@ class LayoutChoice:
     """Why, in one line."""
 
     def process_config(self) -> ProcessConfig | None:
-        """The ``ProcessConfig`` that builds this layout (None for sync); spin and
-        everything else stay at their defaults."""
+        """The ``ProcessConfig`` that builds this layout (None for sync): its workers,
+        every sub-env in one (no main process share), spin at its adaptive default."""
         if self.backend != "process":
             return None
-        return ProcessConfig(num_workers=self.num_workers, main_process_envs=self.main_process_envs)
+        return ProcessConfig(num_workers=self.num_workers, main_process_envs=0)
 
     def metrics(self) -> dict[str, int | float]:
         """The choice as numbers, for ``get_metrics()`` and metric loggers (which take
@@ -77,7 +80,6 @@ class LayoutChoice:
         return {
             "process": int(self.backend == "process"),
             "num_workers": self.num_workers,
-            "main_process_envs": self.main_process_envs,
             "env_step_us": self.env_step_us,
             "cpus": self.cpus,
         }
@@ -87,13 +89,19 @@ def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
     """The layout for ``num_envs`` sub-envs whose step costs ``env_step_us`` on
     ``cpus`` CPUs: a pure function of the measurements.
 
-    The model, per vector step: sync takes ``W = env_step_us * num_envs``. A process
-    layout gives one CPU to the main process (it computes the policy) and one worker
-    to each other CPU, at most one per sub-env; on 2 cores, where that is one worker
-    and stepping would not be parallel at all, the main process steps half the
-    sub-envs itself (``main_process_envs``). It takes ``W / P +``
-    :data:`PROCESS_OVERHEAD_US`, ``P`` the processes that step. The process layout is
-    chosen where that is at least :data:`MIN_SPEEDUP` times faster than sync.
+    The model, per vector step, for a policy that costs ``P``: sync takes
+    ``work + P``, ``work = env_step_us * num_envs``. A process layout keeps one CPU
+    for the main process (the policy) and puts one worker on each other CPU, at most
+    one per sub-env (``W`` workers); it takes about ``max(work / W, P) +``
+    :data:`PROCESS_OVERHEAD_US`. ``P`` is not known here (see the module's
+    docstring); its worst case for the workers is ``P = 0``, so the process layout is
+    chosen where ``work / (work / W + overhead)`` is at least :data:`MIN_WORST_CASE`.
+
+    The main process's share (``ProcessConfig.main_process_envs``) is never chosen:
+    its stepping adds to the policy on the main process's path, so whether it pays
+    depends on the policy (measured here: 0.76x the best layout with NatureCNN on
+    Pong at 8 envs, 0.86x on CartPole at 256, both on 2 cores), and it costs those
+    sub-envs their isolation.
     """
     work_us = env_step_us * num_envs
     measured = dict(env_step_us=env_step_us, num_envs=num_envs, cpus=cpus)
@@ -102,34 +110,26 @@ def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
         return LayoutChoice(
             backend="sync",
             num_workers=0,
-            main_process_envs=0,
             reason=f"{cpus} CPU: none left for a worker beside the main process",
             **measured,
         )
-    # One worker alone steps no faster than the main process: share the stepping.
-    share = num_envs // 2 if workers == 1 and num_envs >= 2 else 0
-    stepping = workers + (1 if share else 0)
-    process_us = work_us / stepping + PROCESS_OVERHEAD_US
-    speedup = work_us / process_us
-    if speedup < MIN_SPEEDUP:
+    worst = work_us / (work_us / workers + PROCESS_OVERHEAD_US)
+    over = f"{work_us:,.0f} us of env work per step over {workers} worker"
+    over += "s" if workers > 1 else ""
+    if worst < MIN_WORST_CASE:
         return LayoutChoice(
             backend="sync",
             num_workers=0,
-            main_process_envs=0,
             reason=(
-                f"{work_us:,.0f} us of env work per step over {stepping} processes predicts "
-                f"{speedup:.2f}x sync (< {MIN_SPEEDUP}x): too little to pay the workers"
+                f"{over} predicts {worst:.2f}x sync with a free policy (< {MIN_WORST_CASE}x): "
+                "too little to pay the workers"
             ),
             **measured,
         )
     return LayoutChoice(
         backend="process",
         num_workers=workers,
-        main_process_envs=share,
-        reason=(
-            f"{work_us:,.0f} us of env work per step over {stepping} processes predicts "
-            f"{speedup:.2f}x sync"
-        ),
+        reason=f"{over} predicts {worst:.2f}x sync with a free policy, more with a costly one",
         **measured,
     )
 
@@ -184,7 +184,7 @@ def choose_for(
 
 
 __all__ = [
-    "MIN_SPEEDUP",
+    "MIN_WORST_CASE",
     "PROCESS_OVERHEAD_US",
     "LayoutChoice",
     "choose_for",

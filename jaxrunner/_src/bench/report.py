@@ -269,9 +269,7 @@ def format_choice(choice: dict[str, Any]) -> str:
     layout = choice["backend"]
     if layout == "process":
         workers = choice["num_workers"]
-        layout += f" ({workers} worker{'s' if workers > 1 else ''}"
-        share = choice["main_process_envs"]
-        layout += f", {share} envs in the main process)" if share else ")"
+        layout += f" ({workers} worker{'s' if workers > 1 else ''})"
     return (
         f"{layout}: env step {choice['env_step_us']:.1f} us, {choice['cpus']} CPUs; "
         f"{choice['reason']}"
