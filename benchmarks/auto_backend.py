@@ -3,13 +3,15 @@ process backend at its defaults and ``make_vec(..., backend="auto")``, side by s
 
 Per workload and width (the workloads of ``jaxrunner bench --workload``: CartPole-v1
 with the 64-64 MLP at 1, 8, 64 and 256 envs; HalfCheetah-v5 with the 256-256 Gaussian
-MLP at 8 and 32; Pong with NatureCNN at 8 and 32, where installed), the three runners are
-built once in one child process and timed in interleaved rounds (the order rotates
-every round). The row keeps every round, each variant's median steps/s, what auto
-chose and why, and ``auto / best``: auto's median over the better of the sync and
-process medians (1.0: auto picked the faster; the per-round ratios' spread beside
-it). The machine's load average is recorded per round: on a shared machine the
-figures drift.
+MLP at 8 and 32; Pong with NatureCNN at 8 and 32, where installed), the three runners
+are built once in one child process and timed in interleaved rounds (the order
+rotates every round). The row keeps every round, each variant's median steps/s, what
+auto chose and why, and ``auto / best``: auto's median over the better of the sync
+and process medians (the per-round ratios' spread beside it). Where auto's layout is
+the same as sync's or process's (the same workers and splits), its figure differs
+from that one's by noise only, so the row also says whether auto picked the faster
+of the two. The machine's load average is recorded per round: on a shared machine
+the figures drift.
 
 Usage::
 
@@ -77,6 +79,12 @@ def measure(
     if "auto" in built:
         row["auto_choice"] = results["auto"][0]["auto"]
     if set(built) == set(VARIANTS):
+        # Where auto built the same layout as one of the others, its own figure differs
+        # from that one's by noise only: also say whether it picked the faster of them.
+        same = [v for v in ("sync", "process") if row["layout"][v] == row["layout"]["auto"]]
+        faster = max(("sync", "process"), key=lambda v: row["steps_per_s"][v]["median"])
+        row["auto_same_layout_as"] = same[0] if same else None
+        row["auto_picked_faster"] = same[0] == faster if same else None
         best = max(row["steps_per_s"][v]["median"] for v in ("sync", "process"))
         per_round = [
             a / max(s, p) for a, s, p in zip(rates["auto"], rates["sync"], rates["process"])
@@ -127,6 +135,9 @@ def summary(row: dict[str, Any]) -> str:
     if "auto_over_best" in row:
         ratio = row["auto_over_best"]
         line += f"; auto/best {ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}]"
+    if row.get("auto_same_layout_as"):
+        picked = "the faster" if row["auto_picked_faster"] else "the slower"
+        line += f"; auto = {row['auto_same_layout_as']}'s layout, {picked} of the two"
     if "auto_choice" in row:
         line += f"; auto chose {format_choice(row['auto_choice'])}"
     return line + "".join(f"; {v} failed: {e}" for v, e in row["errors"].items())
