@@ -49,8 +49,8 @@ def make_vec(
             zero-argument callable returning a ``gymnasium.Env``.
         num_envs: number of sub-envs (>= 1).
         backend: where the sub-envs run; one of ``BACKENDS``. ``"auto"``: ``"sync"``
-            or ``"process"`` with its workers and the main process's share, chosen
-            here by timing one probe sub-env (built from the same factory, stepped
+            or ``"process"`` with its number of workers, chosen here by timing one
+            probe sub-env (built from the same factory, stepped
             with seeded random actions for up to 0.3 s, then closed) against the
             CPUs this process may use; the choice is ``vec.layout_choice`` (see
             ``docs/backends/index.md``). The vector env is the one that backend and

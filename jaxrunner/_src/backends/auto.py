@@ -34,21 +34,27 @@ PROCESS_OVERHEAD_US = 1000.0
 """What a process layout costs per vector step beyond the workers' share of the
 stepping: a command and a reply per group (a sleeping process takes 70+ us to wake on
 a virtual machine, twice per step and group), copies through shared memory, and the
-workers contending with the policy's threads for the cores. Measured on the 2-core VM
-of ``benchmarks/results/auto_backend_cpu.json`` (loaded, load average 1.5-2.7), from
-the process backend's steps/s against sync's: 1,100-1,500 us on CartPole at 256 envs
-and HalfCheetah at 32 (one worker); 470-500 us on a quieter day (CartPole 64 and 256,
-``docs/performance.md``). Where every process has a core of its own (16 cores) it is
-lower, so the rule errs towards sync there."""
+workers contending with the policy's threads for the cores. Measured on 2 cores only
+(one worker against sync, the extra time per step): 470-500 us on CartPole at 64 and
+256 envs on a quiet day (``docs/performance.md``); 120-930 us on CartPole at 1-256
+envs and HalfCheetah at 8 and 32 with the machine loaded (load average 3-4), and 3-8
+ms on Pong, whose NatureCNN's threads then take the worker's core
+(``benchmarks/results/auto_backend_first_rule_cpu.json``). With
+:data:`MIN_WORST_CASE` at 1.0 it decides only from 3 CPUs up, where each process has
+a core of its own and the cost is lower: 1,000 us errs towards sync there. Not
+measured on such a machine."""
 
-MIN_WORST_CASE = 0.9
+MIN_WORST_CASE = 1.0
 """The least a process layout may reach, as a fraction of sync's steps/s, with a free
-policy (the worst case, below). In the model the policy's cost can only help a process
-layout (on 2 cores its threads also slow the worker a little): the runner computes it
-for one group while the workers step another, where sync pays the two in turn. So a
-layout that loses at most 10% with a free policy gains with any policy that costs
-about as much as that 10%; on 2 cores (one worker, nothing to gain but that overlap)
-this asks for 9 ms of env work a step (Pong at 32 envs, not at 8)."""
+policy (the worst case for it: the runner computes the policy of one group while the
+workers step another, where sync pays the two in turn, so a costly policy can only
+help the workers, in the model). 1.0: the workers must pay for themselves even then.
+So one worker (2 cores), which gains only from that overlap, is never chosen: the
+policy is not measured here. Measured with 0.9 instead, on the loaded 2-core VM (load
+average 3-4, ``benchmarks/results/auto_backend_first_rule_cpu.json``): one worker for
+Pong at 32 envs did 0.84x sync; on a quieter day (``peers_pong_cpu.json``) the
+process backend did 1.28x sync there. Sync was as fast or faster at every other
+width of CartPole, HalfCheetah and Pong on 2 cores."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -122,7 +128,11 @@ def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
             num_workers=0,
             reason=(
                 f"{over} predicts {worst:.2f}x sync with a free policy (< {MIN_WORST_CASE}x): "
-                "too little to pay the workers"
+                + (
+                    "one worker gains only from overlapping the policy, not measured"
+                    if workers == 1
+                    else "too little to pay the workers"
+                )
             ),
             **measured,
         )
