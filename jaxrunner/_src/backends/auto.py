@@ -105,9 +105,11 @@ def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
 
     The main process's share (``ProcessConfig.main_process_envs``) is never chosen:
     its stepping adds to the policy on the main process's path, so whether it pays
-    depends on the policy (measured here: 0.76x the best layout with NatureCNN on
-    Pong at 8 envs, 0.86x on CartPole at 256, both on 2 cores), and it costs those
-    sub-envs their isolation.
+    depends on the policy (one worker with half the envs in the main process did 0.76x
+    the best layout with NatureCNN on Pong at 8 envs and 0.86x on CartPole at 256, on
+    2 cores, load average 1.5-2.7: a first run of ``benchmarks/auto_backend.py``,
+    commit 9758e9c, whose JSON was not kept), and it costs those sub-envs their
+    isolation.
     """
     work_us = env_step_us * num_envs
     measured = dict(env_step_us=env_step_us, num_envs=num_envs, cpus=cpus)
