@@ -12,9 +12,11 @@ import pytest
 from conftest import ActorCritic, short_cartpole
 
 import jaxrunner as jr
+from jaxrunner._src import bench, cli
 from jaxrunner._src.backends import auto
 from jaxrunner._src.backends.auto import choose_layout, measure_env_step_us
 from jaxrunner._src.backends.process import launch
+from jaxrunner._src.bench.report import format_choice
 from jaxrunner._src.services.metrics_writer import flatten_metrics
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.testing import assert_trees_equal
@@ -162,3 +164,11 @@ def test_auto_refuses_an_id_gymnasium_cannot_make():
 def test_unknown_backend_lists_auto():
     with pytest.raises(InvalidArgumentError, match="'auto'"):
         jr.make_vec("CartPole-v1", 2, backend="fastest")
+
+
+def test_bench_takes_auto_and_prints_the_choice():
+    args = cli.build_parser().parse_args(["bench", "--backend", "auto"])
+    assert args.backend == "auto" and bench.PLANS["auto"].reference == "sync"
+    choice = choose_layout(ATARI_US, 32, cpus=16)
+    text = format_choice(dataclasses.asdict(choice))
+    assert text == f"process (15 workers): env step 1000.0 us, 16 CPUs; {choice.reason}"

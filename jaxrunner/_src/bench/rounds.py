@@ -257,7 +257,9 @@ def summarize(results: Mapping[str, list[dict[str, Any]]], plan: Plan) -> dict[s
         out["split_us"] = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
     if results.get("jaxrunner"):
         first = results["jaxrunner"][0]
-        out["layout"] = {k: first.get(k) for k in ("num_workers", "num_splits", "auto")}
+        out["layout"] = {k: first.get(k) for k in ("num_workers", "num_splits")}
+        if "auto" in first:  # what backend="auto" chose, and why
+            out["layout"]["auto"] = first["auto"]
     if results.get("ceiling"):
         keys = (
             "steps_per_s",
