@@ -20,6 +20,7 @@ costly policy can only make the chosen process layout pay more.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -112,20 +113,19 @@ def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
     isolation.
     """
     work_us = env_step_us * num_envs
-    measured = dict(env_step_us=env_step_us, num_envs=num_envs, cpus=cpus)
+    choice = functools.partial(LayoutChoice, env_step_us=env_step_us, num_envs=num_envs, cpus=cpus)
     workers = min(num_envs, cpus - 1)
     if workers < 1:
-        return LayoutChoice(
+        return choice(
             backend="sync",
             num_workers=0,
             reason=f"{cpus} CPU: none left for a worker beside the main process",
-            **measured,
         )
     worst = work_us / (work_us / workers + PROCESS_OVERHEAD_US)
     over = f"{work_us:,.0f} us of env work per step over {workers} worker"
     over += "s" if workers > 1 else ""
     if worst < MIN_WORST_CASE:
-        return LayoutChoice(
+        return choice(
             backend="sync",
             num_workers=0,
             reason=(
@@ -136,13 +136,11 @@ def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
                     else "too little to pay the workers"
                 )
             ),
-            **measured,
         )
-    return LayoutChoice(
+    return choice(
         backend="process",
         num_workers=workers,
         reason=f"{over} predicts {worst:.2f}x sync with a free policy, more with a costly one",
-        **measured,
     )
 
 
