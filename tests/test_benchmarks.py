@@ -181,6 +181,21 @@ def test_step_costs_times_every_part_of_the_runner_and_the_hand_loop(tmp_path):
     assert all(row[f"{part}_us_median"] > 0 for part in parts)
 
 
+def test_auto_backend_compares_auto_with_the_better_of_sync_and_process(tmp_path):
+    out = tmp_path / "auto_backend.json"
+    options = ["--workloads", "cartpole", "--num-envs", "2", "--seconds", "0.05"]
+    _run("auto_backend.py", *options, "--rounds", "2", "--out", str(out))
+    report = json.loads(out.read_text())
+    (row,) = report["results"]
+    assert set(row["steps_per_s"]) == {"sync", "process", "auto"} and not row["errors"]
+    assert row["auto_choice"]["backend"] == "sync" and row["auto_choice"]["num_envs"] == 2
+    best = max(row["steps_per_s"][v]["median"] for v in ("sync", "process"))
+    ratio = row["auto_over_best"]
+    assert ratio["median"] == pytest.approx(row["steps_per_s"]["auto"]["median"] / best)
+    assert len(ratio["rounds"]) == 2 and len(row["loadavg_per_round"]) == 2
+    assert report["machine"]["cpu_count"] and len(report["machine"]["loadavg_before"]) == 3
+
+
 def test_interleaved_rates_run_every_system_each_round_in_alternating_order():
     calls: list[str] = []
 

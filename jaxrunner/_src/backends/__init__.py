@@ -8,6 +8,7 @@ from typing import Any
 
 import gymnasium
 
+from jaxrunner._src.backends.auto import LayoutChoice, choose_for
 from jaxrunner._src.backends.base import BatchStep, VectorEnv
 from jaxrunner._src.backends.envpool import EnvPoolVectorEnv, make_envpool_vec
 from jaxrunner._src.backends.gymnasium_adapter import (
@@ -26,7 +27,7 @@ from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sync import SyncVectorEnv
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
-BACKENDS = ("sync", "gymnasium", "process", "envpool", "ray")
+BACKENDS = ("sync", "gymnasium", "process", "envpool", "ray", "auto")
 _CONFIGS: dict[str, type] = {"process": ProcessConfig, "ray": RayConfig}
 """The config class of each backend that takes one."""
 
@@ -47,11 +48,18 @@ def make_vec(
         env: a gymnasium id (made with ``gymnasium.make(env, **env_kwargs)``) or a
             zero-argument callable returning a ``gymnasium.Env``.
         num_envs: number of sub-envs (>= 1).
-        backend: where the sub-envs run; one of ``BACKENDS``.
+        backend: where the sub-envs run; one of ``BACKENDS``. ``"auto"``: ``"sync"``
+            or ``"process"`` with its number of workers, chosen here by timing one
+            probe sub-env (built from the same factory, stepped
+            with seeded random actions for up to 0.3 s, then closed) against the
+            CPUs this process may use; the choice is ``vec.layout_choice`` (see
+            ``docs/backends/index.md``). The vector env is the one that backend and
+            layout build, so its trajectories are theirs.
         seed: if given, the envs are reset now with sub-env ``i`` seeded ``seed + i``.
         config: the backend's options: a :class:`~jaxrunner.ProcessConfig` for
             ``"process"``, a :class:`~jaxrunner.RayConfig` for ``"ray"``; None: its
-            defaults. The other backends take none.
+            defaults. The other backends take none (``"auto"`` chooses the layout
+            itself: to set it, use ``"process"`` with a config).
         restart_policy: for the backends that can restart sub-envs (``"sync"``,
             ``"process"``, ``"ray"``): failed sub-envs are recreated as it says and
             sampling goes on (see :class:`~jaxrunner.RestartPolicy`). None: failures raise.
@@ -72,6 +80,10 @@ def make_vec(
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
     check_vec_options(backend, config, restart_policy)
+    choice: LayoutChoice | None = None
+    if backend == "auto":
+        choice = _choose(env, env_kwargs, num_envs, seed)
+        backend, config = choice.backend, choice.process_config()
     if backend == "gymnasium":
         # gymnasium.make_vec builds the vector env itself (its own vector entry point
         # where the env has one); env_kwargs may include vectorization_mode.
@@ -87,25 +99,54 @@ def make_vec(
             vec = make_process_vec(fns, config, restart_policy=restart_policy)  # type: ignore[arg-type]
         else:
             vec = RayVectorEnv(fns, config, restart_policy=restart_policy)  # type: ignore[arg-type]
+    vec.layout_choice = choice
     if seed is not None:
         vec.reset(seed=seed)
     return vec
+
+
+def _choose(
+    env: str | Callable[[], gymnasium.Env],
+    env_kwargs: dict[str, Any],
+    num_envs: int,
+    seed: int | None,
+) -> LayoutChoice:
+    """``backend="auto"``'s measurement and choice (:mod:`.auto`); an env id gymnasium
+    cannot make (an EnvPool task id, say) is refused with what to use instead."""
+    factory = _factory(env, env_kwargs, "auto")
+    try:
+        return choose_for(factory, num_envs, seed)
+    except gymnasium.error.Error as err:
+        if not isinstance(env, str):
+            raise
+        raise InvalidArgumentError(
+            f"make_vec({env!r}, backend='auto'): 'auto' chooses between the sync and "
+            f"process backends, which build envs with gymnasium.make, and that failed "
+            f"({err}). For an EnvPool task id use backend='envpool'; else register the "
+            "env with gymnasium or pass a zero-argument factory."
+        ) from err
 
 
 def check_vec_options(backend: str, config: Any, restart_policy: RestartPolicy | None) -> None:
     """Raises unless ``config`` and ``restart_policy`` suit ``backend`` (as in
     :func:`make_vec`)."""
     expected = _CONFIGS.get(backend)
+    if backend == "auto" and config is not None:
+        raise InvalidArgumentTypeError(
+            f"make_vec(backend='auto', config={type(config).__name__}(...)): 'auto' "
+            "chooses the layout itself and takes no config. To set the layout, use "
+            "backend='process' with your config (or 'ray'); else leave config=None."
+        )
     if config is not None and not isinstance(config, expected or ()):
         want = f"a jaxrunner.{expected.__name__}" if expected else "no config (None)"
         raise InvalidArgumentTypeError(
             f"make_vec(backend={backend!r}, config=...): expected {want}, got "
             f"{type(config).__name__}."
         )
-    if restart_policy is not None and backend not in ("sync", "process", "ray"):
+    if restart_policy is not None and backend not in ("sync", "process", "ray", "auto"):
         raise InvalidArgumentError(
             f"make_vec(backend={backend!r}, restart_policy=...): the {backend} backend cannot "
-            "restart sub-envs. Use backend='sync', 'process' or 'ray', or leave "
+            "restart sub-envs. Use backend='sync', 'process', 'ray' or 'auto', or leave "
             "restart_policy=None."
         )
 
@@ -158,6 +199,7 @@ __all__ = [
     "BatchStep",
     "EnvPoolVectorEnv",
     "GymnasiumVectorEnv",
+    "LayoutChoice",
     "LocalShareVectorEnv",
     "ProcessConfig",
     "ProcessVectorEnv",

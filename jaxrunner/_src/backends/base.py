@@ -52,7 +52,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import gymnasium
 import numpy as np
@@ -61,6 +61,9 @@ from gymnasium.vector import AutoresetMode
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    from jaxrunner._src.backends.auto import LayoutChoice
 
 
 class BatchStep(NamedTuple):
@@ -205,6 +208,8 @@ class BaseVectorEnv(abc.ABC):
     only where ``capabilities.can_restart``."""
     num_envs: int
     closed: bool = False
+    layout_choice: LayoutChoice | None = None
+    """What ``make_vec(..., backend="auto")`` chose and why (None: not built by it)."""
     _make_hint: ClassVar[str] = "jaxrunner.make_vec()"
     """How to build a new one (quoted by :class:`~jaxrunner.errors.ClosedError`)."""
 

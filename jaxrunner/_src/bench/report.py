@@ -255,9 +255,25 @@ def format_backend(rows: Sequence[dict[str, Any]], plans: dict[str, Plan] = PLAN
             split.append([str(row["num_envs"]), *cells])
         lines += _columns(split if plan.ceiling else [line[:6] for line in split])
     for row in rows:
+        choice = (row.get("layout") or {}).get("auto")
+        if choice:
+            lines.append(f"  x{row['num_envs']} auto chose {format_choice(choice)}")
+    for row in rows:
         for name, error in row["errors"].items():
             lines.append(f"  x{row['num_envs']} {name}: {error.splitlines()[0]}")
     return "\n".join(lines)
+
+
+def format_choice(choice: dict[str, Any]) -> str:
+    """A ``LayoutChoice`` (as a dict) in one line: the layout, then why."""
+    layout = choice["backend"]
+    if layout == "process":
+        workers = choice["num_workers"]
+        layout += f" ({workers} worker{'s' if workers > 1 else ''})"
+    return (
+        f"{layout}: env step {choice['env_step_us']:.1f} us, {choice['cpus']} CPUs; "
+        f"{choice['reason']}"
+    )
 
 
 def _columns(table: list[list[str]]) -> list[str]:

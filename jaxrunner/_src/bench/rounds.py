@@ -53,6 +53,8 @@ PLANS: dict[str, Plan] = {
     "sync": Plan(backend="sync", reference="sync", max_width=1024),
     # The process backend's reference is the loop a user writes: the sync one.
     "process": Plan(backend="process", reference="sync", max_width=1024, extras=(("async", 64),)),
+    # make_vec's choice of sync or process: measured against the same hand loop.
+    "auto": Plan(backend="auto", reference="sync", max_width=1024),
     "gymnasium": Plan(backend="gymnasium", reference="native", max_width=4096),
     "envpool": Plan(backend="envpool", reference="envpool", max_width=4096, needs=("envpool",)),
     JAX_BACKEND: Plan(
@@ -256,6 +258,8 @@ def summarize(results: Mapping[str, list[dict[str, Any]]], plan: Plan) -> dict[s
     if results.get("jaxrunner"):
         first = results["jaxrunner"][0]
         out["layout"] = {k: first.get(k) for k in ("num_workers", "num_splits")}
+        if "auto" in first:  # what backend="auto" chose, and why
+            out["layout"]["auto"] = first["auto"]
     if results.get("ceiling"):
         keys = (
             "steps_per_s",

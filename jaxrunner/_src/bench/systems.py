@@ -130,6 +130,8 @@ class JaxrunnerSystem:
             "num_workers": getattr(envs, "num_workers", 0),
             "num_splits": self._runner.num_splits,
         }
+        if spec.backend == "auto":  # what make_vec chose, and why
+            self.layout["auto"] = dataclasses.asdict(envs.layout_choice)
 
     def _sample(self) -> int:
         trajectory = self._runner.sample()

@@ -328,8 +328,13 @@ class EnvRunner(EnvOwner):
 
     def get_metrics(self) -> dict[str, Any]:
         """Counters since construction, recent-episode statistics and perf timers, as
-        of the last ``sample()`` (the episode bookkeeping is done once per sample)."""
-        return self.state.metrics.summary()
+        of the last ``sample()`` (the episode bookkeeping is done once per sample);
+        for envs built by ``make_vec(..., backend="auto")`` also ``auto``: the layout
+        it chose, as numbers (``LayoutChoice.metrics``)."""
+        metrics = self.state.metrics.summary()
+        if isinstance(self.envs, VectorEnv) and self.envs.layout_choice is not None:
+            metrics["auto"] = self.envs.layout_choice.metrics()
+        return metrics
 
     def get_spaces(self) -> dict[str, spaces.Space]:
         """The single-env and batched observation and action spaces."""

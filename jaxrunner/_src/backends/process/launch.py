@@ -65,14 +65,64 @@ def available_cpus() -> int:
     return max(1, min(cpus, math.ceil(quota))) if quota is not None else cpus
 
 
-def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
-    """The cgroup v2 CPU quota in CPUs (``cpu.max``: quota and period in microseconds),
-    or None where there is none (``max``) or it cannot be read."""
+def cgroup_cpu_quota(
+    root: str = "/sys/fs/cgroup", self_cgroup: str = "/proc/self/cgroup"
+) -> float | None:
+    """The CPU quota of this process's cgroup in CPUs, or None where there is none
+    (``max``, ``-1``) or it cannot be read.
+
+    cgroup v2: ``cpu.max`` (quota and period in microseconds) in this process's own
+    cgroup (the ``0::<path>`` line of ``self_cgroup``) or at ``root``. cgroup v1:
+    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` in the ``cpu`` controller's
+    directory (``root/cpu`` or ``root/cpu,cpuacct``, with its own path). The smallest
+    quota found wins: a container's limit holds whichever level sets it."""
+    quotas = []
+    for directory in _cgroup_dirs(root, self_cgroup):
+        quotas.append(_read_quota(os.path.join(directory, "cpu.max"), None))
+        quotas.append(
+            _read_quota(
+                os.path.join(directory, "cpu.cfs_quota_us"),
+                os.path.join(directory, "cpu.cfs_period_us"),
+            )
+        )
+    found = [q for q in quotas if q is not None]
+    return min(found) if found else None
+
+
+def _cgroup_dirs(root: str, self_cgroup: str) -> list[str]:
+    """Where the CPU controller's files may be: v2's root and this process's own
+    cgroup; v1's ``cpu`` controller directories, with this process's path in them."""
+    paths = {"": "", "cpu": ""}  # hierarchy -> this process's path in it
     try:
-        with open(os.path.join(root, "cpu.max")) as f:
-            quota, period = f.read().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
+        with open(self_cgroup) as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "":
+                    paths[""] = path
+                elif "cpu" in controllers.split(","):
+                    paths["cpu"] = path
     except (OSError, ValueError):
+        pass
+    dirs = [root, os.path.join(root, paths[""].lstrip("/"))]
+    for v1 in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        dirs += [os.path.join(root, v1), os.path.join(root, v1, paths["cpu"].lstrip("/"))]
+    return list(dict.fromkeys(os.path.normpath(d) for d in dirs))
+
+
+def _read_quota(quota_file: str, period_file: str | None) -> float | None:
+    """A quota in CPUs: v2's ``cpu.max`` (``period_file`` None), or v1's two files."""
+    try:
+        with open(quota_file) as f:
+            fields = f.read().split()
+        if period_file is None:
+            quota, period = fields[:2]
+        else:
+            with open(period_file) as f:
+                quota, period = fields[0], f.read().split()[0]
+        if quota in ("max", "-1"):
+            return None
+        return int(quota) / int(period) if int(quota) > 0 and int(period) > 0 else None
+    except (OSError, ValueError, IndexError):
         return None
 
 

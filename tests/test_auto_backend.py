@@ -1,0 +1,174 @@
+"""``make_vec(backend="auto")``: the choice rule on synthetic measurements, the CPU
+budget it reads (affinity, cgroup quota), and real builds that report their choice
+and sample what the chosen backend samples."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import pytest
+from conftest import ActorCritic, short_cartpole
+
+import jaxrunner as jr
+from jaxrunner._src import bench, cli
+from jaxrunner._src.backends import auto
+from jaxrunner._src.backends.auto import choose_layout, measure_env_step_us
+from jaxrunner._src.backends.process import launch
+from jaxrunner._src.bench.report import format_choice
+from jaxrunner._src.services.metrics_writer import flatten_metrics
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.testing import assert_trees_equal
+
+CARTPOLE_US = 3.0  # a raw CartPole-v1 step
+ATARI_US = 1000.0  # an Atari step with frame skip (Pong here: ~400 us)
+
+
+@pytest.mark.parametrize("num_envs", [1, 8, 64, 256])
+def test_cheap_env_on_two_cores_stays_in_one_process(num_envs):
+    choice = choose_layout(CARTPOLE_US, num_envs, cpus=2)
+    assert (choice.backend, choice.num_workers) == ("sync", 0)
+    assert choice.process_config() is None
+    assert "predicts" in choice.reason
+
+
+@pytest.mark.parametrize("num_envs", [1, 8, 256])
+def test_one_cpu_never_starts_a_worker(num_envs):
+    choice = choose_layout(ATARI_US, num_envs, cpus=1)
+    assert choice.backend == "sync" and "none left for a worker" in choice.reason
+
+
+@pytest.mark.parametrize(("num_envs", "workers"), [(8, 8), (32, 15)])
+def test_costly_env_on_16_cores_takes_a_worker_per_spare_cpu(num_envs, workers):
+    choice = choose_layout(ATARI_US, num_envs, cpus=16)
+    assert (choice.backend, choice.num_workers) == ("process", workers)
+    config = choice.process_config()
+    assert config is not None and config.num_workers == workers
+    assert config.main_process_envs == 0 and config.spin_wait_us is None  # the defaults
+
+
+@pytest.mark.parametrize("num_envs", [8, 32, 1024])
+def test_one_worker_is_never_chosen(num_envs):
+    # One worker (2 cores) gains only from overlapping the policy, which is not measured.
+    choice = choose_layout(ATARI_US, num_envs, cpus=2)
+    assert choice.backend == "sync" and "1 worker predicts" in choice.reason
+
+
+def test_the_rule_follows_its_model_at_the_threshold():
+    # Process where work / (work / W + overhead) >= MIN_WORST_CASE, W = cpus - 1.
+    workers, least = 15, auto.MIN_WORST_CASE
+    work = least * auto.PROCESS_OVERHEAD_US / (1 - least / workers)
+    assert choose_layout(1.01 * work / 64, 64, cpus=16).backend == "process"
+    assert choose_layout(0.99 * work / 64, 64, cpus=16).backend == "sync"
+
+
+def test_metrics_are_numbers_a_logger_takes():
+    choice = choose_layout(ATARI_US, 32, cpus=16)
+    flat = flatten_metrics({"auto": choice.metrics()})
+    assert flat == {
+        "auto/process": 1,
+        "auto/num_workers": 15,
+        "auto/env_step_us": ATARI_US,
+        "auto/cpus": 16,
+    }
+
+
+def test_cgroup_v2_quota_of_the_process_own_cgroup(tmp_path):
+    own = tmp_path / "user.slice" / "job"
+    own.mkdir(parents=True)
+    (own / "cpu.max").write_text("250000 100000\n")
+    (tmp_path / "self_cgroup").write_text("0::/user.slice/job\n")
+    assert launch.cgroup_cpu_quota(str(tmp_path), str(tmp_path / "self_cgroup")) == 2.5
+
+
+def test_cgroup_v1_quota(tmp_path):
+    cpu = tmp_path / "cpu,cpuacct" / "docker" / "abc"
+    cpu.mkdir(parents=True)
+    (cpu / "cpu.cfs_quota_us").write_text("50000\n")
+    (cpu / "cpu.cfs_period_us").write_text("100000\n")
+    (tmp_path / "self_cgroup").write_text("4:memory:/docker/abc\n2:cpu,cpuacct:/docker/abc\n")
+    assert launch.cgroup_cpu_quota(str(tmp_path), str(tmp_path / "self_cgroup")) == 0.5
+    (cpu / "cpu.cfs_quota_us").write_text("-1\n")  # no quota
+    assert launch.cgroup_cpu_quota(str(tmp_path), str(tmp_path / "self_cgroup")) is None
+
+
+def test_available_cpus_takes_the_smaller_of_affinity_and_quota(monkeypatch):
+    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _: {0, 1, 2}, raising=False)
+    monkeypatch.setattr(launch, "cgroup_cpu_quota", lambda: None)
+    assert launch.available_cpus() == 3  # affinity alone
+    monkeypatch.setattr(launch, "cgroup_cpu_quota", lambda: 0.5)
+    assert launch.available_cpus() == 1  # half a CPU still runs
+
+
+def test_the_probe_times_a_step_and_closes_its_env():
+    closed = []
+
+    def make() -> Any:
+        env = short_cartpole()
+        env.close = lambda: closed.append(True)  # type: ignore[method-assign]
+        return env
+
+    us = measure_env_step_us(make, seed=0, max_steps=50)
+    assert 0 < us < 10_000 and closed == [True]
+
+
+def _runner(envs: jr.VectorEnv) -> jr.EnvRunner:
+    policy = jr.Policy.from_linen(ActorCritic(2), envs.single_action_space)
+    params = policy.init(jax.random.key(1), envs.single_observation_space)
+    return jr.EnvRunner(envs, policy, params, rollout_length=16, seed=0)
+
+
+def _sample(envs: jr.VectorEnv) -> dict[str, Any]:
+    with _runner(envs) as runner:
+        traj = runner.sample()
+        metrics = runner.get_metrics()
+    tree = {f.name: getattr(traj, f.name) for f in dataclasses.fields(traj)}
+    return {"trajectory": tree, "metrics": metrics}
+
+
+def test_cartpole_builds_reports_its_choice_and_samples():
+    envs = jr.make_vec("CartPole-v1", 4, backend="auto", seed=0)
+    choice = envs.layout_choice
+    assert choice is not None and choice.backend == "sync"  # 4 cheap envs
+    assert choice.num_envs == 4 and choice.env_step_us > 0
+    assert choice.cpus == launch.available_cpus()
+    out = _sample(envs)
+    assert out["metrics"]["auto"] == choice.metrics()
+    assert out["trajectory"]["reward"].shape == (16, 4)
+
+
+def test_the_process_branch_samples_what_sync_samples(monkeypatch):
+    monkeypatch.setattr(auto, "measure_env_step_us", lambda make, seed: ATARI_US)
+    monkeypatch.setattr(auto, "available_cpus", lambda: 3)
+    envs = jr.make_vec(short_cartpole, 6, backend="auto", seed=0)
+    choice = envs.layout_choice
+    assert choice is not None and (choice.backend, choice.num_workers) == ("process", 2)
+    assert isinstance(envs, jr.ProcessVectorEnv) and envs.num_workers == 2
+    got = _sample(envs)
+    assert got["metrics"]["auto"]["process"] == 1
+    expected = _sample(jr.make_vec(short_cartpole, 6, backend="sync", seed=0))
+    assert_trees_equal(got["trajectory"], expected["trajectory"], "auto (process) vs sync")
+
+
+def test_auto_refuses_a_config():
+    with pytest.raises(InvalidArgumentTypeError, match="backend='process' with your config"):
+        jr.make_vec("CartPole-v1", 2, backend="auto", config=jr.ProcessConfig(num_workers=1))
+
+
+def test_auto_refuses_an_id_gymnasium_cannot_make():
+    with pytest.raises(InvalidArgumentError, match="backend='envpool'"):
+        jr.make_vec("NoSuchTask-v9", 2, backend="auto")
+
+
+def test_unknown_backend_lists_auto():
+    with pytest.raises(InvalidArgumentError, match="'auto'"):
+        jr.make_vec("CartPole-v1", 2, backend="fastest")
+
+
+def test_bench_takes_auto_and_prints_the_choice():
+    args = cli.build_parser().parse_args(["bench", "--backend", "auto"])
+    assert args.backend == "auto" and bench.PLANS["auto"].reference == "sync"
+    choice = choose_layout(ATARI_US, 32, cpus=16)
+    text = format_choice(dataclasses.asdict(choice))
+    assert text == f"process (15 workers): env step 1000.0 us, 16 CPUs; {choice.reason}"
