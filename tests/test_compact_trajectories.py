@@ -18,6 +18,7 @@ from shuffled_sync import ShuffledSync
 from test_batch_invariance import CASES
 
 import jaxrunner as jr
+import jaxrunner._src.samplers.sampler as sampler_module
 from jaxrunner._src.services.distributed import concatenate_envs
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 from jaxrunner.models import mlp_policy
@@ -232,3 +233,23 @@ def test_runner_groups_join_compact_samples_along_envs() -> None:
     joined = concatenate_envs(compact)
     assert joined.is_compact and joined.num_envs == sum(widths)
     chex.assert_trees_all_equal(joined.dense(), concatenate_envs(dense))
+
+
+def test_compact_buffers_allocate_no_dense_next_obs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compact sample allocates one ``[T, B]`` observation buffer (``obs``), a dense
+    one two (``obs`` and ``next_obs``); a released buffer allocates none."""
+    allocations: list[tuple[int, ...]] = []
+    allocate = sampler_module.space_arrays.allocate
+
+    def counting(space: Any, shape: tuple[int, ...]) -> Any:
+        if isinstance(space, gymnasium.spaces.Box) and space.shape == (4,):
+            allocations.append(shape)
+        return allocate(space, shape)
+
+    monkeypatch.setattr(sampler_module.space_arrays, "allocate", counting)
+    for compact, expected in ((False, 2), (True, 1)):
+        allocations.clear()
+        with _runner(BACKENDS["sync"](), compact_next_obs=compact) as runner:
+            runner.release(runner.sample())
+            runner.sample()
+        assert allocations.count((13, NUM_ENVS)) == expected, (compact, allocations)

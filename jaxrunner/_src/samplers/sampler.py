@@ -155,7 +155,7 @@ class BufferPool:
             if infos is not None:
                 infos.clear(buf.extras)
         else:
-            buf = allocate_trajectory(*self._shape)
+            buf = allocate_trajectory(*self._shape, compact=self._compact)
         if self._compact:
             buf = buf.replace(next_obs_store=FinalObsRecorder(obs_space, num_steps, num_envs))
         reward = np.asarray(buf.reward)  # a host buffer: the array itself
