@@ -36,11 +36,12 @@ class _Slot:
         return self.ready_ref is None
 
 
-def concatenate_envs(trajectories: list[Trajectory]) -> Trajectory:
+def concatenate_envs(trajectories: list[Any]) -> Any:
     """Joins trajectories of the same T along the env axis (``[T, B1 + B2 + ...]``);
     compact if they all are."""
-    if not all(t.is_compact for t in trajectories):
-        trajectories = [t.dense() for t in trajectories]
+    if not all(isinstance(t, Trajectory) and t.is_compact for t in trajectories):
+        # Multi-agent samples, or dense ones: every leaf [T, B, ...].
+        trajectories = [t.dense() if isinstance(t, Trajectory) else t for t in trajectories]
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *trajectories)
     rest = [t.replace(next_obs_store=None) for t in trajectories]
     joined = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *rest)
