@@ -67,6 +67,12 @@ BACKENDS = {
     "process": lambda: jr.make_vec(
         short_cartpole, NUM_ENVS, "process", config=jr.ProcessConfig(num_workers=2)
     ),
+    "process-ready-first": lambda: jr.make_vec(
+        short_cartpole,
+        NUM_ENVS,
+        "process",
+        config=jr.ProcessConfig(num_workers=2, ready_first=True),
+    ),
 }
 
 
