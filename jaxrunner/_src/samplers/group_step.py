@@ -41,6 +41,8 @@ class _Block:
         self.call, self.lo, self.hi = call, lo, hi
         self.rows = slice(lo, hi)
         self.size = (hi - lo) * a_g
+        self.lead = (hi - lo, a_g)
+        """The block's rows on the agent axis."""
         self.stage: Stage = call.new_stage()
         self.ids = np.arange(lo * a_g, hi * a_g, dtype=np.int32)
         """The block's agent slots (rows of the actor state)."""
@@ -208,18 +210,11 @@ class GroupSampler:
         ``t`` (parallel envs) or keeps it until its transition completes (AEC envs).
         Returns the env's actions, ``[hi - lo, A_g, ...]``."""
         block = self._blocks[lo, hi]
-        policy_action, env_action, extras = block.call.collect(self.pending)
-        self.pending = None
-        shape, rows = (hi - lo, self.group.num_agents), block.rows
-        if block.call.rows != block.size:  # drop the padding rows
-            own, same = slice(0, block.size), env_action is policy_action
-            policy_action = jax.tree.map(lambda x: x[own], policy_action)
-            env_action = policy_action if same else jax.tree.map(lambda x: x[own], env_action)
-            extras = [x[own] for x in extras]
-        action = _agent_axis(policy_action, shape)
+        # The block's own rows (padding dropped), on the agent axis: [hi - lo, A_g, ...].
         # With action connectors the env gets their actions, else the policy's.
-        same = env_action is policy_action
-        env_action = action if same else _agent_axis(env_action, shape)
+        action, env_action, extras = block.call.collect(self.pending, block.lead)
+        self.pending = None
+        rows = block.rows
         acting = self.acting[rows]
         if self.same_step:
             (obs_dst, action_dst, extras_dst), index = self._traj_leaves[:3], (t, rows)
@@ -228,7 +223,7 @@ class GroupSampler:
         mask = None if block.all_acting else acting
         _put(obs_dst, _leaves(buf.obs), index, mask)
         _put(action_dst, _leaves(action), index, mask)
-        _put(extras_dst, [x.reshape(*shape, *x.shape[1:]) for x in extras], index, mask)
+        _put(extras_dst, extras, index, mask)
         if not self.same_step:
             awaiting = self.awaiting[rows]
             np.logical_or(awaiting, acting, out=awaiting)
@@ -311,13 +306,6 @@ class GroupSampler:
 def _leaves(tree: Any) -> list[np.ndarray]:
     """The arrays of a pytree (a lone array without a tree walk)."""
     return [tree] if isinstance(tree, np.ndarray) else jax.tree.leaves(tree)
-
-
-def _agent_axis(action: Any, shape: tuple[int, ...]) -> Any:
-    """``[B * A_g, ...]`` rows viewed as ``[B, A_g, ...]``."""
-    if isinstance(action, np.ndarray):
-        return action.reshape(*shape, *action.shape[1:])
-    return jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), action)
 
 
 def _put(

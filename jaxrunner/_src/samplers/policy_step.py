@@ -315,14 +315,17 @@ class CompiledPolicyStep:
         with self._allow_h2d:
             return self._step(params, state, stage.buffer)
 
-    def collect(self, pending: Any) -> tuple[Any, Any, list[np.ndarray]]:
+    def collect(
+        self, pending: Any, lead: tuple[int, ...] | None = None
+    ) -> tuple[Any, Any, list[np.ndarray]]:
         """Waits for a dispatched step; returns numpy views of the action and of the
         env's action (pytrees; the same object without action connectors) and of the
         extras' leaves in ``jax.tree.leaves`` order, ``[rows, ...]`` each (the step's
-        one device->host transfer)."""
+        one device->host transfer). With ``lead`` (e.g. ``(envs, agents)``), views of
+        the first ``prod(lead)`` rows only, shaped ``[*lead, ...]``."""
         with self._allow_d2h:
             host = np.asarray(pending)
-        leaves = self._out_packing.host_leaves(host)
+        leaves = self._out_packing.host_leaves(host, lead)
         num = self._action_treedef.num_leaves
         action = self._unflatten(leaves[:num])
         if not self._env_actions:
