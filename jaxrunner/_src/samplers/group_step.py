@@ -202,8 +202,8 @@ class GroupSampler:
         stage, n, flat = block.stage, block.size, block.acting_flat
         for dst, src in zip(block.stage_obs, _leaves(buf.obs_rows)):
             dst[...] = src  # cast as the stage packs it (JAX's canonical dtypes)
-        np.copyto(block.stage_start, buf.agent_start.reshape(-1))
-        np.copyto(block.acting, buf.acting)
+        block.stage_start[...] = buf.agent_start.reshape(-1)  # setitem: cheaper than copyto
+        block.acting[...] = buf.acting
         block.all_acting = np.count_nonzero(flat) == n
         if not (block.all_acting and block.index_all):  # else the index is unchanged
             stage.env_index[:n] = np.where(flat, block.ids, self.rows)

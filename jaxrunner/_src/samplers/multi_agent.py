@@ -245,7 +245,7 @@ class MultiAgentSampler:
                 gs.drop(out.failed, lo, hi) for gs in self.groups.values()
             )
         self._unassigned[index] = out.unassigned_reward
-        self._t[lo:hi] += 1
+        self._t[lo:hi] = t + 1  # the block's envs share their step (a setitem: cheaper than +=)
         perf["obs_processing_ms"] += time.perf_counter() - clock
         return t + 1
 
