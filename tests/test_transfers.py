@@ -201,3 +201,26 @@ def test_packing_round_trips_8_byte_leaves_with_x64():
         assert_packing_round_trips(
             {"reward": np.array([0.1, -2.5, 1e300]), "steps": np.array([2**40, -3], np.int64)}
         )
+
+
+def test_packing_views_a_leading_block_of_rows():
+    # host_leaves(buffer, lead): each leaf's first prod(lead) rows as [*lead, ...] views
+    # (the multi-agent sampler's [envs, agents] block without the padding rows).
+    from jaxrunner._src.samplers.transfer import Packing
+
+    rng = np.random.default_rng(0)
+    tree = {
+        "action": rng.integers(0, 5, 8, dtype=np.int32),
+        "flags": rng.random(8) < 0.5,
+        "mean": rng.random((8, 2)).astype(np.float32),
+    }
+    packing = Packing(tree)
+    buffer = packing.allocate()
+    for name, view in packing.host_views(buffer).items():
+        view[...] = tree[name]
+    leaves = packing.host_leaves(buffer, (2, 3))
+    for leaf, expected in zip(leaves, jax.tree.leaves(tree)):
+        np.testing.assert_array_equal(leaf, expected[:6].reshape(2, 3, *expected.shape[1:]))
+        assert np.shares_memory(leaf, buffer)  # views: the step's one transfer, no copy
+    with pytest.raises(ValueError, match="fewer than 9 rows"):
+        packing.host_leaves(buffer, (3, 3))

@@ -35,13 +35,22 @@ from jaxrunner._src.samplers.policy_step import (
 
 
 class _Block:
-    """A block's stage and what its last dispatch saw."""
+    """A block's stage and what its last dispatch saw, with the views each dispatch
+    writes through (made once: slicing per step costs more than the copies)."""
 
-    def __init__(self, call: CompiledPolicyStep, lo: int, hi: int, a_g: int) -> None:
+    def __init__(self, call: CompiledPolicyStep, lo: int, hi: int, acting: np.ndarray) -> None:
+        a_g = acting.shape[1]
         self.call, self.lo, self.hi = call, lo, hi
         self.rows = slice(lo, hi)
-        self.size = (hi - lo) * a_g
+        self.size = size = (hi - lo) * a_g
+        self.lead = (hi - lo, a_g)
+        """The block's rows on the agent axis."""
         self.stage: Stage = call.new_stage()
+        self.stage_obs = [x[:size] for x in _leaves(self.stage.obs)]
+        self.stage_start = self.stage.episode_start[:size]
+        self.acting = acting[lo:hi]
+        """The group's ``acting`` rows of the block (a view)."""
+        self.acting_flat = self.acting.reshape(-1)
         self.ids = np.arange(lo * a_g, hi * a_g, dtype=np.int32)
         """The block's agent slots (rows of the actor state)."""
         self.all_acting = False
@@ -89,6 +98,8 @@ class GroupSampler:
             )  # fmt: skip
 
         self._compile = compiled
+        self.acting = np.zeros((num_envs, a_g), np.bool_)
+        """Who acted at each block's last dispatch."""
         self._calls: dict[int, CompiledPolicyStep] = {}
         self._blocks: dict[tuple[int, int], _Block] = {}
         for rows in blocks or [slice(0, num_envs)]:
@@ -111,8 +122,6 @@ class GroupSampler:
         ]
         self.clip = space_arrays.clip_box_actions(group.action_space)
         self.pending: Any = None
-        self.acting = np.zeros(shape, np.bool_)
-        """Who acted at each block's last dispatch."""
         self.awaiting = np.zeros(shape, np.bool_)
         """AEC envs: agents whose last action's transition has not completed yet."""
         # Agent-episode returns and lengths across samples (for the metrics).
@@ -126,7 +135,7 @@ class GroupSampler:
             call = self._calls.get(size)
             if call is None:
                 call = self._calls[size] = self._compile(size)
-            block = self._blocks[lo, hi] = _Block(call, lo, hi, self.group.num_agents)
+            block = self._blocks[lo, hi] = _Block(call, lo, hi, self.acting)
         return block
 
     def _pending_rows(self, lo: int, hi: int) -> list[list[np.ndarray]]:
@@ -190,13 +199,11 @@ class GroupSampler:
     def dispatch(self, params: Params, buf: GroupBuffers, lo: int, hi: int) -> None:
         """Queues the policy step of block ``[lo, hi)``; ``buf`` holds its rows."""
         block = self._block(lo, hi)
-        stage, n = block.stage, block.size
-        for dst, src in zip(_leaves(stage.obs), _leaves(buf.obs_rows)):
-            dst[:n] = src
-        stage.episode_start[:n] = buf.agent_start.reshape(-1)
-        acting = self.acting[block.rows]
-        np.copyto(acting, buf.acting)
-        flat = acting.reshape(-1)
+        stage, n, flat = block.stage, block.size, block.acting_flat
+        for dst, src in zip(block.stage_obs, _leaves(buf.obs_rows)):
+            dst[...] = src  # cast as the stage packs it (JAX's canonical dtypes)
+        block.stage_start[...] = buf.agent_start.reshape(-1)  # setitem: cheaper than copyto
+        block.acting[...] = buf.acting
         block.all_acting = np.count_nonzero(flat) == n
         if not (block.all_acting and block.index_all):  # else the index is unchanged
             stage.env_index[:n] = np.where(flat, block.ids, self.rows)
@@ -208,19 +215,11 @@ class GroupSampler:
         ``t`` (parallel envs) or keeps it until its transition completes (AEC envs).
         Returns the env's actions, ``[hi - lo, A_g, ...]``."""
         block = self._blocks[lo, hi]
-        policy_action, env_action, extras = block.call.collect(self.pending)
-        self.pending = None
-        shape, rows = (hi - lo, self.group.num_agents), block.rows
-        if block.call.rows != block.size:  # drop the padding rows
-            own, same = slice(0, block.size), env_action is policy_action
-            policy_action = jax.tree.map(lambda x: x[own], policy_action)
-            env_action = policy_action if same else jax.tree.map(lambda x: x[own], env_action)
-            extras = [x[own] for x in extras]
-        action = _agent_axis(policy_action, shape)
+        # The block's own rows (padding dropped), on the agent axis: [hi - lo, A_g, ...].
         # With action connectors the env gets their actions, else the policy's.
-        same = env_action is policy_action
-        env_action = action if same else _agent_axis(env_action, shape)
-        acting = self.acting[rows]
+        action, env_action, extras = block.call.collect(self.pending, block.lead)
+        self.pending = None
+        rows, acting = block.rows, block.acting
         if self.same_step:
             (obs_dst, action_dst, extras_dst), index = self._traj_leaves[:3], (t, rows)
         else:
@@ -228,7 +227,7 @@ class GroupSampler:
         mask = None if block.all_acting else acting
         _put(obs_dst, _leaves(buf.obs), index, mask)
         _put(action_dst, _leaves(action), index, mask)
-        _put(extras_dst, [x.reshape(*shape, *x.shape[1:]) for x in extras], index, mask)
+        _put(extras_dst, extras, index, mask)
         if not self.same_step:
             awaiting = self.awaiting[rows]
             np.logical_or(awaiting, acting, out=awaiting)
@@ -244,7 +243,8 @@ class GroupSampler:
         obs, action, extras, next_obs = self._traj_leaves
         # A parallel env completes exactly the turns taken at this step, which
         # collect() has already written.
-        everyone = self.same_step and bool(self.acting[rows].all())
+        acting = self.acting[rows]
+        everyone = self.same_step and np.count_nonzero(acting) == acting.size
         mask = None if everyone else done
         if not self.same_step:
             pending_obs, pending_action, pending_extras = self._pending_rows(lo, hi)
@@ -311,13 +311,6 @@ class GroupSampler:
 def _leaves(tree: Any) -> list[np.ndarray]:
     """The arrays of a pytree (a lone array without a tree walk)."""
     return [tree] if isinstance(tree, np.ndarray) else jax.tree.leaves(tree)
-
-
-def _agent_axis(action: Any, shape: tuple[int, ...]) -> Any:
-    """``[B * A_g, ...]`` rows viewed as ``[B, A_g, ...]``."""
-    if isinstance(action, np.ndarray):
-        return action.reshape(*shape, *action.shape[1:])
-    return jax.tree.map(lambda x: x.reshape(*shape, *x.shape[1:]), action)
 
 
 def _put(

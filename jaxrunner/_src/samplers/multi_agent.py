@@ -174,7 +174,9 @@ class MultiAgentSampler:
             # parts (each worker's envs), each acted on again as soon as it is in.
             in_flight = 0
             for rows in self.splits:
-                last = {pid: buf.rows(rows) for pid, buf in self._last.groups.items()}
+                last = self._last.groups  # every env: no views to make
+                if (rows.start, rows.stop) != (0, num_envs):
+                    last = {pid: buf.rows(rows) for pid, buf in last.items()}
                 self._act(params, traj, rows.start, rows.stop, last, perf)
                 in_flight += rows.stop - rows.start
             while in_flight:  # each env steps num_steps times, at its own pace
@@ -245,7 +247,7 @@ class MultiAgentSampler:
                 gs.drop(out.failed, lo, hi) for gs in self.groups.values()
             )
         self._unassigned[index] = out.unassigned_reward
-        self._t[lo:hi] += 1
+        self._t[lo:hi] = t + 1  # the block's envs share their step (a setitem: cheaper than +=)
         perf["obs_processing_ms"] += time.perf_counter() - clock
         return t + 1
 

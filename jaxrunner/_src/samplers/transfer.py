@@ -54,6 +54,7 @@ class Packing:
             (lo, lo + size * dtype.itemsize, dtype, shape)
             for lo, size, dtype, shape in zip(self.offsets, self.sizes, self.dtypes, self.shapes)
         ]
+        self._by_lead: dict[tuple[int, ...], list[tuple[int, int, np.dtype, tuple]]] = {}
 
     def allocate(self) -> np.ndarray:
         """A zeroed host buffer for this layout."""
@@ -63,10 +64,28 @@ class Packing:
         """Numpy views of each leaf inside ``buffer`` (writes go into the buffer)."""
         return self.treedef.unflatten(self.host_leaves(buffer))
 
-    def host_leaves(self, buffer: np.ndarray) -> list[np.ndarray]:
-        """:meth:`host_views` as the flat list of leaves."""
+    def host_leaves(
+        self, buffer: np.ndarray, lead: tuple[int, ...] | None = None
+    ) -> list[np.ndarray]:
+        """:meth:`host_views` as the flat list of leaves; with ``lead``, views of each
+        leaf's first ``prod(lead)`` rows shaped ``[*lead, ...]`` (every leaf must have
+        that many rows)."""
         raw = buffer.view(np.uint8)
-        return [raw[lo:hi].view(dtype).reshape(shape) for lo, hi, dtype, shape in self._views]
+        views = self._views if lead is None else self._lead_views(lead)
+        return [raw[lo:hi].view(dtype).reshape(shape) for lo, hi, dtype, shape in views]
+
+    def _lead_views(self, lead: tuple[int, ...]) -> list[tuple[int, int, np.dtype, tuple]]:
+        # Worked out once per leading shape: a sampler asks for the same few every step.
+        views = self._by_lead.get(lead)
+        if views is None:
+            count = int(np.prod(lead))
+            views = []
+            for lo, hi, dtype, shape in self._views:
+                if not shape or shape[0] < count:
+                    raise ValueError(f"leaf of shape {shape} has fewer than {count} rows")
+                views.append((lo, lo + (hi - lo) // shape[0] * count, dtype, (*lead, *shape[1:])))
+            self._by_lead[lead] = views
+        return views
 
     def unpack(self, flat: jax.Array) -> Any:
         """The pytree stored in ``flat`` (traceable: use inside jit)."""

@@ -143,7 +143,8 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
         if check is None:
             check = self._checks[hi - lo] = ActionCheck(self.groups, hi - lo)
         infos, errors = self._block.step_rows(lo, hi, check(actions))
-        return self._views.step(lo, hi, infos, self._block.failed_rows(errors), errors)
+        failed = self._block.failed_rows(errors) if errors else None
+        return self._views.step(lo, hi, infos, failed, errors)
 
     def reset_at(
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
