@@ -10,11 +10,10 @@ vector env it builds is then exactly the one
 so trajectories are the same for the same seed; the choice is kept on it
 (``envs.layout_choice``) and reported by ``EnvRunner.get_metrics()["auto"]``.
 
-What is not measured: the policy. ``make_vec`` does not know it, and a layout cannot
-change under the runner once it holds the envs. The runner's own split rule already
-weighs the policy (``default_num_splits``, from its FLOPs); here the model takes the
-policy's worst case for the workers, a free one (see :func:`choose_layout`), so a
-costly policy can only make the chosen process layout pay more.
+The rule is calibrated on the env's work per vector step, which the probe measures;
+the policy is not timed (``make_vec`` does not know it, and the layout cannot change
+under a runner that already holds the envs). The runner's own pipelining splits
+already weigh the policy (from its FLOPs).
 """
 
 from __future__ import annotations
@@ -31,31 +30,17 @@ import gymnasium
 from jaxrunner._src.backends.process import ProcessConfig
 from jaxrunner._src.backends.process.launch import available_cpus
 
-PROCESS_OVERHEAD_US = 1000.0
-"""What a process layout costs per vector step beyond the workers' share of the
-stepping: a command and a reply per group (a sleeping process takes 70+ us to wake on
-a virtual machine, twice per step and group), copies through shared memory, and the
-workers contending with the policy's threads for the cores. Measured on 2 cores only
-(one worker against sync, the extra time per step): 470-500 us on CartPole at 64 and
-256 envs on a quiet day (``docs/performance.md``); 120-930 us on CartPole at 1-256
-envs and HalfCheetah at 8 and 32 with the machine loaded (load average 3-4), and 3-8
-ms on Pong, whose NatureCNN's threads then take the worker's core
-(``benchmarks/results/auto_backend_first_rule_cpu.json``). With
-:data:`MIN_WORST_CASE` at 1.0 it decides only from 3 CPUs up, where each process has
-a core of its own and the cost is lower: 1,000 us errs towards sync there. Not
-measured on such a machine."""
-
-MIN_WORST_CASE = 1.0
-"""The least a process layout may reach, as a fraction of sync's steps/s, with a free
-policy (the worst case for it: the runner computes the policy of one group while the
-workers step another, where sync pays the two in turn, so a costly policy can only
-help the workers, in the model). 1.0: the workers must pay for themselves even then.
-So one worker (2 cores), which gains only from that overlap, is never chosen: the
-policy is not measured here. Measured with 0.9 instead, on the loaded 2-core VM (load
-average 3-4, ``benchmarks/results/auto_backend_first_rule_cpu.json``): one worker for
-Pong at 32 envs did 0.84x sync; on a quieter day (``peers_pong_cpu.json``) the
-process backend did 1.28x sync there. Sync was as fast or faster at every other
-width of CartPole, HalfCheetah and Pong on 2 cores."""
+MIN_WORK_US = 300.0
+"""The env work per vector step (one sub-env's step time x the sub-envs) from which a
+worker pays for itself; each worker gets at least this much. Measured on 2 cores,
+quiet (load 1.1-1.5), one worker against sync, 3 interleaved rounds
+(``benchmarks/results/auto_backend_quiet_cpu.json``): 0.82x and 0.71x at 6 and 49 us
+(CartPole at 1 and 8 envs); 1.09x at 350 us (HalfCheetah at 8); 1.18x at 390 us
+(CartPole at 64); 1.28x and 1.34x at 1.6 and 12.8 ms (CartPole at 256, Pong at 32);
+level at 1.4 and 3.2 ms (HalfCheetah at 32: 1.01x; Pong at 8: 0.98x). The worker
+steps the envs on the second core while the main process computes the policy and
+keeps the books. Beyond 2 cores the same floor per worker sets their number; that
+is not measured (no such machine was at hand)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -96,13 +81,11 @@ def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
     """The layout for ``num_envs`` sub-envs whose step costs ``env_step_us`` on
     ``cpus`` CPUs: a pure function of the measurements.
 
-    The model, per vector step, for a policy that costs ``P``: sync takes
-    ``work + P``, ``work = env_step_us * num_envs``. A process layout keeps one CPU
-    for the main process (the policy) and puts one worker on each other CPU, at most
-    one per sub-env (``W`` workers); it takes about ``max(work / W, P) +``
-    :data:`PROCESS_OVERHEAD_US`. ``P`` is not known here (see the module's
-    docstring); its worst case for the workers is ``P = 0``, so the process layout is
-    chosen where ``work / (work / W + overhead)`` is at least :data:`MIN_WORST_CASE`.
+    ``work = env_step_us * num_envs`` is the env work per vector step. Below
+    :data:`MIN_WORK_US` the sub-envs stay in the main process (sync): a worker's round
+    trip costs more than it takes off. From there, ``"process"`` with one worker per
+    :data:`MIN_WORK_US` of work, at most one per spare CPU (the main process keeps
+    one for the policy) and one per sub-env.
 
     The main process's share (``ProcessConfig.main_process_envs``) is never chosen:
     its stepping adds to the policy on the main process's path, so whether it pays
@@ -114,33 +97,30 @@ def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
     """
     work_us = env_step_us * num_envs
     choice = functools.partial(LayoutChoice, env_step_us=env_step_us, num_envs=num_envs, cpus=cpus)
-    workers = min(num_envs, cpus - 1)
-    if workers < 1:
+    if cpus < 2:
         return choice(
             backend="sync",
             num_workers=0,
             reason=f"{cpus} CPU: none left for a worker beside the main process",
         )
-    worst = work_us / (work_us / workers + PROCESS_OVERHEAD_US)
-    over = f"{work_us:,.0f} us of env work per step over {workers} worker"
-    over += "s" if workers > 1 else ""
-    if worst < MIN_WORST_CASE:
+    if work_us < MIN_WORK_US:
         return choice(
             backend="sync",
             num_workers=0,
             reason=(
-                f"{over} predicts {worst:.2f}x sync with a free policy (< {MIN_WORST_CASE}x): "
-                + (
-                    "one worker gains only from overlapping the policy, not measured"
-                    if workers == 1
-                    else "too little to pay the workers"
-                )
+                f"{work_us:,.0f} us of env work per step: under the {MIN_WORK_US:,.0f} us "
+                "from which a worker pays for its round trip"
             ),
         )
+    workers = min(cpus - 1, num_envs, max(1, int(work_us // MIN_WORK_US)))
+    plural = "s" if workers > 1 else ""
     return choice(
         backend="process",
         num_workers=workers,
-        reason=f"{over} predicts {worst:.2f}x sync with a free policy, more with a costly one",
+        reason=(
+            f"{work_us:,.0f} us of env work per step: {workers} worker{plural} "
+            f"(one per {MIN_WORK_US:,.0f} us of work, at most one per spare CPU of {cpus})"
+        ),
     )
 
 
@@ -194,8 +174,7 @@ def choose_for(
 
 
 __all__ = [
-    "MIN_WORST_CASE",
-    "PROCESS_OVERHEAD_US",
+    "MIN_WORK_US",
     "LayoutChoice",
     "choose_for",
     "choose_layout",
