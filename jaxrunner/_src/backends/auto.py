@@ -32,15 +32,17 @@ from jaxrunner._src.backends.process.launch import available_cpus
 
 MIN_WORK_US = 300.0
 """The env work per vector step (one sub-env's step time x the sub-envs) from which a
-worker pays for itself; each worker gets at least this much. Measured on 2 cores,
+worker pays for itself; each worker gets at least this much. Calibrated on 2 cores,
 quiet (load 1.1-1.5), one worker against sync, 3 interleaved rounds
-(``benchmarks/results/auto_backend_quiet_cpu.json``): 0.82x and 0.71x at 6 and 49 us
-(CartPole at 1 and 8 envs); 1.09x at 350 us (HalfCheetah at 8); 1.18x at 390 us
-(CartPole at 64); 1.28x and 1.34x at 1.6 and 12.8 ms (CartPole at 256, Pong at 32);
-level at 1.4 and 3.2 ms (HalfCheetah at 32: 1.01x; Pong at 8: 0.98x). The worker
-steps the envs on the second core while the main process computes the policy and
-keeps the books. Beyond 2 cores the same floor per worker sets their number; that
-is not measured (no such machine was at hand)."""
+(``benchmarks/results/auto_backend_quiet_first_rule_cpu.json``): 0.82x and 0.71x at 6
+and 49 us (CartPole at 1 and 8 envs); 1.09x at 350 us (HalfCheetah at 8); 1.18x at
+390 us (CartPole at 64); 1.28x and 1.34x at 1.6 and 12.8 ms (CartPole at 256, Pong at
+32); level at 1.4 and 3.2 ms (HalfCheetah at 32: 1.01x; Pong at 8: 0.98x). Checked
+with this rule in a second quiet run (``auto_backend_quiet_cpu.json``): auto did
+0.91-1.03x the faster of sync and one worker at every width. The worker steps the
+envs on the second core while the main process computes the policy and keeps the
+books. Beyond 2 cores the same floor per worker sets their number; that is not
+measured (no such machine was at hand)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
