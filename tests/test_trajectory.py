@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 import jaxrunner as jr
 from jaxrunner._src import space_arrays
-from jaxrunner._src.runner.trajectory import Episode, Trajectory
+from jaxrunner._src.runner.episode import Episode
+from jaxrunner._src.runner.trajectory import Trajectory
 
 SETTINGS = settings(
     max_examples=40,

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from jaxrunner._src.runner.trajectory import Episode, Trajectory
+from jaxrunner._src.runner.episode import Episode
+from jaxrunner._src.runner.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from jaxrunner._src.samplers import EnvRunner

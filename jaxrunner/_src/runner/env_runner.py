@@ -24,13 +24,14 @@ from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.connectors.base import ConnectorState
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.runner.callbacks import Callbacks
+from jaxrunner._src.runner.episode import Episode, concatenate_episodes
 from jaxrunner._src.runner.metrics import MetricsConfig, RunnerMetrics
 from jaxrunner._src.runner.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
 from jaxrunner._src.runner.policy import Params, Policy, check_params_like
 from jaxrunner._src.runner.progress import EpisodeProgress
 from jaxrunner._src.runner.runner_state import DEFAULT_POLICY_ID, EpisodeJoiner, RunnerState
 from jaxrunner._src.runner.seeds import env_seeds
-from jaxrunner._src.runner.trajectory import Episode, Trajectory, concatenate_episodes
+from jaxrunner._src.runner.trajectory import Trajectory
 from jaxrunner._src.samplers.info_arrays import check_info_keys
 from jaxrunner._src.samplers.lockstep import LockstepSampler
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler

@@ -20,13 +20,8 @@ import flax.struct
 import jax
 import numpy as np
 
-from jaxrunner._src.runner.trajectory import (
-    MAX_LOAD_BYTES,
-    EpisodeSpan,
-    HostOrDevice,
-    cut_steps,
-    join_steps,
-)
+from jaxrunner._src.runner.episode import EpisodeSpan, cut_steps, join_steps
+from jaxrunner._src.runner.trajectory import MAX_LOAD_BYTES, HostOrDevice
 from jaxrunner._src.runner.trajectory_file import (
     ErrorFn,
     TrajectoryFile,

@@ -44,8 +44,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
+from jaxrunner._src.runner.episode import Episode
 from jaxrunner._src.runner.seeds import env_seeds
-from jaxrunner._src.runner.trajectory import Episode
 from jaxrunner._src.services.checkpoints.env_runner_file import (
     EPISODE_SCALARS,
     FORMAT,

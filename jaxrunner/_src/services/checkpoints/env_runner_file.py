@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
+from jaxrunner._src.runner.episode import Episode
 from jaxrunner._src.runner.npz_reader import NpzReader
-from jaxrunner._src.runner.trajectory import Episode
 from jaxrunner._src.services.checkpoints import format as checkpoint_format
 from jaxrunner._src.services.checkpoints.format import META, Part, array_name, is_key, part_of
 from jaxrunner._src.services.checkpoints.reader import CheckpointReader

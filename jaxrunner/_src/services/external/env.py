@@ -20,9 +20,9 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
+from jaxrunner._src.runner.episode import Episode
 from jaxrunner._src.runner.metrics import EpisodeStats
 from jaxrunner._src.runner.policy import Params, Policy
-from jaxrunner._src.runner.trajectory import Episode
 from jaxrunner._src.services.external import checks
 from jaxrunner._src.services.external.batching import PolicyBatcher, Row
 from jaxrunner._src.services.external.config import ExternalEnvConfig

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from jaxrunner import errors
-from jaxrunner._src.runner.trajectory import Episode
+from jaxrunner._src.runner.episode import Episode
 from jaxrunner._src.services.serve.auth import read_token
 
 

@@ -11,7 +11,7 @@ from gymnasium import spaces
 
 from jaxrunner import errors
 from jaxrunner._src import space_arrays
-from jaxrunner._src.runner.trajectory import Episode
+from jaxrunner._src.runner.episode import Episode
 from jaxrunner._src.services.external import ExternalEnv, LiveEpisode
 from jaxrunner._src.services.serve import wire
 from jaxrunner._src.services.serve.client_http import (

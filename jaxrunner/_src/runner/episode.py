@@ -1,0 +1,129 @@
+"""Episode: one env's episode (or the part of it a trajectory holds), and the cuts and
+joins that build it from time-major arrays, shared with the multi-agent episodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import numpy as np
+
+from jaxrunner.errors import InvalidArgumentError
+
+
+class EpisodeSpan:
+    """What an episode's steps say about it (``reward`` [L], the flags, ``start_step``),
+    shared by :class:`Episode` and the multi-agent ``AgentEpisode``."""
+
+    reward: np.ndarray
+    terminated: bool
+    truncated: bool
+    start_step: int
+
+    @property
+    def length(self) -> int:
+        return int(self.reward.shape[0])
+
+    @property
+    def is_done(self) -> bool:
+        """The episode ended (terminated or truncated)."""
+        return bool(self.terminated or self.truncated)
+
+    @property
+    def is_complete(self) -> bool:
+        """Seen whole: from its first step to its end."""
+        return self.is_done and self.start_step == 0
+
+
+class Episode(EpisodeSpan, flax.struct.PyTreeNode):
+    """One env's episode, or the part of it a trajectory holds.
+
+    Attributes:
+        obs: ``[L+1, ...]``, the first observation to the last (the final
+            observation if the episode ended).
+        action, reward, extras: ``[L, ...]``.
+        terminated, truncated: how it ended (both False while it still runs).
+        episode_id, env_id: as in :class:`Trajectory`.
+        start_step: episode step index of ``action[0]`` (0 unless this is the tail
+            of an episode that began before the trajectory did).
+        faulty: the episode was cut by a failure of its env (then ``truncated`` is
+            True too: bootstrap from its last observation).
+    """
+
+    obs: Any
+    action: Any
+    reward: np.ndarray
+    extras: dict[str, Any]
+    terminated: bool = flax.struct.field(pytree_node=False)
+    truncated: bool = flax.struct.field(pytree_node=False)
+    episode_id: int = flax.struct.field(pytree_node=False)
+    env_id: int = flax.struct.field(pytree_node=False)
+    start_step: int = flax.struct.field(pytree_node=False, default=0)
+    faulty: bool = flax.struct.field(pytree_node=False, default=False)
+
+    @property
+    def total_return(self) -> float:
+        return float(np.sum(self.reward))
+
+
+def cut_steps(traj: Any, steps: Any, last: Any) -> dict[str, Any]:
+    """The step fields of one episode (:class:`Episode`'s or ``AgentEpisode``'s) cut
+    out of time-major arrays.
+
+    Args:
+        traj: a :class:`Trajectory` or a multi-agent ``GroupTrajectory`` (its ``obs``,
+            ``next_obs``, ``action``, ``reward`` and ``extras`` are read).
+        steps: the index of the episode's slots in each leaf, e.g. ``(slice(t0, t1), b)``.
+        last: the index of its last slot, e.g. ``(t1 - 1, b)``.
+
+    Returns:
+        ``obs`` (``[L + 1]``: the slots' observations, then the last slot's
+        ``next_obs``), and ``action``, ``reward``, ``extras`` (``[L]``).
+    """
+
+    def cut(x: np.ndarray) -> np.ndarray:
+        return np.array(x[steps])  # a copy: the trajectory's buffers may be reused
+
+    return {
+        "obs": jax.tree.map(
+            lambda o, n: np.concatenate([o[steps], n[last][None]]), traj.obs, traj.next_obs
+        ),
+        "action": jax.tree.map(cut, traj.action),
+        "reward": cut(traj.reward),
+        "extras": jax.tree.map(cut, traj.extras),
+    }
+
+
+def join_steps(head: Any, tail: Any) -> dict[str, Any]:
+    """The step fields of two consecutive pieces of one episode (:class:`Episode`'s or
+    ``AgentEpisode``'s), joined: ``obs`` without ``head``'s last one (``tail``'s
+    first), and ``action``, ``reward``, ``extras`` end to end."""
+
+    def cat(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return np.concatenate([x, y])
+
+    return {
+        "obs": jax.tree.map(lambda x, y: cat(x[:-1], y), head.obs, tail.obs),
+        "action": jax.tree.map(cat, head.action, tail.action),
+        "reward": cat(head.reward, tail.reward),
+        "extras": jax.tree.map(cat, head.extras, tail.extras),
+    }
+
+
+def concatenate_episodes(head: Episode, tail: Episode) -> Episode:
+    """Joins two consecutive pieces of one episode (``head`` unfinished)."""
+    if head.is_done or head.episode_id != tail.episode_id or head.env_id != tail.env_id:
+        raise InvalidArgumentError(
+            f"concatenate_episodes(): episode {tail.episode_id} of env {tail.env_id} does not "
+            f"continue episode {head.episode_id} of env {head.env_id} (done={head.is_done})."
+        )
+    return head.replace(
+        **join_steps(head, tail),
+        terminated=tail.terminated,
+        truncated=tail.truncated,
+        faulty=tail.faulty,
+    )
+
+
+__all__ = ["Episode", "EpisodeSpan", "concatenate_episodes", "cut_steps", "join_steps"]
