@@ -1,5 +1,7 @@
 """Does ``backend="auto"`` choose well? ``EnvRunner.sample()`` on the sync backend, the
-process backend at its defaults and ``make_vec(..., backend="auto")``, side by side.
+process backend at its defaults and ``EnvRunner.from_env(..., backend="auto")`` (the
+layout tried with the policy where the env-only rule would start workers), side by
+side.
 
 Per workload and width (the workloads of ``jaxrunner bench --workload``: CartPole-v1
 with the 64-64 MLP at 1, 8, 64 and 256 envs; HalfCheetah-v5 with the 256-256 Gaussian

@@ -104,8 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         default=None,
         choices=(*PLANS, "all"),
-        help="jaxrunner backend (make_vec(backend=...); auto: make_vec's measured choice of "
-        "sync or process, printed per width; jax: gymnax in a JaxVectorEnv), or "
+        help="jaxrunner backend (make_vec(backend=...); auto: EnvRunner.from_env's choice "
+        "of sync or process, measured with the policy and printed per width; jax: gymnax "
+        "in a JaxVectorEnv), or "
         "all: every installed one, each at the widths that fit it (default: sync; sync and "
         "process with --workload)",
     )

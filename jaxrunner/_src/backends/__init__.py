@@ -82,7 +82,7 @@ def make_vec(
     check_vec_options(backend, config, restart_policy)
     choice: LayoutChoice | None = None
     if backend == "auto":
-        choice = _choose(env, env_kwargs, num_envs, seed)
+        choice = choose_auto_layout(env, env_kwargs, num_envs, seed)
         backend, config = choice.backend, choice.process_config()
     if backend == "gymnasium":
         # gymnasium.make_vec builds the vector env itself (its own vector entry point
@@ -105,7 +105,7 @@ def make_vec(
     return vec
 
 
-def _choose(
+def choose_auto_layout(
     env: str | Callable[[], gymnasium.Env],
     env_kwargs: dict[str, Any],
     num_envs: int,
@@ -207,6 +207,8 @@ __all__ = [
     "RayVectorEnv",
     "SyncVectorEnv",
     "VectorEnv",
+    "check_vec_options",
+    "choose_auto_layout",
     "from_gymnasium",
     "make_vec",
 ]

@@ -11,9 +11,10 @@ so trajectories are the same for the same seed; the choice is kept on it
 (``envs.layout_choice``) and reported by ``EnvRunner.get_metrics()["auto"]``.
 
 The rule is calibrated on the env's work per vector step, which the probe measures;
-the policy is not timed (``make_vec`` does not know it, and the layout cannot change
-under a runner that already holds the envs). The runner's own pipelining splits
-already weigh the policy (from its FLOPs).
+``make_vec`` cannot time the policy (it does not know it, and the layout cannot change
+under a runner that already holds the envs). ``EnvRunner.from_env(..., backend="auto")``
+can: where this rule would take workers, it tries both layouts with the policy
+(:mod:`jaxrunner._src.runner.auto_layout`) and records the rates in ``tried``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ class LayoutChoice:
     """CPUs this process may use (affinity, bounded by the cgroup quota)."""
     reason: str
     """Why, in one line."""
+    tried: tuple[tuple[str, float], ...] = ()
+    """Env steps/s of each layout tried with the policy (``EnvRunner.from_env``), as
+    ``(backend, rate)`` pairs; empty where the choice came from the env alone."""
+    policy_step_us: float | None = None
+    """The policy's time per vector step in that trial (sync), in microseconds."""
 
     def process_config(self) -> ProcessConfig | None:
         """The ``ProcessConfig`` that builds this layout (None for sync): its workers,
@@ -71,12 +77,17 @@ class LayoutChoice:
     def metrics(self) -> dict[str, int | float]:
         """The choice as numbers, for ``get_metrics()`` and metric loggers (which take
         no strings): ``process`` is 1 where the workers were chosen, else 0."""
-        return {
+        metrics: dict[str, int | float] = {
             "process": int(self.backend == "process"),
             "num_workers": self.num_workers,
             "env_step_us": self.env_step_us,
             "cpus": self.cpus,
         }
+        if self.policy_step_us is not None:
+            metrics["policy_step_us"] = self.policy_step_us
+        for backend, rate in self.tried:
+            metrics[f"tried_{backend}_steps_per_s"] = rate
+        return metrics
 
 
 def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:

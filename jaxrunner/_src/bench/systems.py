@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+import gymnasium
 import jax
 import numpy as np
 
@@ -116,21 +117,41 @@ def _policy(spec: Spec, observation_space: Any, action_space: Any) -> Policy:
     return mlp_policy(action_space)
 
 
+def _auto_runner(spec: Spec) -> EnvRunner:
+    """``EnvRunner.from_env(..., backend="auto")``, as a user builds it: the spaces for
+    the policy from one env made apart (closed again)."""
+    env = get_workload(spec.workload).make if spec.workload else spec.env
+    probe = env() if callable(env) else gymnasium.make(env)
+    try:
+        obs_space, action_space = probe.observation_space, probe.action_space
+    finally:
+        probe.close()
+    policy = _policy(spec, obs_space, action_space)
+    params = policy.init(jax.random.key(spec.seed), obs_space)
+    return EnvRunner.from_env(
+        env, spec.num_envs, policy, params, spec.rollout_length, spec.seed, backend="auto"
+    )
+
+
 class JaxrunnerSystem:
     """``EnvRunner.sample()`` with the benchmark MLP, every option at its default."""
 
     def __init__(self, spec: Spec) -> None:
-        self._envs = envs = _make_envs(spec)
-        policy = _policy(spec, envs.single_observation_space, envs.single_action_space)
-        params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
-        self._runner = EnvRunner(envs, policy, params, spec.rollout_length, spec.seed)
+        if spec.backend == "auto":
+            self._runner = _auto_runner(spec)  # the layout tried with the policy
+            envs = self._runner.envs
+        else:
+            envs = _make_envs(spec)
+            policy = _policy(spec, envs.single_observation_space, envs.single_action_space)
+            params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
+            self._runner = EnvRunner(envs, policy, params, spec.rollout_length, spec.seed)
         self.num_envs = spec.num_envs
         self._sample()  # warm-up: compiles, first resets
         self.layout = {
             "num_workers": getattr(envs, "num_workers", 0),
             "num_splits": self._runner.num_splits,
         }
-        if spec.backend == "auto":  # what make_vec chose, and why
+        if spec.backend == "auto":  # what EnvRunner.from_env chose, and why
             self.layout["auto"] = dataclasses.asdict(envs.layout_choice)
 
     def _sample(self) -> int:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import gymnasium
 import jax
 import numpy as np
 from gymnasium import spaces
@@ -21,6 +22,9 @@ from gymnasium import spaces
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
+from jaxrunner._src.backends.process import ProcessConfig
+from jaxrunner._src.backends.ray import RayConfig
+from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.connectors.base import ConnectorState
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.runner.callbacks import Callbacks
@@ -161,6 +165,45 @@ class EnvRunner(EnvOwner):
         except BaseException:
             self._release(envs)
             raise
+
+    @classmethod
+    def from_env(
+        cls,
+        env: str | Callable[[], gymnasium.Env],
+        num_envs: int,
+        policy: Policy,
+        params: Params,
+        rollout_length: int,
+        seed: int,
+        callbacks: Callbacks | None = None,
+        *,
+        backend: str = "auto",
+        config: ProcessConfig | RayConfig | None = None,
+        restart_policy: RestartPolicy | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> EnvRunner:
+        """A runner on envs it builds and owns (``make_vec(env, num_envs, backend,
+        config=..., restart_policy=..., **env_kwargs)``; :meth:`stop` closes them).
+
+        With ``backend="auto"`` (the default) the layout is chosen with the policy
+        timed: where ``make_vec``'s env-only rule would start workers, a short trial
+        runs this policy on sync and on those workers and keeps the faster (a few
+        samples of each, after compiling; ``get_metrics()["auto"]`` and
+        ``runner.envs.layout_choice`` report both rates and why). Where it keeps the
+        sub-envs in the main process, nothing is tried. Either way the trajectories are
+        exactly those of the chosen layout built by hand, with the same seed.
+
+        ``options`` are :class:`EnvRunner`'s keyword options (``metrics``,
+        ``num_splits``, ``connectors``, ``info_keys``, ``compact_next_obs``).
+        """
+        from jaxrunner._src.runner.auto_layout import make_runner
+
+        return make_runner(
+            env, num_envs, policy, params, rollout_length, seed,
+            backend=backend, config=config, restart_policy=restart_policy,
+            env_kwargs=env_kwargs, runner_options={"callbacks": callbacks, **options},
+        )  # fmt: skip
 
     def _make_sampler(self, num_splits: int | None) -> Sampler:
         """The sampler for what the backend declares (see the module docstring)."""

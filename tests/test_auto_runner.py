@@ -1,0 +1,142 @@
+"""``EnvRunner.from_env``: a runner on envs it builds, and ``backend="auto"`` with the
+policy timed (a trial of sync against the rule's workers where the rule would start
+workers). The trajectories must be exactly those of the chosen layout built by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import pytest
+from conftest import ActorCritic, short_cartpole
+
+import jaxrunner as jr
+from jaxrunner._src.backends import auto
+from jaxrunner._src.backends.auto import choose_layout
+from jaxrunner._src.runner import auto_layout
+from jaxrunner._src.runner.auto_layout import SYNC_TIE, pick_layout
+from jaxrunner.errors import ClosedError, InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.testing import assert_trees_equal
+
+ATARI_US = 1000.0  # per sub-env step: enough work for the rule to want workers
+ROLLOUT = 16
+
+
+def _policy_and_params() -> tuple[jr.Policy, Any]:
+    env = short_cartpole()
+    policy = jr.Policy.from_linen(ActorCritic(2), env.action_space)
+    return policy, policy.init(jax.random.key(1), env.observation_space)
+
+
+def _fields(traj: jr.Trajectory) -> dict[str, Any]:
+    return {f.name: getattr(traj, f.name) for f in dataclasses.fields(traj)}
+
+
+def _by_hand(backend: str, config: jr.ProcessConfig | None, num_envs: int) -> dict[str, Any]:
+    policy, params = _policy_and_params()
+    envs = jr.make_vec(short_cartpole, num_envs, backend=backend, config=config)
+    with jr.EnvRunner(envs, policy, params, ROLLOUT, seed=3) as runner:
+        return _fields(runner.sample())
+
+
+def _wants_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe reports a costly env on 3 CPUs: the rule asks for 2 workers."""
+    monkeypatch.setattr(auto, "measure_env_step_us", lambda make, seed: ATARI_US)
+    monkeypatch.setattr(auto, "available_cpus", lambda: 3)
+
+
+def test_a_named_backend_is_built_owned_and_closed_with_the_runner():
+    policy, params = _policy_and_params()
+    runner = jr.EnvRunner.from_env(short_cartpole, 3, policy, params, ROLLOUT, 3, backend="sync")
+    assert isinstance(runner.envs, jr.SyncVectorEnv) and runner.envs.layout_choice is None
+    got = _fields(runner.sample())
+    runner.stop()
+    assert_trees_equal(got, _by_hand("sync", None, 3), "from_env(sync) vs by hand")
+    with pytest.raises(ClosedError):
+        runner.envs.step_batch(None)  # stop() closed the envs it built
+
+
+def test_cheap_envs_stay_in_one_process_without_a_trial(monkeypatch):
+    def no_trial(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a trial where the rule keeps sync")
+
+    monkeypatch.setattr(auto_layout, "_trial", no_trial)
+    policy, params = _policy_and_params()
+    with jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, ROLLOUT, 3) as runner:
+        choice = runner.envs.layout_choice
+        assert choice is not None and choice.backend == "sync" and choice.tried == ()
+        assert "policy_step_us" not in runner.get_metrics()["auto"]
+
+
+@pytest.mark.parametrize("winner", ["sync", "process"])
+def test_the_trial_builds_the_faster_layout_and_samples_what_it_samples(monkeypatch, winner):
+    _wants_workers(monkeypatch)
+    picked: list[dict[str, float]] = []
+
+    def rigged(rule, rates, *, policy_step_us):  # the real rates, then a set winner
+        assert set(rates) == {"sync", "process"} and min(rates.values()) > 0
+        assert policy_step_us > 0
+        picked.append(dict(rates))
+        rates = (
+            {"sync": 1.0, "process": 2.0} if winner == "process" else {"sync": 2.0, "process": 1.0}
+        )
+        return pick_layout(rule, rates, policy_step_us=policy_step_us)
+
+    monkeypatch.setattr(auto_layout, "pick_layout", rigged)
+    policy, params = _policy_and_params()
+    with jr.EnvRunner.from_env(short_cartpole, 6, policy, params, ROLLOUT, 3) as runner:
+        choice = runner.envs.layout_choice
+        got = _fields(runner.sample())
+        metrics = runner.get_metrics()["auto"]
+    assert len(picked) == 1 and choice is not None and choice.backend == winner
+    config = choice.process_config()
+    if winner == "process":
+        assert config is not None and config.num_workers == 2 and runner.envs.num_workers == 2
+    assert metrics["tried_sync_steps_per_s"] == dict(choice.tried)["sync"]
+    assert metrics["policy_step_us"] == choice.policy_step_us
+    assert_trees_equal(got, _by_hand(winner, config, 6), f"from_env(auto -> {winner}) by hand")
+
+
+def test_the_trial_leaves_callbacks_alone(monkeypatch):
+    _wants_workers(monkeypatch)
+    calls: list[int] = []
+
+    class Count(jr.Callbacks):
+        def on_episode_end(self, runner, env_index, episode):
+            calls.append(env_index)
+
+    policy, params = _policy_and_params()
+    with jr.EnvRunner.from_env(
+        short_cartpole, 4, policy, params, ROLLOUT, 3, Count(), num_splits=1
+    ) as runner:
+        assert calls == []  # the trial's episodes ended unseen
+        assert runner.envs.layout_choice is not None and runner.envs.layout_choice.tried
+        runner.sample()
+    assert calls  # the runner's own sample reports its episodes
+
+
+def test_pick_layout_takes_workers_only_past_the_tie():
+    rule = choose_layout(ATARI_US, 8, cpus=2)
+    just_faster = pick_layout(
+        rule, {"sync": 100.0, "process": 100.0 * SYNC_TIE + 1}, policy_step_us=5
+    )
+    assert (just_faster.backend, just_faster.num_workers) == ("process", 1)
+    assert "tried with the policy: sync 100, 1 worker 103 env steps/s" in just_faster.reason
+    tie = pick_layout(rule, {"sync": 100.0, "process": 101.0}, policy_step_us=5)
+    assert (tie.backend, tie.num_workers, tie.process_config()) == ("sync", 0, None)
+    assert tie.reason.endswith("sync is as fast") and dict(tie.tried) == {
+        "sync": 100,
+        "process": 101,
+    }
+    assert tie.metrics()["tried_process_steps_per_s"] == 101 and tie.metrics()["process"] == 0
+
+
+def test_refusals_say_what_to_do():
+    policy, params = _policy_and_params()
+    with pytest.raises(InvalidArgumentTypeError, match="backend='process' with your config"):
+        jr.EnvRunner.from_env(
+            "CartPole-v1", 2, policy, params, ROLLOUT, 0, config=jr.ProcessConfig(num_workers=1)
+        )
+    with pytest.raises(InvalidArgumentError, match="rollout_length"):
+        jr.EnvRunner.from_env("CartPole-v1", 2, policy, params, 0, 0, backend="sync")
