@@ -15,7 +15,7 @@ import jaxrunner as jr
 from jaxrunner._src.backends import auto
 from jaxrunner._src.backends.auto import choose_layout
 from jaxrunner._src.runner import auto_layout
-from jaxrunner._src.runner.auto_layout import SYNC_TIE, pick_layout
+from jaxrunner._src.runner.auto_layout import SYNC_TIE, pick_layout, trial_workers
 from jaxrunner.errors import ClosedError, InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.testing import assert_trees_equal
 
@@ -66,22 +66,21 @@ def test_cheap_envs_stay_in_one_process_without_a_trial(monkeypatch):
     with jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, ROLLOUT, 3) as runner:
         choice = runner.envs.layout_choice
         assert choice is not None and choice.backend == "sync" and choice.tried == ()
+        assert "under the 300 us" in choice.reason
         assert "policy_step_us" not in runner.get_metrics()["auto"]
 
 
-@pytest.mark.parametrize("winner", ["sync", "process"])
-def test_the_trial_builds_the_faster_layout_and_samples_what_it_samples(monkeypatch, winner):
-    _wants_workers(monkeypatch)
-    picked: list[dict[str, float]] = []
+@pytest.mark.parametrize("winner", [0, 1, 2])
+def test_the_trial_builds_the_fastest_layout_and_samples_what_it_samples(monkeypatch, winner):
+    _wants_workers(monkeypatch)  # the rule: 2 workers; the process default on 3 CPUs: 2
+    picked: list[dict[int, float]] = []
+    real_pick = auto_layout.pick_layout
 
     def rigged(rule, rates, *, policy_step_us):  # the real rates, then a set winner
-        assert set(rates) == {"sync", "process"} and min(rates.values()) > 0
-        assert policy_step_us > 0
+        assert set(rates) == {0, 2} and min(rates.values()) > 0 and policy_step_us > 0
         picked.append(dict(rates))
-        rates = (
-            {"sync": 1.0, "process": 2.0} if winner == "process" else {"sync": 2.0, "process": 1.0}
-        )
-        return pick_layout(rule, rates, policy_step_us=policy_step_us)
+        rates = {0: 1.0, 1: 1.0, 2: 1.0, winner: 2.0}
+        return real_pick(rule, rates, policy_step_us=policy_step_us)
 
     monkeypatch.setattr(auto_layout, "pick_layout", rigged)
     policy, params = _policy_and_params()
@@ -89,13 +88,25 @@ def test_the_trial_builds_the_faster_layout_and_samples_what_it_samples(monkeypa
         choice = runner.envs.layout_choice
         got = _fields(runner.sample())
         metrics = runner.get_metrics()["auto"]
-    assert len(picked) == 1 and choice is not None and choice.backend == winner
+    assert len(picked) == 1 and choice is not None and choice.num_workers == winner
+    assert choice.backend == ("process" if winner else "sync")
     config = choice.process_config()
-    if winner == "process":
-        assert config is not None and config.num_workers == 2 and runner.envs.num_workers == 2
-    assert metrics["tried_sync_steps_per_s"] == dict(choice.tried)["sync"]
+    if winner:
+        assert config is not None and config.num_workers == winner
+        assert runner.envs.num_workers == winner
+    assert metrics[f"tried_{winner}_workers_steps_per_s"] == 2.0
     assert metrics["policy_step_us"] == choice.policy_step_us
-    assert_trees_equal(got, _by_hand(winner, config, 6), f"from_env(auto -> {winner}) by hand")
+    backend = "process" if winner else "sync"
+    assert_trees_equal(got, _by_hand(backend, config, 6), f"from_env(auto -> {winner} workers)")
+
+
+def test_the_trial_adds_the_process_default_where_it_differs():
+    # 256 sub-envs on 4 CPUs: the rule wants 2 workers for 600 us of work, the process
+    # backend's default takes every CPU from 256 sub-envs.
+    rule = choose_layout(2.4, 256, cpus=4)
+    assert rule.num_workers == 2
+    assert trial_workers(rule) == [0, 2, 4]
+    assert trial_workers(choose_layout(ATARI_US, 8, cpus=2)) == [0, 1]
 
 
 def test_the_trial_leaves_callbacks_alone(monkeypatch):
@@ -117,19 +128,18 @@ def test_the_trial_leaves_callbacks_alone(monkeypatch):
 
 
 def test_pick_layout_takes_workers_only_past_the_tie():
-    rule = choose_layout(ATARI_US, 8, cpus=2)
-    just_faster = pick_layout(
-        rule, {"sync": 100.0, "process": 100.0 * SYNC_TIE + 1}, policy_step_us=5
+    rule = choose_layout(ATARI_US, 8, cpus=4)
+    past = pick_layout(rule, {0: 100.0, 1: 90.0, 3: 100.0 * SYNC_TIE + 1}, policy_step_us=5)
+    assert (past.backend, past.num_workers) == ("process", 3)
+    assert past.reason.endswith(
+        "tried with the policy (env steps/s): sync 100, 1 worker 90, 3 workers 103; kept 3 workers"
     )
-    assert (just_faster.backend, just_faster.num_workers) == ("process", 1)
-    assert "tried with the policy: sync 100, 1 worker 103 env steps/s" in just_faster.reason
-    tie = pick_layout(rule, {"sync": 100.0, "process": 101.0}, policy_step_us=5)
+    tie = pick_layout(rule, {0: 100.0, 3: 101.0}, policy_step_us=5)
     assert (tie.backend, tie.num_workers, tie.process_config()) == ("sync", 0, None)
-    assert tie.reason.endswith("sync is as fast") and dict(tie.tried) == {
-        "sync": 100,
-        "process": 101,
-    }
-    assert tie.metrics()["tried_process_steps_per_s"] == 101 and tie.metrics()["process"] == 0
+    assert tie.reason.endswith("kept sync") and dict(tie.tried) == {0: 100, 3: 101}
+    assert tie.metrics()["tried_3_workers_steps_per_s"] == 101 and tie.metrics()["process"] == 0
+    fewer = pick_layout(rule, {0: 100.0, 1: 150.0, 3: 150.0}, policy_step_us=5)
+    assert fewer.num_workers == 1  # equal rates: the fewer workers
 
 
 def test_refusals_say_what_to_do():

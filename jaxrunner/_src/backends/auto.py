@@ -29,7 +29,7 @@ from typing import Any
 import gymnasium
 
 from jaxrunner._src.backends.process import ProcessConfig
-from jaxrunner._src.backends.process.launch import available_cpus
+from jaxrunner._src.backends.process.launch import ALL_CPUS_FROM_ENVS, available_cpus
 
 MIN_WORK_US = 300.0
 """The env work per vector step (one sub-env's step time x the sub-envs) from which a
@@ -61,9 +61,10 @@ class LayoutChoice:
     """CPUs this process may use (affinity, bounded by the cgroup quota)."""
     reason: str
     """Why, in one line."""
-    tried: tuple[tuple[str, float], ...] = ()
+    tried: tuple[tuple[int, float], ...] = ()
     """Env steps/s of each layout tried with the policy (``EnvRunner.from_env``), as
-    ``(backend, rate)`` pairs; empty where the choice came from the env alone."""
+    ``(num_workers, rate)`` pairs, 0 workers being sync; empty where the choice came
+    from the env alone."""
     policy_step_us: float | None = None
     """The policy's time per vector step in that trial (sync), in microseconds."""
 
@@ -85,8 +86,8 @@ class LayoutChoice:
         }
         if self.policy_step_us is not None:
             metrics["policy_step_us"] = self.policy_step_us
-        for backend, rate in self.tried:
-            metrics[f"tried_{backend}_steps_per_s"] = rate
+        for workers, rate in self.tried:
+            metrics[f"tried_{workers}_workers_steps_per_s"] = rate
         return metrics
 
 
@@ -97,8 +98,11 @@ def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
     ``work = env_step_us * num_envs`` is the env work per vector step. Below
     :data:`MIN_WORK_US` the sub-envs stay in the main process (sync): a worker's round
     trip costs more than it takes off. From there, ``"process"`` with one worker per
-    :data:`MIN_WORK_US` of work, at most one per spare CPU (the main process keeps
-    one for the policy) and one per sub-env.
+    :data:`MIN_WORK_US` of work, at most one per sub-env and one per CPU but one (the
+    main process keeps one for the policy), or one per CPU from
+    ``ALL_CPUS_FROM_ENVS`` (256) sub-envs, where the process backend's own default
+    takes them all too (on 2 cores, CartPole at 256 envs: 2 workers did 1.22-1.25x
+    one worker, ``benchmarks/results/auto_backend_policy_two_candidates_quiet_cpu.json``).
 
     The main process's share (``ProcessConfig.main_process_envs``) is never chosen:
     its stepping adds to the policy on the main process's path, so whether it pays
@@ -125,14 +129,15 @@ def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
                 "from which a worker pays for its round trip"
             ),
         )
-    workers = min(cpus - 1, num_envs, max(1, int(work_us // MIN_WORK_US)))
+    spare = cpus if num_envs >= ALL_CPUS_FROM_ENVS else cpus - 1
+    workers = min(spare, num_envs, max(1, int(work_us // MIN_WORK_US)))
     plural = "s" if workers > 1 else ""
     return choice(
         backend="process",
         num_workers=workers,
         reason=(
             f"{work_us:,.0f} us of env work per step: {workers} worker{plural} "
-            f"(one per {MIN_WORK_US:,.0f} us of work, at most one per spare CPU of {cpus})"
+            f"(one per {MIN_WORK_US:,.0f} us of work, at most {spare} of {cpus} CPUs)"
         ),
     )
 

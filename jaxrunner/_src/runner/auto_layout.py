@@ -35,6 +35,7 @@ import gymnasium
 from jaxrunner._src.backends import check_vec_options, choose_auto_layout, make_vec
 from jaxrunner._src.backends.auto import LayoutChoice
 from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.process.launch import default_num_workers
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.runner.policy import Params, Policy
 
@@ -50,8 +51,8 @@ about a second of trial in all where the env is cheap, a few where it is not."""
 TRIAL_STEPS = (4, 128)
 """The fewest and most steps per env of a timed sample."""
 SYNC_TIE = 1.02
-"""The workers must beat sync by this factor to be chosen: on a tie the simpler
-layout, with no processes to start, wins."""
+"""Workers must beat sync by this factor to be chosen: on a tie the simpler layout,
+with no processes to start, wins (and among workers, the fewer)."""
 TRIAL_OPTIONS = ("num_splits", "connectors", "info_keys", "compact_next_obs")
 """The runner options the trial runners share with the final one (they change the
 work of a step). Callbacks and metrics are left out: the trial's samples are nobody's."""
@@ -110,57 +111,72 @@ def _trial(
     env_kwargs: dict[str, Any],
     runner_options: dict[str, Any],
 ) -> LayoutChoice:
-    """Times sync against the rule's workers with the policy; returns the faster as a
-    :class:`LayoutChoice` that records both rates and the policy's time per step."""
+    """Times sync against the process layouts of :func:`trial_workers` with the
+    policy; returns the fastest (:func:`pick_layout`)."""
     from jaxrunner._src.runner.env_runner import EnvRunner
 
     work_us = rule.env_step_us * num_envs
     length = int(min(max(TRIAL_SAMPLE_S * 1e6 // work_us, TRIAL_STEPS[0]), TRIAL_STEPS[1]))
     options = {k: v for k, v in runner_options.items() if k in TRIAL_OPTIONS}
-    candidates = {"sync": None, "process": rule.process_config()}
-    runners: dict[str, EnvRunner] = {}
+    runners: dict[int, EnvRunner] = {}
     try:
-        for name, config in candidates.items():
-            envs: VectorEnv = make_vec(
-                env, num_envs, name, config=config, restart_policy=restart_policy, **env_kwargs
+        for workers in trial_workers(rule):
+            layout = dataclasses.replace(
+                rule, backend="process" if workers else "sync", num_workers=workers
             )
+            envs: VectorEnv = make_vec(
+                env, num_envs, layout.backend, config=layout.process_config(),
+                restart_policy=restart_policy, **env_kwargs,
+            )  # fmt: skip
             try:
-                runners[name] = EnvRunner(envs, policy, params, length, seed, **options)
+                runners[workers] = EnvRunner(envs, policy, params, length, seed, **options)
             except BaseException:
                 envs.close()
                 raise
-            runners[name].sample()  # warm-up: compiles, first resets, worker start
-        times: dict[str, list[float]] = {name: [] for name in runners}
+            runners[workers].sample()  # warm-up: compiles, first resets, worker start
+        times: dict[int, list[float]] = {workers: [] for workers in runners}
         for _ in range(TRIAL_ROUNDS):
-            for name, runner in runners.items():
+            for workers, runner in runners.items():
                 start = time.perf_counter()
                 runner.sample()
-                times[name].append(time.perf_counter() - start)
-        inference_ms = runners["sync"].get_metrics()["perf"]["inference_ms"]
+                times[workers].append(time.perf_counter() - start)
+        inference_ms = runners[0].get_metrics()["perf"]["inference_ms"]
     finally:
         for runner in runners.values():
             runner.stop()
-    rates = {name: length * num_envs / statistics.median(t) for name, t in times.items()}
+    rates = {workers: length * num_envs / statistics.median(t) for workers, t in times.items()}
     return pick_layout(rule, rates, policy_step_us=1e3 * inference_ms)
 
 
+def trial_workers(rule: LayoutChoice) -> list[int]:
+    """The layouts a trial times, as worker counts (0: sync): sync, the rule's workers,
+    and the process backend's default count where it differs (it takes every CPU from
+    256 sub-envs, and one per CPU but one below)."""
+    return sorted({0, rule.num_workers, default_num_workers(rule.num_envs, cpus=rule.cpus)})
+
+
 def pick_layout(
-    rule: LayoutChoice, rates: Mapping[str, float], *, policy_step_us: float
+    rule: LayoutChoice, rates: Mapping[int, float], *, policy_step_us: float
 ) -> LayoutChoice:
-    """The rule's workers if their env steps/s in the trial (``rates["process"]``)
-    beat sync's by :data:`SYNC_TIE`, else sync; the choice records both rates."""
-    workers = rule.num_workers
-    plural = "s" if workers > 1 else ""
-    tried = (
-        f"tried with the policy: sync {rates['sync']:,.0f}, {workers} worker{plural} "
-        f"{rates['process']:,.0f} env steps/s"
-    )
-    common = {"tried": tuple(rates.items()), "policy_step_us": policy_step_us}
-    if rates["process"] > SYNC_TIE * rates["sync"]:
-        return dataclasses.replace(rule, reason=f"{rule.reason}; {tried}", **common)
+    """The layout with the most env steps/s in the trial (``rates``, by worker count;
+    0 is sync), where it beats sync's by :data:`SYNC_TIE`, else sync; the choice
+    records every rate and why."""
+    best = max(rates, key=lambda workers: (rates[workers], -workers))
+    if rates[best] <= SYNC_TIE * rates[0]:
+        best = 0
+    tried = ", ".join(f"{_label(w)} {rate:,.0f}" for w, rate in sorted(rates.items()))
     return dataclasses.replace(
-        rule, backend="sync", num_workers=0, reason=f"{tried}: sync is as fast", **common
+        rule,
+        backend="process" if best else "sync",
+        num_workers=best,
+        reason=f"{rule.reason}; tried with the policy (env steps/s): {tried}; kept {_label(best)}",
+        tried=tuple(sorted(rates.items())),
+        policy_step_us=policy_step_us,
     )
 
 
-__all__ = ["SYNC_TIE", "make_runner", "pick_layout"]
+def _label(workers: int) -> str:
+    return "sync" if workers == 0 else f"{workers} worker{'s' if workers > 1 else ''}"
+
+
+__all__ = ["SYNC_TIE", "make_runner", "pick_layout", "trial_workers"]

@@ -16,7 +16,6 @@ from typing import Any
 
 import gymnasium
 import jax
-import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
@@ -28,15 +27,20 @@ from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.connectors.base import ConnectorState
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.runner.callbacks import Callbacks
+from jaxrunner._src.runner.env_runner_checks import (
+    check_arguments,
+    check_connectors,
+    check_host_options,
+    check_ready_first_options,
+)
 from jaxrunner._src.runner.episode import Episode, concatenate_episodes
 from jaxrunner._src.runner.metrics import MetricsConfig, RunnerMetrics
-from jaxrunner._src.runner.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
+from jaxrunner._src.runner.ownership import EnvOwner, check_num_episodes
 from jaxrunner._src.runner.policy import Params, Policy, check_params_like
 from jaxrunner._src.runner.progress import EpisodeProgress
 from jaxrunner._src.runner.runner_state import DEFAULT_POLICY_ID, EpisodeJoiner, RunnerState
 from jaxrunner._src.runner.seeds import env_seeds
 from jaxrunner._src.runner.trajectory import Trajectory
-from jaxrunner._src.samplers.info_arrays import check_info_keys
 from jaxrunner._src.samplers.lockstep import LockstepSampler
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner._src.samplers.sampler import HostSampler, Sampler, SamplerSetup
@@ -110,26 +114,9 @@ class EnvRunner(EnvOwner):
         info_keys: Sequence[str] = (),
         compact_next_obs: bool = False,
     ) -> None:
-        _check_arguments(envs, policy, params, rollout_length, seed, callbacks, num_splits)
-        info_keys = check_info_keys(info_keys)
-        if not isinstance(compact_next_obs, bool):
-            raise InvalidArgumentTypeError(
-                f"EnvRunner(compact_next_obs={compact_next_obs!r}): expected a bool."
-            )
-        if compact_next_obs and isinstance(envs, JaxVectorEnv):
-            raise InvalidArgumentError(
-                "EnvRunner(compact_next_obs=True): a pure-JAX env's trajectory is built on "
-                "device by one compiled scan, where the rows to keep are not known in "
-                "advance; leave compact_next_obs=False, or use a host backend "
-                "(jaxrunner.make_vec)."
-            )
+        check_arguments(envs, policy, params, rollout_length, seed, callbacks, num_splits)
+        info_keys = check_host_options(envs, info_keys, compact_next_obs)
         self.compact_next_obs = compact_next_obs
-        if info_keys and isinstance(envs, JaxVectorEnv):
-            raise InvalidArgumentError(
-                "EnvRunner(info_keys=...): a pure-JAX env's infos stay on device inside "
-                "its scan and are not recorded; return what you need from the env's state, "
-                "or use a host backend (jaxrunner.make_vec)."
-            )
         self._claim(envs)
         self.envs = envs
         self.info_keys = info_keys
@@ -137,7 +124,7 @@ class EnvRunner(EnvOwner):
         self.rollout_length = int(rollout_length)
         self.seed = int(seed)
         self.callbacks = callbacks
-        self.connectors = _check_connectors(connectors)
+        self.connectors = check_connectors(connectors)
         self._closed = False
         self.state: RunnerState[Episode] = RunnerState(
             params={DEFAULT_POLICY_ID: jax.device_put(params)},
@@ -233,7 +220,7 @@ class EnvRunner(EnvOwner):
         obs, _ = envs.reset_batch(env_seeds(self.seed, envs.num_envs))
         sampler: Sampler
         if envs.capabilities.ready_first:
-            _check_ready_first_options(envs, self.callbacks, num_splits)
+            check_ready_first_options(envs, self.callbacks, num_splits)
             sampler = ReadyFirstSampler(envs, obs, setup)
         else:
             sampler = LockstepSampler(
@@ -406,77 +393,6 @@ class EnvRunner(EnvOwner):
 
     def _sampler_params(self) -> Params:
         return self.get_params()
-
-
-def _check_arguments(
-    envs: Any,
-    policy: Any,
-    params: Any,
-    rollout_length: Any,
-    seed: Any,
-    callbacks: Any,
-    num_splits: Any,
-) -> None:
-    """Refuses arguments of the wrong kind, naming the argument and the fix."""
-    if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
-        from jaxrunner.multi_agent import JaxMultiAgentVectorEnv, MultiAgentVectorEnv
-
-        hint = (
-            "Multi-agent envs are sampled by jaxrunner.MultiAgentRunner."
-            if isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv))
-            else "Build one with jaxrunner.make_vec(env_id_or_factory, num_envs)."
-        )
-        raise InvalidArgumentTypeError(
-            f"EnvRunner(envs=...): expected a jaxrunner vector env, got "
-            f"{type(envs).__name__}. {hint}"
-        )
-    if not isinstance(policy, Policy):
-        raise InvalidArgumentTypeError(
-            f"EnvRunner(policy=...): expected a jaxrunner.Policy, got {policy!r}."
-        )
-    if params is None:
-        raise InvalidArgumentError(
-            "EnvRunner(params=None): expected the policy's params, e.g. "
-            "policy.init(jax.random.key(0), envs.single_observation_space) ({} for a policy "
-            "without params)."
-        )
-    check_rollout_arguments("EnvRunner", rollout_length, seed)
-    if num_splits is not None and (
-        isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer))
-    ):
-        raise InvalidArgumentError(
-            f"EnvRunner(num_splits={num_splits!r}): expected an int >= 1, or None for automatic."
-        )
-    if callbacks is not None and not isinstance(callbacks, Callbacks):
-        raise InvalidArgumentTypeError(
-            f"EnvRunner(callbacks=...): expected a jaxrunner.Callbacks subclass instance, got "
-            f"{type(callbacks).__name__}. Subclass jr.Callbacks and override its hooks."
-        )
-
-
-def _check_connectors(connectors: Any) -> Connectors | None:
-    if connectors is not None and not isinstance(connectors, Connectors):
-        raise InvalidArgumentTypeError(
-            f"EnvRunner(connectors=...): expected a jaxrunner.connectors.Connectors, got "
-            f"{type(connectors).__name__}. Wrap them: Connectors(obs=[...], action=[...])."
-        )
-    return connectors
-
-
-def _check_ready_first_options(envs: VectorEnv, callbacks: Any, num_splits: Any) -> None:
-    name = type(envs).__name__
-    if callbacks is not None:
-        raise InvalidArgumentError(
-            f"EnvRunner(callbacks=...): {name} steps its sub-envs at their own pace "
-            "(ready-first), where per-step callbacks cannot run in order. Read the "
-            "Trajectory instead, or use a lockstep backend ('sync', 'process')."
-        )
-    if num_splits not in (None, 1):
-        raise InvalidArgumentError(
-            f"EnvRunner(num_splits={num_splits!r}): {name} computes actions for whichever "
-            "sub-envs are ready (ready-first); pipelining groups do not apply. Leave "
-            "num_splits=None."
-        )
 
 
 __all__ = ["EnvRunner"]

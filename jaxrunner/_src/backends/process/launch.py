@@ -127,7 +127,10 @@ def _read_quota(quota_file: str, period_file: str | None) -> float | None:
 
 
 def default_num_workers(
-    num_envs: int, *, main_process: Literal["computes", "steps", "waits"] = "computes"
+    num_envs: int,
+    *,
+    main_process: Literal["computes", "steps", "waits"] = "computes",
+    cpus: int | None = None,
 ) -> int:
     """One worker per CPU this process may run on, at least one, at most one per sub-env;
     but one CPU is left to the main process where it has work of its own while the
@@ -139,8 +142,9 @@ def default_num_workers(
 
     ``"waits"``: the main process waits while the workers step (the lockstep multi-agent
     backend), so they take every CPU (MPE at 64 envs on 2 cores: 5.8k env steps/s with
-    2 workers, 3.9k with 1)."""
-    cpus = available_cpus()
+    2 workers, 3.9k with 1). ``cpus``: the CPUs to count (default: those this process
+    may use, :func:`available_cpus`)."""
+    cpus = available_cpus() if cpus is None else cpus
     keep = main_process == "steps" or (main_process == "computes" and num_envs < ALL_CPUS_FROM_ENVS)
     return max(1, min(num_envs, cpus - 1 if keep else cpus))
 

@@ -1,0 +1,121 @@
+"""``EnvRunner``'s argument checks: each refusal names the argument and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
+from jaxrunner._src.connectors.pipeline import Connectors
+from jaxrunner._src.runner.callbacks import Callbacks
+from jaxrunner._src.runner.ownership import check_rollout_arguments
+from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.samplers.info_arrays import check_info_keys
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+
+def check_arguments(
+    envs: Any,
+    policy: Any,
+    params: Any,
+    rollout_length: Any,
+    seed: Any,
+    callbacks: Any,
+    num_splits: Any,
+) -> None:
+    """Refuses arguments of the wrong kind, naming the argument and the fix."""
+    if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
+        from jaxrunner.multi_agent import JaxMultiAgentVectorEnv, MultiAgentVectorEnv
+
+        hint = (
+            "Multi-agent envs are sampled by jaxrunner.MultiAgentRunner."
+            if isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv))
+            else "Build one with jaxrunner.make_vec(env_id_or_factory, num_envs)."
+        )
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(envs=...): expected a jaxrunner vector env, got "
+            f"{type(envs).__name__}. {hint}"
+        )
+    if not isinstance(policy, Policy):
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(policy=...): expected a jaxrunner.Policy, got {policy!r}."
+        )
+    if params is None:
+        raise InvalidArgumentError(
+            "EnvRunner(params=None): expected the policy's params, e.g. "
+            "policy.init(jax.random.key(0), envs.single_observation_space) ({} for a policy "
+            "without params)."
+        )
+    check_rollout_arguments("EnvRunner", rollout_length, seed)
+    if num_splits is not None and (
+        isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer))
+    ):
+        raise InvalidArgumentError(
+            f"EnvRunner(num_splits={num_splits!r}): expected an int >= 1, or None for automatic."
+        )
+    if callbacks is not None and not isinstance(callbacks, Callbacks):
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(callbacks=...): expected a jaxrunner.Callbacks subclass instance, got "
+            f"{type(callbacks).__name__}. Subclass jr.Callbacks and override its hooks."
+        )
+
+
+def check_host_options(
+    envs: Any, info_keys: Sequence[str], compact_next_obs: Any
+) -> tuple[str, ...]:
+    """Checks the options only host backends take; returns the info keys, checked."""
+    info_keys = check_info_keys(info_keys)
+    if not isinstance(compact_next_obs, bool):
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(compact_next_obs={compact_next_obs!r}): expected a bool."
+        )
+    if compact_next_obs and isinstance(envs, JaxVectorEnv):
+        raise InvalidArgumentError(
+            "EnvRunner(compact_next_obs=True): a pure-JAX env's trajectory is built on "
+            "device by one compiled scan, where the rows to keep are not known in "
+            "advance; leave compact_next_obs=False, or use a host backend "
+            "(jaxrunner.make_vec)."
+        )
+    if info_keys and isinstance(envs, JaxVectorEnv):
+        raise InvalidArgumentError(
+            "EnvRunner(info_keys=...): a pure-JAX env's infos stay on device inside "
+            "its scan and are not recorded; return what you need from the env's state, "
+            "or use a host backend (jaxrunner.make_vec)."
+        )
+    return info_keys
+
+
+def check_connectors(connectors: Any) -> Connectors | None:
+    if connectors is not None and not isinstance(connectors, Connectors):
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(connectors=...): expected a jaxrunner.connectors.Connectors, got "
+            f"{type(connectors).__name__}. Wrap them: Connectors(obs=[...], action=[...])."
+        )
+    return connectors
+
+
+def check_ready_first_options(envs: VectorEnv, callbacks: Any, num_splits: Any) -> None:
+    name = type(envs).__name__
+    if callbacks is not None:
+        raise InvalidArgumentError(
+            f"EnvRunner(callbacks=...): {name} steps its sub-envs at their own pace "
+            "(ready-first), where per-step callbacks cannot run in order. Read the "
+            "Trajectory instead, or use a lockstep backend ('sync', 'process')."
+        )
+    if num_splits not in (None, 1):
+        raise InvalidArgumentError(
+            f"EnvRunner(num_splits={num_splits!r}): {name} computes actions for whichever "
+            "sub-envs are ready (ready-first); pipelining groups do not apply. Leave "
+            "num_splits=None."
+        )
+
+
+__all__ = [
+    "check_arguments",
+    "check_connectors",
+    "check_host_options",
+    "check_ready_first_options",
+]
