@@ -129,15 +129,16 @@ def test_the_trial_leaves_callbacks_alone(monkeypatch):
 
 def test_pick_layout_takes_workers_only_past_the_tie():
     rule = choose_layout(ATARI_US, 8, cpus=4)
-    past = pick_layout(rule, {0: 100.0, 1: 90.0, 3: 100.0 * SYNC_TIE + 1}, policy_step_us=5)
+    past = pick_layout(rule, {0: 100.0, 1: 90.0, 3: 100.0 * SYNC_TIE + 0.4}, policy_step_us=5)
     assert (past.backend, past.num_workers) == ("process", 3)
     assert past.reason.endswith(
-        "tried with the policy (env steps/s): sync 100, 1 worker 90, 3 workers 103; kept 3 workers"
+        "tried with the policy (env steps/s): sync 100, 1 worker 90, 3 workers 105; kept 3 workers"
     )
-    tie = pick_layout(rule, {0: 100.0, 3: 101.0}, policy_step_us=5)
+    tie = pick_layout(rule, {0: 100.0, 3: 100.0 * SYNC_TIE}, policy_step_us=5)
     assert (tie.backend, tie.num_workers, tie.process_config()) == ("sync", 0, None)
-    assert tie.reason.endswith("kept sync") and dict(tie.tried) == {0: 100, 3: 101}
-    assert tie.metrics()["tried_3_workers_steps_per_s"] == 101 and tie.metrics()["process"] == 0
+    assert tie.reason.endswith("kept sync") and dict(tie.tried) == {0: 100, 3: 100 * SYNC_TIE}
+    assert tie.metrics()["tried_3_workers_steps_per_s"] == 100 * SYNC_TIE
+    assert tie.metrics()["process"] == 0
     fewer = pick_layout(rule, {0: 100.0, 1: 150.0, 3: 150.0}, policy_step_us=5)
     assert fewer.num_workers == 1  # equal rates: the fewer workers
 

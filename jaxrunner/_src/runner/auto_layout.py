@@ -50,9 +50,12 @@ TRIAL_SAMPLE_S = 0.1
 about a second of trial in all where the env is cheap, a few where it is not."""
 TRIAL_STEPS = (4, 128)
 """The fewest and most steps per env of a timed sample."""
-SYNC_TIE = 1.02
-"""Workers must beat sync by this factor to be chosen: on a tie the simpler layout,
-with no processes to start, wins (and among workers, the fewer)."""
+SYNC_TIE = 1.05
+"""Workers must beat sync by this factor to be chosen: on a near tie the simpler
+layout, with no processes to start, wins (and among workers, the fewer). A trial is a
+few short samples, and on 2 cores the ratio of the same two layouts moved by 5-15%
+between trials (``benchmarks/results/auto_backend_policy_*quiet_cpu.json``); only a
+clear win is worth the workers."""
 TRIAL_OPTIONS = ("num_splits", "connectors", "info_keys", "compact_next_obs")
 """The runner options the trial runners share with the final one (they change the
 work of a step). Callbacks and metrics are left out: the trial's samples are nobody's."""
