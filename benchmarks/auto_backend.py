@@ -13,7 +13,8 @@ and process medians (the per-round ratios' spread beside it). Where auto's layou
 the same as sync's or process's (the same workers and splits), its figure differs
 from that one's by noise only, so the row also says whether auto picked the faster
 of the two. The machine's load average is recorded per round: on a shared machine
-the figures drift.
+the figures drift. ``build_s`` is each variant's time to build and warm up (for auto,
+its trial included).
 
 Usage::
 
@@ -30,6 +31,7 @@ import os
 import pathlib
 import statistics
 import sys
+import time
 from typing import Any
 
 from jaxrunner._src import bench
@@ -48,6 +50,7 @@ def measure(
     spec = bench.get_workload(workload)
     row: dict[str, Any] = {"workload": workload, "num_envs": num_envs, "errors": {}}
     built = []
+    row["build_s"] = {}  # building and warming up (auto: its trial too)
     for variant in VARIANTS:
         system = Spec(
             system="jaxrunner",
@@ -58,7 +61,9 @@ def measure(
             workload=workload,
         )
         try:
+            start = time.perf_counter()
             child.request("build", name=variant, spec=dataclasses.asdict(system))
+            row["build_s"][variant] = time.perf_counter() - start
             built.append(variant)
         except ChildError as err:
             row["errors"][variant] = f"build: {err}"
@@ -133,7 +138,8 @@ def main() -> None:
 def summary(row: dict[str, Any]) -> str:
     """One row in a line: medians, auto / best, and the choice."""
     rates = "  ".join(f"{v} {r['median']:,.0f}" for v, r in row["steps_per_s"].items())
-    line = f"{row['workload']} x{row['num_envs']}: {rates} steps/s"
+    builds = ", ".join(f"{v} {s:.1f}" for v, s in row["build_s"].items())
+    line = f"{row['workload']} x{row['num_envs']}: {rates} steps/s (built in s: {builds})"
     if "auto_over_best" in row:
         ratio = row["auto_over_best"]
         line += f"; auto/best {ratio['median']:.2f} [{ratio['min']:.2f}-{ratio['max']:.2f}]"

@@ -193,6 +193,8 @@ def test_auto_backend_compares_auto_with_the_better_of_sync_and_process(tmp_path
     ratio = row["auto_over_best"]
     assert ratio["median"] == pytest.approx(row["steps_per_s"]["auto"]["median"] / best)
     assert len(ratio["rounds"]) == 2 and len(row["loadavg_per_round"]) == 2
+    assert set(row["build_s"]) == {"sync", "process", "auto"}
+    assert all(seconds > 0 for seconds in row["build_s"].values())
     assert report["machine"]["cpu_count"] and len(report["machine"]["loadavg_before"]) == 3
 
 
