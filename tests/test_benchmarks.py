@@ -309,3 +309,15 @@ def test_envpool_reset_steps_times_both_modes_and_the_hand_loop(tmp_path, mode):
     assert row["num_envs"] == 4
     assert set(row["median_steps_per_s"]) == {"default", "keep_reset_steps", "hand"}
     assert all(len(rates) == 2 and min(rates) > 0 for rates in row["rounds"].values())
+
+
+def test_envpool_step_overhead_times_each_part(tmp_path):
+    pytest.importorskip("envpool")
+    out = tmp_path / "envpool_step_overhead.json"
+    options = ["--num-envs", "4", "--rounds", "2", "--calls", "20", "--out", str(out)]
+    _run("envpool_step_overhead.py", *options)
+    (row,) = json.loads(out.read_text())["results"]
+    parts = {"envpool_step", "envpool_step_then_10us", "adapter_work", "step_batch"}
+    assert row["num_envs"] == 4 and set(row["median_us"]) == parts
+    assert all(len(us) == 2 for us in row["rounds_us"].values())
+    assert row["median_us"]["step_batch"] > 0 and row["median_us"]["adapter_work"] > 0

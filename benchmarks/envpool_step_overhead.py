@@ -1,0 +1,126 @@
+"""What jaxrunner's EnvPool adapter adds to EnvPool's own step, and why it weighs more
+than its own work.
+
+Per width, on CartPole-v1 in sync mode, microseconds per call, each part timed alone
+in blocks of calls, interleaved round by round (medians of the rounds kept):
+
+* ``envpool_step``: EnvPool's ``step`` called back to back, nothing between;
+* ``envpool_step_then_10us``: the same with 10 us of busy work after each step (any
+  loop does work between steps: a policy call, recording), minus the 10 us;
+* ``adapter_work``: the adapter's own checks and copies after a step, timed alone on a
+  step's outputs (actions checked, observations and flags stored and checked,
+  ``obs`` updated);
+* ``step_batch``: ``EnvPoolVectorEnv(keep_reset_steps=True).step_batch``, back to
+  back: EnvPool's step plus the adapter's work.
+
+EnvPool's worker threads keep polling for the next batch after a step, so on a machine
+with fewer cores than threads the work that follows a step runs beside them and slows
+the next step down: the difference between ``envpool_step_then_10us`` and
+``envpool_step`` is what any loop pays for not calling ``step`` back to back.
+
+Usage (needs the ``envpool`` extra)::
+
+    python benchmarks/envpool_step_overhead.py --num-envs 8 64 \\
+        --out benchmarks/results/envpool_step_overhead_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import jaxrunner as jr
+from jaxrunner._src import space_arrays
+from jaxrunner._src.bench import machine_info
+from jaxrunner._src.space_arrays.checks import check_finite_observations
+
+BUSY_S = 10e-6
+
+
+def _busy() -> None:
+    until = time.perf_counter() + BUSY_S
+    while time.perf_counter() < until:
+        pass
+
+
+def parts(num_envs: int) -> dict[str, Callable[[], object]]:
+    """The timed calls (see the module docstring), on one EnvPool pool."""
+    vec = jr.make_vec("CartPole-v1", num_envs, backend="envpool", keep_reset_steps=True)
+    vec.reset_batch([None] * num_envs)
+    actions = np.zeros(num_envs, np.int64)
+    obs, reward, terminated, truncated, _ = vec.env.step(actions)
+    space = vec.single_observation_space
+
+    def adapter_work() -> None:
+        vec._check_actions(actions)
+        vec._store(vec._next_obs, obs, "step")
+        vec._store_flags(reward, terminated, truncated)
+        check_finite_observations(space, vec._next_obs, "step")
+        space_arrays.copy_into(space, vec._obs, vec._next_obs)
+
+    def step_then_busy() -> None:
+        vec.env.step(actions)
+        _busy()
+
+    return {
+        "envpool_step": lambda: vec.env.step(actions),
+        "envpool_step_then_10us": step_then_busy,
+        "adapter_work": adapter_work,
+        "step_batch": lambda: vec.step_batch(actions),
+    }
+
+
+def measure(num_envs: int, rounds: int, calls: int) -> dict:
+    timed = parts(num_envs)
+    for fn in timed.values():  # warm up
+        for _ in range(200):
+            fn()
+    us: dict[str, list[float]] = {name: [] for name in timed}
+    for k in range(rounds):
+        for name in list(timed) if k % 2 == 0 else list(reversed(timed)):
+            fn = timed[name]
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            us[name].append(1e6 * (time.perf_counter() - start) / calls)
+    us["envpool_step_then_10us"] = [t - 1e6 * BUSY_S for t in us["envpool_step_then_10us"]]
+    return {
+        "num_envs": num_envs,
+        "median_us": {name: statistics.median(t) for name, t in us.items()},
+        "rounds_us": us,
+        "load_average": os.getloadavg(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--num-envs", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=2000, help="calls per part per round")
+    parser.add_argument("--out", help="write the results here as JSON")
+    args = parser.parse_args()
+    results = []
+    for n in args.num_envs:
+        row = measure(n, args.rounds, args.calls)
+        results.append(row)
+        print(
+            f"{n} envs: " + ", ".join(f"{k} {v:.1f}" for k, v in row["median_us"].items())
+            + f" us | load {row['load_average'][0]:.2f}",
+            flush=True,
+        )  # fmt: skip
+    if args.out:
+        import envpool  # type: ignore[import-not-found]  # the benchmark's own venv
+
+        machine = machine_info() | {"envpool": envpool.__version__}
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "machine": machine, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
