@@ -151,3 +151,13 @@ def test_refusals_say_what_to_do():
         )
     with pytest.raises(InvalidArgumentError, match="rollout_length"):
         jr.EnvRunner.from_env("CartPole-v1", 2, policy, params, 0, 0, backend="sync")
+
+
+def test_env_kwargs_reach_gymnasium_make():
+    policy, params = _policy_and_params()
+    with jr.EnvRunner.from_env(
+        "CartPole-v1", 2, policy, params, 12, 0, backend="sync",
+        env_kwargs={"max_episode_steps": 5},
+    ) as runner:  # fmt: skip
+        traj = runner.sample()
+    assert traj.truncated[4].all() and traj.truncated[9].all()  # every 5th step
