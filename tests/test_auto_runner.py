@@ -161,3 +161,12 @@ def test_env_kwargs_reach_gymnasium_make():
     ) as runner:  # fmt: skip
         traj = runner.sample()
     assert traj.truncated[4].all() and traj.truncated[9].all()  # every 5th step
+
+
+def test_close_layouts_are_undecided_and_clear_ones_are_not():
+    from jaxrunner._src.runner.auto_layout import undecided
+
+    assert undecided({0: [1.0, 1.0], 1: [1.05, 1.05]})  # workers 5% slower
+    assert undecided({0: [1.05], 1: [1.0], 2: [2.0]})  # the faster workers 5% faster
+    assert not undecided({0: [1.0], 1: [1.2]})  # sync clearly faster
+    assert not undecided({0: [1.2], 1: [2.0], 2: [1.0]})  # workers clearly faster

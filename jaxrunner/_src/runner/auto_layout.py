@@ -48,6 +48,11 @@ if TYPE_CHECKING:
 TRIAL_ROUNDS = 5
 """Timed samples per candidate, interleaved (after one warm-up sample each); the
 median is kept."""
+CLOSE = 1.10
+"""Where the fastest process layout and sync are within this factor after :data:`TRIAL_ROUNDS`,
+as many rounds again are timed before choosing: a layout's samples spread widely on a
+shared machine (two workers at 256 CartPoles on 2 cores: 89k-169k env steps/s from
+sample to sample), and only the undecided cases pay for more."""
 TRIAL_SAMPLE_S = 0.1
 """The env work one timed sample aims at (from the probe's step time), in seconds:
 about a second of trial in all where the env is cheap, a few where it is not."""
@@ -118,7 +123,8 @@ def _trial(
     runner_options: dict[str, Any],
 ) -> LayoutChoice:
     """Times sync against the process layouts of :func:`trial_workers` with the
-    policy; returns the fastest (:func:`pick_layout`)."""
+    policy (more rounds where they are close: :data:`CLOSE`); returns the fastest
+    (:func:`pick_layout`)."""
     from jaxrunner._src.runner.env_runner import EnvRunner
 
     work_us = rule.env_step_us * num_envs
@@ -141,7 +147,9 @@ def _trial(
                 raise
             runners[workers].sample()  # warm-up: compiles, first resets, worker start
         times: dict[int, list[float]] = {workers: [] for workers in runners}
-        for _ in range(TRIAL_ROUNDS):
+        for round_index in range(2 * TRIAL_ROUNDS):
+            if round_index == TRIAL_ROUNDS and not undecided(times):
+                break
             for workers, runner in runners.items():
                 start = time.perf_counter()
                 runner.sample()
@@ -152,6 +160,14 @@ def _trial(
             runner.stop()
     rates = {workers: length * num_envs / statistics.median(t) for workers, t in times.items()}
     return pick_layout(rule, rates, policy_step_us=1e3 * inference_ms)
+
+
+def undecided(times: Mapping[int, list[float]]) -> bool:
+    """Whether sync's median sample time and the fastest process layout's are within
+    :data:`CLOSE` of each other, either way."""
+    sync = statistics.median(times[0])
+    workers = min(statistics.median(t) for w, t in times.items() if w)
+    return max(sync, workers) <= CLOSE * min(sync, workers)
 
 
 def trial_workers(rule: LayoutChoice) -> list[int]:
@@ -185,4 +201,4 @@ def _label(workers: int) -> str:
     return "sync" if workers == 0 else f"{workers} worker{'s' if workers > 1 else ''}"
 
 
-__all__ = ["SYNC_TIE", "make_runner", "pick_layout", "trial_workers"]
+__all__ = ["SYNC_TIE", "make_runner", "pick_layout", "trial_workers", "undecided"]
