@@ -15,7 +15,7 @@ Why a trial, not a model: the policy's cost moves the answer both ways. A worker
 the env stepping off the main process, which pipelining then overlaps with the policy;
 but a convolution on XLA's CPU backend uses every core, and then the worker's core is
 taken from the policy (on 2 cores, one worker did 0.91-1.06x sync with a NatureCNN on
-Pong at 8 envs and 1.27-1.47x at 32, over six quiet runs:
+Pong at 8 envs and 1.27-1.47x at 32, over seven quiet runs:
 ``benchmarks/results/auto_backend_*quiet*_cpu.json``).
 Timing both also weighs what else the machine is running at that moment.
 
