@@ -27,9 +27,10 @@ Usage (needs the ``envpool`` extra)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import pathlib
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -37,7 +38,7 @@ import numpy as np
 
 import jaxrunner as jr
 from jaxrunner._src import space_arrays
-from jaxrunner._src.bench import machine_info
+from jaxrunner._src.bench import machine_info, write_report
 from jaxrunner._src.space_arrays.checks import check_finite_observations
 
 BUSY_S = 10e-6
@@ -103,7 +104,7 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=2000, help="calls per part per round")
-    parser.add_argument("--out", help="write the results here as JSON")
+    parser.add_argument("--out", type=pathlib.Path, help="write the results here as JSON")
     args = parser.parse_args()
     results = []
     for n in args.num_envs:
@@ -112,14 +113,13 @@ def main() -> None:
         print(
             f"{n} envs: " + ", ".join(f"{k} {v:.1f}" for k, v in row["median_us"].items())
             + f" us | load {row['load_average'][0]:.2f}",
-            flush=True,
+            file=sys.stderr, flush=True,
         )  # fmt: skip
-    if args.out:
-        import envpool  # type: ignore[import-not-found]  # the benchmark's own venv
+    import envpool  # type: ignore[import-not-found]  # the benchmark's own venv
 
-        machine = machine_info() | {"envpool": envpool.__version__}
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "machine": machine, "results": results}, f, indent=1)
+    write_report(
+        "envpool_step_overhead", args, results, machine_info() | {"envpool": envpool.__version__}
+    )
 
 
 if __name__ == "__main__":
