@@ -259,3 +259,50 @@ def test_async_keep_reset_steps_replays_envpool_by_hand(mlp: Callable, compact: 
             assert_trees_equal(got, (obs, next_obs, reward.astype(np.float64), terminated))
             np.testing.assert_array_equal(traj.truncated[t], truncated)
             obs = next_obs
+
+
+@pytest.mark.parametrize(
+    ("task", "kwargs"),
+    [
+        ("CartPole-v1", {"max_episode_steps": 6}),
+        ("Pong-v5", {"max_episode_steps": 6}),
+        ("HalfCheetah-v4", {"max_episode_steps": 6}),
+    ],
+)
+@pytest.mark.parametrize("direct", [True, False])
+def test_calls_give_what_envpools_public_api_gives(task: str, kwargs: dict, direct: bool) -> None:
+    """EnvPoolCalls (the C++ calls driven directly, or its public-API fallback) against
+    a twin pool stepped by EnvPool's own step/reset: the same arrays, bit for bit, and
+    the same info, through episode ends and a masked reset."""
+    from jaxrunner._src.backends.envpool_calls import EnvPoolCalls
+
+    n = 3
+    pools = [envpool.make_gymnasium(task, num_envs=n, seed=SEED, **kwargs) for _ in range(2)]
+    mine, ref = pools
+    with closing(mine), closing(ref):
+        calls = EnvPoolCalls(mine)
+        assert calls.direct  # every single-array task has the direct layout
+        calls.direct = direct
+        assert_trees_equal(mine.reset()[0], ref.reset()[0])
+        rng = np.random.default_rng(SEED)
+        ended = 0
+        for t in range(14):
+            action = np.stack([mine.action_space.sample() for _ in range(n)])
+            if isinstance(mine.action_space, gymnasium.spaces.Box):
+                action = rng.uniform(-1, 1, action.shape).astype(np.float32)  # cast on send
+            got = calls.step(action)
+            obs, reward, terminated, truncated, info = ref.step(action)
+            assert_trees_equal(
+                (got.env_id, got.obs, got.reward, got.terminated, got.truncated, dict(got.info)),
+                (info["env_id"], obs, reward, terminated, truncated, info),
+                f"{task} step {t}",
+            )
+            ended += int((terminated | truncated).sum())
+            if t == 7:  # a masked reset of two sub-envs, answered in their order
+                ids = np.array([0, 2], np.int32)
+                got_ids, got_obs, got_info = calls.reset(ids)
+                ref_obs, ref_info = ref.reset(ids)
+                assert_trees_equal(
+                    (got_ids, got_obs, dict(got_info)), (ref_info["env_id"], ref_obs, ref_info)
+                )
+        assert ended > 0  # episodes ended (max_episode_steps) and were reset by EnvPool

@@ -38,7 +38,7 @@ ready-first, is :mod:`jaxrunner._src.backends.envpool_async`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -47,6 +47,7 @@ from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import BatchStep, Capabilities, VectorEnv
+from jaxrunner._src.backends.envpool_calls import EnvPoolCalls
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, _gymnasium_seed
 from jaxrunner._src.backends.vector_infos import EMPTY_RESET_INFOS, SplitInfos
 from jaxrunner._src.space_arrays.checks import check_finite_observations
@@ -75,29 +76,8 @@ def every_seed(seeds: Sequence[int | None]) -> list[int]:
     return given
 
 
-def reset_envpool(
-    env: gymnasium.vector.VectorEnv,
-    mask: np.ndarray,
-    seeds: list[int | None] | None,
-    options: dict[str, Any] | None,
-) -> tuple[Any, Sequence[dict[str, Any]]]:
-    """A :data:`~jaxrunner._src.backends.masked_reset.MaskedReset` for EnvPool's gymnasium
-    envs: ``reset(env_id=...)`` resets those sub-envs and returns their rows only."""
-    if (seeds is not None and any(s is not None for s in seeds)) or options:
-        raise InvalidArgumentError(
-            "EnvPool seeds its sub-envs when the pool is built and takes no reset options; "
-            "reset one sub-env without seed/options, or reset them all with reset(seed=...)."
-        )
-    ids = np.flatnonzero(mask).astype(np.int32)
-    envpool_env: Any = env  # EnvPool's reset takes env ids, unlike gymnasium's
-    obs, info = envpool_env.reset(ids)
-    _check_order(info, ids)
-    return obs, SplitInfos(info, len(ids))  # split on access: most steps never read them
-
-
-def _check_order(info: dict[str, Any], ids: np.ndarray) -> None:
-    got = info.get("env_id")
-    if got is not None and not np.array_equal(got, ids):
+def _check_order(got: np.ndarray, ids: np.ndarray) -> None:
+    if not np.array_equal(got, ids):
         raise RuntimeError(
             f"EnvPool returned sub-envs {np.asarray(got)[:8]}... where {ids[:8]}... were "
             "expected (sync mode keeps env_id order); this EnvPool version is not supported."
@@ -144,8 +124,9 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
             return envpool.make_gymnasium(task_id, num_envs=num_envs, **by, **envpool_kwargs)
 
         self._build = build
-        self._stepped = False
-        super().__init__(build(seed), masked_reset=reset_envpool, copy=copy)
+        pool = build(seed)
+        self._calls = EnvPoolCalls(pool)  # EnvPool's C++ calls, without its Python layer
+        super().__init__(pool, masked_reset=self._reset_rows, copy=copy)
         self.keep_reset_steps = bool(keep_reset_steps)
         # Sub-envs whose episode ended in the last call: EnvPool resets them in the next.
         self._ended = np.zeros(num_envs, dtype=np.bool_)
@@ -167,10 +148,11 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
             # The seed is fixed when the pool is built: build a new pool with these seeds.
             seed = seed if isinstance(seed, int) else every_seed(seed)
             old, self.env = self.env, self._build(seed)
+            self._calls = EnvPoolCalls(self.env)
             old.close()
         obs, infos = super().reset_batch([None] * self.num_envs)
-        if isinstance(infos, SplitInfos):
-            _check_order(dict(infos.merged), np.arange(self.num_envs))
+        if isinstance(infos, SplitInfos) and "env_id" in infos.merged:
+            _check_order(infos.merged["env_id"], np.arange(self.num_envs))
         self._ended[:] = False
         return obs, infos
 
@@ -181,6 +163,30 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         self._ended[index] = False  # reset(env_id=...) cleared EnvPool's pending reset
         return out
 
+    def _reset_rows(
+        self,
+        env: gymnasium.vector.VectorEnv,
+        mask: np.ndarray,
+        seeds: list[int | None] | None,
+        options: dict[str, Any] | None,
+    ) -> tuple[Any, Sequence[dict[str, Any]]]:
+        """The :data:`~jaxrunner._src.backends.masked_reset.MaskedReset` of this pool
+        (``env``): EnvPool resets sub-envs ``mask`` and returns their rows only."""
+        if (seeds is not None and any(s is not None for s in seeds)) or options:
+            raise InvalidArgumentError(
+                "EnvPool seeds its sub-envs when the pool is built and takes no reset "
+                "options; reset one sub-env without seed/options, or reset them all with "
+                "reset(seed=...)."
+            )
+        ids = np.flatnonzero(mask).astype(np.int32)
+        got, obs, info = self._calls.reset(ids)
+        _check_order(got, ids)
+        return obs, SplitInfos(info, len(ids))  # split on access: most steps never read them
+
+    def _vector_step(self, actions: Any) -> tuple[Any, Any, Any, Any, Mapping[str, Any]]:
+        out = self._call("step", self._calls.step, actions)
+        return out.obs, out.reward, out.terminated, out.truncated, out.info
+
     def _step(self, actions: Any, rows: slice | None) -> BatchStep:
         if not self.keep_reset_steps:
             return super()._step(actions, rows)
@@ -188,7 +194,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         if rows is not None and (rows.start, rows.stop) != (0, n):
             return super()._step(actions, rows)  # refuses a subset, as the adapter does
         actions = self._check_actions(actions)
-        obs, reward, terminated, truncated, merged = self._call("step", self.env.step, actions)
+        obs, reward, terminated, truncated, merged = self._vector_step(actions)
         self._store(self._next_obs, obs, "step")
         self._store_flags(reward, terminated, truncated)
         space = self.single_observation_space
@@ -223,4 +229,4 @@ def make_envpool_vec(
     return EnvPoolVectorEnv(task_id, num_envs, **kwargs)
 
 
-__all__ = ["EnvPoolVectorEnv", "make_envpool_vec", "reset_envpool"]
+__all__ = ["EnvPoolVectorEnv", "make_envpool_vec"]

@@ -38,6 +38,7 @@ from gymnasium.vector.utils import batch_space
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import BatchStep, Capabilities, EnvIds, VectorEnv
 from jaxrunner._src.backends.envpool import _import_envpool, every_seed
+from jaxrunner._src.backends.envpool_calls import EnvPoolCalls
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -95,6 +96,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
 
         self._build = build
         self.env = build([seed + i for i in range(num_envs)])
+        self._calls = EnvPoolCalls(self.env)  # EnvPool's C++ calls, without its Python layer
         self.num_envs, self.batch_size = num_envs, batch_size
         self.single_observation_space = self.env.observation_space
         self.single_action_space = self.env.action_space
@@ -123,6 +125,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             raise InvalidArgumentError(f"reset(options={options!r}): EnvPool takes no options.")
         if not all(s is None for s in seeds):  # the seed is fixed when the pool is built
             old, self.env = self.env, self._build(every_seed(seeds))
+            self._calls = EnvPoolCalls(self.env)
             old.close()
         if not self._idle:
             raise InvalidArgumentError(
@@ -134,10 +137,9 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         self.env.async_reset()
         seen = 0
         while seen < self.num_envs:
-            obs, _, _, _, info = self.env.recv()
-            ids = np.asarray(info["env_id"])
-            space_arrays.copy_into(self.single_observation_space, self._obs, obs, ids)
-            seen += len(ids)
+            out = self._calls.recv()
+            space_arrays.copy_into(self.single_observation_space, self._obs, out.obs, out.env_id)
+            seen += len(out.env_id)
         return self._obs, [{} for _ in range(self.num_envs)]
 
     def reset_at(
@@ -159,7 +161,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
                 f"{self.single_action_space.shape}, got an array of shape {actions.shape}."
             )
         self._idle = False
-        self.env.send(actions.astype(self.single_action_space.dtype, copy=False), ids)
+        self._calls.send(actions, ids)
 
     def recv(self) -> BatchStep:
         self._check_open("step")
@@ -167,8 +169,8 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             return self._recv_with_reset_steps()
         space = self.single_observation_space
         while True:
-            obs, reward, terminated, truncated, info = self.env.recv()
-            ids = np.asarray(info["env_id"]).astype(np.int64)
+            ids, obs, reward, terminated, truncated, _ = self._calls.recv()
+            ids = ids.astype(np.int64)
             resets = self._awaiting_reset[ids]  # reset steps of ended episodes: pair them
             ended = np.logical_or(terminated, truncated) & ~resets
             if ended.any():  # hold the final steps; EnvPool resets on the next step
@@ -180,7 +182,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
                 self._final_terminated[held] = terminated[ended]
                 self._final_truncated[held] = truncated[ended]
                 self._awaiting_reset[held] = True
-                self.env.send(self._reset_actions[: len(held)], held.astype(np.int32))
+                self._calls.send(self._reset_actions[: len(held)], held.astype(np.int32))
             rows = ~ended
             if rows.all():
                 rows = slice(None)
@@ -215,8 +217,8 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         """EnvPool's answer as it is: the envs that ended at their last answer are
         answering their reset step now."""
         space = self.single_observation_space
-        obs, reward, terminated, truncated, info = self.env.recv()
-        env_ids = np.asarray(info["env_id"]).astype(np.int64)
+        ids, obs, reward, terminated, truncated, _ = self._calls.recv()
+        env_ids = ids.astype(np.int64)
         reset = self._ended[env_ids]
         self._ended[env_ids] = np.logical_or(terminated, truncated)
         obs_out = space_arrays.map_structure(space, np.array, obs)  # ours, not EnvPool's

@@ -1,0 +1,130 @@
+"""EnvPool's C++ calls, without its Python layer.
+
+EnvPool's Python methods (``send``, ``recv``, ``step``, ``reset``) wrap three C++
+calls, ``_send``, ``_recv`` and ``_reset``. On every call they build a dict of the
+actions, rebuild the pool's config dict (twice), zip the state into a dict and
+unflatten it into gymnasium's tree: about 20 us of Python per step, against 46 us for
+the C++ calls alone at 8 CartPoles (``benchmarks/envpool_step_overhead.py``). A hand
+loop pays that; the adapters need not.
+
+:class:`EnvPoolCalls` drives the C++ calls directly where the pool has the layout every
+single-player EnvPool task with one action array and one observation array has
+(classic control, Atari, MuJoCo): actions ``(env_id, players.env_id, action)``, and
+``obs``, ``reward``, ``done`` and ``trunc`` among the state's arrays. It reads them by
+position, computes ``terminated`` as EnvPool does (``done & ~trunc``), and builds the
+info dict with EnvPool's own conversion, only when someone reads it. Any other pool
+(dict actions or observations, several players) goes through EnvPool's public methods,
+with the same results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+
+_ACTION_KEYS = ("env_id", "players.env_id", "action")
+_STATE_KEYS = ("info:env_id", "obs", "reward", "done", "trunc")
+
+
+class EnvPoolStep(NamedTuple):
+    """One ``recv`` of EnvPool: the answering envs' rows, in ``env_id`` order.
+
+    The arrays are EnvPool's own, fresh at every call (the pool never writes them
+    again)."""
+
+    env_id: np.ndarray
+    """[k] int32: which sub-envs answered."""
+    obs: Any
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    info: Mapping[str, Any]
+    """EnvPool's gymnasium info dict, built on first access."""
+
+
+class _InfoOnRead(Mapping[str, Any]):
+    """EnvPool's info dict of one call, converted by EnvPool when first read (most steps
+    never read it; Atari's holds each env's 128-byte RAM)."""
+
+    def __init__(self, pool: Any, state: list[np.ndarray], reset: bool) -> None:
+        self._pool, self._state, self._reset = pool, state, reset
+        self._info: dict[str, Any] | None = None
+
+    def _built(self) -> dict[str, Any]:
+        if self._info is None:
+            self._info = self._pool._to(self._state, self._reset, True)[-1]
+        return self._info
+
+    def __getitem__(self, key: str) -> Any:
+        return self._built()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+
+class EnvPoolCalls:
+    """``send``/``recv``/``reset`` of an EnvPool gymnasium pool (see the module docstring).
+
+    Args:
+        pool: a pool from ``envpool.make_gymnasium``.
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        config = pool.config
+        self.num_envs = int(config["num_envs"])
+        self._all_ids = np.arange(self.num_envs, dtype=np.int32)
+        state_keys = list(getattr(pool, "_state_keys", ()))
+        self.direct = (
+            tuple(getattr(pool, "_action_keys", ())) == _ACTION_KEYS
+            and config.get("max_num_players", 1) == 1
+            and all(key in state_keys for key in _STATE_KEYS)
+        )
+        """True where the C++ calls are driven directly, False through the public API."""
+        if self.direct:
+            self._at = [state_keys.index(key) for key in _STATE_KEYS]
+            self._action_dtype = np.dtype(pool._spec._action_spec[-1][0])
+
+    def send(self, actions: Any, env_ids: np.ndarray | None = None) -> None:
+        """Steps sub-envs ``env_ids`` (int32; None: all) with ``actions`` (one row each,
+        already checked against the action space: EnvPool's C++ trusts their shape)."""
+        if not self.direct:
+            self.pool.send(actions, env_ids)
+            return
+        ids = self._all_ids if env_ids is None else env_ids
+        # A copy of EnvPool's own dtype, as its send makes: the pool may read it later.
+        action = np.array(actions, dtype=self._action_dtype, order="C")
+        self.pool._send([ids, ids, action])
+
+    def recv(self) -> EnvPoolStep:
+        """The next answer of the pool (sync mode: the envs of the last ``send``)."""
+        if not self.direct:
+            obs, reward, terminated, truncated, info = self.pool.recv()
+            return EnvPoolStep(np.asarray(info["env_id"]), obs, reward, terminated, truncated, info)
+        state = self.pool._recv()
+        ids, obs, reward, done, trunc = (state[i] for i in self._at)
+        info = _InfoOnRead(self.pool, state, False)
+        return EnvPoolStep(ids, obs, reward, done & ~trunc, trunc, info)
+
+    def step(self, actions: Any, env_ids: np.ndarray | None = None) -> EnvPoolStep:
+        """:meth:`send` then :meth:`recv`: one sync-mode step."""
+        self.send(actions, env_ids)
+        return self.recv()
+
+    def reset(self, env_ids: np.ndarray) -> tuple[np.ndarray, Any, Mapping[str, Any]]:
+        """Resets sub-envs ``env_ids`` (int32); returns the ids that answered, their
+        first observations and their info (sync mode: in ``env_ids`` order)."""
+        if not self.direct:
+            obs, info = self.pool.reset(env_ids)
+            return np.asarray(info["env_id"]), obs, info
+        self.pool._reset(env_ids)
+        state = self.pool._recv()
+        return state[self._at[0]], state[self._at[1]], _InfoOnRead(self.pool, state, True)
+
+
+__all__ = ["EnvPoolCalls", "EnvPoolStep"]
