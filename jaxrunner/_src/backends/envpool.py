@@ -126,7 +126,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         self._build = build
         pool = build(seed)
         self._calls = EnvPoolCalls(pool)  # EnvPool's C++ calls, without its Python layer
-        super().__init__(pool, masked_reset=self._reset_rows, copy=copy)
+        super().__init__(pool, masked_reset=self._reset_masked, copy=copy)
         self.keep_reset_steps = bool(keep_reset_steps)
         # Sub-envs whose episode ended in the last call: EnvPool resets them in the next.
         self._ended = np.zeros(num_envs, dtype=np.bool_)
@@ -163,7 +163,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         self._ended[index] = False  # reset(env_id=...) cleared EnvPool's pending reset
         return out
 
-    def _reset_rows(
+    def _reset_masked(
         self,
         env: gymnasium.vector.VectorEnv,
         mask: np.ndarray,

@@ -53,9 +53,10 @@ class _InfoOnRead(Mapping[str, Any]):
         self._info: dict[str, Any] | None = None
 
     def _built(self) -> dict[str, Any]:
-        if self._info is None:
-            self._info = self._pool._to(self._state, self._reset, True)[-1]
-        return self._info
+        info = self._info
+        if info is None:
+            info = self._info = self._pool._to(self._state, self._reset, True)[-1]
+        return info
 
     def __getitem__(self, key: str) -> Any:
         return self._built()[key]
@@ -79,7 +80,7 @@ class EnvPoolCalls:
         config = pool.config
         self.num_envs = int(config["num_envs"])
         self._all_ids = np.arange(self.num_envs, dtype=np.int32)
-        state_keys = list(getattr(pool, "_state_keys", ()))
+        state_keys: list[str] = list(getattr(pool, "_state_keys", ()))
         self.direct = (
             tuple(getattr(pool, "_action_keys", ())) == _ACTION_KEYS
             and config.get("max_num_players", 1) == 1
