@@ -5,13 +5,16 @@ Per width, on CartPole-v1 in sync mode, microseconds per call, each part timed a
 in blocks of calls, interleaved round by round (medians of the rounds kept):
 
 * ``envpool_step``: EnvPool's ``step`` called back to back, nothing between;
+* ``envpool_calls``: the same step through
+  :class:`~jaxrunner._src.backends.envpool_calls.EnvPoolCalls`, EnvPool's C++ calls
+  without its Python layer (what the adapter steps with);
 * ``envpool_step_then_10us``: the same with 10 us of busy work after each step (any
   loop does work between steps: a policy call, recording), minus the 10 us;
-* ``adapter_work``: the adapter's own checks and copies after a step, timed alone on a
-  step's outputs (actions checked, observations and flags stored and checked,
-  ``obs`` updated);
+* ``adapter_work``: the adapter's own checks and copies around a step, timed alone on
+  a step's outputs (actions checked, rewards stored and checked, observations checked
+  and copied for ``reset_at``, the ended envs noted);
 * ``step_batch``: ``EnvPoolVectorEnv(keep_reset_steps=True).step_batch``, back to
-  back: EnvPool's step plus the adapter's work.
+  back: ``envpool_calls`` plus the adapter's work.
 
 EnvPool's worker threads keep polling for the next batch after a step, so on a machine
 with fewer cores than threads the work that follows a step runs beside them and slows
@@ -55,15 +58,16 @@ def parts(num_envs: int) -> dict[str, Callable[[], object]]:
     vec = jr.make_vec("CartPole-v1", num_envs, backend="envpool", keep_reset_steps=True)
     vec.reset_batch([None] * num_envs)
     actions = np.zeros(num_envs, np.int64)
-    obs, reward, terminated, truncated, _ = vec.env.step(actions)
+    out = vec._calls.step(actions)
     space = vec.single_observation_space
 
-    def adapter_work() -> None:
+    def adapter_work() -> None:  # EnvPoolVectorEnv._step's own work, on one step's outputs
         vec._check_actions(actions)
-        vec._store(vec._next_obs, obs, "step")
-        vec._store_flags(reward, terminated, truncated)
-        check_finite_observations(space, vec._next_obs, "step")
-        space_arrays.copy_into(space, vec._obs, vec._next_obs)
+        vec._reward[:] = out.reward
+        np.isfinite(vec._reward).all()
+        check_finite_observations(space, out.obs, "step")
+        space_arrays.copy_into(space, vec._obs, out.obs)
+        vec._ended = out.terminated | out.truncated
 
     def step_then_busy() -> None:
         vec.env.step(actions)
@@ -71,6 +75,7 @@ def parts(num_envs: int) -> dict[str, Callable[[], object]]:
 
     return {
         "envpool_step": lambda: vec.env.step(actions),
+        "envpool_calls": lambda: vec._calls.step(actions),
         "envpool_step_then_10us": step_then_busy,
         "adapter_work": adapter_work,
         "step_batch": lambda: vec.step_batch(actions),

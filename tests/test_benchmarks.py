@@ -317,7 +317,13 @@ def test_envpool_step_overhead_times_each_part(tmp_path):
     options = ["--num-envs", "4", "--rounds", "2", "--calls", "20", "--out", str(out)]
     _run("envpool_step_overhead.py", *options)
     (row,) = json.loads(out.read_text())["results"]
-    parts = {"envpool_step", "envpool_step_then_10us", "adapter_work", "step_batch"}
+    parts = {
+        "envpool_step",
+        "envpool_calls",
+        "envpool_step_then_10us",
+        "adapter_work",
+        "step_batch",
+    }
     assert row["num_envs"] == 4 and set(row["median_us"]) == parts
     assert all(len(us) == 2 for us in row["rounds_us"].values())
     assert row["median_us"]["step_batch"] > 0 and row["median_us"]["adapter_work"] > 0

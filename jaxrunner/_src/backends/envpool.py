@@ -128,9 +128,9 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         self._calls = EnvPoolCalls(pool)  # EnvPool's C++ calls, without its Python layer
         super().__init__(pool, masked_reset=self._reset_masked, copy=copy)
         self.keep_reset_steps = bool(keep_reset_steps)
-        # Sub-envs whose episode ended in the last call: EnvPool resets them in the next.
+        # Sub-envs whose episode ended in the last call: EnvPool resets them in the next
+        # (a new array each call: a BatchStep keeps the last one as its reset rows).
         self._ended = np.zeros(num_envs, dtype=np.bool_)
-        self._reset_rows = np.zeros(num_envs, dtype=np.bool_)
         if self.keep_reset_steps:
             self.capabilities = Capabilities(pipeline_splits=1, reset_steps=True)
             self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
@@ -188,25 +188,31 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         return out.obs, out.reward, out.terminated, out.truncated, out.info
 
     def _step(self, actions: Any, rows: slice | None) -> BatchStep:
-        if not self.keep_reset_steps:
-            return super()._step(actions, rows)
         n = self.num_envs
-        if rows is not None and (rows.start, rows.stop) != (0, n):
-            return super()._step(actions, rows)  # refuses a subset, as the adapter does
+        if not self.keep_reset_steps or (rows is not None and (rows.start, rows.stop) != (0, n)):
+            return super()._step(actions, rows)  # (which refuses a subset of rows)
         actions = self._check_actions(actions)
-        obs, reward, terminated, truncated, merged = self._vector_step(actions)
-        self._store(self._next_obs, obs, "step")
-        self._store_flags(reward, terminated, truncated)
+        out = self._call("step", self._calls.step, actions)
+        if self._calls.direct:
+            # EnvPool's own arrays, fresh at each call and of its spec's dtypes and
+            # shapes: kept as they are, with their values checked only.
+            next_obs, terminated, truncated = out.obs, out.terminated, out.truncated
+            self._reward[:] = out.reward
+            if not np.isfinite(self._reward).all():
+                self._store_flags(out.reward, terminated, truncated)  # raises, naming the env
+        else:
+            self._store(self._next_obs, out.obs, "step")
+            self._store_flags(out.reward, out.terminated, out.truncated)
+            next_obs, terminated, truncated = self._next_obs, self._terminated, self._truncated
         space = self.single_observation_space
-        check_finite_observations(space, self._next_obs, "step")
-        space_arrays.copy_into(space, self._obs, self._next_obs)
+        check_finite_observations(space, next_obs, "step")
+        space_arrays.copy_into(space, self._obs, next_obs)  # for reset_at and gymnasium's step
         # This call reset the sub-envs that ended in the last one (NEXT_STEP).
-        self._reset_rows[:] = self._ended
-        np.logical_or(self._terminated, self._truncated, out=self._ended)
+        reset, self._ended = self._ended, terminated | truncated
         return BatchStep(
-            self._obs, self._next_obs, self._reward, self._terminated, self._truncated,
-            SplitInfos(merged, n), EMPTY_RESET_INFOS,
-            reset_rows=self._reset_rows if self._reset_rows.any() else None,
+            next_obs, next_obs, self._reward, terminated, truncated,
+            SplitInfos(out.info, n), EMPTY_RESET_INFOS,
+            reset_rows=reset if reset.any() else None,
         )  # fmt: skip
 
 
