@@ -15,6 +15,8 @@ Usage::
     python benchmarks/ab_revision.py --base 8a8fdb1 --num-envs 1 64 --blocks 60
     python benchmarks/ab_revision.py --base HEAD~1 --backend jax --num-envs 64 1024
     python benchmarks/ab_revision.py --base HEAD~1 --backend jaxmarl --env MPE_simple_spread_v3
+    python benchmarks/ab_revision.py --base HEAD~1 --backend envpool \
+        --env-kwargs '{"keep_reset_steps": true}'
 
 ``--backend jax`` runs the scan sampler on gymnax's env of that name, ``jaxmarl`` the
 multi-agent scan sampler on JaxMARL's (one policy for every agent; dones read as
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import pathlib
 import re
@@ -70,9 +73,12 @@ def import_base(revision: str, into: pathlib.Path) -> Any:
     return importlib.import_module("jaxrunner_base")
 
 
-def make_envs(package: Any, env: str, num_envs: int, backend: str) -> Any:
+def make_envs(
+    package: Any, env: str, num_envs: int, backend: str, env_kwargs: dict | None = None
+) -> Any:
     """The vector env, built the way ``package``'s ``make_vec`` takes Ray's options
-    (typed ``config=`` since the send/recv rewrite, keyword arguments before)."""
+    (typed ``config=`` since the send/recv rewrite, keyword arguments before);
+    ``env_kwargs`` go to ``make_vec``."""
     if backend == "jax":
         import gymnax
 
@@ -84,7 +90,7 @@ def make_envs(package: Any, env: str, num_envs: int, backend: str) -> Any:
             jaxmarl.make(env), num_envs, dones_are_truncations=True
         )
     if backend != "ray":
-        return package.make_vec(env, num_envs, backend=backend)
+        return package.make_vec(env, num_envs, backend=backend, **(env_kwargs or {}))
     options = {"envs_per_actor": max(1, num_envs // 2), "num_cpus_per_actor": 0.1}
     if hasattr(package, "RayConfig"):
         return package.make_vec(env, num_envs, "ray", config=package.RayConfig(**options))
@@ -92,9 +98,14 @@ def make_envs(package: Any, env: str, num_envs: int, backend: str) -> Any:
 
 
 def make_runner(
-    package: Any, env: str, num_envs: int, rollout_length: int, backend: str = "sync"
+    package: Any,
+    env: str,
+    num_envs: int,
+    rollout_length: int,
+    backend: str = "sync",
+    env_kwargs: dict | None = None,
 ) -> Any:
-    envs = make_envs(package, env, num_envs, backend)
+    envs = make_envs(package, env, num_envs, backend, env_kwargs)
     if backend == "jaxmarl":  # one policy for every agent group: the first group's spaces
         action_space, obs_space = envs.groups[0].action_space, envs.groups[0].observation_space
     else:
@@ -135,6 +146,9 @@ def main() -> None:
         choices=("sync", "process", "gymnasium", "envpool", "ray", "jax", "jaxmarl"),
         default="sync",
     )
+    parser.add_argument(
+        "--env-kwargs", type=json.loads, default={}, help="for make_vec, as JSON: '{\"a\": 1}'"
+    )
     parser.add_argument("--rollout-length", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")
     parser.add_argument("--out", type=pathlib.Path, default=None)
@@ -150,7 +164,9 @@ def main() -> None:
         versions = {"base": base, "new": jaxrunner}
         for num_envs in args.num_envs:
             runners = {
-                k: make_runner(p, args.env, num_envs, args.rollout_length, args.backend)
+                k: make_runner(
+                    p, args.env, num_envs, args.rollout_length, args.backend, args.env_kwargs
+                )
                 for k, p in versions.items()
             }
             # About 4k env steps per block, at least one sample.

@@ -46,8 +46,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep, Capabilities, VectorEnv
-from jaxrunner._src.backends.envpool_calls import EnvPoolCalls
+from jaxrunner._src.backends.base import BatchStep, Capabilities, EnvIds, VectorEnv
+from jaxrunner._src.backends.envpool_calls import EnvPoolCalls, EnvPoolStep
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, _gymnasium_seed
 from jaxrunner._src.backends.vector_infos import EMPTY_RESET_INFOS, SplitInfos
 from jaxrunner._src.space_arrays.checks import check_finite_observations
@@ -131,8 +131,11 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         # Sub-envs whose episode ended in the last call: EnvPool resets them in the next
         # (a new array each call: a BatchStep keeps the last one as its reset rows).
         self._ended = np.zeros(num_envs, dtype=np.bool_)
+        self._sending = False  # keep_reset_steps: a send is stepping in EnvPool
         if self.keep_reset_steps:
-            self.capabilities = Capabilities(pipeline_splits=1, reset_steps=True)
+            self.capabilities = Capabilities(
+                pipeline_splits=1, reset_steps=True, steps_in_background=True
+            )
             self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def reset_batch(
@@ -187,12 +190,49 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         out = self._call("step", self._calls.step, actions)
         return out.obs, out.reward, out.terminated, out.truncated, out.info
 
-    def _step(self, actions: Any, rows: slice | None) -> BatchStep:
+    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+        """With ``keep_reset_steps``, hands the actions to EnvPool at once (its threads
+        step while the runner records them); else as every in-process backend."""
+        if not self.keep_reset_steps:
+            super().send(actions, env_ids)
+            return
+        self._check_open("step")
         n = self.num_envs
-        if not self.keep_reset_steps or (rows is not None and (rows.start, rows.stop) != (0, n)):
-            return super()._step(actions, rows)  # (which refuses a subset of rows)
-        actions = self._check_actions(actions)
-        out = self._call("step", self._calls.step, actions)
+        if env_ids is not None and (
+            not isinstance(env_ids, slice) or (env_ids.start, env_ids.stop) != (0, n)
+        ):
+            raise InvalidArgumentError(
+                f"EnvPoolVectorEnv.send(env_ids={env_ids!r}): sync mode steps all {n} sub-envs "
+                "at once; pass None (async mode, make_vec(..., batch_size=k), steps subsets)."
+            )
+        if self._sending:
+            raise InvalidArgumentError(
+                "EnvPoolVectorEnv.send(): the last send is still stepping; recv() it first."
+            )
+        self._call("step", self._calls.send, self._check_actions(actions))
+        self._sending = True
+
+    def recv(self) -> BatchStep:
+        if not self.keep_reset_steps:
+            return super().recv()
+        self._check_open("step")
+        if not self._sending:
+            raise InvalidArgumentError(
+                "EnvPoolVectorEnv.recv(): no send() is waiting for its results; call "
+                "send(actions) first, once per recv()."
+            )
+        self._sending = False
+        return self._answer(self._call("step", self._calls.recv))
+
+    def _step(self, actions: Any, rows: slice | None) -> BatchStep:
+        if not self.keep_reset_steps:
+            return super()._step(actions, rows)
+        self.send(actions, rows)
+        return self.recv()
+
+    def _answer(self, out: EnvPoolStep) -> BatchStep:
+        """A step of EnvPool's own NEXT_STEP autoreset, as a BatchStep with its reset
+        rows (``keep_reset_steps``)."""
         if self._calls.direct:
             # EnvPool's own arrays, fresh at each call and of its spec's dtypes and
             # shapes: kept as they are, with their values checked only.
@@ -211,7 +251,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         reset, self._ended = self._ended, terminated | truncated
         return BatchStep(
             next_obs, next_obs, self._reward, terminated, truncated,
-            SplitInfos(out.info, n), EMPTY_RESET_INFOS,
+            SplitInfos(out.info, self.num_envs), EMPTY_RESET_INFOS,
             reset_rows=reset if reset.any() else None,
         )  # fmt: skip
 

@@ -293,8 +293,8 @@ class LockstepSampler(HostSampler):
         perf["inference_ms"] += time.perf_counter() - tick
 
     def _send_split(self, g: int, buf: Trajectory, t: int, perf: dict[str, float]) -> None:
-        """Takes split ``g``'s actions for step ``t``, records them and hands them to
-        its envs (sent now if the backend steps in the background)."""
+        """Takes split ``g``'s actions for step ``t``, hands them to its envs (sent now
+        if the backend steps in the background) and records them."""
         clock = time.perf_counter()
         rows = self.splits[g]
         index = (t, rows)
@@ -308,18 +308,19 @@ class LockstepSampler(HostSampler):
             extras = [leaf[own] for leaf in extras]
         tick = time.perf_counter()
         perf["inference_ms"] += tick - clock
+        if self._clip is not None:
+            env_action = self._clip(env_action)
+        sending = time.perf_counter()
+        if self._background:  # sent first: the envs step while the actions are recorded
+            self.envs.send(env_action, None if self._whole else rows)
+        else:
+            self._actions[g] = env_action
+        clock = time.perf_counter()
+        perf["env_wait_ms"] += clock - sending
         space_arrays.copy_into(self._action_space, buf.action, action, index)
         for dst, src in zip(self._extras_leaves, extras):
             dst[index] = src
-        if self._clip is not None:
-            env_action = self._clip(env_action)
-        clock = time.perf_counter()
-        perf["action_processing_ms"] += clock - tick
-        if not self._background:
-            self._actions[g] = env_action
-            return
-        self.envs.send(env_action, None if self._whole else rows)
-        perf["env_wait_ms"] += time.perf_counter() - clock
+        perf["action_processing_ms"] += (sending - tick) + (time.perf_counter() - clock)
 
     def _finish_group(self, g: int, t: int, buf: Trajectory, perf: dict[str, float]) -> int:
         """Waits for split ``g``'s envs, records step ``t`` and queues the split's next
