@@ -31,7 +31,8 @@ from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.runner.agent_groups import AgentGroup
-from jaxrunner._src.testing.contract import assert_trees_equal, expect_raises, sub_env_handles
+from jaxrunner._src.testing.assertions import assert_trees_equal, expect_raises
+from jaxrunner._src.testing.contract import sub_env_handles
 from jaxrunner._src.testing.faults import FaultPlan
 from jaxrunner._src.testing.multi_agent_envs import coming_and_going, relay, tictactoe
 from jaxrunner._src.testing.multi_agent_faults import faulty_multi_agent_env_fns
