@@ -25,12 +25,9 @@ Reach it as ``jr.testing`` after ``import jaxrunner as jr`` (loaded on first use
 import importlib
 from typing import Any
 
+from jaxrunner._src.testing.assertions import assert_trees_equal
 from jaxrunner._src.testing.broken_returns import break_returns
-from jaxrunner._src.testing.contract import (
-    VectorEnvContract,
-    assert_trees_equal,
-    gymnasium_reference,
-)
+from jaxrunner._src.testing.contract import VectorEnvContract, gymnasium_reference
 from jaxrunner._src.testing.envs import (
     CountingEnv,
     DictObsEnv,

@@ -18,7 +18,8 @@ import pytest
 from gymnasium import spaces
 
 import jaxrunner as jr
-from jaxrunner._src.backends.sub_envs import StepBuffers, SubEnvs
+from jaxrunner._src.backends.step_buffers import StepBuffers
+from jaxrunner._src.backends.sub_envs import SubEnvs
 from jaxrunner.errors import (
     EnvError,
     InvalidStepError,

@@ -15,7 +15,8 @@ from jaxrunner._src.backends.base import BatchStep, Capabilities, VectorEnv
 from jaxrunner._src.backends.in_process import InProcessVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.snapshots import snapshot_dumps
-from jaxrunner._src.backends.sub_envs import ActionSplitters, EnvFactory, StepBuffers, SubEnvs
+from jaxrunner._src.backends.step_buffers import StepBuffers
+from jaxrunner._src.backends.sub_envs import ActionSplitters, EnvFactory, SubEnvs
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 
 

@@ -1,4 +1,4 @@
-"""The vector-env contract test mixin, and comparing nested results exactly.
+"""The vector-env contract test mixin.
 
 Users can inherit it to test their own vector-env backends::
 
@@ -15,11 +15,10 @@ Nothing here imports pytest: the mixin's checks raise ``AssertionError`` themsel
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from typing import Any, ClassVar
 
-import chex
 import gymnasium
 import numpy as np
 from gymnasium import spaces
@@ -28,6 +27,7 @@ from gymnasium.vector import AutoresetMode
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
+from jaxrunner._src.testing.assertions import assert_trees_equal, expect_raises
 from jaxrunner._src.testing.envs import (
     CountingEnv,
     DictObsEnv,
@@ -37,49 +37,7 @@ from jaxrunner._src.testing.envs import (
 )
 from jaxrunner.errors import ClosedError, InvalidActionError, InvalidArgumentError
 
-# -- comparing results -------------------------------------------------------------------------
-
-
-def _as_pytree(value: Any) -> Any:
-    """``value`` with lists as tuples and gymnasium's object arrays (``final_obs`` and
-    ``final_info``: one value per env, ``None`` where no episode ended) as tuples of
-    their elements, so that chex compares them leaf by leaf."""
-    if isinstance(value, Mapping):
-        return {key: _as_pytree(item) for key, item in value.items()}
-    if isinstance(value, (tuple, list)):
-        return tuple(_as_pytree(item) for item in value)
-    if isinstance(value, np.ndarray) and value.dtype == object:
-        return tuple(_as_pytree(item) for item in value)
-    return value
-
-
-def assert_trees_equal(actual: Any, expected: Any, where: str = "value") -> None:
-    """Asserts two nested results (dicts, tuples/lists, arrays including gymnasium's
-    object arrays, scalars) are exactly equal with ``chex.assert_trees_all_equal``
-    (strict: same structure, leaf values, shapes and dtypes; ``5`` equals
-    ``np.int64(5)``; NaN equals NaN).
-
-    Raises:
-        AssertionError: prefixed with ``where``, chex's message naming the path of the
-            first difference.
-    """
-    try:
-        chex.assert_trees_all_equal(_as_pytree(actual), _as_pytree(expected), strict=True)
-    except AssertionError as err:
-        raise AssertionError(f"{where}: {err}") from None
-
-
 # -- the contract test mixin ---------------------------------------------------------------------
-
-
-def expect_raises(error: type[BaseException], fn: Callable[[], Any], what: str) -> BaseException:
-    """Calls ``fn``; returns the ``error`` it raised, or raises ``AssertionError`` naming
-    ``what`` if it raised nothing (other exceptions propagate)."""
-    try:
-        fn()
-    except error as err:
-        return err
-    raise AssertionError(f"{what}: expected {error.__name__}, but nothing was raised")
 
 
 def gymnasium_reference(env_fns: Sequence[EnvFactory]) -> gymnasium.vector.SyncVectorEnv:
@@ -405,4 +363,4 @@ class VectorEnvContract:
         expect_raises(ClosedError, lambda: vec.step(np.zeros(n, dtype=np.int64)), "step()")
 
 
-__all__ = ["VectorEnvContract", "assert_trees_equal", "expect_raises", "gymnasium_reference"]
+__all__ = ["VectorEnvContract", "gymnasium_reference"]

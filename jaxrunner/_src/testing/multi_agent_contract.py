@@ -1,6 +1,6 @@
 """The multi-agent vector-env contract test mixin: every multi-agent backend keeps the
 contract of :mod:`jaxrunner._src.backends.multi_agent.vector_env`, checked against PettingZoo's own
-envs stepped by hand.
+envs stepped by hand (the comparison: :mod:`jaxrunner._src.testing.multi_agent_step_comparison`).
 
 Users can inherit it to test their own multi-agent backends::
 
@@ -17,137 +17,30 @@ module imports it, so ``jaxrunner.testing`` loads it only on first use.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from typing import Any, ClassVar
 
 import jax
 import numpy as np
-from gymnasium import spaces
 
 from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
-from jaxrunner._src.runner.agent_groups import AgentGroup
-from jaxrunner._src.testing.contract import assert_trees_equal, expect_raises, sub_env_handles
+from jaxrunner._src.testing.assertions import assert_trees_equal, expect_raises
+from jaxrunner._src.testing.contract import sub_env_handles
 from jaxrunner._src.testing.faults import FaultPlan
 from jaxrunner._src.testing.multi_agent_envs import coming_and_going, relay, tictactoe
 from jaxrunner._src.testing.multi_agent_faults import faulty_multi_agent_env_fns
-from jaxrunner._src.testing.multi_agent_reference import (
-    ExpectedRow,
-    MultiAgentEnvFactory,
-    by_hand,
+from jaxrunner._src.testing.multi_agent_reference import MultiAgentEnvFactory, by_hand
+from jaxrunner._src.testing.multi_agent_step_comparison import (
+    actions_of_row,
+    assert_acting,
+    assert_row,
+    sample_actions,
 )
 from jaxrunner.errors import ClosedError, EnvIndexError, InvalidActionError
-
-# Rewards are sums of the env's rewards; the backends and PettingZoo's own bookkeeping
-# may add them in another order, so they agree to rounding, not bit for bit.
-_REWARD_ATOL = 1e-12
-
-
-# -- comparing a step with the envs stepped by hand ---------------------------------------------
-
-
-def _slot(tree: Any, b: int, a: int) -> Any:
-    return jax.tree.map(lambda x: x[b, a], tree)
-
-
-def _close(actual: float, expected: float) -> bool:
-    return math.isclose(actual, expected, rel_tol=0.0, abs_tol=_REWARD_ATOL)
-
-
-def _assert_acting(
-    out: MultiAgentStep, groups: Sequence[AgentGroup], b: int, ref: Any, where: str
-) -> None:
-    """Row ``b`` says who acts next on what, as the env stepped by hand."""
-    for group in groups:
-        buf = out.groups[group.policy_id]
-        for a, agent in enumerate(group.agents):
-            what = f"{where}: sub-env {b}, agent {agent!r}"
-            if bool(buf.acting[b, a]) != (agent in ref.acting):
-                raise AssertionError(f"{what}: acting={bool(buf.acting[b, a])}")
-            if agent in ref.acting:
-                assert_trees_equal(_slot(buf.obs, b, a), ref.acting[agent], f"{what}: obs")
-                if bool(buf.agent_start[b, a]) != (agent not in ref.started):
-                    raise AssertionError(f"{what}: agent_start={bool(buf.agent_start[b, a])}")
-
-
-def _assert_row(
-    out: MultiAgentStep,
-    groups: Sequence[AgentGroup],
-    b: int,
-    expected: ExpectedRow,
-    ref: Any,
-    where: str,
-) -> None:
-    """Row ``b`` of a step equals the env stepped by hand."""
-    for group in groups:
-        buf = out.groups[group.policy_id]
-        for a, agent in enumerate(group.agents):
-            what = f"{where}: sub-env {b}, agent {agent!r}"
-            want = expected.completed.get(agent)
-            if bool(buf.completed[b, a]) != (want is not None):
-                raise AssertionError(f"{what}: completed={bool(buf.completed[b, a])}")
-            if want is None:
-                continue
-            next_obs, reward, term, trunc = want
-            assert_trees_equal(_slot(buf.next_obs, b, a), next_obs, f"{what}: next_obs")
-            if not _close(float(buf.reward[b, a]), reward):
-                raise AssertionError(f"{what}: reward {buf.reward[b, a]!r}, by hand {reward!r}")
-            got = (bool(buf.terminated[b, a]), bool(buf.truncated[b, a]))
-            if got != (bool(term), bool(trunc)):
-                raise AssertionError(
-                    f"{what}: (terminated, truncated)={got}, by hand {term, trunc}"
-                )
-    if bool(out.env_done[b]) != expected.done:
-        raise AssertionError(f"{where}: sub-env {b}: env_done={bool(out.env_done[b])}")
-    if not _close(float(out.env_reward[b]), expected.env_reward):
-        raise AssertionError(
-            f"{where}: sub-env {b}: env_reward {out.env_reward[b]!r}, by hand "
-            f"{expected.env_reward!r}"
-        )
-    assert_trees_equal(out.infos[b], expected.infos, f"{where}: sub-env {b}: infos")
-    _assert_acting(out, groups, b, ref, where)
-
-
-def _sample_actions(
-    rng: np.random.Generator, groups: Sequence[AgentGroup], out: MultiAgentStep
-) -> list[np.ndarray]:
-    """Valid actions for every acting slot (within ``obs['action_mask']`` where the
-    observation has one), zeros elsewhere: one ``[B, A_g]`` batch per group."""
-    actions = []
-    for group in groups:
-        buf = out.groups[group.policy_id]
-        batch = np.zeros(buf.acting.shape, np.int64)
-        for b, a in zip(*np.nonzero(buf.acting)):
-            if isinstance(buf.obs, dict) and "action_mask" in buf.obs:
-                batch[b, a] = rng.choice(np.flatnonzero(buf.obs["action_mask"][b, a]))
-            else:
-                batch[b, a] = rng.integers(_num_actions(group.action_space))
-        actions.append(batch)
-    return actions
-
-
-def _num_actions(space: Any) -> int:
-    if not isinstance(space, spaces.Discrete):
-        raise TypeError(f"random agent actions: expected Discrete action spaces, got {space}.")
-    return int(space.n)
-
-
-def _actor(actions: Sequence[np.ndarray], groups: Sequence[AgentGroup], b: int) -> Callable:
-    """``agent -> action`` of sub-env ``b`` in the batches ``actions``."""
-    where = {
-        agent: (g, a) for g, group in enumerate(groups) for a, agent in enumerate(group.agents)
-    }
-
-    def act(agent: str) -> Any:
-        g, a = where[agent]
-        return actions[g][b, a]
-
-    return act
-
 
 # -- the contract test mixin ---------------------------------------------------------------------
 
@@ -225,13 +118,13 @@ class MultiAgentVectorEnvContract:
         rows. Returns the last step's result."""
         groups = envs.groups
         for t in range(num_steps):
-            actions = _sample_actions(rng, groups, out)
-            expected = [ref.step(_actor(actions, groups, b)) for b, ref in enumerate(refs)]
+            actions = sample_actions(rng, groups, out)
+            expected = [ref.step(actions_of_row(actions, groups, b)) for b, ref in enumerate(refs)]
             out = envs.step_batch(actions)
             if out.failed is not None:
                 raise AssertionError(f"{name}: step {t}: sub-envs {out.errors} failed")
             for b, ref in enumerate(refs):
-                _assert_row(out, groups, b, expected[b], ref, f"{name}: step {t}")
+                assert_row(out, groups, b, expected[b], ref, f"{name}: step {t}")
         return out
 
     def test_reset_batch_seeds_sub_env_i_with_seeds_i(self) -> None:
@@ -242,7 +135,7 @@ class MultiAgentVectorEnvContract:
                 out = envs.reset_batch(seeds)
                 for b, (ref, seed) in enumerate(zip(refs, seeds)):
                     ref.reset(seed)
-                    _assert_acting(out, envs.groups, b, ref, f"reset_batch({seeds})")
+                    assert_acting(out, envs.groups, b, ref, f"reset_batch({seeds})")
 
     def test_step_for_step_equal_to_the_envs_steppedby_hand(self) -> None:
         n = self.num_envs
@@ -254,7 +147,7 @@ class MultiAgentVectorEnvContract:
                     out = envs.reset_batch(seeds)
                     for b, (ref, seed) in enumerate(zip(refs, seeds)):
                         ref.reset(seed)
-                        _assert_acting(out, envs.groups, b, ref, f"{name}: reset")
+                        assert_acting(out, envs.groups, b, ref, f"{name}: reset")
                     self._run_parity(envs, refs, out, self.num_steps, rng, name)
 
     def test_invalid_actions_rejected_before_any_step(self) -> None:
@@ -268,7 +161,7 @@ class MultiAgentVectorEnvContract:
                     ref.reset(seed)
                 out = self._run_parity(envs, refs, out, 2, rng, "before bad actions")
                 steps = envs.get_attr("t")
-                good = _sample_actions(rng, envs.groups, out)
+                good = sample_actions(rng, envs.groups, out)
                 bad = {
                     "one batch too many": [*good, good[0]],
                     "no batch": [],
@@ -313,7 +206,7 @@ class MultiAgentVectorEnvContract:
                                 f"row {b}.{field} after reset_at({index})",
                             )
                 if ref is not None:
-                    _assert_acting(out, envs.groups, b, ref, f"reset_at({index})")
+                    assert_acting(out, envs.groups, b, ref, f"reset_at({index})")
             self._run_parity(envs, refs, out, 10, rng, "after reset_at")
 
     def test_a_restart_touches_no_other_env(self) -> None:
@@ -337,7 +230,7 @@ class MultiAgentVectorEnvContract:
                 ref.reset(seed)
             restarts = 0
             for t in range(4 * every):
-                actions = _sample_actions(rng, groups, out)
+                actions = sample_actions(rng, groups, out)
                 out = envs.step_batch(actions)
                 where = f"{factory.__name__}: step {t}"
                 # Each instance of sub-env ``index`` fails at its ``every``-th step (the
@@ -353,11 +246,11 @@ class MultiAgentVectorEnvContract:
                         for group in groups:
                             if out.groups[group.policy_id].completed[b].any():
                                 raise AssertionError(f"{where}: a failed step has transitions")
-                        _assert_acting(out, groups, b, ref, where)
+                        assert_acting(out, groups, b, ref, where)
                         restarts += 1
                         continue
-                    expected = ref.step(_actor(actions, groups, b))
-                    _assert_row(out, groups, b, expected, ref, where)
+                    expected = ref.step(actions_of_row(actions, groups, b))
+                    assert_row(out, groups, b, expected, ref, where)
             if envs.get_num_restarts() != restarts:
                 raise AssertionError(f"get_num_restarts() = {envs.get_num_restarts()}")
 
@@ -406,7 +299,7 @@ class MultiAgentVectorEnvContract:
         n = self.num_envs
         envs = self.make_envs([coming_and_going] * n)
         out = envs.reset_batch(self._seeds(self.seed))
-        actions = _sample_actions(np.random.default_rng(self.seed), envs.groups, out)
+        actions = sample_actions(np.random.default_rng(self.seed), envs.groups, out)
         handles = sub_env_handles(envs)
         envs.close()
         envs.close()  # closing twice is allowed and does nothing
@@ -428,7 +321,7 @@ class MultiAgentVectorEnvContract:
         n = self.num_envs
         with self.make_envs([coming_and_going] * n) as envs:
             out = envs.reset_batch(self._seeds(self.seed))
-            actions = _sample_actions(np.random.default_rng(self.seed), envs.groups, out)
+            actions = sample_actions(np.random.default_rng(self.seed), envs.groups, out)
             envs.step_batch(actions)
         expect_raises(ClosedError, lambda: envs.step_batch(actions), "step_batch() after with")
 

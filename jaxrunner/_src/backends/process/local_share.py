@@ -38,8 +38,8 @@ from jaxrunner._src.backends.process.launch import (
 )
 from jaxrunner._src.backends.process.vector_env import ProcessVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.step_buffers import StepBuffers
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
-from jaxrunner._src.backends.sub_envs import StepBuffers
 from jaxrunner._src.backends.sync import SyncVectorEnv
 from jaxrunner.errors import (
     InvalidArgumentError,

@@ -25,13 +25,8 @@ import numpy as np
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import BatchStep
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.backends.sub_envs import (
-    StepBuffers,
-    StepResult,
-    SubEnvs,
-    fail_slot,
-    failed_mask,
-)
+from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot
+from jaxrunner._src.backends.sub_envs import StepResult, SubEnvs, failed_mask
 
 # Each sub-env's step progress (``status``): the main process sets NOT_RUN before it
 # sends a step; the worker's step loop sets RUNNING while env.step runs (and leaves it

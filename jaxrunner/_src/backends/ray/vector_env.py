@@ -36,7 +36,8 @@ from jaxrunner._src.backends.ray.actor_manager import ActorForwarding, ActorPool
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
 from jaxrunner._src.backends.ray.deadlines import InFlightSteps
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.backends.sub_envs import ActionSplitters, StepBuffers, fail_slot, span
+from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot, span
+from jaxrunner._src.backends.sub_envs import ActionSplitters
 from jaxrunner.errors import (
     EnvIndexError,
     InvalidArgumentError,

@@ -1,0 +1,114 @@
+"""The stacked buffers a block of sub-envs writes its step into (:class:`StepBuffers`),
+views of them as a :class:`~jaxrunner._src.backends.base.BatchStep`, and the failed
+slot every backend writes where a sub-env's step holds no transition
+(:func:`fail_slot`).
+
+The buffers are the sync backend's own arrays, or a process worker's views of shared
+memory; :class:`~jaxrunner._src.backends.sub_envs.SubEnvs` writes into whichever its
+caller gives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import gymnasium
+import numpy as np
+
+from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.base import BatchStep
+
+
+class StepBuffers(NamedTuple):
+    """The stacked buffers a step writes (all ``[num_envs, ...]``, by global index)."""
+
+    obs: Any
+    next_obs: Any
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+
+    @classmethod
+    def allocate(cls, obs_space: gymnasium.Space, num_envs: int) -> StepBuffers:
+        """New zeroed buffers for ``num_envs`` sub-envs."""
+        return cls(
+            space_arrays.allocate(obs_space, (num_envs,)),
+            space_arrays.allocate(obs_space, (num_envs,)),
+            np.zeros(num_envs, dtype=np.float64),
+            np.zeros(num_envs, dtype=np.bool_),
+            np.zeros(num_envs, dtype=np.bool_),
+        )
+
+    def batch_step(
+        self,
+        obs_space: gymnasium.Space,
+        rows: slice | None,
+        infos: list[dict[str, Any]],
+        reset_infos: dict[int, dict[str, Any]],
+        failed: np.ndarray | None = None,
+        errors: dict[int, BaseException] | None = None,
+    ) -> BatchStep:
+        """Rows ``rows``' results as a :class:`BatchStep` of views (``env_ids`` is
+        ``rows``); None: the buffers themselves, every env."""
+        if rows is None:
+            obs, next_obs, part = self.obs, self.next_obs, slice(None)
+        else:
+            obs = space_arrays.rows(obs_space, self.obs, rows)
+            next_obs = space_arrays.rows(obs_space, self.next_obs, rows)
+            part = rows
+        return BatchStep(
+            obs,
+            next_obs,
+            self.reward[part],
+            self.terminated[part],
+            self.truncated[part],
+            infos,
+            reset_infos,
+            failed,
+            errors,
+            rows,
+        )
+
+    def merge(self, obs_space: gymnasium.Space, results: Sequence[BatchStep]) -> BatchStep:
+        """Results of contiguous blocks (``env_ids`` slices, in order) as one BatchStep
+        whose ``env_ids`` is an int array; its arrays are copies from these buffers."""
+        ids = np.concatenate([np.arange(block.start, block.stop) for block in map(span, results)])
+        failed = [
+            np.zeros(len(r.reward), np.bool_) if r.failed is None else r.failed for r in results
+        ]
+        errors = {i: e for r in results for i, e in (r.errors or {}).items()}
+        return BatchStep(
+            space_arrays.take(obs_space, self.obs, ids),
+            space_arrays.take(obs_space, self.next_obs, ids),
+            self.reward[ids],
+            self.terminated[ids],
+            self.truncated[ids],
+            [info for r in results for info in r.infos],
+            {i: info for r in results for i, info in r.reset_infos.items()},
+            np.concatenate(failed) if any(r.failed is not None for r in results) else None,
+            errors or None,
+            ids,
+        )
+
+
+def span(result: BatchStep) -> slice:
+    """The contiguous envs of a block's result (blocks report theirs as a slice)."""
+    if not isinstance(result.env_ids, slice):
+        raise TypeError(
+            f"expected a block's result, whose env_ids is a slice; got {result.env_ids!r}"
+        )
+    return result.env_ids
+
+
+def fail_slot(buffers: StepBuffers, space: gymnasium.Space, index: int | slice) -> None:
+    """Sub-envs ``index``' slots of the step under way hold no transition: reward 0,
+    no flags, ``next_obs = obs`` (by then the reset observation of the new sub-env).
+    The one failed-slot helper of every backend."""
+    buffers.reward[index], buffers.terminated[index], buffers.truncated[index] = 0.0, False, False
+    space_arrays.copy_into(
+        space, buffers.next_obs, space_arrays.rows(space, buffers.obs, index), index
+    )
+
+
+__all__ = ["StepBuffers", "fail_slot", "span"]
