@@ -1,8 +1,10 @@
 """``backend="ray"``: sub-envs in Ray actors, stepped at their own pace (ready-first).
 
 Modules: :mod:`.config` (``RayConfig``, Ray's import), :mod:`.vector_env` (the
-``VectorEnv``: ``send``/``recv``), :mod:`.actors` (starting, replacing and killing
-the actors), :mod:`.actor` (an actor's body: a ``SyncVectorEnv``).
+``VectorEnv``: ``send``/``recv``), :mod:`.actor_manager` (starting, replacing and
+killing the actors), :mod:`.env_actor` (an actor's body: a ``SyncVectorEnv``),
+:mod:`.deadlines` (step timeouts); multi-agent: :mod:`.agents` (the driver side) and
+:mod:`.agent_env_actor` (an actor's body).
 """
 
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray

@@ -26,7 +26,7 @@ dropped and counted in ``num_dropped_steps``.
 :class:`MultiAgentExternalEnv` is the multi-agent form (RLlib's
 ExternalMultiAgentEnv): the same calls with ``{agent_id: value}`` dicts, agents
 batched per policy, agent episodes (:class:`~jaxrunner.multi_agent.AgentEpisode`) out; it is built
-from the same parts (:mod:`.multi_agent_env`, :mod:`.agents`,
+from the same parts (:mod:`.multi_agent_env`, :mod:`.multi_agent_env_core`, :mod:`.agents`,
 :mod:`.multi_agent_delivery`, :mod:`.multi_agent_endings`).
 
 Modules: :mod:`.env` (the :class:`ExternalEnv` facade), :mod:`.checks` (argument
