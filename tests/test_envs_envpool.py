@@ -306,3 +306,32 @@ def test_calls_give_what_envpools_public_api_gives(task: str, kwargs: dict, dire
                     (got_ids, got_obs, dict(got_info)), (ref_info["env_id"], ref_obs, ref_info)
                 )
         assert ended > 0  # episodes ended (max_episode_steps) and were reset by EnvPool
+
+
+def test_keep_reset_steps_sends_in_the_background() -> None:
+    """With keep_reset_steps, send hands EnvPool the actions at once (the runner records
+    them while EnvPool steps) and recv answers them: the same steps as step_batch on a
+    twin pool; calls out of order are refused with what to do, and lose nothing."""
+    n = 3
+    mine, twin = (_envpool(n, 5, keep_reset_steps=True) for _ in range(2))
+    with closing(mine), closing(twin):
+        assert mine.capabilities.steps_in_background
+        for vec in (mine, twin):
+            vec.reset_batch([SEED + i for i in range(n)])
+        with pytest.raises(InvalidArgumentError, match="send"):
+            mine.recv()
+        resets = 0
+        for t in range(8):
+            actions = np.full(n, t % 2, np.int64)
+            mine.send(actions)
+            if t == 2:
+                for call in (lambda: mine.send(actions), lambda: mine.reset_batch([None] * n)):
+                    with pytest.raises(InvalidArgumentError, match="recv"):
+                        call()
+            got, expected = mine.recv(), twin.step_batch(actions)
+            assert_trees_equal(got[:5], expected[:5], f"step {t}")
+            assert_trees_equal(got.reset_rows, expected.reset_rows, f"step {t}")
+            resets += got.reset_rows is not None
+        assert resets  # the episodes (5 steps) ended and EnvPool's reset steps came back
+        with pytest.raises(InvalidArgumentError, match="all 3 sub-envs"):
+            mine.send(np.zeros(2, np.int64), slice(0, 2))

@@ -142,6 +142,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> tuple[Any, Sequence[dict[str, Any]]]:
         self._check_open("reset")
+        self._check_not_sending("reset_batch")
         if options:
             raise InvalidArgumentError(
                 f"reset(options={options!r}): EnvPool takes no reset options."
@@ -162,6 +163,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
     def reset_at(
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
+        self._check_not_sending("reset_at")
         out = super().reset_at(index, seed=seed, options=options)
         self._ended[index] = False  # reset(env_id=...) cleared EnvPool's pending reset
         return out
@@ -205,10 +207,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
                 f"EnvPoolVectorEnv.send(env_ids={env_ids!r}): sync mode steps all {n} sub-envs "
                 "at once; pass None (async mode, make_vec(..., batch_size=k), steps subsets)."
             )
-        if self._sending:
-            raise InvalidArgumentError(
-                "EnvPoolVectorEnv.send(): the last send is still stepping; recv() it first."
-            )
+        self._check_not_sending("send")
         self._call("step", self._calls.send, self._check_actions(actions))
         self._sending = True
 
@@ -223,6 +222,13 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
             )
         self._sending = False
         return self._answer(self._call("step", self._calls.recv))
+
+    def _check_not_sending(self, call: str) -> None:
+        if self._sending:
+            raise InvalidArgumentError(
+                f"EnvPoolVectorEnv.{call}(): the last send() is still stepping in EnvPool; "
+                "recv() its results first."
+            )
 
     def _step(self, actions: Any, rows: slice | None) -> BatchStep:
         if not self.keep_reset_steps:
