@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import sys
 import tempfile
 
 # One persistent XLA compilation cache for the run, before JAX starts: many tests (and
@@ -45,8 +46,23 @@ class ActorCritic(nn.Module):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
     if _XLA_CACHE is not None:
         shutil.rmtree(_XLA_CACHE, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray instance (2 CPUs), started on first use and left running until the
+    session ends: a start and a stop cost seconds, and the Ray tests of six modules
+    share one per test process. A docs page that starts its own stops this one first
+    (test_docs_examples.py); the next module needing Ray starts it again."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    return ray
 
 
 @pytest.fixture

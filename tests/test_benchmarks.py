@@ -154,15 +154,18 @@ def test_bench_on_the_process_backend_measures_the_sync_hand_loop_and_async_vect
     capsys, tmp_path
 ):
     """The figures' settings are `jaxrunner bench`'s own (benchmarks/core.py, which only
-    changed its defaults, is gone): the process row's reference is the sync hand loop."""
+    changed its defaults, is gone): the process row's reference is the sync hand loop.
+    Also the CLI's --json on this backend (once a test of its own in test_envs_process.py:
+    one bench run serves both)."""
     out = tmp_path / "bench.json"
-    options = ["--num-envs", "2", "--rounds", "1", "--seconds", "0.05"]
+    options = ["--num-envs", "2", "--rounds", "1", "--seconds", "0.05", "--json"]
     assert cli.main(["bench", *options, "--backend", "process", "--out", str(out)]) == 0
-    capsys.readouterr()
-    report = json.loads(out.read_text())
+    report = json.loads(capsys.readouterr().out)  # stdout holds only the JSON
+    assert json.loads(out.read_text()) == report
+    assert report["config"]["backends"] == ["process"]
     (process,) = report["results"]
     assert (process["backend"], process["num_envs"]) == ("process", 2)
-    assert process["errors"] == {}
+    assert process["errors"] == {} and process["systems"]["jaxrunner"]["median"] > 0
     # AsyncVectorEnv by hand is measured for information beside the reference.
     assert set(process["systems"]) == {"jaxrunner", "hand", "ceiling", "hand_async"}
     assert process["systems"]["hand"]["label"] == "hand loop: gymnasium SyncVectorEnv"

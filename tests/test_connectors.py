@@ -407,39 +407,35 @@ def test_connectors_are_checked():
 # -- across runners (Ray) ---------------------------------------------------------------------
 
 
-def test_group_merges_statistics_exactly_broadcasts_them_and_restarts_from_them():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        conn = C.Connectors(obs=[C.NormalizeObservation()])
-        config = jr.EnvRunnerGroupConfig(
-            num_runners=2,
-            num_envs_per_runner=3,
-            rollout_length=8,
-            env_options={"max_episode_steps": 15},
-            runner_options={"connectors": conn},
-            num_cpus_per_runner=0.5,
-        )
-        policy = POLICY(spaces.Discrete(2))
-        params = policy.init(jax.random.key(0), spaces.Box(-np.inf, np.inf, (4,), np.float32))
-        with jr.EnvRunnerGroup("CartPole-v1", POLICY, params, config) as group:
-            seen = [group.sample().obs, group.sample().obs]
-            merged = group.connector_statistics
-            assert_moments_match(merged[0], np.concatenate(seen))
-            group.set_params(params)  # broadcasts the merged statistics with the weights
-            for actor in group.runner_actors:
-                state = ray.get(actor.get_connector_state.remote())
-                jr.testing.assert_trees_equal(
-                    obs_stats(state), jax.device_get(merged[0]), "runner stats"
-                )
-            ray.kill(group.runner_actors[1])
-            group.sample()  # runner 1 is found dead and replaced
-            group.wait_until_healthy(120.0)
-            state = ray.get(group.runner_actors[1].get_connector_state.remote())
-            latest = jax.device_get(group.connector_statistics[0])
-            jr.testing.assert_trees_equal(obs_stats(state), latest, "restarted runner stats")
-    finally:
-        ray.shutdown()
+def test_group_merges_statistics_exactly_broadcasts_them_and_restarts_from_them(local_ray):
+    ray = local_ray
+    conn = C.Connectors(obs=[C.NormalizeObservation()])
+    config = jr.EnvRunnerGroupConfig(
+        num_runners=2,
+        num_envs_per_runner=3,
+        rollout_length=8,
+        env_options={"max_episode_steps": 15},
+        runner_options={"connectors": conn},
+        num_cpus_per_runner=0.5,
+    )
+    policy = POLICY(spaces.Discrete(2))
+    params = policy.init(jax.random.key(0), spaces.Box(-np.inf, np.inf, (4,), np.float32))
+    with jr.EnvRunnerGroup("CartPole-v1", POLICY, params, config) as group:
+        seen = [group.sample().obs, group.sample().obs]
+        merged = group.connector_statistics
+        assert_moments_match(merged[0], np.concatenate(seen))
+        group.set_params(params)  # broadcasts the merged statistics with the weights
+        for actor in group.runner_actors:
+            state = ray.get(actor.get_connector_state.remote())
+            jr.testing.assert_trees_equal(
+                obs_stats(state), jax.device_get(merged[0]), "runner stats"
+            )
+        ray.kill(group.runner_actors[1])
+        group.sample()  # runner 1 is found dead and replaced
+        group.wait_until_healthy(120.0)
+        state = ray.get(group.runner_actors[1].get_connector_state.remote())
+        latest = jax.device_get(group.connector_statistics[0])
+        jr.testing.assert_trees_equal(obs_stats(state), latest, "restarted runner stats")
 
 
 def test_connector_state_is_part_of_the_checkpoint(tmp_path):

@@ -104,6 +104,8 @@ def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
         pytest.skip(f"its {count} blocks run in {tests}, with their output checked")
     for module in required_modules(text):
         pytest.importorskip(module)
+    if "ray.init(" in text and "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()  # the Ray tests' shared instance; the page starts its own
     monkeypatch.chdir(tmp_path)
     # The page's namespace is a module of its own, as a script's or a notebook's is: a
     # dataclass defined there finds its module, and cloudpickle sends what the page

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
-import json
 import os
 import pathlib
 import select
@@ -33,7 +32,6 @@ import pytest
 from conftest import ActorCritic, short_cartpole
 
 import jaxrunner as jr
-from jaxrunner._src import cli
 from jaxrunner._src.backends.process import (
     DEFAULT_SPIN_WAIT_US,
     ProcessConfig,
@@ -550,16 +548,7 @@ def test_no_orphans_after_interpreter_exit_or_kill(tmp_path: pathlib.Path):
         assert not _wait_gone(pids), f"{how}: workers {pids} outlived the main process"
 
 
-# -- the CLI ---------------------------------------------------------------------------------
-
-
-def test_bench_cli_with_the_process_backend(capsys):
-    argv = ["bench", "--backend", "process", "--num-envs", "2", "--seconds", "0.05"]
-    assert cli.main([*argv, "--rounds", "1", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["config"]["backends"] == ["process"]
-    (row,) = report["results"]
-    assert row["systems"]["jaxrunner"]["median"] > 0 and row["layout"]["num_workers"] >= 1
+# The CLI on the process backend: tests/test_benchmarks.py (one bench run checks both).
 
 
 # -- ready-first mode ---------------------------------------------------------------------------

@@ -47,16 +47,12 @@ class TestProcessMultiAgentContract(PettingZooCases, MultiAgentVectorEnvContract
 
 
 @pytest.fixture(scope="class")
-def local_ray():
-    ray = pytest.importorskip("ray")
+def envs_by_value(local_ray):
     # The tests' env factories travel to the actors by value (actors cannot import tests/).
-    ray.cloudpickle.register_pickle_by_value(envs_mod)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    local_ray.cloudpickle.register_pickle_by_value(envs_mod)
 
 
-@pytest.mark.usefixtures("local_ray")
+@pytest.mark.usefixtures("envs_by_value")
 class TestRayMultiAgentContract(MultiAgentVectorEnvContract):
     # The contract's own env cases only: the transport is the same for every env, and
     # each PettingZoo case costs new actors (~3 s each; sync and process cover them).

@@ -79,17 +79,9 @@ def make_envs(backend, fns, restart, step_timeout_s=None):
     return ProcessMultiAgentVectorEnv(fns, config=config, restart_policy=policy)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.fixture(autouse=True)
 def ray_for_the_ray_backend(request):
-    """Starts Ray (once, for the module) for the tests on backend "ray" only."""
+    """Starts Ray (the shared instance, conftest.py) for the tests on backend "ray" only."""
     callspec = getattr(request.node, "callspec", None)
     if callspec is not None and callspec.params.get("backend") == "ray":
         request.getfixturevalue("local_ray")

@@ -190,44 +190,40 @@ def test_process_ready_first_refuses_splits_and_sends_of_part_of_a_worker():
     envs.close()
 
 
-def test_ray_ready_first_and_lockstep_splits_give_the_sync_trajectories():
-    ray = pytest.importorskip("ray")
+def test_ray_ready_first_and_lockstep_splits_give_the_sync_trajectories(local_ray):
+    ray = local_ray
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the Sleepy env
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        reference = lockstep_reference()
-        config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1, ready_first=True)
-        got, order = ready_first_sample("ray", config)
-        assert_same(reference, got)
-        assert len(order) == 2 * 2 * 8  # one answer per actor and step
-        config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
-        envs = jr.make_multi_agent_vec(sleepy, 4, "ray", config=config)
-        assert not envs.capabilities.ready_first and envs.capabilities.steps_in_background
-        with jr.MultiAgentRunner(
-            envs, random_policy(3), zero_params(3), 8, seed=5, num_splits=2
-        ) as runner:
-            got = [runner.sample(), runner.sample()], runner.get_metrics()
-        assert_same(reference, got)
+    reference = lockstep_reference()
+    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1, ready_first=True)
+    got, order = ready_first_sample("ray", config)
+    assert_same(reference, got)
+    assert len(order) == 2 * 2 * 8  # one answer per actor and step
+    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
+    envs = jr.make_multi_agent_vec(sleepy, 4, "ray", config=config)
+    assert not envs.capabilities.ready_first and envs.capabilities.steps_in_background
+    with jr.MultiAgentRunner(
+        envs, random_policy(3), zero_params(3), 8, seed=5, num_splits=2
+    ) as runner:
+        got = [runner.sample(), runner.sample()], runner.get_metrics()
+    assert_same(reference, got)
 
-        # Two splits of one actor's envs, the actor killed between samples: both
-        # splits' steps die with it; it is replaced once, and every env's slot fails.
-        config = jr.RayConfig(envs_per_actor=4, num_cpus_per_actor=0.1)
-        envs = jr.make_multi_agent_vec(
-            sleepy, 4, "ray", config=config, restart_policy=jr.RestartPolicy()
-        )
-        with jr.MultiAgentRunner(
-            envs, random_policy(3), zero_params(3), 4, seed=5, num_splits=2
-        ) as runner:
-            runner.sample()
-            dead = envs.actors[0]
-            ray.kill(dead, no_restart=True)
-            with pytest.raises(ray.exceptions.RayActorError):  # kill is asynchronous: wait
-                for _ in range(100):
-                    ray.get(dead.num_restarts.remote(), timeout=10)
-                    time.sleep(0.05)
-            traj = runner.sample()
-            assert envs.num_actor_restarts == 1
-            assert traj.episode_id[0].tolist() != traj.episode_id[1].tolist()
-            assert runner.get_metrics()["num_faulty_episodes"] == 4
-    finally:
-        ray.shutdown()
+    # Two splits of one actor's envs, the actor killed between samples: both
+    # splits' steps die with it; it is replaced once, and every env's slot fails.
+    config = jr.RayConfig(envs_per_actor=4, num_cpus_per_actor=0.1)
+    envs = jr.make_multi_agent_vec(
+        sleepy, 4, "ray", config=config, restart_policy=jr.RestartPolicy()
+    )
+    with jr.MultiAgentRunner(
+        envs, random_policy(3), zero_params(3), 4, seed=5, num_splits=2
+    ) as runner:
+        runner.sample()
+        dead = envs.actors[0]
+        ray.kill(dead, no_restart=True)
+        with pytest.raises(ray.exceptions.RayActorError):  # kill is asynchronous: wait
+            for _ in range(100):
+                ray.get(dead.num_restarts.remote(), timeout=10)
+                time.sleep(0.05)
+        traj = runner.sample()
+        assert envs.num_actor_restarts == 1
+        assert traj.episode_id[0].tolist() != traj.episode_id[1].tolist()
+        assert runner.get_metrics()["num_faulty_episodes"] == 4

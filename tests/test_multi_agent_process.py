@@ -72,38 +72,34 @@ def test_worker_error_reaches_the_caller_with_its_traceback():
         envs.step_batch([np.zeros((2, 4), np.int64)])
 
 
-def test_ray_equals_sync_and_replaces_a_dead_actor():
-    ray = pytest.importorskip("ray")
+def test_ray_equals_sync_and_replaces_a_dead_actor(local_ray):
+    ray = local_ray
     ray.cloudpickle.register_pickle_by_value(envs_mod)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        sync, sync_metrics = _sample(envs_mod.relay, "sync", 4)
-        config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
-        got, got_metrics = _sample(envs_mod.relay, "ray", 4, config=config)
-        jax.tree.map(np.testing.assert_array_equal, sync, got)
-        assert sync_metrics["num_agent_steps"] == got_metrics["num_agent_steps"]
+    sync, sync_metrics = _sample(envs_mod.relay, "sync", 4)
+    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
+    got, got_metrics = _sample(envs_mod.relay, "ray", 4, config=config)
+    jax.tree.map(np.testing.assert_array_equal, sync, got)
+    assert sync_metrics["num_agent_steps"] == got_metrics["num_agent_steps"]
 
-        # An actor killed between samples is replaced: its sub-env's step under way
-        # fails (no transition, its episode ends as a fault); the other actor's go on.
-        envs = jr.make_multi_agent_vec(
-            envs_mod.coming_and_going, 3, "ray", config=config, restart_policy=jr.RestartPolicy()
-        )
-        with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 6, seed=7) as runner:
-            first = runner.sample()
-            dead = envs.actors[1]  # sub-env 2
-            ray.kill(dead, no_restart=True)
-            with pytest.raises(ray.exceptions.RayActorError):  # kill is asynchronous: wait
-                for _ in range(100):
-                    ray.get(dead.num_restarts.remote(), timeout=10)
-                    time.sleep(0.05)
-            traj = runner.sample()
-            metrics = runner.get_metrics()
-            assert envs.num_actor_restarts == 1
-        (group,) = traj.groups.values()
-        assert not group.valid[0, 2].any() and group.valid[0, :2].any()
-        assert group.valid[1:, 2].any()  # the new actor's episode goes on
-        assert metrics["num_dropped_steps"] == 1 and metrics["num_faulty_episodes"] == 1
-        valid = sum(int(t.groups["policy_0"].valid.sum()) for t in (first, traj))
-        assert metrics["num_agent_steps"] == valid
-    finally:
-        ray.shutdown()
+    # An actor killed between samples is replaced: its sub-env's step under way
+    # fails (no transition, its episode ends as a fault); the other actor's go on.
+    envs = jr.make_multi_agent_vec(
+        envs_mod.coming_and_going, 3, "ray", config=config, restart_policy=jr.RestartPolicy()
+    )
+    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 6, seed=7) as runner:
+        first = runner.sample()
+        dead = envs.actors[1]  # sub-env 2
+        ray.kill(dead, no_restart=True)
+        with pytest.raises(ray.exceptions.RayActorError):  # kill is asynchronous: wait
+            for _ in range(100):
+                ray.get(dead.num_restarts.remote(), timeout=10)
+                time.sleep(0.05)
+        traj = runner.sample()
+        metrics = runner.get_metrics()
+        assert envs.num_actor_restarts == 1
+    (group,) = traj.groups.values()
+    assert not group.valid[0, 2].any() and group.valid[0, :2].any()
+    assert group.valid[1:, 2].any()  # the new actor's episode goes on
+    assert metrics["num_dropped_steps"] == 1 and metrics["num_faulty_episodes"] == 1
+    valid = sum(int(t.groups["policy_0"].valid.sum()) for t in (first, traj))
+    assert metrics["num_agent_steps"] == valid

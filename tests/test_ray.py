@@ -47,12 +47,9 @@ def slow_cartpole(delay_s: float) -> gymnasium.Env:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def local_ray():
+def module_envs_by_value(local_ray):
     # This module's envs travel to the actors by value (workers cannot import tests/).
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def runner_on(envs: jr.VectorEnv, rollout_length: int, **kwargs: Any) -> jr.EnvRunner:
