@@ -17,6 +17,7 @@ from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.models import mlp_policy
 from tests import multi_agent_envs as envs_mod
+from tests.ray_helpers import kill_actor
 from tests.test_multi_agent import random_policy, zero_params
 
 LENGTH = 12
@@ -218,11 +219,7 @@ def test_ray_ready_first_and_lockstep_splits_give_the_sync_trajectories(local_ra
     ) as runner:
         runner.sample()
         dead = envs.actors[0]
-        ray.kill(dead, no_restart=True)
-        with pytest.raises(ray.exceptions.RayActorError):  # kill is asynchronous: wait
-            for _ in range(100):
-                ray.get(dead.num_restarts.remote(), timeout=10)
-                time.sleep(0.05)
+        kill_actor(dead)
         traj = runner.sample()
         assert envs.num_actor_restarts == 1
         assert traj.episode_id[0].tolist() != traj.episode_id[1].tolist()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import jax
 import numpy as np
 import pytest
@@ -12,6 +10,7 @@ pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
 from tests import multi_agent_envs as envs_mod
+from tests.ray_helpers import kill_actor
 from tests.test_multi_agent import random_policy, zero_params
 
 
@@ -89,11 +88,7 @@ def test_ray_equals_sync_and_replaces_a_dead_actor(local_ray):
     with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 6, seed=7) as runner:
         first = runner.sample()
         dead = envs.actors[1]  # sub-env 2
-        ray.kill(dead, no_restart=True)
-        with pytest.raises(ray.exceptions.RayActorError):  # kill is asynchronous: wait
-            for _ in range(100):
-                ray.get(dead.num_restarts.remote(), timeout=10)
-                time.sleep(0.05)
+        kill_actor(dead)
         traj = runner.sample()
         metrics = runner.get_metrics()
         assert envs.num_actor_restarts == 1

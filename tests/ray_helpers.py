@@ -1,0 +1,20 @@
+"""Helpers for the tests that run envs in Ray actors."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+
+def kill_actor(actor: Any) -> None:
+    """Kills a Ray env actor for good and returns once it is dead (``ray.kill`` is
+    asynchronous: a call made right after it may still be answered)."""
+    import ray
+
+    ray.kill(actor, no_restart=True)
+    with pytest.raises(ray.exceptions.RayActorError):
+        for _ in range(100):
+            ray.get(actor.num_restarts.remote(), timeout=10)
+            time.sleep(0.05)
