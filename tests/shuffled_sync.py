@@ -8,7 +8,8 @@ import jax
 import numpy as np
 
 import jaxrunner as jr
-from jaxrunner._src.backends.base import BatchStep, Capabilities
+from jaxrunner._src.backends.batch_step import BatchStep
+from jaxrunner._src.backends.capabilities import Capabilities
 
 
 class ShuffledSync(jr.SyncVectorEnv):

@@ -205,8 +205,8 @@ def test_default_chunk_rows_follow_the_width_and_the_policy_cost():
 def test_default_splits_do_not_pay_a_costly_policy_twice(num_envs, flops, splits):
     from types import SimpleNamespace
 
-    from jaxrunner._src.backends.base import Capabilities
-    from jaxrunner._src.samplers.lockstep import default_num_splits
+    from jaxrunner._src.backends.capabilities import Capabilities
+    from jaxrunner._src.samplers.pipeline_splits import default_num_splits
 
     process_like = SimpleNamespace(num_envs=num_envs, capabilities=Capabilities(pipeline_splits=2))
     chunk_rows = default_chunk_rows(num_envs, flops, "cpu")

@@ -17,7 +17,7 @@ import pytest
 from conftest import ActorCritic, short_cartpole
 
 import jaxrunner as jr
-from jaxrunner._src.backends.base import Capabilities
+from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.process import (
     LocalShareVectorEnv,
     ProcessConfig,

@@ -77,12 +77,12 @@ def test_process_splits_give_the_sync_trajectories(name):
 
 
 def test_default_splits_follow_the_lockstep_samplers_rule(monkeypatch):
-    from jaxrunner._src.samplers import lockstep
+    from jaxrunner._src.samplers import pipeline_splits
 
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 8, "process", num_workers=2)
     with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
-        assert len(runner.sampler.splits) == lockstep.default_num_splits(envs)
-    monkeypatch.setattr(lockstep.jax, "default_backend", lambda: "gpu")
+        assert len(runner.sampler.splits) == pipeline_splits.default_num_splits(envs)
+    monkeypatch.setattr(pipeline_splits.jax, "default_backend", lambda: "gpu")
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 8)
     with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
         assert runner.sampler.splits == [slice(0, 4), slice(4, 8)]

@@ -9,13 +9,11 @@ from typing import Any
 import gymnasium
 
 from jaxrunner._src.backends.auto import LayoutChoice, choose_for
-from jaxrunner._src.backends.base import BatchStep, VectorEnv
+from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.envpool import EnvPoolVectorEnv, make_envpool_vec
-from jaxrunner._src.backends.gymnasium_adapter import (
-    GymnasiumVectorEnv,
-    from_gymnasium,
-    make_gymnasium_vec,
-)
+from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, from_gymnasium
+from jaxrunner._src.backends.gymnasium_vec import make_gymnasium_vec
 from jaxrunner._src.backends.process import (
     LocalShareVectorEnv,
     ProcessConfig,

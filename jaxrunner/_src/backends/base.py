@@ -50,134 +50,21 @@ before is the closed old one (ask again). Backends with no per-sub-env Python ob
 from __future__ import annotations
 
 import abc
-import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import gymnasium
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
+from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from jaxrunner._src.backends.auto import LayoutChoice
-
-
-class BatchStep(NamedTuple):
-    """What one ``step_batch`` call returns. Arrays are views of the env's buffers:
-    valid until its next call; copy what you keep."""
-
-    obs: Any
-    """[B, ...] observations to act on next (reset ones where an episode ended)."""
-    next_obs: Any
-    """[B, ...] true next observations (the final one where an episode ended)."""
-    reward: np.ndarray
-    """[B] float64."""
-    terminated: np.ndarray
-    """[B] bool."""
-    truncated: np.ndarray
-    """[B] bool."""
-    infos: Sequence[dict[str, Any]]
-    """Per-env step infos (the final info where an episode ended)."""
-    reset_infos: Mapping[int, dict[str, Any]]
-    """Infos of the resets done in this call, by env index."""
-    failed: np.ndarray | None = None
-    """[B] bool, or None when no sub-env failed: the sub-envs whose step failed and
-    were restarted (only with a ``restart_policy``). Their slots hold no transition:
-    reward 0, both flags False, and ``obs`` and ``next_obs`` the new sub-env's reset
-    observation. Their step infos are ``{}``; ``errors`` holds what went wrong."""
-    errors: dict[int, BaseException] | None = None
-    """The failures of this call, by env index: step failures (``failed``) and
-    reset failures after a good step (that transition stays valid)."""
-    env_ids: slice | np.ndarray | None = None
-    """Which envs these rows are: a ``slice`` of env indices (a contiguous block) or
-    an int array (any set, in row order). ``None`` means every env, in order."""
-    reset_rows: np.ndarray | None = None
-    """[B] bool, or None when there are none: rows that are the env's own reset step
-    (EnvPool's NEXT_STEP autoreset, kept by ``make_vec(..., backend="envpool",
-    keep_reset_steps=True)``), the call after an episode ended. The env ignored their
-    action: no transition (reward 0, both flags False), ``next_obs`` and ``obs`` the new
-    episode's first observation. Not a fault: the runner records them ``valid=False``
-    with ``step`` -1 and counts them in no metric (see
-    :class:`~jaxrunner._src.samplers.episode_ids.EpisodeBook`)."""
-
-
-EnvIds = slice | np.ndarray | None
-"""The envs a :meth:`VectorEnv.send` steps: a slice, an int array, or None for all."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Capabilities:
-    """What a backend can do, declared once on its class (or, where a config picks it,
-    on the instance). The samplers read these fields; nothing else is probed."""
-
-    can_restart: bool = False
-    """Failed sub-envs can be recreated (a ``restart_policy`` given at construction)."""
-    steps_in_background: bool = False
-    """``send`` returns while the sub-envs step (other processes or threads), so the
-    lockstep sampler overlaps one group's policy with another group's envs."""
-    ready_first: bool = False
-    """``recv`` answers whichever sent envs are ready, not the sends in order: the
-    runner samples with the ready-first sampler."""
-    recv_batch_size: int | None = None
-    """With ``ready_first``: ``recv`` waits until this many envs have answered (EnvPool's
-    async ``batch_size``), so the sampler keeps at least this many in flight. ``None``:
-    ``recv`` returns as soon as any env answers."""
-    batch_buckets: tuple[int, ...] | None = None
-    """With ``ready_first``: the policy batch sizes the sampler compiles, the ready envs
-    padded to the next one (None: powers of two, then all envs)."""
-    pipeline_splits: int | None = None
-    """Lockstep pipelining splits when the runner is given ``num_splits=None`` (None:
-    the sampler's own rule)."""
-    pipeline_bounds: tuple[int, ...] | None = None
-    """Lockstep: the split edges ``(0, ..., num_envs)`` the sampler pipelines (its
-    default split count, and its splits whenever it runs that many), where the backend
-    steps some envs differently from others (None: splits of equal size)."""
-    can_snapshot: bool = False
-    """The sub-envs' state can be saved and restored (:meth:`VectorEnv.snapshot_sub_envs`),
-    so a checkpointed runner resumes their episodes exactly."""
-    reset_steps: bool = False
-    """The env's own reset steps come back as rows (``BatchStep.reset_rows``), one call
-    after each episode end, instead of being skipped: the sampler records them as
-    ``valid=False`` slots that are no faults (EnvPool's ``keep_reset_steps=True``)."""
-
-    def __post_init__(self) -> None:
-        edges = self.pipeline_bounds
-        if edges is not None and (
-            len(edges) < 2 or edges[0] != 0 or list(edges) != sorted(set(edges))
-        ):
-            raise InvalidArgumentError(
-                f"Capabilities(pipeline_bounds={edges!r}): expected increasing split edges "
-                "from 0 to num_envs, e.g. (0, 4, 8)."
-            )
-        if self.recv_batch_size is not None and not self.ready_first:
-            raise InvalidArgumentError(
-                f"Capabilities(recv_batch_size={self.recv_batch_size}): only a ready_first "
-                "backend answers in batches of its own size; set ready_first=True or leave "
-                "recv_batch_size=None."
-            )
-
-
-def block_rows(env_ids: EnvIds, num_envs: int, where: str) -> tuple[int, int]:
-    """The rows ``[lo, hi)`` of a lockstep send's ``env_ids``: None (every env) or a
-    non-empty slice with step 1; ``where`` names the caller in the error.
-
-    Raises:
-        InvalidArgumentError: any other ``env_ids``.
-    """
-    if env_ids is None:
-        return 0, num_envs
-    if isinstance(env_ids, slice):
-        lo, hi, step = env_ids.indices(num_envs)
-        if step == 1 and lo < hi:
-            return lo, hi
-    raise InvalidArgumentError(
-        f"{where}.send(env_ids={env_ids!r}): expected None (every env) or a non-empty "
-        f"slice of env indices with step 1 within [0, {num_envs}) (lockstep sends)."
-    )
 
 
 def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> list[int | None]:

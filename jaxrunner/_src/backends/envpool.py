@@ -46,7 +46,9 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep, Capabilities, EnvIds, VectorEnv
+from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
+from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.envpool_calls import EnvPoolCalls, EnvPoolStep
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, _gymnasium_seed
 from jaxrunner._src.backends.vector_infos import EMPTY_RESET_INFOS, SplitInfos

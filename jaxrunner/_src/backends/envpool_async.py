@@ -36,7 +36,9 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep, Capabilities, EnvIds, VectorEnv
+from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
+from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.envpool import _import_envpool, every_seed
 from jaxrunner._src.backends.envpool_calls import EnvPoolCalls
 from jaxrunner.errors import InvalidArgumentError

@@ -36,7 +36,8 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep, Capabilities
+from jaxrunner._src.backends.batch_step import BatchStep
+from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.gymnasium_sub_envs import async_request, sub_environments
 from jaxrunner._src.backends.in_process import InProcessVectorEnv
 from jaxrunner._src.backends.masked_reset import MaskedReset, masked_reset_for
@@ -372,54 +373,4 @@ def from_gymnasium(
     return GymnasiumVectorEnv(vector_env, masked_reset=masked_reset, copy=copy)
 
 
-def make_gymnasium_vec(
-    env_id: str,
-    num_envs: int,
-    vectorization_mode: str | gymnasium.VectorizeMode | None = None,
-    vector_kwargs: dict[str, Any] | None = None,
-    **kwargs: Any,
-) -> GymnasiumVectorEnv:
-    """``gymnasium.make_vec(env_id, num_envs, vectorization_mode, ...)``, adopted.
-
-    Args:
-        env_id: a registered gymnasium id.
-        num_envs: number of sub-envs.
-        vectorization_mode: ``"vector_entry_point"``, ``"sync"`` or ``"async"``; ``None``
-            uses the env's own vector implementation where it has one, else ``"sync"``.
-        vector_kwargs: for ``SyncVectorEnv``/``AsyncVectorEnv``; their autoreset mode
-            defaults to SAME_STEP here (no masked resets needed).
-        **kwargs: passed to gymnasium (env kwargs, ``wrappers``).
-    """
-    if not isinstance(env_id, str):
-        raise InvalidArgumentTypeError(
-            f"make_vec(env=..., backend='gymnasium'): expected a registered gymnasium id "
-            f"(gymnasium.make_vec needs one), got {type(env_id).__name__}. Use backend='sync' "
-            "for a factory, or adopt your own vector env with jaxrunner.from_gymnasium()."
-        )
-    try:
-        mode = None if vectorization_mode is None else gymnasium.VectorizeMode(vectorization_mode)
-    except ValueError as err:
-        raise InvalidArgumentError(
-            f"make_vec(backend='gymnasium', vectorization_mode={vectorization_mode!r}): expected "
-            f"one of {[m.value for m in gymnasium.VectorizeMode]} (or None for the env's own "
-            "vector implementation where it has one)."
-        ) from err
-    if mode is None:
-        spec = gymnasium.spec(env_id)
-        has_own = spec.vector_entry_point is not None
-        mode = (
-            gymnasium.VectorizeMode.VECTOR_ENTRY_POINT if has_own else gymnasium.VectorizeMode.SYNC
-        )
-    if mode != gymnasium.VectorizeMode.VECTOR_ENTRY_POINT:
-        vector_kwargs = {"autoreset_mode": AutoresetMode.SAME_STEP, **(vector_kwargs or {})}
-    env = gymnasium.make_vec(
-        env_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **kwargs
-    )
-    return GymnasiumVectorEnv(env)
-
-
-__all__ = [
-    "GymnasiumVectorEnv",
-    "from_gymnasium",
-    "make_gymnasium_vec",
-]
+__all__ = ["GymnasiumVectorEnv", "from_gymnasium"]

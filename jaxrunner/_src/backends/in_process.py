@@ -8,7 +8,8 @@ import abc
 import collections
 from typing import Any
 
-from jaxrunner._src.backends.base import EnvIds, VectorEnv
+from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner.errors import InvalidArgumentError
 
 

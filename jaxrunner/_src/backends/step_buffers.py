@@ -1,5 +1,5 @@
 """The stacked buffers a block of sub-envs writes its step into (:class:`StepBuffers`),
-views of them as a :class:`~jaxrunner._src.backends.base.BatchStep`, and the failed
+views of them as a :class:`~jaxrunner._src.backends.batch_step.BatchStep`, and the failed
 slot every backend writes where a sub-env's step holds no transition
 (:func:`fail_slot`).
 
@@ -17,7 +17,7 @@ import gymnasium
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep
+from jaxrunner._src.backends.batch_step import BatchStep
 
 
 class StepBuffers(NamedTuple):

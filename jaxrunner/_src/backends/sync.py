@@ -11,7 +11,9 @@ import gymnasium
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep, Capabilities, VectorEnv
+from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.batch_step import BatchStep
+from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.in_process import InProcessVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.snapshots import snapshot_dumps

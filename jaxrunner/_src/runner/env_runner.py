@@ -2,7 +2,7 @@
 
 It owns what every sampler shares (params, metrics, complete episodes, failures, the
 claim on its envs) and picks the sampler from what the backend declares
-(:class:`~jaxrunner._src.backends.base.Capabilities`): the scan sampler for a pure-JAX env,
+(:class:`~jaxrunner._src.backends.capabilities.Capabilities`): the scan sampler for a pure-JAX env,
 the ready-first sampler for ``ready_first`` backends, the lockstep sampler otherwise.
 """
 

@@ -64,7 +64,7 @@ class MultiAgentRunner(EnvOwner):
             the envs are split in this many contiguous parts, and one part's policy
             steps run while another part's envs step (process and Ray backends);
             trajectories are the same bits for any value. None: the lockstep sampler's
-            rule (:func:`~jaxrunner._src.samplers.lockstep.default_num_splits`: one on a CPU
+            rule (:func:`~jaxrunner._src.samplers.pipeline_splits.default_num_splits`: one on a CPU
             host with inline dispatch, two from 8 envs on accelerators). Ready-first
             backends and pure-JAX envs take None (or 1).
     """

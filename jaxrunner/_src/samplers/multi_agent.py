@@ -47,8 +47,8 @@ from jaxrunner._src.runner.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.runner.policy import Params, Policy
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
-from jaxrunner._src.samplers.lockstep import pipeline_splits
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
+from jaxrunner._src.samplers.pipeline_splits import pipeline_splits
 from jaxrunner._src.samplers.sampler import attach_partial
 from jaxrunner.errors import InvalidArgumentError
 
@@ -88,7 +88,7 @@ class MultiAgentSampler:
         envs: the multi-agent vector env, just reset; ``first`` its reset result.
         setup: policies, params, rollout length, seed and metrics.
         num_splits: lockstep pipelining splits (None:
-            :func:`~jaxrunner._src.samplers.lockstep.default_num_splits`); a ready-first
+            :func:`~jaxrunner._src.samplers.pipeline_splits.default_num_splits`); a ready-first
             backend takes None or 1.
     """
 

@@ -39,7 +39,8 @@ import jax
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep, VectorEnv
+from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.connectors.sample_end import SampleEnd
 from jaxrunner._src.runner.metrics import PERF_KEYS
 from jaxrunner._src.runner.policy import Params

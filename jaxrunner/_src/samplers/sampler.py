@@ -20,7 +20,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep
+from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.runner.metrics import RunnerMetrics
 from jaxrunner._src.runner.next_obs_store import FinalObsRecorder

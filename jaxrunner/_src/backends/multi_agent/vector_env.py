@@ -30,12 +30,9 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrunner._src.backends.base import (
-    BaseVectorEnv,
-    Capabilities,
-    EnvIds,
-    block_rows,
-)
+from jaxrunner._src.backends.base import BaseVectorEnv
+from jaxrunner._src.backends.batch_step import EnvIds, block_rows
+from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.in_process import InProcessSends
 from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep, StepViews
 from jaxrunner._src.backends.multi_agent.driver import Driver

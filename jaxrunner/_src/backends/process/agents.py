@@ -21,7 +21,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxrunner._src.backends.base import Capabilities, EnvIds
+from jaxrunner._src.backends.batch_step import EnvIds
+from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.multi_agent.buffers import (
     AgentStepBuffers,
     GroupBuffers,

@@ -28,7 +28,9 @@ import numpy as np
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep, Capabilities, EnvIds, VectorEnv, block_rows
+from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
+from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.error_indices import with_global_env_index
 from jaxrunner._src.backends.process.config import ProcessConfig, checked_config, main_process_share
 from jaxrunner._src.backends.process.launch import (

@@ -23,7 +23,7 @@ import gymnasium
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep
+from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot
 from jaxrunner._src.backends.sub_envs import StepResult, SubEnvs, failed_mask

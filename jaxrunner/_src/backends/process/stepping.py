@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src.backends.base import BatchStep, EnvIds, block_rows
+from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.process import protocol
 from jaxrunner._src.backends.process.handle import WorkerLost
 from jaxrunner._src.backends.process.pool import LOST, WorkerPool

@@ -11,7 +11,9 @@ import gymnasium
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep, Capabilities, EnvIds, VectorEnv
+from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
+from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.process.config import ProcessConfig, checked_config
 from jaxrunner._src.backends.process.handle import Resources, shutdown
 from jaxrunner._src.backends.process.launch import (

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.backends.base import Capabilities, EnvIds, block_rows
+from jaxrunner._src.backends.batch_step import EnvIds, block_rows
+from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.multi_agent.buffers import (
     AgentStepBuffers,
     MultiAgentStep,

@@ -10,7 +10,7 @@ from typing import Any
 
 import gymnasium
 
-from jaxrunner._src.backends.base import BatchStep
+from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_handle import run_on_env
 from jaxrunner._src.backends.sync import SyncVectorEnv

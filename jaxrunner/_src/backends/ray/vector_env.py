@@ -31,7 +31,9 @@ import numpy as np
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import BatchStep, Capabilities, EnvIds, VectorEnv
+from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
+from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.ray.actor_manager import ActorForwarding, ActorPool, EnvFactory
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
 from jaxrunner._src.backends.ray.deadlines import InFlightSteps

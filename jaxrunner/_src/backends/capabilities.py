@@ -1,0 +1,63 @@
+"""What a backend can do, declared once as a typed value (:class:`Capabilities`): the
+samplers read it and never probe."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxrunner.errors import InvalidArgumentError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """What a backend can do, declared once on its class (or, where a config picks it,
+    on the instance). The samplers read these fields; nothing else is probed."""
+
+    can_restart: bool = False
+    """Failed sub-envs can be recreated (a ``restart_policy`` given at construction)."""
+    steps_in_background: bool = False
+    """``send`` returns while the sub-envs step (other processes or threads), so the
+    lockstep sampler overlaps one group's policy with another group's envs."""
+    ready_first: bool = False
+    """``recv`` answers whichever sent envs are ready, not the sends in order: the
+    runner samples with the ready-first sampler."""
+    recv_batch_size: int | None = None
+    """With ``ready_first``: ``recv`` waits until this many envs have answered (EnvPool's
+    async ``batch_size``), so the sampler keeps at least this many in flight. ``None``:
+    ``recv`` returns as soon as any env answers."""
+    batch_buckets: tuple[int, ...] | None = None
+    """With ``ready_first``: the policy batch sizes the sampler compiles, the ready envs
+    padded to the next one (None: powers of two, then all envs)."""
+    pipeline_splits: int | None = None
+    """Lockstep pipelining splits when the runner is given ``num_splits=None`` (None:
+    the sampler's own rule)."""
+    pipeline_bounds: tuple[int, ...] | None = None
+    """Lockstep: the split edges ``(0, ..., num_envs)`` the sampler pipelines (its
+    default split count, and its splits whenever it runs that many), where the backend
+    steps some envs differently from others (None: splits of equal size)."""
+    can_snapshot: bool = False
+    """The sub-envs' state can be saved and restored (:meth:`VectorEnv.snapshot_sub_envs`),
+    so a checkpointed runner resumes their episodes exactly."""
+    reset_steps: bool = False
+    """The env's own reset steps come back as rows (``BatchStep.reset_rows``), one call
+    after each episode end, instead of being skipped: the sampler records them as
+    ``valid=False`` slots that are no faults (EnvPool's ``keep_reset_steps=True``)."""
+
+    def __post_init__(self) -> None:
+        edges = self.pipeline_bounds
+        if edges is not None and (
+            len(edges) < 2 or edges[0] != 0 or list(edges) != sorted(set(edges))
+        ):
+            raise InvalidArgumentError(
+                f"Capabilities(pipeline_bounds={edges!r}): expected increasing split edges "
+                "from 0 to num_envs, e.g. (0, 4, 8)."
+            )
+        if self.recv_batch_size is not None and not self.ready_first:
+            raise InvalidArgumentError(
+                f"Capabilities(recv_batch_size={self.recv_batch_size}): only a ready_first "
+                "backend answers in batches of its own size; set ready_first=True or leave "
+                "recv_batch_size=None."
+            )
+
+
+__all__ = ["Capabilities"]
