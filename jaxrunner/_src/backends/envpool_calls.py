@@ -2,9 +2,9 @@
 
 EnvPool's Python methods (``send``, ``recv``, ``step``, ``reset``) wrap three C++
 calls, ``_send``, ``_recv`` and ``_reset``. On every call they build a dict of the
-actions, rebuild the pool's config dict (twice), zip the state into a dict and
-unflatten it into gymnasium's tree: about 20 us of Python per step, against 46 us for
-the C++ calls alone at 8 CartPoles (``benchmarks/envpool_step_overhead.py``). A hand
+actions, rebuild the pool's config dict, zip the state into a dict and unflatten it
+into gymnasium's tree: at 8 CartPoles a step took 94 us through them and 60 us
+through the C++ calls alone (``benchmarks/envpool_step_overhead.py``, quiet). A hand
 loop pays that; the adapters need not.
 
 :class:`EnvPoolCalls` drives the C++ calls directly where the pool has the layout every
