@@ -52,7 +52,8 @@ class LockstepSampler(HostSampler):
     Args:
         envs: the vector env, just reset; ``obs`` its first observations.
         setup: the policy, params, rollout length, seed and metrics.
-        num_splits: pipelining splits (None: :func:`default_num_splits`).
+        num_splits: pipelining splits (None:
+            :func:`~jaxrunner._src.samplers.pipeline_splits.default_num_splits`).
         callbacks: optional hooks, called with ``runner``.
         runner: what the callbacks receive as their runner.
     """
