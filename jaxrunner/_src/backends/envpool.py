@@ -47,7 +47,7 @@ from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
-from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
+from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.envpool_calls import EnvPoolCalls, EnvPoolStep
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, _gymnasium_seed
@@ -202,9 +202,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
             return
         self._check_open("step")
         n = self.num_envs
-        if env_ids is not None and (
-            not isinstance(env_ids, slice) or (env_ids.start, env_ids.stop) != (0, n)
-        ):
+        if block_rows(env_ids, n, type(self).__name__) != (0, n):
             raise InvalidArgumentError(
                 f"EnvPoolVectorEnv.send(env_ids={env_ids!r}): sync mode steps all {n} sub-envs "
                 "at once; pass None (async mode, make_vec(..., batch_size=k), steps subsets)."
