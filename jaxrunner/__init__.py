@@ -37,15 +37,15 @@ from jaxrunner._src.backends import (
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
-from jaxrunner._src.runner.callbacks import Callbacks, LiveEpisode
+from jaxrunner._src.checkpoints.env_runner import RestoreReport
+from jaxrunner._src.core.episode import Episode, concatenate_episodes
+from jaxrunner._src.core.metrics import MetricsConfig
+from jaxrunner._src.core.policy import Policy
+from jaxrunner._src.core.returns import GAE, discounted_returns, gae
+from jaxrunner._src.core.seeds import env_seeds
+from jaxrunner._src.core.trajectory import Trajectory, concatenate
 from jaxrunner._src.runner.env_runner import EnvRunner
-from jaxrunner._src.runner.episode import Episode, concatenate_episodes
-from jaxrunner._src.runner.metrics import MetricsConfig
-from jaxrunner._src.runner.policy import Policy
-from jaxrunner._src.runner.returns import GAE, discounted_returns, gae
-from jaxrunner._src.runner.seeds import env_seeds
-from jaxrunner._src.runner.trajectory import Trajectory, concatenate
-from jaxrunner._src.services.checkpoints.env_runner import RestoreReport
+from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
 from jaxrunner._src.services.datasets import from_minari, to_minari
 from jaxrunner._src.services.evaluation import EvaluationResult, evaluate
 from jaxrunner._src.services.external import ExternalEnv, ExternalEnvConfig

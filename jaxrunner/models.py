@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.core.policy import Policy
 from jaxrunner.errors import SpaceMismatchError
 
 

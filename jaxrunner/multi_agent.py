@@ -9,22 +9,22 @@ from jaxrunner._src.backends.multi_agent.vector_env import (
     MultiAgentVectorEnv,
     SyncMultiAgentVectorEnv,
 )
-from jaxrunner._src.runner.agent_callbacks import AgentCallbacks
-from jaxrunner._src.runner.agent_groups import (
+from jaxrunner._src.core.agent_groups import (
     AgentGroup,
     PolicyMappingFn,
     build_groups,
     default_policy_mapping,
 )
-from jaxrunner._src.runner.group_returns import group_gae
-from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
-from jaxrunner._src.runner.multi_agent_trajectory import (
+from jaxrunner._src.core.group_returns import group_gae
+from jaxrunner._src.core.multi_agent_trajectory import (
     AgentEpisode,
     GroupTrajectory,
     MultiAgentTrajectory,
     concatenate_agent_episodes,
 )
-from jaxrunner._src.runner.policy_pool import pool_params, pooled_policy
+from jaxrunner._src.core.policy_pool import pool_params, pooled_policy
+from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
+from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks
 from jaxrunner._src.services.external.multi_agent_env import MultiAgentExternalEnv
 from jaxrunner._src.services.multi_agent_evaluation import MultiAgentEvaluationResult
 

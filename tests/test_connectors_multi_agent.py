@@ -17,7 +17,7 @@ pytest.importorskip("pettingzoo")
 import jaxrunner as jr
 from jaxrunner import connectors as C
 from jaxrunner._src.connectors.per_group import per_policy_connectors
-from jaxrunner._src.runner.agent_groups import AgentGroup
+from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 from tests import multi_agent_envs as envs_mod
 from tests.test_connectors import CountingTraces, assert_moments_match

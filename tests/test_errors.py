@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from jaxrunner import errors
+import jaxrunner.errors as errors
 
 ERROR_CLASSES = sorted(
     (

@@ -15,7 +15,7 @@ from gated_policy import GatedPolicy, when_idle
 from gymnasium import spaces
 
 import jaxrunner as jr
-from jaxrunner import errors
+import jaxrunner.errors as errors
 from jaxrunner._src.space_arrays import check_value
 from jaxrunner.models import mlp_policy
 

@@ -15,7 +15,7 @@ import pytest
 from gated_policy import GatedPolicy
 
 import jaxrunner as jr
-from jaxrunner import errors
+import jaxrunner.errors as errors
 from jaxrunner._src import space_arrays
 from jaxrunner._src.services.external.episodes import LiveEpisode
 from jaxrunner._src.services.external.memory import episode_nbytes

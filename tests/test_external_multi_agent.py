@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from external_multi_agent_helpers import Ref, assert_matches, make_env, play_parallel, play_turns
 
-from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.core.policy import Policy
 from jaxrunner._src.services.external import ExternalEnvConfig, MultiAgentExternalEnv
 from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing, Relay
 from jaxrunner.errors import (

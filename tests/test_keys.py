@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxrunner._src.samplers import keys
+import jaxrunner._src.samplers.keys as keys
 
 SHAPES = [(), (1,), (3,), (4, 5), (2, 3, 4)]
 

@@ -1,4 +1,4 @@
-"""Tests for jaxrunner._src.runner.policy: Policy.from_linen / from_nnx and the built-in heads."""
+"""Tests for jaxrunner._src.core.policy: Policy.from_linen / from_nnx and the built-in heads."""
 
 from __future__ import annotations
 

@@ -291,7 +291,7 @@ def test_episode_statistics_of_episodes_spanning_many_samples(num_splits):
 
 
 def test_perf_timers_mean_and_ema():
-    from jaxrunner._src.runner.metrics import PERF_KEYS, PerfTimers
+    from jaxrunner._src.core.metrics import PERF_KEYS, PerfTimers
 
     mean, ema = PerfTimers(None), PerfTimers(0.5)
     for timers in (mean, ema):

@@ -22,7 +22,7 @@ import pytest
 from external_helpers import assert_replays, play
 
 import jaxrunner as jr
-from jaxrunner import errors
+import jaxrunner.errors as errors
 from jaxrunner.models import mlp_policy
 
 httpx = pytest.importorskip("httpx")

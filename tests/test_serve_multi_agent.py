@@ -20,7 +20,7 @@ from external_multi_agent_helpers import assert_matches, make_env, play_parallel
 pytest.importorskip("fastapi")
 
 import jaxrunner as jr
-from jaxrunner import errors
+import jaxrunner.errors as errors
 from jaxrunner._src.services.external import ExternalEnvConfig
 from jaxrunner._src.services.serve import wire
 from jaxrunner._src.services.serve.schema import MAX_AGENTS

@@ -1,4 +1,4 @@
-"""Tests for jaxrunner._src.runner.trajectory: save/load, split_episodes, concatenate."""
+"""Tests for jaxrunner._src.core.trajectory: save/load, split_episodes, concatenate."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 import jaxrunner as jr
 from jaxrunner._src import space_arrays
-from jaxrunner._src.runner.episode import Episode
-from jaxrunner._src.runner.trajectory import Trajectory
+from jaxrunner._src.core.episode import Episode
+from jaxrunner._src.core.trajectory import Trajectory
 
 SETTINGS = settings(
     max_examples=40,

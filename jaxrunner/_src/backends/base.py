@@ -64,7 +64,7 @@ from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError
 
 if TYPE_CHECKING:
-    from jaxrunner._src.backends.auto import LayoutChoice
+    from jaxrunner._src.backends.layout_choice import LayoutChoice
 
 
 def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> list[int | None]:

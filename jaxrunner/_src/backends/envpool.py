@@ -49,33 +49,16 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
-from jaxrunner._src.backends.envpool_calls import EnvPoolCalls, EnvPoolStep
+from jaxrunner._src.backends.envpool_calls import (
+    EnvPoolCalls,
+    EnvPoolStep,
+    every_seed,
+    import_envpool,
+)
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, _gymnasium_seed
 from jaxrunner._src.backends.vector_infos import EMPTY_RESET_INFOS, SplitInfos
 from jaxrunner._src.space_arrays.checks import check_finite_observations
 from jaxrunner.errors import InvalidArgumentError
-
-
-def _import_envpool() -> Any:
-    try:
-        import envpool  # type: ignore[import-not-found]  # the optional extra, absent in CI
-    except ImportError as err:
-        raise ImportError(
-            "make_vec(backend='envpool') needs EnvPool: pip install 'jaxrunner[envpool]' "
-            "(Linux x86_64/aarch64 wheels)."
-        ) from err
-    return envpool
-
-
-def every_seed(seeds: Sequence[int | None]) -> list[int]:
-    """``seeds`` for EnvPool, which seeds every sub-env when the pool is built: one per
-    sub-env, or an error naming the fix."""
-    given = [int(s) for s in seeds if s is not None]
-    if len(given) < len(seeds):
-        raise InvalidArgumentError(
-            "reset(seed=[...]): EnvPool needs a seed for every sub-env or none."
-        )
-    return given
 
 
 def _check_order(got: np.ndarray, ids: np.ndarray) -> None:
@@ -112,7 +95,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         keep_reset_steps: bool = False,
         **envpool_kwargs: Any,
     ) -> None:
-        envpool = _import_envpool()
+        envpool = import_envpool()
         for name in ("env_seed", "batch_size", "num_envs"):
             if name in envpool_kwargs:
                 raise InvalidArgumentError(

@@ -39,8 +39,7 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
-from jaxrunner._src.backends.envpool import _import_envpool, every_seed
-from jaxrunner._src.backends.envpool_calls import EnvPoolCalls
+from jaxrunner._src.backends.envpool_calls import EnvPoolCalls, every_seed, import_envpool
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -82,7 +81,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
                 f"1 <= batch_size < num_envs={num_envs}, with num_envs a multiple of "
                 "batch_size; leave batch_size unset for sync mode."
             )
-        envpool = _import_envpool()
+        envpool = import_envpool()
         self.keep_reset_steps = bool(keep_reset_steps)
         self.capabilities = Capabilities(
             ready_first=True, recv_batch_size=batch_size, reset_steps=self.keep_reset_steps

@@ -19,10 +19,12 @@ with the same results.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from jaxrunner.errors import InvalidArgumentError
 
 _ACTION_KEYS = ("env_id", "players.env_id", "action")
 _STATE_KEYS = ("info:env_id", "obs", "reward", "done", "trunc")
@@ -129,3 +131,25 @@ class EnvPoolCalls:
 
 
 __all__ = ["EnvPoolCalls", "EnvPoolStep"]
+
+
+def import_envpool() -> Any:
+    try:
+        import envpool  # type: ignore[import-not-found]  # the optional extra, absent in CI
+    except ImportError as err:
+        raise ImportError(
+            "make_vec(backend='envpool') needs EnvPool: pip install 'jaxrunner[envpool]' "
+            "(Linux x86_64/aarch64 wheels)."
+        ) from err
+    return envpool
+
+
+def every_seed(seeds: Sequence[int | None]) -> list[int]:
+    """``seeds`` for EnvPool, which seeds every sub-env when the pool is built: one per
+    sub-env, or an error naming the fix."""
+    given = [int(s) for s in seeds if s is not None]
+    if len(given) < len(seeds):
+        raise InvalidArgumentError(
+            "reset(seed=[...]): EnvPool needs a seed for every sub-env or none."
+        )
+    return given

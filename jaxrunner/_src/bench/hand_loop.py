@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
-from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.core.policy import Policy
 from jaxrunner.errors import InvalidArgumentError
 
 REFERENCES: dict[str, str] = {

@@ -20,7 +20,7 @@ import numpy as np
 from jaxrunner._src import space_arrays
 from jaxrunner._src.bench.hand_loop import single_spaces
 from jaxrunner._src.bench.policy import hand_act
-from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.core.policy import Policy
 
 
 def available_cores() -> int:

@@ -9,7 +9,7 @@ from typing import Any
 
 import jax
 
-from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.core.policy import Policy
 from jaxrunner.models import MLP, mlp_policy
 
 __all__ = ["MLP", "hand_act", "mlp_policy"]

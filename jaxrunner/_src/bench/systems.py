@@ -36,8 +36,8 @@ from jaxrunner._src.bench.multi_agent import MultiAgentHandSystem, MultiAgentRun
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
 from jaxrunner._src.bench.timing import measure_runner, timed, us_per_call
 from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
-from jaxrunner._src.runner.policy import Policy
-from jaxrunner._src.samplers import EnvRunner
+from jaxrunner._src.core.policy import Policy
+from jaxrunner._src.runner.env_runner import EnvRunner
 from jaxrunner.errors import InvalidArgumentError
 
 JAX_BACKEND = "jax"

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jaxrunner._src.runner.metrics import PERF_KEYS
+from jaxrunner._src.core.metrics import PERF_KEYS
 
 
 def rollout_length(num_envs: int) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 import gymnasium
 
 from jaxrunner import models
-from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.core.policy import Policy
 from jaxrunner.errors import InvalidArgumentError
 
 

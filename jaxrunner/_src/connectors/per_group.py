@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
-from jaxrunner._src.runner.agent_groups import AgentGroup
+from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 GroupConnectors = Connectors | Mapping[str, Connectors | None]

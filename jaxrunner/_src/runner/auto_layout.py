@@ -31,7 +31,7 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium
 
@@ -40,10 +40,7 @@ from jaxrunner._src.backends.auto import LayoutChoice
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.process.launch import default_num_workers
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.runner.policy import Params, Policy
-
-if TYPE_CHECKING:
-    from jaxrunner._src.runner.env_runner import EnvRunner
+from jaxrunner._src.core.policy import Params, Policy
 
 TRIAL_ROUNDS = 5
 """Timed samples per candidate, interleaved (after one warm-up sample each); the
@@ -70,6 +67,7 @@ work of a step). Callbacks and metrics are left out: the trial's samples are nob
 
 
 def make_runner(
+    runner_cls: type,
     env: str | Callable[[], gymnasium.Env],
     num_envs: int,
     policy: Policy,
@@ -82,12 +80,10 @@ def make_runner(
     restart_policy: RestartPolicy | None,
     env_kwargs: Mapping[str, Any] | None,
     runner_options: dict[str, Any],
-) -> EnvRunner:
+) -> Any:
     """Builds the envs (``make_vec``; with ``backend="auto"`` on the layout a trial
     with the policy chose) and the runner that owns them (see
     :meth:`~jaxrunner.EnvRunner.from_env`)."""
-    from jaxrunner._src.runner.env_runner import EnvRunner
-
     env_kwargs = dict(env_kwargs or {})
     choice = None
     if backend == "auto":
@@ -95,7 +91,7 @@ def make_runner(
         choice = choose_auto_layout(env, env_kwargs, num_envs, seed)
         if choice.backend == "process":
             choice = _trial(
-                choice, env, num_envs, policy, params, seed,
+                runner_cls, choice, env, num_envs, policy, params, seed,
                 restart_policy, env_kwargs, runner_options,
             )  # fmt: skip
         backend, config = choice.backend, choice.process_config()
@@ -105,13 +101,14 @@ def make_runner(
     if choice is not None:
         envs.layout_choice = choice
     try:
-        return EnvRunner(envs, policy, params, rollout_length, seed, **runner_options)
+        return runner_cls(envs, policy, params, rollout_length, seed, **runner_options)
     except BaseException:
         envs.close()  # the runner never owned them
         raise
 
 
 def _trial(
+    runner_cls: type,
     rule: LayoutChoice,
     env: str | Callable[[], gymnasium.Env],
     num_envs: int,
@@ -125,12 +122,10 @@ def _trial(
     """Times sync against the process layouts of :func:`trial_workers` with the
     policy (more rounds where they are close: :data:`CLOSE`); returns the fastest
     (:func:`pick_layout`)."""
-    from jaxrunner._src.runner.env_runner import EnvRunner
-
     work_us = rule.env_step_us * num_envs
     length = int(min(max(TRIAL_SAMPLE_S * 1e6 // work_us, TRIAL_STEPS[0]), TRIAL_STEPS[1]))
     options = {k: v for k, v in runner_options.items() if k in TRIAL_OPTIONS}
-    runners: dict[int, EnvRunner] = {}
+    runners: dict[int, Any] = {}
     try:
         for workers in trial_workers(rule):
             layout = dataclasses.replace(
@@ -141,7 +136,7 @@ def _trial(
                 restart_policy=restart_policy, **env_kwargs,
             )  # fmt: skip
             try:
-                runners[workers] = EnvRunner(envs, policy, params, length, seed, **options)
+                runners[workers] = runner_cls(envs, policy, params, length, seed, **options)
             except BaseException:
                 envs.close()
                 raise

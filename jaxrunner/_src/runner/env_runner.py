@@ -24,30 +24,30 @@ from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.process import ProcessConfig
 from jaxrunner._src.backends.ray import RayConfig
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.checkpoints import env_runner as checkpoint
+from jaxrunner._src.checkpoints.env_runner import RestoreReport
+from jaxrunner._src.checkpoints.env_runner_file import MAX_RESTORE_BYTES
 from jaxrunner._src.connectors.base import ConnectorState
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
-from jaxrunner._src.runner.callbacks import Callbacks
+from jaxrunner._src.core.episode import Episode, concatenate_episodes
+from jaxrunner._src.core.metrics import MetricsConfig, RunnerMetrics
+from jaxrunner._src.core.policy import Params, Policy, check_params_like
+from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID, EpisodeJoiner, RunnerState
+from jaxrunner._src.core.seeds import env_seeds
+from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.runner.env_runner_checks import (
     check_arguments,
     check_connectors,
     check_host_options,
     check_ready_first_options,
 )
-from jaxrunner._src.runner.episode import Episode, concatenate_episodes
-from jaxrunner._src.runner.metrics import MetricsConfig, RunnerMetrics
 from jaxrunner._src.runner.ownership import EnvOwner, check_num_episodes
-from jaxrunner._src.runner.policy import Params, Policy, check_params_like
 from jaxrunner._src.runner.progress import EpisodeProgress
-from jaxrunner._src.runner.runner_state import DEFAULT_POLICY_ID, EpisodeJoiner, RunnerState
-from jaxrunner._src.runner.seeds import env_seeds
-from jaxrunner._src.runner.trajectory import Trajectory
+from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.lockstep import LockstepSampler
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner._src.samplers.sampler import HostSampler, Sampler, SamplerSetup
 from jaxrunner._src.samplers.scan import ScanSampler, check_runner_options
-from jaxrunner._src.services.checkpoints import env_runner as checkpoint
-from jaxrunner._src.services.checkpoints.env_runner import RestoreReport
-from jaxrunner._src.services.checkpoints.env_runner_file import MAX_RESTORE_BYTES
 from jaxrunner.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -187,7 +187,7 @@ class EnvRunner(EnvOwner):
         from jaxrunner._src.runner.auto_layout import make_runner
 
         return make_runner(
-            env, num_envs, policy, params, rollout_length, seed,
+            cls, env, num_envs, policy, params, rollout_length, seed,
             backend=backend, config=config, restart_policy=restart_policy,
             env_kwargs=env_kwargs, runner_options={"callbacks": callbacks, **options},
         )  # fmt: skip

@@ -10,9 +10,9 @@ import numpy as np
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.connectors.pipeline import Connectors
-from jaxrunner._src.runner.callbacks import Callbacks
+from jaxrunner._src.core.policy import Policy
 from jaxrunner._src.runner.ownership import check_rollout_arguments
-from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.info_arrays import check_info_keys
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -28,7 +28,8 @@ def check_arguments(
 ) -> None:
     """Refuses arguments of the wrong kind, naming the argument and the fix."""
     if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
-        from jaxrunner.multi_agent import JaxMultiAgentVectorEnv, MultiAgentVectorEnv
+        from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
+        from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 
         hint = (
             "Multi-agent envs are sampled by jaxrunner.MultiAgentRunner."

@@ -11,25 +11,25 @@ import jax
 
 from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
+from jaxrunner._src.checkpoints import multi_agent_runner as checkpoint
+from jaxrunner._src.checkpoints.env_runner import RestoreReport
+from jaxrunner._src.checkpoints.env_runner_file import MAX_RESTORE_BYTES
 from jaxrunner._src.connectors.per_group import (
     GroupConnectors,
     check_state_like,
     per_policy_connectors,
 )
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
-from jaxrunner._src.runner.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
-from jaxrunner._src.runner.metrics import MetricsConfig
-from jaxrunner._src.runner.multi_agent_metrics import MultiAgentMetrics
-from jaxrunner._src.runner.multi_agent_trajectory import AgentEpisode, MultiAgentTrajectory
+from jaxrunner._src.core.metrics import MetricsConfig
+from jaxrunner._src.core.multi_agent_metrics import MultiAgentMetrics
+from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode, MultiAgentTrajectory
+from jaxrunner._src.core.policy import Params, Policy, check_params_like
+from jaxrunner._src.core.runner_state import RunnerState
+from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner._src.runner.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
-from jaxrunner._src.runner.policy import Params, Policy, check_params_like
-from jaxrunner._src.runner.runner_state import RunnerState
-from jaxrunner._src.runner.seeds import env_seeds
+from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
 from jaxrunner._src.samplers.multi_agent import MultiAgentSampler, MultiAgentSetup
 from jaxrunner._src.samplers.multi_agent_scan import MultiAgentScanSampler
-from jaxrunner._src.services.checkpoints import multi_agent_runner as checkpoint
-from jaxrunner._src.services.checkpoints.env_runner import RestoreReport
-from jaxrunner._src.services.checkpoints.env_runner_file import MAX_RESTORE_BYTES
 from jaxrunner.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,

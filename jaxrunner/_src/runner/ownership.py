@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.runner.runner_state import RunnerState
+from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner.errors import ClosedError, InvalidArgumentError, RunnerFailedError
 
 _OWNERS: weakref.WeakKeyDictionary[Any, weakref.ref] = weakref.WeakKeyDictionary()

@@ -44,8 +44,8 @@ import jax
 import jax.numpy as jnp
 from gymnasium import spaces
 
-from jaxrunner._src.runner.policy import Carry, Params, Policy, dummy_obs
-from jaxrunner._src.samplers import keys
+import jaxrunner._src.samplers.keys as keys
+from jaxrunner._src.core.policy import Carry, Params, Policy, dummy_obs
 from jaxrunner.errors import InvalidArgumentError
 
 MIN_CHUNK_ROWS = 8

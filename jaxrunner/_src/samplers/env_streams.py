@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrunner._src.samplers import keys
+import jaxrunner._src.samplers.keys as keys
 
 ENV_STEP_STREAM = 0xFFFFFFFF
 """Folded into the seed's key to root the envs' step keys (the policy's stream folds

@@ -18,7 +18,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxrunner._src.runner.trajectory import Trajectory
+from jaxrunner._src.core.trajectory import Trajectory
 
 
 @dataclasses.dataclass

@@ -23,11 +23,11 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.connectors.sample_end import SampleEnd
-from jaxrunner._src.runner.callbacks import Callbacks, LiveEpisode, overrides
-from jaxrunner._src.runner.metrics import PERF_KEYS
-from jaxrunner._src.runner.policy import Params
-from jaxrunner._src.runner.trajectory import Trajectory
+from jaxrunner._src.core.metrics import PERF_KEYS
+from jaxrunner._src.core.policy import Params
+from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.samplers.batch_invariance import default_chunk_rows
+from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode, overrides
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.info_arrays import InfoRecorder, policy_extras
 from jaxrunner._src.samplers.pipeline_splits import pipeline_splits

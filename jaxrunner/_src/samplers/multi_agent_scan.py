@@ -39,8 +39,8 @@ from jaxrunner._src.connectors.pipeline import (
     finish_group_sample,
 )
 from jaxrunner._src.connectors.state_rows import device_copy
-from jaxrunner._src.runner.multi_agent_trajectory import GroupTrajectory, MultiAgentTrajectory
-from jaxrunner._src.runner.policy import Params, Policy
+from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory, MultiAgentTrajectory
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.samplers.agent_episodes import agent_episode_ends
 from jaxrunner._src.samplers.multi_agent import MultiAgentSetup
 from jaxrunner._src.samplers.policy_step import act, initial_actor_state

@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxrunner._src.samplers.keys as keys
 from jaxrunner._src.connectors.pipeline import (
     POLICY_OBS,
     Connectors,
@@ -51,8 +52,7 @@ from jaxrunner._src.connectors.pipeline import (
 )
 from jaxrunner._src.connectors.state_packing import StatePacking
 from jaxrunner._src.connectors.state_rows import keep_active, put_rows, take_rows
-from jaxrunner._src.runner.policy import ApplyFn, Params, Policy
-from jaxrunner._src.samplers import keys
+from jaxrunner._src.core.policy import ApplyFn, Params, Policy
 from jaxrunner._src.samplers.batch_invariance import (
     chunked_apply,
     default_chunk_rows,

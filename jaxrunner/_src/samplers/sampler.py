@@ -22,10 +22,10 @@ from gymnasium import spaces
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.connectors.pipeline import Connectors
-from jaxrunner._src.runner.metrics import RunnerMetrics
-from jaxrunner._src.runner.next_obs_store import FinalObsRecorder
-from jaxrunner._src.runner.policy import Params, Policy
-from jaxrunner._src.runner.trajectory import Trajectory
+from jaxrunner._src.core.metrics import RunnerMetrics
+from jaxrunner._src.core.next_obs_store import FinalObsRecorder
+from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, InfoRecorder
 from jaxrunner.errors import InvalidArgumentError
 
@@ -50,7 +50,7 @@ class SamplerSetup:
     """Info entries recorded as ``[T, B]`` arrays (:mod:`.info_arrays`; host samplers)."""
     compact_next_obs: bool = False
     """Store ``next_obs`` only where it is not the next step's ``obs`` (host samplers;
-    :mod:`jaxrunner._src.runner.next_obs_store`)."""
+    :mod:`jaxrunner._src.core.next_obs_store`)."""
 
 
 class Sampler(abc.ABC):

@@ -56,8 +56,8 @@ from jaxrunner._src.connectors.pipeline import (
     ConnectorsState,
 )
 from jaxrunner._src.connectors.state_rows import device_copy
-from jaxrunner._src.runner.policy import Params, Policy
-from jaxrunner._src.runner.trajectory import Trajectory
+from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.samplers.policy_step import ActorState, act, initial_actor_state
 from jaxrunner._src.samplers.sampler import Sampler, SamplerSetup
 from jaxrunner._src.samplers.scan_loop import (

@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxrunner._src.samplers.keys as keys
 from jaxrunner._src.backends.functional_env import EnvStep
 from jaxrunner._src.connectors.pipeline import (
     POLICY_OBS,
     ConnectorsState,
 )
-from jaxrunner._src.samplers import keys
 from jaxrunner._src.samplers.env_streams import (
     env_roots,
     env_step_keys,

@@ -19,9 +19,9 @@ from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.connectors.base import ConnectorState
 from jaxrunner._src.connectors.moments import RunningMoments, freeze
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
-from jaxrunner._src.runner.episode import Episode
-from jaxrunner._src.runner.policy import Params, Policy
-from jaxrunner._src.samplers import EnvRunner
+from jaxrunner._src.core.episode import Episode
+from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.runner.env_runner import EnvRunner
 from jaxrunner._src.services.multi_agent_evaluation import (
     MultiAgentEvaluationResult,
     evaluate_multi_agent,

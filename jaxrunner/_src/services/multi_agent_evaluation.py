@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
-from jaxrunner._src.runner.multi_agent_trajectory import MultiAgentTrajectory
-from jaxrunner._src.runner.policy import Params, Policy
 
 
 @dataclasses.dataclass(frozen=True)

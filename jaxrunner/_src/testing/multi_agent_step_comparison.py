@@ -20,7 +20,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep
-from jaxrunner._src.runner.agent_groups import AgentGroup
+from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.testing.assertions import assert_trees_equal
 from jaxrunner._src.testing.multi_agent_reference import ExpectedRow
 

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.runner.agent_groups import AgentGroup
+from jaxrunner._src.core.agent_groups import AgentGroup
 
 FIELDS = (
     "obs",

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.runner.agent_groups import (
+from jaxrunner._src.core.agent_groups import (
     AgentGroup,
     GroupedAgents,
     PolicyMappingFn,

@@ -10,7 +10,7 @@ from jaxrunner._src.backends.multi_agent.vector_env import (
 from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.ray.config import RayConfig
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.runner.agent_groups import PolicyMappingFn
+from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 MULTI_AGENT_BACKENDS = ("sync", "process", "ray")

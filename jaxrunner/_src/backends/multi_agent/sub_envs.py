@@ -18,7 +18,7 @@ from jaxrunner._src.backends.multi_agent.layout import Layout
 from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly, retry
 from jaxrunner._src.backends.sub_env_handle import run_on_env
 from jaxrunner._src.backends.sub_envs import DONE, RUNNING, SubEnvRaised
-from jaxrunner._src.runner.agent_groups import AgentGroup, PolicyMappingFn, build_groups
+from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn, build_groups
 from jaxrunner.errors import (
     EnvError,
     InvalidActionError,

@@ -42,7 +42,7 @@ from jaxrunner._src.backends.process.shared import Carver
 from jaxrunner._src.backends.process.transport import Report, TransportForwarding
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_envs import StepResult
-from jaxrunner._src.runner.agent_groups import AgentGroup, AgentsDescription, PolicyMappingFn
+from jaxrunner._src.core.agent_groups import AgentGroup, AgentsDescription, PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 
 

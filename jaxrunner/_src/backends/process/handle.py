@@ -19,7 +19,7 @@ from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from jaxrunner._src.backends.process import protocol
+import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.backends.process.worker import worker_main
 from jaxrunner.errors import WorkerError, WorkerTimeoutError
 

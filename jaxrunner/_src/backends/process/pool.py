@@ -17,7 +17,7 @@ from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from jaxrunner._src.backends.process import protocol
+import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.backends.process.handle import Resources, WorkerHandle, WorkerLost, spawn_worker
 from jaxrunner._src.backends.process.launch import available_cpus
 from jaxrunner._src.backends.process.worker_errors import remote_exception

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.backends.process import protocol
+import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.backends.process.handle import WorkerLost
 from jaxrunner._src.backends.process.pool import WorkerPool
 from jaxrunner._src.backends.process.shared import BlockLayout

@@ -21,8 +21,8 @@ from typing import Any
 import jax
 import numpy as np
 
+import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
-from jaxrunner._src.backends.process import protocol
 from jaxrunner._src.backends.process.handle import WorkerLost
 from jaxrunner._src.backends.process.pool import LOST, WorkerPool
 from jaxrunner._src.backends.process.recovery import Sent, WorkerRecovery

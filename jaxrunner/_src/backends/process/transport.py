@@ -13,7 +13,7 @@ import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxrunner._src.backends.process import protocol
+import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.backends.process.config import ProcessConfig, spin_wait_s
 from jaxrunner._src.backends.process.handle import Resources, WorkerLost
 from jaxrunner._src.backends.process.launch import multiprocessing_context, pickle_factories

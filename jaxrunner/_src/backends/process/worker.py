@@ -199,7 +199,7 @@ def describe(envs: list[Any]) -> dict[str, Any]:
         "render_mode": getattr(first, "render_mode", None),
     }
     if hasattr(first, "possible_agents"):  # PettingZoo (imported only then)
-        from jaxrunner._src.runner.agent_groups import describe_agents
+        from jaxrunner._src.core.agent_groups import describe_agents
 
         report["agents"] = [describe_agents(env) for env in envs]
     else:

@@ -23,7 +23,7 @@ from jaxrunner._src.backends.multi_agent.sub_envs import (
 )
 from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly
 from jaxrunner._src.backends.sub_envs import build_envs
-from jaxrunner._src.runner.agent_groups import AgentGroup, PolicyMappingFn
+from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn
 
 
 class BlockReply(NamedTuple):

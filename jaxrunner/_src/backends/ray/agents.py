@@ -38,7 +38,7 @@ from jaxrunner._src.backends.ray.agent_env_actor import AgentEnvWorker, BlockRep
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
 from jaxrunner._src.backends.ray.deadlines import InFlightSteps
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.runner.agent_groups import PolicyMappingFn
+from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,

@@ -10,7 +10,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.runner.episode import Episode
+from jaxrunner._src.core.episode import Episode
 from jaxrunner.errors import InvalidArgumentError
 
 

@@ -10,7 +10,7 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.runner.episode import Episode
+from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.services.datasets.dependency import import_minari
 from jaxrunner._src.services.datasets.episode_check import EpisodeCheck
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError

@@ -10,7 +10,7 @@ import gymnasium
 
 from jaxrunner._src.backends import ProcessConfig, RayConfig, check_vec_options
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.core.policy import Policy
 from jaxrunner.errors import InvalidArgumentError
 
 EPISODE_ID_BITS = 40

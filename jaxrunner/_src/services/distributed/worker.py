@@ -11,17 +11,19 @@ import jax
 import numpy as np
 
 from jaxrunner._src.backends import make_vec
+from jaxrunner._src.backends.multi_agent.make import make_multi_agent_vec
 from jaxrunner._src.connectors.moments import Moments, set_statistics, take_deltas
-from jaxrunner._src.runner.policy import Params
-from jaxrunner._src.runner.trajectory import Trajectory
-from jaxrunner._src.samplers import EnvRunner
+from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
+from jaxrunner._src.core.policy import Params
+from jaxrunner._src.core.trajectory import Trajectory
+from jaxrunner._src.runner.env_runner import EnvRunner
+from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
 from jaxrunner._src.services.distributed.config import (
     EPISODE_ID_BITS,
     EnvRunnerGroupConfig,
     PolicyFactory,
 )
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.multi_agent import MultiAgentRunner, MultiAgentTrajectory, make_multi_agent_vec
 
 Statistics = list[Moments] | dict[str, list[Moments]]
 """Connector statistics: a runner's list, or a multi-agent runner's lists by policy id."""

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.runner.agent_groups import AgentGroup
-from jaxrunner._src.runner.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.core.agent_groups import AgentGroup
+from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
 from jaxrunner._src.services.external.episodes import LiveEpisode
 
 

@@ -30,9 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
 
+import jaxrunner._src.samplers.keys as keys
 from jaxrunner._src import space_arrays
-from jaxrunner._src.runner.policy import Params, Policy, check_params_like
-from jaxrunner._src.samplers import keys
+from jaxrunner._src.core.policy import Params, Policy, check_params_like
 from jaxrunner._src.samplers.batch_invariance import (
     check_chunk_rows,
     chunked_apply,

@@ -15,7 +15,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.runner.policy import Policy
+from jaxrunner._src.core.policy import Policy
 from jaxrunner._src.services.external.episodes import MAX_EPISODE_ID
 from jaxrunner._src.space_arrays import check_value
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError

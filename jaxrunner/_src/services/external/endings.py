@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.runner.metrics import EpisodeStats
+from jaxrunner._src.core.metrics import EpisodeStats
 from jaxrunner._src.services.external.episodes import EpisodeTable, LiveEpisode
 from jaxrunner._src.services.external.memory import MemoryBudget
 

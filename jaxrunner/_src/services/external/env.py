@@ -20,10 +20,10 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.runner.episode import Episode
-from jaxrunner._src.runner.metrics import EpisodeStats
-from jaxrunner._src.runner.policy import Params, Policy
-from jaxrunner._src.services.external import checks
+import jaxrunner._src.services.external.checks as checks
+from jaxrunner._src.core.episode import Episode
+from jaxrunner._src.core.metrics import EpisodeStats
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external.batching import PolicyBatcher, Row
 from jaxrunner._src.services.external.config import ExternalEnvConfig
 from jaxrunner._src.services.external.delivery import ActionDelivery

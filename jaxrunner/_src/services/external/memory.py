@@ -24,8 +24,8 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.runner.episode import EpisodeSpan
-from jaxrunner._src.runner.policy import Params, Policy
+from jaxrunner._src.core.episode import EpisodeSpan
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner.errors import MemoryLimitError
 
 ARRAY_OVERHEAD_BYTES = 112

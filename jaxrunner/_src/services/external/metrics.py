@@ -6,7 +6,7 @@ import collections
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrunner._src.runner.metrics import EpisodeStats
+from jaxrunner._src.core.metrics import EpisodeStats
 from jaxrunner._src.services.external.batching import PolicyBatcher
 
 

@@ -8,8 +8,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src.runner.agent_groups import AgentGroup
-from jaxrunner._src.runner.policy import Params, Policy
+from jaxrunner._src.core.agent_groups import AgentGroup
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external.batching import PolicyBatcher
 from jaxrunner._src.services.external.config import ExternalEnvConfig
 from jaxrunner._src.services.external.episodes import EpisodeTable

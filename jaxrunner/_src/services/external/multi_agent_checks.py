@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jaxrunner._src.runner.agent_groups import AgentGroup
-from jaxrunner._src.services.external import checks
+import jaxrunner._src.services.external.checks as checks
+from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.services.external.agents import MultiAgentLiveEpisode
 from jaxrunner._src.space_arrays import check_value
 from jaxrunner.errors import EpisodeConflictError, InvalidArgumentError, InvalidArgumentTypeError

@@ -14,8 +14,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any, cast
 
-from jaxrunner._src.runner.agent_groups import AgentGroup
-from jaxrunner._src.runner.metrics import EpisodeStats
+from jaxrunner._src.core.agent_groups import AgentGroup
+from jaxrunner._src.core.metrics import EpisodeStats
 from jaxrunner._src.services.external.agents import AgentRecord, MultiAgentLiveEpisode
 from jaxrunner._src.services.external.endings import Emit, EpisodeEndings
 from jaxrunner._src.services.external.episodes import EpisodeTable

@@ -40,9 +40,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from jaxrunner._src.runner.multi_agent_trajectory import AgentEpisode
-from jaxrunner._src.runner.policy import Params, Policy
-from jaxrunner._src.services.external import checks
+import jaxrunner._src.services.external.checks as checks
+from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external.delivery import wait_for
 from jaxrunner._src.services.external.metrics import external_metrics
 from jaxrunner._src.services.external.multi_agent_checks import (

@@ -24,16 +24,16 @@ from typing import Any, cast
 
 from gymnasium import spaces
 
-from jaxrunner._src.runner.agent_groups import (
+import jaxrunner._src.services.external.checks as checks
+from jaxrunner._src.core.agent_groups import (
     AgentGroup,
     GroupedAgents,
     PolicyMappingFn,
     build_groups,
 )
-from jaxrunner._src.runner.metrics import EpisodeStats
-from jaxrunner._src.runner.multi_agent_trajectory import AgentEpisode
-from jaxrunner._src.runner.policy import Params, Policy
-from jaxrunner._src.services.external import checks
+from jaxrunner._src.core.metrics import EpisodeStats
+from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external.agents import AgentRecord, MultiAgentLiveEpisode
 from jaxrunner._src.services.external.batching import PolicyBatcher, Row
 from jaxrunner._src.services.external.config import ExternalEnvConfig

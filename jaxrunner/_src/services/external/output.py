@@ -11,7 +11,7 @@ import collections
 import threading
 from typing import Generic, TypeVar
 
-from jaxrunner._src.runner.episode import EpisodeSpan
+from jaxrunner._src.core.episode import EpisodeSpan
 from jaxrunner._src.services.external.memory import MemoryBudget, episode_nbytes
 from jaxrunner.errors import ActionTimeoutError
 

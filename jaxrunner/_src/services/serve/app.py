@@ -23,7 +23,7 @@ from fastapi.security import HTTPBearer
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from jaxrunner import errors
+import jaxrunner.errors as errors
 from jaxrunner._src.services.external import ExternalEnv, MultiAgentExternalEnv
 from jaxrunner._src.services.serve import wire
 from jaxrunner._src.services.serve.error_handlers import ClientGone, install_error_handlers

@@ -9,8 +9,8 @@ from typing import Any, Literal
 import httpx
 import jax
 
-from jaxrunner import errors
-from jaxrunner._src.runner.policy import Params, Policy
+import jaxrunner.errors as errors
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external import ExternalEnvConfig
 from jaxrunner._src.services.serve import wire
 from jaxrunner._src.services.serve.client_http import open_http, raise_for, request_json

@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from jaxrunner import errors
-from jaxrunner._src.runner.episode import Episode
+import jaxrunner.errors as errors
+from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.services.serve.auth import read_token
 
 

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from jaxrunner import errors
+import jaxrunner.errors as errors
 
 logger = logging.getLogger("jaxrunner.serve")
 

@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 from gymnasium import spaces
 
-from jaxrunner import errors
+import jaxrunner.errors as errors
 from jaxrunner._src import space_arrays
-from jaxrunner._src.runner.episode import Episode
+from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.services.external import ExternalEnv, LiveEpisode
 from jaxrunner._src.services.serve import wire
 from jaxrunner._src.services.serve.client_http import (

@@ -8,8 +8,8 @@ from typing import Any
 
 from gymnasium import spaces
 
-from jaxrunner import errors
-from jaxrunner._src.services.external import checks
+import jaxrunner._src.services.external.checks as checks
+import jaxrunner.errors as errors
 from jaxrunner._src.services.serve import wire
 from jaxrunner._src.services.serve.client_http import open_http, request_json
 from jaxrunner._src.space_arrays import check_value

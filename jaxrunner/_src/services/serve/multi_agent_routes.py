@@ -19,7 +19,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from jaxrunner._src.services.external import MultiAgentExternalEnv, checks
+import jaxrunner._src.services.external.checks as checks
+from jaxrunner._src.services.external import MultiAgentExternalEnv
 from jaxrunner._src.services.serve import wire
 from jaxrunner._src.services.serve.schema import (
     ERRORS,

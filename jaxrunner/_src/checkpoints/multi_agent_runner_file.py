@@ -5,23 +5,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.runner.multi_agent_trajectory import AgentEpisode
-from jaxrunner._src.runner.npz_reader import NpzReader
+from jaxrunner._src.checkpoints import env_runner_file as checkpoint_file
+from jaxrunner._src.checkpoints.format import Part
+from jaxrunner._src.checkpoints.header_checks import leading
+from jaxrunner._src.checkpoints.reader import CheckpointReader
+from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.core.npz_reader import NpzReader
+from jaxrunner._src.core.runner_state import Runner
 from jaxrunner._src.samplers.multi_agent import MultiAgentSampler
 from jaxrunner._src.samplers.multi_agent_state import GroupState, MultiAgentSamplerState
-from jaxrunner._src.services.checkpoints import env_runner_file as checkpoint_file
-from jaxrunner._src.services.checkpoints.format import Part
-from jaxrunner._src.services.checkpoints.header_checks import leading
-from jaxrunner._src.services.checkpoints.reader import CheckpointReader
 from jaxrunner.errors import InvalidArgumentError
-
-if TYPE_CHECKING:
-    from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
-
 
 FORMAT = "jaxrunner.MultiAgentRunner checkpoint"
 VERSION = 1
@@ -69,7 +66,7 @@ class MultiAgentCheckpoint:
     """Complete agent episodes ``sample_episodes`` holds, not yet returned."""
 
 
-def host_sampler(runner: MultiAgentRunner, what: str) -> MultiAgentSampler:
+def host_sampler(runner: Runner, what: str) -> MultiAgentSampler:
     """``runner``'s sampler, which must be the host one (PettingZoo envs).
 
     Raises:
@@ -84,7 +81,7 @@ def host_sampler(runner: MultiAgentRunner, what: str) -> MultiAgentSampler:
     return runner.sampler
 
 
-def shape_of(runner: MultiAgentRunner) -> dict[str, Any]:
+def shape_of(runner: Runner) -> dict[str, Any]:
     """What a restoring runner must share with the saved one (JSON values)."""
     return {
         "sampler": type(runner.sampler).__name__,
@@ -96,7 +93,7 @@ def shape_of(runner: MultiAgentRunner) -> dict[str, Any]:
 
 class MultiAgentCheckpointFile(CheckpointReader):
     """The checkpoint at ``path``, read for ``runner``: every check of an ``EnvRunner``
-    checkpoint (:class:`~jaxrunner._src.services.checkpoints.reader.CheckpointReader`), plus
+    checkpoint (:class:`~jaxrunner._src.checkpoints.reader.CheckpointReader`), plus
     the runner's policy ids and agents, each group's state (running lengths in range,
     returns finite), the agent metrics (per-policy and per-agent windows, agent steps
     that add up) and the kept agent episodes (agents of their policy, envs in range, ids
@@ -108,7 +105,7 @@ class MultiAgentCheckpointFile(CheckpointReader):
         path: the file.
     """
 
-    def __init__(self, runner: MultiAgentRunner, path: str | os.PathLike) -> None:
+    def __init__(self, runner: Runner, path: str | os.PathLike) -> None:
         super().__init__("MultiAgentRunner", path, runner.state.metrics.get_state())
         self.runner = runner
         self.sampler = host_sampler(runner, "restore")

@@ -23,19 +23,19 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.runner import distributions
-from jaxrunner._src.runner.module_policy import mode_apply_fn, module_policy_fns
+from jaxrunner._src.core import distributions
+from jaxrunner._src.core.module_policy import (
+    ApplyFn,
+    Carry,
+    DistributionFn,
+    EvaluateFn,
+    InitFn,
+    LogProbFn,
+    Params,
+    mode_apply_fn,
+    module_policy_fns,
+)
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
-
-Params = Any
-Carry = Any
-ApplyFn = Callable[[Params, Any, Carry, jax.Array], tuple[Any, dict[str, Any], Carry]]
-InitFn = Callable[[jax.Array, Any, Carry], Params]
-LogProbFn = Callable[[Params, Any, Carry, Any], jax.Array]
-EvaluateFn = Callable[[Params, Any, Carry, Any], dict[str, jax.Array]]
-DistributionFn = Callable[
-    [Params, Any, Carry], tuple[distributions.Distribution, jax.Array | None, Carry]
-]
 
 
 def dummy_obs(observation_space: spaces.Space, batch: int = 1) -> Any:

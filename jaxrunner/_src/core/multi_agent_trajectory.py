@@ -20,9 +20,9 @@ import flax.struct
 import jax
 import numpy as np
 
-from jaxrunner._src.runner.episode import EpisodeSpan, cut_steps, join_steps
-from jaxrunner._src.runner.trajectory import MAX_LOAD_BYTES, HostOrDevice
-from jaxrunner._src.runner.trajectory_file import (
+from jaxrunner._src.core.episode import EpisodeSpan, cut_steps, join_steps
+from jaxrunner._src.core.trajectory import MAX_LOAD_BYTES, HostOrDevice
+from jaxrunner._src.core.trajectory_file import (
     ErrorFn,
     TrajectoryFile,
     check_fields,

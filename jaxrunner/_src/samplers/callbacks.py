@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
 
-from jaxrunner._src.runner.episode import Episode
-from jaxrunner._src.runner.trajectory import Trajectory
-
-if TYPE_CHECKING:
-    from jaxrunner._src.samplers import EnvRunner
+from jaxrunner._src.core.episode import Episode
+from jaxrunner._src.core.runner_state import Runner
+from jaxrunner._src.core.trajectory import Trajectory
 
 
 class LiveEpisode:
@@ -132,13 +130,13 @@ class Callbacks:
     index within the runner and the :class:`LiveEpisode` so far. Hooks run on the
     host, in the sampling loop: keep them cheap."""
 
-    def on_episode_start(self, runner: EnvRunner, env_index: int, episode: LiveEpisode) -> None:
+    def on_episode_start(self, runner: Runner, env_index: int, episode: LiveEpisode) -> None:
         """After the reset that starts ``episode`` (``episode.obs`` has its first obs)."""
 
-    def on_episode_step(self, runner: EnvRunner, env_index: int, episode: LiveEpisode) -> None:
+    def on_episode_step(self, runner: Runner, env_index: int, episode: LiveEpisode) -> None:
         """After each step of ``episode``, the last one included."""
 
-    def on_episode_end(self, runner: EnvRunner, env_index: int, episode: LiveEpisode) -> None:
+    def on_episode_end(self, runner: Runner, env_index: int, episode: LiveEpisode) -> None:
         """After the step that ended ``episode`` (terminated or truncated), or after
         its env failed and was restarted (``episode.faulty``)."""
 

@@ -4,18 +4,26 @@ action distribution, sampled or at its mode."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.runner import distributions
+from jaxrunner._src.core import distributions
 from jaxrunner.errors import SpaceMismatchError
 
-if TYPE_CHECKING:
-    from jaxrunner._src.runner.policy import ApplyFn, Carry, DistributionFn, Params
+# The function types of a Policy (re-exported by policy.py, which builds on this module).
+Params = Any
+Carry = Any
+ApplyFn = Callable[[Params, Any, Carry, jax.Array], tuple[Any, dict[str, Any], Carry]]
+InitFn = Callable[[jax.Array, Any, Carry], Params]
+LogProbFn = Callable[[Params, Any, Carry, Any], jax.Array]
+EvaluateFn = Callable[[Params, Any, Carry, Any], dict[str, jax.Array]]
+DistributionFn = Callable[
+    [Params, Any, Carry], tuple[distributions.Distribution, jax.Array | None, Carry]
+]
 
 
 def module_policy_fns(

@@ -22,12 +22,12 @@ of them, and says so (a :class:`RestoreReport` and a warning); everything else i
 restored.
 
 The file format and the checks every runner's checkpoint shares (a
-``MultiAgentRunner``'s too) are in :mod:`jaxrunner._src.services.checkpoints.format`; the
+``MultiAgentRunner``'s too) are in :mod:`jaxrunner._src.checkpoints.format`; the
 envs are resumed by :func:`resume_envs`, shared as well.
 
 Restoring reads the whole file into a checked, frozen
-:class:`~jaxrunner._src.services.checkpoints.env_runner_file.Checkpoint` first (see
-:mod:`jaxrunner._src.services.checkpoints.env_runner_file`: a damaged or hostile file is refused
+:class:`~jaxrunner._src.checkpoints.env_runner_file.Checkpoint` first (see
+:mod:`jaxrunner._src.checkpoints.env_runner_file`: a damaged or hostile file is refused
 with an
 :class:`~jaxrunner.errors.InvalidArgumentError` naming the field), then applies it; a
 refused restore leaves the runner as it was.
@@ -39,30 +39,28 @@ import dataclasses
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
-from jaxrunner._src.runner.episode import Episode
-from jaxrunner._src.runner.seeds import env_seeds
-from jaxrunner._src.services.checkpoints.env_runner_file import (
+from jaxrunner._src.checkpoints.env_runner_file import (
     EPISODE_SCALARS,
     FORMAT,
     VERSION,
     Checkpoint,
     CheckpointFile,
 )
-from jaxrunner._src.services.checkpoints.writer import (
+from jaxrunner._src.checkpoints.writer import (
     put_snapshots,
     put_steps,
     put_tree,
     write_checkpoint,
 )
+from jaxrunner._src.core.episode import Episode
+from jaxrunner._src.core.runner_state import Runner
+from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner.errors import InvalidArgumentError
-
-if TYPE_CHECKING:
-    from jaxrunner._src.runner.env_runner import EnvRunner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +107,7 @@ def put_env_snapshot(
 # -- save and restore ----------------------------------------------------------------------
 
 
-def save(runner: EnvRunner, path: str | os.PathLike) -> None:
+def save(runner: Runner, path: str | os.PathLike) -> None:
     """Writes ``runner``'s state to ``path`` (see the module docstring); atomic: a
     crash mid-write leaves any earlier file at ``path`` whole."""
     arrays: dict[str, np.ndarray] = {}
@@ -140,7 +138,7 @@ def save(runner: EnvRunner, path: str | os.PathLike) -> None:
 
 
 def restore(
-    runner: EnvRunner, path: str | os.PathLike, load_env_pickles: bool, max_bytes: int
+    runner: Runner, path: str | os.PathLike, load_env_pickles: bool, max_bytes: int
 ) -> RestoreReport:
     """Makes ``runner`` (new, built as the saved one) continue where the checkpoint at
     ``path`` left off; see :meth:`EnvRunner.restore`. The file is read and checked whole
@@ -203,7 +201,7 @@ def resume_envs(
     return envs_restored, note
 
 
-def _apply(runner: EnvRunner, ckpt: Checkpoint, path: str) -> RestoreReport:
+def _apply(runner: Runner, ckpt: Checkpoint, path: str) -> RestoreReport:
     """Installs ``ckpt``. The steps that can fail (the sampler refusing a state, the
     sub-env pickles, the fresh resets) come first and are undone if one fails; the rest
     are assignments of values already checked."""

@@ -4,14 +4,10 @@ span samples (shared by the hooks and ``MultiAgentRunner.sample_episodes``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from jaxrunner._src.runner.callbacks import overrides as overrides_hook
-from jaxrunner._src.runner.multi_agent_trajectory import AgentEpisode, concatenate_agent_episodes
-from jaxrunner._src.runner.runner_state import EpisodeJoiner
-
-if TYPE_CHECKING:
-    from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
+from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode, concatenate_agent_episodes
+from jaxrunner._src.core.runner_state import EpisodeJoiner, Runner
+from jaxrunner._src.samplers.callbacks import overrides as overrides_hook
 
 
 class AgentCallbacks:
@@ -19,7 +15,7 @@ class AgentCallbacks:
     callbacks=...)``). Hooks you do not override cost nothing; they run on the host,
     after each ``sample()``."""
 
-    def on_agent_episode_end(self, runner: MultiAgentRunner, episode: AgentEpisode) -> None:
+    def on_agent_episode_end(self, runner: Runner, episode: AgentEpisode) -> None:
         """Once per complete agent episode (every transition, from its first to the one
         that ended it, joined across samples): after each ``sample()``, those that
         completed in it, by env episode id, then agent. Agent episodes cut by a failure

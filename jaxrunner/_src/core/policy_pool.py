@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrunner._src.runner.policy import Params, Policy
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner.errors import InvalidArgumentError
 
 _DRAW = 0x5EED

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrunner._src.runner.trajectory import Trajectory
+from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 ArrayLike = Any

@@ -9,8 +9,7 @@ import jax
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.runner.npz_reader import NUMERIC_KINDS, HeaderCheck, NpzReader
-from jaxrunner._src.services.checkpoints.format import (
+from jaxrunner._src.checkpoints.format import (
     MAX_META_BYTES,
     MAX_PATH_DEPTH,
     META,
@@ -22,7 +21,8 @@ from jaxrunner._src.services.checkpoints.format import (
     leaf_specs,
     part_of,
 )
-from jaxrunner._src.services.checkpoints.header_checks import bytes_check, exact, leading
+from jaxrunner._src.checkpoints.header_checks import bytes_check, exact, leading
+from jaxrunner._src.core.npz_reader import NUMERIC_KINDS, HeaderCheck, NpzReader
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -195,7 +195,7 @@ class CheckpointReader:
     def read_metrics(self, npz: NpzReader) -> Any:
         """The metrics state in the template's structure (windows of any length), with
         every count non-negative, every float finite, and the base
-        :class:`~jaxrunner._src.runner.metrics.RunnerMetrics` part consistent."""
+        :class:`~jaxrunner._src.core.metrics.RunnerMetrics` part consistent."""
         leaves = []
         flat, treedef = jax.tree_util.tree_flatten_with_path(self.metrics_template)
         for path, want in flat:

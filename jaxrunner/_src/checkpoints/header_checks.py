@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxrunner._src.runner.npz_reader import HeaderCheck
+from jaxrunner._src.core.npz_reader import HeaderCheck
 
 
 def exact(shape: tuple[int, ...], dtype: np.dtype) -> HeaderCheck:

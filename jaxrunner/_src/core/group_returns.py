@@ -8,8 +8,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrunner._src.runner.multi_agent_trajectory import GroupTrajectory
-from jaxrunner._src.runner.returns import GAE, gae
+from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory
+from jaxrunner._src.core.returns import GAE, gae
 
 
 def group_gae(

@@ -12,10 +12,10 @@ import flax.struct
 import jax
 import numpy as np
 
-from jaxrunner._src.runner import next_obs_store
-from jaxrunner._src.runner.episode import Episode, cut_steps
-from jaxrunner._src.runner.next_obs_store import FinalObs, FinalObsRecorder
-from jaxrunner._src.runner.trajectory_file import (
+from jaxrunner._src.core import next_obs_store
+from jaxrunner._src.core.episode import Episode, cut_steps
+from jaxrunner._src.core.next_obs_store import FinalObs, FinalObsRecorder
+from jaxrunner._src.core.trajectory_file import (
     TrajectoryFile,
     check_fields,
     encode_tree,

@@ -1,16 +1,16 @@
 """Checkpoints of a :class:`~jaxrunner.MultiAgentRunner`: save, and resume exactly.
 
-The format is an ``EnvRunner`` checkpoint's (:mod:`jaxrunner._src.services.checkpoints.format`:
+The format is an ``EnvRunner`` checkpoint's (:mod:`jaxrunner._src.checkpoints.format`:
 one ``.npz`` of arrays named by tree paths, a JSON ``__meta__``), of its own format
 name, and it is written, read and applied by the same machinery
-(:mod:`jaxrunner._src.services.checkpoints.env_runner`).
+(:mod:`jaxrunner._src.checkpoints.env_runner`).
 
 What is saved: each policy's params (``params/<policy_id>/...``); the sampler's state
 (:meth:`~jaxrunner._src.samplers.multi_agent.MultiAgentSampler.get_state`: the env-level
 episode book and, per policy group, the compiled step's keys, step counts, carries and
 connector state, the agents' running episode returns and lengths, the turn-based turns
 waiting for their transition, and the observations and masks the next step reads);
-the metrics (:meth:`~jaxrunner._src.runner.multi_agent_metrics.MultiAgentMetrics.get_state`); the
+the metrics (:meth:`~jaxrunner._src.core.multi_agent_metrics.MultiAgentMetrics.get_state`); the
 agent episodes kept between samples (``sample_episodes``' fragments and finished
 episodes not yet returned, the callbacks' fragments).
 
@@ -34,18 +34,16 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.runner.multi_agent_trajectory import AgentEpisode
-from jaxrunner._src.runner.runner_state import EpisodeJoiner, RunnerState
-from jaxrunner._src.services.checkpoints.env_runner import (
+from jaxrunner._src.checkpoints.env_runner import (
     RestoreReport,
     put_env_snapshot,
     resume_envs,
 )
-from jaxrunner._src.services.checkpoints.multi_agent_runner_file import (
+from jaxrunner._src.checkpoints.multi_agent_runner_file import (
     EPISODE_SCALARS,
     FORMAT,
     VERSION,
@@ -53,16 +51,14 @@ from jaxrunner._src.services.checkpoints.multi_agent_runner_file import (
     host_sampler,
     shape_of,
 )
-from jaxrunner._src.services.checkpoints.writer import put_steps, put_tree, write_checkpoint
-
-if TYPE_CHECKING:
-    from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
-
+from jaxrunner._src.checkpoints.writer import put_steps, put_tree, write_checkpoint
+from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.core.runner_state import EpisodeJoiner, Runner, RunnerState
 
 # -- save ----------------------------------------------------------------------------------
 
 
-def save(runner: MultiAgentRunner, path: str | os.PathLike) -> None:
+def save(runner: Runner, path: str | os.PathLike) -> None:
     """Writes ``runner``'s state to ``path`` (see the module docstring); atomic."""
     sampler = host_sampler(runner, "save")
     arrays: dict[str, np.ndarray] = {}
@@ -113,7 +109,7 @@ def _put_episodes(
 
 
 def restore(
-    runner: MultiAgentRunner, path: str | os.PathLike, load_env_pickles: bool, max_bytes: int
+    runner: Runner, path: str | os.PathLike, load_env_pickles: bool, max_bytes: int
 ) -> RestoreReport:
     """Makes ``runner`` (new, built as the saved one) continue where the checkpoint at
     ``path`` left off; see :meth:`MultiAgentRunner.restore`. The file is read and

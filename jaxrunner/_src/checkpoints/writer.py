@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src.services.checkpoints.format import META, Part, array_name, is_key, part_of
+from jaxrunner._src.checkpoints.format import META, Part, array_name, is_key, part_of
 
 
 def put_tree(arrays: dict[str, np.ndarray], prefix: str, tree: Any) -> list[list[Part]]:

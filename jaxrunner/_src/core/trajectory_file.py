@@ -6,7 +6,7 @@ dicts, tuples, ``None`` and array names; a multi-agent file adds its groups) and
 member per array (:func:`write_file`, :func:`encode_tree`). :class:`TrajectoryFile`
 reads the spec within :data:`MAX_SPEC_BYTES`, then only the members it names, each
 once (one member backs one field), checked against its own header before memory is
-allocated, within a total byte cap (the bounded reader, :mod:`jaxrunner._src.runner.npz_reader`);
+allocated, within a total byte cap (the bounded reader, :mod:`jaxrunner._src.core.npz_reader`);
 :func:`check_fields` then checks the fields against each other.
 Every failure is an :class:`~jaxrunner.errors.InvalidArgumentError` naming the field.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.runner.npz_reader import NpzReader
+from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 MAX_SPEC_BYTES = 1 << 20

@@ -19,7 +19,11 @@ import dataclasses
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Generic, Protocol, TypeVar
 
-from jaxrunner._src.runner.policy import Params
+from jaxrunner._src.core.policy import Params
+
+Runner = Any
+"""An ``EnvRunner`` or a ``MultiAgentRunner``, as the layers below the runner facades
+(samplers, callbacks, checkpoints) type it: they are handed one and never import it."""
 
 DEFAULT_POLICY_ID = "default_policy"
 """The policy id of an ``EnvRunner``'s one policy (RLlib's name for it)."""

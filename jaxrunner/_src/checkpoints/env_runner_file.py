@@ -2,7 +2,7 @@
 
 :meth:`CheckpointFile.read` turns the file into a :class:`Checkpoint`: a frozen value
 holding everything a restore installs, each part read through the bounded reader
-(:mod:`jaxrunner._src.runner.npz_reader`: only the members something references, each once, its
+(:mod:`jaxrunner._src.core.npz_reader`: only the members something references, each once, its
 header checked before memory is allocated) and checked against the runner it is for:
 
 - the metadata: a JSON object of the saved format and version, with ``sampler``,
@@ -22,26 +22,24 @@ header checked before memory is allocated) and checked against the runner it is 
 
 Nothing is applied to the runner here; every failure is an
 :class:`~jaxrunner.errors.InvalidArgumentError` naming the field at fault. The checks
-every runner's checkpoint shares are in :mod:`jaxrunner._src.services.checkpoints.format`.
+every runner's checkpoint shares are in :mod:`jaxrunner._src.checkpoints.format`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
-from jaxrunner._src.runner.episode import Episode
-from jaxrunner._src.runner.npz_reader import NpzReader
-from jaxrunner._src.services.checkpoints import format as checkpoint_format
-from jaxrunner._src.services.checkpoints.format import META, Part, array_name, is_key, part_of
-from jaxrunner._src.services.checkpoints.reader import CheckpointReader
-
-if TYPE_CHECKING:
-    from jaxrunner._src.runner.env_runner import EnvRunner
+from jaxrunner._src.checkpoints import format as checkpoint_format
+from jaxrunner._src.checkpoints.format import META, Part, array_name, is_key, part_of
+from jaxrunner._src.checkpoints.reader import CheckpointReader
+from jaxrunner._src.core.episode import Episode
+from jaxrunner._src.core.npz_reader import NpzReader
+from jaxrunner._src.core.runner_state import Runner
 
 FORMAT = "jaxrunner.EnvRunner checkpoint"
 VERSION = 1
@@ -100,7 +98,7 @@ class CheckpointFile(CheckpointReader):
         path: the file.
     """
 
-    def __init__(self, runner: EnvRunner, path: str | os.PathLike) -> None:
+    def __init__(self, runner: Runner, path: str | os.PathLike) -> None:
         super().__init__("EnvRunner", path, runner.state.metrics.get_state())
         self.runner = runner
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.runner.metrics import EpisodeStats, MetricsConfig, RunnerMetrics
+from jaxrunner._src.core.metrics import EpisodeStats, MetricsConfig, RunnerMetrics
 
 
 class MultiAgentMetrics(RunnerMetrics):
