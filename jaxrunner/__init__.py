@@ -35,28 +35,25 @@ from jaxrunner._src.backends import (
     make_vec,
 )
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
+from jaxrunner._src.backends.multi_agent.make import make_multi_agent_vec
+from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.checkpoints.env_runner import RestoreReport
 from jaxrunner._src.core.episode import Episode, concatenate_episodes
 from jaxrunner._src.core.metrics import MetricsConfig
+from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode, MultiAgentTrajectory
 from jaxrunner._src.core.policy import Policy
 from jaxrunner._src.core.returns import GAE, discounted_returns, gae
 from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner._src.core.trajectory import Trajectory, concatenate
 from jaxrunner._src.runner.env_runner import EnvRunner
+from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
 from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
 from jaxrunner._src.services.datasets import from_minari, to_minari
 from jaxrunner._src.services.evaluation import EvaluationResult, evaluate
 from jaxrunner._src.services.external import ExternalEnv, ExternalEnvConfig
 from jaxrunner._src.services.metrics_writer import MetricsWriter, flatten_metrics
-from jaxrunner.multi_agent import (
-    AgentEpisode,
-    MultiAgentRunner,
-    MultiAgentTrajectory,
-    MultiAgentVectorEnv,
-    make_multi_agent_vec,
-)
 
 __version__ = "0.1.0"
 

@@ -17,13 +17,10 @@ from jaxrunner._src.connectors.base import (
 )
 from jaxrunner._src.connectors.frame_stack import FrameStack
 from jaxrunner._src.connectors.moments import (
-    COUNT_DTYPES,
     Moments,
     RunningMoments,
     freeze,
-    merge_all,
     set_statistics,
-    take_deltas,
     unfreeze,
 )
 from jaxrunner._src.connectors.normalize_observation import NormalizeObservation
@@ -39,7 +36,6 @@ from jaxrunner._src.connectors.sample_end import SampleEnd
 from jaxrunner._src.connectors.scale_reward import ScaleReward
 
 __all__ = [
-    "COUNT_DTYPES",
     "POLICY_NEXT_OBS",
     "POLICY_OBS",
     "SCALED_REWARD",
@@ -57,8 +53,6 @@ __all__ = [
     "SampleEnd",
     "ScaleReward",
     "freeze",
-    "merge_all",
     "set_statistics",
-    "take_deltas",
     "unfreeze",
 ]

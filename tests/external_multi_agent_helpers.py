@@ -105,7 +105,7 @@ def play_turns(env: MultiAgentExternalEnv, seed: int) -> dict[str, Ref]:
     return refs
 
 
-def assert_matches(episodes: list[jr.multi_agent.AgentEpisode], refs: dict[str, Ref]) -> None:
+def assert_matches(episodes: list[jr.AgentEpisode], refs: dict[str, Ref]) -> None:
     """The agent episodes are exactly the references (every agent that acted, once)."""
     by_agent = {e.agent_id: e for e in episodes}
     assert len(by_agent) == len(episodes)

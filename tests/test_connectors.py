@@ -21,6 +21,7 @@ from gymnasium import spaces
 import jaxrunner as jr
 from jaxrunner import connectors as C
 from jaxrunner._src.backends.process import ProcessConfig
+from jaxrunner._src.connectors import moments
 from jaxrunner._src.testing.jax_envs import RandomWalk
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.models import mlp_policy
@@ -62,7 +63,7 @@ def test_moments_merge_equals_numpy_whatever_the_split():
     whole = C.Moments.of(data)
     assert_moments_match(whole, data)
     parts = [C.Moments.of(chunk) for chunk in np.split(data, [7, 50, 51])]
-    assert_moments_match(C.merge_all([[p] for p in parts])[0], data)
+    assert_moments_match(moments.merge_all([[p] for p in parts])[0], data)
     # Per-env Welford (one row per env per step), then merged over envs.
     per_env = C.Moments.zeros((3,), (4,))
     rows = data[:100].reshape(25, 4, 3)
@@ -98,10 +99,10 @@ def test_statistics_merged_across_two_runners_equal_numpy_over_both():
     for seed in (1, 2):
         with make_runner(jr.make_vec(short_cartpole, 3), conn, seed=seed) as runner:
             seen += [runner.sample().obs, runner.sample().obs]
-            state, delta = C.take_deltas(runner.get_connector_state())
+            state, delta = moments.take_deltas(runner.get_connector_state())
             deltas.append(delta)
-            assert float(C.take_deltas(state)[1][0].count) == 0  # taken once
-    merged = C.merge_all(deltas)
+            assert float(moments.take_deltas(state)[1][0].count) == 0  # taken once
+    merged = moments.merge_all(deltas)
     assert_moments_match(merged[0], np.concatenate(seen))
 
 

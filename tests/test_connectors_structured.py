@@ -13,6 +13,7 @@ from gymnasium import spaces
 
 import jaxrunner as jr
 from jaxrunner import connectors as C
+from jaxrunner._src.connectors import moments
 from jaxrunner._src.testing.envs import DictObsEnv
 from jaxrunner.errors import InvalidArgumentError
 from tests.test_connectors import assert_moments_match
@@ -65,7 +66,7 @@ def test_dict_observations_are_normalized_per_box_leaf_and_the_rest_passes_throu
         nxt = traj.extras["policy_next_obs"]
         np.testing.assert_array_equal(nxt["mask"], traj.next_obs["mask"])
     # Two statistics for an EnvRunnerGroup to merge.
-    assert len(C.take_deltas(state)[1]) == 2
+    assert len(moments.take_deltas(state)[1]) == 2
 
 
 def test_observation_space_of_structured_observations():

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
-from jaxrunner.multi_agent import SyncMultiAgentVectorEnv
+from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
 from jaxrunner.testing import MultiAgentVectorEnvContract
 from tests import multi_agent_envs as envs_mod
 

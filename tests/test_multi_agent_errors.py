@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
+from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
 from jaxrunner.errors import EnvError, InvalidArgumentError
-from jaxrunner.multi_agent import SyncMultiAgentVectorEnv
 from jaxrunner.testing import ComingAndGoing, FaultPlan, faulty_multi_agent_env_fns
 from tests import multi_agent_envs as envs_mod
 from tests.test_multi_agent import random_policy, zero_params

@@ -264,16 +264,16 @@ def test_report_decodes_off_the_event_loop(monkeypatch):
 
 
 def test_end_episode_stacks_off_the_event_loop(monkeypatch):
-    from jaxrunner._src.services.external.episodes import LiveEpisode
+    from jaxrunner._src.services.external.episodes import EpisodeRecord
 
     threads = []
-    to_episode = LiveEpisode.to_episode
+    to_episode = EpisodeRecord.to_episode
 
     def recording(self, *args, **kwargs):
         threads.append(threading.current_thread().name)
         return to_episode(self, *args, **kwargs)
 
-    monkeypatch.setattr(LiveEpisode, "to_episode", recording)
+    monkeypatch.setattr(EpisodeRecord, "to_episode", recording)
     env = make_env()
     with env, PolicyServer(env, require_token=False) as server:
         for path in ("end", "report"):

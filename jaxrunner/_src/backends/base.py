@@ -84,7 +84,7 @@ def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> l
 
 class BaseVectorEnv(abc.ABC):
     """What every jaxrunner vector env shares, single-agent (:class:`VectorEnv`) or
-    multi-agent (:class:`~jaxrunner.multi_agent.MultiAgentVectorEnv`): the declared
+    multi-agent (:class:`~jaxrunner.MultiAgentVectorEnv`): the declared
     :class:`Capabilities`, the closed state, the sub-env utilities and the snapshot
     refusals. The two differ only in what a step carries."""
 

@@ -22,11 +22,11 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
+from jaxrunner import MultiAgentRunner, make_multi_agent_vec
 from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
 from jaxrunner._src.bench.timing import measure_runner, timed
 from jaxrunner.errors import InvalidArgumentError
-from jaxrunner.multi_agent import MultiAgentRunner, make_multi_agent_vec
 
 
 def parallel_env_module(env: str) -> str | None:

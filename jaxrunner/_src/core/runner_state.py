@@ -1,7 +1,7 @@
 """The runner state: what a runner holds between samples, as one typed object.
 
 Both runners (:class:`~jaxrunner.EnvRunner` and
-:class:`~jaxrunner.multi_agent.MultiAgentRunner`) keep their state in a
+:class:`~jaxrunner.MultiAgentRunner`) keep their state in a
 :class:`RunnerState` and nowhere else, so the services built on a runner (checkpoints,
 ``sample_episodes``, callbacks, :func:`~jaxrunner.evaluate`, ``EnvRunnerGroup``) read and
 write that object, never a runner's private fields, and serve both kinds of runner.

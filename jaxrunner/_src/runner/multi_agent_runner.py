@@ -40,7 +40,7 @@ class MultiAgentRunner(EnvOwner):
     """Samples multi-agent trajectories from a multi-agent vector env.
 
     Args:
-        envs: a :class:`~jaxrunner.multi_agent.MultiAgentVectorEnv`
+        envs: a :class:`~jaxrunner.MultiAgentVectorEnv`
             (:func:`jaxrunner.make_multi_agent_vec`: PettingZoo envs, stepped on the
             host) or a :class:`~jaxrunner.multi_agent.JaxMultiAgentVectorEnv` (a pure-JAX,
             JaxMARL-style env: one jitted scan per sample, arrays on device), owned by

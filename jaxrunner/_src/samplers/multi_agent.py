@@ -81,7 +81,7 @@ class EnvLevel:
 
 
 class MultiAgentSampler:
-    """Samples a :class:`~jaxrunner.multi_agent.MultiAgentVectorEnv` (see the module
+    """Samples a :class:`~jaxrunner.MultiAgentVectorEnv` (see the module
     docstring).
 
     Args:

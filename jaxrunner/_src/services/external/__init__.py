@@ -25,7 +25,7 @@ dropped and counted in ``num_dropped_steps``.
 
 :class:`MultiAgentExternalEnv` is the multi-agent form (RLlib's
 ExternalMultiAgentEnv): the same calls with ``{agent_id: value}`` dicts, agents
-batched per policy, agent episodes (:class:`~jaxrunner.multi_agent.AgentEpisode`) out; it is built
+batched per policy, agent episodes (:class:`~jaxrunner.AgentEpisode`) out; it is built
 from the same parts (:mod:`.multi_agent_env`, :mod:`.multi_agent_env_core`, :mod:`.agents`,
 :mod:`.multi_agent_delivery`, :mod:`.multi_agent_endings`).
 
@@ -42,11 +42,9 @@ from jaxrunner._src.services.external.episodes import (
     CLIENT_IDS_KEPT,
     ENDED_IDS_KEPT,
     MAX_EPISODE_ID,
-    LiveEpisode,
+    EpisodeRecord,
 )
 from jaxrunner._src.services.external.multi_agent_env import MultiAgentExternalEnv
-
-_Live = LiveEpisode  # the name before the split into modules
 
 __all__ = [
     "CLIENT_IDS_KEPT",
@@ -54,6 +52,6 @@ __all__ = [
     "MAX_EPISODE_ID",
     "ExternalEnv",
     "ExternalEnvConfig",
-    "LiveEpisode",
+    "EpisodeRecord",
     "MultiAgentExternalEnv",
 ]

@@ -1,10 +1,10 @@
 """The records of a :class:`~jaxrunner._src.services.external.MultiAgentExternalEnv` episode: one
-:class:`~.episodes.LiveEpisode` per agent, under one live record per env episode.
+:class:`~.episodes.EpisodeRecord` per agent, under one live record per env episode.
 
 An agent's record is a single-agent record (its steps, its reward in wait of the next
 observation, its carry, its bytes) plus who the agent is and the env step of each of
 its actions, so the single-agent endings, memory accounting and output serve it
-unchanged; its ``to_episode`` gives an :class:`~jaxrunner.multi_agent.AgentEpisode`.
+unchanged; its ``to_episode`` gives an :class:`~jaxrunner.AgentEpisode`.
 Nothing here locks: the env holds its lock around every call.
 """
 
@@ -18,11 +18,11 @@ from gymnasium import spaces
 
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
-from jaxrunner._src.services.external.episodes import LiveEpisode
+from jaxrunner._src.services.external.episodes import EpisodeRecord
 
 
 @dataclasses.dataclass
-class AgentRecord(LiveEpisode):
+class AgentRecord(EpisodeRecord):
     """One agent's part of a live multi-agent episode.
 
     ``episode_id``, ``client``, ``env_id`` and ``training_enabled`` are the env
@@ -48,7 +48,7 @@ class AgentRecord(LiveEpisode):
         carry: Any,
         ticket: object = None,
     ) -> None:
-        """Appends one step taken at ``env_step`` (see :meth:`LiveEpisode.record`)."""
+        """Appends one step taken at ``env_step`` (see :meth:`EpisodeRecord.record`)."""
         self.record(obs, action, extras, carry, ticket=ticket)
         self.env_steps.append(env_step)
 
@@ -57,14 +57,14 @@ class AgentRecord(LiveEpisode):
         return self._undo is not None and self._undo[0] is ticket
 
     def undo(self, ticket: object) -> bool:
-        """As :meth:`LiveEpisode.undo`, keeping ``env_steps`` aligned."""
+        """As :meth:`EpisodeRecord.undo`, keeping ``env_steps`` aligned."""
         if not super().undo(ticket):
             return False
         self.env_steps.pop()
         return True
 
     def abandon(self, observation_space: spaces.Space) -> int:
-        """As :meth:`LiveEpisode.abandon`, keeping ``env_steps`` aligned."""
+        """As :meth:`EpisodeRecord.abandon`, keeping ``env_steps`` aligned."""
         dropped = super().abandon(observation_space)
         del self.env_steps[len(self.env_steps) - dropped :]
         return dropped
@@ -77,8 +77,8 @@ class AgentRecord(LiveEpisode):
         terminated: bool,
         truncated: bool,
     ) -> AgentEpisode:
-        """The closed record as an :class:`~jaxrunner.multi_agent.AgentEpisode`
-        (consumes it, as :meth:`LiveEpisode.to_episode`)."""
+        """The closed record as an :class:`~jaxrunner.AgentEpisode`
+        (consumes it, as :meth:`EpisodeRecord.to_episode`)."""
         env_steps = np.asarray(self.env_steps, np.int64)
         episode = super().to_episode(
             observation_space, action_space, terminated=terminated, truncated=truncated
@@ -100,7 +100,7 @@ class AgentRecord(LiveEpisode):
 
 
 @dataclasses.dataclass
-class MultiAgentLiveEpisode(LiveEpisode):
+class MultiAgentEpisodeRecord(EpisodeRecord):
     """A live multi-agent episode: the env-level record (``busy``, ``reserved``,
     ``last_seen``, as for one agent) and its agents' records. Its own step lists stay
     empty; ``num_calls`` counts its env steps (action calls)."""
@@ -131,4 +131,4 @@ class MultiAgentLiveEpisode(LiveEpisode):
         return [r for r in self.agents.values() if not r.done and r.num_actions]
 
 
-__all__ = ["AgentRecord", "MultiAgentLiveEpisode"]
+__all__ = ["AgentRecord", "MultiAgentEpisodeRecord"]

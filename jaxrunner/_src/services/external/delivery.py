@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxrunner._src.services.external.batching import PolicyBatcher, Row, RowResult
-from jaxrunner._src.services.external.episodes import EpisodeTable, LiveEpisode
+from jaxrunner._src.services.external.episodes import EpisodeRecord, EpisodeTable
 from jaxrunner._src.services.external.memory import MemoryBudget
 from jaxrunner.errors import ActionTimeoutError
 
@@ -52,7 +52,7 @@ class ActionDelivery:
         default_factory=weakref.WeakKeyDictionary, repr=False
     )
 
-    def submit(self, live: LiveEpisode, row: Row) -> concurrent.futures.Future:
+    def submit(self, live: EpisodeRecord, row: Row) -> concurrent.futures.Future:
         """Requests the action of ``row`` for ``live`` (claimed by the caller); the
         future resolves to the action, or to None for a logged action."""
 
@@ -72,7 +72,7 @@ class ActionDelivery:
         return future
 
     def submit_many(
-        self, live: LiveEpisode, rows: list[Row], rewards: list[float]
+        self, live: EpisodeRecord, rows: list[Row], rewards: list[float]
     ) -> concurrent.futures.Future:
         """Logged steps of a feed-forward policy (rows are independent, so one
         request): row ``t`` is recorded with ``rewards[t]`` after it."""
@@ -90,7 +90,7 @@ class ActionDelivery:
         return self._submit_rows(live, rows, on_done)
 
     def _submit_rows(
-        self, live: LiveEpisode, rows: list[Row], on_done: Callable[[list[RowResult]], Any]
+        self, live: EpisodeRecord, rows: list[Row], on_done: Callable[[list[RowResult]], Any]
     ) -> concurrent.futures.Future:
         def on_abort(error: BaseException | None) -> None:
             # Nothing was recorded: the episode is free again (a failed policy call
@@ -110,7 +110,7 @@ class ActionDelivery:
                 self._settle(live, 0, 0)
             raise
 
-    def _settle(self, live: LiveEpisode, grown: int, steps: int) -> None:
+    def _settle(self, live: EpisodeRecord, grown: int, steps: int) -> None:
         """Frees ``live`` (its call is over) and replaces its reservation by the
         ``grown`` bytes its ``steps`` recorded steps took (caller holds the lock)."""
         live.busy = False

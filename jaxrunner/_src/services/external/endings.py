@@ -19,10 +19,10 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src.core.metrics import EpisodeStats
-from jaxrunner._src.services.external.episodes import EpisodeTable, LiveEpisode
+from jaxrunner._src.services.external.episodes import EpisodeRecord, EpisodeTable
 from jaxrunner._src.services.external.memory import MemoryBudget
 
-Emit = Callable[[LiveEpisode, Any], None]
+Emit = Callable[[EpisodeRecord, Any], None]
 """``emit(record, episode)``: ``episode`` is what ``record.to_episode`` gave, or None."""
 
 
@@ -66,7 +66,7 @@ class EpisodeEndings:
         self._emit = emit
         self._steps_key = steps_key
 
-    def finish(self, live: LiveEpisode, terminated: bool, truncated: bool) -> None:
+    def finish(self, live: EpisodeRecord, terminated: bool, truncated: bool) -> None:
         """Stacks ``live`` (closed, and removed from the live table by the caller) and
         counts and emits it. Called without the lock."""
         episode, length = None, live.num_actions  # stacking empties the record

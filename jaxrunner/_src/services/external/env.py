@@ -28,7 +28,7 @@ from jaxrunner._src.services.external.batching import PolicyBatcher, Row
 from jaxrunner._src.services.external.config import ExternalEnvConfig
 from jaxrunner._src.services.external.delivery import ActionDelivery
 from jaxrunner._src.services.external.endings import EpisodeEndings
-from jaxrunner._src.services.external.episodes import EpisodeTable, LiveEpisode
+from jaxrunner._src.services.external.episodes import EpisodeRecord, EpisodeTable
 from jaxrunner._src.services.external.memory import MemoryBudget, estimate_step_nbytes
 from jaxrunner._src.services.external.metrics import external_metrics
 from jaxrunner._src.services.external.output import EpisodeOutput
@@ -324,7 +324,7 @@ class ExternalEnv(RunDriven):
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _get_live(self, episode_id: Any, what: str) -> LiveEpisode:
+    def _get_live(self, episode_id: Any, what: str) -> EpisodeRecord:
         """The live, idle episode ``episode_id`` (caller holds the lock)."""
         self._check_open(what)
         return self._episodes.get_idle(episode_id, what)
@@ -335,7 +335,7 @@ class ExternalEnv(RunDriven):
                 f"ExternalEnv.{what}() called after close(); create a new ExternalEnv."
             )
 
-    def _claim(self, episode_id: Any, steps: int, what: str) -> LiveEpisode:
+    def _claim(self, episode_id: Any, steps: int, what: str) -> EpisodeRecord:
         """Marks the live, idle episode busy for ``steps`` more steps (caller holds
         the lock); :class:`.delivery.ActionDelivery` marks it idle again."""
         live = self._get_live(episode_id, what)
@@ -367,7 +367,7 @@ class ExternalEnv(RunDriven):
         Returns whether anything was taken back."""
         return self._delivery.retract(episode_id, future)
 
-    def _emit(self, live: LiveEpisode, episode: Episode | None) -> None:
+    def _emit(self, live: EpisodeRecord, episode: Episode | None) -> None:
         """Outputs an ended episode (caller holds the lock); ``None`` if it had no step.
         Training episodes go to :meth:`poll_episodes`; others only count. The policy
         client overrides it to report local episodes to its server."""

@@ -32,7 +32,7 @@ CLIENT_IDS_KEPT = 65_536
 
 
 @dataclasses.dataclass
-class LiveEpisode:
+class EpisodeRecord:
     """A live episode's host-side record.
 
     ``obs[t]`` got ``actions[t]``; ``rewards[t]`` is closed by the next observation,
@@ -170,7 +170,7 @@ class EpisodeTable:
     Args:
         max_concurrent: the most live episodes.
         max_per_client: the most live episodes per client name (None: no cap).
-        record: the live record's class: :class:`LiveEpisode`, or a subclass taking
+        record: the live record's class: :class:`EpisodeRecord`, or a subclass taking
             the same arguments (a multi-agent episode's record).
     """
 
@@ -178,12 +178,12 @@ class EpisodeTable:
         self,
         max_concurrent: int,
         max_per_client: int | None,
-        record: type[LiveEpisode] = LiveEpisode,
+        record: type[EpisodeRecord] = EpisodeRecord,
     ) -> None:
         self._record = record
         self._max_concurrent = max_concurrent
         self._max_per_client = max_per_client
-        self._live: dict[int, LiveEpisode] = {}
+        self._live: dict[int, EpisodeRecord] = {}
         self._per_client: collections.Counter[str] = collections.Counter()
         self._client_ids: dict[str, int] = {}
         self._ended_ids: collections.OrderedDict[int, None] = collections.OrderedDict()
@@ -194,7 +194,7 @@ class EpisodeTable:
 
     def open(
         self, episode_id: int | None, client: str, training_enabled: bool, carry: Any
-    ) -> LiveEpisode:
+    ) -> EpisodeRecord:
         """Adds a live episode (``episode_id`` already type-checked; None: a fresh id).
 
         Raises:
@@ -239,7 +239,7 @@ class EpisodeTable:
         self._per_client[client] += 1
         return live
 
-    def get_idle(self, episode_id: Any, what: str) -> LiveEpisode:
+    def get_idle(self, episode_id: Any, what: str) -> EpisodeRecord:
         """The live episode ``episode_id`` with no call in flight.
 
         Raises:
@@ -265,16 +265,16 @@ class EpisodeTable:
             )
         return live
 
-    def find(self, episode_id: Any) -> LiveEpisode | None:
+    def find(self, episode_id: Any) -> EpisodeRecord | None:
         """The live episode ``episode_id``, or None."""
         is_int = isinstance(episode_id, (int, np.integer))
         return self._live.get(int(episode_id)) if is_int else None
 
-    def idle_since(self, since: float) -> list[LiveEpisode]:
+    def idle_since(self, since: float) -> list[EpisodeRecord]:
         """Live episodes with no call in flight, last seen before ``since``."""
         return [ep for ep in self._live.values() if not ep.busy and ep.last_seen < since]
 
-    def remove(self, live: LiveEpisode) -> None:
+    def remove(self, live: EpisodeRecord) -> None:
         """Moves ``live`` from the live episodes to the recently ended ids."""
         del self._live[live.episode_id]
         self._per_client[live.client] -= 1
@@ -293,5 +293,5 @@ __all__ = [
     "ENDED_IDS_KEPT",
     "MAX_EPISODE_ID",
     "EpisodeTable",
-    "LiveEpisode",
+    "EpisodeRecord",
 ]

@@ -8,7 +8,7 @@ from typing import Any
 
 import jaxrunner._src.services.external.checks as checks
 from jaxrunner._src.core.agent_groups import AgentGroup
-from jaxrunner._src.services.external.agents import MultiAgentLiveEpisode
+from jaxrunner._src.services.external.agents import MultiAgentEpisodeRecord
 from jaxrunner._src.space_arrays import check_value
 from jaxrunner.errors import EpisodeConflictError, InvalidArgumentError, InvalidArgumentTypeError
 
@@ -104,7 +104,7 @@ def check_logged_actions(
     }
 
 
-def check_not_ended(live: MultiAgentLiveEpisode, agents: Mapping[str, Any], what: str) -> None:
+def check_not_ended(live: MultiAgentEpisodeRecord, agents: Mapping[str, Any], what: str) -> None:
     """None of ``agents`` has ended in ``live``."""
     ended = [a for a in agents if a in live.agents and live.agents[a].done]
     if ended:

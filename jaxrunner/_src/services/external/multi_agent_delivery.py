@@ -25,14 +25,14 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from jaxrunner._src.services.external.agents import AgentRecord, MultiAgentLiveEpisode
+from jaxrunner._src.services.external.agents import AgentRecord, MultiAgentEpisodeRecord
 from jaxrunner._src.services.external.batching import PolicyBatcher, Row, RowResult
 from jaxrunner._src.services.external.memory import MemoryBudget
 
 
 @dataclasses.dataclass(eq=False)
 class _Call:
-    live: MultiAgentLiveEpisode
+    live: MultiAgentEpisodeRecord
     parts: dict[str, list[tuple[AgentRecord, Row]]]
     """Policy id -> its agents' records and rows."""
     # Not its future: ``calls`` maps the future to the call weakly, which a call
@@ -68,7 +68,7 @@ class MultiAgentDelivery:
     """The call of each future, for :meth:`retract`."""
 
     def submit(
-        self, live: MultiAgentLiveEpisode, parts: dict[str, list[tuple[AgentRecord, Row]]]
+        self, live: MultiAgentEpisodeRecord, parts: dict[str, list[tuple[AgentRecord, Row]]]
     ) -> concurrent.futures.Future:
         """Requests the rows of ``parts`` for ``live`` (claimed by the caller). The
         future resolves to ``{agent_id: action}`` for sampled rows (rows with
@@ -170,7 +170,7 @@ class MultiAgentDelivery:
         self.counts["num_dropped_steps"] += call.num_rows
         self.counts["num_undelivered_actions"] += call.num_rows
 
-    def _settle(self, live: MultiAgentLiveEpisode, grown: int, steps: int) -> None:
+    def _settle(self, live: MultiAgentEpisodeRecord, grown: int, steps: int) -> None:
         """Frees ``live`` and replaces its reservation by the ``grown`` bytes its
         ``steps`` recorded agent steps took (caller holds the lock)."""
         live.busy = False

@@ -3,7 +3,7 @@
 at its final observation and handed to the single-agent
 :class:`~jaxrunner._src.services.external.endings.EpisodeEndings` of its policy (its spaces), which
 stacks it without the lock, frees its bytes, counts it and outputs its
-:class:`~jaxrunner.multi_agent.AgentEpisode`. An agent that never acted has no
+:class:`~jaxrunner.AgentEpisode`. An agent that never acted has no
 episode and counts nowhere.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.metrics import EpisodeStats
-from jaxrunner._src.services.external.agents import AgentRecord, MultiAgentLiveEpisode
+from jaxrunner._src.services.external.agents import AgentRecord, MultiAgentEpisodeRecord
 from jaxrunner._src.services.external.endings import Emit, EpisodeEndings
 from jaxrunner._src.services.external.episodes import EpisodeTable
 from jaxrunner._src.services.external.memory import MemoryBudget
@@ -89,7 +89,7 @@ class AgentEndings:
         with self._lock:
             stale = self._episodes.idle_since(idle_since)
             for live in stale:
-                for record in cast(MultiAgentLiveEpisode, live).agents.values():
+                for record in cast(MultiAgentEpisodeRecord, live).agents.values():
                     if record.done:
                         continue
                     record.done = True

@@ -12,7 +12,7 @@ id::
     env.log_action(eid, {"a0": obs0}, {"a0": action0})        # chosen elsewhere
     env.end_agents(eid, {"a1": final_obs1}, truncated=False)  # a1 leaves
     env.end_episode(eid, {"a0": final_obs0})                  # everyone left ends
-    episodes = env.poll_episodes()   # list[jr.multi_agent.AgentEpisode]
+    episodes = env.poll_episodes()   # list[jr.AgentEpisode]
 
 Agents map to policies as in :func:`jaxrunner.multi_agent.build_groups`; each policy
 has its own :class:`~jaxrunner._src.services.external.batching.PolicyBatcher`, so the agents of

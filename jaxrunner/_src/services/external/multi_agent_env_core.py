@@ -4,7 +4,7 @@ its state, built from the single-agent ExternalEnv's parts, and the steps its ca
 :class:`MultiAgentExternalCore` builds and wires the parts: agent groups and one
 :class:`~jaxrunner._src.services.external.batching.PolicyBatcher` per policy
 (:mod:`.multi_agent_batchers`), the episode table of
-:class:`~jaxrunner._src.services.external.agents.MultiAgentLiveEpisode` records, one
+:class:`~jaxrunner._src.services.external.agents.MultiAgentEpisodeRecord` records, one
 memory budget (:mod:`.memory`), the bounded output (:mod:`.output`), delivery
 (:mod:`.multi_agent_delivery`), endings (:mod:`.multi_agent_endings`) and the reaper
 (:mod:`.reaper`). Its internal steps are what the public calls of
@@ -34,10 +34,10 @@ from jaxrunner._src.core.agent_groups import (
 from jaxrunner._src.core.metrics import EpisodeStats
 from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.services.external.agents import AgentRecord, MultiAgentLiveEpisode
+from jaxrunner._src.services.external.agents import AgentRecord, MultiAgentEpisodeRecord
 from jaxrunner._src.services.external.batching import PolicyBatcher, Row
 from jaxrunner._src.services.external.config import ExternalEnvConfig
-from jaxrunner._src.services.external.episodes import EpisodeTable, LiveEpisode
+from jaxrunner._src.services.external.episodes import EpisodeRecord, EpisodeTable
 from jaxrunner._src.services.external.memory import MemoryBudget, estimate_step_nbytes
 from jaxrunner._src.services.external.multi_agent_batchers import group_batchers, row_carry
 from jaxrunner._src.services.external.multi_agent_checks import (
@@ -91,7 +91,7 @@ class MultiAgentExternalCore(GroupedAgents):
         self._group_of: dict[str, AgentGroup] = {a: g for g in self.groups for a in g.agents}
         self._lock = threading.Lock()
         self._episodes = EpisodeTable(
-            config.max_concurrent, config.max_episodes_per_client, MultiAgentLiveEpisode
+            config.max_concurrent, config.max_episodes_per_client, MultiAgentEpisodeRecord
         )
         self._memory = MemoryBudget(
             config.max_memory_bytes,
@@ -142,12 +142,12 @@ class MultiAgentExternalCore(GroupedAgents):
                 f"MultiAgentExternalEnv.{what}() called after close(); create a new one."
             )
 
-    def _get_live(self, episode_id: Any, what: str) -> MultiAgentLiveEpisode:
+    def _get_live(self, episode_id: Any, what: str) -> MultiAgentEpisodeRecord:
         """The live, idle episode ``episode_id`` (caller holds the lock)."""
         self._check_open(what)
         return _multi_agent(self._episodes.get_idle(episode_id, what))
 
-    def _record(self, live: MultiAgentLiveEpisode, agent: str) -> AgentRecord:
+    def _record(self, live: MultiAgentEpisodeRecord, agent: str) -> AgentRecord:
         group = self._group_of[agent]
         carry = self._initial_carry[group.policy_id]
         return live.agent(group, agent, self._agent_index[agent], carry)
@@ -179,7 +179,7 @@ class MultiAgentExternalCore(GroupedAgents):
             live.last_seen = time.monotonic()
         return self._delivery.submit(live, parts)
 
-    def _emit(self, record: LiveEpisode, episode: AgentEpisode | None) -> None:
+    def _emit(self, record: EpisodeRecord, episode: AgentEpisode | None) -> None:
         """Outputs an ended agent's episode (caller holds the lock); None: it never acted."""
         if episode is None or not record.training_enabled:
             return
@@ -196,9 +196,9 @@ class MultiAgentExternalCore(GroupedAgents):
         return batcher
 
 
-def _multi_agent(live: LiveEpisode) -> MultiAgentLiveEpisode:
+def _multi_agent(live: EpisodeRecord) -> MultiAgentEpisodeRecord:
     """``live`` as the multi-agent record it is (the table makes only those)."""
-    return cast(MultiAgentLiveEpisode, live)
+    return cast(MultiAgentEpisodeRecord, live)
 
 
 __all__ = ["MultiAgentExternalCore"]

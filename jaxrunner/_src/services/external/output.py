@@ -21,7 +21,7 @@ E = TypeVar("E", bound=EpisodeSpan)
 class EpisodeOutput(Generic[E]):
     """Finished episodes in the order they ended, charged to ``memory.output``:
     an ExternalEnv's :class:`~jaxrunner.Episode` or a MultiAgentExternalEnv's
-    :class:`~jaxrunner.multi_agent.AgentEpisode` (an ``EpisodeSpan`` with ``obs``,
+    :class:`~jaxrunner.AgentEpisode` (an ``EpisodeSpan`` with ``obs``,
     ``action`` and ``extras``).
 
     Args:
