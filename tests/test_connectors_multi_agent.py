@@ -173,7 +173,7 @@ def test_one_compile_and_new_statistics_never_retrace():
         state = r.get_connector_state()
         new_stats = C.set_statistics(state["policy_0"], [C.Moments.of(np.ones((5, 3)))])
         r.set_connector_state({"policy_0": new_stats})
-        r.set_params("policy_0", zero_params(3))
+        r.set_params(zero_params(3), "policy_0")
         trajs.append(r.sample())
         with jax.transfer_guard("disallow"):  # explicit transfers only, connectors included
             trajs.append(r.sample())

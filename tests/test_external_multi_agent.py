@@ -131,10 +131,10 @@ def test_policies_map_agents_and_params_are_per_policy():
             ref = refs[episode.agent_id]
             np.testing.assert_array_equal(episode.action, ref.actions)
         params, _ = env.get_params("right")
-        assert env.set_params("right", params) == 1
+        assert env.set_params(params, "right") == 1
         assert env.get_params("left")[1] == 0
         with pytest.raises(InvalidArgumentError, match=r"policy_id='middle'.*unknown policy id"):
-            env.set_params("middle", params)
+            env.set_params(params, "middle")
 
 
 def test_log_action_records_actions_as_given():

@@ -132,7 +132,7 @@ def test_same_seed_same_trajectory_and_new_params_change_actions():
         envs = jr.make_multi_agent_vec(envs_mod.simple_spread, 2)
         with jr.MultiAgentRunner(envs, random_policy(5), zero_params(5), 12, seed=1) as r:
             first = r.sample()
-            r.set_params("policy_0", {"w": jnp.asarray(w, jnp.float32)})
+            r.set_params({"w": jnp.asarray(w, jnp.float32)}, "policy_0")
             return first, r.sample()
 
     a1, a2 = run(np.zeros(5))
@@ -188,9 +188,14 @@ def test_policy_mapping_groups_and_space_checks():
     with jr.MultiAgentRunner(envs, policies, params, 10, seed=0) as runner:
         traj = runner.sample()
         with pytest.raises(InvalidArgumentError, match="no such policy"):
-            runner.set_params("middle", zero_params(3))
+            runner.set_params(zero_params(3), "middle")
         with pytest.raises(SpaceMismatchError):
-            runner.set_params("left", zero_params(4))
+            runner.set_params(zero_params(4), "left")
+        with pytest.raises(InvalidArgumentError, match="Name one: this runner has several"):
+            runner.set_params(zero_params(3))
+        with pytest.warns(DeprecationWarning, match="old order"):
+            runner.set_params("left", {"w": jnp.array([0.0, 7.0, 0.0])})
+        assert float(runner.get_params("left")["w"][1]) == 7.0
     right = traj.groups["right"]
     assert (right.action[right.valid] == 2).all()
     assert traj.groups["left"].obs.shape == (10, 2, 2, 3)
@@ -255,7 +260,7 @@ def test_policy_pool_one_member_per_agent_episode_and_no_recompile():
         traj = runner.sample()
         first = traj.groups["policy_0"]
         traced = len(traces)
-        runner.set_params("policy_0", jr.multi_agent.pool_params(members, 4, [0, 0, 1]))
+        runner.set_params(jr.multi_agent.pool_params(members, 4, [0, 0, 1]), "policy_0")
         second = runner.sample().groups["policy_0"]
         assert len(traces) == traced
     valid = first.valid

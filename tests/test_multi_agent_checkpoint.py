@@ -188,7 +188,7 @@ def test_without_the_opt_in_episodes_restart_with_documented_seeds(tmp_path):
     trained = {"w": jnp.asarray([0.0, 0.0, 3.0])}
     with make() as runner:
         runner.sample()
-        runner.set_params("policy_0", trained)
+        runner.set_params(trained, "policy_0")
         runner.sample()
         runner.save(path)
         saved = steady_metrics(runner)

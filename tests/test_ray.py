@@ -458,7 +458,7 @@ def test_multi_agent_group_samples_like_local_runners_and_syncs_params_per_polic
     for index in (0, 1):  # each runner is a local MultiAgentRunner with its seed
         with local(index) as runner:
             expected = runner.sample()
-            runner.set_params("policy_0", second["policy_0"])
+            runner.set_params(second["policy_0"], "policy_0")
             expected_after = runner.sample()
         got = jax.tree.map(lambda x, i=index: x[:, 2 * i : 2 * i + 2], traj)
         np.testing.assert_array_equal(

@@ -14,6 +14,7 @@ from conftest import ActorCritic, short_cartpole
 import jaxrunner as jr
 from jaxrunner.errors import (
     ClosedError,
+    InvalidArgumentError,
     InvalidStepError,
     JaxRunnerError,
     RunnerFailedError,
@@ -234,6 +235,18 @@ def test_set_params_rejects_other_shapes(cartpole_runner):
     bad = jax.tree.map(lambda x: jnp.zeros((*x.shape, 2)), params)
     with pytest.raises(SpaceMismatchError, match="same pytree structure"):
         runner.set_params(bad)
+    # The multi-agent runner's convention: an optional policy id, the one policy's by default.
+    runner.set_params(params, "default_policy")
+    assert runner.get_params("default_policy") is runner.get_params()
+    with pytest.raises(InvalidArgumentError, match="no such policy"):
+        runner.get_params("other")
+
+
+def test_close_is_stop(cartpole_runner):
+    runner = cartpole_runner()
+    runner.close()
+    with pytest.raises(ClosedError, match="after stop"):
+        runner.sample()
 
 
 def test_metrics_equal_sums_over_episodes(cartpole_runner):

@@ -9,8 +9,8 @@ keeps, per row, the output of the row's member. The member is drawn at each epis
 start from ``weights`` with the row's own key (so it is deterministic), kept in the
 carry for the rest of the episode, and recorded in ``extras["member"]``.
 
-Changing the pool (new snapshots, new weights) is ``runner.set_params(policy_id,
-pool_params(...))`` with the same ``size``: same shapes, so it never recompiles.
+Changing the pool (new snapshots, new weights) is ``runner.set_params(pool_params(...),
+policy_id)`` with the same ``size``: same shapes, so it never recompiles.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from jaxrunner._src.connectors.base import ConnectorState
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.core.episode import Episode, concatenate_episodes
 from jaxrunner._src.core.metrics import MetricsConfig, RunnerMetrics
-from jaxrunner._src.core.policy import Params, Policy, check_params_like
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID, EpisodeJoiner, RunnerState
 from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner._src.core.trajectory import Trajectory
@@ -328,16 +328,6 @@ class EnvRunner(EnvOwner):
         """
         self._check_usable("restore")
         return checkpoint.restore(self, path, load_env_pickles, max_bytes)
-
-    def set_params(self, params: Params) -> None:
-        """Replaces the policy params; takes effect at the next step, never recompiles.
-        The new params must have the structure, shapes and dtypes of the old ones."""
-        self._check_usable("set_params")
-        check_params_like(self.get_params(), params, "runner")
-        self.state.params[DEFAULT_POLICY_ID] = jax.device_put(params)
-
-    def get_params(self) -> Params:
-        return self.state.params[DEFAULT_POLICY_ID]
 
     def get_connector_state(self) -> ConnectorsState:
         """The connectors' state, as a host copy: the statistics the next ``sample()``

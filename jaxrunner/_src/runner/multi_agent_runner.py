@@ -23,7 +23,7 @@ from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.core.metrics import MetricsConfig
 from jaxrunner._src.core.multi_agent_metrics import MultiAgentMetrics
 from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode, MultiAgentTrajectory
-from jaxrunner._src.core.policy import Params, Policy, check_params_like
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner._src.runner.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
@@ -219,25 +219,6 @@ class MultiAgentRunner(EnvOwner):
         """
         self._check_usable("restore")
         return checkpoint.restore(self, path, load_env_pickles, max_bytes)
-
-    def set_params(self, policy_id: str, params: Params) -> None:
-        """Replaces one policy's params; takes effect at the next step, never recompiles."""
-        self._check_usable("set_params")
-        self._check_policy_id("set_params", policy_id)
-        check_params_like(self.state.params[policy_id], params, "runner")
-        self.state.params[policy_id] = jax.device_put(params)
-
-    def get_params(self, policy_id: str) -> Params:
-        """The params of policy ``policy_id`` (as the runner holds them, on device)."""
-        self._check_policy_id("get_params", policy_id)
-        return self.state.params[policy_id]
-
-    def _check_policy_id(self, what: str, policy_id: Any) -> None:
-        if policy_id not in self.state.params:
-            raise InvalidArgumentError(
-                f"MultiAgentRunner.{what}(policy_id={policy_id!r}): no such policy; the policy "
-                f"ids are {list(self.state.params)}."
-            )
 
     def get_connector_state(self) -> dict[str, ConnectorsState]:
         """``policy_id -> `` the state of its group's connectors, as host copies: the

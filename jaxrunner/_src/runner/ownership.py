@@ -1,4 +1,4 @@
-"""One owner per vector env, and the lifecycle every runner shares.
+"""One owner per vector env, and the lifecycle and params every runner shares.
 
 A vector env is driven by one live runner: two would continue each other's episodes
 from states neither produced. :class:`EnvOwner` claims its envs at construction (a
@@ -9,11 +9,14 @@ checks of the arguments every runner takes live here too.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any
 
+import jax
 import numpy as np
 
+from jaxrunner._src.core.policy import Params, check_params_like
 from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner.errors import ClosedError, InvalidArgumentError, RunnerFailedError
 
@@ -22,8 +25,9 @@ _OWNERS: weakref.WeakKeyDictionary[Any, weakref.ref] = weakref.WeakKeyDictionary
 
 
 class EnvOwner:
-    """Base of the runners: the claim on ``envs``, ``stop``, the context manager, and
-    the one ``sample`` call, over the runner's :class:`RunnerState`."""
+    """Base of the runners: the claim on ``envs``, ``stop``/``close``, the context
+    manager, the params by policy id and the one ``sample`` call, over the runner's
+    :class:`RunnerState`."""
 
     envs: Any
     state: RunnerState
@@ -56,6 +60,44 @@ class EnvOwner:
             self._release(self.envs)
             if close_envs:
                 self.envs.close()
+
+    def close(self) -> None:
+        """:meth:`stop`, closing the envs (the name gymnasium and Python users reach for)."""
+        self.stop()
+
+    def set_params(self, params: Params, policy_id: str | None = None) -> None:
+        """Replaces the params of policy ``policy_id`` (``None``: the runner's one policy);
+        takes effect at the next step and never recompiles. The new params must have the
+        structure, shapes and dtypes of the old ones."""
+        self._check_usable("set_params")
+        if isinstance(params, str) and params in self.state.params and policy_id is not None:
+            warnings.warn(
+                f"{type(self).__name__}.set_params(policy_id, params) is the old order; call "
+                "set_params(params, policy_id), as every runner takes it.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            params, policy_id = policy_id, params
+        pid = self._policy_id("set_params", policy_id)
+        check_params_like(self.state.params[pid], params, "runner")
+        self.state.params[pid] = jax.device_put(params)
+
+    def get_params(self, policy_id: str | None = None) -> Params:
+        """The params of policy ``policy_id`` (``None``: the runner's one policy), as the
+        runner holds them, on device."""
+        return self.state.params[self._policy_id("get_params", policy_id)]
+
+    def _policy_id(self, what: str, policy_id: Any) -> str:
+        ids = list(self.state.params)
+        if policy_id is None and len(ids) == 1:
+            return ids[0]
+        if policy_id not in self.state.params:
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.{what}(policy_id={policy_id!r}): no such policy; the "
+                f"policy ids are {ids}."
+                + (" Name one: this runner has several." if policy_id is None else "")
+            )
+        return policy_id
 
     def __enter__(self) -> Any:
         return self

@@ -139,7 +139,7 @@ class RunnerWorker:
         if isinstance(self.runner, MultiAgentRunner):
             _check_policy_dict(params, self.runner.policy_ids)
             for pid, value in params.items():
-                self.runner.set_params(pid, value)
+                self.runner.set_params(value, pid)
         else:
             self.runner.set_params(params)
         if statistics is not None:

@@ -228,9 +228,9 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
             )
         return self._output.take(num_episodes, timeout_s)
 
-    def set_params(self, policy_id: str, params: Params) -> int:
+    def set_params(self, params: Params, policy_id: str) -> int:
         """Replaces ``policy_id``'s params from its next batch on (never recompiles);
-        returns their new version."""
+        returns their new version. (The order of every runner's ``set_params``.)"""
         return self._batcher(policy_id, "set_params").set_params(params)
 
     def get_params(self, policy_id: str) -> tuple[Params, int]:
