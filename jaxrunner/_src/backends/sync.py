@@ -11,6 +11,7 @@ import gymnasium
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.arg_checks import check_restart_policy
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
@@ -48,6 +49,7 @@ class SyncVectorEnv(InProcessVectorEnv):
         restart_policy: RestartPolicy | None = None,
     ) -> None:
         super().__init__(copy=copy)
+        check_restart_policy("SyncVectorEnv", restart_policy)
         self.restart_policy = restart_policy
         if len(env_fns) == 0:
             raise InvalidArgumentError("SyncVectorEnv needs at least one env factory, got none.")

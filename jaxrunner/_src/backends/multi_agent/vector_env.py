@@ -30,6 +30,7 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
+from jaxrunner._src.arg_checks import check_restart_policy
 from jaxrunner._src.backends.base import BaseVectorEnv
 from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
@@ -112,7 +113,10 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
     ) -> None:
         super().__init__()
         if len(env_fns) == 0:
-            raise InvalidArgumentError("make_multi_agent_vec: num_envs must be >= 1, got 0.")
+            raise InvalidArgumentError(
+                "SyncMultiAgentVectorEnv needs at least one env factory, got none."
+            )
+        check_restart_policy("SyncMultiAgentVectorEnv", restart_policy)
         self.restart_policy = restart_policy
         envs = build_envs(env_fns, 0)
         try:

@@ -11,6 +11,7 @@ import gymnasium
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.arg_checks import check_restart_policy
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
@@ -102,11 +103,7 @@ class ProcessVectorEnv(TransportForwarding, VectorEnv):
         self._finalizer = weakref.finalize(self, shutdown, self._res)
         self._closed_reason = "construction failed"  # until the workers are up
         config = checked_config(config, "ProcessVectorEnv")
-        if restart_policy is not None and not isinstance(restart_policy, RestartPolicy):
-            raise InvalidArgumentTypeError(
-                f"ProcessVectorEnv(restart_policy=...): expected a jaxrunner.RestartPolicy or "
-                f"None, got {type(restart_policy).__name__}."
-            )
+        check_restart_policy("ProcessVectorEnv", restart_policy)
         if len(env_fns) == 0:
             raise InvalidArgumentError("ProcessVectorEnv needs at least one env factory, got none.")
         if config.main_process_envs:
