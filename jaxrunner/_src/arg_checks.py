@@ -16,7 +16,7 @@ import numpy as np
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
-def is_int(value: Any, low: int = 1, high: float = math.inf) -> bool:
+def is_int(value: Any, low: float = 1, high: float = math.inf) -> bool:
     """``value`` is an int (numpy ints count, bools do not) in ``[low, high]``."""
     return (
         not isinstance(value, (bool, np.bool_))
@@ -30,18 +30,19 @@ def check_int(
     name: str,
     value: Any,
     *,
-    low: int = 1,
+    low: float = 1,
     high: float = math.inf,
     none: str | None = None,
     hint: str = "",
 ) -> Any:
-    """``value`` as an int in ``[low, high]``; with ``none`` (what None means, e.g.
-    ``"for automatic"``) None passes too. Else an error naming ``where``'s argument."""
+    """``value`` as an int in ``[low, high]`` (``low=-math.inf``: any int); with
+    ``none`` (what None means, e.g. ``"for automatic"``) None passes too. Else an error
+    naming ``where``'s argument."""
     if value is None and none is not None:
         return None
     if not is_int(value, low, high):
         kind = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-        what = f"an int {_interval(low, high, False, False)}"
+        what = f"an int {_interval(low, high, False, False)}".rstrip()
         raise InvalidArgumentError(_message(where, name, value, what, none, hint, kind))
     return int(value)
 
@@ -98,6 +99,8 @@ def check_restart_policy(where: str, value: Any) -> None:
 
 def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
     lo, hi = (str(x) if isinstance(x, int) else f"{x:g}" for x in (low, high))
+    if low == -math.inf and high == math.inf:
+        return ""
     if high == math.inf and not high_open:
         return f"{'>' if low_open else '>='} {lo}"
     return f"in {'(' if low_open else '['}{lo}, {hi}{')' if high_open else ']'}"

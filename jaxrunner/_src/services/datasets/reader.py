@@ -7,9 +7,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import gymnasium
-import numpy as np
 from gymnasium import spaces
 
+from jaxrunner._src.arg_checks import is_int
 from jaxrunner._src.runner.episode import Episode
 from jaxrunner._src.services.datasets.dependency import import_minari
 from jaxrunner._src.services.datasets.episode_check import EpisodeCheck
@@ -221,7 +221,7 @@ def _spaces_from_env_spec(
 
 
 def _index(index: Any, total: int, name: str) -> int:
-    if isinstance(index, bool) or not isinstance(index, int | np.integer) or index < 0:
+    if not is_int(index, low=0):
         raise InvalidArgumentError(
             f"from_minari({name}, episode_indices=...): expected ints >= 0, got {index!r}."
         )
