@@ -132,7 +132,7 @@ def _open_local(
             f"{where}: metadata.json has data_format={fmt!r}; expected one of {get_storage_keys()}."
         )
     total = metadata.get("total_episodes")
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+    if not is_int(total, low=0):
         raise InvalidArgumentError(
             f"{where}: metadata.json has total_episodes={total!r}; expected an int >= 0."
         )
