@@ -189,7 +189,7 @@ def test_set_connector_state_checks_dtypes_and_names_the_connector_and_field(mea
         (lambda: C.NormalizeObservation(frozen="no"), InvalidArgumentTypeError, "frozen"),
         (lambda: C.NormalizeObservation(count_dtype="int8"), InvalidArgumentError, "int8"),
         (lambda: C.ScaleReward(gamma=1.5), InvalidArgumentError, r"gamma=1.5"),
-        (lambda: C.ScaleReward(gamma="0.9"), InvalidArgumentTypeError, "gamma"),
+        (lambda: C.ScaleReward(gamma="0.9"), InvalidArgumentError, r"gamma='0.9'.*got str"),
         (lambda: C.ScaleReward(clip=-2), InvalidArgumentError, r"clip=-2"),
         (lambda: C.ScaleReward(epsilon=float("nan")), InvalidArgumentError, "epsilon"),
         (lambda: C.RescaleActions((0.0,), (1.0, 2.0)), InvalidArgumentError, "same length"),

@@ -8,6 +8,7 @@ from typing import Any
 
 import gymnasium
 
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.auto import LayoutChoice, choose_for
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep
@@ -21,7 +22,7 @@ from jaxrunner._src.backends.process import (
     make_process_vec,
 )
 from jaxrunner._src.backends.ray import RayConfig, RayVectorEnv
-from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.sync import SyncVectorEnv
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -71,10 +72,7 @@ def make_vec(
     Returns:
         A ``gymnasium.vector.VectorEnv`` (autoreset mode SAME_STEP).
     """
-    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-        raise InvalidArgumentError(
-            f"make_vec(num_envs=...): expected an int >= 1, got {num_envs!r}."
-        )
+    check_int("make_vec", "num_envs", num_envs)
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
     check_vec_options(backend, config, restart_policy)
@@ -128,6 +126,7 @@ def choose_auto_layout(
 def check_vec_options(backend: str, config: Any, restart_policy: RestartPolicy | None) -> None:
     """Raises unless ``config`` and ``restart_policy`` suit ``backend`` (as in
     :func:`make_vec`)."""
+    check_restart_policy("make_vec", restart_policy)
     expected = _CONFIGS.get(backend)
     if backend == "auto" and config is not None:
         raise InvalidArgumentTypeError(

@@ -58,6 +58,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.arg_checks import is_int
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.restarts import RestartPolicy
@@ -208,11 +209,7 @@ class BaseVectorEnv(abc.ABC):
             )
 
     def _check_index(self, index: Any, what: str = "reset_at") -> None:
-        if (
-            isinstance(index, bool)
-            or not isinstance(index, (int, np.integer))
-            or not 0 <= index < self.num_envs
-        ):
+        if not is_int(index, 0, self.num_envs - 1):
             raise EnvIndexError(f"{what}(index={index!r}): index must be in [0, {self.num_envs}).")
 
     def _values_per_env(self, name: str, values: Any) -> list[Any]:

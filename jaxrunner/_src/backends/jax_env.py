@@ -33,6 +33,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.brax_adapter import brax_functions, brax_spaces, check_brax_wrappers
 from jaxrunner._src.backends.functional_env import (
     EnvStep,
@@ -72,14 +73,7 @@ class JaxVectorEnv:
         action_space: spaces.Space | None = None,
         functions: FunctionalEnv | None = None,
     ) -> None:
-        if (
-            isinstance(num_envs, bool)
-            or not isinstance(num_envs, (int, np.integer))
-            or (num_envs < 1)
-        ):
-            raise InvalidArgumentError(
-                f"JaxVectorEnv(num_envs=...): expected an int >= 1, got {num_envs!r}."
-            )
+        check_int("JaxVectorEnv", "num_envs", num_envs)
         if functions is None:
             functions = functions_of(env)
         if env_params is None:

@@ -16,8 +16,9 @@ from typing import Any, TypeVar
 
 import gymnasium
 
+from jaxrunner._src.arg_checks import check_int, check_number, refusal
 from jaxrunner._src.space_arrays import check_info
-from jaxrunner.errors import EnvError, InvalidArgumentError
+from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidArgumentTypeError
 
 T = TypeVar("T")
 
@@ -34,15 +35,10 @@ class RestartPolicy:
     """Upper bound of the wait between attempts."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
-            raise InvalidArgumentError(
-                f"RestartPolicy(max_attempts={self.max_attempts!r}): expected an int >= 1."
-            )
-        if self.max_attempts < 1:
-            raise InvalidArgumentError(
-                f"RestartPolicy(max_attempts={self.max_attempts}): expected >= 1."
-            )
-        if not 0 <= self.backoff_s <= self.max_backoff_s:
+        check_int("RestartPolicy", "max_attempts", self.max_attempts)
+        check_number("RestartPolicy", "backoff_s", self.backoff_s)
+        check_number("RestartPolicy", "max_backoff_s", self.max_backoff_s)
+        if not self.backoff_s <= self.max_backoff_s:
             raise InvalidArgumentError(
                 f"RestartPolicy(backoff_s={self.backoff_s}, max_backoff_s={self.max_backoff_s}):"
                 " expected 0 <= backoff_s <= max_backoff_s."
@@ -148,4 +144,15 @@ def close_quietly(env: gymnasium.Env) -> None:
         pass
 
 
-__all__ = ["RestartPolicy", "close_quietly", "recreate", "retry"]
+def check_restart_policy(where: str, value: Any) -> None:
+    """Refuses a ``restart_policy`` that is neither None nor a RestartPolicy (a bool
+    would otherwise fail at the first sub-env failure, far from its cause)."""
+    if value is not None and not isinstance(value, RestartPolicy):
+        what = "a jaxrunner.RestartPolicy (e.g. jr.RestartPolicy(): failed sub-envs restart)"
+        none = "to let failures raise"
+        raise InvalidArgumentTypeError(
+            refusal(where, "restart_policy", value, what, none, "", False)
+        )
+
+
+__all__ = ["check_restart_policy", "RestartPolicy", "close_quietly", "recreate", "retry"]

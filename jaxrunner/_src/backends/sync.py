@@ -15,7 +15,7 @@ from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.in_process import InProcessVectorEnv
-from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.snapshots import snapshot_dumps
 from jaxrunner._src.backends.step_buffers import StepBuffers
 from jaxrunner._src.backends.sub_envs import ActionSplitters, EnvFactory, SubEnvs
@@ -48,6 +48,7 @@ class SyncVectorEnv(InProcessVectorEnv):
         restart_policy: RestartPolicy | None = None,
     ) -> None:
         super().__init__(copy=copy)
+        check_restart_policy("SyncVectorEnv", restart_policy)
         self.restart_policy = restart_policy
         if len(env_fns) == 0:
             raise InvalidArgumentError("SyncVectorEnv needs at least one env factory, got none.")

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jaxrunner._src.arg_checks import check_int, check_number, is_int
 from jaxrunner._src.bench.multi_agent import describe, parallel_env_module
 from jaxrunner._src.bench.report import autogroup, verdict
 from jaxrunner._src.bench.rounds import MULTI_AGENT_PLANS, PLANS, Harness, Plan, measure_width
@@ -83,12 +84,10 @@ class BenchConfig:
                     f"{self.backends}): a workload runs its own env ({expected!r}) on host "
                     "backends; build it with BenchConfig.for_workload."
                 )
-        if not self.widths or any(w < 1 for w in self.widths):
+        if not self.widths or not all(is_int(w) for w in self.widths):
             raise InvalidArgumentError(f"BenchConfig(widths={self.widths}): expected ints >= 1.")
-        if self.seconds <= 0:
-            raise InvalidArgumentError(f"BenchConfig(seconds={self.seconds}): expected > 0.")
-        if self.rounds < 1:
-            raise InvalidArgumentError(f"BenchConfig(rounds={self.rounds}): expected >= 1.")
+        check_number("BenchConfig", "seconds", self.seconds, low_open=True)
+        check_int("BenchConfig", "rounds", self.rounds)
         plans = self.plans()
         unknown = [b for b in self.backends if b not in plans]
         if not self.backends or unknown:

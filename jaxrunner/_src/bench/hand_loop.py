@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
 from jaxrunner._src.core.policy import Policy
 from jaxrunner.errors import InvalidArgumentError
@@ -83,10 +84,7 @@ class RecordingHandLoop:
             (EnvPool's and PufferLib's autoreset), which is then no transition:
             :meth:`rollout` leaves such steps out of its count.
         """
-        if rollout_length < 1:
-            raise InvalidArgumentError(
-                f"RecordingHandLoop(rollout_length={rollout_length}): expected an int >= 1."
-            )
+        check_int("RecordingHandLoop", "rollout_length", rollout_length)
         obs_space, action_space = single_spaces(envs)
         self.envs, self.num_envs, self.rollout_length = envs, int(envs.num_envs), rollout_length
         self.policy = mlp_policy(action_space) if policy is None else policy

@@ -23,6 +23,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner import MultiAgentRunner, make_multi_agent_vec
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
 from jaxrunner._src.bench.timing import measure_runner, timed
@@ -111,11 +112,8 @@ class MultiAgentHandLoop:
             InvalidArgumentError: a size below 1, agents whose spaces differ, or an env
                 that starts without some of its agents.
         """
-        if num_envs < 1 or rollout_length < 1:
-            raise InvalidArgumentError(
-                f"MultiAgentHandLoop(num_envs={num_envs}, rollout_length={rollout_length}): "
-                "expected ints >= 1."
-            )
+        check_int("MultiAgentHandLoop", "num_envs", num_envs)
+        check_int("MultiAgentHandLoop", "rollout_length", rollout_length)
         self.num_envs, self.rollout_length = num_envs, rollout_length
         self.envs = [env_fn() for _ in range(num_envs)]
         try:

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.arg_checks import is_int
 from jaxrunner._src.checkpoints.format import (
     MAX_META_BYTES,
     MAX_PATH_DEPTH,
@@ -60,10 +61,10 @@ class CheckpointReader:
             raise self.error(f"has {where} {problem}")
 
     def int_field(self, value: Any, where: str, low: int, high: float = float("inf")) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        if not is_int(value, low, high):
             bounds = f">= {low}" if high == float("inf") else f"in [{low}, {high}]"
             raise self.error(f"has {where}={value!r}; expected an int {bounds}")
-        return value
+        return int(value)
 
     @staticmethod
     def episode_specs(obs_space: Any, action_space: Any) -> dict[str, Any]:

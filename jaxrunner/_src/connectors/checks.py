@@ -6,59 +6,21 @@ and the fix (the house wording); nothing is cast silently.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
 import numpy as np
 
+from jaxrunner._src.arg_checks import check_number
 from jaxrunner._src.connectors.moments import COUNT_DTYPES
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
-
-
-def check_number(
-    who: str,
-    name: str,
-    value: Any,
-    *,
-    low: float,
-    high: float = math.inf,
-    low_open: bool = False,
-    high_open: bool = False,
-    optional: bool = False,
-) -> None:
-    """Refuses ``value`` unless it is a real number in the interval (``optional``: or
-    None). ``who`` names the connector in the message, ``name`` the argument."""
-    if value is None and optional:
-        return
-    none = " or None" if optional else ""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise InvalidArgumentTypeError(
-            f"{who}({name}={value!r}): expected a number{none}, got {type(value).__name__}."
-        )
-    number = float(value)
-    below = number <= low if low_open else number < low
-    above = number >= high if high_open else number > high
-    if math.isnan(number) or below or above:
-        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
-        raise InvalidArgumentError(
-            f"{who}({name}={value!r}): expected a value in {lo}{low}, {high}{hi}{none}."
-        )
-
-
-def check_flag(who: str, name: str, value: Any) -> None:
-    """Refuses anything but a bool (a truthy string would read as True)."""
-    if not isinstance(value, bool):
-        raise InvalidArgumentTypeError(
-            f"{who}({name}={value!r}): expected True or False, got {type(value).__name__}."
-        )
+from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 
 
 def check_std_bounds(who: str, epsilon: Any, min_std: Any, max_std: Any) -> None:
     """The shared ``epsilon``, ``min_std`` and ``max_std`` arguments of a normalizer."""
-    check_number(who, "epsilon", epsilon, low=0.0)
-    check_number(who, "min_std", min_std, low=0.0, low_open=True)
-    check_number(who, "max_std", max_std, low=0.0, low_open=True, high_open=True)
+    check_number(who, "epsilon", epsilon)
+    check_number(who, "min_std", min_std, low_open=True)
+    check_number(who, "max_std", max_std, low_open=True, high_open=True)
     if min_std > max_std:
         raise InvalidArgumentError(
             f"{who}(min_std={min_std!r}, max_std={max_std!r}): expected min_std <= max_std."
@@ -130,8 +92,6 @@ def check_state(who: str, name: str, current: Any, new: Any) -> Any:
 
 __all__ = [
     "check_count_dtype",
-    "check_flag",
-    "check_number",
     "check_state",
     "check_std_bounds",
 ]

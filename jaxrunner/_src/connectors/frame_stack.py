@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
 
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.connectors.base import ConnectorState, ObsConnector
 from jaxrunner._src.connectors.structured_spaces import map_space, rebuild_space
 from jaxrunner._src.space_arrays.buffers import leaf_spec
@@ -48,14 +49,7 @@ class FrameStack(ObsConnector):
     num_frames: int = 4
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.num_frames, bool)
-            or not isinstance(self.num_frames, int)
-            or (self.num_frames < 1)
-        ):
-            raise InvalidArgumentError(
-                f"FrameStack(num_frames={self.num_frames!r}): expected an int >= 1."
-            )
+        check_int("FrameStack", "num_frames", self.num_frames)
 
     def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorState:
         def zeros(leaf: spaces.Space) -> jax.Array:

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
 
+from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.connectors.base import ActionConnector
-from jaxrunner._src.connectors.checks import check_flag
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
@@ -26,7 +26,7 @@ class RescaleActions(ActionConnector):
 
     def __post_init__(self) -> None:
         who = "RescaleActions"
-        check_flag(who, "squash", self.squash)
+        check_bool(who, "squash", self.squash)
         try:
             low = np.asarray(self.low, np.float64)
             high = np.asarray(self.high, np.float64)

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner._src.arg_checks import check_int, check_number
 
 PERF_KEYS: tuple[str, ...] = (
     "env_wait_ms",
@@ -29,18 +29,11 @@ class MetricsConfig:
     an exponential moving average with this weight per step (as RLlib's sampler)."""
 
     def __post_init__(self) -> None:
-        if (
-            isinstance(self.episode_window, bool)
-            or not isinstance(self.episode_window, int)
-            or (self.episode_window < 1)
-        ):
-            raise InvalidArgumentError(
-                f"MetricsConfig(episode_window={self.episode_window!r}): expected an int >= 1."
-            )
-        if self.perf_ema is not None and not 0.0 < self.perf_ema <= 1.0:
-            raise InvalidArgumentError(
-                f"MetricsConfig(perf_ema={self.perf_ema!r}): expected None or a float in (0, 1]."
-            )
+        check_int("MetricsConfig", "episode_window", self.episode_window)
+        check_number(
+            "MetricsConfig", "perf_ema", self.perf_ema, low_open=True, high=1.0,
+            hint="the weight of each step", none="for the mean over every step",
+        )  # fmt: skip
 
 
 class PerfTimers:

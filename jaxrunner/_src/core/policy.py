@@ -23,6 +23,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.core import distributions
 from jaxrunner._src.core.module_policy import (
     ApplyFn,
@@ -136,11 +137,10 @@ class Policy:
         Trajectory's ``[T, B]`` from ``next_obs``: the ``next_value`` that
         :func:`jaxrunner.gae` takes), as ``evaluate(...)["value"]`` and
         ``extras["value"]`` give it. Jittable and differentiable in ``params``."""
-        if isinstance(batch_ndim, bool) or not isinstance(batch_ndim, int) or batch_ndim < 1:
-            raise InvalidArgumentError(
-                f"Policy.value(batch_ndim={batch_ndim!r}): expected an int >= 1, the number "
-                "of leading batch axes of obs (2 for a Trajectory's [T, B, ...])."
-            )
+        batch_ndim = check_int(
+            "Policy.value", "batch_ndim", batch_ndim,
+            hint="the number of leading batch axes of obs: 2 for a Trajectory's [T, B, ...]",
+        )  # fmt: skip
         fn = self._distribution_fn("value")
         value = _over_batch(lambda o, c: fn(params, o, c)[1], batch_ndim, obs, carry)
         if value is None:

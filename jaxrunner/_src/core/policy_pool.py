@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner.errors import InvalidArgumentError
 
@@ -64,8 +65,7 @@ def pool_params(
 
 def pooled_policy(policy: Policy, size: int) -> Policy:
     """``policy`` served from a pool of ``size`` params (see the module docstring)."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise InvalidArgumentError(f"pooled_policy(size={size!r}): expected an int >= 1.")
+    size = check_int("pooled_policy", "size", size)
     inner_apply = policy.apply_fn
 
     def apply_fn(params: Params, obs: Any, carry: Any, keys: jax.Array) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxrunner._src.arg_checks import check_int, is_int
 from jaxrunner.errors import InvalidArgumentError
 
 SEED_BASE_BITS = 30
@@ -41,14 +42,11 @@ def env_seeds(seed: int | list[int] | tuple[int, ...], num_envs: int) -> list[in
         ``numpy.random.SeedSequence(seed)`` (see the module docstring).
     """
     entropy = [seed] if not isinstance(seed, (list, tuple)) else list(seed)
-    if not entropy or any(
-        isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 0 for s in entropy
-    ):
+    if not entropy or not all(is_int(s, low=0) for s in entropy):
         raise InvalidArgumentError(
             f"env_seeds(seed={seed!r}): expected an int >= 0 (or a non-empty sequence of them)."
         )
-    if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 0:
-        raise InvalidArgumentError(f"env_seeds(num_envs={num_envs!r}): expected an int >= 0.")
+    check_int("env_seeds", "num_envs", num_envs, low=0)
     word = int(np.random.SeedSequence([int(s) for s in entropy]).generate_state(1, np.uint32)[0])
     base = word >> (32 - SEED_BASE_BITS)
     return [base + i for i in range(int(num_envs))]

@@ -19,6 +19,7 @@ import jax
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.process import ProcessConfig
@@ -41,7 +42,7 @@ from jaxrunner._src.runner.env_runner_checks import (
     check_host_options,
     check_ready_first_options,
 )
-from jaxrunner._src.runner.ownership import EnvOwner, check_num_episodes
+from jaxrunner._src.runner.ownership import EnvOwner
 from jaxrunner._src.runner.progress import EpisodeProgress
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.lockstep import LockstepSampler
@@ -280,7 +281,7 @@ class EnvRunner(EnvOwner):
         sub-env failure (``Episode.faulty``) are skipped unless ``include_faulty``.
         With ``progress``, a progress bar counts the episodes (tqdm where it is
         installed, else a line on stderr)."""
-        check_num_episodes(num_episodes)
+        check_int("EnvRunner.sample_episodes", "num_episodes", num_episodes)
         state = self.state
         with EpisodeProgress(num_episodes, enabled=progress) as bar:
             bar.update(len(state.finished))

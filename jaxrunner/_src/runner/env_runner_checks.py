@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
+from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.connectors.pipeline import Connectors
@@ -50,13 +49,7 @@ def check_arguments(
             "policy.init(jax.random.key(0), envs.single_observation_space) ({} for a policy "
             "without params)."
         )
-    check_rollout_arguments("EnvRunner", rollout_length, seed)
-    if num_splits is not None and (
-        isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer))
-    ):
-        raise InvalidArgumentError(
-            f"EnvRunner(num_splits={num_splits!r}): expected an int >= 1, or None for automatic."
-        )
+    check_rollout_arguments("EnvRunner", rollout_length, seed, num_splits, envs.num_envs)
     if callbacks is not None and not isinstance(callbacks, Callbacks):
         raise InvalidArgumentTypeError(
             f"EnvRunner(callbacks=...): expected a jaxrunner.Callbacks subclass instance, got "
@@ -69,10 +62,7 @@ def check_host_options(
 ) -> tuple[str, ...]:
     """Checks the options only host backends take; returns the info keys, checked."""
     info_keys = check_info_keys(info_keys)
-    if not isinstance(compact_next_obs, bool):
-        raise InvalidArgumentTypeError(
-            f"EnvRunner(compact_next_obs={compact_next_obs!r}): expected a bool."
-        )
+    check_bool("EnvRunner", "compact_next_obs", compact_next_obs)
     if compact_next_obs and isinstance(envs, JaxVectorEnv):
         raise InvalidArgumentError(
             "EnvRunner(compact_next_obs=True): a pure-JAX env's trajectory is built on "

@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.checkpoints import multi_agent_runner as checkpoint
@@ -26,7 +27,7 @@ from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode, MultiAgentT
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner._src.core.seeds import env_seeds
-from jaxrunner._src.runner.ownership import EnvOwner, check_num_episodes, check_rollout_arguments
+from jaxrunner._src.runner.ownership import EnvOwner, check_rollout_arguments
 from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
 from jaxrunner._src.samplers.multi_agent import MultiAgentSampler, MultiAgentSetup
 from jaxrunner._src.samplers.multi_agent_scan import MultiAgentScanSampler
@@ -99,7 +100,7 @@ class MultiAgentRunner(EnvOwner):
         device_params = {
             pid: jax.device_put(p) for pid, p in _params_per_policy(params, ids).items()
         }
-        check_rollout_arguments("MultiAgentRunner", rollout_length, seed)
+        check_rollout_arguments("MultiAgentRunner", rollout_length, seed, num_splits, envs.num_envs)
         if callbacks is not None and not isinstance(callbacks, AgentCallbacks):
             raise InvalidArgumentTypeError(
                 f"MultiAgentRunner(callbacks=...): expected a jaxrunner.multi_agent."
@@ -166,7 +167,7 @@ class MultiAgentRunner(EnvOwner):
     def sample_episodes(self, num_episodes: int) -> list[AgentEpisode]:
         """Samples until ``num_episodes`` complete agent episodes are available; returns
         them ordered by (env episode id, agent). Extra ones are kept for the next call."""
-        check_num_episodes(num_episodes)
+        check_int("MultiAgentRunner.sample_episodes", "num_episodes", num_episodes)
         state = self.state
         while len(state.finished) < num_episodes:
             state.finished.extend(state.episodes.complete(self.sample().split_episodes()))

@@ -14,8 +14,8 @@ import weakref
 from typing import Any
 
 import jax
-import numpy as np
 
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.core.policy import Params, check_params_like
 from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner.errors import ClosedError, InvalidArgumentError, RunnerFailedError
@@ -131,22 +131,16 @@ class EnvOwner:
             ) from failure
 
 
-def check_rollout_arguments(runner: str, rollout_length: Any, seed: Any) -> None:
-    """Refuses a ``rollout_length`` that is not an int >= 1 or a ``seed`` that is not an
-    int >= 0 (numpy ints count as ints), naming ``runner``'s argument."""
-    for name, value, low in (("rollout_length", rollout_length, 1), ("seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-            raise InvalidArgumentError(
-                f"{runner}({name}=...): expected an int >= {low}, got {value!r}."
-            )
+def check_rollout_arguments(
+    runner: str, rollout_length: Any, seed: Any, num_splits: Any, num_envs: int
+) -> None:
+    """Refuses the arguments every runner takes (``rollout_length``, ``seed`` and
+    ``num_splits`` of ``num_envs`` sub-envs) where they are out of range, naming
+    ``runner``'s argument."""
+    check_int(runner, "rollout_length", rollout_length)
+    check_int(runner, "seed", seed, low=0)
+    at_most = f"at most num_envs={num_envs}"
+    check_int(runner, "num_splits", num_splits, high=num_envs, hint=at_most, none="for automatic")
 
 
-def check_num_episodes(num_episodes: Any) -> None:
-    """Refuses a ``sample_episodes(num_episodes)`` that is not an int >= 1."""
-    if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
-        raise InvalidArgumentError(
-            f"sample_episodes(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
-        )
-
-
-__all__ = ["EnvOwner", "check_num_episodes", "check_rollout_arguments"]
+__all__ = ["EnvOwner", "check_rollout_arguments"]

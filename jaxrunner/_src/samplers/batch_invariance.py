@@ -45,6 +45,7 @@ import jax.numpy as jnp
 from gymnasium import spaces
 
 import jaxrunner._src.samplers.keys as keys
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.core.policy import Carry, Params, Policy, dummy_obs
 from jaxrunner.errors import InvalidArgumentError
 
@@ -118,12 +119,8 @@ def policy_chunk_rows(
 
 def check_chunk_rows(chunk_rows: Any, where: str) -> int:
     """``chunk_rows`` as an int ``>= 1``, or an error naming ``where``."""
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
-        raise InvalidArgumentError(
-            f"{where}(chunk_rows={chunk_rows!r}): expected an int >= 1 (rows per policy "
-            "chunk); leave it out for default_chunk_rows(num_envs)."
-        )
-    return chunk_rows
+    hint = "rows per policy chunk; leave it out for default_chunk_rows(num_envs)"
+    return check_int(where, "chunk_rows", chunk_rows, hint=hint)
 
 
 R = TypeVar("R")

@@ -74,7 +74,7 @@ class LockstepSampler(HostSampler):
             setup.policy, setup.params, envs.single_observation_space, connectors
         )
         chunk_rows = default_chunk_rows(num_envs, flops)  # as runner_chunk_rows: same bits
-        self.splits = pipeline_splits(envs, num_splits, "EnvRunner", chunk_rows, flops)
+        self.splits = pipeline_splits(envs, num_splits, chunk_rows, flops)
         """The envs of each pipelining split."""
         self.envs, self.rollout_length = envs, setup.rollout_length
         self.metrics, self.callbacks, self._runner = setup.metrics, callbacks, runner

@@ -113,7 +113,7 @@ class MultiAgentSampler:
                 )
             self.splits = [slice(0, num_envs)]
         else:
-            self.splits = pipeline_splits(envs, num_splits, "MultiAgentRunner")
+            self.splits = pipeline_splits(envs, num_splits)
         """The blocks each sample starts with: the pipelining splits (ready-first: every
         env, then each block the backend answers)."""
         self._book = EpisodeBook(num_envs)

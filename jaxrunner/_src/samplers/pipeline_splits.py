@@ -12,7 +12,6 @@ import numpy as np
 from jaxrunner._src.backends.base import BaseVectorEnv
 from jaxrunner._src.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner._src.samplers.batch_invariance import CHUNK_FLOPS
-from jaxrunner.errors import InvalidArgumentError
 
 PIPELINE_MIN_ENVS = 8
 """From this many envs up, two splits by default on accelerators."""
@@ -62,30 +61,18 @@ def _declared_or_width_splits(envs: BaseVectorEnv) -> int:
 def pipeline_splits(
     envs: BaseVectorEnv,
     num_splits: int | None,
-    where: str,
     chunk_rows: int = 1,
     flops_per_row: float | None = None,
 ) -> list[slice]:
     """The envs of each pipelining split: ``num_splits`` (None:
     :func:`default_num_splits` for the policy's ``chunk_rows`` and ``flops_per_row``)
     contiguous parts, at the backend's ``capabilities.pipeline_bounds`` where it
-    declares that many, else of equal size; ``where`` names the runner in the error.
-
-    Raises:
-        InvalidArgumentError: ``num_splits`` is not in ``[1, num_envs]``.
+    declares that many, else of equal size. A given ``num_splits`` was checked to be in
+    ``[1, num_envs]`` by the runner that takes it.
     """
     num_envs = envs.num_envs
     if num_splits is None:
         num_splits = default_num_splits(envs, chunk_rows, flops_per_row)
-    if (
-        isinstance(num_splits, bool)
-        or not isinstance(num_splits, int)
-        or not (1 <= num_splits <= num_envs)
-    ):
-        raise InvalidArgumentError(
-            f"{where}(num_splits={num_splits!r}): expected an int in [1, num_envs="
-            f"{num_envs}] (or None for automatic)."
-        )
     bounds = envs.capabilities.pipeline_bounds  # the backend's own split, if it has one
     if bounds is None or len(bounds) != num_splits + 1 or bounds[-1] != num_envs:
         bounds = np.linspace(0, num_envs, num_splits + 1).round().astype(int).tolist()

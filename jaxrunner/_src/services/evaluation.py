@@ -15,6 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.connectors.base import ConnectorState
 from jaxrunner._src.connectors.moments import RunningMoments, freeze
@@ -133,10 +134,7 @@ def evaluate(
     Returns:
         An :class:`EvaluationResult` (multi-agent envs: a ``MultiAgentEvaluationResult``).
     """
-    if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
-        raise InvalidArgumentError(
-            f"evaluate(num_episodes=...): expected an int >= 1, got {num_episodes!r}."
-        )
+    check_int("evaluate", "num_episodes", num_episodes)
     if isinstance(envs, MultiAgentVectorEnv):
         if connectors is not None or connector_state is not None:
             raise InvalidArgumentError(

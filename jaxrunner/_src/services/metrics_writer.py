@@ -7,6 +7,7 @@ W&B take flat ``{name: number}`` dicts, hence :func:`flatten_metrics`.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 from collections.abc import Callable, Mapping
@@ -14,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner.errors import (
-    InvalidArgumentError,
     InvalidArgumentTypeError,
     MissingDependencyError,
 )
@@ -117,8 +118,7 @@ class MetricsWriter:
         """
         if step is None:
             step = int(metrics.get("num_env_steps", self._writes))
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
-            raise InvalidArgumentError(f"MetricsWriter.write(step={step!r}): expected an int.")
+        step = check_int("MetricsWriter.write", "step", step, low=-math.inf)
         flat = flatten_metrics(metrics, sep=self.sep, prefix=self.prefix)
         for sink in self.sinks:
             sink(flat, step=int(step))

@@ -14,6 +14,8 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 
+from jaxrunner._src.arg_checks import check_int
+
 EnvFactory = Callable[[], gymnasium.Env]
 """A zero-argument callable returning a gymnasium env."""
 
@@ -45,8 +47,7 @@ class CountingEnv(gymnasium.Env[np.ndarray, np.int64]):
         num_actions: int = 3,
         render_mode: str | None = None,
     ) -> None:
-        if episode_length < 1:
-            raise ValueError(f"CountingEnv(episode_length={episode_length}): must be >= 1.")
+        check_int("CountingEnv", "episode_length", episode_length)
         self.env_id, self.episode_length, self.render_mode = env_id, episode_length, render_mode
         self.observation_space = spaces.Box(-1, 2**40, shape=(5,), dtype=np.int64)
         self.action_space = spaces.Discrete(num_actions)

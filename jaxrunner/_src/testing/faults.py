@@ -23,6 +23,7 @@ from typing import Any, Literal, get_args
 import gymnasium
 import numpy as np
 
+from jaxrunner._src.arg_checks import check_number
 from jaxrunner._src.testing.broken_returns import break_returns
 from jaxrunner.errors import InvalidArgumentError
 
@@ -89,10 +90,7 @@ class FaultPlan:
                 f"FaultPlan(kind={self.kind!r}) only applies to call='step': reset returns "
                 "no reward or flags."
             )
-        if not 0.0 <= self.probability <= 1.0:
-            raise InvalidArgumentError(
-                f"FaultPlan(probability={self.probability}): expected a number in [0, 1]."
-            )
+        check_number("FaultPlan", "probability", self.probability, high=1.0)
         if isinstance(self.at, int) or any(n < 1 for n in self.at):
             raise InvalidArgumentError(
                 f"FaultPlan(at={self.at!r}): expected a tuple of call numbers, starting at 1."

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.core.agent_groups import (
     AgentGroup,
     GroupedAgents,
@@ -75,10 +76,7 @@ class JaxMultiAgentVectorEnv(GroupedAgents):
                     "expected a JaxMARL-style env (agents, reset, step_env, observation_space, "
                     "action_space)."
                 )
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-            raise InvalidArgumentError(
-                f"JaxMultiAgentVectorEnv(num_envs=...): expected an int >= 1, got {num_envs!r}."
-            )
+        num_envs = check_int("JaxMultiAgentVectorEnv", "num_envs", num_envs)
         self.env, self.num_envs = env, num_envs
         self.dones_are_truncations = bool(dones_are_truncations)
         self.groups: tuple[AgentGroup, ...] = build_groups(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.multi_agent.sub_envs import MultiAgentEnvFactory
 from jaxrunner._src.backends.multi_agent.vector_env import (
     MultiAgentVectorEnv,
@@ -9,7 +10,7 @@ from jaxrunner._src.backends.multi_agent.vector_env import (
 )
 from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.ray.config import RayConfig
-from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -48,20 +49,13 @@ def make_multi_agent_vec(
             ``num_faulty_episodes``/``num_dropped_steps``); every backend. None
             (default): failures raise.
     """
-    if restart_policy is not None and not isinstance(restart_policy, RestartPolicy):
-        raise InvalidArgumentTypeError(
-            f"make_multi_agent_vec(restart_policy=...): expected a jaxrunner.RestartPolicy or "
-            f"None, got {type(restart_policy).__name__}."
-        )
+    check_restart_policy("make_multi_agent_vec", restart_policy)
     if not callable(env_fn):
         raise InvalidArgumentTypeError(
             f"make_multi_agent_vec(env_fn=...): expected a zero-argument callable returning a "
             f"PettingZoo env, got {env_fn!r}."
         )
-    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-        raise InvalidArgumentError(
-            f"make_multi_agent_vec(num_envs=...): expected an int >= 1, got {num_envs!r}."
-        )
+    check_int("make_multi_agent_vec", "num_envs", num_envs)
     fns = [env_fn] * num_envs
     if num_workers is not None and backend != "process":
         raise InvalidArgumentError(

@@ -43,7 +43,7 @@ from jaxrunner._src.backends.multi_agent.sub_envs import (
     SubEnvBlock,
     env_groups,
 )
-from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly
+from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
 from jaxrunner._src.backends.snapshots import snapshot_dumps
 from jaxrunner._src.backends.sub_envs import build_envs
 from jaxrunner._src.core.agent_groups import GroupedAgents, PolicyMappingFn
@@ -112,7 +112,10 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
     ) -> None:
         super().__init__()
         if len(env_fns) == 0:
-            raise InvalidArgumentError("make_multi_agent_vec: num_envs must be >= 1, got 0.")
+            raise InvalidArgumentError(
+                "SyncMultiAgentVectorEnv needs at least one env factory, got none."
+            )
+        check_restart_policy("SyncMultiAgentVectorEnv", restart_policy)
         self.restart_policy = restart_policy
         envs = build_envs(env_fns, 0)
         try:

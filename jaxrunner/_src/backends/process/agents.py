@@ -268,11 +268,6 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
                 "main_process_envs does not apply to multi-agent envs yet; leave it at its "
                 "default."
             )
-        if restart_policy is not None and not isinstance(restart_policy, RestartPolicy):
-            raise InvalidArgumentTypeError(
-                "make_multi_agent_vec(restart_policy=...): expected a jaxrunner.RestartPolicy "
-                f"or None, got {type(restart_policy).__name__}."
-            )
         self.config, self.restart_policy = config, restart_policy
         if config.ready_first:
             self.capabilities = Capabilities(

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
-import numpy as np
-
+from jaxrunner._src.arg_checks import check_bool, check_int, check_number
 from jaxrunner._src.backends.process.launch import (
     DEFAULT_STEP_TIMEOUT_S,
     START_METHODS,
     available_cpus,
-    check_step_timeout,
 )
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -70,14 +67,7 @@ class ProcessConfig:
 
     def __post_init__(self) -> None:
         for name in ("envs_per_worker", "num_workers"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1
-            ):
-                raise InvalidArgumentError(
-                    f"ProcessConfig({name}={value!r}): expected an int >= 1 (or None for a "
-                    "default from the CPU count)."
-                )
+            check_int("ProcessConfig", name, getattr(self, name), none="for a default from CPUs")
         if self.envs_per_worker is not None and self.num_workers is not None:
             raise InvalidArgumentError(
                 f"ProcessConfig(envs_per_worker={self.envs_per_worker}, num_workers="
@@ -89,30 +79,20 @@ class ProcessConfig:
                 f"{START_METHODS}. 'fork' is refused: forking a process that has started "
                 "JAX's threads can deadlock the child."
             )
-        check_step_timeout(self.step_timeout_s)
-        if not isinstance(self.ready_first, bool):
-            raise InvalidArgumentTypeError(
-                f"ProcessConfig(ready_first={self.ready_first!r}): expected a bool."
-            )
-        spin = self.spin_wait_us
-        if spin is not None and (
-            isinstance(spin, bool)
-            or not isinstance(spin, (int, float, np.integer, np.floating))
-            or not math.isfinite(spin)
-            or spin < 0
-        ):
-            raise InvalidArgumentError(
-                f"ProcessConfig(spin_wait_us={spin!r}): expected a finite number of "
-                "microseconds >= 0 (0: never spin) or None for the default."
-            )
+        check_number(
+            "ProcessConfig", "step_timeout_s", self.step_timeout_s, low_open=True,
+            hint="seconds", none="to wait for the workers forever",
+        )  # fmt: skip
+        check_bool("ProcessConfig", "ready_first", self.ready_first)
+        check_number(
+            "ProcessConfig", "spin_wait_us", self.spin_wait_us, high_open=True,
+            hint="microseconds; 0: never spin", none="for the default",
+        )  # fmt: skip
         share = self.main_process_envs
-        if share is not None and (
-            isinstance(share, bool) or not isinstance(share, (int, np.integer)) or share < 0
-        ):
-            raise InvalidArgumentError(
-                f"ProcessConfig(main_process_envs={share!r}): expected an int >= 0 (0: every "
-                "sub-env in a worker) or None for the default."
-            )
+        check_int(
+            "ProcessConfig", "main_process_envs", share, low=0,
+            hint="0: every sub-env in a worker", none="for the default",
+        )  # fmt: skip
         if share and self.ready_first:
             raise InvalidArgumentError(
                 f"ProcessConfig(main_process_envs={share}, ready_first=True): the main process "

@@ -152,15 +152,8 @@ def default_num_workers(
 def worker_bounds(
     num_envs: int, envs_per_worker: int | None, num_workers: int | None
 ) -> list[tuple[int, int]]:
-    """The ``[lo, hi)`` sub-env range of each worker."""
-    for name, value in (("envs_per_worker", envs_per_worker), ("num_workers", num_workers)):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1
-        ):
-            raise InvalidArgumentError(
-                f"ProcessVectorEnv({name}={value!r}): expected an int >= 1 (or None for a "
-                "default from the CPU count)."
-            )
+    """The ``[lo, hi)`` sub-env range of each worker (the counts come from a
+    ``ProcessConfig``, which checked them)."""
     if envs_per_worker is not None and num_workers is not None:
         raise InvalidArgumentError(
             f"ProcessVectorEnv(envs_per_worker={envs_per_worker}, num_workers={num_workers}): "
@@ -288,15 +281,3 @@ def multiprocessing_context(start_method: str) -> BaseContext:
         if WORKER_MODULE not in preload:
             ctx.set_forkserver_preload([*preload, WORKER_MODULE])
     return ctx
-
-
-def check_step_timeout(value: float | None) -> float | None:
-    """``step_timeout_s`` as a float (or None: no deadline); refuses anything else."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise InvalidArgumentError(
-            f"ProcessVectorEnv(step_timeout_s={value!r}): expected a number of seconds > 0, "
-            "or None to wait for the workers forever."
-        )
-    return float(value)

@@ -22,7 +22,7 @@ from jaxrunner._src.backends.process.launch import (
 )
 from jaxrunner._src.backends.process.shared import Layout
 from jaxrunner._src.backends.process.transport import Report, TransportForwarding
-from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 
 
@@ -102,11 +102,7 @@ class ProcessVectorEnv(TransportForwarding, VectorEnv):
         self._finalizer = weakref.finalize(self, shutdown, self._res)
         self._closed_reason = "construction failed"  # until the workers are up
         config = checked_config(config, "ProcessVectorEnv")
-        if restart_policy is not None and not isinstance(restart_policy, RestartPolicy):
-            raise InvalidArgumentTypeError(
-                f"ProcessVectorEnv(restart_policy=...): expected a jaxrunner.RestartPolicy or "
-                f"None, got {type(restart_policy).__name__}."
-            )
+        check_restart_policy("ProcessVectorEnv", restart_policy)
         if len(env_fns) == 0:
             raise InvalidArgumentError("ProcessVectorEnv needs at least one env factory, got none.")
         if config.main_process_envs:

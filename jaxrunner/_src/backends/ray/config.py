@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jaxrunner._src.arg_checks import check_bool, check_int, check_number, is_int
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -55,28 +56,17 @@ class RayConfig:
     its own actor's. Single-agent Ray envs are always ready-first."""
 
     def __post_init__(self) -> None:
-        def positive(name: str, value: Any, kind: type | tuple[type, ...]) -> None:
-            if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
-                raise InvalidArgumentError(f"RayConfig({name}={value!r}): expected a number > 0.")
-
-        positive("envs_per_actor", self.envs_per_actor, int)
-        if not isinstance(self.ready_first, bool):
-            raise InvalidArgumentError(
-                f"RayConfig(ready_first={self.ready_first!r}): expected a bool."
-            )
-        positive("actor_start_timeout_s", self.actor_start_timeout_s, (int, float))
-        if self.step_timeout_s is not None:
-            positive("step_timeout_s", self.step_timeout_s, (int, float))
+        check_int("RayConfig", "envs_per_actor", self.envs_per_actor)
+        check_bool("RayConfig", "ready_first", self.ready_first)
+        for name in ("actor_start_timeout_s", "step_timeout_s"):
+            none = "to wait forever" if name == "step_timeout_s" else None
+            check_number("RayConfig", name, getattr(self, name), low_open=True, none=none)
         for name in ("num_cpus_per_actor", "remote_env_batch_wait_ms"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise InvalidArgumentError(f"RayConfig({name}={value!r}): expected a number >= 0.")
+            check_number("RayConfig", name, getattr(self, name))
         if self.batch_buckets is not None and (
             not isinstance(self.batch_buckets, tuple)
             or not self.batch_buckets
-            or any(
-                isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.batch_buckets
-            )
+            or not all(is_int(b) for b in self.batch_buckets)
         ):
             raise InvalidArgumentError(
                 f"RayConfig(batch_buckets={self.batch_buckets!r}): expected None or a "

@@ -37,11 +37,10 @@ from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.ray.actor_manager import ActorForwarding, ActorPool, EnvFactory
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
 from jaxrunner._src.backends.ray.deadlines import InFlightSteps
-from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot, span
 from jaxrunner._src.backends.sub_envs import ActionSplitters
 from jaxrunner.errors import (
-    EnvIndexError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     SpaceMismatchError,
@@ -84,6 +83,7 @@ class RayVectorEnv(ActorForwarding, VectorEnv):
                 f"RayVectorEnv(config=...): expected a jaxrunner.RayConfig, got "
                 f"{type(config).__name__}."
             )
+        check_restart_policy("RayVectorEnv", restart_policy)
         self.restart_policy = restart_policy
         if self.config.batch_buckets is not None:  # the ready-first sampler's batch sizes
             self.capabilities = dataclasses.replace(
@@ -166,8 +166,7 @@ class RayVectorEnv(ActorForwarding, VectorEnv):
     ) -> tuple[Any, dict[str, Any]]:
         self._check_open("reset_at")
         self._check_idle("reset_at")
-        if isinstance(index, bool) or not 0 <= index < self.num_envs:
-            raise EnvIndexError(f"reset_at(index={index}): index must be in [0, {self.num_envs}).")
+        self._check_index(index)
         u = index // self.config.envs_per_actor
         local = index - self.unit_rows[u].start
         try:

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import gymnasium
-import numpy as np
 from gymnasium import spaces
 
+from jaxrunner._src.arg_checks import is_int
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.services.datasets.dependency import import_minari
 from jaxrunner._src.services.datasets.episode_check import EpisodeCheck
@@ -132,7 +132,7 @@ def _open_local(
             f"{where}: metadata.json has data_format={fmt!r}; expected one of {get_storage_keys()}."
         )
     total = metadata.get("total_episodes")
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+    if not is_int(total, low=0):
         raise InvalidArgumentError(
             f"{where}: metadata.json has total_episodes={total!r}; expected an int >= 0."
         )
@@ -221,7 +221,7 @@ def _spaces_from_env_spec(
 
 
 def _index(index: Any, total: int, name: str) -> int:
-    if isinstance(index, bool) or not isinstance(index, int | np.integer) or index < 0:
+    if not is_int(index, low=0):
         raise InvalidArgumentError(
             f"from_minari({name}, episode_indices=...): expected ints >= 0, got {index!r}."
         )

@@ -8,6 +8,7 @@ from typing import Any
 
 import gymnasium
 
+from jaxrunner._src.arg_checks import check_int, check_number
 from jaxrunner._src.backends import ProcessConfig, RayConfig, check_vec_options
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.core.policy import Policy
@@ -72,38 +73,16 @@ class EnvRunnerGroupConfig:
                 "EnvRunnerGroupConfig(policy_mapping_fn=...): a policy mapping applies to "
                 "multi-agent envs; set multi_agent=True."
             )
+        where = "EnvRunnerGroupConfig"
         for name in ("num_runners", "num_envs_per_runner", "rollout_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(
-                    f"EnvRunnerGroupConfig({name}={value!r}): expected an int >= 1."
-                )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise InvalidArgumentError(
-                f"EnvRunnerGroupConfig(seed={self.seed!r}): expected an int >= 0."
-            )
+            check_int(where, name, getattr(self, name))
+        for name in ("seed", "max_restarts"):
+            check_int(where, name, getattr(self, name), low=0)
         for name in ("num_cpus_per_runner", "num_gpus_per_runner"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise InvalidArgumentError(
-                    f"EnvRunnerGroupConfig({name}={value!r}): expected a number >= 0."
-                )
+            check_number(where, name, getattr(self, name))
         for name in ("sample_timeout_s", "start_timeout_s"):
-            value = getattr(self, name)
-            if value is None and name == "sample_timeout_s":
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise InvalidArgumentError(
-                    f"EnvRunnerGroupConfig({name}={value!r}): expected a number of seconds > 0."
-                )
-        if (
-            isinstance(self.max_restarts, bool)
-            or not isinstance(self.max_restarts, int)
-            or (self.max_restarts < 0)
-        ):
-            raise InvalidArgumentError(
-                f"EnvRunnerGroupConfig(max_restarts={self.max_restarts!r}): expected an int >= 0."
-            )
+            none = "to wait forever" if name == "sample_timeout_s" else None
+            check_number(where, name, getattr(self, name), low_open=True, hint="seconds", none=none)
 
     def runner_seed(self, index: int, incarnation: int) -> int:
         """The seed of runner ``index``'s ``incarnation``-th instance."""

@@ -15,6 +15,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.core.policy import Policy
 from jaxrunner._src.services.external.episodes import MAX_EPISODE_ID
 from jaxrunner._src.space_arrays import check_value
@@ -42,27 +43,15 @@ def check_construction(observation_space: Any, action_space: Any, policy: Any, s
         raise InvalidArgumentTypeError(
             f"ExternalEnv(policy=...): expected a jaxrunner.Policy, got {policy!r}."
         )
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise InvalidArgumentError(f"ExternalEnv(seed={seed!r}): expected an int >= 0.")
+    check_int("ExternalEnv", "seed", seed, low=0)
 
 
 def check_episode_id(episode_id: Any) -> None:
     """Raises unless ``episode_id`` is None or an int in ``[0, 2**63)`` (``start_episode``)."""
-    if episode_id is not None and (
-        isinstance(episode_id, bool)
-        or not isinstance(episode_id, (int, np.integer))
-        or not 0 <= episode_id <= MAX_EPISODE_ID
-    ):
-        raise InvalidArgumentError(
-            f"start_episode(episode_id={episode_id!r}): expected None or an int in [0, 2**63)."
-        )
-
-
-def check_flag(value: Any, call: str, name: str) -> None:
-    """Raises ``InvalidArgumentTypeError`` unless ``value`` (argument ``name`` of
-    ``call``) is a bool."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise InvalidArgumentTypeError(f"{call}({name}={value!r}): expected a bool.")
+    check_int(
+        "start_episode", "episode_id", episode_id, low=0, high=MAX_EPISODE_ID,
+        hint="below 2**63", none="to pick a free one",
+    )  # fmt: skip
 
 
 def check_obs(space: spaces.Space, obs: Any, what: str) -> Any:
@@ -173,7 +162,6 @@ __all__ = [
     "check_agent_dict",
     "check_construction",
     "check_episode_id",
-    "check_flag",
     "check_obs",
     "check_returns",
     "check_reward",

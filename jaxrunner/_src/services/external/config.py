@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
+from jaxrunner._src.arg_checks import check_int, check_number, is_int
 from jaxrunner._src.services.external.batching import default_buckets
 from jaxrunner.errors import InvalidArgumentError
-
-
-def _positive(name: str, value: Any, *, integer: bool, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not value > 0:
-        kind = "an int" if integer else "a number"
-        none = " (or None)" if allow_none else ""
-        raise InvalidArgumentError(
-            f"ExternalEnvConfig({name}={value!r}): expected {kind} > 0{none}."
-        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,6 +47,7 @@ class ExternalEnvConfig:
     """Episode return/length means are over this many most recent episodes."""
 
     def __post_init__(self) -> None:
+        where = "ExternalEnvConfig"
         for name in (
             "max_concurrent",
             "max_memory_bytes",
@@ -67,22 +56,18 @@ class ExternalEnvConfig:
             "max_output_episodes",
             "episode_window",
         ):
-            _positive(name, getattr(self, name), integer=True)
-        _positive(
-            "max_episodes_per_client", self.max_episodes_per_client, integer=True, allow_none=True
-        )
-        _positive("episode_timeout_s", self.episode_timeout_s, integer=False, allow_none=True)
-        _positive("action_timeout_s", self.action_timeout_s, integer=False)
-        wait = self.max_wait_ms
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:
-            raise InvalidArgumentError(
-                f"ExternalEnvConfig(max_wait_ms={self.max_wait_ms!r}): expected a number >= 0."
-            )
+            check_int(where, name, getattr(self, name))
+        per_client = self.max_episodes_per_client
+        check_int(where, "max_episodes_per_client", per_client, none="for max_concurrent only")
+        for name in ("episode_timeout_s", "action_timeout_s"):
+            none = "for no timeout" if name == "episode_timeout_s" else None
+            check_number(where, name, getattr(self, name), low_open=True, hint="seconds", none=none)
+        check_number(where, "max_wait_ms", self.max_wait_ms, hint="milliseconds")
         if self.buckets is not None:
             sizes = list(self.buckets)
             if (
                 not sizes
-                or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes)
+                or not all(is_int(b) for b in sizes)
                 or sizes != sorted(set(sizes))
                 or sizes[-1] != self.max_batch
             ):

@@ -21,6 +21,7 @@ import numpy as np
 from gymnasium import spaces
 
 import jaxrunner._src.services.external.checks as checks
+from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.metrics import EpisodeStats
 from jaxrunner._src.core.policy import Params, Policy
@@ -141,7 +142,7 @@ class ExternalEnv(RunDriven):
             EpisodeConflictError: ``episode_id`` is in use or was used recently.
         """
         checks.check_episode_id(episode_id)
-        checks.check_flag(training_enabled, "start_episode", "training_enabled")
+        check_bool("start_episode", "training_enabled", training_enabled)
         with self._lock:
             self._check_open("start_episode")
             self._memory.check(1, "start_episode")
@@ -206,7 +207,7 @@ class ExternalEnv(RunDriven):
         the calling thread without the env's lock, so other episodes' calls go on
         meanwhile. It counts in the metrics and is output when this returns."""
         obs = checks.check_obs(self.observation_space, obs, "obs")
-        checks.check_flag(truncated, "end_episode", "truncated")
+        check_bool("end_episode", "truncated", truncated)
         with self._lock:
             live = self._get_live(episode_id, "end_episode")
             live.close_at(obs)
@@ -259,10 +260,7 @@ class ExternalEnv(RunDriven):
         Raises:
             TimeoutError: fewer ended within ``timeout_s`` (none are taken then).
         """
-        if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
-            raise InvalidArgumentError(
-                f"sample_episodes(num_episodes={num_episodes!r}): expected an int >= 1."
-            )
+        check_int("ExternalEnv.sample_episodes", "num_episodes", num_episodes)
         return self._output.take(num_episodes, timeout_s)
 
     def set_params(self, params: Params) -> int:

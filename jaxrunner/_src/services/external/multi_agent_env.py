@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jaxrunner._src.services.external.checks as checks
+from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external.delivery import wait_for
@@ -103,7 +104,7 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
         """Starts an episode and returns its id (as :meth:`ExternalEnv.start_episode
         <jaxrunner.ExternalEnv.start_episode>`)."""
         checks.check_episode_id(episode_id)
-        checks.check_flag(training_enabled, "start_episode", "training_enabled")
+        check_bool("start_episode", "training_enabled", training_enabled)
         with self._lock:
             self._check_open("start_episode")
             self._memory.check(1, "start_episode")
@@ -173,7 +174,7 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
         that acted is output as an AgentEpisode; none of them may act again in this
         episode."""
         obs = self._check_obs(obs, "end_agents")
-        checks.check_flag(truncated, "end_agents", "truncated")
+        check_bool("end_agents", "truncated", truncated)
         with self._lock:
             live = self._get_live(episode_id, "end_agents")
             check_not_ended(live, obs, "end_agents")
@@ -190,7 +191,7 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
                 changes: pass it, or end that agent first with :meth:`end_agents`).
         """
         obs = self._check_obs(obs, "end_episode", empty=True)
-        checks.check_flag(truncated, "end_episode", "truncated")
+        check_bool("end_episode", "truncated", truncated)
         with self._lock:
             live = self._get_live(episode_id, "end_episode")
             check_not_ended(live, obs, "end_episode")
@@ -222,10 +223,7 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
         Raises:
             TimeoutError: fewer ended within ``timeout_s`` (none are taken then).
         """
-        if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
-            raise InvalidArgumentError(
-                f"sample_episodes(num_episodes={num_episodes!r}): expected an int >= 1."
-            )
+        check_int("MultiAgentExternalEnv.sample_episodes", "num_episodes", num_episodes)
         return self._output.take(num_episodes, timeout_s)
 
     def set_params(self, params: Params, policy_id: str) -> int:

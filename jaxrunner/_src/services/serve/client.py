@@ -10,6 +10,7 @@ import httpx
 import jax
 
 import jaxrunner.errors as errors
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external import ExternalEnvConfig
 from jaxrunner._src.services.serve import wire
@@ -62,14 +63,8 @@ class PolicyClient:
         report_chunk_bytes: int = 512 * 1024,
         local_config: ExternalEnvConfig | None = None,
     ) -> None:
-        for name, value in (
-            ("report_chunk_steps", report_chunk_steps),
-            ("report_chunk_bytes", report_chunk_bytes),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise errors.InvalidArgumentError(
-                    f"PolicyClient({name}={value!r}): expected an int >= 1."
-                )
+        check_int("PolicyClient", "report_chunk_steps", report_chunk_steps)
+        check_int("PolicyClient", "report_chunk_bytes", report_chunk_bytes)
         if inference not in ("remote", "local"):
             raise errors.InvalidArgumentError(
                 f"PolicyClient(inference={inference!r}): expected 'remote' or 'local'."

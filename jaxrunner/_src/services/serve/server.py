@@ -15,6 +15,7 @@ from typing import Any
 
 import uvicorn
 
+from jaxrunner._src.arg_checks import check_int, check_number
 from jaxrunner._src.services.external import ExternalEnv, MultiAgentExternalEnv
 from jaxrunner._src.services.serve.app import create_app
 from jaxrunner._src.services.serve.auth import default_token_file, load_or_create_token
@@ -77,32 +78,16 @@ class ServerConfig:
     """uvicorn's log level."""
 
     def __post_init__(self) -> None:
-        if (
-            not isinstance(self.port, int)
-            or isinstance(self.port, bool)
-            or not 0 <= self.port < 65536
-        ):
-            raise InvalidArgumentError(
-                f"ServerConfig(port={self.port!r}): expected an int in [0, 65535]."
-            )
+        check_int("ServerConfig", "port", self.port, low=0, high=65535, hint="0: any free port")
         for name in ("max_body_bytes", "max_connections", "max_pipelined"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgumentError(f"ServerConfig({name}={value!r}): expected an int >= 1.")
-        unauthenticated = self.max_unauthenticated_connections
-        if unauthenticated is not None and (
-            isinstance(unauthenticated, bool)
-            or not isinstance(unauthenticated, int)
-            or not 1 <= unauthenticated <= self.max_connections
-        ):
-            raise InvalidArgumentError(
-                f"ServerConfig(max_unauthenticated_connections={unauthenticated!r}): expected "
-                f"None or an int in [1, max_connections={self.max_connections}]."
-            )
+            check_int("ServerConfig", name, getattr(self, name))
+        check_int(
+            "ServerConfig", "max_unauthenticated_connections",
+            self.max_unauthenticated_connections, high=self.max_connections,
+            hint=f"at most max_connections={self.max_connections}", none="for the default share",
+        )  # fmt: skip
         for name in ("read_timeout_s", "keep_alive_s", "write_timeout_s"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise InvalidArgumentError(f"ServerConfig({name}={value!r}): expected seconds > 0.")
+            check_number("ServerConfig", name, getattr(self, name), low_open=True, hint="seconds")
         if self.token is not None and (not isinstance(self.token, str) or len(self.token) < 16):
             raise InvalidArgumentError(
                 "ServerConfig(token=...): expected a string of at least 16 characters."

@@ -1,0 +1,106 @@
+"""The checks of arguments at jaxrunner's public entry points and in its typed configs.
+
+One wording for every refusal: ``where(name=value): expected <what>[, or None <meaning>]
+[; got <type>].`` Counts and numbers refuse bools (``True`` is no count) and NaN; a
+refused number raises :class:`~jaxrunner.errors.InvalidArgumentError`, a refused flag
+or policy :class:`~jaxrunner.errors.InvalidArgumentTypeError`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+
+def is_int(value: Any, low: float = 1, high: float = math.inf) -> bool:
+    """``value`` is an int (numpy ints count, bools do not) in ``[low, high]``."""
+    return (
+        not isinstance(value, (bool, np.bool_))
+        and isinstance(value, (int, np.integer))
+        and low <= value <= high
+    )
+
+
+def check_int(
+    where: str,
+    name: str,
+    value: Any,
+    *,
+    low: float = 1,
+    high: float = math.inf,
+    none: str | None = None,
+    hint: str = "",
+) -> Any:
+    """``value`` as an int in ``[low, high]`` (``low=-math.inf``: any int); with
+    ``none`` (what None means, e.g. ``"for automatic"``) None passes too. Else an error
+    naming ``where``'s argument."""
+    if value is None and none is not None:
+        return None
+    if not is_int(value, low, high):
+        kind = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+        what = f"an int {_interval(low, high, False, False)}".rstrip()
+        raise InvalidArgumentError(refusal(where, name, value, what, none, hint, kind))
+    return int(value)
+
+
+def check_number(
+    where: str,
+    name: str,
+    value: Any,
+    *,
+    low: float = 0.0,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+    none: str | None = None,
+    hint: str = "",
+) -> Any:
+    """``value`` as a float in the interval (``*_open``: its end excluded; never NaN);
+    ``none`` as for :func:`check_int`."""
+    if value is None and none is not None:
+        return None
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+    if real:
+        number = float(value)
+        below = number <= low if low_open else number < low
+        above = number >= high if high_open else number > high
+        if not (math.isnan(number) or below or above):
+            return number
+    what = f"a number {_interval(low, high, low_open, high_open)}"
+    raise InvalidArgumentError(refusal(where, name, value, what, none, hint, real))
+
+
+def check_bool(where: str, name: str, value: Any) -> bool:
+    """``value`` as a bool (numpy's counts); a truthy string or int is refused."""
+    if not isinstance(value, (bool, np.bool_)):
+        what = "True or False"
+        raise InvalidArgumentTypeError(refusal(where, name, value, what, None, "", False))
+    return bool(value)
+
+
+def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
+    lo, hi = (str(x) if isinstance(x, int) else f"{x:g}" for x in (low, high))
+    if low == -math.inf and high == math.inf:
+        return ""
+    if high == math.inf and not high_open:
+        return f"{'>' if low_open else '>='} {lo}"
+    return f"in {'(' if low_open else '['}{lo}, {hi}{')' if high_open else ']'}"
+
+
+def refusal(
+    where: str, name: str, value: Any, what: str, none: str | None, hint: str, kind_ok: bool
+) -> str:
+    text = f"{where}({name}={value!r:.80}): expected {what}"
+    text += f" ({hint})" if hint else ""
+    text += f", or None {none}" if none is not None else ""
+    text += "" if kind_ok else f"; got {type(value).__name__}"
+    return text + "."
+
+
+__all__ = ["check_bool", "check_int", "check_number", "is_int"]
