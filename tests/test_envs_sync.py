@@ -173,6 +173,40 @@ def test_make_vec_rejects_non_callable_env(env: Any) -> None:
         jr.make_vec(env, 2)
 
 
+@pytest.mark.parametrize("backend", ["sync", "process", "auto"])
+def test_make_vec_takes_one_factory_per_sub_env(backend: str) -> None:
+    """CleanRL's ``[make_env(env_id, i, ...) for i in range(n)]``: sub-env ``i`` is built by
+    the ``i``-th factory, and rebuilt by it when it restarts."""
+    fns = faulty_env_fns(
+        [functools.partial(CountingEnv, env_id=10 + i, episode_length=2 + i) for i in range(3)],
+        faults={1: [FaultPlan(kind="raise", at=(5,))]},  # each instance fails once
+    )
+    policy = jr.RestartPolicy()
+    with closing(jr.make_vec(fns, 3, backend, seed=0, restart_policy=policy)) as envs:
+        first = envs.reset(seed=0)[0]
+        assert first[:, CountingEnv.ENV_ID].tolist() == [10, 11, 12]
+        lengths: dict[int, set[int]] = {10: set(), 11: set(), 12: set()}
+        obs = first
+        for _ in range(12):
+            before = obs
+            obs, _, terminated, _, _ = envs.step(np.zeros(3, dtype=np.int64))
+            for i in np.flatnonzero(terminated):
+                lengths[int(before[i, CountingEnv.ENV_ID])].add(int(before[i, CountingEnv.T]) + 1)
+        assert envs.num_restarts == 2  # at steps 5 and 10
+        assert obs[:, CountingEnv.ENV_ID].tolist() == [10, 11, 12]  # env 1 restarted as itself
+        assert lengths == {10: {2}, 11: {3}, 12: {4}}
+
+
+def test_make_vec_refuses_a_list_it_cannot_use() -> None:
+    fns = [CountingEnv, CountingEnv]
+    with pytest.raises(ValueError, match=r"2 factories for 3 sub-envs"):
+        jr.make_vec(fns, 3)
+    with pytest.raises(TypeError, match=r"env\[1\] is a int"):
+        jr.make_vec([CountingEnv, 7], 2)
+    with pytest.raises(TypeError, match=r"from_gymnasium"):
+        jr.make_vec(fns, 2, backend="gymnasium")
+
+
 class _WorkersEnv(CountingEnv):
     """An env whose own constructor takes ``num_workers`` (a ProcessConfig field too)."""
 

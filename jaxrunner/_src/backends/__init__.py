@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium
@@ -31,8 +31,12 @@ _CONFIGS: dict[str, type] = {"process": ProcessConfig, "ray": RayConfig}
 """The config class of each backend that takes one."""
 
 
+EnvSpec = str | Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]]
+"""What ``make_vec`` builds sub-envs from: a gymnasium id, one factory, or one per sub-env."""
+
+
 def make_vec(
-    env: str | Callable[[], gymnasium.Env],
+    env: EnvSpec,
     num_envs: int,
     backend: str = "sync",
     seed: int | None = None,
@@ -44,8 +48,12 @@ def make_vec(
     """Builds a vector env of ``num_envs`` sub-envs.
 
     Args:
-        env: a gymnasium id (made with ``gymnasium.make(env, **env_kwargs)``) or a
-            zero-argument callable returning a ``gymnasium.Env``.
+        env: a gymnasium id (made with ``gymnasium.make(env, **env_kwargs)``), a
+            zero-argument callable returning a ``gymnasium.Env``, or a list of
+            ``num_envs`` such callables, sub-env ``i`` built (and rebuilt on a restart)
+            by the ``i``-th (CleanRL's ``[make_env(env_id, i, ...) for i in range(n)]``:
+            env 0 records video, each its own wrapper); backends ``"sync"``,
+            ``"process"``, ``"ray"`` and ``"auto"`` (which times the first).
         num_envs: number of sub-envs (>= 1).
         backend: where the sub-envs run; one of ``BACKENDS``. ``"auto"``: ``"sync"``
             or ``"process"`` with its number of workers, chosen here by timing one
@@ -80,6 +88,17 @@ def make_vec(
     if backend == "auto":
         choice = choose_auto_layout(env, env_kwargs, num_envs, seed)
         backend, config = choice.backend, choice.process_config()
+    if (
+        not isinstance(env, str)
+        and isinstance(env, Sequence)
+        and backend in ("gymnasium", "envpool")
+    ):
+        raise InvalidArgumentTypeError(
+            f"make_vec(env=[...], backend={backend!r}): a list of factories is for the backends "
+            "that build each sub-env themselves ('sync', 'process', 'ray', 'auto'). For "
+            "gymnasium's own vector env, wrap it: jaxrunner.from_gymnasium("
+            "gymnasium.vector.SyncVectorEnv([...]))."
+        )
     if backend == "gymnasium":
         # gymnasium.make_vec builds the vector env itself (its own vector entry point
         # where the env has one); env_kwargs may include vectorization_mode.
@@ -88,7 +107,7 @@ def make_vec(
         # EnvPool builds its own pool from a task id (extra jaxrunner[envpool]).
         vec = make_envpool_vec(env, num_envs, **env_kwargs)  # type: ignore[arg-type]
     else:
-        fns = [_factory(env, env_kwargs, backend)] * num_envs
+        fns = _factories(env, env_kwargs, backend, num_envs)
         if backend == "sync":
             vec = SyncVectorEnv(fns, restart_policy=restart_policy)
         elif backend == "process":
@@ -102,14 +121,14 @@ def make_vec(
 
 
 def choose_auto_layout(
-    env: str | Callable[[], gymnasium.Env],
+    env: EnvSpec,
     env_kwargs: dict[str, Any],
     num_envs: int,
     seed: int | None,
 ) -> LayoutChoice:
     """``backend="auto"``'s measurement and choice (:mod:`.auto`); an env id gymnasium
     cannot make (an EnvPool task id, say) is refused with what to use instead."""
-    factory = _factory(env, env_kwargs, "auto")
+    factory = _factories(env, env_kwargs, "auto", num_envs)[0]
     try:
         return choose_for(factory, num_envs, seed)
     except gymnasium.error.Error as err:
@@ -148,9 +167,35 @@ def check_vec_options(backend: str, config: Any, restart_policy: RestartPolicy |
         )
 
 
-def _factory(
-    env: str | Callable[[], gymnasium.Env], env_kwargs: dict[str, Any], backend: str
-) -> Callable[[], gymnasium.Env]:
+def _factories(
+    env: EnvSpec, env_kwargs: dict[str, Any], backend: str, num_envs: int
+) -> list[Callable[[], gymnasium.Env]]:
+    """One factory per sub-env."""
+    if isinstance(env, str) or callable(env):
+        return [_factory(env, env_kwargs, backend)] * num_envs
+    if isinstance(env, Sequence):
+        if len(env) != num_envs:
+            raise InvalidArgumentError(
+                f"make_vec(env=[...], num_envs={num_envs}): {len(env)} factories for "
+                f"{num_envs} sub-envs; give one factory per sub-env (or num_envs={len(env)})."
+            )
+        for i, fn in enumerate(env):
+            if not callable(fn):
+                raise InvalidArgumentTypeError(
+                    f"make_vec(env=[...]): env[{i}] is a {type(fn).__name__}; expected a "
+                    "zero-argument callable returning a gymnasium.Env."
+                )
+        if env_kwargs:
+            raise InvalidArgumentTypeError(
+                f"make_vec(env=[...], {', '.join(env_kwargs)}=...): keyword arguments are "
+                "passed to gymnasium.make and only apply to env ids; bind them in your "
+                "factories instead (e.g. functools.partial)."
+            )
+        return list(env)
+    return [_factory(env, env_kwargs, backend)]
+
+
+def _factory(env: Any, env_kwargs: dict[str, Any], backend: str) -> Callable[[], gymnasium.Env]:
     if isinstance(env, str):
         return GymnasiumMake(env, env_kwargs, backend)
     if callable(env):
@@ -162,8 +207,9 @@ def _factory(
             )
         return env
     raise InvalidArgumentTypeError(
-        f"make_vec(env=...): expected a gymnasium id (str) or a zero-argument callable "
-        f"returning a gymnasium.Env, got {type(env).__name__}."
+        f"make_vec(env=...): expected a gymnasium id (str), a zero-argument callable "
+        f"returning a gymnasium.Env or a list of them (one per sub-env), got "
+        f"{type(env).__name__}."
     )
 
 

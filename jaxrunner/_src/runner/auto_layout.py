@@ -30,12 +30,10 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import gymnasium
-
-from jaxrunner._src.backends import check_vec_options, choose_auto_layout, make_vec
+from jaxrunner._src.backends import EnvSpec, check_vec_options, choose_auto_layout, make_vec
 from jaxrunner._src.backends.auto import LayoutChoice
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.process.launch import default_num_workers
@@ -68,7 +66,7 @@ work of a step). Callbacks and metrics are left out: the trial's samples are nob
 
 def make_runner(
     runner_cls: type,
-    env: str | Callable[[], gymnasium.Env],
+    env: EnvSpec,
     num_envs: int,
     policy: Policy,
     params: Params,
@@ -110,7 +108,7 @@ def make_runner(
 def _trial(
     runner_cls: type,
     rule: LayoutChoice,
-    env: str | Callable[[], gymnasium.Env],
+    env: EnvSpec,
     num_envs: int,
     policy: Policy,
     params: Params,

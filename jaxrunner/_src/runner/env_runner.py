@@ -11,15 +11,15 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import gymnasium
 import jax
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.backends import EnvSpec
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.process import ProcessConfig
@@ -157,7 +157,7 @@ class EnvRunner(EnvOwner):
     @classmethod
     def from_env(
         cls,
-        env: str | Callable[[], gymnasium.Env],
+        env: EnvSpec,
         num_envs: int,
         policy: Policy,
         params: Params,
