@@ -349,3 +349,17 @@ def test_agent_episode_ends_and_steps_match_a_step_by_step_reference():
         np.testing.assert_array_equal(got[2], want[2])
         np.testing.assert_allclose(ours[0], theirs[0], rtol=0, atol=1e-12)
         np.testing.assert_array_equal(ours[1], theirs[1])
+
+
+def test_iterate_is_the_runners_one_loop():
+    policies = {"policy_0": random_policy(3)}
+    with jr.MultiAgentRunner(
+        jr.make_multi_agent_vec(envs_mod.coming_and_going, 2), policies,
+        {"policy_0": zero_params(3)}, 5, seed=0,
+    ) as runner:  # fmt: skip
+        trajs = list(runner.iterate(2))
+        with pytest.raises(InvalidArgumentError, match="reuse_buffers=True"):
+            runner.iterate(1, reuse_buffers=True)
+    assert [type(t).__name__ for t in trajs] == ["MultiAgentTrajectory"] * 2
+    assert trajs[1].step[0].tolist() != trajs[0].step[0].tolist()  # the episodes went on
+

@@ -21,6 +21,7 @@ from jaxrunner.errors import (
     SpaceMismatchError,
 )
 from jaxrunner.models import mlp_policy
+from jaxrunner.testing import assert_trees_equal
 
 
 def replay(make_env, seed: int, trajs: list[jr.Trajectory], b: int, clip=None) -> int:
@@ -514,3 +515,27 @@ def test_discrete_observations_frozenlake():
     assert traj.obs.dtype == np.int64 and traj.obs.shape == (40, 3)
     for b in range(3):
         replay(lambda: gymnasium.make("FrozenLake-v1"), 4, [traj], b)
+
+
+@pytest.mark.parametrize("reuse_buffers", [False, True])
+def test_iterate_yields_what_sample_would(cartpole_runner, reuse_buffers, capsys):
+    reference = cartpole_runner(rollout_length=8)
+    expected = [reference.sample() for _ in range(3)]
+    runner = cartpole_runner(rollout_length=8)
+    rewards = set()
+    for i, traj in enumerate(runner.iterate(3, progress=True, reuse_buffers=reuse_buffers)):
+        assert_trees_equal(traj, expected[i])
+        rewards.add(id(traj.reward))
+    assert i == 2
+    # Reused buffers: one set of arrays for the whole loop; else one per sample.
+    assert len(rewards) == (1 if reuse_buffers else 3)
+    assert "env step" in capsys.readouterr().err
+    assert runner.get_metrics()["num_env_steps"] == 3 * 8 * 4
+
+
+def test_iterate_checks_its_arguments_when_called(cartpole_runner):
+    runner = cartpole_runner()
+    with pytest.raises(InvalidArgumentError, match=r"iterate\(num_samples=-1\)"):
+        runner.iterate(-1)
+    with pytest.raises(TypeError, match=r"iterate\(progress='yes'\)"):
+        runner.iterate(2, progress="yes")

@@ -43,7 +43,7 @@ from jaxrunner._src.runner.env_runner_checks import (
     check_ready_first_options,
 )
 from jaxrunner._src.runner.ownership import EnvOwner
-from jaxrunner._src.runner.progress import EpisodeProgress
+from jaxrunner._src.runner.progress import Progress
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.lockstep import LockstepSampler
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
@@ -283,7 +283,7 @@ class EnvRunner(EnvOwner):
         installed, else a line on stderr)."""
         check_int("EnvRunner.sample_episodes", "num_episodes", num_episodes)
         state = self.state
-        with EpisodeProgress(num_episodes, enabled=progress) as bar:
+        with Progress(num_episodes, enabled=progress) as bar:
             bar.update(len(state.finished))
             while len(state.finished) < num_episodes:
                 done = state.episodes.complete(self.sample().split_episodes())

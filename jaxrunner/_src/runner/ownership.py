@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 
-from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.core.policy import Params, check_params_like
 from jaxrunner._src.core.runner_state import RunnerState
+from jaxrunner._src.runner.progress import Progress
 from jaxrunner.errors import ClosedError, InvalidArgumentError, RunnerFailedError
 
 _OWNERS: weakref.WeakKeyDictionary[Any, weakref.ref] = weakref.WeakKeyDictionary()
@@ -98,6 +100,49 @@ class EnvOwner:
                 + (" Name one: this runner has several." if policy_id is None else "")
             )
         return policy_id
+
+    def iterate(
+        self, num_samples: int | None = None, *, progress: bool = False, reuse_buffers: bool = False
+    ) -> Iterator[Any]:
+        """Yields ``num_samples`` results of :meth:`sample` (``None``: until the loop
+        stops), as TorchRL and Sample Factory users iterate a collector.
+
+        Args:
+            num_samples: how many samples; ``None`` for an endless iterator.
+            progress: a progress bar counting env steps (tqdm where it is installed,
+                else a line on stderr).
+            reuse_buffers: hand each trajectory back (``release``) when the next is
+                asked for, so the loop writes into one set of buffers instead of
+                allocating a sample's memory each time; a yielded trajectory is then
+                valid until the next iteration only (copy what you keep). Runners whose
+                trajectories can be released (``EnvRunner`` on host envs).
+        """
+        name = f"{type(self).__name__}.iterate"
+        num_samples = check_int(name, "num_samples", num_samples, low=0, none="for no end")
+        check_bool(name, "progress", progress)
+        check_bool(name, "reuse_buffers", reuse_buffers)
+        if reuse_buffers and not callable(getattr(self.sampler, "release", None)):  # type: ignore[attr-defined]
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.iterate(reuse_buffers=True): this runner's "
+                "trajectories cannot be handed back (a pure-JAX env's live on device, a "
+                "multi-agent runner's are not pooled); leave reuse_buffers=False."
+            )
+        return self._iterate(num_samples, progress, reuse_buffers)
+
+    def _iterate(
+        self, num_samples: int | None, progress: bool, reuse_buffers: bool
+    ) -> Iterator[Any]:
+        per_sample = self.rollout_length * self.envs.num_envs  # type: ignore[attr-defined]
+        total = None if num_samples is None else num_samples * per_sample
+        done = 0
+        with Progress(total, enabled=progress, desc=type(self).__name__, unit="env step") as bar:
+            while num_samples is None or done < num_samples:
+                traj = self.sample()  # type: ignore[attr-defined]
+                done += 1
+                bar.update(done * per_sample)
+                yield traj
+                if reuse_buffers:
+                    self.release(traj)  # type: ignore[attr-defined]
 
     def __enter__(self) -> Any:
         return self

@@ -1,4 +1,4 @@
-"""The optional progress bar of long ``sample_episodes`` calls: tqdm where it is
+"""The optional progress bar of ``sample_episodes`` and ``iterate``: tqdm where it is
 installed (an optional dependency), else one line on stderr rewritten in place."""
 
 from __future__ import annotations
@@ -7,14 +7,20 @@ import sys
 from typing import Any
 
 
-class EpisodeProgress:
-    """Counts complete episodes towards ``total``; does nothing unless ``enabled``.
+class Progress:
+    """Counts ``unit``s towards ``total`` (None: open-ended); does nothing unless
+    ``enabled``. Use as a context manager; :meth:`update` takes the count so far (not an
+    increment)."""
 
-    Use as a context manager; :meth:`update` takes the count so far (not an increment).
-    """
-
-    def __init__(self, total: int, *, enabled: bool) -> None:
-        self.total, self.enabled = total, enabled
+    def __init__(
+        self,
+        total: int | None,
+        *,
+        enabled: bool,
+        desc: str = "sample_episodes",
+        unit: str = "episode",
+    ) -> None:
+        self.total, self.enabled, self.desc, self.unit = total, enabled, desc, unit
         self._count = 0
         self._bar: Any = None
         if enabled:
@@ -23,21 +29,22 @@ class EpisodeProgress:
             except ImportError:
                 self._bar = None
             else:
-                self._bar = tqdm(total=total, desc="sample_episodes", unit="episode")
+                self._bar = tqdm(total=total, desc=desc, unit=unit)
 
     def update(self, count: int) -> None:
         """The episodes done so far (capped at ``total``)."""
-        count = min(count, self.total)
+        count = count if self.total is None else min(count, self.total)
         if not self.enabled or (count == self._count and count):
             return
         if self._bar is not None:
             self._bar.update(count - self._count)
         else:
-            sys.stderr.write(f"\rsample_episodes: {count}/{self.total} episodes")
+            of = "" if self.total is None else f"/{self.total}"
+            sys.stderr.write(f"\r{self.desc}: {count}{of} {self.unit}s")
             sys.stderr.flush()
         self._count = count
 
-    def __enter__(self) -> EpisodeProgress:
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -48,6 +55,3 @@ class EpisodeProgress:
         else:
             sys.stderr.write("\n")
             sys.stderr.flush()
-
-
-__all__ = ["EpisodeProgress"]
