@@ -142,8 +142,34 @@ def test_next_value_evaluates_only_the_stored_rows() -> None:
     value = value_fn(dense.obs.reshape(-1, 4)).reshape(dense.reward.shape)
     got = compact.next_value(value, value_fn)
     np.testing.assert_array_equal(got, expected)
-    assert seen[-1] == len(compact.next_obs_store.index) < dense.reward.size
+    rows = len(compact.next_obs_store.index)
+    assert seen[-1] == min(max(16, 1 << (rows - 1).bit_length()), dense.reward.size)
+    assert rows < dense.reward.size
     np.testing.assert_array_equal(dense.next_value(value, value_fn), expected)
+
+
+def test_a_jitted_critic_compiles_for_a_few_shapes_only() -> None:
+    """The stored rows are padded to powers of two: a learner's jit sees a few shapes, not
+    one per number of episode ends."""
+    samples = _samples(BACKENDS["sync-restarts"], 12, compact_next_obs=True)
+    traces: list[int] = []
+
+    @jax.jit
+    def value_fn(obs: Any) -> jax.Array:
+        traces.append(obs.shape[0])
+        return jnp.asarray(obs, jnp.float32).sum(-1)
+
+    rows = set()
+    for traj in samples:
+        rows.add(len(traj.next_obs_store.index))
+        value = jnp.zeros(traj.reward.shape)
+        got = traj.next_value(value, value_fn)
+        want = jnp.asarray(traj.dense().next_obs, jnp.float32).sum(-1)
+        stored = traj.next_obs_store.index
+        np.testing.assert_array_equal(
+            np.asarray(got).reshape(-1)[stored], np.asarray(want).reshape(-1)[stored]
+        )
+    assert len(rows) > len(traces) >= 1, (rows, traces)
 
 
 class _Recorder(jr.Callbacks):

@@ -157,16 +157,27 @@ class Trajectory(flax.struct.PyTreeNode):
     def next_value(self, value: Any, value_fn: Any) -> Any:
         """``V(next_obs)`` as ``[T, B]``, from ``value`` = ``V(obs)`` (``[T, B]``, which
         a learner computes anyway) and ``value_fn``, called on a batch of observations
-        (``[N, ...]`` per leaf): only on the stored rows of a compact trajectory, on
-        every row of a dense one. The input :func:`jaxrunner.gae` takes as
-        ``next_value``."""
+        (``[N, ...]`` per leaf): only on the stored rows of a compact trajectory (padded
+        with zero observations to a power of two, at least 16, so a jitted ``value_fn``
+        compiles for a few shapes), on every row of a dense one. The input
+        :func:`jaxrunner.gae` takes as ``next_value``."""
         store = self.next_obs_store
         if not isinstance(store, FinalObs):
             flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), self.next_obs)
             return jax.numpy.reshape(value_fn(flat), np.shape(self.reward))
         num_steps, num_envs = np.shape(self.reward)
         shifted = jax.numpy.concatenate([value[1:], value[-1:]])
-        stored = value_fn(store.obs) if len(store.index) else shifted.reshape(-1)[:0]
+        rows = len(store.index)
+        if not rows:
+            return shifted
+        # The stored rows padded to a power of two, so a jitted critic compiles for a few
+        # shapes (log2 T*B at most), not for each new number of episode ends.
+        bucket = min(max(16, 1 << (rows - 1).bit_length()), num_steps * num_envs)
+        padded = jax.tree.map(
+            lambda x: np.concatenate([x, np.zeros((bucket - rows, *x.shape[1:]), x.dtype)]),
+            jax.tree.map(np.asarray, store.obs),
+        )
+        stored = jax.numpy.reshape(value_fn(padded), (bucket,))[:rows]
         return shifted.reshape(-1).at[store.index].set(stored).reshape(num_steps, num_envs)
 
     @property
