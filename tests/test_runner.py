@@ -539,3 +539,24 @@ def test_iterate_checks_its_arguments_when_called(cartpole_runner):
         runner.iterate(-1)
     with pytest.raises(TypeError, match=r"iterate\(progress='yes'\)"):
         runner.iterate(2, progress="yes")
+
+
+def test_a_gymnasium_vector_env_or_wrapper_is_refused_with_what_replaces_it():
+    from gymnasium.wrappers import vector as wrappers
+
+    envs = gymnasium.vector.SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 2)
+    policy = jr.models.mlp_policy(envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with pytest.raises(TypeError, match=r"jaxrunner.from_gymnasium\(envs\)"):
+        jr.EnvRunner(envs, policy, params, 4, 0)
+    wrapped = wrappers.RecordEpisodeStatistics(wrappers.NormalizeObservation(envs))
+    with pytest.raises(TypeError) as info:
+        jr.EnvRunner(wrapped, policy, params, 4, 0)
+    message = str(info.value)
+    assert "from_gymnasium(envs.unwrapped)" in message
+    assert (
+        "NormalizeObservation -> the connector jaxrunner.connectors.NormalizeObservation()"
+        in message
+    )
+    assert "RecordEpisodeStatistics -> runner.get_metrics()" in message
+    envs.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import gymnasium
+
 from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
@@ -30,11 +32,17 @@ def check_arguments(
         from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
         from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 
-        hint = (
-            "Multi-agent envs are sampled by jaxrunner.MultiAgentRunner."
-            if isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv))
-            else "Build one with jaxrunner.make_vec(env_id_or_factory, num_envs)."
-        )
+        if isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
+            hint = "Multi-agent envs are sampled by jaxrunner.MultiAgentRunner."
+        elif isinstance(envs, gymnasium.vector.VectorWrapper):
+            hint = vector_wrapper_hint(envs)
+        elif isinstance(envs, gymnasium.vector.VectorEnv):
+            hint = (
+                "For a gymnasium vector env, wrap it: jaxrunner.from_gymnasium(envs); or "
+                "build one with jaxrunner.make_vec(env_id_or_factory, num_envs)."
+            )
+        else:
+            hint = "Build one with jaxrunner.make_vec(env_id_or_factory, num_envs)."
         raise InvalidArgumentTypeError(
             f"EnvRunner(envs=...): expected a jaxrunner vector env, got "
             f"{type(envs).__name__}. {hint}"
@@ -55,6 +63,42 @@ def check_arguments(
             f"EnvRunner(callbacks=...): expected a jaxrunner.Callbacks subclass instance, got "
             f"{type(callbacks).__name__}. Subclass jr.Callbacks and override its hooks."
         )
+
+
+# What replaces each of gymnasium's vector wrappers on a runner (which steps its envs
+# itself, so a wrapper's step would never run).
+REPLACEMENTS = {
+    "NormalizeObservation": "the connector jaxrunner.connectors.NormalizeObservation()",
+    "NormalizeReward": "the connector jaxrunner.connectors.ScaleReward()",
+    "FrameStackObservation": "the connector jaxrunner.connectors.FrameStack(n)",
+    "ClipAction": "nothing: Box actions are clipped for the env already (the trajectory "
+    "keeps them as sampled)",
+    "RescaleAction": "the connector jaxrunner.connectors.RescaleActions()",
+    "RecordEpisodeStatistics": "runner.get_metrics() (episode_return_mean, "
+    "episode_length_mean) and traj.split_episodes()",
+    "DictInfoToList": "EnvRunner(..., info_keys=[...]) (infos as [T, B] arrays)",
+}
+
+
+def vector_wrapper_hint(envs: Any) -> str:
+    """What to do with gymnasium vector wrappers around a vector env: unwrap them, and
+    which connector or runner feature replaces each."""
+    names = []
+    inner = envs
+    while isinstance(inner, gymnasium.vector.VectorWrapper):
+        names.append(type(inner).__name__)
+        inner = inner.env
+    other = "the wrapper on each sub-env inside its factory (gymnasium.wrappers) or a connector"
+    fixes = [f"{name} -> {REPLACEMENTS.get(name, other)}" for name in names]
+    unwrap = (
+        "pass the jaxrunner vector env itself (envs.unwrapped)"
+        if isinstance(inner, (VectorEnv, JaxVectorEnv))
+        else "pass jaxrunner.from_gymnasium(envs.unwrapped) (the gymnasium vector env under them)"
+    )
+    return (
+        f"The runner steps its envs itself, so gymnasium vector wrappers ({', '.join(names)}) "
+        f"would never run: {unwrap}, and replace {'; '.join(fixes)}."
+    )
 
 
 def check_host_options(
