@@ -116,13 +116,6 @@ def test_multi_agent_hand_loop_refuses_agents_it_cannot_stack():
         bench.MultiAgentHandLoop(coming_and_going, 1, 8, 0)
 
 
-def test_hand_loop_refuses_a_wrong_width():
-    envs = gymnasium.vector.SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 2)
-    with pytest.raises(ValueError, match="num_envs=3"):
-        bench.hand_loop(envs, 3, 8, 0)
-    envs.close()
-
-
 def test_a_failing_child_request_names_the_system_and_the_child_goes_on():
     with Child("test", jax_defaults=True) as child:
         spec = {"system": "hand", "backend": "sync", "env": "NoSuchEnv-v0", "num_envs": 1}
@@ -199,23 +192,6 @@ def test_auto_backend_compares_auto_with_the_better_of_sync_and_process(tmp_path
     assert set(row["build_s"]) == {"sync", "process", "auto"}
     assert all(seconds > 0 for seconds in row["build_s"].values())
     assert report["machine"]["cpu_count"] and len(report["machine"]["loadavg_before"]) == 3
-
-
-def test_interleaved_rates_run_every_system_each_round_in_alternating_order():
-    calls: list[str] = []
-
-    def system(name: str):
-        def step() -> int:
-            calls.append(name)
-            time.sleep(0.002)  # longer than a round's 1 ms: one call per system a round
-            return 10
-
-        return step
-
-    rates = bench.interleaved_rates({"a": system("a"), "b": system("b")}, 3, 0.001)
-    assert calls == ["a", "b", "b", "a", "a", "b"]
-    assert {name: len(r) for name, r in rates.items()} == {"a": 3, "b": 3}
-    assert all(rate > 0 for r in rates.values() for rate in r)
 
 
 def test_peers_smoke_run_writes_json_and_plot(tmp_path):
