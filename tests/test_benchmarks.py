@@ -5,13 +5,13 @@ themselves, on a quiet machine)."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import gymnasium
 import jax
@@ -124,6 +124,31 @@ def test_a_failing_child_request_names_the_system_and_the_child_goes_on():
                 "build", name="hand", spec={**spec, "rollout_length": 8, "reference": "sync"}
             )
         assert isinstance(info.value, RuntimeError)
+        # The peer libraries' loops are benchmarks/'s: this child says where they are built.
+        peer = {**spec, "env": "CartPole-v1", "rollout_length": 8, "reference": "puffer_mp"}
+        with pytest.raises(ChildError, match=r"'puffer_mp'.*benchmarks/peer_child\.py"):
+            child.request("build", name="hand_puffer_mp", spec=peer)
+        assert child.request("info")["cpu_dispatch"] == "async"
+
+
+def test_the_peer_child_builds_the_benchs_systems_and_the_peer_libraries_loops():
+    """benchmarks/peer_child.py serves the bench child protocol: a system of `jaxrunner
+    bench` is built and measured as in the bench's own child; a peer library's loop is
+    built where the library is installed, and names the missing import where it is not."""
+    command = [sys.executable, str(BENCHMARKS / "peer_child.py")]
+    spec = {"system": "hand", "backend": "sync", "env": "CartPole-v1", "num_envs": 2}
+    spec["rollout_length"] = 8
+    with Child("peers", jax_defaults=True, command=command) as child:
+        child.request("build", name="hand", spec={**spec, "reference": "sync"})
+        assert child.request("measure", name="hand", seconds=0.01)["steps_per_s"] > 0
+        puffer = {**spec, "reference": "puffer_serial"}
+        if importlib.util.find_spec("pufferlib") is None:
+            with pytest.raises(ChildError, match=r"build hand_puffer_serial: .*pufferlib"):
+                child.request("build", name="hand_puffer_serial", spec=puffer)
+        else:
+            child.request("build", name="hand_puffer_serial", spec=puffer)
+            measured = child.request("measure", name="hand_puffer_serial", seconds=0.01)
+            assert measured["steps_per_s"] > 0
         assert child.request("info")["cpu_dispatch"] == "async"
 
 

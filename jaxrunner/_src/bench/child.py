@@ -58,8 +58,9 @@ class Child:
     ) -> None:
         self.name = name
         env = dict(os.environ)
-        # The child imports the same jaxrunner as this process, wherever it came from.
-        root = str(pathlib.Path(__file__).resolve().parents[2])
+        # The child imports the same jaxrunner as this process, wherever it came from
+        # (the folder holding the package: jaxrunner/_src/bench/child.py is 3 below it).
+        root = str(pathlib.Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         if jax_defaults:  # JAX keeps its own default, and import jaxrunner leaves it alone
             env[ASYNC_DISPATCH_VARIABLE] = "true"

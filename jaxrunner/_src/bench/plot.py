@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -77,7 +78,7 @@ def plot(rows: Sequence[dict[str, Any]], title: str, path: pathlib.Path, **optio
     ax.set_yscale("log")
     ax.set_xlabel("number of envs")
     ax.set_ylabel("env steps / s (median of rounds)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 70), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
