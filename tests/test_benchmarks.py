@@ -22,6 +22,13 @@ from jaxrunner._src import bench, cli
 from jaxrunner._src.bench.child import Child, ChildError
 
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
+# The scripts import this checkout's jaxrunner, whichever one is installed.
+SCRIPT_ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(BENCHMARKS.parent), os.environ.get("PYTHONPATH")])
+    ),
+}
 
 
 def _run(script: str, *options: str) -> None:
@@ -30,6 +37,7 @@ def _run(script: str, *options: str) -> None:
         capture_output=True,
         text=True,
         timeout=600,
+        env=SCRIPT_ENV,
     )
     assert done.returncode == 0, done.stderr
 
@@ -260,6 +268,7 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
+        env=SCRIPT_ENV,
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
