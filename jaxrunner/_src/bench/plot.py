@@ -49,8 +49,9 @@ def series(
             elif name == "ceiling":
                 line = f"ceiling {row['backend']}: env + bare policy call"
             else:
-                line = system.get("label", name)
-                line = (labels or {}).get(name, line) if line == name else line
+                line = str(system.get("label", name))
+                if line == name and labels and name in labels:  # an older report's bare key
+                    line = labels[name]
             points = lines.setdefault(line, [])
             if all(width != row["num_envs"] for width, _ in points):
                 points.append((row["num_envs"], system["median"]))

@@ -32,7 +32,11 @@ from jaxrunner._src.bench.hand_loop import (
     single_spaces,
 )
 from jaxrunner._src.bench.hand_scan import build_hand_scan
-from jaxrunner._src.bench.multi_agent import MultiAgentHandSystem, MultiAgentRunnerSystem
+from jaxrunner._src.bench.multi_agent import (
+    MultiAgentHandLoop,
+    MultiAgentRunnerSystem,
+    env_factory,
+)
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
 from jaxrunner._src.bench.timing import measure_runner, timed, us_per_call
 from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
@@ -312,9 +316,15 @@ BUILDERS: dict[str, Callable[[Spec], System]] = {
 }
 
 
+def multi_agent_hand_system(spec: Spec) -> RolloutSystem:
+    """The multi-agent hand loop over the spec's PettingZoo env, as a system."""
+    loop = MultiAgentHandLoop(env_factory(spec.env), spec.num_envs, spec.rollout_length, spec.seed)
+    return RolloutSystem(loop.rollout, loop.close)
+
+
 MULTI_AGENT_BUILDERS: dict[str, Callable[[Spec], System]] = {
     "jaxrunner": MultiAgentRunnerSystem,
-    "hand": MultiAgentHandSystem,
+    "hand": multi_agent_hand_system,
 }
 
 
