@@ -29,6 +29,7 @@ FIGURES: dict[str, str] = {
     "peers_halfcheetah": "peers_halfcheetah_cpu.json",
     "peers_every_kind": "peers_host_cpu.json",
     "peers_envpool_jax": "peers_envpool_jax_cpu.json",
+    "bench_sync": "bench_sync_cpu.json",
 }
 """Each figure's result file in ``benchmarks/results/``."""
 
@@ -47,7 +48,7 @@ def fill(text: str, folder: pathlib.Path, prefix: str = "") -> str:
         caption = (
             f"From <code>benchmarks/results/{FIGURES[name]}</code> "
             f"({str(report.get('date', 'undated'))[:10]}): medians of interleaved rounds, "
-            "jaxrunner solid, hand loops and peers dashed."
+            "jaxrunner solid, hand loops and peers dashed, the ceiling dotted."
         )
         return (
             f'<figure><img src="{prefix}{FOLDER}/{name}.png" alt="{alt}" style="width:100%">'
