@@ -70,11 +70,11 @@ import importlib.metadata
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import time
 from typing import Any
 
+import peer_child
 from peer_loops import RLLIB_HIDDEN, RLlibLoop, peer_labels
 
 from jaxrunner._src import bench
@@ -92,22 +92,11 @@ WIDTHS: dict[str, tuple[int, ...]] = {
 }
 """The widths each kind of env is measured at by default."""
 RLLIB_MAX_WIDTH = 256
-PEERS_PYTHON = "/work/venv-peers/bin/python"
-"""The default interpreter of the peer libraries' venv (EnvPool, PufferLib)."""
 SINGLE_PROCESS_PEERS: tuple[str, ...] = ("puffer_serial",)
 """Peers timed beside jaxrunner's sync backend, in the peers' venv."""
 PARALLEL_PEERS: tuple[str, ...] = ("envpool", "envpool_async", "puffer_mp")
 """Peers timed beside jaxrunner's process backend, in the peers' venv (gymnasium's
 AsyncVectorEnv, by hand in the main venv, too)."""
-PEER_MODULES = {
-    "envpool": "envpool",
-    "envpool_async": "envpool",
-    "puffer_serial": "pufferlib",
-    "puffer_mp": "pufferlib",
-    "rllib": "ray.rllib",
-}
-"""The module each peer needs in the peers' venv (RLlib runs there when it imports, in
-this process otherwise)."""
 
 
 # --- RLlib -----------------------------------------------------------------------------------
@@ -131,47 +120,10 @@ def rllib_system(
     return RolloutSystem(loop.rollout, loop.close)
 
 
-# --- the peer libraries' venv and the workloads ---------------------------------------------
+# --- the workloads ---------------------------------------------------------------------------
 
 ASYNC_MAX_WIDTH = 64
 """Gymnasium's AsyncVectorEnv runs a process per env: not past this many."""
-
-_PROBE = """
-import importlib, importlib.metadata, json
-found = {}
-modules = (("envpool", "envpool"), ("pufferlib", "pufferlib-core"), ("ray.rllib", "ray"))
-for module, dist in modules:
-    try:
-        importlib.import_module(module)
-        found[module] = importlib.metadata.version(dist)
-    except Exception as err:
-        found[module] = None
-        found[module + "_error"] = f"{type(err).__name__}: {err}"
-print(json.dumps(found))
-"""
-
-
-def probe_peers(python: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """What imports under the peers' interpreter: (module versions, reason per peer
-    that cannot run there)."""
-    if not pathlib.Path(python).exists():
-        reason = (
-            f"--peers-python {python}: no such interpreter; make the peers' venv as "
-            "benchmarks/README.md says"
-        )
-        return {}, dict.fromkeys(PEER_MODULES, reason)
-    done = subprocess.run(
-        [python, "-c", _PROBE], capture_output=True, text=True, timeout=600, check=False
-    )
-    if done.returncode != 0:
-        return {}, dict.fromkeys(PEER_MODULES, f"{python}: probe failed: {done.stderr[-500:]}")
-    found = json.loads(done.stdout.strip().splitlines()[-1])
-    reasons = {
-        peer: f"{python}: import {module} failed: {found.get(module + '_error')}"
-        for peer, module in PEER_MODULES.items()
-        if found.get(module) is None
-    }
-    return found, reasons
 
 
 def workload_rows(
@@ -297,7 +249,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--peers-python",
-        default=PEERS_PYTHON,
+        default=peer_child.PEERS_PYTHON,
         help="interpreter of the venv with EnvPool and PufferLib (--workload only)",
     )
     parser.add_argument("--out", type=pathlib.Path, default=None)
@@ -327,7 +279,7 @@ def main() -> None:
         reason = get_workload(args.workload).unavailable()
         if reason:
             parser.error(f"--workload {args.workload}: {reason}")
-        peer_versions, unavailable = probe_peers(args.peers_python)
+        peer_versions, unavailable = peer_child.probe(args.peers_python)
         if args.no_rllib:
             unavailable["rllib"] = "off (--no-rllib)"
         if "rllib" not in unavailable or not rllib_reason:  # RLlib runs in one venv
@@ -342,9 +294,8 @@ def main() -> None:
         harness = stack.enter_context(bench.Harness())
         children = harness.info()
         peers_child = None
-        if args.workload and len(unavailable) < len(PEER_MODULES):
-            command = [args.peers_python, str(pathlib.Path(__file__).with_name("peer_child.py"))]
-            peers_child = stack.enter_context(Child("peers", jax_defaults=True, command=command))
+        if args.workload and len(unavailable) < len(peer_child.PEER_MODULES):
+            peers_child = stack.enter_context(peer_child.start(args.peers_python))
             children["peers"] = peers_child.request("info")
         if args.workload:
             rows = workload_rows(

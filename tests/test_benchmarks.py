@@ -139,14 +139,16 @@ def test_a_failing_child_request_names_the_system_and_the_child_goes_on():
         assert child.request("info")["cpu_dispatch"] == "async"
 
 
-def test_the_peer_child_builds_the_benchs_systems_and_the_peer_libraries_loops():
+def test_the_peer_child_builds_the_benchs_systems_and_the_peer_libraries_loops(monkeypatch):
     """benchmarks/peer_child.py serves the bench child protocol: a system of `jaxrunner
     bench` is built and measured as in the bench's own child; a peer library's loop is
     built where the library is installed, and names the missing import where it is not."""
-    command = [sys.executable, str(BENCHMARKS / "peer_child.py")]
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # as the scripts import their siblings
+    import peer_child
+
     spec = {"system": "hand", "backend": "sync", "env": "CartPole-v1", "num_envs": 2}
     spec["rollout_length"] = 8
-    with Child("peers", jax_defaults=True, command=command) as child:
+    with peer_child.start(sys.executable) as child:
         child.request("build", name="hand", spec={**spec, "reference": "sync"})
         assert child.request("measure", name="hand", seconds=0.01)["steps_per_s"] > 0
         puffer = {**spec, "reference": "puffer_serial"}
