@@ -69,13 +69,13 @@ def _bench(args: argparse.Namespace) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot:
-        plot.plot(report["results"], plot.title(report), args.plot)
-        log(f"wrote {args.plot}")
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(bench.format_report(report))
+    if args.plot:  # after the figures are out: a failed plot loses none of them
+        plot.plot(report["results"], plot.title(report), args.plot)
+        log(f"wrote {args.plot}")
     complete = report["results"] and all("hand" in row["ratios"] for row in report["results"])
     return 0 if complete else 1
 
