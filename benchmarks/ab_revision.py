@@ -39,9 +39,9 @@ from typing import Any
 
 import jax
 import numpy as np
+from script_report import parse_args, write_report
 
 import jaxrunner
-from jaxrunner._src import bench
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 IMPORT = re.compile(r"^(\s*)(from|import) jaxrunner\b", re.MULTILINE)
@@ -152,7 +152,7 @@ def main() -> None:
     parser.add_argument("--rollout-length", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")
     parser.add_argument("--out", type=pathlib.Path, default=None)
-    args = bench.parse_args(parser)
+    args = parse_args(parser)
     # Recorded as commits: "HEAD" or "HEAD~1" says nothing once HEAD has moved.
     args.base_commit = git("rev-parse", "--verify", f"{args.base}^{{commit}}")
     changed = bool(git("status", "--porcelain", "--", "jaxrunner/"))
@@ -201,7 +201,7 @@ def main() -> None:
                 f"{row['speedup_median']:.3f}; identical trajectories: {same}",
                 file=sys.stderr,
             )
-    bench.write_report("ab_revision", args, rows)
+    write_report("ab_revision", args, rows)
 
 
 if __name__ == "__main__":

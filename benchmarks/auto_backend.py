@@ -34,6 +34,8 @@ import sys
 import time
 from typing import Any
 
+from script_report import write_report
+
 from jaxrunner._src import bench
 from jaxrunner._src.bench.child import Child, ChildError
 from jaxrunner._src.bench.report import format_choice
@@ -132,7 +134,7 @@ def main() -> None:
                 print(summary(row), file=sys.stderr, flush=True)
     machine["loadavg_before"], machine["loadavg_after"] = loadavg_before, list(os.getloadavg())
     machine["autogroup"] = bench.autogroup()
-    bench.write_report("auto_backend", args, rows, machine=machine)
+    write_report("auto_backend", args, rows, machine=machine)
 
 
 def summary(row: dict[str, Any]) -> str:

@@ -31,6 +31,7 @@ from jaxrunner._src import bench
 # Sibling benchmark scripts (this directory is on sys.path when run as a script).
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from ab_revision import time_block
+from script_report import parse_args, write_report
 
 
 def make_runner(env: str, num_envs: int, rollout_length: int, normalize: bool) -> jr.EnvRunner:
@@ -50,7 +51,7 @@ def main() -> None:
     parser.add_argument("--rollout-length", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=30, help="timed blocks per variant")
     parser.add_argument("--out", type=pathlib.Path, default=None)
-    args = bench.parse_args(parser)
+    args = parse_args(parser)
 
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()
@@ -89,7 +90,7 @@ def main() -> None:
         )
     machine = {**bench.machine_info(), "load_average_before": list(load_before)}
     machine["load_average_after"] = list(os.getloadavg())
-    bench.write_report("connectors", args, rows, machine)
+    write_report("connectors", args, rows, machine)
 
 
 if __name__ == "__main__":

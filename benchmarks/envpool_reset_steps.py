@@ -4,8 +4,8 @@ Per width, three systems on CartPole-v1 with the 64-64 MLP of ``jr.models``, in 
 process, timed in interleaved rounds (the order alternates each round): jaxrunner's
 EnvPool backend at its default (a masked reset round trip after each step that ended
 an episode), the same with ``keep_reset_steps=True``, and the recording hand loop over
-EnvPool (``jaxrunner._src.bench``: sync mode stepped by hand, or CleanRL's async loop
-with ``--async-mode``). Steps/s count real transitions only (the runner's
+EnvPool (``jaxrunner bench``'s: sync mode stepped by hand; or CleanRL's async loop, in
+``peer_loops.py``, with ``--async-mode``). Steps/s count real transitions only (the runner's
 ``num_env_steps``; the hand loops leave EnvPool's reset steps out). Reports the median
 of each system over the rounds and the ratios of those medians, with the load average.
 
@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable
 
 import jax
+from peer_loops import EnvPoolAsyncLoop
 
 import jaxrunner as jr
 from jaxrunner._src.bench import machine_info
 from jaxrunner._src.bench.hand_loop import RecordingHandLoop
-from jaxrunner._src.bench.peer_loops import EnvPoolAsyncLoop
 
 SEED = 0
 

@@ -38,10 +38,11 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from script_report import write_report
 
 import jaxrunner as jr
 from jaxrunner._src import space_arrays
-from jaxrunner._src.bench import machine_info, write_report
+from jaxrunner._src.bench import machine_info
 from jaxrunner._src.space_arrays.checks import check_finite_observations
 
 BUSY_S = 10e-6

@@ -53,6 +53,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from script_report import write_report
 
 import jaxrunner as jr
 from jaxrunner._src import bench
@@ -272,7 +273,7 @@ def main() -> None:
         results.append(_row(width, out, names[-1]))
         print(results[-1], flush=True)
     machine = {**bench.machine_info(), "jax_cpu_dispatch": dispatch}
-    bench.write_report(f"multi_agent_{args.part}", args, results, machine)
+    write_report(f"multi_agent_{args.part}", args, results, machine)
 
 
 def _row(width: int, out: dict[str, Any], reference: str) -> dict[str, Any]:

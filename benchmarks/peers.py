@@ -1,11 +1,11 @@
 """Peers: every kind of env jaxrunner steps, against the loop a user writes for it.
 
 One run, one machine, one env (CartPole-v1: gymnasium's, EnvPool's C++ port or
-gymnax's JAX port, the same dynamics), one policy (``jaxrunner._src.bench.mlp_policy``: a
-64-64 tanh MLP sampling its actions, jitted), ``T = max(8, 2048 // width)`` steps per
-rollout for every system. The measurement is ``jaxrunner bench``'s own
-(``jaxrunner._src.bench.measure_width``): jaxrunner's ``EnvRunner.sample()`` at its defaults
-in one long-lived child process, the recording hand loop
+gymnax's JAX port, the same dynamics), one policy (``jr.models.mlp_policy``: a 64-64
+tanh MLP sampling its actions, jitted), ``T = max(8, 2048 // width)`` steps per rollout
+for every system. The measurement is ``jaxrunner bench``'s own
+(``jaxrunner._src.bench.measure_width``): jaxrunner's ``EnvRunner.sample()`` at its
+defaults in one long-lived child process, the recording hand loop
 (``jaxrunner._src.bench.RecordingHandLoop``: ``np.asarray`` on actions and log-probs,
 obs/action/log-prob/reward/flags into ``[T, B]`` numpy buffers; for gymnax the
 ``lax.scan`` of ``jaxrunner._src.bench.build_hand_scan``) at JAX's defaults in another,
@@ -23,7 +23,8 @@ each built once per width and timed in interleaved rounds. Per kind of env:
 
 Ratios are jaxrunner / each other system, ratios of medians over rounds (the
 per-round ratios' spread kept). The JSON keeps every round, the machine and load
-averages; a PNG plots steps/s against width (log-log).
+averages; a PNG plots steps/s against width (log-log; ``jaxrunner bench --plot``'s
+figure).
 
 ``--workload {cartpole,pong,halfcheetah}`` (``jaxrunner._src.bench.workloads``) compares
 instead the peer libraries on a real workload, every system with the workload's envs
@@ -41,11 +42,11 @@ and policy (NatureCNN on Pong, a 256-256 Gaussian MLP on HalfCheetah) recording
 
 EnvPool, PufferLib (with torch, which ``import pufferlib`` needs) and RLlib (where
 ``ray.rllib`` imports there; else in this process) conflict with the main venv: they
-run in a child under ``--peers-python`` (default
-``/work/venv-peers/bin/python``; see benchmarks/README.md), which imports this
-checkout's jaxrunner and speaks the bench child protocol; every other system runs in
-the main venv. EnvPool's and PufferLib's reset steps (the step after an episode ended,
-which only resets it) are not counted.
+run in a child under ``--peers-python`` (default ``/work/venv-peers/bin/python``; see
+benchmarks/README.md), ``peer_child.py``, which imports this checkout's jaxrunner,
+drives the peers as ``peer_loops.py`` does and speaks the bench child protocol; every
+other system runs in the main venv. EnvPool's and PufferLib's reset steps (the step
+after an episode ended, which only resets it) are not counted.
 
 Usage::
 
@@ -69,14 +70,17 @@ import importlib.metadata
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import time
 from typing import Any
 
+import peer_child
+from peer_loops import RLLIB_HIDDEN, RLlibLoop, peer_labels
+
 from jaxrunner._src import bench
+from jaxrunner._src.bench import plot
 from jaxrunner._src.bench.child import Child
-from jaxrunner._src.bench.peer_loops import RLLIB_HIDDEN, RLlibLoop
+from jaxrunner._src.bench.systems import RolloutSystem
 from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
 
 WIDTHS: dict[str, tuple[int, ...]] = {
@@ -88,22 +92,11 @@ WIDTHS: dict[str, tuple[int, ...]] = {
 }
 """The widths each kind of env is measured at by default."""
 RLLIB_MAX_WIDTH = 256
-PEERS_PYTHON = "/work/venv-peers/bin/python"
-"""The default interpreter of the peer libraries' venv (EnvPool, PufferLib)."""
 SINGLE_PROCESS_PEERS: tuple[str, ...] = ("puffer_serial",)
 """Peers timed beside jaxrunner's sync backend, in the peers' venv."""
 PARALLEL_PEERS: tuple[str, ...] = ("envpool", "envpool_async", "puffer_mp")
 """Peers timed beside jaxrunner's process backend, in the peers' venv (gymnasium's
 AsyncVectorEnv, by hand in the main venv, too)."""
-PEER_MODULES = {
-    "envpool": "envpool",
-    "envpool_async": "envpool",
-    "puffer_serial": "pufferlib",
-    "puffer_mp": "pufferlib",
-    "rllib": "ray.rllib",
-}
-"""The module each peer needs in the peers' venv (RLlib runs there when it imports, in
-this process otherwise)."""
 
 
 # --- RLlib -----------------------------------------------------------------------------------
@@ -117,72 +110,20 @@ def rllib_unavailable() -> str | None:
     return None
 
 
-class RLlibSystem:
-    """RLlib's ``SingleAgentEnvRunner`` in this process
-    (``jaxrunner._src.bench.peer_loops.RLlibLoop``: its own gymnasium SyncVectorEnv of
-    ``width`` sub-envs, its default RLModule, a tanh MLP of ``hidden`` as ours,
-    exploring)."""
-
-    def __init__(
-        self,
-        env: str,
-        width: int,
-        seed: int,
-        hidden: tuple[int, ...] = (64, 64),
-        rollout_length: int | None = None,
-    ) -> None:
-        length = rollout_length or bench.rollout_length(width)
-        self._loop = RLlibLoop(env, width, length, seed, hidden)
-        self._loop.rollout()  # warm-up
-
-    def measure(self, seconds: float) -> dict[str, Any]:
-        return {"steps_per_s": bench.timed(self._loop.rollout, seconds)}
-
-    def close(self) -> None:
-        self._loop.close()
+def rllib_system(
+    env: str, width: int, seed: int, hidden: tuple[int, ...] = (64, 64), length: int | None = None
+) -> RolloutSystem:
+    """RLlib's ``SingleAgentEnvRunner`` in this process (``peer_loops.RLlibLoop``: its
+    own gymnasium SyncVectorEnv of ``width`` sub-envs, its default RLModule, a tanh MLP
+    of ``hidden`` as ours, exploring), warmed up."""
+    loop = RLlibLoop(env, width, length or bench.rollout_length(width), seed, hidden)
+    return RolloutSystem(loop.rollout, loop.close)
 
 
-# --- the peer libraries' venv and the workloads ---------------------------------------------
+# --- the workloads ---------------------------------------------------------------------------
 
 ASYNC_MAX_WIDTH = 64
 """Gymnasium's AsyncVectorEnv runs a process per env: not past this many."""
-
-_PROBE = """
-import importlib, importlib.metadata, json
-found = {}
-modules = (("envpool", "envpool"), ("pufferlib", "pufferlib-core"), ("ray.rllib", "ray"))
-for module, dist in modules:
-    try:
-        importlib.import_module(module)
-        found[module] = importlib.metadata.version(dist)
-    except Exception as err:
-        found[module] = None
-        found[module + "_error"] = f"{type(err).__name__}: {err}"
-print(json.dumps(found))
-"""
-
-
-def probe_peers(python: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """What imports under the peers' interpreter: (module versions, reason per peer
-    that cannot run there)."""
-    if not pathlib.Path(python).exists():
-        reason = (
-            f"--peers-python {python}: no such interpreter; make the peers' venv as "
-            "benchmarks/README.md says"
-        )
-        return {}, dict.fromkeys(PEER_MODULES, reason)
-    done = subprocess.run(
-        [python, "-c", _PROBE], capture_output=True, text=True, timeout=600, check=False
-    )
-    if done.returncode != 0:
-        return {}, dict.fromkeys(PEER_MODULES, f"{python}: probe failed: {done.stderr[-500:]}")
-    found = json.loads(done.stdout.strip().splitlines()[-1])
-    reasons = {
-        peer: f"{python}: import {module} failed: {found.get(module + '_error')}"
-        for peer, module in PEER_MODULES.items()
-        if found.get(module) is None
-    }
-    return found, reasons
 
 
 def workload_rows(
@@ -215,7 +156,7 @@ def workload_rows(
                 peers["rllib"] = peers_child  # in its own venv
             elif rllib_here and not rllib_reason:
                 try:
-                    local["rllib"] = RLlibSystem(
+                    local["rllib"] = rllib_system(
                         workload.env_id,
                         width,
                         args.seed,
@@ -238,6 +179,7 @@ def workload_rows(
                     log=log,
                     workload=args.workload,
                     peers=peers,
+                    labels=peer_labels(),
                 )
             )
             for system in local.values():
@@ -246,25 +188,6 @@ def workload_rows(
 
 
 # --- the run ---------------------------------------------------------------------------------
-
-
-def series(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
-    """(width, median steps/s) per line of the plot."""
-    lines: dict[str, list[tuple[int, float]]] = {}
-    for row in rows:
-        for name, system in row["systems"].items():
-            if name == "ceiling":
-                continue
-            # Hand loops by what they drive: the sync one serves sync and process.
-            label = system["label"]
-            if name == "rllib":
-                label = "RLlib SingleAgentEnvRunner"
-            elif name == "jaxrunner":
-                label = f"jaxrunner {row['backend']}"
-            points = lines.setdefault(label, [])
-            if all(width != row["num_envs"] for width, _ in points):
-                points.append((row["num_envs"], system["median"]))
-    return lines
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -292,31 +215,6 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             f"| {cell} | {others} |"
         )
     return "\n".join(lines)
-
-
-def plot(rows: list[dict[str, Any]], title: str, path: pathlib.Path) -> None:
-    """Steps/s against width, log-log (jaxrunner solid, hand loops dashed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for label, points in series(rows).items():
-        x, y = zip(*sorted(points))
-        style = "-" if label.startswith("jaxrunner") else "--"
-        ax.plot(x, y, style, marker="o", markersize=4, label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("number of envs (width)")
-    ax.set_ylabel("env steps / s (median of rounds)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def _versions(modules: tuple[str, ...]) -> dict[str, str | None]:
@@ -351,12 +249,18 @@ def main() -> None:
     )
     parser.add_argument(
         "--peers-python",
-        default=PEERS_PYTHON,
+        default=peer_child.PEERS_PYTHON,
         help="interpreter of the venv with EnvPool and PufferLib (--workload only)",
     )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--plot", type=pathlib.Path, default=None, help="default: --out as .png")
     args = parser.parse_args()
+    plot_path = args.plot or (args.out.with_suffix(".png") if args.out else None)
+    if plot_path:
+        try:  # before the run, not after
+            plot.require_matplotlib("peers.py's plot")
+        except ImportError as err:
+            parser.error(str(err))
 
     started = time.perf_counter()
 
@@ -375,7 +279,7 @@ def main() -> None:
         reason = get_workload(args.workload).unavailable()
         if reason:
             parser.error(f"--workload {args.workload}: {reason}")
-        peer_versions, unavailable = probe_peers(args.peers_python)
+        peer_versions, unavailable = peer_child.probe(args.peers_python)
         if args.no_rllib:
             unavailable["rllib"] = "off (--no-rllib)"
         if "rllib" not in unavailable or not rllib_reason:  # RLlib runs in one venv
@@ -390,9 +294,8 @@ def main() -> None:
         harness = stack.enter_context(bench.Harness())
         children = harness.info()
         peers_child = None
-        if args.workload and len(unavailable) < len(PEER_MODULES):
-            command = [args.peers_python, "-m", "jaxrunner._src.bench"]
-            peers_child = stack.enter_context(Child("peers", jax_defaults=True, command=command))
+        if args.workload and len(unavailable) < len(peer_child.PEER_MODULES):
+            peers_child = stack.enter_context(peer_child.start(args.peers_python))
             children["peers"] = peers_child.request("info")
         if args.workload:
             rows = workload_rows(
@@ -410,7 +313,7 @@ def main() -> None:
                 local: dict[str, Any] = {}
                 if kind == "sync" and not rllib_reason and width <= RLLIB_MAX_WIDTH:
                     try:
-                        local["rllib"] = RLlibSystem(args.env, width, args.seed)
+                        local["rllib"] = rllib_system(args.env, width, args.seed)
                     except Exception as err:  # keep the other figures; record why
                         skipped[f"rllib x{width}"] = f"build: {type(err).__name__}: {err}"
                 row = bench.measure_width(
@@ -424,6 +327,7 @@ def main() -> None:
                     ceiling=False,
                     local=local,
                     log=log,
+                    labels=peer_labels(),
                 )
                 for system in local.values():
                     system.close()
@@ -435,7 +339,7 @@ def main() -> None:
     policy = (
         f"{workload.policy_label}, stochastic, jitted"
         if workload
-        else "jaxrunner._src.bench.mlp_policy (64, 64) tanh, stochastic, jitted"
+        else "jr.models.mlp_policy: 64-64 tanh MLP, stochastic, jitted"
     )
     steps = workload.steps_per_rollout if workload else 2048
     report = {
@@ -466,15 +370,8 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")
         log(f"wrote {args.out}")
-    plot_path = args.plot or (args.out.with_suffix(".png") if args.out else None)
     if plot_path:
-        devices = ", ".join(machine["jax_devices"])
-        title = (
-            f"{env}, {workload.policy_label.split(': ')[1] if workload else '64-64 MLP policy'}; "
-            f"{devices}, {os.cpu_count()} CPUs; "
-            f"median of {args.rounds} interleaved round{'s' if args.rounds > 1 else ''}"
-        )
-        plot(rows, title, plot_path)
+        plot.plot(rows, plot.title(report), plot_path)
         log(f"wrote {plot_path}")
     print(table)
     print(report["verdict"])

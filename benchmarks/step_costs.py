@@ -16,7 +16,7 @@ own cost. Parts, each timed alone in 64-step blocks, interleaved round by round
 * ``warm_call``: the compiled policy step called back to back with nothing between
   (no staging, one ``np.asarray``: the floor of any loop with one policy call per step).
 
-``--cpu-dispatch`` (``jaxrunner._src.bench.parse_args``; inline by default).
+``--cpu-dispatch`` (``script_report.parse_args``; inline by default).
 
 Usage::
 
@@ -34,6 +34,7 @@ from collections.abc import Callable
 import gymnasium
 import jax
 import numpy as np
+from script_report import parse_args, write_report
 
 import jaxrunner as jr
 from jaxrunner._src import bench
@@ -70,7 +71,7 @@ def parts(num_envs: int) -> tuple[dict[str, Callable[[], object]], Callable[[], 
     gym_envs = gymnasium.vector.SyncVectorEnv(
         [NullEnv] * num_envs, autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP
     )
-    hand = bench.hand_loop(gym_envs, num_envs, STEPS, 0)
+    hand = bench.RecordingHandLoop(gym_envs, STEPS, 0).rollout
     act = bench.hand_act(policy, num_envs)
     obs, _ = gym_envs.reset(seed=0)
     actions = np.zeros(num_envs, np.int64)
@@ -128,7 +129,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--blocks", type=int, default=5, help="64-step blocks per round")
     parser.add_argument("--out", type=pathlib.Path, default=None)
-    args = bench.parse_args(parser)
+    args = parse_args(parser)
 
     rows = []
     for num_envs in args.num_envs:
@@ -153,7 +154,7 @@ def main() -> None:
             f"{num_envs:>4} envs, us per step (median): "
             + "  ".join(f"{k}={statistics.median(v):.1f}" for k, v in us.items())
         )
-    bench.write_report("step_costs", args, rows)
+    write_report("step_costs", args, rows)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ import sys
 
 # The docs describe the checkout they live in, not an installed copy.
 sys.path.insert(0, os.path.abspath(".."))
-# Local extensions (the performance page's results tables) live in docs/_ext.
+# Local extensions (the performance page's results tables and figures) live in docs/_ext.
 sys.path.insert(0, os.path.abspath("_ext"))
 
 project = "jaxrunner"
@@ -16,10 +16,9 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
+    "results_tables",  # docs/_ext: the performance page's tables
+    "results_figures",  # and its figures
 ]
-# Loaded only once the performance page's extension is in the tree.
-if os.path.exists(os.path.join(os.path.dirname(__file__), "_ext", "results_tables.py")):
-    extensions.append("results_tables")
 
 source_suffix = {".md": "markdown"}
 root_doc = "index"

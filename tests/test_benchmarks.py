@@ -5,13 +5,13 @@ themselves, on a quiet machine)."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import gymnasium
 import jax
@@ -22,6 +22,13 @@ from jaxrunner._src import bench, cli
 from jaxrunner._src.bench.child import Child, ChildError
 
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
+# The scripts import this checkout's jaxrunner, whichever one is installed.
+SCRIPT_ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(BENCHMARKS.parent), os.environ.get("PYTHONPATH")])
+    ),
+}
 
 
 def _run(script: str, *options: str) -> None:
@@ -30,6 +37,7 @@ def _run(script: str, *options: str) -> None:
         capture_output=True,
         text=True,
         timeout=600,
+        env=SCRIPT_ENV,
     )
     assert done.returncode == 0, done.stderr
 
@@ -116,13 +124,6 @@ def test_multi_agent_hand_loop_refuses_agents_it_cannot_stack():
         bench.MultiAgentHandLoop(coming_and_going, 1, 8, 0)
 
 
-def test_hand_loop_refuses_a_wrong_width():
-    envs = gymnasium.vector.SyncVectorEnv([lambda: gymnasium.make("CartPole-v1")] * 2)
-    with pytest.raises(ValueError, match="num_envs=3"):
-        bench.hand_loop(envs, 3, 8, 0)
-    envs.close()
-
-
 def test_a_failing_child_request_names_the_system_and_the_child_goes_on():
     with Child("test", jax_defaults=True) as child:
         spec = {"system": "hand", "backend": "sync", "env": "NoSuchEnv-v0", "num_envs": 1}
@@ -131,6 +132,33 @@ def test_a_failing_child_request_names_the_system_and_the_child_goes_on():
                 "build", name="hand", spec={**spec, "rollout_length": 8, "reference": "sync"}
             )
         assert isinstance(info.value, RuntimeError)
+        # The peer libraries' loops are benchmarks/'s: this child says where they are built.
+        peer = {**spec, "env": "CartPole-v1", "rollout_length": 8, "reference": "puffer_mp"}
+        with pytest.raises(ChildError, match=r"'puffer_mp'.*benchmarks/peer_child\.py"):
+            child.request("build", name="hand_puffer_mp", spec=peer)
+        assert child.request("info")["cpu_dispatch"] == "async"
+
+
+def test_the_peer_child_builds_the_benchs_systems_and_the_peer_libraries_loops(monkeypatch):
+    """benchmarks/peer_child.py serves the bench child protocol: a system of `jaxrunner
+    bench` is built and measured as in the bench's own child; a peer library's loop is
+    built where the library is installed, and names the missing import where it is not."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # as the scripts import their siblings
+    import peer_child
+
+    spec = {"system": "hand", "backend": "sync", "env": "CartPole-v1", "num_envs": 2}
+    spec["rollout_length"] = 8
+    with peer_child.start(sys.executable) as child:
+        child.request("build", name="hand", spec={**spec, "reference": "sync"})
+        assert child.request("measure", name="hand", seconds=0.01)["steps_per_s"] > 0
+        puffer = {**spec, "reference": "puffer_serial"}
+        if importlib.util.find_spec("pufferlib") is None:
+            with pytest.raises(ChildError, match=r"build hand_puffer_serial: .*pufferlib"):
+                child.request("build", name="hand_puffer_serial", spec=puffer)
+        else:
+            child.request("build", name="hand_puffer_serial", spec=puffer)
+            measured = child.request("measure", name="hand_puffer_serial", seconds=0.01)
+            assert measured["steps_per_s"] > 0
         assert child.request("info")["cpu_dispatch"] == "async"
 
 
@@ -201,23 +229,6 @@ def test_auto_backend_compares_auto_with_the_better_of_sync_and_process(tmp_path
     assert report["machine"]["cpu_count"] and len(report["machine"]["loadavg_before"]) == 3
 
 
-def test_interleaved_rates_run_every_system_each_round_in_alternating_order():
-    calls: list[str] = []
-
-    def system(name: str):
-        def step() -> int:
-            calls.append(name)
-            time.sleep(0.002)  # longer than a round's 1 ms: one call per system a round
-            return 10
-
-        return step
-
-    rates = bench.interleaved_rates({"a": system("a"), "b": system("b")}, 3, 0.001)
-    assert calls == ["a", "b", "b", "a", "a", "b"]
-    assert {name: len(r) for name, r in rates.items()} == {"a": 3, "b": 3}
-    assert all(rate > 0 for r in rates.values() for rate in r)
-
-
 def test_peers_smoke_run_writes_json_and_plot(tmp_path):
     out = tmp_path / "peers.json"
     options = ["--widths", "2", "--rounds", "1", "--seconds", "0.05", "--no-rllib"]
@@ -259,6 +270,7 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
+        env=SCRIPT_ENV,
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from jaxrunner._src import bench, cli
+from jaxrunner._src.bench import plot
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -51,9 +52,9 @@ def _fresh_process_dispatch(**env: str) -> str:
 
 
 def test_bench_report_holds_every_round_and_each_system_ran_at_its_dispatch(capsys, tmp_path):
-    out = tmp_path / "bench.json"
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     argv = ["bench", "--num-envs", "1", "3", "--rounds", "2", "--seconds", "0.05"]
-    assert cli.main([*argv, "--json", "--out", str(out)]) == 0
+    assert cli.main([*argv, "--json", "--out", str(out), "--plot", str(png)]) == 0
     report = json.loads(capsys.readouterr().out)  # stdout holds only the JSON
     assert json.loads(out.read_text()) == report
     # jaxrunner as a user runs it; the hand loop at JAX's defaults, in its own process.
@@ -108,6 +109,36 @@ def test_bench_report_holds_every_round_and_each_system_ran_at_its_dispatch(caps
     text = bench.format_report(report)
     assert "hand loop" in text and "ceiling" in text and "in turn" in text
     assert text.splitlines()[-1] == report["verdict"]
+    # --plot: a line per system through its medians at each width, in a PNG that reads back.
+    medians = {
+        name: [(row["num_envs"], row["systems"][name]["median"]) for row in report["results"]]
+        for name in ("jaxrunner", "hand", "ceiling")
+    }
+    assert plot.series(report["results"]) == {
+        "jaxrunner sync": medians["jaxrunner"],
+        "hand loop: gymnasium SyncVectorEnv": medians["hand"],
+        "ceiling sync: env + bare policy call": medians["ceiling"],
+    }
+    import matplotlib.image
+
+    height, width, channels = matplotlib.image.imread(png).shape
+    assert height > 100 and width > 100 and channels in (3, 4)
+
+
+def test_bench_plot_without_matplotlib_names_the_extra_before_measuring(
+    capsys, monkeypatch, tmp_path
+):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("measured although the plot could not be drawn")
+
+    monkeypatch.setattr(bench, "run", no_run)
+    assert cli.main(["bench", "--plot", str(tmp_path / "bench.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxrunner bench: jaxrunner bench --plot draws with matplotlib")
+    assert "pip install 'jaxrunner[plot]'" in err
+    assert not (tmp_path / "bench.png").exists()
 
 
 def test_bench_on_a_pettingzoo_env_times_the_multi_agent_runner_on_both_backends(capsys, tmp_path):

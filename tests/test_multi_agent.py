@@ -362,4 +362,3 @@ def test_iterate_is_the_runners_one_loop():
             runner.iterate(1, reuse_buffers=True)
     assert [type(t).__name__ for t in trajs] == ["MultiAgentTrajectory"] * 2
     assert trajs[1].step[0].tolist() != trajs[0].step[0].tolist()  # the episodes went on
-

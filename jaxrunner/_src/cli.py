@@ -10,10 +10,11 @@ import time
 from collections.abc import Sequence
 
 from jaxrunner import __version__
+from jaxrunner._src.bench import plot
 from jaxrunner._src.bench.rounds import PLANS
 from jaxrunner._src.bench.workloads import WORKLOADS
 from jaxrunner._src.services.serve.command import add_serve_command
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.errors import InvalidArgumentError, MissingDependencyError
 
 DEFAULT_ENV = "CartPole-v1"
 
@@ -53,6 +54,12 @@ def _bench(args: argparse.Namespace) -> int:
             flags += ", --backend (a host backend) or --env (none with --workload)"
         print(f"jaxrunner bench: {err} Check {flags}.", file=sys.stderr)
         return 2
+    if args.plot:
+        try:  # before a minute of measuring, not after
+            plot.require_matplotlib()
+        except MissingDependencyError as err:
+            print(f"jaxrunner bench: {err}", file=sys.stderr)
+            return 2
     started = time.perf_counter()
 
     def log(message: str) -> None:
@@ -66,6 +73,9 @@ def _bench(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         print(bench.format_report(report))
+    if args.plot:  # after the figures are out: a failed plot loses none of them
+        plot.plot(report["results"], plot.title(report), args.plot)
+        log(f"wrote {args.plot}")
     complete = report["results"] and all("hand" in row["ratios"] for row in report["results"])
     return 0 if complete else 1
 
@@ -139,6 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=pathlib.Path,
         default=None,
         help="also write the JSON report (every round, the machine) to this file (default: none)",
+    )
+    bench.add_argument(
+        "--plot",
+        type=pathlib.Path,
+        default=None,
+        metavar="PNG",
+        help="also draw env steps/s against the number of envs, a line per system, into this "
+        "PNG (needs matplotlib: pip install 'jaxrunner[plot]') (default: none)",
     )
     bench.set_defaults(func=_bench)
     add_serve_command(commands)

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxrunner._src.arg_checks import check_int, check_number, is_int
+from jaxrunner._src.bench.machine import autogroup
 from jaxrunner._src.bench.multi_agent import describe, parallel_env_module
-from jaxrunner._src.bench.report import autogroup, verdict
+from jaxrunner._src.bench.report import verdict
 from jaxrunner._src.bench.rounds import MULTI_AGENT_PLANS, PLANS, Harness, Plan, measure_width
 from jaxrunner._src.bench.systems import JAX_BACKEND
 from jaxrunner._src.bench.workloads import WORKLOADS, get_workload

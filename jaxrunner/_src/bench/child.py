@@ -12,7 +12,8 @@ its stdin and reads one JSON reply per line from its stdout:
 * ``{"op": "close", "name": ...}``, ``{"op": "exit"}``.
 
 Each reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": ...}``.
-Started as ``python -m jaxrunner._src.bench``.
+Started as ``python -m jaxrunner._src.bench``; ``benchmarks/peer_child.py`` serves the
+same protocol with the peer libraries' loops (:func:`main`'s ``build``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from jaxrunner._src.cpu_dispatch import ENV_VAR as ASYNC_DISPATCH_VARIABLE
@@ -57,8 +58,9 @@ class Child:
     ) -> None:
         self.name = name
         env = dict(os.environ)
-        # The child imports the same jaxrunner as this process, wherever it came from.
-        root = str(pathlib.Path(__file__).resolve().parents[2])
+        # The child imports the same jaxrunner as this process, wherever it came from
+        # (the folder holding the package: jaxrunner/_src/bench/child.py is 3 below it).
+        root = str(pathlib.Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         if jax_defaults:  # JAX keeps its own default, and import jaxrunner leaves it alone
             env[ASYNC_DISPATCH_VARIABLE] = "true"
@@ -135,9 +137,9 @@ class Child:
         self.close()
 
 
-def _serve(requests: IO[str], replies: IO[str]) -> None:
-    from jaxrunner._src.bench.report import machine_info
-    from jaxrunner._src.bench.systems import Spec, build
+def _serve(requests: IO[str], replies: IO[str], build: Callable[[Any], Any]) -> None:
+    from jaxrunner._src.bench.machine import machine_info
+    from jaxrunner._src.bench.systems import Spec
     from jaxrunner._src.cpu_dispatch import inline_cpu_dispatch
 
     systems: dict[str, Any] = {}
@@ -182,9 +184,19 @@ def _serve(requests: IO[str], replies: IO[str]) -> None:
         system.close()
 
 
-def main() -> None:
+def main(build: Callable[[Any], Any] | None = None) -> None:
+    """Serves requests from stdin until told to exit.
+
+    Args:
+        build: ``Spec -> system`` (a system has ``measure(seconds)`` and ``close()``);
+            None: ``jaxrunner bench``'s own (:func:`~jaxrunner._src.bench.systems.build`).
+    """
+    if build is None:
+        from jaxrunner._src.bench import systems
+
+        build = systems.build
     # Replies need a clean stdout: keep it for them, and send anything else printed
     # (libraries, C code) to stderr.
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    _serve(sys.stdin, replies)
+    _serve(sys.stdin, replies, build)

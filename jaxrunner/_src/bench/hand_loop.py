@@ -22,6 +22,7 @@ import numpy as np
 from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
+from jaxrunner._src.bench.workloads import get_workload
 from jaxrunner._src.core.policy import Policy
 from jaxrunner.errors import InvalidArgumentError
 
@@ -30,14 +31,11 @@ REFERENCES: dict[str, str] = {
     "async": "gymnasium AsyncVectorEnv",
     "native": "gymnasium native vector env",
     "envpool": "EnvPool, sync mode",
-    "envpool_async": "EnvPool, async mode (batch_size = num_envs // 2)",
-    "puffer_serial": "PufferLib Serial",
-    "puffer_mp": "PufferLib Multiprocessing",
-    "rllib": "RLlib SingleAgentEnvRunner",
     "scan": "gymnax lax.scan",
     "pettingzoo": "a list of PettingZoo parallel envs, stepped one by one",
 }
-"""Each hand-loop reference and what a user drives by hand in it."""
+"""Each hand-loop reference of ``jaxrunner bench`` and what a user drives by hand in it
+(the peer libraries' loops are in ``benchmarks/peer_loops.py``)."""
 
 
 def single_spaces(envs: Any) -> tuple[gymnasium.Space, gymnasium.Space]:
@@ -130,27 +128,20 @@ class RecordingHandLoop:
         return self.rollout_length * self.num_envs - resets
 
 
-def hand_loop(
-    envs: Any, num_envs: int, rollout_length: int, seed: int, seeded_reset: bool = True
-) -> Callable[[], int]:
-    """:meth:`RecordingHandLoop.rollout` of a new loop around ``envs`` (``num_envs``
-    sub-envs): ``rollout() -> env steps done``."""
-    loop = RecordingHandLoop(envs, rollout_length, seed, seeded_reset=seeded_reset)
-    if loop.num_envs != num_envs:
-        raise InvalidArgumentError(
-            f"hand_loop(num_envs={num_envs}): the vector env has {loop.num_envs} sub-envs; "
-            "pass its num_envs."
-        )
-    return loop.rollout
+def env_makers(env: str, workload: str | None) -> tuple[Callable[[], Any], str, dict[str, Any]]:
+    """What builds a hand loop's envs: a factory of one sub-env (the workload's, else
+    ``gymnasium.make(env)``), and EnvPool's id and options for the same env."""
+    if workload is None:
+        return functools.partial(gymnasium.make, env), env, {}
+    spec = get_workload(workload)
+    return spec.make, spec.envpool_id, spec.envpool_kwargs
 
 
 def reference_envs(
     reference: str, env: str, num_envs: int, seed: int, workload: str | None = None
 ) -> tuple[Any, bool]:
-    """The vector env a user drives by hand for ``reference`` (a key of
-    :data:`REFERENCES` other than ``"scan"``, ``"pettingzoo"``, ``"envpool_async"`` and
-    ``"rllib"``),
-    and whether its reset takes a seed.
+    """The vector env a user drives by hand for ``reference`` (``"sync"``, ``"async"``,
+    ``"native"`` or ``"envpool"``), and whether its reset takes a seed.
 
     Args:
         workload: a key of ``WORKLOADS``: its env factory (its EnvPool port for
@@ -160,17 +151,7 @@ def reference_envs(
         InvalidArgumentError: an unknown reference.
     """
     same_step = gymnasium.vector.AutoresetMode.SAME_STEP
-    make: Callable[[], Any] = functools.partial(gymnasium.make, env)
-    envpool_id, envpool_kwargs = env, {}
-    if workload is not None:
-        from jaxrunner._src.bench.workloads import get_workload
-
-        spec = get_workload(workload)
-        make, envpool_id, envpool_kwargs = spec.make, spec.envpool_id, spec.envpool_kwargs
-    if reference in ("puffer_serial", "puffer_mp"):
-        from jaxrunner._src.bench.peer_loops import puffer_envs
-
-        return puffer_envs(reference, make, num_envs, seed), True
+    make, envpool_id, envpool_kwargs = env_makers(env, workload)
     if reference == "sync":
         return gymnasium.vector.SyncVectorEnv([make] * num_envs, autoreset_mode=same_step), True
     if reference == "async":
@@ -189,9 +170,7 @@ def reference_envs(
             envpool_id, num_envs=num_envs, batch_size=num_envs, seed=seed, **envpool_kwargs
         )
         return envs, False
-    known = sorted(set(REFERENCES) - {"scan", "pettingzoo", "envpool_async", "rllib"})
-    raise InvalidArgumentError(f"reference_envs(reference={reference!r}): expected one of {known}.")
-
-
-NEXT_STEP_RESET = frozenset({"envpool", "envpool_async", "puffer_serial", "puffer_mp"})
-"""References whose envs reset an ended episode on the next step (no transition)."""
+    raise InvalidArgumentError(
+        f"reference_envs(reference={reference!r}): expected one of ['sync', 'async', 'native', "
+        "'envpool'] (a peer library's loop is built by benchmarks/peer_child.py)."
+    )

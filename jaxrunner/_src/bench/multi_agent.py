@@ -26,7 +26,7 @@ from jaxrunner import MultiAgentRunner, make_multi_agent_vec
 from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
-from jaxrunner._src.bench.timing import measure_runner, timed
+from jaxrunner._src.bench.timing import measure_runner
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -233,25 +233,8 @@ class MultiAgentRunnerSystem:
         self._runner.stop()
 
 
-class MultiAgentHandSystem:
-    """The hand loop as a benchmark system (``systems.Spec`` with ``multi_agent``)."""
-
-    def __init__(self, spec: Any) -> None:
-        self._loop = MultiAgentHandLoop(
-            env_factory(spec.env), spec.num_envs, spec.rollout_length, spec.seed
-        )
-        self._loop.rollout()  # warm-up: compiles, first resets
-
-    def measure(self, seconds: float) -> dict[str, Any]:
-        return {"steps_per_s": timed(self._loop.rollout, seconds)}
-
-    def close(self) -> None:
-        self._loop.close()
-
-
 __all__ = [
     "MultiAgentHandLoop",
-    "MultiAgentHandSystem",
     "MultiAgentRunnerSystem",
     "describe",
     "env_factory",

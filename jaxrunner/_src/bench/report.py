@@ -1,109 +1,13 @@
-"""What the benchmarks report: the machine, JSON reports, the ``jaxrunner bench``
-tables and its one-line verdict, and the benchmark scripts' common command line."""
+"""What ``jaxrunner bench`` prints: its tables and its one-line verdict."""
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import importlib.metadata
-import json
-import os
-import pathlib
-import platform
-import sys
 from collections.abc import Sequence
 from typing import Any
-
-import jax
-import numpy as np
 
 from jaxrunner._src.bench.hand_loop import REFERENCES
 from jaxrunner._src.bench.rounds import MULTI_AGENT_PLANS, PLANS, Plan
 from jaxrunner._src.bench.workloads import get_workload
-from jaxrunner._src.cpu_dispatch import (
-    inline_cpu_dispatch,
-    use_async_cpu_dispatch,
-    use_inline_cpu_dispatch,
-)
-
-
-def machine_info() -> dict[str, Any]:
-    """What a benchmark figure depends on: hardware, library versions, this process's
-    JAX CPU dispatch and the load averages (1, 5, 15 min)."""
-    import flax
-    import gymnasium
-
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "jaxlib": importlib.metadata.version("jaxlib"),
-        "flax": flax.__version__,
-        "gymnasium": gymnasium.__version__,
-        "numpy": np.__version__,
-        "jax_devices": [str(d) for d in jax.devices()],
-        "jax_cpu_dispatch": "inline" if inline_cpu_dispatch() else "async",
-        "loadavg": list(os.getloadavg()),
-    }
-
-
-def autogroup() -> str | None:
-    """This session's scheduling group and its nice (Linux autogroup), which decide
-    its share of the CPUs on a machine shared with other sessions."""
-    try:
-        return pathlib.Path("/proc/self/autogroup").read_text().strip()
-    except OSError:
-        return None
-
-
-def add_cpu_dispatch_option(parser: argparse.ArgumentParser) -> None:
-    """``--cpu-dispatch {inline,async}`` (default inline): how JAX runs CPU
-    computations while a benchmark script runs (:func:`parse_args`)."""
-    parser.add_argument(
-        "--cpu-dispatch",
-        choices=("inline", "async"),
-        default="inline",
-        help="how JAX runs CPU computations: inline in the calling thread "
-        "(jaxrunner.cpu_dispatch.use_inline_cpu_dispatch) or JAX's default asynchronous dispatch "
-        "(default: %(default)s)",
-    )
-
-
-def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
-    """A benchmark script's command line: adds ``--cpu-dispatch``, parses, and sets
-    JAX's CPU dispatch as told. Call it before any JAX computation."""
-    add_cpu_dispatch_option(parser)
-    args = parser.parse_args()
-    if args.cpu_dispatch == "inline":
-        use_inline_cpu_dispatch()
-    else:
-        use_async_cpu_dispatch()
-    return args
-
-
-def write_report(
-    benchmark: str,
-    args: argparse.Namespace,
-    results: list[dict[str, Any]],
-    machine: dict[str, Any] | None = None,
-) -> None:
-    """Prints a benchmark's JSON report (its name, date, command line, options,
-    ``machine`` or :func:`machine_info`, results) and writes it to ``args.out`` if set."""
-    report = {
-        "benchmark": benchmark,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", *sys.argv]),
-        "config": {**vars(args), "out": str(args.out)},
-        "machine": machine_info() if machine is None else machine,
-        "results": results,
-    }
-    text = json.dumps(report, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
 
 
 def _si(value: float) -> str:

@@ -121,9 +121,7 @@ def label(name: str, plan: Plan) -> str:
         return "policy-bound ceiling: raw env + one bare policy call"
     if name.startswith("hand"):
         reference = plan.reference if name == "hand" else name.removeprefix("hand_")
-        if reference == "rllib":  # a sampler of its own, not driven by hand
-            return REFERENCES[reference]
-        return f"hand loop: {REFERENCES[reference]}"
+        return f"hand loop: {REFERENCES.get(reference, reference)}"
     return name
 
 
@@ -150,6 +148,7 @@ def measure_width(
     log: Callable[[str], None] = lambda message: None,
     workload: str | None = None,
     peers: Mapping[str, Child] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Builds every system of ``plan`` at ``num_envs`` (and times ``local`` ones
     alongside), then times them in ``rounds`` interleaved rounds of ``seconds`` each.
@@ -159,8 +158,10 @@ def measure_width(
         workload: a key of ``WORKLOADS``: every system steps its envs with its policy,
             ``T`` its rollout length (``env`` is then its gymnasium id, for labels).
         peers: more hand loops, ``reference -> child``: a peer library driven by hand
-            (a key of ``REFERENCES``) in that child (its own venv, say), timed as
+            in that child (``benchmarks/peer_child.py``, in its own venv, say), timed as
             ``hand_<reference>``.
+        labels: what the systems the plan does not name are (``local`` ones, and
+            ``peers``' as ``hand_<reference>``), for the report.
     """
     if workload is None:
         length = rollout_length(num_envs)
@@ -229,13 +230,19 @@ def measure_width(
             builds[name][0].request("close", name=name)
         except ChildError as err:
             row["errors"].setdefault(name, f"close: {err}")
-    return {**row, **summarize(results, plan)}
+    return {**row, **summarize(results, plan, labels or {})}
 
 
-def summarize(results: Mapping[str, list[dict[str, Any]]], plan: Plan) -> dict[str, Any]:
-    """Medians, spreads and ratios of one width's rounds."""
+def summarize(
+    results: Mapping[str, list[dict[str, Any]]], plan: Plan, labels: Mapping[str, str]
+) -> dict[str, Any]:
+    """Medians, spreads and ratios of one width's rounds (``labels``: as
+    :func:`measure_width`'s)."""
     systems = {
-        name: {"label": label(name, plan), **_spread([r["steps_per_s"] for r in rounds])}
+        name: {
+            "label": labels.get(name) or label(name, plan),
+            **_spread([r["steps_per_s"] for r in rounds]),
+        }
         for name, rounds in results.items()
     }
     for name, rounds in results.items():

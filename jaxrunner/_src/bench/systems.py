@@ -3,7 +3,7 @@ process (``child.py``) and then timed round after round.
 
 * :class:`JaxrunnerSystem`: ``EnvRunner.sample()`` at its defaults, and where its
   time goes (the runner's perf timers).
-* :class:`HandSystem`: the recording hand loop (``hand_loop.py``, ``hand_scan.py``).
+* :func:`hand_system`: the recording hand loop (``hand_loop.py``, ``hand_scan.py``).
 * :class:`CeilingSystem`: the policy-bound ceiling: the same vector env stepped with
   random actions drawn ahead (its own lockstep ``step_batch``), plus one bare policy
   call per step, each timed back to back (pipelining can pass it, by overlapping the
@@ -17,6 +17,7 @@ multi-agent hand loop (``multi_agent.py``) instead, and no ceiling.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import gymnasium
@@ -25,14 +26,17 @@ import numpy as np
 
 from jaxrunner._src.backends import BACKENDS, make_vec
 from jaxrunner._src.bench.hand_loop import (
-    NEXT_STEP_RESET,
     REFERENCES,
     RecordingHandLoop,
     reference_envs,
     single_spaces,
 )
 from jaxrunner._src.bench.hand_scan import build_hand_scan
-from jaxrunner._src.bench.multi_agent import MultiAgentHandSystem, MultiAgentRunnerSystem
+from jaxrunner._src.bench.multi_agent import (
+    MultiAgentHandLoop,
+    MultiAgentRunnerSystem,
+    env_factory,
+)
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
 from jaxrunner._src.bench.timing import measure_runner, timed, us_per_call
 from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
@@ -58,7 +62,8 @@ class Spec:
     rollout_length: int
     seed: int = 0
     reference: str | None = None
-    """The hand loop's vector env (a key of ``REFERENCES``); hand systems only."""
+    """The hand loop's vector env (a key of ``REFERENCES``, or a peer library's that a
+    child of ``benchmarks/`` builds); hand systems only."""
     multi_agent: bool = False
     """``env`` is a PettingZoo env (``module:name``): ``MultiAgentRunner`` against the
     multi-agent hand loop (``multi_agent.py``)."""
@@ -81,9 +86,9 @@ class Spec:
             raise InvalidArgumentError(
                 f"Spec(workload={self.workload!r}): expected one of {list(WORKLOADS)}."
             )
-        if self.system == "hand" and self.reference not in REFERENCES:
+        if self.system == "hand" and not self.reference:
             raise InvalidArgumentError(
-                f"Spec(reference={self.reference!r}): a hand system needs one of "
+                f"Spec(reference={self.reference!r}): a hand system needs one, e.g. one of "
                 f"{list(REFERENCES)}."
             )
 
@@ -110,8 +115,8 @@ def _make_envs(spec: Spec) -> Any:
     return make_vec(env, spec.num_envs, backend=spec.backend, seed=spec.seed)
 
 
-def _policy(spec: Spec, observation_space: Any, action_space: Any) -> Policy:
-    """The workload's policy, or the benchmark MLP."""
+def spec_policy(spec: Spec, observation_space: Any, action_space: Any) -> Policy:
+    """The spec's workload's policy, or the benchmark MLP."""
     if spec.workload:
         return get_workload(spec.workload).policy(observation_space, action_space)
     return mlp_policy(action_space)
@@ -126,7 +131,7 @@ def _auto_runner(spec: Spec) -> EnvRunner:
         obs_space, action_space = probe.observation_space, probe.action_space
     finally:
         probe.close()
-    policy = _policy(spec, obs_space, action_space)
+    policy = spec_policy(spec, obs_space, action_space)
     params = policy.init(jax.random.key(spec.seed), obs_space)
     return EnvRunner.from_env(
         env, spec.num_envs, policy, params, spec.rollout_length, spec.seed, backend="auto"
@@ -142,7 +147,7 @@ class JaxrunnerSystem:
             envs = self._runner.envs
         else:
             envs = _make_envs(spec)
-            policy = _policy(spec, envs.single_observation_space, envs.single_action_space)
+            policy = spec_policy(spec, envs.single_observation_space, envs.single_action_space)
             params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
             self._runner = EnvRunner(envs, policy, params, spec.rollout_length, spec.seed)
         self.num_envs = spec.num_envs
@@ -167,60 +172,64 @@ class JaxrunnerSystem:
         self._runner.stop()
 
 
-class HandSystem:
-    """The recording hand loop over the spec's reference vector env (or a peer
-    library's own sampler: ``reference="rllib"``)."""
+class RolloutSystem:
+    """A hand-written loop as a benchmark system: warmed up once, then timed.
 
-    def __init__(self, spec: Spec) -> None:
-        self._envs: Any = None
-        if spec.reference == "scan":
-            self._rollout = build_hand_scan(spec.num_envs, spec.rollout_length, spec.seed, spec.env)
-        elif spec.reference == "rllib":
-            from jaxrunner._src.bench.peer_loops import RLLIB_HIDDEN, RLlibLoop
+    Args:
+        rollout: runs one rollout; returns the env steps done.
+        close: frees what the loop holds (its envs), if anything.
+    """
 
-            hidden = RLLIB_HIDDEN[spec.workload or "cartpole"]
-            self._envs = loop = RLlibLoop(
-                spec.env, spec.num_envs, spec.rollout_length, spec.seed, hidden
-            )
-            self._rollout = loop.rollout
-        elif spec.reference == "envpool_async":
-            from jaxrunner._src.bench.peer_loops import EnvPoolAsyncLoop
-
-            envpool_id, options = spec.env, {}
-            if spec.workload:
-                workload = get_workload(spec.workload)
-                envpool_id, options = workload.envpool_id, workload.envpool_kwargs
-            self._envs = loop = EnvPoolAsyncLoop(
-                envpool_id,
-                options,
-                spec.num_envs,
-                spec.rollout_length,
-                spec.seed,
-                lambda obs_space, action_space: _policy(spec, obs_space, action_space),
-            )
-            self._rollout = loop.rollout
-        else:
-            self._envs, seeded = reference_envs(
-                str(spec.reference), spec.env, spec.num_envs, spec.seed, spec.workload
-            )
-            obs_space, action_space = single_spaces(self._envs)
-            loop = RecordingHandLoop(
-                self._envs,
-                spec.rollout_length,
-                spec.seed,
-                seeded_reset=seeded,
-                policy=_policy(spec, obs_space, action_space),
-                next_step_reset=spec.reference in NEXT_STEP_RESET,
-            )
-            self._rollout = loop.rollout
-        self._rollout()  # warm-up: compiles, first resets
+    def __init__(self, rollout: Callable[[], int], close: Callable[[], None] | None = None) -> None:
+        self._rollout, self._close = rollout, close
+        try:
+            rollout()  # warm-up: compiles, first resets
+        except BaseException:
+            self.close()
+            raise
 
     def measure(self, seconds: float) -> dict[str, Any]:
         return {"steps_per_s": timed(self._rollout, seconds)}
 
     def close(self) -> None:
-        if self._envs is not None:
-            self._envs.close()
+        if self._close is not None:
+            self._close()
+
+
+def recording_loop(
+    spec: Spec, envs: Any, *, seeded_reset: bool = True, next_step_reset: bool = False
+) -> RolloutSystem:
+    """The recording hand loop over ``envs`` with the spec's policy, as a system."""
+    try:
+        obs_space, action_space = single_spaces(envs)
+        loop = RecordingHandLoop(
+            envs,
+            spec.rollout_length,
+            spec.seed,
+            seeded_reset=seeded_reset,
+            policy=spec_policy(spec, obs_space, action_space),
+            next_step_reset=next_step_reset,
+        )
+    except BaseException:
+        envs.close()
+        raise
+    return RolloutSystem(loop.rollout, envs.close)
+
+
+def hand_system(spec: Spec) -> RolloutSystem:
+    """The recording hand loop over the spec's reference vector env, or the gymnax
+    ``lax.scan`` (``reference="scan"``)."""
+    if spec.reference == "scan":
+        return RolloutSystem(
+            build_hand_scan(spec.num_envs, spec.rollout_length, spec.seed, spec.env)
+        )
+    envs, seeded = reference_envs(
+        str(spec.reference), spec.env, spec.num_envs, spec.seed, spec.workload
+    )
+    # EnvPool resets an ended episode on the step after its end: no transition.
+    return recording_loop(
+        spec, envs, seeded_reset=seeded, next_step_reset=spec.reference == "envpool"
+    )
 
 
 class CeilingSystem:
@@ -237,7 +246,7 @@ class CeilingSystem:
         envs.action_space.seed(spec.seed)
         self._pool = [envs.action_space.sample() for _ in range(97)]  # drawn ahead: free
         self._cursor = 0
-        policy = _policy(spec, envs.single_observation_space, envs.single_action_space)
+        policy = spec_policy(spec, envs.single_observation_space, envs.single_action_space)
         self._params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
         self._act = hand_act(policy, spec.num_envs)
         self._obs, _ = envs.reset(seed=spec.seed)
@@ -300,16 +309,22 @@ class CeilingSystem:
         self._envs.close()
 
 
-BUILDERS: dict[str, type] = {
+BUILDERS: dict[str, Callable[[Spec], System]] = {
     "jaxrunner": JaxrunnerSystem,
-    "hand": HandSystem,
+    "hand": hand_system,
     "ceiling": CeilingSystem,
 }
 
 
-MULTI_AGENT_BUILDERS: dict[str, type] = {
+def multi_agent_hand_system(spec: Spec) -> RolloutSystem:
+    """The multi-agent hand loop over the spec's PettingZoo env, as a system."""
+    loop = MultiAgentHandLoop(env_factory(spec.env), spec.num_envs, spec.rollout_length, spec.seed)
+    return RolloutSystem(loop.rollout, loop.close)
+
+
+MULTI_AGENT_BUILDERS: dict[str, Callable[[Spec], System]] = {
     "jaxrunner": MultiAgentRunnerSystem,
-    "hand": MultiAgentHandSystem,
+    "hand": multi_agent_hand_system,
 }
 
 

@@ -4,7 +4,7 @@ and the rollout length per width."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from jaxrunner._src.core.metrics import PERF_KEYS
@@ -22,20 +22,6 @@ def timed(step: Callable[[], int], seconds: float) -> float:
     while (elapsed := time.perf_counter() - start) < seconds:
         steps += step()
     return steps / elapsed
-
-
-def interleaved_rates(
-    steps: Mapping[str, Callable[[], int]], rounds: int, seconds: float
-) -> dict[str, list[float]]:
-    """Steps/s of each system (``step`` returning env steps done) in ``rounds`` rounds
-    of ``seconds`` each: every round runs every system once, in an order reversed
-    every other round, so a shared machine's drift hits each alike."""
-    rates: dict[str, list[float]] = {name: [] for name in steps}
-    for round_index in range(rounds):
-        order = list(steps) if round_index % 2 == 0 else list(steps)[::-1]
-        for name in order:
-            rates[name].append(timed(steps[name], seconds))
-    return rates
 
 
 def us_per_call(call: Callable[[], object], seconds: float) -> float:

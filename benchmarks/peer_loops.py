@@ -1,10 +1,11 @@
 """The peer libraries driven as their docs show: PufferLib's ``Serial`` and
-``Multiprocessing`` (stepped by :class:`RecordingHandLoop` like any gymnasium-style
-vector env) and EnvPool's async mode (:class:`EnvPoolAsyncLoop`: its ``send``/``recv``
-loop), each running the workload's jitted policy and recording ``[T, B]`` numpy
-buffers as the recording hand loop does (their envs reset an ended episode on the step
-after: no transition, left out of the steps counted); and RLlib's own sampler,
-:class:`RLlibLoop` (its torch MLP of the same widths: RLlib runs no Flax policy).
+``Multiprocessing`` (stepped by ``jaxrunner bench``'s ``RecordingHandLoop`` like any
+gymnasium-style vector env) and EnvPool's async mode (:class:`EnvPoolAsyncLoop`: its
+``send``/``recv`` loop), each running the workload's jitted policy and recording
+``[T, B]`` numpy buffers as the recording hand loop does (their envs reset an ended
+episode on the step after: no transition, left out of the steps counted); and RLlib's
+own sampler, :class:`RLlibLoop` (its torch MLP of the same widths: RLlib runs no Flax
+policy). ``peer_child.py`` builds them in the peers' venv for ``peers.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,23 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.bench.hand_loop import single_spaces
 from jaxrunner._src.bench.policy import hand_act
 from jaxrunner._src.core.policy import Policy
+
+PEER_REFERENCES: dict[str, str] = {
+    "envpool_async": "EnvPool, async mode (batch_size = num_envs // 2)",
+    "puffer_serial": "PufferLib Serial",
+    "puffer_mp": "PufferLib Multiprocessing",
+    "rllib": "RLlib SingleAgentEnvRunner",
+}
+"""Each peer library's loop and what it is."""
+
+
+def peer_labels() -> dict[str, str]:
+    """A report's labels of the peers' systems (``measure_width``'s ``labels``): a loop
+    driven by hand as ``hand_<reference>``; RLlib, a sampler of its own, under its name,
+    as ``hand_rllib`` in a child and ``rllib`` in this process."""
+    labels = {f"hand_{key}": f"hand loop: {name}" for key, name in PEER_REFERENCES.items()}
+    labels["hand_rllib"] = labels["rllib"] = PEER_REFERENCES["rllib"]
+    return labels
 
 
 def available_cores() -> int:
