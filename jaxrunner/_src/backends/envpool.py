@@ -190,6 +190,16 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         _check_order(got, ids)
         return obs, SplitInfos(info, len(ids))  # split on access: most steps never read them
 
+    def _reset_ended(self, done: np.ndarray) -> tuple[Any, Sequence[dict[str, Any]]]:
+        """EnvPool's own reset step of the sub-envs ``done`` ended (their actions are
+        ignored), not ``reset(env_id=...)``: with ``episodic_life`` an Atari reset step
+        after a lost life goes on with the game, where an explicit reset starts a new one."""
+        ids = np.flatnonzero(done).astype(np.int32)
+        ignored = space_arrays.allocate(self.single_action_space, (len(ids),))
+        out = self._call("reset", self._calls.step, ignored, ids)
+        _check_order(out.env_id, ids)
+        return out.obs, SplitInfos(out.info, len(ids))
+
     def _vector_step(self, actions: Any) -> tuple[Any, Any, Any, Any, Mapping[str, Any]]:
         out = self._call("step", self._calls.step, actions)
         return out.obs, out.reward, out.terminated, out.truncated, out.info
