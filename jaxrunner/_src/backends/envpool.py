@@ -49,6 +49,7 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.envpool_actions import check_envpool_actions
 from jaxrunner._src.backends.envpool_calls import EnvPoolCalls, EnvPoolStep
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, _gymnasium_seed
 from jaxrunner._src.backends.vector_infos import EMPTY_RESET_INFOS, SplitInfos
@@ -199,6 +200,13 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         out = self._call("reset", self._calls.step, ignored, ids)
         _check_order(out.env_id, ids)
         return out.obs, SplitInfos(out.info, len(ids))
+
+    def _check_actions(self, actions: Any) -> Any:
+        """As every adapter, and in range: EnvPool's C++ trusts the values."""
+        checked = check_envpool_actions(
+            self.task_id, self.single_action_space, actions, self._calls.all_ids
+        )
+        return actions if self._composite_actions else checked
 
     def _vector_step(self, actions: Any) -> tuple[Any, Any, Any, Any, Mapping[str, Any]]:
         out = self._call("step", self._calls.step, actions)
