@@ -17,7 +17,14 @@ jaxrunner's protocol, with two differences this adapter hides:
   (:mod:`jaxrunner._src.backends.envpool`, whose docstring has the contract).
 * Seeds. EnvPool seeds sub-env ``i`` when the pool is built, so a seeded
   ``reset_batch`` builds a new pool with those seeds, then collects every sub-env's
-  first observation.
+  first observation (refused, before anything changes, while envs are in flight).
+* Checks. EnvPool's C++ trusts its input, so ``send`` checks the actions
+  (:mod:`jaxrunner._src.backends.envpool_actions`) and the env ids (in range, each
+  once, none in flight), and ``recv`` refuses, rather than wait forever, while fewer
+  than ``batch_size`` envs are in flight.
+
+The infos are EnvPool's, split per row on read (a paired row's are the final step's,
+its reset step's in ``reset_infos``).
 
 Capabilities: ``ready_first`` with ``recv_batch_size=batch_size``: the sampler steps
 envs up to one sample ahead, so the first steps of a sample may have been computed with
