@@ -20,8 +20,9 @@ vector env, with EnvPool's own tools for what gymnasium lacks:
 
 Reset steps (``keep_reset_steps=True``, in async mode too). Taking the reset steps
 at once costs a second call into EnvPool after every step that ended an episode (at
-256 CartPoles nearly every step). With ``keep_reset_steps=True`` the pool runs EnvPool's own NEXT_STEP autoreset
-instead, as a hand-written EnvPool loop does, and the contract differs in two places:
+256 CartPoles nearly every step). With ``keep_reset_steps=True`` the pool runs
+EnvPool's own NEXT_STEP autoreset instead, as a hand-written EnvPool loop does, and
+the contract differs in two places:
 
 * Where an episode ended, ``next_obs`` is the final observation as always, but ``obs``
   is that final observation too (no reset has happened yet), and ``reset_infos`` is
