@@ -208,7 +208,8 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
                 self._final_reward[held] = reward[ended]
                 self._final_terminated[held] = terminated[ended]
                 self._final_truncated[held] = truncated[ended]
-                self._final_infos.update((e, (step_infos, r)) for e, r in zip(held.tolist(), rows))
+                for e, r in zip(held.tolist(), rows.tolist()):
+                    self._final_infos[e] = (step_infos, r)
                 self._awaiting_reset[held] = True
                 self._calls.send(self._reset_actions[: len(held)], held.astype(np.int32))
             rows = ~ended

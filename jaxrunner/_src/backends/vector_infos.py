@@ -78,7 +78,7 @@ class SplitInfos(Sequence[dict[str, Any]]):
         num_envs: int,
         skip: frozenset[str] = frozenset(),
         override: Mapping[int, dict[str, Any]] | None = None,
-        rows: Sequence[int] | None = None,
+        rows: Sequence[int] | np.ndarray | None = None,
     ) -> None:
         self._merged, self._num_envs, self._skip = merged, num_envs, skip
         self._override = override or {}
