@@ -23,7 +23,7 @@ warnings.filterwarnings("ignore")
 import numpy as np
 import envpool
 import jaxrunner as jr
-from jaxrunner.errors import InvalidActionError, InvalidArgumentError
+from jaxrunner.errors import EnvIndexError, InvalidActionError, InvalidArgumentError
 
 def refused(error, fn, *args):
     try:
@@ -117,8 +117,8 @@ for bad in (np.array([True, False]), np.array([0.0, 1.0]), np.array(["a", "b"]),
             np.array([object(), 1], dtype=object)):
     refused(InvalidActionError, envs.send, bad, np.array([0, 1]))
 one = np.zeros(2, np.int64)
-assert "env id -1" in refused(InvalidArgumentError, envs.send, one, [-1, -2])
-assert "env id 4" in refused(InvalidArgumentError, envs.send, one, [0, 4])
+assert "env id -1" in refused(EnvIndexError, envs.send, one, [-1, -2])
+assert "env id 4" in refused(EnvIndexError, envs.send, one, [0, 4])
 assert "repeated" in refused(InvalidArgumentError, envs.send, one, [1, 1])
 assert "send() at least 2" in refused(InvalidArgumentError, envs.recv)
 envs.send(np.zeros(1, np.int64), [3])

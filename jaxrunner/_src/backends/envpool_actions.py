@@ -18,7 +18,7 @@ from gymnasium import spaces
 
 from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.space_arrays.checks import check_action_batch
-from jaxrunner.errors import InvalidActionError, InvalidArgumentError
+from jaxrunner.errors import EnvIndexError, InvalidActionError, InvalidArgumentError
 
 
 def check_envpool_actions(task_id: str, space: spaces.Space, actions: Any, rows: np.ndarray) -> Any:
@@ -61,7 +61,8 @@ def check_env_ids(env_ids: EnvIds, num_envs: int, in_flight: np.ndarray, who: st
     (``in_flight``, a bool per sub-env).
 
     Raises:
-        InvalidArgumentError: naming the ids at fault and the fix.
+        EnvIndexError: an id out of range.
+        InvalidArgumentError: any other fault, naming the ids and the fix.
     """
     if env_ids is None or isinstance(env_ids, slice):
         ids = np.arange(num_envs)[slice(None) if env_ids is None else env_ids]
@@ -74,7 +75,7 @@ def check_env_ids(env_ids: EnvIds, num_envs: int, in_flight: np.ndarray, who: st
             )
         outside = (ids < 0) | (ids >= num_envs)
         if outside.any():
-            raise InvalidArgumentError(
+            raise EnvIndexError(
                 f"{who}.send(env_ids=...): env id {ids[outside][0]} is not in "
                 f"[0, {num_envs}); pass the ids of the envs to step."
             )
