@@ -5,17 +5,24 @@ gymnasium's vector API with NEXT_STEP autoreset. :class:`EnvPoolVectorEnv` adopt
 like :class:`~jaxrunner._src.backends.gymnasium_adapter.GymnasiumVectorEnv` does any gymnasium
 vector env, with EnvPool's own tools for what gymnasium lacks:
 
-* Masked reset: ``reset(env_id=ids)`` resets exactly those sub-envs (EnvPool clears
-  their pending autoreset), so NEXT_STEP's reset step is never taken nor emitted.
+* Reset steps taken at once: right after a step that ended episodes, the adapter
+  sends EnvPool's reset step of exactly those sub-envs (their action ignored), so it
+  is never emitted, and the episodes are EnvPool's own: with ``episodic_life=True``
+  a lost life ends an episode and that reset step goes on with the same game. (An
+  explicit ``reset(env_id=ids)`` would start a new game: Atari's lives would never
+  run out. ``reset_at`` uses it, for a new episode on demand.)
+* Actions are checked before EnvPool's C++ sees them
+  (:mod:`jaxrunner._src.backends.envpool_actions`).
 * Seeds: EnvPool seeds sub-env ``i`` with ``seed + i`` (or ``env_seed[i]``) when the
   pool is built and ignores ``reset(seed=...)``. A seeded ``reset_batch`` therefore
   rebuilds the pool with those seeds (cheap: about 50 ms for 4096 CartPoles), which
   gives gymnasium's semantics: the same seed, the same episodes.
 
-Reset steps (``keep_reset_steps=True``, in async mode too). The masked reset costs a
-second call into EnvPool after every step that ended an episode (at 256 CartPoles
-nearly every step). With ``keep_reset_steps=True`` the pool runs EnvPool's own NEXT_STEP autoreset
-instead, as a hand-written EnvPool loop does, and the contract differs in two places:
+Reset steps (``keep_reset_steps=True``, in async mode too). Taking the reset steps
+at once costs a second call into EnvPool after every step that ended an episode (at
+256 CartPoles nearly every step). With ``keep_reset_steps=True`` the pool runs
+EnvPool's own NEXT_STEP autoreset instead, as a hand-written EnvPool loop does, and
+the contract differs in two places:
 
 * Where an episode ended, ``next_obs`` is the final observation as always, but ``obs``
   is that final observation too (no reset has happened yet), and ``reset_infos`` is
@@ -30,7 +37,8 @@ instead, as a hand-written EnvPool loop does, and the contract differs in two pl
 The gymnasium API (``step``) then reports NEXT_STEP (``metadata["autoreset_mode"]``).
 A trajectory so sampled has one ``valid=False`` slot per episode end, which
 ``jr.gae`` and ``split_episodes`` skip; a learner that ignores ``valid`` would train on
-them, so the default stays ``False``.
+them, and ``NormalizeObservation`` takes in their observation (the final one), so the
+default stays ``False`` (docs/backends/envpool.md).
 
 This module is sync mode (``batch_size`` equal to ``num_envs``); async mode, sampled
 ready-first, is :mod:`jaxrunner._src.backends.envpool_async`.
@@ -49,6 +57,7 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.envpool_actions import check_envpool_actions
 from jaxrunner._src.backends.envpool_calls import (
     EnvPoolCalls,
     EnvPoolStep,
@@ -172,6 +181,23 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         got, obs, info = self._calls.reset(ids)
         _check_order(got, ids)
         return obs, SplitInfos(info, len(ids))  # split on access: most steps never read them
+
+    def _reset_ended(self, done: np.ndarray) -> tuple[Any, Sequence[dict[str, Any]]]:
+        """EnvPool's own reset step of the sub-envs ``done`` ended (their actions are
+        ignored), not ``reset(env_id=...)``: with ``episodic_life`` an Atari reset step
+        after a lost life goes on with the game, where an explicit reset starts a new one."""
+        ids = np.flatnonzero(done).astype(np.int32)
+        ignored = space_arrays.allocate(self.single_action_space, (len(ids),))
+        out = self._call("reset", self._calls.step, ignored, ids)
+        _check_order(out.env_id, ids)
+        return out.obs, SplitInfos(out.info, len(ids))
+
+    def _check_actions(self, actions: Any) -> Any:
+        """As every adapter, and in range: EnvPool's C++ trusts the values."""
+        checked = check_envpool_actions(
+            self.task_id, self.single_action_space, actions, self._calls.all_ids
+        )
+        return actions if self._composite_actions else checked
 
     def _vector_step(self, actions: Any) -> tuple[Any, Any, Any, Any, Mapping[str, Any]]:
         out = self._call("step", self._calls.step, actions)

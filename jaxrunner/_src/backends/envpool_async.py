@@ -17,7 +17,14 @@ jaxrunner's protocol, with two differences this adapter hides:
   (:mod:`jaxrunner._src.backends.envpool`, whose docstring has the contract).
 * Seeds. EnvPool seeds sub-env ``i`` when the pool is built, so a seeded
   ``reset_batch`` builds a new pool with those seeds, then collects every sub-env's
-  first observation.
+  first observation (refused, before anything changes, while envs are in flight).
+* Checks. EnvPool's C++ trusts its input, so ``send`` checks the actions
+  (:mod:`jaxrunner._src.backends.envpool_actions`) and the env ids (in range, each
+  once, none in flight), and ``recv`` refuses, rather than wait forever, while fewer
+  than ``batch_size`` envs are in flight.
+
+The infos are EnvPool's, split per row on read (a paired row's are the final step's,
+its reset step's in ``reset_infos``).
 
 Capabilities: ``ready_first`` with ``recv_batch_size=batch_size``: the sampler steps
 envs up to one sample ahead, so the first steps of a sample may have been computed with
@@ -39,7 +46,9 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.envpool_actions import check_env_ids, check_envpool_actions
 from jaxrunner._src.backends.envpool_calls import EnvPoolCalls, every_seed, import_envpool
+from jaxrunner._src.backends.vector_infos import ResetInfos, SplitInfos
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -96,6 +105,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             )  # fmt: skip
 
         self._build = build
+        self.task_id = task_id
         self.env = build([seed + i for i in range(num_envs)])
         self._calls = EnvPoolCalls(self.env)  # EnvPool's C++ calls, without its Python layer
         self.num_envs, self.batch_size = num_envs, batch_size
@@ -113,7 +123,10 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         self._final_reward = np.zeros(num_envs, np.float64)
         self._final_terminated = np.zeros(num_envs, np.bool_)
         self._final_truncated = np.zeros(num_envs, np.bool_)
-        self._idle = True  # nothing in flight in EnvPool
+        self._final_infos: dict[int, tuple[SplitInfos, int]] = {}  # env -> (infos, row)
+        # Sent and not yet answered (held final steps included): what EnvPool has in flight.
+        self._in_flight = np.zeros(num_envs, np.bool_)
+        self._num_in_flight = 0
         self._action_shape, action_dtype = space_arrays.leaf_spec(self.single_action_space)
         # Actions of reset steps, which EnvPool ignores.
         self._reset_actions = np.zeros((batch_size, *self._action_shape), action_dtype)
@@ -124,16 +137,17 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         self._check_open("reset")
         if options:
             raise InvalidArgumentError(f"reset(options={options!r}): EnvPool takes no options.")
+        if self._num_in_flight:  # before anything changes: the pool stays as it was
+            raise InvalidArgumentError(
+                f"EnvPool async reset_batch(): envs {np.flatnonzero(self._in_flight).tolist()} "
+                "are still stepping; recv() their results first, or build a new vector env."
+            )
         if not all(s is None for s in seeds):  # the seed is fixed when the pool is built
             old, self.env = self.env, self._build(every_seed(seeds))
             self._calls = EnvPoolCalls(self.env)
             old.close()
-        if not self._idle:
-            raise InvalidArgumentError(
-                "EnvPool async reset_batch(): envs are still stepping; recv() their results "
-                "first (the runner does), or build a new vector env."
-            )
         self._awaiting_reset[:] = False
+        self._final_infos.clear()
         self._ended[:] = False
         self.env.async_reset()
         seen = 0
@@ -153,35 +167,48 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         self._check_open("step")
-        ids = np.arange(self.num_envs)[slice(None) if env_ids is None else env_ids]
-        ids = np.atleast_1d(ids).astype(np.int32)
-        actions = np.asarray(actions)
-        if actions.shape[:1] != ids.shape or not self._action_shape == actions.shape[1:]:
-            raise InvalidArgumentError(
-                f"EnvPoolAsyncVectorEnv.send(actions): expected {len(ids)} actions of shape "
-                f"{self.single_action_space.shape}, got an array of shape {actions.shape}."
-            )
-        self._idle = False
+        ids = check_env_ids(env_ids, self.num_envs, self._in_flight, type(self).__name__)
+        space = self.single_action_space
+        actions = check_envpool_actions(self.task_id, space, actions, ids)
         self._calls.send(actions, ids)
+        self._in_flight[ids] = True
+        self._num_in_flight += len(ids)
 
     def recv(self) -> BatchStep:
         self._check_open("step")
-        if self.keep_reset_steps:
-            return self._recv_with_reset_steps()
+        if self._num_in_flight < self.batch_size:  # EnvPool's recv would wait forever
+            raise InvalidArgumentError(
+                f"EnvPoolAsyncVectorEnv.recv(): {self._num_in_flight} envs are stepping, but "
+                f"EnvPool answers batch_size={self.batch_size} at a time; send() at least "
+                f"{self.batch_size - self._num_in_flight} more envs first."
+            )
+        out = self._recv_with_reset_steps() if self.keep_reset_steps else self._recv_real_steps()
+        answered = np.asarray(out.env_ids)
+        self._in_flight[answered] = False
+        self._num_in_flight -= len(answered)
+        return out
+
+    def _recv_real_steps(self) -> BatchStep:
+        """EnvPool's answers with its reset steps taken here: an ended env's final step
+        is held until its reset step answers, then both come back as one row."""
         space = self.single_observation_space
         while True:
-            ids, obs, reward, terminated, truncated, _ = self._calls.recv()
+            ids, obs, reward, terminated, truncated, info = self._calls.recv()
             ids = ids.astype(np.int64)
+            step_infos = SplitInfos(info, len(ids))  # split on read
             resets = self._awaiting_reset[ids]  # reset steps of ended episodes: pair them
             ended = np.logical_or(terminated, truncated) & ~resets
             if ended.any():  # hold the final steps; EnvPool resets on the next step
-                held = ids[ended]
+                rows = np.flatnonzero(ended)
+                held = ids[rows]
                 space_arrays.copy_into(
                     space, self._final_obs, space_arrays.take(space, obs, ended), held
                 )
                 self._final_reward[held] = reward[ended]
                 self._final_terminated[held] = terminated[ended]
                 self._final_truncated[held] = truncated[ended]
+                for e, r in zip(held.tolist(), rows.tolist()):
+                    self._final_infos[e] = (step_infos, r)
                 self._awaiting_reset[held] = True
                 self._calls.send(self._reset_actions[: len(held)], held.astype(np.int32))
             rows = ~ended
@@ -191,13 +218,15 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
                 continue
             break
         env_ids = ids[rows]
+        positions = None if isinstance(rows, slice) else np.flatnonzero(rows)
         next_obs = space_arrays.take(space, obs, rows)
         # Copies: EnvPool's own arrays are not ours to write the final steps into.
         reward_out = np.array(reward[rows], np.float64)
         term_out = np.array(terminated[rows], np.bool_)
         trunc_out = np.array(truncated[rows], np.bool_)
         pairs = resets[rows]
-        reset_infos: dict[int, dict[str, Any]] = {}
+        finals: dict[int, tuple[SplitInfos, int]] = {}
+        reset_infos: Any = {}
         if pairs.any():  # the final step in place of the reset step
             k, finished = np.flatnonzero(pairs), env_ids[pairs]
             final = space_arrays.take(space, self._final_obs, finished)
@@ -206,19 +235,27 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             term_out[k] = self._final_terminated[finished]
             trunc_out[k] = self._final_truncated[finished]
             self._awaiting_reset[finished] = False
-            reset_infos = {i: {} for i in finished.tolist()}
+            finals = {int(j): self._final_infos.pop(int(e)) for j, e in zip(k, finished)}
+            row_of = {
+                int(e): int(j if positions is None else positions[j]) for j, e in zip(k, finished)
+            }
+            reset_infos = ResetInfos(list(row_of), lambda e: step_infos[row_of[e]])
+        infos = SplitInfos(
+            info, len(env_ids), rows=positions,
+            override=ResetInfos(list(finals), lambda j: finals[j][0][finals[j][1]]),
+        )  # fmt: skip
         obs_out = space_arrays.take(space, obs, rows)
         space_arrays.copy_into(space, self._obs, obs_out, env_ids)
         return BatchStep(
-            obs_out, next_obs, reward_out, term_out, trunc_out,
-            [{} for _ in range(len(env_ids))], reset_infos, None, None, env_ids,
+            obs_out, next_obs, reward_out, term_out, trunc_out, infos, reset_infos, None, None,
+            env_ids,
         )  # fmt: skip
 
     def _recv_with_reset_steps(self) -> BatchStep:
         """EnvPool's answer as it is: the envs that ended at their last answer are
         answering their reset step now."""
         space = self.single_observation_space
-        ids, obs, reward, terminated, truncated, _ = self._calls.recv()
+        ids, obs, reward, terminated, truncated, info = self._calls.recv()
         env_ids = ids.astype(np.int64)
         reset = self._ended[env_ids]
         self._ended[env_ids] = np.logical_or(terminated, truncated)
@@ -226,7 +263,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         space_arrays.copy_into(space, self._obs, obs_out, env_ids)
         return BatchStep(
             obs_out, obs_out, np.array(reward, np.float64), np.array(terminated, np.bool_),
-            np.array(truncated, np.bool_), [{} for _ in range(len(env_ids))], {}, None, None,
+            np.array(truncated, np.bool_), SplitInfos(info, len(env_ids)), {}, None, None,
             env_ids, reset if reset.any() else None,
         )  # fmt: skip
 

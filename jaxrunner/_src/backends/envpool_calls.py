@@ -81,7 +81,8 @@ class EnvPoolCalls:
         self.pool = pool
         config = pool.config
         self.num_envs = int(config["num_envs"])
-        self._all_ids = np.arange(self.num_envs, dtype=np.int32)
+        self.all_ids = np.arange(self.num_envs, dtype=np.int32)
+        """Every sub-env's id, in order."""
         state_keys: list[str] = list(getattr(pool, "_state_keys", ()))
         self.direct = (
             tuple(getattr(pool, "_action_keys", ())) == _ACTION_KEYS
@@ -99,7 +100,7 @@ class EnvPoolCalls:
         if not self.direct:
             self.pool.send(actions, env_ids)
             return
-        ids = self._all_ids if env_ids is None else env_ids
+        ids = self.all_ids if env_ids is None else env_ids
         # A copy of EnvPool's own dtype, as its send makes: the pool may read it later.
         action = np.array(actions, dtype=self._action_dtype, order="C")
         self.pool._send([ids, ids, action])

@@ -199,9 +199,7 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
             infos, reset_infos = self._same_step_finals(merged, done)
         else:
             indices = np.flatnonzero(done)
-            # masked_reset_for gives one to every mode but SAME_STEP.
-            assert self._masked_reset is not None
-            reset_obs, infos_k = self._call("reset", self._masked_reset, self.env, done, None, None)
+            reset_obs, infos_k = self._reset_ended(done)
             self._store_rows(self._obs, reset_obs, indices, "reset")
             infos = SplitInfos(merged, n)
             reset_infos = ResetInfos(
@@ -213,6 +211,13 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
             self._obs, self._next_obs, self._reward, self._terminated, self._truncated,
             infos, reset_infos,
         )  # fmt: skip
+
+    def _reset_ended(self, done: np.ndarray) -> tuple[Any, Sequence[dict[str, Any]]]:
+        """Resets the sub-envs whose episode ended in the step just taken (``done``):
+        their first observations and infos, as a masked reset returns them."""
+        # masked_reset_for gives one to every mode but SAME_STEP.
+        assert self._masked_reset is not None
+        return self._call("reset", self._masked_reset, self.env, done, None, None)
 
     def _same_step_finals(
         self, merged: Mapping[str, Any], done: np.ndarray

@@ -68,6 +68,8 @@ class SplitInfos(Sequence[dict[str, Any]]):
         num_envs: the number of sub-envs.
         skip: top-level keys that are not part of the per-env infos.
         override: per-env infos to return instead of the split one (by env index).
+        rows: the merged info's row of each env (None: env ``i`` is row ``i``), for
+            the envs of a call that answers some of its rows only.
     """
 
     def __init__(
@@ -76,9 +78,11 @@ class SplitInfos(Sequence[dict[str, Any]]):
         num_envs: int,
         skip: frozenset[str] = frozenset(),
         override: Mapping[int, dict[str, Any]] | None = None,
+        rows: Sequence[int] | np.ndarray | None = None,
     ) -> None:
         self._merged, self._num_envs, self._skip = merged, num_envs, skip
         self._override = override or {}
+        self._rows = rows
         self._cache: dict[int, dict[str, Any]] = {}
 
     @property
@@ -100,7 +104,8 @@ class SplitInfos(Sequence[dict[str, Any]]):
         if i in self._override:
             return self._override[i]
         if i not in self._cache:
-            self._cache[i] = split_info(self._merged, i, self._skip) if self._merged else {}
+            row = i if self._rows is None else int(self._rows[i])
+            self._cache[i] = split_info(self._merged, row, self._skip) if self._merged else {}
         return self._cache[i]
 
 

@@ -16,7 +16,9 @@ steps at its own row of the ``[T, B]`` buffers.
   are always in flight; those steps are recorded into the next sample's buffers, and
   their actions come from the params and connector statistics in force when they
   were computed (one sample older: the one exception to "the statistics a sample
-  uses are fixed for the whole sample").
+  uses are fixed for the whole sample"). No env gets ``T`` steps ahead of the
+  slowest: the backend answers envs in its own order, and without that bound an env
+  a sample ahead would wait while too few envs were in flight for ``recv``.
 
 Exactness. The ready envs are padded to the smallest of a few bucket sizes, each
 compiled once up front, so XLA never recompiles. An env's action key depends only on
@@ -219,10 +221,21 @@ class ReadyFirstSampler(HostSampler):
 
     # -- internals -------------------------------------------------------------------------
 
-    def _take_ready(self) -> list[np.ndarray]:
-        """The waiting envs that may step now: below ``T`` steps, or below ``2T`` if the
-        backend needs envs in flight; the others keep waiting."""
-        limit = self.rollout_length * (2 if self._keep_in_flight else 1)
+    def _take_ready(self) -> list[Any]:
+        """The waiting envs that may step now: below ``T`` steps; with a backend that
+        needs envs in flight, below ``2T`` and below the slowest env's count plus
+        ``T - 1``, and then as many more as its ``recv`` needs, the slowest first. The
+        others keep waiting.
+
+        Why the second bound: such a backend answers whichever envs it picks (EnvPool:
+        the first to finish), so step counts drift apart with nothing pulling them
+        back. An env a whole sample ahead of the slowest would wait at ``2T`` with
+        the slowest still in flight, and once fewer than ``recv_batch_size`` were in
+        flight, ``recv`` could never answer. Held at ``T - 1`` ahead (one more step
+        when sent to fill the batch), no env reaches ``2T`` before the slowest has
+        finished its sample, so every env can always be sent."""
+        num_steps, keep = self.rollout_length, self._keep_in_flight
+        limit = min(2 * num_steps, int(self._t.min()) + num_steps - 1) if keep else num_steps
         todo, waiting = [], []
         for ids in self._ready:
             if isinstance(ids, slice):  # a block steps together: one step count
@@ -233,6 +246,14 @@ class ReadyFirstSampler(HostSampler):
                 todo.append(ids[below])
             if not below.all():
                 waiting.append(ids[~below])
+        need = keep - self._in_flight - sum(len(_env_indices(ids, 0)) for ids in todo)
+        if need > 0 and waiting:  # the slowest of the held envs fill the batch
+            held = np.concatenate([_env_indices(ids, 0) for ids in waiting])
+            held = held[np.argsort(self._t[held], kind="stable")]
+            sent = held[: np.count_nonzero(self._t[held] < 2 * num_steps)][:need]
+            if len(sent):
+                todo.append(sent)
+            waiting = [held[len(sent) :]] if len(held) > len(sent) else []
         self._ready = waiting
         return todo
 
@@ -240,9 +261,9 @@ class ReadyFirstSampler(HostSampler):
         if self._in_flight == 0 or self._in_flight < self._keep_in_flight:
             raise JaxRunnerError(
                 f"ready-first sampling stalled: {self._in_flight} envs in flight, but "
-                f"{type(self.envs).__name__}.recv() needs {max(self._keep_in_flight, 1)}. "
-                "Some envs ran a whole sample ahead of the slowest; use a recv batch size "
-                "of at most half the envs."
+                f"{type(self.envs).__name__}.recv() needs {max(self._keep_in_flight, 1)}; a "
+                "backend's recv_batch_size must not exceed its num_envs "
+                f"({self.envs.num_envs})."
             )
 
     def _rows(self, index: np.ndarray) -> list[tuple[Trajectory, np.ndarray, np.ndarray, Any]]:

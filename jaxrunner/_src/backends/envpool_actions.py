@@ -1,0 +1,98 @@
+"""What EnvPool's C++ trusts, checked before it is sent: actions and async env ids.
+
+EnvPool indexes its games' action tables with the action as sent: an action of a
+``Discrete`` space out of range (int32 max, or NaN cast to int) kills the process in
+C++, and a smaller one out of range is taken silently. Its async ``send`` takes any env
+ids, a negative one stepping another env. So both adapters check every batch here
+first, cheaply (one vectorized comparison over the batch), with an error naming the
+task, the row and the value; nothing is sent when it raises. Box actions (MuJoCo) are
+not range-checked: EnvPool clips or takes them, and a NaN comes back as a NaN reward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src.backends.batch_step import EnvIds
+from jaxrunner._src.space_arrays.checks import check_action_batch
+from jaxrunner.errors import EnvIndexError, InvalidActionError, InvalidArgumentError
+
+
+def check_envpool_actions(task_id: str, space: spaces.Space, actions: Any, rows: np.ndarray) -> Any:
+    """``actions`` for sub-envs ``rows`` (one row each), checked against ``space``: the
+    shape and dtype kind (:func:`check_action_batch`), then, for ``Discrete`` and
+    ``MultiDiscrete``, the range, before any cast to EnvPool's dtype could wrap a value.
+
+    Returns:
+        The batch as a numpy array (as :func:`check_action_batch`).
+
+    Raises:
+        InvalidActionError: naming the task, the row, its sub-env and the value.
+    """
+    array = check_action_batch(space, actions, len(rows))
+    if isinstance(space, spaces.Discrete):
+        low, high = int(space.start), int(space.start + space.n)
+        if len(array) and (array.min() < low or array.max() >= high):
+            _raise_out_of_range(task_id, space, array, rows, (array < low) | (array >= high))
+    elif isinstance(space, spaces.MultiDiscrete):
+        bad = (array < space.start) | (array >= space.start + space.nvec)
+        if bad.any():
+            _raise_out_of_range(task_id, space, array, rows, bad.reshape(len(array), -1).any(1))
+    return array
+
+
+def _raise_out_of_range(
+    task_id: str, space: spaces.Space, array: np.ndarray, rows: np.ndarray, bad: np.ndarray
+) -> None:
+    row = int(np.flatnonzero(bad)[0])
+    raise InvalidActionError(
+        f"EnvPool {task_id}: action {array[row].tolist()!r} at row {row} (sub-env "
+        f"{int(rows[row])}) is outside {space}; EnvPool's C++ does not check it (an action "
+        "far out of range crashes the process). Send actions within the action space."
+    )
+
+
+def check_env_ids(env_ids: EnvIds, num_envs: int, in_flight: np.ndarray, who: str) -> np.ndarray:
+    """The sub-envs of an async ``send(actions, env_ids)`` as an int32 array: None (all),
+    a slice, or integers in ``[0, num_envs)``, each once, none of them still stepping
+    (``in_flight``, a bool per sub-env).
+
+    Raises:
+        EnvIndexError: an id out of range.
+        InvalidArgumentError: any other fault, naming the ids and the fix.
+    """
+    if env_ids is None or isinstance(env_ids, slice):
+        ids = np.arange(num_envs)[slice(None) if env_ids is None else env_ids]
+    else:
+        ids = np.atleast_1d(np.asarray(env_ids))
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise InvalidArgumentError(
+                f"{who}.send(env_ids={env_ids!r}): expected None, a slice or a 1-d array of "
+                "integer env ids."
+            )
+        outside = (ids < 0) | (ids >= num_envs)
+        if outside.any():
+            raise EnvIndexError(
+                f"{who}.send(env_ids=...): env id {ids[outside][0]} is not in "
+                f"[0, {num_envs}); pass the ids of the envs to step."
+            )
+    if len(ids) == 0:
+        raise InvalidArgumentError(f"{who}.send(env_ids={env_ids!r}): no env to step.")
+    if len(np.unique(ids)) != len(ids):
+        raise InvalidArgumentError(
+            f"{who}.send(env_ids={ids.tolist()}): an env id is repeated; each env steps once "
+            "per send."
+        )
+    busy = in_flight[ids]
+    if busy.any():
+        raise InvalidArgumentError(
+            f"{who}.send(env_ids=...): envs {ids[busy].tolist()} are still stepping; recv() "
+            "their results before sending them again."
+        )
+    return ids.astype(np.int32)
+
+
+__all__ = ["check_env_ids", "check_envpool_actions"]
