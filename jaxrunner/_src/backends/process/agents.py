@@ -23,6 +23,7 @@ import numpy as np
 
 from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
 from jaxrunner._src.backends.multi_agent.buffers import (
     AgentStepBuffers,
     GroupBuffers,
@@ -30,7 +31,6 @@ from jaxrunner._src.backends.multi_agent.buffers import (
     StepViews,
 )
 from jaxrunner._src.backends.multi_agent.sub_envs import (
-    ActionCheck,
     MultiAgentEnvFactory,
     SubEnvBlock,
 )
