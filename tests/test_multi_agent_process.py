@@ -31,7 +31,9 @@ def _sample(factory, backend, n, masked=False, **kwargs):
 )
 def test_process_equals_sync(factory, n, masked):
     sync, sync_metrics = _sample(factory, "sync", n, masked)
-    proc, proc_metrics = _sample(factory, "process", n, masked, num_workers=2)
+    proc, proc_metrics = _sample(
+        factory, "process", n, masked, config=jr.ProcessConfig(num_workers=2)
+    )
     jax.tree.map(np.testing.assert_array_equal, sync, proc)
     for key in ("num_env_steps", "num_agent_steps", "unassigned_reward", "episode_return_mean"):
         assert sync_metrics[key] == proc_metrics[key]
@@ -53,7 +55,9 @@ def test_default_workers_take_every_cpu(monkeypatch):
 
 
 def test_worker_error_reaches_the_caller_with_its_traceback():
-    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, "process", num_workers=1)
+    envs = jr.make_multi_agent_vec(
+        envs_mod.coming_and_going, 2, "process", config=jr.ProcessConfig(num_workers=1)
+    )
     with pytest.raises(jr.errors.InvalidActionError, match="policy_0"):
         envs.step_batch([np.zeros((2, 3), np.int64)])  # checked before any worker steps
     # Stepping before reset fails in the worker: its error names the sub-env and comes
