@@ -77,7 +77,7 @@ def evaluate_multi_agent(
     seed: int,
     rollout_length: int,
     connectors: GroupConnectors | None = None,
-    connector_state: Mapping[str, Any] | None = None,
+    connector_state: Any = None,
 ) -> MultiAgentEvaluationResult:
     """See :func:`jaxrunner.evaluate` (``policies``, ``params`` and ``connectors`` as
     for :class:`~jaxrunner.MultiAgentRunner`; ``connector_state`` by policy id, as its
@@ -97,9 +97,7 @@ def evaluate_multi_agent(
         runner.stop(close_envs=False)
 
 
-def _frozen_states(
-    runner: MultiAgentRunner, given: Mapping[str, Any] | None
-) -> dict[str, ConnectorsState]:
+def _frozen_states(runner: MultiAgentRunner, given: Any) -> dict[str, ConnectorsState]:
     """Each group's connector state for evaluation: ``given[policy_id]`` (the training
     runner's) loaded and frozen, as for a single-agent env."""
     fresh = runner.get_connector_state()

@@ -5,7 +5,8 @@ agent rows, reported by sub-env."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -14,6 +15,8 @@ from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
 from jaxrunner._src.backends.multi_agent.layout import Layout
 from jaxrunner._src.space_arrays.checks import all_finite_test, nonfinite_observations
 from jaxrunner.errors import InvalidStepError
+
+FiniteTest = Callable[[int, int], bool]
 
 
 class FiniteObservations:
@@ -26,17 +29,13 @@ class FiniteObservations:
     """
 
     def __init__(self, buffers: Sequence[GroupBuffers], layout: Layout) -> None:
-        self._groups = [
-            (group.observation_space, group.num_agents, buf, where, tests)
-            for group, buf, where in zip(layout.groups, buffers, layout.row_names)
-            for tests in [
-                (
-                    all_finite_test(group.observation_space, buf.next_obs_rows),
-                    all_finite_test(group.observation_space, buf.obs_rows),
-                )
-            ]
-            if tests[0] is not None  # no floating-point leaf: nothing to check
-        ]
+        self._groups: list[tuple[Any, int, GroupBuffers, Any, FiniteTest, FiniteTest]] = []
+        for group, buf, where in zip(layout.groups, buffers, layout.row_names):
+            space = group.observation_space
+            next_finite = all_finite_test(space, buf.next_obs_rows)
+            obs_finite = all_finite_test(space, buf.obs_rows)
+            if next_finite is not None and obs_finite is not None:  # else no float leaf
+                self._groups.append((space, group.num_agents, buf, where, next_finite, obs_finite))
 
     def step(
         self, lo: int, hi: int, env_done: np.ndarray
@@ -45,7 +44,7 @@ class FiniteObservations:
         ``in_step`` is False where only the observations of the reset after the episode's
         end (``env_done[b]``) are bad: the step's transitions are good."""
         bad: dict[int, tuple[InvalidStepError, bool]] = {}
-        for space, a, buf, where, (next_finite, obs_finite) in self._groups:
+        for space, a, buf, where, next_finite, obs_finite in self._groups:
             rows = lo * a, hi * a
             if not next_finite(*rows):
                 found = nonfinite_observations(space, buf.next_obs_rows, *rows, "step", (), where)
@@ -64,7 +63,7 @@ class FiniteObservations:
 
     def row(self, b: int, call: str) -> InvalidStepError | None:
         """The first NaN or infinity in row ``b``'s ``obs`` (after ``call``), as an error."""
-        for space, a, buf, where, _ in self._groups:
+        for space, a, buf, where, _, _ in self._groups:
             found = nonfinite_observations(space, buf.obs_rows, b * a, (b + 1) * a, call, (), where)
             if found:
                 return found[min(found)]

@@ -4,7 +4,7 @@ over its rows of shared memory, each Ray actor for its block)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableSequence, Sequence
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
 from typing import Any
 
 import jax
@@ -204,7 +204,7 @@ class SubEnvBlock:
 
     def _fail_nonfinite(
         self,
-        bad: dict[int, tuple[JaxRunnerError, bool]],
+        bad: Mapping[int, tuple[JaxRunnerError, bool]],
         lo: int,
         infos: list[dict[str, Any]],
         errors: dict[int, BaseException],
