@@ -2,10 +2,14 @@
 
 The small ones every backend is tested on are public, in
 :mod:`jaxrunner._src.testing.multi_agent_envs`; this module adds the tests' own: MPE and
-classic envs, and ones that fail on a given seed.
+classic envs, and one that returns what the backends must refuse (:class:`BadOutputs`).
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
 
 from jaxrunner._src.testing.multi_agent_envs import (  # noqa: F401  (re-exported for the tests)
     ComingAndGoing,
@@ -39,3 +43,55 @@ def connect_four():
     from pettingzoo.classic import connect_four_v3
 
     return connect_four_v3.env()
+
+
+class BadOutputs(ComingAndGoing):
+    """:class:`ComingAndGoing` that returns one kind of output the backends must refuse,
+    once, in the episode of its first (seeded) reset; a recreated instance, reset without
+    a seed, behaves:
+
+    * ``nan_obs``: at step 4, ``a1``'s observation holds a NaN;
+    * ``nan_newcomer_obs``: at step 2, the observation of ``a2`` (arriving) holds a NaN;
+    * ``missing_reward``: at step 4, no reward for ``a1``, who acted;
+    * ``comeback``: at step 4, ``a0`` (terminated at step 3) is back;
+    * ``nan_first_obs``: the first reset gives ``a0`` a NaN observation;
+    * ``nan_reset_obs``: the reset after the first episode ends does.
+    """
+
+    STEP: ClassVar[dict[str, int]] = {
+        "nan_obs": 4,
+        "nan_newcomer_obs": 2,
+        "missing_reward": 4,
+        "comeback": 4,
+    }
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind, self.armed = kind, False
+
+    def reset(self, seed=None, options=None):
+        first = self.episode == -1
+        obs, infos = super().reset(seed, options)
+        if first:
+            self.armed = seed is not None
+        if self.armed and self.kind == ("nan_first_obs" if first else "nan_reset_obs"):
+            self.armed = False
+            obs["a0"] = np.full(3, np.nan, np.float32)
+        return obs, infos
+
+    def step(self, actions):
+        obs, rewards, terms, truncs, infos = super().step(actions)
+        if not (self.armed and self.t == self.STEP.get(self.kind)):
+            return obs, rewards, terms, truncs, infos
+        self.armed = False
+        if self.kind == "nan_obs":
+            obs["a1"] = np.array([np.nan, 1, 0], np.float32)
+        elif self.kind == "nan_newcomer_obs":
+            obs["a2"] = np.array([np.inf, 2, 0], np.float32)
+        elif self.kind == "missing_reward":
+            del rewards["a1"]
+        else:  # comeback
+            self.agents.append("a0")
+            obs["a0"], infos["a0"] = self._obs("a0"), {}
+            terms["a0"] = truncs["a0"] = False
+        return obs, rewards, terms, truncs, infos

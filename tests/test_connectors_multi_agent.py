@@ -153,7 +153,9 @@ def full_connectors() -> C.Connectors:
 @pytest.mark.parametrize(("factory", "n"), ENVS)
 def test_process_backend_gives_the_sync_backend_s_outputs_and_state(factory, n):
     sync, sync_state = sample(factory, n, full_connectors())
-    proc, proc_state = sample(factory, n, full_connectors(), backend="process", num_workers=2)
+    proc, proc_state = sample(
+        factory, n, full_connectors(), backend="process", config=jr.ProcessConfig(num_workers=2)
+    )
     jax.tree.map(np.testing.assert_array_equal, sync, proc)
     jr.testing.assert_trees_equal(proc_state, sync_state, "connector state")
     assert set(sync[1].groups["policy_0"].extras) >= {

@@ -252,16 +252,37 @@ def test_sync_checkpoint_on_the_process_backend_starts_new_episodes(tmp_path):
     np.testing.assert_array_equal(traj.step[0], 0)
 
 
-def test_pure_jax_envs_refuse_checkpoints_clearly(tmp_path):
+def test_a_pure_jax_env_resumes_bit_for_bit(tmp_path):
+    # As an EnvRunner on a JaxVectorEnv: the env states are in the sampler state.
     from tests.test_multi_agent_jax import Drift
     from tests.test_multi_agent_jax import random_policy as scan_policy
 
-    envs = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), 2)
-    with jr.MultiAgentRunner(envs, scan_policy(3), {"w": jnp.zeros(3)}, 4, seed=0) as runner:
-        with pytest.raises(InvalidArgumentError, match="pure-JAX"):
-            runner.save(tmp_path / "runner.ckpt")
-        with pytest.raises(InvalidArgumentError, match="pure-JAX"):
-            runner.restore(tmp_path / "runner.ckpt")
+    def make_jax(callbacks=None):
+        envs = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), NUM_ENVS)
+        params = {"w": jnp.array([0.1, 0.0, -0.2])}
+        return jr.MultiAgentRunner(envs, scan_policy(3), params, T, seed=SEED, callbacks=callbacks)
+
+    with make_jax(Recorder()) as runner:
+        whole = concatenate([runner.sample().to_numpy() for _ in range(4)])
+        want_metrics, want_seen = steady_metrics(runner), runner.callbacks.seen
+    path = tmp_path / "runner.ckpt"
+    with make_jax(Recorder()) as runner:
+        head = [runner.sample().to_numpy() for _ in range(2)]
+        seen = runner.callbacks.seen
+        runner.save(path)
+    with make_jax(Recorder()) as resumed:
+        report = resumed.restore(path)
+        tail = [resumed.sample().to_numpy() for _ in range(2)]
+        metrics, seen = steady_metrics(resumed), seen + resumed.callbacks.seen
+    assert report.envs_restored and "sampler's state" in report.note
+    group = whole.groups["policy_0"]
+    # Env and agent episodes cross the save: their state had to resume.
+    assert whole.env_done[: 2 * T].any() and (group.agent_step[2 * T][group.valid[2 * T]] > 0).any()
+    assert_trees_equal(concatenate(head + tail), whole, "trajectory")
+    assert metrics == want_metrics and metrics["num_agent_steps"] > 0
+    assert seen == want_seen and len(want_seen) > 3
+    with make("coming_and_going") as host, pytest.raises(InvalidArgumentError, match="sampler"):
+        host.restore(path)  # a pure-JAX env's checkpoint is not a host runner's
 
 
 # -- damaged and hostile checkpoints -------------------------------------------------------

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import ClassVar
 
+import gymnasium
+import numpy as np
 import pytest
 
 pytest.importorskip("pettingzoo")
@@ -42,7 +45,9 @@ def test_a_turn_based_sub_env_names_the_agent_whose_turn_it_was():
 
 
 def test_a_worker_killed_between_samples_is_a_worker_error_not_a_broken_pipe():
-    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, NUM_ENVS, "process", num_workers=2)
+    envs = jr.make_multi_agent_vec(
+        envs_mod.coming_and_going, NUM_ENVS, "process", config=jr.ProcessConfig(num_workers=2)
+    )
     with _runner(envs) as runner:
         runner.sample()
         os.kill(envs.worker_pids[1], signal.SIGKILL)
@@ -59,10 +64,82 @@ def test_process_config_options_that_do_not_apply_are_refused():
         )
     with pytest.raises(jr.errors.InvalidArgumentTypeError, match="ProcessConfig"):
         jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, "process", config=jr.RayConfig())
+
+
+# -- make_multi_agent_vec takes make_vec's arguments, in make_vec's conventions -------------
+
+
+class RecordingCartPole(gymnasium.Wrapper):
+    """CartPole that records the seeds of its resets in ``SEEDS``."""
+
+    SEEDS: ClassVar[list] = []
+
+    def __init__(self) -> None:
+        super().__init__(gymnasium.make("CartPole-v1"))
+
+    def reset(self, *, seed=None, options=None):
+        RecordingCartPole.SEEDS.append(seed)
+        return super().reset(seed=seed, options=options)
+
+
+@pytest.mark.parametrize("backend", ["sync", "process", "ray"])
+def test_seed_resets_sub_env_i_with_seed_plus_i_as_make_vec_does(backend, request):
+    if backend == "ray":
+        request.getfixturevalue("local_ray").cloudpickle.register_pickle_by_value(envs_mod)
+    RecordingCartPole.SEEDS.clear()
+    jr.make_vec(RecordingCartPole, 3, seed=7).close()
+    assert RecordingCartPole.SEEDS == [7, 8, 9]
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 3, backend, 7)
+    with envs:
+        states = [rng.bit_generator.state for rng in envs.get_attr("rng")]
+        out = envs.step_batch([np.ones((3, 4), np.int64)])
+    for i, state in enumerate(states):  # each sub-env as one reset by hand with seed 7 + i
+        by_hand = ComingAndGoing()
+        by_hand.reset(seed=7 + i)
+        assert state == by_hand.rng.bit_generator.state
+        next_obs, *_ = by_hand.step({"a0": 1, "a1": 1})
+        np.testing.assert_array_equal(out.groups["policy_0"].next_obs[i, :2], [*next_obs.values()])
+
+
+def refusals(make, env):
+    """What ``make`` refuses, as ``(error type, message)`` per bad call."""
+    bad_calls = {
+        "num_envs": dict(num_envs=0),
+        "backend": dict(backend="nope"),
+        "config_on_sync": dict(config=jr.ProcessConfig()),
+        "config_type": dict(backend="process", config=jr.RayConfig()),
+        "restart_policy": dict(restart_policy="yes"),
+    }
+    out = {}
+    for name, kwargs in bad_calls.items():
+        kwargs = {"num_envs": 2, **kwargs}
+        with pytest.raises(jr.errors.JaxRunnerError) as info:
+            make(env, **kwargs)
+        out[name] = type(info.value)
+    return out
+
+
+def test_make_multi_agent_vec_refuses_what_make_vec_refuses():
+    got = refusals(jr.make_multi_agent_vec, envs_mod.coming_and_going)
+    assert got == refusals(jr.make_vec, "CartPole-v1")
+    for backend in ("gymnasium", "envpool", "auto"):  # make_vec's own: single-agent envs
+        with pytest.raises(InvalidArgumentError, match="make_vec's, for single-agent envs"):
+            jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, backend)
+    with pytest.raises(jr.errors.InvalidArgumentTypeError, match="seed"):
+        jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, "sync", "7")
+
+
+def test_num_workers_is_deprecated_for_process_config():
+    with pytest.warns(FutureWarning, match=r"config=jaxrunner\.ProcessConfig\(num_workers=1\)"):
+        envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, "process", num_workers=1)
+    with envs:
+        assert envs.config.num_workers == 1 and len(envs.worker_pids) == 1
     with pytest.raises(InvalidArgumentError, match="in one place"):
         jr.make_multi_agent_vec(
             envs_mod.coming_and_going, 2, "process", num_workers=1, config=jr.ProcessConfig()
         )
+    with pytest.raises(InvalidArgumentError, match="backend='process' only"):
+        jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, "sync", num_workers=1)
 
 
 def test_sub_envs_are_seeded_as_an_env_runner_seeds_them():

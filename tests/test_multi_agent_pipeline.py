@@ -73,13 +73,17 @@ def test_process_splits_give_the_sync_trajectories(name):
     reference = sample(name, "sync", 1)
     # Two workers (envs 0-2 and 3-4): two splits, and three splits that cut a worker.
     for splits in (1, 2, 3):
-        assert_same(reference, sample(name, "process", splits, num_workers=2))
+        assert_same(
+            reference, sample(name, "process", splits, config=jr.ProcessConfig(num_workers=2))
+        )
 
 
 def test_default_splits_follow_the_lockstep_samplers_rule(monkeypatch):
     from jaxrunner._src.samplers import pipeline_splits
 
-    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 8, "process", num_workers=2)
+    envs = jr.make_multi_agent_vec(
+        envs_mod.coming_and_going, 8, "process", config=jr.ProcessConfig(num_workers=2)
+    )
     with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
         assert len(runner.sampler.splits) == pipeline_splits.default_num_splits(envs)
     monkeypatch.setattr(pipeline_splits.jax, "default_backend", lambda: "gpu")

@@ -31,7 +31,9 @@ def _sample(factory, backend, n, masked=False, **kwargs):
 )
 def test_process_equals_sync(factory, n, masked):
     sync, sync_metrics = _sample(factory, "sync", n, masked)
-    proc, proc_metrics = _sample(factory, "process", n, masked, num_workers=2)
+    proc, proc_metrics = _sample(
+        factory, "process", n, masked, config=jr.ProcessConfig(num_workers=2)
+    )
     jax.tree.map(np.testing.assert_array_equal, sync, proc)
     for key in ("num_env_steps", "num_agent_steps", "unassigned_reward", "episode_return_mean"):
         assert sync_metrics[key] == proc_metrics[key]
@@ -53,7 +55,9 @@ def test_default_workers_take_every_cpu(monkeypatch):
 
 
 def test_worker_error_reaches_the_caller_with_its_traceback():
-    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, "process", num_workers=1)
+    envs = jr.make_multi_agent_vec(
+        envs_mod.coming_and_going, 2, "process", config=jr.ProcessConfig(num_workers=1)
+    )
     with pytest.raises(jr.errors.InvalidActionError, match="policy_0"):
         envs.step_batch([np.zeros((2, 3), np.int64)])  # checked before any worker steps
     # Stepping before reset fails in the worker: its error names the sub-env and comes
@@ -98,3 +102,25 @@ def test_ray_equals_sync_and_replaces_a_dead_actor(local_ray):
     assert metrics["num_dropped_steps"] == 1 and metrics["num_faulty_episodes"] == 1
     valid = sum(int(t.groups["policy_0"].valid.sum()) for t in (first, traj))
     assert metrics["num_agent_steps"] == valid
+
+
+@pytest.mark.parametrize(("failing", "lost", "unrun"), [(0, 0, 1), (1, 1, 0)])
+def test_a_dead_workers_slots_are_counted_lost_or_unrun(failing, lost, unrun, tmp_path):
+    # Worker 0 runs sub-envs 0 and 1, in that order; the failing one kills it at its 4th
+    # step. Sub-env 0's kill leaves 1's step unrun; 1's loses 0's completed step.
+    from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
+    from jaxrunner.testing import CallLog, FaultPlan, faulty_multi_agent_env_fns
+
+    log = CallLog(tmp_path)
+    plan = {failing: [FaultPlan(kind="kill", at=(4,))]}
+    fns = faulty_multi_agent_env_fns(envs_mod.coming_and_going, 3, plan, log)
+    config = jr.ProcessConfig(num_workers=2)
+    envs = ProcessMultiAgentVectorEnv(fns, config=config, restart_policy=jr.RestartPolicy())
+    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 6, seed=7) as runner:
+        runner.sample()
+        metrics = runner.get_metrics()
+        counts = (envs.num_worker_restarts, envs.num_lost_steps, envs.num_unrun_steps)
+    assert counts == (1, lost, unrun)
+    # Every env.step call accounted for, as on the single-agent process backend.
+    assert log.count("step_ok") == metrics["num_env_steps"] + lost
+    assert log.count("step_failed") == metrics["num_dropped_steps"] - lost - unrun == 1

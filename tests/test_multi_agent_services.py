@@ -98,3 +98,86 @@ def test_callbacks_that_override_nothing_are_never_called():
     # Refused before the runner took the envs: another runner may have them.
     with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 5, seed=1) as runner:
         assert runner.sample().num_steps == 5
+
+
+def test_evaluate_takes_a_pure_jax_multi_agent_env():
+    import jax.numpy as jnp
+
+    from tests.test_multi_agent_jax import Drift
+    from tests.test_multi_agent_jax import random_policy as scan_policy
+
+    policy, params = scan_policy(3), {"w": jnp.array([0.3, 0.0, -0.3])}
+    envs = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), 2)
+    result = jr.evaluate(envs, policy, params, 5, deterministic=False, seed=3)
+    assert isinstance(result, jr.multi_agent.MultiAgentEvaluationResult)
+    # The same env episodes from a runner of the same seed: each env's first ones.
+    envs = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), 2)
+    with jr.MultiAgentRunner(envs, policy, params, 40, seed=3) as runner:
+        traj = runner.sample().to_numpy()
+    rewards = sum(np.where(g.valid, g.reward, 0.0).sum(-1) for g in traj.groups.values())
+    want: list[tuple[int, float, int]] = []
+    for b, share in enumerate([3, 2]):
+        ends = np.flatnonzero(traj.env_done[:, b])[:share]
+        starts = [0, *(ends[:-1] + 1)]
+        want += [(b, rewards[s : e + 1, b].sum(), e + 1 - s) for s, e in zip(starts, ends)]
+    np.testing.assert_array_equal(result.env_ids, [b for b, _, _ in want])
+    np.testing.assert_allclose(result.returns, [r for _, r, _ in want], rtol=1e-6)
+    np.testing.assert_array_equal(result.lengths, [n for _, _, n in want])
+    assert set(result.lengths.tolist()) <= {5, 6}  # Drift's episodes: x1 is done at 5 or 6
+
+
+def sign_policy() -> jr.Policy:
+    """Action 1 where the (normalized) observation's last entry is positive, else 0."""
+    import jax.numpy as jnp
+
+    def apply_fn(params, obs, carry, keys):
+        return (obs[:, 2] > 0).astype(jnp.int32), {}, carry
+
+    return jr.Policy(apply_fn)
+
+
+def by_hand(seed: int, count: int, mean: np.ndarray) -> list[float]:
+    """ComingAndGoing's first ``count`` episode returns, every agent acting on whether its
+    observation's last entry is above ``mean``'s (what the frozen statistics make of it)."""
+    env, returns, total = envs_mod.ComingAndGoing(), [], 0.0
+    obs, _ = env.reset(seed=seed)
+    while len(returns) < count:
+        obs, rewards, _, _, _ = env.step({a: int(obs[a][2] > mean[2]) for a in env.agents})
+        total += sum(rewards.values())
+        if not env.agents:
+            returns, total = [*returns, total], 0.0
+            obs, _ = env.reset()
+    return returns
+
+
+def test_evaluate_multi_agent_with_connectors_uses_the_training_statistics_frozen():
+    from jaxrunner import connectors as C
+
+    conn = C.Connectors(obs=[C.NormalizeObservation(clip=None)])
+    train_envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
+    with jr.MultiAgentRunner(train_envs, sign_policy(), {}, 16, 0, connectors=conn) as runner:
+        runner.sample()
+        state = runner.get_connector_state()
+    mean = np.asarray(state["policy_0"].obs[0].shared.stats.mean)
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
+    with envs:
+        result = jr.evaluate(
+            envs, sign_policy(), {}, 4, deterministic=False, seed=1, connectors=conn,
+            connector_state=state,
+        )  # fmt: skip
+        again = jr.evaluate(
+            envs, sign_policy(), {}, 4, deterministic=False, seed=1, connectors={"policy_0": conn},
+            connector_state=state,
+        )  # fmt: skip
+        with pytest.raises(jr.errors.InvalidArgumentError, match="connector_state=runner"):
+            jr.evaluate(envs, sign_policy(), {}, 1, deterministic=False, connectors=conn)
+        with pytest.raises(jr.errors.InvalidArgumentError, match="policy ids"):
+            jr.evaluate(
+                envs, sign_policy(), {}, 1, deterministic=False, connectors=conn,
+                connector_state={"ghost": state["policy_0"]},
+            )  # fmt: skip
+    want = [r for i, s in enumerate(jr.env_seeds(1, 2)) for r in by_hand(s, 2, mean)]
+    np.testing.assert_array_equal(result.env_ids, [0, 0, 1, 1])
+    np.testing.assert_allclose(result.returns, want, rtol=1e-12)
+    np.testing.assert_array_equal(again.returns, result.returns)  # the statistics stay frozen
+    assert not np.allclose(want, [r for s in jr.env_seeds(1, 2) for r in by_hand(s, 2, 0 * mean)])

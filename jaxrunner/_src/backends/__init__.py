@@ -142,26 +142,28 @@ def choose_auto_layout(
         ) from err
 
 
-def check_vec_options(backend: str, config: Any, restart_policy: RestartPolicy | None) -> None:
+def check_vec_options(
+    backend: str, config: Any, restart_policy: RestartPolicy | None, what: str = "make_vec"
+) -> None:
     """Raises unless ``config`` and ``restart_policy`` suit ``backend`` (as in
-    :func:`make_vec`)."""
-    check_restart_policy("make_vec", restart_policy)
+    :func:`make_vec`; ``what`` names the caller in errors)."""
+    check_restart_policy(what, restart_policy)
     expected = _CONFIGS.get(backend)
     if backend == "auto" and config is not None:
         raise InvalidArgumentTypeError(
-            f"make_vec(backend='auto', config={type(config).__name__}(...)): 'auto' "
+            f"{what}(backend='auto', config={type(config).__name__}(...)): 'auto' "
             "chooses the layout itself and takes no config. To set the layout, use "
             "backend='process' with your config (or 'ray'); else leave config=None."
         )
     if config is not None and not isinstance(config, expected or ()):
         want = f"a jaxrunner.{expected.__name__}" if expected else "no config (None)"
         raise InvalidArgumentTypeError(
-            f"make_vec(backend={backend!r}, config=...): expected {want}, got "
+            f"{what}(backend={backend!r}, config=...): expected {want}, got "
             f"{type(config).__name__}."
         )
     if restart_policy is not None and backend not in ("sync", "process", "ray", "auto"):
         raise InvalidArgumentError(
-            f"make_vec(backend={backend!r}, restart_policy=...): the {backend} backend cannot "
+            f"{what}(backend={backend!r}, restart_policy=...): the {backend} backend cannot "
             "restart sub-envs. Use backend='sync', 'process', 'ray' or 'auto', or leave "
             "restart_policy=None."
         )

@@ -155,13 +155,7 @@ class CheckpointFile(CheckpointReader):
         id, the next free id and the steps closed so far."""
         if "book" in state:  # the host samplers
             return self.check_book(state["book"], "sampler/book")
-        rollout, where = state["rollout"], "sampler/rollout"  # the scan sampler
-        ids = np.asarray(rollout.episode_id)
-        next_id, steps_done = int(rollout.next_episode_id), int(rollout.num_steps)
-        step = np.asarray(rollout.episode_step)
-        self.require((step >= 0).all(), f"{where}/episode_step", "negative")
-        self.check_ids(ids, next_id, np.asarray(rollout.episode_return), where)
-        return ids, next_id, steps_done
+        return self.check_rollout(state["rollout"], "sampler/rollout")  # the scan sampler
 
     # -- episodes ----------------------------------------------------------------------------
 

@@ -9,14 +9,17 @@ What is saved: each policy's params (``params/<policy_id>/...``); the sampler's 
 (:meth:`~jaxrunner._src.samplers.multi_agent.MultiAgentSampler.get_state`: the env-level
 episode book and, per policy group, the compiled step's keys, step counts, carries and
 connector state, the agents' running episode returns and lengths, the turn-based turns
-waiting for their transition, and the observations and masks the next step reads);
+waiting for their transition, and the observations and masks the next step reads; a
+pure-JAX env's: the scan's rollout state and the agents' running returns and lengths);
 the metrics (:meth:`~jaxrunner._src.core.multi_agent_metrics.MultiAgentMetrics.get_state`); the
 agent episodes kept between samples (``sample_episodes``' fragments and finished
 episodes not yet returned, the callbacks' fragments).
 
-The envs. The sync backend (``can_snapshot``) adds a pickle of each sub-env with its
-driver's state (the rewards each agent received since its last action, who acted, who
-acts next), only unpickled when the caller opts in (``restore(path,
+The envs. A pure-JAX env's states (:class:`~jaxrunner.multi_agent.JaxMultiAgentVectorEnv`)
+are arrays in the sampler's state, always saved and restored (as an ``EnvRunner``'s
+``JaxVectorEnv``'s). The sync backend (``can_snapshot``) adds a pickle of each sub-env
+with its driver's state (the rewards each agent received since its last action, who
+acted, who acts next), only unpickled when the caller opts in (``restore(path,
 load_env_pickles=True)``): then sampling continues the saved trajectories bit for bit.
 Otherwise (or on the process and Ray backends) every env is reset with
 ``jr.env_seeds((seed, steps_done), num_envs)`` and starts a new episode, with a
@@ -38,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner._src.checkpoints.env_runner import (
     RestoreReport,
     put_env_snapshot,
@@ -48,7 +52,6 @@ from jaxrunner._src.checkpoints.multi_agent_runner_file import (
     FORMAT,
     VERSION,
     MultiAgentCheckpointFile,
-    host_sampler,
     shape_of,
 )
 from jaxrunner._src.checkpoints.writer import put_steps, put_tree, write_checkpoint
@@ -60,14 +63,16 @@ from jaxrunner._src.core.runner_state import EpisodeJoiner, Runner, RunnerState
 
 def save(runner: Runner, path: str | os.PathLike) -> None:
     """Writes ``runner``'s state to ``path`` (see the module docstring); atomic."""
-    sampler = host_sampler(runner, "save")
     arrays: dict[str, np.ndarray] = {}
-    envs = sampler.envs
+    envs = runner.envs
     put_tree(arrays, "params", {pid: runner.get_params(pid) for pid in runner.policy_ids})
-    put_tree(arrays, "sampler", sampler.get_state())
+    put_tree(arrays, "sampler", runner.sampler.get_state())
     state = runner.state
     metrics_paths = put_tree(arrays, "metrics", state.metrics.get_state())
-    envs_kind, envs_note = put_env_snapshot(arrays, envs, envs.can_snapshot)
+    if isinstance(envs, JaxMultiAgentVectorEnv):  # pure: its states are in the sampler's
+        envs_kind, envs_note = "pytree", "the env states are arrays in the sampler's state"
+    else:
+        envs_kind, envs_note = put_env_snapshot(arrays, envs, envs.can_snapshot)
     kept = {
         "fragments": list(state.episodes.fragments.values()),
         "callback_fragments": list(_callback_joiner(state).fragments.values()),
@@ -120,8 +125,8 @@ def restore(
     reader = MultiAgentCheckpointFile(runner, path)
     ckpt, sampler = reader.read(load_env_pickles, max_bytes), reader.sampler
 
-    def restart(seeds: list[int]) -> None:
-        sampler.restart_episodes(seeds)
+    def restart(seeds: list[int]) -> None:  # host envs only: a pure-JAX env always resumes
+        sampler.restart_episodes(seeds)  # type: ignore[union-attr]
         for pid, connectors in runner.connectors.items():  # e.g. running returns restart
             state = connectors.restart_episodes(sampler.get_connector_state(pid))
             sampler.set_connector_state(pid, state)
@@ -130,7 +135,7 @@ def restore(
         "MultiAgentRunner",
         sampler,
         ckpt,
-        reader.envs.restore_sub_envs,
+        lambda blobs: reader.envs.restore_sub_envs(blobs),  # type: ignore[union-attr]
         restart,
         int(runner.envs.num_envs),
         path,

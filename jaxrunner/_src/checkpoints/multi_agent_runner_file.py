@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner._src.checkpoints import env_runner_file as checkpoint_file
 from jaxrunner._src.checkpoints.format import Part
 from jaxrunner._src.checkpoints.header_checks import leading
@@ -16,9 +17,6 @@ from jaxrunner._src.checkpoints.reader import CheckpointReader
 from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
 from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner._src.core.runner_state import Runner
-from jaxrunner._src.samplers.multi_agent import MultiAgentSampler
-from jaxrunner._src.samplers.multi_agent_state import GroupState, MultiAgentSamplerState
-from jaxrunner.errors import InvalidArgumentError
 
 FORMAT = "jaxrunner.MultiAgentRunner checkpoint"
 VERSION = 1
@@ -44,7 +42,7 @@ class MultiAgentCheckpoint:
 
     params: dict[str, Any]
     """Policy id -> params, in the runner's structure (device arrays)."""
-    sampler_state: MultiAgentSamplerState
+    sampler_state: Any
     """The sampler's state, in the structure of the runner's ``sampler.get_state()``."""
     steps_done: int
     """Env steps every env had closed when it was saved (seeds the fresh resets)."""
@@ -53,7 +51,8 @@ class MultiAgentCheckpoint:
     seed: int
     """The saved runner's seed."""
     envs: str
-    """How the envs were saved: ``"pickle"`` (sub-env pickles) or ``"none"``."""
+    """How the envs were saved: ``"pytree"`` (a pure-JAX env: in the sampler state),
+    ``"pickle"`` (sub-env pickles) or ``"none"``."""
     envs_note: str
     """Why, as the saving runner said it."""
     env_snapshots: tuple[bytes, ...] | None
@@ -64,21 +63,6 @@ class MultiAgentCheckpoint:
     """Unfinished agent episodes the callbacks' joiner holds (likewise)."""
     finished: tuple[AgentEpisode, ...]
     """Complete agent episodes ``sample_episodes`` holds, not yet returned."""
-
-
-def host_sampler(runner: Runner, what: str) -> MultiAgentSampler:
-    """``runner``'s sampler, which must be the host one (PettingZoo envs).
-
-    Raises:
-        InvalidArgumentError: the runner samples a pure-JAX env (not supported yet).
-    """
-    if not isinstance(runner.sampler, MultiAgentSampler):
-        raise InvalidArgumentError(
-            f"MultiAgentRunner.{what}(): checkpoints of a runner on a pure-JAX multi-agent "
-            "env (JaxMultiAgentVectorEnv) are not supported yet; use a PettingZoo env "
-            "(jaxrunner.make_multi_agent_vec), or save the params with runner.get_params()."
-        )
-    return runner.sampler
 
 
 def shape_of(runner: Runner) -> dict[str, Any]:
@@ -108,8 +92,9 @@ class MultiAgentCheckpointFile(CheckpointReader):
     def __init__(self, runner: Runner, path: str | os.PathLike) -> None:
         super().__init__("MultiAgentRunner", path, runner.state.metrics.get_state())
         self.runner = runner
-        self.sampler = host_sampler(runner, "restore")
-        self.envs = self.sampler.envs
+        self.sampler, self.envs = runner.sampler, runner.envs
+        self.pure = isinstance(self.envs, JaxMultiAgentVectorEnv)
+        """A pure-JAX env: its states are in the sampler state (``envs`` is ``"pytree"``)."""
 
     def read(
         self, load_env_pickles: bool, max_bytes: int = checkpoint_file.MAX_RESTORE_BYTES
@@ -124,19 +109,18 @@ class MultiAgentCheckpointFile(CheckpointReader):
         with self.open(max_bytes, f"max_bytes={max_bytes} (restore(..., max_bytes=...))") as npz:
             meta = self.read_meta(npz, FORMAT, VERSION)
             self.check_same(meta, shape_of(runner), "same envs, policy ids and num_envs")
-            self.check_common_meta(meta, ("pickle", "none"))
+            self.check_common_meta(meta, ("pytree",) if self.pure else ("pickle", "none"))
             for key in KEPT:
                 self.check_list(meta, key)
             params = {pid: runner.get_params(pid) for pid in runner.policy_ids}
             params = self.read_like(npz, "params", params, "params")
             state = self.read_like(npz, "sampler", self.sampler.get_state(), "sampler state")
-            ids, next_id, steps_done = self.check_book(state.book, "sampler/book")
-            self._check_groups(state.groups, steps_done)
+            ids, next_id, steps_done = self._check_state(state)
             metrics = self._read_metrics(npz)
             finished = self._read_episodes(npz, "finished", meta["finished"], next_id)
             envs, envs_note, snapshots = meta["envs"], meta["envs_note"], None
             if envs == "pickle" and load_env_pickles:
-                if self.envs.can_snapshot:
+                if self.envs.can_snapshot:  # type: ignore[union-attr]  # "pickle": host envs
                     snapshots = self.read_snapshots(npz, meta["num_envs"])
                 else:  # saved on the sync backend, restored on another: new episodes
                     name = type(self.envs).__name__
@@ -144,7 +128,7 @@ class MultiAgentCheckpointFile(CheckpointReader):
             fragments: dict[str, tuple[AgentEpisode, ...]] = {}
             for key in ("fragments", "callback_fragments"):
                 fragments[key] = ()
-                if snapshots is not None:  # the envs resume: so do their episodes
+                if envs == "pytree" or snapshots is not None:  # the envs resume: so do these
                     fragments[key] = self._read_episodes(npz, key, meta[key], next_id)
         for key, episodes in fragments.items():
             self._check_fragments(key, episodes, ids)
@@ -165,14 +149,31 @@ class MultiAgentCheckpointFile(CheckpointReader):
 
     # -- state -------------------------------------------------------------------------------
 
-    def _check_groups(self, groups: dict[str, GroupState], steps_done: int) -> None:
-        for pid, group in groups.items():
-            where = f"sampler/groups/{pid}"
-            length = group.running_length
-            ok = ((length >= 0) & (length <= steps_done)).all()
-            self.require(ok, f"{where}/running_length", f"outside [0, {steps_done}]")
-            ok = np.isfinite(group.running_return).all()
-            self.require(ok, f"{where}/running_return", "not finite")
+    def _check_state(self, state: Any) -> tuple[np.ndarray, int, int]:
+        """Checks the sampler state's episode bookkeeping and each agent slot's running
+        episode (lengths in range, returns finite); returns as ``check_book`` does."""
+        if self.pure:  # the scan sampler's
+            ids, next_id, steps_done = self.check_rollout(state["rollout"], "sampler/rollout")
+            running = {
+                f"sampler/running/{pid}/": (r["return"], "return", r["length"], "length")
+                for pid, r in state["running"].items()
+            }
+        else:
+            ids, next_id, steps_done = self.check_book(state.book, "sampler/book")
+            running = {
+                f"sampler/groups/{pid}/": (
+                    g.running_return,
+                    "running_return",
+                    g.running_length,
+                    "running_length",
+                )
+                for pid, g in state.groups.items()
+            }
+        for where, (returns, returns_name, lengths, lengths_name) in running.items():
+            ok = ((lengths >= 0) & (lengths <= steps_done)).all()
+            self.require(ok, where + lengths_name, f"outside [0, {steps_done}]")
+            self.require(np.isfinite(returns).all(), where + returns_name, "not finite")
+        return ids, next_id, steps_done
 
     def _read_metrics(self, npz: NpzReader) -> dict[str, Any]:
         state = self.read_metrics(npz)
@@ -280,6 +281,5 @@ __all__ = [
     "VERSION",
     "MultiAgentCheckpoint",
     "MultiAgentCheckpointFile",
-    "host_sampler",
     "shape_of",
 ]

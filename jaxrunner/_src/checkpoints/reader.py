@@ -180,6 +180,16 @@ class CheckpointReader:
         self.check_ids(ids, next_id, book["episode_return"], where)
         return ids, next_id, steps_done
 
+    def check_rollout(self, rollout: Any, where: str) -> tuple[np.ndarray, int, int]:
+        """Checks a scan sampler's :class:`~jaxrunner._src.samplers.scan_loop.RolloutState`
+        (its episode bookkeeping); returns as :meth:`check_book` does."""
+        ids = np.asarray(rollout.episode_id)
+        next_id, steps_done = int(rollout.next_episode_id), int(rollout.num_steps)
+        step = np.asarray(rollout.episode_step)
+        self.require((step >= 0).all(), f"{where}/episode_step", "negative")
+        self.check_ids(ids, next_id, np.asarray(rollout.episode_return), where)
+        return ids, next_id, steps_done
+
     def check_ids(self, ids: np.ndarray, next_id: int, returns: np.ndarray, where: str) -> None:
         """Current episode ids non-negative, distinct and below the next free id (so new
         episodes never reuse one); their returns so far finite."""

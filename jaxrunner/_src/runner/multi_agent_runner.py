@@ -179,11 +179,10 @@ class MultiAgentRunner(EnvOwner):
         agent slot's policy key, step count and carry, connector state, episode bookkeeping
         (env and agent episodes, turns waiting for their transition), the observations
         the next step acts on, metrics, and the agent episodes ``sample_episodes`` and
-        the callbacks hold. The sync backend (``envs.can_snapshot``) adds a pickle of
-        each sub-env with its driver's state. Call it between samples.
-
-        Raises:
-            InvalidArgumentError: the runner samples a pure-JAX env (not supported yet).
+        the callbacks hold. A pure-JAX env's states are arrays of the sampler's
+        state, always saved (as ``EnvRunner.save`` saves a ``JaxVectorEnv``'s); the
+        sync backend (``envs.can_snapshot``) adds a pickle of each sub-env with its
+        driver's state. Call it between samples.
         """
         self._check_usable("save")
         checkpoint.save(self, path)
@@ -197,7 +196,9 @@ class MultiAgentRunner(EnvOwner):
     ) -> RestoreReport:
         """Continues from the checkpoint at ``path`` (:meth:`save`). Call it on a new
         runner built as the saved one was (same policies, policy ids, agents and
-        num_envs; new envs, on any host backend), before it samples.
+        num_envs; new envs, on any host backend, or the same kind of pure-JAX env),
+        before it samples. A pure-JAX env's states are restored with the rest: its
+        episodes go on exactly.
 
         With ``load_env_pickles`` (unpickling runs code from the file: only for
         checkpoints you trust) and a checkpoint that holds pickled sub-envs (the sync

@@ -278,11 +278,17 @@ class GroupSampler:
             agent_step=np.zeros(shape, np.int64),
         )
 
-    def drop(self, failed: np.ndarray, lo: int, hi: int) -> int:
-        """Envs ``failed`` of block ``[lo, hi)`` (``[hi - lo]`` bool) failed their step:
-        the actions of their agents that no transition will carry (those just taken,
-        and in AEC envs those still waiting for their next turn) are dropped; returns
-        how many."""
+    def drop(self, failed: np.ndarray, lo: int, hi: int, t: int) -> int:
+        """Envs ``failed`` of block ``[lo, hi)`` (``[hi - lo]`` bool) failed their step
+        ``t``: their slot holds no transition, so every field of it is zero (``collect``
+        wrote the acting agents' turns there, a failed step may have written some
+        ``next_obs``); the actions of their agents that no transition will carry (those
+        just taken, and in AEC envs those still waiting for their next turn) are
+        dropped. Returns how many."""
+        rows = lo + np.flatnonzero(failed)
+        for leaves in self._traj_leaves:  # obs, action, extras, next_obs
+            for leaf in leaves:
+                leaf[t, rows] = 0
         if self.same_step:
             return int(np.count_nonzero(self.acting[lo:hi][failed]))
         awaiting = self.awaiting[lo:hi]

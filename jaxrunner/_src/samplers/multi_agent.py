@@ -244,7 +244,7 @@ class MultiAgentSampler:
         if out.failed is not None:  # faults: their episodes end, their actions are dropped
             env_level.valid[index] = ~out.failed
             self.metrics.num_dropped_agent_steps += sum(
-                gs.drop(out.failed, lo, hi) for gs in self.groups.values()
+                gs.drop(out.failed, lo, hi, t) for gs in self.groups.values()
             )
         self._unassigned[index] = out.unassigned_reward
         self._t[lo:hi] = t + 1  # the block's envs share their step (a setitem: cheaper than +=)

@@ -232,6 +232,21 @@ class MultiAgentScanSampler:
             agents=self.agents,
         )
 
+    def get_state(self) -> dict[str, Any]:
+        """The whole rollout state, env states included (always restorable exactly), and
+        each agent slot's running return and length (copies), per policy id."""
+        running = {
+            pid: {"return": r.copy(), "length": n.copy()} for pid, (r, n) in self._running.items()
+        }
+        return {"rollout": self._loop.state, "running": running}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Takes a :meth:`get_state` (structure, shapes and dtypes checked by the caller)."""
+        self._loop.state = state["rollout"]
+        for pid, (running_return, running_length) in self._running.items():
+            np.copyto(running_return, state["running"][pid]["return"])
+            np.copyto(running_length, state["running"][pid]["length"])
+
     def get_connector_state(self, policy_id: str) -> ConnectorsState:
         """A host copy of the state of ``policy_id``'s connectors."""
         return jax.device_get(self._loop.state.actor["actors"][policy_id].connectors)

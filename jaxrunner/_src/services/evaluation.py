@@ -12,17 +12,17 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-import jax
 import numpy as np
 
 from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
-from jaxrunner._src.connectors.base import ConnectorState
-from jaxrunner._src.connectors.moments import RunningMoments, freeze
+from jaxrunner._src.connectors.per_group import GroupConnectors
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.runner.env_runner import EnvRunner
+from jaxrunner._src.services.frozen_connectors import check_state_has_connectors, frozen_state
 from jaxrunner._src.services.multi_agent_evaluation import (
     MultiAgentEvaluationResult,
     evaluate_multi_agent,
@@ -91,8 +91,8 @@ def evaluate(
     deterministic: bool = True,
     seed: int = 0,
     rollout_length: int = 32,
-    connectors: Connectors | None = None,
-    connector_state: ConnectorsState | Mapping[str, ConnectorState] | None = None,
+    connectors: Connectors | GroupConnectors | None = None,
+    connector_state: ConnectorsState | Mapping[str, Any] | None = None,
 ) -> EvaluationResult | MultiAgentEvaluationResult:
     """Runs ``policy`` with ``params`` on ``envs`` for ``num_episodes`` complete
     episodes and returns them with their statistics.
@@ -105,15 +105,18 @@ def evaluate(
     yourself) and may be evaluated on again; use envs of their own, never a training
     runner's.
 
-    Multi-agent envs (:func:`jaxrunner.make_multi_agent_vec`) are evaluated the same
-    way over env episodes: ``policy`` and ``params`` are then as for
-    :class:`~jaxrunner.MultiAgentRunner` (one policy, or a dict by policy id), and the
-    result is a :class:`~jaxrunner.multi_agent.MultiAgentEvaluationResult` (each env
-    episode's return over its agents, and per agent).
+    Multi-agent envs (:func:`jaxrunner.make_multi_agent_vec`, or a pure-JAX
+    :class:`~jaxrunner.multi_agent.JaxMultiAgentVectorEnv`) are evaluated the same way
+    over env episodes: ``policy``, ``params`` and ``connectors`` are then as for
+    :class:`~jaxrunner.MultiAgentRunner` (one for every policy id, or a dict by policy
+    id), ``connector_state`` a dict by policy id (the training runner's
+    ``get_connector_state()``), and the result is a
+    :class:`~jaxrunner.multi_agent.MultiAgentEvaluationResult` (each env episode's
+    return over its agents, and per agent).
 
     Args:
-        envs: a jaxrunner vector env (:func:`jaxrunner.make_vec`) for evaluation only,
-            or a multi-agent one.
+        envs: a jaxrunner vector env (:func:`jaxrunner.make_vec`, a
+            :class:`~jaxrunner.JaxVectorEnv`) for evaluation only, or a multi-agent one.
         policy: the policy; ``deterministic`` picks how it acts.
         params: its params (e.g. the training runner's ``get_params()``).
         num_episodes: how many complete episodes, ``>= 1``.
@@ -135,12 +138,8 @@ def evaluate(
         An :class:`EvaluationResult` (multi-agent envs: a ``MultiAgentEvaluationResult``).
     """
     check_int("evaluate", "num_episodes", num_episodes)
-    if isinstance(envs, MultiAgentVectorEnv):
-        if connectors is not None or connector_state is not None:
-            raise InvalidArgumentError(
-                "evaluate(envs=<multi-agent>, connectors=...): connectors are not taken for "
-                "multi-agent envs yet; evaluate without them."
-            )
+    check_state_has_connectors(connectors, connector_state)
+    if isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
         return evaluate_multi_agent(
             envs,
             policy,
@@ -149,20 +148,27 @@ def evaluate(
             deterministic=deterministic,
             seed=seed,
             rollout_length=rollout_length,
+            connectors=connectors,
+            connector_state=connector_state,
         )
     if not isinstance(policy, Policy):
         raise InvalidArgumentError(
             f"evaluate(policy=...): a single-agent vector env takes one jaxrunner.Policy, got "
             f"{type(policy).__name__}."
         )
-    _check_connectors(connectors, connector_state)
+    if connectors is not None and not isinstance(connectors, Connectors):
+        raise InvalidArgumentTypeError(
+            f"evaluate(connectors=...): expected a jaxrunner.connectors.Connectors, got "
+            f"{type(connectors).__name__}: pass the training runner's."
+        )
     acting = policy.deterministic() if deterministic else policy
     runner = EnvRunner(
         envs, acting, params, rollout_length=rollout_length, seed=seed, connectors=connectors
     )
     try:
         if connectors is not None:
-            runner.set_connector_state(_frozen_state(runner, connectors, connector_state))
+            fresh = runner.get_connector_state()
+            runner.set_connector_state(frozen_state(fresh, connectors, connector_state))
         episodes = _collect(runner, envs.num_envs, num_episodes)
     finally:  # the caller's envs stay open, free for the next evaluation
         runner.stop(close_envs=False)
@@ -171,37 +177,6 @@ def evaluate(
         returns=np.array([e.total_return for e in episodes], np.float64),
         lengths=np.array([e.length for e in episodes], np.int64),
     )
-
-
-def _check_connectors(connectors: Any, state: Any) -> None:
-    if connectors is not None and not isinstance(connectors, Connectors):
-        raise InvalidArgumentTypeError(
-            f"evaluate(connectors=...): expected a jaxrunner.connectors.Connectors, got "
-            f"{type(connectors).__name__}: pass the training runner's."
-        )
-    if connectors is None and state is not None:
-        raise InvalidArgumentError(
-            "evaluate(connector_state=...): no connectors to take it; pass "
-            "connectors=<the training runner's Connectors> as well."
-        )
-
-
-def _frozen_state(runner: EnvRunner, connectors: Connectors, given: Any) -> ConnectorsState:
-    """The evaluation runner's connector state: ``given`` (checked), frozen."""
-    state = runner.get_connector_state()
-    if given is not None:
-        return freeze(connectors.load_state(state, given, shared_only=True))
-    if any(_is_running(x) for x in jax.tree.leaves(state.obs, is_leaf=_is_running)):
-        raise InvalidArgumentError(
-            "evaluate(connectors=...): these observation connectors keep statistics, and "
-            "fresh ones (mean 0, variance 1) would evaluate on unnormalized observations; "
-            "pass connector_state=runner.get_connector_state() of the training runner."
-        )
-    return freeze(state)
-
-
-def _is_running(x: Any) -> bool:
-    return isinstance(x, RunningMoments)
 
 
 def _collect(runner: EnvRunner, num_envs: int, num_episodes: int) -> list[Episode]:

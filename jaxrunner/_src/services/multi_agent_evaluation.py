@@ -15,9 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from jaxrunner._src.connectors.per_group import GroupConnectors
+from jaxrunner._src.connectors.pipeline import ConnectorsState
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
+from jaxrunner._src.services.frozen_connectors import frozen_state
+from jaxrunner.errors import InvalidArgumentError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,20 +76,42 @@ def evaluate_multi_agent(
     deterministic: bool,
     seed: int,
     rollout_length: int,
+    connectors: GroupConnectors | None = None,
+    connector_state: Any = None,
 ) -> MultiAgentEvaluationResult:
-    """See :func:`jaxrunner.evaluate` (``policies``/``params`` as for
-    :class:`~jaxrunner.MultiAgentRunner`)."""
+    """See :func:`jaxrunner.evaluate` (``policies``, ``params`` and ``connectors`` as
+    for :class:`~jaxrunner.MultiAgentRunner`; ``connector_state`` by policy id, as its
+    ``get_connector_state()`` returns it)."""
     if isinstance(policies, Policy):
         acting: Policy | dict[str, Policy] = policies.deterministic() if deterministic else policies
     else:
         acting = {
             pid: p.deterministic() if deterministic else p for pid, p in dict(policies).items()
         }
-    runner = MultiAgentRunner(envs, acting, params, rollout_length, seed)
+    runner = MultiAgentRunner(envs, acting, params, rollout_length, seed, connectors=connectors)
     try:
+        if runner.connectors:
+            runner.set_connector_state(_frozen_states(runner, connector_state))
         return _collect(runner, envs.num_envs, num_episodes)
     finally:  # the caller's envs stay open, free for the next evaluation
         runner.stop(close_envs=False)
+
+
+def _frozen_states(runner: MultiAgentRunner, given: Any) -> dict[str, ConnectorsState]:
+    """Each group's connector state for evaluation: ``given[policy_id]`` (the training
+    runner's) loaded and frozen, as for a single-agent env."""
+    fresh = runner.get_connector_state()
+    if given is not None and (not isinstance(given, Mapping) or not set(given) <= set(fresh)):
+        got = sorted(given, key=str) if isinstance(given, Mapping) else type(given).__name__
+        raise InvalidArgumentError(
+            "evaluate(envs=<multi-agent>, connector_state=...): expected a dict keyed by the "
+            f"policy ids with connectors ({list(fresh)}), got {got}. Pass the training "
+            "runner's get_connector_state()."
+        )
+    return {
+        pid: frozen_state(state, runner.connectors[pid], (given or {}).get(pid))
+        for pid, state in fresh.items()
+    }
 
 
 class _EnvEpisodes:

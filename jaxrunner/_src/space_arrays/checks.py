@@ -234,10 +234,18 @@ def all_finite_test(space: spaces.Space, buffer: Any) -> Callable[[int, int], bo
 
 
 def nonfinite_observations(
-    space: spaces.Space, buffer: Any, lo: int, hi: int, call: str, skip: Any = ()
+    space: spaces.Space,
+    buffer: Any,
+    lo: int,
+    hi: int,
+    call: str,
+    skip: Any = (),
+    where: Callable[[int], object] | None = None,
 ) -> dict[int, InvalidStepError]:
     """The rows ``[lo, hi)`` of a batched observation ``buffer`` holding a NaN or an
     infinity (rows in ``skip`` aside), each with the error of an invalid step.
+    ``where(i)`` names row ``i``'s sub-env (None: the row is the sub-env index; a
+    multi-agent buffer's rows are agent slots, named by env and agent).
 
     jaxrunner's one policy for non-finite env outputs: an observation with a NaN or an
     infinity is refused like a non-finite reward (:func:`check_reward`), as an invalid
@@ -252,8 +260,9 @@ def nonfinite_observations(
         bad = ~np.isfinite(block.reshape(hi - lo, -1)).all(axis=1)
         for i in (lo + np.flatnonzero(bad)).tolist():
             if i not in skip and i not in errors:
+                who = i if where is None else where(i)
                 errors[i] = InvalidStepError(
-                    f"sub-env {i} returned a non-finite observation from {call}() at {path}: "
+                    f"sub-env {who} returned a non-finite observation from {call}() at {path}: "
                     "expected finite values, got NaN or infinity. Fix the env, or replace "
                     "them in a gymnasium observation wrapper (backends with a "
                     "restart_policy restart the sub-env instead)."

@@ -31,7 +31,7 @@ from typing import Any
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.driver import Driver, check_dict, check_infos
 from jaxrunner._src.backends.multi_agent.layout import AgentSlot, Layout, agent_label
-from jaxrunner.errors import EnvError, InvalidArgumentError
+from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidStepError
 
 
 class ParallelDriver(Driver):
@@ -122,6 +122,12 @@ class ParallelDriver(Driver):
                     "every agent that acted (its final observation where it leaves).",
                     i,
                 ) from None
+            if agent not in rewards:
+                raise InvalidStepError(
+                    f"sub-env {agent_label(i, agent)} acted but step() returned no reward for "
+                    "it. A ParallelEnv must return the reward of every agent that acted "
+                    "(0.0 where it gets none)."
+                )
             term, trunc = terms.get(agent, False), truncs.get(agent, False)
             if type(term) is not bool:
                 term = space_arrays.check_flag(term, agent_label(i, agent), "terminated")
@@ -143,6 +149,8 @@ class ParallelDriver(Driver):
             acted = {agent for agent, _ in live}
             for agent in obs:
                 if agent not in acted and not (terms.get(agent, False) or truncs.get(agent, False)):
+                    if agent in self.started:  # it acted in the episode, and left
+                        raise came_back(i, agent)
                     next_live.append((agent, self._set_acting(agent, obs[agent])))
                     self._newcomers = True
         self.live = next_live
@@ -230,9 +238,21 @@ class AECDriver(Driver):
             obs = env.observe(agent)
             if agent in self.acted:
                 self._complete(agent, obs, False, False)
+            elif agent in self.started:  # its final transition has completed
+                raise came_back(i, agent)
             self._last_obs[agent] = obs
             self._set_acting(agent, obs)
         return reward
+
+
+def came_back(env_index: int, agent: str) -> InvalidStepError:
+    """The error for an agent that acts again in the episode it left (terminated or
+    truncated): its episode has ended, and PettingZoo's API ends it for good."""
+    return InvalidStepError(
+        f"sub-env {agent_label(env_index, agent)} is back after its episode ended (it was "
+        "terminated or truncated earlier in the env's episode). An agent that is done "
+        "stays done until the env resets; give a returning agent another agent id."
+    )
 
 
 def make_driver(env: Any, index: int, layout: Layout) -> Driver:

@@ -33,6 +33,8 @@ class Layout:
         for g, group in enumerate(self.groups):
             for a, agent in enumerate(group.agents):
                 self.slot[agent] = (g, a)
+        self.row_names = [self._row_names(group) for group in self.groups]
+        """Per group, ``where(row)``: names a flat ``[B * A_g]`` row by sub-env and agent."""
         self.writers = [
             (
                 space_arrays.make_writer(group.observation_space, buf.obs_rows, "obs", where),
@@ -40,8 +42,7 @@ class Layout:
                     group.observation_space, buf.next_obs_rows, "next_obs", where
                 ),
             )
-            for group, buf in zip(self.groups, self.buffers)
-            for where in [self._row_names(group)]
+            for group, buf, where in zip(self.groups, self.buffers, self.row_names)
         ]
 
     def _row_names(self, group: AgentGroup) -> Any:

@@ -4,16 +4,16 @@ over its rows of shared memory, each Ray actor for its block)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableSequence, Sequence
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep
 from jaxrunner._src.backends.multi_agent.driver import Driver
 from jaxrunner._src.backends.multi_agent.drivers import AECDriver, make_driver
+from jaxrunner._src.backends.multi_agent.finite_observations import FiniteObservations, clear_row
 from jaxrunner._src.backends.multi_agent.layout import Layout
 from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly, retry
 from jaxrunner._src.backends.sub_env_handle import run_on_env
@@ -21,7 +21,6 @@ from jaxrunner._src.backends.sub_envs import DONE, RUNNING, SubEnvRaised
 from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn, build_groups
 from jaxrunner.errors import (
     EnvError,
-    InvalidActionError,
     InvalidArgumentError,
     JaxRunnerError,
     SpaceMismatchError,
@@ -53,6 +52,10 @@ class SubEnvBlock:
       as a fault (``MultiAgentStep.failed``); the new episode's first agents act next;
     * a failed reset after a good step keeps that step's transitions, as the
       single-agent loop does.
+
+    A step or reset is invalid (as in the single-agent loop) where the env raises, or
+    returns what its spaces or PettingZoo's API refuse, or an observation with a NaN
+    or an infinity (:class:`FiniteObservations`).
 
     Args:
         envs: the sub-envs (PettingZoo parallel or AEC envs, all of one kind).
@@ -90,8 +93,8 @@ class SubEnvBlock:
         self.buffers = buffers.groups
         self.status = status if status is not None else bytearray(offset + n)
         """Per global index, the step's progress marks (a process worker's are shared)."""
-        self.check_actions = ActionCheck(self.groups, n)
         self.layout = Layout(self.groups, self.buffers, offset)
+        self.finite = FiniteObservations(self.buffers, self.layout)
         self.drivers: list[Driver] = [
             make_driver(env, i, self.layout) for i, env in enumerate(envs)
         ]
@@ -129,8 +132,11 @@ class SubEnvBlock:
 
     def _reset_row(self, b: int, seed: int | None, options: dict[str, Any] | None) -> dict:
         driver = self.drivers[b]
+        clear_row(self.buffers, "obs", b)  # the check below reads the whole row
         try:
-            return driver.reset(seed, options)
+            info = driver.reset(seed, options)
+            self._check_finite_reset(b)
+            return info
         except Exception as err:
             error = located(err, driver, "reset")
             if self.restart_policy is None:
@@ -191,7 +197,39 @@ class SubEnvBlock:
                         raise error from _cause(err)
                     errors[b] = error  # the step's transitions stay valid
                     self._restart(b, error)
+        bad = self.finite.step(lo, hi, env_done)
+        if bad:
+            self._fail_nonfinite(bad, lo, infos, errors)
         return infos, errors
+
+    def _fail_nonfinite(
+        self,
+        bad: Mapping[int, tuple[JaxRunnerError, bool]],
+        lo: int,
+        infos: list[dict[str, Any]],
+        errors: dict[int, BaseException],
+    ) -> None:
+        """Rows ``bad`` of :meth:`FiniteObservations.step`: a NaN or an infinity from a
+        step is an invalid step, from the reset after an episode's end a failed reset
+        (the step's transitions stay), as in the single-agent loop."""
+        for b, (err, in_step) in bad.items():
+            if b in errors and not self.env_done[b]:
+                continue  # its step failed already
+            error = located(err, self.drivers[b], "step")
+            if self.restart_policy is None:
+                raise error
+            restarted = b in errors  # its reset had failed: the sub-env is new already
+            errors[b] = error
+            if in_step:
+                infos[b - lo], self.status[self.offset + b] = {}, RUNNING
+                self._fail_row(b)
+            if not restarted:
+                self._restart(b, error)
+
+    def _check_finite_reset(self, b: int) -> None:
+        error = self.finite.row(b, "reset")
+        if error is not None:
+            raise error
 
     def _placed(self, lo: int, hi: int, actions: Sequence[Any]) -> list[Any]:
         """``actions`` (rows ``[lo, hi)``) copied to those rows of block-sized arrays."""
@@ -211,7 +249,8 @@ class SubEnvBlock:
 
     def _fail_row(self, b: int) -> None:
         """Row ``b``'s step holds no transition (its outcomes are cleared)."""
-        self.env_reward[b] = 0.0
+        self.env_done[b], self.env_reward[b], self.unassigned_reward[b] = False, 0.0, 0.0
+        clear_row(self.buffers, "next_obs", b)
         for buf in self.buffers:
             buf.completed[b] = False
             buf.reward[b] = 0.0
@@ -226,11 +265,14 @@ class SubEnvBlock:
         factory = self.fns[b]
 
         def attempt() -> tuple[Driver, dict[str, Any]]:
+            clear_row(self.buffers, "obs", b)  # no observation of the old sub-env stays
             env = factory()
             try:
                 self._check_agents(env, index)
                 driver = make_driver(env, b, self.layout)
-                return driver, driver.reset(None, None)
+                info = driver.reset(None, None)
+                self._check_finite_reset(b)
+                return driver, info
             except BaseException:
                 close_quietly(env)
                 raise
@@ -324,64 +366,4 @@ def _cause(err: Exception) -> BaseException | None:
     return err.__cause__ if isinstance(err, JaxRunnerError) else err
 
 
-class ActionCheck:
-    """Validates every group's ``[B, A_g, ...]`` action batch as a whole, before any
-    sub-env steps (shapes and dtypes; nothing is cast). A call returns the actions.
-
-    The common case (one numpy array per group, of the expected shape and dtype kind)
-    is tested inline; anything else goes through
-    :func:`~jaxrunner._src.space_arrays.check_action_batch`, which names what is wrong.
-
-    Raises (from a call):
-        InvalidActionError: a batch of the wrong structure, shape or dtype.
-    """
-
-    def __init__(self, groups: Sequence[AgentGroup], num_envs: int) -> None:
-        self.groups, self.num_envs = tuple(groups), num_envs
-        self._fast: list[tuple[tuple[int, ...], str]] | None = []
-        for group in self.groups:
-            space = group.action_space
-            if type(space) not in space_arrays.LEAF_TYPES:
-                self._fast = None
-                break
-            shape, dtype = space_arrays.leaf_spec(space)
-            kinds = "iu" if dtype.kind in "iu" else "f" if dtype.kind == "f" else ""
-            self._fast.append(((num_envs, group.num_agents, *shape), kinds))
-
-    def __call__(self, actions: Sequence[Any]) -> Sequence[Any]:
-        fast = self._fast
-        if fast is not None and len(actions) == len(fast):
-            for batch, (shape, kinds) in zip(actions, fast):
-                if not (
-                    type(batch) is np.ndarray and batch.shape == shape and batch.dtype.kind in kinds
-                ):
-                    break
-            else:
-                return actions
-        return self._check(actions)
-
-    def _check(self, actions: Sequence[Any]) -> Sequence[Any]:
-        groups, num_envs = self.groups, self.num_envs
-        if len(actions) != len(groups):
-            raise InvalidActionError(
-                f"multi-agent step: expected one action batch per group ({len(groups)}: "
-                f"{[g.policy_id for g in groups]}), got {len(actions)}."
-            )
-        for group, batch in zip(groups, actions):
-            rows = num_envs * group.num_agents
-            lead = (num_envs, group.num_agents)
-
-            def flat(x: Any, lead: tuple[int, int] = lead, group: AgentGroup = group) -> Any:
-                shape = np.shape(x)
-                if shape[:2] != lead:
-                    raise InvalidActionError(
-                        f"multi-agent step: group {group.policy_id!r} expected actions of "
-                        f"leading shape [B, A_g] = {lead}, got shape {shape}."
-                    )
-                return np.asarray(x).reshape(-1, *shape[2:])
-
-            space_arrays.check_action_batch(group.action_space, jax.tree.map(flat, batch), rows)
-        return actions
-
-
-__all__ = ["ActionCheck", "MultiAgentEnvFactory", "SubEnvBlock", "env_groups", "located"]
+__all__ = ["MultiAgentEnvFactory", "SubEnvBlock", "env_groups", "located"]

@@ -34,11 +34,11 @@ from jaxrunner._src.backends.base import BaseVectorEnv
 from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.in_process import InProcessSends
+from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
 from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep, StepViews
 from jaxrunner._src.backends.multi_agent.driver import Driver
 from jaxrunner._src.backends.multi_agent.drivers import make_driver
 from jaxrunner._src.backends.multi_agent.sub_envs import (
-    ActionCheck,
     MultiAgentEnvFactory,
     SubEnvBlock,
     env_groups,

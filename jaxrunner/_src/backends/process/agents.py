@@ -23,6 +23,7 @@ import numpy as np
 
 from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
 from jaxrunner._src.backends.multi_agent.buffers import (
     AgentStepBuffers,
     GroupBuffers,
@@ -30,7 +31,6 @@ from jaxrunner._src.backends.multi_agent.buffers import (
     StepViews,
 )
 from jaxrunner._src.backends.multi_agent.sub_envs import (
-    ActionCheck,
     MultiAgentEnvFactory,
     SubEnvBlock,
 )
@@ -241,6 +241,10 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
         InvalidArgumentError: a config option multi-agent envs do not take.
         SpaceMismatchError: sub-envs with different agents or spaces.
         WorkerError, WorkerTimeoutError: a worker died or hung while starting.
+
+    Accounting: as the single-agent process backend's, a failed slot of a replaced
+    worker may stand for a step the sub-env had completed before its worker died
+    (``num_lost_steps``) or never started (``num_unrun_steps``).
     """
 
     # Two pipelining splits, as the single-agent process backend: on a quiet 2-core
@@ -313,11 +317,6 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
     def step_timeout_s(self) -> float | None:
         """How long a worker may take to answer a command (None: forever)."""
         return self.config.step_timeout_s
-
-    @property
-    def num_worker_restarts(self) -> int:
-        """Workers replaced after they died or timed out."""
-        return self._transport.recovery.num_worker_restarts
 
     @property
     def worker_pids(self) -> list[int | None]:

@@ -184,6 +184,21 @@ class TransportForwarding:
         self._closed_reason = reason
         self._finalizer()
 
+    @property
+    def num_worker_restarts(self) -> int:
+        """Workers replaced after they died or timed out."""
+        return self._transport.recovery.num_worker_restarts
+
+    @property
+    def num_lost_steps(self) -> int:
+        """Completed ``env.step`` calls whose results died with their worker."""
+        return self._transport.recovery.num_lost_steps
+
+    @property
+    def num_unrun_steps(self) -> int:
+        """Failed slots of replaced workers' sub-envs that had not started their step."""
+        return self._transport.recovery.num_unrun_steps
+
     def get_sub_environments(self) -> list[SubEnvHandle]:
         """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env,
         in index order (the sub-envs live in the workers)."""

@@ -26,15 +26,6 @@ from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 
 
-def _recovery_count(name: str, doc: str) -> property:
-    """A read-only view of the recovery's counter ``name``."""
-
-    def count(self: ProcessVectorEnv) -> int:
-        return int(getattr(self._recovery, name))
-
-    return property(count, doc=doc)
-
-
 class ProcessVectorEnv(TransportForwarding, VectorEnv):
     """Sub-envs in worker processes, stepped in parallel, data in shared memory.
 
@@ -122,7 +113,6 @@ class ProcessVectorEnv(TransportForwarding, VectorEnv):
         bounds = worker_bounds(self.num_envs, config.envs_per_worker, config.num_workers)
         self._start_transport(env_fns, bounds, config, restart_policy)
         self._pool = self._transport.pool
-        self._recovery = self._transport.recovery
         self._stepper = self._transport.stepper
         self._views = self._transport.views
 
@@ -135,17 +125,6 @@ class ProcessVectorEnv(TransportForwarding, VectorEnv):
     def num_restarts(self) -> int:
         """Sub-envs recreated inside their worker after a failure."""
         return self._stepper.num_restarts
-
-    num_worker_restarts = _recovery_count(
-        "num_worker_restarts", "Workers replaced after they died or timed out."
-    )
-    num_lost_steps = _recovery_count(
-        "num_lost_steps", "Completed ``env.step`` calls whose results died with their worker."
-    )
-    num_unrun_steps = _recovery_count(
-        "num_unrun_steps",
-        "Failed slots of replaced workers' sub-envs that had not started their step.",
-    )
 
     def _layout_for(self, reports: list[Report]) -> Layout:
         """Checks the workers' sub-envs (equal, supported spaces) and takes their

@@ -26,12 +26,13 @@ import numpy as np
 
 from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
 from jaxrunner._src.backends.multi_agent.buffers import (
     AgentStepBuffers,
     MultiAgentStep,
     StepViews,
 )
-from jaxrunner._src.backends.multi_agent.sub_envs import ActionCheck, MultiAgentEnvFactory
+from jaxrunner._src.backends.multi_agent.sub_envs import MultiAgentEnvFactory
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.ray.actor_manager import ActorForwarding, ActorPool
 from jaxrunner._src.backends.ray.agent_env_actor import AgentEnvWorker, BlockReply, put_reply

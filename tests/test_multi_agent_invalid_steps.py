@@ -1,0 +1,165 @@
+"""Multi-agent sub-envs that fail or return what the single-agent backends refuse: the
+failed slot holds zeros (as ``GroupTrajectory.valid`` says), and NaN observations,
+missing rewards and agents that come back after their episode ended are invalid steps,
+restarted under a ``restart_policy`` as single-agent ones are."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("pettingzoo")
+
+from jaxrunner.errors import InvalidStepError
+from jaxrunner.testing import coming_and_going
+from tests.multi_agent_envs import BadOutputs
+from tests.test_multi_agent_faults import (  # noqa: F401  (ray_for_the_ray_backend: a fixture)
+    AT,
+    BACKENDS,
+    FAILING_ENV,
+    NUM_ENVS,
+    T,
+    faulty_fns,
+    ray_for_the_ray_backend,
+    sample,
+)
+
+
+def assert_zero_where_invalid(traj) -> None:
+    """Every field of every group is zero where ``valid`` is False."""
+    for pid, g in traj.groups.items():
+        invalid = ~np.asarray(g.valid)
+        fields = {
+            "obs": g.obs,
+            "action": g.action,
+            "extras": g.extras,
+            "next_obs": g.next_obs,
+            "reward": g.reward,
+            "terminated": g.terminated,
+            "truncated": g.truncated,
+            "agent_step": g.agent_step,
+        }
+        for name, tree in fields.items():
+            for leaf in jax.tree.leaves(tree):
+                got = np.asarray(leaf)[invalid]
+                assert not got.any(), f"{pid}.{name}: non-zero where valid is False: {got}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failed_slot_holds_zeros_for_every_agent(backend):
+    traj, _, restarts = sample(faulty_fns("raise"), backend, restart=True)
+    (g,) = traj.groups.values()
+    assert restarts == 1
+    assert not g.valid[AT - 1, FAILING_ENV].any()
+    assert_zero_where_invalid(traj)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_failed_slot_of_a_bad_observation_holds_zeros(backend):
+    # The agent's observation is written before the bad one comes: nothing of it stays.
+    traj, _, restarts = sample(faulty_fns("bad_obs", agent="a1"), backend, restart=True)
+    assert restarts == 1
+    assert_zero_where_invalid(traj)
+
+
+def test_the_check_sees_the_fields_of_valid_slots():
+    # The clean run's slots that a fault invalidates do hold data: the check can fail.
+    traj = sample([coming_and_going] * NUM_ENVS)[0]
+    (g,) = traj.groups.values()
+    assert g.valid[AT - 1, FAILING_ENV].any()
+    assert np.asarray(g.obs)[AT - 1, FAILING_ENV][g.valid[AT - 1, FAILING_ENV]].any()
+
+
+# -- outputs the single-agent backends refuse too ----------------------------------------------
+
+STEP_KINDS = list(BadOutputs.STEP)
+RESET_KINDS = ["nan_first_obs", "nan_reset_obs"]
+AGENT_OF = {
+    "nan_obs": "a1",
+    "nan_newcomer_obs": "a2",
+    "missing_reward": "a1",
+    "comeback": "a0",
+    "nan_first_obs": "a0",
+    "nan_reset_obs": "a0",
+}
+# Ray actors step with the sync backend's own loop (SubEnvBlock), and each Ray test
+# starts actors (seconds each): one kind per check (the block's NaN check after a step
+# and after a reset, a driver's check).
+ON_RAY = ("nan_obs", "nan_reset_obs", "missing_reward")
+
+
+@pytest.fixture(scope="module")
+def clean():
+    """The fault-free run (same runner, plain sub-envs)."""
+    return sample([coming_and_going] * NUM_ENVS)
+
+
+def bad_fns(kind):
+    fns = [coming_and_going] * NUM_ENVS
+    fns[FAILING_ENV] = functools.partial(BadOutputs, kind)
+    return fns
+
+
+def backends_and(kinds):
+    return [(b, k) for b in BACKENDS for k in kinds if b != "ray" or k in ON_RAY]
+
+
+def assert_finite(traj) -> None:
+    for pid, g in traj.groups.items():
+        for leaf in jax.tree.leaves((g.obs, g.next_obs, g.reward)):
+            assert np.isfinite(np.asarray(leaf)).all(), f"{pid}: a NaN or inf in the trajectory"
+
+
+@pytest.mark.parametrize(("backend", "kind"), backends_and(STEP_KINDS + RESET_KINDS))
+def test_without_a_restart_policy_a_bad_output_is_an_invalid_step_naming_sub_env_and_agent(
+    backend, kind
+):
+    call = "reset" if kind in RESET_KINDS else "step"
+    match = rf"sub-env {FAILING_ENV}, agent '{AGENT_OF[kind]}'"
+    with pytest.raises(InvalidStepError, match=match) as info:
+        sample(bad_fns(kind), backend)
+    assert info.value.env_index == FAILING_ENV
+    if kind.startswith("nan"):
+        assert f"non-finite observation from {call}()" in str(info.value)
+
+
+@pytest.mark.parametrize(("backend", "kind"), backends_and(STEP_KINDS))
+def test_with_a_restart_policy_a_bad_step_is_dropped_as_a_fault(backend, kind, clean):
+    traj, metrics, restarts = sample(bad_fns(kind), backend, restart=True)
+    (pid,) = traj.groups
+    g, ref = traj.groups[pid], clean[0].groups[pid]
+    t = BadOutputs.STEP[kind] - 1
+    assert restarts == 1
+    assert not g.valid[t, FAILING_ENV].any()
+    others = [b for b in range(NUM_ENVS) if b != FAILING_ENV]
+    for field in ("valid", "reward", "terminated", "truncated", "obs", "action", "next_obs"):
+        a, b = getattr(g, field), getattr(ref, field)
+        np.testing.assert_array_equal(a[:t], b[:t], err_msg=field)
+        np.testing.assert_array_equal(a[:, others], b[:, others], err_msg=field)
+    assert_finite(traj)
+    assert_zero_where_invalid(traj)
+    assert metrics["num_dropped_steps"] == metrics["num_faulty_episodes"] == 1
+    assert metrics["num_dropped_agent_steps"] == int(ref.valid[t, FAILING_ENV].sum()) > 0
+    assert metrics["num_env_steps"] == NUM_ENVS * T - 1
+    assert metrics["num_agent_steps"] == int(g.valid.sum())
+
+
+@pytest.mark.parametrize(("backend", "kind"), backends_and(RESET_KINDS))
+def test_with_a_restart_policy_a_bad_reset_restarts_the_sub_env_and_drops_nothing(
+    backend, kind, clean
+):
+    traj, metrics, restarts = sample(bad_fns(kind), backend, restart=True)
+    (pid,) = traj.groups
+    g, ref = traj.groups[pid], clean[0].groups[pid]
+    assert restarts == 1
+    assert_finite(traj)
+    assert metrics["num_dropped_steps"] == metrics["num_faulty_episodes"] == 0
+    assert metrics["num_env_steps"] == NUM_ENVS * T
+    if kind == "nan_reset_obs":  # the autoreset after the last slot's good step failed
+        assert clean[0].env_done[T - 1, FAILING_ENV]
+        for field in ("valid", "reward", "terminated", "truncated", "obs", "next_obs"):
+            a, b = getattr(g, field), getattr(ref, field)
+            np.testing.assert_array_equal(a, b, err_msg=field)
