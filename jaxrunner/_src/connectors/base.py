@@ -132,6 +132,3 @@ class RewardConnector(abc.ABC):
         hold a transition; an invalid slot does not end an episode by itself (an agent
         of a group waiting for its turn goes on after it): where an episode was cut
         there (a failed sub-env), the slot is flagged ``truncated``."""
-
-
-__all__ = ["ActionConnector", "ConnectorState", "ObsConnector", "RewardConnector"]

@@ -212,15 +212,3 @@ def merge_all(parts: Sequence[Sequence[Moments]]) -> list[Moments]:
     for part in parts[1:]:
         out = [a.merge(b) for a, b in zip(out, part)]
     return out
-
-
-__all__ = [
-    "COUNT_DTYPES",
-    "Moments",
-    "RunningMoments",
-    "freeze",
-    "merge_all",
-    "set_statistics",
-    "take_deltas",
-    "unfreeze",
-]

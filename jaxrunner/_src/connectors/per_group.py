@@ -97,6 +97,3 @@ def check_state_like(policy_id: str, current: ConnectorsState, state: Any) -> No
             f"{want[1]}), got {got[0]}, shapes {got[1]}. Start from "
             "runner.get_connector_state() and replace its arrays."
         )
-
-
-__all__ = ["GroupConnectors", "check_state_like", "per_policy_connectors"]

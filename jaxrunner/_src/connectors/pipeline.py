@@ -369,13 +369,3 @@ def finish_group_sample(
         return jnp.where(valid.reshape(t, b, a, *([1] * (x.ndim - 3))), x, jnp.zeros((), x.dtype))
 
     return jax.tree.map(back, extras), state
-
-
-__all__ = [
-    "POLICY_NEXT_OBS",
-    "POLICY_OBS",
-    "SCALED_REWARD",
-    "Connectors",
-    "ConnectorsState",
-    "finish_group_sample",
-]

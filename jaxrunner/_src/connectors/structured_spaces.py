@@ -48,6 +48,3 @@ def rebuild_space(space: spaces.Space, leaves: Any) -> spaces.Space:
             tuple(rebuild_space(sub, leaf) for sub, leaf in zip(space.spaces, leaves))
         )
     return leaves
-
-
-__all__ = ["map_space", "rebuild_space"]

@@ -158,13 +158,3 @@ def describe_agents(env: Any) -> AgentsDescription:
         tuple(env.action_space(a) for a in agents),
         isinstance(env, AECEnv),
     )
-
-
-__all__ = [
-    "AgentGroup",
-    "AgentsDescription",
-    "PolicyMappingFn",
-    "build_groups",
-    "default_policy_mapping",
-    "describe_agents",
-]

@@ -185,14 +185,3 @@ class FinalObsRecorder:
         empty = space_arrays.allocate(self._space, (0,))
         obs = jax.tree.map(lambda *xs: np.stack(xs), *rows) if rows else empty
         return FinalObs(index=index, obs=obs)
-
-
-__all__ = [
-    "FinalObs",
-    "FinalObsRecorder",
-    "concatenate",
-    "concatenate_envs",
-    "materialize",
-    "slot_rows",
-    "time_slice",
-]

@@ -191,6 +191,3 @@ def _read_header(member: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     if version == (2, 0):
         return np.lib.format.read_array_header_2_0(member)
     raise ValueError(f"unsupported .npy version {version}")
-
-
-__all__ = ["NUMERIC_KINDS", "HeaderCheck", "NpzReader"]

@@ -89,6 +89,3 @@ def pooled_policy(policy: Policy, size: int) -> Policy:
         apply_fn=apply_fn,
         initial_carry={"member": jnp.int32(-1), "inner": policy.initial_carry},
     )
-
-
-__all__ = ["pool_params", "pooled_policy"]

@@ -290,6 +290,3 @@ def _check_unit(fn: str, name: str, x: Any) -> None:
         ) from err
     if not 0.0 <= concrete <= 1.0:
         raise InvalidArgumentError(f"{fn}({name}={concrete}): expected a value in [0, 1].")
-
-
-__all__ = ["GAE", "discounted_returns", "gae"]

@@ -50,6 +50,3 @@ def env_seeds(seed: int | list[int] | tuple[int, ...], num_envs: int) -> list[in
     word = int(np.random.SeedSequence([int(s) for s in entropy]).generate_state(1, np.uint32)[0])
     base = word >> (32 - SEED_BASE_BITS)
     return [base + i for i in range(int(num_envs))]
-
-
-__all__ = ["SEED_BASE_BITS", "env_seeds"]

@@ -245,15 +245,3 @@ def _structure(tree: Any) -> Any:
     if isinstance(tree, tuple):
         return tuple(_structure(v) for v in tree)
     return None if tree is None else "array"
-
-
-__all__ = [
-    "FLAT_KINDS",
-    "MAX_SPEC_BYTES",
-    "MAX_TREE_DEPTH",
-    "TrajectoryFile",
-    "check_fields",
-    "encode_tree",
-    "lead_shape",
-    "write_file",
-]

@@ -156,6 +156,3 @@ def _summary_writer(logdir: str | os.PathLike[str]) -> Any:
             "tensorboard_dir unset and pass a callable)."
         ) from err
     return SummaryWriter(logdir=os.fspath(logdir))
-
-
-__all__ = ["MetricsWriter", "flatten_metrics"]

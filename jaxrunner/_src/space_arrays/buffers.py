@@ -75,6 +75,3 @@ def rows(space: spaces.Space, tree: Any, index: int | slice) -> Any:
 def take(space: spaces.Space, tree: Any, index: Any) -> Any:
     """``tree[index]`` leaf by leaf, as copies."""
     return map_structure(space, lambda leaf: np.array(leaf[index]), tree)
-
-
-__all__ = ["LEAF_TYPES", "allocate", "copy_into", "leaf_spec", "map_structure", "rows", "take"]

@@ -62,6 +62,3 @@ def clip_box_actions_jax(space: spaces.Space) -> Clip:
     """Like :func:`clip_box_actions`, with ``jnp.clip`` for traced batches; the identity
     where there is nothing to clip (inside a jitted function it costs nothing)."""
     return _clipper(space, _jax_box) or (lambda actions: actions)
-
-
-__all__ = ["clip_box_actions", "clip_box_actions_jax"]

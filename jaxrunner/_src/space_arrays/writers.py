@@ -109,6 +109,3 @@ def make_action_splitter(space: spaces.Space, num_envs: int) -> Callable[[Any], 
         return list(check_action_batch(space, actions, num_envs))
 
     return split_leaf
-
-
-__all__ = ["Writer", "make_action_splitter", "make_writer"]

@@ -51,6 +51,3 @@ def expect_raises(error: type[BaseException], fn: Callable[[], Any], what: str) 
     except error as err:
         return err
     raise AssertionError(f"{what}: expected {error.__name__}, but nothing was raised")
-
-
-__all__ = ["assert_trees_equal", "expect_raises"]

@@ -361,6 +361,3 @@ class VectorEnvContract:
         if not vec.closed:
             raise AssertionError("leaving the with block did not close the vector env")
         expect_raises(ClosedError, lambda: vec.step(np.zeros(n, dtype=np.int64)), "step()")
-
-
-__all__ = ["VectorEnvContract", "gymnasium_reference"]

@@ -332,17 +332,3 @@ def faulty_env_fns(
             from the length of a sequence ``base``.
     """
     return faulty_factories(_make_faulty, base, num_envs, faults, log, seed, "faulty_env_fns")
-
-
-__all__ = [
-    "STEP_ONLY_KINDS",
-    "CallLog",
-    "FaultKind",
-    "FaultPlan",
-    "FaultSchedule",
-    "FaultyEnv",
-    "InjectedError",
-    "break_returns",
-    "faulty_env_fns",
-    "faulty_factories",
-]

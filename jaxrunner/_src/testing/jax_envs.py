@@ -152,14 +152,3 @@ class AutoResetWrapper:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.env, name)
-
-
-__all__ = [
-    "AutoResetWrapper",
-    "BraxPoint",
-    "BraxState",
-    "DoneOnlyRandomWalk",
-    "RandomWalk",
-    "WalkParams",
-    "WalkState",
-]

@@ -324,6 +324,3 @@ class MultiAgentVectorEnvContract:
             actions = sample_actions(np.random.default_rng(self.seed), envs.groups, out)
             envs.step_batch(actions)
         expect_raises(ClosedError, lambda: envs.step_batch(actions), "step_batch() after with")
-
-
-__all__ = ["MultiAgentVectorEnvContract"]

@@ -185,6 +185,3 @@ def tictactoe() -> AECEnv:
     from pettingzoo.classic import tictactoe_v3
 
     return tictactoe_v3.env()
-
-
-__all__ = ["ComingAndGoing", "Relay", "coming_and_going", "relay", "tictactoe"]

@@ -282,11 +282,3 @@ def faulty_multi_agent_env_fns(
     """
     wrap = functools.partial(_make_faulty_multi_agent, agent=agent)
     return faulty_factories(wrap, base, num_envs, faults, log, seed, "faulty_multi_agent_env_fns")
-
-
-__all__ = [
-    "FaultyAECEnv",
-    "FaultyMultiAgentEnv",
-    "FaultyParallelEnv",
-    "faulty_multi_agent_env_fns",
-]

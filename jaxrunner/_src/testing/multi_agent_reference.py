@@ -130,6 +130,3 @@ def by_hand(factory: MultiAgentEnvFactory) -> ParallelByHand | AECByHand:
     """A new env from ``factory``, to be stepped by hand (reset it first)."""
     env = factory()
     return AECByHand(env) if isinstance(env, AECEnv) else ParallelByHand(env)
-
-
-__all__ = ["AECByHand", "ExpectedRow", "ParallelByHand", "by_hand"]

@@ -126,6 +126,3 @@ def actions_of_row(actions: Sequence[np.ndarray], groups: Sequence[AgentGroup], 
         return actions[g][b, a]
 
     return act
-
-
-__all__ = ["actions_of_row", "assert_acting", "assert_row", "sample_actions"]

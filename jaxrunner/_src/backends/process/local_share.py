@@ -392,6 +392,3 @@ class LocalShareVectorEnv(VectorEnv):
         values, k = self._values_per_env(name, values), self.main_process_envs
         self._local.set_attr(name, values[:k])
         self._remote.set_attr(name, values[k:])
-
-
-__all__ = ["LocalShareVectorEnv", "make_process_vec"]

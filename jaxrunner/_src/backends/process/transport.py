@@ -211,6 +211,3 @@ class TransportForwarding:
     def render(self) -> tuple[Any, ...]:
         self._check_open("render")  # type: ignore[attr-defined]
         return self._transport.pool.call_each_env("render")
-
-
-__all__ = ["ProcessTransport", "Report", "TransportForwarding"]

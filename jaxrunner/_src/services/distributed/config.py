@@ -87,6 +87,3 @@ class EnvRunnerGroupConfig:
     def runner_seed(self, index: int, incarnation: int) -> int:
         """The seed of runner ``index``'s ``incarnation``-th instance."""
         return self.seed + (incarnation * self.num_runners + index) * self.num_envs_per_runner
-
-
-__all__ = ["EPISODE_ID_BITS", "EnvRunnerGroupConfig", "PolicyFactory"]

@@ -391,6 +391,3 @@ def _kill(ray: Any, actor: Any) -> None:
         ray.kill(actor, no_restart=True)
     except Exception:  # already dead, or Ray shut down
         pass
-
-
-__all__ = ["EnvRunnerGroup", "aggregate_metrics", "concatenate_envs"]

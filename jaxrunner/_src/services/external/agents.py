@@ -129,6 +129,3 @@ class MultiAgentEpisodeRecord(EpisodeRecord):
     def open_agents(self) -> list[AgentRecord]:
         """The agents that have acted and not ended: each needs a final observation."""
         return [r for r in self.agents.values() if not r.done and r.num_actions]
-
-
-__all__ = ["AgentRecord", "MultiAgentEpisodeRecord"]

@@ -380,6 +380,3 @@ class PolicyBatcher:
         entry = (compiled, program.inputs, program.outputs, program.inputs.allocate())
         self._compiled[size] = entry
         return entry
-
-
-__all__ = ["PolicyBatcher", "Row", "RowResult", "default_buckets"]

@@ -153,6 +153,3 @@ def wait_for(future: concurrent.futures.Future, timeout_s: float) -> Any:
             f"{timeout_s} s; the request was withdrawn (nothing "
             "recorded): retry it."
         ) from None
-
-
-__all__ = ["ActionDelivery", "wait_for"]

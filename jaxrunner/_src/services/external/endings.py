@@ -100,6 +100,3 @@ class EpisodeEndings:
         for live in stale:
             self.finish(live, terminated=False, truncated=True)
         return len(stale)
-
-
-__all__ = ["EpisodeEndings"]

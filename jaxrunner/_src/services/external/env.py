@@ -379,6 +379,3 @@ class ExternalEnv(RunDriven):
         clock) as truncated at its last observation, dropping its step in wait of an
         outcome; returns how many. Runs by itself every so often (the reaper)."""
         return self._endings.reap(idle_since)
-
-
-__all__ = ["ExternalEnv"]

@@ -160,15 +160,3 @@ class MemoryBudget:
         need = self.check(steps, what)
         self.reserved += need
         return need
-
-
-__all__ = [
-    "EPISODE_OVERHEAD_BYTES",
-    "MemoryBudget",
-    "TRIM_EVERY_BYTES",
-    "episode_nbytes",
-    "estimate_step_nbytes",
-    "release_freed_memory",
-    "step_nbytes",
-    "tree_nbytes",
-]

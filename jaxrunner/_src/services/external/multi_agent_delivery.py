@@ -177,6 +177,3 @@ class MultiAgentDelivery:
         self.memory.settle(live.reserved, grown, steps)
         live.reserved = 0
         live.last_seen = time.monotonic()
-
-
-__all__ = ["MultiAgentDelivery"]

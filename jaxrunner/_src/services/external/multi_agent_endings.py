@@ -102,6 +102,3 @@ class AgentEndings:
                 self._episodes.remove(live)
         self.finish(ended, truncated=True)
         return len(stale)
-
-
-__all__ = ["AgentEndings"]

@@ -290,6 +290,3 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
         in wait of an outcome dropped (``num_dropped_steps``); returns how many
         episodes. Runs by itself every so often (the reaper)."""
         return self._endings.reap(idle_since)
-
-
-__all__ = ["MultiAgentExternalEnv"]

@@ -199,6 +199,3 @@ class MultiAgentExternalCore(GroupedAgents):
 def _multi_agent(live: EpisodeRecord) -> MultiAgentEpisodeRecord:
     """``live`` as the multi-agent record it is (the table makes only those)."""
     return cast(MultiAgentEpisodeRecord, live)
-
-
-__all__ = ["MultiAgentExternalCore"]

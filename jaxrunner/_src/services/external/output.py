@@ -73,6 +73,3 @@ class EpisodeOutput(Generic[E]):
             taken = [self._episodes.popleft() for _ in range(num_episodes)]
             self._memory.output -= sum(episode_nbytes(e) for e in taken)
             return taken
-
-
-__all__ = ["EpisodeOutput"]

@@ -222,6 +222,3 @@ async def _disconnected(request: Request) -> None:
     """Returns once the client has hung up (the body was read already)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-__all__ = ["create_app"]

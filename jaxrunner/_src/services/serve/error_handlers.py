@@ -80,6 +80,3 @@ def install_error_handlers(app: FastAPI) -> None:
     async def internal(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("internal error", exc_info=exc)
         return error_response(500, "internal", "internal server error")
-
-
-__all__ = ["ClientGone", "error_response", "install_error_handlers"]

@@ -83,6 +83,3 @@ class Guard:
         await error_response(
             413, "too_large", f"the request body exceeds the limit of {self.max_body_bytes} bytes."
         )(scope, receive, send)
-
-
-__all__ = ["OPEN_PATHS", "Guard"]

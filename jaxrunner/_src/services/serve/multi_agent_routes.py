@@ -116,6 +116,3 @@ def add_multi_agent_routes(
         obs = decode(body.obs, "end_episode", "obs")
         await run_in_threadpool(lambda: env.end_episode(episode_id, obs, truncated=body.truncated))
         return JSONResponse({"ok": True})
-
-
-__all__ = ["add_multi_agent_routes", "agent_spaces_json"]

@@ -138,31 +138,3 @@ def raw(tree: Any) -> Any:
     if isinstance(tree, BaseModel):
         return tree.model_dump()
     return tree
-
-
-__all__ = [
-    "ERRORS",
-    "MAX_AGENTS",
-    "MAX_REPORT_STEPS",
-    "AgentActionsOut",
-    "AgentEndBody",
-    "AgentLogActionBody",
-    "AgentObsBody",
-    "AgentReturnsBody",
-    "AgentTrees",
-    "ActionOut",
-    "EndBody",
-    "EpisodeCreated",
-    "EpisodeId",
-    "ErrorDetail",
-    "ErrorOut",
-    "LogActionBody",
-    "ObsBody",
-    "Ok",
-    "ReportBody",
-    "ReturnsBody",
-    "StartEpisode",
-    "Tree",
-    "WireArray",
-    "raw",
-]

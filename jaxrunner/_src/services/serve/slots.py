@@ -213,6 +213,3 @@ class ConnectionSlots:
             if (among is None or slot in among) and (exclude is None or slot not in exclude):
                 return slot
         return None
-
-
-__all__ = ["ConnectionSlots", "Slot"]

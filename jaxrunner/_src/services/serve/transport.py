@@ -365,14 +365,3 @@ def protocol_class(limits: TransportLimits) -> type[DeadlineH11Protocol]:
         limits.max_connections, limits.max_unauthenticated, linger_s=EVICTED_LINGER_S
     )
     return type("JaxRunnerH11Protocol", (DeadlineH11Protocol,), {"limits": limits, "slots": slots})
-
-
-__all__ = [
-    "EVICTED_LINGER_S",
-    "MAX_HEADER_BYTES",
-    "MAX_REQUEST_LINE_BYTES",
-    "SEND_BUFFER_BYTES",
-    "DeadlineH11Protocol",
-    "TransportLimits",
-    "protocol_class",
-]

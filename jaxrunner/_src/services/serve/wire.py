@@ -214,17 +214,3 @@ def _kind(obj: Any) -> str:
     if isinstance(obj, Mapping):
         return f"an object with keys {sorted(map(str, obj))[:8]}"
     return f"a JSON {type(obj).__name__}"
-
-
-__all__ = [
-    "DTYPES",
-    "WireError",
-    "decode_array",
-    "decode_params",
-    "decode_tree",
-    "encode_array",
-    "encode_params",
-    "encode_tree",
-    "space_from_json",
-    "space_to_json",
-]
