@@ -31,7 +31,8 @@ class EnvRunnerGroupConfig:
     rollout_length: int = 128
     """T of every runner's ``sample()``."""
     seed: int = 0
-    """Base seed (see the module docstring for each runner's)."""
+    """Base seed: runner ``i``'s ``k``-th incarnation uses ``seed + (k * num_runners + i)
+    * num_envs_per_runner`` (:meth:`runner_seed`)."""
     backend: str = "sync"
     """Each runner's ``make_vec`` backend."""
     env_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)

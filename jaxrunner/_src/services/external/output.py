@@ -1,9 +1,5 @@
-"""The output of an :class:`~jaxrunner.ExternalEnv`: finished training episodes
-waiting for ``poll_episodes``/``sample_episodes``.
-
-They count against the memory budget until taken; past ``max_output_episodes`` the
-oldest are dropped, so an env nobody polls holds bounded memory.
-"""
+"""The output of an :class:`~jaxrunner.ExternalEnv`: finished training episodes until
+polled, charged to the memory budget; past ``max_output_episodes`` the oldest are dropped."""
 
 from __future__ import annotations
 
