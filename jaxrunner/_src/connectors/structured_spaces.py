@@ -1,12 +1,5 @@
 """The leaf spaces of a structured (``Dict``/``Tuple``) observation space, mapped and
-rebuilt, for the observation connectors.
-
-Structured observations (``Dict`` and ``Tuple`` spaces, nested freely) are handled leaf
-by leaf: :class:`~jaxrunner.connectors.NormalizeObservation` keeps statistics per ``Box``
-leaf and passes other leaves (``Discrete``, ``MultiBinary``, ``MultiDiscrete``) through
-unchanged;
-:class:`~jaxrunner.connectors.FrameStack` stacks every leaf.
-"""
+rebuilt, for the observation connectors, which work leaf by leaf."""
 
 from __future__ import annotations
 
