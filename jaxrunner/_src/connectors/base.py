@@ -1,27 +1,5 @@
-"""What a connector is: a pure, stateful transform between the env and the policy.
-
-Three kinds, all pure functions of explicit state (jitted into the runner's compiled
-programs, never called per env from Python):
-
-* :class:`ObsConnector`: observations -> what the policy sees, once per policy step,
-  inside the compiled policy step (:mod:`jaxrunner._src.samplers.policy_step`).
-* :class:`ActionConnector`: the policy's action -> the action the env gets, in the same
-  compiled step (the Trajectory keeps the policy's action, so log-probs stay exact).
-* :class:`RewardConnector`: rewards -> scaled rewards, once per sample over the whole
-  ``[T, B]`` rollout (rewards arrive after the step that acted).
-
-State. A :class:`ConnectorState` has a ``per_env`` part (each leaf ``[num_envs, ...]``,
-e.g. a frame stack) and a ``shared`` part (e.g. normalization statistics). The runner
-owns the rows of ``per_env``: a call sees only the rows of the envs it computes, and the
-rows of inactive envs (another pipelining split, a ready-first bucket's padding) are
-never written back. ``shared`` is the connector's to update; it must only take in the
-rows where ``active`` is true, so results never depend on how envs are batched.
-
-Agent groups (:class:`~jaxrunner.MultiAgentRunner`): a group's connectors see its
-agent slots as rows, ``N = B * A_g`` (row ``b * A_g + a``: agent ``a`` of env ``b``):
-``per_env`` is per agent slot, ``episode_start`` is the agent's episode start, and
-``active`` marks the agents that act.
-"""
+"""What a connector is: a pure, stateful transform between the env and the policy, of
+observations and actions inside the compiled policy step, of rewards once per sample."""
 
 from __future__ import annotations
 
@@ -47,7 +25,14 @@ class ConnectorState(flax.struct.PyTreeNode):
 
 
 class ObsConnector(abc.ABC):
-    """Transforms observations before the policy sees them (see the module docstring).
+    """Transforms observations before the policy sees them, once per policy step, inside
+    the compiled step.
+
+    The runner owns the rows of ``per_env``: a call sees only the rows of the envs it
+    computes (for an agent group, its agent slots: row ``b * A_g + a`` is agent ``a`` of
+    env ``b``), and rows of inactive envs (another pipelining split, a bucket's padding)
+    are never written back. ``shared`` may take in only the rows where ``active`` is
+    true, so results never depend on how envs are batched.
 
     Subclasses are frozen dataclasses (hashable, picklable: the runner's compiled
     programs close over them). Only :meth:`init` and :meth:`__call__` are required.
@@ -132,6 +117,3 @@ class RewardConnector(abc.ABC):
         hold a transition; an invalid slot does not end an episode by itself (an agent
         of a group waiting for its turn goes on after it): where an episode was cut
         there (a failed sub-env), the slot is flagged ``truncated``."""
-
-
-__all__ = ["ActionConnector", "ConnectorState", "ObsConnector", "RewardConnector"]

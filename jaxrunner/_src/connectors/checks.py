@@ -88,10 +88,3 @@ def check_state(who: str, name: str, current: Any, new: Any) -> Any:
             )
         out.append(array)
     return treedef.unflatten(out)
-
-
-__all__ = [
-    "check_count_dtype",
-    "check_state",
-    "check_std_bounds",
-]

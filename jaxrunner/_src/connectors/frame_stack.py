@@ -88,6 +88,3 @@ class FrameStack(ObsConnector):
             return jnp.concatenate([stack[:, :, 1:], leaf[:, :, None]], axis=2)
 
         return jax.tree.map(one, seen, next_obs)
-
-
-__all__ = ["FrameStack"]

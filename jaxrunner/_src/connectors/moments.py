@@ -1,16 +1,6 @@
-"""Running moments (count, mean, sum of squared deviations) with an exact parallel merge.
-
-:class:`Moments` is Chan et al.'s parallel-variance state: two sets of moments merge into
-the moments of their union, so statistics gathered by different envs, samples or
-runners combine exactly (up to float rounding), in any grouping of the data.
-:class:`RunningMoments` is what a connector keeps: the statistics it uses, the
-``delta`` gathered since an :class:`~jaxrunner.EnvRunnerGroup` last collected it, and
-whether it is frozen (:func:`freeze`, :func:`unfreeze`: data, so no recompile).
-
-Non-finite values never enter the statistics: :meth:`Moments.of` leaves out every row
-holding a NaN or an infinity (one bad observation would otherwise make its feature's
-mean and variance NaN for good).
-"""
+"""Running moments (count, mean, sum of squared deviations) with an exact parallel merge
+(Chan et al.), so statistics of different envs, samples or runners combine exactly; rows
+holding a NaN or an infinity never enter them."""
 
 from __future__ import annotations
 
@@ -212,15 +202,3 @@ def merge_all(parts: Sequence[Sequence[Moments]]) -> list[Moments]:
     for part in parts[1:]:
         out = [a.merge(b) for a, b in zip(out, part)]
     return out
-
-
-__all__ = [
-    "COUNT_DTYPES",
-    "Moments",
-    "RunningMoments",
-    "freeze",
-    "merge_all",
-    "set_statistics",
-    "take_deltas",
-    "unfreeze",
-]

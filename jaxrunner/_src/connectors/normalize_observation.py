@@ -165,6 +165,3 @@ class NormalizeObservation(ObsConnector):
             return running.add(Moments.of(x, mask, self.count_dtype), force=force)
 
         return state.replace(shared=jax.tree.map(one, state.shared, obs, is_leaf=_is_stats))
-
-
-__all__ = ["NormalizeObservation"]

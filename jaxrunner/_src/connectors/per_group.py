@@ -1,21 +1,6 @@
-"""Connectors per agent group: which :class:`~jaxrunner.connectors.Connectors` each
-policy id's group runs (``MultiAgentRunner(..., connectors=...)``), and their state.
-
-A group's connectors run inside its compiled policy step with the group's agent slots
-as rows (``B * A_g``, row ``b * A_g + a``), so:
-
-* per-env state (a frame stack) is per agent slot: it restarts at that agent's
-  episode start and never mixes envs or agents;
-* shared statistics take in only the agents that act (in the step) and only the valid
-  slots of the group's trajectory (per sample), never the padding of absent, waiting
-  or departed agents;
-* the group's trajectory keeps its raw ``obs``, ``next_obs`` and ``reward`` beside
-  ``extras["policy_obs"]``, ``extras["policy_next_obs"]`` and
-  ``extras["scaled_reward"]`` (zero at invalid slots, as every field there).
-
-Each group has its own state, also when one :class:`Connectors` is given for every
-group; a policy is initialised on ``connectors.observation_space(group.observation_space)``.
-"""
+"""Connectors per agent group (``MultiAgentRunner(..., connectors=...)``): which
+:class:`~jaxrunner.connectors.Connectors` each policy id's group runs, with the group's
+agent slots as rows (``B * A_g``, row ``b * A_g + a``), and each group's own state."""
 
 from __future__ import annotations
 
@@ -97,6 +82,3 @@ def check_state_like(policy_id: str, current: ConnectorsState, state: Any) -> No
             f"{want[1]}), got {got[0]}, shapes {got[1]}. Start from "
             "runner.get_connector_state() and replace its arrays."
         )
-
-
-__all__ = ["GroupConnectors", "check_state_like", "per_policy_connectors"]

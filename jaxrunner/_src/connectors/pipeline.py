@@ -1,20 +1,6 @@
-"""Connectors composed: what a runner is given, and the two places they run.
-
-* Every policy step (inside :class:`~jaxrunner._src.samplers.policy_step.CompiledPolicyStep` and the
-  scan sampler's step): observation connectors in order, the policy, action connectors.
-  What the policy saw goes back in the step's one packed output as
-  ``extras["policy_obs"]``.
-* Once per sample (:meth:`Connectors.finish_sample`, one compiled call): what the policy
-  would see of each ``next_obs`` (``extras["policy_next_obs"]``), the scaled rewards
-  (``extras["scaled_reward"]``), then each connector's ``end_sample`` (statistics
-  gathered during the sample are folded in for the next one).
-
-So a learner reads the policy's inputs from the Trajectory as they were:
-``policy.evaluate(params, extras["policy_obs"], action)`` recomputes the sampled
-log-probs over the ``[T, B]`` batch, ``policy.value(params, extras["policy_next_obs"],
-batch_ndim=2)`` gives ``jr.gae`` its ``next_value``, and ``reward=extras["scaled_reward"]``
-its rewards.
-"""
+"""Connectors composed, as a runner is given them, and the two places they run: every
+policy step (observation connectors, the policy, action connectors) and once per sample
+(:meth:`Connectors.finish_sample`: ``policy_next_obs``, ``scaled_reward``, statistics)."""
 
 from __future__ import annotations
 
@@ -369,13 +355,3 @@ def finish_group_sample(
         return jnp.where(valid.reshape(t, b, a, *([1] * (x.ndim - 3))), x, jnp.zeros((), x.dtype))
 
     return jax.tree.map(back, extras), state
-
-
-__all__ = [
-    "POLICY_NEXT_OBS",
-    "POLICY_OBS",
-    "SCALED_REWARD",
-    "Connectors",
-    "ConnectorsState",
-    "finish_group_sample",
-]

@@ -62,6 +62,3 @@ class RescaleActions(ActionConnector):
         low = jnp.asarray(self.low, action.dtype).reshape(action.shape[1:])
         high = jnp.asarray(self.high, action.dtype).reshape(action.shape[1:])
         return low + (a + 1.0) * 0.5 * (high - low)
-
-
-__all__ = ["RescaleActions"]

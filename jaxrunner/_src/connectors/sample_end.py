@@ -52,6 +52,3 @@ class SampleEnd:
         extras, flat = self._fn(flat, *inputs)
         extras = jax.tree.map(np.asarray, jax.device_get(extras))
         return traj.replace(extras={**traj.extras, **extras}), flat
-
-
-__all__ = ["SampleEnd"]

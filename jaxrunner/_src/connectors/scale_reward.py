@@ -90,6 +90,3 @@ class ScaleReward(RewardConnector):
             step, (state.per_env, state.shared), (reward, terminated, truncated, valid)
         )
         return scaled, ConnectorState(per_env=ret, shared=shared)
-
-
-__all__ = ["ScaleReward"]

@@ -77,6 +77,3 @@ class StatePacking:
         for (group, offset, size), value in zip(self.where, values):
             buffers[group][offset : offset + size] = np.ravel(value)
         return tuple(jax.device_put(buffers))
-
-
-__all__ = ["StatePacking"]

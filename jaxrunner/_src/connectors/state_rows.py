@@ -50,6 +50,3 @@ def device_copy(state: ConnectorsState) -> ConnectorsState:
     """A device copy of ``state`` that the runner owns: its compiled step donates its
     state, so a caller's arrays must never be the runner's."""
     return jax.device_put(jax.device_get(state))
-
-
-__all__ = ["device_copy", "keep_active", "put_rows", "take_rows"]

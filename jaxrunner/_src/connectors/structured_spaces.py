@@ -1,12 +1,5 @@
 """The leaf spaces of a structured (``Dict``/``Tuple``) observation space, mapped and
-rebuilt, for the observation connectors.
-
-Structured observations (``Dict`` and ``Tuple`` spaces, nested freely) are handled leaf
-by leaf: :class:`~jaxrunner.connectors.NormalizeObservation` keeps statistics per ``Box``
-leaf and passes other leaves (``Discrete``, ``MultiBinary``, ``MultiDiscrete``) through
-unchanged;
-:class:`~jaxrunner.connectors.FrameStack` stacks every leaf.
-"""
+rebuilt, for the observation connectors, which work leaf by leaf."""
 
 from __future__ import annotations
 
@@ -48,6 +41,3 @@ def rebuild_space(space: spaces.Space, leaves: Any) -> spaces.Space:
             tuple(rebuild_space(sub, leaf) for sub, leaf in zip(space.spaces, leaves))
         )
     return leaves
-
-
-__all__ = ["map_space", "rebuild_space"]

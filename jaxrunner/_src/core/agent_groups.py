@@ -1,9 +1,6 @@
-"""Agent groups and the policy mapping: which agents one policy serves.
-
-A group is the agents mapped to one policy id. They share an observation space and an
-action space (agents of different spaces are never padded into one group), and their
-data is stacked along an agent axis, in the order of the env's ``possible_agents``.
-"""
+"""Agent groups and the policy mapping: the agents one policy id serves, with one
+observation and one action space (never padded together), stacked along an agent axis in
+the order of the env's ``possible_agents``."""
 
 from __future__ import annotations
 
@@ -158,13 +155,3 @@ def describe_agents(env: Any) -> AgentsDescription:
         tuple(env.action_space(a) for a in agents),
         isinstance(env, AECEnv),
     )
-
-
-__all__ = [
-    "AgentGroup",
-    "AgentsDescription",
-    "PolicyMappingFn",
-    "build_groups",
-    "default_policy_mapping",
-    "describe_agents",
-]

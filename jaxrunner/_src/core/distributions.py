@@ -1,10 +1,5 @@
-"""Action distributions chosen by the action space, batched over envs.
-
-Each distribution holds batched parameters ``[B, ...]``. ``sample`` takes one key
-per env (``[B]``) and draws each env's action from its own key only, so an env's
-action never depends on which other envs share the batch: the same seed gives
-the same actions however the envs are split into batches.
-"""
+"""Action distributions chosen by the action space, batched over envs: ``sample`` draws each
+env's action from that env's own key, so it never depends on which envs share the batch."""
 
 from __future__ import annotations
 

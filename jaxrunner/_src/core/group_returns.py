@@ -63,6 +63,3 @@ def group_gae(
         return jnp.zeros_like(x).at[(order, *rest)].set(x)
 
     return GAE(scatter(out.advantages), scatter(out.returns))
-
-
-__all__ = ["group_gae"]

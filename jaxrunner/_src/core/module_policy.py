@@ -140,12 +140,3 @@ def parse_module_output(out: Any) -> dict[str, jax.Array]:
             )
         parsed["value"] = value
     return parsed
-
-
-__all__ = [
-    "mode_apply_fn",
-    "module_policy_fns",
-    "parse_module_output",
-    "policy_extras",
-    "probe_output",
-]

@@ -95,6 +95,3 @@ class MultiAgentMetrics(RunnerMetrics):
             for agent, stats in self._by_agent.items()
         }
         return out
-
-
-__all__ = ["MultiAgentMetrics"]

@@ -1,12 +1,6 @@
-"""Compact next observations: kept only where they are not the next step's observation.
-
-Row ``[t, b]`` of a trajectory's ``next_obs`` is ``obs[t + 1, b]`` unless env ``b``'s
-episode ended at ``t`` (the next step acts on the reset's observation), the sub-env
-failed there (a restart), it was an env's reset step, or ``t`` is the last step. A
-compact trajectory (``EnvRunner(..., compact_next_obs=True)``) stores only those rows,
-in a :class:`FinalObs`, and builds ``next_obs`` from ``obs`` on demand: for 16 Atari
-envs at T = 128 that is about 1 row in 100 instead of a second copy of ``obs``.
-"""
+"""Compact next observations (``compact_next_obs=True``): ``next_obs`` kept only at the rows
+where it is not the next step's ``obs`` (an episode end, a failed or reset sub-env, the
+last step), and rebuilt from ``obs`` on demand."""
 
 from __future__ import annotations
 
@@ -185,14 +179,3 @@ class FinalObsRecorder:
         empty = space_arrays.allocate(self._space, (0,))
         obs = jax.tree.map(lambda *xs: np.stack(xs), *rows) if rows else empty
         return FinalObs(index=index, obs=obs)
-
-
-__all__ = [
-    "FinalObs",
-    "FinalObsRecorder",
-    "concatenate",
-    "concatenate_envs",
-    "materialize",
-    "slot_rows",
-    "time_slice",
-]

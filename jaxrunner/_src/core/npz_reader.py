@@ -1,19 +1,6 @@
-"""Reading a ``.npz`` file that may be hostile, within bounds.
-
-The one reader behind :meth:`Trajectory.load <jaxrunner.Trajectory.load>` and
-:meth:`EnvRunner.restore <jaxrunner.EnvRunner.restore>`. A ``.npz`` is a zip of
-``.npy`` members; :class:`NpzReader` opens the zip's directory and reads nothing else
-until asked for a member by name. Each member is read at most once; its ``.npy``
-header is checked (plain dtype of an allowed kind, never objects; a byte count that
-matches the zip's own size for it; the caller's expected shape and dtype) before any
-memory is allocated for it, and every member read counts against one byte budget. So
-the memory a file can make its reader allocate is bounded by the members the caller
-asks for, each at most once: never by members nobody names, nor by one member named
-many times.
-
-Every failure is the caller's :class:`~jaxrunner.errors.JaxRunnerError`, built from a
-description of what is wrong (see ``error``).
-"""
+"""Reading a ``.npz`` file that may be hostile, within bounds: the one reader behind
+``Trajectory.load`` and ``EnvRunner.restore``. It reads only the members asked for, each
+once, each ``.npy`` header checked before memory is allocated, within one byte budget."""
 
 from __future__ import annotations
 
@@ -191,6 +178,3 @@ def _read_header(member: Any) -> tuple[tuple[int, ...], bool, np.dtype]:
     if version == (2, 0):
         return np.lib.format.read_array_header_2_0(member)
     raise ValueError(f"unsupported .npy version {version}")
-
-
-__all__ = ["NUMERIC_KINDS", "HeaderCheck", "NpzReader"]

@@ -1,15 +1,5 @@
-"""Policies as pure functions: ``apply_fn(params, obs, carry, keys) -> (action, extras, carry)``.
-
-Everything is batched over envs: ``obs`` is a pytree of ``[B, ...]`` arrays,
-``keys`` holds one PRNG key per env (``[B]``), ``carry`` is the recurrent state
-(a pytree of ``[B, ...]`` arrays, ``None`` for feed-forward policies). ``extras``
-is a dict of ``[B, ...]`` arrays stored with each transition (``log_prob``, and
-``value`` when the module gives one).
-
-The runner jits ``apply_fn`` once, passes params as an argument (so new params
-never retrace) and resets each env's carry to ``initial_carry`` when an episode
-starts.
-"""
+"""Policies as pure functions: ``apply_fn(params, obs, carry, keys) -> (action, extras, carry)``,
+batched over envs."""
 
 from __future__ import annotations
 
@@ -50,7 +40,12 @@ class Policy:
 
     Attributes:
         apply_fn: ``(params, obs, carry, keys) -> (action, extras, carry)``, batched
-            over envs (see the module docstring). Must be jittable.
+            over envs: ``obs`` a pytree of ``[B, ...]`` arrays, ``keys`` one PRNG key per
+            env (``[B]``), ``carry`` the recurrent state (a pytree of ``[B, ...]``
+            arrays; ``None`` for a feed-forward policy), ``extras`` a dict of ``[B, ...]``
+            arrays stored with each transition (``log_prob``, and ``value`` when the
+            module gives one). Must be jittable; the runner jits it once and passes
+            params as an argument, so new params never retrace.
         init_fn: ``(key, obs, carry) -> params`` given a batch of one dummy obs (and
             one carry); used by :meth:`init`. Optional if you build params yourself.
         initial_carry: one env's recurrent state (no batch axis), or ``None`` for a

@@ -1,17 +1,5 @@
-"""Many policies in one call: a fixed-size pool of params of one architecture, with
-a per-episode choice of which member each agent acts with (self-play, leagues).
-
-``pooled_policy(policy, size)`` is a :class:`~jaxrunner.Policy` whose params are a
-pool (:func:`pool_params`): ``members``, the member params stacked on a leading axis
-of ``size``, and ``weights`` (``[size]``, how often each member is drawn; 0 for an
-empty slot). Each step computes every member on every row in one vmapped call and
-keeps, per row, the output of the row's member. The member is drawn at each episode
-start from ``weights`` with the row's own key (so it is deterministic), kept in the
-carry for the rest of the episode, and recorded in ``extras["member"]``.
-
-Changing the pool (new snapshots, new weights) is ``runner.set_params(pool_params(...),
-policy_id)`` with the same ``size``: same shapes, so it never recompiles.
-"""
+"""Many policies in one call: a fixed-size pool of params of one architecture, each agent
+acting with the member drawn at its episode start (self-play, leagues)."""
 
 from __future__ import annotations
 
@@ -64,7 +52,14 @@ def pool_params(
 
 
 def pooled_policy(policy: Policy, size: int) -> Policy:
-    """``policy`` served from a pool of ``size`` params (see the module docstring)."""
+    """``policy`` served from a pool of ``size`` params (:func:`pool_params`).
+
+    Each step computes every member on every row in one vmapped call and keeps, per
+    row, the output of the row's member: drawn from the pool's ``weights`` at the row's
+    episode start with the row's own key (so deterministically), kept in the carry, and
+    recorded in ``extras["member"]``. A new pool of the same ``size``
+    (``runner.set_params(pool_params(...), policy_id)``) never recompiles.
+    """
     size = check_int("pooled_policy", "size", size)
     inner_apply = policy.apply_fn
 
@@ -89,6 +84,3 @@ def pooled_policy(policy: Policy, size: int) -> Policy:
         apply_fn=apply_fn,
         initial_carry={"member": jnp.int32(-1), "inner": policy.initial_carry},
     )
-
-
-__all__ = ["pool_params", "pooled_policy"]

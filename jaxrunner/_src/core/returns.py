@@ -1,26 +1,6 @@
-"""Discounted returns and GAE over ``[T, B]`` trajectories, truncation-correct.
-
-Most hand-written learners get episode ends wrong in one of three ways: they
-bootstrap with ``value[t + 1]`` (the *reset* observation's value where an episode
-ended), they treat a truncation like a termination (zero future value), or they
-chain an episode's advantage into the next one inside the batch. These helpers
-take the value of the true next observation, ``next_value[t] = V(next_obs[t])``,
-and follow three rules:
-
-* after a **termination** the future is worth zero;
-* after a **truncation** (time limit, fault cut, or the last step of the batch)
-  the future is worth ``next_value[t]``, and nothing after it is chained in;
-* a slot with no transition (``valid[t, b]`` false, e.g. the failed call of a
-  sub-env that crashed) contributes nothing: its outputs are zero, and the episode
-  before it ends there like a truncation.
-
-Inside an episode ``next_value[t]`` and ``value[t + 1]`` are values of the same
-observation, so using ``next_value`` everywhere is exact, not an approximation.
-
-Everything is pure ``jax.numpy`` (one reverse ``lax.scan``), so it runs under
-``jax.jit`` and accepts numpy or JAX arrays; the time axis is axis 0 and any
-trailing axes (``[T]``, ``[T, B]``, ``[T, B, ...]``) are batch axes.
-"""
+"""Discounted returns and GAE over ``[T, B]`` trajectories, correct at episode boundaries:
+the future is zero after a termination, ``next_value`` after a truncation, a fault cut or
+the batch's last step, and never chained across episodes."""
 
 from __future__ import annotations
 
@@ -290,6 +270,3 @@ def _check_unit(fn: str, name: str, x: Any) -> None:
         ) from err
     if not 0.0 <= concrete <= 1.0:
         raise InvalidArgumentError(f"{fn}({name}={concrete}): expected a value in [0, 1].")
-
-
-__all__ = ["GAE", "discounted_returns", "gae"]

@@ -1,21 +1,4 @@
-"""The reset seeds a runner gives its sub-envs: one rule, in one place.
-
-An :class:`~jaxrunner.EnvRunner` with seed ``s`` resets sub-env ``i`` with
-``env_seeds(s, num_envs)[i]``: a base drawn from ``numpy.random.SeedSequence(s)``, plus
-``i``. So:
-
-* The seeds stay consecutive within a runner (gymnasium's ``reset(seed=b)`` -> ``b + i``
-  convention), which backends with one generator for all their sub-envs (gymnasium's
-  natively vectorized envs, EnvPool) need: they are seeded with ``b``.
-* Different runner seeds give unrelated bases, so the runners' blocks of seeds do not
-  overlap (a raw ``s + i`` gave runner seeds 0 and 1 the same seeds for all but one
-  sub-env). Two blocks of ``n`` seeds overlap only if their bases fall within ``n`` of
-  each other: a chance of about ``2n / 2**30`` per pair of runner seeds (1.2e-7 for
-  64 envs), whatever the seeds are.
-* Sub-env ``i``'s seed does not depend on ``num_envs``.
-
-A user who calls ``envs.reset(seed=b)`` directly still gets gymnasium's ``b + i``.
-"""
+"""The reset seeds a runner gives its sub-envs: one rule (:func:`env_seeds`), in one place."""
 
 from __future__ import annotations
 
@@ -39,7 +22,12 @@ def env_seeds(seed: int | list[int] | tuple[int, ...], num_envs: int) -> list[in
 
     Returns:
         ``[base, base + 1, ..., base + num_envs - 1]`` with ``base`` drawn from
-        ``numpy.random.SeedSequence(seed)`` (see the module docstring).
+        ``numpy.random.SeedSequence(seed)``. The seeds are consecutive, as gymnasium's
+        ``reset(seed=b)`` seeds sub-env ``i`` with ``b + i`` (backends with one generator
+        for all their sub-envs, such as EnvPool, are seeded with ``base``). Different
+        runner seeds give unrelated bases, so two blocks of ``n`` seeds overlap only by
+        a chance of about ``2n / 2**30`` (a raw ``seed + i`` gave seeds 0 and 1 all but
+        one seed in common). Sub-env ``i``'s seed does not depend on ``num_envs``.
     """
     entropy = [seed] if not isinstance(seed, (list, tuple)) else list(seed)
     if not entropy or not all(is_int(s, low=0) for s in entropy):
@@ -50,6 +38,3 @@ def env_seeds(seed: int | list[int] | tuple[int, ...], num_envs: int) -> list[in
     word = int(np.random.SeedSequence([int(s) for s in entropy]).generate_state(1, np.uint32)[0])
     base = word >> (32 - SEED_BASE_BITS)
     return [base + i for i in range(int(num_envs))]
-
-
-__all__ = ["SEED_BASE_BITS", "env_seeds"]

@@ -1,15 +1,6 @@
-"""Writing and reading trajectory files; a file read may be hostile.
-
-A file written by ``Trajectory.save`` or ``MultiAgentTrajectory.save`` is a zip of
-``.npy`` members: ``__spec__`` (JSON: the format, its version, and each field's tree of
-dicts, tuples, ``None`` and array names; a multi-agent file adds its groups) and one
-member per array (:func:`write_file`, :func:`encode_tree`). :class:`TrajectoryFile`
-reads the spec within :data:`MAX_SPEC_BYTES`, then only the members it names, each
-once (one member backs one field), checked against its own header before memory is
-allocated, within a total byte cap (the bounded reader, :mod:`jaxrunner._src.core.npz_reader`);
-:func:`check_fields` then checks the fields against each other.
-Every failure is an :class:`~jaxrunner.errors.InvalidArgumentError` naming the field.
-"""
+"""Writing and reading trajectory files, which may be hostile: a zip of ``.npy`` members, a
+JSON ``__spec__`` (format, version, each field's tree of array names) and one member per
+array, read through the bounded :mod:`.npz_reader` and checked field against field."""
 
 from __future__ import annotations
 
@@ -245,15 +236,3 @@ def _structure(tree: Any) -> Any:
     if isinstance(tree, tuple):
         return tuple(_structure(v) for v in tree)
     return None if tree is None else "array"
-
-
-__all__ = [
-    "FLAT_KINDS",
-    "MAX_SPEC_BYTES",
-    "MAX_TREE_DEPTH",
-    "TrajectoryFile",
-    "check_fields",
-    "encode_tree",
-    "lead_shape",
-    "write_file",
-]

@@ -1,9 +1,5 @@
-"""Metrics for loggers: a flat form of ``get_metrics()``, and a writer that sends it
-to any callable (Weights & Biases, MLflow, a print) and to TensorBoard.
-
-``EnvRunner.get_metrics()`` nests the perf timers under ``"perf"``; TensorBoard and
-W&B take flat ``{name: number}`` dicts, hence :func:`flatten_metrics`.
-"""
+"""Metrics for loggers: :func:`flatten_metrics` (``get_metrics()`` as flat ``{name: number}``)
+and a writer that sends them to any callable (W&B, MLflow, a print) and to TensorBoard."""
 
 from __future__ import annotations
 
@@ -156,6 +152,3 @@ def _summary_writer(logdir: str | os.PathLike[str]) -> Any:
             "tensorboard_dir unset and pass a callable)."
         ) from err
     return SummaryWriter(logdir=os.fspath(logdir))
-
-
-__all__ = ["MetricsWriter", "flatten_metrics"]

@@ -1,61 +1,26 @@
-"""Gymnasium spaces as stacked numpy buffers: allocation, validated writes, splitting.
+"""Gymnasium spaces as stacked numpy buffers: allocation, validated writes (a value unlike its
+space raises :class:`~jaxrunner.errors.SpaceMismatchError`, never cast), splitting, clipping."""
 
-* :mod:`~jaxrunner._src.space_arrays.buffers`: allocate, copy, map, row views and copies;
-* :mod:`~jaxrunner._src.space_arrays.checks`: every validation, in one wording;
-* :mod:`~jaxrunner._src.space_arrays.writers`: validated writes and action splits (the step loops);
-* :mod:`~jaxrunner._src.space_arrays.clip`: Box action clipping (numpy and JAX).
-
-Writes are validated (never cast silently): a value whose shape or dtype differs from its
-space raises :class:`~jaxrunner.errors.SpaceMismatchError`, it is never cast.
-"""
-
-from jaxrunner._src.space_arrays.buffers import (
-    LEAF_TYPES,
-    allocate,
-    copy_into,
-    leaf_spec,
-    map_structure,
-    rows,
-    take,
-)
-from jaxrunner._src.space_arrays.checks import (
-    NEVER_CAST,
-    SUPPORTED_SPACES,
-    check_action_batch,
-    check_flag,
-    check_info,
-    check_policy_actions,
-    check_reward,
-    check_supported,
-    check_value,
-    mismatch,
-    observation_mismatch,
-)
-from jaxrunner._src.space_arrays.clip import clip_box_actions, clip_box_actions_jax
-from jaxrunner._src.space_arrays.writers import Writer, make_action_splitter, make_writer
-
-__all__ = [
-    "LEAF_TYPES",
-    "NEVER_CAST",
-    "SUPPORTED_SPACES",
-    "Writer",
-    "allocate",
-    "check_action_batch",
-    "check_flag",
-    "check_info",
-    "check_policy_actions",
-    "check_reward",
-    "check_supported",
-    "check_value",
-    "clip_box_actions",
-    "clip_box_actions_jax",
-    "copy_into",
-    "leaf_spec",
-    "make_action_splitter",
-    "make_writer",
-    "map_structure",
-    "mismatch",
-    "observation_mismatch",
-    "rows",
-    "take",
-]
+from jaxrunner._src.space_arrays.buffers import LEAF_TYPES as LEAF_TYPES
+from jaxrunner._src.space_arrays.buffers import allocate as allocate
+from jaxrunner._src.space_arrays.buffers import copy_into as copy_into
+from jaxrunner._src.space_arrays.buffers import leaf_spec as leaf_spec
+from jaxrunner._src.space_arrays.buffers import map_structure as map_structure
+from jaxrunner._src.space_arrays.buffers import rows as rows
+from jaxrunner._src.space_arrays.buffers import take as take
+from jaxrunner._src.space_arrays.checks import NEVER_CAST as NEVER_CAST
+from jaxrunner._src.space_arrays.checks import SUPPORTED_SPACES as SUPPORTED_SPACES
+from jaxrunner._src.space_arrays.checks import check_action_batch as check_action_batch
+from jaxrunner._src.space_arrays.checks import check_flag as check_flag
+from jaxrunner._src.space_arrays.checks import check_info as check_info
+from jaxrunner._src.space_arrays.checks import check_policy_actions as check_policy_actions
+from jaxrunner._src.space_arrays.checks import check_reward as check_reward
+from jaxrunner._src.space_arrays.checks import check_supported as check_supported
+from jaxrunner._src.space_arrays.checks import check_value as check_value
+from jaxrunner._src.space_arrays.checks import mismatch as mismatch
+from jaxrunner._src.space_arrays.checks import observation_mismatch as observation_mismatch
+from jaxrunner._src.space_arrays.clip import clip_box_actions as clip_box_actions
+from jaxrunner._src.space_arrays.clip import clip_box_actions_jax as clip_box_actions_jax
+from jaxrunner._src.space_arrays.writers import Writer as Writer
+from jaxrunner._src.space_arrays.writers import make_action_splitter as make_action_splitter
+from jaxrunner._src.space_arrays.writers import make_writer as make_writer

@@ -1,13 +1,6 @@
-"""Gymnasium spaces as stacked numpy buffers: allocation, copies, row views.
-
-A space maps to a pytree of numpy arrays: ``Dict`` to a ``dict``, ``Tuple`` to a
-``tuple``, every other supported space to one array whose dtype is the space's
-dtype. Batched buffers add leading axes (``[B, ...]`` or ``[T, B, ...]``).
-
-Nothing here validates: the functions trust their inputs to be shaped by the space
-(validated writes are in :mod:`jaxrunner._src.space_arrays.writers`, checks in
-:mod:`jaxrunner._src.space_arrays.checks`).
-"""
+"""Gymnasium spaces as stacked numpy buffers (a ``Dict`` space a ``dict``, a ``Tuple`` a
+``tuple``, any other one array of its dtype, with leading ``[B]`` or ``[T, B]`` axes):
+allocation, copies, row views. Nothing here validates (that is :mod:`.writers`)."""
 
 from __future__ import annotations
 
@@ -75,6 +68,3 @@ def rows(space: spaces.Space, tree: Any, index: int | slice) -> Any:
 def take(space: spaces.Space, tree: Any, index: Any) -> Any:
     """``tree[index]`` leaf by leaf, as copies."""
     return map_structure(space, lambda leaf: np.array(leaf[index]), tree)
-
-
-__all__ = ["LEAF_TYPES", "allocate", "copy_into", "leaf_spec", "map_structure", "rows", "take"]

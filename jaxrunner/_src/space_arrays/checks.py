@@ -1,14 +1,6 @@
-"""Every check of a value against its space or gymnasium's API, in one wording.
-
-Each error says where (the sub-env, the path inside the value), what was expected,
-what came (described by one helper, :func:`_describe`) and how to fix it::
-
-    <where>: expected <what the space declares>, got <what came>. <how to fix it>
-
-Invariant 6: a value that is not exactly what its space declares raises, it is never
-cast. Python ``int`` and numpy integer scalars are accepted for ``Discrete`` (an
-exact, value-preserving conversion to the space's int64).
-"""
+"""Every check of a value against its space or gymnasium's API, in one wording:
+``<where>: expected <what the space declares>, got <what came>. <how to fix it>``.
+Nothing is cast, except Python and numpy integers for ``Discrete`` (exact, to int64)."""
 
 from __future__ import annotations
 

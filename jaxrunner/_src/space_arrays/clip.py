@@ -1,10 +1,5 @@
-"""Clipping Box actions to their bounds, for the env only.
-
-Trajectories keep actions as sampled (unclipped, so log-probabilities stay
-consistent); the env gets them clipped. The host loop clips numpy batches with
-:func:`clip_box_actions`, the pure-JAX scan clips traced batches with
-:func:`clip_box_actions_jax`; both walk the space the same way.
-"""
+"""Clipping Box actions to their bounds, for the env only (trajectories keep the actions as
+sampled, so log-probs stay exact): numpy batches in the host loop, traced ones in the scan."""
 
 from __future__ import annotations
 
@@ -62,6 +57,3 @@ def clip_box_actions_jax(space: spaces.Space) -> Clip:
     """Like :func:`clip_box_actions`, with ``jnp.clip`` for traced batches; the identity
     where there is nothing to clip (inside a jitted function it costs nothing)."""
     return _clipper(space, _jax_box) or (lambda actions: actions)
-
-
-__all__ = ["clip_box_actions", "clip_box_actions_jax"]

@@ -1,10 +1,6 @@
-"""Validated writes into stacked buffers, and validated splits of action batches.
-
-The step loops of every backend write each sub-env's observation with a writer
-built once per space, and split each action batch with a splitter built once per
-batch size: the common types are tested inline (the fast path), anything else goes
-to :mod:`jaxrunner._src.space_arrays.checks` for the error.
-"""
+"""Validated writes into stacked buffers and validated splits of action batches, built once
+per space (per batch size) for the step loops: common types tested inline, anything else
+to :mod:`.checks` for the error."""
 
 from __future__ import annotations
 
@@ -109,6 +105,3 @@ def make_action_splitter(space: spaces.Space, num_envs: int) -> Callable[[Any], 
         return list(check_action_batch(space, actions, num_envs))
 
     return split_leaf
-
-
-__all__ = ["Writer", "make_action_splitter", "make_writer"]

@@ -1,9 +1,6 @@
-"""Assertions the contract tests share: exact equality of nested results
-(:func:`assert_trees_equal`) and expecting an error (:func:`expect_raises`).
-
-Nothing here imports pytest: they raise ``AssertionError`` themselves (pytest does not
-rewrite ``assert`` outside test modules, and ``python -O`` strips it).
-"""
+"""Assertions the contract tests share (:func:`assert_trees_equal`, :func:`expect_raises`).
+They raise ``AssertionError`` themselves, without pytest (which rewrites ``assert`` only in
+test modules; ``python -O`` strips it)."""
 
 from __future__ import annotations
 
@@ -51,6 +48,3 @@ def expect_raises(error: type[BaseException], fn: Callable[[], Any], what: str) 
     except error as err:
         return err
     raise AssertionError(f"{what}: expected {error.__name__}, but nothing was raised")
-
-
-__all__ = ["assert_trees_equal", "expect_raises"]

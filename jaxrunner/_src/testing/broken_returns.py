@@ -61,6 +61,3 @@ def break_returns(kind: str, obs: Any, reward: Any, terminated: Any, info: Any) 
     else:
         obs = _break_obs(kind, obs)
     return obs, reward, terminated, info
-
-
-__all__ = ["break_returns"]

@@ -1,16 +1,6 @@
-"""The vector-env contract test mixin.
-
-Users can inherit it to test their own vector-env backends::
-
-    from jaxrunner.testing import VectorEnvContract
-
-    class TestMyBackend(VectorEnvContract):
-        def make_vec(self, env_fns):
-            return MyVectorEnv(env_fns)
-
-Nothing here imports pytest: the mixin's checks raise ``AssertionError`` themselves
-(pytest does not rewrite ``assert`` outside test modules, and ``python -O`` strips it).
-"""
+"""The vector-env contract test mixin, which users inherit to test their own backends. Like
+everything in this package, it does not import pytest: its checks raise
+``AssertionError`` themselves."""
 
 from __future__ import annotations
 
@@ -361,6 +351,3 @@ class VectorEnvContract:
         if not vec.closed:
             raise AssertionError("leaving the with block did not close the vector env")
         expect_raises(ClosedError, lambda: vec.step(np.zeros(n, dtype=np.int64)), "step()")
-
-
-__all__ = ["VectorEnvContract", "gymnasium_reference"]

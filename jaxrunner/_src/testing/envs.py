@@ -193,13 +193,3 @@ class StepCounter(gymnasium.Wrapper):
 
 def _counted(fn: EnvFactory) -> gymnasium.Env:
     return StepCounter(fn())
-
-
-__all__ = [
-    "CountingEnv",
-    "DictObsEnv",
-    "EnvFactory",
-    "StepCounter",
-    "counting_env_fns",
-    "make_counting_env",
-]

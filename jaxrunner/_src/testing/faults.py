@@ -1,11 +1,6 @@
-"""Fault injection: envs that crash, hang, die or break gymnasium's API, on purpose.
-
-For jaxrunner's tests and for users testing their own setups. Wrap any env with
-:class:`FaultyEnv` (or build factories with :func:`faulty_env_fns`, picklable for
-worker processes) and say what goes wrong and when with :class:`FaultPlan`. A
-:class:`CallLog` counts good and failed calls across processes, so a test can
-check the runner's accounting against what the envs really did.
-"""
+"""Fault injection: envs that crash, hang, die or break gymnasium's API on purpose
+(:class:`FaultyEnv`, :class:`FaultPlan`), and a :class:`CallLog` that counts good and failed
+calls across processes, to check a runner's accounting against what the envs did."""
 
 from __future__ import annotations
 
@@ -332,17 +327,3 @@ def faulty_env_fns(
             from the length of a sequence ``base``.
     """
     return faulty_factories(_make_faulty, base, num_envs, faults, log, seed, "faulty_env_fns")
-
-
-__all__ = [
-    "STEP_ONLY_KINDS",
-    "CallLog",
-    "FaultKind",
-    "FaultPlan",
-    "FaultSchedule",
-    "FaultyEnv",
-    "InjectedError",
-    "break_returns",
-    "faulty_env_fns",
-    "faulty_factories",
-]

@@ -1,13 +1,6 @@
-"""Small pure-JAX envs for testing :class:`~jaxrunner.JaxVectorEnv` without gymnax or brax.
-
-* :class:`RandomWalk`: a functional env in the gymnax style (``reset(key, params)``,
-  ``step(key, state, action, params)`` returning 6 items, no auto-reset) whose steps
-  use their key, with terminations, truncations and both at once.
-* :class:`DoneOnlyRandomWalk`: the same dynamics in gymnax's older done-only form.
-* :class:`BraxPoint`: a brax-style env (``reset(rng) -> State``, ``step(state,
-  action) -> State``) with a Box action and brax ``EpisodeWrapper``-style time limit
-  (``info["steps"]``, ``info["truncation"]``).
-"""
+"""Small pure-JAX envs for testing :class:`~jaxrunner.JaxVectorEnv` without gymnax or brax:
+gymnax-style :class:`RandomWalk` (and its older done-only form) and brax-style
+:class:`BraxPoint`."""
 
 from __future__ import annotations
 
@@ -152,14 +145,3 @@ class AutoResetWrapper:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.env, name)
-
-
-__all__ = [
-    "AutoResetWrapper",
-    "BraxPoint",
-    "BraxState",
-    "DoneOnlyRandomWalk",
-    "RandomWalk",
-    "WalkParams",
-    "WalkState",
-]

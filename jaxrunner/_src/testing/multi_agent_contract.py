@@ -1,19 +1,6 @@
-"""The multi-agent vector-env contract test mixin: every multi-agent backend keeps the
-contract of :mod:`jaxrunner._src.backends.multi_agent.vector_env`, checked against PettingZoo's own
-envs stepped by hand (the comparison: :mod:`jaxrunner._src.testing.multi_agent_step_comparison`).
-
-Users can inherit it to test their own multi-agent backends::
-
-    from jaxrunner.testing import MultiAgentVectorEnvContract
-
-    class TestMyBackend(MultiAgentVectorEnvContract):
-        def make_envs(self, env_fns, restart_policy=None):
-            return MyMultiAgentVectorEnv(env_fns, restart_policy=restart_policy)
-
-As :class:`~jaxrunner._src.testing.contract.VectorEnvContract`, nothing here imports pytest:
-the checks raise ``AssertionError`` themselves. PettingZoo is an optional extra: this
-module imports it, so ``jaxrunner.testing`` loads it only on first use.
-"""
+"""The multi-agent vector-env contract test mixin, which users inherit to test their own
+multi-agent backends, checked against PettingZoo's envs stepped by hand. It imports
+PettingZoo (optional), so ``jaxrunner.testing`` loads it only on first use."""
 
 from __future__ import annotations
 
@@ -324,6 +311,3 @@ class MultiAgentVectorEnvContract:
             actions = sample_actions(np.random.default_rng(self.seed), envs.groups, out)
             envs.step_batch(actions)
         expect_raises(ClosedError, lambda: envs.step_batch(actions), "step_batch() after with")
-
-
-__all__ = ["MultiAgentVectorEnvContract"]

@@ -1,14 +1,6 @@
-"""Small deterministic PettingZoo envs for testing multi-agent backends.
-
-* :class:`ComingAndGoing`: a parallel env whose agents leave and appear mid-episode;
-* :class:`Relay`: a turn-based (AEC) env whose rewards reach agents between turns, and
-  whose agents leave at different times;
-* zero-argument, picklable factories of them (:func:`coming_and_going`,
-  :func:`relay`) and of PettingZoo's own :func:`tictactoe`, for worker processes.
-
-PettingZoo is an optional extra: this module imports it, so ``jaxrunner.testing``
-loads it only on first use of one of its names.
-"""
+"""Small deterministic PettingZoo envs for testing multi-agent backends (:class:`ComingAndGoing`,
+:class:`Relay`) and picklable factories of them and of PettingZoo's tictactoe. It imports
+PettingZoo (optional), so ``jaxrunner.testing`` loads it only on first use."""
 
 from __future__ import annotations
 
@@ -185,6 +177,3 @@ def tictactoe() -> AECEnv:
     from pettingzoo.classic import tictactoe_v3
 
     return tictactoe_v3.env()
-
-
-__all__ = ["ComingAndGoing", "Relay", "coming_and_going", "relay", "tictactoe"]

@@ -1,16 +1,6 @@
-"""Fault injection for PettingZoo envs: :mod:`jaxrunner._src.testing.faults`' vocabulary on
-multi-agent sub-envs.
-
-The same :class:`~jaxrunner._src.testing.faults.FaultPlan` kinds and call numbering as
-:class:`~jaxrunner._src.testing.faults.FaultyEnv` (one
-:class:`~jaxrunner._src.testing.faults.FaultSchedule`
-decides, :func:`~jaxrunner._src.testing.broken_returns.break_returns` breaks), applied to one
-agent's returns. Wrap a ``ParallelEnv`` or an ``AECEnv`` with :class:`FaultyMultiAgentEnv`, or
-build picklable factories with :func:`faulty_multi_agent_env_fns`.
-
-PettingZoo is an optional extra: this module imports it, so ``jaxrunner.testing`` loads
-it only on first use of one of its names.
-"""
+"""Fault injection for PettingZoo envs: the :class:`~.faults.FaultPlan` kinds and call
+numbering of :class:`~.faults.FaultyEnv`, applied to one agent's returns. It imports
+PettingZoo (optional), so ``jaxrunner.testing`` loads it only on first use."""
 
 from __future__ import annotations
 
@@ -282,11 +272,3 @@ def faulty_multi_agent_env_fns(
     """
     wrap = functools.partial(_make_faulty_multi_agent, agent=agent)
     return faulty_factories(wrap, base, num_envs, faults, log, seed, "faulty_multi_agent_env_fns")
-
-
-__all__ = [
-    "FaultyAECEnv",
-    "FaultyMultiAgentEnv",
-    "FaultyParallelEnv",
-    "faulty_multi_agent_env_fns",
-]

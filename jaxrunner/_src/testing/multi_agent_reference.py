@@ -1,9 +1,5 @@
-"""PettingZoo envs stepped by hand: what each row of a multi-agent vector step must hold.
-
-The reference of :class:`~jaxrunner._src.testing.multi_agent_contract.MultiAgentVectorEnvContract`.
-Parallel envs follow the PettingZoo API directly; AEC envs PettingZoo's own loop
-(``last()`` at each turn), independent of how the backends' drivers keep their books.
-"""
+"""PettingZoo envs stepped by hand (parallel envs by their API, AEC envs by PettingZoo's own
+``last()`` loop): what each row of a multi-agent vector step must hold, for the contract."""
 
 from __future__ import annotations
 
@@ -130,6 +126,3 @@ def by_hand(factory: MultiAgentEnvFactory) -> ParallelByHand | AECByHand:
     """A new env from ``factory``, to be stepped by hand (reset it first)."""
     env = factory()
     return AECByHand(env) if isinstance(env, AECEnv) else ParallelByHand(env)
-
-
-__all__ = ["AECByHand", "ExpectedRow", "ParallelByHand", "by_hand"]

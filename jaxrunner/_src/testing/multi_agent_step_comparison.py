@@ -1,13 +1,6 @@
-"""Comparing a multi-agent step with the envs stepped by hand, for
-:class:`~jaxrunner._src.testing.multi_agent_contract.MultiAgentVectorEnvContract`:
-random valid actions for every acting slot (:func:`sample_actions`), the same actions
-as one sub-env's ``agent -> action`` (:func:`actions_of_row`), and the checks that a row
-of a step equals the env stepped by hand (:func:`assert_row`, :func:`assert_acting`;
-the reference is :mod:`jaxrunner._src.testing.multi_agent_reference`).
-
-As the contract, nothing here imports pytest: the checks raise ``AssertionError``
-themselves.
-"""
+"""Comparing a multi-agent step with the envs stepped by hand, for the multi-agent contract:
+random valid actions for every acting slot, and the checks that a row equals its env
+stepped by hand (:func:`assert_row`, :func:`assert_acting`)."""
 
 from __future__ import annotations
 
@@ -126,6 +119,3 @@ def actions_of_row(actions: Sequence[np.ndarray], groups: Sequence[AgentGroup], 
         return actions[g][b, a]
 
     return act
-
-
-__all__ = ["actions_of_row", "assert_acting", "assert_row", "sample_actions"]

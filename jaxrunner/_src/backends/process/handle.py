@@ -1,9 +1,6 @@
-"""The main process's side of one worker: start, send, receive with a deadline, kill.
-
-A :class:`WorkerHandle` never decides what a lost worker means for the vector env
-(:mod:`.recovery` does); it only makes sure that a worker it reports lost is dead,
-so nothing it wrote is ever read again.
-"""
+"""The main process's side of one worker: start, send, receive with a deadline, kill. A
+worker it reports lost is dead, so nothing it wrote is ever read again (what the loss
+means for the vector env is :mod:`.recovery`'s business)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""How ``backend="process"`` lays out and starts its workers: the checks of the
-constructor's arguments, the split of sub-envs over workers, the factories' pickling
-(by value from ``__main__``), the check that a script guards its top-level code, and
-the multiprocessing context (never a plain ``fork``)."""
+"""How ``backend="process"`` lays out and starts its workers: argument checks, the split of
+sub-envs over workers, the factories' pickling (by value from ``__main__``), the check
+that a script guards its top-level code, and the start method (never a plain ``fork``)."""
 
 from __future__ import annotations
 
@@ -138,7 +137,7 @@ def default_num_workers(
 
     * ``"computes"`` (the pipelined single-agent backend: the policy and bookkeeping),
       below :data:`ALL_CPUS_FROM_ENVS` sub-envs;
-    * ``"steps"`` (a :class:`~jaxrunner.LocalShareVectorEnv`: sub-envs of its own), always.
+    * ``"steps"`` (a :class:`~.local_share.LocalShareVectorEnv`: sub-envs of its own), always.
 
     ``"waits"``: the main process waits while the workers step (the lockstep multi-agent
     backend), so they take every CPU (MPE at 64 envs on 2 cores: 5.8k env steps/s with

@@ -1,20 +1,6 @@
-"""The main process's share of ``backend="process"``: its first sub-envs step in the
-main process, the rest in worker processes, behind one vector env.
-
-On a machine with few cores and envs that cost more than the policy, the default
-layout leaves the main process mostly waiting while its workers step (2 cores: 1
-worker, and JAX's CPU calls run inline).
-:class:`LocalShareVectorEnv` composes a :class:`~jaxrunner.SyncVectorEnv` of the
-first ``main_process_envs`` sub-envs with a :class:`~.vector_env.ProcessVectorEnv` of
-the others and declares the split as its two pipelining splits
-(``Capabilities.pipeline_bounds``). The lockstep sampler sends the workers' group and
-receives the main process's group one group later; that ``recv`` steps the main
-process's sub-envs while the workers step theirs, so both cores step envs.
-
-:func:`~.config.main_process_share` says how many sub-envs the main process takes;
-:func:`make_process_vec` builds the backend ``make_vec(..., backend="process")``
-returns.
-"""
+"""The main process's share of ``backend="process"`` (``ProcessConfig(main_process_envs=k)``):
+its first ``k`` sub-envs step in the main process while the workers step the rest, as the
+two pipelining splits; and :func:`make_process_vec`, what ``make_vec`` builds."""
 
 from __future__ import annotations
 
@@ -392,6 +378,3 @@ class LocalShareVectorEnv(VectorEnv):
         values, k = self._values_per_env(name, values), self.main_process_envs
         self._local.set_attr(name, values[:k])
         self._remote.set_attr(name, values[k:])
-
-
-__all__ = ["LocalShareVectorEnv", "make_process_vec"]

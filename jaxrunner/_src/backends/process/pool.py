@@ -1,11 +1,6 @@
-"""The vector env's workers as seen from the main process: commands and replies.
-
-Commands are numbered by one sequence for all workers. A worker answers its
-commands in order, but the main process may wait for them in another order (several
-steps in flight, answered in the order they were sent or as workers finish), so
-replies that arrive before anyone waits for them are kept (``_stash``). What a lost
-worker means is the business of :mod:`.recovery` (the pool's ``on_lost`` hook).
-"""
+"""The vector env's workers as seen from the main process: commands, numbered by one
+sequence for all workers, and their replies, kept when they arrive before anyone waits
+for them (several steps may be in flight, waited for in another order)."""
 
 from __future__ import annotations
 

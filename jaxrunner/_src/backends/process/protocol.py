@@ -1,22 +1,6 @@
-"""The wire protocol between the main process and a worker (both sides import it).
-
-Every message is a fixed-size header, then ``length`` payload bytes:
-
-* main -> worker: ``COMMAND = (op, seq, lo, hi, length)``. ``OP_STEP`` steps the
-  worker's envs ``[lo, hi)`` (global indices); ``OP_CALL`` carries a pickled
-  ``(method, args)`` in its payload (reset, reset_at, call, get_attr, set_attr,
-  render, close); ``OP_MEMORY`` comes once, with the shared-memory fd attached and
-  a pickled ``(Layout, RestartPolicy | None, spin_s)`` as payload (``spin_s``: how
-  long the worker busy-waits for its next command before it sleeps).
-* worker -> main: ``REPLY = (seq, status, length)``. ``seq`` echoes the command's, so
-  a reply can never be taken for another command's (a restarted worker starts
-  again at a fresh socket). ``STATUS_OK`` with a payload is a pickled result
-  (``OP_STEP``: a :class:`StepReply`, or no payload when it would be empty);
-  ``STATUS_ERROR``'s payload is a pickled :class:`RemoteError`.
-
-The worker's start report (its sub-envs' spaces and metadata) is the reply to an
-implicit command 0.
-"""
+"""The wire protocol between the main process and a worker (both sides import it): a
+fixed-size header, then a pickled payload, on the worker's Unix socket. Bulk step data
+never crosses it (:mod:`.shared`)."""
 
 from __future__ import annotations
 
@@ -33,11 +17,21 @@ from typing import Any, NamedTuple
 from jaxrunner.errors import EnvError
 
 COMMAND = struct.Struct("=qqqqq")
+"""main -> worker: ``(op, seq, lo, hi, length)``, then ``length`` payload bytes. ``OP_STEP``
+steps the worker's envs ``[lo, hi)`` (global indices); ``OP_CALL``'s payload is a pickled
+``(method, args)``; ``OP_MEMORY`` comes once, with the shared-memory fd attached and a
+pickled ``(Layout, RestartPolicy | None, spin_s)`` (how long the worker spins before it
+sleeps)."""
 REPLY = struct.Struct("=qqq")
+"""worker -> main: ``(seq, status, length)``, then the payload. ``seq`` echoes the
+command's, so a reply is never taken for another's (a restarted worker has a fresh
+socket). ``STATUS_OK``: the pickled result (``OP_STEP``: a :class:`StepReply`, no payload
+when empty); ``STATUS_ERROR``: a pickled :class:`RemoteError`."""
 OP_STEP, OP_CALL, OP_MEMORY = 1, 2, 3
 STATUS_OK, STATUS_ERROR = 0, 1
 START_REPORT_SEQ = 0
-"""The ``seq`` of a worker's start report: every command after it has a larger one."""
+"""The ``seq`` of a worker's start report (its sub-envs' spaces and metadata), the reply
+to an implicit command 0: every command after it has a larger one."""
 
 
 def call_message(seq: int, method: str, args: tuple) -> bytes:

@@ -1,12 +1,6 @@
-"""What a dead or hung worker means for the vector env, and the accounting of it.
-
-Without a restart policy, a lost worker closes the vector env and its error is
-raised. With one, the worker is replaced by a new one with new, reset sub-envs, and
-every sub-env of the old worker ends its episode as a fault: its slot in the step
-under way (or, if it was not being stepped, in its next step) is failed. The shared
-progress marks (:mod:`.shared`) tell which of those slots stand for a step the
-sub-env had completed (``num_lost_steps``) or never started (``num_unrun_steps``).
-"""
+"""What a dead or hung worker means for the vector env: without a restart policy, the env
+closes and raises; with one, a new worker with new sub-envs, the old ones' episodes ended
+as faults, their slots counted as ``num_lost_steps`` or ``num_unrun_steps``."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""The shared-memory block both sides read and write in place (both sides import it).
-
-Bulk data never crosses a worker's socket: observations, rewards, flags, actions and
-each sub-env's step progress live in one anonymous shared block, carved into numpy
-views the same way on both sides by a :class:`BlockLayout`.
-
-The layout is also what makes the transport generic over the kind of sub-env: it
-knows its buffers, builds the worker's step loop over them, and reads a step's result
-on the main side. :class:`Layout` is the gymnasium (single-agent) kind;
-``jaxrunner.multi_agent.shared_layout.AgentLayout`` the PettingZoo kind. The workers,
-the pool, restarts, timeouts and worker recovery are the same for both.
-"""
+"""The shared-memory block both sides read and write in place (both import it): observations,
+rewards, flags, actions and each sub-env's step progress, carved into numpy views by a
+:class:`BlockLayout`, which also makes the transport generic over the kind of sub-env
+(:class:`Layout` for gymnasium's, :class:`~.agents.AgentLayout` for PettingZoo's)."""
 
 from __future__ import annotations
 

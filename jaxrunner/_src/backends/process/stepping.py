@@ -1,15 +1,6 @@
-"""The process backend's ``send``/``recv``: step commands in flight and their results.
-
-Lockstep (the default): each ``send`` is one :class:`StepCall` (any rows), and
-``recv`` answers the calls in the order they were sent. A send whose rows are still
-in flight from an earlier send waits, unsent, until that one is received (the
-workers write results in place, so the earlier results must be read first).
-
-Ready-first (``ProcessConfig(ready_first=True)``): a ``send`` covers whole workers and
-makes one call per worker; ``recv`` returns the first call whose worker has answered
-(:meth:`WorkerPool.read_any` waits on every worker's socket at once), so a slow
-sub-env stalls only its own worker's rows.
-"""
+"""The process backend's ``send``/``recv``: lockstep (answered in the order sent; a send of
+rows still in flight waits until they are received) or ready-first (one call per worker,
+``recv`` returns whichever worker answers first)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The process transport: worker processes, the shared block, recovery and stepping,
-for any kind of sub-env (:class:`~.shared.BlockLayout`).
-
-A process vector env composes one: :class:`~jaxrunner.ProcessVectorEnv` for gymnasium
-sub-envs and the multi-agent process backend for PettingZoo ones. Both get the same
-workers, shared memory, ``step_timeout_s``, in-worker restarts and worker recovery;
-they differ only in their layout (what the buffers are, how a step reads).
-"""
+"""The process transport: worker processes, the shared block, recovery and stepping, for any
+kind of sub-env (:class:`~.shared.BlockLayout`): gymnasium's in
+:class:`~jaxrunner.ProcessVectorEnv`, PettingZoo's in the multi-agent process backend."""
 
 from __future__ import annotations
 
@@ -226,6 +221,3 @@ class TransportForwarding:
     def render(self) -> tuple[Any, ...]:
         self._check_open("render")  # type: ignore[attr-defined]
         return self._transport.pool.call_each_env("render")
-
-
-__all__ = ["ProcessTransport", "Report", "TransportForwarding"]

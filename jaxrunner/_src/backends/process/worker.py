@@ -1,21 +1,7 @@
-"""The worker process of ``backend="process"``: owns a block of sub-envs.
-
-Each worker owns the sub-envs ``[offset, offset + len(envs))`` and one Unix socket
-to the main process, on which it answers commands (:mod:`.wire`) in order. Step
-data goes through the shared block (:mod:`.shared`), never the socket.
-
-Steps run the shared loop of :mod:`jaxrunner._src.backends.sub_envs` over views of the shared
-block, so validation, autoreset and restarts are the sync backend's. Restarts: with a
-restart policy (sent with the shared block), a sub-env that raises or returns an
-invalid step is recreated here from its factory (:mod:`jaxrunner._src.backends.restarts`). A worker
-that dies or hangs is the main process's to replace; to tell which steps a dying
-worker had done, the loop marks each sub-env's progress in the shared ``status``
-array (``NOT_RUN`` -> ``RUNNING`` -> ``DONE``).
-
-A worker ends when told to close, and on its own when the main process goes away
-(its socket reaches EOF), so it never outlives the main process. This is the module
-the fork server preloads: it must not start JAX.
-"""
+"""The worker process of ``backend="process"``: steps its block of sub-envs with the shared
+loop of :mod:`jaxrunner._src.backends.sub_envs` over the shared block, answers commands in
+order, and ends on close or when its socket reaches EOF. The fork server preloads this
+module: it must not start JAX."""
 
 from __future__ import annotations
 

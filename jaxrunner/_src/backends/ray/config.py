@@ -72,6 +72,3 @@ class RayConfig:
                 f"RayConfig(batch_buckets={self.batch_buckets!r}): expected None or a "
                 "non-empty tuple of ints >= 1, e.g. (8, 16, 32)."
             )
-
-
-__all__ = ["RayConfig", "import_ray"]

@@ -1,11 +1,6 @@
-"""The actor steps of ``backend="ray"`` in flight, each with its deadline.
-
-A step sent to a Ray env actor must answer within ``RayConfig.step_timeout_s``;
-:class:`InFlightSteps` remembers when each was sent, waits for the first to answer no
-longer than the oldest deadline, and hands back the steps past their deadline as
-timed-out actors (what a timed-out actor then means, replacement or an error, is the
-vector env's business).
-"""
+"""The actor steps of ``backend="ray"`` in flight, each with its deadline
+(``RayConfig.step_timeout_s``): waits for the first to answer, no longer than the oldest
+deadline, and hands back those past it."""
 
 from __future__ import annotations
 

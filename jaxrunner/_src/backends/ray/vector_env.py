@@ -1,24 +1,4 @@
-"""``RayVectorEnv``: sub-envs in Ray actors, stepped at their own pace.
-
-The sub-envs are split into consecutive blocks (``envs_per_actor`` each); every block
-runs in one Ray actor as a :class:`~jaxrunner.SyncVectorEnv`, so validation, SAME_STEP
-autoreset and sub-env restarts work exactly as in-process. The actor is the unit of
-work: its sub-envs step together, and every actor steps concurrently with the others.
-
-The backend is ready-first (``capabilities.ready_first``): :meth:`RayVectorEnv.send`
-starts the step of whole actors, and :meth:`RayVectorEnv.recv` returns the result of
-the first actor to finish (``BatchStep.env_ids`` its slice), so the policy runs for
-whichever envs are ready. Autoresets run inside each actor's step, concurrently with
-the other actors. :meth:`RayVectorEnv.step_batch` (and gymnasium's ``step``) steps
-every actor of its rows and returns when all have answered.
-
-An actor that dies (its process crashed or was ``ray.kill``-ed) or does not answer
-within ``step_timeout_s`` is killed and replaced by a new one made from the same
-factories, if a ``restart_policy`` was given: its sub-envs' in-flight step yields no
-transition (``BatchStep.failed``) and their episodes end as faulty, exactly as an
-in-process sub-env failure. Without a policy the failure raises
-:class:`~jaxrunner.errors.WorkerError`.
-"""
+"""``RayVectorEnv``: sub-envs in Ray actors, stepped at their own pace (ready-first)."""
 
 from __future__ import annotations
 
@@ -49,7 +29,17 @@ from jaxrunner.errors import (
 
 
 class RayVectorEnv(ActorForwarding, VectorEnv):
-    """Sub-envs in Ray actors (see the module docstring).
+    """Sub-envs in Ray actors, stepped at their own pace.
+
+    Consecutive blocks of ``envs_per_actor`` sub-envs each run in one Ray actor as a
+    :class:`~jaxrunner.SyncVectorEnv`, so validation, SAME_STEP autoreset and restarts
+    work as in-process. Ready-first: :meth:`send` starts whole actors' steps and
+    :meth:`recv` returns the first actor to finish (``BatchStep.env_ids`` its slice);
+    :meth:`step_batch` waits for every actor of its rows. An actor that dies or misses
+    ``step_timeout_s`` is killed and, under a ``restart_policy``, replaced: its sub-envs'
+    step in flight fails and their episodes end as faulty; without one the failure
+    raises :class:`~jaxrunner.errors.WorkerError` (a death) or
+    :class:`~jaxrunner.errors.RemoteTimeoutError` (a missed deadline).
 
     Ray must be importable; if no Ray instance is running, Ray starts a local one on
     first use (call ``ray.init(address="auto")`` first to use a cluster).

@@ -31,7 +31,8 @@ class EnvRunnerGroupConfig:
     rollout_length: int = 128
     """T of every runner's ``sample()``."""
     seed: int = 0
-    """Base seed (see the module docstring for each runner's)."""
+    """Base seed: runner ``i``'s ``k``-th incarnation uses ``seed + (k * num_runners + i)
+    * num_envs_per_runner`` (:meth:`runner_seed`)."""
     backend: str = "sync"
     """Each runner's ``make_vec`` backend."""
     env_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -87,6 +88,3 @@ class EnvRunnerGroupConfig:
     def runner_seed(self, index: int, incarnation: int) -> int:
         """The seed of runner ``index``'s ``incarnation``-th instance."""
         return self.seed + (incarnation * self.num_runners + index) * self.num_envs_per_runner
-
-
-__all__ = ["EPISODE_ID_BITS", "EnvRunnerGroupConfig", "PolicyFactory"]

@@ -51,7 +51,7 @@ def concatenate_envs(trajectories: list[Any]) -> Any:
 
 
 class EnvRunnerGroup:
-    """N :class:`~jaxrunner.EnvRunner` s as Ray actors (see the module docstring).
+    """N :class:`~jaxrunner.EnvRunner` s as Ray actors (see docs/distributed.md).
 
     Args:
         env: a gymnasium id, or a picklable zero-argument factory of a gymnasium.Env
@@ -391,6 +391,3 @@ def _kill(ray: Any, actor: Any) -> None:
         ray.kill(actor, no_restart=True)
     except Exception:  # already dead, or Ray shut down
         pass
-
-
-__all__ = ["EnvRunnerGroup", "aggregate_metrics", "concatenate_envs"]

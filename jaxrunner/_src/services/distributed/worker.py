@@ -167,6 +167,3 @@ def _check_policy_dict(params: Any, ids: tuple[str, ...]) -> None:
             f"EnvRunnerGroup.set_params(params): a multi-agent group takes a dict by policy "
             f"id (some of {list(ids)}), got {got}."
         )
-
-
-__all__ = ["RunnerWorker", "Statistics"]

@@ -1,12 +1,7 @@
-"""The records of a :class:`~jaxrunner._src.services.external.MultiAgentExternalEnv` episode: one
-:class:`~.episodes.EpisodeRecord` per agent, under one live record per env episode.
-
-An agent's record is a single-agent record (its steps, its reward in wait of the next
-observation, its carry, its bytes) plus who the agent is and the env step of each of
-its actions, so the single-agent endings, memory accounting and output serve it
-unchanged; its ``to_episode`` gives an :class:`~jaxrunner.AgentEpisode`.
-Nothing here locks: the env holds its lock around every call.
-"""
+"""The records of a :class:`~jaxrunner._src.services.external.MultiAgentExternalEnv` episode:
+one single-agent :class:`~.episodes.EpisodeRecord` per agent (so the single-agent endings,
+memory accounting and output serve it unchanged), under one live record per env episode.
+Nothing here locks: the env holds its lock around every call."""
 
 from __future__ import annotations
 
@@ -129,6 +124,3 @@ class MultiAgentEpisodeRecord(EpisodeRecord):
     def open_agents(self) -> list[AgentRecord]:
         """The agents that have acted and not ended: each needs a final observation."""
         return [r for r in self.agents.values() if not r.done and r.num_actions]
-
-
-__all__ = ["AgentRecord", "MultiAgentEpisodeRecord"]

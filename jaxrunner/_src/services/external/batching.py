@@ -1,18 +1,6 @@
-"""Dynamic batching of policy requests from many concurrent episodes.
-
-Requests (one row per observation) queue up; a single thread takes up to
-``max_batch`` rows, waiting at most ``max_wait_s`` after the first for more, pads
-them to the smallest of a few bucket sizes and runs one compiled policy call. Each
-bucket is compiled once, ahead of time, the first time it is needed: shapes never
-change afterwards, so new params or odd batch sizes never recompile.
-
-A row's action key is ``fold_in(fold_in(fold_in(key(seed), id_hi), id_lo), step)``
-for its episode id and step index, and the policy (and a logged action's log-prob) is
-computed in fixed chunks of ``chunk_rows`` rows (:mod:`jaxrunner._src.samplers.batch_invariance`;
-buckets are rounded up to whole chunks): its action depends on the seed, the episode
-and the step only, bit for bit, never on which rows share its batch or how many they
-are (as a runner's actions never depend on how its envs are grouped).
-"""
+"""Dynamic batching of policy requests from many concurrent episodes: one thread pads the
+queued rows to a few precompiled bucket sizes and runs one policy call, in fixed chunks
+(batch invariance), so a row's action depends on the seed, its episode and its step only."""
 
 from __future__ import annotations
 
@@ -380,6 +368,3 @@ class PolicyBatcher:
         entry = (compiled, program.inputs, program.outputs, program.inputs.allocate())
         self._compiled[size] = entry
         return entry
-
-
-__all__ = ["PolicyBatcher", "Row", "RowResult", "default_buckets"]

@@ -156,14 +156,3 @@ def check_agent_dict(
             f"{call}({name}={{}}): expected at least one agent; name the agents that act."
         )
     return dict(value)
-
-
-__all__ = [
-    "check_agent_dict",
-    "check_construction",
-    "check_episode_id",
-    "check_obs",
-    "check_returns",
-    "check_reward",
-    "check_steps",
-]

@@ -79,6 +79,3 @@ class ExternalEnvConfig:
     @property
     def bucket_sizes(self) -> tuple[int, ...]:
         return self.buckets if self.buckets is not None else default_buckets(self.max_batch)
-
-
-__all__ = ["ExternalEnvConfig"]

@@ -1,14 +1,6 @@
-"""Action delivery of an :class:`~jaxrunner.ExternalEnv`: policy requests of live
-episodes, from submission to the step recorded, or to nothing.
-
-A step is recorded only for an action that reached its agent. A request is
-submitted to the :class:`~jaxrunner._src.services.external.batching.PolicyBatcher` for an episode
-already
-claimed (marked busy) by the env; when the policy answers, the step is recorded and
-the episode freed. A waiter that gives up cancels the request (nothing recorded);
-an answer that came back for an agent gone by then is retracted. Both count in
-``num_dropped_steps`` and ``num_undelivered_actions``.
-"""
+"""Action delivery of an :class:`~jaxrunner.ExternalEnv`: a policy request from submission
+to its step recorded, or to nothing (a step is recorded only for an action that reached
+its agent; one withdrawn or retracted counts in ``num_undelivered_actions``)."""
 
 from __future__ import annotations
 
@@ -153,6 +145,3 @@ def wait_for(future: concurrent.futures.Future, timeout_s: float) -> Any:
             f"{timeout_s} s; the request was withdrawn (nothing "
             "recorded): retry it."
         ) from None
-
-
-__all__ = ["ActionDelivery", "wait_for"]

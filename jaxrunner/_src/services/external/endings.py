@@ -1,12 +1,6 @@
-"""How an :class:`~jaxrunner.ExternalEnv` episode ends: by ``end_episode`` or by the
-reaper, it leaves the live table and the memory budget, counts in the metrics, and
-its :class:`~jaxrunner.Episode` is handed on (to the output, or to a policy client).
-
-The episode leaves the live table under the env's lock (later calls for it get 410),
-is stacked without the lock (ending 100,000 steps stalls no other episode's calls),
-and is counted and handed on under the lock again. Its live bytes stay charged to the
-memory budget until then: stacking releases each recorded row as it copies it.
-"""
+"""How an :class:`~jaxrunner.ExternalEnv` episode ends (``end_episode`` or the reaper): it
+leaves the live table under the lock, is stacked without it (a long episode stalls no
+other call), and is counted and handed on under the lock again."""
 
 from __future__ import annotations
 
@@ -100,6 +94,3 @@ class EpisodeEndings:
         for live in stale:
             self.finish(live, terminated=False, truncated=True)
         return len(stale)
-
-
-__all__ = ["EpisodeEndings"]

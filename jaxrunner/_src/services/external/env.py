@@ -1,11 +1,4 @@
-"""The :class:`ExternalEnv` facade: the public calls, under one lock.
-
-The parts live next to it: :mod:`.checks` (argument checks), :mod:`.episodes` (live
-records, ids), :mod:`.delivery` (policy requests, from submission to the recorded
-step), :mod:`.memory` (the byte budget), :mod:`.endings` (ending episodes),
-:mod:`.output` (finished episodes), :mod:`.reaper` (abandoned episodes),
-:mod:`.config`, and :mod:`jaxrunner._src.services.external.batching` (policy calls).
-"""
+"""The :class:`ExternalEnv` facade: the public calls, under one lock."""
 
 from __future__ import annotations
 
@@ -40,7 +33,7 @@ from jaxrunner.errors import ClosedError, EpisodeConflictError, InvalidArgumentE
 
 
 class ExternalEnv(RunDriven):
-    """Serves a policy to episodes that are stepped elsewhere (see the module docstring).
+    """Serves a policy to episodes that are stepped elsewhere (see docs/serving.md).
 
     Args:
         observation_space: one episode's observation space.
@@ -379,6 +372,3 @@ class ExternalEnv(RunDriven):
         clock) as truncated at its last observation, dropping its step in wait of an
         outcome; returns how many. Runs by itself every so often (the reaper)."""
         return self._endings.reap(idle_since)
-
-
-__all__ = ["ExternalEnv"]

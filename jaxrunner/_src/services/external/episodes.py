@@ -286,12 +286,3 @@ class EpisodeTable:
 
     def _is_taken(self, episode_id: int) -> bool:
         return episode_id in self._live or episode_id in self._ended_ids
-
-
-__all__ = [
-    "CLIENT_IDS_KEPT",
-    "ENDED_IDS_KEPT",
-    "MAX_EPISODE_ID",
-    "EpisodeTable",
-    "EpisodeRecord",
-]

@@ -1,16 +1,5 @@
-"""The memory budget of an :class:`~jaxrunner.ExternalEnv`: bytes, not just counts.
-
-Counts alone bound nothing useful: 1,024 live episodes of 100,000 steps at ~750 B a
-step are 77 GB. So every recorded step is charged its arrays' bytes plus the Python
-objects that hold them, and a call that would grow the records past
-``max_memory_bytes`` is refused (``MemoryLimitError``, HTTP 429) before anything is
-stored. Finished episodes count until they are polled.
-
-A call reserves its steps' bytes when it is admitted, before the policy computes
-anything, and settles the reservation when the step is recorded (or released when it
-is not): concurrent calls see each other's reservations, so together they never pass
-the budget.
-"""
+"""The memory budget of an :class:`~jaxrunner.ExternalEnv`, in bytes: each call reserves its
+steps' bytes when admitted, so concurrent calls never pass ``max_memory_bytes`` together."""
 
 from __future__ import annotations
 
@@ -160,15 +149,3 @@ class MemoryBudget:
         need = self.check(steps, what)
         self.reserved += need
         return need
-
-
-__all__ = [
-    "EPISODE_OVERHEAD_BYTES",
-    "MemoryBudget",
-    "TRIM_EVERY_BYTES",
-    "episode_nbytes",
-    "estimate_step_nbytes",
-    "release_freed_memory",
-    "step_nbytes",
-    "tree_nbytes",
-]

@@ -43,6 +43,3 @@ def external_metrics(
         "env_steps_per_s": counts["num_env_steps"] / elapsed_s if elapsed_s else 0.0,
         "perf": {"inference_ms": 1000.0 * inference_s / batches if batches else 0.0},
     }
-
-
-__all__ = ["external_metrics"]

@@ -54,6 +54,3 @@ def row_carry(policy: Policy) -> Any:
 def rows_possible(episodes: EpisodeTable, group_size: int) -> Callable[[], int]:
     """A batcher's ``ready_hint``: at most ``group_size`` rows per live episode."""
     return lambda: len(episodes) * group_size
-
-
-__all__ = ["group_batchers", "row_carry", "rows_possible"]

@@ -113,14 +113,3 @@ def check_not_ended(live: MultiAgentEpisodeRecord, agents: Mapping[str, Any], wh
             "episode; an agent that ended neither acts nor gets rewards again. Leave them "
             "out."
         )
-
-
-__all__ = [
-    "KEY_STEPS",
-    "check_agent_obs",
-    "check_agent_spaces",
-    "check_key_steps",
-    "check_logged_actions",
-    "check_not_ended",
-    "per_policy",
-]

@@ -1,17 +1,6 @@
-"""Action delivery of a :class:`~jaxrunner._src.services.external.MultiAgentExternalEnv`: one call's
-agents, batched per policy, recorded all together or not at all.
-
-A call (``get_action``/``log_action``) for an episode claimed by the env is split
-by policy: each policy's rows go to that policy's
-:class:`~jaxrunner._src.services.external.batching.PolicyBatcher` as one request, so they share its
-next
-compiled call with every other episode's rows. When the last policy has answered,
-every agent's step is recorded at once and the call's future resolves to
-``{agent_id: action}``. The agents got their actions together or not at all: a
-waiter that gave up (its future cancelled) gets nothing recorded, counted in
-``num_dropped_steps`` and ``num_undelivered_actions`` per agent, as in
-:mod:`.delivery`; a policy that fails fails the call with nothing recorded.
-"""
+"""Action delivery of a :class:`~jaxrunner._src.services.external.MultiAgentExternalEnv`: a
+call's agents, split into one request per policy, recorded all together when the last
+policy answers, or not at all."""
 
 from __future__ import annotations
 
@@ -177,6 +166,3 @@ class MultiAgentDelivery:
         self.memory.settle(live.reserved, grown, steps)
         live.reserved = 0
         live.last_seen = time.monotonic()
-
-
-__all__ = ["MultiAgentDelivery"]

@@ -1,11 +1,7 @@
-"""How the agents of a :class:`~jaxrunner._src.services.external.MultiAgentExternalEnv` end: by
-``end_agents``, by ``end_episode`` or by the reaper, each agent that acted is closed
-at its final observation and handed to the single-agent
-:class:`~jaxrunner._src.services.external.endings.EpisodeEndings` of its policy (its spaces), which
-stacks it without the lock, frees its bytes, counts it and outputs its
-:class:`~jaxrunner.AgentEpisode`. An agent that never acted has no
-episode and counts nowhere.
-"""
+"""How the agents of a :class:`~jaxrunner._src.services.external.MultiAgentExternalEnv` end
+(``end_agents``, ``end_episode`` or the reaper): each agent that acted goes to the
+single-agent :class:`~.endings.EpisodeEndings` of its policy; one that never acted has no
+episode."""
 
 from __future__ import annotations
 
@@ -102,6 +98,3 @@ class AgentEndings:
                 self._episodes.remove(live)
         self.finish(ended, truncated=True)
         return len(stale)
-
-
-__all__ = ["AgentEndings"]

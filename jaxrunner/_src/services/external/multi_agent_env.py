@@ -1,37 +1,6 @@
-"""The :class:`MultiAgentExternalEnv` facade: RLlib's ExternalMultiAgentEnv, built
-from the single-agent ExternalEnv's parts (wired together, with the steps its calls
-share, in :mod:`.multi_agent_env_core`).
-
-Episodes of a multi-agent env stepped elsewhere call in with dicts keyed by agent
-id::
-
-    env = MultiAgentExternalEnv.from_pettingzoo(pz_env, policies, params, seed=0)
-    eid = env.start_episode()
-    actions = env.get_action(eid, {"a0": obs0, "a1": obs1})   # {"a0": ..., "a1": ...}
-    env.log_returns(eid, {"a0": 1.0, "a1": 0.5})              # add up per agent
-    env.log_action(eid, {"a0": obs0}, {"a0": action0})        # chosen elsewhere
-    env.end_agents(eid, {"a1": final_obs1}, truncated=False)  # a1 leaves
-    env.end_episode(eid, {"a0": final_obs0})                  # everyone left ends
-    episodes = env.poll_episodes()   # list[jr.AgentEpisode]
-
-Agents map to policies as in :func:`jaxrunner.multi_agent.build_groups`; each policy
-has its own :class:`~jaxrunner._src.services.external.batching.PolicyBatcher`, so the agents of
-every live
-episode that one policy serves share one compiled call per batch. Per agent, a
-transition is the observation of one call, the action it got, the rewards logged to
-that agent after it (a reward logged before the agent's first action goes onto that
-action, as in the multi-agent runner) and the agent's next observation (its next
-call, ``end_agents`` or ``end_episode``). An agent that ended gets no further step,
-and an agent that never acted gets no episode.
-
-The single-agent guarantees hold per agent: exactly one step per delivered action
-(a call's agents are recorded together or not at all: :mod:`.multi_agent_delivery`),
-every argument checked before any state changes, one memory budget in bytes with
-reservations (:mod:`.memory`), finished agent episodes held in the same bounded
-output (:mod:`.output`), agents ended by :mod:`.multi_agent_endings` with the
-single-agent endings, abandoned episodes reaped (:mod:`.reaper`): each agent still
-waiting for an outcome loses that step, counted in ``num_dropped_steps``.
-"""
+"""The :class:`MultiAgentExternalEnv` facade (RLlib's ExternalMultiAgentEnv): the
+single-agent ExternalEnv's calls with ``{agent_id: value}`` dicts, agents batched per
+policy."""
 
 from __future__ import annotations
 
@@ -56,8 +25,7 @@ from jaxrunner.errors import InvalidArgumentError
 
 
 class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
-    """Serves policies to multi-agent episodes stepped elsewhere (see the module
-    docstring).
+    """Serves policies to multi-agent episodes stepped elsewhere (see docs/serving.md).
 
     Args:
         observation_spaces: ``agent_id -> space``, every agent that may appear, in the
@@ -290,6 +258,3 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
         in wait of an outcome dropped (``num_dropped_steps``); returns how many
         episodes. Runs by itself every so often (the reaper)."""
         return self._endings.reap(idle_since)
-
-
-__all__ = ["MultiAgentExternalEnv"]

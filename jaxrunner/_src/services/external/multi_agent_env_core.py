@@ -1,17 +1,6 @@
 """The core of :class:`~jaxrunner._src.services.external.multi_agent_env.MultiAgentExternalEnv`:
-its state, built from the single-agent ExternalEnv's parts, and the steps its calls share.
-
-:class:`MultiAgentExternalCore` builds and wires the parts: agent groups and one
-:class:`~jaxrunner._src.services.external.batching.PolicyBatcher` per policy
-(:mod:`.multi_agent_batchers`), the episode table of
-:class:`~jaxrunner._src.services.external.agents.MultiAgentEpisodeRecord` records, one
-memory budget (:mod:`.memory`), the bounded output (:mod:`.output`), delivery
-(:mod:`.multi_agent_delivery`), endings (:mod:`.multi_agent_endings`) and the reaper
-(:mod:`.reaper`). Its internal steps are what the public calls of
-:mod:`.multi_agent_env` have in common: claiming an idle live episode, an agent's
-record, one policy request per agent of a call (sampled or logged), an ended agent's
-episode to the output, and a policy's batcher by id.
-"""
+its parts (built from the single-agent ExternalEnv's) wired together, and the internal
+steps its public calls share."""
 
 from __future__ import annotations
 
@@ -57,8 +46,8 @@ from jaxrunner.errors import ClosedError, InvalidArgumentError
 
 class MultiAgentExternalCore(GroupedAgents):
     """The state and shared internal steps of a
-    :class:`~jaxrunner._src.services.external.multi_agent_env.MultiAgentExternalEnv`
-    (see the module docstring); the constructor's arguments are documented there."""
+    :class:`~jaxrunner._src.services.external.multi_agent_env.MultiAgentExternalEnv`, whose
+    constructor's arguments are documented there."""
 
     # The reaper calls the env's public reap() (so a subclass's override is the one run).
     reap: Callable[[float], int]
@@ -199,6 +188,3 @@ class MultiAgentExternalCore(GroupedAgents):
 def _multi_agent(live: EpisodeRecord) -> MultiAgentEpisodeRecord:
     """``live`` as the multi-agent record it is (the table makes only those)."""
     return cast(MultiAgentEpisodeRecord, live)
-
-
-__all__ = ["MultiAgentExternalCore"]

@@ -1,9 +1,5 @@
-"""The output of an :class:`~jaxrunner.ExternalEnv`: finished training episodes
-waiting for ``poll_episodes``/``sample_episodes``.
-
-They count against the memory budget until taken; past ``max_output_episodes`` the
-oldest are dropped, so an env nobody polls holds bounded memory.
-"""
+"""The output of an :class:`~jaxrunner.ExternalEnv`: finished training episodes until
+polled, charged to the memory budget; past ``max_output_episodes`` the oldest are dropped."""
 
 from __future__ import annotations
 
@@ -73,6 +69,3 @@ class EpisodeOutput(Generic[E]):
             taken = [self._episodes.popleft() for _ in range(num_episodes)]
             self._memory.output -= sum(episode_nbytes(e) for e in taken)
             return taken
-
-
-__all__ = ["EpisodeOutput"]

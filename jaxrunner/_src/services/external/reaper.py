@@ -34,6 +34,3 @@ class Reaper:
         timeout = self._timeout_s
         while not self._stop.wait(min(timeout / 4, 1.0)):
             self._reap(time.monotonic() - timeout)
-
-
-__all__ = ["Reaper"]

@@ -70,6 +70,3 @@ class RunDriven:
         """Waits for the run() thread; returns False if it is still running after
         ``timeout_s``. Re-raises an exception run() raised."""
         return self._run_thread.join(timeout_s)
-
-
-__all__ = ["RunDriven", "RunThread"]

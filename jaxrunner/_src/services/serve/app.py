@@ -1,14 +1,5 @@
-"""The HTTP API of a :class:`~jaxrunner.ExternalEnv`: a FastAPI app and its routes.
-
-Every request passes, in this order, before it can touch any state: the token
-check (401), the JSON-only rule (415: pickle and every other format are refused),
-the body size cap (413) (those three: :mod:`.guard`), the schema (422, pydantic,
-strict types, finite floats: :mod:`.schema`), the wire decoding (422: dtype
-allowlist, shapes, byte counts: :mod:`.wire`) and the space check (422). Then the
-env's own rules apply: unknown episode 404, ended episode 410, conflict 409, caps
-429, timeout or closed 503. Errors are ``{"error": {"code": ..., "message": ...}}``,
-never a traceback (:mod:`.error_handlers`).
-"""
+"""The HTTP API of a :class:`~jaxrunner.ExternalEnv`: a FastAPI app and its routes, which
+check each request (guard, schema, wire decoding, space) before it touches any state."""
 
 from __future__ import annotations
 
@@ -222,6 +213,3 @@ async def _disconnected(request: Request) -> None:
     """Returns once the client has hung up (the body was read already)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-__all__ = ["create_app"]

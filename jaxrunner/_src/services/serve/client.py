@@ -231,6 +231,3 @@ class PolicyClient:
                 continue  # keep acting with the params we have; try again next time
             if params is not None and self._local is not None:
                 self._local.set_params(params)
-
-
-__all__ = ["PolicyClient"]

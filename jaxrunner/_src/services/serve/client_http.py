@@ -116,6 +116,3 @@ def request_json(http: httpx.Client, method: str, path: str, body: Any = None) -
     response = http.request(method, path, json=body)
     raise_for(response)
     return response.json()
-
-
-__all__ = ["PolicyServerError", "ReportError", "open_http", "raise_for", "request_json"]

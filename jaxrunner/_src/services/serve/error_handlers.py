@@ -1,10 +1,5 @@
-"""Errors of the policy server as HTTP answers: ``{"error": {"code": ..., "message":
-...}}`` with the status the error's kind maps to, never a traceback.
-
-The env's own rules map as: unknown episode 404, ended episode 410, conflict 409,
-caps 429, timeout or closed 503, invalid values 422; anything unexpected is logged
-and answered 500.
-"""
+"""Errors of the policy server as HTTP answers: ``{"error": {"code": ..., "message": ...}}``
+with the status of the error's kind, never a traceback (anything unexpected: logged, 500)."""
 
 from __future__ import annotations
 
@@ -80,6 +75,3 @@ def install_error_handlers(app: FastAPI) -> None:
     async def internal(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("internal error", exc_info=exc)
         return error_response(500, "internal", "internal server error")
-
-
-__all__ = ["ClientGone", "error_response", "install_error_handlers"]

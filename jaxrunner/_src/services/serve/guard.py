@@ -1,10 +1,6 @@
-"""The guard of the policy server: token, media type and body size, checked before
-FastAPI reads anything.
-
-Every request passes, in this order: the token check (401; only :data:`OPEN_PATHS`
-are served without one), the JSON-only rule (415: pickle and every other format are
-refused) and the body size cap (413, also for a body that streams past it).
-"""
+"""The guard of the policy server, before FastAPI reads anything: the token (401; only
+:data:`OPEN_PATHS` go without), JSON only (415) and the body size cap (413, also for a
+body that streams past it)."""
 
 from __future__ import annotations
 
@@ -83,6 +79,3 @@ class Guard:
         await error_response(
             413, "too_large", f"the request body exceeds the limit of {self.max_body_bytes} bytes."
         )(scope, receive, send)
-
-
-__all__ = ["OPEN_PATHS", "Guard"]

@@ -154,6 +154,3 @@ class EpisodeReport:
             steps_reported=reported,
             ended_on_server=ended,
         ) from cause
-
-
-__all__ = ["EpisodeReport", "LocalEnv"]

@@ -143,6 +143,3 @@ class MultiAgentPolicyClient:
             checked = check_value(space, value, f"{name}[{agent!r}]", bounds=not actions)
             encoded[agent] = wire.encode_tree(space, checked)
         return encoded
-
-
-__all__ = ["MultiAgentPolicyClient"]

@@ -1,13 +1,6 @@
 """The HTTP routes of a :class:`~jaxrunner._src.services.external.MultiAgentExternalEnv`: the
-single-agent routes' twins, with ``{agent_id: value}`` objects.
-
-They pass the same checks, in the same order, as the single-agent routes
-(:mod:`.app`): token, JSON only, body size, schema (at most ``MAX_AGENTS`` agents a
-request), then each agent id (422 for an unknown one, before any decoding), the wire
-decoding and the space of that agent (422); then the env's own rules (404, 410,
-409, 429, 503). Answers that never reach their client are taken back, for every agent
-of the call, as for one agent.
-"""
+single-agent routes' twins, with ``{agent_id: value}`` objects and the same checks in the
+same order (an unknown agent id: 422, before any decoding)."""
 
 from __future__ import annotations
 
@@ -116,6 +109,3 @@ def add_multi_agent_routes(
         obs = decode(body.obs, "end_episode", "obs")
         await run_in_threadpool(lambda: env.end_episode(episode_id, obs, truncated=body.truncated))
         return JSONResponse({"ok": True})
-
-
-__all__ = ["add_multi_agent_routes", "agent_spaces_json"]

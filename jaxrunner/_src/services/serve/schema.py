@@ -1,9 +1,6 @@
-"""The request and response schema of the policy server (pydantic, strict types).
-
-The schema check answers 422 before a request touches any state: strict types, no
-extra fields, finite floats, bounded lists. Arrays travel as :class:`WireArray`;
-their bytes are decoded and checked against the spaces by :mod:`jaxrunner._src.services.serve.wire`.
-"""
+"""The request and response schema of the policy server (pydantic): strict types, no extra
+fields, finite floats, bounded lists (422). Arrays travel as :class:`WireArray`, decoded
+by :mod:`.wire`."""
 
 from __future__ import annotations
 
@@ -138,31 +135,3 @@ def raw(tree: Any) -> Any:
     if isinstance(tree, BaseModel):
         return tree.model_dump()
     return tree
-
-
-__all__ = [
-    "ERRORS",
-    "MAX_AGENTS",
-    "MAX_REPORT_STEPS",
-    "AgentActionsOut",
-    "AgentEndBody",
-    "AgentLogActionBody",
-    "AgentObsBody",
-    "AgentReturnsBody",
-    "AgentTrees",
-    "ActionOut",
-    "EndBody",
-    "EpisodeCreated",
-    "EpisodeId",
-    "ErrorDetail",
-    "ErrorOut",
-    "LogActionBody",
-    "ObsBody",
-    "Ok",
-    "ReportBody",
-    "ReturnsBody",
-    "StartEpisode",
-    "Tree",
-    "WireArray",
-    "raw",
-]

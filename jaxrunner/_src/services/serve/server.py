@@ -246,6 +246,3 @@ class PolicyServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-__all__ = ["PolicyServer", "ServerConfig"]

@@ -1,37 +1,6 @@
-"""Connection slots of the policy server: who holds them, and whom to close when
-they run short.
-
-Three rules keep sockets without a token from denying service (issue 30):
-
-* Connections that have not yet sent a request with the server's token (every new
-  one, until its first request's headers arrive) hold at most
-  ``max_unauthenticated`` slots. One more closes one of them, in this order: those
-  that sent a whole request without the token (idle ones first: a keep-alive socket
-  between requests, then slow readers), then those that have sent nothing for
-  ``grace_s``, then those with a request arriving; the oldest first in each. A
-  tokenless client can churn that share, never take the rest. A connection younger
-  than ``grace_s`` that has sent nothing is never closed for it (the server may not
-  have read its first bytes yet: clients open many at once); when only such are
-  left, the newcomer is let in over the share, and the share is restored once
-  their grace is over (:meth:`ConnectionSlots.trim`).
-* A connection closed for that share after a whole request without the token, idle,
-  lingers: it leaves the slots at once but its socket is closed only after
-  ``linger_s``, unread (:meth:`Slot.linger`). Its owner, if it waits for the close
-  to reconnect (as clients and the benchmark's attacker do), cannot come back at
-  once for another answer: without it each eviction let a new tokenless request in
-  through the whole HTTP stack, a thousand a second for a thousand idle keep-alive
-  sockets. Lingering sockets count against ``max_connections`` (the file limit is
-  provisioned for it): a new connection that finds them filling the room closes the
-  oldest of them at once, before any open one.
-* At ``max_connections``, a new connection closes the connection idle the longest
-  instead of being refused, as nginx and HAProxy reuse idle keep-alive connections
-  when they run out: one that sent requests without the token, then one silent for
-  ``grace_s``, then any other unauthenticated one, then (only while connections
-  without the token are within their share) an authenticated one; it is refused
-  (503) when none of these is idle.
-
-Everything here runs on the server's event loop thread, so nothing locks.
-"""
+"""Connection slots of the policy server: who holds them, and whom to close when they run
+short, so that sockets without the token churn their share and never deny the rest.
+Everything here runs on the server's event loop thread, so nothing locks."""
 
 from __future__ import annotations
 
@@ -98,8 +67,19 @@ class ConnectionSlots:
         return len(self._lingering)
 
     def admit(self, slot: Slot) -> bool:
-        """Takes a slot for a new connection (unauthenticated, idle), closing others
-        as the module docstring says; False: none is free (refuse it)."""
+        """Takes a slot for a new connection (unauthenticated, idle), closing others;
+        False: none is free (refuse it).
+
+        Lingering sockets that fill the room go first. Past the unauthenticated share,
+        one connection without the token is closed: one that sent a whole request
+        without it (idle first), else one silent for ``grace_s``, else one with a
+        request arriving; the oldest first. A connection younger than ``grace_s`` that
+        has sent nothing is spared (the server may not have read its first bytes yet):
+        the newcomer gets in over the share, and :meth:`trim` restores it later. At
+        ``max_connections`` the connection idle the longest is closed: one that sent a
+        request without the token, then one silent for ``grace_s``, then any other
+        unauthenticated one, then, only while the share is kept, an authenticated one.
+        """
         while self._lingering and len(self._open) + len(self._lingering) >= self.max_connections:
             lingering = next(iter(self._lingering))
             self.release(lingering)
@@ -190,6 +170,8 @@ class ConnectionSlots:
         self._lingering.pop(slot, None)
 
     def _evict_for_share(self, slot: Slot) -> None:
+        # Lingering, an owner that reconnects on the close cannot come straight back: without
+        # it each eviction let a new tokenless request through the whole HTTP stack.
         reason = "too many connections without a token"
         if self.linger_s > 0 and slot in self._tokenless and slot in self._idle:
             self.release(slot)
@@ -213,6 +195,3 @@ class ConnectionSlots:
             if (among is None or slot in among) and (exclude is None or slot not in exclude):
                 return slot
         return None
-
-
-__all__ = ["ConnectionSlots", "Slot"]

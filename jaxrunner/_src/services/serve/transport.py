@@ -1,32 +1,6 @@
-"""The HTTP transport under uvicorn: deadlines on reading requests and writing
-answers, bounded pipelining, connection slots, head size limits, and the app's JSON
-error format for what the transport answers itself.
-
-uvicorn has no header-read timeout (its keep-alive timer stops at a request's first
-byte, and the app waits for a promised body for as long as the client likes), so a
-few hundred sockets that send half a request used to hold the server for good.
-Here, as Node's ``requestTimeout``: a request must arrive whole (headers and body)
-within ``read_timeout_s`` of its first byte, or of the connection opening; a late
-one gets ``408`` and its socket is closed. Once a request is in, the app has it
-(action timeouts are the app's business) and the clock stops.
-
-Nor does uvicorn bound writing: a client that pipelines requests and never reads
-the answers used to hold its connection, and megabytes of answers, for good. Here
-(issue 30):
-
-* each socket's kernel send buffer is capped at :data:`SEND_BUFFER_BYTES`;
-* answers waiting in the process must make progress (some bytes go out) every
-  ``write_timeout_s``, as nginx's ``send_timeout``; otherwise the connection is
-  dropped with what it holds;
-* at most ``max_pipelined`` requests are answered in a row while more wait
-  (pipelining); then the connection is closed once its answers are out. A
-  connection that has not sent the token gets no pipelining: it is closed after the
-  answer in progress (it can only ask for the health check and the schema);
-* connection slots: see :mod:`.slots`.
-
-Request lines over :data:`MAX_REQUEST_LINE_BYTES` get 414, headers over
-:data:`MAX_HEADER_BYTES` 431, however they arrive (in pieces or in one burst).
-"""
+"""The HTTP transport under uvicorn, with what uvicorn lacks: deadlines on reading requests
+and writing answers, bounded pipelining, connection slots (:mod:`.slots`) and head size
+limits, each refusal in the app's JSON error format (docs/serving.md, "Limits")."""
 
 from __future__ import annotations
 
@@ -159,7 +133,7 @@ def _too_long(request_line: bool) -> Refusal:
 
 
 class DeadlineH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with the limits of the module docstring.
+    """uvicorn's h11 protocol with the transport's limits (:class:`TransportLimits`).
     :func:`protocol_class` binds the limits and the server's slots."""
 
     limits: TransportLimits
@@ -365,14 +339,3 @@ def protocol_class(limits: TransportLimits) -> type[DeadlineH11Protocol]:
         limits.max_connections, limits.max_unauthenticated, linger_s=EVICTED_LINGER_S
     )
     return type("JaxRunnerH11Protocol", (DeadlineH11Protocol,), {"limits": limits, "slots": slots})
-
-
-__all__ = [
-    "EVICTED_LINGER_S",
-    "MAX_HEADER_BYTES",
-    "MAX_REQUEST_LINE_BYTES",
-    "SEND_BUFFER_BYTES",
-    "DeadlineH11Protocol",
-    "TransportLimits",
-    "protocol_class",
-]

@@ -1,14 +1,6 @@
-"""The wire format: JSON only, never pickle.
-
-An array travels as ``{"dtype": "float32", "shape": [4], "data": "<base64>"}``:
-little-endian bytes, a dtype from :data:`DTYPES` only (no object, string or void
-dtypes: nothing on the wire can execute code or hide structure), and a byte count
-that must match the shape exactly. Observations and actions are trees shaped by
-their space (``Dict`` -> JSON object, ``Tuple`` -> JSON list, others -> one array),
-decoded *guided by the space*, so the space, not the message, decides the
-structure. Params travel as their flat list of leaves plus the treedef's text.
-Spaces travel as descriptions (:func:`space_to_json`).
-"""
+"""The wire format, JSON only, never pickle: an array is ``{"dtype", "shape", "data"}``
+(base64 little-endian bytes, a dtype from :data:`DTYPES`), observations and actions are
+trees decoded guided by their space, params a flat list of leaves plus the treedef's text."""
 
 from __future__ import annotations
 
@@ -214,17 +206,3 @@ def _kind(obj: Any) -> str:
     if isinstance(obj, Mapping):
         return f"an object with keys {sorted(map(str, obj))[:8]}"
     return f"a JSON {type(obj).__name__}"
-
-
-__all__ = [
-    "DTYPES",
-    "WireError",
-    "decode_array",
-    "decode_params",
-    "decode_tree",
-    "encode_array",
-    "encode_params",
-    "encode_tree",
-    "space_from_json",
-    "space_to_json",
-]
