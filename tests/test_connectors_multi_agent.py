@@ -320,15 +320,3 @@ def test_connectors_that_do_not_fit_a_group_name_its_policy_id():
     with pytest.raises(InvalidArgumentError, match="nothing to normalize") as info:
         per_policy_connectors(C.Connectors(obs=[C.NormalizeObservation()]), [group])
     assert "for policy 'p'" in "".join(info.value.__notes__)
-
-
-def test_docs_multi_agent_connectors_example_runs(capsys):
-    pytest.importorskip("mpe2")
-    import pathlib
-    import re
-
-    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "connectors.md").read_text()
-    section = page.split("\n## Multi-agent\n", 1)[1]
-    code = re.search(r"^```python\n(.*?)^```", section, re.S | re.M).group(1)
-    exec(compile(code, "docs/connectors.md, multi-agent", "exec"), {})
-    assert capsys.readouterr().out.startswith("(16, 4, 3, 2, 18) 384.0")

@@ -78,3 +78,43 @@ def test_unguarded_script_says_how_to_fix_it(tmp_path: Path, wrapped: bool) -> N
     assert f"{script}" in result.stderr
     assert "could not start" not in result.stderr
     assert "OK" not in result.stdout
+
+
+# backend="auto" measured as taking workers, whatever this machine measures: a step of
+# 1 ms and 2 CPUs (one worker per 300 us of work, at most one per CPU but one).
+AUTO_TAKES_WORKERS = """
+from jaxrunner._src.backends import auto
+auto.measure_env_step_us = lambda *args, **kwargs: 1000.0
+auto.available_cpus = lambda: 2
+"""
+
+AUTO_CALLS = {
+    "make_vec": 'envs = jr.make_vec(Tiny, num_envs=2, backend="auto")\n',
+    "from_env": (
+        "policy = jr.models.mlp_policy(Tiny.action_space)\n"
+        "params = policy.init(jax.random.key(0), Tiny.observation_space)\n"
+        "runner = jr.EnvRunner.from_env(Tiny, 2, policy, params, rollout_length=4, seed=0)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("call", sorted(AUTO_CALLS))
+def test_unguarded_script_hears_that_auto_chose_the_process_backend(
+    tmp_path: Path, call: str
+) -> None:
+    """The caller never wrote backend="process": the error names "auto" as what chose
+    it, and both ways out (the guard, or backend="sync")."""
+    script = tmp_path / "unguarded_auto.py"
+    code = ENV_CLASS + "import jax\n" + AUTO_TAKES_WORKERS + AUTO_CALLS[call] + 'print("OK")\n'
+    script.write_text(code)
+    result = run([str(script)], tmp_path)
+    assert result.returncode != 0
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("jaxrunner.errors.InvalidArgumentError: ")
+    caller = {"make_vec": "make_vec", "from_env": "EnvRunner.from_env"}[call]
+    assert f'{caller}(backend="auto"' in error
+    assert "chose the process backend (2,000 us of env work per step: 1 worker" in error
+    assert f"top level of {script} (line {len(code.splitlines()) - 1})" in error  # the call
+    assert 'if __name__ == "__main__":' in error and 'backend="sync"' in error
+    assert "backend='process' was started" not in error
+    assert "OK" not in result.stdout

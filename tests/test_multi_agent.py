@@ -275,23 +275,6 @@ def test_policy_pool_one_member_per_agent_episode_and_no_recompile():
     assert starts.sum() > 4 and (second.action[starts] == 2).all()
 
 
-def test_docs_multi_agent_examples_run(capsys, tmp_path, monkeypatch):
-    pytest.importorskip("mpe2")
-    import pathlib
-    import re
-
-    page = pathlib.Path(__file__).resolve().parents[1] / "docs" / "multi-agent.md"
-    blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
-    monkeypatch.chdir(tmp_path)  # the checkpoint example saves into the working directory
-    namespace: dict = {}
-    for k, code in enumerate(blocks):  # in order, in one namespace, as a reader pastes them
-        exec(compile(code, f"docs/multi-agent.md block {k}", "exec"), namespace)
-    printed = capsys.readouterr().out.splitlines()
-    # group_gae leaves invalid slots at zero; restarts, evaluation and an exact resume.
-    assert printed[2].endswith(" True")
-    assert printed[-3:] == ["True", "4 ['agent_0', 'agent_1', 'agent_2']", "True True"]
-
-
 def test_host_sampler_makes_only_explicit_transfers():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
     with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 8, seed=0) as runner:

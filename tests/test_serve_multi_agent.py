@@ -4,9 +4,7 @@ limits and error format as for one agent."""
 
 from __future__ import annotations
 
-import pathlib
 import pickle
-import re
 import threading
 
 import gymnasium
@@ -31,8 +29,6 @@ from jaxrunner.serve import (
     PolicyClient,
     PolicyServer,
 )
-
-SERVING_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "serving.md"
 
 
 @pytest.fixture
@@ -179,14 +175,3 @@ def test_clients_refuse_the_other_kind_of_server(served, tmp_path):
         with PolicyClient(single.url, token_file=single_token) as client:
             play(client, seed=0)  # the single-agent routes are unchanged
         assert env.get_metrics()["num_episodes"] == 1
-
-
-def test_docs_multi_agent_serving_example_ends_every_agent():
-    blocks = re.findall(r"^```python\n(.*?)^```", SERVING_PAGE.read_text(), re.S | re.M)
-    (code,) = [b for b in blocks if "MultiAgentExternalEnv" in b]
-    namespace: dict = {}
-    exec(compile(code, "docs/serving.md, multi-agent", "exec"), namespace)
-    # ComingAndGoing: a0 and a1 start, a2 appears later; each left with one agent episode.
-    episodes = namespace["episodes"]
-    assert sorted(e.agent_id for e in episodes) == ["a0", "a1", "a2"]
-    assert all(e.length >= 1 for e in episodes)

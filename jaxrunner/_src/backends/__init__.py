@@ -21,6 +21,7 @@ from jaxrunner._src.backends.process import (
     ProcessVectorEnv,
     make_process_vec,
 )
+from jaxrunner._src.backends.process.launch import check_main_guard
 from jaxrunner._src.backends.ray import RayConfig, RayVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.sync import SyncVectorEnv
@@ -125,12 +126,15 @@ def choose_auto_layout(
     env_kwargs: dict[str, Any],
     num_envs: int,
     seed: int | None,
+    caller: str = 'make_vec(backend="auto")',
 ) -> LayoutChoice:
     """``backend="auto"``'s measurement and choice (:mod:`.auto`); an env id gymnasium
-    cannot make (an EnvPool task id, say) is refused with what to use instead."""
+    cannot make (an EnvPool task id, say) is refused with what to use instead, and
+    workers from a script's unguarded top level with an error that says ``caller``
+    chose them (before any starts)."""
     factory = _factories(env, env_kwargs, "auto", num_envs)[0]
     try:
-        return choose_for(factory, num_envs, seed)
+        choice = choose_for(factory, num_envs, seed)
     except gymnasium.error.Error as err:
         if not isinstance(env, str):
             raise
@@ -140,6 +144,9 @@ def choose_auto_layout(
             f"({err}). For an EnvPool task id use backend='envpool'; else register the "
             "env with gymnasium or pass a zero-argument factory."
         ) from err
+    if choice.backend == "process":
+        check_main_guard(chosen_by=f"{caller} chose the process backend ({choice.reason})")
+    return choice
 
 
 def check_vec_options(

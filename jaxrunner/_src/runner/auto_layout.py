@@ -86,7 +86,8 @@ def make_runner(
     choice = None
     if backend == "auto":
         check_vec_options(backend, config, restart_policy)
-        choice = choose_auto_layout(env, env_kwargs, num_envs, seed)
+        caller = 'EnvRunner.from_env(backend="auto", its default)'
+        choice = choose_auto_layout(env, env_kwargs, num_envs, seed, caller)
         if choice.backend == "process":
             choice = _trial(
                 runner_cls, choice, env, num_envs, policy, params, seed,

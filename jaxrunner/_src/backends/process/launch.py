@@ -198,13 +198,14 @@ def pickle_factories(env_fns: Sequence[EnvFactory], offset: int) -> bytes:
     ) from first_error
 
 
-def check_main_guard() -> None:
+def check_main_guard(chosen_by: str | None = None) -> None:
     """Refuses to start workers from a script's unguarded top-level code.
 
     Workers start by ``forkserver`` or ``spawn``, and both import the main script in
     the new process; code at its top level runs again there, starts workers of its
     own, and multiprocessing stops it. Without this check the worker dies and the
-    caller sees only that it could not start.
+    caller sees only that it could not start. ``chosen_by``: what chose the process
+    backend where the caller did not name it (``backend="auto"``), for the error to say.
     """
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
@@ -220,11 +221,19 @@ def check_main_guard() -> None:
     line = frame.f_lineno
     if any(lo <= line <= hi for lo, hi in _main_guard_lines(path)):
         return
+    guard = '`if __name__ == "__main__":`'
+    started, other_way = "backend='process' was started", ""
+    if chosen_by is not None:  # the caller did not name the process backend
+        started = f"{chosen_by}, started"
+        other_way = (
+            ', or pass backend="sync" to keep the sub-envs in this process (the choice is '
+            "measured: the same script may choose sync on another run or machine)"
+        )
     raise InvalidArgumentError(
-        f"backend='process' was started from the top level of {path} (line {line}), "
-        'outside an `if __name__ == "__main__":` block. Its workers import that script '
-        "and would run this code again. Put the code that builds and runs the envs under "
-        '`if __name__ == "__main__":` (e.g. in a main() called from there).'
+        f"{started} from the top level of {path} (line {line}), outside an {guard} block. "
+        "Its workers import that script and would run this code again. Put the code that "
+        f"builds and runs the envs under {guard} (e.g. in a main() called from there)"
+        f"{other_way}."
     )
 
 
