@@ -171,6 +171,29 @@ def test_episodes_per_agent_match_the_trajectory():
     assert metrics["num_agent_steps"] > metrics["num_env_steps"]
 
 
+def test_sample_episodes_after_a_plain_sample_returns_only_what_the_env_did():
+    # The agent episodes under way at a plain sample() lost steps to it: sample_episodes
+    # must not join their earlier part to their later one.
+    factory = envs_mod.coming_and_going
+    envs = jr.make_multi_agent_vec(factory, 2)
+    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 2, seed=0) as runner:
+        episodes = runner.sample_episodes(3)
+        for _ in range(2):
+            runner.sample()
+            episodes += runner.sample_episodes(6)
+        num_steps = runner.get_metrics()["num_env_steps"] // 2
+    # The reference: the same run as one sample, checked against the env by hand.
+    envs = jr.make_multi_agent_vec(factory, 2)
+    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), num_steps, seed=0) as ref:
+        reference = ref.sample()
+    replay_parallel(factory, reference, seed=0)
+    whole = {(e.episode_id, e.agent_id): e for e in reference.split_episodes()}
+    for episode in episodes:
+        expected = whole[episode.episode_id, episode.agent_id]
+        assert expected.is_complete and episode.is_complete
+        jax.tree.map(np.testing.assert_array_equal, episode, expected)
+
+
 def test_policy_mapping_groups_and_space_checks():
     envs = jr.make_multi_agent_vec(envs_mod.simple_adversary, 2)
     assert [g.agents for g in envs.groups] == [("adversary_0",), ("agent_0", "agent_1")]

@@ -379,6 +379,37 @@ def test_sample_episodes_complete_and_nothing_lost(cartpole_runner):
         assert e.terminated or e.length == 20
 
 
+@pytest.mark.parametrize("rollout_length", [3, 7])
+def test_sample_episodes_after_plain_samples_returns_only_what_the_env_did(
+    cartpole_runner, rollout_length, tmp_path
+):
+    # A plain sample() takes the steps of the episodes sample_episodes was assembling:
+    # an episode spanning it is not seen whole and must not come back joined across it.
+    runner = cartpole_runner(num_envs=2, rollout_length=rollout_length, seed=0)
+    runner.sample()
+    episodes = runner.sample_episodes(2)
+    runner.sample()
+    episodes += runner.sample_episodes(6)
+    num_steps = runner.get_metrics()["num_env_steps"] // 2
+    # The reference: the same run as one sample, checked against gymnasium by hand.
+    reference = cartpole_runner(num_envs=2, rollout_length=num_steps, seed=0).sample()
+    for b in range(2):
+        replay(short_cartpole, 0, [reference], b)
+    by_id = {e.episode_id: e for e in reference.split_episodes()}
+    for episode in episodes:
+        whole = by_id[episode.episode_id]
+        assert whole.is_complete and episode.is_complete
+        jax.tree.map(np.testing.assert_array_equal, episode, whole)
+    # And the runner can resume from its own file after a plain sample ended episodes
+    # sample_episodes had begun.
+    runner.sample_episodes(6)
+    for _ in range(3):
+        runner.sample()
+    runner.save(tmp_path / "ckpt.npz")
+    resumed = cartpole_runner(num_envs=2, rollout_length=rollout_length, seed=0)
+    assert resumed.restore(tmp_path / "ckpt.npz", load_env_pickles=True).envs_restored
+
+
 class Recurrent(nn.Module):
     """A GRU policy: ``(carry, obs) -> (carry, (logits, value))``."""
 

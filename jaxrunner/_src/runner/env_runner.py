@@ -245,7 +245,11 @@ class EnvRunner(EnvOwner):
         Episodes carry on across calls. If a step fails, the exception propagates
         with ``err.partial_trajectory`` holding every step completed before it, and
         the runner refuses further sampling (its envs are in an unknown state).
+
+        Its steps are the caller's: the unfinished episodes :meth:`sample_episodes` was
+        assembling lose them, so they are dropped (they are not seen whole).
         """
+        self.state.episodes.forget()
         return self._sample_once()
 
     def release(self, traj: Trajectory) -> None:
@@ -275,9 +279,10 @@ class EnvRunner(EnvOwner):
         """Samples until ``num_episodes`` complete episodes (seen from their first
         step) are available; returns them in the order they started. Episodes that
         complete beyond the count are kept for the next call, so none is lost.
-        Episodes already under way before the first call are not complete and are
-        skipped (their steps went to earlier ``sample()`` results). Episodes cut by a
-        sub-env failure (``Episode.faulty``) are skipped unless ``include_faulty``.
+        Episodes under way at a ``sample()`` (before the first call, or between two
+        calls) are not complete and are skipped (their steps went to its result).
+        Episodes cut by a sub-env failure (``Episode.faulty``) are skipped unless
+        ``include_faulty``.
         With ``progress``, a progress bar counts the episodes (tqdm where it is
         installed, else a line on stderr)."""
         check_num_episodes(num_episodes)
@@ -285,7 +290,7 @@ class EnvRunner(EnvOwner):
         with EpisodeProgress(num_episodes, enabled=progress) as bar:
             bar.update(len(state.finished))
             while len(state.finished) < num_episodes:
-                done = state.episodes.complete(self.sample().split_episodes())
+                done = state.episodes.complete(self._sample_once().split_episodes())
                 state.finished.extend(e for e in done if include_faulty or not e.faulty)
                 bar.update(len(state.finished))
         return state.take_finished(num_episodes)
