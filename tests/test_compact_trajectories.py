@@ -216,6 +216,56 @@ def test_release_refuses_what_it_did_not_hand_out() -> None:
             runner.release(traj)
 
 
+def test_release_of_a_trajectory_whose_buffers_were_reused_is_refused() -> None:
+    reference = _samples(BACKENDS["sync"], 3)
+    with _runner(BACKENDS["sync"]()) as runner:
+        first = runner.sample()
+        runner.release(first)
+        second = runner.sample()  # in first's arrays
+        with pytest.raises(InvalidArgumentError, match="released already"):
+            runner.release(first)
+        kept = jax.tree.map(np.copy, second)
+        third = runner.sample()
+        chex.assert_trees_all_equal(second, kept)  # not overwritten by the third
+        chex.assert_trees_all_equal(second, reference[1])
+        chex.assert_trees_all_equal(third, reference[2])
+
+
+_NOT_THE_RUNNERS = {
+    "device obs": lambda t: t.replace(obs=jnp.asarray(t.obs)),
+    "wrong-shaped obs": lambda t: t.replace(obs=np.zeros((2, 2, 4), t.obs.dtype)),
+    "read-only obs": lambda t: t.replace(obs=np.broadcast_to(t.obs[:1], t.obs.shape)),
+    "list obs": lambda t: t.replace(obs=t.obs.tolist()),
+    "caller's own obs": lambda t: t.replace(obs=np.zeros_like(t.obs)),
+    "extras entry replaced": lambda t: t.extras.update(log_prob=np.zeros(t.reward.shape)),
+    "reward made read-only": lambda t: t.reward.setflags(write=False),
+}
+
+
+@pytest.mark.parametrize("change", list(_NOT_THE_RUNNERS))
+def test_release_refuses_arrays_that_are_not_the_runners_and_keeps_working(change: str) -> None:
+    reference = _samples(BACKENDS["sync"], 2)
+    with _runner(BACKENDS["sync"]()) as runner:
+        traj = runner.sample()
+        changed = _NOT_THE_RUNNERS[change](traj) or traj  # a new trajectory, or traj changed
+        before = jax.tree.map(np.array, changed)
+        with pytest.raises(InvalidArgumentError, match=r"release\(traj\)"):
+            runner.release(changed)
+        chex.assert_trees_all_equal(runner.sample(), reference[1])
+        chex.assert_trees_all_equal(changed, before)  # the caller's arrays left alone
+
+
+def test_reused_buffers_rewrite_the_env_ids() -> None:
+    reference = _samples(BACKENDS["sync"], 3)
+    with _runner(BACKENDS["sync"]()) as runner:
+        for expected in reference:
+            traj = runner.sample()
+            chex.assert_trees_all_equal(traj, expected)
+            traj.env_id[:] += 100
+            traj.valid[:] = False
+            runner.release(traj)
+
+
 def test_pure_jax_envs_refuse_compact_buffers_and_release() -> None:
     venv = jr.JaxVectorEnv(jr.testing.RandomWalk(), num_envs=2)
     policy = mlp_policy(venv.single_action_space, hidden=(4,))

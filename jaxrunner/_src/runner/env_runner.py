@@ -261,8 +261,10 @@ class EnvRunner(EnvOwner):
 
         Raises:
             InvalidArgumentError: ``traj`` is not a result of this runner's ``sample()``
-                still out (released twice, a copy or slice, another runner's), or the
-                envs are pure JAX (their trajectories live on device).
+                still out (released twice, a copy, slice or ``replace()`` of one, another
+                runner's), its arrays were replaced, resized or made read-only, or the
+                envs are pure JAX (their trajectories live on device). The runner goes
+                on, with new buffers.
         """
         self._check_usable("release")
         if not isinstance(self.sampler, HostSampler):
