@@ -290,6 +290,62 @@ def test_episode_statistics_of_episodes_spanning_many_samples(num_splits):
     assert metrics["episode_length_mean"] == 15
 
 
+class ScriptedRewards(gymnasium.Env):
+    """Episodes of 3 steps whose rewards follow ``SCRIPT`` (by episode, cyclically)."""
+
+    SCRIPT = (
+        (1e308, 1e308, 1.0),  # finite rewards, an overflowing return
+        (1.0, 2.0, 3.0),
+        (2.0**60, 0.0, 0.0),  # huge: the next episode's small rewards must not vanish
+        (0.5, 0.25, 0.25),
+        (-1e308, -1e308, 0.0),
+        (1.0, 2.0, 4.0),
+    )
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode = getattr(self, "episode", -1) + 1
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        reward = self.SCRIPT[self.episode % len(self.SCRIPT)][self.t]
+        self.t += 1
+        return np.zeros(1, np.float32), reward, self.t == 3, False, {}
+
+
+@pytest.mark.parametrize("rollout_length", [4, 20])
+def test_episode_returns_are_each_episodes_own_and_overflow_is_left_out(rollout_length):
+    envs = jr.make_vec(ScriptedRewards, 2)
+    policy = jr.Policy.from_linen(ActorCritic(2), envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    config = jr.MetricsConfig(episode_window=1000)
+    with jr.EnvRunner(envs, policy, params, rollout_length, 0, metrics=config) as runner:
+        with pytest.warns(RuntimeWarning, match="overflows float64"):
+            for _ in range(60 // rollout_length):
+                runner.sample()
+        metrics = runner.get_metrics()
+    # The reference: each env stepped by hand for as many steps, returns summed in order.
+    env, returns, total = ScriptedRewards(), [], 0.0
+    env.reset(seed=0)
+    for _ in range(60 // rollout_length * rollout_length):
+        _, reward, terminated, _, _ = env.step(0)
+        total += reward
+        if terminated:
+            returns.append(total)
+            env.reset()
+            total = 0.0
+    finite = [r for r in returns if np.isfinite(r)]
+    assert len(finite) < len(returns)  # the overflowing episodes ended
+    assert metrics["num_episodes"] == 2 * len(returns)
+    assert metrics["episode_return_mean"] == pytest.approx(np.mean(finite), rel=1e-15)
+    assert metrics["episode_return_min"] == min(finite) == 1.0
+    assert metrics["episode_return_max"] == max(finite) == 2.0**60
+    assert metrics["episode_length_mean"] == 3
+
+
 def test_perf_timers_mean_and_ema():
     from jaxrunner._src.runner.metrics import PERF_KEYS, PerfTimers
 

@@ -368,7 +368,12 @@ class EnvRunner(EnvOwner):
         """Counters since construction, recent-episode statistics and perf timers, as
         of the last ``sample()`` (the episode bookkeeping is done once per sample);
         for envs built by ``make_vec(..., backend="auto")`` also ``auto``: the layout
-        it chose, as numbers (``LayoutChoice.metrics``)."""
+        it chose, as numbers (``LayoutChoice.metrics``).
+
+        Each episode's return is summed from its own rewards. An episode whose return
+        overflows float64 (finite rewards, an infinite sum) counts in ``num_episodes``
+        but stays out of the ``episode_return_*`` and ``episode_length_mean`` window,
+        with a ``RuntimeWarning``, so the statistics stay finite."""
         metrics = self.state.metrics.summary()
         if isinstance(self.envs, VectorEnv) and self.envs.layout_choice is not None:
             metrics["auto"] = self.envs.layout_choice.metrics()
