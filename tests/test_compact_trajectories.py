@@ -51,7 +51,12 @@ class _SeededRestarts(gymnasium.Wrapper):
 
 
 def _seeded_cartpole() -> gymnasium.Env:
-    return _SeededRestarts(short_cartpole())
+    return _SeededRestarts(_counted_cartpole())
+
+
+def _counted_cartpole() -> gymnasium.Env:
+    """Short CartPole whose infos report each episode at its end (``"episode.l"``)."""
+    return gymnasium.wrappers.RecordEpisodeStatistics(short_cartpole())
 
 
 def _faulty_envs() -> jr.SyncVectorEnv:
@@ -63,7 +68,7 @@ def _faulty_envs() -> jr.SyncVectorEnv:
 BACKENDS = {
     "sync": lambda: jr.make_vec(short_cartpole, NUM_ENVS),
     "sync-restarts": _faulty_envs,
-    "ready-first": lambda: ShuffledSync([short_cartpole] * NUM_ENVS, 2, buckets=(NUM_ENVS,)),
+    "ready-first": lambda: ShuffledSync([_counted_cartpole] * NUM_ENVS, 2, buckets=(NUM_ENVS,)),
     "process": lambda: jr.make_vec(
         short_cartpole, NUM_ENVS, "process", config=jr.ProcessConfig(num_workers=2)
     ),
@@ -192,8 +197,9 @@ def test_a_failed_compact_sample_keeps_its_steps() -> None:
 @pytest.mark.parametrize("backend", ["sync-restarts", "ready-first"])
 @pytest.mark.parametrize("compact", [False, True])
 def test_released_buffers_are_reused_and_change_nothing(backend: str, compact: bool) -> None:
-    reference = [t.dense() for t in _samples(BACKENDS[backend], 4, info_keys=("x",))]
-    with _runner(BACKENDS[backend](), info_keys=("x",), compact_next_obs=compact) as runner:
+    keys = ("episode.l",)
+    reference = [t.dense() for t in _samples(BACKENDS[backend], 4, info_keys=keys)]
+    with _runner(BACKENDS[backend](), info_keys=keys, compact_next_obs=compact) as runner:
         got, arrays = [], set()
         for _ in range(4):
             traj = runner.sample()
@@ -202,6 +208,7 @@ def test_released_buffers_are_reused_and_change_nothing(backend: str, compact: b
             runner.release(traj)
     for g, r in zip(got, reference):
         chex.assert_trees_all_equal(g, r)
+    assert any(g.extras["infos_present"]["episode.l"].any() for g in got)
     assert len(arrays) <= 2  # the same memory, sample after sample (two: ready-first's)
 
 

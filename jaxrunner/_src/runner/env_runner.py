@@ -81,8 +81,8 @@ class EnvRunner(EnvOwner):
         info_keys: names of per-step info entries to record as float64 ``[T, B]``
             arrays, in ``traj.extras["infos"][name]`` with the mask of the steps that had
             them in ``traj.extras["infos_present"][name]`` (``"episode.r"`` reaches into
-            ``info["episode"]``). Host
-            backends; nothing is recorded or paid without it.
+            ``info["episode"]``). Host backends; nothing is recorded or paid without it.
+            A name no info has had by the first episode end is refused as misspelt.
         compact_next_obs: store ``traj.next_obs`` only where it is not the next step's
             ``obs`` (episode ends, failed steps, reset steps, the last step), and build
             it from ``obs`` when it is read: half the memory of image observations,
@@ -130,9 +130,7 @@ class EnvRunner(EnvOwner):
             params={DEFAULT_POLICY_ID: jax.device_put(params)},
             metrics=RunnerMetrics(metrics or MetricsConfig()),
             episodes=EpisodeJoiner(
-                key=lambda e: e.env_id,
-                concatenate=concatenate_episodes,
-                order=lambda e: e.episode_id,
+                lambda e: e.env_id, concatenate_episodes, lambda e: e.episode_id
             ),
         )
         """Params, metrics and episode bookkeeping (a typed runner state, which the
@@ -245,10 +243,8 @@ class EnvRunner(EnvOwner):
         Episodes carry on across calls. If a step fails, the exception propagates
         with ``err.partial_trajectory`` holding every step completed before it, and
         the runner refuses further sampling (its envs are in an unknown state).
-
-        Its steps are the caller's: the unfinished episodes :meth:`sample_episodes` was
-        assembling lose them, so they are dropped (they are not seen whole).
-        """
+        The unfinished episodes :meth:`sample_episodes` was assembling lose these steps
+        to the caller and are dropped (never seen whole)."""
         self.state.episodes.forget()
         return self._sample_once()
 
@@ -263,8 +259,7 @@ class EnvRunner(EnvOwner):
             InvalidArgumentError: ``traj`` is not a result of this runner's ``sample()``
                 still out (released twice, a copy, slice or ``replace()`` of one, another
                 runner's), its arrays were replaced, resized or made read-only, or the
-                envs are pure JAX (their trajectories live on device). The runner goes
-                on, with new buffers.
+                envs are pure JAX (their trajectories live on device).
         """
         self._check_usable("release")
         if not isinstance(self.sampler, HostSampler):
@@ -281,12 +276,10 @@ class EnvRunner(EnvOwner):
         """Samples until ``num_episodes`` complete episodes (seen from their first
         step) are available; returns them in the order they started. Episodes that
         complete beyond the count are kept for the next call, so none is lost.
-        Episodes under way at a ``sample()`` (before the first call, or between two
-        calls) are not complete and are skipped (their steps went to its result).
-        Episodes cut by a sub-env failure (``Episode.faulty``) are skipped unless
-        ``include_faulty``.
-        With ``progress``, a progress bar counts the episodes (tqdm where it is
-        installed, else a line on stderr)."""
+        Episodes under way at a ``sample()`` (some of their steps are in its result) and
+        those cut by a sub-env failure (``Episode.faulty``; kept with ``include_faulty``)
+        are skipped. With ``progress``, a progress bar counts the episodes (tqdm where
+        it is installed, else a line on stderr)."""
         check_num_episodes(num_episodes)
         state = self.state
         with EpisodeProgress(num_episodes, enabled=progress) as bar:
@@ -368,12 +361,9 @@ class EnvRunner(EnvOwner):
         """Counters since construction, recent-episode statistics and perf timers, as
         of the last ``sample()`` (the episode bookkeeping is done once per sample);
         for envs built by ``make_vec(..., backend="auto")`` also ``auto``: the layout
-        it chose, as numbers (``LayoutChoice.metrics``).
-
-        Each episode's return is summed from its own rewards. An episode whose return
+        it chose, as numbers (``LayoutChoice.metrics``). An episode whose return
         overflows float64 (finite rewards, an infinite sum) counts in ``num_episodes``
-        but stays out of the ``episode_return_*`` and ``episode_length_mean`` window,
-        with a ``RuntimeWarning``, so the statistics stay finite."""
+        but not in the window's statistics, with a ``RuntimeWarning``."""
         metrics = self.state.metrics.summary()
         if isinstance(self.envs, VectorEnv) and self.envs.layout_choice is not None:
             metrics["auto"] = self.envs.layout_choice.metrics()

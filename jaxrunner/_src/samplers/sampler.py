@@ -100,6 +100,7 @@ class HostSampler(Sampler):
     _state: Any
     _packing: Any
     _sample_end: Any
+    _infos: InfoRecorder | None
     metrics: RunnerMetrics
     _pool: BufferPool
 
@@ -110,7 +111,14 @@ class HostSampler(Sampler):
     def _end_sample(self, buf: Trajectory) -> Trajectory:
         """The connectors' end-of-sample update (statistics from this sample's
         observations, scaled rewards), timed as sampling; the result is handed out
-        (:meth:`BufferPool.hand_out`)."""
+        (:meth:`BufferPool.hand_out`). Misspelt ``info_keys`` are refused here, with
+        the sample in the error's ``partial_trajectory``."""
+        if self._infos is not None:
+            try:
+                self._infos.check_reported(bool((buf.terminated | buf.truncated).any()))
+            except InvalidArgumentError as err:
+                attach_partial(err, buf)
+                raise
         if self._sample_end is not None:
             clock = time.perf_counter()
             buf, connectors = self._sample_end(self._state.connectors, buf)
