@@ -42,18 +42,6 @@ def _samples(make_envs: Any, num: int = 3, case: str = "cartpole", **kwargs: Any
         return [runner.sample() for _ in range(num)]
 
 
-class _SeededRestarts(gymnasium.Wrapper):
-    """A restarted sub-env is reset without a seed; this one then takes a fixed one, so
-    that two runs with the same faults restart into the same episodes."""
-
-    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
-        return self.env.reset(seed=1234 if seed is None else seed, options=options)
-
-
-def _seeded_cartpole() -> gymnasium.Env:
-    return _SeededRestarts(_counted_cartpole())
-
-
 def _counted_cartpole() -> gymnasium.Env:
     """Short CartPole whose infos report each episode at its end (``"episode.l"``)."""
     return gymnasium.wrappers.RecordEpisodeStatistics(short_cartpole())
@@ -61,7 +49,7 @@ def _counted_cartpole() -> gymnasium.Env:
 
 def _faulty_envs() -> jr.SyncVectorEnv:
     faults = {1: [FaultPlan(kind="raise", at=(4,))], 2: [FaultPlan(kind="bad_obs", at=(6, 20))]}
-    fns = faulty_env_fns(_seeded_cartpole, NUM_ENVS, faults, seed=1)
+    fns = faulty_env_fns(_counted_cartpole, NUM_ENVS, faults, seed=1)
     return jr.SyncVectorEnv(fns, restart_policy=jr.RestartPolicy())
 
 

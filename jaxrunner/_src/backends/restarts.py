@@ -96,6 +96,7 @@ def recreate(
     policy: RestartPolicy,
     cause: BaseException,
     write_obs: Callable[[int, Any], None],
+    seed: int | None = None,
 ) -> tuple[gymnasium.Env, dict[str, Any]]:
     """Replaces failed sub-env ``index``: closes ``old``, then makes and resets a new
     one, trying ``policy.max_attempts`` times (:func:`retry`).
@@ -108,6 +109,7 @@ def recreate(
         cause: the failure that made the restart necessary (chained if we give up).
         write_obs: ``(index, obs)``: stores and validates the new env's first
             observation; a bad one (or a bad info) is a failed attempt.
+        seed: the new env's reset seed (``jaxrunner._src.runner.seeds.restart_seed``).
 
     Returns:
         ``(env, info)``: the new sub-env and its reset info.
@@ -121,7 +123,7 @@ def recreate(
     def attempt() -> tuple[gymnasium.Env, dict[str, Any]]:
         env = factory()
         try:
-            obs, info = env.reset()
+            obs, info = env.reset(seed=seed)
             write_obs(index, obs)
             return env, check_info(info, index, "reset")
         except BaseException:

@@ -15,6 +15,11 @@ An :class:`~jaxrunner.EnvRunner` with seed ``s`` resets sub-env ``i`` with
 * Sub-env ``i``'s seed does not depend on ``num_envs``.
 
 A user who calls ``envs.reset(seed=b)`` directly still gets gymnasium's ``b + i``.
+
+A sub-env recreated after a failure (``restart_policy``) is reset with
+:func:`restart_seed` of the seed it was last reset with and the count of its restarts
+since, so two runs with the same seed and the same (deterministic) faults restart into
+the same episodes.
 """
 
 from __future__ import annotations
@@ -54,4 +59,15 @@ def env_seeds(seed: int | list[int] | tuple[int, ...], num_envs: int) -> list[in
     return [base + i for i in range(int(num_envs))]
 
 
-__all__ = ["SEED_BASE_BITS", "env_seeds"]
+_RESTART_TAG = 0x5E5EED
+"""Keeps restart seeds apart from :func:`env_seeds` of the same numbers."""
+
+
+def restart_seed(reset_seed: int, restart: int) -> int:
+    """The reset seed of a sub-env's ``restart``-th recreation (1, 2, ...) since it was
+    reset with ``reset_seed``: drawn from ``SeedSequence([reset_seed, restart, tag])``,
+    below ``2**30``."""
+    return env_seeds([reset_seed, restart, _RESTART_TAG], 1)[0]
+
+
+__all__ = ["SEED_BASE_BITS", "env_seeds", "restart_seed"]
