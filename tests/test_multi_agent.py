@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
-from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
+from jaxrunner.errors import ClosedError, InvalidArgumentError, SpaceMismatchError
 from tests import multi_agent_envs as envs_mod
 
 
@@ -192,6 +192,17 @@ def test_sample_episodes_after_a_plain_sample_returns_only_what_the_env_did():
         expected = whole[episode.episode_id, episode.agent_id]
         assert expected.is_complete and episode.is_complete
         jax.tree.map(np.testing.assert_array_equal, episode, expected)
+
+
+def test_close_is_stop():
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
+    runner = jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 4, seed=0)
+    runner.sample()
+    runner.close()
+    with pytest.raises(ClosedError):
+        runner.sample()
+    with pytest.raises(ClosedError):  # the envs are closed too
+        envs.reset_batch([0, 1])
 
 
 def test_policy_mapping_groups_and_space_checks():

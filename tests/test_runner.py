@@ -558,6 +558,30 @@ def test_policy_with_wrong_action_shape_rejected_at_construction():
     envs.close()
 
 
+@pytest.mark.parametrize("hidden", [(), (8,)])
+def test_a_policy_on_the_batched_action_space_is_told_to_use_the_single_one(hidden):
+    envs = jr.make_vec(short_cartpole, 3)
+    policy = mlp_policy(envs.action_space, hidden=hidden)  # MultiDiscrete([2 2 2])
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with pytest.raises(SpaceMismatchError, match=r"envs\.single_action_space, not envs\.action"):
+        jr.EnvRunner(envs, policy, params, rollout_length=4, seed=0)
+    envs.close()
+
+
+def test_close_is_stop():
+    envs = jr.make_vec(short_cartpole, 2)
+    policy = jr.Policy.from_linen(ActorCritic(2), envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    runner = jr.EnvRunner(envs, policy, params, rollout_length=4, seed=0)
+    runner.sample()
+    runner.close()
+    with pytest.raises(ClosedError):
+        runner.sample()
+    with pytest.raises(ClosedError):  # the envs are closed too
+        envs.reset_batch([0, 1])
+    runner.close()  # twice is fine, as stop()
+
+
 def test_constructor_argument_errors():
     envs = jr.make_vec(short_cartpole, 2)
     policy = jr.Policy.from_linen(ActorCritic(2), envs.single_action_space)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import gymnasium
 
+from jaxrunner._src.backends.env_api import check_env, reset_result
 from jaxrunner._src.space_arrays import check_info
 from jaxrunner.errors import EnvError, InvalidArgumentError
 
@@ -121,9 +122,9 @@ def recreate(
     close_quietly(old)
 
     def attempt() -> tuple[gymnasium.Env, dict[str, Any]]:
-        env = factory()
+        env = check_env(factory(), index)
         try:
-            obs, info = env.reset(seed=seed)
+            obs, info = reset_result(env.reset(seed=seed), index)
             write_obs(index, obs)
             return env, check_info(info, index, "reset")
         except BaseException:

@@ -17,6 +17,7 @@ import gymnasium
 import numpy as np
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.env_api import check_env, reset_result, step_result
 from jaxrunner._src.backends.restarts import RestartPolicy, recreate
 from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot
 from jaxrunner._src.backends.sub_env_handle import run_on_env
@@ -163,13 +164,16 @@ class SubEnvs:
         for i, action in zip(range(lo, hi), actions):
             status[i] = RUNNING
             try:
-                obs, r, term, trunc, info = envs[i - offset].step(action)
+                result = envs[i - offset].step(action)
             except Exception as err:
                 if policy is None:
                     raise SubEnvRaised(err, i, "step") from err
                 errors[i] = err
                 infos.append({})
                 continue
+            if type(result) is not tuple or len(result) != 5:  # not a fault: the wrong API
+                result = step_result(result, i)
+            obs, r, term, trunc, info = result
             try:
                 # Fast paths for the common types (r - r is NaN for NaN and inf); the
                 # checks explain anything else, and the writer writes what it accepts.
@@ -238,9 +242,10 @@ class SubEnvs:
     def reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict:
         """Resets sub-env ``i`` (global index) into ``obs``; returns its checked info."""
         try:
-            obs, info = self.envs[i - self.offset].reset(seed=seed, options=options)
+            result = self.envs[i - self.offset].reset(seed=seed, options=options)
         except Exception as err:
             raise SubEnvRaised(err, i, "reset") from err
+        obs, info = reset_result(result, i)
         if seed is not None:
             self._seeds[i - self.offset], self._restarts[i - self.offset] = seed, 0
         self.write_obs(i, obs)
@@ -331,9 +336,10 @@ def build_envs(fns: Sequence[EnvFactory], offset: int) -> list[gymnasium.Env]:
     try:
         for j, fn in enumerate(fns):
             try:
-                envs.append(fn())
+                env = fn()
             except Exception as err:
                 raise SubEnvRaised(err, offset + j, "factory") from err
+            envs.append(check_env(env, offset + j))
     except BaseException:
         for env in envs:
             env.close()

@@ -22,8 +22,8 @@ _OWNERS: weakref.WeakKeyDictionary[Any, weakref.ref] = weakref.WeakKeyDictionary
 
 
 class EnvOwner:
-    """Base of the runners: the claim on ``envs``, ``stop``, the context manager, and
-    the one ``sample`` call, over the runner's :class:`RunnerState`."""
+    """Base of the runners: the claim on ``envs``, ``stop`` (and ``close``), the context
+    manager, and the one ``sample`` call, over the runner's :class:`RunnerState`."""
 
     envs: Any
     state: RunnerState
@@ -56,6 +56,10 @@ class EnvOwner:
             self._release(self.envs)
             if close_envs:
                 self.envs.close()
+
+    def close(self) -> None:
+        """:meth:`stop`, closing the envs (the name gymnasium and Python use)."""
+        self.stop()
 
     def __enter__(self) -> Any:
         return self
