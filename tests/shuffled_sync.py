@@ -35,12 +35,13 @@ class ShuffledSync(jr.SyncVectorEnv):
         pending = sorted(self._waiting)
         count = 1 if self._batch is None else self._batch
         chosen = self._rng.choice(pending, size=count, replace=False)
-        outs = []
+        outs, infos = [], []
         for i in chosen.tolist():
             out = self._step(self._waiting.pop(i)[None], slice(i, i + 1))
+            infos.append(dict(out.infos[0]))
             outs.append(
                 jax.tree.map(np.copy, out._replace(infos=None, reset_infos=None, env_ids=None))
             )
         stack = jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
         env_ids: Any = slice(int(chosen[0]), int(chosen[0]) + 1) if self._batch is None else chosen
-        return stack._replace(infos=[{}] * count, reset_infos={}, env_ids=env_ids)
+        return stack._replace(infos=infos, reset_infos={}, env_ids=env_ids)

@@ -42,28 +42,21 @@ def _samples(make_envs: Any, num: int = 3, case: str = "cartpole", **kwargs: Any
         return [runner.sample() for _ in range(num)]
 
 
-class _SeededRestarts(gymnasium.Wrapper):
-    """A restarted sub-env is reset without a seed; this one then takes a fixed one, so
-    that two runs with the same faults restart into the same episodes."""
-
-    def reset(self, *, seed: int | None = None, options: Any = None) -> Any:
-        return self.env.reset(seed=1234 if seed is None else seed, options=options)
-
-
-def _seeded_cartpole() -> gymnasium.Env:
-    return _SeededRestarts(short_cartpole())
+def _counted_cartpole() -> gymnasium.Env:
+    """Short CartPole whose infos report each episode at its end (``"episode.l"``)."""
+    return gymnasium.wrappers.RecordEpisodeStatistics(short_cartpole())
 
 
 def _faulty_envs() -> jr.SyncVectorEnv:
     faults = {1: [FaultPlan(kind="raise", at=(4,))], 2: [FaultPlan(kind="bad_obs", at=(6, 20))]}
-    fns = faulty_env_fns(_seeded_cartpole, NUM_ENVS, faults, seed=1)
+    fns = faulty_env_fns(_counted_cartpole, NUM_ENVS, faults, seed=1)
     return jr.SyncVectorEnv(fns, restart_policy=jr.RestartPolicy())
 
 
 BACKENDS = {
     "sync": lambda: jr.make_vec(short_cartpole, NUM_ENVS),
     "sync-restarts": _faulty_envs,
-    "ready-first": lambda: ShuffledSync([short_cartpole] * NUM_ENVS, 2, buckets=(NUM_ENVS,)),
+    "ready-first": lambda: ShuffledSync([_counted_cartpole] * NUM_ENVS, 2, buckets=(NUM_ENVS,)),
     "process": lambda: jr.make_vec(
         short_cartpole, NUM_ENVS, "process", config=jr.ProcessConfig(num_workers=2)
     ),
@@ -218,8 +211,9 @@ def test_a_failed_compact_sample_keeps_its_steps() -> None:
 @pytest.mark.parametrize("backend", ["sync-restarts", "ready-first"])
 @pytest.mark.parametrize("compact", [False, True])
 def test_released_buffers_are_reused_and_change_nothing(backend: str, compact: bool) -> None:
-    reference = [t.dense() for t in _samples(BACKENDS[backend], 4, info_keys=("x",))]
-    with _runner(BACKENDS[backend](), info_keys=("x",), compact_next_obs=compact) as runner:
+    keys = ("episode.l",)
+    reference = [t.dense() for t in _samples(BACKENDS[backend], 4, info_keys=keys)]
+    with _runner(BACKENDS[backend](), info_keys=keys, compact_next_obs=compact) as runner:
         got, arrays = [], set()
         for _ in range(4):
             traj = runner.sample()
@@ -228,6 +222,7 @@ def test_released_buffers_are_reused_and_change_nothing(backend: str, compact: b
             runner.release(traj)
     for g, r in zip(got, reference):
         chex.assert_trees_all_equal(g, r)
+    assert any(g.extras["infos_present"]["episode.l"].any() for g in got)
     assert len(arrays) <= 2  # the same memory, sample after sample (two: ready-first's)
 
 
@@ -239,6 +234,56 @@ def test_release_refuses_what_it_did_not_hand_out() -> None:
                 runner.release(wrong)  # type: ignore[arg-type]
         runner.release(traj)
         with pytest.raises(InvalidArgumentError, match="released already"):
+            runner.release(traj)
+
+
+def test_release_of_a_trajectory_whose_buffers_were_reused_is_refused() -> None:
+    reference = _samples(BACKENDS["sync"], 3)
+    with _runner(BACKENDS["sync"]()) as runner:
+        first = runner.sample()
+        runner.release(first)
+        second = runner.sample()  # in first's arrays
+        with pytest.raises(InvalidArgumentError, match="released already"):
+            runner.release(first)
+        kept = jax.tree.map(np.copy, second)
+        third = runner.sample()
+        chex.assert_trees_all_equal(second, kept)  # not overwritten by the third
+        chex.assert_trees_all_equal(second, reference[1])
+        chex.assert_trees_all_equal(third, reference[2])
+
+
+_NOT_THE_RUNNERS = {
+    "device obs": lambda t: t.replace(obs=jnp.asarray(t.obs)),
+    "wrong-shaped obs": lambda t: t.replace(obs=np.zeros((2, 2, 4), t.obs.dtype)),
+    "read-only obs": lambda t: t.replace(obs=np.broadcast_to(t.obs[:1], t.obs.shape)),
+    "list obs": lambda t: t.replace(obs=t.obs.tolist()),
+    "caller's own obs": lambda t: t.replace(obs=np.zeros_like(t.obs)),
+    "extras entry replaced": lambda t: t.extras.update(log_prob=np.zeros(t.reward.shape)),
+    "reward made read-only": lambda t: t.reward.setflags(write=False),
+}
+
+
+@pytest.mark.parametrize("change", list(_NOT_THE_RUNNERS))
+def test_release_refuses_arrays_that_are_not_the_runners_and_keeps_working(change: str) -> None:
+    reference = _samples(BACKENDS["sync"], 2)
+    with _runner(BACKENDS["sync"]()) as runner:
+        traj = runner.sample()
+        changed = _NOT_THE_RUNNERS[change](traj) or traj  # a new trajectory, or traj changed
+        before = jax.tree.map(np.array, changed)
+        with pytest.raises(InvalidArgumentError, match=r"release\(traj\)"):
+            runner.release(changed)
+        chex.assert_trees_all_equal(runner.sample(), reference[1])
+        chex.assert_trees_all_equal(changed, before)  # the caller's arrays left alone
+
+
+def test_reused_buffers_rewrite_the_env_ids() -> None:
+    reference = _samples(BACKENDS["sync"], 3)
+    with _runner(BACKENDS["sync"]()) as runner:
+        for expected in reference:
+            traj = runner.sample()
+            chex.assert_trees_all_equal(traj, expected)
+            traj.env_id[:] += 100
+            traj.valid[:] = False
             runner.release(traj)
 
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 import inspect
 import pickle
 
+import gymnasium
+import jax
+import numpy as np
 import pytest
 
+import jaxrunner as jr
 import jaxrunner.errors as errors
+from jaxrunner.models import mlp_policy
 
 ERROR_CLASSES = sorted(
     (
@@ -83,10 +88,68 @@ class _Unpicklable(Exception):
 
 @pytest.mark.parametrize("name", ["apply_fn", "init_fn", "log_prob_fn", "evaluate_fn"])
 def test_policy_with_a_non_function_names_the_argument(name):
-    import jaxrunner as jr
-
     kwargs = {"apply_fn": lambda params, obs, carry, keys: None, name: object()}
     if name == "apply_fn":
         kwargs["apply_fn"] = None
     with pytest.raises(errors.InvalidArgumentTypeError, match=rf"Policy\({name}=\.\.\.\)"):
         jr.Policy(**kwargs)
+
+
+# -- new users' mistakes: named where they are made ------------------------------------------
+
+
+def _not_an_env() -> dict:
+    return {"obs": 0}
+
+
+class _OldApiReset(gymnasium.Env):
+    """The old gym API's reset: the observation alone."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32)
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+class _OldApiStep(_OldApiReset):
+    """The old gym API's step: (obs, reward, done, info)."""
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, {}
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_a_factory_that_returns_no_env_is_named(backend):
+    with pytest.raises(
+        errors.InvalidArgumentTypeError, match="factory of sub-env 0 returned a dict with keys"
+    ) as info:
+        jr.make_vec(_not_an_env, 2, backend=backend)
+    assert isinstance(info.value, TypeError)
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+@pytest.mark.parametrize(("env_class", "call"), [(_OldApiReset, "reset"), (_OldApiStep, "step")])
+def test_an_old_gym_api_env_is_named_as_such(backend, env_class, call):
+    envs = jr.make_vec(env_class, 2, backend=backend)
+    policy = mlp_policy(envs.single_action_space, hidden=(4,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with pytest.raises(errors.InvalidStepError, match=rf"{call}\(\) returned .* old gym API"):
+        jr.EnvRunner(envs, policy, params, 4, 0).sample()
+    envs.close()
+
+
+def test_an_old_gym_api_step_is_no_fault_to_restart():
+    envs = jr.make_vec(_OldApiStep, 2, restart_policy=jr.RestartPolicy())
+    policy = mlp_policy(envs.single_action_space, hidden=(4,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, 4, 0) as runner:
+        with pytest.raises(errors.InvalidStepError, match="old gym API"):
+            runner.sample()
+        assert envs.num_restarts == 0

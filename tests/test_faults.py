@@ -12,6 +12,7 @@ import pytest
 from conftest import short_cartpole
 
 import jaxrunner as jr
+from jaxrunner._src.core.seeds import restart_seed
 from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidStepError
 from jaxrunner.models import mlp_policy
 from jaxrunner.testing import (
@@ -91,9 +92,15 @@ def test_failed_slot_holds_the_new_envs_first_obs_and_starts_a_new_episode(clean
     _, traj, _ = clean_and_faulty
     t, b = FAILING_CALL - 1, FAILING_ENV
     assert traj.reward[t, b] == 0 and not traj.terminated[t, b] and not traj.truncated[t, b]
-    # A recreated CountingEnv: episode counter 0 and no seed (-1), t 0.
+    # A recreated CountingEnv: episode counter 0, t 0, reset with its first restart's
+    # seed, derived from the seed the runner (seed 0) gave the env.
     fresh = traj.next_obs[t, b]
-    assert (fresh[CountingEnv.SEED], fresh[CountingEnv.EPISODE], fresh[CountingEnv.T]) == (-1, 0, 0)
+    seed = restart_seed(jr.env_seeds(0, NUM_ENVS)[b], 1)
+    assert (fresh[CountingEnv.SEED], fresh[CountingEnv.EPISODE], fresh[CountingEnv.T]) == (
+        seed,
+        0,
+        0,
+    )
     np.testing.assert_array_equal(traj.obs[t + 1, b], fresh)
     assert traj.episode_id[t + 1, b] != traj.episode_id[t, b]
     assert traj.step[t + 1, b] == 0
@@ -170,7 +177,8 @@ def test_a_failed_autoreset_keeps_the_finished_episodes_transition(kind):
     assert traj.terminated[6, 0]
     assert metrics["num_faulty_episodes"] == 0 and metrics["num_dropped_steps"] == 0
     fresh = traj.obs[7, 0]  # from the recreated env
-    assert (fresh[CountingEnv.SEED], fresh[CountingEnv.EPISODE]) == (-1, 0)
+    seed = restart_seed(jr.env_seeds(0, NUM_ENVS)[0], 1)
+    assert (fresh[CountingEnv.SEED], fresh[CountingEnv.EPISODE]) == (seed, 0)
     assert runner.envs.num_restarts == 1
 
 
@@ -305,3 +313,27 @@ def test_fault_validation():
         FaultPlan(kind="nan_reward", call="reset")
     with pytest.raises(InvalidArgumentError, match="probability"):
         FaultPlan(probability=2.0)
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_same_seed_same_trajectories_across_a_restart(backend):
+    # A restarted sub-env is reset with a seed derived from its own (the runner's) seed
+    # and its restart count: the same seed and the same faults give the same episodes.
+    def run(seed: int) -> jr.Trajectory:
+        faults = {1: [FaultPlan(kind="raise", at=(3,))], 2: [FaultPlan(kind="raise", at=(5, 6))]}
+        fns = faulty_env_fns(short_cartpole, NUM_ENVS, faults)
+        policy = jr.RestartPolicy()
+        if backend == "sync":
+            envs = jr.SyncVectorEnv(fns, restart_policy=policy)
+        else:
+            config = jr.ProcessConfig(num_workers=2)
+            envs = jr.ProcessVectorEnv(fns, config, restart_policy=policy)
+        actor = mlp_policy(envs.single_action_space, hidden=(8,))
+        params = actor.init(jax.random.key(0), envs.single_observation_space)
+        with jr.EnvRunner(envs, actor, params, T, seed) as runner:
+            return jr.concatenate([runner.sample() for _ in range(3)])
+
+    first, second = run(7), run(7)
+    # Each recreated env fails again at its 3rd (5th, 6th) step: restarts in a row.
+    assert (~first.valid).sum() >= 6
+    jax.tree.map(np.testing.assert_array_equal, first, second)

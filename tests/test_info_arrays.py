@@ -93,6 +93,38 @@ def test_a_non_numeric_entry_is_refused_naming_the_env_and_key():
         runner.sample()
 
 
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_a_misspelt_name_is_refused_with_the_names_the_infos_had(backend):
+    envs = jr.make_vec(cartpole_with_infos, 2, backend=backend)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    keys = ("lives", "episode.r", "live", "episode.R")
+    runner = jr.EnvRunner(envs, policy, params, 8, seed=0, info_keys=keys)
+    with runner:
+        # No error before an episode ended: end-of-episode entries have not had their chance.
+        first = runner.sample()
+        assert not first.done.any()
+        with pytest.raises(InvalidArgumentError, match=r"\['episode.R', 'live'\]") as info:
+            for _ in range(4):  # episodes of at most 20 steps
+                runner.sample()
+    for name in ("'lives'", "'episode'", "'episode.r'", "'episode.l'"):
+        assert name in str(info.value)
+    partial = info.value.partial_trajectory  # the sample is not lost
+    assert partial.num_steps == 8 and partial.done.any()
+    assert partial.extras["infos_present"]["lives"].all()
+
+
+def test_an_end_of_episode_name_waits_for_the_first_episode_end():
+    envs = jr.make_vec(cartpole_with_infos, 2)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, 3, seed=0, info_keys=("episode.l",)) as runner:
+        trajs = [runner.sample() for _ in range(10)]
+    joined = jr.concatenate(trajs)
+    assert not trajs[0].done.any() and joined.done.any()
+    np.testing.assert_array_equal(joined.extras["infos_present"]["episode.l"], joined.done)
+
+
 @pytest.mark.parametrize("bad", ["lives", ("lives", "lives"), ("",), (3,)])
 def test_bad_info_keys_are_refused(bad):
     envs = jr.make_vec(cartpole_with_infos, 2)

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
-from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
+from jaxrunner.errors import ClosedError, InvalidArgumentError, SpaceMismatchError
 from tests import multi_agent_envs as envs_mod
 
 
@@ -169,6 +169,40 @@ def test_episodes_per_agent_match_the_trajectory():
         metrics["agents"][a]["num_agent_steps"] for a in ("a0", "a1", "a2")
     )
     assert metrics["num_agent_steps"] > metrics["num_env_steps"]
+
+
+def test_sample_episodes_after_a_plain_sample_returns_only_what_the_env_did():
+    # The agent episodes under way at a plain sample() lost steps to it: sample_episodes
+    # must not join their earlier part to their later one.
+    factory = envs_mod.coming_and_going
+    envs = jr.make_multi_agent_vec(factory, 2)
+    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 2, seed=0) as runner:
+        episodes = runner.sample_episodes(3)
+        for _ in range(2):
+            runner.sample()
+            episodes += runner.sample_episodes(6)
+        num_steps = runner.get_metrics()["num_env_steps"] // 2
+    # The reference: the same run as one sample, checked against the env by hand.
+    envs = jr.make_multi_agent_vec(factory, 2)
+    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), num_steps, seed=0) as ref:
+        reference = ref.sample()
+    replay_parallel(factory, reference, seed=0)
+    whole = {(e.episode_id, e.agent_id): e for e in reference.split_episodes()}
+    for episode in episodes:
+        expected = whole[episode.episode_id, episode.agent_id]
+        assert expected.is_complete and episode.is_complete
+        jax.tree.map(np.testing.assert_array_equal, episode, expected)
+
+
+def test_close_is_stop():
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
+    runner = jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 4, seed=0)
+    runner.sample()
+    runner.close()
+    with pytest.raises(ClosedError):
+        runner.sample()
+    with pytest.raises(ClosedError):  # the envs are closed too
+        envs.reset_batch([0, 1])
 
 
 def test_policy_mapping_groups_and_space_checks():

@@ -243,13 +243,6 @@ def test_set_params_rejects_other_shapes(cartpole_runner):
         runner.get_params("other")
 
 
-def test_close_is_stop(cartpole_runner):
-    runner = cartpole_runner()
-    runner.close()
-    with pytest.raises(ClosedError, match="after stop"):
-        runner.sample()
-
-
 def test_metrics_equal_sums_over_episodes(cartpole_runner):
     runner = cartpole_runner(
         num_envs=4, rollout_length=50, metrics=jr.MetricsConfig(episode_window=7)
@@ -302,6 +295,62 @@ def test_episode_statistics_of_episodes_spanning_many_samples(num_splits):
     assert metrics["episode_return_min"] == pytest.approx(min(returns), rel=1e-12)
     assert metrics["episode_return_max"] == pytest.approx(max(returns), rel=1e-12)
     assert metrics["episode_length_mean"] == 15
+
+
+class ScriptedRewards(gymnasium.Env):
+    """Episodes of 3 steps whose rewards follow ``SCRIPT`` (by episode, cyclically)."""
+
+    SCRIPT = (
+        (1e308, 1e308, 1.0),  # finite rewards, an overflowing return
+        (1.0, 2.0, 3.0),
+        (2.0**60, 0.0, 0.0),  # huge: the next episode's small rewards must not vanish
+        (0.5, 0.25, 0.25),
+        (-1e308, -1e308, 0.0),
+        (1.0, 2.0, 4.0),
+    )
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode = getattr(self, "episode", -1) + 1
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        reward = self.SCRIPT[self.episode % len(self.SCRIPT)][self.t]
+        self.t += 1
+        return np.zeros(1, np.float32), reward, self.t == 3, False, {}
+
+
+@pytest.mark.parametrize("rollout_length", [4, 20])
+def test_episode_returns_are_each_episodes_own_and_overflow_is_left_out(rollout_length):
+    envs = jr.make_vec(ScriptedRewards, 2)
+    policy = jr.Policy.from_linen(ActorCritic(2), envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    config = jr.MetricsConfig(episode_window=1000)
+    with jr.EnvRunner(envs, policy, params, rollout_length, 0, metrics=config) as runner:
+        with pytest.warns(RuntimeWarning, match="overflows float64"):
+            for _ in range(60 // rollout_length):
+                runner.sample()
+        metrics = runner.get_metrics()
+    # The reference: each env stepped by hand for as many steps, returns summed in order.
+    env, returns, total = ScriptedRewards(), [], 0.0
+    env.reset(seed=0)
+    for _ in range(60 // rollout_length * rollout_length):
+        _, reward, terminated, _, _ = env.step(0)
+        total += reward
+        if terminated:
+            returns.append(total)
+            env.reset()
+            total = 0.0
+    finite = [r for r in returns if np.isfinite(r)]
+    assert len(finite) < len(returns)  # the overflowing episodes ended
+    assert metrics["num_episodes"] == 2 * len(returns)
+    assert metrics["episode_return_mean"] == pytest.approx(np.mean(finite), rel=1e-15)
+    assert metrics["episode_return_min"] == min(finite) == 1.0
+    assert metrics["episode_return_max"] == max(finite) == 2.0**60
+    assert metrics["episode_length_mean"] == 3
 
 
 def test_perf_timers_mean_and_ema():
@@ -391,6 +440,37 @@ def test_sample_episodes_complete_and_nothing_lost(cartpole_runner):
     for e in episodes:
         assert e.obs.shape == (e.length + 1, 4)
         assert e.terminated or e.length == 20
+
+
+@pytest.mark.parametrize("rollout_length", [3, 7])
+def test_sample_episodes_after_plain_samples_returns_only_what_the_env_did(
+    cartpole_runner, rollout_length, tmp_path
+):
+    # A plain sample() takes the steps of the episodes sample_episodes was assembling:
+    # an episode spanning it is not seen whole and must not come back joined across it.
+    runner = cartpole_runner(num_envs=2, rollout_length=rollout_length, seed=0)
+    runner.sample()
+    episodes = runner.sample_episodes(2)
+    runner.sample()
+    episodes += runner.sample_episodes(6)
+    num_steps = runner.get_metrics()["num_env_steps"] // 2
+    # The reference: the same run as one sample, checked against gymnasium by hand.
+    reference = cartpole_runner(num_envs=2, rollout_length=num_steps, seed=0).sample()
+    for b in range(2):
+        replay(short_cartpole, 0, [reference], b)
+    by_id = {e.episode_id: e for e in reference.split_episodes()}
+    for episode in episodes:
+        whole = by_id[episode.episode_id]
+        assert whole.is_complete and episode.is_complete
+        jax.tree.map(np.testing.assert_array_equal, episode, whole)
+    # And the runner can resume from its own file after a plain sample ended episodes
+    # sample_episodes had begun.
+    runner.sample_episodes(6)
+    for _ in range(3):
+        runner.sample()
+    runner.save(tmp_path / "ckpt.npz")
+    resumed = cartpole_runner(num_envs=2, rollout_length=rollout_length, seed=0)
+    assert resumed.restore(tmp_path / "ckpt.npz", load_env_pickles=True).envs_restored
 
 
 class Recurrent(nn.Module):
@@ -483,6 +563,30 @@ def test_policy_with_wrong_action_shape_rejected_at_construction():
     with pytest.raises(SpaceMismatchError, match=r"expected shape \(2,\)"):
         jr.EnvRunner(envs, jr.Policy(apply_fn), {}, rollout_length=4, seed=0)
     envs.close()
+
+
+@pytest.mark.parametrize("hidden", [(), (8,)])
+def test_a_policy_on_the_batched_action_space_is_told_to_use_the_single_one(hidden):
+    envs = jr.make_vec(short_cartpole, 3)
+    policy = mlp_policy(envs.action_space, hidden=hidden)  # MultiDiscrete([2 2 2])
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with pytest.raises(SpaceMismatchError, match=r"envs\.single_action_space, not envs\.action"):
+        jr.EnvRunner(envs, policy, params, rollout_length=4, seed=0)
+    envs.close()
+
+
+def test_close_is_stop():
+    envs = jr.make_vec(short_cartpole, 2)
+    policy = jr.Policy.from_linen(ActorCritic(2), envs.single_action_space)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    runner = jr.EnvRunner(envs, policy, params, rollout_length=4, seed=0)
+    runner.sample()
+    runner.close()
+    with pytest.raises(ClosedError):
+        runner.sample()
+    with pytest.raises(ClosedError):  # the envs are closed too
+        envs.reset_batch([0, 1])
+    runner.close()  # twice is fine, as stop()
 
 
 def test_constructor_argument_errors():

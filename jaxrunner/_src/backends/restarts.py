@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import gymnasium
 
 from jaxrunner._src.arg_checks import check_int, check_number, refusal
+from jaxrunner._src.backends.env_api import check_env, reset_result
 from jaxrunner._src.space_arrays import check_info
 from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidArgumentTypeError
 
@@ -92,6 +93,7 @@ def recreate(
     policy: RestartPolicy,
     cause: BaseException,
     write_obs: Callable[[int, Any], None],
+    seed: int | None = None,
 ) -> tuple[gymnasium.Env, dict[str, Any]]:
     """Replaces failed sub-env ``index``: closes ``old``, then makes and resets a new
     one, trying ``policy.max_attempts`` times (:func:`retry`).
@@ -104,6 +106,7 @@ def recreate(
         cause: the failure that made the restart necessary (chained if we give up).
         write_obs: ``(index, obs)``: stores and validates the new env's first
             observation; a bad one (or a bad info) is a failed attempt.
+        seed: the new env's reset seed (``jaxrunner._src.core.seeds.restart_seed``).
 
     Returns:
         ``(env, info)``: the new sub-env and its reset info.
@@ -115,9 +118,9 @@ def recreate(
     close_quietly(old)
 
     def attempt() -> tuple[gymnasium.Env, dict[str, Any]]:
-        env = factory()
+        env = check_env(factory(), index)
         try:
-            obs, info = env.reset()
+            obs, info = reset_result(env.reset(seed=seed), index)
             write_obs(index, obs)
             return env, check_info(info, index, "reset")
         except BaseException:

@@ -17,9 +17,11 @@ import gymnasium
 import numpy as np
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.env_api import check_env, reset_result, step_result
 from jaxrunner._src.backends.restarts import RestartPolicy, recreate
 from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot
 from jaxrunner._src.backends.sub_env_handle import run_on_env
+from jaxrunner._src.core.seeds import restart_seed
 from jaxrunner._src.space_arrays import check_flag, check_info, check_reward
 from jaxrunner._src.space_arrays.checks import all_finite_test, nonfinite_observations
 from jaxrunner.errors import EnvError, JaxRunnerError
@@ -138,6 +140,10 @@ class SubEnvs:
         self._all_finite = all_finite_test(obs_space, buffers.next_obs)
         self.num_restarts = 0
         """Sub-envs recreated after a failure."""
+        self._seeds: list[int | None] = [None] * len(envs)
+        """Each sub-env's last reset seed (None: never seeded)."""
+        self._restarts = [0] * len(envs)
+        """Each sub-env's restarts since that seeded reset (its restarts' seeds)."""
 
     def step(self, lo: int, hi: int, actions: Sequence[Any]) -> StepResult:
         """Steps sub-envs ``[lo, hi)`` (global indices) with ``actions[i - lo]``, SAME_STEP
@@ -158,13 +164,16 @@ class SubEnvs:
         for i, action in zip(range(lo, hi), actions):
             status[i] = RUNNING
             try:
-                obs, r, term, trunc, info = envs[i - offset].step(action)
+                result = envs[i - offset].step(action)
             except Exception as err:
                 if policy is None:
                     raise SubEnvRaised(err, i, "step") from err
                 errors[i] = err
                 infos.append({})
                 continue
+            if type(result) is not tuple or len(result) != 5:  # not a fault: the wrong API
+                result = step_result(result, i)
+            obs, r, term, trunc, info = result
             try:
                 # Fast paths for the common types (r - r is NaN for NaN and inf); the
                 # checks explain anything else, and the writer writes what it accepts.
@@ -233,9 +242,12 @@ class SubEnvs:
     def reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict:
         """Resets sub-env ``i`` (global index) into ``obs``; returns its checked info."""
         try:
-            obs, info = self.envs[i - self.offset].reset(seed=seed, options=options)
+            result = self.envs[i - self.offset].reset(seed=seed, options=options)
         except Exception as err:
             raise SubEnvRaised(err, i, "reset") from err
+        obs, info = reset_result(result, i)
+        if seed is not None:
+            self._seeds[i - self.offset], self._restarts[i - self.offset] = seed, 0
         self.write_obs(i, obs)
         bad = nonfinite_observations(self.obs_space, self.buffers.obs, i, i + 1, "reset")
         if bad:
@@ -263,9 +275,12 @@ class SubEnvs:
         (:func:`~jaxrunner._src.backends.step_buffers.fail_slot`)."""
         assert self.restart_policy is not None  # internal: only called with a policy
         j = i - self.offset
+        self._restarts[j] += 1
+        seed = self._seeds[j]  # a seeded env restarts seeded: runs stay reproducible
         self.envs[j], info = recreate(
-            self.envs[j], self.fns[j], i, self.restart_policy, cause, self.write_obs
-        )
+            self.envs[j], self.fns[j], i, self.restart_policy, cause, self.write_obs,
+            None if seed is None else restart_seed(seed, self._restarts[j]),
+        )  # fmt: skip
         self.num_restarts += 1
         if failed_step:
             fail_slot(self.buffers, self.obs_space, i)
@@ -321,9 +336,10 @@ def build_envs(fns: Sequence[EnvFactory], offset: int) -> list[gymnasium.Env]:
     try:
         for j, fn in enumerate(fns):
             try:
-                envs.append(fn())
+                env = fn()
             except Exception as err:
                 raise SubEnvRaised(err, offset + j, "factory") from err
+            envs.append(check_env(env, offset + j))
     except BaseException:
         for env in envs:
             env.close()

@@ -14,6 +14,7 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.env_api import check_env
 from jaxrunner._src.backends.in_process import InProcessVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.snapshots import snapshot_dumps
@@ -55,8 +56,8 @@ class SyncVectorEnv(InProcessVectorEnv):
         self.env_fns = list(env_fns)
         self.envs: list[gymnasium.Env] = []
         try:
-            for fn in self.env_fns:
-                self.envs.append(fn())
+            for i, fn in enumerate(self.env_fns):
+                self.envs.append(check_env(fn(), i))
         except BaseException:
             # Do not leak the sub-envs built so far.
             for env in self.envs:

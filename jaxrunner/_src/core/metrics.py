@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import warnings
 from typing import Any
 
 import numpy as np
@@ -80,8 +81,23 @@ class EpisodeStats:
         self, returns: np.ndarray, lengths: np.ndarray, num_episodes: int | None = None
     ) -> None:
         """Counts ``num_episodes`` ended episodes (default ``len(returns)``), of which
-        ``returns`` and ``lengths`` are the latest (all, or at least :attr:`window`)."""
+        ``returns`` and ``lengths`` are the latest (all, or at least :attr:`window`).
+
+        An episode whose return is not finite (finite rewards whose float64 sum
+        overflowed) is counted but kept out of the window, with a warning: one such
+        return would make every statistic of the window infinite or NaN."""
         self.num_episodes += len(returns) if num_episodes is None else num_episodes
+        finite = np.isfinite(returns)
+        if not finite.all():
+            warnings.warn(
+                f"jaxrunner metrics: {int(np.count_nonzero(~finite))} episode(s) ended with "
+                "a return that overflows float64 (rewards finite one by one, their sum not). "
+                "They count in num_episodes but not in the episode_return_* and "
+                "episode_length_mean statistics; scale the rewards down to keep them.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            returns, lengths = returns[finite], lengths[finite]
         # Only the latest ``window`` stay: converting the rest costs ~5 us per 1k episodes.
         self._returns.extend(returns[-self._window :].tolist())
         self._lengths.extend(lengths[-self._window :].tolist())

@@ -80,6 +80,11 @@ class EpisodeJoiner(Generic[E]):
         done.sort(key=self.order)
         return done
 
+    def forget(self) -> None:
+        """Drops the unfinished episodes: steps of theirs went elsewhere (a plain
+        ``sample()``), so joining them to later parts would splice two pieces."""
+        self.fragments = {}
+
     def set_fragments(self, fragments: Iterable[E]) -> None:
         """Replaces the unfinished episodes (a restored checkpoint's)."""
         self.fragments = {self.key(e): e for e in fragments}

@@ -1,4 +1,5 @@
-"""The reset seeds a runner gives its sub-envs: one rule (:func:`env_seeds`), in one place."""
+"""The reset seeds a runner gives its sub-envs (:func:`env_seeds`), and a restarted
+sub-env (:func:`restart_seed`): one rule each, in one place."""
 
 from __future__ import annotations
 
@@ -38,3 +39,15 @@ def env_seeds(seed: int | list[int] | tuple[int, ...], num_envs: int) -> list[in
     word = int(np.random.SeedSequence([int(s) for s in entropy]).generate_state(1, np.uint32)[0])
     base = word >> (32 - SEED_BASE_BITS)
     return [base + i for i in range(int(num_envs))]
+
+
+_RESTART_TAG = 0x5E5EED
+"""Keeps restart seeds apart from :func:`env_seeds` of the same numbers."""
+
+
+def restart_seed(reset_seed: int, restart: int) -> int:
+    """The reset seed of a sub-env's ``restart``-th recreation (1, 2, ...) since it was
+    reset with ``reset_seed``: drawn from ``SeedSequence([reset_seed, restart, tag])``,
+    below ``2**30``. Two runs with the same seed and the same (deterministic) faults so
+    restart into the same episodes."""
+    return env_seeds([reset_seed, restart, _RESTART_TAG], 1)[0]

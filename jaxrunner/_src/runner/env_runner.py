@@ -82,8 +82,8 @@ class EnvRunner(EnvOwner):
         info_keys: names of per-step info entries to record as float64 ``[T, B]``
             arrays, in ``traj.extras["infos"][name]`` with the mask of the steps that had
             them in ``traj.extras["infos_present"][name]`` (``"episode.r"`` reaches into
-            ``info["episode"]``). Host
-            backends; nothing is recorded or paid without it.
+            ``info["episode"]``). Host backends; nothing is recorded or paid without it.
+            A name no info has had by the first episode end is refused as misspelt.
         compact_next_obs: store ``traj.next_obs`` only where it is not the next step's
             ``obs`` (episode ends, failed steps, reset steps, the last step), and build
             it from ``obs`` when it is read: half the memory of image observations,
@@ -131,9 +131,7 @@ class EnvRunner(EnvOwner):
             params={DEFAULT_POLICY_ID: jax.device_put(params)},
             metrics=RunnerMetrics(metrics or MetricsConfig()),
             episodes=EpisodeJoiner(
-                key=lambda e: e.env_id,
-                concatenate=concatenate_episodes,
-                order=lambda e: e.episode_id,
+                lambda e: e.env_id, concatenate_episodes, lambda e: e.episode_id
             ),
         )
         """Params, metrics and episode bookkeeping (a typed runner state, which the
@@ -246,7 +244,9 @@ class EnvRunner(EnvOwner):
         Episodes carry on across calls. If a step fails, the exception propagates
         with ``err.partial_trajectory`` holding every step completed before it, and
         the runner refuses further sampling (its envs are in an unknown state).
-        """
+        The unfinished episodes :meth:`sample_episodes` was assembling lose these steps
+        to the caller and are dropped (never seen whole)."""
+        self.state.episodes.forget()
         return self._sample_once()
 
     def release(self, traj: Trajectory) -> None:
@@ -258,7 +258,8 @@ class EnvRunner(EnvOwner):
 
         Raises:
             InvalidArgumentError: ``traj`` is not a result of this runner's ``sample()``
-                still out (released twice, a copy or slice, another runner's), or the
+                still out (released twice, a copy, slice or ``replace()`` of one, another
+                runner's), its arrays were replaced, resized or made read-only, or the
                 envs are pure JAX (their trajectories live on device).
         """
         self._check_usable("release")
@@ -276,17 +277,16 @@ class EnvRunner(EnvOwner):
         """Samples until ``num_episodes`` complete episodes (seen from their first
         step) are available; returns them in the order they started. Episodes that
         complete beyond the count are kept for the next call, so none is lost.
-        Episodes already under way before the first call are not complete and are
-        skipped (their steps went to earlier ``sample()`` results). Episodes cut by a
-        sub-env failure (``Episode.faulty``) are skipped unless ``include_faulty``.
-        With ``progress``, a progress bar counts the episodes (tqdm where it is
-        installed, else a line on stderr)."""
+        Episodes under way at a ``sample()`` (some of their steps are in its result) and
+        those cut by a sub-env failure (``Episode.faulty``; kept with ``include_faulty``)
+        are skipped. With ``progress``, a progress bar counts the episodes (tqdm where
+        it is installed, else a line on stderr)."""
         check_int("EnvRunner.sample_episodes", "num_episodes", num_episodes)
         state = self.state
         with Progress(num_episodes, enabled=progress) as bar:
             bar.update(len(state.finished))
             while len(state.finished) < num_episodes:
-                done = state.episodes.complete(self.sample().split_episodes())
+                done = state.episodes.complete(self._sample_once().split_episodes())
                 state.finished.extend(e for e in done if include_faulty or not e.faulty)
                 bar.update(len(state.finished))
         return state.take_finished(num_episodes)
@@ -352,7 +352,9 @@ class EnvRunner(EnvOwner):
         """Counters since construction, recent-episode statistics and perf timers, as
         of the last ``sample()`` (the episode bookkeeping is done once per sample);
         for envs built by ``make_vec(..., backend="auto")`` also ``auto``: the layout
-        it chose, as numbers (``LayoutChoice.metrics``)."""
+        it chose, as numbers (``LayoutChoice.metrics``). An episode whose return
+        overflows float64 (finite rewards, an infinite sum) counts in ``num_episodes``
+        but not in the window's statistics, with a ``RuntimeWarning``."""
         metrics = self.state.metrics.summary()
         if isinstance(self.envs, VectorEnv) and self.envs.layout_choice is not None:
             metrics["auto"] = self.envs.layout_choice.metrics()

@@ -157,7 +157,13 @@ class MultiAgentRunner(EnvOwner):
 
     def sample(self) -> MultiAgentTrajectory:
         """Collects ``rollout_length`` env steps of every env. Agent and env episodes
-        carry on across calls; a failure raises with ``err.partial_trajectory``."""
+        carry on across calls; a failure raises with ``err.partial_trajectory``. Its steps
+        are the caller's: the unfinished agent episodes :meth:`sample_episodes` was
+        assembling lose them, so they are dropped (they are not seen whole)."""
+        self.state.episodes.forget()
+        return self._sample_with_callbacks()
+
+    def _sample_with_callbacks(self) -> MultiAgentTrajectory:
         traj = self._sample_once()
         if self._on_agent_episode_end is not None:
             for episode in self.state.callback_episodes.complete(traj.split_episodes()):  # type: ignore[union-attr]
@@ -170,7 +176,8 @@ class MultiAgentRunner(EnvOwner):
         check_int("MultiAgentRunner.sample_episodes", "num_episodes", num_episodes)
         state = self.state
         while len(state.finished) < num_episodes:
-            state.finished.extend(state.episodes.complete(self.sample().split_episodes()))
+            traj = self._sample_with_callbacks()
+            state.finished.extend(state.episodes.complete(traj.split_episodes()))
         return state.take_finished(num_episodes)
 
     def save(self, path: str | os.PathLike) -> None:

@@ -93,11 +93,7 @@ class EpisodeBook:
         )
         if resets is not None:  # an episode that began with a reset slot: one step less
             step -= self._began_with_reset(resets[:t], started, prev_end)
-        # Each step's episode return so far, from running sums of the sample's rewards.
-        total = accumulate_rows(np.add, np.asarray(buf.reward[:t]))
-        flat_total = total.reshape(-1)
-        before = np.where(started, flat_total.take(at_prev), -self._episode_return)
-        returns = flat_total.take(ends) - before.reshape(-1).take(ends)
+        returns, unfinished = episode_returns(np.asarray(buf.reward[:t]), cut, self._episode_return)
         lengths = step.reshape(-1).take(ends) + 1
         num_failed = num_invalid = 0
         if faults is not None:  # faulty episodes stay out of the statistics
@@ -124,9 +120,7 @@ class EpisodeBook:
             at = np.minimum(np.maximum(first, 0), t - 1)
             self._reset_first = np.where(inside, resets[at, cols], self._reset_first)
             self._reset_first &= first < t  # begins in the next sample: not known yet
-        self._episode_return = np.where(
-            ended, total[-1] - flat_total.take(at_end), self._episode_return + total[-1]
-        )
+        self._episode_return = unfinished
         self.next_episode_id += len(ends)
         self.steps_done += t
         return counts
@@ -174,6 +168,39 @@ class EpisodeBook:
         self._reset_first = np.zeros(num_envs, np.bool_)
 
 
+def episode_returns(
+    reward: np.ndarray, cut: np.ndarray, carry: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The returns of the episodes that end in ``reward`` (``[t, B]``; ends where ``cut``),
+    in (step, env) order, and each env's unfinished return after its last row.
+
+    ``carry`` (``[B]``) is each env's return before the first row. Every episode is
+    summed from its own rewards only (one segment of ``np.add.reduceat`` per episode,
+    env-major), never as a difference of running sums across episodes: one episode's
+    huge or overflowing rewards then cannot change (or turn into NaN) another's return.
+    """
+    num_steps, num_envs = reward.shape
+    width = num_steps + 1  # each env's row: its carry, then its rewards
+    by_env = np.empty((num_envs, width), np.float64)
+    by_env[:, 0], by_env[:, 1:] = carry, reward.T
+    is_end = np.zeros((num_envs, width), np.bool_)
+    is_end[:, 1:] = cut.T
+    # Segments (episodes) start at each env's carry and after each end in its row.
+    is_start = np.zeros((num_envs, width), np.bool_)
+    is_start[:, 0], is_start[:, 2:] = True, is_end[:, 1:-1]
+    starts = np.flatnonzero(is_start)
+    with np.errstate(over="ignore"):  # an overflowing return: the metrics say so
+        sums = np.add.reduceat(by_env.reshape(-1), starts)
+    last_slot = np.append(starts[1:], by_env.size) - 1
+    ended = sums[is_end.reshape(-1).take(last_slot)]  # env-major order
+    envs, steps = np.divmod(np.flatnonzero(cut.T), num_steps)
+    returns = ended[np.argsort(steps * num_envs + envs)]  # (step, env) order
+    first = np.flatnonzero(starts % width == 0)  # each env's first segment
+    last = np.append(first[1:], len(starts)) - 1
+    unfinished = np.where(cut[-1], 0.0, sums[last])
+    return returns, unfinished
+
+
 def accumulate_rows(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
     """``ufunc.accumulate(x, axis=0)`` (a new array). Wide arrays go row by row: numpy's
     accumulate along the outer axis of a C-ordered array is 15-40x slower there (9.5 ms
@@ -187,4 +214,4 @@ def accumulate_rows(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
     return out
 
 
-__all__ = ["EpisodeBook", "SampleCounts", "accumulate_rows"]
+__all__ = ["EpisodeBook", "SampleCounts", "accumulate_rows", "episode_returns"]

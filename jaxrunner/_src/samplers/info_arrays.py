@@ -12,6 +12,10 @@ A name reaches into a dict entry with a dot: ``"episode.r"`` is ``info["episode"
 (a flat key with a dot, like ``"TimeLimit.truncated"``, is looked up first). Values
 must be numbers (bools count); anything else is refused with the sub-env and key
 named. Nothing is recorded, and nothing is paid, without ``info_keys``.
+
+A name that no sub-env's info has had by the end of the first sample in which an episode
+ended (so end-of-episode entries such as ``"episode.r"`` have had their chance) is
+refused as misspelt, with the names the infos did have.
 """
 
 from __future__ import annotations
@@ -55,6 +59,10 @@ class InfoRecorder:
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         self.keys = keys
+        self._unseen = set(keys)
+        """The names no step's info has had yet (checked by :meth:`check_reported`)."""
+        self._reported: set[str] = set()
+        """Every name the infos had, gathered while some are unseen (for the error)."""
 
     def allocate(self, extras: dict[str, Any], shape: tuple[int, int]) -> None:
         """Adds zeroed ``[T, B]`` arrays for every name to a new buffer's ``extras``."""
@@ -80,12 +88,16 @@ class InfoRecorder:
         infos are ``infos`` in the same order, into the buffer whose extras are
         ``extras``."""
         steps = np.broadcast_to(np.asarray(t), (len(envs),)).tolist()
+        if self._unseen:
+            for info in infos:
+                self._reported.update(_names(info))
         for key in self.keys:
             values, present = extras[INFOS][key], extras[INFOS_PRESENT][key]
             for step, env, info in zip(steps, envs, infos):
                 value = _lookup(info, key)
                 if value is _MISSING:
                     continue
+                self._unseen.discard(key)
                 if not isinstance(value, (numbers.Number, np.number, np.bool_)):
                     raise InvalidArgumentError(
                         f"EnvRunner(info_keys=...): sub-env {env}'s info[{key!r}] is a "
@@ -94,6 +106,28 @@ class InfoRecorder:
                     )
                 values[step, env] = float(value)  # type: ignore[arg-type]
                 present[step, env] = True
+
+    def check_reported(self, episode_ended: bool) -> None:
+        """At a sample's end: refuses the names no info has had, once an episode has
+        ended (``episode_ended``: in this sample)."""
+        if not self._unseen or not episode_ended:
+            return
+        raise InvalidArgumentError(
+            f"EnvRunner(info_keys=...): no sub-env's info had {sorted(self._unseen)} in any "
+            "step up to the end of the first episode; is the name misspelt? The infos had "
+            f"{sorted(self._reported)} (a dict entry's keys as 'name.key'). Pass names "
+            "from that list."
+        )
+
+
+def _names(info: dict[str, Any], prefix: str = "") -> list[str]:
+    """The names of ``info``'s entries, with those of dict entries as ``name.key``."""
+    names = []
+    for key, value in info.items():
+        names.append(f"{prefix}{key}")
+        if isinstance(value, dict):
+            names += _names(value, f"{prefix}{key}.")
+    return names
 
 
 def policy_extras(extras: dict[str, Any]) -> dict[str, Any]:

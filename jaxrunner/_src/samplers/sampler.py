@@ -100,6 +100,7 @@ class HostSampler(Sampler):
     _state: Any
     _packing: Any
     _sample_end: Any
+    _infos: InfoRecorder | None
     metrics: RunnerMetrics
     _pool: BufferPool
 
@@ -109,12 +110,21 @@ class HostSampler(Sampler):
 
     def _end_sample(self, buf: Trajectory) -> Trajectory:
         """The connectors' end-of-sample update (statistics from this sample's
-        observations, scaled rewards), timed as sampling."""
+        observations, scaled rewards), timed as sampling; the result is handed out
+        (:meth:`BufferPool.hand_out`). Misspelt ``info_keys`` are refused here, with
+        the sample in the error's ``partial_trajectory``."""
+        if self._infos is not None:
+            try:
+                self._infos.check_reported(bool((buf.terminated | buf.truncated).any()))
+            except InvalidArgumentError as err:
+                attach_partial(err, buf)
+                raise
         if self._sample_end is not None:
             clock = time.perf_counter()
             buf, connectors = self._sample_end(self._state.connectors, buf)
             self._state = self._state.replace(connectors=connectors)
             self.metrics.sample_time_s += time.perf_counter() - clock
+        self._pool.hand_out(buf)
         return buf
 
     def get_connector_state(self) -> Any:
@@ -129,7 +139,14 @@ class HostSampler(Sampler):
 class BufferPool:
     """A host sampler's ``[T, B]`` buffers: new ones, or those of samples the caller
     released (``EnvRunner.release``), which the next sample writes into instead of
-    allocating (and zeroing) a trajectory's memory again."""
+    allocating (and zeroing) a trajectory's memory again.
+
+    Only a trajectory handed out and not released yet is taken back, and only with the
+    very arrays it was handed out with, still writable and of their shapes: the next
+    sample writes into them, so anything else (a ``replace()``'d copy, another runner's,
+    one released already whose arrays hold a later sample) would be written into the
+    caller's memory or break the sample.
+    """
 
     def __init__(
         self,
@@ -143,7 +160,10 @@ class BufferPool:
     ) -> None:
         self._shape = (obs_space, action_space, extras_spec, num_steps, num_envs, infos)
         self._compact = compact
-        self._issued: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+        self._own_extras = policy_extras_keys(extras_spec, infos)
+        self._out: dict[int, tuple[weakref.ref, list[tuple[np.ndarray, Any, Any]]]] = {}
+        """id(trajectory) -> (a weak reference to it, its reused arrays as handed out,
+        each with its shape and dtype). An entry goes when its trajectory does."""
         self._free: list[Trajectory] = []
 
     def take(self) -> Trajectory:
@@ -151,34 +171,71 @@ class BufferPool:
         obs_space, _, _, num_steps, num_envs, infos = self._shape
         if self._free:
             buf = self._free.pop()
-            buf.valid.fill(True)  # the only fields a sample does not write in full
+            # The fields a sample does not write in full (the caller may have changed them).
+            buf.valid.fill(True)
+            buf.env_id[...] = np.arange(num_envs)
             if infos is not None:
                 infos.clear(buf.extras)
         else:
             buf = allocate_trajectory(*self._shape, compact=self._compact)
         if self._compact:
             buf = buf.replace(next_obs_store=FinalObsRecorder(obs_space, num_steps, num_envs))
-        reward = np.asarray(buf.reward)  # a host buffer: the array itself
-        self._issued[id(reward)] = reward
         return buf
+
+    def hand_out(self, traj: Trajectory) -> None:
+        """Records ``traj`` (a sample's result) as out: :meth:`release` may take it back."""
+        key, out = id(traj), self._out
+
+        def forget(ref: weakref.ref) -> None:  # the caller dropped it unreleased
+            if out.get(key, (None,))[0] is ref:
+                del out[key]
+
+        arrays = [(a, a.shape, a.dtype) for a in self._reused_arrays(traj)]
+        out[key] = (weakref.ref(traj, forget), arrays)
 
     def release(self, traj: Trajectory) -> None:
         """Makes ``traj``'s arrays the next sample's.
 
         Raises:
             InvalidArgumentError: ``traj`` is not a result of this sampler still out
-                (another runner's, a slice or copy of one, or released already).
+                (another runner's, a slice, copy or ``replace()`` of one, or released
+                already), or its arrays were replaced, resized or made read-only.
         """
-        reward = getattr(traj, "reward", None)
-        if reward is None or self._issued.get(id(reward)) is not reward:
+        entry = self._out.get(id(traj))
+        if entry is None or entry[0]() is not traj:
             raise InvalidArgumentError(
                 "EnvRunner.release(traj): traj is not a Trajectory this runner's sample() "
-                "returned and that is still out (it may be another runner's, a slice or a "
-                "copy of one, or released already). Pass the sample() result itself, once."
+                "returned and that is still out (it may be another runner's, a slice, a copy "
+                "or a replace() of one, or released already). Pass the sample() result "
+                "itself, once, before the next sample()."
             )
-        del self._issued[id(reward)]
-        own = policy_extras_keys(self._shape[2], self._shape[5])
-        self._free.append(traj.replace(extras={k: traj.extras[k] for k in own}))
+        arrays = self._reused_arrays(traj)
+        handed_out = entry[1]
+        changed = len(arrays) != len(handed_out) or any(
+            now is not array or now.shape != shape or now.dtype != dtype
+            or not now.flags.writeable
+            for now, (array, shape, dtype) in zip(arrays, handed_out)
+        )  # fmt: skip
+        if changed:
+            raise InvalidArgumentError(
+                "EnvRunner.release(traj): traj's arrays are not those sample() handed out "
+                "(an extras entry replaced, an array resized or made read-only); the next "
+                "sample would write into them. Release only an unmodified sample() result; "
+                "this one stays yours (the runner allocates new buffers)."
+            )
+        del self._out[id(traj)]
+        self._free.append(traj.replace(extras={k: traj.extras[k] for k in self._own_extras}))
+
+    def _reused_arrays(self, traj: Trajectory) -> list[Any]:
+        """The arrays of ``traj`` the next sample would write into, in a fixed order."""
+        extras = traj.extras if isinstance(traj.extras, dict) else {}
+        fields = [
+            traj.obs, traj.action, traj.reward, traj.terminated, traj.truncated,
+            [extras.get(k) for k in self._own_extras],
+            traj.env_id, traj.episode_id, traj.step, traj.valid,
+            None if self._compact else traj.next_obs_store,
+        ]  # fmt: skip
+        return jax.tree.leaves(fields)
 
 
 def policy_extras_keys(extras_spec: Any, infos: InfoRecorder | None) -> list[str]:

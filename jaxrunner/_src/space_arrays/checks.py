@@ -313,12 +313,16 @@ def check_policy_actions(action_space: spaces.Space, spec: Any, num_envs: int) -
 
     def check(exp: np.ndarray, got: Any) -> None:
         if tuple(got.shape) != exp.shape or not np.can_cast(got.dtype, exp.dtype, "safe"):
+            batched = tuple(got.shape) == (num_envs, *exp.shape)  # a row per env, of B actions
             raise mismatch(
                 "policy actions",
                 f"shape {exp.shape} (a batch of {num_envs} for the action space {action_space}) "
                 f"and a dtype safely castable to {exp.dtype}",
                 got,
-                "Check the policy's action head against the env.",
+                "The policy looks built on the batched space: build it on the vector env's "
+                "envs.single_action_space, not envs.action_space."
+                if batched
+                else "Check the policy's action head against the env.",
             )
 
     try:

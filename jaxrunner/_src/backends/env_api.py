@@ -1,0 +1,57 @@
+"""What gymnasium's API asks of a sub-env, checked where it is first broken.
+
+A factory must return an env (something with ``reset`` and ``step``), ``reset`` must
+return ``(obs, info)`` and ``step`` ``(obs, reward, terminated, truncated, info)``.
+Envs of the old gym API (before 0.26: ``reset`` returns ``obs``, ``step`` returns
+``(obs, reward, done, info)``) get an error that says so and how to wrap them, instead
+of a failed unpacking somewhere inside the backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxrunner._src.space_arrays.checks import _describe
+from jaxrunner.errors import InvalidArgumentTypeError, InvalidStepError
+
+OLD_GYM_FIX = (
+    "that is the old gym API (before gym 0.26): wrap such an env with "
+    "shimmy.GymV21CompatibilityV0 (pip install shimmy) or port it to gymnasium."
+)
+
+
+def check_env(env: Any, index: object) -> Any:
+    """``env`` (what sub-env ``index``'s factory returned) if it has ``reset`` and ``step``."""
+    if callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None)):
+        return env
+    raise InvalidArgumentTypeError(
+        f"the env factory of sub-env {index} returned {_describe(env)}, not an env (it has "
+        "no reset() and step()). Pass zero-argument callables that return a gymnasium.Env, "
+        'e.g. lambda: gymnasium.make("CartPole-v1").'
+    )
+
+
+def reset_result(result: Any, index: object) -> tuple[Any, Any]:
+    """``(obs, info)`` from what sub-env ``index``'s ``reset()`` returned."""
+    if isinstance(result, (tuple, list)) and len(result) == 2:
+        return result[0], result[1]
+    raise InvalidStepError(
+        f"sub-env {index}'s reset() returned {_describe(result)}: expected a tuple "
+        f"(obs, info) (gymnasium's API). If it returned the observation alone: {OLD_GYM_FIX}"
+    )
+
+
+def step_result(result: Any, index: object) -> tuple[Any, Any, Any, Any, Any]:
+    """``(obs, reward, terminated, truncated, info)`` from what sub-env ``index``'s
+    ``step()`` returned (the step loop calls it only when that is not a 5-tuple)."""
+    if isinstance(result, (tuple, list)) and len(result) == 5:
+        return tuple(result)  # type: ignore[return-value]
+    four = isinstance(result, (tuple, list)) and len(result) == 4
+    raise InvalidStepError(
+        f"sub-env {index}'s step() returned {_describe(result)}: expected a tuple (obs, "
+        "reward, terminated, truncated, info) (gymnasium's API). "
+        + (f"Four values are (obs, reward, done, info): {OLD_GYM_FIX}" if four else "")
+    )
+
+
+__all__ = ["OLD_GYM_FIX", "check_env", "reset_result", "step_result"]
