@@ -379,3 +379,23 @@ def test_iterate_is_the_runners_one_loop():
             runner.iterate(1, reuse_buffers=True)
     assert [type(t).__name__ for t in trajs] == ["MultiAgentTrajectory"] * 2
     assert trajs[1].step[0].tolist() != trajs[0].step[0].tolist()  # the episodes went on
+
+
+def test_one_factory_per_sub_env_as_make_vec_takes():
+    built: list[int] = []
+
+    def factory(i):
+        def make():
+            built.append(i)
+            return envs_mod.coming_and_going()
+
+        return make
+
+    envs = jr.make_multi_agent_vec([factory(0), factory(1)], 2, seed=0)
+    assert built == [0, 1]
+    envs.close()
+    with pytest.raises(InvalidArgumentError, match=r"1 factories for 2 sub-envs"):
+        jr.make_multi_agent_vec([factory(0)], 2)
+    with pytest.raises(TypeError, match=r"env_fn\[1\] is a int"):
+        jr.make_multi_agent_vec([factory(0), 3], 2)
+

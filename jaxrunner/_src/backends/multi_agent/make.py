@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 
 from jaxrunner._src.arg_checks import check_int
-from jaxrunner._src.backends import BACKENDS, check_vec_options
+from jaxrunner._src.backends import BACKENDS, check_vec_options, per_env_factories
 from jaxrunner._src.backends.multi_agent.sub_envs import MultiAgentEnvFactory
 from jaxrunner._src.backends.multi_agent.vector_env import (
     MultiAgentVectorEnv,
@@ -17,13 +18,13 @@ from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.ray.config import RayConfig
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.errors import InvalidArgumentError
 
 MULTI_AGENT_BACKENDS = ("sync", "process", "ray")
 
 
 def make_multi_agent_vec(
-    env_fn: MultiAgentEnvFactory,
+    env_fn: MultiAgentEnvFactory | Sequence[MultiAgentEnvFactory],
     num_envs: int,
     backend: str = "sync",
     seed: int | None = None,
@@ -37,7 +38,9 @@ def make_multi_agent_vec(
 
     Args:
         env_fn: zero-argument callable returning a PettingZoo ``ParallelEnv`` or
-            ``AECEnv`` (picklable, e.g. a module-level function, for ``"process"``).
+            ``AECEnv`` (picklable, e.g. a module-level function, for ``"process"``), or a
+            list of ``num_envs`` such callables, sub-env ``i`` built (and rebuilt on a
+            restart) by the ``i``-th, as for :func:`jaxrunner.make_vec`.
         num_envs: B.
         backend: ``"sync"`` (this process), ``"process"`` (worker processes) or
             ``"ray"`` (Ray actors; extra ``[ray]``). :func:`jaxrunner.make_vec`'s
@@ -60,12 +63,8 @@ def make_multi_agent_vec(
             ``config=ProcessConfig(num_workers=...)``, which :func:`jaxrunner.make_vec`
             takes too.
     """
-    if not callable(env_fn):
-        raise InvalidArgumentTypeError(
-            f"make_multi_agent_vec(env_fn=...): expected a zero-argument callable returning a "
-            f"PettingZoo env, got {env_fn!r}."
-        )
     check_int("make_multi_agent_vec", "num_envs", num_envs)
+    fns = per_env_factories(env_fn, num_envs, "make_multi_agent_vec", "env_fn", "a PettingZoo env")
     if backend not in MULTI_AGENT_BACKENDS:
         single = " (make_vec's, for single-agent envs)" if backend in BACKENDS else ""
         raise InvalidArgumentError(
@@ -76,7 +75,6 @@ def make_multi_agent_vec(
     if num_workers is not None:
         config = _deprecated_num_workers(num_workers, backend, config)
     check_vec_options(backend, config, restart_policy, "make_multi_agent_vec")
-    fns = [env_fn] * num_envs
     vec: MultiAgentVectorEnv
     if backend == "sync":
         vec = SyncMultiAgentVectorEnv(fns, policy_mapping_fn, restart_policy=restart_policy)
