@@ -125,8 +125,12 @@ def test_make_multi_agent_vec_refuses_what_make_vec_refuses():
     for backend in ("gymnasium", "envpool", "auto"):  # make_vec's own: single-agent envs
         with pytest.raises(InvalidArgumentError, match="make_vec's, for single-agent envs"):
             jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, backend)
-    with pytest.raises(jr.errors.InvalidArgumentTypeError, match="seed"):
-        jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, "sync", "7")
+    for make, env in (
+        (jr.make_multi_agent_vec, envs_mod.coming_and_going),
+        (jr.make_vec, "CartPole-v1"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=r"\(seed='7'\): expected an int"):
+            make(env, 2, "sync", "7")
 
 
 def test_num_workers_is_deprecated_for_process_config():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -82,6 +83,7 @@ def make_vec(
         A ``gymnasium.vector.VectorEnv`` (autoreset mode SAME_STEP).
     """
     check_int("make_vec", "num_envs", num_envs)
+    check_int("make_vec", "seed", seed, low=-math.inf, none="for no reset")
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
     check_vec_options(backend, config, restart_policy)
