@@ -101,6 +101,3 @@ def refusal(
     text += f", or None {none}" if none is not None else ""
     text += "" if kind_ok else f"; got {type(value).__name__}"
     return text + "."
-
-
-__all__ = ["check_bool", "check_int", "check_number", "is_int"]

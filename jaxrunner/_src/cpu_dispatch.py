@@ -97,11 +97,3 @@ def _switch(inline: bool) -> None:
 def inline_cpu_dispatch() -> bool:
     """Whether JAX runs CPU computations inline (``use_inline_cpu_dispatch``)."""
     return not jax.config.values.get(_FLAG, True)
-
-
-__all__ = [
-    "default_to_inline_cpu_dispatch",
-    "inline_cpu_dispatch",
-    "use_async_cpu_dispatch",
-    "use_inline_cpu_dispatch",
-]

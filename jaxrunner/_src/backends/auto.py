@@ -143,12 +143,3 @@ def choose_for(
 ) -> LayoutChoice:
     """Measures ``make_env``'s step here and chooses (:func:`choose_layout`)."""
     return choose_layout(measure_env_step_us(make_env, seed), num_envs, available_cpus())
-
-
-__all__ = [
-    "MIN_WORK_US",
-    "LayoutChoice",
-    "choose_for",
-    "choose_layout",
-    "measure_env_step_us",
-]

@@ -88,6 +88,3 @@ def brax_spaces(
             )
         action_space = spaces.Box(-1.0, 1.0, (int(env.action_size),), np.float32)
     return observation_space, action_space
-
-
-__all__ = ["brax_functions", "brax_spaces", "check_brax_wrappers"]

@@ -52,6 +52,3 @@ def step_result(result: Any, index: object) -> tuple[Any, Any, Any, Any, Any]:
         "reward, terminated, truncated, info) (gymnasium's API). "
         + (f"Four values are (obs, reward, done, info): {OLD_GYM_FIX}" if four else "")
     )
-
-
-__all__ = ["OLD_GYM_FIX", "check_env", "reset_result", "step_result"]

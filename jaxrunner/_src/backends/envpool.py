@@ -288,6 +288,3 @@ def make_envpool_vec(
 
         return EnvPoolAsyncVectorEnv(task_id, num_envs, batch_size, **kwargs)
     return EnvPoolVectorEnv(task_id, num_envs, **kwargs)
-
-
-__all__ = ["EnvPoolVectorEnv", "make_envpool_vec"]

@@ -93,6 +93,3 @@ def check_env_ids(env_ids: EnvIds, num_envs: int, in_flight: np.ndarray, who: st
             "their results before sending them again."
         )
     return ids.astype(np.int32)
-
-
-__all__ = ["check_env_ids", "check_envpool_actions"]

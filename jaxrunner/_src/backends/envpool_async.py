@@ -296,6 +296,3 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             f"EnvPoolAsyncVectorEnv.{what}(): EnvPool's sub-envs are not Python objects this "
             "process can reach; use the 'sync' or 'process' backend for per-sub-env access."
         )
-
-
-__all__ = ["EnvPoolAsyncVectorEnv"]

@@ -131,9 +131,6 @@ class EnvPoolCalls:
         return state[self._at[0]], state[self._at[1]], _InfoOnRead(self.pool, state, True)
 
 
-__all__ = ["EnvPoolCalls", "EnvPoolStep"]
-
-
 def import_envpool() -> Any:
     try:
         import envpool  # type: ignore[import-not-found]  # the optional extra, absent in CI

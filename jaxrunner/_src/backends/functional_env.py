@@ -180,15 +180,3 @@ def from_gymnax_space(space: Any, where: str = "space") -> spaces.Space:
         f"JaxVectorEnv: cannot convert {where} ({space!r:.80}) to a gymnasium space; pass "
         "observation_space=/action_space= as gymnasium spaces."
     )
-
-
-__all__ = [
-    "EnvStep",
-    "FunctionalEnv",
-    "env_step",
-    "from_done_only",
-    "from_gymnax_space",
-    "functional_functions",
-    "functions_of",
-    "gymnax_functions",
-]

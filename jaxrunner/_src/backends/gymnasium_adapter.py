@@ -376,6 +376,3 @@ def from_gymnasium(
         copy: if True, ``reset``/``step`` return copies of the observation buffer.
     """
     return GymnasiumVectorEnv(vector_env, masked_reset=masked_reset, copy=copy)
-
-
-__all__ = ["GymnasiumVectorEnv", "from_gymnasium"]

@@ -204,6 +204,3 @@ class JaxVectorEnv:
                 f"JaxVectorEnv: the structure of {type(self.env).__name__}'s observations "
                 f"({jax.tree.structure(obs)}) does not match the observation space {space}."
             ) from err
-
-
-__all__ = ["JaxVectorEnv"]

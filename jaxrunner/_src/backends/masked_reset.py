@@ -151,12 +151,3 @@ def masked_reset_for(
             "env with autoreset_mode=AutoresetMode.SAME_STEP."
         )
     return masked_reset
-
-
-__all__ = [
-    "MASKED_RESETS",
-    "MaskedReset",
-    "masked_reset_for",
-    "reset_cartpole_vector",
-    "reset_with_mask",
-]

@@ -156,6 +156,3 @@ def check_restart_policy(where: str, value: Any) -> None:
         raise InvalidArgumentTypeError(
             refusal(where, "restart_policy", value, what, none, "", False)
         )
-
-
-__all__ = ["check_restart_policy", "RestartPolicy", "close_quietly", "recreate", "retry"]

@@ -58,6 +58,3 @@ def snapshot_dumps(value: Any) -> bytes:
     buffer = io.BytesIO()
     _StatePickler(buffer, pickle.HIGHEST_PROTOCOL).dump(value)
     return buffer.getvalue()
-
-
-__all__ = ["snapshot_dumps"]

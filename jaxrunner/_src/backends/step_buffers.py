@@ -109,6 +109,3 @@ def fail_slot(buffers: StepBuffers, space: gymnasium.Space, index: int | slice) 
     space_arrays.copy_into(
         space, buffers.next_obs, space_arrays.rows(space, buffers.obs, index), index
     )
-
-
-__all__ = ["StepBuffers", "fail_slot", "span"]

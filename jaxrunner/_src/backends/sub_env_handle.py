@@ -89,6 +89,3 @@ def run_on_env(env: Any, method: str, args: tuple) -> Any:
     if method == "render":
         return env.render()
     raise ValueError(f"run_on_env: unknown method {method!r}; expected one of {SUB_ENV_METHODS}.")
-
-
-__all__ = ["SUB_ENV_METHODS", "ReachesSubEnvs", "SubEnvHandle", "run_on_env"]

@@ -345,17 +345,3 @@ def build_envs(fns: Sequence[EnvFactory], offset: int) -> list[gymnasium.Env]:
             env.close()
         raise
     return envs
-
-
-__all__ = [
-    "DONE",
-    "ActionSplitters",
-    "NOT_RUN",
-    "RUNNING",
-    "StepResult",
-    "SubEnvRaised",
-    "SubEnvs",
-    "build_envs",
-    "failed_mask",
-    "original",
-]

@@ -231,13 +231,3 @@ class MultiAgentRunnerSystem:
 
     def close(self) -> None:
         self._runner.stop()
-
-
-__all__ = [
-    "MultiAgentHandLoop",
-    "MultiAgentRunnerSystem",
-    "describe",
-    "env_factory",
-    "make_parallel_env",
-    "parallel_env_module",
-]

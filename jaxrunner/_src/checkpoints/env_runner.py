@@ -231,6 +231,3 @@ def _apply(runner: Runner, ckpt: Checkpoint, path: str) -> RestoreReport:
     if not envs_restored:
         warnings.warn(f"EnvRunner.restore({path!r}): {note}.", stacklevel=4)
     return RestoreReport(envs_restored=envs_restored, note=note)
-
-
-__all__ = ["RestoreReport", "put_env_snapshot", "put_tree", "restore", "resume_envs", "save"]

@@ -35,7 +35,7 @@ import numpy as np
 
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.checkpoints import format as checkpoint_format
-from jaxrunner._src.checkpoints.format import META, Part, array_name, is_key, part_of
+from jaxrunner._src.checkpoints.format import Part
 from jaxrunner._src.checkpoints.reader import CheckpointReader
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.npz_reader import NpzReader
@@ -212,19 +212,3 @@ class CheckpointFile(CheckpointReader):
                 f"finished[{k}].episode_id",
                 f"{episode.episode_id}, the id of an episode still running",
             )
-
-
-__all__ = [
-    "FORMAT",
-    "MAX_META_BYTES",
-    "MAX_RESTORE_BYTES",
-    "META",
-    "VERSION",
-    "EPISODE_FIELDS",
-    "EPISODE_SCALARS",
-    "Checkpoint",
-    "CheckpointFile",
-    "array_name",
-    "is_key",
-    "part_of",
-]

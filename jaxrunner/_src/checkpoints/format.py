@@ -88,17 +88,3 @@ def build_tree(leaves: dict[tuple[Part, ...], np.ndarray]) -> Any:
         return {k: build(v) for k, v in node.items()}
 
     return build(root)
-
-
-__all__ = [
-    "MAX_META_BYTES",
-    "MAX_PATH_DEPTH",
-    "META",
-    "WINDOWS",
-    "Part",
-    "array_name",
-    "build_tree",
-    "is_key",
-    "leaf_specs",
-    "part_of",
-]

@@ -150,6 +150,3 @@ def restore(
     if not envs_restored:
         warnings.warn(f"MultiAgentRunner.restore({path!r}): {note}.", stacklevel=3)
     return RestoreReport(envs_restored=envs_restored, note=note)
-
-
-__all__ = ["restore", "save"]

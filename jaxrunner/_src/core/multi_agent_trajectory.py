@@ -282,11 +282,3 @@ def _episode(
         episode_id=int(host.episode_id[rows[0], b]),
         start_step=int(group.agent_step[rows[0], b, a]),
     )
-
-
-__all__ = [
-    "AgentEpisode",
-    "GroupTrajectory",
-    "MultiAgentTrajectory",
-    "concatenate_agent_episodes",
-]

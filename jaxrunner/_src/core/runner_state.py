@@ -118,6 +118,3 @@ class RunnerState(Generic[E]):
         """The first ``num_episodes`` finished episodes, removed from :attr:`finished`."""
         taken, self.finished = self.finished[:num_episodes], self.finished[num_episodes:]
         return taken
-
-
-__all__ = ["DEFAULT_POLICY_ID", "EpisodeJoiner", "RunnerState"]

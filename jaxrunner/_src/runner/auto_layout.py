@@ -193,6 +193,3 @@ def pick_layout(
 
 def _label(workers: int) -> str:
     return "sync" if workers == 0 else f"{workers} worker{'s' if workers > 1 else ''}"
-
-
-__all__ = ["SYNC_TIE", "make_runner", "pick_layout", "trial_workers", "undecided"]

@@ -386,6 +386,3 @@ class EnvRunner(EnvOwner):
 
     def _sampler_params(self) -> Params:
         return self.get_params()
-
-
-__all__ = ["EnvRunner"]

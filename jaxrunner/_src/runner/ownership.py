@@ -186,6 +186,3 @@ def check_rollout_arguments(
     check_int(runner, "seed", seed, low=0)
     at_most = f"at most num_envs={num_envs}"
     check_int(runner, "num_splits", num_splits, high=num_envs, hint=at_most, none="for automatic")
-
-
-__all__ = ["EnvOwner", "check_rollout_arguments"]

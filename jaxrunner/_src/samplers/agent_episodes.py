@@ -93,6 +93,3 @@ def agent_steps(
 def _per_agent(env_mask: np.ndarray, num_agents: int) -> np.ndarray:
     """A ``[t, B]`` env mask as ``[t, B * A_g]`` agent rows (env-major, as the buffers)."""
     return np.repeat(env_mask, num_agents, axis=1)
-
-
-__all__ = ["agent_episode_ends", "agent_steps"]

@@ -221,16 +221,3 @@ def chunked_apply(
         return outputs
 
     return apply
-
-
-__all__ = [
-    "CHUNK_FLOPS",
-    "MAX_CHUNK_ROWS",
-    "MIN_CHUNK_ROWS",
-    "ChunkedApply",
-    "check_chunk_rows",
-    "chunked_apply",
-    "default_chunk_rows",
-    "policy_chunk_rows",
-    "policy_flops_per_row",
-]

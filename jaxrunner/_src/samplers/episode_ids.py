@@ -212,6 +212,3 @@ def accumulate_rows(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
     for i in range(1, len(out)):
         ufunc(out[i - 1], out[i], out=out[i])
     return out
-
-
-__all__ = ["EpisodeBook", "SampleCounts", "accumulate_rows", "episode_returns"]

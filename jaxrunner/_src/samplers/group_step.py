@@ -337,6 +337,3 @@ def _copy_where(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> None:
     if dst.ndim > mask.ndim:
         mask = mask.reshape(*mask.shape, *([1] * (dst.ndim - mask.ndim)))
     np.copyto(dst, src, where=mask)
-
-
-__all__ = ["GroupSampler"]

@@ -147,6 +147,3 @@ def _lookup(info: dict[str, Any], key: str) -> Any:
             return _MISSING
         value = value[part]
     return value
-
-
-__all__ = ["INFOS", "INFOS_PRESENT", "InfoRecorder", "check_info_keys", "policy_extras"]

@@ -106,6 +106,3 @@ def wrap(data: jax.Array) -> jax.Array:
     """Typed keys of :data:`IMPL` from their raw data (``[..., 2]`` uint32), which is
     how samplers keep keys in their state (``jax.random.key_data``)."""
     return jax.random.wrap_key_data(data, impl=IMPL)
-
-
-__all__ = ["IMPL", "key", "threefry2x32", "wrap"]

@@ -327,6 +327,3 @@ class LockstepSampler(HostSampler):
             if done[j]:
                 callbacks.on_episode_end(runner, i, live)
                 live.detach(buf)  # a kept episode must not keep the trajectory alive
-
-
-__all__ = ["LockstepSampler"]

@@ -314,6 +314,3 @@ class MultiAgentSampler:
         if t == self.rollout_length:
             return traj
         return jax.tree.map(lambda x: x[:t], traj)
-
-
-__all__ = ["EnvLevel", "MultiAgentSampler", "MultiAgentSetup"]

@@ -257,6 +257,3 @@ class MultiAgentScanSampler:
         actors = dict(actor["actors"])
         actors[policy_id] = actors[policy_id].replace(connectors=device_copy(state))
         self._loop.state = self._loop.state.replace(actor={**actor, "actors": actors})
-
-
-__all__ = ["MultiAgentScanSampler"]

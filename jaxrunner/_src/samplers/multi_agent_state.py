@@ -56,6 +56,3 @@ class MultiAgentSamplerState:
     step and return so far, the next free id, the steps closed."""
     groups: dict[str, GroupState]
     """Policy id -> its group's state."""
-
-
-__all__ = ["GroupState", "MultiAgentSamplerState"]

@@ -384,14 +384,3 @@ def _act_gathered(
         connectors=put_rows(state.connectors, sub.connectors, index),
     )
     return action, env_action, extras, state
-
-
-__all__ = [
-    "ActorState",
-    "CompiledPolicyStep",
-    "Stage",
-    "act",
-    "host_actor_state",
-    "initial_actor_state",
-    "runner_chunk_rows",
-]

@@ -382,6 +382,3 @@ class ReadyFirstSampler(HostSampler):
         self._episode_start[index] = done
         self._t[index] += 1
         self._ready.append(out.env_ids if out.env_ids is not None else slice(0, n))
-
-
-__all__ = ["ReadyFirstSampler", "default_buckets"]

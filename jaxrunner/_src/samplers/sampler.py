@@ -334,15 +334,3 @@ def attach_partial(err: BaseException, partial: PartialTrajectory | None) -> Non
             f"jaxrunner: the {steps} steps completed before this error are in "
             "err.partial_trajectory."
         )
-
-
-__all__ = [
-    "BufferPool",
-    "Sampler",
-    "SamplerSetup",
-    "allocate_trajectory",
-    "attach_partial",
-    "finish_next_obs",
-    "policy_extras_keys",
-    "record_next_obs",
-]

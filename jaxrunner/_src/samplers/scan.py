@@ -198,6 +198,3 @@ def check_runner_options(callbacks: Any, num_splits: int | None) -> None:
             f"EnvRunner(num_splits={num_splits!r}): pipelining groups only applies to host vector "
             "envs; a JaxVectorEnv rollout is one compiled program. Leave num_splits=None."
         )
-
-
-__all__ = ["ScanSampler", "check_runner_options", "rollout"]

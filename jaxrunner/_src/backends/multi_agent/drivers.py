@@ -268,6 +268,3 @@ def make_driver(env: Any, index: int, layout: Layout) -> Driver:
         f"multi-agent sub-env {index}: expected a PettingZoo ParallelEnv or AECEnv, got "
         f"{type(env).__name__}. Wrap other envs as one of these."
     )
-
-
-__all__ = ["AECDriver", "ParallelDriver", "make_driver"]

@@ -99,6 +99,3 @@ class JaxMultiAgentVectorEnv(GroupedAgents):
             "per-sub-env access use a PettingZoo env with make_multi_agent_vec(..., "
             "backend='sync')."
         )
-
-
-__all__ = ["JaxMultiAgentVectorEnv", "to_gymnasium_space"]

@@ -255,6 +255,3 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
 
     def _close_backend(self) -> None:
         self._block.close()
-
-
-__all__ = ["MultiAgentVectorEnv", "SyncMultiAgentVectorEnv"]

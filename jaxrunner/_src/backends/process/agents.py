@@ -367,6 +367,3 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
 
     def _close_backend(self) -> None:
         self._finalizer()
-
-
-__all__ = ["AgentLayout", "AgentViews", "ProcessMultiAgentVectorEnv", "WorkerBlock"]

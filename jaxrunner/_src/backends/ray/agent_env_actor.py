@@ -135,6 +135,3 @@ def _copy_rows(dst: Any, src: Any, rows: slice) -> None:
             _copy_rows(d, s, rows)
     else:
         dst[rows] = src
-
-
-__all__ = ["AgentEnvWorker", "BlockReply", "put_reply"]

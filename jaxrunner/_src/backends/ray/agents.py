@@ -331,6 +331,3 @@ class _Send:
         """The actor handle each step was sent to (a replaced one is lost with it)."""
         self.replies: list[tuple[slice, BlockReply]] = []
         self.lost: dict[int, BaseException] = {}
-
-
-__all__ = ["RayMultiAgentVectorEnv"]
