@@ -1,10 +1,5 @@
-"""The checks of arguments at jaxrunner's public entry points and in its typed configs.
-
-One wording for every refusal: ``where(name=value): expected <what>[, or None <meaning>]
-[; got <type>].`` Counts and numbers refuse bools (``True`` is no count) and NaN; a
-refused number raises :class:`~jaxrunner.errors.InvalidArgumentError`, a refused flag
-or policy :class:`~jaxrunner.errors.InvalidArgumentTypeError`.
-"""
+"""The checks of arguments at jaxrunner's public entry points and in its typed configs,
+with one wording for every refusal: ``where(name=value): expected <what>; got <type>``."""
 
 from __future__ import annotations
 

@@ -1,22 +1,5 @@
 """``jaxrunner bench``: is jaxrunner faster than the loop a user writes by hand, and
-where does its time go?
-
-Per width: jaxrunner's ``EnvRunner.sample()`` at its defaults; the recording hand
-loop (``hand_loop.py``: the same jitted policy, ``np.asarray``, ``[T, B]`` numpy
-buffers, JAX at its defaults; for pure-JAX envs a gymnax ``lax.scan``,
-``hand_scan.py``); the policy-bound ceiling (raw env + one bare policy call); and the
-split of a jaxrunner step into env, policy with transfers, recording and the rest.
-Each system runs in a long-lived child process (``child.py``, building ``systems.py``)
-with its own JAX settings, timed in interleaved rounds (``rounds.py``);
-``benchmark.py`` runs it all, ``report.py`` prints tables and a one-line verdict,
-``plot.py`` draws steps/s against envs (``--plot``).
-
-For a PettingZoo env (``--env mpe2:simple_spread_v3``): ``MultiAgentRunner.sample()``
-against the hand-written PettingZoo loop, on the sync and process backends
-(``multi_agent.py``). ``--workload cartpole|pong|halfcheetah``: a real workload's envs
-and policy for every system (``workloads.py``). The peer libraries' loops and the
-benchmark scripts' own helpers are in ``benchmarks/``, which builds on this package.
-"""
+where does its time go? See docs/performance.md."""
 
 from jaxrunner._src.bench.benchmark import (
     BenchConfig as BenchConfig,

@@ -1,8 +1,5 @@
-"""Agent episodes of the multi-agent host sampler, from its ``[T, B, A_g]`` arrays:
-each agent's running return and length, the agent episodes that ended, and each
-transition's index within its agent episode (the agent-level twin of
-:class:`~jaxrunner._src.samplers.episode_ids.EpisodeBook`; the scan sampler uses the same
-functions on its fetched arrays)."""
+"""Agent episodes of the multi-agent samplers: running returns and lengths, the agent
+episodes that ended, each transition's index within its agent episode."""
 
 from __future__ import annotations
 

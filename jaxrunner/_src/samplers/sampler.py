@@ -1,10 +1,5 @@
-"""What every sampler is: a backend plus a compiled policy step, turned into
-``[T, B]`` Trajectory buffers and episode bookkeeping.
-
-The :class:`~jaxrunner.EnvRunner` facade picks one from the backend's declared
-capabilities (``EnvRunner._make_sampler``) and owns what is common:
-params, metrics, ``sample_episodes``, failures.
-"""
+"""What every sampler is: a backend plus a compiled policy step, turned into ``[T, B]``
+trajectory buffers and episode bookkeeping."""
 
 from __future__ import annotations
 
