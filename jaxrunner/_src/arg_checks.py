@@ -1,10 +1,5 @@
-"""The checks of arguments at jaxrunner's public entry points and in its typed configs.
-
-One wording for every refusal: ``where(name=value): expected <what>[, or None <meaning>]
-[; got <type>].`` Counts and numbers refuse bools (``True`` is no count) and NaN; a
-refused number raises :class:`~jaxrunner.errors.InvalidArgumentError`, a refused flag
-or policy :class:`~jaxrunner.errors.InvalidArgumentTypeError`.
-"""
+"""The checks of arguments at jaxrunner's public entry points and in its typed configs,
+with one wording for every refusal: ``where(name=value): expected <what>; got <type>``."""
 
 from __future__ import annotations
 
@@ -101,6 +96,3 @@ def refusal(
     text += f", or None {none}" if none is not None else ""
     text += "" if kind_ok else f"; got {type(value).__name__}"
     return text + "."
-
-
-__all__ = ["check_bool", "check_int", "check_number", "is_int"]

@@ -1,24 +1,5 @@
-"""Inline CPU dispatch: the one JAX setting that matters most to a CPU-hosted sampler.
-
-By default JAX's CPU backend runs each computation on an XLA worker thread and the
-caller waits for it (asynchronous dispatch). For a training step that is free; for
-a sampler's policy step, a few microseconds of work called once per env step, the
-two thread hand-offs cost more than the computation itself. On a shared 2-core
-machine the runner's policy call took a median 34 us inline against 56 us dispatched
-(``benchmarks/step_costs.py``), and CartPole sampling ran 1.1-1.7x faster at 1 to 256
-envs (``docs/performance.md``, CPU dispatch).
-
-JAX reads the setting once, when its CPU backend starts, so it cannot be switched
-per runner, only for the whole process. Since the samples are what a user came for,
-``import jaxrunner`` makes inline the default (:func:`default_to_inline_cpu_dispatch`),
-where that is safe: JAX has not started yet, and nobody chose a mode. Choosing is
-setting ``JAX_CPU_ENABLE_ASYNC_DISPATCH`` in the environment (``=1`` keeps JAX's
-asynchronous default), or calling :func:`use_async_cpu_dispatch` or
-:func:`use_inline_cpu_dispatch` before the first JAX computation. The cost for other
-JAX code in the process: a CPU computation no longer overlaps with the Python that
-queued it, which matters only for long CPU computations queued back to back.
-Accelerator backends (GPU/TPU) are not affected.
-"""
+"""Inline CPU dispatch, the default ``import jaxrunner`` sets where it safely can, and the
+switches. See :mod:`jaxrunner.cpu_dispatch`."""
 
 from __future__ import annotations
 
@@ -97,11 +78,3 @@ def _switch(inline: bool) -> None:
 def inline_cpu_dispatch() -> bool:
     """Whether JAX runs CPU computations inline (``use_inline_cpu_dispatch``)."""
     return not jax.config.values.get(_FLAG, True)
-
-
-__all__ = [
-    "default_to_inline_cpu_dispatch",
-    "inline_cpu_dispatch",
-    "use_async_cpu_dispatch",
-    "use_inline_cpu_dispatch",
-]

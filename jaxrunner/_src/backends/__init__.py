@@ -12,15 +12,25 @@ import gymnasium
 from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.auto import LayoutChoice, choose_for
 from jaxrunner._src.backends.base import VectorEnv
-from jaxrunner._src.backends.batch_step import BatchStep
-from jaxrunner._src.backends.envpool import EnvPoolVectorEnv, make_envpool_vec
-from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, from_gymnasium
+from jaxrunner._src.backends.batch_step import BatchStep as BatchStep
+from jaxrunner._src.backends.envpool import EnvPoolVectorEnv as EnvPoolVectorEnv
+from jaxrunner._src.backends.envpool import make_envpool_vec
+from jaxrunner._src.backends.gymnasium_adapter import (
+    GymnasiumVectorEnv as GymnasiumVectorEnv,
+)
+from jaxrunner._src.backends.gymnasium_adapter import (
+    from_gymnasium as from_gymnasium,
+)
 from jaxrunner._src.backends.gymnasium_vec import make_gymnasium_vec
 from jaxrunner._src.backends.process import (
-    LocalShareVectorEnv,
+    LocalShareVectorEnv as LocalShareVectorEnv,
+)
+from jaxrunner._src.backends.process import (
     ProcessConfig,
-    ProcessVectorEnv,
     make_process_vec,
+)
+from jaxrunner._src.backends.process import (
+    ProcessVectorEnv as ProcessVectorEnv,
 )
 from jaxrunner._src.backends.process.launch import check_main_guard
 from jaxrunner._src.backends.ray import RayConfig, RayVectorEnv
@@ -261,23 +271,3 @@ class GymnasiumMake:
                 f"It is an option of the backend: pass config=jaxrunner.{config.__name__}("
                 f"{bad[0]}=...) instead."
             ) from err
-
-
-__all__ = [
-    "BACKENDS",
-    "BatchStep",
-    "EnvPoolVectorEnv",
-    "GymnasiumVectorEnv",
-    "LayoutChoice",
-    "LocalShareVectorEnv",
-    "ProcessConfig",
-    "ProcessVectorEnv",
-    "RayConfig",
-    "RayVectorEnv",
-    "SyncVectorEnv",
-    "VectorEnv",
-    "check_vec_options",
-    "choose_auto_layout",
-    "from_gymnasium",
-    "make_vec",
-]

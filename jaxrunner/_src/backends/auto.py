@@ -1,21 +1,5 @@
-"""``backend="auto"``: the layout chosen by measurement, on the user's env and machine.
-
-``make_vec(..., backend="auto")`` times one sub-env in the main process
-(:func:`measure_env_step_us`), reads the CPUs this process may use
-(:func:`~jaxrunner._src.backends.process.launch.available_cpus`: affinity and cgroup
-quota) and asks :func:`choose_layout`, a pure function of those measurements, for a
-:class:`LayoutChoice`: ``"sync"``, or ``"process"`` with its number of workers. The
-vector env it builds is then exactly the one
-``backend="process", config=choice.process_config()`` (or ``backend="sync"``) builds,
-so trajectories are the same for the same seed; the choice is kept on it
-(``envs.layout_choice``) and reported by ``EnvRunner.get_metrics()["auto"]``.
-
-The rule is calibrated on the env's work per vector step, which the probe measures;
-``make_vec`` cannot time the policy (it does not know it, and the layout cannot change
-under a runner that already holds the envs). ``EnvRunner.from_env(..., backend="auto")``
-can: where this rule would take workers, it tries both layouts with the policy
-(:mod:`jaxrunner._src.runner.auto_layout`) and records the rates in ``tried``.
-"""
+"""``backend="auto"``: the layout (sync, or process with its workers) chosen by timing
+one sub-env on the user's machine. See docs/backends/index.md."""
 
 from __future__ import annotations
 
@@ -143,12 +127,3 @@ def choose_for(
 ) -> LayoutChoice:
     """Measures ``make_env``'s step here and chooses (:func:`choose_layout`)."""
     return choose_layout(measure_env_step_us(make_env, seed), num_envs, available_cpus())
-
-
-__all__ = [
-    "MIN_WORK_US",
-    "LayoutChoice",
-    "choose_for",
-    "choose_layout",
-    "measure_env_step_us",
-]

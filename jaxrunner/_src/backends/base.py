@@ -1,51 +1,6 @@
-"""The contract every jaxrunner vector-env backend keeps: one stepping protocol.
-
-A backend subclasses :class:`VectorEnv` and implements :meth:`VectorEnv.reset_batch`,
-:meth:`VectorEnv.reset_at`, :meth:`VectorEnv.send` and :meth:`VectorEnv.recv`, in the
-style of EnvPool and PufferLib: ``send(actions, env_ids)`` starts a step of some envs,
-``recv()`` returns the results of one earlier send (a :class:`BatchStep` that says
-which envs answered). A lockstep :meth:`VectorEnv.step_batch` is the two in turn, and
-gymnasium's ``reset`` and ``step`` derive from these, so every backend is a
-``gymnasium.vector.VectorEnv`` with autoreset mode ``SAME_STEP``. Results are views
-of preallocated buffers and per-env info lists, with no per-step dict merging.
-
-What a backend can do is declared once, as a typed :class:`Capabilities` value
-(``VectorEnv.capabilities``); the samplers read it and never probe.
-
-Contract (``jaxrunner.testing.VectorEnvContract`` checks it for any backend):
-
-* ``reset_batch(seeds)`` resets sub-env ``i`` with ``seeds[i]``.
-* ``send(actions, env_ids)`` validates the whole action batch before stepping any
-  sub-env. ``recv()`` answers the sends in the order they were made, one
-  :class:`BatchStep` per send, unless the backend is ``ready_first`` (then it answers
-  whichever envs are ready; ``BatchStep.env_ids`` says which).
-* Each sent sub-env steps once. Where it ended (terminated or truncated),
-  ``next_obs`` holds its final observation and ``obs`` the observation of the reset
-  that followed in the same step (SAME_STEP autoreset); elsewhere the two are equal.
-* Observations are validated against the single observation space; rewards must be
-  finite scalars and infos dicts.
-* Resetting one sub-env touches no other.
-* Restarts (``capabilities.can_restart``): with a ``restart_policy`` given at
-  construction, a sub-env that raises in ``step()``/``reset()`` or returns an invalid
-  step is closed, recreated from its factory and reset (see
-  :mod:`jaxrunner._src.backends.restarts`);
-  the failed step yields no transition (``BatchStep.failed``) and no other sub-env is
-  touched. With no policy (the default), the failure raises
-  :class:`~jaxrunner.errors.EnvError`.
-* After ``close()`` every call raises :class:`~jaxrunner.errors.ClosedError`.
-
-Sub-env utilities: ``call``, ``get_attr``, ``set_attr`` and ``render`` reach every
-sub-env, ``reset_at(i)`` one. ``get_sub_environments()`` returns one entry per
-sub-env, in index order: the env object itself where the sub-env lives in this process
-(``sync``, an adopted gymnasium ``SyncVectorEnv``, the process backend's main-process
-share), else a :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` whose
-``call``/``get_attr``/``set_attr``/``render`` reach that sub-env alone (process
-workers, Ray actors, gymnasium's ``AsyncVectorEnv``). A handle names the slot: after a
-restart or a replaced worker it reaches the new sub-env, where an env object taken
-before is the closed old one (ask again). Backends with no per-sub-env Python object
-(EnvPool, natively vectorized gymnasium envs) refuse with
-:class:`~jaxrunner.errors.InvalidArgumentError`.
-"""
+"""The contract every vector-env backend keeps: ``reset_batch``, ``send(actions, env_ids)``
+and ``recv()``, SAME_STEP autoreset, declared capabilities. See docs/concepts.md
+(the vector-env contract) and ``jaxrunner.testing.VectorEnvContract``."""
 
 from __future__ import annotations
 
@@ -144,9 +99,9 @@ class BaseVectorEnv(abc.ABC):
 
     def get_sub_environments(self) -> list[Any]:
         """One entry per sub-env, in index order: the env object where it lives in this
-        process, else a :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle`
-        (see the module docstring). This base refuses: a backend that can reach its
-        sub-envs one by one overrides it."""
+        process, else a :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle`,
+        which reaches that sub-env alone, even after a restart. This base refuses: a
+        backend that can reach its sub-envs one by one overrides it."""
         self._check_open("get_sub_environments")
         raise InvalidArgumentError(
             f"{type(self).__name__}.get_sub_environments(): this backend cannot reach its "
@@ -225,8 +180,8 @@ class BaseVectorEnv(abc.ABC):
 
 
 class VectorEnv(BaseVectorEnv, gymnasium.vector.VectorEnv):
-    """Base of jaxrunner's single-agent vector envs (see the module docstring for the
-    contract)."""
+    """Base of jaxrunner's single-agent vector envs (the contract: docs/concepts.md, the
+    vector-env contract)."""
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP}  # noqa: RUF012
     """Per instance, as gymnasium declares it (backends set their own)."""

@@ -72,6 +72,3 @@ def block_rows(env_ids: EnvIds, num_envs: int, where: str) -> tuple[int, int]:
         f"{where}.send(env_ids={env_ids!r}): expected None (every env) or a non-empty "
         f"slice of env indices with step 1 within [0, {num_envs}) (lockstep sends)."
     )
-
-
-__all__ = ["BatchStep", "EnvIds", "block_rows"]

@@ -1,11 +1,5 @@
-"""Brax-style envs as :class:`~jaxrunner._src.backends.functional_env.FunctionalEnv` (for
-:meth:`JaxVectorEnv.from_brax <jaxrunner.JaxVectorEnv.from_brax>`).
-
-A brax-style env has ``reset(rng) -> State`` and ``step(state, action) -> State``
-with ``obs``, ``reward``, ``done`` and ``info["truncation"]`` (brax's
-``EpisodeWrapper`` sets it). It must be unbatched and must not auto-reset:
-jaxrunner batches the env and resets ended episodes itself.
-"""
+"""Brax-style envs (unbatched, not auto-resetting) as a ``FunctionalEnv``, for
+:meth:`JaxVectorEnv.from_brax <jaxrunner.JaxVectorEnv.from_brax>`."""
 
 from __future__ import annotations
 
@@ -88,6 +82,3 @@ def brax_spaces(
             )
         action_space = spaces.Box(-1.0, 1.0, (int(env.action_size),), np.float32)
     return observation_space, action_space
-
-
-__all__ = ["brax_functions", "brax_spaces", "check_brax_wrappers"]

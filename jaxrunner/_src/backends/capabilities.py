@@ -58,6 +58,3 @@ class Capabilities:
                 "backend answers in batches of its own size; set ready_first=True or leave "
                 "recv_batch_size=None."
             )
-
-
-__all__ = ["Capabilities"]

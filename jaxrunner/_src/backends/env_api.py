@@ -1,11 +1,5 @@
-"""What gymnasium's API asks of a sub-env, checked where it is first broken.
-
-A factory must return an env (something with ``reset`` and ``step``), ``reset`` must
-return ``(obs, info)`` and ``step`` ``(obs, reward, terminated, truncated, info)``.
-Envs of the old gym API (before 0.26: ``reset`` returns ``obs``, ``step`` returns
-``(obs, reward, done, info)``) get an error that says so and how to wrap them, instead
-of a failed unpacking somewhere inside the backend.
-"""
+"""What gymnasium's API asks of a sub-env, checked where it is first broken: a factory
+that returns no env, or an old-gym-API env, gets an error that says how to fix it."""
 
 from __future__ import annotations
 
@@ -52,6 +46,3 @@ def step_result(result: Any, index: object) -> tuple[Any, Any, Any, Any, Any]:
         "reward, terminated, truncated, info) (gymnasium's API). "
         + (f"Four values are (obs, reward, done, info): {OLD_GYM_FIX}" if four else "")
     )
-
-
-__all__ = ["OLD_GYM_FIX", "check_env", "reset_result", "step_result"]

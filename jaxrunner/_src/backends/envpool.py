@@ -1,48 +1,6 @@
-"""``backend="envpool"``: EnvPool's C++ vector envs behind jaxrunner's contract.
-
-EnvPool (extra ``jaxrunner[envpool]``) steps its sub-envs in C++ threads and speaks
-gymnasium's vector API with NEXT_STEP autoreset. :class:`EnvPoolVectorEnv` adopts it
-like :class:`~jaxrunner._src.backends.gymnasium_adapter.GymnasiumVectorEnv` does any gymnasium
-vector env, with EnvPool's own tools for what gymnasium lacks:
-
-* Reset steps taken at once: right after a step that ended episodes, the adapter
-  sends EnvPool's reset step of exactly those sub-envs (their action ignored), so it
-  is never emitted, and the episodes are EnvPool's own: with ``episodic_life=True``
-  a lost life ends an episode and that reset step goes on with the same game. (An
-  explicit ``reset(env_id=ids)`` would start a new game: Atari's lives would never
-  run out. ``reset_at`` uses it, for a new episode on demand.)
-* Actions are checked before EnvPool's C++ sees them
-  (:mod:`jaxrunner._src.backends.envpool_actions`).
-* Seeds: EnvPool seeds sub-env ``i`` with ``seed + i`` (or ``env_seed[i]``) when the
-  pool is built and ignores ``reset(seed=...)``. A seeded ``reset_batch`` therefore
-  rebuilds the pool with those seeds (cheap: about 50 ms for 4096 CartPoles), which
-  gives gymnasium's semantics: the same seed, the same episodes.
-
-Reset steps (``keep_reset_steps=True``, in async mode too). Taking the reset steps
-at once costs a second call into EnvPool after every step that ended an episode (at
-256 CartPoles nearly every step). With ``keep_reset_steps=True`` the pool runs
-EnvPool's own NEXT_STEP autoreset instead, as a hand-written EnvPool loop does, and
-the contract differs in two places:
-
-* Where an episode ended, ``next_obs`` is the final observation as always, but ``obs``
-  is that final observation too (no reset has happened yet), and ``reset_infos`` is
-  empty.
-* The sub-env's next call is EnvPool's reset step: its action is ignored, and it comes
-  back as a row of ``BatchStep.reset_rows`` (reward 0, both flags False, ``next_obs``
-  and ``obs`` the new episode's first observation). The runner records it as a slot
-  with ``valid=False`` and ``step`` -1 in the new episode's ``episode_id``; unlike a
-  failed step it is no fault (``num_faulty_episodes`` and ``num_dropped_steps`` do not
-  count it) and no transition (``num_env_steps`` does not count it either).
-
-The gymnasium API (``step``) then reports NEXT_STEP (``metadata["autoreset_mode"]``).
-A trajectory so sampled has one ``valid=False`` slot per episode end, which
-``jr.gae`` and ``split_episodes`` skip; a learner that ignores ``valid`` would train on
-them, and ``NormalizeObservation`` takes in their observation (the final one), so the
-default stays ``False`` (docs/backends/envpool.md).
-
-This module is sync mode (``batch_size`` equal to ``num_envs``); async mode, sampled
-ready-first, is :mod:`jaxrunner._src.backends.envpool_async`.
-"""
+"""``backend="envpool"`` in sync mode: EnvPool's C++ vector envs behind jaxrunner's
+contract (reset steps taken at once or kept, seeded rebuilds, checked actions).
+See docs/backends/envpool.md."""
 
 from __future__ import annotations
 
@@ -79,7 +37,7 @@ def _check_order(got: np.ndarray, ids: np.ndarray) -> None:
 
 
 class EnvPoolVectorEnv(GymnasiumVectorEnv):
-    """An EnvPool pool in sync mode (see the module docstring).
+    """An EnvPool pool in sync mode (see docs/backends/envpool.md).
 
     Args:
         task_id: an EnvPool task id (``envpool.list_all_envs()``), e.g. ``"CartPole-v1"``.
@@ -88,7 +46,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         copy: if True, ``reset``/``step`` return copies of the observation buffer.
         keep_reset_steps: step with EnvPool's own NEXT_STEP autoreset and return its
             reset steps as ``BatchStep.reset_rows`` (``valid=False`` slots, no faults)
-            instead of a masked reset after each episode end; see the module docstring
+            instead of a masked reset after each episode end; see docs/backends/envpool.md
             for how the contract differs.
         **envpool_kwargs: for ``envpool.make_gymnasium`` (``num_threads``,
             ``max_episode_steps``, ...).
@@ -288,6 +246,3 @@ def make_envpool_vec(
 
         return EnvPoolAsyncVectorEnv(task_id, num_envs, batch_size, **kwargs)
     return EnvPoolVectorEnv(task_id, num_envs, **kwargs)
-
-
-__all__ = ["EnvPoolVectorEnv", "make_envpool_vec"]

@@ -1,13 +1,5 @@
-"""What EnvPool's C++ trusts, checked before it is sent: actions and async env ids.
-
-EnvPool indexes its games' action tables with the action as sent: an action of a
-``Discrete`` space out of range (int32 max, or NaN cast to int) kills the process in
-C++, and a smaller one out of range is taken silently. Its async ``send`` takes any env
-ids, a negative one stepping another env. So both adapters check every batch here
-first, cheaply (one vectorized comparison over the batch), with an error naming the
-task, the row and the value; nothing is sent when it raises. Box actions (MuJoCo) are
-not range-checked: EnvPool clips or takes them, and a NaN comes back as a NaN reward.
-"""
+"""What EnvPool's C++ trusts, checked before it is sent: ``Discrete`` actions in range
+and async env ids. See docs/backends/envpool.md."""
 
 from __future__ import annotations
 
@@ -93,6 +85,3 @@ def check_env_ids(env_ids: EnvIds, num_envs: int, in_flight: np.ndarray, who: st
             "their results before sending them again."
         )
     return ids.astype(np.int32)
-
-
-__all__ = ["check_env_ids", "check_envpool_actions"]

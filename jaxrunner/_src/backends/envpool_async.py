@@ -1,37 +1,6 @@
-"""``make_vec(..., backend="envpool", batch_size=k)`` with ``k < num_envs``: EnvPool's
-async mode, sampled ready-first.
-
-EnvPool's ``recv`` returns whichever ``batch_size`` sub-envs finished first, with
-``info["env_id"]`` saying which; ``send(actions, env_ids)`` steps any of them. That is
-jaxrunner's protocol, with two differences this adapter hides:
-
-* Autoreset. EnvPool resets an ended sub-env on its next step (NEXT_STEP: that step's
-  action is ignored, its reward is 0). The adapter sends that reset step itself as
-  soon as the episode ends and holds the final step until the reset answers; then it
-  answers both as one SAME_STEP row (``next_obs`` the final observation, ``obs`` the
-  reset one). No reset step is ever emitted as a transition. With
-  ``keep_reset_steps=True`` it does neither: the final step is answered at once
-  (``obs`` the final observation too), the policy acts on it like on any ready env,
-  and EnvPool's reset step comes back as a row of ``BatchStep.reset_rows``, which the
-  sampler records ``valid=False`` (no transition, no fault), as in sync mode
-  (:mod:`jaxrunner._src.backends.envpool`, whose docstring has the contract).
-* Seeds. EnvPool seeds sub-env ``i`` when the pool is built, so a seeded
-  ``reset_batch`` builds a new pool with those seeds, then collects every sub-env's
-  first observation (refused, before anything changes, while envs are in flight).
-* Checks. EnvPool's C++ trusts its input, so ``send`` checks the actions
-  (:mod:`jaxrunner._src.backends.envpool_actions`) and the env ids (in range, each
-  once, none in flight), and ``recv`` refuses, rather than wait forever, while fewer
-  than ``batch_size`` envs are in flight.
-
-The infos are EnvPool's, split per row on read (a paired row's are the final step's,
-its reset step's in ``reset_infos``).
-
-Capabilities: ``ready_first`` with ``recv_batch_size=batch_size``: the sampler steps
-envs up to one sample ahead, so the first steps of a sample may have been computed with
-the previous sample's params and connector statistics (see
-:mod:`jaxrunner._src.samplers.ready_first`). A ``recv`` answers
-at least one and at most ``batch_size`` envs (an int array in ``BatchStep.env_ids``).
-"""
+"""``backend="envpool"`` with ``batch_size < num_envs``: EnvPool's async mode, sampled
+ready-first, its NEXT_STEP autoreset paired into SAME_STEP rows.
+See docs/backends/envpool.md."""
 
 from __future__ import annotations
 
@@ -53,7 +22,7 @@ from jaxrunner.errors import InvalidArgumentError
 
 
 class EnvPoolAsyncVectorEnv(VectorEnv):
-    """An EnvPool pool in async mode (see the module docstring).
+    """An EnvPool pool in async mode (see docs/backends/envpool.md).
 
     Args:
         task_id: an EnvPool task id, e.g. ``"CartPole-v1"``.
@@ -64,7 +33,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             (``num_envs`` must be a multiple of ``batch_size``.)
         copy: if True, ``reset``/``step`` return copies of the observation buffer.
         keep_reset_steps: answer EnvPool's own reset steps as ``BatchStep.reset_rows``
-            instead of sending them itself (see the module docstring).
+            instead of sending them itself (see docs/backends/envpool.md).
         **envpool_kwargs: for ``envpool.make_gymnasium`` (``num_threads``, ...).
     """
 
@@ -296,6 +265,3 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             f"EnvPoolAsyncVectorEnv.{what}(): EnvPool's sub-envs are not Python objects this "
             "process can reach; use the 'sync' or 'process' backend for per-sub-env access."
         )
-
-
-__all__ = ["EnvPoolAsyncVectorEnv"]

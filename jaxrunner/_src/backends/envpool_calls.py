@@ -1,21 +1,5 @@
-"""EnvPool's C++ calls, without its Python layer.
-
-EnvPool's Python methods (``send``, ``recv``, ``step``, ``reset``) wrap three C++
-calls, ``_send``, ``_recv`` and ``_reset``. On every call they build a dict of the
-actions, rebuild the pool's config dict, zip the state into a dict and unflatten it
-into gymnasium's tree: at 8 CartPoles a step took 94 us through them and 60 us
-through the C++ calls alone (``benchmarks/envpool_step_overhead.py``, quiet). A hand
-loop pays that; the adapters need not.
-
-:class:`EnvPoolCalls` drives the C++ calls directly where the pool has the layout every
-single-player EnvPool task with one action array and one observation array has
-(classic control, Atari, MuJoCo): actions ``(env_id, players.env_id, action)``, and
-``obs``, ``reward``, ``done`` and ``trunc`` among the state's arrays. It reads them by
-position, computes ``terminated`` as EnvPool does (``done & ~trunc``), and builds the
-info dict with EnvPool's own conversion, only when someone reads it. Any other pool
-(dict actions or observations, several players) goes through EnvPool's public methods,
-with the same results.
-"""
+"""EnvPool's C++ calls without its Python layer, for pools of the common single-player
+layout. See docs/backends/envpool.md."""
 
 from __future__ import annotations
 
@@ -71,7 +55,8 @@ class _InfoOnRead(Mapping[str, Any]):
 
 
 class EnvPoolCalls:
-    """``send``/``recv``/``reset`` of an EnvPool gymnasium pool (see the module docstring).
+    """``send``/``recv``/``reset`` of an EnvPool gymnasium pool, through its C++ calls
+    where the pool has the common layout, else its public methods.
 
     Args:
         pool: a pool from ``envpool.make_gymnasium``.
@@ -129,9 +114,6 @@ class EnvPoolCalls:
         self.pool._reset(env_ids)
         state = self.pool._recv()
         return state[self._at[0]], state[self._at[1]], _InfoOnRead(self.pool, state, True)
-
-
-__all__ = ["EnvPoolCalls", "EnvPoolStep"]
 
 
 def import_envpool() -> Any:

@@ -1,27 +1,5 @@
-"""One env as a pair of pure functions (:class:`FunctionalEnv`), and the adapters that
-make one of a gymnax env or a functional env.
-
-* **gymnax environments** (a class that defines ``step_env`` and ``reset_env``, as
-  every ``gymnax.environments.environment.Environment``). Their auto-resetting
-  ``step`` is bypassed: jaxrunner calls ``step_env``/``reset_env``, which return the
-  true next observation. ``terminated`` and ``truncated`` are derived as gymnax's
-  own ``step`` derives them: where the env has ``is_truncated`` (gymnax >= 1.0),
-  ``step_env``'s flag is ``terminated`` and ``is_truncated(state, params)`` is
-  ``truncated``. Older gymnax envs return one ``done`` flag that includes the time
-  limit; then ``truncated`` is ``info["truncation"]`` if the env reports it, else
-  ``state.time >= params.max_steps_in_episode`` when both fields exist (else False),
-  and ``terminated = done & ~truncated``. (So in the old form, a natural end that
-  falls exactly on the time limit reads as a truncation: the old API cannot tell.)
-  gymnax wrappers (``LogWrapper`` and co.) forward ``step_env`` to the wrapped env
-  and auto-reset in ``step``: they are refused with an explanation.
-* **functional envs** with ``reset(key, params) -> (obs, state)`` and
-  ``step(key, state, action, params) -> (obs, state, reward, terminated, truncated,
-  info)``, or the done-only form ``(obs, state, reward, done, info)`` (truncation
-  read as for old gymnax). ``step`` must NOT auto-reset: ``obs`` is the true next
-  observation.
-
-Brax-style envs have their adapter in :mod:`jaxrunner._src.backends.brax_adapter`.
-"""
+"""One env as a pair of pure functions (:class:`FunctionalEnv`), and its adapters for
+gymnax and functional envs. See docs/backends/jax.md."""
 
 from __future__ import annotations
 
@@ -180,15 +158,3 @@ def from_gymnax_space(space: Any, where: str = "space") -> spaces.Space:
         f"JaxVectorEnv: cannot convert {where} ({space!r:.80}) to a gymnasium space; pass "
         "observation_space=/action_space= as gymnasium spaces."
     )
-
-
-__all__ = [
-    "EnvStep",
-    "FunctionalEnv",
-    "env_step",
-    "from_done_only",
-    "from_gymnax_space",
-    "functional_functions",
-    "functions_of",
-    "gymnax_functions",
-]

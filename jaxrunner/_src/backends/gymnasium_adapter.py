@@ -1,28 +1,5 @@
-"""``backend="gymnasium"`` and :func:`from_gymnasium`: any gymnasium ``VectorEnv``,
-natively vectorized ones included, behind jaxrunner's SAME_STEP contract.
-
-A gymnasium vector env steps the whole batch in one call, so natively vectorized envs
-(``gymnasium.make_vec("CartPole-v1", n)`` builds ``CartPoleVectorEnv``, which steps all
-envs with a few numpy ops) run with no per-env Python work here either: actions,
-observations, rewards and flags move as whole arrays, and infos are split per env only
-when someone reads them (:mod:`jaxrunner._src.backends.vector_infos`).
-
-The wrapped env may use any of gymnasium's autoreset modes; the adapter always keeps
-jaxrunner's contract (``next_obs`` is the final observation and ``obs`` the reset one,
-in the same ``step_batch`` call) and never emits a fabricated transition:
-
-* ``SAME_STEP``: the env already resets in the same call; the final observations come
-  from ``info["final_obs"]`` and the final infos from ``info["final_info"]``.
-* ``NEXT_STEP``: the env would reset an ended sub-env on its *next* call, ignoring that
-  call's action and reporting reward 0. The adapter does not let that step happen: right
-  after a step that ended episodes it resets exactly the ended sub-envs (a *masked
-  reset*), so the next call is a real step for every sub-env.
-* ``DISABLED``: the env never resets by itself; the adapter resets the ended sub-envs
-  with ``reset(options={"reset_mask": done})``, the way gymnasium asks its users to.
-
-How a masked reset is done for each kind of env (and why natively vectorized CartPole
-needs one of its own) is :mod:`jaxrunner._src.backends.masked_reset`.
-"""
+"""``backend="gymnasium"`` and :func:`from_gymnasium`: any gymnasium ``VectorEnv`` behind
+jaxrunner's SAME_STEP contract. See docs/backends/gymnasium.md."""
 
 from __future__ import annotations
 
@@ -70,7 +47,7 @@ def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | Non
 
 
 class GymnasiumVectorEnv(InProcessVectorEnv):
-    """Adopts a gymnasium ``VectorEnv`` (see the module docstring for the semantics).
+    """Adopts a gymnasium ``VectorEnv`` (semantics: docs/backends/gymnasium.md).
 
     Every ``step_batch`` steps the wrapped env once with the whole action batch. The
     wrapped env cannot step a subset of its sub-envs, so ``step_batch(rows=...)`` accepts
@@ -376,6 +353,3 @@ def from_gymnasium(
         copy: if True, ``reset``/``step`` return copies of the observation buffer.
     """
     return GymnasiumVectorEnv(vector_env, masked_reset=masked_reset, copy=copy)
-
-
-__all__ = ["GymnasiumVectorEnv", "from_gymnasium"]

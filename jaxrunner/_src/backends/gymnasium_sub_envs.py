@@ -1,9 +1,5 @@
-"""The sub-envs of an adopted gymnasium vector env, one by one (what
-:meth:`~jaxrunner._src.backends.gymnasium_adapter.GymnasiumVectorEnv.get_sub_environments`
-returns): a ``SyncVectorEnv``'s env objects, handles on an ``AsyncVectorEnv``'s (each
-request sent down that sub-env's worker pipe alone), and a refusal for any other
-vector env: a natively vectorized one (``CartPoleVectorEnv``, EnvPool) has no sub-env
-objects at all."""
+"""The sub-envs of an adopted gymnasium vector env, one by one: a ``SyncVectorEnv``'s
+env objects, handles on an ``AsyncVectorEnv``'s, a refusal for any other."""
 
 from __future__ import annotations
 

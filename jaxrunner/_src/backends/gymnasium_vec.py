@@ -57,6 +57,3 @@ def make_gymnasium_vec(
         env_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **kwargs
     )
     return GymnasiumVectorEnv(env)
-
-
-__all__ = ["make_gymnasium_vec"]

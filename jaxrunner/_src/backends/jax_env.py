@@ -1,27 +1,5 @@
-"""Pure-JAX vector envs: functional (gymnax-style) and brax-style envs, batched with vmap.
-
-A :class:`JaxVectorEnv` holds no mutable state. It is a description: a pair of pure
-functions for ONE env (:class:`FunctionalEnv`: reset and step, never auto-resetting),
-the env params, the number of envs and the spaces. Given one, :class:`~jaxrunner.EnvRunner`
-compiles policy, env, autoreset and bookkeeping into one ``lax.scan`` per ``sample()``
-(:mod:`jaxrunner._src.samplers.scan`), so the runner, not the env, resets ended episodes: it keeps
-the true final observation and draws a fresh random reset for every new episode.
-
-Three kinds of env are accepted (each made a :class:`FunctionalEnv`):
-
-* **gymnax environments**, through their ``reset_env``/``step_env`` (gymnax's own
-  ``step`` auto-resets and would lose the final observation);
-* **functional envs** with ``reset(key, params)`` and a non-auto-resetting
-  ``step(key, state, action, params)``;
-* **brax-style envs** through :meth:`JaxVectorEnv.from_brax`.
-
-The first two are adapted in :mod:`jaxrunner._src.backends.functional_env` (which states how
-``terminated`` and ``truncated`` are derived), brax-style envs in
-:mod:`jaxrunner._src.backends.brax_adapter`.
-
-Randomness: env ``i`` draws from its own key stream (see :mod:`jaxrunner._src.samplers.scan`),
-independent of the policy's keys, of the batch size and of the other envs.
-"""
+""":class:`JaxVectorEnv`: pure-JAX envs batched with vmap, sampled in one ``lax.scan``.
+See docs/backends/jax.md."""
 
 from __future__ import annotations
 
@@ -48,7 +26,7 @@ class JaxVectorEnv:
     """``num_envs`` copies of a pure-JAX env, for :class:`~jaxrunner.EnvRunner`.
 
     Args:
-        env: a gymnax environment or a functional env (see the module docstring).
+        env: a gymnax environment or a functional env (see docs/backends/jax.md).
             For brax-style envs use :meth:`from_brax`.
         env_params: the params passed to every ``reset``/``step`` call (``None``: the
             env's ``default_params`` if it has them).
@@ -204,6 +182,3 @@ class JaxVectorEnv:
                 f"JaxVectorEnv: the structure of {type(self.env).__name__}'s observations "
                 f"({jax.tree.structure(obs)}) does not match the observation space {space}."
             ) from err
-
-
-__all__ = ["JaxVectorEnv"]

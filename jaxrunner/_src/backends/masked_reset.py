@@ -1,33 +1,5 @@
 """Masked resets: resetting some sub-envs of a gymnasium vector env, and no other.
-
-:class:`~jaxrunner._src.backends.gymnasium_adapter.GymnasiumVectorEnv` needs one for envs that
-do not reset in the step that ends an episode. A NEXT_STEP env would reset an ended
-sub-env on its *next* call, ignoring that call's action and reporting reward 0; the
-adapter does not let that step happen: right after a step that ended episodes it
-resets exactly the ended sub-envs, so the next call is a real step for every sub-env.
-A DISABLED env never resets by itself, and the adapter resets the ended sub-envs the
-same way.
-
-How to reset some sub-envs only is not part of gymnasium's ``VectorEnv`` API:
-
-* gymnasium's ``SyncVectorEnv`` and ``AsyncVectorEnv`` (and envs that follow them)
-  take ``reset(options={"reset_mask": mask})``: :func:`reset_with_mask`, the default
-  for DISABLED envs, which gymnasium asks to be reset that way.
-* Natively vectorized envs often ignore that option and reset every sub-env. For
-  those, :data:`MASKED_RESETS` holds a reset per class (of ``env.unwrapped``), and
-  :func:`~jaxrunner.from_gymnasium` takes a ``masked_reset`` for any other. A
-  NEXT_STEP env with neither is refused (stepping it would mean emitting, or silently
-  dropping, its reset steps).
-
-The one per-class entry gymnasium itself needs is :func:`reset_cartpole_vector`:
-``CartPoleVectorEnv`` (the vector entry point of ``CartPole-v1``) is NEXT_STEP and
-its ``reset`` ignores ``reset_mask``. No generic reset can do its job: an env that
-ignores the mask can only reset everything, and the state to reset lives in the
-env's own fields. So that reset reproduces, field by field, what the env's own next
-``step`` does to ended sub-envs, and depends on ``CartPoleVectorEnv``'s internals
-(``state``, ``steps``, ``prev_done``, ``np_random``, ``low``/``high``);
-``tests/test_envs_gymnasium.py`` checks it against the env's own autoreset.
-"""
+See docs/backends/gymnasium.md."""
 
 from __future__ import annotations
 
@@ -76,7 +48,8 @@ def reset_cartpole_vector(
     env: VectorEnv, mask: np.ndarray, seeds: Seeds, options: Options
 ) -> ResetRows:
     """A :data:`MaskedReset` for gymnasium's ``CartPoleVectorEnv`` (NEXT_STEP, and its
-    ``reset`` ignores ``reset_mask``; see the module docstring for why it is a special case).
+    ``reset`` ignores ``reset_mask``, so no generic masked reset can
+    do its job).
 
     It does exactly what the env's own next ``step`` would do to the ended envs (draws
     their new state from the env's generator in one ``uniform(size=(4, k))`` call, zeroes
@@ -151,12 +124,3 @@ def masked_reset_for(
             "env with autoreset_mode=AutoresetMode.SAME_STEP."
         )
     return masked_reset
-
-
-__all__ = [
-    "MASKED_RESETS",
-    "MaskedReset",
-    "masked_reset_for",
-    "reset_cartpole_vector",
-    "reset_with_mask",
-]

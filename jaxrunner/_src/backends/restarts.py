@@ -1,11 +1,5 @@
-"""Restarting failed sub-envs: the policy and the bounded, backed-off recreation.
-
-A backend that can restart (``capabilities.can_restart``) and is given a
-``restart_policy`` at construction turns a sub-env's failure into a restart instead of an
-error: the sub-env is closed, recreated from its factory and reset; the failed
-call yields no transition (its slot is marked in ``BatchStep.failed``). Every
-other sub-env carries on untouched.
-"""
+"""Restarting failed sub-envs: the ``RestartPolicy`` and the bounded, backed-off
+recreation. See docs/fault-tolerance.md."""
 
 from __future__ import annotations
 
@@ -156,6 +150,3 @@ def check_restart_policy(where: str, value: Any) -> None:
         raise InvalidArgumentTypeError(
             refusal(where, "restart_policy", value, what, none, "", False)
         )
-
-
-__all__ = ["check_restart_policy", "RestartPolicy", "close_quietly", "recreate", "retry"]

@@ -1,10 +1,5 @@
-"""Pickles of sub-envs as they are, for snapshots (exact resume from a checkpoint).
-
-Plain ``pickle`` is not enough: gymnasium's :class:`~gymnasium.utils.EzPickle` (used by
-MuJoCo, Box2D, PettingZoo's classic games and MPE) pickles an env's constructor
-arguments, so the unpickled env would be a new, unreset one, silently. These pickles
-take such objects by their attributes instead.
-"""
+"""Pickles of sub-envs as they are, for exact resume from a checkpoint
+(``EzPickle`` envs taken by their attributes). See docs/checkpoints.md."""
 
 from __future__ import annotations
 
@@ -58,6 +53,3 @@ def snapshot_dumps(value: Any) -> bytes:
     buffer = io.BytesIO()
     _StatePickler(buffer, pickle.HIGHEST_PROTOCOL).dump(value)
     return buffer.getvalue()
-
-
-__all__ = ["snapshot_dumps"]

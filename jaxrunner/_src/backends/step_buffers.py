@@ -1,12 +1,5 @@
-"""The stacked buffers a block of sub-envs writes its step into (:class:`StepBuffers`),
-views of them as a :class:`~jaxrunner._src.backends.batch_step.BatchStep`, and the failed
-slot every backend writes where a sub-env's step holds no transition
-(:func:`fail_slot`).
-
-The buffers are the sync backend's own arrays, or a process worker's views of shared
-memory; :class:`~jaxrunner._src.backends.sub_envs.SubEnvs` writes into whichever its
-caller gives it.
-"""
+"""The stacked buffers a block of sub-envs writes its step into, their
+:class:`~jaxrunner._src.backends.batch_step.BatchStep` views, and the failed slot."""
 
 from __future__ import annotations
 
@@ -109,6 +102,3 @@ def fail_slot(buffers: StepBuffers, space: gymnasium.Space, index: int | slice) 
     space_arrays.copy_into(
         space, buffers.next_obs, space_arrays.rows(space, buffers.obs, index), index
     )
-
-
-__all__ = ["StepBuffers", "fail_slot", "span"]

@@ -1,15 +1,5 @@
-"""One sub-env that lives elsewhere (a worker process, a Ray actor, a worker of
-gymnasium's ``AsyncVectorEnv``), as ``get_sub_environments()`` returns it.
-
-A backend whose sub-envs live in this process returns the env objects themselves.
-One whose sub-envs live elsewhere returns a :class:`SubEnvHandle` per sub-env (as
-RLlib returns actor handles for its remote envs): it forwards ``call``, ``get_attr``,
-``set_attr`` and ``render`` to that sub-env alone, through the vector env's
-``_sub_env_request(index, method, args)``, and the process holding the sub-env runs
-the request with :func:`run_on_env`.
-
-This module is imported by the process backend's workers: it must not start JAX.
-"""
+"""One sub-env that lives elsewhere (a worker process, a Ray actor, an ``AsyncVectorEnv``
+worker), as ``get_sub_environments()`` returns it. Must not start JAX."""
 
 from __future__ import annotations
 
@@ -89,6 +79,3 @@ def run_on_env(env: Any, method: str, args: tuple) -> Any:
     if method == "render":
         return env.render()
     raise ValueError(f"run_on_env: unknown method {method!r}; expected one of {SUB_ENV_METHODS}.")
-
-
-__all__ = ["SUB_ENV_METHODS", "ReachesSubEnvs", "SubEnvHandle", "run_on_env"]

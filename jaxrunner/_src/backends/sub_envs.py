@@ -1,12 +1,5 @@
-"""The one per-sub-env step loop: step, validate, restart, SAME_STEP autoreset.
-
-:class:`SubEnvs` owns a block of sub-envs (their factories and restart policy) and
-writes their results into buffers its caller gives it
-(:class:`~jaxrunner._src.backends.step_buffers.StepBuffers`): the sync backend's own
-arrays, or a process worker's views of shared memory. The sync backend, the process
-worker and (through the sync backend) the Ray actor all step with it, so validation,
-autoreset and restarts are one mechanism.
-"""
+"""The one per-sub-env step loop (step, validate, restart, SAME_STEP autoreset) of the
+sync backend, the process worker and the Ray actor."""
 
 from __future__ import annotations
 
@@ -345,17 +338,3 @@ def build_envs(fns: Sequence[EnvFactory], offset: int) -> list[gymnasium.Env]:
             env.close()
         raise
     return envs
-
-
-__all__ = [
-    "DONE",
-    "ActionSplitters",
-    "NOT_RUN",
-    "RUNNING",
-    "StepResult",
-    "SubEnvRaised",
-    "SubEnvs",
-    "build_envs",
-    "failed_mask",
-    "original",
-]

@@ -1,16 +1,5 @@
-"""Per-env views of gymnasium's merged vector infos, built only when read.
-
-A gymnasium ``VectorEnv`` reports one merged info dict per call: every key ``k``
-holds an array with one entry per sub-env and a bool mask ``_k`` saying which
-sub-envs reported it (nested dicts recursively; see
-``gymnasium.vector.VectorEnv._add_info``). jaxrunner's backends hand out per-env
-infos instead. Splitting thousands of infos every step would cost more than a
-natively vectorized env's step, so :class:`SplitInfos` and :class:`ResetInfos`
-split on access: a runner that never reads the infos pays nothing.
-
-The split is the exact inverse of ``_add_info``: merging the split infos again
-gives back the same arrays, dtypes included.
-"""
+"""Per-env views of gymnasium's merged vector infos, split only when read (the exact
+inverse of ``VectorEnv._add_info``)."""
 
 from __future__ import annotations
 

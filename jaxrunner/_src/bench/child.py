@@ -1,20 +1,5 @@
-"""Child processes that host the measured systems, so that each runs with its own JAX
-settings: jaxrunner as a user runs it (no flags), the hand loops at JAX's defaults.
-
-A child lives for the whole benchmark. The parent sends one JSON request per line on
-its stdin and reads one JSON reply per line from its stdout:
-
-* ``{"op": "info"}``: the child's JAX CPU dispatch and :func:`machine_info`.
-* ``{"op": "build", "name": ..., "spec": {...}}``: builds and warms up a system
-  (:class:`~jaxrunner._src.bench.systems.Spec`), replacing one of that name.
-* ``{"op": "measure", "name": ..., "seconds": S}``: times it for about S seconds
-  (the system's figures, plus this process's ``cpu_s`` and ``wall_s`` meanwhile).
-* ``{"op": "close", "name": ...}``, ``{"op": "exit"}``.
-
-Each reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": ...}``.
-Started as ``python -m jaxrunner._src.bench``; ``benchmarks/peer_child.py`` serves the
-same protocol with the peer libraries' loops (:func:`main`'s ``build``).
-"""
+"""Child processes that host the measured systems, each with its own JAX settings:
+one JSON request per line on stdin, one JSON reply per line on stdout."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""The recording hand loop: the loop a user writes by hand, jaxrunner's speed reference.
-
-What it does (see docs/design.md): the same jitted policy returning actions and
-log-probs, ``np.asarray`` on both, obs/action/log-prob/reward/flags written into
-preallocated ``[T, B]`` numpy buffers, the vector env stepped, JAX at its defaults:
-CleanRL's collection loop. One class drives any gymnasium-style vector env;
-:func:`reference_envs` builds the vector env a user would pick for each kind of env
-(the pure-JAX reference, a hand-written ``lax.scan``, is in ``hand_scan.py``; the
-multi-agent one, over PettingZoo envs, in ``multi_agent.py``).
-"""
+"""The recording hand loop (CleanRL's collection loop), jaxrunner's speed reference.
+See docs/design.md."""
 
 from __future__ import annotations
 

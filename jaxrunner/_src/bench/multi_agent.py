@@ -1,14 +1,5 @@
-"""``jaxrunner bench`` on a PettingZoo parallel env: ``MultiAgentRunner.sample()``
-against the loop a user writes by hand for it.
-
-The env is named ``module:name`` where ``module.name`` is a PettingZoo env module with
-a ``parallel_env`` (``mpe2:simple_spread_v3``), built at its defaults. The hand loop
-(:class:`MultiAgentHandLoop`) is the multi-agent form of CleanRL's loop: a list of the
-envs; per step every agent's observation stacked into one ``[B * A, ...]`` array, one
-jitted policy call (the benchmark MLP: actions and log-probs), ``np.asarray``,
-obs/action/log-prob/reward/flags written into preallocated ``[T, B, A]`` numpy
-buffers, each env stepped with its action dict and reset once no agent is left.
-"""
+"""``jaxrunner bench`` on a PettingZoo parallel env (``module:name``):
+``MultiAgentRunner.sample()`` against the hand-written multi-agent loop."""
 
 from __future__ import annotations
 
@@ -231,13 +222,3 @@ class MultiAgentRunnerSystem:
 
     def close(self) -> None:
         self._runner.stop()
-
-
-__all__ = [
-    "MultiAgentHandLoop",
-    "MultiAgentRunnerSystem",
-    "describe",
-    "env_factory",
-    "make_parallel_env",
-    "parallel_env_module",
-]

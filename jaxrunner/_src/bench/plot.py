@@ -1,8 +1,5 @@
 """The benchmarks' picture: env steps/s against the number of envs, a line per system
-(jaxrunner on each backend solid, the hand loops and the peer libraries dashed, the
-policy-bound ceiling dotted), from a report's rows. ``jaxrunner bench --plot``,
-``benchmarks/peers.py`` and the performance page's figures all draw it; matplotlib is
-the ``plot`` extra."""
+(matplotlib, the ``plot`` extra)."""
 
 from __future__ import annotations
 

@@ -10,9 +10,8 @@ from typing import Any
 import jax
 
 from jaxrunner._src.core.policy import Policy
-from jaxrunner.models import MLP, mlp_policy
-
-__all__ = ["MLP", "hand_act", "mlp_policy"]
+from jaxrunner.models import MLP as MLP
+from jaxrunner.models import mlp_policy as mlp_policy
 
 
 def hand_act(policy: Policy, num_envs: int) -> Callable[[Any, Any, jax.Array], Any]:

@@ -1,10 +1,5 @@
-"""Interleaved rounds: each system built once per width in its child, then timed in
-turn, round after round, so that drifts in a shared machine's load hit all alike.
-
-Per width the result keeps every round; it reports medians, their spread (min-max
-over rounds) and the ratios jaxrunner / each other system as ratios of medians, with
-the per-round ratios' spread.
-"""
+"""Interleaved rounds: each system timed in turn, round after round, reported as medians
+and ratios of medians. See docs/performance.md."""
 
 from __future__ import annotations
 

@@ -1,18 +1,5 @@
-"""What the benchmark measures, each built and warmed once per width inside a child
-process (``child.py``) and then timed round after round.
-
-* :class:`JaxrunnerSystem`: ``EnvRunner.sample()`` at its defaults, and where its
-  time goes (the runner's perf timers).
-* :func:`hand_system`: the recording hand loop (``hand_loop.py``, ``hand_scan.py``).
-* :class:`CeilingSystem`: the policy-bound ceiling: the same vector env stepped with
-  random actions drawn ahead (its own lockstep ``step_batch``), plus one bare policy
-  call per step, each timed back to back (pipelining can pass it, by overlapping the
-  two); and the two in turn: the env stepped with the bare policy's own actions, one
-  call per step and nothing else, where each pays for the other's cache traffic.
-
-For a PettingZoo env (``Spec.multi_agent``): ``MultiAgentRunner.sample()`` and the
-multi-agent hand loop (``multi_agent.py``) instead, and no ceiling.
-"""
+"""What the benchmark measures, built inside a child process: jaxrunner, the hand
+loops and the policy-bound ceiling."""
 
 from __future__ import annotations
 

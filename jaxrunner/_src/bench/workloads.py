@@ -1,17 +1,5 @@
-"""Real workloads for ``jaxrunner bench --workload`` and ``benchmarks/peers.py``: an env
-factory, the policy and the widths each is measured at.
-
-* ``cartpole``: CartPole-v1, a 64-64 tanh MLP (categorical), 1 8 64 256 envs.
-* ``pong``: ALE/Pong-v5 (``frameskip=1``) in ``AtariPreprocessing`` (84x84 grey,
-  frame skip 4, 30 no-ops) and ``FrameStackObservation(4)``: uint8 ``(4, 84, 84)``,
-  NatureCNN (categorical), 8 and 32 envs. Needs ``pip install 'jaxrunner[atari]'``.
-* ``halfcheetah``: HalfCheetah-v5, a 256-256 tanh Gaussian MLP, 8 and 32 envs. Needs
-  ``pip install 'jaxrunner[mujoco]'``.
-
-Every system of a comparison (jaxrunner, the hand loops, the peer libraries) builds
-its envs and its policy from here, so that each does the same work. The factories are
-module-level functions: the process backend and ``AsyncVectorEnv`` pickle them.
-"""
+"""Real workloads for ``jaxrunner bench --workload`` and ``benchmarks/peers.py``
+(cartpole, pong, halfcheetah): env factories, policies and widths."""
 
 from __future__ import annotations
 

@@ -1,37 +1,5 @@
 """Checkpoints of an :class:`~jaxrunner.EnvRunner`: save, and resume exactly.
-
-Format: one ``.npz`` file (numpy's zip of ``.npy`` arrays, read with
-``allow_pickle=False``) plus a JSON document stored in it as ``__meta__``. Array names
-are tree paths (``params/module/Dense_0/kernel``); the JSON holds the format version,
-the runner's shape (sampler, ``num_envs``, seed, rollout length), the paths of the
-trees restored without a template, and each kept episode's scalar fields.
-
-What is saved: the params; the sampler's state (every env's policy key and step
-count, recurrent carries, episode ids, first steps and returns so far, the
-episode-start flags, the latest observations; for a pure-JAX env, the env states); the
-metrics' counters, windows and perf timers; the episodes ``sample_episodes`` holds
-(fragments of unfinished ones, finished ones not yet returned).
-
-The envs. A :class:`~jaxrunner.JaxVectorEnv`'s state is a pytree of arrays, always
-saved and restored. A host backend that declares ``capabilities.can_snapshot`` (the
-sync backend) adds a pickle of each sub-env, stored as bytes in the ``.npz``: it is
-only unpickled when the caller opts in (``restore(path, load_env_pickles=True)``),
-since unpickling a file runs code from it. Without it (or for backends that cannot
-snapshot), resuming resets every env with fresh seeds and starts new episodes in all
-of them, and says so (a :class:`RestoreReport` and a warning); everything else is
-restored.
-
-The file format and the checks every runner's checkpoint shares (a
-``MultiAgentRunner``'s too) are in :mod:`jaxrunner._src.checkpoints.format`; the
-envs are resumed by :func:`resume_envs`, shared as well.
-
-Restoring reads the whole file into a checked, frozen
-:class:`~jaxrunner._src.checkpoints.env_runner_file.Checkpoint` first (see
-:mod:`jaxrunner._src.checkpoints.env_runner_file`: a damaged or hostile file is refused
-with an
-:class:`~jaxrunner.errors.InvalidArgumentError` naming the field), then applies it; a
-refused restore leaves the runner as it was.
-"""
+See docs/checkpoints.md."""
 
 from __future__ import annotations
 
@@ -108,7 +76,7 @@ def put_env_snapshot(
 
 
 def save(runner: Runner, path: str | os.PathLike) -> None:
-    """Writes ``runner``'s state to ``path`` (see the module docstring); atomic: a
+    """Writes ``runner``'s state to ``path`` (see docs/checkpoints.md); atomic: a
     crash mid-write leaves any earlier file at ``path`` whole."""
     arrays: dict[str, np.ndarray] = {}
     sampler = runner.sampler
@@ -231,6 +199,3 @@ def _apply(runner: Runner, ckpt: Checkpoint, path: str) -> RestoreReport:
     if not envs_restored:
         warnings.warn(f"EnvRunner.restore({path!r}): {note}.", stacklevel=4)
     return RestoreReport(envs_restored=envs_restored, note=note)
-
-
-__all__ = ["RestoreReport", "put_env_snapshot", "put_tree", "restore", "resume_envs", "save"]

@@ -1,29 +1,5 @@
-"""Reading an :class:`~jaxrunner.EnvRunner` checkpoint that may be damaged or hostile.
-
-:meth:`CheckpointFile.read` turns the file into a :class:`Checkpoint`: a frozen value
-holding everything a restore installs, each part read through the bounded reader
-(:mod:`jaxrunner._src.core.npz_reader`: only the members something references, each once, its
-header checked before memory is allocated) and checked against the runner it is for:
-
-- the metadata: a JSON object of the saved format and version, with ``sampler``,
-  ``num_envs``, ``seed``, ``rollout_length``, ``envs``, ``envs_note``, ``metrics``,
-  ``fragments`` and ``finished`` of the right types and ranges;
-- the params and sampler state: the runner's own structure, shapes and dtypes; the
-  episode bookkeeping consistent (ids non-negative, distinct and below the next free
-  id, so new episodes never reuse one; step counts in range; returns finite);
-- the metrics: counters non-negative, timers finite and non-negative, the return and
-  length windows finite, of one length;
-- the kept episodes: the observation and action spaces' structure and shapes (the
-  observations' dtypes too), ``L + 1`` observations for ``L`` steps, finite rewards,
-  one dtype per field and one extras structure across them, ids below the next free id,
-  unfinished ones (fragments) in their env's current episode and finished ones
-  complete;
-- the sub-env pickles, only when the caller opted in: one ``uint8`` array per sub-env.
-
-Nothing is applied to the runner here; every failure is an
-:class:`~jaxrunner.errors.InvalidArgumentError` naming the field at fault. The checks
-every runner's checkpoint shares are in :mod:`jaxrunner._src.checkpoints.format`.
-"""
+"""Reading an :class:`~jaxrunner.EnvRunner` checkpoint that may be damaged or hostile into
+a checked, frozen :class:`Checkpoint`; nothing is applied to the runner here."""
 
 from __future__ import annotations
 
@@ -35,7 +11,7 @@ import numpy as np
 
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.checkpoints import format as checkpoint_format
-from jaxrunner._src.checkpoints.format import META, Part, array_name, is_key, part_of
+from jaxrunner._src.checkpoints.format import Part
 from jaxrunner._src.checkpoints.reader import CheckpointReader
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.npz_reader import NpzReader
@@ -91,7 +67,9 @@ class Checkpoint:
 
 
 class CheckpointFile(CheckpointReader):
-    """The checkpoint at ``path``, read for ``runner`` (see the module docstring).
+    """The checkpoint at ``path``, read and checked for ``runner``; nothing
+    is applied. Every failure is an :class:`~jaxrunner.errors.InvalidArgumentError`
+    naming the field.
 
     Args:
         runner: the runner it will restore (its structure is what the file must have).
@@ -212,19 +190,3 @@ class CheckpointFile(CheckpointReader):
                 f"finished[{k}].episode_id",
                 f"{episode.episode_id}, the id of an episode still running",
             )
-
-
-__all__ = [
-    "FORMAT",
-    "MAX_META_BYTES",
-    "MAX_RESTORE_BYTES",
-    "META",
-    "VERSION",
-    "EPISODE_FIELDS",
-    "EPISODE_SCALARS",
-    "Checkpoint",
-    "CheckpointFile",
-    "array_name",
-    "is_key",
-    "part_of",
-]

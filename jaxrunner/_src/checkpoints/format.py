@@ -1,20 +1,5 @@
-"""What every runner's checkpoint shares: the file, its trees, and the checked reader.
-
-A checkpoint is one ``.npz`` file (numpy's zip of ``.npy`` arrays, read with
-``allow_pickle=False``) plus a JSON document stored in it as ``__meta__``. Array names
-are tree paths (``params/module/Dense_0/kernel``). :func:`~.writer.put_tree` and
-:func:`~.writer.write_checkpoint` write one; :class:`~.reader.CheckpointReader` holds the
-checks every runner's reader makes
-(:class:`~jaxrunner._src.checkpoints.env_runner_file.CheckpointFile`
-for
-an ``EnvRunner``, :mod:`jaxrunner._src.checkpoints.multi_agent_runner_file` for a
-``MultiAgentRunner``):
-every tree read in the structure, shapes and dtypes of the restoring runner's own
-(a template), through the bounded reader (:mod:`jaxrunner._src.core.npz_reader`: only the
-members something references, each once, its header checked before memory is
-allocated), every value checked (type, range, finiteness, ids that never rewind), and
-every failure an :class:`~jaxrunner.errors.InvalidArgumentError` naming the field.
-"""
+"""What every runner's checkpoint shares: one ``.npz`` of arrays named by tree paths, a
+JSON ``__meta__``, and the checks every reader makes. See docs/checkpoints.md."""
 
 from __future__ import annotations
 
@@ -88,17 +73,3 @@ def build_tree(leaves: dict[tuple[Part, ...], np.ndarray]) -> Any:
         return {k: build(v) for k, v in node.items()}
 
     return build(root)
-
-
-__all__ = [
-    "MAX_META_BYTES",
-    "MAX_PATH_DEPTH",
-    "META",
-    "WINDOWS",
-    "Part",
-    "array_name",
-    "build_tree",
-    "is_key",
-    "leaf_specs",
-    "part_of",
-]

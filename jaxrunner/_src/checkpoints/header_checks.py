@@ -39,6 +39,3 @@ def bytes_check(shape: tuple[int, ...], dtype: np.dtype) -> str | None:
     if len(shape) == 1 and dtype == np.uint8:
         return None
     return f"is {dtype}{list(shape)}; expected uint8[n] (a pickle's bytes)"
-
-
-__all__ = ["bytes_check", "exact", "leading"]

@@ -1,37 +1,5 @@
 """Checkpoints of a :class:`~jaxrunner.MultiAgentRunner`: save, and resume exactly.
-
-The format is an ``EnvRunner`` checkpoint's (:mod:`jaxrunner._src.checkpoints.format`:
-one ``.npz`` of arrays named by tree paths, a JSON ``__meta__``), of its own format
-name, and it is written, read and applied by the same machinery
-(:mod:`jaxrunner._src.checkpoints.env_runner`).
-
-What is saved: each policy's params (``params/<policy_id>/...``); the sampler's state
-(:meth:`~jaxrunner._src.samplers.multi_agent.MultiAgentSampler.get_state`: the env-level
-episode book and, per policy group, the compiled step's keys, step counts, carries and
-connector state, the agents' running episode returns and lengths, the turn-based turns
-waiting for their transition, and the observations and masks the next step reads; a
-pure-JAX env's: the scan's rollout state and the agents' running returns and lengths);
-the metrics (:meth:`~jaxrunner._src.core.multi_agent_metrics.MultiAgentMetrics.get_state`); the
-agent episodes kept between samples (``sample_episodes``' fragments and finished
-episodes not yet returned, the callbacks' fragments).
-
-The envs. A pure-JAX env's states (:class:`~jaxrunner.multi_agent.JaxMultiAgentVectorEnv`)
-are arrays in the sampler's state, always saved and restored (as an ``EnvRunner``'s
-``JaxVectorEnv``'s). The sync backend (``can_snapshot``) adds a pickle of each sub-env
-with its driver's state (the rewards each agent received since its last action, who
-acted, who acts next), only unpickled when the caller opts in (``restore(path,
-load_env_pickles=True)``): then sampling continues the saved trajectories bit for bit.
-Otherwise (or on the process and Ray backends) every env is reset with
-``jr.env_seeds((seed, steps_done), num_envs)`` and starts a new episode, with a
-:class:`~jaxrunner.RestoreReport` and a warning that say so, exactly as for an
-``EnvRunner``.
-
-Restoring reads and checks the whole file first
-(:class:`~.multi_agent_runner_file.MultiAgentCheckpointFile`;
-a damaged or hostile file is refused with an
-:class:`~jaxrunner.errors.InvalidArgumentError` naming the field), then applies it;
-a refused restore leaves the runner as it was.
-"""
+See docs/multi-agent.md and docs/checkpoints.md."""
 
 from __future__ import annotations
 
@@ -62,7 +30,7 @@ from jaxrunner._src.core.runner_state import EpisodeJoiner, Runner, RunnerState
 
 
 def save(runner: Runner, path: str | os.PathLike) -> None:
-    """Writes ``runner``'s state to ``path`` (see the module docstring); atomic."""
+    """Writes ``runner``'s state to ``path`` (see docs/multi-agent.md, Checkpoints); atomic."""
     arrays: dict[str, np.ndarray] = {}
     envs = runner.envs
     put_tree(arrays, "params", {pid: runner.get_params(pid) for pid in runner.policy_ids})
@@ -150,6 +118,3 @@ def restore(
     if not envs_restored:
         warnings.warn(f"MultiAgentRunner.restore({path!r}): {note}.", stacklevel=3)
     return RestoreReport(envs_restored=envs_restored, note=note)
-
-
-__all__ = ["restore", "save"]

@@ -272,14 +272,3 @@ class MultiAgentCheckpointFile(CheckpointReader):
             self.check_alike(
                 [(f"{key}[{k}]", e) for k, e in enumerate(episodes) if e.policy_id == pid]
             )
-
-
-__all__ = [
-    "EPISODE_SCALARS",
-    "FORMAT",
-    "KEPT",
-    "VERSION",
-    "MultiAgentCheckpoint",
-    "MultiAgentCheckpointFile",
-    "shape_of",
-]

@@ -321,6 +321,3 @@ class CheckpointReader:
                     "dtype or shape from the other kept episodes'"
                 )
             signature = sig
-
-
-__all__ = ["CheckpointReader"]

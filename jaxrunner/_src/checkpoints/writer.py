@@ -50,6 +50,3 @@ def write_checkpoint(path: str | os.PathLike, arrays: dict[str, np.ndarray], met
         # The stub lets a name collide with savez's allow_pickle; ours are paths "a/b".
         np.savez(f, **arrays)  # type: ignore[arg-type]
     os.replace(tmp, path)
-
-
-__all__ = ["put_snapshots", "put_steps", "put_tree", "write_checkpoint"]

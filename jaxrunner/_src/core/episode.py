@@ -124,6 +124,3 @@ def concatenate_episodes(head: Episode, tail: Episode) -> Episode:
         truncated=tail.truncated,
         faulty=tail.faulty,
     )
-
-
-__all__ = ["Episode", "EpisodeSpan", "concatenate_episodes", "cut_steps", "join_steps"]

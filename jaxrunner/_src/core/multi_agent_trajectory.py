@@ -1,13 +1,5 @@
 """Multi-agent trajectories: per-group ``[T, B, A_g, ...]`` arrays with masks, env-level
-``[T, B]`` ids, and per-agent episodes.
-
-Slot ``[t, b, a]`` of a group holds the transition of agent ``a`` of env ``b`` that was
-completed by env step ``t``: in a parallel env, the agent's action at step ``t`` and
-what followed it; in a turn-based (AEC) env, the agent's last turn (taken at step ``t``
-or earlier, possibly in an earlier ``sample()``) with every reward it received up to
-its next turn or the end of its episode. ``valid`` marks the slots holding one; each
-action appears in exactly one valid slot.
-"""
+``[T, B]`` ids, and per-agent episodes. See docs/multi-agent.md."""
 
 from __future__ import annotations
 
@@ -282,11 +274,3 @@ def _episode(
         episode_id=int(host.episode_id[rows[0], b]),
         start_step=int(group.agent_step[rows[0], b, a]),
     )
-
-
-__all__ = [
-    "AgentEpisode",
-    "GroupTrajectory",
-    "MultiAgentTrajectory",
-    "concatenate_agent_episodes",
-]

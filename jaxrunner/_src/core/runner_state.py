@@ -1,17 +1,5 @@
-"""The runner state: what a runner holds between samples, as one typed object.
-
-Both runners (:class:`~jaxrunner.EnvRunner` and
-:class:`~jaxrunner.MultiAgentRunner`) keep their state in a
-:class:`RunnerState` and nowhere else, so the services built on a runner (checkpoints,
-``sample_episodes``, callbacks, :func:`~jaxrunner.evaluate`, ``EnvRunnerGroup``) read and
-write that object, never a runner's private fields, and serve both kinds of runner.
-
-The state is split where it lives: what the sampler carries from step to step (policy
-keys, step counts, recurrent carries, the observations the next step acts on, episode
-numbering, connector state) stays in the sampler, behind ``get_state``/``set_state``;
-the rest (params per policy id, metrics, the episodes ``sample_episodes`` and the
-callbacks are assembling, the failure that ended the runner) is here.
-"""
+"""The runner state: what a runner holds between samples, outside its sampler, as one
+typed object. See docs/design.md."""
 
 from __future__ import annotations
 
@@ -92,7 +80,8 @@ class EpisodeJoiner(Generic[E]):
 
 @dataclasses.dataclass(eq=False)
 class RunnerState(Generic[E]):
-    """A runner's state between samples (see the module docstring).
+    """A runner's state between samples outside its sampler: params per policy
+    id, metrics, the episodes being assembled, the failure that ended the runner.
 
     The runner's ``sampler`` holds the per-step part: policy keys, step counts,
     carries, latest observations, episode numbering and connector state
@@ -118,6 +107,3 @@ class RunnerState(Generic[E]):
         """The first ``num_episodes`` finished episodes, removed from :attr:`finished`."""
         taken, self.finished = self.finished[:num_episodes], self.finished[num_episodes:]
         return taken
-
-
-__all__ = ["DEFAULT_POLICY_ID", "EpisodeJoiner", "RunnerState"]

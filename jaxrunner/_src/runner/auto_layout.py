@@ -1,29 +1,5 @@
-"""``EnvRunner.from_env(..., backend="auto")``: the layout chosen with the policy timed.
-
-``make_vec(..., backend="auto")`` chooses from the env alone (:mod:`..backends.auto`):
-it cannot know the policy, and a runner cannot change the layout of envs it was handed.
-A runner that builds its own envs can do both. :func:`make_runner` asks the env-only
-rule first. Where the rule keeps the sub-envs in the main process (too little env work
-for a worker's round trip to pay), that is the layout: no trial. Where it would take
-workers, the policy decides whether they pay, so the candidates (sync, the rule's
-workers, the process backend's default count where it differs: :func:`trial_workers`)
-are tried with the user's policy: a short runner on each, warmed up (compiled), then
-timed in interleaved rounds, and the fastest (:func:`pick_layout`) builds the final
-runner.
-
-Why a trial, not a model: the policy's cost moves the answer both ways. A worker takes
-the env stepping off the main process, which pipelining then overlaps with the policy;
-but a convolution on XLA's CPU backend uses every core, and then the worker's core is
-taken from the policy (on 2 cores, one worker did 0.91-1.06x sync with a NatureCNN on
-Pong at 8 envs and 1.27-1.47x at 32, over seven quiet runs:
-``benchmarks/results/auto_backend_*quiet*_cpu.json``).
-Timing both also weighs what else the machine is running at that moment.
-
-The final runner is built afresh on the chosen layout, so its trajectories are exactly
-those of ``EnvRunner(make_vec(env, n, backend=choice.backend,
-config=choice.process_config()), ...)`` with the same seed; the trial's samples are
-dropped.
-"""
+"""``EnvRunner.from_env(..., backend="auto")``: the layout chosen with the user's policy
+timed on each candidate. See docs/backends/index.md."""
 
 from __future__ import annotations
 
@@ -193,6 +169,3 @@ def pick_layout(
 
 def _label(workers: int) -> str:
     return "sync" if workers == 0 else f"{workers} worker{'s' if workers > 1 else ''}"
-
-
-__all__ = ["SYNC_TIE", "make_runner", "pick_layout", "trial_workers", "undecided"]

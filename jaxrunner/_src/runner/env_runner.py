@@ -1,10 +1,5 @@
-"""EnvRunner: the facade over the samplers.
-
-It owns what every sampler shares (params, metrics, complete episodes, failures, the
-claim on its envs) and picks the sampler from what the backend declares
-(:class:`~jaxrunner._src.backends.capabilities.Capabilities`): the scan sampler for a pure-JAX env,
-the ready-first sampler for ``ready_first`` backends, the lockstep sampler otherwise.
-"""
+"""EnvRunner: the facade over the samplers, picking one from the backend's declared
+capabilities."""
 
 from __future__ import annotations
 
@@ -192,7 +187,8 @@ class EnvRunner(EnvOwner):
         )  # fmt: skip
 
     def _make_sampler(self, num_splits: int | None) -> Sampler:
-        """The sampler for what the backend declares (see the module docstring)."""
+        """The sampler for what the backend declares (scan for a pure-JAX env, ready-first
+        for ``ready_first`` backends, else lockstep)."""
         envs = self.envs
         setup = SamplerSetup(
             self.policy,
@@ -386,6 +382,3 @@ class EnvRunner(EnvOwner):
 
     def _sampler_params(self) -> Params:
         return self.get_params()
-
-
-__all__ = ["EnvRunner"]

@@ -146,11 +146,3 @@ def check_ready_first_options(envs: VectorEnv, callbacks: Any, num_splits: Any) 
             "sub-envs are ready (ready-first); pipelining groups do not apply. Leave "
             "num_splits=None."
         )
-
-
-__all__ = [
-    "check_arguments",
-    "check_connectors",
-    "check_host_options",
-    "check_ready_first_options",
-]

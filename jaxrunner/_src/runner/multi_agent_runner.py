@@ -302,6 +302,3 @@ def _params_per_policy(params: Any, ids: tuple[str, ...]) -> dict[str, Params]:
         f"MultiAgentRunner(params=...): expected a dict keyed by the policy ids {list(ids)}, "
         f"got {got}."
     )
-
-
-__all__ = ["MultiAgentRunner"]

@@ -1,11 +1,4 @@
-"""One owner per vector env, and the lifecycle and params every runner shares.
-
-A vector env is driven by one live runner: two would continue each other's episodes
-from states neither produced. :class:`EnvOwner` claims its envs at construction (a
-second live runner on them is refused with the fix), lets go at ``stop()`` or when it
-is garbage collected, and refuses calls after ``stop()`` or a failed sample. The
-checks of the arguments every runner takes live here too.
-"""
+"""One owner per vector env, and the lifecycle and argument checks every runner shares."""
 
 from __future__ import annotations
 
@@ -186,6 +179,3 @@ def check_rollout_arguments(
     check_int(runner, "seed", seed, low=0)
     at_most = f"at most num_envs={num_envs}"
     check_int(runner, "num_splits", num_splits, high=num_envs, hint=at_most, none="for automatic")
-
-
-__all__ = ["EnvOwner", "check_rollout_arguments"]

@@ -36,6 +36,3 @@ def agent_episode_joiner(possible_agents: Sequence[str]) -> EpisodeJoiner[AgentE
         concatenate=concatenate_agent_episodes,
         order=lambda e: (e.episode_id, rank[e.agent_id]),
     )
-
-
-__all__ = ["AgentCallbacks", "agent_episode_joiner", "overrides"]

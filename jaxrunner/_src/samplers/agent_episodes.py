@@ -1,8 +1,5 @@
-"""Agent episodes of the multi-agent host sampler, from its ``[T, B, A_g]`` arrays:
-each agent's running return and length, the agent episodes that ended, and each
-transition's index within its agent episode (the agent-level twin of
-:class:`~jaxrunner._src.samplers.episode_ids.EpisodeBook`; the scan sampler uses the same
-functions on its fetched arrays)."""
+"""Agent episodes of the multi-agent samplers: running returns and lengths, the agent
+episodes that ended, each transition's index within its agent episode."""
 
 from __future__ import annotations
 
@@ -93,6 +90,3 @@ def agent_steps(
 def _per_agent(env_mask: np.ndarray, num_agents: int) -> np.ndarray:
     """A ``[t, B]`` env mask as ``[t, B * A_g]`` agent rows (env-major, as the buffers)."""
     return np.repeat(env_mask, num_agents, axis=1)
-
-
-__all__ = ["agent_episode_ends", "agent_steps"]

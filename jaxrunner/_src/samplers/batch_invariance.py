@@ -1,39 +1,5 @@
-"""Batch-invariant policy calls: a row's result never depends on its batch.
-
-XLA picks kernels by shape: the same observation run through the same MLP or CNN in a
-batch of 2 and in a batch of 250 can come out 1 ulp apart (measured on XLA CPU: a
-64-64 MLP's rows differ between batches of 1, 2-4 and 8 up; a 256-wide MLP's and a
-small CNN's differ between almost every batch size). A sampler that batches envs
-differently (pipelining splits, ready-first buckets, the sync against the process
-backend) would then give different actions, and trajectories diverge.
-
-:func:`chunked_apply` removes the batch size from the numerics: the policy is computed
-``chunk_rows`` rows at a time (the caller pads the rows to a multiple of
-``chunk_rows``, then one loop step per chunk), so every row of every call goes through the same
-compiled ``[chunk_rows, ...]`` program, whatever the number of rows in the call. The
-loop's trip count is only known at run time, so XLA compiles the chunk as a
-computation of its own in every layout (a one-chunk loop it could inline, and then fuse
-the policy's tail with the slicing after it: measured, 1 ulp apart on a Gaussian
-policy's actions; optimization barriers do not stop it, XLA CPU removes them). The
-policy is computed once per row: a call of ``n`` rows costs ``ceil(n / chunk_rows)``
-chunks, never the whole batch.
-
-Guarantee and its limits. For a fixed ``chunk_rows``, a row's outputs are the same
-bits in every call, provided that
-
-* the policy is row-wise: row ``i`` of its outputs depends only on row ``i`` of its
-  inputs (every per-observation policy is; one that mixes rows, e.g. a batch
-  statistic, is not, and nothing can batch it invariantly);
-* the backend's kernel for the ``[chunk_rows, ...]`` program computes a row the same
-  at any position in the chunk and whatever the other rows hold. Tests check this on
-  XLA CPU (MLPs 64 to 512 wide and a small CNN, at every
-  position, random neighbours); it is not checked on GPU or TPU.
-
-Rows are only comparable between calls with the same ``chunk_rows``: a runner picks it
-from its number of envs and its policy's cost alone (:func:`policy_chunk_rows`), never
-from its backend or grouping, so every backend and sampling mode of the same runner
-shape agrees.
-"""
+"""Batch-invariant policy calls: the policy run in fixed chunks of rows, so a row's result
+never depends on its batch. See docs/concepts.md and docs/design.md."""
 
 from __future__ import annotations
 
@@ -142,7 +108,8 @@ class ChunkedApply(Protocol[R_co]):
 def chunked_apply(
     apply_fn: Callable[[Params, Any, Carry, Any], R], chunk_rows: int
 ) -> ChunkedApply[R]:
-    """``apply_fn`` computed ``chunk_rows`` rows at a time (see the module docstring).
+    """``apply_fn`` computed ``chunk_rows`` rows at a time, so a
+    row's result is the same bits whatever the number of rows in the call.
 
     The chunks run in a ``lax.while_loop`` whose trip count, ``ceil(num_rows /
     chunk_rows)``, is only known at run time, so XLA compiles the loop's body, the
@@ -221,16 +188,3 @@ def chunked_apply(
         return outputs
 
     return apply
-
-
-__all__ = [
-    "CHUNK_FLOPS",
-    "MAX_CHUNK_ROWS",
-    "MIN_CHUNK_ROWS",
-    "ChunkedApply",
-    "check_chunk_rows",
-    "chunked_apply",
-    "default_chunk_rows",
-    "policy_chunk_rows",
-    "policy_flops_per_row",
-]

@@ -83,14 +83,3 @@ def reset_where_done(
     count = jnp.count_nonzero(done)
     branch = jnp.where(count == 0, 0, jnp.where(count <= few, 1, 2))
     return jax.lax.switch(branch, [lambda: stepped, some_rows, all_rows])
-
-
-__all__ = [
-    "ENV_FIRST_RESET_STREAM",
-    "ENV_RESET_STREAM",
-    "ENV_STEP_STREAM",
-    "env_roots",
-    "env_step_keys",
-    "first_reset_keys",
-    "reset_where_done",
-]

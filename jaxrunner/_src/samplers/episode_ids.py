@@ -1,16 +1,5 @@
 """Episode numbering for the host samplers: ids, steps and returns from the flags.
-
-One function of the recorded flags, run once per ``sample()`` over the ``[T, B]``
-buffers (the scan sampler has its jnp twin in :mod:`jaxrunner._src.samplers.scan`; a test
-proves the two agree). An episode ends where the env ended it (terminated or
-truncated) or a fault cut it (``valid`` False); the next one gets the next id, in
-step-major, env-minor order, whatever order the sampler stepped the envs in.
-
-A *reset slot* (``BatchStep.reset_rows``: the env's own reset step, kept by a NEXT_STEP
-backend) is also ``valid`` False but no fault: it cuts nothing, belongs to the episode
-that follows the end before it, and is its step -1, so that episode's first transition
-is still step 0 and lengths count transitions only.
-"""
+See docs/design.md."""
 
 from __future__ import annotations
 
@@ -62,7 +51,7 @@ class EpisodeBook:
         """Fills ``episode_id`` and ``step`` of steps ``[0, t)`` of ``buf`` and moves
         every env's episode on past them; returns what they add to the metrics.
         ``resets`` (``[>= t, B]`` bool, None: none) marks the reset slots among the
-        invalid ones (see the module docstring)."""
+        invalid ones: no fault, they are step -1 of the episode that follows."""
         valid = buf.valid[:t]
         all_valid = bool(valid.all())
         cut = buf.terminated[:t] | buf.truncated[:t]
@@ -212,6 +201,3 @@ def accumulate_rows(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
     for i in range(1, len(out)):
         ufunc(out[i - 1], out[i], out=out[i])
     return out
-
-
-__all__ = ["EpisodeBook", "SampleCounts", "accumulate_rows", "episode_returns"]

@@ -1,13 +1,5 @@
-"""One agent group's part of the multi-agent sampler: its compiled policy steps, stage
-and pending turns, stepped block by block (:mod:`jaxrunner._src.samplers.multi_agent`).
-
-A block is a contiguous range of envs ``[lo, hi)``: a pipelining split, a ready-first
-worker's envs, or every env. Its rows of the group are agent slots ``lo * A_g`` to
-``hi * A_g``; each block size has one compiled policy step (computed in the runner's
-fixed policy chunks, :mod:`jaxrunner._src.samplers.batch_invariance`, so an agent's action is the
-same bits whatever block it is computed in), gathering and scattering those rows of the
-group's actor state.
-"""
+"""One agent group's part of the multi-agent sampler: its compiled policy steps, stage and
+pending turns, stepped block by block."""
 
 from __future__ import annotations
 
@@ -337,6 +329,3 @@ def _copy_where(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> None:
     if dst.ndim > mask.ndim:
         mask = mask.reshape(*mask.shape, *([1] * (dst.ndim - mask.ndim)))
     np.copyto(dst, src, where=mask)
-
-
-__all__ = ["GroupSampler"]

@@ -1,22 +1,4 @@
-"""Per-step infos as ``[T, B]`` arrays: ``EnvRunner(..., info_keys=("lives", ...))``.
-
-Gymnasium envs return an info dict per step (Atari's ``lives``,
-``RecordEpisodeStatistics``' ``episode`` at an episode's end). The host samplers
-record the entries a user names into float64 ``[T, B]`` arrays, with a mask of the
-steps whose info had the entry (gymnasium's vector envs call it ``_key``), and put them
-in ``traj.extras["infos"]`` and ``traj.extras["infos_present"]``, keyed by the name, so
-they travel with the trajectory (time slices, episodes, files, checkpoints). Where an
-episode ended, the info is the final step's (the reset's info is not recorded).
-
-A name reaches into a dict entry with a dot: ``"episode.r"`` is ``info["episode"]["r"]``
-(a flat key with a dot, like ``"TimeLimit.truncated"``, is looked up first). Values
-must be numbers (bools count); anything else is refused with the sub-env and key
-named. Nothing is recorded, and nothing is paid, without ``info_keys``.
-
-A name that no sub-env's info has had by the end of the first sample in which an episode
-ended (so end-of-episode entries such as ``"episode.r"`` have had their chance) is
-refused as misspelt, with the names the infos did have.
-"""
+"""Per-step infos as ``[T, B]`` arrays, for ``EnvRunner(..., info_keys=...)``."""
 
 from __future__ import annotations
 
@@ -55,7 +37,9 @@ def check_info_keys(info_keys: Any) -> tuple[str, ...]:
 
 class InfoRecorder:
     """Records the named entries of each step's infos into a trajectory buffer's
-    extras (see the module docstring)."""
+    extras: float64 ``[T, B]`` values and masks; a
+    dotted name reaches into a dict entry, and where an episode ended the info is the
+    final step's."""
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         self.keys = keys
@@ -147,6 +131,3 @@ def _lookup(info: dict[str, Any], key: str) -> Any:
             return _MISSING
         value = value[part]
     return value
-
-
-__all__ = ["INFOS", "INFOS_PRESENT", "InfoRecorder", "check_info_keys", "policy_extras"]

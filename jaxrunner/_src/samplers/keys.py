@@ -1,21 +1,5 @@
-"""The runner's random keys: JAX's threefry2x32, written out so XLA's CPU backend fuses it.
-
-Every action a sampler draws comes from a per-env key, ``fold_in(fold_in(key(seed),
-env_id), step)``, hashed on device each step, and the policy's distribution hashes it
-again for its draw. JAX lowers its threefry2x32 hash on CPU as a rolled loop (five
-iterations of a ``while``, to keep compile times short), which XLA cannot fuse with
-anything around it. :data:`IMPL` is the same hash, bit for bit, written as
-straight-line array code that XLA fuses into the policy step: sampling CartPole's
-native vector env with the benchmark MLP ran 1.09x faster at 1,024 envs and 1.05x at
-4,096 (``benchmarks/results/ab_revision_keys_gymnasium_cpu.json``). On accelerators
-JAX's own lowering is straight-line too, so nothing changes there.
-
-The keys are ordinary typed JAX keys of their own implementation: a policy splits,
-folds and samples with them through ``jax.random`` as with any key, and draws exactly
-what JAX's default threefry key with the same data would draw (with
-``jax_threefry_partitionable=True``, JAX's default from 0.5; ``tests/test_keys.py``
-checks both). Only keys made here use it: the user's own JAX code is untouched.
-"""
+"""The runner's random keys: JAX's threefry2x32 written out so XLA's CPU backend fuses it.
+See docs/design.md."""
 
 from __future__ import annotations
 
@@ -94,7 +78,8 @@ IMPL = define_prng_impl(
     name="jaxrunner_threefry2x32",
     tag="jrfry",
 )
-"""JAX's threefry2x32 key implementation, fusible on CPU (see the module docstring)."""
+"""JAX's threefry2x32 key implementation, written out so XLA's CPU
+backend fuses it; draws what JAX's default threefry key with the same data draws."""
 
 
 def key(seed: int | jax.Array) -> jax.Array:
@@ -106,6 +91,3 @@ def wrap(data: jax.Array) -> jax.Array:
     """Typed keys of :data:`IMPL` from their raw data (``[..., 2]`` uint32), which is
     how samplers keep keys in their state (``jax.random.key_data``)."""
     return jax.random.wrap_key_data(data, impl=IMPL)
-
-
-__all__ = ["IMPL", "key", "threefry2x32", "wrap"]

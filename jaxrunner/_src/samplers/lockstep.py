@@ -1,14 +1,4 @@
-"""The lockstep sampler: every env steps once per time step, in pipelined splits.
-
-Per step and split: one host->device transfer (observations and episode-start flags),
-one compiled policy call, one device->host transfer (actions and extras), one
-``send``/``recv`` of the backend, and numpy writes into preallocated ``[T, B]``
-buffers. With several splits, a split's policy step is queued as soon as its envs'
-results are in and computes while the other splits' envs step (pipelining). A split's
-call computes its own envs' rows only, in the runner's fixed policy chunks
-(:mod:`jaxrunner._src.samplers.batch_invariance`), so splitting changes no action's bits and the
-policy is paid once per env per step.
-"""
+"""The lockstep sampler: every env steps once per time step, in pipelined splits."""
 
 from __future__ import annotations
 
@@ -47,7 +37,9 @@ from jaxrunner._src.samplers.sampler import (
 
 
 class LockstepSampler(HostSampler):
-    """Samples a lockstep backend (see the module docstring).
+    """Samples a lockstep backend: per step and split, one transfer each way, one
+    compiled policy call on that split's rows, one ``send``/``recv``; a split's policy
+    computes while the other splits' envs step.
 
     Args:
         envs: the vector env, just reset; ``obs`` its first observations.
@@ -327,6 +319,3 @@ class LockstepSampler(HostSampler):
             if done[j]:
                 callbacks.on_episode_end(runner, i, live)
                 live.detach(buf)  # a kept episode must not keep the trajectory alive
-
-
-__all__ = ["LockstepSampler"]

@@ -1,33 +1,5 @@
-"""The multi-agent sampler: groups of agents, one compiled policy step per group.
-
-Per step of a block of envs: for each group, its acting agents' observations
-(``[n * A_g, ...]`` rows) go to the group's
-:class:`~jaxrunner._src.samplers.policy_step.CompiledPolicyStep` (one host->device and one
-device->host transfer per group); rows of agents that do not act are computed and
-dropped, so their keys and carries do not move. Each action is
-written with its observation and extras to slot ``[t, b, a]`` of the step that
-completes its transition: in a parallel env that is the step that takes it (written
-straight into slot ``t``); in an AEC env the agent's next turn (kept until then).
-
-Blocks. The envs step in contiguous blocks (:mod:`jaxrunner._src.samplers.group_step`):
-on a lockstep backend the pipelining splits (``num_splits``, the lockstep sampler's
-rule), so that one split's policy steps compute while the others' envs step in the
-background (process and Ray); on a ready-first backend each block the backend answers
-(a worker's or actor's envs) is acted on as soon as it is in. Each env keeps its own
-step index: it steps exactly ``rollout_length`` times per ``sample()`` and its slot
-``[t, b, a]`` is written at its own ``t``. A block's policy call computes its own rows
-in the runner's fixed policy chunks (:mod:`jaxrunner._src.samplers.batch_invariance`), so the
-trajectory is the same bits whatever the splits, the backend or the order in which
-envs answer.
-
-Connectors (``MultiAgentSetup.connectors``, per policy id) run inside a group's step
-with its agent slots as rows (:mod:`jaxrunner._src.connectors.per_group`); their
-per-sample part runs once per ``sample()`` on the group's trajectory.
-
-Keys: agent ``a`` of env ``b`` draws from ``fold_in(fold_in(seed_key, b * N + k),
-its action count)``, ``k`` its index among the env's ``N`` possible agents: its
-actions depend on the seed, the env, the agent and its own history only.
-"""
+"""The multi-agent host sampler: groups of agents, one compiled policy step per group.
+See docs/multi-agent.md."""
 
 from __future__ import annotations
 
@@ -314,6 +286,3 @@ class MultiAgentSampler:
         if t == self.rollout_length:
             return traj
         return jax.tree.map(lambda x: x[:t], traj)
-
-
-__all__ = ["EnvLevel", "MultiAgentSampler", "MultiAgentSetup"]

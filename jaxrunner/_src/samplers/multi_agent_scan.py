@@ -1,25 +1,5 @@
-"""The multi-agent scan sampler: a pure-JAX multi-agent env and every group's policy
-in one jitted ``lax.scan``.
-
-The loop is the scan sampler's (:mod:`jaxrunner._src.samplers.scan`: the envs' keys and
-resets, the env-level episode numbering, the ahead-of-time compile and the env-level
-metrics); this module supplies its step function: every agent group's policy step on
-its agents' slots, the env's step, and each group's masks and agent-episode
-bookkeeping. An env's reward is the sum of its agents' valid rewards; its episode ends
-(terminated) where ``dones["__all__"]``.
-
-Group arrays stay on device; per ``sample()`` one ``device_get`` brings the env-level
-episode ends, ids, steps and flags (``[T, B]``) and the groups' rewards, flags and
-masks (``[T, B, A_g]``) to the host for the trajectory's env-level fields and the
-agent metrics.
-
-Policy keys are the host sampler's (row ``b * N + k`` of agent ``k`` of env ``b``,
-folded with the agent's action count).
-
-Connectors (per policy id) run in each group's step, with its agent slots as rows, and
-their per-sample part at the end of the same compiled program
-(:func:`~jaxrunner._src.connectors.pipeline.finish_group_sample`).
-"""
+"""The multi-agent scan sampler: the step function of a pure-JAX multi-agent env and
+every group's policy, run by the scan sampler's loop."""
 
 from __future__ import annotations
 
@@ -257,6 +237,3 @@ class MultiAgentScanSampler:
         actors = dict(actor["actors"])
         actors[policy_id] = actors[policy_id].replace(connectors=device_copy(state))
         self._loop.state = self._loop.state.replace(actor={**actor, "actors": actors})
-
-
-__all__ = ["MultiAgentScanSampler"]

@@ -1,12 +1,4 @@
-"""What the multi-agent sampler carries from one ``sample()`` to the next, typed.
-
-:meth:`MultiAgentSampler.get_state
-<jaxrunner._src.samplers.multi_agent.MultiAgentSampler.get_state>`
-returns a :class:`MultiAgentSamplerState` (host copies, valid between samples); its
-``set_state`` takes one back, and with the envs in their saved state sampling continues
-exactly where it was taken. Checkpoints save it as a tree of arrays
-(``sampler/groups/<policy_id>/running_length``, ...).
-"""
+"""What the multi-agent sampler carries from one ``sample()`` to the next, typed."""
 
 from __future__ import annotations
 
@@ -56,6 +48,3 @@ class MultiAgentSamplerState:
     step and return so far, the next free id, the steps closed."""
     groups: dict[str, GroupState]
     """Policy id -> its group's state."""
-
-
-__all__ = ["GroupState", "MultiAgentSamplerState"]

@@ -77,11 +77,3 @@ def pipeline_splits(
     if bounds is None or len(bounds) != num_splits + 1 or bounds[-1] != num_envs:
         bounds = np.linspace(0, num_envs, num_splits + 1).round().astype(int).tolist()
     return [slice(lo, hi) for lo, hi in itertools.pairwise(bounds)]
-
-
-__all__ = [
-    "PIPELINE_MIN_ENVS",
-    "PIPELINE_MIN_ENVS_CPU",
-    "default_num_splits",
-    "pipeline_splits",
-]

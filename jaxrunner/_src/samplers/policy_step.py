@@ -1,37 +1,5 @@
-"""The compiled policy step: staged observations in, actions and extras out.
-
-One path, shared by every host sampler: :func:`act` is the pure step (keys, carries,
-the policy); :class:`CompiledPolicyStep` compiles it once, ahead of time, for a batch
-of ``size`` rows out of the runner's ``num_envs`` envs, with the inputs packed into one
-host buffer and the outputs into one device buffer (one transfer each way, see
-:mod:`jaxrunner._src.samplers.transfer`). Calls are split into ``dispatch`` (returns once the
-computation is queued) and ``collect`` (waits for it), so a sampler can step envs
-while the policy runs.
-
-Rows. A stage holds ``rows`` rows of (observation, episode-start flag, env index):
-``size`` rounded up to whole policy chunks, at least two (below).
-
-* ``size == rows == num_envs`` (lockstep, one group): row ``i`` is env ``i``; a row
-  whose index is ``num_envs`` is computed and dropped.
-* otherwise (a pipelining split, a ready-first bucket): the rows' actor state is
-  gathered by env index and scattered back; index ``num_envs`` marks padding, never
-  written back.
-
-Batch invariance. With ``chunk_rows`` (every host sampler passes
-:func:`runner_chunk_rows`: a function of the width and the policy), the policy runs
-in fixed chunks of that many rows (:func:`~jaxrunner._src.samplers.batch_invariance.chunked_apply`):
-an env's actions are the same bits whatever the call's size, so a group or bucket
-computes only its own rows and grouping stays invisible. Padding rows are host data
-(whatever the stage holds), never values XLA can see through, and the chunk loop runs
-up to the last real row. Keys, carry restarts and
-connectors are elementwise per row (and connectors' shared statistics only change
-between samples), so they are invariant without chunks.
-
-Connectors (:mod:`jaxrunner.connectors`) run inside the same step: observation
-connectors before the policy (what the policy saw is returned as
-``extras["policy_obs"]``), action connectors after it (the env's action is packed
-beside the policy's). Their per-env state follows the rows' rule above.
-"""
+"""The compiled policy step of every host sampler: staged observations in, actions and
+extras out, one transfer each way. See docs/design.md."""
 
 from __future__ import annotations
 
@@ -233,8 +201,8 @@ class CompiledPolicyStep:
         obs_example: observations (numpy, ``[n, ...]``: their dtypes and shapes).
         connectors: the runner's connectors (their state is in ``state.connectors``).
         packing: how ``state.connectors`` is packed (:func:`host_actor_state`).
-        chunk_rows: compute the policy in chunks of this many rows (batch-invariant,
-            see the module docstring); None: one call for all ``size`` rows.
+        chunk_rows: compute the policy in chunks of this many rows (batch-invariant:
+            a row's bits do not depend on the call's size); None: one call for all ``size`` rows.
     """
 
     def __init__(
@@ -384,14 +352,3 @@ def _act_gathered(
         connectors=put_rows(state.connectors, sub.connectors, index),
     )
     return action, env_action, extras, state
-
-
-__all__ = [
-    "ActorState",
-    "CompiledPolicyStep",
-    "Stage",
-    "act",
-    "host_actor_state",
-    "initial_actor_state",
-    "runner_chunk_rows",
-]

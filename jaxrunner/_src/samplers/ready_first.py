@@ -1,35 +1,5 @@
 """The ready-first sampler: infer for whichever envs have answered.
-
-For backends whose sub-envs step at their own pace (``capabilities.ready_first``: Ray
-actors, EnvPool's async mode, the process backend when asked), waiting for every env
-each step would make the batch as slow as its slowest env. This sampler instead
-``recv``s whatever is ready, computes the actions of every env that answered in one
-compiled policy call, ``send``s them, and ``recv``s again. Each env records its own
-steps at its own row of the ``[T, B]`` buffers.
-
-* Backends whose ``recv`` returns as soon as any env answers: an env that has
-  recorded ``T`` steps waits for the others, so every sample ends with nothing in
-  flight and params set between samples apply to every env's next step, exactly as
-  in the lockstep sampler.
-* Backends whose ``recv`` waits for ``recv_batch_size`` envs (EnvPool async): the
-  sampler keeps stepping envs past ``T`` (at most one sample ahead) so that enough
-  are always in flight; those steps are recorded into the next sample's buffers, and
-  their actions come from the params and connector statistics in force when they
-  were computed (one sample older: the one exception to "the statistics a sample
-  uses are fixed for the whole sample"). No env gets ``T`` steps ahead of the
-  slowest: the backend answers envs in its own order, and without that bound an env
-  a sample ahead would wait while too few envs were in flight for ``recv``.
-
-Exactness. The ready envs are padded to the smallest of a few bucket sizes, each
-compiled once up front, so XLA never recompiles. An env's action key depends only on
-the seed, its env id and its step count, and episode ids are numbered once per
-sample (:class:`~jaxrunner._src.samplers.episode_ids.EpisodeBook`). Every bucket computes the
-policy in the same fixed chunks as the lockstep sampler of the same width
-(:mod:`jaxrunner._src.samplers.batch_invariance`), so a row's action is the same bits in a bucket of
-1 as in the full batch, for any row-wise policy: the trajectory equals the lockstep
-sampler's for the same seed. The default buckets are multiples of the chunk (a
-smaller bucket would compute a whole chunk anyway).
-"""
+See docs/design.md."""
 
 from __future__ import annotations
 
@@ -85,7 +55,8 @@ def _env_indices(env_ids: Any, num_envs: int) -> np.ndarray:
 
 
 class ReadyFirstSampler(HostSampler):
-    """Samples a ``ready_first`` backend (see the module docstring).
+    """Samples a ``ready_first`` backend (see docs/design.md, Inside the samplers):
+    each ``recv`` of ready envs is acted on in one padded, compiled bucket.
 
     Args:
         envs: the vector env, just reset; ``obs`` its first observations.
@@ -382,6 +353,3 @@ class ReadyFirstSampler(HostSampler):
         self._episode_start[index] = done
         self._t[index] += 1
         self._ready.append(out.env_ids if out.env_ids is not None else slice(0, n))
-
-
-__all__ = ["ReadyFirstSampler", "default_buckets"]

@@ -1,10 +1,5 @@
-"""What every sampler is: a backend plus a compiled policy step, turned into
-``[T, B]`` Trajectory buffers and episode bookkeeping.
-
-The :class:`~jaxrunner.EnvRunner` facade picks one from the backend's declared
-capabilities (``EnvRunner._make_sampler``) and owns what is common:
-params, metrics, ``sample_episodes``, failures.
-"""
+"""What every sampler is: a backend plus a compiled policy step, turned into ``[T, B]``
+trajectory buffers and episode bookkeeping."""
 
 from __future__ import annotations
 
@@ -334,15 +329,3 @@ def attach_partial(err: BaseException, partial: PartialTrajectory | None) -> Non
             f"jaxrunner: the {steps} steps completed before this error are in "
             "err.partial_trajectory."
         )
-
-
-__all__ = [
-    "BufferPool",
-    "Sampler",
-    "SamplerSetup",
-    "allocate_trajectory",
-    "attach_partial",
-    "finish_next_obs",
-    "policy_extras_keys",
-    "record_next_obs",
-]

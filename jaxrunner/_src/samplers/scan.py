@@ -1,42 +1,5 @@
-"""The scan sampler: policy, env, autoreset and bookkeeping in one jitted ``lax.scan``.
-
-:class:`ScanSampler` is what :class:`~jaxrunner.EnvRunner` runs for a
-:class:`~jaxrunner.JaxVectorEnv`. One ``sample()`` is one call of a program compiled
-once, ahead of time, at construction (new params never retrace). Everything stays on
-device; the only transfer per ``sample()`` is one, allowed by name, of the
-returns and lengths of the episodes that ended (for the runner's metrics), whatever
-the rollout length.
-
-Semantics are the host loop's:
-
-* ``next_obs`` is the env's true next observation; where an episode ended, the env
-  is then reset with a fresh key (a new random start, never a cached one).
-* Episode ids are unique per runner: the envs start with ids ``0..B-1``; ended
-  episodes get the next free ids in env order within a step.
-* Policy keys follow :func:`jaxrunner._src.samplers.policy_step.act`: env ``i``'s action at its
-``n``-th
-  step uses ``fold_in(fold_in(key(seed), i), n)``, as in the host loop.
-* Env keys come from three streams of their own, rooted at ``fold_in(key(seed), r)``
-  for ``r`` in the streams of :mod:`jaxrunner._src.samplers.env_streams`.
-  The first reset of env ``i`` uses ``fold_in(first_reset_root, i)``. At the envs'
-  ``n``-th step (the envs of a JaxVectorEnv step in lockstep), env ``i`` steps with
-  ``fold_in(fold_in(step_root, n), i)`` and, if its episode ended, resets with
-  ``fold_in(fold_in(reset_root, n), i)``. So env ``i``'s trajectory depends on the seed
-  and ``i`` only, not on the batch size. Every key is a :mod:`jaxrunner._src.samplers.keys` key:
-  JAX's threefry, bit for bit, in a form XLA fuses. (The step comes first and the env
-  id last, so each batch of keys hashes with one shared key: on CPU that costs about
-  half of a hash with a key per env, and two such fold-ins cost less than a ``split``.)
-
-The loop itself (:mod:`.scan_loop`; :func:`~.scan_loop.scan_envs`: keys, resets, episode
-numbering, the episode ends for the metrics; :class:`~.scan_loop.ScanLoop`: the ahead-of-time
-compile and the carried state; :func:`~.scan_loop.episode_counts`: the metrics from the
-ends) is shared with the multi-agent scan
-(:mod:`jaxrunner._src.samplers.multi_agent_scan`), which supplies only its step function.
-
-On device, without ``jax_enable_x64``, rewards are float32 and ``env_id``,
-``episode_id`` and ``step`` are int32 (JAX's canonical dtypes); the host loop's
-numpy buffers hold float64/int64.
-"""
+"""The scan sampler: policy, env, autoreset and bookkeeping in one jitted ``lax.scan``,
+for a :class:`~jaxrunner.JaxVectorEnv`. See docs/backends/jax.md."""
 
 from __future__ import annotations
 
@@ -198,6 +161,3 @@ def check_runner_options(callbacks: Any, num_splits: int | None) -> None:
             f"EnvRunner(num_splits={num_splits!r}): pipelining groups only applies to host vector "
             "envs; a JaxVectorEnv rollout is one compiled program. Leave num_splits=None."
         )
-
-
-__all__ = ["ScanSampler", "check_runner_options", "rollout"]

@@ -229,15 +229,3 @@ def episode_counts(ends: np.ndarray, window: int, num_env_steps: int) -> SampleC
         lengths=lengths[mask].astype(np.int64),
         num_episodes=num_episodes,
     )
-
-
-__all__ = [
-    "RolloutState",
-    "SampleFields",
-    "ScanLoop",
-    "StepFn",
-    "episode_counts",
-    "finish_sample",
-    "initial_state",
-    "scan_envs",
-]

@@ -72,6 +72,3 @@ class ActionCheck:
 
             space_arrays.check_action_batch(group.action_space, jax.tree.map(flat, batch), rows)
         return actions
-
-
-__all__ = ["ActionCheck"]

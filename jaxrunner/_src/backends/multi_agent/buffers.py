@@ -209,6 +209,3 @@ class StepViews:
             errors=errors or None,
             env_ids=None if (lo, hi) == (0, self.num_envs) else slice(lo, hi),
         )
-
-
-__all__ = ["FIELDS", "AgentStepBuffers", "GroupBuffers", "MultiAgentStep", "StepViews"]

@@ -157,6 +157,3 @@ def check_dict(value: Any, call: str, name: str, index: int) -> dict:
             index,
         )
     return value
-
-
-__all__ = ["Driver", "check_dict", "check_infos"]

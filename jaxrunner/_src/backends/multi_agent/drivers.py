@@ -1,27 +1,5 @@
-"""Stepping one PettingZoo sub-env into the group buffers: parallel and AEC (turn-based).
-
-Shared by every multi-agent backend (sync in this process, process workers). Each
-driver owns row ``b`` of the :class:`~jaxrunner._src.backends.multi_agent.buffers.GroupBuffers` and
-keeps, per agent, the reward it received since its last action.
-
-Parallel envs: every live agent acts; each action's transition completes in the same
-step. Agents may leave (terminated, truncated, or dropped from the env's dicts after
-their final step) and new ones from ``possible_agents`` may appear: they act from the
-next step. The env's episode ends when no agent is left to act; it is then reset at
-once (SAME_STEP).
-
-AEC envs: only the selected agent acts. Its transition completes at its next turn (or
-at the end of its episode) with every reward it received in between. Dead agents'
-``step(None)`` calls are made here, never by the policy.
-
-Rewards (both APIs, as RLlib does): a reward that reaches an agent is added to the
-transition of its last action, completed or not yet; one that reaches it before its
-first action of the episode is added to its first transition. Only rewards no
-transition can carry (the agent never acts again in the episode: it never acted, or its
-final transition had already completed) are returned apart, as ``unassigned`` reward,
-when the episode ends: so every reward is in exactly one transition or in
-``unassigned_reward``.
-"""
+"""Stepping one PettingZoo sub-env (parallel or AEC) into row ``b`` of the group buffers,
+for every multi-agent backend. See docs/multi-agent.md."""
 
 from __future__ import annotations
 
@@ -35,7 +13,7 @@ from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidStepError
 
 
 class ParallelDriver(Driver):
-    """A PettingZoo ``ParallelEnv`` (see the module docstring)."""
+    """A PettingZoo ``ParallelEnv`` (every live agent acts; see docs/multi-agent.md)."""
 
     def __init__(self, env: Any, index: int, layout: Layout) -> None:
         super().__init__(env, index, layout)
@@ -161,7 +139,7 @@ class ParallelDriver(Driver):
 
 
 class AECDriver(Driver):
-    """A PettingZoo ``AECEnv`` (see the module docstring)."""
+    """A PettingZoo ``AECEnv`` (one agent acts per turn; see docs/multi-agent.md)."""
 
     def __init__(self, env: Any, index: int, layout: Layout) -> None:
         super().__init__(env, index, layout)
@@ -268,6 +246,3 @@ def make_driver(env: Any, index: int, layout: Layout) -> Driver:
         f"multi-agent sub-env {index}: expected a PettingZoo ParallelEnv or AECEnv, got "
         f"{type(env).__name__}. Wrap other envs as one of these."
     )
-
-
-__all__ = ["AECDriver", "ParallelDriver", "make_driver"]

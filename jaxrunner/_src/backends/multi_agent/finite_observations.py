@@ -75,6 +75,3 @@ def clear_row(buffers: Sequence[GroupBuffers], name: str, b: int) -> None:
     for buf in buffers:
         for leaf in jax.tree.leaves(getattr(buf, name)):
             leaf[b] = 0
-
-
-__all__ = ["FiniteObservations", "clear_row"]

@@ -1,15 +1,5 @@
 """Pure-JAX multi-agent envs in the JaxMARL style, batched for one jitted scan.
-
-A JaxMARL-style env has ``agents`` (a fixed list), ``observation_space(agent)`` and
-``action_space(agent)`` (JaxMARL or gymnasium spaces), ``reset(key) -> (obs, state)``
-and ``step_env(key, state, actions) -> (obs, state, rewards, dones, infos)``: dicts
-keyed by agent id, ``dones["__all__"]`` ending the episode. The runner steps it with
-``step_env`` and resets it itself, so ``next_obs`` is the true final observation (an
-env's own ``step`` would hand back the reset one).
-
-An agent acts while its episode goes on: from the episode start until its ``done``;
-after that its slots are ``valid=False`` until the env's episode ends.
-"""
+See docs/multi-agent.md."""
 
 from __future__ import annotations
 
@@ -47,7 +37,8 @@ def to_gymnasium_space(space: Any) -> spaces.Space:
 
 
 class JaxMultiAgentVectorEnv(GroupedAgents):
-    """``num_envs`` copies of a pure-JAX multi-agent env (see the module docstring),
+    """``num_envs`` copies of a pure-JAX multi-agent env (JaxMARL style: ``reset(key)``,
+    ``step_env(key, state, actions)`` with ``dones["__all__"]``; the runner resets it),
     sampled by :class:`~jaxrunner.MultiAgentRunner` as one jitted ``lax.scan``.
 
     Args:
@@ -99,6 +90,3 @@ class JaxMultiAgentVectorEnv(GroupedAgents):
             "per-sub-env access use a PettingZoo env with make_multi_agent_vec(..., "
             "backend='sync')."
         )
-
-
-__all__ = ["JaxMultiAgentVectorEnv", "to_gymnasium_space"]

@@ -103,6 +103,3 @@ def agent_label(env_index: int, agent: str) -> str:
     """How errors name an agent of a sub-env: ``"1, agent 'c'"`` (read as "sub-env 1,
     agent 'c' returned ...")."""
     return f"{env_index}, agent {agent!r}"
-
-
-__all__ = ["AgentSlot", "Layout", "agent_label"]

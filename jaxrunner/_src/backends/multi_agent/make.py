@@ -127,6 +127,3 @@ def _deprecated_num_workers(
         stacklevel=3,
     )
     return ProcessConfig(num_workers=num_workers)
-
-
-__all__ = ["MULTI_AGENT_BACKENDS", "make_multi_agent_vec"]

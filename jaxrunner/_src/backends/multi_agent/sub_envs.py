@@ -364,6 +364,3 @@ def located(err: Exception, driver: Driver, call: str) -> Exception:
 def _cause(err: Exception) -> BaseException | None:
     """What :func:`located`'s error chains: the env's exception (ours keep their own)."""
     return err.__cause__ if isinstance(err, JaxRunnerError) else err
-
-
-__all__ = ["MultiAgentEnvFactory", "SubEnvBlock", "env_groups", "located"]

@@ -1,27 +1,5 @@
 """Multi-agent vector envs: B PettingZoo sub-envs stepped together into group arrays.
-
-A multi-agent backend is a :class:`~jaxrunner._src.backends.base.BaseVectorEnv` (one base with
-the single-agent ones: capabilities, closing, the sub-env utilities, snapshots) whose
-steps are :class:`~jaxrunner._src.backends.multi_agent.buffers.MultiAgentStep` values. Contract
-(every multi-agent backend keeps it; the tests check it against the envs stepped by
-hand):
-
-* ``reset_batch(seeds)`` resets sub-env ``i`` with ``seeds[i]`` and returns a
-  :class:`~jaxrunner._src.backends.multi_agent.buffers.MultiAgentStep` whose group buffers say who
-  acts first (``acting``) on what (``obs``).
-* ``send(actions, env_ids)`` starts a step of a contiguous block of envs (None: all;
-  else a slice with step 1); ``actions[g]`` is group ``g``'s ``[n, A_g, ...]`` batch
-  for the block's ``n`` envs, read only where ``acting``, validated whole before any
-  sub-env steps. ``recv()`` returns one earlier send's step (the oldest; with
-  ``capabilities.ready_first``, a block whose envs are ready), ``env_ids`` its block;
-  ``step_batch(actions)`` is a send of every env and its ``recv``.
-* A step returns the completed transitions (``completed``, ``reward``, flags,
-  ``next_obs``: the agent's final observation where its episode ended) and who acts
-  next. Where an env's episode ended (``env_done``) it was reset in the same step
-  (SAME_STEP), and ``obs`` is the new episode's.
-* Results are views of the rows of the buffers ``reset_batch`` returned, valid until
-  the next step of those envs.
-"""
+See docs/multi-agent.md."""
 
 from __future__ import annotations
 
@@ -51,7 +29,7 @@ from jaxrunner.errors import InvalidArgumentError
 
 
 class MultiAgentVectorEnv(GroupedAgents, BaseVectorEnv):
-    """Base of the multi-agent backends (see the module docstring): the core's
+    """Base of the multi-agent backends (the contract: docs/multi-agent.md): the core's
     :class:`~jaxrunner._src.backends.base.BaseVectorEnv` with multi-agent steps."""
 
     turn_based: bool
@@ -62,7 +40,7 @@ class MultiAgentVectorEnv(GroupedAgents, BaseVectorEnv):
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> MultiAgentStep:
-        """Resets every sub-env; see the module docstring."""
+        """Resets sub-env ``i`` with ``seeds[i]``; the step says who acts first on what."""
 
     @abc.abstractmethod
     def send(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
@@ -255,6 +233,3 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
 
     def _close_backend(self) -> None:
         self._block.close()
-
-
-__all__ = ["MultiAgentVectorEnv", "SyncMultiAgentVectorEnv"]

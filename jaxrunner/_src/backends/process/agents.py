@@ -1,15 +1,5 @@
-"""``backend="process"`` for multi-agent (PettingZoo) envs: the process transport of
-:mod:`.transport` with the multi-agent layout.
-
-The sub-envs step in worker processes exactly as the sync multi-agent backend steps
-them (:class:`~jaxrunner._src.backends.multi_agent.sub_envs.SubEnvBlock`, the same drivers), writing
-every group's ``[B, A_g, ...]`` buffers straight into shared memory; the main process
-reads the step from there (no copies, nothing pickled but the infos). So it has the
-single-agent process backend's guarantees: ``ProcessConfig.step_timeout_s`` for hangs,
-in-worker restarts of failed sub-envs under a ``restart_policy``, and workers that die
-or hang replaced by new ones (their sub-envs' episodes end as faults, the step slots
-they owed fail: ``MultiAgentStep.failed``).
-"""
+"""``backend="process"`` for multi-agent (PettingZoo) envs: the process transport with the
+multi-agent layout. See docs/multi-agent.md and docs/backends/process.md."""
 
 from __future__ import annotations
 
@@ -215,7 +205,8 @@ class WorkerBlock:
 
 
 class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
-    """Multi-agent sub-envs in worker processes (see the module docstring).
+    """Multi-agent sub-envs in worker processes (see docs/multi-agent.md): they step as the
+    sync backend steps them, writing every group's buffers into shared memory.
 
     Step for step equal to the sync multi-agent backend for the same seeds and actions,
     whatever the number of workers.
@@ -367,6 +358,3 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
 
     def _close_backend(self) -> None:
         self._finalizer()
-
-
-__all__ = ["AgentLayout", "AgentViews", "ProcessMultiAgentVectorEnv", "WorkerBlock"]

@@ -1,11 +1,4 @@
-"""The body of one multi-agent env actor of ``backend="ray"``, and the reply it sends.
-
-:class:`AgentEnvWorker` steps a block of sub-envs with the sync backend's step loop
-(:class:`~jaxrunner._src.backends.multi_agent.sub_envs.SubEnvBlock`, so sub-env restarts
-happen inside it) and answers with :class:`BlockReply`, copies of its rows of the group
-buffers; :func:`put_reply` writes such a reply into the driver's ``[B, A_g, ...]``
-buffers (:class:`~jaxrunner._src.backends.ray.agents.RayMultiAgentVectorEnv`).
-"""
+"""The body of one multi-agent env actor of ``backend="ray"``, and the reply it sends."""
 
 from __future__ import annotations
 
@@ -135,6 +128,3 @@ def _copy_rows(dst: Any, src: Any, rows: slice) -> None:
             _copy_rows(d, s, rows)
     else:
         dst[rows] = src
-
-
-__all__ = ["AgentEnvWorker", "BlockReply", "put_reply"]

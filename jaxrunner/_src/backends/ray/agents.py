@@ -1,21 +1,5 @@
 """``backend="ray"`` for multi-agent (PettingZoo) envs, on the single-agent backend's
-actor pool (:class:`~jaxrunner._src.backends.ray.actor_manager.ActorPool`): the same
-placement, step deadlines, and replacement of dead or hung actors.
-
-Each actor (:class:`~jaxrunner._src.backends.ray.agent_env_actor.AgentEnvWorker`) steps a
-block of sub-envs and returns its rows of the group buffers; this side gathers them into
-``[B, A_g, ...]`` buffers of its own. ``send`` steps a block of envs on the actors
-that hold them and returns at once; ``recv`` answers the sends in order (lockstep: the
-runner pipelines splits).
-
-An actor that dies or misses ``step_timeout_s`` is killed and, with a
-``restart_policy``, replaced by a new one whose sub-envs start new episodes: its
-sub-envs' slots of the step under way hold no transition (``MultiAgentStep.failed``)
-and their episodes end as faults, as on the process backend; without a policy, the
-failure raises :class:`~jaxrunner.errors.WorkerError` (a death) or
-:class:`~jaxrunner.errors.RemoteTimeoutError` (a missed deadline; it names the actor's
-sub-envs, ``env_indices``, too).
-"""
+actor pool. See docs/multi-agent.md and docs/backends/ray.md."""
 
 from __future__ import annotations
 
@@ -49,7 +33,7 @@ from jaxrunner.errors import (
 
 
 class RayMultiAgentVectorEnv(ActorForwarding, MultiAgentVectorEnv):
-    """Multi-agent sub-envs in Ray actors (see the module docstring). Uses the running
+    """Multi-agent sub-envs in Ray actors (see docs/multi-agent.md). Uses the running
     Ray instance, or starts a local one.
 
     Args:
@@ -187,7 +171,8 @@ class RayMultiAgentVectorEnv(ActorForwarding, MultiAgentVectorEnv):
     def recv(self) -> MultiAgentStep:
         """Lockstep: the oldest send's step, once every actor of it has answered.
         Ready-first: the first actor's step to answer. A dead or hung actor is replaced
-        (with a restart policy: see the module docstring)."""
+        (with a restart policy; without one, it raises
+        ``WorkerError`` or ``RemoteTimeoutError``)."""
         self._check_open("step")
         if not self._sends:
             raise InvalidArgumentError(
@@ -331,6 +316,3 @@ class _Send:
         """The actor handle each step was sent to (a replaced one is lost with it)."""
         self.replies: list[tuple[slice, BlockReply]] = []
         self.lost: dict[int, BaseException] = {}
-
-
-__all__ = ["RayMultiAgentVectorEnv"]
