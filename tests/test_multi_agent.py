@@ -398,4 +398,3 @@ def test_one_factory_per_sub_env_as_make_vec_takes():
         jr.make_multi_agent_vec([factory(0)], 2)
     with pytest.raises(TypeError, match=r"env_fn\[1\] is a int"):
         jr.make_multi_agent_vec([factory(0), 3], 2)
-

@@ -190,6 +190,3 @@ def _collect(runner: EnvRunner, num_envs: int, num_episodes: int) -> list[Episod
                 kept[episode.env_id].append(episode)
         missing = sum(want - len(got) for want, got in zip(share, kept))
     return [e for per_env in kept for e in sorted(per_env, key=lambda e: e.episode_id)]
-
-
-__all__ = ["EvaluationResult", "evaluate"]

@@ -43,6 +43,3 @@ def frozen_state(fresh: ConnectorsState, connectors: Connectors, given: Any) -> 
 
 def _is_running(x: Any) -> bool:
     return isinstance(x, RunningMoments)
-
-
-__all__ = ["check_state_has_connectors", "frozen_state"]

@@ -171,6 +171,3 @@ def _collect(
     while episodes.missing:
         episodes.add(runner.sample())
     return episodes.result()
-
-
-__all__ = ["MultiAgentEvaluationResult", "evaluate_multi_agent"]
