@@ -13,7 +13,7 @@ from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 def is_int(value: Any, low: float = 1, high: float = math.inf) -> bool:
     """``value`` is an int (numpy ints count, bools do not) in ``[low, high]``."""
-    return (
+    return bool(
         not isinstance(value, (bool, np.bool_))
         and isinstance(value, (int, np.integer))
         and low <= value <= high
@@ -35,7 +35,7 @@ def check_int(
     naming ``where``'s argument."""
     if value is None and none is not None:
         return None
-    if not is_int(value, low, high):
+    if value is None or not is_int(value, low, high):
         kind = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
         what = f"an int {_interval(low, high, False, False)}".rstrip()
         raise InvalidArgumentError(refusal(where, name, value, what, none, hint, kind))
@@ -61,7 +61,7 @@ def check_number(
     real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
         value, (bool, np.bool_)
     )
-    if real:
+    if real and value is not None:
         number = float(value)
         below = number <= low if low_open else number < low
         above = number >= high if high_open else number > high

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import gymnasium
 
@@ -241,7 +241,7 @@ def _factory(env: Any, env_kwargs: dict[str, Any], backend: str) -> Callable[[],
                 "are passed to gymnasium.make and only apply to env ids; bind them in your "
                 "callable instead (e.g. functools.partial)."
             )
-        return env
+        return cast(Callable[[], gymnasium.Env], env)
     raise InvalidArgumentTypeError(
         f"make_vec(env=...): expected a gymnasium id (str), a zero-argument callable "
         f"returning a gymnasium.Env or a list of them (one per sub-env), got "

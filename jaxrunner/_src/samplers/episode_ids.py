@@ -82,7 +82,9 @@ class EpisodeBook:
         )
         if resets is not None:  # an episode that began with a reset slot: one step less
             step -= self._began_with_reset(resets[:t], started, prev_end)
-        returns, unfinished = episode_returns(np.asarray(buf.reward[:t]), cut, self._episode_return)
+        returns, unfinished = episode_returns(
+            np.asarray(buf.reward[:t]), np.asarray(cut), self._episode_return
+        )
         lengths = step.reshape(-1).take(ends) + 1
         num_failed = num_invalid = 0
         if faults is not None:  # faulty episodes stay out of the statistics

@@ -114,13 +114,13 @@ class MetricsWriter:
         """
         if step is None:
             step = int(metrics.get("num_env_steps", self._writes))
-        step = check_int("MetricsWriter.write", "step", step, low=-math.inf)
+        at: int = check_int("MetricsWriter.write", "step", step, low=-math.inf)
         flat = flatten_metrics(metrics, sep=self.sep, prefix=self.prefix)
         for sink in self.sinks:
-            sink(flat, step=int(step))
+            sink(flat, step=at)
         if self._tensorboard is not None:
             for name, value in flat.items():
-                self._tensorboard.add_scalar(name, value, int(step))
+                self._tensorboard.add_scalar(name, value, at)
         self._writes += 1
         return flat
 

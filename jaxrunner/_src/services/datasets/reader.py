@@ -154,7 +154,7 @@ def _open_local(
             f"{where}: its {fmt} data cannot be opened ({type(err).__name__}: {err}). The "
             "dataset is damaged; download or write it again."
         ) from err
-    return storage, obs_space, action_space, total
+    return storage, obs_space, action_space, int(total)  # type: ignore[arg-type]  # checked
 
 
 def _stored_space(metadata: dict[str, Any], key: str, where: str) -> spaces.Space | None:
