@@ -199,7 +199,10 @@ def test_caps_and_ids():
         env.end_episode(5, zeros)
         with pytest.raises(errors.EpisodeConflictError, match="recently ended"):
             env.start_episode(5)
-        with pytest.raises(errors.InvalidArgumentError, match=r"\[0, 2\*\*63\)"):
+        with pytest.raises(
+            errors.InvalidArgumentError,
+            match=r"\(episode_id=-1\): expected an int in \[0, 9223372036854775807\] \(below 2\*\*63\)",
+        ):
             env.start_episode(-1)
 
 
