@@ -201,7 +201,7 @@ def test_caps_and_ids():
             env.start_episode(5)
         with pytest.raises(
             errors.InvalidArgumentError,
-            match=r"\(episode_id=-1\): expected an int in \[0, 9223372036854775807\] \(below 2\*\*63",
+            match=r"\(episode_id=-1\): expected an int in \[0, 9223372036854775807\] \(below 2",
         ):
             env.start_episode(-1)
 
