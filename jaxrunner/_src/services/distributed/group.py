@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import gymnasium
 import jax
 import numpy as np
 
-from jaxrunner._src.backends import EnvSpec
 from jaxrunner._src.backends.ray import import_ray
 from jaxrunner._src.connectors.moments import Moments, merge_all
 from jaxrunner._src.core import next_obs_store
@@ -69,7 +69,7 @@ class EnvRunnerGroup:
 
     def __init__(
         self,
-        env: EnvSpec,
+        env: str | Callable[[], gymnasium.Env],
         policy_factory: PolicyFactory,
         params: Params,
         config: EnvRunnerGroupConfig | None = None,
