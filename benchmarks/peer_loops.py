@@ -18,8 +18,7 @@ import gymnasium
 import jax
 import numpy as np
 
-from jaxrunner._src import space_arrays
-from jaxrunner._src.bench.hand_loop import single_spaces
+from jaxrunner._src.bench.hand_loop import recording_buffers, single_spaces
 from jaxrunner._src.bench.policy import hand_act
 from jaxrunner._src.core.policy import Policy
 
@@ -116,12 +115,9 @@ class EnvPoolAsyncLoop:
             self._clip = (action_space.low, action_space.high)
         self.rollout_length = rollout_length
         shape = (rollout_length, batch)
-        self.obs = space_arrays.allocate(obs_space, shape)
-        self.action = space_arrays.allocate(action_space, shape)
-        self.log_prob = np.zeros(shape, np.float32)
-        self.reward = np.zeros(shape, np.float32)
-        self.terminated = np.zeros(shape, np.bool_)
-        self.truncated = np.zeros(shape, np.bool_)
+        self.obs, self.action, self.log_prob, self.reward, self.terminated, self.truncated = (
+            recording_buffers(obs_space, action_space, shape)
+        )
         self.env_id = np.zeros(shape, np.int32)
         envs.async_reset()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium
 import jax
@@ -36,6 +36,31 @@ def single_spaces(envs: Any) -> tuple[gymnasium.Space, gymnasium.Space]:
     obs = getattr(envs, "single_observation_space", None) or envs.observation_space
     action = getattr(envs, "single_action_space", None) or envs.action_space
     return obs, action
+
+
+class RecordingBuffers(NamedTuple):
+    """The ``[T, B]`` buffers a hand loop records into (CleanRL's)."""
+
+    obs: Any
+    action: Any
+    log_prob: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+
+
+def recording_buffers(
+    obs_space: gymnasium.Space, action_space: gymnasium.Space, shape: tuple[int, int]
+) -> RecordingBuffers:
+    """New zeroed :class:`RecordingBuffers` of ``shape``, laid out by the spaces."""
+    return RecordingBuffers(
+        space_arrays.allocate(obs_space, shape),
+        space_arrays.allocate(action_space, shape),
+        np.zeros(shape, np.float32),
+        np.zeros(shape, np.float32),
+        np.zeros(shape, np.bool_),
+        np.zeros(shape, np.bool_),
+    )
 
 
 class RecordingHandLoop:
@@ -87,12 +112,9 @@ class RecordingHandLoop:
         self.params = self.policy.init(jax.random.key(seed), obs_space)
         self._act = hand_act(self.policy, self.num_envs)
         shape = (rollout_length, self.num_envs)
-        self.obs = space_arrays.allocate(obs_space, shape)
-        self.action = space_arrays.allocate(action_space, shape)
-        self.log_prob = np.zeros(shape, np.float32)
-        self.reward = np.zeros(shape, np.float32)
-        self.terminated = np.zeros(shape, np.bool_)
-        self.truncated = np.zeros(shape, np.bool_)
+        self.obs, self.action, self.log_prob, self.reward, self.terminated, self.truncated = (
+            recording_buffers(obs_space, action_space, shape)
+        )
         self._next_obs, _ = envs.reset(seed=seed) if seeded_reset else envs.reset()
         self._key = jax.random.key(seed)
 
