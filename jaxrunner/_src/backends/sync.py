@@ -17,7 +17,7 @@ from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.env_api import check_env
 from jaxrunner._src.backends.in_process import InProcessVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
-from jaxrunner._src.backends.snapshots import snapshot_dumps
+from jaxrunner._src.backends.snapshots import SnapshotRefusedError, snapshot_dumps
 from jaxrunner._src.backends.step_buffers import StepBuffers
 from jaxrunner._src.backends.sub_envs import ActionSplitters, EnvFactory, SubEnvs
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
@@ -149,17 +149,11 @@ class SyncVectorEnv(InProcessVectorEnv):
             try:
                 env = pickle.loads(blob)
             except Exception as err:  # a damaged pickle raises whatever its bytes lead to
-                raise InvalidArgumentError(
-                    f"restore_sub_envs(snapshots=...): snapshot {i} does not unpickle "
-                    f"({type(err).__name__}: {err}); the sub-envs are left as they were. Pass "
-                    "the bytes snapshot_sub_envs() returned."
-                ) from err
+                problem = f"does not unpickle ({type(err).__name__}: {err})"
+                raise SnapshotRefusedError(i, problem) from err
             if not isinstance(env, gymnasium.Env):
-                raise InvalidArgumentError(
-                    f"restore_sub_envs(snapshots=...): snapshot {i} unpickled to a "
-                    f"{type(env).__name__}, not a gymnasium.Env; the sub-envs are left as they "
-                    "were. Pass the bytes snapshot_sub_envs() returned."
-                )
+                problem = f"unpickled to a {type(env).__name__}, not a gymnasium.Env"
+                raise SnapshotRefusedError(i, problem)
             restored.append(env)
         for old in self.envs:
             old.close()
