@@ -87,6 +87,27 @@ def split_run(make, tmp_path, before: int, after: int, **restore_kwargs):
     return jr.concatenate(head + tail), report, metrics
 
 
+def test_restarted_sub_envs_resume_with_their_restart_seeds(gru, tmp_path):
+    """Under a restart_policy a restarted sub-env is reset with a seed drawn from its
+    restarts so far: the sub-env pickles keep that count, so a resumed run restarts
+    into the episodes the unbroken run does (every env fails at its 4th step call, so
+    each restarts several times on both sides of the save)."""
+    from jaxrunner.testing import FaultPlan, faulty_env_fns
+
+    def make():
+        policy, params = gru
+        fns = faulty_env_fns(short_cartpole, 5, faults=[FaultPlan(at=(4,))])
+        envs = jr.SyncVectorEnv(fns, restart_policy=jr.RestartPolicy())
+        return jr.EnvRunner(envs, policy, params, rollout_length=11, seed=SEED)
+
+    with make() as runner:
+        whole = jr.concatenate(samples(runner, 4))
+        assert runner.envs.num_restarts >= 10
+    split, report, _ = split_run(make, tmp_path, 2, 2, load_env_pickles=True)
+    assert report.envs_restored
+    assert_trees_equal(split, whole, "trajectory")
+
+
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_sync_cartpole_resumes_bit_for_bit(gru, tmp_path, num_splits):
     def make():
@@ -339,6 +360,10 @@ def nan_at_end(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def infinite(array: np.ndarray) -> np.ndarray:
+    return np.full_like(array, np.inf)
+
+
 def truncated(src, dst) -> None:
     data = src.read_bytes()
     dst.write_bytes(data[: len(data) // 2])
@@ -364,6 +389,8 @@ def set_key(where: str, key: str, value) -> object:
 
 
 GRU_KERNEL = "params/module/params/GRUCell_0/hn/kernel"
+CLAIMS_800_GB = b"(100000000000, 2)"
+"""A float32 header shape of 800 GB."""
 # id -> (how the file is damaged, what the error must name)
 HOSTILE = {
     "truncated zip": (truncated, "cannot be opened"),
@@ -424,11 +451,11 @@ HOSTILE = {
     "params shape": (member(GRU_KERNEL, np.zeros((3, 3), np.float32)), GRU_KERNEL),
     "params as objects": (member(GRU_KERNEL, np.array([{}] * 64, object)), GRU_KERNEL),
     "NaN params": (edited(GRU_KERNEL, nan_at_end), f"{GRU_KERNEL} not finite"),
-    "infinite params": (edited(GRU_KERNEL, lambda a: np.full_like(a, np.inf)), f"{GRU_KERNEL} not finite"),
+    "infinite params": (edited(GRU_KERNEL, infinite), f"{GRU_KERNEL} not finite"),
     "NaN sampler observations": (edited("sampler/obs", nan_at_end), "sampler/obs not finite"),
     "NaN kept observation": (edited("finished/0/obs", nan_at_end), "finished/0/obs not finite"),
     "header claims 800 GB": (
-        member(GRU_KERNEL, _npy(np.zeros((8, 8), np.float32)).replace(b"(8, 8)", b"(100000000000, 2)")),
+        member(GRU_KERNEL, _npy(np.zeros((8, 8), np.float32)).replace(b"(8, 8)", CLAIMS_800_GB)),
         GRU_KERNEL,
     ),
     "params size lies": (
@@ -516,9 +543,11 @@ def test_restore_refuses_bad_arguments(gru, saved, kwargs, match):
 def test_a_seed_no_runner_takes_is_refused_at_construction(gru):
     """The bound a checkpoint's seed is held to: what a runner takes (an int64)."""
     policy, params = gru
-    with jr.make_vec(short_cartpole, 1) as envs:
-        with pytest.raises(InvalidArgumentError, match=r"seed=9223372036854775808"):
-            jr.EnvRunner(envs, policy, params, rollout_length=3, seed=2**63)
+    with (
+        jr.make_vec(short_cartpole, 1) as envs,
+        pytest.raises(InvalidArgumentError, match=r"seed=9223372036854775808"),
+    ):
+        jr.EnvRunner(envs, policy, params, rollout_length=3, seed=2**63)
 
 
 def test_restore_refuses_unreferenced_members_unread(gru, saved, tmp_path):
@@ -546,11 +575,13 @@ def deflated_member(path, name: str, dtype: str, length: int) -> None:
     fields = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": (length,)}
     np.lib.format.write_array_header_1_0(header, fields)
     chunk = np.ones(1 << 20, dtype).tobytes()
-    with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as zf:
-        with zf.open(name, "w", force_zip64=True) as out:
-            out.write(header.getvalue())
-            for _ in range(length >> 20):
-                out.write(chunk)
+    with (
+        zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as zf,
+        zf.open(name, "w", force_zip64=True) as out,
+    ):
+        out.write(header.getvalue())
+        for _ in range(length >> 20):
+            out.write(chunk)
 
 
 def test_restore_refuses_an_oversized_window_before_reading_it(gru, saved, tmp_path):
@@ -578,9 +609,11 @@ def test_restore_refuses_kept_episodes_longer_than_the_steps_counted(gru, saved,
     path = tmp_path / "long.ckpt"
     rewrite(saved, path, members={"finished/0/reward.npy": None})
     deflated_member(path, "finished/0/reward.npy", "<f8", 1 << 20)
-    with cartpole_runner(gru) as runner:
-        with pytest.raises(InvalidArgumentError, match=r"finished/0/reward.*steps the check"):
-            runner.restore(path)
+    with (
+        cartpole_runner(gru) as runner,
+        pytest.raises(InvalidArgumentError, match=r"finished/0/reward.*steps the check"),
+    ):
+        runner.restore(path)
 
 
 @pytest.mark.parametrize("special", ["/dev/zero", "/dev/urandom", "fifo", "directory"])

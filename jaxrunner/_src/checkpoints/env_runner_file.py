@@ -18,7 +18,10 @@ from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner._src.core.runner_state import Runner
 
 FORMAT = "jaxrunner.EnvRunner checkpoint"
-VERSION = 1
+VERSION = 2
+"""Version 2: the sync backend's sub-env pickles hold each sub-env's restart state."""
+READS = (1, 2)
+"""The versions this reader takes."""
 MAX_META_BYTES = checkpoint_format.MAX_META_BYTES
 MAX_RESTORE_BYTES = 1 << 33
 """The most bytes a checkpoint's arrays may take in memory (8 GiB), an ``EnvRunner``'s
@@ -120,7 +123,7 @@ class CheckpointFile(CheckpointReader):
         )
 
     def _check_meta(self, npz: NpzReader) -> dict[str, Any]:
-        meta = self.read_meta(npz, FORMAT, VERSION)
+        meta = self.read_meta(npz, FORMAT, READS)
         here = {
             "sampler": type(self.runner.sampler).__name__,
             "num_envs": int(self.runner.envs.num_envs),

@@ -108,7 +108,7 @@ class MultiAgentCheckpointFile(CheckpointReader):
         """
         runner = self.runner
         with self.open(load_env_pickles, max_bytes) as npz:
-            meta = self.read_meta(npz, FORMAT, VERSION)
+            meta = self.read_meta(npz, FORMAT, (VERSION,))
             self.check_same(meta, shape_of(runner), "same envs, policy ids and num_envs")
             self.check_common_meta(meta, ("pytree",) if self.pure else ("pickle", "none"))
             for key in KEPT:

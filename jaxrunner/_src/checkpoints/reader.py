@@ -99,8 +99,8 @@ class CheckpointReader:
 
     # -- metadata ----------------------------------------------------------------------------
 
-    def read_meta(self, npz: NpzReader, fmt: str, version: int) -> dict[str, Any]:
-        """The JSON metadata: an object of format ``fmt`` and ``version``."""
+    def read_meta(self, npz: NpzReader, fmt: str, versions: tuple[int, ...]) -> dict[str, Any]:
+        """The JSON metadata: an object of format ``fmt``, of one of ``versions``."""
         if not npz.has(META):
             raise InvalidArgumentError(
                 f"{self.where()}: not a jaxrunner checkpoint (no {META}); write one with "
@@ -109,10 +109,11 @@ class CheckpointReader:
         meta = npz.read_json(META, f"metadata ({META})", MAX_META_BYTES)
         if not isinstance(meta, dict):
             raise self.error(f"has metadata ({META}) that is not a JSON object")
-        if meta.get("format") != fmt or meta.get("version") != version:
+        version = meta.get("version")
+        if meta.get("format") != fmt or not is_int(version) or version not in versions:
             raise InvalidArgumentError(
-                f"{self.where()}: expected a {fmt} version {version}, got "
-                f"{meta.get('format')!r} version {meta.get('version')!r}."
+                f"{self.where()}: expected a {fmt} version {' or '.join(map(str, versions))}, "
+                f"got {meta.get('format')!r} version {version!r}."
             )
         return meta
 
