@@ -524,6 +524,21 @@ def test_restore_refuses_damaged_and_hostile_files_and_changes_nothing(
         runner.sample()
 
 
+def test_a_jax_env_checkpoint_refuses_nan_observations_but_not_env_state(tmp_path):
+    """The scan sampler's latest observations must be finite; the pure-JAX env's own
+    state is the env's (an infinity there may be its sentinel)."""
+    path, damaged = tmp_path / "walk.ckpt", tmp_path / "damaged.ckpt"
+    with walk_runner() as runner:
+        runner.sample()
+        runner.save(path)
+    edited("sampler/rollout/obs", nan_at_end)(path, damaged)
+    with walk_runner() as runner, pytest.raises(InvalidArgumentError, match="rollout/obs not"):
+        runner.restore(damaged)
+    edited("sampler/rollout/env_state/pos", infinite)(path, damaged)
+    with walk_runner() as runner:
+        assert runner.restore(damaged).envs_restored
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
