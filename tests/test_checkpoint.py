@@ -108,6 +108,31 @@ def test_restarted_sub_envs_resume_with_their_restart_seeds(gru, tmp_path):
     assert_trees_equal(split, whole, "trajectory")
 
 
+def test_a_version_1_checkpoint_still_resumes_exactly(gru, saved, tmp_path):
+    """Version 1 pickled each sub-env bare (no restart state): such a file restores,
+    and samples as its version 2 twin does."""
+    from jaxrunner._src.backends.snapshots import snapshot_dumps
+
+    with zipfile.ZipFile(saved) as zf:
+        blobs = {n: zf.read(n) for n in zf.namelist() if n.startswith("envs/")}
+    bare = {
+        name: _npy(
+            np.frombuffer(
+                snapshot_dumps(pickle.loads(np.load(io.BytesIO(blob)).tobytes())["env"]), np.uint8
+            )
+        )
+        for name, blob in blobs.items()
+    }
+    old = tmp_path / "version1.ckpt"
+    rewrite(saved, old, meta=lambda m: m.update(version=1), members=bare)
+    trajs = []
+    for path in (saved, old):
+        with cartpole_runner(gru) as runner:
+            assert runner.restore(path, load_env_pickles=True).envs_restored
+            trajs.append(runner.sample())
+    assert_trees_equal(trajs[1], trajs[0], "trajectory")
+
+
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_sync_cartpole_resumes_bit_for_bit(gru, tmp_path, num_splits):
     def make():
