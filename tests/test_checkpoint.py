@@ -113,18 +113,14 @@ def test_a_version_1_checkpoint_still_resumes_exactly(gru, saved, tmp_path):
     and samples as its version 2 twin does."""
     from jaxrunner._src.backends.snapshots import snapshot_dumps
 
+    def bare(blob: bytes) -> bytes:  # a version 2 sub-env pickle member, as version 1 wrote it
+        snapshot = pickle.loads(np.load(io.BytesIO(blob)).tobytes())
+        return _npy(np.frombuffer(snapshot_dumps(snapshot["env"]), np.uint8))
+
     with zipfile.ZipFile(saved) as zf:
-        blobs = {n: zf.read(n) for n in zf.namelist() if n.startswith("envs/")}
-    bare = {
-        name: _npy(
-            np.frombuffer(
-                snapshot_dumps(pickle.loads(np.load(io.BytesIO(blob)).tobytes())["env"]), np.uint8
-            )
-        )
-        for name, blob in blobs.items()
-    }
+        envs = {n: bare(zf.read(n)) for n in zf.namelist() if n.startswith("envs/")}
     old = tmp_path / "version1.ckpt"
-    rewrite(saved, old, meta=lambda m: m.update(version=1), members=bare)
+    rewrite(saved, old, meta=lambda m: m.update(version=1), members=envs)
     trajs = []
     for path in (saved, old):
         with cartpole_runner(gru) as runner:
