@@ -25,6 +25,12 @@ CARTPOLE_US = 6.0  # a CartPole-v1 step as the probe measures it
 ATARI_US = 1000.0  # an Atari step with frame skip (Pong here: ~400 us)
 
 
+def costly(probe: Any, seed: int | None, **_: Any) -> float:
+    """Stands in for the probe's measurement: a costly env (the probe closed, as it is)."""
+    probe.close()
+    return ATARI_US
+
+
 @pytest.mark.parametrize("num_envs", [1, 8])
 def test_little_env_work_stays_in_one_process(num_envs):
     # CartPole at 1 and 8 envs on 2 cores: one worker did 0.82x and 0.71x sync.
@@ -124,7 +130,7 @@ def test_the_probe_times_a_step_and_closes_its_env():
         env.close = lambda: closed.append(True)  # type: ignore[method-assign]
         return env
 
-    us = measure_env_step_us(make, seed=0, max_steps=50)
+    us = measure_env_step_us(make(), seed=0, max_steps=50)
     assert 0 < us < 10_000 and closed == [True]
 
 
@@ -154,7 +160,7 @@ def test_cartpole_builds_reports_its_choice_and_samples():
 
 
 def test_the_process_branch_samples_what_sync_samples(monkeypatch):
-    monkeypatch.setattr(auto, "measure_env_step_us", lambda make, seed: ATARI_US)
+    monkeypatch.setattr(auto, "measure_env_step_us", costly)
     monkeypatch.setattr(auto, "available_cpus", lambda: 3)
     envs = jr.make_vec(short_cartpole, 6, backend="auto", seed=0)
     choice = envs.layout_choice

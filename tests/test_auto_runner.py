@@ -20,6 +20,12 @@ from jaxrunner.errors import ClosedError, InvalidArgumentError, InvalidArgumentT
 from jaxrunner.testing import assert_trees_equal
 
 ATARI_US = 1000.0  # per sub-env step: enough work for the rule to want workers
+
+
+def costly(probe: Any, seed: int | None, **_: Any) -> float:
+    """Stands in for the probe's measurement: a costly env (the probe closed, as it is)."""
+    probe.close()
+    return ATARI_US
 ROLLOUT = 16
 
 
@@ -42,7 +48,7 @@ def _by_hand(backend: str, config: jr.ProcessConfig | None, num_envs: int) -> di
 
 def _wants_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe reports a costly env on 3 CPUs: the rule asks for 2 workers."""
-    monkeypatch.setattr(auto, "measure_env_step_us", lambda make, seed: ATARI_US)
+    monkeypatch.setattr(auto, "measure_env_step_us", costly)
     monkeypatch.setattr(auto, "available_cpus", lambda: 3)
 
 
