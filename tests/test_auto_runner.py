@@ -26,6 +26,8 @@ def costly(probe: Any, seed: int | None, **_: Any) -> float:
     """Stands in for the probe's measurement: a costly env (the probe closed, as it is)."""
     probe.close()
     return ATARI_US
+
+
 ROLLOUT = 16
 
 
