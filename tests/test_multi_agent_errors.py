@@ -165,7 +165,7 @@ def test_make_vec_builds_the_kind_its_factory_makes(backend):
 def test_make_vec_refuses_what_only_one_kind_takes():
     with pytest.raises(InvalidArgumentTypeError, match="policy mapping is for multi-agent"):
         jr.make_vec(lambda: gymnasium.make("CartPole-v1"), 2, policy_mapping_fn=str)
-    with pytest.raises(InvalidArgumentTypeError, match="policy_mapping_fn=.*themselves"):
+    with pytest.raises(InvalidArgumentTypeError, match=r"policy_mapping_fn=.*themselves"):
         jr.make_vec("CartPole-v1", 2, "gymnasium", policy_mapping_fn=str)
     with pytest.raises(InvalidArgumentTypeError, match="make_vec builds both kinds"):
         jr.make_multi_agent_vec(lambda: gymnasium.make("CartPole-v1"), 2)
