@@ -265,7 +265,7 @@ def test_a_probe_that_hangs_is_abandoned_sync_built_and_the_probe_closed_later(
     monkeypatch, first_fails, call, at
 ):
     monkeypatch.setattr(auto, "PROBE_DEADLINE_S", 0.5)
-    where = "reset" if call == "reset" else "step 36"  # the probe's 37th step
+    where = "reset" if call == "reset" else "step 37"  # the probe's 37th step (from 1)
     start = time.perf_counter()
     with pytest.warns(RuntimeWarning, match=f"probe sub-env's {where} did not return within 0.5 s"):
         envs = jr.make_vec(lambda: first_fails("hang", call, at), 3, backend="auto", seed=0)
@@ -284,7 +284,7 @@ def test_a_probe_that_hangs_is_abandoned_sync_built_and_the_probe_closed_later(
 
 
 def test_a_probe_step_that_raises_falls_back_to_sync_under_a_restart_policy(first_fails):
-    with pytest.warns(RuntimeWarning, match=r"step 36 raised ProbeFault\('step failed'\)"):
+    with pytest.warns(RuntimeWarning, match=r"step 37 raised ProbeFault\('step failed'\)"):
         envs = jr.make_vec(
             lambda: first_fails("raise"), 4, "auto", 0, restart_policy=jr.RestartPolicy()
         )
@@ -299,7 +299,7 @@ def test_a_probe_that_raises_with_no_restart_policy_raises_the_env_error(first_f
     with pytest.raises(ProbeFault, match="step failed") as info:
         jr.make_vec(lambda: first_fails("raise"), 4, backend="auto")
     (note,) = info.value.__notes__
-    assert 'backend="auto" was probing the env' in note and "when its step 36 raised" in note
+    assert 'backend="auto" was probing the env' in note and "when its step 37 raised" in note
     assert [env.closed for env in first_fails.made] == [True]  # the probe, and no other
 
 

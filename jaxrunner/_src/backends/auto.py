@@ -128,7 +128,7 @@ def measure_env_step_us(
         deadline = time.perf_counter() + budget_s
         for i in range(max_steps + 1):
             action = act()
-            where[0] = f"step {i}"
+            where[0] = f"step {i + 1}"
             start = time.perf_counter()
             step(action)
             end = time.perf_counter()

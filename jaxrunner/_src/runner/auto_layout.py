@@ -143,9 +143,12 @@ def _trial(
                 continue
             try:
                 runners[workers] = runner_cls(envs, policy, params, length, seed, **options)
-            except BaseException:
+            except BaseException as err:
                 envs.close()
-                raise
+                if not workers or not isinstance(err, Exception):
+                    raise
+                failed[workers] = err
+                continue
             timed_sample(workers)  # warm-up: compiles, first resets, worker start
         times = {workers: [] for workers in runners}
         for round_index in range(2 * TRIAL_ROUNDS):
