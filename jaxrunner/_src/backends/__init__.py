@@ -58,9 +58,9 @@ EnvSpec = str | Callable[[], Any] | Sequence[Callable[[], Any]]
 PettingZoo env), or one per sub-env."""
 
 
-@overload
+@overload  # an id makes gymnasium envs
 def make_vec(
-    env: str | Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]],
+    env: str,
     num_envs: int,
     backend: str = ...,
     seed: int | None = ...,
@@ -70,9 +70,9 @@ def make_vec(
     policy_mapping_fn: None = ...,
     **env_kwargs: Any,
 ) -> VectorEnv: ...
-@overload
+@overload  # a factory makes either kind: VectorEnv or MultiAgentVectorEnv
 def make_vec(
-    env: EnvSpec,
+    env: Callable[[], Any] | Sequence[Callable[[], Any]],
     num_envs: int,
     backend: str = ...,
     seed: int | None = ...,
@@ -81,7 +81,7 @@ def make_vec(
     restart_policy: RestartPolicy | None = ...,
     policy_mapping_fn: PolicyMappingFn | None = ...,
     **env_kwargs: Any,
-) -> MultiAgentVectorEnv: ...
+) -> Any: ...
 def make_vec(
     env: EnvSpec,
     num_envs: int,
