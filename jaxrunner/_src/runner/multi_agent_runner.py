@@ -42,7 +42,7 @@ class MultiAgentRunner(EnvOwner):
 
     Args:
         envs: a :class:`~jaxrunner.MultiAgentVectorEnv`
-            (:func:`jaxrunner.make_multi_agent_vec`: PettingZoo envs, stepped on the
+            (:func:`jaxrunner.make_vec` of PettingZoo envs, stepped on the
             host) or a :class:`~jaxrunner.multi_agent.JaxMultiAgentVectorEnv` (a pure-JAX,
             JaxMARL-style env: one jitted scan per sample, arrays on device), owned by
             the runner until :meth:`stop`.
@@ -86,8 +86,8 @@ class MultiAgentRunner(EnvOwner):
         if not isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
             raise InvalidArgumentTypeError(
                 f"MultiAgentRunner(envs=...): expected a multi-agent vector env, got "
-                f"{type(envs).__name__}. Build one with jaxrunner.make_multi_agent_vec(env_fn, "
-                "num_envs)."
+                f"{type(envs).__name__}. Build one with jaxrunner.make_vec(env_fn, "
+                "num_envs), env_fn returning a PettingZoo env."
             )
         ids = envs.policy_ids
         self._policies = _per_policy("policies", policies, ids, single=isinstance(policies, Policy))

@@ -87,6 +87,6 @@ class JaxMultiAgentVectorEnv(GroupedAgents):
             "JaxMultiAgentVectorEnv.get_sub_environments(): a pure-JAX vector env has no "
             "per-env objects (one env's functions are vmapped over a batch of states held "
             "by the runner's compiled scan; .env is the one env object, shared by all). For "
-            "per-sub-env access use a PettingZoo env with make_multi_agent_vec(..., "
+            "per-sub-env access use a PettingZoo env with make_vec(..., "
             "backend='sync')."
         )

@@ -34,7 +34,6 @@ class MultiAgentVectorEnv(GroupedAgents, BaseVectorEnv):
 
     turn_based: bool
     """AEC sub-envs: one agent acts per step."""
-    _make_hint = "jaxrunner.make_multi_agent_vec()"
 
     @abc.abstractmethod
     def reset_batch(
