@@ -344,10 +344,13 @@ class VectorEnvContract:
             if kind == "gymnasium":  # gymnasium's reset returns the observation too
                 want = (refs[index].acting[next(iter(refs[index].acting))], want)
             assert_trees_equal(got, want, f"reset_at({index})")
-            after = read_rows(vec, out)  # views of the buffers: row ``index`` is new
+            after = read_rows(vec, out)  # views of the buffers
             for b in range(n):
                 if b == index:
-                    assert_acting(after[b], refs[b], f"row {b} after reset_at({index})")
+                    # A multi-agent backend's row holds the new episode (gymnasium's
+                    # reset_at returns its observation instead: checked above).
+                    if kind != "gymnasium":
+                        assert_acting(after[b], refs[b], f"row {b} after reset_at({index})")
                 else:
                     assert_row(after[b], expected[b], refs[b], f"row {b} after reset_at({index})")
             self._run_parity(vec, refs, after, actions, 10, "after reset_at")
