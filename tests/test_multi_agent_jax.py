@@ -10,16 +10,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gymnasium import spaces
 
 import jaxrunner as jr
-from jaxrunner.testing import Drift  # noqa: F401  (other test modules import it from here)
 from jaxrunner._src.samplers.env_streams import (
     ENV_FIRST_RESET_STREAM,
     ENV_RESET_STREAM,
     ENV_STEP_STREAM,
 )
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
+from jaxrunner.testing import Drift
 
 
 def random_policy(num_actions):

@@ -360,7 +360,7 @@ class VectorEnvContract:
         is recreated each time (its row holds no transition, and its new episode is the
         new env's, reset with :meth:`restart_seed`), and the other sub-envs go on as the
         envs stepped by hand."""
-        n, index, every = self.num_envs, 1, 3
+        index, every = 1, 3
         base = self._basic(kind)
         fns = faulty_env_fns(base, faults={index: [FaultPlan(kind="raise", at=(every,))]})
         with closing(self._make(kind, fns, RestartPolicy())) as vec:
@@ -389,7 +389,9 @@ class VectorEnvContract:
                     expected = ref.step(actions.of_row(batch, b))
                     assert_row(rows[b], expected, ref, f"{where}: sub-env {b}")
             if vec.get_num_restarts() != restarts:
-                raise AssertionError(f"get_num_restarts() = {vec.get_num_restarts()}, not {restarts}")
+                raise AssertionError(
+                    f"get_num_restarts() = {vec.get_num_restarts()}, not {restarts}"
+                )
 
     def test_call_get_attr_set_attr_render(self, kind: EnvKind) -> None:
         n = self.num_envs
@@ -405,9 +407,10 @@ class VectorEnvContract:
                 got = vec.call("get_wrapper_attr", "episode_length")
                 assert_trees_equal(got, lengths, "call(name, arg)")
             else:
-                agents = refs[0].env.possible_agents
+                envs: list[Any] = [ref.env for ref in refs]  # PettingZoo envs
+                agents = envs[0].possible_agents
                 assert_trees_equal(vec.call("possible_agents"), (agents,) * n, "call()")
-                want = tuple(ref.env.observation_space(agents[0]) for ref in refs)
+                want = tuple(env.observation_space(agents[0]) for env in envs)
                 if vec.call("observation_space", agents[0]) != want:
                     raise AssertionError(f"call('observation_space', {agents[0]!r}) != {want}")
             assert_trees_equal(vec.get_attr("episode"), (0,) * n, "get_attr")

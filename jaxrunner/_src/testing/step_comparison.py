@@ -110,7 +110,9 @@ def _close(actual: float, expected: float, atol: float) -> bool:
 def assert_acting(row: Row, ref: ByHand, where: str) -> None:
     """``row`` says who acts next on what, as the env stepped by hand."""
     if sorted(row.acting) != sorted(ref.acting):
-        raise AssertionError(f"{where}: acting agents {sorted(row.acting)}, by hand {sorted(ref.acting)}")
+        raise AssertionError(
+            f"{where}: acting agents {sorted(row.acting)}, by hand {sorted(ref.acting)}"
+        )
     for agent, obs in ref.acting.items():
         assert_trees_equal(row.acting[agent], obs, f"{where}, agent {agent!r}: obs")
         if row.starts is not None and row.starts[agent] != (agent not in ref.started):
@@ -155,7 +157,9 @@ def assert_failed_slot(row: Row, ref: ByHand, where: str) -> None:
         )
     for agent, flags in row.slots.items():
         if flags != (0.0, False, False):
-            raise AssertionError(f"{where}, agent {agent!r}: (reward, flags) {flags} in a failed row")
+            raise AssertionError(
+                f"{where}, agent {agent!r}: (reward, flags) {flags} in a failed row"
+            )
     if row.env_reward != 0.0:
         raise AssertionError(f"{where}: env_reward {row.env_reward!r} in a failed row")
     assert_acting(row, ref, where)
