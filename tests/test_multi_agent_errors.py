@@ -17,7 +17,7 @@ pytest.importorskip("pettingzoo")
 import jaxrunner as jr
 from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
 from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidArgumentTypeError
-from jaxrunner.testing import ComingAndGoing, FaultPlan, faulty_multi_agent_env_fns
+from jaxrunner.testing import ComingAndGoing, FaultPlan, faulty_env_fns
 from tests import multi_agent_envs as envs_mod
 from tests.test_multi_agent import random_policy, zero_params
 
@@ -33,7 +33,7 @@ def _runner(envs, num_actions=3, rollout_length=6):
 def test_a_turn_based_sub_env_names_the_agent_whose_turn_it_was():
     # Relay: r0, r1 and r2 take turns; the third step is r2's.
     fault = FaultPlan(kind="raise", at=(3,))
-    fns = faulty_multi_agent_env_fns(envs_mod.relay, NUM_ENVS, {1: [fault]})
+    fns = faulty_env_fns(envs_mod.relay, NUM_ENVS, {1: [fault]})
     with (
         _runner(SyncMultiAgentVectorEnv(fns), num_actions=4) as runner,
         pytest.raises(EnvError, match=r"sub-env 1 \(agent 'r2'\) raised in step") as info,
