@@ -161,7 +161,7 @@ def evaluate(
             frozen = _frozen_states(runner, connector_state)
             runner.set_connector_state(runner.from_policy_dict(frozen))
         ends = _env_episode_ends(runner) if multi_agent else _episode_ends(runner)  # type: ignore[arg-type]
-        return _first_episodes(ends, envs.num_envs, num_episodes, list(_agents(envs)))
+        return _first_episodes(ends, envs.num_envs, num_episodes)
     finally:  # the caller's envs stay open, free for the next evaluation
         runner.stop(close_envs=False)
 
@@ -171,10 +171,6 @@ def _acting(policy: Any, deterministic: bool) -> Any:
     if isinstance(policy, Mapping):
         return {pid: _acting(p, deterministic) for pid, p in policy.items()}
     return policy.deterministic() if deterministic and isinstance(policy, Policy) else policy
-
-
-def _agents(envs: Any) -> tuple[str, ...]:
-    return tuple(getattr(envs, "possible_agents", ()))
 
 
 # -- the connectors' state, frozen -------------------------------------------------------------
@@ -226,7 +222,7 @@ _Ended = tuple[int, float, int, dict[str, float], Episode | None]
 
 
 def _first_episodes(
-    next_ends: Callable[[int], list[_Ended]], num_envs: int, num_episodes: int, agents: list[str]
+    next_ends: Callable[[int], list[_Ended]], num_envs: int, num_episodes: int
 ) -> EvaluationResult:
     """Each env's first episodes, an equal share of ``num_episodes``, from ``next_ends``
     (given how many are still missing, the episodes that ended next, each env's in the
@@ -238,6 +234,7 @@ def _first_episodes(
             if len(kept[ended[0]]) < share[ended[0]]:
                 kept[ended[0]].append(ended)
     rows = [ended for per_env in kept for ended in per_env]
+    agents = list(rows[0][3])  # every row has the same agents (none for a single-agent env)
     return EvaluationResult(
         episodes=[e for *_, e in rows if e is not None],
         returns=np.array([r[1] for r in rows], np.float64),
