@@ -34,6 +34,8 @@ def test_deterministic_acts_with_the_mode_over_complete_episodes(setup) -> None:
     assert result.num_episodes == 7
     # A fixed share per env: 3, 2, 2, each env's first episodes.
     assert [e.env_id for e in result.episodes] == [0, 0, 0, 1, 1, 2, 2]
+    np.testing.assert_array_equal(result.env_ids, [0, 0, 0, 1, 1, 2, 2])
+    assert result.agent_returns == {}  # multi-agent envs only
     for episode in result.episodes:
         assert episode.is_complete and episode.is_done and not episode.faulty
         logits, value = module.apply(params["module"], episode.obs[:-1])

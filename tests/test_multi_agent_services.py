@@ -126,6 +126,43 @@ def test_evaluate_takes_a_pure_jax_multi_agent_env():
     assert set(result.lengths.tolist()) <= {5, 6}  # Drift's episodes: x1 is done at 5 or 6
 
 
+def test_evaluate_pure_jax_multi_agent_with_connectors_as_normalized_by_hand():
+    """Frozen training statistics on a pure-JAX multi-agent env: the same episodes as a
+    policy without connectors that compares the raw observations with the mean."""
+    import jax.numpy as jnp
+
+    from jaxrunner import connectors as C
+    from tests.test_multi_agent_jax import Drift
+
+    def toward(threshold):  # push the position (obs[1]) back toward ``threshold``
+        def apply_fn(params, obs, carry, keys):
+            return jnp.where(obs[:, 1] > threshold, 0, 2), {}, carry
+
+        return jr.Policy(apply_fn)
+
+    conn = C.Connectors(obs=[C.NormalizeObservation(clip=None)])
+    train = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), 2)
+    with jr.MultiAgentRunner(train, toward(np.inf), {}, 16, 0, connectors=conn) as runner:
+        runner.sample()  # always pushed right: the mean position is far from 0
+        state = runner.get_connector_state()
+    mean = jnp.asarray(state["policy_0"].obs[0].shared.stats.mean, jnp.float32)
+    assert float(mean[1]) > 1.0
+    envs = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), 3)
+    kwargs = {"seed": 4, "deterministic": False}  # the policies act without a distribution
+    result = jr.evaluate(envs, toward(0.0), {}, 5, connectors=conn, connector_state=state, **kwargs)
+    want = jr.evaluate(envs, toward(mean[1]), {}, 5, **kwargs)
+    raw = jr.evaluate(envs, toward(0.0), {}, 5, **kwargs)
+    assert type(result) is jr.EvaluationResult and result.episodes == []
+    for field in ("env_ids", "returns", "lengths"):
+        np.testing.assert_array_equal(getattr(result, field), getattr(want, field))
+    assert set(result.agent_returns) == {"x0", "x1"}
+    for agent, returns in result.agent_returns.items():
+        np.testing.assert_array_equal(returns, want.agent_returns[agent])
+    np.testing.assert_allclose(result.returns, sum(result.agent_returns.values()), rtol=1e-12)
+    assert result.summary()["return_mean/x1"] == float(np.mean(result.agent_returns["x1"]))
+    assert not np.array_equal(result.returns, raw.returns)  # the statistics made the difference
+
+
 def sign_policy() -> jr.Policy:
     """Action 1 where the (normalized) observation's last entry is positive, else 0."""
     import jax.numpy as jnp

@@ -432,13 +432,17 @@ class TestRayContract(jr.testing.VectorEnvContract):
 
 
 def test_multi_agent_group_samples_like_local_runners_and_syncs_params_per_policy():
+    """A PettingZoo env factory and no flag: the runners are MultiAgentRunners, params and
+    connector statistics go by policy id."""
     pytest.importorskip("pettingzoo")
+    from jaxrunner import connectors as C
     from tests import multi_agent_envs as envs_mod
 
     ray.cloudpickle.register_pickle_by_value(envs_mod)
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 1)
     (g,) = envs.groups
     envs.close()
+    conn = C.Connectors(obs=[C.NormalizeObservation()])
     policy = POLICY(g.action_space)
     first = {"policy_0": policy.init(jax.random.key(0), g.observation_space)}
     second = {"policy_0": policy.init(jax.random.key(7), g.observation_space)}
@@ -447,28 +451,41 @@ def test_multi_agent_group_samples_like_local_runners_and_syncs_params_per_polic
         num_envs_per_runner=2,
         rollout_length=8,
         seed=3,
+        runner_options={"connectors": conn},
         num_cpus_per_runner=0.5,
         sample_timeout_s=60.0,
-        multi_agent=True,
     )
 
     def local(index: int) -> jr.MultiAgentRunner:
         envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
-        return jr.MultiAgentRunner(envs, policy, first, 8, config.runner_seed(index, 0))
+        seed = config.runner_seed(index, 0)
+        return jr.MultiAgentRunner(envs, policy, first, 8, seed, connectors=conn)
 
     with jr.EnvRunnerGroup(envs_mod.coming_and_going, POLICY, first, config) as group:
         traj = group.sample()
-        group.set_params(second)
+        merged = group.connector_statistics
+        group.set_params(second)  # with the merged statistics
+        states = [ray.get(a.get_connector_state.remote()) for a in group.runner_actors]
+        params = [ray.get(a.get_params.remote()) for a in group.runner_actors]
         after = group.sample(concat=False)
         with pytest.raises(jr.errors.InvalidArgumentError, match="by policy id"):
             group.set_params({"ghost": second["policy_0"]})
         metrics = group.get_metrics()
+    assert isinstance(merged, dict) and set(merged) == {"policy_0"}
+    valid = traj.groups["policy_0"].valid
+    assert float(merged["policy_0"][0].count) == valid.sum()  # every agent step, once
+    for state, (got, version) in zip(states, params):
+        stats = jax.device_get(state["policy_0"].obs[0].shared.stats)
+        jr.testing.assert_trees_equal(stats, jax.device_get(merged["policy_0"][0]), "stats")
+        jr.testing.assert_trees_equal(got, jax.device_get(second), "params")
+        assert version == 1
     assert traj.groups["policy_0"].valid.shape == (8, 4, 4)
     np.testing.assert_array_equal(traj.env_id[0], np.arange(4))
     for index in (0, 1):  # each runner is a local MultiAgentRunner with its seed
         with local(index) as runner:
             expected = runner.sample()
             runner.set_params(second["policy_0"], "policy_0")
+            runner.set_connector_state(states[index])  # the group's merged statistics
             expected_after = runner.sample()
         got = jax.tree.map(lambda x, i=index: x[:, 2 * i : 2 * i + 2], traj)
         np.testing.assert_array_equal(
@@ -480,3 +497,17 @@ def test_multi_agent_group_samples_like_local_runners_and_syncs_params_per_polic
         )
     assert metrics["num_env_steps_sampled"] == 2 * 2 * 2 * 8  # runners x envs x samples x T
     assert metrics["runner_params_versions"] == {0: 1, 1: 1}
+
+
+def test_group_config_multi_agent_flag_is_deprecated_and_a_mapping_needs_a_multi_agent_env():
+    with pytest.warns(DeprecationWarning, match="learns the kind"):
+        config = jr.EnvRunnerGroupConfig(multi_agent=True, num_runners=1, num_envs_per_runner=1)
+    assert config.multi_agent  # kept, ignored
+    config = jr.EnvRunnerGroupConfig(
+        num_runners=1, num_envs_per_runner=1, policy_mapping_fn=lambda agent: "p"
+    )
+    params = POLICY(gymnasium.spaces.Discrete(2)).init(
+        jax.random.key(0), gymnasium.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    )
+    with pytest.raises(jr.errors.RunnerFailedError, match="applies to multi-agent"):
+        jr.EnvRunnerGroup("CartPole-v1", POLICY, params, config)

@@ -55,6 +55,13 @@ def test_parallel_env_over_http_exactly(served):
     assert metrics["params_version"] == {"policy_0": 0}
 
 
+def test_the_server_reads_the_kind_each_external_env_declares(tmp_path):
+    assert jr.multi_agent.MultiAgentExternalEnv.multi_agent is True
+    assert jr.ExternalEnv.multi_agent is False
+    with pytest.raises(errors.InvalidArgumentTypeError, match=r"expected a jaxrunner\.ExternalEnv"):
+        PolicyServer(object(), token_file=tmp_path / "token")  # type: ignore[arg-type]
+
+
 def test_turn_based_env_over_http_exactly(tmp_path):
     token_file = tmp_path / "token"
     with (

@@ -46,6 +46,9 @@ class BaseVectorEnv(abc.ABC):
 
     capabilities: Capabilities = Capabilities()
     """What this backend can do (see :class:`Capabilities`)."""
+    multi_agent: ClassVar[bool] = False
+    """The kind of env: agents in policy groups (True) or one agent (False); runners and
+    services read it (:func:`~jaxrunner._src.backends.capabilities.is_multi_agent`)."""
     restart_policy: RestartPolicy | None = None
     """How failed sub-envs are recreated (None: failures raise); given at construction,
     only where ``capabilities.can_restart``."""

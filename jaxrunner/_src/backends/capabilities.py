@@ -1,9 +1,11 @@
-"""What a backend can do, declared once as a typed value (:class:`Capabilities`): the
-samplers read it and never probe."""
+"""What a backend can do, declared once as a typed value (:class:`Capabilities`), and the
+kind of env it steps (:func:`is_multi_agent`): the samplers and runners read them and
+never probe."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from jaxrunner.errors import InvalidArgumentError
 
@@ -58,3 +60,11 @@ class Capabilities:
                 "backend answers in batches of its own size; set ready_first=True or leave "
                 "recv_batch_size=None."
             )
+
+
+def is_multi_agent(envs: Any) -> bool:
+    """The kind ``envs`` declares (its ``multi_agent`` attribute, set on each vector-env
+    class): True for agents in policy groups (PettingZoo, JaxMARL), stepped and sampled
+    as such. Anything that declares nothing (a gymnasium vector env, say) is taken as
+    single-agent, and the single-agent runner says what it needs."""
+    return getattr(envs, "multi_agent", False) is True

@@ -41,6 +41,9 @@ class JaxVectorEnv:
             shape or dtype from the observation space (checked by tracing, no compute).
     """
 
+    multi_agent = False
+    """The kind of env (see ``BaseVectorEnv.multi_agent``): one agent."""
+
     def __init__(
         self,
         env: Any,

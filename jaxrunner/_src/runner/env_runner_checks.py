@@ -9,6 +9,7 @@ import gymnasium
 
 from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.capabilities import is_multi_agent
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.policy import Policy
@@ -29,10 +30,7 @@ def check_arguments(
 ) -> None:
     """Refuses arguments of the wrong kind, naming the argument and the fix."""
     if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
-        from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
-        from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
-
-        if isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
+        if is_multi_agent(envs):
             hint = "Multi-agent envs are sampled by jaxrunner.MultiAgentRunner."
         elif isinstance(envs, gymnasium.vector.VectorWrapper):
             hint = vector_wrapper_hint(envs)

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 
 from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.backends.capabilities import is_multi_agent
 from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.checkpoints import multi_agent_runner as checkpoint
@@ -83,7 +84,7 @@ class MultiAgentRunner(EnvOwner):
         callbacks: AgentCallbacks | None = None,
         num_splits: int | None = None,
     ) -> None:
-        if not isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
+        if not is_multi_agent(envs):
             raise InvalidArgumentTypeError(
                 f"MultiAgentRunner(envs=...): expected a multi-agent vector env, got "
                 f"{type(envs).__name__}. Build one with jaxrunner.make_vec(env_fn, "
@@ -151,9 +152,21 @@ class MultiAgentRunner(EnvOwner):
             self._release(envs)
             raise
 
-    @property
-    def policy_ids(self) -> tuple[str, ...]:
-        return self.envs.policy_ids
+    def to_policy_dict(self, value: Any, where: str) -> dict[str, Any]:
+        """``value`` as this runner takes it, a dict by policy id (some of the ids),
+        checked (see :meth:`EnvOwner.to_policy_dict`)."""
+        ids = self.policy_ids
+        if not isinstance(value, Mapping) or not set(value) <= set(ids):
+            got = sorted(value, key=str) if isinstance(value, Mapping) else type(value).__name__
+            raise InvalidArgumentError(
+                f"{where}: this runner's env is multi-agent, so it takes a dict by policy id, "
+                f"keyed by some of the policy ids {list(ids)}; got {got}. Check the keys "
+                "against envs.policy_ids."
+            )
+        return dict(value)
+
+    def from_policy_dict(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(values)
 
     def sample(self) -> MultiAgentTrajectory:
         """Collects ``rollout_length`` env steps of every env. Agent and env episodes

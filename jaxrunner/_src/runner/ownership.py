@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -82,6 +82,24 @@ class EnvOwner:
         """The params of policy ``policy_id`` (``None``: the runner's one policy), as the
         runner holds them, on device."""
         return self.state.params[self._policy_id("get_params", policy_id)]
+
+    @property
+    def policy_ids(self) -> tuple[str, ...]:
+        """The runner's policy ids (an ``EnvRunner``'s one: ``"default_policy"``)."""
+        return tuple(self.state.params)
+
+    def to_policy_dict(self, value: Any, where: str) -> dict[str, Any]:
+        """``value`` (params, connector state, statistics), given as this runner's
+        methods take and return it, as a dict by policy id: an ``EnvRunner`` takes its
+        one policy's value, a ``MultiAgentRunner`` a dict by policy id (some of the ids;
+        checked, ``where`` named in the error). The services treat both kinds alike
+        through it and :meth:`from_policy_dict`."""
+        return {self.policy_ids[0]: value}
+
+    def from_policy_dict(self, values: Mapping[str, Any]) -> Any:
+        """The inverse of :meth:`to_policy_dict`: values by policy id, as this runner's
+        methods take and return them."""
+        return values[self.policy_ids[0]]
 
     def _policy_id(self, what: str, policy_id: Any) -> str:
         ids = list(self.state.params)

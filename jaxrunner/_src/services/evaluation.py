@@ -1,52 +1,53 @@
-"""Evaluation: a policy's return over N complete episodes on envs kept for it.
-
-A fresh :class:`~jaxrunner.EnvRunner` samples the evaluation envs, so a training
-runner's envs, episodes and metrics are never touched. Episodes are taken in equal
-shares per env, each env's first ones: taking whichever episodes finish first would
-favour short episodes, and so bias the mean return.
-"""
+"""``jr.evaluate``: a policy's return over N complete episodes on envs kept for it, for
+both kinds of env, with the training runner's connectors frozen. See
+docs/evaluation-and-datasets.md."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxrunner._src.arg_checks import check_int
-from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
-from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
+from jaxrunner._src.backends.capabilities import is_multi_agent
+from jaxrunner._src.connectors.moments import RunningMoments, freeze
 from jaxrunner._src.connectors.per_group import GroupConnectors
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.runner.env_runner import EnvRunner
-from jaxrunner._src.services.frozen_connectors import check_state_has_connectors, frozen_state
-from jaxrunner._src.services.multi_agent_evaluation import (
-    MultiAgentEvaluationResult,
-    evaluate_multi_agent,
-)
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
+from jaxrunner._src.runner.runner_for import runner_for
+from jaxrunner.errors import InvalidArgumentError
 
 
 @dataclasses.dataclass(frozen=True)
 class EvaluationResult:
-    """What :func:`evaluate` returns.
+    """What :func:`evaluate` returns, for either kind of env.
 
     Attributes:
-        episodes: the complete episodes, ordered by env, then by start.
-        returns: each episode's total (undiscounted) reward, ``[N]``.
-        lengths: each episode's number of steps, ``[N]``.
+        episodes: single-agent envs: the complete :class:`~jaxrunner.Episode` s, ordered
+            by env, then by start (multi-agent envs: empty; read the arrays).
+        returns: each episode's total (undiscounted) reward, ``[N]`` (multi-agent: an
+            env episode's, summed over its agents' transitions).
+        lengths: each episode's env steps, ``[N]``.
+        env_ids: each episode's env, ``[N]``.
+        agent_returns: multi-agent envs: agent id -> its total reward in each of those
+            episodes, ``[N]`` (0 where it never acted); single-agent envs: empty.
     """
 
     episodes: list[Episode]
     returns: np.ndarray
     lengths: np.ndarray
+    env_ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    agent_returns: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @property
     def num_episodes(self) -> int:
-        return len(self.episodes)
+        return len(self.returns)
 
     @property
     def return_mean(self) -> float:
@@ -71,8 +72,8 @@ class EvaluationResult:
     def summary(self) -> dict[str, float]:
         """The statistics as a flat dict (for a logger): ``return_mean``,
         ``return_std``, ``return_min``, ``return_max``, ``length_mean``,
-        ``num_episodes``."""
-        return {
+        ``num_episodes``, and ``return_mean/<agent>`` per agent (multi-agent envs)."""
+        out = {
             "return_mean": self.return_mean,
             "return_std": self.return_std,
             "return_min": self.return_min,
@@ -80,6 +81,13 @@ class EvaluationResult:
             "length_mean": self.length_mean,
             "num_episodes": float(self.num_episodes),
         }
+        for agent, returns in self.agent_returns.items():
+            out[f"return_mean/{agent}"] = float(np.mean(returns))
+        return out
+
+
+MultiAgentEvaluationResult = EvaluationResult
+"""Deprecated alias: :func:`evaluate` returns an :class:`EvaluationResult` for both kinds."""
 
 
 def evaluate(
@@ -93,31 +101,28 @@ def evaluate(
     rollout_length: int = 32,
     connectors: Connectors | GroupConnectors | None = None,
     connector_state: ConnectorsState | Mapping[str, Any] | None = None,
-) -> EvaluationResult | MultiAgentEvaluationResult:
+) -> EvaluationResult:
     """Runs ``policy`` with ``params`` on ``envs`` for ``num_episodes`` complete
     episodes and returns them with their statistics.
 
-    Every env is reset first, from ``seed`` as a new :class:`~jaxrunner.EnvRunner`
-    resets them, so a call measures whole episodes and the same arguments give the
-    same result. Env ``i`` contributes its first ``num_episodes // num_envs``
-    episodes (one more for the first ``num_episodes % num_envs`` envs): a fixed share
-    per env, so short episodes are not favoured. The envs stay open (close them
-    yourself) and may be evaluated on again; use envs of their own, never a training
-    runner's.
+    A fresh runner (the one ``envs`` is sampled by: an :class:`~jaxrunner.EnvRunner`,
+    or a :class:`~jaxrunner.MultiAgentRunner` for a multi-agent env) resets every env
+    from ``seed``, so a call measures whole episodes and the same arguments give the
+    same result; a training runner's envs, episodes and metrics are never touched. Env
+    ``i`` contributes its first ``num_episodes // num_envs`` episodes (one more for the
+    first ``num_episodes % num_envs`` envs): a fixed share per env, so short episodes
+    are not favoured. The envs stay open (close them yourself) and may be evaluated on
+    again; use envs of their own, never a training runner's.
 
-    Multi-agent envs (:func:`jaxrunner.make_multi_agent_vec`, or a pure-JAX
-    :class:`~jaxrunner.multi_agent.JaxMultiAgentVectorEnv`) are evaluated the same way
-    over env episodes: ``policy``, ``params`` and ``connectors`` are then as for
-    :class:`~jaxrunner.MultiAgentRunner` (one for every policy id, or a dict by policy
-    id), ``connector_state`` a dict by policy id (the training runner's
-    ``get_connector_state()``), and the result is a
-    :class:`~jaxrunner.multi_agent.MultiAgentEvaluationResult` (each env episode's
-    return over its agents, and per agent).
+    Multi-agent envs are evaluated over env episodes: ``policy``, ``params``,
+    ``connectors`` and ``connector_state`` are then as the ``MultiAgentRunner`` takes
+    and returns them (one for every policy id or a dict by policy id; the state a dict
+    by policy id), and the result also has each agent's returns.
 
     Args:
-        envs: a jaxrunner vector env (:func:`jaxrunner.make_vec`, a
-            :class:`~jaxrunner.JaxVectorEnv`) for evaluation only, or a multi-agent one.
-        policy: the policy; ``deterministic`` picks how it acts.
+        envs: a jaxrunner vector env of either kind (:func:`jaxrunner.make_vec`,
+            :func:`jaxrunner.make_multi_agent_vec`, a pure-JAX one), for evaluation only.
+        policy: the policy (or policies); ``deterministic`` picks how it acts.
         params: its params (e.g. the training runner's ``get_params()``).
         num_episodes: how many complete episodes, ``>= 1``.
         deterministic: act with the distribution's mode (:meth:`Policy.deterministic`);
@@ -128,65 +133,152 @@ def evaluate(
         connectors: the training runner's :class:`~jaxrunner.connectors.Connectors`
             (the policy sees what they make of the observations).
         connector_state: their state, e.g. the training runner's
-            ``get_connector_state()`` (or a dict by connector name): its statistics,
-            used frozen, so evaluation never changes them (per-env parts such as frame
-            stacks start afresh with the evaluation envs' episodes). Required when the
-            observation connectors keep statistics: fresh ones would evaluate on
+            ``get_connector_state()`` (single-agent: or a dict by connector name): its
+            statistics, used frozen, so evaluation never changes them (per-env parts such
+            as frame stacks start afresh with the evaluation envs' episodes). Required
+            when the observation connectors keep statistics: fresh ones would evaluate on
             unnormalized observations.
 
     Returns:
-        An :class:`EvaluationResult` (multi-agent envs: a ``MultiAgentEvaluationResult``).
+        An :class:`EvaluationResult`.
     """
     check_int("evaluate", "num_episodes", num_episodes)
-    check_state_has_connectors(connectors, connector_state)
-    if isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
-        return evaluate_multi_agent(
-            envs,
-            policy,
-            params,
-            num_episodes,
-            deterministic=deterministic,
-            seed=seed,
-            rollout_length=rollout_length,
-            connectors=connectors,
-            connector_state=connector_state,
+    if connectors is None and connector_state is not None:
+        raise InvalidArgumentError(
+            "evaluate(connector_state=...): no connectors to take it; pass "
+            "connectors=<the training runner's Connectors> as well."
         )
-    if not isinstance(policy, Policy):
+    multi_agent = is_multi_agent(envs)
+    if isinstance(policy, Mapping) and not multi_agent:
         raise InvalidArgumentError(
             f"evaluate(policy=...): a single-agent vector env takes one jaxrunner.Policy, got "
             f"{type(policy).__name__}."
         )
-    if connectors is not None and not isinstance(connectors, Connectors):
-        raise InvalidArgumentTypeError(
-            f"evaluate(connectors=...): expected a jaxrunner.connectors.Connectors, got "
-            f"{type(connectors).__name__}: pass the training runner's."
-        )
-    acting = policy.deterministic() if deterministic else policy
-    runner = EnvRunner(
-        envs, acting, params, rollout_length=rollout_length, seed=seed, connectors=connectors
-    )
+    acting = _acting(policy, deterministic)
+    runner = runner_for(envs, acting, params, rollout_length, seed, connectors=connectors)
     try:
         if connectors is not None:
-            fresh = runner.get_connector_state()
-            runner.set_connector_state(frozen_state(fresh, connectors, connector_state))
-        episodes = _collect(runner, envs.num_envs, num_episodes)
+            frozen = _frozen_states(runner, connector_state)
+            runner.set_connector_state(runner.from_policy_dict(frozen))
+        ends = _env_episode_ends(runner) if multi_agent else _episode_ends(runner)  # type: ignore[arg-type]
+        return _first_episodes(ends, envs.num_envs, num_episodes)
     finally:  # the caller's envs stay open, free for the next evaluation
         runner.stop(close_envs=False)
+
+
+def _acting(policy: Any, deterministic: bool) -> Any:
+    """The policy (or each policy of a dict) as it acts in evaluation."""
+    if isinstance(policy, Mapping):
+        return {pid: _acting(p, deterministic) for pid, p in policy.items()}
+    return policy.deterministic() if deterministic and isinstance(policy, Policy) else policy
+
+
+# -- the connectors' state, frozen -------------------------------------------------------------
+
+
+def _frozen_states(runner: EnvRunner | MultiAgentRunner, given: Any) -> dict[str, Any]:
+    """Each policy's connector state for evaluation, by policy id: the training runner's
+    (``given``, as the runner's ``get_connector_state()`` returns it) loaded and frozen."""
+    fresh = runner.to_policy_dict(runner.get_connector_state(), "evaluate")
+    connectors = runner.to_policy_dict(runner.connectors, "evaluate(connectors=...)")
+    given = {} if given is None else runner.to_policy_dict(given, "evaluate(connector_state=...)")
+    if not set(given) <= set(fresh):
+        raise InvalidArgumentError(
+            f"evaluate(connector_state=...): expected a dict keyed by the policy ids with "
+            f"connectors ({list(fresh)}), got {sorted(given, key=str)}. Pass the training "
+            "runner's get_connector_state()."
+        )
+    return {pid: frozen_state(fresh[pid], connectors[pid], given.get(pid)) for pid in fresh}
+
+
+def frozen_state(fresh: ConnectorsState, connectors: Connectors, given: Any) -> ConnectorsState:
+    """The evaluation runner's connector state (``fresh``, as it starts) with ``given``
+    (the training runner's, checked) loaded, frozen.
+
+    Raises:
+        InvalidArgumentError: ``given`` does not fit, or is None while the observation
+            connectors keep statistics (fresh ones would evaluate on unnormalized
+            observations).
+    """
+    if given is not None:
+        return freeze(connectors.load_state(fresh, given, shared_only=True))
+    if any(_is_running(x) for x in jax.tree.leaves(fresh.obs, is_leaf=_is_running)):
+        raise InvalidArgumentError(
+            "evaluate(connectors=...): these observation connectors keep statistics, and "
+            "fresh ones (mean 0, variance 1) would evaluate on unnormalized observations; "
+            "pass connector_state=runner.get_connector_state() of the training runner."
+        )
+    return freeze(fresh)
+
+
+def _is_running(x: Any) -> bool:
+    return isinstance(x, RunningMoments)
+
+
+# -- each env's first episodes -------------------------------------------------------------------
+
+_Ended = tuple[int, float, int, dict[str, float], Episode | None]
+"""An episode as it ends: env id, return, length, return per agent, the episode (single-agent)."""
+
+
+def _first_episodes(
+    next_ends: Callable[[int], list[_Ended]], num_envs: int, num_episodes: int
+) -> EvaluationResult:
+    """Each env's first episodes, an equal share of ``num_episodes``, from ``next_ends``
+    (given how many are still missing, the episodes that ended next, each env's in the
+    order they ran)."""
+    share = [num_episodes // num_envs + (i < num_episodes % num_envs) for i in range(num_envs)]
+    kept: list[list[_Ended]] = [[] for _ in range(num_envs)]
+    while missing := sum(want - len(got) for want, got in zip(share, kept)):
+        for ended in next_ends(missing):
+            if len(kept[ended[0]]) < share[ended[0]]:
+                kept[ended[0]].append(ended)
+    rows = [ended for per_env in kept for ended in per_env]
+    agents = list(rows[0][3])  # every row has the same agents (none for a single-agent env)
     return EvaluationResult(
-        episodes=episodes,
-        returns=np.array([e.total_return for e in episodes], np.float64),
-        lengths=np.array([e.length for e in episodes], np.int64),
+        episodes=[e for *_, e in rows if e is not None],
+        returns=np.array([r[1] for r in rows], np.float64),
+        lengths=np.array([r[2] for r in rows], np.int64),
+        env_ids=np.array([r[0] for r in rows], np.int64),
+        agent_returns={a: np.array([r[3][a] for r in rows], np.float64) for a in agents},
     )
 
 
-def _collect(runner: EnvRunner, num_envs: int, num_episodes: int) -> list[Episode]:
-    """An equal share of each env's first complete episodes, ``num_episodes`` in all."""
-    share = [num_episodes // num_envs + (i < num_episodes % num_envs) for i in range(num_envs)]
-    kept: list[list[Episode]] = [[] for _ in range(num_envs)]
-    missing = num_episodes
-    while missing:
-        for episode in runner.sample_episodes(missing):
-            if len(kept[episode.env_id]) < share[episode.env_id]:
-                kept[episode.env_id].append(episode)
-        missing = sum(want - len(got) for want, got in zip(share, kept))
-    return [e for per_env in kept for e in sorted(per_env, key=lambda e: e.episode_id)]
+def _episode_ends(runner: EnvRunner) -> Callable[[int], list[_Ended]]:
+    """Single-agent: the next complete episodes (never a faulty one), in start order."""
+
+    def next_ends(missing: int) -> list[_Ended]:
+        episodes = runner.sample_episodes(missing)
+        return [(e.env_id, e.total_return, e.length, {}, e) for e in episodes]
+
+    return next_ends
+
+
+def _env_episode_ends(runner: MultiAgentRunner) -> Callable[[int], list[_Ended]]:
+    """Multi-agent: the env episodes the next sample ends, summed from its agents' slots
+    (a transition never crosses its env episode: every one completes by its end)."""
+    agents = list(runner.envs.possible_agents)
+    running = [(0.0, 0, dict.fromkeys(agents, 0.0)) for _ in range(runner.envs.num_envs)]
+
+    def next_ends(missing: int) -> list[_Ended]:
+        traj = runner.sample()
+        per_agent = {}  # agent -> its rewards completed at each [t, b]
+        for pid, group in traj.groups.items():
+            rewards = np.where(group.valid, group.reward, 0.0)
+            for a, agent in enumerate(traj.agents[pid]):
+                per_agent[agent] = rewards[:, :, a]
+        done = np.asarray(traj.env_done)
+        ended: list[_Ended] = []
+        for b in range(traj.num_envs):
+            for t in range(traj.num_steps):
+                total, length, returns = running[b]
+                for agent, rewards in per_agent.items():
+                    returns[agent] += float(rewards[t, b])
+                    total += float(rewards[t, b])
+                running[b] = (total, length + 1, returns)
+                if done[t, b]:
+                    ended.append((b, total, length + 1, returns, None))
+                    running[b] = (0.0, 0, dict.fromkeys(agents, 0.0))
+        return ended
+
+    return next_ends

@@ -50,6 +50,8 @@ class JaxMultiAgentVectorEnv(GroupedAgents):
             MPE, whose episodes only end at ``max_steps``) instead of ``terminated``.
     """
 
+    multi_agent = True
+    """The kind of env (see ``BaseVectorEnv.multi_agent``): agents in policy groups."""
     turn_based = False
 
     def __init__(

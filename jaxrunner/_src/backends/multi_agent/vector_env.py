@@ -32,6 +32,7 @@ class MultiAgentVectorEnv(GroupedAgents, BaseVectorEnv):
     """Base of the multi-agent backends (the contract: docs/multi-agent.md): the core's
     :class:`~jaxrunner._src.backends.base.BaseVectorEnv` with multi-agent steps."""
 
+    multi_agent = True
     turn_based: bool
     """AEC sub-envs: one agent acts per step."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -12,7 +13,6 @@ from jaxrunner._src.arg_checks import check_int, check_number
 from jaxrunner._src.backends import ProcessConfig, RayConfig, check_vec_options
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.core.policy import Policy
-from jaxrunner.errors import InvalidArgumentError
 
 EPISODE_ID_BITS = 40
 """Low bits of a group episode id that hold the runner-local id."""
@@ -44,16 +44,14 @@ class EnvRunnerGroupConfig:
     """How each runner's envs recreate failed sub-envs (``make_vec(restart_policy=...)``);
     None: a failure fails the runner (which the group then replaces)."""
     runner_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """Keyword arguments for :class:`~jaxrunner.EnvRunner` (
-    ``metrics``, ``num_splits``...), or for :class:`~jaxrunner.MultiAgentRunner`."""
-    multi_agent: bool = False
-    """The env factory makes PettingZoo envs: each runner is a
-    :class:`~jaxrunner.MultiAgentRunner` over ``make_multi_agent_vec``; the policy
-    factory is called once per agent group (with its action space), and params,
-    ``set_params`` and the connector statistics are dicts by policy id."""
+    """Keyword arguments for each runner: :class:`~jaxrunner.EnvRunner`'s (``metrics``,
+    ``num_splits``...), or :class:`~jaxrunner.MultiAgentRunner`'s for a multi-agent env."""
+    multi_agent: bool | None = None
+    """Deprecated and ignored (a ``DeprecationWarning``): each runner learns the kind
+    from the env it builds."""
     policy_mapping_fn: Callable[[str], str] | None = None
-    """With ``multi_agent``: ``agent_id -> policy_id`` (picklable; None: the default
-    mapping)."""
+    """For a multi-agent (PettingZoo) env: ``agent_id -> policy_id`` (picklable; None:
+    the default mapping). A single-agent env refuses one."""
     num_cpus_per_runner: float = 1.0
     """Ray CPU resources each runner reserves."""
     num_gpus_per_runner: float = 0.0
@@ -69,10 +67,13 @@ class EnvRunnerGroupConfig:
 
     def __post_init__(self) -> None:
         check_vec_options(self.backend, self.vec_config, self.restart_policy)
-        if self.policy_mapping_fn is not None and not self.multi_agent:
-            raise InvalidArgumentError(
-                "EnvRunnerGroupConfig(policy_mapping_fn=...): a policy mapping applies to "
-                "multi-agent envs; set multi_agent=True."
+        if self.multi_agent is not None:
+            warnings.warn(
+                "EnvRunnerGroupConfig(multi_agent=...) is deprecated and ignored: each runner "
+                "learns the kind from the env it builds (a PettingZoo env factory gives "
+                "MultiAgentRunners). Leave it out.",
+                DeprecationWarning,
+                stacklevel=3,
             )
         where = "EnvRunnerGroupConfig"
         for name in ("num_runners", "num_envs_per_runner", "rollout_length"):

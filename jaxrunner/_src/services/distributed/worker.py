@@ -1,5 +1,5 @@
-"""RunnerWorker: one EnvRunner (or MultiAgentRunner) inside a Ray actor, built there
-from picklable parts."""
+"""RunnerWorker: one runner (an EnvRunner, or a MultiAgentRunner for a multi-agent env)
+inside a Ray actor, built there from picklable parts."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import jax
 import numpy as np
 
 from jaxrunner._src.backends import make_vec
+from jaxrunner._src.backends.capabilities import is_multi_agent
 from jaxrunner._src.backends.multi_agent.make import make_multi_agent_vec
 from jaxrunner._src.connectors.moments import Moments, set_statistics, take_deltas
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params
 from jaxrunner._src.core.trajectory import Trajectory
-from jaxrunner._src.runner.env_runner import EnvRunner
-from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
+from jaxrunner._src.runner.runner_for import runner_for
 from jaxrunner._src.services.distributed.config import (
     EPISODE_ID_BITS,
     EnvRunnerGroupConfig,
@@ -30,9 +30,10 @@ Statistics = list[Moments] | dict[str, list[Moments]]
 
 
 class RunnerWorker:
-    """The body of one runner actor: an :class:`~jaxrunner.EnvRunner` (or, with
-    ``config.multi_agent``, a :class:`~jaxrunner.MultiAgentRunner`) whose output carries
-    group-wide env and episode ids."""
+    """The body of one runner actor: the runner of the env it builds (an
+    :class:`~jaxrunner.EnvRunner`, or a :class:`~jaxrunner.MultiAgentRunner` for a
+    PettingZoo env), whose output carries group-wide env and episode ids. Both kinds are
+    driven through the same runner methods, values by policy id where they differ."""
 
     def __init__(
         self,
@@ -47,39 +48,14 @@ class RunnerWorker:
     ) -> None:
         n = config.num_envs_per_runner
         seed = config.runner_seed(index, incarnation)
-        self.multi_agent = config.multi_agent
-        self.runner: EnvRunner | MultiAgentRunner
-        if config.multi_agent:
-            menvs = make_multi_agent_vec(
-                env,  # type: ignore[arg-type]
-                n,
-                config.backend,
-                policy_mapping_fn=config.policy_mapping_fn,
-                config=config.vec_config,
-                restart_policy=config.restart_policy,
-            )
-            policies = {g.policy_id: policy_factory(g.action_space) for g in menvs.groups}
-            self.runner = MultiAgentRunner(
-                menvs, policies, params, config.rollout_length, seed, **dict(config.runner_options)
-            )
+        envs = _make_envs(env, config)
+        if is_multi_agent(envs):  # the policy factory is called once per agent group
+            policy: Any = {g.policy_id: policy_factory(g.action_space) for g in envs.groups}
         else:
-            envs = make_vec(
-                env,
-                n,
-                config.backend,
-                config=config.vec_config,
-                restart_policy=config.restart_policy,
-                **dict(config.env_options),
-            )
             policy = policy_factory(envs.single_action_space)
-            self.runner = EnvRunner(
-                envs,
-                policy,
-                params,
-                config.rollout_length,
-                seed,
-                **dict(config.runner_options),
-            )
+        self.runner = runner_for(
+            envs, policy, params, config.rollout_length, seed, **dict(config.runner_options)
+        )
         self.params_version = params_version
         if statistics is not None:  # a restart: start from the group's merged statistics
             self.set_statistics(statistics)
@@ -109,49 +85,38 @@ class RunnerWorker:
         new_steps, self._steps_reported = steps - self._steps_reported, steps
         if not self.runner.connectors:
             return traj, [], new_steps
-        if isinstance(self.runner, MultiAgentRunner):
-            states = self.runner.get_connector_state()
-            deltas = {}
-            for pid, state in states.items():
-                states[pid], deltas[pid] = take_deltas(state)
-            self.runner.set_connector_state(states)
-            return traj, deltas, new_steps
-        state, delta = take_deltas(self.runner.get_connector_state())
-        self.runner.set_connector_state(state)
-        return traj, delta, new_steps
+        states = self._connector_states()
+        deltas = {}
+        for pid, state in states.items():
+            states[pid], deltas[pid] = take_deltas(state)
+        self.runner.set_connector_state(self.runner.from_policy_dict(states))
+        return traj, self.runner.from_policy_dict(deltas), new_steps
 
     def set_statistics(self, statistics: Statistics) -> None:
-        if isinstance(self.runner, MultiAgentRunner):
-            assert isinstance(statistics, dict)  # internal: the group keeps them by policy
-            state = self.runner.get_connector_state()
-            self.runner.set_connector_state(
-                {pid: set_statistics(state[pid], stats) for pid, stats in statistics.items()}
+        """Loads the group's merged statistics (a runner's list, or lists by policy id)."""
+        by_policy = self.runner.to_policy_dict(statistics, "EnvRunnerGroup statistics")
+        states = self._connector_states()
+        self.runner.set_connector_state(
+            self.runner.from_policy_dict(
+                {pid: set_statistics(states[pid], stats) for pid, stats in by_policy.items()}
             )
-            return
-        assert isinstance(statistics, list)  # internal: a runner's, in take_deltas order
-        state = self.runner.get_connector_state()
-        self.runner.set_connector_state(set_statistics(state, statistics))
+        )
 
     def get_connector_state(self) -> Any:
         return self.runner.get_connector_state()
 
     def set_params(self, params: Params, version: int, statistics: Statistics | None = None) -> int:
-        if isinstance(self.runner, MultiAgentRunner):
-            _check_policy_dict(params, self.runner.policy_ids)
-            for pid, value in params.items():
-                self.runner.set_params(value, pid)
-        else:
-            self.runner.set_params(params)
+        by_policy = self.runner.to_policy_dict(params, "EnvRunnerGroup.set_params(params)")
+        for pid, value in by_policy.items():
+            self.runner.set_params(value, pid)
         if statistics is not None:
             self.set_statistics(statistics)
         self.params_version = version
         return version
 
     def get_params(self) -> tuple[Params, int]:
-        if isinstance(self.runner, MultiAgentRunner):
-            params = {pid: self.runner.get_params(pid) for pid in self.runner.policy_ids}
-            return jax.device_get(params), self.params_version
-        return jax.device_get(self.runner.get_params()), self.params_version
+        params = {pid: self.runner.get_params(pid) for pid in self.runner.policy_ids}
+        return jax.device_get(self.runner.from_policy_dict(params)), self.params_version
 
     def get_metrics(self) -> dict[str, Any]:
         return {**self.runner.get_metrics(), "params_version": self.params_version}
@@ -159,11 +124,53 @@ class RunnerWorker:
     def stop(self) -> None:
         self.runner.stop()
 
+    def _connector_states(self) -> dict[str, Any]:
+        return self.runner.to_policy_dict(self.runner.get_connector_state(), "RunnerWorker")
 
-def _check_policy_dict(params: Any, ids: tuple[str, ...]) -> None:
-    if not isinstance(params, dict) or not set(params) <= set(ids):
-        got = sorted(params) if isinstance(params, dict) else type(params).__name__
-        raise InvalidArgumentError(
-            f"EnvRunnerGroup.set_params(params): a multi-agent group takes a dict by policy "
-            f"id (some of {list(ids)}), got {got}."
+
+def _make_envs(env: str | Callable[[], Any], config: EnvRunnerGroupConfig) -> Any:
+    """The runner's vector env, of the kind ``env`` makes: a gymnasium id or a factory of
+    gymnasium envs gives ``make_vec``'s, a factory of PettingZoo envs
+    ``make_multi_agent_vec``'s (the kind read from one env the factory builds)."""
+    n, where = config.num_envs_per_runner, "EnvRunnerGroupConfig"
+    if isinstance(env, str) or not _makes_pettingzoo(env):
+        if config.policy_mapping_fn is not None:
+            raise InvalidArgumentError(
+                f"{where}(policy_mapping_fn=...): a policy mapping applies to multi-agent "
+                "(PettingZoo) envs, and this env is single-agent; leave it None."
+            )
+        return make_vec(
+            env,
+            n,
+            config.backend,
+            config=config.vec_config,
+            restart_policy=config.restart_policy,
+            **dict(config.env_options),
         )
+    if config.env_options:
+        raise InvalidArgumentError(
+            f"{where}(env_options={dict(config.env_options)!r}): env options are passed to "
+            "gymnasium.make for a gymnasium id; a PettingZoo env factory takes none. Bind "
+            "them in the factory instead (e.g. functools.partial)."
+        )
+    return make_multi_agent_vec(
+        env,
+        n,
+        config.backend,
+        policy_mapping_fn=config.policy_mapping_fn,
+        config=config.vec_config,
+        restart_policy=config.restart_policy,
+    )
+
+
+def _makes_pettingzoo(factory: Callable[[], Any]) -> bool:
+    """Whether ``factory`` builds PettingZoo envs (a ``ParallelEnv`` or an ``AECEnv``)."""
+    try:
+        from pettingzoo.utils.env import AECEnv, ParallelEnv
+    except ImportError:  # no PettingZoo: no PettingZoo envs
+        return False
+    probe = factory()
+    try:
+        return isinstance(probe, (ParallelEnv, AECEnv))
+    finally:
+        probe.close()

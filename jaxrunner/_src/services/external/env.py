@@ -7,7 +7,7 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import jax
 import numpy as np
@@ -47,6 +47,9 @@ class ExternalEnv(RunDriven):
     Subclass and override :meth:`run` to drive episodes from a thread of your own,
     started with :meth:`start` (as RLlib's ExternalEnv).
     """
+
+    multi_agent: ClassVar[Literal[False]] = False
+    """The kind of env (see :attr:`RunDriven.multi_agent`): one agent per episode."""
 
     def __init__(
         self,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import jaxrunner._src.services.external.checks as checks
 from jaxrunner._src.arg_checks import check_bool, check_int
@@ -44,6 +44,9 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
     Subclass and override :meth:`run` to drive episodes from a thread of your own,
     started with :meth:`start`.
     """
+
+    multi_agent: ClassVar[Literal[True]] = True
+    """The kind of env (see :attr:`RunDriven.multi_agent`): agents in policy groups."""
 
     @classmethod
     def from_pettingzoo(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import ClassVar
 
 from jaxrunner.errors import InvalidArgumentError
 
@@ -52,6 +53,9 @@ class RunDriven:
     thread of its own. The env sets ``_run_thread`` in its constructor."""
 
     _run_thread: RunThread
+    multi_agent: ClassVar[bool]
+    """The kind of env each subclass declares: agents in policy groups (True) or one
+    agent per episode; the policy server reads it to pick its routes."""
 
     def run(self) -> None:
         """Override to drive episodes (call start_episode, get_action, ... on self);

@@ -130,7 +130,7 @@ def create_app(
         episode_id = env.start_episode(body.episode_id, body.training_enabled, client=client)
         return JSONResponse({"episode_id": episode_id}, status_code=201)
 
-    if isinstance(env, MultiAgentExternalEnv):
+    if env.multi_agent is True:  # the kind the env declares picks the episode routes
         add_multi_agent_routes(app, env, bearer, deliver, episode_route)
         install_error_handlers(app)
         return Guard(app, token, max_body_bytes), app

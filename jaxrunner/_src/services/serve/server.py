@@ -17,6 +17,7 @@ import uvicorn
 
 from jaxrunner._src.arg_checks import check_int, check_number
 from jaxrunner._src.services.external import ExternalEnv, MultiAgentExternalEnv
+from jaxrunner._src.services.external.run_thread import RunDriven
 from jaxrunner._src.services.serve.app import create_app
 from jaxrunner._src.services.serve.auth import default_token_file, load_or_create_token
 from jaxrunner._src.services.serve.transport import TransportLimits, protocol_class
@@ -145,7 +146,7 @@ class PolicyServer:
         config: ServerConfig | None = None,
         **fields: Any,
     ) -> None:
-        if not isinstance(env, (ExternalEnv, MultiAgentExternalEnv)):
+        if not isinstance(env, RunDriven):  # the base both kinds of ExternalEnv share
             raise InvalidArgumentTypeError(
                 "PolicyServer(env=...): expected a jaxrunner.ExternalEnv or a "
                 f"jaxrunner._src.services.external.MultiAgentExternalEnv, got {type(env).__name__}."
