@@ -53,24 +53,12 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(_XLA_CACHE, ignore_errors=True)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(config, items):
-    # The Ray tests in one xdist group (--dist loadgroup, pyproject.toml): one test
-    # process runs them all, so a run starts one Ray instance (~8 s of CPU, then its
-    # daemons), not one per process; as the largest group it is handed out first.
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        on_ray = callspec is not None and callspec.params.get("backend") == "ray"
-        if on_ray or "local_ray" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("ray"))
-
-
 @pytest.fixture(scope="module")
 def local_ray():
     """A local Ray instance (2 CPUs), started on first use and left running until the
-    session ends: a start and a stop cost seconds, and the Ray tests of eight modules
-    share it (one test process runs them all). A docs page that starts its own stops
-    this one first (test_docs_examples.py); the next module needing Ray starts it again."""
+    session ends: a start and a stop cost seconds, and the Ray tests of six modules
+    share one per test process. A docs page that starts its own stops this one first
+    (test_docs_examples.py); the next module needing Ray starts it again."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
