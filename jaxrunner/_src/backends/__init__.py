@@ -13,7 +13,7 @@ from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.auto import LayoutChoice, choose_for
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep as BatchStep
-from jaxrunner._src.backends.env_api import check_env, is_multi_agent
+from jaxrunner._src.backends.env_api import check_env, is_multi_agent_env
 from jaxrunner._src.backends.envpool import EnvPoolVectorEnv as EnvPoolVectorEnv
 from jaxrunner._src.backends.envpool import make_envpool_vec
 from jaxrunner._src.backends.gymnasium_adapter import (
@@ -156,7 +156,7 @@ def make_vec(
             backend, config = choice.backend, choice.process_config()
         else:
             first = None if isinstance(env, str) else _first_env(env, fns[0])
-            multi_agent = first is not None and is_multi_agent(first)
+            multi_agent = first is not None and is_multi_agent_env(first)
         if policy_mapping_fn is not None and not multi_agent:
             if first is not None:
                 close_quietly(first)
@@ -295,7 +295,7 @@ def choose_auto_layout(
     them (before any starts)."""
     factory = _factories(env, env_kwargs, "auto", num_envs)[0]
     probe = _first_env(env, factory)
-    multi_agent = is_multi_agent(probe)
+    multi_agent = is_multi_agent_env(probe)
     choice = choose_for(probe, factory, num_envs, seed, restart_policy)
     if choice.backend == "process":
         check_main_guard(chosen_by=f"{caller} chose the process backend ({choice.reason})")

@@ -16,7 +16,7 @@ import gymnasium
 import numpy as np
 from gymnasium.spaces import Discrete
 
-from jaxrunner._src.backends.env_api import check_env, is_multi_agent
+from jaxrunner._src.backends.env_api import check_env, is_multi_agent_env
 from jaxrunner._src.backends.layout_choice import LayoutChoice
 from jaxrunner._src.backends.process.launch import ALL_CPUS_FROM_ENVS, available_cpus
 from jaxrunner._src.backends.restarts import (
@@ -143,7 +143,7 @@ def measure_env_step_us(
 def _probe_calls(env: Any, seed: int) -> tuple[Callable[[], Any], Callable[[Any], None]]:
     """Resets ``env``; returns ``(act, step)``: a random action for the env's next step
     (drawn outside the timing), and the step itself, with the reset where it ends."""
-    if not is_multi_agent(env):
+    if not is_multi_agent_env(env):
         env.reset(seed=seed)
         env.action_space.seed(seed)
 

@@ -48,7 +48,7 @@ def step_result(result: Any, index: object) -> tuple[Any, Any, Any, Any, Any]:
     )
 
 
-def is_multi_agent(env: Any) -> bool:
+def is_multi_agent_env(env: Any) -> bool:
     """Whether ``env`` is multi-agent: a PettingZoo ``ParallelEnv`` or ``AECEnv``, which
     declares its ``possible_agents`` (else a gymnasium env). The one test of an env's
     kind; the drivers then tell parallel from AEC by their classes."""

@@ -12,7 +12,6 @@ import numpy as np
 
 from jaxrunner._src.backends import make_vec
 from jaxrunner._src.backends.capabilities import is_multi_agent
-from jaxrunner._src.backends.multi_agent.make import make_multi_agent_vec
 from jaxrunner._src.connectors.moments import Moments, set_statistics, take_deltas
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params
@@ -129,48 +128,27 @@ class RunnerWorker:
 
 
 def _make_envs(env: str | Callable[[], Any], config: EnvRunnerGroupConfig) -> Any:
-    """The runner's vector env, of the kind ``env`` makes: a gymnasium id or a factory of
-    gymnasium envs gives ``make_vec``'s, a factory of PettingZoo envs
-    ``make_multi_agent_vec``'s (the kind read from one env the factory builds)."""
-    n, where = config.num_envs_per_runner, "EnvRunnerGroupConfig"
-    if isinstance(env, str) or not _makes_pettingzoo(env):
-        if config.policy_mapping_fn is not None:
-            raise InvalidArgumentError(
-                f"{where}(policy_mapping_fn=...): a policy mapping applies to multi-agent "
-                "(PettingZoo) envs, and this env is single-agent; leave it None."
-            )
-        return make_vec(
-            env,
-            n,
-            config.backend,
-            config=config.vec_config,
-            restart_policy=config.restart_policy,
-            **dict(config.env_options),
-        )
-    if config.env_options:
+    """The runner's vector env, of the kind ``env`` makes (``make_vec`` reads it: a
+    factory of PettingZoo envs gives a multi-agent vector env)."""
+    where = "EnvRunnerGroupConfig"
+    if config.env_options and not isinstance(env, str):
         raise InvalidArgumentError(
             f"{where}(env_options={dict(config.env_options)!r}): env options are passed to "
-            "gymnasium.make for a gymnasium id; a PettingZoo env factory takes none. Bind "
-            "them in the factory instead (e.g. functools.partial)."
+            "gymnasium.make for a gymnasium id; a factory takes none. Bind them in the "
+            "factory instead (e.g. functools.partial)."
         )
-    return make_multi_agent_vec(
-        env,
-        n,
+    if config.policy_mapping_fn is not None and isinstance(env, str):
+        raise InvalidArgumentError(
+            f"{where}(policy_mapping_fn=...): a policy mapping applies to multi-agent "
+            "(PettingZoo) envs, and this env is single-agent; leave it None."
+        )
+    spec: Any = env  # an id or a factory: make_vec's overloads type them apart
+    return make_vec(
+        spec,
+        config.num_envs_per_runner,
         config.backend,
-        policy_mapping_fn=config.policy_mapping_fn,
         config=config.vec_config,
         restart_policy=config.restart_policy,
+        policy_mapping_fn=config.policy_mapping_fn,
+        **dict(config.env_options),
     )
-
-
-def _makes_pettingzoo(factory: Callable[[], Any]) -> bool:
-    """Whether ``factory`` builds PettingZoo envs (a ``ParallelEnv`` or an ``AECEnv``)."""
-    try:
-        from pettingzoo.utils.env import AECEnv, ParallelEnv
-    except ImportError:  # no PettingZoo: no PettingZoo envs
-        return False
-    probe = factory()
-    try:
-        return isinstance(probe, (ParallelEnv, AECEnv))
-    finally:
-        probe.close()
