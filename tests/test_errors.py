@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import pickle
 
@@ -153,3 +154,24 @@ def test_an_old_gym_api_step_is_no_fault_to_restart():
         with pytest.raises(errors.InvalidStepError, match="old gym API"):
             runner.sample()
         assert envs.num_restarts == 0
+
+
+@pytest.mark.parametrize("backend", ["sync", "gymnasium"])
+def test_an_unregistered_ale_id_says_how_to_register_it(backend, monkeypatch):
+    from jaxrunner._src.backends import env_api
+
+    # ale_py is not installed in the test environment: the fix is to install it.
+    if importlib.util.find_spec("ale_py") is None:
+        with pytest.raises(gymnasium.error.NamespaceNotFound, match="pip install ale-py"):
+            jr.make_vec("ALE/Pong-v5", 2, backend)
+    # A registering package that is installed but not imported: the fix is to import it
+    # (json stands in for ale_py: importable, and registers nothing).
+    monkeypatch.setitem(env_api._REGISTERING_PACKAGES, "Fake", ("json", "json"))
+    with pytest.raises(gymnasium.error.NamespaceNotFound) as info:
+        jr.make_vec("Fake/Game-v0", 2, backend)
+    assert "json is installed but not imported" in str(info.value)
+    assert "gymnasium.register_envs(json)" in str(info.value)
+    # Other namespaces keep gymnasium's own message.
+    with pytest.raises(gymnasium.error.NamespaceNotFound) as info:
+        jr.make_vec("Nowhere/Game-v0", 2, backend)
+    assert "make_vec" not in str(info.value)

@@ -13,7 +13,7 @@ from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.auto import LayoutChoice, choose_for
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep as BatchStep
-from jaxrunner._src.backends.env_api import check_env, is_multi_agent_env
+from jaxrunner._src.backends.env_api import check_env, is_multi_agent_env, with_namespace_hint
 from jaxrunner._src.backends.envpool import EnvPoolVectorEnv as EnvPoolVectorEnv
 from jaxrunner._src.backends.envpool import make_envpool_vec
 from jaxrunner._src.backends.gymnasium_adapter import (
@@ -406,6 +406,8 @@ class GymnasiumMake:
     def __call__(self) -> gymnasium.Env:
         try:
             return gymnasium.make(self.env_id, **self.kwargs)
+        except gymnasium.error.NamespaceNotFound as err:
+            raise with_namespace_hint(err, self.env_id) from err
         except TypeError as err:
             config = _CONFIGS.get(self.backend)
             names = {f.name for f in dataclasses.fields(config)} if config else set()

@@ -3,6 +3,7 @@ that returns no env, or an old-gym-API env, gets an error that says how to fix i
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from jaxrunner._src.space_arrays.checks import _describe
@@ -53,3 +54,26 @@ def is_multi_agent_env(env: Any) -> bool:
     declares its ``possible_agents`` (else a gymnasium env). The one test of an env's
     kind; the drivers then tell parallel from AEC by their classes."""
     return hasattr(env, "possible_agents")
+
+
+# Namespaces of gymnasium ids that a package registers only when imported (gymnasium >= 1.0).
+_REGISTERING_PACKAGES = {"ALE": ("ale_py", "ale-py")}
+
+
+def with_namespace_hint(err: Exception, env_id: str) -> Exception:
+    """gymnasium's ``NamespaceNotFound`` for ``env_id``, its message extended with how to
+    register the namespace where a known package provides it (same type, so callers that
+    catch gymnasium's error still do)."""
+    namespace = env_id.split("/", 1)[0] if "/" in env_id else None
+    if namespace not in _REGISTERING_PACKAGES:
+        return err
+    module, dist = _REGISTERING_PACKAGES[namespace]
+    if importlib.util.find_spec(module) is None:
+        fix = f"{module} is not installed: pip install {dist}."
+    else:
+        fix = (
+            f"{module} is installed but not imported: gymnasium >= 1.0 registers its envs "
+            f"only on import. Add `import {module}` and `gymnasium.register_envs({module})` "
+            "at the top of your script (before make_vec)."
+        )
+    return type(err)(f"{err} make_vec({env_id!r}): {fix}")

@@ -9,6 +9,7 @@ from typing import Any
 import gymnasium
 from gymnasium.vector import AutoresetMode
 
+from jaxrunner._src.backends.env_api import with_namespace_hint
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -46,14 +47,20 @@ def make_gymnasium_vec(
             "vector implementation where it has one)."
         ) from err
     if mode is None:
-        spec = gymnasium.spec(env_id)
+        try:
+            spec = gymnasium.spec(env_id)
+        except gymnasium.error.NamespaceNotFound as err:
+            raise with_namespace_hint(err, env_id) from err
         has_own = spec.vector_entry_point is not None
         mode = (
             gymnasium.VectorizeMode.VECTOR_ENTRY_POINT if has_own else gymnasium.VectorizeMode.SYNC
         )
     if mode != gymnasium.VectorizeMode.VECTOR_ENTRY_POINT:
         vector_kwargs = {"autoreset_mode": AutoresetMode.SAME_STEP, **(vector_kwargs or {})}
-    env = gymnasium.make_vec(
-        env_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **kwargs
-    )
+    try:
+        env = gymnasium.make_vec(
+            env_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **kwargs
+        )
+    except gymnasium.error.NamespaceNotFound as err:
+        raise with_namespace_hint(err, env_id) from err
     return GymnasiumVectorEnv(env)
