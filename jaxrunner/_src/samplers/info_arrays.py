@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 
@@ -14,7 +14,7 @@ INFOS = "infos"
 """``traj.extras[INFOS][name]``: the float64 ``[T, B]`` values of info entry ``name``."""
 INFOS_PRESENT = "infos_present"
 """``traj.extras[INFOS_PRESENT][name]``: where the step's info had entry ``name``."""
-ALL = "all"
+ALL: Final = "all"
 """``info_keys=ALL``: every numeric entry any info reports (the set grows as new ones
 appear; docs/concepts.md, "Infos as arrays")."""
 
@@ -119,13 +119,14 @@ class InfoRecorder:
             for name, value in _entries(info):
                 number = _number(value)
                 if number is None:
+                    numeric = {n for n, v in _entries(info) if _number(v) is not None}
                     raise InvalidArgumentError(
                         f"EnvRunner(info_keys='all'): sub-env {env}'s info[{name!r}] is a "
                         f"{type(value).__name__} ({value!r:.80}); only numbers are recorded "
                         "as arrays. Name the numeric entries you want instead of 'all' (those "
-                        f"reported so far: {sorted(self.keys)}), or read this one in a "
-                        "callback (Callbacks.on_episode_step: live.infos[-1] is the step's "
-                        "info)."
+                        f"reported so far: {sorted(numeric | set(self.keys))}), or read this "
+                        "one in a callback (Callbacks.on_episode_step: live.infos[-1] is the "
+                        "step's info)."
                     )
                 if name not in values:
                     if name not in self._reported:  # first reported: every buffer has it
