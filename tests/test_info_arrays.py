@@ -278,3 +278,24 @@ def test_all_refuses_a_non_numeric_entry_naming_it_and_keeps_the_steps_before():
     assert "['lives']" in message and "Callbacks.on_episode_step" in message
     partial = info.value.partial_trajectory
     assert partial.num_steps == 2 and partial.extras["infos_present"]["lives"].all()
+
+
+@pytest.mark.parametrize("mode", [{}, {"batch_size": 1}], ids=["sync", "async"])
+def test_all_on_envpool_atari_refuses_ram_and_names_the_entries_to_record(mode):
+    pytest.importorskip("envpool")
+    envs = jr.make_vec("Breakout-v5", 2, backend="envpool", **mode)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    runner = jr.EnvRunner(envs, policy, params, 8, seed=0, info_keys="all")
+    with runner, pytest.raises(InvalidArgumentError, match=r"info\['ram'\] is a ndarray") as info:
+        runner.sample()
+    named = ["elapsed_step", "env_id", "lives", "players.env_id", "reward", "terminated"]
+    assert f"reported so far: {named}" in str(info.value)
+    envs = jr.make_vec("Breakout-v5", 2, backend="envpool", **mode)
+    with jr.EnvRunner(envs, policy, params, 8, seed=0, info_keys=named) as runner:
+        traj = runner.sample()
+    present = traj.extras["infos_present"]
+    assert all(present[name][traj.valid].all() for name in named)
+    np.testing.assert_array_equal(
+        traj.extras["infos"]["reward"][traj.valid], traj.reward[traj.valid]
+    )
