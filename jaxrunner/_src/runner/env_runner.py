@@ -39,6 +39,7 @@ from jaxrunner._src.runner.env_runner_checks import (
 )
 from jaxrunner._src.runner.ownership import EnvOwner
 from jaxrunner._src.samplers.callbacks import Callbacks
+from jaxrunner._src.samplers.info_arrays import InfoKeys
 from jaxrunner._src.samplers.lockstep import LockstepSampler
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner._src.samplers.sampler import HostSampler, Sampler, SamplerSetup
@@ -118,7 +119,7 @@ class EnvRunner(EnvOwner):
         self.compact_next_obs = compact_next_obs
         self._claim(envs)
         self.envs = envs
-        self.info_keys = checked_info_keys
+        self.info_keys: InfoKeys = checked_info_keys
         self.policy = policy
         self.rollout_length = int(rollout_length)
         self.seed = int(seed)
