@@ -3,6 +3,8 @@ against the infos of gymnasium's own wrappers."""
 
 from __future__ import annotations
 
+import sys
+
 import gymnasium
 import jax
 import numpy as np
@@ -209,6 +211,8 @@ def test_all_records_the_same_arrays_on_other_backends(sync_all, backend, config
 
 
 def test_all_on_ray_records_the_same_arrays(sync_all, local_ray):
+    # This module's envs travel to the actors by value (workers cannot import tests/).
+    local_ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     traj = run_all("ray", jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1))[0]
     np.testing.assert_array_equal(traj.action, sync_all.action)
     assert_infos_equal(traj, *by_hand(sync_all))
