@@ -3,6 +3,8 @@ against the infos of gymnasium's own wrappers."""
 
 from __future__ import annotations
 
+import sys
+
 import gymnasium
 import jax
 import numpy as np
@@ -133,3 +135,171 @@ def test_bad_info_keys_are_refused(bad):
     with pytest.raises(InvalidArgumentError, match="info_keys"):
         jr.EnvRunner(envs, policy, params, 4, seed=0, info_keys=bad)
     jr.EnvRunner(envs, policy, params, 4, seed=0).stop()  # the envs were not claimed
+
+
+# -- info_keys="all" -------------------------------------------------------------------------
+
+ALL_KEYS = ["episode.l", "episode.r", "episode.t", "lives"]
+WALL_CLOCK = "episode.t"  # RecordEpisodeStatistics' seconds: its mask is compared, not values
+
+
+def run_all(backend: str, config=None, length: int = T, samples: int = 1):
+    if backend == "gymnasium":  # a gymnasium vector env of these sub-envs, adopted
+        envs = jr.from_gymnasium(gymnasium.vector.SyncVectorEnv([cartpole_with_infos] * 4))
+    else:
+        envs = jr.make_vec(cartpole_with_infos, 4, backend=backend, config=config)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, length, seed=1, info_keys="all") as runner:
+        return [runner.sample() for _ in range(samples)]
+
+
+def by_hand(traj: jr.Trajectory, seed: int = 1) -> tuple[dict, dict]:
+    """Every info entry of ``cartpole_with_infos`` sub-envs stepped by hand with the
+    trajectory's actions (same-step autoreset: the final step's info where an episode
+    ends), as ``[T, B]`` values and masks."""
+    num_steps, num_envs = traj.reward.shape
+    values: dict[str, np.ndarray] = {}
+    present: dict[str, np.ndarray] = {}
+    for b, seed_b in enumerate(jr.env_seeds(seed, num_envs)):
+        env = cartpole_with_infos()
+        obs, _ = env.reset(seed=seed_b)
+        for t in range(num_steps):
+            np.testing.assert_array_equal(traj.obs[t, b], obs)
+            obs, _, terminated, truncated, info = env.step(int(traj.action[t, b]))
+            flat = {f"episode.{k}": v for k, v in info.pop("episode", {}).items()} | info
+            for name, value in flat.items():
+                values.setdefault(name, np.zeros((num_steps, num_envs)))[t, b] = value
+                present.setdefault(name, np.zeros((num_steps, num_envs), bool))[t, b] = True
+            if terminated or truncated:
+                obs, _ = env.reset()
+    return values, present
+
+
+def assert_infos_equal(traj: jr.Trajectory, values: dict, present: dict) -> None:
+    assert list(traj.extras["infos"]) == sorted(values)  # every entry reported, sorted
+    for name in values:
+        np.testing.assert_array_equal(traj.extras["infos_present"][name], present[name], name)
+        if name != WALL_CLOCK:
+            np.testing.assert_array_equal(traj.extras["infos"][name], values[name], name)
+
+
+@pytest.fixture(scope="module")
+def sync_all() -> jr.Trajectory:
+    return run_all("sync")[0]
+
+
+def test_all_records_every_entry_the_envs_reported(sync_all):
+    values, present = by_hand(sync_all)
+    assert sorted(values) == ALL_KEYS and sync_all.done.any()
+    assert_infos_equal(sync_all, values, present)
+
+
+@pytest.mark.parametrize(
+    "backend, config",
+    [
+        ("process", jr.ProcessConfig(num_workers=2)),
+        ("process", jr.ProcessConfig(num_workers=2, ready_first=True)),
+        ("gymnasium", None),
+    ],
+    ids=["process", "process-ready-first", "gymnasium-vector"],
+)
+def test_all_records_the_same_arrays_on_other_backends(sync_all, backend, config):
+    traj = run_all(backend, config)[0]
+    np.testing.assert_array_equal(traj.action, sync_all.action)
+    assert_infos_equal(traj, *by_hand(sync_all))
+
+
+def test_all_on_ray_records_the_same_arrays(sync_all, local_ray):
+    # This module's envs travel to the actors by value (workers cannot import tests/).
+    local_ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    traj = run_all("ray", jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1))[0]
+    np.testing.assert_array_equal(traj.action, sync_all.action)
+    assert_infos_equal(traj, *by_hand(sync_all))
+
+
+def test_all_entries_first_reported_later_appear_from_that_sample_on():
+    # 3-step samples: the first ends no episode, so RecordEpisodeStatistics' entries
+    # appear in the sample where one first ends, and stay (absent: present False).
+    trajs = run_all("sync", length=3, samples=10)
+    k = next(i for i, traj in enumerate(trajs) if traj.done.any())
+    assert k > 0 and all(list(t.extras["infos"]) == ["lives"] for t in trajs[:k])
+    assert all(list(t.extras["infos"]) == ALL_KEYS for t in trajs[k:])
+    whole = run_all("sync", length=30)[0]  # the same steps in one sample
+    values, present = by_hand(whole)
+    before, after = jr.concatenate(trajs[:k]), jr.concatenate(trajs[k:])
+    np.testing.assert_array_equal(before.extras["infos"]["lives"], values["lives"][: 3 * k])
+    assert not present["episode.r"][: 3 * k].any()
+    for name in ALL_KEYS:
+        got = after.extras["infos_present"][name]
+        np.testing.assert_array_equal(got, present[name][3 * k :], name)
+        if name != WALL_CLOCK:
+            np.testing.assert_array_equal(after.extras["infos"][name], values[name][3 * k :], name)
+
+
+def test_all_with_reused_buffers_records_what_new_buffers_do():
+    envs = jr.make_vec(cartpole_with_infos, 4)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    fresh = run_all("sync", length=6, samples=6)
+    with jr.EnvRunner(envs, policy, params, 6, seed=1, info_keys="all") as runner:
+        for i, traj in enumerate(runner.iterate(6, reuse_buffers=True)):
+            for part in ("infos", "infos_present"):
+                assert list(traj.extras[part]) == list(fresh[i].extras[part])
+                for name, array in fresh[i].extras[part].items():
+                    if name != WALL_CLOCK or part == "infos_present":
+                        np.testing.assert_array_equal(traj.extras[part][name], array, name)
+
+
+class Labelled(gymnasium.Wrapper):
+    """Adds a string entry to every step's info after the first two."""
+
+    def reset(self, **kwargs):
+        self.steps = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        self.steps += 1
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return (
+            obs,
+            reward,
+            terminated,
+            truncated,
+            info | ({"phase": "late"} if self.steps > 2 else {}),
+        )
+
+
+def test_all_refuses_a_non_numeric_entry_naming_it_and_keeps_the_steps_before():
+    envs = jr.make_vec(lambda: Labelled(cartpole_with_infos()), 2)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    runner = jr.EnvRunner(envs, policy, params, 8, seed=0, info_keys="all")
+    with runner, pytest.raises(InvalidArgumentError) as info:
+        runner.sample()
+    message = str(info.value)
+    assert "sub-env 0's info['phase'] is a str ('late')" in message
+    assert "['lives']" in message and "Callbacks.on_episode_step" in message
+    partial = info.value.partial_trajectory
+    assert partial.num_steps == 2 and partial.extras["infos_present"]["lives"].all()
+
+
+@pytest.mark.parametrize("mode", [{}, {"batch_size": 1}], ids=["sync", "async"])
+def test_all_on_envpool_atari_refuses_ram_and_names_the_entries_to_record(mode):
+    pytest.importorskip("envpool")
+    envs = jr.make_vec("Breakout-v5", 2, backend="envpool", **mode)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    runner = jr.EnvRunner(envs, policy, params, 8, seed=0, info_keys="all")
+    with runner, pytest.raises(InvalidArgumentError, match=r"info\['ram'\] is a ndarray") as info:
+        runner.sample()
+    named = ["elapsed_step", "env_id", "lives", "players.env_id", "reward", "terminated"]
+    assert f"reported so far: {named}" in str(info.value)
+    envs = jr.make_vec("Breakout-v5", 2, backend="envpool", **mode)
+    with jr.EnvRunner(envs, policy, params, 8, seed=0, info_keys=named) as runner:
+        traj = runner.sample()
+    present = traj.extras["infos_present"]
+    assert all(present[name][traj.valid].all() for name in named)
+    np.testing.assert_array_equal(
+        traj.extras["infos"]["reward"][traj.valid], traj.reward[traj.valid]
+    )

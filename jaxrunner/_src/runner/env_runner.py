@@ -13,7 +13,7 @@ import jax
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.backends import EnvSpec
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
@@ -38,8 +38,8 @@ from jaxrunner._src.runner.env_runner_checks import (
     check_ready_first_options,
 )
 from jaxrunner._src.runner.ownership import EnvOwner
-from jaxrunner._src.runner.progress import Progress
 from jaxrunner._src.samplers.callbacks import Callbacks
+from jaxrunner._src.samplers.info_arrays import InfoKeys
 from jaxrunner._src.samplers.lockstep import LockstepSampler
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner._src.samplers.sampler import HostSampler, Sampler, SamplerSetup
@@ -79,6 +79,10 @@ class EnvRunner(EnvOwner):
             them in ``traj.extras["infos_present"][name]`` (``"episode.r"`` reaches into
             ``info["episode"]``). Host backends; nothing is recorded or paid without it.
             A name no info has had by the first episode end is refused as misspelt.
+            ``"all"``: every entry any info reports, numbers only (another kind is
+            refused, naming the entry); each sample has every name reported since the
+            runner started, so names first reported later (e.g. ``episode.r`` at the
+            first episode end) appear from that sample on.
         compact_next_obs: store ``traj.next_obs`` only where it is not the next step's
             ``obs`` (episode ends, failed steps, reset steps, the last step), and build
             it from ``obs`` when it is read: half the memory of image observations,
@@ -107,15 +111,15 @@ class EnvRunner(EnvOwner):
         metrics: MetricsConfig | None = None,
         num_splits: int | None = None,
         connectors: Connectors | None = None,
-        info_keys: Sequence[str] = (),
+        info_keys: Sequence[str] | str = (),
         compact_next_obs: bool = False,
     ) -> None:
         check_arguments(envs, policy, params, rollout_length, seed, callbacks, num_splits)
-        info_keys = check_host_options(envs, info_keys, compact_next_obs)
+        checked_info_keys = check_host_options(envs, info_keys, compact_next_obs)
         self.compact_next_obs = compact_next_obs
         self._claim(envs)
         self.envs = envs
-        self.info_keys = info_keys
+        self.info_keys: InfoKeys = checked_info_keys
         self.policy = policy
         self.rollout_length = int(rollout_length)
         self.seed = int(seed)
@@ -234,16 +238,19 @@ class EnvRunner(EnvOwner):
 
     # -- public API ---------------------------------------------------------------------------
 
-    def sample(self) -> Trajectory:
+    def sample(self, progress: bool = False) -> Trajectory:
         """Collects ``rollout_length`` steps of every env.
 
         Episodes carry on across calls. If a step fails, the exception propagates
         with ``err.partial_trajectory`` holding every step completed before it, and
         the runner refuses further sampling (its envs are in an unknown state).
         The unfinished episodes :meth:`sample_episodes` was assembling lose these steps
-        to the caller and are dropped (never seen whole)."""
+        to the caller and are dropped (never seen whole). With ``progress``, a progress
+        bar counts the env steps (tqdm where it is installed, else a line on stderr; a
+        pure-JAX env's scan fills it when it returns)."""
+        check_bool("EnvRunner.sample", "progress", progress)
         self.state.episodes.forget()
-        return self._sample_once()
+        return self._sample_once(progress)
 
     def release(self, traj: Trajectory) -> None:
         """Hands back a trajectory :meth:`sample` returned that you no longer read: the
@@ -277,15 +284,10 @@ class EnvRunner(EnvOwner):
         those cut by a sub-env failure (``Episode.faulty``; kept with ``include_faulty``)
         are skipped. With ``progress``, a progress bar counts the episodes (tqdm where
         it is installed, else a line on stderr)."""
-        check_int("EnvRunner.sample_episodes", "num_episodes", num_episodes)
-        state = self.state
-        with Progress(num_episodes, enabled=progress) as bar:
-            bar.update(len(state.finished))
-            while len(state.finished) < num_episodes:
-                done = state.episodes.complete(self._sample_once().split_episodes())
-                state.finished.extend(e for e in done if include_faulty or not e.faulty)
-                bar.update(len(state.finished))
-        return state.take_finished(num_episodes)
+        check_bool("EnvRunner.sample_episodes", "include_faulty", include_faulty)
+        return self._sample_episodes(
+            num_episodes, progress, self._sample_once, lambda e: include_faulty or not e.faulty
+        )
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes a checkpoint of the runner to ``path`` (one ``.npz`` file, numpy

@@ -15,7 +15,7 @@ from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.policy import Policy
 from jaxrunner._src.runner.ownership import check_rollout_arguments
 from jaxrunner._src.samplers.callbacks import Callbacks
-from jaxrunner._src.samplers.info_arrays import check_info_keys
+from jaxrunner._src.samplers.info_arrays import InfoKeys, check_info_keys
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
@@ -100,8 +100,8 @@ def vector_wrapper_hint(envs: Any) -> str:
 
 
 def check_host_options(
-    envs: Any, info_keys: Sequence[str], compact_next_obs: Any
-) -> tuple[str, ...]:
+    envs: Any, info_keys: Sequence[str] | str, compact_next_obs: Any
+) -> InfoKeys:
     """Checks the options only host backends take; returns the info keys, checked."""
     info_keys = check_info_keys(info_keys)
     check_bool("EnvRunner", "compact_next_obs", compact_next_obs)

@@ -9,7 +9,7 @@ from typing import Any
 
 import jax
 
-from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.backends.capabilities import is_multi_agent
 from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
@@ -168,30 +168,30 @@ class MultiAgentRunner(EnvOwner):
     def from_policy_dict(self, values: Mapping[str, Any]) -> dict[str, Any]:
         return dict(values)
 
-    def sample(self) -> MultiAgentTrajectory:
+    def sample(self, progress: bool = False) -> MultiAgentTrajectory:
         """Collects ``rollout_length`` env steps of every env. Agent and env episodes
         carry on across calls; a failure raises with ``err.partial_trajectory``. Its steps
         are the caller's: the unfinished agent episodes :meth:`sample_episodes` was
-        assembling lose them, so they are dropped (they are not seen whole)."""
+        assembling lose them, so they are dropped (they are not seen whole). With
+        ``progress``, a progress bar counts the env steps (as ``EnvRunner.sample``)."""
+        check_bool("MultiAgentRunner.sample", "progress", progress)
         self.state.episodes.forget()
-        return self._sample_with_callbacks()
+        return self._sample_with_callbacks(progress)
 
-    def _sample_with_callbacks(self) -> MultiAgentTrajectory:
-        traj = self._sample_once()
+    def _sample_with_callbacks(self, progress: bool = False) -> MultiAgentTrajectory:
+        traj = self._sample_once(progress)
         if self._on_agent_episode_end is not None:
             for episode in self.state.callback_episodes.complete(traj.split_episodes()):  # type: ignore[union-attr]
                 self._on_agent_episode_end(self, episode)
         return traj
 
-    def sample_episodes(self, num_episodes: int) -> list[AgentEpisode]:
+    def sample_episodes(self, num_episodes: int, progress: bool = False) -> list[AgentEpisode]:
         """Samples until ``num_episodes`` complete agent episodes are available; returns
-        them ordered by (env episode id, agent). Extra ones are kept for the next call."""
-        check_int("MultiAgentRunner.sample_episodes", "num_episodes", num_episodes)
-        state = self.state
-        while len(state.finished) < num_episodes:
-            traj = self._sample_with_callbacks()
-            state.finished.extend(state.episodes.complete(traj.split_episodes()))
-        return state.take_finished(num_episodes)
+        them ordered by (env episode id, agent). Extra ones are kept for the next call.
+        With ``progress``, a progress bar counts the agent episodes."""
+        return self._sample_episodes(
+            num_episodes, progress, self._sample_with_callbacks, lambda e: True
+        )
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes a checkpoint of the runner to ``path`` (one ``.npz`` file, numpy arrays

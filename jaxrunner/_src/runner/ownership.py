@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -147,7 +147,8 @@ class EnvOwner:
         per_sample = self.rollout_length * self.envs.num_envs  # type: ignore[attr-defined]
         total = None if num_samples is None else num_samples * per_sample
         done = 0
-        with Progress(total, enabled=progress, desc=type(self).__name__, unit="env step") as bar:
+        name = f"{type(self).__name__}.iterate"
+        with Progress(total, enabled=progress, desc=name, unit="env step") as bar:
             while num_samples is None or done < num_samples:
                 traj = self.sample()  # type: ignore[attr-defined]
                 done += 1
@@ -162,14 +163,40 @@ class EnvOwner:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _sample_once(self) -> Any:
-        """One ``sampler.sample(params)``; a failure marks the runner unusable."""
+    def _sample_once(self, progress: bool = False) -> Any:
+        """One ``sampler.sample(params)``; a failure marks the runner unusable. With
+        ``progress``, a bar counts the sample's env steps as they are recorded."""
         self._check_usable("sample")
-        try:
-            return self.sampler.sample(self._sampler_params())  # type: ignore[attr-defined]
-        except BaseException as err:
-            self.state.failure = err
-            raise
+        total = self.rollout_length * self.envs.num_envs  # type: ignore[attr-defined]
+        name = f"{type(self).__name__}.sample"
+        with Progress(total, enabled=progress, desc=name, unit="env step") as bar:
+            try:
+                traj = self.sampler.sample(  # type: ignore[attr-defined]
+                    self._sampler_params(), progress=bar.update if progress else None
+                )
+            except BaseException as err:
+                self.state.failure = err
+                raise
+            bar.update(total)  # a pure-JAX env's scan reports only when it returns
+        return traj
+
+    def _sample_episodes(
+        self, num_episodes: Any, progress: Any, sample: Callable[[], Any], keep: Callable
+    ) -> list[Any]:
+        """``sample_episodes``: samples with ``sample()`` until ``num_episodes`` complete
+        episodes that ``keep`` accepts are in ``state.finished``; with ``progress``, a
+        bar counts them."""
+        name = f"{type(self).__name__}.sample_episodes"
+        check_int(name, "num_episodes", num_episodes)
+        check_bool(name, "progress", progress)
+        state = self.state
+        with Progress(num_episodes, enabled=progress, desc=name, unit="episode") as bar:
+            bar.update(len(state.finished))
+            while len(state.finished) < num_episodes:
+                done = state.episodes.complete(sample().split_episodes())
+                state.finished.extend(e for e in done if keep(e))
+                bar.update(len(state.finished))
+        return state.take_finished(num_episodes)
 
     def _sampler_params(self) -> Any:
         """The params as the sampler takes them: every policy id's (multi-agent)."""

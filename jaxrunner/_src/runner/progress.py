@@ -1,10 +1,15 @@
-"""The optional progress bar of ``sample_episodes`` and ``iterate``: tqdm where it is
-installed (an optional dependency), else one line on stderr rewritten in place."""
+"""The optional progress bar of ``sample``, ``sample_episodes`` and ``iterate``: tqdm
+where it is installed (an optional dependency), else one line on stderr rewritten in
+place."""
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import Any
+
+_LINE_INTERVAL_S = 0.1
+"""The stderr line is rewritten at most this often (and at the end)."""
 
 
 class Progress:
@@ -12,16 +17,11 @@ class Progress:
     ``enabled``. Use as a context manager; :meth:`update` takes the count so far (not an
     increment)."""
 
-    def __init__(
-        self,
-        total: int | None,
-        *,
-        enabled: bool,
-        desc: str = "sample_episodes",
-        unit: str = "episode",
-    ) -> None:
+    def __init__(self, total: int | None, *, enabled: bool, desc: str, unit: str) -> None:
         self.total, self.enabled, self.desc, self.unit = total, enabled, desc, unit
         self._count = 0
+        self._written = -1  # the count the stderr line shows (-1: none yet)
+        self._last_write = 0.0
         self._bar: Any = None
         if enabled:
             try:
@@ -32,17 +32,26 @@ class Progress:
                 self._bar = tqdm(total=total, desc=desc, unit=unit)
 
     def update(self, count: int) -> None:
-        """The episodes done so far (capped at ``total``)."""
+        """The units done so far (capped at ``total``)."""
+        if not self.enabled:
+            return
         count = count if self.total is None else min(count, self.total)
-        if not self.enabled or (count == self._count and count):
+        if count == self._count and count:
             return
         if self._bar is not None:
             self._bar.update(count - self._count)
-        else:
-            of = "" if self.total is None else f"/{self.total}"
-            sys.stderr.write(f"\r{self.desc}: {count}{of} {self.unit}s")
-            sys.stderr.flush()
         self._count = count
+        now = time.monotonic()
+        if self._bar is None and (
+            now - self._last_write >= _LINE_INTERVAL_S or count == self.total
+        ):
+            self._write_line(now)
+
+    def _write_line(self, now: float) -> None:
+        of = "" if self.total is None else f"/{self.total}"
+        sys.stderr.write(f"\r{self.desc}: {self._count}{of} {self.unit}s")
+        sys.stderr.flush()
+        self._written, self._last_write = self._count, now
 
     def __enter__(self) -> Progress:
         return self
@@ -52,6 +61,8 @@ class Progress:
             return
         if self._bar is not None:
             self._bar.close()
-        else:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+            return
+        if self._written != self._count:
+            self._write_line(time.monotonic())
+        sys.stderr.write("\n")
+        sys.stderr.flush()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, Final, Literal
 
 import numpy as np
 
@@ -14,16 +14,25 @@ INFOS = "infos"
 """``traj.extras[INFOS][name]``: the float64 ``[T, B]`` values of info entry ``name``."""
 INFOS_PRESENT = "infos_present"
 """``traj.extras[INFOS_PRESENT][name]``: where the step's info had entry ``name``."""
+ALL: Final = "all"
+"""``info_keys=ALL``: every numeric entry any info reports (the set grows as new ones
+appear; docs/concepts.md, "Infos as arrays")."""
+
+InfoKeys = tuple[str, ...] | Literal["all"]
+"""Checked ``info_keys``: the names to record, or :data:`ALL`."""
 
 _MISSING = object()
 
 
-def check_info_keys(info_keys: Any) -> tuple[str, ...]:
-    """``info_keys`` as a tuple of distinct non-empty strings, or a clear refusal."""
+def check_info_keys(info_keys: Any) -> InfoKeys:
+    """``info_keys`` as a tuple of distinct non-empty strings, or ``"all"``, or a clear
+    refusal."""
+    if isinstance(info_keys, str) and info_keys == ALL:
+        return ALL
     if isinstance(info_keys, str) or not isinstance(info_keys, Sequence):
         raise InvalidArgumentError(
             f"EnvRunner(info_keys={info_keys!r}): expected a sequence of info entry names, "
-            'e.g. ("lives", "episode.r").'
+            'e.g. ("lives", "episode.r"), or "all" for every numeric entry.'
         )
     keys = tuple(info_keys)
     bad = [k for k in keys if not isinstance(k, str) or not k]
@@ -36,15 +45,19 @@ def check_info_keys(info_keys: Any) -> tuple[str, ...]:
 
 
 class InfoRecorder:
-    """Records the named entries of each step's infos into a trajectory buffer's
-    extras: float64 ``[T, B]`` values and masks; a
-    dotted name reaches into a dict entry, and where an episode ended the info is the
-    final step's."""
+    """Records the named entries of each step's infos (or, for :data:`ALL`, every
+    numeric entry) into a trajectory buffer's extras: float64 ``[T, B]`` values and
+    masks; a dotted name reaches into a dict entry, and where an episode ended the info
+    is the final step's."""
 
-    def __init__(self, keys: tuple[str, ...]) -> None:
-        self.keys = keys
-        self._unseen = set(keys)
-        """The names no step's info has had yet (checked by :meth:`check_reported`)."""
+    def __init__(self, keys: InfoKeys) -> None:
+        self.every = keys == ALL
+        """Record every entry reported (``info_keys="all"``): :attr:`keys` grows."""
+        self.keys: list[str] = [] if self.every else list(keys)
+        """The names recorded: those given, or every one reported so far."""
+        self._shape = (0, 0)
+        self._unseen = set() if self.every else set(keys)
+        """The names no step's info has had yet (checked by :meth:`finish`)."""
         self._reported: set[str] = set()
         """Every name the infos had, gathered while some are unseen (for the error)."""
 
@@ -56,14 +69,17 @@ class InfoRecorder:
                 f"EnvRunner(info_keys=...): the policy's extras already have {sorted(clash)}, "
                 "where the infos are recorded; rename that policy output."
             )
-        extras[INFOS] = {k: np.zeros(shape, np.float64) for k in self.keys}
-        extras[INFOS_PRESENT] = {k: np.zeros(shape, np.bool_) for k in self.keys}
+        self._shape = shape
+        extras[INFOS], extras[INFOS_PRESENT] = {}, {}
+        self._add(extras, self.keys)
 
     def clear(self, extras: dict[str, Any]) -> None:
-        """Zeroes a reused buffer's arrays (a sample writes only the entries present)."""
-        for key in self.keys:
-            extras[INFOS][key].fill(0.0)
+        """Zeroes a reused buffer's arrays (a sample writes only the entries present),
+        adding those of names first reported since it was allocated."""
+        for key, values in extras[INFOS].items():
+            values.fill(0.0)
             extras[INFOS_PRESENT][key].fill(False)
+        self._add(extras, self.keys)
 
     def record(
         self, extras: dict[str, Any], t: Any, envs: Sequence[int], infos: Sequence[dict]
@@ -72,6 +88,9 @@ class InfoRecorder:
         infos are ``infos`` in the same order, into the buffer whose extras are
         ``extras``."""
         steps = np.broadcast_to(np.asarray(t), (len(envs),)).tolist()
+        if self.every:
+            self._record_every(extras, steps, envs, infos)
+            return
         if self._unseen:
             for info in infos:
                 self._reported.update(_names(info))
@@ -82,18 +101,51 @@ class InfoRecorder:
                 if value is _MISSING:
                     continue
                 self._unseen.discard(key)
-                if not isinstance(value, (numbers.Number, np.number, np.bool_)):
+                number = _number(value)
+                if number is None:
                     raise InvalidArgumentError(
                         f"EnvRunner(info_keys=...): sub-env {env}'s info[{key!r}] is a "
                         f"{type(value).__name__} ({value!r:.80}); only numbers are recorded. "
                         "Name a numeric entry, e.g. 'episode.r' rather than 'episode'."
                     )
-                values[step, env] = float(value)  # type: ignore[arg-type]
+                values[step, env] = number
                 present[step, env] = True
 
-    def check_reported(self, episode_ended: bool) -> None:
-        """At a sample's end: refuses the names no info has had, once an episode has
-        ended (``episode_ended``: in this sample)."""
+    def _record_every(
+        self, extras: dict[str, Any], steps: list[int], envs: Sequence[int], infos: Sequence[dict]
+    ) -> None:
+        values, present = extras[INFOS], extras[INFOS_PRESENT]
+        for step, env, info in zip(steps, envs, infos):
+            for name, value in _entries(info):
+                number = _number(value)
+                if number is None:
+                    numeric = {n for n, v in _entries(info) if _number(v) is not None}
+                    raise InvalidArgumentError(
+                        f"EnvRunner(info_keys='all'): sub-env {env}'s info[{name!r}] is a "
+                        f"{type(value).__name__} ({value!r:.80}); only numbers are recorded "
+                        "as arrays. Name the numeric entries you want instead of 'all' (those "
+                        f"reported so far: {sorted(numeric | set(self.keys))}), or read this "
+                        "one in a callback (Callbacks.on_episode_step: live.infos[-1] is the "
+                        "step's info)."
+                    )
+                if name not in values:
+                    if name not in self._reported:  # first reported: every buffer has it
+                        self._reported.add(name)
+                        self.keys.append(name)
+                    self._add(extras, (name,))
+                values[name][step, env] = number
+                present[name][step, env] = True
+
+    def finish(self, extras: dict[str, Any], episode_ended: bool) -> None:
+        """At a sample's end. Named entries: refuses the names no info has had, once an
+        episode has ended (``episode_ended``: in this sample). ``"all"``: gives the buffer
+        every name reported so far, in sorted order."""
+        if self.every:
+            self._add(extras, self.keys)
+            for part in (INFOS, INFOS_PRESENT):
+                if list(extras[part]) != sorted(extras[part]):
+                    extras[part] = dict(sorted(extras[part].items()))
+            return
         if not self._unseen or not episode_ended:
             return
         raise InvalidArgumentError(
@@ -102,6 +154,13 @@ class InfoRecorder:
             f"{sorted(self._reported)} (a dict entry's keys as 'name.key'). Pass names "
             "from that list."
         )
+
+    def _add(self, extras: dict[str, Any], names: Sequence[str]) -> None:
+        values, present = extras[INFOS], extras[INFOS_PRESENT]
+        for name in names:
+            if name not in values:
+                values[name] = np.zeros(self._shape, np.float64)
+                present[name] = np.zeros(self._shape, np.bool_)
 
 
 def _names(info: dict[str, Any], prefix: str = "") -> list[str]:
@@ -112,6 +171,25 @@ def _names(info: dict[str, Any], prefix: str = "") -> list[str]:
         if isinstance(value, dict):
             names += _names(value, f"{prefix}{key}.")
     return names
+
+
+def _entries(info: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``info``'s entries that are not dicts, by name (a dict entry's as ``name.key``)."""
+    for key, value in info.items():
+        if isinstance(value, dict):
+            yield from _entries(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float if it is a real number (a bool, a numpy scalar or a 0-d
+    array of one), else None."""
+    if isinstance(value, (numbers.Real, np.bool_)):
+        return float(value)  # type: ignore[arg-type]
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "biuf":
+        return float(value)
+    return None
 
 
 def policy_extras(extras: dict[str, Any]) -> dict[str, Any]:

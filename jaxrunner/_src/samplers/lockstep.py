@@ -30,6 +30,7 @@ from jaxrunner._src.samplers.sampler import (
     BufferPool,
     HostSampler,
     SamplerSetup,
+    StepProgress,
     attach_partial,
     finish_next_obs,
     record_next_obs,
@@ -120,7 +121,7 @@ class LockstepSampler(HostSampler):
         if callbacks is not None:
             self._live = [self._start_live(i, i, obs) for i in range(num_envs)]
 
-    def sample(self, params: Params) -> Trajectory:
+    def sample(self, params: Params, progress: StepProgress | None = None) -> Trajectory:
         num_steps = self.rollout_length
         buf = self._pool.take()
         perf = dict.fromkeys(PERF_KEYS, 0.0)
@@ -145,6 +146,8 @@ class LockstepSampler(HostSampler):
                     in_flight.append((g, step))
                     while len(in_flight) > lag:
                         t = self._finish_group(*in_flight.popleft(), buf, perf)
+                if progress is not None:
+                    progress(t * self.envs.num_envs)
             while in_flight:
                 t = self._finish_group(*in_flight.popleft(), buf, perf)
         except BaseException as err:

@@ -21,7 +21,7 @@ from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import pipeline_splits
-from jaxrunner._src.samplers.sampler import attach_partial
+from jaxrunner._src.samplers.sampler import StepProgress, attach_partial
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -115,7 +115,10 @@ class MultiAgentSampler:
         """Steps each env has taken in this sample (its next slot)."""
         self.agents = {g.policy_id: g.agents for g in envs.groups}
 
-    def sample(self, params: dict[str, Params]) -> MultiAgentTrajectory:
+    def sample(
+        self, params: dict[str, Params], progress: StepProgress | None = None
+    ) -> MultiAgentTrajectory:
+        """One rollout of every env; ``progress`` is told the env steps recorded."""
         num_steps, num_envs = self.rollout_length, self.envs.num_envs
         groups = {pid: gs.allocate(num_steps) for pid, gs in self.groups.items()}
         for pid, gs in self.groups.items():
@@ -162,6 +165,8 @@ class MultiAgentSampler:
                 if self._record(traj, env_level, lo, hi, out, perf) < num_steps:
                     self._act(params, traj, lo, hi, out.groups, perf)
                     in_flight += hi - lo
+                if progress is not None:
+                    progress(int(self._t.sum()))
         except BaseException as err:
             done = int(self._t.min())
             attach_partial(err, self._close(traj, env_level, done) if done else None)

@@ -24,6 +24,7 @@ from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.samplers.agent_episodes import agent_episode_ends
 from jaxrunner._src.samplers.multi_agent import MultiAgentSetup
 from jaxrunner._src.samplers.policy_step import act, initial_actor_state
+from jaxrunner._src.samplers.sampler import StepProgress
 from jaxrunner._src.samplers.scan_loop import (
     RolloutState,
     ScanLoop,
@@ -180,7 +181,9 @@ class MultiAgentScanSampler:
             pid: (np.zeros(s, np.float64), np.zeros(s, np.int64)) for pid, s in shape_of.items()
         }
 
-    def sample(self, params: dict[str, Params]) -> MultiAgentTrajectory:
+    def sample(
+        self, params: dict[str, Params], progress: StepProgress | None = None
+    ) -> MultiAgentTrajectory:
         start = time.perf_counter()
         groups, env, ends = self._loop(params)
         num_steps, num_envs = self.rollout_length, self.envs.num_envs

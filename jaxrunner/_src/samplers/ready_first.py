@@ -28,6 +28,7 @@ from jaxrunner._src.samplers.sampler import (
     BufferPool,
     HostSampler,
     SamplerSetup,
+    StepProgress,
     attach_partial,
     finish_next_obs,
     record_next_obs,
@@ -123,7 +124,7 @@ class ReadyFirstSampler(HostSampler):
         self._resets: list[np.ndarray] = []
         self._leaves_of: tuple[Any, list[np.ndarray]] = (None, [])
 
-    def sample(self, params: Params) -> Trajectory:
+    def sample(self, params: Params, progress: StepProgress | None = None) -> Trajectory:
         num_steps = self.rollout_length
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
@@ -146,6 +147,8 @@ class ReadyFirstSampler(HostSampler):
                 perf["env_wait_ms"] += tick - clock
                 self._record(out)
                 perf["obs_processing_ms"] += time.perf_counter() - tick
+                if progress is not None:
+                    progress(int(np.minimum(self._t, num_steps).sum()))
         except BaseException as err:
             done = int(min(self._t.min(), num_steps))
             partial = None

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
@@ -21,8 +22,12 @@ from jaxrunner._src.core.metrics import RunnerMetrics
 from jaxrunner._src.core.next_obs_store import FinalObsRecorder
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.trajectory import Trajectory
-from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, InfoRecorder
+from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, InfoKeys, InfoRecorder
 from jaxrunner.errors import InvalidArgumentError
+
+StepProgress = Callable[[int], None]
+"""What a sampler reports a sample's progress to: called with the env steps it has
+recorded so far (``Progress.update`` of the runner's bar)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +46,9 @@ class SamplerSetup:
     """The runner's metrics, which every sample adds to."""
     connectors: Connectors | None = None
     """Transforms between the envs and the policy (:mod:`jaxrunner.connectors`)."""
-    info_keys: tuple[str, ...] = ()
-    """Info entries recorded as ``[T, B]`` arrays (:mod:`.info_arrays`; host samplers)."""
+    info_keys: InfoKeys = ()
+    """Info entries recorded as ``[T, B]`` arrays, or ``"all"`` (:mod:`.info_arrays`;
+    host samplers)."""
     compact_next_obs: bool = False
     """Store ``next_obs`` only where it is not the next step's ``obs`` (host samplers;
     :mod:`jaxrunner._src.core.next_obs_store`)."""
@@ -60,9 +66,10 @@ class Sampler(abc.ABC):
     """Shapes and dtypes of the policy's actions for all envs (``[B, ...]``)."""
 
     @abc.abstractmethod
-    def sample(self, params: Params) -> Trajectory:
+    def sample(self, params: Params, progress: StepProgress | None = None) -> Trajectory:
         """One rollout of every env with ``params`` (device arrays for the scan
-        sampler, numpy for the host ones)."""
+        sampler, numpy for the host ones); host samplers tell ``progress`` the env steps
+        recorded as they go (a scan, one compiled call, does not)."""
 
     def get_state(self) -> dict[str, Any]:
         """What the sampler carries from one ``sample()`` to the next (policy keys and
@@ -110,7 +117,7 @@ class HostSampler(Sampler):
         the sample in the error's ``partial_trajectory``."""
         if self._infos is not None:
             try:
-                self._infos.check_reported(bool((buf.terminated | buf.truncated).any()))
+                self._infos.finish(buf.extras, bool((buf.terminated | buf.truncated).any()))
             except InvalidArgumentError as err:
                 attach_partial(err, buf)
                 raise

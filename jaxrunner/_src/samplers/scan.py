@@ -22,7 +22,7 @@ from jaxrunner._src.connectors.state_rows import device_copy
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.samplers.policy_step import ActorState, act, initial_actor_state
-from jaxrunner._src.samplers.sampler import Sampler, SamplerSetup
+from jaxrunner._src.samplers.sampler import Sampler, SamplerSetup, StepProgress
 from jaxrunner._src.samplers.scan_loop import (
     RolloutState,
     ScanLoop,
@@ -117,7 +117,7 @@ class ScanSampler(Sampler):
         self._loop = ScanLoop(run, setup.params, state, self._env_params)
         self.action_spec = None  # checked against the action space while tracing
 
-    def sample(self, params: Params) -> Trajectory:
+    def sample(self, params: Params, progress: StepProgress | None = None) -> Trajectory:
         """One rollout; the returns and lengths of the episodes that ended, in step
         order then env order, go to the metrics (the sample's one transfer)."""
         start_time = time.perf_counter()
