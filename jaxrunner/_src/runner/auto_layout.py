@@ -4,10 +4,13 @@ timed on each candidate. See docs/backends/index.md."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import statistics
 import time
 from collections.abc import Mapping
 from typing import Any
+
+import gymnasium
 
 from jaxrunner._src.backends import EnvSpec, check_vec_options, choose_auto_layout, make_vec
 from jaxrunner._src.backends.auto import LayoutChoice
@@ -35,6 +38,8 @@ layout, with no processes to start, wins (and among workers, the fewer). A trial
 few short samples, and on 2 cores the ratio of the same two layouts moved by 5-15%
 between trials (``benchmarks/results/auto_backend_policy_*quiet_cpu.json``); only a
 clear win is worth the workers."""
+ENVPOOL = "envpool"
+"""The trial's key of the ``"envpool"`` backend (the others are worker counts, 0 sync)."""
 TRIAL_OPTIONS = ("num_splits", "connectors", "info_keys", "compact_next_obs")
 """The runner options the trial runners share with the final one (they change the
 work of a step). Callbacks and metrics are left out: the trial's samples are nobody's."""
@@ -64,10 +69,11 @@ def make_runner(
         check_vec_options(backend, config, restart_policy)
         caller = 'EnvRunner.from_env(backend="auto", its default)'
         choice = choose_auto_layout(env, env_kwargs, num_envs, seed, caller)
-        if choice.backend == "process":
+        envpool = envpool_has(env, env_kwargs, restart_policy)
+        if choice.backend == "process" or envpool:
             choice = _trial(
                 runner_cls, choice, env, num_envs, policy, params, seed,
-                restart_policy, env_kwargs, runner_options,
+                restart_policy, env_kwargs, runner_options, envpool,
             )  # fmt: skip
         backend, config = choice.backend, choice.process_config()
     envs = make_vec(
@@ -93,51 +99,94 @@ def _trial(
     restart_policy: RestartPolicy | None,
     env_kwargs: dict[str, Any],
     runner_options: dict[str, Any],
+    envpool: bool = False,
 ) -> LayoutChoice:
-    """Times sync against the process layouts of :func:`trial_workers` with the
-    policy (more rounds where they are close: :data:`CLOSE`); returns the fastest
-    (:func:`pick_layout`)."""
+    """Times sync against the process layouts of :func:`trial_workers` (where the rule
+    chose workers) and, with ``envpool``, the ``"envpool"`` backend (where its spaces
+    are the sync envs'), with the policy (more rounds where they are close:
+    :data:`CLOSE`); returns the fastest (:func:`pick_layout`)."""
     work_us = rule.env_step_us * num_envs
     length = int(min(max(TRIAL_SAMPLE_S * 1e6 // work_us, TRIAL_STEPS[0]), TRIAL_STEPS[1]))
     options = {k: v for k, v in runner_options.items() if k in TRIAL_OPTIONS}
-    runners: dict[int, Any] = {}
+    runners: dict[int | str, Any] = {}
+    keys: list[int | str] = [*trial_workers(rule)] if rule.backend == "process" else [0]
+    if envpool:
+        keys.append(ENVPOOL)
     try:
-        for workers in trial_workers(rule):
-            layout = dataclasses.replace(
-                rule, backend="process" if workers else "sync", num_workers=workers
-            )
-            envs: VectorEnv = make_vec(
-                env, num_envs, layout.backend, config=layout.process_config(),
-                restart_policy=restart_policy, **env_kwargs,
-            )  # fmt: skip
+        for key in keys:
+            if key == ENVPOOL:
+                envs: VectorEnv = make_vec(env, num_envs, ENVPOOL)
+                if not _same_spaces(envs, runners[0].envs):  # the policy's are the sync envs'
+                    envs.close()
+                    continue
+            else:
+                layout = dataclasses.replace(
+                    rule, backend="process" if key else "sync", num_workers=int(key)
+                )
+                envs = make_vec(
+                    env, num_envs, layout.backend, config=layout.process_config(),
+                    restart_policy=restart_policy, **env_kwargs,
+                )  # fmt: skip
             try:
-                runners[workers] = runner_cls(envs, policy, params, length, seed, **options)
+                runners[key] = runner_cls(envs, policy, params, length, seed, **options)
             except BaseException:
                 envs.close()
                 raise
-            runners[workers].sample()  # warm-up: compiles, first resets, worker start
-        times: dict[int, list[float]] = {workers: [] for workers in runners}
+            runners[key].sample()  # warm-up: compiles, first resets, worker start
+        times: dict[int | str, list[float]] = {key: [] for key in runners}
         for round_index in range(2 * TRIAL_ROUNDS):
             if round_index == TRIAL_ROUNDS and not undecided(times):
                 break
-            for workers, runner in runners.items():
+            for key, runner in runners.items():
                 start = time.perf_counter()
                 runner.sample()
-                times[workers].append(time.perf_counter() - start)
+                times[key].append(time.perf_counter() - start)
         inference_ms = runners[0].get_metrics()["perf"]["inference_ms"]
     finally:
         for runner in runners.values():
             runner.stop()
-    rates = {workers: length * num_envs / statistics.median(t) for workers, t in times.items()}
+    rates = {key: length * num_envs / statistics.median(t) for key, t in times.items()}
     return pick_layout(rule, rates, policy_step_us=1e3 * inference_ms)
 
 
-def undecided(times: Mapping[int, list[float]]) -> bool:
-    """Whether sync's median sample time and the fastest process layout's are within
-    :data:`CLOSE` of each other, either way."""
+def envpool_has(env: Any, env_kwargs: Mapping[str, Any], restart_policy: Any) -> bool:
+    """Whether the ``"envpool"`` backend is a candidate: EnvPool imports and has the
+    task ``env`` (an id), with no env kwargs (they are for ``gymnasium.make``) and no
+    restart policy (EnvPool restarts nothing)."""
+    if not isinstance(env, str) or env_kwargs or restart_policy is not None:
+        return False
+    if importlib.util.find_spec("envpool") is None:
+        return False
+    import envpool  # type: ignore[import-not-found]  # the optional extra
+
+    return env in envpool.list_all_envs()
+
+
+def _same_spaces(envs: VectorEnv, sync: VectorEnv) -> bool:
+    """Whether ``envs`` take and give what the sync envs do (space types, shapes and
+    dtypes: EnvPool's Atari tasks, say, preprocess their frames)."""
+    pairs = (
+        (envs.single_observation_space, sync.single_observation_space),
+        (envs.single_action_space, sync.single_action_space),
+    )
+    return all(
+        type(a) is type(b)
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+        and (not isinstance(a, gymnasium.spaces.Discrete) or (a.n, a.start) == (b.n, b.start))
+        for a, b in pairs
+    )
+
+
+def undecided(times: Mapping[int | str, list[float]]) -> bool:
+    """Whether sync's median sample time and the fastest other layout's are within
+    :data:`CLOSE` of each other, either way (False where sync is the only one)."""
     sync = statistics.median(times[0])
-    workers = min(statistics.median(t) for w, t in times.items() if w)
-    return max(sync, workers) <= CLOSE * min(sync, workers)
+    others = [statistics.median(t) for key, t in times.items() if key != 0]
+    if not others:
+        return False
+    best = min(others)
+    return max(sync, best) <= CLOSE * min(sync, best)
 
 
 def trial_workers(rule: LayoutChoice) -> list[int]:
@@ -148,24 +197,34 @@ def trial_workers(rule: LayoutChoice) -> list[int]:
 
 
 def pick_layout(
-    rule: LayoutChoice, rates: Mapping[int, float], *, policy_step_us: float
+    rule: LayoutChoice, rates: Mapping[int | str, float], *, policy_step_us: float
 ) -> LayoutChoice:
-    """The layout with the most env steps/s in the trial (``rates``, by worker count;
-    0 is sync), where it beats sync's by :data:`SYNC_TIE`, else sync; the choice
-    records every rate and why."""
-    best = max(rates, key=lambda workers: (rates[workers], -workers))
+    """The layout with the most env steps/s in the trial (``rates``, by worker count,
+    0 being sync, and :data:`ENVPOOL`), where it beats sync's by :data:`SYNC_TIE`, else
+    sync (on a tie, the fewer processes); the choice records every rate and why."""
+    best = max(rates, key=lambda key: (rates[key], -_processes(key)))
     if rates[best] <= SYNC_TIE * rates[0]:
         best = 0
-    tried = ", ".join(f"{_label(w)} {rate:,.0f}" for w, rate in sorted(rates.items()))
+    order = sorted(rates, key=lambda key: (key == ENVPOOL, _processes(key)))
+    tried = ", ".join(f"{_label(key)} {rates[key]:,.0f}" for key in order)
+    backend = ENVPOOL if best == ENVPOOL else "process" if best else "sync"
     return dataclasses.replace(
         rule,
-        backend="process" if best else "sync",
-        num_workers=best,
+        backend=backend,
+        num_workers=0 if best == ENVPOOL else int(best),
         reason=f"{rule.reason}; tried with the policy (env steps/s): {tried}; kept {_label(best)}",
-        tried=tuple(sorted(rates.items())),
+        tried=tuple((int(key), rates[key]) for key in order if key != ENVPOOL),
+        tried_envpool=rates.get(ENVPOOL),
         policy_step_us=policy_step_us,
     )
 
 
-def _label(workers: int) -> str:
-    return "sync" if workers == 0 else f"{workers} worker{'s' if workers > 1 else ''}"
+def _processes(key: int | str) -> int:
+    """Processes a layout adds (EnvPool's are threads)."""
+    return 0 if key == ENVPOOL else int(key)
+
+
+def _label(key: int | str) -> str:
+    if key == ENVPOOL:
+        return "envpool"
+    return "sync" if key == 0 else f"{key} worker{'s' if int(key) > 1 else ''}"
