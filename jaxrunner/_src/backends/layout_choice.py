@@ -42,11 +42,10 @@ class LayoutChoice:
 
     def metrics(self) -> dict[str, int | float]:
         """The choice as numbers, for ``get_metrics()`` and metric loggers (which take
-        no strings): ``process`` (``envpool``) is 1 where the workers (EnvPool) were
-        chosen, else 0."""
+        no strings): ``process`` is 1 where the workers were chosen, else 0 (and, where
+        EnvPool was tried, ``envpool`` 1 where it was chosen)."""
         metrics: dict[str, int | float] = {
             "process": int(self.backend == "process"),
-            "envpool": int(self.backend == "envpool"),
             "num_workers": self.num_workers,
             "env_step_us": self.env_step_us,
             "cpus": self.cpus,
@@ -56,5 +55,6 @@ class LayoutChoice:
         for workers, rate in self.tried:
             metrics[f"tried_{workers}_workers_steps_per_s"] = rate
         if self.tried_envpool is not None:
+            metrics["envpool"] = int(self.backend == "envpool")
             metrics["tried_envpool_steps_per_s"] = self.tried_envpool
         return metrics
