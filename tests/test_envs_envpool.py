@@ -228,7 +228,7 @@ def test_async_keep_reset_steps_replays_envpool_by_hand(mlp: Callable, compact: 
     EnvPool stepped by hand gives for the same actions, its reset steps included; the
     reset slots are exactly the steps after an end, and count in no metric (also with
     ``compact_next_obs``)."""
-    n, length, samples, limit = 8, 20, 3, 12
+    n, length, samples, limit = 16, 20, 3, 12  # more envs than a chunk (8): part calls
     envs = _envpool(n, limit, batch_size=2, keep_reset_steps=True)
     assert envs.capabilities.reset_steps and envs.capabilities.ready_first
     policy = mlp(envs.single_action_space)

@@ -173,7 +173,10 @@ def _same_spaces(envs: VectorEnv, sync: VectorEnv) -> bool:
         type(a) is type(b)
         and a.shape == b.shape
         and a.dtype == b.dtype
-        and (not isinstance(a, gymnasium.spaces.Discrete) or (a.n, a.start) == (b.n, b.start))
+        and (
+            not isinstance(a, gymnasium.spaces.Discrete)
+            or (isinstance(b, gymnasium.spaces.Discrete) and (a.n, a.start) == (b.n, b.start))
+        )
         for a, b in pairs
     )
 
