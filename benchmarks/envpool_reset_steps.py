@@ -1,6 +1,7 @@
 """Does keeping EnvPool's reset steps (``keep_reset_steps=True``) catch up with EnvPool by hand?
 
-Per width, three systems on CartPole-v1 with the 64-64 MLP of ``jr.models``, in one
+Per width, three systems on CartPole-v1 with the 64-64 MLP of ``jr.models`` (or another
+workload of ``jaxrunner bench``'s, ``--workload pong``: EnvPool's Pong-v5 and a NatureCNN), in one
 process, timed in interleaved rounds (the order alternates each round): jaxrunner's
 EnvPool backend at its default (a masked reset round trip after each step that ended
 an episode), the same with ``keep_reset_steps=True``, and the recording hand loop over
@@ -13,6 +14,8 @@ Usage (needs the ``envpool`` extra)::
 
     python benchmarks/envpool_reset_steps.py --num-envs 8 64 256 --rounds 15
     python benchmarks/envpool_reset_steps.py --async-mode --out /tmp/envpool_async.json
+    python benchmarks/envpool_reset_steps.py --workload pong --async-mode --num-envs 8 \
+        --rollout-length 32 --reps 1
 """
 
 from __future__ import annotations
@@ -30,14 +33,20 @@ from peer_loops import EnvPoolAsyncLoop
 import jaxrunner as jr
 from jaxrunner._src.bench import machine_info
 from jaxrunner._src.bench.hand_loop import RecordingHandLoop
+from jaxrunner._src.bench.workloads import WORKLOADS, Workload
 
 SEED = 0
 
 
-def _runner(num_envs: int, length: int, keep: bool, async_mode: bool) -> Callable[[], int]:
+def _runner(
+    work: Workload, num_envs: int, length: int, keep: bool, async_mode: bool
+) -> Callable[[], int]:
     batch = {"batch_size": num_envs // 2} if async_mode else {}
-    envs = jr.make_vec("CartPole-v1", num_envs, backend="envpool", keep_reset_steps=keep, **batch)
-    policy = jr.models.mlp_policy(envs.single_action_space, hidden=(64, 64))
+    envs = jr.make_vec(
+        work.envpool_id, num_envs, backend="envpool", keep_reset_steps=keep,
+        **batch, **work.envpool_kwargs,
+    )  # fmt: skip
+    policy = work.policy(envs.single_observation_space, envs.single_action_space)
     params = policy.init(jax.random.key(SEED), envs.single_observation_space)
     runner = jr.EnvRunner(envs, policy, params, rollout_length=length, seed=SEED)
 
@@ -49,32 +58,37 @@ def _runner(num_envs: int, length: int, keep: bool, async_mode: bool) -> Callabl
     return sample
 
 
-def _hand(num_envs: int, length: int, async_mode: bool) -> Callable[[], int]:
+def _hand(work: Workload, num_envs: int, length: int, async_mode: bool) -> Callable[[], int]:
     import envpool  # type: ignore[import-not-found]  # the optional extra
 
     if async_mode:  # recvs of num_envs // 2 envs: twice the rounds for as many steps
         loop = EnvPoolAsyncLoop(
-            "CartPole-v1", {}, num_envs, 2 * length, SEED,
-            lambda obs_space, action_space: jr.models.mlp_policy(action_space, hidden=(64, 64)),
-        )  # fmt: skip
+            work.envpool_id, work.envpool_kwargs, num_envs, 2 * length, SEED, work.policy
+        )
         return loop.rollout
-    envs = envpool.make_gymnasium("CartPole-v1", num_envs=num_envs, batch_size=num_envs, seed=SEED)
+    envs = envpool.make_gymnasium(
+        work.envpool_id, num_envs=num_envs, batch_size=num_envs, seed=SEED, **work.envpool_kwargs
+    )
+    obs_space, action_space = envs.observation_space, envs.action_space
     return RecordingHandLoop(
         envs, length, SEED, seeded_reset=False, next_step_reset=True,
-        policy=jr.models.mlp_policy(envs.action_space, hidden=(64, 64)),
+        policy=work.policy(obs_space, action_space),
     ).rollout  # fmt: skip
 
 
-def measure(num_envs: int, length: int, rounds: int, async_mode: bool) -> dict:
+def measure(
+    work: Workload, num_envs: int, length: int, rounds: int, async_mode: bool, reps: int | None
+) -> dict:
     systems = {
-        "default": _runner(num_envs, length, False, async_mode),
-        "keep_reset_steps": _runner(num_envs, length, True, async_mode),
-        "hand": _hand(num_envs, length, async_mode),
+        "default": _runner(work, num_envs, length, False, async_mode),
+        "keep_reset_steps": _runner(work, num_envs, length, True, async_mode),
+        "hand": _hand(work, num_envs, length, async_mode),
     }
     for run in systems.values():  # compile and warm up
         run()
         run()
-    reps = max(1, 512 // num_envs)  # rounds of about 0.2 s: one preemption weighs less
+    if reps is None:  # CartPole rounds of about 0.2 s: one preemption weighs less
+        reps = max(1, 512 // num_envs)
     rates: dict[str, list[float]] = {name: [] for name in systems}
     for k in range(rounds):
         for name in list(systems) if k % 2 == 0 else list(reversed(systems)):
@@ -90,6 +104,7 @@ def measure(num_envs: int, length: int, rounds: int, async_mode: bool) -> dict:
             "keep_reset_steps/hand": med["keep_reset_steps"] / med["hand"],
             "keep_reset_steps/default": med["keep_reset_steps"] / med["default"],
         },
+        "reps_per_round": reps,
         "load_average": os.getloadavg(),
         "rounds": rates,
     }
@@ -101,11 +116,14 @@ def main() -> None:
     parser.add_argument("--rollout-length", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--async-mode", action="store_true", help="batch_size = num_envs // 2")
+    parser.add_argument("--workload", choices=["cartpole", "pong"], default="cartpole")
+    parser.add_argument("--reps", type=int, default=None, help="samples per system per round")
     parser.add_argument("--out", help="write the results here as JSON")
     args = parser.parse_args()
     results = []
     for n in args.num_envs:
-        row = measure(n, args.rollout_length, args.rounds, args.async_mode)
+        work = WORKLOADS[args.workload]
+        row = measure(work, n, args.rollout_length, args.rounds, args.async_mode, args.reps)
         results.append(row)
         med, ratio = row["median_steps_per_s"], row["ratios"]
         print(

@@ -71,6 +71,7 @@ def test_cheap_envs_stay_in_one_process_without_a_trial(monkeypatch):
         raise AssertionError("a trial where the rule keeps sync")
 
     monkeypatch.setattr(auto_layout, "_trial", no_trial)
+    monkeypatch.setattr(auto_layout, "envpool_has", lambda *args: False)  # EnvPool has it
     policy, params = _policy_and_params()
     with jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, ROLLOUT, 3) as runner:
         choice = runner.envs.layout_choice
@@ -150,6 +151,19 @@ def test_pick_layout_takes_workers_only_past_the_tie():
     assert tie.metrics()["process"] == 0
     fewer = pick_layout(rule, {0: 100.0, 1: 150.0, 3: 150.0}, policy_step_us=5)
     assert fewer.num_workers == 1  # equal rates: the fewer workers
+
+
+def test_pick_layout_takes_envpool_past_the_tie_and_says_so():
+    rule = choose_layout(1.0, 8, cpus=2)  # cheap envs: the rule keeps sync
+    won = pick_layout(rule, {0: 100.0, "envpool": 100.0 * SYNC_TIE + 0.4}, policy_step_us=5)
+    assert (won.backend, won.num_workers, won.process_config()) == ("envpool", 0, None)
+    assert won.reason.endswith("sync 100, envpool 105; kept envpool")
+    assert won.tried == ((0, 100.0),) and won.tried_envpool == 100.0 * SYNC_TIE + 0.4
+    assert won.metrics()["envpool"] == 1 and won.metrics()["process"] == 0
+    tie = pick_layout(rule, {0: 100.0, "envpool": 100.0 * SYNC_TIE}, policy_step_us=5)
+    assert tie.backend == "sync" and tie.metrics()["tried_envpool_steps_per_s"] == 100 * SYNC_TIE
+    even = pick_layout(rule, {0: 100.0, 1: 150.0, "envpool": 150.0}, policy_step_us=5)
+    assert even.backend == "envpool"  # equal rates: no worker processes
 
 
 def test_refusals_say_what_to_do():

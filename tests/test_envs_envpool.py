@@ -228,7 +228,7 @@ def test_async_keep_reset_steps_replays_envpool_by_hand(mlp: Callable, compact: 
     EnvPool stepped by hand gives for the same actions, its reset steps included; the
     reset slots are exactly the steps after an end, and count in no metric (also with
     ``compact_next_obs``)."""
-    n, length, samples, limit = 8, 20, 3, 12
+    n, length, samples, limit = 16, 20, 3, 12  # more envs than a chunk (8): part calls
     envs = _envpool(n, limit, batch_size=2, keep_reset_steps=True)
     assert envs.capabilities.reset_steps and envs.capabilities.ready_first
     policy = mlp(envs.single_action_space)
@@ -336,3 +336,31 @@ def test_keep_reset_steps_sends_in_the_background() -> None:
         assert resets  # the episodes (5 steps) ended and EnvPool's reset steps came back
         with pytest.raises(InvalidArgumentError, match="all 3 sub-envs"):
             mine.send(np.zeros(2, np.int64), slice(0, 2))
+
+
+@pytest.mark.parametrize("winner", ["envpool", 0])
+def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) -> None:
+    """Where EnvPool has the id, ``from_env``'s trial times its backend too (the rule
+    keeps these cheap envs in sync, so nothing else is tried); the runner built is the
+    one a user builds by hand on the chosen backend."""
+    from jaxrunner._src.runner import auto_layout
+
+    picked: list[dict] = []
+    real_pick = auto_layout.pick_layout
+
+    def rigged(rule, rates, *, policy_step_us):  # the real rates, then a set winner
+        picked.append(dict(rates))
+        return real_pick(rule, {0: 1.0, "envpool": 1.0, winner: 2.0}, policy_step_us=5.0)
+
+    monkeypatch.setattr(auto_layout, "pick_layout", rigged)
+    env = gymnasium.make("CartPole-v1")
+    policy = jr.models.mlp_policy(env.action_space)
+    params = policy.init(jax.random.key(0), env.observation_space)
+    with jr.EnvRunner.from_env("CartPole-v1", 4, policy, params, 8, SEED) as runner:
+        got = runner.sample()
+        choice = runner.envs.layout_choice
+    assert len(picked) == 1 and set(picked[0]) == {0, "envpool"} and min(picked[0].values()) > 0
+    assert choice is not None and choice.backend == ("envpool" if winner else "sync")
+    backend = "envpool" if winner else "sync"
+    with jr.EnvRunner(jr.make_vec("CartPole-v1", 4, backend), policy, params, 8, SEED) as ref:
+        assert_trees_equal(got, ref.sample(), f"from_env(auto -> {backend}) vs by hand")

@@ -12,7 +12,8 @@ class LayoutChoice:
     """What ``backend="auto"`` chose, from what it measured."""
 
     backend: str
-    """``"sync"`` or ``"process"``."""
+    """``"sync"``, ``"process"`` or (chosen by ``EnvRunner.from_env``'s trial)
+    ``"envpool"``."""
     num_workers: int
     """Worker processes (0 for sync)."""
     env_step_us: float
@@ -26,6 +27,9 @@ class LayoutChoice:
     """Env steps/s of each layout tried with the policy (``EnvRunner.from_env``), as
     ``(num_workers, rate)`` pairs, 0 workers being sync; empty where the choice came
     from the env alone."""
+    tried_envpool: float | None = None
+    """Env steps/s of the ``"envpool"`` backend in that trial; None where it was not
+    tried (EnvPool not installed, the id not EnvPool's, or its spaces not the env's)."""
     policy_step_us: float | None = None
     """The policy's time per vector step in that trial (sync), in microseconds."""
 
@@ -38,7 +42,8 @@ class LayoutChoice:
 
     def metrics(self) -> dict[str, int | float]:
         """The choice as numbers, for ``get_metrics()`` and metric loggers (which take
-        no strings): ``process`` is 1 where the workers were chosen, else 0."""
+        no strings): ``process`` is 1 where the workers were chosen, else 0 (and, where
+        EnvPool was tried, ``envpool`` 1 where it was chosen)."""
         metrics: dict[str, int | float] = {
             "process": int(self.backend == "process"),
             "num_workers": self.num_workers,
@@ -49,4 +54,7 @@ class LayoutChoice:
             metrics["policy_step_us"] = self.policy_step_us
         for workers, rate in self.tried:
             metrics[f"tried_{workers}_workers_steps_per_s"] = rate
+        if self.tried_envpool is not None:
+            metrics["envpool"] = int(self.backend == "envpool")
+            metrics["tried_envpool_steps_per_s"] = self.tried_envpool
         return metrics

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import statistics
 import time
 import warnings
 from collections.abc import Mapping
 from typing import Any
+
+import gymnasium
 
 from jaxrunner._src.backends import EnvSpec, check_vec_options, choose_auto_layout, make_vec
 from jaxrunner._src.backends.auto import LayoutChoice
@@ -37,6 +40,8 @@ layout, with no processes to start, wins (and among workers, the fewer). A trial
 few short samples, and on 2 cores the ratio of the same two layouts moved by 5-15%
 between trials (``benchmarks/results/auto_backend_policy_*quiet_cpu.json``); only a
 clear win is worth the workers."""
+ENVPOOL = "envpool"
+"""The trial's key of the ``"envpool"`` backend (the others are worker counts, 0 sync)."""
 TRIAL_OPTIONS = ("num_splits", "connectors", "info_keys", "compact_next_obs")
 """The runner options the trial runners share with the final one (they change the
 work of a step). Callbacks and metrics are left out: the trial's samples are nobody's."""
@@ -68,10 +73,12 @@ def make_runner(
         choice, multi_agent = choose_auto_layout(
             env, env_kwargs, num_envs, seed, restart_policy, caller
         )
-        if choice.backend == "process" and not multi_agent:  # (runner_cls refuses those)
+        envpool = not multi_agent and envpool_has(env, env_kwargs, restart_policy)
+        # (a multi-agent env goes to runner_cls untried: it refuses one)
+        if (choice.backend == "process" and not multi_agent) or envpool:
             choice = _trial(
                 runner_cls, choice, env, num_envs, policy, params, seed,
-                restart_policy, env_kwargs, runner_options,
+                restart_policy, env_kwargs, runner_options, envpool,
             )  # fmt: skip
         backend, config = choice.backend, choice.process_config()
     envs = make_vec(
@@ -97,81 +104,96 @@ def _trial(
     restart_policy: RestartPolicy | None,
     env_kwargs: dict[str, Any],
     runner_options: dict[str, Any],
+    envpool: bool = False,
 ) -> LayoutChoice:
-    """Times sync against the process layouts of :func:`trial_workers` with the
-    policy (more rounds where they are close: :data:`CLOSE`); returns the fastest
-    (:func:`pick_layout`). A process layout that fails (its workers die, say) is
-    dropped, with a warning; a failure of sync is the env's, and raises."""
+    """Times sync against the process layouts of :func:`trial_workers` (where the rule
+    chose workers) and, with ``envpool``, the ``"envpool"`` backend (where its spaces
+    are the sync envs'), with the policy (more rounds where they are close:
+    :data:`CLOSE`); returns the fastest (:func:`pick_layout`). A layout other than
+    sync that fails (its workers die, say) is dropped, with a warning; a failure of sync
+    is the env's, and raises."""
     work_us = rule.env_step_us * num_envs
     length = int(min(max(TRIAL_SAMPLE_S * 1e6 // work_us, TRIAL_STEPS[0]), TRIAL_STEPS[1]))
     options = {k: v for k, v in runner_options.items() if k in TRIAL_OPTIONS}
-    runners: dict[int, Any] = {}
-    failed: dict[int, Exception] = {}
+    runners: dict[int | str, Any] = {}
+    failed: dict[int | str, Exception] = {}
+    keys: list[int | str] = [*trial_workers(rule)] if rule.backend == "process" else [0]
+    if envpool:
+        keys.append(ENVPOOL)
 
-    def timed_sample(workers: int) -> float:
-        """One sample of ``workers``' runner; a failure drops a process layout."""
+    def timed_sample(key: int | str) -> float:
+        """One sample of ``key``'s runner; a failure drops a layout other than sync."""
         start = time.perf_counter()
         try:
-            runners[workers].sample()
+            runners[key].sample()
         except Exception as err:
-            if not workers:
+            if key == 0:
                 err.add_note(
                     'jaxrunner: EnvRunner.from_env(backend="auto") was timing the sync '
                     "layout (the one every failure falls back to) when this was raised."
                 )
                 raise
-            failed[workers] = err
+            failed[key] = err
             with contextlib.suppress(Exception):  # its workers may be dead already
-                runners.pop(workers).stop()
+                runners.pop(key).stop()
         return time.perf_counter() - start
 
-    times: dict[int, list[float]] = {}
+    times: dict[int | str, list[float]] = {}
     try:
-        for workers in trial_workers(rule):
-            layout = dataclasses.replace(
-                rule, backend="process" if workers else "sync", num_workers=workers
-            )
+        for key in keys:
             try:
-                envs: VectorEnv = make_vec(
-                    env, num_envs, layout.backend, config=layout.process_config(),
-                    restart_policy=restart_policy, **env_kwargs,
-                )  # fmt: skip
+                if key == ENVPOOL:
+                    envs: VectorEnv = make_vec(env, num_envs, ENVPOOL)
+                    if not _same_spaces(envs, runners[0].envs):  # the policy's: sync's
+                        envs.close()
+                        continue
+                else:
+                    layout = dataclasses.replace(
+                        rule, backend="process" if key else "sync", num_workers=int(key)
+                    )
+                    envs = make_vec(
+                        env, num_envs, layout.backend, config=layout.process_config(),
+                        restart_policy=restart_policy, **env_kwargs,
+                    )  # fmt: skip
             except Exception as err:
-                if not workers:
+                if key == 0:
                     raise
-                failed[workers] = err
+                failed[key] = err
                 continue
             try:
-                runners[workers] = runner_cls(envs, policy, params, length, seed, **options)
+                runners[key] = runner_cls(envs, policy, params, length, seed, **options)
             except BaseException as err:
                 envs.close()
-                if not workers or not isinstance(err, Exception):
+                if key == 0 or not isinstance(err, Exception):
                     raise
-                failed[workers] = err
+                failed[key] = err
                 continue
-            timed_sample(workers)  # warm-up: compiles, first resets, worker start
-        times = {workers: [] for workers in runners}
+            timed_sample(key)  # warm-up: compiles, first resets, worker start
+        times = {key: [] for key in runners}
         for round_index in range(2 * TRIAL_ROUNDS):
             only_sync = round_index > 0 and len(runners) == 1
             if only_sync or (round_index == TRIAL_ROUNDS and not undecided(times)):
                 break
-            for workers in list(runners):
-                took = timed_sample(workers)
-                if workers in runners:
-                    times[workers].append(took)
+            for key in list(runners):
+                took = timed_sample(key)
+                if key in runners:
+                    times[key].append(took)
                 else:
-                    del times[workers]
+                    del times[key]
         inference_ms = runners[0].get_metrics()["perf"]["inference_ms"]
     finally:
         for runner in runners.values():
             runner.stop()
-    rates = {workers: length * num_envs / statistics.median(t) for workers, t in times.items()}
+    rates = {key: length * num_envs / statistics.median(t) for key, t in times.items()}
     choice = pick_layout(rule, rates, policy_step_us=1e3 * inference_ms)
     if failed:
-        dropped = "; ".join(f"{_label(w)} failed ({err!r})" for w, err in sorted(failed.items()))
+        dropped = "; ".join(
+            f"{_label(key)} failed ({err!r})" for key, err in sorted(failed.items(), key=str)
+        )
+        kept = ENVPOOL if choice.backend == ENVPOOL else choice.num_workers
         warnings.warn(
             f'EnvRunner.from_env(backend="auto"): in the trial of layouts, {dropped}; '
-            f"dropped, and {_label(choice.num_workers)} kept.",
+            f"dropped, and {_label(kept)} kept.",
             RuntimeWarning,
             stacklevel=4,
         )
@@ -179,12 +201,47 @@ def _trial(
     return choice
 
 
-def undecided(times: Mapping[int, list[float]]) -> bool:
-    """Whether sync's median sample time and the fastest process layout's are within
-    :data:`CLOSE` of each other, either way."""
+def envpool_has(env: Any, env_kwargs: Mapping[str, Any], restart_policy: Any) -> bool:
+    """Whether the ``"envpool"`` backend is a candidate: EnvPool imports and has the
+    task ``env`` (an id), with no env kwargs (they are for ``gymnasium.make``) and no
+    restart policy (EnvPool restarts nothing)."""
+    if not isinstance(env, str) or env_kwargs or restart_policy is not None:
+        return False
+    if importlib.util.find_spec("envpool") is None:
+        return False
+    import envpool  # type: ignore[import-not-found]  # the optional extra
+
+    return env in envpool.list_all_envs()
+
+
+def _same_spaces(envs: VectorEnv, sync: VectorEnv) -> bool:
+    """Whether ``envs`` take and give what the sync envs do (space types, shapes and
+    dtypes: EnvPool's Atari tasks, say, preprocess their frames)."""
+    pairs = (
+        (envs.single_observation_space, sync.single_observation_space),
+        (envs.single_action_space, sync.single_action_space),
+    )
+    return all(
+        type(a) is type(b)
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+        and (
+            not isinstance(a, gymnasium.spaces.Discrete)
+            or (isinstance(b, gymnasium.spaces.Discrete) and (a.n, a.start) == (b.n, b.start))
+        )
+        for a, b in pairs
+    )
+
+
+def undecided(times: Mapping[int | str, list[float]]) -> bool:
+    """Whether sync's median sample time and the fastest other layout's are within
+    :data:`CLOSE` of each other, either way (False where sync is the only one)."""
     sync = statistics.median(times[0])
-    workers = min(statistics.median(t) for w, t in times.items() if w)
-    return max(sync, workers) <= CLOSE * min(sync, workers)
+    others = [statistics.median(t) for key, t in times.items() if key != 0]
+    if not others:
+        return False
+    best = min(others)
+    return max(sync, best) <= CLOSE * min(sync, best)
 
 
 def trial_workers(rule: LayoutChoice) -> list[int]:
@@ -195,24 +252,34 @@ def trial_workers(rule: LayoutChoice) -> list[int]:
 
 
 def pick_layout(
-    rule: LayoutChoice, rates: Mapping[int, float], *, policy_step_us: float
+    rule: LayoutChoice, rates: Mapping[int | str, float], *, policy_step_us: float
 ) -> LayoutChoice:
-    """The layout with the most env steps/s in the trial (``rates``, by worker count;
-    0 is sync), where it beats sync's by :data:`SYNC_TIE`, else sync; the choice
-    records every rate and why."""
-    best = max(rates, key=lambda workers: (rates[workers], -workers))
+    """The layout with the most env steps/s in the trial (``rates``, by worker count,
+    0 being sync, and :data:`ENVPOOL`), where it beats sync's by :data:`SYNC_TIE`, else
+    sync (on a tie, the fewer processes); the choice records every rate and why."""
+    best = max(rates, key=lambda key: (rates[key], -_processes(key)))
     if rates[best] <= SYNC_TIE * rates[0]:
         best = 0
-    tried = ", ".join(f"{_label(w)} {rate:,.0f}" for w, rate in sorted(rates.items()))
+    order = sorted(rates, key=lambda key: (key == ENVPOOL, _processes(key)))
+    tried = ", ".join(f"{_label(key)} {rates[key]:,.0f}" for key in order)
+    backend = ENVPOOL if best == ENVPOOL else "process" if best else "sync"
     return dataclasses.replace(
         rule,
-        backend="process" if best else "sync",
-        num_workers=best,
+        backend=backend,
+        num_workers=0 if best == ENVPOOL else int(best),
         reason=f"{rule.reason}; tried with the policy (env steps/s): {tried}; kept {_label(best)}",
-        tried=tuple(sorted(rates.items())),
+        tried=tuple((int(key), rates[key]) for key in order if key != ENVPOOL),
+        tried_envpool=rates.get(ENVPOOL),
         policy_step_us=policy_step_us,
     )
 
 
-def _label(workers: int) -> str:
-    return "sync" if workers == 0 else f"{workers} worker{'s' if workers > 1 else ''}"
+def _processes(key: int | str) -> int:
+    """Processes a layout adds (EnvPool's are threads)."""
+    return 0 if key == ENVPOOL else int(key)
+
+
+def _label(key: int | str) -> str:
+    if key == ENVPOOL:
+        return "envpool"
+    return "sync" if key == 0 else f"{key} worker{'s' if int(key) > 1 else ''}"

@@ -175,9 +175,11 @@ class EnvRunner(EnvOwner):
         timed: where ``make_vec``'s env-only rule would start workers, a short trial
         runs this policy on sync and on those workers and keeps the faster (a few
         samples of each, after compiling; ``get_metrics()["auto"]`` and
-        ``runner.envs.layout_choice`` report both rates and why). Where it keeps the
-        sub-envs in the main process, nothing is tried. Either way the trajectories are
-        exactly those of the chosen layout built by hand, with the same seed.
+        ``runner.envs.layout_choice`` report both rates and why). Where EnvPool has the
+        env id (and there are no ``env_kwargs`` and no ``restart_policy``), the
+        ``"envpool"`` backend is tried too. Where neither applies, nothing is tried.
+        Either way the trajectories are exactly those of the chosen layout built by
+        hand, with the same seed.
 
         ``options`` are :class:`EnvRunner`'s keyword options (``metrics``,
         ``num_splits``, ``connectors``, ``info_keys``, ``compact_next_obs``).

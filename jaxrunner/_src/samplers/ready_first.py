@@ -85,6 +85,7 @@ class ReadyFirstSampler(HostSampler):
         """Policy calls per number of ready envs so far."""
         self.envs, self.rollout_length, self.metrics = envs, rollout_length, setup.metrics
         self._keep_in_flight = caps.recv_batch_size or 0
+        self._chunk_rows = chunk_rows
         self._obs_space = envs.single_observation_space
         self._action_space = envs.single_action_space
         self._clip = space_arrays.clip_box_actions(self._action_space)
@@ -136,8 +137,10 @@ class ReadyFirstSampler(HostSampler):
         try:
             while True:
                 todo = self._take_ready()
-                if todo:
+                if todo and self._fills_chunk(todo):
                     self._act(params, todo, perf)
+                elif todo:  # receive more first; these envs act with them
+                    self._ready[:0] = todo
                 if self._t.min() >= num_steps and (self._keep_in_flight or not self._in_flight):
                     break
                 self._check_can_recv()
@@ -230,6 +233,17 @@ class ReadyFirstSampler(HostSampler):
             waiting = [held[len(sent) :]] if len(held) > len(sent) else []
         self._ready = waiting
         return todo
+
+    def _fills_chunk(self, todo: list[Any]) -> bool:
+        """Whether to act on ``todo`` now: it fills a policy chunk, or no more envs can
+        be received first. A call computes whole chunks, so with a backend that answers
+        fixed batches smaller than a chunk (EnvPool async) each batch would cost a whole
+        chunk; its batches are gathered into one call instead (each row's bits are the
+        same in any call)."""
+        keep = self._keep_in_flight
+        if not keep or self._in_flight < keep:
+            return True
+        return sum(len(_env_indices(ids, 0)) for ids in todo) >= self._chunk_rows
 
     def _check_can_recv(self) -> None:
         if self._in_flight == 0 or self._in_flight < self._keep_in_flight:
