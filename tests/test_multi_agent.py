@@ -396,5 +396,5 @@ def test_one_factory_per_sub_env_as_make_vec_takes():
     envs.close()
     with pytest.raises(InvalidArgumentError, match=r"1 factories for 2 sub-envs"):
         jr.make_multi_agent_vec([factory(0)], 2)
-    with pytest.raises(TypeError, match=r"env_fn\[1\] is a int"):
+    with pytest.raises(TypeError, match=r"env\[1\] is a int"):  # (the alias calls make_vec)
         jr.make_multi_agent_vec([factory(0), 3], 2)
