@@ -28,11 +28,12 @@ def check_arguments(
     num_splits: Any,
 ) -> None:
     """Refuses arguments of the wrong kind, naming the argument and the fix."""
-    if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
-        from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
+    if not isinstance(envs, VectorEnv) and not (
+        isinstance(envs, JaxVectorEnv) and not envs.multi_agent
+    ):
         from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 
-        if isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
+        if isinstance(envs, (MultiAgentVectorEnv, JaxVectorEnv)):
             hint = "Multi-agent envs are sampled by jaxrunner.MultiAgentRunner."
         elif isinstance(envs, gymnasium.vector.VectorWrapper):
             hint = vector_wrapper_hint(envs)

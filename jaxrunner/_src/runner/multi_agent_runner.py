@@ -10,7 +10,7 @@ from typing import Any
 import jax
 
 from jaxrunner._src.arg_checks import check_int
-from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.checkpoints import multi_agent_runner as checkpoint
 from jaxrunner._src.checkpoints.env_runner import RestoreReport
@@ -30,7 +30,7 @@ from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner._src.runner.ownership import EnvOwner, check_rollout_arguments
 from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
 from jaxrunner._src.samplers.multi_agent import MultiAgentSampler, MultiAgentSetup
-from jaxrunner._src.samplers.multi_agent_scan import MultiAgentScanSampler
+from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -72,7 +72,7 @@ class MultiAgentRunner(EnvOwner):
 
     def __init__(
         self,
-        envs: MultiAgentVectorEnv | JaxMultiAgentVectorEnv,
+        envs: MultiAgentVectorEnv | JaxVectorEnv,
         policies: Policy | Mapping[str, Policy],
         params: Params,
         rollout_length: int,
@@ -83,7 +83,9 @@ class MultiAgentRunner(EnvOwner):
         callbacks: AgentCallbacks | None = None,
         num_splits: int | None = None,
     ) -> None:
-        if not isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
+        if not isinstance(envs, MultiAgentVectorEnv) and not (
+            isinstance(envs, JaxVectorEnv) and envs.multi_agent
+        ):
             raise InvalidArgumentTypeError(
                 f"MultiAgentRunner(envs=...): expected a multi-agent vector env, got "
                 f"{type(envs).__name__}. Build one with jaxrunner.make_multi_agent_vec(env_fn, "
@@ -135,15 +137,15 @@ class MultiAgentRunner(EnvOwner):
                 self.state.metrics,
                 connectors=self.connectors,
             )
-            self.sampler: MultiAgentSampler | MultiAgentScanSampler
-            if isinstance(envs, JaxMultiAgentVectorEnv):  # one jitted scan per sample
+            self.sampler: MultiAgentSampler | ScanSampler
+            if isinstance(envs, JaxVectorEnv):  # one jitted scan per sample
                 if num_splits not in (None, 1):
                     raise InvalidArgumentError(
                         f"MultiAgentRunner(num_splits={num_splits!r}): a pure-JAX env is "
                         "sampled as one jitted scan; pipelining splits do not apply. Leave "
                         "num_splits=None."
                     )
-                self.sampler = MultiAgentScanSampler(envs, setup)
+                self.sampler = ScanSampler(envs, setup)
             else:
                 first = envs.reset_batch(env_seeds(seed, envs.num_envs))
                 self.sampler = MultiAgentSampler(envs, first, setup, num_splits=num_splits)
@@ -252,7 +254,7 @@ class MultiAgentRunner(EnvOwner):
         for pid, value in state.items():
             check_state_like(pid, self.sampler.get_connector_state(pid), value)
         for pid, value in state.items():
-            self.sampler.set_connector_state(pid, value)
+            self.sampler.set_connector_state(policy_id=pid, state=value)
 
     def get_metrics(self) -> dict[str, Any]:
         """Env steps and agent steps (counted apart), env episodes (returns summed

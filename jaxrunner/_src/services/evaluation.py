@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from jaxrunner._src.arg_checks import check_int
-from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.connectors.per_group import GroupConnectors
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
@@ -139,7 +139,9 @@ def evaluate(
     """
     check_int("evaluate", "num_episodes", num_episodes)
     check_state_has_connectors(connectors, connector_state)
-    if isinstance(envs, (MultiAgentVectorEnv, JaxMultiAgentVectorEnv)):
+    if isinstance(envs, MultiAgentVectorEnv) or (
+        isinstance(envs, JaxVectorEnv) and envs.multi_agent
+    ):
         return evaluate_multi_agent(
             envs,
             policy,
