@@ -84,7 +84,8 @@ class JaxVectorEnv(GroupedAgents):
                         f"JaxVectorEnv({name}=...): {type(env).__name__} is a JaxMARL-style "
                         f"env (it has agents), which takes no {name}; its spaces come from "
                         "env.observation_space(agent) and env.action_space(agent). Leave "
-                        f"{name}=None."
+                        f"{name}=None"
+                        + (" (and num_envs= by keyword)." if name == "env_params" else ".")
                     )
             self._init_agents("JaxVectorEnv", env, num_envs, policy_mapping_fn)
             self.dones_are_truncations = check_bool(

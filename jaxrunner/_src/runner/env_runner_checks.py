@@ -44,9 +44,11 @@ def check_arguments(
             )
         else:
             hint = "Build one with jaxrunner.make_vec(env_id_or_factory, num_envs)."
+        got = type(envs).__name__
+        if isinstance(envs, JaxVectorEnv):
+            got += f" of the JaxMARL-style {type(envs.env).__name__}"
         raise InvalidArgumentTypeError(
-            f"EnvRunner(envs=...): expected a jaxrunner vector env, got "
-            f"{type(envs).__name__}. {hint}"
+            f"EnvRunner(envs=...): expected a jaxrunner vector env, got {got}. {hint}"
         )
     if not isinstance(policy, Policy):
         raise InvalidArgumentTypeError(

@@ -43,9 +43,9 @@ class MultiAgentRunner(EnvOwner):
     Args:
         envs: a :class:`~jaxrunner.MultiAgentVectorEnv`
             (:func:`jaxrunner.make_multi_agent_vec`: PettingZoo envs, stepped on the
-            host) or a :class:`~jaxrunner.multi_agent.JaxMultiAgentVectorEnv` (a pure-JAX,
-            JaxMARL-style env: one jitted scan per sample, arrays on device), owned by
-            the runner until :meth:`stop`.
+            host) or a :class:`~jaxrunner.JaxVectorEnv` (a pure-JAX env, JaxMARL-style or
+            one group of one agent: one jitted scan per sample, arrays on device), owned
+            by the runner until :meth:`stop`.
         policies: one :class:`~jaxrunner.Policy` for every policy id, or a dict
             ``policy_id -> Policy`` (``envs.policy_ids``).
         params: ``policy_id -> params`` (or the params alone, when there is one policy id).
@@ -83,13 +83,11 @@ class MultiAgentRunner(EnvOwner):
         callbacks: AgentCallbacks | None = None,
         num_splits: int | None = None,
     ) -> None:
-        if not isinstance(envs, MultiAgentVectorEnv) and not (
-            isinstance(envs, JaxVectorEnv) and envs.multi_agent
-        ):
+        if not isinstance(envs, (MultiAgentVectorEnv, JaxVectorEnv)):
             raise InvalidArgumentTypeError(
-                f"MultiAgentRunner(envs=...): expected a multi-agent vector env, got "
-                f"{type(envs).__name__}. Build one with jaxrunner.make_multi_agent_vec(env_fn, "
-                "num_envs)."
+                f"MultiAgentRunner(envs=...): expected a multi-agent vector env or a "
+                f"jaxrunner.JaxVectorEnv, got {type(envs).__name__}. Build one with "
+                "jaxrunner.make_multi_agent_vec(env_fn, num_envs)."
             )
         ids = envs.policy_ids
         self._policies = _per_policy("policies", policies, ids, single=isinstance(policies, Policy))

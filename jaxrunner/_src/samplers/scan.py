@@ -328,6 +328,7 @@ def rollout(
     policies: dict[str, Policy],
     connectors: dict[str, Connectors],
     num_steps: int,
+    as_groups: bool,
     params: dict[str, Params],
     state: RolloutState,
     env_params: Any,
@@ -336,10 +337,10 @@ def rollout(
     connectors (see :mod:`jaxrunner.connectors`).
 
     Returns:
-        The new state; a one-agent env's :class:`Trajectory` ``[T, B, ...]``, or a
-        JaxMARL-style env's groups (``[T, B, A_g, ...]``) and the env-level fields a
-        :class:`MultiAgentTrajectory` reads (XLA drops the others from the loop); and
-        the ``ends`` of :func:`scan_envs`.
+        The new state; a one-agent env's :class:`Trajectory` ``[T, B, ...]`` or, with
+        ``as_groups`` (a JaxMARL-style env always), the groups (``[T, B, A_g, ...]``)
+        and the env-level fields a :class:`MultiAgentTrajectory` reads (XLA drops the
+        others from the loop); and the ``ends`` of :func:`scan_envs`.
     """
     step = functools.partial(_step, envs, policies, connectors, params, env_params)
     state, rec, env, ends = scan_envs(
@@ -351,7 +352,8 @@ def rollout(
             if conn.per_sample:
                 finish = functools.partial(finish_group_sample, conn)
                 rec[pid], actors[pid] = _finish(finish, actors[pid], rec[pid])
-        out: Any = (rec, {k: env[k] for k in ("terminated", "episode_id", "step")})
+        fields = {"done": env["terminated"], "episode_id": env["episode_id"], "step": env["step"]}
+        out: Any = (rec, fields)
     else:
         shape = (num_steps, envs.num_envs)
         out = Trajectory(
@@ -370,7 +372,31 @@ def rollout(
         conn = connectors.get(pid)
         if conn is not None and conn.per_sample:
             out, actors[pid] = _finish(conn.finish_sample, actors[pid], out)
+        if as_groups:
+            out = _one_group(pid, out)
     return state.replace(actor=_with_actors(envs, state.actor, actors)), out, ends
+
+
+def _one_group(policy_id: str, traj: Trajectory) -> tuple[dict[str, GroupTrajectory], Any]:
+    """A one-agent env's trajectory as its one group of one agent (``[T, B, 1, ...]``),
+    and the env-level fields, as :func:`rollout` returns a JaxMARL-style env's."""
+
+    def slot(x: jax.Array) -> jax.Array:
+        return x[:, :, None]
+
+    group = GroupTrajectory(
+        obs=jax.tree.map(slot, traj.obs),
+        action=jax.tree.map(slot, traj.action),
+        reward=slot(traj.reward),
+        terminated=slot(traj.terminated),
+        truncated=slot(traj.truncated),
+        next_obs=jax.tree.map(slot, traj.next_obs),
+        extras=jax.tree.map(slot, traj.extras),
+        valid=slot(traj.valid),
+        agent_step=slot(traj.step),
+    )
+    done = jnp.logical_or(traj.terminated, traj.truncated)
+    return {policy_id: group}, {"done": done, "episode_id": traj.episode_id, "step": traj.step}
 
 
 class ScanLoop:
@@ -417,8 +443,8 @@ def episode_counts(ends: np.ndarray, window: int, num_env_steps: int) -> SampleC
 class ScanSampler(Sampler):
     """Runs :func:`rollout` on a JaxVectorEnv for an :class:`~jaxrunner.EnvRunner` (a
     one-agent env; ``sample(params)`` returns a :class:`Trajectory` of device arrays) or a
-    :class:`~jaxrunner.MultiAgentRunner` (a JaxMARL-style env; ``sample(params_by_id)``
-    returns a :class:`MultiAgentTrajectory`: groups on device, env-level ids on host).
+    :class:`~jaxrunner.MultiAgentRunner` (any env; ``sample(params_by_id)`` returns a
+    :class:`MultiAgentTrajectory`: groups on device, env-level ids on host).
 
     Perf timers stay 0: policy and env run fused, with no phase to time apart.
 
@@ -462,8 +488,9 @@ class ScanSampler(Sampler):
             actor = _with_actors(envs, groups, actors)
             return initial_state(lambda k: envs.reset(k, env_params), actor, seed, num_envs)
 
-        run = functools.partial(rollout, envs, policies, connectors, self.rollout_length)
-        if not isinstance(setup, MultiAgentSetup):  # the one policy's params, as they are
+        as_groups = isinstance(setup, MultiAgentSetup)
+        run = functools.partial(rollout, envs, policies, connectors, self.rollout_length, as_groups)
+        if not as_groups:  # the one policy's params, as they are
             (pid,) = policies
             run = functools.partial(_one_policy, run, pid)
         state = jax.jit(start)(self._env_params)
@@ -520,7 +547,7 @@ class ScanSampler(Sampler):
             env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
             episode_id=np.asarray(host["env"]["episode_id"], np.int64),
             step=np.asarray(host["env"]["step"], np.int64),
-            env_done=np.asarray(host["env"]["terminated"]),
+            env_done=np.asarray(host["env"]["done"]),
             agents=self.agents,
         )
 
