@@ -198,7 +198,7 @@ def _step(
 ) -> tuple[EnvStep, Any, Any]:
     """The scan's step function (:data:`StepFn`): every group acts on its rows (one per
     env and agent slot: a one-agent env's rows are its envs, all acting, with no mask),
-    then the envs step, read by :func:`_read_one_agent` or :func:`_read_agents`."""
+    then the envs step (a JaxMARL-style env's step is read by :func:`_read_agents`)."""
     num_envs, actors = envs.num_envs, _actors(envs, actor)
     if envs.multi_agent:
         rows = {
