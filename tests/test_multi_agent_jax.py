@@ -230,4 +230,4 @@ def test_each_kind_refuses_the_other_kinds_options():
     envs = jr.JaxVectorEnv(Drift(), num_envs=2, dones_are_truncations=True)
     assert envs.multi_agent and envs.policy_ids == ("policy_0",)
     with pytest.raises(InvalidArgumentTypeError, match="JaxMARL-style Drift"):
-        jr.EnvRunner(envs, random_policy(3), {"w": jnp.zeros(3)}, 4)
+        jr.EnvRunner(envs, random_policy(3), {"w": jnp.zeros(3)}, 4, seed=0)
