@@ -79,7 +79,7 @@ def _policy() -> tuple[jr.Policy, Any]:
 def jaxrunner_host(
     num_envs: int, rollout: int, backend: str = "sync", num_splits: int | None = None
 ) -> tuple[Callable[[], int], Callable[[], None]]:
-    envs = jr.make_multi_agent_vec(make_env, num_envs, backend)
+    envs = jr.make_vec(make_env, num_envs, backend)
     policy, params = _policy()
     runner = jr.MultiAgentRunner(envs, policy, params, rollout, seed=0, num_splits=num_splits)
     runner.sample()  # warm-up

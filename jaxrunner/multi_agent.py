@@ -1,6 +1,6 @@
 """Multi-agent sampling: PettingZoo and JaxMARL envs, agent groups, a policy mapping,
 per-group ``[T, B, A_g, ...]`` trajectories with masks, and the multi-agent form of
-:class:`~jaxrunner.ExternalEnv`. The entry points (``make_multi_agent_vec``,
+:class:`~jaxrunner.ExternalEnv`. The entry points (``make_vec``,
 ``MultiAgentRunner``, ``MultiAgentTrajectory``, ``AgentEpisode``, ``MultiAgentVectorEnv``)
 live at the top level, ``jaxrunner``."""
 

@@ -1,23 +1,20 @@
-"""Test utilities: small deterministic envs, one fault injector, the contract test mixin.
+"""Test utilities: small deterministic envs, one fault injector, one contract test mixin.
 
-* small envs: :class:`CountingEnv`, :class:`DictObsEnv`, :class:`StepCounter` and
-  picklable factories of them;
-* faults: :class:`FaultyEnv`, :class:`FaultPlan`, :class:`CallLog`: envs that crash,
-  hang, die or break gymnasium's API on purpose;
-* the contract: :class:`VectorEnvContract`, the tests every vector-env backend
-  inherits, and :func:`assert_trees_equal`;
-* small pure-JAX envs (gymnax and brax style): :class:`RandomWalk`,
-  :class:`DoneOnlyRandomWalk`, :class:`BraxPoint`.
+* small host envs: gymnasium's :class:`CountingEnv`, :class:`DictObsEnv`,
+  :class:`StepCounter` and picklable factories of them; PettingZoo's ``ComingAndGoing``
+  (agents leave and appear), ``Relay`` (turn-based), ``coming_and_going``, ``relay``,
+  ``tictactoe``;
+* faults: :class:`FaultyEnv`, :class:`FaultPlan`, :class:`CallLog`: envs of any kind
+  that crash, hang, die or break their API on purpose (``FaultyParallelEnv`` and
+  ``FaultyAECEnv`` are what ``FaultyEnv`` makes of PettingZoo envs);
+* the contract: :class:`VectorEnvContract`, the tests every vector-env backend inherits,
+  run once per kind of env it serves (gymnasium, PettingZoo parallel and AEC), and
+  :func:`assert_trees_equal`;
+* small pure-JAX envs (gymnax, brax and JaxMARL style): :class:`RandomWalk`,
+  :class:`DoneOnlyRandomWalk`, :class:`BraxPoint`, :class:`Drift`.
 
-Multi-agent (PettingZoo, an optional extra: these names import it on first use, so
-``import jaxrunner.testing`` works without it; they are not in ``__all__``):
-
-* ``ComingAndGoing`` (agents leave and appear), ``Relay`` (turn-based) and picklable
-  factories;
-* ``FaultyMultiAgentEnv`` and ``faulty_multi_agent_env_fns``, the same fault
-  vocabulary on PettingZoo envs;
-* ``MultiAgentVectorEnvContract``, the tests every multi-agent backend inherits,
-  against the same envs stepped by hand.
+The PettingZoo names need PettingZoo (an optional extra): they are not in ``__all__``, and
+without it they raise ``MissingDependencyError`` naming the extra, while the rest works.
 
 Reach it as ``jr.testing`` after ``import jaxrunner as jr`` (loaded on first use).
 """
@@ -27,7 +24,7 @@ from typing import Any
 
 from jaxrunner._src.testing.assertions import assert_trees_equal
 from jaxrunner._src.testing.broken_returns import break_returns
-from jaxrunner._src.testing.contract import VectorEnvContract, gymnasium_reference
+from jaxrunner._src.testing.contract import VectorEnvContract
 from jaxrunner._src.testing.envs import (
     CountingEnv,
     DictObsEnv,
@@ -51,10 +48,13 @@ from jaxrunner._src.testing.jax_envs import (
     BraxPoint,
     BraxState,
     DoneOnlyRandomWalk,
+    Drift,
     RandomWalk,
     WalkParams,
     WalkState,
 )
+from jaxrunner._src.testing.pettingzoo_bases import HAVE_PETTINGZOO
+from jaxrunner._src.testing.reference import gymnasium_reference
 from jaxrunner.errors import MissingDependencyError
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "CountingEnv",
     "DictObsEnv",
     "DoneOnlyRandomWalk",
+    "Drift",
     "EnvFactory",
     "FaultKind",
     "FaultPlan",
@@ -85,18 +86,19 @@ __all__ = [
     "make_counting_env",
 ]
 
-# Names whose modules import PettingZoo: loaded by ``__getattr__`` on first use.
+# Names that need PettingZoo: looked up by ``__getattr__``, which refuses them without it.
 MULTI_AGENT_NAMES: dict[str, str] = {
-    "ComingAndGoing": "multi_agent_envs",
-    "Relay": "multi_agent_envs",
-    "coming_and_going": "multi_agent_envs",
-    "relay": "multi_agent_envs",
-    "tictactoe": "multi_agent_envs",
-    "FaultyMultiAgentEnv": "multi_agent_faults",
-    "FaultyParallelEnv": "multi_agent_faults",
-    "FaultyAECEnv": "multi_agent_faults",
-    "faulty_multi_agent_env_fns": "multi_agent_faults",
-    "MultiAgentVectorEnvContract": "multi_agent_contract",
+    "ComingAndGoing": "envs",
+    "Relay": "envs",
+    "coming_and_going": "envs",
+    "relay": "envs",
+    "tictactoe": "envs",
+    "FaultyParallelEnv": "faults",
+    "FaultyAECEnv": "faults",
+    # Deprecated aliases (docs/changes.md): the one contract and fault injector serve both.
+    "FaultyMultiAgentEnv": "faults",
+    "faulty_multi_agent_env_fns": "faults",
+    "MultiAgentVectorEnvContract": "contract",
 }
 
 
@@ -104,15 +106,11 @@ def __getattr__(name: str) -> Any:
     module = MULTI_AGENT_NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'jaxrunner.testing' has no attribute {name!r}")
-    try:
-        loaded = importlib.import_module(f"jaxrunner._src.testing.{module}")
-    except ImportError as err:
-        if err.name != "pettingzoo" and not (err.name or "").startswith("pettingzoo."):
-            raise
+    if not HAVE_PETTINGZOO:
         raise MissingDependencyError(
             f'jaxrunner.testing.{name} needs PettingZoo: pip install "jaxrunner[multiagent]".'
-        ) from err
-    value = getattr(loaded, name)
+        )
+    value = getattr(importlib.import_module(f"jaxrunner._src.testing.{module}"), name)
     globals()[name] = value  # later look-ups skip __getattr__
     return value
 

@@ -12,7 +12,7 @@ import numpy as np
 
 import jaxrunner as jr
 from jaxrunner._src.services.external import ExternalEnvConfig, MultiAgentExternalEnv
-from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing, Relay
+from jaxrunner._src.testing.envs import ComingAndGoing, Relay
 from jaxrunner.models import mlp_policy
 
 

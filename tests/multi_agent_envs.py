@@ -1,23 +1,25 @@
 """PettingZoo envs for the multi-agent tests (module-level: picklable factories).
 
 The small ones every backend is tested on are public, in
-:mod:`jaxrunner._src.testing.multi_agent_envs`; this module adds the tests' own: MPE and
-classic envs, and one that returns what the backends must refuse (:class:`BadOutputs`).
+:mod:`jaxrunner._src.testing.envs`; this module adds the tests' own: MPE and classic
+envs, the contract's cases on them, and one that returns what the backends must refuse
+(:class:`BadOutputs`).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
-from jaxrunner._src.testing.multi_agent_envs import (  # noqa: F401  (re-exported for the tests)
+from jaxrunner._src.testing.envs import (  # noqa: F401  (re-exported for the tests)
     ComingAndGoing,
     Relay,
     coming_and_going,
     relay,
     tictactoe,
 )
+from jaxrunner._src.testing.pettingzoo_bases import HAVE_PETTINGZOO
 
 
 def simple_spread():
@@ -43,6 +45,24 @@ def connect_four():
     from pettingzoo.classic import connect_four_v3
 
     return connect_four_v3.env()
+
+
+HOST_KINDS: Any = ("gymnasium", "parallel", "aec") if HAVE_PETTINGZOO else ("gymnasium",)
+"""The kinds of env every host backend serves: the contract runs on each."""
+
+
+class PettingZooCases:
+    """The contract's parity test also on PettingZoo's MPE and classic envs (mixed in
+    before the contract, whose ``env_cases`` it extends)."""
+
+    kind: str
+
+    def env_cases(self) -> dict[str, Any]:
+        more = {
+            "parallel": {"simple_spread": simple_spread, "simple_tag": simple_tag},
+            "aec": {"connect_four": connect_four},
+        }
+        return {**super().env_cases(), **more.get(self.kind, {})}  # type: ignore[misc]
 
 
 class BadOutputs(ComingAndGoing):

@@ -5,8 +5,12 @@ and sample what the chosen backend samples."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+import threading
+import time
+from typing import Any, ClassVar
 
+import gymnasium
 import jax
 import pytest
 from conftest import ActorCritic, short_cartpole
@@ -18,11 +22,17 @@ from jaxrunner._src.backends.auto import choose_layout, measure_env_step_us
 from jaxrunner._src.backends.process import launch
 from jaxrunner._src.bench.report import format_choice
 from jaxrunner._src.services.metrics_writer import flatten_metrics
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.testing import assert_trees_equal
 
 CARTPOLE_US = 6.0  # a CartPole-v1 step as the probe measures it
 ATARI_US = 1000.0  # an Atari step with frame skip (Pong here: ~400 us)
+
+
+def costly(probe: Any, seed: int | None, **_: Any) -> float:
+    """Stands in for the probe's measurement: a costly env (the probe closed, as it is)."""
+    probe.close()
+    return ATARI_US
 
 
 @pytest.mark.parametrize("num_envs", [1, 8])
@@ -124,7 +134,7 @@ def test_the_probe_times_a_step_and_closes_its_env():
         env.close = lambda: closed.append(True)  # type: ignore[method-assign]
         return env
 
-    us = measure_env_step_us(make, seed=0, max_steps=50)
+    us = measure_env_step_us(make(), seed=0, max_steps=50)
     assert 0 < us < 10_000 and closed == [True]
 
 
@@ -154,7 +164,7 @@ def test_cartpole_builds_reports_its_choice_and_samples():
 
 
 def test_the_process_branch_samples_what_sync_samples(monkeypatch):
-    monkeypatch.setattr(auto, "measure_env_step_us", lambda make, seed: ATARI_US)
+    monkeypatch.setattr(auto, "measure_env_step_us", costly)
     monkeypatch.setattr(auto, "available_cpus", lambda: 3)
     envs = jr.make_vec(short_cartpole, 6, backend="auto", seed=0)
     choice = envs.layout_choice
@@ -187,3 +197,147 @@ def test_bench_takes_auto_and_prints_the_choice():
     choice = choose_layout(ATARI_US, 32, cpus=16)
     text = format_choice(dataclasses.asdict(choice))
     assert text == f"process (15 workers): env step 1000.0 us, 16 CPUs; {choice.reason}"
+
+
+# -- the probe: bounded in time, always closed, falling back to sync --------------------------
+
+
+class ProbeFault(RuntimeError):
+    """What the first-built CartPole (the probe) raises."""
+
+
+class FirstFails(gymnasium.Wrapper):
+    """CartPole (short episodes) whose first instance in this process, the probe, fails
+    at ``call`` (``"reset"``, or step ``at``) as ``how`` says: ``"raise"`` once, or
+    ``"hang"`` until ``RELEASE`` is set; later instances fail as ``later`` says
+    (``"reset"``: every reset raises) or behave. Each instance's close is recorded."""
+
+    RELEASE = threading.Event()
+    made: ClassVar[list[FirstFails]] = []
+
+    def __init__(self, how: str, call: str = "step", at: int = 36, later: str = "") -> None:
+        super().__init__(short_cartpole())
+        self.how, self.call, self.at, self.later = how, call, at, later
+        self.first = not FirstFails.made
+        self.steps, self.closed = 0, False
+        FirstFails.made.append(self)
+
+    def _fail(self, call: str) -> None:
+        if self.first and call == self.call and (call == "reset" or self.steps == self.at):
+            if self.how == "hang":
+                FirstFails.RELEASE.wait()
+            else:
+                raise ProbeFault(f"{call} failed")
+        if not self.first and self.later == call:
+            raise ProbeFault(f"a new env's {call} failed too")
+
+    def reset(self, **kwargs: Any) -> Any:
+        self._fail("reset")
+        return super().reset(**kwargs)
+
+    def step(self, action: Any) -> Any:
+        self._fail("step")
+        self.steps += 1
+        return super().step(action)
+
+    def close(self) -> None:
+        self.closed = True
+        super().close()
+
+
+@pytest.fixture
+def first_fails():
+    FirstFails.made.clear()
+    FirstFails.RELEASE.clear()
+    yield FirstFails
+    FirstFails.RELEASE.set()  # lets an abandoned probe end
+
+
+def _same_as_sync(envs: jr.VectorEnv, num_envs: int) -> None:
+    assert isinstance(envs, jr.SyncVectorEnv)
+    got = _sample(envs)["trajectory"]
+    expected = _sample(jr.make_vec(short_cartpole, num_envs, backend="sync", seed=0))
+    assert_trees_equal(got, expected["trajectory"], "auto's fallback vs sync")
+
+
+@pytest.mark.parametrize(("call", "at"), [("reset", 0), ("step", 36)])
+def test_a_probe_that_hangs_is_abandoned_sync_built_and_the_probe_closed_later(
+    monkeypatch, first_fails, call, at
+):
+    monkeypatch.setattr(auto, "PROBE_DEADLINE_S", 0.5)
+    where = "reset" if call == "reset" else "step 37"  # the probe's 37th step (from 1)
+    start = time.perf_counter()
+    with pytest.warns(RuntimeWarning, match=f"probe sub-env's {where} did not return within 0.5 s"):
+        envs = jr.make_vec(lambda: first_fails("hang", call, at), 3, backend="auto", seed=0)
+    assert time.perf_counter() - start < 30  # not the hang's length: it has none
+    choice = envs.layout_choice
+    assert choice is not None and (choice.backend, choice.num_workers) == ("sync", 0)
+    assert choice.reason.startswith("no measurement: the probe") and math.isnan(choice.env_step_us)
+    probe = first_fails.made[0]
+    assert not probe.closed  # still inside its hung call
+    first_fails.RELEASE.set()
+    deadline = time.perf_counter() + 10
+    while not probe.closed and time.perf_counter() < deadline:
+        time.sleep(0.01)
+    assert probe.closed  # closed once its call returned
+    _same_as_sync(envs, 3)
+
+
+def test_a_probe_step_that_raises_falls_back_to_sync_under_a_restart_policy(first_fails):
+    with pytest.warns(RuntimeWarning, match=r"step 37 raised ProbeFault\('step failed'\)"):
+        envs = jr.make_vec(
+            lambda: first_fails("raise"), 4, "auto", 0, restart_policy=jr.RestartPolicy()
+        )
+    choice = envs.layout_choice
+    assert choice is not None and choice.backend == "sync" and "recovers" in choice.reason
+    probe, recreated = first_fails.made[:2]
+    assert probe.closed and recreated.closed  # the restart, tried as sync would, then closed
+    _same_as_sync(envs, 4)
+
+
+def test_a_probe_that_raises_with_no_restart_policy_raises_the_env_error(first_fails):
+    with pytest.raises(ProbeFault, match="step failed") as info:
+        jr.make_vec(lambda: first_fails("raise"), 4, backend="auto")
+    (note,) = info.value.__notes__
+    assert 'backend="auto" was probing the env' in note and "when its step 37 raised" in note
+    assert [env.closed for env in first_fails.made] == [True]  # the probe, and no other
+
+
+def test_an_env_that_sync_cannot_recreate_either_raises_the_policy_error(first_fails):
+    policy = jr.RestartPolicy(max_attempts=2)
+    with pytest.raises(EnvError, match="2 attempts in a row failed") as info:
+        jr.make_vec(lambda: first_fails("raise", later="reset"), 4, "auto", restart_policy=policy)
+    assert isinstance(info.value.__cause__, ProbeFault)  # the probe's own failure
+    assert 'backend="auto" was probing' in info.value.__notes__[0]
+    assert len(first_fails.made) == 3 and all(env.closed for env in first_fails.made)
+
+
+# -- multi-agent envs: the same probe and rule -----------------------------------------------
+
+
+def _multi_agent_sample(envs: jr.MultiAgentVectorEnv) -> Any:
+    from tests.test_multi_agent import random_policy, zero_params
+
+    policy = random_policy(envs.groups[0].action_space.n)
+    params = zero_params(envs.groups[0].action_space.n)
+    with jr.MultiAgentRunner(envs, policy, params, rollout_length=12, seed=0) as runner:
+        return runner.sample()
+
+
+@pytest.mark.parametrize("rule", ["measured", "costly"])
+def test_a_multi_agent_env_is_probed_and_built_as_the_chosen_layout(monkeypatch, rule):
+    from jaxrunner.testing import coming_and_going
+
+    if rule == "costly":
+        monkeypatch.setattr(auto, "measure_env_step_us", costly)
+        monkeypatch.setattr(auto, "available_cpus", lambda: 3)
+    envs = jr.make_vec(coming_and_going, 4, backend="auto", seed=0)
+    choice = envs.layout_choice
+    assert isinstance(envs, jr.MultiAgentVectorEnv) and choice is not None
+    if rule == "costly":
+        assert (choice.backend, choice.num_workers) == ("process", 2)
+    else:
+        assert choice.backend == "sync" and choice.env_step_us > 0  # a cheap env
+    got = _multi_agent_sample(envs)
+    expected = _multi_agent_sample(jr.make_vec(coming_and_going, 4, seed=0))
+    assert_trees_equal(got, expected, "auto vs sync")

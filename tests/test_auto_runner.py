@@ -5,6 +5,7 @@ workers). The trajectories must be exactly those of the chosen layout built by h
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import jax
@@ -17,9 +18,17 @@ from jaxrunner._src.backends.auto import choose_layout
 from jaxrunner._src.runner import auto_layout
 from jaxrunner._src.runner.auto_layout import SYNC_TIE, pick_layout, trial_workers
 from jaxrunner.errors import ClosedError, InvalidArgumentError, InvalidArgumentTypeError
-from jaxrunner.testing import assert_trees_equal
+from jaxrunner.testing import FaultPlan, assert_trees_equal
 
 ATARI_US = 1000.0  # per sub-env step: enough work for the rule to want workers
+
+
+def costly(probe: Any, seed: int | None, **_: Any) -> float:
+    """Stands in for the probe's measurement: a costly env (the probe closed, as it is)."""
+    probe.close()
+    return ATARI_US
+
+
 ROLLOUT = 16
 
 
@@ -42,7 +51,7 @@ def _by_hand(backend: str, config: jr.ProcessConfig | None, num_envs: int) -> di
 
 def _wants_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe reports a costly env on 3 CPUs: the rule asks for 2 workers."""
-    monkeypatch.setattr(auto, "measure_env_step_us", lambda make, seed: ATARI_US)
+    monkeypatch.setattr(auto, "measure_env_step_us", costly)
     monkeypatch.setattr(auto, "available_cpus", lambda: 3)
 
 
@@ -170,3 +179,52 @@ def test_close_layouts_are_undecided_and_clear_ones_are_not():
     assert undecided({0: [1.05], 1: [1.0], 2: [2.0]})  # the faster workers 5% faster
     assert not undecided({0: [1.0], 1: [1.2]})  # sync clearly faster
     assert not undecided({0: [1.2], 1: [2.0], 2: [1.0]})  # workers clearly faster
+
+
+class DiesInWorkers:
+    """A factory of short CartPoles that exit their process at their 2nd step, except
+    in the process that made the factory (the trial's sync layout, and the probe)."""
+
+    def __init__(self) -> None:
+        self.main = os.getpid()
+
+    def __call__(self) -> Any:
+        faults = [] if os.getpid() == self.main else [FaultPlan(kind="exit", at=(2,))]
+        return jr.testing.FaultyEnv(short_cartpole(), faults)
+
+
+def test_a_process_layout_whose_workers_die_in_the_trial_is_dropped(monkeypatch):
+    _wants_workers(monkeypatch)  # the trial: sync and 2 workers
+    policy, params = _policy_and_params()
+    with pytest.warns(RuntimeWarning, match=r"2 workers failed \(WorkerError"):
+        runner = jr.EnvRunner.from_env(DiesInWorkers(), 6, policy, params, ROLLOUT, 3)
+    with runner:
+        choice = runner.envs.layout_choice
+        assert choice is not None and (choice.backend, choice.num_workers) == ("sync", 0)
+        assert [w for w, _ in choice.tried] == [0] and "2 workers failed" in choice.reason
+        got = _fields(runner.sample())
+    assert_trees_equal(got, _by_hand("sync", None, 6), "from_env(auto, workers died)")
+
+
+def test_a_probe_that_fails_under_a_restart_policy_gives_sync_with_no_trial(monkeypatch):
+    def no_trial(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a trial after the probe fell back to sync")
+
+    monkeypatch.setattr(auto_layout, "_trial", no_trial)
+    monkeypatch.setattr(auto, "available_cpus", lambda: 3)
+    made: list[Any] = []
+
+    def first_fails() -> Any:  # the probe (the first env made) raises at its 5th step
+        made.append(jr.testing.FaultyEnv(short_cartpole(), [FaultPlan(at=(5,))] * (not made)))
+        return made[-1]
+
+    policy, params = _policy_and_params()
+    with pytest.warns(RuntimeWarning, match=r"probe sub-env's step 5 raised InjectedError"):
+        runner = jr.EnvRunner.from_env(
+            first_fails, 4, policy, params, ROLLOUT, 3, restart_policy=jr.RestartPolicy()
+        )
+    with runner:
+        assert runner.envs.layout_choice is not None
+        assert runner.envs.layout_choice.backend == "sync"
+        got = _fields(runner.sample())
+    assert_trees_equal(got, _by_hand("sync", None, 4), "from_env(auto, the probe failed)")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pathlib
 import pickle
 import threading
+import tracemalloc
 import warnings
 import zipfile
 
@@ -83,6 +85,48 @@ def split_run(make, tmp_path, before: int, after: int, **restore_kwargs):
         tail = samples(resumed, after)
         metrics = counters(resumed)
     return jr.concatenate(head + tail), report, metrics
+
+
+def test_restarted_sub_envs_resume_with_their_restart_seeds(gru, tmp_path):
+    """Under a restart_policy a restarted sub-env is reset with a seed drawn from its
+    restarts so far: the sub-env pickles keep that count, so a resumed run restarts
+    into the episodes the unbroken run does (every env fails at its 4th step call, so
+    each restarts several times on both sides of the save)."""
+    from jaxrunner.testing import FaultPlan, faulty_env_fns
+
+    def make():
+        policy, params = gru
+        fns = faulty_env_fns(short_cartpole, 5, faults=[FaultPlan(at=(4,))])
+        envs = jr.SyncVectorEnv(fns, restart_policy=jr.RestartPolicy())
+        return jr.EnvRunner(envs, policy, params, rollout_length=11, seed=SEED)
+
+    with make() as runner:
+        whole = jr.concatenate(samples(runner, 4))
+        assert runner.envs.num_restarts >= 10
+    split, report, _ = split_run(make, tmp_path, 2, 2, load_env_pickles=True)
+    assert report.envs_restored
+    assert_trees_equal(split, whole, "trajectory")
+
+
+def test_a_version_1_checkpoint_still_resumes_exactly(gru, saved, tmp_path):
+    """Version 1 pickled each sub-env bare (no restart state): such a file restores,
+    and samples as its version 2 twin does."""
+    from jaxrunner._src.backends.snapshots import snapshot_dumps
+
+    def bare(blob: bytes) -> bytes:  # a version 2 sub-env pickle member, as version 1 wrote it
+        snapshot = pickle.loads(np.load(io.BytesIO(blob)).tobytes())
+        return _npy(np.frombuffer(snapshot_dumps(snapshot["env"]), np.uint8))
+
+    with zipfile.ZipFile(saved) as zf:
+        envs = {n: bare(zf.read(n)) for n in zf.namelist() if n.startswith("envs/")}
+    old = tmp_path / "version1.ckpt"
+    rewrite(saved, old, meta=lambda m: m.update(version=1), members=envs)
+    trajs = []
+    for path in (saved, old):
+        with cartpole_runner(gru) as runner:
+            assert runner.restore(path, load_env_pickles=True).envs_restored
+            trajs.append(runner.sample())
+    assert_trees_equal(trajs[1], trajs[0], "trajectory")
 
 
 @pytest.mark.parametrize("num_splits", [1, 2])
@@ -337,6 +381,10 @@ def nan_at_end(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def infinite(array: np.ndarray) -> np.ndarray:
+    return np.full_like(array, np.inf)
+
+
 def truncated(src, dst) -> None:
     data = src.read_bytes()
     dst.write_bytes(data[: len(data) // 2])
@@ -362,6 +410,8 @@ def set_key(where: str, key: str, value) -> object:
 
 
 GRU_KERNEL = "params/module/params/GRUCell_0/hn/kernel"
+CLAIMS_800_GB = b"(100000000000, 2)"
+"""A float32 header shape of 800 GB."""
 # id -> (how the file is damaged, what the error must name)
 HOSTILE = {
     "truncated zip": (truncated, "cannot be opened"),
@@ -372,6 +422,7 @@ HOSTILE = {
     "meta as numbers": (member("__meta__", np.zeros(3)), "metadata"),
     "string seed": (meta(lambda m: m.update(seed="3")), "seed"),
     "negative seed": (meta(lambda m: m.update(seed=-1)), "seed"),
+    "seed no runner takes": (meta(lambda m: m.update(seed=2**63)), "seed=9223372036854775808"),
     "float num_envs": (meta(lambda m: m.update(num_envs=5.0)), "num_envs"),
     "zero rollout_length": (meta(lambda m: m.update(rollout_length=0)), "rollout_length"),
     "unknown envs kind": (meta(lambda m: m.update(envs="magic")), "envs="),
@@ -385,6 +436,7 @@ HOSTILE = {
     ),
     "flag an int": (set_key("finished.0", "truncated", 1), r"finished\[0\]\.truncated"),
     "env id out of range": (set_key("fragments.0", "env_id", 5), r"fragments\[0\]\.env_id"),
+    "fragment of env 99": (set_key("fragments.0", "env_id", 99), r"fragments\[0\]\.env_id=99"),
     "negative start_step": (set_key("finished.0", "start_step", -2), r"finished\[0\]\.start_step"),
     "extra episode key": (set_key("finished.0", "spare", 1), r"finished\[0\]"),
     "paths miss obs": (set_key("finished.0", "paths", [["action"], ["reward"]]), "paths"),
@@ -419,6 +471,14 @@ HOSTILE = {
     "returns unlike lengths": (member("metrics/lengths", np.ones(7, np.int64)), "metrics/returns"),
     "params shape": (member(GRU_KERNEL, np.zeros((3, 3), np.float32)), GRU_KERNEL),
     "params as objects": (member(GRU_KERNEL, np.array([{}] * 64, object)), GRU_KERNEL),
+    "NaN params": (edited(GRU_KERNEL, nan_at_end), f"{GRU_KERNEL} not finite"),
+    "infinite params": (edited(GRU_KERNEL, infinite), f"{GRU_KERNEL} not finite"),
+    "NaN sampler observations": (edited("sampler/obs", nan_at_end), "sampler/obs not finite"),
+    "NaN kept observation": (edited("finished/0/obs", nan_at_end), "finished/0/obs not finite"),
+    "header claims 800 GB": (
+        member(GRU_KERNEL, _npy(np.zeros((8, 8), np.float32)).replace(b"(8, 8)", CLAIMS_800_GB)),
+        GRU_KERNEL,
+    ),
     "params size lies": (
         member(GRU_KERNEL, _npy(np.zeros((8, 8), np.float32)).replace(b"(8, 8)", b"(80, 8)")),
         "size",
@@ -434,7 +494,15 @@ HOSTILE = {
         "finished/0/",
     ),
     "pickle as floats": (member("envs/0", np.zeros(8)), "envs/0"),
+    "an unread object member": (member("junk", np.array([{}], object)), "member 'junk'"),
+    "an unread structured member": (
+        member("spare", np.zeros(2, [("a", "f4"), ("b", object)])),
+        "member 'spare'",
+    ),
+    "a pickle where none belongs": (meta(lambda m: m.update(envs="none")), "member 'envs/0'"),
 }
+PICKLES_ONLY = {"pickle as floats"}
+"""Cases about the sub-env pickles, which are read only with load_env_pickles=True."""
 
 
 def runner_state(runner: jr.EnvRunner) -> dict:
@@ -450,43 +518,172 @@ def runner_state(runner: jr.EnvRunner) -> dict:
     }
 
 
-def test_restore_refuses_damaged_and_hostile_files_and_changes_nothing(gru, saved, tmp_path):
+@pytest.mark.parametrize("load_env_pickles", [True, False])
+def test_restore_refuses_damaged_and_hostile_files_and_changes_nothing(
+    gru, saved, tmp_path, load_env_pickles
+):
     """Every rejection is a JaxRunnerError naming the field, raised before the runner
-    changes; afterwards the runner restores the intact file and samples."""
+    changes, with or without the sub-env pickles; afterwards the runner samples exactly
+    as an untouched one, and a new one restores the intact file."""
     with cartpole_runner(gru) as runner:
         before = runner_state(runner)
         for case, (damage, match) in HOSTILE.items():
+            if case in PICKLES_ONLY and not load_env_pickles:
+                continue
             path = tmp_path / f"{case}.ckpt"
             damage(saved, path)
             with pytest.raises(jr.errors.JaxRunnerError, match=match) as info:
-                runner.restore(path, load_env_pickles=True)
+                runner.restore(path, load_env_pickles=load_env_pickles)
             assert isinstance(info.value, InvalidArgumentError), case
             assert_trees_equal(runner_state(runner), before, case)
             assert runner.get_metrics()["num_env_steps"] == 0, case
-        report = runner.restore(saved, load_env_pickles=True)
-        assert report.envs_restored
+        after_attacks = runner.sample()
+    with cartpole_runner(gru) as untouched:
+        assert_trees_equal(after_attacks, untouched.sample(), "trajectory")
+    with cartpole_runner(gru) as runner:
+        assert runner.restore(saved, load_env_pickles=True).envs_restored
         runner.sample()
 
 
-def test_restore_reads_only_the_members_it_references(gru, saved, tmp_path):
-    """Members nothing references are never read: a junk header promising 8 TiB, bytes
-    that are no .npy, an unused episode's arrays; and the sub-env pickles are not read
-    without the opt-in."""
+def test_a_jax_env_checkpoint_refuses_nan_observations_but_not_env_state(tmp_path):
+    """The scan sampler's latest observations must be finite; the pure-JAX env's own
+    state is the env's (an infinity there may be its sentinel)."""
+    path, damaged = tmp_path / "walk.ckpt", tmp_path / "damaged.ckpt"
+    with walk_runner() as runner:
+        runner.sample()
+        runner.save(path)
+    edited("sampler/rollout/obs", nan_at_end)(path, damaged)
+    with walk_runner() as runner, pytest.raises(InvalidArgumentError, match="rollout/obs not"):
+        runner.restore(damaged)
+    edited("sampler/rollout/env_state/pos", infinite)(path, damaged)
+    with walk_runner() as runner:
+        assert runner.restore(damaged).envs_restored
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_bytes": True}, r"max_bytes=True\): expected an int >= 0"),
+        ({"max_bytes": 1.5}, r"max_bytes=1\.5\): expected an int >= 0"),
+        ({"max_bytes": -1}, r"max_bytes=-1\): expected an int >= 0"),
+        ({"load_env_pickles": "yes"}, r"load_env_pickles='yes'\): expected True or False"),
+    ],
+)
+def test_restore_refuses_bad_arguments(gru, saved, kwargs, match):
+    with cartpole_runner(gru) as runner:
+        with pytest.raises(jr.errors.JaxRunnerError, match=r"EnvRunner\.restore\(" + match):
+            runner.restore(saved, **kwargs)
+        assert runner.get_metrics()["num_env_steps"] == 0
+
+
+def test_a_seed_no_runner_takes_is_refused_at_construction(gru):
+    """The bound a checkpoint's seed is held to: what a runner takes (an int64)."""
+    policy, params = gru
+    with (
+        jr.make_vec(short_cartpole, 1) as envs,
+        pytest.raises(InvalidArgumentError, match=r"seed=9223372036854775808"),
+    ):
+        jr.EnvRunner(envs, policy, params, rollout_length=3, seed=2**63)
+
+
+def test_restore_refuses_unreferenced_members_unread(gru, saved, tmp_path):
+    """A member no field references is refused by its name, never read (a header
+    promising 8 TiB, bytes that are no .npy, an unused episode's arrays); the sub-env
+    pickles of a checkpoint that holds them are referenced, and read only on request."""
     huge = _npy(np.zeros(2)).replace(b"(2,)", b"(1099511627776,)")
-    path = tmp_path / "padded.ckpt"
-    rewrite(
-        saved,
-        path,
-        members={
-            "junk.npy": huge,
-            "noise.npy": b"\x00" * 100,
-            "finished/7/reward.npy": huge,
-            "envs/0.npy": b"not read without load_env_pickles",
-        },
-    )
-    with cartpole_runner(gru) as runner, pytest.warns(UserWarning, match="new episode"):
-        report = runner.restore(path)
+    junk = {"junk.npy": huge, "noise.npy": b"\x00" * 100, "finished/7/reward.npy": huge}
+    with cartpole_runner(gru) as runner:
+        for name, data in junk.items():
+            path = tmp_path / "padded.ckpt"
+            rewrite(saved, path, members={name: data})
+            with pytest.raises(InvalidArgumentError, match=f"member '{name[:-4]}' that no field"):
+                runner.restore(path)
+        rewrite(saved, path, members={"envs/0.npy": b"not read without load_env_pickles"})
+        with pytest.warns(UserWarning, match="only loaded with restore"):
+            report = runner.restore(path)
     assert not report.envs_restored
+
+
+def deflated_member(path, name: str, dtype: str, length: int) -> None:
+    """Adds member ``name`` to the zip at ``path``: ``length`` ones of ``dtype``,
+    deflated, written a chunk at a time (the test never holds it whole)."""
+    header = io.BytesIO()
+    fields = {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": (length,)}
+    np.lib.format.write_array_header_1_0(header, fields)
+    chunk = np.ones(1 << 20, dtype).tobytes()
+    with (
+        zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as zf,
+        zf.open(name, "w", force_zip64=True) as out,
+    ):
+        out.write(header.getvalue())
+        for _ in range(length >> 20):
+            out.write(chunk)
+
+
+def test_restore_refuses_an_oversized_window_before_reading_it(gru, saved, tmp_path):
+    """A metrics window of 2**24 episodes (128 MiB once inflated, well within max_bytes)
+    in a small file is refused from its header, longer than the runner's episode
+    window: the restore allocates next to nothing (tracemalloc counts numpy's arrays)."""
+    path = tmp_path / "window.ckpt"
+    rewrite(saved, path, members={"metrics/lengths.npy": None})
+    deflated_member(path, "metrics/lengths.npy", "<i8", 1 << 24)
+    assert path.stat().st_size < (1 << 20)
+    with cartpole_runner(gru) as runner:
+        tracemalloc.start()
+        try:
+            with pytest.raises(InvalidArgumentError, match=r"metrics/lengths.*at most 100 entries"):
+                runner.restore(path, load_env_pickles=True)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < (4 << 20), peak
+
+
+def test_restore_refuses_kept_episodes_longer_than_the_steps_counted(gru, saved, tmp_path):
+    """A kept episode's length is bounded, from its reward's header, by the steps the
+    checkpoint's metrics count."""
+    path = tmp_path / "long.ckpt"
+    rewrite(saved, path, members={"finished/0/reward.npy": None})
+    deflated_member(path, "finished/0/reward.npy", "<f8", 1 << 20)
+    with (
+        cartpole_runner(gru) as runner,
+        pytest.raises(InvalidArgumentError, match=r"finished/0/reward.*steps the check"),
+    ):
+        runner.restore(path)
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "/dev/urandom", "fifo", "directory"])
+def test_restore_refuses_what_is_not_a_regular_file_before_reading(gru, tmp_path, special):
+    """zipfile reads a device or a pipe without end looking for the end of the archive
+    (and a pipe's open waits for a writer): refused before anything is read."""
+    if special.startswith("/dev/") and not os.path.exists(special):
+        pytest.skip(f"no {special} here")
+    path = special
+    if special == "fifo":
+        path = tmp_path / "pipe"
+        os.mkfifo(path)
+    elif special == "directory":
+        path = tmp_path
+    outcome: list[BaseException] = []
+
+    def restore() -> None:
+        with cartpole_runner(gru) as runner:
+            tracemalloc.start()
+            try:
+                runner.restore(path)
+            except BaseException as err:
+                outcome.append(err)
+            outcome.append(tracemalloc.get_traced_memory()[1])  # type: ignore[arg-type]
+            tracemalloc.stop()
+
+    thread = threading.Thread(target=restore, daemon=True)  # a regression would hang
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), f"restore({special!r}) did not return"
+    error, peak = outcome
+    assert isinstance(error, InvalidArgumentError), error
+    assert "is not a regular file" in str(error)
+    assert peak < (4 << 20), peak
 
 
 class NotAnEnv:
@@ -500,8 +697,9 @@ def test_restore_refuses_pickles_that_are_not_envs(gru, saved, tmp_path, thing):
     rewrite(saved, path, members={"envs/2.npy": _npy(blob)})
     with cartpole_runner(gru) as runner:
         before = runner_state(runner)
-        with pytest.raises(InvalidArgumentError, match="snapshot 2 unpickled to a"):
+        with pytest.raises(InvalidArgumentError, match="pickle envs/2 unpickled to a") as info:
             runner.restore(path, load_env_pickles=True)
+        assert "snapshot 2" not in str(info.value) and "envs/0" not in str(info.value)
         assert_trees_equal(runner_state(runner), before, "runner")
         traj = runner.sample()  # the original sub-envs still step
     assert traj.valid.all()

@@ -42,6 +42,7 @@ from jaxrunner._src.backends.process import (
     spin_wait_s,
     worker_bounds,
 )
+from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 from jaxrunner.errors import (
     ClosedError,
     EnvError,
@@ -60,22 +61,29 @@ from jaxrunner.testing import (
     counting_env_fns,
     faulty_env_fns,
 )
+from tests.multi_agent_envs import HOST_KINDS, PettingZooCases
 
 SEED = 7
 
 
-class TestProcessContract(VectorEnvContract):
+class TestProcessContract(PettingZooCases, VectorEnvContract):
     """The backend contract, with sub-envs split over two workers (2 + 1)."""
 
-    def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]]) -> jr.VectorEnv:
-        return ProcessVectorEnv(env_fns, ProcessConfig(num_workers=2))
+    env_kinds = HOST_KINDS
+
+    def make_vec(self, env_fns: Sequence[Callable[[], Any]], restart_policy=None) -> Any:
+        config = ProcessConfig(num_workers=2)
+        if self.kind == "gymnasium":
+            return ProcessVectorEnv(env_fns, config, restart_policy=restart_policy)
+        return ProcessMultiAgentVectorEnv(env_fns, config=config, restart_policy=restart_policy)
 
 
 class TestProcessReadyFirstContract(VectorEnvContract):
     """The contract in ready-first mode (``step_batch`` still steps every row at once)."""
 
-    def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]]) -> jr.VectorEnv:
-        return ProcessVectorEnv(env_fns, ProcessConfig(num_workers=2, ready_first=True))
+    def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]], restart_policy=None) -> Any:
+        config = ProcessConfig(num_workers=2, ready_first=True)
+        return ProcessVectorEnv(env_fns, config, restart_policy=restart_policy)
 
 
 def _pids_alive(pids: Sequence[int]) -> list[int]:

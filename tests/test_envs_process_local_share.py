@@ -42,8 +42,9 @@ class TestLocalShareContract(VectorEnvContract):
     """The backend contract: sub-env 0 in the main process, 1 and 2 in a worker (the
     contract's halves fall on the split)."""
 
-    def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]]) -> jr.VectorEnv:
-        return LocalShareVectorEnv(env_fns, ProcessConfig(main_process_envs=1))
+    def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]], restart_policy=None) -> Any:
+        config = ProcessConfig(main_process_envs=1)
+        return LocalShareVectorEnv(env_fns, config, restart_policy=restart_policy)
 
 
 class TestLocalShareStraddlingContract(VectorEnvContract):
@@ -52,8 +53,9 @@ class TestLocalShareStraddlingContract(VectorEnvContract):
 
     num_envs: ClassVar[int] = 4
 
-    def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]]) -> jr.VectorEnv:
-        return LocalShareVectorEnv(env_fns, ProcessConfig(main_process_envs=1, num_workers=2))
+    def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]], restart_policy=None) -> Any:
+        config = ProcessConfig(main_process_envs=1, num_workers=2)
+        return LocalShareVectorEnv(env_fns, config, restart_policy=restart_policy)
 
 
 # -- equality with the sync backend, through EnvRunner -----------------------------------------

@@ -18,6 +18,7 @@ import pytest
 from gymnasium import spaces
 
 import jaxrunner as jr
+from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
 from jaxrunner._src.backends.step_buffers import StepBuffers
 from jaxrunner._src.backends.sub_envs import SubEnvs
 from jaxrunner.errors import (
@@ -37,17 +38,19 @@ from jaxrunner.testing import (
     faulty_env_fns,
     gymnasium_reference,
 )
+from tests.multi_agent_envs import HOST_KINDS, PettingZooCases
 
 SEED = 2024
 NUM_ENVS = 4
 
 
-class TestSyncContract(VectorEnvContract):
-    def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]]) -> jr.VectorEnv:
-        return jr.SyncVectorEnv(env_fns)
+class TestSyncContract(PettingZooCases, VectorEnvContract):
+    env_kinds = HOST_KINDS
 
-    def test_context_manager_closes(self) -> None:
-        super().test_context_manager_closes()
+    def make_vec(self, env_fns: Sequence[Callable[[], Any]], restart_policy=None) -> Any:
+        if self.kind == "gymnasium":
+            return jr.SyncVectorEnv(env_fns, restart_policy=restart_policy)
+        return SyncMultiAgentVectorEnv(env_fns, restart_policy=restart_policy)
 
 
 # -- parity with gymnasium ------------------------------------------------------------------------

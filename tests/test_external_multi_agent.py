@@ -16,7 +16,7 @@ from external_multi_agent_helpers import Ref, assert_matches, make_env, play_par
 
 from jaxrunner._src.core.policy import Policy
 from jaxrunner._src.services.external import ExternalEnvConfig, MultiAgentExternalEnv
-from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing, Relay
+from jaxrunner._src.testing.envs import ComingAndGoing, Relay
 from jaxrunner.errors import (
     ClosedError,
     EpisodeConflictError,

@@ -435,10 +435,10 @@ def test_restarts_of_failed_resets_are_counted():
 
 def test_multi_agent_restarts_of_failed_resets_are_counted():
     from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
-    from jaxrunner.testing import coming_and_going, faulty_multi_agent_env_fns
+    from jaxrunner.testing import coming_and_going, faulty_env_fns
 
     fault = FaultPlan(kind="raise", call="reset", at=(2,))
-    fns = faulty_multi_agent_env_fns(coming_and_going, 3, {0: [fault], 2: [fault]})
+    fns = faulty_env_fns(coming_and_going, 3, {0: [fault], 2: [fault]})
     config = ProcessConfig(num_workers=2)
     with ProcessMultiAgentVectorEnv(fns, config=config, restart_policy=jr.RestartPolicy()) as envs:
         envs.reset_batch([0, 1, 2])

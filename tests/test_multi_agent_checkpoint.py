@@ -351,11 +351,14 @@ HOSTILE = {
     "wrong agents": (meta(lambda m: m.update(possible_agents=["a0"])), "possible_agents"),
     "other num_envs": (meta(lambda m: m.update(num_envs=4)), "num_envs"),
     "string seed": (meta(lambda m: m.update(seed="4")), "seed"),
+    "seed no runner takes": (meta(lambda m: m.update(seed=2**64)), "seed=18446744073709551616"),
     "metrics paths": (meta(lambda m: m.update(metrics=[["counters"]])), "metrics"),
     "kept not a list": (meta(lambda m: m.update(callback_fragments={})), "callback_fragments"),
     "params shape": (member(W, np.zeros(4, np.float32)), W),
     "params dtype": (member(W, np.zeros(3, np.float64)), W),
     "params as objects": (member(W, np.array([{}] * 3, object)), W),
+    "infinite params": (edited(W, lambda a: np.full_like(a, np.inf)), f"{W} not finite"),
+    "NaN latest observations": (edited(f"{GROUP}/obs", nan_at_end), f"{GROUP}/obs not finite"),
     "carry shape": (member(f"{GROUP}/actor/carry", np.zeros(3, np.float32)), "actor/carry"),
     "acting dtype": (member(f"{GROUP}/acting", np.zeros((3, 4), np.int8)), f"{GROUP}/acting"),
     "group missing": (member(f"{GROUP}/awaiting", None), f"{GROUP}/awaiting"),
@@ -393,6 +396,11 @@ HOSTILE = {
     "agent of no policy": (set_key("finished", "agent_id", "zed"), r"finished\[0\]\.agent_id"),
     "episode id too big": (set_key("finished", "episode_id", 10**6), r"finished\[0\]\.episode_id"),
     "env id out of range": (set_key("fragments", "env_id", 3), r"fragments\[0\]\.env_id"),
+    "fragment of env 99": (set_key("fragments", "env_id", 99), r"fragments\[0\]\.env_id=99"),
+    "callback fragment of env 99": (
+        set_key("callback_fragments", "env_id", 99),
+        r"callback_fragments\[0\]\.env_id=99",
+    ),
     "flag an int": (set_key("finished", "terminated", 1), r"finished\[0\]\.terminated"),
     "finished incomplete": (set_key("finished", "start_step", 2), r"finished\[0\]"),
     "fragment finished": (set_key("fragments", "truncated", True), r"fragments\[0\]"),
@@ -403,16 +411,27 @@ HOSTILE = {
     "negative env_step": (edited("fragments/0/env_step", negate), "fragments/0/env_step"),
     "NaN kept reward": (edited("finished/0/reward", nan_at_end), "finished/0/reward"),
     "short kept obs": (member("finished/0/obs", np.zeros((1, 3), np.float32)), "finished/0/obs"),
+    "NaN kept obs": (edited("finished/0/obs", nan_at_end), "finished/0/obs not finite"),
+    "NaN fragment obs": (edited("fragments/0/obs", nan_at_end), "fragments/0/obs not finite"),
+    "an unread object member": (member("junk", np.array([{}], object)), "member 'junk'"),
+    "an unread structured member": (
+        member("spare", np.zeros(2, [("a", "f4"), ("b", object)])),
+        "member 'spare'",
+    ),
+    "an env pickle where none belongs": (
+        meta(lambda m: m.update(envs="none")),
+        "member 'envs/0'",
+    ),
     "huge referenced member": (huge_referenced, "finished/0/reward"),
     "pickle as floats": (member("envs/0", np.zeros(8)), "envs/0"),
-    "pickle of None": (snapshot_of(None), "snapshot 1 unpickled to a NoneType"),
+    "pickle of None": (snapshot_of(None), "pickle envs/1 unpickled to a NoneType"),
     "pickle of a gymnasium env": (
         snapshot_of({"env": gymnasium.make("CartPole-v1"), "driver": {}}),
-        "snapshot 1 holds a TimeLimit, not a PettingZoo env",
+        "envs/1 holds a TimeLimit, not a PettingZoo env",
     ),
     "pickle of a turn-based env": (
         snapshot_of({"env": envs_mod.relay(), "driver": {}}),
-        "snapshot 1 holds a Relay, not stepped as a ParallelDriver",
+        "envs/1 holds a Relay, not stepped as a ParallelDriver",
     ),
     "pickle with an unknown live agent": (
         snapshot_of(
@@ -431,7 +450,7 @@ HOSTILE = {
     ),
     "pickle with a bad driver state": (
         snapshot_of({"env": envs_mod.coming_and_going(), "driver": {"live": ["zed"]}}),
-        "snapshot 1 holds a driver state that is refused",
+        "envs/1 holds a driver state that is refused",
     ),
 }
 
@@ -450,22 +469,27 @@ def runner_state(runner: jr.MultiAgentRunner) -> dict:
     }
 
 
+@pytest.mark.parametrize("load_env_pickles", [True, False])
 def test_restore_refuses_damaged_and_hostile_files_and_changes_nothing(
-    saved, env_runner_checkpoint, tmp_path
+    saved, env_runner_checkpoint, tmp_path, load_env_pickles
 ):
     """Each rejection is an InvalidArgumentError naming the field, raised before the
-    runner changes; afterwards it samples exactly as an untouched runner does."""
+    runner changes, with or without the sub-env pickles (cases about the pickles only
+    with); afterwards it samples exactly as an untouched runner does."""
     with make(callbacks=Recorder()) as runner:
         runner.sample()
         before = runner_state(runner)
         for case, (damage, match) in HOSTILE.items():
+            if case.startswith("pickle") and not load_env_pickles:
+                continue
             path = tmp_path / f"{case}.ckpt"
             if damage is None:
                 path = env_runner_checkpoint
             else:
                 damage(saved, path)
-            with pytest.raises(InvalidArgumentError, match=match):
-                runner.restore(path, load_env_pickles=True)
+            with pytest.raises(InvalidArgumentError, match=match) as info:
+                runner.restore(path, load_env_pickles=load_env_pickles)
+            assert "snapshot 1" not in str(info.value), case
             assert_trees_equal(runner_state(runner), before, case)
         after_attacks = runner.sample()
         seen = runner.callbacks.seen
@@ -475,23 +499,33 @@ def test_restore_refuses_damaged_and_hostile_files_and_changes_nothing(
         assert seen == untouched.callbacks.seen
 
 
-def test_restore_reads_only_the_members_it_references(saved, tmp_path):
-    """A junk member promising 8 TiB, an unused episode's arrays and, without the
-    opt-in, the sub-env pickles are never read."""
+def test_restore_refuses_unreferenced_members_unread(saved, tmp_path):
+    """A member no field references (a junk header promising 8 TiB, an unused
+    episode's arrays) is refused by its name, never read; the sub-env pickles of a
+    checkpoint that holds them are read only on request."""
     huge = _npy(np.zeros(2)).replace(b"(2,)", b"(1099511627776,)")
     path = tmp_path / "padded.ckpt"
-    rewrite(
-        saved,
-        path,
-        members={
-            "junk.npy": huge,
-            "finished/9/reward.npy": huge,
-            "envs/0.npy": b"not read without load_env_pickles",
-        },
-    )
-    with make() as runner, pytest.warns(UserWarning, match="new episode"):
-        report = runner.restore(path)
+    with make() as runner:
+        for name in ("junk", "finished/9/reward"):
+            rewrite(saved, path, members={f"{name}.npy": huge})
+            with pytest.raises(InvalidArgumentError, match=f"member '{name}' that no field"):
+                runner.restore(path)
+        rewrite(saved, path, members={"envs/0.npy": b"not read without load_env_pickles"})
+        with pytest.warns(UserWarning, match="new episode"):
+            report = runner.restore(path)
     assert not report.envs_restored
+
+
+@pytest.mark.parametrize("max_bytes", [True, 1.5, -1, None])
+def test_restore_refuses_a_max_bytes_that_is_no_byte_count(saved, max_bytes):
+    with make() as runner:
+        before = runner_state(runner)
+        with pytest.raises(
+            jr.errors.JaxRunnerError,
+            match=rf"MultiAgentRunner\.restore\(max_bytes={max_bytes!r}\): expected an int >= 0",
+        ):
+            runner.restore(saved, max_bytes=max_bytes)
+        assert_trees_equal(runner_state(runner), before, "runner")
 
 
 def test_restore_undoes_the_sampler_state_when_the_fresh_resets_fail(saved):

@@ -16,8 +16,8 @@ pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
 from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
-from jaxrunner.errors import EnvError, InvalidArgumentError
-from jaxrunner.testing import ComingAndGoing, FaultPlan, faulty_multi_agent_env_fns
+from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.testing import ComingAndGoing, FaultPlan, faulty_env_fns
 from tests import multi_agent_envs as envs_mod
 from tests.test_multi_agent import random_policy, zero_params
 
@@ -33,7 +33,7 @@ def _runner(envs, num_actions=3, rollout_length=6):
 def test_a_turn_based_sub_env_names_the_agent_whose_turn_it_was():
     # Relay: r0, r1 and r2 take turns; the third step is r2's.
     fault = FaultPlan(kind="raise", at=(3,))
-    fns = faulty_multi_agent_env_fns(envs_mod.relay, NUM_ENVS, {1: [fault]})
+    fns = faulty_env_fns(envs_mod.relay, NUM_ENVS, {1: [fault]})
     with (
         _runner(SyncMultiAgentVectorEnv(fns), num_actions=4) as runner,
         pytest.raises(EnvError, match=r"sub-env 1 \(agent 'r2'\) raised in step") as info,
@@ -89,7 +89,7 @@ def test_seed_resets_sub_env_i_with_seed_plus_i_as_make_vec_does(backend, reques
     RecordingCartPole.SEEDS.clear()
     jr.make_vec(RecordingCartPole, 3, seed=7).close()
     assert RecordingCartPole.SEEDS == [7, 8, 9]
-    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 3, backend, 7)
+    envs = jr.make_vec(envs_mod.coming_and_going, 3, backend, 7)
     with envs:
         states = [rng.bit_generator.state for rng in envs.get_attr("rng")]
         out = envs.step_batch([np.ones((3, 4), np.int64)])
@@ -122,15 +122,56 @@ def refusals(make, env):
 def test_make_multi_agent_vec_refuses_what_make_vec_refuses():
     got = refusals(jr.make_multi_agent_vec, envs_mod.coming_and_going)
     assert got == refusals(jr.make_vec, "CartPole-v1")
-    for backend in ("gymnasium", "envpool", "auto"):  # make_vec's own: single-agent envs
-        with pytest.raises(InvalidArgumentError, match="make_vec's, for single-agent envs"):
-            jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, backend)
+    for backend in ("gymnasium", "envpool"):  # pools of single-agent envs, built from ids
+        for make in (jr.make_vec, jr.make_multi_agent_vec):
+            with pytest.raises(
+                InvalidArgumentTypeError, match="themselves: 'sync', 'process', 'ray', 'auto'"
+            ):
+                make(envs_mod.coming_and_going, 2, backend)
     for make, env in (
         (jr.make_multi_agent_vec, envs_mod.coming_and_going),
         (jr.make_vec, "CartPole-v1"),
     ):
         with pytest.raises(InvalidArgumentError, match=r"\(seed='7'\): expected an int"):
             make(env, 2, "sync", "7")
+
+
+class Counted:
+    """A factory of ``make`` envs that counts its calls in this process."""
+
+    def __init__(self, make) -> None:
+        self.make, self.calls = make, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.make()
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_make_vec_builds_the_kind_its_factory_makes(backend):
+    parallel, aec = Counted(envs_mod.coming_and_going), Counted(envs_mod.relay)
+    with jr.make_vec(parallel, 3, backend) as envs, jr.make_vec([aec] * 2, 2, backend) as turns:
+        assert isinstance(envs, jr.MultiAgentVectorEnv) and not envs.turn_based
+        assert isinstance(turns, jr.MultiAgentVectorEnv) and turns.turn_based
+        assert list(envs.possible_agents) == ComingAndGoing().possible_agents
+    # The kind is read from sub-env 0, built once here: on sync it stays sub-env 0; the
+    # workers build their own.
+    assert (parallel.calls, aec.calls) == ((3, 2) if backend == "sync" else (1, 1))
+    gym = Counted(lambda: gymnasium.make("CartPole-v1"))
+    with jr.make_vec(gym, 2, backend) as single:
+        assert isinstance(single, jr.VectorEnv) and gym.calls == (2 if backend == "sync" else 1)
+
+
+def test_make_vec_refuses_what_only_one_kind_takes():
+    with pytest.raises(InvalidArgumentTypeError, match="policy mapping is for multi-agent"):
+        jr.make_vec(lambda: gymnasium.make("CartPole-v1"), 2, policy_mapping_fn=str)
+    with pytest.raises(InvalidArgumentTypeError, match=r"policy_mapping_fn=.*themselves"):
+        jr.make_vec("CartPole-v1", 2, "gymnasium", policy_mapping_fn=str)
+    with pytest.raises(InvalidArgumentTypeError, match="make_vec builds both kinds"):
+        jr.make_multi_agent_vec(lambda: gymnasium.make("CartPole-v1"), 2)
+    for env in (ComingAndGoing(), gymnasium.make("CartPole-v1")):  # an env, not a factory
+        with pytest.raises(InvalidArgumentTypeError, match="pass the zero-argument callable"):
+            jr.make_vec(env, 2)
 
 
 def test_num_workers_is_deprecated_for_process_config():

@@ -1,4 +1,4 @@
-"""jaxrunner.testing's fault vocabulary on multi-agent sub-envs (FaultyMultiAgentEnv):
+"""jaxrunner.testing's fault vocabulary on multi-agent sub-envs (FaultyEnv):
 every kind on the sync, process and Ray backends, with and without a restart policy;
 accounting exact per agent. Where a kind cannot apply to a backend, a comment says why
 (a sync sub-env shares the sampler's process: it has no step timeout, and its death is
@@ -35,13 +35,13 @@ from jaxrunner.testing import (
     ComingAndGoing,
     FaultPlan,
     FaultyAECEnv,
-    FaultyMultiAgentEnv,
+    FaultyEnv,
     FaultyParallelEnv,
     InjectedError,
     Relay,
     break_returns,
     coming_and_going,
-    faulty_multi_agent_env_fns,
+    faulty_env_fns,
     tictactoe,
 )
 from tests.test_multi_agent import random_policy, zero_params
@@ -97,7 +97,7 @@ def sample(fns, backend="sync", restart=False, num_actions=3, masked=False, **kw
 
 def faulty_fns(kind, log=None, base=coming_and_going, agent=AGENT, **plan):
     fault = FaultPlan(kind=kind, at=(AT,), hang_s=plan.pop("hang_s", HANG_S), **plan)
-    return faulty_multi_agent_env_fns(base, NUM_ENVS, {FAILING_ENV: [fault]}, log, agent=agent)
+    return faulty_env_fns(base, NUM_ENVS, {FAILING_ENV: [fault]}, log, agent=agent)
 
 
 @pytest.fixture(scope="module")
@@ -200,9 +200,9 @@ def test_a_sync_sub_env_that_kills_its_process_takes_the_sampler_with_it(kind, r
         import numpy as np
         import jaxrunner as jr
         from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
-        from jaxrunner.testing import FaultPlan, coming_and_going, faulty_multi_agent_env_fns
+        from jaxrunner.testing import FaultPlan, coming_and_going, faulty_env_fns
         fault = FaultPlan(kind={kind!r}, at=({AT},))
-        fns = faulty_multi_agent_env_fns(coming_and_going, 2, {{1: [fault]}})
+        fns = faulty_env_fns(coming_and_going, 2, {{1: [fault]}})
         envs = SyncMultiAgentVectorEnv(fns, restart_policy=jr.RestartPolicy())
         out = envs.reset_batch([0, 1])
         for n in range(1, {AT + 2}):
@@ -285,7 +285,7 @@ def test_a_failed_autoreset_keeps_the_good_step(backend, kind, clean, tmp_path):
     # second reset) fails: the step's transitions stay; the env is recreated.
     log = CallLog(tmp_path)
     fault = FaultPlan(kind=kind, call="reset", at=(2,))
-    fns = faulty_multi_agent_env_fns(coming_and_going, NUM_ENVS, {FAILING_ENV: [fault]}, log)
+    fns = faulty_env_fns(coming_and_going, NUM_ENVS, {FAILING_ENV: [fault]}, log)
     traj, metrics, restarts = sample(fns, backend, restart=True)
     (pid,) = traj.groups
     g, ref = traj.groups[pid], clean[0].groups[pid]
@@ -308,7 +308,7 @@ STEP_KINDS = [k for k in GARBAGE if k not in ("bad_obs", "obs_dtype")] + ["bad_o
 
 @pytest.mark.parametrize("kind", STEP_KINDS)
 def test_parallel_garbage_breaks_one_agents_returns_at_the_planned_call(kind):
-    env = FaultyMultiAgentEnv(ComingAndGoing(), [FaultPlan(kind=kind, at=(AT,))], agent="a2")
+    env = FaultyEnv(ComingAndGoing(), [FaultPlan(kind=kind, at=(AT,))], agent="a2")
     assert isinstance(env, FaultyParallelEnv)
     ref = ComingAndGoing()
     jr.testing.assert_trees_equal(env.reset(seed=3), ref.reset(seed=3), "reset")
@@ -326,7 +326,7 @@ def test_parallel_garbage_breaks_one_agents_returns_at_the_planned_call(kind):
 
 @pytest.mark.parametrize("kind", ["nan_reward", "flag_not_bool", "bad_obs", "info_not_dict"])
 def test_aec_garbage_reads_broken_until_the_next_call_and_leaves_the_env_alone(kind):
-    env = FaultyMultiAgentEnv(Relay(), [FaultPlan(kind=kind, at=(2,))])
+    env = FaultyEnv(Relay(), [FaultPlan(kind=kind, at=(2,))])
     assert isinstance(env, FaultyAECEnv)
     ref = Relay()
     env.reset(seed=0)
@@ -353,7 +353,7 @@ def test_aec_garbage_reads_broken_until_the_next_call_and_leaves_the_env_alone(k
 
 
 def test_raise_fails_before_the_inner_env_steps():
-    env = FaultyMultiAgentEnv(ComingAndGoing(), [FaultPlan(kind="raise", at=(2,))])
+    env = FaultyEnv(ComingAndGoing(), [FaultPlan(kind="raise", at=(2,))])
     env.reset(seed=0)
     env.step({"a0": 0, "a1": 0})
     with pytest.raises(InjectedError, match="FaultyParallelEnv: injected failure in step #2"):
@@ -363,10 +363,10 @@ def test_raise_fails_before_the_inner_env_steps():
 
 def test_only_pettingzoo_envs_are_wrapped_and_factories_pickle():
     with pytest.raises(InvalidArgumentTypeError, match="FaultyEnv"):
-        FaultyMultiAgentEnv(object(), [])
-    with pytest.raises(InvalidArgumentError, match="faulty_multi_agent_env_fns"):
-        faulty_multi_agent_env_fns(coming_and_going)
-    fns = faulty_multi_agent_env_fns([coming_and_going, functools.partial(Relay)], agent="r0")
+        FaultyEnv(object(), [])
+    with pytest.raises(InvalidArgumentError, match="faulty_env_fns"):
+        faulty_env_fns(coming_and_going)
+    fns = faulty_env_fns([coming_and_going, functools.partial(Relay)], agent="r0")
     envs = [pickle.loads(pickle.dumps(fn))() for fn in fns]
     assert [type(e) for e in envs] == [FaultyParallelEnv, FaultyAECEnv]
     assert envs[1].agent == "r0"
@@ -390,7 +390,7 @@ def test_random_faults_are_counted_exactly(backend, tmp_path):
     # good step call is in the trajectory, every failed one is dropped, and every valid
     # slot is one agent step.
     log = CallLog(tmp_path)
-    fns = faulty_multi_agent_env_fns(coming_and_going, NUM_ENVS, RANDOM_FAULTS, log, seed=3)
+    fns = faulty_env_fns(coming_and_going, NUM_ENVS, RANDOM_FAULTS, log, seed=3)
     envs = make_envs(backend, fns, restart=True)
     policy, params = random_policy(3), zero_params(3)
     with jr.MultiAgentRunner(envs, policy, params, 40, seed=SEED) as runner:

@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from gymnasium import spaces
 
 import jaxrunner as jr
 from jaxrunner._src.samplers.env_streams import (
@@ -20,6 +19,7 @@ from jaxrunner._src.samplers.env_streams import (
 )
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.testing import Drift
 
 
 def random_policy(num_actions):
@@ -29,41 +29,6 @@ def random_policy(num_actions):
         return action, {"log_prob": jnp.zeros(keys.shape)}, carry
 
     return jr.Policy(apply_fn)
-
-
-class Drift:
-    """A JaxMARL-style env: two agents drift on a line; ``x0`` is done after 3 steps,
-    ``x1`` after 5 to 6 (random), and the episode ends when both are."""
-
-    agents = ("x0", "x1")
-
-    def observation_space(self, agent):
-        return spaces.Box(-np.inf, np.inf, (3,), np.float32)
-
-    def action_space(self, agent):
-        return spaces.Discrete(3)
-
-    def _obs(self, state):
-        t, pos, _ = state
-        return {
-            a: jnp.stack([t.astype(jnp.float32), pos[k], float(k)])
-            for k, a in enumerate(self.agents)
-        }
-
-    def reset(self, key):
-        state = (jnp.int32(0), jax.random.normal(key, (2,)), 5 + jax.random.bernoulli(key))
-        return self._obs(state), state
-
-    def step_env(self, key, state, actions):
-        t, pos, end = state
-        moves = jnp.stack([actions[a] for a in self.agents]) - 1.0
-        pos = pos + moves + 0.1 * jax.random.normal(key, (2,))
-        t = t + 1
-        state = (t, pos, end)
-        dones = {"x0": t >= 3, "x1": t >= end}
-        dones["__all__"] = dones["x0"] & dones["x1"]
-        rewards = {a: -jnp.abs(pos[k]) for k, a in enumerate(self.agents)}
-        return self._obs(state), state, rewards, dones, {}
 
 
 def test_scan_matches_env_stepped_by_hand():

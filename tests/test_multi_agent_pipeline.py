@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
-from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing
+from jaxrunner._src.testing.envs import ComingAndGoing
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.models import mlp_policy
 from tests import multi_agent_envs as envs_mod

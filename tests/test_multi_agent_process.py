@@ -109,11 +109,11 @@ def test_a_dead_workers_slots_are_counted_lost_or_unrun(failing, lost, unrun, tm
     # Worker 0 runs sub-envs 0 and 1, in that order; the failing one kills it at its 4th
     # step. Sub-env 0's kill leaves 1's step unrun; 1's loses 0's completed step.
     from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
-    from jaxrunner.testing import CallLog, FaultPlan, faulty_multi_agent_env_fns
+    from jaxrunner.testing import CallLog, FaultPlan, faulty_env_fns
 
     log = CallLog(tmp_path)
     plan = {failing: [FaultPlan(kind="kill", at=(4,))]}
-    fns = faulty_multi_agent_env_fns(envs_mod.coming_and_going, 3, plan, log)
+    fns = faulty_env_fns(envs_mod.coming_and_going, 3, plan, log)
     config = jr.ProcessConfig(num_workers=2)
     envs = ProcessMultiAgentVectorEnv(fns, config=config, restart_policy=jr.RestartPolicy())
     with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 6, seed=7) as runner:
@@ -124,3 +124,15 @@ def test_a_dead_workers_slots_are_counted_lost_or_unrun(failing, lost, unrun, tm
     # Every env.step call accounted for, as on the single-agent process backend.
     assert log.count("step_ok") == metrics["num_env_steps"] + lost
     assert log.count("step_failed") == metrics["num_dropped_steps"] - lost - unrun == 1
+
+
+def test_process_get_num_restarts_after_close_is_a_closed_error():
+    from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
+
+    envs = ProcessMultiAgentVectorEnv(
+        [jr.testing.coming_and_going] * 2, config=jr.ProcessConfig(num_workers=1)
+    )
+    assert envs.get_num_restarts() == 0
+    envs.close()
+    with pytest.raises(jr.errors.ClosedError):
+        envs.get_num_restarts()

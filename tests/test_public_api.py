@@ -154,6 +154,7 @@ PUBLIC = {
         "CountingEnv",
         "DictObsEnv",
         "DoneOnlyRandomWalk",
+        "Drift",
         "EnvFactory",
         "FaultKind",
         "FaultPlan",

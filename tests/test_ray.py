@@ -20,6 +20,7 @@ import pytest
 import jaxrunner as jr
 from jaxrunner.models import mlp_policy
 from jaxrunner.testing import CountingEnv
+from tests.multi_agent_envs import HOST_KINDS
 
 ray = pytest.importorskip("ray")
 
@@ -414,11 +415,20 @@ def test_group_runner_whose_env_raises_is_replaced(group_params, tmp_path):
 
 
 class TestRayContract(jr.testing.VectorEnvContract):
-    """The backend contract, send/recv included, over Ray actors of two sub-envs."""
+    """The backend contract, send/recv included, over Ray actors of two sub-envs, on
+    every kind of env. The contract's own env cases only: the transport is the same for
+    every env, and each PettingZoo case costs new actors (~3 s each; sync and process
+    cover them)."""
 
-    def make_vec(self, env_fns):
+    env_kinds = HOST_KINDS
+
+    def make_vec(self, env_fns, restart_policy=None):
+        from jaxrunner._src.backends.ray.agents import RayMultiAgentVectorEnv
+
         config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
-        return jr.RayVectorEnv(env_fns, config)
+        if self.kind == "gymnasium":
+            return jr.RayVectorEnv(env_fns, config, restart_policy=restart_policy)
+        return RayMultiAgentVectorEnv(env_fns, config=config, restart_policy=restart_policy)
 
 
 def test_multi_agent_group_samples_like_local_runners_and_syncs_params_per_policy():

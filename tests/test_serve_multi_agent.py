@@ -22,7 +22,7 @@ import jaxrunner.errors as errors
 from jaxrunner._src.services.external import ExternalEnvConfig
 from jaxrunner._src.services.serve import wire
 from jaxrunner._src.services.serve.schema import MAX_AGENTS
-from jaxrunner._src.testing.multi_agent_envs import ComingAndGoing, Relay
+from jaxrunner._src.testing.envs import ComingAndGoing, Relay
 from jaxrunner.models import mlp_policy
 from jaxrunner.serve import (
     MultiAgentPolicyClient,

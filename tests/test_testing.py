@@ -246,3 +246,34 @@ def test_jr_testing_is_an_attribute_loaded_on_first_use() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert jr.testing.FaultPlan is FaultPlan
+
+
+def test_pettingzoo_names_need_pettingzoo_and_are_the_modules_own() -> None:
+    # With PettingZoo unimportable, jaxrunner.testing still imports; its PettingZoo
+    # names say which extra to install.
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["pettingzoo"] = None  # as if it were not installed
+        import jaxrunner as jr
+        from jaxrunner.errors import MissingDependencyError
+        assert jr.testing.FaultyEnv.__name__ == "FaultyEnv"
+        assert "ComingAndGoing" in dir(jr.testing)
+        try:
+            jr.testing.ComingAndGoing
+        except MissingDependencyError as err:
+            print(err)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert 'needs PettingZoo: pip install "jaxrunner[multiagent]"' in done.stdout
+    pytest.importorskip("pettingzoo")
+    # With it, the names are the modules' own, and the deprecated ones are aliases.
+    from jaxrunner._src.testing import contract, envs, faults
+
+    assert jr.testing.ComingAndGoing is envs.ComingAndGoing
+    assert jr.testing.FaultyParallelEnv is faults.FaultyParallelEnv
+    assert jr.testing.faulty_multi_agent_env_fns is faults.faulty_env_fns
+    assert jr.testing.FaultyMultiAgentEnv is FaultyEnv
+    assert issubclass(jr.testing.MultiAgentVectorEnvContract, contract.VectorEnvContract)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        jr.testing.Nope  # noqa: B018

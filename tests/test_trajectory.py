@@ -6,6 +6,8 @@ import io
 import json
 import os
 import tempfile
+import threading
+import tracemalloc
 import zipfile
 from typing import Any
 
@@ -600,3 +602,43 @@ def test_load_refuses_one_member_named_for_many_fields(tmp_path: Any) -> None:
     _rewrite(path, alias)
     with pytest.raises(jr.errors.InvalidArgumentError, match=r"again for field extras\.k0"):
         Trajectory.load(path)
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "/dev/urandom", "fifo"])
+@pytest.mark.parametrize("cls", [Trajectory, jr.MultiAgentTrajectory])
+def test_load_refuses_what_is_not_a_regular_file_before_reading(tmp_path: Any, special, cls):
+    """zipfile searches a device or a pipe for the end of the archive without end (and
+    a pipe's open waits for a writer): refused before anything is read."""
+    if special.startswith("/dev/") and not os.path.exists(special):
+        pytest.skip(f"no {special} here")
+    path = special
+    if special == "fifo":
+        path = tmp_path / "pipe"
+        os.mkfifo(path)
+    outcome: list[Any] = []
+
+    def load() -> None:
+        tracemalloc.start()
+        try:
+            cls.load(path)
+        except BaseException as err:
+            outcome.append(err)
+        outcome.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+
+    thread = threading.Thread(target=load, daemon=True)  # a regression would hang
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), f"load({special!r}) did not return"
+    error, peak = outcome
+    assert isinstance(error, jr.errors.InvalidArgumentError), error
+    assert "is not a regular file" in str(error)
+    assert peak < (1 << 20), peak
+
+
+@pytest.mark.parametrize("max_bytes", [True, 1.5, -1])
+def test_load_refuses_a_max_bytes_that_is_no_byte_count(tmp_path: Any, max_bytes) -> None:
+    path = tmp_path / "traj.npz"
+    _hand_trajectory().save(path)
+    with pytest.raises(jr.errors.JaxRunnerError, match=r"Trajectory\.load\(max_bytes="):
+        Trajectory.load(path, max_bytes=max_bytes)

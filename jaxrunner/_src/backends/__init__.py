@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, cast, overload
 
 import gymnasium
 
@@ -13,6 +13,7 @@ from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.auto import LayoutChoice, choose_for
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep as BatchStep
+from jaxrunner._src.backends.env_api import check_env, is_multi_agent
 from jaxrunner._src.backends.envpool import EnvPoolVectorEnv as EnvPoolVectorEnv
 from jaxrunner._src.backends.envpool import make_envpool_vec
 from jaxrunner._src.backends.gymnasium_adapter import (
@@ -22,6 +23,10 @@ from jaxrunner._src.backends.gymnasium_adapter import (
     from_gymnasium as from_gymnasium,
 )
 from jaxrunner._src.backends.gymnasium_vec import make_gymnasium_vec
+from jaxrunner._src.backends.multi_agent.vector_env import (
+    MultiAgentVectorEnv,
+    SyncMultiAgentVectorEnv,
+)
 from jaxrunner._src.backends.process import (
     LocalShareVectorEnv as LocalShareVectorEnv,
 )
@@ -34,19 +39,49 @@ from jaxrunner._src.backends.process import (
 )
 from jaxrunner._src.backends.process.launch import check_main_guard
 from jaxrunner._src.backends.ray import RayConfig, RayVectorEnv
-from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
+from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
 from jaxrunner._src.backends.sync import SyncVectorEnv
+from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 BACKENDS = ("sync", "gymnasium", "process", "envpool", "ray", "auto")
+FACTORY_BACKENDS = ("sync", "process", "ray", "auto")
+"""The backends that build each sub-env from a factory: they serve both kinds of env."""
 _CONFIGS: dict[str, type] = {"process": ProcessConfig, "ray": RayConfig}
 """The config class of each backend that takes one."""
 
 
-EnvSpec = str | Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]]
-"""What ``make_vec`` builds sub-envs from: a gymnasium id, one factory, or one per sub-env."""
+ENV_KINDS = "a gymnasium.Env or a PettingZoo ParallelEnv/AECEnv"
+"""What an env factory returns, as errors say it."""
+EnvSpec = str | Callable[[], Any] | Sequence[Callable[[], Any]]
+"""What ``make_vec`` builds sub-envs from: a gymnasium id, one factory (of a gymnasium or a
+PettingZoo env), or one per sub-env."""
 
 
+@overload  # an id makes gymnasium envs
+def make_vec(
+    env: str,
+    num_envs: int,
+    backend: str = ...,
+    seed: int | None = ...,
+    *,
+    config: ProcessConfig | RayConfig | None = ...,
+    restart_policy: RestartPolicy | None = ...,
+    policy_mapping_fn: None = ...,
+    **env_kwargs: Any,
+) -> VectorEnv: ...
+@overload  # a factory makes either kind: VectorEnv or MultiAgentVectorEnv
+def make_vec(
+    env: Callable[[], Any] | Sequence[Callable[[], Any]],
+    num_envs: int,
+    backend: str = ...,
+    seed: int | None = ...,
+    *,
+    config: ProcessConfig | RayConfig | None = ...,
+    restart_policy: RestartPolicy | None = ...,
+    policy_mapping_fn: PolicyMappingFn | None = ...,
+    **env_kwargs: Any,
+) -> Any: ...
 def make_vec(
     env: EnvSpec,
     num_envs: int,
@@ -55,33 +90,43 @@ def make_vec(
     *,
     config: ProcessConfig | RayConfig | None = None,
     restart_policy: RestartPolicy | None = None,
+    policy_mapping_fn: PolicyMappingFn | None = None,
     **env_kwargs: Any,
-) -> VectorEnv:
-    """Builds a vector env of ``num_envs`` sub-envs.
+) -> VectorEnv | MultiAgentVectorEnv:
+    """Builds a vector env of ``num_envs`` sub-envs: single-agent (gymnasium) or
+    multi-agent (PettingZoo), whichever kind ``env`` makes.
 
     Args:
         env: a gymnasium id (made with ``gymnasium.make(env, **env_kwargs)``), a
-            zero-argument callable returning a ``gymnasium.Env``, or a list of
-            ``num_envs`` such callables, sub-env ``i`` built (and rebuilt on a restart)
-            by the ``i``-th (CleanRL's ``[make_env(env_id, i, ...) for i in range(n)]``:
-            env 0 records video, each its own wrapper); backends ``"sync"``,
-            ``"process"``, ``"ray"`` and ``"auto"`` (which times the first).
+            zero-argument callable returning a ``gymnasium.Env`` or a PettingZoo
+            ``ParallelEnv``/``AECEnv``, or a list of ``num_envs`` such callables, sub-env
+            ``i`` built (and rebuilt on a restart) by the ``i``-th (CleanRL's
+            ``[make_env(env_id, i, ...) for i in range(n)]``: env 0 records video, each its
+            own wrapper); backends ``"sync"``, ``"process"``, ``"ray"`` and ``"auto"``.
+            A callable's kind is read from sub-env 0, built here once (with ``"sync"`` it
+            stays sub-env 0; with ``"auto"`` it is the probe; with ``"process"`` and
+            ``"ray"`` it is closed before the workers start): a PettingZoo env (it has
+            ``possible_agents``) gives a :class:`~jaxrunner.MultiAgentVectorEnv`.
         num_envs: number of sub-envs (>= 1).
-        backend: where the sub-envs run; one of ``BACKENDS``. ``"auto"``: ``"sync"``
-            or ``"process"`` with its number of workers, chosen here by timing one
-            probe sub-env (built from the same factory, stepped
-            with seeded random actions for up to 0.3 s, then closed) against the
-            CPUs this process may use; the choice is ``vec.layout_choice`` (see
-            ``docs/backends/index.md``). The vector env is the one that backend and
-            layout build, so its trajectories are theirs.
+        backend: where the sub-envs run; one of ``BACKENDS`` (a multi-agent env: one of
+            ``FACTORY_BACKENDS``). ``"auto"``: ``"sync"`` or ``"process"`` with its number
+            of workers, chosen here by timing one probe sub-env (built from the same
+            factory, stepped with seeded random actions for up to 0.3 s, abandoned after
+            10 s, always closed) against the CPUs this process may use; the choice is
+            ``vec.layout_choice`` (see ``docs/backends/index.md``). The vector env is the
+            one that backend and layout build, so its trajectories are theirs.
         seed: if given, the envs are reset now with sub-env ``i`` seeded ``seed + i``.
         config: the backend's options: a :class:`~jaxrunner.ProcessConfig` for
             ``"process"``, a :class:`~jaxrunner.RayConfig` for ``"ray"``; None: its
             defaults. The other backends take none (``"auto"`` chooses the layout
             itself: to set it, use ``"process"`` with a config).
         restart_policy: for the backends that can restart sub-envs (``"sync"``,
-            ``"process"``, ``"ray"``): failed sub-envs are recreated as it says and
-            sampling goes on (see :class:`~jaxrunner.RestartPolicy`). None: failures raise.
+            ``"process"``, ``"ray"``, ``"auto"``): failed sub-envs are recreated as it says
+            and sampling goes on (see :class:`~jaxrunner.RestartPolicy`). None: failures
+            raise.
+        policy_mapping_fn: multi-agent envs only: ``agent_id -> policy_id``; None: one
+            shared policy per distinct pair of observation and action spaces
+            (``policy_0``, ...).
         **env_kwargs: keyword arguments for ``gymnasium.make`` (ids only), passed
             untouched, whatever their names (a backend option given here reaches the
             env, not the backend: use ``config``). With ``backend="gymnasium"``: for
@@ -90,63 +135,141 @@ def make_vec(
             ``envpool.make_gymnasium`` (``env`` is an EnvPool task id).
 
     Returns:
-        A ``gymnasium.vector.VectorEnv`` (autoreset mode SAME_STEP).
+        A ``gymnasium.vector.VectorEnv`` (autoreset mode SAME_STEP) for a gymnasium env; a
+        :class:`~jaxrunner.MultiAgentVectorEnv` for a PettingZoo env.
     """
     check_int("make_vec", "num_envs", num_envs)
     check_int("make_vec", "seed", seed, low=-math.inf, none="for no reset")
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
     check_vec_options(backend, config, restart_policy)
-    choice: LayoutChoice | None = None
-    if backend == "auto":
-        choice = choose_auto_layout(env, env_kwargs, num_envs, seed)
-        backend, config = choice.backend, choice.process_config()
-    if (
-        not isinstance(env, str)
-        and isinstance(env, Sequence)
-        and backend in ("gymnasium", "envpool")
-    ):
+    if backend not in FACTORY_BACKENDS:
+        vec = _make_from_id(env, num_envs, backend, policy_mapping_fn, env_kwargs)
+        choice = None
+    else:
+        fns = _factories(env, env_kwargs, backend, num_envs)
+        choice = first = None
+        if backend == "auto":
+            choice, multi_agent = choose_auto_layout(
+                env, env_kwargs, num_envs, seed, restart_policy
+            )
+            backend, config = choice.backend, choice.process_config()
+        else:
+            first = None if isinstance(env, str) else _first_env(env, fns[0])
+            multi_agent = first is not None and is_multi_agent(first)
+        if policy_mapping_fn is not None and not multi_agent:
+            if first is not None:
+                close_quietly(first)
+            raise InvalidArgumentTypeError(
+                "make_vec(policy_mapping_fn=...): a policy mapping is for multi-agent "
+                "(PettingZoo) envs, and this env is a gymnasium one (one agent, one "
+                "policy). Leave policy_mapping_fn=None."
+            )
+        vec = _make_from_factories(
+            fns, first, multi_agent, backend, config, restart_policy, policy_mapping_fn
+        )
+    vec.layout_choice = choice
+    if seed is not None:
+        try:
+            if isinstance(vec, MultiAgentVectorEnv):
+                vec.reset_batch([seed + i for i in range(num_envs)])
+            else:
+                vec.reset(seed=seed)
+        except BaseException:
+            vec.close()
+            raise
+    return vec
+
+
+def _make_from_id(
+    env: Any,
+    num_envs: int,
+    backend: str,
+    policy_mapping_fn: PolicyMappingFn | None,
+    env_kwargs: dict[str, Any],
+) -> VectorEnv:
+    """The backends that build their own pool from an id: single-agent envs only."""
+    if not isinstance(env, str) or policy_mapping_fn is not None:
+        given = "policy_mapping_fn=..." if isinstance(env, str) else f"env=<{type(env).__name__}>"
+        source = "an EnvPool task id" if backend == "envpool" else "a registered gymnasium id"
         raise InvalidArgumentTypeError(
-            f"make_vec(env=[...], backend={backend!r}): a list of factories is for the backends "
-            "that build each sub-env themselves ('sync', 'process', 'ray', 'auto'). For "
-            "gymnasium's own vector env, wrap it: jaxrunner.from_gymnasium("
-            "gymnasium.vector.SyncVectorEnv([...]))."
+            f"make_vec({given}, backend={backend!r}): the {backend} backend builds its own "
+            f"pool of single-agent envs from {source}. Factories, lists of factories and "
+            "multi-agent (PettingZoo) envs are for the backends that build each sub-env "
+            f"themselves: {', '.join(map(repr, FACTORY_BACKENDS))}. For gymnasium's own "
+            "vector env, wrap it: jaxrunner.from_gymnasium(gymnasium.vector.SyncVectorEnv([...]))."
         )
     if backend == "gymnasium":
         # gymnasium.make_vec builds the vector env itself (its own vector entry point
         # where the env has one); env_kwargs may include vectorization_mode.
-        vec: VectorEnv = make_gymnasium_vec(env, num_envs, **env_kwargs)  # type: ignore[arg-type]
-    elif backend == "envpool":
-        # EnvPool builds its own pool from a task id (extra jaxrunner[envpool]).
-        vec = make_envpool_vec(env, num_envs, **env_kwargs)  # type: ignore[arg-type]
-    else:
-        fns = _factories(env, env_kwargs, backend, num_envs)
-        if backend == "sync":
-            vec = SyncVectorEnv(fns, restart_policy=restart_policy)
-        elif backend == "process":
-            vec = make_process_vec(fns, config, restart_policy=restart_policy)  # type: ignore[arg-type]
-        else:
-            vec = RayVectorEnv(fns, config, restart_policy=restart_policy)  # type: ignore[arg-type]
-    vec.layout_choice = choice
-    if seed is not None:
-        vec.reset(seed=seed)
-    return vec
+        return make_gymnasium_vec(env, num_envs, **env_kwargs)
+    # EnvPool builds its own pool from a task id (extra jaxrunner[envpool]).
+    return make_envpool_vec(env, num_envs, **env_kwargs)
 
 
-def choose_auto_layout(
-    env: EnvSpec,
-    env_kwargs: dict[str, Any],
-    num_envs: int,
-    seed: int | None,
-    caller: str = 'make_vec(backend="auto")',
-) -> LayoutChoice:
-    """``backend="auto"``'s measurement and choice (:mod:`.auto`); an env id gymnasium
-    cannot make (an EnvPool task id, say) is refused with what to use instead, and
-    workers from a script's unguarded top level with an error that says ``caller``
-    chose them (before any starts)."""
-    factory = _factories(env, env_kwargs, "auto", num_envs)[0]
+def _make_from_factories(
+    fns: list[Callable[[], Any]],
+    first: Any,
+    multi_agent: bool,
+    backend: str,
+    config: Any,
+    restart_policy: RestartPolicy | None,
+    policy_mapping_fn: PolicyMappingFn | None,
+) -> VectorEnv | MultiAgentVectorEnv:
+    """The sync, process or Ray vector env of ``fns``' kind; ``first`` (sub-env 0 if
+    already built, else None) becomes sub-env 0 on sync, and is closed on the others."""
+    if first is not None and backend == "sync":
+        fns = [FirstBuilt(fns[0], first), *fns[1:]]
+    elif first is not None:
+        first.close()  # its kind is known; the workers build their own
     try:
-        choice = choose_for(factory, num_envs, seed)
+        if not multi_agent:
+            if backend == "sync":
+                return SyncVectorEnv(fns, restart_policy=restart_policy)
+            if backend == "process":
+                return make_process_vec(fns, config, restart_policy=restart_policy)
+            return RayVectorEnv(fns, config, restart_policy=restart_policy)
+        if backend == "sync":
+            return SyncMultiAgentVectorEnv(fns, policy_mapping_fn, restart_policy=restart_policy)
+        if backend == "process":
+            from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
+
+            return ProcessMultiAgentVectorEnv(
+                fns, policy_mapping_fn, config=config, restart_policy=restart_policy
+            )
+        from jaxrunner._src.backends.ray.agents import RayMultiAgentVectorEnv
+
+        return RayMultiAgentVectorEnv(
+            fns, policy_mapping_fn, config=config, restart_policy=restart_policy
+        )
+    finally:
+        if isinstance(fns[0], FirstBuilt):
+            fns[0].discard()  # never taken: the vector env failed before sub-env 0
+
+
+class FirstBuilt:
+    """Sub-env 0's factory on the sync backend: its first call returns the env
+    ``make_vec`` built to learn the kind; later ones (restarts) call ``fn``."""
+
+    def __init__(self, fn: Callable[[], Any], env: Any) -> None:
+        self.fn, self.env = fn, env
+
+    def __call__(self) -> Any:
+        env, self.env = self.env, None
+        return self.fn() if env is None else env
+
+    def discard(self) -> None:
+        if self.env is not None:
+            close_quietly(self.env)
+            self.env = None
+
+
+def _first_env(env: EnvSpec, factory: Callable[[], Any]) -> Any:
+    """Sub-env 0, built here to read its kind (and, for ``"auto"``, to time it). An env
+    id gymnasium cannot make (an EnvPool task id, say) is refused with what to use
+    instead."""
+    try:
+        return check_env(factory(), 0)
     except gymnasium.error.Error as err:
         if not isinstance(env, str):
             raise
@@ -156,9 +279,27 @@ def choose_auto_layout(
             f"({err}). For an EnvPool task id use backend='envpool'; else register the "
             "env with gymnasium or pass a zero-argument factory."
         ) from err
+
+
+def choose_auto_layout(
+    env: EnvSpec,
+    env_kwargs: dict[str, Any],
+    num_envs: int,
+    seed: int | None,
+    restart_policy: RestartPolicy | None,
+    caller: str = 'make_vec(backend="auto")',
+) -> tuple[LayoutChoice, bool]:
+    """``backend="auto"``'s measurement of a probe (sub-env 0, built here and closed) and
+    choice (:func:`.auto.choose_for`), and whether the env is multi-agent; workers from a
+    script's unguarded top level are refused with an error that says ``caller`` chose
+    them (before any starts)."""
+    factory = _factories(env, env_kwargs, "auto", num_envs)[0]
+    probe = _first_env(env, factory)
+    multi_agent = is_multi_agent(probe)
+    choice = choose_for(probe, factory, num_envs, seed, restart_policy)
     if choice.backend == "process":
         check_main_guard(chosen_by=f"{caller} chose the process backend ({choice.reason})")
-    return choice
+    return choice, multi_agent
 
 
 def check_vec_options(
@@ -201,7 +342,7 @@ def _factories(
                 "passed to gymnasium.make and only apply to env ids; bind them in your "
                 "factories instead (e.g. functools.partial)."
             )
-        return per_env_factories(env, num_envs, "make_vec", "env", "a gymnasium.Env")
+        return per_env_factories(env, num_envs, "make_vec", "env", ENV_KINDS)
     return [_factory(env, env_kwargs, backend)]
 
 
@@ -242,10 +383,16 @@ def _factory(env: Any, env_kwargs: dict[str, Any], backend: str) -> Callable[[],
                 "callable instead (e.g. functools.partial)."
             )
         return cast(Callable[[], gymnasium.Env], env)
+    built = ""
+    if callable(getattr(env, "step", None)):
+        built = (
+            " (an env already built: make_vec builds num_envs of them and rebuilds one on a "
+            "restart, so pass the zero-argument callable that makes it)"
+        )
     raise InvalidArgumentTypeError(
         f"make_vec(env=...): expected a gymnasium id (str), a zero-argument callable "
-        f"returning a gymnasium.Env or a list of them (one per sub-env), got "
-        f"{type(env).__name__}."
+        f"returning {ENV_KINDS} or a list of them (one per sub-env), got "
+        f"{type(env).__name__}{built}."
     )
 
 

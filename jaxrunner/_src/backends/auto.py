@@ -4,15 +4,29 @@ one sub-env on the user's machine. See docs/backends/index.md."""
 from __future__ import annotations
 
 import functools
+import math
 import statistics
+import threading
 import time
+import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import gymnasium
+import numpy as np
+from gymnasium.spaces import Discrete
 
+from jaxrunner._src.backends.env_api import check_env, is_multi_agent
 from jaxrunner._src.backends.layout_choice import LayoutChoice
 from jaxrunner._src.backends.process.launch import ALL_CPUS_FROM_ENVS, available_cpus
+from jaxrunner._src.backends.restarts import (
+    RestartPolicy,
+    close_quietly,
+    recreation_failed,
+    retry,
+)
+
+T = TypeVar("T")
 
 MIN_WORK_US = 300.0
 """The env work per vector step (one sub-env's step time x the sub-envs) from which a
@@ -82,48 +96,213 @@ def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
 
 PROBE_BUDGET_S = 0.3
 PROBE_MAX_STEPS = 200
+PROBE_DEADLINE_S = 10.0
+"""How long the probe may take in all (its reset, its steps and, after a failure, the
+recreation a restart policy would try) before it is abandoned and the choice falls back
+to sync, with a warning: a hung env must not hang ``make_vec``."""
 
 
 def measure_env_step_us(
-    make_env: Callable[[], gymnasium.Env],
+    env: Any,
     seed: int | None,
     *,
     budget_s: float = PROBE_BUDGET_S,
     max_steps: int = PROBE_MAX_STEPS,
+    where: list[str] | None = None,
 ) -> float:
-    """The median time of one step of a probe sub-env, in microseconds.
+    """The median time of one step of ``env`` (the probe sub-env, gymnasium or
+    PettingZoo), in microseconds; ``env`` is closed on return, also when it raises.
 
-    The probe is built in the main process from the vector env's own factory, reset
-    with ``seed`` (0 where None) and stepped with seeded random actions for at most
-    ``max_steps`` steps or ``budget_s`` seconds, reset where an episode ends (as the
-    vector env does in the same step); then closed. The median keeps a loaded
-    machine's outliers and the rarer resets out. The first step is not counted
-    (lazy initialisation).
+    The probe is reset with ``seed`` (0 where None) and stepped with seeded random
+    actions (within an ``action_mask`` where a PettingZoo observation has one) for at
+    most ``max_steps`` steps or ``budget_s`` seconds, reset where an episode ends (as
+    the vector env does in the same step). The median keeps a loaded machine's
+    outliers and the rarer resets out. The first step is not counted (lazy
+    initialisation). ``where[0]`` names the call under way (for errors).
     """
-    env = make_env()
+    where = [""] if where is None else where
     try:
-        seed = 0 if seed is None else int(seed)
-        env.reset(seed=seed)
-        env.action_space.seed(seed)
+        where[0] = "reset"
+        act, step = _probe_calls(env, 0 if seed is None else int(seed))
         times: list[float] = []
         deadline = time.perf_counter() + budget_s
-        for _ in range(max_steps + 1):
-            action: Any = env.action_space.sample()
+        for i in range(max_steps + 1):
+            action = act()
+            where[0] = f"step {i + 1}"
             start = time.perf_counter()
-            _, _, terminated, truncated, _ = env.step(action)
-            if terminated or truncated:
-                env.reset()
+            step(action)
             end = time.perf_counter()
             times.append(end - start)
             if end > deadline:
                 break
         return 1e6 * statistics.median(times[1:] or times)
     finally:
-        env.close()
+        close_quietly(env)
+
+
+def _probe_calls(env: Any, seed: int) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+    """Resets ``env``; returns ``(act, step)``: a random action for the env's next step
+    (drawn outside the timing), and the step itself, with the reset where it ends."""
+    if not is_multi_agent(env):
+        env.reset(seed=seed)
+        env.action_space.seed(seed)
+
+        def step(action: Any) -> None:
+            _, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                env.reset()
+
+        return env.action_space.sample, step
+    from pettingzoo.utils.env import AECEnv
+
+    for k, agent in enumerate(env.possible_agents):
+        env.action_space(agent).seed(seed + k)
+    if isinstance(env, AECEnv):  # one agent's turn per step, as the vector env steps it
+        env.reset(seed=seed)
+
+        def act() -> Any:
+            agent = env.agent_selection
+            if env.terminations[agent] or env.truncations[agent]:
+                return None
+            return _sample(env.action_space(agent), env.observe(agent))
+
+        def turn(action: Any) -> None:
+            env.step(action)
+            if not env.agents:
+                env.reset()
+
+        return act, turn
+    obs = [env.reset(seed=seed)[0]]
+
+    def acts() -> dict[str, Any]:
+        return {a: _sample(env.action_space(a), obs[0].get(a)) for a in env.agents}
+
+    def parallel_step(actions: dict[str, Any]) -> None:
+        obs[0] = env.step(actions)[0]
+        if not env.agents:
+            obs[0] = env.reset()[0]
+
+    return acts, parallel_step
+
+
+def _sample(space: gymnasium.Space, obs: Any) -> Any:
+    """A random action, within the observation's ``action_mask`` where it has one."""
+    if isinstance(obs, dict) and "action_mask" in obs and isinstance(space, Discrete):
+        return space.sample(mask=np.asarray(obs["action_mask"], np.int8))
+    return space.sample()
 
 
 def choose_for(
-    make_env: Callable[[], gymnasium.Env], num_envs: int, seed: int | None
+    probe: Any,
+    factory: Callable[[], Any],
+    num_envs: int,
+    seed: int | None,
+    restart_policy: RestartPolicy | None,
 ) -> LayoutChoice:
-    """Measures ``make_env``'s step here and chooses (:func:`choose_layout`)."""
-    return choose_layout(measure_env_step_us(make_env, seed), num_envs, available_cpus())
+    """Times ``probe`` (sub-env 0, built by ``factory``; closed here) on a thread of its
+    own and chooses (:func:`choose_layout`).
+
+    A probe still running after :data:`PROBE_DEADLINE_S` is abandoned (it is closed
+    when its call returns, if ever), and one that raises where ``restart_policy``
+    recreates the env (tried here, as a restart would) gives ``"sync"``: both with a
+    warning naming the cause. Where the env fails even so (no restart policy, or one
+    whose attempts all fail), its error is raised, with a note that "auto" was probing.
+    """
+    cpus = available_cpus()
+    where = [""]
+
+    def run() -> float | tuple[BaseException, str]:
+        try:
+            return measure_env_step_us(probe, seed, where=where)
+        except Exception as err:
+            if restart_policy is None:
+                raise
+            failed_at = where[0]
+            where[0] = f"recreation after its {failed_at} raised {err!r}"
+            _recreate(factory, seed, restart_policy, err)
+            return err, failed_at
+
+    try:
+        result = _on_own_thread(run, PROBE_DEADLINE_S)
+    except _Overran:
+        return _fall_back(
+            f"the probe sub-env's {where[0]} did not return within {PROBE_DEADLINE_S:g} s "
+            "(abandoned; it is closed if that call returns)",
+            num_envs,
+            cpus,
+        )
+    except Exception as err:
+        err.add_note(
+            f'jaxrunner: backend="auto" was probing the env (sub-env 0 reset with the seed '
+            f"and stepped with random actions, to time it) when its {where[0]} raised this. "
+            "The sync backend, with this restart_policy, would raise it too: fix the env, "
+            "or pass restart_policy=jaxrunner.RestartPolicy() to recreate failed sub-envs."
+        )
+        raise
+    if isinstance(result, tuple):
+        err, failed_at = result
+        return _fall_back(
+            f"the probe sub-env's {failed_at} raised {err!r}, which the restart_policy "
+            "recovers from (a new env was made and reset)",
+            num_envs,
+            cpus,
+        )
+    return choose_layout(result, num_envs, cpus)
+
+
+def _recreate(
+    factory: Callable[[], Any], seed: int | None, policy: RestartPolicy, cause: BaseException
+) -> None:
+    """Makes and resets a new probe as ``policy`` would after ``cause``, then closes it;
+    raises the policy's error where every attempt fails."""
+
+    def attempt() -> None:
+        env = check_env(factory(), 0)
+        try:
+            env.reset(seed=seed)
+        finally:
+            close_quietly(env)
+
+    retry(attempt, policy, cause, lambda last: recreation_failed(0, cause, policy, last))
+
+
+def _fall_back(cause: str, num_envs: int, cpus: int) -> LayoutChoice:
+    warnings.warn(
+        f'backend="auto": {cause}; the layout falls back to "sync", unmeasured. Pass '
+        'backend="sync" or "process" to choose it yourself.',
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    return LayoutChoice(
+        backend="sync",
+        num_workers=0,
+        env_step_us=math.nan,
+        num_envs=num_envs,
+        cpus=cpus,
+        reason=f"no measurement: {cause}",
+    )
+
+
+class _Overran(Exception):
+    """The probe is still running at its deadline."""
+
+
+def _on_own_thread(fn: Callable[[], T], timeout_s: float) -> T:
+    """``fn()`` on a daemon thread, abandoned after ``timeout_s`` (:class:`_Overran`): a
+    Python thread cannot be stopped, but the caller need not wait for it."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # handed to the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=target, name="jaxrunner-auto-probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise _Overran
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

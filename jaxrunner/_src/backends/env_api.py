@@ -46,3 +46,10 @@ def step_result(result: Any, index: object) -> tuple[Any, Any, Any, Any, Any]:
         "reward, terminated, truncated, info) (gymnasium's API). "
         + (f"Four values are (obs, reward, done, info): {OLD_GYM_FIX}" if four else "")
     )
+
+
+def is_multi_agent(env: Any) -> bool:
+    """Whether ``env`` is multi-agent: a PettingZoo ``ParallelEnv`` or ``AECEnv``, which
+    declares its ``possible_agents`` (else a gymnasium env). The one test of an env's
+    kind; the drivers then tell parallel from AEC by their classes."""
+    return hasattr(env, "possible_agents")

@@ -218,7 +218,7 @@ class JaxVectorEnv(GroupedAgents):
             "per-env objects (one env's functions are vmapped over a batch of states held "
             "by the runner's compiled scan; .env is the one env object, shared by all). For "
             "per-sub-env access use a gymnasium env with make_vec(..., backend='sync'), or a "
-            "PettingZoo env with make_multi_agent_vec(..., backend='sync')."
+            "PettingZoo env with make_vec(..., backend='sync')."
         )
 
     def __enter__(self) -> JaxVectorEnv:

@@ -121,15 +121,20 @@ def recreate(
             close_quietly(env)
             raise
 
-    def give_up(last: BaseException) -> BaseException:
-        return EnvError(
-            f"sub-env {index} failed ({cause!r}) and could not be recreated: "
-            f"{policy.max_attempts} attempts in a row failed, the last with {last!r}. Fix the "
-            "env factory, or raise RestartPolicy(max_attempts=...) / backoff_s.",
-            index,
-        )
+    return retry(attempt, policy, cause, lambda last: recreation_failed(index, cause, policy, last))
 
-    return retry(attempt, policy, cause, give_up)
+
+def recreation_failed(
+    index: int, cause: BaseException, policy: RestartPolicy, last: BaseException
+) -> EnvError:
+    """The error once ``policy``'s every attempt to recreate failed sub-env ``index``
+    failed, the last with ``last``."""
+    return EnvError(
+        f"sub-env {index} failed ({cause!r}) and could not be recreated: "
+        f"{policy.max_attempts} attempts in a row failed, the last with {last!r}. Fix the "
+        "env factory, or raise RestartPolicy(max_attempts=...) / backoff_s.",
+        index,
+    )
 
 
 def close_quietly(env: gymnasium.Env) -> None:

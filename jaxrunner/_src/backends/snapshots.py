@@ -10,6 +10,21 @@ from typing import Any
 
 from gymnasium.utils import EzPickle
 
+from jaxrunner.errors import InvalidArgumentError
+
+
+class SnapshotRefusedError(InvalidArgumentError):
+    """``restore_sub_envs`` refused snapshot ``index`` (``problem`` says why, for a
+    caller that names the snapshot otherwise: a checkpoint's ``envs/<index>``); the
+    sub-envs are left as they were."""
+
+    def __init__(self, index: int, problem: str) -> None:
+        super().__init__(
+            f"restore_sub_envs(snapshots=...): snapshot {index} {problem}; the sub-envs are "
+            "left as they were. Pass the bytes snapshot_sub_envs() returned."
+        )
+        self.index, self.problem = index, problem
+
 
 class _StatePickler(pickle.Pickler):
     """Pickles :class:`~gymnasium.utils.EzPickle` objects (PettingZoo's classic games,

@@ -279,6 +279,16 @@ class SubEnvs:
             fail_slot(self.buffers, self.obs_space, i)
         return info
 
+    def restart_state(self, j: int) -> tuple[int | None, int]:
+        """``envs[j]``'s last reset seed and its restarts since: what its next restart's
+        seed is drawn from (a checkpoint keeps them, so a resumed run restarts as the
+        unbroken one does)."""
+        return self._seeds[j], self._restarts[j]
+
+    def set_restart_state(self, j: int, state: tuple[int | None, int]) -> None:
+        """Takes a :meth:`restart_state` as ``envs[j]``'s."""
+        self._seeds[j], self._restarts[j] = state
+
     def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
         """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
         results = []

@@ -11,13 +11,14 @@ import gymnasium
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.arg_checks import is_int
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.env_api import check_env
 from jaxrunner._src.backends.in_process import InProcessVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
-from jaxrunner._src.backends.snapshots import snapshot_dumps
+from jaxrunner._src.backends.snapshots import SnapshotRefusedError, snapshot_dumps
 from jaxrunner._src.backends.step_buffers import StepBuffers
 from jaxrunner._src.backends.sub_envs import ActionSplitters, EnvFactory, SubEnvs
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
@@ -131,10 +132,14 @@ class SyncVectorEnv(InProcessVectorEnv):
 
     def snapshot_sub_envs(self) -> list[bytes]:
         """Pickles of the sub-envs as they are (wrappers, RNG and all; EzPickle envs by
-        their state); raises ``pickle``'s error for a
-        sub-env that does not pickle (an open window, a socket)."""
+        their state), each with its last reset seed and restarts since (its next
+        restart's seed); raises ``pickle``'s error for a sub-env that does not pickle
+        (an open window, a socket)."""
         self._check_open("snapshot_sub_envs")
-        return [snapshot_dumps(env) for env in self.envs]
+        return [
+            snapshot_dumps({"env": env, "restarts": self._sub_envs.restart_state(j)})
+            for j, env in enumerate(self.envs)
+        ]
 
     def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
         self._check_open("restore_sub_envs")
@@ -144,26 +149,13 @@ class SyncVectorEnv(InProcessVectorEnv):
                 f"sub-env, got {len(snapshots)}."
             )
         # Every snapshot unpickled and checked before any sub-env is replaced: all or none.
-        restored = []
-        for i, blob in enumerate(snapshots):
-            try:
-                env = pickle.loads(blob)
-            except Exception as err:  # a damaged pickle raises whatever its bytes lead to
-                raise InvalidArgumentError(
-                    f"restore_sub_envs(snapshots=...): snapshot {i} does not unpickle "
-                    f"({type(err).__name__}: {err}); the sub-envs are left as they were. Pass "
-                    "the bytes snapshot_sub_envs() returned."
-                ) from err
-            if not isinstance(env, gymnasium.Env):
-                raise InvalidArgumentError(
-                    f"restore_sub_envs(snapshots=...): snapshot {i} unpickled to a "
-                    f"{type(env).__name__}, not a gymnasium.Env; the sub-envs are left as they "
-                    "were. Pass the bytes snapshot_sub_envs() returned."
-                )
-            restored.append(env)
+        restored = [_unpickle_snapshot(i, blob) for i, blob in enumerate(snapshots)]
         for old in self.envs:
             old.close()
-        self.envs[:] = restored  # in place: the step loop holds this list
+        self.envs[:] = [env for env, _ in restored]  # in place: the step loop holds this list
+        for j, (_, restarts) in enumerate(restored):
+            if restarts is not None:  # None: a bare env (jaxrunner's first snapshots)
+                self._sub_envs.set_restart_state(j, restarts)
 
     def _obs_buffer(self) -> Any:
         return self._obs
@@ -193,3 +185,29 @@ class SyncVectorEnv(InProcessVectorEnv):
     def _close_backend(self) -> None:
         for env in self.envs:
             env.close()
+
+
+def _unpickle_snapshot(i: int, blob: bytes) -> tuple[gymnasium.Env, tuple[int | None, int] | None]:
+    """Snapshot ``i``: its env and restart state (:meth:`SyncVectorEnv.snapshot_sub_envs`),
+    or a bare env and None (the snapshots of checkpoint version 1).
+
+    Raises:
+        SnapshotRefusedError: it does not unpickle, or to something else.
+    """
+    try:
+        snapshot = pickle.loads(blob)
+    except Exception as err:  # a damaged pickle raises whatever its bytes lead to
+        raise SnapshotRefusedError(i, f"does not unpickle ({type(err).__name__}: {err})") from err
+    if isinstance(snapshot, gymnasium.Env):
+        return snapshot, None
+    if not isinstance(snapshot, dict) or set(snapshot) != {"env", "restarts"}:
+        problem = f"unpickled to a {type(snapshot).__name__}, not a gymnasium.Env snapshot"
+        raise SnapshotRefusedError(i, problem)
+    env, restarts = snapshot["env"], snapshot["restarts"]
+    if not isinstance(env, gymnasium.Env):
+        raise SnapshotRefusedError(i, f"holds a {type(env).__name__}, not a gymnasium.Env")
+    ok = isinstance(restarts, tuple) and len(restarts) == 2
+    if not (ok and (restarts[0] is None or is_int(restarts[0], 0)) and is_int(restarts[1], 0)):
+        problem = f"holds restarts={restarts!r:.60}; expected (reset seed or None, count >= 0)"
+        raise SnapshotRefusedError(i, problem)
+    return env, restarts

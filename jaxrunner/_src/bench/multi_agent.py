@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner import MultiAgentRunner, make_multi_agent_vec
+from jaxrunner import MultiAgentRunner, make_vec
 from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
@@ -195,7 +195,7 @@ class MultiAgentRunnerSystem:
     option at its default (``systems.Spec`` with ``multi_agent``)."""
 
     def __init__(self, spec: Any) -> None:
-        envs = make_multi_agent_vec(env_factory(spec.env), spec.num_envs, spec.backend)
+        envs = make_vec(env_factory(spec.env), spec.num_envs, spec.backend)
         try:
             policies = {g.policy_id: mlp_policy(g.action_space) for g in envs.groups}
             key = jax.random.key(spec.seed)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
+from jaxrunner._src.backends.snapshots import SnapshotRefusedError
 from jaxrunner._src.checkpoints.env_runner_file import (
     EPISODE_SCALARS,
     FORMAT,
@@ -144,10 +145,12 @@ def resume_envs(
         if ckpt.env_snapshots is not None:
             try:
                 restore_sub_envs(list(ckpt.env_snapshots))
-            except InvalidArgumentError as err:
+            except SnapshotRefusedError as err:
                 raise InvalidArgumentError(
-                    f"{runner_name}.restore({path!r}): the checkpoint's sub-env pickles (envs/0, "
-                    f"envs/1, ...) were refused, and the runner is unchanged: {err}"
+                    f"{runner_name}.restore({path!r}): the checkpoint's sub-env pickle "
+                    f"envs/{err.index} {err.problem}; the runner is unchanged. Restore only "
+                    f"checkpoints written by {runner_name}.save, into a runner built as the "
+                    "saved one."
                 ) from err
             envs_restored, note = True, "the sub-envs were unpickled from the checkpoint"
         elif ckpt.envs == "pickle":

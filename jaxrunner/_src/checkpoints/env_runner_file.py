@@ -18,7 +18,10 @@ from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner._src.core.runner_state import Runner
 
 FORMAT = "jaxrunner.EnvRunner checkpoint"
-VERSION = 1
+VERSION = 2
+"""Version 2: the sync backend's sub-env pickles hold each sub-env's restart state."""
+READS = (1, 2)
+"""The versions this reader takes."""
 MAX_META_BYTES = checkpoint_format.MAX_META_BYTES
 MAX_RESTORE_BYTES = 1 << 33
 """The most bytes a checkpoint's arrays may take in memory (8 GiB), an ``EnvRunner``'s
@@ -58,7 +61,7 @@ class Checkpoint:
     env_snapshots: tuple[bytes, ...] | None
     """One pickle per sub-env; None unless saved and opted in to."""
     fragments: tuple[Episode, ...]
-    """Unfinished episodes ``sample_episodes`` holds (read only when the envs resume)."""
+    """Unfinished episodes ``sample_episodes`` holds (kept only when the envs resume)."""
     finished: tuple[Episode, ...]
     """Complete episodes ``sample_episodes`` holds, not yet returned."""
 
@@ -77,7 +80,7 @@ class CheckpointFile(CheckpointReader):
     """
 
     def __init__(self, runner: Runner, path: str | os.PathLike) -> None:
-        super().__init__("EnvRunner", path, runner.state.metrics.get_state())
+        super().__init__("EnvRunner", path, runner.state.metrics)
         self.runner = runner
 
     def read(self, load_env_pickles: bool, max_bytes: int = MAX_RESTORE_BYTES) -> Checkpoint:
@@ -87,20 +90,24 @@ class CheckpointFile(CheckpointReader):
             InvalidArgumentError: the file is not a checkpoint of this runner's kind, or
                 a value in it is damaged; the message names the field.
         """
-        with self.open(max_bytes, f"max_bytes={max_bytes} (restore(..., max_bytes=...))") as npz:
+        with self.open(load_env_pickles, max_bytes) as npz:
             meta = self._check_meta(npz)
             runner = self.runner
             params = self.read_like(npz, "params", runner.get_params(), "params")
             state = self.read_like(npz, "sampler", runner.sampler.get_state(), "sampler state")
             ids, next_id, steps_done = self._check_book(state)
             metrics = self.read_metrics(npz)
-            finished = self._read_episodes(npz, "finished", meta["finished"], next_id)
+            # Valid and dropped steps: no episode the runner kept has more.
+            most = int(metrics["counters"][0] + metrics["counters"][2])
+            kept = {
+                key: self._read_episodes(npz, key, meta[key], next_id, most)
+                for key in ("finished", "fragments")
+            }
             snapshots = None
             if meta["envs"] == "pickle" and load_env_pickles:
                 snapshots = self.read_snapshots(npz, meta["num_envs"])
-            fragments: tuple[Episode, ...] = ()
-            if meta["envs"] == "pytree" or snapshots is not None:  # the envs resume
-                fragments = self._read_episodes(npz, "fragments", meta["fragments"], next_id)
+            self.refuse_unreferenced(npz, meta)
+        fragments, finished = kept["fragments"], kept["finished"]
         self._check_kept(fragments, finished, ids)
         return Checkpoint(
             params=params,
@@ -116,7 +123,7 @@ class CheckpointFile(CheckpointReader):
         )
 
     def _check_meta(self, npz: NpzReader) -> dict[str, Any]:
-        meta = self.read_meta(npz, FORMAT, VERSION)
+        meta = self.read_meta(npz, FORMAT, READS)
         here = {
             "sampler": type(self.runner.sampler).__name__,
             "num_envs": int(self.runner.envs.num_envs),
@@ -138,12 +145,13 @@ class CheckpointFile(CheckpointReader):
     # -- episodes ----------------------------------------------------------------------------
 
     def _read_episodes(
-        self, npz: NpzReader, prefix: str, metas: list[Any], next_id: int
+        self, npz: NpzReader, prefix: str, metas: list[Any], next_id: int, most: int
     ) -> tuple[Episode, ...]:
         spaces = self.runner.get_spaces()
         specs = self.episode_specs(spaces["observation_space"], spaces["action_space"])
         return tuple(
-            self._read_episode(npz, prefix, k, meta, next_id, specs) for k, meta in enumerate(metas)
+            self._read_episode(npz, prefix, k, meta, next_id, specs, most)
+            for k, meta in enumerate(metas)
         )
 
     def _read_episode(
@@ -154,13 +162,15 @@ class CheckpointFile(CheckpointReader):
         meta: Any,
         next_id: int,
         specs: dict[str, dict[tuple[Part, ...], tuple[tuple[int, ...], np.dtype]]],
+        most: int,
     ) -> Episode:
-        """Episode ``k`` of ``prefix``: its metadata ``meta`` checked, then its arrays."""
+        """Episode ``k`` of ``prefix``: its metadata ``meta`` checked, then its arrays
+        (at most ``most`` steps)."""
         where, base = f"{prefix}[{k}]", f"{prefix}/{k}"
         num_envs = int(self.runner.envs.num_envs)
         self.check_episode_meta(meta, where, EPISODE_SCALARS, next_id, num_envs)
         return Episode(
-            **self.read_steps(npz, where, base, meta, specs),
+            **self.read_steps(npz, where, base, meta, specs, most),
             **{field: meta[field] for field in EPISODE_FIELDS},
         )
 

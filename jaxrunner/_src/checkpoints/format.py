@@ -14,8 +14,11 @@ MAX_META_BYTES = 1 << 26
 MAX_PATH_DEPTH = 32
 """The deepest a saved tree path may be."""
 WINDOWS = ("returns", "lengths")
-"""Metrics leaves of any length (recent-episode windows); the others have the
-template's shape."""
+"""Metrics leaves whose length varies (recent-episode windows, at most the runner's
+episode window); the others have the template's shape."""
+ENV_STATE = "env_state"
+"""The samplers' name for a pure-JAX env's state: arrays only the env interprets (a
+NaN or an infinity there may be the env's own sentinel)."""
 
 Part = str | int
 """One step of a tree path: a dict key or attribute name, or a sequence index."""

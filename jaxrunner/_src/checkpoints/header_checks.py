@@ -19,13 +19,21 @@ def exact(shape: tuple[int, ...], dtype: np.dtype) -> HeaderCheck:
 
 
 def leading(
-    trailing: tuple[int, ...] | None, dtype: np.dtype | None, length: int | None
+    trailing: tuple[int, ...] | None,
+    dtype: np.dtype | None,
+    length: int | None,
+    most: int | None = None,
+    why: str = "",
 ) -> HeaderCheck:
-    """A header check: ``[length, *trailing]`` of ``dtype`` (None: any of that part)."""
+    """A header check: ``[length, *trailing]`` of ``dtype`` (None: any of that part),
+    its length at most ``most`` (``why`` says whose bound it is)."""
 
     def check(shape: tuple[int, ...], got: np.dtype) -> str | None:
-        ok = len(shape) >= 1 and (length is None or shape[0] == length)
+        first = shape[0] if shape else None
+        ok = first is not None and (length is None or first == length)
         ok = ok and (trailing is None or tuple(shape[1:]) == tuple(trailing))
+        if ok and most is not None and first is not None and first > most:
+            return f"is {got}{list(shape)}; expected at most {most} entries ({why})"
         if ok and (dtype is None or got == dtype):
             return None
         lead = "n" if length is None else length

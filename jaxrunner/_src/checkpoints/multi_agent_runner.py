@@ -113,8 +113,8 @@ def restore(
     state.metrics.set_state(ckpt.metrics_state)
     runner.seed = ckpt.seed
     state.finished = list(ckpt.finished)
-    state.episodes.set_fragments(ckpt.fragments)
-    _callback_joiner(state).set_fragments(ckpt.callback_fragments)
+    state.episodes.set_fragments(ckpt.fragments if envs_restored else ())
+    _callback_joiner(state).set_fragments(ckpt.callback_fragments if envs_restored else ())
     if not envs_restored:
         warnings.warn(f"MultiAgentRunner.restore({path!r}): {note}.", stacklevel=3)
     return RestoreReport(envs_restored=envs_restored, note=note)

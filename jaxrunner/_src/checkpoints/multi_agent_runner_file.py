@@ -58,7 +58,8 @@ class MultiAgentCheckpoint:
     env_snapshots: tuple[bytes, ...] | None
     """One pickle per sub-env; None unless saved and opted in to."""
     fragments: tuple[AgentEpisode, ...]
-    """Unfinished agent episodes ``sample_episodes`` holds (only when the envs resume)."""
+    """Unfinished agent episodes ``sample_episodes`` holds (kept only when the envs
+    resume)."""
     callback_fragments: tuple[AgentEpisode, ...]
     """Unfinished agent episodes the callbacks' joiner holds (likewise)."""
     finished: tuple[AgentEpisode, ...]
@@ -90,7 +91,7 @@ class MultiAgentCheckpointFile(CheckpointReader):
     """
 
     def __init__(self, runner: Runner, path: str | os.PathLike) -> None:
-        super().__init__("MultiAgentRunner", path, runner.state.metrics.get_state())
+        super().__init__("MultiAgentRunner", path, runner.state.metrics)
         self.runner = runner
         self.sampler, self.envs = runner.sampler, runner.envs
         self.pure = isinstance(self.envs, JaxVectorEnv)
@@ -106,8 +107,8 @@ class MultiAgentCheckpointFile(CheckpointReader):
                 a value in it is damaged; the message names the field.
         """
         runner = self.runner
-        with self.open(max_bytes, f"max_bytes={max_bytes} (restore(..., max_bytes=...))") as npz:
-            meta = self.read_meta(npz, FORMAT, VERSION)
+        with self.open(load_env_pickles, max_bytes) as npz:
+            meta = self.read_meta(npz, FORMAT, (VERSION,))
             self.check_same(meta, shape_of(runner), "same envs, policy ids and num_envs")
             self.check_common_meta(meta, ("pytree",) if self.pure else ("pickle", "none"))
             for key in KEPT:
@@ -117,7 +118,9 @@ class MultiAgentCheckpointFile(CheckpointReader):
             state = self.read_like(npz, "sampler", self.sampler.get_state(), "sampler state")
             ids, next_id, steps_done = self._check_state(state)
             metrics = self._read_metrics(npz)
-            finished = self._read_episodes(npz, "finished", meta["finished"], next_id)
+            # Valid and dropped agent steps: no agent episode the runner kept has more.
+            most = int(metrics["agents"]["counters"].sum())
+            kept = {key: self._read_episodes(npz, key, meta[key], next_id, most) for key in KEPT}
             envs, envs_note, snapshots = meta["envs"], meta["envs_note"], None
             if envs == "pickle" and load_env_pickles:
                 if self.envs.can_snapshot:  # type: ignore[union-attr]  # "pickle": host envs
@@ -125,14 +128,10 @@ class MultiAgentCheckpointFile(CheckpointReader):
                 else:  # saved on the sync backend, restored on another: new episodes
                     name = type(self.envs).__name__
                     envs, envs_note = "none", f"{name} cannot restore sub-env snapshots"
-            fragments: dict[str, tuple[AgentEpisode, ...]] = {}
-            for key in ("fragments", "callback_fragments"):
-                fragments[key] = ()
-                if envs == "pytree" or snapshots is not None:  # the envs resume: so do these
-                    fragments[key] = self._read_episodes(npz, key, meta[key], next_id)
-        for key, episodes in fragments.items():
-            self._check_fragments(key, episodes, ids)
-        self._check_finished(finished)
+            self.refuse_unreferenced(npz, meta)
+        for key in ("fragments", "callback_fragments"):
+            self._check_fragments(key, kept[key], ids)
+        self._check_finished(kept["finished"])
         return MultiAgentCheckpoint(
             params=params,
             sampler_state=state,
@@ -142,9 +141,9 @@ class MultiAgentCheckpointFile(CheckpointReader):
             envs=envs,
             envs_note=envs_note,
             env_snapshots=snapshots,
-            fragments=fragments["fragments"],
-            callback_fragments=fragments["callback_fragments"],
-            finished=finished,
+            fragments=kept["fragments"],
+            callback_fragments=kept["callback_fragments"],
+            finished=kept["finished"],
         )
 
     # -- state -------------------------------------------------------------------------------
@@ -195,14 +194,15 @@ class MultiAgentCheckpointFile(CheckpointReader):
     # -- kept agent episodes -----------------------------------------------------------------
 
     def _read_episodes(
-        self, npz: NpzReader, prefix: str, metas: list[Any], next_id: int
+        self, npz: NpzReader, prefix: str, metas: list[Any], next_id: int, most: int
     ) -> tuple[AgentEpisode, ...]:
         specs = {
             g.policy_id: self.episode_specs(g.observation_space, g.action_space)
             for g in self.runner.envs.groups
         }
         return tuple(
-            self._read_episode(npz, prefix, k, meta, next_id, specs) for k, meta in enumerate(metas)
+            self._read_episode(npz, prefix, k, meta, next_id, specs, most)
+            for k, meta in enumerate(metas)
         )
 
     def _read_episode(
@@ -213,9 +213,10 @@ class MultiAgentCheckpointFile(CheckpointReader):
         meta: Any,
         next_id: int,
         specs: dict[str, EpisodeSpecs],
+        most: int,
     ) -> AgentEpisode:
         """Agent episode ``k`` of ``prefix``: its metadata ``meta`` checked, then its
-        arrays."""
+        arrays (at most ``most`` steps)."""
         where, base = f"{prefix}[{k}]", f"{prefix}/{k}"
         num_envs = int(self.runner.envs.num_envs)
         self.check_episode_meta(meta, where, EPISODE_SCALARS, next_id, num_envs)
@@ -228,7 +229,7 @@ class MultiAgentCheckpointFile(CheckpointReader):
                 f"has {where}.agent_id={meta['agent_id']!r}; policy {pid!r} serves the agents "
                 f"{list(agents[pid])}"
             )
-        steps = self.read_steps(npz, where, base, meta, specs[pid])
+        steps = self.read_steps(npz, where, base, meta, specs[pid], most)
         name = f"{base}/env_step"
         env_step = npz.read(name, name, "i", leading((), np.dtype(np.int64), len(steps["reward"])))
         self.require((env_step >= 0).all(), name, "negative")

@@ -9,8 +9,9 @@ import jax
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import is_int
+from jaxrunner._src.arg_checks import check_bool, check_int, is_int
 from jaxrunner._src.checkpoints.format import (
+    ENV_STATE,
     MAX_META_BYTES,
     MAX_PATH_DEPTH,
     META,
@@ -24,6 +25,7 @@ from jaxrunner._src.checkpoints.format import (
 )
 from jaxrunner._src.checkpoints.header_checks import bytes_check, exact, leading
 from jaxrunner._src.core.npz_reader import NUMERIC_KINDS, HeaderCheck, NpzReader
+from jaxrunner._src.core.seeds import MAX_SEED
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -34,18 +36,24 @@ class CheckpointReader:
     Args:
         runner_name: the runner's class name, in messages (``"EnvRunner"``).
         path: the file.
-        metrics_template: the restoring runner's ``metrics.get_state()``.
+        metrics: the restoring runner's metrics (``RunnerMetrics``): the structure of
+            theirs in the file, and the longest episode window it may hold.
     """
 
-    def __init__(self, runner_name: str, path: str | os.PathLike, metrics_template: Any) -> None:
+    def __init__(self, runner_name: str, path: str | os.PathLike, metrics: Any) -> None:
         self.runner_name = runner_name
         self.path = os.fspath(path)
-        self.metrics_template = metrics_template
+        self.metrics_template = metrics.get_state()
+        self.window = int(metrics.episodes.window)
 
-    def open(self, max_bytes: int, limit_name: str) -> NpzReader:
-        """The file, opened within ``max_bytes`` for its arrays (a context manager);
-        ``limit_name`` names the setting in the error for a file beyond it."""
-        return NpzReader(self.path, self.error, max_bytes, f"; the limit is {limit_name}")
+    def open(self, load_env_pickles: Any, max_bytes: Any) -> NpzReader:
+        """The file, opened within ``max_bytes`` for its arrays (a context manager),
+        once ``restore``'s arguments are checked."""
+        call = f"{self.runner_name}.restore"
+        check_bool(call, "load_env_pickles", load_env_pickles)
+        check_int(call, "max_bytes", max_bytes, low=0, hint="bytes the arrays may take")
+        hint = f"; the limit is max_bytes={max_bytes} (restore(..., max_bytes=...))"
+        return NpzReader(self.path, self.error, max_bytes, hint)
 
     def where(self) -> str:
         return f"{self.runner_name}.restore({self.path!r})"
@@ -92,8 +100,8 @@ class CheckpointReader:
 
     # -- metadata ----------------------------------------------------------------------------
 
-    def read_meta(self, npz: NpzReader, fmt: str, version: int) -> dict[str, Any]:
-        """The JSON metadata: an object of format ``fmt`` and ``version``."""
+    def read_meta(self, npz: NpzReader, fmt: str, versions: tuple[int, ...]) -> dict[str, Any]:
+        """The JSON metadata: an object of format ``fmt``, of one of ``versions``."""
         if not npz.has(META):
             raise InvalidArgumentError(
                 f"{self.where()}: not a jaxrunner checkpoint (no {META}); write one with "
@@ -102,10 +110,11 @@ class CheckpointReader:
         meta = npz.read_json(META, f"metadata ({META})", MAX_META_BYTES)
         if not isinstance(meta, dict):
             raise self.error(f"has metadata ({META}) that is not a JSON object")
-        if meta.get("format") != fmt or meta.get("version") != version:
+        version = meta.get("version")
+        if meta.get("format") != fmt or not is_int(version) or version not in versions:
             raise InvalidArgumentError(
-                f"{self.where()}: expected a {fmt} version {version}, got "
-                f"{meta.get('format')!r} version {meta.get('version')!r}."
+                f"{self.where()}: expected a {fmt} version {' or '.join(map(str, versions))}, "
+                f"got {meta.get('format')!r} version {version!r}."
             )
         return meta
 
@@ -122,7 +131,7 @@ class CheckpointReader:
     def check_common_meta(self, meta: dict[str, Any], env_kinds: tuple[str, ...]) -> None:
         """``seed``, ``rollout_length``, ``envs`` (one of ``env_kinds``), ``envs_note``
         and the ``metrics`` paths (this runner's)."""
-        self.int_field(meta.get("seed"), "metadata field seed", 0)
+        self.int_field(meta.get("seed"), "metadata field seed", 0, MAX_SEED)
         self.int_field(meta.get("rollout_length"), "metadata field rollout_length", 1)
         if meta.get("envs") not in env_kinds:
             raise self.error(f"has metadata field envs={meta.get('envs')!r}; expected {env_kinds}")
@@ -142,8 +151,9 @@ class CheckpointReader:
 
     def read_like(self, npz: NpzReader, prefix: str, template: Any, what: str) -> Any:
         """The tree saved under ``prefix`` in ``template``'s structure, shapes and dtypes
-        (checked from each member's header before it is read); device arrays where the
-        template has them, typed keys rewrapped."""
+        (checked from each member's header before it is read), every float finite but a
+        pure-JAX env's state's; device arrays where the template has them, typed keys
+        rewrapped."""
         leaves = []
         flat, treedef = jax.tree_util.tree_flatten_with_path(template)
         for path, like in flat:
@@ -158,6 +168,11 @@ class CheckpointReader:
                 )
             want = jax.random.key_data(like) if is_key(like) else like
             value = npz.read(name, name, check=exact(np.shape(want), np.asarray(want).dtype))
+            # No runner keeps a NaN or an infinity (its envs' are invalid steps); a pure-JAX
+            # env's own state may (a sentinel), and is the env's business.
+            exempt = value.dtype.kind not in "fc" or ENV_STATE in name.split("/")
+            if not (exempt or np.isfinite(value).all()):
+                raise self.error(f"has {name} not finite (NaN or infinity)")
             if is_key(like):
                 # wrap_key_data takes any array-like; its annotation says jax.Array.
                 key = jax.random.wrap_key_data(value, impl=jax.random.key_impl(like))  # type: ignore[arg-type]
@@ -204,16 +219,18 @@ class CheckpointReader:
         )
 
     def read_metrics(self, npz: NpzReader) -> Any:
-        """The metrics state in the template's structure (windows of any length), with
-        every count non-negative, every float finite, and the base
-        :class:`~jaxrunner._src.core.metrics.RunnerMetrics` part consistent."""
+        """The metrics state in the template's structure (windows up to this runner's
+        episode window, refused by their headers), with every count non-negative, every
+        float finite, and the base :class:`~jaxrunner._src.core.metrics.RunnerMetrics`
+        part consistent."""
         leaves = []
         flat, treedef = jax.tree_util.tree_flatten_with_path(self.metrics_template)
+        why = "this runner's MetricsConfig.episode_window: build it as the saved one"
         for path, want in flat:
             parts = [part_of(e) for e in path]
             name = array_name("metrics", parts)
             if parts[-1] in WINDOWS:
-                check = leading(want.shape[1:], want.dtype, None)
+                check = leading(want.shape[1:], want.dtype, None, self.window, why)
             else:
                 check = exact(want.shape, want.dtype)
             value = npz.read(name, name, check=check)
@@ -270,11 +287,13 @@ class CheckpointReader:
         base: str,
         meta: dict[str, Any],
         specs: dict[str, dict[tuple[Part, ...], tuple[tuple[int, ...], np.dtype]]],
+        most: int,
     ) -> dict[str, Any]:
         """An episode's step arrays saved by :func:`put_steps` below ``base``:
         ``obs`` (``[L + 1]``, the structure, trailing shapes and dtypes of
-        ``specs["obs"]``), ``action`` (``[L]``, the structure and trailing shapes of
-        ``specs["action"]``), ``reward`` (``[L]``, finite) and ``extras`` (``[L]``, the
+        ``specs["obs"]``, finite), ``action`` (``[L]``, the structure and trailing
+        shapes of ``specs["action"]``), ``reward`` (``[L]``, finite, ``L`` at most
+        ``most``: the steps the saved runner counted) and ``extras`` (``[L]``, the
         string paths of ``meta["extras"]``)."""
         data_paths = self.paths(meta["paths"], f"{where}.paths")
         extras_paths = self.paths(meta["extras"], f"{where}.extras")
@@ -287,7 +306,8 @@ class CheckpointReader:
         if any(not all(isinstance(p, str) for p in path) for path in extras_paths):
             raise self.error(f"has {where}.extras with a non-string key")
         name = array_name(base, ["reward"])
-        reward = npz.read(name, name, "f", leading((), None, None))
+        counted = "the steps the checkpoint's metrics count"
+        reward = npz.read(name, name, "f", leading((), None, None, most, counted))
         self.require(np.isfinite(reward).all(), name, "not finite")
         steps = len(reward)
 
@@ -297,6 +317,9 @@ class CheckpointReader:
 
         obs_specs, action_specs = specs["obs"], specs["action"]
         obs = {p: read(("obs", *p), "", leading(*obs_specs[p], steps + 1)) for p in obs_specs}
+        for p, leaf in obs.items():  # a runner records no NaN or infinite observation
+            finite = leaf.dtype.kind != "f" or np.isfinite(leaf).all()
+            self.require(finite, array_name(base, ("obs", *p)), "not finite (NaN or infinity)")
         action = {
             p: read(("action", *p), "", leading(action_specs[p][0], None, steps))
             for p in action_specs
@@ -308,6 +331,18 @@ class CheckpointReader:
             "reward": reward,
             "extras": build_tree(extras) if extras else {},
         }
+
+    def refuse_unreferenced(self, npz: NpzReader, meta: dict[str, Any]) -> None:
+        """Every member of the file is one a field references: read, or a sub-env pickle
+        of a checkpoint that holds them (``envs`` is ``"pickle"``), read only on request.
+        Another (an object array, a pickle where none belongs) is refused unread."""
+        pickles = meta["num_envs"] if meta["envs"] == "pickle" else 0
+        other = sorted(set(npz.unread()) - {f"envs/{i}" for i in range(pickles)})
+        if other:
+            raise self.error(
+                f"has a member {other[0]!r} that no field references ({len(other)} such "
+                f"member{'s' if len(other) > 1 else ''}); {self.runner_name}.save writes none"
+            )
 
     def check_alike(self, named: list[tuple[str, Any]]) -> None:
         """Kept episodes ``(where, episode)`` of one kind have one structure, dtype and

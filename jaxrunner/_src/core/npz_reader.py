@@ -8,6 +8,7 @@ import collections
 import json
 import math
 import os
+import stat
 import zipfile
 from collections.abc import Callable
 from typing import Any
@@ -37,8 +38,8 @@ class NpzReader:
         budget_hint: how to raise the cap, appended when ``max_bytes`` is exceeded.
 
     Raises:
-        JaxRunnerError: (``error``'s) the file is not a zip file, or has two members of
-            one name.
+        JaxRunnerError: (``error``'s) the file is not a regular file, not a zip file, or
+            has two members of one name.
     """
 
     def __init__(
@@ -53,16 +54,19 @@ class NpzReader:
         self._left = math.inf if max_bytes is None else max_bytes
         self._hint = budget_hint
         self._read: dict[str, str] = {}  # member -> the field it was read for
+        file = _open_regular(path, error)
         try:
-            self._zip = zipfile.ZipFile(path)
+            self._zip = zipfile.ZipFile(file)
         except (OSError, zipfile.BadZipFile, ValueError, EOFError) as err:
+            file.close()
             raise error(f"cannot be opened as a .npz (zip) file ({err})") from err
+        self._file = file
         infos = self._zip.infolist()
         self._members = {info.filename: info for info in infos}
         if len(self._members) != len(infos):  # which one a reader takes would be a guess
             counts = collections.Counter(info.filename for info in infos)
             twice = next(name for name, count in counts.items() if count > 1)
-            self._zip.close()
+            self.close()
             raise error(f"has two members named {twice!r}; each name may appear once")
 
     def __enter__(self) -> NpzReader:
@@ -73,10 +77,16 @@ class NpzReader:
 
     def close(self) -> None:
         self._zip.close()
+        self._file.close()
 
     def has(self, name: str) -> bool:
         """Whether the file has an array ``name`` (member ``name.npy``)."""
         return f"{name}.npy" in self._members
+
+    def unread(self) -> list[str]:
+        """The file's members not read so far (arrays by name, ``.npy`` dropped)."""
+        names = (n[:-4] if n.endswith(".npy") else n for n in self._members)
+        return [name for name in names if name not in self._read]
 
     def read(
         self,
@@ -169,6 +179,27 @@ class NpzReader:
         except (ValueError, RecursionError) as err:
             what = f"has a {where} that is not valid JSON ({type(err).__name__})"
             raise self.error(what) from err
+
+
+def _open_regular(path: str | os.PathLike[str], error: Callable[[str], JaxRunnerError]) -> Any:
+    """``path`` opened for reading if it is a regular file: zipfile's search for the
+    end of a device (``/dev/zero``) or a pipe reads without end. Opened before it is
+    checked (without blocking: a pipe's open waits for a writer), so it cannot change
+    between the two."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as err:
+        raise error(f"cannot be opened ({err})") from err
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a device, pipe or socket"
+            raise error(f"is not a regular file ({kind}); expected a .npz file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _read_header(member: Any) -> tuple[tuple[int, ...], bool, np.dtype]:

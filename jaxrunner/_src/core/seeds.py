@@ -8,6 +8,8 @@ import numpy as np
 from jaxrunner._src.arg_checks import check_int, is_int
 from jaxrunner.errors import InvalidArgumentError
 
+MAX_SEED = 2**63 - 1
+"""The largest runner seed: its policy keys' root is ``jax.random.key(seed)``, an int64."""
 SEED_BASE_BITS = 30
 """Bases are below ``2**30``, so base + i stays a non-negative int32 (EnvPool's seed
 type) for up to ``2**30`` sub-envs."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -86,6 +87,7 @@ class TrajectoryFile:
     ) -> None:
         self.path = path
         self._format, self._version, self._kind = expected_format, expected_version, kind
+        check_int(f"{kind}.load", "max_bytes", max_bytes, low=0, none="for no cap")
         self._npz = NpzReader(path, self.error, max_bytes, "; pass a larger max_bytes")
 
     def __enter__(self) -> TrajectoryFile:

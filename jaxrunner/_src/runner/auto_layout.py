@@ -3,9 +3,11 @@ timed on each candidate. See docs/backends/index.md."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -63,8 +65,10 @@ def make_runner(
     if backend == "auto":
         check_vec_options(backend, config, restart_policy)
         caller = 'EnvRunner.from_env(backend="auto", its default)'
-        choice = choose_auto_layout(env, env_kwargs, num_envs, seed, caller)
-        if choice.backend == "process":
+        choice, multi_agent = choose_auto_layout(
+            env, env_kwargs, num_envs, seed, restart_policy, caller
+        )
+        if choice.backend == "process" and not multi_agent:  # (runner_cls refuses those)
             choice = _trial(
                 runner_cls, choice, env, num_envs, policy, params, seed,
                 restart_policy, env_kwargs, runner_options,
@@ -96,40 +100,83 @@ def _trial(
 ) -> LayoutChoice:
     """Times sync against the process layouts of :func:`trial_workers` with the
     policy (more rounds where they are close: :data:`CLOSE`); returns the fastest
-    (:func:`pick_layout`)."""
+    (:func:`pick_layout`). A process layout that fails (its workers die, say) is
+    dropped, with a warning; a failure of sync is the env's, and raises."""
     work_us = rule.env_step_us * num_envs
     length = int(min(max(TRIAL_SAMPLE_S * 1e6 // work_us, TRIAL_STEPS[0]), TRIAL_STEPS[1]))
     options = {k: v for k, v in runner_options.items() if k in TRIAL_OPTIONS}
     runners: dict[int, Any] = {}
+    failed: dict[int, Exception] = {}
+
+    def timed_sample(workers: int) -> float:
+        """One sample of ``workers``' runner; a failure drops a process layout."""
+        start = time.perf_counter()
+        try:
+            runners[workers].sample()
+        except Exception as err:
+            if not workers:
+                err.add_note(
+                    'jaxrunner: EnvRunner.from_env(backend="auto") was timing the sync '
+                    "layout (the one every failure falls back to) when this was raised."
+                )
+                raise
+            failed[workers] = err
+            with contextlib.suppress(Exception):  # its workers may be dead already
+                runners.pop(workers).stop()
+        return time.perf_counter() - start
+
+    times: dict[int, list[float]] = {}
     try:
         for workers in trial_workers(rule):
             layout = dataclasses.replace(
                 rule, backend="process" if workers else "sync", num_workers=workers
             )
-            envs: VectorEnv = make_vec(
-                env, num_envs, layout.backend, config=layout.process_config(),
-                restart_policy=restart_policy, **env_kwargs,
-            )  # fmt: skip
+            try:
+                envs: VectorEnv = make_vec(
+                    env, num_envs, layout.backend, config=layout.process_config(),
+                    restart_policy=restart_policy, **env_kwargs,
+                )  # fmt: skip
+            except Exception as err:
+                if not workers:
+                    raise
+                failed[workers] = err
+                continue
             try:
                 runners[workers] = runner_cls(envs, policy, params, length, seed, **options)
-            except BaseException:
+            except BaseException as err:
                 envs.close()
-                raise
-            runners[workers].sample()  # warm-up: compiles, first resets, worker start
-        times: dict[int, list[float]] = {workers: [] for workers in runners}
+                if not workers or not isinstance(err, Exception):
+                    raise
+                failed[workers] = err
+                continue
+            timed_sample(workers)  # warm-up: compiles, first resets, worker start
+        times = {workers: [] for workers in runners}
         for round_index in range(2 * TRIAL_ROUNDS):
-            if round_index == TRIAL_ROUNDS and not undecided(times):
+            only_sync = round_index > 0 and len(runners) == 1
+            if only_sync or (round_index == TRIAL_ROUNDS and not undecided(times)):
                 break
-            for workers, runner in runners.items():
-                start = time.perf_counter()
-                runner.sample()
-                times[workers].append(time.perf_counter() - start)
+            for workers in list(runners):
+                took = timed_sample(workers)
+                if workers in runners:
+                    times[workers].append(took)
+                else:
+                    del times[workers]
         inference_ms = runners[0].get_metrics()["perf"]["inference_ms"]
     finally:
         for runner in runners.values():
             runner.stop()
     rates = {workers: length * num_envs / statistics.median(t) for workers, t in times.items()}
-    return pick_layout(rule, rates, policy_step_us=1e3 * inference_ms)
+    choice = pick_layout(rule, rates, policy_step_us=1e3 * inference_ms)
+    if failed:
+        dropped = "; ".join(f"{_label(w)} failed ({err!r})" for w, err in sorted(failed.items()))
+        warnings.warn(
+            f'EnvRunner.from_env(backend="auto"): in the trial of layouts, {dropped}; '
+            f"dropped, and {_label(choice.num_workers)} kept.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        choice = dataclasses.replace(choice, reason=f"{choice.reason}; {dropped}")
+    return choice
 
 
 def undecided(times: Mapping[int, list[float]]) -> bool:

@@ -42,10 +42,10 @@ class MultiAgentRunner(EnvOwner):
 
     Args:
         envs: a :class:`~jaxrunner.MultiAgentVectorEnv`
-            (:func:`jaxrunner.make_multi_agent_vec`: PettingZoo envs, stepped on the
-            host) or a :class:`~jaxrunner.JaxVectorEnv` (a pure-JAX env, JaxMARL-style or
-            one group of one agent: one jitted scan per sample, arrays on device), owned
-            by the runner until :meth:`stop`.
+            (:func:`jaxrunner.make_vec` of PettingZoo envs, stepped on the host) or a
+            :class:`~jaxrunner.JaxVectorEnv` (a pure-JAX env, JaxMARL-style or one group
+            of one agent: one jitted scan per sample, arrays on device), owned by the
+            runner until :meth:`stop`.
         policies: one :class:`~jaxrunner.Policy` for every policy id, or a dict
             ``policy_id -> Policy`` (``envs.policy_ids``).
         params: ``policy_id -> params`` (or the params alone, when there is one policy id).
@@ -87,7 +87,7 @@ class MultiAgentRunner(EnvOwner):
             raise InvalidArgumentTypeError(
                 f"MultiAgentRunner(envs=...): expected a multi-agent vector env or a "
                 f"jaxrunner.JaxVectorEnv, got {type(envs).__name__}. Build one with "
-                "jaxrunner.make_multi_agent_vec(env_fn, num_envs)."
+                "jaxrunner.make_vec(env_fn, num_envs), env_fn returning a PettingZoo env."
             )
         ids = envs.policy_ids
         self._policies = _per_policy("policies", policies, ids, single=isinstance(policies, Policy))

@@ -12,6 +12,7 @@ import jax
 from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.core.policy import Params, check_params_like
 from jaxrunner._src.core.runner_state import RunnerState
+from jaxrunner._src.core.seeds import MAX_SEED
 from jaxrunner._src.runner.progress import Progress
 from jaxrunner.errors import ClosedError, InvalidArgumentError, RunnerFailedError
 
@@ -176,6 +177,6 @@ def check_rollout_arguments(
     ``num_splits`` of ``num_envs`` sub-envs) where they are out of range, naming
     ``runner``'s argument."""
     check_int(runner, "rollout_length", rollout_length)
-    check_int(runner, "seed", seed, low=0)
+    check_int(runner, "seed", seed, low=0, high=MAX_SEED)
     at_most = f"at most num_envs={num_envs}"
     check_int(runner, "num_splits", num_splits, high=num_envs, hint=at_most, none="for automatic")

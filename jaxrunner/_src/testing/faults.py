@@ -1,6 +1,6 @@
-"""Fault injection: envs that crash, hang, die or break gymnasium's API on purpose
-(:class:`FaultyEnv`, :class:`FaultPlan`), and a :class:`CallLog` that counts good and failed
-calls across processes, to check a runner's accounting against what the envs did."""
+"""Fault injection: envs of every kind (gymnasium, PettingZoo parallel and AEC) that crash,
+hang, die or break their API on purpose (:class:`FaultyEnv`, :class:`FaultPlan`), and a
+:class:`CallLog` that counts good and failed calls across processes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 import pathlib
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
 import gymnasium
@@ -20,7 +20,14 @@ import numpy as np
 
 from jaxrunner._src.arg_checks import check_number
 from jaxrunner._src.testing.broken_returns import break_returns
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner._src.testing.pettingzoo_bases import (
+    HAVE_PETTINGZOO,
+    AECEnv,
+    BaseParallelWrapper,
+    BaseWrapper,
+    ParallelEnv,
+)
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 FaultKind = Literal[
     # Never return: the call raises, sleeps, or takes its process down.
@@ -127,8 +134,8 @@ _made_per_seed: collections.Counter[int] = collections.Counter()
 
 class FaultSchedule:
     """Which calls of one env instance misbehave, and the faults that never return: the
-    mechanism every fault-injecting wrapper shares (:class:`FaultyEnv`, and the
-    multi-agent :class:`~jaxrunner._src.testing.multi_agent_faults.FaultyMultiAgentEnv`).
+    mechanism every fault-injecting wrapper shares (:class:`FaultyEnv`,
+    :class:`FaultyParallelEnv`, :class:`FaultyAECEnv`).
 
     A call misbehaves as the first of ``faults`` whose ``call`` it is and that is due
     (its number is in ``at``, or the probability draw hit). Faults that never return
@@ -206,12 +213,18 @@ class FaultSchedule:
 
 
 class FaultyEnv(gymnasium.Wrapper):
-    """Wraps an env and injects ``faults``; counts calls in ``log`` if given.
+    """Wraps an env of any kind and injects ``faults``; counts calls in ``log`` if given.
+
+    ``FaultyEnv(env, ...)`` wraps a gymnasium env in a ``FaultyEnv``, a PettingZoo
+    ``ParallelEnv`` in a :class:`FaultyParallelEnv` and an ``AECEnv`` in a
+    :class:`FaultyAECEnv` (each the API it wraps, as the backends tell kinds apart).
 
     A call misbehaves as the first of ``faults`` whose ``call`` it is and that is due
     (its number is in ``at``, or the probability draw hit); every other call passes
     through unchanged. Faults that never return fail before the inner env is called;
-    garbage faults call it, then break what it returned.
+    garbage faults call it, then break what it returned: for a multi-agent env, one
+    agent's returns (``agent`` if the call returns it, else the first agent returned:
+    see :class:`FaultyParallelEnv` and :class:`FaultyAECEnv`).
 
     Events logged: ``step_ok`` (a step returned a good transition), ``step_failed``
     (a step misbehaved: raised, returned garbage; hangs and deaths are logged
@@ -221,10 +234,27 @@ class FaultyEnv(gymnasium.Wrapper):
         env: the env to wrap.
         faults: what goes wrong and when.
         log: optional cross-process counter.
-        seed: seeds the draws of probabilistic faults, mixed with an instance number
-            (the ``made`` count of ``log`` if given, else how many FaultyEnvs this
-            process made with this seed), so a recreated env draws differently.
+        seed: seeds the draws of probabilistic faults (see :class:`FaultSchedule`).
+        agent: a multi-agent env's agent whose returns garbage faults break (None: the
+            first agent returned); must be None for a gymnasium env.
+
+    Raises:
+        InvalidArgumentTypeError: ``env`` is neither a gymnasium env nor a PettingZoo
+            ``ParallelEnv`` or ``AECEnv``.
     """
+
+    def __new__(cls, env: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # ``env`` has a default: unpickling calls ``cls.__new__(cls)``.
+        if cls is not FaultyEnv or env is None or isinstance(env, gymnasium.Env):
+            return super().__new__(cls)
+        if HAVE_PETTINGZOO and isinstance(env, ParallelEnv):
+            return FaultyParallelEnv(env, *args, **kwargs)
+        if HAVE_PETTINGZOO and isinstance(env, AECEnv):
+            return FaultyAECEnv(env, *args, **kwargs)
+        raise InvalidArgumentTypeError(
+            f"FaultyEnv(env=...): expected a gymnasium Env or a PettingZoo ParallelEnv or "
+            f"AECEnv, got {type(env).__name__}."
+        )
 
     def __init__(
         self,
@@ -232,7 +262,12 @@ class FaultyEnv(gymnasium.Wrapper):
         faults: Sequence[FaultPlan] = (),
         log: CallLog | None = None,
         seed: int = 0,
+        agent: str | None = None,
     ) -> None:
+        if agent is not None:
+            raise InvalidArgumentError(
+                f"FaultyEnv(agent={agent!r}): a gymnasium env has one agent; pass agent=None."
+            )
         super().__init__(env)
         self.schedule = FaultSchedule(faults, log, seed, "FaultyEnv")
         self.faults, self.log = self.schedule.faults, log
@@ -258,33 +293,208 @@ class FaultyEnv(gymnasium.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
+class _FaultyAgents:
+    """What the PettingZoo wrappers of :class:`FaultyEnv` share: the schedule, and the
+    agent whose returns a garbage fault breaks."""
+
+    env: Any
+
+    def _init_faults(
+        self, faults: Sequence[FaultPlan], log: CallLog | None, seed: int, agent: str | None
+    ) -> None:
+        self.schedule = FaultSchedule(faults, log, seed, type(self).__name__)
+        self.faults, self.log, self.agent = self.schedule.faults, log, agent
+        self.calls = self.schedule.calls
+        """How many times each method was called (failed calls included)."""
+
+    def _target(self, agents: Iterable[str]) -> str | None:
+        """The agent whose returns a garbage fault breaks (None: no agent returned)."""
+        agents = list(agents)
+        if self.agent in agents:
+            return self.agent
+        return agents[0] if agents else None
+
+
+class FaultyParallelEnv(_FaultyAgents, BaseParallelWrapper):
+    """:class:`FaultyEnv` for a PettingZoo ``ParallelEnv``: a garbage fault breaks the
+    returns of ``agent`` if returned, else of the first key of the returned observations."""
+
+    def __init__(
+        self,
+        env: Any,
+        faults: Sequence[FaultPlan] = (),
+        log: CallLog | None = None,
+        seed: int = 0,
+        agent: str | None = None,
+    ) -> None:
+        BaseParallelWrapper.__init__(self, env)  # type: ignore[arg-type]
+        self._init_faults(faults, log, seed, agent)
+
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        fault = self.schedule.due("reset")
+        obs, infos = self.env.reset(seed=seed, options=options)
+        if fault is None:
+            self.schedule.ok("reset")
+            return obs, infos
+        agent = self._target(obs)
+        if agent is not None:
+            obs, infos = dict(obs), dict(infos)
+            obs[agent], _, _, infos[agent] = break_returns(
+                fault.kind, obs[agent], 0.0, False, infos.get(agent, {})
+            )
+        return obs, infos
+
+    def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
+        fault = self.schedule.due("step")
+        obs, rewards, terms, truncs, infos = self.env.step(actions)
+        if fault is None:
+            self.schedule.ok("step")
+            return obs, rewards, terms, truncs, infos
+        agent = self._target(obs)
+        if agent is not None:
+            obs, rewards, terms, infos = dict(obs), dict(rewards), dict(terms), dict(infos)
+            obs[agent], rewards[agent], terms[agent], infos[agent] = break_returns(
+                fault.kind,
+                obs[agent],
+                rewards.get(agent, 0.0),
+                terms.get(agent, False),
+                infos.get(agent, {}),
+            )
+        return obs, rewards, terms, truncs, infos
+
+
+class FaultyAECEnv(_FaultyAgents, BaseWrapper):
+    """:class:`FaultyEnv` for a PettingZoo ``AECEnv``: a garbage fault breaks the returns
+    of ``agent`` if live, else of the agent selected after the call (whose observation,
+    flags and rewards a driver reads next), else of an agent paid last.
+
+    An AEC env's returns are its state (``observe``, ``rewards``, ``terminations``,
+    ``infos``): after a garbage fault they read broken for the target agent until the
+    next ``step`` or ``reset``; the inner env's own state is never changed. Its dead
+    steps (``step(None)`` for an agent that left) are calls of ``step`` too, numbered
+    with the others.
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        faults: Sequence[FaultPlan] = (),
+        log: CallLog | None = None,
+        seed: int = 0,
+        agent: str | None = None,
+    ) -> None:
+        BaseWrapper.__init__(self, env)  # type: ignore[arg-type]
+        self._init_faults(faults, log, seed, agent)
+        self._broken: tuple[str, tuple[Any, Any, Any, Any], Any] | None = None
+        """Until the next call: the target agent, its broken (obs, reward, terminated,
+        info), and its broken reward since its last turn (what ``last()`` reads)."""
+
+    def _call(self, call: str, inner: Callable[[], None]) -> None:
+        self._broken = None
+        fault = self.schedule.due(call)
+        inner()
+        if fault is None:
+            self.schedule.ok(call)
+            return
+        env = self.env
+        if self.agent is not None and self.agent in env.agents:
+            agent = self.agent
+        elif env.agents:
+            agent = env.agent_selection
+        else:  # the episode ended: an agent paid last
+            agent = next(iter(env.rewards), None)
+            if agent is None:
+                return
+        obs, term, info = (
+            env.observe(agent),
+            env.terminations.get(agent, False),
+            env.infos.get(agent, {}),
+        )
+        broken = break_returns(fault.kind, obs, env.rewards.get(agent, 0.0), term, info)
+        # last() reads the reward since the agent's last turn: broken alike.
+        cumulative = env._cumulative_rewards.get(agent, 0.0)
+        self._broken = agent, broken, break_returns(fault.kind, obs, cumulative, term, info)[1]
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        self._call("reset", lambda: self.env.reset(seed=seed, options=options))
+
+    def step(self, action: Any) -> None:
+        self._call("step", lambda: self.env.step(action))
+
+    def _read(self, field: int, values: Mapping[str, Any]) -> dict[str, Any]:
+        if self._broken is None:
+            return values  # type: ignore[return-value]
+        agent, broken, _ = self._broken
+        return {**values, agent: broken[field]}
+
+    def observe(self, agent: str) -> Any:
+        if self._broken is not None and self._broken[0] == agent:
+            return self._broken[1][0]
+        return self.env.observe(agent)
+
+    @property
+    def rewards(self) -> dict[str, Any]:  # type: ignore[override]
+        return self._read(1, self.env.rewards)
+
+    @property
+    def terminations(self) -> dict[str, Any]:  # type: ignore[override]
+        return self._read(2, self.env.terminations)
+
+    @property
+    def infos(self) -> dict[str, Any]:  # type: ignore[override]
+        return self._read(3, self.env.infos)
+
+    def last(self, observe: bool = True) -> tuple[Any, Any, Any, Any, Any]:
+        agent = self.env.agent_selection
+        if self._broken is None or self._broken[0] != agent:
+            return self.env.last(observe)
+        _, (obs, _, term, info), cumulative = self._broken
+        return obs if observe else None, cumulative, term, self.env.truncations[agent], info
+
+
 def _make_faulty(
-    base: Callable[[], gymnasium.Env], faults: tuple[FaultPlan, ...], log: CallLog | None, seed: int
-) -> gymnasium.Env:
-    return FaultyEnv(base(), faults, log, seed)
-
-
-def faulty_factories(
-    wrap: Callable[[Callable[[], Any], tuple[FaultPlan, ...], CallLog | None, int], Any],
-    base: Callable[[], Any] | Sequence[Callable[[], Any]],
-    num_envs: int | None,
-    faults: Sequence[FaultPlan] | Mapping[int, Sequence[FaultPlan]],
+    base: Callable[[], Any],
+    faults: tuple[FaultPlan, ...],
     log: CallLog | None,
     seed: int,
-    caller: str,
+    agent: str | None = None,
+) -> Any:
+    return FaultyEnv(base(), faults, log, seed, agent)
+
+
+def faulty_env_fns(
+    base: Callable[[], Any] | Sequence[Callable[[], Any]],
+    num_envs: int | None = None,
+    faults: Sequence[FaultPlan] | Mapping[int, Sequence[FaultPlan]] = (),
+    log: CallLog | None = None,
+    seed: int = 0,
+    agent: str | None = None,
 ) -> list[Callable[[], Any]]:
-    """The factories of :func:`faulty_env_fns` (and its multi-agent twin): one
-    ``functools.partial(wrap, base_i, faults_i, log, seed_i)`` per sub-env, where
-    ``wrap`` is a module-level function that builds ``base_i()`` and wraps it.
+    """Picklable factories of :class:`FaultyEnv` (of any kind of env), one per sub-env.
+
+    Args:
+        base: a picklable zero-argument env factory (e.g. ``functools.partial(
+            gymnasium.make, "CartPole-v1")``, or a PettingZoo env's) used for every
+            sub-env, or a sequence of them, one per sub-env.
+        num_envs: how many factories; ``None`` (only with a sequence ``base``) for
+            ``len(base)``.
+        faults: the same faults for every env, or a mapping ``{env index: faults}``
+            (envs not in it behave).
+        log: optional cross-process counter shared by all of them.
+        seed: seeds probabilistic faults (mixed with the env index).
+        agent: a multi-agent env's agent whose returns garbage faults break (see
+            :class:`FaultyEnv`).
 
     Raises:
         InvalidArgumentError: ``num_envs`` is missing for a single ``base``, or differs
-            from the length of a sequence ``base`` (named as ``caller``'s argument).
+            from the length of a sequence ``base``.
     """
     if callable(base):
         if num_envs is None:
             raise InvalidArgumentError(
-                f"{caller}(num_envs=None): expected how many envs to make from one base "
+                "faulty_env_fns(num_envs=None): expected how many envs to make from one base "
                 "factory; pass num_envs, or a sequence of factories as base."
             )
         bases = [base] * num_envs
@@ -292,38 +502,19 @@ def faulty_factories(
         bases = list(base)
         if num_envs is not None and num_envs != len(bases):
             raise InvalidArgumentError(
-                f"{caller}(num_envs={num_envs}): expected {len(bases)}, the number of "
+                f"faulty_env_fns(num_envs={num_envs}): expected {len(bases)}, the number of "
                 "factories in base (or None)."
             )
     per_env = faults if isinstance(faults, Mapping) else dict.fromkeys(range(len(bases)), faults)
     return [
-        functools.partial(wrap, fn, tuple(per_env.get(i, ())), log, seed * 100_003 + i)
+        functools.partial(
+            _make_faulty, fn, tuple(per_env.get(i, ())), log, seed * 100_003 + i, agent
+        )
         for i, fn in enumerate(bases)
     ]
 
 
-def faulty_env_fns(
-    base: Callable[[], gymnasium.Env] | Sequence[Callable[[], gymnasium.Env]],
-    num_envs: int | None = None,
-    faults: Sequence[FaultPlan] | Mapping[int, Sequence[FaultPlan]] = (),
-    log: CallLog | None = None,
-    seed: int = 0,
-) -> list[Callable[[], gymnasium.Env]]:
-    """Picklable factories of :class:`FaultyEnv`, one per sub-env.
-
-    Args:
-        base: a picklable zero-argument env factory (e.g. ``functools.partial(
-            gymnasium.make, "CartPole-v1")``) used for every sub-env, or a sequence
-            of them, one per sub-env.
-        num_envs: how many factories; ``None`` (only with a sequence ``base``) for
-            ``len(base)``.
-        faults: the same faults for every env, or a mapping ``{env index: faults}``
-            (envs not in it behave).
-        log: optional cross-process counter shared by all of them.
-        seed: seeds probabilistic faults (mixed with the env index).
-
-    Raises:
-        InvalidArgumentError: ``num_envs`` is missing for a single ``base``, or differs
-            from the length of a sequence ``base``.
-    """
-    return faulty_factories(_make_faulty, base, num_envs, faults, log, seed, "faulty_env_fns")
+FaultyMultiAgentEnv = FaultyEnv
+"""Deprecated: :class:`FaultyEnv` wraps PettingZoo envs too."""
+faulty_multi_agent_env_fns = faulty_env_fns
+"""Deprecated: :func:`faulty_env_fns` makes PettingZoo envs' factories too."""

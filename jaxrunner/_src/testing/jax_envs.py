@@ -1,6 +1,6 @@
-"""Small pure-JAX envs for testing :class:`~jaxrunner.JaxVectorEnv` without gymnax or brax:
-gymnax-style :class:`RandomWalk` (and its older done-only form) and brax-style
-:class:`BraxPoint`."""
+"""Small pure-JAX envs for testing the pure-JAX backends without gymnax, brax or JaxMARL:
+gymnax-style :class:`RandomWalk` (and its older done-only form), brax-style
+:class:`BraxPoint` and JaxMARL-style :class:`Drift` (two agents)."""
 
 from __future__ import annotations
 
@@ -145,3 +145,38 @@ class AutoResetWrapper:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.env, name)
+
+
+class Drift:
+    """A JaxMARL-style env: two agents drift on a line; ``x0`` is done after 3 steps,
+    ``x1`` after 5 to 6 (random), and the episode ends when both are."""
+
+    agents = ("x0", "x1")
+
+    def observation_space(self, agent: str) -> spaces.Box:
+        return spaces.Box(-np.inf, np.inf, (3,), np.float32)
+
+    def action_space(self, agent: str) -> spaces.Discrete:
+        return spaces.Discrete(3)
+
+    def _obs(self, state: tuple) -> dict[str, jax.Array]:
+        t, pos, _ = state
+        return {
+            a: jnp.stack([t.astype(jnp.float32), pos[k], float(k)])
+            for k, a in enumerate(self.agents)
+        }
+
+    def reset(self, key: jax.Array) -> tuple[dict[str, jax.Array], tuple]:
+        state = (jnp.int32(0), jax.random.normal(key, (2,)), 5 + jax.random.bernoulli(key))
+        return self._obs(state), state
+
+    def step_env(self, key: jax.Array, state: tuple, actions: dict[str, jax.Array]) -> tuple:
+        t, pos, end = state
+        moves = jnp.stack([actions[a] for a in self.agents]) - 1.0
+        pos = pos + moves + 0.1 * jax.random.normal(key, (2,))
+        t = t + 1
+        state = (t, pos, end)
+        dones = {"x0": t >= 3, "x1": t >= end}
+        dones["__all__"] = dones["x0"] & dones["x1"]
+        rewards = {a: -jnp.abs(pos[k]) for k, a in enumerate(self.agents)}
+        return self._obs(state), state, rewards, dones, {}

@@ -22,7 +22,7 @@ from jaxrunner._src.backends.multi_agent.sub_envs import (
     env_groups,
 )
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
-from jaxrunner._src.backends.snapshots import snapshot_dumps
+from jaxrunner._src.backends.snapshots import SnapshotRefusedError, snapshot_dumps
 from jaxrunner._src.backends.sub_envs import build_envs
 from jaxrunner._src.core.agent_groups import GroupedAgents, PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError
@@ -34,7 +34,6 @@ class MultiAgentVectorEnv(GroupedAgents, BaseVectorEnv):
 
     turn_based: bool
     """AEC sub-envs: one agent acts per step."""
-    _make_hint = "jaxrunner.make_multi_agent_vec()"
 
     @abc.abstractmethod
     def reset_batch(
@@ -201,10 +200,7 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
         """Sub-env ``i``'s snapshot as a driver of row ``i`` (not yet installed)."""
 
         def refuse(problem: str) -> InvalidArgumentError:
-            return InvalidArgumentError(
-                f"restore_sub_envs(snapshots=...): snapshot {i} {problem}; the sub-envs are "
-                "left as they were. Pass the bytes snapshot_sub_envs() returned."
-            )
+            return SnapshotRefusedError(i, problem)
 
         try:
             snapshot = pickle.loads(blob)

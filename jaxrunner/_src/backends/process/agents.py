@@ -256,10 +256,10 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
         self._res = Resources()
         self._finalizer = weakref.finalize(self, shutdown, self._res)
         self._closed_reason = "construction failed"  # until the workers are up
-        config = checked_config(config, "make_multi_agent_vec")
+        config = checked_config(config, "make_vec")
         if config.main_process_envs:
             raise InvalidArgumentError(
-                "make_multi_agent_vec(backend='process', config=ProcessConfig(...)): "
+                "make_vec(<PettingZoo env>, backend='process', config=ProcessConfig(...)): "
                 "main_process_envs does not apply to multi-agent envs yet; leave it at its "
                 "default."
             )
@@ -282,8 +282,8 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
     def _layout_for(self, reports: list[Report]) -> AgentLayout:
         if "agents" not in reports[0]:
             raise InvalidArgumentTypeError(
-                "make_multi_agent_vec: the env factory made a gymnasium env, not a PettingZoo "
-                "one; build single-agent envs with jaxrunner.make_vec()."
+                "ProcessMultiAgentVectorEnv: the env factory made a gymnasium env, not a "
+                "PettingZoo one; build either kind with jaxrunner.make_vec()."
             )
         described: list[AgentsDescription] = [d for r in reports for d in r["agents"]]
         self._description = described[0]

@@ -66,7 +66,7 @@ class WorkerRecovery:
                 ""
                 if fatal
                 else ", or build the envs with restart_policy=jaxrunner.RestartPolicy() "
-                "(make_vec or make_multi_agent_vec) to replace failed workers"
+                "(make_vec) to replace failed workers"
             )
             error = lost.error(
                 "the vector env is closed. Create a new one (and check what ended the "

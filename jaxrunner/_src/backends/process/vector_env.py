@@ -132,8 +132,8 @@ class ProcessVectorEnv(TransportForwarding, VectorEnv):
         if "spaces" not in reports[0]:
             raise InvalidArgumentTypeError(
                 "ProcessVectorEnv: the env factories made multi-agent (PettingZoo) envs; "
-                "build those with jaxrunner.make_multi_agent_vec(env_fn, num_envs, "
-                "backend='process')."
+                "build them with jaxrunner.make_vec(env_fn, num_envs, backend='process'), "
+                "which builds either kind."
             )
         env_spaces = [pair for report in reports for pair in report["spaces"]]
         self._check_spaces(env_spaces)

@@ -15,6 +15,7 @@ from typing import Any
 
 import gymnasium
 
+from jaxrunner._src.backends.env_api import is_multi_agent
 from jaxrunner._src.backends.process.launch import available_cpus
 from jaxrunner._src.backends.process.protocol import (
     COMMAND,
@@ -184,7 +185,7 @@ def describe(envs: list[Any]) -> dict[str, Any]:
         "metadata": getattr(first, "metadata", {}),
         "render_mode": getattr(first, "render_mode", None),
     }
-    if hasattr(first, "possible_agents"):  # PettingZoo (imported only then)
+    if is_multi_agent(first):  # PettingZoo (imported only then)
         from jaxrunner._src.core.agent_groups import describe_agents
 
         report["agents"] = [describe_agents(env) for env in envs]

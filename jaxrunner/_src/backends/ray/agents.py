@@ -61,7 +61,7 @@ class RayMultiAgentVectorEnv(ActorForwarding, MultiAgentVectorEnv):
         self.config = config or RayConfig()
         if not isinstance(self.config, RayConfig):
             raise InvalidArgumentTypeError(
-                f"make_multi_agent_vec(backend='ray', config=...): expected a "
+                f"make_vec(<PettingZoo env>, backend='ray', config=...): expected a "
                 f"jaxrunner.RayConfig, got {type(config).__name__}."
             )
         self.restart_policy = restart_policy

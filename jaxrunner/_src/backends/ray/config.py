@@ -50,7 +50,7 @@ class RayConfig:
     """How long to wait for a new actor to start and reset its sub-envs (the cluster may
     lack the resources to place it)."""
     ready_first: bool = False
-    """Multi-agent envs (``make_multi_agent_vec(..., backend="ray")``): False (default):
+    """Multi-agent envs (``make_vec(pettingzoo_env_fn, ..., backend="ray")``): False (default):
     lockstep, ``recv()`` answers the sends in order and the runner pipelines splits;
     True: ``recv()`` answers whichever actor is ready, so a slow sub-env stalls only
     its own actor's. Single-agent Ray envs are always ready-first."""

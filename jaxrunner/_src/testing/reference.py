@@ -1,15 +1,24 @@
-"""PettingZoo envs stepped by hand (parallel envs by their API, AEC envs by PettingZoo's own
-``last()`` loop): what each row of a multi-agent vector step must hold, for the contract."""
+"""What the contract compares a backend with: envs stepped by hand (gymnasium envs as the
+one-agent case, PettingZoo parallel envs by their API, AEC envs by PettingZoo's own
+``last()`` loop), and gymnasium's own SyncVectorEnv."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from pettingzoo import AECEnv, ParallelEnv
+import gymnasium
+from gymnasium.vector import AutoresetMode
 
 MultiAgentEnvFactory = Callable[[], Any]
+ONE_AGENT = "agent"
+"""The agent id of a gymnasium env, the one-agent case."""
+
+
+def gymnasium_reference(env_fns: Sequence[Callable[[], Any]]) -> gymnasium.vector.SyncVectorEnv:
+    """gymnasium's SyncVectorEnv with SAME_STEP autoreset: what every backend must equal."""
+    return gymnasium.vector.SyncVectorEnv(env_fns, autoreset_mode=AutoresetMode.SAME_STEP)
 
 
 @dataclasses.dataclass
@@ -21,13 +30,46 @@ class ExpectedRow:
     done: bool
     env_reward: float
     infos: Any
+    reset_info: Any = None
+    """The info of the SAME_STEP autoreset where ``done`` (gymnasium envs; None else)."""
+
+
+class GymnasiumByHand:
+    """A gymnasium env stepped by hand, one agent: its transition completes in the step,
+    and an ended episode is reset in the same step (unseeded), as SAME_STEP autoreset."""
+
+    reward_atol = 0.0  # one agent: rewards are the env's own, never sums
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        self.env = env
+        self.acting: dict[str, Any] = {}
+        self.started: set[str] = set()
+
+    def reset(self, seed: int | None, options: dict[str, Any] | None = None) -> Any:
+        obs, info = self.env.reset(seed=seed, options=options)
+        self.acting, self.started = {ONE_AGENT: obs}, set()
+        return info
+
+    def step(self, act: Callable[[str], Any]) -> ExpectedRow:
+        obs, reward, terminated, truncated, info = self.env.step(act(ONE_AGENT))
+        self.started.add(ONE_AGENT)
+        done = bool(terminated or truncated)
+        completed = {ONE_AGENT: (obs, float(reward), bool(terminated), bool(truncated))}
+        reset_info = self.reset(None) if done else None
+        if not done:
+            self.acting = {ONE_AGENT: obs}
+        return ExpectedRow(completed, done, float(reward), info, reset_info)
 
 
 class ParallelByHand:
     """A ``ParallelEnv`` stepped by hand: every acting agent's transition completes in
     the step; a reward before an agent's first action goes onto its first transition."""
 
-    def __init__(self, env: ParallelEnv) -> None:
+    # Rewards are sums of the env's rewards; the backends and PettingZoo's own bookkeeping
+    # may add them in another order, so they agree to rounding, not bit for bit.
+    reward_atol = 1e-12
+
+    def __init__(self, env: Any) -> None:
         self.env = env
         self.acting: dict[str, Any] = {}
         self.started: set[str] = set()
@@ -69,7 +111,9 @@ class AECByHand:
     reward (what it received since it acted), flags and observation; what it received
     before its first action is added to its first transition."""
 
-    def __init__(self, env: AECEnv) -> None:
+    reward_atol = ParallelByHand.reward_atol
+
+    def __init__(self, env: Any) -> None:
         self.env = env
         self.acting: dict[str, Any] = {}
         self.started: set[str] = set()
@@ -122,7 +166,14 @@ class AECByHand:
         return ExpectedRow(completed, done, env_reward, infos)
 
 
-def by_hand(factory: MultiAgentEnvFactory) -> ParallelByHand | AECByHand:
+ByHand = GymnasiumByHand | ParallelByHand | AECByHand
+
+
+def by_hand(factory: Callable[[], Any]) -> ByHand:
     """A new env from ``factory``, to be stepped by hand (reset it first)."""
     env = factory()
+    if isinstance(env, gymnasium.Env):
+        return GymnasiumByHand(env)
+    from pettingzoo import AECEnv  # optional: only multi-agent envs need it
+
     return AECByHand(env) if isinstance(env, AECEnv) else ParallelByHand(env)
