@@ -381,7 +381,7 @@ def _one_group(policy_id: str, traj: Trajectory) -> tuple[dict[str, GroupTraject
     """A one-agent env's trajectory as its one group of one agent (``[T, B, 1, ...]``),
     and the env-level fields, as :func:`rollout` returns a JaxMARL-style env's."""
 
-    def slot(x: jax.Array) -> jax.Array:
+    def slot(x: Any) -> Any:  # [T, B, ...] -> [T, B, 1, ...]
         return x[:, :, None]
 
     group = GroupTrajectory(
