@@ -4,7 +4,8 @@ per-group ``[T, B, A_g, ...]`` trajectories with masks, and the multi-agent form
 ``MultiAgentRunner``, ``MultiAgentTrajectory``, ``AgentEpisode``, ``MultiAgentVectorEnv``)
 live at the top level, ``jaxrunner``."""
 
-from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv, to_gymnasium_space
+from jaxrunner._src.backends.functional_env import to_gymnasium_space
+from jaxrunner._src.backends.jax_env import JaxMultiAgentVectorEnv
 from jaxrunner._src.core.agent_groups import (
     AgentGroup,
     PolicyMappingFn,

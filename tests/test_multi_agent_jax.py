@@ -18,6 +18,7 @@ from jaxrunner._src.samplers.env_streams import (
     ENV_STEP_STREAM,
 )
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 from jaxrunner.testing import Drift
 
 
@@ -79,7 +80,7 @@ def test_scan_matches_env_stepped_by_hand():
 
 def test_no_sub_env_objects_to_return():
     envs = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), 2)
-    with pytest.raises(jr.errors.InvalidArgumentError, match="no per-env objects"):
+    with pytest.raises(InvalidArgumentError, match="no per-env objects"):
         envs.get_sub_environments()
 
 
@@ -157,3 +158,41 @@ def test_jaxmarl_mpe_with_connectors_keeps_statistics_of_every_agent_observation
     np.testing.assert_allclose(stats.var, seen.var(0), rtol=1e-3, atol=1e-6)
     assert groups[1].extras["policy_obs"].shape == (30, 4, 3, 2, seen.shape[-1])
     assert np.isfinite(groups[1].extras["scaled_reward"]).all()
+
+
+def test_one_agent_env_is_one_group_of_one_agent():
+    """A MultiAgentRunner on a one-agent JaxVectorEnv: its one group holds the EnvRunner's
+    trajectory with an agent axis of one, bit for bit."""
+    venv = lambda: jr.JaxVectorEnv(jr.testing.RandomWalk(), num_envs=3)  # noqa: E731
+    policy = random_policy(2)
+    params = {"w": jnp.zeros(2)}
+    with jr.EnvRunner(venv(), policy, params, 9, seed=4) as single:
+        trajs = [single.sample().to_numpy() for _ in range(2)]
+        num_episodes = single.get_metrics()["num_episodes"]
+    envs = venv()
+    assert envs.policy_ids == ("default_policy",) and envs.possible_agents == ("agent_0",)
+    with jr.MultiAgentRunner(envs, policy, params, 9, seed=4) as multi:
+        for traj in trajs:
+            out = multi.sample().to_numpy()
+            group = out.groups["default_policy"]
+            for name in ("obs", "action", "reward", "terminated", "truncated", "next_obs"):
+                np.testing.assert_array_equal(getattr(group, name)[:, :, 0], getattr(traj, name))
+            np.testing.assert_array_equal(
+                group.extras["log_prob"][:, :, 0], traj.extras["log_prob"]
+            )
+            assert group.valid.all()
+            np.testing.assert_array_equal(group.agent_step[:, :, 0], traj.step)
+            np.testing.assert_array_equal(out.episode_id, traj.episode_id)
+            np.testing.assert_array_equal(out.env_done, traj.terminated | traj.truncated)
+        assert multi.get_metrics()["num_episodes"] == num_episodes > 0
+
+
+def test_each_kind_refuses_the_other_kinds_options():
+    with pytest.raises(InvalidArgumentError, match="dones_are_truncations"):
+        jr.JaxVectorEnv(jr.testing.RandomWalk(), num_envs=2, dones_are_truncations=True)
+    with pytest.raises(InvalidArgumentError, match="num_envs= by keyword"):
+        jr.JaxVectorEnv(Drift(), 2)
+    envs = jr.JaxVectorEnv(Drift(), num_envs=2, dones_are_truncations=True)
+    assert envs.multi_agent and envs.policy_ids == ("policy_0",)
+    with pytest.raises(InvalidArgumentTypeError, match="JaxMARL-style Drift"):
+        jr.EnvRunner(envs, random_policy(3), {"w": jnp.zeros(3)}, 4, seed=0)

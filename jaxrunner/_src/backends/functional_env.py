@@ -136,25 +136,28 @@ def functions_of(env: Any) -> FunctionalEnv:
     )
 
 
-def from_gymnax_space(space: Any, where: str = "space") -> spaces.Space:
-    """A gymnasium space equal to a gymnax (or duck-typed) space: ``Discrete`` (has
-    ``n``), ``Box`` (has ``low``/``high``/``shape``), ``Dict`` or ``Tuple``."""
+def to_gymnasium_space(space: Any, where: str = "space") -> spaces.Space:
+    """A gymnasium space equal to a gymnax or JaxMARL (or duck-typed) space: ``Discrete``
+    (has ``n``), ``Box`` (has ``low``/``high``/``shape``; ``dtype`` float32 if absent),
+    ``Dict`` or ``Tuple``; a gymnasium space as it is."""
     if isinstance(space, spaces.Space):
         return space
     inner = getattr(space, "spaces", None)
     if isinstance(inner, dict):
-        return spaces.Dict({k: from_gymnax_space(v, f"{where}[{k!r}]") for k, v in inner.items()})
+        return spaces.Dict({k: to_gymnasium_space(v, f"{where}[{k!r}]") for k, v in inner.items()})
     if isinstance(inner, (list, tuple)):
-        return spaces.Tuple([from_gymnax_space(v, f"{where}[{j}]") for j, v in enumerate(inner)])
+        return spaces.Tuple([to_gymnasium_space(v, f"{where}[{j}]") for j, v in enumerate(inner)])
     if hasattr(space, "n") and not hasattr(space, "low"):
         return spaces.Discrete(int(space.n))
-    if all(hasattr(space, a) for a in ("low", "high", "shape", "dtype")):
+    if all(hasattr(space, a) for a in ("low", "high", "shape")):
         shape = tuple(space.shape)
-        dtype = np.dtype(space.dtype)
+        dtype = np.dtype(getattr(space, "dtype", np.float32))
         low = np.broadcast_to(np.asarray(space.low, dtype=dtype), shape)
         high = np.broadcast_to(np.asarray(space.high, dtype=dtype), shape)
         return spaces.Box(low, high, shape, dtype)
     raise InvalidArgumentTypeError(
-        f"JaxVectorEnv: cannot convert {where} ({space!r:.80}) to a gymnasium space; pass "
-        "observation_space=/action_space= as gymnasium spaces."
+        f"JaxVectorEnv: cannot convert {where} ({space!r:.80}) to a gymnasium space; "
+        "expected a Discrete (with n), a Box (with low, high, shape, dtype), or a Dict or "
+        "Tuple of them. For a gymnax env, pass observation_space=/action_space= as "
+        "gymnasium spaces."
     )

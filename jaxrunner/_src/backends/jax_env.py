@@ -1,5 +1,5 @@
-""":class:`JaxVectorEnv`: pure-JAX envs batched with vmap, sampled in one ``lax.scan``.
-See docs/backends/jax.md."""
+""":class:`JaxVectorEnv`: pure-JAX envs (gymnax, functional, brax or JaxMARL style) batched
+with vmap, sampled in one ``lax.scan``. See docs/backends/jax.md."""
 
 from __future__ import annotations
 
@@ -11,30 +11,50 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.backends.brax_adapter import brax_functions, brax_spaces, check_brax_wrappers
 from jaxrunner._src.backends.functional_env import (
     EnvStep,
     FunctionalEnv,
-    from_gymnax_space,
     functions_of,
+    to_gymnasium_space,
 )
+from jaxrunner._src.core.agent_groups import (
+    AgentGroup,
+    GroupedAgents,
+    PolicyMappingFn,
+    build_groups,
+)
+from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 
+ONE_AGENT = "agent_0"
+"""The agent id of a one-agent env's one agent (its group's only slot)."""
 
-class JaxVectorEnv:
-    """``num_envs`` copies of a pure-JAX env, for :class:`~jaxrunner.EnvRunner`.
+
+class JaxVectorEnv(GroupedAgents):
+    """``num_envs`` copies of a pure-JAX env, for :class:`~jaxrunner.EnvRunner` (one agent)
+    or :class:`~jaxrunner.MultiAgentRunner` (a JaxMARL-style env: ``agents``,
+    ``reset(key)``, ``step_env(key, state, actions)`` with ``dones["__all__"]``).
+
+    A one-agent env is one group (policy id ``"default_policy"``) of one agent
+    (``"agent_0"``); an ``EnvRunner`` sees it without an agent axis.
 
     Args:
-        env: a gymnax environment or a functional env (see docs/backends/jax.md).
-            For brax-style envs use :meth:`from_brax`.
-        env_params: the params passed to every ``reset``/``step`` call (``None``: the
-            env's ``default_params`` if it has them).
+        env: a gymnax environment, a functional env (see docs/backends/jax.md) or a
+            JaxMARL-style env (it has ``agents``). For brax-style envs use
+            :meth:`from_brax`.
+        env_params: one agent: the params passed to every ``reset``/``step`` call
+            (``None``: the env's ``default_params`` if it has them).
         num_envs: B, the number of envs stepped in lockstep.
-        observation_space: a single env's observation space (gymnasium). Default:
-            converted from ``env.observation_space(env_params)``.
-        action_space: a single env's action space (gymnasium). Default: converted from
-            ``env.action_space(env_params)``.
+        observation_space: one agent: a single env's observation space (gymnasium).
+            Default: converted from ``env.observation_space(env_params)``.
+        action_space: one agent: a single env's action space (gymnasium). Default:
+            converted from ``env.action_space(env_params)``.
+        policy_mapping_fn: JaxMARL: ``agent_id -> policy_id`` (None: one shared policy
+            per distinct pair of spaces).
+        dones_are_truncations: JaxMARL: report ``dones`` as ``truncated`` (time limits, as
+            in MPE, whose episodes only end at ``max_steps``) instead of ``terminated``.
 
     Raises:
         SpaceMismatchError: ``reset`` returns observations that differ in structure,
@@ -42,7 +62,9 @@ class JaxVectorEnv:
     """
 
     multi_agent = False
-    """The kind of env (see ``BaseVectorEnv.multi_agent``): one agent."""
+    """The kind of env (see ``BaseVectorEnv.multi_agent``), set per instance: True for a
+    JaxMARL-style env (agents in policy groups), False for one agent."""
+    turn_based = False
 
     def __init__(
         self,
@@ -53,16 +75,47 @@ class JaxVectorEnv:
         observation_space: spaces.Space | None = None,
         action_space: spaces.Space | None = None,
         functions: FunctionalEnv | None = None,
+        policy_mapping_fn: PolicyMappingFn | None = None,
+        dones_are_truncations: bool = False,
     ) -> None:
-        check_int("JaxVectorEnv", "num_envs", num_envs)
+        num_envs = check_int("JaxVectorEnv", "num_envs", num_envs)
+        if functions is None and hasattr(env, "agents"):
+            given = {"env_params": env_params, "observation_space": observation_space}
+            for name, value in {**given, "action_space": action_space}.items():
+                if value is not None:
+                    raise InvalidArgumentError(
+                        f"JaxVectorEnv({name}=...): {type(env).__name__} is a JaxMARL-style "
+                        f"env (it has agents), which takes no {name}; its spaces come from "
+                        "env.observation_space(agent) and env.action_space(agent). Leave "
+                        f"{name}=None"
+                        + (" (and num_envs= by keyword)." if name == "env_params" else ".")
+                    )
+            self._init_agents("JaxVectorEnv", env, num_envs, policy_mapping_fn)
+            self.dones_are_truncations = check_bool(
+                "JaxVectorEnv", "dones_are_truncations", dones_are_truncations
+            )
+            return
+        for name, value in (
+            ("policy_mapping_fn", policy_mapping_fn is not None),
+            ("dones_are_truncations", dones_are_truncations is not False),
+        ):
+            if value:
+                raise InvalidArgumentError(
+                    f"JaxVectorEnv({name}=...): {type(env).__name__} is a one-agent env "
+                    f"(it has no agents), which takes no {name}; it applies to JaxMARL-style "
+                    f"envs only. Leave {name} at its default."
+                )
+        self.multi_agent = False
+        """False: one agent, no agent axis (``EnvRunner``); True: a JaxMARL-style env."""
         if functions is None:
             functions = functions_of(env)
         if env_params is None:
             env_params = getattr(env, "default_params", None)
         self.env = env
-        self.functions = functions
+        self.functions: FunctionalEnv | None = functions
+        """One env's pure functions (None for a JaxMARL-style env: its own methods)."""
         self.params = env_params
-        self.num_envs = int(num_envs)
+        self.num_envs = num_envs
         self.single_observation_space = self._space(
             observation_space, env, "observation_space", env_params
         )
@@ -78,7 +131,36 @@ class JaxVectorEnv:
         self.action_space = gymnasium.vector.utils.batch_space(
             self.single_action_space, self.num_envs
         )
-        self._check_reset_obs()
+        self.dones_are_truncations = False
+        self.groups: tuple[AgentGroup, ...] = (
+            AgentGroup(
+                DEFAULT_POLICY_ID,
+                (ONE_AGENT,),
+                self.single_observation_space,
+                self.single_action_space,
+            ),
+        )
+        self._check_reset_obs(functions)
+
+    def _init_agents(
+        self, where: str, env: Any, num_envs: int, policy_mapping_fn: PolicyMappingFn | None
+    ) -> None:
+        """The JaxMARL-style env's part of ``__init__``: its groups from its agents."""
+        for name in ("agents", "reset", "step_env", "observation_space", "action_space"):
+            if not hasattr(env, name):
+                raise InvalidArgumentTypeError(
+                    f"{where}(env=...): {type(env).__name__} has no {name!r}; "
+                    "expected a JaxMARL-style env (agents, reset, step_env, observation_space, "
+                    "action_space)."
+                )
+        self.multi_agent = True
+        self.env, self.functions, self.params, self.num_envs = env, None, None, num_envs
+        self.groups = build_groups(
+            list(env.agents),
+            lambda a: to_gymnasium_space(env.observation_space(a), f"observation_space({a!r})"),
+            lambda a: to_gymnasium_space(env.action_space(a), f"action_space({a!r})"),
+            policy_mapping_fn,
+        )
 
     @classmethod
     def from_brax(
@@ -112,12 +194,21 @@ class JaxVectorEnv:
     # -- batched pure functions (used inside jit) ---------------------------------------
 
     def reset(self, keys: jax.Array, params: Any) -> tuple[Any, Any]:
-        """Resets B envs, env ``i`` with ``keys[i]``: ``(obs [B, ...], state [B, ...])``."""
+        """Resets B envs, env ``i`` with ``keys[i]``: ``(obs [B, ...], state [B, ...])``
+        (JaxMARL: ``obs`` a dict by agent, ``params`` unused)."""
+        if self.functions is None:
+            return jax.vmap(self.env.reset)(keys)
         return jax.vmap(self.functions.reset, in_axes=(0, None))(keys, params)
 
     def step(self, keys: jax.Array, state: Any, action: Any, params: Any) -> EnvStep:
-        """Steps B envs (no reset): an :class:`EnvStep` of ``[B, ...]`` arrays."""
+        """Steps B one-agent envs (no reset): an :class:`EnvStep` of ``[B, ...]`` arrays."""
+        assert self.functions is not None, "a JaxMARL-style env steps with step_agents"
         return jax.vmap(self.functions.step, in_axes=(0, 0, 0, None))(keys, state, action, params)
+
+    def step_agents(self, keys: jax.Array, state: Any, actions: dict[str, Any]) -> tuple:
+        """Steps B JaxMARL-style envs (no reset): ``(obs, state, rewards, dones, infos)``,
+        dicts by agent id of ``[B, ...]`` arrays (``dones["__all__"]``: the env's)."""
+        return jax.vmap(self.env.step_env)(keys, state, actions)
 
     def close(self) -> None:
         """Nothing to release (kept for the vector-env interface)."""
@@ -126,10 +217,11 @@ class JaxVectorEnv:
         """Refused: the envs are one env's pure functions vmapped over a batch of states,
         with no per-env Python object."""
         raise InvalidArgumentError(
-            "JaxVectorEnv.get_sub_environments(): a pure-JAX vector env has no per-env "
-            "objects (one env's functions are vmapped over a batch of states held by the "
-            "runner's compiled scan; .env is the one env object, shared by all). For "
-            "per-sub-env access use a gymnasium env with make_vec(..., backend='sync')."
+            f"{type(self).__name__}.get_sub_environments(): a pure-JAX vector env has no "
+            "per-env objects (one env's functions are vmapped over a batch of states held "
+            "by the runner's compiled scan; .env is the one env object, shared by all). For "
+            "per-sub-env access use a gymnasium env with make_vec(..., backend='sync'), or a "
+            "PettingZoo env with make_vec(..., backend='sync')."
         )
 
     def __enter__(self) -> JaxVectorEnv:
@@ -139,7 +231,7 @@ class JaxVectorEnv:
         self.close()
 
     def __repr__(self) -> str:
-        return f"JaxVectorEnv({type(self.env).__name__}, num_envs={self.num_envs})"
+        return f"{type(self).__name__}({type(self.env).__name__}, num_envs={self.num_envs})"
 
     # -- construction helpers ----------------------------------------------------------
 
@@ -158,13 +250,13 @@ class JaxVectorEnv:
                 f"JaxVectorEnv: {type(env).__name__} has no {name}(params) method; pass "
                 f"{name}= (a gymnasium space for one env)."
             )
-        return from_gymnax_space(method(params), name)
+        return to_gymnasium_space(method(params), name)
 
-    def _check_reset_obs(self) -> None:
+    def _check_reset_obs(self, functions: FunctionalEnv) -> None:
         """Invariant 6: the env's observations have the space's structure, shapes and
         dtypes (dtypes as JAX stores them: float64 spaces are float32 without x64)."""
         space = self.single_observation_space
-        obs = jax.eval_shape(self.functions.reset, jax.random.key(0), self.params)[0]
+        obs = jax.eval_shape(functions.reset, jax.random.key(0), self.params)[0]
         expected = space_arrays.allocate(space, ())
 
         def check(exp: np.ndarray, got: Any) -> None:
@@ -185,3 +277,23 @@ class JaxVectorEnv:
                 f"JaxVectorEnv: the structure of {type(self.env).__name__}'s observations "
                 f"({jax.tree.structure(obs)}) does not match the observation space {space}."
             ) from err
+
+
+class JaxMultiAgentVectorEnv(JaxVectorEnv):
+    """:class:`JaxVectorEnv` of a JaxMARL-style env, built with the multi-agent argument
+    order (``env, num_envs``; see :class:`JaxVectorEnv` for the keywords). The env must
+    have ``agents``."""
+
+    def __init__(
+        self,
+        env: Any,
+        num_envs: int,
+        *,
+        policy_mapping_fn: PolicyMappingFn | None = None,
+        dones_are_truncations: bool = False,
+    ) -> None:
+        where = "JaxMultiAgentVectorEnv"
+        self._init_agents(where, env, check_int(where, "num_envs", num_envs), policy_mapping_fn)
+        self.dones_are_truncations = check_bool(
+            where, "dones_are_truncations", dones_are_truncations
+        )

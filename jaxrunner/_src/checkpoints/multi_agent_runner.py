@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.checkpoints.env_runner import (
     RestoreReport,
     put_env_snapshot,
@@ -37,7 +37,7 @@ def save(runner: Runner, path: str | os.PathLike) -> None:
     put_tree(arrays, "sampler", runner.sampler.get_state())
     state = runner.state
     metrics_paths = put_tree(arrays, "metrics", state.metrics.get_state())
-    if isinstance(envs, JaxMultiAgentVectorEnv):  # pure: its states are in the sampler's
+    if isinstance(envs, JaxVectorEnv):  # pure: its states are in the sampler's
         envs_kind, envs_note = "pytree", "the env states are arrays in the sampler's state"
     else:
         envs_kind, envs_note = put_env_snapshot(arrays, envs, envs.can_snapshot)

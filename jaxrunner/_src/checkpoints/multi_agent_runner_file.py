@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.checkpoints import env_runner_file as checkpoint_file
 from jaxrunner._src.checkpoints.format import Part
 from jaxrunner._src.checkpoints.header_checks import leading
@@ -94,7 +94,7 @@ class MultiAgentCheckpointFile(CheckpointReader):
         super().__init__("MultiAgentRunner", path, runner.state.metrics)
         self.runner = runner
         self.sampler, self.envs = runner.sampler, runner.envs
-        self.pure = isinstance(self.envs, JaxMultiAgentVectorEnv)
+        self.pure = isinstance(self.envs, JaxVectorEnv)
         """A pure-JAX env: its states are in the sampler state (``envs`` is ``"pytree"``)."""
 
     def read(

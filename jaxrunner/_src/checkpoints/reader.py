@@ -196,7 +196,7 @@ class CheckpointReader:
         return ids, next_id, steps_done
 
     def check_rollout(self, rollout: Any, where: str) -> tuple[np.ndarray, int, int]:
-        """Checks a scan sampler's :class:`~jaxrunner._src.samplers.scan_loop.RolloutState`
+        """Checks a scan sampler's :class:`~jaxrunner._src.samplers.scan.RolloutState`
         (its episode bookkeeping); returns as :meth:`check_book` does."""
         ids = np.asarray(rollout.episode_id)
         next_id, steps_done = int(rollout.next_episode_id), int(rollout.num_steps)

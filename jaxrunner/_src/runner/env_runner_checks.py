@@ -29,7 +29,7 @@ def check_arguments(
     num_splits: Any,
 ) -> None:
     """Refuses arguments of the wrong kind, naming the argument and the fix."""
-    if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
+    if not isinstance(envs, (VectorEnv, JaxVectorEnv)) or is_multi_agent(envs):
         if is_multi_agent(envs):
             hint = "Multi-agent envs are sampled by jaxrunner.MultiAgentRunner."
         elif isinstance(envs, gymnasium.vector.VectorWrapper):
@@ -41,9 +41,11 @@ def check_arguments(
             )
         else:
             hint = "Build one with jaxrunner.make_vec(env_id_or_factory, num_envs)."
+        got = type(envs).__name__
+        if isinstance(envs, JaxVectorEnv):
+            got += f" of the JaxMARL-style {type(envs.env).__name__}"
         raise InvalidArgumentTypeError(
-            f"EnvRunner(envs=...): expected a jaxrunner vector env, got "
-            f"{type(envs).__name__}. {hint}"
+            f"EnvRunner(envs=...): expected a jaxrunner vector env, got {got}. {hint}"
         )
     if not isinstance(policy, Policy):
         raise InvalidArgumentTypeError(

@@ -11,7 +11,7 @@ import jax
 
 from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.backends.capabilities import is_multi_agent
-from jaxrunner._src.backends.multi_agent.jax_env import JaxMultiAgentVectorEnv
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.checkpoints import multi_agent_runner as checkpoint
 from jaxrunner._src.checkpoints.env_runner import RestoreReport
@@ -31,7 +31,7 @@ from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner._src.runner.ownership import EnvOwner, check_rollout_arguments
 from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
 from jaxrunner._src.samplers.multi_agent import MultiAgentSampler, MultiAgentSetup
-from jaxrunner._src.samplers.multi_agent_scan import MultiAgentScanSampler
+from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
@@ -43,10 +43,10 @@ class MultiAgentRunner(EnvOwner):
 
     Args:
         envs: a :class:`~jaxrunner.MultiAgentVectorEnv`
-            (:func:`jaxrunner.make_vec` of PettingZoo envs, stepped on the
-            host) or a :class:`~jaxrunner.multi_agent.JaxMultiAgentVectorEnv` (a pure-JAX,
-            JaxMARL-style env: one jitted scan per sample, arrays on device), owned by
-            the runner until :meth:`stop`.
+            (:func:`jaxrunner.make_vec` of PettingZoo envs, stepped on the host) or a
+            :class:`~jaxrunner.JaxVectorEnv` (a pure-JAX env, JaxMARL-style or one group
+            of one agent: one jitted scan per sample, arrays on device), owned by the
+            runner until :meth:`stop`.
         policies: one :class:`~jaxrunner.Policy` for every policy id, or a dict
             ``policy_id -> Policy`` (``envs.policy_ids``).
         params: ``policy_id -> params`` (or the params alone, when there is one policy id).
@@ -73,7 +73,7 @@ class MultiAgentRunner(EnvOwner):
 
     def __init__(
         self,
-        envs: MultiAgentVectorEnv | JaxMultiAgentVectorEnv,
+        envs: MultiAgentVectorEnv | JaxVectorEnv,
         policies: Policy | Mapping[str, Policy],
         params: Params,
         rollout_length: int,
@@ -84,11 +84,11 @@ class MultiAgentRunner(EnvOwner):
         callbacks: AgentCallbacks | None = None,
         num_splits: int | None = None,
     ) -> None:
-        if not is_multi_agent(envs):
+        if not (is_multi_agent(envs) or isinstance(envs, JaxVectorEnv)):
             raise InvalidArgumentTypeError(
-                f"MultiAgentRunner(envs=...): expected a multi-agent vector env, got "
-                f"{type(envs).__name__}. Build one with jaxrunner.make_vec(env_fn, "
-                "num_envs), env_fn returning a PettingZoo env."
+                f"MultiAgentRunner(envs=...): expected a multi-agent vector env or a "
+                f"jaxrunner.JaxVectorEnv, got {type(envs).__name__}. Build one with "
+                "jaxrunner.make_vec(env_fn, num_envs), env_fn returning a PettingZoo env."
             )
         ids = envs.policy_ids
         self._policies = _per_policy("policies", policies, ids, single=isinstance(policies, Policy))
@@ -136,15 +136,15 @@ class MultiAgentRunner(EnvOwner):
                 self.state.metrics,
                 connectors=self.connectors,
             )
-            self.sampler: MultiAgentSampler | MultiAgentScanSampler
-            if isinstance(envs, JaxMultiAgentVectorEnv):  # one jitted scan per sample
+            self.sampler: MultiAgentSampler | ScanSampler
+            if isinstance(envs, JaxVectorEnv):  # one jitted scan per sample
                 if num_splits not in (None, 1):
                     raise InvalidArgumentError(
                         f"MultiAgentRunner(num_splits={num_splits!r}): a pure-JAX env is "
                         "sampled as one jitted scan; pipelining splits do not apply. Leave "
                         "num_splits=None."
                     )
-                self.sampler = MultiAgentScanSampler(envs, setup)
+                self.sampler = ScanSampler(envs, setup)
             else:
                 first = envs.reset_batch(env_seeds(seed, envs.num_envs))
                 self.sampler = MultiAgentSampler(envs, first, setup, num_splits=num_splits)
@@ -265,7 +265,7 @@ class MultiAgentRunner(EnvOwner):
         for pid, value in state.items():
             check_state_like(pid, self.sampler.get_connector_state(pid), value)
         for pid, value in state.items():
-            self.sampler.set_connector_state(pid, value)
+            self.sampler.set_connector_state(policy_id=pid, state=value)
 
     def get_metrics(self) -> dict[str, Any]:
         """Env steps and agent steps (counted apart), env episodes (returns summed

@@ -1,5 +1,5 @@
-"""The envs' random streams in a scan, and their resets (the loop of
-:mod:`jaxrunner._src.samplers.scan`, which both scan samplers run, states the key rule)."""
+"""The envs' random streams in a scan, and their resets (the scan of
+:mod:`jaxrunner._src.samplers.scan`, whose loop states the key rule)."""
 
 from __future__ import annotations
 

@@ -1,151 +1,593 @@
-"""The scan sampler: policy, env, autoreset and bookkeeping in one jitted ``lax.scan``,
-for a :class:`~jaxrunner.JaxVectorEnv`. See docs/backends/jax.md."""
+"""The scan sampler: policy, env, autoreset and bookkeeping of a
+:class:`~jaxrunner.JaxVectorEnv` in one ``lax.scan`` compiled ahead of time, for one-agent
+and JaxMARL-style envs alike. See docs/backends/jax.md."""
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxrunner._src.samplers.keys as keys
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.functional_env import EnvStep
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.connectors.pipeline import (
+    POLICY_OBS,
     Connectors,
     ConnectorsState,
+    finish_group_sample,
 )
 from jaxrunner._src.connectors.state_rows import device_copy
+from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory, MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.trajectory import Trajectory
+from jaxrunner._src.samplers.agent_episodes import agent_episode_ends
+from jaxrunner._src.samplers.env_streams import (
+    env_roots,
+    env_step_keys,
+    first_reset_keys,
+    reset_where_done,
+)
+from jaxrunner._src.samplers.episode_ids import SampleCounts
+from jaxrunner._src.samplers.multi_agent import MultiAgentSetup
 from jaxrunner._src.samplers.policy_step import ActorState, act, initial_actor_state
 from jaxrunner._src.samplers.sampler import Sampler, SamplerSetup, StepProgress
-from jaxrunner._src.samplers.scan_loop import (
-    RolloutState,
-    ScanLoop,
-    episode_counts,
-    finish_sample,
-    initial_state,
-    scan_envs,
-)
 from jaxrunner.errors import InvalidArgumentError
+
+
+class RolloutState(flax.struct.PyTreeNode):
+    """Everything the scan carries from one step (and one ``sample()``) to the next."""
+
+    obs: Any
+    """[B, ...] observations to act on (a JaxMARL-style env's: a dict by agent)."""
+    env_state: Any
+    """[B, ...] env states."""
+    actor: Any
+    """The policy side's state, which only the step function reads: a one-agent env's
+    :class:`ActorState` (policy keys, per-env step counts and recurrent state, as in the
+    host loop), or a JaxMARL-style env's groups (see :func:`_step`)."""
+    env_roots: jax.Array
+    """[2, ...] the step and reset roots (raw key data)."""
+    num_steps: jax.Array
+    """[] uint32: steps every env has taken (they step in lockstep)."""
+    episode_start: jax.Array
+    """[B] bool: ``obs`` is the first observation of an episode."""
+    episode_id: jax.Array
+    """[B] the id of each env's current episode."""
+    episode_step: jax.Array
+    """[B] steps taken in the current episode."""
+    episode_return: jax.Array
+    """[B] reward summed over the current episode."""
+    next_episode_id: jax.Array
+    """[] the next free episode id."""
+
+
+StepFn = Callable[[Any, Any, jax.Array, Any, jax.Array], tuple[EnvStep, Any, Any]]
+"""``(actor, obs, episode_start, env_state, step_keys) -> (env_step, record, actor)``:
+the policy acts on ``[B]`` envs and the envs step (no reset) with ``step_keys``;
+``record`` is what the scan stacks besides the env-level fields."""
+
+
+def initial_state(
+    reset: Callable[[jax.Array], tuple[Any, Any]], actor: Any, seed: int, num_envs: int
+) -> RolloutState:
+    """Resets every env with its first-reset key (``reset(keys) -> (obs, env_state)``,
+    ``[B]`` envs); pure, jit it."""
+    obs, env_state = reset(first_reset_keys(seed, jnp.arange(num_envs)))
+    int_dtype = jax.dtypes.canonicalize_dtype(np.int64)
+    return RolloutState(
+        obs=obs,
+        env_state=env_state,
+        actor=actor,
+        env_roots=jax.random.key_data(env_roots(seed)),
+        num_steps=jnp.zeros((), jnp.uint32),
+        episode_start=jnp.ones(num_envs, bool),
+        episode_id=jnp.arange(num_envs, dtype=int_dtype),
+        episode_step=jnp.zeros(num_envs, int_dtype),
+        episode_return=jnp.zeros(num_envs, jax.dtypes.canonicalize_dtype(np.float64)),
+        next_episode_id=jnp.asarray(num_envs, int_dtype),
+    )
+
+
+def scan_envs(
+    step_fn: StepFn,
+    reset: Callable[[jax.Array], tuple[Any, Any]],
+    num_steps: int,
+    state: RolloutState,
+) -> tuple[RolloutState, Any, dict[str, jax.Array], jax.Array]:
+    """``num_steps`` steps of every env (pure; jit it): ``step_fn``, then the resets of
+    the envs whose episode ended (``reset`` as for :func:`initial_state`) and the
+    episode numbering.
+
+    Returns:
+        The new state, the stacked records ``[T, B, ...]``, the env-level fields
+        ``[T, B]`` (``reward``, ``terminated``, ``truncated``, ``episode_id``, ``step``,
+        ``total``: the episode's return so far) and ``ends``, a ``[2, T, B]`` float
+        array: the return (``[0]``) and length (``[1]``) of each episode that ended at
+        ``[t, b]`` (length 0 where none did).
+    """
+    env_ids = jnp.arange(state.episode_id.shape[0])
+
+    def step(s: RolloutState, _: None) -> tuple[RolloutState, tuple[Any, dict[str, Any]]]:
+        roots = keys.wrap(s.env_roots)
+        key_step = env_step_keys(roots[0], s.num_steps, env_ids)
+        out, record, actor = step_fn(s.actor, s.obs, s.episode_start, s.env_state, key_step)
+        done = jnp.logical_or(out.terminated, out.truncated)
+        obs, env_state = reset_where_done(
+            done, (out.obs, out.state), reset, roots[1], s.num_steps, env_ids
+        )
+        total = s.episode_return + out.reward
+        # New ids in env order within the step, as the host loop gives them.
+        new_ids = s.next_episode_id + jnp.cumsum(done, dtype=s.episode_id.dtype)
+        # Only what varies per step is stacked by the scan (each output costs a write
+        # per step); the rest is derived after the loop.
+        env = {
+            "reward": out.reward,
+            "terminated": out.terminated,
+            "truncated": out.truncated,
+            "episode_id": s.episode_id,
+            "step": s.episode_step,
+            "total": total,
+        }
+        new_state = RolloutState(
+            obs=obs,
+            env_state=env_state,
+            actor=actor,
+            env_roots=s.env_roots,
+            num_steps=s.num_steps + 1,
+            episode_start=done,
+            episode_id=jnp.where(done, new_ids - 1, s.episode_id),
+            episode_step=jnp.where(done, 0, s.episode_step + 1),
+            episode_return=jnp.where(done, 0, total),
+            next_episode_id=new_ids[-1],
+        )
+        return new_state, (record, env)
+
+    state, (record, env) = jax.lax.scan(step, state, None, length=num_steps)
+    done = jnp.logical_or(env["terminated"], env["truncated"])
+    ends = jnp.stack(
+        [
+            jnp.where(done, env["total"], 0),
+            jnp.where(done, env["step"] + 1, 0).astype(env["total"].dtype),
+        ],
+    )
+    return state, record, env, ends
+
+
+# -- the kind-specific parts: an env's actor state, and its step read into records ------
+
+
+def _actors(envs: JaxVectorEnv, actor: Any) -> dict[str, ActorState]:
+    """Each group's :class:`ActorState` by policy id (a one-agent env's actor is its one
+    group's)."""
+    if envs.multi_agent:
+        return dict(actor["actors"])
+    return {envs.groups[0].policy_id: actor}
+
+
+def _with_actors(envs: JaxVectorEnv, actor: Any, actors: dict[str, ActorState]) -> Any:
+    """``actor`` with the groups' actor states ``actors`` (the inverse of :func:`_actors`)."""
+    if envs.multi_agent:
+        return {**actor, "actors": actors}
+    return actors[envs.groups[0].policy_id]
+
+
+def _stack(values: dict[str, Any], agents: tuple[str, ...]) -> Any:
+    """``[B, A, ...]`` from a dict of ``[B, ...]`` per agent."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs, axis=1), *[values[a] for a in agents])
+
+
+def _step(
+    envs: JaxVectorEnv,
+    policies: dict[str, Policy],
+    connectors: dict[str, Connectors],
+    params: dict[str, Params],
+    env_params: Any,
+    actor: Any,
+    obs: Any,
+    episode_start: jax.Array,
+    env_state: Any,
+    step_keys: jax.Array,
+) -> tuple[EnvStep, Any, Any]:
+    """The scan's step function (:data:`StepFn`): every group acts on its rows (one per
+    env and agent slot: a one-agent env's rows are its envs, all acting, with no mask),
+    then the envs step (a JaxMARL-style env's step is read by :func:`_read_agents`)."""
+    num_envs, actors = envs.num_envs, _actors(envs, actor)
+    if envs.multi_agent:
+        rows = {
+            g.policy_id: jax.tree.map(
+                lambda x: x.reshape(num_envs * x.shape[1], *x.shape[2:]), _stack(obs, g.agents)
+            )
+            for g in envs.groups
+        }
+    else:
+        rows = {envs.groups[0].policy_id: obs}
+    acted = {}
+    for g in envs.groups:
+        pid = g.policy_id
+        active = actor["alive"][pid].ravel() if envs.multi_agent else None
+        # Every agent of an env starts an episode where the env does.
+        start = episode_start if g.num_agents == 1 else jnp.repeat(episode_start, g.num_agents)
+        action, env_action, extras, actors[pid] = act(
+            policies[pid].apply_fn,
+            params[pid],
+            actors[pid],
+            rows[pid],
+            start,
+            active,
+            connectors.get(pid),
+        )
+        # Checked while tracing (shapes only), before the env sees the actions.
+        space_arrays.check_policy_actions(g.action_space, action, num_envs * g.num_agents)
+        acted[pid] = (action, env_action, extras)
+    if envs.multi_agent:
+        return _read_agents(envs, actor, actors, rows, acted, env_state, step_keys)
+    pid = envs.groups[0].policy_id
+    action, env_action, extras = acted[pid]
+    clip = space_arrays.clip_box_actions_jax(envs.single_action_space)
+    out = envs.step(step_keys, env_state, clip(env_action), env_params)
+    record = {"obs": obs, "action": action, "next_obs": out.obs, "extras": extras}
+    return out, record, actors[pid]
+
+
+def _read_agents(
+    envs: JaxVectorEnv,
+    actor: dict[str, Any],
+    actors: dict[str, ActorState],
+    rows: dict[str, Any],
+    acted: dict[str, tuple[Any, Any, Any]],
+    env_state: Any,
+    step_keys: jax.Array,
+) -> tuple[EnvStep, dict[str, GroupTrajectory], dict[str, Any]]:
+    """A JaxMARL-style env's step, read into each group's slots ``[B, A_g]``. ``actor``
+    holds per policy id the groups' ``actors`` (policy state, one row per slot),
+    ``alive`` (the slot's agent acts this step) and ``agent_step`` (its steps in its
+    agent episode)."""
+    num_envs = envs.num_envs
+    actions, slots = {}, {}
+    for g in envs.groups:
+
+        def to_slots(x: jax.Array, a_g: int = g.num_agents) -> jax.Array:
+            return x.reshape(num_envs, a_g, *x.shape[1:])
+
+        obs_g, (action, env_action, extras) = jax.tree.map(
+            to_slots, (rows[g.policy_id], acted[g.policy_id])
+        )
+        for k, agent in enumerate(g.agents):
+            actions[agent] = jax.tree.map(lambda x, k=k: x[:, k], env_action)
+        slots[g.policy_id] = (obs_g, action, extras)
+    next_obs, env_state, rewards, dones, _ = envs.step_agents(step_keys, env_state, actions)
+    done_all = dones["__all__"]
+    reset_all = done_all[:, None]
+    groups, alive_next, agent_step = {}, {}, {}
+    env_reward = jnp.zeros(num_envs, jnp.float32)
+    for g in envs.groups:
+        pid = g.policy_id
+        obs_g, action, extras = slots[pid]
+        valid = actor["alive"][pid]
+        reward = jnp.where(valid, _stack(rewards, g.agents).astype(jnp.float32), 0.0)
+        env_reward = env_reward + reward.sum(1)
+        done_a = _stack(dones, g.agents) & valid
+        ended = valid & (done_a | reset_all)
+        if envs.dones_are_truncations:
+            terminated, truncated = jnp.zeros_like(ended), ended
+        else:
+            terminated, truncated = done_a, ended & ~done_a
+
+        def mask(x: jax.Array, valid: jax.Array = valid) -> jax.Array:
+            return jnp.where(valid.reshape(*valid.shape, *([1] * (x.ndim - 2))), x, 0)
+
+        step_g = actor["agent_step"][pid]
+        groups[pid] = GroupTrajectory(
+            obs=jax.tree.map(mask, obs_g),
+            action=jax.tree.map(mask, action),
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            next_obs=jax.tree.map(mask, _stack(next_obs, g.agents)),
+            extras=jax.tree.map(mask, extras),
+            valid=valid,
+            agent_step=jnp.where(valid, step_g, 0),
+        )
+        alive_next[pid] = reset_all | (valid & ~done_a)
+        agent_step[pid] = jnp.where(reset_all | ended, 0, step_g + valid)
+    out = EnvStep(next_obs, env_state, env_reward, done_all, jnp.zeros_like(done_all))
+    return out, groups, {"actors": actors, "alive": alive_next, "agent_step": agent_step}
+
+
+# -- the rollout and its views ----------------------------------------------------------
+
+
+def _finish(finish: Callable[..., tuple], actor: ActorState, traj: Any) -> tuple[Any, Any]:
+    """The connectors' per-sample part on a device :class:`Trajectory` or
+    :class:`GroupTrajectory` (pure), with the connectors' state of ``actor``: ``finish``
+    is :meth:`Connectors.finish_sample`, or :func:`finish_group_sample` for a group's.
+    Returns the trajectory and the new actor state."""
+    extras, state = finish(
+        actor.connectors,
+        traj.obs,
+        traj.extras.get(POLICY_OBS),
+        traj.next_obs,
+        traj.reward,
+        traj.terminated,
+        traj.truncated,
+        traj.valid,
+    )
+    return traj.replace(extras={**traj.extras, **extras}), actor.replace(connectors=state)
 
 
 def rollout(
     envs: JaxVectorEnv,
-    policy: Policy,
+    policies: dict[str, Policy],
+    connectors: dict[str, Connectors],
     num_steps: int,
-    params: Params,
+    as_groups: bool,
+    params: dict[str, Params],
     state: RolloutState,
     env_params: Any,
-    connectors: Connectors | None = None,
-) -> tuple[RolloutState, Trajectory, jax.Array]:
-    """``num_steps`` steps of every env (pure; jit it). With ``connectors``, they run in
-    each step and, at the end, over the whole rollout (see :mod:`jaxrunner.connectors`).
+) -> tuple[RolloutState, Any, jax.Array]:
+    """``num_steps`` steps of every env (pure; jit it), then each group's per-sample
+    connectors (see :mod:`jaxrunner.connectors`).
 
     Returns:
-        The new state, the :class:`Trajectory` ``[T, B, ...]`` and the ``ends`` of
-        :func:`~.scan_loop.scan_envs`.
+        The new state; a one-agent env's :class:`Trajectory` ``[T, B, ...]`` or, with
+        ``as_groups`` (a JaxMARL-style env always), the groups (``[T, B, A_g, ...]``)
+        and the env-level fields a :class:`MultiAgentTrajectory` reads (XLA drops the
+        others from the loop); and the ``ends`` of :func:`scan_envs`.
     """
-    clip = space_arrays.clip_box_actions_jax(envs.single_action_space)
-
-    def step_fn(
-        actor: ActorState, obs: Any, start: jax.Array, env_state: Any, step_keys: jax.Array
-    ) -> tuple[EnvStep, dict[str, Any], ActorState]:
-        action, env_action, extras, actor = act(
-            policy.apply_fn, params, actor, obs, start, None, connectors
-        )
-        # Checked while tracing (shapes only), before the env sees the actions.
-        space_arrays.check_policy_actions(envs.single_action_space, action, envs.num_envs)
-        out = envs.step(step_keys, env_state, clip(env_action), env_params)
-        record = {"obs": obs, "action": action, "next_obs": out.obs, "extras": extras}
-        return out, record, actor
-
+    step = functools.partial(_step, envs, policies, connectors, params, env_params)
     state, rec, env, ends = scan_envs(
-        step_fn, lambda reset_keys: envs.reset(reset_keys, env_params), num_steps, state
+        step, lambda reset_keys: envs.reset(reset_keys, env_params), num_steps, state
     )
-    shape = (num_steps, envs.num_envs)
-    traj = Trajectory(
-        obs=rec["obs"],
-        action=rec["action"],
-        reward=env["reward"],
-        terminated=env["terminated"],
-        truncated=env["truncated"],
-        next_obs=rec["next_obs"],
-        extras=rec["extras"],
-        env_id=jnp.broadcast_to(jnp.arange(envs.num_envs, dtype=state.episode_id.dtype), shape),
-        episode_id=env["episode_id"],
-        step=env["step"],
+    actors = _actors(envs, state.actor)
+    if envs.multi_agent:
+        for pid, conn in connectors.items():
+            if conn.per_sample:
+                finish = functools.partial(finish_group_sample, conn)
+                rec[pid], actors[pid] = _finish(finish, actors[pid], rec[pid])
+        fields = {"done": env["terminated"], "episode_id": env["episode_id"], "step": env["step"]}
+        out: Any = (rec, fields)
+    else:
+        shape = (num_steps, envs.num_envs)
+        out = Trajectory(
+            obs=rec["obs"],
+            action=rec["action"],
+            reward=env["reward"],
+            terminated=env["terminated"],
+            truncated=env["truncated"],
+            next_obs=rec["next_obs"],
+            extras=rec["extras"],
+            env_id=jnp.broadcast_to(jnp.arange(envs.num_envs, dtype=state.episode_id.dtype), shape),
+            episode_id=env["episode_id"],
+            step=env["step"],
+        )
+        pid = envs.groups[0].policy_id
+        conn = connectors.get(pid)
+        if conn is not None and conn.per_sample:
+            out, actors[pid] = _finish(conn.finish_sample, actors[pid], out)
+        if as_groups:
+            out = _one_group(pid, out)
+    return state.replace(actor=_with_actors(envs, state.actor, actors)), out, ends
+
+
+def _one_group(policy_id: str, traj: Trajectory) -> tuple[dict[str, GroupTrajectory], Any]:
+    """A one-agent env's trajectory as its one group of one agent (``[T, B, 1, ...]``),
+    and the env-level fields, as :func:`rollout` returns a JaxMARL-style env's."""
+
+    def slot(x: Any) -> Any:  # [T, B, ...] -> [T, B, 1, ...]
+        return x[:, :, None]
+
+    group = GroupTrajectory(
+        obs=jax.tree.map(slot, traj.obs),
+        action=jax.tree.map(slot, traj.action),
+        reward=slot(traj.reward),
+        terminated=slot(traj.terminated),
+        truncated=slot(traj.truncated),
+        next_obs=jax.tree.map(slot, traj.next_obs),
+        extras=jax.tree.map(slot, traj.extras),
+        valid=slot(traj.valid),
+        agent_step=slot(traj.step),
     )
-    if connectors is not None and connectors.per_sample:
-        traj, conn = finish_sample(connectors.finish_sample, state.actor.connectors, traj)
-        state = state.replace(actor=state.actor.replace(connectors=conn))
-    return state, traj, ends
+    done = jnp.logical_or(traj.terminated, traj.truncated)
+    return {policy_id: group}, {"done": done, "episode_id": traj.episode_id, "step": traj.step}
+
+
+class ScanLoop:
+    """A compiled rollout and the :class:`RolloutState` it carries between samples.
+
+    ``fn(params, state, *args) -> (state, *outputs)`` is compiled once, ahead of time,
+    for ``params``, ``state`` and ``args`` of these shapes (new values never retrace);
+    the state is donated to each call.
+    """
+
+    def __init__(self, fn: Callable[..., tuple], params: Any, state: RolloutState, *args: Any):
+        self.state = state
+        self._run = jax.jit(fn, donate_argnums=1).trace(params, state, *args).lower().compile()
+
+    def __call__(self, params: Any, *args: Any) -> tuple:
+        """One rollout: its outputs, the state kept for the next."""
+        self.state, *outputs = self._run(params, self.state, *args)
+        return tuple(outputs)
+
+
+def episode_counts(ends: np.ndarray, window: int, num_env_steps: int) -> SampleCounts:
+    """What a rollout adds to the metrics, from its ``ends`` (see :func:`scan_envs`, on
+    the host): the episodes that ended, the latest ``window`` at least, in step order
+    then env order (as the host loop)."""
+    num_episodes = int(np.count_nonzero(ends[1]))
+    # The metrics keep the latest episodes only: read the last steps that hold them
+    # (a mask over every step cost another ~0.1 ms at 8 x 4096).
+    first, held = len(ends[1]), 0
+    while first > 0 and held < window:
+        first -= 1
+        held += np.count_nonzero(ends[1, first])
+    returns, lengths = ends[0, first:], ends[1, first:]
+    mask = lengths > 0  # row-major: step order, then env order
+    return SampleCounts(
+        num_env_steps=num_env_steps,
+        num_faulty_episodes=0,
+        num_dropped_steps=0,
+        returns=returns[mask].astype(np.float64),
+        lengths=lengths[mask].astype(np.int64),
+        num_episodes=num_episodes,
+    )
 
 
 class ScanSampler(Sampler):
-    """Runs :func:`rollout` for an :class:`~jaxrunner.EnvRunner` on a JaxVectorEnv.
+    """Runs :func:`rollout` on a JaxVectorEnv for an :class:`~jaxrunner.EnvRunner` (a
+    one-agent env; ``sample(params)`` returns a :class:`Trajectory` of device arrays) or a
+    :class:`~jaxrunner.MultiAgentRunner` (any env; ``sample(params_by_id)`` returns a
+    :class:`MultiAgentTrajectory`: groups on device, env-level ids on host).
 
-    ``sample()`` returns device arrays. Perf timers stay 0: policy and env run fused,
-    with no phase to time apart.
+    Perf timers stay 0: policy and env run fused, with no phase to time apart.
 
     Args:
         envs: the pure-JAX vector env.
-        setup: the policy, params, rollout length, seed and metrics.
+        setup: the policy (or policies), params, rollout length, seed and metrics.
 
     Raises:
         SpaceMismatchError: the policy's actions do not fit the action space.
     """
 
-    def __init__(self, envs: JaxVectorEnv, setup: SamplerSetup) -> None:
-        policy, rollout_length, seed = setup.policy, setup.rollout_length, setup.seed
-        self.envs, self.rollout_length, self.metrics = envs, rollout_length, setup.metrics
+    def __init__(self, envs: JaxVectorEnv, setup: SamplerSetup | MultiAgentSetup) -> None:
+        self.envs, self.rollout_length, self.metrics = envs, setup.rollout_length, setup.metrics
         self._env_params = jax.device_put(envs.params)
-        connectors, num_envs = setup.connectors, envs.num_envs
+        num_envs, seed = envs.num_envs, setup.seed
+        if isinstance(setup, MultiAgentSetup):
+            policies, connectors = dict(setup.policies), dict(setup.connectors)
+        else:  # an EnvRunner's one policy serves the one group
+            pid = envs.groups[0].policy_id
+            policies = {pid: setup.policy}
+            connectors = {} if setup.connectors is None else {pid: setup.connectors}
 
         def start(env_params: Any) -> RolloutState:
-            actor = initial_actor_state(
-                policy, seed, np.arange(num_envs), connectors, envs.single_observation_space
-            )
+            actors, offset = {}, 0
+            for g in envs.groups:  # a row per env and agent slot, numbered env by env
+                slot = np.arange(num_envs)[:, None] * len(envs.possible_agents) + offset
+                actors[g.policy_id] = initial_actor_state(
+                    policies[g.policy_id],
+                    seed,
+                    (slot + np.arange(g.num_agents)).ravel(),
+                    connectors.get(g.policy_id),
+                    g.observation_space,
+                )
+                offset += g.num_agents
+            shape_of = {g.policy_id: (num_envs, g.num_agents) for g in envs.groups}
+            groups = {
+                "actors": actors,
+                "alive": {pid: jnp.ones(s, jnp.bool_) for pid, s in shape_of.items()},
+                "agent_step": {pid: jnp.zeros(s, jnp.int32) for pid, s in shape_of.items()},
+            }
+            actor = _with_actors(envs, groups, actors)
             return initial_state(lambda k: envs.reset(k, env_params), actor, seed, num_envs)
 
-        run = functools.partial(rollout, envs, policy, rollout_length, connectors=connectors)
+        as_groups = isinstance(setup, MultiAgentSetup)
+        run = functools.partial(rollout, envs, policies, connectors, self.rollout_length, as_groups)
+        if not as_groups:  # the one policy's params, as they are
+            (pid,) = policies
+            run = functools.partial(_one_policy, run, pid)
         state = jax.jit(start)(self._env_params)
         self._loop = ScanLoop(run, setup.params, state, self._env_params)
         self.action_spec = None  # checked against the action space while tracing
+        self.agents = {g.policy_id: g.agents for g in envs.groups}
+        # Each agent slot's running return and length (host side, for the agent metrics).
+        self._running = None
+        if isinstance(setup, MultiAgentSetup):
+            self._running = {
+                g.policy_id: (
+                    np.zeros((num_envs, g.num_agents)),
+                    np.zeros((num_envs, g.num_agents), np.int64),
+                )
+                for g in envs.groups
+            }
 
-    def sample(self, params: Params, progress: StepProgress | None = None) -> Trajectory:
+    def sample(self, params: Any, progress: StepProgress | None = None) -> Any:
         """One rollout; the returns and lengths of the episodes that ended, in step
         order then env order, go to the metrics (the sample's one transfer)."""
         start_time = time.perf_counter()
-        traj, ends = self._loop(params, self._env_params)
-        # The one transfer of a sample(), allowed by name; a view where the device is
-        # the host CPU (device_get copied it: ~0.1 ms a sample at 8 x 4096).
-        with jax.transfer_guard_device_to_host("allow"):
-            ends = np.asarray(ends)
-        num_env_steps = self.rollout_length * self.envs.num_envs
-        self.metrics.add(episode_counts(ends, self.metrics.episodes.window, num_env_steps))
+        out, ends = self._loop(params, self._env_params)
+        num_steps, num_envs = self.rollout_length, self.envs.num_envs
+        window = self.metrics.episodes.window
+        if self._running is None:
+            # The one transfer of a sample(), allowed by name; a view where the device is
+            # the host CPU (device_get copied it: ~0.1 ms a sample at 8 x 4096).
+            with jax.transfer_guard_device_to_host("allow"):
+                ends = np.asarray(ends)
+            self.metrics.add(episode_counts(ends, window, num_steps * num_envs))
+            self.metrics.sample_time_s += time.perf_counter() - start_time
+            return out
+        groups, env = out
+        host = jax.device_get(
+            {
+                "ends": ends,
+                "env": env,
+                "groups": {
+                    pid: (g.reward, g.valid, g.terminated, g.truncated) for pid, g in groups.items()
+                },
+            }
+        )
+        self.metrics.add(episode_counts(host["ends"], window, num_steps * num_envs))
+        for pid, (reward, valid, term, trunc) in host["groups"].items():
+            running_return, running_length = self._running[pid]
+            agent_ends = agent_episode_ends(
+                running_return, running_length, reward, valid, term | trunc, num_steps
+            )
+            self.metrics.add_group_counts(pid, np.count_nonzero(valid, axis=(0, 1)), agent_ends)  # type: ignore[attr-defined]
         self.metrics.sample_time_s += time.perf_counter() - start_time
-        return traj
+        shape = (num_steps, num_envs)
+        return MultiAgentTrajectory(
+            groups=groups,
+            env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
+            episode_id=np.asarray(host["env"]["episode_id"], np.int64),
+            step=np.asarray(host["env"]["step"], np.int64),
+            env_done=np.asarray(host["env"]["done"]),
+            agents=self.agents,
+        )
 
-    def get_connector_state(self) -> ConnectorsState:
-        """The connectors' state (a host copy): the statistics the next sample uses."""
-        return jax.device_get(self._loop.state.actor.connectors)
+    def get_connector_state(self, policy_id: str | None = None) -> ConnectorsState:
+        """A host copy of the state of ``policy_id``'s connectors (None: the one
+        group's): the statistics the next sample uses."""
+        pid = self.envs.groups[0].policy_id if policy_id is None else policy_id
+        return jax.device_get(_actors(self.envs, self._loop.state.actor)[pid].connectors)
 
-    def set_connector_state(self, state: ConnectorsState) -> None:
-        """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
-        actor = self._loop.state.actor.replace(connectors=device_copy(state))
-        self._loop.state = self._loop.state.replace(actor=actor)
+    def set_connector_state(self, state: ConnectorsState, policy_id: str | None = None) -> None:
+        """Replaces the state of ``policy_id``'s connectors (None: the one group's;
+        shapes as :meth:`get_connector_state`'s); never recompiles."""
+        pid = self.envs.groups[0].policy_id if policy_id is None else policy_id
+        actor = self._loop.state.actor
+        actors = _actors(self.envs, actor)
+        actors[pid] = actors[pid].replace(connectors=device_copy(state))
+        self._loop.state = self._loop.state.replace(actor=_with_actors(self.envs, actor, actors))
 
     def get_state(self) -> dict[str, Any]:
-        """The whole rollout state, env states included (always restorable exactly)."""
-        return {"rollout": self._loop.state}
+        """The whole rollout state, env states included (always restorable exactly), and
+        for a MultiAgentRunner each agent slot's running return and length (copies), per
+        policy id."""
+        if self._running is None:
+            return {"rollout": self._loop.state}
+        running = {
+            pid: {"return": r.copy(), "length": n.copy()} for pid, (r, n) in self._running.items()
+        }
+        return {"rollout": self._loop.state, "running": running}
 
     def set_state(self, state: dict[str, Any]) -> None:
+        """Takes a :meth:`get_state` (structure, shapes and dtypes checked by the caller)."""
         self._loop.state = state["rollout"]
+        for pid, (running_return, running_length) in (self._running or {}).items():
+            np.copyto(running_return, state["running"][pid]["return"])
+            np.copyto(running_length, state["running"][pid]["length"])
+
+
+def _one_policy(run: Callable[..., tuple], policy_id: str, params: Params, *args: Any) -> tuple:
+    """``run`` with ``params`` as the one policy's (an EnvRunner's params, as they are)."""
+    return run({policy_id: params}, *args)
 
 
 def check_runner_options(callbacks: Any, num_splits: int | None) -> None:
