@@ -83,6 +83,10 @@ def _image_env() -> gymnasium.Env:
 # -- the mechanism ------------------------------------------------------------------------
 
 
+POLICY_NAMES = ("mlp64", "mlp256", "mlp512", "cnn")
+
+
+@functools.cache  # built on first use, not at collection (each xdist process collects)
 def _policies() -> dict[str, tuple[jr.Policy, Any, np.ndarray]]:
     """Policies of every shape the guarantee is checked on, with 40 observations each."""
     rng = np.random.default_rng(0)
@@ -97,10 +101,8 @@ def _policies() -> dict[str, tuple[jr.Policy, Any, np.ndarray]]:
     policy = jr.Policy.from_linen(TinyCNN(), spaces.Discrete(3))
     obs = rng.integers(0, 255, (40, *image.shape)).astype(np.uint8)
     out["cnn"] = (policy, policy.init(jax.random.key(1), image), obs)
+    assert tuple(out) == POLICY_NAMES
     return out
-
-
-POLICIES = _policies()
 
 
 def _row_keys(ids: np.ndarray) -> jax.Array:
@@ -127,12 +129,12 @@ def _outputs(
     return [np.asarray(leaf) for leaf in jax.tree.leaves((action, extras))]
 
 
-@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("name", POLICY_NAMES)
 def test_a_chunk_row_depends_on_neither_its_position_nor_its_neighbours(name):
     """The XLA property the mechanism rests on, checked on this platform: in a
     fixed-shape chunk, a row comes out the same at any position and whatever the
     other rows hold (random neighbours, every position)."""
-    policy, params, obs = POLICIES[name]
+    policy, params, obs = _policies()[name]
     chunk = 8
     ids = np.arange(len(obs), dtype=np.uint32)
     reference = _outputs(policy.apply_fn, params, obs[:chunk], ids[:chunk])
@@ -148,11 +150,11 @@ def test_a_chunk_row_depends_on_neither_its_position_nor_its_neighbours(name):
             np.testing.assert_array_equal(ours[place[keep]], theirs[keep])
 
 
-@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("name", POLICY_NAMES)
 def test_chunked_calls_of_every_size_give_the_same_rows(name):
     """A row's outputs are the same bits in calls of 1, 2, 3, 5, 8 and 17 real rows
     (padded on the host with other rows to chunks of 4) as in the call of all 40."""
-    policy, params, obs = POLICIES[name]
+    policy, params, obs = _policies()[name]
     chunk = 4
     ids = np.arange(len(obs), dtype=np.uint32)
     reference = _outputs(policy.apply_fn, params, obs, ids, chunk, len(obs))
