@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, cast, overload
 
 import gymnasium
 
 from jaxrunner._src.arg_checks import check_int
-from jaxrunner._src.backends.auto import LayoutChoice, choose_for
+from jaxrunner._src.backends.auto import LayoutChoice, Overran, choose_for, on_own_thread
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep as BatchStep
 from jaxrunner._src.backends.env_api import check_env, is_multi_agent_env, with_namespace_hint
@@ -221,7 +222,7 @@ def _make_from_factories(
     if first is not None and backend == "sync":
         fns = [FirstBuilt(fns[0], first), *fns[1:]]
     elif first is not None:
-        first.close()  # its kind is known; the workers build their own
+        _close_kind_probe(first)  # its kind is known; the workers build their own
     try:
         if not multi_agent:
             if backend == "sync":
@@ -262,6 +263,26 @@ class FirstBuilt:
         if self.env is not None:
             close_quietly(self.env)
             self.env = None
+
+
+# How long make_vec waits for sub-env 0's close where it built it only to read its kind.
+KIND_PROBE_CLOSE_S = 2.0
+
+
+def _close_kind_probe(env: Any) -> None:
+    """Closes sub-env 0, built in this process only to read its kind, on a daemon thread
+    given :data:`KIND_PROBE_CLOSE_S`: a close that hangs (its worker's twin would be
+    killed on ``close()``) is left running, with a warning, not waited on forever."""
+    try:
+        on_own_thread(lambda: close_quietly(env), KIND_PROBE_CLOSE_S)
+    except Overran:
+        warnings.warn(
+            f"make_vec: sub-env 0 ({type(env).__name__}), built in this process to learn "
+            f"the env's kind, did not close within {KIND_PROBE_CLOSE_S} s; its close() is "
+            "left running on a background thread (the workers build their own envs).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _first_env(env: EnvSpec, factory: Callable[[], Any]) -> Any:

@@ -223,8 +223,8 @@ def choose_for(
             return err, failed_at
 
     try:
-        result = _on_own_thread(run, PROBE_DEADLINE_S)
-    except _Overran:
+        result = on_own_thread(run, PROBE_DEADLINE_S)
+    except Overran:
         return _fall_back(
             f"the probe sub-env's {where[0]} did not return within {PROBE_DEADLINE_S:g} s "
             "(abandoned; it is closed if that call returns)",
@@ -283,12 +283,12 @@ def _fall_back(cause: str, num_envs: int, cpus: int) -> LayoutChoice:
     )
 
 
-class _Overran(Exception):
+class Overran(Exception):
     """The probe is still running at its deadline."""
 
 
-def _on_own_thread(fn: Callable[[], T], timeout_s: float) -> T:
-    """``fn()`` on a daemon thread, abandoned after ``timeout_s`` (:class:`_Overran`): a
+def on_own_thread(fn: Callable[[], T], timeout_s: float) -> T:
+    """``fn()`` on a daemon thread, abandoned after ``timeout_s`` (:class:`Overran`): a
     Python thread cannot be stopped, but the caller need not wait for it."""
     box: dict[str, Any] = {}
 
@@ -298,11 +298,11 @@ def _on_own_thread(fn: Callable[[], T], timeout_s: float) -> T:
         except BaseException as err:  # handed to the caller's thread
             box["error"] = err
 
-    thread = threading.Thread(target=target, name="jaxrunner-auto-probe", daemon=True)
+    thread = threading.Thread(target=target, name="jaxrunner-probe", daemon=True)
     thread.start()
     thread.join(timeout_s)
     if thread.is_alive():
-        raise _Overran
+        raise Overran
     if "error" in box:
         raise box["error"]
     return box["value"]
