@@ -248,7 +248,8 @@ def test_sync_vectorization_equals_the_sync_backend() -> None:
 
 
 def test_make_vec_gymnasium_needs_an_id() -> None:
-    with pytest.raises(InvalidArgumentTypeError, match=r"registered gymnasium id.*build each sub-env themselves: 'sync'"):
+    refusal = r"registered gymnasium id.*build each sub-env themselves: 'sync'"
+    with pytest.raises(InvalidArgumentTypeError, match=refusal):
         jr.make_vec(CountingEnv, 2, backend="gymnasium")
 
 
