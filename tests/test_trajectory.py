@@ -417,8 +417,13 @@ def test_concatenate_errors() -> None:
     with pytest.raises(ValueError, match="1 envs, trajectory 0 has 2"):
         jr.concatenate([traj, one_env])
     with_value = traj.replace(extras={**traj.extras, "value": traj.extras["log_prob"]})
-    with pytest.raises(ValueError, match="different structure"):
+    with pytest.raises(ValueError, match=r"different structure.*Only in trajectory 1: .*'value'"):
         jr.concatenate([traj, with_value])
+    # An info entry first reported in a later sample (info_keys="all") is named, with the fix.
+    first = traj.replace(extras={**traj.extras, "infos": {"a": traj.reward}})
+    later = traj.replace(extras={**traj.extras, "infos": {"a": traj.reward, "b": traj.reward}})
+    with pytest.raises(ValueError, match=r"Only in trajectory 1: .*'b'.*list the entries"):
+        jr.concatenate([first, later])
     other_obs = traj.replace(obs=traj.obs["x"], next_obs=traj.next_obs["x"])
     with pytest.raises(ValueError, match="different structure"):
         jr.concatenate([traj, other_obs])

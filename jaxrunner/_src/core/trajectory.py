@@ -327,7 +327,7 @@ def concatenate(trajectories: Sequence[Trajectory]) -> Trajectory:
             raise InvalidArgumentError(
                 f"concatenate(): trajectory {i} has a different structure (observation or "
                 "extras fields) than trajectory 0; only trajectories of the same runner or "
-                "spaces can be joined."
+                f"spaces can be joined.{_structure_difference(first, traj, i)}"
             )
         if traj.num_envs != first.num_envs:
             raise InvalidArgumentError(
@@ -352,3 +352,23 @@ def _load(cls: type[Trajectory], path: str | os.PathLike[str], max_bytes: int | 
         fields = file.read_fields(spec.get("fields"), _FILE_FIELDS, optional=("valid",))
     check_fields(fields, lead_shape(fields, "reward", "[T, B]", file.error), "reward's", file.error)
     return cls(**fields)
+
+
+def _structure_difference(first: Trajectory, other: Trajectory, i: int) -> str:
+    """The leaves only one of two trajectories has, for :func:`concatenate`'s error."""
+
+    def paths(traj: Trajectory) -> set[str]:
+        return {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(traj)[0]}
+
+    ours, theirs = paths(first), paths(other)
+    only = sorted(theirs - ours)[:3], sorted(ours - theirs)[:3]
+    text = (f" Only in trajectory {i}: {only[0]}." if only[0] else "") + (
+        f" Only in trajectory 0: {only[1]}." if only[1] else ""
+    )
+    if any("infos" in path for path in (*only[0], *only[1])):
+        text += (
+            " With info_keys='all' a runner records an info entry from the sample where an "
+            "env first reports it: list the entries in info_keys for the same set in every "
+            "sample."
+        )
+    return text
