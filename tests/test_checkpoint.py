@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pathlib
 import pickle
 import threading
@@ -24,6 +23,7 @@ from jaxrunner._src.testing.jax_envs import RandomWalk, WalkParams
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.models import mlp_policy
 from jaxrunner.testing import assert_trees_equal
+from tests.special_files import refusal_and_peak, special_path
 
 SEED = 3
 
@@ -656,31 +656,9 @@ def test_restore_refuses_kept_episodes_longer_than_the_steps_counted(gru, saved,
 def test_restore_refuses_what_is_not_a_regular_file_before_reading(gru, tmp_path, special):
     """zipfile reads a device or a pipe without end looking for the end of the archive
     (and a pipe's open waits for a writer): refused before anything is read."""
-    if special.startswith("/dev/") and not os.path.exists(special):
-        pytest.skip(f"no {special} here")
-    path = special
-    if special == "fifo":
-        path = tmp_path / "pipe"
-        os.mkfifo(path)
-    elif special == "directory":
-        path = tmp_path
-    outcome: list[BaseException] = []
-
-    def restore() -> None:
-        with cartpole_runner(gru) as runner:
-            tracemalloc.start()
-            try:
-                runner.restore(path)
-            except BaseException as err:
-                outcome.append(err)
-            outcome.append(tracemalloc.get_traced_memory()[1])  # type: ignore[arg-type]
-            tracemalloc.stop()
-
-    thread = threading.Thread(target=restore, daemon=True)  # a regression would hang
-    thread.start()
-    thread.join(timeout=60)
-    assert not thread.is_alive(), f"restore({special!r}) did not return"
-    error, peak = outcome
+    path = special_path(special, tmp_path)
+    with cartpole_runner(gru) as runner:
+        error, peak = refusal_and_peak(lambda: runner.restore(path), f"restore({special!r})")
     assert isinstance(error, InvalidArgumentError), error
     assert "is not a regular file" in str(error)
     assert peak < (4 << 20), peak

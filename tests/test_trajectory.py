@@ -6,8 +6,6 @@ import io
 import json
 import os
 import tempfile
-import threading
-import tracemalloc
 import zipfile
 from typing import Any
 
@@ -22,6 +20,7 @@ import jaxrunner as jr
 from jaxrunner._src import space_arrays
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.trajectory import Trajectory
+from tests.special_files import refusal_and_peak, special_path
 
 SETTINGS = settings(
     max_examples=40,
@@ -614,28 +613,8 @@ def test_load_refuses_one_member_named_for_many_fields(tmp_path: Any) -> None:
 def test_load_refuses_what_is_not_a_regular_file_before_reading(tmp_path: Any, special, cls):
     """zipfile searches a device or a pipe for the end of the archive without end (and
     a pipe's open waits for a writer): refused before anything is read."""
-    if special.startswith("/dev/") and not os.path.exists(special):
-        pytest.skip(f"no {special} here")
-    path = special
-    if special == "fifo":
-        path = tmp_path / "pipe"
-        os.mkfifo(path)
-    outcome: list[Any] = []
-
-    def load() -> None:
-        tracemalloc.start()
-        try:
-            cls.load(path)
-        except BaseException as err:
-            outcome.append(err)
-        outcome.append(tracemalloc.get_traced_memory()[1])
-        tracemalloc.stop()
-
-    thread = threading.Thread(target=load, daemon=True)  # a regression would hang
-    thread.start()
-    thread.join(timeout=60)
-    assert not thread.is_alive(), f"load({special!r}) did not return"
-    error, peak = outcome
+    path = special_path(special, tmp_path)
+    error, peak = refusal_and_peak(lambda: cls.load(path), f"load({special!r})")
     assert isinstance(error, jr.errors.InvalidArgumentError), error
     assert "is not a regular file" in str(error)
     assert peak < (1 << 20), peak
