@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import warnings
 from collections.abc import Callable, Sequence
-from typing import Any, cast, overload
-
-import gymnasium
+from typing import Any, overload
 
 from jaxrunner._src.arg_checks import check_int
-from jaxrunner._src.backends.auto import LayoutChoice, Overran, choose_for, on_own_thread
+from jaxrunner._src.backends.auto import LayoutChoice, choose_for
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep as BatchStep
-from jaxrunner._src.backends.env_api import check_env, is_multi_agent_env, with_namespace_hint
+from jaxrunner._src.backends.env_api import is_multi_agent_env
 from jaxrunner._src.backends.envpool import EnvPoolVectorEnv as EnvPoolVectorEnv
 from jaxrunner._src.backends.envpool import make_envpool_vec
+from jaxrunner._src.backends.factories import (
+    BACKEND_CONFIGS,
+    FirstBuilt,
+    close_kind_probe,
+    factories_for,
+    first_env,
+)
+from jaxrunner._src.backends.factories import (
+    EnvSpec as EnvSpec,
+)
 from jaxrunner._src.backends.gymnasium_adapter import (
     GymnasiumVectorEnv as GymnasiumVectorEnv,
 )
@@ -48,15 +54,6 @@ from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 BACKENDS = ("sync", "gymnasium", "process", "envpool", "ray", "auto")
 FACTORY_BACKENDS = ("sync", "process", "ray", "auto")
 """The backends that build each sub-env from a factory: they serve both kinds of env."""
-_CONFIGS: dict[str, type] = {"process": ProcessConfig, "ray": RayConfig}
-"""The config class of each backend that takes one."""
-
-
-ENV_KINDS = "a gymnasium.Env or a PettingZoo ParallelEnv/AECEnv"
-"""What an env factory returns, as errors say it."""
-EnvSpec = str | Callable[[], Any] | Sequence[Callable[[], Any]]
-"""What ``make_vec`` builds sub-envs from: a gymnasium id, one factory (of a gymnasium or a
-PettingZoo env), or one per sub-env."""
 
 
 @overload  # an id makes gymnasium envs
@@ -148,7 +145,7 @@ def make_vec(
         vec = _make_from_id(env, num_envs, backend, policy_mapping_fn, env_kwargs)
         choice = None
     else:
-        fns = _factories(env, env_kwargs, backend, num_envs)
+        fns = factories_for(env, env_kwargs, backend, num_envs)
         choice = first = None
         if backend == "auto":
             choice, multi_agent = choose_auto_layout(
@@ -156,7 +153,7 @@ def make_vec(
             )
             backend, config = choice.backend, choice.process_config()
         else:
-            first = None if isinstance(env, str) else _first_env(env, fns[0])
+            first = None if isinstance(env, str) else first_env(env, fns[0])
             multi_agent = first is not None and is_multi_agent_env(first)
         if policy_mapping_fn is not None and not multi_agent:
             if first is not None:
@@ -166,7 +163,7 @@ def make_vec(
                 "(PettingZoo) envs, and this env is a gymnasium one (one agent, one "
                 "policy). Leave policy_mapping_fn=None."
             )
-        vec = _make_from_factories(
+        vec = _make_fromfactories_for(
             fns, first, multi_agent, backend, config, restart_policy, policy_mapping_fn
         )
     vec.layout_choice = choice
@@ -208,7 +205,7 @@ def _make_from_id(
     return make_envpool_vec(env, num_envs, **env_kwargs)
 
 
-def _make_from_factories(
+def _make_fromfactories_for(
     fns: list[Callable[[], Any]],
     first: Any,
     multi_agent: bool,
@@ -222,7 +219,7 @@ def _make_from_factories(
     if first is not None and backend == "sync":
         fns = [FirstBuilt(fns[0], first), *fns[1:]]
     elif first is not None:
-        _close_kind_probe(first)  # its kind is known; the workers build their own
+        close_kind_probe(first)  # its kind is known; the workers build their own
     try:
         if not multi_agent:
             if backend == "sync":
@@ -248,60 +245,6 @@ def _make_from_factories(
             fns[0].discard()  # never taken: the vector env failed before sub-env 0
 
 
-class FirstBuilt:
-    """Sub-env 0's factory on the sync backend: its first call returns the env
-    ``make_vec`` built to learn the kind; later ones (restarts) call ``fn``."""
-
-    def __init__(self, fn: Callable[[], Any], env: Any) -> None:
-        self.fn, self.env = fn, env
-
-    def __call__(self) -> Any:
-        env, self.env = self.env, None
-        return self.fn() if env is None else env
-
-    def discard(self) -> None:
-        if self.env is not None:
-            close_quietly(self.env)
-            self.env = None
-
-
-# How long make_vec waits for sub-env 0's close where it built it only to read its kind.
-KIND_PROBE_CLOSE_S = 2.0
-
-
-def _close_kind_probe(env: Any) -> None:
-    """Closes sub-env 0, built in this process only to read its kind, on a daemon thread
-    given :data:`KIND_PROBE_CLOSE_S`: a close that hangs (its worker's twin would be
-    killed on ``close()``) is left running, with a warning, not waited on forever."""
-    try:
-        on_own_thread(lambda: close_quietly(env), KIND_PROBE_CLOSE_S)
-    except Overran:
-        warnings.warn(
-            f"make_vec: sub-env 0 ({type(env).__name__}), built in this process to learn "
-            f"the env's kind, did not close within {KIND_PROBE_CLOSE_S} s; its close() is "
-            "left running on a background thread (the workers build their own envs).",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-
-def _first_env(env: EnvSpec, factory: Callable[[], Any]) -> Any:
-    """Sub-env 0, built here to read its kind (and, for ``"auto"``, to time it). An env
-    id gymnasium cannot make (an EnvPool task id, say) is refused with what to use
-    instead."""
-    try:
-        return check_env(factory(), 0)
-    except gymnasium.error.Error as err:
-        if not isinstance(env, str):
-            raise
-        raise InvalidArgumentError(
-            f"make_vec({env!r}, backend='auto'): 'auto' chooses between the sync and "
-            f"process backends, which build envs with gymnasium.make, and that failed "
-            f"({err}). For an EnvPool task id use backend='envpool'; else register the "
-            "env with gymnasium or pass a zero-argument factory."
-        ) from err
-
-
 def choose_auto_layout(
     env: EnvSpec,
     env_kwargs: dict[str, Any],
@@ -314,8 +257,8 @@ def choose_auto_layout(
     choice (:func:`.auto.choose_for`), and whether the env is multi-agent; workers from a
     script's unguarded top level are refused with an error that says ``caller`` chose
     them (before any starts)."""
-    factory = _factories(env, env_kwargs, "auto", num_envs)[0]
-    probe = _first_env(env, factory)
+    factory = factories_for(env, env_kwargs, "auto", num_envs)[0]
+    probe = first_env(env, factory)
     multi_agent = is_multi_agent_env(probe)
     choice = choose_for(probe, factory, num_envs, seed, restart_policy)
     if choice.backend == "process":
@@ -329,7 +272,7 @@ def check_vec_options(
     """Raises unless ``config`` and ``restart_policy`` suit ``backend`` (as in
     :func:`make_vec`; ``what`` names the caller in errors)."""
     check_restart_policy(what, restart_policy)
-    expected = _CONFIGS.get(backend)
+    expected = BACKEND_CONFIGS.get(backend)
     if backend == "auto" and config is not None:
         raise InvalidArgumentTypeError(
             f"{what}(backend='auto', config={type(config).__name__}(...)): 'auto' "
@@ -348,96 +291,3 @@ def check_vec_options(
             "restart sub-envs. Use backend='sync', 'process', 'ray' or 'auto', or leave "
             "restart_policy=None."
         )
-
-
-def _factories(
-    env: EnvSpec, env_kwargs: dict[str, Any], backend: str, num_envs: int
-) -> list[Callable[[], gymnasium.Env]]:
-    """One factory per sub-env."""
-    if isinstance(env, str) or callable(env):
-        return [_factory(env, env_kwargs, backend)] * num_envs
-    if isinstance(env, Sequence):
-        if env_kwargs:
-            raise InvalidArgumentTypeError(
-                f"make_vec(env=[...], {', '.join(env_kwargs)}=...): keyword arguments are "
-                "passed to gymnasium.make and only apply to env ids; bind them in your "
-                "factories instead (e.g. functools.partial)."
-            )
-        return per_env_factories(env, num_envs, "make_vec", "env", ENV_KINDS)
-    return [_factory(env, env_kwargs, backend)]
-
-
-def per_env_factories(
-    factories: Any, num_envs: int, where: str, name: str, returning: str
-) -> list[Callable[[], Any]]:
-    """One factory per sub-env: ``factories`` repeated where it is one callable, else the
-    sequence itself, checked to hold ``num_envs`` callables."""
-    if callable(factories):
-        return [factories] * num_envs
-    if isinstance(factories, str) or not isinstance(factories, Sequence):
-        raise InvalidArgumentTypeError(
-            f"{where}({name}=...): expected a zero-argument callable returning {returning}, "
-            f"or a list of them (one per sub-env), got {type(factories).__name__}."
-        )
-    if len(factories) != num_envs:
-        raise InvalidArgumentError(
-            f"{where}({name}=[...], num_envs={num_envs}): {len(factories)} factories for "
-            f"{num_envs} sub-envs; give one factory per sub-env (or num_envs={len(factories)})."
-        )
-    for i, fn in enumerate(factories):
-        if not callable(fn):
-            raise InvalidArgumentTypeError(
-                f"{where}({name}=[...]): {name}[{i}] is a {type(fn).__name__}; expected a "
-                f"zero-argument callable returning {returning}."
-            )
-    return list(factories)
-
-
-def _factory(env: Any, env_kwargs: dict[str, Any], backend: str) -> Callable[[], gymnasium.Env]:
-    if isinstance(env, str):
-        return GymnasiumMake(env, env_kwargs, backend)
-    if callable(env):
-        if env_kwargs:
-            raise InvalidArgumentTypeError(
-                f"make_vec(env=<callable>, {', '.join(env_kwargs)}=...): keyword arguments "
-                "are passed to gymnasium.make and only apply to env ids; bind them in your "
-                "callable instead (e.g. functools.partial)."
-            )
-        return cast(Callable[[], gymnasium.Env], env)
-    built = ""
-    if callable(getattr(env, "step", None)):
-        built = (
-            " (an env already built: make_vec builds num_envs of them and rebuilds one on a "
-            "restart, so pass the zero-argument callable that makes it)"
-        )
-    raise InvalidArgumentTypeError(
-        f"make_vec(env=...): expected a gymnasium id (str), a zero-argument callable "
-        f"returning {ENV_KINDS} or a list of them (one per sub-env), got "
-        f"{type(env).__name__}{built}."
-    )
-
-
-class GymnasiumMake:
-    """A picklable ``gymnasium.make(env_id, **kwargs)`` factory. Where the env refuses a
-    keyword that is an option of the backend's config, the error says so."""
-
-    def __init__(self, env_id: str, kwargs: dict[str, Any], backend: str) -> None:
-        self.env_id, self.kwargs, self.backend = env_id, dict(kwargs), backend
-
-    def __call__(self) -> gymnasium.Env:
-        try:
-            return gymnasium.make(self.env_id, **self.kwargs)
-        except gymnasium.error.NamespaceNotFound as err:
-            raise with_namespace_hint(err, self.env_id) from err
-        except TypeError as err:
-            config = _CONFIGS.get(self.backend)
-            names = {f.name for f in dataclasses.fields(config)} if config else set()
-            bad = [k for k in self.kwargs if k in names and f"'{k}'" in str(err)]
-            if not bad or config is None:
-                raise
-            raise InvalidArgumentTypeError(
-                f"make_vec({self.env_id!r}, backend={self.backend!r}, {bad[0]}=...): keyword "
-                f"arguments go to the env (gymnasium.make), which refused {bad[0]!r} ({err}). "
-                f"It is an option of the backend: pass config=jaxrunner.{config.__name__}("
-                f"{bad[0]}=...) instead."
-            ) from err
