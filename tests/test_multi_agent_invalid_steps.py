@@ -85,7 +85,7 @@ AGENT_OF = {
     "nan_first_obs": "a0",
     "nan_reset_obs": "a0",
 }
-# Ray actors step with the sync backend's own loop (SubEnvBlock), and each Ray test
+# Ray actors step with the sync backend's own loop (AgentBlock), and each Ray test
 # starts actors (seconds each): one kind per check (the block's NaN check after a step
 # and after a reset, a driver's check).
 ON_RAY = ("nan_obs", "nan_reset_obs", "missing_reward")

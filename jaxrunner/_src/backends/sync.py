@@ -1,5 +1,5 @@
 """``backend="sync"``: every sub-env in this process, stepped in turn (the shared
-step loop of :mod:`jaxrunner._src.backends.sub_envs`)."""
+step loop of :mod:`jaxrunner._src.backends.gymnasium_block`)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,20 @@ import gymnasium
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import is_int
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.env_api import check_env
+from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBlock
 from jaxrunner._src.backends.in_process import InProcessVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
-from jaxrunner._src.backends.snapshots import SnapshotRefusedError, snapshot_dumps
+from jaxrunner._src.backends.snapshots import (
+    SnapshotRefusedError,
+    snapshot_dumps,
+    valid_restart_state,
+)
 from jaxrunner._src.backends.step_buffers import StepBuffers
-from jaxrunner._src.backends.sub_envs import ActionSplitters, EnvFactory, SubEnvs
+from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 
 
@@ -93,7 +97,7 @@ class SyncVectorEnv(InProcessVectorEnv):
         obs_space = self.single_observation_space
         self._buffers = StepBuffers.allocate(obs_space, self.num_envs)
         self._obs = self._buffers.obs
-        self._sub_envs = SubEnvs(
+        self._sub_envs = GymnasiumBlock(
             self.envs, self.env_fns, 0, self._buffers, obs_space, restart_policy
         )
         self._actions = ActionSplitters(self.single_action_space)
@@ -114,7 +118,7 @@ class SyncVectorEnv(InProcessVectorEnv):
     ) -> tuple[Any, dict[str, Any]]:
         self._check_open("reset_at")
         self._check_index(index, "reset_at")
-        info = self._sub_envs.reset_one(index, seed, options)
+        info = self._sub_envs.reset_or_restart(index, seed, options)
         return space_arrays.take(self.single_observation_space, self._obs, index), info
 
     def _step(self, actions: Any, rows: slice | None) -> BatchStep:
@@ -206,8 +210,7 @@ def _unpickle_snapshot(i: int, blob: bytes) -> tuple[gymnasium.Env, tuple[int | 
     env, restarts = snapshot["env"], snapshot["restarts"]
     if not isinstance(env, gymnasium.Env):
         raise SnapshotRefusedError(i, f"holds a {type(env).__name__}, not a gymnasium.Env")
-    ok = isinstance(restarts, tuple) and len(restarts) == 2
-    if not (ok and (restarts[0] is None or is_int(restarts[0], 0)) and is_int(restarts[1], 0)):
+    if not valid_restart_state(restarts):
         problem = f"holds restarts={restarts!r:.60}; expected (reset seed or None, count >= 0)"
         raise SnapshotRefusedError(i, problem)
     return env, restarts

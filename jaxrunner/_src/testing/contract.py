@@ -180,12 +180,6 @@ class VectorEnvContract:
             "cartpole": functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=8),
         }
 
-    def restart_seed(self, seed: int, restarts: int) -> int | None:
-        """The reset seed of sub-env ``i``'s ``restarts``-th recreation since it was
-        reset with ``seed``. Multi-agent backends reset a recreated sub-env unseeded
-        today (override where a backend differs)."""
-        return restart_seed(seed, restarts) if self.kind == "gymnasium" else None
-
     # -- the kind under test, and its envs stepped by hand ------------------------------------
 
     def pytest_generate_tests(self, metafunc: Any) -> None:
@@ -358,8 +352,8 @@ class VectorEnvContract:
     def test_a_restart_touches_no_other_env(self, kind: EnvKind) -> None:
         """Sub-env 1 raises at every third step of each instance; with a restart policy it
         is recreated each time (its row holds no transition, and its new episode is the
-        new env's, reset with :meth:`restart_seed`), and the other sub-envs go on as the
-        envs stepped by hand."""
+        new env's, reset with ``restart_seed``: a seeded sub-env restarts seeded), and the
+        other sub-envs go on as the envs stepped by hand."""
         index, every = 1, 3
         base = self._basic(kind)
         fns = faulty_env_fns(base, faults={index: [FaultPlan(kind="raise", at=(every,))]})
@@ -383,7 +377,7 @@ class VectorEnvContract:
                     if b == index and fails:
                         restarts += 1
                         refs[b] = ref = by_hand(base[b])
-                        ref.reset(self.restart_seed(seeds[b], restarts))  # type: ignore[arg-type]
+                        ref.reset(restart_seed(seeds[b], restarts))  # type: ignore[arg-type]
                         assert_failed_slot(rows[b], ref, f"{where}: sub-env {b}")
                         continue
                     expected = ref.step(actions.of_row(batch, b))

@@ -13,17 +13,20 @@ from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.in_process import InProcessSends
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
+from jaxrunner._src.backends.multi_agent.agent_block import (
+    AgentBlock,
+    env_groups,
+)
 from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep, StepViews
 from jaxrunner._src.backends.multi_agent.driver import Driver
 from jaxrunner._src.backends.multi_agent.drivers import make_driver
-from jaxrunner._src.backends.multi_agent.sub_envs import (
-    MultiAgentEnvFactory,
-    SubEnvBlock,
-    env_groups,
-)
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
-from jaxrunner._src.backends.snapshots import SnapshotRefusedError, snapshot_dumps
-from jaxrunner._src.backends.sub_envs import build_envs
+from jaxrunner._src.backends.snapshots import (
+    SnapshotRefusedError,
+    snapshot_dumps,
+    valid_restart_state,
+)
+from jaxrunner._src.backends.sub_env_block import EnvFactory, build_envs
 from jaxrunner._src.core.agent_groups import GroupedAgents, PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError
 
@@ -83,7 +86,7 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
 
     def __init__(
         self,
-        env_fns: Sequence[MultiAgentEnvFactory],
+        env_fns: Sequence[EnvFactory],
         policy_mapping_fn: PolicyMappingFn | None = None,
         *,
         restart_policy: RestartPolicy | None = None,
@@ -98,7 +101,7 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
         envs = build_envs(env_fns, 0)
         try:
             self.groups = env_groups(envs[0], policy_mapping_fn)
-            self._block = SubEnvBlock(envs, self.groups, fns=env_fns, restart_policy=restart_policy)
+            self._block = AgentBlock(envs, self.groups, fns=env_fns, restart_policy=restart_policy)
         except BaseException:
             for env in envs:
                 close_quietly(env)
@@ -129,7 +132,7 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
     ) -> dict[str, Any]:
         self._check_open("reset_at")
         self._check_index(index)
-        return self._block.reset_at(index, seed, options)
+        return self._block.reset_or_restart(index, seed, options)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         self._check_open("call")
@@ -159,15 +162,18 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
 
     def snapshot_sub_envs(self) -> list[bytes]:
         """One pickle per sub-env of ``{"env": the PettingZoo env, "driver": its
-        driver's state}`` (the rewards each agent received since its last action, who
-        acted, who acts next: :meth:`Driver.get_state`), taken together so that the
+        driver's state, "restarts": its last reset seed and restarts since}`` (the
+        driver's state: the rewards each agent received since its last action, who
+        acted, who acts next, :meth:`Driver.get_state`), taken together so that the
         driver's references into the env stay shared. Raises ``pickle``'s error for a
         sub-env that does not pickle."""
         self._check_open("snapshot_sub_envs")
         block = self._block
         return [
-            snapshot_dumps({"env": env, "driver": driver.get_state()})
-            for env, driver in zip(block.envs, block.drivers)
+            snapshot_dumps(
+                {"env": env, "driver": driver.get_state(), "restarts": block.restart_state(j)}
+            )
+            for j, (env, driver) in enumerate(zip(block.envs, block.drivers))
         ]
 
     def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
@@ -189,16 +195,18 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
                 f"restore_sub_envs(snapshots=...): expected {self.num_envs} snapshots, one per "
                 f"sub-env, got {len(snapshots)}."
             )
-        restored: list[Driver] = []
-        for i, blob in enumerate(snapshots):
-            restored.append(self._restored_driver(i, blob))
+        restored = [self._restored_driver(i, blob) for i, blob in enumerate(snapshots)]
         for old in block.envs:
             close_quietly(old)
-        block.envs[:] = [driver.env for driver in restored]
-        block.drivers[:] = restored
+        block.envs[:] = [driver.env for driver, _ in restored]
+        block.drivers[:] = [driver for driver, _ in restored]
+        for j, (_, restarts) in enumerate(restored):
+            if restarts is not None:  # None: an older snapshot, without them
+                block.set_restart_state(j, restarts)
 
-    def _restored_driver(self, i: int, blob: bytes) -> Driver:
-        """Sub-env ``i``'s snapshot as a driver of row ``i`` (not yet installed)."""
+    def _restored_driver(self, i: int, blob: bytes) -> tuple[Driver, tuple[int | None, int] | None]:
+        """Sub-env ``i``'s snapshot as a driver of row ``i`` (not yet installed) and its
+        restart state (None where the snapshot has none)."""
 
         def refuse(problem: str) -> InvalidArgumentError:
             return SnapshotRefusedError(i, problem)
@@ -207,8 +215,14 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
             snapshot = pickle.loads(blob)
         except Exception as err:  # a damaged pickle raises whatever its bytes lead to
             raise refuse(f"does not unpickle ({type(err).__name__}: {err})") from err
-        if not isinstance(snapshot, dict) or set(snapshot) != {"env", "driver"}:
+        keys = set(snapshot) if isinstance(snapshot, dict) else None
+        if keys not in ({"env", "driver"}, {"env", "driver", "restarts"}):
             raise refuse(f"unpickled to a {type(snapshot).__name__}, not a sub-env snapshot")
+        restarts = snapshot.get("restarts")
+        if restarts is not None and not valid_restart_state(restarts):
+            raise refuse(
+                f"holds restarts={restarts!r:.60}; expected (reset seed or None, count >= 0)"
+            )
         env, kind = snapshot["env"], type(self._block.drivers[i])
         try:
             driver = make_driver(env, i, self._block.layout)
@@ -226,7 +240,7 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
             driver.set_state(snapshot["driver"])
         except InvalidArgumentError as err:
             raise refuse(f"holds a driver state that is refused ({err})") from err
-        return driver
+        return driver, restarts
 
     def _close_backend(self) -> None:
         self._block.close()

@@ -8,14 +8,13 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jaxrunner._src.backends.multi_agent.buffers import FIELDS, AgentStepBuffers, MultiAgentStep
-from jaxrunner._src.backends.multi_agent.sub_envs import (
-    MultiAgentEnvFactory,
-    SubEnvBlock,
+from jaxrunner._src.backends.multi_agent.agent_block import (
+    AgentBlock,
     env_groups,
 )
+from jaxrunner._src.backends.multi_agent.buffers import FIELDS, AgentStepBuffers, MultiAgentStep
 from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly
-from jaxrunner._src.backends.sub_envs import build_envs
+from jaxrunner._src.backends.sub_env_block import EnvFactory, build_envs
 from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn
 
 
@@ -33,12 +32,12 @@ class BlockReply(NamedTuple):
 
 
 class AgentEnvWorker:
-    """The body of one multi-agent env actor: a :class:`SubEnvBlock` over sub-envs
+    """The body of one multi-agent env actor: a :class:`AgentBlock` over sub-envs
     ``offset..``, built from its factories."""
 
     def __init__(
         self,
-        env_fns: Sequence[MultiAgentEnvFactory],
+        env_fns: Sequence[EnvFactory],
         restart_policy: RestartPolicy | None,
         offset: int,
         policy_mapping_fn: PolicyMappingFn | None,
@@ -46,7 +45,7 @@ class AgentEnvWorker:
         envs = build_envs(env_fns, offset)
         try:
             groups = env_groups(envs[0], policy_mapping_fn)
-            self.block = SubEnvBlock(
+            self.block = AgentBlock(
                 envs, groups, offset, fns=env_fns, restart_policy=restart_policy
             )
         except BaseException:
@@ -62,7 +61,7 @@ class AgentEnvWorker:
 
     def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> BlockReply:
         infos: list[dict[str, Any]] = [{} for _ in self.block.envs]
-        infos[index] = self.block.reset_at(self.block.offset + index, seed, options)
+        infos[index] = self.block.reset_or_restart(self.block.offset + index, seed, options)
         return self._reply(self.block.result(infos))
 
     def step(self, lo: int, hi: int, actions: Sequence[Any]) -> BlockReply:

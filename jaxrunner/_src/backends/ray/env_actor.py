@@ -1,6 +1,6 @@
 """The body of one env actor of ``backend="ray"``: a block of sub-envs in a
 :class:`~jaxrunner.SyncVectorEnv` (so the shared step loop of
-:mod:`jaxrunner._src.backends.sub_envs`: validation, SAME_STEP autoreset, restarts)."""
+:mod:`jaxrunner._src.backends.gymnasium_block`: validation, SAME_STEP autoreset, restarts)."""
 
 from __future__ import annotations
 
