@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("pettingzoo")
 
+import jaxrunner as jr
 from jaxrunner.errors import InvalidStepError
 from jaxrunner.testing import coming_and_going
 from tests.multi_agent_envs import BadOutputs
@@ -21,6 +22,7 @@ from tests.test_multi_agent_faults import (  # noqa: F401  (ray_for_the_ray_back
     BACKENDS,
     FAILING_ENV,
     NUM_ENVS,
+    SEED,
     T,
     faulty_fns,
     ray_for_the_ray_backend,
@@ -99,7 +101,8 @@ def clean():
 
 def bad_fns(kind):
     fns = [coming_and_going] * NUM_ENVS
-    fns[FAILING_ENV] = functools.partial(BadOutputs, kind)
+    arm_seed = jr.env_seeds(SEED, NUM_ENVS)[FAILING_ENV]  # a restart's seed is another
+    fns[FAILING_ENV] = functools.partial(BadOutputs, kind, arm_seed)
     return fns
 
 
