@@ -13,6 +13,7 @@ from jaxrunner._src.backends.multi_agent.agent_block import (
     env_groups,
 )
 from jaxrunner._src.backends.multi_agent.buffers import FIELDS, AgentStepBuffers, MultiAgentStep
+from jaxrunner._src.backends.ray.env_actor import ActorBody
 from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly
 from jaxrunner._src.backends.sub_env_block import EnvFactory, build_envs
 from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn
@@ -31,9 +32,11 @@ class BlockReply(NamedTuple):
     errors: dict[int, BaseException] | None
 
 
-class AgentEnvWorker:
+class AgentEnvWorker(ActorBody):
     """The body of one multi-agent env actor: a :class:`AgentBlock` over sub-envs
     ``offset..``, built from its factories."""
+
+    block: AgentBlock
 
     def __init__(
         self,
@@ -69,28 +72,6 @@ class AgentEnvWorker:
         before any actor steps); the reply holds those rows only."""
         infos, errors = self.block.step_rows(lo, hi, actions)
         return self._reply(self.block.result(infos, errors), slice(lo, hi))
-
-    def num_restarts(self) -> int:
-        return self.block.num_restarts
-
-    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        return self.block.call(name, args, kwargs)
-
-    def get_attr(self, name: str) -> list[Any]:
-        return self.block.get_attr(name)
-
-    def set_attr(self, name: str, values: list[Any]) -> None:
-        self.block.set_attr(name, values)
-
-    def render(self) -> list[Any]:
-        return self.block.render()
-
-    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        """A sub-env handle's request, run on the block's sub-env ``index`` alone."""
-        return self.block.on_sub_env(self.block.offset + index, method, args)
-
-    def close(self) -> None:
-        self.block.close()
 
     def _reply(self, out: MultiAgentStep, rows: slice = slice(None)) -> BlockReply:
         groups = [
