@@ -325,11 +325,6 @@ class EpisodeTable:
             )
         return live
 
-    def find(self, episode_id: Any) -> EpisodeRecord | None:
-        """The live episode ``episode_id``, or None."""
-        is_int = isinstance(episode_id, (int, np.integer))
-        return self._live.get(int(episode_id)) if is_int else None
-
     def idle_since(self, since: float) -> list[EpisodeRecord]:
         """Live episodes with no call in flight, last seen before ``since``."""
         return [ep for ep in self._live.values() if not ep.busy and ep.last_seen < since]
