@@ -70,22 +70,31 @@ class ActionDelivery:
         every agent's step is recorded the future resolves to ``answer(actions)``,
         ``actions`` being ``{agent_id: action}`` of the sampled rows (``action=None``;
         logged rows are left out)."""
-        call, future = _Call(live, parts, answer), concurrent.futures.Future()
-        with self.lock:
-            self.calls[future] = call  # for retract
+        call = _Call(live, parts, answer)
         try:
-            for policy_id, part in parts.items():
-                self.batchers[policy_id].submit(
+            if len(parts) == 1:  # one policy: its request's future is the call's
+                ((policy_id, part),) = parts.items()
+                future = self.batchers[policy_id].submit(
                     [row for _, row in part],
-                    functools.partial(self._on_done, call, future, policy_id),
-                    functools.partial(self._on_abort, call, future),
+                    functools.partial(self._on_only, call),
+                    functools.partial(self._on_only_abort, call),
                 )
+            else:
+                future = concurrent.futures.Future()
+                for policy_id, part in parts.items():
+                    self.batchers[policy_id].submit(
+                        [row for _, row in part],
+                        functools.partial(self._on_done, call, future, policy_id),
+                        functools.partial(self._on_abort, call, future),
+                    )
         except BaseException:  # a closed batcher: answers already asked for are ignored
             with self.lock:
                 if not call.finished:
                     call.finished = True
                     self._settle(live, 0, 0)
             raise
+        with self.lock:
+            self.calls[future] = call  # for retract
         return future
 
     def submit_many(
@@ -122,6 +131,21 @@ class ActionDelivery:
                 self._settle(live, 0, 0)
             raise
 
+    def _on_only(self, call: _Call, results: list[RowResult]) -> Any:
+        """The answer of a one-policy call (batcher thread, not cancelled): records it."""
+        with self.lock:
+            call.finished = True
+            call.results.update(dict.fromkeys(call.parts, results))
+            return call.answer(self._record(call))
+
+    def _on_only_abort(self, call: _Call, error: BaseException | None) -> None:
+        """A one-policy call failed, or (``error`` None) was cancelled: counted."""
+        with self.lock:
+            call.finished = True
+            self._settle(call.live, 0, 0)
+            if error is None:
+                self._count_undelivered(call.num_rows)
+
     def _on_done(
         self,
         call: _Call,
@@ -129,7 +153,8 @@ class ActionDelivery:
         policy_id: str,
         results: list[RowResult],
     ) -> None:
-        """One policy's answer (batcher thread); the last one records the call."""
+        """One policy's answer of a call to several (batcher thread); the last one
+        records the call."""
         with self.lock:
             if call.finished:
                 return
@@ -142,21 +167,27 @@ class ActionDelivery:
                 self._settle(call.live, 0, 0)
                 self._count_undelivered(call.num_rows)
                 return
-            actions: dict[str, Any] = {}
-            before = sum(r.nbytes for part in call.parts.values() for r, _ in part)
-            try:
-                env_step = call.live.num_calls
-                for pid, part in call.parts.items():
-                    for (record, row), (taken, extras, carry) in zip(part, call.results[pid]):
-                        record.record(row.obs, taken, extras, carry, env_step, ticket=call)
-                        if row.action is None:
-                            actions[record.agent_id] = taken
-                call.live.num_calls += 1
-                self.counts["num_env_steps"] += 1
-            finally:
-                grown = sum(r.nbytes for part in call.parts.values() for r, _ in part) - before
-                self._settle(call.live, grown, call.num_rows)
+            actions = self._record(call)
         future.set_result(call.answer(actions))
+
+    def _record(self, call: _Call) -> dict[str, Any]:
+        """Records every agent's step of ``call`` as one env step (caller holds the
+        lock); returns ``{agent_id: action}`` of its sampled rows."""
+        actions: dict[str, Any] = {}
+        before = sum(r.nbytes for part in call.parts.values() for r, _ in part)
+        try:
+            env_step = call.live.num_calls
+            for pid, part in call.parts.items():
+                for (record, row), (taken, extras, carry) in zip(part, call.results[pid]):
+                    record.record(row.obs, taken, extras, carry, env_step, ticket=call)
+                    if row.action is None:
+                        actions[record.agent_id] = taken
+            call.live.num_calls += 1
+            self.counts["num_env_steps"] += 1
+        finally:
+            grown = sum(r.nbytes for part in call.parts.values() for r, _ in part) - before
+            self._settle(call.live, grown, call.num_rows)
+        return actions
 
     def _on_abort(
         self, call: _Call, future: concurrent.futures.Future, error: BaseException | None
