@@ -4,8 +4,9 @@ Each round runs, in a fresh subprocess per checkout (``PYTHONPATH`` set to it,
 alternating A, B, A, B, ...), ``--agents`` threads that each play CartPole-spaced
 episodes of ``--episode-steps`` steps against one ``ExternalEnv`` (a 64-64 MLP policy,
 default config): ``start_episode``, then ``get_action`` + ``log_returns`` per step, then
-``end_episode``, until ``--steps`` steps in all. It reports steps/s per run and the ratio
-of the medians (B over A). The machine is shared, so only interleaved medians count.
+``end_episode``, until ``--steps`` steps in all. It reports, per run, steps/s and the
+process's CPU time per step (all threads: agents and batcher), and the ratios of the
+medians (B over A; CPU time is the steadier of the two on a loaded, shared machine).
 
 Usage::
 
@@ -50,15 +51,16 @@ with jr.ExternalEnv(game.observation_space, game.action_space, policy, params) a
     env.poll_episodes()
     per_agent = steps // agents
     threads = [threading.Thread(target=play, args=(env, per_agent)) for _ in range(agents)]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     [t.start() for t in threads]; [t.join() for t in threads]
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     assert sum(e.length for e in env.poll_episodes()) == per_agent * agents
-print(json.dumps({"steps_per_s": per_agent * agents / elapsed}))
+n = per_agent * agents
+print(json.dumps({"steps_per_s": n / elapsed, "cpu_us_per_step": 1e6 * cpu / n}))
 """
 
 
-def run(checkout: str, args: argparse.Namespace) -> float:
+def run(checkout: str, args: argparse.Namespace) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout), "JAX_PLATFORMS": "cpu"}
     argv = [str(args.agents), str(args.steps), str(args.episode_steps)]
     out = subprocess.run(
@@ -66,7 +68,7 @@ def run(checkout: str, args: argparse.Namespace) -> float:
     )
     if out.returncode:
         raise RuntimeError(f"{checkout}: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])["steps_per_s"]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -78,14 +80,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8000)
     parser.add_argument("--episode-steps", type=int, default=50)
     args = parser.parse_args()
-    results: dict[str, list[float]] = {"a": [], "b": []}
+    results: dict[str, list[dict[str, float]]] = {"a": [], "b": []}
     for round_index in range(args.rounds):
         for name in ("a", "b") if round_index % 2 == 0 else ("b", "a"):
             results[name].append(run(getattr(args, name), args))
-        print(f"round {round_index}: a {results['a'][-1]:.0f}, b {results['b'][-1]:.0f} steps/s")
-    a, b = statistics.median(results["a"]), statistics.median(results["b"])
-    summary = {"a": args.a, "b": args.b, "runs": results, "median_a": a, "median_b": b}
-    print(json.dumps({**summary, "ratio_b_over_a": b / a, "loadavg": os.getloadavg()}))
+        a, b = results["a"][-1], results["b"][-1]
+        print(f"round {round_index}: a {a}, b {b}")
+    summary: dict[str, object] = {"a": args.a, "b": args.b, "runs": results}
+    for key in ("steps_per_s", "cpu_us_per_step"):
+        a, b = (statistics.median(r[key] for r in results[n]) for n in ("a", "b"))
+        summary[key] = {"median_a": a, "median_b": b, "ratio_b_over_a": b / a}
+    print(json.dumps({**summary, "loadavg": os.getloadavg()}))
 
 
 if __name__ == "__main__":

@@ -135,7 +135,7 @@ class ActionDelivery:
         """The answer of a one-policy call (batcher thread, not cancelled): records it."""
         with self.lock:
             call.finished = True
-            call.results.update(dict.fromkeys(call.parts, results))
+            call.results[next(iter(call.parts))] = results
             return call.answer(self._record(call))
 
     def _on_only_abort(self, call: _Call, error: BaseException | None) -> None:
