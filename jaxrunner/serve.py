@@ -13,7 +13,7 @@ _EXPORTS = {
     "PolicyServer": "jaxrunner._src.services.serve.server",
     "ServerConfig": "jaxrunner._src.services.serve.server",
     "PolicyClient": "jaxrunner._src.services.serve.client",
-    "MultiAgentPolicyClient": "jaxrunner._src.services.serve.multi_agent_client",
+    "MultiAgentPolicyClient": "jaxrunner._src.services.serve.client",
     "PolicyServerError": "jaxrunner._src.services.serve.client_http",
     "ReportError": "jaxrunner._src.services.serve.client_http",
 }

@@ -19,7 +19,7 @@ class GatedPolicy:
         self.gate.set()
         self.fail = 0
         self.entered = threading.Event()
-        batcher = env._batcher
+        (batcher,) = env._batchers.values()
         compute = batcher._compute
 
         def gated(rows: Any) -> Any:

@@ -17,7 +17,7 @@ from gated_policy import GatedPolicy
 import jaxrunner as jr
 import jaxrunner.errors as errors
 from jaxrunner._src import space_arrays
-from jaxrunner._src.services.external.episodes import EpisodeRecord
+from jaxrunner._src.services.external.episodes import AgentRecord
 from jaxrunner._src.services.external.memory import episode_nbytes
 from jaxrunner.models import mlp_policy
 
@@ -80,11 +80,11 @@ def test_refused_and_failed_calls_give_their_reservation_back():
 # -- item 12: a finished episode is charged what it really holds -----------------------------
 
 
-def _closed_record(episode_id: int, steps: int) -> EpisodeRecord:
-    live = EpisodeRecord(episode_id, "c", 0, True, None, 0.0)
-    for _ in range(steps):
+def _closed_record(episode_id: int, steps: int) -> AgentRecord:
+    live = AgentRecord(episode_id, 0, True, None)
+    for t in range(steps):
         extras = {"log_prob": np.array(0.0, np.float32), "value": np.array(0.0, np.float32)}
-        live.record(np.zeros(4, np.float32), np.array(1, np.int64), extras, None)
+        live.record(np.zeros(4, np.float32), np.array(1, np.int64), extras, None, t)
         live.pending_reward += 1.0
     live.close_at(np.zeros(4, np.float32))
     return live
@@ -115,7 +115,7 @@ def test_end_episode_stacks_without_the_lock(monkeypatch):
         for _ in range(5):
             env.get_action(eid, OBS)
         lock_free_while_stacking = []
-        to_episode = EpisodeRecord.to_episode
+        to_episode = AgentRecord.to_episode
 
         def probing(self, *args, **kwargs):
             free = env._lock.acquire(blocking=False)
@@ -124,7 +124,7 @@ def test_end_episode_stacks_without_the_lock(monkeypatch):
             lock_free_while_stacking.append(free)
             return to_episode(self, *args, **kwargs)
 
-        monkeypatch.setattr(EpisodeRecord, "to_episode", probing)
+        monkeypatch.setattr(AgentRecord, "to_episode", probing)
         env.end_episode(eid, OBS)
         assert lock_free_while_stacking == [True]
         (episode,) = env.poll_episodes()

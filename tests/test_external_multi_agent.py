@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import gymnasium
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 from external_multi_agent_helpers import Ref, assert_matches, make_env, play_parallel, play_turns
 
 from jaxrunner._src.core.policy import Policy
-from jaxrunner._src.services.external import ExternalEnvConfig, MultiAgentExternalEnv
+from jaxrunner._src.services.external import ExternalEnv, ExternalEnvConfig, MultiAgentExternalEnv
 from jaxrunner._src.testing.envs import ComingAndGoing, Relay
 from jaxrunner.errors import (
     ClosedError,
@@ -405,3 +406,44 @@ def test_finished_calls_are_not_kept():
         gc.collect()
         # At most the last batch's, which the batcher's loop still names until its next.
         assert len(env._delivery.calls) <= 1
+
+
+def test_a_single_agent_env_is_the_one_agent_case():
+    # ExternalEnv is the one-agent view of the same core: the same calls give the same
+    # actions, log-probs and episodes, bit for bit, as a one-agent MultiAgentExternalEnv.
+    game = gymnasium.make("CartPole-v1")
+    obs_space, action_space = game.observation_space, game.action_space
+    policy = mlp_policy(action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), obs_space)
+    config = ExternalEnvConfig(max_batch=4)
+    single = ExternalEnv(obs_space, action_space, policy, params, seed=3, config=config)
+    multi = MultiAgentExternalEnv(
+        {"a": obs_space}, {"a": action_space}, policy, {"policy_0": params}, seed=3, config=config
+    )
+    with single, multi:
+        for eid in (0, 7):
+            assert single.start_episode(eid) == multi.start_episode(eid) == eid
+            obs, _ = game.reset(seed=eid)
+            terminated = False
+            for _ in range(30):
+                action = single.get_action(eid, obs)
+                np.testing.assert_array_equal(multi.get_action(eid, {"a": obs})["a"], action)
+                obs, reward, terminated, _, _ = game.step(int(action))
+                single.log_returns(eid, float(reward))
+                multi.log_returns(eid, {"a": float(reward)})
+                if terminated:
+                    break
+            single.end_episode(eid, obs, truncated=not terminated)
+            multi.end_episode(eid, {"a": obs}, truncated=not terminated)
+        singles, agents = single.poll_episodes(), multi.poll_episodes()
+        assert [e.length for e in singles] == [e.length for e in agents] and singles
+        for episode, agent in zip(singles, agents, strict=True):
+            assert (episode.episode_id, episode.truncated) == (agent.episode_id, agent.truncated)
+            for field in ("obs", "action", "reward"):
+                np.testing.assert_array_equal(getattr(episode, field), getattr(agent, field))
+            for key in episode.extras:
+                np.testing.assert_array_equal(episode.extras[key], agent.extras[key])
+            np.testing.assert_array_equal(agent.env_step, np.arange(agent.length))
+        one, many = single.get_metrics(), multi.get_metrics()
+        for key in ("num_env_steps", "num_episodes", "episode_return_mean", "num_policy_rows"):
+            assert one[key] == many[key], key

@@ -115,7 +115,7 @@ def test_http_client_that_hangs_up_gets_no_step(answer_before_noticed):
         if answer_before_noticed:  # the action is computed while the client is gone
             gated.gate.set()
         else:  # the server notices the hang-up first and withdraws the request
-            wait_for(lambda: any(future.cancelled() for future in list(env._delivery.tickets)))
+            wait_for(lambda: any(future.cancelled() for future in list(env._delivery.calls)))
             gated.gate.set()
         wait_for(lambda: env.get_metrics()["num_dropped_steps"] == 1)
         assert when_idle(server.url, f"/v1/episodes/{eid}/action", act).status_code == 200
@@ -264,16 +264,16 @@ def test_report_decodes_off_the_event_loop(monkeypatch):
 
 
 def test_end_episode_stacks_off_the_event_loop(monkeypatch):
-    from jaxrunner._src.services.external.episodes import EpisodeRecord
+    from jaxrunner._src.services.external.episodes import AgentRecord
 
     threads = []
-    to_episode = EpisodeRecord.to_episode
+    to_episode = AgentRecord.to_episode
 
     def recording(self, *args, **kwargs):
         threads.append(threading.current_thread().name)
         return to_episode(self, *args, **kwargs)
 
-    monkeypatch.setattr(EpisodeRecord, "to_episode", recording)
+    monkeypatch.setattr(AgentRecord, "to_episode", recording)
     env = make_env()
     with env, PolicyServer(env, require_token=False) as server:
         for path in ("end", "report"):

@@ -1,140 +1,249 @@
-"""Action delivery of an :class:`~jaxrunner.ExternalEnv`: a policy request from submission
-to its step recorded, or to nothing (a step is recorded only for an action that reached
-its agent; one withdrawn or retracted counts in ``num_undelivered_actions``)."""
+"""Action delivery of the external envs: a call's agents, split into one request per policy,
+recorded all together when the last policy answers, or not at all (a step is recorded only
+for an action that reached its agent; one withdrawn or retracted counts in
+``num_undelivered_actions``)."""
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxrunner._src.services.external.batching import PolicyBatcher, Row, RowResult
-from jaxrunner._src.services.external.episodes import EpisodeRecord, EpisodeTable
+from jaxrunner._src.services.external.episodes import AgentRecord, EpisodeRecord
 from jaxrunner._src.services.external.memory import MemoryBudget
 from jaxrunner.errors import ActionTimeoutError
+
+Parts = dict[str, list[tuple[AgentRecord, Row]]]
+"""Policy id -> the agents' records and rows of one call."""
+Answer = Callable[[dict[str, Any]], Any]
+"""What a call's future resolves to, from ``{agent_id: action}`` of its sampled rows."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Call:
+    live: EpisodeRecord
+    parts: Parts
+    answer: Answer
+    # Not its future: ``calls`` maps the future to the call weakly, which a call
+    # holding its future would defeat (the callbacks get the future instead).
+    results: dict[str, list[RowResult]] = dataclasses.field(default_factory=dict)
+    finished: bool = False  # recorded, failed or dropped: later answers are ignored
+
+    @property
+    def num_rows(self) -> int:
+        return sum(len(part) for part in self.parts.values())
 
 
 @dataclasses.dataclass(eq=False)
 class ActionDelivery:
-    """Submits, records, withdraws and retracts the policy requests of live episodes.
+    """Submits the calls of live episodes and records their steps.
 
     Attributes:
         lock: the owning env's lock, taken around every change to an episode.
-        batcher: computes the actions.
-        episodes: the env's live episodes (for :meth:`retract`).
+        batchers: one per policy id.
         memory: the env's memory budget: a claimed episode's reservation
             (``live.reserved``) is settled by what is recorded, or released.
-        counts: the env's counters (``num_dropped_steps``, ``num_undelivered_actions``).
-        action_timeout_s: how long :meth:`wait` waits.
-        tickets: the row of each single-step request, for :meth:`retract`.
+        counts: the env's counters (``num_env_steps``, ``num_dropped_steps``,
+            ``num_undelivered_actions``).
     """
 
     lock: threading.Lock
-    batcher: PolicyBatcher
-    episodes: EpisodeTable
+    batchers: Mapping[str, PolicyBatcher]
     memory: MemoryBudget
     counts: collections.Counter[str]
-    action_timeout_s: float
-    tickets: weakref.WeakKeyDictionary[concurrent.futures.Future, Row] = dataclasses.field(
+    calls: weakref.WeakKeyDictionary[concurrent.futures.Future, _Call] = dataclasses.field(
         default_factory=weakref.WeakKeyDictionary, repr=False
     )
+    """The call of each future, for :meth:`retract`."""
 
-    def submit(self, live: EpisodeRecord, row: Row) -> concurrent.futures.Future:
-        """Requests the action of ``row`` for ``live`` (claimed by the caller); the
-        future resolves to the action, or to None for a logged action."""
-
-        def on_done(results: list[RowResult]) -> Any:
-            taken, extras, carry = results[0]
+    def submit(
+        self, live: EpisodeRecord, parts: Parts, answer: Answer
+    ) -> concurrent.futures.Future:
+        """Requests the rows of ``parts`` for ``live`` (claimed by the caller). Once
+        every agent's step is recorded the future resolves to ``answer(actions)``,
+        ``actions`` being ``{agent_id: action}`` of the sampled rows (``action=None``;
+        logged rows are left out)."""
+        call = _Call(live, parts, answer)
+        try:
+            if len(parts) == 1:  # one policy: its request's future is the call's
+                ((policy_id, part),) = parts.items()
+                future = self.batchers[policy_id].submit(
+                    [row for _, row in part],
+                    functools.partial(self._on_only, call),
+                    functools.partial(self._on_only_abort, call),
+                )
+            else:
+                future = concurrent.futures.Future()
+                for policy_id, part in parts.items():
+                    self.batchers[policy_id].submit(
+                        [row for _, row in part],
+                        functools.partial(self._on_done, call, future, policy_id),
+                        functools.partial(self._on_abort, call, future),
+                    )
+        except BaseException:  # a closed batcher: answers already asked for are ignored
             with self.lock:
-                before = live.nbytes
-                try:
-                    live.record(row.obs, taken, extras, carry, ticket=row)
-                finally:
-                    self._settle(live, live.nbytes - before, 1)
-            return taken if row.action is None else None
-
-        future = self._submit_rows(live, [row], on_done)
+                if not call.finished:
+                    call.finished = True
+                    self._settle(live, 0, 0)
+            raise
         with self.lock:
-            self.tickets[future] = row  # for retract
+            self.calls[future] = call  # for retract
         return future
 
     def submit_many(
-        self, live: EpisodeRecord, rows: list[Row], rewards: list[float]
+        self, live: EpisodeRecord, record: AgentRecord, rows: list[Row], rewards: list[float]
     ) -> concurrent.futures.Future:
-        """Logged steps of a feed-forward policy (rows are independent, so one
-        request): row ``t`` is recorded with ``rewards[t]`` after it."""
+        """Logged steps of one agent under a feed-forward policy (rows are independent,
+        so one request): row ``t`` is recorded with ``rewards[t]`` after it, each one
+        env step."""
 
         def on_done(results: list[RowResult]) -> None:
             with self.lock:
-                before = live.nbytes
+                before = record.nbytes
                 try:
                     for t, (taken, extras, _) in enumerate(results):
-                        live.record(rows[t].obs, taken, extras, None)
-                        live.pending_reward += rewards[t]
+                        record.record(rows[t].obs, taken, extras, None, live.num_calls)
+                        record.pending_reward += rewards[t]
+                        live.num_calls += 1
+                        self.counts["num_env_steps"] += 1
                 finally:
-                    self._settle(live, live.nbytes - before, len(results))
+                    self._settle(live, record.nbytes - before, len(results))
 
-        return self._submit_rows(live, rows, on_done)
-
-    def _submit_rows(
-        self, live: EpisodeRecord, rows: list[Row], on_done: Callable[[list[RowResult]], Any]
-    ) -> concurrent.futures.Future:
         def on_abort(error: BaseException | None) -> None:
             # Nothing was recorded: the episode is free again (a failed policy call
-            # never wedges it). Cancelled (None): its waiter gave up, so the action
-            # was never delivered; it is counted, never recorded.
+            # never wedges it). Cancelled (None): its waiter gave up; counted.
             with self.lock:
                 self._settle(live, 0, 0)
-                live.last_seen = time.monotonic()
                 if error is None:
-                    self.counts["num_dropped_steps"] += len(rows)
-                    self.counts["num_undelivered_actions"] += len(rows)
+                    self._count_undelivered(len(rows))
 
         try:
-            return self.batcher.submit(rows, on_done, on_abort)
+            return self.batchers[record.policy_id].submit(rows, on_done, on_abort)
         except BaseException:
             with self.lock:
                 self._settle(live, 0, 0)
             raise
 
+    def _on_only(self, call: _Call, results: list[RowResult]) -> Any:
+        """The answer of a one-policy call (batcher thread, not cancelled): records it."""
+        with self.lock:
+            call.finished = True
+            call.results[next(iter(call.parts))] = results
+            return call.answer(self._record(call))
+
+    def _on_only_abort(self, call: _Call, error: BaseException | None) -> None:
+        """A one-policy call failed, or (``error`` None) was cancelled: counted."""
+        with self.lock:
+            call.finished = True
+            self._settle(call.live, 0, 0)
+            if error is None:
+                self._count_undelivered(call.num_rows)
+
+    def _on_done(
+        self,
+        call: _Call,
+        future: concurrent.futures.Future,
+        policy_id: str,
+        results: list[RowResult],
+    ) -> None:
+        """One policy's answer of a call to several (batcher thread); the last one
+        records the call."""
+        with self.lock:
+            if call.finished:
+                return
+            call.results[policy_id] = results
+            if len(call.results) < len(call.parts):
+                return
+            call.finished = True
+            # Running only now: until here the waiter could cancel (give up on) the call.
+            if not future.set_running_or_notify_cancel():
+                self._settle(call.live, 0, 0)
+                self._count_undelivered(call.num_rows)
+                return
+            actions = self._record(call)
+        future.set_result(call.answer(actions))
+
+    def _record(self, call: _Call) -> dict[str, Any]:
+        """Records every agent's step of ``call`` as one env step (caller holds the
+        lock); returns ``{agent_id: action}`` of its sampled rows."""
+        actions: dict[str, Any] = {}
+        before = sum(r.nbytes for part in call.parts.values() for r, _ in part)
+        try:
+            env_step = call.live.num_calls
+            for pid, part in call.parts.items():
+                for (record, row), (taken, extras, carry) in zip(part, call.results[pid]):
+                    record.record(row.obs, taken, extras, carry, env_step, ticket=call)
+                    if row.action is None:
+                        actions[record.agent_id] = taken
+            call.live.num_calls += 1
+            self.counts["num_env_steps"] += 1
+        finally:
+            grown = sum(r.nbytes for part in call.parts.values() for r, _ in part) - before
+            self._settle(call.live, grown, call.num_rows)
+        return actions
+
+    def _on_abort(
+        self, call: _Call, future: concurrent.futures.Future, error: BaseException | None
+    ) -> None:
+        """A policy failed (or the batcher closed): the call fails, nothing recorded."""
+        with self.lock:
+            if call.finished:
+                return
+            call.finished = True
+            self._settle(call.live, 0, 0)
+            delivered = future.set_running_or_notify_cancel()
+            if not delivered or error is None:
+                self._count_undelivered(call.num_rows)
+        if delivered:
+            future.set_exception(error or concurrent.futures.CancelledError())
+
+    def retract(self, future: concurrent.futures.Future) -> bool:
+        """Takes back the call of ``future`` (its actions never reached the agents)
+        if its steps are still every agent's latest; cancels the future if pending.
+        Returns whether anything was taken back."""
+        if future.cancel():
+            return True  # _on_done counts it
+        with self.lock:
+            call = self.calls.get(future)
+            if call is None or call.live.busy or not future.done():
+                return False
+            records = [record for part in call.parts.values() for record, _ in part]
+            if not all(not record.done and record.can_undo(call) for record in records):
+                return False  # a later call or an ending came first: too late
+            before = sum(record.nbytes for record in records)
+            for record in records:
+                record.undo(call)
+            self.memory.live -= before - sum(record.nbytes for record in records)
+            call.live.num_calls -= 1
+            self.counts["num_env_steps"] -= 1
+            self._count_undelivered(call.num_rows)
+            return True
+
+    def _count_undelivered(self, rows: int) -> None:
+        """Actions nobody received: counted, never recorded (caller holds the lock)."""
+        self.counts["num_dropped_steps"] += rows
+        self.counts["num_undelivered_actions"] += rows
+
     def _settle(self, live: EpisodeRecord, grown: int, steps: int) -> None:
-        """Frees ``live`` (its call is over) and replaces its reservation by the
-        ``grown`` bytes its ``steps`` recorded steps took (caller holds the lock)."""
+        """Frees ``live`` and replaces its reservation by the ``grown`` bytes its
+        ``steps`` recorded agent steps took (caller holds the lock)."""
         live.busy = False
         self.memory.settle(live.reserved, grown, steps)
         live.reserved = 0
-
-    def retract(self, episode_id: int, future: concurrent.futures.Future) -> bool:
-        """Takes back the step of ``future`` if it is still the episode's latest
-        (cancels the future if pending); returns whether anything was taken back."""
-        if future.cancel():
-            return True  # on_abort counts it
-        with self.lock:
-            live = self.episodes.find(episode_id)
-            ticket = self.tickets.get(future)
-            before = 0 if live is None else live.nbytes
-            if ticket is None or live is None or live.busy or not live.undo(ticket):
-                return False
-            self.memory.live -= before - live.nbytes
-            self.counts["num_dropped_steps"] += 1
-            self.counts["num_undelivered_actions"] += 1
-            return True
-
-    def wait(self, future: concurrent.futures.Future) -> Any:
-        """The future's result, waiting at most ``action_timeout_s`` (see :func:`wait_for`)."""
-        return wait_for(future, self.action_timeout_s)
+        live.last_seen = time.monotonic()
 
 
 def wait_for(future: concurrent.futures.Future, timeout_s: float) -> Any:
     """The future's result; after ``timeout_s`` it is cancelled (never recorded,
     counted in ``num_dropped_steps`` by whoever submitted it) and ActionTimeoutError
-    raised, unless it was already being recorded: then the caller gets it after all.
-    Shared by the single- and multi-agent deliveries."""
+    raised, unless it was already being recorded: then the caller gets it after all."""
     try:
         return future.result(timeout=timeout_s)
     except concurrent.futures.TimeoutError:

@@ -1,45 +1,38 @@
-"""How an :class:`~jaxrunner.ExternalEnv` episode ends (``end_episode`` or the reaper): it
-leaves the live table under the lock, is stacked without it (a long episode stalls no
-other call), and is counted and handed on under the lock again."""
+"""How the agents of an external env's episodes end (``end_agents``, ``end_episode`` or the
+reaper): closed under the lock, stacked without it (a long episode stalls no other call),
+and counted and handed on under the lock again."""
 
 from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium import spaces
 
+from jaxrunner._src.core.agent_groups import AgentGroup
+from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.metrics import EpisodeStats
-from jaxrunner._src.services.external.episodes import EpisodeRecord, EpisodeTable
+from jaxrunner._src.services.external.episodes import AgentRecord, EpisodeTable
 from jaxrunner._src.services.external.memory import MemoryBudget
 
-Emit = Callable[[EpisodeRecord, Any], None]
+Emit = Callable[[AgentRecord, Any], None]
 """``emit(record, episode)``: ``episode`` is what ``record.to_episode`` gave, or None."""
 
 
 class EpisodeEndings:
-    """Ends live episodes.
+    """Ends the agents of live episodes.
 
     Args:
-        lock: the env's lock; :meth:`finish` and :meth:`reap` take it themselves.
+        lock: the env's lock; :meth:`close` is called with it held, :meth:`finish`
+            and :meth:`reap` without it.
         episodes: the env's live episodes.
-        memory: the env's memory budget (an ended episode's live bytes are freed).
-        counts: the env's counters (``steps_key``, ``num_dropped_steps``,
-            ``num_abandoned_episodes``).
-        stats: the env's recent-episode statistics.
-        observation_space: one episode's observation space.
-        action_space: one episode's action space.
-        emit: called, with the lock held, with each ended episode and its Episode
-            (None when it had no step); ``ExternalEnv._emit``, which a policy client
-            overrides.
-        steps_key: the counter the ended episode's steps are added to
-            (``num_agent_steps`` for the agent records of a MultiAgentExternalEnv).
-
-    An agent record's ``to_episode`` gives an AgentEpisode: the same ending serves
-    each agent of a multi-agent episode, one group's spaces per instance.
+        memory, counts, stats: the env's memory budget, counters and recent-episode
+            statistics (agent steps count in ``num_agent_steps``).
+        groups: the env's agent groups (their spaces stack each agent's episode).
+        emit: called, with the lock held, with each ended agent and its Episode
+            (None when it had no step); the env's ``_emit``.
     """
 
     def __init__(
@@ -49,48 +42,70 @@ class EpisodeEndings:
         memory: MemoryBudget,
         counts: collections.Counter[str],
         stats: EpisodeStats,
-        observation_space: spaces.Space,
-        action_space: spaces.Space,
+        groups: Sequence[AgentGroup],
         emit: Emit,
-        steps_key: str = "num_env_steps",
     ) -> None:
-        self._lock = lock
-        self._episodes, self._memory, self._counts, self._stats = episodes, memory, counts, stats
-        self._observation_space, self._action_space = observation_space, action_space
+        self._lock, self._episodes = lock, episodes
+        self._memory, self._counts, self._stats = memory, counts, stats
+        self._groups = {g.policy_id: g for g in groups}
         self._emit = emit
-        self._steps_key = steps_key
 
-    def finish(self, live: EpisodeRecord, terminated: bool, truncated: bool) -> None:
-        """Stacks ``live`` (closed, and removed from the live table by the caller) and
-        counts and emits it. Called without the lock."""
-        episode, length = None, live.num_actions  # stacking empties the record
+    @staticmethod
+    def close(record: AgentRecord, final_obs: Any) -> AgentRecord | None:
+        """Marks the agent ended; if it ends as an episode, closes its record at
+        ``final_obs`` (the caller made sure there is one) and returns it for
+        :meth:`finish`; else None (caller holds the lock)."""
+        record.done = True
+        if not record.ends_as_episode:
+            return None
+        record.close_at(final_obs)
+        return record
+
+    def finish(self, records: Sequence[AgentRecord | None], truncated: bool) -> None:
+        """Stacks, counts and outputs closed agent records (without the lock)."""
+        for record in records:
+            if record is not None:
+                self._finish(record, terminated=not truncated, truncated=bool(truncated))
+
+    def _finish(self, record: AgentRecord, terminated: bool, truncated: bool) -> None:
+        group = self._groups[record.policy_id]
+        episode: Episode | None = None
+        length = record.num_actions  # stacking empties the record
         try:
             if length:
-                episode = live.to_episode(
-                    self._observation_space,
-                    self._action_space,
+                episode = record.to_episode(
+                    group.observation_space,
+                    group.action_space,
                     terminated=terminated,
                     truncated=truncated,
                 )
         finally:
             with self._lock:
-                self._memory.live -= live.nbytes
-                self._counts[self._steps_key] += length
+                self._memory.live -= record.nbytes
+                self._counts["num_agent_steps"] += length
                 if length and episode is None:  # stacking failed (out of memory)
                     self._counts["num_dropped_steps"] += length
-                self._stats.add(np.array([sum(live.rewards)], np.float64), np.array([length]))
-                self._emit(live, episode)
+                self._stats.add(np.array([sum(record.rewards)], np.float64), np.array([length]))
+                self._emit(record, episode)
 
     def reap(self, idle_since: float) -> int:
-        """Ends every idle episode last seen before ``idle_since`` as truncated at its
-        last observation, dropping its step in wait of an outcome; returns how many.
-        Called without the lock."""
+        """Ends every idle episode last seen before ``idle_since``: each agent still in
+        it is truncated at its last observation, its step in wait of an outcome
+        dropped; returns how many episodes (without the lock)."""
+        ended: list[AgentRecord | None] = []
         with self._lock:
             stale = self._episodes.idle_since(idle_since)
             for live in stale:
-                self._counts["num_dropped_steps"] += live.abandon(self._observation_space)
+                for record in live.agents.values():
+                    if record.done:
+                        continue
+                    record.done = True
+                    if record.ends_as_episode:
+                        space = self._groups[record.policy_id].observation_space
+                        self._counts["num_dropped_steps"] += record.abandon(space)
+                        ended.append(record)
                 self._counts["num_abandoned_episodes"] += 1
+                self._counts["num_ended_episodes"] += 1
                 self._episodes.remove(live)
-        for live in stale:
-            self.finish(live, terminated=False, truncated=True)
+        self.finish(ended, truncated=True)
         return len(stale)

@@ -1,8 +1,5 @@
-"""Episode bookkeeping of an :class:`~jaxrunner.ExternalEnv`: live records and ids.
-
-Nothing here locks: the :class:`~jaxrunner.ExternalEnv` that owns these objects
-holds its lock around every call.
-"""
+"""Episode bookkeeping of the external envs: live episodes, their agents' records, and ids.
+Nothing here locks: the env that owns these objects holds its lock around every call."""
 
 from __future__ import annotations
 
@@ -15,7 +12,9 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.episode import Episode
+from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
 from jaxrunner._src.services.external.memory import (
     TRIM_EVERY_BYTES,
     release_freed_memory,
@@ -32,32 +31,46 @@ CLIENT_IDS_KEPT = 65_536
 
 
 @dataclasses.dataclass
-class EpisodeRecord:
-    """A live episode's host-side record.
+class AgentRecord:
+    """One agent's steps in a live episode (a single-agent episode has one).
 
     ``obs[t]`` got ``actions[t]``; ``rewards[t]`` is closed by the next observation,
-    so while an action waits for its outcome its reward adds up in ``pending_reward``.
+    so while an action waits for its outcome its reward adds up in ``pending_reward``
+    (a reward logged before the agent's first action goes onto that action).
     """
 
     episode_id: int
-    client: str
     env_id: int
     training_enabled: bool
     carry: Any
-    last_seen: float
+    agent_id: str = ""
+    policy_id: str = ""
+    index: int = 0
+    """The agent's index in ``possible_agents`` (for its action keys)."""
+    from_start: bool = False
+    """In the episode from its start (the one agent of an ExternalEnv): it ends as an
+    episode, counted in the statistics, even with no step. Other agents join at their
+    first mention and have no episode if they never act."""
     obs: list[Any] = dataclasses.field(default_factory=list)
     actions: list[Any] = dataclasses.field(default_factory=list)
     extras: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
     rewards: list[float] = dataclasses.field(default_factory=list)
+    env_steps: list[int] = dataclasses.field(default_factory=list)
+    """The env step (index of the episode's action call) of each action."""
     pending_reward: float = 0.0
-    busy: bool = False  # a get_action/log_action call is in flight
+    done: bool = False
+    """The agent has ended (or its episode has): no further call may name it."""
     nbytes: int = 0  # what the recorded steps cost (see external.memory)
-    reserved: int = 0  # bytes reserved for the call in flight (see external.memory)
     _undo: Any = None  # (ticket, previous carry, whether record closed a reward, bytes)
 
     @property
     def num_actions(self) -> int:
         return len(self.actions)
+
+    @property
+    def ends_as_episode(self) -> bool:
+        """Whether ending it gives an episode (stacked if it has steps)."""
+        return self.from_start or self.num_actions > 0
 
     def record(
         self,
@@ -65,10 +78,11 @@ class EpisodeRecord:
         action: Any,
         extras: dict[str, np.ndarray],
         carry: Any,
+        env_step: int,
         ticket: object = None,
     ) -> None:
-        """Appends one step; this obs closes the previous step's reward. ``ticket``
-        names the step for :meth:`undo`."""
+        """Appends one step taken at ``env_step``; this obs closes the previous step's
+        reward. ``ticket`` names the step for :meth:`undo`."""
         closed = self.num_actions > 0
         size = step_nbytes(obs, action, extras)
         self.nbytes += size
@@ -79,13 +93,17 @@ class EpisodeRecord:
         self.obs.append(obs)
         self.actions.append(action)
         self.extras.append(extras)
+        self.env_steps.append(env_step)
         self.carry = carry
-        self.last_seen = time.monotonic()
+
+    def can_undo(self, ticket: object) -> bool:
+        """Whether the latest step is the one recorded with ``ticket``."""
+        return self._undo is not None and self._undo[0] is ticket
 
     def undo(self, ticket: object) -> bool:
         """Removes the latest step if :meth:`record` got it with ``ticket`` (its action
         never reached the agent); rewards logged since go back to the step before."""
-        if self._undo is None or self._undo[0] is not ticket:
+        if not self.can_undo(ticket):
             return False
         _, self.carry, closed, size = self._undo
         self._undo = None
@@ -93,6 +111,7 @@ class EpisodeRecord:
         self.obs.pop()
         self.actions.pop()
         self.extras.pop()
+        self.env_steps.pop()
         if closed:
             self.pending_reward += self.rewards.pop()
         return True
@@ -112,6 +131,7 @@ class EpisodeRecord:
         if self.num_actions:
             self.actions.pop()
             self.extras.pop()
+            self.env_steps.pop()
             self.pending_reward = 0.0
             dropped = 1
         if not self.obs:
@@ -145,6 +165,62 @@ class EpisodeRecord:
             env_id=self.env_id,
         )
 
+    def to_agent_episode(self, episode: Episode) -> AgentEpisode:
+        """``episode`` (from :meth:`to_episode`) as this agent's AgentEpisode."""
+        return AgentEpisode(
+            obs=episode.obs,
+            action=episode.action,
+            reward=episode.reward,
+            extras=episode.extras,
+            env_step=np.asarray(self.env_steps, np.int64),
+            terminated=episode.terminated,
+            truncated=episode.truncated,
+            agent_id=self.agent_id,
+            policy_id=self.policy_id,
+            env_id=self.env_id,
+            episode_id=self.episode_id,
+            start_step=0,
+        )
+
+
+@dataclasses.dataclass
+class EpisodeRecord:
+    """A live episode: its call state (``busy``, ``reserved``, ``last_seen``) and its
+    agents' records; ``num_calls`` counts its env steps (action calls)."""
+
+    episode_id: int
+    client: str
+    env_id: int
+    training_enabled: bool
+    last_seen: float
+    busy: bool = False  # a call is in flight
+    reserved: int = 0  # bytes reserved for the call in flight (see external.memory)
+    agents: dict[str, AgentRecord] = dataclasses.field(default_factory=dict)
+    num_calls: int = 0
+
+    def agent(
+        self, group: AgentGroup, agent_id: str, index: int, carry: Any, from_start: bool = False
+    ) -> AgentRecord:
+        """The record of ``agent_id`` (of ``group``), made at its first mention."""
+        record = self.agents.get(agent_id)
+        if record is None:
+            record = AgentRecord(
+                self.episode_id,
+                self.env_id,
+                self.training_enabled,
+                carry,
+                agent_id=agent_id,
+                policy_id=group.policy_id,
+                index=index,
+                from_start=from_start,
+            )
+            self.agents[agent_id] = record
+        return record
+
+    def open_agents(self) -> list[AgentRecord]:
+        """The agents that have acted and not ended: each needs a final observation."""
+        return [r for r in self.agents.values() if not r.done and r.num_actions]
+
 
 def _stack_releasing(space: spaces.Space, rows: list[Any]) -> Any:
     """``rows`` stacked along a new first axis; empties ``rows``, dropping each row
@@ -170,17 +246,9 @@ class EpisodeTable:
     Args:
         max_concurrent: the most live episodes.
         max_per_client: the most live episodes per client name (None: no cap).
-        record: the live record's class: :class:`EpisodeRecord`, or a subclass taking
-            the same arguments (a multi-agent episode's record).
     """
 
-    def __init__(
-        self,
-        max_concurrent: int,
-        max_per_client: int | None,
-        record: type[EpisodeRecord] = EpisodeRecord,
-    ) -> None:
-        self._record = record
+    def __init__(self, max_concurrent: int, max_per_client: int | None) -> None:
         self._max_concurrent = max_concurrent
         self._max_per_client = max_per_client
         self._live: dict[int, EpisodeRecord] = {}
@@ -192,9 +260,7 @@ class EpisodeTable:
     def __len__(self) -> int:
         return len(self._live)
 
-    def open(
-        self, episode_id: int | None, client: str, training_enabled: bool, carry: Any
-    ) -> EpisodeRecord:
+    def open(self, episode_id: int | None, client: str, training_enabled: bool) -> EpisodeRecord:
         """Adds a live episode (``episode_id`` already type-checked; None: a fresh id).
 
         Raises:
@@ -227,14 +293,8 @@ class EpisodeTable:
         episode_id = int(episode_id)
         if client not in self._client_ids and len(self._client_ids) < CLIENT_IDS_KEPT:
             self._client_ids[client] = len(self._client_ids)
-        live = self._record(
-            episode_id,
-            client,
-            self._client_ids.get(client, -1),
-            bool(training_enabled),
-            carry,
-            time.monotonic(),
-        )
+        env_id = self._client_ids.get(client, -1)
+        live = EpisodeRecord(episode_id, client, env_id, bool(training_enabled), time.monotonic())
         self._live[episode_id] = live
         self._per_client[client] += 1
         return live
@@ -264,11 +324,6 @@ class EpisodeTable:
                 "flight; an episode's calls must come one after another."
             )
         return live
-
-    def find(self, episode_id: Any) -> EpisodeRecord | None:
-        """The live episode ``episode_id``, or None."""
-        is_int = isinstance(episode_id, (int, np.integer))
-        return self._live.get(int(episode_id)) if is_int else None
 
     def idle_since(self, since: float) -> list[EpisodeRecord]:
         """Live episodes with no call in flight, last seen before ``since``."""

@@ -12,6 +12,7 @@ from jaxrunner._src.services.external.batching import PolicyBatcher
 
 def external_metrics(
     counts: collections.Counter[str],
+    env_steps: int,
     stats: EpisodeStats,
     num_live_episodes: int,
     memory_bytes: int,
@@ -19,14 +20,15 @@ def external_metrics(
     elapsed_s: float,
 ) -> dict[str, Any]:
     """The dict :meth:`ExternalEnv.get_metrics <jaxrunner.ExternalEnv.get_metrics>`
-    returns (its keys are documented there), from the env's counters, its
-    recent-episode statistics and its batchers (one per policy; their counts add up),
-    ``elapsed_s`` after construction. ``params_version`` is the caller's to add."""
+    returns (its keys are documented there), from the env's counters (``env_steps`` is
+    ``num_env_steps``), its recent-episode statistics and its batchers (one per policy;
+    their counts add up), ``elapsed_s`` after construction. ``params_version`` is the
+    caller's to add."""
     batches = sum(b.num_batches for b in batchers)
     rows = sum(b.num_rows for b in batchers)
     inference_s = sum(b.inference_s for b in batchers)
     return {
-        "num_env_steps": counts["num_env_steps"],
+        "num_env_steps": env_steps,
         **stats.summary(),
         "num_training_episodes": counts["num_training_episodes"],
         "num_live_episodes": num_live_episodes,
@@ -40,6 +42,6 @@ def external_metrics(
         "num_policy_rows": rows,
         "mean_batch_size": rows / batches if batches else 0.0,
         "num_traces": sum(b.num_traces for b in batchers),
-        "env_steps_per_s": counts["num_env_steps"] / elapsed_s if elapsed_s else 0.0,
+        "env_steps_per_s": env_steps / elapsed_s if elapsed_s else 0.0,
         "perf": {"inference_ms": 1000.0 * inference_s / batches if batches else 0.0},
     }

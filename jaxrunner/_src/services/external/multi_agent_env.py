@@ -1,6 +1,5 @@
-"""The :class:`MultiAgentExternalEnv` facade (RLlib's ExternalMultiAgentEnv): the
-single-agent ExternalEnv's calls with ``{agent_id: value}`` dicts, agents batched per
-policy."""
+"""The :class:`MultiAgentExternalEnv` facade (RLlib's ExternalMultiAgentEnv): the external
+env core's calls with ``{agent_id: value}`` dicts, agents batched per policy."""
 
 from __future__ import annotations
 
@@ -9,22 +8,25 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
+from gymnasium import spaces
+
 import jaxrunner._src.services.external.checks as checks
-from jaxrunner._src.arg_checks import check_bool, check_int
+from jaxrunner._src.arg_checks import check_bool
+from jaxrunner._src.core.agent_groups import PolicyMappingFn, build_groups
+from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
 from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.services.external.config import ExternalEnvConfig
+from jaxrunner._src.services.external.core import ExternalEnvCore
 from jaxrunner._src.services.external.delivery import wait_for
-from jaxrunner._src.services.external.metrics import external_metrics
-from jaxrunner._src.services.external.multi_agent_checks import (
-    check_logged_actions,
-    check_not_ended,
-)
-from jaxrunner._src.services.external.multi_agent_env_core import MultiAgentExternalCore
-from jaxrunner._src.services.external.run_thread import RunDriven
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner._src.services.external.episodes import AgentRecord
 
 
-class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
+def _all(actions: dict[str, Any]) -> dict[str, Any]:
+    return actions
+
+
+class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
     """Serves policies to multi-agent episodes stepped elsewhere (see docs/serving.md).
 
     Args:
@@ -48,6 +50,30 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
     multi_agent: ClassVar[Literal[True]] = True
     """The kind of env (see :attr:`RunDriven.multi_agent`): agents in policy groups."""
 
+    def __init__(
+        self,
+        observation_spaces: Mapping[str, spaces.Space],
+        action_spaces: Mapping[str, spaces.Space],
+        policies: Policy | Mapping[str, Policy],
+        params: Mapping[str, Params],
+        *,
+        policy_mapping_fn: PolicyMappingFn | None = None,
+        seed: int = 0,
+        config: ExternalEnvConfig | None = None,
+    ) -> None:
+        agents = checks.check_agent_spaces(observation_spaces, action_spaces)
+        groups = build_groups(
+            agents, observation_spaces.__getitem__, action_spaces.__getitem__, policy_mapping_fn
+        )
+        ids = tuple(g.policy_id for g in groups)
+        self.policies = checks.per_policy("policies", policies, ids)
+        initial_params = checks.per_policy("params", params, ids, mapping_only=True)
+        for group in groups:
+            checks.check_construction(
+                group.observation_space, group.action_space, self.policies[group.policy_id], seed
+            )
+        super().__init__(groups, self.policies, initial_params, seed, config or ExternalEnvConfig())
+
     @classmethod
     def from_pettingzoo(
         cls,
@@ -68,20 +94,6 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
         )
 
     # -- episodes -----------------------------------------------------------------------------
-
-    def start_episode(
-        self, episode_id: int | None = None, training_enabled: bool = True, *, client: str = "local"
-    ) -> int:
-        """Starts an episode and returns its id (as :meth:`ExternalEnv.start_episode
-        <jaxrunner.ExternalEnv.start_episode>`)."""
-        checks.check_episode_id(episode_id)
-        check_bool("start_episode", "training_enabled", training_enabled)
-        with self._lock:
-            self._check_open("start_episode")
-            self._memory.check(1, "start_episode")
-            live = self._episodes.open(episode_id, client, training_enabled, None)
-            self._counts["num_started_episodes"] += 1
-            return live.episode_id
 
     def get_action(self, episode_id: int, obs: dict[str, Any]) -> dict[str, Any]:
         """The policies' actions for ``obs`` (``{agent_id: obs}``, the agents that act
@@ -107,17 +119,19 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
 
     def submit_action(self, episode_id: int, obs: dict[str, Any]) -> concurrent.futures.Future:
         """Like :meth:`get_action`, without waiting: the future resolves to the actions."""
-        return self._submit(episode_id, self._check_obs(obs, "get_action"), None, "get_action")
+        return self._submit(
+            episode_id, self._check_obs(obs, "get_action"), None, "get_action", _all
+        )
 
     def submit_log_action(
         self, episode_id: int, obs: dict[str, Any], actions: dict[str, Any]
     ) -> concurrent.futures.Future:
         """Like :meth:`log_action`, without waiting: the future resolves to ``{}``."""
         obs = self._check_obs(obs, "log_action")
-        actions = check_logged_actions(
+        actions = checks.check_logged_actions(
             actions, obs, self.possible_agents, self._group_of, episode_id
         )
-        return self._submit(episode_id, obs, actions, "log_action")
+        return self._submit(episode_id, obs, actions, "log_action", _all)
 
     def log_returns(self, episode_id: int, rewards: dict[str, float]) -> None:
         """Adds each agent's reward (``{agent_id: reward}``) to the reward of its latest
@@ -134,7 +148,7 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
             checks.check_reward(reward, f"rewards[{agent!r}]")
         with self._lock:
             live = self._get_live(episode_id, "log_returns")
-            check_not_ended(live, rewards, "log_returns")
+            checks.check_not_ended(live, rewards, "log_returns")
             for agent, reward in rewards.items():
                 self._record(live, agent).pending_reward += float(reward)
             live.last_seen = time.monotonic()
@@ -148,7 +162,7 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
         check_bool("end_agents", "truncated", truncated)
         with self._lock:
             live = self._get_live(episode_id, "end_agents")
-            check_not_ended(live, obs, "end_agents")
+            checks.check_not_ended(live, obs, "end_agents")
             ended = [self._endings.close(self._record(live, a), obs[a]) for a in obs]
         self._endings.finish(ended, truncated)
 
@@ -163,39 +177,9 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
         """
         obs = self._check_obs(obs, "end_episode", empty=True)
         check_bool("end_episode", "truncated", truncated)
-        with self._lock:
-            live = self._get_live(episode_id, "end_episode")
-            check_not_ended(live, obs, "end_episode")
-            missing = [r.agent_id for r in live.open_agents() if r.agent_id not in obs]
-            if missing:
-                raise InvalidArgumentError(
-                    f"end_episode(episode_id={episode_id}): agents {missing} acted and have no "
-                    "final observation in obs; pass one for each (or end them earlier with "
-                    "end_agents)."
-                )
-            open_agents = [(a, r) for a, r in live.agents.items() if not r.done]
-            ended = [self._endings.close(r, obs.get(a)) for a, r in open_agents]
-            self._episodes.remove(live)
-            self._counts["num_ended_episodes"] += 1
-        self._endings.finish(ended, truncated)
+        self._end(episode_id, obs, truncated, "end_episode")
 
     # -- output and params --------------------------------------------------------------------
-
-    def poll_episodes(self) -> list[AgentEpisode]:
-        """Takes every finished training agent episode not yet taken, in the order
-        they ended."""
-        return self._output.poll()
-
-    def sample_episodes(
-        self, num_episodes: int, timeout_s: float | None = None
-    ) -> list[AgentEpisode]:
-        """Waits until ``num_episodes`` training agent episodes have ended and takes them.
-
-        Raises:
-            TimeoutError: fewer ended within ``timeout_s`` (none are taken then).
-        """
-        check_int("MultiAgentExternalEnv.sample_episodes", "num_episodes", num_episodes)
-        return self._output.take(num_episodes, timeout_s)
 
     def set_params(self, params: Params, policy_id: str) -> int:
         """Replaces ``policy_id``'s params from its next batch on (never recompiles);
@@ -212,52 +196,12 @@ class MultiAgentExternalEnv(RunDriven, MultiAgentExternalCore):
         agent transitions of ended agent episodes, ``num_episodes`` and the episode
         statistics agent episodes, ``num_ended_episodes`` env episodes, batch counts
         summed over the policies and ``params_version`` per policy id."""
-        with self._lock:
-            metrics = external_metrics(
-                self._counts,
-                self._stats,
-                len(self._episodes),
-                self._memory.used,
-                list(self._batchers.values()),
-                time.monotonic() - self._started_at,
-            )
-            metrics["num_agent_steps"] = self._counts["num_agent_steps"]
-            metrics["num_ended_episodes"] = self._counts["num_ended_episodes"]
+        metrics = self._metrics("num_env_steps", "num_agent_steps", "num_ended_episodes")
         metrics["params_version"] = {pid: b.get_params()[1] for pid, b in self._batchers.items()}
         return metrics
 
-    # -- closing (run/start/join: RunDriven) -------------------------------------------------
+    def _check_obs(self, obs: Any, what: str, *, empty: bool = False) -> dict[str, Any]:
+        return checks.check_agent_obs(obs, self.possible_agents, self._group_of, what, empty=empty)
 
-    def close(self) -> None:
-        """Stops the batchers and the reaper; later calls raise ``ClosedError``."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        for batcher in self._batchers.values():
-            batcher.close()
-        if self._reaper is not None:
-            self._reaper.close()
-
-    def __enter__(self) -> MultiAgentExternalEnv:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def retract_action(self, episode_id: int, future: concurrent.futures.Future) -> bool:
-        """The actions of ``future`` (from :meth:`submit_action` or
-        :meth:`submit_log_action`) never reached the agents (their client hung up
-        before the answer went out): if the call's steps are still every agent's
-        latest, removes them, counted per agent in ``num_dropped_steps``. Cancels the
-        future if it is pending. Returns whether anything was taken back.
-        ``episode_id`` is for symmetry with :meth:`ExternalEnv.retract_action
-        <jaxrunner.ExternalEnv.retract_action>`; the future names its episode."""
-        return self._delivery.retract(future)
-
-    def reap(self, idle_since: float) -> int:
-        """Ends every idle episode last seen before ``idle_since`` (``time.monotonic()``
-        clock): each agent still in it is truncated at its last observation, its step
-        in wait of an outcome dropped (``num_dropped_steps``); returns how many
-        episodes. Runs by itself every so often (the reaper)."""
-        return self._endings.reap(idle_since)
+    def _as_output(self, record: AgentRecord, episode: Episode) -> AgentEpisode:
+        return record.to_agent_episode(episode)

@@ -1,14 +1,18 @@
-"""PolicyClient: the Python side of a :class:`~jaxrunner.serve.PolicyServer`."""
+"""The Python side of a :class:`~jaxrunner.serve.PolicyServer`: one client core (connection,
+kind check, episodes, metrics) with a view per kind of env, PolicyClient (one agent, with
+local inference) and MultiAgentPolicyClient (``{agent_id: value}`` dicts)."""
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 import httpx
 import jax
+from gymnasium import spaces
 
+import jaxrunner._src.services.external.checks as checks
 import jaxrunner.errors as errors
 from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.core.policy import Params, Policy
@@ -19,7 +23,68 @@ from jaxrunner._src.services.serve.local_inference import EpisodeReport, LocalEn
 from jaxrunner._src.space_arrays import check_value
 
 
-class PolicyClient:
+class _Client:
+    """What both clients share: the connection, the server's spaces (of the client's
+    kind of env, else an error naming the other client), episodes and metrics."""
+
+    multi_agent: ClassVar[bool]
+    """The kind of env this client talks to (the server says it in ``/v1/spaces``)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        token_file: str | os.PathLike[str] | None,
+        client_id: str | None,
+        timeout_s: float,
+    ) -> None:
+        self._http = open_http(url, token, token_file, client_id, timeout_s)
+        try:
+            self._spaces = self._call("GET", "/v1/spaces")
+            if ("agents" in self._spaces) is not self.multi_agent:
+                other = "single-agent" if self.multi_agent else "multi-agent"
+                client = "PolicyClient" if self.multi_agent else "MultiAgentPolicyClient"
+                raise errors.InvalidArgumentError(
+                    f"{type(self).__name__}({url!r}): the server serves a {other} env; talk "
+                    f"to it with jaxrunner.serve.{client}."
+                )
+        except BaseException:
+            self._http.close()
+            raise
+
+    def start_episode(self, episode_id: int | None = None, training_enabled: bool = True) -> int:
+        """Starts an episode on the server; returns its id."""
+        body = {"episode_id": episode_id, "training_enabled": training_enabled}
+        return int(self._call("POST", "/v1/episodes", body)["episode_id"])
+
+    def get_metrics(self) -> dict[str, Any]:
+        """The server's metrics."""
+        return self._call("GET", "/v1/metrics")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        return request_json(self._http, method, path, body)
+
+    @staticmethod
+    def _encode(space: spaces.Space, value: Any, name: str, *, bounds: bool = True) -> Any:
+        """``value`` checked against ``space`` (argument ``name``) and encoded."""
+        return wire.encode_tree(space, check_value(space, value, name, bounds=bounds))
+
+    @staticmethod
+    def _decode(space: spaces.Space, tree: Any, name: str) -> Any:
+        """An answered ``tree`` (argument ``name``) decoded and checked against ``space``."""
+        return check_value(space, wire.decode_tree(space, tree, name), name, bounds=False)
+
+
+class PolicyClient(_Client):
     """Talks to a policy server; the same calls as :class:`~jaxrunner.ExternalEnv`.
 
     Args:
@@ -46,6 +111,8 @@ class PolicyClient:
         local_config: local inference: batching of the client's own policy calls
             (default: batches of up to 32, one compiled size).
     """
+
+    multi_agent: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -77,14 +144,8 @@ class PolicyClient:
         self.inference = inference
         self.report_chunk_steps = report_chunk_steps
         self.report_chunk_bytes = report_chunk_bytes
-        self._http = open_http(url, token, token_file, client_id, timeout_s)
-        spaces_json = self._call("GET", "/v1/spaces")
-        if "agents" in spaces_json:
-            self._http.close()
-            raise errors.InvalidArgumentError(
-                f"PolicyClient({url!r}): the server serves a multi-agent env; talk to it "
-                "with jaxrunner.serve.MultiAgentPolicyClient."
-            )
+        super().__init__(url, token, token_file, client_id, timeout_s)
+        spaces_json = self._spaces
         self.observation_space = wire.space_from_json(spaces_json["observation_space"])
         self.action_space = wire.space_from_json(spaces_json["action_space"])
         self._local: LocalEnv | None = None
@@ -116,8 +177,7 @@ class PolicyClient:
 
     def start_episode(self, episode_id: int | None = None, training_enabled: bool = True) -> int:
         """Starts an episode on the server; returns its id."""
-        body = {"episode_id": episode_id, "training_enabled": training_enabled}
-        eid = int(self._call("POST", "/v1/episodes", body)["episode_id"])
+        eid = super().start_episode(episode_id, training_enabled)
         if self._local is not None:
             self._local.start_episode(eid, training_enabled)
         return eid
@@ -126,25 +186,18 @@ class PolicyClient:
         """The policy's action for ``obs``."""
         if self._local is not None:
             return self._local.get_action(episode_id, obs)
-        obs = check_value(self.observation_space, obs, "obs")
-        out = self._call(
-            "POST",
-            f"/v1/episodes/{episode_id}/action",
-            {"obs": wire.encode_tree(self.observation_space, obs)},
-        )
-        action = wire.decode_tree(self.action_space, out["action"], "action")
-        return check_value(self.action_space, action, "action", bounds=False)
+        body = {"obs": self._encode(self.observation_space, obs, "obs")}
+        out = self._call("POST", f"/v1/episodes/{episode_id}/action", body)
+        return self._decode(self.action_space, out["action"], "action")
 
     def log_action(self, episode_id: int, obs: Any, action: Any) -> None:
         """Records an action chosen elsewhere."""
         if self._local is not None:
             self._local.log_action(episode_id, obs, action)
             return
-        obs = check_value(self.observation_space, obs, "obs")
-        action = check_value(self.action_space, action, "action", bounds=False)
         body = {
-            "obs": wire.encode_tree(self.observation_space, obs),
-            "action": wire.encode_tree(self.action_space, action),
+            "obs": self._encode(self.observation_space, obs, "obs"),
+            "action": self._encode(self.action_space, action, "action", bounds=False),
         }
         self._call("POST", f"/v1/episodes/{episode_id}/log_action", body)
 
@@ -185,28 +238,15 @@ class PolicyClient:
         )
         report.send(episode_id, episode, encoded_obs, bool(truncated))
 
-    def get_metrics(self) -> dict[str, Any]:
-        """The server's metrics."""
-        return self._call("GET", "/v1/metrics")
-
     def close(self) -> None:
         self._stop.set()
         if self._updater is not None:
             self._updater.join()
         if self._local is not None:
             self._local.close()
-        self._http.close()
-
-    def __enter__(self) -> PolicyClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        super().close()
 
     # -- internals ----------------------------------------------------------------------------
-
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
-        return request_json(self._http, method, path, body)
 
     def _pull_params(self) -> Params | None:
         since = None if self.params_version < 0 else self.params_version
@@ -231,3 +271,100 @@ class PolicyClient:
                 continue  # keep acting with the params we have; try again next time
             if params is not None and self._local is not None:
                 self._local.set_params(params)
+
+
+class MultiAgentPolicyClient(_Client):
+    """Talks to a policy server serving a multi-agent env: the same calls as
+    :class:`~jaxrunner._src.services.external.MultiAgentExternalEnv`, each one request; the server
+    computes every action. Values are checked against their agent's space before they
+    are sent.
+
+    Args:
+        url: the server's URL (``PolicyServer.url``).
+        token: the server's token; or ``token_file`` to read it from.
+        token_file: a file holding the token (the server's token file).
+        client_id: names this client to the server (per-client episode caps);
+            random by default.
+        timeout_s: HTTP timeout per request.
+
+    Attributes:
+        observation_spaces, action_spaces: ``agent_id -> space``, as the server said.
+        policy_ids: ``agent_id -> policy_id``.
+    """
+
+    multi_agent: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        token_file: str | os.PathLike[str] | None = None,
+        client_id: str | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:
+        super().__init__(url, token, token_file, client_id, timeout_s)
+        agents = self._spaces["agents"]
+        self.observation_spaces: dict[str, spaces.Space] = {
+            a: wire.space_from_json(d["observation_space"]) for a, d in agents.items()
+        }
+        self.action_spaces: dict[str, spaces.Space] = {
+            a: wire.space_from_json(d["action_space"]) for a, d in agents.items()
+        }
+        self.policy_ids: dict[str, str] = {a: str(d["policy_id"]) for a, d in agents.items()}
+        self.possible_agents = tuple(agents)
+
+    def get_action(self, episode_id: int, obs: dict[str, Any]) -> dict[str, Any]:
+        """The policies' actions for ``obs`` (``{agent_id: obs}``): ``{agent_id: action}``."""
+        body = {"obs": self._encode_agents(obs, "get_action", "obs")}
+        out = self._call("POST", f"/v1/episodes/{episode_id}/action", body)
+        actions = checks.check_agent_dict(
+            out["actions"], self.possible_agents, "get_action", "answer", empty=True
+        )
+        return {
+            agent: self._decode(self.action_spaces[agent], tree, f"actions[{agent!r}]")
+            for agent, tree in actions.items()
+        }
+
+    def log_action(self, episode_id: int, obs: dict[str, Any], actions: dict[str, Any]) -> None:
+        """Records actions chosen elsewhere (``{agent_id: action}``) at ``obs``."""
+        body = {
+            "obs": self._encode_agents(obs, "log_action", "obs"),
+            "actions": self._encode_agents(actions, "log_action", "actions", actions=True),
+        }
+        self._call("POST", f"/v1/episodes/{episode_id}/log_action", body)
+
+    def log_returns(self, episode_id: int, rewards: dict[str, float]) -> None:
+        """Adds each agent's reward to its latest action's reward."""
+        rewards = checks.check_agent_dict(
+            rewards, self.possible_agents, "log_returns", "rewards", empty=True
+        )
+        for agent, reward in rewards.items():
+            checks.check_reward(reward, f"rewards[{agent!r}]")
+        body = {"rewards": {a: float(r) for a, r in rewards.items()}}
+        self._call("POST", f"/v1/episodes/{episode_id}/returns", body)
+
+    def end_agents(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:
+        """Ends the agents of ``obs`` (``{agent_id: final_obs}``) while the episode
+        goes on."""
+        body = {"obs": self._encode_agents(obs, "end_agents", "obs"), "truncated": bool(truncated)}
+        self._call("POST", f"/v1/episodes/{episode_id}/end_agents", body)
+
+    def end_episode(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:
+        """Ends the episode; ``obs`` holds the final observation of every agent that
+        acted and has not ended."""
+        body = {"obs": self._encode_agents(obs, "end_episode", "obs"), "truncated": bool(truncated)}
+        self._call("POST", f"/v1/episodes/{episode_id}/end", body)
+
+    def _encode_agents(
+        self, values: Any, call: str, name: str, *, actions: bool = False
+    ) -> dict[str, Any]:
+        """``{agent_id: value}`` checked against each agent's space and encoded."""
+        values = checks.check_agent_dict(values, self.possible_agents, call, name, empty=True)
+        agent_spaces = self.action_spaces if actions else self.observation_spaces
+        return {
+            agent: self._encode(
+                agent_spaces[agent], value, f"{name}[{agent!r}]", bounds=not actions
+            )
+            for agent, value in values.items()
+        }

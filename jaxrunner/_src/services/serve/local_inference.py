@@ -12,7 +12,7 @@ from gymnasium import spaces
 import jaxrunner.errors as errors
 from jaxrunner._src import space_arrays
 from jaxrunner._src.core.episode import Episode
-from jaxrunner._src.services.external import EpisodeRecord, ExternalEnv
+from jaxrunner._src.services.external import AgentRecord, ExternalEnv
 from jaxrunner._src.services.serve import wire
 from jaxrunner._src.services.serve.client_http import (
     PolicyServerError,
@@ -29,7 +29,7 @@ class LocalEnv(ExternalEnv):
         super().__init__(*args, **kwargs)
         self.ended: dict[int, Episode | None] = {}
 
-    def _emit(self, live: EpisodeRecord, episode: Episode | None) -> None:
+    def _emit(self, live: AgentRecord, episode: Episode | None) -> None:
         self.ended[live.episode_id] = episode
 
 

@@ -1,0 +1,325 @@
+"""The core of the external envs: agents in policy groups, with their episodes, batchers,
+delivery and endings; :class:`~jaxrunner.ExternalEnv` is its one-agent view and
+``MultiAgentExternalEnv`` its view with ``{agent_id: value}`` dicts."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Generic, Self, TypeVar
+
+import jax
+import numpy as np
+
+import jaxrunner._src.services.external.checks as checks
+from jaxrunner._src.arg_checks import check_bool, check_int
+from jaxrunner._src.core.agent_groups import AgentGroup, GroupedAgents
+from jaxrunner._src.core.episode import Episode, EpisodeSpan
+from jaxrunner._src.core.metrics import EpisodeStats
+from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.services.external.batching import PolicyBatcher, Row
+from jaxrunner._src.services.external.config import ExternalEnvConfig
+from jaxrunner._src.services.external.delivery import ActionDelivery, Answer, Parts
+from jaxrunner._src.services.external.endings import EpisodeEndings
+from jaxrunner._src.services.external.episodes import AgentRecord, EpisodeRecord, EpisodeTable
+from jaxrunner._src.services.external.memory import MemoryBudget, estimate_step_nbytes
+from jaxrunner._src.services.external.metrics import external_metrics
+from jaxrunner._src.services.external.output import EpisodeOutput
+from jaxrunner._src.services.external.reaper import Reaper
+from jaxrunner._src.services.external.run_thread import RunDriven, RunThread
+from jaxrunner.errors import ClosedError, InvalidArgumentError
+
+E = TypeVar("E", bound=EpisodeSpan)
+
+
+class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
+    """The state and shared calls of an external env; ``E`` is what it outputs (an
+    Episode per episode, or an AgentEpisode per agent).
+
+    Args:
+        groups: the agent groups (already checked, with their policies').
+        policies, params: per policy id, exactly the groups' ids.
+        seed: an agent's action key derives from it, the episode id, the agent and
+            its step, so the same calls get the same actions whatever the batching.
+        config: limits and batching.
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[AgentGroup],
+        policies: Mapping[str, Policy],
+        params: Mapping[str, Params],
+        seed: int,
+        config: ExternalEnvConfig,
+    ) -> None:
+        self.groups = tuple(groups)
+        self.config = config
+        self.seed = int(seed)
+        agents = self.possible_agents
+        checks.check_key_steps(type(self).__name__, config.max_episode_steps, len(agents))
+        self._agent_index = {a: k for k, a in enumerate(agents)}
+        self._group_of: dict[str, AgentGroup] = {a: g for g in self.groups for a in g.agents}
+        self._lock = threading.Lock()
+        self._episodes = EpisodeTable(config.max_concurrent, config.max_episodes_per_client)
+        step_nbytes = (
+            estimate_step_nbytes(
+                policies[g.policy_id], params[g.policy_id], g.observation_space, g.action_space
+            )
+            for g in self.groups
+        )
+        self._memory = MemoryBudget(config.max_memory_bytes, max(step_nbytes))
+        self._output: EpisodeOutput[E] = EpisodeOutput(
+            self._lock, self._memory, config.max_output_episodes
+        )
+        self._stats = EpisodeStats(config.episode_window)
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._started_at = time.monotonic()
+        self._closed = False
+        self._initial_carry = {pid: _row_carry(p) for pid, p in policies.items()}
+        self._batchers = self._start_batchers(policies, params)
+        self._delivery = ActionDelivery(self._lock, self._batchers, self._memory, self._counts)
+        self._endings = EpisodeEndings(
+            self._lock,
+            self._episodes,
+            self._memory,
+            self._counts,
+            self._stats,
+            self.groups,
+            self._emit,
+        )
+        self._reaper = (
+            None
+            if config.episode_timeout_s is None
+            else Reaper(config.episode_timeout_s, self.reap)
+        )
+        self._run_thread = RunThread()
+
+    def _start_batchers(
+        self, policies: Mapping[str, Policy], params: Mapping[str, Params]
+    ) -> dict[str, PolicyBatcher]:
+        """A batcher per group's policy; those already started are closed if one fails."""
+        config, batchers = self.config, {}
+        try:
+            for group in self.groups:
+                size = group.num_agents  # at most this many rows per live episode
+                batchers[group.policy_id] = PolicyBatcher(
+                    policies[group.policy_id],
+                    params[group.policy_id],
+                    group.observation_space,
+                    group.action_space,
+                    self.seed,
+                    max_batch=config.max_batch,
+                    max_wait_s=config.max_wait_ms / 1000.0,
+                    buckets=config.bucket_sizes,
+                    ready_hint=lambda size=size: len(self._episodes) * size,
+                )
+        except BaseException:
+            for batcher in batchers.values():
+                batcher.close()
+            raise
+        return batchers
+
+    # -- episodes -----------------------------------------------------------------------------
+
+    def start_episode(
+        self, episode_id: int | None = None, training_enabled: bool = True, *, client: str = "local"
+    ) -> int:
+        """Starts an episode and returns its id.
+
+        Args:
+            episode_id: an int in ``[0, 2**63)`` not used by a live or recently ended
+                episode; None picks the smallest free id from a counter.
+            training_enabled: False keeps the episode out of :meth:`poll_episodes`
+                (it still counts in the metrics).
+            client: who asked (for ``max_episodes_per_client``); its index in order of
+                first appearance is the episodes' ``env_id``.
+
+        Raises:
+            TooManyEpisodesError: at ``max_concurrent`` (or the client's cap).
+            EpisodeConflictError: ``episode_id`` is in use or was used recently.
+        """
+        checks.check_episode_id(episode_id)
+        check_bool("start_episode", "training_enabled", training_enabled)
+        with self._lock:
+            self._check_open("start_episode")
+            self._memory.check(1, "start_episode")
+            live = self._episodes.open(episode_id, client, training_enabled)
+            self._opened(live)
+            self._counts["num_started_episodes"] += 1
+            return live.episode_id
+
+    def _opened(self, live: EpisodeRecord) -> None:
+        """A new live episode (caller holds the lock): agents join at first mention."""
+
+    def poll_episodes(self) -> list[E]:
+        """Takes every finished training episode not yet taken, in the order they ended."""
+        return self._output.poll()
+
+    def sample_episodes(self, num_episodes: int, timeout_s: float | None = None) -> list[E]:
+        """Waits until ``num_episodes`` training episodes have ended and takes them.
+
+        Raises:
+            TimeoutError: fewer ended within ``timeout_s`` (none are taken then).
+        """
+        check_int(f"{type(self).__name__}.sample_episodes", "num_episodes", num_episodes)
+        return self._output.take(num_episodes, timeout_s)
+
+    def retract_action(self, episode_id: int, future: concurrent.futures.Future) -> bool:
+        """The actions of ``future`` (from ``submit_action`` or ``submit_log_action``)
+        never reached their agents (the client hung up before the answer went out):
+        if the call's steps are still every agent's latest, removes them, counted per
+        agent in ``num_dropped_steps``. Cancels the future if it is pending. Returns
+        whether anything was taken back. (The future names its episode;
+        ``episode_id`` is the caller's.)"""
+        return self._delivery.retract(future)
+
+    def reap(self, idle_since: float) -> int:
+        """Ends every idle episode last seen before ``idle_since`` (``time.monotonic()``
+        clock): each agent still in it is truncated at its last observation, its step
+        in wait of an outcome dropped (``num_dropped_steps``); returns how many
+        episodes. Runs by itself every so often (the reaper)."""
+        return self._endings.reap(idle_since)
+
+    def close(self) -> None:
+        """Stops the batchers and the reaper; live episodes stay unfinished (counted in
+        ``num_live_episodes``) and later calls raise ``ClosedError``."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for batcher in self._batchers.values():
+            batcher.close()
+        if self._reaper is not None:
+            self._reaper.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _metrics(self, env_steps_key: str, *counters: str) -> dict[str, Any]:
+        """The metrics both views share, ``num_env_steps`` from ``env_steps_key``, and
+        the ``counters`` named."""
+        with self._lock:
+            metrics = external_metrics(
+                self._counts,
+                self._counts[env_steps_key],
+                self._stats,
+                len(self._episodes),
+                self._memory.used,
+                list(self._batchers.values()),
+                time.monotonic() - self._started_at,
+            )
+            metrics.update({name: self._counts[name] for name in counters})
+        return metrics
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            name = type(self).__name__
+            raise ClosedError(f"{name}.{what}() called after close(); create a new {name}.")
+
+    def _get_live(self, episode_id: Any, what: str) -> EpisodeRecord:
+        """The live, idle episode ``episode_id`` (caller holds the lock)."""
+        self._check_open(what)
+        return self._episodes.get_idle(episode_id, what)
+
+    def _record(self, live: EpisodeRecord, agent: str, from_start: bool = False) -> AgentRecord:
+        group = self._group_of[agent]
+        carry = self._initial_carry[group.policy_id]
+        return live.agent(group, agent, self._agent_index[agent], carry, from_start)
+
+    def _claim(
+        self, episode_id: int, agents: Sequence[str], steps: int, what: str
+    ) -> EpisodeRecord:
+        """Marks the live, idle episode busy for ``steps`` more steps of each of
+        ``agents`` (caller holds the lock); the delivery marks it idle again."""
+        live = self._get_live(episode_id, what)
+        checks.check_not_ended(live, agents, what)
+        limit = self.config.max_episode_steps
+        full = [
+            a for a in agents if a in live.agents and live.agents[a].num_actions + steps > limit
+        ]
+        if full:
+            raise InvalidArgumentError(
+                f"{what}(episode_id={episode_id}): agents {full} would exceed "
+                f"max_episode_steps={limit}; end them (truncated=True) and start a new episode."
+            )
+        live.reserved = self._memory.reserve(len(agents) * steps, what)
+        live.busy = True
+        live.last_seen = time.monotonic()
+        return live
+
+    def _submit(
+        self,
+        episode_id: int,
+        obs: dict[str, Any],
+        actions: dict[str, Any] | None,
+        what: str,
+        answer: Answer,
+    ) -> concurrent.futures.Future:
+        """Claims the episode and requests one step per agent of ``obs`` (checked):
+        sampled if ``actions`` is None, else logged."""
+        num_agents = len(self._agent_index)
+        with self._lock:
+            live = self._claim(episode_id, list(obs), 1, what)
+            parts: Parts = {}
+            for agent, agent_obs in obs.items():
+                record = self._record(live, agent)
+                step = record.num_actions * num_agents + record.index  # unique per agent
+                action = None if actions is None else actions[agent]
+                row = Row(agent_obs, action, live.episode_id, step, record.carry)
+                parts.setdefault(record.policy_id, []).append((record, row))
+        return self._delivery.submit(live, parts, answer)
+
+    def _end(self, episode_id: int, obs: dict[str, Any], truncated: bool, what: str) -> None:
+        """Ends the episode: every agent that acted and has not ended needs its final
+        observation in ``obs`` (checked); each ends terminated, or ``truncated``."""
+        with self._lock:
+            live = self._get_live(episode_id, what)
+            checks.check_not_ended(live, obs, what)
+            missing = [r.agent_id for r in live.open_agents() if r.agent_id not in obs]
+            if missing:
+                raise InvalidArgumentError(
+                    f"{what}(episode_id={episode_id}): agents {missing} acted and have no "
+                    "final observation in obs; pass one for each (or end them earlier with "
+                    "end_agents)."
+                )
+            open_agents = [(a, r) for a, r in live.agents.items() if not r.done]
+            ended = [self._endings.close(r, obs.get(a)) for a, r in open_agents]
+            self._episodes.remove(live)
+            self._counts["num_ended_episodes"] += 1
+        self._endings.finish(ended, truncated)
+
+    def _emit(self, record: AgentRecord, episode: Episode | None) -> None:
+        """Outputs an ended agent's episode (caller holds the lock); None: it had no
+        step. Training episodes go to :meth:`poll_episodes`; others only count. The
+        policy client overrides it to report local episodes to its server."""
+        if episode is None or not record.training_enabled:
+            return
+        self._counts["num_training_episodes"] += 1
+        self._counts["num_dropped_steps"] += self._output.put(self._as_output(record, episode))
+
+    def _as_output(self, record: AgentRecord, episode: Episode) -> E:
+        """What :meth:`poll_episodes` gives for ``record``'s ``episode``."""
+        raise NotImplementedError
+
+    def _batcher(self, policy_id: Any, what: str) -> PolicyBatcher:
+        batcher = self._batchers.get(policy_id) if isinstance(policy_id, str) else None
+        if batcher is None:
+            raise InvalidArgumentError(
+                f"{what}(policy_id={policy_id!r}): unknown policy id; the env's policies are "
+                f"{list(self.policy_ids)}."
+            )
+        return batcher
+
+
+def _row_carry(policy: Policy) -> Any:
+    """One row's initial recurrent state (numpy), or None if feed-forward."""
+    carry = policy.batched_carry(1)
+    return None if carry is None else jax.tree.map(lambda c: np.array(c[0]), carry)

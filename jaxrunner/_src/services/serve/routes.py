@@ -1,0 +1,262 @@
+"""The episode routes of the policy server, one handler each for both kinds of env: the
+env's wire (:class:`OneAgent`: bare trees; :class:`Agents`: ``{agent_id: tree}``) reads
+the bodies and writes the answers. Each value is checked before it touches any state."""
+
+# No `from __future__ import annotations`: FastAPI reads the handlers' annotations, and
+# their dependencies are the env's wire, chosen when the routes are made.
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+import jaxrunner._src.services.external.checks as checks
+from jaxrunner._src.services.external import ExternalEnv, MultiAgentExternalEnv
+from jaxrunner._src.services.serve import wire
+from jaxrunner._src.services.serve.schema import (
+    ERRORS,
+    ActionOut,
+    AgentActionsOut,
+    AgentEndBody,
+    AgentLogActionBody,
+    AgentObsBody,
+    AgentReturnsBody,
+    EndBody,
+    EpisodeId,
+    LogActionBody,
+    ObsBody,
+    Ok,
+    ReportBody,
+    ReturnsBody,
+    raw,
+)
+from jaxrunner._src.space_arrays import check_value
+
+Deliver = Callable[[int, Any, Request], Awaitable[Any]]
+"""``deliver(episode_id, future, request)``: the future's result if it reaches the
+client (see :func:`jaxrunner._src.services.serve.app.create_app`)."""
+EpisodeRoute = Callable[[str, type[BaseModel]], Callable[[Any], Any]]
+"""``episode_route(name, model)`` declares ``POST /v1/episodes/{episode_id}/<name>``."""
+Reader = Callable[..., Awaitable[Any]]
+"""A dependency that reads a request's body into the env's arguments."""
+
+
+class OneAgent:
+    """The wire of an :class:`~jaxrunner.ExternalEnv`: each value one tree."""
+
+    action_out = ActionOut
+
+    def __init__(self, env: ExternalEnv) -> None:
+        self.obs_space, self.action_space = env.observation_space, env.action_space
+
+    def spaces(self) -> dict[str, Any]:
+        return {
+            "observation_space": wire.space_to_json(self.obs_space),
+            "action_space": wire.space_to_json(self.action_space),
+        }
+
+    def obs(self, call: str) -> Reader:
+        async def read(body: ObsBody) -> Any:
+            return wire.decode_tree(self.obs_space, raw(body.obs), "obs")
+
+        return read
+
+    def logged(self) -> Reader:
+        async def read(body: LogActionBody) -> tuple[Any, Any]:
+            obs = wire.decode_tree(self.obs_space, raw(body.obs), "obs")
+            return obs, wire.decode_tree(self.action_space, raw(body.action), "action")
+
+        return read
+
+    def rewards(self) -> Reader:
+        async def read(body: ReturnsBody) -> tuple[Any, ...]:
+            return body.reward, body.info
+
+        return read
+
+    def final_obs(self, call: str) -> Reader:
+        async def read(body: EndBody) -> tuple[Any, bool]:
+            return wire.decode_tree(self.obs_space, raw(body.obs), "obs"), body.truncated
+
+        return read
+
+    def answer(self, action: Any) -> dict[str, Any]:
+        return {"action": wire.encode_tree(self.action_space, action)}
+
+
+class Agents:
+    """The wire of a ``MultiAgentExternalEnv``: ``{agent_id: tree}`` objects, the agent
+    ids checked before any decoding (an unknown one: 422)."""
+
+    action_out = AgentActionsOut
+
+    def __init__(self, env: MultiAgentExternalEnv) -> None:
+        self.groups, self.possible_agents = env.groups, env.possible_agents
+        self.group_of = {a: g for g in env.groups for a in g.agents}
+
+    def spaces(self) -> dict[str, Any]:
+        """Each agent's spaces and policy id."""
+        return {
+            "agents": {
+                agent: {
+                    "observation_space": wire.space_to_json(group.observation_space),
+                    "action_space": wire.space_to_json(group.action_space),
+                    "policy_id": group.policy_id,
+                }
+                for group in self.groups
+                for agent in group.agents
+            }
+        }
+
+    def decode(self, trees: Any, call: str, name: str, *, actions: bool = False) -> Any:
+        checks.check_agent_dict(trees, self.possible_agents, call, name, empty=True)
+        return {
+            agent: wire.decode_tree(
+                self.group_of[agent].action_space
+                if actions
+                else self.group_of[agent].observation_space,
+                raw(tree),
+                f"{name}[{agent!r}]",
+            )
+            for agent, tree in trees.items()
+        }
+
+    def obs(self, call: str) -> Reader:
+        async def read(body: AgentObsBody) -> Any:
+            return self.decode(body.obs, call, "obs")
+
+        return read
+
+    def logged(self) -> Reader:
+        async def read(body: AgentLogActionBody) -> tuple[Any, Any]:
+            obs = self.decode(body.obs, "log_action", "obs")
+            return obs, self.decode(body.actions, "log_action", "actions", actions=True)
+
+        return read
+
+    def rewards(self) -> Reader:
+        async def read(body: AgentReturnsBody) -> tuple[Any, ...]:
+            return (body.rewards,)
+
+        return read
+
+    def final_obs(self, call: str) -> Reader:
+        async def read(body: AgentEndBody) -> tuple[Any, bool]:
+            return self.decode(body.obs, call, "obs"), body.truncated
+
+        return read
+
+    def answer(self, actions: dict[str, Any]) -> dict[str, Any]:
+        group_of = self.group_of
+        encoded = {a: wire.encode_tree(group_of[a].action_space, v) for a, v in actions.items()}
+        return {"actions": encoded}
+
+
+def add_routes(
+    app: FastAPI,
+    env: ExternalEnv | MultiAgentExternalEnv,
+    bearer: Any,
+    deliver: Deliver,
+    episode_route: EpisodeRoute,
+) -> None:
+    """Adds the routes of ``env`` to ``app``: ``bearer`` is the token dependency (both
+    from :func:`jaxrunner._src.services.serve.app.create_app`). The multi-agent wire
+    adds ``end_agents``; the single-agent one local inference's ``params`` and
+    ``report``."""
+    kind = Agents(env) if env.multi_agent is True else OneAgent(env)
+
+    @app.get("/v1/spaces", dependencies=[bearer], responses=ERRORS, tags=["meta"])
+    async def get_spaces() -> JSONResponse:
+        return JSONResponse(kind.spaces())
+
+    @episode_route("action", kind.action_out)
+    async def get_action(
+        episode_id: EpisodeId,
+        obs: Annotated[Any, Depends(kind.obs("get_action"))],
+        request: Request,
+    ) -> JSONResponse:
+        future = env.submit_action(episode_id, obs)
+        return JSONResponse(kind.answer(await deliver(episode_id, future, request)))
+
+    @episode_route("log_action", Ok)
+    async def log_action(
+        episode_id: EpisodeId,
+        logged: Annotated[tuple[Any, Any], Depends(kind.logged())],
+        request: Request,
+    ) -> JSONResponse:
+        await deliver(episode_id, env.submit_log_action(episode_id, *logged), request)
+        return JSONResponse({"ok": True})
+
+    @episode_route("returns", Ok)
+    async def log_returns(
+        episode_id: EpisodeId, rewards: Annotated[tuple[Any, ...], Depends(kind.rewards())]
+    ) -> JSONResponse:
+        env.log_returns(episode_id, *rewards)
+        return JSONResponse({"ok": True})
+
+    @episode_route("end", Ok)
+    async def end_episode(
+        episode_id: EpisodeId,
+        final: Annotated[tuple[Any, bool], Depends(kind.final_obs("end_episode"))],
+    ) -> JSONResponse:
+        obs, truncated = final
+        # Stacks the episode: in a worker thread, off the event loop.
+        await run_in_threadpool(lambda: env.end_episode(episode_id, obs, truncated=truncated))
+        return JSONResponse({"ok": True})
+
+    if env.multi_agent is True:
+
+        @episode_route("end_agents", Ok)
+        async def end_agents(
+            episode_id: EpisodeId,
+            final: Annotated[tuple[Any, bool], Depends(kind.final_obs("end_agents"))],
+        ) -> JSONResponse:
+            obs, truncated = final
+            await run_in_threadpool(lambda: env.end_agents(episode_id, obs, truncated=truncated))
+            return JSONResponse({"ok": True})
+
+    else:
+        _add_local_inference_routes(app, env, bearer, episode_route)
+
+
+def _add_local_inference_routes(
+    app: FastAPI, env: ExternalEnv, bearer: Any, episode_route: EpisodeRoute
+) -> None:
+    """``GET /v1/params`` and ``POST .../report``: what a single-agent client that
+    computes its actions itself (``inference="local"``) pulls and sends."""
+    obs_space, action_space = env.observation_space, env.action_space
+    params_cache: dict[str, Any] = {}
+
+    def decode(obj: Any, where: str, space: Any = obs_space) -> Any:
+        return wire.decode_tree(space, raw(obj), where)
+
+    @app.get("/v1/params", dependencies=[bearer], responses=ERRORS, tags=["params"])
+    async def get_params(
+        since: Annotated[int | None, Query(ge=0, description="skip params if unchanged")] = None,
+    ) -> JSONResponse:
+        params, version = env.get_params()
+        if since == version:
+            return JSONResponse({"version": version, "params": None})
+        if params_cache.get("version") != version:
+            encoded = await run_in_threadpool(wire.encode_params, params)
+            params_cache.update(version=version, params=encoded)
+        return JSONResponse({"version": version, "params": params_cache["params"]})
+
+    @episode_route("report", Ok)
+    async def report(episode_id: EpisodeId, body: ReportBody) -> JSONResponse:
+        def decode_all() -> tuple[list[Any], list[Any], Any]:
+            # Up to MAX_REPORT_STEPS arrays: in a worker thread, off the event loop.
+            obs = [decode(o, f"obs[{t}]") for t, o in enumerate(body.obs)]
+            actions = [decode(a, f"actions[{t}]", action_space) for t, a in enumerate(body.actions)]
+            final = None
+            if body.final_obs is not None:
+                final = check_value(obs_space, decode(body.final_obs, "final_obs"), "final_obs")
+            return obs, actions, final
+
+        obs, actions, final = await run_in_threadpool(decode_all)
+        await run_in_threadpool(env.log_steps, episode_id, obs, actions, body.rewards)
+        if final is not None:
+            await run_in_threadpool(env.end_episode, episode_id, final, truncated=body.truncated)
+        return JSONResponse({"ok": True})
