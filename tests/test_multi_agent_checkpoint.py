@@ -21,7 +21,16 @@ from jaxrunner import connectors as C
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.testing import assert_trees_equal
 from tests import multi_agent_envs as envs_mod
-from tests.test_checkpoint import _npy, edited, member, meta, nan_at_end, rewrite, truncated
+from tests.test_checkpoint import (
+    OLD_FILES,
+    _npy,
+    edited,
+    member,
+    meta,
+    nan_at_end,
+    rewrite,
+    truncated,
+)
 
 SEED = 4
 NUM_ENVS = 3
@@ -168,6 +177,25 @@ def test_the_file_loads_without_pickle(tmp_path):
         assert doc["format"] == "jaxrunner.MultiAgentRunner checkpoint"
         assert doc["envs"] == "pickle" and doc["policy_ids"] == ["policy_0"]
         assert data["envs/0"].dtype == np.uint8  # loaded on request only
+
+
+def test_a_version_1_checkpoint_resumes_exactly(saved):
+    """A file of version 1 (written by the earlier code at the point the ``saved``
+    fixture saves) restores as this version's file of the same run does: the same
+    samples, metrics, kept episodes and callbacks."""
+    runs = []
+    for path in (OLD_FILES / "multi_agent_runner_v1_sync.ckpt", saved):
+        with make(callbacks=Recorder()) as runner:
+            assert runner.restore(path, load_env_pickles=True).envs_restored
+            trajs = [runner.sample() for _ in range(2)]
+            episodes = runner.sample_episodes(4)
+            runs.append((trajs, steady_metrics(runner), episodes, runner.callbacks.seen))
+    (old, old_metrics, old_episodes, old_seen), (new, metrics, episodes, seen) = runs
+    with np.load(saved) as data:
+        assert json.loads(str(data["__meta__"]))["version"] == 3
+    assert_trees_equal(concatenate(old), concatenate(new), "trajectory")
+    assert old_metrics == metrics and old_seen == seen and len(seen) > 3
+    assert_trees_equal(old_episodes, episodes, "agent episodes")
 
 
 # -- new episodes --------------------------------------------------------------------------

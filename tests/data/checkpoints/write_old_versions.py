@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import pathlib
 
+import jax
+import jax.numpy as jnp
+
+import jaxrunner as jr
 from tests import test_checkpoint as single
 from tests import test_multi_agent_checkpoint as multi
-from tests.test_checkpoint_versions import gru_policy
 
 HERE = pathlib.Path(__file__).parent
 
 if __name__ == "__main__":
-    with single.cartpole_runner(gru_policy()) as runner:
+    with jr.make_vec(single.short_cartpole, 1) as envs:  # the gru fixture's policy
+        policy = jr.Policy.from_linen(
+            single.Recurrent(), envs.single_action_space, initial_carry=jnp.zeros(8)
+        )
+        params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with single.cartpole_runner((policy, params)) as runner:
         runner.sample_episodes(4)
         runner.save(HERE / "env_runner_v2_sync.ckpt")
     with single.walk_runner() as runner:
