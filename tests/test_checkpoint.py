@@ -6,6 +6,7 @@ import io
 import json
 import pathlib
 import pickle
+import shutil
 import threading
 import tracemalloc
 import warnings
@@ -353,6 +354,20 @@ def test_process_backend_restarts_episodes_cleanly(gru, tmp_path, ready_first):
     np.testing.assert_array_equal(traj.episode_id[0], next_id + np.arange(4))
 
 
+def test_sync_checkpoint_on_the_process_backend_starts_new_episodes(gru, saved):
+    """A backend that cannot take the sync backend's sub-env pickles starts new
+    episodes and says why (as a MultiAgentRunner's does)."""
+    policy, params = gru
+    config = jr.ProcessConfig(num_workers=2)
+    envs = jr.make_vec(short_cartpole, 5, backend="process", config=config)
+    with jr.EnvRunner(envs, policy, params, rollout_length=11, seed=SEED) as other:
+        with pytest.warns(UserWarning, match="cannot restore sub-env snapshots"):
+            report = other.restore(saved, load_env_pickles=True)
+        assert not report.envs_restored
+        traj = other.sample()
+    np.testing.assert_array_equal(traj.step[0], 0)
+
+
 # -- damaged and hostile checkpoints (issue 30, items 3, 4 and 13) ------------------------------
 
 
@@ -537,6 +552,14 @@ HOSTILE = {
         "member 'spare'",
     ),
     "a pickle where none belongs": (meta(lambda m: m.update(envs="none")), "member 'envs/0'"),
+    "a MultiAgentRunner's checkpoint": (
+        lambda src, dst: shutil.copyfile(OLD_FILES / "multi_agent_runner_v1_sync.ckpt", dst),
+        "expected a jaxrunner.EnvRunner checkpoint version 1 or 2 or 3",
+    ),
+    "version 3 params as version 2's": (
+        meta(lambda m: m.update(version=2)),
+        "no 'params/module/params/Dense_0/bias'",
+    ),
 }
 PICKLES_ONLY = {"pickle as floats"}
 """Cases about the sub-env pickles, which are read only with load_env_pickles=True."""
