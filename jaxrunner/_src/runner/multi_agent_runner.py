@@ -202,7 +202,7 @@ class MultiAgentRunner(EnvOwner):
         the callbacks hold. A pure-JAX env's states are arrays of the sampler's
         state, always saved (as ``EnvRunner.save`` saves a ``JaxVectorEnv``'s); the
         sync backend (``envs.can_snapshot``) adds a pickle of each sub-env with its
-        driver's state. Call it between samples.
+        driver's state and restart seed state. Call it between samples.
         """
         self._check_usable("save")
         checkpoint.save(self._parts(), path)
