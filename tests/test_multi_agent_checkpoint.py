@@ -153,6 +153,32 @@ def test_sync_backend_resumes_bit_for_bit(name, tmp_path):
     assert seen == want_seen and len(want_seen) > 5
 
 
+def test_restarted_sub_envs_resume_with_their_restart_seeds(tmp_path):
+    """As an EnvRunner's: under a restart_policy a restarted sub-env is reset with a seed
+    drawn from its restarts so far, which the sub-env pickles keep, so a resumed run
+    restarts into the episodes the unbroken run does (every env fails at its 4th step
+    call, so each restarts several times on both sides of the save)."""
+    from jaxrunner.testing import FaultPlan, faulty_env_fns
+
+    def make_faulty():
+        fns = faulty_env_fns(envs_mod.coming_and_going, NUM_ENVS, faults=[FaultPlan(at=(4,))])
+        envs = jr.make_vec(fns, NUM_ENVS, restart_policy=jr.RestartPolicy())
+        params = {"w": jnp.zeros(3)}
+        return jr.MultiAgentRunner(envs, recurrent_policy(3), params, T, seed=SEED)
+
+    with make_faulty() as runner:
+        whole = concatenate([runner.sample() for _ in range(4)])
+        assert runner.envs.num_restarts >= 10
+    path = tmp_path / "runner.ckpt"
+    with make_faulty() as runner:
+        head = [runner.sample() for _ in range(2)]
+        runner.save(path)
+    with make_faulty() as resumed:
+        assert resumed.restore(path, load_env_pickles=True).envs_restored
+        tail = [resumed.sample() for _ in range(2)]
+    assert_trees_equal(concatenate(head + tail), whole, "trajectory")
+
+
 @pytest.mark.parametrize("name", ["coming_and_going", "relay"])
 def test_sample_episodes_resumes_with_its_fragments(name, tmp_path):
     with make(name) as runner:
