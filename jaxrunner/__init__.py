@@ -39,7 +39,7 @@ from jaxrunner._src.backends.multi_agent.make import make_multi_agent_vec
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
-from jaxrunner._src.checkpoints.env_runner import RestoreReport
+from jaxrunner._src.checkpoints.checkpoint import RestoreReport
 from jaxrunner._src.core.episode import Episode, concatenate_episodes
 from jaxrunner._src.core.metrics import MetricsConfig
 from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode, MultiAgentTrajectory

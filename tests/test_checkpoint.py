@@ -6,6 +6,7 @@ import io
 import json
 import pathlib
 import pickle
+import shutil
 import threading
 import tracemalloc
 import warnings
@@ -108,25 +109,59 @@ def test_restarted_sub_envs_resume_with_their_restart_seeds(gru, tmp_path):
     assert_trees_equal(split, whole, "trajectory")
 
 
-def test_a_version_1_checkpoint_still_resumes_exactly(gru, saved, tmp_path):
-    """Version 1 pickled each sub-env bare (no restart state): such a file restores,
-    and samples as its version 2 twin does."""
+OLD_FILES = pathlib.Path(__file__).parent / "data" / "checkpoints"
+"""Checkpoints written by the earlier formats (see write_old_versions.py there)."""
+
+
+def bare_snapshots(path) -> dict[str, bytes]:
+    """The sub-env pickle members of a version 2 file, as version 1 wrote them (bare
+    envs, without their restart state)."""
     from jaxrunner._src.backends.snapshots import snapshot_dumps
 
-    def bare(blob: bytes) -> bytes:  # a version 2 sub-env pickle member, as version 1 wrote it
+    def bare(blob: bytes) -> bytes:
         snapshot = pickle.loads(np.load(io.BytesIO(blob)).tobytes())
         return _npy(np.frombuffer(snapshot_dumps(snapshot["env"]), np.uint8))
 
-    with zipfile.ZipFile(saved) as zf:
-        envs = {n: bare(zf.read(n)) for n in zf.namelist() if n.startswith("envs/")}
-    old = tmp_path / "version1.ckpt"
-    rewrite(saved, old, meta=lambda m: m.update(version=1), members=envs)
-    trajs = []
-    for path in (saved, old):
-        with cartpole_runner(gru) as runner:
-            assert runner.restore(path, load_env_pickles=True).envs_restored
-            trajs.append(runner.sample())
-    assert_trees_equal(trajs[1], trajs[0], "trajectory")
+    with zipfile.ZipFile(path) as zf:
+        return {n: bare(zf.read(n)) for n in zf.namelist() if n.startswith("envs/")}
+
+
+def resumed_run(make, path, **restore_kwargs) -> tuple:
+    """What a new runner restored from ``path`` does next: two samples, the counters,
+    a sample_episodes call (which takes the kept episodes)."""
+    with make() as runner:
+        assert runner.restore(path, **restore_kwargs).envs_restored
+        trajs = samples(runner, 2)
+        return trajs, counters(runner), runner.sample_episodes(3)
+
+
+def test_checkpoints_of_earlier_versions_resume_exactly(gru, saved, tmp_path):
+    """Version 2 files (written by the earlier code, at the point the ``saved`` fixture
+    saves) and version 1 files (their sub-env pickles bare) restore as this version's
+    file of the same run does: the same samples, counters and kept episodes."""
+    v2 = OLD_FILES / "env_runner_v2_sync.ckpt"
+    v1 = tmp_path / "version1.ckpt"
+    rewrite(v2, v1, meta=lambda m: m.update(version=1), members=bare_snapshots(v2))
+    with np.load(saved) as data:
+        assert json.loads(str(data["__meta__"]))["version"] == 3
+    want = resumed_run(lambda: cartpole_runner(gru), saved, load_env_pickles=True)
+    for path in (v2, v1):
+        got = resumed_run(lambda: cartpole_runner(gru), path, load_env_pickles=True)
+        assert_trees_equal(got[0], want[0], f"{path.name}: trajectories")
+        assert got[1] == want[1], path.name
+        assert_trees_equal(got[2], want[2], f"{path.name}: episodes")
+
+
+def test_a_jax_env_checkpoint_of_version_2_resumes_exactly(tmp_path):
+    path = tmp_path / "runner.ckpt"
+    with walk_runner() as runner:
+        runner.sample_episodes(3)
+        runner.save(path)
+    want = resumed_run(walk_runner, path)
+    got = resumed_run(walk_runner, OLD_FILES / "env_runner_v2_jax.ckpt")
+    assert_trees_equal(got[0], want[0], "trajectories")
+    assert got[1] == want[1]
+    assert_trees_equal(got[2], want[2], "episodes")
 
 
 @pytest.mark.parametrize("num_splits", [1, 2])
@@ -195,6 +230,9 @@ def test_the_file_loads_without_pickle(gru, tmp_path):
     with np.load(path, allow_pickle=False) as data:
         meta = json.loads(str(data["__meta__"]))
         assert meta["envs"] == "pickle" and meta["num_envs"] == 5
+        # The one layout of both runners: an EnvRunner is one policy of one agent.
+        assert meta["policy_ids"] == ["default_policy"] and meta["possible_agents"] == ["agent_0"]
+        assert data[GRU_KERNEL].dtype == np.float32
         assert data["envs/0"].dtype == np.uint8  # the pickles are bytes, loaded on request
 
 
@@ -316,6 +354,20 @@ def test_process_backend_restarts_episodes_cleanly(gru, tmp_path, ready_first):
     np.testing.assert_array_equal(traj.episode_id[0], next_id + np.arange(4))
 
 
+def test_sync_checkpoint_on_the_process_backend_starts_new_episodes(gru, saved):
+    """A backend that cannot take the sync backend's sub-env pickles starts new
+    episodes and says why (as a MultiAgentRunner's does)."""
+    policy, params = gru
+    config = jr.ProcessConfig(num_workers=2)
+    envs = jr.make_vec(short_cartpole, 5, backend="process", config=config)
+    with jr.EnvRunner(envs, policy, params, rollout_length=11, seed=SEED) as other:
+        with pytest.warns(UserWarning, match="cannot restore sub-env snapshots"):
+            report = other.restore(saved, load_env_pickles=True)
+        assert not report.envs_restored
+        traj = other.sample()
+    np.testing.assert_array_equal(traj.step[0], 0)
+
+
 # -- damaged and hostile checkpoints (issue 30, items 3, 4 and 13) ------------------------------
 
 
@@ -409,7 +461,7 @@ def set_key(where: str, key: str, value) -> object:
     return meta(edit)
 
 
-GRU_KERNEL = "params/module/params/GRUCell_0/hn/kernel"
+GRU_KERNEL = "params/default_policy/module/params/GRUCell_0/hn/kernel"
 CLAIMS_800_GB = b"(100000000000, 2)"
 """A float32 header shape of 800 GB."""
 # id -> (how the file is damaged, what the error must name)
@@ -500,6 +552,14 @@ HOSTILE = {
         "member 'spare'",
     ),
     "a pickle where none belongs": (meta(lambda m: m.update(envs="none")), "member 'envs/0'"),
+    "a MultiAgentRunner's checkpoint": (
+        lambda src, dst: shutil.copyfile(OLD_FILES / "multi_agent_runner_v1_sync.ckpt", dst),
+        "expected a jaxrunner.EnvRunner checkpoint version 1 or 2 or 3",
+    ),
+    "version 3 params as version 2's": (
+        meta(lambda m: m.update(version=2)),
+        "no 'params/module/params/Dense_0/bias'",
+    ),
 }
 PICKLES_ONLY = {"pickle as floats"}
 """Cases about the sub-env pickles, which are read only with load_env_pickles=True."""

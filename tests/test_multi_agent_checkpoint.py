@@ -21,7 +21,20 @@ from jaxrunner import connectors as C
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.testing import assert_trees_equal
 from tests import multi_agent_envs as envs_mod
-from tests.test_checkpoint import _npy, edited, member, meta, nan_at_end, rewrite, truncated
+from tests.special_files import refusal_and_peak, special_path
+from tests.test_checkpoint import (
+    CLAIMS_800_GB,
+    OLD_FILES,
+    _npy,
+    deflated_member,
+    edited,
+    infinite,
+    member,
+    meta,
+    nan_at_end,
+    rewrite,
+    truncated,
+)
 
 SEED = 4
 NUM_ENVS = 3
@@ -140,6 +153,32 @@ def test_sync_backend_resumes_bit_for_bit(name, tmp_path):
     assert seen == want_seen and len(want_seen) > 5
 
 
+def test_restarted_sub_envs_resume_with_their_restart_seeds(tmp_path):
+    """As an EnvRunner's: under a restart_policy a restarted sub-env is reset with a seed
+    drawn from its restarts so far, which the sub-env pickles keep, so a resumed run
+    restarts into the episodes the unbroken run does (every env fails at its 4th step
+    call, so each restarts several times on both sides of the save)."""
+    from jaxrunner.testing import FaultPlan, faulty_env_fns
+
+    def make_faulty():
+        fns = faulty_env_fns(envs_mod.coming_and_going, NUM_ENVS, faults=[FaultPlan(at=(4,))])
+        envs = jr.make_vec(fns, NUM_ENVS, restart_policy=jr.RestartPolicy())
+        params = {"w": jnp.zeros(3)}
+        return jr.MultiAgentRunner(envs, recurrent_policy(3), params, T, seed=SEED)
+
+    with make_faulty() as runner:
+        whole = concatenate([runner.sample() for _ in range(4)])
+        assert runner.envs.num_restarts >= 10
+    path = tmp_path / "runner.ckpt"
+    with make_faulty() as runner:
+        head = [runner.sample() for _ in range(2)]
+        runner.save(path)
+    with make_faulty() as resumed:
+        assert resumed.restore(path, load_env_pickles=True).envs_restored
+        tail = [resumed.sample() for _ in range(2)]
+    assert_trees_equal(concatenate(head + tail), whole, "trajectory")
+
+
 @pytest.mark.parametrize("name", ["coming_and_going", "relay"])
 def test_sample_episodes_resumes_with_its_fragments(name, tmp_path):
     with make(name) as runner:
@@ -168,6 +207,25 @@ def test_the_file_loads_without_pickle(tmp_path):
         assert doc["format"] == "jaxrunner.MultiAgentRunner checkpoint"
         assert doc["envs"] == "pickle" and doc["policy_ids"] == ["policy_0"]
         assert data["envs/0"].dtype == np.uint8  # loaded on request only
+
+
+def test_a_version_1_checkpoint_resumes_exactly(saved):
+    """A file of version 1 (written by the earlier code at the point the ``saved``
+    fixture saves) restores as this version's file of the same run does: the same
+    samples, metrics, kept episodes and callbacks."""
+    runs = []
+    for path in (OLD_FILES / "multi_agent_runner_v1_sync.ckpt", saved):
+        with make(callbacks=Recorder()) as runner:
+            assert runner.restore(path, load_env_pickles=True).envs_restored
+            trajs = [runner.sample() for _ in range(2)]
+            episodes = runner.sample_episodes(4)
+            runs.append((trajs, steady_metrics(runner), episodes, runner.callbacks.seen))
+    (old, old_metrics, old_episodes, old_seen), (new, metrics, episodes, seen) = runs
+    with np.load(saved) as data:
+        assert json.loads(str(data["__meta__"]))["version"] == 3
+    assert_trees_equal(concatenate(old), concatenate(new), "trajectory")
+    assert old_metrics == metrics and old_seen == seen and len(seen) > 3
+    assert_trees_equal(old_episodes, episodes, "agent episodes")
 
 
 # -- new episodes --------------------------------------------------------------------------
@@ -326,6 +384,21 @@ def huge_referenced(src, dst) -> None:
     rewrite(src, dst, members={"finished/0/reward.npy": huge})
 
 
+def finished_twice(src, dst) -> None:
+    """One more finished agent episode, a copy of the first (same episode and agent)."""
+    import zipfile
+
+    with np.load(src) as data:
+        n = len(json.loads(str(data["__meta__"]))["finished"])
+    with zipfile.ZipFile(src) as zf:
+        copies = {
+            name.replace("finished/0/", f"finished/{n}/"): zf.read(name)
+            for name in zf.namelist()
+            if name.startswith("finished/0/")
+        }
+    rewrite(src, dst, meta=lambda m: m["finished"].append(dict(m["finished"][0])), members=copies)
+
+
 def set_key(kind: str, key: str, value: Any):
     def edit(m: dict) -> None:
         m[kind][0][key] = value
@@ -392,6 +465,40 @@ HOSTILE = {
         "unassigned_reward",
     ),
     "short perf": (member("metrics/perf", np.zeros(2)), "metrics/perf"),
+    "negative perf": (member("metrics/perf", -np.ones(4)), "metrics/perf"),
+    "NaN returns": (edited("metrics/returns", nan_at_end), "metrics/returns not finite"),
+    "returns unlike lengths": (member("metrics/lengths", np.ones(7, np.int64)), "metrics/returns"),
+    "counters of length 6": (member("metrics/counters", np.zeros(6, np.int64)), "metrics/counters"),
+    "negative seed": (meta(lambda m: m.update(seed=-1)), "seed"),
+    "float num_envs": (meta(lambda m: m.update(num_envs=3.0)), "num_envs"),
+    "zero rollout_length": (meta(lambda m: m.update(rollout_length=0)), "rollout_length"),
+    "unknown envs kind": (meta(lambda m: m.update(envs="magic")), "envs="),
+    "envs_note a list": (meta(lambda m: m.update(envs_note=[])), "envs_note"),
+    "an older version": (meta(lambda m: m.update(version=2)), "version 1 or 3, got"),
+    "episode id a string": (set_key("finished", "episode_id", "4"), r"finished\[0\]\.episode_id"),
+    "negative start_step": (set_key("finished", "start_step", -2), r"finished\[0\]\.start_step"),
+    "extra episode key": (set_key("finished", "spare", 1), r"finished\[0\]"),
+    "paths miss obs": (set_key("finished", "paths", [["action"], ["reward"]]), "paths"),
+    "extras path an int": (set_key("finished", "extras", [[0]]), "extras"),
+    "finished twice": (finished_twice, r"repeated \(episode id, agent\)"),
+    "begin after steps_done": (
+        member("sampler/book/episode_begin", np.full(3, 10**9, np.int64)),
+        "episode_begin",
+    ),
+    "NaN episode return": (
+        member("sampler/book/episode_return", np.full(3, np.nan)),
+        "episode_return",
+    ),
+    "NaN params": (edited(W, nan_at_end), f"{W} not finite"),
+    "header claims 800 GB": (
+        member(W, _npy(np.zeros(3, np.float32)).replace(b"(3,)", CLAIMS_800_GB)),
+        W,
+    ),
+    "params size lies": (
+        member(W, _npy(np.zeros(3, np.float32)).replace(b"(3,)", b"(30,)")),
+        "size",
+    ),
+    "infinite kept obs": (edited("finished/0/obs", infinite), "finished/0/obs not finite"),
     "unknown policy": (set_key("finished", "policy_id", "hero"), r"finished\[0\]\.policy_id"),
     "agent of no policy": (set_key("finished", "agent_id", "zed"), r"finished\[0\]\.agent_id"),
     "episode id too big": (set_key("finished", "episode_id", 10**6), r"finished\[0\]\.episode_id"),
@@ -526,6 +633,53 @@ def test_restore_refuses_a_max_bytes_that_is_no_byte_count(saved, max_bytes):
         ):
             runner.restore(saved, max_bytes=max_bytes)
         assert_trees_equal(runner_state(runner), before, "runner")
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo", "directory"])
+def test_restore_refuses_what_is_not_a_regular_file_before_reading(tmp_path, special):
+    path = special_path(special, tmp_path)
+    with make() as runner:
+        error, peak = refusal_and_peak(lambda: runner.restore(path), f"restore({special!r})")
+    assert isinstance(error, InvalidArgumentError), error
+    assert "is not a regular file" in str(error)
+    assert peak < (4 << 20), peak
+
+
+def test_restore_refuses_an_oversized_window_before_reading_it(saved, tmp_path):
+    """As an EnvRunner's: refused from the header, next to nothing allocated."""
+    import tracemalloc
+
+    path = tmp_path / "window.ckpt"
+    rewrite(saved, path, members={"metrics/lengths.npy": None})
+    deflated_member(path, "metrics/lengths.npy", "<i8", 1 << 24)
+    with make() as runner:
+        tracemalloc.start()
+        try:
+            with pytest.raises(InvalidArgumentError, match=r"metrics/lengths.*at most 100 entries"):
+                runner.restore(path, load_env_pickles=True)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < (4 << 20), peak
+
+
+def test_restore_refuses_kept_episodes_longer_than_the_steps_counted(saved, tmp_path):
+    path = tmp_path / "long.ckpt"
+    rewrite(saved, path, members={"finished/0/reward.npy": None})
+    deflated_member(path, "finished/0/reward.npy", "<f8", 1 << 20)
+    with make() as runner, pytest.raises(InvalidArgumentError, match=r"finished/0/reward.*steps"):
+        runner.restore(path)
+
+
+def test_restore_refuses_a_load_env_pickles_that_is_no_bool(saved):
+    with (
+        make() as runner,
+        pytest.raises(
+            jr.errors.JaxRunnerError,
+            match=r"MultiAgentRunner\.restore\(load_env_pickles='yes'\): expected True or False",
+        ),
+    ):
+        runner.restore(saved, load_env_pickles="yes")
 
 
 def test_restore_undoes_the_sampler_state_when_the_fresh_resets_fail(saved):

@@ -1,4 +1,5 @@
-"""The checked reader every runner's checkpoint reader builds on (:class:`CheckpointReader`)."""
+"""The checks of a checkpoint's parts (:class:`CheckpointReader`), with which
+:class:`~jaxrunner._src.checkpoints.checkpoint_file.CheckpointFile` reads either runner's."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ from jaxrunner.errors import InvalidArgumentError
 
 
 class CheckpointReader:
-    """The checks every runner's checkpoint reader makes; subclasses read their
-    runner's parts with them. Nothing here changes a runner.
+    """The checks a checkpoint reader makes on the file's metadata, trees, metrics and
+    episode steps; ``CheckpointFile`` reads a runner's checkpoint with them. Nothing
+    here changes a runner.
 
     Args:
         runner_name: the runner's class name, in messages (``"EnvRunner"``).

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any, Generic, Protocol, TypeVar
 
+from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.policy import Params
 
 Runner = Any
@@ -107,3 +108,28 @@ class RunnerState(Generic[E]):
         """The first ``num_episodes`` finished episodes, removed from :attr:`finished`."""
         taken, self.finished = self.finished[:num_episodes], self.finished[num_episodes:]
         return taken
+
+
+@dataclasses.dataclass(eq=False, kw_only=True)
+class RunnerParts:
+    """What a runner hands the services that save and restore it (checkpoints): its
+    :class:`RunnerState` and the parts around it, either runner alike (an
+    ``EnvRunner`` is one group of one agent); they never import a runner."""
+
+    runner: str
+    """The runner's class name (``"EnvRunner"``), in messages and the file's format."""
+    state: RunnerState
+    sampler: Any
+    """The runner's sampler (``get_state``/``set_state``/``restart_episodes``)."""
+    envs: Any
+    """The runner's vector env."""
+    groups: tuple[AgentGroup, ...]
+    """One group per policy id: its agents and one agent's spaces."""
+    episode_type: type
+    """The kind of episode the runner keeps (``Episode``, ``AgentEpisode``)."""
+    rollout_length: int
+    seed: int
+    """The runner's seed; a restore sets the checkpoint's, which the runner takes back."""
+    restart_connectors: Callable[[], None]
+    """Restarts the connectors' per-episode state (e.g. running returns) after the
+    envs were reset outside a sample."""

@@ -16,19 +16,25 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.backends import EnvSpec
 from jaxrunner._src.backends.base import VectorEnv
-from jaxrunner._src.backends.jax_env import JaxVectorEnv
+from jaxrunner._src.backends.jax_env import ONE_AGENT, JaxVectorEnv
 from jaxrunner._src.backends.process import ProcessConfig
 from jaxrunner._src.backends.ray import RayConfig
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.checkpoints import env_runner as checkpoint
-from jaxrunner._src.checkpoints.env_runner import RestoreReport
-from jaxrunner._src.checkpoints.env_runner_file import MAX_RESTORE_BYTES
+from jaxrunner._src.checkpoints import checkpoint
+from jaxrunner._src.checkpoints.checkpoint import RestoreReport
+from jaxrunner._src.checkpoints.checkpoint_file import MAX_RESTORE_BYTES
 from jaxrunner._src.connectors.base import ConnectorState
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
+from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.episode import Episode, concatenate_episodes
 from jaxrunner._src.core.metrics import MetricsConfig, RunnerMetrics
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID, EpisodeJoiner, RunnerState
+from jaxrunner._src.core.runner_state import (
+    DEFAULT_POLICY_ID,
+    EpisodeJoiner,
+    RunnerParts,
+    RunnerState,
+)
 from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.runner.env_runner_checks import (
@@ -300,7 +306,7 @@ class EnvRunner(EnvOwner):
         a backend that can snapshot them (``capabilities.can_snapshot``: the sync
         backend) are added as pickles. Call it between samples."""
         self._check_usable("save")
-        checkpoint.save(self, path)
+        checkpoint.save(self._parts(), path)
 
     def restore(
         self,
@@ -328,7 +334,10 @@ class EnvRunner(EnvOwner):
             they were resumed.
         """
         self._check_usable("restore")
-        return checkpoint.restore(self, path, load_env_pickles, max_bytes)
+        parts = self._parts()
+        report = checkpoint.restore(parts, path, load_env_pickles, max_bytes)
+        self.seed = parts.seed
+        return report
 
     def get_connector_state(self) -> ConnectorsState:
         """The connectors' state, as a host copy: the statistics the next ``sample()``
@@ -376,6 +385,31 @@ class EnvRunner(EnvOwner):
         return len(sampler.splits) if isinstance(sampler, LockstepSampler) else 1
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _parts(self) -> RunnerParts:
+        """The state checkpoints save and restore: one group of one agent."""
+        envs = self.envs
+        group = AgentGroup(
+            DEFAULT_POLICY_ID, (ONE_AGENT,), envs.single_observation_space, envs.single_action_space
+        )
+
+        def restart_connectors() -> None:  # e.g. ScaleReward's running returns restart too
+            if self.connectors is not None:
+                self.set_connector_state(
+                    self.connectors.restart_episodes(self.get_connector_state())
+                )
+
+        return RunnerParts(
+            runner="EnvRunner",
+            state=self.state,
+            sampler=self.sampler,
+            envs=envs,
+            groups=(group,),
+            episode_type=Episode,
+            rollout_length=self.rollout_length,
+            seed=self.seed,
+            restart_connectors=restart_connectors,
+        )
 
     def _check_connectors(self, what: str) -> None:
         if self.connectors is None:

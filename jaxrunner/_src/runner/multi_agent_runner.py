@@ -13,9 +13,9 @@ from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.backends.capabilities import is_multi_agent
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
-from jaxrunner._src.checkpoints import multi_agent_runner as checkpoint
-from jaxrunner._src.checkpoints.env_runner import RestoreReport
-from jaxrunner._src.checkpoints.env_runner_file import MAX_RESTORE_BYTES
+from jaxrunner._src.checkpoints import checkpoint
+from jaxrunner._src.checkpoints.checkpoint import RestoreReport
+from jaxrunner._src.checkpoints.checkpoint_file import MAX_RESTORE_BYTES
 from jaxrunner._src.connectors.per_group import (
     GroupConnectors,
     check_state_like,
@@ -26,7 +26,7 @@ from jaxrunner._src.core.metrics import MetricsConfig
 from jaxrunner._src.core.multi_agent_metrics import MultiAgentMetrics
 from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode, MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.core.runner_state import RunnerState
+from jaxrunner._src.core.runner_state import RunnerParts, RunnerState
 from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner._src.runner.ownership import EnvOwner, check_rollout_arguments
 from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
@@ -202,10 +202,10 @@ class MultiAgentRunner(EnvOwner):
         the callbacks hold. A pure-JAX env's states are arrays of the sampler's
         state, always saved (as ``EnvRunner.save`` saves a ``JaxVectorEnv``'s); the
         sync backend (``envs.can_snapshot``) adds a pickle of each sub-env with its
-        driver's state. Call it between samples.
+        driver's state and restart seed state. Call it between samples.
         """
         self._check_usable("save")
-        checkpoint.save(self, path)
+        checkpoint.save(self._parts(), path)
 
     def restore(
         self,
@@ -240,7 +240,31 @@ class MultiAgentRunner(EnvOwner):
                 runner is unchanged.
         """
         self._check_usable("restore")
-        return checkpoint.restore(self, path, load_env_pickles, max_bytes)
+        parts = self._parts()
+        report = checkpoint.restore(parts, path, load_env_pickles, max_bytes)
+        self.seed = parts.seed
+        return report
+
+    def _parts(self) -> RunnerParts:
+        """The state checkpoints save and restore."""
+        sampler = self.sampler
+
+        def restart_connectors() -> None:  # e.g. running returns restart
+            for pid, connectors in self.connectors.items():
+                state = connectors.restart_episodes(sampler.get_connector_state(pid))
+                sampler.set_connector_state(policy_id=pid, state=state)
+
+        return RunnerParts(
+            runner="MultiAgentRunner",
+            state=self.state,
+            sampler=sampler,
+            envs=self.envs,
+            groups=self.envs.groups,
+            episode_type=AgentEpisode,
+            rollout_length=self.rollout_length,
+            seed=self.seed,
+            restart_connectors=restart_connectors,
+        )
 
     def get_connector_state(self) -> dict[str, ConnectorsState]:
         """``policy_id -> `` the state of its group's connectors, as host copies: the

@@ -1,0 +1,179 @@
+"""Checkpoints of either runner, over the state it hands in (:class:`RunnerParts`): save,
+and resume exactly. See docs/checkpoints.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+from jaxrunner._src.backends.snapshots import SnapshotRefusedError
+from jaxrunner._src.checkpoints.checkpoint_file import (
+    EPISODE_SCALARS,
+    VERSION,
+    Checkpoint,
+    CheckpointFile,
+    format_name,
+    holds_env_states,
+    identity,
+    kept_episodes,
+)
+from jaxrunner._src.checkpoints.writer import (
+    put_snapshots,
+    put_steps,
+    put_tree,
+    write_checkpoint,
+)
+from jaxrunner._src.core.runner_state import RunnerParts
+from jaxrunner._src.core.seeds import env_seeds
+from jaxrunner.errors import InvalidArgumentError
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoreReport:
+    """What :meth:`EnvRunner.restore` (or ``MultiAgentRunner.restore``) restored."""
+
+    envs_restored: bool
+    """The envs are in their saved state: sampling continues the saved episodes exactly.
+    False: every env was reset and started a new episode (see ``note``)."""
+    note: str
+    """How the envs were resumed, and why."""
+
+
+# -- save ----------------------------------------------------------------------------------
+
+
+def save(parts: RunnerParts, path: str | os.PathLike) -> None:
+    """Writes the runner's state to ``path`` (see docs/checkpoints.md); atomic: a crash
+    mid-write leaves any earlier file at ``path`` whole."""
+    arrays: dict[str, np.ndarray] = {}
+    state = parts.state
+    put_tree(arrays, "params", dict(state.params))
+    put_tree(arrays, "sampler", parts.sampler.get_state())
+    metrics_paths = put_tree(arrays, "metrics", state.metrics.get_state())
+    if holds_env_states(parts):
+        envs_kind, envs_note = "pytree", "the env states are arrays in the sampler's state"
+    else:
+        envs_kind, envs_note = _put_env_snapshots(arrays, parts.envs)
+    meta = {
+        "format": format_name(parts.runner),
+        "version": VERSION,
+        **identity(parts),
+        "seed": parts.seed,
+        "rollout_length": parts.rollout_length,
+        "envs": envs_kind,
+        "envs_note": envs_note,
+        "metrics": metrics_paths,
+        **{key: _put_episodes(arrays, key, kept) for key, kept in kept_episodes(parts).items()},
+    }
+    write_checkpoint(path, arrays, meta)
+
+
+def _put_env_snapshots(arrays: dict[str, np.ndarray], envs: Any) -> tuple[str, str]:
+    """Adds the sub-envs' pickles where the backend can take them; returns the
+    ``(envs, envs_note)`` metadata: ``"pickle"`` or ``"none"`` and why."""
+    if not envs.can_snapshot:
+        return "none", f"{type(envs).__name__} cannot snapshot its sub-envs"
+    try:
+        blobs = envs.snapshot_sub_envs()
+    except Exception as err:  # a sub-env that does not pickle: resume restarts episodes
+        return "none", f"a sub-env could not be pickled ({type(err).__name__}: {err})"
+    put_snapshots(arrays, blobs)
+    return "pickle", "the sub-envs are pickled"
+
+
+def _put_episodes(
+    arrays: dict[str, np.ndarray], prefix: str, episodes: list[Any]
+) -> list[dict[str, Any]]:
+    metas = []
+    for k, episode in enumerate(episodes):
+        scalars = EPISODE_SCALARS[type(episode)]
+        meta: dict[str, Any] = {f: t(getattr(episode, f)) for f, t in scalars.items()}
+        meta.update(put_steps(arrays, f"{prefix}/{k}", episode))
+        if "agent_id" in scalars:
+            arrays[f"{prefix}/{k}/env_step"] = np.asarray(episode.env_step, np.int64)
+        metas.append(meta)
+    return metas
+
+
+# -- restore -------------------------------------------------------------------------------
+
+
+def restore(
+    parts: RunnerParts, path: str | os.PathLike, load_env_pickles: bool, max_bytes: int
+) -> RestoreReport:
+    """Makes the runner of ``parts`` (new, built as the saved one) continue where the
+    checkpoint at ``path`` left off; sets ``parts.seed`` to the saved one, for the runner
+    to take. The file is read and checked whole before anything of the runner changes;
+    the steps that can fail (the sampler state, the sub-env pickles, the fresh resets)
+    come next and are undone if one fails; the rest are assignments of values already
+    checked."""
+    path = os.fspath(path)
+    ckpt = CheckpointFile(parts, path).read(load_env_pickles, max_bytes)
+    envs_restored, note = _resume_envs(parts, ckpt, path)
+    state = parts.state
+    state.params.update(ckpt.params)
+    state.metrics.set_state(ckpt.metrics_state)
+    parts.seed = ckpt.seed
+    state.finished = list(ckpt.kept["finished"])
+    state.episodes.set_fragments(ckpt.kept["fragments"] if envs_restored else ())
+    if state.callback_episodes is not None:
+        state.callback_episodes.set_fragments(
+            ckpt.kept["callback_fragments"] if envs_restored else ()
+        )
+    if not envs_restored:
+        warnings.warn(f"{parts.runner}.restore({path!r}): {note}.", stacklevel=3)
+    return RestoreReport(envs_restored=envs_restored, note=note)
+
+
+def _resume_envs(parts: RunnerParts, ckpt: Checkpoint, path: str) -> tuple[bool, str]:
+    """The fallible steps of a restore, all or none: installs ``ckpt.sampler_state``,
+    then resumes the envs: from ``ckpt.env_snapshots`` where there are any, else every
+    env reset with ``env_seeds((ckpt.seed, ckpt.steps_done), num_envs)`` (new episodes,
+    the connectors' running episode state restarted), unless ``ckpt.envs`` is
+    ``"pytree"`` (the envs are in the sampler state). If a step fails, the sampler gets
+    its previous state back and the error propagates.
+
+    Returns:
+        ``(envs_restored, note)``: whether the envs resume their saved episodes, and
+        the note for the :class:`RestoreReport` (and the warning when they do not).
+    """
+    sampler, runner = parts.sampler, parts.runner
+    envs_restored = ckpt.envs == "pytree"
+    note = ckpt.envs_note
+    previous = sampler.get_state()
+    sampler.set_state(ckpt.sampler_state)  # refuses (runner unchanged) or takes it whole
+    try:
+        if ckpt.env_snapshots is not None:
+            try:
+                parts.envs.restore_sub_envs(list(ckpt.env_snapshots))
+            except SnapshotRefusedError as err:
+                raise InvalidArgumentError(
+                    f"{runner}.restore({path!r}): the checkpoint's sub-env pickle "
+                    f"envs/{err.index} {err.problem}; the runner is unchanged. Restore only "
+                    f"checkpoints written by {runner}.save, into a runner built as the "
+                    "saved one."
+                ) from err
+            envs_restored, note = True, "the sub-envs were unpickled from the checkpoint"
+        elif ckpt.envs == "pickle":
+            note = (
+                "the checkpoint holds pickled sub-envs, which are only loaded with "
+                "restore(path, load_env_pickles=True) (unpickling runs code from the file: "
+                "only for checkpoints you trust)"
+            )
+        if not envs_restored:
+            seeds = env_seeds((ckpt.seed, ckpt.steps_done), int(parts.envs.num_envs))
+            sampler.restart_episodes(seeds)
+            parts.restart_connectors()
+    except BaseException:
+        sampler.set_state(previous)
+        raise
+    if not envs_restored:
+        note = (
+            f"every env was reset and started a new episode ({note}); the episodes under way "
+            "when it was saved are abandoned"
+        )
+    return envs_restored, note

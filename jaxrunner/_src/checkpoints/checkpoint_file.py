@@ -1,0 +1,365 @@
+"""Reading a runner's checkpoint that may be damaged or hostile into a checked, frozen
+:class:`Checkpoint`, for either runner; nothing is applied to the runner here."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import numpy as np
+
+from jaxrunner._src.checkpoints.format import Part
+from jaxrunner._src.checkpoints.header_checks import leading
+from jaxrunner._src.checkpoints.reader import CheckpointReader
+from jaxrunner._src.core.episode import Episode
+from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.core.npz_reader import NpzReader
+from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID, RunnerParts
+from jaxrunner._src.samplers.scan import ScanSampler
+
+VERSION = 3
+"""Version 3: one layout for both runners: params by policy id, the policy ids and
+agents in the metadata (an ``EnvRunner`` has one of each)."""
+READS = {"EnvRunner": (1, 2, 3), "MultiAgentRunner": (1, 3)}
+"""The versions each runner reads: ``EnvRunner`` 1 (sub-env pickles without their
+restart state) and 2 (params as the one policy's tree, no policy ids or agents in the
+metadata); ``MultiAgentRunner`` 1 (the layout of version 3)."""
+MAX_RESTORE_BYTES = 1 << 33
+"""The most bytes a checkpoint's arrays may take in memory (8 GiB); read at each restore."""
+
+EPISODE_SCALARS: dict[type, dict[str, type]] = {
+    Episode: {
+        "terminated": bool,
+        "truncated": bool,
+        "episode_id": int,
+        "env_id": int,
+        "start_step": int,
+        "faulty": bool,
+    },
+    AgentEpisode: {
+        "terminated": bool,
+        "truncated": bool,
+        "agent_id": str,
+        "policy_id": str,
+        "env_id": int,
+        "episode_id": int,
+        "start_step": int,
+    },
+}
+"""Per kind of kept episode, its scalar fields, kept in the JSON. An ``AgentEpisode``
+also saves its ``env_step`` array beside its steps."""
+
+
+def format_name(runner: str) -> str:
+    """The ``format`` of ``runner``'s checkpoints (``"jaxrunner.EnvRunner checkpoint"``)."""
+    return f"jaxrunner.{runner} checkpoint"
+
+
+def kept_episodes(parts: RunnerParts) -> dict[str, list[Any]]:
+    """The episodes a runner keeps between samples, by how they are saved:
+    ``sample_episodes``' unfinished ones, the callbacks' unfinished ones (a runner
+    that assembles them) and ``sample_episodes``' finished ones not yet returned."""
+    state = parts.state
+    kept = {"fragments": list(state.episodes.fragments.values())}
+    if state.callback_episodes is not None:
+        kept["callback_fragments"] = list(state.callback_episodes.fragments.values())
+    kept["finished"] = list(state.finished)
+    return kept
+
+
+def identity(parts: RunnerParts) -> dict[str, Any]:
+    """What a restoring runner must share with the saved one (JSON values)."""
+    return {
+        "sampler": type(parts.sampler).__name__,
+        "num_envs": int(parts.envs.num_envs),
+        "policy_ids": [g.policy_id for g in parts.groups],
+        "possible_agents": [a for g in parts.groups for a in g.agents],
+    }
+
+
+def holds_env_states(parts: RunnerParts) -> bool:
+    """The sampler's state holds the envs' (a pure-JAX env's scan): always saved."""
+    return isinstance(parts.sampler, ScanSampler)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """A checkpoint read and checked against the runner it restores: ready to apply."""
+
+    params: dict[str, Any]
+    """Policy id -> params, in the runner's structure (device arrays)."""
+    sampler_state: Any
+    """The sampler's state, in the structure of the runner's ``sampler.get_state()``."""
+    steps_done: int
+    """Env steps every env had closed when it was saved (seeds the fresh resets)."""
+    metrics_state: Any
+    """The metrics' counters, windows and timers (``metrics.get_state()``)."""
+    seed: int
+    """The saved runner's seed."""
+    envs: str
+    """How the envs were saved: ``"pytree"`` (in the sampler state), ``"pickle"``
+    (sub-env pickles) or ``"none"``."""
+    envs_note: str
+    """Why, as the saving runner said it (or why the pickles cannot be restored here)."""
+    env_snapshots: tuple[bytes, ...] | None
+    """One pickle per sub-env; None unless saved, opted in to and restorable here."""
+    kept: dict[str, tuple[Any, ...]]
+    """The kept episodes, as :func:`kept_episodes` (kept only when the envs resume,
+    but ``finished``)."""
+
+
+class CheckpointFile(CheckpointReader):
+    """The checkpoint at ``path``, read and checked for the runner of ``parts``;
+    nothing is applied. Every failure is an :class:`~jaxrunner.errors.InvalidArgumentError`
+    naming the field.
+
+    Args:
+        parts: the runner it will restore (its structure is what the file must have).
+        path: the file.
+    """
+
+    def __init__(self, parts: RunnerParts, path: str | os.PathLike) -> None:
+        super().__init__(parts.runner, path, parts.state.metrics)
+        self.parts = parts
+        self.num_envs = int(parts.envs.num_envs)
+        self.scalars = EPISODE_SCALARS[parts.episode_type]
+        self.per_agent = "agent_id" in self.scalars
+        """Agent episodes: one stream per agent and env, not one per env."""
+
+    def read(self, load_env_pickles: bool, max_bytes: int = MAX_RESTORE_BYTES) -> Checkpoint:
+        """Reads and checks the whole file; touches nothing of the runner.
+
+        Raises:
+            InvalidArgumentError: the file is not a checkpoint of this runner's kind, or
+                a value in it is damaged; the message names the field.
+        """
+        parts = self.parts
+        with self.open(load_env_pickles, max_bytes) as npz:
+            meta = self._check_meta(npz)
+            params = dict(parts.state.params)
+            if self._one_tree(meta):
+                tree = self.read_like(npz, "params", params[DEFAULT_POLICY_ID], "params")
+                params = {DEFAULT_POLICY_ID: tree}
+            else:
+                params = self.read_like(npz, "params", params, "params")
+            state = self.read_like(npz, "sampler", parts.sampler.get_state(), "sampler state")
+            ids, next_id, steps_done = self._check_state(state)
+            metrics = self._read_metrics(npz)
+            most = self._steps_counted(metrics)
+            kept = {
+                key: self._read_episodes(npz, key, meta[key], next_id, most)
+                for key in kept_episodes(parts)
+            }
+            envs, envs_note, snapshots = meta["envs"], meta["envs_note"], None
+            if envs == "pickle" and load_env_pickles:
+                if parts.envs.can_snapshot:
+                    snapshots = self.read_snapshots(npz, self.num_envs)
+                else:  # saved on the sync backend, restored on another: new episodes
+                    name = type(parts.envs).__name__
+                    envs, envs_note = "none", f"{name} cannot restore sub-env snapshots"
+            self.refuse_unreferenced(npz, meta)
+        self._check_alike(kept)
+        for key, episodes in kept.items():
+            if key == "finished":
+                self._check_finished(episodes, ids)
+            else:
+                self._check_fragments(key, episodes, ids)
+        return Checkpoint(
+            params=params,
+            sampler_state=state,
+            steps_done=steps_done,
+            metrics_state=metrics,
+            seed=meta["seed"],
+            envs=envs,
+            envs_note=envs_note,
+            env_snapshots=snapshots,
+            kept=kept,
+        )
+
+    def _check_meta(self, npz: NpzReader) -> dict[str, Any]:
+        runner = self.runner_name
+        meta = self.read_meta(npz, format_name(runner), READS[runner])
+        here = identity(self.parts)
+        if self._one_tree(meta):  # no policy ids or agents then
+            here = {key: here[key] for key in ("sampler", "num_envs")}
+        self.check_same(meta, here, "same envs, policy ids and num_envs")
+        self.check_common_meta(
+            meta, ("pytree",) if holds_env_states(self.parts) else ("pickle", "none")
+        )
+        for key in kept_episodes(self.parts):
+            self.check_list(meta, key)
+        return meta
+
+    def _one_tree(self, meta: dict[str, Any]) -> bool:
+        """An ``EnvRunner`` checkpoint of version 1 or 2: params as the one policy's tree."""
+        return self.runner_name == "EnvRunner" and meta["version"] < 3
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _check_state(self, state: Any) -> tuple[np.ndarray, int, int]:
+        """Checks the sampler state's episode bookkeeping and, where it has them, each
+        agent slot's running episode (lengths in range, returns finite); returns each
+        env's current episode id, the next free id and the env steps closed so far."""
+        if isinstance(state, dict) and "rollout" in state:  # the scan sampler's
+            ids, next_id, steps_done = self.check_rollout(state["rollout"], "sampler/rollout")
+            running = {
+                f"sampler/running/{pid}/": (r["return"], "return", r["length"], "length")
+                for pid, r in state.get("running", {}).items()
+            }
+        else:  # the host samplers'
+            book = state["book"] if isinstance(state, dict) else state.book
+            ids, next_id, steps_done = self.check_book(book, "sampler/book")
+            groups = {} if isinstance(state, dict) else state.groups
+            running = {
+                f"sampler/groups/{pid}/": (
+                    g.running_return,
+                    "running_return",
+                    g.running_length,
+                    "running_length",
+                )
+                for pid, g in groups.items()
+            }
+        for where, (returns, returns_name, lengths, lengths_name) in running.items():
+            ok = ((lengths >= 0) & (lengths <= steps_done)).all()
+            self.require(ok, where + lengths_name, f"outside [0, {steps_done}]")
+            self.require(np.isfinite(returns).all(), where + returns_name, "not finite")
+        return ids, next_id, steps_done
+
+    def _read_metrics(self, npz: NpzReader) -> Any:
+        """The metrics state, with the agent metrics (where the runner keeps them):
+        per-policy and per-agent windows, agent steps that add up."""
+        state = self.read_metrics(npz)
+        if "agents" not in state:
+            return state
+        agents, where = state["agents"], "metrics/agents"
+        ok = np.isfinite(agents["unassigned_reward"])
+        self.require(ok, f"{where}/unassigned_reward", "not finite")
+        for key in ("policies", "agents"):
+            for name, stats in agents[key].items():
+                self.check_window(stats, f"{where}/{key}/{name}", int(stats["counters"][0]))
+            steps = sum(int(stats["counters"][1]) for stats in agents[key].values())
+            self.require(
+                steps == int(agents["counters"][0]),
+                f"{where}/counters",
+                f"whose agent steps ({int(agents['counters'][0])}) are not the sum over "
+                f"{where}/{key} ({steps})",
+            )
+        return state
+
+    @staticmethod
+    def _steps_counted(metrics: Any) -> int:
+        """Valid and dropped (agent) steps: no episode the runner kept has more."""
+        if "agents" in metrics:
+            return int(metrics["agents"]["counters"].sum())
+        return int(metrics["counters"][0] + metrics["counters"][2])
+
+    # -- kept episodes -----------------------------------------------------------------------
+
+    def _read_episodes(
+        self, npz: NpzReader, prefix: str, metas: list[Any], next_id: int, most: int
+    ) -> tuple[Any, ...]:
+        specs = {
+            g.policy_id: self.episode_specs(g.observation_space, g.action_space)
+            for g in self.parts.groups
+        }
+        return tuple(
+            self._read_episode(npz, prefix, k, meta, next_id, specs, most)
+            for k, meta in enumerate(metas)
+        )
+
+    def _read_episode(
+        self,
+        npz: NpzReader,
+        prefix: str,
+        k: int,
+        meta: Any,
+        next_id: int,
+        specs: dict[str, dict[str, dict[tuple[Part, ...], tuple[tuple[int, ...], np.dtype]]]],
+        most: int,
+    ) -> Any:
+        """Episode ``k`` of ``prefix``: its metadata ``meta`` checked (an agent episode's
+        agent of its policy), then its arrays (at most ``most`` steps)."""
+        where, base = f"{prefix}[{k}]", f"{prefix}/{k}"
+        self.check_episode_meta(meta, where, self.scalars, next_id, self.num_envs)
+        if not self.per_agent:
+            steps = self.read_steps(npz, where, base, meta, specs[DEFAULT_POLICY_ID], most)
+            return Episode(**steps, **{f: meta[f] for f in self.scalars})
+        agents = {g.policy_id: g.agents for g in self.parts.groups}
+        pid = meta["policy_id"]
+        if not isinstance(pid, str) or pid not in agents:
+            raise self.error(f"has {where}.policy_id={pid!r}; expected one of {list(agents)}")
+        if not isinstance(meta["agent_id"], str) or meta["agent_id"] not in agents[pid]:
+            raise self.error(
+                f"has {where}.agent_id={meta['agent_id']!r}; policy {pid!r} serves the agents "
+                f"{list(agents[pid])}"
+            )
+        steps = self.read_steps(npz, where, base, meta, specs[pid], most)
+        name = f"{base}/env_step"
+        env_step = npz.read(name, name, "i", leading((), np.dtype(np.int64), len(steps["reward"])))
+        self.require((env_step >= 0).all(), name, "negative")
+        return AgentEpisode(**steps, env_step=env_step, **{f: meta[f] for f in self.scalars})
+
+    def _stream(self, episode: Any) -> tuple[Any, int]:
+        """The episode's stream: its agent (None for an env's own episode) and env."""
+        return (episode.agent_id if self.per_agent else None), episode.env_id
+
+    def _check_fragments(self, key: str, episodes: tuple[Any, ...], ids: np.ndarray) -> None:
+        """Unfinished, one per stream, each of the env's current
+        episode (an agent's may be of an earlier one: an agent can leave unended)."""
+        seen = set()
+        for k, episode in enumerate(episodes):
+            where = f"{key}[{k}]"
+            self.require(not episode.is_done, where, "that is finished")
+            current = int(ids[episode.env_id])
+            if self.per_agent:
+                self.require(
+                    episode.episode_id <= current,
+                    f"{where}.episode_id",
+                    f"{episode.episode_id}, after the current episode of env {episode.env_id} "
+                    f"({current})",
+                )
+            else:
+                self.require(
+                    episode.episode_id == current,
+                    f"{where}.episode_id",
+                    f"{episode.episode_id}, not the current episode of env {episode.env_id}",
+                )
+            agent, env = self._stream(episode)
+            whose = f"agent {agent!r} of env {env}" if self.per_agent else "one env"
+            self.require((agent, env) not in seen, key, f"with two for {whose}")
+            seen.add((agent, env))
+
+    def _check_finished(self, episodes: tuple[Any, ...], ids: np.ndarray) -> None:
+        """Complete, each (episode, agent) once; an env's own episode
+        is none still running."""
+        running = set(ids.tolist())
+        seen = set()
+        for k, episode in enumerate(episodes):
+            self.require(episode.is_complete, f"finished[{k}]", "that is not complete")
+            if self.per_agent:
+                slot = (episode.episode_id, episode.agent_id)
+                problem = f"with a repeated (episode id, agent) {slot}"
+            else:
+                slot, problem = episode.episode_id, "with a repeated id"
+                self.require(
+                    episode.episode_id not in running,
+                    f"finished[{k}].episode_id",
+                    f"{episode.episode_id}, the id of an episode still running",
+                )
+            self.require(slot not in seen, "finished", problem)
+            seen.add(slot)
+
+    def _check_alike(self, kept: dict[str, tuple[Any, ...]]) -> None:
+        """Every kept episode of a policy has one structure, dtype and trailing shape
+        per action and extras leaf."""
+        for group in self.parts.groups:
+            pid = group.policy_id
+            self.check_alike(
+                [
+                    (f"{key}[{k}]", e)
+                    for key, episodes in kept.items()
+                    for k, e in enumerate(episodes)
+                    if getattr(e, "policy_id", DEFAULT_POLICY_ID) == pid
+                ]
+            )
