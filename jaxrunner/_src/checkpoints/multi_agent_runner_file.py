@@ -47,7 +47,7 @@ class MultiAgentCheckpoint:
     steps_done: int
     """Env steps every env had closed when it was saved (seeds the fresh resets)."""
     metrics_state: dict[str, Any]
-    """``MultiAgentMetrics.get_state()``."""
+    """``RunnerMetrics.get_state()`` (with agents)."""
     seed: int
     """The saved runner's seed."""
     envs: str

@@ -22,8 +22,7 @@ from jaxrunner._src.connectors.per_group import (
     per_policy_connectors,
 )
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
-from jaxrunner._src.core.metrics import MetricsConfig
-from jaxrunner._src.core.multi_agent_metrics import MultiAgentMetrics
+from jaxrunner._src.core.metrics import MetricsConfig, RunnerMetrics
 from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode, MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.runner_state import RunnerState
@@ -115,7 +114,7 @@ class MultiAgentRunner(EnvOwner):
         agents = {g.policy_id: g.agents for g in envs.groups}
         self.state: RunnerState[AgentEpisode] = RunnerState(
             params=device_params,
-            metrics=MultiAgentMetrics(metrics or MetricsConfig(), agents),
+            metrics=RunnerMetrics(metrics or MetricsConfig(), agents),
             episodes=agent_episode_joiner(envs.possible_agents),
             callback_episodes=agent_episode_joiner(envs.possible_agents),
         )

@@ -539,7 +539,7 @@ class ScanSampler(Sampler):
             agent_ends = agent_episode_ends(
                 running_return, running_length, reward, valid, term | trunc, num_steps
             )
-            self.metrics.add_group_counts(pid, np.count_nonzero(valid, axis=(0, 1)), agent_ends)  # type: ignore[attr-defined]
+            self.metrics.add_group_counts(pid, np.count_nonzero(valid, axis=(0, 1)), agent_ends)
         self.metrics.sample_time_s += time.perf_counter() - start_time
         shape = (num_steps, num_envs)
         return MultiAgentTrajectory(
