@@ -23,7 +23,7 @@ from jaxrunner._src.checkpoints.multi_agent_runner_file import (
     shape_of,
 )
 from jaxrunner._src.checkpoints.writer import put_steps, put_tree, write_checkpoint
-from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.core.episode import AgentEpisode
 from jaxrunner._src.core.runner_state import EpisodeJoiner, Runner, RunnerState
 
 # -- save ----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from jaxrunner._src.checkpoints import env_runner_file as checkpoint_file
 from jaxrunner._src.checkpoints.format import Part
 from jaxrunner._src.checkpoints.header_checks import leading
 from jaxrunner._src.checkpoints.reader import CheckpointReader
-from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.core.episode import AgentEpisode
 from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner._src.core.runner_state import Runner
 

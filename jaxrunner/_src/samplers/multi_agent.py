@@ -14,8 +14,8 @@ from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgent
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.core.metrics import PERF_KEYS, RunnerMetrics
-from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.core.trajectory import MultiAgentTrajectory
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState

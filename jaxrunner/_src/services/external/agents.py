@@ -12,7 +12,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src.core.agent_groups import AgentGroup
-from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.core.episode import AgentEpisode
 from jaxrunner._src.services.external.episodes import EpisodeRecord
 
 

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 import jaxrunner._src.services.external.checks as checks
 from jaxrunner._src.arg_checks import check_bool, check_int
-from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.core.episode import AgentEpisode
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external.delivery import wait_for
 from jaxrunner._src.services.external.metrics import external_metrics

@@ -20,8 +20,8 @@ from jaxrunner._src.core.agent_groups import (
     PolicyMappingFn,
     build_groups,
 )
+from jaxrunner._src.core.episode import AgentEpisode
 from jaxrunner._src.core.metrics import EpisodeStats
-from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external.agents import AgentRecord, MultiAgentEpisodeRecord
 from jaxrunner._src.services.external.batching import PolicyBatcher, Row
