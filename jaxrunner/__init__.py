@@ -40,13 +40,12 @@ from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.checkpoints.checkpoint import RestoreReport
-from jaxrunner._src.core.episode import Episode, concatenate_episodes
+from jaxrunner._src.core.episode import AgentEpisode, Episode, concatenate_episodes
 from jaxrunner._src.core.metrics import MetricsConfig
-from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode, MultiAgentTrajectory
 from jaxrunner._src.core.policy import Policy
 from jaxrunner._src.core.returns import GAE, discounted_returns, gae
 from jaxrunner._src.core.seeds import env_seeds
-from jaxrunner._src.core.trajectory import Trajectory, concatenate
+from jaxrunner._src.core.trajectory import MultiAgentTrajectory, Trajectory, concatenate
 from jaxrunner._src.runner.env_runner import EnvRunner
 from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
 from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode

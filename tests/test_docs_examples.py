@@ -98,7 +98,7 @@ def script_cases() -> list[pytest.param]:
 # matches a whole line after the previous one's): regular expressions, by case id.
 PRINTS = {
     "README.md": [r"\(128, 16, 4\) \(128, 16\) \(128, 16\)", r"\(25, 4, 3, 18\) True"],
-    # group_gae leaves invalid slots at zero; evaluation; an exact resume.
+    # gae on a group leaves invalid slots at zero; evaluation; an exact resume.
     "docs/multi-agent.md": [
         r"\(16, 4, 3, 18\) True \(16, 4\)",
         r"\(12, 2, 3\) True",

@@ -267,15 +267,15 @@ def test_actions_stay_within_the_action_mask():
         assert first.total_reward == -second.total_reward
 
 
-def test_group_gae_chains_each_agents_turns():
+def test_gae_on_a_group_chains_each_agents_turns():
     """With zero values and gamma = lam = 1, an agent's advantage is its reward to go
-    within its episode, across the other agents' turns; jr.gae on the raw arrays cuts
-    at every gap instead."""
+    within its episode, across the other agents' turns; skip_invalid=False (the default
+    for the raw arrays) cuts at every gap instead."""
     envs = jr.make_multi_agent_vec(envs_mod.relay, 2)
     with jr.MultiAgentRunner(envs, random_policy(4), zero_params(4), 30, seed=1) as runner:
         group = runner.sample().groups["policy_0"]
     zeros = np.zeros(group.reward.shape)
-    out = jr.multi_agent.group_gae(group, next_value=zeros, value=zeros, gamma=1.0, lam=1.0)
+    out = jr.gae(group, next_value=zeros, value=zeros, gamma=1.0, lam=1.0)
     advantages = np.asarray(out.advantages)
     for b in range(2):
         for a in range(3):

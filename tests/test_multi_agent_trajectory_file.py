@@ -90,6 +90,31 @@ def test_save_load_path_without_npz_suffix_and_zero_steps(tmp_path: Any) -> None
 # -- load trusts nothing in the file -------------------------------------------------------
 
 
+@pytest.mark.parametrize("name", ["coming_and_going", "tictactoe"])
+def test_time_slice_and_concatenate_as_for_a_trajectory(name: str) -> None:
+    """The mechanisms jr.Trajectory has (time_slice, jr.concatenate, to_numpy, the
+    [T, B] counts) hold for multi-agent trajectories and their groups."""
+    factory, num_actions, masked, _ = ENVS[name]
+    traj = sample(factory, num_actions, masked=masked)
+    pieces = [traj.time_slice(0, 5), traj.time_slice(5, 5), traj.time_slice(5, 12)]
+    assert [(p.num_steps, p.num_envs) for p in pieces] == [(5, 2), (0, 2), (7, 2)]
+    assert_same(jr.concatenate(pieces), traj)
+    assert_same(jr.concatenate([traj]).to_numpy(), traj)
+    group = traj.groups["policy_0"]
+    assert (group.num_steps, group.num_envs) == (12, 2)
+    np.testing.assert_array_equal(group.time_slice(5, 12).done, pieces[2].groups["policy_0"].done)
+    other_factory, other_actions, other_masked, _ = ENVS[
+        "tictactoe" if name != "tictactoe" else "coming_and_going"
+    ]
+    other = sample(other_factory, other_actions, masked=other_masked)
+    with pytest.raises(ValueError, match=r"different structure.*Only in trajectory 1"):
+        jr.concatenate([traj, other])
+    with pytest.raises(ValueError, match="1 envs, trajectory 0 has 2"):
+        jr.concatenate([traj, jax.tree.map(lambda x: x[:, :1], traj)])
+    with pytest.raises(ValueError, match="different structure"):
+        jr.concatenate([traj, traj.groups["policy_0"]])
+
+
 @pytest.fixture(scope="module")
 def saved() -> jr.MultiAgentTrajectory:
     """A tictactoe sample (Dict observations, one group of two agents)."""

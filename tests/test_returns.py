@@ -1,5 +1,6 @@
 """jr.gae and jr.discounted_returns: hand-computed episode boundaries, and property
-tests against a plain Python loop written the other way round (forward sums)."""
+tests against a plain Python loop written the other way round (forward sums), over
+[T, B] and [T, B, A] arrays, with invalid slots cutting or skipped."""
 
 from __future__ import annotations
 
@@ -133,8 +134,19 @@ def test_errors():
 # -- property tests against a plain Python loop ----------------------------------------------
 
 
-def reference(reward, terminated, truncated, valid, value, next_value, gamma, lam):
-    """Advantages and discounted returns by summing forward over each step's episode."""
+def reference(reward, terminated, truncated, valid, value, next_value, gamma, lam, skip=False):
+    """Advantages and discounted returns by summing forward over each step's episode;
+    with ``skip``, over each column's valid slots only (invalid slots left at zero)."""
+    if reward.ndim > 2 or skip:
+        # Column by column, as [T, 1] batches (with skip: of the column's valid rows).
+        columns = [x.reshape(len(x), -1) for x in (reward, terminated, truncated, valid)]
+        columns += [x.reshape(len(x), -1) for x in (value, next_value)]
+        advantages, returns = np.zeros(columns[0].shape), np.zeros(columns[0].shape)
+        for n in range(columns[0].shape[1]):
+            rows = np.flatnonzero(columns[3][:, n]) if skip else slice(None)
+            adv, ret = reference(*(x[rows, n : n + 1] for x in columns), gamma, lam)
+            advantages[rows, n], returns[rows, n] = adv[:, 0], ret[:, 0]
+        return advantages.reshape(reward.shape), returns.reshape(reward.shape)
     num_steps, num_envs = reward.shape
     advantages = np.zeros(reward.shape)
     returns = np.zeros(reward.shape)
@@ -164,9 +176,10 @@ def batches(draw):
     # Few distinct shapes: each new one compiles the scans again.
     num_steps = draw(st.sampled_from([1, 2, 7]))
     num_envs = draw(st.sampled_from([1, 3]))
+    agents = draw(st.sampled_from([(), (2,)]))  # [T, B] or a group's [T, B, A]
     p_term, p_trunc, p_invalid = (draw(st.sampled_from([0.0, 0.1, 0.4])) for _ in range(3))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    shape = (num_steps, num_envs)
+    shape = (num_steps, num_envs, *agents)
     valid = rng.random(shape) >= p_invalid
     return dict(
         reward=rng.normal(size=shape),
@@ -179,18 +192,66 @@ def batches(draw):
     )
 
 
-@settings(max_examples=40, deadline=None)
-@given(batch=batches(), gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0))
-def test_matches_python_loop(batch, gamma, lam):
-    expected_adv, expected_ret = reference(**batch, gamma=gamma, lam=lam)
-    out = jr.gae(**batch, gamma=gamma, lam=lam)
+@settings(max_examples=60, deadline=None)
+@given(batch=batches(), gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0), skip=st.booleans())
+def test_matches_python_loop(batch, gamma, lam, skip):
+    expected_adv, expected_ret = reference(**batch, gamma=gamma, lam=lam, skip=skip)
+    out = jr.gae(**batch, skip_invalid=skip, gamma=gamma, lam=lam)
     np.testing.assert_allclose(out.advantages, expected_adv, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(
         out.returns, np.where(batch["valid"], expected_adv + batch["value"], 0), atol=1e-4
     )
     del batch["value"]
-    got = jr.discounted_returns(**batch, gamma=gamma)
+    got = jr.discounted_returns(**batch, skip_invalid=skip, gamma=gamma)
     np.testing.assert_allclose(got, expected_ret, rtol=1e-4, atol=1e-4)
+
+
+def group_of(batch):
+    """A GroupTrajectory holding ``batch``'s arrays (``value`` as ``extras["value"]``)."""
+    reward = batch["reward"]
+    return jr.multi_agent.GroupTrajectory(
+        obs=reward, action=reward, reward=reward, terminated=batch["terminated"],
+        truncated=batch["truncated"], next_obs=reward, extras={"value": batch["value"]},
+        valid=batch["valid"], agent_step=np.zeros(reward.shape, np.int64),
+    )  # fmt: skip
+
+
+@settings(max_examples=20, deadline=None)
+@given(batch=batches(), gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0))
+def test_a_group_skips_its_invalid_slots_and_group_gae_is_gae(batch, gamma, lam):
+    """On a group, gae chains each agent's valid slots by default (an agent's turns):
+    exactly the arrays' result with skip_invalid=True; group_gae is the same function."""
+    assert jr.multi_agent.group_gae is jr.gae
+    group, next_value = group_of(batch), batch["next_value"]
+    out = jr.gae(group, next_value=next_value, gamma=gamma, lam=lam)
+    by_keyword = jr.gae(**batch, skip_invalid=True, gamma=gamma, lam=lam)
+    np.testing.assert_array_equal(out.advantages, by_keyword.advantages)
+    np.testing.assert_array_equal(out.returns, by_keyword.returns)
+    cut = jr.gae(group, next_value=next_value, skip_invalid=False, gamma=gamma, lam=lam)
+    np.testing.assert_array_equal(cut.advantages, jr.gae(**batch, gamma=gamma, lam=lam).advantages)
+    del batch["value"]
+    np.testing.assert_array_equal(
+        jr.discounted_returns(group, next_value=next_value, gamma=gamma),
+        jr.discounted_returns(**batch, skip_invalid=True, gamma=gamma),
+    )
+
+
+def test_skip_invalid_hand_computed():
+    """Env 1's empty slot t=2 is skipped: t=1 chains to t=3 (the cut result's A1 = 10
+    becomes 10 + .25 * A3); the other envs have no empty slot and are unchanged."""
+    out = jr.gae(**arrays(), value=VALUE, skip_invalid=True, gamma=GAMMA, lam=LAM)
+    expected = np.array(
+        [
+            [4.75, 5 + 0.25 * (10 + 0.25 * 26.25), 7.125],
+            [-1.0, 10 + 0.25 * 26.25, 8.5],
+            [17.25, 0.0, -2.0],
+            [17.0, 26.25, 22.25],
+            [21.0, 25.0, 21.0],
+        ]
+    )
+    np.testing.assert_array_equal(np.asarray(out.advantages), expected)
+    with pytest.raises(TypeError, match=r"gae\(skip_invalid=.*True or False"):
+        jr.gae(**arrays(), value=VALUE, skip_invalid=1)
 
 
 @settings(max_examples=25, deadline=None)

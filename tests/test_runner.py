@@ -369,6 +369,28 @@ def test_perf_timers_mean_and_ema():
         jr.MetricsConfig(episode_window=0)
 
 
+def test_metrics_of_one_agent_are_the_multi_agent_metrics_without_agent_keys():
+    """One RunnerMetrics serves both runners: a single-agent one (no agents) has the
+    env-level keys and state only; with agents, the agent keys follow, and the state
+    round-trips."""
+    from jaxrunner._src.core.metrics import RunnerMetrics
+
+    config = jr.MetricsConfig(episode_window=2)
+    single, multi = RunnerMetrics(config), RunnerMetrics(config, {"p": ("a0", "a1")})
+    ended = (np.array([1, 0, 1]), np.array([1.0, 2.0, 3.0]), np.array([4, 5, 6]))
+    multi.add_group_counts("p", np.array([3, 4]), ended)
+    agent_keys = ["num_agent_steps", "num_dropped_agent_steps", "unassigned_reward"]
+    assert list(multi.summary()) == [*single.summary(), *agent_keys, "policies", "agents"]
+    assert list(multi.get_state()) == [*single.get_state(), "agents"]
+    summary = multi.summary()
+    assert summary["num_agent_steps"] == summary["policies"]["p"]["num_agent_steps"] == 7
+    assert summary["agents"]["a1"]["episode_return_mean"] == 2.0  # its window: [1.0, 3.0]
+    assert summary["agents"]["a0"]["num_episodes"] == 1
+    restored = RunnerMetrics(config, {"p": ("a0", "a1")})
+    restored.set_state(multi.get_state())
+    np.testing.assert_equal(restored.summary(), summary)  # NaN (no env episode) equals NaN
+
+
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_callbacks_see_each_episode(cartpole_runner, num_splits):
     class Recorder(jr.Callbacks):

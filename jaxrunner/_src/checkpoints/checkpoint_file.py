@@ -12,8 +12,7 @@ import numpy as np
 from jaxrunner._src.checkpoints.format import Part
 from jaxrunner._src.checkpoints.header_checks import leading
 from jaxrunner._src.checkpoints.reader import CheckpointReader
-from jaxrunner._src.core.episode import Episode
-from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID, RunnerParts
 from jaxrunner._src.samplers.scan import ScanSampler

@@ -223,8 +223,8 @@ class CheckpointReader:
     def read_metrics(self, npz: NpzReader) -> Any:
         """The metrics state in the template's structure (windows up to this runner's
         episode window, refused by their headers), with every count non-negative, every
-        float finite, and the base :class:`~jaxrunner._src.core.metrics.RunnerMetrics`
-        part consistent."""
+        float finite, and the env-level :class:`~jaxrunner._src.core.metrics.RunnerMetrics`
+        counters consistent."""
         leaves = []
         flat, treedef = jax.tree_util.tree_flatten_with_path(self.metrics_template)
         why = "this runner's MetricsConfig.episode_window: build it as the saved one"

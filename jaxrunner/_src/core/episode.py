@@ -1,5 +1,6 @@
-"""Episode: one env's episode (or the part of it a trajectory holds), and the cuts and
-joins that build it from time-major arrays, shared with the multi-agent episodes."""
+"""Episodes: one env's (:class:`Episode`) or one agent's (:class:`AgentEpisode`), or the
+part of it a trajectory holds, and the cuts and joins that build them from time-major
+arrays."""
 
 from __future__ import annotations
 
@@ -123,4 +124,54 @@ def concatenate_episodes(head: Episode, tail: Episode) -> Episode:
         terminated=tail.terminated,
         truncated=tail.truncated,
         faulty=tail.faulty,
+    )
+
+
+class AgentEpisode(EpisodeSpan, flax.struct.PyTreeNode):
+    """One agent's episode (or the part of it in one trajectory).
+
+    Attributes:
+        agent_id, policy_id: who acted, with which policy.
+        env_id: the env.
+        episode_id: the env's episode id (shared by every agent of that env episode).
+        obs: ``[L + 1, ...]`` the agent's observations, first to final.
+        action, reward, extras: ``[L, ...]``.
+        env_step: ``[L]`` the env's step within its episode where each transition
+            completed.
+        terminated, truncated: how the agent's episode ended (both False if it goes on).
+        start_step: the agent step of the first transition (0: seen from its start).
+    """
+
+    obs: Any
+    action: Any
+    reward: np.ndarray
+    extras: dict[str, Any]
+    env_step: np.ndarray
+    terminated: bool = flax.struct.field(pytree_node=False)
+    truncated: bool = flax.struct.field(pytree_node=False)
+    agent_id: str = flax.struct.field(pytree_node=False)
+    policy_id: str = flax.struct.field(pytree_node=False)
+    env_id: int = flax.struct.field(pytree_node=False)
+    episode_id: int = flax.struct.field(pytree_node=False)
+    start_step: int = flax.struct.field(pytree_node=False)
+
+    @property
+    def total_reward(self) -> float:
+        return float(np.sum(self.reward))
+
+
+def concatenate_agent_episodes(head: AgentEpisode, tail: AgentEpisode) -> AgentEpisode:
+    """``head`` followed by ``tail`` (the same agent episode, cut by a sample boundary)."""
+    key = (head.agent_id, head.env_id, head.episode_id)
+    if key != (tail.agent_id, tail.env_id, tail.episode_id) or head.is_done:
+        raise InvalidArgumentError(
+            f"concatenate_agent_episodes: expected two parts of one unfinished agent episode, "
+            f"got (agent, env, episode) {key} and "
+            f"{(tail.agent_id, tail.env_id, tail.episode_id)}."
+        )
+
+    return tail.replace(
+        **join_steps(head, tail),
+        env_step=np.concatenate([head.env_step, tail.env_step]),
+        start_step=head.start_step,
     )

@@ -1,4 +1,5 @@
-"""Sampler metrics: per-step perf timers (mean or EMA) and recent-episode statistics."""
+"""Sampler metrics: per-step perf timers (mean or EMA), recent-episode statistics, and
+for multi-agent runners agent steps and episode statistics per policy and per agent."""
 
 from __future__ import annotations
 
@@ -131,16 +132,32 @@ class EpisodeStats:
 
 class RunnerMetrics:
     """Everything a runner counts: transitions, faults, episode statistics, perf
-    timers and sampling time. The samplers add to it; ``summary`` is
-    ``EnvRunner.get_metrics()``."""
+    timers and sampling time. The samplers add to it; ``summary`` is the runner's
+    ``get_metrics()``.
 
-    def __init__(self, config: MetricsConfig) -> None:
+    With ``agents`` (a multi-agent runner's policy id -> agent ids) it also counts agent
+    steps apart from env steps (as RLlib does) and agent-episode statistics per policy
+    and per agent, env-level episode returns being summed over agents. Without (a
+    single-agent runner: one agent, no group) those stay out of its summary and state.
+    """
+
+    def __init__(self, config: MetricsConfig, agents: dict[str, tuple[str, ...]] | None = None):
         self.num_env_steps = 0  # valid transitions only
         self.num_faulty_episodes = 0
         self.num_dropped_steps = 0
         self.sample_time_s = 0.0
         self.episodes = EpisodeStats(config.episode_window)
         self.perf = PerfTimers(config.perf_ema)
+        self.num_agent_steps = 0
+        self.num_dropped_agent_steps = 0
+        """Agent actions no transition carries: their env's step failed (restarted)."""
+        self.unassigned_reward = 0.0
+        self._agents = agents
+        window, groups = config.episode_window, agents or {}
+        self._by_policy = {pid: EpisodeStats(window) for pid in groups}
+        self._by_agent = {a: EpisodeStats(window) for ids in groups.values() for a in ids}
+        self._steps_by_policy = dict.fromkeys(groups, 0)
+        self._steps_by_agent = {a: 0 for ids in groups.values() for a in ids}
 
     def add(self, counts: Any) -> None:
         """Adds a :class:`~jaxrunner._src.samplers.episode_ids.SampleCounts`."""
@@ -149,9 +166,32 @@ class RunnerMetrics:
         self.num_dropped_steps += counts.num_dropped_steps
         self.episodes.add(counts.returns, counts.lengths, counts.num_episodes)
 
-    def get_state(self) -> dict[str, np.ndarray]:
-        """Counters, episode windows and perf timers as arrays (for checkpoints)."""
-        return {
+    def add_group_counts(
+        self,
+        policy_id: str,
+        steps: np.ndarray,
+        ended: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ) -> None:
+        """Adds a group's agent steps per slot (``steps``, ``[A_g]``) and the agent
+        episodes that ended (arrays ``(slot, return, length)``, in the order they
+        ended)."""
+        self.num_agent_steps += int(steps.sum())
+        self._steps_by_policy[policy_id] += int(steps.sum())
+        slots, returns, lengths = ended
+        self._by_policy[policy_id].add(returns, lengths)
+        for a, agent in enumerate(self._agents[policy_id] if self._agents else ()):
+            self._steps_by_agent[agent] += int(steps[a])
+            mine = slots == a
+            if mine.any():
+                self._by_agent[agent].add(returns[mine], lengths[mine])
+
+    def get_state(self) -> dict[str, Any]:
+        """Counters, episode windows and perf timers as arrays (for checkpoints). With
+        agents, also ``agents``: the agent-step counters (``counters``: agent steps,
+        dropped agent steps), ``unassigned_reward``, and per policy id and per agent id
+        (``policies``, ``agents``) the agent-episode ``counters`` (episodes, agent
+        steps) and recent ``returns`` and ``lengths``."""
+        state: dict[str, Any] = {
             "counters": np.array(
                 [
                     self.num_env_steps,
@@ -166,8 +206,23 @@ class RunnerMetrics:
             **self.episodes.get_window(),
             "perf": np.array([self.perf._value[key] for key in PERF_KEYS], np.float64),
         }
+        if self._agents is None:
+            return state
 
-    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        def stats(s: EpisodeStats, steps: int) -> dict[str, np.ndarray]:
+            return {"counters": np.array([s.num_episodes, steps], np.int64), **s.get_window()}
+
+        state["agents"] = {
+            "counters": np.array([self.num_agent_steps, self.num_dropped_agent_steps], np.int64),
+            "unassigned_reward": np.asarray(self.unassigned_reward, np.float64),
+            "policies": {
+                pid: stats(s, self._steps_by_policy[pid]) for pid, s in self._by_policy.items()
+            },
+            "agents": {a: stats(s, self._steps_by_agent[a]) for a, s in self._by_agent.items()},
+        }
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
         """Takes a :meth:`get_state` as its own (the windows keep this runner's size)."""
         counters = [int(c) for c in state["counters"]]
         self.num_env_steps, self.num_faulty_episodes, self.num_dropped_steps = counters[:3]
@@ -175,9 +230,22 @@ class RunnerMetrics:
         self.perf._steps = counters[4]
         self.sample_time_s = float(state["sample_time_s"])
         self.perf._value = dict(zip(PERF_KEYS, state["perf"].tolist()))
+        if self._agents is None:
+            return
+        agents = state["agents"]
+        self.num_agent_steps, self.num_dropped_agent_steps = map(int, agents["counters"])
+        self.unassigned_reward = float(agents["unassigned_reward"])
+        for by, steps, key in (
+            (self._by_policy, self._steps_by_policy, "policies"),
+            (self._by_agent, self._steps_by_agent, "agents"),
+        ):
+            for name, stats in by.items():
+                saved = agents[key][name]
+                num_episodes, steps[name] = map(int, saved["counters"])
+                stats.set_window(num_episodes, saved)
 
     def summary(self) -> dict[str, Any]:
-        return {
+        out = {
             "num_env_steps": self.num_env_steps,
             **self.episodes.summary(),
             "env_steps_per_s": self.num_env_steps / self.sample_time_s
@@ -187,3 +255,17 @@ class RunnerMetrics:
             "num_dropped_steps": self.num_dropped_steps,
             "perf": self.perf.summary(),
         }
+        if self._agents is None:
+            return out
+        out["num_agent_steps"] = self.num_agent_steps
+        out["num_dropped_agent_steps"] = self.num_dropped_agent_steps
+        out["unassigned_reward"] = self.unassigned_reward
+        out["policies"] = {
+            pid: {"num_agent_steps": self._steps_by_policy[pid], **stats.summary()}
+            for pid, stats in self._by_policy.items()
+        }
+        out["agents"] = {
+            agent: {"num_agent_steps": self._steps_by_agent[agent], **stats.summary()}
+            for agent, stats in self._by_agent.items()
+        }
+        return out

@@ -1,6 +1,6 @@
-"""Discounted returns and GAE over ``[T, B]`` trajectories, correct at episode boundaries:
-the future is zero after a termination, ``next_value`` after a truncation, a fault cut or
-the batch's last step, and never chained across episodes."""
+"""Discounted returns and GAE over ``[T, ...]`` arrays with a validity mask (a ``[T, B]``
+Trajectory, a ``[T, B, A_g]`` group), correct at episode boundaries: zero future after a
+termination, ``next_value`` where an episode is cut, never chained across episodes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrunner._src.core.trajectory import Trajectory
+from jaxrunner._src.arg_checks import check_bool
+from jaxrunner._src.core.trajectory import GroupTrajectory, Trajectory
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 ArrayLike = Any
@@ -29,7 +30,7 @@ class GAE(NamedTuple):
 
 
 def gae(
-    trajectory: Trajectory | None = None,
+    trajectory: Trajectory | GroupTrajectory | None = None,
     *,
     next_value: ArrayLike,
     value: ArrayLike | None = None,
@@ -37,6 +38,7 @@ def gae(
     terminated: ArrayLike | None = None,
     truncated: ArrayLike | None = None,
     valid: ArrayLike | None = None,
+    skip_invalid: bool | None = None,
     gamma: float = 0.99,
     lam: float = 0.95,
 ) -> GAE:
@@ -49,18 +51,28 @@ def gae(
         delta[t] = reward[t] + gamma * c[t] * next_value[t] - value[t]
         A[t]     = delta[t] + gamma * lam * k[t] * A[t + 1]
 
+    Time is axis 0; every other axis is a batch axis (``[T, B]``, or ``[T, B, A_g]``
+    for a group's agents).
+
     Args:
-        trajectory: a :class:`~jaxrunner.Trajectory`; supplies ``reward``,
-            ``terminated``, ``truncated``, ``value`` (``extras["value"]``) and
-            ``valid`` (its ``valid`` field, if it has one) unless given explicitly.
-        next_value: ``V(next_obs)``, ``[T, B]``: the value of the observation that
-            followed each step (the final observation where an episode ended);
-            ``trajectory.next_value(value, value_fn)`` computes it from ``value``,
-            calling ``value_fn`` only on a compact trajectory's stored rows.
-        value: ``V(obs)``, ``[T, B]``.
-        reward, terminated, truncated: ``[T, B]``.
-        valid: optional boolean ``[T, B]``; false marks a slot holding no
-            transition. Default: every slot valid.
+        trajectory: a :class:`~jaxrunner.Trajectory` or a
+            :class:`~jaxrunner.multi_agent.GroupTrajectory` (``traj.groups[pid]``);
+            supplies ``reward``, ``terminated``, ``truncated``, ``value``
+            (``extras["value"]``) and ``valid`` unless given explicitly.
+        next_value: ``V(next_obs)``, of the reward's shape: the value of the
+            observation that followed each step (the final observation where an
+            episode ended); ``trajectory.next_value(value, value_fn)`` computes it
+            from ``value``, calling ``value_fn`` only on a compact trajectory's stored
+            rows.
+        value: ``V(obs)``, of the reward's shape.
+        reward, terminated, truncated: ``[T, ...]``.
+        valid: optional boolean, of the reward's shape; false marks a slot holding
+            no transition. Default: every slot valid.
+        skip_invalid: how a slot with ``valid`` false is read. False: it cuts the
+            episode, and the step before it is bootstrapped as at a truncation (a
+            Trajectory's failed step or reset slot). True: it is skipped, and each
+            column's valid slots are chained across it (a group's slots where the agent
+            waited for the other agents' turns). Default: True for a group, else False.
         gamma: discount factor.
         lam: GAE's lambda (1 gives discounted returns minus ``value``, 0 gives TD(0)).
 
@@ -79,21 +91,29 @@ def gae(
     )
     _check_unit("gae", "gamma", gamma)
     _check_unit("gae", "lam", lam)
-    reward_, terminated_, truncated_, valid_, value_, next_value_ = inputs
-    advantages = _gae_scan(
-        reward_, terminated_, truncated_, valid_, value_, next_value_, gamma, lam
-    )
-    return GAE(advantages, jnp.where(valid_, advantages + value_, 0.0))
+
+    def run(*arrays: jax.Array) -> GAE:
+        advantages = _gae_scan(*arrays, gamma, lam)
+        valid, value = arrays[_FIELDS.index("valid")], arrays[_FIELDS.index("value")]
+        return GAE(advantages, jnp.where(valid, advantages + value, 0.0))
+
+    return _over_valid_slots(run, inputs, _skips("gae", trajectory, skip_invalid))
+
+
+group_gae = gae
+"""The former name of :func:`gae` on a group (``gae(traj.groups[pid], ...)`` chains each
+agent's transitions), kept as an alias."""
 
 
 def discounted_returns(
-    trajectory: Trajectory | None = None,
+    trajectory: Trajectory | GroupTrajectory | None = None,
     *,
     next_value: ArrayLike,
     reward: ArrayLike | None = None,
     terminated: ArrayLike | None = None,
     truncated: ArrayLike | None = None,
     valid: ArrayLike | None = None,
+    skip_invalid: bool | None = None,
     gamma: float = 0.99,
 ) -> jax.Array:
     """Discounted reward-to-go, bootstrapped where an episode was cut::
@@ -105,15 +125,16 @@ def discounted_returns(
     ``next_value[t]``, and no episode's rewards leak into another's.
 
     Args:
-        trajectory, reward, terminated, truncated, valid: as in :func:`gae`.
-        next_value: ``V(next_obs)``, ``[T, B]`` (or a scalar such as ``0.0`` when
-            no episode is cut, e.g. complete episodes only).
+        trajectory, reward, terminated, truncated, valid, skip_invalid: as in
+            :func:`gae`.
+        next_value: ``V(next_obs)``, of the reward's shape (or a scalar such as
+            ``0.0`` when no episode is cut, e.g. complete episodes only).
         gamma: discount factor.
 
     Returns:
         ``G``, of the inputs' shape, zero where ``valid`` is false.
     """
-    reward_, terminated_, truncated_, valid_, _, next_value_ = _gather(
+    inputs = _gather(
         "discounted_returns",
         trajectory,
         reward=reward,
@@ -124,7 +145,31 @@ def discounted_returns(
         next_value=next_value,
     )
     _check_unit("discounted_returns", "gamma", gamma)
-    return _returns_scan(reward_, terminated_, truncated_, valid_, next_value_, gamma)
+
+    def run(*arrays: jax.Array) -> jax.Array:
+        reward, terminated, truncated, valid, _, next_value = arrays
+        return _returns_scan(reward, terminated, truncated, valid, next_value, gamma)
+
+    return _over_valid_slots(run, inputs, _skips("discounted_returns", trajectory, skip_invalid))
+
+
+def _skips(fn: str, trajectory: Any, skip_invalid: Any) -> bool:
+    """``skip_invalid``, checked, with its default: a group's invalid slots are turns."""
+    if skip_invalid is None:
+        return isinstance(trajectory, GroupTrajectory)
+    return check_bool(fn, "skip_invalid", skip_invalid)
+
+
+def _over_valid_slots(run: Any, inputs: tuple[jax.Array, ...], skip: bool) -> Any:
+    """``run(*inputs)``; with ``skip``, on each column's valid slots moved to its front
+    (a stable sort over time), the outputs put back where their inputs were."""
+    if not skip:
+        return run(*inputs)
+    valid = inputs[_FIELDS.index("valid")]
+    order = jnp.argsort(~valid, axis=0, stable=True)  # valid slots first, in time order
+    out = run(*(jnp.take_along_axis(x, order, axis=0) for x in inputs))
+    rest = tuple(jnp.indices(order.shape)[1:])
+    return jax.tree.map(lambda x: jnp.zeros_like(x).at[(order, *rest)].set(x), out)
 
 
 def _episode_goes_on(terminated: jax.Array, truncated: jax.Array, valid: jax.Array) -> jax.Array:
@@ -186,24 +231,25 @@ _FIELDS = ("reward", "terminated", "truncated", "valid", "value", "next_value")
 
 
 def _gather(
-    fn: str, trajectory: Trajectory | None, **given: ArrayLike | None
+    fn: str, trajectory: Trajectory | GroupTrajectory | None, **given: ArrayLike | None
 ) -> tuple[jax.Array, ...]:
     """Fills missing inputs from ``trajectory``, converts and checks shapes.
 
     Returns the inputs in ``_FIELDS`` order: float arrays for reward and values,
     bool arrays for the flags, all of the reward's shape.
     """
-    if trajectory is not None and not isinstance(trajectory, Trajectory):
+    if trajectory is not None and not isinstance(trajectory, (Trajectory, GroupTrajectory)):
         raise InvalidArgumentTypeError(
-            f"{fn}(trajectory=...): expected a jaxrunner.Trajectory (or None with the arrays "
-            f"passed by keyword), got {type(trajectory).__name__}."
+            f"{fn}(trajectory=...): expected a jaxrunner.Trajectory or a group of a "
+            "MultiAgentTrajectory (traj.groups[policy_id]), or None with the arrays passed "
+            f"by keyword; got {type(trajectory).__name__}."
         )
     if trajectory is not None:
         from_traj = {
             "reward": trajectory.reward,
             "terminated": trajectory.terminated,
             "truncated": trajectory.truncated,
-            "valid": getattr(trajectory, "valid", None),
+            "valid": trajectory.valid,
             "value": trajectory.extras.get("value"),
         }
         given = {k: from_traj.get(k) if v is None else v for k, v in given.items()}
@@ -241,8 +287,9 @@ def _gather(
                 else ""
             )
             raise InvalidArgumentError(
-                f"{fn}({name}=...): expected shape {shape} (the reward's, [T, B]), got "
-                f"{array.shape}.{squeeze} Every input is time-major [T, B]; compute "
+                f"{fn}({name}=...): expected shape {shape} (the reward's), got "
+                f"{array.shape}.{squeeze} Every input is time-major ([T, B], or [T, B, A_g] "
+                "for a group); compute "
                 "next_value as V(next_obs) over the whole [T, B] batch, e.g. "
                 "jax.vmap(policy.value, in_axes=(None, 0))(params, traj.next_obs)."
             )

@@ -92,8 +92,8 @@ class RunnerState(Generic[E]):
     params: dict[str, Params]
     """Policy id -> device params (an ``EnvRunner`` has one, :data:`DEFAULT_POLICY_ID`)."""
     metrics: Any
-    """The runner's metrics (``RunnerMetrics`` or ``MultiAgentMetrics``): counters,
-    recent-episode statistics, timers; ``get_state``/``set_state`` for checkpoints."""
+    """The runner's ``RunnerMetrics``: counters, recent-episode statistics, timers;
+    ``get_state``/``set_state`` for checkpoints."""
     episodes: EpisodeJoiner[E]
     """The unfinished episodes ``sample_episodes`` is assembling."""
     finished: list[E] = dataclasses.field(default_factory=list)

@@ -1,21 +1,25 @@
-"""Trajectory ([T, B] transitions), with split into episodes, concatenate, save and load."""
+"""Trajectories: a single-agent ``[T, B]`` :class:`Trajectory` and a multi-agent one of
+per-group ``[T, B, A_g]`` arrays with masks, sharing slicing, concatenate, numpy
+conversion and ``.npz`` files; each splits into its episodes."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import os
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Self, TypeVar, cast
 
 import flax.struct
 import jax
 import numpy as np
 
 from jaxrunner._src.core import next_obs_store
-from jaxrunner._src.core.episode import Episode, cut_steps
+from jaxrunner._src.core.episode import AgentEpisode, Episode, cut_steps
 from jaxrunner._src.core.next_obs_store import FinalObs, FinalObsRecorder
 from jaxrunner._src.core.trajectory_file import (
+    ErrorFn,
     TrajectoryFile,
     check_fields,
     encode_tree,
@@ -29,7 +33,6 @@ _FILE_FIELDS = (
     "extras", "env_id", "episode_id", "step", "valid",
 )  # fmt: skip
 """The fields of a trajectory file: ``next_obs`` always dense."""
-_FORMAT = "jaxrunner.Trajectory"
 _VERSION = 1
 MAX_LOAD_BYTES = 1 << 33
 """:meth:`Trajectory.load`'s default cap on the arrays' memory (8 GiB)."""
@@ -39,7 +42,67 @@ HostOrDevice = np.ndarray | jax.Array
 inside its compiled functions)."""
 
 
-class Trajectory(flax.struct.PyTreeNode):
+class TimeMajor:
+    """What every trajectory has: fields ``[T, B, ...]`` (the ``_lead`` field exactly
+    ``[T, B]``), sliced and joined along time, converted to numpy, saved to ``.npz``."""
+
+    _lead: ClassVar[str] = "reward"
+    _FORMAT: ClassVar[str]
+
+    @property
+    def num_steps(self) -> int:
+        """T, the length of the time axis."""
+        return int(getattr(self, self._lead).shape[0])
+
+    @property
+    def num_envs(self) -> int:
+        """B, the length of the env axis."""
+        return int(getattr(self, self._lead).shape[1])
+
+    @property
+    def is_compact(self) -> bool:
+        """Only the next observations that are not the next step's are stored."""
+        return False
+
+    def dense(self) -> Self:
+        """This trajectory with ``next_obs`` stored in full (itself if it is)."""
+        return self
+
+    def to_numpy(self) -> Self:
+        """The same trajectory with every leaf a numpy array (device -> host)."""
+        return jax.tree.map(np.asarray, jax.device_get(self))
+
+    def time_slice(self, start: int, stop: int) -> Self:
+        """Steps ``start:stop`` of every field."""
+        return jax.tree.map(lambda x: x[start:stop], self)
+
+    def _save(
+        self, path: str | os.PathLike[str], names: Sequence[str], **more: Callable[..., Any]
+    ) -> None:
+        """Writes the fields ``names`` to one ``.npz``, then each entry ``more[key](arrays)``
+        of the spec (its arrays added to ``arrays``, after the fields')."""
+        arrays: dict[str, np.ndarray] = {}
+        fields = {name: encode_tree(getattr(self, name), arrays) for name in names}
+        spec = {"format": self._FORMAT, "version": _VERSION, "fields": fields}
+        write_file(path, spec | {key: entry(arrays) for key, entry in more.items()}, arrays)
+
+
+TrajectoryT = TypeVar("TrajectoryT", bound=TimeMajor)
+
+
+class Transitions(TimeMajor):
+    """Trajectory fields that hold transitions (``terminated``, ``truncated``)."""
+
+    terminated: Any
+    truncated: Any
+
+    @property
+    def done(self) -> np.ndarray:
+        """``terminated | truncated``: where an episode ended."""
+        return np.logical_or(self.terminated, self.truncated)
+
+
+class Trajectory(Transitions, flax.struct.PyTreeNode):
     """``T`` steps of ``B`` envs. Every field is ``[T, B, ...]``; row ``[t, b]`` of
     every field comes from the same ``env.step`` call of env ``b``.
 
@@ -67,6 +130,8 @@ class Trajectory(flax.struct.PyTreeNode):
             -1 and the next episode's id, whose ``next_obs`` is that episode's first
             observation (no fault: it cuts nothing). All True when omitted.
     """
+
+    _FORMAT = "jaxrunner.Trajectory"
 
     obs: Any
     action: Any
@@ -126,7 +191,6 @@ class Trajectory(flax.struct.PyTreeNode):
 
     @property
     def is_compact(self) -> bool:
-        """Only the next observations that are not the next step's are stored."""
         return isinstance(self.next_obs_store, (FinalObs, FinalObsRecorder))
 
     @property
@@ -151,7 +215,6 @@ class Trajectory(flax.struct.PyTreeNode):
         return jax.tree.map(lambda x: np.array(x[steps, env]), getattr(self, name))
 
     def dense(self) -> Trajectory:
-        """This trajectory with ``next_obs`` stored in full (itself if it is)."""
         return self.replace(next_obs_store=self.next_obs) if self.is_compact else self
 
     def next_value(self, value: Any, value_fn: Any) -> Any:
@@ -180,29 +243,9 @@ class Trajectory(flax.struct.PyTreeNode):
         stored = jax.numpy.reshape(value_fn(padded), (bucket,))[:rows]
         return shifted.reshape(-1).at[store.index].set(stored).reshape(num_steps, num_envs)
 
-    @property
-    def num_steps(self) -> int:
-        """T, the length of the time axis."""
-        return int(self.reward.shape[0])
-
-    @property
-    def num_envs(self) -> int:
-        """B, the length of the env axis."""
-        return int(self.reward.shape[1])
-
-    @property
-    def done(self) -> np.ndarray:
-        """``terminated | truncated``: where an episode ended."""
-        return np.logical_or(self.terminated, self.truncated)
-
-    def to_numpy(self) -> Trajectory:
-        """The same trajectory with every leaf a numpy array (device -> host)."""
-        return jax.tree.map(np.asarray, jax.device_get(self))
-
     def time_slice(self, start: int, stop: int) -> Trajectory:
-        """Steps ``start:stop`` of every field."""
         if not self.is_compact:
-            return jax.tree.map(lambda x: x[start:stop], self)
+            return super().time_slice(start, stop)
         start, stop, _ = slice(start, stop).indices(self.num_steps)
         if stop <= start:
             return self.dense().time_slice(start, stop)
@@ -243,9 +286,7 @@ class Trajectory(flax.struct.PyTreeNode):
     def save(self, path: str | os.PathLike[str]) -> None:
         """Saves to one ``.npz`` file (no pickle); :meth:`load` restores it exactly (a
         compact trajectory is saved, and loads, dense)."""
-        arrays: dict[str, np.ndarray] = {}
-        fields = {n: encode_tree(getattr(self, n), arrays) for n in _FILE_FIELDS}
-        write_file(path, {"format": _FORMAT, "version": _VERSION, "fields": fields}, arrays)
+        self._save(path, _FILE_FIELDS)
 
     @classmethod
     def load(
@@ -312,11 +353,14 @@ def _faulty_episode_from(traj: Trajectory, b: int, start: int, failed: int) -> E
     )
 
 
-def concatenate(trajectories: Sequence[Trajectory]) -> Trajectory:
-    """Joins trajectories of the same envs along time (``[T1 + T2 + ..., B]``); compact
-    if they all are."""
+def concatenate(trajectories: Sequence[TrajectoryT]) -> TrajectoryT:
+    """Joins trajectories of the same envs along time (``[T1 + T2 + ..., B]``): each a
+    :class:`Trajectory` (the result compact if they all are), or each a
+    :class:`MultiAgentTrajectory` of the same groups."""
     if not trajectories:
-        raise InvalidArgumentError("concatenate() needs at least one Trajectory, got none.")
+        raise InvalidArgumentError(
+            "concatenate() needs at least one Trajectory (or MultiAgentTrajectory), got none."
+        )
     compact = all(t.is_compact for t in trajectories)
     if not compact:
         trajectories = [t.dense() for t in trajectories]
@@ -325,9 +369,9 @@ def concatenate(trajectories: Sequence[Trajectory]) -> Trajectory:
     for i, traj in enumerate(trajectories):
         if jax.tree.structure(traj) != structure:
             raise InvalidArgumentError(
-                f"concatenate(): trajectory {i} has a different structure (observation or "
-                "extras fields) than trajectory 0; only trajectories of the same runner or "
-                f"spaces can be joined.{_structure_difference(first, traj, i)}"
+                f"concatenate(): trajectory {i} has a different structure (observation, "
+                "extras or group fields) than trajectory 0; only trajectories of the same "
+                f"runner or spaces can be joined.{_structure_difference(first, traj, i)}"
             )
         if traj.num_envs != first.num_envs:
             raise InvalidArgumentError(
@@ -336,17 +380,20 @@ def concatenate(trajectories: Sequence[Trajectory]) -> Trajectory:
             )
     if not compact:
         return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *trajectories)
+    return cast(TrajectoryT, _join_compact(cast(Sequence[Trajectory], trajectories)))
+
+
+def _join_compact(trajectories: Sequence[Trajectory]) -> Trajectory:
     stores = [t.next_obs_store for t in trajectories]
     lengths = [t.num_steps for t in trajectories]
     rest = [t.replace(next_obs_store=None) for t in trajectories]
     joined = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *rest)
-    return joined.replace(
-        next_obs_store=next_obs_store.concatenate(stores, lengths, first.num_envs)
-    )
+    num_envs = trajectories[0].num_envs
+    return joined.replace(next_obs_store=next_obs_store.concatenate(stores, lengths, num_envs))
 
 
 def _load(cls: type[Trajectory], path: str | os.PathLike[str], max_bytes: int | None) -> Any:
-    with TrajectoryFile(path, _FORMAT, _VERSION, max_bytes) as file:
+    with TrajectoryFile(path, cls._FORMAT, _VERSION, max_bytes) as file:
         spec = file.read_spec()
         # valid is optional: files saved before it existed load as all valid.
         fields = file.read_fields(spec.get("fields"), _FILE_FIELDS, optional=("valid",))
@@ -354,10 +401,10 @@ def _load(cls: type[Trajectory], path: str | os.PathLike[str], max_bytes: int | 
     return cls(**fields)
 
 
-def _structure_difference(first: Trajectory, other: Trajectory, i: int) -> str:
+def _structure_difference(first: TimeMajor, other: TimeMajor, i: int) -> str:
     """The leaves only one of two trajectories has, for :func:`concatenate`'s error."""
 
-    def paths(traj: Trajectory) -> set[str]:
+    def paths(traj: TimeMajor) -> set[str]:
         return {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(traj)[0]}
 
     ours, theirs = paths(first), paths(other)
@@ -372,3 +419,187 @@ def _structure_difference(first: Trajectory, other: Trajectory, i: int) -> str:
             "sample."
         )
     return text
+
+
+class GroupTrajectory(Transitions, flax.struct.PyTreeNode):
+    """One group's transitions, every field ``[T, B, A_g, ...]``.
+
+    Attributes:
+        obs: the observation the agent acted on.
+        action: the action as sampled by the policy (Box actions unclipped).
+        reward: float64, every reward the agent received for that action (in an AEC
+            env: up to its next turn or the end of its episode).
+        terminated: the agent's episode ended in a terminal state.
+        truncated: the agent's episode was cut (or the env's episode ended while the
+            agent was still in it): bootstrap from ``next_obs``.
+        next_obs: the agent's next observation: at its next turn, or its final one
+            where its episode ended (never a reset observation).
+        extras: policy outputs of the action (``log_prob``, ``value``, ...).
+        valid: bool, False where the slot holds no transition (the agent was absent,
+            had left, or waited for its turn). Every other field is zero there.
+        agent_step: index of the transition within the agent's episode.
+    """
+
+    obs: Any
+    action: Any
+    reward: HostOrDevice
+    terminated: HostOrDevice
+    truncated: HostOrDevice
+    next_obs: Any
+    extras: dict[str, Any]
+    valid: HostOrDevice
+    agent_step: HostOrDevice
+
+
+class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
+    """``T`` env steps of ``B`` multi-agent envs.
+
+    Attributes:
+        groups: policy id -> :class:`GroupTrajectory` (``[T, B, A_g, ...]``).
+        env_id: ``[T, B]`` index of the env.
+        episode_id: ``[T, B]`` the env's episode (unique per runner); an agent's
+            episode is identified by this id and its agent id.
+        step: ``[T, B]`` index of the env step within the env's episode.
+        env_done: ``[T, B]`` bool, the env's episode ended at this step (it was reset).
+        agents: policy id -> the agent ids of its group's slots (static).
+    """
+
+    _lead = "env_id"
+    _FORMAT = "jaxrunner.MultiAgentTrajectory"
+
+    groups: dict[str, GroupTrajectory]
+    env_id: np.ndarray
+    episode_id: np.ndarray
+    step: np.ndarray
+    env_done: np.ndarray
+    agents: dict[str, tuple[str, ...]] = flax.struct.field(pytree_node=False)
+
+    def agent(self, agent_id: str) -> tuple[str, int]:
+        """``(policy_id, slot)`` of ``agent_id``."""
+        for policy_id, agents in self.agents.items():
+            if agent_id in agents:
+                return policy_id, agents.index(agent_id)
+        raise InvalidArgumentError(
+            f"MultiAgentTrajectory.agent({agent_id!r}): no such agent; the agents are "
+            f"{[a for agents in self.agents.values() for a in agents]}."
+        )
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Saves to one ``.npz`` file (no pickle); :meth:`load` restores it exactly.
+
+        The spec holds the env-level fields and, per policy id, the group's agent ids
+        and its fields; every array is one member of the file.
+        """
+
+        def groups(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+            return {
+                pid: {
+                    "agents": list(self.agents[pid]),
+                    "fields": {n: encode_tree(getattr(g, n), arrays) for n in _GROUP_FIELDS},
+                }
+                for pid, g in self.groups.items()
+            }
+
+        self._save(path, _ENV_FIELDS, groups=groups)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], *, max_bytes: int | None = MAX_LOAD_BYTES
+    ) -> MultiAgentTrajectory:
+        """Loads a file written by :meth:`save`, trusting nothing in it: the bounded
+        reader of :meth:`jaxrunner.Trajectory.load`, with its limits.
+
+        Only the members its spec names are read (never pickle), each once and checked
+        against its own header before any memory is allocated. The env-level fields
+        must be ``[T, B]``; each group's ``[T, B, A_g, ...]`` with ``A_g`` its number of
+        agents; flags and ``valid`` bool, ids and steps integer, rewards float;
+        ``next_obs`` shaped like ``obs``; agent ids unique strings.
+
+        Args:
+            path: the file.
+            max_bytes: the most bytes the arrays may take in memory (None: no cap).
+
+        Raises:
+            InvalidArgumentError: the file is not a valid multi-agent trajectory file;
+                the message names the field (or member) at fault and what is wrong.
+        """
+        with TrajectoryFile(path, cls._FORMAT, _VERSION, max_bytes, cls.__name__) as file:
+            spec = file.read_spec()
+            env = file.read_fields(spec.get("fields"), _ENV_FIELDS)
+            lead = lead_shape(env, "env_id", "[T, B]", file.error)
+            check_fields(env, lead, "env_id's", file.error)
+            agents = _agents_of(spec.get("groups"), file.error)
+            groups = {}
+            for pid, ids in agents.items():
+                where = f"groups.{pid}."
+                fields = file.read_fields(spec["groups"][pid].get("fields"), _GROUP_FIELDS, where)
+                source = f"env_id's [T, B] and the group's {len(ids)} agents"
+                check_fields(fields, (*lead, len(ids)), source, file.error, where)
+                groups[pid] = GroupTrajectory(**fields)
+        return cls(groups=groups, **env, agents=agents)
+
+    def split_episodes(self) -> list[AgentEpisode]:
+        """Per-agent episodes, env by env, agent by agent, in time order. Episodes
+        still running at the end are not ``is_done``; those begun before the first
+        step (``start_step > 0``) are not ``is_complete``."""
+        host = self.to_numpy()
+        episodes = []
+        for policy_id, group in host.groups.items():
+            done = group.done
+            for b, (a, agent) in itertools.product(
+                range(host.num_envs), enumerate(host.agents[policy_id])
+            ):
+                steps = np.flatnonzero(group.valid[:, b, a])
+                if steps.size == 0:
+                    continue
+                ends = np.flatnonzero(done[steps, b, a]) + 1
+                for lo, hi in itertools.pairwise([0, *ends.tolist(), steps.size]):
+                    if lo < hi:
+                        rows = steps[lo:hi]
+                        episodes.append(_episode(host, policy_id, agent, b, a, rows))
+        return episodes
+
+
+_ENV_FIELDS = ("env_id", "episode_id", "step", "env_done")
+_GROUP_FIELDS = tuple(GroupTrajectory.__dataclass_fields__)
+
+
+def _agents_of(groups: Any, error: ErrorFn) -> dict[str, tuple[str, ...]]:
+    """Policy id -> agent ids, from a spec's ``groups``: an object of objects, each
+    with a non-empty list of agent ids, every id a str and in one group only."""
+    if not isinstance(groups, dict):
+        raise error("has no 'groups' object in its spec")
+    agents: dict[str, tuple[str, ...]] = {}
+    seen: set[str] = set()
+    for pid, group in groups.items():
+        ids = group.get("agents") if isinstance(group, dict) else None
+        if not isinstance(ids, list) or not ids or not all(isinstance(a, str) for a in ids):
+            raise error(
+                f"has field groups.{pid}.agents {ids!r:.80}; expected a non-empty "
+                "list of agent ids (str)"
+            )
+        counts = collections.Counter(ids)
+        twice = sorted(seen.intersection(ids) | {a for a, n in counts.items() if n > 1})
+        if twice:
+            raise error(f"has field groups.{pid}.agents naming {twice} more than once")
+        seen.update(ids)
+        agents[pid] = tuple(ids)
+    return agents
+
+
+def _episode(
+    host: MultiAgentTrajectory, policy_id: str, agent: str, b: int, a: int, rows: np.ndarray
+) -> AgentEpisode:
+    group = host.groups[policy_id]
+    last = rows[-1]
+    return AgentEpisode(
+        **cut_steps(group, (rows, b, a), (last, b, a)),
+        env_step=host.step[rows, b],
+        terminated=bool(group.terminated[last, b, a]),
+        truncated=bool(group.truncated[last, b, a]),
+        agent_id=agent,
+        policy_id=policy_id,
+        env_id=int(host.env_id[rows[0], b]),
+        episode_id=int(host.episode_id[rows[0], b]),
+        start_step=int(group.agent_step[rows[0], b, a]),
+    )

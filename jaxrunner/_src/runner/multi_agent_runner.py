@@ -22,12 +22,12 @@ from jaxrunner._src.connectors.per_group import (
     per_policy_connectors,
 )
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
-from jaxrunner._src.core.metrics import MetricsConfig
-from jaxrunner._src.core.multi_agent_metrics import MultiAgentMetrics
-from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode, MultiAgentTrajectory
+from jaxrunner._src.core.episode import AgentEpisode
+from jaxrunner._src.core.metrics import MetricsConfig, RunnerMetrics
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.runner_state import RunnerParts, RunnerState
 from jaxrunner._src.core.seeds import env_seeds
+from jaxrunner._src.core.trajectory import MultiAgentTrajectory
 from jaxrunner._src.runner.ownership import EnvOwner, check_rollout_arguments
 from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
 from jaxrunner._src.samplers.multi_agent import MultiAgentSampler, MultiAgentSetup
@@ -115,7 +115,7 @@ class MultiAgentRunner(EnvOwner):
         agents = {g.policy_id: g.agents for g in envs.groups}
         self.state: RunnerState[AgentEpisode] = RunnerState(
             params=device_params,
-            metrics=MultiAgentMetrics(metrics or MetricsConfig(), agents),
+            metrics=RunnerMetrics(metrics or MetricsConfig(), agents),
             episodes=agent_episode_joiner(envs.possible_agents),
             callback_episodes=agent_episode_joiner(envs.possible_agents),
         )

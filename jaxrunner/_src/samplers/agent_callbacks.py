@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode, concatenate_agent_episodes
+from jaxrunner._src.core.episode import AgentEpisode, concatenate_agent_episodes
 from jaxrunner._src.core.runner_state import EpisodeJoiner, Runner
 from jaxrunner._src.samplers.callbacks import overrides as overrides_hook
 

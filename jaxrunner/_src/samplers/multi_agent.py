@@ -13,10 +13,9 @@ import numpy as np
 from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgentStep
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
-from jaxrunner._src.core.metrics import PERF_KEYS
-from jaxrunner._src.core.multi_agent_metrics import MultiAgentMetrics
-from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
+from jaxrunner._src.core.metrics import PERF_KEYS, RunnerMetrics
 from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.core.trajectory import MultiAgentTrajectory
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
@@ -35,7 +34,7 @@ class MultiAgentSetup:
     """Policy id -> device params (their shapes fix the compile)."""
     rollout_length: int
     seed: int
-    metrics: MultiAgentMetrics
+    metrics: RunnerMetrics
     connectors: Mapping[str, Connectors] = dataclasses.field(default_factory=dict)
     """Policy id -> the connectors of its group (groups without connectors absent)."""
 

@@ -25,9 +25,8 @@ from jaxrunner._src.connectors.pipeline import (
     finish_group_sample,
 )
 from jaxrunner._src.connectors.state_rows import device_copy
-from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory, MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.core.trajectory import Trajectory
+from jaxrunner._src.core.trajectory import GroupTrajectory, MultiAgentTrajectory, Trajectory
 from jaxrunner._src.samplers.agent_episodes import agent_episode_ends
 from jaxrunner._src.samplers.env_streams import (
     env_roots,
@@ -539,7 +538,7 @@ class ScanSampler(Sampler):
             agent_ends = agent_episode_ends(
                 running_return, running_length, reward, valid, term | trunc, num_steps
             )
-            self.metrics.add_group_counts(pid, np.count_nonzero(valid, axis=(0, 1)), agent_ends)  # type: ignore[attr-defined]
+            self.metrics.add_group_counts(pid, np.count_nonzero(valid, axis=(0, 1)), agent_ends)
         self.metrics.sample_time_s += time.perf_counter() - start_time
         shape = (num_steps, num_envs)
         return MultiAgentTrajectory(

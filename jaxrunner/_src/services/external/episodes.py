@@ -13,8 +13,7 @@ from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.core.agent_groups import AgentGroup
-from jaxrunner._src.core.episode import Episode
-from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.services.external.memory import (
     TRIM_EVERY_BYTES,
     release_freed_memory,

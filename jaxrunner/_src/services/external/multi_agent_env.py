@@ -13,8 +13,7 @@ from gymnasium import spaces
 import jaxrunner._src.services.external.checks as checks
 from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.core.agent_groups import PolicyMappingFn, build_groups
-from jaxrunner._src.core.episode import Episode
-from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode
+from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external.config import ExternalEnvConfig
 from jaxrunner._src.services.external.core import ExternalEnvCore
