@@ -4,7 +4,7 @@ metrics per policy and per agent, complete agent episodes)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -28,6 +28,7 @@ from jaxrunner._src.core.multi_agent_trajectory import AgentEpisode, MultiAgentT
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner._src.core.seeds import env_seeds
+from jaxrunner._src.runner.env_runner_checks import check_host_options
 from jaxrunner._src.runner.ownership import EnvOwner, check_rollout_arguments
 from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
 from jaxrunner._src.samplers.multi_agent import MultiAgentSampler, MultiAgentSetup
@@ -69,6 +70,15 @@ class MultiAgentRunner(EnvOwner):
             rule (:func:`~jaxrunner._src.samplers.pipeline_splits.default_num_splits`: one on a CPU
             host with inline dispatch, two from 8 envs on accelerators). Ready-first
             backends and pure-JAX envs take None (or 1).
+        info_keys: names of per-step info entries to record, as ``EnvRunner``'s
+            ``info_keys`` (``"all"`` too), with an agent axis: float64 ``[T, B, A_g]``
+            arrays in each group's ``extras["infos"][name]``, and where they were
+            reported in ``extras["infos_present"][name]``. An agent's value is its own
+            entry of its env's per-agent infos at the step that completed its transition
+            (a parallel env: the step it acted in; an AEC env: its next turn, as
+            ``env.last()`` gives it then), so it lines up with ``valid``. An AEC env's
+            dead steps delete the infos of the agents they remove: those transitions have
+            none. Host backends; nothing is recorded or paid without it.
     """
 
     def __init__(
@@ -83,6 +93,7 @@ class MultiAgentRunner(EnvOwner):
         connectors: GroupConnectors | None = None,
         callbacks: AgentCallbacks | None = None,
         num_splits: int | None = None,
+        info_keys: Sequence[str] | str = (),
     ) -> None:
         if not (is_multi_agent(envs) or isinstance(envs, JaxVectorEnv)):
             raise InvalidArgumentTypeError(
@@ -102,6 +113,7 @@ class MultiAgentRunner(EnvOwner):
             pid: jax.device_put(p) for pid, p in _params_per_policy(params, ids).items()
         }
         check_rollout_arguments("MultiAgentRunner", rollout_length, seed, num_splits, envs.num_envs)
+        checked_info_keys = check_host_options(envs, info_keys, False, "MultiAgentRunner")
         if callbacks is not None and not isinstance(callbacks, AgentCallbacks):
             raise InvalidArgumentTypeError(
                 f"MultiAgentRunner(callbacks=...): expected a jaxrunner.multi_agent."
@@ -135,6 +147,7 @@ class MultiAgentRunner(EnvOwner):
                 seed,
                 self.state.metrics,
                 connectors=self.connectors,
+                info_keys=checked_info_keys,
             )
             self.sampler: MultiAgentSampler | ScanSampler
             if isinstance(envs, JaxVectorEnv):  # one jitted scan per sample

@@ -19,6 +19,7 @@ from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
+from jaxrunner._src.samplers.info_arrays import InfoKeys, InfoRecorder
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import pipeline_splits
 from jaxrunner._src.samplers.sampler import StepProgress, attach_partial
@@ -38,6 +39,12 @@ class MultiAgentSetup:
     metrics: MultiAgentMetrics
     connectors: Mapping[str, Connectors] = dataclasses.field(default_factory=dict)
     """Policy id -> the connectors of its group (groups without connectors absent)."""
+    info_keys: InfoKeys = ()
+    """Info entries recorded as ``[T, B, A_g]`` arrays per group, or ``"all"``."""
+
+
+ON_AGENT_STEP_HINT = "turn it into numbers in a wrapper of the sub-env"
+"""Where else a ``MultiAgentRunner`` user reads an info entry that is not a number."""
 
 
 @dataclasses.dataclass
@@ -91,9 +98,16 @@ class MultiAgentSampler:
         self._book = EpisodeBook(num_envs)
         num_possible = len(envs.possible_agents)
         self.groups: dict[str, GroupSampler] = {}
+        self._infos = None
+        if setup.info_keys:  # one recorder of the names, shared by the groups
+            self._infos = InfoRecorder(setup.info_keys, "MultiAgentRunner", ON_AGENT_STEP_HINT)
         offset = 0
         for group in envs.groups:
             pid = group.policy_id
+
+            def label(row: int, agents: tuple[str, ...] = group.agents) -> str:
+                return f"agent {agents[row % len(agents)]!r} of sub-env {row // len(agents)}"
+
             self.groups[pid] = GroupSampler(
                 group,
                 first.groups[pid],
@@ -106,6 +120,7 @@ class MultiAgentSampler:
                 setup.connectors.get(pid),
                 same_step=not envs.turn_based,
                 blocks=self.splits,
+                infos=None if self._infos is None else self._infos.share(label),
             )
             offset += group.num_agents
         self._last = first
@@ -174,7 +189,15 @@ class MultiAgentSampler:
         finally:
             self.metrics.sample_time_s += time.perf_counter() - start_time
             self.metrics.perf.record(perf, int(self._t.min()))
-        return self._end_sample(self._close(traj, env_level, num_steps))
+        traj = self._close(traj, env_level, num_steps)
+        if self._infos is not None:  # misspelt info_keys, once an episode has ended
+            ended = traj.env_done.any() or any(g.done.any() for g in traj.groups.values())
+            try:
+                self._infos.check(bool(ended))
+            except InvalidArgumentError as err:
+                attach_partial(err, traj)
+                raise
+        return self._end_sample(traj)
 
     def _act(
         self,
@@ -215,6 +238,8 @@ class MultiAgentSampler:
         t = int(self._t[lo])
         for pid, gs in self.groups.items():
             gs.record(out.groups[pid], traj.groups[pid], lo, hi, t)
+            if gs.infos is not None:
+                gs.record_infos(traj.groups[pid], out.groups[pid].completed, out.infos, lo, t)
         index = (t, slice(lo, hi))
         env_level.reward[index] = out.env_reward
         env_level.terminated[index] = out.env_done
@@ -288,6 +313,9 @@ class MultiAgentSampler:
             group = traj.groups[pid]
             steps = np.count_nonzero(group.valid[:t], axis=(0, 1))
             self.metrics.add_group_counts(pid, steps, gs.close(group, t, aborted))
-        if t == self.rollout_length:
-            return traj
-        return jax.tree.map(lambda x: x[:t], traj)
+        if t < self.rollout_length:
+            traj = jax.tree.map(lambda x: x[:t], traj)
+        if self._infos is not None:
+            for pid, gs in self.groups.items():
+                gs.shape_infos(traj.groups[pid].extras)
+        return traj
