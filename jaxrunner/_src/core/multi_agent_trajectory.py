@@ -74,6 +74,9 @@ class MultiAgentTrajectory(flax.struct.PyTreeNode):
         step: ``[T, B]`` index of the env step within the env's episode.
         env_done: ``[T, B]`` bool, the env's episode ended at this step (it was reset).
         agents: policy id -> the agent ids of its group's slots (static).
+        valid: ``[T, B]`` bool, False where the env's step failed (its sub-env was
+            restarted): no agent has a transition there, and the agent episodes it cut
+            end as faults (None: no step failed).
     """
 
     groups: dict[str, GroupTrajectory]
@@ -82,6 +85,7 @@ class MultiAgentTrajectory(flax.struct.PyTreeNode):
     step: np.ndarray
     env_done: np.ndarray
     agents: dict[str, tuple[str, ...]] = flax.struct.field(pytree_node=False)
+    valid: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -112,7 +116,11 @@ class MultiAgentTrajectory(flax.struct.PyTreeNode):
         and its fields; every array is one member of the file.
         """
         arrays: dict[str, np.ndarray] = {}
-        fields = {name: encode_tree(getattr(self, name), arrays) for name in _ENV_FIELDS}
+        fields = {
+            name: encode_tree(getattr(self, name), arrays)
+            for name in _ENV_FIELDS
+            if getattr(self, name) is not None
+        }
         groups = {
             pid: {
                 "agents": list(self.agents[pid]),
@@ -146,7 +154,7 @@ class MultiAgentTrajectory(flax.struct.PyTreeNode):
         """
         with TrajectoryFile(path, _FORMAT, _VERSION, max_bytes, cls.__name__) as file:
             spec = file.read_spec()
-            env = file.read_fields(spec.get("fields"), _ENV_FIELDS)
+            env = file.read_fields(spec.get("fields"), _ENV_FIELDS, optional=("valid",))
             lead = lead_shape(env, "env_id", "[T, B]", file.error)
             check_fields(env, lead, "env_id's", file.error)
             agents = _agents_of(spec.get("groups"), file.error)
@@ -162,9 +170,14 @@ class MultiAgentTrajectory(flax.struct.PyTreeNode):
     def split_episodes(self) -> list[AgentEpisode]:
         """Per-agent episodes, env by env, agent by agent, in time order. Episodes
         still running at the end are not ``is_done``; those begun before the first
-        step (``start_step > 0``) are not ``is_complete``."""
+        step (``start_step > 0``) are not ``is_complete``; those a failed step of their
+        env cut (``valid``) end there, ``faulty`` and ``truncated``."""
         host = self.to_numpy()
         episodes = []
+        failed = [
+            np.zeros(0, np.int64) if host.valid is None else np.flatnonzero(~host.valid[:, b])
+            for b in range(host.num_envs)
+        ]
         for policy_id, group in host.groups.items():
             done = group.done
             for b, (a, agent) in itertools.product(
@@ -173,15 +186,17 @@ class MultiAgentTrajectory(flax.struct.PyTreeNode):
                 steps = np.flatnonzero(group.valid[:, b, a])
                 if steps.size == 0:
                     continue
-                ends = np.flatnonzero(done[steps, b, a]) + 1
-                for lo, hi in itertools.pairwise([0, *ends.tolist(), steps.size]):
+                ends = set((np.flatnonzero(done[steps, b, a]) + 1).tolist())
+                # A failed step cuts the episode of the agent's transitions before it.
+                cuts = set(np.searchsorted(steps, failed[b]).tolist()) - ends - {0}
+                for lo, hi in itertools.pairwise([0, *sorted(ends | cuts), steps.size]):
                     if lo < hi:
                         rows = steps[lo:hi]
-                        episodes.append(_episode(host, policy_id, agent, b, a, rows))
+                        episodes.append(_episode(host, policy_id, agent, b, a, rows, hi in cuts))
         return episodes
 
 
-_ENV_FIELDS = ("env_id", "episode_id", "step", "env_done")
+_ENV_FIELDS = ("env_id", "episode_id", "step", "env_done", "valid")
 _GROUP_FIELDS = tuple(GroupTrajectory.__dataclass_fields__)
 
 
@@ -221,6 +236,8 @@ class AgentEpisode(EpisodeSpan, flax.struct.PyTreeNode):
             completed.
         terminated, truncated: how the agent's episode ended (both False if it goes on).
         start_step: the agent step of the first transition (0: seen from its start).
+        faulty: the episode was cut by a failure of its env (then ``truncated`` is True
+            too: bootstrap from its last observation), as ``Episode.faulty``.
     """
 
     obs: Any
@@ -235,6 +252,7 @@ class AgentEpisode(EpisodeSpan, flax.struct.PyTreeNode):
     env_id: int = flax.struct.field(pytree_node=False)
     episode_id: int = flax.struct.field(pytree_node=False)
     start_step: int = flax.struct.field(pytree_node=False)
+    faulty: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def total_reward(self) -> float:
@@ -259,7 +277,13 @@ def concatenate_agent_episodes(head: AgentEpisode, tail: AgentEpisode) -> AgentE
 
 
 def _episode(
-    host: MultiAgentTrajectory, policy_id: str, agent: str, b: int, a: int, rows: np.ndarray
+    host: MultiAgentTrajectory,
+    policy_id: str,
+    agent: str,
+    b: int,
+    a: int,
+    rows: np.ndarray,
+    faulty: bool = False,
 ) -> AgentEpisode:
     group = host.groups[policy_id]
     last = rows[-1]
@@ -267,7 +291,8 @@ def _episode(
         **cut_steps(group, (rows, b, a), (last, b, a)),
         env_step=host.step[rows, b],
         terminated=bool(group.terminated[last, b, a]),
-        truncated=bool(group.truncated[last, b, a]),
+        truncated=faulty or bool(group.truncated[last, b, a]),
+        faulty=faulty,
         agent_id=agent,
         policy_id=policy_id,
         env_id=int(host.env_id[rows[0], b]),

@@ -198,12 +198,21 @@ class MultiAgentRunner(EnvOwner):
                 self._on_agent_episode_end(self, episode)
         return traj
 
-    def sample_episodes(self, num_episodes: int, progress: bool = False) -> list[AgentEpisode]:
-        """Samples until ``num_episodes`` complete agent episodes are available; returns
-        them ordered by (env episode id, agent). Extra ones are kept for the next call.
-        With ``progress``, a progress bar counts the agent episodes."""
+    def sample_episodes(
+        self, num_episodes: int, include_faulty: bool = False, progress: bool = False
+    ) -> list[AgentEpisode]:
+        """Samples until ``num_episodes`` complete agent episodes (seen from their first
+        transition) are available; returns them ordered by (env episode id, agent).
+        Extra ones are kept for the next call. Agent episodes under way at a
+        ``sample()`` and those cut by a failure of their env (``AgentEpisode.faulty``;
+        kept with ``include_faulty``) are skipped, as ``EnvRunner.sample_episodes``
+        skips them. With ``progress``, a progress bar counts the agent episodes."""
+        check_bool("MultiAgentRunner.sample_episodes", "include_faulty", include_faulty)
         return self._sample_episodes(
-            num_episodes, progress, self._sample_with_callbacks, lambda e: True
+            num_episodes,
+            progress,
+            self._sample_with_callbacks,
+            lambda e: include_faulty or not e.faulty,
         )
 
     def save(self, path: str | os.PathLike) -> None:

@@ -18,8 +18,8 @@ class AgentCallbacks:
     def on_agent_episode_end(self, runner: Runner, episode: AgentEpisode) -> None:
         """Once per complete agent episode (every transition, from its first to the one
         that ended it, joined across samples): after each ``sample()``, those that
-        completed in it, by env episode id, then agent. Agent episodes cut by a failure
-        of their env (a restart) never complete, and are not reported."""
+        completed in it, by env episode id, then agent; those cut by a failure of their
+        env (a restart) end there, ``episode.faulty``."""
 
 
 def overrides(callbacks: AgentCallbacks | None, hook: str) -> bool:

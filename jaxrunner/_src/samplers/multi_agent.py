@@ -155,6 +155,7 @@ class MultiAgentSampler:
             step=env_level.step,
             env_done=env_level.terminated,
             agents=self.agents,
+            valid=env_level.valid,
         )
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
