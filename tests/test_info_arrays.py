@@ -308,14 +308,17 @@ def test_all_on_envpool_atari_refuses_ram_and_names_the_entries_to_record(mode):
 # -- multi-agent envs: the same arrays with an agent axis ------------------------------------
 
 
-def run_agents(factory, info_keys, length=20, masked=False, num_envs=3):
+def run_agents(factory, info_keys, length=20, masked=False, num_envs=3, config=None, **kwargs):
     pytest.importorskip("pettingzoo")
     from tests.test_multi_agent import random_policy, zero_params
 
-    envs = jr.make_vec(factory, num_envs)
+    backend = "sync" if config is None else "process"
+    envs = jr.make_vec(factory, num_envs, backend=backend, config=config)
     n = envs.groups[0].action_space.n
     policy, params = random_policy(n, masked), dict.fromkeys(envs.policy_ids, zero_params(n))
-    with jr.MultiAgentRunner(envs, policy, params, length, seed=1, info_keys=info_keys) as runner:
+    with jr.MultiAgentRunner(
+        envs, policy, params, length, seed=1, info_keys=info_keys, **kwargs
+    ) as runner:
         return runner.sample()
 
 
@@ -383,6 +386,22 @@ def test_multi_agent_named_infos_are_those_of_all_and_the_rest_is_unchanged(tag_
         jax.tree.map(np.testing.assert_array_equal, mine, plain.groups[pid])
     for field in ("env_id", "episode_id", "step", "env_done"):
         np.testing.assert_array_equal(getattr(named, field), getattr(plain, field))
+
+
+@pytest.mark.parametrize(
+    "config, kwargs",
+    [
+        (None, {"num_splits": 3}),
+        (jr.ProcessConfig(num_workers=2), {}),
+        (jr.ProcessConfig(num_workers=2, ready_first=True), {}),
+    ],
+    ids=["sync-3-splits", "process", "process-ready-first"],
+)
+def test_multi_agent_infos_are_the_same_on_every_layout(tag_all, config, kwargs):
+    from tests.multi_agent_envs import simple_tag_with_infos
+
+    traj = run_agents(simple_tag_with_infos, "all", config=config, **kwargs)
+    jax.tree.map(np.testing.assert_array_equal, traj.groups, tag_all.groups)
 
 
 def test_multi_agent_turn_based_infos_are_those_of_the_turn_ending_the_transition():

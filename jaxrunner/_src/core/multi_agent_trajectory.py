@@ -105,6 +105,14 @@ class MultiAgentTrajectory(flax.struct.PyTreeNode):
             f"{[a for agents in self.agents.values() for a in agents]}."
         )
 
+    def env_rows(self, name: str, steps: slice, env: int) -> dict[str, Any]:
+        """Policy id -> a copy of its group's field ``name`` at steps ``steps`` of env
+        ``env``, ``[len, A_g, ...]`` (as ``Trajectory.env_rows``, for live episodes)."""
+        return {
+            pid: jax.tree.map(lambda x: np.array(x[steps, env]), getattr(group, name))
+            for pid, group in self.groups.items()
+        }
+
     def to_numpy(self) -> MultiAgentTrajectory:
         """Every leaf as a numpy array (device -> host)."""
         return jax.tree.map(np.asarray, jax.device_get(self))

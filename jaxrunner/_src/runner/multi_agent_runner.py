@@ -4,6 +4,7 @@ metrics per policy and per agent, complete agent episodes)."""
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,7 +31,12 @@ from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner._src.runner.env_runner_checks import check_host_options
 from jaxrunner._src.runner.ownership import EnvOwner, check_rollout_arguments
-from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
+from jaxrunner._src.samplers.agent_callbacks import (
+    STEP_HOOKS,
+    AgentCallbacks,
+    agent_episode_joiner,
+    overrides,
+)
 from jaxrunner._src.samplers.multi_agent import MultiAgentSampler, MultiAgentSetup
 from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import (
@@ -61,7 +67,8 @@ class MultiAgentRunner(EnvOwner):
             (ids left out run without); run on device inside each group's compiled
             policy step, with agent slots as rows. Initialise a group's policy on
             ``connectors.observation_space(group.observation_space)``.
-        callbacks: optional :class:`~jaxrunner.multi_agent.AgentCallbacks`, called per
+        callbacks: optional :class:`~jaxrunner.multi_agent.AgentCallbacks`: per env episode
+            in the sampling loop (``Callbacks``' hooks; lockstep backends), and per
             complete agent episode after each ``sample()``.
         num_splits: host envs, lockstep backends: pipelining, as for an ``EnvRunner``:
             the envs are split in this many contiguous parts, and one part's policy
@@ -157,10 +164,25 @@ class MultiAgentRunner(EnvOwner):
                         "sampled as one jitted scan; pipelining splits do not apply. Leave "
                         "num_splits=None."
                     )
+                if any(overrides(callbacks, hook) for hook in STEP_HOOKS):
+                    raise InvalidArgumentError(
+                        "MultiAgentRunner(callbacks=...): the per-step hooks "
+                        f"({', '.join(STEP_HOOKS)}) run Python per env step, which a "
+                        "JaxVectorEnv rollout (one compiled lax.scan) cannot do. Override only "
+                        "on_agent_episode_end, or use a host vector env (jaxrunner.make_vec)."
+                    )
                 self.sampler = ScanSampler(envs, setup)
             else:
                 first = envs.reset_batch(env_seeds(seed, envs.num_envs))
-                self.sampler = MultiAgentSampler(envs, first, setup, num_splits=num_splits)
+                self.sampler = MultiAgentSampler(
+                    envs,
+                    first,
+                    setup,
+                    num_splits=num_splits,
+                    callbacks=callbacks,
+                    # A proxy: the sampler must not keep its runner alive (one owner per env).
+                    runner=weakref.proxy(self) if callbacks is not None else None,
+                )
         except BaseException:
             self._release(envs)
             raise

@@ -17,7 +17,7 @@ from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.samplers.agent_episodes import agent_episode_ends, agent_steps
-from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, InfoRecorder, policy_extras
+from jaxrunner._src.samplers.info_arrays import InfoRecorder, policy_extras
 from jaxrunner._src.samplers.multi_agent_state import GroupState
 from jaxrunner._src.samplers.policy_step import (
     CompiledPolicyStep,
@@ -267,22 +267,12 @@ class GroupSampler:
             mine = [infos[i].get(agents[j], {}) for i, j in zip(b.tolist(), a.tolist())]
             self.infos.record(traj.extras, t, rows, mine)  # type: ignore[union-attr]
 
-    def shape_infos(self, extras: dict[str, Any]) -> None:
-        """The info arrays (recorded ``[T, B * A_g]``, a row per agent slot) as ``[T, B,
-        A_g]`` views, with every name recorded so far (``"all"``)."""
-        self.infos.complete(extras)  # type: ignore[union-attr]
-        for part in (INFOS, INFOS_PRESENT):
-            extras[part] = {
-                k: v.reshape(len(v), self.num_envs, self.group.num_agents)
-                for k, v in extras[part].items()
-            }
-
     def allocate(self, num_steps: int) -> GroupTrajectory:
         shape = (num_steps, self.num_envs, self.group.num_agents)
         space = self.group.observation_space
         extras = jax.tree.map(lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.extras_spec)
         if self.infos is not None:
-            self.infos.allocate(extras, (num_steps, self.rows))
+            self.infos.allocate(extras, shape)
         return GroupTrajectory(
             obs=space_arrays.allocate(space, shape),
             action=jax.tree.map(

@@ -54,8 +54,8 @@ ON_STEP_HINT = (
 
 class InfoRecorder:
     """Records the named entries of each step's infos (or, for :data:`ALL`, every
-    numeric entry) into a trajectory buffer's extras: float64 ``[T, R]`` values and
-    masks, a row per env (or per agent slot: see :meth:`share`); a dotted name reaches
+    numeric entry) into a trajectory buffer's extras: float64 ``[T, B]`` values and
+    masks (``[T, B, A_g]`` for an agent group: see :meth:`share`); a dotted name reaches
     into a dict entry, and where an episode ended the info is the final step's.
     ``runner`` and ``elsewhere`` (how else to read an entry that is not a number) word
     its errors."""
@@ -84,8 +84,9 @@ class InfoRecorder:
         other._label = label
         return other
 
-    def allocate(self, extras: dict[str, Any], shape: tuple[int, int]) -> None:
-        """Adds zeroed ``[T, B]`` arrays for every name to a new buffer's ``extras``."""
+    def allocate(self, extras: dict[str, Any], shape: tuple[int, ...]) -> None:
+        """Adds zeroed ``[T, B]`` (or ``[T, B, A_g]``) arrays for every name to a new
+        buffer's ``extras``."""
         clash = {INFOS, INFOS_PRESENT} & set(extras)
         if clash:
             raise InvalidArgumentError(
@@ -108,8 +109,8 @@ class InfoRecorder:
         self, extras: dict[str, Any], t: Any, envs: Sequence[int], infos: Sequence[dict]
     ) -> None:
         """Step ``t`` (an int, or one step index per env) of rows ``envs`` (sub-envs, or
-        agent slots), whose infos are ``infos`` in the same order, into the buffer whose
-        extras are ``extras``."""
+        agent slots ``b * A_g + a``), whose infos are ``infos`` in the same order, into
+        the buffer whose extras are ``extras``."""
         steps = np.broadcast_to(np.asarray(t), (len(envs),)).tolist()
         if self.every:
             self._record_every(extras, steps, envs, infos)
@@ -118,7 +119,7 @@ class InfoRecorder:
             for info in infos:
                 self._reported.update(_names(info))
         for key in self.keys:
-            values, present = extras[INFOS][key], extras[INFOS_PRESENT][key]
+            values, present = _rows(extras[INFOS][key]), _rows(extras[INFOS_PRESENT][key])
             for step, env, info in zip(steps, envs, infos):
                 value = _lookup(info, key)
                 if value is _MISSING:
@@ -156,8 +157,8 @@ class InfoRecorder:
                         self._reported.add(name)
                         self.keys.append(name)
                     self._add(extras, (name,))
-                values[name][step, env] = number
-                present[name][step, env] = True
+                _rows(values[name])[step, env] = number
+                _rows(present[name])[step, env] = True
 
     def finish(self, extras: dict[str, Any], episode_ended: bool) -> None:
         """At a sample's end: :meth:`complete`, then :meth:`check`."""
@@ -185,11 +186,17 @@ class InfoRecorder:
         )
 
     def _add(self, extras: dict[str, Any], names: Sequence[str]) -> None:
+        """Zeroed arrays for the ``names`` ``extras`` has not got yet."""
         values, present = extras[INFOS], extras[INFOS_PRESENT]
         for name in names:
             if name not in values:
                 values[name] = np.zeros(self._shape, np.float64)
                 present[name] = np.zeros(self._shape, np.bool_)
+
+
+def _rows(array: np.ndarray) -> np.ndarray:
+    """``array`` as ``[T, rows]`` (an agent group's ``[T, B, A_g]`` as a view)."""
+    return array if array.ndim == 2 else array.reshape(len(array), -1)
 
 
 def _names(info: dict[str, Any], prefix: str = "") -> list[str]:
