@@ -454,7 +454,7 @@ def test_multi_agent_bad_names_and_entries_are_refused_naming_the_agent():
         run_agents(PhaseInfos(), "all", num_envs=1)
     message = str(info.value)
     assert "agent 'agent_0' of sub-env 0's info['phase'] is a str ('late')" in message
-    assert "reported so far: ['t', 'x']" in message and "wrapper of the sub-env" in message
+    assert "reported so far: ['t', 'x']" in message and "AgentCallbacks.on_episode_step" in message
     partial = info.value.partial_trajectory
     assert partial.num_steps == 2
     assert partial.groups["policy_1"].extras["infos"]["t"].shape == (2, 1, 1)

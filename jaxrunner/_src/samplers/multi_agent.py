@@ -46,7 +46,10 @@ class MultiAgentSetup:
     """Info entries recorded as ``[T, B, A_g]`` arrays per group, or ``"all"``."""
 
 
-ON_AGENT_STEP_HINT = "turn it into numbers in a wrapper of the sub-env"
+ON_AGENT_STEP_HINT = (
+    "read this one in a callback (AgentCallbacks.on_episode_step: episode.infos[-1] is the "
+    "step's per-agent infos)"
+)
 """Where else a ``MultiAgentRunner`` user reads an info entry that is not a number."""
 
 
