@@ -19,7 +19,11 @@ from jaxrunner._src.testing.envs import (  # noqa: F401  (re-exported for the te
     relay,
     tictactoe,
 )
-from jaxrunner._src.testing.pettingzoo_bases import HAVE_PETTINGZOO
+from jaxrunner._src.testing.pettingzoo_bases import (
+    HAVE_PETTINGZOO,
+    BaseParallelWrapper,
+    BaseWrapper,
+)
 
 
 def simple_spread():
@@ -45,6 +49,52 @@ def connect_four():
     from pettingzoo.classic import connect_four_v3
 
     return connect_four_v3.env()
+
+
+class WithInfos(BaseParallelWrapper):
+    """A ``ParallelEnv`` whose agents report numbers in their infos at every step: ``t``
+    (the env's step count) and ``x`` (their new observation's first entry); at their
+    last step, ``episode.r`` too (their return), as RecordEpisodeStatistics does."""
+
+    def reset(self, seed=None, options=None):
+        self.t, self.returns = 0, {}
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, actions):
+        obs, rewards, terms, truncs, infos = self.env.step(actions)
+        self.t += 1
+        infos = {a: dict(infos.get(a, {})) for a in obs}
+        for a, info in infos.items():
+            self.returns[a] = self.returns.get(a, 0.0) + rewards.get(a, 0.0)
+            info.update(t=self.t, x=float(obs[a][0]))
+            if terms.get(a) or truncs.get(a):
+                info["episode"] = {"r": self.returns[a]}
+        return obs, rewards, terms, truncs, infos
+
+
+def simple_tag_with_infos():
+    return WithInfos(simple_tag())
+
+
+class CountedMoves(BaseWrapper):
+    """An ``AECEnv`` whose infos give every agent ``moves``: the actions taken in the
+    episode so far (dead steps aside)."""
+
+    def reset(self, seed=None, options=None):
+        self.moves = 0
+        self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        self.moves += action is not None
+        self.env.step(action)
+
+    @property
+    def infos(self):
+        return {a: {**info, "moves": self.moves} for a, info in self.env.infos.items()}
+
+
+def tictactoe_with_infos():
+    return CountedMoves(tictactoe())
 
 
 HOST_KINDS: Any = ("gymnasium", "parallel", "aec") if HAVE_PETTINGZOO else ("gymnasium",)

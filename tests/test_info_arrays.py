@@ -303,3 +303,169 @@ def test_all_on_envpool_atari_refuses_ram_and_names_the_entries_to_record(mode):
     np.testing.assert_array_equal(
         traj.extras["infos"]["reward"][traj.valid], traj.reward[traj.valid]
     )
+
+
+# -- multi-agent envs: the same arrays with an agent axis ------------------------------------
+
+
+def run_agents(factory, info_keys, length=20, masked=False, num_envs=3, config=None, **kwargs):
+    pytest.importorskip("pettingzoo")
+    from tests.test_multi_agent import random_policy, zero_params
+
+    backend = "sync" if config is None else "process"
+    envs = jr.make_vec(factory, num_envs, backend=backend, config=config)
+    n = envs.groups[0].action_space.n
+    policy, params = random_policy(n, masked), dict.fromkeys(envs.policy_ids, zero_params(n))
+    with jr.MultiAgentRunner(
+        envs, policy, params, length, seed=1, info_keys=info_keys, **kwargs
+    ) as runner:
+        return runner.sample()
+
+
+def agents_by_hand(factory, traj) -> tuple[dict, dict]:
+    """Every info entry of each agent of ``factory``'s parallel sub-envs, stepped by hand
+    with the trajectory's actions, at the steps the agent acted in (its transition's):
+    ``policy_id -> name -> [T, B, A_g]`` values and masks."""
+    values: dict[str, dict] = {pid: {} for pid in traj.groups}
+    present: dict[str, dict] = {pid: {} for pid in traj.groups}
+    for b, seed_b in enumerate(jr.env_seeds(1, traj.num_envs)):
+        env = factory()
+        env.reset(seed=seed_b)
+        for t in range(traj.num_steps):
+            slots = {a: traj.agent(a) for a in env.agents}
+            actions = {a: traj.groups[pid].action[t, b, k] for a, (pid, k) in slots.items()}
+            _, _, _, _, infos = env.step(actions)
+            for a, (pid, k) in slots.items():
+                shape = traj.groups[pid].valid.shape
+                info = dict(infos[a])
+                flat = {f"episode.{k}": v for k, v in info.pop("episode", {}).items()} | info
+                for name, value in flat.items():
+                    values[pid].setdefault(name, np.zeros(shape))[t, b, k] = value
+                    present[pid].setdefault(name, np.zeros(shape, bool))[t, b, k] = True
+            if not env.agents:
+                env.reset()
+    return values, present
+
+
+@pytest.fixture(scope="module")
+def tag_all():
+    from tests.multi_agent_envs import simple_tag_with_infos
+
+    return run_agents(simple_tag_with_infos, "all")
+
+
+def test_multi_agent_infos_match_pettingzoo_stepped_by_hand(tag_all):
+    # MPE simple_tag (two groups), each agent's infos at the steps it acted in, through
+    # episode ends (max_cycles=8: 'episode.r' first reported at the first one).
+    from tests.multi_agent_envs import simple_tag_with_infos
+
+    values, present = agents_by_hand(simple_tag_with_infos, tag_all)
+    names = sorted({n for group in values.values() for n in group})
+    assert names == ["episode.r", "t", "x"] and tag_all.env_done.any()
+    for pid, g in tag_all.groups.items():
+        assert list(g.extras["infos"]) == list(g.extras["infos_present"]) == names
+        for name in names:
+            np.testing.assert_array_equal(g.extras["infos_present"][name], present[pid][name])
+            np.testing.assert_array_equal(g.extras["infos"][name], values[pid][name])
+        np.testing.assert_array_equal(g.extras["infos_present"]["t"], g.valid)  # every step
+
+
+def test_multi_agent_named_infos_are_those_of_all_and_the_rest_is_unchanged(tag_all):
+    from tests.multi_agent_envs import simple_tag_with_infos
+
+    named = run_agents(simple_tag_with_infos, ("x", "episode.r"))
+    plain = run_agents(simple_tag_with_infos, ())
+    for pid, g in named.groups.items():
+        for part in ("infos", "infos_present"):
+            assert list(g.extras[part]) == ["x", "episode.r"]
+            for name, array in g.extras[part].items():
+                np.testing.assert_array_equal(array, tag_all.groups[pid].extras[part][name])
+        # Recording infos changes nothing else, bit for bit; without them, nothing is added.
+        assert set(plain.groups[pid].extras) == {"log_prob"}
+        mine = g.replace(extras={"log_prob": g.extras["log_prob"]})
+        jax.tree.map(np.testing.assert_array_equal, mine, plain.groups[pid])
+    for field in ("env_id", "episode_id", "step", "env_done"):
+        np.testing.assert_array_equal(getattr(named, field), getattr(plain, field))
+
+
+@pytest.mark.parametrize(
+    "config, kwargs",
+    [
+        (None, {"num_splits": 3}),
+        (jr.ProcessConfig(num_workers=2), {}),
+        (jr.ProcessConfig(num_workers=2, ready_first=True), {}),
+    ],
+    ids=["sync-3-splits", "process", "process-ready-first"],
+)
+def test_multi_agent_infos_are_the_same_on_every_layout(tag_all, config, kwargs):
+    from tests.multi_agent_envs import simple_tag_with_infos
+
+    traj = run_agents(simple_tag_with_infos, "all", config=config, **kwargs)
+    jax.tree.map(np.testing.assert_array_equal, traj.groups, tag_all.groups)
+
+
+def test_multi_agent_turn_based_infos_are_those_of_the_turn_ending_the_transition():
+    # tictactoe: a move's transition completes at the player's next turn, and its info
+    # is the one PettingZoo's env.last() gives then: the moves so far. At the game's end
+    # the env's dead steps remove the players and their infos: none is recorded there.
+    from tests.multi_agent_envs import tictactoe_with_infos
+
+    traj = run_agents(tictactoe_with_infos, "all", length=30, masked=True)
+    (g,) = traj.groups.values()
+    assert list(g.extras["infos"]) == ["moves"] and traj.env_done.any()
+    during = g.valid & ~traj.env_done[:, :, None]
+    np.testing.assert_array_equal(g.extras["infos_present"]["moves"], during)
+    moves = np.broadcast_to((traj.step + 1)[:, :, None], g.valid.shape)
+    np.testing.assert_array_equal(g.extras["infos"]["moves"], np.where(during, moves, 0))
+
+
+class PhaseInfos:
+    """simple_tag with infos, plus a string entry for ``agent_0`` after two steps."""
+
+    def __init__(self):
+        from tests.multi_agent_envs import simple_tag_with_infos
+
+        self.env = simple_tag_with_infos()
+
+    def __call__(self):
+        env, step = self.env, self.env.step
+
+        def labelled(actions):
+            out = step(actions)
+            if env.t > 2:
+                out[4]["agent_0"]["phase"] = "late"
+            return out
+
+        env.step = labelled
+        return env
+
+
+def test_multi_agent_bad_names_and_entries_are_refused_naming_the_agent():
+    pytest.importorskip("pettingzoo")
+    from tests.multi_agent_envs import simple_tag_with_infos
+
+    with pytest.raises(InvalidArgumentError) as info:
+        run_agents(simple_tag_with_infos, ("t", "lifes"))
+    message = str(info.value)
+    assert "MultiAgentRunner(info_keys=...): no sub-env's info had ['lifes']" in message
+    assert "['episode', 'episode.r', 't', 'x']" in message
+    assert info.value.partial_trajectory.num_steps == 20  # the sample, kept
+    with pytest.raises(InvalidArgumentError) as info:
+        run_agents(PhaseInfos(), "all", num_envs=1)
+    message = str(info.value)
+    assert "agent 'agent_0' of sub-env 0's info['phase'] is a str ('late')" in message
+    assert "reported so far: ['t', 'x']" in message and "AgentCallbacks.on_episode_step" in message
+    partial = info.value.partial_trajectory
+    assert partial.num_steps == 2
+    assert partial.groups["policy_1"].extras["infos"]["t"].shape == (2, 1, 1)
+    with pytest.raises(InvalidArgumentError, match=r"MultiAgentRunner\(info_keys='t'\)"):
+        run_agents(simple_tag_with_infos, "t")
+
+
+def test_multi_agent_pure_jax_envs_refuse_info_keys():
+    from jaxrunner.testing import Drift
+    from tests.test_multi_agent import random_policy, zero_params
+
+    envs = jr.JaxVectorEnv(Drift(), num_envs=2)
+    with pytest.raises(InvalidArgumentError, match=r"MultiAgentRunner\(info_keys=...\): a pure"):
+        jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 4, seed=0, info_keys="all")

@@ -409,3 +409,61 @@ def test_random_faults_are_counted_exactly(backend, tmp_path):
     # The process backend counts the restarts its step replies report (not those inside
     # resets), so its count lies between the failed steps and every new instance.
     assert log.count("step_failed") <= restarts <= log.count("made") - NUM_ENVS
+
+
+# -- agent episodes cut by a failure: faulty, as single-agent episodes are ----------------------
+
+
+class Ended(jr.multi_agent.AgentCallbacks):
+    def __init__(self):
+        self.episodes = []
+
+    def on_agent_episode_end(self, runner, episode):
+        self.episodes.append(episode)
+
+
+def test_agent_episodes_cut_by_a_failure_end_there_as_faults(clean):
+    # Env 1's step AT fails: a1 and a2 were in its first episode (a0 had terminated),
+    # whose parts before the failure are the fault-free run's, ended there; the restarted
+    # env's episode starts anew (never joined to them).
+    traj, _, _ = sample(faulty_fns("raise"), restart=True)
+    assert not traj.valid[AT - 1, FAILING_ENV] and traj.valid.sum() == traj.valid.size - 1
+    assert clean[0].valid is not None and clean[0].valid.all()
+    mine = [e for e in traj.split_episodes() if e.env_id == FAILING_ENV]
+    cut = {e.agent_id: e for e in mine if e.faulty}
+    assert sorted(cut) == ["a1", "a2"]
+    reference = {
+        (e.agent_id, e.episode_id): e for e in clean[0].split_episodes() if e.env_id == FAILING_ENV
+    }
+    for agent, e in cut.items():
+        assert e.truncated and not e.terminated and e.is_complete
+        whole = reference[agent, e.episode_id]
+        rows = e.length
+        assert whole.env_step[rows] == AT - 1  # the failed step: the rest never happened
+        np.testing.assert_array_equal(e.reward, whole.reward[:rows])
+        np.testing.assert_array_equal(e.action, whole.action[:rows])
+        np.testing.assert_array_equal(e.obs[:rows], whole.obs[:rows])
+    after = [e for e in mine if e.env_step[0] > AT - 1 or e.episode_id != mine[0].episode_id]
+    assert all(not e.faulty and e.start_step == 0 for e in after) and after
+    assert all(e.env_step[0] == 0 for e in after)
+
+
+def test_sample_episodes_keeps_faulty_agent_episodes_only_when_asked():
+    def episodes(include_faulty, num, callbacks=None):
+        envs = make_envs("sync", faulty_fns("raise"), True)
+        policy, params = random_policy(3), zero_params(3)
+        runner = jr.MultiAgentRunner(envs, policy, params, T, seed=SEED, callbacks=callbacks)
+        with runner:
+            return runner.sample_episodes(num, include_faulty=include_faulty)
+
+    ended = Ended()
+    kept, skipped = episodes(True, 8, ended), episodes(False, 6)
+    faulty = [(e.agent_id, e.env_id) for e in kept if e.faulty]
+    assert faulty == [("a1", FAILING_ENV), ("a2", FAILING_ENV)]
+    assert all(not e.faulty for e in skipped)
+    key = lambda e: (e.agent_id, e.env_id, e.episode_id, e.reward.tolist())  # noqa: E731
+    assert [key(e) for e in kept if not e.faulty] == [key(e) for e in skipped]
+    # The callbacks see every agent episode that ended, the faulty ones too.
+    assert [key(e) for e in kept] == [key(e) for e in ended.episodes][: len(kept)]
+    with pytest.raises(InvalidArgumentTypeError, match=r"sample_episodes\(include_faulty=1\)"):
+        episodes(1, 1)

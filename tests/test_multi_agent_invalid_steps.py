@@ -16,7 +16,8 @@ pytest.importorskip("pettingzoo")
 import jaxrunner as jr
 from jaxrunner.errors import InvalidStepError
 from jaxrunner.testing import coming_and_going
-from tests.multi_agent_envs import BadOutputs
+from tests.multi_agent_envs import BadOutputs, tictactoe_with_infos
+from tests.test_multi_agent import random_policy, zero_params
 from tests.test_multi_agent_faults import (  # noqa: F401  (ray_for_the_ray_backend: a fixture)
     AT,
     BACKENDS,
@@ -25,6 +26,7 @@ from tests.test_multi_agent_faults import (  # noqa: F401  (ray_for_the_ray_back
     SEED,
     T,
     faulty_fns,
+    make_envs,
     ray_for_the_ray_backend,
     sample,
 )
@@ -64,6 +66,20 @@ def test_a_failed_slot_of_a_bad_observation_holds_zeros(backend):
     # The agent's observation is written before the bad one comes: nothing of it stays.
     traj, _, restarts = sample(faulty_fns("bad_obs", agent="a1"), backend, restart=True)
     assert restarts == 1
+    assert_zero_where_invalid(traj)
+
+
+def test_a_failed_turn_based_slot_holds_zeros_and_no_infos():
+    # tictactoe: move AT returns player_1's observation without its "observation" key;
+    # the infos recorded (the moves so far) are zero there too.
+    fns = faulty_fns("obs_missing_key", base=tictactoe_with_infos, agent="player_1")
+    envs = make_envs("sync", fns, restart=True)
+    policy, params = random_policy(9, masked=True), zero_params(9)
+    with jr.MultiAgentRunner(envs, policy, params, 12, seed=5, info_keys="all") as runner:
+        traj = runner.sample()
+    (g,) = traj.groups.values()
+    assert not traj.valid[AT - 1, FAILING_ENV] and g.valid[AT - 2, FAILING_ENV].any()
+    assert g.extras["infos_present"]["moves"].any()
     assert_zero_where_invalid(traj)
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import collections
 
+import jax
 import numpy as np
 import pytest
 
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
+from jaxrunner.errors import InvalidArgumentError
 from tests import multi_agent_envs as envs_mod
 from tests.test_multi_agent import random_policy, zero_params
 
@@ -218,3 +220,107 @@ def test_evaluate_multi_agent_with_connectors_uses_the_training_statistics_froze
     np.testing.assert_allclose(result.returns, want, rtol=1e-12)
     np.testing.assert_array_equal(again.returns, result.returns)  # the statistics stay frozen
     assert not np.allclose(want, [r for s in jr.env_seeds(1, 2) for r in by_hand(s, 2, 0 * mean)])
+
+
+class _Steps(jr.multi_agent.AgentCallbacks):
+    """Every env episode the per-step hooks saw: its hooks in order, and what they read."""
+
+    def __init__(self):
+        self.calls, self.ended = [], []
+
+    def on_episode_start(self, runner, env_index, episode):
+        self.calls.append(("start", env_index, episode.episode_id))
+        episode.user_data["first"] = episode.obs[0]
+
+    def on_episode_step(self, runner, env_index, episode):
+        self.calls.append(("step", env_index, episode.episode_id))
+
+    def on_episode_end(self, runner, env_index, episode):
+        self.calls.append(("end", env_index, episode.episode_id))
+        self.ended.append(
+            (env_index, episode.episode_id, list(episode.reward), list(episode.infos),
+             episode.action, episode.obs, episode.user_data["first"], episode.faulty)
+        )  # fmt: skip
+
+
+def test_per_step_hooks_see_each_env_episode_as_pettingzoo_stepped_by_hand():
+    # MPE simple_tag (two groups, 8 cycles per episode) over samples of 5 steps: every
+    # env episode that ended, its env rewards (summed over agents), per-agent infos,
+    # first observations and actions, against the env stepped by hand.
+    factory, length, num_envs = envs_mod.simple_tag_with_infos, 5, 2
+    hooks = _Steps()
+    envs = jr.make_vec(factory, num_envs)
+    params = dict.fromkeys(envs.policy_ids, zero_params(5))
+    with jr.MultiAgentRunner(envs, random_policy(5), params, length, seed=1, callbacks=hooks) as r:
+        trajs = [r.sample() for _ in range(4)]
+    traj = jax.tree.map(lambda *x: np.concatenate(x), *trajs)
+    assert len(hooks.ended) == 4  # two 8-step episodes per env in 20 steps
+    for b in range(num_envs):
+        mine = [e for e in hooks.ended if e[0] == b]
+        env = factory()
+        obs, _ = env.reset(seed=jr.env_seeds(1, num_envs)[b])
+        t = 0
+        for _, episode_id, rewards, infos, actions, seen, first, faulty in mine:
+            assert not faulty and seen[0] is first and len(rewards) == len(actions) == 8
+            for pid, agents in traj.agents.items():
+                np.testing.assert_array_equal(first[pid], np.stack([obs[a] for a in agents]))
+            for k in range(8):
+                assert traj.episode_id[t, b] == episode_id and traj.step[t, b] == k
+                step_actions = {}
+                for pid, agents in traj.agents.items():
+                    np.testing.assert_array_equal(actions[k][pid], traj.groups[pid].action[t, b])
+                    step_actions.update(zip(agents, actions[k][pid]))
+                obs, step_rewards, _, _, step_infos = env.step(step_actions)
+                assert rewards[k] == sum(step_rewards.values())
+                assert infos[k] == step_infos
+                for pid, agents in traj.agents.items():
+                    np.testing.assert_array_equal(
+                        seen[k + 1][pid], np.stack([obs[a] for a in agents])
+                    )
+                t += 1
+            assert not env.agents and traj.env_done[t - 1, b]
+            obs, _ = env.reset()
+    # Each env's hooks: start, its steps, end, then the next episode's start (ids go on).
+    for b in range(num_envs):
+        calls = [(kind, i) for kind, env_index, i in hooks.calls if env_index == b]
+        first_id = calls[0][1]
+        assert calls[:10] == [("start", first_id)] + [("step", first_id)] * 8 + [("end", first_id)]
+        assert calls[10][0] == "start" and calls[10][1] == traj.episode_id[8, b]
+
+
+def test_per_step_hooks_end_a_failed_env_episode_as_faulty(tmp_path):
+    from tests.test_multi_agent_faults import AT, FAILING_ENV, faulty_fns, make_envs
+
+    hooks = _Steps()
+    envs = make_envs("sync", faulty_fns("raise"), True)
+    with jr.MultiAgentRunner(
+        envs, random_policy(3), zero_params(3), 6, seed=5, callbacks=hooks
+    ) as runner:
+        traj = runner.sample()
+    (cut,) = [e for e in hooks.ended if e[-1]]
+    assert cut[0] == FAILING_ENV and len(cut[2]) == AT - 1
+    assert cut[1] == traj.episode_id[0, FAILING_ENV] != traj.episode_id[AT, FAILING_ENV]
+    starts = [i for kind, b, i in hooks.calls if kind == "start" and b == FAILING_ENV]
+    assert starts[1] == traj.episode_id[AT, FAILING_ENV]
+
+
+def test_per_step_hooks_are_refused_where_they_cannot_run_in_order():
+    class OnStep(jr.multi_agent.AgentCallbacks):
+        def on_episode_step(self, runner, env_index, episode):
+            pass
+
+    config = jr.ProcessConfig(num_workers=2, ready_first=True)
+    envs = jr.make_vec(envs_mod.coming_and_going, 2, backend="process", config=config)
+    with pytest.raises(InvalidArgumentError, match="ready-first"):
+        jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 5, seed=1, callbacks=OnStep())
+    envs.close()
+    import jax.numpy as jnp
+
+    from tests.test_multi_agent_jax import Drift
+    from tests.test_multi_agent_jax import random_policy as scan_policy
+
+    envs = jr.JaxVectorEnv(Drift(), num_envs=2)
+    with pytest.raises(InvalidArgumentError, match=r"lax\.scan"):
+        jr.MultiAgentRunner(
+            envs, scan_policy(3), {"w": jnp.zeros(3)}, 4, seed=0, callbacks=OnStep()
+        )

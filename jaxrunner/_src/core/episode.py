@@ -140,6 +140,8 @@ class AgentEpisode(EpisodeSpan, flax.struct.PyTreeNode):
             completed.
         terminated, truncated: how the agent's episode ended (both False if it goes on).
         start_step: the agent step of the first transition (0: seen from its start).
+        faulty: the episode was cut by a failure of its env (then ``truncated`` is True
+            too: bootstrap from its last observation), as ``Episode.faulty``.
     """
 
     obs: Any
@@ -154,6 +156,7 @@ class AgentEpisode(EpisodeSpan, flax.struct.PyTreeNode):
     env_id: int = flax.struct.field(pytree_node=False)
     episode_id: int = flax.struct.field(pytree_node=False)
     start_step: int = flax.struct.field(pytree_node=False)
+    faulty: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def total_reward(self) -> float:

@@ -364,6 +364,13 @@ def concatenate(trajectories: Sequence[TrajectoryT]) -> TrajectoryT:
     compact = all(t.is_compact for t in trajectories)
     if not compact:
         trajectories = [t.dense() for t in trajectories]
+    if any(getattr(t, "valid", True) is None for t in trajectories) and any(
+        getattr(t, "valid", None) is not None for t in trajectories
+    ):  # multi-agent: a sample without failed steps has no env-level ``valid``
+        trajectories = [
+            t if t.valid is not None else t.replace(valid=np.ones(t.env_id.shape, np.bool_))
+            for t in cast(Sequence[MultiAgentTrajectory], trajectories)
+        ]  # type: ignore[assignment]
     first = trajectories[0]
     structure = jax.tree.structure(first)
     for i, traj in enumerate(trajectories):
@@ -462,6 +469,9 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
         step: ``[T, B]`` index of the env step within the env's episode.
         env_done: ``[T, B]`` bool, the env's episode ended at this step (it was reset).
         agents: policy id -> the agent ids of its group's slots (static).
+        valid: ``[T, B]`` bool, False where the env's step failed (its sub-env was
+            restarted): no agent has a transition there, and the agent episodes it cut
+            end as faults (None: no step failed).
     """
 
     _lead = "env_id"
@@ -473,6 +483,15 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
     step: np.ndarray
     env_done: np.ndarray
     agents: dict[str, tuple[str, ...]] = flax.struct.field(pytree_node=False)
+    valid: np.ndarray | None = None
+
+    def env_rows(self, name: str, steps: slice, env: int) -> dict[str, Any]:
+        """Policy id -> a copy of its group's field ``name`` at steps ``steps`` of env
+        ``env``, ``[len, A_g, ...]`` (as ``Trajectory.env_rows``, for live episodes)."""
+        return {
+            pid: jax.tree.map(lambda x: np.array(x[steps, env]), getattr(group, name))
+            for pid, group in self.groups.items()
+        }
 
     def agent(self, agent_id: str) -> tuple[str, int]:
         """``(policy_id, slot)`` of ``agent_id``."""
@@ -500,7 +519,7 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
                 for pid, g in self.groups.items()
             }
 
-        self._save(path, _ENV_FIELDS, groups=groups)
+        self._save(path, [n for n in _ENV_FIELDS if getattr(self, n) is not None], groups=groups)
 
     @classmethod
     def load(
@@ -525,7 +544,7 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
         """
         with TrajectoryFile(path, cls._FORMAT, _VERSION, max_bytes, cls.__name__) as file:
             spec = file.read_spec()
-            env = file.read_fields(spec.get("fields"), _ENV_FIELDS)
+            env = file.read_fields(spec.get("fields"), _ENV_FIELDS, optional=("valid",))
             lead = lead_shape(env, "env_id", "[T, B]", file.error)
             check_fields(env, lead, "env_id's", file.error)
             agents = _agents_of(spec.get("groups"), file.error)
@@ -541,9 +560,14 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
     def split_episodes(self) -> list[AgentEpisode]:
         """Per-agent episodes, env by env, agent by agent, in time order. Episodes
         still running at the end are not ``is_done``; those begun before the first
-        step (``start_step > 0``) are not ``is_complete``."""
+        step (``start_step > 0``) are not ``is_complete``; those a failed step of their
+        env cut (``valid``) end there, ``faulty`` and ``truncated``."""
         host = self.to_numpy()
         episodes = []
+        failed = [
+            np.zeros(0, np.int64) if host.valid is None else np.flatnonzero(~host.valid[:, b])
+            for b in range(host.num_envs)
+        ]
         for policy_id, group in host.groups.items():
             done = group.done
             for b, (a, agent) in itertools.product(
@@ -552,15 +576,17 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
                 steps = np.flatnonzero(group.valid[:, b, a])
                 if steps.size == 0:
                     continue
-                ends = np.flatnonzero(done[steps, b, a]) + 1
-                for lo, hi in itertools.pairwise([0, *ends.tolist(), steps.size]):
+                ends = set((np.flatnonzero(done[steps, b, a]) + 1).tolist())
+                # A failed step cuts the episode of the agent's transitions before it.
+                cuts = set(np.searchsorted(steps, failed[b]).tolist()) - ends - {0}
+                for lo, hi in itertools.pairwise([0, *sorted(ends | cuts), steps.size]):
                     if lo < hi:
                         rows = steps[lo:hi]
-                        episodes.append(_episode(host, policy_id, agent, b, a, rows))
+                        episodes.append(_episode(host, policy_id, agent, b, a, rows, hi in cuts))
         return episodes
 
 
-_ENV_FIELDS = ("env_id", "episode_id", "step", "env_done")
+_ENV_FIELDS = ("env_id", "episode_id", "step", "env_done", "valid")
 _GROUP_FIELDS = tuple(GroupTrajectory.__dataclass_fields__)
 
 
@@ -588,7 +614,13 @@ def _agents_of(groups: Any, error: ErrorFn) -> dict[str, tuple[str, ...]]:
 
 
 def _episode(
-    host: MultiAgentTrajectory, policy_id: str, agent: str, b: int, a: int, rows: np.ndarray
+    host: MultiAgentTrajectory,
+    policy_id: str,
+    agent: str,
+    b: int,
+    a: int,
+    rows: np.ndarray,
+    faulty: bool = False,
 ) -> AgentEpisode:
     group = host.groups[policy_id]
     last = rows[-1]
@@ -596,7 +628,8 @@ def _episode(
         **cut_steps(group, (rows, b, a), (last, b, a)),
         env_step=host.step[rows, b],
         terminated=bool(group.terminated[last, b, a]),
-        truncated=bool(group.truncated[last, b, a]),
+        truncated=faulty or bool(group.truncated[last, b, a]),
+        faulty=faulty,
         agent_id=agent,
         policy_id=policy_id,
         env_id=int(host.env_id[rows[0], b]),

@@ -102,21 +102,22 @@ def vector_wrapper_hint(envs: Any) -> str:
 
 
 def check_host_options(
-    envs: Any, info_keys: Sequence[str] | str, compact_next_obs: Any
+    envs: Any, info_keys: Sequence[str] | str, compact_next_obs: Any, runner: str = "EnvRunner"
 ) -> InfoKeys:
-    """Checks the options only host backends take; returns the info keys, checked."""
-    info_keys = check_info_keys(info_keys)
-    check_bool("EnvRunner", "compact_next_obs", compact_next_obs)
+    """Checks the options only host backends take (``runner``'s); returns the info
+    keys, checked."""
+    info_keys = check_info_keys(info_keys, runner)
+    check_bool(runner, "compact_next_obs", compact_next_obs)
     if compact_next_obs and isinstance(envs, JaxVectorEnv):
         raise InvalidArgumentError(
-            "EnvRunner(compact_next_obs=True): a pure-JAX env's trajectory is built on "
+            f"{runner}(compact_next_obs=True): a pure-JAX env's trajectory is built on "
             "device by one compiled scan, where the rows to keep are not known in "
             "advance; leave compact_next_obs=False, or use a host backend "
             "(jaxrunner.make_vec)."
         )
     if info_keys and isinstance(envs, JaxVectorEnv):
         raise InvalidArgumentError(
-            "EnvRunner(info_keys=...): a pure-JAX env's infos stay on device inside "
+            f"{runner}(info_keys=...): a pure-JAX env's infos stay on device inside "
             "its scan and are not recorded; return what you need from the env's state, "
             "or use a host backend (jaxrunner.make_vec)."
         )

@@ -4,7 +4,8 @@ metrics per policy and per agent, complete agent episodes)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import weakref
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -28,8 +29,14 @@ from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.runner_state import RunnerParts, RunnerState
 from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner._src.core.trajectory import MultiAgentTrajectory
+from jaxrunner._src.runner.env_runner_checks import check_host_options
 from jaxrunner._src.runner.ownership import EnvOwner, check_rollout_arguments
-from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
+from jaxrunner._src.samplers.agent_callbacks import (
+    STEP_HOOKS,
+    AgentCallbacks,
+    agent_episode_joiner,
+    overrides,
+)
 from jaxrunner._src.samplers.multi_agent import MultiAgentSampler, MultiAgentSetup
 from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import (
@@ -60,7 +67,8 @@ class MultiAgentRunner(EnvOwner):
             (ids left out run without); run on device inside each group's compiled
             policy step, with agent slots as rows. Initialise a group's policy on
             ``connectors.observation_space(group.observation_space)``.
-        callbacks: optional :class:`~jaxrunner.multi_agent.AgentCallbacks`, called per
+        callbacks: optional :class:`~jaxrunner.multi_agent.AgentCallbacks`: per env episode
+            in the sampling loop (``Callbacks``' hooks; lockstep backends), and per
             complete agent episode after each ``sample()``.
         num_splits: host envs, lockstep backends: pipelining, as for an ``EnvRunner``:
             the envs are split in this many contiguous parts, and one part's policy
@@ -69,6 +77,15 @@ class MultiAgentRunner(EnvOwner):
             rule (:func:`~jaxrunner._src.samplers.pipeline_splits.default_num_splits`: one on a CPU
             host with inline dispatch, two from 8 envs on accelerators). Ready-first
             backends and pure-JAX envs take None (or 1).
+        info_keys: names of per-step info entries to record, as ``EnvRunner``'s
+            ``info_keys`` (``"all"`` too), with an agent axis: float64 ``[T, B, A_g]``
+            arrays in each group's ``extras["infos"][name]``, and where they were
+            reported in ``extras["infos_present"][name]``. An agent's value is its own
+            entry of its env's per-agent infos at the step that completed its transition
+            (a parallel env: the step it acted in; an AEC env: its next turn, as
+            ``env.last()`` gives it then), so it lines up with ``valid``. An AEC env's
+            dead steps delete the infos of the agents they remove: those transitions have
+            none. Host backends; nothing is recorded or paid without it.
     """
 
     def __init__(
@@ -83,6 +100,7 @@ class MultiAgentRunner(EnvOwner):
         connectors: GroupConnectors | None = None,
         callbacks: AgentCallbacks | None = None,
         num_splits: int | None = None,
+        info_keys: Sequence[str] | str = (),
     ) -> None:
         if not (is_multi_agent(envs) or isinstance(envs, JaxVectorEnv)):
             raise InvalidArgumentTypeError(
@@ -102,6 +120,7 @@ class MultiAgentRunner(EnvOwner):
             pid: jax.device_put(p) for pid, p in _params_per_policy(params, ids).items()
         }
         check_rollout_arguments("MultiAgentRunner", rollout_length, seed, num_splits, envs.num_envs)
+        checked_info_keys = check_host_options(envs, info_keys, False, "MultiAgentRunner")
         if callbacks is not None and not isinstance(callbacks, AgentCallbacks):
             raise InvalidArgumentTypeError(
                 f"MultiAgentRunner(callbacks=...): expected a jaxrunner.multi_agent."
@@ -135,6 +154,7 @@ class MultiAgentRunner(EnvOwner):
                 seed,
                 self.state.metrics,
                 connectors=self.connectors,
+                info_keys=checked_info_keys,
             )
             self.sampler: MultiAgentSampler | ScanSampler
             if isinstance(envs, JaxVectorEnv):  # one jitted scan per sample
@@ -144,10 +164,25 @@ class MultiAgentRunner(EnvOwner):
                         "sampled as one jitted scan; pipelining splits do not apply. Leave "
                         "num_splits=None."
                     )
+                if any(overrides(callbacks, hook) for hook in STEP_HOOKS):
+                    raise InvalidArgumentError(
+                        "MultiAgentRunner(callbacks=...): the per-step hooks "
+                        f"({', '.join(STEP_HOOKS)}) run Python per env step, which a "
+                        "JaxVectorEnv rollout (one compiled lax.scan) cannot do. Override only "
+                        "on_agent_episode_end, or use a host vector env (jaxrunner.make_vec)."
+                    )
                 self.sampler = ScanSampler(envs, setup)
             else:
                 first = envs.reset_batch(env_seeds(seed, envs.num_envs))
-                self.sampler = MultiAgentSampler(envs, first, setup, num_splits=num_splits)
+                self.sampler = MultiAgentSampler(
+                    envs,
+                    first,
+                    setup,
+                    num_splits=num_splits,
+                    callbacks=callbacks,
+                    # A proxy: the sampler must not keep its runner alive (one owner per env).
+                    runner=weakref.proxy(self) if callbacks is not None else None,
+                )
         except BaseException:
             self._release(envs)
             raise
@@ -185,12 +220,21 @@ class MultiAgentRunner(EnvOwner):
                 self._on_agent_episode_end(self, episode)
         return traj
 
-    def sample_episodes(self, num_episodes: int, progress: bool = False) -> list[AgentEpisode]:
-        """Samples until ``num_episodes`` complete agent episodes are available; returns
-        them ordered by (env episode id, agent). Extra ones are kept for the next call.
-        With ``progress``, a progress bar counts the agent episodes."""
+    def sample_episodes(
+        self, num_episodes: int, include_faulty: bool = False, progress: bool = False
+    ) -> list[AgentEpisode]:
+        """Samples until ``num_episodes`` complete agent episodes (seen from their first
+        transition) are available; returns them ordered by (env episode id, agent).
+        Extra ones are kept for the next call. Agent episodes under way at a
+        ``sample()`` and those cut by a failure of their env (``AgentEpisode.faulty``;
+        kept with ``include_faulty``) are skipped, as ``EnvRunner.sample_episodes``
+        skips them. With ``progress``, a progress bar counts the agent episodes."""
+        check_bool("MultiAgentRunner.sample_episodes", "include_faulty", include_faulty)
         return self._sample_episodes(
-            num_episodes, progress, self._sample_with_callbacks, lambda e: True
+            num_episodes,
+            progress,
+            self._sample_with_callbacks,
+            lambda e: include_faulty or not e.faulty,
         )
 
     def save(self, path: str | os.PathLike) -> None:

@@ -1,5 +1,6 @@
-"""Multi-agent runner hooks, per agent episode, and the joining of agent episodes that
-span samples (shared by the hooks and ``MultiAgentRunner.sample_episodes``)."""
+"""Multi-agent runner hooks (per env episode, as ``Callbacks``, and per agent episode),
+and the joining of agent episodes that span samples (shared by the hooks and
+``MultiAgentRunner.sample_episodes``)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,32 @@ from collections.abc import Sequence
 
 from jaxrunner._src.core.episode import AgentEpisode, concatenate_agent_episodes
 from jaxrunner._src.core.runner_state import EpisodeJoiner, Runner
+from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.callbacks import overrides as overrides_hook
 
+STEP_HOOKS = ("on_episode_start", "on_episode_step", "on_episode_end")
+"""The hooks that run in the sampling loop, per env episode."""
 
-class AgentCallbacks:
+
+class AgentCallbacks(Callbacks):
     """Subclass and override the hooks you need (``MultiAgentRunner(...,
-    callbacks=...)``). Hooks you do not override cost nothing; they run on the host,
-    after each ``sample()``."""
+    callbacks=...)``). Hooks you do not override cost nothing; they run on the host.
+
+    ``on_episode_start``, ``on_episode_step`` and ``on_episode_end`` are
+    :class:`~jaxrunner.Callbacks`' hooks, per env episode, in the sampling loop (lockstep
+    backends): the :class:`~jaxrunner.LiveEpisode`'s ``reward`` is the env's (summed over
+    agents), ``infos`` the env's per-agent infos, ``terminated`` set where the env's
+    episode ended; its ``obs`` (the first observations, then each step's ``next_obs``),
+    ``action`` and ``extras`` are dicts by policy id of the agent slots' rows,
+    ``[A_g, ...]``, zero where an agent has no transition (the trajectory's ``valid``).
+    ``on_agent_episode_end`` runs after each ``sample()``.
+    """
 
     def on_agent_episode_end(self, runner: Runner, episode: AgentEpisode) -> None:
         """Once per complete agent episode (every transition, from its first to the one
         that ended it, joined across samples): after each ``sample()``, those that
-        completed in it, by env episode id, then agent. Agent episodes cut by a failure
-        of their env (a restart) never complete, and are not reported."""
+        completed in it, by env episode id, then agent; those cut by a failure of their
+        env (a restart) end there, ``episode.faulty``."""
 
 
 def overrides(callbacks: AgentCallbacks | None, hook: str) -> bool:

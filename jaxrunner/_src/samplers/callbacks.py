@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.runner_state import Runner
-from jaxrunner._src.core.trajectory import Trajectory
+
+
+class StepRows(Protocol):
+    """What a live episode reads its rows from: a sample's buffers (a ``Trajectory``, or
+    a ``MultiAgentTrajectory``, whose rows are dicts by policy id)."""
+
+    def env_rows(self, name: str, steps: slice, env: int) -> Any: ...
 
 
 class LiveEpisode:
@@ -40,7 +46,7 @@ class LiveEpisode:
         self._first_obs = first_obs
         self._spans: list[_Span] = []
 
-    def add_step(self, buf: Trajectory, t: int, reward: float, info: dict[str, Any]) -> None:
+    def add_step(self, buf: StepRows, t: int, reward: float, info: dict[str, Any]) -> None:
         """Step ``t`` of ``buf`` (a sample's buffers) continues the episode."""
         last = self._spans[-1] if self._spans else None
         if last is not None and last.buf is buf and last.stop == t:
@@ -50,7 +56,7 @@ class LiveEpisode:
         self.reward.append(reward)
         self.infos.append(info)
 
-    def detach(self, buf: Trajectory) -> None:
+    def detach(self, buf: StepRows) -> None:
         """Copies the episode's rows out of ``buf``, which it no longer references."""
         for span in self._spans:
             if span.buf is buf:
@@ -105,8 +111,8 @@ class _Span:
 
     FIELDS = ("next_obs", "action", "extras")
 
-    def __init__(self, buf: Trajectory, start: int, stop: int, env: int) -> None:
-        self.buf: Trajectory | None = buf
+    def __init__(self, buf: StepRows, start: int, stop: int, env: int) -> None:
+        self.buf: StepRows | None = buf
         self.start, self.stop, self.env = start, stop, env
         self.trees: dict[str, Any] = {}
 

@@ -17,6 +17,7 @@ from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.trajectory import GroupTrajectory
 from jaxrunner._src.samplers.agent_episodes import agent_episode_ends, agent_steps
+from jaxrunner._src.samplers.info_arrays import InfoRecorder, policy_extras
 from jaxrunner._src.samplers.multi_agent_state import GroupState
 from jaxrunner._src.samplers.policy_step import (
     CompiledPolicyStep,
@@ -66,10 +67,12 @@ class GroupSampler:
         connectors: Connectors | None = None,
         same_step: bool = False,
         blocks: Sequence[slice] = (),
+        infos: InfoRecorder | None = None,
     ) -> None:
         """``blocks``: the envs of the blocks to compile now (the others compile at
-        their first dispatch; none: every env)."""
-        self.group, self.num_envs = group, num_envs
+        their first dispatch; none: every env). ``infos``: records the group's info
+        entries, a row per agent slot (``info_keys``)."""
+        self.group, self.num_envs, self.infos = group, num_envs, infos
         self.same_step = same_step
         """Each action's transition completes in the step that takes it (parallel envs)."""
         a_g = group.num_agents
@@ -184,7 +187,7 @@ class GroupSampler:
         self._traj_leaves = [
             _leaves(traj.obs),
             _leaves(traj.action),
-            _leaves(traj.extras),
+            _leaves(policy_extras(traj.extras)),
             _leaves(traj.next_obs),
         ]
 
@@ -251,9 +254,25 @@ class GroupSampler:
         if not self.same_step:
             self.awaiting[rows] &= ~done
 
+    def record_infos(
+        self, traj: GroupTrajectory, completed: np.ndarray, infos: list[dict], lo: int, t: int
+    ) -> None:
+        """Into ``traj``'s extras, the infos of the agents whose transition completed at step
+        ``t`` of envs ``[lo, lo + len(infos))`` (``completed``, ``[n, A_g]``): each
+        agent's own entry of its env's per-agent infos."""
+        b, a = np.nonzero(completed)
+        if b.size:
+            agents, a_g = self.group.agents, self.group.num_agents
+            rows = ((lo + b) * a_g + a).tolist()
+            mine = [infos[i].get(agents[j], {}) for i, j in zip(b.tolist(), a.tolist())]
+            self.infos.record(traj.extras, t, rows, mine)  # type: ignore[union-attr]
+
     def allocate(self, num_steps: int) -> GroupTrajectory:
         shape = (num_steps, self.num_envs, self.group.num_agents)
         space = self.group.observation_space
+        extras = jax.tree.map(lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.extras_spec)
+        if self.infos is not None:
+            self.infos.allocate(extras, shape)
         return GroupTrajectory(
             obs=space_arrays.allocate(space, shape),
             action=jax.tree.map(
@@ -263,9 +282,7 @@ class GroupSampler:
             terminated=np.zeros(shape, np.bool_),
             truncated=np.zeros(shape, np.bool_),
             next_obs=space_arrays.allocate(space, shape),
-            extras=jax.tree.map(
-                lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.extras_spec
-            ),
+            extras=extras,
             valid=np.zeros(shape, np.bool_),
             agent_step=np.zeros(shape, np.int64),
         )

@@ -1,9 +1,11 @@
-"""Per-step infos as ``[T, B]`` arrays, for ``EnvRunner(..., info_keys=...)``."""
+"""Per-step infos as ``[T, B]`` arrays (``[T, B, A_g]`` per agent group), for the
+runners' ``info_keys``."""
 
 from __future__ import annotations
 
+import copy
 import numbers
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -24,33 +26,46 @@ InfoKeys = tuple[str, ...] | Literal["all"]
 _MISSING = object()
 
 
-def check_info_keys(info_keys: Any) -> InfoKeys:
+def check_info_keys(info_keys: Any, runner: str = "EnvRunner") -> InfoKeys:
     """``info_keys`` as a tuple of distinct non-empty strings, or ``"all"``, or a clear
-    refusal."""
+    refusal naming ``runner``'s argument."""
     if isinstance(info_keys, str) and info_keys == ALL:
         return ALL
     if isinstance(info_keys, str) or not isinstance(info_keys, Sequence):
         raise InvalidArgumentError(
-            f"EnvRunner(info_keys={info_keys!r}): expected a sequence of info entry names, "
+            f"{runner}(info_keys={info_keys!r}): expected a sequence of info entry names, "
             'e.g. ("lives", "episode.r"), or "all" for every numeric entry.'
         )
     keys = tuple(info_keys)
     bad = [k for k in keys if not isinstance(k, str) or not k]
     if bad or len(set(keys)) != len(keys):
         raise InvalidArgumentError(
-            f"EnvRunner(info_keys={info_keys!r}): names must be distinct non-empty strings"
+            f"{runner}(info_keys={info_keys!r}): names must be distinct non-empty strings"
             + (f"; got {bad!r}." if bad else "; some are repeated.")
         )
     return keys
 
 
+ON_STEP_HINT = (
+    "read this one in a callback (Callbacks.on_episode_step: live.infos[-1] is the step's info)"
+)
+"""Where else an ``EnvRunner`` user reads an info entry that is not a number."""
+
+
 class InfoRecorder:
     """Records the named entries of each step's infos (or, for :data:`ALL`, every
     numeric entry) into a trajectory buffer's extras: float64 ``[T, B]`` values and
-    masks; a dotted name reaches into a dict entry, and where an episode ended the info
-    is the final step's."""
+    masks (``[T, B, A_g]`` for an agent group: see :meth:`share`); a dotted name reaches
+    into a dict entry, and where an episode ended the info is the final step's.
+    ``runner`` and ``elsewhere`` (how else to read an entry that is not a number) word
+    its errors."""
 
-    def __init__(self, keys: InfoKeys) -> None:
+    def __init__(
+        self, keys: InfoKeys, runner: str = "EnvRunner", elsewhere: str = ON_STEP_HINT
+    ) -> None:
+        self._runner, self._elsewhere = runner, elsewhere
+        self._label: Callable[[int], str] = "sub-env {}".format
+        """How errors name a row (whose info it is)."""
         self.every = keys == ALL
         """Record every entry reported (``info_keys="all"``): :attr:`keys` grows."""
         self.keys: list[str] = [] if self.every else list(keys)
@@ -61,13 +76,22 @@ class InfoRecorder:
         self._reported: set[str] = set()
         """Every name the infos had, gathered while some are unseen (for the error)."""
 
-    def allocate(self, extras: dict[str, Any], shape: tuple[int, int]) -> None:
-        """Adds zeroed ``[T, B]`` arrays for every name to a new buffer's ``extras``."""
+    def share(self, label: Callable[[int], str]) -> InfoRecorder:
+        """A recorder of the same names (given or reported, and those not seen yet) for
+        buffers of another shape: one per agent group of a multi-agent runner, whose
+        row ``r`` errors name ``label(r)`` (e.g. "agent 'a0' of sub-env 1")."""
+        other = copy.copy(self)  # the lists and sets of names stay shared
+        other._label = label
+        return other
+
+    def allocate(self, extras: dict[str, Any], shape: tuple[int, ...]) -> None:
+        """Adds zeroed ``[T, B]`` (or ``[T, B, A_g]``) arrays for every name to a new
+        buffer's ``extras``."""
         clash = {INFOS, INFOS_PRESENT} & set(extras)
         if clash:
             raise InvalidArgumentError(
-                f"EnvRunner(info_keys=...): the policy's extras already have {sorted(clash)}, "
-                "where the infos are recorded; rename that policy output."
+                f"{self._runner}(info_keys=...): the policy's extras already have "
+                f"{sorted(clash)}, where the infos are recorded; rename that policy output."
             )
         self._shape = shape
         extras[INFOS], extras[INFOS_PRESENT] = {}, {}
@@ -84,9 +108,9 @@ class InfoRecorder:
     def record(
         self, extras: dict[str, Any], t: Any, envs: Sequence[int], infos: Sequence[dict]
     ) -> None:
-        """Step ``t`` (an int, or one step index per env) of sub-envs ``envs``, whose
-        infos are ``infos`` in the same order, into the buffer whose extras are
-        ``extras``."""
+        """Step ``t`` (an int, or one step index per env) of rows ``envs`` (sub-envs, or
+        agent slots ``b * A_g + a``), whose infos are ``infos`` in the same order, into
+        the buffer whose extras are ``extras``."""
         steps = np.broadcast_to(np.asarray(t), (len(envs),)).tolist()
         if self.every:
             self._record_every(extras, steps, envs, infos)
@@ -95,7 +119,7 @@ class InfoRecorder:
             for info in infos:
                 self._reported.update(_names(info))
         for key in self.keys:
-            values, present = extras[INFOS][key], extras[INFOS_PRESENT][key]
+            values, present = _rows(extras[INFOS][key]), _rows(extras[INFOS_PRESENT][key])
             for step, env, info in zip(steps, envs, infos):
                 value = _lookup(info, key)
                 if value is _MISSING:
@@ -104,7 +128,8 @@ class InfoRecorder:
                 number = _number(value)
                 if number is None:
                     raise InvalidArgumentError(
-                        f"EnvRunner(info_keys=...): sub-env {env}'s info[{key!r}] is a "
+                        f"{self._runner}(info_keys=...): {self._label(env)}'s "
+                        f"info[{key!r}] is a "
                         f"{type(value).__name__} ({value!r:.80}); only numbers are recorded. "
                         "Name a numeric entry, e.g. 'episode.r' rather than 'episode'."
                     )
@@ -121,46 +146,57 @@ class InfoRecorder:
                 if number is None:
                     numeric = {n for n, v in _entries(info) if _number(v) is not None}
                     raise InvalidArgumentError(
-                        f"EnvRunner(info_keys='all'): sub-env {env}'s info[{name!r}] is a "
-                        f"{type(value).__name__} ({value!r:.80}); only numbers are recorded "
-                        "as arrays. Name the numeric entries you want instead of 'all' (those "
-                        f"reported so far: {sorted(numeric | set(self.keys))}), or read this "
-                        "one in a callback (Callbacks.on_episode_step: live.infos[-1] is the "
-                        "step's info)."
+                        f"{self._runner}(info_keys='all'): {self._label(env)}'s "
+                        f"info[{name!r}] is a {type(value).__name__} ({value!r:.80}); only "
+                        "numbers are recorded as arrays. Name the numeric entries you want "
+                        "instead of 'all' (those reported so far: "
+                        f"{sorted(numeric | set(self.keys))}), or {self._elsewhere}."
                     )
                 if name not in values:
                     if name not in self._reported:  # first reported: every buffer has it
                         self._reported.add(name)
                         self.keys.append(name)
                     self._add(extras, (name,))
-                values[name][step, env] = number
-                present[name][step, env] = True
+                _rows(values[name])[step, env] = number
+                _rows(present[name])[step, env] = True
 
     def finish(self, extras: dict[str, Any], episode_ended: bool) -> None:
-        """At a sample's end. Named entries: refuses the names no info has had, once an
-        episode has ended (``episode_ended``: in this sample). ``"all"``: gives the buffer
-        every name reported so far, in sorted order."""
+        """At a sample's end: :meth:`complete`, then :meth:`check`."""
+        self.complete(extras)
+        self.check(episode_ended)
+
+    def complete(self, extras: dict[str, Any]) -> None:
+        """``"all"``: gives the buffer every name reported so far, in sorted order."""
         if self.every:
             self._add(extras, self.keys)
             for part in (INFOS, INFOS_PRESENT):
                 if list(extras[part]) != sorted(extras[part]):
                     extras[part] = dict(sorted(extras[part].items()))
-            return
+
+    def check(self, episode_ended: bool) -> None:
+        """Named entries: refuses the names no info has had, once an episode has ended
+        (``episode_ended``: in this sample)."""
         if not self._unseen or not episode_ended:
             return
         raise InvalidArgumentError(
-            f"EnvRunner(info_keys=...): no sub-env's info had {sorted(self._unseen)} in any "
-            "step up to the end of the first episode; is the name misspelt? The infos had "
+            f"{self._runner}(info_keys=...): no sub-env's info had {sorted(self._unseen)} in "
+            "any step up to the end of the first episode; is the name misspelt? The infos had "
             f"{sorted(self._reported)} (a dict entry's keys as 'name.key'). Pass names "
             "from that list."
         )
 
     def _add(self, extras: dict[str, Any], names: Sequence[str]) -> None:
+        """Zeroed arrays for the ``names`` ``extras`` has not got yet."""
         values, present = extras[INFOS], extras[INFOS_PRESENT]
         for name in names:
             if name not in values:
                 values[name] = np.zeros(self._shape, np.float64)
                 present[name] = np.zeros(self._shape, np.bool_)
+
+
+def _rows(array: np.ndarray) -> np.ndarray:
+    """``array`` as ``[T, rows]`` (an agent group's ``[T, B, A_g]`` as a view)."""
+    return array if array.ndim == 2 else array.reshape(len(array), -1)
 
 
 def _names(info: dict[str, Any], prefix: str = "") -> list[str]:

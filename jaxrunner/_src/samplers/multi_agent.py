@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -16,8 +17,11 @@ from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.core.metrics import PERF_KEYS, RunnerMetrics
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.trajectory import MultiAgentTrajectory
+from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
+from jaxrunner._src.samplers.callbacks import LiveEpisode
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
+from jaxrunner._src.samplers.info_arrays import InfoKeys, InfoRecorder
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import pipeline_splits
 from jaxrunner._src.samplers.sampler import StepProgress, attach_partial
@@ -37,6 +41,15 @@ class MultiAgentSetup:
     metrics: RunnerMetrics
     connectors: Mapping[str, Connectors] = dataclasses.field(default_factory=dict)
     """Policy id -> the connectors of its group (groups without connectors absent)."""
+    info_keys: InfoKeys = ()
+    """Info entries recorded as ``[T, B, A_g]`` arrays per group, or ``"all"``."""
+
+
+ON_AGENT_STEP_HINT = (
+    "read this one in a callback (AgentCallbacks.on_episode_step: episode.infos[-1] is the "
+    "step's per-agent infos)"
+)
+"""Where else a ``MultiAgentRunner`` user reads an info entry that is not a number."""
 
 
 @dataclasses.dataclass
@@ -61,6 +74,8 @@ class MultiAgentSampler:
         num_splits: lockstep pipelining splits (None:
             :func:`~jaxrunner._src.samplers.pipeline_splits.default_num_splits`); a ready-first
             backend takes None or 1.
+        callbacks: the runner's hooks; those per env episode (:data:`STEP_HOOKS`) run
+            here, on lockstep backends, given ``runner``.
     """
 
     def __init__(
@@ -70,6 +85,8 @@ class MultiAgentSampler:
         setup: MultiAgentSetup,
         *,
         num_splits: int | None = None,
+        callbacks: AgentCallbacks | None = None,
+        runner: Any = None,
     ) -> None:
         self.envs, self.rollout_length = envs, setup.rollout_length
         self.metrics = setup.metrics
@@ -90,9 +107,16 @@ class MultiAgentSampler:
         self._book = EpisodeBook(num_envs)
         num_possible = len(envs.possible_agents)
         self.groups: dict[str, GroupSampler] = {}
+        self._infos = None
+        if setup.info_keys:  # one recorder of the names, shared by the groups
+            self._infos = InfoRecorder(setup.info_keys, "MultiAgentRunner", ON_AGENT_STEP_HINT)
         offset = 0
         for group in envs.groups:
             pid = group.policy_id
+
+            def label(row: int, agents: tuple[str, ...] = group.agents) -> str:
+                return f"agent {agents[row % len(agents)]!r} of sub-env {row // len(agents)}"
+
             self.groups[pid] = GroupSampler(
                 group,
                 first.groups[pid],
@@ -105,6 +129,7 @@ class MultiAgentSampler:
                 setup.connectors.get(pid),
                 same_step=not envs.turn_based,
                 blocks=self.splits,
+                infos=None if self._infos is None else self._infos.share(label),
             )
             offset += group.num_agents
         self._last = first
@@ -113,6 +138,22 @@ class MultiAgentSampler:
         self._t = np.zeros(num_envs, np.int64)
         """Steps each env has taken in this sample (its next slot)."""
         self.agents = {g.policy_id: g.agents for g in envs.groups}
+        self.callbacks, self._runner = None, runner
+        """The hooks per env episode, when some are overridden (else None: no live
+        episodes are kept)."""
+        self._live: list[LiveEpisode] = []
+        self._live_next_id = num_envs  # the next id, counted step by step for callbacks
+        if callbacks is not None and any(overrides(callbacks, h) for h in STEP_HOOKS):
+            if self.ready_first:
+                raise InvalidArgumentError(
+                    f"MultiAgentRunner(callbacks=...): {type(envs).__name__} steps its "
+                    "sub-envs at their own pace (ready-first), where the per-step hooks "
+                    f"({', '.join(STEP_HOOKS)}) cannot run in order. Override only "
+                    "on_agent_episode_end, or use a lockstep backend (ready_first=False)."
+                )
+            self.callbacks = callbacks
+            self._on_step = overrides(callbacks, "on_episode_step")
+            self._restart_live()
 
     def sample(
         self, params: dict[str, Params], progress: StepProgress | None = None
@@ -139,10 +180,12 @@ class MultiAgentSampler:
             step=env_level.step,
             env_done=env_level.terminated,
             agents=self.agents,
+            valid=env_level.valid,
         )
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
         self._t[:] = 0
+        self._live_next_id = self._book.next_episode_id
         try:
             # Envs sent and not yet received: a ready-first backend answers a send in
             # parts (each worker's envs), each acted on again as soon as it is in.
@@ -173,7 +216,17 @@ class MultiAgentSampler:
         finally:
             self.metrics.sample_time_s += time.perf_counter() - start_time
             self.metrics.perf.record(perf, int(self._t.min()))
-        return self._end_sample(self._close(traj, env_level, num_steps))
+        for live in self._live:  # the next sample writes other buffers
+            live.detach(traj)
+        traj = self._close(traj, env_level, num_steps)
+        if self._infos is not None:  # misspelt info_keys, once an episode has ended
+            ended = traj.env_done.any() or any(g.done.any() for g in traj.groups.values())
+            try:
+                self._infos.check(bool(ended))
+            except InvalidArgumentError as err:
+                attach_partial(err, traj)
+                raise
+        return self._end_sample(traj)
 
     def _act(
         self,
@@ -214,6 +267,8 @@ class MultiAgentSampler:
         t = int(self._t[lo])
         for pid, gs in self.groups.items():
             gs.record(out.groups[pid], traj.groups[pid], lo, hi, t)
+            if gs.infos is not None:
+                gs.record_infos(traj.groups[pid], out.groups[pid].completed, out.infos, lo, t)
         index = (t, slice(lo, hi))
         env_level.reward[index] = out.env_reward
         env_level.terminated[index] = out.env_done
@@ -223,9 +278,58 @@ class MultiAgentSampler:
                 gs.drop(out.failed, lo, hi, t) for gs in self.groups.values()
             )
         self._unassigned[index] = out.unassigned_reward
+        if self.callbacks is not None:
+            self._run_callbacks(traj, lo, hi, t, out)
         self._t[lo:hi] = t + 1  # the block's envs share their step (a setitem: cheaper than +=)
         perf["obs_processing_ms"] += time.perf_counter() - clock
         return t + 1
+
+    def _run_callbacks(
+        self, traj: MultiAgentTrajectory, lo: int, hi: int, t: int, out: MultiAgentStep
+    ) -> None:
+        """The hooks of envs ``[lo, hi)``'s step ``t``, as the lockstep sampler runs
+        ``Callbacks``: a step, then an end where the env's episode ended or its step
+        failed (``faulty``), and the start of the next one, with the next id."""
+        callbacks, runner, failed = self.callbacks, self._runner, out.failed
+        assert callbacks is not None  # internal: only called with callbacks
+        for j, b in enumerate(range(lo, hi)):
+            live = self._live[b]
+            if failed is not None and failed[j]:
+                live.truncated = live.faulty = True
+            else:
+                live.add_step(traj, t, float(out.env_reward[j]), out.infos[j])
+                live.terminated = bool(out.env_done[j])
+                if self._on_step:
+                    callbacks.on_episode_step(runner, b, live)
+                if not live.terminated:
+                    continue
+            callbacks.on_episode_end(runner, b, live)
+            live.detach(traj)  # a kept episode must not keep the trajectory alive
+            self._live[b] = self._start_live(b, self._live_next_id, out.groups, lo)
+            self._live_next_id += 1
+
+    def _start_live(
+        self, b: int, episode_id: int, groups: Mapping[str, GroupBuffers], offset: int = 0
+    ) -> LiveEpisode:
+        """Env ``b``'s episode ``episode_id``, from its first observations (row ``b -
+        offset`` of ``groups``: the acting agents', zeros elsewhere); its start hook."""
+
+        def first(buf: GroupBuffers) -> Any:
+            acting = buf.acting[b - offset]
+            return jax.tree.map(
+                lambda x: np.where(acting.reshape(-1, *[1] * (x.ndim - 2)), x[b - offset], 0),
+                buf.obs,
+            )
+
+        live = LiveEpisode(b, int(episode_id), {pid: first(buf) for pid, buf in groups.items()})
+        self.callbacks.on_episode_start(self._runner, b, live)  # type: ignore[union-attr]
+        return live
+
+    def _restart_live(self) -> None:
+        """Live episodes of every env, from the latest observations, with the book's
+        ids (callbacks)."""
+        ids = self._book.episode_id.tolist()
+        self._live = [self._start_live(b, ids[b], self._last.groups) for b in range(len(ids))]
 
     def _end_sample(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
         """The groups' connectors' per-sample part (statistics, scaled rewards, what the
@@ -255,6 +359,8 @@ class MultiAgentSampler:
         self._book.set_state(state.book)
         for pid, gs in self.groups.items():
             gs.set_state(state.groups[pid], self._last.groups[pid])
+        if self.callbacks is not None:
+            self._restart_live()
 
     def restart_episodes(self, seeds: list[int]) -> None:
         """After :meth:`set_state` when the envs could not be restored: resets sub-env
@@ -265,6 +371,8 @@ class MultiAgentSampler:
         self._book.restart()
         for gs in self.groups.values():
             gs.restart_episodes()
+        if self.callbacks is not None:
+            self._restart_live()
 
     def get_connector_state(self, policy_id: str) -> ConnectorsState:
         """A host copy of the state of ``policy_id``'s connectors."""
@@ -287,6 +395,8 @@ class MultiAgentSampler:
             group = traj.groups[pid]
             steps = np.count_nonzero(group.valid[:t], axis=(0, 1))
             self.metrics.add_group_counts(pid, steps, gs.close(group, t, aborted))
+            if gs.infos is not None:  # every name reported so far, in every group
+                gs.infos.complete(group.extras)
         if t == self.rollout_length:
             return traj
         return jax.tree.map(lambda x: x[:t], traj)
