@@ -113,6 +113,12 @@ def test_time_slice_and_concatenate_as_for_a_trajectory(name: str) -> None:
         jr.concatenate([traj, jax.tree.map(lambda x: x[:, :1], traj)])
     with pytest.raises(ValueError, match="different structure"):
         jr.concatenate([traj, traj.groups["policy_0"]])
+    # A sample whose env failed a step has an env-level valid, one without has none.
+    failed = np.ones((5, 2), np.bool_)
+    failed[3, 1] = False
+    joined = jr.concatenate([pieces[0].replace(valid=failed), pieces[2].replace(valid=None)])
+    np.testing.assert_array_equal(joined.valid, np.concatenate([failed, np.ones((7, 2), bool)]))
+    assert_same(joined.replace(valid=traj.valid), traj)
 
 
 @pytest.fixture(scope="module")
