@@ -322,7 +322,7 @@ def test_envpool_reset_steps_times_both_modes_and_the_hand_loop(tmp_path, mode):
     _run("envpool_reset_steps.py", *options, *mode)
     (row,) = json.loads(out.read_text())["results"]
     assert row["num_envs"] == 4
-    assert set(row["median_steps_per_s"]) == {"default", "keep_reset_steps", "hand"}
+    assert set(row["median_steps_per_s"]) == {"default", "same_step", "hand"}
     assert all(len(rates) == 2 and min(rates) > 0 for rates in row["rounds"].values())
 
 

@@ -222,3 +222,35 @@ def test_normalize_observation_counts_each_observation_envpool_gave_once(
     assert int(stats.count) == len(seen) == n * length * samples
     np.testing.assert_allclose(stats.mean, seen.mean(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(stats.var, seen.var(0), rtol=1e-4, atol=1e-6)
+
+
+@MODES
+def test_frame_stack_restarts_at_the_first_step_after_a_reset_slot(
+    mlp: Callable, mode: dict
+) -> None:
+    """FrameStack over a default EnvPool trajectory: at every real transition the policy
+    saw the episode's last frames as EnvPool by hand gave them (filled with the reset
+    observation at its first step, never a frame of the episode before), and
+    ``policy_next_obs`` at an episode's end stacks its final observation."""
+    n, limit, length, k = 4, 7, 24, 3
+    envs = jr.make_vec("CartPole-v1", n, backend="envpool", max_episode_steps=limit, **mode)
+    stacked = jr.connectors.FrameStack(num_frames=k).observation_space(envs.single_observation_space)
+    policy = mlp(envs.single_action_space)
+    params = policy.init(jax.random.key(1), stacked)
+    connectors = Connectors(obs=[jr.connectors.FrameStack(num_frames=k)])
+    with jr.EnvRunner(envs, policy, params, length, SEED, connectors=connectors) as runner:
+        traj = runner.sample()
+    hand = _hand_steps(n, limit, traj.action)
+    np.testing.assert_array_equal(traj.valid, hand["valid"])
+    assert (~hand["valid"]).any()
+    seen, after = np.asarray(traj.extras["policy_obs"]), np.asarray(traj.extras["policy_next_obs"])
+    for i in range(n):
+        stack = None
+        for t in np.flatnonzero(hand["valid"][:, i]):
+            obs = hand["obs"][t, i]
+            first = t == 0 or not hand["valid"][t - 1, i]
+            stack = np.stack([obs] * k) if first else np.concatenate([stack[1:], obs[None]])
+            np.testing.assert_array_equal(seen[t, i], stack, f"env {i} step {t}")
+            if hand["term"][t, i] or hand["trunc"][t, i]:
+                final = np.concatenate([stack[1:], hand["next_obs"][t, i][None]])
+                np.testing.assert_array_equal(after[t, i], final, f"env {i} step {t}")
