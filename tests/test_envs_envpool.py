@@ -33,9 +33,8 @@ def _envpool(num_envs: int, max_episode_steps: int = 12, **kwargs: object) -> jr
 
 
 def test_same_step_mode_equals_envpool_without_its_reset_steps() -> None:
-    """keep_reset_steps=False: per sub-env, the transitions are EnvPool's own real ones, in order: each sub-env
-    has its own generator, so resetting it early (masked) draws the same start state its
-    reset step would have drawn."""
+    """keep_reset_steps=False: per sub-env, the transitions are EnvPool's own real ones,
+    in order."""
     n, per_env, limit = 3, 100, 25
     actions = np.random.default_rng(SEED).integers(0, 2, size=(n, per_env))
     ref = envpool.make_gymnasium("CartPole-v1", num_envs=n, seed=SEED, max_episode_steps=limit)

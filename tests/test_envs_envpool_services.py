@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
-from jaxrunner.connectors import Connectors, NormalizeObservation
+from jaxrunner.connectors import Connectors, FrameStack, NormalizeObservation
 from jaxrunner.testing import assert_trees_equal
 
 envpool = pytest.importorskip("envpool")
@@ -70,9 +70,8 @@ def _hand_episodes(
                 rows[i].append((obs[i], action[i], reward[i], terminated[i], next_obs[i]))
                 if terminated[i] or truncated[i]:
                     o, a, r, term, final = zip(*rows[i])
-                    done[i].append(
-                        (np.stack([*o, final[-1]]), np.array(a), np.array(r), term[-1], truncated[i])
-                    )
+                    obs_i = np.stack([*o, final[-1]])
+                    done[i].append((obs_i, np.array(a), np.array(r), term[-1], truncated[i]))
                     rows[i] = []
             pending = (terminated | truncated) & ~pending
             obs = next_obs
@@ -234,10 +233,10 @@ def test_frame_stack_restarts_at_the_first_step_after_a_reset_slot(
     ``policy_next_obs`` at an episode's end stacks its final observation."""
     n, limit, length, k = 4, 7, 24, 3
     envs = jr.make_vec("CartPole-v1", n, backend="envpool", max_episode_steps=limit, **mode)
-    stacked = jr.connectors.FrameStack(num_frames=k).observation_space(envs.single_observation_space)
+    frames = FrameStack(num_frames=k)
     policy = mlp(envs.single_action_space)
-    params = policy.init(jax.random.key(1), stacked)
-    connectors = Connectors(obs=[jr.connectors.FrameStack(num_frames=k)])
+    params = policy.init(jax.random.key(1), frames.observation_space(envs.single_observation_space))
+    connectors = Connectors(obs=[frames])
     with jr.EnvRunner(envs, policy, params, length, SEED, connectors=connectors) as runner:
         traj = runner.sample()
     hand = _hand_steps(n, limit, traj.action)
