@@ -17,10 +17,14 @@ Usage::
     python benchmarks/ab_revision.py --base HEAD~1 --backend jaxmarl --env MPE_simple_spread_v3
     python benchmarks/ab_revision.py --base HEAD~1 --backend envpool \
         --env-kwargs '{"keep_reset_steps": true}'
+    python benchmarks/ab_revision.py --base HEAD~1 --env mpe2:simple_spread_v3 --backend process
 
 ``--backend jax`` runs the scan sampler on gymnax's env of that name, ``jaxmarl`` the
 multi-agent scan sampler on JaxMARL's (one policy for every agent; dones read as
-truncations, as MPE's time limits are); both need the ``[gymnax,jaxmarl]`` extras.
+truncations, as MPE's time limits are); both need the ``[gymnax,jaxmarl]`` extras. An
+``--env`` written ``module:name`` is a PettingZoo parallel env (``mpe2:simple_spread_v3``:
+``mpe2.simple_spread_v3.parallel_env()``) on a host backend, sampled by a
+``MultiAgentRunner`` with the benchmark MLP per policy group.
 """
 
 from __future__ import annotations
@@ -89,6 +93,11 @@ def make_envs(
         return package.multi_agent.JaxMultiAgentVectorEnv(
             jaxmarl.make(env), num_envs, dones_are_truncations=True
         )
+    if ":" in env:  # a PettingZoo env: make_multi_agent_vec until make_vec took them
+        module, name = env.split(":")
+        parallel_env = importlib.import_module(f"{module}.{name}").parallel_env
+        make = getattr(package, "make_multi_agent_vec", package.make_vec)
+        return make(parallel_env, num_envs, backend, **(env_kwargs or {}))
     if backend != "ray":
         return package.make_vec(env, num_envs, backend=backend, **(env_kwargs or {}))
     options = {"envs_per_actor": max(1, num_envs // 2), "num_cpus_per_actor": 0.1}
@@ -106,14 +115,23 @@ def make_runner(
     env_kwargs: dict | None = None,
 ) -> Any:
     envs = make_envs(package, env, num_envs, backend, env_kwargs)
-    if backend == "jaxmarl":  # one policy for every agent group: the first group's spaces
-        action_space, obs_space = envs.groups[0].action_space, envs.groups[0].observation_space
-    else:
-        action_space, obs_space = envs.single_action_space, envs.single_observation_space
     # jr.models since the public/private split; the bench harness's policy before it.
     models = getattr(package, "models", None) or importlib.import_module(
         f"{package.__name__}.bench"
     )
+    if backend == "jaxmarl":  # one policy for every agent group: the first group's spaces
+        action_space, obs_space = envs.groups[0].action_space, envs.groups[0].observation_space
+    elif ":" in env:  # PettingZoo: one policy per group
+        policies = {g.policy_id: models.mlp_policy(g.action_space) for g in envs.groups}
+        params = {
+            g.policy_id: policies[g.policy_id].init(jax.random.key(0), g.observation_space)
+            for g in envs.groups
+        }
+        runner = package.MultiAgentRunner(envs, policies, params, rollout_length, seed=0)
+        runner.sample()  # warm-up
+        return runner
+    else:
+        action_space, obs_space = envs.single_action_space, envs.single_observation_space
     policy = models.mlp_policy(action_space)
     params = policy.init(jax.random.key(0), obs_space)
     make = package.MultiAgentRunner if backend == "jaxmarl" else package.EnvRunner

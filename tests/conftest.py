@@ -57,8 +57,8 @@ def pytest_sessionfinish(session, exitstatus):
 def local_ray():
     """A local Ray instance (2 CPUs), started on first use and left running until the
     session ends: a start and a stop cost seconds, and the Ray tests of six modules
-    share one per test process. A docs page that starts its own stops this one first
-    (test_docs_examples.py); the next module needing Ray starts it again."""
+    share one per test process. A docs page's ``ray.init`` runs in a process of its own
+    (test_docs_examples.py), so it starts its own instance and leaves this one alone."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -67,8 +67,8 @@ class PettingZooCases:
 
 class BadOutputs(ComingAndGoing):
     """:class:`ComingAndGoing` that returns one kind of output the backends must refuse,
-    once, in the episode of its first (seeded) reset; a recreated instance, reset without
-    a seed, behaves:
+    once, in the episode of its first reset with seed ``arm_seed``; a recreated instance
+    (reset with a restart seed) behaves:
 
     * ``nan_obs``: at step 4, ``a1``'s observation holds a NaN;
     * ``nan_newcomer_obs``: at step 2, the observation of ``a2`` (arriving) holds a NaN;
@@ -85,15 +85,15 @@ class BadOutputs(ComingAndGoing):
         "comeback": 4,
     }
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, arm_seed: int) -> None:
         super().__init__()
-        self.kind, self.armed = kind, False
+        self.kind, self.arm_seed, self.armed = kind, arm_seed, False
 
     def reset(self, seed=None, options=None):
         first = self.episode == -1
         obs, infos = super().reset(seed, options)
         if first:
-            self.armed = seed is not None
+            self.armed = seed == self.arm_seed
         if self.armed and self.kind == ("nan_first_obs" if first else "nan_reset_obs"):
             self.armed = False
             obs["a0"] = np.full(3, np.nan, np.float32)

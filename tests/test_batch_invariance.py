@@ -109,6 +109,13 @@ def _row_keys(ids: np.ndarray) -> jax.Array:
     return jax.vmap(lambda i: jax.random.fold_in(jax.random.key(7), i))(jnp.asarray(ids))
 
 
+@functools.cache
+def _jitted_chunked(apply_fn: Any, chunk_rows: int) -> Any:
+    # One jitted function per policy and chunk size: calls of a shape it has seen reuse
+    # its trace and compile (a new jax.jit of a new closure would redo both).
+    return jax.jit(chunked_apply(apply_fn, chunk_rows))
+
+
 def _outputs(
     apply_fn: Any,
     params: Any,
@@ -124,7 +131,7 @@ def _outputs(
     if chunk_rows is None:
         action, extras, _ = jax.jit(apply_fn)(params, obs, None, keys)
     else:
-        chunked = jax.jit(chunked_apply(apply_fn, chunk_rows))
+        chunked = _jitted_chunked(apply_fn, chunk_rows)
         action, extras, _ = chunked(params, obs, None, keys, np.int32(num_rows))
     return [np.asarray(leaf) for leaf in jax.tree.leaves((action, extras))]
 

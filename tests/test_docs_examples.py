@@ -189,8 +189,6 @@ def test_page_examples_run(page: Path, number: int, tmp_path: Path) -> None:
     for module in required_modules(text):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{name} needs {module}, which is not installed")
-    if "ray.init(" in text and "ray" in sys.modules and sys.modules["ray"].is_initialized():
-        sys.modules["ray"].shutdown()  # the Ray tests' shared instance; the page starts its own
     source = dict(scripts(text))[number]
     # Named for the page, never for a module it imports (jax.md as jax.py would shadow jax).
     script = tmp_path / (re.sub(r"\W", "_", case_id(name, number)) + ".py")

@@ -18,9 +18,9 @@ import pytest
 from gymnasium import spaces
 
 import jaxrunner as jr
+from jaxrunner._src.backends.gymnasium_block import GymnasiumBlock
 from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
 from jaxrunner._src.backends.step_buffers import StepBuffers
-from jaxrunner._src.backends.sub_envs import SubEnvs
 from jaxrunner.errors import (
     EnvError,
     InvalidStepError,
@@ -520,7 +520,8 @@ def test_observations_of_a_pickled_space_are_written_in_one_block() -> None:
     envs = [gymnasium.make("CartPole-v1") for _ in range(num_envs)]
     reference = [gymnasium.make("CartPole-v1") for _ in range(num_envs)]
     space = pickle.loads(pickle.dumps(envs[0].observation_space))
-    loop = SubEnvs(envs, [None] * num_envs, 0, StepBuffers.allocate(space, num_envs), space, None)
+    buffers = StepBuffers.allocate(space, num_envs)
+    loop = GymnasiumBlock(envs, [None] * num_envs, 0, buffers, space, None)
     loop.reset(list(range(num_envs)), None)
     for i, env in enumerate(reference):
         env.reset(seed=i)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,16 +47,29 @@ def test_seed_split_and_fold_in_match_threefry(seed: int, data: int) -> None:
         _same(jax.random.split(reference, shape), jax.random.split(ours, shape))
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _draws(key: jax.Array, shape: tuple[int, ...]) -> list[jax.Array]:
+    # One program per shape and key kind: a compile per draw costs seconds (each
+    # jax.random function is compiled on its own when called eagerly).
+    bits = [jax.random.bits(key, shape, dtype) for dtype in (jnp.uint8, jnp.uint16, jnp.uint32)]
+    floats = [
+        draw(key, shape) for draw in (jax.random.uniform, jax.random.normal, jax.random.gumbel)
+    ]
+    logits = jax.random.normal(key, (*shape, 6))
+    return [
+        *bits,
+        *floats,
+        jax.random.randint(key, shape, 0, 1000),
+        logits,
+        jax.random.categorical(key, logits),
+    ]
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 def test_draws_match_threefry(shape: tuple[int, ...]) -> None:
     reference, ours = _pair(7)
-    for dtype in (jnp.uint8, jnp.uint16, jnp.uint32):
-        _same(jax.random.bits(reference, shape, dtype), jax.random.bits(ours, shape, dtype))
-    for draw in (jax.random.uniform, jax.random.normal, jax.random.gumbel):
-        _same(draw(reference, shape), draw(ours, shape))
-    _same(jax.random.randint(reference, shape, 0, 1000), jax.random.randint(ours, shape, 0, 1000))
-    logits = jax.random.normal(reference, (*shape, 6))
-    _same(jax.random.categorical(reference, logits), jax.random.categorical(ours, logits))
+    for a, b in zip(_draws(reference, shape), _draws(ours, shape), strict=True):
+        _same(a, b)
 
 
 def test_batched_keys_match_under_vmap_and_jit() -> None:

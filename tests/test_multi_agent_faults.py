@@ -132,7 +132,7 @@ def assert_restarted_and_accounted(got, clean, log):
 BACKENDS = ["sync", "process", "ray"]
 REMOTE = ["process", "ray"]  # where a sub-env's death or hang is not the sampler's
 GARBAGE_CASES = list(GARBAGE)
-# A Ray actor checks its sub-envs' returns with the sync backend's own loop (SubEnvBlock),
+# A Ray actor checks its sub-envs' returns with the sync backend's own loop (AgentBlock),
 # and each Ray test starts actors (seconds each): Ray runs one kind per error type, which
 # covers what it adds, carrying the error (type, sub-env, agent) or the restart back.
 ON_RAY = ("raise", "nan_reward", "bad_obs")

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("pettingzoo")
 
+import jaxrunner as jr
 from jaxrunner.errors import InvalidStepError
 from jaxrunner.testing import coming_and_going
 from tests.multi_agent_envs import BadOutputs
@@ -21,6 +22,7 @@ from tests.test_multi_agent_faults import (  # noqa: F401  (ray_for_the_ray_back
     BACKENDS,
     FAILING_ENV,
     NUM_ENVS,
+    SEED,
     T,
     faulty_fns,
     ray_for_the_ray_backend,
@@ -85,7 +87,7 @@ AGENT_OF = {
     "nan_first_obs": "a0",
     "nan_reset_obs": "a0",
 }
-# Ray actors step with the sync backend's own loop (SubEnvBlock), and each Ray test
+# Ray actors step with the sync backend's own loop (AgentBlock), and each Ray test
 # starts actors (seconds each): one kind per check (the block's NaN check after a step
 # and after a reset, a driver's check).
 ON_RAY = ("nan_obs", "nan_reset_obs", "missing_reward")
@@ -99,7 +101,8 @@ def clean():
 
 def bad_fns(kind):
     fns = [coming_and_going] * NUM_ENVS
-    fns[FAILING_ENV] = functools.partial(BadOutputs, kind)
+    arm_seed = jr.env_seeds(SEED, NUM_ENVS)[FAILING_ENV]  # a restart's seed is another
+    fns[FAILING_ENV] = functools.partial(BadOutputs, kind, arm_seed)
     return fns
 
 

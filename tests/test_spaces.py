@@ -70,3 +70,38 @@ def test_errors_say_expected_and_got(check, error, match) -> None:
     with pytest.raises(error, match=match) as info:
         check()
     assert ": expected " in str(info.value) and ", got " in str(info.value)
+
+
+RANGED = [
+    (spaces.Discrete(3), np.array([0, 2, 1])),
+    (spaces.Discrete(4, start=-2), np.array([-2, 1, 0])),
+    (spaces.MultiDiscrete([2, 5]), np.array([[1, 4], [0, 0], [1, 3]])),
+]
+
+
+@pytest.mark.parametrize("space, good", RANGED, ids=["discrete", "discrete_start", "multi"])
+def test_out_of_range_actions_are_refused_naming_sub_env_row_and_value(space, good) -> None:
+    """Every value just outside the range, at either end, and int32's extremes, in any row;
+    the sub-env is the row's own (or ``env_ids[row]``); in-range batches pass as they are."""
+    assert space_arrays.check_action_batch(space, good, 3) is not None
+    low = np.asarray(space.start)
+    high = low + (space.n if isinstance(space, spaces.Discrete) else space.nvec)
+    for value in (high, low - 1, np.full_like(low, 2**31 - 1), np.full_like(low, -(2**31))):
+        for row in range(3):
+            bad = good.copy()
+            bad[row] = value
+            for env_ids, env in ((None, row), (np.array([7, 8, 9]), 7 + row)):
+                with pytest.raises(InvalidActionError) as caught:
+                    space_arrays.check_action_batch(space, bad, 3, env_ids=env_ids)
+                message = str(caught.value)
+                assert f"sub-env {env}'s action {bad[row].tolist()!r} (row {row}" in message
+                assert str(space) in message
+
+
+def test_out_of_range_checks_reach_inside_dicts_and_large_batches() -> None:
+    space = spaces.Dict({"move": spaces.Discrete(2), "aim": spaces.Box(-1, 1, (2,))})
+    batch = {"move": np.zeros(100, np.int64), "aim": np.full((100, 2), 5.0, np.float32)}
+    space_arrays.check_action_batch(space, batch, 100)  # Box bounds: the env's to clip
+    batch["move"][63] = 2
+    with pytest.raises(InvalidActionError, match=r"actions\['move'\]: sub-env 63's action 2"):
+        space_arrays.check_action_batch(space, batch, 100)

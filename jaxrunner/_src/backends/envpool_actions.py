@@ -14,9 +14,9 @@ from jaxrunner.errors import EnvIndexError, InvalidActionError, InvalidArgumentE
 
 
 def check_envpool_actions(task_id: str, space: spaces.Space, actions: Any, rows: np.ndarray) -> Any:
-    """``actions`` for sub-envs ``rows`` (one row each), checked against ``space``: the
-    shape and dtype kind (:func:`check_action_batch`), then, for ``Discrete`` and
-    ``MultiDiscrete``, the range, before any cast to EnvPool's dtype could wrap a value.
+    """``actions`` for sub-envs ``rows`` (one row each), checked against ``space``
+    (:func:`check_action_batch`: shape, dtype kind, and the range of ``Discrete`` and
+    ``MultiDiscrete``, before any cast to EnvPool's dtype could wrap a value).
 
     Returns:
         The batch as a numpy array (as :func:`check_action_batch`).
@@ -24,27 +24,13 @@ def check_envpool_actions(task_id: str, space: spaces.Space, actions: Any, rows:
     Raises:
         InvalidActionError: naming the task, the row, its sub-env and the value.
     """
-    array = check_action_batch(space, actions, len(rows))
-    if isinstance(space, spaces.Discrete):
-        low, high = int(space.start), int(space.start + space.n)
-        if len(array) and (array.min() < low or array.max() >= high):
-            _raise_out_of_range(task_id, space, array, rows, (array < low) | (array >= high))
-    elif isinstance(space, spaces.MultiDiscrete):
-        bad = (array < space.start) | (array >= space.start + space.nvec)
-        if bad.any():
-            _raise_out_of_range(task_id, space, array, rows, bad.reshape(len(array), -1).any(1))
-    return array
-
-
-def _raise_out_of_range(
-    task_id: str, space: spaces.Space, array: np.ndarray, rows: np.ndarray, bad: np.ndarray
-) -> None:
-    row = int(np.flatnonzero(bad)[0])
-    raise InvalidActionError(
-        f"EnvPool {task_id}: action {array[row].tolist()!r} at row {row} (sub-env "
-        f"{int(rows[row])}) is outside {space}; EnvPool's C++ does not check it (an action "
-        "far out of range crashes the process). Send actions within the action space."
-    )
+    try:
+        return check_action_batch(space, actions, len(rows), env_ids=rows)
+    except InvalidActionError as err:
+        raise InvalidActionError(
+            f"EnvPool {task_id}: {err} EnvPool's C++ does not check actions (one far out of "
+            "range crashes the process)."
+        ) from None
 
 
 def check_env_ids(env_ids: EnvIds, num_envs: int, in_flight: np.ndarray, who: str) -> np.ndarray:

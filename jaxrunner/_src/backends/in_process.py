@@ -1,15 +1,24 @@
 """Backends whose sub-envs step in the calling thread: ``send`` keeps the actions and
 ``recv`` steps them (the sync backends, single- and multi-agent, and the gymnasium
-adapter)."""
+adapter); the sync backends' sub-envs are a :class:`SubEnvBlock` they forward to."""
 
 from __future__ import annotations
 
 import abc
 import collections
+import pickle
+from collections.abc import Sequence
 from typing import Any
 
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import EnvIds
+from jaxrunner._src.backends.restarts import close_quietly
+from jaxrunner._src.backends.snapshots import (
+    SnapshotRefusedError,
+    snapshot_dumps,
+    valid_restart_state,
+)
+from jaxrunner._src.backends.sub_env_block import SubEnvBlock
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -57,3 +66,129 @@ class InProcessSends:
 class InProcessVectorEnv(InProcessSends, VectorEnv):
     """Base of single-agent backends whose sub-envs step in the calling thread (see
     :class:`InProcessSends`)."""
+
+
+class BlockForwarding:
+    """What a sync backend forwards to its :class:`SubEnvBlock` (``_block``): the sub-envs'
+    attributes and calls, restarts, closing, and snapshots of each sub-env with its
+    restart state (its last reset seed and restarts since) and what :meth:`_state_of`
+    adds (a multi-agent driver's state)."""
+
+    _block: SubEnvBlock
+    num_envs: int
+
+    @property
+    def num_restarts(self) -> int:
+        """Sub-envs recreated after a failure (with a ``restart_policy``)."""
+        return self._block.num_restarts
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
+        self._check_open("call")  # type: ignore[attr-defined]
+        return tuple(self._block.call(name, args, kwargs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        self._check_open("get_attr")  # type: ignore[attr-defined]
+        return tuple(self._block.get_attr(name))
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self._check_open("set_attr")  # type: ignore[attr-defined]
+        self._block.set_attr(name, self._values_per_env(name, values))  # type: ignore[attr-defined]
+
+    def render(self) -> tuple[Any, ...]:
+        self._check_open("render")  # type: ignore[attr-defined]
+        return tuple(self._block.render())
+
+    def get_sub_environments(self) -> list[Any]:
+        """The sub-envs themselves (this process holds them), in index order."""
+        self._check_open("get_sub_environments")  # type: ignore[attr-defined]
+        return list(self._block.envs)
+
+    def _close_backend(self) -> None:
+        self._block.close()
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    _state_keys: frozenset[str] = frozenset()
+    """What a snapshot holds besides ``"env"`` and ``"restarts"`` (:meth:`_state_of`)."""
+    _snapshot_of: str = "sub-env"
+    """What a snapshot is of (its refusals say it)."""
+
+    def _state_of(self, j: int) -> dict[str, Any]:
+        """What sub-env ``j``'s snapshot holds besides the env and its restart state."""
+        return {}
+
+    def _bare(self, snapshot: Any) -> bool:
+        """``snapshot`` is a bare env, as version 1 checkpoints hold them."""
+        return False
+
+    @abc.abstractmethod
+    def _restored(self, j: int, snapshot: dict[str, Any]) -> Any:
+        """Sub-env ``j``'s unpickled ``snapshot`` checked, as what :meth:`_install` takes;
+        raises :class:`SnapshotRefusedError` where it is refused."""
+
+    @abc.abstractmethod
+    def _install(self, restored: list[Any]) -> None:
+        """Takes every :meth:`_restored` sub-env in place of the current ones."""
+
+    def snapshot_sub_envs(self) -> list[bytes]:
+        """Pickles of the sub-envs as they are (wrappers, RNG and all; EzPickle envs by
+        their state), each with its last reset seed and restarts since (its next
+        restart's seed) and its step state (a multi-agent driver's); raises ``pickle``'s
+        error for a sub-env that does not pickle (an open window, a socket)."""
+        self._check_open("snapshot_sub_envs")  # type: ignore[attr-defined]
+        block = self._block
+        return [
+            snapshot_dumps({"env": env, **self._state_of(j), "restarts": block.restart_state(j)})
+            for j, env in enumerate(block.envs)
+        ]
+
+    def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
+        """Replaces every sub-env by its snapshot (:meth:`snapshot_sub_envs`); all or
+        none: every snapshot is unpickled and checked before any sub-env is replaced.
+        The buffers are not touched: the sampler restores what its next step reads.
+
+        Raises:
+            InvalidArgumentError: the wrong number of snapshots, or one that does not
+                unpickle or is not a snapshot of such a sub-env; the sub-envs are left
+                as they were.
+        """
+        self._check_open("restore_sub_envs")  # type: ignore[attr-defined]
+        if len(snapshots) != self.num_envs:
+            raise InvalidArgumentError(
+                f"restore_sub_envs(snapshots=...): expected {self.num_envs} snapshots, one per "
+                f"sub-env, got {len(snapshots)}."
+            )
+        restored, restarts = [], []
+        for j, blob in enumerate(snapshots):
+            snapshot = self._unpickle(j, blob)
+            restored.append(self._restored(j, snapshot))
+            restarts.append(snapshot.get("restarts"))
+        for old in self._block.envs:
+            close_quietly(old)
+        self._install(restored)
+        for j, state in enumerate(restarts):
+            if state is not None:  # None: an older snapshot, without it
+                self._block.set_restart_state(j, state)
+
+    def _unpickle(self, j: int, blob: bytes) -> dict[str, Any]:
+        """Snapshot ``j`` as a dict of an ``"env"``, the :attr:`_state_keys` and a valid
+        ``"restarts"`` if it has one (a bare env becomes ``{"env": env}``)."""
+        try:
+            snapshot = pickle.loads(blob)
+        except Exception as err:  # a damaged pickle raises whatever its bytes lead to
+            problem = f"does not unpickle ({type(err).__name__}: {err})"
+            raise SnapshotRefusedError(j, problem) from err
+        if self._bare(snapshot):
+            return {"env": snapshot}
+        keys = {"env", *self._state_keys}
+        if not (isinstance(snapshot, dict) and keys <= set(snapshot) <= {*keys, "restarts"}):
+            problem = (
+                f"unpickled to a {type(snapshot).__name__}, not a {self._snapshot_of} snapshot"
+            )
+            raise SnapshotRefusedError(j, problem)
+        restarts = snapshot.get("restarts")
+        if restarts is not None and not valid_restart_state(restarts):
+            problem = f"holds restarts={restarts!r:.60}; expected (reset seed or None, count >= 0)"
+            raise SnapshotRefusedError(j, problem)
+        return snapshot

@@ -10,6 +10,7 @@ from typing import Any
 
 from gymnasium.utils import EzPickle
 
+from jaxrunner._src.arg_checks import is_int
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -68,3 +69,10 @@ def snapshot_dumps(value: Any) -> bytes:
     buffer = io.BytesIO()
     _StatePickler(buffer, pickle.HIGHEST_PROTOCOL).dump(value)
     return buffer.getvalue()
+
+
+def valid_restart_state(restarts: Any) -> bool:
+    """``restarts`` is a sub-env's restart state as snapshots hold it: ``(last reset
+    seed or None, restarts since >= 0)``."""
+    ok = isinstance(restarts, tuple) and len(restarts) == 2
+    return ok and (restarts[0] is None or is_int(restarts[0], 0)) and is_int(restarts[1], 0)

@@ -344,11 +344,20 @@ def _action_kind_ok(space_dtype: np.dtype, got: np.dtype) -> bool:
     return got == space_dtype
 
 
-def check_action_batch(space: spaces.Space, actions: Any, num_envs: int, path: str = "") -> Any:
+def check_action_batch(
+    space: spaces.Space,
+    actions: Any,
+    num_envs: int,
+    path: str = "",
+    env_ids: np.ndarray | None = None,
+) -> Any:
     """Checks a whole batch of ``num_envs`` actions before any sub-env is stepped.
 
     Each leaf must be array-like of shape ``[num_envs, *shape]`` with the dtype kind
-    of its space (integer or float); dicts and tuples must match composite spaces.
+    of its space (integer or float), and ``Discrete`` and ``MultiDiscrete`` actions
+    within their range (an env may crash on, or silently wrap, one outside it); dicts
+    and tuples must match composite spaces. ``env_ids``: the sub-env of each row (for
+    the error; None: row ``i`` is sub-env ``i``).
 
     Returns:
         The batch with every leaf as a numpy array.
@@ -357,7 +366,7 @@ def check_action_batch(space: spaces.Space, actions: Any, num_envs: int, path: s
         InvalidActionError: naming the path inside the batch.
     """
     if type(space) in LEAF_TYPES:  # the per-step fast path: no ABC isinstance checks
-        return _check_action_leaf(space, actions, num_envs, path)
+        return _check_action_leaf(space, actions, num_envs, path, env_ids)
     if isinstance(space, spaces.Dict):
         if not isinstance(actions, Mapping) or actions.keys() != set(space.spaces):
             raise InvalidActionError(
@@ -365,7 +374,7 @@ def check_action_batch(space: spaces.Space, actions: Any, num_envs: int, path: s
                 f"{_describe(actions)}."
             )
         return {
-            k: check_action_batch(s, actions[k], num_envs, f"{path}[{k!r}]")
+            k: check_action_batch(s, actions[k], num_envs, f"{path}[{k!r}]", env_ids)
             for k, s in space.items()
         }
     if isinstance(space, spaces.Tuple):
@@ -375,13 +384,15 @@ def check_action_batch(space: spaces.Space, actions: Any, num_envs: int, path: s
                 f"{_describe(actions)}."
             )
         return tuple(
-            check_action_batch(s, v, num_envs, f"{path}[{j}]")
+            check_action_batch(s, v, num_envs, f"{path}[{j}]", env_ids)
             for j, (s, v) in enumerate(zip(space, actions))
         )
-    return _check_action_leaf(space, actions, num_envs, path)
+    return _check_action_leaf(space, actions, num_envs, path, env_ids)
 
 
-def _check_action_leaf(space: spaces.Space, actions: Any, num_envs: int, path: str) -> np.ndarray:
+def _check_action_leaf(
+    space: spaces.Space, actions: Any, num_envs: int, path: str, env_ids: np.ndarray | None
+) -> np.ndarray:
     shape, dtype = leaf_spec(space)
     array = np.asarray(actions)
     if array.shape != (num_envs, *shape) or not _action_kind_ok(dtype, array.dtype):
@@ -391,4 +402,34 @@ def _check_action_leaf(space: spaces.Space, actions: Any, num_envs: int, path: s
             f"dtype like {dtype}, got {_describe(array)}. Pass one action per sub-env, "
             "stacked along the first axis."
         )
+    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+        row = out_of_range_row(space, array)
+        if row is not None:
+            env = row if env_ids is None else int(env_ids[row])
+            raise InvalidActionError(
+                f"actions{path}: sub-env {env}'s action {array[row].tolist()!r} (row {row} of "
+                f"the batch) is outside {space}. Send actions within the action space."
+            )
     return array
+
+
+def out_of_range_row(space: spaces.Space, array: np.ndarray) -> int | None:
+    """The first row of a batch of ``space``'s integer actions outside its range, or None
+    (also for spaces other than ``Discrete`` and ``MultiDiscrete``)."""
+    if isinstance(space, spaces.Discrete):
+        low, high = int(space.start), int(space.start + space.n)
+        if array.size <= 16:  # a few values: Python's min and max beat numpy's calls
+            values = array.tolist()
+            if not values or (min(values) >= low and max(values) < high):
+                return None
+        elif array.min() >= low and array.max() < high:
+            return None
+        bad = (array < low) | (array >= high)
+    elif isinstance(space, spaces.MultiDiscrete):
+        bad = ((array < space.start) | (array >= space.start + space.nvec)).reshape(len(array), -1)
+        bad = bad.any(axis=1)
+        if not bad.any():
+            return None
+    else:
+        return None
+    return int(np.flatnonzero(bad)[0])

@@ -73,12 +73,13 @@ def _bad_gymnasium_actions(good: Any, space: gymnasium.Space) -> dict[str, Any]:
         "an extra axis": good[..., None],
         f"dtype kind {np.dtype(wrong_kind).kind!r}": good.astype(wrong_kind),
         "bool actions": good.astype(bool),
+        **_out_of_range(good, space, lambda x: x[-1:]),
     }
 
 
-def _bad_agent_actions(good: list[np.ndarray]) -> dict[str, Any]:
+def _bad_agent_actions(good: list[np.ndarray], groups: Sequence[Any]) -> dict[str, Any]:
     """Per-group action batches a multi-agent backend must reject."""
-    return {
+    bad = {
         "one batch too many": [*good, good[0]],
         "no batch": [],
         "one env too few": [x[:-1] for x in good],
@@ -86,6 +87,25 @@ def _bad_agent_actions(good: list[np.ndarray]) -> dict[str, Any]:
         "float actions": [x.astype(np.float64) for x in good],
         "an extra axis": [x[..., None] for x in good],
     }
+    for g, group in enumerate(groups):
+        for what, batch in _out_of_range(
+            good[g], group.action_space, lambda x: x[-1:, -1:]
+        ).items():
+            bad[f"group {group.policy_id!r}: {what}"] = [*good[:g], batch, *good[g + 1 :]]
+    return bad
+
+
+def _out_of_range(good: np.ndarray, space: gymnasium.Space, last: Callable) -> dict[str, Any]:
+    """``good`` with the last sub-env's action outside a ``Discrete`` space's range (an
+    env may crash on one, or wrap it silently)."""
+    if not isinstance(space, spaces.Discrete):
+        return {}
+    bad = {}
+    for value in (int(space.start + space.n), int(space.start) - 1, 2**31 - 1):
+        batch = good.copy()
+        last(batch)[...] = value
+        bad[f"action {value} (outside {space})"] = batch
+    return bad
 
 
 def _sub_env_attr(sub: Any, name: str) -> Any:
@@ -179,12 +199,6 @@ class VectorEnvContract:
             "dict_obs": [functools.partial(DictObsEnv, max_steps=6 + i) for i in range(n)],
             "cartpole": functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=8),
         }
-
-    def restart_seed(self, seed: int, restarts: int) -> int | None:
-        """The reset seed of sub-env ``i``'s ``restarts``-th recreation since it was
-        reset with ``seed``. Multi-agent backends reset a recreated sub-env unseeded
-        today (override where a backend differs)."""
-        return restart_seed(seed, restarts) if self.kind == "gymnasium" else None
 
     # -- the kind under test, and its envs stepped by hand ------------------------------------
 
@@ -318,7 +332,7 @@ class VectorEnvContract:
                 if kind == "gymnasium":
                     bad = _bad_gymnasium_actions(good, vec.single_action_space)
                 else:
-                    bad = _bad_agent_actions(good)
+                    bad = _bad_agent_actions(good, vec.groups)
                 for what, batch in bad.items():
                     what = f"{name}: {what}"
                     calls = [vec.step_batch] + ([vec.step] if kind == "gymnasium" else [])
@@ -358,8 +372,8 @@ class VectorEnvContract:
     def test_a_restart_touches_no_other_env(self, kind: EnvKind) -> None:
         """Sub-env 1 raises at every third step of each instance; with a restart policy it
         is recreated each time (its row holds no transition, and its new episode is the
-        new env's, reset with :meth:`restart_seed`), and the other sub-envs go on as the
-        envs stepped by hand."""
+        new env's, reset with ``restart_seed``: a seeded sub-env restarts seeded), and the
+        other sub-envs go on as the envs stepped by hand."""
         index, every = 1, 3
         base = self._basic(kind)
         fns = faulty_env_fns(base, faults={index: [FaultPlan(kind="raise", at=(every,))]})
@@ -383,7 +397,7 @@ class VectorEnvContract:
                     if b == index and fails:
                         restarts += 1
                         refs[b] = ref = by_hand(base[b])
-                        ref.reset(self.restart_seed(seeds[b], restarts))  # type: ignore[arg-type]
+                        ref.reset(restart_seed(seeds[b], restarts))  # type: ignore[arg-type]
                         assert_failed_slot(rows[b], ref, f"{where}: sub-env {b}")
                         continue
                     expected = ref.step(actions.of_row(batch, b))

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.core.agent_groups import AgentGroup
@@ -16,19 +17,21 @@ from jaxrunner.errors import InvalidActionError
 
 class ActionCheck:
     """Validates every group's ``[B, A_g, ...]`` action batch as a whole, before any
-    sub-env steps (shapes and dtypes; nothing is cast). A call returns the actions.
+    sub-env steps (shapes, dtypes, and the range of ``Discrete`` and ``MultiDiscrete``
+    actions, every row's, acting or not; nothing is cast). A call returns the actions.
 
     The common case (one numpy array per group, of the expected shape and dtype kind)
     is tested inline; anything else goes through
     :func:`~jaxrunner._src.space_arrays.check_action_batch`, which names what is wrong.
 
     Raises (from a call):
-        InvalidActionError: a batch of the wrong structure, shape or dtype.
+        InvalidActionError: a batch of the wrong structure, shape or dtype, or an action
+            out of range.
     """
 
     def __init__(self, groups: Sequence[AgentGroup], num_envs: int) -> None:
         self.groups, self.num_envs = tuple(groups), num_envs
-        self._fast: list[tuple[tuple[int, ...], str]] | None = []
+        self._fast: list[tuple[tuple[int, ...], str, Any]] | None = []
         for group in self.groups:
             space = group.action_space
             if type(space) not in space_arrays.LEAF_TYPES:
@@ -36,15 +39,19 @@ class ActionCheck:
                 break
             shape, dtype = space_arrays.leaf_spec(space)
             kinds = "iu" if dtype.kind in "iu" else "f" if dtype.kind == "f" else ""
-            self._fast.append(((num_envs, group.num_agents, *shape), kinds))
+            ranged = isinstance(space, (spaces.Discrete, spaces.MultiDiscrete))
+            self._fast.append(((num_envs, group.num_agents, *shape), kinds, ranged and space))
 
     def __call__(self, actions: Sequence[Any]) -> Sequence[Any]:
         fast = self._fast
         if fast is not None and len(actions) == len(fast):
-            for batch, (shape, kinds) in zip(actions, fast):
+            for batch, (shape, kinds, ranged) in zip(actions, fast):
                 if not (
                     type(batch) is np.ndarray and batch.shape == shape and batch.dtype.kind in kinds
                 ):
+                    break
+                flat = batch.reshape(shape[0] * shape[1], *shape[2:])
+                if ranged and space_arrays.out_of_range_row(ranged, flat) is not None:
                     break
             else:
                 return actions
@@ -70,5 +77,8 @@ class ActionCheck:
                     )
                 return np.asarray(x).reshape(-1, *shape[2:])
 
-            space_arrays.check_action_batch(group.action_space, jax.tree.map(flat, batch), rows)
+            env_ids = np.repeat(np.arange(num_envs), group.num_agents)  # each row's sub-env
+            space_arrays.check_action_batch(
+                group.action_space, jax.tree.map(flat, batch), rows, env_ids=env_ids
+            )
         return actions

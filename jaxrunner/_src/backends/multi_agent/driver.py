@@ -39,7 +39,7 @@ class Driver(abc.ABC):
         ``g``'s ``[B, A_g, ...]`` batch); returns ``(env_done, env_reward,
         unassigned_reward, infos)``. Where the episode ended (``env_done``) the caller
         resets the env next (:meth:`reset`: SAME_STEP). The caller has cleared the
-        row's masks and outcomes (:meth:`SubEnvBlock.step` clears every row at once)."""
+        row's masks and outcomes (:meth:`AgentBlock.step_rows` clears every row at once)."""
 
     # -- state, for snapshots ---------------------------------------------------------
 

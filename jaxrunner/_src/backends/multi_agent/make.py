@@ -7,17 +7,17 @@ import warnings
 from collections.abc import Sequence
 
 from jaxrunner._src.backends import make_vec
-from jaxrunner._src.backends.multi_agent.sub_envs import MultiAgentEnvFactory
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.ray.config import RayConfig
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
 def make_multi_agent_vec(
-    env_fn: MultiAgentEnvFactory | Sequence[MultiAgentEnvFactory],
+    env_fn: EnvFactory | Sequence[EnvFactory],
     num_envs: int,
     backend: str = "sync",
     seed: int | None = None,

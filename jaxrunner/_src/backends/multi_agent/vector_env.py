@@ -4,26 +4,26 @@ See docs/multi-agent.md."""
 from __future__ import annotations
 
 import abc
-import pickle
 from collections.abc import Sequence
 from typing import Any
 
 from jaxrunner._src.backends.base import BaseVectorEnv
 from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
-from jaxrunner._src.backends.in_process import InProcessSends
+from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
+from jaxrunner._src.backends.multi_agent.agent_block import (
+    AgentBlock,
+    env_groups,
+)
 from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep, StepViews
 from jaxrunner._src.backends.multi_agent.driver import Driver
 from jaxrunner._src.backends.multi_agent.drivers import make_driver
-from jaxrunner._src.backends.multi_agent.sub_envs import (
-    MultiAgentEnvFactory,
-    SubEnvBlock,
-    env_groups,
-)
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
-from jaxrunner._src.backends.snapshots import SnapshotRefusedError, snapshot_dumps
-from jaxrunner._src.backends.sub_envs import build_envs
+from jaxrunner._src.backends.snapshots import (
+    SnapshotRefusedError,
+)
+from jaxrunner._src.backends.sub_env_block import EnvFactory, build_envs
 from jaxrunner._src.core.agent_groups import GroupedAgents, PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError
 
@@ -68,7 +68,7 @@ class MultiAgentVectorEnv(GroupedAgents, BaseVectorEnv):
         infos. Its row of the buffers then holds the new episode's first agents."""
 
 
-class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
+class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorEnv):
     """Every sub-env in this process, stepped in turn.
 
     Args:
@@ -80,10 +80,11 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
     """
 
     capabilities = Capabilities(can_restart=True, can_snapshot=True)
+    _block: AgentBlock
 
     def __init__(
         self,
-        env_fns: Sequence[MultiAgentEnvFactory],
+        env_fns: Sequence[EnvFactory],
         policy_mapping_fn: PolicyMappingFn | None = None,
         *,
         restart_policy: RestartPolicy | None = None,
@@ -98,7 +99,7 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
         envs = build_envs(env_fns, 0)
         try:
             self.groups = env_groups(envs[0], policy_mapping_fn)
-            self._block = SubEnvBlock(envs, self.groups, fns=env_fns, restart_policy=restart_policy)
+            self._block = AgentBlock(envs, self.groups, fns=env_fns, restart_policy=restart_policy)
         except BaseException:
             for env in envs:
                 close_quietly(env)
@@ -129,104 +130,40 @@ class SyncMultiAgentVectorEnv(InProcessSends, MultiAgentVectorEnv):
     ) -> dict[str, Any]:
         self._check_open("reset_at")
         self._check_index(index)
-        return self._block.reset_at(index, seed, options)
+        return self._block.reset_or_restart(index, seed, options)
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        self._check_open("call")
-        return tuple(self._block.call(name, args, kwargs))
+    _state_keys = frozenset({"driver"})
 
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        self._check_open("get_attr")
-        return tuple(self._block.get_attr(name))
+    def _state_of(self, j: int) -> dict[str, Any]:
+        """A sub-env's driver state (the rewards each agent received since its last
+        action, who acted, who acts next: :meth:`Driver.get_state`), pickled with the
+        env so that the driver's references into it stay shared."""
+        return {"driver": self._block.drivers[j].get_state()}
 
-    def set_attr(self, name: str, values: Any) -> None:
-        self._check_open("set_attr")
-        self._block.set_attr(name, self._values_per_env(name, values))
-
-    def render(self) -> tuple[Any, ...]:
-        self._check_open("render")
-        return tuple(self._block.render())
-
-    @property
-    def num_restarts(self) -> int:
-        """Sub-envs recreated after a failure so far."""
-        return self._block.num_restarts
-
-    def get_sub_environments(self) -> list[Any]:
-        """The sub-envs themselves (this process holds them), in index order."""
-        self._check_open("get_sub_environments")
-        return list(self._block.envs)
-
-    def snapshot_sub_envs(self) -> list[bytes]:
-        """One pickle per sub-env of ``{"env": the PettingZoo env, "driver": its
-        driver's state}`` (the rewards each agent received since its last action, who
-        acted, who acts next: :meth:`Driver.get_state`), taken together so that the
-        driver's references into the env stay shared. Raises ``pickle``'s error for a
-        sub-env that does not pickle."""
-        self._check_open("snapshot_sub_envs")
-        block = self._block
-        return [
-            snapshot_dumps({"env": env, "driver": driver.get_state()})
-            for env, driver in zip(block.envs, block.drivers)
-        ]
-
-    def restore_sub_envs(self, snapshots: Sequence[bytes]) -> None:
-        """Replaces every sub-env and its driver by its snapshot; all or none: every
-        snapshot is unpickled and checked (a dict of a PettingZoo env of this vector
-        env's API and agents, and a valid driver state) before any sub-env is replaced.
-        The buffers are not touched: the sampler restores the observations and masks
-        its next step reads.
-
-        Raises:
-            InvalidArgumentError: the wrong number of snapshots, or one that does not
-                unpickle or is not what :meth:`snapshot_sub_envs` writes; the sub-envs
-                are left as they were.
-        """
-        self._check_open("restore_sub_envs")
-        block = self._block
-        if len(snapshots) != self.num_envs:
-            raise InvalidArgumentError(
-                f"restore_sub_envs(snapshots=...): expected {self.num_envs} snapshots, one per "
-                f"sub-env, got {len(snapshots)}."
-            )
-        restored: list[Driver] = []
-        for i, blob in enumerate(snapshots):
-            restored.append(self._restored_driver(i, blob))
-        for old in block.envs:
-            close_quietly(old)
-        block.envs[:] = [driver.env for driver in restored]
-        block.drivers[:] = restored
-
-    def _restored_driver(self, i: int, blob: bytes) -> Driver:
-        """Sub-env ``i``'s snapshot as a driver of row ``i`` (not yet installed)."""
-
-        def refuse(problem: str) -> InvalidArgumentError:
-            return SnapshotRefusedError(i, problem)
-
+    def _restored(self, j: int, snapshot: dict[str, Any]) -> Driver:
+        """Sub-env ``j``'s snapshot as a driver of row ``j`` (not yet installed)."""
+        env, kind = snapshot["env"], type(self._block.drivers[j])
         try:
-            snapshot = pickle.loads(blob)
-        except Exception as err:  # a damaged pickle raises whatever its bytes lead to
-            raise refuse(f"does not unpickle ({type(err).__name__}: {err})") from err
-        if not isinstance(snapshot, dict) or set(snapshot) != {"env", "driver"}:
-            raise refuse(f"unpickled to a {type(snapshot).__name__}, not a sub-env snapshot")
-        env, kind = snapshot["env"], type(self._block.drivers[i])
-        try:
-            driver = make_driver(env, i, self._block.layout)
+            driver = make_driver(env, j, self._block.layout)
         except InvalidArgumentError as err:
-            raise refuse(f"holds a {type(env).__name__}, not a PettingZoo env") from err
+            problem = f"holds a {type(env).__name__}, not a PettingZoo env"
+            raise SnapshotRefusedError(j, problem) from err
         if type(driver) is not kind:
-            raise refuse(f"holds a {type(env).__name__}, not stepped as a {kind.__name__}")
+            problem = f"holds a {type(env).__name__}, not stepped as a {kind.__name__}"
+            raise SnapshotRefusedError(j, problem)
         agents = getattr(env, "possible_agents", None)
         if agents is None or tuple(agents) != self._block.possible_agents:
-            raise refuse(
+            problem = (
                 f"holds an env with possible_agents {agents!r}, not "
                 f"{list(self._block.possible_agents)}"
             )
+            raise SnapshotRefusedError(j, problem)
         try:
             driver.set_state(snapshot["driver"])
         except InvalidArgumentError as err:
-            raise refuse(f"holds a driver state that is refused ({err})") from err
+            raise SnapshotRefusedError(j, f"holds a driver state that is refused ({err})") from err
         return driver
 
-    def _close_backend(self) -> None:
-        self._block.close()
+    def _install(self, restored: list[Any]) -> None:
+        self._block.envs[:] = [driver.env for driver in restored]
+        self._block.drivers[:] = restored

@@ -14,15 +14,14 @@ import numpy as np
 from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
+from jaxrunner._src.backends.multi_agent.agent_block import (
+    AgentBlock,
+)
 from jaxrunner._src.backends.multi_agent.buffers import (
     AgentStepBuffers,
     GroupBuffers,
     MultiAgentStep,
     StepViews,
-)
-from jaxrunner._src.backends.multi_agent.sub_envs import (
-    MultiAgentEnvFactory,
-    SubEnvBlock,
 )
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.process.config import ProcessConfig, checked_config
@@ -31,7 +30,7 @@ from jaxrunner._src.backends.process.launch import default_num_workers, worker_b
 from jaxrunner._src.backends.process.shared import Carver
 from jaxrunner._src.backends.process.transport import Report, TransportForwarding
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.backends.sub_envs import StepResult
+from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner._src.core.agent_groups import AgentGroup, AgentsDescription, PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 
@@ -106,9 +105,9 @@ class AgentLayout:
         views: AgentViews,
         restart_policy: RestartPolicy | None,
         status: MutableSequence[int],
-    ) -> WorkerBlock:
+    ) -> AgentBlock:
         buffers = views.buffers.rows(slice(offset, offset + len(envs)))
-        block = SubEnvBlock(
+        return AgentBlock(
             envs,
             self.groups,
             offset,
@@ -117,7 +116,6 @@ class AgentLayout:
             buffers=buffers,
             status=status,
         )
-        return WorkerBlock(block)
 
     def actions_reader(self, views: AgentViews) -> Callable[[int, int], list[Any]]:
         # Copies: an env may keep its action, and the main process rewrites the buffer.
@@ -165,45 +163,6 @@ class AgentLayout:
         return views.steps.step(lo, hi, block_infos, failed, errors)
 
 
-class WorkerBlock:
-    """A worker's :class:`SubEnvBlock` as the process transport steps it (global
-    indices, :class:`~jaxrunner._src.backends.sub_envs.StepResult`)."""
-
-    def __init__(self, block: SubEnvBlock) -> None:
-        self.block = block
-
-    def step(self, lo: int, hi: int, actions: Sequence[Any]) -> StepResult:
-        offset = self.block.offset
-        infos, errors = self.block.step_rows(lo - offset, hi - offset, actions)
-        failed = [offset + b for b in self.block.failed_rows(errors)]
-        return StepResult(infos, {}, failed, {offset + b: e for b, e in errors.items()})
-
-    @property
-    def num_restarts(self) -> int:
-        return self.block.num_restarts
-
-    def reset(self, seeds: Sequence[int | None], options: dict[str, Any] | None) -> list[dict]:
-        return self.block.reset(seeds, options)
-
-    def reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict:
-        return self.block.reset_at(i, seed, options)
-
-    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        return self.block.call(name, args, kwargs)
-
-    def get_attr(self, name: str) -> list[Any]:
-        return self.block.get_attr(name)
-
-    def set_attr(self, name: str, values: Sequence[Any]) -> None:
-        self.block.set_attr(name, values)
-
-    def render(self) -> list[Any]:
-        return self.block.render()
-
-    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        return self.block.on_sub_env(index, method, args)
-
-
 class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
     """Multi-agent sub-envs in worker processes (see docs/multi-agent.md): they step as the
     sync backend steps them, writing every group's buffers into shared memory.
@@ -246,7 +205,7 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
 
     def __init__(
         self,
-        env_fns: Sequence[MultiAgentEnvFactory],
+        env_fns: Sequence[EnvFactory],
         policy_mapping_fn: PolicyMappingFn | None = None,
         *,
         config: ProcessConfig | None = None,

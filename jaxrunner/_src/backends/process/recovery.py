@@ -15,7 +15,7 @@ from jaxrunner._src.backends.process.handle import WorkerLost
 from jaxrunner._src.backends.process.pool import WorkerPool
 from jaxrunner._src.backends.process.shared import BlockLayout
 from jaxrunner._src.backends.restarts import RestartPolicy, retry
-from jaxrunner._src.backends.sub_envs import DONE, NOT_RUN
+from jaxrunner._src.backends.sub_env_block import DONE, NOT_RUN
 from jaxrunner.errors import WorkerError
 
 Sent = tuple[int, int, int, int]

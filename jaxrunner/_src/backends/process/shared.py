@@ -16,9 +16,10 @@ import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.batch_step import BatchStep
+from jaxrunner._src.backends.gymnasium_block import GymnasiumBlock
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot
-from jaxrunner._src.backends.sub_envs import StepResult, SubEnvs, failed_mask
+from jaxrunner._src.backends.sub_env_block import SubEnvBlock, failed_mask
 
 # Each sub-env's step progress (``status``): the main process sets NOT_RUN before it
 # sends a step; the worker's step loop sets RUNNING while env.step runs (and leaves it
@@ -26,35 +27,6 @@ from jaxrunner._src.backends.sub_envs import StepResult, SubEnvs, failed_mask
 # block's transitions are written when all its sub-envs have stepped). When a worker
 # dies, these marks tell which of its steps were done and which never ran.
 _ALIGN = 64  # a cache line: arrays never share one
-
-
-class StepBlock(Protocol):
-    """A worker's step loop over its sub-envs ``[offset, offset + n)``, writing into the
-    shared views by global index (:class:`~jaxrunner._src.backends.sub_envs.SubEnvs` and its
-    multi-agent twin)."""
-
-    @property
-    def num_restarts(self) -> int:
-        """Sub-envs restarted so far (after a failed step or reset)."""
-        ...
-
-    def step(self, lo: int, hi: int, actions: Sequence[Any]) -> StepResult: ...
-
-    def reset(self, seeds: Sequence[int | None], options: dict[str, Any] | None) -> list[dict]: ...
-
-    def reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict: ...
-
-    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]: ...
-
-    def get_attr(self, name: str) -> list[Any]: ...
-
-    def set_attr(self, name: str, values: Sequence[Any]) -> None: ...
-
-    def render(self) -> list[Any]: ...
-
-    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        """A sub-env handle's request, run on sub-env ``index`` (global) alone."""
-        ...
 
 
 class BlockLayout(Protocol):
@@ -82,7 +54,7 @@ class BlockLayout(Protocol):
         views: Any,
         restart_policy: RestartPolicy | None,
         status: MutableSequence[int],
-    ) -> StepBlock:
+    ) -> SubEnvBlock:
         """The worker's step loop over ``envs`` (sub-envs ``offset..``)."""
         ...
 
@@ -204,8 +176,8 @@ class Layout:
         views: Views,
         restart_policy: RestartPolicy | None,
         status: MutableSequence[int],
-    ) -> SubEnvs:
-        return SubEnvs(
+    ) -> GymnasiumBlock:
+        return GymnasiumBlock(
             envs, fns, offset, views.step_buffers, self.observation_space, restart_policy, status
         )
 

@@ -18,7 +18,7 @@ from jaxrunner._src.backends.process.handle import WorkerLost
 from jaxrunner._src.backends.process.pool import LOST, WorkerPool
 from jaxrunner._src.backends.process.recovery import Sent, WorkerRecovery
 from jaxrunner._src.backends.process.shared import BlockLayout
-from jaxrunner._src.backends.sub_envs import NOT_RUN
+from jaxrunner._src.backends.sub_env_block import NOT_RUN
 from jaxrunner.errors import InvalidArgumentError
 
 

@@ -1,5 +1,5 @@
 """The worker process of ``backend="process"``: steps its block of sub-envs with the shared
-loop of :mod:`jaxrunner._src.backends.sub_envs` over the shared block, answers commands in
+loop of :mod:`jaxrunner._src.backends.sub_env_block` over the shared block, answers commands in
 order, and ends on close or when its socket reaches EOF. The fork server preloads this
 module: it must not start JAX."""
 
@@ -30,9 +30,9 @@ from jaxrunner._src.backends.process.protocol import (
     StepReply,
     recv_exact,
 )
-from jaxrunner._src.backends.process.shared import BlockLayout, StepBlock
+from jaxrunner._src.backends.process.shared import BlockLayout
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.backends.sub_envs import SubEnvRaised, build_envs
+from jaxrunner._src.backends.sub_env_block import SubEnvBlock, SubEnvRaised, build_envs
 from jaxrunner.errors import EnvError, JaxRunnerError
 
 
@@ -44,7 +44,7 @@ class Worker:
     ) -> None:
         self.sock, self.offset, self.fns = sock, offset, fns
         self.envs: list[gymnasium.Env] = []
-        self.sub_envs: StepBlock | None = None
+        self.sub_envs: SubEnvBlock | None = None
         """The step loop over ``envs``, once the shared block is attached."""
         self._memory: mmap.mmap | None = None
         self.spin = Spin(0.0)
@@ -100,7 +100,7 @@ class Worker:
         return infos, sub_envs.num_restarts - before  # type: ignore[union-attr]
 
     def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> dict:
-        return self.sub_envs.reset_one(index, seed, options)  # type: ignore[union-attr]
+        return self.sub_envs.reset_or_restart(index, seed, options)  # type: ignore[union-attr]
 
     def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
         return self.sub_envs.call(name, args, kwargs)  # type: ignore[union-attr]

@@ -8,14 +8,14 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jaxrunner._src.backends.multi_agent.buffers import FIELDS, AgentStepBuffers, MultiAgentStep
-from jaxrunner._src.backends.multi_agent.sub_envs import (
-    MultiAgentEnvFactory,
-    SubEnvBlock,
+from jaxrunner._src.backends.multi_agent.agent_block import (
+    AgentBlock,
     env_groups,
 )
+from jaxrunner._src.backends.multi_agent.buffers import FIELDS, AgentStepBuffers, MultiAgentStep
+from jaxrunner._src.backends.ray.env_actor import ActorBody
 from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly
-from jaxrunner._src.backends.sub_envs import build_envs
+from jaxrunner._src.backends.sub_env_block import EnvFactory, build_envs
 from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn
 
 
@@ -32,13 +32,15 @@ class BlockReply(NamedTuple):
     errors: dict[int, BaseException] | None
 
 
-class AgentEnvWorker:
-    """The body of one multi-agent env actor: a :class:`SubEnvBlock` over sub-envs
+class AgentEnvWorker(ActorBody):
+    """The body of one multi-agent env actor: a :class:`AgentBlock` over sub-envs
     ``offset..``, built from its factories."""
+
+    block: AgentBlock
 
     def __init__(
         self,
-        env_fns: Sequence[MultiAgentEnvFactory],
+        env_fns: Sequence[EnvFactory],
         restart_policy: RestartPolicy | None,
         offset: int,
         policy_mapping_fn: PolicyMappingFn | None,
@@ -46,7 +48,7 @@ class AgentEnvWorker:
         envs = build_envs(env_fns, offset)
         try:
             groups = env_groups(envs[0], policy_mapping_fn)
-            self.block = SubEnvBlock(
+            self.block = AgentBlock(
                 envs, groups, offset, fns=env_fns, restart_policy=restart_policy
             )
         except BaseException:
@@ -62,7 +64,7 @@ class AgentEnvWorker:
 
     def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> BlockReply:
         infos: list[dict[str, Any]] = [{} for _ in self.block.envs]
-        infos[index] = self.block.reset_at(self.block.offset + index, seed, options)
+        infos[index] = self.block.reset_or_restart(self.block.offset + index, seed, options)
         return self._reply(self.block.result(infos))
 
     def step(self, lo: int, hi: int, actions: Sequence[Any]) -> BlockReply:
@@ -70,28 +72,6 @@ class AgentEnvWorker:
         before any actor steps); the reply holds those rows only."""
         infos, errors = self.block.step_rows(lo, hi, actions)
         return self._reply(self.block.result(infos, errors), slice(lo, hi))
-
-    def num_restarts(self) -> int:
-        return self.block.num_restarts
-
-    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        return self.block.call(name, args, kwargs)
-
-    def get_attr(self, name: str) -> list[Any]:
-        return self.block.get_attr(name)
-
-    def set_attr(self, name: str, values: list[Any]) -> None:
-        self.block.set_attr(name, values)
-
-    def render(self) -> list[Any]:
-        return self.block.render()
-
-    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        """A sub-env handle's request, run on the block's sub-env ``index`` alone."""
-        return self.block.on_sub_env(self.block.offset + index, method, args)
-
-    def close(self) -> None:
-        self.block.close()
 
     def _reply(self, out: MultiAgentStep, rows: slice = slice(None)) -> BlockReply:
         groups = [

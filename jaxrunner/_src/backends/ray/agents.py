@@ -16,13 +16,13 @@ from jaxrunner._src.backends.multi_agent.buffers import (
     MultiAgentStep,
     StepViews,
 )
-from jaxrunner._src.backends.multi_agent.sub_envs import MultiAgentEnvFactory
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.ray.actor_manager import ActorForwarding, ActorPool
 from jaxrunner._src.backends.ray.agent_env_actor import AgentEnvWorker, BlockReply, put_reply
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
 from jaxrunner._src.backends.ray.deadlines import InFlightSteps
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner.errors import (
     InvalidArgumentError,
@@ -51,7 +51,7 @@ class RayMultiAgentVectorEnv(ActorForwarding, MultiAgentVectorEnv):
 
     def __init__(
         self,
-        env_fns: Sequence[MultiAgentEnvFactory],
+        env_fns: Sequence[EnvFactory],
         policy_mapping_fn: PolicyMappingFn | None = None,
         *,
         config: RayConfig | None = None,

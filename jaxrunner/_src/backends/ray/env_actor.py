@@ -1,6 +1,6 @@
 """The body of one env actor of ``backend="ray"``: a block of sub-envs in a
 :class:`~jaxrunner.SyncVectorEnv` (so the shared step loop of
-:mod:`jaxrunner._src.backends.sub_envs`: validation, SAME_STEP autoreset, restarts)."""
+:mod:`jaxrunner._src.backends.gymnasium_block`: validation, SAME_STEP autoreset, restarts)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import gymnasium
 
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.backends.sub_env_handle import run_on_env
+from jaxrunner._src.backends.sub_env_block import SubEnvBlock
 from jaxrunner._src.backends.sync import SyncVectorEnv
 
 EnvFactory = Callable[[], gymnasium.Env]
@@ -28,7 +28,35 @@ def _portable(err: BaseException) -> BaseException:
     return err
 
 
-class EnvWorker:
+class ActorBody:
+    """What every env actor does with its block of sub-envs (``block``) beside stepping."""
+
+    block: SubEnvBlock
+
+    def num_restarts(self) -> int:
+        return self.block.num_restarts
+
+    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+        return self.block.call(name, args, kwargs)
+
+    def get_attr(self, name: str) -> list[Any]:
+        return self.block.get_attr(name)
+
+    def set_attr(self, name: str, values: list[Any]) -> None:
+        self.block.set_attr(name, values)
+
+    def render(self) -> list[Any]:
+        return self.block.render()
+
+    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
+        """A sub-env handle's request, run on the block's sub-env ``index`` alone."""
+        return self.block.on_sub_env(self.block.offset + index, method, args)
+
+    def close(self) -> None:
+        self.block.close()
+
+
+class EnvWorker(ActorBody):
     """The body of one env actor: a SyncVectorEnv over a block of sub-envs. Returns
     copies of its buffers (Ray serializes return values) and portable errors."""
 
@@ -39,6 +67,7 @@ class EnvWorker:
         offset: int = 0,  # the caller re-indexes errors (the actor pool's convention)
     ) -> None:
         self.envs = SyncVectorEnv(env_fns, copy=False, restart_policy=restart_policy)
+        self.block = self.envs._block
 
     def describe(self) -> tuple[gymnasium.Space, gymnasium.Space, dict[str, Any], Any]:
         envs = self.envs
@@ -64,25 +93,3 @@ class EnvWorker:
         if out.errors:
             out = out._replace(errors={i: _portable(e) for i, e in out.errors.items()})
         return out
-
-    def num_restarts(self) -> int:
-        return self.envs.num_restarts
-
-    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        return self.envs.call(name, *args, **kwargs)
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        return self.envs.get_attr(name)
-
-    def set_attr(self, name: str, values: list[Any]) -> None:
-        self.envs.set_attr(name, values)
-
-    def render(self) -> tuple[Any, ...]:
-        return self.envs.render()
-
-    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        """A sub-env handle's request, run on the block's sub-env ``index`` alone."""
-        return run_on_env(self.envs.envs[index], method, args)
-
-    def close(self) -> None:
-        self.envs.close()

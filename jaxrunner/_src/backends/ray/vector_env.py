@@ -14,12 +14,12 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.gymnasium_block import ActionSplitters
 from jaxrunner._src.backends.ray.actor_manager import ActorForwarding, ActorPool, EnvFactory
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
 from jaxrunner._src.backends.ray.deadlines import InFlightSteps
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot, span
-from jaxrunner._src.backends.sub_envs import ActionSplitters
 from jaxrunner.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,

@@ -1,10 +1,9 @@
-"""A block of PettingZoo sub-envs with their group buffers: the step loop every
-multi-agent backend runs (the sync vector env in this process, each process worker
-over its rows of shared memory, each Ray actor for its block)."""
+"""The step loop of PettingZoo sub-envs (parallel or AEC): each sub-env's driver writes
+its acting agents into the block's rows of the group buffers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, MutableSequence, Sequence
+from collections.abc import Mapping, MutableSequence, Sequence
 from typing import Any
 
 import jax
@@ -15,19 +14,17 @@ from jaxrunner._src.backends.multi_agent.driver import Driver
 from jaxrunner._src.backends.multi_agent.drivers import AECDriver, make_driver
 from jaxrunner._src.backends.multi_agent.finite_observations import FiniteObservations, clear_row
 from jaxrunner._src.backends.multi_agent.layout import Layout
-from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly, retry
-from jaxrunner._src.backends.sub_env_handle import run_on_env
-from jaxrunner._src.backends.sub_envs import DONE, RUNNING, SubEnvRaised
-from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn, build_groups
-from jaxrunner.errors import (
-    EnvError,
-    InvalidArgumentError,
-    JaxRunnerError,
-    SpaceMismatchError,
+from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sub_env_block import (
+    DONE,
+    RUNNING,
+    EnvFactory,
+    StepResult,
+    SubEnvBlock,
+    SubEnvRaised,
 )
-
-MultiAgentEnvFactory = Callable[[], Any]
-"""A zero-argument callable returning a PettingZoo ``ParallelEnv`` or ``AECEnv``."""
+from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn, build_groups
+from jaxrunner.errors import JaxRunnerError, SpaceMismatchError
 
 
 def env_groups(env: Any, policy_mapping_fn: PolicyMappingFn | None) -> tuple[AgentGroup, ...]:
@@ -37,35 +34,23 @@ def env_groups(env: Any, policy_mapping_fn: PolicyMappingFn | None) -> tuple[Age
     )
 
 
-class SubEnvBlock:
-    """Sub-envs ``offset .. offset + len(envs)`` of a vector env, stepped in turn into
-    ``[n, A_g, ...]`` buffers (their own, or a process worker's rows of shared memory):
-    the multi-agent twin of
-    :class:`~jaxrunner._src.backends.sub_envs.SubEnvs` (same failure rules).
-
-    Failures: without a ``restart_policy`` a sub-env's failure raises (see
-    :func:`located`). With one, the sub-env is closed, recreated from its factory and
-    reset (:func:`jaxrunner._src.backends.restarts.retry`, the single-agent backends' retry), and:
-
-    * a failed ``step`` yields no transition for any of its agents (its row's
-      ``completed`` is cleared, its rewards of the step are lost) and its episode ends
-      as a fault (``MultiAgentStep.failed``); the new episode's first agents act next;
-    * a failed reset after a good step keeps that step's transitions, as the
-      single-agent loop does.
-
-    A step or reset is invalid (as in the single-agent loop) where the env raises, or
-    returns what its spaces or PettingZoo's API refuse, or an observation with a NaN
-    or an infinity (:class:`FiniteObservations`).
+class AgentBlock(SubEnvBlock):
+    """PettingZoo sub-envs ``[offset, offset + len(envs))`` stepped into ``[n, A_g, ...]``
+    group buffers (their own, or a process worker's rows of shared memory). See
+    :class:`~jaxrunner._src.backends.sub_env_block.SubEnvBlock` for the failure rules:
+    a failed step yields no transition for any of its agents (its row's ``completed``
+    is cleared) and its episode ends as a fault; the new episode's first agents act next.
+    A step or reset is invalid where the env raises, or returns what its spaces or
+    PettingZoo's API refuse, or an observation with a NaN or an infinity.
 
     Args:
         envs: the sub-envs (PettingZoo parallel or AEC envs, all of one kind).
         groups: the agent groups (equal for every sub-env).
-        offset: the global index of the first sub-env (for error messages).
+        offset: the global index of the first sub-env.
         fns: the sub-envs' factories (needed for restarts).
         restart_policy: how failed sub-envs are recreated (None: failures raise).
         buffers: where the block writes (None: buffers of its own).
-        status: per global index, the step's progress marks (a process worker's shared
-            ones tell which steps a dead worker had done); None: kept privately.
+        status: the progress marks (see ``SubEnvBlock``).
     """
 
     def __init__(
@@ -74,15 +59,13 @@ class SubEnvBlock:
         groups: Sequence[AgentGroup],
         offset: int = 0,
         *,
-        fns: Sequence[MultiAgentEnvFactory] | None = None,
+        fns: Sequence[EnvFactory] | None = None,
         restart_policy: RestartPolicy | None = None,
         buffers: AgentStepBuffers | None = None,
         status: MutableSequence[int] | None = None,
     ) -> None:
-        self.envs, self.groups, self.offset = list(envs), tuple(groups), offset
-        if restart_policy is not None and fns is None:
-            raise InvalidArgumentError("SubEnvBlock(restart_policy=...) needs the factories (fns).")
-        self.fns, self.restart_policy = (list(fns) if fns is not None else None), restart_policy
+        super().__init__(envs, fns, offset, restart_policy, status)
+        self.groups = tuple(groups)
         n = len(self.envs)
         self.possible_agents = tuple(self.envs[0].possible_agents)
         for i, env in enumerate(self.envs):
@@ -91,12 +74,10 @@ class SubEnvBlock:
             buffers = AgentStepBuffers.allocate(self.groups, n)
         self.step_buffers = buffers
         self.buffers = buffers.groups
-        self.status = status if status is not None else bytearray(offset + n)
-        """Per global index, the step's progress marks (a process worker's are shared)."""
         self.layout = Layout(self.groups, self.buffers, offset)
         self.finite = FiniteObservations(self.buffers, self.layout)
         self.drivers: list[Driver] = [
-            make_driver(env, i, self.layout) for i, env in enumerate(envs)
+            make_driver(env, i, self.layout) for i, env in enumerate(self.envs)
         ]
         self.turn_based = isinstance(self.drivers[0], AECDriver)
         """AEC sub-envs: one agent acts per step."""
@@ -105,8 +86,6 @@ class SubEnvBlock:
         self.unassigned_reward = buffers.unassigned_reward
         self._failed = np.zeros(n, np.bool_)
         self._groups_by_id = {g.policy_id: buf for g, buf in zip(self.groups, self.buffers)}
-        self.num_restarts = 0
-        """Sub-envs recreated after a failure."""
         self._action_rows: list[Any] | None = None  # a block's actions, placed at its rows
 
     def _check_agents(self, env: Any, index: int) -> None:
@@ -120,34 +99,32 @@ class SubEnvBlock:
     def reset(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> list[dict[str, Any]]:
-        """Resets every sub-env (sub-env ``i`` with ``seeds[i]``); with a restart policy,
-        one whose reset fails is recreated instead."""
-        infos = []
         for buf in self.buffers:
             buf.completed[:] = False
         self.env_done[:], self.env_reward[:], self.unassigned_reward[:] = False, 0.0, 0.0
-        for b, seed in enumerate(seeds):
-            infos.append(self._reset_row(b, seed, options))
-        return infos
+        return super().reset(seeds, options)
 
-    def _reset_row(self, b: int, seed: int | None, options: dict[str, Any] | None) -> dict:
+    def reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict:
+        b = i - self.offset
+        for buf in self.buffers:
+            buf.completed[b] = False
         driver = self.drivers[b]
         clear_row(self.buffers, "obs", b)  # the check below reads the whole row
         try:
             info = driver.reset(seed, options)
+            self._seeded(i, seed)
             self._check_finite_reset(b)
-            return info
         except Exception as err:
-            error = located(err, driver, "reset")
-            if self.restart_policy is None:
-                raise error from _cause(err)
-            return self._restart(b, error)
+            raise located(err, driver, "reset") from _cause(err)
+        return info
 
-    def step(self, actions: Sequence[Any]) -> MultiAgentStep:
-        """One step of every sub-env; ``actions[g]`` is group ``g``'s ``[n, A_g, ...]``
-        batch (only the acting agents' entries are read)."""
-        infos, errors = self.step_rows(0, len(self.drivers), actions)
-        return self.result(infos, errors)
+    def step(self, lo: int, hi: int, actions: Sequence[Any]) -> StepResult:
+        """Steps sub-envs ``[lo, hi)`` (global indices); ``actions[g]`` is group ``g``'s
+        ``[hi - lo, A_g, ...]`` batch (only the acting agents' entries are read)."""
+        offset = self.offset
+        infos, errors = self.step_rows(lo - offset, hi - offset, actions)
+        failed = [offset + b for b in self.failed_rows(errors)]
+        return StepResult(infos, {}, failed, {offset + b: e for b, e in errors.items()})
 
     def step_rows(
         self, lo: int, hi: int, actions: Sequence[Any]
@@ -181,7 +158,7 @@ class SubEnvBlock:
                     raise error from _cause(err)
                 errors[b] = error
                 self._fail_row(b)
-                self._restart(b, error)
+                self.restart(offset + b, _cause(err) or error, failed_step=False)
                 infos.append({})
                 continue
             status[offset + b] = DONE
@@ -196,7 +173,7 @@ class SubEnvBlock:
                     if self.restart_policy is None:
                         raise error from _cause(err)
                     errors[b] = error  # the step's transitions stay valid
-                    self._restart(b, error)
+                    self.restart(offset + b, _cause(err) or error, failed_step=False)
         bad = self.finite.step(lo, hi, env_done)
         if bad:
             self._fail_nonfinite(bad, lo, infos, errors)
@@ -224,7 +201,7 @@ class SubEnvBlock:
                 infos[b - lo], self.status[self.offset + b] = {}, RUNNING
                 self._fail_row(b)
             if not restarted:
-                self._restart(b, error)
+                self.restart(self.offset + b, error, failed_step=False)
 
     def _check_finite_reset(self, b: int) -> None:
         error = self.finite.row(b, "reset")
@@ -257,38 +234,17 @@ class SubEnvBlock:
             buf.terminated[b] = False
             buf.truncated[b] = False
 
-    def _restart(self, b: int, cause: BaseException) -> dict[str, Any]:
-        """Replaces row ``b``'s sub-env by a new, reset one; returns its reset infos."""
-        assert self.restart_policy is not None and self.fns is not None  # internal
-        index = self.offset + b
-        close_quietly(self.envs[b])
-        factory = self.fns[b]
-
-        def attempt() -> tuple[Driver, dict[str, Any]]:
-            clear_row(self.buffers, "obs", b)  # no observation of the old sub-env stays
-            env = factory()
-            try:
-                self._check_agents(env, index)
-                driver = make_driver(env, b, self.layout)
-                info = driver.reset(None, None)
-                self._check_finite_reset(b)
-                return driver, info
-            except BaseException:
-                close_quietly(env)
-                raise
-
-        def give_up(last: BaseException) -> BaseException:
-            return EnvError(
-                f"multi-agent sub-env {index} failed ({cause!r}) and could not be recreated: "
-                f"{self.restart_policy.max_attempts} attempts in a row failed, the last with "  # type: ignore[union-attr]
-                f"{last!r}. Fix the env factory, or raise RestartPolicy(max_attempts=...).",
-                index,
-            )
-
-        driver, info = retry(attempt, self.restart_policy, cause, give_up)
-        self.drivers[b], self.envs[b] = driver, driver.env
-        self.num_restarts += 1
+    def _fresh(self, j: int, env: Any, seed: int | None) -> dict[str, Any]:
+        clear_row(self.buffers, "obs", j)  # no observation of the old sub-env stays
+        self._check_agents(env, self.offset + j)
+        driver = make_driver(env, j, self.layout)
+        info = driver.reset(seed, None)
+        self._check_finite_reset(j)
+        self.drivers[j], self.envs[j] = driver, env
         return info
+
+    def _fail_slot(self, i: int) -> None:
+        self._fail_row(i - self.offset)
 
     def result(
         self, infos: list[dict[str, Any]], errors: dict[int, BaseException] | None = None
@@ -310,45 +266,11 @@ class SubEnvBlock:
             errors={self.offset + b: err for b, err in errors.items()} if errors else None,
         )
 
-    def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> dict:
-        """Resets sub-env ``index`` (global) alone; its reset infos."""
-        b = index - self.offset
-        for buf in self.buffers:
-            buf.completed[b] = False
-        return self._reset_row(b, seed, options)
-
-    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
-        results = []
-        for env in self.envs:
-            attr = getattr(env, name)
-            results.append(attr(*args, **kwargs) if callable(attr) else attr)
-        return results
-
-    def get_attr(self, name: str) -> list[Any]:
-        return [getattr(env, name) for env in self.envs]
-
-    def set_attr(self, name: str, values: Sequence[Any]) -> None:
-        for env, value in zip(self.envs, values):
-            setattr(env, name, value)
-
-    def render(self) -> list[Any]:
-        return [env.render() for env in self.envs]
-
-    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` request, run on
-        sub-env ``index`` (global) alone."""
-        return run_on_env(self.envs[index - self.offset], method, args)
-
-    def close(self) -> None:
-        for env in self.envs:
-            env.close()
-
 
 def located(err: Exception, driver: Driver, call: str) -> Exception:
     """``err`` from ``driver``'s sub-env as the error to raise: jaxrunner's own checks
     (which already name the sub-env and agent) as they are, with ``env_index`` set;
-    anything the env's code raised as a :class:`~jaxrunner._src.backends.sub_envs.SubEnvRaised`
+    anything the env's code raised as a :class:`~jaxrunner._src.backends.sub_env_block.SubEnvRaised`
     naming the sub-env (and, in a turn-based env, the agent whose turn it was), the
     original chained."""
     if isinstance(err, JaxRunnerError):

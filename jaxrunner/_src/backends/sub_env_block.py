@@ -1,0 +1,262 @@
+"""The one step loop of the host backends (sync, each process worker, each Ray actor): a
+block of sub-envs stepped in turn, validated, restarted and autoreset (SAME_STEP).
+:class:`~jaxrunner._src.backends.gymnasium_block.GymnasiumBlock` and
+:class:`~jaxrunner._src.backends.multi_agent.agent_block.AgentBlock` differ only in how
+a step is stepped and written."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, MutableSequence, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from jaxrunner._src.backends.env_api import check_env
+from jaxrunner._src.backends.restarts import (
+    RestartPolicy,
+    close_quietly,
+    recreation_failed,
+    retry,
+)
+from jaxrunner._src.backends.sub_env_handle import run_on_env
+from jaxrunner._src.core.seeds import restart_seed
+from jaxrunner.errors import EnvError, InvalidArgumentError, JaxRunnerError
+
+EnvFactory = Callable[[], Any]
+"""A zero-argument callable returning a sub-env (a gymnasium env, or a PettingZoo
+``ParallelEnv`` or ``AECEnv``)."""
+
+# Per sub-env progress of a step, written to the caller's ``status`` array: a process
+# worker's shared marks tell the main process which steps a dead worker had done.
+NOT_RUN, RUNNING, DONE = 0, 1, 2
+
+
+class SubEnvRaised(EnvError):
+    """A sub-env's own code raised in ``call`` (``"step"``, ``"reset"``, ``"factory"``);
+    the original is chained. ``agent_id``: in a turn-based multi-agent env, the agent
+    whose turn it was (None otherwise)."""
+
+    def __init__(
+        self, err: BaseException, env_index: int, call: str, agent_id: str | None = None
+    ) -> None:
+        who = (
+            f"sub-env {env_index}"
+            if agent_id is None
+            else f"sub-env {env_index} (agent {agent_id!r})"
+        )
+        super().__init__(f"{who} raised in {call}(): {err!r}", env_index)
+        self.call = call
+        self.agent_id = agent_id
+
+
+def original(err: BaseException) -> BaseException:
+    """The sub-env's own exception behind a :class:`SubEnvRaised` (else ``err``)."""
+    return err.__cause__ if isinstance(err, SubEnvRaised) and err.__cause__ else err
+
+
+class StepResult(NamedTuple):
+    """What :meth:`SubEnvBlock.step` returns besides what it wrote to the buffers."""
+
+    infos: list[dict[str, Any]]
+    """Step infos of ``[lo, hi)`` in order (``{}`` for a failed step)."""
+    reset_infos: dict[int, dict[str, Any]]
+    """Infos of the autoresets, by global index."""
+    failed: list[int]
+    """Global indices whose step failed (restarted; their slots hold no transition)."""
+    errors: dict[int, BaseException]
+    """Every failure (step, or autoreset after a good step), by global index."""
+
+    def failed_mask(self, lo: int, hi: int) -> np.ndarray | None:
+        """The failed steps of ``[lo, hi)`` as a bool mask (None: none failed)."""
+        return failed_mask(self.failed, lo, hi)
+
+
+def failed_mask(failed: Sequence[int], lo: int, hi: int) -> np.ndarray | None:
+    """Sub-envs ``failed`` (global indices in ``[lo, hi)``) as a ``[hi - lo]`` bool
+    mask, as a step's ``failed`` holds them; None when ``failed`` is empty."""
+    if not failed:
+        return None
+    mask = np.zeros(hi - lo, np.bool_)
+    mask[np.asarray(failed) - lo] = True
+    return mask
+
+
+class SubEnvBlock(abc.ABC):
+    """Sub-envs ``[offset, offset + len(envs))`` of a vector env, stepped in turn.
+
+    Failures: without a ``restart_policy`` a sub-env's failure raises
+    (:class:`SubEnvRaised` for the env's own exceptions, the check's error for an
+    invalid step or reset). With one, the sub-env is closed, recreated from its factory
+    and reset (:func:`~jaxrunner._src.backends.restarts.retry`; a seeded sub-env
+    restarts seeded, :func:`~jaxrunner._src.core.seeds.restart_seed`), and a failed
+    step holds no transition (``StepResult.failed``); a failed reset after a good step
+    keeps that step's transition.
+
+    Args:
+        envs: the sub-envs (owned: replaced on restarts, closed by :meth:`close`).
+        fns: their factories (needed for restarts).
+        offset: the global index of ``envs[0]``.
+        restart_policy: how failed sub-envs are recreated (None: failures raise).
+        status: per global index, the progress marks (``RUNNING``, ``DONE``; a process
+            worker's are shared); None: kept privately.
+    """
+
+    def __init__(
+        self,
+        envs: Sequence[Any],
+        fns: Sequence[EnvFactory] | None,
+        offset: int,
+        restart_policy: RestartPolicy | None,
+        status: MutableSequence[int] | None = None,
+    ) -> None:
+        if restart_policy is not None and fns is None:
+            raise InvalidArgumentError(
+                f"{type(self).__name__}(restart_policy=...) needs the factories (fns)."
+            )
+        # A list is kept as is: the sync backend's ``envs`` is this list.
+        self.envs = envs if isinstance(envs, list) else list(envs)
+        self.offset, self.restart_policy = offset, restart_policy
+        self.fns = list(fns) if fns is not None else None
+        self.status = status if status is not None else bytearray(offset + len(self.envs))
+        self.num_restarts = 0
+        """Sub-envs recreated after a failure."""
+        self._seeds: list[int | None] = [None] * len(self.envs)
+        """Each sub-env's last reset seed (None: never seeded)."""
+        self._restarts = [0] * len(self.envs)
+        """Each sub-env's restarts since that seeded reset (its restarts' seeds)."""
+
+    @abc.abstractmethod
+    def step(self, lo: int, hi: int, actions: Any) -> StepResult:
+        """Steps sub-envs ``[lo, hi)`` (global indices), SAME_STEP autoreset included."""
+
+    @abc.abstractmethod
+    def reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict:
+        """Resets sub-env ``i`` (global index) into the buffers; returns its checked
+        infos, or raises a :class:`~jaxrunner.errors.JaxRunnerError` naming it."""
+
+    @abc.abstractmethod
+    def _fresh(self, j: int, env: Any, seed: int | None) -> dict[str, Any]:
+        """Takes new sub-env ``env`` as ``envs[j]``'s replacement and resets it with
+        ``seed`` into the buffers (one restart attempt: raises where it is refused)."""
+
+    @abc.abstractmethod
+    def _fail_slot(self, i: int) -> None:
+        """Sub-env ``i``'s slots of the step under way hold no transition."""
+
+    def reset(self, seeds: Sequence[int | None], options: dict[str, Any] | None) -> list[dict]:
+        """Resets every sub-env (``seeds[j]`` for ``envs[j]``); restarts one that fails
+        when there is a restart policy."""
+        return [
+            self.reset_or_restart(self.offset + j, seed, options) for j, seed in enumerate(seeds)
+        ]
+
+    def reset_or_restart(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict:
+        """:meth:`reset_one`, or with a restart policy, a restart where it fails."""
+        try:
+            return self.reset_one(i, seed, options)
+        except JaxRunnerError as err:
+            if self.restart_policy is None:
+                raise
+            return self.restart(i, original(err), failed_step=False)
+
+    def _seeded(self, i: int, seed: int | None) -> None:
+        """Notes sub-env ``i``'s reset seed: its restarts draw theirs from it."""
+        if seed is not None:
+            j = i - self.offset
+            self._seeds[j], self._restarts[j] = seed, 0
+
+    def restart(self, i: int, cause: BaseException, failed_step: bool) -> dict:
+        """Replaces sub-env ``i`` by a new, reset one (``restart_policy.max_attempts``
+        tries); for a failed step, its slots then hold no transition. Returns the new
+        sub-env's reset infos.
+
+        Raises:
+            EnvError: every attempt failed; ``cause`` chained, the last attempt's error
+                in the message and ``err.recreation_error``.
+        """
+        policy, fns = self.restart_policy, self.fns
+        assert policy is not None and fns is not None  # internal: only called with a policy
+        j = i - self.offset
+        close_quietly(self.envs[j])
+        self._restarts[j] += 1
+        seed = self._seeds[j]  # a seeded env restarts seeded: runs stay reproducible
+        seed = None if seed is None else restart_seed(seed, self._restarts[j])
+
+        def attempt() -> dict[str, Any]:
+            env = check_env(fns[j](), i)
+            try:
+                return self._fresh(j, env, seed)
+            except BaseException:
+                close_quietly(env)
+                raise
+
+        info = retry(attempt, policy, cause, lambda last: recreation_failed(i, cause, policy, last))
+        self.num_restarts += 1
+        if failed_step:
+            self._fail_slot(i)
+        return info
+
+    def restart_state(self, j: int) -> tuple[int | None, int]:
+        """``envs[j]``'s last reset seed and its restarts since: what its next restart's
+        seed is drawn from (a checkpoint keeps them, so a resumed run restarts as the
+        unbroken one does)."""
+        return self._seeds[j], self._restarts[j]
+
+    def set_restart_state(self, j: int, state: tuple[int | None, int]) -> None:
+        """Takes a :meth:`restart_state` as ``envs[j]``'s."""
+        self._seeds[j], self._restarts[j] = state
+
+    # -- every sub-env's attributes ----------------------------------------------------
+
+    def _get(self, env: Any, name: str) -> Any:
+        return getattr(env, name)
+
+    def _set(self, env: Any, name: str, value: Any) -> None:
+        setattr(env, name, value)
+
+    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
+        results = []
+        for env in self.envs:
+            attr = self._get(env, name)
+            results.append(attr(*args, **kwargs) if callable(attr) else attr)
+        return results
+
+    def get_attr(self, name: str) -> list[Any]:
+        return [self._get(env, name) for env in self.envs]
+
+    def set_attr(self, name: str, values: Sequence[Any]) -> None:
+        for env, value in zip(self.envs, values):
+            self._set(env, name, value)
+
+    def render(self) -> list[Any]:
+        return [env.render() for env in self.envs]
+
+    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
+        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` request, run on
+        sub-env ``index`` (global) alone."""
+        return run_on_env(self.envs[index - self.offset], method, args)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+        self.envs = []
+
+
+def build_envs(fns: Sequence[EnvFactory], offset: int) -> list[Any]:
+    """Calls the factories (``fns[j]`` is sub-env ``offset + j``); on failure closes
+    what it built and raises :class:`SubEnvRaised` (call ``"factory"``)."""
+    envs: list[Any] = []
+    try:
+        for j, fn in enumerate(fns):
+            try:
+                env = fn()
+            except Exception as err:
+                raise SubEnvRaised(err, offset + j, "factory") from err
+            envs.append(check_env(env, offset + j))
+    except BaseException:
+        for env in envs:
+            env.close()
+        raise
+    return envs
