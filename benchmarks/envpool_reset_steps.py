@@ -1,10 +1,13 @@
-"""Does keeping EnvPool's reset steps (``keep_reset_steps=True``) catch up with EnvPool by hand?
+"""The EnvPool backend's two modes against EnvPool by hand: its default (EnvPool's reset
+steps kept as ``valid=False`` slots) and ``keep_reset_steps=False`` (``same_step``).
 
 Per width, three systems on CartPole-v1 with the 64-64 MLP of ``jr.models`` (or another
 workload of ``jaxrunner bench``'s, ``--workload pong``: EnvPool's Pong-v5 and a NatureCNN), in one
 process, timed in interleaved rounds (the order alternates each round): jaxrunner's
-EnvPool backend at its default (a masked reset round trip after each step that ended
-an episode), the same with ``keep_reset_steps=True``, and the recording hand loop over
+EnvPool backend at its default (EnvPool's own NEXT_STEP autoreset, its reset steps
+recorded as invalid slots), the same with ``keep_reset_steps=False`` (a second call into
+EnvPool for the reset steps after each step that ended an episode, the default before
+2026-11-29), and the recording hand loop over
 EnvPool (``jaxrunner bench``'s: sync mode stepped by hand; or CleanRL's async loop, in
 ``peer_loops.py``, with ``--async-mode``). Steps/s count real transitions only (the runner's
 ``num_env_steps``; the hand loops leave EnvPool's reset steps out). Reports the median
@@ -80,8 +83,8 @@ def measure(
     work: Workload, num_envs: int, length: int, rounds: int, async_mode: bool, reps: int | None
 ) -> dict:
     systems = {
-        "default": _runner(work, num_envs, length, False, async_mode),
-        "keep_reset_steps": _runner(work, num_envs, length, True, async_mode),
+        "default": _runner(work, num_envs, length, True, async_mode),
+        "same_step": _runner(work, num_envs, length, False, async_mode),
         "hand": _hand(work, num_envs, length, async_mode),
     }
     for run in systems.values():  # compile and warm up
@@ -101,8 +104,8 @@ def measure(
         "median_steps_per_s": med,
         "ratios": {
             "default/hand": med["default"] / med["hand"],
-            "keep_reset_steps/hand": med["keep_reset_steps"] / med["hand"],
-            "keep_reset_steps/default": med["keep_reset_steps"] / med["default"],
+            "same_step/hand": med["same_step"] / med["hand"],
+            "default/same_step": med["default"] / med["same_step"],
         },
         "reps_per_round": reps,
         "load_average": os.getloadavg(),

@@ -71,16 +71,27 @@ class GameStats:
         self.returns = np.zeros(num_envs)
         self.lengths = np.zeros(num_envs, np.int64)
 
-    def update(self, infos: dict, truncated: np.ndarray) -> list[tuple[float, int]]:
-        """Takes one sample's ``[T, B]`` infos; returns the games that ended in it."""
+    def update(
+        self, infos: dict, truncated: np.ndarray, valid: np.ndarray
+    ) -> list[tuple[float, int]]:
+        """Takes one sample's ``[T, B]`` infos, truncations and ``valid`` mask (False at
+        EnvPool's reset steps, which are no step of a game); returns the games that
+        ended in it."""
         finished = []
-        for reward, game_over, cut in zip(infos["reward"], infos["terminated"], truncated):
-            self.returns += reward
-            self.lengths += 1
-            for b in np.flatnonzero((game_over > 0) | cut):
+        rows = zip(infos["reward"], infos["terminated"], truncated, valid)
+        for reward, game_over, cut, real in rows:
+            self.returns += np.where(real, reward, 0.0)
+            self.lengths += real
+            for b in np.flatnonzero(((game_over > 0) | cut) & real):
                 finished.append((float(self.returns[b]), int(self.lengths[b])))
                 self.returns[b], self.lengths[b] = 0.0, 0
         return finished
+
+
+def masked_mean(x, valid):
+    """The mean over the slots that hold a transition: EnvPool's reset steps (the slot
+    after each episode end, ``traj.valid`` False) do not."""
+    return jnp.sum(jnp.where(valid, x, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
 
 
 def make_update(policy: jr.Policy, optimizer: optax.GradientTransformation, args):
@@ -88,26 +99,27 @@ def make_update(policy: jr.Policy, optimizer: optax.GradientTransformation, args
         new = policy.evaluate(params, mb["obs"], mb["action"])  # log_prob, entropy, value
         logratio = new["log_prob"] - mb["log_prob"]
         ratio = jnp.exp(logratio)
-        adv = mb["advantages"]
+        adv, valid = mb["advantages"], mb["valid"]
         if args.norm_adv:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            adv = adv - masked_mean(adv, valid)
+            adv = adv / (jnp.sqrt(masked_mean(adv**2, valid)) + 1e-8)
         clipped = jnp.clip(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-        pg_loss = jnp.maximum(-adv * ratio, -adv * clipped).mean()
+        pg_loss = masked_mean(jnp.maximum(-adv * ratio, -adv * clipped), valid)
         v_loss = (new["value"] - mb["returns"]) ** 2
         if args.clip_vloss:
             v_clipped = mb["value"] + jnp.clip(
                 new["value"] - mb["value"], -args.clip_coef, args.clip_coef
             )
             v_loss = jnp.maximum(v_loss, (v_clipped - mb["returns"]) ** 2)
-        v_loss = 0.5 * v_loss.mean()
-        entropy = new["entropy"].mean()
+        v_loss = 0.5 * masked_mean(v_loss, valid)
+        entropy = masked_mean(new["entropy"], valid)
         loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
         stats = {
             "policy_loss": pg_loss,
             "value_loss": v_loss,
             "entropy": entropy,
-            "approx_kl": ((ratio - 1) - logratio).mean(),
-            "clipfrac": (jnp.abs(ratio - 1) > args.clip_coef).mean(),
+            "approx_kl": masked_mean((ratio - 1) - logratio, valid),
+            "clipfrac": masked_mean(jnp.abs(ratio - 1) > args.clip_coef, valid),
         }
         return loss, stats
 
@@ -117,12 +129,13 @@ def make_update(policy: jr.Policy, optimizer: optax.GradientTransformation, args
             reward=batch["reward"],
             terminated=batch["terminated"],
             truncated=batch["truncated"],
+            valid=batch["valid"],  # EnvPool's reset steps: no transition, zero advantage
             value=batch["value"],
             next_value=batch["next_value"],
             gamma=args.gamma,
             lam=args.gae_lambda,
         )
-        data = {name: batch[name] for name in ("obs", "action", "log_prob", "value")}
+        data = {name: batch[name] for name in ("obs", "action", "log_prob", "value", "valid")}
         data.update(advantages=advantages, returns=returns)
         data = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), data)  # [T * B, ...]
 
@@ -141,8 +154,13 @@ def make_update(policy: jr.Policy, optimizer: optax.GradientTransformation, args
         keys = jax.random.split(key, args.update_epochs)
         (params, opt_state), stats = jax.lax.scan(epoch, (params, opt_state), keys)
         stats = jax.tree.map(jnp.mean, stats)
-        values, targets = data["value"], data["returns"]
-        stats["explained_variance"] = 1 - jnp.var(targets - values) / jnp.var(targets)
+        valid, targets = data["valid"], data["returns"]
+        errors = targets - data["value"]
+
+        def var(x):
+            return masked_mean((x - masked_mean(x, valid)) ** 2, valid)
+
+        stats["explained_variance"] = 1 - var(errors) / var(targets)
         return params, opt_state, stats
 
     return update
@@ -181,7 +199,8 @@ def main() -> None:
     start = time.perf_counter()
     with runner:
         for traj in runner.iterate(args.num_iterations, reuse_buffers=True):
-            for game_return, game_length in games.update(traj.extras["infos"], traj.truncated):
+            ended = games.update(traj.extras["infos"], traj.truncated, traj.valid)
+            for game_return, game_length in ended:
                 print(
                     f"episodic_return={game_return:.0f} episodic_length={game_length}", flush=True
                 )
@@ -197,6 +216,7 @@ def main() -> None:
                 "reward": traj.reward,  # clipped by EnvPool, as CleanRL trains on
                 "terminated": traj.terminated,  # every lost life (episodic_life)
                 "truncated": traj.truncated,
+                "valid": traj.valid,  # False at EnvPool's reset steps
                 "next_value": next_value,
             }
             key, update_key = jax.random.split(key)

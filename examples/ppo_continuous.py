@@ -80,31 +80,38 @@ class ActorCritic(nn.Module):
         return mlp(obs, self.action_dim, 0.01), mlp(obs, 1, 1.0)[..., 0]
 
 
+def masked_mean(x, valid):
+    """The mean over the slots that hold a transition: EnvPool's reset steps (the slot
+    after each episode end, ``traj.valid`` False) do not."""
+    return jnp.sum(jnp.where(valid, x, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
+
+
 def make_update(policy: jr.Policy, optimizer: optax.GradientTransformation, args):
     def ppo_loss(params, mb):
         new = policy.evaluate(params, mb["obs"], mb["action"])  # log_prob, entropy, value
         logratio = new["log_prob"] - mb["log_prob"]
         ratio = jnp.exp(logratio)
-        adv = mb["advantages"]
+        adv, valid = mb["advantages"], mb["valid"]
         if args.norm_adv:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            adv = adv - masked_mean(adv, valid)
+            adv = adv / (jnp.sqrt(masked_mean(adv**2, valid)) + 1e-8)
         clipped = jnp.clip(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-        pg_loss = jnp.maximum(-adv * ratio, -adv * clipped).mean()
+        pg_loss = masked_mean(jnp.maximum(-adv * ratio, -adv * clipped), valid)
         v_loss = (new["value"] - mb["returns"]) ** 2
         if args.clip_vloss:
             v_clipped = mb["value"] + jnp.clip(
                 new["value"] - mb["value"], -args.clip_coef, args.clip_coef
             )
             v_loss = jnp.maximum(v_loss, (v_clipped - mb["returns"]) ** 2)
-        v_loss = 0.5 * v_loss.mean()
-        entropy = new["entropy"].mean()
+        v_loss = 0.5 * masked_mean(v_loss, valid)
+        entropy = masked_mean(new["entropy"], valid)
         loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
         stats = {
             "policy_loss": pg_loss,
             "value_loss": v_loss,
             "entropy": entropy,
-            "approx_kl": ((ratio - 1) - logratio).mean(),
-            "clipfrac": (jnp.abs(ratio - 1) > args.clip_coef).mean(),
+            "approx_kl": masked_mean((ratio - 1) - logratio, valid),
+            "clipfrac": masked_mean(jnp.abs(ratio - 1) > args.clip_coef, valid),
         }
         return loss, stats
 
@@ -126,6 +133,7 @@ def make_update(policy: jr.Policy, optimizer: optax.GradientTransformation, args
             "value": traj.extras["value"],
             "advantages": advantages,
             "returns": returns,
+            "valid": traj.valid,  # False at EnvPool's reset steps (gae gave them zeros)
         }
         data = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), data)  # [T * B, ...]
 
@@ -144,8 +152,13 @@ def make_update(policy: jr.Policy, optimizer: optax.GradientTransformation, args
         keys = jax.random.split(key, args.update_epochs)
         (params, opt_state), stats = jax.lax.scan(epoch, (params, opt_state), keys)
         stats = jax.tree.map(jnp.mean, stats)
-        values, targets = data["value"], data["returns"]
-        stats["explained_variance"] = 1 - jnp.var(targets - values) / jnp.var(targets)
+        valid, targets = data["valid"], data["returns"]
+        errors = targets - data["value"]
+
+        def var(x):
+            return masked_mean((x - masked_mean(x, valid)) ** 2, valid)
+
+        stats["explained_variance"] = 1 - var(errors) / var(targets)
         return params, opt_state, stats
 
     return update

@@ -322,8 +322,26 @@ def test_envpool_reset_steps_times_both_modes_and_the_hand_loop(tmp_path, mode):
     _run("envpool_reset_steps.py", *options, *mode)
     (row,) = json.loads(out.read_text())["results"]
     assert row["num_envs"] == 4
-    assert set(row["median_steps_per_s"]) == {"default", "keep_reset_steps", "hand"}
+    assert set(row["median_steps_per_s"]) == {"default", "same_step", "hand"}
     assert all(len(rates) == 2 and min(rates) > 0 for rates in row["rounds"].values())
+
+
+def test_bench_counts_envpool_transitions_not_its_reset_slots():
+    """``jaxrunner bench`` on the "envpool" backend counts what the hand loop counts:
+    real transitions, not the reset slots its default records (valid False)."""
+    pytest.importorskip("envpool")
+    from jaxrunner._src.bench.systems import Spec, build
+
+    spec = Spec(system="jaxrunner", backend="envpool", env="CartPole-v1", num_envs=4,
+                rollout_length=64)  # fmt: skip
+    system = build(spec)
+    try:
+        runner = system._runner
+        before = runner.get_metrics()["num_env_steps"]
+        counted = system._sample()
+        assert counted == runner.get_metrics()["num_env_steps"] - before < 4 * 64
+    finally:
+        system.close()
 
 
 def test_envpool_step_overhead_times_each_part(tmp_path):

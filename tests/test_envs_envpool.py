@@ -1,7 +1,8 @@
 """Tests for backend="envpool" (jaxrunner._src.backends.envpool); skipped without EnvPool.
 
-EnvPool autoresets on the NEXT_STEP; the adapter must give exactly EnvPool's own real
-transitions (its reset steps left out, true final observations kept) and gymnasium's
+EnvPool autoresets on the NEXT_STEP; by default the adapter gives EnvPool's own steps,
+its reset steps as invalid rows; with ``keep_reset_steps=False``, exactly its real
+transitions (reset steps left out, true final observations kept). Both keep gymnasium's
 seeding semantics.
 """
 
@@ -31,10 +32,9 @@ def _envpool(num_envs: int, max_episode_steps: int = 12, **kwargs: object) -> jr
     )
 
 
-def test_equals_envpool_without_its_reset_steps() -> None:
-    """Per sub-env, the transitions are EnvPool's own real ones, in order: each sub-env
-    has its own generator, so resetting it early (masked) draws the same start state its
-    reset step would have drawn."""
+def test_same_step_mode_equals_envpool_without_its_reset_steps() -> None:
+    """keep_reset_steps=False: per sub-env, the transitions are EnvPool's own real ones,
+    in order."""
     n, per_env, limit = 3, 100, 25
     actions = np.random.default_rng(SEED).integers(0, 2, size=(n, per_env))
     ref = envpool.make_gymnasium("CartPole-v1", num_envs=n, seed=SEED, max_episode_steps=limit)
@@ -55,7 +55,7 @@ def test_equals_envpool_without_its_reset_steps() -> None:
                     k[i] += 1
             pending = (terminated | truncated) & ~pending
             obs = next_obs
-    with closing(_envpool(n, limit, seed=SEED)) as vec:
+    with closing(_envpool(n, limit, seed=SEED, keep_reset_steps=False)) as vec:
         obs = vec.reset_batch([SEED + i for i in range(n)])[0].copy()
         for t in range(per_env):
             out = vec.step_batch(actions[:, t])
@@ -86,8 +86,9 @@ def test_seeded_reset_gives_the_same_episodes() -> None:
         np.testing.assert_array_equal(listed[1], first[0])
 
 
-def test_runner_on_envpool_gives_real_transitions(mlp: Callable) -> None:
-    envs = _envpool(4)
+def test_runner_on_same_step_mode_gives_real_transitions(mlp: Callable) -> None:
+    """keep_reset_steps=False: every slot a transition, each one CartPole's own."""
+    envs = _envpool(4, keep_reset_steps=False)
     policy = mlp(envs.single_action_space)
     params = policy.init(jax.random.key(1), envs.single_observation_space)
     with jr.EnvRunner(envs, policy, params, rollout_length=40, seed=SEED, num_splits=1) as r:
@@ -107,15 +108,16 @@ def test_runner_on_envpool_gives_real_transitions(mlp: Callable) -> None:
             np.testing.assert_allclose(traj.next_obs[t, i], expected, atol=1e-4)
 
 
-def test_async_mode_samples_ready_first_and_replays_exactly(mlp: Callable) -> None:
-    """EnvPool's async mode (batch_size < num_envs) through the ready-first sampler:
+def test_async_same_step_mode_samples_ready_first_and_replays_exactly(mlp: Callable) -> None:
+    """EnvPool's async mode (batch_size < num_envs) with keep_reset_steps=False, through
+    the ready-first sampler:
     every env records exactly T steps per sample, obs and next_obs line up, ended
     episodes keep their true final observation, and each env's trajectory replays
     step for step in a fresh (sync) EnvPool env of the same seed."""
     from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 
     n, length, samples = 8, 20, 3
-    envs = _envpool(n, batch_size=2)
+    envs = _envpool(n, batch_size=2, keep_reset_steps=False)
     policy = mlp(envs.single_action_space)
     params = policy.init(jax.random.key(1), envs.single_observation_space)
     with jr.EnvRunner(envs, policy, params, rollout_length=length, seed=SEED) as runner:
@@ -129,7 +131,7 @@ def test_async_mode_samples_ready_first_and_replays_exactly(mlp: Callable) -> No
     np.testing.assert_array_equal(traj.reward, 1.0)  # no reset step emitted
     cont = ~done[:-1]
     np.testing.assert_array_equal(traj.obs[1:][cont], traj.next_obs[:-1][cont])
-    with closing(_envpool(n)) as replay:
+    with closing(_envpool(n, keep_reset_steps=False)) as replay:
         obs = replay.reset_batch(jr.env_seeds(SEED, n))[0].copy()  # as the runner seeds it
         for t in range(length * samples):
             np.testing.assert_array_equal(traj.obs[t], obs)
@@ -159,14 +161,14 @@ class _EpisodeLog(jr.Callbacks):
 
 
 @pytest.mark.parametrize("compact", [False, True])
-def test_keep_reset_steps_records_envpool_as_stepped_by_hand(mlp: Callable, compact: bool) -> None:
-    """keep_reset_steps=True: the runner records EnvPool's own steps, its reset steps
+def test_default_records_envpool_as_stepped_by_hand(mlp: Callable, compact: bool) -> None:
+    """By default (keep_reset_steps=True) the runner records EnvPool's own steps, its reset steps
     included, exactly as a hand loop over the same actions sees them; the reset slots
     are exactly the steps after an episode ended (valid False, step -1, the next
-    episode's id) and count in no metric; everything else is as the default mode.
+    episode's id) and count in no metric; everything else is as keep_reset_steps=False.
     With ``compact_next_obs``, ``next_obs`` built from the stored rows is the same."""
     n, length, samples, limit = 5, 16, 3, 12
-    envs = _envpool(n, limit, keep_reset_steps=True)
+    envs = _envpool(n, limit)  # the default
     assert envs.metadata["autoreset_mode"] == gymnasium.vector.AutoresetMode.NEXT_STEP
     policy = mlp(envs.single_action_space)
     params = policy.init(jax.random.key(1), envs.single_observation_space)
@@ -223,13 +225,13 @@ def test_keep_reset_steps_records_envpool_as_stepped_by_hand(mlp: Callable, comp
 
 
 @pytest.mark.parametrize("compact", [False, True])
-def test_async_keep_reset_steps_replays_envpool_by_hand(mlp: Callable, compact: bool) -> None:
-    """Async mode with keep_reset_steps=True: each env's rows, in time order, are what
+def test_async_default_replays_envpool_by_hand(mlp: Callable, compact: bool) -> None:
+    """Async mode at its default (keep_reset_steps=True): each env's rows, in time order, are what
     EnvPool stepped by hand gives for the same actions, its reset steps included; the
     reset slots are exactly the steps after an end, and count in no metric (also with
     ``compact_next_obs``)."""
     n, length, samples, limit = 16, 20, 3, 12  # more envs than a chunk (8): part calls
-    envs = _envpool(n, limit, batch_size=2, keep_reset_steps=True)
+    envs = _envpool(n, limit, batch_size=2)  # the default
     assert envs.capabilities.reset_steps and envs.capabilities.ready_first
     policy = mlp(envs.single_action_space)
     params = policy.init(jax.random.key(1), envs.single_observation_space)
@@ -308,12 +310,12 @@ def test_calls_give_what_envpools_public_api_gives(task: str, kwargs: dict, dire
         assert ended > 0  # episodes ended (max_episode_steps) and were reset by EnvPool
 
 
-def test_keep_reset_steps_sends_in_the_background() -> None:
-    """With keep_reset_steps, send hands EnvPool the actions at once (the runner records
+def test_default_sends_in_the_background() -> None:
+    """By default (keep_reset_steps), send hands EnvPool the actions at once (the runner records
     them while EnvPool steps) and recv answers them: the same steps as step_batch on a
     twin pool; calls out of order are refused with what to do, and lose nothing."""
     n = 3
-    mine, twin = (_envpool(n, 5, keep_reset_steps=True) for _ in range(2))
+    mine, twin = (_envpool(n, 5) for _ in range(2))
     with closing(mine), closing(twin):
         assert mine.capabilities.steps_in_background
         for vec in (mine, twin):

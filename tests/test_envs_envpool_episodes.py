@@ -58,8 +58,8 @@ def _episodes(rows: np.ndarray) -> list[tuple[float, int]]:
 @pytest.mark.parametrize("episodic_life", [True, False])
 @pytest.mark.parametrize(
     "mode",
-    [{}, {"keep_reset_steps": True}, {"batch_size": 1}, {"batch_size": 1, "keep_reset_steps": 1}],
-    ids=["sync", "keep_reset_steps", "async", "async-keep_reset_steps"],
+    [{}, {"keep_reset_steps": False}, {"batch_size": 1}, {"batch_size": 1, "keep_reset_steps": 0}],
+    ids=["sync", "same_step", "async", "async-same_step"],
 )
 def test_episodes_are_envpools_own(mlp: Callable, mode: dict, episodic_life: bool) -> None:
     """The runner's transitions per env, and so its episodes (returns, lengths), are

@@ -79,12 +79,16 @@ def test_game_stats_sums_every_life_and_restarts_at_game_over_or_time_limit() ->
     reward = np.array([[3.0, 1.0], [0.0, -2.0], [5.0, 4.0]])  # [T, B], unclipped
     game_over = np.array([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
     truncated = np.zeros((3, 2), bool)
-    assert games.update({"reward": reward, "terminated": game_over}, truncated) == [
+    valid = np.ones((3, 2), bool)
+    assert games.update({"reward": reward, "terminated": game_over}, truncated, valid) == [
         (-1.0, 2),  # env 1: 1 - 2, over at its second step
         (8.0, 3),  # env 0: 3 + 0 + 5
     ]
-    # Env 1's next game goes on across samples until cut by the time limit.
+    # Env 1's next game goes on across samples until cut by the time limit; its first
+    # slot is EnvPool's reset step (invalid: no step of the game, whatever its info).
     truncated = np.array([[False, False], [False, True]])
-    infos = {"reward": np.array([[1.0, 2.0], [1.0, 7.0]]), "terminated": np.zeros((2, 2))}
-    assert games.update(infos, truncated) == [(13.0, 3)]  # 4 + 2 + 7
+    valid = np.array([[True, False], [True, True]])
+    infos = {"reward": np.array([[1.0, 9.0], [1.0, 7.0]]), "terminated": np.ones((2, 2))}
+    infos["terminated"][:, 0] = 0
+    assert games.update(infos, truncated, valid) == [(11.0, 2)]  # 4 + 7: the 9 ignored
     assert list(games.returns) == [2.0, 0.0] and list(games.lengths) == [2, 0]

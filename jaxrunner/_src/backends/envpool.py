@@ -1,6 +1,6 @@
 """``backend="envpool"`` in sync mode: EnvPool's C++ vector envs behind jaxrunner's
-contract (reset steps taken at once or kept, seeded rebuilds, checked actions).
-See docs/backends/envpool.md."""
+contract (reset steps kept as invalid rows, or taken at once; seeded rebuilds, checked
+actions). See docs/backends/envpool.md."""
 
 from __future__ import annotations
 
@@ -44,10 +44,11 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         num_envs: number of sub-envs.
         seed: the pool's seed until a seeded ``reset``: sub-env ``i`` gets ``seed + i``.
         copy: if True, ``reset``/``step`` return copies of the observation buffer.
-        keep_reset_steps: step with EnvPool's own NEXT_STEP autoreset and return its
-            reset steps as ``BatchStep.reset_rows`` (``valid=False`` slots, no faults)
-            instead of a masked reset after each episode end; see docs/backends/envpool.md
-            for how the contract differs.
+        keep_reset_steps: True (the default): step with EnvPool's own NEXT_STEP
+            autoreset and return its reset steps as ``BatchStep.reset_rows``
+            (``valid=False`` slots, no faults). False: take each ended sub-env's reset
+            step at once, in a second call, so every row is a transition (gymnasium's
+            SAME_STEP); see docs/backends/envpool.md.
         **envpool_kwargs: for ``envpool.make_gymnasium`` (``num_threads``,
             ``max_episode_steps``, ...).
     """
@@ -59,7 +60,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         *,
         seed: int = 0,
         copy: bool = True,
-        keep_reset_steps: bool = False,
+        keep_reset_steps: bool = True,
         **envpool_kwargs: Any,
     ) -> None:
         envpool = import_envpool()

@@ -1,6 +1,6 @@
 """``backend="envpool"`` with ``batch_size < num_envs``: EnvPool's async mode, sampled
-ready-first, its NEXT_STEP autoreset paired into SAME_STEP rows.
-See docs/backends/envpool.md."""
+ready-first, its NEXT_STEP reset steps kept as invalid rows (or paired into SAME_STEP
+rows). See docs/backends/envpool.md."""
 
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             ``seed + i``.
             (``num_envs`` must be a multiple of ``batch_size``.)
         copy: if True, ``reset``/``step`` return copies of the observation buffer.
-        keep_reset_steps: answer EnvPool's own reset steps as ``BatchStep.reset_rows``
-            instead of sending them itself (see docs/backends/envpool.md).
+        keep_reset_steps: True (the default): answer EnvPool's own reset steps as
+            ``BatchStep.reset_rows``. False: send them itself and hold each final step
+            until its reset step answers (see docs/backends/envpool.md).
         **envpool_kwargs: for ``envpool.make_gymnasium`` (``num_threads``, ...).
     """
 
@@ -45,7 +46,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         *,
         seed: int = 0,
         copy: bool = True,
-        keep_reset_steps: bool = False,
+        keep_reset_steps: bool = True,
         **envpool_kwargs: Any,
     ) -> None:
 

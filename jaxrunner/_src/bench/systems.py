@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from jaxrunner._src.backends import BACKENDS, make_vec
+from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.bench.hand_loop import (
     REFERENCES,
     RecordingHandLoop,
@@ -138,6 +139,10 @@ class JaxrunnerSystem:
             params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
             self._runner = EnvRunner(envs, policy, params, spec.rollout_length, spec.seed)
         self.num_envs = spec.num_envs
+        # EnvPool's reset steps come back as slots holding no transition: not counted
+        # (a pure-JAX env has no such slots).
+        vec = self._runner.envs
+        self._reset_steps = isinstance(vec, VectorEnv) and vec.capabilities.reset_steps
         self._sample()  # warm-up: compiles, first resets
         self.layout = {
             "num_workers": getattr(envs, "num_workers", 0),
@@ -149,6 +154,8 @@ class JaxrunnerSystem:
     def _sample(self) -> int:
         trajectory = self._runner.sample()
         jax.block_until_ready(trajectory.reward)  # pure-JAX samples stay on device
+        if self._reset_steps:
+            return int(np.count_nonzero(trajectory.valid))
         return int(np.size(trajectory.reward))
 
     def measure(self, seconds: float) -> dict[str, Any]:
