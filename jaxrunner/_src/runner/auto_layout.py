@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import gymnasium
+import numpy as np
 
 from jaxrunner._src.backends import EnvSpec, check_vec_options, choose_auto_layout, make_vec
 from jaxrunner._src.backends.auto import LayoutChoice
@@ -122,10 +123,13 @@ def _trial(
         keys.append(ENVPOOL)
 
     def timed_sample(key: int | str) -> float:
-        """One sample of ``key``'s runner; a failure drops a layout other than sync."""
+        """Seconds per transition of one sample of ``key``'s runner, counting real ones
+        only (``valid``: EnvPool's reset steps and failed steps hold none); a failure
+        drops a layout other than sync."""
         start = time.perf_counter()
         try:
-            runners[key].sample()
+            traj = runners[key].sample()
+            return (time.perf_counter() - start) / max(1, int(np.count_nonzero(traj.valid)))
         except Exception as err:
             if key == 0:
                 err.add_note(
@@ -184,7 +188,7 @@ def _trial(
     finally:
         for runner in runners.values():
             runner.stop()
-    rates = {key: length * num_envs / statistics.median(t) for key, t in times.items()}
+    rates = {key: 1 / statistics.median(t) for key, t in times.items()}
     choice = pick_layout(rule, rates, policy_step_us=1e3 * inference_ms)
     if failed:
         dropped = "; ".join(
@@ -234,8 +238,8 @@ def _same_spaces(envs: VectorEnv, sync: VectorEnv) -> bool:
 
 
 def undecided(times: Mapping[int | str, list[float]]) -> bool:
-    """Whether sync's median sample time and the fastest other layout's are within
-    :data:`CLOSE` of each other, either way (False where sync is the only one)."""
+    """Whether sync's median time per transition and the fastest other layout's are
+    within :data:`CLOSE` of each other, either way (False where sync is the only one)."""
     sync = statistics.median(times[0])
     others = [statistics.median(t) for key, t in times.items() if key != 0]
     if not others:
