@@ -50,9 +50,10 @@ class ActionCheck:
                     type(batch) is np.ndarray and batch.shape == shape and batch.dtype.kind in kinds
                 ):
                     break
-                flat = batch.reshape(shape[0] * shape[1], *shape[2:])
-                if ranged and space_arrays.out_of_range_row(ranged, flat) is not None:
-                    break
+                if ranged:  # only Discrete and MultiDiscrete groups pay for the range
+                    flat = batch.reshape(shape[0] * shape[1], *shape[2:])
+                    if space_arrays.out_of_range_row(ranged, flat) is not None:
+                        break
             else:
                 return actions
         return self._check(actions)
