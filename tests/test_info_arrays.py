@@ -407,16 +407,52 @@ def test_multi_agent_infos_are_the_same_on_every_layout(tag_all, config, kwargs)
 def test_multi_agent_turn_based_infos_are_those_of_the_turn_ending_the_transition():
     # tictactoe: a move's transition completes at the player's next turn, and its info
     # is the one PettingZoo's env.last() gives then: the moves so far. At the game's end
-    # the env's dead steps remove the players and their infos: none is recorded there.
+    # each player's final transition completes at its dead step, whose info env.last()
+    # gives before the dead step removes the player (and its infos): recorded too.
     from tests.multi_agent_envs import tictactoe_with_infos
 
     traj = run_agents(tictactoe_with_infos, "all", length=30, masked=True)
     (g,) = traj.groups.values()
     assert list(g.extras["infos"]) == ["moves"] and traj.env_done.any()
-    during = g.valid & ~traj.env_done[:, :, None]
-    np.testing.assert_array_equal(g.extras["infos_present"]["moves"], during)
+    np.testing.assert_array_equal(g.extras["infos_present"]["moves"], g.valid)
+    ended = g.valid & traj.env_done[:, :, None]
+    assert ended.any() and (g.valid & ~traj.env_done[:, :, None]).any()
     moves = np.broadcast_to((traj.step + 1)[:, :, None], g.valid.shape)
-    np.testing.assert_array_equal(g.extras["infos"]["moves"], np.where(during, moves, 0))
+    np.testing.assert_array_equal(g.extras["infos"]["moves"], np.where(g.valid, moves, 0))
+
+
+def test_multi_agent_turn_based_final_infos_match_pettingzoo_by_hand():
+    # The reference: env 0's first game replayed by hand with the trajectory's actions;
+    # each player's final transition records what PettingZoo's env.last() gave at its
+    # dead step.
+    from tests.multi_agent_envs import tictactoe_with_infos
+
+    traj = run_agents(tictactoe_with_infos, "all", length=30, masked=True)
+    (g,), b = traj.groups.values(), 0
+    t_end = int(np.argmax(traj.env_done[:, b]))
+    assert traj.env_done[t_end, b]
+    env = tictactoe_with_infos()
+    env.reset(seed=jr.env_seeds(1, traj.num_envs)[b])
+    # Slot [t, b, k] holds the transition agent k completed at step t: its actions in
+    # the order it took them.
+    moves_of = {
+        a: list(g.action[: t_end + 1, b, k][g.valid[: t_end + 1, b, k]])
+        for a, k in ((a, traj.agent(a)[1]) for a in env.possible_agents)
+    }
+    final = {}
+    for agent in env.agent_iter():
+        _, _, term, trunc, info = env.last()
+        if term or trunc:
+            final[agent] = info["moves"]
+            env.step(None)
+        else:
+            env.step(int(moves_of[agent].pop(0)))
+    assert set(final) == set(env.possible_agents)
+    assert not any(moves_of.values())  # every recorded action was taken
+    for agent, moves in final.items():
+        k = traj.agent(agent)[1]
+        assert g.valid[t_end, b, k] and g.extras["infos_present"]["moves"][t_end, b, k]
+        assert g.extras["infos"]["moves"][t_end, b, k] == moves
 
 
 class PhaseInfos:

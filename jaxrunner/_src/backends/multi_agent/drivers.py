@@ -144,6 +144,9 @@ class AECDriver(Driver):
     def __init__(self, env: Any, index: int, layout: Layout) -> None:
         super().__init__(env, index, layout)
         self._last_obs: dict[str, Any] = {}  # each agent's latest observation
+        # The infos of agents whose dead step removed them (with their infos) in this
+        # call: their final transition's info, as env.last() gives it at that turn.
+        self._final_infos: dict[str, Any] = {}
 
     def get_state(self) -> dict[str, Any]:
         """:meth:`Driver.get_state` plus each agent's latest observation (``last_obs``:
@@ -161,6 +164,7 @@ class AECDriver(Driver):
         self.env.reset(seed=seed, options=options)
         self._begin_episode()
         self._last_obs.clear()
+        self._final_infos.clear()
         self._settle()
         if not self.env.agents:
             raise EnvError(
@@ -175,10 +179,11 @@ class AECDriver(Driver):
         agent = env.agent_selection
         self.acted.add(agent)
         self.started.add(agent)
+        self._final_infos.clear()
         env.step(self._action(actions, agent))
         env_reward = self._collect_rewards()
         env_reward += self._settle()
-        infos = check_infos(dict(env.infos), self.env_index, "step")
+        infos = check_infos({**self._final_infos, **env.infos}, self.env_index, "step")
         if env.agents:
             return False, env_reward, 0.0, infos
         # Agents the env removed without their dead step: their episode was cut with
@@ -208,6 +213,7 @@ class AECDriver(Driver):
                 break
             if agent in self.acted:
                 self._complete(agent, env.observe(agent), term, trunc)
+                self._final_infos[agent] = env.infos.get(agent, {})
             self._last_obs.pop(agent, None)
             env.step(None)
             reward += self._collect_rewards()
