@@ -683,6 +683,40 @@ def test_restore_refuses_unreferenced_members_unread(saved, tmp_path):
     assert not report.envs_restored
 
 
+def test_restore_refuses_kept_observations_outside_the_groups_space(tmp_path):
+    """Tic-tac-toe's observations are Box(0, 1) boards and masks: a kept agent episode
+    (under way or finished) whose latest board or mask holds a 2 or a -1 is refused,
+    naming the member and the row; the runner is unchanged."""
+    path = tmp_path / "tictactoe.ckpt"
+    with make("tictactoe", callbacks=Recorder()) as runner:
+        runner.sample_episodes(3)
+        runner.save(path)
+
+    def last_row(value: int):
+        def edit(array: np.ndarray) -> np.ndarray:
+            array[-1] = value
+            return array
+
+        return edit
+
+    cases = {
+        "fragments/0/obs/observation": 2,
+        "fragments/0/obs/action_mask": -1,
+        "callback_fragments/1/obs/observation": -1,
+        "finished/0/obs/action_mask": 2,
+    }
+    with make("tictactoe", callbacks=Recorder()) as runner:
+        before = runner_state(runner)
+        for name, value in cases.items():
+            damaged = tmp_path / "damaged.ckpt"
+            edited(name, last_row(value))(path, damaged)
+            match = rf"{name} row \d+ \(.*\) outside the runner's space Box\(0, 1"
+            with pytest.raises(InvalidArgumentError, match=match):
+                runner.restore(damaged, load_env_pickles=True)
+            assert_trees_equal(runner_state(runner), before, name)
+        assert runner.restore(path, load_env_pickles=True).envs_restored
+
+
 @pytest.mark.parametrize("max_bytes", [True, 1.5, -1, None])
 def test_restore_refuses_a_max_bytes_that_is_no_byte_count(saved, max_bytes):
     with make() as runner:

@@ -106,7 +106,7 @@ class CheckpointReader:
             raise self.error(
                 f"has {where} that is not an object of the keys {sorted(keys)}{optional}"
             )
-        meta = {**{f: v for f, v in defaults.items() if f in scalars}, **meta}
+        meta = {**defaults, **meta}
         for field, kind in scalars.items():
             if kind is bool and not isinstance(meta[field], bool):
                 raise self.error(f"has {where}.{field}={meta[field]!r}; expected true or false")
