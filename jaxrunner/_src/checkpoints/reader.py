@@ -310,9 +310,10 @@ class CheckpointReader:
     ) -> dict[str, Any]:
         """An episode's step arrays saved by :func:`put_steps` below ``base``:
         ``obs`` (``[L + 1]``, the structure, trailing shapes and dtypes of
-        ``specs["obs"]``, finite and in those spaces), ``action`` (``[L]``, the
-        structure and trailing shapes of ``specs["action"]``, in those spaces but a
-        Box's bounds: sampled Box actions are kept unclipped), ``reward`` (``[L]``,
+        ``specs["obs"]``, finite and in those spaces but a Box's bounds, which sampling
+        does not check either), ``action`` (``[L]``, the structure and trailing shapes
+        of ``specs["action"]``, in those spaces but a Box's bounds: sampled Box actions
+        are kept unclipped), ``reward`` (``[L]``,
         finite, ``L`` at most ``most``: the steps the saved runner counted) and
         ``extras`` (``[L]``, the string paths of ``meta["extras"]``)."""
         data_paths = self.paths(meta["paths"], f"{where}.paths")
@@ -343,7 +344,9 @@ class CheckpointReader:
             )
             finite = leaf.dtype.kind != "f" or np.isfinite(leaf).all()
             self.require(finite, array_name(base, ("obs", *p)), "not finite (NaN or infinity)")
-            self.check_rows(space, leaf, array_name(base, ("obs", *p)), bounds=True)
+            # A Box's bounds as sampling's: gymnasium envs may leave them, and a
+            # runner must restore its own file.
+            self.check_rows(space, leaf, array_name(base, ("obs", *p)), bounds=False)
         for p, space in action_specs.items():
             shape = space_arrays.leaf_spec(space)[0]
             action[p] = leaf = read(("action", *p), "", leading(shape, None, steps))
