@@ -109,6 +109,33 @@ def test_restarted_sub_envs_resume_with_their_restart_seeds(gru, tmp_path):
     assert_trees_equal(split, whole, "trajectory")
 
 
+def test_a_faulty_episode_is_saved_and_restored_faulty(gru, tmp_path):
+    """As a MultiAgentRunner's agent episodes: finished episodes cut by a fault, kept for
+    the next sample_episodes(include_faulty=True), restore faulty, and the resumed
+    runner returns what the unbroken one does."""
+    from jaxrunner.testing import FaultPlan, faulty_env_fns
+
+    def make():
+        policy, params = gru
+        fns = faulty_env_fns(short_cartpole, 5, faults=[FaultPlan(at=(6,))])
+        envs = jr.SyncVectorEnv(fns, restart_policy=jr.RestartPolicy())
+        return jr.EnvRunner(envs, policy, params, rollout_length=11, seed=SEED)
+
+    path = tmp_path / "faulty.ckpt"
+    with make() as runner:
+        while not any(e.faulty for e in runner.state.finished):
+            runner.sample_episodes(len(runner.state.finished) + 1, include_faulty=True)
+        kept = list(runner.state.finished)
+        runner.save(path)
+        want = runner.sample_episodes(len(kept) + 3, include_faulty=True)
+    with make() as runner:
+        assert runner.restore(path, load_env_pickles=True).envs_restored
+        assert [e.faulty for e in runner.state.finished] == [e.faulty for e in kept]
+        got = runner.sample_episodes(len(kept) + 3, include_faulty=True)
+    assert_trees_equal(got, want, "episodes")
+    assert [e.faulty for e in got] == [e.faulty for e in want]
+
+
 OLD_FILES = pathlib.Path(__file__).parent / "data" / "checkpoints"
 """Checkpoints written by the earlier formats (see write_old_versions.py there)."""
 
@@ -527,6 +554,10 @@ HOSTILE = {
     "infinite params": (edited(GRU_KERNEL, infinite), f"{GRU_KERNEL} not finite"),
     "NaN sampler observations": (edited("sampler/obs", nan_at_end), "sampler/obs not finite"),
     "NaN kept observation": (edited("finished/0/obs", nan_at_end), "finished/0/obs not finite"),
+    "kept action outside the space": (
+        edited("finished/0/action", lambda a: np.full_like(a, 2)),
+        r"finished/0/action row 0 \(2\) outside the runner's space Discrete\(2\)",
+    ),
     "header claims 800 GB": (
         member(GRU_KERNEL, _npy(np.zeros((8, 8), np.float32)).replace(b"(8, 8)", CLAIMS_800_GB)),
         GRU_KERNEL,

@@ -4,6 +4,7 @@ seeds; damaged and hostile files refused, leaving the runner as it was."""
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 from typing import Any
@@ -226,6 +227,48 @@ def test_a_version_1_checkpoint_resumes_exactly(saved):
     assert_trees_equal(concatenate(old), concatenate(new), "trajectory")
     assert old_metrics == metrics and old_seen == seen and len(seen) > 3
     assert_trees_equal(old_episodes, episodes, "agent episodes")
+
+
+def faulty_runner() -> jr.MultiAgentRunner:
+    """coming_and_going on the sync backend whose sub-env 1 returns a NaN observation
+    once (its episode ends as a fault; the restart policy recreates it)."""
+    fns = [envs_mod.coming_and_going] * NUM_ENVS
+    arm_seed = jr.env_seeds(SEED, NUM_ENVS)[1]
+    fns[1] = functools.partial(envs_mod.BadOutputs, "nan_obs", arm_seed)
+    envs = jr.make_multi_agent_vec(fns, NUM_ENVS, restart_policy=jr.RestartPolicy())
+    params = {g.policy_id: {"w": jnp.zeros(3)} for g in envs.groups}
+    return jr.MultiAgentRunner(envs, recurrent_policy(3), params, T, seed=SEED)
+
+
+def test_a_faulty_agent_episode_is_saved_and_restored_faulty(tmp_path):
+    """sample_episodes(include_faulty=True) keeps agent episodes cut by their env's
+    failure; saved and restored (the sub-envs unpickled), they are faulty still, and the
+    resumed runner returns what the unbroken one does. A file without the ``faulty`` key
+    (written before it was saved) restores them as not faulty."""
+    path = tmp_path / "faulty.ckpt"
+    with faulty_runner() as runner:
+        while not any(e.faulty for e in runner.state.finished):
+            runner.sample_episodes(len(runner.state.finished) + 1, include_faulty=True)
+        kept = list(runner.state.finished)
+        runner.save(path)
+        want = runner.sample_episodes(len(kept) + 4, include_faulty=True)
+    faulty = [e.faulty for e in kept]
+    assert any(faulty) and not all(faulty)
+    assert all(e.truncated for e in kept if e.faulty)
+    with faulty_runner() as runner:
+        assert runner.restore(path, load_env_pickles=True).envs_restored
+        assert [e.faulty for e in runner.state.finished] == faulty
+        assert_trees_equal(runner.state.finished, kept, "kept episodes")
+        got = runner.sample_episodes(len(kept) + 4, include_faulty=True)
+    assert_trees_equal(got, want, "agent episodes")
+    assert [e.faulty for e in got] == [e.faulty for e in want]
+
+    older = tmp_path / "without_faulty.ckpt"
+    rewrite(path, older, meta=lambda m: [e.pop("faulty") for e in m["finished"]])
+    with faulty_runner() as runner:
+        assert runner.restore(older, load_env_pickles=True).envs_restored
+        assert not any(e.faulty for e in runner.state.finished)
+        assert [e.episode_id for e in runner.state.finished] == [e.episode_id for e in kept]
 
 
 # -- new episodes --------------------------------------------------------------------------
@@ -520,6 +563,23 @@ HOSTILE = {
     "short kept obs": (member("finished/0/obs", np.zeros((1, 3), np.float32)), "finished/0/obs"),
     "NaN kept obs": (edited("finished/0/obs", nan_at_end), "finished/0/obs not finite"),
     "NaN fragment obs": (edited("fragments/0/obs", nan_at_end), "fragments/0/obs not finite"),
+    "fragment action outside the space": (
+        edited("fragments/0/action", lambda a: np.full_like(a, 3)),
+        r"fragments/0/action row 0 \(3\) outside the runner's space Discrete\(3\)",
+    ),
+    "callback fragment action outside the space": (
+        edited("callback_fragments/0/action", lambda a: np.full_like(a, -1)),
+        r"callback_fragments/0/action row 0 \(-1\) outside",
+    ),
+    "finished action outside the space": (
+        edited("finished/0/action", lambda a: np.full_like(a, 99)),
+        r"finished/0/action row 0 \(99\) outside",
+    ),
+    "faulty a string": (set_key("finished", "faulty", "yes"), r"finished\[0\]\.faulty='yes'"),
+    "faulty but not truncated": (
+        set_key("finished", "faulty", True),
+        r"finished\[0\]\.faulty=true but truncated=false",
+    ),
     "an unread object member": (member("junk", np.array([{}], object)), "member 'junk'"),
     "an unread structured member": (
         member("spare", np.zeros(2, [("a", "f4"), ("b", object)])),
@@ -621,6 +681,43 @@ def test_restore_refuses_unreferenced_members_unread(saved, tmp_path):
         with pytest.warns(UserWarning, match="new episode"):
             report = runner.restore(path)
     assert not report.envs_restored
+
+
+def test_restore_takes_kept_observations_outside_a_box_as_sampling_does(tmp_path):
+    """Tic-tac-toe's observations are Box(0, 1) boards and masks. Sampling records an
+    observation outside its Box's bounds (gymnasium's envs may leave them), so a kept
+    agent episode holding a 2 or a -1 restores: a runner restores its own file. A
+    kept action outside its Discrete space is refused, naming the member and the row."""
+    path = tmp_path / "tictactoe.ckpt"
+    with make("tictactoe", callbacks=Recorder()) as runner:
+        runner.sample_episodes(3)
+        runner.save(path)
+
+    def last_row(value: int):
+        def edit(array: np.ndarray) -> np.ndarray:
+            array[-1] = value
+            return array
+
+        return edit
+
+    cases = {
+        "fragments/0/obs/observation": 2,
+        "fragments/0/obs/action_mask": -1,
+        "callback_fragments/1/obs/observation": -1,
+        "finished/0/obs/action_mask": 2,
+    }
+    with make("tictactoe", callbacks=Recorder()) as runner:
+        for name, value in cases.items():
+            damaged = tmp_path / "damaged.ckpt"
+            edited(name, last_row(value))(path, damaged)
+            assert runner.restore(damaged, load_env_pickles=True).envs_restored, name
+        before = runner_state(runner)
+        damaged = tmp_path / "damaged.ckpt"
+        edited("finished/0/action", last_row(9))(path, damaged)
+        match = r"finished/0/action row \d+ \(9\) outside the runner's space Discrete\(9\)"
+        with pytest.raises(InvalidArgumentError, match=match):
+            runner.restore(damaged, load_env_pickles=True)
+        assert_trees_equal(runner_state(runner), before, "runner")
 
 
 @pytest.mark.parametrize("max_bytes", [True, 1.5, -1, None])

@@ -107,15 +107,16 @@ def test_ray_equals_sync_and_replaces_a_dead_actor(local_ray):
 @pytest.mark.parametrize(("failing", "lost", "unrun"), [(0, 0, 1), (1, 1, 0)])
 def test_a_dead_workers_slots_are_counted_lost_or_unrun(failing, lost, unrun, tmp_path):
     # Worker 0 runs sub-envs 0 and 1, in that order; the failing one kills it at its 4th
-    # step. Sub-env 0's kill leaves 1's step unrun; 1's loses 0's completed step.
-    from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
+    # step. Sub-env 0's kill leaves 1's step unrun; 1's loses 0's completed step. All
+    # through the public API: make_vec's process env and its counters.
     from jaxrunner.testing import CallLog, FaultPlan, faulty_env_fns
 
     log = CallLog(tmp_path)
     plan = {failing: [FaultPlan(kind="kill", at=(4,))]}
     fns = faulty_env_fns(envs_mod.coming_and_going, 3, plan, log)
     config = jr.ProcessConfig(num_workers=2)
-    envs = ProcessMultiAgentVectorEnv(fns, config=config, restart_policy=jr.RestartPolicy())
+    envs = jr.make_vec(fns, 3, "process", config=config, restart_policy=jr.RestartPolicy())
+    assert isinstance(envs, jr.MultiAgentVectorEnv)
     with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 6, seed=7) as runner:
         runner.sample()
         metrics = runner.get_metrics()

@@ -9,9 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.checkpoints.format import Part
 from jaxrunner._src.checkpoints.header_checks import leading
-from jaxrunner._src.checkpoints.reader import CheckpointReader
+from jaxrunner._src.checkpoints.reader import CheckpointReader, EpisodeSpaces
 from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID, RunnerParts
@@ -44,10 +43,15 @@ EPISODE_SCALARS: dict[type, dict[str, type]] = {
         "env_id": int,
         "episode_id": int,
         "start_step": int,
+        "faulty": bool,
     },
 }
 """Per kind of kept episode, its scalar fields, kept in the JSON. An ``AgentEpisode``
 also saves its ``env_step`` array beside its steps."""
+EPISODE_DEFAULTS = {"faulty": False}
+"""Scalar fields a file's kept episodes may lack, and the value they then take: a
+``MultiAgentRunner``'s files of version 1, and of version 3 until it kept ``faulty``,
+have none."""
 
 
 def format_name(runner: str) -> str:
@@ -274,13 +278,15 @@ class CheckpointFile(CheckpointReader):
         k: int,
         meta: Any,
         next_id: int,
-        specs: dict[str, dict[str, dict[tuple[Part, ...], tuple[tuple[int, ...], np.dtype]]]],
+        specs: dict[str, EpisodeSpaces],
         most: int,
     ) -> Any:
         """Episode ``k`` of ``prefix``: its metadata ``meta`` checked (an agent episode's
         agent of its policy), then its arrays (at most ``most`` steps)."""
         where, base = f"{prefix}[{k}]", f"{prefix}/{k}"
-        self.check_episode_meta(meta, where, self.scalars, next_id, self.num_envs)
+        meta = self.check_episode_meta(
+            meta, where, self.scalars, EPISODE_DEFAULTS, next_id, self.num_envs
+        )
         if not self.per_agent:
             steps = self.read_steps(npz, where, base, meta, specs[DEFAULT_POLICY_ID], most)
             return Episode(**steps, **{f: meta[f] for f in self.scalars})

@@ -29,6 +29,9 @@ from jaxrunner._src.core.npz_reader import NUMERIC_KINDS, HeaderCheck, NpzReader
 from jaxrunner._src.core.seeds import MAX_SEED
 from jaxrunner.errors import InvalidArgumentError
 
+EpisodeSpaces = dict[str, dict[tuple[Part, ...], Any]]
+"""A kept episode's ``"obs"`` and ``"action"`` leaf spaces, by path."""
+
 
 class CheckpointReader:
     """The checks a checkpoint reader makes on the file's metadata, trees, metrics and
@@ -77,28 +80,42 @@ class CheckpointReader:
         return int(value)
 
     @staticmethod
-    def episode_specs(obs_space: Any, action_space: Any) -> dict[str, Any]:
-        """The leaf specs a kept episode's ``obs`` and ``action`` arrays must have."""
+    def episode_specs(obs_space: Any, action_space: Any) -> EpisodeSpaces:
+        """The leaf spaces of a kept episode's ``obs`` and ``action`` arrays, by path."""
         return {
-            "obs": leaf_specs(space_arrays.allocate(obs_space, (0,))),
-            "action": leaf_specs(space_arrays.allocate(action_space, (0,))),
+            "obs": space_arrays.leaf_spaces(obs_space),
+            "action": space_arrays.leaf_spaces(action_space),
         }
 
     def check_episode_meta(
-        self, meta: Any, where: str, scalars: dict[str, type], next_id: int, num_envs: int
-    ) -> None:
+        self,
+        meta: Any,
+        where: str,
+        scalars: dict[str, type],
+        defaults: dict[str, Any],
+        next_id: int,
+        num_envs: int,
+    ) -> dict[str, Any]:
         """A kept episode's JSON: an object of ``scalars`` (field -> type) and its paths
         and extras, true or false where a bool is due, its episode id issued already,
-        its env in range, its start step not negative."""
+        its env in range, its start step not negative, truncated if faulty. Returns it
+        with the ``defaults`` of the scalars it lacks (an older file's)."""
         keys = {*scalars, "paths", "extras"}
-        if not isinstance(meta, dict) or set(meta) != keys:
-            raise self.error(f"has {where} that is not an object of the keys {sorted(keys)}")
+        if not isinstance(meta, dict) or not keys - set(defaults) <= set(meta) <= keys:
+            optional = f" ({sorted(defaults)} optional)" if defaults else ""
+            raise self.error(
+                f"has {where} that is not an object of the keys {sorted(keys)}{optional}"
+            )
+        meta = {**defaults, **meta}
         for field, kind in scalars.items():
             if kind is bool and not isinstance(meta[field], bool):
                 raise self.error(f"has {where}.{field}={meta[field]!r}; expected true or false")
         self.int_field(meta["episode_id"], f"{where}.episode_id", 0, next_id - 1)
         self.int_field(meta["env_id"], f"{where}.env_id", 0, num_envs - 1)
         self.int_field(meta["start_step"], f"{where}.start_step", 0)
+        if meta.get("faulty") and not meta["truncated"]:
+            raise self.error(f"has {where}.faulty=true but truncated=false (a faulty one is both)")
+        return meta
 
     # -- metadata ----------------------------------------------------------------------------
 
@@ -288,15 +305,17 @@ class CheckpointReader:
         where: str,
         base: str,
         meta: dict[str, Any],
-        specs: dict[str, dict[tuple[Part, ...], tuple[tuple[int, ...], np.dtype]]],
+        specs: EpisodeSpaces,
         most: int,
     ) -> dict[str, Any]:
         """An episode's step arrays saved by :func:`put_steps` below ``base``:
         ``obs`` (``[L + 1]``, the structure, trailing shapes and dtypes of
-        ``specs["obs"]``, finite), ``action`` (``[L]``, the structure and trailing
-        shapes of ``specs["action"]``), ``reward`` (``[L]``, finite, ``L`` at most
-        ``most``: the steps the saved runner counted) and ``extras`` (``[L]``, the
-        string paths of ``meta["extras"]``)."""
+        ``specs["obs"]``, finite and in those spaces but a Box's bounds, which sampling
+        does not check either), ``action`` (``[L]``, the structure and trailing shapes
+        of ``specs["action"]``, in those spaces but a Box's bounds: sampled Box actions
+        are kept unclipped), ``reward`` (``[L]``,
+        finite, ``L`` at most ``most``: the steps the saved runner counted) and
+        ``extras`` (``[L]``, the string paths of ``meta["extras"]``)."""
         data_paths = self.paths(meta["paths"], f"{where}.paths")
         extras_paths = self.paths(meta["extras"], f"{where}.extras")
         want = {("reward",)} | {(key, *p) for key, leaves in specs.items() for p in leaves}
@@ -318,14 +337,20 @@ class CheckpointReader:
             return npz.read(name, name, NUMERIC_KINDS, check)
 
         obs_specs, action_specs = specs["obs"], specs["action"]
-        obs = {p: read(("obs", *p), "", leading(*obs_specs[p], steps + 1)) for p in obs_specs}
-        for p, leaf in obs.items():  # a runner records no NaN or infinite observation
+        obs, action = {}, {}
+        for p, space in obs_specs.items():  # a runner records no NaN or infinite observation
+            obs[p] = leaf = read(
+                ("obs", *p), "", leading(*space_arrays.leaf_spec(space), steps + 1)
+            )
             finite = leaf.dtype.kind != "f" or np.isfinite(leaf).all()
             self.require(finite, array_name(base, ("obs", *p)), "not finite (NaN or infinity)")
-        action = {
-            p: read(("action", *p), "", leading(action_specs[p][0], None, steps))
-            for p in action_specs
-        }
+            # A Box's bounds as sampling's: gymnasium envs may leave them, and a
+            # runner must restore its own file.
+            self.check_rows(space, leaf, array_name(base, ("obs", *p)), bounds=False)
+        for p, space in action_specs.items():
+            shape = space_arrays.leaf_spec(space)[0]
+            action[p] = leaf = read(("action", *p), "", leading(shape, None, steps))
+            self.check_rows(space, leaf, array_name(base, ("action", *p)), bounds=False)
         extras = {p: read(p, "/extras", leading(None, None, steps)) for p in extras_paths}
         return {
             "obs": build_tree(obs),
@@ -333,6 +358,17 @@ class CheckpointReader:
             "reward": reward,
             "extras": build_tree(extras) if extras else {},
         }
+
+    def check_rows(self, space: Any, array: np.ndarray, name: str, bounds: bool) -> None:
+        """Every row of member ``name`` lies in ``space`` (``bounds`` as
+        :func:`~jaxrunner._src.space_arrays.checks.rows_in_space`'s)."""
+        outside = np.flatnonzero(~space_arrays.rows_in_space(space, array, bounds))
+        if len(outside):
+            row = int(outside[0])
+            raise self.error(
+                f"has {name} row {row} ({array[row].tolist()!r:.80}) outside the runner's "
+                f"space {space}"
+            )
 
     def refuse_unreferenced(self, npz: NpzReader, meta: dict[str, Any]) -> None:
         """Every member of the file is one a field references: read, or a sub-env pickle

@@ -4,6 +4,7 @@ space raises :class:`~jaxrunner.errors.SpaceMismatchError`, never cast), splitti
 from jaxrunner._src.space_arrays.buffers import LEAF_TYPES as LEAF_TYPES
 from jaxrunner._src.space_arrays.buffers import allocate as allocate
 from jaxrunner._src.space_arrays.buffers import copy_into as copy_into
+from jaxrunner._src.space_arrays.buffers import leaf_spaces as leaf_spaces
 from jaxrunner._src.space_arrays.buffers import leaf_spec as leaf_spec
 from jaxrunner._src.space_arrays.buffers import map_structure as map_structure
 from jaxrunner._src.space_arrays.buffers import rows as rows
@@ -20,6 +21,7 @@ from jaxrunner._src.space_arrays.checks import check_value as check_value
 from jaxrunner._src.space_arrays.checks import mismatch as mismatch
 from jaxrunner._src.space_arrays.checks import observation_mismatch as observation_mismatch
 from jaxrunner._src.space_arrays.checks import out_of_range_row as out_of_range_row
+from jaxrunner._src.space_arrays.checks import rows_in_space as rows_in_space
 from jaxrunner._src.space_arrays.clip import clip_box_actions as clip_box_actions
 from jaxrunner._src.space_arrays.clip import clip_box_actions_jax as clip_box_actions_jax
 from jaxrunner._src.space_arrays.writers import Writer as Writer

@@ -30,6 +30,22 @@ def allocate(space: spaces.Space, leading: tuple[int, ...], fill: float = 0) -> 
     return np.full(leading + shape, fill, dtype=dtype)
 
 
+def leaf_spaces(
+    space: spaces.Space, path: tuple[str | int, ...] = ()
+) -> dict[tuple[str | int, ...], spaces.Space]:
+    """Each non-composite part of ``space`` by its path in :func:`allocate`'s tree (a
+    ``Dict``'s keys, a ``Tuple``'s indices; ``()`` for a space that is one leaf)."""
+    if isinstance(space, spaces.Dict):
+        return {
+            k: v for key, sub in space.items() for k, v in leaf_spaces(sub, (*path, key)).items()
+        }
+    if isinstance(space, spaces.Tuple):
+        return {
+            k: v for j, sub in enumerate(space) for k, v in leaf_spaces(sub, (*path, j)).items()
+        }
+    return {path: space}
+
+
 # gymnasium's Dict and Tuple are ABCs (Mapping, Sequence), so isinstance() on them
 # costs ~0.5 us; the helpers below run every step, and test the leaf types first.
 LEAF_TYPES = frozenset({spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary})

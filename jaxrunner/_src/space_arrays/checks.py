@@ -433,3 +433,30 @@ def out_of_range_row(space: spaces.Space, array: np.ndarray) -> int | None:
     else:
         return None
     return int(np.flatnonzero(bad)[0])
+
+
+# -- stored rows (checkpoints, datasets) ---------------------------------------------------------
+
+
+def rows_in_space(space: spaces.Space, array: np.ndarray, bounds: bool = True) -> np.ndarray:
+    """Which rows of ``array`` (``[n, *space.shape]``, of a non-composite ``space``) lie
+    in ``space``; NaN lies outside. ``bounds`` as :func:`check_value`'s: if False (sampled
+    Box actions, which jaxrunner keeps unclipped), every row of a Box lies in it."""
+    axes = tuple(range(1, array.ndim))
+    if isinstance(space, spaces.Box):
+        if not bounds:
+            return np.ones(len(array), np.bool_)
+        if np.issubdtype(space.dtype, np.integer) and array.dtype.kind == "f":
+            return np.zeros(len(array), np.bool_)  # fractions in an integer Box
+        inside = (array >= space.low) & (array <= space.high)
+    elif isinstance(space, spaces.Discrete):
+        inside = (array >= space.start) & (array < space.start + space.n)
+    elif isinstance(space, spaces.MultiDiscrete):
+        inside = (array >= space.start) & (array < space.start + space.nvec)
+    elif isinstance(space, spaces.MultiBinary):
+        inside = (array == 0) | (array == 1)
+    else:
+        return np.array([space.contains(row) for row in array], np.bool_)
+    if not isinstance(space, spaces.Box) and array.dtype.kind == "f":
+        inside &= array == np.round(array)
+    return np.all(inside, axis=axes) if axes else inside

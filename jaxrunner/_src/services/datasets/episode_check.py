@@ -103,7 +103,7 @@ class EpisodeCheck:
                 f"expected {rows} rows of shape {list(shape)}, got "
                 f"{array.dtype}{list(array.shape)}",
             )
-        inside = _rows_in_space(array, space)
+        inside = space_arrays.rows_in_space(space, array)
         if not inside.all():
             row = int(np.flatnonzero(~inside)[0])
             raise self.error(field, f"row {row} ({array[row]!r}) is outside {space}")
@@ -131,23 +131,3 @@ class EpisodeCheck:
                 f"{array.dtype}{list(array.shape)}",
             )
         return int(array[0])
-
-
-def _rows_in_space(array: np.ndarray, space: spaces.Space) -> np.ndarray:
-    """Which rows of ``array`` (``[n, *space.shape]``) lie in ``space``."""
-    axes = tuple(range(1, array.ndim))
-    if isinstance(space, spaces.Box):
-        if np.issubdtype(space.dtype, np.integer) and array.dtype.kind == "f":
-            return np.zeros(len(array), np.bool_)  # fractions in an integer Box
-        inside = (array >= space.low) & (array <= space.high)  # NaN: outside
-    elif isinstance(space, spaces.Discrete):
-        inside = (array >= space.start) & (array < space.start + space.n)
-    elif isinstance(space, spaces.MultiDiscrete):
-        inside = (array >= space.start) & (array < space.start + space.nvec)
-    elif isinstance(space, spaces.MultiBinary):
-        inside = (array == 0) | (array == 1)
-    else:
-        return np.array([space.contains(row) for row in array], np.bool_)
-    if not isinstance(space, spaces.Box) and array.dtype.kind == "f":
-        inside &= array == np.round(array)
-    return np.all(inside, axis=axes) if axes else inside
