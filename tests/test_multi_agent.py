@@ -398,3 +398,21 @@ def test_one_factory_per_sub_env_as_make_vec_takes():
         jr.make_multi_agent_vec([factory(0)], 2)
     with pytest.raises(TypeError, match=r"env\[1\] is a int"):  # (the alias calls make_vec)
         jr.make_multi_agent_vec([factory(0), 3], 2)
+
+
+def test_out_of_range_agent_action_names_the_sub_env_and_the_agent():
+    pytest.importorskip("pettingzoo")
+    from tests.multi_agent_envs import simple_spread
+
+    with jr.make_vec(simple_spread, 2, backend="sync") as envs:
+        envs.reset_batch([0, 1])
+        (group,) = envs.groups
+        actions = np.zeros((2, group.num_agents), np.int64)
+        actions[1, 2] = 99
+        with pytest.raises(jr.errors.InvalidActionError) as caught:
+            envs.step_batch([actions])
+    message = str(caught.value)
+    assert (
+        f"actions[{group.policy_id!r}]: sub-env 1 agent {group.agents[2]!r}'s action 99" in message
+    )
+    assert f"(row {group.num_agents + 2} of the batch) is outside Discrete(5)" in message

@@ -82,7 +82,8 @@ RANGED = [
 @pytest.mark.parametrize("space, good", RANGED, ids=["discrete", "discrete_start", "multi"])
 def test_out_of_range_actions_are_refused_naming_sub_env_row_and_value(space, good) -> None:
     """Every value just outside the range, at either end, and int32's extremes, in any row;
-    the sub-env is the row's own (or ``env_ids[row]``); in-range batches pass as they are."""
+    the sub-env is the row's own (or as ``row_name`` names it); in-range batches pass as
+    they are."""
     assert space_arrays.check_action_batch(space, good, 3) is not None
     low = np.asarray(space.start)
     high = low + (space.n if isinstance(space, spaces.Discrete) else space.nvec)
@@ -90,9 +91,9 @@ def test_out_of_range_actions_are_refused_naming_sub_env_row_and_value(space, go
         for row in range(3):
             bad = good.copy()
             bad[row] = value
-            for env_ids, env in ((None, row), (np.array([7, 8, 9]), 7 + row)):
+            for row_name, env in ((None, row), (lambda i: f"sub-env {7 + i}", 7 + row)):
                 with pytest.raises(InvalidActionError) as caught:
-                    space_arrays.check_action_batch(space, bad, 3, env_ids=env_ids)
+                    space_arrays.check_action_batch(space, bad, 3, row_name=row_name)
                 message = str(caught.value)
                 assert f"sub-env {env}'s action {bad[row].tolist()!r} (row {row}" in message
                 assert str(space) in message

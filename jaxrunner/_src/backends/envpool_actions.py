@@ -25,7 +25,9 @@ def check_envpool_actions(task_id: str, space: spaces.Space, actions: Any, rows:
         InvalidActionError: naming the task, the row, its sub-env and the value.
     """
     try:
-        return check_action_batch(space, actions, len(rows), env_ids=rows)
+        return check_action_batch(
+            space, actions, len(rows), row_name=lambda i: f"sub-env {rows[i]}"
+        )
     except InvalidActionError as err:
         raise InvalidActionError(
             f"EnvPool {task_id}: {err} EnvPool's C++ does not check actions (one far out of "

@@ -349,15 +349,17 @@ def check_action_batch(
     actions: Any,
     num_envs: int,
     path: str = "",
-    env_ids: np.ndarray | None = None,
+    row_name: Callable[[int], str] | None = None,
+    rows_are: str = "num_envs",
 ) -> Any:
     """Checks a whole batch of ``num_envs`` actions before any sub-env is stepped.
 
     Each leaf must be array-like of shape ``[num_envs, *shape]`` with the dtype kind
     of its space (integer or float), and ``Discrete`` and ``MultiDiscrete`` actions
     within their range (an env may crash on, or silently wrap, one outside it); dicts
-    and tuples must match composite spaces. ``env_ids``: the sub-env of each row (for
-    the error; None: row ``i`` is sub-env ``i``).
+    and tuples must match composite spaces. For the errors: ``row_name(i)`` names
+    whose action row ``i`` is (None: ``"sub-env i"``), and ``rows_are`` what the row
+    count is.
 
     Returns:
         The batch with every leaf as a numpy array.
@@ -366,7 +368,7 @@ def check_action_batch(
         InvalidActionError: naming the path inside the batch.
     """
     if type(space) in LEAF_TYPES:  # the per-step fast path: no ABC isinstance checks
-        return _check_action_leaf(space, actions, num_envs, path, env_ids)
+        return _check_action_leaf(space, actions, num_envs, path, row_name, rows_are)
     if isinstance(space, spaces.Dict):
         if not isinstance(actions, Mapping) or actions.keys() != set(space.spaces):
             raise InvalidActionError(
@@ -374,7 +376,7 @@ def check_action_batch(
                 f"{_describe(actions)}."
             )
         return {
-            k: check_action_batch(s, actions[k], num_envs, f"{path}[{k!r}]", env_ids)
+            k: check_action_batch(s, actions[k], num_envs, f"{path}[{k!r}]", row_name, rows_are)
             for k, s in space.items()
         }
     if isinstance(space, spaces.Tuple):
@@ -384,31 +386,36 @@ def check_action_batch(
                 f"{_describe(actions)}."
             )
         return tuple(
-            check_action_batch(s, v, num_envs, f"{path}[{j}]", env_ids)
+            check_action_batch(s, v, num_envs, f"{path}[{j}]", row_name, rows_are)
             for j, (s, v) in enumerate(zip(space, actions))
         )
-    return _check_action_leaf(space, actions, num_envs, path, env_ids)
+    return _check_action_leaf(space, actions, num_envs, path, row_name, rows_are)
 
 
 def _check_action_leaf(
-    space: spaces.Space, actions: Any, num_envs: int, path: str, env_ids: np.ndarray | None
+    space: spaces.Space,
+    actions: Any,
+    num_envs: int,
+    path: str,
+    row_name: Callable[[int], str] | None,
+    rows_are: str,
 ) -> np.ndarray:
     shape, dtype = leaf_spec(space)
     array = np.asarray(actions)
     if array.shape != (num_envs, *shape) or not _action_kind_ok(dtype, array.dtype):
         raise InvalidActionError(
             f"actions{path}: expected an array of shape {(num_envs, *shape)} "
-            f"(num_envs={num_envs}, single action shape {shape}) with {dtype.kind!r}-kind "
+            f"({rows_are}={num_envs}, single action shape {shape}) with {dtype.kind!r}-kind "
             f"dtype like {dtype}, got {_describe(array)}. Pass one action per sub-env, "
             "stacked along the first axis."
         )
     if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
         row = out_of_range_row(space, array)
         if row is not None:
-            env = row if env_ids is None else int(env_ids[row])
+            who = f"sub-env {row}" if row_name is None else row_name(row)
             raise InvalidActionError(
-                f"actions{path}: sub-env {env}'s action {array[row].tolist()!r} (row {row} of "
-                f"the batch) is outside {space}. Send actions within the action space."
+                f"actions{path}: {who}'s action {array[row].tolist()!r} (row {row} of the "
+                f"batch) is outside {space}. Send actions within the action space."
             )
     return array
 

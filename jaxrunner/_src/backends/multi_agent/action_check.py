@@ -78,8 +78,16 @@ class ActionCheck:
                     )
                 return np.asarray(x).reshape(-1, *shape[2:])
 
-            env_ids = np.repeat(np.arange(num_envs), group.num_agents)  # each row's sub-env
+            def row_name(row: int, group: AgentGroup = group) -> str:
+                env, a = divmod(row, group.num_agents)
+                return f"sub-env {env} agent {group.agents[a]!r}"
+
             space_arrays.check_action_batch(
-                group.action_space, jax.tree.map(flat, batch), rows, env_ids=env_ids
+                group.action_space,
+                jax.tree.map(flat, batch),
+                rows,
+                f"[{group.policy_id!r}]",
+                row_name,
+                rows_are="B*A_g",
             )
         return actions
