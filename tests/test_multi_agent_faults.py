@@ -64,15 +64,19 @@ DEATHS = ("exit", "kill", "segfault")
 
 
 def make_envs(backend, fns, restart, step_timeout_s=None):
-    # Process and Ray alike: sub-envs 0 and 1 in worker/actor 0, sub-env 2 in 1.
+    # Process: sub-envs 0 and 1 in worker 0, sub-env 2 in worker 1. Ray: the same where a
+    # step timeout is set (the tests of an actor's death or hang); elsewhere the fault is
+    # inside an actor's own sub-env loop, which one actor of every sub-env runs as well,
+    # and each actor start costs seconds of CPU (its process imports Ray and jaxrunner).
     policy = jr.RestartPolicy() if restart else None
     if backend == "sync":
         return SyncMultiAgentVectorEnv(fns, restart_policy=policy)
     if backend == "ray":
         from jaxrunner._src.backends.ray.agents import RayMultiAgentVectorEnv
 
+        per_actor = len(fns) if step_timeout_s is None else 2
         config = jr.RayConfig(
-            envs_per_actor=2, num_cpus_per_actor=0.1, step_timeout_s=step_timeout_s
+            envs_per_actor=per_actor, num_cpus_per_actor=0.1, step_timeout_s=step_timeout_s
         )
         return RayMultiAgentVectorEnv(fns, config=config, restart_policy=policy)
     config = jr.ProcessConfig(num_workers=2, step_timeout_s=step_timeout_s)
