@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import socket
 import threading
 
 import jax
@@ -219,3 +220,37 @@ def test_params_serve_each_policy_and_reports_are_refused_clearly(tmp_path):
         assert report.status_code == 501
         assert report.json()["error"]["code"] == "not_implemented"
         assert "single-agent envs only" in report.json()["error"]["message"]
+
+
+# -- hostile sockets -------------------------------------------------------------------------
+
+
+def test_new_connection_per_request_clients_are_served_beside_idle_tokenless_sockets(tmp_path):
+    """The multi-agent server runs the single-agent one's transport: tokenless idle
+    keep-alive sockets, twice the connection cap, never starve a client that opens a
+    new connection for every request."""
+    cap = 32
+    with served(many_agents(4), tmp_path, max_connections=cap) as (server, _):
+        host, port = server.url.removeprefix("http://").split(":")
+        hostile = []
+        for _ in range(2 * cap):  # one tokenless request each, then silence
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            hostile.append(sock)
+        auth = {"Authorization": f"Bearer {(tmp_path / 'token').read_text().strip()}"}
+
+        def post(path: str, body: dict) -> dict:
+            with httpx.Client(base_url=server.url, headers=auth, timeout=3) as fresh:
+                answer = fresh.post(path, json=body)
+            assert answer.status_code in (200, 201), answer.text
+            return answer.json()
+
+        obs = {a: wire.encode_array(OBS) for a in ("a0", "a1", "a2", "a3")}
+        eid = post("/v1/episodes", {})["episode_id"]
+        for _ in range(3):
+            assert set(post(f"/v1/episodes/{eid}/action", {"obs": obs})["actions"]) == set(obs)
+        post(f"/v1/episodes/{eid}/end", {"obs": obs})
+        for sock in hostile:
+            sock.close()
+        assert server.env.get_metrics()["num_agent_steps"] == 12
