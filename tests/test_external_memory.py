@@ -18,7 +18,7 @@ import jaxrunner as jr
 import jaxrunner.errors as errors
 from jaxrunner._src import space_arrays
 from jaxrunner._src.services.external.episodes import AgentRecord
-from jaxrunner._src.services.external.memory import episode_nbytes
+from jaxrunner._src.services.external.memory import AGENT_RECORD_BYTES, episode_nbytes
 from jaxrunner.models import mlp_policy
 
 CARTPOLE = gymnasium.make("CartPole-v1")
@@ -40,7 +40,7 @@ def make_external(**config) -> jr.ExternalEnv:
 
 
 def test_concurrent_calls_never_overshoot_the_budget():
-    budget = 20_000  # about 25 CartPole steps
+    budget = 20_000 + 64 * AGENT_RECORD_BYTES  # about 25 CartPole steps, 64 live episodes
     with make_external(max_memory_bytes=budget, max_concurrent=64) as env:
         gated = GatedPolicy(env)
         ids = [env.start_episode() for _ in range(64)]
@@ -71,7 +71,7 @@ def test_refused_and_failed_calls_give_their_reservation_back():
         gated.fail = 1
         with pytest.raises(FloatingPointError):
             env.get_action(eid, OBS)
-        assert env.get_metrics()["memory_bytes"] == 0
+        assert env.get_metrics()["memory_bytes"] == AGENT_RECORD_BYTES  # the live record only
         env.get_action(eid, OBS)
         used = env.get_metrics()["memory_bytes"]
         assert env._memory.reserved == 0 and used == env._memory.live > 0

@@ -259,8 +259,9 @@ def test_construction_errors_name_the_fix():
 
 def test_memory_budget_refuses_before_anything_is_stored():
     with make_env(ComingAndGoing()) as env:
-        step = env._memory.step_estimate  # what one agent step is charged up front
-    config = ExternalEnvConfig(max_memory_bytes=3 * step, max_batch=8, buckets=(8,))
+        # What one agent step is charged up front, and one agent's record while it lives.
+        step, record = env._memory.step_estimate, env._memory.record_nbytes
+    config = ExternalEnvConfig(max_memory_bytes=3 * step + 2 * record, max_batch=8, buckets=(8,))
     with make_env(ComingAndGoing(), config=config) as env:
         pz = ComingAndGoing()
         obs, _ = pz.reset(seed=0)
@@ -363,7 +364,8 @@ def test_close_fails_waiting_calls_with_nothing_recorded():
         future.result(timeout=30)
     metrics = env.get_metrics()
     assert metrics["num_policy_rows"] == 0 and metrics["num_env_steps"] == 0
-    assert metrics["memory_bytes"] == 0  # the reservation went back
+    # The reservation went back; the records of the agents it named are held.
+    assert metrics["memory_bytes"] == 2 * env._memory.record_nbytes
     with pytest.raises(ClosedError, match="after close"):
         env.start_episode()
 

@@ -94,16 +94,19 @@ def test_a_report_failing_part_way_keeps_what_arrived_as_truncated(tmp_path, mon
         client.report_chunk_steps = 4
         eid, observations = run_local_episode(client, 10)
         calls = {"report": 0}
-        request = client._http.request
+        stream = client._http.stream
 
+        @contextlib.contextmanager
         def third_report_fails(method, path, **kwargs):
             if path.endswith("/report"):
                 calls["report"] += 1
                 if calls["report"] == 3:
-                    return httpx.Response(503, json={"error": {"code": "x", "message": "down"}})
-            return request(method, path, **kwargs)
+                    yield httpx.Response(503, json={"error": {"code": "x", "message": "down"}})
+                    return
+            with stream(method, path, **kwargs) as response:
+                yield response
 
-        monkeypatch.setattr(client._http, "request", third_report_fails)
+        monkeypatch.setattr(client._http, "stream", third_report_fails)
         with pytest.raises(ReportError, match="after 8 of 10 steps") as caught:
             client.end_episode(eid, observations[-1])
         assert caught.value.steps_reported == 8 and caught.value.ended_on_server

@@ -25,7 +25,12 @@ from jaxrunner._src.services.external.config import ExternalEnvConfig
 from jaxrunner._src.services.external.delivery import ActionDelivery, Answer, Parts
 from jaxrunner._src.services.external.endings import EpisodeEndings
 from jaxrunner._src.services.external.episodes import AgentRecord, EpisodeRecord, EpisodeTable
-from jaxrunner._src.services.external.memory import MemoryBudget, estimate_step_nbytes
+from jaxrunner._src.services.external.memory import (
+    AGENT_RECORD_BYTES,
+    MemoryBudget,
+    estimate_step_nbytes,
+    tree_nbytes,
+)
 from jaxrunner._src.services.external.metrics import external_metrics
 from jaxrunner._src.services.external.output import EpisodeOutput
 from jaxrunner._src.services.external.reaper import Reaper
@@ -70,7 +75,9 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
             )
             for g in self.groups
         )
-        self._memory = MemoryBudget(config.max_memory_bytes, max(step_nbytes))
+        self._initial_carry = {pid: _row_carry(p) for pid, p in policies.items()}
+        record_nbytes = AGENT_RECORD_BYTES + max(map(tree_nbytes, self._initial_carry.values()))
+        self._memory = MemoryBudget(config.max_memory_bytes, max(step_nbytes), record_nbytes)
         self._output: EpisodeOutput[E] = EpisodeOutput(
             self._lock, self._memory, config.max_output_episodes
         )
@@ -78,7 +85,6 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         self._counts: collections.Counter[str] = collections.Counter()
         self._started_at = time.monotonic()
         self._closed = False
-        self._initial_carry = {pid: _row_carry(p) for pid, p in policies.items()}
         self._batchers = self._start_batchers(policies, params)
         self._delivery = ActionDelivery(self._lock, self._batchers, self._memory, self._counts)
         self._endings = EpisodeEndings(
@@ -145,7 +151,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         check_bool("start_episode", "training_enabled", training_enabled)
         with self._lock:
             self._check_open("start_episode")
-            self._memory.check(1, "start_episode")
+            self._memory.check(1, "start_episode", records=1)
             live = self._episodes.open(episode_id, client, training_enabled)
             self._opened(live)
             self._counts["num_started_episodes"] += 1
@@ -229,10 +235,29 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         self._check_open(what)
         return self._episodes.get_idle(episode_id, what)
 
-    def _record(self, live: EpisodeRecord, agent: str, from_start: bool = False) -> AgentRecord:
-        group = self._group_of[agent]
-        carry = self._initial_carry[group.policy_id]
-        return live.agent(group, agent, self._agent_index[agent], carry, from_start)
+    def _join(
+        self,
+        live: EpisodeRecord,
+        agents: Sequence[str],
+        what: str,
+        steps: int = 0,
+        from_start: bool = False,
+    ) -> int:
+        """Reserves the bytes of ``steps`` more steps of each of ``agents`` and makes
+        the records of those not yet in ``live``, charged until it ends (caller holds
+        the lock); returns the steps' reservation. Nothing changes if they do not fit.
+
+        Raises:
+            MemoryLimitError: they would pass ``max_memory_bytes``.
+        """
+        new = [a for a in agents if a not in live.agents]
+        reserved = self._memory.reserve(len(agents) * steps, what, records=len(new))
+        live.nbytes += len(new) * self._memory.record_nbytes
+        for agent in new:
+            group = self._group_of[agent]
+            carry = self._initial_carry[group.policy_id]
+            live.agent(group, agent, self._agent_index[agent], carry, from_start)
+        return reserved
 
     def _claim(
         self, episode_id: int, agents: Sequence[str], steps: int, what: str
@@ -250,7 +275,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
                 f"{what}(episode_id={episode_id}): agents {full} would exceed "
                 f"max_episode_steps={limit}; end them (truncated=True) and start a new episode."
             )
-        live.reserved = self._memory.reserve(len(agents) * steps, what)
+        live.reserved = self._join(live, agents, what, steps)
         live.busy = True
         live.last_seen = time.monotonic()
         return live
@@ -270,7 +295,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
             live = self._claim(episode_id, list(obs), 1, what)
             parts: Parts = {}
             for agent, agent_obs in obs.items():
-                record = self._record(live, agent)
+                record = live.agents[agent]
                 step = record.num_actions * num_agents + record.index  # unique per agent
                 action = None if actions is None else actions[agent]
                 row = Row(agent_obs, action, live.episode_id, step, record.carry)
@@ -292,8 +317,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
                 )
             open_agents = [(a, r) for a, r in live.agents.items() if not r.done]
             ended = [self._endings.close(r, obs.get(a)) for a, r in open_agents]
-            self._episodes.remove(live)
-            self._counts["num_ended_episodes"] += 1
+            self._endings.remove(live)
         self._endings.finish(ended, truncated)
 
     def _emit(self, record: AgentRecord, episode: Episode | None) -> None:

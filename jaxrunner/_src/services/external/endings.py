@@ -14,7 +14,7 @@ import numpy as np
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.metrics import EpisodeStats
-from jaxrunner._src.services.external.episodes import AgentRecord, EpisodeTable
+from jaxrunner._src.services.external.episodes import AgentRecord, EpisodeRecord, EpisodeTable
 from jaxrunner._src.services.external.memory import MemoryBudget
 
 Emit = Callable[[AgentRecord, Any], None]
@@ -33,6 +33,10 @@ class EpisodeEndings:
         groups: the env's agent groups (their spaces stack each agent's episode).
         emit: called, with the lock held, with each ended agent and its Episode
             (None when it had no step); the env's ``_emit``.
+
+    Attributes:
+        unassigned_reward: the rewards no step carries, summed: those logged to agents
+            that ended without an action (as the multi-agent sampler's).
     """
 
     def __init__(
@@ -49,17 +53,26 @@ class EpisodeEndings:
         self._memory, self._counts, self._stats = memory, counts, stats
         self._groups = {g.policy_id: g for g in groups}
         self._emit = emit
+        self.unassigned_reward = 0.0
 
-    @staticmethod
-    def close(record: AgentRecord, final_obs: Any) -> AgentRecord | None:
+    def close(self, record: AgentRecord, final_obs: Any) -> AgentRecord | None:
         """Marks the agent ended; if it ends as an episode, closes its record at
         ``final_obs`` (the caller made sure there is one) and returns it for
-        :meth:`finish`; else None (caller holds the lock)."""
+        :meth:`finish`; else None, its rewards counted as unassigned (caller holds the
+        lock)."""
         record.done = True
         if not record.ends_as_episode:
+            self.unassigned_reward += record.pending_reward
             return None
         record.close_at(final_obs)
         return record
+
+    def remove(self, live: EpisodeRecord) -> None:
+        """Ends the live episode ``live`` (its agents closed already): gone from the
+        live ones, its records' charge given back (caller holds the lock)."""
+        self._episodes.remove(live)
+        self._memory.live -= live.nbytes
+        self._counts["num_ended_episodes"] += 1
 
     def finish(self, records: Sequence[AgentRecord | None], truncated: bool) -> None:
         """Stacks, counts and outputs closed agent records (without the lock)."""
@@ -99,13 +112,14 @@ class EpisodeEndings:
                 for record in live.agents.values():
                     if record.done:
                         continue
+                    if not record.ends_as_episode:
+                        self.close(record, None)  # its rewards are unassigned
+                        continue
                     record.done = True
-                    if record.ends_as_episode:
-                        space = self._groups[record.policy_id].observation_space
-                        self._counts["num_dropped_steps"] += record.abandon(space)
-                        ended.append(record)
+                    space = self._groups[record.policy_id].observation_space
+                    self._counts["num_dropped_steps"] += record.abandon(space)
+                    ended.append(record)
                 self._counts["num_abandoned_episodes"] += 1
-                self._counts["num_ended_episodes"] += 1
-                self._episodes.remove(live)
+                self.remove(live)
         self.finish(ended, truncated=True)
         return len(stale)

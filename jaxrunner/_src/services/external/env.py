@@ -70,7 +70,7 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         )
 
     def _opened(self, live: EpisodeRecord) -> None:
-        self._record(live, AGENT, from_start=True)  # the one agent is in it from its start
+        self._join(live, [AGENT], "start_episode", from_start=True)  # in it from its start
 
     def get_action(self, episode_id: int, obs: Any) -> Any:
         """The policy's action for ``obs`` (on-policy). Blocks until computed.

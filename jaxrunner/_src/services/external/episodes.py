@@ -194,6 +194,7 @@ class EpisodeRecord:
     last_seen: float
     busy: bool = False  # a call is in flight
     reserved: int = 0  # bytes reserved for the call in flight (see external.memory)
+    nbytes: int = 0  # what its agents' records cost beside their steps, until it ends
     agents: dict[str, AgentRecord] = dataclasses.field(default_factory=dict)
     num_calls: int = 0
 

@@ -26,6 +26,10 @@ EPISODE_OVERHEAD_BYTES = 448
 """Per finished episode, beside its arrays: the Episode object (~200 B), its extras
 dict (~230 B) and its slot in the output queue (CPython 3.11, 64-bit, measured with
 tracemalloc). Without it a one-step CartPole episode was charged 616 B of ~1,000."""
+AGENT_RECORD_BYTES = 608
+"""Per agent record of a live episode, beside its steps and carry: the record, its
+lists and its slot in the episode's dict (580 B measured with tracemalloc). An agent
+that never acts (only named by ``log_returns`` or ``end_agents``) costs this much."""
 
 
 TRIM_EVERY_BYTES = 8 << 20
@@ -95,14 +99,17 @@ class MemoryBudget:
     Args:
         max_bytes: the most both may hold together.
         step_estimate: the cost of one step before any was recorded.
+        record_nbytes: the cost of one agent record (charged to ``live`` from its
+            agent's first mention until its episode ends).
     """
 
-    def __init__(self, max_bytes: int, step_estimate: int) -> None:
+    def __init__(self, max_bytes: int, step_estimate: int, record_nbytes: int) -> None:
         self.max_bytes = max_bytes
         self.live = 0
         self.output = 0
         self.reserved = 0
         self.step_estimate = step_estimate
+        self.record_nbytes = record_nbytes
 
     @property
     def used(self) -> int:
@@ -126,26 +133,31 @@ class MemoryBudget:
         """Gives back a reservation whose steps were never recorded."""
         self.reserved -= reserved
 
-    def check(self, steps: int, what: str) -> int:
-        """Raises unless ``steps`` more steps fit; returns their estimated bytes.
+    def check(self, steps: int, what: str, records: int = 0) -> int:
+        """Raises unless ``steps`` more steps and ``records`` new agent records fit;
+        returns the steps' estimated bytes.
 
         Raises:
             MemoryLimitError: they do not fit now (HTTP 429).
         """
         need = steps * self.step_estimate
-        if self.used + need > self.max_bytes:
+        more = need + records * self.record_nbytes
+        if self.used + more > self.max_bytes:
+            new = f" and {records} new agent record(s)" if records else ""
             raise MemoryLimitError(
-                f"{what}(): {steps} more step(s) (~{need} bytes) would take the records past "
-                f"max_memory_bytes={self.max_bytes} ({self.live} bytes live, {self.output} in "
-                f"finished episodes not yet polled, {self.reserved} reserved for steps being "
+                f"{what}(): {steps} more step(s){new} (~{more} bytes) would take the records "
+                f"past max_memory_bytes={self.max_bytes} ({self.live} bytes live, {self.output} "
+                f"in finished episodes not yet polled, {self.reserved} reserved for steps being "
                 "computed); poll_episodes() or end episodes first, or raise "
                 "ExternalEnvConfig.max_memory_bytes."
             )
         return need
 
-    def reserve(self, steps: int, what: str) -> int:
-        """Reserves the bytes of ``steps`` more steps (see :meth:`check`); returns
-        them, for :meth:`settle` or :meth:`release`."""
-        need = self.check(steps, what)
+    def reserve(self, steps: int, what: str, records: int = 0) -> int:
+        """Reserves the bytes of ``steps`` more steps and charges ``records`` new agent
+        records to ``live`` (see :meth:`check`); returns the steps' bytes, for
+        :meth:`settle` or :meth:`release`."""
+        need = self.check(steps, what, records)
         self.reserved += need
+        self.live += records * self.record_nbytes
         return need

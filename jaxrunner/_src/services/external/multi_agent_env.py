@@ -134,7 +134,8 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
 
     def log_returns(self, episode_id: int, rewards: dict[str, float]) -> None:
         """Adds each agent's reward (``{agent_id: reward}``) to the reward of its latest
-        action; before its first action, onto that action.
+        action; before its first action, onto that action (an agent that ends without
+        one: to ``get_metrics()["unassigned_reward"]``).
 
         Raises:
             EpisodeConflictError: an agent has ended (its rewards belong before
@@ -148,8 +149,9 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         with self._lock:
             live = self._get_live(episode_id, "log_returns")
             checks.check_not_ended(live, rewards, "log_returns")
+            self._join(live, list(rewards), "log_returns")
             for agent, reward in rewards.items():
-                self._record(live, agent).pending_reward += float(reward)
+                live.agents[agent].pending_reward += float(reward)
             live.last_seen = time.monotonic()
 
     def end_agents(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:
@@ -162,7 +164,8 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         with self._lock:
             live = self._get_live(episode_id, "end_agents")
             checks.check_not_ended(live, obs, "end_agents")
-            ended = [self._endings.close(self._record(live, a), obs[a]) for a in obs]
+            self._join(live, list(obs), "end_agents")
+            ended = [self._endings.close(live.agents[a], obs[a]) for a in obs]
         self._endings.finish(ended, truncated)
 
     def end_episode(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:
@@ -193,9 +196,14 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         """As :meth:`ExternalEnv.get_metrics <jaxrunner.ExternalEnv.get_metrics>`, with
         ``num_env_steps`` counting action calls (env steps), ``num_agent_steps`` the
         agent transitions of ended agent episodes, ``num_episodes`` and the episode
-        statistics agent episodes, ``num_ended_episodes`` env episodes, batch counts
-        summed over the policies and ``params_version`` per policy id."""
+        statistics agent episodes, ``num_ended_episodes`` env episodes,
+        ``unassigned_reward`` the rewards logged to agents that ended without an action
+        (as the multi-agent runner's), batch counts summed over the policies and
+        ``params_version`` per policy id. ``memory_bytes`` counts every agent named in
+        a live episode, acting or not."""
         metrics = self._metrics("num_env_steps", "num_agent_steps", "num_ended_episodes")
+        with self._lock:
+            metrics["unassigned_reward"] = self._endings.unassigned_reward
         metrics["params_version"] = {pid: b.get_params()[1] for pid, b in self._batchers.items()}
         return metrics
 

@@ -18,7 +18,12 @@ from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external import ExternalEnvConfig
 from jaxrunner._src.services.serve import wire
-from jaxrunner._src.services.serve.client_http import open_http, raise_for, request_json
+from jaxrunner._src.services.serve.client_http import (
+    MAX_ANSWER_BYTES,
+    PolicyServerError,
+    open_http,
+    request_json,
+)
 from jaxrunner._src.services.serve.local_inference import EpisodeReport, LocalEnv
 from jaxrunner._src.space_arrays import check_value
 
@@ -37,7 +42,10 @@ class _Client:
         token_file: str | os.PathLike[str] | None,
         client_id: str | None,
         timeout_s: float,
+        max_answer_bytes: int,
     ) -> None:
+        check_int(type(self).__name__, "max_answer_bytes", max_answer_bytes)
+        self.max_answer_bytes = max_answer_bytes
         self._http = open_http(url, token, token_file, client_id, timeout_s)
         try:
             self._spaces = self._call("GET", "/v1/spaces")
@@ -70,8 +78,12 @@ class _Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, body: Any = None) -> Any:
-        return request_json(self._http, method, path, body)
+    def _call(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> Any:
+        return request_json(
+            self._http, method, path, body, params=params, max_bytes=self.max_answer_bytes
+        )
 
     @staticmethod
     def _encode(space: spaces.Space, value: Any, name: str, *, bounds: bool = True) -> Any:
@@ -104,6 +116,8 @@ class PolicyClient(_Client):
         client_id: names this client to the server (per-client episode caps);
             random by default.
         timeout_s: HTTP timeout per request.
+        max_answer_bytes: the longest answer read from the server (a longer one raises
+            ``PolicyServerError``); raise it for the params of a large policy.
         report_chunk_steps: local inference: the most steps per report request.
         report_chunk_bytes: local inference: the most bytes per report request (keep
             it at most the server's ``max_body_bytes``, 1 MiB by default; a chunk
@@ -126,6 +140,7 @@ class PolicyClient(_Client):
         seed: int = 0,
         client_id: str | None = None,
         timeout_s: float = 60.0,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
         report_chunk_steps: int = 512,
         report_chunk_bytes: int = 512 * 1024,
         local_config: ExternalEnvConfig | None = None,
@@ -144,7 +159,7 @@ class PolicyClient(_Client):
         self.inference = inference
         self.report_chunk_steps = report_chunk_steps
         self.report_chunk_bytes = report_chunk_bytes
-        super().__init__(url, token, token_file, client_id, timeout_s)
+        super().__init__(url, token, token_file, client_id, timeout_s, max_answer_bytes)
         spaces_json = self._spaces
         self.observation_space = wire.space_from_json(spaces_json["observation_space"])
         self.action_space = wire.space_from_json(spaces_json["action_space"])
@@ -249,19 +264,14 @@ class PolicyClient(_Client):
     # -- internals ----------------------------------------------------------------------------
 
     def _pull_params(self) -> Params | None:
-        since = None if self.params_version < 0 else self.params_version
-        out = self._call("GET", "/v1/params", None) if since is None else self._http_params(since)
+        since = {} if self.params_version < 0 else {"since": self.params_version}
+        out = self._call("GET", "/v1/params", params=since)
         if out["params"] is None:
             return None
         params = wire.decode_params(out["params"], self._template)
         self.params_version = int(out["version"])
         self.num_param_pulls += 1
         return params
-
-    def _http_params(self, since: int) -> Any:
-        response = self._http.get("/v1/params", params={"since": since})
-        raise_for(response)
-        return response.json()
 
     def _update_loop(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
@@ -286,6 +296,8 @@ class MultiAgentPolicyClient(_Client):
         client_id: names this client to the server (per-client episode caps);
             random by default.
         timeout_s: HTTP timeout per request.
+        max_answer_bytes: the longest answer read from the server (a longer one raises
+            ``PolicyServerError``).
 
     Attributes:
         observation_spaces, action_spaces: ``agent_id -> space``, as the server said.
@@ -302,8 +314,9 @@ class MultiAgentPolicyClient(_Client):
         token_file: str | os.PathLike[str] | None = None,
         client_id: str | None = None,
         timeout_s: float = 60.0,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
-        super().__init__(url, token, token_file, client_id, timeout_s)
+        super().__init__(url, token, token_file, client_id, timeout_s, max_answer_bytes)
         agents = self._spaces["agents"]
         self.observation_spaces: dict[str, spaces.Space] = {
             a: wire.space_from_json(d["observation_space"]) for a, d in agents.items()
@@ -315,12 +328,24 @@ class MultiAgentPolicyClient(_Client):
         self.possible_agents = tuple(agents)
 
     def get_action(self, episode_id: int, obs: dict[str, Any]) -> dict[str, Any]:
-        """The policies' actions for ``obs`` (``{agent_id: obs}``): ``{agent_id: action}``."""
+        """The policies' actions for ``obs`` (``{agent_id: obs}``): ``{agent_id: action}``.
+
+        Raises:
+            PolicyServerError: the answer is not an action for each agent of ``obs``
+                (``invalid_answer``).
+        """
         body = {"obs": self._encode_agents(obs, "get_action", "obs")}
         out = self._call("POST", f"/v1/episodes/{episode_id}/action", body)
-        actions = checks.check_agent_dict(
-            out["actions"], self.possible_agents, "get_action", "answer", empty=True
-        )
+        actions = out.get("actions") if isinstance(out, dict) else None
+        if not isinstance(actions, dict) or set(actions) != set(obs):
+            got = sorted(actions) if isinstance(actions, dict) else type(actions).__name__
+            raise PolicyServerError(
+                f"get_action(episode_id={episode_id}): the server answered actions for "
+                f"{got}, not for the agents asked, {sorted(obs)}; the steps may be recorded "
+                "on the server. Is the server a jaxrunner policy server of the same version?",
+                200,
+                "invalid_answer",
+            )
         return {
             agent: self._decode(self.action_spaces[agent], tree, f"actions[{agent!r}]")
             for agent, tree in actions.items()

@@ -3,6 +3,7 @@ raised as exceptions."""
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from typing import Any
@@ -58,16 +59,37 @@ class ReportError(PolicyServerError):
         self.ended_on_server = ended_on_server
 
 
-def raise_for(response: httpx.Response) -> None:
-    if response.status_code < 400:
+MAX_ANSWER_BYTES = 32 << 20
+"""The default bound on one answer of the server (a client's ``max_answer_bytes``)."""
+
+
+def parse_answer(data: bytes, status: int, path: str) -> Any:
+    """An answer's JSON, or :class:`PolicyServerError` (``invalid_answer``) if it is
+    none: malformed, or nested too deeply for Python's parser."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as err:
+        why = "nested too deeply" if isinstance(err, RecursionError) else "not valid JSON"
+        raise PolicyServerError(
+            f"the server's answer to {path} is {why} ({len(data)} bytes); is the URL a "
+            "jaxrunner policy server?",
+            status,
+            "invalid_answer",
+        ) from None
+
+
+def raise_for(status: int, answer: Any) -> None:
+    """The server's error answer (``status`` >= 400, ``answer`` its parsed JSON) raised
+    as the env's error (``EpisodeNotFoundError`` for 404/410, ...) or as
+    :class:`PolicyServerError`."""
+    if status < 400:
         return
     try:
-        detail = response.json()["error"]
+        detail = answer["error"]
         code, message = str(detail["code"]), str(detail["message"])
-    except (ValueError, KeyError, TypeError):
-        code, message = "http_error", response.text[:200]
-    text = f"{message} (HTTP {response.status_code} {code})"
-    status = response.status_code
+    except (KeyError, TypeError):
+        code, message = "http_error", str(answer)[:200]
+    text = f"{message} (HTTP {status} {code})"
     if status in (404, 410):
         raise errors.EpisodeNotFoundError(text, ended=status == 410)
     kind = {
@@ -110,9 +132,39 @@ def open_http(
     )
 
 
-def request_json(http: httpx.Client, method: str, path: str, body: Any = None) -> Any:
-    """The server's JSON answer to a JSON request; its errors raised as the env's
-    (``EpisodeNotFoundError`` for 404/410, ...) or :class:`PolicyServerError`."""
-    response = http.request(method, path, json=body)
-    raise_for(response)
-    return response.json()
+def request_json(
+    http: httpx.Client,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    content: bytes | None = None,
+    params: dict[str, Any] | None = None,
+    max_bytes: int = MAX_ANSWER_BYTES,
+) -> Any:
+    """The server's JSON answer to a request (``body`` as JSON, or ``content`` already
+    encoded), read up to ``max_bytes``; its errors raised as the env's
+    (``EpisodeNotFoundError`` for 404/410, ...) or :class:`PolicyServerError`
+    (``answer_too_large``, ``invalid_answer``)."""
+    headers = None if content is None else {"Content-Type": "application/json"}
+    with http.stream(
+        method, path, json=body, content=content, params=params, headers=headers
+    ) as response:
+        data = bytearray()
+        for chunk in response.iter_bytes():  # decoded: a compressed answer is bounded too
+            data += chunk
+            if len(data) > max_bytes:
+                raise PolicyServerError(
+                    f"the server's answer to {path} is longer than max_answer_bytes="
+                    f"{max_bytes}; it was not read whole. Raise the client's "
+                    "max_answer_bytes if the server is yours (params of a large policy).",
+                    response.status_code,
+                    "answer_too_large",
+                )
+    if response.status_code >= 400:
+        try:
+            answer = parse_answer(bytes(data), response.status_code, path)
+        except PolicyServerError:
+            answer = bytes(data[:200]).decode("utf-8", "replace")
+        raise_for(response.status_code, answer)
+    return parse_answer(bytes(data), response.status_code, path)

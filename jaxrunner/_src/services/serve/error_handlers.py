@@ -54,7 +54,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 400:  # FastAPI could not parse the body
             return error_response(400, "invalid_json", "the request body is not valid JSON.")
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
+        code = {404: "not_found", 405: "method_not_allowed", 501: "not_implemented"}.get(
+            exc.status_code, "bad_request"
+        )
         return error_response(exc.status_code, code, str(exc.detail))
 
     @app.exception_handler(errors.EpisodeNotFoundError)

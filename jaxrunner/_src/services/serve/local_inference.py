@@ -17,7 +17,6 @@ from jaxrunner._src.services.serve import wire
 from jaxrunner._src.services.serve.client_http import (
     PolicyServerError,
     ReportError,
-    raise_for,
     request_json,
 )
 
@@ -51,10 +50,7 @@ class EpisodeReport:
 
     def _post_raw(self, method: str, path: str, content: bytes) -> Any:
         """A request whose body is already encoded as JSON."""
-        headers = {"Content-Type": "application/json"}
-        response = self.http.request(method, path, content=content, headers=headers)
-        raise_for(response)
-        return response.json()
+        return request_json(self.http, method, path, content=content)
 
     def send(
         self, episode_id: int, episode: Episode | None, final_obs: Any, truncated: bool

@@ -7,7 +7,7 @@ the bodies and writes the answers. Each value is checked before it touches any s
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -33,6 +33,7 @@ from jaxrunner._src.services.serve.schema import (
     raw,
 )
 from jaxrunner._src.space_arrays import check_value
+from jaxrunner.errors import InvalidArgumentError
 
 Deliver = Callable[[int, Any, Request], Awaitable[Any]]
 """``deliver(episode_id, future, request)``: the future's result if it reaches the
@@ -41,6 +42,15 @@ EpisodeRoute = Callable[[str, type[BaseModel]], Callable[[Any], Any]]
 """``episode_route(name, model)`` declares ``POST /v1/episodes/{episode_id}/<name>``."""
 Reader = Callable[..., Awaitable[Any]]
 """A dependency that reads a request's body into the env's arguments."""
+OFF_LOOP_AGENTS = 8
+"""Calls naming more agents are decoded, checked and answered in a worker thread: a
+1,024-agent body takes tens of ms, which would stall every connection's answers (a
+thread hop costs more than a few agents' values)."""
+
+
+async def off_loop(heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``: in a worker thread if ``heavy``, else here on the event loop."""
+    return await run_in_threadpool(fn, *args) if heavy else fn(*args)
 
 
 class OneAgent:
@@ -50,6 +60,19 @@ class OneAgent:
 
     def __init__(self, env: ExternalEnv) -> None:
         self.obs_space, self.action_space = env.observation_space, env.action_space
+        self.env = env
+
+    @staticmethod
+    def heavy(value: Any) -> bool:
+        return False  # one agent's value: never worth a thread hop
+
+    def params(self, policy_id: str | None) -> tuple[Any, int]:
+        if policy_id is not None:
+            raise InvalidArgumentError(
+                f"GET /v1/params?policy_id={policy_id!r}: the env has one policy; leave "
+                "policy_id out."
+            )
+        return self.env.get_params()
 
     def spaces(self) -> dict[str, Any]:
         return {
@@ -95,6 +118,19 @@ class Agents:
     def __init__(self, env: MultiAgentExternalEnv) -> None:
         self.groups, self.possible_agents = env.groups, env.possible_agents
         self.group_of = {a: g for g in env.groups for a in g.agents}
+        self.env = env
+
+    @staticmethod
+    def heavy(values: Any) -> bool:
+        return len(values) > OFF_LOOP_AGENTS
+
+    def params(self, policy_id: str | None) -> tuple[Any, int]:
+        if policy_id is None:
+            raise InvalidArgumentError(
+                "GET /v1/params: which policy's? Pass ?policy_id=<id>; the env's policies "
+                f"are {list(self.env.policy_ids)}."
+            )
+        return self.env.get_params(policy_id)
 
     def spaces(self) -> dict[str, Any]:
         """Each agent's spaces and policy id."""
@@ -125,14 +161,17 @@ class Agents:
 
     def obs(self, call: str) -> Reader:
         async def read(body: AgentObsBody) -> Any:
-            return self.decode(body.obs, call, "obs")
+            return await off_loop(self.heavy(body.obs), self.decode, body.obs, call, "obs")
 
         return read
 
     def logged(self) -> Reader:
-        async def read(body: AgentLogActionBody) -> tuple[Any, Any]:
+        def decode(body: AgentLogActionBody) -> tuple[Any, Any]:
             obs = self.decode(body.obs, "log_action", "obs")
             return obs, self.decode(body.actions, "log_action", "actions", actions=True)
+
+        async def read(body: AgentLogActionBody) -> tuple[Any, Any]:
+            return await off_loop(self.heavy(body.obs), decode, body)
 
         return read
 
@@ -144,7 +183,8 @@ class Agents:
 
     def final_obs(self, call: str) -> Reader:
         async def read(body: AgentEndBody) -> tuple[Any, bool]:
-            return self.decode(body.obs, call, "obs"), body.truncated
+            heavy = self.heavy(body.obs)
+            return await off_loop(heavy, self.decode, body.obs, call, "obs"), body.truncated
 
         return read
 
@@ -163,13 +203,27 @@ def add_routes(
 ) -> None:
     """Adds the routes of ``env`` to ``app``: ``bearer`` is the token dependency (both
     from :func:`jaxrunner._src.services.serve.app.create_app`). The multi-agent wire
-    adds ``end_agents``; the single-agent one local inference's ``params`` and
-    ``report``."""
+    adds ``end_agents``; the single-agent one local inference's ``report``."""
     kind = Agents(env) if env.multi_agent is True else OneAgent(env)
+    params_cache: dict[str | None, tuple[int, Any]] = {}
 
     @app.get("/v1/spaces", dependencies=[bearer], responses=ERRORS, tags=["meta"])
     async def get_spaces() -> JSONResponse:
         return JSONResponse(kind.spaces())
+
+    @app.get("/v1/params", dependencies=[bearer], responses=ERRORS, tags=["params"])
+    async def get_params(
+        since: Annotated[int | None, Query(ge=0, description="skip params if unchanged")] = None,
+        policy_id: Annotated[str | None, Query(description="multi-agent: whose params")] = None,
+    ) -> JSONResponse:
+        params, version = kind.params(policy_id)
+        if since == version:
+            return JSONResponse({"version": version, "params": None})
+        cached = params_cache.get(policy_id)
+        if cached is None or cached[0] != version:
+            cached = version, await run_in_threadpool(wire.encode_params, params)
+            params_cache[policy_id] = cached
+        return JSONResponse({"version": version, "params": cached[1]})
 
     @episode_route("action", kind.action_out)
     async def get_action(
@@ -177,8 +231,9 @@ def add_routes(
         obs: Annotated[Any, Depends(kind.obs("get_action"))],
         request: Request,
     ) -> JSONResponse:
-        future = env.submit_action(episode_id, obs)
-        return JSONResponse(kind.answer(await deliver(episode_id, future, request)))
+        future = await off_loop(kind.heavy(obs), env.submit_action, episode_id, obs)
+        action = await deliver(episode_id, future, request)
+        return JSONResponse(await off_loop(kind.heavy(obs), kind.answer, action))
 
     @episode_route("log_action", Ok)
     async def log_action(
@@ -186,7 +241,8 @@ def add_routes(
         logged: Annotated[tuple[Any, Any], Depends(kind.logged())],
         request: Request,
     ) -> JSONResponse:
-        await deliver(episode_id, env.submit_log_action(episode_id, *logged), request)
+        future = await off_loop(kind.heavy(logged[0]), env.submit_log_action, episode_id, *logged)
+        await deliver(episode_id, future, request)
         return JSONResponse({"ok": True})
 
     @episode_route("returns", Ok)
@@ -217,32 +273,28 @@ def add_routes(
             await run_in_threadpool(lambda: env.end_agents(episode_id, obs, truncated=truncated))
             return JSONResponse({"ok": True})
 
+        # Not in the schema: a clear refusal instead of a bare 404 for a client that tries.
+        @app.post("/v1/episodes/{episode_id}/report", include_in_schema=False)
+        async def no_report(episode_id: EpisodeId) -> JSONResponse:
+            raise HTTPException(
+                501,
+                f"POST /v1/episodes/{episode_id}/report: reporting locally computed steps "
+                "(inference='local') serves single-agent envs only; a multi-agent client asks "
+                "the server for each action (MultiAgentPolicyClient), or logs actions chosen "
+                "elsewhere with log_action.",
+            )
+
     else:
-        _add_local_inference_routes(app, env, bearer, episode_route)
+        _add_report_route(env, episode_route)
 
 
-def _add_local_inference_routes(
-    app: FastAPI, env: ExternalEnv, bearer: Any, episode_route: EpisodeRoute
-) -> None:
-    """``GET /v1/params`` and ``POST .../report``: what a single-agent client that
-    computes its actions itself (``inference="local"``) pulls and sends."""
+def _add_report_route(env: ExternalEnv, episode_route: EpisodeRoute) -> None:
+    """``POST .../report``: what a single-agent client that computes its actions itself
+    (``inference="local"``) sends."""
     obs_space, action_space = env.observation_space, env.action_space
-    params_cache: dict[str, Any] = {}
 
     def decode(obj: Any, where: str, space: Any = obs_space) -> Any:
         return wire.decode_tree(space, raw(obj), where)
-
-    @app.get("/v1/params", dependencies=[bearer], responses=ERRORS, tags=["params"])
-    async def get_params(
-        since: Annotated[int | None, Query(ge=0, description="skip params if unchanged")] = None,
-    ) -> JSONResponse:
-        params, version = env.get_params()
-        if since == version:
-            return JSONResponse({"version": version, "params": None})
-        if params_cache.get("version") != version:
-            encoded = await run_in_threadpool(wire.encode_params, params)
-            params_cache.update(version=version, params=encoded)
-        return JSONResponse({"version": version, "params": params_cache["params"]})
 
     @episode_route("report", Ok)
     async def report(episode_id: EpisodeId, body: ReportBody) -> JSONResponse:
