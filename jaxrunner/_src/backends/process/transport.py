@@ -1,6 +1,6 @@
 """The process transport: worker processes, the shared block, recovery and stepping, for any
-kind of sub-env (:class:`~.shared.BlockLayout`): gymnasium's in
-:class:`~jaxrunner.ProcessVectorEnv`, PettingZoo's in the multi-agent process backend."""
+kind of sub-env (:class:`~.shared.BlockLayout`), under the one process backend
+(:class:`~.vector_env.ProcessBackend`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from jaxrunner._src.backends.process.recovery import WorkerRecovery
 from jaxrunner._src.backends.process.shared import BlockLayout, create_shared_block
 from jaxrunner._src.backends.process.stepping import Stepper
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 
 Report = dict[str, Any]
 """A worker's start report (:func:`~.worker.describe`)."""
@@ -36,8 +35,6 @@ class ProcessTransport:
         close_after: closes the vector env after a failure it cannot go on from.
         layout_for: ``(reports) -> layout``: checks the workers' start reports (all
             sub-envs alike) and returns the shared block's layout.
-        check_report: ``(report, where)``: raises if a replacement worker's sub-envs
-            differ from the vector env's.
     """
 
     def __init__(
@@ -49,7 +46,6 @@ class ProcessTransport:
         res: Resources,
         close_after: Callable[[str], None],
         layout_for: Callable[[list[Report]], BlockLayout],
-        check_report: Callable[[Report, str], None],
     ) -> None:
         payloads = [pickle_factories(env_fns[lo:hi], lo) for lo, hi in bounds]
         ctx = multiprocessing_context(config.start_method)
@@ -66,7 +62,6 @@ class ProcessTransport:
             restart_policy,
             self.layout,
             self.views,
-            check_report,
             lambda: self.stepper.in_flight(),
         )
         self.pool.on_lost = self.recovery.worker_lost
@@ -136,88 +131,3 @@ class ProcessTransport:
         if status != protocol.STATUS_OK:
             self.pool.raise_remote(w, pickle.loads(payload))
         return pickle.loads(payload)
-
-
-class TransportForwarding:
-    """``call``/``get_attr``/``set_attr``/``render`` and ``get_sub_environments`` of a
-    vector env over a :class:`ProcessTransport` (``self._transport``): the single- and
-    multi-agent process backends. Results must pickle."""
-
-    _transport: ProcessTransport
-    num_envs: int
-    _res: Resources
-    _closed_reason: str | None
-    _finalizer: Callable[[], Any]
-
-    def _start_transport(
-        self,
-        env_fns: Sequence[Callable[[], Any]],
-        bounds: list[tuple[int, int]],
-        config: ProcessConfig,
-        restart_policy: RestartPolicy | None,
-    ) -> None:
-        """Starts the workers (``self._transport``); a failure closes the vector env
-        before it raises."""
-        try:
-            self._transport = ProcessTransport(
-                env_fns,
-                bounds,
-                config,
-                restart_policy,
-                self._res,
-                self._close_after,
-                self._layout_for,  # type: ignore[attr-defined]
-                self._check_report,  # type: ignore[attr-defined]
-            )
-        except BaseException:
-            self._close_after("construction failed")
-            raise
-        self._closed_reason = None
-
-    def _close_after(self, reason: str) -> None:
-        """Closes the vector env after a failure (``reason`` is quoted to later calls)."""
-        self._closed_reason = reason
-        self._finalizer()
-
-    @property
-    def num_worker_restarts(self) -> int:
-        """Workers replaced after they died or timed out."""
-        return self._transport.recovery.num_worker_restarts
-
-    @property
-    def num_lost_steps(self) -> int:
-        """Completed ``env.step`` calls whose results died with their worker."""
-        return self._transport.recovery.num_lost_steps
-
-    @property
-    def num_unrun_steps(self) -> int:
-        """Failed slots of replaced workers' sub-envs that had not started their step."""
-        return self._transport.recovery.num_unrun_steps
-
-    def get_sub_environments(self) -> list[SubEnvHandle]:
-        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env,
-        in index order (the sub-envs live in the workers)."""
-        self._check_open("get_sub_environments")  # type: ignore[attr-defined]
-        return [SubEnvHandle(self, i) for i in range(self.num_envs)]
-
-    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
-        self._check_open(f"get_sub_environments()[{index}].{method}")  # type: ignore[attr-defined]
-        return self._transport.on_sub_env(index, method, args)
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env; the
-        results must pickle."""
-        self._check_open("call")  # type: ignore[attr-defined]
-        return self._transport.pool.call_each_env("call", (name, args, kwargs))
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        self._check_open("get_attr")  # type: ignore[attr-defined]
-        return self._transport.pool.call_each_env("get_attr", (name,))
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self._check_open("set_attr")  # type: ignore[attr-defined]
-        self._transport.set_attr(name, self._values_per_env(name, values))  # type: ignore[attr-defined]
-
-    def render(self) -> tuple[Any, ...]:
-        self._check_open("render")  # type: ignore[attr-defined]
-        return self._transport.pool.call_each_env("render")
