@@ -439,7 +439,7 @@ def test_trajectories_equal_with_and_without_spinning(sync_reference):
     for spin_wait_us in (0, 10_000):
         config = ProcessConfig(num_workers=2, spin_wait_us=spin_wait_us)
         envs = jr.make_vec(short_cartpole, NUM_ENVS, backend="process", config=config)
-        assert envs._pool.spin_s == pytest.approx(spin_wait_us * 1e-6)
+        assert envs._transport.pool.spin_s == pytest.approx(spin_wait_us * 1e-6)
         with _runner(envs) as runner:
             for t, expected in enumerate(sync_reference):
                 assert_trees_equal(_as_tree(runner.sample()), _as_tree(expected), f"sample {t}")

@@ -48,7 +48,7 @@ def test_default_workers_take_every_cpu(monkeypatch):
     monkeypatch.setattr(launch, "cgroup_cpu_quota", lambda: None)
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 3, "process")
     try:
-        assert envs._bounds == [(0, 2), (2, 3)]
+        assert envs._transport.bounds == [(0, 2), (2, 3)]
     finally:
         envs.close()
     assert launch.default_num_workers(3) == 1

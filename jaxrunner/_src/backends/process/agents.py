@@ -1,5 +1,5 @@
-"""``backend="process"`` for multi-agent (PettingZoo) envs: the process transport with the
-multi-agent layout. See docs/multi-agent.md and docs/backends/process.md."""
+"""``backend="process"``'s multi-agent (PettingZoo) kind: its block layout and its shell over
+:class:`~.vector_env.ProcessBackend`. See docs/multi-agent.md and docs/backends/process.md."""
 
 from __future__ import annotations
 
@@ -188,11 +188,10 @@ class AgentLayout(BlockLayout):
 
 
 class ProcessMultiAgentVectorEnv(ProcessBackend, MultiAgentVectorEnv):
-    """Multi-agent sub-envs in worker processes (see docs/multi-agent.md): they step as the
-    sync backend steps them, writing every group's buffers into shared memory.
-
-    Step for step equal to the sync multi-agent backend for the same seeds and actions,
-    whatever the number of workers.
+    """Multi-agent sub-envs in worker processes (see docs/multi-agent.md): the multi-agent
+    shell of :class:`~.vector_env.ProcessBackend`, step for step equal to the sync
+    multi-agent backend for the same seeds and actions, whatever the number of workers.
+    Faults and their accounting are as :class:`~jaxrunner.ProcessVectorEnv` says.
 
     Args:
         env_fns: zero-argument factories of PettingZoo envs (picklable by cloudpickle).
@@ -215,10 +214,6 @@ class ProcessMultiAgentVectorEnv(ProcessBackend, MultiAgentVectorEnv):
         InvalidArgumentError: a config option multi-agent envs do not take.
         SpaceMismatchError: sub-envs with different agents or spaces.
         WorkerError, WorkerTimeoutError: a worker died or hung while starting.
-
-    Accounting: as the single-agent process backend's, a failed slot of a replaced
-    worker may stand for a step the sub-env had completed before its worker died
-    (``num_lost_steps``) or never started (``num_unrun_steps``).
     """
 
     _main_process = "waits"  # lockstep: the main process waits while the workers step
