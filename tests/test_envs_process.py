@@ -38,11 +38,11 @@ from jaxrunner._src.backends.process import (
     ProcessVectorEnv,
     RemoteTraceback,
     launch,
+    make_process_vec,
     protocol,
     spin_wait_s,
     worker_bounds,
 )
-from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 from jaxrunner.errors import (
     ClosedError,
     EnvError,
@@ -72,10 +72,9 @@ class TestProcessContract(PettingZooCases, VectorEnvContract):
     env_kinds = HOST_KINDS
 
     def make_vec(self, env_fns: Sequence[Callable[[], Any]], restart_policy=None) -> Any:
+        # Either kind, learned from the workers' start reports (as make_vec builds it).
         config = ProcessConfig(num_workers=2)
-        if self.kind == "gymnasium":
-            return ProcessVectorEnv(env_fns, config, restart_policy=restart_policy)
-        return ProcessMultiAgentVectorEnv(env_fns, config=config, restart_policy=restart_policy)
+        return make_process_vec(env_fns, config, restart_policy=restart_policy, multi_agent=None)
 
 
 class TestProcessReadyFirstContract(VectorEnvContract):

@@ -21,7 +21,7 @@ from jaxrunner._src.backends.multi_agent.buffers import (
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.process.shared import BlockLayout, Carver
-from jaxrunner._src.backends.process.transport import Report
+from jaxrunner._src.backends.process.transport import ProcessTransport, Report
 from jaxrunner._src.backends.process.vector_env import ProcessBackend
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_block import EnvFactory
@@ -216,7 +216,6 @@ class ProcessMultiAgentVectorEnv(ProcessBackend, MultiAgentVectorEnv):
         WorkerError, WorkerTimeoutError: a worker died or hung while starting.
     """
 
-    _main_process = "waits"  # lockstep: the main process waits while the workers step
     _reset_call = "reset_batch"
     _refuse_main_share = (
         "make_vec(<PettingZoo env>, backend='process', config=ProcessConfig(...)): "
@@ -230,10 +229,11 @@ class ProcessMultiAgentVectorEnv(ProcessBackend, MultiAgentVectorEnv):
         *,
         config: ProcessConfig | None = None,
         restart_policy: RestartPolicy | None = None,
+        _transport: ProcessTransport | None = None,
     ) -> None:
         super().__init__()
         self._mapping = policy_mapping_fn
-        self._start(env_fns, config, restart_policy, "make_vec")
+        self._start(env_fns, config, restart_policy, "make_vec", _transport)
 
     def _layout_for(self, reports: list[Report]) -> AgentLayout:
         layout = AgentLayout.from_reports(reports, self.num_envs, self._mapping)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from gymnasium.vector.utils import batch_space
 
@@ -14,8 +14,8 @@ from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.process.config import ProcessConfig, checked_config
-from jaxrunner._src.backends.process.handle import Resources, shutdown
-from jaxrunner._src.backends.process.launch import EnvFactory, default_num_workers, worker_bounds
+from jaxrunner._src.backends.process.handle import shutdown
+from jaxrunner._src.backends.process.launch import EnvFactory
 from jaxrunner._src.backends.process.shared import BlockLayout, Layout
 from jaxrunner._src.backends.process.transport import ProcessTransport, Report
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
@@ -33,13 +33,12 @@ class ProcessBackend:
     # 1.64x / 1.74x with one (results/multi_agent_host_quiet_cpu.json; a loaded run had
     # shown the reverse).
     capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
-    _main_process: ClassVar[Literal["computes", "waits"]]
-    """What the main process does while the workers step (the default worker count)."""
     _reset_call: ClassVar[str]
     """The reset call users make, as closed-env errors name it."""
     _refuse_main_share: ClassVar[str]
     """The error for ``ProcessConfig(main_process_envs>=1)``, which the shell does not take."""
     num_envs: int
+    multi_agent: ClassVar[bool]
     restart_policy: RestartPolicy | None
     _closed_reason: str | None
     _check_open: Callable[[str], None]
@@ -52,11 +51,11 @@ class ProcessBackend:
         config: ProcessConfig | None,
         restart_policy: RestartPolicy | None,
         where: str,
+        transport: ProcessTransport | None,
     ) -> None:
-        """Checks the arguments and starts the workers; a failure closes the vector env
-        before it raises."""
-        self._res = Resources()
-        self._finalizer = weakref.finalize(self, shutdown, self._res)
+        """Checks the arguments and starts the workers (or takes ``transport``'s, started
+        by :func:`~.local_share.make_process_vec` to learn the kind); a failure closes the
+        vector env before it raises."""
         self._closed_reason = "construction failed"  # until the workers are up
         config = checked_config(config, where)
         check_restart_policy(where, restart_policy)
@@ -72,24 +71,18 @@ class ProcessBackend:
                 can_restart=True, steps_in_background=True, ready_first=True
             )
         self.num_envs = len(env_fns)
-        num_workers = config.num_workers
-        if num_workers is None and config.envs_per_worker is None:
-            num_workers = default_num_workers(self.num_envs, main_process=self._main_process)
-        bounds = worker_bounds(self.num_envs, config.envs_per_worker, num_workers)
+        if transport is None:
+            transport = ProcessTransport(env_fns, config, self.multi_agent)
+        self._transport, self._res = transport, transport.res
+        self._finalizer = weakref.finalize(self, shutdown, self._res)
         try:
-            self._transport = transport = ProcessTransport(
-                env_fns, bounds, config, restart_policy, self._res, self._close_after,
-                self._layout_for,
-            )  # fmt: skip
+            transport.attach(self._layout_for(transport.reports), restart_policy, self._close_after)
         except BaseException:
             self._close_after("construction failed")
             raise
         self._closed_reason = None
-        self._stepper, self._views, self._layout = (
-            transport.stepper,
-            transport.views,
-            transport.layout,
-        )
+        self._stepper, self._views = transport.stepper, transport.views
+        self._layout = transport.layout
 
     _layout_for: Callable[[list[Report]], BlockLayout]
     """The shell's: checks the workers' start reports (all sub-envs alike, of its kind),
@@ -260,7 +253,6 @@ class ProcessVectorEnv(ProcessBackend, VectorEnv):
         SpaceMismatchError: sub-envs with different or unsupported spaces.
     """
 
-    _main_process = "computes"  # the pipelined runner: the policy and bookkeeping
     _reset_call = "reset"
     _refuse_main_share = (
         "ProcessVectorEnv(config=ProcessConfig(main_process_envs={share})): a "
@@ -276,9 +268,10 @@ class ProcessVectorEnv(ProcessBackend, VectorEnv):
         *,
         copy: bool = True,
         restart_policy: RestartPolicy | None = None,
+        _transport: ProcessTransport | None = None,
     ) -> None:
         super().__init__(copy=copy)
-        self._start(env_fns, config, restart_policy, "ProcessVectorEnv")
+        self._start(env_fns, config, restart_policy, "ProcessVectorEnv", _transport)
 
     def _layout_for(self, reports: list[Report]) -> Layout:
         layout = Layout.from_reports(reports, self.num_envs)
