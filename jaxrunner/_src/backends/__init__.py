@@ -45,6 +45,7 @@ from jaxrunner._src.backends.process import (
 from jaxrunner._src.backends.process import (
     ProcessVectorEnv as ProcessVectorEnv,
 )
+from jaxrunner._src.backends.process.config import checked_config
 from jaxrunner._src.backends.process.launch import check_main_guard
 from jaxrunner._src.backends.ray import RayConfig, RayVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
@@ -149,15 +150,17 @@ def make_vec(
     else:
         fns = factories_for(env, env_kwargs, backend, num_envs)
         choice = first = None
-        multi_agent: bool | None = False  # a gymnasium id
+        multi_agent: bool | None  # None: the process backend learns it from its workers
         if backend == "auto":
             choice, multi_agent = choose_auto_layout(
                 env, env_kwargs, num_envs, seed, restart_policy
             )
             backend, config = choice.backend, choice.process_config()
         elif isinstance(env, str):
-            pass
-        elif backend == "process" and not main_process_share(num_envs, config or ProcessConfig()):
+            multi_agent = False  # a gymnasium id
+        elif backend == "process" and not main_process_share(
+            num_envs, checked_config(config, "make_vec")
+        ):
             multi_agent = None  # the workers report the kind as they start
         else:
             first = first_env(env, fns[0])

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from gymnasium.vector.utils import batch_space
 
-from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.base import BaseVectorEnv, VectorEnv
 from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.process.config import ProcessConfig, checked_config
@@ -23,7 +23,7 @@ from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner.errors import InvalidArgumentError
 
 
-class ProcessBackend:
+class ProcessBackend(BaseVectorEnv):
     """Sub-envs in worker processes over a :class:`~.transport.ProcessTransport`, for
     either kind of sub-env: a shell (a vector env class of one kind) gives the layout
     (:meth:`_layout_for`), the rest is here. Results of ``call``/``get_attr`` must pickle."""
@@ -37,13 +37,6 @@ class ProcessBackend:
     """The reset call users make, as closed-env errors name it."""
     _refuse_main_share: ClassVar[str]
     """The error for ``ProcessConfig(main_process_envs>=1)``, which the shell does not take."""
-    num_envs: int
-    multi_agent: ClassVar[bool]
-    restart_policy: RestartPolicy | None
-    _closed_reason: str | None
-    _check_open: Callable[[str], None]
-    _check_index: Callable[..., None]
-    _values_per_env: Callable[[str, Any], list[Any]]
 
     def _start(
         self,
