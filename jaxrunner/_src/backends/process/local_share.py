@@ -8,7 +8,7 @@ import collections
 import contextlib
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from gymnasium.vector.utils import batch_space
@@ -37,6 +37,9 @@ from jaxrunner.errors import (
     SpaceMismatchError,
 )
 
+if TYPE_CHECKING:
+    from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
+
 
 def make_process_vec(
     env_fns: Sequence[EnvFactory],
@@ -45,7 +48,7 @@ def make_process_vec(
     restart_policy: RestartPolicy | None = None,
     policy_mapping_fn: PolicyMappingFn | None = None,
     multi_agent: bool | None = False,
-) -> Any:
+) -> VectorEnv | MultiAgentVectorEnv:
     """``backend="process"``: a :class:`LocalShareVectorEnv` where the main process
     takes a share (:func:`main_process_share`) of single-agent sub-envs, else the process
     backend of the sub-envs' kind (a multi-agent one takes ``policy_mapping_fn``).
