@@ -38,11 +38,11 @@ from jaxrunner._src.backends.process import (
     ProcessVectorEnv,
     RemoteTraceback,
     launch,
+    make_process_vec,
     protocol,
     spin_wait_s,
     worker_bounds,
 )
-from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 from jaxrunner.errors import (
     ClosedError,
     EnvError,
@@ -72,10 +72,9 @@ class TestProcessContract(PettingZooCases, VectorEnvContract):
     env_kinds = HOST_KINDS
 
     def make_vec(self, env_fns: Sequence[Callable[[], Any]], restart_policy=None) -> Any:
+        # Either kind, learned from the workers' start reports (as make_vec builds it).
         config = ProcessConfig(num_workers=2)
-        if self.kind == "gymnasium":
-            return ProcessVectorEnv(env_fns, config, restart_policy=restart_policy)
-        return ProcessMultiAgentVectorEnv(env_fns, config=config, restart_policy=restart_policy)
+        return make_process_vec(env_fns, config, restart_policy=restart_policy, multi_agent=None)
 
 
 class TestProcessReadyFirstContract(VectorEnvContract):
@@ -439,7 +438,7 @@ def test_trajectories_equal_with_and_without_spinning(sync_reference):
     for spin_wait_us in (0, 10_000):
         config = ProcessConfig(num_workers=2, spin_wait_us=spin_wait_us)
         envs = jr.make_vec(short_cartpole, NUM_ENVS, backend="process", config=config)
-        assert envs._pool.spin_s == pytest.approx(spin_wait_us * 1e-6)
+        assert envs._transport.pool.spin_s == pytest.approx(spin_wait_us * 1e-6)
         with _runner(envs) as runner:
             for t, expected in enumerate(sync_reference):
                 assert_trees_equal(_as_tree(runner.sample()), _as_tree(expected), f"sample {t}")

@@ -154,17 +154,18 @@ def test_make_vec_builds_the_kind_its_factory_makes(backend):
         assert isinstance(envs, jr.MultiAgentVectorEnv) and not envs.turn_based
         assert isinstance(turns, jr.MultiAgentVectorEnv) and turns.turn_based
         assert list(envs.possible_agents) == ComingAndGoing().possible_agents
-    # The kind is read from sub-env 0, built once here: on sync it stays sub-env 0; the
-    # workers build their own.
-    assert (parallel.calls, aec.calls) == ((3, 2) if backend == "sync" else (1, 1))
+    # The kind is read from sub-env 0: on sync, built here, where it stays sub-env 0; on
+    # process, from its worker's start report, so nothing is built here.
+    assert (parallel.calls, aec.calls) == ((3, 2) if backend == "sync" else (0, 0))
     gym = Counted(lambda: gymnasium.make("CartPole-v1"))
     with jr.make_vec(gym, 2, backend) as single:
-        assert isinstance(single, jr.VectorEnv) and gym.calls == (2 if backend == "sync" else 1)
+        assert isinstance(single, jr.VectorEnv) and gym.calls == (2 if backend == "sync" else 0)
 
 
 def test_make_vec_refuses_what_only_one_kind_takes():
-    with pytest.raises(InvalidArgumentTypeError, match="policy mapping is for multi-agent"):
-        jr.make_vec(lambda: gymnasium.make("CartPole-v1"), 2, policy_mapping_fn=str)
+    for backend in ("sync", "process"):  # process: the kind comes from the workers
+        with pytest.raises(InvalidArgumentTypeError, match="policy mapping is for multi-agent"):
+            jr.make_vec(lambda: gymnasium.make("CartPole-v1"), 2, backend, policy_mapping_fn=str)
     with pytest.raises(InvalidArgumentTypeError, match=r"policy_mapping_fn=.*themselves"):
         jr.make_vec("CartPole-v1", 2, "gymnasium", policy_mapping_fn=str)
     with pytest.raises(InvalidArgumentTypeError, match="make_vec builds both kinds"):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+
+import gymnasium
 import jax
 import numpy as np
 import pytest
@@ -39,18 +42,25 @@ def test_process_equals_sync(factory, n, masked):
         assert sync_metrics[key] == proc_metrics[key]
 
 
-def test_default_workers_take_every_cpu(monkeypatch):
+@pytest.mark.parametrize(
+    ("factory", "multi_agent", "bounds"),
+    [
+        (envs_mod.coming_and_going, True, [(0, 2), (2, 3)]),
+        (functools.partial(gymnasium.make, "CartPole-v1"), False, [(0, 3)]),
+    ],
+)
+def test_default_workers_take_every_cpu(monkeypatch, factory, multi_agent, bounds):
     # Lockstep: the main process waits while the workers step, so none is kept back
-    # for it (the single-agent backend, which pipelines, keeps one).
+    # for it (the single-agent backend, which pipelines, keeps one). make_vec does not
+    # know the kind: worker 0 reports it from sub-env 0, then builds the rest of its share.
     from jaxrunner._src.backends.process import launch
 
     monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
     monkeypatch.setattr(launch, "cgroup_cpu_quota", lambda: None)
-    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 3, "process")
-    try:
-        assert envs._bounds == [(0, 2), (2, 3)]
-    finally:
-        envs.close()
+    with jr.make_vec(factory, 3, "process", seed=0) as envs:
+        assert envs._transport.bounds == bounds
+        assert envs.multi_agent == multi_agent
+        assert len(envs.get_attr("metadata")) == 3  # every sub-env built, once
     assert launch.default_num_workers(3) == 1
 
 

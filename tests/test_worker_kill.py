@@ -11,6 +11,7 @@ import gymnasium
 import pytest
 
 import jaxrunner as jr
+from jaxrunner._src.backends.factories import close_kind_probe
 
 
 class HangsInClose(gymnasium.Wrapper):
@@ -38,9 +39,11 @@ def _running(pid: int) -> bool:
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
 def test_hung_workers_die_on_close_after_the_fork_server_died():
     config = jr.ProcessConfig(num_workers=2)
-    # make_vec builds sub-env 0 here to learn its kind: its hung close is not waited on.
+    # A kind probe built here (ray, or a main-process share) whose close hangs is left
+    # on its thread; backend="process" builds none here: the workers report the kind.
     with pytest.warns(RuntimeWarning, match="did not close within"):
-        envs = jr.make_vec(hangs_in_close, 2, backend="process", config=config)
+        close_kind_probe(hangs_in_close())
+    envs = jr.make_vec(hangs_in_close, 2, backend="process", config=config)
     envs.reset(seed=0)
     pids = envs.worker_pids
     assert all(_running(pid) for pid in pids)

@@ -39,11 +39,13 @@ from jaxrunner._src.backends.process import (
 )
 from jaxrunner._src.backends.process import (
     ProcessConfig,
+    main_process_share,
     make_process_vec,
 )
 from jaxrunner._src.backends.process import (
     ProcessVectorEnv as ProcessVectorEnv,
 )
+from jaxrunner._src.backends.process.config import checked_config
 from jaxrunner._src.backends.process.launch import check_main_guard
 from jaxrunner._src.backends.ray import RayConfig, RayVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
@@ -101,10 +103,11 @@ def make_vec(
             ``i`` built (and rebuilt on a restart) by the ``i``-th (CleanRL's
             ``[make_env(env_id, i, ...) for i in range(n)]``: env 0 records video, each its
             own wrapper); backends ``"sync"``, ``"process"``, ``"ray"`` and ``"auto"``.
-            A callable's kind is read from sub-env 0, built here once (with ``"sync"`` it
-            stays sub-env 0; with ``"auto"`` it is the probe; with ``"process"`` and
-            ``"ray"`` it is closed before the workers start): a PettingZoo env (it has
-            ``possible_agents``) gives a :class:`~jaxrunner.MultiAgentVectorEnv`.
+            A callable's kind is read from sub-env 0: with ``"process"`` its worker
+            reports it; else it is built here once (with ``"sync"`` it stays sub-env 0;
+            with ``"auto"`` it is the probe; with ``"ray"``, and ``"process"`` with a
+            main-process share, it is closed before the workers start): a PettingZoo env
+            (it has ``possible_agents``) gives a :class:`~jaxrunner.MultiAgentVectorEnv`.
         num_envs: number of sub-envs (>= 1).
         backend: where the sub-envs run; one of ``BACKENDS`` (a multi-agent env: one of
             ``FACTORY_BACKENDS``). ``"auto"``: ``"sync"`` or ``"process"`` with its number
@@ -147,25 +150,31 @@ def make_vec(
     else:
         fns = factories_for(env, env_kwargs, backend, num_envs)
         choice = first = None
+        multi_agent: bool | None  # None: the process backend learns it from its workers
         if backend == "auto":
             choice, multi_agent = choose_auto_layout(
                 env, env_kwargs, num_envs, seed, restart_policy
             )
             backend, config = choice.backend, choice.process_config()
+        elif isinstance(env, str):
+            multi_agent = False  # a gymnasium id
+        elif backend == "process" and not main_process_share(
+            num_envs, checked_config(config, "make_vec")
+        ):
+            multi_agent = None  # the workers report the kind as they start
         else:
-            first = None if isinstance(env, str) else first_env(env, fns[0])
-            multi_agent = first is not None and is_multi_agent_env(first)
-        if policy_mapping_fn is not None and not multi_agent:
+            first = first_env(env, fns[0])
+            multi_agent = is_multi_agent_env(first)
+        if policy_mapping_fn is not None and multi_agent is False:
             if first is not None:
                 close_quietly(first)
-            raise InvalidArgumentTypeError(
-                "make_vec(policy_mapping_fn=...): a policy mapping is for multi-agent "
-                "(PettingZoo) envs, and this env is a gymnasium one (one agent, one "
-                "policy). Leave policy_mapping_fn=None."
-            )
+            raise _mapping_refused()
         vec = _make_fromfactories_for(
             fns, first, multi_agent, backend, config, restart_policy, policy_mapping_fn
         )
+        if policy_mapping_fn is not None and not vec.multi_agent:
+            vec.close()
+            raise _mapping_refused()
     vec.layout_choice = choice
     if seed is not None:
         try:
@@ -177,6 +186,14 @@ def make_vec(
             vec.close()
             raise
     return vec
+
+
+def _mapping_refused() -> InvalidArgumentTypeError:
+    return InvalidArgumentTypeError(
+        "make_vec(policy_mapping_fn=...): a policy mapping is for multi-agent "
+        "(PettingZoo) envs, and this env is a gymnasium one (one agent, one "
+        "policy). Leave policy_mapping_fn=None."
+    )
 
 
 def _make_from_id(
@@ -208,33 +225,31 @@ def _make_from_id(
 def _make_fromfactories_for(
     fns: list[Callable[[], Any]],
     first: Any,
-    multi_agent: bool,
+    multi_agent: bool | None,
     backend: str,
     config: Any,
     restart_policy: RestartPolicy | None,
     policy_mapping_fn: PolicyMappingFn | None,
 ) -> VectorEnv | MultiAgentVectorEnv:
-    """The sync, process or Ray vector env of ``fns``' kind; ``first`` (sub-env 0 if
-    already built, else None) becomes sub-env 0 on sync, and is closed on the others."""
+    """The sync, process or Ray vector env of ``fns``' kind (None: not known, for the
+    process backend to learn); ``first`` (sub-env 0 if already built, else None) becomes
+    sub-env 0 on sync, and is closed on the others."""
     if first is not None and backend == "sync":
         fns = [FirstBuilt(fns[0], first), *fns[1:]]
     elif first is not None:
         close_kind_probe(first)  # its kind is known; the workers build their own
     try:
+        if backend == "process":
+            return make_process_vec(
+                fns, config, restart_policy=restart_policy,
+                policy_mapping_fn=policy_mapping_fn, multi_agent=multi_agent,
+            )  # fmt: skip
         if not multi_agent:
             if backend == "sync":
                 return SyncVectorEnv(fns, restart_policy=restart_policy)
-            if backend == "process":
-                return make_process_vec(fns, config, restart_policy=restart_policy)
             return RayVectorEnv(fns, config, restart_policy=restart_policy)
         if backend == "sync":
             return SyncMultiAgentVectorEnv(fns, policy_mapping_fn, restart_policy=restart_policy)
-        if backend == "process":
-            from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
-
-            return ProcessMultiAgentVectorEnv(
-                fns, policy_mapping_fn, config=config, restart_policy=restart_policy
-            )
         from jaxrunner._src.backends.ray.agents import RayMultiAgentVectorEnv
 
         return RayMultiAgentVectorEnv(

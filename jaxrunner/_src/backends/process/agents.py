@@ -1,22 +1,17 @@
-"""``backend="process"`` for multi-agent (PettingZoo) envs: the process transport with the
-multi-agent layout. See docs/multi-agent.md and docs/backends/process.md."""
+"""``backend="process"``'s multi-agent (PettingZoo) kind: its block layout and its shell over
+:class:`~.vector_env.ProcessBackend`. See docs/multi-agent.md and docs/backends/process.md."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import weakref
 from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxrunner._src.backends.batch_step import EnvIds
-from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
-from jaxrunner._src.backends.multi_agent.agent_block import (
-    AgentBlock,
-)
+from jaxrunner._src.backends.multi_agent.agent_block import AgentBlock
 from jaxrunner._src.backends.multi_agent.buffers import (
     AgentStepBuffers,
     GroupBuffers,
@@ -24,15 +19,14 @@ from jaxrunner._src.backends.multi_agent.buffers import (
     StepViews,
 )
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
-from jaxrunner._src.backends.process.config import ProcessConfig, checked_config
-from jaxrunner._src.backends.process.handle import Resources, shutdown
-from jaxrunner._src.backends.process.launch import default_num_workers, worker_bounds
-from jaxrunner._src.backends.process.shared import Carver
-from jaxrunner._src.backends.process.transport import Report, TransportForwarding
+from jaxrunner._src.backends.process.config import ProcessConfig
+from jaxrunner._src.backends.process.shared import BlockLayout, Carver
+from jaxrunner._src.backends.process.transport import ProcessTransport, Report
+from jaxrunner._src.backends.process.vector_env import ProcessBackend
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner._src.core.agent_groups import AgentGroup, AgentsDescription, PolicyMappingFn
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
+from jaxrunner.errors import InvalidArgumentTypeError, SpaceMismatchError
 
 
 class AgentViews(NamedTuple):
@@ -47,12 +41,43 @@ class AgentViews(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class AgentLayout:
+class AgentLayout(BlockLayout):
     """The multi-agent block: every group's buffers and actions, then the env-level
-    arrays and the progress marks (a :class:`~.shared.BlockLayout`)."""
+    arrays and the progress marks."""
 
     groups: tuple[AgentGroup, ...]
     num_envs: int
+    description: AgentsDescription
+    """Sub-env 0's agents and spaces, which every sub-env must have."""
+
+    @classmethod
+    def from_reports(
+        cls, reports: list[dict[str, Any]], num_envs: int, policy_mapping_fn: PolicyMappingFn | None
+    ) -> AgentLayout:
+        """Checks the workers' sub-envs (PettingZoo envs of equal agents and spaces); the
+        block of their groups under ``policy_mapping_fn``."""
+        if "agents" not in reports[0]:
+            raise InvalidArgumentTypeError(
+                "ProcessMultiAgentVectorEnv: the env factory made a gymnasium env, not a "
+                "PettingZoo one; build either kind with jaxrunner.make_vec()."
+            )
+        described: list[AgentsDescription] = [d for r in reports for d in r["agents"]]
+        first = described[0]
+        layout = cls(first.groups(policy_mapping_fn), num_envs, first)
+        for i, description in enumerate(described):
+            layout._check_description(description, f"multi-agent sub-env {i}")
+        return layout
+
+    def _check_description(self, description: Any, where: str) -> None:
+        if description != self.description:
+            raise SpaceMismatchError(
+                f"{where} has agents {description}, sub-env 0 has {self.description}; every "
+                "sub-env must have the same agents and spaces. Check the factory."
+            )
+
+    def check_report(self, report: dict[str, Any], where: str) -> None:
+        for description in report.get("agents", [None]):
+            self._check_description(description, where)
 
     def _carve(self, buffer: Any) -> tuple[AgentViews, int]:
         carve = Carver(buffer, self.num_envs)
@@ -87,13 +112,6 @@ class AgentLayout:
             return None, carve.offset  # type: ignore[return-value]
         policy_ids = tuple(g.policy_id for g in self.groups)
         return AgentViews(buffers, actions, status, StepViews(buffers, policy_ids)), carve.offset
-
-    @property
-    def nbytes(self) -> int:
-        return self._carve(None)[1]
-
-    def views(self, buffer: Any) -> AgentViews:
-        return self._carve(buffer)[0]
 
     # -- worker side
 
@@ -162,13 +180,18 @@ class AgentLayout:
         block_infos = [infos.get(i, {}) for i in range(lo, hi)]
         return views.steps.step(lo, hi, block_infos, failed, errors)
 
+    def reset_result(self, views: AgentViews, infos: list[dict[str, Any]]) -> MultiAgentStep:
+        return self.result(views, 0, self.num_envs, True, {}, {}, [], {})._replace(infos=infos)
 
-class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
-    """Multi-agent sub-envs in worker processes (see docs/multi-agent.md): they step as the
-    sync backend steps them, writing every group's buffers into shared memory.
+    def reset_at_result(self, views: AgentViews, index: int, info: dict[str, Any]) -> dict:
+        return info
 
-    Step for step equal to the sync multi-agent backend for the same seeds and actions,
-    whatever the number of workers.
+
+class ProcessMultiAgentVectorEnv(ProcessBackend, MultiAgentVectorEnv):
+    """Multi-agent sub-envs in worker processes (see docs/multi-agent.md): the multi-agent
+    shell of :class:`~.vector_env.ProcessBackend`, step for step equal to the sync
+    multi-agent backend for the same seeds and actions, whatever the number of workers.
+    Faults and their accounting are as :class:`~jaxrunner.ProcessVectorEnv` says.
 
     Args:
         env_fns: zero-argument factories of PettingZoo envs (picklable by cloudpickle).
@@ -191,17 +214,13 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
         InvalidArgumentError: a config option multi-agent envs do not take.
         SpaceMismatchError: sub-envs with different agents or spaces.
         WorkerError, WorkerTimeoutError: a worker died or hung while starting.
-
-    Accounting: as the single-agent process backend's, a failed slot of a replaced
-    worker may stand for a step the sub-env had completed before its worker died
-    (``num_lost_steps``) or never started (``num_unrun_steps``).
     """
 
-    # Two pipelining splits, as the single-agent process backend: on a quiet 2-core
-    # machine MPE simple_spread ran 1.25x / 1.77x / 1.91x the hand loop at 8 / 64 / 256
-    # envs with two, 1.18x / 1.64x / 1.74x with one (results/
-    # multi_agent_host_quiet_cpu.json; a loaded run had shown the reverse).
-    capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
+    _reset_call = "reset_batch"
+    _refuse_main_share = (
+        "make_vec(<PettingZoo env>, backend='process', config=ProcessConfig(...)): "
+        "main_process_envs does not apply to multi-agent envs yet; leave it at its default."
+    )
 
     def __init__(
         self,
@@ -210,110 +229,13 @@ class ProcessMultiAgentVectorEnv(TransportForwarding, MultiAgentVectorEnv):
         *,
         config: ProcessConfig | None = None,
         restart_policy: RestartPolicy | None = None,
+        _transport: ProcessTransport | None = None,
     ) -> None:
         super().__init__()
-        self._res = Resources()
-        self._finalizer = weakref.finalize(self, shutdown, self._res)
-        self._closed_reason = "construction failed"  # until the workers are up
-        config = checked_config(config, "make_vec")
-        if config.main_process_envs:
-            raise InvalidArgumentError(
-                "make_vec(<PettingZoo env>, backend='process', config=ProcessConfig(...)): "
-                "main_process_envs does not apply to multi-agent envs yet; leave it at its "
-                "default."
-            )
-        self.config, self.restart_policy = config, restart_policy
-        if config.ready_first:
-            self.capabilities = Capabilities(
-                can_restart=True, steps_in_background=True, ready_first=True
-            )
-        self.num_envs = len(env_fns)
         self._mapping = policy_mapping_fn
-        num_workers = config.num_workers
-        if num_workers is None and config.envs_per_worker is None:
-            # lockstep: the main process waits while the workers step
-            num_workers = default_num_workers(self.num_envs, main_process="waits")
-        bounds = worker_bounds(self.num_envs, config.envs_per_worker, num_workers)
-        self._start_transport(env_fns, bounds, config, restart_policy)
-        self._bounds = bounds
-        self._stepper = self._transport.stepper
+        self._start(env_fns, config, restart_policy, "make_vec", _transport)
 
     def _layout_for(self, reports: list[Report]) -> AgentLayout:
-        if "agents" not in reports[0]:
-            raise InvalidArgumentTypeError(
-                "ProcessMultiAgentVectorEnv: the env factory made a gymnasium env, not a "
-                "PettingZoo one; build either kind with jaxrunner.make_vec()."
-            )
-        described: list[AgentsDescription] = [d for r in reports for d in r["agents"]]
-        self._description = described[0]
-        for i, description in enumerate(described):
-            self._check_description(description, f"multi-agent sub-env {i}")
-        self.groups = self._description.groups(self._mapping)
-        self.turn_based = self._description.turn_based
-        return AgentLayout(self.groups, self.num_envs)
-
-    def _check_description(self, description: Any, where: str) -> None:
-        if description != self._description:
-            raise SpaceMismatchError(
-                f"{where} has agents {description}, sub-env 0 has {self._description}; every "
-                "sub-env must have the same agents and spaces. Check the factory."
-            )
-
-    def _check_report(self, report: Report, where: str) -> None:
-        for description in report.get("agents", [None]):
-            self._check_description(description, where)
-
-    @property
-    def step_timeout_s(self) -> float | None:
-        """How long a worker may take to answer a command (None: forever)."""
-        return self.config.step_timeout_s
-
-    @property
-    def worker_pids(self) -> list[int | None]:
-        """The worker processes' ids (for monitoring; empty once closed)."""
-        return [w.pid for w in self._res.workers]
-
-    def reset_batch(
-        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
-    ) -> MultiAgentStep:
-        self._check_open("reset_batch")
-        infos = self._transport.reset(seeds, options)
-        step = self._transport.layout.result(
-            self._transport.views, 0, self.num_envs, True, {}, {}, [], {}
-        )
-        return step._replace(infos=infos)
-
-    def send(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
-        """Validates ``actions``, writes them to shared memory and tells the workers of
-        ``env_ids`` to step; returns without waiting. Lockstep: any block (a send of
-        rows still in flight goes out once those are received). Ready-first:
-        ``env_ids`` covers whole workers, none of them in flight."""
-        self._check_open("step")
-        self._stepper.send(actions, env_ids, per_worker=self.config.ready_first)
-
-    def recv(self) -> MultiAgentStep:
-        """Lockstep: the oldest send's step. Ready-first: the step of the first worker
-        to answer (``env_ids`` its envs)."""
-        self._check_open("step")
-        return self._stepper.recv()
-
-    def step_batch(self, actions: Sequence[Any]) -> MultiAgentStep:
-        """Every env's step (in ready-first mode too); nothing in flight: straight to
-        the result."""
-        self._check_open("step")
-        return self._transport.step_all(actions, None, self.config.ready_first)
-
-    def reset_at(
-        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        self._check_open("reset_at")
-        self._check_index(index)
-        return self._transport.reset_at(index, seed, options)
-
-    @property
-    def num_restarts(self) -> int:
-        """Sub-envs recreated inside their worker after a failure."""
-        return self._stepper.num_restarts
-
-    def _close_backend(self) -> None:
-        self._finalizer()
+        layout = AgentLayout.from_reports(reports, self.num_envs, self._mapping)
+        self.groups, self.turn_based = layout.groups, layout.description.turn_based
+        return layout

@@ -204,11 +204,16 @@ def spawn_worker(
         theirs.close()
     poller = select.poll()
     poller.register(mine, select.POLLIN)
-    start_s = math.inf if step_timeout_s is None else max(START_TIMEOUT_FLOOR_S, step_timeout_s)
-    deadline = {protocol.START_REPORT_SEQ: time.monotonic() + start_s}
+    deadline = {protocol.START_REPORT_SEQ: start_deadline(step_timeout_s)}
     stat = None if process.pid is None else _proc_stat(process.pid)
     started = None if stat is None else stat[1]
     return WorkerHandle(index, envs, process, mine, process.pid, poller, deadline, started)
+
+
+def start_deadline(step_timeout_s: float | None) -> float:
+    """When a worker building sub-envs from now must have answered."""
+    start_s = math.inf if step_timeout_s is None else max(START_TIMEOUT_FLOOR_S, step_timeout_s)
+    return time.monotonic() + start_s
 
 
 def _proc_stat(pid: int) -> tuple[str, str] | None:

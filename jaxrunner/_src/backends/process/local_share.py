@@ -8,7 +8,7 @@ import collections
 import contextlib
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from gymnasium.vector.utils import batch_space
@@ -19,20 +19,26 @@ from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.error_indices import with_global_env_index
 from jaxrunner._src.backends.process.config import ProcessConfig, checked_config, main_process_share
+from jaxrunner._src.backends.process.handle import shutdown
 from jaxrunner._src.backends.process.launch import (
     EnvFactory,
     MainProcessFactory,
     default_num_workers,
 )
+from jaxrunner._src.backends.process.transport import ProcessTransport
 from jaxrunner._src.backends.process.vector_env import ProcessVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.step_buffers import StepBuffers
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.backends.sync import SyncVectorEnv
+from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner.errors import (
     InvalidArgumentError,
     SpaceMismatchError,
 )
+
+if TYPE_CHECKING:
+    from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 
 
 def make_process_vec(
@@ -40,15 +46,38 @@ def make_process_vec(
     config: ProcessConfig | None,
     *,
     restart_policy: RestartPolicy | None = None,
-) -> VectorEnv:
+    policy_mapping_fn: PolicyMappingFn | None = None,
+    multi_agent: bool | None = False,
+) -> VectorEnv | MultiAgentVectorEnv:
     """``backend="process"``: a :class:`LocalShareVectorEnv` where the main process
-    takes a share (:func:`main_process_share`), else a plain ProcessVectorEnv."""
+    takes a share (:func:`main_process_share`) of single-agent sub-envs, else the process
+    backend of the sub-envs' kind (a multi-agent one takes ``policy_mapping_fn``).
+    ``multi_agent=None``: the kind is not known (and no share is asked for): the workers
+    report it as they start."""
     config = ProcessConfig() if config is None else config
-    if isinstance(config, ProcessConfig) and main_process_share(len(env_fns), config):
-        return LocalShareVectorEnv(env_fns, config, restart_policy=restart_policy)
-    if isinstance(config, ProcessConfig):
+    if isinstance(config, ProcessConfig) and not multi_agent:
+        if main_process_share(len(env_fns), config):
+            return LocalShareVectorEnv(env_fns, config, restart_policy=restart_policy)
         config = dataclasses.replace(config, main_process_envs=0)
-    return ProcessVectorEnv(env_fns, config, restart_policy=restart_policy)
+    transport = None
+    if multi_agent is None and isinstance(config, ProcessConfig) and env_fns:
+        transport = ProcessTransport(env_fns, config, None)
+        multi_agent = transport.multi_agent
+    try:
+        if not multi_agent:
+            return ProcessVectorEnv(
+                env_fns, config, restart_policy=restart_policy, _transport=transport
+            )
+        from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
+
+        return ProcessMultiAgentVectorEnv(
+            env_fns, policy_mapping_fn, config=config, restart_policy=restart_policy,
+            _transport=transport,
+        )  # fmt: skip
+    except BaseException:
+        if transport is not None:  # not taken by a vector env (its close is idempotent)
+            shutdown(transport.res)
+        raise
 
 
 class _Send(NamedTuple):

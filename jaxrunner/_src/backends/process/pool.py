@@ -13,7 +13,13 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 import jaxrunner._src.backends.process.protocol as protocol
-from jaxrunner._src.backends.process.handle import Resources, WorkerHandle, WorkerLost, spawn_worker
+from jaxrunner._src.backends.process.handle import (
+    Resources,
+    WorkerHandle,
+    WorkerLost,
+    spawn_worker,
+    start_deadline,
+)
 from jaxrunner._src.backends.process.launch import available_cpus
 from jaxrunner._src.backends.process.worker_errors import remote_exception
 
@@ -73,6 +79,16 @@ class WorkerPool:
         """Starts worker ``w`` (it builds its sub-envs, then reports)."""
         envs = range(*self.bounds[w])
         return spawn_worker(self.ctx, w, envs, self.payloads[w], self.step_timeout_s)
+
+    def grow(self, w: int) -> Any:
+        """Worker ``w``, started over its first sub-env alone, builds the rest of its
+        sub-envs (from :attr:`payloads`, under the start deadline); their start report."""
+        worker = self.workers[w]
+        worker.envs = range(*self.bounds[w])
+        payload = pickle.dumps(("grow", (self.payloads[w],)), protocol=5)
+        seq = self.send(w, protocol.OP_CALL, payload=payload)
+        worker.inflight[seq] = start_deadline(self.step_timeout_s)
+        return self.expect(w, seq)
 
     def send_memory(self, w: int) -> int:
         """Hands worker ``w`` the shared block; returns the command's seq."""

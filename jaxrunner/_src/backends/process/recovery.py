@@ -31,8 +31,6 @@ class WorkerRecovery:
         restart_policy: None: a lost worker closes the vector env and raises.
         layout: the shared block's layout (it fails the slots).
         views: the shared block.
-        check_report: ``(report, where)``: raises if a replacement's start report
-            (its sub-envs' spaces) differs from the vector env's.
         in_flight: the step commands sent and not yet answered (the stepper's).
     """
 
@@ -42,11 +40,10 @@ class WorkerRecovery:
         restart_policy: RestartPolicy | None,
         layout: BlockLayout,
         views: Any,
-        check_report: Callable[[dict[str, Any], str], None],
         in_flight: Callable[[], Iterable[Sent]],
     ) -> None:
         self.pool, self.restart_policy, self.layout = pool, restart_policy, layout
-        self.views, self.check_report, self.in_flight = views, check_report, in_flight
+        self.views, self.in_flight = views, in_flight
         self.pending: dict[int, BaseException] = {}
         """Sub-envs of replaced workers that were not being stepped: their next step slot
         fails (with this error) instead of stepping."""
@@ -115,7 +112,7 @@ class WorkerRecovery:
             try:
                 pool.workers[w] = pool.spawn(w)
                 report = pool.expect(w, protocol.START_REPORT_SEQ)
-                self.check_report(report, f"a restarted sub-env of worker {w}")
+                self.layout.check_report(report, f"a restarted sub-env of worker {w}")
                 pool.expect(w, pool.send_memory(w))
                 payload = pickle.dumps(("reset", ([None] * (hi - lo), None)), protocol=5)
                 pool.expect(w, pool.send(w, protocol.OP_CALL, payload=payload))

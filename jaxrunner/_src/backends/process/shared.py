@@ -5,11 +5,12 @@ rewards, flags, actions and each sub-env's step progress, carved into numpy view
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import mmap
 import os
 from collections.abc import Callable, MutableSequence, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import gymnasium
 import numpy as np
@@ -20,6 +21,7 @@ from jaxrunner._src.backends.gymnasium_block import GymnasiumBlock
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot
 from jaxrunner._src.backends.sub_env_block import SubEnvBlock, failed_mask
+from jaxrunner.errors import InvalidArgumentTypeError, SpaceMismatchError
 
 # Each sub-env's step progress (``status``): the main process sets NOT_RUN before it
 # sends a step; the worker's step loop sets RUNNING while env.step runs (and leaves it
@@ -29,23 +31,34 @@ from jaxrunner._src.backends.sub_env_block import SubEnvBlock, failed_mask
 _ALIGN = 64  # a cache line: arrays never share one
 
 
-class BlockLayout(Protocol):
-    """What a kind of sub-env brings to the process transport (pickled to each worker
-    with the shared block). Both sides call :meth:`views` on the same block."""
+class BlockLayout(abc.ABC):
+    """What a kind of sub-env brings to the process backend (pickled to each worker with
+    the shared block); one subclass per kind. Both sides call :meth:`views` on the same
+    block."""
+
+    num_envs: int
+
+    @abc.abstractmethod
+    def _carve(self, buffer: Any) -> tuple[Any, int]:
+        """The views of ``buffer`` (None: only counts) and the block's size in bytes."""
 
     @property
-    def num_envs(self) -> int: ...
-
-    @property
-    def nbytes(self) -> int: ...
+    def nbytes(self) -> int:
+        return self._carve(None)[1]
 
     def views(self, buffer: Any) -> Any:
         """The block carved into numpy views (every array ``[num_envs, ...]``, with
         ``.status`` the progress marks and ``.action`` the action buffers)."""
-        ...
+        return self._carve(buffer)[0]
+
+    @abc.abstractmethod
+    def check_report(self, report: dict[str, Any], where: str) -> None:
+        """Raises unless a (restarted) worker's start report describes sub-envs of this
+        layout's kind and spaces (``where`` names them)."""
 
     # -- worker side
 
+    @abc.abstractmethod
     def block(
         self,
         envs: list[Any],
@@ -56,28 +69,28 @@ class BlockLayout(Protocol):
         status: MutableSequence[int],
     ) -> SubEnvBlock:
         """The worker's step loop over ``envs`` (sub-envs ``offset..``)."""
-        ...
 
+    @abc.abstractmethod
     def actions_reader(self, views: Any) -> Callable[[int, int], list[Any]]:
         """``read(lo, hi)``: sub-envs ``[lo, hi)``'s actions, copied out of the shared
         buffer (an env may keep its action)."""
-        ...
 
     # -- main side
 
+    @abc.abstractmethod
     def check_actions(self, actions: Any, num: int) -> None:
         """Validates a batch of ``num`` actions, before any sub-env steps."""
-        ...
 
+    @abc.abstractmethod
     def write_actions(self, views: Any, actions: Any, lo: int, hi: int) -> None:
         """Writes a checked batch of ``hi - lo`` actions to rows ``[lo, hi)``."""
-        ...
 
+    @abc.abstractmethod
     def fail_slot(self, views: Any, index: int) -> None:
         """Sub-env ``index``'s slot of the step under way holds no transition (its
         worker died): written in place of the worker's results."""
-        ...
 
+    @abc.abstractmethod
     def result(
         self,
         views: Any,
@@ -92,7 +105,14 @@ class BlockLayout(Protocol):
         """Sub-envs ``[lo, hi)``'s step, read from ``views`` once their workers are done
         (``whole``: every env, in one lockstep call): the non-empty step and autoreset
         infos, the failed slots and the errors by global index."""
-        ...
+
+    @abc.abstractmethod
+    def reset_result(self, views: Any, infos: list[dict[str, Any]]) -> Any:
+        """What ``reset_batch`` returns once every sub-env was reset (``infos``)."""
+
+    @abc.abstractmethod
+    def reset_at_result(self, views: Any, index: int, info: dict[str, Any]) -> Any:
+        """What ``reset_at(index)`` returns once sub-env ``index`` was reset."""
 
 
 class Views(NamedTuple):
@@ -139,13 +159,47 @@ class Carver:
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
+class Layout(BlockLayout):
     """The single-agent (gymnasium) block: where each stacked buffer lives; both sides
     compute the same offsets from the same spaces and ``num_envs``."""
 
     observation_space: gymnasium.Space
     action_space: gymnasium.Space
     num_envs: int
+
+    @classmethod
+    def from_reports(cls, reports: list[dict[str, Any]], num_envs: int) -> Layout:
+        """Checks the workers' sub-envs (gymnasium envs of equal, supported spaces); the
+        block of their spaces."""
+        if "spaces" not in reports[0]:
+            raise InvalidArgumentTypeError(
+                "ProcessVectorEnv: the env factories made multi-agent (PettingZoo) envs; "
+                "build them with jaxrunner.make_vec(env_fn, num_envs, backend='process'), "
+                "which builds either kind."
+            )
+        env_spaces = [pair for report in reports for pair in report["spaces"]]
+        for i, pair in enumerate(env_spaces):
+            for name, expected, got in zip(
+                ("observation_space", "action_space"), env_spaces[0], pair
+            ):
+                if got != expected:
+                    raise SpaceMismatchError(
+                        f"sub-env {i} has {name}={got}, but sub-env 0 has {expected}; every "
+                        "sub-env of a vector env must have equal spaces. Check the factory."
+                    )
+        observation_space, action_space = env_spaces[0]
+        space_arrays.check_supported(observation_space, "single_observation_space")
+        space_arrays.check_supported(action_space, "single_action_space")
+        return cls(observation_space, action_space, num_envs)
+
+    def check_report(self, report: dict[str, Any], where: str) -> None:
+        spaces = (self.observation_space, self.action_space)
+        for pair in report.get("spaces", [None]):
+            if pair != spaces:
+                raise SpaceMismatchError(
+                    f"{where} has spaces {pair}, the vector env {spaces}; every sub-env must "
+                    "have equal spaces."
+                )
 
     def _carve(self, buffer: Any) -> tuple[Views, int]:
         carve = Carver(buffer, self.num_envs)
@@ -160,13 +214,6 @@ class Layout:
             status=carve.take((n,), np.int8),
         )
         return views, carve.offset
-
-    @property
-    def nbytes(self) -> int:
-        return self._carve(None)[1]
-
-    def views(self, buffer: Any) -> Views:
-        return self._carve(buffer)[0]
 
     def block(
         self,
@@ -223,6 +270,12 @@ class Layout:
             failed_mask(failed, lo, hi) if failed else None,
             errors or None,
         )
+
+    def reset_result(self, views: Views, infos: list[dict[str, Any]]) -> tuple[Any, list[dict]]:
+        return views.obs, infos
+
+    def reset_at_result(self, views: Views, index: int, info: dict[str, Any]) -> tuple[Any, dict]:
+        return space_arrays.take(self.observation_space, views.obs, index), info
 
 
 def create_shared_block(nbytes: int) -> tuple[int, mmap.mmap]:

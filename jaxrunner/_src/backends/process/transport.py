@@ -1,6 +1,6 @@
 """The process transport: worker processes, the shared block, recovery and stepping, for any
-kind of sub-env (:class:`~.shared.BlockLayout`): gymnasium's in
-:class:`~jaxrunner.ProcessVectorEnv`, PettingZoo's in the multi-agent process backend."""
+kind of sub-env (:class:`~.shared.BlockLayout`), under the one process backend
+(:class:`~.vector_env.ProcessBackend`)."""
 
 from __future__ import annotations
 
@@ -10,78 +10,108 @@ from typing import Any
 
 import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.backends.process.config import ProcessConfig, spin_wait_s
-from jaxrunner._src.backends.process.handle import Resources, WorkerLost
-from jaxrunner._src.backends.process.launch import multiprocessing_context, pickle_factories
+from jaxrunner._src.backends.process.handle import Resources, WorkerLost, shutdown
+from jaxrunner._src.backends.process.launch import (
+    default_num_workers,
+    multiprocessing_context,
+    pickle_factories,
+    worker_bounds,
+)
 from jaxrunner._src.backends.process.pool import WorkerPool
 from jaxrunner._src.backends.process.recovery import WorkerRecovery
 from jaxrunner._src.backends.process.shared import BlockLayout, create_shared_block
 from jaxrunner._src.backends.process.stepping import Stepper
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 
 Report = dict[str, Any]
-"""A worker's start report (:func:`~.worker.describe`)."""
+"""A worker's start report (:func:`~.worker.describe`), or its grown sub-envs'."""
 
 
 class ProcessTransport:
-    """Starts the workers, checks what they report, hands them the shared block, and
-    steps them.
+    """Starts the workers (:attr:`reports`: what their sub-envs are); once the vector env
+    has taken its layout from the reports, :meth:`attach` hands the workers the shared
+    block, and the transport steps them. A failure to start shuts down what started.
 
     Args:
         env_fns: the sub-envs' factories.
-        bounds: each worker's ``[lo, hi)`` sub-envs.
         config: the vector env's :class:`~jaxrunner.ProcessConfig`.
-        restart_policy: None: failures raise (and close the vector env).
-        res: what the vector env's finalizer releases.
-        close_after: closes the vector env after a failure it cannot go on from.
-        layout_for: ``(reports) -> layout``: checks the workers' start reports (all
-            sub-envs alike) and returns the shared block's layout.
-        check_report: ``(report, where)``: raises if a replacement worker's sub-envs
-            differ from the vector env's.
+        multi_agent: the sub-envs' kind, which sets the default number of workers; None:
+            unknown, so worker 0 first builds sub-env 0 alone and reports it
+            (:attr:`multi_agent` then says it).
     """
 
     def __init__(
-        self,
-        env_fns: Sequence[Callable[[], Any]],
-        bounds: list[tuple[int, int]],
-        config: ProcessConfig,
-        restart_policy: RestartPolicy | None,
-        res: Resources,
-        close_after: Callable[[str], None],
-        layout_for: Callable[[list[Report]], BlockLayout],
-        check_report: Callable[[Report, str], None],
+        self, env_fns: Sequence[Callable[[], Any]], config: ProcessConfig, multi_agent: bool | None
     ) -> None:
-        payloads = [pickle_factories(env_fns[lo:hi], lo) for lo, hi in bounds]
-        ctx = multiprocessing_context(config.start_method)
-        spin_s = spin_wait_s(config, len(bounds))
-        self.pool = WorkerPool(ctx, bounds, payloads, config.step_timeout_s, res, spin_s)
-        self.pool.close_after = close_after
-        self.reports = self._start_workers()
-        self.layout = layout_for(self.reports)
-        res.fd, res.memory = create_shared_block(self.layout.nbytes)
-        self.views = self.layout.views(res.memory)
-        self._send_memory(restart_policy)
-        self.recovery = WorkerRecovery(
-            self.pool,
-            restart_policy,
-            self.layout,
-            self.views,
-            check_report,
-            lambda: self.stepper.in_flight(),
-        )
-        self.pool.on_lost = self.recovery.worker_lost
-        self.stepper = Stepper(
-            self.pool, self.recovery, self.layout, self.views, config.ready_first
-        )
-
-    def _start_workers(self) -> list[Report]:
-        pool = self.pool
-        for w in range(len(pool.bounds)):
-            pool.workers.append(pool.spawn(w))
+        self.config, self.res = config, Resources()
         try:
-            return [pool.expect(w, protocol.START_REPORT_SEQ) for w in range(len(pool.bounds))]
+            self.reports = self._start_workers(env_fns, multi_agent)
+        except BaseException:
+            shutdown(self.res)
+            raise
+        self.multi_agent: bool = "agents" in self.reports[0]
+
+    def _start_workers(
+        self, env_fns: Sequence[Callable[[], Any]], multi_agent: bool | None
+    ) -> list[Report]:
+        config, workers, num_envs = self.config, self.res.workers, len(env_fns)
+        ctx = multiprocessing_context(config.start_method)
+        try:
+            first = None
+            bounds_by_kind = {kind: self._bounds(num_envs, kind) for kind in (False, True)}
+            if multi_agent is None and bounds_by_kind[False] != bounds_by_kind[True]:
+                # The kind sets the workers: worker 0 first builds sub-env 0 alone to report it.
+                payload = pickle_factories(env_fns[:1], 0)
+                early = WorkerPool(ctx, [(0, 1)], [payload], config.step_timeout_s, self.res)
+                workers.append(early.spawn(0))
+                first = early.expect(0, protocol.START_REPORT_SEQ)
+                multi_agent = "agents" in first
+            bounds = bounds_by_kind[bool(multi_agent)]
+            payloads = [pickle_factories(env_fns[lo:hi], lo) for lo, hi in bounds]
+            spin_s = spin_wait_s(config, len(bounds))
+            pool = self.pool = WorkerPool(
+                ctx, bounds, payloads, config.step_timeout_s, self.res, spin_s
+            )
+            for w in range(len(workers), len(bounds)):
+                workers.append(pool.spawn(w))
+            reports = [] if first is None else [first]
+            if first is not None and bounds[0] != (0, 1):  # worker 0 builds the rest of its share
+                reports.append(pool.grow(0))
+            later = range(0 if first is None else 1, len(bounds))
+            return reports + [pool.expect(w, protocol.START_REPORT_SEQ) for w in later]
         except WorkerLost as lost:
             raise lost.error("the vector env could not start") from None
+
+    def _bounds(self, num_envs: int, multi_agent: bool) -> list[tuple[int, int]]:
+        """Each worker's ``[lo, hi)`` sub-envs; the default number of workers depends on
+        the kind (:func:`~.launch.default_num_workers`)."""
+        num_workers, per_worker = self.config.num_workers, self.config.envs_per_worker
+        if num_workers is None and per_worker is None:
+            # Lockstep multi-agent: the main process waits while the workers step.
+            main = "waits" if multi_agent else "computes"
+            num_workers = default_num_workers(num_envs, main_process=main)
+        return worker_bounds(num_envs, per_worker, num_workers)
+
+    def attach(
+        self,
+        layout: BlockLayout,
+        restart_policy: RestartPolicy | None,
+        close_after: Callable[[str], None],
+    ) -> None:
+        """Hands the workers the shared block of ``layout`` (the vector env's, checked
+        against :attr:`reports`) and makes the stepping parts; ``close_after`` closes the
+        vector env after a failure it cannot go on from."""
+        pool, res = self.pool, self.res
+        pool.close_after = close_after
+        self.layout = layout
+        res.fd, res.memory = create_shared_block(layout.nbytes)
+        self.views = layout.views(res.memory)
+        self._send_memory(restart_policy)
+        self.recovery = WorkerRecovery(
+            pool, restart_policy, layout, self.views, lambda: self.stepper.in_flight()
+        )
+        pool.on_lost = self.recovery.worker_lost
+        self.stepper = Stepper(pool, self.recovery, layout, self.views, self.config.ready_first)
 
     def _send_memory(self, restart_policy: RestartPolicy | None) -> None:
         pool = self.pool
@@ -136,88 +166,3 @@ class ProcessTransport:
         if status != protocol.STATUS_OK:
             self.pool.raise_remote(w, pickle.loads(payload))
         return pickle.loads(payload)
-
-
-class TransportForwarding:
-    """``call``/``get_attr``/``set_attr``/``render`` and ``get_sub_environments`` of a
-    vector env over a :class:`ProcessTransport` (``self._transport``): the single- and
-    multi-agent process backends. Results must pickle."""
-
-    _transport: ProcessTransport
-    num_envs: int
-    _res: Resources
-    _closed_reason: str | None
-    _finalizer: Callable[[], Any]
-
-    def _start_transport(
-        self,
-        env_fns: Sequence[Callable[[], Any]],
-        bounds: list[tuple[int, int]],
-        config: ProcessConfig,
-        restart_policy: RestartPolicy | None,
-    ) -> None:
-        """Starts the workers (``self._transport``); a failure closes the vector env
-        before it raises."""
-        try:
-            self._transport = ProcessTransport(
-                env_fns,
-                bounds,
-                config,
-                restart_policy,
-                self._res,
-                self._close_after,
-                self._layout_for,  # type: ignore[attr-defined]
-                self._check_report,  # type: ignore[attr-defined]
-            )
-        except BaseException:
-            self._close_after("construction failed")
-            raise
-        self._closed_reason = None
-
-    def _close_after(self, reason: str) -> None:
-        """Closes the vector env after a failure (``reason`` is quoted to later calls)."""
-        self._closed_reason = reason
-        self._finalizer()
-
-    @property
-    def num_worker_restarts(self) -> int:
-        """Workers replaced after they died or timed out."""
-        return self._transport.recovery.num_worker_restarts
-
-    @property
-    def num_lost_steps(self) -> int:
-        """Completed ``env.step`` calls whose results died with their worker."""
-        return self._transport.recovery.num_lost_steps
-
-    @property
-    def num_unrun_steps(self) -> int:
-        """Failed slots of replaced workers' sub-envs that had not started their step."""
-        return self._transport.recovery.num_unrun_steps
-
-    def get_sub_environments(self) -> list[SubEnvHandle]:
-        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env,
-        in index order (the sub-envs live in the workers)."""
-        self._check_open("get_sub_environments")  # type: ignore[attr-defined]
-        return [SubEnvHandle(self, i) for i in range(self.num_envs)]
-
-    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
-        self._check_open(f"get_sub_environments()[{index}].{method}")  # type: ignore[attr-defined]
-        return self._transport.on_sub_env(index, method, args)
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env; the
-        results must pickle."""
-        self._check_open("call")  # type: ignore[attr-defined]
-        return self._transport.pool.call_each_env("call", (name, args, kwargs))
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        self._check_open("get_attr")  # type: ignore[attr-defined]
-        return self._transport.pool.call_each_env("get_attr", (name,))
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self._check_open("set_attr")  # type: ignore[attr-defined]
-        self._transport.set_attr(name, self._values_per_env(name, values))  # type: ignore[attr-defined]
-
-    def render(self) -> tuple[Any, ...]:
-        self._check_open("render")  # type: ignore[attr-defined]
-        return self._transport.pool.call_each_env("render")

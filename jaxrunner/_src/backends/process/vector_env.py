@@ -1,32 +1,200 @@
-"""``ProcessVectorEnv``: the :class:`~jaxrunner._src.backends.base.VectorEnv` contract on top
-of the worker pool (:mod:`.pool`, :mod:`.recovery`)."""
+"""The process backend: one implementation over the worker pool (:mod:`.transport`) for either
+kind of sub-env, whose :class:`~.shared.BlockLayout` is the per-kind part; and
+``ProcessVectorEnv``, its single-agent shell (the multi-agent one: :mod:`.agents`)."""
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
-import gymnasium
 from gymnasium.vector.utils import batch_space
 
-from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import VectorEnv
-from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
+from jaxrunner._src.backends.base import BaseVectorEnv, VectorEnv
+from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.process.config import ProcessConfig, checked_config
-from jaxrunner._src.backends.process.handle import Resources, shutdown
-from jaxrunner._src.backends.process.launch import (
-    EnvFactory,
-    worker_bounds,
-)
-from jaxrunner._src.backends.process.shared import Layout
-from jaxrunner._src.backends.process.transport import Report, TransportForwarding
+from jaxrunner._src.backends.process.handle import shutdown
+from jaxrunner._src.backends.process.launch import EnvFactory
+from jaxrunner._src.backends.process.shared import BlockLayout, Layout
+from jaxrunner._src.backends.process.transport import ProcessTransport, Report
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
+from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
+from jaxrunner.errors import InvalidArgumentError
 
 
-class ProcessVectorEnv(TransportForwarding, VectorEnv):
+class ProcessBackend(BaseVectorEnv):
+    """Sub-envs in worker processes over a :class:`~.transport.ProcessTransport`, for
+    either kind of sub-env: a shell (a vector env class of one kind) gives the layout
+    (:meth:`_layout_for`), the rest is here. Results of ``call``/``get_attr`` must pickle."""
+
+    # Two pipelining splits for either kind: on a quiet 2-core machine MPE simple_spread
+    # ran 1.25x / 1.77x / 1.91x the hand loop at 8 / 64 / 256 envs with two, 1.18x /
+    # 1.64x / 1.74x with one (results/multi_agent_host_quiet_cpu.json; a loaded run had
+    # shown the reverse).
+    capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
+    _reset_call: ClassVar[str]
+    """The reset call users make, as closed-env errors name it."""
+    _refuse_main_share: ClassVar[str]
+    """The error for ``ProcessConfig(main_process_envs>=1)``, which the shell does not take."""
+
+    def _start(
+        self,
+        env_fns: Sequence[EnvFactory],
+        config: ProcessConfig | None,
+        restart_policy: RestartPolicy | None,
+        where: str,
+        transport: ProcessTransport | None,
+    ) -> None:
+        """Checks the arguments and starts the workers (or takes ``transport``'s, started
+        by :func:`~.local_share.make_process_vec` to learn the kind); a failure closes the
+        vector env before it raises."""
+        self._closed_reason = "construction failed"  # until the workers are up
+        config = checked_config(config, where)
+        check_restart_policy(where, restart_policy)
+        if len(env_fns) == 0:
+            raise InvalidArgumentError(f"{where} needs at least one env factory, got none.")
+        if config.main_process_envs:
+            raise InvalidArgumentError(
+                self._refuse_main_share.format(share=config.main_process_envs)
+            )
+        self.config, self.restart_policy = config, restart_policy
+        if config.ready_first:
+            self.capabilities = Capabilities(
+                can_restart=True, steps_in_background=True, ready_first=True
+            )
+        self.num_envs = len(env_fns)
+        if transport is None:
+            transport = ProcessTransport(env_fns, config, self.multi_agent)
+        self._transport, self._res = transport, transport.res
+        self._finalizer = weakref.finalize(self, shutdown, self._res)
+        try:
+            transport.attach(self._layout_for(transport.reports), restart_policy, self._close_after)
+        except BaseException:
+            self._close_after("construction failed")
+            raise
+        self._closed_reason = None
+        self._stepper, self._views = transport.stepper, transport.views
+        self._layout = transport.layout
+
+    _layout_for: Callable[[list[Report]], BlockLayout]
+    """The shell's: checks the workers' start reports (all sub-envs alike, of its kind),
+    takes what it exposes of them, and returns the shared block's layout."""
+
+    def _close_after(self, reason: str) -> None:
+        """Closes the vector env after a failure (``reason`` is quoted to later calls)."""
+        self._closed_reason = reason
+        self._finalizer()
+
+    def _close_backend(self) -> None:
+        self._finalizer()
+
+    # -- counters and options
+
+    @property
+    def step_timeout_s(self) -> float | None:
+        """How long a worker may take to answer a command (None: forever)."""
+        return self.config.step_timeout_s
+
+    @property
+    def num_restarts(self) -> int:
+        """Sub-envs recreated inside their worker after a failure."""
+        return self._stepper.num_restarts
+
+    @property
+    def num_worker_restarts(self) -> int:
+        """Workers replaced after they died or timed out."""
+        return self._transport.recovery.num_worker_restarts
+
+    @property
+    def num_lost_steps(self) -> int:
+        """Completed ``env.step`` calls whose results died with their worker."""
+        return self._transport.recovery.num_lost_steps
+
+    @property
+    def num_unrun_steps(self) -> int:
+        """Failed slots of replaced workers' sub-envs that had not started their step."""
+        return self._transport.recovery.num_unrun_steps
+
+    @property
+    def num_workers(self) -> int:
+        return len(self._transport.bounds)
+
+    @property
+    def worker_pids(self) -> list[int | None]:
+        """The worker processes' ids (for monitoring; empty once closed)."""
+        return [w.pid for w in self._res.workers]
+
+    # -- the backend contract
+
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> Any:
+        """Resets every sub-env; the results of sends not yet received are dropped."""
+        self._check_open(self._reset_call)
+        return self._layout.reset_result(self._views, self._transport.reset(seeds, options))
+
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> Any:
+        self._check_open("reset_at")
+        self._check_index(index, "reset_at")
+        info = self._transport.reset_at(index, seed, options)
+        return self._layout.reset_at_result(self._views, index, info)
+
+    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+        """Validates ``actions``, writes them to shared memory and tells the workers of
+        ``env_ids`` to step; returns without waiting (see :meth:`recv`). Lockstep:
+        any slice (a send of rows still in flight goes out once those are received).
+        Ready-first: ``env_ids`` covers whole workers, none of them in flight."""
+        self._check_open("step")
+        self._stepper.send(actions, env_ids, per_worker=self.config.ready_first)
+
+    def recv(self) -> Any:
+        """Lockstep: the result of the oldest send. Ready-first: the result of the first
+        worker to answer (``env_ids`` its slice). Raises InvalidArgumentError when no
+        send is waiting."""
+        self._check_open("step")
+        return self._stepper.recv()
+
+    def step_batch(self, actions: Any, rows: slice | None = None) -> Any:
+        """:meth:`send` then :meth:`recv` (the base's definition), for all of ``rows``
+        at once (in ready-first mode too); nothing in flight: straight to the result."""
+        self._check_open("step")
+        return self._transport.step_all(actions, rows, self.config.ready_first)
+
+    # -- gymnasium's utilities, run in the workers
+
+    def get_sub_environments(self) -> list[SubEnvHandle]:
+        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env,
+        in index order (the sub-envs live in the workers)."""
+        self._check_open("get_sub_environments")
+        return [SubEnvHandle(self, i) for i in range(self.num_envs)]
+
+    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
+        self._check_open(f"get_sub_environments()[{index}].{method}")
+        return self._transport.on_sub_env(index, method, args)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env; the
+        results must pickle."""
+        self._check_open("call")
+        return self._transport.pool.call_each_env("call", (name, args, kwargs))
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        self._check_open("get_attr")
+        return self._transport.pool.call_each_env("get_attr", (name,))
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self._check_open("set_attr")
+        self._transport.set_attr(name, self._values_per_env(name, values))
+
+    def render(self) -> tuple[Any, ...]:
+        self._check_open("render")
+        return self._transport.pool.call_each_env("render")
+
+
+class ProcessVectorEnv(ProcessBackend, VectorEnv):
     """Sub-envs in worker processes, stepped in parallel, data in shared memory.
 
     Step for step equal to :class:`~jaxrunner.SyncVectorEnv` (and so to
@@ -78,7 +246,13 @@ class ProcessVectorEnv(TransportForwarding, VectorEnv):
         SpaceMismatchError: sub-envs with different or unsupported spaces.
     """
 
-    capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
+    _reset_call = "reset"
+    _refuse_main_share = (
+        "ProcessVectorEnv(config=ProcessConfig(main_process_envs={share})): a "
+        "ProcessVectorEnv steps every sub-env in its workers. Build with "
+        "jaxrunner.make_vec(..., backend='process', config=...) to step a share in the main "
+        "process."
+    )
 
     def __init__(
         self,
@@ -87,139 +261,21 @@ class ProcessVectorEnv(TransportForwarding, VectorEnv):
         *,
         copy: bool = True,
         restart_policy: RestartPolicy | None = None,
+        _transport: ProcessTransport | None = None,
     ) -> None:
         super().__init__(copy=copy)
-        self._res = Resources()
-        self._finalizer = weakref.finalize(self, shutdown, self._res)
-        self._closed_reason = "construction failed"  # until the workers are up
-        config = checked_config(config, "ProcessVectorEnv")
-        check_restart_policy("ProcessVectorEnv", restart_policy)
-        if len(env_fns) == 0:
-            raise InvalidArgumentError("ProcessVectorEnv needs at least one env factory, got none.")
-        if config.main_process_envs:
-            raise InvalidArgumentError(
-                f"ProcessVectorEnv(config=ProcessConfig(main_process_envs="
-                f"{config.main_process_envs})): a ProcessVectorEnv steps every sub-env in its "
-                "workers. Build with jaxrunner.make_vec(..., backend='process', config=...) "
-                "to step a share in the main process."
-            )
-        self.config = config
-        self.restart_policy = restart_policy
-        if config.ready_first:
-            self.capabilities = Capabilities(
-                can_restart=True, steps_in_background=True, ready_first=True
-            )
-        self.num_envs = len(env_fns)
-        bounds = worker_bounds(self.num_envs, config.envs_per_worker, config.num_workers)
-        self._start_transport(env_fns, bounds, config, restart_policy)
-        self._pool = self._transport.pool
-        self._stepper = self._transport.stepper
-        self._views = self._transport.views
-
-    @property
-    def step_timeout_s(self) -> float | None:
-        """How long a worker may take to answer a command (None: forever)."""
-        return self.config.step_timeout_s
-
-    @property
-    def num_restarts(self) -> int:
-        """Sub-envs recreated inside their worker after a failure."""
-        return self._stepper.num_restarts
+        self._start(env_fns, config, restart_policy, "ProcessVectorEnv", _transport)
 
     def _layout_for(self, reports: list[Report]) -> Layout:
-        """Checks the workers' sub-envs (equal, supported spaces) and takes their
-        spaces and metadata; the shared block's layout."""
-        if "spaces" not in reports[0]:
-            raise InvalidArgumentTypeError(
-                "ProcessVectorEnv: the env factories made multi-agent (PettingZoo) envs; "
-                "build them with jaxrunner.make_vec(env_fn, num_envs, backend='process'), "
-                "which builds either kind."
-            )
-        env_spaces = [pair for report in reports for pair in report["spaces"]]
-        self._check_spaces(env_spaces)
-        first = reports[0]
+        layout = Layout.from_reports(reports, self.num_envs)
+        self.single_observation_space = layout.observation_space
+        self.single_action_space = layout.action_space
+        self.observation_space = batch_space(layout.observation_space, self.num_envs)
+        self.action_space = batch_space(layout.action_space, self.num_envs)
         autoreset = VectorEnv.metadata["autoreset_mode"]
-        self.metadata = {**first["metadata"], "autoreset_mode": autoreset}
-        self.render_mode = first["render_mode"]
-        self.spec = None
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
-        return Layout(self.single_observation_space, self.single_action_space, self.num_envs)
-
-    def _check_report(self, report: Report, where: str) -> None:
-        spaces = (self.single_observation_space, self.single_action_space)
-        for pair in report.get("spaces", [None]):
-            if pair != spaces:
-                raise SpaceMismatchError(
-                    f"{where} has spaces {pair}, the vector env {spaces}; every sub-env must "
-                    "have equal spaces."
-                )
-
-    def _check_spaces(self, env_spaces: list[tuple[gymnasium.Space, gymnasium.Space]]) -> None:
-        self.single_observation_space, self.single_action_space = env_spaces[0]
-        for i, pair in enumerate(env_spaces):
-            for name, expected, got in zip(
-                ("observation_space", "action_space"), env_spaces[0], pair
-            ):
-                if got != expected:
-                    raise SpaceMismatchError(
-                        f"sub-env {i} has {name}={got}, but sub-env 0 has {expected}; every "
-                        "sub-env of a vector env must have equal spaces. Check the factory."
-                    )
-        space_arrays.check_supported(self.single_observation_space, "single_observation_space")
-        space_arrays.check_supported(self.single_action_space, "single_action_space")
-
-    # -- the backend contract -------------------------------------------------------------------
-
-    def reset_batch(
-        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
-    ) -> tuple[Any, list[dict[str, Any]]]:
-        """Resets every sub-env; the results of sends not yet received are dropped."""
-        self._check_open("reset")
-        return self._views.obs, self._transport.reset(seeds, options)
-
-    def reset_at(
-        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[Any, dict[str, Any]]:
-        self._check_open("reset_at")
-        self._check_index(index, "reset_at")
-        info = self._transport.reset_at(index, seed, options)
-        return space_arrays.take(self.single_observation_space, self._views.obs, index), info
-
-    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
-        """Validates ``actions``, writes them to shared memory and tells the workers of
-        ``env_ids`` to step; returns without waiting (see :meth:`recv`). Lockstep:
-        any slice (a send of rows still in flight goes out once those are received).
-        Ready-first: ``env_ids`` covers whole workers, none of them in flight."""
-        self._check_open("step")
-        self._stepper.send(actions, env_ids, per_worker=self.config.ready_first)
-
-    def recv(self) -> BatchStep:
-        """Lockstep: the result of the oldest send. Ready-first: the result of the first
-        worker to answer (``env_ids`` its slice). Raises InvalidArgumentError when no
-        send is waiting."""
-        self._check_open("step")
-        return self._stepper.recv()
-
-    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
-        """:meth:`send` then :meth:`recv` (the base's definition), for all of ``rows``
-        at once (in ready-first mode too); nothing in flight: straight to the result."""
-        self._check_open("step")
-        return self._transport.step_all(actions, rows, self.config.ready_first)
+        self.metadata = {**reports[0]["metadata"], "autoreset_mode": autoreset}
+        self.render_mode, self.spec = reports[0]["render_mode"], None
+        return layout
 
     def _obs_buffer(self) -> Any:
         return self._views.obs
-
-    def _close_backend(self) -> None:
-        self._finalizer()
-
-    # -- gymnasium's utilities (call, get_attr, set_attr, render): TransportForwarding
-
-    @property
-    def num_workers(self) -> int:
-        return len(self._pool.bounds)
-
-    @property
-    def worker_pids(self) -> list[int | None]:
-        """The worker processes' ids (for monitoring; empty once closed)."""
-        return [w.pid for w in self._res.workers]

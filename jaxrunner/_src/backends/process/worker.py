@@ -72,6 +72,15 @@ class Worker:
             memoryview(v.status),  # type: ignore[arg-type]
         )
 
+    def grow(self, payload: bytes) -> dict[str, Any]:
+        """Builds the rest of this worker's sub-envs (it was started over its first one
+        to report the kind): ``payload`` holds all their factories; the new ones' report."""
+        fns = pickle.loads(payload)
+        built = len(self.envs)
+        envs = build_envs(fns[built:], self.offset + built)
+        self.fns, self.envs = fns, self.envs + envs
+        return describe(envs)
+
     # -- commands
 
     def step(self, lo: int, hi: int) -> StepReply | None:
