@@ -119,6 +119,7 @@ class AECByHand:
         self.started: set[str] = set()
         self.waiting: set[str] = set()
         self.before_first: dict[str, float] = {}
+        self.final_infos: dict[str, Any] = {}  # last()'s info at a completing dead step
 
     def reset(self, seed: int | None, options: dict[str, Any] | None = None) -> Any:
         self.env.reset(seed=seed, options=options)
@@ -132,10 +133,12 @@ class AECByHand:
         self.acting = {}
         while env.agents:
             agent = env.agent_selection
-            obs, r, term, trunc, _ = env.last()
+            obs, r, term, trunc, info = env.last()
             if agent in self.waiting:
                 self.waiting.discard(agent)
                 completed[agent] = (obs, r + self.before_first.pop(agent, 0.0), term, trunc)
+                if term or trunc:  # its dead step removes it with its infos
+                    self.final_infos[agent] = info
             elif agent not in self.started:
                 self.before_first[agent] = r
             if not (term or trunc):
@@ -152,9 +155,10 @@ class AECByHand:
         self.waiting.add(agent)
         env.step(act(agent))
         completed: dict[str, tuple[Any, float, bool, bool]] = {}
+        self.final_infos = {}
         env_reward = sum(env.rewards.values())
         env_reward += self._settle(completed)
-        infos = dict(env.infos)
+        infos = {**self.final_infos, **env.infos}
         done = not env.agents
         if done:
             if self.waiting:  # not in the contract envs: no reference for it
