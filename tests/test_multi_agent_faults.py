@@ -69,7 +69,7 @@ def make_envs(backend, fns, restart, step_timeout_s=None):
     if backend == "sync":
         return SyncMultiAgentVectorEnv(fns, restart_policy=policy)
     if backend == "ray":
-        from jaxrunner._src.backends.ray.agents import RayMultiAgentVectorEnv
+        from jaxrunner._src.backends.ray.vector_env import RayMultiAgentVectorEnv
 
         config = jr.RayConfig(
             envs_per_actor=2, num_cpus_per_actor=0.1, step_timeout_s=step_timeout_s

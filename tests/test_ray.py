@@ -423,7 +423,7 @@ class TestRayContract(jr.testing.VectorEnvContract):
     env_kinds = HOST_KINDS
 
     def make_vec(self, env_fns, restart_policy=None):
-        from jaxrunner._src.backends.ray.agents import RayMultiAgentVectorEnv
+        from jaxrunner._src.backends.ray.vector_env import RayMultiAgentVectorEnv
 
         config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
         if self.kind == "gymnasium":

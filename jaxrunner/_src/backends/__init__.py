@@ -235,7 +235,7 @@ def _make_fromfactories_for(
             return ProcessMultiAgentVectorEnv(
                 fns, policy_mapping_fn, config=config, restart_policy=restart_policy
             )
-        from jaxrunner._src.backends.ray.agents import RayMultiAgentVectorEnv
+        from jaxrunner._src.backends.ray.vector_env import RayMultiAgentVectorEnv
 
         return RayMultiAgentVectorEnv(
             fns, policy_mapping_fn, config=config, restart_policy=restart_policy

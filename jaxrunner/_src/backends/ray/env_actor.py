@@ -88,8 +88,10 @@ class EnvWorker(ActorBody):
     ) -> tuple[Any, dict[str, Any]]:
         return self.envs.reset_at(index, seed=seed, options=options)
 
-    def step(self, actions: Any, rows: slice | None) -> BatchStep:
-        out = self.envs.step_batch(actions, rows)
+    def step(self, lo: int, hi: int, actions: Any) -> BatchStep:
+        """Steps rows ``[lo, hi)`` of the block (``actions`` holds those rows)."""
+        whole = (lo, hi) == (0, self.envs.num_envs)
+        out = self.envs.step_batch(actions, None if whole else slice(lo, hi))
         if out.errors:
             out = out._replace(errors={i: _portable(e) for i, e in out.errors.items()})
         return out
