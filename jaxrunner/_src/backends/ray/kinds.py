@@ -16,8 +16,7 @@ from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.gymnasium_block import ActionSplitters
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
 from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep, StepViews
-from jaxrunner._src.backends.ray.agent_env_actor import AgentEnvWorker, BlockReply, put_reply
-from jaxrunner._src.backends.ray.env_actor import EnvWorker
+from jaxrunner._src.backends.ray.env_actor import AgentEnvWorker, BlockReply, EnvWorker
 from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot, span
 from jaxrunner.errors import SpaceMismatchError
 
@@ -159,7 +158,7 @@ class AgentRows:
 
     def put(self, reply: BlockReply, rows: slice, offset: int = 0) -> Answer:
         """An actor's reply (its errors by global index) written to ``rows``."""
-        put_reply(self.buffers, reply, rows)
+        _put_reply(self.buffers, reply, rows)
         return Answer(reply.infos, reply.failed, reply.errors or {}, {})
 
     put_reset = put
@@ -187,5 +186,26 @@ class AgentRows:
         return self.step(0, len(infos), True, infos, *fields)
 
     def reset_at_result(self, reply: BlockReply, unit: slice, index: int) -> dict[str, Any]:
-        put_reply(self.buffers, reply, unit)
+        _put_reply(self.buffers, reply, unit)
         return reply.infos[index - unit.start]
+
+
+def _put_reply(b: AgentStepBuffers, reply: BlockReply, rows: slice) -> None:
+    """An actor's reply written to ``rows`` of the buffers."""
+    for buf, arrays in zip(b.groups, reply.groups):
+        for name, value in arrays.items():
+            _copy_rows(getattr(buf, name), value, rows)
+    b.env_done[rows] = reply.env_done
+    b.env_reward[rows] = reply.env_reward
+    b.unassigned_reward[rows] = reply.unassigned_reward
+
+
+def _copy_rows(dst: Any, src: Any, rows: slice) -> None:
+    if isinstance(dst, dict):
+        for key in dst:
+            _copy_rows(dst[key], src[key], rows)
+    elif isinstance(dst, tuple):
+        for d, s in zip(dst, src):
+            _copy_rows(d, s, rows)
+    else:
+        dst[rows] = src

@@ -9,13 +9,15 @@ from typing import Any
 
 import numpy as np
 
+from jaxrunner._src.backends.base import BaseVectorEnv
 from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
-from jaxrunner._src.backends.ray.actor_manager import ActorForwarding, ActorPool
+from jaxrunner._src.backends.ray.actor_manager import ActorPool
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
 from jaxrunner._src.backends.ray.deadlines import InFlightSteps
 from jaxrunner._src.backends.ray.kinds import AgentRows, Answer, GymnasiumRows
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner.errors import InvalidArgumentError, WorkerError
 
 
@@ -32,7 +34,7 @@ class Call:
         """Envs whose slot fails, and why (their actor died or hung)."""
 
 
-class ActorStepping(ActorForwarding):
+class ActorStepping(BaseVectorEnv):
     """``reset``/``send``/``recv``/``step_batch`` of a vector env whose sub-envs run in
     Ray actors (:class:`~.actor_manager.ActorPool`), for either kind (:mod:`.kinds`).
 
@@ -48,6 +50,7 @@ class ActorStepping(ActorForwarding):
 
     config: RayConfig
     unit_rows: list[slice]
+    _actors: ActorPool
     _kind: GymnasiumRows | AgentRows
 
     def _start(
@@ -111,7 +114,7 @@ class ActorStepping(ActorForwarding):
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> Any:
         """Resets every sub-env; the results of sends not yet received are dropped."""
-        self._check_open("reset")  # type: ignore[attr-defined]
+        self._check_open("reset")
         self._discard()
         actors = self._actors
         refs = [
@@ -130,9 +133,9 @@ class ActorStepping(ActorForwarding):
     def reset_at(
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> Any:
-        self._check_open("reset_at")  # type: ignore[attr-defined]
+        self._check_open("reset_at")
         self._check_idle("reset_at")
-        self._check_index(index)  # type: ignore[attr-defined]
+        self._check_index(index)
         u = index // self.config.envs_per_actor
         unit = self.unit_rows[u]
         try:
@@ -147,7 +150,7 @@ class ActorStepping(ActorForwarding):
         env) and returns without waiting. Lockstep: None or a slice. Ready-first: whole
         actors (a slice or an int array, each actor's sub-envs in order), none of them
         in flight."""
-        self._check_open("step")  # type: ignore[attr-defined]
+        self._check_open("step")
         if not self.capabilities.ready_first:
             lo, hi = block_rows(env_ids, self.num_envs, type(self).__name__)
             self._send_rows(actions, lo, hi, whole=env_ids is None)
@@ -169,7 +172,7 @@ class ActorStepping(ActorForwarding):
         Ready-first: the step of the first actor to answer; for gymnasium envs, with
         every other actor that answers within ``config.remote_env_batch_wait_ms`` (then
         ``env_ids`` is an int array). Raises InvalidArgumentError when no send waits."""
-        self._check_open("step")  # type: ignore[attr-defined]
+        self._check_open("step")
         if not self._calls:
             raise InvalidArgumentError(
                 f"{type(self).__name__}.recv(): no send() is waiting for its results. Call "
@@ -196,7 +199,7 @@ class ActorStepping(ActorForwarding):
         """Every env of ``rows`` (None: all; may split actors) steps; returns once every
         actor has answered. Lockstep with sends in flight: :meth:`send` then
         :meth:`recv`, as the base defines it; ready-first: refused then."""
-        self._check_open("step")  # type: ignore[attr-defined]
+        self._check_open("step")
         if self._calls:  # the oldest send answers (lockstep)
             if self.capabilities.ready_first:
                 self._check_idle("step")
@@ -204,6 +207,35 @@ class ActorStepping(ActorForwarding):
             return self.recv()
         lo, hi = block_rows(rows, self.num_envs, type(self).__name__)
         return self._result(self._wait(self._send_rows(actions, lo, hi, rows is None)))
+
+    # -- the sub-envs' utilities ------------------------------------------------------------------
+
+    def get_sub_environments(self) -> list[SubEnvHandle]:
+        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env,
+        in index order (the sub-envs live in the actors)."""
+        self._check_open("get_sub_environments")
+        return [SubEnvHandle(self, i) for i in range(self.num_envs)]
+
+    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
+        self._check_open(f"get_sub_environments()[{index}].{method}")
+        return self._actors.on_sub_env(index, method, args)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
+        self._check_open("call")
+        return self._actors.call_each("call", name, args, kwargs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        self._check_open("get_attr")
+        return self._actors.call_each("get_attr", name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self._check_open("set_attr")
+        self._actors.set_attr(name, self._values_per_env(name, values))
+
+    def render(self) -> tuple[Any, ...]:
+        self._check_open("render")
+        return self._actors.call_each("render")
 
     # -- internals ------------------------------------------------------------------------------
 
