@@ -72,7 +72,7 @@ def make_envs(backend, fns, restart, step_timeout_s=None):
     if backend == "sync":
         return SyncMultiAgentVectorEnv(fns, restart_policy=policy)
     if backend == "ray":
-        from jaxrunner._src.backends.ray.agents import RayMultiAgentVectorEnv
+        from jaxrunner._src.backends.ray.vector_env import RayMultiAgentVectorEnv
 
         per_actor = len(fns) if step_timeout_s is None else 2
         config = jr.RayConfig(

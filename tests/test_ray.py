@@ -166,6 +166,33 @@ def test_send_recv_answers_the_first_actor_ready_and_replaces_a_dead_one():
     ref.close()
 
 
+def test_ready_first_false_gives_a_lockstep_ray_env_equal_to_sync():
+    """``RayConfig(ready_first=False)`` means on gymnasium envs what it means on
+    PettingZoo ones: ``recv`` answers the sends in order, a send may split actors, and
+    the runner pipelines splits; trajectories equal the sync backend's."""
+    fns = [functools.partial(slow_counting, i, 0.02 if i < 2 else 0.0, 4) for i in range(6)]
+    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1, ready_first=False)
+    envs = jr.RayVectorEnv(fns, config)
+    ref = jr.SyncVectorEnv(fns)
+    assert not envs.capabilities.ready_first and envs.capabilities.steps_in_background
+    jr.testing.assert_trees_equal(envs.reset(seed=1), ref.reset(seed=1), "reset")
+    actions = np.arange(6) % 3
+    want = [ref.step_batch(actions[:3], slice(0, 3)), ref.step_batch(actions[3:], slice(3, 6))]
+    want = [(w.env_ids, w.obs.copy(), w.reward.copy()) for w in want]
+    envs.send(actions[:3], slice(0, 3))  # splits actor 1, whose part answers first
+    envs.send(actions[3:], slice(3, 6))
+    with pytest.raises(jr.errors.InvalidArgumentError, match="slice"):
+        envs.send(actions[:2], np.arange(2))
+    for expected in want:  # in send order: the slow actor 0's block first
+        out = envs.recv()
+        jr.testing.assert_trees_equal((out.env_ids, out.obs, out.reward), expected, "recv")
+    with runner_on(ref, 12, num_splits=2) as sync:
+        expected = sync.sample()
+    with runner_on(envs, 12, num_splits=2) as runner:
+        assert_same_trajectory(runner.sample(), expected)
+    ref.close()
+
+
 def test_env_actor_killed_mid_sample_is_replaced_and_nothing_good_is_lost():
     factory = functools.partial(slow_counting, 0, 0.005)
     T, killed = 20, 1  # actor 1 runs envs 2 and 3
@@ -423,7 +450,7 @@ class TestRayContract(jr.testing.VectorEnvContract):
     env_kinds = HOST_KINDS
 
     def make_vec(self, env_fns, restart_policy=None):
-        from jaxrunner._src.backends.ray.agents import RayMultiAgentVectorEnv
+        from jaxrunner._src.backends.ray.vector_env import RayMultiAgentVectorEnv
 
         config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
         if self.kind == "gymnasium":

@@ -250,7 +250,7 @@ def _make_fromfactories_for(
             return RayVectorEnv(fns, config, restart_policy=restart_policy)
         if backend == "sync":
             return SyncMultiAgentVectorEnv(fns, policy_mapping_fn, restart_policy=restart_policy)
-        from jaxrunner._src.backends.ray.agents import RayMultiAgentVectorEnv
+        from jaxrunner._src.backends.ray.vector_env import RayMultiAgentVectorEnv
 
         return RayMultiAgentVectorEnv(
             fns, policy_mapping_fn, config=config, restart_policy=restart_policy

@@ -12,7 +12,6 @@ from jaxrunner._src.backends.error_indices import with_global_env_index
 from jaxrunner._src.backends.ray.config import RayConfig
 from jaxrunner._src.backends.ray.env_actor import EnvWorker
 from jaxrunner._src.backends.restarts import RestartPolicy, retry
-from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner.errors import RemoteTimeoutError, WorkerError
 
 EnvFactory = Callable[[], gymnasium.Env]
@@ -200,39 +199,3 @@ class ActorPool:
         except Exception:  # dead actors, or Ray already shut down: nothing to close
             pass
         self.kill_all()
-
-
-class ActorForwarding:
-    """``call``/``get_attr``/``set_attr``/``render`` and ``get_sub_environments`` of a
-    vector env whose sub-envs live in an :class:`ActorPool` (``self._actors``): the
-    single- and multi-agent Ray backends."""
-
-    _actors: ActorPool
-    num_envs: int
-
-    def get_sub_environments(self) -> list[SubEnvHandle]:
-        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env,
-        in index order (the sub-envs live in the actors)."""
-        self._check_open("get_sub_environments")  # type: ignore[attr-defined]
-        return [SubEnvHandle(self, i) for i in range(self.num_envs)]
-
-    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
-        self._check_open(f"get_sub_environments()[{index}].{method}")  # type: ignore[attr-defined]
-        return self._actors.on_sub_env(index, method, args)
-
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
-        self._check_open("call")  # type: ignore[attr-defined]
-        return self._actors.call_each("call", name, args, kwargs)
-
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        self._check_open("get_attr")  # type: ignore[attr-defined]
-        return self._actors.call_each("get_attr", name)
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self._check_open("set_attr")  # type: ignore[attr-defined]
-        self._actors.set_attr(name, self._values_per_env(name, values))  # type: ignore[attr-defined]
-
-    def render(self) -> tuple[Any, ...]:
-        self._check_open("render")  # type: ignore[attr-defined]
-        return self._actors.call_each("render")

@@ -34,30 +34,35 @@ class RayConfig:
     num_cpus_per_actor: float = 1.0
     """Ray CPU resources each env actor reserves (fractions allowed, e.g. 0.5)."""
     remote_env_batch_wait_ms: float = 0.0
-    """After the first actor's results arrive, how long the runner waits for more before
-    computing actions (0: take whatever is ready now). Longer waits give larger policy
-    batches; shorter waits give lower latency."""
+    """Ready-first gymnasium envs: after the first actor's results arrive, how long the
+    runner waits for more before computing actions (0: take whatever is ready now), all
+    of them in one step. Longer waits give larger policy batches; shorter waits give
+    lower latency. Multi-agent envs take each actor's step on its own (the multi-agent
+    sampler acts on a block whose envs share their step count)."""
     batch_buckets: tuple[int, ...] | None = None
-    """Policy batch sizes: the ready envs are padded to the smallest bucket that holds
-    them, and each bucket is compiled once, up front. None: the default buckets (multiples
-    of the policy's chunk). Any buckets give
-    the sync backend's bits: the policy runs in fixed-size chunks whatever the batch
-    (batch invariance)."""
+    """Ready-first gymnasium envs' policy batch sizes: the ready envs are padded to the
+    smallest bucket that holds them, and each bucket is compiled once, up front. None: the
+    default buckets (multiples of the policy's chunk). Any buckets give the sync backend's
+    bits: the policy runs in fixed-size chunks whatever the batch (batch invariance)."""
     step_timeout_s: float | None = None
     """An actor whose step has not answered after this long is treated as dead (killed,
     and replaced if restarts are on). None: wait forever."""
     actor_start_timeout_s: float = 120.0
     """How long to wait for a new actor to start and reset its sub-envs (the cluster may
     lack the resources to place it)."""
-    ready_first: bool = False
-    """Multi-agent envs (``make_vec(pettingzoo_env_fn, ..., backend="ray")``): False (default):
-    lockstep, ``recv()`` answers the sends in order and the runner pipelines splits;
-    True: ``recv()`` answers whichever actor is ready, so a slow sub-env stalls only
-    its own actor's. Single-agent Ray envs are always ready-first."""
+    ready_first: bool | None = None
+    """How ``recv()`` answers, for both kinds of env. True: ready-first, ``send``
+    covers whole actors and ``recv()`` answers whichever actor is ready, so a slow
+    sub-env stalls only its own actor's (gymnasium envs: ``batch_buckets`` and
+    ``remote_env_batch_wait_ms`` apply). False: lockstep, ``recv()`` answers the
+    sends in order and a send may be any block of envs, so the runner pipelines splits.
+    None (default): each kind's default, ready-first for gymnasium envs and lockstep
+    for multi-agent (PettingZoo) envs."""
 
     def __post_init__(self) -> None:
         check_int("RayConfig", "envs_per_actor", self.envs_per_actor)
-        check_bool("RayConfig", "ready_first", self.ready_first)
+        if self.ready_first is not None:
+            check_bool("RayConfig", "ready_first", self.ready_first)
         for name in ("actor_start_timeout_s", "step_timeout_s"):
             none = "to wait forever" if name == "step_timeout_s" else None
             check_number("RayConfig", name, getattr(self, name), low_open=True, none=none)

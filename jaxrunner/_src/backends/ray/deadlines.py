@@ -35,10 +35,6 @@ class InFlightSteps:
         """Records the step ``ref`` of actor ``u`` (sub-envs ``rows``), sent now."""
         self._steps[ref] = (u, rows, time.monotonic())
 
-    def rows(self, ref: Any) -> slice:
-        """The sub-envs of step ``ref``."""
-        return self._steps[ref][1]
-
     def pop(self, ref: Any) -> tuple[int, slice]:
         """Forgets ``ref``; returns its actor and rows."""
         u, rows, _ = self._steps.pop(ref)
@@ -64,8 +60,8 @@ class InFlightSteps:
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=wait_s)
         return ready
 
-    def pop_expired(self) -> Iterator[tuple[int, slice, RemoteTimeoutError]]:
-        """Yields the steps past their deadline, each one's actor, rows and the error
+    def pop_expired(self) -> Iterator[tuple[Any, int, slice, RemoteTimeoutError]]:
+        """Yields the steps past their deadline, each one's ref, actor, rows and the error
         that says it timed out (the actor is to be treated as dead); each is forgotten
         as it is yielded, so a consumer that raises leaves the rest in flight."""
         timeout, now = self.timeout_s, time.monotonic()
@@ -80,7 +76,7 @@ class InFlightSteps:
             )
             # As a WorkerError's: who timed out, for callers that handle it.
             error.worker_index, error.env_indices = u, range(rows.start, rows.stop)
-            yield u, rows, error
+            yield ref, u, rows, error
 
     def discard(self) -> None:
         """Waits for the steps in flight (each up to the timeout) and forgets them,

@@ -1,21 +1,24 @@
-"""The body of one env actor of ``backend="ray"``: a block of sub-envs in a
-:class:`~jaxrunner.SyncVectorEnv` (so the shared step loop of
-:mod:`jaxrunner._src.backends.gymnasium_block`: validation, SAME_STEP autoreset, restarts)."""
+"""The bodies of the env actors of ``backend="ray"``: a block of sub-envs stepped by the
+shared step loop (:class:`~jaxrunner._src.backends.sub_env_block.SubEnvBlock`), gymnasium
+ones in a :class:`~jaxrunner.SyncVectorEnv`, PettingZoo ones in an ``AgentBlock``."""
 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import gymnasium
+import jax
+import numpy as np
 
 from jaxrunner._src.backends.batch_step import BatchStep
-from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.backends.sub_env_block import SubEnvBlock
+from jaxrunner._src.backends.multi_agent.agent_block import AgentBlock, env_groups
+from jaxrunner._src.backends.multi_agent.buffers import FIELDS, MultiAgentStep
+from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly
+from jaxrunner._src.backends.sub_env_block import EnvFactory, SubEnvBlock, build_envs
 from jaxrunner._src.backends.sync import SyncVectorEnv
-
-EnvFactory = Callable[[], gymnasium.Env]
+from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn
 
 
 def _portable(err: BaseException) -> BaseException:
@@ -88,8 +91,80 @@ class EnvWorker(ActorBody):
     ) -> tuple[Any, dict[str, Any]]:
         return self.envs.reset_at(index, seed=seed, options=options)
 
-    def step(self, actions: Any, rows: slice | None) -> BatchStep:
-        out = self.envs.step_batch(actions, rows)
+    def step(self, lo: int, hi: int, actions: Any) -> BatchStep:
+        """Steps rows ``[lo, hi)`` of the block (``actions`` holds those rows)."""
+        whole = (lo, hi) == (0, self.envs.num_envs)
+        out = self.envs.step_batch(actions, None if whole else slice(lo, hi))
         if out.errors:
             out = out._replace(errors={i: _portable(e) for i, e in out.errors.items()})
         return out
+
+
+class BlockReply(NamedTuple):
+    """An actor's answer to ``reset``/``step``: copies of its rows of the buffers (Ray
+    serializes them), its infos, and its failures by global env index."""
+
+    groups: list[dict[str, Any]]
+    env_done: np.ndarray
+    env_reward: np.ndarray
+    unassigned_reward: np.ndarray
+    infos: list[dict[str, Any]]
+    failed: np.ndarray | None
+    errors: dict[int, BaseException] | None
+
+
+class AgentEnvWorker(ActorBody):
+    """The body of one multi-agent env actor: a :class:`AgentBlock` over sub-envs
+    ``offset..``, built from its factories."""
+
+    block: AgentBlock
+
+    def __init__(
+        self,
+        env_fns: Sequence[EnvFactory],
+        restart_policy: RestartPolicy | None,
+        offset: int,
+        policy_mapping_fn: PolicyMappingFn | None,
+    ) -> None:
+        envs = build_envs(env_fns, offset)
+        try:
+            groups = env_groups(envs[0], policy_mapping_fn)
+            self.block = AgentBlock(
+                envs, groups, offset, fns=env_fns, restart_policy=restart_policy
+            )
+        except BaseException:
+            for env in envs:
+                close_quietly(env)
+            raise
+
+    def describe(self) -> tuple[tuple[AgentGroup, ...], bool]:
+        return self.block.groups, self.block.turn_based
+
+    def reset(self, seeds: Sequence[int | None], options: dict[str, Any] | None) -> BlockReply:
+        return self._reply(self.block.result(self.block.reset(seeds, options)))
+
+    def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> BlockReply:
+        infos: list[dict[str, Any]] = [{} for _ in self.block.envs]
+        infos[index] = self.block.reset_or_restart(self.block.offset + index, seed, options)
+        return self._reply(self.block.result(infos))
+
+    def step(self, lo: int, hi: int, actions: Sequence[Any]) -> BlockReply:
+        """Steps rows ``[lo, hi)`` of the block (``actions`` holds those rows; checked
+        before any actor steps); the reply holds those rows only."""
+        infos, errors = self.block.step_rows(lo, hi, actions)
+        return self._reply(self.block.result(infos, errors), slice(lo, hi))
+
+    def _reply(self, out: MultiAgentStep, rows: slice = slice(None)) -> BlockReply:
+        groups = [
+            {name: jax.tree.map(lambda x: x[rows], getattr(buf, name)) for name in FIELDS}
+            for buf in self.block.buffers
+        ]
+        return BlockReply(
+            groups,
+            out.env_done[rows],
+            out.env_reward[rows],
+            out.unassigned_reward[rows],
+            out.infos,
+            None if out.failed is None else out.failed[rows],
+            out.errors,
+        )

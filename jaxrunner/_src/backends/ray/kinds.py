@@ -1,0 +1,211 @@
+"""What ``backend="ray"`` does differently for each kind of env: how actions split per
+actor, how an actor's reply becomes rows of the step, how a failed slot is filled.
+:class:`GymnasiumRows` for gymnasium envs, :class:`AgentRows` for PettingZoo envs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from gymnasium.vector.utils import batch_space
+
+from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.batch_step import BatchStep
+from jaxrunner._src.backends.gymnasium_block import ActionSplitters
+from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
+from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep, StepViews
+from jaxrunner._src.backends.ray.env_actor import AgentEnvWorker, BlockReply, EnvWorker
+from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot, span
+from jaxrunner.errors import SpaceMismatchError
+
+
+class Answer(NamedTuple):
+    """What an actor's reply says besides the rows it wrote (indices are global)."""
+
+    infos: Sequence[dict[str, Any]]
+    """One per env of the reply's rows."""
+    failed: np.ndarray | None
+    """Its rows' failed mask (None: none failed)."""
+    errors: dict[int, BaseException]
+    reset_infos: dict[int, dict[str, Any]]
+
+
+class GymnasiumRows:
+    """Gymnasium sub-envs: a :class:`BatchStep` over :class:`StepBuffers`."""
+
+    worker: type = EnvWorker
+    ready_first = True
+    """Ready-first unless ``RayConfig.ready_first`` says otherwise."""
+
+    def __init__(self, worker_args: tuple = ()) -> None:
+        self.worker_args = worker_args
+
+    def describe(self, vec: Any, described: list[Any], unit_rows: list[slice]) -> None:
+        """Checks the actors' spaces are equal; sets the vector env's spaces and
+        metadata; allocates the buffers."""
+        obs_space, action_space, metadata, render_mode = described[0]
+        for u, (other_obs, other_action, _, _) in enumerate(described):
+            if other_obs != obs_space or other_action != action_space:
+                raise SpaceMismatchError(
+                    f"the sub-envs of Ray env actor {u} (envs {unit_rows[u]}) have spaces "
+                    f"{other_obs}, {other_action}; actor 0's have {obs_space}, {action_space}. "
+                    "Every sub-env of a vector env must have equal spaces. Check the factory."
+                )
+        n = vec.num_envs
+        vec.single_observation_space, vec.single_action_space = obs_space, action_space
+        vec.metadata = {**metadata, "autoreset_mode": VectorEnv.metadata["autoreset_mode"]}
+        vec.render_mode, vec.spec = render_mode, None
+        vec.observation_space = batch_space(obs_space, n)
+        vec.action_space = batch_space(action_space, n)
+        self.space = obs_space
+        self.buffers = StepBuffers.allocate(obs_space, n)
+        self._splitters = ActionSplitters(action_space)
+        self._action_space = action_space
+
+    def check(self, actions: Any, num: int) -> None:
+        """Raises InvalidActionError unless ``actions`` is a valid batch of ``num``."""
+        self._splitters.split(actions, num)
+
+    def part(self, actions: Any, at: slice | np.ndarray) -> Any:
+        """Rows ``at`` of ``actions``."""
+        return space_arrays.map_structure(self._action_space, lambda a: np.asarray(a)[at], actions)
+
+    def put(self, out: BatchStep, rows: slice, offset: int) -> Answer:
+        """An actor's step (its sub-envs' indices from ``offset``) written to ``rows``."""
+        b, space = self.buffers, self.space
+        space_arrays.copy_into(space, b.obs, out.obs, rows)
+        space_arrays.copy_into(space, b.next_obs, out.next_obs, rows)
+        b.reward[rows], b.terminated[rows], b.truncated[rows] = (
+            out.reward,
+            out.terminated,
+            out.truncated,
+        )
+        return Answer(
+            out.infos,
+            out.failed,
+            {offset + i: e for i, e in (out.errors or {}).items()},
+            {offset + i: info for i, info in out.reset_infos.items()},
+        )
+
+    def put_reset(self, reply: tuple[Any, list[dict[str, Any]]], rows: slice) -> Answer:
+        """An actor's reset (observations, infos) written to ``rows``."""
+        obs, infos = reply
+        space_arrays.copy_into(self.space, self.buffers.obs, obs, rows)
+        return Answer(infos, None, {}, {})
+
+    def fail(self, index: int) -> None:
+        """Env ``index``'s slot holds no transition (its new sub-env's reset is in)."""
+        fail_slot(self.buffers, self.space, index)
+
+    def step(self, lo: int, hi: int, whole: bool, *fields: Any) -> BatchStep:
+        """Envs ``[lo, hi)``'s step (``env_ids`` None where ``whole``): ``fields`` are
+        the infos, reset infos, failed mask and errors."""
+        return self.buffers.batch_step(self.space, None if whole else slice(lo, hi), *fields)
+
+    def merge(self, steps: list[BatchStep]) -> BatchStep:
+        """Several actors' steps as one (rows in actor order)."""
+        steps.sort(key=lambda r: span(r).start)
+        return self.buffers.merge(self.space, steps)
+
+    def reset_result(self, infos: list[dict[str, Any]], *_: Any) -> Any:
+        return self.buffers.obs, infos
+
+    def reset_at_result(self, reply: Any, unit: slice, index: int) -> Any:
+        obs, info = reply
+        space_arrays.copy_into(self.space, self.buffers.obs, obs, index)
+        return space_arrays.take(self.space, self.buffers.obs, index), info
+
+
+class AgentRows:
+    """PettingZoo sub-envs: a :class:`MultiAgentStep` over :class:`AgentStepBuffers`."""
+
+    worker: type = AgentEnvWorker
+    ready_first = False
+    """Lockstep unless ``RayConfig.ready_first`` says otherwise."""
+    merge = None
+    """Blocks of several actors are never merged: the multi-agent sampler acts on a
+    block whose envs share their step count."""
+
+    def __init__(self, worker_args: tuple = ()) -> None:
+        self.worker_args = worker_args
+
+    def describe(self, vec: Any, described: list[Any], unit_rows: list[slice]) -> None:
+        """Checks the actors' agents are equal; sets the vector env's groups; allocates
+        the buffers."""
+        vec.groups, vec.turn_based = described[0]
+        for u, other in enumerate(described):
+            if other != described[0]:
+                raise SpaceMismatchError(
+                    f"the sub-envs of Ray env actor {u} have agent groups {other[0]}, actor "
+                    f"0's have {vec.groups}; every sub-env must have the same agents and "
+                    "spaces. Check the factory."
+                )
+        self.groups = vec.groups
+        self.buffers = AgentStepBuffers.allocate(vec.groups, vec.num_envs)
+        self._views = StepViews(self.buffers, vec.policy_ids)
+        self._checks: dict[int, ActionCheck] = {}
+
+    def check(self, actions: Sequence[Any], num: int) -> None:
+        check = self._checks.get(num)
+        if check is None:
+            check = self._checks[num] = ActionCheck(self.groups, num)
+        check(actions)
+
+    def part(self, actions: Sequence[Any], at: slice | np.ndarray) -> list[Any]:
+        return [np.asarray(a)[at] for a in actions]
+
+    def put(self, reply: BlockReply, rows: slice, offset: int = 0) -> Answer:
+        """An actor's reply (its errors by global index) written to ``rows``."""
+        _put_reply(self.buffers, reply, rows)
+        return Answer(reply.infos, reply.failed, reply.errors or {}, {})
+
+    put_reset = put
+
+    def fail(self, index: int) -> None:
+        """Env ``index``'s row holds no transition; who acts next is its new sub-env's."""
+        b = self.buffers
+        b.env_done[index], b.env_reward[index], b.unassigned_reward[index] = False, 0.0, 0.0
+        for buf in b.groups:
+            buf.completed[index] = False
+
+    def step(
+        self,
+        lo: int,
+        hi: int,
+        whole: bool,
+        infos: list[dict[str, Any]],
+        reset_infos: Any,
+        failed: np.ndarray | None,
+        errors: dict[int, BaseException] | None,
+    ) -> MultiAgentStep:
+        return self._views.step(lo, hi, infos, failed, errors)
+
+    def reset_result(self, infos: list[dict[str, Any]], *fields: Any) -> MultiAgentStep:
+        return self.step(0, len(infos), True, infos, *fields)
+
+    def reset_at_result(self, reply: BlockReply, unit: slice, index: int) -> dict[str, Any]:
+        _put_reply(self.buffers, reply, unit)
+        return reply.infos[index - unit.start]
+
+
+def _put_reply(b: AgentStepBuffers, reply: BlockReply, rows: slice) -> None:
+    """An actor's reply written to ``rows`` of the buffers."""
+    for buf, arrays in zip(b.groups, reply.groups):
+        for name, value in arrays.items():
+            _copy_rows(getattr(buf, name), value, rows)
+    b.env_done[rows] = reply.env_done
+    b.env_reward[rows] = reply.env_reward
+    b.unassigned_reward[rows] = reply.unassigned_reward
+
+
+def _copy_rows(dst: Any, src: Any, rows: slice) -> None:
+    if isinstance(dst, dict):
+        for key in dst:
+            _copy_rows(dst[key], src[key], rows)
+    elif isinstance(dst, tuple):
+        for d, s in zip(dst, src):
+            _copy_rows(d, s, rows)
+    else:
+        dst[rows] = src

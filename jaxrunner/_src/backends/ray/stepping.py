@@ -1,0 +1,380 @@
+"""The one stepping mechanism of ``backend="ray"``, for both kinds of env: sends to the
+actors, their replies gathered into steps (lockstep or ready-first), dead and hung
+actors replaced. What differs by kind is in :mod:`.kinds`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxrunner._src.backends.base import BaseVectorEnv
+from jaxrunner._src.backends.batch_step import EnvIds, block_rows
+from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.ray.actor_manager import ActorPool
+from jaxrunner._src.backends.ray.config import RayConfig, import_ray
+from jaxrunner._src.backends.ray.deadlines import InFlightSteps
+from jaxrunner._src.backends.ray.kinds import AgentRows, Answer, GymnasiumRows
+from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
+from jaxrunner.errors import InvalidArgumentError, WorkerError
+
+
+class Call:
+    """One send in flight: envs ``[lo, hi)``, its actor steps and what came back."""
+
+    def __init__(self, lo: int, hi: int, whole: bool) -> None:
+        self.lo, self.hi, self.whole = lo, hi, whole
+        self.steps: dict[Any, Any] = {}
+        """Actor step ref -> the actor it went to (a replaced one is lost with it)."""
+        self.replies: list[tuple[int, slice, Any]] = []
+        """``(actor, rows, reply)`` of each step answered."""
+        self.lost: dict[int, BaseException] = {}
+        """Envs whose slot fails, and why (their actor died or hung)."""
+
+
+class ActorStepping(BaseVectorEnv):
+    """``reset``/``send``/``recv``/``step_batch`` of a vector env whose sub-envs run in
+    Ray actors (:class:`~.actor_manager.ActorPool`), for either kind (:mod:`.kinds`).
+
+    Lockstep: ``recv`` answers the sends in order; a send is any block of envs and may
+    split actors. Ready-first: a send covers whole actors, none of them in flight, and
+    ``recv`` answers whichever actor is ready (gymnasium envs: with every other actor
+    ready within ``remote_env_batch_wait_ms``, as one step). ``step_batch`` waits for
+    every actor of its rows. A dead or hung actor is killed and, under a restart
+    policy, replaced: its sub-envs' slots fail (``failed``); without one the failure
+    raises :class:`~jaxrunner.errors.WorkerError` (a death) or
+    :class:`~jaxrunner.errors.RemoteTimeoutError` (a missed deadline).
+    """
+
+    config: RayConfig
+    unit_rows: list[slice]
+    _actors: ActorPool
+    _kind: GymnasiumRows | AgentRows
+
+    def _start(
+        self,
+        env_fns: Sequence[Any],
+        config: RayConfig | None,
+        restart_policy: RestartPolicy | None,
+        kind: GymnasiumRows | AgentRows,
+    ) -> None:
+        """Starts the actors and takes their description (kills them if it is refused)."""
+        self._closed_reason = "construction failed"  # until the actors are up
+        self.config, self.restart_policy, self._kind = config or RayConfig(), restart_policy, kind
+        self.num_envs = len(env_fns)
+        ready_first = self.config.ready_first
+        self.capabilities = Capabilities(
+            can_restart=True,
+            steps_in_background=True,
+            ready_first=kind.ready_first if ready_first is None else ready_first,
+            batch_buckets=self.config.batch_buckets,
+        )
+        actors = ActorPool(
+            import_ray(), env_fns, self.config, restart_policy, kind.worker, kind.worker_args
+        )
+        self._actors, self.unit_rows = actors, actors.unit_rows
+        self._in_flight = InFlightSteps(actors.ray, self.config.step_timeout_s)
+        self._calls: list[Call] = []
+        """Sends not yet received, in send order (ready-first: one per actor)."""
+        self._owner: dict[Any, Call] = {}  # actor step ref -> its send
+        described = actors.start()
+        try:
+            kind.describe(self, described, self.unit_rows)
+        except BaseException:
+            actors.kill_all()
+            raise
+        self._closed_reason = None
+
+    @property
+    def num_restarts(self) -> int:
+        """Sub-envs recreated inside the current actors (a replaced actor's count is
+        lost with it; :attr:`num_actor_restarts` counts replaced actors)."""
+        return self._actors.num_restarts()
+
+    @property
+    def num_actor_restarts(self) -> int:
+        """Actors replaced after dying or timing out."""
+        return self._actors.num_actor_restarts
+
+    @property
+    def actors(self) -> list[Any]:
+        """The Ray actor handles, one per block of :attr:`unit_rows` (current ones)."""
+        return list(self._actors.actors)
+
+    @property
+    def num_in_flight(self) -> int:
+        """Sends not yet received (ready-first: one per actor)."""
+        return len(self._calls)
+
+    # -- the backend contract --------------------------------------------------------------------
+
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> Any:
+        """Resets every sub-env; the results of sends not yet received are dropped."""
+        self._check_open("reset")
+        self._discard()
+        actors = self._actors
+        refs = [
+            actor.reset.remote(list(seeds[rows]), options)
+            for actor, rows in zip(actors.actors, self.unit_rows)
+        ]
+        answers = []
+        for u, ref in enumerate(refs):
+            try:
+                reply = actors.ray.get(ref, timeout=self.config.step_timeout_s)
+            except Exception as err:
+                reply = actors.replace(u, actors.remote_error(err, u, "reset"))
+            answers.append((self.unit_rows[u], self._kind.put_reset(reply, self.unit_rows[u])))
+        return self._kind.reset_result(*self._gather(0, self.num_envs, answers, {}))
+
+    def reset_at(
+        self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> Any:
+        self._check_open("reset_at")
+        self._check_idle("reset_at")
+        self._check_index(index)
+        u = index // self.config.envs_per_actor
+        unit = self.unit_rows[u]
+        try:
+            ref = self._actors.actors[u].reset_at.remote(index - unit.start, seed, options)
+            reply = self._actors.ray.get(ref, timeout=self.config.step_timeout_s)
+        except Exception as err:
+            raise self._actors.remote_error(err, u, "reset_at")  # noqa: B904  (chained)
+        return self._kind.reset_at_result(reply, unit, index)
+
+    def send(self, actions: Any, env_ids: EnvIds = None) -> None:
+        """Validates the whole batch, then starts the step of ``env_ids`` (None: every
+        env) and returns without waiting. Lockstep: None or a slice. Ready-first: whole
+        actors (a slice or an int array, each actor's sub-envs in order), none of them
+        in flight."""
+        self._check_open("step")
+        if not self.capabilities.ready_first:
+            lo, hi = block_rows(env_ids, self.num_envs, type(self).__name__)
+            self._send_rows(actions, lo, hi, whole=env_ids is None)
+            return
+        units = self._whole_actors(env_ids)
+        self._kind.check(actions, sum(len(at) for _, at in units))
+        busy = self._in_flight.units() & {u for u, _ in units}
+        if busy:
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.send(env_ids={env_ids!r}): Ray env actor {min(busy)} "
+                "is still in flight from an earlier send; recv() its result first."
+            )
+        for u, at in units:
+            unit = self.unit_rows[u]
+            self._send(unit.start, unit.stop, False, [(u, unit, self._kind.part(actions, at))])
+
+    def recv(self) -> Any:
+        """Lockstep: the oldest send's step, once every actor of it has answered.
+        Ready-first: the step of the first actor to answer; for gymnasium envs, with
+        every other actor that answers within ``config.remote_env_batch_wait_ms`` (then
+        ``env_ids`` is an int array). Raises InvalidArgumentError when no send waits."""
+        self._check_open("step")
+        if not self._calls:
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.recv(): no send() is waiting for its results. Call "
+                "send(actions, env_ids) first."
+            )
+        if not self.capabilities.ready_first:
+            return self._result(self._wait(self._calls[0]))
+        calls = [self._wait(None)]
+        if self._kind.merge is None:
+            return self._result(calls[0])
+        try:
+            for ref in self._in_flight.ready_within(self.config.remote_env_batch_wait_ms / 1000):
+                self._take(ref)
+        except Exception:
+            self._discard()
+            raise
+        calls += [call for call in self._calls if not call.steps]
+        for call in calls[1:]:
+            self._calls.remove(call)
+        steps = [self._result(call) for call in calls]
+        return steps[0] if len(steps) == 1 else self._kind.merge(steps)
+
+    def step_batch(self, actions: Any, rows: slice | None = None) -> Any:
+        """Every env of ``rows`` (None: all; may split actors) steps; returns once every
+        actor has answered. Lockstep with sends in flight: :meth:`send` then
+        :meth:`recv`, as the base defines it; ready-first: refused then."""
+        self._check_open("step")
+        if self._calls:  # the oldest send answers (lockstep)
+            if self.capabilities.ready_first:
+                self._check_idle("step")
+            self.send(actions, rows)
+            return self.recv()
+        lo, hi = block_rows(rows, self.num_envs, type(self).__name__)
+        return self._result(self._wait(self._send_rows(actions, lo, hi, rows is None)))
+
+    # -- the sub-envs' utilities ------------------------------------------------------------------
+
+    def get_sub_environments(self) -> list[SubEnvHandle]:
+        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env,
+        in index order (the sub-envs live in the actors)."""
+        self._check_open("get_sub_environments")
+        return [SubEnvHandle(self, i) for i in range(self.num_envs)]
+
+    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
+        self._check_open(f"get_sub_environments()[{index}].{method}")
+        return self._actors.on_sub_env(index, method, args)
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
+        self._check_open("call")
+        return self._actors.call_each("call", name, args, kwargs)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        self._check_open("get_attr")
+        return self._actors.call_each("get_attr", name)
+
+    def set_attr(self, name: str, values: Any) -> None:
+        self._check_open("set_attr")
+        self._actors.set_attr(name, self._values_per_env(name, values))
+
+    def render(self) -> tuple[Any, ...]:
+        self._check_open("render")
+        return self._actors.call_each("render")
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _whole_actors(self, env_ids: EnvIds) -> list[tuple[int, np.ndarray]]:
+        """The actors ``env_ids`` covers, each with its rows' positions in the send."""
+        index = np.atleast_1d(np.arange(self.num_envs)[slice(None) if env_ids is None else env_ids])
+        units, covered = [], 0
+        for u, rows in enumerate(self.unit_rows):
+            at = np.flatnonzero((index >= rows.start) & (index < rows.stop))
+            if len(at) == rows.stop - rows.start and np.array_equal(
+                index[at], np.arange(rows.start, rows.stop)
+            ):
+                units.append((u, at))
+                covered += len(at)
+            elif len(at):
+                break
+        if not units or covered != len(index):
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.send(env_ids={env_ids!r}): ready-first sends expect "
+                "None (every env), or a slice or an int array covering whole actors, each "
+                f"actor's sub-envs in order; the actors' sub-envs are {self.unit_rows}."
+            )
+        return units
+
+    def _send_rows(self, actions: Any, lo: int, hi: int, whole: bool) -> Call:
+        """Validates ``actions`` (envs ``[lo, hi)``), then sends each actor its part."""
+        self._kind.check(actions, hi - lo)
+        parts = []
+        for u, unit in enumerate(self.unit_rows):
+            start, stop = max(lo, unit.start), min(hi, unit.stop)
+            if start < stop:
+                part = self._kind.part(actions, slice(start - lo, stop - lo))
+                parts.append((u, slice(start, stop), part))
+        return self._send(lo, hi, whole, parts)
+
+    def _send(self, lo: int, hi: int, whole: bool, parts: list[tuple[int, slice, Any]]) -> Call:
+        call = Call(lo, hi, whole)
+        for u, rows, part in parts:
+            actor, unit = self._actors.actors[u], self.unit_rows[u]
+            ref = actor.step.remote(rows.start - unit.start, rows.stop - unit.start, part)
+            self._in_flight.add(ref, u, rows)
+            call.steps[ref] = actor
+            self._owner[ref] = call
+        self._calls.append(call)
+        return call
+
+    def _wait(self, call: Call | None) -> Call:
+        """Waits until send ``call`` (None: any) has every reply; takes it off the list.
+        A failure drops every send in flight."""
+        try:
+            while True:
+                for done in self._calls if call is None else [call]:
+                    if not done.steps:
+                        self._calls.remove(done)
+                        return done
+                ref = self._in_flight.first_ready()
+                if ref is not None:
+                    self._take(ref)
+                    continue
+                for ref, u, rows, cause in list(self._in_flight.pop_expired()):
+                    self._lose(ref, u, rows, cause)
+        except Exception:
+            self._discard()
+            raise
+
+    def _take(self, ref: Any) -> None:
+        """Actor step ``ref``'s reply, into its send (a dead actor's: lost)."""
+        u, rows = self._in_flight.pop(ref)
+        try:
+            reply = self._actors.ray.get(ref)
+        except Exception as err:
+            cause = self._actors.remote_error(err, u, "step")
+            if not isinstance(cause, WorkerError):  # raised by a sub-env
+                raise cause  # noqa: B904  (remote_error chained the cause)
+            self._lose(ref, u, rows, cause)
+            return
+        call = self._owner.pop(ref)
+        del call.steps[ref]
+        call.replies.append((u, rows, reply))
+
+    def _lose(self, ref: Any, u: int, rows: slice, cause: BaseException) -> None:
+        """Actor ``u``'s step ``ref`` (envs ``rows``) died with its actor: the actor is
+        replaced (and its reset written to all of its rows) unless a step of another
+        send already replaced it; the envs' slots fail with ``cause``."""
+        call = self._owner.pop(ref)
+        if call.steps.pop(ref) is self._actors.actors[u]:
+            if self.restart_policy is None and not isinstance(cause, WorkerError):
+                self._actors.kill(self._actors.actors[u])
+                raise cause  # a missed deadline
+            rows = self.unit_rows[u]
+            self._kind.put_reset(self._actors.replace(u, cause), rows)  # raises without policy
+        call.lost.update(dict.fromkeys(range(rows.start, rows.stop), cause))
+
+    def _result(self, call: Call) -> Any:
+        """Send ``call``'s replies written to the buffers; its step."""
+        offsets = [self.unit_rows[u].start for u, _, _ in call.replies]
+        answers = [
+            (rows, self._kind.put(reply, rows, offset))
+            for (_, rows, reply), offset in zip(call.replies, offsets)
+        ]
+        lo, hi = call.lo, call.hi
+        return self._kind.step(lo, hi, call.whole, *self._gather(lo, hi, answers, call.lost))
+
+    def _gather(
+        self, lo: int, hi: int, answers: list[tuple[slice, Answer]], lost: dict[int, BaseException]
+    ) -> tuple[list[dict[str, Any]], dict, np.ndarray | None, dict | None]:
+        """The infos, reset infos, failed mask and errors of envs ``[lo, hi)`` from their
+        actors' answers and the envs ``lost`` with their actor (whose slots fail here)."""
+        infos: list[dict[str, Any]] = [{} for _ in range(hi - lo)]
+        reset_infos: dict[int, dict[str, Any]] = {}
+        failed = np.zeros(hi - lo, np.bool_)
+        errors: dict[int, BaseException] = {i: e for i, e in lost.items() if lo <= i < hi}
+        for rows, answer in answers:
+            infos[rows.start - lo : rows.stop - lo] = answer.infos
+            if answer.failed is not None:
+                failed[rows.start - lo : rows.stop - lo] = answer.failed
+            errors.update(answer.errors)
+            reset_infos.update(answer.reset_infos)
+        for i in lost:
+            if lo <= i < hi:
+                failed[i - lo] = True
+                self._kind.fail(i)
+        return infos, reset_infos, failed if failed.any() else None, errors or None
+
+    def _discard(self) -> None:
+        """Drops the sends in flight (see :meth:`InFlightSteps.discard`)."""
+        self._in_flight.discard()
+        self._calls.clear()
+        self._owner.clear()
+
+    def _check_idle(self, what: str) -> None:
+        if self._calls:
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.{what}(): {len(self._calls)} sends are in flight; "
+                "recv() until num_in_flight is 0 first."
+            )
+
+    def _close_backend(self) -> None:
+        self._actors.close()
+        self._in_flight.clear()
+        self._calls.clear()
+        self._owner.clear()
