@@ -49,7 +49,7 @@ ON_AGENT_STEP_HINT = (
     "read this one in a callback (AgentCallbacks.on_episode_step: episode.infos[-1] is the "
     "step's per-agent infos)"
 )
-"""Where else a ``MultiAgentRunner`` user reads an info entry that is not a number."""
+"""Where else a multi-agent env's runner user reads an info entry that is not a number."""
 
 
 @dataclasses.dataclass
@@ -95,7 +95,7 @@ class MultiAgentSampler:
         if self.ready_first:
             if num_splits not in (None, 1):
                 raise InvalidArgumentError(
-                    f"MultiAgentRunner(num_splits={num_splits!r}): this backend is ready-first "
+                    f"EnvRunner(num_splits={num_splits!r}): this backend is ready-first "
                     "(it steps whichever envs are ready); pipelining splits do not apply. "
                     "Leave num_splits=None."
                 )
@@ -109,7 +109,7 @@ class MultiAgentSampler:
         self.groups: dict[str, GroupSampler] = {}
         self._infos = None
         if setup.info_keys:  # one recorder of the names, shared by the groups
-            self._infos = InfoRecorder(setup.info_keys, "MultiAgentRunner", ON_AGENT_STEP_HINT)
+            self._infos = InfoRecorder(setup.info_keys, "EnvRunner", ON_AGENT_STEP_HINT)
         offset = 0
         for group in envs.groups:
             pid = group.policy_id
@@ -146,7 +146,7 @@ class MultiAgentSampler:
         if callbacks is not None and any(overrides(callbacks, h) for h in STEP_HOOKS):
             if self.ready_first:
                 raise InvalidArgumentError(
-                    f"MultiAgentRunner(callbacks=...): {type(envs).__name__} steps its "
+                    f"EnvRunner(callbacks=...): {type(envs).__name__} steps its "
                     "sub-envs at their own pace (ready-first), where the per-step hooks "
                     f"({', '.join(STEP_HOOKS)}) cannot run in order. Override only "
                     "on_agent_episode_end, or use a lockstep backend (ready_first=False)."
@@ -375,11 +375,11 @@ class MultiAgentSampler:
             self._restart_live()
 
     def get_connector_state(self, policy_id: str) -> ConnectorsState:
-        """A host copy of the state of ``policy_id``'s connectors."""
+        """A host copy of the state of ``policy_id``'s connectors (as every sampler's)."""
         gs = self.groups[policy_id]
         return gs.packing.to_host(gs.state.connectors)  # type: ignore[union-attr]
 
-    def set_connector_state(self, policy_id: str, state: ConnectorsState) -> None:
+    def set_connector_state(self, state: ConnectorsState, policy_id: str) -> None:
         """Replaces the state of ``policy_id``'s connectors; never recompiles."""
         gs = self.groups[policy_id]
         gs.state = gs.state.replace(connectors=gs.packing.to_device(state))  # type: ignore[union-attr]

@@ -129,11 +129,12 @@ class HostSampler(Sampler):
         self._pool.hand_out(buf)
         return buf
 
-    def get_connector_state(self) -> Any:
-        """The connectors' state (a host copy): the statistics the next sample uses."""
+    def get_connector_state(self, policy_id: str | None = None) -> Any:
+        """The connectors' state (a host copy): the statistics the next sample uses
+        (``policy_id``: the one policy's, as every sampler takes it)."""
         return self._packing.to_host(self._state.connectors)
 
-    def set_connector_state(self, state: Any) -> None:
+    def set_connector_state(self, state: Any, policy_id: str | None = None) -> None:
         """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
         self._state = self._state.replace(connectors=self._packing.to_device(state))
 
