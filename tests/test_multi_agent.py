@@ -404,3 +404,61 @@ def test_one_factory_per_sub_env_as_make_vec_takes():
         jr.make_multi_agent_vec([factory(0)], 2)
     with pytest.raises(TypeError, match=r"env\[1\] is a int"):  # (the alias calls make_vec)
         jr.make_multi_agent_vec([factory(0), 3], 2)
+
+
+_RELEASE_CASES = {  # factory, num_actions, masked, runner options
+    "agents come and go": (envs_mod.coming_and_going, 3, False, {}),
+    "aec, every info": (envs_mod.tictactoe_with_infos, 9, True, {"info_keys": "all"}),
+    "connectors": (
+        envs_mod.simple_spread,
+        5,
+        False,
+        {"connectors": jr.connectors.Connectors(obs=[jr.connectors.NormalizeObservation()])},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_RELEASE_CASES))
+def test_released_buffers_are_reused_and_change_nothing(case):
+    factory, n, masked, options = _RELEASE_CASES[case]
+
+    def run(reuse: bool) -> tuple[list, set]:
+        envs = jr.make_multi_agent_vec(factory, 2)
+        got, memory = [], set()
+        with jr.EnvRunner(envs, random_policy(n, masked), zero_params(n), 7, 3, **options) as r:
+            for _ in range(4):
+                traj = r.sample()
+                memory.add(id(next(iter(traj.groups.values())).reward))
+                got.append(jax.tree.map(np.copy, traj))
+                if reuse:
+                    r.release(traj)
+        return got, memory
+
+    (fresh, _), (reused, memory) = run(False), run(True)
+    jax.tree.map(np.testing.assert_array_equal, fresh, reused)
+    assert len(memory) == 1  # the same memory, sample after sample
+
+
+def test_release_refuses_what_it_did_not_hand_out_multi_agent():
+    def runner() -> jr.EnvRunner:
+        envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
+        return jr.EnvRunner(envs, random_policy(3), zero_params(3), 5, seed=0)
+
+    with runner() as r, runner() as other:
+        traj = r.sample()
+        for wrong in (traj.time_slice(0, 2), jax.tree.map(np.copy, traj), other.sample(), None):
+            with pytest.raises(InvalidArgumentError, match=r"release\(traj\): traj is not"):
+                r.release(wrong)  # type: ignore[arg-type]
+        r.release(traj)
+        with pytest.raises(InvalidArgumentError, match="released already"):
+            r.release(traj)
+        traj = r.sample()
+        traj.groups["policy_0"].extras.update(log_prob=np.zeros_like(traj.step, np.float32))
+        with pytest.raises(InvalidArgumentError, match="arrays are not those sample"):
+            r.release(traj)
+        traj = r.sample()
+        traj.groups["policy_0"].reward.setflags(write=False)
+        with pytest.raises(InvalidArgumentError, match="arrays are not those sample"):
+            r.release(traj)
+        for t in r.iterate(2, reuse_buffers=True):  # iterate hands each one back
+            assert t.groups["policy_0"].valid.shape == (5, 2, 4)
