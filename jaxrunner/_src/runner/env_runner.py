@@ -243,7 +243,8 @@ class EnvRunner(EnvOwner):
         env id (and there are no ``env_kwargs`` and no ``restart_policy``), the
         ``"envpool"`` backend is tried too. Where neither applies, nothing is tried.
         Either way the trajectories are exactly those of the chosen layout built by
-        hand, with the same seed.
+        hand, with the same seed. A PettingZoo env factory is tried on sync and workers
+        alike (``policy`` and ``params`` then as for a multi-agent env).
 
         ``options`` are :class:`EnvRunner`'s keyword options (``metrics``,
         ``num_splits``, ``connectors``, ``info_keys``, ``compact_next_obs``).

@@ -440,10 +440,11 @@ def episode_counts(ends: np.ndarray, window: int, num_env_steps: int) -> SampleC
 
 
 class ScanSampler(Sampler):
-    """Runs :func:`rollout` on a JaxVectorEnv for an :class:`~jaxrunner.EnvRunner` (a
-    one-agent env; ``sample(params)`` returns a :class:`Trajectory` of device arrays) or a
-    :class:`~jaxrunner.EnvRunner` on a multi-agent env (or as groups; ``sample(params_by_id)`` returns a
-    :class:`MultiAgentTrajectory`: groups on device, env-level ids on host).
+    """Runs :func:`rollout` on a JaxVectorEnv for an :class:`~jaxrunner.EnvRunner`: with a
+    ``SamplerSetup`` (a one-agent env), ``sample(params)`` returns a :class:`Trajectory` of
+    device arrays; with a ``MultiAgentSetup`` (a multi-agent env, or any env as groups),
+    ``sample(params_by_id)`` returns a :class:`MultiAgentTrajectory`: groups on device,
+    env-level ids on host.
 
     Perf timers stay 0: policy and env run fused, with no phase to time apart.
 
