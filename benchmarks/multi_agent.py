@@ -8,7 +8,7 @@ to measure for ``--seconds``; the figures are medians over the rounds, the ratio
 median of the per-round ratios. Each child's dispatch mode is in the report.
 
 * ``host``: MPE ``simple_spread_v3`` (3 agents, PettingZoo parallel API) at widths
-  1, 8, 64, 256. ``jaxrunner``: ``MultiAgentRunner.sample()`` on the sync backend
+  1, 8, 64, 256. ``jaxrunner``: ``EnvRunner.sample()`` on the sync backend
   (the default); ``jaxrunner_process``: the same on ``backend="process"`` at its
   defaults (one worker per CPU, two pipelining splits from 2 envs);
   ``jaxrunner_process_2splits``: the process backend with ``num_splits=2`` named
@@ -22,7 +22,7 @@ median of the per-round ratios. Each child's dispatch mode is in the report.
   comparison, at ``jaxrunner bench``'s rollout lengths and with its report, is
   ``jaxrunner bench --env mpe2:simple_spread_v3 --backend all``.
 * ``jaxmarl``: JaxMARL's ``MPE_simple_spread_v3`` at 4096 envs. ``jaxrunner``:
-  ``MultiAgentRunner`` on a ``JaxMultiAgentVectorEnv`` (one jitted scan per sample,
+  ``EnvRunner` (multi-agent)` on a ``JaxMultiAgentVectorEnv`` (one jitted scan per sample,
   true final observations, episode bookkeeping and metrics included). ``hand_scan``:
   one jitted ``lax.scan`` of the same policy and ``env.step`` (JaxMARL's own
   autoreset) under ``vmap``, the transitions stacked as outputs. Needs ``jaxmarl``
@@ -81,7 +81,7 @@ def jaxrunner_host(
 ) -> tuple[Callable[[], int], Callable[[], None]]:
     envs = jr.make_vec(make_env, num_envs, backend)
     policy, params = _policy()
-    runner = jr.MultiAgentRunner(envs, policy, params, rollout, seed=0, num_splits=num_splits)
+    runner = jr.EnvRunner(envs, policy, params, rollout, seed=0, num_splits=num_splits)
     runner.sample()  # warm-up
 
     def step() -> int:
@@ -100,7 +100,7 @@ def hand_loop_host(num_envs: int, rollout: int) -> tuple[Callable[[], int], Call
 def jaxrunner_scan(env: Any, num_envs: int, rollout: int) -> tuple[Callable[[], int], Any]:
     envs = jr.multi_agent.JaxMultiAgentVectorEnv(env, num_envs, dones_are_truncations=True)
     policy, params = _policy()
-    runner = jr.MultiAgentRunner(envs, policy, params, rollout, seed=0)
+    runner = jr.EnvRunner(envs, policy, params, rollout, seed=0)
     jax.block_until_ready(runner.sample().groups)
 
     def step() -> int:

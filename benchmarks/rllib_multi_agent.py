@@ -1,10 +1,10 @@
-"""jaxrunner's MultiAgentRunner against RLlib's MultiAgentEnvRunner (issue 28).
+"""jaxrunner's EnvRunner against RLlib's MultiAgentEnvRunner (issue 28).
 
 One env, MPE ``simple_spread_v3`` from ``mpe2`` at its defaults (3 agents, 25 steps
 per episode, discrete actions), one policy shared by the three agents, a 64-64 tanh
 MLP sampling its actions on every side. Per width (8 and 64 envs):
 
-* ``jaxrunner``: ``MultiAgentRunner.sample()`` as ``jaxrunner bench --env
+* ``jaxrunner``: ``EnvRunner.sample()`` as ``jaxrunner bench --env
   mpe2:simple_spread_v3`` measures it (``jaxrunner._src.bench``'s child at jaxrunner's
   defaults), on the sync backend (``jaxrunner bench``'s default) and on the process
   backend (one worker per CPU).

@@ -46,8 +46,7 @@ from jaxrunner._src.core.policy import Policy
 from jaxrunner._src.core.returns import GAE, discounted_returns, gae
 from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner._src.core.trajectory import MultiAgentTrajectory, Trajectory, concatenate
-from jaxrunner._src.runner.env_runner import EnvRunner
-from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
+from jaxrunner._src.runner.env_runner import EnvRunner, MultiAgentRunner
 from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
 from jaxrunner._src.services.datasets import from_minari, to_minari
 from jaxrunner._src.services.evaluation import EvaluationResult, evaluate

@@ -320,7 +320,7 @@ def _multi_agent_sample(envs: jr.MultiAgentVectorEnv) -> Any:
 
     policy = random_policy(envs.groups[0].action_space.n)
     params = zero_params(envs.groups[0].action_space.n)
-    with jr.MultiAgentRunner(envs, policy, params, rollout_length=12, seed=0) as runner:
+    with jr.EnvRunner(envs, policy, params, rollout_length=12, seed=0) as runner:
         return runner.sample()
 
 

@@ -242,3 +242,31 @@ def test_a_probe_that_fails_under_a_restart_policy_gives_sync_with_no_trial(monk
         assert runner.envs.layout_choice.backend == "sync"
         got = _fields(runner.sample())
     assert_trees_equal(got, _by_hand("sync", None, 4), "from_env(auto, the probe failed)")
+
+
+@pytest.mark.parametrize("winner", [0, 2])
+def test_the_trial_times_a_pettingzoo_factory_too(monkeypatch, winner):
+    """A multi-agent env's policy is timed on sync and the rule's workers as a
+    single-agent env's is; the runner samples what the chosen layout built by hand does."""
+    from tests.multi_agent_envs import coming_and_going
+    from tests.test_multi_agent import random_policy, zero_params
+
+    _wants_workers(monkeypatch)
+    picked: list[dict[int, float]] = []
+    real_pick = auto_layout.pick_layout
+
+    def rigged(rule, rates, *, policy_step_us):
+        picked.append(dict(rates))
+        return real_pick(rule, {0: 1.0, 2: 1.0, winner: 2.0}, policy_step_us=policy_step_us)
+
+    monkeypatch.setattr(auto_layout, "pick_layout", rigged)
+    policy, params = random_policy(3), zero_params(3)
+    with jr.EnvRunner.from_env(coming_and_going, 4, policy, params, ROLLOUT, 3) as runner:
+        choice = runner.envs.layout_choice
+        got = runner.sample()
+    assert len(picked) == 1 and set(picked[0]) == {0, 2} and min(picked[0].values()) > 0
+    assert choice is not None and choice.num_workers == winner and runner.multi_agent
+    backend = "process" if winner else "sync"
+    envs = jr.make_vec(coming_and_going, 4, backend, config=choice.process_config())
+    with jr.EnvRunner(envs, policy, params, ROLLOUT, seed=3) as by_hand:
+        assert_trees_equal(got, by_hand.sample(), f"from_env(auto -> {winner} workers)")

@@ -383,7 +383,7 @@ def test_process_backend_restarts_episodes_cleanly(gru, tmp_path, ready_first):
 
 def test_sync_checkpoint_on_the_process_backend_starts_new_episodes(gru, saved):
     """A backend that cannot take the sync backend's sub-env pickles starts new
-    episodes and says why (as a MultiAgentRunner's does)."""
+    episodes and says why (as a EnvRunner's does)."""
     policy, params = gru
     config = jr.ProcessConfig(num_workers=2)
     envs = jr.make_vec(short_cartpole, 5, backend="process", config=config)

@@ -1,4 +1,4 @@
-"""Connectors with agent groups (MultiAgentRunner): statistics from valid agent slots
+"""Connectors with agent groups (EnvRunner): statistics from valid agent slots
 only, frame stacks per agent and agent episode, identical outputs whatever the backend,
 one compile, the scan path, and the per-policy API."""
 
@@ -40,7 +40,7 @@ def sample(
     **kwargs: Any,
 ) -> tuple[list[jr.MultiAgentTrajectory], dict[str, C.ConnectorsState]]:
     envs = jr.make_multi_agent_vec(factory, 3, backend, **kwargs)
-    with jr.MultiAgentRunner(
+    with jr.EnvRunner(
         envs, random_policy(n), zero_params(n), rollout_length, seed=4, connectors=connectors
     ) as runner:
         trajs = [runner.sample() for _ in range(num_samples)]
@@ -169,7 +169,7 @@ def test_one_compile_and_new_statistics_never_retrace():
     counter = CountingTraces()
     conn = C.Connectors(obs=[C.NormalizeObservation(), counter])
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 3)
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 8, 0, connectors=conn) as r:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 8, 0, connectors=conn) as r:
         assert len(counter.traces) == 1  # the group's one compiled step
         trajs = [r.sample() for _ in range(2)]
         state = r.get_connector_state()
@@ -206,7 +206,7 @@ def test_the_env_gets_the_action_connectors_actions_and_the_trajectory_the_polic
     RecordsActions.log.clear()
     envs = jr.make_multi_agent_vec(RecordsActions, 1)
     conn = C.Connectors(action=[Flip()])
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 6, 0, connectors=conn) as r:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 6, 0, connectors=conn) as r:
         group = r.sample().groups["policy_0"]
     agents = ("a0", "a1", "a2", "a3")
     for t, got in enumerate(RecordsActions.log):
@@ -226,7 +226,7 @@ def test_scan_path_statistics_frame_stack_and_state():
         reward=C.ScaleReward(),
     )
     params = {"w": jnp.zeros(3)}
-    with jr.MultiAgentRunner(envs, scan_policy(3), params, 8, seed=2, connectors=conn) as r:
+    with jr.EnvRunner(envs, scan_policy(3), params, 8, seed=2, connectors=conn) as r:
         trajs = [r.sample().to_numpy() for _ in range(2)]
         state = r.get_connector_state()
         r.set_connector_state(state)  # a copy in, never a recompile (compiled ahead of time)
@@ -261,7 +261,7 @@ def test_connectors_per_policy_id_and_their_state():
     policies = {"left": random_policy(3), "right": random_policy(3)}
     params = {"left": zero_params(3), "right": zero_params(3)}
     conn = C.Connectors(obs=[C.NormalizeObservation()])
-    with jr.MultiAgentRunner(
+    with jr.EnvRunner(
         envs, policies, params, 6, seed=0, connectors={"right": conn, "left": None}
     ) as runner:
         traj = runner.sample()
@@ -283,7 +283,7 @@ def test_one_connectors_for_every_group_keeps_a_state_per_group():
     policies = {"left": random_policy(3), "right": random_policy(3)}
     params = {"left": zero_params(3), "right": zero_params(3)}
     conn = C.Connectors(obs=[C.NormalizeObservation()])
-    with jr.MultiAgentRunner(envs, policies, params, 9, 0, connectors=conn) as runner:
+    with jr.EnvRunner(envs, policies, params, 9, 0, connectors=conn) as runner:
         traj = runner.sample()
         state = runner.get_connector_state()
     for pid in ("left", "right"):
@@ -292,12 +292,10 @@ def test_one_connectors_for_every_group_keeps_a_state_per_group():
 
 
 def test_connectors_argument_is_checked():
-    def make(connectors: Any) -> jr.MultiAgentRunner:
+    def make(connectors: Any) -> jr.EnvRunner:
         envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 1)
         try:
-            return jr.MultiAgentRunner(
-                envs, random_policy(3), zero_params(3), 4, 0, connectors=connectors
-            )
+            return jr.EnvRunner(envs, random_policy(3), zero_params(3), 4, 0, connectors=connectors)
         finally:
             envs.close()
 
@@ -309,7 +307,7 @@ def test_connectors_argument_is_checked():
         make({"policy_0": [C.FrameStack()]})
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 1)
     with (
-        jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 4, 0) as runner,
+        jr.EnvRunner(envs, random_policy(3), zero_params(3), 4, 0) as runner,
         pytest.raises(InvalidArgumentError, match="no connectors"),
     ):
         runner.get_connector_state()

@@ -316,7 +316,7 @@ def run_agents(factory, info_keys, length=20, masked=False, num_envs=3, config=N
     envs = jr.make_vec(factory, num_envs, backend=backend, config=config)
     n = envs.groups[0].action_space.n
     policy, params = random_policy(n, masked), dict.fromkeys(envs.policy_ids, zero_params(n))
-    with jr.MultiAgentRunner(
+    with jr.EnvRunner(
         envs, policy, params, length, seed=1, info_keys=info_keys, **kwargs
     ) as runner:
         return runner.sample()
@@ -483,7 +483,7 @@ def test_multi_agent_bad_names_and_entries_are_refused_naming_the_agent():
     with pytest.raises(InvalidArgumentError) as info:
         run_agents(simple_tag_with_infos, ("t", "lifes"))
     message = str(info.value)
-    assert "MultiAgentRunner(info_keys=...): no sub-env's info had ['lifes']" in message
+    assert "EnvRunner(info_keys=...): no sub-env's info had ['lifes']" in message
     assert "['episode', 'episode.r', 't', 'x']" in message
     assert info.value.partial_trajectory.num_steps == 20  # the sample, kept
     with pytest.raises(InvalidArgumentError) as info:
@@ -494,7 +494,7 @@ def test_multi_agent_bad_names_and_entries_are_refused_naming_the_agent():
     partial = info.value.partial_trajectory
     assert partial.num_steps == 2
     assert partial.groups["policy_1"].extras["infos"]["t"].shape == (2, 1, 1)
-    with pytest.raises(InvalidArgumentError, match=r"MultiAgentRunner\(info_keys='t'\)"):
+    with pytest.raises(InvalidArgumentError, match=r"EnvRunner\(info_keys='t'\)"):
         run_agents(simple_tag_with_infos, "t")
 
 
@@ -503,5 +503,5 @@ def test_multi_agent_pure_jax_envs_refuse_info_keys():
     from tests.test_multi_agent import random_policy, zero_params
 
     envs = jr.JaxVectorEnv(Drift(), num_envs=2)
-    with pytest.raises(InvalidArgumentError, match=r"MultiAgentRunner\(info_keys=...\): a pure"):
-        jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 4, seed=0, info_keys="all")
+    with pytest.raises(InvalidArgumentError, match=r"EnvRunner\(info_keys=...\): a pure"):
+        jr.EnvRunner(envs, random_policy(3), zero_params(3), 4, seed=0, info_keys="all")

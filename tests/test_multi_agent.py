@@ -45,7 +45,7 @@ def assert_split_samples_equal_one(
     def collect(length: int, count: int) -> jr.MultiAgentTrajectory:
         envs = jr.make_multi_agent_vec(factory, 2)
         policy, params = random_policy(num_actions), zero_params(num_actions)
-        with jr.MultiAgentRunner(envs, policy, params, length, seed=seed) as runner:
+        with jr.EnvRunner(envs, policy, params, length, seed=seed) as runner:
             parts = [runner.sample() for _ in range(count)]
         return jax.tree.map(lambda *x: np.concatenate(x), *parts)
 
@@ -100,7 +100,7 @@ def replay_parallel(factory, traj: jr.MultiAgentTrajectory, seed: int) -> float:
 def test_parallel_matches_env_stepped_by_hand(factory):
     envs = jr.make_multi_agent_vec(factory, 3)
     n = envs.groups[0].action_space.n
-    with jr.MultiAgentRunner(envs, random_policy(n), zero_params(n), 23, seed=5) as runner:
+    with jr.EnvRunner(envs, random_policy(n), zero_params(n), 23, seed=5) as runner:
         traj = runner.sample()
         unassigned = replay_parallel(factory, traj, seed=5)
         assert runner.get_metrics()["unassigned_reward"] == unassigned
@@ -108,7 +108,7 @@ def test_parallel_matches_env_stepped_by_hand(factory):
 
 def test_agents_that_leave_get_no_transition_and_rewards_are_kept():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
-    runner = jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 16, seed=0)
+    runner = jr.EnvRunner(envs, random_policy(3), zero_params(3), 16, seed=0)
     traj = runner.sample()
     group = traj.groups["policy_0"]
     # a0 acts at steps 0-2 of each episode only, a3 never.
@@ -130,7 +130,7 @@ def test_agents_that_leave_get_no_transition_and_rewards_are_kept():
 def test_same_seed_same_trajectory_and_new_params_change_actions():
     def run(w):
         envs = jr.make_multi_agent_vec(envs_mod.simple_spread, 2)
-        with jr.MultiAgentRunner(envs, random_policy(5), zero_params(5), 12, seed=1) as r:
+        with jr.EnvRunner(envs, random_policy(5), zero_params(5), 12, seed=1) as r:
             first = r.sample()
             r.set_params({"w": jnp.asarray(w, jnp.float32)}, "policy_0")
             return first, r.sample()
@@ -150,7 +150,7 @@ def test_split_samples_equal_one_long_sample():
 
 def test_episodes_per_agent_match_the_trajectory():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 4, seed=0) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 4, seed=0) as runner:
         episodes = runner.sample_episodes(6)
         metrics = runner.get_metrics()
     first = [e for e in episodes if e.episode_id == episodes[0].episode_id]
@@ -176,7 +176,7 @@ def test_sample_episodes_after_a_plain_sample_returns_only_what_the_env_did():
     # must not join their earlier part to their later one.
     factory = envs_mod.coming_and_going
     envs = jr.make_multi_agent_vec(factory, 2)
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 2, seed=0) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 2, seed=0) as runner:
         episodes = runner.sample_episodes(3)
         for _ in range(2):
             runner.sample()
@@ -184,7 +184,7 @@ def test_sample_episodes_after_a_plain_sample_returns_only_what_the_env_did():
         num_steps = runner.get_metrics()["num_env_steps"] // 2
     # The reference: the same run as one sample, checked against the env by hand.
     envs = jr.make_multi_agent_vec(factory, 2)
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), num_steps, seed=0) as ref:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), num_steps, seed=0) as ref:
         reference = ref.sample()
     replay_parallel(factory, reference, seed=0)
     whole = {(e.episode_id, e.agent_id): e for e in reference.split_episodes()}
@@ -196,7 +196,7 @@ def test_sample_episodes_after_a_plain_sample_returns_only_what_the_env_did():
 
 def test_close_is_stop():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
-    runner = jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 4, seed=0)
+    runner = jr.EnvRunner(envs, random_policy(3), zero_params(3), 4, seed=0)
     runner.sample()
     runner.close()
     with pytest.raises(ClosedError):
@@ -219,7 +219,7 @@ def test_policy_mapping_groups_and_space_checks():
     ]
     policies = {"left": random_policy(3), "right": random_policy(3)}
     params = {"left": zero_params(3), "right": {"w": jnp.array([0.0, 0.0, 50.0])}}
-    with jr.MultiAgentRunner(envs, policies, params, 10, seed=0) as runner:
+    with jr.EnvRunner(envs, policies, params, 10, seed=0) as runner:
         traj = runner.sample()
         with pytest.raises(InvalidArgumentError, match="no such policy"):
             runner.set_params(zero_params(3), "middle")
@@ -237,7 +237,7 @@ def test_policy_mapping_groups_and_space_checks():
 
 def test_gae_on_group_arrays():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 12, seed=0) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 12, seed=0) as runner:
         group = runner.sample().groups["policy_0"]
     out = jr.gae(
         reward=group.reward,
@@ -264,10 +264,10 @@ def test_gae_on_group_arrays():
 def test_runner_refuses_bad_arguments():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 1)
     with pytest.raises(InvalidArgumentError, match="policy ids"):
-        jr.MultiAgentRunner(envs, {"x": random_policy(3)}, zero_params(3), 4, seed=0)
-    runner = jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 4, seed=0)
+        jr.EnvRunner(envs, {"x": random_policy(3)}, zero_params(3), 4, seed=0)
+    runner = jr.EnvRunner(envs, random_policy(3), zero_params(3), 4, seed=0)
     with pytest.raises(InvalidArgumentError, match="another live"):
-        jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 4, seed=0)
+        jr.EnvRunner(envs, random_policy(3), zero_params(3), 4, seed=0)
     runner.stop()
     with pytest.raises(jr.errors.ClosedError):
         runner.sample()
@@ -290,7 +290,7 @@ def test_policy_pool_one_member_per_agent_episode_and_no_recompile():
     members = [{"k": jnp.int32(k)} for k in range(3)]
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 4)
     pool = jr.multi_agent.pool_params(members, 4)
-    with jr.MultiAgentRunner(envs, policy, pool, 30, seed=0) as runner:
+    with jr.EnvRunner(envs, policy, pool, 30, seed=0) as runner:
         traj = runner.sample()
         first = traj.groups["policy_0"]
         traced = len(traces)
@@ -311,19 +311,25 @@ def test_policy_pool_one_member_per_agent_episode_and_no_recompile():
 
 def test_host_sampler_makes_only_explicit_transfers():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 8, seed=0) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 8, seed=0) as runner:
         runner.sample()  # warm-up outside the guard
         with jax.transfer_guard("disallow"):
             traj = runner.sample()
     assert traj.groups["policy_0"].valid.any()
 
 
-def test_env_runner_points_multi_agent_envs_to_the_multi_agent_runner():
-    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
-    policy = jr.Policy(lambda p, obs, carry, keys: (obs, {}, carry))
-    with pytest.raises(jr.errors.InvalidArgumentTypeError, match=r"MultiAgentRunner"):
-        jr.EnvRunner(envs, policy, {}, 4, 0)
-    envs.close()
+def test_multi_agent_runner_is_a_deprecated_name_of_env_runner():
+    """jr.MultiAgentRunner warns and is an EnvRunner: the same trajectory bits."""
+
+    def run(cls):
+        envs = jr.make_multi_agent_vec(envs_mod.simple_spread, 2)
+        with cls(envs, random_policy(5), zero_params(5), 12, seed=1) as runner:
+            assert isinstance(runner, jr.EnvRunner) and runner.multi_agent
+            return runner.sample()
+
+    with pytest.warns(DeprecationWarning, match="EnvRunner takes multi-agent envs too"):
+        old = run(jr.MultiAgentRunner)
+    jax.tree.map(np.testing.assert_array_equal, old, run(jr.EnvRunner))
 
 
 def test_agent_episode_ends_and_steps_match_a_step_by_step_reference():
@@ -370,7 +376,7 @@ def test_agent_episode_ends_and_steps_match_a_step_by_step_reference():
 
 def test_iterate_is_the_runners_one_loop():
     policies = {"policy_0": random_policy(3)}
-    with jr.MultiAgentRunner(
+    with jr.EnvRunner(
         jr.make_multi_agent_vec(envs_mod.coming_and_going, 2), policies,
         {"policy_0": zero_params(3)}, 5, seed=0,
     ) as runner:  # fmt: skip
@@ -416,3 +422,61 @@ def test_out_of_range_agent_action_names_the_sub_env_and_the_agent():
         f"actions[{group.policy_id!r}]: sub-env 1 agent {group.agents[2]!r}'s action 99" in message
     )
     assert f"(row {group.num_agents + 2} of the batch) is outside Discrete(5)" in message
+
+
+_RELEASE_CASES = {  # factory, num_actions, masked, runner options
+    "agents come and go": (envs_mod.coming_and_going, 3, False, {}),
+    "aec, every info": (envs_mod.tictactoe_with_infos, 9, True, {"info_keys": "all"}),
+    "connectors": (
+        envs_mod.simple_spread,
+        5,
+        False,
+        {"connectors": jr.connectors.Connectors(obs=[jr.connectors.NormalizeObservation()])},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_RELEASE_CASES))
+def test_released_buffers_are_reused_and_change_nothing(case):
+    factory, n, masked, options = _RELEASE_CASES[case]
+
+    def run(reuse: bool) -> tuple[list, set]:
+        envs = jr.make_multi_agent_vec(factory, 2)
+        got, memory = [], set()
+        with jr.EnvRunner(envs, random_policy(n, masked), zero_params(n), 7, 3, **options) as r:
+            for _ in range(4):
+                traj = r.sample()
+                memory.add(id(next(iter(traj.groups.values())).reward))
+                got.append(jax.tree.map(np.copy, traj))
+                if reuse:
+                    r.release(traj)
+        return got, memory
+
+    (fresh, _), (reused, memory) = run(False), run(True)
+    jax.tree.map(np.testing.assert_array_equal, fresh, reused)
+    assert len(memory) == 1  # the same memory, sample after sample
+
+
+def test_release_refuses_what_it_did_not_hand_out_multi_agent():
+    def runner() -> jr.EnvRunner:
+        envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
+        return jr.EnvRunner(envs, random_policy(3), zero_params(3), 5, seed=0)
+
+    with runner() as r, runner() as other:
+        traj = r.sample()
+        for wrong in (traj.time_slice(0, 2), jax.tree.map(np.copy, traj), other.sample(), None):
+            with pytest.raises(InvalidArgumentError, match=r"release\(traj\): traj is not"):
+                r.release(wrong)  # type: ignore[arg-type]
+        r.release(traj)
+        with pytest.raises(InvalidArgumentError, match="released already"):
+            r.release(traj)
+        traj = r.sample()
+        traj.groups["policy_0"].extras.update(log_prob=np.zeros_like(traj.step, np.float32))
+        with pytest.raises(InvalidArgumentError, match="arrays are not those sample"):
+            r.release(traj)
+        traj = r.sample()
+        traj.groups["policy_0"].reward.setflags(write=False)
+        with pytest.raises(InvalidArgumentError, match="arrays are not those sample"):
+            r.release(traj)
+        for t in r.iterate(2, reuse_buffers=True):  # iterate hands each one back
+            assert t.groups["policy_0"].valid.shape == (5, 2, 4)

@@ -96,7 +96,7 @@ def test_aec_matches_env_stepped_by_hand(factory, masked):
     assert envs.turn_based
     n = envs.groups[0].action_space.n
     policy = random_policy(n, masked=masked)
-    with jr.MultiAgentRunner(envs, policy, zero_params(n), 40, seed=2) as runner:
+    with jr.EnvRunner(envs, policy, zero_params(n), 40, seed=2) as runner:
         traj = runner.sample()
         metrics = runner.get_metrics()
     num_actions, unassigned = replay_aec(factory, traj, seed=2)
@@ -200,7 +200,7 @@ def test_each_agents_rewards_add_up_to_the_env_rewards_summed_by_hand(factory):
     envs = jr.make_multi_agent_vec(factory, 2)
     n = envs.groups[0].action_space.n
     masked = factory is not envs_mod.relay
-    with jr.MultiAgentRunner(envs, random_policy(n, masked), zero_params(n), 70, 3) as r:
+    with jr.EnvRunner(envs, random_policy(n, masked), zero_params(n), 70, 3) as r:
         traj = r.sample()
         assert r.get_metrics()["unassigned_reward"] == 0.0
     for b in range(2):
@@ -213,7 +213,7 @@ def test_rewards_of_an_agent_that_never_acts_are_kept_apart():
     """Resign: when p0 resigns, p1's +1 has no transition to go to (unassigned);
     when p0 passes, p1's 0.1 goes onto its first (and only) transition."""
     envs = jr.make_multi_agent_vec(resign, 2)
-    with jr.MultiAgentRunner(envs, random_policy(2), zero_params(2), 40, seed=0) as r:
+    with jr.EnvRunner(envs, random_policy(2), zero_params(2), 40, seed=0) as r:
         traj = r.sample()
         unassigned = r.get_metrics()["unassigned_reward"]
     expected_unassigned = 0.0
@@ -234,7 +234,7 @@ def test_rewards_between_turns_are_never_lost():
     """Over whole episodes, the rewards in the trajectory add up to every reward the
     env handed out (env-level returns), and only one agent acts per env step."""
     envs = jr.make_multi_agent_vec(envs_mod.relay, 3)
-    with jr.MultiAgentRunner(envs, random_policy(4), zero_params(4), 33, seed=0) as runner:
+    with jr.EnvRunner(envs, random_policy(4), zero_params(4), 33, seed=0) as runner:
         traj = runner.sample()
     group = traj.groups["policy_0"]
     for b in range(3):
@@ -254,7 +254,7 @@ def test_pending_turns_cross_sample_boundaries():
 
 def test_actions_stay_within_the_action_mask():
     envs = jr.make_multi_agent_vec(envs_mod.connect_four, 2)
-    with jr.MultiAgentRunner(envs, random_policy(7, masked=True), zero_params(7), 60, 0) as r:
+    with jr.EnvRunner(envs, random_policy(7, masked=True), zero_params(7), 60, 0) as r:
         traj = r.sample()
         episodes = r.sample_episodes(4)
     group = traj.groups["policy_0"]
@@ -272,7 +272,7 @@ def test_gae_on_a_group_chains_each_agents_turns():
     within its episode, across the other agents' turns; skip_invalid=False (the default
     for the raw arrays) cuts at every gap instead."""
     envs = jr.make_multi_agent_vec(envs_mod.relay, 2)
-    with jr.MultiAgentRunner(envs, random_policy(4), zero_params(4), 30, seed=1) as runner:
+    with jr.EnvRunner(envs, random_policy(4), zero_params(4), 30, seed=1) as runner:
         group = runner.sample().groups["policy_0"]
     zeros = np.zeros(group.reward.shape)
     out = jr.gae(group, next_value=zeros, value=zeros, gamma=1.0, lam=1.0)

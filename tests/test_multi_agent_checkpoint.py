@@ -1,4 +1,4 @@
-"""MultiAgentRunner checkpoints: a run split at a save equals the unbroken run (sync
+"""Multi-agent EnvRunner checkpoints: a run split at a save equals the unbroken run (sync
 backend, sub-envs unpickled on request); otherwise new episodes with the documented
 seeds; damaged and hostile files refused, leaving the runner as it was."""
 
@@ -86,7 +86,7 @@ def make(
     num_envs: int = NUM_ENVS,
     callbacks: Any = None,
     **kwargs: Any,
-) -> jr.MultiAgentRunner:
+) -> jr.EnvRunner:
     factory, n, masked, with_connectors = ENVS[name]
     envs = jr.make_multi_agent_vec(factory, num_envs, backend, **kwargs)
     connectors = None
@@ -95,7 +95,7 @@ def make(
             obs=[C.NormalizeObservation(), C.FrameStack(num_frames=2)], reward=C.ScaleReward()
         )
     params = {g.policy_id: {"w": jnp.zeros(n)} for g in envs.groups}
-    return jr.MultiAgentRunner(
+    return jr.EnvRunner(
         envs,
         recurrent_policy(n, masked),
         params,
@@ -106,7 +106,7 @@ def make(
     )
 
 
-def steady_metrics(runner: jr.MultiAgentRunner) -> Any:
+def steady_metrics(runner: jr.EnvRunner) -> Any:
     """The metrics that do not depend on timing (NaN as None, for equality)."""
 
     def clean(x: Any) -> Any:
@@ -165,7 +165,7 @@ def test_restarted_sub_envs_resume_with_their_restart_seeds(tmp_path):
         fns = faulty_env_fns(envs_mod.coming_and_going, NUM_ENVS, faults=[FaultPlan(at=(4,))])
         envs = jr.make_vec(fns, NUM_ENVS, restart_policy=jr.RestartPolicy())
         params = {"w": jnp.zeros(3)}
-        return jr.MultiAgentRunner(envs, recurrent_policy(3), params, T, seed=SEED)
+        return jr.EnvRunner(envs, recurrent_policy(3), params, T, seed=SEED)
 
     with make_faulty() as runner:
         whole = concatenate([runner.sample() for _ in range(4)])
@@ -361,7 +361,7 @@ def test_a_pure_jax_env_resumes_bit_for_bit(tmp_path):
     def make_jax(callbacks=None):
         envs = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), NUM_ENVS)
         params = {"w": jnp.array([0.1, 0.0, -0.2])}
-        return jr.MultiAgentRunner(envs, scan_policy(3), params, T, seed=SEED, callbacks=callbacks)
+        return jr.EnvRunner(envs, scan_policy(3), params, T, seed=SEED, callbacks=callbacks)
 
     with make_jax(Recorder()) as runner:
         whole = concatenate([runner.sample().to_numpy() for _ in range(4)])
@@ -622,7 +622,7 @@ HOSTILE = {
 }
 
 
-def runner_state(runner: jr.MultiAgentRunner) -> dict:
+def runner_state(runner: jr.EnvRunner) -> dict:
     """Everything a restore may change, as host values (sub-envs by identity)."""
     return {
         "params": jax.device_get(dict(runner.state.params)),

@@ -27,7 +27,7 @@ NUM_ENVS = 3
 
 def _runner(envs, num_actions=3, rollout_length=6):
     policy, params = random_policy(num_actions), zero_params(num_actions)
-    return jr.MultiAgentRunner(envs, policy, params, rollout_length, seed=SEED)
+    return jr.EnvRunner(envs, policy, params, rollout_length, seed=SEED)
 
 
 def test_a_turn_based_sub_env_names_the_agent_whose_turn_it_was():
@@ -205,8 +205,8 @@ def test_params_and_policy_ids_are_checked():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
     policy, params = random_policy(3), zero_params(3)
     with pytest.raises(InvalidArgumentError, match=r"unknown: \['ghost'\]"):
-        jr.MultiAgentRunner(envs, policy, {"policy_0": params, "ghost": params}, 4, seed=0)
-    with jr.MultiAgentRunner(envs, policy, {"policy_0": params}, 4, seed=0) as runner:
+        jr.EnvRunner(envs, policy, {"policy_0": params, "ghost": params}, 4, seed=0)
+    with jr.EnvRunner(envs, policy, {"policy_0": params}, 4, seed=0) as runner:
         with pytest.raises(InvalidArgumentError, match="no such policy"):
             runner.get_params("nobody")
         assert runner.get_params("policy_0")["w"].shape == (3,)

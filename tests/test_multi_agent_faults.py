@@ -95,7 +95,7 @@ def sample(fns, backend="sync", restart=False, num_actions=3, masked=False, **kw
     """One T-step sample: (trajectory, metrics, restarts)."""
     envs = make_envs(backend, fns, restart, **kwargs)
     policy, params = random_policy(num_actions, masked), zero_params(num_actions)
-    with jr.MultiAgentRunner(envs, policy, params, T, seed=SEED) as runner:
+    with jr.EnvRunner(envs, policy, params, T, seed=SEED) as runner:
         return runner.sample(), runner.get_metrics(), envs.get_num_restarts()
 
 
@@ -246,7 +246,7 @@ def test_with_a_restart_policy_a_dead_or_hung_worker_is_replaced(backend, kind, 
     log = CallLog(tmp_path)
     envs = make_envs(backend, faulty_fns(kind, log, hang_s=60.0), True, step_timeout_s=1.5)
     policy, params = random_policy(3), zero_params(3)
-    with jr.MultiAgentRunner(envs, policy, params, T, seed=SEED) as runner:
+    with jr.EnvRunner(envs, policy, params, T, seed=SEED) as runner:
         traj, metrics = runner.sample(), runner.get_metrics()
         replaced = envs.num_worker_restarts if backend == "process" else envs.num_actor_restarts
         assert replaced == 1
@@ -397,7 +397,7 @@ def test_random_faults_are_counted_exactly(backend, tmp_path):
     fns = faulty_env_fns(coming_and_going, NUM_ENVS, RANDOM_FAULTS, log, seed=3)
     envs = make_envs(backend, fns, restart=True)
     policy, params = random_policy(3), zero_params(3)
-    with jr.MultiAgentRunner(envs, policy, params, 40, seed=SEED) as runner:
+    with jr.EnvRunner(envs, policy, params, 40, seed=SEED) as runner:
         traj = runner.sample()
         metrics = runner.get_metrics()
         restarts = envs.get_num_restarts()
@@ -456,7 +456,7 @@ def test_sample_episodes_keeps_faulty_agent_episodes_only_when_asked():
     def episodes(include_faulty, num, callbacks=None):
         envs = make_envs("sync", faulty_fns("raise"), True)
         policy, params = random_policy(3), zero_params(3)
-        runner = jr.MultiAgentRunner(envs, policy, params, T, seed=SEED, callbacks=callbacks)
+        runner = jr.EnvRunner(envs, policy, params, T, seed=SEED, callbacks=callbacks)
         with runner:
             return runner.sample_episodes(num, include_faulty=include_faulty)
 

@@ -75,7 +75,7 @@ def test_a_failed_turn_based_slot_holds_zeros_and_no_infos():
     fns = faulty_fns("obs_missing_key", base=tictactoe_with_infos, agent="player_1")
     envs = make_envs("sync", fns, restart=True)
     policy, params = random_policy(9, masked=True), zero_params(9)
-    with jr.MultiAgentRunner(envs, policy, params, 12, seed=5, info_keys="all") as runner:
+    with jr.EnvRunner(envs, policy, params, 12, seed=5, info_keys="all") as runner:
         traj = runner.sample()
     (g,) = traj.groups.values()
     assert not traj.valid[AT - 1, FAILING_ENV] and g.valid[AT - 2, FAILING_ENV].any()

@@ -12,13 +12,16 @@ import numpy as np
 import pytest
 
 import jaxrunner as jr
+from jaxrunner._src.core.metrics import RunnerMetrics
 from jaxrunner._src.samplers.env_streams import (
     ENV_FIRST_RESET_STREAM,
     ENV_RESET_STREAM,
     ENV_STEP_STREAM,
 )
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner._src.samplers.multi_agent import MultiAgentSetup
+from jaxrunner._src.samplers.scan import ScanSampler
+from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.testing import Drift
 
 
@@ -34,7 +37,7 @@ def random_policy(num_actions):
 def test_scan_matches_env_stepped_by_hand():
     env = Drift()
     envs = jr.multi_agent.JaxMultiAgentVectorEnv(env, 3)
-    with jr.MultiAgentRunner(envs, random_policy(3), {"w": jnp.zeros(3)}, 14, seed=9) as r:
+    with jr.EnvRunner(envs, random_policy(3), {"w": jnp.zeros(3)}, 14, seed=9) as r:
         traj = r.sample().to_numpy()
         second = r.sample()
         metrics = r.get_metrics()
@@ -90,9 +93,7 @@ def test_env_episodes_are_numbered_as_the_host_samplers_number_them():
     steps and returns, across samples."""
     envs = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), 3)
     config = jr.MetricsConfig(episode_window=1000)
-    with jr.MultiAgentRunner(
-        envs, random_policy(3), {"w": jnp.zeros(3)}, 7, seed=2, metrics=config
-    ) as r:
+    with jr.EnvRunner(envs, random_policy(3), {"w": jnp.zeros(3)}, 7, seed=2, metrics=config) as r:
         trajs = [r.sample().to_numpy() for _ in range(3)]
         metrics = r.get_metrics()
     book, returns, lengths = EpisodeBook(3), [], []
@@ -124,7 +125,7 @@ def test_jaxmarl_mpe_runs_and_keeps_every_agent_valid():
     env = jaxmarl.make("MPE_simple_spread_v3")
     envs = jr.multi_agent.JaxMultiAgentVectorEnv(env, 8, dones_are_truncations=True)
     assert [g.agents for g in envs.groups] == [("agent_0", "agent_1", "agent_2")]
-    with jr.MultiAgentRunner(envs, random_policy(5), {"w": jnp.zeros(5)}, 30, seed=0) as r:
+    with jr.EnvRunner(envs, random_policy(5), {"w": jnp.zeros(5)}, 30, seed=0) as r:
         traj = r.sample().to_numpy()
         metrics = r.get_metrics()
     group = traj.groups["policy_0"]
@@ -146,7 +147,7 @@ def test_jaxmarl_mpe_with_connectors_keeps_statistics_of_every_agent_observation
         obs=[C.NormalizeObservation(clip=None), C.FrameStack(num_frames=2)],
         reward=C.ScaleReward(),
     )
-    with jr.MultiAgentRunner(
+    with jr.EnvRunner(
         envs, random_policy(5), {"w": jnp.zeros(5)}, 30, seed=0, connectors=conn
     ) as r:
         trajs = [r.sample().to_numpy() for _ in range(2)]
@@ -161,8 +162,8 @@ def test_jaxmarl_mpe_with_connectors_keeps_statistics_of_every_agent_observation
 
 
 def test_one_agent_env_is_one_group_of_one_agent():
-    """A MultiAgentRunner on a one-agent JaxVectorEnv: its one group holds the EnvRunner's
-    trajectory with an agent axis of one, bit for bit."""
+    """The scan sampler run as groups on a one-agent JaxVectorEnv: its one group holds the
+    EnvRunner's trajectory with an agent axis of one, bit for bit."""
     venv = lambda: jr.JaxVectorEnv(jr.testing.RandomWalk(), num_envs=3)  # noqa: E731
     policy = random_policy(2)
     params = {"w": jnp.zeros(2)}
@@ -171,20 +172,21 @@ def test_one_agent_env_is_one_group_of_one_agent():
         num_episodes = single.get_metrics()["num_episodes"]
     envs = venv()
     assert envs.policy_ids == ("default_policy",) and envs.possible_agents == ("agent_0",)
-    with jr.MultiAgentRunner(envs, policy, params, 9, seed=4) as multi:
-        for traj in trajs:
-            out = multi.sample().to_numpy()
-            group = out.groups["default_policy"]
-            for name in ("obs", "action", "reward", "terminated", "truncated", "next_obs"):
-                np.testing.assert_array_equal(getattr(group, name)[:, :, 0], getattr(traj, name))
-            np.testing.assert_array_equal(
-                group.extras["log_prob"][:, :, 0], traj.extras["log_prob"]
-            )
-            assert group.valid.all()
-            np.testing.assert_array_equal(group.agent_step[:, :, 0], traj.step)
-            np.testing.assert_array_equal(out.episode_id, traj.episode_id)
-            np.testing.assert_array_equal(out.env_done, traj.terminated | traj.truncated)
-        assert multi.get_metrics()["num_episodes"] == num_episodes > 0
+    metrics = RunnerMetrics(jr.MetricsConfig(), {"default_policy": ("agent_0",)})
+    by_id = {"default_policy": jax.device_put(params)}
+    setup = MultiAgentSetup({"default_policy": policy}, by_id, 9, 4, metrics)
+    multi = ScanSampler(envs, setup)
+    for traj in trajs:
+        out = multi.sample(by_id).to_numpy()
+        group = out.groups["default_policy"]
+        for name in ("obs", "action", "reward", "terminated", "truncated", "next_obs"):
+            np.testing.assert_array_equal(getattr(group, name)[:, :, 0], getattr(traj, name))
+        np.testing.assert_array_equal(group.extras["log_prob"][:, :, 0], traj.extras["log_prob"])
+        assert group.valid.all()
+        np.testing.assert_array_equal(group.agent_step[:, :, 0], traj.step)
+        np.testing.assert_array_equal(out.episode_id, traj.episode_id)
+        np.testing.assert_array_equal(out.env_done, traj.terminated | traj.truncated)
+    assert metrics.summary()["num_episodes"] == num_episodes > 0
 
 
 def test_each_kind_refuses_the_other_kinds_options():
@@ -194,5 +196,7 @@ def test_each_kind_refuses_the_other_kinds_options():
         jr.JaxVectorEnv(Drift(), 2)
     envs = jr.JaxVectorEnv(Drift(), num_envs=2, dones_are_truncations=True)
     assert envs.multi_agent and envs.policy_ids == ("policy_0",)
-    with pytest.raises(InvalidArgumentTypeError, match="JaxMARL-style Drift"):
-        jr.EnvRunner(envs, random_policy(3), {"w": jnp.zeros(3)}, 4, seed=0)
+    with pytest.raises(InvalidArgumentError, match="compact_next_obs=True"):
+        jr.EnvRunner(envs, random_policy(3), {"w": jnp.zeros(3)}, 4, 0, compact_next_obs=True)
+    with jr.EnvRunner(envs, random_policy(3), {"w": jnp.zeros(3)}, 4, seed=0) as runner:
+        assert runner.multi_agent and runner.sample().groups["policy_0"].valid.shape[:2] == (4, 2)

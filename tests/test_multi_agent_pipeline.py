@@ -45,9 +45,7 @@ def sample(name, backend, num_splits, num_envs=5, **kwargs):
     """Two samples and the metrics of a runner on ``num_envs`` envs of ``name``."""
     envs = jr.make_multi_agent_vec(getattr(envs_mod, name), num_envs, backend, **kwargs)
     policy, params = POLICIES[name]()
-    with jr.MultiAgentRunner(
-        envs, policy, params, LENGTH, seed=11, num_splits=num_splits
-    ) as runner:
+    with jr.EnvRunner(envs, policy, params, LENGTH, seed=11, num_splits=num_splits) as runner:
         assert len(runner.sampler.splits) == (num_splits or len(runner.sampler.splits))
         trajs = [runner.sample(), runner.sample()]
         return trajs, runner.get_metrics()
@@ -84,11 +82,11 @@ def test_default_splits_follow_the_lockstep_samplers_rule(monkeypatch):
     envs = jr.make_multi_agent_vec(
         envs_mod.coming_and_going, 8, "process", config=jr.ProcessConfig(num_workers=2)
     )
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
         assert len(runner.sampler.splits) == pipeline_splits.default_num_splits(envs)
     monkeypatch.setattr(pipeline_splits.jax, "default_backend", lambda: "gpu")
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 8)
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
         assert runner.sampler.splits == [slice(0, 4), slice(4, 8)]
 
 
@@ -124,7 +122,7 @@ def test_num_splits_out_of_range_is_refused():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
     in_range = r"num_splits=3\): expected an int in \[1, 2\] \(at most num_envs=2\)"
     with pytest.raises(InvalidArgumentError, match=in_range):
-        jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 3, seed=0, num_splits=3)
+        jr.EnvRunner(envs, random_policy(3), zero_params(3), 3, seed=0, num_splits=3)
     envs.close()
 
 
@@ -160,7 +158,7 @@ def ready_first_sample(backend, config, slow=0.0, length=8):
         return out
 
     envs.recv = recording_recv
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), length, seed=5) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), length, seed=5) as runner:
         trajs = [runner.sample(), runner.sample()]
         metrics = runner.get_metrics()
     return (trajs, metrics), order
@@ -168,7 +166,7 @@ def ready_first_sample(backend, config, slow=0.0, length=8):
 
 def lockstep_reference(length=8):
     envs = jr.make_multi_agent_vec(sleepy, 4)
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), length, seed=5) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), length, seed=5) as runner:
         return [runner.sample(), runner.sample()], runner.get_metrics()
 
 
@@ -189,7 +187,7 @@ def test_process_ready_first_refuses_splits_and_sends_of_part_of_a_worker():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 4, "process", config=config)
     assert envs.capabilities.ready_first
     with pytest.raises(InvalidArgumentError, match="ready-first"):
-        jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 3, seed=0, num_splits=2)
+        jr.EnvRunner(envs, random_policy(3), zero_params(3), 3, seed=0, num_splits=2)
     envs.reset_batch([0, 1, 2, 3])
     with pytest.raises(InvalidArgumentError, match="whole workers"):
         envs.send([np.zeros((1, 4), np.int64)], slice(0, 1))
@@ -207,9 +205,7 @@ def test_ray_ready_first_and_lockstep_splits_give_the_sync_trajectories(local_ra
     config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
     envs = jr.make_multi_agent_vec(sleepy, 4, "ray", config=config)
     assert not envs.capabilities.ready_first and envs.capabilities.steps_in_background
-    with jr.MultiAgentRunner(
-        envs, random_policy(3), zero_params(3), 8, seed=5, num_splits=2
-    ) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 8, seed=5, num_splits=2) as runner:
         got = [runner.sample(), runner.sample()], runner.get_metrics()
     assert_same(reference, got)
 
@@ -219,9 +215,7 @@ def test_ray_ready_first_and_lockstep_splits_give_the_sync_trajectories(local_ra
     envs = jr.make_multi_agent_vec(
         sleepy, 4, "ray", config=config, restart_policy=jr.RestartPolicy()
     )
-    with jr.MultiAgentRunner(
-        envs, random_policy(3), zero_params(3), 4, seed=5, num_splits=2
-    ) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 4, seed=5, num_splits=2) as runner:
         runner.sample()
         dead = envs.actors[0]
         kill_actor(dead)

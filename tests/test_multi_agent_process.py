@@ -19,7 +19,7 @@ from tests.test_multi_agent import random_policy, zero_params
 
 def _sample(factory, backend, n, masked=False, **kwargs):
     envs = jr.make_multi_agent_vec(factory, 3, backend, **kwargs)
-    with jr.MultiAgentRunner(envs, random_policy(n, masked), zero_params(n), 20, seed=7) as r:
+    with jr.EnvRunner(envs, random_policy(n, masked), zero_params(n), 20, seed=7) as r:
         trajs = [r.sample(), r.sample()]
         return trajs, r.get_metrics()
 
@@ -99,7 +99,7 @@ def test_ray_equals_sync_and_replaces_a_dead_actor(local_ray):
     envs = jr.make_multi_agent_vec(
         envs_mod.coming_and_going, 3, "ray", config=config, restart_policy=jr.RestartPolicy()
     )
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 6, seed=7) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 6, seed=7) as runner:
         first = runner.sample()
         dead = envs.actors[1]  # sub-env 2
         kill_actor(dead)
@@ -127,7 +127,7 @@ def test_a_dead_workers_slots_are_counted_lost_or_unrun(failing, lost, unrun, tm
     config = jr.ProcessConfig(num_workers=2)
     envs = jr.make_vec(fns, 3, "process", config=config, restart_policy=jr.RestartPolicy())
     assert isinstance(envs, jr.MultiAgentVectorEnv)
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 6, seed=7) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 6, seed=7) as runner:
         runner.sample()
         metrics = runner.get_metrics()
         counts = (envs.num_worker_restarts, envs.num_lost_steps, envs.num_unrun_steps)

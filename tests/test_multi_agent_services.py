@@ -36,7 +36,7 @@ def test_evaluate_returns_each_envs_first_episodes(backend):
 
     # The same episodes, from the runner's own agent episodes.
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, backend)
-    with jr.MultiAgentRunner(envs, policy, params, 32, seed=3) as runner:
+    with jr.EnvRunner(envs, policy, params, 32, seed=3) as runner:
         by_env_episode: dict[tuple[int, int], float] = collections.defaultdict(float)
         for episode in runner.sample_episodes(40):
             by_env_episode[(episode.env_id, episode.episode_id)] += episode.total_reward
@@ -67,11 +67,11 @@ def test_callbacks_see_each_complete_agent_episode_once(factory):
     policy, params = random_policy(n), zero_params(n)
     recorder = _Recorder()
     envs = jr.make_multi_agent_vec(factory, 2)
-    with jr.MultiAgentRunner(envs, policy, params, 5, seed=1, callbacks=recorder) as runner:
+    with jr.EnvRunner(envs, policy, params, 5, seed=1, callbacks=recorder) as runner:
         for _ in range(4):  # 20 steps: episodes span samples
             runner.sample()
     envs = jr.make_multi_agent_vec(factory, 2)
-    with jr.MultiAgentRunner(envs, policy, params, 20, seed=1) as runner:
+    with jr.EnvRunner(envs, policy, params, 20, seed=1) as runner:
         reference = runner.sample_episodes(len(recorder.ended))
     # The same agent episodes (the callbacks see them sample by sample, so in another
     # order than one long sample sorts them), each whole.
@@ -89,16 +89,16 @@ def test_callbacks_see_each_complete_agent_episode_once(factory):
 def test_callbacks_that_override_nothing_are_never_called():
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
     callbacks = jr.multi_agent.AgentCallbacks()
-    with jr.MultiAgentRunner(
+    with jr.EnvRunner(
         envs, random_policy(3), zero_params(3), 5, seed=1, callbacks=callbacks
     ) as runner:
         assert runner._on_agent_episode_end is None
         runner.sample()
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
     with pytest.raises(jr.errors.InvalidArgumentTypeError, match="AgentCallbacks"):
-        jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 5, seed=1, callbacks=object())
+        jr.EnvRunner(envs, random_policy(3), zero_params(3), 5, seed=1, callbacks=object())
     # Refused before the runner took the envs: another runner may have them.
-    with jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 5, seed=1) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 5, seed=1) as runner:
         assert runner.sample().num_steps == 5
 
 
@@ -114,7 +114,7 @@ def test_evaluate_takes_a_pure_jax_multi_agent_env():
     assert isinstance(result, jr.multi_agent.MultiAgentEvaluationResult)
     # The same env episodes from a runner of the same seed: each env's first ones.
     envs = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), 2)
-    with jr.MultiAgentRunner(envs, policy, params, 40, seed=3) as runner:
+    with jr.EnvRunner(envs, policy, params, 40, seed=3) as runner:
         traj = runner.sample().to_numpy()
     rewards = sum(np.where(g.valid, g.reward, 0.0).sum(-1) for g in traj.groups.values())
     want: list[tuple[int, float, int]] = []
@@ -144,7 +144,7 @@ def test_evaluate_pure_jax_multi_agent_with_connectors_as_normalized_by_hand():
 
     conn = C.Connectors(obs=[C.NormalizeObservation(clip=None)])
     train = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), 2)
-    with jr.MultiAgentRunner(train, toward(np.inf), {}, 16, 0, connectors=conn) as runner:
+    with jr.EnvRunner(train, toward(np.inf), {}, 16, 0, connectors=conn) as runner:
         runner.sample()  # always pushed right: the mean position is far from 0
         state = runner.get_connector_state()
     mean = jnp.asarray(state["policy_0"].obs[0].shared.stats.mean, jnp.float32)
@@ -194,7 +194,7 @@ def test_evaluate_multi_agent_with_connectors_uses_the_training_statistics_froze
 
     conn = C.Connectors(obs=[C.NormalizeObservation(clip=None)])
     train_envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
-    with jr.MultiAgentRunner(train_envs, sign_policy(), {}, 16, 0, connectors=conn) as runner:
+    with jr.EnvRunner(train_envs, sign_policy(), {}, 16, 0, connectors=conn) as runner:
         runner.sample()
         state = runner.get_connector_state()
     mean = np.asarray(state["policy_0"].obs[0].shared.stats.mean)
@@ -251,7 +251,7 @@ def test_per_step_hooks_see_each_env_episode_as_pettingzoo_stepped_by_hand():
     hooks = _Steps()
     envs = jr.make_vec(factory, num_envs)
     params = dict.fromkeys(envs.policy_ids, zero_params(5))
-    with jr.MultiAgentRunner(envs, random_policy(5), params, length, seed=1, callbacks=hooks) as r:
+    with jr.EnvRunner(envs, random_policy(5), params, length, seed=1, callbacks=hooks) as r:
         trajs = [r.sample() for _ in range(4)]
     traj = jax.tree.map(lambda *x: np.concatenate(x), *trajs)
     assert len(hooks.ended) == 4  # two 8-step episodes per env in 20 steps
@@ -293,9 +293,7 @@ def test_per_step_hooks_end_a_failed_env_episode_as_faulty(tmp_path):
 
     hooks = _Steps()
     envs = make_envs("sync", faulty_fns("raise"), True)
-    with jr.MultiAgentRunner(
-        envs, random_policy(3), zero_params(3), 6, seed=5, callbacks=hooks
-    ) as runner:
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 6, seed=5, callbacks=hooks) as runner:
         traj = runner.sample()
     (cut,) = [e for e in hooks.ended if e[-1]]
     assert cut[0] == FAILING_ENV and len(cut[2]) == AT - 1
@@ -312,7 +310,7 @@ def test_per_step_hooks_are_refused_where_they_cannot_run_in_order():
     config = jr.ProcessConfig(num_workers=2, ready_first=True)
     envs = jr.make_vec(envs_mod.coming_and_going, 2, backend="process", config=config)
     with pytest.raises(InvalidArgumentError, match="ready-first"):
-        jr.MultiAgentRunner(envs, random_policy(3), zero_params(3), 5, seed=1, callbacks=OnStep())
+        jr.EnvRunner(envs, random_policy(3), zero_params(3), 5, seed=1, callbacks=OnStep())
     envs.close()
     import jax.numpy as jnp
 
@@ -321,6 +319,4 @@ def test_per_step_hooks_are_refused_where_they_cannot_run_in_order():
 
     envs = jr.JaxVectorEnv(Drift(), num_envs=2)
     with pytest.raises(InvalidArgumentError, match=r"lax\.scan"):
-        jr.MultiAgentRunner(
-            envs, scan_policy(3), {"w": jnp.zeros(3)}, 4, seed=0, callbacks=OnStep()
-        )
+        jr.EnvRunner(envs, scan_policy(3), {"w": jnp.zeros(3)}, 4, seed=0, callbacks=OnStep())

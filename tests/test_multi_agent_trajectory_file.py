@@ -27,7 +27,7 @@ def sample(factory: Callable[[], Any], num_actions: int, *, masked: bool = False
     envs = jr.make_multi_agent_vec(factory, 2)
     policy = random_policy(num_actions, masked)
     params = {pid: zero_params(num_actions) for pid in envs.policy_ids}
-    with jr.MultiAgentRunner(envs, policy, params, length, seed=3) as runner:
+    with jr.EnvRunner(envs, policy, params, length, seed=3) as runner:
         return runner.sample()
 
 

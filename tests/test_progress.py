@@ -80,17 +80,17 @@ def test_multi_agent_sample_and_sample_episodes_progress(no_tqdm, capsys):
     from tests import multi_agent_envs
     from tests.test_multi_agent import random_policy, zero_params
 
-    def runner() -> jr.MultiAgentRunner:
+    def runner() -> jr.EnvRunner:
         envs = jr.make_multi_agent_vec(multi_agent_envs.simple_spread, 2)
-        return jr.MultiAgentRunner(envs, random_policy(5), zero_params(5), 10, seed=0)
+        return jr.EnvRunner(envs, random_policy(5), zero_params(5), 10, seed=0)
 
     with runner() as plain, runner() as shown:
         expected, traj = plain.sample(), shown.sample(progress=True)
         jax.tree.map(np.testing.assert_array_equal, traj, expected)
-        assert capsys.readouterr().err.strip().endswith("MultiAgentRunner.sample: 20/20 env steps")
+        assert capsys.readouterr().err.strip().endswith("EnvRunner.sample: 20/20 env steps")
         episodes = shown.sample_episodes(3, progress=True)
         assert len(episodes) == 3
         err = capsys.readouterr().err.strip()
-        assert err.endswith("MultiAgentRunner.sample_episodes: 3/3 episodes")
+        assert err.endswith("EnvRunner.sample_episodes: 3/3 episodes")
         with pytest.raises(TypeError, match=r"sample\(progress=None\)"):
             shown.sample(progress=None)

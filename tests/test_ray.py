@@ -459,7 +459,7 @@ class TestRayContract(jr.testing.VectorEnvContract):
 
 
 def test_multi_agent_group_samples_like_local_runners_and_syncs_params_per_policy():
-    """A PettingZoo env factory and no flag: the runners are MultiAgentRunners, params and
+    """A PettingZoo env factory and no flag: the runners are EnvRunners, params and
     connector statistics go by policy id."""
     pytest.importorskip("pettingzoo")
     from jaxrunner import connectors as C
@@ -483,10 +483,10 @@ def test_multi_agent_group_samples_like_local_runners_and_syncs_params_per_polic
         sample_timeout_s=60.0,
     )
 
-    def local(index: int) -> jr.MultiAgentRunner:
+    def local(index: int) -> jr.EnvRunner:
         envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
         seed = config.runner_seed(index, 0)
-        return jr.MultiAgentRunner(envs, policy, first, 8, seed, connectors=conn)
+        return jr.EnvRunner(envs, policy, first, 8, seed, connectors=conn)
 
     with jr.EnvRunnerGroup(envs_mod.coming_and_going, POLICY, first, config) as group:
         traj = group.sample()
@@ -508,7 +508,7 @@ def test_multi_agent_group_samples_like_local_runners_and_syncs_params_per_polic
         assert version == 1
     assert traj.groups["policy_0"].valid.shape == (8, 4, 4)
     np.testing.assert_array_equal(traj.env_id[0], np.arange(4))
-    for index in (0, 1):  # each runner is a local MultiAgentRunner with its seed
+    for index in (0, 1):  # each runner is a local EnvRunner with its seed
         with local(index) as runner:
             expected = runner.sample()
             runner.set_params(second["policy_0"], "policy_0")

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner import MultiAgentRunner, make_vec
+from jaxrunner import EnvRunner, make_vec
 from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
@@ -203,7 +203,7 @@ class MultiAgentRunnerSystem:
                 g.policy_id: policies[g.policy_id].init(key, g.observation_space)
                 for g in envs.groups
             }
-            self._runner = MultiAgentRunner(envs, policies, params, spec.rollout_length, spec.seed)
+            self._runner = EnvRunner(envs, policies, params, spec.rollout_length, spec.seed)
         except BaseException:
             envs.close()
             raise

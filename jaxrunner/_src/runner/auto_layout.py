@@ -52,7 +52,7 @@ def make_runner(
     runner_cls: type,
     env: EnvSpec,
     num_envs: int,
-    policy: Policy,
+    policy: Policy | Mapping[str, Policy],
     params: Params,
     rollout_length: int,
     seed: int,
@@ -75,8 +75,7 @@ def make_runner(
             env, env_kwargs, num_envs, seed, restart_policy, caller
         )
         envpool = not multi_agent and envpool_has(env, env_kwargs, restart_policy)
-        # (a multi-agent env goes to runner_cls untried: it refuses one)
-        if (choice.backend == "process" and not multi_agent) or envpool:
+        if choice.backend == "process" or envpool:  # either kind of env: sync or workers
             choice = _trial(
                 runner_cls, choice, env, num_envs, policy, params, seed,
                 restart_policy, env_kwargs, runner_options, envpool,
@@ -99,7 +98,7 @@ def _trial(
     rule: LayoutChoice,
     env: EnvSpec,
     num_envs: int,
-    policy: Policy,
+    policy: Policy | Mapping[str, Policy],
     params: Params,
     seed: int,
     restart_policy: RestartPolicy | None,

@@ -1,19 +1,20 @@
-"""``EnvRunner``'s argument checks: each refusal names the argument and the fix."""
+"""``EnvRunner``'s argument checks, for either kind of env: each refusal names the
+argument and the fix."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium
 
 from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.backends.base import VectorEnv
-from jaxrunner._src.backends.capabilities import is_multi_agent
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.connectors.pipeline import Connectors
-from jaxrunner._src.core.policy import Policy
+from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.runner.ownership import check_rollout_arguments
+from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.info_arrays import InfoKeys, check_info_keys
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
@@ -28,11 +29,10 @@ def check_arguments(
     callbacks: Any,
     num_splits: Any,
 ) -> None:
-    """Refuses arguments of the wrong kind, naming the argument and the fix."""
-    if not isinstance(envs, (VectorEnv, JaxVectorEnv)) or is_multi_agent(envs):
-        if is_multi_agent(envs):
-            hint = "Multi-agent envs are sampled by jaxrunner.MultiAgentRunner."
-        elif isinstance(envs, gymnasium.vector.VectorWrapper):
+    """Refuses the arguments of a single-agent env of the wrong kind, naming the argument
+    and the fix."""
+    if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
+        if isinstance(envs, gymnasium.vector.VectorWrapper):
             hint = vector_wrapper_hint(envs)
         elif isinstance(envs, gymnasium.vector.VectorEnv):
             hint = (
@@ -41,11 +41,9 @@ def check_arguments(
             )
         else:
             hint = "Build one with jaxrunner.make_vec(env_id_or_factory, num_envs)."
-        got = type(envs).__name__
-        if isinstance(envs, JaxVectorEnv):
-            got += f" of the JaxMARL-style {type(envs.env).__name__}"
         raise InvalidArgumentTypeError(
-            f"EnvRunner(envs=...): expected a jaxrunner vector env, got {got}. {hint}"
+            f"EnvRunner(envs=...): expected a jaxrunner vector env, got "
+            f"{type(envs).__name__}. {hint}"
         )
     if not isinstance(policy, Policy):
         raise InvalidArgumentTypeError(
@@ -63,6 +61,69 @@ def check_arguments(
             f"EnvRunner(callbacks=...): expected a jaxrunner.Callbacks subclass instance, got "
             f"{type(callbacks).__name__}. Subclass jr.Callbacks and override its hooks."
         )
+
+
+def check_multi_agent_arguments(
+    envs: Any,
+    policy: Any,
+    params: Any,
+    rollout_length: Any,
+    seed: Any,
+    callbacks: Any,
+    num_splits: Any,
+) -> tuple[dict[str, Policy], dict[str, Params]]:
+    """Refuses the arguments of a multi-agent env of the wrong kind; returns the
+    policies and the params by policy id."""
+    ids = envs.policy_ids
+    policies = _per_policy(policy, ids)
+    for pid, one in policies.items():
+        if not isinstance(one, Policy):
+            raise InvalidArgumentTypeError(
+                f"EnvRunner(policy=...): policy {pid!r} is {one!r}; expected a jaxrunner.Policy."
+            )
+    by_id = _params_per_policy(params, ids)
+    check_rollout_arguments("EnvRunner", rollout_length, seed, num_splits, envs.num_envs)
+    if callbacks is not None and not isinstance(callbacks, AgentCallbacks):
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(callbacks=...): a multi-agent env takes a jaxrunner.multi_agent."
+            f"AgentCallbacks (subclass it), got {type(callbacks).__name__}."
+        )
+    return policies, by_id
+
+
+def _per_policy(value: Any, ids: tuple[str, ...]) -> dict[str, Any]:
+    """One policy for every policy id, or a dict keyed by exactly the ids."""
+    if isinstance(value, Policy):
+        return dict.fromkeys(ids, value)
+    if not isinstance(value, Mapping) or set(value) != set(ids):
+        got = sorted(value) if isinstance(value, Mapping) else type(value).__name__
+        raise InvalidArgumentError(
+            f"EnvRunner(policy=...): a multi-agent env takes one jaxrunner.Policy for every "
+            f"policy id or a dict keyed by the policy ids {list(ids)}, got {got}."
+        )
+    return {pid: value[pid] for pid in ids}
+
+
+def _params_per_policy(params: Any, ids: tuple[str, ...]) -> dict[str, Params]:
+    """``policy_id -> params``: a dict keyed by policy ids must name every id and only
+    those (a typo is refused here, not met later inside the trace); with one policy id,
+    anything else is that policy's params."""
+    if isinstance(params, Mapping) and any(key in ids for key in params):
+        unknown = [key for key in params if key not in ids]
+        missing = [pid for pid in ids if pid not in params]
+        if unknown or missing:
+            raise InvalidArgumentError(
+                f"EnvRunner(params=...): a dict keyed by policy ids must have exactly "
+                f"the ids {list(ids)}; unknown: {unknown}, missing: {missing}. Check the keys "
+                "against envs.policy_ids."
+            )
+        return {pid: params[pid] for pid in ids}
+    if len(ids) == 1:
+        return {ids[0]: params}
+    got = sorted(map(str, params)) if isinstance(params, Mapping) else type(params).__name__
+    raise InvalidArgumentError(
+        f"EnvRunner(params=...): expected a dict keyed by the policy ids {list(ids)}, got {got}."
+    )
 
 
 # What replaces each of gymnasium's vector wrappers on a runner (which steps its envs
@@ -102,12 +163,18 @@ def vector_wrapper_hint(envs: Any) -> str:
 
 
 def check_host_options(
-    envs: Any, info_keys: Sequence[str] | str, compact_next_obs: Any, runner: str = "EnvRunner"
+    envs: Any, info_keys: Sequence[str] | str, compact_next_obs: Any, multi_agent: bool
 ) -> InfoKeys:
-    """Checks the options only host backends take (``runner``'s); returns the info
-    keys, checked."""
+    """Checks the options only host backends take; returns the info keys, checked."""
+    runner = "EnvRunner"
     info_keys = check_info_keys(info_keys, runner)
     check_bool(runner, "compact_next_obs", compact_next_obs)
+    if compact_next_obs and multi_agent:
+        raise InvalidArgumentError(
+            f"{runner}(compact_next_obs=True): a multi-agent env's trajectory stores every "
+            "group's next_obs in full (compact storage is single-agent for now); leave "
+            "compact_next_obs=False."
+        )
     if compact_next_obs and isinstance(envs, JaxVectorEnv):
         raise InvalidArgumentError(
             f"{runner}(compact_next_obs=True): a pure-JAX env's trajectory is built on "
@@ -146,4 +213,20 @@ def check_ready_first_options(envs: VectorEnv, callbacks: Any, num_splits: Any) 
             f"EnvRunner(num_splits={num_splits!r}): {name} computes actions for whichever "
             "sub-envs are ready (ready-first); pipelining groups do not apply. Leave "
             "num_splits=None."
+        )
+
+
+def check_scan_agent_options(callbacks: Any, num_splits: Any) -> None:
+    """Options of a multi-agent host loop that a pure-JAX env's scan cannot honour."""
+    if num_splits not in (None, 1):
+        raise InvalidArgumentError(
+            f"EnvRunner(num_splits={num_splits!r}): a pure-JAX env is sampled as one jitted "
+            "scan; pipelining splits do not apply. Leave num_splits=None."
+        )
+    if any(overrides(callbacks, hook) for hook in STEP_HOOKS):
+        raise InvalidArgumentError(
+            "EnvRunner(callbacks=...): the per-step hooks "
+            f"({', '.join(STEP_HOOKS)}) run Python per env step, which a JaxVectorEnv "
+            "rollout (one compiled lax.scan) cannot do. Override only on_agent_episode_end, "
+            "or use a host vector env (jaxrunner.make_vec)."
         )

@@ -126,8 +126,8 @@ class EnvOwner:
             reuse_buffers: hand each trajectory back (``release``) when the next is
                 asked for, so the loop writes into one set of buffers instead of
                 allocating a sample's memory each time; a yielded trajectory is then
-                valid until the next iteration only (copy what you keep). Runners whose
-                trajectories can be released (``EnvRunner`` on host envs).
+                valid until the next iteration only (copy what you keep). Host envs only
+                (a pure-JAX env's trajectories live on device).
         """
         name = f"{type(self).__name__}.iterate"
         num_samples = check_int(name, "num_samples", num_samples, low=0, none="for no end")
@@ -136,8 +136,8 @@ class EnvOwner:
         if reuse_buffers and not callable(getattr(self.sampler, "release", None)):  # type: ignore[attr-defined]
             raise InvalidArgumentError(
                 f"{type(self).__name__}.iterate(reuse_buffers=True): this runner's "
-                "trajectories cannot be handed back (a pure-JAX env's live on device, a "
-                "multi-agent runner's are not pooled); leave reuse_buffers=False."
+                "trajectories cannot be handed back (a pure-JAX env's live on device); leave "
+                "reuse_buffers=False."
             )
         return self._iterate(num_samples, progress, reuse_buffers)
 

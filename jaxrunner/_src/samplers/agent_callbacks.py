@@ -1,6 +1,6 @@
 """Multi-agent runner hooks (per env episode, as ``Callbacks``, and per agent episode),
 and the joining of agent episodes that span samples (shared by the hooks and
-``MultiAgentRunner.sample_episodes``)."""
+``EnvRunner.sample_episodes`` on a multi-agent env)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ STEP_HOOKS = ("on_episode_start", "on_episode_step", "on_episode_end")
 
 
 class AgentCallbacks(Callbacks):
-    """Subclass and override the hooks you need (``MultiAgentRunner(...,
+    """Subclass and override the hooks you need (``EnvRunner(...,
     callbacks=...)``). Hooks you do not override cost nothing; they run on the host.
 
     ``on_episode_start``, ``on_episode_step`` and ``on_episode_end`` are

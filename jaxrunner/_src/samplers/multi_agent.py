@@ -21,10 +21,15 @@ from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, 
 from jaxrunner._src.samplers.callbacks import LiveEpisode
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
-from jaxrunner._src.samplers.info_arrays import InfoKeys, InfoRecorder
+from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, InfoKeys, InfoRecorder
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import pipeline_splits
-from jaxrunner._src.samplers.sampler import StepProgress, attach_partial
+from jaxrunner._src.samplers.sampler import (
+    ReusedBuffers,
+    StepProgress,
+    attach_partial,
+    policy_extras_keys,
+)
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -49,7 +54,7 @@ ON_AGENT_STEP_HINT = (
     "read this one in a callback (AgentCallbacks.on_episode_step: episode.infos[-1] is the "
     "step's per-agent infos)"
 )
-"""Where else a ``MultiAgentRunner`` user reads an info entry that is not a number."""
+"""Where else a multi-agent env's runner user reads an info entry that is not a number."""
 
 
 @dataclasses.dataclass
@@ -62,6 +67,74 @@ class EnvLevel:
     valid: np.ndarray
     episode_id: np.ndarray
     step: np.ndarray
+
+
+class GroupBufferPool(ReusedBuffers):
+    """The :class:`MultiAgentTrajectory` buffers of the multi-agent sampler: each group's
+    ``[T, B, A_g]`` arrays and the env-level ``[T, B]`` ones (see :class:`ReusedBuffers`)."""
+
+    def __init__(
+        self,
+        groups: Mapping[str, GroupSampler],
+        agents: dict[str, tuple[str, ...]],
+        num_steps: int,
+        num_envs: int,
+    ) -> None:
+        super().__init__()
+        self._groups, self._agents = groups, agents
+        self._num_steps, self._num_envs = num_steps, num_envs
+        self._own_extras = {
+            pid: policy_extras_keys(gs.extras_spec, gs.infos) for pid, gs in groups.items()
+        }
+
+    def _allocate(self) -> MultiAgentTrajectory:
+        shape = (self._num_steps, self._num_envs)
+        return MultiAgentTrajectory(
+            groups={pid: gs.allocate(self._num_steps) for pid, gs in self._groups.items()},
+            env_id=np.broadcast_to(np.arange(self._num_envs, dtype=np.int64), shape).copy(),
+            episode_id=np.zeros(shape, np.int64),
+            step=np.zeros(shape, np.int64),
+            env_done=np.zeros(shape, np.bool_),
+            agents=self._agents,
+            valid=np.ones(shape, np.bool_),
+        )
+
+    def _refresh(self, buf: MultiAgentTrajectory) -> MultiAgentTrajectory:
+        # A step writes only the acting agents' slots: every group array starts at zero.
+        for pid, group in buf.groups.items():
+            infos = self._groups[pid].infos
+            mine = {
+                k: v
+                for k, v in group.extras.items()
+                if infos is None or k not in (INFOS, INFOS_PRESENT)
+            }
+            for leaf in jax.tree.leaves(group.replace(extras=mine)):
+                leaf.fill(0)
+            if infos is not None:
+                infos.clear(group.extras)
+        buf.valid.fill(True)  # type: ignore[union-attr]
+        buf.env_id[...] = np.arange(self._num_envs)
+        return buf
+
+    def _kept(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
+        groups = {
+            pid: g.replace(extras={k: g.extras[k] for k in self._own_extras[pid]})
+            for pid, g in traj.groups.items()
+        }
+        return traj.replace(groups=groups)
+
+    def _reused_arrays(self, traj: MultiAgentTrajectory) -> list[Any]:
+        fields: list[Any] = [traj.env_id, traj.episode_id, traj.step, traj.env_done, traj.valid]
+        groups = traj.groups if isinstance(traj.groups, dict) else {}
+        for pid, keys in self._own_extras.items():
+            g = groups.get(pid)
+            if g is None:
+                fields.append(None)  # a group left out: not the trajectory handed out
+                continue
+            extras = g.extras if isinstance(g.extras, dict) else {}
+            fields += [g.obs, g.action, g.reward, g.terminated, g.truncated, g.next_obs]
+            fields += [[extras.get(k) for k in keys], g.valid, g.agent_step]
+        return jax.tree.leaves(fields)
 
 
 class MultiAgentSampler:
@@ -95,7 +168,7 @@ class MultiAgentSampler:
         if self.ready_first:
             if num_splits not in (None, 1):
                 raise InvalidArgumentError(
-                    f"MultiAgentRunner(num_splits={num_splits!r}): this backend is ready-first "
+                    f"EnvRunner(num_splits={num_splits!r}): this backend is ready-first "
                     "(it steps whichever envs are ready); pipelining splits do not apply. "
                     "Leave num_splits=None."
                 )
@@ -109,7 +182,7 @@ class MultiAgentSampler:
         self.groups: dict[str, GroupSampler] = {}
         self._infos = None
         if setup.info_keys:  # one recorder of the names, shared by the groups
-            self._infos = InfoRecorder(setup.info_keys, "MultiAgentRunner", ON_AGENT_STEP_HINT)
+            self._infos = InfoRecorder(setup.info_keys, "EnvRunner", ON_AGENT_STEP_HINT)
         offset = 0
         for group in envs.groups:
             pid = group.policy_id
@@ -138,6 +211,7 @@ class MultiAgentSampler:
         self._t = np.zeros(num_envs, np.int64)
         """Steps each env has taken in this sample (its next slot)."""
         self.agents = {g.policy_id: g.agents for g in envs.groups}
+        self._pool = GroupBufferPool(self.groups, self.agents, self.rollout_length, num_envs)
         self.callbacks, self._runner = None, runner
         """The hooks per env episode, when some are overridden (else None: no live
         episodes are kept)."""
@@ -146,7 +220,7 @@ class MultiAgentSampler:
         if callbacks is not None and any(overrides(callbacks, h) for h in STEP_HOOKS):
             if self.ready_first:
                 raise InvalidArgumentError(
-                    f"MultiAgentRunner(callbacks=...): {type(envs).__name__} steps its "
+                    f"EnvRunner(callbacks=...): {type(envs).__name__} steps its "
                     "sub-envs at their own pace (ready-first), where the per-step hooks "
                     f"({', '.join(STEP_HOOKS)}) cannot run in order. Override only "
                     "on_agent_episode_end, or use a lockstep backend (ready_first=False)."
@@ -160,28 +234,19 @@ class MultiAgentSampler:
     ) -> MultiAgentTrajectory:
         """One rollout of every env; ``progress`` is told the env steps recorded."""
         num_steps, num_envs = self.rollout_length, self.envs.num_envs
-        groups = {pid: gs.allocate(num_steps) for pid, gs in self.groups.items()}
+        traj = self._pool.take()
         for pid, gs in self.groups.items():
-            gs.begin(groups[pid])
+            gs.begin(traj.groups[pid])
         shape = (num_steps, num_envs)
         env_level = EnvLevel(
             reward=np.zeros(shape, np.float64),
-            terminated=np.zeros(shape, np.bool_),
+            terminated=traj.env_done,  # type: ignore[arg-type]
             truncated=np.zeros(shape, np.bool_),
-            valid=np.ones(shape, np.bool_),
-            episode_id=np.zeros(shape, np.int64),
-            step=np.zeros(shape, np.int64),
+            valid=traj.valid,  # type: ignore[arg-type]
+            episode_id=traj.episode_id,  # type: ignore[arg-type]
+            step=traj.step,  # type: ignore[arg-type]
         )
         self._unassigned = np.zeros(shape, np.float64)  # summed once, in _close
-        traj = MultiAgentTrajectory(
-            groups=groups,
-            env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
-            episode_id=env_level.episode_id,
-            step=env_level.step,
-            env_done=env_level.terminated,
-            agents=self.agents,
-            valid=env_level.valid,
-        )
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
         self._t[:] = 0
@@ -341,7 +406,13 @@ class MultiAgentSampler:
                 groups[pid], connectors = gs.sample_end(gs.state.connectors, groups[pid])
                 gs.state = gs.state.replace(connectors=connectors)
         self.metrics.sample_time_s += time.perf_counter() - clock
-        return traj.replace(groups=groups)
+        traj = traj.replace(groups=groups)
+        self._pool.hand_out(traj)
+        return traj
+
+    def release(self, traj: MultiAgentTrajectory) -> None:
+        """Takes back ``traj`` (a sample's result the caller is done with) for reuse."""
+        self._pool.release(traj)
 
     def get_state(self) -> MultiAgentSamplerState:
         """What the sampler carries from one ``sample()`` to the next (copies; valid
@@ -375,11 +446,11 @@ class MultiAgentSampler:
             self._restart_live()
 
     def get_connector_state(self, policy_id: str) -> ConnectorsState:
-        """A host copy of the state of ``policy_id``'s connectors."""
+        """A host copy of the state of ``policy_id``'s connectors (as every sampler's)."""
         gs = self.groups[policy_id]
         return gs.packing.to_host(gs.state.connectors)  # type: ignore[union-attr]
 
-    def set_connector_state(self, policy_id: str, state: ConnectorsState) -> None:
+    def set_connector_state(self, state: ConnectorsState, policy_id: str) -> None:
         """Replaces the state of ``policy_id``'s connectors; never recompiles."""
         gs = self.groups[policy_id]
         gs.state = gs.state.replace(connectors=gs.packing.to_device(state))  # type: ignore[union-attr]

@@ -129,17 +129,18 @@ class HostSampler(Sampler):
         self._pool.hand_out(buf)
         return buf
 
-    def get_connector_state(self) -> Any:
-        """The connectors' state (a host copy): the statistics the next sample uses."""
+    def get_connector_state(self, policy_id: str | None = None) -> Any:
+        """The connectors' state (a host copy): the statistics the next sample uses
+        (``policy_id``: the one policy's, as every sampler takes it)."""
         return self._packing.to_host(self._state.connectors)
 
-    def set_connector_state(self, state: Any) -> None:
+    def set_connector_state(self, state: Any, policy_id: str | None = None) -> None:
         """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
         self._state = self._state.replace(connectors=self._packing.to_device(state))
 
 
-class BufferPool:
-    """A host sampler's ``[T, B]`` buffers: new ones, or those of samples the caller
+class ReusedBuffers(abc.ABC):
+    """A host sampler's sample buffers: new ones, or those of samples the caller
     released (``EnvRunner.release``), which the next sample writes into instead of
     allocating (and zeroing) a trajectory's memory again.
 
@@ -147,44 +148,39 @@ class BufferPool:
     very arrays it was handed out with, still writable and of their shapes: the next
     sample writes into them, so anything else (a ``replace()``'d copy, another runner's,
     one released already whose arrays hold a later sample) would be written into the
-    caller's memory or break the sample.
+    caller's memory or break the sample. Subclasses say how a buffer is made, made
+    ready again, and which of its arrays are reused.
     """
 
-    def __init__(
-        self,
-        obs_space: spaces.Space,
-        action_space: spaces.Space,
-        extras_spec: Any,
-        num_steps: int,
-        num_envs: int,
-        infos: InfoRecorder | None,
-        compact: bool,
-    ) -> None:
-        self._shape = (obs_space, action_space, extras_spec, num_steps, num_envs, infos)
-        self._compact = compact
-        self._own_extras = policy_extras_keys(extras_spec, infos)
+    def __init__(self) -> None:
         self._out: dict[int, tuple[weakref.ref, list[tuple[np.ndarray, Any, Any]]]] = {}
         """id(trajectory) -> (a weak reference to it, its reused arrays as handed out,
         each with its shape and dtype). An entry goes when its trajectory does."""
-        self._free: list[Trajectory] = []
+        self._free: list[Any] = []
 
-    def take(self) -> Trajectory:
-        """A buffer for the next sample: a released one, reset, or a new one."""
-        obs_space, _, _, num_steps, num_envs, infos = self._shape
-        if self._free:
-            buf = self._free.pop()
-            # The fields a sample does not write in full (the caller may have changed them).
-            buf.valid.fill(True)
-            buf.env_id[...] = np.arange(num_envs)
-            if infos is not None:
-                infos.clear(buf.extras)
-        else:
-            buf = allocate_trajectory(*self._shape, compact=self._compact)
-        if self._compact:
-            buf = buf.replace(next_obs_store=FinalObsRecorder(obs_space, num_steps, num_envs))
-        return buf
+    @abc.abstractmethod
+    def _allocate(self) -> Any:
+        """A new, zeroed buffer."""
 
-    def hand_out(self, traj: Trajectory) -> None:
+    @abc.abstractmethod
+    def _refresh(self, buf: Any) -> Any:
+        """A released buffer, made as a new one is where a sample does not write in full
+        (the caller may have changed those fields)."""
+
+    @abc.abstractmethod
+    def _reused_arrays(self, traj: Any) -> list[Any]:
+        """The arrays of ``traj`` the next sample would write into, in a fixed order."""
+
+    @abc.abstractmethod
+    def _kept(self, traj: Any) -> Any:
+        """``traj`` as the pool keeps it: without what was added after the sample (the
+        connectors' extras)."""
+
+    def take(self) -> Any:
+        """A buffer for the next sample: a released one, made ready, or a new one."""
+        return self._refresh(self._free.pop()) if self._free else self._allocate()
+
+    def hand_out(self, traj: Any) -> None:
         """Records ``traj`` (a sample's result) as out: :meth:`release` may take it back."""
         key, out = id(traj), self._out
 
@@ -195,7 +191,7 @@ class BufferPool:
         arrays = [(a, a.shape, a.dtype) for a in self._reused_arrays(traj)]
         out[key] = (weakref.ref(traj, forget), arrays)
 
-    def release(self, traj: Trajectory) -> None:
+    def release(self, traj: Any) -> None:
         """Makes ``traj``'s arrays the next sample's.
 
         Raises:
@@ -206,7 +202,7 @@ class BufferPool:
         entry = self._out.get(id(traj))
         if entry is None or entry[0]() is not traj:
             raise InvalidArgumentError(
-                "EnvRunner.release(traj): traj is not a Trajectory this runner's sample() "
+                "EnvRunner.release(traj): traj is not a trajectory this runner's sample() "
                 "returned and that is still out (it may be another runner's, a slice, a copy "
                 "or a replace() of one, or released already). Pass the sample() result "
                 "itself, once, before the next sample()."
@@ -226,10 +222,49 @@ class BufferPool:
                 "this one stays yours (the runner allocates new buffers)."
             )
         del self._out[id(traj)]
-        self._free.append(traj.replace(extras={k: traj.extras[k] for k in self._own_extras}))
+        self._free.append(self._kept(traj))
+
+
+class BufferPool(ReusedBuffers):
+    """The ``[T, B]`` :class:`Trajectory` buffers of a single-agent host sampler."""
+
+    def __init__(
+        self,
+        obs_space: spaces.Space,
+        action_space: spaces.Space,
+        extras_spec: Any,
+        num_steps: int,
+        num_envs: int,
+        infos: InfoRecorder | None,
+        compact: bool,
+    ) -> None:
+        super().__init__()
+        self._shape = (obs_space, action_space, extras_spec, num_steps, num_envs, infos)
+        self._compact = compact
+        self._own_extras = policy_extras_keys(extras_spec, infos)
+
+    def take(self) -> Trajectory:
+        buf = super().take()
+        if self._compact:
+            obs_space, _, _, num_steps, num_envs, _ = self._shape
+            buf = buf.replace(next_obs_store=FinalObsRecorder(obs_space, num_steps, num_envs))
+        return buf
+
+    def _allocate(self) -> Trajectory:
+        return allocate_trajectory(*self._shape, compact=self._compact)
+
+    def _refresh(self, buf: Trajectory) -> Trajectory:
+        infos, num_envs = self._shape[5], self._shape[4]
+        buf.valid.fill(True)
+        buf.env_id[...] = np.arange(num_envs)
+        if infos is not None:
+            infos.clear(buf.extras)
+        return buf
+
+    def _kept(self, traj: Trajectory) -> Trajectory:
+        return traj.replace(extras={k: traj.extras[k] for k in self._own_extras})
 
     def _reused_arrays(self, traj: Trajectory) -> list[Any]:
-        """The arrays of ``traj`` the next sample would write into, in a fixed order."""
         extras = traj.extras if isinstance(traj.extras, dict) else {}
         fields = [
             traj.obs, traj.action, traj.reward, traj.terminated, traj.truncated,

@@ -440,10 +440,11 @@ def episode_counts(ends: np.ndarray, window: int, num_env_steps: int) -> SampleC
 
 
 class ScanSampler(Sampler):
-    """Runs :func:`rollout` on a JaxVectorEnv for an :class:`~jaxrunner.EnvRunner` (a
-    one-agent env; ``sample(params)`` returns a :class:`Trajectory` of device arrays) or a
-    :class:`~jaxrunner.MultiAgentRunner` (any env; ``sample(params_by_id)`` returns a
-    :class:`MultiAgentTrajectory`: groups on device, env-level ids on host).
+    """Runs :func:`rollout` on a JaxVectorEnv for an :class:`~jaxrunner.EnvRunner`: with a
+    ``SamplerSetup`` (a one-agent env), ``sample(params)`` returns a :class:`Trajectory` of
+    device arrays; with a ``MultiAgentSetup`` (a multi-agent env, or any env as groups),
+    ``sample(params_by_id)`` returns a :class:`MultiAgentTrajectory`: groups on device,
+    env-level ids on host.
 
     Perf timers stay 0: policy and env run fused, with no phase to time apart.
 
@@ -567,7 +568,7 @@ class ScanSampler(Sampler):
 
     def get_state(self) -> dict[str, Any]:
         """The whole rollout state, env states included (always restorable exactly), and
-        for a MultiAgentRunner each agent slot's running return and length (copies), per
+        for a multi-agent env each agent slot's running return and length (copies), per
         policy id."""
         if self._running is None:
             return {"rollout": self._loop.state}

@@ -19,8 +19,6 @@ from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.runner.env_runner import EnvRunner
-from jaxrunner._src.runner.multi_agent_runner import MultiAgentRunner
-from jaxrunner._src.runner.runner_for import runner_for
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -105,8 +103,7 @@ def evaluate(
     """Runs ``policy`` with ``params`` on ``envs`` for ``num_episodes`` complete
     episodes and returns them with their statistics.
 
-    A fresh runner (the one ``envs`` is sampled by: an :class:`~jaxrunner.EnvRunner`,
-    or a :class:`~jaxrunner.MultiAgentRunner` for a multi-agent env) resets every env
+    A fresh :class:`~jaxrunner.EnvRunner` resets every env
     from ``seed``, so a call measures whole episodes and the same arguments give the
     same result; a training runner's envs, episodes and metrics are never touched. Env
     ``i`` contributes its first ``num_episodes // num_envs`` episodes (one more for the
@@ -115,7 +112,7 @@ def evaluate(
     again; use envs of their own, never a training runner's.
 
     Multi-agent envs are evaluated over env episodes: ``policy``, ``params``,
-    ``connectors`` and ``connector_state`` are then as the ``MultiAgentRunner`` takes
+    ``connectors`` and ``connector_state`` are then as ``EnvRunner`` takes
     and returns them (one for every policy id or a dict by policy id; the state a dict
     by policy id), and the result also has each agent's returns.
 
@@ -155,12 +152,12 @@ def evaluate(
             f"{type(policy).__name__}."
         )
     acting = _acting(policy, deterministic)
-    runner = runner_for(envs, acting, params, rollout_length, seed, connectors=connectors)
+    runner = EnvRunner(envs, acting, params, rollout_length, seed, connectors=connectors)
     try:
         if connectors is not None:
             frozen = _frozen_states(runner, connector_state)
             runner.set_connector_state(runner.from_policy_dict(frozen))
-        ends = _env_episode_ends(runner) if multi_agent else _episode_ends(runner)  # type: ignore[arg-type]
+        ends = _env_episode_ends(runner) if runner.multi_agent else _episode_ends(runner)
         return _first_episodes(ends, envs.num_envs, num_episodes)
     finally:  # the caller's envs stay open, free for the next evaluation
         runner.stop(close_envs=False)
@@ -176,7 +173,7 @@ def _acting(policy: Any, deterministic: bool) -> Any:
 # -- the connectors' state, frozen -------------------------------------------------------------
 
 
-def _frozen_states(runner: EnvRunner | MultiAgentRunner, given: Any) -> dict[str, Any]:
+def _frozen_states(runner: EnvRunner, given: Any) -> dict[str, Any]:
     """Each policy's connector state for evaluation, by policy id: the training runner's
     (``given``, as the runner's ``get_connector_state()`` returns it) loaded and frozen."""
     fresh = runner.to_policy_dict(runner.get_connector_state(), "evaluate")
@@ -254,7 +251,7 @@ def _episode_ends(runner: EnvRunner) -> Callable[[int], list[_Ended]]:
     return next_ends
 
 
-def _env_episode_ends(runner: MultiAgentRunner) -> Callable[[int], list[_Ended]]:
+def _env_episode_ends(runner: EnvRunner) -> Callable[[int], list[_Ended]]:
     """Multi-agent: the env episodes the next sample ends, summed from its agents' slots
     (a transition never crosses its env episode: every one completes by its end)."""
     agents = list(runner.envs.possible_agents)

@@ -1,5 +1,5 @@
-"""RunnerWorker: one runner (an EnvRunner, or a MultiAgentRunner for a multi-agent env)
-inside a Ray actor, built there from picklable parts."""
+"""RunnerWorker: one EnvRunner (of either kind of env) inside a Ray actor, built there
+from picklable parts."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from jaxrunner._src.backends.capabilities import is_multi_agent
 from jaxrunner._src.connectors.moments import Moments, set_statistics, take_deltas
 from jaxrunner._src.core.policy import Params
 from jaxrunner._src.core.trajectory import MultiAgentTrajectory, Trajectory
-from jaxrunner._src.runner.runner_for import runner_for
+from jaxrunner._src.runner.env_runner import EnvRunner
 from jaxrunner._src.services.distributed.config import (
     EPISODE_ID_BITS,
     EnvRunnerGroupConfig,
@@ -28,9 +28,8 @@ Statistics = list[Moments] | dict[str, list[Moments]]
 
 
 class RunnerWorker:
-    """The body of one runner actor: the runner of the env it builds (an
-    :class:`~jaxrunner.EnvRunner`, or a :class:`~jaxrunner.MultiAgentRunner` for a
-    PettingZoo env), whose output carries group-wide env and episode ids. Both kinds are
+    """The body of one runner actor: an :class:`~jaxrunner.EnvRunner` on the env it
+    builds, whose output carries group-wide env and episode ids. Both kinds of env are
     driven through the same runner methods, values by policy id where they differ."""
 
     def __init__(
@@ -51,7 +50,7 @@ class RunnerWorker:
             policy: Any = {g.policy_id: policy_factory(g.action_space) for g in envs.groups}
         else:
             policy = policy_factory(envs.single_action_space)
-        self.runner = runner_for(
+        self.runner = EnvRunner(
             envs, policy, params, config.rollout_length, seed, **dict(config.runner_options)
         )
         self.params_version = params_version
