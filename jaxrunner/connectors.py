@@ -6,7 +6,7 @@ policy step, action connectors (rescaling) right after the policy, a reward conn
 what the policy saw in its ``extras`` (``policy_obs``, ``policy_next_obs``,
 ``scaled_reward``). To write one, subclass :class:`ObsConnector`,
 :class:`ActionConnector` or :class:`RewardConnector`. With agent groups
-(``MultiAgentRunner(..., connectors=...)``) each group keeps a state of its own.
+(``EnvRunner(..., connectors=...)``) each group keeps a state of its own.
 """
 
 from jaxrunner._src.connectors.base import (

@@ -155,7 +155,7 @@ def test_bench_on_a_pettingzoo_env_times_the_multi_agent_runner_on_both_backends
         systems = row["systems"]
         assert set(systems) == {"jaxrunner", "hand"}  # no ceiling for a multi-agent env
         assert systems["jaxrunner"]["label"] == (
-            f"jaxrunner MultiAgentRunner.sample(), backend {row['backend']}"
+            f"jaxrunner EnvRunner.sample(), backend {row['backend']}"
         )
         assert systems["hand"]["label"] == (
             "hand loop: a list of PettingZoo parallel envs, stepped one by one"
@@ -172,9 +172,9 @@ def test_bench_on_a_pettingzoo_env_times_the_multi_agent_runner_on_both_backends
     assert report["results"][1]["layout"]["num_workers"] >= 1
     # The text: what was measured, a table per backend without ceiling columns, the verdict.
     assert text.startswith("mpe2:simple_spread_v3 (3 agents: agent_0, agent_1, agent_2);")
-    assert "jaxrunner: MultiAgentRunner.sample() as a user runs it" in text
+    assert "jaxrunner: EnvRunner.sample() as a user runs it" in text
     for backend in ("sync", "process"):
-        assert f"backend {backend}: jaxrunner MultiAgentRunner against the hand loop" in text
+        assert f"backend {backend}: jaxrunner EnvRunner against the hand loop" in text
     assert "ceiling" not in text
     assert text.rstrip().splitlines()[-1] == report["verdict"]
     assert report["verdict"].startswith("jaxrunner is ")

@@ -229,7 +229,7 @@ def test_a_version_1_checkpoint_resumes_exactly(saved):
     assert_trees_equal(old_episodes, episodes, "agent episodes")
 
 
-def faulty_runner() -> jr.MultiAgentRunner:
+def faulty_runner() -> jr.EnvRunner:
     """coming_and_going on the sync backend whose sub-env 1 returns a NaN observation
     once (its episode ends as a fault; the restart policy recreates it)."""
     fns = [envs_mod.coming_and_going] * NUM_ENVS
@@ -237,7 +237,7 @@ def faulty_runner() -> jr.MultiAgentRunner:
     fns[1] = functools.partial(envs_mod.BadOutputs, "nan_obs", arm_seed)
     envs = jr.make_multi_agent_vec(fns, NUM_ENVS, restart_policy=jr.RestartPolicy())
     params = {g.policy_id: {"w": jnp.zeros(3)} for g in envs.groups}
-    return jr.MultiAgentRunner(envs, recurrent_policy(3), params, T, seed=SEED)
+    return jr.EnvRunner(envs, recurrent_policy(3), params, T, seed=SEED)
 
 
 def test_a_faulty_agent_episode_is_saved_and_restored_faulty(tmp_path):
@@ -726,7 +726,7 @@ def test_restore_refuses_a_max_bytes_that_is_no_byte_count(saved, max_bytes):
         before = runner_state(runner)
         with pytest.raises(
             jr.errors.JaxRunnerError,
-            match=rf"MultiAgentRunner\.restore\(max_bytes={max_bytes!r}\): expected an int >= 0",
+            match=rf"EnvRunner\.restore\(max_bytes={max_bytes!r}\): expected an int >= 0",
         ):
             runner.restore(saved, max_bytes=max_bytes)
         assert_trees_equal(runner_state(runner), before, "runner")
@@ -773,7 +773,7 @@ def test_restore_refuses_a_load_env_pickles_that_is_no_bool(saved):
         make() as runner,
         pytest.raises(
             jr.errors.JaxRunnerError,
-            match=r"MultiAgentRunner\.restore\(load_env_pickles='yes'\): expected True or False",
+            match=r"EnvRunner\.restore\(load_env_pickles='yes'\): expected True or False",
         ),
     ):
         runner.restore(saved, load_env_pickles="yes")

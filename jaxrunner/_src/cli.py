@@ -89,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench",
         help="is jaxrunner faster than the loop you would write by hand?",
-        description="Env steps/s of jaxrunner's EnvRunner.sample() (MultiAgentRunner for a "
-        "PettingZoo env) at its defaults against "
+        description="Env steps/s of jaxrunner's EnvRunner.sample() (single- or "
+        "multi-agent) at its defaults against "
         "the recording hand loop a user writes (the same jitted 64-64 tanh MLP, np.asarray, "
         "[T, B] numpy buffers, JAX at its defaults), each in its own process, in interleaved "
         "rounds; the policy-bound ceiling; where a jaxrunner step goes; a one-line verdict.",
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--env",
         default=DEFAULT_ENV,
         help="gymnasium id, or a PettingZoo parallel env as module:name (e.g. "
-        "mpe2:simple_spread_v3: MultiAgentRunner against the hand-written PettingZoo loop, "
+        "mpe2:simple_spread_v3: EnvRunner against the hand-written PettingZoo loop, "
         "backends sync and process) (default: %(default)s)",
     )
     bench.add_argument(

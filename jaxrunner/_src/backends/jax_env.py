@@ -34,7 +34,7 @@ ONE_AGENT = "agent_0"
 
 class JaxVectorEnv(GroupedAgents):
     """``num_envs`` copies of a pure-JAX env, for :class:`~jaxrunner.EnvRunner` (one agent)
-    or :class:`~jaxrunner.MultiAgentRunner` (a JaxMARL-style env: ``agents``,
+    or :class:`~jaxrunner.EnvRunner` (a JaxMARL-style env: ``agents``,
     ``reset(key)``, ``step_env(key, state, actions)`` with ``dones["__all__"]``).
 
     A one-agent env is one group (policy id ``"default_policy"``) of one agent

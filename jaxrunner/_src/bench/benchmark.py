@@ -34,7 +34,7 @@ class BenchConfig:
     env: str = "CartPole-v1"
     """A gymnasium id (also EnvPool's and gymnax's for those backends), or a PettingZoo
     parallel env as ``module:name`` (``mpe2:simple_spread_v3``: the module
-    ``mpe2.simple_spread_v3``): then ``MultiAgentRunner`` is measured against the
+    ``mpe2.simple_spread_v3``): then ``EnvRunner`` is measured against the
     multi-agent hand loop, on the backends of ``MULTI_AGENT_PLANS``."""
     widths: tuple[int, ...] = (1, 8, 64, 256)
     """Numbers of envs to measure."""

@@ -1,5 +1,5 @@
 """``jaxrunner bench`` on a PettingZoo parallel env (``module:name``):
-``MultiAgentRunner.sample()`` against the hand-written multi-agent loop."""
+``EnvRunner.sample()`` against the hand-written multi-agent loop."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ class MultiAgentHandLoop:
 
 
 class MultiAgentRunnerSystem:
-    """``MultiAgentRunner.sample()`` with the benchmark MLP per policy group, every
+    """``EnvRunner.sample()`` with the benchmark MLP per policy group, every
     option at its default (``systems.Spec`` with ``multi_agent``)."""
 
     def __init__(self, spec: Any) -> None:

@@ -83,7 +83,7 @@ def _format_multi_agent(report: dict[str, Any]) -> str:
         f"  (agent steps/s = {len(agents['agents'])} x env steps/s);",
         f"{config['rounds']} interleaved round{'s' if config['rounds'] > 1 else ''} of "
         f"{config['seconds']:g} s per system; jaxrunner and the hand loop in their own processes.",
-        "jaxrunner: MultiAgentRunner.sample() as a user runs it "
+        "jaxrunner: EnvRunner.sample() as a user runs it "
         f"(JAX CPU dispatch: {children['jaxrunner']['cpu_dispatch']}).",
         "hand loop: the loop a user writes: a list of the PettingZoo envs; per step every",
         "  agent's observation stacked into one [B * A, ...] array, the same jitted policy,",
@@ -133,7 +133,7 @@ def format_backend(rows: Sequence[dict[str, Any]], plans: dict[str, Plan] = PLAN
         )
     if not plan.ceiling:  # no ceiling measured: no columns for it
         table = [line[:5] + line[7:] for line in table]
-    runner = "MultiAgentRunner " if plan.multi_agent else ""
+    runner = "EnvRunner " if plan.multi_agent else ""
     lines = [
         f"backend {plan.backend}: jaxrunner {runner}against the hand loop over "
         f"{REFERENCES[plan.reference]}",

@@ -35,7 +35,7 @@ class Plan:
     ceiling: bool = True
     """Whether the policy-bound ceiling applies (not to a pure-JAX scan)."""
     multi_agent: bool = False
-    """The env is a PettingZoo env: ``MultiAgentRunner`` against the multi-agent hand
+    """The env is a PettingZoo env: ``EnvRunner`` against the multi-agent hand
     loop."""
 
     def unavailable(self) -> str | None:
@@ -110,7 +110,7 @@ class Harness:
 def label(name: str, plan: Plan) -> str:
     """What a system of a row is, in words."""
     if name == "jaxrunner":
-        runner = "MultiAgentRunner" if plan.multi_agent else "EnvRunner"
+        runner = "EnvRunner"
         return f"jaxrunner {runner}.sample(), backend {plan.backend}"
     if name == "ceiling":
         return "policy-bound ceiling: raw env + one bare policy call"

@@ -53,7 +53,7 @@ class Spec:
     """The hand loop's vector env (a key of ``REFERENCES``, or a peer library's that a
     child of ``benchmarks/`` builds); hand systems only."""
     multi_agent: bool = False
-    """``env`` is a PettingZoo env (``module:name``): ``MultiAgentRunner`` against the
+    """``env`` is a PettingZoo env (``module:name``): ``EnvRunner`` against the
     multi-agent hand loop (``multi_agent.py``)."""
     workload: str | None = None
     """A key of ``WORKLOADS``: every system builds its envs and policy from it (``env``

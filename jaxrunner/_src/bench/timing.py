@@ -40,7 +40,7 @@ def measure_runner(
     ``seconds``.
 
     Args:
-        runner: an ``EnvRunner`` or ``MultiAgentRunner`` (its ``get_metrics()``: env
+        runner: an ``EnvRunner`` (its ``get_metrics()``: env
             steps and the perf timers, ms per vector step).
         sample: samples once.
         num_envs: B.

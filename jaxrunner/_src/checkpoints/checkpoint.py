@@ -59,7 +59,7 @@ def save(parts: RunnerParts, path: str | os.PathLike) -> None:
     else:
         envs_kind, envs_note = _put_env_snapshots(arrays, parts.envs)
     meta = {
-        "format": format_name(parts.runner),
+        "format": format_name(parts.file_format),
         "version": VERSION,
         **identity(parts),
         "seed": parts.seed,

@@ -20,9 +20,11 @@ VERSION = 3
 """Version 3: one layout for both runners: params by policy id, the policy ids and
 agents in the metadata (an ``EnvRunner`` has one of each)."""
 READS = {"EnvRunner": (1, 2, 3), "MultiAgentRunner": (1, 3)}
-"""The versions each runner reads: ``EnvRunner`` 1 (sub-env pickles without their
-restart state) and 2 (params as the one policy's tree, no policy ids or agents in the
-metadata); ``MultiAgentRunner`` 1 (the layout of version 3)."""
+"""The versions read by format (``RunnerParts.file_format``): a single-agent env's
+(``"jaxrunner.EnvRunner checkpoint"``) 1 (sub-env pickles without their restart state)
+and 2 (params as the one policy's tree, no policy ids or agents in the metadata); a
+multi-agent env's (``"jaxrunner.MultiAgentRunner checkpoint"``) 1 (the layout of
+version 3)."""
 MAX_RESTORE_BYTES = 1 << 33
 """The most bytes a checkpoint's arrays may take in memory (8 GiB); read at each restore."""
 
@@ -181,8 +183,8 @@ class CheckpointFile(CheckpointReader):
         )
 
     def _check_meta(self, npz: NpzReader) -> dict[str, Any]:
-        runner = self.runner_name
-        meta = self.read_meta(npz, format_name(runner), READS[runner])
+        kind = self.parts.file_format
+        meta = self.read_meta(npz, format_name(kind), READS[kind])
         here = identity(self.parts)
         if self._one_tree(meta):  # no policy ids or agents then
             here = {key: here[key] for key in ("sampler", "num_envs")}
@@ -196,7 +198,7 @@ class CheckpointFile(CheckpointReader):
 
     def _one_tree(self, meta: dict[str, Any]) -> bool:
         """An ``EnvRunner`` checkpoint of version 1 or 2: params as the one policy's tree."""
-        return self.runner_name == "EnvRunner" and meta["version"] < 3
+        return self.parts.file_format == "EnvRunner" and meta["version"] < 3
 
     # -- state -------------------------------------------------------------------------------
 

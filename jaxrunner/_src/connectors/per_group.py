@@ -1,4 +1,4 @@
-"""Connectors per agent group (``MultiAgentRunner(..., connectors=...)``): which
+"""Connectors per agent group (``EnvRunner(..., connectors=...)``): which
 :class:`~jaxrunner.connectors.Connectors` each policy id's group runs, with the group's
 agent slots as rows (``B * A_g``, row ``b * A_g + a``), and each group's own state."""
 
@@ -15,7 +15,7 @@ from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 GroupConnectors = Connectors | Mapping[str, Connectors | None]
-"""What ``MultiAgentRunner(connectors=...)`` takes: one :class:`Connectors` for every
+"""What ``EnvRunner(connectors=...)`` takes: one :class:`Connectors` for every
 group (each group gets its own state), or a dict ``policy_id -> Connectors`` (policy
 ids left out, or mapped to None, run without connectors)."""
 
@@ -40,20 +40,20 @@ def per_policy_connectors(
         unknown = sorted(set(value) - set(ids), key=str)
         if unknown:
             raise InvalidArgumentError(
-                f"MultiAgentRunner(connectors=...): no policy ids {unknown}; the policy ids are "
+                f"EnvRunner(connectors=...): no policy ids {unknown}; the policy ids are "
                 f"{ids}. Key the dict by policy id (envs.policy_ids)."
             )
         chosen = {pid: conn for pid in ids if (conn := value.get(pid)) is not None}
         for pid, conn in chosen.items():
             if not isinstance(conn, Connectors):
                 raise InvalidArgumentTypeError(
-                    f"MultiAgentRunner(connectors={{{pid!r}: ...}}): expected a "
+                    f"EnvRunner(connectors={{{pid!r}: ...}}): expected a "
                     f"jaxrunner.connectors.Connectors (or None), got {type(conn).__name__}. "
                     "Wrap them: Connectors(obs=[...], action=[...], reward=...)."
                 )
     else:
         raise InvalidArgumentTypeError(
-            f"MultiAgentRunner(connectors=...): expected a jaxrunner.connectors.Connectors "
+            f"EnvRunner(connectors=...): expected a jaxrunner.connectors.Connectors "
             f"(for every group) or a dict policy_id -> Connectors, got {type(value).__name__}. "
             "Wrap a list of connectors: Connectors(obs=[...], action=[...], reward=...)."
         )
@@ -64,7 +64,7 @@ def per_policy_connectors(
             conn.init(1, spaces[pid])
         except InvalidArgumentError as err:
             err.add_note(
-                f"jaxrunner: in MultiAgentRunner(connectors=...) for policy {pid!r}, whose "
+                f"jaxrunner: in EnvRunner(connectors=...) for policy {pid!r}, whose "
                 f"agents observe {spaces[pid]!r}."
             )
             raise
@@ -77,7 +77,7 @@ def check_state_like(policy_id: str, current: ConnectorsState, state: Any) -> No
     got = jax.tree.structure(state), [np.shape(x) for x in jax.tree.leaves(state)]
     if want != got:
         raise InvalidArgumentError(
-            f"MultiAgentRunner.set_connector_state({{{policy_id!r}: state}}): expected the "
+            f"EnvRunner.set_connector_state({{{policy_id!r}: state}}): expected the "
             f"structure and shapes of get_connector_state()[{policy_id!r}] ({want[0]}, shapes "
             f"{want[1]}), got {got[0]}, shapes {got[1]}. Start from "
             "runner.get_connector_state() and replace its arrays."

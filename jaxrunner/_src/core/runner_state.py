@@ -11,7 +11,7 @@ from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.policy import Params
 
 Runner = Any
-"""An ``EnvRunner`` or a ``MultiAgentRunner``, as the layers below the runner facades
+"""An ``EnvRunner`` (of either kind of env), as the layers below the runner facades
 (samplers, callbacks, checkpoints) type it: they are handed one and never import it."""
 
 DEFAULT_POLICY_ID = "default_policy"
@@ -117,7 +117,11 @@ class RunnerParts:
     ``EnvRunner`` is one group of one agent); they never import a runner."""
 
     runner: str
-    """The runner's class name (``"EnvRunner"``), in messages and the file's format."""
+    """The runner's class name (``"EnvRunner"``), in messages."""
+    file_format: str
+    """The runner named in the checkpoint's format: ``"EnvRunner"``, or
+    ``"MultiAgentRunner"`` for a multi-agent env (the files' names for the two layouts
+    they had, kept so every file restores)."""
     state: RunnerState
     sampler: Any
     """The runner's sampler (``get_state``/``set_state``/``restart_episodes``)."""

@@ -554,8 +554,8 @@ class EnvRunner(EnvOwner):
                 sampler.set_connector_state(state, pid)
 
         return RunnerParts(
-            # The checkpoint's format keeps the names of the two runners it was written by.
-            runner="MultiAgentRunner" if self.multi_agent else "EnvRunner",
+            runner="EnvRunner",
+            file_format="MultiAgentRunner" if self.multi_agent else "EnvRunner",
             state=self.state,
             sampler=sampler,
             envs=envs,

@@ -90,8 +90,8 @@ class EnvOwner:
 
     def to_policy_dict(self, value: Any, where: str) -> dict[str, Any]:
         """``value`` (params, connector state, statistics), given as this runner's
-        methods take and return it, as a dict by policy id: an ``EnvRunner`` takes its
-        one policy's value, a ``MultiAgentRunner`` a dict by policy id (some of the ids;
+        methods take and return it, as a dict by policy id: a single-agent env's runner
+        takes its one policy's value, a multi-agent env's a dict by policy id (some of the ids;
         checked, ``where`` named in the error). The services treat both kinds alike
         through it and :meth:`from_policy_dict`."""
         return {self.policy_ids[0]: value}

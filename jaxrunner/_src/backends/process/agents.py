@@ -202,7 +202,7 @@ class ProcessMultiAgentVectorEnv(ProcessBackend, MultiAgentVectorEnv):
             most one per env: the main process waits while they step);
             ``main_process_envs`` does not apply to multi-agent envs yet and is refused.
             Lockstep (the default): ``recv`` answers the sends in order, and the runner
-            can pipeline splits (``MultiAgentRunner(num_splits=...)``).
+            can pipeline splits (``EnvRunner(num_splits=...)``).
             ``ready_first=True``: ``send`` covers whole workers and ``recv`` answers
             whichever worker's envs are ready (``capabilities.ready_first``), so a slow
             sub-env stalls only its worker's.

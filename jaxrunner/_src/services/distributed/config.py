@@ -45,7 +45,7 @@ class EnvRunnerGroupConfig:
     None: a failure fails the runner (which the group then replaces)."""
     runner_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments for each runner: :class:`~jaxrunner.EnvRunner`'s (``metrics``,
-    ``num_splits``...), or :class:`~jaxrunner.MultiAgentRunner`'s for a multi-agent env."""
+    ``num_splits``...), or :class:`~jaxrunner.EnvRunner`'s for a multi-agent env."""
     multi_agent: bool | None = None
     """Deprecated and ignored (a ``DeprecationWarning``): each runner learns the kind
     from the env it builds."""
@@ -71,7 +71,7 @@ class EnvRunnerGroupConfig:
             warnings.warn(
                 "EnvRunnerGroupConfig(multi_agent=...) is deprecated and ignored: each runner "
                 "learns the kind from the env it builds (a PettingZoo env factory gives "
-                "MultiAgentRunners). Leave it out.",
+                "multi-agent runners). Leave it out.",
                 DeprecationWarning,
                 stacklevel=3,
             )

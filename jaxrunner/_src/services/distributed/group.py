@@ -56,7 +56,7 @@ class EnvRunnerGroup:
     Args:
         env: a gymnasium id, or a picklable zero-argument factory of a gymnasium.Env
             or of a PettingZoo env (each runner is then a
-            :class:`~jaxrunner.MultiAgentRunner`).
+            :class:`~jaxrunner.EnvRunner`).
         policy_factory: a picklable callable ``(single_action_space) -> Policy`` (e.g.
             ``functools.partial(jaxrunner.models.mlp_policy, hidden=(64, 64))``); for a
             multi-agent env, called with each agent group's action space.
