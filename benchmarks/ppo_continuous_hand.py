@@ -19,9 +19,9 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-import ppo_continuous as example  # noqa: E402
+import ppo_continuous as example
 
-import jaxrunner as jr  # noqa: E402
+import jaxrunner as jr
 
 
 class RunningMeanStd:
@@ -43,8 +43,29 @@ class RunningMeanStd:
         self.mean, self.var = np.where(keep, mean, self.mean), np.where(keep, var, self.var)
         self.count = np.where(keep, total, self.count)
 
-    def scale(self, x: np.ndarray) -> np.ndarray:
-        return x / np.sqrt(self.var + 1e-8)
+
+class CleanRLWrappers:
+    """CleanRL's gymnasium wrappers of each sub-env, done by hand on ``[B]`` rows:
+    ``NormalizeObservation`` then clip to +-10, ``NormalizeReward(gamma)`` then clip to
+    +-10 (its discounted return carried over a truncation, as gymnasium's)."""
+
+    def __init__(self, num_envs: int, obs_shape: tuple[int, ...], gamma: float):
+        self.obs_rms = RunningMeanStd(num_envs, obs_shape)
+        self.return_rms = RunningMeanStd(num_envs)
+        self.discounted, self.gamma = np.zeros(num_envs), gamma
+
+    def observation(self, obs: np.ndarray) -> np.ndarray:
+        """Every observation an env returns (reset ones too) updates the statistics."""
+        self.obs_rms.update(obs, np.ones(len(obs), bool))
+        return np.clip((obs - self.obs_rms.mean) / np.sqrt(self.obs_rms.var + 1e-8), -10, 10)
+
+    def reward(self, reward: np.ndarray, terminated: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """The scaled rewards of the envs stepped (``valid``); 0 elsewhere."""
+        d = self.discounted * self.gamma * (1 - terminated) + reward
+        self.discounted = np.where(valid, d, self.discounted)
+        self.return_rms.update(self.discounted, valid)
+        scaled = reward / np.sqrt(self.return_rms.var + 1e-8)
+        return np.where(valid, np.clip(scaled, -10, 10), 0.0)
 
 
 def gae(reward, value, next_value, terminated, done, valid, gamma, lam):
@@ -79,14 +100,7 @@ def main() -> None:
         return action, extras["log_prob"], extras["value"], key
 
     key, act_key = jax.random.split(key)
-    # CleanRL's wrappers: NormalizeObservation then clip +-10; NormalizeReward then clip.
-    obs_rms, return_rms = RunningMeanStd(B, obs_shape), RunningMeanStd(B)
-    discounted = np.zeros(B)
-
-    def normalize(obs):
-        obs_rms.update(obs, np.ones(B, bool))  # every observation, reset ones included
-        return np.clip((obs - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10, 10)
-
+    wrappers = CleanRLWrappers(B, obs_shape, args.gamma)
     buf = {
         "obs": np.zeros((T, B, *obs_shape), np.float32),
         "action": np.zeros((T, B, *space.shape), np.float32),
@@ -97,7 +111,7 @@ def main() -> None:
     reward, terminated, done = (np.zeros((T, B), np.float32) for _ in range(3))
     episode_return, episode_returns = np.zeros(B), deque(maxlen=10)
     num_episodes = global_step = 0
-    obs = normalize(envs.reset()[0])
+    obs = wrappers.observation(envs.reset()[0])
     after_done = np.zeros(B, bool)  # the next step is EnvPool's reset step: no transition
     start = time.perf_counter()
     for _ in range(args.num_iterations):
@@ -109,9 +123,7 @@ def main() -> None:
             next_obs, r, term, trunc, _ = envs.step(np.clip(action, space.low, space.high))
             valid = ~after_done
             buf["valid"][t] = valid
-            discounted = np.where(valid, discounted * args.gamma * (1 - term) + r, discounted)
-            return_rms.update(discounted, valid)
-            reward[t] = np.where(valid, np.clip(return_rms.scale(r), -10, 10), 0.0)
+            reward[t] = wrappers.reward(r, term, valid)
             terminated[t], done[t] = term, term | trunc
             episode_return += np.where(valid, r, 0.0)
             for i in np.flatnonzero(term | trunc):
@@ -120,7 +132,7 @@ def main() -> None:
             num_episodes += int(np.sum(term | trunc))
             global_step += int(np.sum(valid))
             after_done = term | trunc
-            obs = normalize(next_obs)
+            obs = wrappers.observation(next_obs)
         # V(next obs) of each step: the next slot's value (EnvPool returns the final
         # observation at an episode's end, the reset one a step later).
         last_value = np.asarray(act(params, obs, act_key)[2])
