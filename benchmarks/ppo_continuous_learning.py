@@ -1,7 +1,7 @@
 """Does ``examples/ppo_continuous.py`` learn like its hand-loop twin
-(``benchmarks/ppo_continuous_hand.py``)? Runs both at full settings (CleanRL's defaults)
-for each seed, one after the other, and records each learning curve (global step -> mean
-return of the last 10 episodes, per iteration), its returns at a few steps and wall time.
+(``benchmarks/ppo_continuous_hand.py``)? Runs both at CleanRL's defaults per seed, one
+after the other; records each curve (global step -> mean return of the last 10
+episodes), its returns at a few steps and time as JSON, and the curves as a PNG.
 
     python3 benchmarks/ppo_continuous_learning.py --seeds 1 \\
         --out benchmarks/results/ppo_continuous_learning_cpu.json
@@ -21,7 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+import matplotlib
+
 from jaxrunner._src.bench import machine_info
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"example": "examples/ppo_continuous.py", "hand": "benchmarks/ppo_continuous_hand.py"}
@@ -52,6 +57,25 @@ def parse(text: str) -> dict:
         "loop_s": steps[-1] / rows[-1]["SPS"],  # the script's own clock: from its first step
         "curve": {"global_step": steps, "episodic_return": returns},
     }
+
+
+def plot(result: dict, path: Path) -> None:
+    """The curves, one line per run: the example's solid, the hand twin's dashed."""
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for run in result["runs"]:
+        curve = run["curve"]
+        style = "-" if run["name"] == "example" else "--"
+        label = f"{run['name']} (seed {run['seed']})"
+        ax.plot(curve["global_step"], curve["episodic_return"], style, label=label)
+    settings = result["settings"]
+    ax.set(
+        xlabel="env steps",
+        ylabel="mean return, last 10 episodes",
+        title=f"PPO on {settings['env_id']}: the example and its hand-loop twin",
+    )
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:
@@ -112,6 +136,7 @@ def main() -> None:
     text = json.dumps(result, indent=1)  # then each list of numbers on one line:
     text = re.sub(r"\[\s+([^][{}]*?)\s+\]", lambda m: "[" + " ".join(m[1].split()) + "]", text)
     args.out.write_text(text + "\n")
+    plot(result, args.out.with_suffix(".png"))
     for run in result["runs"]:
         at = " ".join(f"{int(x) // 1000}k={r:.0f}" for x, r in run["return_at"].items())
         print(
