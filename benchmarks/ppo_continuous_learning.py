@@ -60,13 +60,14 @@ def parse(text: str) -> dict:
 
 
 def plot(result: dict, path: Path) -> None:
-    """The curves, one line per run: the example's solid, the hand twin's dashed."""
+    """The curves, one line per run: a colour per script, a line style per seed."""
     fig, ax = plt.subplots(figsize=(7, 3.5))
+    seeds = sorted({run["seed"] for run in result["runs"]})
     for run in result["runs"]:
-        curve = run["curve"]
-        style = "-" if run["name"] == "example" else "--"
-        label = f"{run['name']} (seed {run['seed']})"
-        ax.plot(curve["global_step"], curve["episodic_return"], style, label=label)
+        curve, label = run["curve"], f"{run['name']} (seed {run['seed']})"
+        color = f"C{list(SCRIPTS).index(run['name'])}"
+        style = ("-", "--", ":", "-.")[seeds.index(run["seed"]) % 4]
+        ax.plot(curve["global_step"], curve["episodic_return"], style, color=color, label=label)
     settings = result["settings"]
     ax.set(
         xlabel="env steps",
