@@ -6,8 +6,8 @@ episodes), its returns at a few steps and time as JSON, and the curves as a PNG.
     python3 benchmarks/ppo_continuous_learning.py --seeds 1 \\
         --out benchmarks/results/ppo_continuous_learning_cpu.json
 
-Needs EnvPool and optax. ``--logs NAME:SEED:PATH ...`` records runs already made (each
-script's output, ``nice -n 10 python <script> --seed SEED > PATH``) instead of running.
+Needs EnvPool and optax. ``--logs NAME:SEED:PATH[:WALL_S] ...`` records runs already made
+(each script's output, ``python <script> --seed SEED > PATH``) instead of running them.
 """
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
     p.add_argument("--env-id", default="HalfCheetah-v4")
     p.add_argument("--total-timesteps", type=int, default=1_000_000)
-    p.add_argument("--logs", nargs="+", metavar="NAME:SEED:PATH", help="record these logs")
+    p.add_argument(
+        "--logs", nargs="+", metavar="NAME:SEED:PATH[:WALL_S]", help="record these logs instead"
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     flags = ["--env-id", args.env_id, "--total-timesteps", str(args.total_timesteps)]
@@ -92,8 +94,8 @@ def main() -> None:
     runs = []
     if args.logs:
         for item in args.logs:
-            name, seed, path = item.split(":", 2)
-            runs.append((name, int(seed), Path(path).read_text(), None))
+            name, seed, path, *wall = item.split(":")
+            runs.append((name, int(seed), Path(path).read_text(), float(wall[0]) if wall else None))
     else:
         env = {
             **os.environ,
@@ -129,6 +131,10 @@ def main() -> None:
             }
             for name, seed, text, wall in runs
         ],
+        "how": "from logs of runs made by hand (at nice 10, side by side on a shared machine: "
+        "times are no speed comparison)"
+        if args.logs
+        else "each run alone, one after the other",
         "command": "python3 benchmarks/ppo_continuous_learning.py " + " ".join(sys.argv[1:]),
         "machine": machine_info(),
         "load_avg_before": load_before,
