@@ -140,6 +140,19 @@ def main() -> None:
         "load_avg_before": load_before,
         "load_avg_after": list(os.getloadavg()),
     }
+    result["mean_over_seeds"] = {
+        name: {
+            "seeds": [run["seed"] for run in mine],
+            "final_return_mean": sum(run["final_return_mean"] for run in mine) / len(mine),
+            "return_at": {
+                x: sum(run["return_at"][x] for run in mine) / len(mine)
+                for x in mine[0]["return_at"]
+                if all(x in run["return_at"] for run in mine)
+            },
+        }
+        for name in SCRIPTS
+        if (mine := [run for run in result["runs"] if run["name"] == name])
+    }
     text = json.dumps(result, indent=1)  # then each list of numbers on one line:
     text = re.sub(r"\[\s+([^][{}]*?)\s+\]", lambda m: "[" + " ".join(m[1].split()) + "]", text)
     args.out.write_text(text + "\n")
