@@ -74,7 +74,7 @@ def plot(result: dict, path: Path) -> None:
         ylabel="mean return, last 10 episodes",
         title=f"PPO on {settings['env_id']}: the example and its hand-loop twin",
     )
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
