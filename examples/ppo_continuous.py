@@ -86,7 +86,24 @@ def masked_mean(x, valid):
     return jnp.sum(jnp.where(valid, x, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
 
 
-def make_update(policy: jr.Policy, optimizer: optax.GradientTransformation, args):
+def make_optimizer(args) -> optax.GradientTransformation:
+    """CleanRL's Adam: gradients clipped by global norm, the rate annealed to 0."""
+
+    def learning_rate(count):  # CleanRL's: annealed once per iteration, not per step
+        iteration = count // (args.num_minibatches * args.update_epochs)
+        return args.learning_rate * (1.0 - iteration / args.num_iterations)
+
+    return optax.chain(
+        optax.clip_by_global_norm(args.max_grad_norm),
+        optax.adam(learning_rate if args.anneal_lr else args.learning_rate, eps=1e-5),
+    )
+
+
+def make_learner(policy: jr.Policy, optimizer: optax.GradientTransformation, args):
+    """The PPO update of one rollout, given its advantages: ``learn(params, opt_state,
+    data, key)``, ``data`` a dict of ``[T, B, ...]`` arrays. Not jitted: called inside
+    the caller's jitted update (``benchmarks/ppo_continuous_hand.py`` shares it)."""
+
     def ppo_loss(params, mb):
         new = policy.evaluate(params, mb["obs"], mb["action"])  # log_prob, entropy, value
         logratio = new["log_prob"] - mb["log_prob"]
@@ -115,26 +132,7 @@ def make_update(policy: jr.Policy, optimizer: optax.GradientTransformation, args
         }
         return loss, stats
 
-    @jax.jit
-    def update(params, opt_state, traj, key):
-        # What the policy saw (normalized observations) and the rewards it learns from.
-        obs, next_obs = traj.extras[C.POLICY_OBS], traj.extras[C.POLICY_NEXT_OBS]
-        advantages, returns = jr.gae(
-            traj,
-            reward=traj.extras[C.SCALED_REWARD],
-            next_value=policy.value(params, next_obs, batch_ndim=2),  # V(true next obs)
-            gamma=args.gamma,
-            lam=args.gae_lambda,
-        )
-        data = {
-            "obs": obs,
-            "action": traj.action,
-            "log_prob": traj.extras["log_prob"],
-            "value": traj.extras["value"],
-            "advantages": advantages,
-            "returns": returns,
-            "valid": traj.valid,  # False at EnvPool's reset steps (gae gave them zeros)
-        }
+    def learn(params, opt_state, data, key):
         data = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), data)  # [T * B, ...]
 
         def minibatch_step(state, index):
@@ -161,6 +159,35 @@ def make_update(policy: jr.Policy, optimizer: optax.GradientTransformation, args
         stats["explained_variance"] = 1 - var(errors) / var(targets)
         return params, opt_state, stats
 
+    return learn
+
+
+def make_update(policy: jr.Policy, optimizer: optax.GradientTransformation, args):
+    """The whole PPO update of one Trajectory, jitted: GAE, then the learner."""
+    learn = make_learner(policy, optimizer, args)
+
+    @jax.jit
+    def update(params, opt_state, traj, key):
+        # What the policy saw (normalized observations) and the rewards it learns from.
+        obs, next_obs = traj.extras[C.POLICY_OBS], traj.extras[C.POLICY_NEXT_OBS]
+        advantages, returns = jr.gae(
+            traj,
+            reward=traj.extras[C.SCALED_REWARD],
+            next_value=policy.value(params, next_obs, batch_ndim=2),  # V(true next obs)
+            gamma=args.gamma,
+            lam=args.gae_lambda,
+        )
+        data = {
+            "obs": obs,
+            "action": traj.action,
+            "log_prob": traj.extras["log_prob"],
+            "value": traj.extras["value"],
+            "advantages": advantages,
+            "returns": returns,
+            "valid": traj.valid,  # False at EnvPool's reset steps (gae gave them zeros)
+        }
+        return learn(params, opt_state, data, key)
+
     return update
 
 
@@ -175,14 +202,7 @@ def main() -> None:
     key, init_key = jax.random.split(jax.random.key(args.seed))
     params = policy.init(init_key, connectors.observation_space(envs.single_observation_space))
 
-    def learning_rate(count):  # CleanRL's: annealed once per iteration, not per step
-        iteration = count // (args.num_minibatches * args.update_epochs)
-        return args.learning_rate * (1.0 - iteration / args.num_iterations)
-
-    optimizer = optax.chain(
-        optax.clip_by_global_norm(args.max_grad_norm),
-        optax.adam(learning_rate if args.anneal_lr else args.learning_rate, eps=1e-5),
-    )
+    optimizer = make_optimizer(args)
     opt_state = optimizer.init(params)
     update = make_update(policy, optimizer, args)
     runner = jr.EnvRunner(
