@@ -84,7 +84,8 @@ class ActorStepping(BaseVectorEnv):
         """Envs of replaced actors whose slot has not failed yet, and why: it fails in
         their next send, unstepped (a step already answered by the dead actor stays)."""
         self._fresh: dict[int, Any] = {}
-        """Each replaced actor's successor's reset reply: a failed slot's new sub-env."""
+        """Each replaced actor's successor's reset reply, written again to each row as
+        it fails (a step the dead actor answered may have been written since)."""
         described = actors.start()
         try:
             kind.describe(self, described, self.unit_rows)
@@ -344,15 +345,18 @@ class ActorStepping(BaseVectorEnv):
 
     def _lose(self, ref: Any, u: int, rows: slice, cause: BaseException) -> None:
         """Actor ``u``'s step ``ref`` (envs ``rows``) died with its actor: the actor is
-        replaced unless a step of another send already replaced it (then all of its
-        envs are pending); the envs' slots fail with ``cause``."""
+        replaced (its reset written to all of its rows, which are pending from then on)
+        unless a step of another send already replaced it; the envs' slots fail with
+        ``cause``."""
         call = self._owner.pop(ref)
         if call.steps.pop(ref) is self._actors.actors[u]:
             if self.restart_policy is None and not isinstance(cause, WorkerError):
                 self._actors.kill(self._actors.actors[u])
                 raise cause  # a missed deadline
-            self._fresh[u] = self._actors.replace(u, cause)  # raises without a policy
             unit = self.unit_rows[u]
+            reset = self._fresh[u] = self._actors.replace(u, cause)  # raises without a policy
+            # Its rows show the new sub-envs at once (as a process worker's shared memory).
+            self._kind.put_reset(reset, unit)
             self._pending.update(dict.fromkeys(range(unit.start, unit.stop), cause))
         for i in range(rows.start, rows.stop):
             self._pending.pop(i, None)
