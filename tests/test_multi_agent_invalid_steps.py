@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
+from jaxrunner._src.backends.multi_agent.buffers import FIELDS
 from jaxrunner.errors import InvalidStepError
 from jaxrunner.testing import coming_and_going
 from tests.multi_agent_envs import BadOutputs, tictactoe_with_infos
@@ -59,6 +60,44 @@ def test_a_failed_slot_holds_zeros_for_every_agent(backend):
     assert restarts == 1
     assert not g.valid[AT - 1, FAILING_ENV].any()
     assert_zero_where_invalid(traj)
+
+
+@pytest.fixture(scope="module")
+def failed_steps():
+    """Each (backend, fault kind)'s step ``AT`` (copies), stepped by hand, made once."""
+    steps = {}
+
+    def step(backend, kind):
+        if (backend, kind) not in steps:
+            timeout = None if kind == "raise" else 60.0  # a death: two envs per worker
+            with make_envs(backend, faulty_fns(kind), True, step_timeout_s=timeout) as envs:
+                out = envs.reset_batch(list(range(NUM_ENVS)))
+                for _ in range(AT):
+                    out = envs.step_batch([np.zeros(out.groups["policy_0"].acting.shape, int)])
+                (g,) = out.groups.values()
+                arrays = {name: getattr(g, name) for name in FIELDS} | out._asdict()
+                del arrays["groups"], arrays["infos"], arrays["errors"], arrays["env_ids"]
+                steps[backend, kind] = jax.tree.map(np.array, arrays)
+        return steps[backend, kind]
+
+    return step
+
+
+@pytest.mark.parametrize(
+    ("backend", "kind"), [("process", "raise"), ("ray", "raise"), ("ray", "kill")]
+)
+def test_a_failed_slot_reads_the_same_in_the_step_on_every_backend(backend, kind, failed_steps):
+    # A sub-env that raises (env 1 fails) as on the sync backend; one that kills its
+    # worker or actor (envs 0 and 1 fail) as on the process backend: every field equal,
+    # the failed rows' outcomes zero, their acting agents the new sub-envs'.
+    out = failed_steps(backend, kind)
+    ref = failed_steps("sync" if kind == "raise" else "process", kind)
+    failed = [FAILING_ENV] if kind == "raise" else [0, 1]
+    np.testing.assert_array_equal(np.flatnonzero(out["failed"]), failed)
+    jr.testing.assert_trees_equal(out, ref, "step")
+    for name in ("completed", "reward", "terminated", "truncated", "next_obs", "env_reward"):
+        assert not out[name][failed].any(), name
+    assert out["acting"][failed].any()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -246,6 +246,54 @@ def test_env_actor_killed_mid_sample_is_replaced_and_nothing_good_is_lost():
     assert after.valid.all()
 
 
+@pytest.mark.parametrize("kind", ["gymnasium", "pettingzoo"])
+def test_a_replaced_actors_env_that_was_not_stepping_fails_at_its_next_step(kind, tmp_path):
+    """Lockstep in splits of one env: env 1 hangs in the last step of a sample and its
+    actor is replaced; env 0, done with that sample, fails at its next step (unstepped,
+    its episode cut), exactly as on the process backend with one worker of both."""
+    pytest.importorskip("pettingzoo")  # the env, and the policy of tests/test_multi_agent.py
+    from tests.test_multi_agent import random_policy, zero_params
+
+    T = 4
+    base = jr.testing.coming_and_going
+    if kind == "gymnasium":
+        base = functools.partial(CountingEnv, episode_length=3)
+    hang = jr.testing.FaultPlan(kind="hang", at=(T,), hang_s=60.0)  # a new env 1 hangs too
+    configs = {
+        "process": jr.ProcessConfig(num_workers=1, step_timeout_s=1.5),
+        "ray": jr.RayConfig(
+            envs_per_actor=2, num_cpus_per_actor=0.1, ready_first=False, step_timeout_s=1.5
+        ),
+    }
+    got = {}
+    for backend, config in configs.items():
+        log = jr.testing.CallLog(tmp_path / backend)
+        fns = jr.testing.faulty_env_fns(base, 2, {1: [hang]}, log)
+        envs = jr.make_vec(fns, 2, backend, config=config, restart_policy=jr.RestartPolicy())
+        # Actions from the key alone: the unseeded new sub-envs' observations differ.
+        policy, params = random_policy(3), zero_params(3)
+        with jr.EnvRunner(envs, policy, params, T, seed=0, num_splits=2) as runner:
+            trajs = [runner.sample(), runner.sample()]
+            got[backend] = trajs, runner.get_metrics(), log.count("step_ok")
+        if backend == "process":
+            counts = (envs.num_lost_steps, envs.num_unrun_steps)
+    (traj, ref), (metrics, ref_metrics) = zip(*(got[b][:2] for b in ("ray", "process")))
+    valid = np.ones((2 * T, 2), bool)
+    valid[[T - 1, 2 * T - 1], 1] = valid[T, 0] = False  # env 0 after env 1's first hang
+    np.testing.assert_array_equal(np.concatenate([t.valid for t in traj]), valid)
+    fields = ("valid", "episode_id", "step", "action", "reward", "terminated", "truncated")
+    for mine, theirs in zip(traj, ref):
+        if kind == "pettingzoo":  # deterministic envs: every field
+            jr.testing.assert_trees_equal(mine, theirs, "trajectory")
+        for name in fields if kind == "gymnasium" else ():
+            np.testing.assert_array_equal(getattr(mine, name), getattr(theirs, name), name)
+    keys = ("num_env_steps", "num_dropped_steps", "num_faulty_episodes")
+    assert {k: metrics[k] for k in keys} == {k: ref_metrics[k] for k in keys}
+    # Each hang's step is dropped, and env 0's unstepped one (num_unrun_steps).
+    assert counts == (0, 1) and metrics["num_dropped_steps"] == 3
+    assert got["ray"][2] == got["process"][2] == metrics["num_env_steps"] == 4 * T - 3
+
+
 # -- EnvRunnerGroup ----------------------------------------------------------------------------
 
 N_ENVS, T_GROUP = 2, 16

@@ -226,13 +226,7 @@ class AgentBlock(SubEnvBlock):
 
     def _fail_row(self, b: int) -> None:
         """Row ``b``'s step holds no transition (its outcomes are cleared)."""
-        self.env_done[b], self.env_reward[b], self.unassigned_reward[b] = False, 0.0, 0.0
-        clear_row(self.buffers, "next_obs", b)
-        for buf in self.buffers:
-            buf.completed[b] = False
-            buf.reward[b] = 0.0
-            buf.terminated[b] = False
-            buf.truncated[b] = False
+        self.step_buffers.fail_row(b)
 
     def _fresh(self, j: int, env: Any, seed: int | None) -> dict[str, Any]:
         clear_row(self.buffers, "obs", j)  # no observation of the old sub-env stays

@@ -131,6 +131,19 @@ class AgentStepBuffers(NamedTuple):
             self.unassigned_reward[part],
         )
 
+    def fail_row(self, b: int) -> None:
+        """Env ``b``'s step holds no transition for any agent: its outcomes are zero
+        (``acting``/``obs`` stay: the new sub-env's). The one failed-row helper of every
+        multi-agent backend."""
+        self.env_done[b], self.env_reward[b], self.unassigned_reward[b] = False, 0.0, 0.0
+        for buf in self.groups:
+            for leaf in jax.tree.leaves(buf.next_obs):
+                leaf[b] = 0
+            buf.completed[b] = False
+            buf.reward[b] = 0.0
+            buf.terminated[b] = False
+            buf.truncated[b] = False
+
 
 class MultiAgentStep(NamedTuple):
     """What one multi-agent vector step returns (views of the env's buffers: valid until

@@ -156,15 +156,8 @@ class AgentLayout(BlockLayout):
             dst[lo:hi] = src
 
     def fail_slot(self, views: AgentViews, index: int) -> None:
-        b = views.buffers
-        b.env_done[index], b.env_reward[index], b.unassigned_reward[index] = False, 0.0, 0.0
-        for g in b.groups:
-            g.completed[index] = False
-            g.reward[index] = 0.0
-            g.terminated[index] = False
-            g.truncated[index] = False
-            # The replacement's sub-envs are reset by then: who acts next is theirs, and
-            # acting agents act on a new episode.
+        # The replacement's sub-envs are reset by then: who acts next is theirs.
+        views.buffers.fail_row(index)
 
     def result(
         self,

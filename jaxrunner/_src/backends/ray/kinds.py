@@ -95,8 +95,11 @@ class GymnasiumRows:
         space_arrays.copy_into(self.space, self.buffers.obs, obs, rows)
         return Answer(infos, None, {}, {})
 
-    def fail(self, index: int) -> None:
-        """Env ``index``'s slot holds no transition (its new sub-env's reset is in)."""
+    def fail(self, index: int, reset: tuple[Any, Any], k: int) -> None:
+        """Env ``index``'s slot holds no transition; its observation is its new sub-env's,
+        row ``k`` of its new actor's ``reset`` reply."""
+        obs = space_arrays.rows(self.space, reset[0], slice(k, k + 1))
+        space_arrays.copy_into(self.space, self.buffers.obs, obs, slice(index, index + 1))
         fail_slot(self.buffers, self.space, index)
 
     def step(self, lo: int, hi: int, whole: bool, *fields: Any) -> BatchStep:
@@ -163,12 +166,11 @@ class AgentRows:
 
     put_reset = put
 
-    def fail(self, index: int) -> None:
-        """Env ``index``'s row holds no transition; who acts next is its new sub-env's."""
-        b = self.buffers
-        b.env_done[index], b.env_reward[index], b.unassigned_reward[index] = False, 0.0, 0.0
-        for buf in b.groups:
-            buf.completed[index] = False
+    def fail(self, index: int, reset: BlockReply, k: int) -> None:
+        """Env ``index``'s row holds no transition; who acts next, on what, is its new
+        sub-env's, row ``k`` of its new actor's ``reset`` reply."""
+        _put_reply(self.buffers, reset, slice(index, index + 1), slice(k, k + 1))
+        self.buffers.fail_row(index)
 
     def step(
         self,
@@ -190,22 +192,24 @@ class AgentRows:
         return reply.infos[index - unit.start]
 
 
-def _put_reply(b: AgentStepBuffers, reply: BlockReply, rows: slice) -> None:
-    """An actor's reply written to ``rows`` of the buffers."""
+def _put_reply(
+    b: AgentStepBuffers, reply: BlockReply, rows: slice, part: slice = slice(None)
+) -> None:
+    """Rows ``part`` of an actor's reply written to ``rows`` of the buffers."""
     for buf, arrays in zip(b.groups, reply.groups):
         for name, value in arrays.items():
-            _copy_rows(getattr(buf, name), value, rows)
-    b.env_done[rows] = reply.env_done
-    b.env_reward[rows] = reply.env_reward
-    b.unassigned_reward[rows] = reply.unassigned_reward
+            _copy_rows(getattr(buf, name), value, rows, part)
+    b.env_done[rows] = reply.env_done[part]
+    b.env_reward[rows] = reply.env_reward[part]
+    b.unassigned_reward[rows] = reply.unassigned_reward[part]
 
 
-def _copy_rows(dst: Any, src: Any, rows: slice) -> None:
+def _copy_rows(dst: Any, src: Any, rows: slice, part: slice) -> None:
     if isinstance(dst, dict):
         for key in dst:
-            _copy_rows(dst[key], src[key], rows)
+            _copy_rows(dst[key], src[key], rows, part)
     elif isinstance(dst, tuple):
         for d, s in zip(dst, src):
-            _copy_rows(d, s, rows)
+            _copy_rows(d, s, rows, part)
     else:
-        dst[rows] = src
+        dst[rows] = src[part]

@@ -43,9 +43,10 @@ class ActorStepping(BaseVectorEnv):
     ``recv`` answers whichever actor is ready (gymnasium envs: with every other actor
     ready within ``remote_env_batch_wait_ms``, as one step). ``step_batch`` waits for
     every actor of its rows. A dead or hung actor is killed and, under a restart
-    policy, replaced: its sub-envs' slots fail (``failed``); without one the failure
-    raises :class:`~jaxrunner.errors.WorkerError` (a death) or
-    :class:`~jaxrunner.errors.RemoteTimeoutError` (a missed deadline).
+    policy, replaced: its sub-envs' slots fail (``failed``), those of its steps in
+    flight at once, the others at their next send, unstepped (as the process backend
+    does); without one the failure raises :class:`~jaxrunner.errors.WorkerError` (a
+    death) or :class:`~jaxrunner.errors.RemoteTimeoutError` (a missed deadline).
     """
 
     config: RayConfig
@@ -79,6 +80,12 @@ class ActorStepping(BaseVectorEnv):
         self._calls: list[Call] = []
         """Sends not yet received, in send order (ready-first: one per actor)."""
         self._owner: dict[Any, Call] = {}  # actor step ref -> its send
+        self._pending: dict[int, BaseException] = {}
+        """Envs of replaced actors whose slot has not failed yet, and why: it fails in
+        their next send, unstepped (a step already answered by the dead actor stays)."""
+        self._fresh: dict[int, Any] = {}
+        """Each replaced actor's successor's reset reply, written again to each row as
+        it fails (a step the dead actor answered may have been written since)."""
         described = actors.start()
         try:
             kind.describe(self, described, self.unit_rows)
@@ -116,6 +123,7 @@ class ActorStepping(BaseVectorEnv):
         """Resets every sub-env; the results of sends not yet received are dropped."""
         self._check_open("reset")
         self._discard()
+        self._pending.clear()  # every sub-env starts afresh from what the caller gets
         actors = self._actors
         refs = [
             actor.reset.remote(list(seeds[rows]), options)
@@ -143,6 +151,7 @@ class ActorStepping(BaseVectorEnv):
             reply = self._actors.ray.get(ref, timeout=self.config.step_timeout_s)
         except Exception as err:
             raise self._actors.remote_error(err, u, "reset_at")  # noqa: B904  (chained)
+        self._pending.pop(index, None)
         return self._kind.reset_at_result(reply, unit, index)
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
@@ -272,15 +281,33 @@ class ActorStepping(BaseVectorEnv):
         return self._send(lo, hi, whole, parts)
 
     def _send(self, lo: int, hi: int, whole: bool, parts: list[tuple[int, slice, Any]]) -> Call:
+        """Sends each actor its rows' part, except rows of a replaced actor still to
+        fail: their slots fail in this send, unstepped."""
         call = Call(lo, hi, whole)
         for u, rows, part in parts:
             actor, unit = self._actors.actors[u], self.unit_rows[u]
-            ref = actor.step.remote(rows.start - unit.start, rows.stop - unit.start, part)
-            self._in_flight.add(ref, u, rows)
-            call.steps[ref] = actor
-            self._owner[ref] = call
+            for run in self._unrun(rows, call):
+                at = slice(run.start - rows.start, run.stop - rows.start)
+                mine = part if run == rows else self._kind.part(part, at)
+                ref = actor.step.remote(run.start - unit.start, run.stop - unit.start, mine)
+                self._in_flight.add(ref, u, run)
+                call.steps[ref] = actor
+                self._owner[ref] = call
         self._calls.append(call)
         return call
+
+    def _unrun(self, rows: slice, call: Call) -> list[slice]:
+        """The runs of ``rows`` to step; the pending ones fail in ``call``."""
+        if not self._pending:
+            return [rows]
+        runs, start = [], rows.start
+        for i in range(rows.start, rows.stop):
+            if i in self._pending:
+                call.lost[i] = self._pending.pop(i)
+                if start < i:
+                    runs.append(slice(start, i))
+                start = i + 1
+        return [*runs, slice(start, rows.stop)] if start < rows.stop else runs
 
     def _wait(self, call: Call | None) -> Call:
         """Waits until send ``call`` (None: any) has every reply; takes it off the list.
@@ -318,16 +345,22 @@ class ActorStepping(BaseVectorEnv):
 
     def _lose(self, ref: Any, u: int, rows: slice, cause: BaseException) -> None:
         """Actor ``u``'s step ``ref`` (envs ``rows``) died with its actor: the actor is
-        replaced (and its reset written to all of its rows) unless a step of another
-        send already replaced it; the envs' slots fail with ``cause``."""
+        replaced (its reset written to all of its rows, which are pending from then on)
+        unless a step of another send already replaced it; the envs' slots fail with
+        ``cause``."""
         call = self._owner.pop(ref)
         if call.steps.pop(ref) is self._actors.actors[u]:
             if self.restart_policy is None and not isinstance(cause, WorkerError):
                 self._actors.kill(self._actors.actors[u])
                 raise cause  # a missed deadline
-            rows = self.unit_rows[u]
-            self._kind.put_reset(self._actors.replace(u, cause), rows)  # raises without policy
-        call.lost.update(dict.fromkeys(range(rows.start, rows.stop), cause))
+            unit = self.unit_rows[u]
+            reset = self._fresh[u] = self._actors.replace(u, cause)  # raises without a policy
+            # Its rows show the new sub-envs at once (as a process worker's shared memory).
+            self._kind.put_reset(reset, unit)
+            self._pending.update(dict.fromkeys(range(unit.start, unit.stop), cause))
+        for i in range(rows.start, rows.stop):
+            self._pending.pop(i, None)
+            call.lost[i] = cause
 
     def _result(self, call: Call) -> Any:
         """Send ``call``'s replies written to the buffers; its step."""
@@ -354,10 +387,11 @@ class ActorStepping(BaseVectorEnv):
                 failed[rows.start - lo : rows.stop - lo] = answer.failed
             errors.update(answer.errors)
             reset_infos.update(answer.reset_infos)
+        per = self.config.envs_per_actor
         for i in lost:
             if lo <= i < hi:
                 failed[i - lo] = True
-                self._kind.fail(i)
+                self._kind.fail(i, self._fresh[i // per], i % per)
         return infos, reset_infos, failed if failed.any() else None, errors or None
 
     def _discard(self) -> None:

@@ -27,9 +27,9 @@ class RayVectorEnv(ActorStepping, VectorEnv):
     (``BatchStep.env_ids`` its slice); lockstep with ``ready_first=False``.
     :meth:`step_batch` waits for every actor of its rows. An actor that dies or misses
     ``step_timeout_s`` is killed and, under a ``restart_policy``, replaced: its sub-envs'
-    step in flight fails and their episodes end as faulty; without one the failure
-    raises :class:`~jaxrunner.errors.WorkerError` (a death) or
-    :class:`~jaxrunner.errors.RemoteTimeoutError` (a missed deadline).
+    steps in flight fail, its other sub-envs' next ones (unstepped), and their episodes
+    end as faulty; without one the failure raises :class:`~jaxrunner.errors.WorkerError`
+    (a death) or :class:`~jaxrunner.errors.RemoteTimeoutError` (a missed deadline).
 
     Ray must be importable; if no Ray instance is running, Ray starts a local one on
     first use (call ``ray.init(address="auto")`` first to use a cluster).
