@@ -24,10 +24,7 @@ from jaxrunner._src.core.policy import Params, Policy, check_params_like
 from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner._src.core.trajectory import MultiAgentTrajectory, Trajectory
 from jaxrunner._src.runner.auto_layout import from_env
-from jaxrunner._src.runner.env_runner_checks import (
-    check_arguments,
-    check_host_options,
-)
+from jaxrunner._src.runner.env_runner_checks import check_arguments, check_host_options
 from jaxrunner._src.runner.kinds import kind_of
 from jaxrunner._src.runner.ownership import Ownership
 from jaxrunner._src.runner.progress import Progress
@@ -36,10 +33,7 @@ from jaxrunner._src.samplers.info_arrays import InfoKeys
 from jaxrunner._src.samplers.lockstep import LockstepSampler
 from jaxrunner._src.samplers.multi_agent import MultiAgentSampler
 from jaxrunner._src.samplers.scan import ScanSampler
-from jaxrunner.errors import (
-    InvalidArgumentError,
-    InvalidArgumentTypeError,
-)
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
 class EnvRunner:
@@ -74,26 +68,18 @@ class EnvRunner:
             policy computes one split's actions while another split's envs step.
             ``None`` lets the backend or the width decide (two splits on
             accelerators from 8 envs, on a CPU host with asynchronous dispatch from
-            256, else one). Outputs are bitwise identical whatever the number of
-            splits: each split's call computes only its own envs' rows, in fixed-size
-            chunks whose results do not depend on the batch (batch invariance).
-            Ready-first backends and pure-JAX envs take None (or 1).
+            256, else one). Outputs are bitwise identical whatever the number (batch
+            invariance, docs/concepts.md). Ready-first backends and pure-JAX envs take
+            None (or 1).
         info_keys: names of per-step info entries to record as float64 ``[T, B]``
             arrays, in ``traj.extras["infos"][name]`` with the mask of the steps that had
             them in ``traj.extras["infos_present"][name]`` (``"episode.r"`` reaches into
-            ``info["episode"]``). Host backends; nothing is recorded or paid without it.
-            A name no info has had by the first episode end is refused as misspelt.
-            ``"all"``: every entry any info reports, numbers only (another kind is
-            refused, naming the entry); each sample has every name reported since the
-            runner started, so names first reported later (e.g. ``episode.r`` at the
-            first episode end) appear from that sample on. Multi-agent: ``[T, B, A_g]``
-            in each group's extras, an agent's own entry of its env's per-agent infos at
-            the step that completed its transition (lined up with ``valid``).
+            ``info["episode"]``), or ``"all"``: every numeric entry reported so far.
+            Host backends; multi-agent: ``[T, B, A_g]`` in each group's extras, lined up
+            with ``valid``. The rules: docs/concepts.md, "Infos as arrays".
         compact_next_obs: store ``traj.next_obs`` only where it is not the next step's
-            ``obs`` (episode ends, failed steps, reset steps, the last step), and build
-            it from ``obs`` when it is read: half the memory of image observations,
-            and ``traj.next_value(value, value_fn)`` evaluates only the stored rows.
-            Single-agent host backends.
+            ``obs``, and build it from ``obs`` when it is read: half the memory of image
+            observations (docs/concepts.md, "Memory"). Single-agent host backends.
         connectors: optional :class:`~jaxrunner.connectors.Connectors` (observation
             normalization, frame stacking, reward scaling, action rescaling), run on
             device inside the compiled policy step; initialise the policy on
