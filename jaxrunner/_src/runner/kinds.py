@@ -20,6 +20,7 @@ from jaxrunner._src.core.policy import Params
 from jaxrunner._src.core.runner_state import (
     DEFAULT_POLICY_ID,
     EpisodeJoiner,
+    Runner,
     RunnerParts,
     RunnerState,
 )
@@ -37,8 +38,6 @@ from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner._src.samplers.sampler import HostSampler, SamplerSetup
 from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import InvalidArgumentError
-
-Runner = Any  # the EnvRunner these parts serve (it imports this module)
 
 
 class AgentGroups:
@@ -256,10 +255,8 @@ class OneAgent(AgentGroups):
         return None  # one agent: its episodes are the env's, seen by the per-step hooks
 
     def connector_states(self, state: Any, sampler: Any, connectors: dict) -> dict[str, Any]:
-        return {
-            pid: connectors[pid].load_state(sampler.get_connector_state(pid), value)
-            for pid, value in self.to_policy_dict(state, "").items()
-        }
+        pid = DEFAULT_POLICY_ID  # checked by Connectors.load_state
+        return {pid: connectors[pid].load_state(sampler.get_connector_state(pid), state)}
 
     def spaces(self) -> dict[str, Any]:
         envs = self.envs
