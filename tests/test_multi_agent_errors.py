@@ -210,3 +210,21 @@ def test_params_and_policy_ids_are_checked():
         with pytest.raises(InvalidArgumentError, match="no such policy"):
             runner.get_params("nobody")
         assert runner.get_params("policy_0")["w"].shape == (3,)
+
+
+def test_one_argument_check_refuses_what_the_single_agent_runner_refuses():
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)  # one policy id
+    policy = random_policy(3)
+    with pytest.raises(InvalidArgumentError, match=r"EnvRunner\(params=None\)"):
+        jr.EnvRunner(envs, policy, None, 4, seed=0)
+    with pytest.raises(InvalidArgumentTypeError, match=r"takes a jaxrunner\.multi_agent\."):
+        jr.EnvRunner(envs, policy, zero_params(3), 4, seed=0, callbacks=jr.Callbacks())
+
+    class DeclaresMultiAgent:  # declares the kind, but is no vector env
+        multi_agent = True
+
+    with pytest.raises(InvalidArgumentTypeError, match="expected a jaxrunner vector env"):
+        jr.EnvRunner(DeclaresMultiAgent(), policy, zero_params(3), 4, seed=0)
+    # Refused before the runner took the envs: a runner may still have them.
+    with jr.EnvRunner(envs, policy, zero_params(3), 4, seed=0) as runner:
+        assert runner.sample().groups["policy_0"].valid.shape[:2] == (4, 2)

@@ -619,6 +619,8 @@ def test_constructor_argument_errors():
         jr.EnvRunner(envs, policy, params, rollout_length=0, seed=0)
     with pytest.raises(ValueError, match="seed"):
         jr.EnvRunner(envs, policy, params, rollout_length=4, seed=-1)
+    with pytest.raises(TypeError, match=r"single-agent env takes a jaxrunner\.Callbacks"):
+        jr.EnvRunner(envs, policy, params, rollout_length=4, seed=0, callbacks=object())
     gym_envs = gymnasium.vector.SyncVectorEnv([short_cartpole])
     with pytest.raises(TypeError, match="make_vec"):
         jr.EnvRunner(gym_envs, policy, params, rollout_length=4, seed=0)

@@ -18,9 +18,12 @@ import numpy as np
 from jaxrunner._src.backends import EnvSpec, check_vec_options, choose_auto_layout, make_vec
 from jaxrunner._src.backends.auto import LayoutChoice
 from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.process import ProcessConfig
 from jaxrunner._src.backends.process.launch import default_num_workers
+from jaxrunner._src.backends.ray import RayConfig
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.samplers.callbacks import Callbacks
 
 TRIAL_ROUNDS = 5
 """Timed samples per candidate, interleaved (after one warm-up sample each); the
@@ -48,7 +51,7 @@ TRIAL_OPTIONS = ("num_splits", "connectors", "info_keys", "compact_next_obs")
 work of a step). Callbacks and metrics are left out: the trial's samples are nobody's."""
 
 
-def make_runner(
+def from_env(
     runner_cls: type,
     env: EnvSpec,
     num_envs: int,
@@ -56,16 +59,32 @@ def make_runner(
     params: Params,
     rollout_length: int,
     seed: int,
+    callbacks: Callbacks | None = None,
     *,
-    backend: str,
-    config: Any,
-    restart_policy: RestartPolicy | None,
-    env_kwargs: Mapping[str, Any] | None,
-    runner_options: dict[str, Any],
+    backend: str = "auto",
+    config: ProcessConfig | RayConfig | None = None,
+    restart_policy: RestartPolicy | None = None,
+    env_kwargs: Mapping[str, Any] | None = None,
+    **options: Any,
 ) -> Any:
-    """Builds the envs (``make_vec``; with ``backend="auto"`` on the layout a trial
-    with the policy chose) and the runner that owns them (see
-    :meth:`~jaxrunner.EnvRunner.from_env`)."""
+    """A runner on envs it builds and owns (``make_vec(env, num_envs, backend,
+    config=..., restart_policy=..., **env_kwargs)``; :meth:`stop` closes them).
+
+    With ``backend="auto"`` (the default) the layout is chosen with the policy
+    timed: where ``make_vec``'s env-only rule would start workers, a short trial
+    runs this policy on sync and on those workers and keeps the faster (a few
+    samples of each, after compiling; ``get_metrics()["auto"]`` and
+    ``runner.envs.layout_choice`` report both rates and why). Where EnvPool has the
+    env id (and there are no ``env_kwargs`` and no ``restart_policy``), the
+    ``"envpool"`` backend is tried too. Where neither applies, nothing is tried.
+    Either way the trajectories are exactly those of the chosen layout built by
+    hand, with the same seed. A PettingZoo env factory is tried on sync and workers
+    alike (``policy`` and ``params`` then as for a multi-agent env).
+
+    ``options`` are :class:`EnvRunner`'s keyword options (``metrics``,
+    ``num_splits``, ``connectors``, ``info_keys``, ``compact_next_obs``).
+    """
+    runner_options = {"callbacks": callbacks, **options}
     env_kwargs = dict(env_kwargs or {})
     choice = None
     if backend == "auto":

@@ -5,64 +5,38 @@ from __future__ import annotations
 
 import os
 import warnings
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
 
-from jaxrunner._src import space_arrays
-from jaxrunner._src.arg_checks import check_bool
-from jaxrunner._src.backends import EnvSpec
+from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.backends.base import BaseVectorEnv, VectorEnv
-from jaxrunner._src.backends.capabilities import is_multi_agent
-from jaxrunner._src.backends.jax_env import ONE_AGENT, JaxVectorEnv
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
-from jaxrunner._src.backends.process import ProcessConfig
-from jaxrunner._src.backends.ray import RayConfig
-from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.checkpoints import checkpoint
 from jaxrunner._src.checkpoints.checkpoint import RestoreReport
 from jaxrunner._src.checkpoints.checkpoint_file import MAX_RESTORE_BYTES
-from jaxrunner._src.connectors.per_group import (
-    GroupConnectors,
-    check_state_like,
-    per_policy_connectors,
-)
+from jaxrunner._src.connectors.per_group import GroupConnectors
 from jaxrunner._src.connectors.pipeline import Connectors
-from jaxrunner._src.core.agent_groups import AgentGroup
-from jaxrunner._src.core.episode import AgentEpisode, Episode, concatenate_episodes
-from jaxrunner._src.core.metrics import MetricsConfig, RunnerMetrics
-from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.core.runner_state import (
-    DEFAULT_POLICY_ID,
-    EpisodeJoiner,
-    RunnerParts,
-    RunnerState,
-)
-from jaxrunner._src.core.seeds import env_seeds
+from jaxrunner._src.core.metrics import MetricsConfig
+from jaxrunner._src.core.policy import Params, Policy, check_params_like
+from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner._src.core.trajectory import MultiAgentTrajectory, Trajectory
-from jaxrunner._src.runner.env_runner_checks import (
-    check_arguments,
-    check_connectors,
-    check_host_options,
-    check_multi_agent_arguments,
-    check_ready_first_options,
-    check_scan_agent_options,
-)
-from jaxrunner._src.runner.ownership import EnvOwner
-from jaxrunner._src.samplers.agent_callbacks import agent_episode_joiner, overrides
+from jaxrunner._src.runner.auto_layout import from_env
+from jaxrunner._src.runner.env_runner_checks import check_arguments, check_host_options
+from jaxrunner._src.runner.kinds import kind_of
+from jaxrunner._src.runner.ownership import Ownership
+from jaxrunner._src.runner.progress import Progress
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.info_arrays import InfoKeys
 from jaxrunner._src.samplers.lockstep import LockstepSampler
-from jaxrunner._src.samplers.multi_agent import MultiAgentSampler, MultiAgentSetup
-from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
-from jaxrunner._src.samplers.sampler import HostSampler, SamplerSetup
-from jaxrunner._src.samplers.scan import ScanSampler, check_runner_options
+from jaxrunner._src.samplers.multi_agent import MultiAgentSampler
+from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
-class EnvRunner(EnvOwner):
+class EnvRunner:
     """Samples trajectories from a vector env of either kind with jitted policies.
 
     The env declares its kind (``envs.multi_agent``): a single-agent env gives
@@ -94,26 +68,18 @@ class EnvRunner(EnvOwner):
             policy computes one split's actions while another split's envs step.
             ``None`` lets the backend or the width decide (two splits on
             accelerators from 8 envs, on a CPU host with asynchronous dispatch from
-            256, else one). Outputs are bitwise identical whatever the number of
-            splits: each split's call computes only its own envs' rows, in fixed-size
-            chunks whose results do not depend on the batch (batch invariance).
-            Ready-first backends and pure-JAX envs take None (or 1).
+            256, else one). Outputs are bitwise identical whatever the number (batch
+            invariance, docs/concepts.md). Ready-first backends and pure-JAX envs take
+            None (or 1).
         info_keys: names of per-step info entries to record as float64 ``[T, B]``
             arrays, in ``traj.extras["infos"][name]`` with the mask of the steps that had
             them in ``traj.extras["infos_present"][name]`` (``"episode.r"`` reaches into
-            ``info["episode"]``). Host backends; nothing is recorded or paid without it.
-            A name no info has had by the first episode end is refused as misspelt.
-            ``"all"``: every entry any info reports, numbers only (another kind is
-            refused, naming the entry); each sample has every name reported since the
-            runner started, so names first reported later (e.g. ``episode.r`` at the
-            first episode end) appear from that sample on. Multi-agent: ``[T, B, A_g]``
-            in each group's extras, an agent's own entry of its env's per-agent infos at
-            the step that completed its transition (lined up with ``valid``).
+            ``info["episode"]``), or ``"all"``: every numeric entry reported so far.
+            Host backends; multi-agent: ``[T, B, A_g]`` in each group's extras, lined up
+            with ``valid``. The rules: docs/concepts.md, "Infos as arrays".
         compact_next_obs: store ``traj.next_obs`` only where it is not the next step's
-            ``obs`` (episode ends, failed steps, reset steps, the last step), and build
-            it from ``obs`` when it is read: half the memory of image observations,
-            and ``traj.next_value(value, value_fn)`` evaluates only the stored rows.
-            Single-agent host backends.
+            ``obs``, and build it from ``obs`` when it is read: half the memory of image
+            observations (docs/concepts.md, "Memory"). Single-agent host backends.
         connectors: optional :class:`~jaxrunner.connectors.Connectors` (observation
             normalization, frame stacking, reward scaling, action rescaling), run on
             device inside the compiled policy step; initialise the policy on
@@ -143,48 +109,38 @@ class EnvRunner(EnvOwner):
         info_keys: Sequence[str] | str = (),
         compact_next_obs: bool = False,
     ) -> None:
-        self.multi_agent = is_multi_agent(envs)
-        """The kind the env declares: agents in policy groups (True) or one agent."""
-        if self.multi_agent:
-            policies, by_id = check_multi_agent_arguments(
-                envs, policy, params, rollout_length, seed, callbacks, num_splits
-            )
-        else:
-            check_arguments(envs, policy, params, rollout_length, seed, callbacks, num_splits)
-            policies, by_id = {DEFAULT_POLICY_ID: policy}, {DEFAULT_POLICY_ID: params}
+        self.kind = kind_of(envs)
+        """The per-kind part (``runner/kinds.py``), chosen once from what the env
+        declares: agents in policy groups, or one agent."""
+        policies, by_id = check_arguments(
+            envs, self.kind, policy, params, rollout_length, seed, callbacks, num_splits
+        )
         self.info_keys: InfoKeys = check_host_options(
             envs, info_keys, compact_next_obs, self.multi_agent
         )
         self.compact_next_obs = compact_next_obs
-        self.connectors: Any = connectors
+        self.connectors: Any
         """As given: a ``Connectors`` or None; multi-agent: a dict by policy id of the
         groups with connectors."""
-        self._connectors: dict[str, Connectors] = {}
+        self._connectors: dict[str, Connectors]
         """Policy id -> its group's connectors (those with connectors only)."""
-        if self.multi_agent:
-            self._connectors = self.connectors = per_policy_connectors(connectors, envs.groups)  # type: ignore[union-attr]
-        elif check_connectors(connectors) is not None:
-            self._connectors = {DEFAULT_POLICY_ID: connectors}  # type: ignore[dict-item]
-        self._claim(envs)
+        self.connectors, self._connectors = self.kind.connectors(connectors)
+        self._ownership = Ownership(type(self).__name__, envs)
         self.envs: Any = envs
         self.policy = policy
-        self._policies: dict[str, Policy] = policies  # type: ignore[assignment]
+        self._policies: dict[str, Policy] = policies
         self.rollout_length = int(rollout_length)
         self.seed = int(seed)
         self.callbacks: Any = callbacks
-        self._closed = False
-        self.state: RunnerState = self._new_state(by_id, metrics or MetricsConfig())
+        device_params = {pid: jax.device_put(p) for pid, p in by_id.items()}
+        self.state: RunnerState = self.kind.new_state(device_params, metrics or MetricsConfig())
         """Params, metrics and episode bookkeeping (a typed runner state, which the
         services read); the sampler holds the per-step rest."""
-        self._on_agent_episode_end = (
-            callbacks.on_agent_episode_end  # type: ignore[union-attr]
-            if self.multi_agent and overrides(callbacks, "on_agent_episode_end")  # type: ignore[arg-type]
-            else None
-        )
+        self._on_agent_episode_end = self.kind.agent_episode_end(callbacks)
         try:
-            self.sampler: Any = self._make_sampler(num_splits)
+            self.sampler: Any = self.kind.sampler(self, num_splits)
         except (KeyError, TypeError, AttributeError) as err:
-            self._release(envs)
+            self._ownership.release()
             if isinstance(err, InvalidArgumentTypeError):
                 raise
             # Tracing the policy with params of the wrong structure fails deep in its code.
@@ -194,131 +150,16 @@ class EnvRunner(EnvOwner):
                 "with: policy.init(jax.random.key(0), envs.single_observation_space)."
             ) from err
         except BaseException:
-            self._release(envs)
+            self._ownership.release()
             raise
 
-    def _new_state(self, params: dict[str, Params], metrics: MetricsConfig) -> RunnerState:
-        device_params = {pid: jax.device_put(p) for pid, p in params.items()}
-        if not self.multi_agent:
-            return RunnerState(
-                params=device_params,
-                metrics=RunnerMetrics(metrics),
-                episodes=EpisodeJoiner(
-                    lambda e: e.env_id, concatenate_episodes, lambda e: e.episode_id
-                ),
-            )
-        envs = self.envs
-        return RunnerState(
-            params=device_params,
-            metrics=RunnerMetrics(metrics, {g.policy_id: g.agents for g in envs.groups}),
-            episodes=agent_episode_joiner(envs.possible_agents),
-            callback_episodes=agent_episode_joiner(envs.possible_agents),
-        )
+    @property
+    def multi_agent(self) -> bool:
+        """The kind the env declares: agents in policy groups (True) or one agent."""
+        return self.kind.multi_agent
 
-    @classmethod
-    def from_env(
-        cls,
-        env: EnvSpec,
-        num_envs: int,
-        policy: Policy | Mapping[str, Policy],
-        params: Params,
-        rollout_length: int,
-        seed: int,
-        callbacks: Callbacks | None = None,
-        *,
-        backend: str = "auto",
-        config: ProcessConfig | RayConfig | None = None,
-        restart_policy: RestartPolicy | None = None,
-        env_kwargs: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> EnvRunner:
-        """A runner on envs it builds and owns (``make_vec(env, num_envs, backend,
-        config=..., restart_policy=..., **env_kwargs)``; :meth:`stop` closes them).
-
-        With ``backend="auto"`` (the default) the layout is chosen with the policy
-        timed: where ``make_vec``'s env-only rule would start workers, a short trial
-        runs this policy on sync and on those workers and keeps the faster (a few
-        samples of each, after compiling; ``get_metrics()["auto"]`` and
-        ``runner.envs.layout_choice`` report both rates and why). Where EnvPool has the
-        env id (and there are no ``env_kwargs`` and no ``restart_policy``), the
-        ``"envpool"`` backend is tried too. Where neither applies, nothing is tried.
-        Either way the trajectories are exactly those of the chosen layout built by
-        hand, with the same seed. A PettingZoo env factory is tried on sync and workers
-        alike (``policy`` and ``params`` then as for a multi-agent env).
-
-        ``options`` are :class:`EnvRunner`'s keyword options (``metrics``,
-        ``num_splits``, ``connectors``, ``info_keys``, ``compact_next_obs``).
-        """
-        from jaxrunner._src.runner.auto_layout import make_runner
-
-        return make_runner(
-            cls, env, num_envs, policy, params, rollout_length, seed,
-            backend=backend, config=config, restart_policy=restart_policy,
-            env_kwargs=env_kwargs, runner_options={"callbacks": callbacks, **options},
-        )  # fmt: skip
-
-    def _make_sampler(self, num_splits: int | None) -> Any:
-        """The sampler for what the env declares: scan for a pure-JAX env; for host envs,
-        ready-first for ``ready_first`` backends, else lockstep (the multi-agent sampler
-        runs both in one loop)."""
-        envs, callbacks = self.envs, self.callbacks
-        setup: SamplerSetup | MultiAgentSetup  # the kind's, as the env declares it
-        if self.multi_agent:
-            setup = MultiAgentSetup(
-                self._policies,
-                self.state.params,
-                self.rollout_length,
-                self.seed,
-                self.state.metrics,
-                connectors=self._connectors,
-                info_keys=self.info_keys,
-            )
-        else:
-            setup = SamplerSetup(
-                self.policy,  # type: ignore[arg-type]
-                self.get_params(),
-                self.rollout_length,
-                self.seed,
-                self.state.metrics,
-                connectors=self.connectors,
-                info_keys=self.info_keys,
-                compact_next_obs=self.compact_next_obs,
-            )
-        if isinstance(envs, JaxVectorEnv):  # one jitted scan per sample
-            if isinstance(setup, MultiAgentSetup):
-                check_scan_agent_options(callbacks, num_splits)
-            else:
-                check_runner_options(callbacks, num_splits)
-            return ScanSampler(envs, setup)
-        if not self.multi_agent and envs.reset_seed not in (None, self.seed):
-            warnings.warn(
-                f"EnvRunner(seed={self.seed}): these envs were reset with seed="
-                f"{envs.reset_seed} (make_vec(..., seed=...) or reset(seed=...)); the runner "
-                f"resets them again with its own seed, which decides. Give the seed in one "
-                "place: EnvRunner(..., seed=...).",
-                UserWarning,
-                stacklevel=3,
-            )
-        first = envs.reset_batch(env_seeds(self.seed, envs.num_envs))
-        # A proxy: the sampler must not keep its runner alive (one owner per env).
-        runner = weakref.proxy(self) if callbacks is not None else None
-        if isinstance(setup, MultiAgentSetup):
-            return MultiAgentSampler(
-                envs, first, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
-            )
-        obs, _ = first
-        sampler: HostSampler
-        if envs.capabilities.ready_first:
-            check_ready_first_options(envs, callbacks, num_splits)
-            sampler = ReadyFirstSampler(envs, obs, setup)
-        else:
-            sampler = LockstepSampler(
-                envs, obs, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
-            )
-        space_arrays.check_policy_actions(
-            envs.single_action_space, sampler.action_spec, envs.num_envs
-        )
-        return sampler
+    # Built with envs it owns, the layout chosen with the policy timed: auto_layout.py.
+    from_env = classmethod(from_env)
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -335,14 +176,7 @@ class EnvRunner(EnvOwner):
         pure-JAX env's scan fills it when it returns)."""
         check_bool("EnvRunner.sample", "progress", progress)
         self.state.episodes.forget()
-        return self._sample_with_callbacks(progress)
-
-    def _sample_with_callbacks(self, progress: bool = False) -> Any:
-        traj = self._sample_once(progress)
-        if self._on_agent_episode_end is not None:
-            for episode in self.state.callback_episodes.complete(traj.split_episodes()):  # type: ignore[union-attr]
-                self._on_agent_episode_end(self, episode)
-        return traj
+        return self._sample(progress)
 
     def release(self, traj: Trajectory | MultiAgentTrajectory) -> None:
         """Hands back a trajectory :meth:`sample` returned that you no longer read: the
@@ -377,13 +211,89 @@ class EnvRunner(EnvOwner):
         those cut by a sub-env failure (``faulty``; kept with ``include_faulty``)
         are skipped. With ``progress``, a progress bar counts the episodes (tqdm where
         it is installed, else a line on stderr)."""
-        check_bool("EnvRunner.sample_episodes", "include_faulty", include_faulty)
-        return self._sample_episodes(
-            num_episodes,
-            progress,
-            self._sample_with_callbacks,
-            lambda e: include_faulty or not e.faulty,
-        )
+        name = f"{type(self).__name__}.sample_episodes"
+        check_bool(name, "include_faulty", include_faulty)
+        check_int(name, "num_episodes", num_episodes)
+        check_bool(name, "progress", progress)
+        state = self.state
+        with Progress(num_episodes, enabled=progress, desc=name, unit="episode") as bar:
+            bar.update(len(state.finished))
+            while len(state.finished) < num_episodes:
+                done = state.episodes.complete(self._sample().split_episodes())
+                state.finished.extend(e for e in done if include_faulty or not e.faulty)
+                bar.update(len(state.finished))
+        return state.take_finished(num_episodes)
+
+    def iterate(
+        self, num_samples: int | None = None, *, progress: bool = False, reuse_buffers: bool = False
+    ) -> Iterator[Any]:
+        """Yields ``num_samples`` results of :meth:`sample` (``None``: until the loop
+        stops), as TorchRL and Sample Factory users iterate a collector.
+
+        Args:
+            num_samples: how many samples; ``None`` for an endless iterator.
+            progress: a progress bar counting env steps (tqdm where it is installed,
+                else a line on stderr).
+            reuse_buffers: hand each trajectory back (``release``) when the next is
+                asked for, so the loop writes into one set of buffers instead of
+                allocating a sample's memory each time; a yielded trajectory is then
+                valid until the next iteration only (copy what you keep). Host envs only
+                (a pure-JAX env's trajectories live on device).
+        """
+        name = f"{type(self).__name__}.iterate"
+        num_samples = check_int(name, "num_samples", num_samples, low=0, none="for no end")
+        check_bool(name, "progress", progress)
+        check_bool(name, "reuse_buffers", reuse_buffers)
+        if reuse_buffers and isinstance(self.sampler, ScanSampler):
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.iterate(reuse_buffers=True): this runner's "
+                "trajectories cannot be handed back (a pure-JAX env's live on device); leave "
+                "reuse_buffers=False."
+            )
+        return self._iterate(num_samples, progress, reuse_buffers)
+
+    def _iterate(
+        self, num_samples: int | None, progress: bool, reuse_buffers: bool
+    ) -> Iterator[Any]:
+        per_sample = self.rollout_length * self.envs.num_envs
+        total = None if num_samples is None else num_samples * per_sample
+        done = 0
+        name = f"{type(self).__name__}.iterate"
+        with Progress(total, enabled=progress, desc=name, unit="env step") as bar:
+            while num_samples is None or done < num_samples:
+                traj = self.sample()
+                done += 1
+                bar.update(done * per_sample)
+                yield traj
+                if reuse_buffers:
+                    self.release(traj)
+
+    def set_params(self, params: Params, policy_id: str | None = None) -> None:
+        """Replaces the params of policy ``policy_id`` (``None``: the runner's one policy);
+        takes effect at the next step and never recompiles. The new params must have the
+        structure, shapes and dtypes of the old ones."""
+        self._check_usable("set_params")
+        if isinstance(params, str) and params in self.state.params and policy_id is not None:
+            warnings.warn(
+                f"{type(self).__name__}.set_params(policy_id, params) is the old order; call "
+                "set_params(params, policy_id), as every runner takes it.",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            params, policy_id = policy_id, params
+        pid = self._policy_id("set_params", policy_id)
+        check_params_like(self.state.params[pid], params, "runner")
+        self.state.params[pid] = jax.device_put(params)
+
+    def get_params(self, policy_id: str | None = None) -> Params:
+        """The params of policy ``policy_id`` (``None``: the runner's one policy), as the
+        runner holds them, on device."""
+        return self.state.params[self._policy_id("get_params", policy_id)]
+
+    @property
+    def policy_ids(self) -> tuple[str, ...]:
+        """The runner's policy ids (a single-agent env's one: ``"default_policy"``)."""
+        return tuple(self.state.params)
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes a checkpoint of the runner to ``path`` (one ``.npz`` file, numpy
@@ -394,7 +304,7 @@ class EnvRunner(EnvOwner):
         it; sub-envs of a backend that can snapshot them (``capabilities.can_snapshot``:
         the sync backend) are added as pickles. Call it between samples."""
         self._check_usable("save")
-        checkpoint.save(self._parts(), path)
+        checkpoint.save(self.kind.parts(self), path)
 
     def restore(
         self,
@@ -427,7 +337,7 @@ class EnvRunner(EnvOwner):
                 runner is unchanged.
         """
         self._check_usable("restore")
-        parts = self._parts()
+        parts = self.kind.parts(self)
         report = checkpoint.restore(parts, path, load_env_pickles, max_bytes)
         self.seed = parts.seed
         return report
@@ -449,26 +359,8 @@ class EnvRunner(EnvOwner):
         :meth:`~jaxrunner.connectors.Connectors.load_state`; multi-agent: a dict by
         policy id of those (some of the ids with connectors)."""
         self._check_connectors("set_connector_state")
-        if self.multi_agent and (
-            not isinstance(state, Mapping) or not set(state) <= set(self._connectors)
-        ):
-            got = sorted(state, key=str) if isinstance(state, Mapping) else type(state).__name__
-            raise InvalidArgumentError(
-                "EnvRunner.set_connector_state(state): expected a dict keyed by policy "
-                f"ids with connectors ({list(self._connectors)}), got {got}. Start from "
-                "runner.get_connector_state()."
-            )
-        given = self.to_policy_dict(state, "EnvRunner.set_connector_state(state)")
         sampler = self.sampler
-        if self.multi_agent:
-            for pid, value in given.items():
-                check_state_like(pid, sampler.get_connector_state(pid), value)
-        else:
-            given = {
-                pid: self._connectors[pid].load_state(sampler.get_connector_state(pid), value)
-                for pid, value in given.items()
-            }
-        for pid, value in given.items():
+        for pid, value in self.kind.connector_states(state, sampler, self._connectors).items():
             sampler.set_connector_state(value, pid)
 
     def get_metrics(self) -> dict[str, Any]:
@@ -489,18 +381,7 @@ class EnvRunner(EnvOwner):
     def get_spaces(self) -> dict[str, Any]:
         """The single-env and batched observation and action spaces; multi-agent: each
         policy id's one-agent observation and action spaces, by policy id."""
-        envs = self.envs
-        if self.multi_agent:
-            return {
-                "observation_space": {g.policy_id: g.observation_space for g in envs.groups},
-                "action_space": {g.policy_id: g.action_space for g in envs.groups},
-            }
-        return {
-            "observation_space": envs.single_observation_space,
-            "action_space": envs.single_action_space,
-            "batched_observation_space": envs.observation_space,
-            "batched_action_space": envs.action_space,
-        }
+        return self.kind.spaces()
 
     @property
     def num_splits(self) -> int:
@@ -516,68 +397,75 @@ class EnvRunner(EnvOwner):
         takes its one policy's value, a multi-agent env's a dict by policy id (some of
         the ids; checked, ``where`` named in the error). The services treat both kinds
         alike through it and :meth:`from_policy_dict`."""
-        if not self.multi_agent:
-            return {DEFAULT_POLICY_ID: value}
-        ids = self.policy_ids
-        if not isinstance(value, Mapping) or not set(value) <= set(ids):
-            got = sorted(value, key=str) if isinstance(value, Mapping) else type(value).__name__
-            raise InvalidArgumentError(
-                f"{where}: this runner's env is multi-agent, so it takes a dict by policy id, "
-                f"keyed by some of the policy ids {list(ids)}; got {got}. Check the keys "
-                "against envs.policy_ids."
-            )
-        return dict(value)
+        return self.kind.to_policy_dict(value, where)
 
     def from_policy_dict(self, values: Mapping[str, Any]) -> Any:
         """The inverse of :meth:`to_policy_dict`: values by policy id, as this runner's
         methods take and return them."""
-        return dict(values) if self.multi_agent else values[DEFAULT_POLICY_ID]
+        return self.kind.from_policy_dict(values)
+
+    def stop(self, close_envs: bool = True) -> None:
+        """Ends the runner: it cannot sample afterwards, and its envs are free for
+        another runner. Closes the envs unless ``close_envs`` is False."""
+        if not self._ownership.closed:
+            self._ownership.release()
+            if close_envs:
+                self.envs.close()
+
+    def close(self) -> None:
+        """:meth:`stop`, closing the envs (the name gymnasium and Python users reach for)."""
+        self.stop()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _parts(self) -> RunnerParts:
-        """The state checkpoints save and restore (a single-agent env: one group of one
-        agent)."""
-        envs, sampler = self.envs, self.sampler
-        groups = envs.groups if self.multi_agent else (
-            AgentGroup(
-                DEFAULT_POLICY_ID,
-                (ONE_AGENT,),
-                envs.single_observation_space,
-                envs.single_action_space,
-            ),
-        )  # fmt: skip
+    def _sample(self, progress: bool = False) -> Any:
+        """One ``sampler.sample(params)``, then the per-agent-episode hooks; a failure
+        marks the runner unusable. With ``progress``, a bar counts the sample's env steps
+        as they are recorded."""
+        self._check_usable("sample")
+        total = self.rollout_length * self.envs.num_envs
+        name = f"{type(self).__name__}.sample"
+        params = self.kind.from_policy_dict(self.state.params)
+        with Progress(total, enabled=progress, desc=name, unit="env step") as bar:
+            try:
+                traj = self.sampler.sample(params, progress=bar.update if progress else None)
+            except BaseException as err:
+                self.state.failure = err
+                raise
+            bar.update(total)  # a pure-JAX env's scan reports only when it returns
+        if self._on_agent_episode_end is not None:
+            for episode in self.state.callback_episodes.complete(traj.split_episodes()):  # type: ignore[union-attr]
+                self._on_agent_episode_end(self, episode)
+        return traj
 
-        def restart_connectors() -> None:  # e.g. ScaleReward's running returns restart too
-            for pid, connectors in self._connectors.items():
-                state = connectors.restart_episodes(sampler.get_connector_state(pid))
-                sampler.set_connector_state(state, pid)
+    def _check_usable(self, what: str) -> None:
+        self._ownership.check_usable(what, self.state.failure)
 
-        return RunnerParts(
-            runner="EnvRunner",
-            file_format="MultiAgentRunner" if self.multi_agent else "EnvRunner",
-            state=self.state,
-            sampler=sampler,
-            envs=envs,
-            groups=groups,
-            episode_type=AgentEpisode if self.multi_agent else Episode,
-            rollout_length=self.rollout_length,
-            seed=self.seed,
-            restart_connectors=restart_connectors,
-        )
+    def _policy_id(self, what: str, policy_id: Any) -> str:
+        ids = list(self.state.params)
+        if policy_id is None and len(ids) == 1:
+            return ids[0]
+        if policy_id not in self.state.params:
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.{what}(policy_id={policy_id!r}): no such policy; the "
+                f"policy ids are {ids}."
+                + (" Name one: this runner has several." if policy_id is None else "")
+            )
+        return policy_id
 
     def _check_connectors(self, what: str) -> None:
         if not self._connectors:
             raise InvalidArgumentError(
                 f"EnvRunner.{what}(): this runner has no connectors; pass "
                 "EnvRunner(..., connectors=jaxrunner.connectors.Connectors(...))"
-                + (" (or a dict policy_id -> Connectors)." if self.multi_agent else ".")
+                + self.kind.connectors_hint
             )
-
-    def _sampler_params(self) -> Any:
-        """The params as the sampler takes them: every policy id's (multi-agent), else
-        the one policy's."""
-        return self.state.params if self.multi_agent else self.get_params()
 
 
 class MultiAgentRunner(EnvRunner):

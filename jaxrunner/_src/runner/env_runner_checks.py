@@ -8,30 +8,33 @@ from typing import Any
 
 import gymnasium
 
-from jaxrunner._src.arg_checks import check_bool
+from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
+from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.runner.ownership import check_rollout_arguments
-from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
-from jaxrunner._src.samplers.callbacks import Callbacks
+from jaxrunner._src.core.seeds import MAX_SEED
+from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, overrides
 from jaxrunner._src.samplers.info_arrays import InfoKeys, check_info_keys
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
 def check_arguments(
     envs: Any,
+    kind: Any,
     policy: Any,
     params: Any,
     rollout_length: Any,
     seed: Any,
     callbacks: Any,
     num_splits: Any,
-) -> None:
-    """Refuses the arguments of a single-agent env of the wrong kind, naming the argument
-    and the fix."""
-    if not isinstance(envs, (VectorEnv, JaxVectorEnv)):
+) -> tuple[dict[str, Policy], dict[str, Params]]:
+    """Refuses ``EnvRunner``'s arguments where they do not fit ``envs`` of this ``kind``
+    (``runner/kinds.py``: a single-agent env is one policy id, whose policy and params
+    are given as they are), naming the argument and the fix; returns the policies and
+    the params by policy id."""
+    if not isinstance(envs, (VectorEnv, MultiAgentVectorEnv, JaxVectorEnv)):
         if isinstance(envs, gymnasium.vector.VectorWrapper):
             hint = vector_wrapper_hint(envs)
         elif isinstance(envs, gymnasium.vector.VectorEnv):
@@ -45,62 +48,52 @@ def check_arguments(
             f"EnvRunner(envs=...): expected a jaxrunner vector env, got "
             f"{type(envs).__name__}. {hint}"
         )
-    if not isinstance(policy, Policy):
-        raise InvalidArgumentTypeError(
-            f"EnvRunner(policy=...): expected a jaxrunner.Policy, got {policy!r}."
-        )
+    ids = kind.policy_ids
+    policies = _per_policy(policy, ids, kind.multi_agent)
     if params is None:
+        space = "group.observation_space" if kind.multi_agent else "envs.single_observation_space"
         raise InvalidArgumentError(
             "EnvRunner(params=None): expected the policy's params, e.g. "
-            "policy.init(jax.random.key(0), envs.single_observation_space) ({} for a policy "
-            "without params)."
+            f"policy.init(jax.random.key(0), {space}) ({{}} for a policy without params)"
+            + (f", in a dict by policy id {list(ids)}." if len(ids) > 1 else ".")
         )
-    check_rollout_arguments("EnvRunner", rollout_length, seed, num_splits, envs.num_envs)
-    if callbacks is not None and not isinstance(callbacks, Callbacks):
+    by_id = _params_per_policy(params, ids) if kind.multi_agent else {ids[0]: params}
+    check_int("EnvRunner", "rollout_length", rollout_length)
+    check_int("EnvRunner", "seed", seed, low=0, high=MAX_SEED)
+    at_most, num_envs = f"at most num_envs={envs.num_envs}", envs.num_envs
+    check_int(
+        "EnvRunner", "num_splits", num_splits, high=num_envs, hint=at_most, none="for automatic"
+    )
+    if callbacks is not None and not isinstance(callbacks, kind.callbacks_type):
+        what = kind.callbacks_name
         raise InvalidArgumentTypeError(
-            f"EnvRunner(callbacks=...): expected a jaxrunner.Callbacks subclass instance, got "
-            f"{type(callbacks).__name__}. Subclass jr.Callbacks and override its hooks."
-        )
-
-
-def check_multi_agent_arguments(
-    envs: Any,
-    policy: Any,
-    params: Any,
-    rollout_length: Any,
-    seed: Any,
-    callbacks: Any,
-    num_splits: Any,
-) -> tuple[dict[str, Policy], dict[str, Params]]:
-    """Refuses the arguments of a multi-agent env of the wrong kind; returns the
-    policies and the params by policy id."""
-    ids = envs.policy_ids
-    policies = _per_policy(policy, ids)
-    for pid, one in policies.items():
-        if not isinstance(one, Policy):
-            raise InvalidArgumentTypeError(
-                f"EnvRunner(policy=...): policy {pid!r} is {one!r}; expected a jaxrunner.Policy."
-            )
-    by_id = _params_per_policy(params, ids)
-    check_rollout_arguments("EnvRunner", rollout_length, seed, num_splits, envs.num_envs)
-    if callbacks is not None and not isinstance(callbacks, AgentCallbacks):
-        raise InvalidArgumentTypeError(
-            f"EnvRunner(callbacks=...): a multi-agent env takes a jaxrunner.multi_agent."
-            f"AgentCallbacks (subclass it), got {type(callbacks).__name__}."
+            f"EnvRunner(callbacks=...): {kind.name} takes a {what} subclass instance, got "
+            f"{type(callbacks).__name__}. Subclass {what} and override its hooks."
         )
     return policies, by_id
 
 
-def _per_policy(value: Any, ids: tuple[str, ...]) -> dict[str, Any]:
-    """One policy for every policy id, or a dict keyed by exactly the ids."""
+def _per_policy(value: Any, ids: tuple[str, ...], by_id: bool) -> dict[str, Policy]:
+    """One policy for every policy id, or (``by_id``: a multi-agent env) a dict keyed
+    by exactly the ids."""
     if isinstance(value, Policy):
         return dict.fromkeys(ids, value)
+    if not by_id:
+        raise InvalidArgumentTypeError(
+            f"EnvRunner(policy=...): expected a jaxrunner.Policy, got {value!r}."
+        )
     if not isinstance(value, Mapping) or set(value) != set(ids):
         got = sorted(value) if isinstance(value, Mapping) else type(value).__name__
         raise InvalidArgumentError(
             f"EnvRunner(policy=...): a multi-agent env takes one jaxrunner.Policy for every "
             f"policy id or a dict keyed by the policy ids {list(ids)}, got {got}."
         )
+    for pid in ids:
+        if not isinstance(value[pid], Policy):
+            raise InvalidArgumentTypeError(
+                f"EnvRunner(policy=...): policy {pid!r} is {value[pid]!r}; expected a "
+                "jaxrunner.Policy."
+            )
     return {pid: value[pid] for pid in ids}
 
 
@@ -216,17 +209,25 @@ def check_ready_first_options(envs: VectorEnv, callbacks: Any, num_splits: Any) 
         )
 
 
-def check_scan_agent_options(callbacks: Any, num_splits: Any) -> None:
-    """Options of a multi-agent host loop that a pure-JAX env's scan cannot honour."""
+def check_scan_options(kind: Any, callbacks: Any, num_splits: Any) -> None:
+    """Options of a host loop that a pure-JAX env's scan cannot honour."""
     if num_splits not in (None, 1):
         raise InvalidArgumentError(
             f"EnvRunner(num_splits={num_splits!r}): a pure-JAX env is sampled as one jitted "
             "scan; pipelining splits do not apply. Leave num_splits=None."
         )
-    if any(overrides(callbacks, hook) for hook in STEP_HOOKS):
+    # One agent has no per-agent-episode hook: its callbacks would all run per step.
+    if callbacks is not None and (
+        not kind.multi_agent or any(overrides(callbacks, hook) for hook in STEP_HOOKS)
+    ):
         raise InvalidArgumentError(
-            "EnvRunner(callbacks=...): the per-step hooks "
-            f"({', '.join(STEP_HOOKS)}) run Python per env step, which a JaxVectorEnv "
-            "rollout (one compiled lax.scan) cannot do. Override only on_agent_episode_end, "
-            "or use a host vector env (jaxrunner.make_vec)."
+            f"EnvRunner(callbacks=...): the per-step hooks ({', '.join(STEP_HOOKS)}) run "
+            "Python per env step, which a JaxVectorEnv rollout (one compiled lax.scan) "
+            "cannot do. "
+            + (
+                "Override only on_agent_episode_end, "
+                if kind.multi_agent
+                else "Drop them and read the Trajectory, "
+            )
+            + "or use a host vector env (jaxrunner.make_vec)."
         )

@@ -38,7 +38,6 @@ from jaxrunner._src.samplers.episode_ids import SampleCounts
 from jaxrunner._src.samplers.multi_agent import MultiAgentSetup
 from jaxrunner._src.samplers.policy_step import ActorState, act, initial_actor_state
 from jaxrunner._src.samplers.sampler import Sampler, SamplerSetup, StepProgress
-from jaxrunner.errors import InvalidArgumentError
 
 
 class RolloutState(flax.struct.PyTreeNode):
@@ -588,18 +587,3 @@ class ScanSampler(Sampler):
 def _one_policy(run: Callable[..., tuple], policy_id: str, params: Params, *args: Any) -> tuple:
     """``run`` with ``params`` as the one policy's (an EnvRunner's params, as they are)."""
     return run({policy_id: params}, *args)
-
-
-def check_runner_options(callbacks: Any, num_splits: int | None) -> None:
-    """Options of the host loop that a scan cannot honour."""
-    if callbacks is not None:
-        raise InvalidArgumentError(
-            "EnvRunner(callbacks=...): callbacks run Python per env step, which a JaxVectorEnv "
-            "rollout (one compiled lax.scan) cannot do. Drop them and read the Trajectory, or "
-            "use a host vector env (jaxrunner.make_vec)."
-        )
-    if num_splits not in (None, 1):
-        raise InvalidArgumentError(
-            f"EnvRunner(num_splits={num_splits!r}): pipelining groups only applies to host vector "
-            "envs; a JaxVectorEnv rollout is one compiled program. Leave num_splits=None."
-        )

@@ -1,0 +1,273 @@
+"""The runner's per-kind part, chosen once from what the env declares: agents in policy
+groups (values by policy id), or one agent, their one-group case (values as they are)."""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.capabilities import is_multi_agent
+from jaxrunner._src.backends.jax_env import ONE_AGENT, JaxVectorEnv
+from jaxrunner._src.connectors.per_group import check_state_like, per_policy_connectors
+from jaxrunner._src.connectors.pipeline import Connectors
+from jaxrunner._src.core.agent_groups import AgentGroup
+from jaxrunner._src.core.episode import AgentEpisode, Episode, concatenate_episodes
+from jaxrunner._src.core.metrics import MetricsConfig, RunnerMetrics
+from jaxrunner._src.core.policy import Params
+from jaxrunner._src.core.runner_state import (
+    DEFAULT_POLICY_ID,
+    EpisodeJoiner,
+    Runner,
+    RunnerParts,
+    RunnerState,
+)
+from jaxrunner._src.core.seeds import env_seeds
+from jaxrunner._src.runner.env_runner_checks import (
+    check_connectors,
+    check_ready_first_options,
+    check_scan_options,
+)
+from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
+from jaxrunner._src.samplers.callbacks import Callbacks
+from jaxrunner._src.samplers.lockstep import LockstepSampler
+from jaxrunner._src.samplers.multi_agent import MultiAgentSampler, MultiAgentSetup
+from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
+from jaxrunner._src.samplers.sampler import HostSampler, SamplerSetup
+from jaxrunner._src.samplers.scan import ScanSampler
+from jaxrunner.errors import InvalidArgumentError
+
+
+class AgentGroups:
+    """A multi-agent env: agents in policy groups, whose values (params, connectors,
+    their state) the runner takes and returns as dicts by policy id."""
+
+    multi_agent = True
+    name = "a multi-agent env"
+    callbacks_type: type = AgentCallbacks
+    callbacks_name = "jaxrunner.multi_agent.AgentCallbacks"
+    episode_type: type = AgentEpisode
+    file_format = "MultiAgentRunner"
+    """The checkpoint format name (``RunnerParts.file_format``), kept so every file restores."""
+    connectors_hint = " (or a dict policy_id -> Connectors)."
+
+    def __init__(self, envs: Any) -> None:
+        self.envs = envs
+
+    @property
+    def groups(self) -> tuple[AgentGroup, ...]:
+        return self.envs.groups
+
+    @property
+    def policy_ids(self) -> tuple[str, ...]:
+        return tuple(g.policy_id for g in self.groups)
+
+    def to_policy_dict(self, value: Any, where: str) -> dict[str, Any]:
+        """``value`` as the runner's methods take it, as a dict by policy id (checked,
+        ``where`` named in the error)."""
+        ids = self.policy_ids
+        if not isinstance(value, Mapping) or not set(value) <= set(ids):
+            got = sorted(value, key=str) if isinstance(value, Mapping) else type(value).__name__
+            raise InvalidArgumentError(
+                f"{where}: this runner's env is multi-agent, so it takes a dict by policy id, "
+                f"keyed by some of the policy ids {list(ids)}; got {got}. Check the keys "
+                "against envs.policy_ids."
+            )
+        return dict(value)
+
+    def from_policy_dict(self, values: Mapping[str, Any]) -> Any:
+        """Values by policy id, as the runner's methods return them."""
+        return dict(values)
+
+    def connectors(self, value: Any) -> tuple[Any, dict[str, Connectors]]:
+        """``value`` checked: as ``runner.connectors`` shows it, and by policy id (the
+        groups with connectors only)."""
+        by_id = per_policy_connectors(value, self.groups)
+        return by_id, by_id
+
+    def new_state(self, params: dict[str, Params], metrics: MetricsConfig) -> RunnerState:
+        agents = self.envs.possible_agents
+        return RunnerState(
+            params=params,
+            metrics=RunnerMetrics(metrics, {g.policy_id: g.agents for g in self.groups}),
+            episodes=agent_episode_joiner(agents),
+            callback_episodes=agent_episode_joiner(agents),
+        )
+
+    def setup(self, runner: Runner) -> Any:
+        """What the kind's samplers are built from."""
+        return MultiAgentSetup(
+            runner._policies,
+            runner.state.params,
+            runner.rollout_length,
+            runner.seed,
+            runner.state.metrics,
+            connectors=runner._connectors,
+            info_keys=runner.info_keys,
+        )
+
+    def sampler(self, runner: Runner, num_splits: Any) -> Any:
+        """``runner``'s sampler for what the env declares: scan for a pure-JAX env, else
+        the kind's host sampler, after the runner's reset."""
+        envs, callbacks, seed = self.envs, runner.callbacks, runner.seed
+        setup = self.setup(runner)
+        if isinstance(envs, JaxVectorEnv):  # one jitted scan per sample
+            check_scan_options(self, callbacks, num_splits)
+            return ScanSampler(envs, setup)
+        if getattr(envs, "reset_seed", None) not in (None, seed):
+            warnings.warn(
+                f"EnvRunner(seed={seed}): these envs were reset with seed="
+                f"{envs.reset_seed} (make_vec(..., seed=...) or reset(seed=...)); the runner "
+                f"resets them again with its own seed, which decides. Give the seed in one "
+                "place: EnvRunner(..., seed=...).",
+                UserWarning,
+                stacklevel=3,
+            )
+        first = envs.reset_batch(env_seeds(seed, envs.num_envs))
+        # A proxy: the sampler must not keep its runner alive (one owner per env).
+        proxy = weakref.proxy(runner) if callbacks is not None else None
+        return self.host_sampler(first, setup, num_splits, callbacks, proxy)
+
+    def host_sampler(
+        self, first: Any, setup: Any, num_splits: Any, callbacks: Any, runner: Any
+    ) -> Any:
+        """The host sampler from the first reset: the multi-agent one runs lockstep and
+        ready-first in one loop."""
+        return MultiAgentSampler(
+            self.envs, first, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
+        )
+
+    def parts(self, runner: Runner) -> RunnerParts:
+        """What ``runner``'s checkpoints save and restore (a single-agent env: one group
+        of one agent)."""
+        sampler = runner.sampler
+
+        def restart_connectors() -> None:  # e.g. ScaleReward's running returns restart too
+            for pid, connectors in runner._connectors.items():
+                state = connectors.restart_episodes(sampler.get_connector_state(pid))
+                sampler.set_connector_state(state, pid)
+
+        return RunnerParts(
+            runner="EnvRunner",
+            file_format=self.file_format,
+            state=runner.state,
+            sampler=sampler,
+            envs=self.envs,
+            groups=self.groups,
+            episode_type=self.episode_type,
+            rollout_length=runner.rollout_length,
+            seed=runner.seed,
+            restart_connectors=restart_connectors,
+        )
+
+    def agent_episode_end(self, callbacks: Any) -> Any:
+        """The per-agent-episode hook to run after each sample, if overridden."""
+        hook = "on_agent_episode_end"
+        return getattr(callbacks, hook) if overrides(callbacks, hook) else None
+
+    def connector_states(self, state: Any, sampler: Any, connectors: dict) -> dict[str, Any]:
+        """``set_connector_state``'s ``state``, checked against ``sampler``'s, by policy id."""
+        if not isinstance(state, Mapping) or not set(state) <= set(connectors):
+            got = sorted(state, key=str) if isinstance(state, Mapping) else type(state).__name__
+            raise InvalidArgumentError(
+                "EnvRunner.set_connector_state(state): expected a dict keyed by policy "
+                f"ids with connectors ({list(connectors)}), got {got}. Start from "
+                "runner.get_connector_state()."
+            )
+        for pid, value in state.items():
+            check_state_like(pid, sampler.get_connector_state(pid), value)
+        return dict(state)
+
+    def spaces(self) -> dict[str, Any]:
+        groups = self.groups
+        return {
+            "observation_space": {g.policy_id: g.observation_space for g in groups},
+            "action_space": {g.policy_id: g.action_space for g in groups},
+        }
+
+
+class OneAgent(AgentGroups):
+    """A single-agent env: one group of one agent, whose values the runner takes and
+    returns as they are (no dict, no agent axis)."""
+
+    multi_agent = False
+    name = "a single-agent env"
+    callbacks_type = Callbacks
+    callbacks_name = "jaxrunner.Callbacks"
+    episode_type = Episode
+    file_format = "EnvRunner"
+    connectors_hint = "."
+
+    @property
+    def groups(self) -> tuple[AgentGroup, ...]:
+        envs = self.envs
+        obs_space, action_space = envs.single_observation_space, envs.single_action_space
+        return (AgentGroup(DEFAULT_POLICY_ID, (ONE_AGENT,), obs_space, action_space),)
+
+    def to_policy_dict(self, value: Any, where: str) -> dict[str, Any]:
+        return {DEFAULT_POLICY_ID: value}
+
+    def from_policy_dict(self, values: Mapping[str, Any]) -> Any:
+        return values[DEFAULT_POLICY_ID]
+
+    def connectors(self, value: Any) -> tuple[Any, dict[str, Connectors]]:
+        given = check_connectors(value)
+        return given, {} if given is None else {DEFAULT_POLICY_ID: given}
+
+    def new_state(self, params: dict[str, Params], metrics: MetricsConfig) -> RunnerState:
+        joiner = EpisodeJoiner(lambda e: e.env_id, concatenate_episodes, lambda e: e.episode_id)
+        return RunnerState(params=params, metrics=RunnerMetrics(metrics), episodes=joiner)
+
+    def setup(self, runner: Runner) -> Any:
+        one = self.from_policy_dict
+        return SamplerSetup(
+            one(runner._policies),
+            one(runner.state.params),
+            runner.rollout_length,
+            runner.seed,
+            runner.state.metrics,
+            connectors=runner._connectors.get(DEFAULT_POLICY_ID),
+            info_keys=runner.info_keys,
+            compact_next_obs=runner.compact_next_obs,
+        )
+
+    def host_sampler(
+        self, first: Any, setup: Any, num_splits: Any, callbacks: Any, runner: Any
+    ) -> Any:
+        """Ready-first for ``ready_first`` backends, else lockstep."""
+        envs, (obs, _) = self.envs, first
+        sampler: HostSampler
+        if envs.capabilities.ready_first:
+            check_ready_first_options(envs, callbacks, num_splits)
+            sampler = ReadyFirstSampler(envs, obs, setup)
+        else:
+            sampler = LockstepSampler(
+                envs, obs, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
+            )
+        space_arrays.check_policy_actions(
+            envs.single_action_space, sampler.action_spec, envs.num_envs
+        )
+        return sampler
+
+    def agent_episode_end(self, callbacks: Any) -> Any:
+        return None  # one agent: its episodes are the env's, seen by the per-step hooks
+
+    def connector_states(self, state: Any, sampler: Any, connectors: dict) -> dict[str, Any]:
+        pid = DEFAULT_POLICY_ID  # checked by Connectors.load_state
+        return {pid: connectors[pid].load_state(sampler.get_connector_state(pid), state)}
+
+    def spaces(self) -> dict[str, Any]:
+        envs = self.envs
+        return {
+            "observation_space": envs.single_observation_space,
+            "action_space": envs.single_action_space,
+            "batched_observation_space": envs.observation_space,
+            "batched_action_space": envs.action_space,
+        }
+
+
+def kind_of(envs: Any) -> AgentGroups:
+    """The runner's per-kind part for ``envs``, as they declare their kind."""
+    return AgentGroups(envs) if is_multi_agent(envs) else OneAgent(envs)
