@@ -20,57 +20,93 @@ from jaxrunner._src.cpu_dispatch import default_to_inline_cpu_dispatch  # isort:
 
 default_to_inline_cpu_dispatch()
 
-from jaxrunner import connectors, cpu_dispatch, errors, models, multi_agent, serve
-from jaxrunner._src.backends import (
-    BatchStep,
-    EnvPoolVectorEnv,
-    GymnasiumVectorEnv,
-    ProcessConfig,
-    ProcessVectorEnv,
-    RayConfig,
-    RayVectorEnv,
-    SyncVectorEnv,
-    VectorEnv,
-    from_gymnasium,
-    make_vec,
-)
-from jaxrunner._src.backends.jax_env import JaxVectorEnv
-from jaxrunner._src.backends.multi_agent.make import make_multi_agent_vec
-from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
-from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
-from jaxrunner._src.checkpoints.checkpoint import RestoreReport
-from jaxrunner._src.core.episode import AgentEpisode, Episode, concatenate_episodes
-from jaxrunner._src.core.metrics import MetricsConfig
-from jaxrunner._src.core.policy import Policy
-from jaxrunner._src.core.returns import GAE, discounted_returns, gae
-from jaxrunner._src.core.seeds import env_seeds
-from jaxrunner._src.core.trajectory import MultiAgentTrajectory, Trajectory, concatenate
-from jaxrunner._src.runner.env_runner import EnvRunner, MultiAgentRunner
-from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
-from jaxrunner._src.services.datasets import from_minari, to_minari
-from jaxrunner._src.services.evaluation import EvaluationResult, evaluate
-from jaxrunner._src.services.external import ExternalEnv, ExternalEnvConfig
-from jaxrunner._src.services.metrics_writer import MetricsWriter, flatten_metrics
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The public names load on first use (``__getattr__`` below), so a Ray actor or process
+# worker that imports one backend module skips the rest of the package (~1 s of CPU).
+if TYPE_CHECKING:
+    from jaxrunner import connectors, cpu_dispatch, errors, models, multi_agent, serve, testing
+    from jaxrunner._src.backends import (
+        BatchStep,
+        EnvPoolVectorEnv,
+        GymnasiumVectorEnv,
+        ProcessConfig,
+        ProcessVectorEnv,
+        RayConfig,
+        RayVectorEnv,
+        SyncVectorEnv,
+        VectorEnv,
+        from_gymnasium,
+        make_vec,
+    )
+    from jaxrunner._src.backends.jax_env import JaxVectorEnv
+    from jaxrunner._src.backends.multi_agent.make import make_multi_agent_vec
+    from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
+    from jaxrunner._src.backends.restarts import RestartPolicy
+    from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
+    from jaxrunner._src.checkpoints.checkpoint import RestoreReport
+    from jaxrunner._src.core.episode import AgentEpisode, Episode, concatenate_episodes
+    from jaxrunner._src.core.metrics import MetricsConfig
+    from jaxrunner._src.core.policy import Policy
+    from jaxrunner._src.core.returns import GAE, discounted_returns, gae
+    from jaxrunner._src.core.seeds import env_seeds
+    from jaxrunner._src.core.trajectory import MultiAgentTrajectory, Trajectory, concatenate
+    from jaxrunner._src.runner.env_runner import EnvRunner, MultiAgentRunner
+    from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
+    from jaxrunner._src.services.datasets import from_minari, to_minari
+    from jaxrunner._src.services.distributed import EnvRunnerGroup, EnvRunnerGroupConfig
+    from jaxrunner._src.services.evaluation import EvaluationResult, evaluate
+    from jaxrunner._src.services.external import ExternalEnv, ExternalEnvConfig
+    from jaxrunner._src.services.metrics_writer import MetricsWriter, flatten_metrics
 
 __version__ = "0.1.0"
 
-# Ray is an optional extra: these names load the distributed runner group on first use,
-# and even that imports ray only when a group is built.
-_LAZY = {"EnvRunnerGroup", "EnvRunnerGroupConfig"}
+# Where each public name lives, as imported above for type checkers. The distributed group
+# imports Ray only when a group is built (Ray is an optional extra), and jr.testing loads
+# chex and the fake envs.
+_SOURCES = {
+    "jaxrunner._src.backends": (
+        "BatchStep EnvPoolVectorEnv GymnasiumVectorEnv ProcessConfig ProcessVectorEnv "
+        "RayConfig RayVectorEnv SyncVectorEnv VectorEnv from_gymnasium make_vec"
+    ),
+    "jaxrunner._src.backends.jax_env": "JaxVectorEnv",
+    "jaxrunner._src.backends.multi_agent.make": "make_multi_agent_vec",
+    "jaxrunner._src.backends.multi_agent.vector_env": "MultiAgentVectorEnv",
+    "jaxrunner._src.backends.restarts": "RestartPolicy",
+    "jaxrunner._src.backends.sub_env_handle": "SubEnvHandle",
+    "jaxrunner._src.checkpoints.checkpoint": "RestoreReport",
+    "jaxrunner._src.core.episode": "AgentEpisode Episode concatenate_episodes",
+    "jaxrunner._src.core.metrics": "MetricsConfig",
+    "jaxrunner._src.core.policy": "Policy",
+    "jaxrunner._src.core.returns": "GAE discounted_returns gae",
+    "jaxrunner._src.core.seeds": "env_seeds",
+    "jaxrunner._src.core.trajectory": "MultiAgentTrajectory Trajectory concatenate",
+    "jaxrunner._src.runner.env_runner": "EnvRunner MultiAgentRunner",
+    "jaxrunner._src.samplers.callbacks": "Callbacks LiveEpisode",
+    "jaxrunner._src.services.datasets": "from_minari to_minari",
+    "jaxrunner._src.services.distributed": "EnvRunnerGroup EnvRunnerGroupConfig",
+    "jaxrunner._src.services.evaluation": "EvaluationResult evaluate",
+    "jaxrunner._src.services.external": "ExternalEnv ExternalEnvConfig",
+    "jaxrunner._src.services.metrics_writer": "MetricsWriter flatten_metrics",
+}
+_NAMESPACES = ("connectors", "cpu_dispatch", "errors", "models", "multi_agent", "serve", "testing")
+_WHERE = {name: module for module, names in _SOURCES.items() for name in names.split()}
 
 
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        from jaxrunner._src.services import distributed
+def __getattr__(name: str) -> Any:
+    if name in _NAMESPACES:
+        return importlib.import_module(f"jaxrunner.{name}")  # sets itself on the package
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jaxrunner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip __getattr__
+    return value
 
-        return getattr(distributed, name)
-    # Test utilities (chex, fake envs) load on first use of jr.testing, not with jaxrunner.
-    if name == "testing":
-        import jaxrunner.testing
 
-        return jaxrunner.testing
-    raise AttributeError(f"module 'jaxrunner' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE, *_NAMESPACES})
 
 
 __all__ = [

@@ -6,6 +6,8 @@ The public modules are listed below with their names; every other module lives u
 
 import importlib
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -199,6 +201,20 @@ def test_public_names_are_pinned(module):
     )
     for name in loaded.__all__:
         getattr(loaded, name)  # every listed name resolves (lazy ones included)
+
+
+def test_the_top_level_loads_its_names_on_first_use():
+    # A Ray actor or process worker imports one backend module: it must not pay for the
+    # runner, the services or flax (jaxrunner/__init__.py loads those on first use).
+    code = (
+        "import sys, jaxrunner._src.backends.ray.env_actor\n"
+        "print(sorted(m for m in ('flax', 'optax', 'jaxrunner._src.runner', "
+        "'jaxrunner._src.services', 'jaxrunner.connectors') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert set(jaxrunner.__all__) <= set(dir(jaxrunner))
 
 
 def test_testing_multi_agent_names_resolve():
