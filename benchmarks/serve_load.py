@@ -468,6 +468,7 @@ async def run_load(
     placebo_fraction: float = 0.0,
     agent_processes: int = 1,
     newcomers: int = 0,
+    hostile_warmup_s: float = 8.0,
 ) -> dict:
     """``num_clients`` agents over ``agent_processes`` processes playing CartPole until
     ``num_requests`` requests are made, beside ``hostile`` sockets of ``kind`` (or, for
@@ -481,9 +482,10 @@ async def run_load(
         attackers = PlaceboProcess(placebo_fraction)
     elif kind:
         attackers = HostileProcess(url, kind, hostile, hostile_max_opens)
-    # The agents start up while the hostile sockets open (8 s: spawned, every one open).
+    # The agents start up while the hostile sockets open (8 s: spawned, every one open;
+    # a loaded server takes longer to take in their first burst).
     agents = AgentProcesses(url, token, num_clients, num_requests, seed, agent_processes, newcomers)
-    await asyncio.sleep(max(0.0, opened + 8.0 - time.perf_counter()) if kind else 0.0)
+    await asyncio.sleep(max(0.0, opened + hostile_warmup_s - time.perf_counter()) if kind else 0)
     pids = {"server": server_pid, "other": attackers.pid if attackers else None}
     cpu_before = {k: cpu_seconds(pid) for k, pid in pids.items() if pid is not None}
     watching = threading.Event()
@@ -600,6 +602,12 @@ def main() -> None:
         "--max-connections", type=int, default=2048, help="the servers' max_connections"
     )
     parser.add_argument(
+        "--hostile-warmup-s",
+        type=float,
+        default=8.0,
+        help="seconds from opening the hostile sockets to starting the agents",
+    )
+    parser.add_argument(
         "--newcomers",
         type=int,
         default=0,
@@ -672,6 +680,7 @@ def main() -> None:
                             max(hostile_cores),
                             args.agent_processes,
                             args.newcomers,
+                            args.hostile_warmup_s,
                         )
                     )
                     if kind not in (None, "cpu_placebo"):
@@ -779,6 +788,7 @@ def main() -> None:
             "hostile_max_opens": args.hostile_max_opens,
             "max_connections": args.max_connections,
             "newcomers": args.newcomers,
+            "hostile_warmup_s": args.hostile_warmup_s,
             "env": "CartPole-v1",
             "policy": "64-64 tanh MLP, stochastic",
             "systems": systems,
