@@ -350,17 +350,20 @@ class DeadlineH11Protocol(H11Protocol):
         self.transport.abort()
 
 
-def _peer_closed(sock: socket.socket | None) -> bool:
-    """Whether the peer of this unread socket has closed or reset it (a lingering socket
-    its owner gave up holds nothing of theirs: it goes at once)."""
-    if sock is None:
+def _peer_closed(sock: Any) -> bool:
+    """Whether the peer of this unread socket (asyncio's ``TransportSocket``) has closed
+    or reset it: a lingering socket its owner gave up holds nothing of theirs."""
+    if sock is None or sock.fileno() < 0:
         return True
+    peek = socket.socket(fileno=sock.fileno())  # the same file, not a copy: detached below
     try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
     except BlockingIOError:
         return False
     except OSError:
         return True
+    finally:
+        peek.detach()
 
 
 def protocol_class(limits: TransportLimits) -> type[DeadlineH11Protocol]:
