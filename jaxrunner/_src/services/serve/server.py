@@ -56,8 +56,9 @@ class ServerConfig:
     idle keep-alive) can hold no more; with ``require_token=False`` any whole request
     counts. An idle one closed for this share after a request without the token
     lingers 2 s, unread, before its socket is closed, so that its owner cannot come
-    back at once (its socket counts against ``max_connections`` meanwhile, and goes
-    first when they run short)."""
+    back at once; while more than the share linger (an attack), up to 120 s. Lingering
+    sockets do not count against ``max_connections``: at most twice as many linger
+    (within the open-file limit), the oldest closed first past that."""
     write_timeout_s: float = 10.0
     """Answers waiting to be written must make progress (some bytes taken by the
     client) within this long; otherwise the connection is dropped with what it
