@@ -63,6 +63,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -91,7 +92,7 @@ def start_server(
 
 
 KINDS_OF_CALL = ("start", "action", "returns", "end")
-MAX_HOSTILE = 2000
+MAX_HOSTILE = 4000
 KINDS = ("slow_reader", "idle_keepalive", "slowloris")
 PIPELINED = b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 400
 
@@ -251,22 +252,41 @@ async def hostile_sockets(
     return dict(counts)
 
 
+class NoAnswer(Exception):
+    """A newcomer's request got no answer (see :func:`play`)."""
+
+
 async def play(
-    url: str, token: str, num_clients: int, num_requests: int, seed: int, first_index: int
+    url: str,
+    token: str,
+    num_clients: int,
+    num_requests: int,
+    seed: int,
+    first_index: int,
+    fresh: bool = False,
+    stop: Any = None,
 ) -> dict:
     """``num_clients`` agents (numbered from ``first_index``) on this process's loop
-    playing CartPole until ``num_requests`` requests are made; returns their raw
-    latencies, statuses, steps and TCP connections opened (a reconnect is one more
-    than ``num_clients``: the server closed a keep-alive connection)."""
+    playing CartPole until ``num_requests`` requests are made (or ``stop`` is set);
+    returns their raw latencies, statuses, steps and TCP connections opened (a
+    reconnect is one more than ``num_clients``: the server closed a keep-alive
+    connection). ``fresh``: each request on a new TCP connection (newcomers)."""
     latencies: dict[str, list[float]] = {k: [] for k in KINDS_OF_CALL}
     budget = [num_requests]
     steps = [0]
     statuses: collections.Counter[int] = collections.Counter()
     connects = [0]
+    abandoned = [0]  # newcomers' episodes left after a request got no answer
     obs_space = gymnasium.make("CartPole-v1").observation_space
     limits = httpx.Limits(
-        max_connections=num_clients, max_keepalive_connections=num_clients, keepalive_expiry=10.0
+        max_connections=num_clients,
+        max_keepalive_connections=0 if fresh else num_clients,
+        keepalive_expiry=10.0,
     )
+
+    def more() -> bool:
+        return budget[0] > 0 and (stop is None or not stop.is_set())
+
     headers = {"Authorization": f"Bearer {token}"}
 
     async def trace(event: str, info: dict) -> None:  # httpcore's connection events
@@ -278,7 +298,13 @@ async def play(
         async def call(kind: str, path: str, body: dict) -> Any:
             budget[0] -= 1
             tick = time.perf_counter()
-            response = await http.post(path, json=body, extensions={"trace": trace})
+            try:
+                response = await http.post(path, json=body, extensions={"trace": trace})
+            except httpx.TransportError:
+                if not fresh:
+                    raise
+                statuses[0] += 1  # no answer (a newcomer's connect or read timed out)
+                raise NoAnswer() from None
             latencies[kind].append(time.perf_counter() - tick)
             statuses[response.status_code] += 1
             response.raise_for_status()
@@ -287,24 +313,30 @@ async def play(
         async def agent(index: int) -> None:
             game = gymnasium.make("CartPole-v1")
             episode = 0
-            while budget[0] > 0:
+            while more():
                 obs, _ = game.reset(seed=seed + 100_000 * index + episode)
                 episode += 1
-                eid = (await call("start", "/v1/episodes", {}))["episode_id"]
-                taken, ended, terminated = 0, False, False
-                while budget[0] > 0 and not ended:
-                    body = {"obs": wire.encode_tree(obs_space, obs)}
-                    out = await call("action", f"/v1/episodes/{eid}/action", body)
-                    action = int(wire.decode_array(out["action"], "action"))
-                    obs, reward, terminated, truncated, _ = game.step(action)
-                    taken += 1
-                    await call("returns", f"/v1/episodes/{eid}/returns", {"reward": reward})
-                    ended = terminated or truncated
-                # Every episode is ended (cut at the budget: truncated), so every step
-                # the agents took must be in the server's num_env_steps.
-                final = {"obs": wire.encode_tree(obs_space, obs), "truncated": not terminated}
-                await call("end", f"/v1/episodes/{eid}/end", final)
-                steps[0] += taken
+                try:
+                    await episode_of(game, obs)
+                except NoAnswer:
+                    abandoned[0] += 1  # its steps are counted nowhere
+
+        async def episode_of(game: Any, obs: Any) -> None:
+            eid = (await call("start", "/v1/episodes", {}))["episode_id"]
+            taken, ended, terminated = 0, False, False
+            while more() and not ended:
+                body = {"obs": wire.encode_tree(obs_space, obs)}
+                out = await call("action", f"/v1/episodes/{eid}/action", body)
+                action = int(wire.decode_array(out["action"], "action"))
+                obs, reward, terminated, truncated, _ = game.step(action)
+                taken += 1
+                await call("returns", f"/v1/episodes/{eid}/returns", {"reward": reward})
+                ended = terminated or truncated
+            # Every episode is ended (cut at the budget: truncated), so every step
+            # the agents took must be in the server's num_env_steps.
+            final = {"obs": wire.encode_tree(obs_space, obs), "truncated": not terminated}
+            await call("end", f"/v1/episodes/{eid}/end", final)
+            steps[0] += taken
 
         cpu = time.process_time()
         await asyncio.gather(*(agent(first_index + i) for i in range(num_clients)))
@@ -314,29 +346,51 @@ async def play(
         "statuses": dict(statuses),
         "steps": steps[0],
         "connections_opened": connects[0],
+        "abandoned_episodes": abandoned[0],
         "cpu_seconds": cpu,
     }
 
 
 def _agents_main(
-    url: str, token: str, clients: int, requests: int, seed: int, first: int, go: Any, out: Any
+    url: str,
+    token: str,
+    clients: int,
+    requests: int,
+    seed: int,
+    first: int,
+    go: Any,
+    out: Any,
+    stop: Any = None,
 ) -> None:
-    """An agent process: ready once imported, plays when ``go`` is set, reports to ``out``."""
+    """An agent process: ready once imported, plays when ``go`` is set, reports to
+    ``out`` (with ``stop``: newcomers, each request on a new connection, until set)."""
     out.put("ready")
     go.wait()
-    out.put(asyncio.run(play(url, token, clients, requests, seed, first)))
+    fresh = stop is not None
+    result = asyncio.run(play(url, token, clients, requests, seed, first, fresh, stop))
+    out.put((fresh, result))
 
 
 class AgentProcesses:
     """The agents spread over ``processes`` spawned processes (clients and requests
     shared out evenly), so that one process's CPU does not cap the load: 32 httpx
-    clients on one loop need about a core at 500 requests/s."""
+    clients on one loop need about a core at 500 requests/s. With ``newcomers``, one
+    more process of that many agents that open a new connection per request, playing
+    until the others are done."""
 
     def __init__(
-        self, url: str, token: str, clients: int, requests: int, seed: int, processes: int
+        self,
+        url: str,
+        token: str,
+        clients: int,
+        requests: int,
+        seed: int,
+        processes: int,
+        newcomers: int = 0,
     ) -> None:
         context = multiprocessing.get_context("spawn")
         self._go = context.Event()
+        self._stop = context.Event()
         self._out = context.Queue()
         self._processes = []
         first = 0
@@ -351,16 +405,54 @@ class AgentProcesses:
             process.start()
             self._processes.append(process)
             first += share
-        for _ in self._processes:  # every process imported and connected to nothing yet
+        self._newcomers = None
+        if newcomers:
+            self._newcomers = context.Process(
+                target=_agents_main,
+                args=(url, token, newcomers, 10**9, seed, first, self._go, self._out, self._stop),
+                daemon=True,
+            )
+            self._newcomers.start()
+        for _ in range(
+            len(self._processes) + bool(newcomers)
+        ):  # all imported, connected to nothing
             assert self._out.get(timeout=120) == "ready"
 
-    def run(self) -> list[dict]:
-        """Starts them all at once; returns each process's :func:`play` result."""
+    def run(self) -> tuple[list[dict], dict | None]:
+        """Starts them all at once; returns each agent process's :func:`play` result,
+        and the newcomers' (once the others are done), or None."""
         self._go.set()
-        results = [self._out.get(timeout=3600) for _ in self._processes]
+        results, newcomers = [], None
+        while len(results) < len(self._processes):
+            fresh, result = self._out.get(timeout=3600)
+            if fresh:
+                newcomers = result
+            else:
+                results.append(result)
+        if self._newcomers is not None:
+            self._stop.set()
+            if newcomers is None:
+                newcomers = self._out.get(timeout=600)[1]
+            self._newcomers.join(30)
         for process in self._processes:
             process.join(30)
-        return results
+        return results, newcomers
+
+
+def accept_queue(port: int) -> int:
+    """The listening socket's accept queue on ``port`` now (``ss``'s Recv-Q)."""
+    out = subprocess.run(
+        ["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    return int(out[1]) if len(out) > 1 else -1
+
+
+def watch_accept_queue(port: int, stop: threading.Event, every_s: float = 0.25) -> list[int]:
+    """Samples :func:`accept_queue` every ``every_s`` until ``stop`` is set."""
+    samples = []
+    while not stop.wait(every_s):
+        samples.append(accept_queue(port))
+    return samples
 
 
 async def run_load(
@@ -375,6 +467,8 @@ async def run_load(
     server_pid: int | None = None,
     placebo_fraction: float = 0.0,
     agent_processes: int = 1,
+    newcomers: int = 0,
+    hostile_warmup_s: float = 8.0,
 ) -> dict:
     """``num_clients`` agents over ``agent_processes`` processes playing CartPole until
     ``num_requests`` requests are made, beside ``hostile`` sockets of ``kind`` (or, for
@@ -388,14 +482,20 @@ async def run_load(
         attackers = PlaceboProcess(placebo_fraction)
     elif kind:
         attackers = HostileProcess(url, kind, hostile, hostile_max_opens)
-    # The agents start up while the hostile sockets open (8 s: spawned, every one open).
-    agents = AgentProcesses(url, token, num_clients, num_requests, seed, agent_processes)
-    await asyncio.sleep(max(0.0, opened + 8.0 - time.perf_counter()) if kind else 0.0)
+    # The agents start up while the hostile sockets open (8 s: spawned, every one open;
+    # a loaded server takes longer to take in their first burst).
+    agents = AgentProcesses(url, token, num_clients, num_requests, seed, agent_processes, newcomers)
+    await asyncio.sleep(max(0.0, opened + hostile_warmup_s - time.perf_counter()) if kind else 0)
     pids = {"server": server_pid, "other": attackers.pid if attackers else None}
     cpu_before = {k: cpu_seconds(pid) for k, pid in pids.items() if pid is not None}
+    watching = threading.Event()
+    port = int(url.rsplit(":", 1)[1])
+    watcher = asyncio.get_running_loop().run_in_executor(None, watch_accept_queue, port, watching)
     started = time.perf_counter()
-    parts = await asyncio.get_running_loop().run_in_executor(None, agents.run)
+    parts, fresh = await asyncio.get_running_loop().run_in_executor(None, agents.run)
     seconds = time.perf_counter() - started
+    watching.set()
+    queue = await watcher
     cpu = {k: cpu_seconds(pids[k]) - v for k, v in cpu_before.items()}  # type: ignore[arg-type]
     cpu["agents"] = sum(part["cpu_seconds"] for part in parts)
     slow_counts = attackers.stop() if attackers is not None else {}
@@ -408,14 +508,30 @@ async def run_load(
     statuses: collections.Counter[int] = collections.Counter()
     for part in parts:
         statuses.update({int(k): v for k, v in part["statuses"].items()})
+    # Every step taken, the newcomers' too, must be in the server's num_env_steps.
     steps = sum(part["steps"] for part in parts)
+    all_steps = steps + (fresh["steps"] if fresh is not None else 0)
     connections = sum(part["connections_opened"] for part in parts)
     every = [x for values in latencies.values() for x in values]
 
     def percentiles(values: list[float]) -> dict[str, float]:
+        if not values:
+            return {f"p{q}_ms": float("nan") for q in (50, 90, 99)}
         ms = 1000.0 * np.asarray(values)
         return {f"p{q}_ms": float(np.percentile(ms, q)) for q in (50, 90, 99)}
 
+    newcomer_stats = {}
+    if fresh is not None:
+        answered = [x for values in fresh["latencies"].values() for x in values]
+        newcomer_stats = {
+            "newcomers": newcomers,
+            "requests": len(answered),
+            "requests_per_s": len(answered) / seconds,
+            "latency_all": percentiles(answered),
+            "statuses": fresh["statuses"],
+            "connections_opened": fresh["connections_opened"],
+            "abandoned_episodes": fresh["abandoned_episodes"],
+        }
     return {
         "requests": len(every),
         "seconds": seconds,
@@ -428,7 +544,7 @@ async def run_load(
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "num_5xx": sum(v for k, v in statuses.items() if k >= 500),
         "agent_steps": steps,
-        "lost_steps": steps - (metrics["num_env_steps"] - before["num_env_steps"]),
+        "lost_steps": all_steps - (metrics["num_env_steps"] - before["num_env_steps"]),
         "dropped_steps": metrics["num_dropped_steps"] - before["num_dropped_steps"],
         # The agents' TCP connections: one per client unless the server closed some.
         "agent_processes": agent_processes,
@@ -443,6 +559,14 @@ async def run_load(
         "cpu_cores": {k: v / seconds for k, v in cpu.items()},
         "server_cpu_ms_per_request": 1000.0 * cpu.get("server", float("nan")) / len(every),
         "agents_cpu_ms_per_request": 1000.0 * cpu["agents"] / len(every),
+        # Agents that open a new TCP connection per request, beside the others.
+        "newcomers": newcomer_stats,
+        # The listening socket's accept queue (connections the kernel holds for accept()).
+        "accept_queue": {
+            "max": max(queue, default=-1),
+            "median": statistics.median(queue) if queue else -1,
+            "samples_every_0.25_s": queue,
+        },
     }
 
 
@@ -478,6 +602,25 @@ def main() -> None:
         "--max-connections", type=int, default=2048, help="the servers' max_connections"
     )
     parser.add_argument(
+        "--hostile-warmup-s",
+        type=float,
+        default=8.0,
+        help="seconds from opening the hostile sockets to starting the agents",
+    )
+    parser.add_argument(
+        "--newcomers",
+        type=int,
+        default=0,
+        help="agents beside the others that open a new connection per request (one process)",
+    )
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        choices=list(SYSTEMS),
+        default=list(SYSTEMS),
+        help="servers to run (default: %(default)s)",
+    )
+    parser.add_argument(
         "--placebo",
         action="store_true",
         help="also run beside a socketless process burning the hostile processes' CPU",
@@ -495,14 +638,15 @@ def main() -> None:
     variants: list[str | None] = [None, *args.kinds] if args.hostile else [None]
     if args.placebo and args.hostile:
         variants.append("cpu_placebo")
-    runs_of = [(name, kind) for kind in variants for name in SYSTEMS]
+    systems = {name: SYSTEMS[name] for name in args.systems}
+    runs_of = [(name, kind) for kind in variants for name in systems]
 
     loadavg_start = os.getloadavg()
     servers = {}
     with tempfile.TemporaryDirectory() as tmp:
         token_file = os.path.join(tmp, "token")
         try:
-            for name, flags in SYSTEMS.items():
+            for name, flags in systems.items():
                 servers[name] = start_server(flags, token_file, args.max_connections)
             token = pathlib.Path(token_file).read_text().strip()
             for _, info in servers.values():  # warm-up: compile every bucket
@@ -535,6 +679,8 @@ def main() -> None:
                             servers[name][0].pid,
                             max(hostile_cores),
                             args.agent_processes,
+                            args.newcomers,
+                            args.hostile_warmup_s,
                         )
                     )
                     if kind not in (None, "cpu_placebo"):
@@ -549,9 +695,22 @@ def main() -> None:
                         f"{result['latency_action']['p99_ms']:.1f} ms, mean batch "
                         f"{result['server_mean_batch_size']:.1f}, 5xx {result['num_5xx']}, lost "
                         f"{result['lost_steps']}, agent reconnects {result['agent_reconnects']}, "
-                        f"hostile {result['hostile']}",
+                        f"hostile {result['hostile']}, accept queue max "
+                        f"{result['accept_queue']['max']} median "
+                        f"{result['accept_queue']['median']}, "
+                        f"load {os.getloadavg()[0]:.2f}",
                         file=sys.stderr,
                     )
+                    if result["newcomers"]:
+                        fresh = result["newcomers"]
+                        print(
+                            f"    newcomers: {fresh['requests']} answers, "
+                            f"{fresh['requests_per_s']:.1f} req/s, p50 "
+                            f"{fresh['latency_all']['p50_ms']:.0f} ms, p90 "
+                            f"{fresh['latency_all']['p90_ms']:.0f} ms, "
+                            f"statuses {fresh['statuses']}",
+                            file=sys.stderr,
+                        )
         finally:
             for process, _ in servers.values():
                 process.terminate()
@@ -584,12 +743,38 @@ def main() -> None:
                 for q in ("p50_ms", "p90_ms", "p99_ms")
             },
             **{f"all_{q}": median(name, "latency_all", q) for q in ("p50_ms", "p90_ms", "p99_ms")},
+            "accept_queue_max": median(name, "accept_queue", "max"),
+            **(
+                {
+                    "newcomers_requests_per_s": median(name, "newcomers", "requests_per_s"),
+                    **{
+                        f"newcomers_{q}": median(name, "newcomers", "latency_all", q)
+                        for q in ("p50_ms", "p90_ms", "p99_ms")
+                    },
+                }
+                if args.newcomers
+                else {}
+            ),
         }
         for name in runs
     }
-    summary["batched_vs_unbatched_throughput"] = (
-        summary["batched"]["requests_per_s"] / summary["unbatched"]["requests_per_s"]
-    )
+    # Under attack against unattacked, same server (the figures that count on a shared
+    # machine: both from the same interleaved rounds).
+    for name, kind in runs_of:
+        label = _label(name, kind, args.hostile)
+        if kind is not None:
+            attacked, calm = summary[label], summary[name]
+            summary[label]["agents_vs_unattacked"] = (
+                attacked["requests_per_s"] / calm["requests_per_s"]
+            )
+            if args.newcomers:
+                summary[label]["newcomers_vs_unattacked"] = (
+                    attacked["newcomers_requests_per_s"] / calm["newcomers_requests_per_s"]
+                )
+    if len(systems) == 2:
+        summary["batched_vs_unbatched_throughput"] = (
+            summary["batched"]["requests_per_s"] / summary["unbatched"]["requests_per_s"]
+        )
     report = {
         "benchmark": "serve_load",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -602,9 +787,11 @@ def main() -> None:
             "hostile_kinds": args.kinds,
             "hostile_max_opens": args.hostile_max_opens,
             "max_connections": args.max_connections,
+            "newcomers": args.newcomers,
+            "hostile_warmup_s": args.hostile_warmup_s,
             "env": "CartPole-v1",
             "policy": "64-64 tanh MLP, stochastic",
-            "systems": SYSTEMS,
+            "systems": systems,
             "load": "agents: --agent-processes asyncio processes (httpx); hostile sockets: "
             "another; each "
             "server in its own process; loopback; all share the machine's cores",
