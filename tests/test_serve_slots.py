@@ -391,3 +391,42 @@ def test_slots_let_tokenless_idle_connections_linger_within_max_connections():
     # never an authenticated one.
     assert slots.admit(FakeSlot("new2")) and keepalive.evicted.startswith("the server is at")
     assert slots.num_lingering == 0 and not friend.evicted
+
+
+# -- the cheap paths a flood of new connections takes ------------------------------------------
+
+
+def test_health_answered_before_the_app_is_the_apps_own_answer(tmp_path):
+    from starlette.testclient import TestClient
+
+    with serving(tmp_path) as (_, server):
+        with connect(server.url) as sock:
+            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = read_all(sock)
+        own = TestClient(server.app).get("/v1/health")  # the route, without the guard
+    head, body = answer.split(b"\r\n\r\n", 1)
+    headers = dict(line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:])
+    assert head.startswith(b"HTTP/1.1 200")
+    assert body == own.content
+    assert headers[b"content-type"] == own.headers["content-type"].encode()
+    assert "/v1/health" in server.app.openapi()["paths"]  # still documented
+
+
+def test_refused_connections_are_logged_once_a_second_with_their_count(tmp_path, caplog):
+    with serving(tmp_path, max_connections=2, max_unauthenticated_connections=2) as (_, server):
+        auth = f"Authorization: Bearer {server.token}\r\n".encode()
+        held = [connect(server.url) for _ in range(2)]
+        for sock in held:  # authenticated, then a next request arriving: none may go
+            sock.sendall(b"GET /v1/spaces HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+            sock.sendall(b"GET /v1/spaces HTTP/1.1\r\n")
+        with caplog.at_level("WARNING", logger="jaxrunner.serve"):
+            for _ in range(20):
+                with connect(server.url) as sock:
+                    assert b"too_many_connections" in read_all(sock)
+        for sock in held:
+            sock.close()
+    records = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    counts = [int(message.split()[1]) for message in records]
+    assert 1 <= len(records) < 20 and counts[0] == 1  # the first at once, then batched
+    assert sum(counts) <= 20

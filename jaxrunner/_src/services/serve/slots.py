@@ -54,6 +54,10 @@ class ConnectionSlots:
         self._lingering: dict[Slot, None] = {}  # out of the slots, socket still open
         self.trim_scheduled = False
         """Whether a :meth:`trim` is due (the transport schedules it)."""
+        self.refused = 0
+        """Connections refused since the transport last logged them."""
+        self.refusal_logged_at = float("-inf")
+        """When the transport last logged refused connections (its loop's clock)."""
 
     def __len__(self) -> int:
         return len(self._open)

@@ -32,6 +32,8 @@ without the token lingers, unread, before its socket is closed (see :mod:`.slots
 an owner that reconnects on the close comes back at most this often per socket. A
 keep-alive health probe that loses its connection this way waits as long for the
 close (then retries on a new one)."""
+REFUSAL_LOG_INTERVAL_S = 1.0
+"""Refused connections are logged at most this often, with their count."""
 SEND_BUFFER_BYTES = 64 * 1024
 """Each socket's kernel send buffer (``SO_SNDBUF``; Linux doubles it): a client that
 never reads holds at most this much of the kernel's memory, not the 4 MB a loopback
@@ -154,7 +156,7 @@ class DeadlineH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if not self.slots.admit(self):
-            logger.warning("refused a connection: %d are open", len(self.slots))
+            self._log_refusal()
             transport.write(
                 raw_error(
                     503,
@@ -172,6 +174,20 @@ class DeadlineH11Protocol(H11Protocol):
         self._arm()  # a connection that never sends a whole request is closed too
         if self.slots.over_share() and not self.slots.trim_scheduled:
             self._schedule_trim()
+
+    def _log_refusal(self) -> None:
+        """Logs refused connections at most once a second: under a flood of sockets, a
+        record per refusal costs the server the CPU it needs to accept the next ones."""
+        slots = self.slots
+        slots.refused += 1
+        now = self.loop.time()
+        if now - slots.refusal_logged_at >= REFUSAL_LOG_INTERVAL_S:
+            logger.warning(
+                "refused %d connection(s) since the last report: %d are open",
+                slots.refused,
+                len(slots),
+            )
+            slots.refused, slots.refusal_logged_at = 0, now
 
     def _schedule_trim(self) -> None:
         """Restores the share of connections without the token once the grace of
