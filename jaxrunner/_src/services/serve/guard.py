@@ -1,6 +1,6 @@
-"""The guard of the policy server, before FastAPI reads anything: the token (401; only
-:data:`OPEN_PATHS` go without), JSON only (415) and the body size cap (413, also for a
-body that streams past it)."""
+"""The guard of the policy server, before FastAPI reads anything: the health answer, the
+token (401; only :data:`OPEN_PATHS` go without), JSON only (415) and the body size cap
+(413, also for a body that streams past it)."""
 
 from __future__ import annotations
 
