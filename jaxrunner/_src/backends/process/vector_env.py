@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from gymnasium.vector.utils import batch_space
 
-from jaxrunner._src.backends.base import BaseVectorEnv, VectorEnv
+from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.process.config import ProcessConfig, checked_config
@@ -18,12 +18,12 @@ from jaxrunner._src.backends.process.handle import shutdown
 from jaxrunner._src.backends.process.launch import EnvFactory
 from jaxrunner._src.backends.process.shared import BlockLayout, Layout
 from jaxrunner._src.backends.process.transport import ProcessTransport, Report
+from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
-from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner.errors import InvalidArgumentError
 
 
-class ProcessBackend(BaseVectorEnv):
+class ProcessBackend(RemoteSubEnvs):
     """Sub-envs in worker processes over a :class:`~.transport.ProcessTransport`, for
     either kind of sub-env: a shell (a vector env class of one kind) gives the layout
     (:meth:`_layout_for`), the rest is here. Results of ``call``/``get_attr`` must pickle."""
@@ -165,33 +165,14 @@ class ProcessBackend(BaseVectorEnv):
 
     # -- gymnasium's utilities, run in the workers
 
-    def get_sub_environments(self) -> list[SubEnvHandle]:
-        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env,
-        in index order (the sub-envs live in the workers)."""
-        self._check_open("get_sub_environments")
-        return [SubEnvHandle(self, i) for i in range(self.num_envs)]
-
-    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
-        self._check_open(f"get_sub_environments()[{index}].{method}")
+    def _ask_one(self, index: int, method: str, args: tuple) -> Any:
         return self._transport.on_sub_env(index, method, args)
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env; the
-        results must pickle."""
-        self._check_open("call")
-        return self._transport.pool.call_each_env("call", (name, args, kwargs))
+    def _ask_each(self, method: str, *args: Any) -> tuple[Any, ...]:
+        return self._transport.pool.call_each_env(method, args)
 
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        self._check_open("get_attr")
-        return self._transport.pool.call_each_env("get_attr", (name,))
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self._check_open("set_attr")
-        self._transport.set_attr(name, self._values_per_env(name, values))
-
-    def render(self) -> tuple[Any, ...]:
-        self._check_open("render")
-        return self._transport.pool.call_each_env("render")
+    def _set_each(self, name: str, values: list[Any]) -> None:
+        self._transport.set_attr(name, values)
 
 
 class ProcessVectorEnv(ProcessBackend, VectorEnv):

@@ -9,15 +9,14 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.backends.base import BaseVectorEnv
 from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.ray.actor_manager import ActorPool
 from jaxrunner._src.backends.ray.config import RayConfig, import_ray
 from jaxrunner._src.backends.ray.deadlines import InFlightSteps
 from jaxrunner._src.backends.ray.kinds import AgentRows, Answer, GymnasiumRows
+from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner.errors import InvalidArgumentError, WorkerError
 
 
@@ -34,7 +33,7 @@ class Call:
         """Envs whose slot fails, and why (their actor died or hung)."""
 
 
-class ActorStepping(BaseVectorEnv):
+class ActorStepping(RemoteSubEnvs):
     """``reset``/``send``/``recv``/``step_batch`` of a vector env whose sub-envs run in
     Ray actors (:class:`~.actor_manager.ActorPool`), for either kind (:mod:`.kinds`).
 
@@ -217,34 +216,16 @@ class ActorStepping(BaseVectorEnv):
         lo, hi = block_rows(rows, self.num_envs, type(self).__name__)
         return self._result(self._wait(self._send_rows(actions, lo, hi, rows is None)))
 
-    # -- the sub-envs' utilities ------------------------------------------------------------------
+    # -- the sub-envs' utilities, run in the actors
 
-    def get_sub_environments(self) -> list[SubEnvHandle]:
-        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env,
-        in index order (the sub-envs live in the actors)."""
-        self._check_open("get_sub_environments")
-        return [SubEnvHandle(self, i) for i in range(self.num_envs)]
-
-    def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
-        self._check_open(f"get_sub_environments()[{index}].{method}")
+    def _ask_one(self, index: int, method: str, args: tuple) -> Any:
         return self._actors.on_sub_env(index, method, args)
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
-        self._check_open("call")
-        return self._actors.call_each("call", name, args, kwargs)
+    def _ask_each(self, method: str, *args: Any) -> tuple[Any, ...]:
+        return self._actors.call_each(method, *args)
 
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        self._check_open("get_attr")
-        return self._actors.call_each("get_attr", name)
-
-    def set_attr(self, name: str, values: Any) -> None:
-        self._check_open("set_attr")
-        self._actors.set_attr(name, self._values_per_env(name, values))
-
-    def render(self) -> tuple[Any, ...]:
-        self._check_open("render")
-        return self._actors.call_each("render")
+    def _set_each(self, name: str, values: list[Any]) -> None:
+        self._actors.set_attr(name, values)
 
     # -- internals ------------------------------------------------------------------------------
 
