@@ -114,23 +114,41 @@ def test_ray_equals_sync_and_replaces_a_dead_actor(local_ray):
     assert metrics["num_agent_steps"] == valid
 
 
-@pytest.mark.parametrize(("failing", "lost", "unrun"), [(0, 0, 1), (1, 1, 0)])
-def test_a_dead_workers_slots_are_counted_lost_or_unrun(failing, lost, unrun, tmp_path):
-    # Worker 0 runs sub-envs 0 and 1, in that order; the failing one kills it at its 4th
-    # step. Sub-env 0's kill leaves 1's step unrun; 1's loses 0's completed step. All
-    # through the public API: make_vec's process env and its counters.
-    from jaxrunner.testing import CallLog, FaultPlan, faulty_env_fns
+@pytest.mark.parametrize(
+    ("backend", "kind", "failing", "lost", "unrun"),
+    [
+        ("process", "pettingzoo", 0, 0, 1),
+        ("process", "pettingzoo", 1, 1, 0),
+        ("ray", "pettingzoo", 0, 0, 1),
+        ("ray", "gymnasium", 1, 1, 0),
+    ],
+)
+def test_a_dead_workers_slots_are_counted_lost_or_unrun(
+    backend, kind, failing, lost, unrun, tmp_path, request
+):
+    # A worker (process) or actor (Ray) runs sub-envs 0 and 1, in that order; the
+    # failing one kills it at its 4th step. Sub-env 0's kill leaves 1's step unrun; 1's
+    # loses 0's completed step. All through the public API: make_vec's env and its
+    # counters.
+    from jaxrunner.testing import CallLog, CountingEnv, FaultPlan, faulty_env_fns
 
     log = CallLog(tmp_path)
     plan = {failing: [FaultPlan(kind="kill", at=(4,))]}
-    fns = faulty_env_fns(envs_mod.coming_and_going, 3, plan, log)
-    config = jr.ProcessConfig(num_workers=2)
-    envs = jr.make_vec(fns, 3, "process", config=config, restart_policy=jr.RestartPolicy())
-    assert isinstance(envs, jr.MultiAgentVectorEnv)
-    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 6, seed=7) as runner:
+    base = envs_mod.coming_and_going if kind == "pettingzoo" else CountingEnv
+    fns = faulty_env_fns(base, 3, plan, log)
+    if backend == "ray":
+        request.getfixturevalue("local_ray").cloudpickle.register_pickle_by_value(envs_mod)
+        config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
+    else:
+        config = jr.ProcessConfig(num_workers=2)
+    envs = jr.make_vec(fns, 3, backend, config=config, restart_policy=jr.RestartPolicy())
+    n = 3 if kind == "pettingzoo" else 2
+    # One send per step, so that both sub-envs' steps are one call of their actor.
+    with jr.EnvRunner(envs, random_policy(n), zero_params(n), 6, seed=7, num_splits=1) as runner:
         runner.sample()
         metrics = runner.get_metrics()
-        counts = (envs.num_worker_restarts, envs.num_lost_steps, envs.num_unrun_steps)
+        restarts = envs.num_worker_restarts if backend == "process" else envs.num_actor_restarts
+        counts = (restarts, envs.num_lost_steps, envs.num_unrun_steps)
     assert counts == (1, lost, unrun)
     # Every env.step call accounted for, as on the single-agent process backend.
     assert log.count("step_ok") == metrics["num_env_steps"] + lost

@@ -30,6 +30,8 @@ EnvFactory = Callable[[], Any]
 # Per sub-env progress of a step, written to the caller's ``status`` array: a process
 # worker's shared marks tell the main process which steps a dead worker had done.
 NOT_RUN, RUNNING, DONE = 0, 1, 2
+Marks = MutableSequence[int] | np.ndarray
+"""Where a block writes its marks (a process worker's or Ray actor's are shared)."""
 
 
 class SubEnvRaised(EnvError):
@@ -108,7 +110,7 @@ class SubEnvBlock(abc.ABC):
         fns: Sequence[EnvFactory] | None,
         offset: int,
         restart_policy: RestartPolicy | None,
-        status: MutableSequence[int] | None = None,
+        status: Marks | None = None,
     ) -> None:
         if restart_policy is not None and fns is None:
             raise InvalidArgumentError(
@@ -118,7 +120,7 @@ class SubEnvBlock(abc.ABC):
         self.envs = envs if isinstance(envs, list) else list(envs)
         self.offset, self.restart_policy = offset, restart_policy
         self.fns = list(fns) if fns is not None else None
-        self.status = status if status is not None else bytearray(offset + len(self.envs))
+        self.status: Marks = status if status is not None else bytearray(offset + len(self.envs))
         self.num_restarts = 0
         """Sub-envs recreated after a failure."""
         self._seeds: list[int | None] = [None] * len(self.envs)

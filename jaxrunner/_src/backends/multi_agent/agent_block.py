@@ -3,7 +3,7 @@ its acting agents into the block's rows of the group buffers."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableSequence, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -19,6 +19,7 @@ from jaxrunner._src.backends.sub_env_block import (
     DONE,
     RUNNING,
     EnvFactory,
+    Marks,
     StepResult,
     SubEnvBlock,
     SubEnvRaised,
@@ -62,7 +63,7 @@ class AgentBlock(SubEnvBlock):
         fns: Sequence[EnvFactory] | None = None,
         restart_policy: RestartPolicy | None = None,
         buffers: AgentStepBuffers | None = None,
-        status: MutableSequence[int] | None = None,
+        status: Marks | None = None,
     ) -> None:
         super().__init__(envs, fns, offset, restart_policy, status)
         self.groups = tuple(groups)

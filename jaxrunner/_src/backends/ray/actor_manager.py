@@ -11,6 +11,7 @@ import gymnasium
 from jaxrunner._src.backends.error_indices import with_global_env_index
 from jaxrunner._src.backends.ray.config import RayConfig
 from jaxrunner._src.backends.ray.env_actor import EnvWorker
+from jaxrunner._src.backends.ray.progress import ProgressMarks
 from jaxrunner._src.backends.restarts import RestartPolicy, retry
 from jaxrunner.errors import RemoteTimeoutError, WorkerError
 
@@ -26,7 +27,8 @@ class ActorPool:
         config: placement and timeouts.
         restart_policy: how dead actors are replaced (None: their failure raises).
         worker: the actor's body, built as ``worker(env_fns, restart_policy, offset,
-            *worker_args)`` (``offset``: its first sub-env's global index), with
+            *worker_args, progress=...)`` (``offset``: its first sub-env's global
+            index; ``progress``: where its step marks are shared), with
             ``describe``, ``reset``, ``reset_at``, ``step``, ``num_restarts``, ``call``,
             ``get_attr``, ``set_attr``, ``render``, ``on_sub_env`` (by the block's own
             index) and ``close``: :class:`EnvWorker` for
@@ -50,6 +52,8 @@ class ActorPool:
         """The sub-envs each actor runs (consecutive blocks)."""
         self.actors: list[Any] = []
         """The current actor handles, one per block."""
+        self.progress = ProgressMarks(len(self.unit_rows), n)
+        """The actors' step marks (a dead one's steps: lost or unrun)."""
         self.num_actor_restarts = 0
         """Actors replaced after dying or timing out."""
         self._remote_cls = ray.remote(worker)
@@ -70,7 +74,11 @@ class ActorPool:
     def _make(self, u: int) -> Any:
         rows = self.unit_rows[u]
         return self._remote_cls.options(num_cpus=self.config.num_cpus_per_actor).remote(
-            self.env_fns[rows], self.restart_policy, rows.start, *self._worker_args
+            self.env_fns[rows],
+            self.restart_policy,
+            rows.start,
+            *self._worker_args,
+            progress=self.progress.where(u),
         )
 
     def replace(self, u: int, cause: BaseException) -> Any:
@@ -199,3 +207,4 @@ class ActorPool:
         except Exception:  # dead actors, or Ray already shut down: nothing to close
             pass
         self.kill_all()
+        self.progress.close()

@@ -15,6 +15,7 @@ import numpy as np
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.multi_agent.agent_block import AgentBlock, env_groups
 from jaxrunner._src.backends.multi_agent.buffers import FIELDS, MultiAgentStep
+from jaxrunner._src.backends.ray.progress import SharedMarks, attach
 from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly
 from jaxrunner._src.backends.sub_env_block import EnvFactory, SubEnvBlock, build_envs
 from jaxrunner._src.backends.sync import SyncVectorEnv
@@ -68,9 +69,14 @@ class EnvWorker(ActorBody):
         env_fns: Sequence[EnvFactory],
         restart_policy: RestartPolicy | None,
         offset: int = 0,  # the caller re-indexes errors (the actor pool's convention)
+        *,
+        progress: SharedMarks | None = None,
     ) -> None:
         self.envs = SyncVectorEnv(env_fns, copy=False, restart_policy=restart_policy)
         self.block = self.envs._block
+        marks = attach(progress)
+        if marks is not None:  # the block counts from 0: its rows of the marks
+            self.block.status = marks[offset : offset + len(env_fns)]
 
     def describe(self) -> tuple[gymnasium.Space, gymnasium.Space, dict[str, Any], Any]:
         envs = self.envs
@@ -125,12 +131,19 @@ class AgentEnvWorker(ActorBody):
         restart_policy: RestartPolicy | None,
         offset: int,
         policy_mapping_fn: PolicyMappingFn | None,
+        *,
+        progress: SharedMarks | None = None,
     ) -> None:
         envs = build_envs(env_fns, offset)
         try:
             groups = env_groups(envs[0], policy_mapping_fn)
             self.block = AgentBlock(
-                envs, groups, offset, fns=env_fns, restart_policy=restart_policy
+                envs,
+                groups,
+                offset,
+                fns=env_fns,
+                restart_policy=restart_policy,
+                status=attach(progress),
             )
         except BaseException:
             for env in envs:

@@ -82,6 +82,11 @@ class ActorStepping(RemoteSubEnvs):
         self._pending: dict[int, BaseException] = {}
         """Envs of replaced actors whose slot has not failed yet, and why: it fails in
         their next send, unstepped (a step already answered by the dead actor stays)."""
+        self.num_lost_steps = 0
+        """Completed sub-env steps whose results died with their actor (counted where
+        the actor shares its marks: on the driver's machine, :mod:`.progress`)."""
+        self.num_unrun_steps = 0
+        """Failed slots of replaced actors' sub-envs that had not started their step."""
         self._fresh: dict[int, Any] = {}
         """Each replaced actor's successor's reset reply, written again to each row as
         it fails (a step the dead actor answered may have been written since)."""
@@ -270,6 +275,7 @@ class ActorStepping(RemoteSubEnvs):
             for run in self._unrun(rows, call):
                 at = slice(run.start - rows.start, run.stop - rows.start)
                 mine = part if run == rows else self._kind.part(part, at)
+                self._actors.progress.sending(run)
                 ref = actor.step.remote(run.start - unit.start, run.stop - unit.start, mine)
                 self._in_flight.add(ref, u, run)
                 call.steps[ref] = actor
@@ -285,6 +291,7 @@ class ActorStepping(RemoteSubEnvs):
         for i in range(rows.start, rows.stop):
             if i in self._pending:
                 call.lost[i] = self._pending.pop(i)
+                self.num_unrun_steps += 1
                 if start < i:
                     runs.append(slice(start, i))
                 start = i + 1
@@ -328,8 +335,11 @@ class ActorStepping(RemoteSubEnvs):
         """Actor ``u``'s step ``ref`` (envs ``rows``) died with its actor: the actor is
         replaced (its reset written to all of its rows, which are pending from then on)
         unless a step of another send already replaced it; the envs' slots fail with
-        ``cause``."""
+        ``cause``, each counted lost, unrun or (the one under way) neither."""
         call = self._owner.pop(ref)
+        lost, unrun = self._actors.progress.count(u, rows)
+        self.num_lost_steps += lost
+        self.num_unrun_steps += unrun
         if call.steps.pop(ref) is self._actors.actors[u]:
             if self.restart_policy is None and not isinstance(cause, WorkerError):
                 self._actors.kill(self._actors.actors[u])

@@ -30,6 +30,8 @@ class RayVectorEnv(ActorStepping, VectorEnv):
     steps in flight fail, its other sub-envs' next ones (unstepped), and their episodes
     end as faulty; without one the failure raises :class:`~jaxrunner.errors.WorkerError`
     (a death) or :class:`~jaxrunner.errors.RemoteTimeoutError` (a missed deadline).
+    ``num_lost_steps`` and ``num_unrun_steps`` count a dead actor's steps as the process
+    backend does (exactly for actors on the driver's machine).
 
     Ray must be importable; if no Ray instance is running, Ray starts a local one on
     first use (call ``ray.init(address="auto")`` first to use a cluster).
