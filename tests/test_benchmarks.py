@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from jaxrunner._src import bench, cli
+from jaxrunner._src.bench import rounds
 from jaxrunner._src.bench.child import Child, ChildError
 
 BENCHMARKS = pathlib.Path(__file__).parent.parent / "benchmarks"
@@ -179,12 +180,14 @@ def test_hand_scan_and_jaxrunner_on_gymnax():
 
 
 def test_bench_on_the_process_backend_measures_the_sync_hand_loop_and_async_vector_env(
-    capsys, tmp_path
+    capsys, monkeypatch, tmp_path
 ):
     """The figures' settings are `jaxrunner bench`'s own (benchmarks/core.py, which only
     changed its defaults, is gone): the process row's reference is the sync hand loop.
     Also the CLI's --json on this backend (once a test of its own in test_envs_process.py:
     one bench run serves both)."""
+    # 16-step rollouts (the parent's T reaches every child): 1024 cost seconds of IPC.
+    monkeypatch.setattr(rounds, "rollout_length", lambda num_envs: 16)
     out = tmp_path / "bench.json"
     options = ["--num-envs", "2", "--rounds", "1", "--seconds", "0.05", "--json"]
     assert cli.main(["bench", *options, "--backend", "process", "--out", str(out)]) == 0

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from jaxrunner._src import bench, cli
-from jaxrunner._src.bench import plot
+from jaxrunner._src.bench import plot, rounds
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -43,7 +43,12 @@ def _fresh_process_dispatch(**env: str) -> str:
     return done.stdout.strip()
 
 
-def test_bench_report_holds_every_round_and_each_system_ran_at_its_dispatch(capsys, tmp_path):
+def test_bench_report_holds_every_round_and_each_system_ran_at_its_dispatch(
+    capsys, monkeypatch, tmp_path
+):
+    assert [bench.rollout_length(n) for n in (1, 3, 256, 1024)] == [2048, 682, 8, 8]
+    # Shorter rollouts by the same kind of rule: the parent's T reaches every child.
+    monkeypatch.setattr(rounds, "rollout_length", lambda num_envs: max(8, 64 // num_envs))
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     argv = ["bench", "--num-envs", "1", "3", "--rounds", "2", "--seconds", "0.05"]
     assert cli.main([*argv, "--json", "--out", str(out), "--plot", str(png)]) == 0
@@ -61,7 +66,7 @@ def test_bench_report_holds_every_round_and_each_system_ran_at_its_dispatch(caps
     assert [row["num_envs"] for row in report["results"]] == [1, 3]
     for row in report["results"]:
         assert row["backend"] == "sync" and row["errors"] == {}
-        assert row["rollout_length"] == max(8, 2048 // row["num_envs"])
+        assert row["rollout_length"] == max(8, 64 // row["num_envs"])
         assert len(row["loadavg_per_round"]) == 2
         systems = row["systems"]
         assert set(systems) == {"jaxrunner", "hand", "ceiling"}
@@ -133,8 +138,12 @@ def test_bench_plot_without_matplotlib_names_the_extra_before_measuring(
     assert not (tmp_path / "bench.png").exists()
 
 
-def test_bench_on_a_pettingzoo_env_times_the_multi_agent_runner_on_both_backends(capsys, tmp_path):
+def test_bench_on_a_pettingzoo_env_times_the_multi_agent_runner_on_both_backends(
+    capsys, monkeypatch, tmp_path
+):
     pytest.importorskip("mpe2")
+    # The rule's own 1024 steps at 2 envs cost seconds of PettingZoo steps per measurement.
+    monkeypatch.setattr(rounds, "rollout_length", lambda num_envs: 16)
     out = tmp_path / "bench.json"
     argv = ["bench", "--env", "mpe2:simple_spread_v3", "--num-envs", "2", "--backend", "all"]
     argv += ["--rounds", "2", "--seconds", "0.05", "--out", str(out)]
@@ -151,7 +160,7 @@ def test_bench_on_a_pettingzoo_env_times_the_multi_agent_runner_on_both_backends
         ("process", 2),
     ]
     for row in report["results"]:
-        assert row["errors"] == {} and row["rollout_length"] == 1024
+        assert row["errors"] == {} and row["rollout_length"] == 16
         systems = row["systems"]
         assert set(systems) == {"jaxrunner", "hand"}  # no ceiling for a multi-agent env
         assert systems["jaxrunner"]["label"] == (
