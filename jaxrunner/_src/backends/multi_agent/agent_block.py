@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep
@@ -211,6 +210,8 @@ class AgentBlock(SubEnvBlock):
 
     def _placed(self, lo: int, hi: int, actions: Sequence[Any]) -> list[Any]:
         """``actions`` (rows ``[lo, hi)``) copied to those rows of block-sized arrays."""
+        import jax  # here, not at the top: a Ray actor's import of this module skips JAX
+
         n = len(self.drivers)
         if self._action_rows is None:
             self._action_rows = [

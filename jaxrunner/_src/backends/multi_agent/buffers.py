@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-import jax
 import numpy as np
 
 from jaxrunner._src import space_arrays
@@ -69,6 +68,8 @@ class GroupBuffers:
     def of(cls, **arrays: Any) -> GroupBuffers:
         """Buffers over the given ``[B, A_g, ...]`` arrays (owned or views of shared
         memory), with their flat row views."""
+        import jax  # here, not at the top: a Ray actor's import of this module skips JAX
+
         shape = arrays["acting"].shape
         flat = shape[0] * shape[1]
 
@@ -79,6 +80,8 @@ class GroupBuffers:
 
     def rows(self, part: slice) -> GroupBuffers:
         """Envs ``part``'s rows, as views."""
+        import jax  # here, not at the top: a Ray actor's import of this module skips JAX
+
         return GroupBuffers.of(
             **{name: jax.tree.map(lambda x: x[part], getattr(self, name)) for name in FIELDS}
         )
@@ -135,6 +138,8 @@ class AgentStepBuffers(NamedTuple):
         """Env ``b``'s step holds no transition for any agent: its outcomes are zero
         (``acting``/``obs`` stay: the new sub-env's). The one failed-row helper of every
         multi-agent backend."""
+        import jax  # here, not at the top: a Ray actor's import of this module skips JAX
+
         self.env_done[b], self.env_reward[b], self.unassigned_reward[b] = False, 0.0, 0.0
         for buf in self.groups:
             for leaf in jax.tree.leaves(buf.next_obs):

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
@@ -72,6 +71,8 @@ class FiniteObservations:
 
 def clear_row(buffers: Sequence[GroupBuffers], name: str, b: int) -> None:
     """Zeroes row ``b`` of every group's ``name`` (``"obs"`` or ``"next_obs"``)."""
+    import jax  # here, not at the top: a Ray actor's import of this module skips JAX
+
     for buf in buffers:
         for leaf in jax.tree.leaves(getattr(buf, name)):
             leaf[b] = 0

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import gymnasium
-import jax
 import numpy as np
 
 from jaxrunner._src.backends.batch_step import BatchStep
@@ -168,6 +167,8 @@ class AgentEnvWorker(ActorBody):
         return self._reply(self.block.result(infos, errors), slice(lo, hi))
 
     def _reply(self, out: MultiAgentStep, rows: slice = slice(None)) -> BlockReply:
+        import jax  # here, not at the top: a Ray actor's import of this module skips JAX
+
         groups = [
             {name: jax.tree.map(lambda x: x[rows], getattr(buf, name)) for name in FIELDS}
             for buf in self.block.buffers
