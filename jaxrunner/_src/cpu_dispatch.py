@@ -41,17 +41,25 @@ def default_to_inline_cpu_dispatch() -> bool:
 
 
 class _AfterJaxImport(importlib.abc.MetaPathFinder):
-    """Finds ``jax`` as the other finders do, and calls the default once it has loaded."""
+    """Finds ``jax`` as the other finders do, and calls the default once it has loaded
+    (it stays until then: ``importlib.util.find_spec("jax")`` alone loads nothing)."""
+
+    finding = False
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "jax":
+        if name != "jax" or self.finding:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self.finding = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.finding = False
         if spec is not None and spec.loader is not None:
             load = spec.loader.exec_module
 
             def exec_module(module: Any) -> None:
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
                 load(module)
                 default_to_inline_cpu_dispatch()
 
