@@ -68,23 +68,18 @@ class GroupBuffers:
     def of(cls, **arrays: Any) -> GroupBuffers:
         """Buffers over the given ``[B, A_g, ...]`` arrays (owned or views of shared
         memory), with their flat row views."""
-        import jax  # here, not at the top: a Ray actor's import of this module skips JAX
-
         shape = arrays["acting"].shape
         flat = shape[0] * shape[1]
 
         def rows(tree: Any) -> Any:
-            return jax.tree.map(lambda x: x.reshape(flat, *x.shape[2:]), tree)
+            return space_arrays.tree_map(lambda x: x.reshape(flat, *x.shape[2:]), tree)
 
         return cls(**arrays, obs_rows=rows(arrays["obs"]), next_obs_rows=rows(arrays["next_obs"]))
 
     def rows(self, part: slice) -> GroupBuffers:
         """Envs ``part``'s rows, as views."""
-        import jax  # here, not at the top: a Ray actor's import of this module skips JAX
-
-        return GroupBuffers.of(
-            **{name: jax.tree.map(lambda x: x[part], getattr(self, name)) for name in FIELDS}
-        )
+        views = {n: space_arrays.tree_map(lambda x: x[part], getattr(self, n)) for n in FIELDS}
+        return GroupBuffers.of(**views)
 
     def clear_step(self, same_step: bool = False, rows: slice = slice(None)) -> None:
         """Clears the masks and completed transitions of envs ``rows`` before a step.
@@ -138,11 +133,9 @@ class AgentStepBuffers(NamedTuple):
         """Env ``b``'s step holds no transition for any agent: its outcomes are zero
         (``acting``/``obs`` stay: the new sub-env's). The one failed-row helper of every
         multi-agent backend."""
-        import jax  # here, not at the top: a Ray actor's import of this module skips JAX
-
         self.env_done[b], self.env_reward[b], self.unassigned_reward[b] = False, 0.0, 0.0
         for buf in self.groups:
-            for leaf in jax.tree.leaves(buf.next_obs):
+            for leaf in space_arrays.leaves(buf.next_obs):
                 leaf[b] = 0
             buf.completed[b] = False
             buf.reward[b] = 0.0

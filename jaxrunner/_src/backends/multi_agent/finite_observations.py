@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
 from jaxrunner._src.backends.multi_agent.layout import Layout
 from jaxrunner._src.space_arrays.checks import all_finite_test, nonfinite_observations
@@ -71,8 +72,6 @@ class FiniteObservations:
 
 def clear_row(buffers: Sequence[GroupBuffers], name: str, b: int) -> None:
     """Zeroes row ``b`` of every group's ``name`` (``"obs"`` or ``"next_obs"``)."""
-    import jax  # here, not at the top: a Ray actor's import of this module skips JAX
-
     for buf in buffers:
-        for leaf in jax.tree.leaves(getattr(buf, name)):
+        for leaf in space_arrays.leaves(getattr(buf, name)):
             leaf[b] = 0

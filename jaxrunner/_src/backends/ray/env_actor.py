@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import gymnasium
 import numpy as np
 
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.multi_agent.agent_block import AgentBlock, env_groups
 from jaxrunner._src.backends.multi_agent.buffers import FIELDS, MultiAgentStep
@@ -167,10 +168,8 @@ class AgentEnvWorker(ActorBody):
         return self._reply(self.block.result(infos, errors), slice(lo, hi))
 
     def _reply(self, out: MultiAgentStep, rows: slice = slice(None)) -> BlockReply:
-        import jax  # here, not at the top: a Ray actor's import of this module skips JAX
-
         groups = [
-            {name: jax.tree.map(lambda x: x[rows], getattr(buf, name)) for name in FIELDS}
+            {name: space_arrays.tree_map(lambda x: x[rows], getattr(buf, name)) for name in FIELDS}
             for buf in self.block.buffers
         ]
         return BlockReply(
