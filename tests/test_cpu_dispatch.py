@@ -77,6 +77,26 @@ def test_importing_jaxrunner_makes_inline_the_default():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
+def test_importing_jaxrunner_before_jax_sets_the_default_once_jax_loads():
+    # jaxrunner loads JAX only where it uses it (a Ray actor stepping numpy envs never
+    # does): the default is set right after ``import jax``, an availability check before
+    # it notwithstanding.
+    proc = _run(
+        """
+        import importlib.util, sys
+        import jaxrunner as jr
+        assert "jax" not in sys.modules
+        assert importlib.util.find_spec("jax") is not None  # finds, loads nothing
+        import jax
+        assert jr.cpu_dispatch.inline_cpu_dispatch()
+        jax.numpy.zeros(3).block_until_ready()
+        assert jr.cpu_dispatch.inline_cpu_dispatch()
+        print("ok")
+        """
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
 def test_a_jax_without_the_private_probe_leaves_the_mode_alone():
     # jaxrunner asks JAX's private jax._src.xla_bridge whether the backends started; a
     # JAX release that moves it must not make the import fail or switch blindly.

@@ -26,6 +26,7 @@ from tests.test_multi_agent_faults import (  # noqa: F401  (ray_for_the_ray_back
     NUM_ENVS,
     SEED,
     T,
+    backends_and,
     faulty_fns,
     make_envs,
     ray_for_the_ray_backend,
@@ -161,17 +162,13 @@ def bad_fns(kind):
     return fns
 
 
-def backends_and(kinds):
-    return [(b, k) for b in BACKENDS for k in kinds if b != "ray" or k in ON_RAY]
-
-
 def assert_finite(traj) -> None:
     for pid, g in traj.groups.items():
         for leaf in jax.tree.leaves((g.obs, g.next_obs, g.reward)):
             assert np.isfinite(np.asarray(leaf)).all(), f"{pid}: a NaN or inf in the trajectory"
 
 
-@pytest.mark.parametrize(("backend", "kind"), backends_and(STEP_KINDS + RESET_KINDS))
+@pytest.mark.parametrize(("backend", "kind"), backends_and(STEP_KINDS + RESET_KINDS, on_ray=ON_RAY))
 def test_without_a_restart_policy_a_bad_output_is_an_invalid_step_naming_sub_env_and_agent(
     backend, kind
 ):
@@ -184,7 +181,7 @@ def test_without_a_restart_policy_a_bad_output_is_an_invalid_step_naming_sub_env
         assert f"non-finite observation from {call}()" in str(info.value)
 
 
-@pytest.mark.parametrize(("backend", "kind"), backends_and(STEP_KINDS))
+@pytest.mark.parametrize(("backend", "kind"), backends_and(STEP_KINDS, on_ray=ON_RAY))
 def test_with_a_restart_policy_a_bad_step_is_dropped_as_a_fault(backend, kind, clean):
     traj, metrics, restarts = sample(bad_fns(kind), backend, restart=True)
     (pid,) = traj.groups
@@ -205,7 +202,7 @@ def test_with_a_restart_policy_a_bad_step_is_dropped_as_a_fault(backend, kind, c
     assert metrics["num_agent_steps"] == int(g.valid.sum())
 
 
-@pytest.mark.parametrize(("backend", "kind"), backends_and(RESET_KINDS))
+@pytest.mark.parametrize(("backend", "kind"), backends_and(RESET_KINDS, on_ray=ON_RAY))
 def test_with_a_restart_policy_a_bad_reset_restarts_the_sub_env_and_drops_nothing(
     backend, kind, clean
 ):

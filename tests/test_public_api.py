@@ -205,10 +205,11 @@ def test_public_names_are_pinned(module):
 
 def test_the_top_level_loads_its_names_on_first_use():
     # A Ray actor or process worker imports one backend module: it must not pay for the
-    # runner, the services or flax (jaxrunner/__init__.py loads those on first use).
+    # runner, the services, flax or JAX (jaxrunner/__init__.py loads those on first use,
+    # and jaxrunner._src.cpu_dispatch sets its default once JAX loads).
     code = (
         "import sys, jaxrunner._src.backends.ray.env_actor\n"
-        "print(sorted(m for m in ('flax', 'optax', 'jaxrunner._src.runner', "
+        "print(sorted(m for m in ('jax', 'flax', 'optax', 'jaxrunner._src.runner', "
         "'jaxrunner._src.services', 'jaxrunner.connectors') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -21,6 +21,7 @@ import jaxrunner as jr
 from jaxrunner.models import mlp_policy
 from jaxrunner.testing import CountingEnv
 from tests.multi_agent_envs import HOST_KINDS
+from tests.ray_helpers import loads_jax
 
 ray = pytest.importorskip("ray")
 
@@ -275,6 +276,8 @@ def test_a_replaced_actors_env_that_was_not_stepping_fails_at_its_next_step(kind
         with jr.EnvRunner(envs, policy, params, T, seed=0, num_splits=2) as runner:
             trajs = [runner.sample(), runner.sample()]
             got[backend] = trajs, runner.get_metrics(), log.count("step_ok")
+            if backend == "ray":  # stepped, failed, replaced, reset: still no JAX
+                assert not any(loads_jax(actor) for actor in envs.actors)
         if backend == "process":
             counts = (envs.num_lost_steps, envs.num_unrun_steps)
     (traj, ref), (metrics, ref_metrics) = zip(*(got[b][:2] for b in ("ray", "process")))

@@ -3,9 +3,11 @@ switches. See :mod:`jaxrunner.cpu_dispatch`."""
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
-
-import jax
+import sys
+from typing import Any
 
 from jaxrunner.errors import DispatchConfigError
 
@@ -27,11 +29,42 @@ def default_to_inline_cpu_dispatch() -> bool:
     """Switches JAX to inline CPU dispatch unless that is unsafe or someone chose:
     JAX's backends already started (the switch would not take effect), or
     ``JAX_CPU_ENABLE_ASYNC_DISPATCH`` is set. ``import jaxrunner`` calls it first
-    thing. Returns whether it switched."""
+    thing; before ``import jax``, it runs right after that import instead (a Ray actor
+    that steps envs with numpy never loads JAX). Returns whether it switched now."""
+    if "jax" not in sys.modules:
+        sys.meta_path.insert(0, _AfterJaxImport())
+        return False
     if ENV_VAR in os.environ or inline_cpu_dispatch() or _backends_started() is not False:
         return False  # chosen, already inline, started, or unknown: the setting is left
-    jax.config.update(_FLAG, False)
+    _jax().config.update(_FLAG, False)
     return True
+
+
+class _AfterJaxImport(importlib.abc.MetaPathFinder):
+    """Finds ``jax`` as the other finders do, and calls the default once it has loaded
+    (it stays until then: ``importlib.util.find_spec("jax")`` alone loads nothing)."""
+
+    finding = False
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "jax" or self.finding:
+            return None
+        self.finding = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.finding = False
+        if spec is not None and spec.loader is not None:
+            load = spec.loader.exec_module
+
+            def exec_module(module: Any) -> None:
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
+                load(module)
+                default_to_inline_cpu_dispatch()
+
+            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
 
 
 def use_inline_cpu_dispatch() -> None:
@@ -72,9 +105,15 @@ def _switch(inline: bool) -> None:
             f"after the imports), or set {ENV_VAR}={int(not inline)} in the environment, to get "
             f"{mode} dispatch."
         )
-    jax.config.update(_FLAG, not inline)
+    _jax().config.update(_FLAG, not inline)
 
 
 def inline_cpu_dispatch() -> bool:
     """Whether JAX runs CPU computations inline (``use_inline_cpu_dispatch``)."""
-    return not jax.config.values.get(_FLAG, True)
+    return not _jax().config.values.get(_FLAG, True)
+
+
+def _jax() -> Any:
+    import jax  # here, not at the top: see default_to_inline_cpu_dispatch
+
+    return jax

@@ -6,9 +6,11 @@ from jaxrunner._src.space_arrays.buffers import allocate as allocate
 from jaxrunner._src.space_arrays.buffers import copy_into as copy_into
 from jaxrunner._src.space_arrays.buffers import leaf_spaces as leaf_spaces
 from jaxrunner._src.space_arrays.buffers import leaf_spec as leaf_spec
+from jaxrunner._src.space_arrays.buffers import leaves as leaves
 from jaxrunner._src.space_arrays.buffers import map_structure as map_structure
 from jaxrunner._src.space_arrays.buffers import rows as rows
 from jaxrunner._src.space_arrays.buffers import take as take
+from jaxrunner._src.space_arrays.buffers import tree_map as tree_map
 from jaxrunner._src.space_arrays.checks import NEVER_CAST as NEVER_CAST
 from jaxrunner._src.space_arrays.checks import SUPPORTED_SPACES as SUPPORTED_SPACES
 from jaxrunner._src.space_arrays.checks import check_action_batch as check_action_batch

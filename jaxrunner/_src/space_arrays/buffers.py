@@ -4,7 +4,7 @@ allocation, copies, row views. Nothing here validates (that is :mod:`.writers`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,29 @@ def map_structure(space: spaces.Space, fn: Callable[..., Any], *trees: Any) -> A
     if isinstance(space, spaces.Tuple):
         return tuple(map_structure(sub, fn, *(t[j] for t in trees)) for j, sub in enumerate(space))
     return fn(*trees)
+
+
+def tree_map(fn: Callable[..., Any], *trees: Any) -> Any:
+    """Applies ``fn`` leaf by leaf to trees of dicts and tuples of arrays (as
+    :func:`allocate` builds them), as ``jax.tree.map`` does, without loading JAX."""
+    first = trees[0]
+    if isinstance(first, Mapping):
+        return {key: tree_map(fn, *(t[key] for t in trees)) for key in first}
+    if isinstance(first, tuple):
+        return tuple(tree_map(fn, *(t[j] for t in trees)) for j in range(len(first)))
+    return fn(*trees)
+
+
+def leaves(tree: Any) -> Iterator[Any]:
+    """The arrays of a tree of dicts and tuples (as :func:`allocate` builds them)."""
+    if isinstance(tree, Mapping):
+        for sub in tree.values():
+            yield from leaves(sub)
+    elif isinstance(tree, tuple):
+        for sub in tree:
+            yield from leaves(sub)
+    else:
+        yield tree
 
 
 def copy_into(space: spaces.Space, dst: Any, src: Any, index: Any = slice(None)) -> None:

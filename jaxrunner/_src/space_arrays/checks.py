@@ -11,7 +11,13 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.space_arrays.buffers import LEAF_TYPES, allocate, leaf_spec, map_structure
+from jaxrunner._src.space_arrays.buffers import (
+    LEAF_TYPES,
+    allocate,
+    leaf_spec,
+    leaves,
+    map_structure,
+)
 from jaxrunner.errors import InvalidActionError, InvalidStepError, SpaceMismatchError
 
 SUPPORTED_SPACES = (
@@ -265,21 +271,10 @@ def nonfinite_observations(
 def check_finite_observations(space: spaces.Space, buffer: Any, call: str) -> None:
     """Raises the first :func:`nonfinite_observations` error of a whole batch (backends
     that cannot restart one sub-env: a wrapped gymnasium vector env)."""
-    num_envs = len(next(iter(_leaves(buffer))))
+    num_envs = len(next(leaves(buffer)))
     bad = nonfinite_observations(space, buffer, 0, num_envs, call)
     if bad:
         raise bad[min(bad)]
-
-
-def _leaves(tree: Any) -> Any:
-    if isinstance(tree, Mapping):
-        for sub in tree.values():
-            yield from _leaves(sub)
-    elif isinstance(tree, tuple):
-        for sub in tree:
-            yield from _leaves(sub)
-    else:
-        yield tree
 
 
 def check_info(value: Any, index: object, call: str) -> dict[str, Any]:

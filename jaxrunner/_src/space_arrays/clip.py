@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
 
@@ -41,6 +40,8 @@ def _numpy_box(space: spaces.Box) -> Clip:
 
 
 def _jax_box(space: spaces.Box) -> Clip:
+    import jax.numpy as jnp  # here, not at the top: a Ray actor's import of this skips JAX
+
     low, high = space.low, space.high
     # Bounds in the actions' dtype: a float64 bound must not promote float32 actions.
     return lambda actions: jnp.clip(actions, low.astype(actions.dtype), high.astype(actions.dtype))

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import numpy as np
 from gymnasium import spaces
 
@@ -59,6 +58,8 @@ class ActionCheck:
         return self._check(actions)
 
     def _check(self, actions: Sequence[Any]) -> Sequence[Any]:
+        import jax  # here, not at the top: a Ray actor's import of this module skips JAX
+
         groups, num_envs = self.groups, self.num_envs
         if len(actions) != len(groups):
             raise InvalidActionError(

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep
 from jaxrunner._src.backends.multi_agent.driver import Driver
 from jaxrunner._src.backends.multi_agent.drivers import AECDriver, make_driver
@@ -214,11 +214,13 @@ class AgentBlock(SubEnvBlock):
         n = len(self.drivers)
         if self._action_rows is None:
             self._action_rows = [
-                jax.tree.map(lambda x: np.zeros((n, *np.shape(x)[1:]), np.asarray(x).dtype), a)
+                space_arrays.tree_map(
+                    lambda x: np.zeros((n, *np.shape(x)[1:]), np.asarray(x).dtype), a
+                )
                 for a in actions
             ]
         for dst, src in zip(self._action_rows, actions):
-            jax.tree.map(lambda d, s: d.__setitem__(slice(lo, hi), s), dst, src)
+            space_arrays.tree_map(lambda d, s: d.__setitem__(slice(lo, hi), s), dst, src)
         return self._action_rows
 
     def failed_rows(self, errors: dict[int, BaseException]) -> list[int]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
-import jax
 import numpy as np
 
 from jaxrunner._src import space_arrays
@@ -73,15 +72,14 @@ class GroupBuffers:
         flat = shape[0] * shape[1]
 
         def rows(tree: Any) -> Any:
-            return jax.tree.map(lambda x: x.reshape(flat, *x.shape[2:]), tree)
+            return space_arrays.tree_map(lambda x: x.reshape(flat, *x.shape[2:]), tree)
 
         return cls(**arrays, obs_rows=rows(arrays["obs"]), next_obs_rows=rows(arrays["next_obs"]))
 
     def rows(self, part: slice) -> GroupBuffers:
         """Envs ``part``'s rows, as views."""
-        return GroupBuffers.of(
-            **{name: jax.tree.map(lambda x: x[part], getattr(self, name)) for name in FIELDS}
-        )
+        views = {n: space_arrays.tree_map(lambda x: x[part], getattr(self, n)) for n in FIELDS}
+        return GroupBuffers.of(**views)
 
     def clear_step(self, same_step: bool = False, rows: slice = slice(None)) -> None:
         """Clears the masks and completed transitions of envs ``rows`` before a step.
@@ -137,7 +135,7 @@ class AgentStepBuffers(NamedTuple):
         multi-agent backend."""
         self.env_done[b], self.env_reward[b], self.unassigned_reward[b] = False, 0.0, 0.0
         for buf in self.groups:
-            for leaf in jax.tree.leaves(buf.next_obs):
+            for leaf in space_arrays.leaves(buf.next_obs):
                 leaf[b] = 0
             buf.completed[b] = False
             buf.reward[b] = 0.0

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
 from jaxrunner._src.backends.multi_agent.layout import Layout
 from jaxrunner._src.space_arrays.checks import all_finite_test, nonfinite_observations
@@ -73,5 +73,5 @@ class FiniteObservations:
 def clear_row(buffers: Sequence[GroupBuffers], name: str, b: int) -> None:
     """Zeroes row ``b`` of every group's ``name`` (``"obs"`` or ``"next_obs"``)."""
     for buf in buffers:
-        for leaf in jax.tree.leaves(getattr(buf, name)):
+        for leaf in space_arrays.leaves(getattr(buf, name)):
             leaf[b] = 0

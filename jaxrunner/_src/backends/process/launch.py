@@ -282,10 +282,12 @@ def multiprocessing_context(start_method: str) -> BaseContext:
     if start_method == "forkserver":
         from multiprocessing import forkserver
 
-        # The fork server imports the worker module once (numpy, gymnasium, jaxrunner:
-        # no JAX backend, so no JAX thread), and each worker forks from it in
-        # milliseconds. Takes effect when this process starts its fork server.
+        # The fork server imports the worker module once (numpy, gymnasium, jaxrunner)
+        # and JAX, which jaxrunner loads only where it uses it (a worker that does then
+        # finds it loaded; no JAX backend, so no JAX thread), and each worker forks from
+        # it in milliseconds. Takes effect when this process starts its fork server.
         preload = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
-        if WORKER_MODULE not in preload:
-            ctx.set_forkserver_preload([*preload, WORKER_MODULE])
+        missing = [m for m in (WORKER_MODULE, "jax") if m not in preload]
+        if missing:
+            ctx.set_forkserver_preload([*preload, *missing])
     return ctx

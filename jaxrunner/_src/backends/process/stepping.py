@@ -9,7 +9,6 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
-import jax
 import numpy as np
 
 import jaxrunner._src.backends.process.protocol as protocol
@@ -73,6 +72,8 @@ class Stepper:
     def send(self, actions: Any, env_ids: EnvIds, per_worker: bool) -> list[StepCall]:
         """Validates ``actions``, then starts the step of ``env_ids``: one call, or one
         per worker (``per_worker``: ``env_ids`` must cover whole workers)."""
+        import jax  # here, not at the top: a Ray actor's import of this module skips JAX
+
         if self.num_waiting:
             self._dispatch_waiting()
         n = self.num_envs

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import gymnasium
-import jax
 import numpy as np
 
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.multi_agent.agent_block import AgentBlock, env_groups
 from jaxrunner._src.backends.multi_agent.buffers import FIELDS, MultiAgentStep
@@ -169,7 +169,7 @@ class AgentEnvWorker(ActorBody):
 
     def _reply(self, out: MultiAgentStep, rows: slice = slice(None)) -> BlockReply:
         groups = [
-            {name: jax.tree.map(lambda x: x[rows], getattr(buf, name)) for name in FIELDS}
+            {name: space_arrays.tree_map(lambda x: x[rows], getattr(buf, name)) for name in FIELDS}
             for buf in self.block.buffers
         ]
         return BlockReply(
