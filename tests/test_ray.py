@@ -266,7 +266,7 @@ def test_a_replaced_actors_env_that_was_not_stepping_fails_at_its_next_step(kind
             envs_per_actor=2, num_cpus_per_actor=0.1, ready_first=False, step_timeout_s=1.5
         ),
     }
-    got = {}
+    got, counts = {}, {}
     for backend, config in configs.items():
         log = jr.testing.CallLog(tmp_path / backend)
         fns = jr.testing.faulty_env_fns(base, 2, {1: [hang]}, log)
@@ -278,8 +278,7 @@ def test_a_replaced_actors_env_that_was_not_stepping_fails_at_its_next_step(kind
             got[backend] = trajs, runner.get_metrics(), log.count("step_ok")
             if backend == "ray":  # stepped, failed, replaced, reset: still no JAX
                 assert not any(loads_jax(actor) for actor in envs.actors)
-        if backend == "process":
-            counts = (envs.num_lost_steps, envs.num_unrun_steps)
+        counts[backend] = (envs.num_lost_steps, envs.num_unrun_steps)
     (traj, ref), (metrics, ref_metrics) = zip(*(got[b][:2] for b in ("ray", "process")))
     valid = np.ones((2 * T, 2), bool)
     valid[[T - 1, 2 * T - 1], 1] = valid[T, 0] = False  # env 0 after env 1's first hang
@@ -293,7 +292,7 @@ def test_a_replaced_actors_env_that_was_not_stepping_fails_at_its_next_step(kind
     keys = ("num_env_steps", "num_dropped_steps", "num_faulty_episodes")
     assert {k: metrics[k] for k in keys} == {k: ref_metrics[k] for k in keys}
     # Each hang's step is dropped, and env 0's unstepped one (num_unrun_steps).
-    assert counts == (0, 1) and metrics["num_dropped_steps"] == 3
+    assert counts == {"process": (0, 1), "ray": (0, 1)} and metrics["num_dropped_steps"] == 3
     assert got["ray"][2] == got["process"][2] == metrics["num_env_steps"] == 4 * T - 3
 
 
