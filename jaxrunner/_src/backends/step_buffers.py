@@ -10,6 +10,7 @@ import gymnasium
 import numpy as np
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.allocators import Allocator, Zeros
 from jaxrunner._src.backends.batch_step import BatchStep
 
 
@@ -23,14 +24,17 @@ class StepBuffers(NamedTuple):
     truncated: np.ndarray
 
     @classmethod
-    def allocate(cls, obs_space: gymnasium.Space, num_envs: int) -> StepBuffers:
-        """New zeroed buffers for ``num_envs`` sub-envs."""
+    def allocate(
+        cls, obs_space: gymnasium.Space, num_envs: int, alloc: Allocator | None = None
+    ) -> StepBuffers:
+        """Buffers for ``num_envs`` sub-envs from ``alloc`` (default: new zeroed ones)."""
+        alloc = alloc or Zeros(num_envs)
         return cls(
-            space_arrays.allocate(obs_space, (num_envs,)),
-            space_arrays.allocate(obs_space, (num_envs,)),
-            np.zeros(num_envs, dtype=np.float64),
-            np.zeros(num_envs, dtype=np.bool_),
-            np.zeros(num_envs, dtype=np.bool_),
+            alloc.space(obs_space),
+            alloc.space(obs_space),
+            alloc.take((num_envs,), np.float64),
+            alloc.take((num_envs,), np.bool_),
+            alloc.take((num_envs,), np.bool_),
         )
 
     def batch_step(

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.allocators import Allocator, Zeros
 from jaxrunner._src.core.agent_groups import AgentGroup
 
 FIELDS = (
@@ -50,18 +50,21 @@ class GroupBuffers:
     next_obs_rows: Any = None
 
     @classmethod
-    def allocate(cls, group: AgentGroup, num_envs: int) -> GroupBuffers:
-        shape = (num_envs, group.num_agents)
-        space = group.observation_space
+    def allocate(
+        cls, group: AgentGroup, num_envs: int, alloc: Allocator | None = None
+    ) -> GroupBuffers:
+        """Buffers for ``num_envs`` sub-envs from ``alloc`` (default: new zeroed ones)."""
+        alloc = alloc or Zeros(num_envs)
+        lead, shape = (group.num_agents,), (num_envs, group.num_agents)
         return cls.of(
-            obs=space_arrays.allocate(space, shape),
-            acting=np.zeros(shape, np.bool_),
-            agent_start=np.zeros(shape, np.bool_),
-            completed=np.zeros(shape, np.bool_),
-            reward=np.zeros(shape, np.float64),
-            terminated=np.zeros(shape, np.bool_),
-            truncated=np.zeros(shape, np.bool_),
-            next_obs=space_arrays.allocate(space, shape),
+            obs=alloc.space(group.observation_space, lead),
+            acting=alloc.take(shape, np.bool_),
+            agent_start=alloc.take(shape, np.bool_),
+            completed=alloc.take(shape, np.bool_),
+            reward=alloc.take(shape, np.float64),
+            terminated=alloc.take(shape, np.bool_),
+            truncated=alloc.take(shape, np.bool_),
+            next_obs=alloc.space(group.observation_space, lead),
         )
 
     @classmethod
@@ -112,12 +115,16 @@ class AgentStepBuffers(NamedTuple):
     unassigned_reward: np.ndarray
 
     @classmethod
-    def allocate(cls, groups: Any, num_envs: int) -> AgentStepBuffers:
+    def allocate(
+        cls, groups: Any, num_envs: int, alloc: Allocator | None = None
+    ) -> AgentStepBuffers:
+        """Buffers for ``num_envs`` sub-envs from ``alloc`` (default: new zeroed ones)."""
+        alloc = alloc or Zeros(num_envs)
         return cls(
-            [GroupBuffers.allocate(group, num_envs) for group in groups],
-            np.zeros(num_envs, np.bool_),
-            np.zeros(num_envs, np.float64),
-            np.zeros(num_envs, np.float64),
+            [GroupBuffers.allocate(group, num_envs, alloc) for group in groups],
+            alloc.take((num_envs,), np.bool_),
+            alloc.take((num_envs,), np.float64),
+            alloc.take((num_envs,), np.float64),
         )
 
     def rows(self, part: slice) -> AgentStepBuffers:

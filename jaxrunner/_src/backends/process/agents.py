@@ -6,21 +6,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, MutableSequence, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
+from jaxrunner._src.backends.allocators import Allocator
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
 from jaxrunner._src.backends.multi_agent.agent_block import AgentBlock
 from jaxrunner._src.backends.multi_agent.buffers import (
     AgentStepBuffers,
-    GroupBuffers,
     MultiAgentStep,
     StepViews,
 )
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.process.config import ProcessConfig
-from jaxrunner._src.backends.process.shared import BlockLayout, Carver
+from jaxrunner._src.backends.process.shared import BlockLayout, Views
 from jaxrunner._src.backends.process.transport import ProcessTransport, Report
 from jaxrunner._src.backends.process.vector_env import ProcessBackend
 from jaxrunner._src.backends.restarts import RestartPolicy
@@ -29,21 +29,10 @@ from jaxrunner._src.core.agent_groups import AgentGroup, AgentsDescription, Poli
 from jaxrunner.errors import InvalidArgumentTypeError, SpaceMismatchError
 
 
-class AgentViews(NamedTuple):
-    """Numpy views of a multi-agent shared block (all ``[num_envs, ...]``)."""
-
-    buffers: AgentStepBuffers
-    action: list[Any]
-    """Group ``g``'s actions, ``[B, A_g, ...]``."""
-    status: np.ndarray
-    steps: StepViews
-    """The steps the main process returns, views of :attr:`buffers`."""
-
-
 @dataclasses.dataclass(frozen=True)
 class AgentLayout(BlockLayout):
-    """The multi-agent block: every group's buffers and actions, then the env-level
-    arrays and the progress marks."""
+    """The multi-agent block: every group's buffers, the env-level arrays, every group's
+    actions and the progress marks."""
 
     groups: tuple[AgentGroup, ...]
     num_envs: int
@@ -79,39 +68,14 @@ class AgentLayout(BlockLayout):
         for description in report.get("agents", [None]):
             self._check_description(description, where)
 
-    def _carve(self, buffer: Any) -> tuple[AgentViews, int]:
-        carve = Carver(buffer, self.num_envs)
-        n = self.num_envs
-        groups, actions = [], []
-        # Counting only (no buffer): no views to build.
-        of: Callable[..., Any] = GroupBuffers.of if buffer is not None else dict
-        for group in self.groups:
-            lead = (group.num_agents,)
-            shape = (n, group.num_agents)
-            groups.append(
-                of(
-                    obs=carve.space(group.observation_space, lead),
-                    acting=carve.take(shape, np.bool_),
-                    agent_start=carve.take(shape, np.bool_),
-                    completed=carve.take(shape, np.bool_),
-                    reward=carve.take(shape, np.float64),
-                    terminated=carve.take(shape, np.bool_),
-                    truncated=carve.take(shape, np.bool_),
-                    next_obs=carve.space(group.observation_space, lead),
-                )
-            )
-            actions.append(carve.space(group.action_space, lead))
-        buffers = AgentStepBuffers(
-            groups,
-            carve.take((n,), np.bool_),
-            carve.take((n,), np.float64),
-            carve.take((n,), np.float64),
-        )
-        status = carve.take((n,), np.int8)
-        if buffer is None:
-            return None, carve.offset  # type: ignore[return-value]
+    def allocate(self, alloc: Allocator) -> tuple[AgentStepBuffers, list[Any]]:
+        buffers = AgentStepBuffers.allocate(self.groups, self.num_envs, alloc)
+        return buffers, [alloc.space(g.action_space, (g.num_agents,)) for g in self.groups]
+
+    def views(self, buffer: Any) -> Views:
+        views = super().views(buffer)
         policy_ids = tuple(g.policy_id for g in self.groups)
-        return AgentViews(buffers, actions, status, StepViews(buffers, policy_ids)), carve.offset
+        return views._replace(steps=StepViews(views.buffers, policy_ids))
 
     # -- worker side
 
@@ -120,7 +84,7 @@ class AgentLayout(BlockLayout):
         envs: list[Any],
         fns: Sequence[Callable[[], Any]],
         offset: int,
-        views: AgentViews,
+        views: Views,
         restart_policy: RestartPolicy | None,
         status: MutableSequence[int],
     ) -> AgentBlock:
@@ -135,7 +99,7 @@ class AgentLayout(BlockLayout):
             status=status,
         )
 
-    def actions_reader(self, views: AgentViews) -> Callable[[int, int], list[Any]]:
+    def actions_reader(self, views: Views) -> Callable[[int, int], list[Any]]:
         # Copies: an env may keep its action, and the main process rewrites the buffer.
         return lambda lo, hi: [np.array(a[lo:hi]) for a in views.action]
 
@@ -151,17 +115,17 @@ class AgentLayout(BlockLayout):
             check = self._action_checks[num] = ActionCheck(self.groups, num)
         check(actions)
 
-    def write_actions(self, views: AgentViews, actions: Any, lo: int, hi: int) -> None:
+    def write_actions(self, views: Views, actions: Any, lo: int, hi: int) -> None:
         for dst, src in zip(views.action, actions):
             dst[lo:hi] = src
 
-    def fail_slot(self, views: AgentViews, index: int) -> None:
+    def fail_slot(self, views: Views, index: int) -> None:
         # The replacement's sub-envs are reset by then: who acts next is theirs.
         views.buffers.fail_row(index)
 
     def result(
         self,
-        views: AgentViews,
+        views: Views,
         lo: int,
         hi: int,
         whole: bool,
@@ -173,10 +137,10 @@ class AgentLayout(BlockLayout):
         block_infos = [infos.get(i, {}) for i in range(lo, hi)]
         return views.steps.step(lo, hi, block_infos, failed, errors)
 
-    def reset_result(self, views: AgentViews, infos: list[dict[str, Any]]) -> MultiAgentStep:
+    def reset_result(self, views: Views, infos: list[dict[str, Any]]) -> MultiAgentStep:
         return self.result(views, 0, self.num_envs, True, {}, {}, [], {})._replace(infos=infos)
 
-    def reset_at_result(self, views: AgentViews, index: int, info: dict[str, Any]) -> dict:
+    def reset_at_result(self, views: Views, index: int, info: dict[str, Any]) -> dict:
         return info
 
 

@@ -16,6 +16,7 @@ import gymnasium
 import numpy as np
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.allocators import Allocator, Carver
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.gymnasium_block import GymnasiumBlock
 from jaxrunner._src.backends.restarts import RestartPolicy
@@ -28,7 +29,17 @@ from jaxrunner.errors import InvalidArgumentTypeError, SpaceMismatchError
 # after a step that failed) and DONE once the step returned a valid transition (the
 # block's transitions are written when all its sub-envs have stepped). When a worker
 # dies, these marks tell which of its steps were done and which never ran.
-_ALIGN = 64  # a cache line: arrays never share one
+
+
+class Views(NamedTuple):
+    """Numpy views of a shared block (all ``[num_envs, ...]``)."""
+
+    buffers: Any
+    """The buffers the step loop writes (the kind's: ``StepBuffers``, ``AgentStepBuffers``)."""
+    action: Any
+    status: np.ndarray
+    steps: Any = None
+    """Multi-agent: the steps the main process returns, views of :attr:`buffers`."""
 
 
 class BlockLayout(abc.ABC):
@@ -39,14 +50,20 @@ class BlockLayout(abc.ABC):
     num_envs: int
 
     @abc.abstractmethod
-    def _carve(self, buffer: Any) -> tuple[Any, int]:
+    def allocate(self, alloc: Allocator) -> tuple[Any, Any]:
+        """The kind's step buffers and action buffers, from ``alloc``."""
+
+    def _carve(self, buffer: Any) -> tuple[Views, int]:
         """The views of ``buffer`` (None: only counts) and the block's size in bytes."""
+        carve = Carver(buffer, self.num_envs)
+        buffers, action = self.allocate(carve)
+        return Views(buffers, action, carve.take((self.num_envs,), np.int8)), carve.offset
 
     @property
     def nbytes(self) -> int:
         return self._carve(None)[1]
 
-    def views(self, buffer: Any) -> Any:
+    def views(self, buffer: Any) -> Views:
         """The block carved into numpy views (every array ``[num_envs, ...]``, with
         ``.status`` the progress marks and ``.action`` the action buffers)."""
         return self._carve(buffer)[0]
@@ -115,49 +132,6 @@ class BlockLayout(abc.ABC):
         """What ``reset_at(index)`` returns once sub-env ``index`` was reset."""
 
 
-class Views(NamedTuple):
-    """Numpy views of a single-agent shared block (all ``[num_envs, ...]``)."""
-
-    obs: Any
-    next_obs: Any
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    action: Any
-    status: np.ndarray
-
-    @property
-    def step_buffers(self) -> StepBuffers:
-        """The buffers the step loop writes."""
-        return StepBuffers(self.obs, self.next_obs, self.reward, self.terminated, self.truncated)
-
-
-class Carver:
-    """Carves consecutive, cache-line aligned arrays out of ``buffer`` (None: only
-    counts the bytes, in :attr:`offset`)."""
-
-    def __init__(self, buffer: Any, num_envs: int) -> None:
-        self.buffer, self.num_envs, self.offset = buffer, num_envs, 0
-
-    def take(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        dtype = np.dtype(dtype)
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        start = self.offset
-        self.offset += -(-max(size, 1) // _ALIGN) * _ALIGN
-        if self.buffer is None:
-            return np.empty(0, dtype)
-        return np.frombuffer(self.buffer, dtype, int(np.prod(shape)), start).reshape(shape)
-
-    def space(self, space: gymnasium.Space, lead: tuple[int, ...] = ()) -> Any:
-        """Buffers of ``space``'s values, ``[num_envs, *lead, ...]``."""
-        template = space_arrays.allocate(space, (0,))
-        return space_arrays.map_structure(
-            space,
-            lambda leaf: self.take((self.num_envs, *lead, *leaf.shape[1:]), leaf.dtype),
-            template,
-        )
-
-
 @dataclasses.dataclass(frozen=True)
 class Layout(BlockLayout):
     """The single-agent (gymnasium) block: where each stacked buffer lives; both sides
@@ -201,19 +175,9 @@ class Layout(BlockLayout):
                     "have equal spaces."
                 )
 
-    def _carve(self, buffer: Any) -> tuple[Views, int]:
-        carve = Carver(buffer, self.num_envs)
-        n = self.num_envs
-        views = Views(
-            obs=carve.space(self.observation_space),
-            next_obs=carve.space(self.observation_space),
-            reward=carve.take((n,), np.float64),
-            terminated=carve.take((n,), np.bool_),
-            truncated=carve.take((n,), np.bool_),
-            action=carve.space(self.action_space),
-            status=carve.take((n,), np.int8),
-        )
-        return views, carve.offset
+    def allocate(self, alloc: Allocator) -> tuple[StepBuffers, Any]:
+        buffers = StepBuffers.allocate(self.observation_space, self.num_envs, alloc)
+        return buffers, alloc.space(self.action_space)
 
     def block(
         self,
@@ -225,7 +189,7 @@ class Layout(BlockLayout):
         status: MutableSequence[int],
     ) -> GymnasiumBlock:
         return GymnasiumBlock(
-            envs, fns, offset, views.step_buffers, self.observation_space, restart_policy, status
+            envs, fns, offset, views.buffers, self.observation_space, restart_policy, status
         )
 
     def actions_reader(self, views: Views) -> Callable[[int, int], list[Any]]:
@@ -243,7 +207,7 @@ class Layout(BlockLayout):
         space_arrays.copy_into(self.action_space, views.action, actions, slice(lo, hi))
 
     def fail_slot(self, views: Views, index: int) -> None:
-        fail_slot(views.step_buffers, self.observation_space, index)
+        fail_slot(views.buffers, self.observation_space, index)
 
     def result(
         self,
@@ -259,10 +223,10 @@ class Layout(BlockLayout):
         step_infos: list[dict[str, Any]] = [{} for _ in range(hi - lo)]
         for i, info in infos.items():
             step_infos[i - lo] = info
-        ended = (views.terminated[lo:hi] | views.truncated[lo:hi]).nonzero()[0]
+        ended = (views.buffers.terminated[lo:hi] | views.buffers.truncated[lo:hi]).nonzero()[0]
         all_reset_infos = {lo + int(j): {} for j in ended} if len(ended) else {}
         all_reset_infos.update(reset_infos)
-        return views.step_buffers.batch_step(
+        return views.buffers.batch_step(
             self.observation_space,
             None if whole else slice(lo, hi),
             step_infos,
@@ -272,10 +236,10 @@ class Layout(BlockLayout):
         )
 
     def reset_result(self, views: Views, infos: list[dict[str, Any]]) -> tuple[Any, list[dict]]:
-        return views.obs, infos
+        return views.buffers.obs, infos
 
     def reset_at_result(self, views: Views, index: int, info: dict[str, Any]) -> tuple[Any, dict]:
-        return space_arrays.take(self.observation_space, views.obs, index), info
+        return space_arrays.take(self.observation_space, views.buffers.obs, index), info
 
 
 def create_shared_block(nbytes: int) -> tuple[int, mmap.mmap]:

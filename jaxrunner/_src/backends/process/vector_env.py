@@ -259,4 +259,4 @@ class ProcessVectorEnv(ProcessBackend, VectorEnv):
         return layout
 
     def _obs_buffer(self) -> Any:
-        return self._views.obs
+        return self._views.buffers.obs
