@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.allocators import Allocator, Zeros
 from jaxrunner._src.core.agent_groups import AgentGroup
 
