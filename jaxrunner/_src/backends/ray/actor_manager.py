@@ -69,6 +69,7 @@ class ActorPool:
             )
         except BaseException:
             self.kill_all()
+            self.progress.close()
             raise
 
     def _make(self, u: int) -> Any:

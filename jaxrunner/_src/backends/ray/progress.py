@@ -60,7 +60,8 @@ class ProgressMarks:
     """Driver side: a token, each actor's attached flag and each sub-env's mark
     (``NOT_RUN`` set here before a send, ``RUNNING``/``DONE`` set by the actor's block),
     in an anonymous memory file that actors on this machine open through ``/proc``.
-    Elsewhere (no ``memfd_create``) nothing is shared and no step is counted."""
+    Elsewhere (no ``memfd_create``) nothing is shared: a dead actor's steps in flight
+    count as neither lost nor unrun."""
 
     def __init__(self, num_units: int, num_envs: int) -> None:
         self.num_units, self.num_envs = num_units, num_envs

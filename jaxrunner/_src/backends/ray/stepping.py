@@ -95,6 +95,7 @@ class ActorStepping(RemoteSubEnvs):
             kind.describe(self, described, self.unit_rows)
         except BaseException:
             actors.kill_all()
+            actors.progress.close()
             raise
         self._closed_reason = None
 
