@@ -4,6 +4,8 @@ their layout once, as calls to either."""
 
 from __future__ import annotations
 
+import mmap
+import os
 from typing import Any, Protocol
 
 import gymnasium
@@ -64,3 +66,16 @@ class Carver:
             lambda leaf: self.take((self.num_envs, *lead, *leaf.shape[1:]), leaf.dtype),
             template,
         )
+
+
+def create_shared_block(nbytes: int) -> tuple[int, mmap.mmap]:
+    """An anonymous shared-memory file (no name to leak) and its mapping."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("jaxrunner-process", os.MFD_CLOEXEC)
+    else:  # other Unixes: an unlinked temporary file
+        import tempfile
+
+        with tempfile.TemporaryFile() as file:
+            fd = os.dup(file.fileno())
+    os.ftruncate(fd, nbytes)
+    return fd, mmap.mmap(fd, nbytes)

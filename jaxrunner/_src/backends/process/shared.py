@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import mmap
-import os
 from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any, NamedTuple
 
@@ -240,16 +238,3 @@ class Layout(BlockLayout):
 
     def reset_at_result(self, views: Views, index: int, info: dict[str, Any]) -> tuple[Any, dict]:
         return space_arrays.take(self.observation_space, views.buffers.obs, index), info
-
-
-def create_shared_block(nbytes: int) -> tuple[int, mmap.mmap]:
-    """An anonymous shared-memory file (no name to leak) and its mapping."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("jaxrunner-process", os.MFD_CLOEXEC)
-    else:  # other Unixes: an unlinked temporary file
-        import tempfile
-
-        with tempfile.TemporaryFile() as file:
-            fd = os.dup(file.fileno())
-    os.ftruncate(fd, nbytes)
-    return fd, mmap.mmap(fd, nbytes)

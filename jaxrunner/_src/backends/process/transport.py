@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jaxrunner._src.backends.process.protocol as protocol
+from jaxrunner._src.backends.allocators import create_shared_block
 from jaxrunner._src.backends.process.config import ProcessConfig, spin_wait_s
 from jaxrunner._src.backends.process.handle import Resources, WorkerLost, shutdown
 from jaxrunner._src.backends.process.launch import (
@@ -19,7 +20,7 @@ from jaxrunner._src.backends.process.launch import (
 )
 from jaxrunner._src.backends.process.pool import WorkerPool
 from jaxrunner._src.backends.process.recovery import WorkerRecovery
-from jaxrunner._src.backends.process.shared import BlockLayout, create_shared_block
+from jaxrunner._src.backends.process.shared import BlockLayout
 from jaxrunner._src.backends.process.stepping import Stepper
 from jaxrunner._src.backends.restarts import RestartPolicy
 

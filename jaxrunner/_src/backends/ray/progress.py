@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from jaxrunner._src.backends.allocators import create_shared_block
 from jaxrunner._src.backends.sub_env_block import DONE, NOT_RUN
 
 TOKEN_BYTES = 16
@@ -59,30 +60,22 @@ def attach(where: SharedMarks | None) -> np.ndarray | None:
 class ProgressMarks:
     """Driver side: a token, each actor's attached flag and each sub-env's mark
     (``NOT_RUN`` set here before a send, ``RUNNING``/``DONE`` set by the actor's block),
-    in an anonymous memory file that actors on this machine open through ``/proc``.
-    Elsewhere (no ``memfd_create``) nothing is shared: a dead actor's steps in flight
-    count as neither lost nor unrun."""
+    in an anonymous shared-memory file that actors on this machine open through
+    ``/proc``. Where they cannot (another node, no ``/proc``), a dead actor's steps in
+    flight count as neither lost nor unrun."""
 
     def __init__(self, num_units: int, num_envs: int) -> None:
         self.num_units, self.num_envs = num_units, num_envs
-        self._path: str | None = None
-        self.flags = np.zeros(num_units, np.int8)
-        self.marks = np.zeros(num_envs, np.int8)
-        if not hasattr(os, "memfd_create"):
-            return
-        nbytes = TOKEN_BYTES + num_units + num_envs
-        self._fd = os.memfd_create("jaxrunner-ray-progress", os.MFD_CLOEXEC)
-        os.ftruncate(self._fd, nbytes)
-        self._memory = mmap.mmap(self._fd, nbytes)
+        self._fd, self._memory = create_shared_block(TOKEN_BYTES + num_units + num_envs)
         self._token = os.urandom(TOKEN_BYTES)
         self._memory[:TOKEN_BYTES] = self._token
         self.flags = np.frombuffer(self._memory, np.int8, num_units, TOKEN_BYTES)
         self.marks = np.frombuffer(self._memory, np.int8, num_envs, TOKEN_BYTES + num_units)
-        self._path = f"/proc/{os.getpid()}/fd/{self._fd}"
+        self._path: str | None = f"/proc/{os.getpid()}/fd/{self._fd}"
 
     def where(self, unit: int) -> SharedMarks | None:
-        """What actor ``unit`` is given (None: nothing to share); a new actor of the
-        unit must attach again."""
+        """What actor ``unit`` is given (None: closed); a new actor of the unit must
+        attach again."""
         if self._path is None:
             return None
         self.flags[unit] = 0
