@@ -11,16 +11,27 @@ import sys
 # and the JAX children of the subprocess tests (they inherit the environment) compile
 # the same small programs, in a run and from run to run, and a hit skips XLA's compile
 # (test_returns.py: 26 s of CPU cold, 11 s warm). An entry's key holds its program, JAX's
-# version and the compile options, so a changed program never reads an old one. With
-# filelock, reads and writes are locked across processes and the oldest entries go past
-# 512 MiB. Set JAX_COMPILATION_CACHE_DIR to use another directory.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+# version and the compile options, so a changed program never reads an old one. Only with
+# filelock: JAX then locks reads and writes across processes and evicts the oldest entries
+# past 512 MiB. Set JAX_COMPILATION_CACHE_DIR to use another directory.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and importlib.util.find_spec("filelock"):
     _cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(_cache_home, "jaxrunner-tests", "xla")
+    _xla_cache = os.path.join(_cache_home, "jaxrunner-tests", "xla")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _xla_cache
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-    if importlib.util.find_spec("filelock") is not None:
-        os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(512 << 20)
+    os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(512 << 20)
+    # A process killed between JAX's two writes leaves an entry without its access-time
+    # file, and JAX's eviction scan then warns at every later compile (an error in the
+    # tests that turn warnings into errors): drop such entries first.
+    import filelock
+
+    os.makedirs(_xla_cache, exist_ok=True)
+    with filelock.FileLock(os.path.join(_xla_cache, ".lockfile"), timeout=60):
+        for _name in os.listdir(_xla_cache):
+            _key = _name.removesuffix("-cache")
+            if _key != _name and not os.path.exists(os.path.join(_xla_cache, _key + "-atime")):
+                os.remove(os.path.join(_xla_cache, _name))
 
 import flax.linen as nn
 import gymnasium
