@@ -16,8 +16,8 @@ class Slot(Protocol):
         """Closes the connection now (it is given back its slot by :meth:`release`)."""
 
     def linger(self, reason: str) -> None:
-        """Stops reading the connection and closes it after ``linger_s`` (then it
-        is given back to :meth:`release`)."""
+        """Stops reading the connection and closes it once :meth:`ConnectionSlots.linger_over`
+        says so, asked every ``linger_s`` (then it is given back to :meth:`release`)."""
 
 
 class ConnectionSlots:
@@ -28,7 +28,11 @@ class ConnectionSlots:
         max_unauthenticated: the most open connections without a token yet.
         grace_s: how long a new connection that has sent nothing is spared.
         linger_s: how long a connection closed for the unauthenticated share after a
-            tokenless request lingers (0: closed at once).
+            tokenless request lingers (0: closed at once); longer under attack, see
+            :meth:`linger_over`.
+        max_lingering: the most lingering connections (apart from ``max_connections``);
+            beyond, the oldest is closed. None: ``max_connections``.
+        max_linger_s: the longest a connection lingers.
         clock: seconds, monotonic (tests pass their own).
     """
 
@@ -38,12 +42,16 @@ class ConnectionSlots:
         max_unauthenticated: int,
         grace_s: float = 1.0,
         linger_s: float = 0.0,
+        max_lingering: int | None = None,
+        max_linger_s: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_connections = max_connections
         self.max_unauthenticated = max_unauthenticated
         self.grace_s = grace_s
         self.linger_s = linger_s
+        self.max_lingering = max_connections if max_lingering is None else max_lingering
+        self.max_linger_s = max_linger_s
         self._clock = clock
         self._open: set[Slot] = set()
         # dicts as ordered sets: oldest first
@@ -51,7 +59,7 @@ class ConnectionSlots:
         self._tokenless: dict[Slot, None] = {}  # sent a whole request without the token
         self._fresh: dict[Slot, float] = {}  # never sent a byte: since when open
         self._idle: dict[Slot, None] = {}
-        self._lingering: dict[Slot, None] = {}  # out of the slots, socket still open
+        self._lingering: dict[Slot, float] = {}  # out of the slots, still open: since when
         self.trim_scheduled = False
         """Whether a :meth:`trim` is due (the transport schedules it)."""
         self.refused = 0
@@ -74,7 +82,7 @@ class ConnectionSlots:
         """Takes a slot for a new connection (unauthenticated, idle), closing others;
         False: none is free (refuse it).
 
-        Lingering sockets that fill the room go first. Past the unauthenticated share,
+        Past the unauthenticated share,
         one connection without the token is closed: one that sent a whole request
         without it (idle first), else one silent for ``grace_s``, else one with a
         request arriving; the oldest first. A connection younger than ``grace_s`` that
@@ -84,10 +92,6 @@ class ConnectionSlots:
         request without the token, then one silent for ``grace_s``, then any other
         unauthenticated one, then, only while the share is kept, an authenticated one.
         """
-        while self._lingering and len(self._open) + len(self._lingering) >= self.max_connections:
-            lingering = next(iter(self._lingering))
-            self.release(lingering)
-            lingering.evict("the server is at max_connections: lingering connections go first")
         if len(self._unauthenticated) >= self.max_unauthenticated:
             victim = self._unauthenticated_victim()
             if victim is not None:
@@ -173,13 +177,37 @@ class ConnectionSlots:
         self._idle.pop(slot, None)
         self._lingering.pop(slot, None)
 
+    def linger_over(self, slot: Slot) -> bool:
+        """Whether ``slot``, lingering for ``linger_s`` (again), is closed now; False: it
+        lingers ``linger_s`` more. It does while at least ``max_unauthenticated`` others
+        linger (an attack: every socket closed comes back into the kernel's accept
+        queue, which is first come first served, ahead of newcomers with the token),
+        up to ``max_linger_s`` in all."""
+        since = self._lingering.get(slot)
+        if since is None:
+            return True
+        if (
+            len(self._lingering) > self.max_unauthenticated
+            and self._clock() - since + self.linger_s <= self.max_linger_s
+        ):
+            return False
+        self.release(slot)
+        return True
+
     def _evict_for_share(self, slot: Slot) -> None:
         # Lingering, an owner that reconnects on the close cannot come straight back: without
         # it each eviction let a new tokenless request through the whole HTTP stack.
         reason = "too many connections without a token"
-        if self.linger_s > 0 and slot in self._tokenless and slot in self._idle:
+        if (
+            self.linger_s > 0
+            and self.max_lingering > 0
+            and slot in self._tokenless
+            and slot in self._idle
+        ):
+            if len(self._lingering) >= self.max_lingering:
+                self._evict(next(iter(self._lingering)), "too many lingering connections")
             self.release(slot)
-            self._lingering[slot] = None
+            self._lingering[slot] = self._clock()
             slot.linger(reason)
         else:
             self._evict(slot, reason)
