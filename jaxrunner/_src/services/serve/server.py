@@ -50,8 +50,9 @@ class ServerConfig:
     is raised to fit it where the hard limit allows."""
     max_unauthenticated_connections: int | None = None
     """The most open connections that have not yet sent a request with the token
-    (each new connection, until its first request's headers are in); one more closes
-    the oldest of them, idle ones first. None: an eighth of ``max_connections`` (at
+    (each new connection, until its first request's headers are in); past it, once a
+    second's grace for new ones is over, the oldest of them are closed, idle ones
+    first. None: an eighth of ``max_connections`` (at
     least 16, at most ``max_connections``). Sockets without the token (slow readers,
     idle keep-alive) can hold no more; with ``require_token=False`` any whole request
     counts. An idle one closed for this share after a request without the token

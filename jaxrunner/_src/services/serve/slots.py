@@ -79,23 +79,17 @@ class ConnectionSlots:
         return len(self._lingering)
 
     def admit(self, slot: Slot) -> bool:
-        """Takes a slot for a new connection (unauthenticated, idle), closing others;
-        False: none is free (refuse it).
+        """Takes a slot for a new connection (unauthenticated, idle), closing others
+        only at ``max_connections``; False: none is free (refuse it).
 
-        Past the unauthenticated share,
-        one connection without the token is closed: one that sent a whole request
-        without it (idle first), else one silent for ``grace_s``, else one with a
-        request arriving; the oldest first. A connection younger than ``grace_s`` that
-        has sent nothing is spared (the server may not have read its first bytes yet):
-        the newcomer gets in over the share, and :meth:`trim` restores it later. At
+        The unauthenticated share is not kept here: a newcomer that sends the token
+        within ``grace_s`` leaves it before :meth:`trim` restores it, so under a flood of
+        tokenless sockets a client opening a connection per request closes none of
+        theirs (each closed one would come back into the accept queue ahead of it). At
         ``max_connections`` the connection idle the longest is closed: one that sent a
         request without the token, then one silent for ``grace_s``, then any other
         unauthenticated one, then, only while the share is kept, an authenticated one.
         """
-        if len(self._unauthenticated) >= self.max_unauthenticated:
-            victim = self._unauthenticated_victim()
-            if victim is not None:
-                self._evict_for_share(victim)
         if len(self._open) >= self.max_connections:
             victim = (
                 self._first(self._tokenless, self._idle)
@@ -106,7 +100,7 @@ class ConnectionSlots:
                 victim = self._first(self._idle, exclude=self._fresh)
             if victim is None:
                 return False
-            self._evict(victim, "the server is at max_connections: idle connections go first")
+            self._close(victim, "the server is at max_connections: idle connections go first")
         self._open.add(slot)
         self._unauthenticated[slot] = None
         self._fresh[slot] = self._clock()
@@ -119,13 +113,16 @@ class ConnectionSlots:
         return len(self._unauthenticated) > self.max_unauthenticated
 
     def trim(self) -> bool:
-        """Closes connections without the token down to their share, as :meth:`admit`
-        chooses; returns whether some are still over it (new ones in their grace)."""
+        """Closes connections without the token down to their share: one that sent a
+        whole request without it (idle first), else one silent for ``grace_s``, else one
+        with a request arriving; the oldest first. One younger than ``grace_s`` that has
+        sent nothing is spared (the server may not have read its first bytes yet).
+        Returns whether some are still over the share (new ones in their grace)."""
         while self.over_share():
             victim = self._unauthenticated_victim()
             if victim is None:
                 return True
-            self._evict_for_share(victim)
+            self._close(victim, "too many connections without a token")
         return False
 
     def _unauthenticated_victim(self) -> Slot | None:
@@ -194,10 +191,9 @@ class ConnectionSlots:
         self.release(slot)
         return True
 
-    def _evict_for_share(self, slot: Slot) -> None:
+    def _close(self, slot: Slot, reason: str) -> None:
         # Lingering, an owner that reconnects on the close cannot come straight back: without
-        # it each eviction let a new tokenless request through the whole HTTP stack.
-        reason = "too many connections without a token"
+        # it each close let a new tokenless request through the whole HTTP stack.
         if (
             self.linger_s > 0
             and self.max_lingering > 0
