@@ -115,8 +115,18 @@ def test_idle_keep_alive_sockets_without_token_cannot_fill_the_server(tmp_path):
             hostile.append(sock)
         serve_one_episode(server.url, server.token)
         share = ServerConfig(max_connections=CAP).unauthenticated_cap
-        # Those closed for the share linger EVICTED_LINGER_S (2 s) before their close.
-        wait_for(lambda: sum(not closed_by_server(sock) for sock in hostile) <= share)
+        time.sleep(1.5)  # the grace (1 s) after which the share is restored
+        # Past the share each is closed or held lingering, unread: a second request
+        # is answered on at most the share of them.
+        open_ = [sock for sock in hostile if not closed_by_server(sock)]
+        for sock in open_:
+            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+        answered: set[socket.socket] = set()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and len(answered) <= share:
+            readable, _, _ = select.select(open_, [], [], 0.05)
+            answered.update(sock for sock in readable if sock.recv(4096).startswith(b"HTTP/1.1"))
+        assert 0 < len(answered) <= share < len(open_)
         for sock in hostile:
             sock.close()
         assert env.get_metrics()["num_episodes"] == 1
@@ -217,6 +227,51 @@ def test_tokenless_keep_alive_churn_is_slowed_by_lingering(tmp_path, monkeypatch
             sock.close()
 
 
+def test_tokenless_sockets_are_held_while_many_linger_and_newcomers_get_in(tmp_path):
+    """Twice max_connections tokenless sockets that reconnect as soon as they are closed
+    (issue 43): past the share the server holds them lingering, apart from
+    max_connections, as long as many linger, so they stop coming back (each would
+    queue again for accept(), ahead of newcomers); a client with the token opening a
+    new connection per request is answered every time meanwhile."""
+    from jaxrunner._src.services.serve import transport
+
+    health = b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+    with serving(tmp_path) as (_, server):
+        auth = f"Authorization: Bearer {server.token}\r\nConnection: close\r\n".encode()
+        request = b"GET /v1/spaces HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n"
+
+        def opened() -> socket.socket:
+            sock = connect(server.url)
+            sock.sendall(health)
+            return sock
+
+        hostile = [opened() for _ in range(2 * CAP)]
+        closed = newcomers = answered = 0
+        # Longer than a calm linger: held sockets would come back by now.
+        deadline = time.monotonic() + 2.5 * transport.EVICTED_LINGER_S
+        while time.monotonic() < deadline:
+            readable, _, _ = select.select(hostile, [], [], 0.05)
+            for sock in readable:
+                try:
+                    chunk = sock.recv(65536)
+                except ConnectionResetError:
+                    chunk = b""
+                if not chunk:  # closed by the server: back at once, as an attacker
+                    closed += 1
+                    sock.close()
+                    hostile[hostile.index(sock)] = opened()
+            with connect(server.url) as sock:  # a newcomer: one request, one connection
+                sock.sendall(request)
+                newcomers += 1
+                answered += read_all(sock).startswith(b"HTTP/1.1 200")
+        assert answered == newcomers > 0
+        # Each newcomer displaces one tokenless socket; without the hold every socket
+        # past the share and the few lingering ones came back every 2 s or sooner.
+        assert closed <= newcomers + CAP
+        for sock in hostile:
+            sock.close()
+
+
 # -- slow readers ----------------------------------------------------------------------------
 
 
@@ -308,17 +363,21 @@ def test_oversized_heads_get_414_or_431_in_json(tmp_path, request_bytes, status,
 
 
 class FakeSlot:
+    closed: list[str] = []  # noqa: RUF012  (every FakeSlot's name, in the order closed)
+
     def __init__(self, name: str) -> None:
         self.name, self.evicted = name, None
 
     def evict(self, reason: str) -> None:
         self.evicted = reason
+        FakeSlot.closed.append(self.name)
 
     def linger(self, reason: str) -> None:
         self.evicted = f"lingering: {reason}"
+        FakeSlot.closed.append(self.name)
 
 
-def test_slots_close_tokenless_idle_first_and_spare_new_connections():
+def test_slots_trim_tokenless_idle_first_and_spare_new_connections():
     from jaxrunner._src.services.serve.slots import ConnectionSlots
 
     now = [0.0]
@@ -332,20 +391,37 @@ def test_slots_close_tokenless_idle_first_and_spare_new_connections():
         slots.tokenless(slot)
     slots.idle(keepalive)  # answered; the reader is still being answered
     now[0] = 2.0  # "silent" has sent nothing for longer than grace_s
-    order, newcomers = [], []
-    for i in range(6):
-        newcomers.append(FakeSlot(f"new{i}"))
-        assert slots.admit(newcomers[-1])  # never sends a byte
-        gone = [s.name for s in (silent, arriving, reader, keepalive, *newcomers) if s.evicted]
-        order += [name for name in gone if name not in order]
-    # Then only new connections are left: spared, let in over the share.
-    assert order == ["k", "r", "silent", "arriving"]
+    newcomers = [FakeSlot(f"new{i}") for i in range(6)]  # none ever sends a byte
+    FakeSlot.closed.clear()
+    assert all(slots.admit(slot) for slot in newcomers)
+    assert FakeSlot.closed == [] and slots.over_share()  # admitting closes none for the share
+    # Trimmed in order; then only new connections are left: spared, over the share.
+    assert slots.trim()
+    assert FakeSlot.closed == ["k", "r", "silent", "arriving"]
     assert slots.num_unauthenticated == 6 and not any(s.evicted for s in newcomers)
-    now[0] = 4.0  # now they have been silent too long: the oldest goes first
-    assert slots.admit(FakeSlot("late")) and newcomers[0].evicted
-    assert slots.over_share() and not slots.trim()  # back to the share, the oldest first
-    assert [s.name for s in newcomers if s.evicted] == ["new0", "new1", "new2"]
+    now[0] = 4.0  # now they have been silent too long: the oldest go first
+    assert not slots.trim()
+    assert FakeSlot.closed[4:] == ["new0", "new1"]
     assert slots.num_unauthenticated == 4 and not slots.over_share()
+
+
+def test_slots_newcomers_that_send_the_token_in_their_grace_close_nobody():
+    from jaxrunner._src.services.serve.slots import ConnectionSlots
+
+    slots = ConnectionSlots(max_connections=100, max_unauthenticated=2, linger_s=2.0)
+    hostile = [FakeSlot(f"h{i}") for i in range(2)]
+    for slot in hostile:  # the share, full of tokenless keep-alive sockets
+        assert slots.admit(slot)
+        for event in (slots.busy, slots.tokenless, slots.idle):
+            event(slot)
+    for i in range(50):  # a client opening a connection per request
+        newcomer = FakeSlot(f"new{i}")
+        assert slots.admit(newcomer) and slots.over_share()
+        slots.busy(newcomer)
+        slots.authenticated(newcomer)
+        assert not slots.over_share()
+        slots.release(newcomer)  # answered, closed by the client
+    assert not any(slot.evicted for slot in hostile) and slots.num_lingering == 0
 
 
 def test_slots_at_the_cap_close_idle_connections_only():
@@ -367,10 +443,10 @@ def test_slots_at_the_cap_close_idle_connections_only():
     assert not busy.evicted and len(slots) == 2
 
 
-def test_slots_let_tokenless_idle_connections_linger_within_max_connections():
+def test_slots_let_tokenless_idle_connections_linger_apart_from_max_connections():
     from jaxrunner._src.services.serve.slots import ConnectionSlots
 
-    slots = ConnectionSlots(max_connections=4, max_unauthenticated=2, linger_s=2.0)
+    slots = ConnectionSlots(max_connections=4, max_unauthenticated=2, linger_s=2.0, max_lingering=1)
     friend, keepalive, reader = FakeSlot("friend"), FakeSlot("k"), FakeSlot("r")
     for slot in (friend, keepalive, reader):
         assert slots.admit(slot)
@@ -382,15 +458,69 @@ def test_slots_let_tokenless_idle_connections_linger_within_max_connections():
     slots.idle(friend)
     slots.idle(keepalive)  # answered; the reader is still being answered
     first, second = FakeSlot("new0"), FakeSlot("new1")
-    assert slots.admit(first)  # over the share: the idle tokenless one lingers
+    assert slots.admit(first) and slots.over_share() and not keepalive.evicted
+    assert not slots.trim()  # back to the share: the idle tokenless one lingers
     assert keepalive.evicted == "lingering: too many connections without a token"
     assert slots.num_lingering == 1 and len(slots) == 3  # out of the slots, still open
-    assert slots.admit(second)  # the reader, still being answered, is closed at once
-    assert reader.evicted == "too many connections without a token"
-    # 3 open + 1 lingering fill max_connections: the lingering one goes first, and
-    # never an authenticated one.
-    assert slots.admit(FakeSlot("new2")) and keepalive.evicted.startswith("the server is at")
-    assert slots.num_lingering == 0 and not friend.evicted
+    assert slots.admit(second) and not slots.trim()
+    assert reader.evicted == "too many connections without a token"  # still being answered
+    # 4 open and 1 lingering: lingering sockets do not count against max_connections (an
+    # attacker's socket held unread is one it cannot send back into the accept queue)...
+    assert slots.admit(FakeSlot("new2")) and len(slots) == 4 and slots.num_lingering == 1
+    assert keepalive.evicted == "lingering: too many connections without a token"
+    # ... but have their own bound: past it the oldest lingering one goes.
+    for event in (slots.busy, slots.tokenless, slots.idle):
+        event(first)
+    assert not slots.trim()
+    assert first.evicted == "lingering: too many connections without a token"
+    assert keepalive.evicted == "too many lingering connections"
+    assert slots.num_lingering == 1 and len(slots) == 3 and not friend.evicted
+
+
+def test_slots_hold_lingering_sockets_while_many_linger():
+    """Each lingering socket is asked :meth:`linger_over` every ``linger_s``: it is
+    closed then, unless more than the share linger (an attack: its owner would come
+    straight back into the accept queue, ahead of newcomers), up to ``max_linger_s``."""
+    from jaxrunner._src.services.serve.slots import ConnectionSlots
+
+    now = [0.0]
+    slots = ConnectionSlots(
+        max_connections=100,
+        max_unauthenticated=2,
+        linger_s=2.0,
+        max_lingering=10,
+        max_linger_s=10.0,
+        clock=lambda: now[0],
+    )
+
+    def tokenless_idle(name: str) -> FakeSlot:
+        slot = FakeSlot(name)
+        assert slots.admit(slot)
+        for event in (slots.busy, slots.tokenless, slots.idle):
+            event(slot)
+        slots.trim()
+        return slot
+
+    calm = [tokenless_idle(f"c{i}") for i in range(3)]  # one more than the share
+    assert calm[0].evicted == "lingering: too many connections without a token"
+    now[0] = 2.0
+    assert slots.linger_over(calm[0]) and slots.num_lingering == 0  # few linger: closed
+    attack = [tokenless_idle(f"a{i}") for i in range(5)]
+    held = [*calm[1:], *attack[:3]]  # each closed for the share by the next one
+    assert all(s.evicted == "lingering: too many connections without a token" for s in held)
+    assert slots.num_lingering == 5 and not attack[3].evicted
+    now[0] = 4.0
+    assert not any(slots.linger_over(s) for s in held)  # 5 linger: each 2 s more
+    now[0] = 10.0
+    assert not slots.linger_over(held[0])  # 8 s so far: 2 more fit in max_linger_s
+    now[0] = 12.0
+    assert slots.linger_over(held[0]) and slots.num_lingering == 4  # max_linger_s is up
+    for slot in held[1:]:
+        slots.release(slot)  # closed by their owners (the transport checks that first)
+    tokenless_idle("late")  # the attack is over: the next one closed for the share...
+    assert attack[3].evicted and slots.num_lingering == 1
+    now[0] = 14.0
+    assert slots.linger_over(attack[3]) and slots.num_lingering == 0  # ... goes in 2 s
 
 
 # -- the cheap paths a flood of new connections takes ------------------------------------------

@@ -50,14 +50,16 @@ class ServerConfig:
     is raised to fit it where the hard limit allows."""
     max_unauthenticated_connections: int | None = None
     """The most open connections that have not yet sent a request with the token
-    (each new connection, until its first request's headers are in); one more closes
-    the oldest of them, idle ones first. None: an eighth of ``max_connections`` (at
+    (each new connection, until its first request's headers are in); past it, once a
+    second's grace for new ones is over, the oldest of them are closed, idle ones
+    first. None: an eighth of ``max_connections`` (at
     least 16, at most ``max_connections``). Sockets without the token (slow readers,
     idle keep-alive) can hold no more; with ``require_token=False`` any whole request
     counts. An idle one closed for this share after a request without the token
     lingers 2 s, unread, before its socket is closed, so that its owner cannot come
-    back at once (its socket counts against ``max_connections`` meanwhile, and goes
-    first when they run short)."""
+    back at once; while more than the share linger (an attack), up to 120 s. Lingering
+    sockets do not count against ``max_connections``: at most twice as many linger
+    (within the open-file limit), the oldest closed first past that."""
     write_timeout_s: float = 10.0
     """Answers waiting to be written must make progress (some bytes taken by the
     client) within this long; otherwise the connection is dropped with what it
@@ -108,14 +110,17 @@ class ServerConfig:
         return min(self.max_connections, max(16, self.max_connections // 8))
 
 
-def _raise_open_file_limit(wanted: int) -> None:
+def _raise_open_file_limit(wanted: int) -> int:
     """Raises this process's soft open-file limit towards ``wanted`` (as Go's runtime
-    does): a 1024 default would refuse connections long before ``max_connections``."""
+    does): a 1024 default would refuse connections long before ``max_connections``.
+    Returns the limit now."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if soft != resource.RLIM_INFINITY and soft < target:
         with contextlib.suppress(ValueError, OSError):  # not allowed: the OS's cap stays
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return wanted if soft == resource.RLIM_INFINITY else soft
 
 
 def _is_loopback(host: str) -> bool:
@@ -166,6 +171,13 @@ class PolicyServer:
                 self.token_file = pathlib.Path(config.token_file or default_token_file())
                 self.token = load_or_create_token(self.token_file)
         self.asgi_app, self.app = create_app(env, self.token, config.max_body_bytes)
+        # The open connections, up to twice as many lingering ones (closed, unread, for the
+        # unauthenticated share; see transport.py) and 256 files for the rest, as the
+        # open-file limit allows: an accept() refused for it would stall every newcomer.
+        files = _raise_open_file_limit(3 * config.max_connections + 256)
+        max_lingering = max(
+            0, min(2 * config.max_connections, files - config.max_connections - 256)
+        )
         family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -194,6 +206,7 @@ class PolicyServer:
                         max_connections=config.max_connections,
                         max_unauthenticated=config.unauthenticated_cap,
                         max_pipelined=config.max_pipelined,
+                        max_lingering=max_lingering,
                         token=self.token,
                     )
                 ),
@@ -205,7 +218,6 @@ class PolicyServer:
             )
         )
         self._thread: threading.Thread | None = None
-        _raise_open_file_limit(config.max_connections + 256)
 
     def openapi(self) -> dict[str, Any]:
         """The published OpenAPI schema."""

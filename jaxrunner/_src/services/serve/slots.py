@@ -16,8 +16,8 @@ class Slot(Protocol):
         """Closes the connection now (it is given back its slot by :meth:`release`)."""
 
     def linger(self, reason: str) -> None:
-        """Stops reading the connection and closes it after ``linger_s`` (then it
-        is given back to :meth:`release`)."""
+        """Stops reading the connection and closes it once :meth:`ConnectionSlots.linger_over`
+        says so, asked every ``linger_s`` (then it is given back to :meth:`release`)."""
 
 
 class ConnectionSlots:
@@ -28,7 +28,11 @@ class ConnectionSlots:
         max_unauthenticated: the most open connections without a token yet.
         grace_s: how long a new connection that has sent nothing is spared.
         linger_s: how long a connection closed for the unauthenticated share after a
-            tokenless request lingers (0: closed at once).
+            tokenless request lingers (0: closed at once); longer under attack, see
+            :meth:`linger_over`.
+        max_lingering: the most lingering connections (apart from ``max_connections``);
+            beyond, the oldest is closed. None: ``max_connections``.
+        max_linger_s: the longest a connection lingers.
         clock: seconds, monotonic (tests pass their own).
     """
 
@@ -38,12 +42,16 @@ class ConnectionSlots:
         max_unauthenticated: int,
         grace_s: float = 1.0,
         linger_s: float = 0.0,
+        max_lingering: int | None = None,
+        max_linger_s: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_connections = max_connections
         self.max_unauthenticated = max_unauthenticated
         self.grace_s = grace_s
         self.linger_s = linger_s
+        self.max_lingering = max_connections if max_lingering is None else max_lingering
+        self.max_linger_s = max_linger_s
         self._clock = clock
         self._open: set[Slot] = set()
         # dicts as ordered sets: oldest first
@@ -51,7 +59,7 @@ class ConnectionSlots:
         self._tokenless: dict[Slot, None] = {}  # sent a whole request without the token
         self._fresh: dict[Slot, float] = {}  # never sent a byte: since when open
         self._idle: dict[Slot, None] = {}
-        self._lingering: dict[Slot, None] = {}  # out of the slots, socket still open
+        self._lingering: dict[Slot, float] = {}  # out of the slots, still open: since when
         self.trim_scheduled = False
         """Whether a :meth:`trim` is due (the transport schedules it)."""
         self.refused = 0
@@ -71,27 +79,17 @@ class ConnectionSlots:
         return len(self._lingering)
 
     def admit(self, slot: Slot) -> bool:
-        """Takes a slot for a new connection (unauthenticated, idle), closing others;
-        False: none is free (refuse it).
+        """Takes a slot for a new connection (unauthenticated, idle), closing others
+        only at ``max_connections``; False: none is free (refuse it).
 
-        Lingering sockets that fill the room go first. Past the unauthenticated share,
-        one connection without the token is closed: one that sent a whole request
-        without it (idle first), else one silent for ``grace_s``, else one with a
-        request arriving; the oldest first. A connection younger than ``grace_s`` that
-        has sent nothing is spared (the server may not have read its first bytes yet):
-        the newcomer gets in over the share, and :meth:`trim` restores it later. At
+        The unauthenticated share is not kept here: a newcomer that sends the token
+        within ``grace_s`` leaves it before :meth:`trim` restores it, so under a flood of
+        tokenless sockets a client opening a connection per request closes none of
+        theirs (each closed one would come back into the accept queue ahead of it). At
         ``max_connections`` the connection idle the longest is closed: one that sent a
         request without the token, then one silent for ``grace_s``, then any other
         unauthenticated one, then, only while the share is kept, an authenticated one.
         """
-        while self._lingering and len(self._open) + len(self._lingering) >= self.max_connections:
-            lingering = next(iter(self._lingering))
-            self.release(lingering)
-            lingering.evict("the server is at max_connections: lingering connections go first")
-        if len(self._unauthenticated) >= self.max_unauthenticated:
-            victim = self._unauthenticated_victim()
-            if victim is not None:
-                self._evict_for_share(victim)
         if len(self._open) >= self.max_connections:
             victim = (
                 self._first(self._tokenless, self._idle)
@@ -102,7 +100,7 @@ class ConnectionSlots:
                 victim = self._first(self._idle, exclude=self._fresh)
             if victim is None:
                 return False
-            self._evict(victim, "the server is at max_connections: idle connections go first")
+            self._close(victim, "the server is at max_connections: idle connections go first")
         self._open.add(slot)
         self._unauthenticated[slot] = None
         self._fresh[slot] = self._clock()
@@ -115,13 +113,16 @@ class ConnectionSlots:
         return len(self._unauthenticated) > self.max_unauthenticated
 
     def trim(self) -> bool:
-        """Closes connections without the token down to their share, as :meth:`admit`
-        chooses; returns whether some are still over it (new ones in their grace)."""
+        """Closes connections without the token down to their share: one that sent a
+        whole request without it (idle first), else one silent for ``grace_s``, else one
+        with a request arriving; the oldest first. One younger than ``grace_s`` that has
+        sent nothing is spared (the server may not have read its first bytes yet).
+        Returns whether some are still over the share (new ones in their grace)."""
         while self.over_share():
             victim = self._unauthenticated_victim()
             if victim is None:
                 return True
-            self._evict_for_share(victim)
+            self._close(victim, "too many connections without a token")
         return False
 
     def _unauthenticated_victim(self) -> Slot | None:
@@ -173,13 +174,36 @@ class ConnectionSlots:
         self._idle.pop(slot, None)
         self._lingering.pop(slot, None)
 
-    def _evict_for_share(self, slot: Slot) -> None:
+    def linger_over(self, slot: Slot) -> bool:
+        """Whether ``slot``, lingering for ``linger_s`` (again), is closed now; False: it
+        lingers ``linger_s`` more. It does while at least ``max_unauthenticated`` others
+        linger (an attack: every socket closed comes back into the kernel's accept
+        queue, which is first come first served, ahead of newcomers with the token),
+        up to ``max_linger_s`` in all."""
+        since = self._lingering.get(slot)
+        if since is None:
+            return True
+        if (
+            len(self._lingering) > self.max_unauthenticated
+            and self._clock() - since + self.linger_s <= self.max_linger_s
+        ):
+            return False
+        self.release(slot)
+        return True
+
+    def _close(self, slot: Slot, reason: str) -> None:
         # Lingering, an owner that reconnects on the close cannot come straight back: without
-        # it each eviction let a new tokenless request through the whole HTTP stack.
-        reason = "too many connections without a token"
-        if self.linger_s > 0 and slot in self._tokenless and slot in self._idle:
+        # it each close let a new tokenless request through the whole HTTP stack.
+        if (
+            self.linger_s > 0
+            and self.max_lingering > 0
+            and slot in self._tokenless
+            and slot in self._idle
+        ):
+            if len(self._lingering) >= self.max_lingering:
+                self._evict(next(iter(self._lingering)), "too many lingering connections")
             self.release(slot)
-            self._lingering[slot] = None
+            self._lingering[slot] = self._clock()
             slot.linger(reason)
         else:
             self._evict(slot, reason)

@@ -34,6 +34,11 @@ keep-alive health probe that loses its connection this way waits as long for the
 close (then retries on a new one)."""
 REFUSAL_LOG_INTERVAL_S = 1.0
 """Refused connections are logged at most this often, with their count."""
+LINGER_RECEIVE_BUFFER_BYTES = 4 * 1024
+"""A lingering socket's kernel receive buffer (``SO_RCVBUF``; Linux doubles it)."""
+EVICTED_MAX_LINGER_S = 120.0
+"""The longest such a connection lingers: past ``EVICTED_LINGER_S`` only while many
+others do (an attack, see :meth:`.slots.ConnectionSlots.linger_over`)."""
 SEND_BUFFER_BYTES = 64 * 1024
 """Each socket's kernel send buffer (``SO_SNDBUF``; Linux doubles it): a client that
 never reads holds at most this much of the kernel's memory, not the 4 MB a loopback
@@ -55,6 +60,8 @@ class TransportLimits:
     """The most open connections that have not sent the token yet."""
     max_pipelined: int
     """The most requests answered in a row while more wait."""
+    max_lingering: int
+    """The most lingering connections (see :mod:`.slots`), apart from ``max_connections``."""
     token: str | None
     """The token that authenticates a connection; None: any whole request does."""
 
@@ -220,17 +227,28 @@ class DeadlineH11Protocol(H11Protocol):
         self.transport.abort()
 
     def linger(self, reason: str) -> None:
-        """Closes this idle connection after ``slots.linger_s``, reading nothing more
-        meanwhile (see :mod:`.slots`)."""
+        """Closes this idle connection after ``slots.linger_s`` or later, reading nothing
+        more meanwhile (see :mod:`.slots`)."""
         if self.transport.get_write_buffer_size():
             self.evict(reason)  # not idle after all: an answer is still going out
             return
-        logger.info("closing a connection in %s s: %s", self.slots.linger_s, reason)
+        logger.info("closing a connection in %s s or later: %s", self.slots.linger_s, reason)
         self._disarm()
         self._disarm_write()
         self._unset_keepalive_if_required()  # uvicorn's keep-alive timer
         self.transport.pause_reading()
-        self._lingering = self.loop.call_later(self.slots.linger_s, self.transport.abort)
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:  # what its owner sends meanwhile is held by the kernel, unread
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, LINGER_RECEIVE_BUFFER_BYTES)
+        self._lingering = self.loop.call_later(self.slots.linger_s, self._linger_over)
+
+    def _linger_over(self) -> None:
+        if _peer_closed(self.transport.get_extra_info("socket")) or self.slots.linger_over(self):
+            self.slots.release(self)
+            self._lingering = None
+            self.transport.abort()
+        else:
+            self._lingering = self.loop.call_later(self.slots.linger_s, self._linger_over)
 
     def _on_request(self, event: h11.Request) -> None:
         token = self.limits.token
@@ -348,10 +366,30 @@ class DeadlineH11Protocol(H11Protocol):
         self.transport.abort()
 
 
+def _peer_closed(sock: Any) -> bool:
+    """Whether the peer of this unread socket (asyncio's ``TransportSocket``) has closed
+    or reset it: a lingering socket its owner gave up holds nothing of theirs."""
+    if sock is None or sock.fileno() < 0:
+        return True
+    peek = socket.socket(fileno=sock.fileno())  # the same file, not a copy: detached below
+    try:
+        return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        peek.detach()
+
+
 def protocol_class(limits: TransportLimits) -> type[DeadlineH11Protocol]:
     """The protocol class uvicorn runs (``uvicorn.Config(http=...)``) for ``limits``,
     with the slots of one server."""
     slots = ConnectionSlots(
-        limits.max_connections, limits.max_unauthenticated, linger_s=EVICTED_LINGER_S
+        limits.max_connections,
+        limits.max_unauthenticated,
+        linger_s=EVICTED_LINGER_S,
+        max_lingering=limits.max_lingering,
+        max_linger_s=EVICTED_MAX_LINGER_S,
     )
     return type("JaxRunnerH11Protocol", (DeadlineH11Protocol,), {"limits": limits, "slots": slots})
