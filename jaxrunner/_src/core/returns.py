@@ -4,6 +4,7 @@ termination, ``next_value`` where an episode is cut, never chained across episod
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -92,12 +93,7 @@ def gae(
     _check_unit("gae", "gamma", gamma)
     _check_unit("gae", "lam", lam)
 
-    def run(*arrays: jax.Array) -> GAE:
-        advantages = _gae_scan(*arrays, gamma, lam)
-        valid, value = arrays[_FIELDS.index("valid")], arrays[_FIELDS.index("value")]
-        return GAE(advantages, jnp.where(valid, advantages + value, 0.0))
-
-    return _over_valid_slots(run, inputs, _skips("gae", trajectory, skip_invalid))
+    return _gae(*inputs, gamma, lam, skip=_skips("gae", trajectory, skip_invalid))
 
 
 group_gae = gae
@@ -146,11 +142,8 @@ def discounted_returns(
     )
     _check_unit("discounted_returns", "gamma", gamma)
 
-    def run(*arrays: jax.Array) -> jax.Array:
-        reward, terminated, truncated, valid, _, next_value = arrays
-        return _returns_scan(reward, terminated, truncated, valid, next_value, gamma)
-
-    return _over_valid_slots(run, inputs, _skips("discounted_returns", trajectory, skip_invalid))
+    skip = _skips("discounted_returns", trajectory, skip_invalid)
+    return _discounted_returns(*inputs, gamma, skip=skip)
 
 
 def _skips(fn: str, trajectory: Any, skip_invalid: Any) -> bool:
@@ -158,6 +151,31 @@ def _skips(fn: str, trajectory: Any, skip_invalid: Any) -> bool:
     if skip_invalid is None:
         return isinstance(trajectory, GroupTrajectory)
     return check_bool(fn, "skip_invalid", skip_invalid)
+
+
+# One compiled program per shape for each (the eager argsort, gathers and scatters of
+# _over_valid_slots would compile a dozen small ones, each first call of a shape).
+@functools.partial(jax.jit, static_argnames="skip")
+def _gae(*inputs: jax.Array, skip: bool) -> GAE:
+    *arrays, gamma, lam = inputs
+
+    def run(*arrays: jax.Array) -> GAE:
+        advantages = _gae_scan(*arrays, gamma, lam)
+        valid, value = arrays[_FIELDS.index("valid")], arrays[_FIELDS.index("value")]
+        return GAE(advantages, jnp.where(valid, advantages + value, 0.0))
+
+    return _over_valid_slots(run, tuple(arrays), skip)
+
+
+@functools.partial(jax.jit, static_argnames="skip")
+def _discounted_returns(*inputs: jax.Array, skip: bool) -> jax.Array:
+    *arrays, gamma = inputs
+
+    def run(*arrays: jax.Array) -> jax.Array:
+        reward, terminated, truncated, valid, _, next_value = arrays
+        return _returns_scan(reward, terminated, truncated, valid, next_value, gamma)
+
+    return _over_valid_slots(run, tuple(arrays), skip)
 
 
 def _over_valid_slots(run: Any, inputs: tuple[jax.Array, ...], skip: bool) -> Any:
@@ -178,7 +196,6 @@ def _episode_goes_on(terminated: jax.Array, truncated: jax.Array, valid: jax.Arr
     return valid & next_valid & ~terminated & ~truncated
 
 
-@jax.jit
 def _gae_scan(
     reward: jax.Array,
     terminated: jax.Array,
@@ -202,7 +219,6 @@ def _gae_scan(
     return advantages
 
 
-@jax.jit
 def _returns_scan(
     reward: jax.Array,
     terminated: jax.Array,
