@@ -218,9 +218,11 @@ class Policy:
             return out, carry
 
         def init_module(key: jax.Array, obs: Any, carry: Carry) -> Params:
+            # Compiled whole: eager, each initializer compiles a program of its own
+            # per shape (the same values either way).
             if initial_carry is None:
-                return module.init(key, obs)
-            return module.init(key, carry, obs)
+                return jax.jit(module.init)(key, obs)
+            return jax.jit(module.init)(key, carry, obs)
 
         return cls._from_forward(forward, init_module, action_space, deterministic, initial_carry)
 
