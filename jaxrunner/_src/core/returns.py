@@ -157,25 +157,38 @@ def _skips(fn: str, trajectory: Any, skip_invalid: Any) -> bool:
 # _over_valid_slots would compile a dozen small ones, each first call of a shape).
 @functools.partial(jax.jit, static_argnames="skip")
 def _gae(*inputs: jax.Array, skip: bool) -> GAE:
-    *arrays, gamma, lam = inputs
+    arrays, (gamma, lam) = inputs[:-2], inputs[-2:]
 
-    def run(*arrays: jax.Array) -> GAE:
-        advantages = _gae_scan(*arrays, gamma, lam)
-        valid, value = arrays[_FIELDS.index("valid")], arrays[_FIELDS.index("value")]
+    def run(
+        reward: jax.Array,
+        terminated: jax.Array,
+        truncated: jax.Array,
+        valid: jax.Array,
+        value: jax.Array,
+        next_value: jax.Array,
+    ) -> GAE:
+        advantages = _gae_scan(reward, terminated, truncated, valid, value, next_value, gamma, lam)
         return GAE(advantages, jnp.where(valid, advantages + value, 0.0))
 
-    return _over_valid_slots(run, tuple(arrays), skip)
+    return _over_valid_slots(run, arrays, skip)
 
 
 @functools.partial(jax.jit, static_argnames="skip")
 def _discounted_returns(*inputs: jax.Array, skip: bool) -> jax.Array:
-    *arrays, gamma = inputs
+    arrays, gamma = inputs[:-1], inputs[-1]
 
-    def run(*arrays: jax.Array) -> jax.Array:
-        reward, terminated, truncated, valid, _, next_value = arrays
+    def run(
+        reward: jax.Array,
+        terminated: jax.Array,
+        truncated: jax.Array,
+        valid: jax.Array,
+        value: jax.Array,
+        next_value: jax.Array,
+    ) -> jax.Array:
+        del value
         return _returns_scan(reward, terminated, truncated, valid, next_value, gamma)
 
-    return _over_valid_slots(run, tuple(arrays), skip)
+    return _over_valid_slots(run, arrays, skip)
 
 
 def _over_valid_slots(run: Any, inputs: tuple[jax.Array, ...], skip: bool) -> Any:
