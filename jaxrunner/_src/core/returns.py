@@ -93,7 +93,7 @@ def gae(
     _check_unit("gae", "gamma", gamma)
     _check_unit("gae", "lam", lam)
 
-    return _gae(*inputs, gamma, lam, skip=_skips("gae", trajectory, skip_invalid))
+    return _compute(inputs, gamma, lam, kind="gae", skip=_skips("gae", trajectory, skip_invalid))
 
 
 group_gae = gae
@@ -143,7 +143,7 @@ def discounted_returns(
     _check_unit("discounted_returns", "gamma", gamma)
 
     skip = _skips("discounted_returns", trajectory, skip_invalid)
-    return _discounted_returns(*inputs, gamma, skip=skip)
+    return _compute(inputs, gamma, 0.0, kind="returns", skip=skip)
 
 
 def _skips(fn: str, trajectory: Any, skip_invalid: Any) -> bool:
@@ -153,11 +153,13 @@ def _skips(fn: str, trajectory: Any, skip_invalid: Any) -> bool:
     return check_bool(fn, "skip_invalid", skip_invalid)
 
 
-# One compiled program per shape for each (the eager argsort, gathers and scatters of
+# One compiled program per shape (the eager argsort, gathers and scatters of
 # _over_valid_slots would compile a dozen small ones, each first call of a shape).
-@functools.partial(jax.jit, static_argnames="skip")
-def _gae(*inputs: jax.Array, skip: bool) -> GAE:
-    arrays, (gamma, lam) = inputs[:-2], inputs[-2:]
+@functools.partial(jax.jit, static_argnames=("kind", "skip"))
+def _compute(
+    arrays: tuple[jax.Array, ...], gamma: jax.Array, lam: jax.Array, *, kind: str, skip: bool
+) -> Any:
+    """``gae`` (``kind="gae"``) or ``discounted_returns`` of ``arrays`` (``_FIELDS``)."""
 
     def run(
         reward: jax.Array,
@@ -166,27 +168,11 @@ def _gae(*inputs: jax.Array, skip: bool) -> GAE:
         valid: jax.Array,
         value: jax.Array,
         next_value: jax.Array,
-    ) -> GAE:
+    ) -> Any:
+        if kind == "returns":
+            return _returns_scan(reward, terminated, truncated, valid, next_value, gamma)
         advantages = _gae_scan(reward, terminated, truncated, valid, value, next_value, gamma, lam)
         return GAE(advantages, jnp.where(valid, advantages + value, 0.0))
-
-    return _over_valid_slots(run, arrays, skip)
-
-
-@functools.partial(jax.jit, static_argnames="skip")
-def _discounted_returns(*inputs: jax.Array, skip: bool) -> jax.Array:
-    arrays, gamma = inputs[:-1], inputs[-1]
-
-    def run(
-        reward: jax.Array,
-        terminated: jax.Array,
-        truncated: jax.Array,
-        valid: jax.Array,
-        value: jax.Array,
-        next_value: jax.Array,
-    ) -> jax.Array:
-        del value
-        return _returns_scan(reward, terminated, truncated, valid, next_value, gamma)
 
     return _over_valid_slots(run, arrays, skip)
 
