@@ -86,6 +86,26 @@ def wait_for(condition, timeout_s: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+def churn(hostile: list[socket.socket], opened) -> tuple[int, int]:
+    """Reads what the server sent the ``hostile`` sockets for up to 50 ms, and reopens
+    those it closed at once (as an attacker, or a client that retries, would).
+    Returns how many answers (200) and closes it read."""
+    answered = closed = 0
+    readable, _, _ = select.select(hostile, [], [], 0.05)
+    for sock in readable:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            chunk = b""
+        if chunk:
+            answered += chunk.startswith(b"HTTP/1.1 200")
+            continue
+        closed += 1
+        sock.close()
+        hostile[hostile.index(sock)] = opened()
+    return answered, closed
+
+
 def serve_one_episode(url: str, token: str) -> None:
     """A legitimate client: new connections, every call answered (3 s at most each,
     far below keep_alive_s and write_timeout_s)."""
@@ -210,17 +230,7 @@ def test_tokenless_keep_alive_churn_is_slowed_by_lingering(tmp_path, monkeypatch
         answered = 0
         deadline = time.monotonic() + 0.8 * transport.EVICTED_LINGER_S
         while time.monotonic() < deadline:
-            readable, _, _ = select.select(hostile, [], [], 0.05)
-            for sock in readable:
-                try:
-                    chunk = sock.recv(65536)
-                except ConnectionResetError:
-                    chunk = b""
-                if chunk:
-                    answered += chunk.startswith(b"HTTP/1.1 200")
-                    continue
-                sock.close()  # closed by the server: back at once, as a client retries
-                hostile[hostile.index(sock)] = opened()
+            answered += churn(hostile, opened)[0]
         assert answered >= share + 8  # each got its health check
         assert built[0] <= 2 * (share + 8)
         for sock in hostile:
@@ -250,16 +260,7 @@ def test_tokenless_sockets_are_held_while_many_linger_and_newcomers_get_in(tmp_p
         # Longer than a calm linger: held sockets would come back by now.
         deadline = time.monotonic() + 2.5 * transport.EVICTED_LINGER_S
         while time.monotonic() < deadline:
-            readable, _, _ = select.select(hostile, [], [], 0.05)
-            for sock in readable:
-                try:
-                    chunk = sock.recv(65536)
-                except ConnectionResetError:
-                    chunk = b""
-                if not chunk:  # closed by the server: back at once, as an attacker
-                    closed += 1
-                    sock.close()
-                    hostile[hostile.index(sock)] = opened()
+            closed += churn(hostile, opened)[1]
             with connect(server.url) as sock:  # a newcomer: one request, one connection
                 sock.sendall(request)
                 newcomers += 1
