@@ -161,17 +161,11 @@ def _compute(
 ) -> Any:
     """``gae`` (``kind="gae"``) or ``discounted_returns`` of ``arrays`` (``_FIELDS``)."""
 
-    def run(
-        reward: jax.Array,
-        terminated: jax.Array,
-        truncated: jax.Array,
-        valid: jax.Array,
-        value: jax.Array,
-        next_value: jax.Array,
-    ) -> Any:
+    def run(*arrays: jax.Array) -> Any:
         if kind == "returns":
-            return _returns_scan(reward, terminated, truncated, valid, next_value, gamma)
-        advantages = _gae_scan(reward, terminated, truncated, valid, value, next_value, gamma, lam)
+            return _returns_scan(arrays, gamma)
+        advantages = _gae_scan(arrays, gamma, lam)
+        valid, value = arrays[_FIELDS.index("valid")], arrays[_FIELDS.index("value")]
         return GAE(advantages, jnp.where(valid, advantages + value, 0.0))
 
     return _over_valid_slots(run, arrays, skip)
@@ -195,16 +189,9 @@ def _episode_goes_on(terminated: jax.Array, truncated: jax.Array, valid: jax.Arr
     return valid & next_valid & ~terminated & ~truncated
 
 
-def _gae_scan(
-    reward: jax.Array,
-    terminated: jax.Array,
-    truncated: jax.Array,
-    valid: jax.Array,
-    value: jax.Array,
-    next_value: jax.Array,
-    gamma: jax.Array,
-    lam: jax.Array,
-) -> jax.Array:
+def _gae_scan(arrays: tuple[jax.Array, ...], gamma: jax.Array, lam: jax.Array) -> jax.Array:
+    """The advantages of ``arrays`` (in ``_FIELDS`` order)."""
+    reward, terminated, truncated, valid, value, next_value = arrays
     goes_on = _episode_goes_on(terminated, truncated, valid)
     delta = reward + gamma * jnp.where(terminated, 0.0, next_value) - value
     delta = jnp.where(valid, delta, 0.0)
@@ -218,14 +205,9 @@ def _gae_scan(
     return advantages
 
 
-def _returns_scan(
-    reward: jax.Array,
-    terminated: jax.Array,
-    truncated: jax.Array,
-    valid: jax.Array,
-    next_value: jax.Array,
-    gamma: jax.Array,
-) -> jax.Array:
+def _returns_scan(arrays: tuple[jax.Array, ...], gamma: jax.Array) -> jax.Array:
+    """The discounted returns of ``arrays`` (in ``_FIELDS`` order; ``value`` unused)."""
+    reward, terminated, truncated, valid, _, next_value = arrays
     goes_on = _episode_goes_on(terminated, truncated, valid)
     bootstrap = jnp.where(terminated, 0.0, next_value)
 
