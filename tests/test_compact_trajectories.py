@@ -330,3 +330,136 @@ def test_compact_buffers_allocate_no_dense_next_obs(monkeypatch: pytest.MonkeyPa
             runner.release(runner.sample())
             runner.sample()
         assert allocations.count((13, NUM_ENVS)) == expected, (compact, allocations)
+
+
+# -- multi-agent envs: each group's next_obs stored only where it is not the obs at the
+# slot's next valid row (its next turn) -------------------------------------------------------
+
+
+def _ma_envs(name: str) -> Any:
+    from tests import multi_agent_envs as ma
+
+    factory = {
+        "mpe": ma.simple_spread,
+        "coming-and-going": ma.coming_and_going,
+        "aec": ma.relay,
+        "aec-masked": ma.tictactoe,
+    }.get(name)
+    if name == "restarts":
+        fault = FaultPlan(kind="raise", at=(4,))
+        fns = faulty_env_fns(ma.coming_and_going, 3, {1: [fault]}, agent="a1")
+        return jr.make_vec(fns, 3, restart_policy=jr.RestartPolicy())
+    if name == "process":
+        return jr.make_vec(ma.relay, 3, "process", config=jr.ProcessConfig(num_workers=2))
+    return jr.make_vec(factory, 3)
+
+
+def _ma_samples(name: str, num: int = 3, **kwargs: Any) -> list[jr.MultiAgentTrajectory]:
+    from tests.test_multi_agent import random_policy, zero_params
+
+    envs = _ma_envs(name)
+    (n,) = {int(g.action_space.n) for g in envs.groups}
+    params = {g.policy_id: zero_params(n) for g in envs.groups}
+    policy = random_policy(n, masked=name == "aec-masked")
+    with jr.EnvRunner(envs, policy, params, 11, SEED, **kwargs) as runner:
+        return [runner.sample() for _ in range(num)]
+
+
+MA_CASES = ["mpe", "coming-and-going", "aec", "aec-masked", "restarts", "process"]
+
+
+@pytest.mark.parametrize("name", MA_CASES)
+def test_multi_agent_compact_next_obs_equals_the_dense_one(name: str) -> None:
+    pytest.importorskip("pettingzoo")
+    dense, compact = _ma_samples(name), _ma_samples(name, compact_next_obs=True)
+    for c, d in zip(compact, dense, strict=True):
+        assert c.is_compact and not d.is_compact
+        chex.assert_trees_all_equal(c.dense(), d)
+        for pid, group in d.groups.items():
+            stored = np.zeros(group.reward.size, bool)
+            stored[c.groups[pid].next_obs_store.index] = True
+            stored = stored.reshape(group.reward.shape)
+            # Every slot whose agent does not act again in the sample is stored; an agent
+            # that goes on acts next on the next_obs it was given, which is not stored.
+            later = np.flip(np.logical_or.accumulate(np.flip(group.valid, 0), 0), 0)
+            last_turn = group.valid & ~np.concatenate([later[1:], later[:1] & False])
+            assert stored[last_turn].all()
+            goes_on = group.valid & ~group.done & ~last_turn
+            if name not in ("restarts", "aec", "process"):  # no fault, no dead step
+                assert not stored[goes_on].any()
+            assert stored.sum() < group.valid.sum()  # it is compact
+    if name == "restarts":  # a restart did happen
+        assert any(d.valid is not None and not d.valid.all() for d in dense)
+
+
+@pytest.mark.parametrize("name", ["coming-and-going", "aec", "restarts"])
+def test_multi_agent_compact_slices_joins_episodes_files_and_values(
+    name: str, tmp_path: Any
+) -> None:
+    pytest.importorskip("pettingzoo")
+    dense, compact = _ma_samples(name), _ma_samples(name, compact_next_obs=True)
+    d, c = jr.concatenate(dense), jr.concatenate(compact)
+    assert c.is_compact
+    chex.assert_trees_all_equal(c.dense(), d)
+    chex.assert_trees_all_equal(jr.concatenate([compact[0], dense[1]]), jr.concatenate(dense[:2]))
+    for start, stop in [(0, 1), (2, 9), (0, 33), (10, 24), (32, 33), (5, 5)]:
+        part = c.time_slice(start, stop)
+        assert part.is_compact or start == stop
+        chex.assert_trees_all_equal(part.dense(), d.time_slice(start, stop))
+    joined = concatenate_envs(compact)  # an EnvRunnerGroup's join
+    assert joined.is_compact
+    chex.assert_trees_all_equal(joined.dense(), concatenate_envs(dense))
+    for ce, de in zip(c.split_episodes(), d.split_episodes(), strict=True):
+        chex.assert_trees_all_equal(ce, de)
+    c.save(tmp_path / "c.npz")
+    chex.assert_trees_all_equal(jr.MultiAgentTrajectory.load(tmp_path / "c.npz"), d)
+    seen: list[int] = []
+
+    def value_fn(obs: Any) -> jax.Array:
+        seen.append(len(obs))
+        return jnp.asarray(obs, jnp.float32).sum(-1) * 0.5 + 1.0
+
+    for pid, group in d.groups.items():
+        lead = group.reward.shape
+        value = value_fn(group.obs.reshape(-1, *group.obs.shape[3:])).reshape(lead)
+        expected = value_fn(group.next_obs.reshape(-1, *group.obs.shape[3:])).reshape(lead)
+        got = c.groups[pid].next_value(value, value_fn)
+        # Equal where there is a transition; elsewhere both are meaningless.
+        np.testing.assert_array_equal(np.asarray(got)[group.valid], expected[group.valid])
+        assert seen[-1] < group.reward.size  # the stored rows only, padded
+
+
+def test_multi_agent_compact_buffers_are_released_and_a_failed_sample_keeps_its_steps() -> None:
+    pytest.importorskip("pettingzoo")
+    from tests import multi_agent_envs as ma
+    from tests.test_multi_agent import random_policy, zero_params
+
+    reference = _ma_samples("restarts", 4)
+    envs = _ma_envs("restarts")
+    params = {g.policy_id: zero_params(3) for g in envs.groups}
+    with jr.EnvRunner(envs, random_policy(3), params, 11, SEED, compact_next_obs=True) as runner:
+        for expected in reference:
+            traj = runner.sample()
+            chex.assert_trees_all_equal(traj.dense(), expected)
+            runner.release(traj)  # the next sample reuses its arrays, not its store
+    partial = {}
+    for compact in (False, True):
+        fns = faulty_env_fns(ma.coming_and_going, 2, {1: [FaultPlan(kind="raise", at=(6,))]})
+        envs = jr.make_vec(fns, 2)
+        with jr.EnvRunner(
+            envs, random_policy(3), params, 11, SEED, compact_next_obs=compact
+        ) as runner:
+            with pytest.raises(JaxRunnerError) as info:
+                runner.sample()
+            partial[compact] = info.value.partial_trajectory
+    assert partial[True].is_compact and partial[True].num_steps == partial[False].num_steps > 0
+    chex.assert_trees_all_equal(partial[True].dense(), partial[False])
+
+
+def test_pure_jax_multi_agent_envs_refuse_compact_buffers() -> None:
+    from tests.test_multi_agent_jax import Drift, random_policy
+
+    envs = jr.multi_agent.JaxMultiAgentVectorEnv(Drift(), 2)
+    params = {"w": jnp.zeros(3)}
+    with pytest.raises(InvalidArgumentError, match="compact_next_obs"):
+        jr.EnvRunner(envs, random_policy(3), params, 4, 0, compact_next_obs=True)

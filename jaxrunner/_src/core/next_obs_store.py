@@ -1,6 +1,7 @@
 """Compact next observations (``compact_next_obs=True``): ``next_obs`` kept only at the rows
 where it is not the next step's ``obs`` (an episode end, a failed or reset sub-env, the
-last step), and rebuilt from ``obs`` on demand."""
+last step), and rebuilt from ``obs`` on demand. An agent group's rows follow each agent
+slot's next valid row instead of the next step (``valid`` given)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ class FinalObs(flax.struct.PyTreeNode):
     """The rows of ``next_obs`` that differ from the next step's ``obs``.
 
     Attributes:
-        index: ``[K]`` int64, the flat slots ``t * B + b``, ascending; every slot of
-            the last step is among them.
+        index: ``[K]`` int64, the flat slots ``t * R + r``, ascending, with ``R`` rows per
+            step (the ``B`` envs, or a group's ``B * A_g`` agent slots); every slot
+            with no next row in the trajectory is among them.
         obs: the observations of those slots, ``[K, ...]`` per leaf.
     """
 
@@ -28,9 +30,19 @@ class FinalObs(flax.struct.PyTreeNode):
     obs: Any
 
 
-def materialize(obs: Any, store: FinalObs, num_envs: int) -> Any:
+def materialize(obs: Any, store: FinalObs, num_envs: int, valid: Any = None) -> Any:
     """The dense ``[T, B]`` next observations of a compact trajectory: ``obs`` moved up
-    one step, with the stored rows written over it (numpy or jax, as ``obs`` is)."""
+    one step, with the stored rows written over it (numpy or jax, as ``obs`` is). With
+    a group's ``valid`` (``[T, B, A_g]``, numpy): each slot's obs at its next valid row,
+    zero where it has none."""
+    if valid is not None:
+        index, lead = np.asarray(store.index), np.shape(valid)
+
+        def written(rows: np.ndarray, stored: Any) -> np.ndarray:
+            rows.reshape(-1, *rows.shape[2:])[index] = stored
+            return rows.reshape(*lead, *rows.shape[2:])
+
+        return jax.tree.map(written, following(obs, valid), store.obs)
 
     def one(o: Any, stored: Any) -> Any:
         flat_shape = (o.shape[0] * num_envs, *o.shape[2:])
@@ -73,22 +85,80 @@ def slot_rows(
     return jax.tree.map(one, obs, store.obs)
 
 
-def time_slice(obs: Any, store: FinalObs, num_envs: int, start: int, stop: int) -> FinalObs:
-    """The store of steps ``start:stop``: the stored rows among them, and every env's
-    row at ``stop - 1`` (taken from ``obs[stop]`` where it was not stored)."""
+def time_slice(
+    obs: Any, store: FinalObs, num_rows: int, start: int, stop: int, valid: Any = None
+) -> FinalObs:
+    """The store of steps ``start:stop``: the stored rows among them, and the rows whose
+    next row is at ``stop`` or later (every env's row at ``stop - 1``; with a group's
+    ``valid``, the slots whose next valid row is), taken from ``obs`` where not stored."""
     index = np.asarray(store.index)
-    lo, hi = np.searchsorted(index, [start * num_envs, stop * num_envs])
-    last = np.arange((stop - 1) * num_envs, stop * num_envs)
-    missing = last[~np.isin(last, index[lo:hi])]
-    kept = index[lo:hi] - start * num_envs
-    new_index = np.concatenate([kept, missing - start * num_envs])
+    lo, hi = np.searchsorted(index, [start * num_rows, stop * num_rows])
+    if valid is None:
+        leaving = np.arange((stop - 1) * num_rows, stop * num_rows)
+        source = np.full(num_rows, stop)
+    else:
+        valid2 = np.asarray(valid).reshape(len(valid), num_rows)
+        after = next_rows(valid2)
+        leaving = start * num_rows + np.flatnonzero(
+            valid2[start:stop] & (after[start:stop] >= stop)
+        )
+        source = after.reshape(-1)[leaving]  # never T: such rows are stored
+    absent = ~np.isin(leaving, index[lo:hi])
+    missing, source = leaving[absent], source[absent]
+    new_index = np.concatenate([index[lo:hi], missing]) - start * num_rows
     order = np.argsort(new_index, kind="stable")
 
     def one(o: np.ndarray, s: np.ndarray) -> np.ndarray:
-        extra = o[stop, missing - (stop - 1) * num_envs] if len(missing) else s[:0]
-        return np.concatenate([np.asarray(s[lo:hi]), np.asarray(extra)])[order]
+        rows = np.asarray(o).reshape(len(o), num_rows, *s.shape[1:])
+        extra = rows[source, missing % num_rows]
+        return np.concatenate([np.asarray(s[lo:hi]), extra])[order]
 
     return FinalObs(index=new_index[order], obs=jax.tree.map(one, obs, store.obs))
+
+
+def compact(obs: Any, next_obs: Any, valid: np.ndarray) -> FinalObs:
+    """The store of a group's dense ``next_obs`` (``[T, B, A_g]`` numpy, as ``obs`` and
+    ``valid``): the slots whose next observation is not, bitwise, their obs at their
+    next valid row (zero where they have none), and every valid slot with no next row."""
+    valid2 = valid.reshape(len(valid), -1)
+    stored = valid2 & (next_rows(valid2) == len(valid))
+    for n, f in zip(jax.tree.leaves(next_obs), jax.tree.leaves(following(obs, valid))):
+        stored |= _differs(n.reshape(stored.shape + n.shape[valid.ndim :]), f)
+    index = np.flatnonzero(stored)
+    rows = jax.tree.map(lambda n: n.reshape(stored.size, *n.shape[valid.ndim :])[index], next_obs)
+    return FinalObs(index=index, obs=rows)
+
+
+def next_rows(valid: np.ndarray) -> np.ndarray:
+    """``[T, R]``: each slot's next valid row after it (``T`` where there is none)."""
+    num_steps = len(valid)
+    rows = np.where(valid, np.arange(num_steps)[:, None], num_steps)
+    after = np.full_like(rows, num_steps)
+    after[:-1] = np.minimum.accumulate(rows[::-1], axis=0)[::-1][1:]
+    return after
+
+
+def following(obs: Any, valid: np.ndarray) -> Any:
+    """Per leaf ``[T, R, ...]``: each slot's obs at its next valid row, zero where it
+    has none or is not valid itself."""
+    valid2 = valid.reshape(len(valid), -1)
+    after = next_rows(valid2)
+    t, r = np.nonzero(valid2 & (after < len(valid)))
+
+    def one(o: np.ndarray) -> np.ndarray:
+        rows = o.reshape(valid2.shape + o.shape[valid.ndim :])
+        out = np.zeros_like(rows)
+        out[t, r] = rows[after[t, r], r]
+        return out
+
+    return jax.tree.map(one, obs)
+
+
+def _differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``[T, R]``: the rows of ``a`` and ``b`` that differ in any byte (NaNs compare)."""
+    lead = a.shape[:2]
+    bits = [np.ascontiguousarray(x).reshape(*lead, -1).view(np.uint8) for x in (a, b)]
+    return (bits[0] != bits[1]).any(axis=-1)
 
 
 def concatenate(stores: list[FinalObs], lengths: list[int], num_envs: int) -> FinalObs:

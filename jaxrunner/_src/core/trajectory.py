@@ -102,7 +102,103 @@ class Transitions(TimeMajor):
         return np.logical_or(self.terminated, self.truncated)
 
 
-class Trajectory(Transitions, flax.struct.PyTreeNode):
+class StoredNextObs(Transitions):
+    """``next_obs`` as a property over the field ``next_obs_store``: the dense array, or
+    a compact trajectory's :class:`FinalObs`, from which it is built on demand."""
+
+    obs: Any
+    reward: Any
+    next_obs_store: Any
+
+    def _set_fields(self, values: dict[str, Any], next_obs: Any, next_obs_store: Any) -> None:
+        # next_obs (dense) is how users build one; next_obs_store is the field itself
+        # (what pytree unflattening and replace() pass).
+        if next_obs is not None and next_obs_store is not None:
+            raise InvalidArgumentError(
+                f"{type(self).__name__}(next_obs=..., next_obs_store=...): give one of "
+                "them (next_obs: the dense next observations)."
+            )
+        values["next_obs_store"] = next_obs if next_obs_store is None else next_obs_store
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def is_compact(self) -> bool:
+        return isinstance(self.next_obs_store, (FinalObs, FinalObsRecorder))
+
+    @property
+    def next_obs(self) -> Any:
+        """The next observations (see the class docstring). On a compact trajectory each
+        access builds a new array of ``obs``'s size; take what you need of it once, or
+        use :meth:`next_value`."""
+        store = self.next_obs_store
+        if isinstance(store, FinalObsRecorder):  # a sample still running (callbacks)
+            store = store.finish()
+        if isinstance(store, FinalObs):
+            return self._materialize(store)
+        return store
+
+    def _turns(self) -> np.ndarray | None:
+        """A group's ``valid``, whose next valid row holds each slot's next observation
+        (None: the next step's row does, as for a single-agent trajectory)."""
+        return None
+
+    def _materialize(self, store: FinalObs) -> Any:
+        return next_obs_store.materialize(self.obs, store, self.num_envs, self._turns())
+
+    def _following_value(self, value: Any) -> Any:
+        """Each slot's ``value`` at the row whose ``obs`` is its next observation."""
+        turns = self._turns()
+        if turns is None:
+            return jax.numpy.concatenate([value[1:], value[-1:]])
+        following = next_obs_store.following(np.asarray(value), turns)
+        return jax.numpy.asarray(following.reshape(turns.shape))
+
+    def dense(self) -> Self:
+        return self.replace(next_obs_store=self.next_obs) if self.is_compact else self  # type: ignore[attr-defined]
+
+    def next_value(self, value: Any, value_fn: Any) -> Any:
+        """``V(next_obs)``, of the reward's shape, from ``value`` = ``V(obs)`` (which a
+        learner computes anyway) and ``value_fn``, called on a batch of observations
+        (``[N, ...]`` per leaf): only on the stored rows of a compact trajectory (padded
+        with zero observations to a power of two, at least 16, so a jitted ``value_fn``
+        compiles for a few shapes), on every row of a dense one. The input
+        :func:`jaxrunner.gae` takes as ``next_value``."""
+        lead = np.shape(self.reward)
+        store = self.next_obs_store
+        if not isinstance(store, FinalObs):
+            flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[len(lead) :]), self.next_obs)
+            return jax.numpy.reshape(value_fn(flat), lead)
+        following = self._following_value(value)
+        rows = len(store.index)
+        if not rows:
+            return following
+        # The stored rows padded to a power of two, so a jitted critic compiles for a few
+        # shapes (log2 T*B at most), not for each new number of episode ends.
+        bucket = min(max(16, 1 << (rows - 1).bit_length()), int(np.prod(lead)))
+        padded = jax.tree.map(
+            lambda x: np.concatenate([x, np.zeros((bucket - rows, *x.shape[1:]), x.dtype)]),
+            jax.tree.map(np.asarray, store.obs),
+        )
+        stored = jax.numpy.reshape(value_fn(padded), (bucket,))[:rows]
+        return following.reshape(-1).at[store.index].set(stored).reshape(lead)
+
+    def time_slice(self, start: int, stop: int) -> Self:
+        if not self.is_compact:
+            return super().time_slice(start, stop)
+        start, stop, _ = slice(start, stop).indices(self.num_steps)
+        if stop <= start:
+            return self.dense().time_slice(start, stop)
+        store = self.next_obs_store
+        if isinstance(store, FinalObsRecorder):  # the steps of a failed sample
+            store = store.finish(stop)
+        rows = int(np.prod(np.shape(self.reward)[1:]))
+        sliced = next_obs_store.time_slice(self.obs, store, rows, start, stop, self._turns())
+        rest = self.replace(next_obs_store=None)  # type: ignore[attr-defined]
+        return jax.tree.map(lambda x: x[start:stop], rest).replace(next_obs_store=sliced)
+
+
+class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
     """``T`` steps of ``B`` envs. Every field is ``[T, B, ...]``; row ``[t, b]`` of
     every field comes from the same ``env.step`` call of env ``b``.
 
@@ -163,13 +259,6 @@ class Trajectory(Transitions, flax.struct.PyTreeNode):
         *,
         next_obs_store: Any = None,
     ) -> None:
-        # next_obs (dense) is how users build one; next_obs_store is the field itself
-        # (what pytree unflattening and replace() pass).
-        if next_obs is not None and next_obs_store is not None:
-            raise InvalidArgumentError(
-                "Trajectory(next_obs=..., next_obs_store=...): give one of them (next_obs: "
-                "the dense [T, B] next observations)."
-            )
         if valid is None and hasattr(reward, "shape"):
             ones = np.ones if isinstance(reward, np.ndarray) else jax.numpy.ones
             valid = ones(reward.shape, np.bool_)
@@ -179,31 +268,13 @@ class Trajectory(Transitions, flax.struct.PyTreeNode):
             "reward": reward,
             "terminated": terminated,
             "truncated": truncated,
-            "next_obs_store": next_obs if next_obs_store is None else next_obs_store,
             "extras": {} if extras is None else extras,
             "env_id": env_id,
             "episode_id": episode_id,
             "step": step,
             "valid": valid,
         }
-        for name, value in values.items():
-            object.__setattr__(self, name, value)
-
-    @property
-    def is_compact(self) -> bool:
-        return isinstance(self.next_obs_store, (FinalObs, FinalObsRecorder))
-
-    @property
-    def next_obs(self) -> Any:
-        """``[T, B]`` next observations (see the class docstring). On a compact
-        trajectory each access builds a new array of ``obs``'s size; take what you
-        need of it once, or use :meth:`next_value`."""
-        store = self.next_obs_store
-        if isinstance(store, FinalObsRecorder):  # a sample still running (callbacks)
-            store = store.finish()
-        if isinstance(store, FinalObs):
-            return next_obs_store.materialize(self.obs, store, self.num_envs)
-        return store
+        self._set_fields(values, next_obs, next_obs_store)
 
     def env_rows(self, name: str, steps: slice, env: int) -> Any:
         """A copy of field ``name``'s steps ``steps`` of env ``env`` (``next_obs``
@@ -213,48 +284,6 @@ class Trajectory(Transitions, flax.struct.PyTreeNode):
                 self.obs, self.next_obs_store, self.num_envs, steps, env
             )
         return jax.tree.map(lambda x: np.array(x[steps, env]), getattr(self, name))
-
-    def dense(self) -> Trajectory:
-        return self.replace(next_obs_store=self.next_obs) if self.is_compact else self
-
-    def next_value(self, value: Any, value_fn: Any) -> Any:
-        """``V(next_obs)`` as ``[T, B]``, from ``value`` = ``V(obs)`` (``[T, B]``, which
-        a learner computes anyway) and ``value_fn``, called on a batch of observations
-        (``[N, ...]`` per leaf): only on the stored rows of a compact trajectory (padded
-        with zero observations to a power of two, at least 16, so a jitted ``value_fn``
-        compiles for a few shapes), on every row of a dense one. The input
-        :func:`jaxrunner.gae` takes as ``next_value``."""
-        store = self.next_obs_store
-        if not isinstance(store, FinalObs):
-            flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), self.next_obs)
-            return jax.numpy.reshape(value_fn(flat), np.shape(self.reward))
-        num_steps, num_envs = np.shape(self.reward)
-        shifted = jax.numpy.concatenate([value[1:], value[-1:]])
-        rows = len(store.index)
-        if not rows:
-            return shifted
-        # The stored rows padded to a power of two, so a jitted critic compiles for a few
-        # shapes (log2 T*B at most), not for each new number of episode ends.
-        bucket = min(max(16, 1 << (rows - 1).bit_length()), num_steps * num_envs)
-        padded = jax.tree.map(
-            lambda x: np.concatenate([x, np.zeros((bucket - rows, *x.shape[1:]), x.dtype)]),
-            jax.tree.map(np.asarray, store.obs),
-        )
-        stored = jax.numpy.reshape(value_fn(padded), (bucket,))[:rows]
-        return shifted.reshape(-1).at[store.index].set(stored).reshape(num_steps, num_envs)
-
-    def time_slice(self, start: int, stop: int) -> Trajectory:
-        if not self.is_compact:
-            return super().time_slice(start, stop)
-        start, stop, _ = slice(start, stop).indices(self.num_steps)
-        if stop <= start:
-            return self.dense().time_slice(start, stop)
-        store = self.next_obs_store
-        if isinstance(store, FinalObsRecorder):  # the steps of a failed sample
-            store = store.finish(stop)
-        sliced = next_obs_store.time_slice(self.obs, store, self.num_envs, start, stop)
-        rest = self.replace(next_obs_store=None)
-        return jax.tree.map(lambda x: x[start:stop], rest).replace(next_obs_store=sliced)
 
     def split_episodes(self) -> list[Episode]:
         """Splits into episodes, env by env, in time order.
@@ -309,7 +338,7 @@ class Trajectory(Transitions, flax.struct.PyTreeNode):
         return _load(cls, path, max_bytes)
 
 
-def _replace(self: Trajectory, **updates: Any) -> Trajectory:
+def _replace(self: Any, **updates: Any) -> Any:
     """A copy with the given fields replaced (``next_obs=`` replaces the store)."""
     if "next_obs" in updates:
         updates["next_obs_store"] = updates.pop("next_obs")
@@ -361,8 +390,7 @@ def concatenate(trajectories: Sequence[TrajectoryT]) -> TrajectoryT:
         raise InvalidArgumentError(
             "concatenate() needs at least one Trajectory (or MultiAgentTrajectory), got none."
         )
-    compact = all(t.is_compact for t in trajectories)
-    if not compact:
+    if not all(t.is_compact for t in trajectories):
         trajectories = [t.dense() for t in trajectories]
     if any(getattr(t, "valid", True) is None for t in trajectories) and any(
         getattr(t, "valid", None) is not None for t in trajectories
@@ -385,18 +413,37 @@ def concatenate(trajectories: Sequence[TrajectoryT]) -> TrajectoryT:
                 f"concatenate(): trajectory {i} has {traj.num_envs} envs, trajectory 0 has "
                 f"{first.num_envs}; concatenation is along time and needs equal env axes."
             )
-    if not compact:
-        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *trajectories)
-    return cast(TrajectoryT, _join_compact(cast(Sequence[Trajectory], trajectories)))
+    return cast(TrajectoryT, _join(trajectories, axis=0))
 
 
-def _join_compact(trajectories: Sequence[Trajectory]) -> Trajectory:
+def concatenate_envs(trajectories: Sequence[TrajectoryT]) -> TrajectoryT:
+    """Joins trajectories of the same ``T`` along the env axis (``[T, B1 + B2 + ...]``),
+    compact where they all are."""
+    return cast(TrajectoryT, _join(trajectories, axis=1))
+
+
+def _join(trajectories: Sequence[Any], axis: int) -> Any:
+    """Leaf by leaf along ``axis`` (0: time, 1: envs); the stores of compact parts are
+    joined as they are, the rest made dense first."""
+    first = trajectories[0]
+
+    def leaves(parts: Sequence[Any]) -> Any:
+        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=axis), *parts)
+
+    if isinstance(first, MultiAgentTrajectory):
+        groups = {p: _join([t.groups[p] for t in trajectories], axis) for p in first.groups}
+        return leaves([t.replace(groups={}) for t in trajectories]).replace(groups=groups)
+    if not all(t.is_compact for t in trajectories):
+        return leaves([t.dense() for t in trajectories])
     stores = [t.next_obs_store for t in trajectories]
-    lengths = [t.num_steps for t in trajectories]
-    rest = [t.replace(next_obs_store=None) for t in trajectories]
-    joined = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *rest)
-    num_envs = trajectories[0].num_envs
-    return joined.replace(next_obs_store=next_obs_store.concatenate(stores, lengths, num_envs))
+    joined = leaves([t.replace(next_obs_store=None) for t in trajectories])
+    rows = [int(np.prod(np.shape(t.reward)[1:])) for t in trajectories]
+    if axis == 0:
+        lengths = [t.num_steps for t in trajectories]
+        store = next_obs_store.concatenate(stores, lengths, rows[0])
+    else:
+        store = next_obs_store.concatenate_envs(stores, rows)
+    return joined.replace(next_obs_store=store)
 
 
 def _load(cls: type[Trajectory], path: str | os.PathLike[str], max_bytes: int | None) -> Any:
@@ -428,7 +475,7 @@ def _structure_difference(first: TimeMajor, other: TimeMajor, i: int) -> str:
     return text
 
 
-class GroupTrajectory(Transitions, flax.struct.PyTreeNode):
+class GroupTrajectory(StoredNextObs, flax.struct.PyTreeNode):
     """One group's transitions, every field ``[T, B, A_g, ...]``.
 
     Attributes:
@@ -440,7 +487,10 @@ class GroupTrajectory(Transitions, flax.struct.PyTreeNode):
         truncated: the agent's episode was cut (or the env's episode ended while the
             agent was still in it): bootstrap from ``next_obs``.
         next_obs: the agent's next observation: at its next turn, or its final one
-            where its episode ended (never a reset observation).
+            where its episode ended (never a reset observation). A property: a compact
+            trajectory (``EnvRunner(..., compact_next_obs=True)``) stores only the slots
+            where it is not the obs at the slot's next valid row (``next_obs_store``, a
+            ``FinalObs`` over the flat slots ``(t * B + b) * A_g + a``).
         extras: policy outputs of the action (``log_prob``, ``value``, ...).
         valid: bool, False where the slot holds no transition (the agent was absent,
             had left, or waited for its turn). Every other field is zero there.
@@ -452,10 +502,51 @@ class GroupTrajectory(Transitions, flax.struct.PyTreeNode):
     reward: HostOrDevice
     terminated: HostOrDevice
     truncated: HostOrDevice
-    next_obs: Any
+    next_obs_store: Any
     extras: dict[str, Any]
     valid: HostOrDevice
     agent_step: HostOrDevice
+
+    def __init__(
+        self,
+        obs: Any,
+        action: Any,
+        reward: HostOrDevice,
+        terminated: HostOrDevice,
+        truncated: HostOrDevice,
+        next_obs: Any = None,
+        extras: dict[str, Any] | None = None,
+        valid: HostOrDevice | None = None,
+        agent_step: HostOrDevice | None = None,
+        *,
+        next_obs_store: Any = None,
+    ) -> None:
+        values = {
+            "obs": obs,
+            "action": action,
+            "reward": reward,
+            "terminated": terminated,
+            "truncated": truncated,
+            "extras": {} if extras is None else extras,
+            "valid": valid,
+            "agent_step": agent_step,
+        }
+        self._set_fields(values, next_obs, next_obs_store)
+
+    def _turns(self) -> np.ndarray:
+        return np.asarray(self.valid)
+
+
+GroupTrajectory.replace = _replace  # type: ignore[method-assign]
+
+
+def compact_group(group: GroupTrajectory) -> GroupTrajectory:
+    """``group`` (host arrays) with ``next_obs`` stored only where it is not the obs at
+    the slot's next valid row."""
+    if group.is_compact:
+        return group
+    store = next_obs_store.compact(group.obs, group.next_obs_store, group._turns())
+    return group.replace(next_obs_store=store)
 
 
 class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
@@ -484,6 +575,20 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
     env_done: np.ndarray
     agents: dict[str, tuple[str, ...]] = flax.struct.field(pytree_node=False)
     valid: np.ndarray | None = None
+
+    @property
+    def is_compact(self) -> bool:
+        return any(g.is_compact for g in self.groups.values())
+
+    def dense(self) -> MultiAgentTrajectory:
+        if not self.is_compact:
+            return self
+        return self.replace(groups={p: g.dense() for p, g in self.groups.items()})
+
+    def time_slice(self, start: int, stop: int) -> MultiAgentTrajectory:
+        env_level = super(MultiAgentTrajectory, self.replace(groups={})).time_slice(start, stop)
+        groups = {p: g.time_slice(start, stop) for p, g in self.groups.items()}
+        return env_level.replace(groups=groups)
 
     def env_rows(self, name: str, steps: slice, env: int) -> dict[str, Any]:
         """Policy id -> a copy of its group's field ``name`` at steps ``steps`` of env
@@ -562,7 +667,7 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
         still running at the end are not ``is_done``; those begun before the first
         step (``start_step > 0``) are not ``is_complete``; those a failed step of their
         env cut (``valid``) end there, ``faulty`` and ``truncated``."""
-        host = self.to_numpy()
+        host = self.dense().to_numpy()
         episodes = []
         failed = [
             np.zeros(0, np.int64) if host.valid is None else np.flatnonzero(~host.valid[:, b])
@@ -587,7 +692,9 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
 
 
 _ENV_FIELDS = ("env_id", "episode_id", "step", "env_done", "valid")
-_GROUP_FIELDS = tuple(GroupTrajectory.__dataclass_fields__)
+_GROUP_FIELDS = tuple(
+    "next_obs" if n == "next_obs_store" else n for n in GroupTrajectory.__dataclass_fields__
+)  # the file holds next_obs dense
 
 
 def _agents_of(groups: Any, error: ErrorFn) -> dict[str, tuple[str, ...]]:

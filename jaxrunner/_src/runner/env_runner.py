@@ -78,8 +78,9 @@ class EnvRunner:
             Host backends; multi-agent: ``[T, B, A_g]`` in each group's extras, lined up
             with ``valid``. The rules: docs/concepts.md, "Infos as arrays".
         compact_next_obs: store ``traj.next_obs`` only where it is not the next step's
-            ``obs``, and build it from ``obs`` when it is read: half the memory of image
-            observations (docs/concepts.md, "Memory"). Single-agent host backends.
+            ``obs`` (multi-agent: the obs at the agent slot's next valid row), and build
+            it from ``obs`` when it is read: half the memory of image observations
+            (docs/concepts.md, "Memory"). Host backends.
         connectors: optional :class:`~jaxrunner.connectors.Connectors` (observation
             normalization, frame stacking, reward scaling, action rescaling), run on
             device inside the compiled policy step; initialise the policy on
@@ -115,9 +116,7 @@ class EnvRunner:
         policies, by_id = check_arguments(
             envs, self.kind, policy, params, rollout_length, seed, callbacks, num_splits
         )
-        self.info_keys: InfoKeys = check_host_options(
-            envs, info_keys, compact_next_obs, self.multi_agent
-        )
+        self.info_keys: InfoKeys = check_host_options(envs, info_keys, compact_next_obs)
         self.compact_next_obs = compact_next_obs
         self.connectors: Any
         """As given: a ``Connectors`` or None; multi-agent: a dict by policy id of the

@@ -156,18 +156,12 @@ def vector_wrapper_hint(envs: Any) -> str:
 
 
 def check_host_options(
-    envs: Any, info_keys: Sequence[str] | str, compact_next_obs: Any, multi_agent: bool
+    envs: Any, info_keys: Sequence[str] | str, compact_next_obs: Any
 ) -> InfoKeys:
     """Checks the options only host backends take; returns the info keys, checked."""
     runner = "EnvRunner"
     info_keys = check_info_keys(info_keys, runner)
     check_bool(runner, "compact_next_obs", compact_next_obs)
-    if compact_next_obs and multi_agent:
-        raise InvalidArgumentError(
-            f"{runner}(compact_next_obs=True): a multi-agent env's trajectory stores every "
-            "group's next_obs in full (compact storage is single-agent for now); leave "
-            "compact_next_obs=False."
-        )
     if compact_next_obs and isinstance(envs, JaxVectorEnv):
         raise InvalidArgumentError(
             f"{runner}(compact_next_obs=True): a pure-JAX env's trajectory is built on "

@@ -106,6 +106,7 @@ class AgentGroups:
             runner.state.metrics,
             connectors=runner._connectors,
             info_keys=runner.info_keys,
+            compact_next_obs=runner.compact_next_obs,
         )
 
     def sampler(self, runner: Runner, num_splits: Any) -> Any:

@@ -267,7 +267,9 @@ class GroupSampler:
             mine = [infos[i].get(agents[j], {}) for i, j in zip(b.tolist(), a.tolist())]
             self.infos.record(traj.extras, t, rows, mine)  # type: ignore[union-attr]
 
-    def allocate(self, num_steps: int) -> GroupTrajectory:
+    def allocate(self, num_steps: int, next_obs: bool = True) -> GroupTrajectory:
+        """Zeroed ``[T, B, A_g]`` buffers (``next_obs=False``: without that field, for a
+        compact sampler's scratch to fill)."""
         shape = (num_steps, self.num_envs, self.group.num_agents)
         space = self.group.observation_space
         extras = jax.tree.map(lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.extras_spec)
@@ -281,7 +283,7 @@ class GroupSampler:
             reward=np.zeros(shape, np.float64),
             terminated=np.zeros(shape, np.bool_),
             truncated=np.zeros(shape, np.bool_),
-            next_obs=space_arrays.allocate(space, shape),
+            next_obs=space_arrays.allocate(space, shape) if next_obs else None,
             extras=extras,
             valid=np.zeros(shape, np.bool_),
             agent_step=np.zeros(shape, np.int64),

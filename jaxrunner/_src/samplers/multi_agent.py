@@ -16,7 +16,7 @@ from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.core.metrics import PERF_KEYS, RunnerMetrics
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.core.trajectory import MultiAgentTrajectory
+from jaxrunner._src.core.trajectory import MultiAgentTrajectory, compact_group
 from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
 from jaxrunner._src.samplers.callbacks import LiveEpisode
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
@@ -48,6 +48,9 @@ class MultiAgentSetup:
     """Policy id -> the connectors of its group (groups without connectors absent)."""
     info_keys: InfoKeys = ()
     """Info entries recorded as ``[T, B, A_g]`` arrays per group, or ``"all"``."""
+    compact_next_obs: bool = False
+    """Each group's ``next_obs`` stored only where it is not the obs at the slot's next
+    valid row (written densely into one scratch per group, compacted as a sample ends)."""
 
 
 ON_AGENT_STEP_HINT = (
@@ -71,7 +74,8 @@ class EnvLevel:
 
 class GroupBufferPool(ReusedBuffers):
     """The :class:`MultiAgentTrajectory` buffers of the multi-agent sampler: each group's
-    ``[T, B, A_g]`` arrays and the env-level ``[T, B]`` ones (see :class:`ReusedBuffers`)."""
+    ``[T, B, A_g]`` arrays and the env-level ``[T, B]`` ones (see :class:`ReusedBuffers`).
+    ``compact``: every sample writes its dense ``next_obs`` into the same scratch."""
 
     def __init__(
         self,
@@ -79,6 +83,7 @@ class GroupBufferPool(ReusedBuffers):
         agents: dict[str, tuple[str, ...]],
         num_steps: int,
         num_envs: int,
+        compact: bool,
     ) -> None:
         super().__init__()
         self._groups, self._agents = groups, agents
@@ -86,11 +91,32 @@ class GroupBufferPool(ReusedBuffers):
         self._own_extras = {
             pid: policy_extras_keys(gs.extras_spec, gs.infos) for pid, gs in groups.items()
         }
+        self._scratch = None
+        if compact:
+            self._scratch = {
+                pid: gs.allocate(num_steps).next_obs_store for pid, gs in groups.items()
+            }
+
+    @property
+    def compact(self) -> bool:
+        return self._scratch is not None
+
+    def take(self) -> MultiAgentTrajectory:
+        buf = super().take()
+        if self._scratch is None:
+            return buf
+        for leaf in jax.tree.leaves(self._scratch):
+            leaf.fill(0)
+        groups = {
+            pid: g.replace(next_obs_store=self._scratch[pid]) for pid, g in buf.groups.items()
+        }
+        return buf.replace(groups=groups)
 
     def _allocate(self) -> MultiAgentTrajectory:
         shape = (self._num_steps, self._num_envs)
+        dense = self._scratch is None
         return MultiAgentTrajectory(
-            groups={pid: gs.allocate(self._num_steps) for pid, gs in self._groups.items()},
+            groups={pid: gs.allocate(self._num_steps, dense) for pid, gs in self._groups.items()},
             env_id=np.broadcast_to(np.arange(self._num_envs, dtype=np.int64), shape).copy(),
             episode_id=np.zeros(shape, np.int64),
             step=np.zeros(shape, np.int64),
@@ -108,7 +134,10 @@ class GroupBufferPool(ReusedBuffers):
                 for k, v in group.extras.items()
                 if infos is None or k not in (INFOS, INFOS_PRESENT)
             }
-            for leaf in jax.tree.leaves(group.replace(extras=mine)):
+            kept = group.replace(extras=mine)
+            if self._scratch is not None:  # a compact store: replaced by the scratch
+                kept = kept.replace(next_obs_store=None)
+            for leaf in jax.tree.leaves(kept):
                 leaf.fill(0)
             if infos is not None:
                 infos.clear(group.extras)
@@ -132,7 +161,8 @@ class GroupBufferPool(ReusedBuffers):
                 fields.append(None)  # a group left out: not the trajectory handed out
                 continue
             extras = g.extras if isinstance(g.extras, dict) else {}
-            fields += [g.obs, g.action, g.reward, g.terminated, g.truncated, g.next_obs]
+            next_obs = None if self._scratch is not None else g.next_obs_store
+            fields += [g.obs, g.action, g.reward, g.terminated, g.truncated, next_obs]
             fields += [[extras.get(k) for k in keys], g.valid, g.agent_step]
         return jax.tree.leaves(fields)
 
@@ -211,7 +241,9 @@ class MultiAgentSampler:
         self._t = np.zeros(num_envs, np.int64)
         """Steps each env has taken in this sample (its next slot)."""
         self.agents = {g.policy_id: g.agents for g in envs.groups}
-        self._pool = GroupBufferPool(self.groups, self.agents, self.rollout_length, num_envs)
+        self._pool = GroupBufferPool(
+            self.groups, self.agents, self.rollout_length, num_envs, setup.compact_next_obs
+        )
         self.callbacks, self._runner = None, runner
         """The hooks per env episode, when some are overridden (else None: no live
         episodes are kept)."""
@@ -468,6 +500,8 @@ class MultiAgentSampler:
             self.metrics.add_group_counts(pid, steps, gs.close(group, t, aborted))
             if gs.infos is not None:  # every name reported so far, in every group
                 gs.infos.complete(group.extras)
-        if t == self.rollout_length:
-            return traj
-        return jax.tree.map(lambda x: x[:t], traj)
+        if t < self.rollout_length:
+            traj = jax.tree.map(lambda x: x[:t], traj)
+        if self._pool.compact:  # the scratch is the next sample's: only copies go out
+            traj = traj.replace(groups={p: compact_group(g) for p, g in traj.groups.items()})
+        return traj

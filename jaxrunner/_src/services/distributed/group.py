@@ -13,9 +13,8 @@ import numpy as np
 
 from jaxrunner._src.backends.ray import import_ray
 from jaxrunner._src.connectors.moments import Moments, merge_all
-from jaxrunner._src.core import next_obs_store
 from jaxrunner._src.core.policy import Params
-from jaxrunner._src.core.trajectory import Trajectory
+from jaxrunner._src.core.trajectory import Trajectory, concatenate_envs
 from jaxrunner._src.services.distributed.config import EnvRunnerGroupConfig, PolicyFactory
 from jaxrunner._src.services.distributed.worker import RunnerWorker
 from jaxrunner.errors import InvalidArgumentError, RemoteTimeoutError, RunnerFailedError
@@ -34,20 +33,6 @@ class _Slot:
     @property
     def healthy(self) -> bool:
         return self.ready_ref is None
-
-
-def concatenate_envs(trajectories: list[Any]) -> Any:
-    """Joins trajectories of the same T along the env axis (``[T, B1 + B2 + ...]``);
-    compact if they all are."""
-    if not all(isinstance(t, Trajectory) and t.is_compact for t in trajectories):
-        # Multi-agent samples, or dense ones: every leaf [T, B, ...].
-        trajectories = [t.dense() if isinstance(t, Trajectory) else t for t in trajectories]
-        return jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *trajectories)
-    rest = [t.replace(next_obs_store=None) for t in trajectories]
-    joined = jax.tree.map(lambda *xs: np.concatenate(xs, axis=1), *rest)
-    widths = [t.num_envs for t in trajectories]
-    stores = [t.next_obs_store for t in trajectories]
-    return joined.replace(next_obs_store=next_obs_store.concatenate_envs(stores, widths))
 
 
 class EnvRunnerGroup:
