@@ -48,10 +48,12 @@ if TYPE_CHECKING:
     from jaxrunner._src.checkpoints.checkpoint import RestoreReport
     from jaxrunner._src.core.episode import AgentEpisode, Episode, concatenate_episodes
     from jaxrunner._src.core.metrics import MetricsConfig
+    from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
     from jaxrunner._src.core.policy import Policy
     from jaxrunner._src.core.returns import GAE, discounted_returns, gae
     from jaxrunner._src.core.seeds import env_seeds
-    from jaxrunner._src.core.trajectory import MultiAgentTrajectory, Trajectory, concatenate
+    from jaxrunner._src.core.time_major import concatenate
+    from jaxrunner._src.core.trajectory import Trajectory
     from jaxrunner._src.runner.env_runner import EnvRunner, MultiAgentRunner
     from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
     from jaxrunner._src.services.datasets import from_minari, to_minari
@@ -81,7 +83,9 @@ _SOURCES = {
     "jaxrunner._src.core.policy": "Policy",
     "jaxrunner._src.core.returns": "GAE discounted_returns gae",
     "jaxrunner._src.core.seeds": "env_seeds",
-    "jaxrunner._src.core.trajectory": "MultiAgentTrajectory Trajectory concatenate",
+    "jaxrunner._src.core.multi_agent_trajectory": "MultiAgentTrajectory",
+    "jaxrunner._src.core.time_major": "concatenate",
+    "jaxrunner._src.core.trajectory": "Trajectory",
     "jaxrunner._src.runner.env_runner": "EnvRunner MultiAgentRunner",
     "jaxrunner._src.samplers.callbacks": "Callbacks LiveEpisode",
     "jaxrunner._src.services.datasets": "from_minari to_minari",

@@ -13,9 +13,9 @@ from jaxrunner._src.core.agent_groups import (
     default_policy_mapping,
 )
 from jaxrunner._src.core.episode import concatenate_agent_episodes
+from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory
 from jaxrunner._src.core.policy_pool import pool_params, pooled_policy
 from jaxrunner._src.core.returns import group_gae
-from jaxrunner._src.core.trajectory import GroupTrajectory
 from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks
 from jaxrunner._src.services.evaluation import MultiAgentEvaluationResult
 from jaxrunner._src.services.external.multi_agent_env import MultiAgentExternalEnv

@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrunner._src.arg_checks import check_bool
-from jaxrunner._src.core.trajectory import GroupTrajectory, Trajectory
+from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory
+from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 ArrayLike = Any

@@ -20,9 +20,10 @@ from jaxrunner._src.checkpoints.checkpoint_file import MAX_RESTORE_BYTES
 from jaxrunner._src.connectors.per_group import GroupConnectors
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.metrics import MetricsConfig
+from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params, Policy, check_params_like
 from jaxrunner._src.core.runner_state import RunnerState
-from jaxrunner._src.core.trajectory import MultiAgentTrajectory, Trajectory
+from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.runner.auto_layout import from_env
 from jaxrunner._src.runner.env_runner_checks import check_arguments, check_host_options
 from jaxrunner._src.runner.kinds import kind_of

@@ -14,8 +14,8 @@ from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.connectors.sample_end import SampleEnd
 from jaxrunner._src.core.agent_groups import AgentGroup
+from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.core.trajectory import GroupTrajectory
 from jaxrunner._src.samplers.agent_episodes import agent_episode_ends, agent_steps
 from jaxrunner._src.samplers.info_arrays import InfoRecorder, policy_extras
 from jaxrunner._src.samplers.multi_agent_state import GroupState

@@ -15,8 +15,8 @@ from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgent
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.core.metrics import PERF_KEYS, RunnerMetrics
+from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory, compact_group
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.core.trajectory import MultiAgentTrajectory, compact_group
 from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
 from jaxrunner._src.samplers.callbacks import LiveEpisode
 from jaxrunner._src.samplers.episode_ids import EpisodeBook

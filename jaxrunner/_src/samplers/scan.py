@@ -25,8 +25,9 @@ from jaxrunner._src.connectors.pipeline import (
     finish_group_sample,
 )
 from jaxrunner._src.connectors.state_rows import device_copy
+from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory, MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.core.trajectory import GroupTrajectory, MultiAgentTrajectory, Trajectory
+from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.samplers.agent_episodes import agent_episode_ends
 from jaxrunner._src.samplers.env_streams import (
     env_roots,

@@ -14,7 +14,8 @@ import numpy as np
 from jaxrunner._src.backends.ray import import_ray
 from jaxrunner._src.connectors.moments import Moments, merge_all
 from jaxrunner._src.core.policy import Params
-from jaxrunner._src.core.trajectory import Trajectory, concatenate_envs
+from jaxrunner._src.core.time_major import concatenate_envs
+from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.services.distributed.config import EnvRunnerGroupConfig, PolicyFactory
 from jaxrunner._src.services.distributed.worker import RunnerWorker
 from jaxrunner.errors import InvalidArgumentError, RemoteTimeoutError, RunnerFailedError

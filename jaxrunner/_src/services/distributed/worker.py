@@ -13,8 +13,9 @@ import numpy as np
 from jaxrunner._src.backends import make_vec
 from jaxrunner._src.backends.capabilities import is_multi_agent
 from jaxrunner._src.connectors.moments import Moments, set_statistics, take_deltas
+from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params
-from jaxrunner._src.core.trajectory import MultiAgentTrajectory, Trajectory
+from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.runner.env_runner import EnvRunner
 from jaxrunner._src.services.distributed.config import (
     EPISODE_ID_BITS,

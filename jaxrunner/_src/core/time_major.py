@@ -1,0 +1,276 @@
+"""What every trajectory shares: ``[T, B, ...]`` fields sliced and joined along time or
+envs, numpy conversion, ``.npz`` files, and ``next_obs`` stored in full or compact."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Self, TypeVar
+
+import jax
+import numpy as np
+
+from jaxrunner._src.core import next_obs_store
+from jaxrunner._src.core.next_obs_store import FinalObs, FinalObsRecorder
+from jaxrunner._src.core.trajectory_file import encode_tree, write_file
+from jaxrunner.errors import InvalidArgumentError
+
+VERSION = 1
+"""The version of the trajectory file formats."""
+MAX_LOAD_BYTES = 1 << 33
+"""The ``load`` methods' default cap on the arrays' memory (8 GiB)."""
+
+HostOrDevice = np.ndarray | jax.Array
+"""A field's arrays: numpy from host samplers, jax.Array from the on-device scan (and
+inside its compiled functions)."""
+
+
+class TimeMajor:
+    """What every trajectory has: fields ``[T, B, ...]`` (the ``_lead`` field exactly
+    ``[T, B]``), sliced and joined along time, converted to numpy, saved to ``.npz``."""
+
+    _lead: ClassVar[str] = "reward"
+    _FORMAT: ClassVar[str]
+
+    @property
+    def num_steps(self) -> int:
+        """T, the length of the time axis."""
+        return int(getattr(self, self._lead).shape[0])
+
+    @property
+    def num_envs(self) -> int:
+        """B, the length of the env axis."""
+        return int(getattr(self, self._lead).shape[1])
+
+    @property
+    def is_compact(self) -> bool:
+        """Only the next observations that are not the next step's are stored."""
+        return False
+
+    def dense(self) -> Self:
+        """This trajectory with ``next_obs`` stored in full (itself if it is)."""
+        return self
+
+    def to_numpy(self) -> Self:
+        """The same trajectory with every leaf a numpy array (device -> host)."""
+        return jax.tree.map(np.asarray, jax.device_get(self))
+
+    def time_slice(self, start: int, stop: int) -> Self:
+        """Steps ``start:stop`` of every field."""
+        return jax.tree.map(lambda x: x[start:stop], self)
+
+    @classmethod
+    def _aligned(cls, parts: Sequence[Self]) -> Sequence[Self]:
+        """``parts`` with the same optional fields, so their trees can be joined."""
+        return parts
+
+    @classmethod
+    def _joined(cls, parts: Sequence[Self], axis: int) -> Self:
+        """``parts`` joined leaf by leaf along ``axis`` (0: time, 1: envs)."""
+        return concatenate_leaves([p.dense() for p in parts], axis)
+
+    def _save(
+        self, path: str | os.PathLike[str], names: Sequence[str], **more: Callable[..., Any]
+    ) -> None:
+        """Writes the fields ``names`` to one ``.npz``, then each entry ``more[key](arrays)``
+        of the spec (its arrays added to ``arrays``, after the fields')."""
+        arrays: dict[str, np.ndarray] = {}
+        fields = {name: encode_tree(getattr(self, name), arrays) for name in names}
+        spec = {"format": self._FORMAT, "version": VERSION, "fields": fields}
+        write_file(path, spec | {key: entry(arrays) for key, entry in more.items()}, arrays)
+
+
+TrajectoryT = TypeVar("TrajectoryT", bound=TimeMajor)
+
+
+class Transitions(TimeMajor):
+    """Trajectory fields that hold transitions (``terminated``, ``truncated``)."""
+
+    terminated: Any
+    truncated: Any
+
+    @property
+    def done(self) -> np.ndarray:
+        """``terminated | truncated``: where an episode ended."""
+        return np.logical_or(self.terminated, self.truncated)
+
+
+class StoredNextObs(Transitions):
+    """``next_obs`` as a property over the field ``next_obs_store``: the dense array, or
+    a compact trajectory's :class:`FinalObs`, from which it is built on demand."""
+
+    obs: Any
+    reward: Any
+    next_obs_store: Any
+
+    def _set_fields(self, values: dict[str, Any], next_obs: Any, next_obs_store: Any) -> None:
+        # next_obs (dense) is how users build one; next_obs_store is the field itself
+        # (what pytree unflattening and replace() pass).
+        if next_obs is not None and next_obs_store is not None:
+            raise InvalidArgumentError(
+                f"{type(self).__name__}(next_obs=..., next_obs_store=...): give one of "
+                "them (next_obs: the dense next observations)."
+            )
+        values["next_obs_store"] = next_obs if next_obs_store is None else next_obs_store
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def is_compact(self) -> bool:
+        return isinstance(self.next_obs_store, (FinalObs, FinalObsRecorder))
+
+    @property
+    def next_obs(self) -> Any:
+        """The next observations (see the class docstring). On a compact trajectory each
+        access builds a new array of ``obs``'s size; take what you need of it once, or
+        use :meth:`next_value`."""
+        store = self.next_obs_store
+        if isinstance(store, FinalObsRecorder):  # a sample still running (callbacks)
+            store = store.finish()
+        if isinstance(store, FinalObs):
+            return self._materialize(store)
+        return store
+
+    def _turns(self) -> np.ndarray | None:
+        """A group's ``valid``, whose next valid row holds each slot's next observation
+        (None: the next step's row does, as for a single-agent trajectory)."""
+        return None
+
+    def _materialize(self, store: FinalObs) -> Any:
+        return next_obs_store.materialize(self.obs, store, self.num_envs, self._turns())
+
+    def _following_value(self, value: Any) -> Any:
+        """Each slot's ``value`` at the row whose ``obs`` is its next observation."""
+        turns = self._turns()
+        if turns is None:
+            return jax.numpy.concatenate([value[1:], value[-1:]])
+        following = next_obs_store.following(np.asarray(value), turns)
+        return jax.numpy.asarray(following.reshape(turns.shape))
+
+    def dense(self) -> Self:
+        return self.replace(next_obs_store=self.next_obs) if self.is_compact else self  # type: ignore[attr-defined]
+
+    def next_value(self, value: Any, value_fn: Any) -> Any:
+        """``V(next_obs)``, of the reward's shape, from ``value`` = ``V(obs)`` (which a
+        learner computes anyway) and ``value_fn``, called on a batch of observations
+        (``[N, ...]`` per leaf): only on the stored rows of a compact trajectory (padded
+        with zero observations to a power of two, at least 16, so a jitted ``value_fn``
+        compiles for a few shapes), on every row of a dense one. The input
+        :func:`jaxrunner.gae` takes as ``next_value``."""
+        lead = np.shape(self.reward)
+        store = self.next_obs_store
+        if not isinstance(store, FinalObs):
+            flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[len(lead) :]), self.next_obs)
+            return jax.numpy.reshape(value_fn(flat), lead)
+        following = self._following_value(value)
+        rows = len(store.index)
+        if not rows:
+            return following
+        # The stored rows padded to a power of two, so a jitted critic compiles for a few
+        # shapes (log2 T*B at most), not for each new number of episode ends.
+        bucket = min(max(16, 1 << (rows - 1).bit_length()), int(np.prod(lead)))
+        padded = jax.tree.map(
+            lambda x: np.concatenate([x, np.zeros((bucket - rows, *x.shape[1:]), x.dtype)]),
+            jax.tree.map(np.asarray, store.obs),
+        )
+        stored = jax.numpy.reshape(value_fn(padded), (bucket,))[:rows]
+        return following.reshape(-1).at[store.index].set(stored).reshape(lead)
+
+    @classmethod
+    def _joined(cls, parts: Sequence[Self], axis: int) -> Self:
+        # Compact parts keep their stores, joined as they are.
+        if not all(p.is_compact for p in parts):
+            return super()._joined(parts, axis)
+        stores = [p.next_obs_store for p in parts]
+        joined = concatenate_leaves([p.replace(next_obs_store=None) for p in parts], axis)  # type: ignore[attr-defined]
+        rows = [int(np.prod(np.shape(p.reward)[1:])) for p in parts]
+        if axis == 0:
+            lengths = [p.num_steps for p in parts]
+            store = next_obs_store.concatenate(stores, lengths, rows[0])
+        else:
+            store = next_obs_store.concatenate_envs(stores, rows)
+        return joined.replace(next_obs_store=store)
+
+    def time_slice(self, start: int, stop: int) -> Self:
+        if not self.is_compact:
+            return super().time_slice(start, stop)
+        start, stop, _ = slice(start, stop).indices(self.num_steps)
+        if stop <= start:
+            return self.dense().time_slice(start, stop)
+        store = self.next_obs_store
+        if isinstance(store, FinalObsRecorder):  # the steps of a failed sample
+            store = store.finish(stop)
+        rows = int(np.prod(np.shape(self.reward)[1:]))
+        sliced = next_obs_store.time_slice(self.obs, store, rows, start, stop, self._turns())
+        rest = self.replace(next_obs_store=None)  # type: ignore[attr-defined]
+        return jax.tree.map(lambda x: x[start:stop], rest).replace(next_obs_store=sliced)
+
+
+def replace_fields(self: Any, **updates: Any) -> Any:
+    """A copy with the given fields replaced (``next_obs=`` replaces the store)."""
+    if "next_obs" in updates:
+        updates["next_obs_store"] = updates.pop("next_obs")
+    return dataclasses.replace(self, **updates)
+
+
+# After the class: flax's dataclass transform sets its own replace on the class.
+
+
+def concatenate(trajectories: Sequence[TrajectoryT]) -> TrajectoryT:
+    """Joins trajectories of the same envs along time (``[T1 + T2 + ..., B]``): each a
+    :class:`Trajectory` (the result compact if they all are), or each a
+    :class:`MultiAgentTrajectory` of the same groups."""
+    if not trajectories:
+        raise InvalidArgumentError(
+            "concatenate() needs at least one Trajectory (or MultiAgentTrajectory), got none."
+        )
+    if not all(t.is_compact for t in trajectories):
+        trajectories = [t.dense() for t in trajectories]
+    first = trajectories[0]
+    trajectories = type(first)._aligned(trajectories)
+    structure = jax.tree.structure(first)
+    for i, traj in enumerate(trajectories):
+        if jax.tree.structure(traj) != structure:
+            raise InvalidArgumentError(
+                f"concatenate(): trajectory {i} has a different structure (observation, "
+                "extras or group fields) than trajectory 0; only trajectories of the same "
+                f"runner or spaces can be joined.{_structure_difference(first, traj, i)}"
+            )
+        if traj.num_envs != first.num_envs:
+            raise InvalidArgumentError(
+                f"concatenate(): trajectory {i} has {traj.num_envs} envs, trajectory 0 has "
+                f"{first.num_envs}; concatenation is along time and needs equal env axes."
+            )
+    return type(first)._joined(trajectories, 0)
+
+
+def concatenate_envs(trajectories: Sequence[TrajectoryT]) -> TrajectoryT:
+    """Joins trajectories of the same ``T`` along the env axis (``[T, B1 + B2 + ...]``),
+    compact where they all are."""
+    return type(trajectories[0])._joined(trajectories, 1)
+
+
+def concatenate_leaves(parts: Sequence[Any], axis: int) -> Any:
+    """Pytrees of the same structure joined leaf by leaf along ``axis``."""
+    return jax.tree.map(lambda *xs: np.concatenate(xs, axis=axis), *parts)
+
+
+def _structure_difference(first: TimeMajor, other: TimeMajor, i: int) -> str:
+    """The leaves only one of two trajectories has, for :func:`concatenate`'s error."""
+
+    def paths(traj: TimeMajor) -> set[str]:
+        return {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(traj)[0]}
+
+    ours, theirs = paths(first), paths(other)
+    only = sorted(theirs - ours)[:3], sorted(ours - theirs)[:3]
+    text = (f" Only in trajectory {i}: {only[0]}." if only[0] else "") + (
+        f" Only in trajectory 0: {only[1]}." if only[1] else ""
+    )
+    if any("infos" in path for path in (*only[0], *only[1])):
+        text += (
+            " With info_keys='all' a runner records an info entry from the sample where an "
+            "env first reports it: list the entries in info_keys for the same set in every "
+            "sample."
+        )
+    return text
