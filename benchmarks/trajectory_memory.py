@@ -2,7 +2,8 @@
 
 Four runners on the same envs and policy (``--workload pong``: ALE/Pong-v5
 preprocessed, uint8 84x84x4 stacked frames, NatureCNN; ``cartpole``: CartPole-v1, the
-64-64 MLP), sync backend, at ``--num-envs`` and ``--rollout-length``:
+64-64 MLP; ``mpe``: the multi-agent MPE simple_spread_v3, 3 agents, one shared 64-64
+MLP), sync backend, at ``--num-envs`` and ``--rollout-length``:
 
 * ``dense``: the default, a new ``[T, B]`` buffer per sample with ``next_obs`` in full;
 * ``compact``: ``EnvRunner(compact_next_obs=True)``;
@@ -47,11 +48,23 @@ def _nbytes(traj: jr.Trajectory) -> int:
     return sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(traj))
 
 
+def _simple_spread() -> object:
+    from mpe2 import simple_spread_v3
+
+    return simple_spread_v3.parallel_env(N=3, max_cycles=25)
+
+
 def _system(name: str, workload: str, num_envs: int, length: int) -> Callable[[], dict]:
-    spec = get_workload(workload)
-    envs = jr.make_vec(spec.make, num_envs)
-    policy = spec.policy(envs.single_observation_space, envs.single_action_space)
-    params = policy.init(jax.random.key(SEED), envs.single_observation_space)
+    if workload == "mpe":
+        envs = jr.make_vec(_simple_spread, num_envs)
+        (group,) = envs.groups
+        policy = jr.models.mlp_policy(group.action_space)
+        params = policy.init(jax.random.key(SEED), group.observation_space)
+    else:
+        spec = get_workload(workload)
+        envs = jr.make_vec(spec.make, num_envs)
+        policy = spec.policy(envs.single_observation_space, envs.single_action_space)
+        params = policy.init(jax.random.key(SEED), envs.single_observation_space)
     runner = jr.EnvRunner(
         envs, policy, params, length, SEED, compact_next_obs=name.startswith("compact")
     )
@@ -67,7 +80,7 @@ def _system(name: str, workload: str, num_envs: int, length: int) -> Callable[[]
         metrics = runner.get_metrics()
         result = {
             "seconds": seconds,
-            "steps_per_s": num_envs * length / seconds,
+            "steps_per_s": num_envs * length / seconds,  # env steps
             "trajectory_bytes": _nbytes(traj),
             "peak_new_bytes": peak,
             "obs_processing_ms": metrics["perf"]["obs_processing_ms"],
@@ -106,7 +119,7 @@ def measure(workload: str, num_envs: int, length: int, rounds: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", default="pong", choices=("pong", "cartpole"))
+    parser.add_argument("--workload", default="pong", choices=("pong", "cartpole", "mpe"))
     parser.add_argument("--num-envs", type=int, default=16)
     parser.add_argument("--rollout-length", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5)

@@ -120,12 +120,27 @@ def compact(obs: Any, next_obs: Any, valid: np.ndarray) -> FinalObs:
     """The store of a group's dense ``next_obs`` (``[T, B, A_g]`` numpy, as ``obs`` and
     ``valid``): the slots whose next observation is not, bitwise, their obs at their
     next valid row (zero where they have none), and every valid slot with no next row."""
-    valid2 = valid.reshape(len(valid), -1)
-    stored = valid2 & (next_rows(valid2) == len(valid))
-    for n, f in zip(jax.tree.leaves(next_obs), jax.tree.leaves(following(obs, valid))):
-        stored |= _differs(n.reshape(stored.shape + n.shape[valid.ndim :]), f)
+    num_steps, extra = len(valid), valid.ndim
+    valid2 = valid.reshape(num_steps, -1)
+    after = next_rows(valid2)
+    stored = valid2 & (after == num_steps)
+    pairs = [
+        (o.reshape(valid2.shape + o.shape[extra:]), n.reshape(valid2.shape + n.shape[extra:]))
+        for o, n in zip(jax.tree.leaves(obs), jax.tree.leaves(next_obs))
+    ]
+    # A sixteenth of the steps at a time: the temporaries stay small beside the buffers.
+    chunk = max(1, num_steps // 16)
+    for lo in range(0, num_steps, chunk):
+        part = slice(lo, lo + chunk)
+        t, r = np.nonzero(valid2[part] & (after[part] < num_steps))
+        t += lo
+        z, q = np.nonzero(~valid2[part])  # no transition: must be zero
+        z += lo
+        for o, n in pairs:
+            stored[t, r] |= _differs(n[t, r], o[after[t, r], r])
+            stored[z, q] |= _differs(n[z, q])
     index = np.flatnonzero(stored)
-    rows = jax.tree.map(lambda n: n.reshape(stored.size, *n.shape[valid.ndim :])[index], next_obs)
+    rows = jax.tree.map(lambda n: n.reshape(stored.size, *n.shape[extra:])[index], next_obs)
     return FinalObs(index=index, obs=rows)
 
 
@@ -154,11 +169,18 @@ def following(obs: Any, valid: np.ndarray) -> Any:
     return jax.tree.map(one, obs)
 
 
-def _differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``[T, R]``: the rows of ``a`` and ``b`` that differ in any byte (NaNs compare)."""
-    lead = a.shape[:2]
-    bits = [np.ascontiguousarray(x).reshape(*lead, -1).view(np.uint8) for x in (a, b)]
-    return (bits[0] != bits[1]).any(axis=-1)
+def _differs(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """``[K]``: the rows of ``a`` (``[K, ...]``) that differ in any bit from those of ``b``
+    (None: zeros). Bits, not values: NaNs and -0.0 compare too."""
+    if a.size == 0:
+        return np.zeros(len(a), np.bool_)
+    size = a.dtype.itemsize
+    unsigned = np.dtype(f"u{size}") if size in (1, 2, 4, 8) else np.dtype(np.uint8)
+
+    def bits(x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x).reshape(len(x), -1).view(unsigned)
+
+    return (bits(a) if b is None else bits(a) != bits(b)).any(axis=-1)
 
 
 def concatenate(stores: list[FinalObs], lengths: list[int], num_envs: int) -> FinalObs:
