@@ -19,7 +19,7 @@ from jaxrunner._src.samplers.env_streams import (
     ENV_STEP_STREAM,
 )
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
-from jaxrunner._src.samplers.multi_agent import MultiAgentSetup
+from jaxrunner._src.samplers.sampler import SamplerSetup
 from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.testing import Drift
@@ -174,7 +174,7 @@ def test_one_agent_env_is_one_group_of_one_agent():
     assert envs.policy_ids == ("default_policy",) and envs.possible_agents == ("agent_0",)
     metrics = RunnerMetrics(jr.MetricsConfig(), {"default_policy": ("agent_0",)})
     by_id = {"default_policy": jax.device_put(params)}
-    setup = MultiAgentSetup({"default_policy": policy}, by_id, 9, 4, metrics)
+    setup = SamplerSetup({"default_policy": policy}, by_id, 9, 4, metrics, by_group=True)
     multi = ScanSampler(envs, setup)
     for traj in trajs:
         out = multi.sample(by_id).to_numpy()

@@ -180,7 +180,7 @@ def _differs(a: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     def bits(x: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(x).reshape(len(x), -1).view(unsigned)
 
-    return (bits(a) if b is None else bits(a) != bits(b)).any(axis=-1)
+    return np.asarray((bits(a) if b is None else bits(a) != bits(b)).any(axis=-1))
 
 
 def concatenate(stores: list[FinalObs], lengths: list[int], num_envs: int) -> FinalObs:

@@ -33,7 +33,7 @@ from jaxrunner._src.runner.env_runner_checks import (
 from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.lockstep import LockstepSampler
-from jaxrunner._src.samplers.multi_agent import MultiAgentSampler, MultiAgentSetup
+from jaxrunner._src.samplers.multi_agent import MultiAgentSampler
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner._src.samplers.sampler import HostSampler, SamplerSetup
 from jaxrunner._src.samplers.scan import ScanSampler
@@ -96,17 +96,18 @@ class AgentGroups:
             callback_episodes=agent_episode_joiner(agents),
         )
 
-    def setup(self, runner: Runner) -> Any:
+    def setup(self, runner: Runner) -> SamplerSetup:
         """What the kind's samplers are built from."""
-        return MultiAgentSetup(
-            runner._policies,
-            runner.state.params,
+        return SamplerSetup(
+            dict(runner._policies),
+            dict(runner.state.params),
             runner.rollout_length,
             runner.seed,
             runner.state.metrics,
             connectors=runner._connectors,
             info_keys=runner.info_keys,
             compact_next_obs=runner.compact_next_obs,
+            by_group=self.multi_agent,
         )
 
     def sampler(self, runner: Runner, num_splits: Any) -> Any:
@@ -220,19 +221,6 @@ class OneAgent(AgentGroups):
     def new_state(self, params: dict[str, Params], metrics: MetricsConfig) -> RunnerState:
         joiner = EpisodeJoiner(lambda e: e.env_id, concatenate_episodes, lambda e: e.episode_id)
         return RunnerState(params=params, metrics=RunnerMetrics(metrics), episodes=joiner)
-
-    def setup(self, runner: Runner) -> Any:
-        one = self.from_policy_dict
-        return SamplerSetup(
-            one(runner._policies),
-            one(runner.state.params),
-            runner.rollout_length,
-            runner.seed,
-            runner.state.metrics,
-            connectors=runner._connectors.get(DEFAULT_POLICY_ID),
-            info_keys=runner.info_keys,
-            compact_next_obs=runner.compact_next_obs,
-        )
 
     def host_sampler(
         self, first: Any, setup: Any, num_splits: Any, callbacks: Any, runner: Any

@@ -62,10 +62,8 @@ class LockstepSampler(HostSampler):
         runner: Any = None,
     ) -> None:
         num_envs = envs.num_envs
-        connectors = setup.connectors
-        flops = runner_policy_flops(
-            setup.policy, setup.params, envs.single_observation_space, connectors
-        )
+        policy, params, connectors = setup.one()
+        flops = runner_policy_flops(policy, params, envs.single_observation_space, connectors)
         chunk_rows = default_chunk_rows(num_envs, flops)  # as runner_chunk_rows: same bits
         self.splits = pipeline_splits(envs, num_splits, chunk_rows, flops)
         """The envs of each pipelining split."""
@@ -78,14 +76,14 @@ class LockstepSampler(HostSampler):
         self._infos = InfoRecorder(setup.info_keys) if setup.info_keys else None
         self._episode_start = np.ones(num_envs, dtype=np.bool_)
         self._state, self._packing = host_actor_state(
-            setup.policy, setup.seed, num_envs, connectors, self._obs_space
+            policy, setup.seed, num_envs, connectors, self._obs_space
         )
         calls: dict[int, CompiledPolicyStep] = {}  # one compile per split size
         for rows in self.splits:
             size = rows.stop - rows.start
             if size not in calls:
                 calls[size] = CompiledPolicyStep(
-                    setup.policy, setup.params, self._state, size,
+                    policy, params, self._state, size,
                     space_arrays.rows(self._obs_space, obs, slice(0, size)),
                     connectors, self._packing, chunk_rows=chunk_rows,
                 )  # fmt: skip

@@ -13,45 +13,25 @@ import numpy as np
 
 from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgentStep
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
-from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
-from jaxrunner._src.core.metrics import PERF_KEYS, RunnerMetrics
+from jaxrunner._src.connectors.pipeline import ConnectorsState
+from jaxrunner._src.core.metrics import PERF_KEYS
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory, compact_group
-from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.core.policy import Params
 from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
 from jaxrunner._src.samplers.callbacks import LiveEpisode
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
-from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, InfoKeys, InfoRecorder
+from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, InfoRecorder
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import pipeline_splits
 from jaxrunner._src.samplers.sampler import (
     ReusedBuffers,
+    SamplerSetup,
     StepProgress,
     attach_partial,
     policy_extras_keys,
 )
 from jaxrunner.errors import InvalidArgumentError
-
-
-@dataclasses.dataclass(frozen=True)
-class MultiAgentSetup:
-    """What the multi-agent sampler is built from, besides its envs."""
-
-    policies: dict[str, Policy]
-    """Policy id -> Policy."""
-    params: dict[str, Params]
-    """Policy id -> device params (their shapes fix the compile)."""
-    rollout_length: int
-    seed: int
-    metrics: RunnerMetrics
-    connectors: Mapping[str, Connectors] = dataclasses.field(default_factory=dict)
-    """Policy id -> the connectors of its group (groups without connectors absent)."""
-    info_keys: InfoKeys = ()
-    """Info entries recorded as ``[T, B, A_g]`` arrays per group, or ``"all"``."""
-    compact_next_obs: bool = False
-    """Each group's ``next_obs`` stored only where it is not the obs at the slot's next
-    valid row (written densely into one scratch per group, compacted as a sample ends)."""
-
 
 ON_AGENT_STEP_HINT = (
     "read this one in a callback (AgentCallbacks.on_episode_step: episode.infos[-1] is the "
@@ -185,7 +165,7 @@ class MultiAgentSampler:
         self,
         envs: MultiAgentVectorEnv,
         first: MultiAgentStep,
-        setup: MultiAgentSetup,
+        setup: SamplerSetup,
         *,
         num_splits: int | None = None,
         callbacks: AgentCallbacks | None = None,

@@ -65,12 +65,13 @@ class ReadyFirstSampler(HostSampler):
     """
 
     def __init__(self, envs: VectorEnv, obs: Any, setup: SamplerSetup) -> None:
-        policy, params, rollout_length = setup.policy, setup.params, setup.rollout_length
+        policy, params, connectors = setup.one()
+        rollout_length = setup.rollout_length
         num_envs = envs.num_envs
         caps = envs.capabilities
         # The lockstep sampler's chunk: the same bits.
         chunk_rows = runner_chunk_rows(
-            policy, params, envs.single_observation_space, setup.connectors, num_envs
+            policy, params, envs.single_observation_space, connectors, num_envs
         )
         buckets = caps.batch_buckets or default_buckets(num_envs, chunk_rows)
         if any(not 1 <= b <= num_envs for b in buckets):
@@ -90,7 +91,6 @@ class ReadyFirstSampler(HostSampler):
         self._action_space = envs.single_action_space
         self._clip = space_arrays.clip_box_actions(self._action_space)
         self._obs = space_arrays.map_structure(self._obs_space, np.copy, obs)  # latest, per env
-        connectors = setup.connectors
         self._state, self._packing = host_actor_state(
             policy, setup.seed, num_envs, connectors, self._obs_space
         )

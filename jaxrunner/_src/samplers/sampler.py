@@ -8,7 +8,7 @@ import contextlib
 import dataclasses
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import jax
@@ -34,9 +34,10 @@ recorded so far (``Progress.update`` of the runner's bar)."""
 class SamplerSetup:
     """What every sampler is built from, besides its envs."""
 
-    policy: Policy
-    params: Params
-    """Device params: their shapes and dtypes fix the compile."""
+    policies: dict[str, Policy]
+    """Policy id -> Policy (a single-agent env's one policy under its default id)."""
+    params: dict[str, Params]
+    """Policy id -> device params: their shapes and dtypes fix the compile."""
     rollout_length: int
     """T, the steps per env of each ``sample()``."""
     seed: int
@@ -44,14 +45,23 @@ class SamplerSetup:
     step count."""
     metrics: RunnerMetrics
     """The runner's metrics, which every sample adds to."""
-    connectors: Connectors | None = None
-    """Transforms between the envs and the policy (:mod:`jaxrunner.connectors`)."""
+    connectors: Mapping[str, Connectors] = dataclasses.field(default_factory=dict)
+    """Policy id -> the transforms between the envs and its policy
+    (:mod:`jaxrunner.connectors`; policies without connectors absent)."""
     info_keys: InfoKeys = ()
-    """Info entries recorded as ``[T, B]`` arrays, or ``"all"`` (:mod:`.info_arrays`;
-    host samplers)."""
+    """Info entries recorded as arrays (``[T, B]``, or ``[T, B, A_g]`` per group), or
+    ``"all"`` (:mod:`.info_arrays`; host samplers)."""
     compact_next_obs: bool = False
-    """Store ``next_obs`` only where it is not the next step's ``obs`` (host samplers;
-    :mod:`jaxrunner._src.core.next_obs_store`)."""
+    """Store ``next_obs`` only where it is not the obs its slot acts on next (host
+    samplers; :mod:`jaxrunner._src.core.next_obs_store`)."""
+    by_group: bool = False
+    """Sample into a ``MultiAgentTrajectory`` of agent groups (else a ``[T, B]``
+    :class:`Trajectory` of the one policy's env)."""
+
+    def one(self) -> tuple[Policy, Params, Connectors | None]:
+        """The one policy, its params and connectors (a single-agent sampler's)."""
+        ((pid, policy),) = self.policies.items()
+        return policy, self.params[pid], self.connectors.get(pid)
 
 
 class Sampler(abc.ABC):

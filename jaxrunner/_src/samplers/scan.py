@@ -36,7 +36,6 @@ from jaxrunner._src.samplers.env_streams import (
     reset_where_done,
 )
 from jaxrunner._src.samplers.episode_ids import SampleCounts
-from jaxrunner._src.samplers.multi_agent import MultiAgentSetup
 from jaxrunner._src.samplers.policy_step import ActorState, act, initial_actor_state
 from jaxrunner._src.samplers.sampler import Sampler, SamplerSetup, StepProgress
 
@@ -441,8 +440,8 @@ def episode_counts(ends: np.ndarray, window: int, num_env_steps: int) -> SampleC
 
 class ScanSampler(Sampler):
     """Runs :func:`rollout` on a JaxVectorEnv for an :class:`~jaxrunner.EnvRunner`: with a
-    ``SamplerSetup`` (a one-agent env), ``sample(params)`` returns a :class:`Trajectory` of
-    device arrays; with a ``MultiAgentSetup`` (a multi-agent env, or any env as groups),
+    one-policy setup (a one-agent env), ``sample(params)`` returns a :class:`Trajectory` of
+    device arrays; with ``setup.by_group`` (a multi-agent env, or any env as groups),
     ``sample(params_by_id)`` returns a :class:`MultiAgentTrajectory`: groups on device,
     env-level ids on host.
 
@@ -456,16 +455,17 @@ class ScanSampler(Sampler):
         SpaceMismatchError: the policy's actions do not fit the action space.
     """
 
-    def __init__(self, envs: JaxVectorEnv, setup: SamplerSetup | MultiAgentSetup) -> None:
+    def __init__(self, envs: JaxVectorEnv, setup: SamplerSetup) -> None:
         self.envs, self.rollout_length, self.metrics = envs, setup.rollout_length, setup.metrics
         self._env_params = jax.device_put(envs.params)
         num_envs, seed = envs.num_envs, setup.seed
-        if isinstance(setup, MultiAgentSetup):
-            policies, connectors = dict(setup.policies), dict(setup.connectors)
-        else:  # an EnvRunner's one policy serves the one group
+        policies, connectors = dict(setup.policies), dict(setup.connectors)
+        if not setup.by_group:  # an EnvRunner's one policy serves the one group
+            policy, _, one_connectors = setup.one()
             pid = envs.groups[0].policy_id
-            policies = {pid: setup.policy}
-            connectors = {} if setup.connectors is None else {pid: setup.connectors}
+            policies, connectors = {pid: policy}, {}
+            if one_connectors is not None:
+                connectors[pid] = one_connectors
 
         def start(env_params: Any) -> RolloutState:
             actors, offset = {}, 0
@@ -488,18 +488,19 @@ class ScanSampler(Sampler):
             actor = _with_actors(envs, groups, actors)
             return initial_state(lambda k: envs.reset(k, env_params), actor, seed, num_envs)
 
-        as_groups = isinstance(setup, MultiAgentSetup)
+        as_groups, params = setup.by_group, setup.params
         run = functools.partial(rollout, envs, policies, connectors, self.rollout_length, as_groups)
         if not as_groups:  # the one policy's params, as they are
             (pid,) = policies
             run = functools.partial(_one_policy, run, pid)
+            params = setup.one()[1]
         state = jax.jit(start)(self._env_params)
-        self._loop = ScanLoop(run, setup.params, state, self._env_params)
+        self._loop = ScanLoop(run, params, state, self._env_params)
         self.action_spec = None  # checked against the action space while tracing
         self.agents = {g.policy_id: g.agents for g in envs.groups}
         # Each agent slot's running return and length (host side, for the agent metrics).
         self._running = None
-        if isinstance(setup, MultiAgentSetup):
+        if as_groups:
             self._running = {
                 g.policy_id: (
                     np.zeros((num_envs, g.num_agents)),
