@@ -117,6 +117,7 @@ class GroupSampler:
         ]
         self.clip = space_arrays.clip_box_actions(group.action_space)
         self.pending: Any = None
+        self._unrecorded: Any = None  # the actions collect() took, until they are sent
         self.awaiting = np.zeros(shape, np.bool_)
         """AEC envs: agents whose last action's transition has not completed yet."""
         # Agent-episode returns and lengths across samples (for the metrics).
@@ -206,8 +207,9 @@ class GroupSampler:
         self.pending, self.state = block.call.dispatch(params, self.state, stage)
 
     def collect(self, buf: GroupBuffers, lo: int, hi: int, t: int) -> Any:
-        """Takes block ``[lo, hi)``'s actions; writes each acting agent's turn into slot
-        ``t`` (parallel envs) or keeps it until its transition completes (AEC envs).
+        """Takes block ``[lo, hi)``'s actions and writes each acting agent's observation
+        into slot ``t`` (parallel envs) or keeps it until its transition completes (AEC
+        envs); :meth:`record_actions` writes the actions there, once they are sent.
         Returns the env's actions, ``[hi - lo, A_g, ...]``."""
         block = self._blocks[lo, hi]
         # The block's own rows (padding dropped), on the agent axis: [hi - lo, A_g, ...].
@@ -220,13 +222,20 @@ class GroupSampler:
         else:
             (obs_dst, action_dst, extras_dst), index = self._pending_rows(lo, hi), None
         mask = None if block.all_acting else acting
-        _put(obs_dst, _leaves(buf.obs), index, mask)
-        _put(action_dst, _leaves(action), index, mask)
-        _put(extras_dst, extras, index, mask)
+        _put(obs_dst, _leaves(buf.obs), index, mask)  # before the send: the env's buffers
+        self._unrecorded = (action_dst, _leaves(action), extras_dst, extras, index, mask)
         if not self.same_step:
             awaiting = self.awaiting[rows]
             np.logical_or(awaiting, acting, out=awaiting)
         return env_action if self.clip is None else self.clip(env_action)
+
+    def record_actions(self) -> None:
+        """Writes the actions and policy outputs :meth:`collect` took (after the send: a
+        background backend steps meanwhile)."""
+        action_dst, action, extras_dst, extras, index, mask = self._unrecorded
+        self._unrecorded = None
+        _put(action_dst, action, index, mask)
+        _put(extras_dst, extras, index, mask)
 
     def record(self, out: GroupBuffers, traj: GroupTrajectory, lo: int, hi: int, t: int) -> None:
         """Writes the transitions of envs ``[lo, hi)`` completed at their step ``t`` into

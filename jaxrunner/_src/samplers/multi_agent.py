@@ -327,7 +327,11 @@ class MultiAgentSampler:
         perf["action_processing_ms"] += clock - tick
         whole = (lo, hi) == (0, self.envs.num_envs)
         self.envs.send(actions, None if whole else slice(lo, hi))
-        perf["env_wait_ms"] += time.perf_counter() - clock
+        tick = time.perf_counter()
+        perf["env_wait_ms"] += tick - clock
+        for gs in self.groups.values():  # a background backend steps meanwhile
+            gs.record_actions()
+        perf["action_processing_ms"] += time.perf_counter() - tick
 
     def _record(
         self,
