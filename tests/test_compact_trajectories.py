@@ -18,7 +18,7 @@ from shuffled_sync import ShuffledSync
 from test_batch_invariance import CASES
 
 import jaxrunner as jr
-import jaxrunner._src.samplers.sampler as sampler_module
+import jaxrunner._src.samplers.buffer_pool as sampler_module
 from jaxrunner._src.services.distributed import concatenate_envs
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 from jaxrunner.models import mlp_policy

@@ -17,6 +17,7 @@ from jaxrunner._src.core.metrics import PERF_KEYS
 from jaxrunner._src.core.policy import Params
 from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.samplers.batch_invariance import default_chunk_rows
+from jaxrunner._src.samplers.buffer_pool import BufferPool, finish_next_obs, record_next_obs
 from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode, overrides
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.info_arrays import InfoRecorder, policy_extras
@@ -27,13 +28,10 @@ from jaxrunner._src.samplers.policy_step import (
     runner_policy_flops,
 )
 from jaxrunner._src.samplers.sampler import (
-    BufferPool,
     HostSampler,
     SamplerSetup,
     StepProgress,
     attach_partial,
-    finish_next_obs,
-    record_next_obs,
 )
 
 

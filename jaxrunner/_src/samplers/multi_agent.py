@@ -18,18 +18,17 @@ from jaxrunner._src.core.metrics import PERF_KEYS
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory, compact_group
 from jaxrunner._src.core.policy import Params
 from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
+from jaxrunner._src.samplers.buffer_pool import GroupBufferPool
 from jaxrunner._src.samplers.callbacks import LiveEpisode
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
-from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, InfoRecorder
+from jaxrunner._src.samplers.info_arrays import InfoRecorder
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import pipeline_splits
 from jaxrunner._src.samplers.sampler import (
-    ReusedBuffers,
     SamplerSetup,
     StepProgress,
     attach_partial,
-    policy_extras_keys,
 )
 from jaxrunner.errors import InvalidArgumentError
 
@@ -50,101 +49,6 @@ class EnvLevel:
     valid: np.ndarray
     episode_id: np.ndarray
     step: np.ndarray
-
-
-class GroupBufferPool(ReusedBuffers):
-    """The :class:`MultiAgentTrajectory` buffers of the multi-agent sampler: each group's
-    ``[T, B, A_g]`` arrays and the env-level ``[T, B]`` ones (see :class:`ReusedBuffers`).
-    ``compact``: every sample writes its dense ``next_obs`` into the same scratch."""
-
-    def __init__(
-        self,
-        groups: Mapping[str, GroupSampler],
-        agents: dict[str, tuple[str, ...]],
-        num_steps: int,
-        num_envs: int,
-        compact: bool,
-    ) -> None:
-        super().__init__()
-        self._groups, self._agents = groups, agents
-        self._num_steps, self._num_envs = num_steps, num_envs
-        self._own_extras = {
-            pid: policy_extras_keys(gs.extras_spec, gs.infos) for pid, gs in groups.items()
-        }
-        self._scratch = None
-        if compact:
-            self._scratch = {
-                pid: gs.allocate(num_steps).next_obs_store for pid, gs in groups.items()
-            }
-
-    @property
-    def compact(self) -> bool:
-        return self._scratch is not None
-
-    def take(self) -> MultiAgentTrajectory:
-        buf = super().take()
-        if self._scratch is None:
-            return buf
-        for leaf in jax.tree.leaves(self._scratch):
-            leaf.fill(0)
-        groups = {
-            pid: g.replace(next_obs_store=self._scratch[pid]) for pid, g in buf.groups.items()
-        }
-        return buf.replace(groups=groups)
-
-    def _allocate(self) -> MultiAgentTrajectory:
-        shape = (self._num_steps, self._num_envs)
-        dense = self._scratch is None
-        return MultiAgentTrajectory(
-            groups={pid: gs.allocate(self._num_steps, dense) for pid, gs in self._groups.items()},
-            env_id=np.broadcast_to(np.arange(self._num_envs, dtype=np.int64), shape).copy(),
-            episode_id=np.zeros(shape, np.int64),
-            step=np.zeros(shape, np.int64),
-            env_done=np.zeros(shape, np.bool_),
-            agents=self._agents,
-            valid=np.ones(shape, np.bool_),
-        )
-
-    def _refresh(self, buf: MultiAgentTrajectory) -> MultiAgentTrajectory:
-        # A step writes only the acting agents' slots: every group array starts at zero.
-        for pid, group in buf.groups.items():
-            infos = self._groups[pid].infos
-            mine = {
-                k: v
-                for k, v in group.extras.items()
-                if infos is None or k not in (INFOS, INFOS_PRESENT)
-            }
-            kept = group.replace(extras=mine)
-            if self._scratch is not None:  # a compact store: replaced by the scratch
-                kept = kept.replace(next_obs_store=None)
-            for leaf in jax.tree.leaves(kept):
-                leaf.fill(0)
-            if infos is not None:
-                infos.clear(group.extras)
-        buf.valid.fill(True)  # type: ignore[union-attr]
-        buf.env_id[...] = np.arange(self._num_envs)
-        return buf
-
-    def _kept(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
-        groups = {
-            pid: g.replace(extras={k: g.extras[k] for k in self._own_extras[pid]})
-            for pid, g in traj.groups.items()
-        }
-        return traj.replace(groups=groups)
-
-    def _reused_arrays(self, traj: MultiAgentTrajectory) -> list[Any]:
-        fields: list[Any] = [traj.env_id, traj.episode_id, traj.step, traj.env_done, traj.valid]
-        groups = traj.groups if isinstance(traj.groups, dict) else {}
-        for pid, keys in self._own_extras.items():
-            g = groups.get(pid)
-            if g is None:
-                fields.append(None)  # a group left out: not the trajectory handed out
-                continue
-            extras = g.extras if isinstance(g.extras, dict) else {}
-            next_obs = None if self._scratch is not None else g.next_obs_store
-            fields += [g.obs, g.action, g.reward, g.terminated, g.truncated, next_obs]
-            fields += [[extras.get(k) for k in keys], g.valid, g.agent_step]
-        return jax.tree.leaves(fields)
 
 
 class MultiAgentSampler:

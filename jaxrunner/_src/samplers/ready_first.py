@@ -17,6 +17,7 @@ from jaxrunner._src.connectors.sample_end import SampleEnd
 from jaxrunner._src.core.metrics import PERF_KEYS
 from jaxrunner._src.core.policy import Params
 from jaxrunner._src.core.trajectory import Trajectory
+from jaxrunner._src.samplers.buffer_pool import BufferPool, finish_next_obs, record_next_obs
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.info_arrays import InfoRecorder, policy_extras
 from jaxrunner._src.samplers.policy_step import (
@@ -25,13 +26,10 @@ from jaxrunner._src.samplers.policy_step import (
     runner_chunk_rows,
 )
 from jaxrunner._src.samplers.sampler import (
-    BufferPool,
     HostSampler,
     SamplerSetup,
     StepProgress,
     attach_partial,
-    finish_next_obs,
-    record_next_obs,
 )
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 

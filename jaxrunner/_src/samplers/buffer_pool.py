@@ -1,0 +1,331 @@
+"""A host sampler's trajectory buffers: allocated, written step by step (``next_obs`` in
+full or compact), and reused once the caller releases a sample."""
+
+from __future__ import annotations
+
+import abc
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.batch_step import BatchStep
+from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
+from jaxrunner._src.core.next_obs_store import FinalObsRecorder
+from jaxrunner._src.core.trajectory import Trajectory
+from jaxrunner._src.samplers.group_step import GroupSampler
+from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, InfoRecorder
+from jaxrunner.errors import InvalidArgumentError
+
+
+class ReusedBuffers(abc.ABC):
+    """A host sampler's sample buffers: new ones, or those of samples the caller
+    released (``EnvRunner.release``), which the next sample writes into instead of
+    allocating (and zeroing) a trajectory's memory again.
+
+    Only a trajectory handed out and not released yet is taken back, and only with the
+    very arrays it was handed out with, still writable and of their shapes: the next
+    sample writes into them, so anything else (a ``replace()``'d copy, another runner's,
+    one released already whose arrays hold a later sample) would be written into the
+    caller's memory or break the sample. Subclasses say how a buffer is made, made
+    ready again, and which of its arrays are reused.
+    """
+
+    def __init__(self) -> None:
+        self._out: dict[int, tuple[weakref.ref, list[tuple[np.ndarray, Any, Any]]]] = {}
+        """id(trajectory) -> (a weak reference to it, its reused arrays as handed out,
+        each with its shape and dtype). An entry goes when its trajectory does."""
+        self._free: list[Any] = []
+
+    @abc.abstractmethod
+    def _allocate(self) -> Any:
+        """A new, zeroed buffer."""
+
+    @abc.abstractmethod
+    def _refresh(self, buf: Any) -> Any:
+        """A released buffer, made as a new one is where a sample does not write in full
+        (the caller may have changed those fields)."""
+
+    @abc.abstractmethod
+    def _reused_arrays(self, traj: Any) -> list[Any]:
+        """The arrays of ``traj`` the next sample would write into, in a fixed order."""
+
+    @abc.abstractmethod
+    def _kept(self, traj: Any) -> Any:
+        """``traj`` as the pool keeps it: without what was added after the sample (the
+        connectors' extras)."""
+
+    def take(self) -> Any:
+        """A buffer for the next sample: a released one, made ready, or a new one."""
+        return self._refresh(self._free.pop()) if self._free else self._allocate()
+
+    def hand_out(self, traj: Any) -> None:
+        """Records ``traj`` (a sample's result) as out: :meth:`release` may take it back."""
+        key, out = id(traj), self._out
+
+        def forget(ref: weakref.ref) -> None:  # the caller dropped it unreleased
+            if out.get(key, (None,))[0] is ref:
+                del out[key]
+
+        arrays = [(a, a.shape, a.dtype) for a in self._reused_arrays(traj)]
+        out[key] = (weakref.ref(traj, forget), arrays)
+
+    def release(self, traj: Any) -> None:
+        """Makes ``traj``'s arrays the next sample's.
+
+        Raises:
+            InvalidArgumentError: ``traj`` is not a result of this sampler still out
+                (another runner's, a slice, copy or ``replace()`` of one, or released
+                already), or its arrays were replaced, resized or made read-only.
+        """
+        entry = self._out.get(id(traj))
+        if entry is None or entry[0]() is not traj:
+            raise InvalidArgumentError(
+                "EnvRunner.release(traj): traj is not a trajectory this runner's sample() "
+                "returned and that is still out (it may be another runner's, a slice, a copy "
+                "or a replace() of one, or released already). Pass the sample() result "
+                "itself, once, before the next sample()."
+            )
+        arrays = self._reused_arrays(traj)
+        handed_out = entry[1]
+        changed = len(arrays) != len(handed_out) or any(
+            now is not array or now.shape != shape or now.dtype != dtype
+            or not now.flags.writeable
+            for now, (array, shape, dtype) in zip(arrays, handed_out)
+        )  # fmt: skip
+        if changed:
+            raise InvalidArgumentError(
+                "EnvRunner.release(traj): traj's arrays are not those sample() handed out "
+                "(an extras entry replaced, an array resized or made read-only); the next "
+                "sample would write into them. Release only an unmodified sample() result; "
+                "this one stays yours (the runner allocates new buffers)."
+            )
+        del self._out[id(traj)]
+        self._free.append(self._kept(traj))
+
+
+class BufferPool(ReusedBuffers):
+    """The ``[T, B]`` :class:`Trajectory` buffers of a single-agent host sampler."""
+
+    def __init__(
+        self,
+        obs_space: spaces.Space,
+        action_space: spaces.Space,
+        extras_spec: Any,
+        num_steps: int,
+        num_envs: int,
+        infos: InfoRecorder | None,
+        compact: bool,
+    ) -> None:
+        super().__init__()
+        self._shape = (obs_space, action_space, extras_spec, num_steps, num_envs, infos)
+        self._compact = compact
+        self._own_extras = policy_extras_keys(extras_spec, infos)
+
+    def take(self) -> Trajectory:
+        buf = super().take()
+        if self._compact:
+            obs_space, _, _, num_steps, num_envs, _ = self._shape
+            buf = buf.replace(next_obs_store=FinalObsRecorder(obs_space, num_steps, num_envs))
+        return buf
+
+    def _allocate(self) -> Trajectory:
+        return allocate_trajectory(*self._shape, compact=self._compact)
+
+    def _refresh(self, buf: Trajectory) -> Trajectory:
+        infos, num_envs = self._shape[5], self._shape[4]
+        buf.valid.fill(True)
+        buf.env_id[...] = np.arange(num_envs)
+        if infos is not None:
+            infos.clear(buf.extras)
+        return buf
+
+    def _kept(self, traj: Trajectory) -> Trajectory:
+        return traj.replace(extras={k: traj.extras[k] for k in self._own_extras})
+
+    def _reused_arrays(self, traj: Trajectory) -> list[Any]:
+        extras = traj.extras if isinstance(traj.extras, dict) else {}
+        fields = [
+            traj.obs, traj.action, traj.reward, traj.terminated, traj.truncated,
+            [extras.get(k) for k in self._own_extras],
+            traj.env_id, traj.episode_id, traj.step, traj.valid,
+            None if self._compact else traj.next_obs_store,
+        ]  # fmt: skip
+        return jax.tree.leaves(fields)
+
+
+def policy_extras_keys(extras_spec: Any, infos: InfoRecorder | None) -> list[str]:
+    """The ``extras`` a sampler writes itself (the policy's and the infos), not those
+    connectors add at the end of a sample."""
+    keys = list(extras_spec)
+    if infos is not None:
+        keys += [INFOS, INFOS_PRESENT]
+    return keys
+
+
+def allocate_trajectory(
+    obs_space: spaces.Space,
+    action_space: spaces.Space,
+    extras_spec: Any,
+    num_steps: int,
+    num_envs: int,
+    infos: InfoRecorder | None = None,
+    compact: bool = False,
+) -> Trajectory:
+    """Zeroed ``[T, B]`` host buffers; ``extras_spec`` has a leading batch axis; with
+    ``infos``, its arrays too (``extras["infos"]``, ``extras["infos_present"]``).
+    ``compact``: no ``next_obs`` arrays (the sampler sets a recorder)."""
+    shape = (num_steps, num_envs)
+    buf = Trajectory(
+        obs=space_arrays.allocate(obs_space, shape),
+        action=space_arrays.allocate(action_space, shape),
+        reward=np.zeros(shape, np.float64),
+        terminated=np.zeros(shape, np.bool_),
+        truncated=np.zeros(shape, np.bool_),
+        next_obs=None if compact else space_arrays.allocate(obs_space, shape),
+        extras=jax.tree.map(lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), extras_spec),
+        env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
+        episode_id=np.zeros(shape, np.int64),
+        step=np.zeros(shape, np.int64),
+        valid=np.ones(shape, np.bool_),
+    )
+    if infos is not None:
+        infos.allocate(buf.extras, shape)
+    return buf
+
+
+def record_next_obs(
+    obs_space: spaces.Space,
+    buf: Trajectory,
+    index: tuple[Any, Any],
+    out: BatchStep,
+    sel: Any = None,
+) -> None:
+    """Writes the next observations of ``out`` (its rows ``sel``; all by default) at
+    ``index`` (steps, envs) of ``buf``: all of them, or into a compact buffer's
+    recorder, which keeps those that are not the next step's observation."""
+    store = buf.next_obs_store
+    if not isinstance(store, FinalObsRecorder):
+        next_obs = out.next_obs if sel is None else space_arrays.take(obs_space, out.next_obs, sel)
+        space_arrays.copy_into(obs_space, store, next_obs, index)
+        return
+    steps, envs = index
+    if isinstance(envs, slice) and sel is None:  # lockstep: a block of envs, one step
+        differs = out.terminated | out.truncated
+    else:
+        if isinstance(envs, slice):
+            envs = np.arange(envs.start, envs.stop)
+        sel = np.arange(len(out.reward))[slice(None) if sel is None else sel]
+        differs = out.terminated[sel] | out.truncated[sel]
+        steps = np.broadcast_to(np.asarray(steps), envs.shape)
+    for mask in (out.failed, out.reset_rows):  # a restart or a reset step: another obs
+        if mask is not None:
+            differs |= mask if sel is None else mask[sel]
+    store.record(buf.obs, steps, envs, out.next_obs, out.obs, sel, differs)
+
+
+def finish_next_obs(buf: Trajectory) -> Trajectory:
+    """``buf`` with its recorder (a compact buffer's) turned into the stored rows."""
+    store = buf.next_obs_store
+    if isinstance(store, FinalObsRecorder):
+        return buf.replace(next_obs_store=store.finish())
+    return buf
+
+
+class GroupBufferPool(ReusedBuffers):
+    """The :class:`MultiAgentTrajectory` buffers of the multi-agent sampler: each group's
+    ``[T, B, A_g]`` arrays and the env-level ``[T, B]`` ones (see :class:`ReusedBuffers`).
+    ``compact``: every sample writes its dense ``next_obs`` into the same scratch."""
+
+    def __init__(
+        self,
+        groups: Mapping[str, GroupSampler],
+        agents: dict[str, tuple[str, ...]],
+        num_steps: int,
+        num_envs: int,
+        compact: bool,
+    ) -> None:
+        super().__init__()
+        self._groups, self._agents = groups, agents
+        self._num_steps, self._num_envs = num_steps, num_envs
+        self._own_extras = {
+            pid: policy_extras_keys(gs.extras_spec, gs.infos) for pid, gs in groups.items()
+        }
+        self._scratch = None
+        if compact:
+            self._scratch = {
+                pid: gs.allocate(num_steps).next_obs_store for pid, gs in groups.items()
+            }
+
+    @property
+    def compact(self) -> bool:
+        return self._scratch is not None
+
+    def take(self) -> MultiAgentTrajectory:
+        buf = super().take()
+        if self._scratch is None:
+            return buf
+        for leaf in jax.tree.leaves(self._scratch):
+            leaf.fill(0)
+        groups = {
+            pid: g.replace(next_obs_store=self._scratch[pid]) for pid, g in buf.groups.items()
+        }
+        return buf.replace(groups=groups)
+
+    def _allocate(self) -> MultiAgentTrajectory:
+        shape = (self._num_steps, self._num_envs)
+        dense = self._scratch is None
+        return MultiAgentTrajectory(
+            groups={pid: gs.allocate(self._num_steps, dense) for pid, gs in self._groups.items()},
+            env_id=np.broadcast_to(np.arange(self._num_envs, dtype=np.int64), shape).copy(),
+            episode_id=np.zeros(shape, np.int64),
+            step=np.zeros(shape, np.int64),
+            env_done=np.zeros(shape, np.bool_),
+            agents=self._agents,
+            valid=np.ones(shape, np.bool_),
+        )
+
+    def _refresh(self, buf: MultiAgentTrajectory) -> MultiAgentTrajectory:
+        # A step writes only the acting agents' slots: every group array starts at zero.
+        for pid, group in buf.groups.items():
+            infos = self._groups[pid].infos
+            mine = {
+                k: v
+                for k, v in group.extras.items()
+                if infos is None or k not in (INFOS, INFOS_PRESENT)
+            }
+            kept = group.replace(extras=mine)
+            if self._scratch is not None:  # a compact store: replaced by the scratch
+                kept = kept.replace(next_obs_store=None)
+            for leaf in jax.tree.leaves(kept):
+                leaf.fill(0)
+            if infos is not None:
+                infos.clear(group.extras)
+        buf.valid.fill(True)  # type: ignore[union-attr]
+        buf.env_id[...] = np.arange(self._num_envs)
+        return buf
+
+    def _kept(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
+        groups = {
+            pid: g.replace(extras={k: g.extras[k] for k in self._own_extras[pid]})
+            for pid, g in traj.groups.items()
+        }
+        return traj.replace(groups=groups)
+
+    def _reused_arrays(self, traj: MultiAgentTrajectory) -> list[Any]:
+        fields: list[Any] = [traj.env_id, traj.episode_id, traj.step, traj.env_done, traj.valid]
+        groups = traj.groups if isinstance(traj.groups, dict) else {}
+        for pid, keys in self._own_extras.items():
+            g = groups.get(pid)
+            if g is None:
+                fields.append(None)  # a group left out: not the trajectory handed out
+                continue
+            extras = g.extras if isinstance(g.extras, dict) else {}
+            next_obs = None if self._scratch is not None else g.next_obs_store
+            fields += [g.obs, g.action, g.reward, g.terminated, g.truncated, next_obs]
+            fields += [[extras.get(k) for k in keys], g.valid, g.agent_step]
+        return jax.tree.leaves(fields)
