@@ -383,17 +383,23 @@ def test_checkpoints_of_earlier_versions_resume_exactly(name, saved, tmp_path):
     ``saved`` fixture saves) restore as this version's file of the same run does: the
     same samples, metrics, kept episodes and callbacks. CartPole's: version 2, and
     version 1 (version 2's with its sub-env pickles bare); coming_and_going's: a
-    MultiAgentRunner's version 1."""
+    MultiAgentRunner's version 1. Both: version 3 (version 4's layout under the format
+    name of its runner)."""
     needs(name)
+    v3 = tmp_path / "version3.ckpt"
     if name == "cartpole":
         v2 = OLD_FILES / "env_runner_v2_sync.ckpt"
         v1 = tmp_path / "version1.ckpt"
         rewrite(v2, v1, meta=lambda m: m.update(version=1), members=bare_snapshots(v2))
-        old_files = [v2, v1]
+        old_files = [v2, v1, v3]
+        legacy = "jaxrunner.EnvRunner checkpoint"
     else:
-        old_files = [OLD_FILES / "multi_agent_runner_v1_sync.ckpt"]
+        old_files = [OLD_FILES / "multi_agent_runner_v1_sync.ckpt", v3]
+        legacy = "jaxrunner.MultiAgentRunner checkpoint"
     with np.load(saved(name)) as data:
-        assert json.loads(str(data["__meta__"]))["version"] == 3
+        saved_meta = json.loads(str(data["__meta__"]))
+        assert (saved_meta["format"], saved_meta["version"]) == ("jaxrunner checkpoint", 4)
+    rewrite(saved(name), v3, meta=lambda m: m.update(format=legacy, version=3))
 
     def make_runner():
         return make(name, callbacks=saved_callbacks(name))
@@ -463,14 +469,14 @@ GRU_KERNEL = "params/default_policy/module/params/GRUCell_0/hn/kernel"
 
 
 @pytest.mark.parametrize(
-    "name, runner_format, policy_ids, agents, params_member",
+    "name, policy_ids, agents, params_member",
     [
-        ("cartpole", "EnvRunner", ["default_policy"], ["agent_0"], GRU_KERNEL),
-        ("coming_and_going", "MultiAgentRunner", ["policy_0"], None, "params/policy_0/w"),
+        ("cartpole", ["default_policy"], ["agent_0"], GRU_KERNEL),
+        ("coming_and_going", ["policy_0"], None, "params/policy_0/w"),
     ],
 )
 def test_the_file_loads_without_pickle(
-    name, runner_format, policy_ids, agents, params_member, tmp_path
+    name, policy_ids, agents, params_member, tmp_path
 ):
     needs(name)
     path = tmp_path / "runner.ckpt"
@@ -479,7 +485,7 @@ def test_the_file_loads_without_pickle(
         runner.save(path)
     with np.load(path, allow_pickle=False) as data:
         meta = json.loads(str(data["__meta__"]))
-        assert meta["format"] == f"jaxrunner.{runner_format} checkpoint"
+        assert (meta["format"], meta["version"]) == ("jaxrunner checkpoint", 4)  # either kind
         assert meta["envs"] == "pickle" and meta["num_envs"] == runner.envs.num_envs
         # The one layout of both runners: an EnvRunner is one policy of one agent.
         assert meta["policy_ids"] == policy_ids
@@ -804,11 +810,14 @@ def hostile(name: str, saved) -> dict[str, tuple]:
     if name == "cartpole":
         n, actions, W, w_shape, obs = 5, 2, GRU_KERNEL, (8, 8), "sampler/obs"
         repeated, other_kind = "repeated id", OLD_FILES / "multi_agent_runner_v1_sync.ckpt"
-        expected = "expected a jaxrunner.EnvRunner checkpoint version 1 or 2 or 3"
+        expected = (
+            r"expected a jaxrunner checkpoint version 4 \(or a jaxrunner.EnvRunner checkpoint "
+            r"version 1 or 2 or 3, written before\), got 'jaxrunner.MultiAgentRunner checkpoint'"
+        )
     else:
         n, actions, W, w_shape, obs = MA_NUM_ENVS, 3, "params/policy_0/w", (3,), f"{MA_GROUP}/obs"
         repeated, other_kind = r"repeated \(episode id, agent\)", saved("cartpole")
-        expected = "expected a jaxrunner.MultiAgentRunner checkpoint"
+        expected = r"saved by a runner with sampler='LockstepSampler'"
     w_npy = _npy(np.zeros(w_shape, np.float32))
     w_header = str(w_shape).encode()
     cases = {
@@ -937,13 +946,20 @@ def hostile(name: str, saved) -> dict[str, tuple]:
                 member("finished/0/action", np.zeros((3, 2), np.int64)),
                 "finished/0/",
             ),
-            "version 3 params as version 2's": (
-                meta(lambda m: m.update(version=2)),
+            "version 4 params as version 2's": (
+                meta(lambda m: m.update(version=2, format="jaxrunner.EnvRunner checkpoint")),
                 "no 'params/module/params/Dense_0/bias'",
             ),
         }
     return cases | {
-        "an older version": (meta(lambda m: m.update(version=2)), "version 1 or 3, got"),
+        "an older version": (
+            meta(lambda m: m.update(version=2)),
+            r"version 1 or 3, written before\), got 'jaxrunner checkpoint' version 2",
+        ),
+        "a version 2 under the old name": (
+            meta(lambda m: m.update(version=2, format="jaxrunner.MultiAgentRunner checkpoint")),
+            r"MultiAgentRunner checkpoint' version 2\.",
+        ),
         "finished incomplete": (set_key("finished", "start_step", 2), r"finished\[0\]"),
         "kept not a list": (meta(lambda m: m.update(callback_fragments={})), "callback_fragments"),
         "carry shape": (member(f"{MA_GROUP}/actor/carry", np.zeros(3, np.float32)), "actor/carry"),

@@ -13,10 +13,10 @@ import numpy as np
 from jaxrunner._src.backends.snapshots import SnapshotRefusedError
 from jaxrunner._src.checkpoints.checkpoint_file import (
     EPISODE_SCALARS,
+    FORMAT,
     VERSION,
     Checkpoint,
     CheckpointFile,
-    format_name,
     holds_env_states,
     identity,
     kept_episodes,
@@ -59,7 +59,7 @@ def save(parts: RunnerParts, path: str | os.PathLike) -> None:
     else:
         envs_kind, envs_note = _put_env_snapshots(arrays, parts.envs)
     meta = {
-        "format": format_name(parts.file_format),
+        "format": FORMAT,
         "version": VERSION,
         **identity(parts),
         "seed": parts.seed,

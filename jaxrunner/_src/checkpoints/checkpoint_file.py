@@ -16,15 +16,17 @@ from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID, RunnerParts
 from jaxrunner._src.samplers.scan import ScanSampler
 
-VERSION = 3
-"""Version 3: one layout for both runners: params by policy id, the policy ids and
-agents in the metadata (an ``EnvRunner`` has one of each)."""
-READS = {"EnvRunner": (1, 2, 3), "MultiAgentRunner": (1, 3)}
-"""The versions read by format (``RunnerParts.file_format``): a single-agent env's
-(``"jaxrunner.EnvRunner checkpoint"``) 1 (sub-env pickles without their restart state)
-and 2 (params as the one policy's tree, no policy ids or agents in the metadata); a
-multi-agent env's (``"jaxrunner.MultiAgentRunner checkpoint"``) 1 (the layout of
-version 3)."""
+FORMAT = "jaxrunner checkpoint"
+VERSION = 4
+"""Version 4: one format for every runner: params by policy id, the policy ids and agents
+in the metadata (an ``EnvRunner`` has one of each)."""
+LEGACY_READS = {"EnvRunner": (1, 2, 3), "MultiAgentRunner": (1, 3)}
+"""The earlier files each runner still reads, by the runner their format named
+(``RunnerParts.file_format``: ``"jaxrunner.EnvRunner checkpoint"`` or
+``"jaxrunner.MultiAgentRunner checkpoint"``): version 3 (version 4's layout), a
+single-agent env's 1 (sub-env pickles without their restart state) and 2 (params as the
+one policy's tree, no policy ids or agents in the metadata), a multi-agent env's 1
+(version 3's layout)."""
 MAX_RESTORE_BYTES = 1 << 33
 """The most bytes a checkpoint's arrays may take in memory (8 GiB); read at each restore."""
 
@@ -56,8 +58,9 @@ EPISODE_DEFAULTS = {"faulty": False}
 have none."""
 
 
-def format_name(runner: str) -> str:
-    """The ``format`` of ``runner``'s checkpoints (``"jaxrunner.EnvRunner checkpoint"``)."""
+def legacy_format(runner: str) -> str:
+    """The ``format`` of ``runner``'s checkpoints before version 4
+    (``"jaxrunner.EnvRunner checkpoint"``)."""
     return f"jaxrunner.{runner} checkpoint"
 
 
@@ -184,7 +187,8 @@ class CheckpointFile(CheckpointReader):
 
     def _check_meta(self, npz: NpzReader) -> dict[str, Any]:
         kind = self.parts.file_format
-        meta = self.read_meta(npz, format_name(kind), READS[kind])
+        reads = {FORMAT: (VERSION,), legacy_format(kind): LEGACY_READS[kind]}
+        meta = self.read_meta(npz, reads)
         here = identity(self.parts)
         if self._one_tree(meta):  # no policy ids or agents then
             here = {key: here[key] for key in ("sampler", "num_envs")}
@@ -198,7 +202,7 @@ class CheckpointFile(CheckpointReader):
 
     def _one_tree(self, meta: dict[str, Any]) -> bool:
         """An ``EnvRunner`` checkpoint of version 1 or 2: params as the one policy's tree."""
-        return self.parts.file_format == "EnvRunner" and meta["version"] < 3
+        return meta["format"] == legacy_format("EnvRunner") and meta["version"] < 3
 
     # -- state -------------------------------------------------------------------------------
 

@@ -119,8 +119,9 @@ class CheckpointReader:
 
     # -- metadata ----------------------------------------------------------------------------
 
-    def read_meta(self, npz: NpzReader, fmt: str, versions: tuple[int, ...]) -> dict[str, Any]:
-        """The JSON metadata: an object of format ``fmt``, of one of ``versions``."""
+    def read_meta(self, npz: NpzReader, reads: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+        """The JSON metadata: an object of one of the formats ``reads`` names (the first
+        is the current one), of one of its versions."""
         if not npz.has(META):
             raise InvalidArgumentError(
                 f"{self.where()}: not a jaxrunner checkpoint (no {META}); write one with "
@@ -130,10 +131,15 @@ class CheckpointReader:
         if not isinstance(meta, dict):
             raise self.error(f"has metadata ({META}) that is not a JSON object")
         version = meta.get("version")
-        if meta.get("format") != fmt or not is_int(version) or version not in versions:
+        if not is_int(version) or version not in reads.get(meta.get("format"), ()):  # type: ignore[arg-type]
+            (fmt, versions), *earlier = reads.items()
+            older = "".join(
+                f" (or a {name} version {' or '.join(map(str, v))}, written before)"
+                for name, v in earlier
+            )
             raise InvalidArgumentError(
-                f"{self.where()}: expected a {fmt} version {' or '.join(map(str, versions))}, "
-                f"got {meta.get('format')!r} version {version!r}."
+                f"{self.where()}: expected a {fmt} version {' or '.join(map(str, versions))}"
+                f"{older}, got {meta.get('format')!r} version {version!r}."
             )
         return meta
 

@@ -119,9 +119,9 @@ class RunnerParts:
     runner: str
     """The runner's class name (``"EnvRunner"``), in messages."""
     file_format: str
-    """The runner named in the checkpoint's format: ``"EnvRunner"``, or
-    ``"MultiAgentRunner"`` for a multi-agent env (the files' names for the two layouts
-    they had, kept so every file restores)."""
+    """The runner the checkpoints of this kind of env named before version 4:
+    ``"EnvRunner"``, or ``"MultiAgentRunner"`` for a multi-agent env (their files still
+    restore)."""
     state: RunnerState
     sampler: Any
     """The runner's sampler (``get_state``/``set_state``/``restart_episodes``)."""

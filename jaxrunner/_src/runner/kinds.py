@@ -50,7 +50,7 @@ class AgentGroups:
     callbacks_name = "jaxrunner.multi_agent.AgentCallbacks"
     episode_type: type = AgentEpisode
     file_format = "MultiAgentRunner"
-    """The checkpoint format name (``RunnerParts.file_format``), kept so every file restores."""
+    """The runner the checkpoints named before version 4 (``RunnerParts.file_format``)."""
     connectors_hint = " (or a dict policy_id -> Connectors)."
 
     def __init__(self, envs: Any) -> None:
