@@ -475,9 +475,7 @@ GRU_KERNEL = "params/default_policy/module/params/GRUCell_0/hn/kernel"
         ("coming_and_going", ["policy_0"], None, "params/policy_0/w"),
     ],
 )
-def test_the_file_loads_without_pickle(
-    name, policy_ids, agents, params_member, tmp_path
-):
+def test_the_file_loads_without_pickle(name, policy_ids, agents, params_member, tmp_path):
     needs(name)
     path = tmp_path / "runner.ckpt"
     with make(name) as runner:
