@@ -106,6 +106,7 @@ PRINTS = {
         r"True True",
     ],
     "docs/multi-agent.md#script-1": [r"True"],  # agent steps counted on the process backend
+    "docs/multi-agent.md#script-2": [r"2 \['spread-episode-0\.mp4'\]"],  # env 0's video
     "docs/backends/process.md#script-1": [r"True True"],  # the sync backend's, bit for bit
     "docs/fault-tolerance.md#script-1": [r"True True"],  # a hung worker replaced
     "docs/connectors.md": [r"\(64, 8, 3\) 1024\.0 \[.*", r"\(16, 4, 3, 2, 18\) 384\.0"],

@@ -157,7 +157,8 @@ class StoredNextObs(Transitions):
         (``[N, ...]`` per leaf): only on the stored rows of a compact trajectory (padded
         with zero observations to a power of two, at least 16, so a jitted ``value_fn``
         compiles for a few shapes), on every row of a dense one. The input
-        :func:`jaxrunner.gae` takes as ``next_value``."""
+        :func:`jaxrunner.gae` takes as ``next_value``. On a compact group, a slot
+        without a transition (``valid`` False) gets 0, which ``gae`` never reads."""
         lead = np.shape(self.reward)
         store = self.next_obs_store
         if not isinstance(store, FinalObs):
