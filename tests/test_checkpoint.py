@@ -82,8 +82,7 @@ def recurrent_policy(num_actions: int, masked: bool = False) -> jr.Policy:
 
 class Recorder(jr.multi_agent.AgentCallbacks):
     """Records each agent episode's end (PettingZoo envs; on a gymnasium env it sees
-    nothing). Not ``on_episode_end``: an env episode live at a save ends, after the
-    restore, with only the reward it got since (its earlier steps are not saved)."""
+    nothing). The per-step hooks' live episodes: ``StepCounter``, below."""
 
     def __init__(self) -> None:
         self.seen: list[tuple] = []
@@ -1335,3 +1334,65 @@ def test_restore_takes_kept_observations_outside_a_box_as_sampling_does(tmp_path
         with pytest.raises(InvalidArgumentError, match=match):
             runner.restore(damaged, load_env_pickles=True)
         assert_trees_equal(runner_state(runner), before, "runner")
+
+
+class StepCounter(jr.multi_agent.AgentCallbacks):
+    """Per-step hooks (either kind of env): each env episode's length, return, first
+    observation and the steps counted in ``user_data``, as it ends."""
+
+    def __init__(self) -> None:
+        self.ended: list[tuple] = []
+        self.current: dict[int, int] = {}
+
+    def on_episode_start(self, runner, env_index, episode) -> None:
+        episode.user_data["steps"] = 0
+        self.current[env_index] = 0
+
+    def on_episode_step(self, runner, env_index, episode) -> None:
+        episode.user_data["steps"] += 1
+        self.current[env_index] = episode.length
+
+    def on_episode_end(self, runner, env_index, episode) -> None:
+        first = jax.tree.leaves(episode.obs[0])[0].tolist()
+        self.ended.append(
+            (env_index, episode.episode_id, episode.length, episode.total_return,
+             episode.user_data["steps"], first)
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TWO_KINDS)
+def test_callbacks_live_episodes_resume_with_the_sub_envs(name, tmp_path):
+    """The per-step callbacks' episodes under way at a save go on after a restore that
+    loads the sub-envs: the episodes they report end as in the unbroken run (their
+    steps before the save, user_data and first observation included). A file whose
+    live episodes are not the sampler state's is refused, the runner unchanged."""
+    needs(name)
+    path = tmp_path / "live.ckpt"
+    with make(name, callbacks=StepCounter()) as runner:
+        samples(runner, 1)
+        assert any(n > 0 for n in runner.callbacks.current.values())  # mid-episode
+        runner.save(path)
+        before = len(runner.callbacks.ended)
+        samples(runner, 3)
+        unbroken = runner.callbacks.ended[before:]
+    assert unbroken
+    with make(name, callbacks=StepCounter()) as runner:
+        assert runner.restore(path, load_env_pickles=True).envs_restored
+        samples(runner, 3)
+        assert runner.callbacks.ended == unbroken
+    with np.load(path) as data:
+        live = pickle.loads(data["live_episodes"].tobytes())
+    swapped = tmp_path / "swapped.ckpt"
+    rewrite(path, swapped, members={"live_episodes.npy": _npy(_bytes(live[::-1]))})
+    with (
+        make(name, callbacks=StepCounter()) as runner,
+        make(name, callbacks=StepCounter()) as twin,
+    ):
+        samples(runner, 1)
+        with pytest.raises(InvalidArgumentError, match=r"live_episodes\[0\] that is not env 0"):
+            runner.restore(swapped, load_env_pickles=True)
+        assert_trees_equal(samples(runner, 1), samples(twin, 2)[1:], "the runner is unchanged")
+
+
+def _bytes(value: Any) -> np.ndarray:
+    return np.frombuffer(pickle.dumps(value), np.uint8)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import warnings
 from typing import Any
 
@@ -58,6 +59,7 @@ def save(parts: RunnerParts, path: str | os.PathLike) -> None:
         envs_kind, envs_note = "pytree", "the env states are arrays in the sampler's state"
     else:
         envs_kind, envs_note = _put_env_snapshots(arrays, parts.envs)
+    live = envs_kind == "pickle" and _put_live_episodes(arrays, parts)
     meta = {
         "format": FORMAT,
         "version": VERSION,
@@ -66,6 +68,7 @@ def save(parts: RunnerParts, path: str | os.PathLike) -> None:
         "rollout_length": parts.rollout_length,
         "envs": envs_kind,
         "envs_note": envs_note,
+        "live_episodes": live,
         "metrics": metrics_paths,
         **{key: _put_episodes(arrays, key, kept) for key, kept in kept_episodes(parts).items()},
     }
@@ -83,6 +86,27 @@ def _put_env_snapshots(arrays: dict[str, np.ndarray], envs: Any) -> tuple[str, s
         return "none", f"a sub-env could not be pickled ({type(err).__name__}: {err})"
     put_snapshots(arrays, blobs)
     return "pickle", "the sub-envs are pickled"
+
+
+def _put_live_episodes(arrays: dict[str, np.ndarray], parts: RunnerParts) -> bool:
+    """Adds the per-step callbacks' episodes under way (``user_data`` and ``infos``
+    included) as one pickle, beside the sub-envs' (``live_episodes``: read only on
+    request); returns whether there were any to add."""
+    live = parts.sampler.live_episodes()
+    if not live:
+        return False
+    try:
+        blob = pickle.dumps(live)
+    except Exception as err:  # e.g. an open file in user_data: they restart at a restore
+        warnings.warn(
+            f"{parts.runner}.save(): the callbacks' live episodes could not be pickled "
+            f"({type(err).__name__}: {err}); at a restore they start again from the "
+            "restored observations.",
+            stacklevel=4,
+        )
+        return False
+    arrays["live_episodes"] = np.frombuffer(blob, np.uint8)
+    return True
 
 
 def _put_episodes(
@@ -144,8 +168,9 @@ def _resume_envs(parts: RunnerParts, ckpt: Checkpoint, path: str) -> tuple[bool,
     sampler, runner = parts.sampler, parts.runner
     envs_restored = ckpt.envs == "pytree"
     note = ckpt.envs_note
-    previous = sampler.get_state()
-    sampler.set_state(ckpt.sampler_state)  # refuses (runner unchanged) or takes it whole
+    previous, previous_live = sampler.get_state(), sampler.live_episodes() or None
+    # refuses (runner unchanged) or takes it whole
+    sampler.set_state(ckpt.sampler_state, ckpt.live_episodes)
     try:
         if ckpt.env_snapshots is not None:
             try:
@@ -169,7 +194,7 @@ def _resume_envs(parts: RunnerParts, ckpt: Checkpoint, path: str) -> tuple[bool,
             sampler.restart_episodes(seeds)
             parts.restart_connectors()
     except BaseException:
-        sampler.set_state(previous)
+        sampler.set_state(previous, previous_live)
         raise
     if not envs_restored:
         note = (

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.checkpoints.header_checks import leading
+from jaxrunner._src.checkpoints.header_checks import bytes_check, leading
 from jaxrunner._src.checkpoints.reader import CheckpointReader, EpisodeSpaces
 from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID, RunnerParts
+from jaxrunner._src.samplers.callbacks import LiveEpisode
 from jaxrunner._src.samplers.scan import ScanSampler
 
 FORMAT = "jaxrunner checkpoint"
@@ -112,6 +114,10 @@ class Checkpoint:
     """Why, as the saving runner said it (or why the pickles cannot be restored here)."""
     env_snapshots: tuple[bytes, ...] | None
     """One pickle per sub-env; None unless saved, opted in to and restorable here."""
+    live_episodes: list[Any] | None
+    """The per-step callbacks' episodes under way, one per env, unpickled and checked
+    against the sampler state; None unless saved with the sub-envs' pickles, opted in
+    to, and this runner has per-step callbacks."""
     kept: dict[str, tuple[Any, ...]]
     """The kept episodes, as :func:`kept_episodes` (kept only when the envs resume,
     but ``finished``)."""
@@ -159,10 +165,11 @@ class CheckpointFile(CheckpointReader):
                 key: self._read_episodes(npz, key, meta[key], next_id, most)
                 for key in kept_episodes(parts)
             }
-            envs, envs_note, snapshots = meta["envs"], meta["envs_note"], None
+            envs, envs_note, snapshots, live = meta["envs"], meta["envs_note"], None, None
             if envs == "pickle" and load_env_pickles:
                 if parts.envs.can_snapshot:
                     snapshots = self.read_snapshots(npz, self.num_envs)
+                    live = self._read_live(npz, meta, ids)
                 else:  # saved on the sync backend, restored on another: new episodes
                     name = type(parts.envs).__name__
                     envs, envs_note = "none", f"{name} cannot restore sub-env snapshots"
@@ -182,8 +189,39 @@ class CheckpointFile(CheckpointReader):
             envs=envs,
             envs_note=envs_note,
             env_snapshots=snapshots,
+            live_episodes=live,
             kept=kept,
         )
+
+    def _read_live(self, npz: NpzReader, meta: dict[str, Any], ids: np.ndarray) -> Any:
+        """The callbacks' live episodes, unpickled (opted in to, with the sub-envs'): one
+        :class:`LiveEpisode` per env, of the episode the sampler state says is under way
+        there; None where none were saved or this runner has no per-step callbacks."""
+        saved = meta.get("live_episodes", False)
+        if not isinstance(saved, bool):
+            raise self.error(f"has metadata field live_episodes={saved!r}; expected a bool")
+        if not saved or not self.parts.sampler.live_episodes():
+            return None
+        blob = npz.read("live_episodes", "live_episodes", "u", bytes_check).tobytes()
+        try:
+            live = pickle.loads(blob)
+        except Exception as err:
+            raise self.error(
+                f"has a live_episodes pickle that fails to load ({err!r:.200})"
+            ) from err
+        if not isinstance(live, list) or len(live) != self.num_envs:
+            raise self.error(f"has live_episodes that are not {self.num_envs} episodes")
+        for i, episode in enumerate(live):
+            if (
+                not isinstance(episode, LiveEpisode)
+                or episode.env_id != i
+                or episode.episode_id != int(ids[i])
+            ):
+                raise self.error(
+                    f"has live_episodes[{i}] that is not env {i}'s episode {int(ids[i])} "
+                    "under way (the sampler state's)"
+                )
+        return live
 
     def _check_meta(self, npz: NpzReader) -> dict[str, Any]:
         kind = self.parts.file_format

@@ -377,11 +377,14 @@ class CheckpointReader:
             )
 
     def refuse_unreferenced(self, npz: NpzReader, meta: dict[str, Any]) -> None:
-        """Every member of the file is one a field references: read, or a sub-env pickle
-        of a checkpoint that holds them (``envs`` is ``"pickle"``), read only on request.
-        Another (an object array, a pickle where none belongs) is refused unread."""
-        pickles = meta["num_envs"] if meta["envs"] == "pickle" else 0
-        other = sorted(set(npz.unread()) - {f"envs/{i}" for i in range(pickles)})
+        """Every member of the file is one a field references: read, or a pickle of a
+        checkpoint that holds them (``envs`` is ``"pickle"``: the sub-envs', and the
+        callbacks' ``live_episodes``), read only on request. Another (an object array, a
+        pickle where none belongs) is refused unread."""
+        pickles = {f"envs/{i}" for i in range(meta["num_envs"])}
+        if meta.get("live_episodes") is True:
+            pickles.add("live_episodes")
+        other = sorted(set(npz.unread()) - (pickles if meta["envs"] == "pickle" else set()))
         if other:
             raise self.error(
                 f"has a member {other[0]!r} that no field references ({len(other)} such "

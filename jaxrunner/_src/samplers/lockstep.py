@@ -172,11 +172,14 @@ class LockstepSampler(HostSampler):
             "obs": obs,
         }
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: dict[str, Any], live: list[LiveEpisode] | None = None) -> None:
         self._state = state["actor"]
         self._book.set_state(state["book"])
         self._episode_start[:] = state["episode_start"]
-        self._set_obs(space_arrays.map_structure(self._obs_space, np.array, state["obs"]))
+        self._set_obs(space_arrays.map_structure(self._obs_space, np.array, state["obs"]), live)
+
+    def live_episodes(self) -> list[LiveEpisode]:
+        return list(self._live) if self.callbacks is not None else []
 
     def restart_episodes(self, seeds: list[int]) -> None:
         obs, _ = self.envs.reset_batch(seeds)
@@ -184,11 +187,13 @@ class LockstepSampler(HostSampler):
         self._episode_start[:] = True
         self._set_obs(obs)
 
-    def _set_obs(self, obs: Any) -> None:
-        """The envs' latest observations are ``obs`` (callbacks' live episodes restart
-        from them, with the book's ids)."""
+    def _set_obs(self, obs: Any, live: list[LiveEpisode] | None = None) -> None:
+        """The envs' latest observations are ``obs``; callbacks' live episodes go on as
+        ``live`` or restart from them, with the book's ids."""
         self._split_obs = [space_arrays.rows(self._obs_space, obs, g) for g in self.splits]
-        if self.callbacks is not None:
+        if self.callbacks is not None and live is not None:
+            self._live = list(live)
+        elif self.callbacks is not None:
             ids = self._book.episode_id.tolist()
             self._live = [self._start_live(i, ids[i], obs) for i in range(self.envs.num_envs)]
 

@@ -343,15 +343,24 @@ class MultiAgentSampler:
             groups={pid: gs.get_state(last[pid]) for pid, gs in self.groups.items()},
         )
 
-    def set_state(self, state: MultiAgentSamplerState) -> None:
+    def set_state(
+        self, state: MultiAgentSamplerState, live: list[LiveEpisode] | None = None
+    ) -> None:
         """Takes ``state`` (a :meth:`get_state`, shapes and dtypes checked by the caller)
         as its own: sampling goes on exactly where it was taken, provided the envs are in
-        their saved state too."""
+        their saved state too; the callbacks' live episodes as ``live`` (else they
+        restart)."""
         self._book.set_state(state.book)
         for pid, gs in self.groups.items():
             gs.set_state(state.groups[pid], self._last.groups[pid])
-        if self.callbacks is not None:
+        if self.callbacks is not None and live is not None:
+            self._live = list(live)
+        elif self.callbacks is not None:
             self._restart_live()
+
+    def live_episodes(self) -> list[LiveEpisode]:
+        """The per-step callbacks' episodes under way, one per env (none without)."""
+        return list(self._live) if self.callbacks is not None else []
 
     def restart_episodes(self, seeds: list[int]) -> None:
         """After :meth:`set_state` when the envs could not be restored: resets sub-env

@@ -176,7 +176,8 @@ class ReadyFirstSampler(HostSampler):
             "obs": space_arrays.map_structure(self._obs_space, np.copy, self._obs),
         }
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: dict[str, Any], live: list[Any] | None = None) -> None:
+        del live  # no per-step callbacks here
         if self._in_flight or self._t.any():
             raise InvalidArgumentError(
                 "EnvRunner.restore(): this runner has envs stepping ahead of its last "

@@ -80,10 +80,16 @@ class Sampler(abc.ABC):
         env, the env states too), as a pytree of arrays. Valid between samples."""
         raise self._cannot_checkpoint("save")
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: dict[str, Any], live: list[Any] | None = None) -> None:
         """Takes ``state`` (shaped as :meth:`get_state`'s) as its own: sampling goes on
-        exactly where it was saved, provided the envs are in their saved state too."""
+        exactly where it was saved, provided the envs are in their saved state too;
+        ``live``: the callbacks' episodes under way then (:meth:`live_episodes`), else
+        they start again from the latest observations."""
         raise self._cannot_checkpoint("restore")
+
+    def live_episodes(self) -> list[Any]:
+        """The per-step callbacks' episodes under way, one per env (none without)."""
+        return []
 
     def restart_episodes(self, seeds: list[int]) -> None:
         """After :meth:`set_state` when the envs could not be restored: resets every env

@@ -214,8 +214,10 @@ class ScanSampler(Sampler):
         }
         return {"rollout": self._loop.state, "running": running}
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Takes a :meth:`get_state` (structure, shapes and dtypes checked by the caller)."""
+    def set_state(self, state: dict[str, Any], live: list[Any] | None = None) -> None:
+        """Takes a :meth:`get_state` (structure, shapes and dtypes checked by the caller);
+        a pure-JAX env has no per-step callbacks (``live``)."""
+        del live
         self._loop.state = state["rollout"]
         for pid, (running_return, running_length) in (self._running or {}).items():
             np.copyto(running_return, state["running"][pid]["return"])
