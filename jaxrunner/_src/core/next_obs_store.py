@@ -17,7 +17,7 @@ from jaxrunner._src import space_arrays
 
 
 class FinalObs(flax.struct.PyTreeNode):
-    """The rows of ``next_obs`` that differ from the next step's ``obs``.
+    """The rows of ``next_obs`` that are not the ``obs`` their slot acts on next.
 
     Attributes:
         index: ``[K]`` int64, the flat slots ``t * R + r``, ascending, with ``R`` rows per
