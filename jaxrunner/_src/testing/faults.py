@@ -299,9 +299,15 @@ class _FaultyAgents:
 
     env: Any
 
-    def _init_faults(
-        self, faults: Sequence[FaultPlan], log: CallLog | None, seed: int, agent: str | None
+    def __init__(
+        self,
+        env: Any,
+        faults: Sequence[FaultPlan] = (),
+        log: CallLog | None = None,
+        seed: int = 0,
+        agent: str | None = None,
     ) -> None:
+        super().__init__(env)  # type: ignore[call-arg]  # the PettingZoo wrapper's
         self.schedule = FaultSchedule(faults, log, seed, type(self).__name__)
         self.faults, self.log, self.agent = self.schedule.faults, log, agent
         self.calls = self.schedule.calls
@@ -318,17 +324,6 @@ class _FaultyAgents:
 class FaultyParallelEnv(_FaultyAgents, BaseParallelWrapper):
     """:class:`FaultyEnv` for a PettingZoo ``ParallelEnv``: a garbage fault breaks the
     returns of ``agent`` if returned, else of the first key of the returned observations."""
-
-    def __init__(
-        self,
-        env: Any,
-        faults: Sequence[FaultPlan] = (),
-        log: CallLog | None = None,
-        seed: int = 0,
-        agent: str | None = None,
-    ) -> None:
-        BaseParallelWrapper.__init__(self, env)  # type: ignore[arg-type]
-        self._init_faults(faults, log, seed, agent)
 
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
@@ -377,19 +372,9 @@ class FaultyAECEnv(_FaultyAgents, BaseWrapper):
     with the others.
     """
 
-    def __init__(
-        self,
-        env: Any,
-        faults: Sequence[FaultPlan] = (),
-        log: CallLog | None = None,
-        seed: int = 0,
-        agent: str | None = None,
-    ) -> None:
-        BaseWrapper.__init__(self, env)  # type: ignore[arg-type]
-        self._init_faults(faults, log, seed, agent)
-        self._broken: tuple[str, tuple[Any, Any, Any, Any], Any] | None = None
-        """Until the next call: the target agent, its broken (obs, reward, terminated,
-        info), and its broken reward since its last turn (what ``last()`` reads)."""
+    _broken: tuple[str, tuple[Any, Any, Any, Any], Any] | None = None
+    """Until the next call: the target agent, its broken (obs, reward, terminated,
+    info), and its broken reward since its last turn (what ``last()`` reads)."""
 
     def _call(self, call: str, inner: Callable[[], None]) -> None:
         self._broken = None
