@@ -21,6 +21,12 @@ median of the per-round ratios. Each child's dispatch mode is in the report.
   env stepped with its action dict and reset where no agent is left. The same
   comparison, at ``jaxrunner bench``'s rollout lengths and with its report, is
   ``jaxrunner bench --env mpe2:simple_spread_v3 --backend all``.
+  With ``--peers-python`` (a venv with ``pufferlib-core``, jaxrunner's dependencies,
+  ``pettingzoo`` and ``mpe2``): ``puffer_serial`` and ``puffer_mp``, PufferLib's
+  PettingZoo emulation by hand (``PettingZooPufferEnv``, its agents as rows, vectorized by
+  ``Serial`` or ``Multiprocessing`` as ``peer_loops.puffer_envs`` does), the same jitted
+  policy once per step on every row, obs/action/log-prob/reward/flags/mask written into
+  ``[T, B * 3]`` arrays; each jaxrunner system's ratio to each of them is reported too.
 * ``jaxmarl``: JaxMARL's ``MPE_simple_spread_v3`` at 4096 envs. ``jaxrunner``:
   ``EnvRunner` (multi-agent)` on a ``JaxMultiAgentVectorEnv`` (one jitted scan per sample,
   true final observations, episode bookkeeping and metrics included). ``hand_scan``:
@@ -97,6 +103,52 @@ def hand_loop_host(num_envs: int, rollout: int) -> tuple[Callable[[], int], Call
     return loop.rollout, loop.close
 
 
+def puffer_host(
+    reference: str, num_envs: int, rollout: int
+) -> tuple[Callable[[], int], Callable[[], None]]:
+    from peer_loops import puffer_envs
+
+    vecenv = puffer_envs(reference, make_env, num_envs, seed=0, pettingzoo=True)
+    policy, params = _policy()
+    rows = num_envs * NUM_AGENTS
+    act = bench.hand_act(policy, rows)
+    shape = (rollout, rows)
+    buf = {
+        "obs": np.zeros((*shape, 18), np.float32),
+        "action": np.zeros(shape, np.int64),
+        "log_prob": np.zeros(shape, np.float32),
+        "reward": np.zeros(shape, np.float32),
+        "terminal": np.zeros(shape, np.bool_),
+        "truncation": np.zeros(shape, np.bool_),
+        "mask": np.zeros(shape, np.bool_),
+    }
+    vecenv.async_reset(0)
+    obs = vecenv.recv()[0]
+    state = {"obs": obs, "key": jax.random.key(0)}
+
+    def step() -> int:
+        obs, key = state["obs"], state["key"]
+        for t in range(rollout):
+            buf["obs"][t] = obs
+            action, extras, key = act(params, obs, key)
+            action = np.asarray(action)
+            buf["action"][t] = action
+            buf["log_prob"][t] = np.asarray(extras["log_prob"])
+            vecenv.send(action)  # PufferLib's own loop: send, then recv with the masks
+            obs, reward, terminal, truncation, _, _, _, mask = vecenv.recv()
+            buf["reward"][t], buf["terminal"][t], buf["truncation"][t] = (
+                reward,
+                terminal,
+                truncation,
+            )
+            buf["mask"][t] = mask
+        state.update(obs=obs, key=key)
+        return rollout * num_envs
+
+    step()  # warm-up (compiles the policy)
+    return step, vecenv.close
+
+
 def jaxrunner_scan(env: Any, num_envs: int, rollout: int) -> tuple[Callable[[], int], Any]:
     envs = jr.multi_agent.JaxMultiAgentVectorEnv(env, num_envs, dones_are_truncations=True)
     policy, params = _policy()
@@ -157,6 +209,8 @@ def build(part: str, name: str, width: int, rollout: int) -> tuple[Callable[[], 
     if part == "host":
         if name == "hand_loop":
             return hand_loop_host(width, rollout)
+        if name.startswith("puffer"):
+            return puffer_host(name, width, rollout)
         backend, num_splits = {
             "jaxrunner": ("sync", None),
             "jaxrunner_process": ("process", None),
@@ -189,13 +243,21 @@ def child(part: str, name: str, width: int, rollout: int) -> None:
 class Child:
     """The parent's handle on one system's process."""
 
-    def __init__(self, part: str, name: str, width: int, rollout: int, reference: bool) -> None:
+    def __init__(
+        self,
+        part: str,
+        name: str,
+        width: int,
+        rollout: int,
+        reference: bool,
+        python: str | None = None,
+    ) -> None:
         env = dict(os.environ)
         if reference:  # JAX's default, as for a user who never imports jaxrunner
             env[ASYNC_DISPATCH_ENV] = "true"
         else:  # jaxrunner's own default
             env.pop(ASYNC_DISPATCH_ENV, None)
-        command = [sys.executable, __file__, "--child", name, "--part", part]
+        command = [python or sys.executable, __file__, "--child", name, "--part", part]
         command += ["--widths", str(width), "--rollout", str(rollout)]
         self.proc = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
@@ -219,12 +281,26 @@ class Child:
 
 
 def interleaved(
-    part: str, names: tuple[str, ...], width: int, rollout: int, seconds: float, rounds: int
+    part: str,
+    names: tuple[str, ...],
+    width: int,
+    rollout: int,
+    seconds: float,
+    rounds: int,
+    peers_python: str | None = None,
 ) -> dict[str, Any]:
-    """Rounds of each system in turn (the reference last), each in its child; medians,
-    and each jaxrunner system's ratio to the reference."""
+    """Rounds of each system in turn (the reference last), each in its child (PufferLib's
+    in ``peers_python``); medians, each system's ratio to the reference, and each
+    jaxrunner system's to each PufferLib one."""
     children = {
-        name: Child(part, name, width, rollout, reference=not name.startswith("jaxrunner"))
+        name: Child(
+            part,
+            name,
+            width,
+            rollout,
+            reference=not name.startswith("jaxrunner"),
+            python=peers_python if name.startswith("puffer") else None,
+        )
         for name in names
     }
     rates: dict[str, list[float]] = {name: [] for name in names}
@@ -237,7 +313,17 @@ def interleaved(
             c.close()
     ref = rates[names[-1]]
     ratios = {name: [a / b for a, b in zip(rates[name], ref)] for name in names[:-1]}
+    peers = [n for n in names if n.startswith("puffer")]
+    vs_peers = {
+        f"{name}_ratio_vs_{peer}": statistics.median(
+            a / b for a, b in zip(rates[name], rates[peer])
+        )
+        for name in names
+        if name.startswith("jaxrunner")
+        for peer in peers
+    }
     return {
+        "vs_peers": vs_peers,
         "median": {name: statistics.median(r) for name, r in rates.items()},
         "ratio": {name: statistics.median(r) for name, r in ratios.items()},
         "ratios": ratios,
@@ -254,21 +340,28 @@ def main() -> None:
     parser.add_argument("--rollout", type=int, default=None)
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--peers-python", default=None, help="a venv's python with pufferlib-core (host part)"
+    )
     args = parser.parse_args()
     host = args.part == "host"
     rollout = args.rollout or (64 if host else 128)
     if args.child:
         child(args.part, args.child, args.widths[0], rollout)
         return
-    names = (
+    names: tuple[str, ...] = (
         ("jaxrunner", "jaxrunner_process", "jaxrunner_process_2splits", "hand_loop")
         if host
         else ("jaxrunner", "hand_scan")
     )
+    if host and args.peers_python:
+        names = (*names[:-1], "puffer_serial", "puffer_mp", names[-1])
     dispatch: dict[str, str] = {}
     results = []
     for width in args.widths or ((1, 8, 64, 256) if host else (4096,)):
-        out = interleaved(args.part, names, width, rollout, args.seconds, args.rounds)
+        out = interleaved(
+            args.part, names, width, rollout, args.seconds, args.rounds, args.peers_python
+        )
         dispatch = out["cpu_dispatch"]
         results.append(_row(width, out, names[-1]))
         print(results[-1], flush=True)
@@ -285,6 +378,7 @@ def _row(width: int, out: dict[str, Any], reference: str) -> dict[str, Any]:
         **{f"{name}_agent_steps_per_s": NUM_AGENTS * rate for name, rate in med.items()},
         **{f"{name}_ratio_vs_{reference}": r for name, r in out["ratio"].items()},
         **{f"{name}_ratios_vs_{reference}_per_round": r for name, r in out["ratios"].items()},
+        **out["vs_peers"],
     }
 
 

@@ -47,8 +47,12 @@ def available_cores() -> int:
     return int(psutil.cpu_count(logical=False) or 1)
 
 
-def puffer_envs(reference: str, make: Callable[[], Any], num_envs: int, seed: int) -> Any:
-    """PufferLib's vectorization of gymnasium envs: each env in ``GymnasiumPufferEnv``;
+def puffer_envs(
+    reference: str, make: Callable[[], Any], num_envs: int, seed: int, pettingzoo: bool = False
+) -> Any:
+    """PufferLib's vectorization of gymnasium envs: each env in ``GymnasiumPufferEnv``
+    (``pettingzoo``: a PettingZoo parallel env in ``PettingZooPufferEnv``, its agents as
+    rows);
     ``"puffer_serial"``: ``Serial`` steps them in this process; ``"puffer_mp"``:
     ``Multiprocessing`` with a worker per physical core but one (PufferLib refuses more
     than one per core by default; its workers and its ``recv`` spin while they wait,
@@ -58,7 +62,9 @@ def puffer_envs(reference: str, make: Callable[[], Any], num_envs: int, seed: in
     import pufferlib.emulation  # type: ignore[import-not-found]  # the peers venv only
     import pufferlib.vector  # type: ignore[import-not-found]  # the peers venv only
 
-    creator = functools.partial(pufferlib.emulation.GymnasiumPufferEnv, env_creator=make)
+    emulation = pufferlib.emulation
+    wrapper = emulation.PettingZooPufferEnv if pettingzoo else emulation.GymnasiumPufferEnv
+    creator = functools.partial(wrapper, env_creator=make)
     if reference == "puffer_serial":
         return pufferlib.vector.make(
             creator, backend=pufferlib.vector.Serial, num_envs=num_envs, seed=seed
