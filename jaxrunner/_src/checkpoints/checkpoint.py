@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 import warnings
 from typing import Any
 
@@ -22,6 +21,7 @@ from jaxrunner._src.checkpoints.checkpoint_file import (
     identity,
     kept_episodes,
 )
+from jaxrunner._src.checkpoints.live_episodes import put_live_episodes
 from jaxrunner._src.checkpoints.writer import (
     put_snapshots,
     put_steps,
@@ -59,7 +59,7 @@ def save(parts: RunnerParts, path: str | os.PathLike) -> None:
         envs_kind, envs_note = "pytree", "the env states are arrays in the sampler's state"
     else:
         envs_kind, envs_note = _put_env_snapshots(arrays, parts.envs)
-    live = envs_kind == "pickle" and _put_live_episodes(arrays, parts)
+    live = envs_kind == "pickle" and put_live_episodes(arrays, parts)
     meta = {
         "format": FORMAT,
         "version": VERSION,
@@ -86,27 +86,6 @@ def _put_env_snapshots(arrays: dict[str, np.ndarray], envs: Any) -> tuple[str, s
         return "none", f"a sub-env could not be pickled ({type(err).__name__}: {err})"
     put_snapshots(arrays, blobs)
     return "pickle", "the sub-envs are pickled"
-
-
-def _put_live_episodes(arrays: dict[str, np.ndarray], parts: RunnerParts) -> bool:
-    """Adds the per-step callbacks' episodes under way (``user_data`` and ``infos``
-    included) as one pickle, beside the sub-envs' (``live_episodes``: read only on
-    request); returns whether there were any to add."""
-    live = parts.sampler.live_episodes()
-    if not live:
-        return False
-    try:
-        blob = pickle.dumps(live)
-    except Exception as err:  # e.g. an open file in user_data: they restart at a restore
-        warnings.warn(
-            f"{parts.runner}.save(): the callbacks' live episodes could not be pickled "
-            f"({type(err).__name__}: {err}); at a restore they start again from the "
-            "restored observations.",
-            stacklevel=4,
-        )
-        return False
-    arrays["live_episodes"] = np.frombuffer(blob, np.uint8)
-    return True
 
 
 def _put_episodes(

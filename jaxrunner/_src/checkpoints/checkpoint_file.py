@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.checkpoints.header_checks import bytes_check, leading
+from jaxrunner._src.checkpoints.header_checks import leading
+from jaxrunner._src.checkpoints.live_episodes import read_live_episodes
 from jaxrunner._src.checkpoints.reader import CheckpointReader, EpisodeSpaces
 from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID, RunnerParts
-from jaxrunner._src.samplers.callbacks import LiveEpisode
 from jaxrunner._src.samplers.scan import ScanSampler
 
 FORMAT = "jaxrunner checkpoint"
@@ -169,7 +168,7 @@ class CheckpointFile(CheckpointReader):
             if envs == "pickle" and load_env_pickles:
                 if parts.envs.can_snapshot:
                     snapshots = self.read_snapshots(npz, self.num_envs)
-                    live = self._read_live(npz, meta, ids)
+                    live = read_live_episodes(self, npz, meta, ids, parts.sampler)
                 else:  # saved on the sync backend, restored on another: new episodes
                     name = type(parts.envs).__name__
                     envs, envs_note = "none", f"{name} cannot restore sub-env snapshots"
@@ -192,36 +191,6 @@ class CheckpointFile(CheckpointReader):
             live_episodes=live,
             kept=kept,
         )
-
-    def _read_live(self, npz: NpzReader, meta: dict[str, Any], ids: np.ndarray) -> Any:
-        """The callbacks' live episodes, unpickled (opted in to, with the sub-envs'): one
-        :class:`LiveEpisode` per env, of the episode the sampler state says is under way
-        there; None where none were saved or this runner has no per-step callbacks."""
-        saved = meta.get("live_episodes", False)
-        if not isinstance(saved, bool):
-            raise self.error(f"has metadata field live_episodes={saved!r}; expected a bool")
-        if not saved or not self.parts.sampler.live_episodes():
-            return None
-        blob = npz.read("live_episodes", "live_episodes", "u", bytes_check).tobytes()
-        try:
-            live = pickle.loads(blob)
-        except Exception as err:
-            raise self.error(
-                f"has a live_episodes pickle that fails to load ({err!r:.200})"
-            ) from err
-        if not isinstance(live, list) or len(live) != self.num_envs:
-            raise self.error(f"has live_episodes that are not {self.num_envs} episodes")
-        for i, episode in enumerate(live):
-            if (
-                not isinstance(episode, LiveEpisode)
-                or episode.env_id != i
-                or episode.episode_id != int(ids[i])
-            ):
-                raise self.error(
-                    f"has live_episodes[{i}] that is not env {i}'s episode {int(ids[i])} "
-                    "under way (the sampler state's)"
-                )
-        return live
 
     def _check_meta(self, npz: NpzReader) -> dict[str, Any]:
         kind = self.parts.file_format
