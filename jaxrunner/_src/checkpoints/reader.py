@@ -377,13 +377,11 @@ class CheckpointReader:
             )
 
     def refuse_unreferenced(self, npz: NpzReader, meta: dict[str, Any]) -> None:
-        """Every member of the file is one a field references: read, or a pickle of a
-        checkpoint that holds them (``envs`` is ``"pickle"``: the sub-envs', and the
-        callbacks' ``live_episodes``), read only on request. Another (an object array, a
-        pickle where none belongs) is refused unread."""
-        pickles = {f"envs/{i}" for i in range(meta["num_envs"])}
-        if meta.get("live_episodes") is True:
-            pickles.add("live_episodes")
+        """Every member is read, or a pickle (read only on request) of a checkpoint that
+        holds them: the sub-envs' and the callbacks' ``live_episodes``. Another (an object
+        array, a pickle where none belongs) is refused unread."""
+        live = ["live_episodes"] if meta.get("live_episodes") is True else []
+        pickles = {*(f"envs/{i}" for i in range(meta["num_envs"])), *live}
         other = sorted(set(npz.unread()) - (pickles if meta["envs"] == "pickle" else set()))
         if other:
             raise self.error(
