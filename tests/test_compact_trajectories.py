@@ -402,6 +402,11 @@ def test_multi_agent_compact_slices_joins_episodes_files_and_values(
     assert c.is_compact
     chex.assert_trees_all_equal(c.dense(), d)
     chex.assert_trees_all_equal(jr.concatenate([compact[0], dense[1]]), jr.concatenate(dense[:2]))
+    # A sample without an env-level valid (a scan's with no failed step) first: filled in.
+    joined = jr.concatenate([dense[1].replace(valid=None), dense[0]])
+    np.testing.assert_array_equal(
+        joined.valid, np.concatenate([np.ones_like(dense[0].valid), dense[0].valid])
+    )
     for start, stop in [(0, 1), (2, 9), (0, 33), (10, 24), (32, 33), (5, 5)]:
         part = c.time_slice(start, stop)
         assert part.is_compact or start == stop

@@ -96,6 +96,7 @@ class GroupTrajectory(StoredNextObs, flax.struct.PyTreeNode):
         return np.asarray(self.valid)
 
 
+# After the class: flax's dataclass transform sets its own replace on the class.
 GroupTrajectory.replace = replace_fields  # type: ignore[method-assign]
 
 

@@ -215,9 +215,6 @@ def replace_fields(self: Any, **updates: Any) -> Any:
     return dataclasses.replace(self, **updates)
 
 
-# After the class: flax's dataclass transform sets its own replace on the class.
-
-
 def concatenate(trajectories: Sequence[TrajectoryT]) -> TrajectoryT:
     """Joins trajectories of the same envs along time (``[T1 + T2 + ..., B]``): each a
     :class:`Trajectory` (the result compact if they all are), or each a
@@ -228,8 +225,8 @@ def concatenate(trajectories: Sequence[TrajectoryT]) -> TrajectoryT:
         )
     if not all(t.is_compact for t in trajectories):
         trajectories = [t.dense() for t in trajectories]
+    trajectories = type(trajectories[0])._aligned(trajectories)
     first = trajectories[0]
-    trajectories = type(first)._aligned(trajectories)
     structure = jax.tree.structure(first)
     for i, traj in enumerate(trajectories):
         if jax.tree.structure(traj) != structure:

@@ -168,6 +168,7 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
         return _load(cls, path, max_bytes)
 
 
+# After the class: flax's dataclass transform sets its own replace on the class.
 Trajectory.replace = replace_fields  # type: ignore[method-assign]
 
 
