@@ -257,8 +257,11 @@ class GroupBufferPool(ReusedBuffers):
         }
         self._scratch = None
         if compact:
-            self._scratch = {
-                pid: gs.allocate(num_steps).next_obs_store for pid, gs in groups.items()
+            self._scratch = {  # the next observations alone, not a whole trajectory
+                pid: space_arrays.allocate(
+                    gs.group.observation_space, (num_steps, num_envs, gs.group.num_agents)
+                )
+                for pid, gs in groups.items()
             }
 
     @property
