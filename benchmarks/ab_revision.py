@@ -78,11 +78,20 @@ def import_base(revision: str, into: pathlib.Path) -> Any:
 
 
 def make_envs(
-    package: Any, env: str, num_envs: int, backend: str, env_kwargs: dict | None = None
+    package: Any,
+    env: str,
+    num_envs: int,
+    backend: str,
+    env_kwargs: dict | None = None,
+    main_process_envs: int | None = None,
 ) -> Any:
     """The vector env, built the way ``package``'s ``make_vec`` takes Ray's options
     (typed ``config=`` since the send/recv rewrite, keyword arguments before);
-    ``env_kwargs`` go to ``make_vec``."""
+    ``env_kwargs`` go to ``make_vec``; ``main_process_envs``: the process backend's
+    ``ProcessConfig(main_process_envs=...)``."""
+    if main_process_envs:
+        config = package.ProcessConfig(main_process_envs=main_process_envs)
+        env_kwargs = {**(env_kwargs or {}), "config": config}
     if backend == "jax":
         import gymnax
 
@@ -113,8 +122,9 @@ def make_runner(
     rollout_length: int,
     backend: str = "sync",
     env_kwargs: dict | None = None,
+    main_process_envs: int | None = None,
 ) -> Any:
-    envs = make_envs(package, env, num_envs, backend, env_kwargs)
+    envs = make_envs(package, env, num_envs, backend, env_kwargs, main_process_envs)
     # jr.models since the public/private split; the bench harness's policy before it.
     models = getattr(package, "models", None) or importlib.import_module(
         f"{package.__name__}.bench"
@@ -168,6 +178,12 @@ def main() -> None:
         "--env-kwargs", type=json.loads, default={}, help="for make_vec, as JSON: '{\"a\": 1}'"
     )
     parser.add_argument("--rollout-length", type=int, default=64)
+    parser.add_argument(
+        "--main-process-envs",
+        type=int,
+        default=None,
+        help="backend process: ProcessConfig(main_process_envs=...) (the main process's share)",
+    )
     parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parse_args(parser)
@@ -183,7 +199,13 @@ def main() -> None:
         for num_envs in args.num_envs:
             runners = {
                 k: make_runner(
-                    p, args.env, num_envs, args.rollout_length, args.backend, args.env_kwargs
+                    p,
+                    args.env,
+                    num_envs,
+                    args.rollout_length,
+                    args.backend,
+                    args.env_kwargs,
+                    args.main_process_envs,
                 )
                 for k, p in versions.items()
             }
@@ -206,6 +228,7 @@ def main() -> None:
             speedups = np.array(times["base"]) / np.array(times["new"])
             row = {
                 "backend": args.backend,
+                "main_process_envs": args.main_process_envs,
                 "num_envs": num_envs,
                 **{f"{k}_us_per_step_median": float(np.median(v)) for k, v in times.items()},
                 **{f"{k}_us_per_step_min": float(np.min(v)) for k, v in times.items()},

@@ -1,6 +1,7 @@
 """Tests for the main process's share of ``backend="process"``
-(:mod:`jaxrunner._src.backends.process.local_share`): the first sub-envs step in the main process,
-the rest in workers, and everything stays step for step equal to the sync backend."""
+(:mod:`jaxrunner._src.backends.process.main_process`): the first sub-envs step in the main
+process as worker 0, the rest in worker processes, and everything stays step for step equal
+to the sync backend, for either kind of env."""
 
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from conftest import ActorCritic, short_cartpole
 import jaxrunner as jr
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.process import (
-    LocalShareVectorEnv,
     ProcessConfig,
     ProcessVectorEnv,
     main_process_share,
+    make_process_vec,
 )
+from jaxrunner._src.backends.process.protocol import OP_STEP
 from jaxrunner.errors import EnvError, InvalidArgumentError, WorkerError
 from jaxrunner.testing import (
     CountingEnv,
@@ -38,13 +40,20 @@ SEED = 7
 NUM_ENVS = 7
 
 
-class TestLocalShareContract(VectorEnvContract):
-    """The backend contract: sub-env 0 in the main process, 1 and 2 in a worker (the
-    contract's halves fall on the split)."""
+def _share(fns: Sequence[Callable[[], Any]], share: int, restart_policy=None, **options) -> Any:
+    """The process backend of ``fns``' kind with the first ``share`` sub-envs here."""
+    config = ProcessConfig(main_process_envs=share, **options)
+    return make_process_vec(fns, config, restart_policy=restart_policy, multi_agent=None)
 
-    def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]], restart_policy=None) -> Any:
-        config = ProcessConfig(main_process_envs=1)
-        return LocalShareVectorEnv(env_fns, config, restart_policy=restart_policy)
+
+class TestLocalShareContract(VectorEnvContract):
+    """The backend contract on every kind: sub-env 0 in the main process, 1 and 2 in a
+    worker (the contract's halves fall on the split)."""
+
+    env_kinds: ClassVar[tuple[str, ...]] = ("gymnasium", "parallel", "aec")
+
+    def make_vec(self, env_fns: Sequence[Callable[[], Any]], restart_policy=None) -> Any:
+        return _share(env_fns, 1, restart_policy)
 
 
 class TestLocalShareStraddlingContract(VectorEnvContract):
@@ -54,8 +63,7 @@ class TestLocalShareStraddlingContract(VectorEnvContract):
     num_envs: ClassVar[int] = 4
 
     def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]], restart_policy=None) -> Any:
-        config = ProcessConfig(main_process_envs=1, num_workers=2)
-        return LocalShareVectorEnv(env_fns, config, restart_policy=restart_policy)
+        return _share(env_fns, 1, restart_policy, num_workers=2)
 
 
 # -- equality with the sync backend, through EnvRunner -----------------------------------------
@@ -85,7 +93,7 @@ def test_runner_equal_to_sync(sync_reference, num_splits):
     send rows of both parts at once."""
     config = ProcessConfig(main_process_envs=3)
     envs = jr.make_vec(short_cartpole, NUM_ENVS, backend="process", config=config)
-    assert isinstance(envs, LocalShareVectorEnv) and envs.main_process_envs == 3
+    assert isinstance(envs, ProcessVectorEnv) and envs.main_process_envs == 3
     with _runner(envs, num_splits=num_splits) as runner:
         if num_splits is None:
             assert runner.sampler.splits == [slice(0, 3), slice(3, 7)]
@@ -98,20 +106,22 @@ def test_the_samplers_pipeline_steps_the_share_while_the_workers_step():
     """With two groups, the main process's rows step at the recv that follows the
     workers' send: the workers' step is in flight while the share steps."""
     events: list[str] = []
-    config = ProcessConfig(main_process_envs=2)
-    envs = LocalShareVectorEnv([short_cartpole] * 4, config)
-    remote, local = envs._remote, envs._local
-    remote_send, local_step = remote.send, local.step_batch
+    envs = _share([short_cartpole] * 4, 2)
+    pool, stepper = envs._transport.pool, envs._transport.stepper
+    main = pool.workers[0].worker  # worker 0: the main process's share
+    pool_send, main_step = pool.send, main.step
 
-    def send(actions: Any, env_ids: Any = None) -> None:
-        events.append("workers start")
-        remote_send(actions, env_ids)
+    def send(w: int, op: int, *args: Any, **kwargs: Any) -> int:
+        if w and op == OP_STEP:
+            events.append("workers start")
+        return pool_send(w, op, *args, **kwargs)
 
-    def step_batch(actions: Any, rows: Any = None) -> jr.BatchStep:
-        events.append(f"main steps ({len(remote._stepper.calls)} in the workers)")
-        return local_step(actions, rows)
+    def step(lo: int, hi: int) -> Any:
+        in_flight = sum(1 for call in stepper.calls if call.lo >= 2)
+        events.append(f"main steps ({in_flight} in the workers)")
+        return main_step(lo, hi)
 
-    remote.send, local.step_batch = send, step_batch
+    pool.send, main.step = send, step
     with _runner(envs) as runner:
         runner.sample()
     assert events[:3] == ["workers start", "main steps (1 in the workers)", "workers start"]
@@ -146,7 +156,7 @@ def test_failed_sub_envs_restart_as_in_the_sync_backend():
     config = ProcessConfig(main_process_envs=2)
     with (
         closing(jr.SyncVectorEnv(_fns(FAULTS), restart_policy=policy)) as ref,
-        closing(LocalShareVectorEnv(_fns(FAULTS), config, restart_policy=policy)) as vec,
+        closing(make_process_vec(_fns(FAULTS), config, restart_policy=policy)) as vec,
     ):
         assert vec.capabilities.can_restart and vec.restart_policy is policy
         assert_trees_equal(vec.reset(seed=1), ref.reset(seed=1), "reset")
@@ -170,7 +180,8 @@ def test_failed_sub_envs_restart_as_in_the_sync_backend():
             errors = {i: type(e) for p in got for i, e in (p.errors or {}).items()}
             assert errors == {i: type(e) for i, e in (want.errors or {}).items()}, t
         assert vec.num_restarts == ref.num_restarts >= 4
-        assert vec._local.num_restarts >= 2 and vec._remote.num_restarts >= 2
+        main_process_block = vec._transport.pool.workers[0].worker.sub_envs
+        assert main_process_block.num_restarts >= 2  # sub-envs 0 and 1 restarted here
 
 
 def test_runner_with_faults_equals_the_sync_backend():
@@ -178,7 +189,7 @@ def test_runner_with_faults_equals_the_sync_backend():
     with _runner(jr.SyncVectorEnv(_fns(FAULTS), restart_policy=policy)) as runner:
         expected, expected_metrics = runner.sample(), runner.get_metrics()
     config = ProcessConfig(main_process_envs=2)
-    envs = LocalShareVectorEnv(_fns(FAULTS), config, restart_policy=policy)
+    envs = make_process_vec(_fns(FAULTS), config, restart_policy=policy)
     with _runner(envs) as runner:
         traj, metrics = runner.sample(), runner.get_metrics()
     assert metrics["num_dropped_steps"] == expected_metrics["num_dropped_steps"] > 0
@@ -195,7 +206,7 @@ def test_without_a_policy_a_failure_raises_and_the_env_goes_on_after_a_reset():
     """Sub-env 0 (the main process's) raises while the workers step theirs: the error
     comes out, the workers' result is collected, and a reset starts afresh."""
     fns = _fns({0: [FaultPlan(kind="raise", at=(2,))]})
-    with closing(LocalShareVectorEnv(fns, ProcessConfig(main_process_envs=2))) as vec:
+    with closing(_share(fns, 2)) as vec:
         vec.reset(seed=0)
         vec.step_batch(np.zeros(4, np.int64))
         with pytest.raises(EnvError, match="sub-env 0") as info:
@@ -216,7 +227,7 @@ def test_a_lost_worker_is_replaced_and_only_its_envs_fail():
     config = ProcessConfig(main_process_envs=2)
     with (
         closing(jr.SyncVectorEnv(_fns({}), restart_policy=policy)) as ref,
-        closing(LocalShareVectorEnv(fns, config, restart_policy=policy)) as vec,
+        closing(make_process_vec(fns, config, restart_policy=policy)) as vec,
     ):
         vec.reset(seed=3)
         ref.reset(seed=3)
@@ -269,14 +280,6 @@ def test_pipeline_bounds_must_increase_from_zero(bounds):
         Capabilities(pipeline_bounds=bounds)
 
 
-def test_each_class_refuses_the_other_ones_layout():
-    fns = [CountingEnv] * 2
-    with pytest.raises(InvalidArgumentError, match=r"steps every sub-env in its workers"):
-        ProcessVectorEnv(fns, ProcessConfig(main_process_envs=1))
-    with pytest.raises(InvalidArgumentError, match=r"share came to 0 sub-envs"):
-        LocalShareVectorEnv(fns, ProcessConfig(main_process_envs=0))
-
-
 def test_no_share_by_default():
     assert main_process_share(8, ProcessConfig()) == 0
     assert main_process_share(8, ProcessConfig(main_process_envs=3)) == 3
@@ -285,17 +288,14 @@ def test_no_share_by_default():
 
 
 def test_errors_of_the_workers_part_name_the_sub_env_of_this_env():
-    """Sub-env 3 (a worker's second) raises: the error says 3, with a note naming its
-    index in the workers' part."""
+    """Sub-env 3 (a worker's second) raises: the error names sub-env 3."""
     fns = _fns({3: [FaultPlan(kind="raise", at=(2,))]})
-    with closing(LocalShareVectorEnv(fns, ProcessConfig(main_process_envs=2))) as vec:
+    with closing(_share(fns, 2)) as vec:
         vec.reset(seed=0)
         vec.step_batch(np.zeros(4, np.int64))
-        with pytest.raises(EnvError) as info:
+        with pytest.raises(EnvError, match=r"sub-env 3 raised in step\(\)") as info:
             vec.step_batch(np.zeros(4, np.int64))
         assert info.value.env_index == 3
-        assert any("sub-env 1 of the worker processes' share is sub-env 3" in n
-                   for n in getattr(info.value, "__notes__", []))  # fmt: skip
 
 
 def _broken_factory_at_3() -> gymnasium.Env:
@@ -305,7 +305,7 @@ def _broken_factory_at_3() -> gymnasium.Env:
 def test_a_worker_factory_error_names_the_sub_env_of_this_env():
     fns = [CountingEnv, CountingEnv, CountingEnv, _broken_factory_at_3]
     with pytest.raises(EnvError) as info:
-        LocalShareVectorEnv(fns, ProcessConfig(main_process_envs=2))
+        _share(fns, 2)
     assert info.value.env_index == 3
 
 
@@ -316,7 +316,7 @@ def _broken_factory() -> gymnasium.Env:
 def test_a_factory_that_raises_in_the_main_process_raises_as_in_a_worker():
     fns = [CountingEnv, _broken_factory, CountingEnv]
     with pytest.raises(EnvError, match=r"factory of sub-env 1 raised in the main process"):
-        LocalShareVectorEnv(fns, ProcessConfig(main_process_envs=2))
+        _share(fns, 2)
     with pytest.raises(EnvError, match=r"factory of sub-env 1 raised in worker") as info:
         ProcessVectorEnv(fns, ProcessConfig(num_workers=1))
     assert "no env today" in str(info.value)
@@ -326,7 +326,8 @@ def test_make_vec_builds_the_share_only_where_asked():
     with closing(jr.make_vec(CountingEnv, 4, backend="process", config=_config(0))) as vec:
         assert isinstance(vec, ProcessVectorEnv)
     with closing(jr.make_vec(CountingEnv, 4, backend="process", config=_config(1))) as vec:
-        assert isinstance(vec, LocalShareVectorEnv) and vec.num_workers == 1
+        assert isinstance(vec, ProcessVectorEnv) and vec.main_process_envs == 1
+        assert vec.num_workers == len(vec.worker_pids) == 1
         assert vec.capabilities.pipeline_bounds == (0, 1, 4)
         assert vec.call("env_id") == vec.get_attr("env_id") == (0, 0, 0, 0)
         vec.set_attr("flag", [0, 1, 2, 3])

@@ -57,11 +57,7 @@ def test_a_worker_killed_between_samples_is_a_worker_error_not_a_broken_pipe():
     assert info.value.partial_trajectory is None  # no step of that sample completed
 
 
-def test_process_config_options_that_do_not_apply_are_refused():
-    with pytest.raises(InvalidArgumentError, match="main_process_envs"):
-        jr.make_multi_agent_vec(
-            envs_mod.coming_and_going, 2, "process", config=jr.ProcessConfig(main_process_envs=1)
-        )
+def test_a_process_config_of_another_backend_is_refused():
     with pytest.raises(jr.errors.InvalidArgumentTypeError, match="ProcessConfig"):
         jr.make_multi_agent_vec(envs_mod.coming_and_going, 2, "process", config=jr.RayConfig())
 

@@ -76,6 +76,16 @@ def test_process_splits_give_the_sync_trajectories(name):
         )
 
 
+@pytest.mark.parametrize("name", ["simple_spread", "tictactoe"])
+def test_a_main_process_share_gives_the_sync_trajectories(name):
+    """Sub-envs 0-1 step in the main process, 2-4 in a worker: by default the two
+    shares are the two splits; three splits cut across them."""
+    reference = sample(name, "sync", 1)
+    config = jr.ProcessConfig(main_process_envs=2, num_workers=1)
+    for splits in (None, 3):
+        assert_same(reference, sample(name, "process", splits, config=config))
+
+
 def test_default_splits_follow_the_lockstep_samplers_rule(monkeypatch):
     from jaxrunner._src.samplers import pipeline_splits
 

@@ -35,17 +35,12 @@ from jaxrunner._src.backends.multi_agent.vector_env import (
     SyncMultiAgentVectorEnv,
 )
 from jaxrunner._src.backends.process import (
-    LocalShareVectorEnv as LocalShareVectorEnv,
-)
-from jaxrunner._src.backends.process import (
     ProcessConfig,
-    main_process_share,
     make_process_vec,
 )
 from jaxrunner._src.backends.process import (
     ProcessVectorEnv as ProcessVectorEnv,
 )
-from jaxrunner._src.backends.process.config import checked_config
 from jaxrunner._src.backends.process.launch import check_main_guard
 from jaxrunner._src.backends.ray import RayConfig, RayVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
@@ -158,10 +153,8 @@ def make_vec(
             backend, config = choice.backend, choice.process_config()
         elif isinstance(env, str):
             multi_agent = False  # a gymnasium id
-        elif backend == "process" and not main_process_share(
-            num_envs, checked_config(config, "make_vec")
-        ):
-            multi_agent = None  # the workers report the kind as they start
+        elif backend == "process":
+            multi_agent = None  # worker 0 (or the main process's share) reports the kind
         else:
             first = first_env(env, fns[0])
             multi_agent = is_multi_agent_env(first)

@@ -11,7 +11,6 @@ from jaxrunner._src.backends.process.launch import EnvFactory as EnvFactory
 from jaxrunner._src.backends.process.launch import default_num_workers as default_num_workers
 from jaxrunner._src.backends.process.launch import pickle_factories as pickle_factories
 from jaxrunner._src.backends.process.launch import worker_bounds as worker_bounds
-from jaxrunner._src.backends.process.local_share import LocalShareVectorEnv as LocalShareVectorEnv
-from jaxrunner._src.backends.process.local_share import make_process_vec as make_process_vec
+from jaxrunner._src.backends.process.make import make_process_vec as make_process_vec
 from jaxrunner._src.backends.process.vector_env import ProcessVectorEnv as ProcessVectorEnv
 from jaxrunner._src.backends.process.worker_errors import RemoteTraceback as RemoteTraceback

@@ -155,9 +155,9 @@ class ProcessMultiAgentVectorEnv(ProcessBackend, MultiAgentVectorEnv):
         policy_mapping_fn: as for the sync backend.
         config: a :class:`~jaxrunner.ProcessConfig`: ``num_workers`` or
             ``envs_per_worker``, ``start_method``, ``step_timeout_s`` and
-            ``spin_wait_us`` and ``ready_first`` apply (default workers: one per CPU, at
-            most one per env: the main process waits while they step);
-            ``main_process_envs`` does not apply to multi-agent envs yet and is refused.
+            ``spin_wait_us``, ``ready_first`` and ``main_process_envs`` apply (default
+            workers: one per CPU, at most one per env: the main process waits while they
+            step, unless it has a share of its own).
             Lockstep (the default): ``recv`` answers the sends in order, and the runner
             can pipeline splits (``EnvRunner(num_splits=...)``).
             ``ready_first=True``: ``send`` covers whole workers and ``recv`` answers
@@ -174,10 +174,6 @@ class ProcessMultiAgentVectorEnv(ProcessBackend, MultiAgentVectorEnv):
     """
 
     _reset_call = "reset_batch"
-    _refuse_main_share = (
-        "make_vec(<PettingZoo env>, backend='process', config=ProcessConfig(...)): "
-        "main_process_envs does not apply to multi-agent envs yet; leave it at its default."
-    )
 
     def __init__(
         self,

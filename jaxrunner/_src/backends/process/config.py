@@ -52,9 +52,8 @@ class ProcessConfig:
     (``docs/performance.md``, process layouts); with fewer cheap envs it slows the main process
     down. Its sub-envs are not isolated in a worker: a hang or a hard crash there stops
     the main process.
-    ``make_vec(..., backend="process")`` then builds a vector env of both shares
-    (``LocalShareVectorEnv``, not public). 0 or None (default, for now no automatic
-    share): every sub-env in a worker."""
+    Worker 0 is then the main process, for either kind of sub-env. 0 or None (default,
+    for now no automatic share): every sub-env in a worker process."""
     spin_wait_us: float | None = None
     """How long, in microseconds, the main process busy-waits for a worker's reply, and
     a worker for its next command, before sleeping until it comes. Waking a sleeping

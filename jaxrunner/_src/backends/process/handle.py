@@ -56,6 +56,13 @@ class WorkerHandle:
     started: str | None = None
     """The worker's start time from ``/proc`` (None where there is no ``/proc``): with
     ``pid`` it names the process, so a recycled pid is never signalled."""
+    in_main_process = False
+    """A worker process (the main process's share: :mod:`.main_process`)."""
+
+    @property
+    def place(self) -> str:
+        """Where its sub-envs run, as errors say it."""
+        return f"worker {self.index}"
 
     def is_running(self) -> bool:
         """The worker process exists (and is not a zombie), asked of the OS by pid.
@@ -157,6 +164,20 @@ class WorkerHandle:
         self.kill()
         return WorkerLost(self.index, self.envs, f"{description} {what}", timed_out=False)
 
+    def ask_to_close(self, message: bytes) -> None:
+        """Sends the close command ``message`` (a worker gone already cannot hear it)."""
+        try:
+            self.sock.settimeout(0.5)
+            self.sock.sendall(message)
+        except OSError:
+            pass
+
+    def release(self) -> None:
+        """Frees the handle's process sentinel and socket (once the worker is gone)."""
+        with contextlib.suppress(ValueError):  # a kill() already closed it
+            self.process.close()
+        self.sock.close()
+
     def kill(self) -> None:
         """Ends the worker now (SIGKILL by pid: a hung one gets no say), confirms it
         is gone, and frees its resources.
@@ -232,7 +253,8 @@ class Resources:
     """What the vector env's finalizer releases (it must not reference the vector env
     itself)."""
 
-    workers: list[WorkerHandle] = dataclasses.field(default_factory=list)
+    workers: list[Any] = dataclasses.field(default_factory=list)
+    """A :class:`WorkerHandle` per worker (worker 0 may be a ``MainProcessHandle``)."""
     fd: int | None = None
     memory: Any = None
 
@@ -243,11 +265,7 @@ def shutdown(res: Resources, timeout_s: float = 2.0) -> None:
     workers, res.workers = res.workers, []
     close = protocol.call_message(-1, "close", ())
     for worker in workers:
-        try:
-            worker.sock.settimeout(0.5)
-            worker.sock.sendall(close)
-        except OSError:
-            pass
+        worker.ask_to_close(close)
     # By pid, never by the multiprocessing handle: with the fork server dead it calls
     # live workers dead (exit code 255) and a hung worker would outlive us.
     deadline = time.monotonic() + timeout_s
@@ -258,9 +276,7 @@ def shutdown(res: Resources, timeout_s: float = 2.0) -> None:
         if not worker.wait_gone(1.0):
             with contextlib.suppress(WorkerError):  # nothing more can be done at exit
                 worker.kill()
-        with contextlib.suppress(ValueError):  # a worker kill() already closed
-            worker.process.close()
-        worker.sock.close()
+        worker.release()
     if res.memory is not None:
         # With numpy views still alive, the mapping goes when they are freed.
         with contextlib.suppress(BufferError):

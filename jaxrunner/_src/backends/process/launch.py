@@ -18,7 +18,7 @@ import cloudpickle
 import gymnasium
 import numpy as np
 
-from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 EnvFactory = Callable[[], gymnasium.Env]
 START_METHODS = ("forkserver", "spawn")
@@ -26,23 +26,6 @@ DEFAULT_STEP_TIMEOUT_S = 300.0
 WORKER_MODULE = "jaxrunner._src.backends.process.worker"
 """What the fork server imports once: the worker side only (numpy, gymnasium,
 jaxrunner; no JAX backend, so no JAX thread to fork)."""
-
-
-class MainProcessFactory:
-    """A factory of the main process's share whose failure raises as a worker's does:
-    an :class:`~jaxrunner.errors.EnvError` naming the sub-env (the original chained)."""
-
-    def __init__(self, fn: EnvFactory, index: int) -> None:
-        self.fn, self.index = fn, index
-
-    def __call__(self) -> gymnasium.Env:
-        try:
-            return self.fn()
-        except Exception as err:
-            raise EnvError(
-                f"the factory of sub-env {self.index} raised in the main process: {err}",
-                self.index,
-            ) from err
 
 
 ALL_CPUS_FROM_ENVS = 256
@@ -137,7 +120,7 @@ def default_num_workers(
 
     * ``"computes"`` (the pipelined single-agent backend: the policy and bookkeeping),
       below :data:`ALL_CPUS_FROM_ENVS` sub-envs;
-    * ``"steps"`` (a :class:`~.local_share.LocalShareVectorEnv`: sub-envs of its own), always.
+    * ``"steps"`` (``ProcessConfig(main_process_envs=k)``: sub-envs of its own), always.
 
     ``"waits"``: the main process waits while the workers step (the lockstep multi-agent
     backend), so they take every CPU (MPE at 64 envs on 2 cores: 5.8k env steps/s with

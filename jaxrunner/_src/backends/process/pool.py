@@ -8,9 +8,9 @@ import math
 import pickle
 import select
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.context import BaseContext
-from typing import Any
+from typing import Any, cast
 
 import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.backends.process.handle import (
@@ -21,6 +21,7 @@ from jaxrunner._src.backends.process.handle import (
     start_deadline,
 )
 from jaxrunner._src.backends.process.launch import available_cpus
+from jaxrunner._src.backends.process.main_process import MainProcessHandle
 from jaxrunner._src.backends.process.worker_errors import remote_exception
 
 LOST = -1
@@ -41,6 +42,8 @@ class WorkerPool:
         payloads: each worker's pickled factories (a replacement gets the same).
         step_timeout_s: how long a worker may take to answer a command (None: forever).
         res: what the vector env's finalizer releases (the pool adds its workers).
+        main_process_fns: the factories of worker 0's sub-envs when it is the main
+            process (:mod:`.main_process`; its payload is then unused); None: it is not.
         spin_s: the most to busy-wait for a reply before sleeping (:class:`~.protocol.Spin`
             backs off from it when spinning does not pay).
     """
@@ -53,12 +56,14 @@ class WorkerPool:
         step_timeout_s: float | None,
         res: Resources,
         spin_s: float = 0.0,
+        main_process_fns: Sequence[Callable[[], Any]] | None = None,
     ) -> None:
         self.ctx, self.bounds, self.payloads = ctx, bounds, payloads
+        self.main_process_fns = main_process_fns
         self.step_timeout_s, self.spin_s = step_timeout_s, spin_s
         self.spin = protocol.Spin(spin_s, available_cpus())
         self.res = res
-        self.workers: list[WorkerHandle] = res.workers
+        self.workers: list[WorkerHandle | MainProcessHandle] = res.workers
         """Worker ``w`` is ``workers[w]`` (a replacement takes its place)."""
         self.memory_message = b""
         """The ``OP_MEMORY`` payload: the pickled layout, restart policy and the
@@ -75,9 +80,11 @@ class WorkerPool:
 
     # -- start-up
 
-    def spawn(self, w: int) -> WorkerHandle:
+    def spawn(self, w: int) -> WorkerHandle | MainProcessHandle:
         """Starts worker ``w`` (it builds its sub-envs, then reports)."""
         envs = range(*self.bounds[w])
+        if w == 0 and self.main_process_fns is not None:
+            return MainProcessHandle(envs, self.main_process_fns)
         return spawn_worker(self.ctx, w, envs, self.payloads[w], self.step_timeout_s)
 
     def grow(self, w: int) -> Any:
@@ -165,6 +172,9 @@ class WorkerPool:
         keeps its reply; a worker that dies or misses its deadline goes to the
         ``on_lost`` hook."""
         workers = [self.workers[w] for w in ws]
+        # Internal: ready-first stepping (ProcessConfig refuses a main-process share there).
+        assert all(isinstance(worker, WorkerHandle) for worker in workers)
+        workers = cast(list[WorkerHandle], workers)
         by_fd = {worker.sock.fileno(): worker for worker in workers}
         poller = select.poll()
         for fd in by_fd:
@@ -245,4 +255,5 @@ class WorkerPool:
         raise self.remote_exception(w, remote)
 
     def remote_exception(self, w: int, remote: protocol.RemoteError) -> BaseException:
-        return remote_exception(remote, w, self.workers[w].envs)
+        worker = self.workers[w]
+        return remote_exception(remote, w, worker.envs, worker.place)

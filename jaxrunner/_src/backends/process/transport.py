@@ -10,7 +10,11 @@ from typing import Any
 
 import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.backends.allocators import create_shared_block
-from jaxrunner._src.backends.process.config import ProcessConfig, spin_wait_s
+from jaxrunner._src.backends.process.config import (
+    ProcessConfig,
+    main_process_share,
+    spin_wait_s,
+)
 from jaxrunner._src.backends.process.handle import Resources, WorkerLost, shutdown
 from jaxrunner._src.backends.process.launch import (
     default_num_workers,
@@ -57,6 +61,8 @@ class ProcessTransport:
     ) -> list[Report]:
         config, workers, num_envs = self.config, self.res.workers, len(env_fns)
         ctx = multiprocessing_context(config.start_method)
+        # The main process's share is worker 0 (it reports the kind, building its sub-envs).
+        share = self.main_process_envs = main_process_share(num_envs, config)
         try:
             first = None
             bounds_by_kind = {kind: self._bounds(num_envs, kind) for kind in (False, True)}
@@ -68,11 +74,13 @@ class ProcessTransport:
                 first = early.expect(0, protocol.START_REPORT_SEQ)
                 multi_agent = "agents" in first
             bounds = bounds_by_kind[bool(multi_agent)]
-            payloads = [pickle_factories(env_fns[lo:hi], lo) for lo, hi in bounds]
-            spin_s = spin_wait_s(config, len(bounds))
+            payloads = [b"" if share else pickle_factories(env_fns[: bounds[0][1]], 0)]
+            payloads += [pickle_factories(env_fns[lo:hi], lo) for lo, hi in bounds[1:]]
+            spin_s = spin_wait_s(config, len(bounds) - bool(share))
             pool = self.pool = WorkerPool(
-                ctx, bounds, payloads, config.step_timeout_s, self.res, spin_s
-            )
+                ctx, bounds, payloads, config.step_timeout_s, self.res, spin_s,
+                env_fns[:share] if share else None,
+            )  # fmt: skip
             for w in range(len(workers), len(bounds)):
                 workers.append(pool.spawn(w))
             reports = [] if first is None else [first]
@@ -84,14 +92,18 @@ class ProcessTransport:
             raise lost.error("the vector env could not start") from None
 
     def _bounds(self, num_envs: int, multi_agent: bool) -> list[tuple[int, int]]:
-        """Each worker's ``[lo, hi)`` sub-envs; the default number of workers depends on
-        the kind (:func:`~.launch.default_num_workers`)."""
+        """Each worker's ``[lo, hi)`` sub-envs (the main process's share first, if any);
+        the default number of workers depends on the kind
+        (:func:`~.launch.default_num_workers`)."""
         num_workers, per_worker = self.config.num_workers, self.config.envs_per_worker
+        share = self.main_process_envs
         if num_workers is None and per_worker is None:
-            # Lockstep multi-agent: the main process waits while the workers step.
-            main = "waits" if multi_agent else "computes"
-            num_workers = default_num_workers(num_envs, main_process=main)
-        return worker_bounds(num_envs, per_worker, num_workers)
+            # Lockstep multi-agent: the main process waits while the workers step; with a
+            # share of its own it steps too.
+            main = "steps" if share else "waits" if multi_agent else "computes"
+            num_workers = default_num_workers(num_envs - share, main_process=main)
+        bounds = worker_bounds(num_envs - share, per_worker, num_workers)
+        return [(0, share)] * bool(share) + [(lo + share, hi + share) for lo, hi in bounds]
 
     def attach(
         self,

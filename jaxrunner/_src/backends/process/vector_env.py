@@ -35,8 +35,6 @@ class ProcessBackend(RemoteSubEnvs):
     capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
     _reset_call: ClassVar[str]
     """The reset call users make, as closed-env errors name it."""
-    _refuse_main_share: ClassVar[str]
-    """The error for ``ProcessConfig(main_process_envs>=1)``, which the shell does not take."""
 
     def _start(
         self,
@@ -47,26 +45,29 @@ class ProcessBackend(RemoteSubEnvs):
         transport: ProcessTransport | None,
     ) -> None:
         """Checks the arguments and starts the workers (or takes ``transport``'s, started
-        by :func:`~.local_share.make_process_vec` to learn the kind); a failure closes the
+        by :func:`~.make.make_process_vec` to learn the kind); a failure closes the
         vector env before it raises."""
         self._closed_reason = "construction failed"  # until the workers are up
         config = checked_config(config, where)
         check_restart_policy(where, restart_policy)
         if len(env_fns) == 0:
             raise InvalidArgumentError(f"{where} needs at least one env factory, got none.")
-        if config.main_process_envs:
-            raise InvalidArgumentError(
-                self._refuse_main_share.format(share=config.main_process_envs)
-            )
         self.config, self.restart_policy = config, restart_policy
-        if config.ready_first:
-            self.capabilities = Capabilities(
-                can_restart=True, steps_in_background=True, ready_first=True
-            )
         self.num_envs = len(env_fns)
         if transport is None:
             transport = ProcessTransport(env_fns, config, self.multi_agent)
         self._transport, self._res = transport, transport.res
+        self.main_process_envs = transport.main_process_envs
+        """How many sub-envs (the first ones) step in the main process."""
+        if config.ready_first:
+            self.capabilities = Capabilities(
+                can_restart=True, steps_in_background=True, ready_first=True
+            )
+        elif self.main_process_envs:  # the runner's two splits: the main process's, the rest
+            bounds = (0, self.main_process_envs, self.num_envs)
+            self.capabilities = Capabilities(
+                can_restart=True, steps_in_background=True, pipeline_bounds=bounds
+            )
         self._finalizer = weakref.finalize(self, shutdown, self._res)
         try:
             transport.attach(self._layout_for(transport.reports), restart_policy, self._close_after)
@@ -118,12 +119,13 @@ class ProcessBackend(RemoteSubEnvs):
 
     @property
     def num_workers(self) -> int:
-        return len(self._transport.bounds)
+        """Worker processes (the main process's share is not one)."""
+        return len(self._transport.bounds) - bool(self.main_process_envs)
 
     @property
     def worker_pids(self) -> list[int | None]:
         """The worker processes' ids (for monitoring; empty once closed)."""
-        return [w.pid for w in self._res.workers]
+        return [w.pid for w in self._res.workers if not w.in_main_process]
 
     # -- the backend contract
 
@@ -210,11 +212,9 @@ class ProcessVectorEnv(ProcessBackend, VectorEnv):
     Args:
         env_fns: zero-argument factories, one per sub-env; each is pickled (with
             cloudpickle if plain pickle fails and cloudpickle is installed) and
-            called in its worker.
-        config: workers, start method, timeout and stepping mode
-            (:class:`~jaxrunner.ProcessConfig`; None: the defaults). Every sub-env steps
-            in a worker: ``main_process_envs`` must be None or 0 (a share in the main
-            process is built by ``make_vec(..., backend="process")``).
+            called in its worker (those of the main process's share here, unpickled).
+        config: workers, start method, timeout, stepping mode and the main process's
+            share (:class:`~jaxrunner.ProcessConfig`; None: the defaults).
         copy: as for :class:`~jaxrunner.SyncVectorEnv`.
         restart_policy: if given, failed sub-envs and lost workers are replaced as it
             says and sampling goes on; if None (default), failures raise.
@@ -222,18 +222,13 @@ class ProcessVectorEnv(ProcessBackend, VectorEnv):
     Raises:
         InvalidArgumentTypeError: a factory cannot be pickled, or ``config`` is not a
             ProcessConfig.
-        InvalidArgumentError: ``config.main_process_envs`` is 1 or more.
+        InvalidArgumentError: a ``main_process_envs`` share that leaves the workers
+            too few sub-envs.
         EnvError: a factory raised in its worker (the original is chained).
         SpaceMismatchError: sub-envs with different or unsupported spaces.
     """
 
     _reset_call = "reset"
-    _refuse_main_share = (
-        "ProcessVectorEnv(config=ProcessConfig(main_process_envs={share})): a "
-        "ProcessVectorEnv steps every sub-env in its workers. Build with "
-        "jaxrunner.make_vec(..., backend='process', config=...) to step a share in the main "
-        "process."
-    )
 
     def __init__(
         self,

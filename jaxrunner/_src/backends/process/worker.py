@@ -150,39 +150,45 @@ class Worker:
 
     def serve(self) -> None:
         """Answers commands until told to close or the main process goes away."""
-        sock, step, reply = self.sock, self.step, self.reply
+        sock, answer = self.sock, self.answer
         header_size = COMMAND.size
-        dumps = pickle.dumps
         poll = select.poll()
         poll.register(sock, select.POLLIN)
         while True:
             self.spin.until_readable(poll.poll)
             try:
-                header = recv_exact(sock, header_size)
+                op, seq, lo, hi, length = COMMAND.unpack(recv_exact(sock, header_size))
+                payload = recv_exact(sock, length) if length else b""
+                if answer(op, seq, lo, hi, payload):
+                    return
             except (EOFError, OSError):
                 return  # the main process is gone
-            op, seq, lo, hi, length = COMMAND.unpack(header)
-            try:
-                if op == OP_STEP:
-                    result = step(lo, hi)
-                    reply(seq, STATUS_OK, b"" if result is None else dumps(result, protocol=5))
-                    continue
-                payload = recv_exact(sock, length) if length else b""
-                if op == OP_MEMORY:
-                    layout, policy, spin_s = pickle.loads(payload)
-                    _, fds, _, _ = socket.recv_fds(sock, 1, 1)
-                    self.attach(fds[0], layout, policy, spin_s)
-                    reply(seq, STATUS_OK)
-                    continue
-                method, args = pickle.loads(payload)
-                result = getattr(self, method)(*args)
-                reply(seq, STATUS_OK, dumps(result, protocol=5))
-                if method == "close":
-                    return
-            except (EOFError, BrokenPipeError, ConnectionResetError):
-                return
-            except Exception as err:
-                self.error(seq, err)
+
+    def answer(self, op: int, seq: int, lo: int, hi: int, payload: bytes) -> bool:
+        """Runs one command and replies to it; True once told to close."""
+        try:
+            if op == OP_STEP:
+                result = self.step(lo, hi)
+                self.reply(seq, STATUS_OK, b"" if result is None else pickle.dumps(result, 5))
+                return False
+            if op == OP_MEMORY:
+                layout, policy, spin_s = pickle.loads(payload)
+                self.attach(self.receive_fd(), layout, policy, spin_s)
+                self.reply(seq, STATUS_OK)
+                return False
+            method, args = pickle.loads(payload)
+            result = getattr(self, method)(*args)
+            self.reply(seq, STATUS_OK, pickle.dumps(result, protocol=5))
+            return method == "close"
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as err:
+            self.error(seq, err)
+            return False
+
+    def receive_fd(self) -> int:
+        """The shared block's file descriptor, sent after an ``OP_MEMORY`` command."""
+        return socket.recv_fds(self.sock, 1, 1)[1][0]
 
 
 def describe(envs: list[Any]) -> dict[str, Any]:

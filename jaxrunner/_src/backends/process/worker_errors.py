@@ -21,8 +21,9 @@ class RemoteTraceback(Exception):
         return f'\n"""\n{self.text}"""'
 
 
-def remote_exception(remote: RemoteError, w: int, envs: range) -> BaseException:
-    """The error of worker ``w`` (sub-envs ``envs``) as an exception of this process;
+def remote_exception(remote: RemoteError, w: int, envs: range, place: str) -> BaseException:
+    """The error of worker ``w`` (sub-envs ``envs``; ``place`` as errors name it:
+    ``"worker 2"``, or ``"the main process"``) as an exception of this process;
     its ``__cause__`` is set (the worker's traceback, or the original exception with
     the traceback chained to it)."""
     trace = RemoteTraceback(remote.traceback)
@@ -42,7 +43,7 @@ def remote_exception(remote: RemoteError, w: int, envs: range) -> BaseException:
             else f"sub-env {i} (agent {remote.agent_id!r})"
         )
         if remote.call == "factory":
-            message = f"the factory of sub-env {i} raised in worker {w}: {remote.description}"
+            message = f"the factory of sub-env {i} raised in {place}: {remote.description}"
         else:
             message = f"{who} raised in {remote.call}(): {remote.description}"
         error = EnvError(message, i)
@@ -51,7 +52,7 @@ def remote_exception(remote: RemoteError, w: int, envs: range) -> BaseException:
         error, cause = original, trace
     else:
         error = WorkerError(
-            f"worker {w} (sub-envs {envs.start}..{envs.stop - 1}) raised {remote.description}",
+            f"{place} (sub-envs {envs.start}..{envs.stop - 1}) raised {remote.description}",
             w,
             envs,
         )
