@@ -49,6 +49,8 @@ class ProcessTransport:
         self, env_fns: Sequence[Callable[[], Any]], config: ProcessConfig, multi_agent: bool | None
     ) -> None:
         self.config, self.res = config, Resources()
+        self.main_process_envs = 0
+        """How many sub-envs (the first ones) worker 0 steps in the main process."""
         try:
             self.reports = self._start_workers(env_fns, multi_agent)
         except BaseException:
@@ -103,7 +105,8 @@ class ProcessTransport:
             main = "steps" if share else "waits" if multi_agent else "computes"
             num_workers = default_num_workers(num_envs - share, main_process=main)
         bounds = worker_bounds(num_envs - share, per_worker, num_workers)
-        return [(0, share)] * bool(share) + [(lo + share, hi + share) for lo, hi in bounds]
+        bounds = [(lo + share, hi + share) for lo, hi in bounds]
+        return [(0, share), *bounds] if share else bounds
 
     def attach(
         self,
