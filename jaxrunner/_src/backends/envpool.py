@@ -70,7 +70,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
                     f"EnvPoolVectorEnv({name}=...): set by jaxrunner (seeds come from reset, "
                     "num_envs from the argument, and only sync mode is supported)."
                 )
-        self.task_id, self._envpool_kwargs = task_id, envpool_kwargs
+        self.task_id = task_id
 
         def build(seeds: int | list[int]) -> Any:
             by = {"seed": seeds} if isinstance(seeds, int) else {"env_seed": seeds}

@@ -11,8 +11,6 @@ from typing import Any, TypeVar
 import gymnasium
 
 from jaxrunner._src.arg_checks import check_int, check_number, refusal
-from jaxrunner._src.backends.env_api import check_env, reset_result
-from jaxrunner._src.space_arrays import check_info
 from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidArgumentTypeError
 
 T = TypeVar("T")
@@ -78,50 +76,6 @@ def retry(
     error = give_up(last)
     error.recreation_error = last  # type: ignore[attr-defined]
     raise error from cause
-
-
-def recreate(
-    old: gymnasium.Env,
-    factory: Callable[[], gymnasium.Env],
-    index: int,
-    policy: RestartPolicy,
-    cause: BaseException,
-    write_obs: Callable[[int, Any], None],
-    seed: int | None = None,
-) -> tuple[gymnasium.Env, dict[str, Any]]:
-    """Replaces failed sub-env ``index``: closes ``old``, then makes and resets a new
-    one, trying ``policy.max_attempts`` times (:func:`retry`).
-
-    Args:
-        old: the failed sub-env (closed quietly: its close may fail too).
-        factory: the sub-env's factory.
-        index: the sub-env's index (for messages).
-        policy: attempts and backoff.
-        cause: the failure that made the restart necessary (chained if we give up).
-        write_obs: ``(index, obs)``: stores and validates the new env's first
-            observation; a bad one (or a bad info) is a failed attempt.
-        seed: the new env's reset seed (``jaxrunner._src.core.seeds.restart_seed``).
-
-    Returns:
-        ``(env, info)``: the new sub-env and its reset info.
-
-    Raises:
-        EnvError: every attempt failed. The original failure (``cause``) is chained;
-            the last attempt's error is in the message and ``err.recreation_error``.
-    """
-    close_quietly(old)
-
-    def attempt() -> tuple[gymnasium.Env, dict[str, Any]]:
-        env = check_env(factory(), index)
-        try:
-            obs, info = reset_result(env.reset(seed=seed), index)
-            write_obs(index, obs)
-            return env, check_info(info, index, "reset")
-        except BaseException:
-            close_quietly(env)
-            raise
-
-    return retry(attempt, policy, cause, lambda last: recreation_failed(index, cause, policy, last))
 
 
 def recreation_failed(

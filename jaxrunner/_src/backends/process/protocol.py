@@ -164,7 +164,8 @@ class RemoteError:
 
     @classmethod
     def capture_recreation(cls, err: EnvError) -> RemoteError:
-        """An :class:`EnvError` of :func:`jaxrunner._src.backends.restarts.recreate` (gave up)."""
+        """The :class:`EnvError` of a sub-env restart that gave up
+        (:meth:`~jaxrunner._src.backends.sub_env_block.SubEnvBlock.restart`)."""
         recreation = _pickled(getattr(err, "recreation_error", None))
         cause = _pickled(err.__cause__) if err.__cause__ is not None else None
         return cls("recreate", err.env_index, "recreate", cause, str(err), _format(err), recreation)
