@@ -78,11 +78,14 @@ class TestProcessContract(PettingZooCases, VectorEnvContract):
 
 
 class TestProcessReadyFirstContract(VectorEnvContract):
-    """The contract in ready-first mode (``step_batch`` still steps every row at once)."""
+    """The contract in ready-first mode (``step_batch`` still steps every row at once),
+    on every kind of env."""
 
-    def make_vec(self, env_fns: Sequence[Callable[[], gymnasium.Env]], restart_policy=None) -> Any:
+    env_kinds = HOST_KINDS
+
+    def make_vec(self, env_fns: Sequence[Callable[[], Any]], restart_policy=None) -> Any:
         config = ProcessConfig(num_workers=2, ready_first=True)
-        return ProcessVectorEnv(env_fns, config, restart_policy=restart_policy)
+        return make_process_vec(env_fns, config, restart_policy=restart_policy, multi_agent=None)
 
 
 def _pids_alive(pids: Sequence[int]) -> list[int]:
