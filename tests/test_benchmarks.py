@@ -215,6 +215,20 @@ def test_step_costs_times_every_part_of_the_runner_and_the_hand_loop(tmp_path):
     assert all(row[f"{part}_us_median"] > 0 for part in parts)
 
 
+@pytest.mark.parametrize("env", ["CartPole-v1", "mpe2:simple_spread_v3"])
+def test_main_process_share_compares_both_layouts_on_either_kind(tmp_path, env):
+    if ":" in env:
+        pytest.importorskip("mpe2")
+    out = tmp_path / "share.json"
+    options = ["--env", env, "--num-envs", "2", "--blocks", "2", "--rollout-length", "8"]
+    _run("main_process_share.py", *options, "--out", str(out))
+    (row,) = json.loads(out.read_text())["results"]
+    assert (row["num_envs"], row["main_process_envs"]) == (2, 1)
+    assert row["identical_trajectories"] is True  # where the envs step changes no bit
+    assert len(row["rounds"]["default"]) == len(row["rounds"]["share"]) == 2
+    assert row["share_over_default_median"] > 0
+
+
 def test_auto_backend_compares_auto_with_the_better_of_sync_and_process(tmp_path):
     out = tmp_path / "auto_backend.json"
     options = ["--workloads", "cartpole", "--num-envs", "2", "--seconds", "0.05"]
