@@ -179,7 +179,7 @@ class LockstepSampler(HostSampler):
         self._set_obs(space_arrays.map_structure(self._obs_space, np.array, state["obs"]), live)
 
     def live_episodes(self) -> list[LiveEpisode]:
-        return list(self._live) if self.callbacks is not None else []
+        return list(self._live)  # empty without callbacks
 
     def restart_episodes(self, seeds: list[int]) -> None:
         obs, _ = self.envs.reset_batch(seeds)

@@ -360,7 +360,7 @@ class MultiAgentSampler:
 
     def live_episodes(self) -> list[LiveEpisode]:
         """The per-step callbacks' episodes under way, one per env (none without)."""
-        return list(self._live) if self.callbacks is not None else []
+        return list(self._live)  # empty without per-step hooks
 
     def restart_episodes(self, seeds: list[int]) -> None:
         """After :meth:`set_state` when the envs could not be restored: resets sub-env

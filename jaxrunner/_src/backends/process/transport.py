@@ -76,8 +76,10 @@ class ProcessTransport:
                 first = early.expect(0, protocol.START_REPORT_SEQ)
                 multi_agent = "agents" in first
             bounds = bounds_by_kind[bool(multi_agent)]
-            payloads = [b"" if share else pickle_factories(env_fns[: bounds[0][1]], 0)]
-            payloads += [pickle_factories(env_fns[lo:hi], lo) for lo, hi in bounds[1:]]
+            payloads = [  # the main process's share is not pickled: its factories run here
+                b"" if share and w == 0 else pickle_factories(env_fns[lo:hi], lo)
+                for w, (lo, hi) in enumerate(bounds)
+            ]
             spin_s = spin_wait_s(config, len(bounds) - bool(share))
             pool = self.pool = WorkerPool(
                 ctx, bounds, payloads, config.step_timeout_s, self.res, spin_s,
