@@ -331,12 +331,14 @@ def check_policy_actions(action_space: spaces.Space, spec: Any, num_envs: int) -
         ) from err
 
 
+ACTION_KINDS = {"i": "iu", "u": "iu", "f": "f"}
+"""The dtype kinds an action batch may have, by its space's dtype kind (any integer for an
+integer space, any float for a float one); other spaces take their exact dtype."""
+
+
 def _action_kind_ok(space_dtype: np.dtype, got: np.dtype) -> bool:
-    if space_dtype.kind in "iu":
-        return got.kind in "iu"
-    if space_dtype.kind == "f":
-        return got.kind == "f"
-    return got == space_dtype
+    kinds = ACTION_KINDS.get(space_dtype.kind)
+    return got == space_dtype if kinds is None else got.kind in kinds
 
 
 def check_action_batch(
