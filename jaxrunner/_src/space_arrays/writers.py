@@ -127,10 +127,12 @@ def make_action_splitter(space: spaces.Space, num_envs: int) -> Callable[[Any], 
         ):
             if bounds is None:
                 return list(actions)
-            if actions.size <= 16:
+            if actions.size <= 16:  # a few values: Python's min and max beat numpy's calls
                 values = actions.tolist()
                 if min(values) >= bounds[0] and max(values) < bounds[1]:
                     return list(actions)
+            elif actions.min() >= bounds[0] and actions.max() < bounds[1]:
+                return list(actions)
         return list(check_action_batch(space, actions, num_envs))
 
     return split_leaf
