@@ -99,6 +99,40 @@ def test_out_of_range_actions_are_refused_naming_sub_env_row_and_value(space, go
                 assert str(space) in message
 
 
+LEAVES = [
+    *(space for space, _ in RANGED),
+    spaces.Box(-1.0, 1.0, (2,), np.float32),
+    spaces.MultiBinary(3),
+]
+
+
+@pytest.mark.parametrize("space", LEAVES, ids=lambda space: type(space).__name__)
+@pytest.mark.parametrize("lead", [(3,), (2, 3), (40,)], ids=str)
+def test_the_inline_batch_test_passes_only_what_the_checks_accept(space, lead) -> None:
+    """passing_batch_test (the per-step path of the sync step loop and the multi-agent
+    check) says True only where check_action_batch accepts the batch, and True for
+    the common good batch; wrong shapes, dtype kinds, types and ranges go to the checks."""
+    passes = space_arrays.passing_batch_test(space, lead)
+    rng = np.random.default_rng(0)
+    shape, dtype = space_arrays.leaf_spec(space)
+    good = np.stack([space.sample() for _ in range(int(np.prod(lead)))]).astype(dtype)
+    good = good.reshape(*lead, *shape)
+    candidates = [good, good.astype(np.int32), good.astype(np.float64), good.tolist()]
+    candidates += [good[:1], good.reshape(-1), good + 100, good - 100, good * -1]
+    candidates += [rng.integers(-3, 6, good.shape), rng.normal(size=good.shape)]
+    rows = int(np.prod(lead))
+    for batch in candidates:
+        try:
+            flat = np.reshape(batch, (rows, *shape))
+            space_arrays.check_action_batch(space, flat, rows)
+            accepted = np.shape(batch) == good.shape
+        except (InvalidActionError, ValueError):
+            accepted = False
+        if passes(batch):
+            assert accepted, (space, batch)
+    assert passes(good)
+
+
 def test_out_of_range_checks_reach_inside_dicts_and_large_batches() -> None:
     space = spaces.Dict({"move": spaces.Discrete(2), "aim": spaces.Box(-1, 1, (2,))})
     batch = {"move": np.zeros(100, np.int64), "aim": np.full((100, 2), 5.0, np.float32)}

@@ -22,7 +22,7 @@ from jaxrunner._src.space_arrays.checks import check_supported as check_supporte
 from jaxrunner._src.space_arrays.checks import check_value as check_value
 from jaxrunner._src.space_arrays.checks import mismatch as mismatch
 from jaxrunner._src.space_arrays.checks import observation_mismatch as observation_mismatch
-from jaxrunner._src.space_arrays.checks import out_of_range_row as out_of_range_row
+from jaxrunner._src.space_arrays.checks import passing_batch_test as passing_batch_test
 from jaxrunner._src.space_arrays.checks import rows_in_space as rows_in_space
 from jaxrunner._src.space_arrays.clip import clip_box_actions as clip_box_actions
 from jaxrunner._src.space_arrays.clip import clip_box_actions_jax as clip_box_actions_jax

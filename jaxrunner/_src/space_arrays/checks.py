@@ -417,6 +417,41 @@ def _check_action_leaf(
     return array
 
 
+def passing_batch_test(space: spaces.Space, lead: tuple[int, ...]) -> Callable[[Any], bool] | None:
+    """The per-step test of the common action batch of a non-composite ``space``: a numpy
+    array of shape ``lead + space.shape`` and an accepted dtype kind, its ``Discrete`` or
+    ``MultiDiscrete`` actions in range. True only where :func:`check_action_batch` would
+    accept the batch as it is; False leaves the verdict, and the error, to it. None for
+    the spaces it does not cover (composite ones, exact dtypes)."""
+    if type(space) not in LEAF_TYPES:
+        return None
+    shape, dtype = leaf_spec(space)
+    kinds = ACTION_KINDS.get(dtype.kind)
+    if kinds is None:
+        return None
+    full = (*lead, *shape)
+
+    def fits(batch: Any) -> bool:
+        return type(batch) is np.ndarray and batch.shape == full and batch.dtype.kind in kinds
+
+    if isinstance(space, spaces.MultiDiscrete):
+        starts, stops = space.start, space.start + space.nvec
+        return lambda batch: fits(batch) and bool(((batch >= starts) & (batch < stops)).all())
+    if not isinstance(space, spaces.Discrete):
+        return fits
+    low, high = int(space.start), int(space.start + space.n)
+
+    def in_range(batch: Any) -> bool:
+        if not fits(batch):
+            return False
+        if batch.size <= 16:  # a few values: Python's min and max beat numpy's calls
+            values = batch.ravel().tolist()
+            return not values or (min(values) >= low and max(values) < high)
+        return bool(batch.min() >= low and batch.max() < high)
+
+    return in_range
+
+
 def out_of_range_row(space: spaces.Space, array: np.ndarray) -> int | None:
     """The first row of a batch of ``space``'s integer actions outside its range, or None
     (also for spaces other than ``Discrete`` and ``MultiDiscrete``)."""

@@ -12,9 +12,9 @@ from gymnasium import spaces
 
 from jaxrunner._src.space_arrays.buffers import leaf_spec, take
 from jaxrunner._src.space_arrays.checks import (
-    ACTION_KINDS,
     check_action_batch,
     observation_mismatch,
+    passing_batch_test,
 )
 
 Writer = Callable[[int, Any], None]
@@ -105,34 +105,11 @@ def make_action_splitter(space: spaces.Space, num_envs: int) -> Callable[[Any], 
 
         return split_tree
 
-    shape, dtype = leaf_spec(space)
-    expected = (num_envs, *shape)
-    # The dtype kinds passed inline ("": none, the checks decide; MultiDiscrete's ranges).
-    inline_kinds = (
-        "" if isinstance(space, spaces.MultiDiscrete) else ACTION_KINDS.get(dtype.kind, "")
-    )
-    bounds = (
-        (int(space.start), int(space.start + space.n))
-        if isinstance(space, spaces.Discrete)
-        else None
-    )
+    passes = passing_batch_test(space, (num_envs,))
 
     def split_leaf(actions: Any) -> list[Any]:
-        # The common batch (an array of the right shape and kind; a few Discrete actions
-        # in range) passes inline: the checks' generic path costs microseconds per step.
-        if (
-            type(actions) is np.ndarray
-            and actions.shape == expected
-            and actions.dtype.kind in inline_kinds
-        ):
-            if bounds is None:
-                return list(actions)
-            if actions.size <= 16:  # a few values: Python's min and max beat numpy's calls
-                values = actions.tolist()
-                if min(values) >= bounds[0] and max(values) < bounds[1]:
-                    return list(actions)
-            elif actions.min() >= bounds[0] and actions.max() < bounds[1]:
-                return list(actions)
+        if passes is not None and passes(actions):  # the common batch, checked inline
+            return list(actions)
         return list(check_action_batch(space, actions, num_envs))
 
     return split_leaf

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.core.agent_groups import AgentGroup
@@ -19,9 +18,10 @@ class ActionCheck:
     sub-env steps (shapes, dtypes, and the range of ``Discrete`` and ``MultiDiscrete``
     actions, every row's, acting or not; nothing is cast). A call returns the actions.
 
-    The common case (one numpy array per group, of the expected shape and dtype kind)
-    is tested inline; anything else goes through
-    :func:`~jaxrunner._src.space_arrays.check_action_batch`, which names what is wrong.
+    The common case (one numpy array per group, of the expected shape and dtype kind,
+    in range) passes :func:`~jaxrunner._src.space_arrays.passing_batch_test`; anything
+    else goes through :func:`~jaxrunner._src.space_arrays.check_action_batch`, which
+    names what is wrong.
 
     Raises (from a call):
         InvalidActionError: a batch of the wrong structure, shape or dtype, or an action
@@ -30,30 +30,16 @@ class ActionCheck:
 
     def __init__(self, groups: Sequence[AgentGroup], num_envs: int) -> None:
         self.groups, self.num_envs = tuple(groups), num_envs
-        self._fast: list[tuple[tuple[int, ...], str, Any]] | None = []
-        for group in self.groups:
-            space = group.action_space
-            if type(space) not in space_arrays.LEAF_TYPES:
-                self._fast = None
-                break
-            shape, dtype = space_arrays.leaf_spec(space)
-            kinds = "iu" if dtype.kind in "iu" else "f" if dtype.kind == "f" else ""
-            ranged = isinstance(space, (spaces.Discrete, spaces.MultiDiscrete))
-            self._fast.append(((num_envs, group.num_agents, *shape), kinds, ranged and space))
+        tests = [
+            space_arrays.passing_batch_test(g.action_space, (num_envs, g.num_agents))
+            for g in self.groups
+        ]
+        self._passes = None if None in tests else tests
 
     def __call__(self, actions: Sequence[Any]) -> Sequence[Any]:
-        fast = self._fast
-        if fast is not None and len(actions) == len(fast):
-            for batch, (shape, kinds, ranged) in zip(actions, fast):
-                if not (
-                    type(batch) is np.ndarray and batch.shape == shape and batch.dtype.kind in kinds
-                ):
-                    break
-                if ranged:  # only Discrete and MultiDiscrete groups pay for the range
-                    flat = batch.reshape(shape[0] * shape[1], *shape[2:])
-                    if space_arrays.out_of_range_row(ranged, flat) is not None:
-                        break
-            else:
+        passes = self._passes  # the common case inline, any other through the checks
+        if passes is not None and len(actions) == len(passes):
+            if all(test(batch) for test, batch in zip(passes, actions)):  # type: ignore[misc]
                 return actions
         return self._check(actions)
 
