@@ -119,6 +119,7 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
         self._terminated = np.zeros(n, dtype=np.bool_)
         self._truncated = np.zeros(n, dtype=np.bool_)
         self._composite_actions = isinstance(self.single_action_space, (spaces.Dict, spaces.Tuple))
+        self._action_check = space_arrays.action_batch_check(self.single_action_space, n)
 
     # -- the backend contract -------------------------------------------------------------
 
@@ -231,7 +232,7 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
 
     def _check_actions(self, actions: Any) -> Any:
         """Validates the whole batch without splitting it per env (composites as given)."""
-        checked = space_arrays.check_action_batch(self.single_action_space, actions, self.num_envs)
+        checked = self._action_check(actions)
         return actions if self._composite_actions else checked
 
     def _store(self, dst: Any, obs: Any, call: str) -> None:

@@ -13,6 +13,7 @@ from jaxrunner._src.space_arrays.buffers import take as take
 from jaxrunner._src.space_arrays.buffers import tree_map as tree_map
 from jaxrunner._src.space_arrays.checks import NEVER_CAST as NEVER_CAST
 from jaxrunner._src.space_arrays.checks import SUPPORTED_SPACES as SUPPORTED_SPACES
+from jaxrunner._src.space_arrays.checks import action_batch_check as action_batch_check
 from jaxrunner._src.space_arrays.checks import check_action_batch as check_action_batch
 from jaxrunner._src.space_arrays.checks import check_flag as check_flag
 from jaxrunner._src.space_arrays.checks import check_info as check_info

@@ -452,6 +452,20 @@ def passing_batch_test(space: spaces.Space, lead: tuple[int, ...]) -> Callable[[
     return in_range
 
 
+def action_batch_check(space: spaces.Space, num_envs: int) -> Callable[[Any], Any]:
+    """:func:`check_action_batch` for batches of ``num_envs`` actions, built once per batch
+    size: the common batch passes :func:`passing_batch_test` inline (returned as it is),
+    any other goes through the checks (returned as they return it, or refused)."""
+    passes = passing_batch_test(space, (num_envs,))
+
+    def check(actions: Any) -> Any:
+        if passes is not None and passes(actions):
+            return actions
+        return check_action_batch(space, actions, num_envs)
+
+    return check
+
+
 def out_of_range_row(space: spaces.Space, array: np.ndarray) -> int | None:
     """The first row of a batch of ``space``'s integer actions outside its range, or None
     (also for spaces other than ``Discrete`` and ``MultiDiscrete``)."""

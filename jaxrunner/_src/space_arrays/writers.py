@@ -12,9 +12,9 @@ from gymnasium import spaces
 
 from jaxrunner._src.space_arrays.buffers import leaf_spec, take
 from jaxrunner._src.space_arrays.checks import (
+    action_batch_check,
     check_action_batch,
     observation_mismatch,
-    passing_batch_test,
 )
 
 Writer = Callable[[int, Any], None]
@@ -105,11 +105,9 @@ def make_action_splitter(space: spaces.Space, num_envs: int) -> Callable[[Any], 
 
         return split_tree
 
-    passes = passing_batch_test(space, (num_envs,))
+    check = action_batch_check(space, num_envs)
 
     def split_leaf(actions: Any) -> list[Any]:
-        if passes is not None and passes(actions):  # the common batch, checked inline
-            return list(actions)
-        return list(check_action_batch(space, actions, num_envs))
+        return list(check(actions))
 
     return split_leaf

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any
 
@@ -105,15 +104,8 @@ class AgentLayout(BlockLayout):
 
     # -- main side
 
-    @functools.cached_property
-    def _action_checks(self) -> dict[int, ActionCheck]:
-        return {}
-
-    def check_actions(self, actions: Any, num: int) -> None:
-        check = self._action_checks.get(num)
-        if check is None:
-            check = self._action_checks[num] = ActionCheck(self.groups, num)
-        check(actions)
+    def action_check(self, num: int) -> ActionCheck:
+        return ActionCheck(self.groups, num)
 
     def write_actions(self, views: Views, actions: Any, lo: int, hi: int) -> None:
         for dst, src in zip(views.action, actions):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from collections.abc import Callable, MutableSequence, Sequence
 from typing import Any, NamedTuple
 
@@ -92,9 +93,20 @@ class BlockLayout(abc.ABC):
 
     # -- main side
 
-    @abc.abstractmethod
+    @functools.cached_property
+    def _action_checks(self) -> dict[int, Callable[[Any], Any]]:
+        return {}  # filled on the main side, after the layout was pickled for the workers
+
     def check_actions(self, actions: Any, num: int) -> None:
         """Validates a batch of ``num`` actions, before any sub-env steps."""
+        check = self._action_checks.get(num)
+        if check is None:
+            check = self._action_checks[num] = self.action_check(num)
+        check(actions)
+
+    @abc.abstractmethod
+    def action_check(self, num: int) -> Callable[[Any], Any]:
+        """The check of a batch of ``num`` actions (built once per batch size)."""
 
     @abc.abstractmethod
     def write_actions(self, views: Any, actions: Any, lo: int, hi: int) -> None:
@@ -198,8 +210,8 @@ class Layout(BlockLayout):
             return lambda lo, hi: list(buffer[lo:hi])  # numpy scalars are copies
         return lambda lo, hi: list(buffer[lo:hi].copy())
 
-    def check_actions(self, actions: Any, num: int) -> None:
-        space_arrays.check_action_batch(self.action_space, actions, num)
+    def action_check(self, num: int) -> Callable[[Any], Any]:
+        return space_arrays.action_batch_check(self.action_space, num)
 
     def write_actions(self, views: Views, actions: Any, lo: int, hi: int) -> None:
         space_arrays.copy_into(self.action_space, views.action, actions, slice(lo, hi))
