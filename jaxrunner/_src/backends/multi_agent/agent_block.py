@@ -148,6 +148,7 @@ class AgentBlock(SubEnvBlock):
         unassigned_reward[part] = 0.0
         errors: dict[int, BaseException] = {}
         status, offset = self.status, self.offset
+        self.layout.obs_apart = False
         for b in range(lo, hi):
             driver = self.drivers[b]
             status[offset + b] = RUNNING
@@ -175,7 +176,7 @@ class AgentBlock(SubEnvBlock):
                         raise error from _cause(err)
                     errors[b] = error  # the step's transitions stay valid
                     self.restart(offset + b, _cause(err) or error, failed_step=False)
-        bad = self.finite.step(lo, hi, env_done)
+        bad = self.finite.step(lo, hi, env_done, self.layout.obs_apart)
         if bad:
             self._fail_nonfinite(bad, lo, infos, errors)
         return infos, errors

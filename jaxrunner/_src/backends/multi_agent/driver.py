@@ -106,6 +106,7 @@ class Driver(abc.ABC):
     def _set_acting(self, agent: str, obs: Any) -> AgentSlot:
         slot = self._slot(agent)
         slot.write_obs(slot.row, obs)
+        self.layout.obs_apart = True
         slot.acting[slot.a] = True
         slot.start[slot.a] = agent not in self.started
         return slot

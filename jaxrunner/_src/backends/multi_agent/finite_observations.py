@@ -38,11 +38,13 @@ class FiniteObservations:
                 self._groups.append((space, group.num_agents, buf, where, next_finite, obs_finite))
 
     def step(
-        self, lo: int, hi: int, env_done: np.ndarray
+        self, lo: int, hi: int, env_done: np.ndarray, obs_apart: bool = True
     ) -> dict[int, tuple[InvalidStepError, bool]]:
         """Rows ``[lo, hi)`` after a step: sub-env row ``b`` -> ``(error, in_step)``;
         ``in_step`` is False where only the observations of the reset after the episode's
-        end (``env_done[b]``) are bad: the step's transitions are good."""
+        end (``env_done[b]``) are bad: the step's transitions are good. ``obs_apart``
+        False (``Layout.obs_apart``): every ``obs`` written is a ``next_obs`` too, so
+        only ``next_obs`` is tested."""
         bad: dict[int, tuple[InvalidStepError, bool]] = {}
         for space, a, buf, where, next_finite, obs_finite in self._groups:
             rows = lo * a, hi * a
@@ -50,7 +52,7 @@ class FiniteObservations:
                 found = nonfinite_observations(space, buf.next_obs_rows, *rows, "step", (), where)
                 for row, err in found.items():
                     bad.setdefault(row // a, (err, True))
-            if not obs_finite(*rows):
+            if obs_apart and not obs_finite(*rows):
                 found = nonfinite_observations(space, buf.obs_rows, *rows, "step", (), where)
                 for row, err in found.items():
                     b = row // a

@@ -33,6 +33,10 @@ class Layout:
         for g, group in enumerate(self.groups):
             for a, agent in enumerate(group.agents):
                 self.slot[agent] = (g, a)
+        self.obs_apart = False
+        """A driver wrote an observation to act on that is no transition's ``next_obs`` (a
+        reset's, an agent's that appeared) since the step loop last cleared this: only
+        then can ``obs`` hold values the ``next_obs`` check has not seen."""
         self.row_names = [self._row_names(group) for group in self.groups]
         """Per group, ``where(row)``: names a flat ``[B * A_g]`` row by sub-env and agent."""
         self.writers = [
