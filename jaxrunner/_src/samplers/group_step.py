@@ -345,11 +345,12 @@ def _put(
     """Leaf by leaf, ``dst[index] = src`` (``dst`` itself where ``index`` is None)
     where ``mask`` (None: everywhere)."""
     for dst, src in zip(dsts, srcs):
-        part = dst if index is None else dst[index]
         if mask is not None:
-            _copy_where(part, src, mask)
+            _copy_where(dst if index is None else dst[index], src, mask)
+        elif index is None:
+            dst[...] = src
         else:
-            part[...] = src
+            dst[index] = src  # a setitem: no view made
 
 
 def _copy_where(dst: np.ndarray, src: np.ndarray, mask: np.ndarray) -> None:
