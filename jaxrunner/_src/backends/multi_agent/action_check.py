@@ -34,12 +34,12 @@ class ActionCheck:
             space_arrays.passing_batch_test(g.action_space, (num_envs, g.num_agents))
             for g in self.groups
         ]
-        self._passes = None if None in tests else tests
+        self._passes = None if None in tests else [t for t in tests if t is not None]
 
     def __call__(self, actions: Sequence[Any]) -> Sequence[Any]:
         passes = self._passes  # the common case inline, any other through the checks
         if passes is not None and len(actions) == len(passes):
-            if all(test(batch) for test, batch in zip(passes, actions)):  # type: ignore[misc]
+            if all(test(batch) for test, batch in zip(passes, actions)):
                 return actions
         return self._check(actions)
 
