@@ -107,7 +107,9 @@ def build(sampler: str, num_envs: int, rollout_length: int) -> tuple[Any, Any]:
         setup = SamplerSetup({PID: policy}, {PID: params}, rollout_length, 0, metrics)
         view = OneGroup(envs)
         return MultiAgentSampler(view, view.reset_batch(seeds), setup), {PID: params}
-    setup = SamplerSetup({PID: policy}, {PID: params}, rollout_length, 0, RunnerMetrics(MetricsConfig()))
+    setup = SamplerSetup(
+        {PID: policy}, {PID: params}, rollout_length, 0, RunnerMetrics(MetricsConfig())
+    )
     obs, _ = envs.reset_batch(seeds)
     return LockstepSampler(envs, obs, setup), params
 
