@@ -15,7 +15,7 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
-from jaxrunner._src.backends.envpool_actions import check_envpool_actions
+from jaxrunner._src.backends.envpool_actions import EnvPoolActions
 from jaxrunner._src.backends.envpool_calls import (
     EnvPoolCalls,
     EnvPoolStep,
@@ -80,6 +80,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         pool = build(seed)
         self._calls = EnvPoolCalls(pool)  # EnvPool's C++ calls, without its Python layer
         super().__init__(pool, masked_reset=self._reset_masked, copy=copy)
+        self._action_check = EnvPoolActions(task_id, self.single_action_space)
         self.keep_reset_steps = bool(keep_reset_steps)
         # Sub-envs whose episode ended in the last call: EnvPool resets them in the next
         # (a new array each call: a BatchStep keeps the last one as its reset rows).
@@ -153,9 +154,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
 
     def _check_actions(self, actions: Any) -> Any:
         """As every adapter, and in range: EnvPool's C++ trusts the values."""
-        checked = check_envpool_actions(
-            self.task_id, self.single_action_space, actions, self._calls.all_ids
-        )
+        checked = self._action_check(actions, self._calls.all_ids)
         return actions if self._composite_actions else checked
 
     def _vector_step(self, actions: Any) -> tuple[Any, Any, Any, Any, Mapping[str, Any]]:

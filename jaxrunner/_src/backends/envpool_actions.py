@@ -3,13 +3,14 @@ and async env ids. See docs/backends/envpool.md."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src.backends.batch_step import EnvIds
-from jaxrunner._src.space_arrays.checks import check_action_batch
+from jaxrunner._src.space_arrays.checks import check_action_batch, passing_batch_test
 from jaxrunner.errors import EnvIndexError, InvalidActionError, InvalidArgumentError
 
 
@@ -33,6 +34,26 @@ def check_envpool_actions(task_id: str, space: spaces.Space, actions: Any, rows:
             f"EnvPool {task_id}: {err} EnvPool's C++ does not check actions (one far out of "
             "range crashes the process)."
         ) from None
+
+
+class EnvPoolActions:
+    """:func:`check_envpool_actions` for one pool's sends: the common batch (a numpy array
+    of the right shape and kind, in range) passes inline, one
+    :func:`~jaxrunner._src.space_arrays.checks.passing_batch_test` per batch size; any other
+    goes through the checks, which name what is wrong."""
+
+    def __init__(self, task_id: str, space: spaces.Space) -> None:
+        self.task_id, self.space = task_id, space
+        self._passes: dict[int, Callable[[Any], bool] | None] = {}
+
+    def __call__(self, actions: Any, rows: np.ndarray) -> Any:
+        n = len(rows)
+        if n not in self._passes:
+            self._passes[n] = passing_batch_test(self.space, (n,))
+        passes = self._passes[n]
+        if passes is not None and passes(actions):
+            return actions
+        return check_envpool_actions(self.task_id, self.space, actions, rows)
 
 
 def check_env_ids(env_ids: EnvIds, num_envs: int, in_flight: np.ndarray, who: str) -> np.ndarray:

@@ -15,7 +15,7 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
-from jaxrunner._src.backends.envpool_actions import check_env_ids, check_envpool_actions
+from jaxrunner._src.backends.envpool_actions import EnvPoolActions, check_env_ids
 from jaxrunner._src.backends.envpool_calls import EnvPoolCalls, every_seed, import_envpool
 from jaxrunner._src.backends.vector_infos import ResetInfos, SplitInfos
 from jaxrunner.errors import InvalidArgumentError
@@ -81,6 +81,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         self.num_envs, self.batch_size = num_envs, batch_size
         self.single_observation_space = self.env.observation_space
         self.single_action_space = self.env.action_space
+        self._action_check = EnvPoolActions(task_id, self.single_action_space)
         space_arrays.check_supported(self.single_observation_space, "single_observation_space")
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
@@ -138,8 +139,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         self._check_open("step")
         ids = check_env_ids(env_ids, self.num_envs, self._in_flight, type(self).__name__)
-        space = self.single_action_space
-        actions = check_envpool_actions(self.task_id, space, actions, ids)
+        actions = self._action_check(actions, ids)
         self._calls.send(actions, ids)
         self._in_flight[ids] = True
         self._num_in_flight += len(ids)
