@@ -10,7 +10,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src.backends.batch_step import EnvIds
-from jaxrunner._src.space_arrays.checks import check_action_batch, passing_batch_test
+from jaxrunner._src.space_arrays.actions import check_action_batch, passing_batch_test
 from jaxrunner.errors import EnvIndexError, InvalidActionError, InvalidArgumentError
 
 
@@ -39,7 +39,7 @@ def check_envpool_actions(task_id: str, space: spaces.Space, actions: Any, rows:
 class EnvPoolActions:
     """:func:`check_envpool_actions` for one pool's sends: the common batch (a numpy array
     of the right shape and kind, in range) passes inline, one
-    :func:`~jaxrunner._src.space_arrays.checks.passing_batch_test` per batch size; any other
+    :func:`~jaxrunner._src.space_arrays.actions.passing_batch_test` per batch size; any other
     goes through the checks, which name what is wrong."""
 
     def __init__(self, task_id: str, space: spaces.Space) -> None:

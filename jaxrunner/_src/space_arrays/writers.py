@@ -1,6 +1,6 @@
 """Validated writes into stacked buffers and validated splits of action batches, built once
 per space (per batch size) for the step loops: common types tested inline, anything else
-to :mod:`.checks` for the error."""
+to :mod:`.checks` and :mod:`.actions` for the error."""
 
 from __future__ import annotations
 
@@ -10,12 +10,9 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from jaxrunner._src.space_arrays.actions import action_batch_check, check_action_batch
 from jaxrunner._src.space_arrays.buffers import leaf_spec, take
-from jaxrunner._src.space_arrays.checks import (
-    action_batch_check,
-    check_action_batch,
-    observation_mismatch,
-)
+from jaxrunner._src.space_arrays.checks import observation_mismatch
 
 Writer = Callable[[int, Any], None]
 
@@ -94,7 +91,7 @@ def make_action_splitter(space: spaces.Space, num_envs: int) -> Callable[[Any], 
     """Returns ``split(actions) -> list`` of ``num_envs`` per-env actions.
 
     The batch is checked as a whole first
-    (:func:`~jaxrunner._src.space_arrays.checks.check_action_batch`),
+    (:func:`~jaxrunner._src.space_arrays.actions.check_action_batch`),
     so a bad batch is rejected before any sub-env is stepped.
     """
     if isinstance(space, (spaces.Dict, spaces.Tuple)):

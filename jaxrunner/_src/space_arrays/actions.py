@@ -1,0 +1,202 @@
+"""Checks of action batches against their space, before any sub-env steps: the policy's
+action spec, each batch a backend is sent (shape, dtype kind, ``Discrete`` and
+``MultiDiscrete`` ranges), and the inline test of the common batch on the per-step path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from jaxrunner._src.space_arrays.buffers import LEAF_TYPES, allocate, leaf_spec, map_structure
+from jaxrunner._src.space_arrays.checks import _describe, mismatch
+from jaxrunner.errors import InvalidActionError
+
+
+def check_policy_actions(action_space: spaces.Space, spec: Any, num_envs: int) -> None:
+    """Checks a policy's action output (arrays or ``ShapeDtypeStruct`` leaves) for a
+    batch of ``num_envs`` against the action space, before any env is stepped."""
+    expected = allocate(action_space, (num_envs,))
+
+    def check(exp: np.ndarray, got: Any) -> None:
+        if tuple(got.shape) != exp.shape or not np.can_cast(got.dtype, exp.dtype, "safe"):
+            batched = tuple(got.shape) == (num_envs, *exp.shape)  # a row per env, of B actions
+            raise mismatch(
+                "policy actions",
+                f"shape {exp.shape} (a batch of {num_envs} for the action space {action_space}) "
+                f"and a dtype safely castable to {exp.dtype}",
+                got,
+                "The policy looks built on the batched space: build it on the vector env's "
+                "envs.single_action_space, not envs.action_space."
+                if batched
+                else "Check the policy's action head against the env.",
+            )
+
+    try:
+        map_structure(action_space, check, expected, spec)
+    except (KeyError, IndexError, TypeError, AttributeError) as err:
+        raise mismatch(
+            "policy actions",
+            f"the structure of the action space {action_space}",
+            spec,
+            "Check the policy's action head against the env.",
+        ) from err
+
+
+ACTION_KINDS = {"i": "iu", "u": "iu", "f": "f"}
+"""The dtype kinds an action batch may have, by its space's dtype kind (any integer for an
+integer space, any float for a float one); other spaces take their exact dtype."""
+
+
+def _action_kind_ok(space_dtype: np.dtype, got: np.dtype) -> bool:
+    kinds = ACTION_KINDS.get(space_dtype.kind)
+    return got == space_dtype if kinds is None else got.kind in kinds
+
+
+def check_action_batch(
+    space: spaces.Space,
+    actions: Any,
+    num_envs: int,
+    path: str = "",
+    row_name: Callable[[int], str] | None = None,
+    rows_are: str = "num_envs",
+) -> Any:
+    """Checks a whole batch of ``num_envs`` actions before any sub-env is stepped.
+
+    Each leaf must be array-like of shape ``[num_envs, *shape]`` with the dtype kind
+    of its space (integer or float), and ``Discrete`` and ``MultiDiscrete`` actions
+    within their range (an env may crash on, or silently wrap, one outside it); dicts
+    and tuples must match composite spaces. For the errors: ``row_name(i)`` names
+    whose action row ``i`` is (None: ``"sub-env i"``), and ``rows_are`` what the row
+    count is.
+
+    Returns:
+        The batch with every leaf as a numpy array.
+
+    Raises:
+        InvalidActionError: naming the path inside the batch.
+    """
+    if type(space) in LEAF_TYPES:  # the per-step fast path: no ABC isinstance checks
+        return _check_action_leaf(space, actions, num_envs, path, row_name, rows_are)
+    if isinstance(space, spaces.Dict):
+        if not isinstance(actions, Mapping) or actions.keys() != set(space.spaces):
+            raise InvalidActionError(
+                f"actions{path}: expected a dict with keys {sorted(space.spaces)}, got "
+                f"{_describe(actions)}."
+            )
+        return {
+            k: check_action_batch(s, actions[k], num_envs, f"{path}[{k!r}]", row_name, rows_are)
+            for k, s in space.items()
+        }
+    if isinstance(space, spaces.Tuple):
+        if not isinstance(actions, Sequence) or len(actions) != len(space.spaces):
+            raise InvalidActionError(
+                f"actions{path}: expected a tuple of {len(space.spaces)} items, got "
+                f"{_describe(actions)}."
+            )
+        return tuple(
+            check_action_batch(s, v, num_envs, f"{path}[{j}]", row_name, rows_are)
+            for j, (s, v) in enumerate(zip(space, actions))
+        )
+    return _check_action_leaf(space, actions, num_envs, path, row_name, rows_are)
+
+
+def _check_action_leaf(
+    space: spaces.Space,
+    actions: Any,
+    num_envs: int,
+    path: str,
+    row_name: Callable[[int], str] | None,
+    rows_are: str,
+) -> np.ndarray:
+    shape, dtype = leaf_spec(space)
+    array = np.asarray(actions)
+    if array.shape != (num_envs, *shape) or not _action_kind_ok(dtype, array.dtype):
+        raise InvalidActionError(
+            f"actions{path}: expected an array of shape {(num_envs, *shape)} "
+            f"({rows_are}={num_envs}, single action shape {shape}) with {dtype.kind!r}-kind "
+            f"dtype like {dtype}, got {_describe(array)}. Pass one action per sub-env, "
+            "stacked along the first axis."
+        )
+    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
+        row = out_of_range_row(space, array)
+        if row is not None:
+            who = f"sub-env {row}" if row_name is None else row_name(row)
+            raise InvalidActionError(
+                f"actions{path}: {who}'s action {array[row].tolist()!r} (row {row} of the "
+                f"batch) is outside {space}. Send actions within the action space."
+            )
+    return array
+
+
+def passing_batch_test(space: spaces.Space, lead: tuple[int, ...]) -> Callable[[Any], bool] | None:
+    """The per-step test of the common action batch of a non-composite ``space``: a numpy
+    array of shape ``lead + space.shape`` and an accepted dtype kind, its ``Discrete`` or
+    ``MultiDiscrete`` actions in range. True only where :func:`check_action_batch` would
+    accept the batch as it is; False leaves the verdict, and the error, to it. None for
+    the spaces it does not cover (composite ones, exact dtypes)."""
+    if type(space) not in LEAF_TYPES:
+        return None
+    shape, dtype = leaf_spec(space)
+    kinds = ACTION_KINDS.get(dtype.kind)
+    if kinds is None:
+        return None
+    full = (*lead, *shape)
+
+    def fits(batch: Any) -> bool:
+        return type(batch) is np.ndarray and batch.shape == full and batch.dtype.kind in kinds
+
+    if isinstance(space, spaces.MultiDiscrete):
+        starts, stops = space.start, space.start + space.nvec
+        return lambda batch: fits(batch) and bool(((batch >= starts) & (batch < stops)).all())
+    if not isinstance(space, spaces.Discrete):
+        return fits
+    low, high = int(space.start), int(space.start + space.n)
+
+    def in_range(batch: Any) -> bool:
+        if not fits(batch):
+            return False
+        if batch.size <= 16:  # a few values: Python's min and max beat numpy's calls
+            values = batch.ravel().tolist()
+            return not values or (min(values) >= low and max(values) < high)
+        return bool(batch.min() >= low and batch.max() < high)
+
+    return in_range
+
+
+def action_batch_check(space: spaces.Space, num_envs: int) -> Callable[[Any], Any]:
+    """:func:`check_action_batch` for batches of ``num_envs`` actions, built once per batch
+    size: the common batch passes :func:`passing_batch_test` inline (returned as it is),
+    any other goes through the checks (returned as they return it, or refused)."""
+    passes = passing_batch_test(space, (num_envs,))
+
+    def check(actions: Any) -> Any:
+        if passes is not None and passes(actions):
+            return actions
+        return check_action_batch(space, actions, num_envs)
+
+    return check
+
+
+def out_of_range_row(space: spaces.Space, array: np.ndarray) -> int | None:
+    """The first row of a batch of ``space``'s integer actions outside its range, or None
+    (also for spaces other than ``Discrete`` and ``MultiDiscrete``)."""
+    if isinstance(space, spaces.Discrete):
+        low, high = int(space.start), int(space.start + space.n)
+        if array.size <= 16:  # a few values: Python's min and max beat numpy's calls
+            values = array.tolist()
+            if not values or (min(values) >= low and max(values) < high):
+                return None
+        elif array.min() >= low and array.max() < high:
+            return None
+        bad = (array < low) | (array >= high)
+    elif isinstance(space, spaces.MultiDiscrete):
+        bad = ((array < space.start) | (array >= space.start + space.nvec)).reshape(len(array), -1)
+        bad = bad.any(axis=1)
+        if not bad.any():
+            return None
+    else:
+        return None
+    return int(np.flatnonzero(bad)[0])
