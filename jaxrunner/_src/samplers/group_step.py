@@ -48,6 +48,10 @@ class _Block:
         """The block's agent slots (rows of the actor state)."""
         self.all_acting = False
         """Every agent of the block acted at its last dispatch (masks can be skipped)."""
+        self.source: Any = None
+        """The step buffers of the last dispatch, and their obs leaves (rows, and
+        ``[n, A_g, ...]``): a backend hands out the same views step after step."""
+        self.source_leaves: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
         self.index_all = False  # the stage's env_index marks every row as acting
 
 
@@ -196,7 +200,9 @@ class GroupSampler:
         """Queues the policy step of block ``[lo, hi)``; ``buf`` holds its rows."""
         block = self._block(lo, hi)
         stage, n, flat = block.stage, block.size, block.acting_flat
-        for dst, src in zip(block.stage_obs, _leaves(buf.obs_rows)):
+        if buf is not block.source:  # a backend's step views: their leaves found once
+            block.source, block.source_leaves = buf, (_leaves(buf.obs_rows), _leaves(buf.obs))
+        for dst, src in zip(block.stage_obs, block.source_leaves[0]):
             dst[...] = src  # cast as the stage packs it (JAX's canonical dtypes)
         block.stage_start[...] = buf.agent_start.reshape(-1)  # setitem: cheaper than copyto
         block.acting[...] = buf.acting
@@ -222,7 +228,13 @@ class GroupSampler:
         else:
             (obs_dst, action_dst, extras_dst), index = self._pending_rows(lo, hi), None
         mask = None if block.all_acting else acting
-        _put(obs_dst, _leaves(buf.obs), index, mask)  # before the send: the env's buffers
+        # Before the send: the env's buffers.
+        _put(
+            obs_dst,
+            block.source_leaves[1] if buf is block.source else _leaves(buf.obs),
+            index,
+            mask,
+        )
         self._unrecorded = (action_dst, _leaves(action), extras_dst, extras, index, mask)
         if not self.same_step:
             awaiting = self.awaiting[rows]
@@ -247,8 +259,12 @@ class GroupSampler:
         obs, action, extras, next_obs = self._traj_leaves
         # A parallel env completes exactly the turns taken at this step, which
         # collect() has already written.
-        acting = self.acting[rows]
-        everyone = self.same_step and np.count_nonzero(acting) == acting.size
+        block = self._blocks.get((lo, hi))  # None: part of a block (ready-first)
+        if block is not None:
+            everyone = self.same_step and block.all_acting
+        else:
+            acting = self.acting[rows]
+            everyone = self.same_step and np.count_nonzero(acting) == acting.size
         mask = None if everyone else done
         if not self.same_step:
             pending_obs, pending_action, pending_extras = self._pending_rows(lo, hi)
