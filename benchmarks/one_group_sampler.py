@@ -3,7 +3,7 @@
 A single-agent env is the one-agent case of a policy group. This measures what sampling
 it that way costs today: per width, CartPole-v1 on the sync backend, sampled by the
 lockstep sampler as ``EnvRunner`` does, and by the group sampler through
-:class:`OneGroup`, a view of the same vector env's steps as one group of one agent (no
+``OneAgentSteps``, a view of the same vector env's steps as one group of one agent (no
 copies: its arrays are the env's, with an agent axis of 1). Both with the benchmark
 MLP and the same seed, timed in interleaved blocks in one process. Reports microseconds
 per vector step of each, the median of the per-block ratios (group time over lockstep
@@ -29,8 +29,7 @@ import numpy as np
 from script_report import parse_args, write_report
 
 import jaxrunner as jr
-from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgentStep
-from jaxrunner._src.core.agent_groups import AgentGroup
+from jaxrunner._src.backends.one_agent import OneAgentSteps
 from jaxrunner._src.core.metrics import MetricsConfig, RunnerMetrics
 from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner._src.samplers.lockstep import LockstepSampler
@@ -41,62 +40,6 @@ from jaxrunner.models import mlp_policy
 PID = "default_policy"
 
 
-def agent_axis(tree: Any) -> Any:
-    return jax.tree.map(lambda x: x[:, None], tree)
-
-
-class OneGroup:
-    """A single-agent lockstep vector env as the group sampler sees a multi-agent one:
-    one group of one agent that acts at every step."""
-
-    def __init__(self, envs: Any) -> None:
-        self.envs, self.num_envs = envs, envs.num_envs
-        obs_space, action_space = envs.single_observation_space, envs.single_action_space
-        self.groups = (AgentGroup(PID, ("agent",), obs_space, action_space),)
-        self.possible_agents, self.turn_based = ("agent",), False
-        self.capabilities = envs.capabilities
-        n = self.num_envs
-        self.acting = np.ones((n, 1), np.bool_)
-        self.start = np.ones((n, 1), np.bool_)  # agent_start: the env's episode ended
-        self.completed = np.ones((n, 1), np.bool_)
-        self.zeros = np.zeros(n)
-        self._views: dict[tuple[int, int], tuple[Any, dict[str, GroupBuffers]]] = {}
-
-    def reset_batch(self, seeds: list[int]) -> MultiAgentStep:
-        obs, infos = self.envs.reset_batch(seeds)
-        n = self.num_envs
-        flags = np.zeros((n, 1), np.bool_)
-        buf = GroupBuffers.of(
-            obs=agent_axis(obs), acting=self.acting, agent_start=self.start,
-            completed=np.zeros((n, 1), np.bool_), reward=np.zeros((n, 1)), terminated=flags,
-            truncated=flags, next_obs=agent_axis(obs),
-        )  # fmt: skip
-        return MultiAgentStep({PID: buf}, np.zeros(n, np.bool_), self.zeros, self.zeros, infos)
-
-    def send(self, actions: list[Any], env_ids: slice | None = None) -> None:
-        (action,) = actions  # [n, 1]: the one agent's column (CartPole's Discrete actions)
-        self._rows, self._actions = env_ids, action[:, 0]
-
-    def recv(self) -> MultiAgentStep:
-        rows = self._rows
-        out = self.envs.step_batch(self._actions, rows)
-        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
-        done = np.logical_or(out.terminated, out.truncated, out=self.start[lo:hi, 0])
-        base = out.reward if out.reward.base is None else out.reward.base
-        views = self._views.get((lo, hi))
-        if views is None or views[0] is not base:  # the env's buffers: views made once
-            buf = GroupBuffers.of(
-                obs=agent_axis(out.obs), acting=self.acting[lo:hi],
-                agent_start=self.start[lo:hi], completed=self.completed[lo:hi],
-                reward=out.reward[:, None], terminated=out.terminated[:, None],
-                truncated=out.truncated[:, None], next_obs=agent_axis(out.next_obs),
-            )  # fmt: skip
-            views = self._views[lo, hi] = (base, {PID: buf})
-        return MultiAgentStep(
-            views[1], done, out.reward, self.zeros[lo:hi], out.infos, None, None, rows
-        )
-
-
 def build(sampler: str, num_envs: int, rollout_length: int) -> tuple[Any, Any]:
     envs = jr.make_vec("CartPole-v1", num_envs)
     policy = mlp_policy(envs.single_action_space)
@@ -105,7 +48,7 @@ def build(sampler: str, num_envs: int, rollout_length: int) -> tuple[Any, Any]:
     if sampler == "group":
         metrics = RunnerMetrics(MetricsConfig(), {PID: ("agent",)})
         setup = SamplerSetup({PID: policy}, {PID: params}, rollout_length, 0, metrics)
-        view = OneGroup(envs)
+        view = OneAgentSteps(envs)
         return MultiAgentSampler(view, view.reset_batch(seeds), setup), {PID: params}
     setup = SamplerSetup(
         {PID: policy}, {PID: params}, rollout_length, 0, RunnerMetrics(MetricsConfig())

@@ -52,6 +52,9 @@ class _Block:
         """The step buffers of the last dispatch, and their obs leaves (rows, and
         ``[n, A_g, ...]``): a backend hands out the same views step after step."""
         self.source_leaves: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+        self.result: Any = None
+        """The step buffers the block's last record read, and their next_obs leaves."""
+        self.next_obs_leaves: list[np.ndarray] = []
         self.index_all = False  # the stage's env_index marks every row as acting
 
 
@@ -72,12 +75,14 @@ class GroupSampler:
         same_step: bool = False,
         blocks: Sequence[slice] = (),
         infos: InfoRecorder | None = None,
+        always_acting: bool = False,
     ) -> None:
         """``blocks``: the envs of the blocks to compile now (the others compile at
         their first dispatch; none: every env). ``infos``: records the group's info
-        entries, a row per agent slot (``info_keys``)."""
+        entries, a row per agent slot (``info_keys``). ``always_acting``: every agent
+        acts at every step (a single-agent env's), so no mask is ever read."""
         self.group, self.num_envs, self.infos = group, num_envs, infos
-        self.same_step = same_step
+        self.same_step, self.always_acting = same_step, always_acting
         """Each action's transition completes in the step that takes it (parallel envs)."""
         a_g = group.num_agents
         self.rows = num_envs * a_g
@@ -97,7 +102,7 @@ class GroupSampler:
             )  # fmt: skip
 
         self._compile = compiled
-        self.acting = np.zeros((num_envs, a_g), np.bool_)
+        self.acting = np.full((num_envs, a_g), always_acting)
         """Who acted at each block's last dispatch."""
         self._calls: dict[int, CompiledPolicyStep] = {}
         self._blocks: dict[tuple[int, int], _Block] = {}
@@ -136,6 +141,9 @@ class GroupSampler:
             if call is None:
                 call = self._calls[size] = self._compile(size)
             block = self._blocks[lo, hi] = _Block(call, lo, hi, self.acting)
+            if self.always_acting:  # every row acts, at every dispatch
+                block.all_acting = block.index_all = True
+                block.stage.env_index[: block.size] = block.ids
         return block
 
     def _pending_rows(self, lo: int, hi: int) -> list[list[np.ndarray]]:
@@ -205,11 +213,12 @@ class GroupSampler:
         for dst, src in zip(block.stage_obs, block.source_leaves[0]):
             dst[...] = src  # cast as the stage packs it (JAX's canonical dtypes)
         block.stage_start[...] = buf.agent_start.reshape(-1)  # setitem: cheaper than copyto
-        block.acting[...] = buf.acting
-        block.all_acting = np.count_nonzero(flat) == n
-        if not (block.all_acting and block.index_all):  # else the index is unchanged
-            stage.env_index[:n] = np.where(flat, block.ids, self.rows)
-            block.index_all = block.all_acting
+        if not self.always_acting:
+            block.acting[...] = buf.acting
+            block.all_acting = np.count_nonzero(flat) == n
+            if not (block.all_acting and block.index_all):  # else the index is unchanged
+                stage.env_index[:n] = np.where(flat, block.ids, self.rows)
+                block.index_all = block.all_acting
         self.pending, self.state = block.call.dispatch(params, self.state, stage)
 
     def collect(self, buf: GroupBuffers, lo: int, hi: int, t: int) -> Any:
@@ -228,13 +237,12 @@ class GroupSampler:
         else:
             (obs_dst, action_dst, extras_dst), index = self._pending_rows(lo, hi), None
         mask = None if block.all_acting else acting
-        # Before the send: the env's buffers.
-        _put(
-            obs_dst,
-            block.source_leaves[1] if buf is block.source else _leaves(buf.obs),
-            index,
-            mask,
-        )
+        obs = block.source_leaves[1] if buf is block.source else _leaves(buf.obs)
+        if mask is None and index is not None:  # every agent acted: no masks
+            for dst, src in zip(obs_dst, obs):  # before the send: the env's buffers
+                dst[index] = src
+        else:
+            _put(obs_dst, obs, index, mask)
         self._unrecorded = (action_dst, _leaves(action), extras_dst, extras, index, mask)
         if not self.same_step:
             awaiting = self.awaiting[rows]
@@ -246,20 +254,37 @@ class GroupSampler:
         background backend steps meanwhile)."""
         action_dst, action, extras_dst, extras, index, mask = self._unrecorded
         self._unrecorded = None
-        _put(action_dst, action, index, mask)
-        _put(extras_dst, extras, index, mask)
+        if mask is None and index is not None:  # every agent acted: no masks
+            for dst, src in zip(action_dst, action):
+                dst[index] = src
+            for dst, src in zip(extras_dst, extras):
+                dst[index] = src
+        else:
+            _put(action_dst, action, index, mask)
+            _put(extras_dst, extras, index, mask)
 
     def record(self, out: GroupBuffers, traj: GroupTrajectory, lo: int, hi: int, t: int) -> None:
         """Writes the transitions of envs ``[lo, hi)`` completed at their step ``t`` into
         slot ``t`` (the block may be part of the one that was sent: a ready-first
         backend answers each worker's envs apart)."""
-        rows = slice(lo, hi)
-        index = (t, rows)
         done = out.completed
         obs, action, extras, next_obs = self._traj_leaves
         # A parallel env completes exactly the turns taken at this step, which
         # collect() has already written.
         block = self._blocks.get((lo, hi))  # None: part of a block (ready-first)
+        if block is not None and self.same_step and block.all_acting:  # no masks
+            index = (t, block.rows)
+            if out is not block.result:  # a backend's step views: their leaves found once
+                block.result, block.next_obs_leaves = out, _leaves(out.next_obs)
+            for dst, src in zip(next_obs, block.next_obs_leaves):
+                dst[index] = src
+            traj.reward[index] = out.reward
+            traj.terminated[index] = out.terminated
+            traj.truncated[index] = out.truncated
+            traj.valid[index] = done  # agent_step is filled in at close()
+            return
+        rows = slice(lo, hi)
+        index = (t, rows)
         if block is not None:
             everyone = self.same_step and block.all_acting
         else:
@@ -280,7 +305,7 @@ class GroupSampler:
             self.awaiting[rows] &= ~done
 
     def record_infos(
-        self, traj: GroupTrajectory, completed: np.ndarray, infos: list[dict], lo: int, t: int
+        self, traj: GroupTrajectory, completed: np.ndarray, infos: Sequence[dict], lo: int, t: int
     ) -> None:
         """Into ``traj``'s extras, the infos of the agents whose transition completed at step
         ``t`` of envs ``[lo, lo + len(infos))`` (``completed``, ``[n, A_g]``): each

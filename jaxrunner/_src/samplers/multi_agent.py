@@ -92,6 +92,8 @@ class MultiAgentSampler:
         """The blocks each sample starts with: the pipelining splits (ready-first: every
         env, then each block the backend answers)."""
         self._book = EpisodeBook(num_envs)
+        self._one_agent = getattr(envs, "one_agent", False)
+        """A single-agent env: its one group's arrays are the env-level ones."""
         num_possible = len(envs.possible_agents)
         self.groups: dict[str, GroupSampler] = {}
         self._infos = None
@@ -117,8 +119,11 @@ class MultiAgentSampler:
                 same_step=not envs.turn_based,
                 blocks=self.splits,
                 infos=None if self._infos is None else self._infos.share(label),
+                always_acting=self._one_agent,
             )
             offset += group.num_agents
+        self._parts = list(self.groups.items())
+        self._num_envs = num_envs
         self._last = first
         """The reset step: its arrays are the env's buffers, which every later step's
         rows are views of."""
@@ -154,14 +159,25 @@ class MultiAgentSampler:
         for pid, gs in self.groups.items():
             gs.begin(traj.groups[pid])
         shape = (num_steps, num_envs)
-        env_level = EnvLevel(
-            reward=np.zeros(shape, np.float64),
-            terminated=traj.env_done,  # type: ignore[arg-type]
-            truncated=np.zeros(shape, np.bool_),
-            valid=traj.valid,  # type: ignore[arg-type]
-            episode_id=traj.episode_id,  # type: ignore[arg-type]
-            step=traj.step,  # type: ignore[arg-type]
-        )
+        if self._one_agent:  # the one agent's arrays are the env's
+            (group,) = traj.groups.values()
+            env_level = EnvLevel(
+                reward=group.reward[..., 0],  # type: ignore[index]
+                terminated=group.terminated[..., 0],  # type: ignore[index]
+                truncated=group.truncated[..., 0],  # type: ignore[index]
+                valid=traj.valid,  # type: ignore[arg-type]
+                episode_id=traj.episode_id,  # type: ignore[arg-type]
+                step=traj.step,  # type: ignore[arg-type]
+            )
+        else:
+            env_level = EnvLevel(
+                reward=np.zeros(shape, np.float64),
+                terminated=traj.env_done,  # type: ignore[arg-type]
+                truncated=np.zeros(shape, np.bool_),
+                valid=traj.valid,  # type: ignore[arg-type]
+                episode_id=traj.episode_id,  # type: ignore[arg-type]
+                step=traj.step,  # type: ignore[arg-type]
+            )
         self._unassigned = np.zeros(shape, np.float64)  # summed once, in _close
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
@@ -175,7 +191,7 @@ class MultiAgentSampler:
                 last = self._last.groups  # every env: no views to make
                 if (rows.start, rows.stop) != (0, num_envs):
                     last = {pid: buf.rows(rows) for pid, buf in last.items()}
-                self._act(params, traj, rows.start, rows.stop, last, perf)
+                self._act(params, traj, rows.start, rows.stop, last, perf, 0)
                 in_flight += rows.stop - rows.start
             while in_flight:  # each env steps num_steps times, at its own pace
                 clock = time.perf_counter()
@@ -185,8 +201,9 @@ class MultiAgentSampler:
                     (0, num_envs) if out.env_ids is None else (out.env_ids.start, out.env_ids.stop)
                 )
                 in_flight -= hi - lo
-                if self._record(traj, env_level, lo, hi, out, perf) < num_steps:
-                    self._act(params, traj, lo, hi, out.groups, perf)
+                t = self._record(traj, env_level, lo, hi, out, perf)
+                if t < num_steps:
+                    self._act(params, traj, lo, hi, out.groups, perf, t)
                     in_flight += hi - lo
                 if progress is not None:
                     progress(int(self._t.sum()))
@@ -217,23 +234,23 @@ class MultiAgentSampler:
         hi: int,
         last: Mapping[str, GroupBuffers],
         perf: dict[str, float],
+        t: int,
     ) -> None:
-        """Computes block ``[lo, hi)``'s actions from its last step ``last`` (every
-        group's policy queued before any is waited for) and sends them."""
+        """Computes block ``[lo, hi)``'s actions for its step ``t`` from its last step
+        ``last`` (every group's policy queued before any is waited for) and sends them."""
+        groups = self._parts
         clock = time.perf_counter()
-        for pid, gs in self.groups.items():
+        for pid, gs in groups:
             gs.dispatch(params[pid], last[pid], lo, hi)
         tick = time.perf_counter()
         perf["inference_ms"] += tick - clock
-        t = int(self._t[lo])
-        actions = [gs.collect(last[pid], lo, hi, t) for pid, gs in self.groups.items()]
+        actions = [gs.collect(last[pid], lo, hi, t) for pid, gs in groups]
         clock = time.perf_counter()
         perf["action_processing_ms"] += clock - tick
-        whole = (lo, hi) == (0, self.envs.num_envs)
-        self.envs.send(actions, None if whole else slice(lo, hi))
+        self.envs.send(actions, None if hi - lo == self._num_envs else slice(lo, hi))
         tick = time.perf_counter()
         perf["env_wait_ms"] += tick - clock
-        for gs in self.groups.values():  # a background backend steps meanwhile
+        for _, gs in groups:  # a background backend steps meanwhile
             gs.record_actions()
         perf["action_processing_ms"] += time.perf_counter() - tick
 
@@ -250,19 +267,20 @@ class MultiAgentSampler:
         its envs have now taken."""
         clock = time.perf_counter()
         t = int(self._t[lo])
-        for pid, gs in self.groups.items():
+        for pid, gs in self._parts:
             gs.record(out.groups[pid], traj.groups[pid], lo, hi, t)
             if gs.infos is not None:
                 gs.record_infos(traj.groups[pid], out.groups[pid].completed, out.infos, lo, t)
         index = (t, slice(lo, hi))
-        env_level.reward[index] = out.env_reward
-        env_level.terminated[index] = out.env_done
+        if not self._one_agent:  # else the group's arrays, just written
+            env_level.reward[index] = out.env_reward
+            env_level.terminated[index] = out.env_done
+            self._unassigned[index] = out.unassigned_reward
         if out.failed is not None:  # faults: their episodes end, their actions are dropped
             env_level.valid[index] = ~out.failed
             self.metrics.num_dropped_agent_steps += sum(
                 gs.drop(out.failed, lo, hi, t) for gs in self.groups.values()
             )
-        self._unassigned[index] = out.unassigned_reward
         if self.callbacks is not None:
             self._run_callbacks(traj, lo, hi, t, out)
         self._t[lo:hi] = t + 1  # the block's envs share their step (a setitem: cheaper than +=)

@@ -7,6 +7,7 @@ row ``b`` per sub-env; the vector env hands them to the sampler as views.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -165,7 +166,7 @@ class MultiAgentStep(NamedTuple):
     ended (only then): those of agents that never acted in it, and those that reached
     an agent after its final transition. A reward before an agent's first action is
     not here: it is added to that agent's first transition (as RLlib does)."""
-    infos: list[dict[str, Any]]
+    infos: Sequence[dict[str, Any]]
     """Per-env infos of the step (the env's per-agent info dict; ``{}`` where it failed)."""
     failed: np.ndarray | None = None
     """[B] bool, or None when no sub-env failed: the sub-envs whose step failed and were

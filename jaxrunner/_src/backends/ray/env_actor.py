@@ -114,7 +114,7 @@ class BlockReply(NamedTuple):
     env_done: np.ndarray
     env_reward: np.ndarray
     unassigned_reward: np.ndarray
-    infos: list[dict[str, Any]]
+    infos: Sequence[dict[str, Any]]
     failed: np.ndarray | None
     errors: dict[int, BaseException] | None
 

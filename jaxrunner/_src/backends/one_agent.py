@@ -1,0 +1,108 @@
+"""A single-agent vector env seen as every env is sampled: one policy group of one agent,
+who acts at every step (the env's own arrays, with an agent axis of 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
+from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgentStep
+from jaxrunner._src.core.agent_groups import AgentGroup
+from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID
+
+ONE_AGENT = "agent_0"
+"""The agent id of a single-agent env's one agent."""
+
+
+class OneAgentSteps:
+    """A single-agent vector env's ``reset_batch``, ``send`` and ``recv`` in the group
+    model: ``send`` takes the group's ``[n, 1, ...]`` actions, ``recv`` returns a
+    :class:`MultiAgentStep` of views of the env's arrays (made once per block of envs
+    and buffers), its ``failed`` the env's."""
+
+    turn_based = False
+    one_agent = True
+    """Every step's one group is the env's only agent, who always acts: its arrays are
+    the env-level ones, and no agent is ever masked."""
+
+    def __init__(self, envs: Any) -> None:
+        self.envs, self.num_envs = envs, envs.num_envs
+        self.capabilities = envs.capabilities
+        self._obs_space = envs.single_observation_space
+        self._action_space = envs.single_action_space
+        self.groups = (
+            AgentGroup(DEFAULT_POLICY_ID, (ONE_AGENT,), self._obs_space, self._action_space),
+        )
+        self.possible_agents = (ONE_AGENT,)
+        n = self.num_envs
+        self._acting = np.ones((n, 1), np.bool_)
+        self._start = np.ones((n, 1), np.bool_)  # the next action starts an episode
+        self._completed = np.ones((n, 1), np.bool_)
+        self._no_reward = np.zeros(n)
+        self._views: dict[tuple[int, int], tuple[Any, dict[str, GroupBuffers]]] = {}
+        self._actions_are_leaf = type(self._action_space) in space_arrays.LEAF_TYPES
+
+    def reset_batch(
+        self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
+    ) -> MultiAgentStep:
+        obs, infos = self.envs.reset_batch(seeds, options)
+        self._start[:] = True
+        self._views.clear()
+        n = self.num_envs
+        no_flags = np.zeros((n, 1), np.bool_)
+        group = GroupBuffers.of(
+            obs=self._agent_axis(obs), acting=self._acting, agent_start=self._start,
+            completed=no_flags, reward=np.zeros((n, 1)), terminated=no_flags,
+            truncated=no_flags, next_obs=self._agent_axis(obs),
+        )  # fmt: skip
+        return MultiAgentStep(
+            {DEFAULT_POLICY_ID: group}, no_flags[:, 0], self._no_reward, self._no_reward,
+            [dict(infos[i]) if isinstance(infos, Sequence) else {} for i in range(n)],
+        )  # fmt: skip
+
+    def send(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
+        (action,) = actions  # [n, 1, ...]: the one agent's column
+        if self._actions_are_leaf:
+            action = action[:, 0]
+        else:
+            action = space_arrays.map_structure(self._action_space, lambda x: x[:, 0], action)
+        self.envs.send(action, env_ids)
+
+    def recv(self) -> MultiAgentStep:
+        return self.group_step(self.envs.recv())
+
+    def group_step(self, out: BatchStep) -> MultiAgentStep:
+        """``out`` as the step of one group of one agent."""
+        rows = out.env_ids
+        if isinstance(rows, np.ndarray):  # internal: the group model steps blocks of envs
+            raise TypeError("OneAgentSteps: a step of envs in any order, not a block")
+        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
+        start = self._start[lo:hi]
+        done = np.logical_or(out.terminated, out.truncated, out=start[:, 0])
+        base = out.reward if out.reward.base is None else out.reward.base
+        views = self._views.get((lo, hi))
+        if out.failed is not None:  # restarted sub-envs: no transition, a new episode
+            done |= out.failed
+            views = (None, self._group(out, lo, hi, ~out.failed[:, None]))
+        elif views is None or views[0] is not base:  # the env's buffers: views made once
+            views = self._views[lo, hi] = (base, self._group(out, lo, hi, self._completed[lo:hi]))
+        return MultiAgentStep(
+            views[1], done, out.reward, self._no_reward[lo:hi], out.infos, out.failed,
+            out.errors, rows,
+        )  # fmt: skip
+
+    def _group(self, out: BatchStep, lo: int, hi: int, completed: np.ndarray) -> dict:
+        group = GroupBuffers.of(
+            obs=self._agent_axis(out.obs), acting=self._acting[lo:hi],
+            agent_start=self._start[lo:hi], completed=completed,
+            reward=out.reward[:, None], terminated=out.terminated[:, None],
+            truncated=out.truncated[:, None], next_obs=self._agent_axis(out.next_obs),
+        )  # fmt: skip
+        return {DEFAULT_POLICY_ID: group}
+
+    def _agent_axis(self, tree: Any) -> Any:
+        return space_arrays.map_structure(self._obs_space, lambda x: x[:, None], tree)
