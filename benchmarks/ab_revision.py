@@ -49,6 +49,9 @@ import jaxrunner
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 IMPORT = re.compile(r"^(\s*)(from|import) jaxrunner\b", re.MULTILINE)
+MODULE_NAME = re.compile(r"""(["'])jaxrunner\.""")
+"""A module named in a string (``importlib.import_module("jaxrunner._src...")``, as the
+lazy ``__init__`` does): the base's, not the working tree's."""
 
 
 def import_base(revision: str, into: pathlib.Path) -> Any:
@@ -67,14 +70,21 @@ def import_base(revision: str, into: pathlib.Path) -> Any:
         target = into / name.replace("jaxrunner/", "jaxrunner_base/", 1)
         target.parent.mkdir(parents=True, exist_ok=True)
         if name.endswith(".py"):
-            source = IMPORT.sub(r"\1\2 jaxrunner_base", source.decode()).encode()
+            text = IMPORT.sub(r"\1\2 jaxrunner_base", source.decode())
+            source = MODULE_NAME.sub(r"\1jaxrunner_base.", text).encode()
         target.write_bytes(source)
     sys.path.insert(0, str(into))
     # Worker processes and Ray actors import it too: they inherit PYTHONPATH.
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(into), str(REPO), os.environ.get("PYTHONPATH")) if p
     )
-    return importlib.import_module("jaxrunner_base")
+    base = importlib.import_module("jaxrunner_base")
+    # Every public name must load from the base: one that loaded the working tree's
+    # would time the new code against itself.
+    runner = base.EnvRunner
+    if not runner.__module__.startswith("jaxrunner_base."):
+        raise RuntimeError(f"jaxrunner_base.EnvRunner loaded from {runner.__module__}")
+    return base
 
 
 def make_envs(
