@@ -20,7 +20,7 @@ class ShuffledSync(jr.SyncVectorEnv):
     def __init__(self, env_fns: Any, batch: int | None, buckets: tuple[int, ...]) -> None:
         super().__init__(env_fns)
         self.capabilities = Capabilities(
-            ready_first=True, recv_batch_size=batch, batch_buckets=buckets
+            ready_first=True, recv_batch_size=batch, batch_buckets=buckets, any_order=True
         )
         self._batch = batch
         self._rng = np.random.default_rng(0)

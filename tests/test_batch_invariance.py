@@ -30,6 +30,7 @@ from jaxrunner._src.samplers.batch_invariance import (
     default_chunk_rows,
     policy_flops_per_row,
 )
+from jaxrunner._src.samplers.one_agent import OneAgentSampler
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.models import mlp_policy
@@ -258,11 +259,14 @@ def _samples(
     _, make_policy, steps = CASES[case]
     policy, params = make_policy()
     with jr.EnvRunner(envs, policy, params, steps, SEED, num_splits=num_splits) as runner:
-        assert isinstance(runner.sampler, ReadyFirstSampler) == ready_first
         samples = [runner.sample() for _ in range(3)]
-        if ready_first:  # calls of fewer than all envs really ran
-            counts = runner.sampler.ready_counts
+        if ready_first and isinstance(runner.sampler, ReadyFirstSampler):  # any order
+            counts = runner.sampler.ready_counts  # calls of fewer than all envs really ran
             assert sum(n for ready, n in counts.items() if ready < NUM_ENVS)
+        elif ready_first:  # the one loop's ready-first mode: blocks of envs
+            assert min(runner.sampler.block_sizes) < NUM_ENVS
+        else:
+            assert isinstance(runner.sampler, OneAgentSampler)
         return samples
 
 

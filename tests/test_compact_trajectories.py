@@ -312,9 +312,12 @@ def test_runner_groups_join_compact_samples_along_envs() -> None:
     chex.assert_trees_all_equal(joined.dense(), concatenate_envs(dense))
 
 
-def test_compact_buffers_allocate_no_dense_next_obs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A compact sample allocates one ``[T, B]`` observation buffer (``obs``), a dense
-    one two (``obs`` and ``next_obs``); a released buffer allocates none."""
+def test_compact_buffers_allocate_one_dense_next_obs_in_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each sample held allocates a ``[T, B]`` observation buffer (``obs``; its one
+    agent's, ``[T, B, 1]``), and a dense one a ``next_obs`` too, where a compact runner
+    has one dense scratch for all its samples; a released buffer allocates none."""
     allocations: list[tuple[int, ...]] = []
     allocate = sampler_module.space_arrays.allocate
 
@@ -324,12 +327,13 @@ def test_compact_buffers_allocate_no_dense_next_obs(monkeypatch: pytest.MonkeyPa
         return allocate(space, shape)
 
     monkeypatch.setattr(sampler_module.space_arrays, "allocate", counting)
-    for compact, expected in ((False, 2), (True, 1)):
+    for compact, expected in ((False, 6), (True, 4)):
         allocations.clear()
         with _runner(BACKENDS["sync"](), compact_next_obs=compact) as runner:
-            runner.release(runner.sample())
+            held = [runner.sample() for _ in range(3)]
+            runner.release(held.pop())
             runner.sample()
-        assert allocations.count((13, NUM_ENVS)) == expected, (compact, allocations)
+        assert allocations.count((13, NUM_ENVS, 1)) == expected, (compact, allocations)
 
 
 # -- multi-agent envs: each group's next_obs stored only where it is not the obs at the

@@ -15,7 +15,7 @@ from shuffled_sync import ShuffledSync
 
 import jaxrunner as jr
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
-from jaxrunner._src.samplers.lockstep import LockstepSampler
+from jaxrunner._src.samplers.one_agent import OneAgentSampler
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.testing import RandomWalk
@@ -56,7 +56,7 @@ def test_ready_first_equals_lockstep(batch):
     envs = ShuffledSync([_short_cartpole] * NUM_ENVS, batch, buckets=(NUM_ENVS,))
     policy, params = _policy()
     with jr.EnvRunner(envs, policy, params, rollout_length=11, seed=SEED) as runner:
-        assert isinstance(runner.sampler, ReadyFirstSampler)
+        assert isinstance(runner.sampler, ReadyFirstSampler)  # envs in any order
         got = [runner.sample() for _ in range(3)]
         metrics = runner.get_metrics()
     for ours, theirs in zip(got, reference):
@@ -80,10 +80,10 @@ def test_ready_first_with_a_batch_of_half_the_envs_never_stalls(num_envs, batch,
         chex.assert_trees_all_equal(ours, theirs, custom_message=f"sample {t}")
 
 
-def test_lockstep_is_the_default_sampler():
+def test_a_single_agent_env_is_sampled_as_one_group_of_one_agent():
     policy, params = _policy()
     with jr.EnvRunner(jr.make_vec(_short_cartpole, 2), policy, params, 4, 0) as runner:
-        assert isinstance(runner.sampler, LockstepSampler)
+        assert isinstance(runner.sampler, OneAgentSampler)
 
 
 def test_host_numbering_agrees_with_the_scan_twin():
@@ -129,8 +129,9 @@ def test_process_ready_first_equals_lockstep_and_counts_every_step():
     envs = jr.make_vec(_short_cartpole, 4, backend="process", config=config)
     policy, params = _policy()
     with jr.EnvRunner(envs, policy, params, rollout_length=11, seed=SEED) as runner:
-        assert isinstance(runner.sampler, ReadyFirstSampler)
+        assert isinstance(runner.sampler, OneAgentSampler)  # the loop's ready-first mode
         got = [runner.sample() for _ in range(3)]
+        assert min(runner.sampler.block_sizes) < 4  # each worker's envs acted on alone
         assert runner.get_metrics()["num_env_steps"] == 3 * 11 * 4
     for ours, theirs in zip(got, reference):
         chex.assert_trees_all_equal(ours, theirs)

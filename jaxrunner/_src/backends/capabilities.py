@@ -27,6 +27,9 @@ class Capabilities:
     """With ``ready_first``: ``recv`` waits until this many envs have answered (EnvPool's
     async ``batch_size``), so the sampler keeps at least this many in flight. ``None``:
     ``recv`` returns as soon as any env answers."""
+    any_order: bool = False
+    """With ``ready_first``: one ``recv`` may answer envs of several sends, in any order
+    (``env_ids`` an int array), which the ready-first sampler gathers into its buckets."""
     batch_buckets: tuple[int, ...] | None = None
     """With ``ready_first``: the policy batch sizes the sampler compiles, the ready envs
     padded to the next one (None: powers of two, then all envs)."""

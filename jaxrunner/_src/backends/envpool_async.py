@@ -63,7 +63,10 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         envpool = import_envpool()
         self.keep_reset_steps = bool(keep_reset_steps)
         self.capabilities = Capabilities(
-            ready_first=True, recv_batch_size=batch_size, reset_steps=self.keep_reset_steps
+            ready_first=True,
+            recv_batch_size=batch_size,
+            reset_steps=self.keep_reset_steps,
+            any_order=True,
         )
         if self.keep_reset_steps:
             self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}

@@ -49,7 +49,11 @@ class OneAgentSteps:
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> MultiAgentStep:
-        obs, infos = self.envs.reset_batch(seeds, options)
+        obs, _ = self.envs.reset_batch(seeds, options)
+        return self.first_step(obs)
+
+    def first_step(self, obs: Any) -> MultiAgentStep:
+        """The step of a reset of every env to ``obs``: every agent starts an episode."""
         self._start[:] = True
         self._views.clear()
         n = self.num_envs
@@ -61,7 +65,7 @@ class OneAgentSteps:
         )  # fmt: skip
         return MultiAgentStep(
             {DEFAULT_POLICY_ID: group}, no_flags[:, 0], self._no_reward, self._no_reward,
-            [dict(infos[i]) if isinstance(infos, Sequence) else {} for i in range(n)],
+            [{}] * n,
         )  # fmt: skip
 
     def send(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
@@ -78,8 +82,7 @@ class OneAgentSteps:
     def group_step(self, out: BatchStep) -> MultiAgentStep:
         """``out`` as the step of one group of one agent."""
         rows = out.env_ids
-        if isinstance(rows, np.ndarray):  # internal: the group model steps blocks of envs
-            raise TypeError("OneAgentSteps: a step of envs in any order, not a block")
+        assert not isinstance(rows, np.ndarray)  # internal: any-order backends go elsewhere
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
         start = self._start[lo:hi]
         done = np.logical_or(out.terminated, out.truncated, out=start[:, 0])

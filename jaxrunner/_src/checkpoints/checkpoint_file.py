@@ -80,7 +80,7 @@ def kept_episodes(parts: RunnerParts) -> dict[str, list[Any]]:
 def identity(parts: RunnerParts) -> dict[str, Any]:
     """What a restoring runner must share with the saved one (JSON values)."""
     return {
-        "sampler": type(parts.sampler).__name__,
+        "sampler": getattr(parts.sampler, "saved_as", type(parts.sampler).__name__),
         "num_envs": int(parts.envs.num_envs),
         "policy_ids": [g.policy_id for g in parts.groups],
         "possible_agents": [a for g in parts.groups for a in g.agents],

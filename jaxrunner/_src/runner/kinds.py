@@ -34,8 +34,9 @@ from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episod
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.lockstep import LockstepSampler
 from jaxrunner._src.samplers.multi_agent import MultiAgentSampler
+from jaxrunner._src.samplers.one_agent import OneAgentSampler
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
-from jaxrunner._src.samplers.sampler import HostSampler, SamplerSetup
+from jaxrunner._src.samplers.sampler import SamplerSetup
 from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import InvalidArgumentError
 
@@ -227,12 +228,18 @@ class OneAgent(AgentGroups):
     ) -> Any:
         """Ready-first for ``ready_first`` backends, else lockstep."""
         envs, (obs, _) = self.envs, first
-        sampler: HostSampler
-        if envs.capabilities.ready_first:
+        sampler: Any
+        caps = envs.capabilities
+        if caps.ready_first:
             check_ready_first_options(envs, callbacks, num_splits)
-            sampler = ReadyFirstSampler(envs, obs, setup)
-        else:
+        if caps.ready_first and (caps.any_order or caps.batch_buckets):
+            sampler = ReadyFirstSampler(envs, obs, setup)  # envs in any order (EnvPool's)
+        elif caps.reset_steps:
             sampler = LockstepSampler(
+                envs, obs, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
+            )
+        else:
+            sampler = OneAgentSampler(
                 envs, obs, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
             )
         space_arrays.check_policy_actions(

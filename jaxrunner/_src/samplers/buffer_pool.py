@@ -21,6 +21,18 @@ from jaxrunner._src.samplers.group_step import GroupSampler
 from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, InfoRecorder
 from jaxrunner.errors import InvalidArgumentError
 
+NOT_OUT = (
+    "EnvRunner.release(traj): traj is not a trajectory this runner's sample() returned and "
+    "that is still out (it may be another runner's, a slice, a copy or a replace() of one, "
+    "or released already). Pass the sample() result itself, once, before the next sample()."
+)
+CHANGED = (
+    "EnvRunner.release(traj): traj's arrays are not those sample() handed out (an extras "
+    "entry replaced, an array resized or made read-only); the next sample would write into "
+    "them. Release only an unmodified sample() result; this one stays yours (the runner "
+    "allocates new buffers)."
+)
+
 
 class ReusedBuffers(abc.ABC):
     """A host sampler's sample buffers: new ones, or those of samples the caller
@@ -84,12 +96,7 @@ class ReusedBuffers(abc.ABC):
         """
         entry = self._out.get(id(traj))
         if entry is None or entry[0]() is not traj:
-            raise InvalidArgumentError(
-                "EnvRunner.release(traj): traj is not a trajectory this runner's sample() "
-                "returned and that is still out (it may be another runner's, a slice, a copy "
-                "or a replace() of one, or released already). Pass the sample() result "
-                "itself, once, before the next sample()."
-            )
+            raise InvalidArgumentError(NOT_OUT)
         arrays = self._reused_arrays(traj)
         handed_out = entry[1]
         changed = len(arrays) != len(handed_out) or any(
@@ -98,12 +105,7 @@ class ReusedBuffers(abc.ABC):
             for now, (array, shape, dtype) in zip(arrays, handed_out)
         )  # fmt: skip
         if changed:
-            raise InvalidArgumentError(
-                "EnvRunner.release(traj): traj's arrays are not those sample() handed out "
-                "(an extras entry replaced, an array resized or made read-only); the next "
-                "sample would write into them. Release only an unmodified sample() result; "
-                "this one stays yours (the runner allocates new buffers)."
-            )
+            raise InvalidArgumentError(CHANGED)
         del self._out[id(traj)]
         self._free.append(self._kept(traj))
 

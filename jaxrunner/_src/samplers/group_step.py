@@ -75,14 +75,15 @@ class GroupSampler:
         same_step: bool = False,
         blocks: Sequence[slice] = (),
         infos: InfoRecorder | None = None,
-        always_acting: bool = False,
+        one_agent: bool = False,
     ) -> None:
         """``blocks``: the envs of the blocks to compile now (the others compile at
         their first dispatch; none: every env). ``infos``: records the group's info
-        entries, a row per agent slot (``info_keys``). ``always_acting``: every agent
-        acts at every step (a single-agent env's), so no mask is ever read."""
+        entries, a row per agent slot (``info_keys``). ``one_agent``: a single-agent
+        env's one agent, who acts at every step (no mask is ever read) and whose infos
+        are the env's."""
         self.group, self.num_envs, self.infos = group, num_envs, infos
-        self.same_step, self.always_acting = same_step, always_acting
+        self.same_step, self.always_acting = same_step, one_agent
         """Each action's transition completes in the step that takes it (parallel envs)."""
         a_g = group.num_agents
         self.rows = num_envs * a_g
@@ -102,7 +103,7 @@ class GroupSampler:
             )  # fmt: skip
 
         self._compile = compiled
-        self.acting = np.full((num_envs, a_g), always_acting)
+        self.acting = np.full((num_envs, a_g), one_agent)
         """Who acted at each block's last dispatch."""
         self._calls: dict[int, CompiledPolicyStep] = {}
         self._blocks: dict[tuple[int, int], _Block] = {}
@@ -111,7 +112,7 @@ class GroupSampler:
         self._pending_views: dict[tuple[int, int], list[list[np.ndarray]]] = {}
         self.sample_end = None
         if connectors is not None and connectors.per_sample:
-            self.sample_end = SampleEnd(connectors, self.packing, agent_axis=True)  # type: ignore[arg-type]
+            self.sample_end = SampleEnd(connectors, self.packing, agent_axis=not one_agent)  # type: ignore[arg-type]
         # The same for every block: shapes of num_envs rows.
         self.action_spec, self.extras_spec = next(iter(self._calls.values())).env_output_spec
         shape = (num_envs, a_g)
@@ -310,6 +311,9 @@ class GroupSampler:
         """Into ``traj``'s extras, the infos of the agents whose transition completed at step
         ``t`` of envs ``[lo, lo + len(infos))`` (``completed``, ``[n, A_g]``): each
         agent's own entry of its env's per-agent infos."""
+        if self.always_acting:  # a single agent: the env's infos, every env's row
+            self.infos.record(traj.extras, t, range(lo, lo + len(infos)), infos)  # type: ignore[union-attr]
+            return
         b, a = np.nonzero(completed)
         if b.size:
             agents, a_g = self.group.agents, self.group.num_agents
@@ -327,8 +331,12 @@ class GroupSampler:
             self.infos.allocate(extras, shape)
         return GroupTrajectory(
             obs=space_arrays.allocate(space, shape),
-            action=jax.tree.map(
-                lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
+            action=(
+                space_arrays.allocate(self.group.action_space, shape)  # as the env's dtype
+                if self.always_acting
+                else jax.tree.map(
+                    lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
+                )
             ),
             reward=np.zeros(shape, np.float64),
             terminated=np.zeros(shape, np.bool_),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -97,13 +97,17 @@ class MultiAgentSampler:
         num_possible = len(envs.possible_agents)
         self.groups: dict[str, GroupSampler] = {}
         self._infos = None
-        if setup.info_keys:  # one recorder of the names, shared by the groups
+        if setup.info_keys and self._one_agent:
+            self._infos = InfoRecorder(setup.info_keys)
+        elif setup.info_keys:  # one recorder of the names, shared by the groups
             self._infos = InfoRecorder(setup.info_keys, "EnvRunner", ON_AGENT_STEP_HINT)
         offset = 0
         for group in envs.groups:
             pid = group.policy_id
 
             def label(row: int, agents: tuple[str, ...] = group.agents) -> str:
+                if self._one_agent:
+                    return f"sub-env {row}"
                 return f"agent {agents[row % len(agents)]!r} of sub-env {row // len(agents)}"
 
             self.groups[pid] = GroupSampler(
@@ -119,10 +123,13 @@ class MultiAgentSampler:
                 same_step=not envs.turn_based,
                 blocks=self.splits,
                 infos=None if self._infos is None else self._infos.share(label),
-                always_acting=self._one_agent,
+                one_agent=self._one_agent,
             )
             offset += group.num_agents
         self._parts = list(self.groups.items())
+        self.rows_view: Callable[[MultiAgentTrajectory], Any] = lambda traj: traj
+        """The sample's buffers as live episodes read them (a single-agent runner's
+        ``[T, B]`` view)."""
         self._num_envs = num_envs
         self._last = first
         """The reset step: its arrays are the env's buffers, which every later step's
@@ -158,6 +165,7 @@ class MultiAgentSampler:
         traj = self._pool.take()
         for pid, gs in self.groups.items():
             gs.begin(traj.groups[pid])
+        self._rows = self.rows_view(traj)  # what live episodes read their steps from
         shape = (num_steps, num_envs)
         if self._one_agent:  # the one agent's arrays are the env's
             (group,) = traj.groups.values()
@@ -215,7 +223,7 @@ class MultiAgentSampler:
             self.metrics.sample_time_s += time.perf_counter() - start_time
             self.metrics.perf.record(perf, int(self._t.min()))
         for live in self._live:  # the next sample writes other buffers
-            live.detach(traj)
+            live.detach(self._rows)
         traj = self._close(traj, env_level, num_steps)
         if self._infos is not None:  # misspelt info_keys, once an episode has ended
             ended = traj.env_done.any() or any(g.done.any() for g in traj.groups.values())
@@ -278,36 +286,42 @@ class MultiAgentSampler:
             self._unassigned[index] = out.unassigned_reward
         if out.failed is not None:  # faults: their episodes end, their actions are dropped
             env_level.valid[index] = ~out.failed
-            self.metrics.num_dropped_agent_steps += sum(
-                gs.drop(out.failed, lo, hi, t) for gs in self.groups.values()
-            )
+            if not self._one_agent:  # (a single agent's slot keeps what it acted on)
+                self.metrics.num_dropped_agent_steps += sum(
+                    gs.drop(out.failed, lo, hi, t) for gs in self.groups.values()
+                )
         if self.callbacks is not None:
-            self._run_callbacks(traj, lo, hi, t, out)
+            self._run_callbacks(lo, hi, t, out)
         self._t[lo:hi] = t + 1  # the block's envs share their step (a setitem: cheaper than +=)
         perf["obs_processing_ms"] += time.perf_counter() - clock
         return t + 1
 
-    def _run_callbacks(
-        self, traj: MultiAgentTrajectory, lo: int, hi: int, t: int, out: MultiAgentStep
-    ) -> None:
+    def _run_callbacks(self, lo: int, hi: int, t: int, out: MultiAgentStep) -> None:
         """The hooks of envs ``[lo, hi)``'s step ``t``, as the lockstep sampler runs
         ``Callbacks``: a step, then an end where the env's episode ended or its step
         failed (``faulty``), and the start of the next one, with the next id."""
-        callbacks, runner, failed = self.callbacks, self._runner, out.failed
+        callbacks, runner, failed, rows = self.callbacks, self._runner, out.failed, self._rows
         assert callbacks is not None  # internal: only called with callbacks
+        if self._one_agent:  # the env's own flags
+            (group,) = out.groups.values()
+            terminated, truncated = group.terminated[:, 0], group.truncated[:, 0]
+        else:
+            terminated, truncated = out.env_done, None
         for j, b in enumerate(range(lo, hi)):
             live = self._live[b]
             if failed is not None and failed[j]:
                 live.truncated = live.faulty = True
             else:
-                live.add_step(traj, t, float(out.env_reward[j]), out.infos[j])
-                live.terminated = bool(out.env_done[j])
+                live.add_step(rows, t, float(out.env_reward[j]), out.infos[j])
+                live.terminated = bool(terminated[j])
+                if truncated is not None:
+                    live.truncated = bool(truncated[j])
                 if self._on_step:
                     callbacks.on_episode_step(runner, b, live)
-                if not live.terminated:
+                if not (live.terminated or live.truncated):
                     continue
             callbacks.on_episode_end(runner, b, live)
-            live.detach(traj)  # a kept episode must not keep the trajectory alive
+            live.detach(rows)  # a kept episode must not keep the trajectory alive
             self._live[b] = self._start_live(b, self._live_next_id, out.groups, lo)
             self._live_next_id += 1
 
@@ -316,6 +330,13 @@ class MultiAgentSampler:
     ) -> LiveEpisode:
         """Env ``b``'s episode ``episode_id``, from its first observations (row ``b -
         offset`` of ``groups``: the acting agents', zeros elsewhere); its start hook."""
+
+        if self._one_agent:  # the env's observation, as it is
+            (buf,) = groups.values()
+            first_obs = jax.tree.map(lambda x: np.array(x[b - offset, 0]), buf.obs)
+            live = LiveEpisode(b, int(episode_id), first_obs)
+            self.callbacks.on_episode_start(self._runner, b, live)  # type: ignore[union-attr]
+            return live
 
         def first(buf: GroupBuffers) -> Any:
             acting = buf.acting[b - offset]
@@ -340,7 +361,7 @@ class MultiAgentSampler:
         clock = time.perf_counter()
         groups = dict(traj.groups)
         for pid, gs in self.groups.items():
-            if gs.sample_end is not None:
+            if gs.sample_end is not None and not self._one_agent:  # (its view's: [T, B])
                 groups[pid], connectors = gs.sample_end(gs.state.connectors, groups[pid])
                 gs.state = gs.state.replace(connectors=connectors)
         self.metrics.sample_time_s += time.perf_counter() - clock
@@ -411,12 +432,15 @@ class MultiAgentSampler:
         aborted = None if valid.all() else ~valid
         for pid, gs in self.groups.items():
             group = traj.groups[pid]
-            steps = np.count_nonzero(group.valid[:t], axis=(0, 1))
-            self.metrics.add_group_counts(pid, steps, gs.close(group, t, aborted))
+            if not self._one_agent:  # the env's episodes are its agent's
+                steps = np.count_nonzero(group.valid[:t], axis=(0, 1))
+                self.metrics.add_group_counts(pid, steps, gs.close(group, t, aborted))
             if gs.infos is not None:  # every name reported so far, in every group
                 gs.infos.complete(group.extras)
         if t < self.rollout_length:
             traj = jax.tree.map(lambda x: x[:t], traj)
-        if self._pool.compact:  # the scratch is the next sample's: only copies go out
+        if (
+            self._pool.compact and not self._one_agent
+        ):  # (a single agent's: its view's)  # the scratch is the next sample's: only copies go out
             traj = traj.replace(groups={p: compact_group(g) for p, g in traj.groups.items()})
         return traj

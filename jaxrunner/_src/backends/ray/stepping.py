@@ -70,6 +70,7 @@ class ActorStepping(RemoteSubEnvs):
             steps_in_background=True,
             ready_first=kind.ready_first if ready_first is None else ready_first,
             batch_buckets=self.config.batch_buckets,
+            any_order=kind.merge is not None,  # gymnasium envs: answers merged
         )
         actors = ActorPool(
             import_ray(), env_fns, self.config, restart_policy, kind.worker, kind.worker_args

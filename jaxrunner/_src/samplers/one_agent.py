@@ -1,0 +1,222 @@
+"""A single-agent env sampled by the one host loop as its one group of one agent; what
+a single-agent runner sees of it: ``[T, B]`` trajectories and its own state's shape."""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrunner._src.backends.one_agent import OneAgentSteps
+from jaxrunner._src.core import next_obs_store
+from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
+from jaxrunner._src.core.policy import Params
+from jaxrunner._src.core.trajectory import Trajectory
+from jaxrunner._src.samplers.buffer_pool import CHANGED, NOT_OUT
+from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
+from jaxrunner._src.samplers.multi_agent import MultiAgentSampler
+from jaxrunner._src.samplers.multi_agent_state import GroupState, MultiAgentSamplerState
+from jaxrunner._src.samplers.sampler import SamplerSetup, StepProgress
+from jaxrunner.errors import InvalidArgumentError
+
+
+def _one(tree: Any) -> Any:
+    """``[T, B, 1, ...]`` leaves as ``[T, B, ...]`` views."""
+    return jax.tree.map(lambda x: x[:, :, 0], tree)
+
+
+class OneAgentSampler:
+    """Samples a single-agent vector env through :class:`MultiAgentSampler` (lockstep,
+    or ready-first by blocks of envs), its env a :class:`OneAgentSteps`.
+
+    Args:
+        envs: the vector env, just reset; ``obs`` its first observations.
+        setup: the policy, params, rollout length, seed and metrics.
+        num_splits: lockstep pipelining splits (None: the loop's rule).
+        callbacks: optional hooks, called with ``runner``.
+        runner: what the callbacks receive as their runner.
+    """
+
+    def __init__(
+        self,
+        envs: Any,
+        obs: Any,
+        setup: SamplerSetup,
+        *,
+        num_splits: int | None = None,
+        callbacks: Callbacks | None = None,
+        runner: Any = None,
+    ) -> None:
+        self.envs, self.metrics = envs, setup.metrics
+        steps = OneAgentSteps(envs)
+        self._loop = loop = MultiAgentSampler(
+            steps, steps.first_step(obs), setup, num_splits=num_splits, callbacks=callbacks,
+            runner=runner,
+        )  # fmt: skip
+        loop.rows_view = self._view
+        ((self._pid, self._group),) = loop.groups.items()
+        self.splits = loop.splits
+        self.action_spec = self._group.action_spec
+        self._compact = setup.compact_next_obs
+        self._released: dict[int, Trajectory] = {}
+        """Released buffers' ``[T, B]`` views by their reward array's id."""
+        self._out: dict[int, tuple[weakref.ref, MultiAgentTrajectory, list[tuple]]] = {}
+        """id(trajectory) -> (a weak reference to it, the loop's buffers it views, its
+        arrays as handed out, with shape and dtype)."""
+
+    @property
+    def saved_as(self) -> str:
+        """The sampler a checkpoint names (those of version 4 and before were saved by
+        these two, in this state's format)."""
+        return "ReadyFirstSampler" if self._loop.ready_first else "LockstepSampler"
+
+    @property
+    def _book(self) -> Any:
+        return self._loop._book
+
+    @property
+    def callbacks(self) -> Any:
+        return self._loop.callbacks
+
+    @property
+    def block_sizes(self) -> list[int]:
+        """The sizes of the blocks of envs acted on so far (each worker's envs, or each
+        pipelining split)."""
+        return sorted({hi - lo for lo, hi in self._group._blocks})
+
+    def sample(self, params: Params, progress: StepProgress | None = None) -> Trajectory:
+        try:
+            group_traj = self._loop.sample({self._pid: params}, progress)
+        except BaseException as err:
+            partial = getattr(err, "partial_trajectory", None)
+            if isinstance(partial, MultiAgentTrajectory):
+                err.partial_trajectory = self._stored(partial)  # type: ignore[attr-defined]
+            raise
+        traj = self._stored(group_traj)
+        gs = self._group
+        if gs.sample_end is not None:  # the connectors' per-sample part, on [T, B]
+            clock = time.perf_counter()
+            traj, connectors = gs.sample_end(gs.state.connectors, traj)
+            gs.state = gs.state.replace(connectors=connectors)  # type: ignore[union-attr]
+            self.metrics.sample_time_s += time.perf_counter() - clock
+        key, out = id(traj), self._out
+
+        def forget(ref: weakref.ref) -> None:  # dropped unreleased: the loop's stay out
+            if out.get(key, (None,))[0] is ref:
+                del out[key]
+
+        arrays = [(a, a.shape, a.dtype) for a in self._reused(traj)]
+        out[key] = (weakref.ref(traj, forget), group_traj, arrays)
+        return traj
+
+    def release(self, traj: Trajectory) -> None:
+        """Takes back ``traj`` (a sample's result the caller is done with) for reuse."""
+        entry = self._out.get(id(traj))
+        if entry is None or entry[0]() is not traj:
+            raise InvalidArgumentError(NOT_OUT)
+        now = self._reused(traj)
+        if len(now) != len(entry[2]) or not all(
+            a is b and a.shape == shape and a.dtype == dtype and a.flags.writeable
+            for a, (b, shape, dtype) in zip(now, entry[2])
+        ):
+            raise InvalidArgumentError(CHANGED)
+        del self._out[id(traj)]
+        group = entry[1].groups[self._pid]
+        self._released[id(group.reward)] = traj.replace(extras={})  # its views, for reuse
+        self._loop.release(entry[1])
+
+    def get_state(self) -> dict[str, Any]:
+        state = self._loop.get_state()
+        group = state.groups[self._pid]
+        return {
+            "actor": group.actor,
+            "book": state.book,
+            "episode_start": group.agent_start[:, 0].copy(),
+            "obs": jax.tree.map(lambda x: x[:, 0].copy(), group.obs),
+        }
+
+    def set_state(self, state: dict[str, Any], live: list[LiveEpisode] | None = None) -> None:
+        gs, n = self._group, self.envs.num_envs
+        group = GroupState(
+            actor=state["actor"],
+            running_return=np.zeros((n, 1)),
+            running_length=np.zeros((n, 1), np.int64),
+            awaiting=np.zeros((n, 1), np.bool_),
+            pending_obs=jax.tree.map(np.zeros_like, gs.pending_obs),
+            pending_action=jax.tree.map(np.zeros_like, gs.pending_action),
+            pending_extras=tuple(np.zeros_like(x) for x in gs.pending_extras),
+            obs=jax.tree.map(lambda x: np.asarray(x)[:, None], state["obs"]),
+            acting=np.ones((n, 1), np.bool_),
+            agent_start=np.asarray(state["episode_start"])[:, None],
+        )
+        self._loop.set_state(
+            MultiAgentSamplerState(book=state["book"], groups={self._pid: group}), live
+        )
+
+    def live_episodes(self) -> list[LiveEpisode]:
+        return self._loop.live_episodes()
+
+    def restart_episodes(self, seeds: list[int]) -> None:
+        self._loop.restart_episodes(seeds)
+
+    def get_connector_state(self, policy_id: str | None = None) -> Any:
+        return self._loop.get_connector_state(self._pid)
+
+    def set_connector_state(self, state: Any, policy_id: str | None = None) -> None:
+        self._loop.set_connector_state(state, self._pid)
+
+    def _view(self, traj: MultiAgentTrajectory) -> Trajectory:
+        """The loop's buffers as a ``[T, B]`` trajectory (views; ``next_obs`` dense);
+        a released buffer's again as the views it was handed out with."""
+        group = traj.groups[self._pid]
+        kept = self._released.get(id(group.reward))
+        if kept is not None and kept.reward.base is group.reward:
+            fresh = {"extras": _one(group.extras), "valid": traj.valid}
+            if self._compact:  # the dense scratch's rows (what went out was compacted)
+                fresh["next_obs_store"] = _one(group.next_obs_store)
+            return kept.replace(**fresh)
+        return Trajectory(
+            obs=_one(group.obs),
+            action=_one(group.action),
+            reward=group.reward[..., 0],  # type: ignore[index]
+            terminated=group.terminated[..., 0],  # type: ignore[index]
+            truncated=group.truncated[..., 0],  # type: ignore[index]
+            next_obs=_one(group.next_obs_store),
+            extras=_one(group.extras),
+            env_id=traj.env_id,
+            episode_id=traj.episode_id,
+            step=traj.step,
+            valid=traj.valid,
+        )
+
+    def _stored(self, traj: MultiAgentTrajectory) -> Trajectory:
+        """A sample as it goes out: compact where asked (the dense rows are the next
+        sample's scratch)."""
+        view = self._view(traj)
+        if not self._compact:
+            return view
+        # Where the next step acts on another observation: an episode's end, a restart or
+        # reset step, and the last step (the rest is the next step's obs).
+        stored = np.logical_or(view.terminated | view.truncated, ~view.valid)
+        stored[-1] = True
+        index = np.flatnonzero(stored)
+        rows = jax.tree.map(
+            lambda x: x.reshape(stored.size, *x.shape[2:])[index], view.next_obs_store
+        )
+        return view.replace(next_obs_store=next_obs_store.FinalObs(index=index, obs=rows))
+
+    def _reused(self, traj: Trajectory) -> list[Any]:
+        extras = traj.extras if isinstance(traj.extras, dict) else {}
+        own = {k: extras.get(k) for k in self._group_extras_keys()}
+        fields = [
+            traj.obs, traj.action, traj.reward, traj.terminated, traj.truncated, own,
+            traj.env_id, traj.episode_id, traj.step, traj.valid,
+            None if self._compact else traj.next_obs_store,
+        ]  # fmt: skip
+        return jax.tree.leaves(fields)
+
+    def _group_extras_keys(self) -> list[str]:
+        return self._loop._pool._own_extras[self._pid]
