@@ -3,6 +3,7 @@ who acts at every step (the env's own arrays, with an agent axis of 1)."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,7 +44,8 @@ class OneAgentSteps:
         self._start = np.ones((n, 1), np.bool_)  # the next action starts an episode
         self._completed = np.ones((n, 1), np.bool_)
         self._no_reward = np.zeros(n)
-        self._views: dict[tuple[int, int], tuple[Any, dict[str, GroupBuffers]]] = {}
+        self._blocks: dict[tuple[int, int], _Block] = {}
+        self._obs_is_leaf = type(self._obs_space) in space_arrays.LEAF_TYPES
         self._actions_are_leaf = type(self._action_space) in space_arrays.LEAF_TYPES
 
     def reset_batch(
@@ -55,7 +57,7 @@ class OneAgentSteps:
     def first_step(self, obs: Any) -> MultiAgentStep:
         """The step of a reset of every env to ``obs``: every agent starts an episode."""
         self._start[:] = True
-        self._views.clear()
+        self._blocks.clear()
         n = self.num_envs
         no_flags = np.zeros((n, 1), np.bool_)
         group = GroupBuffers.of(
@@ -80,22 +82,28 @@ class OneAgentSteps:
         return self.group_step(self.envs.recv())
 
     def group_step(self, out: BatchStep) -> MultiAgentStep:
-        """``out`` as the step of one group of one agent."""
+        """``out`` (a block of envs, or all) as the step of one group of one agent."""
         rows = out.env_ids
-        assert not isinstance(rows, np.ndarray)  # internal: any-order backends go elsewhere
-        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
-        start = self._start[lo:hi]
-        done = np.logical_or(out.terminated, out.truncated, out=start[:, 0])
-        base = out.reward if out.reward.base is None else out.reward.base
-        views = self._views.get((lo, hi))
+        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)  # type: ignore[union-attr]
+        block = self._blocks.get((lo, hi))
+        if block is None:  # the block's own rows of what every step writes
+            block = self._blocks[lo, hi] = _Block(self, lo, hi)
+        done = np.logical_or(out.terminated, out.truncated, out=block.start)
+        if out.reset_rows is not None:  # the env's reset steps: the episode starts next
+            done |= out.reset_rows
+        sources = self._sources(out)
         if out.failed is not None:  # restarted sub-envs: no transition, a new episode
             done |= out.failed
-            views = (None, self._group(out, lo, hi, ~out.failed[:, None]))
-        elif views is None or views[0] is not base:  # the env's buffers: views made once
-            views = self._views[lo, hi] = (base, self._group(out, lo, hi, self._completed[lo:hi]))
+            groups = self._group(out, lo, hi, ~out.failed[:, None])
+        elif block.sources is None or not all(map(operator.is_, block.sources, sources)):
+            # Other buffers than the last step's (most backends keep theirs: views made once).
+            block.sources, block.groups = sources, self._group(out, lo, hi, block.completed)
+            groups = block.groups
+        else:
+            groups = block.groups
         return MultiAgentStep(
-            views[1], done, out.reward, self._no_reward[lo:hi], out.infos, out.failed,
-            out.errors, rows,
+            groups, done, out.reward, block.no_reward, out.infos, out.failed, out.errors,
+            rows, out.reset_rows,  # type: ignore[arg-type]
         )  # fmt: skip
 
     def _group(self, out: BatchStep, lo: int, hi: int, completed: np.ndarray) -> dict:
@@ -107,5 +115,26 @@ class OneAgentSteps:
         )  # fmt: skip
         return {DEFAULT_POLICY_ID: group}
 
+    def _sources(self, out: BatchStep) -> tuple[Any, ...]:
+        """The arrays ``out``'s arrays view (themselves where they own their memory)."""
+        arrays: tuple[Any, ...] = (out.reward, out.terminated, out.truncated)
+        if self._obs_is_leaf:
+            arrays += (out.obs, out.next_obs)
+        else:
+            arrays += (*space_arrays.leaves(out.obs), *space_arrays.leaves(out.next_obs))
+        return tuple(x if x.base is None else x.base for x in arrays)
+
     def _agent_axis(self, tree: Any) -> Any:
         return space_arrays.map_structure(self._obs_space, lambda x: x[:, None], tree)
+
+
+class _Block:
+    """A block of envs' rows of the view's own arrays, and its step views (made when
+    the env's buffers change)."""
+
+    def __init__(self, steps: OneAgentSteps, lo: int, hi: int) -> None:
+        self.start = steps._start[lo:hi, 0]
+        self.completed = steps._completed[lo:hi]
+        self.no_reward = steps._no_reward[lo:hi]
+        self.sources: tuple[Any, ...] | None = None
+        self.groups: dict[str, GroupBuffers] = {}

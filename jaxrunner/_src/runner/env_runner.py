@@ -31,7 +31,6 @@ from jaxrunner._src.runner.ownership import Ownership
 from jaxrunner._src.runner.progress import Progress
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.info_arrays import InfoKeys
-from jaxrunner._src.samplers.lockstep import LockstepSampler
 from jaxrunner._src.samplers.multi_agent import MultiAgentSampler
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
 from jaxrunner._src.samplers.scan import ScanSampler
@@ -388,7 +387,7 @@ class EnvRunner:
     def num_splits(self) -> int:
         """Pipelining splits of the lockstep samplers (1 for the others)."""
         sampler = self.sampler
-        if isinstance(sampler, LockstepSampler | MultiAgentSampler | OneAgentSampler):
+        if isinstance(sampler, MultiAgentSampler | OneAgentSampler):
             return len(sampler.splits)
         return 1
 

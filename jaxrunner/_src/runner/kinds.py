@@ -32,7 +32,6 @@ from jaxrunner._src.runner.env_runner_checks import (
 )
 from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
 from jaxrunner._src.samplers.callbacks import Callbacks
-from jaxrunner._src.samplers.lockstep import LockstepSampler
 from jaxrunner._src.samplers.multi_agent import MultiAgentSampler
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
@@ -234,10 +233,6 @@ class OneAgent(AgentGroups):
             check_ready_first_options(envs, callbacks, num_splits)
         if caps.ready_first and (caps.any_order or caps.batch_buckets):
             sampler = ReadyFirstSampler(envs, obs, setup)  # envs in any order (EnvPool's)
-        elif caps.reset_steps:
-            sampler = LockstepSampler(
-                envs, obs, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
-            )
         else:
             sampler = OneAgentSampler(
                 envs, obs, setup, num_splits=num_splits, callbacks=callbacks, runner=runner

@@ -145,6 +145,12 @@ class MultiAgentSampler:
         episodes are kept)."""
         self._live: list[LiveEpisode] = []
         self._live_next_id = num_envs  # the next id, counted step by step for callbacks
+        # Backends that keep their reset steps: which slots are resets (for the book),
+        # and the ids reserved at each episode end for the live episode that starts at
+        # the env's reset step (its first observation).
+        self._reset_steps = envs.capabilities.reset_steps
+        self._resets: np.ndarray | None = None
+        self._live_reserved = np.zeros(num_envs, np.int64)
         if callbacks is not None and any(overrides(callbacks, h) for h in STEP_HOOKS):
             if self.ready_first:
                 raise InvalidArgumentError(
@@ -191,6 +197,8 @@ class MultiAgentSampler:
         start_time = time.perf_counter()
         self._t[:] = 0
         self._live_next_id = self._book.next_episode_id
+        if self._reset_steps:
+            self._resets = np.zeros(shape, np.bool_)
         try:
             # Envs sent and not yet received: a ready-first backend answers a send in
             # parts (each worker's envs), each acted on again as soon as it is in.
@@ -290,6 +298,10 @@ class MultiAgentSampler:
                 self.metrics.num_dropped_agent_steps += sum(
                     gs.drop(out.failed, lo, hi, t) for gs in self.groups.values()
                 )
+        if out.reset_rows is not None:  # the env's reset steps: no transition, no fault
+            assert self._resets is not None  # internal: the backend declares reset_steps
+            env_level.valid[index] &= ~out.reset_rows
+            self._resets[index] = out.reset_rows
         if self.callbacks is not None:
             self._run_callbacks(lo, hi, t, out)
         self._t[lo:hi] = t + 1  # the block's envs share their step (a setitem: cheaper than +=)
@@ -307,7 +319,11 @@ class MultiAgentSampler:
             terminated, truncated = group.terminated[:, 0], group.truncated[:, 0]
         else:
             terminated, truncated = out.env_done, None
+        reset = out.reset_rows
         for j, b in enumerate(range(lo, hi)):
+            if reset is not None and reset[j]:  # an episode's first obs: the one reserved
+                self._live[b] = self._start_live(b, self._live_reserved[b], out.groups, lo)
+                continue
             live = self._live[b]
             if failed is not None and failed[j]:
                 live.truncated = live.faulty = True
@@ -322,7 +338,10 @@ class MultiAgentSampler:
                     continue
             callbacks.on_episode_end(runner, b, live)
             live.detach(rows)  # a kept episode must not keep the trajectory alive
-            self._live[b] = self._start_live(b, self._live_next_id, out.groups, lo)
+            if self._reset_steps:  # it starts at the env's reset step, a call later
+                self._live_reserved[b] = self._live_next_id
+            else:
+                self._live[b] = self._start_live(b, self._live_next_id, out.groups, lo)
             self._live_next_id += 1
 
     def _start_live(
@@ -426,7 +445,7 @@ class MultiAgentSampler:
     def _close(
         self, traj: MultiAgentTrajectory, env_level: EnvLevel, t: int
     ) -> MultiAgentTrajectory:
-        self.metrics.add(self._book.close(env_level, t))  # type: ignore[arg-type]
+        self.metrics.add(self._book.close(env_level, t, self._resets))  # type: ignore[arg-type]
         self.metrics.unassigned_reward += float(self._unassigned[:t].sum())
         valid = env_level.valid[:t]
         aborted = None if valid.all() else ~valid

@@ -181,6 +181,9 @@ class MultiAgentStep(NamedTuple):
     slice, or a ready-first worker's envs); None means every env, in order. Every
     array has the block's rows only (views of the rows of the buffers
     ``reset_batch`` returned), ``infos`` and ``failed`` too."""
+    reset_rows: np.ndarray | None = None
+    """[B] bool, or None when there are none: a single-agent env's own reset steps
+    (EnvPool's, kept by ``keep_reset_steps=True``): no transition, and no fault."""
 
 
 class StepViews:
