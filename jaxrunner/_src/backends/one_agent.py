@@ -91,15 +91,21 @@ class OneAgentSteps:
         done = np.logical_or(out.terminated, out.truncated, out=block.start)
         if out.reset_rows is not None:  # the env's reset steps: the episode starts next
             done |= out.reset_rows
-        sources = self._sources(out)
+        seen = block.arrays
         if out.failed is not None:  # restarted sub-envs: no transition, a new episode
             done |= out.failed
             groups = self._group(out, lo, hi, ~out.failed[:, None])
-        elif block.sources is None or not all(map(operator.is_, block.sources, sources)):
-            # Other buffers than the last step's (most backends keep theirs: views made once).
-            block.sources, block.groups = sources, self._group(out, lo, hi, block.completed)
+        elif (
+            out.reward is seen[0] and out.terminated is seen[1] and out.truncated is seen[2]
+            and out.obs is seen[3] and out.next_obs is seen[4]
+        ):  # the very arrays of the last step: its views hold  # fmt: skip
             groups = block.groups
         else:
+            sources = self._sources(out)
+            if block.sources is None or not all(map(operator.is_, block.sources, sources)):
+                # Other buffers than the last step's (most backends keep theirs).
+                block.sources, block.groups = sources, self._group(out, lo, hi, block.completed)
+            block.arrays = (out.reward, out.terminated, out.truncated, out.obs, out.next_obs)
             groups = block.groups
         return MultiAgentStep(
             groups, done, out.reward, block.no_reward, out.infos, out.failed, out.errors,
@@ -137,4 +143,6 @@ class _Block:
         self.completed = steps._completed[lo:hi]
         self.no_reward = steps._no_reward[lo:hi]
         self.sources: tuple[Any, ...] | None = None
+        self.arrays: tuple[Any, ...] = (None,) * 5
+        """The last step's own arrays (reward, flags, obs, next_obs), as handed in."""
         self.groups: dict[str, GroupBuffers] = {}

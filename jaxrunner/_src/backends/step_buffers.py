@@ -48,18 +48,20 @@ class StepBuffers(NamedTuple):
     ) -> BatchStep:
         """Rows ``rows``' results as a :class:`BatchStep` of views (``env_ids`` is
         ``rows``); None: the buffers themselves, every env."""
-        if rows is None:
-            obs, next_obs, part = self.obs, self.next_obs, slice(None)
+        if rows is None:  # the buffers themselves: the same arrays every step
+            obs, next_obs = self.obs, self.next_obs
+            reward, terminated, truncated = self.reward, self.terminated, self.truncated
         else:
             obs = space_arrays.rows(obs_space, self.obs, rows)
             next_obs = space_arrays.rows(obs_space, self.next_obs, rows)
-            part = rows
+            reward, terminated = self.reward[rows], self.terminated[rows]
+            truncated = self.truncated[rows]
         return BatchStep(
             obs,
             next_obs,
-            self.reward[part],
-            self.terminated[part],
-            self.truncated[part],
+            reward,
+            terminated,
+            truncated,
             infos,
             reset_infos,
             failed,
