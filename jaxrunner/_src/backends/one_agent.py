@@ -21,9 +21,9 @@ ONE_AGENT = "agent_0"
 
 class OneAgentSteps:
     """A single-agent vector env's ``reset_batch``, ``send`` and ``recv`` in the group
-    model: ``send`` takes the group's ``[n, 1, ...]`` actions, ``recv`` returns a
-    :class:`MultiAgentStep` of views of the env's arrays (made once per block of envs
-    and buffers), its ``failed`` the env's."""
+    model: ``send`` takes the group's ``[n, ...]`` actions (one agent's, without an
+    agent axis), ``recv`` returns a :class:`MultiAgentStep` of views of the env's arrays
+    (made once per block of envs and buffers), its ``failed`` the env's."""
 
     turn_based = False
     one_agent = True
@@ -46,7 +46,6 @@ class OneAgentSteps:
         self._no_reward = np.zeros(n)
         self._blocks: dict[tuple[int, int], _Block] = {}
         self._obs_is_leaf = type(self._obs_space) in space_arrays.LEAF_TYPES
-        self._actions_are_leaf = type(self._action_space) in space_arrays.LEAF_TYPES
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -71,11 +70,7 @@ class OneAgentSteps:
         )  # fmt: skip
 
     def send(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
-        (action,) = actions  # [n, 1, ...]: the one agent's column
-        if self._actions_are_leaf:
-            action = action[:, 0]
-        else:
-            action = space_arrays.map_structure(self._action_space, lambda x: x[:, 0], action)
+        (action,) = actions  # the one agent's: [n, ...], as the env takes them
         self.envs.send(action, env_ids)
 
     def recv(self) -> MultiAgentStep:

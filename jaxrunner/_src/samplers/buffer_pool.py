@@ -75,6 +75,10 @@ class ReusedBuffers(abc.ABC):
         """A buffer for the next sample: a released one, made ready, or a new one."""
         return self._refresh(self._free.pop()) if self._free else self._allocate()
 
+    def put_back(self, buf: Any) -> None:
+        """Makes ``buf`` (taken, never handed out: a view of it was) the next sample's."""
+        self._free.append(buf)
+
     def hand_out(self, traj: Any) -> None:
         """Records ``traj`` (a sample's result) as out: :meth:`release` may take it back."""
         key, out = id(traj), self._out

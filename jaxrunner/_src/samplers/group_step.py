@@ -31,13 +31,15 @@ class _Block:
     """A block's stage and what its last dispatch saw, with the views each dispatch
     writes through (made once: slicing per step costs more than the copies)."""
 
-    def __init__(self, call: CompiledPolicyStep, lo: int, hi: int, acting: np.ndarray) -> None:
+    def __init__(
+        self, call: CompiledPolicyStep, lo: int, hi: int, acting: np.ndarray, one_agent: bool
+    ) -> None:
         a_g = acting.shape[1]
         self.call, self.lo, self.hi = call, lo, hi
         self.rows = slice(lo, hi)
         self.size = size = (hi - lo) * a_g
-        self.lead = (hi - lo, a_g)
-        """The block's rows on the agent axis."""
+        self.lead = (hi - lo, a_g) if not one_agent else (hi - lo,)
+        """The block's rows on the agent axis (a single agent's: the env's rows)."""
         self.stage: Stage = call.new_stage()
         self.stage_obs = [x[:size] for x in _leaves(self.stage.obs)]
         self.stage_start = self.stage.episode_start[:size]
@@ -141,7 +143,7 @@ class GroupSampler:
             call = self._calls.get(size)
             if call is None:
                 call = self._calls[size] = self._compile(size)
-            block = self._blocks[lo, hi] = _Block(call, lo, hi, self.acting)
+            block = self._blocks[lo, hi] = _Block(call, lo, hi, self.acting, self.always_acting)
             if self.always_acting:  # every row acts, at every dispatch
                 block.all_acting = block.index_all = True
                 block.stage.env_index[: block.size] = block.ids
@@ -198,19 +200,20 @@ class GroupSampler:
 
     def begin(self, traj: GroupTrajectory) -> None:
         """Resolves the leaves of a new sample's buffers (no tree walks per step)."""
-        self._traj_leaves = [
-            _leaves(traj.obs),
-            _leaves(traj.action),
-            _leaves(policy_extras(traj.extras)),
-            _leaves(traj.next_obs),
-        ]
+        leaves = [traj.obs, traj.action, policy_extras(traj.extras), traj.next_obs]
+        if self.always_acting:  # a single agent's [T, B, 1] buffers, written as [T, B]
+            self._traj_leaves = [[x[:, :, 0] for x in _leaves(tree)] for tree in leaves]
+        else:
+            self._traj_leaves = [_leaves(tree) for tree in leaves]
 
     def dispatch(self, params: Params, buf: GroupBuffers, lo: int, hi: int) -> None:
         """Queues the policy step of block ``[lo, hi)``; ``buf`` holds its rows."""
         block = self._block(lo, hi)
         stage, n, flat = block.stage, block.size, block.acting_flat
         if buf is not block.source:  # a backend's step views: their leaves found once
-            block.source, block.source_leaves = buf, (_leaves(buf.obs_rows), _leaves(buf.obs))
+            rows = _leaves(buf.obs_rows)  # (a single agent's: the env's, as its own obs)
+            block.source = buf
+            block.source_leaves = (rows, rows if self.always_acting else _leaves(buf.obs))
         for dst, src in zip(block.stage_obs, block.source_leaves[0]):
             dst[...] = src  # cast as the stage packs it (JAX's canonical dtypes)
         block.stage_start[...] = buf.agent_start.reshape(-1)  # setitem: cheaper than copyto
@@ -238,7 +241,10 @@ class GroupSampler:
         else:
             (obs_dst, action_dst, extras_dst), index = self._pending_rows(lo, hi), None
         mask = None if block.all_acting else acting
-        obs = block.source_leaves[1] if buf is block.source else _leaves(buf.obs)
+        if buf is block.source:
+            obs = block.source_leaves[1]
+        else:
+            obs = _leaves(buf.obs_rows if self.always_acting else buf.obs)
         if mask is None and index is not None:  # every agent acted: no masks
             for dst, src in zip(obs_dst, obs):  # before the send: the env's buffers
                 dst[index] = src
@@ -276,7 +282,8 @@ class GroupSampler:
         if block is not None and self.same_step and block.all_acting:  # no masks
             index = (t, block.rows)
             if out is not block.result:  # a backend's step views: their leaves found once
-                block.result, block.next_obs_leaves = out, _leaves(out.next_obs)
+                rows = out.next_obs_rows if self.always_acting else out.next_obs
+                block.result, block.next_obs_leaves = out, _leaves(rows)
             for dst, src in zip(next_obs, block.next_obs_leaves):
                 dst[index] = src
             traj.reward[index] = out.reward
@@ -297,7 +304,12 @@ class GroupSampler:
             _put(obs, pending_obs, index, mask)
             _put(action, pending_action, index, mask)
             _put(extras, pending_extras, index, mask)
-        _put(next_obs, _leaves(out.next_obs), index, mask)
+        _put(
+            next_obs,
+            _leaves(out.next_obs_rows if self.always_acting else out.next_obs),
+            index,
+            mask,
+        )
         traj.reward[index] = out.reward
         traj.terminated[index] = out.terminated
         traj.truncated[index] = out.truncated

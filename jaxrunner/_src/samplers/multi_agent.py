@@ -128,6 +128,8 @@ class MultiAgentSampler:
             offset += group.num_agents
         self._parts = list(self.groups.items())
         self.rows_view: Callable[[MultiAgentTrajectory], Any] = lambda traj: traj
+        self._rows: Any = None
+        self._rows_of: Any = None  # the buffers self._rows views
         """The sample's buffers as live episodes read them (a single-agent runner's
         ``[T, B]`` view)."""
         self._num_envs = num_envs
@@ -172,6 +174,7 @@ class MultiAgentSampler:
         for pid, gs in self.groups.items():
             gs.begin(traj.groups[pid])
         self._rows = self.rows_view(traj)  # what live episodes read their steps from
+        self._rows_of = traj
         shape = (num_steps, num_envs)
         if self._one_agent:  # the one agent's arrays are the env's
             (group,) = traj.groups.values()
@@ -377,10 +380,12 @@ class MultiAgentSampler:
     def _end_sample(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
         """The groups' connectors' per-sample part (statistics, scaled rewards, what the
         policy would see of each next_obs), timed as sampling."""
+        if self._one_agent:  # its view's, on [T, B]; its view goes out (and comes back)
+            return traj
         clock = time.perf_counter()
         groups = dict(traj.groups)
         for pid, gs in self.groups.items():
-            if gs.sample_end is not None and not self._one_agent:  # (its view's: [T, B])
+            if gs.sample_end is not None:
                 groups[pid], connectors = gs.sample_end(gs.state.connectors, groups[pid])
                 gs.state = gs.state.replace(connectors=connectors)
         self.metrics.sample_time_s += time.perf_counter() - clock
@@ -390,7 +395,10 @@ class MultiAgentSampler:
 
     def release(self, traj: MultiAgentTrajectory) -> None:
         """Takes back ``traj`` (a sample's result the caller is done with) for reuse."""
-        self._pool.release(traj)
+        if self._one_agent:  # its view checked what came back: the buffers are intact
+            self._pool.put_back(traj)
+        else:
+            self._pool.release(traj)
 
     def get_state(self) -> MultiAgentSamplerState:
         """What the sampler carries from one ``sample()`` to the next (copies; valid

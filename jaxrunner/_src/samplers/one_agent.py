@@ -125,7 +125,7 @@ class OneAgentSampler:
             raise InvalidArgumentError(CHANGED)
         del self._out[id(traj)]
         group = entry[1].groups[self._pid]
-        self._released[id(group.reward)] = traj.replace(extras={})  # its views, for reuse
+        self._released[id(group.reward)] = traj  # its views, for reuse
         self._loop.release(entry[1])
 
     def get_state(self) -> dict[str, Any]:
@@ -195,7 +195,12 @@ class OneAgentSampler:
     def _stored(self, traj: MultiAgentTrajectory) -> Trajectory:
         """A sample as it goes out: compact where asked (the dense rows are the next
         sample's scratch)."""
-        view = self._view(traj)
+        if self._loop._rows_of is traj:  # the sample's own view, its extras as they are now
+            view = self._loop._rows
+            if self._loop._infos is not None:  # info arrays added since it was made
+                view = view.replace(extras=_one(traj.groups[self._pid].extras))
+        else:
+            view = self._view(traj)
         if not self._compact:
             return view
         # Where the next step acts on another observation: an episode's end, a restart or
