@@ -36,7 +36,7 @@ class AgentCallbacks(Callbacks):
         env (a restart) end there, ``episode.faulty``."""
 
 
-def overrides(callbacks: AgentCallbacks | None, hook: str) -> bool:
+def overrides(callbacks: Callbacks | None, hook: str) -> bool:
     """Whether ``callbacks`` overrides ``hook`` (else it is never called)."""
     return callbacks is not None and overrides_hook(callbacks, hook, AgentCallbacks)
 

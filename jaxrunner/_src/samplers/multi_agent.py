@@ -13,13 +13,14 @@ import numpy as np
 
 from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgentStep
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
+from jaxrunner._src.backends.one_agent import OneAgentSteps
 from jaxrunner._src.connectors.pipeline import ConnectorsState
 from jaxrunner._src.core.metrics import PERF_KEYS
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory, compact_group
 from jaxrunner._src.core.policy import Params
 from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
 from jaxrunner._src.samplers.buffer_pool import GroupBufferPool
-from jaxrunner._src.samplers.callbacks import LiveEpisode
+from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
 from jaxrunner._src.samplers.info_arrays import InfoRecorder
@@ -67,12 +68,12 @@ class MultiAgentSampler:
 
     def __init__(
         self,
-        envs: MultiAgentVectorEnv,
+        envs: MultiAgentVectorEnv | OneAgentSteps,
         first: MultiAgentStep,
         setup: SamplerSetup,
         *,
         num_splits: int | None = None,
-        callbacks: AgentCallbacks | None = None,
+        callbacks: AgentCallbacks | Callbacks | None = None,
         runner: Any = None,
     ) -> None:
         self.envs, self.rollout_length = envs, setup.rollout_length

@@ -5,11 +5,12 @@ one part's policy step computes while the others' envs step, and which envs each
 from __future__ import annotations
 
 import itertools
+from typing import Protocol
 
 import jax
 import numpy as np
 
-from jaxrunner._src.backends.base import BaseVectorEnv
+from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner._src.samplers.batch_invariance import CHUNK_FLOPS
 
@@ -24,8 +25,15 @@ no difference). With inline CPU dispatch a policy call cannot overlap the envs, 
 the default is one split."""
 
 
+class Stepped(Protocol):
+    """What the splits are made for: a backend's width and what it declares."""
+
+    num_envs: int
+    capabilities: Capabilities
+
+
 def default_num_splits(
-    envs: BaseVectorEnv, chunk_rows: int = 1, flops_per_row: float | None = None
+    envs: Stepped, chunk_rows: int = 1, flops_per_row: float | None = None
 ) -> int:
     """The backend's declared choice, else 2 from a width where overlap pays, else 1.
 
@@ -45,7 +53,7 @@ def default_num_splits(
     return wanted
 
 
-def _declared_or_width_splits(envs: BaseVectorEnv) -> int:
+def _declared_or_width_splits(envs: Stepped) -> int:
     num_envs = envs.num_envs
     if envs.capabilities.pipeline_splits is not None:
         return min(envs.capabilities.pipeline_splits, num_envs)
@@ -59,7 +67,7 @@ def _declared_or_width_splits(envs: BaseVectorEnv) -> int:
 
 
 def pipeline_splits(
-    envs: BaseVectorEnv,
+    envs: Stepped,
     num_splits: int | None,
     chunk_rows: int = 1,
     flops_per_row: float | None = None,
