@@ -299,9 +299,14 @@ class GroupBufferPool(ReusedBuffers):
         )
 
     def _refresh(self, buf: MultiAgentTrajectory) -> MultiAgentTrajectory:
-        # A step writes only the acting agents' slots: every group array starts at zero.
+        # A step writes only the acting agents' slots: every group array starts at zero
+        # (a single agent's, who acts in every slot, are written whole).
         for pid, group in buf.groups.items():
             infos = self._groups[pid].infos
+            if self._groups[pid].always_acting:
+                if infos is not None:
+                    infos.clear(group.extras)
+                continue
             mine = {
                 k: v
                 for k, v in group.extras.items()
