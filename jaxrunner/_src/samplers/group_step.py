@@ -54,6 +54,7 @@ class _Block:
         """The step buffers of the last dispatch, and their obs leaves (rows, and
         ``[n, A_g, ...]``): a backend hands out the same views step after step."""
         self.source_leaves: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+        self.source_start: np.ndarray = np.zeros(0, np.bool_)
         self.result: Any = None
         """The step buffers the block's last record read, and their next_obs leaves."""
         self.next_obs_leaves: list[np.ndarray] = []
@@ -214,9 +215,10 @@ class GroupSampler:
             rows = _leaves(buf.obs_rows)  # (a single agent's: the env's, as its own obs)
             block.source = buf
             block.source_leaves = (rows, rows if self.always_acting else _leaves(buf.obs))
+            block.source_start = buf.agent_start.reshape(-1)
         for dst, src in zip(block.stage_obs, block.source_leaves[0]):
             dst[...] = src  # cast as the stage packs it (JAX's canonical dtypes)
-        block.stage_start[...] = buf.agent_start.reshape(-1)  # setitem: cheaper than copyto
+        block.stage_start[...] = block.source_start  # setitem: cheaper than copyto
         if not self.always_acting:
             block.acting[...] = buf.acting
             block.all_acting = np.count_nonzero(flat) == n
@@ -289,7 +291,8 @@ class GroupSampler:
             traj.reward[index] = out.reward
             traj.terminated[index] = out.terminated
             traj.truncated[index] = out.truncated
-            traj.valid[index] = done  # agent_step is filled in at close()
+            if not self.always_acting:  # (a single agent's validity is its env's)
+                traj.valid[index] = done  # agent_step is filled in at close()
             return
         rows = slice(lo, hi)
         index = (t, rows)
