@@ -138,7 +138,9 @@ class MultiAgentSampler:
         """The reset step: its arrays are the env's buffers, which every later step's
         rows are views of."""
         self._t = np.zeros(num_envs, np.int64)
-        """Steps each env has taken in this sample (its next slot)."""
+        """Ready-first: the steps each env has recorded in this sample (its next slot)."""
+        self._steps = 0
+        """Lockstep: the steps every env has recorded in this sample."""
         self.agents = {g.policy_id: g.agents for g in envs.groups}
         self._pool = GroupBufferPool(
             self.groups, self.agents, self.rollout_length, num_envs, setup.compact_next_obs
@@ -200,40 +202,22 @@ class MultiAgentSampler:
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
         self._t[:] = 0
+        self._steps = 0
         self._live_next_id = self._book.next_episode_id
         if self._reset_steps:
             self._resets = np.zeros(shape, np.bool_)
         try:
-            # Envs sent and not yet received: a ready-first backend answers a send in
-            # parts (each worker's envs), each acted on again as soon as it is in.
-            in_flight = 0
-            for rows in self.splits:
-                last = self._last.groups  # every env: no views to make
-                if (rows.start, rows.stop) != (0, num_envs):
-                    last = {pid: buf.rows(rows) for pid, buf in last.items()}
-                self._act(params, traj, rows.start, rows.stop, last, perf, 0)
-                in_flight += rows.stop - rows.start
-            while in_flight:  # each env steps num_steps times, at its own pace
-                clock = time.perf_counter()
-                out = self.envs.recv()
-                perf["env_wait_ms"] += time.perf_counter() - clock
-                lo, hi = (
-                    (0, num_envs) if out.env_ids is None else (out.env_ids.start, out.env_ids.stop)
-                )
-                in_flight -= hi - lo
-                t = self._record(traj, env_level, lo, hi, out, perf)
-                if t < num_steps:
-                    self._act(params, traj, lo, hi, out.groups, perf, t)
-                    in_flight += hi - lo
-                if progress is not None:
-                    progress(int(self._t.sum()))
+            if self.ready_first:
+                self._run_ready_first(params, traj, env_level, perf, progress)
+            else:
+                self._run_lockstep(params, traj, env_level, perf, progress)
         except BaseException as err:
-            done = int(self._t.min())
+            done = self._steps_done()
             attach_partial(err, self._close(traj, env_level, done) if done else None)
             raise
         finally:
             self.metrics.sample_time_s += time.perf_counter() - start_time
-            self.metrics.perf.record(perf, int(self._t.min()))
+            self.metrics.perf.record(perf, self._steps_done())
         for live in self._live:  # the next sample writes other buffers
             live.detach(self._rows)
         traj = self._close(traj, env_level, num_steps)
@@ -245,6 +229,68 @@ class MultiAgentSampler:
                 attach_partial(err, traj)
                 raise
         return self._end_sample(traj)
+
+    def _run_lockstep(
+        self,
+        params: dict[str, Params],
+        traj: MultiAgentTrajectory,
+        env_level: EnvLevel,
+        perf: dict[str, float],
+        progress: StepProgress | None,
+    ) -> None:
+        """Every split steps in turn, answered in the order sent; ``self._steps`` counts
+        the steps every env has recorded."""
+        num_steps, num_envs, recv = self.rollout_length, self._num_envs, self.envs.recv
+        last = self._last.groups
+        for rows in self.splits:
+            lo, hi = rows.start, rows.stop
+            split_last = last if hi - lo == num_envs else {p: b.rows(rows) for p, b in last.items()}
+            self._act(params, traj, lo, hi, split_last, perf, 0)
+        for t in range(num_steps):
+            for rows in self.splits:
+                clock = time.perf_counter()
+                out = recv()
+                perf["env_wait_ms"] += time.perf_counter() - clock
+                lo, hi = rows.start, rows.stop
+                self._record(traj, env_level, lo, hi, out, perf, t)
+                if t + 1 < num_steps:
+                    self._act(params, traj, lo, hi, out.groups, perf, t + 1)
+                if progress is not None:
+                    progress(t * num_envs + hi)
+            self._steps = t + 1
+
+    def _run_ready_first(
+        self,
+        params: dict[str, Params],
+        traj: MultiAgentTrajectory,
+        env_level: EnvLevel,
+        perf: dict[str, float],
+        progress: StepProgress | None,
+    ) -> None:
+        """Each block the backend answers is recorded and acted on again at once, each
+        env at its own pace (``self._t``: its steps)."""
+        num_steps, num_envs = self.rollout_length, self._num_envs
+        self._act(params, traj, 0, num_envs, self._last.groups, perf, 0)
+        in_flight = num_envs  # envs sent and not yet received
+        while in_flight:
+            clock = time.perf_counter()
+            out = self.envs.recv()
+            perf["env_wait_ms"] += time.perf_counter() - clock
+            rows = out.env_ids
+            lo, hi = (0, num_envs) if rows is None else (rows.start, rows.stop)
+            in_flight -= hi - lo
+            t = int(self._t[lo])
+            self._record(traj, env_level, lo, hi, out, perf, t)
+            self._t[lo:hi] = t + 1  # the block's envs share their step (setitem: cheaper than +=)
+            if t + 1 < num_steps:
+                self._act(params, traj, lo, hi, out.groups, perf, t + 1)
+                in_flight += hi - lo
+            if progress is not None:
+                progress(int(self._t.sum()))
+
+    def _steps_done(self) -> int:
+        """Steps every env has recorded in this sample."""
+        return int(self._t.min()) if self.ready_first else self._steps
 
     def _act(
         self,
@@ -282,11 +328,10 @@ class MultiAgentSampler:
         hi: int,
         out: MultiAgentStep,
         perf: dict[str, float],
-    ) -> int:
-        """Writes block ``[lo, hi)``'s step into each env's own slot; returns the steps
-        its envs have now taken."""
+        t: int,
+    ) -> None:
+        """Writes block ``[lo, hi)``'s step ``t`` into its envs' slot ``t``."""
         clock = time.perf_counter()
-        t = int(self._t[lo])
         for pid, gs in self._parts:
             gs.record(out.groups[pid], traj.groups[pid], lo, hi, t)
             if gs.infos is not None:
@@ -308,9 +353,7 @@ class MultiAgentSampler:
             self._resets[index] = out.reset_rows
         if self.callbacks is not None:
             self._run_callbacks(lo, hi, t, out)
-        self._t[lo:hi] = t + 1  # the block's envs share their step (a setitem: cheaper than +=)
         perf["obs_processing_ms"] += time.perf_counter() - clock
-        return t + 1
 
     def _run_callbacks(self, lo: int, hi: int, t: int, out: MultiAgentStep) -> None:
         """The hooks of envs ``[lo, hi)``'s step ``t``, as the lockstep sampler runs
