@@ -3,6 +3,7 @@ who acts at every step (the env's own arrays, with an agent axis of 1)."""
 
 from __future__ import annotations
 
+import collections
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +47,10 @@ class OneAgentSteps:
         self._no_reward = np.zeros(n)
         self._blocks: dict[tuple[int, int], _Block] = {}
         self._obs_is_leaf = type(self._obs_space) in space_arrays.LEAF_TYPES
+        # A backend that steps in recv() anyway is stepped by step_batch there (one call,
+        # not a send queued then taken back).
+        self._inline = not envs.capabilities.steps_in_background
+        self._sent: collections.deque[tuple[Any, EnvIds]] = collections.deque()
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -71,41 +76,51 @@ class OneAgentSteps:
 
     def send(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
         (action,) = actions  # the one agent's: [n, ...], as the env takes them
-        self.envs.send(action, env_ids)
+        if self._inline:
+            self._sent.append((action, env_ids))
+        else:
+            self.envs.send(action, env_ids)
 
     def recv(self) -> MultiAgentStep:
+        if self._inline:
+            return self.group_step(self.envs.step_batch(*self._sent.popleft()))
         return self.group_step(self.envs.recv())
 
     def group_step(self, out: BatchStep) -> MultiAgentStep:
         """``out`` (a block of envs, or all) as the step of one group of one agent."""
         rows = out.env_ids
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)  # type: ignore[union-attr]
-        block = self._blocks.get((lo, hi))
-        if block is None:  # the block's own rows of what every step writes
-            block = self._blocks[lo, hi] = _Block(self, lo, hi)
+        block = self._blocks.get((lo, hi)) or self._block(lo, hi)
         done = np.logical_or(out.terminated, out.truncated, out=block.start)
+        if (
+            out.obs is block.obs and out.next_obs is block.next_obs and out.reward is block.reward
+            and out.terminated is block.terminated and out.truncated is block.truncated
+            and out.failed is None and out.reset_rows is None
+        ):  # the very arrays of the last step, a plain one: its views hold  # fmt: skip
+            return MultiAgentStep(
+                block.groups, done, out.reward, block.no_reward, out.infos, None, out.errors, rows
+            )
         if out.reset_rows is not None:  # the env's reset steps: the episode starts next
             done |= out.reset_rows
-        seen = block.arrays
         if out.failed is not None:  # restarted sub-envs: no transition, a new episode
             done |= out.failed
             groups = self._group(out, lo, hi, ~out.failed[:, None])
-        elif (
-            out.reward is seen[0] and out.terminated is seen[1] and out.truncated is seen[2]
-            and out.obs is seen[3] and out.next_obs is seen[4]
-        ):  # the very arrays of the last step: its views hold  # fmt: skip
-            groups = block.groups
         else:
             sources = self._sources(out)
             if block.sources is None or not all(map(operator.is_, block.sources, sources)):
                 # Other buffers than the last step's (most backends keep theirs).
                 block.sources, block.groups = sources, self._group(out, lo, hi, block.completed)
-            block.arrays = (out.reward, out.terminated, out.truncated, out.obs, out.next_obs)
+            block.obs, block.next_obs, block.reward = out.obs, out.next_obs, out.reward
+            block.terminated, block.truncated = out.terminated, out.truncated
             groups = block.groups
         return MultiAgentStep(
             groups, done, out.reward, block.no_reward, out.infos, out.failed, out.errors,
             rows, out.reset_rows,  # type: ignore[arg-type]
         )  # fmt: skip
+
+    def _block(self, lo: int, hi: int) -> _Block:
+        block = self._blocks[lo, hi] = _Block(self, lo, hi)
+        return block
 
     def _group(self, out: BatchStep, lo: int, hi: int, completed: np.ndarray) -> dict:
         group = GroupBuffers.of(
@@ -138,6 +153,10 @@ class _Block:
         self.completed = steps._completed[lo:hi]
         self.no_reward = steps._no_reward[lo:hi]
         self.sources: tuple[Any, ...] | None = None
-        self.arrays: tuple[Any, ...] = (None,) * 5
-        """The last step's own arrays (reward, flags, obs, next_obs), as handed in."""
+        # The last step's own arrays, as handed in (a backend hands out the same ones).
+        self.obs: Any = None
+        self.next_obs: Any = None
+        self.reward: Any = None
+        self.terminated: Any = None
+        self.truncated: Any = None
         self.groups: dict[str, GroupBuffers] = {}

@@ -111,7 +111,8 @@ class GroupSampler:
         self._calls: dict[int, CompiledPolicyStep] = {}
         self._blocks: dict[tuple[int, int], _Block] = {}
         for rows in blocks or [slice(0, num_envs)]:
-            self._block(rows.start, rows.stop)
+            self._dispatched = self._block(rows.start, rows.stop)
+        """The block whose actions :meth:`collect` takes next."""
         self._pending_views: dict[tuple[int, int], list[list[np.ndarray]]] = {}
         self.sample_end = None
         if connectors is not None and connectors.per_sample:
@@ -209,8 +210,8 @@ class GroupSampler:
 
     def dispatch(self, params: Params, buf: GroupBuffers, lo: int, hi: int) -> None:
         """Queues the policy step of block ``[lo, hi)``; ``buf`` holds its rows."""
-        block = self._block(lo, hi)
-        stage, n, flat = block.stage, block.size, block.acting_flat
+        block = self._blocks.get((lo, hi)) or self._block(lo, hi)
+        self._dispatched = block
         if buf is not block.source:  # a backend's step views: their leaves found once
             rows = _leaves(buf.obs_rows)  # (a single agent's: the env's, as its own obs)
             block.source = buf
@@ -220,33 +221,30 @@ class GroupSampler:
             dst[...] = src  # cast as the stage packs it (JAX's canonical dtypes)
         block.stage_start[...] = block.source_start  # setitem: cheaper than copyto
         if not self.always_acting:
+            n, flat = block.size, block.acting_flat
             block.acting[...] = buf.acting
             block.all_acting = np.count_nonzero(flat) == n
             if not (block.all_acting and block.index_all):  # else the index is unchanged
-                stage.env_index[:n] = np.where(flat, block.ids, self.rows)
+                block.stage.env_index[:n] = np.where(flat, block.ids, self.rows)
                 block.index_all = block.all_acting
-        self.pending, self.state = block.call.dispatch(params, self.state, stage)
+        self.pending, self.state = block.call.dispatch(params, self.state, block.stage)
 
-    def collect(self, buf: GroupBuffers, lo: int, hi: int, t: int) -> Any:
-        """Takes block ``[lo, hi)``'s actions and writes each acting agent's observation
-        into slot ``t`` (parallel envs) or keeps it until its transition completes (AEC
-        envs); :meth:`record_actions` writes the actions there, once they are sent.
-        Returns the env's actions, ``[hi - lo, A_g, ...]``."""
-        block = self._blocks[lo, hi]
-        # The block's own rows (padding dropped), on the agent axis: [hi - lo, A_g, ...].
+    def collect(self, t: int) -> Any:
+        """Takes the actions of the block last dispatched and writes each acting agent's
+        observation into slot ``t`` (parallel envs) or keeps it until its transition
+        completes (AEC envs); :meth:`record_actions` writes the actions there, once they
+        are sent. Returns the env's actions, ``[n, A_g, ...]``."""
+        block = self._dispatched
+        # The block's own rows (padding dropped), on the agent axis: [n, A_g, ...].
         # With action connectors the env gets their actions, else the policy's.
         action, env_action, extras = block.call.collect(self.pending, block.lead)
         self.pending = None
-        rows, acting = block.rows, block.acting
+        obs = block.source_leaves[1]  # the observations it acted on
         if self.same_step:
-            (obs_dst, action_dst, extras_dst), index = self._traj_leaves[:3], (t, rows)
+            (obs_dst, action_dst, extras_dst), index = self._traj_leaves[:3], (t, block.rows)
         else:
-            (obs_dst, action_dst, extras_dst), index = self._pending_rows(lo, hi), None
-        mask = None if block.all_acting else acting
-        if buf is block.source:
-            obs = block.source_leaves[1]
-        else:
-            obs = _leaves(buf.obs_rows if self.always_acting else buf.obs)
+            (obs_dst, action_dst, extras_dst), index = self._pending_rows(block.lo, block.hi), None
+        mask = None if block.all_acting else block.acting
         if mask is None and index is not None:  # every agent acted: no masks
             for dst, src in zip(obs_dst, obs):  # before the send: the env's buffers
                 dst[index] = src
@@ -254,8 +252,8 @@ class GroupSampler:
             _put(obs_dst, obs, index, mask)
         self._unrecorded = (action_dst, _leaves(action), extras_dst, extras, index, mask)
         if not self.same_step:
-            awaiting = self.awaiting[rows]
-            np.logical_or(awaiting, acting, out=awaiting)
+            awaiting = self.awaiting[block.rows]
+            np.logical_or(awaiting, block.acting, out=awaiting)
         return env_action if self.clip is None else self.clip(env_action)
 
     def record_actions(self) -> None:
@@ -276,8 +274,6 @@ class GroupSampler:
         """Writes the transitions of envs ``[lo, hi)`` completed at their step ``t`` into
         slot ``t`` (the block may be part of the one that was sent: a ready-first
         backend answers each worker's envs apart)."""
-        done = out.completed
-        obs, action, extras, next_obs = self._traj_leaves
         # A parallel env completes exactly the turns taken at this step, which
         # collect() has already written.
         block = self._blocks.get((lo, hi))  # None: part of a block (ready-first)
@@ -286,14 +282,16 @@ class GroupSampler:
             if out is not block.result:  # a backend's step views: their leaves found once
                 rows = out.next_obs_rows if self.always_acting else out.next_obs
                 block.result, block.next_obs_leaves = out, _leaves(rows)
-            for dst, src in zip(next_obs, block.next_obs_leaves):
+            for dst, src in zip(self._traj_leaves[3], block.next_obs_leaves):
                 dst[index] = src
             traj.reward[index] = out.reward
             traj.terminated[index] = out.terminated
             traj.truncated[index] = out.truncated
             if not self.always_acting:  # (a single agent's validity is its env's)
-                traj.valid[index] = done  # agent_step is filled in at close()
+                traj.valid[index] = out.completed  # agent_step is filled in at close()
             return
+        done = out.completed
+        obs, action, extras, next_obs = self._traj_leaves
         rows = slice(lo, hi)
         index = (t, rows)
         if block is not None:

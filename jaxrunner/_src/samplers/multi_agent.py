@@ -310,7 +310,7 @@ class MultiAgentSampler:
             gs.dispatch(params[pid], last[pid], lo, hi)
         tick = time.perf_counter()
         perf["inference_ms"] += tick - clock
-        actions = [gs.collect(last[pid], lo, hi, t) for pid, gs in groups]
+        actions = [gs.collect(t) for _, gs in groups]
         clock = time.perf_counter()
         perf["action_processing_ms"] += clock - tick
         self.envs.send(actions, None if hi - lo == self._num_envs else slice(lo, hi))
