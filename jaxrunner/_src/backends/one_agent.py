@@ -98,8 +98,9 @@ class OneAgentSteps:
             and out.failed is None and out.reset_rows is None
         ):  # the very arrays of the last step, a plain one: its views hold  # fmt: skip
             return MultiAgentStep(
-                block.groups, done, out.reward, block.no_reward, out.infos, None, out.errors, rows
-            )
+                block.groups, done, out.reward, block.no_reward, out.infos, None, out.errors,
+                rows,  # type: ignore[arg-type]
+            )  # fmt: skip
         if out.reset_rows is not None:  # the env's reset steps: the episode starts next
             done |= out.reset_rows
         if out.failed is not None:  # restarted sub-envs: no transition, a new episode

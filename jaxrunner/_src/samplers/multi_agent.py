@@ -24,6 +24,7 @@ from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
 from jaxrunner._src.samplers.info_arrays import InfoRecorder
+from jaxrunner._src.samplers.live_episodes import LiveEpisodes
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import pipeline_splits
 from jaxrunner._src.samplers.sampler import (
@@ -145,17 +146,11 @@ class MultiAgentSampler:
         self._pool = GroupBufferPool(
             self.groups, self.agents, self.rollout_length, num_envs, setup.compact_next_obs
         )
-        self.callbacks, self._runner = None, runner
-        """The hooks per env episode, when some are overridden (else None: no live
-        episodes are kept)."""
-        self._live: list[LiveEpisode] = []
-        self._live_next_id = num_envs  # the next id, counted step by step for callbacks
-        # Backends that keep their reset steps: which slots are resets (for the book),
-        # and the ids reserved at each episode end for the live episode that starts at
-        # the env's reset step (its first observation).
         self._reset_steps = envs.capabilities.reset_steps
         self._resets: np.ndarray | None = None
-        self._live_reserved = np.zeros(num_envs, np.int64)
+        """Backends that keep their reset steps: which slots are resets (for the book)."""
+        self._live: LiveEpisodes | None = None
+        """The per-step hooks' episodes, when some of those hooks are overridden."""
         if callbacks is not None and any(overrides(callbacks, h) for h in STEP_HOOKS):
             if self.ready_first:
                 raise InvalidArgumentError(
@@ -164,9 +159,10 @@ class MultiAgentSampler:
                     f"({', '.join(STEP_HOOKS)}) cannot run in order. Override only "
                     "on_agent_episode_end, or use a lockstep backend (ready_first=False)."
                 )
-            self.callbacks = callbacks
-            self._on_step = overrides(callbacks, "on_episode_step")
-            self._restart_live()
+            self._live = LiveEpisodes(
+                callbacks, runner, num_envs, self._one_agent, self._reset_steps
+            )
+            self._live.restart(self._book.episode_id.tolist(), first.groups)
 
     def sample(
         self, params: dict[str, Params], progress: StepProgress | None = None
@@ -203,7 +199,8 @@ class MultiAgentSampler:
         start_time = time.perf_counter()
         self._t[:] = 0
         self._steps = 0
-        self._live_next_id = self._book.next_episode_id
+        if self._live is not None:
+            self._live.next_id = self._book.next_episode_id
         if self._reset_steps:
             self._resets = np.zeros(shape, np.bool_)
         try:
@@ -218,8 +215,8 @@ class MultiAgentSampler:
         finally:
             self.metrics.sample_time_s += time.perf_counter() - start_time
             self.metrics.perf.record(perf, self._steps_done())
-        for live in self._live:  # the next sample writes other buffers
-            live.detach(self._rows)
+        if self._live is not None:  # the next sample writes other buffers
+            self._live.detach(self._rows)
         traj = self._close(traj, env_level, num_steps)
         if self._infos is not None:  # misspelt info_keys, once an episode has ended
             ended = traj.env_done.any() or any(g.done.any() for g in traj.groups.values())
@@ -351,75 +348,9 @@ class MultiAgentSampler:
             assert self._resets is not None  # internal: the backend declares reset_steps
             env_level.valid[index] &= ~out.reset_rows
             self._resets[index] = out.reset_rows
-        if self.callbacks is not None:
-            self._run_callbacks(lo, hi, t, out)
+        if self._live is not None:
+            self._live.step(lo, hi, t, out, self._rows)
         perf["obs_processing_ms"] += time.perf_counter() - clock
-
-    def _run_callbacks(self, lo: int, hi: int, t: int, out: MultiAgentStep) -> None:
-        """The hooks of envs ``[lo, hi)``'s step ``t``, as the lockstep sampler runs
-        ``Callbacks``: a step, then an end where the env's episode ended or its step
-        failed (``faulty``), and the start of the next one, with the next id."""
-        callbacks, runner, failed, rows = self.callbacks, self._runner, out.failed, self._rows
-        assert callbacks is not None  # internal: only called with callbacks
-        if self._one_agent:  # the env's own flags
-            (group,) = out.groups.values()
-            terminated, truncated = group.terminated[:, 0], group.truncated[:, 0]
-        else:
-            terminated, truncated = out.env_done, None
-        reset = out.reset_rows
-        for j, b in enumerate(range(lo, hi)):
-            if reset is not None and reset[j]:  # an episode's first obs: the one reserved
-                self._live[b] = self._start_live(b, self._live_reserved[b], out.groups, lo)
-                continue
-            live = self._live[b]
-            if failed is not None and failed[j]:
-                live.truncated = live.faulty = True
-            else:
-                live.add_step(rows, t, float(out.env_reward[j]), out.infos[j])
-                live.terminated = bool(terminated[j])
-                if truncated is not None:
-                    live.truncated = bool(truncated[j])
-                if self._on_step:
-                    callbacks.on_episode_step(runner, b, live)
-                if not (live.terminated or live.truncated):
-                    continue
-            callbacks.on_episode_end(runner, b, live)
-            live.detach(rows)  # a kept episode must not keep the trajectory alive
-            if self._reset_steps:  # it starts at the env's reset step, a call later
-                self._live_reserved[b] = self._live_next_id
-            else:
-                self._live[b] = self._start_live(b, self._live_next_id, out.groups, lo)
-            self._live_next_id += 1
-
-    def _start_live(
-        self, b: int, episode_id: int, groups: Mapping[str, GroupBuffers], offset: int = 0
-    ) -> LiveEpisode:
-        """Env ``b``'s episode ``episode_id``, from its first observations (row ``b -
-        offset`` of ``groups``: the acting agents', zeros elsewhere); its start hook."""
-
-        if self._one_agent:  # the env's observation, as it is
-            (buf,) = groups.values()
-            first_obs = jax.tree.map(lambda x: np.array(x[b - offset, 0]), buf.obs)
-            live = LiveEpisode(b, int(episode_id), first_obs)
-            self.callbacks.on_episode_start(self._runner, b, live)  # type: ignore[union-attr]
-            return live
-
-        def first(buf: GroupBuffers) -> Any:
-            acting = buf.acting[b - offset]
-            return jax.tree.map(
-                lambda x: np.where(acting.reshape(-1, *[1] * (x.ndim - 2)), x[b - offset], 0),
-                buf.obs,
-            )
-
-        live = LiveEpisode(b, int(episode_id), {pid: first(buf) for pid, buf in groups.items()})
-        self.callbacks.on_episode_start(self._runner, b, live)  # type: ignore[union-attr]
-        return live
-
-    def _restart_live(self) -> None:
-        """Live episodes of every env, from the latest observations, with the book's
-        ids (callbacks)."""
-        ids = self._book.episode_id.tolist()
-        self._live = [self._start_live(b, ids[b], self._last.groups) for b in range(len(ids))]
 
     def _end_sample(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
         """The groups' connectors' per-sample part (statistics, scaled rewards, what the
@@ -463,14 +394,14 @@ class MultiAgentSampler:
         self._book.set_state(state.book)
         for pid, gs in self.groups.items():
             gs.set_state(state.groups[pid], self._last.groups[pid])
-        if self.callbacks is not None and live is not None:
-            self._live = list(live)
-        elif self.callbacks is not None:
-            self._restart_live()
+        if self._live is not None and live is not None:
+            self._live.episodes = list(live)
+        elif self._live is not None:
+            self._live.restart(self._book.episode_id.tolist(), self._last.groups)
 
     def live_episodes(self) -> list[LiveEpisode]:
         """The per-step callbacks' episodes under way, one per env (none without)."""
-        return list(self._live)  # empty without per-step hooks
+        return [] if self._live is None else list(self._live.episodes)
 
     def restart_episodes(self, seeds: list[int]) -> None:
         """After :meth:`set_state` when the envs could not be restored: resets sub-env
@@ -481,8 +412,8 @@ class MultiAgentSampler:
         self._book.restart()
         for gs in self.groups.values():
             gs.restart_episodes()
-        if self.callbacks is not None:
-            self._restart_live()
+        if self._live is not None:
+            self._live.restart(self._book.episode_id.tolist(), self._last.groups)
 
     def get_connector_state(self, policy_id: str) -> ConnectorsState:
         """A host copy of the state of ``policy_id``'s connectors (as every sampler's)."""

@@ -78,10 +78,6 @@ class OneAgentSampler:
         return self._loop._book
 
     @property
-    def callbacks(self) -> Any:
-        return self._loop.callbacks
-
-    @property
     def block_sizes(self) -> list[int]:
         """The sizes of the blocks of envs acted on so far (each worker's envs, or each
         pipelining split)."""

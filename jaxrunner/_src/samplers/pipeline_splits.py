@@ -1,6 +1,6 @@
-"""Pipelining splits: how many parts of the envs a lockstep sampler steps in turn, so
-one part's policy step computes while the others' envs step, and which envs each holds
-(the single- and multi-agent lockstep samplers share the rule)."""
+"""Pipelining splits: how many parts of the envs the lockstep host loop steps in turn,
+so one part's policy step computes while the others' envs step, and which envs each
+holds."""
 
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ class ReadyFirstSampler(HostSampler):
         rollout_length = setup.rollout_length
         num_envs = envs.num_envs
         caps = envs.capabilities
-        # The lockstep sampler's chunk: the same bits.
+        # The host loop's chunk: the same bits.
         chunk_rows = runner_chunk_rows(
             policy, params, envs.single_observation_space, connectors, num_envs
         )
