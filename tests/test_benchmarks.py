@@ -229,15 +229,6 @@ def test_main_process_share_compares_both_layouts_on_either_kind(tmp_path, env):
     assert row["share_over_default_median"] > 0
 
 
-def test_one_group_sampler_times_both_samplers_and_finds_the_same_bits(tmp_path):
-    out = tmp_path / "one_group.json"
-    _run("one_group_sampler.py", "--num-envs", "2", "--blocks", "2", "--out", str(out))
-    (row,) = json.loads(out.read_text())["results"]
-    assert row["num_envs"] == 2 and row["identical_trajectories"] is True
-    assert all(len(row["rounds"][name]) == 2 for name in ("lockstep", "group"))
-    assert row["group_over_lockstep_time_median"] > 0
-
-
 def test_auto_backend_compares_auto_with_the_better_of_sync_and_process(tmp_path):
     out = tmp_path / "auto_backend.json"
     options = ["--workloads", "cartpole", "--num-envs", "2", "--seconds", "0.05"]
