@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import gymnasium
 import numpy as np
@@ -14,14 +14,24 @@ from jaxrunner._src.backends.allocators import Allocator, Zeros
 from jaxrunner._src.backends.batch_step import BatchStep
 
 
-class StepBuffers(NamedTuple):
-    """The stacked buffers a step writes (all ``[num_envs, ...]``, by global index)."""
+class StepBuffers:
+    """The stacked buffers a step writes (all ``[num_envs, ...]``, by global index), and
+    their views per block of rows (made once: a consumer can tell a step of the same
+    buffers by identity)."""
 
-    obs: Any
-    next_obs: Any
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
+    __slots__ = ("_blocks", "next_obs", "obs", "reward", "terminated", "truncated")
+
+    def __init__(
+        self,
+        obs: Any,
+        next_obs: Any,
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> None:
+        self.obs, self.next_obs = obs, next_obs
+        self.reward, self.terminated, self.truncated = reward, terminated, truncated
+        self._blocks: dict[tuple[int, int], tuple[Any, ...]] = {}
 
     @classmethod
     def allocate(
@@ -49,24 +59,20 @@ class StepBuffers(NamedTuple):
         """Rows ``rows``' results as a :class:`BatchStep` of views (``env_ids`` is
         ``rows``); None: the buffers themselves, every env."""
         if rows is None:  # the buffers themselves: the same arrays every step
-            obs, next_obs = self.obs, self.next_obs
-            reward, terminated, truncated = self.reward, self.terminated, self.truncated
+            views: tuple[Any, ...] = (
+                self.obs, self.next_obs, self.reward, self.terminated, self.truncated
+            )  # fmt: skip
         else:
-            obs = space_arrays.rows(obs_space, self.obs, rows)
-            next_obs = space_arrays.rows(obs_space, self.next_obs, rows)
-            reward, terminated = self.reward[rows], self.terminated[rows]
-            truncated = self.truncated[rows]
+            views = self._blocks.get((rows.start, rows.stop))  # type: ignore[assignment]
+            if views is None:
+                views = self._blocks[rows.start, rows.stop] = (
+                    space_arrays.rows(obs_space, self.obs, rows),
+                    space_arrays.rows(obs_space, self.next_obs, rows),
+                    self.reward[rows], self.terminated[rows], self.truncated[rows],
+                )  # fmt: skip
+        obs, next_obs, reward, terminated, truncated = views
         return BatchStep(
-            obs,
-            next_obs,
-            reward,
-            terminated,
-            truncated,
-            infos,
-            reset_infos,
-            failed,
-            errors,
-            rows,
+            obs, next_obs, reward, terminated, truncated, infos, reset_infos, failed, errors, rows
         )
 
     def merge(self, obs_space: gymnasium.Space, results: Sequence[BatchStep]) -> BatchStep:
