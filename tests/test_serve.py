@@ -130,6 +130,35 @@ def test_local_inference_reports_experience_and_pulls_params(served):
         env.set_params(params)
 
 
+def test_local_inference_publishes_a_version_only_once_its_params_act(served):
+    env, server, token_file = served
+    client = PolicyClient(
+        server.url, token_file=token_file, inference="local", policy=POLICY, update_interval_s=0.05
+    )
+    params, _ = env.get_params()
+    seen = []  # the version a reader saw while the new params were being installed
+    install = client._local.set_params
+
+    def slow_install(new):
+        seen.append(client.params_version)
+        time.sleep(0.2)
+        seen.append(client.params_version)
+        install(new)
+
+    client._local.set_params = slow_install
+    try:
+        old = client.params_version
+        new_version = env.set_params(jax.tree.map(lambda x: x * 0.5, params))
+        deadline = time.monotonic() + 10
+        while client.params_version != new_version and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client.params_version == new_version
+        assert seen[:2] == [old, old], seen  # not the new version before its params act
+    finally:
+        client.close()
+        env.set_params(params)
+
+
 def _post(url: str, path: str, token: str | None, body=None, *, content=None, headers=None):
     sent = {"Content-Type": "application/json", **(headers or {})}
     if token is not None:

@@ -30,8 +30,8 @@ from jaxrunner._src.runner.kinds import kind_of
 from jaxrunner._src.runner.ownership import Ownership
 from jaxrunner._src.runner.progress import Progress
 from jaxrunner._src.samplers.callbacks import Callbacks
+from jaxrunner._src.samplers.host_loop import HostLoop
 from jaxrunner._src.samplers.info_arrays import InfoKeys
-from jaxrunner._src.samplers.multi_agent import MultiAgentSampler
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
 from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
@@ -387,7 +387,7 @@ class EnvRunner:
     def num_splits(self) -> int:
         """Pipelining splits of the lockstep samplers (1 for the others)."""
         sampler = self.sampler
-        if isinstance(sampler, MultiAgentSampler | OneAgentSampler):
+        if isinstance(sampler, HostLoop | OneAgentSampler):
             return len(sampler.splits)
         return 1
 

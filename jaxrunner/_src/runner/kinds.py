@@ -32,7 +32,7 @@ from jaxrunner._src.runner.env_runner_checks import (
 )
 from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
 from jaxrunner._src.samplers.callbacks import Callbacks
-from jaxrunner._src.samplers.multi_agent import MultiAgentSampler
+from jaxrunner._src.samplers.host_loop import HostLoop
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
 from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner._src.samplers.sampler import SamplerSetup
@@ -137,7 +137,7 @@ class AgentGroups:
     ) -> Any:
         """The host sampler from the first reset: the multi-agent one runs lockstep and
         ready-first in one loop."""
-        return MultiAgentSampler(
+        return HostLoop(
             self.envs, first, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
         )
 

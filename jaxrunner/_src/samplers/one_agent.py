@@ -17,7 +17,7 @@ from jaxrunner._src.core.policy import Params
 from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.samplers.buffer_pool import CHANGED, NOT_OUT
 from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
-from jaxrunner._src.samplers.multi_agent import MultiAgentSampler
+from jaxrunner._src.samplers.host_loop import HostLoop
 from jaxrunner._src.samplers.multi_agent_state import GroupState, MultiAgentSamplerState
 from jaxrunner._src.samplers.sampler import SamplerSetup, StepProgress
 from jaxrunner.errors import InvalidArgumentError
@@ -29,7 +29,7 @@ def _one(tree: Any) -> Any:
 
 
 class OneAgentSampler:
-    """Samples a single-agent vector env through :class:`MultiAgentSampler` (lockstep,
+    """Samples a single-agent vector env through :class:`HostLoop` (lockstep,
     or ready-first by blocks of envs), its env a :class:`OneAgentSteps`.
 
     Args:
@@ -52,7 +52,7 @@ class OneAgentSampler:
     ) -> None:
         self.envs, self.metrics = envs, setup.metrics
         steps = OneAgentSteps(envs)
-        self._loop = loop = MultiAgentSampler(
+        self._loop = loop = HostLoop(
             steps, steps.first_step(obs), setup, num_splits=num_splits, callbacks=callbacks,
             runner=runner,
         )  # fmt: skip

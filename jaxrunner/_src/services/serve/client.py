@@ -171,7 +171,7 @@ class PolicyClient(_Client):
         if inference == "local":
             assert policy is not None
             self._template = policy.init(jax.random.key(0), self.observation_space)
-            params = self._pull_params()
+            params, self.params_version = self._pull_params()
             self._local = LocalEnv(
                 self.observation_space,
                 self.action_space,
@@ -263,24 +263,25 @@ class PolicyClient(_Client):
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _pull_params(self) -> Params | None:
+    def _pull_params(self) -> tuple[Params | None, int]:
+        """The server's params and their version (None: unchanged since
+        ``params_version``)."""
         since = {} if self.params_version < 0 else {"since": self.params_version}
         out = self._call("GET", "/v1/params", params=since)
         if out["params"] is None:
-            return None
-        params = wire.decode_params(out["params"], self._template)
-        self.params_version = int(out["version"])
+            return None, self.params_version
         self.num_param_pulls += 1
-        return params
+        return wire.decode_params(out["params"], self._template), int(out["version"])
 
     def _update_loop(self, interval_s: float) -> None:
         while not self._stop.wait(interval_s):
             try:
-                params = self._pull_params()
+                params, version = self._pull_params()
             except (httpx.HTTPError, errors.JaxRunnerError):
                 continue  # keep acting with the params we have; try again next time
             if params is not None and self._local is not None:
                 self._local.set_params(params)
+                self.params_version = version  # once they act: a reader sees both
 
 
 class MultiAgentPolicyClient(_Client):

@@ -1,5 +1,5 @@
-"""The multi-agent host sampler: groups of agents, one compiled policy step per group.
-See docs/multi-agent.md."""
+"""The host loop: every host backend's env sampled as groups of agents (a single-agent
+env is one group of one agent), one compiled policy step per group. See docs/design.md."""
 
 from __future__ import annotations
 
@@ -53,12 +53,12 @@ class EnvLevel:
     step: np.ndarray
 
 
-class MultiAgentSampler:
-    """Samples a :class:`~jaxrunner.MultiAgentVectorEnv` (see the module
-    docstring).
+class HostLoop:
+    """Samples a :class:`~jaxrunner.MultiAgentVectorEnv`, or a single-agent vector env
+    seen as one group of one agent (:class:`OneAgentSteps`).
 
     Args:
-        envs: the multi-agent vector env, just reset; ``first`` its reset result.
+        envs: the vector env, just reset; ``first`` its reset result.
         setup: policies, params, rollout length, seed and metrics.
         num_splits: lockstep pipelining splits (None:
             :func:`~jaxrunner._src.samplers.pipeline_splits.default_num_splits`); a ready-first
@@ -66,6 +66,9 @@ class MultiAgentSampler:
         callbacks: the runner's hooks; those per env episode (:data:`STEP_HOOKS`) run
             here, on lockstep backends, given ``runner``.
     """
+
+    saved_as = "MultiAgentSampler"
+    """Its name in checkpoint files (their format predates the name HostLoop)."""
 
     def __init__(
         self,
