@@ -62,6 +62,7 @@ class OneAgentSteps:
         """The step of a reset of every env to ``obs``: every agent starts an episode."""
         self._start[:] = True
         self._blocks.clear()
+        self._sent.clear()  # a reset answers no earlier send
         n = self.num_envs
         no_flags = np.zeros((n, 1), np.bool_)
         group = GroupBuffers.of(
