@@ -33,16 +33,15 @@ from jaxrunner._src.testing.envs import (
     counting_env_fns,
     make_counting_env,
 )
-from jaxrunner._src.testing.faults import (
+from jaxrunner._src.testing.fault_plans import (
     STEP_ONLY_KINDS,
     CallLog,
     FaultKind,
     FaultPlan,
     FaultSchedule,
-    FaultyEnv,
     InjectedError,
-    faulty_env_fns,
 )
+from jaxrunner._src.testing.faults import FaultyEnv, faulty_env_fns
 from jaxrunner._src.testing.jax_envs import (
     AutoResetWrapper,
     BraxPoint,

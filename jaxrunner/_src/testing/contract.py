@@ -27,7 +27,8 @@ from jaxrunner._src.testing.envs import (
     relay,
     tictactoe,
 )
-from jaxrunner._src.testing.faults import FaultPlan, faulty_env_fns
+from jaxrunner._src.testing.fault_plans import FaultPlan
+from jaxrunner._src.testing.faults import faulty_env_fns
 from jaxrunner._src.testing.reference import ByHand, by_hand, gymnasium_reference
 from jaxrunner._src.testing.step_comparison import (
     ActionSampler,

@@ -1,25 +1,16 @@
 """Fault injection: envs of every kind (gymnasium, PettingZoo parallel and AEC) that crash,
-hang, die or break their API on purpose (:class:`FaultyEnv`, :class:`FaultPlan`), and a
-:class:`CallLog` that counts good and failed calls across processes."""
+hang, die or break their API on purpose, as a :class:`~.fault_plans.FaultPlan` says."""
 
 from __future__ import annotations
 
-import collections
-import ctypes
-import dataclasses
 import functools
-import os
-import pathlib
-import signal
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, get_args
+from typing import Any
 
 import gymnasium
-import numpy as np
 
-from jaxrunner._src.arg_checks import check_number
 from jaxrunner._src.testing.broken_returns import break_returns
+from jaxrunner._src.testing.fault_plans import CallLog, FaultPlan, FaultSchedule
 from jaxrunner._src.testing.pettingzoo_bases import (
     HAVE_PETTINGZOO,
     AECEnv,
@@ -28,188 +19,6 @@ from jaxrunner._src.testing.pettingzoo_bases import (
     ParallelEnv,
 )
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
-
-FaultKind = Literal[
-    # Never return: the call raises, sleeps, or takes its process down.
-    "raise",  # raise InjectedError
-    "hang",  # sleep hang_s, then raise InjectedError
-    "exit",  # os._exit(13)
-    "kill",  # SIGKILL
-    "segfault",  # read address 0
-    # Return garbage (the inner call runs first): step only.
-    "nan_reward",
-    "inf_reward",
-    "array_reward",  # an ndarray of shape (2,)
-    "list_reward",  # [r, r]
-    "flag_not_bool",  # terminated as an int
-    # Return garbage: step or reset.
-    "bad_obs",  # first array leaf of the observation with an extra leading axis
-    "obs_dtype",  # first array leaf cast to another dtype
-    "obs_missing_key",  # first key of a dict observation dropped
-    "info_not_dict",  # info as a list of (key, value) pairs
-]
-_KINDS: tuple[str, ...] = get_args(FaultKind)
-_NO_RETURN = ("raise", "hang", "exit", "kill", "segfault")
-STEP_ONLY_KINDS = ("nan_reward", "inf_reward", "array_reward", "list_reward", "flag_not_bool")
-"""Kinds that break what only ``step`` returns (the reward, the flags)."""
-
-
-class InjectedError(RuntimeError):
-    """What a :class:`FaultPlan` of kind ``"raise"`` (or an ended ``"hang"``) raises."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class FaultPlan:
-    """One way a sub-env misbehaves, and when."""
-
-    kind: FaultKind = "raise"
-    """What goes wrong (see :data:`FaultKind`): ``raise`` an :class:`InjectedError`;
-    ``hang`` (sleep ``hang_s``); ``exit`` the process (``os._exit``); ``kill`` it
-    (SIGKILL); ``segfault``; or return garbage: a non-finite (``nan_reward``,
-    ``inf_reward``) or non-scalar (``array_reward``, ``list_reward``) reward, an int
-    ``terminated`` (``flag_not_bool``), an observation with an extra axis
-    (``bad_obs``), another dtype (``obs_dtype``) or a missing dict key
-    (``obs_missing_key``), or an info that is not a dict (``info_not_dict``)."""
-    call: Literal["step", "reset"] = "step"
-    """Which method misbehaves."""
-    at: tuple[int, ...] = ()
-    """1-based numbers of the calls of ``call`` that misbehave, counted per env
-    instance (a recreated env counts from 1 again)."""
-    probability: float = 0.0
-    """Chance that any other call misbehaves."""
-    hang_s: float = 3600.0
-    """How long ``hang`` sleeps."""
-
-    def __post_init__(self) -> None:
-        if self.kind not in _KINDS:
-            raise InvalidArgumentError(f"FaultPlan(kind={self.kind!r}): expected one of {_KINDS}.")
-        if self.call not in ("step", "reset"):
-            raise InvalidArgumentError(
-                f"FaultPlan(call={self.call!r}): expected 'step' or 'reset'."
-            )
-        if self.call == "reset" and self.kind in STEP_ONLY_KINDS:
-            raise InvalidArgumentError(
-                f"FaultPlan(kind={self.kind!r}) only applies to call='step': reset returns "
-                "no reward or flags."
-            )
-        check_number("FaultPlan", "probability", self.probability, high=1.0)
-        if isinstance(self.at, int) or any(n < 1 for n in self.at):
-            raise InvalidArgumentError(
-                f"FaultPlan(at={self.at!r}): expected a tuple of call numbers, starting at 1."
-            )
-
-
-class CallLog:
-    """Counts events across processes: one byte appended to ``directory/<name>`` per
-    event (``O_APPEND`` writes are atomic), so the count is the file's size.
-
-    Picklable (it is just a path): give it to env factories that run in workers.
-    """
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = pathlib.Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-
-    def record(self, name: str) -> None:
-        """Counts one ``name`` event."""
-        fd = os.open(self.directory / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            os.write(fd, b".")
-        finally:
-            os.close(fd)
-
-    def count(self, name: str) -> int:
-        """How many ``name`` events were recorded, by any process."""
-        try:
-            return (self.directory / name).stat().st_size
-        except FileNotFoundError:
-            return 0
-
-
-# Fault-injecting envs made so far in this process, per seed: the n-th one with seed s
-# draws its probabilistic faults from rng([s, n]), so a run is reproducible and a
-# recreated env draws differently from the one it replaces.
-_made_per_seed: collections.Counter[int] = collections.Counter()
-
-
-class FaultSchedule:
-    """Which calls of one env instance misbehave, and the faults that never return: the
-    mechanism every fault-injecting wrapper shares (:class:`FaultyEnv`,
-    :class:`FaultyParallelEnv`, :class:`FaultyAECEnv`).
-
-    A call misbehaves as the first of ``faults`` whose ``call`` it is and that is due
-    (its number is in ``at``, or the probability draw hit). Faults that never return
-    happen in :meth:`due`, before the wrapped env is called; garbage faults are
-    returned for the wrapper to apply (:func:`~.broken_returns.break_returns`).
-
-    Args:
-        faults: what goes wrong and when.
-        log: optional cross-process counter (see :class:`FaultyEnv` for its events);
-            this records ``made``.
-        seed: seeds the draws of probabilistic faults, mixed with an instance number
-            (the ``made`` count of ``log`` if given, else how many schedules this
-            process made with this seed), so a recreated env draws differently.
-        owner: the wrapper's name, for the messages of injected errors.
-    """
-
-    def __init__(
-        self,
-        faults: Sequence[FaultPlan],
-        log: CallLog | None = None,
-        seed: int = 0,
-        owner: str = "FaultyEnv",
-    ) -> None:
-        self.faults, self.log, self.owner = tuple(faults), log, owner
-        if log is not None:
-            instance = log.count("made")
-            log.record("made")
-        else:
-            instance = _made_per_seed[seed]
-            _made_per_seed[seed] += 1
-        self._rng = np.random.default_rng([seed, instance])
-        self.calls = {"step": 0, "reset": 0}
-        """How many times each method was called (failed calls included)."""
-
-    def due(self, call: str) -> FaultPlan | None:
-        """Counts one call of ``call``; returns the garbage fault due for it (None: the
-        call behaves, and is logged ``<call>_ok`` by :meth:`ok`). A due fault is logged
-        ``<call>_failed``; one that never returns happens here."""
-        self.calls[call] += 1
-        number, due = self.calls[call], None
-        for fault in self.faults:
-            if fault.call != call:
-                continue
-            # Draw for every probabilistic fault, due or not, so draws stay aligned.
-            hit = fault.probability > 0 and self._rng.random() < fault.probability
-            if due is None and (number in fault.at or hit):
-                due = fault
-        if due is not None:
-            self.record(f"{call}_failed")
-            if due.kind in _NO_RETURN:
-                self._fail_now(due, call)
-        return due
-
-    def ok(self, call: str) -> None:
-        """Logs a call that behaved."""
-        self.record(f"{call}_ok")
-
-    def _fail_now(self, fault: FaultPlan, call: str) -> None:
-        """Faults that never return a value."""
-        if fault.kind == "raise":
-            raise InjectedError(f"{self.owner}: injected failure in {call} #{self.calls[call]}")
-        if fault.kind == "hang":
-            time.sleep(fault.hang_s)
-            raise InjectedError(f"{self.owner}: {call} hung for {fault.hang_s} s")
-        if fault.kind == "exit":
-            os._exit(13)
-        if fault.kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if fault.kind == "segfault":
-            ctypes.string_at(0)
-
-    def record(self, name: str) -> None:
-        if self.log is not None:
-            self.log.record(name)
 
 
 class FaultyEnv(gymnasium.Wrapper):
