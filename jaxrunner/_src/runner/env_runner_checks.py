@@ -187,9 +187,20 @@ def check_connectors(connectors: Any) -> Connectors | None:
     return connectors
 
 
-def check_ready_first_options(envs: VectorEnv, callbacks: Any, num_splits: Any) -> None:
+def check_ready_first_options(
+    envs: VectorEnv | MultiAgentVectorEnv, callbacks: Any, num_splits: Any, multi_agent: bool
+) -> None:
+    """Options a ready-first backend cannot honour: per-step callbacks (a multi-agent
+    env's per-agent-episode hook runs after each sample, so it stays) and splits."""
     name = type(envs).__name__
-    if callbacks is not None:
+    if multi_agent and any(overrides(callbacks, hook) for hook in STEP_HOOKS):
+        raise InvalidArgumentError(
+            f"EnvRunner(callbacks=...): {name} steps its sub-envs at their own pace "
+            f"(ready-first), where the per-step hooks ({', '.join(STEP_HOOKS)}) cannot run "
+            "in order. Override only on_agent_episode_end, or use a lockstep backend "
+            "(ready_first=False)."
+        )
+    if not multi_agent and callbacks is not None:
         raise InvalidArgumentError(
             f"EnvRunner(callbacks=...): {name} steps its sub-envs at their own pace "
             "(ready-first), where per-step callbacks cannot run in order. Read the "

@@ -137,6 +137,8 @@ class AgentGroups:
     ) -> Any:
         """The host sampler from the first reset: the multi-agent one runs lockstep and
         ready-first in one loop."""
+        if self.envs.capabilities.ready_first:
+            check_ready_first_options(self.envs, callbacks, num_splits, multi_agent=True)
         return HostLoop(
             self.envs, first, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
         )
@@ -230,7 +232,7 @@ class OneAgent(AgentGroups):
         sampler: Any
         caps = envs.capabilities
         if caps.ready_first:
-            check_ready_first_options(envs, callbacks, num_splits)
+            check_ready_first_options(envs, callbacks, num_splits, multi_agent=False)
         if caps.ready_first and (caps.any_order or caps.batch_buckets):
             sampler = ReadyFirstSampler(envs, obs, setup)  # envs in any order (EnvPool's)
         else:

@@ -83,14 +83,8 @@ class HostLoop:
         self.envs, self.rollout_length = envs, setup.rollout_length
         self.metrics = setup.metrics
         num_envs = envs.num_envs
-        self.ready_first = envs.capabilities.ready_first
+        self.ready_first = envs.capabilities.ready_first  # (its options checked by the runner)
         if self.ready_first:
-            if num_splits not in (None, 1):
-                raise InvalidArgumentError(
-                    f"EnvRunner(num_splits={num_splits!r}): this backend is ready-first "
-                    "(it steps whichever envs are ready); pipelining splits do not apply. "
-                    "Leave num_splits=None."
-                )
             self.splits = [slice(0, num_envs)]
         else:
             self.splits = pipeline_splits(envs, num_splits)
@@ -155,13 +149,6 @@ class HostLoop:
         self._live: LiveEpisodes | None = None
         """The per-step hooks' episodes, when some of those hooks are overridden."""
         if callbacks is not None and any(overrides(callbacks, h) for h in STEP_HOOKS):
-            if self.ready_first:
-                raise InvalidArgumentError(
-                    f"EnvRunner(callbacks=...): {type(envs).__name__} steps its "
-                    "sub-envs at their own pace (ready-first), where the per-step hooks "
-                    f"({', '.join(STEP_HOOKS)}) cannot run in order. Override only "
-                    "on_agent_episode_end, or use a lockstep backend (ready_first=False)."
-                )
             self._live = LiveEpisodes(
                 callbacks, runner, num_envs, self._one_agent, self._reset_steps
             )
