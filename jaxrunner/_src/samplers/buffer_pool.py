@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import abc
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -34,6 +34,49 @@ CHANGED = (
 )
 
 
+class HandedOut:
+    """Trajectories handed out and not taken back yet, each with the arrays the next
+    sample would write into (as handed out, with shape and dtype) and what the owner
+    keeps with it. An entry goes when its trajectory does (a weak reference)."""
+
+    def __init__(self) -> None:
+        self._out: dict[int, tuple[weakref.ref, list[tuple[np.ndarray, Any, Any]], Any]] = {}
+
+    def add(self, traj: Any, arrays: list[Any], kept: Any = None) -> None:
+        """Records ``traj`` as out, with its reused ``arrays`` and ``kept``."""
+        key, out = id(traj), self._out
+
+        def forget(ref: weakref.ref) -> None:  # the caller dropped it unreleased
+            if out.get(key, (None,))[0] is ref:
+                del out[key]
+
+        out[key] = (weakref.ref(traj, forget), [(a, a.shape, a.dtype) for a in arrays], kept)
+
+    def take_back(self, traj: Any, arrays_of: Callable[[Any], list[Any]]) -> Any:
+        """``traj``'s ``kept``, once it is checked to be out with the very arrays it was
+        handed out with (``arrays_of(traj)``: its reused arrays now), unchanged and
+        writable.
+
+        Raises:
+            InvalidArgumentError: ``traj`` is not out (another runner's, a slice, copy or
+                ``replace()`` of one, or released already), or its arrays were replaced,
+                resized or made read-only.
+        """
+        entry = self._out.get(id(traj))
+        if entry is None or entry[0]() is not traj:
+            raise InvalidArgumentError(NOT_OUT)
+        arrays, handed_out = arrays_of(traj), entry[1]
+        changed = len(arrays) != len(handed_out) or any(
+            now is not array or now.shape != shape or now.dtype != dtype
+            or not now.flags.writeable
+            for now, (array, shape, dtype) in zip(arrays, handed_out)
+        )  # fmt: skip
+        if changed:
+            raise InvalidArgumentError(CHANGED)
+        del self._out[id(traj)]
+        return entry[2]
+
+
 class ReusedBuffers(abc.ABC):
     """A host sampler's sample buffers: new ones, or those of samples the caller
     released (``EnvRunner.release``), which the next sample writes into instead of
@@ -48,9 +91,7 @@ class ReusedBuffers(abc.ABC):
     """
 
     def __init__(self) -> None:
-        self._out: dict[int, tuple[weakref.ref, list[tuple[np.ndarray, Any, Any]]]] = {}
-        """id(trajectory) -> (a weak reference to it, its reused arrays as handed out,
-        each with its shape and dtype). An entry goes when its trajectory does."""
+        self._out = HandedOut()
         self._free: list[Any] = []
 
     @abc.abstractmethod
@@ -81,36 +122,12 @@ class ReusedBuffers(abc.ABC):
 
     def hand_out(self, traj: Any) -> None:
         """Records ``traj`` (a sample's result) as out: :meth:`release` may take it back."""
-        key, out = id(traj), self._out
-
-        def forget(ref: weakref.ref) -> None:  # the caller dropped it unreleased
-            if out.get(key, (None,))[0] is ref:
-                del out[key]
-
-        arrays = [(a, a.shape, a.dtype) for a in self._reused_arrays(traj)]
-        out[key] = (weakref.ref(traj, forget), arrays)
+        self._out.add(traj, self._reused_arrays(traj))
 
     def release(self, traj: Any) -> None:
-        """Makes ``traj``'s arrays the next sample's.
-
-        Raises:
-            InvalidArgumentError: ``traj`` is not a result of this sampler still out
-                (another runner's, a slice, copy or ``replace()`` of one, or released
-                already), or its arrays were replaced, resized or made read-only.
-        """
-        entry = self._out.get(id(traj))
-        if entry is None or entry[0]() is not traj:
-            raise InvalidArgumentError(NOT_OUT)
-        arrays = self._reused_arrays(traj)
-        handed_out = entry[1]
-        changed = len(arrays) != len(handed_out) or any(
-            now is not array or now.shape != shape or now.dtype != dtype
-            or not now.flags.writeable
-            for now, (array, shape, dtype) in zip(arrays, handed_out)
-        )  # fmt: skip
-        if changed:
-            raise InvalidArgumentError(CHANGED)
-        del self._out[id(traj)]
+        """Makes ``traj``'s arrays the next sample's (checked by
+        :meth:`HandedOut.take_back`)."""
+        self._out.take_back(traj, self._reused_arrays)
         self._free.append(self._kept(traj))
 
 

@@ -4,7 +4,6 @@ a single-agent runner sees of it: ``[T, B]`` trajectories and its own state's sh
 from __future__ import annotations
 
 import time
-import weakref
 from typing import Any
 
 import jax
@@ -15,12 +14,11 @@ from jaxrunner._src.core import next_obs_store
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params
 from jaxrunner._src.core.trajectory import Trajectory
-from jaxrunner._src.samplers.buffer_pool import CHANGED, NOT_OUT
+from jaxrunner._src.samplers.buffer_pool import HandedOut
 from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
 from jaxrunner._src.samplers.host_loop import HostLoop
 from jaxrunner._src.samplers.multi_agent_state import GroupState, MultiAgentSamplerState
 from jaxrunner._src.samplers.sampler import SamplerSetup, StepProgress
-from jaxrunner.errors import InvalidArgumentError
 
 
 def _one(tree: Any) -> Any:
@@ -63,9 +61,8 @@ class OneAgentSampler:
         self._compact = setup.compact_next_obs
         self._released: dict[int, Trajectory] = {}
         """Released buffers' ``[T, B]`` views by their reward array's id."""
-        self._out: dict[int, tuple[weakref.ref, MultiAgentTrajectory, list[tuple]]] = {}
-        """id(trajectory) -> (a weak reference to it, the loop's buffers it views, its
-        arrays as handed out, with shape and dtype)."""
+        self._out = HandedOut()
+        """The samples out, each with the loop's buffers it views."""
 
     @property
     def saved_as(self) -> str:
@@ -98,31 +95,14 @@ class OneAgentSampler:
             traj, connectors = gs.sample_end(gs.state.connectors, traj)
             gs.state = gs.state.replace(connectors=connectors)  # type: ignore[union-attr]
             self.metrics.sample_time_s += time.perf_counter() - clock
-        key, out = id(traj), self._out
-
-        def forget(ref: weakref.ref) -> None:  # dropped unreleased: the loop's stay out
-            if out.get(key, (None,))[0] is ref:
-                del out[key]
-
-        arrays = [(a, a.shape, a.dtype) for a in self._reused(traj)]
-        out[key] = (weakref.ref(traj, forget), group_traj, arrays)
+        self._out.add(traj, self._reused(traj), group_traj)  # dropped: the loop's stay out
         return traj
 
     def release(self, traj: Trajectory) -> None:
         """Takes back ``traj`` (a sample's result the caller is done with) for reuse."""
-        entry = self._out.get(id(traj))
-        if entry is None or entry[0]() is not traj:
-            raise InvalidArgumentError(NOT_OUT)
-        now = self._reused(traj)
-        if len(now) != len(entry[2]) or not all(
-            a is b and a.shape == shape and a.dtype == dtype and a.flags.writeable
-            for a, (b, shape, dtype) in zip(now, entry[2])
-        ):
-            raise InvalidArgumentError(CHANGED)
-        del self._out[id(traj)]
-        group = entry[1].groups[self._pid]
-        self._released[id(group.reward)] = traj  # its views, for reuse
-        self._loop.release(entry[1])
+        group_traj = self._out.take_back(traj, self._reused)
+        self._released[id(group_traj.groups[self._pid].reward)] = traj  # its views, for reuse
+        self._loop.release(group_traj)
 
     def get_state(self) -> dict[str, Any]:
         state = self._loop.get_state()
