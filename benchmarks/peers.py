@@ -70,6 +70,7 @@ import importlib.metadata
 import json
 import os
 import pathlib
+import shutil
 import sys
 import time
 from typing import Any
@@ -255,6 +256,7 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--plot", type=pathlib.Path, default=None, help="default: --out as .png")
     args = parser.parse_args()
+    args.peers_python = shutil.which(args.peers_python) or args.peers_python  # "python3" too
     plot_path = args.plot or (args.out.with_suffix(".png") if args.out else None)
     if plot_path:
         try:  # before the run, not after

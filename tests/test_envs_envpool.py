@@ -366,3 +366,24 @@ def test_from_env_tries_envpool_and_builds_what_it_chose(monkeypatch, winner) ->
     backend = "envpool" if winner else "sync"
     with jr.EnvRunner(jr.make_vec("CartPole-v1", 4, backend), policy, params, 8, SEED) as ref:
         assert_trees_equal(got, ref.sample(), f"from_env(auto -> {backend}) vs by hand")
+
+
+def test_bench_builds_a_workloads_envpool_port() -> None:
+    """``jaxrunner bench --workload W --backend envpool`` runs EnvPool's port of W's
+    env (its ``envpool_id``): the workload's gymnasium factory is for the backends
+    that build each sub-env."""
+    from jaxrunner._src.bench import systems
+
+    spec = systems.Spec(
+        system="jaxrunner",
+        backend="envpool",
+        env="CartPole-v1",
+        num_envs=2,
+        rollout_length=8,
+        workload="cartpole",
+    )
+    system = systems.build(spec)
+    try:
+        assert system.measure(0.05)["steps_per_s"] > 0
+    finally:
+        system.close()

@@ -99,6 +99,15 @@ def _make_envs(spec: Spec) -> Any:
 
         env, env_params = gymnax.make(spec.env)
         return JaxVectorEnv(env, env_params, spec.num_envs)
+    if spec.workload and spec.backend == "envpool":  # EnvPool's port of the workload's env
+        workload = get_workload(spec.workload)
+        return make_vec(
+            workload.envpool_id,
+            spec.num_envs,
+            backend="envpool",
+            seed=spec.seed,
+            **workload.envpool_kwargs,
+        )
     env = get_workload(spec.workload).make if spec.workload else spec.env
     return make_vec(env, spec.num_envs, backend=spec.backend, seed=spec.seed)
 
