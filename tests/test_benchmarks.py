@@ -215,6 +215,15 @@ def test_step_costs_times_every_part_of_the_runner_and_the_hand_loop(tmp_path):
     assert all(row[f"{part}_us_median"] > 0 for part in parts)
 
 
+def test_splits_times_the_default_one_and_two_splits_against_the_hand_loop(tmp_path):
+    out = tmp_path / "splits.json"
+    _run("splits.py", "--widths", "2", "--rounds", "1", "--seconds", "0.01", "--out", str(out))
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["num_splits"] == {"default": 1, "splits=1": 1, "splits=2": 2}  # CPU, inline
+    assert set(row["rounds"]) == {"default", "splits=1", "splits=2", "hand"}
+    assert all(ratio > 0 for ratio in row["vs_hand"].values())
+
+
 @pytest.mark.parametrize("env", ["CartPole-v1", "mpe2:simple_spread_v3"])
 def test_main_process_share_compares_both_layouts_on_either_kind(tmp_path, env):
     if ":" in env:

@@ -237,6 +237,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "peers_envpool_jax": lambda: systems_table("peers_envpool_jax_cpu.json"),
     "peers_pong": lambda: systems_table("peers_pong_cpu.json"),
     "peers_halfcheetah": lambda: systems_table("peers_halfcheetah_cpu.json"),
+    "peers_pong_gpu": lambda: systems_table("peers_pong_gpu.json"),
+    "peers_halfcheetah_gpu": lambda: systems_table("peers_halfcheetah_gpu.json"),
     "multi_agent_host": multi_agent_host_table,
     "multi_agent_jaxmarl": multi_agent_jaxmarl_table,
     "multi_agent_rllib": lambda: systems_table("multi_agent_rllib_quiet_cpu.json"),

@@ -1,0 +1,49 @@
+#!/bin/bash
+# The GPU rows of the speed figures, on a lent GPU machine that reaches no package index.
+#
+#   benchmarks/gpu/session.sh prepare   # here: EnvPool (Atari, MuJoCo, classic control
+#                                       # only), gymnasium, ale-py, MuJoCo as cp312
+#                                       # wheels, unpacked into .gpu/site.tgz (~22 MB)
+#   benchmarks/gpu/session.sh run       # there (carry .gpu): writes $OUT/*.json, a log
+#
+# The machine's image brings Python 3.12, JAX with CUDA, flax, chex, torch and OpenCV.
+# Three JAX processes share the GPU (jaxrunner, the hand loops, the peers), so XLA's
+# preallocation is off. Each step has its own timeout; what ran comes back.
+set -u
+cd "$(dirname "$0")/../.."
+case "${1:-}" in
+prepare)
+  grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >>.git/info/exclude
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$tmp/whl" gymnasium==1.4.0 farama-notifications \
+    ale-py==0.12.1 envpool==1.2.5 envpool-assets==0.3.0 dm-env optree dm-tree \
+    types-protobuf glfw mujoco==3.3.7 pyopengl || exit 1
+  mkdir -p "$tmp/site" .gpu
+  for w in "$tmp"/whl/*.whl; do unzip -q -o "$w" -d "$tmp/site"; done
+  # EnvPool's other env families are 100+ MB: keep Atari, MuJoCo gym, classic control.
+  (cd "$tmp/site/envpool" && rm -rf gfootball vizdoom box2d procgen jumanji minigrid pgx \
+    highway toy_text mujoco/{dmc,metaworld,myosuite,playground,robotics} \
+    mujoco/{playground,mujoco_dmc,myosuite,robotics}_envpool.so &&
+    sed -i -E '/^import envpool\./{/envpool\.(atari|classic_control|mujoco\.gym)\./!d}' entry.py)
+  (cd "$tmp/site/envpool_assets" && rm -rf gfootball procgen vizdoom mujoco/metaworld \
+    mujoco/assets_dmc mujoco/robotics && find atari/roms -type f ! -name pong.bin -delete)
+  tar czf .gpu/site.tgz -C "$tmp" site && rm -rf "$tmp" && ls -la .gpu/site.tgz
+  ;;
+run)
+  exec > >(tee -a "$OUT/gpu_log.txt") 2>&1
+  tar xzf .gpu/site.tgz -C /tmp || exit 1
+  export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+  py=$(command -v python3)
+  nproc; nvidia-smi -L
+  python3 -c "import jax, flax, envpool; print(jax.__version__, flax.__version__, jax.devices())" || exit 2
+  step() { local limit=$1; shift; local t0=$SECONDS; timeout "$limit" "$@"; echo "rc=$? $((SECONDS - t0)) s: $*"; }
+  step 100 python3 benchmarks/splits.py --workload cartpole --widths 8 256 --rounds 3 --out "$OUT/splits_cartpole_gpu.json"
+  step 100 python3 benchmarks/splits.py --workload halfcheetah --widths 8 32 --rounds 3 --out "$OUT/splits_halfcheetah_gpu.json"
+  step 60 python3 -m jaxrunner bench --workload pong --backend envpool --rounds 3 --out "$OUT/bench_pong_envpool_gpu.json"
+  step 200 python3 benchmarks/peers.py --workload pong --peers-python "$py" --no-rllib --rounds 4 --seconds 1 --out "$OUT/peers_pong_gpu.json"
+  ;;
+*) echo "usage: $0 prepare|run" >&2; exit 2 ;;
+esac

@@ -1,0 +1,107 @@
+"""Pipelining splits: does the default ``num_splits`` pay on this machine?
+
+``EnvRunner(num_splits=None)`` (the default: two splits from 8 envs on an accelerator,
+from 256 envs on a CPU host with asynchronous dispatch, else one) against
+``num_splits=1`` and ``num_splits=2``, and the recording hand loop over gymnasium's
+``SyncVectorEnv`` (one policy call per step), on a workload of ``jaxrunner bench``
+(its envs and jitted policy), the sync or process backend. Everything runs in this
+process, built once per width and timed in interleaved rounds; ratios of medians.
+
+Written for the GPU row of the speed issue: on an H200 (16 cores) jaxrunner's sync
+backend ran 0.62x the hand loop on CartPole at 8 envs and 0.73-0.79x on HalfCheetah
+(``results/peers_gpu_logs.json``, ``results/peers_halfcheetah_gpu.json``), with two
+splits, so two policy round trips per step where the hand loop makes one.
+
+Usage::
+
+    python benchmarks/splits.py --workload cartpole --widths 8 64 256 \\
+        --out benchmarks/results/splits_cartpole_gpu.json
+    python benchmarks/splits.py --widths 8 --rounds 1 --seconds 0.2   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+from typing import Any
+
+import gymnasium
+import jax
+from script_report import parse_args, write_report
+
+from jaxrunner import EnvRunner, make_vec
+from jaxrunner._src.bench.hand_loop import RecordingHandLoop
+from jaxrunner._src.bench.timing import timed
+from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
+
+SPLITS: tuple[int | None, ...] = (None, 1, 2)
+"""The runners timed at each width: the default, then one and two splits."""
+
+
+def _label(num_splits: int | None) -> str:
+    return "default" if num_splits is None else f"splits={num_splits}"
+
+
+def measure_width(args: argparse.Namespace, width: int) -> dict[str, Any]:
+    workload = get_workload(args.workload)
+    length = workload.rollout_length(width)
+    systems: dict[str, Any] = {}
+    closers: list[Any] = []
+    resolved: dict[str, int] = {}
+    try:
+        for num_splits in (s for s in SPLITS if s is None or s <= width):
+            envs = make_vec(workload.make, width, backend=args.backend, seed=args.seed)
+            closers.append(envs.close)
+            policy = workload.policy(envs.single_observation_space, envs.single_action_space)
+            params = policy.init(jax.random.key(args.seed), envs.single_observation_space)
+            runner = EnvRunner(envs, policy, params, length, args.seed, num_splits=num_splits)
+            closers.append(runner.stop)
+            label = _label(num_splits)
+            resolved[label] = runner.num_splits
+
+            def sample(runner: EnvRunner = runner) -> int:
+                return int(runner.sample().reward.size)
+
+            systems[label] = sample
+        hand_envs = gymnasium.vector.SyncVectorEnv([workload.make] * width)
+        closers.append(hand_envs.close)
+        policy = workload.policy(hand_envs.single_observation_space, hand_envs.single_action_space)
+        hand = RecordingHandLoop(hand_envs, length, args.seed, policy=policy)
+        systems["hand"] = hand.rollout
+        for run in systems.values():
+            run()  # warm-up: compiles, first resets
+        rounds: dict[str, list[float]] = {name: [] for name in systems}
+        for _ in range(args.rounds):
+            for name, run in systems.items():
+                rounds[name].append(timed(run, args.seconds))
+    finally:
+        for close in reversed(closers):
+            close()
+    medians = {name: statistics.median(rates) for name, rates in rounds.items()}
+    return {
+        "num_envs": width,
+        "rollout_length": length,
+        "num_splits": resolved,
+        "rounds": rounds,
+        "median_steps_per_s": medians,
+        "vs_hand": {n: m / medians["hand"] for n, m in medians.items() if n != "hand"},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="cartpole")
+    parser.add_argument("--backend", choices=("sync", "process"), default="sync")
+    parser.add_argument("--widths", type=int, nargs="+", default=[8, 64, 256])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    args = parse_args(parser)
+    results = [measure_width(args, width) for width in args.widths]
+    write_report("splits", args, results)
+
+
+if __name__ == "__main__":
+    main()
