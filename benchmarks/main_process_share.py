@@ -3,10 +3,10 @@
 
 Per width, two runners of the same env, policy and seed, one at the backend's defaults and
 one with the first ``k = num_envs // 2`` sub-envs stepped in the main process (worker 0),
-each sampled in interleaved blocks of about 4k env steps (the order alternates each
-block). Reports the median env steps/s of each and the median of the per-block ratios,
-and whether their trajectories are identical (they must be: the share changes where
-sub-envs step, not what they do).
+each sampled in interleaved blocks of about ``--block-steps`` env steps (4k; the order
+alternates each block). Reports the median env steps/s of each and the median of the
+per-block ratios, and whether their trajectories are identical (they must be: the share
+changes where sub-envs step, not what they do).
 
 Usage::
 
@@ -57,7 +57,9 @@ def steps_per_s(runner: jr.EnvRunner, samples: int) -> float:
     return samples * runner.rollout_length * runner.envs.num_envs / (time.perf_counter() - start)
 
 
-def measure(env: str, num_envs: int, rollout_length: int, blocks: int) -> dict[str, Any]:
+def measure(
+    env: str, num_envs: int, rollout_length: int, blocks: int, block_steps: int
+) -> dict[str, Any]:
     runners = {
         "default": make_runner(env, num_envs, 0, rollout_length),
         "share": make_runner(env, num_envs, num_envs // 2, rollout_length),
@@ -68,7 +70,7 @@ def measure(env: str, num_envs: int, rollout_length: int, blocks: int) -> dict[s
             np.array_equal(a, b)
             for a, b in zip(jax.tree.leaves(firsts["default"]), jax.tree.leaves(firsts["share"]))
         )
-        samples = max(1, 4096 // (rollout_length * num_envs))
+        samples = max(1, block_steps // (rollout_length * num_envs))
         rates: dict[str, list[float]] = {k: [] for k in runners}
         for block in range(blocks):
             order = list(runners) if block % 2 == 0 else list(reversed(runners))
@@ -97,11 +99,12 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--rollout-length", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=12)
+    parser.add_argument("--block-steps", type=int, default=4096, help="env steps per block")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     rows = []
     for num_envs in args.num_envs:
-        row = measure(args.env, num_envs, args.rollout_length, args.blocks)
+        row = measure(args.env, num_envs, args.rollout_length, args.blocks, args.block_steps)
         rows.append(row)
         print(
             f"{args.env} x{num_envs}: default {row['default_steps_per_s_median']:,.0f}, "

@@ -230,7 +230,7 @@ def test_main_process_share_compares_both_layouts_on_either_kind(tmp_path, env):
         pytest.importorskip("mpe2")
     out = tmp_path / "share.json"
     options = ["--env", env, "--num-envs", "2", "--blocks", "2", "--rollout-length", "8"]
-    _run("main_process_share.py", *options, "--out", str(out))
+    _run("main_process_share.py", *options, "--block-steps", "32", "--out", str(out))
     (row,) = json.loads(out.read_text())["results"]
     assert (row["num_envs"], row["main_process_envs"]) == (2, 1)
     assert row["identical_trajectories"] is True  # where the envs step changes no bit
