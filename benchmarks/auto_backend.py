@@ -6,8 +6,9 @@ side.
 Per workload and width (the workloads of ``jaxrunner bench --workload``: CartPole-v1
 with the 64-64 MLP at 1, 8, 64 and 256 envs; HalfCheetah-v5 with the 256-256 Gaussian
 MLP at 8 and 32; Pong with NatureCNN at 8 and 32, where installed), the three runners
-are built once in one child process and timed in interleaved rounds (the order
-rotates every round). The row keeps every round, each variant's median steps/s, what
+are built once in one child process, auto first (its trial then runs with no other
+runner's envs or workers alive, as a user's does), and timed in interleaved rounds
+(the order rotates every round). The row keeps every round, each variant's median steps/s, what
 auto chose and why, and ``auto / best``: auto's median over the better of the sync
 and process medians (the per-round ratios' spread beside it). Where auto's layout is
 the same as sync's or process's (the same workers and splits), its figure differs
@@ -41,7 +42,7 @@ from jaxrunner._src.bench.child import Child, ChildError
 from jaxrunner._src.bench.report import format_choice
 from jaxrunner._src.bench.systems import Spec
 
-VARIANTS = ("sync", "process", "auto")
+VARIANTS = ("auto", "sync", "process")
 WIDTHS = {"cartpole": (1, 8, 64, 256), "halfcheetah": (8, 32), "pong": (8, 32)}
 
 

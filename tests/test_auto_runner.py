@@ -193,6 +193,9 @@ def test_close_layouts_are_undecided_and_clear_ones_are_not():
     assert undecided({0: [1.05], 1: [1.0], 2: [2.0]})  # the faster workers 5% faster
     assert not undecided({0: [1.0], 1: [1.2]})  # sync clearly faster
     assert not undecided({0: [1.2], 1: [2.0], 2: [1.0]})  # workers clearly faster
+    # Each layout's fastest sample counts: workers slowed in most samples by other
+    # work (median 1.5) are still clearly faster at their best.
+    assert not undecided({0: [1.0, 1.0, 1.0], 1: [0.8, 1.5, 1.5]})
 
 
 class DiesInWorkers:
