@@ -172,7 +172,7 @@ def test_switch_after_jax_started_is_a_clear_error():
 def test_inline_dispatch_means_one_group_by_default(monkeypatch):
     """With inline dispatch a policy call blocks, so pipelining has nothing to overlap."""
     monkeypatch.setattr("jaxrunner._src.samplers.pipeline_splits.inline_cpu_dispatch", lambda: True)
-    envs = jr.make_vec("CartPole-v1", pipeline_splits.PIPELINE_MIN_ENVS_CPU)
+    envs = jr.make_vec("CartPole-v1", pipeline_splits.PIPELINE_MIN_ENVS)
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
     with jr.EnvRunner(envs, policy, params, 2, 0) as runner:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+import types
 
 import jax
 import numpy as np
@@ -94,10 +95,15 @@ def test_default_splits_follow_the_lockstep_samplers_rule(monkeypatch):
     )
     with jr.EnvRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
         assert len(runner.sampler.splits) == pipeline_splits.default_num_splits(envs)
+    # On an accelerator: one split below PIPELINE_MIN_ENVS (each split pays a policy
+    # call's host-side cost again), two from there.
     monkeypatch.setattr(pipeline_splits.jax, "default_backend", lambda: "gpu")
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 8)
     with jr.EnvRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
-        assert runner.sampler.splits == [slice(0, 4), slice(4, 8)]
+        assert runner.sampler.splits == [slice(0, 8)]
+    for num_envs, splits in ((pipeline_splits.PIPELINE_MIN_ENVS - 1, 1), (256, 2)):
+        stepped = types.SimpleNamespace(num_envs=num_envs, capabilities=envs.capabilities)
+        assert pipeline_splits.default_num_splits(stepped) == splits  # type: ignore[arg-type]
 
 
 def test_block_sends_step_only_their_envs_and_answer_in_order():

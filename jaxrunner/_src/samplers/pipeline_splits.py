@@ -14,15 +14,16 @@ from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner._src.samplers.batch_invariance import CHUNK_FLOPS
 
-PIPELINE_MIN_ENVS = 8
-"""From this many envs up, two splits by default on accelerators."""
-PIPELINE_MIN_ENVS_CPU = 256
-"""The same on a CPU host with asynchronous dispatch, where XLA and the envs share the
-cores: one split's policy computes while the other's envs step only pays once the env
-work per split outweighs the extra dispatch (CartPole-v1, 2 cores, 3 interleaved
-rounds: at 256 envs 2.6 ms a step with two splits against 3.3 ms with one; at 64 envs
-no difference). With inline CPU dispatch a policy call cannot overlap the envs, so
-the default is one split."""
+PIPELINE_MIN_ENVS = 256
+"""From this many envs up, two splits by default where a policy call can overlap the
+envs (an accelerator, or a CPU host with asynchronous dispatch). A split pays only once
+its envs' work outweighs one more policy call's host-side cost. CPU, 2 cores,
+CartPole-v1, 3 interleaved rounds: at 256 envs 2.6 ms a step with two splits against
+3.3 ms with one; at 64 no difference. H200 (a VM, 16 cores): each call took about
+0.6 ms of the host's time (dispatch and the wait for its result), so two splits on
+the sync backend lost to the one-call hand loop on MLP workloads (CartPole 0.62x at 8
+envs, HalfCheetah 0.79x and 0.73x at 8 and 32). With inline CPU dispatch a policy call
+cannot overlap the envs: one split."""
 
 
 class Stepped(Protocol):
@@ -57,13 +58,9 @@ def _declared_or_width_splits(envs: Stepped) -> int:
     num_envs = envs.num_envs
     if envs.capabilities.pipeline_splits is not None:
         return min(envs.capabilities.pipeline_splits, num_envs)
-    if jax.default_backend() != "cpu":
-        min_envs = PIPELINE_MIN_ENVS
-    elif inline_cpu_dispatch():  # calls block: nothing to overlap
+    if jax.default_backend() == "cpu" and inline_cpu_dispatch():  # calls block
         return 1
-    else:
-        min_envs = PIPELINE_MIN_ENVS_CPU
-    return 2 if num_envs >= min_envs else 1
+    return 2 if num_envs >= PIPELINE_MIN_ENVS else 1
 
 
 def pipeline_splits(
