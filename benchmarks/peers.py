@@ -38,7 +38,9 @@ and policy (NatureCNN on Pong, a 256-256 Gaussian MLP on HalfCheetah) recording
 * row ``process``: jaxrunner's process backend, the same sync hand loop, gymnasium's
   ``AsyncVectorEnv`` by hand, EnvPool by hand in sync mode and in async mode
   (``batch_size = num_envs // 2``) and PufferLib's ``Multiprocessing`` (a worker per
-  physical core but one, left to the main process) -- the parallel ones.
+  physical core but one, left to the main process) -- the parallel ones;
+* row ``envpool`` (where EnvPool imports in this venv too): jaxrunner's envpool backend
+  at its defaults, EnvPool by hand in sync mode (its hand loop) and in async mode.
 
 EnvPool, PufferLib (with torch, which ``import pufferlib`` needs) and RLlib (where
 ``ray.rllib`` imports there; else in this process) conflict with the main venv: they
@@ -98,6 +100,9 @@ SINGLE_PROCESS_PEERS: tuple[str, ...] = ("puffer_serial",)
 PARALLEL_PEERS: tuple[str, ...] = ("envpool", "envpool_async", "puffer_mp")
 """Peers timed beside jaxrunner's process backend, in the peers' venv (gymnasium's
 AsyncVectorEnv, by hand in the main venv, too)."""
+ENVPOOL_PEERS: tuple[str, ...] = ("envpool_async",)
+"""Peers timed beside jaxrunner's envpool backend (where EnvPool imports in this venv:
+its own hand loop is EnvPool's sync mode by hand), in the peers' venv."""
 
 
 # --- RLlib -----------------------------------------------------------------------------------
@@ -140,9 +145,15 @@ def workload_rows(
     parallel ones beside its process backend (module docstring)."""
     workload = get_workload(args.workload)
     widths = workload.widths if args.widths is None else tuple(args.widths)
+    kinds = [("sync", SINGLE_PROCESS_PEERS), ("process", PARALLEL_PEERS)]
+    envpool_reason = bench.PLANS["envpool"].unavailable()
+    if envpool_reason:
+        skipped["envpool row"] = f"jaxrunner's envpool backend, in this venv: {envpool_reason}"
+    else:
+        kinds.append(("envpool", ENVPOOL_PEERS))
     rows: list[dict[str, Any]] = []
     for width in widths:
-        for kind, peer_names in (("sync", SINGLE_PROCESS_PEERS), ("process", PARALLEL_PEERS)):
+        for kind, peer_names in kinds:
             plan = dataclasses.replace(bench.PLANS[kind], extras=())  # peers below instead
             peers: dict[str, Child] = {}
             if kind == "process" and width <= ASYNC_MAX_WIDTH:

@@ -386,3 +386,19 @@ def test_envpool_step_overhead_times_each_part(tmp_path):
     assert row["num_envs"] == 4 and set(row["median_us"]) == parts
     assert all(len(us) == 2 for us in row["rounds_us"].values())
     assert row["median_us"]["step_batch"] > 0 and row["median_us"]["adapter_work"] > 0
+
+
+def test_peers_workload_times_jaxrunners_envpool_backend_against_envpool_by_hand(tmp_path):
+    """Where EnvPool imports beside jaxrunner, a workload run has an ``envpool`` row:
+    jaxrunner's EnvPool backend, EnvPool by hand in sync mode and (from the peers'
+    venv, here this one) in async mode."""
+    pytest.importorskip("envpool")
+    out = tmp_path / "peers_workload.json"
+    options = ["--workload", "cartpole", "--widths", "2", "--rounds", "1", "--seconds", "0.05"]
+    _run("peers.py", *options, "--no-rllib", "--peers-python", sys.executable, "--out", str(out))
+    report = json.loads(out.read_text())
+    assert [row["backend"] for row in report["results"]] == ["sync", "process", "envpool"]
+    envpool = report["results"][2]
+    assert {"jaxrunner", "hand", "hand_envpool_async"} <= set(envpool["systems"])
+    assert envpool["systems"]["hand"]["label"] == "hand loop: EnvPool, sync mode"
+    assert "envpool row" not in report["skipped"]
