@@ -49,8 +49,9 @@ def default_chunk_rows(
     up to 128 rows; a NatureCNN 8 rows (so 2 groups of 4 envs each compute a padded
     chunk: with a costly policy, pipelining pays from 16 envs up).
 
-    Accelerators (not measured): half the envs, so two pipelining splits are one chunk
-    each and a call never loops over many small kernels.
+    Accelerators (not measured): half the envs, so two pipelining splits (from 256 envs,
+    or ``num_splits=2``) are one chunk each and a call never loops over many small
+    kernels.
     """
     platform = platform or jax.default_backend()
     if platform != "cpu":
