@@ -1,16 +1,18 @@
 """Pipelining splits: does the default ``num_splits`` pay on this machine?
 
-``EnvRunner(num_splits=None)`` (the default: two splits from 8 envs on an accelerator,
-from 256 envs on a CPU host with asynchronous dispatch, else one) against
-``num_splits=1`` and ``num_splits=2``, and the recording hand loop over gymnasium's
-``SyncVectorEnv`` (one policy call per step), on a workload of ``jaxrunner bench``
-(its envs and jitted policy), the sync or process backend. Everything runs in this
-process, built once per width and timed in interleaved rounds; ratios of medians.
+``EnvRunner(num_splits=None)`` (the default: two splits from 256 envs on an accelerator
+or a CPU host with asynchronous dispatch, else one; the process backend's own two)
+against ``num_splits=1`` and ``num_splits=2``, and the recording hand loop over
+gymnasium's ``SyncVectorEnv`` (SAME_STEP autoreset, one policy call per step), on a
+workload of ``jaxrunner bench`` (its envs and jitted policy), the sync or process
+backend. Everything runs in this process, built once per width and timed in
+interleaved rounds; ratios of medians.
 
-Written for the GPU row of the speed issue: on an H200 (16 cores) jaxrunner's sync
-backend ran 0.62x the hand loop on CartPole at 8 envs and 0.73-0.79x on HalfCheetah
-(``results/peers_gpu_logs.json``, ``results/peers_halfcheetah_gpu.json``), with two
-splits, so two policy round trips per step where the hand loop makes one.
+Written for the GPU rows of the speed issue: on an H200 (16 cores) jaxrunner's sync
+backend, then splitting in two from 8 envs on accelerators, ran 0.62x the hand loop on
+CartPole at 8 envs and 0.73-0.79x on HalfCheetah (``results/peers_gpu_logs.json``,
+``results/peers_halfcheetah_gpu.json``): two policy calls per step where the hand
+loop makes one. The default below 256 envs is now one split; this checks it there.
 
 Usage::
 
@@ -26,12 +28,11 @@ import pathlib
 import statistics
 from typing import Any
 
-import gymnasium
 import jax
 from script_report import parse_args, write_report
 
 from jaxrunner import EnvRunner, make_vec
-from jaxrunner._src.bench.hand_loop import RecordingHandLoop
+from jaxrunner._src.bench.hand_loop import RecordingHandLoop, reference_envs
 from jaxrunner._src.bench.timing import timed
 from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
 
@@ -64,7 +65,7 @@ def measure_width(args: argparse.Namespace, width: int) -> dict[str, Any]:
                 return int(runner.sample().reward.size)
 
             systems[label] = sample
-        hand_envs = gymnasium.vector.SyncVectorEnv([workload.make] * width)
+        hand_envs, _ = reference_envs("sync", workload.env_id, width, args.seed, args.workload)
         closers.append(hand_envs.close)
         policy = workload.policy(hand_envs.single_observation_space, hand_envs.single_action_space)
         hand = RecordingHandLoop(hand_envs, length, args.seed, policy=policy)
