@@ -42,6 +42,7 @@ run)
   step() { local limit=$1; shift; local t0=$SECONDS; timeout "$limit" "$@"; echo "rc=$? $((SECONDS - t0)) s: $*"; }
   step 100 python3 benchmarks/splits.py --workload cartpole --widths 8 256 --rounds 3 --out "$OUT/splits_cartpole_gpu.json"
   step 100 python3 benchmarks/splits.py --workload halfcheetah --widths 8 32 --rounds 3 --out "$OUT/splits_halfcheetah_gpu.json"
+  step 100 python3 benchmarks/splits.py --workload halfcheetah --backend process --widths 8 32 --rounds 3 --out "$OUT/splits_halfcheetah_process_gpu.json"
   step 260 python3 benchmarks/peers.py --workload pong --peers-python "$py" --no-rllib --rounds 4 --seconds 1 --out "$OUT/peers_pong_gpu.json"
   ;;
 *) echo "usage: $0 prepare|run" >&2; exit 2 ;;
