@@ -141,8 +141,9 @@ def workload_rows(
     skipped: dict[str, str],
     log: Any,
 ) -> list[dict[str, Any]]:
-    """Per width, the single-process samplers beside jaxrunner's sync backend and the
-    parallel ones beside its process backend (module docstring)."""
+    """Per width, the single-process samplers beside jaxrunner's sync backend, the
+    parallel ones beside its process backend and, where EnvPool imports here, EnvPool by
+    hand beside its envpool backend (module docstring)."""
     workload = get_workload(args.workload)
     widths = workload.widths if args.widths is None else tuple(args.widths)
     kinds = [("sync", SINGLE_PROCESS_PEERS), ("process", PARALLEL_PEERS)]
