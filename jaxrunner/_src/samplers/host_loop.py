@@ -184,7 +184,7 @@ class HostLoop:
                 episode_id=traj.episode_id,  # type: ignore[arg-type]
                 step=traj.step,  # type: ignore[arg-type]
             )
-        self._unassigned = np.zeros(shape, np.float64)  # summed once, in _close
+            self._unassigned = np.zeros(shape, np.float64)  # summed once, in _close
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
         self._t[:] = 0
@@ -419,7 +419,8 @@ class HostLoop:
         self, traj: MultiAgentTrajectory, env_level: EnvLevel, t: int
     ) -> MultiAgentTrajectory:
         self.metrics.add(self._book.close(env_level, t, self._resets))  # type: ignore[arg-type]
-        self.metrics.unassigned_reward += float(self._unassigned[:t].sum())
+        if not self._one_agent:  # (a single agent's reward is all assigned)
+            self.metrics.unassigned_reward += float(self._unassigned[:t].sum())
         valid = env_level.valid[:t]
         aborted = None if valid.all() else ~valid
         for pid, gs in self.groups.items():
