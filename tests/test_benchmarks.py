@@ -402,3 +402,12 @@ def test_peers_workload_times_jaxrunners_envpool_backend_against_envpool_by_hand
     assert {"jaxrunner", "hand", "hand_envpool_async"} <= set(envpool["systems"])
     assert envpool["systems"]["hand"]["label"] == "hand loop: EnvPool, sync mode"
     assert "envpool row" not in report["skipped"]
+
+
+def test_sample_overhead_splits_step_and_sample_costs(tmp_path):
+    out = tmp_path / "sample_overhead.json"
+    options = ["--num-envs", "1", "--short", "8", "--long", "16", "--rounds", "1"]
+    _run("sample_overhead.py", *options, "--out", str(out))
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["num_envs"] == 1 and set(row["us_per_step_median"]) == {"8", "16"}
+    assert all(us > 0 for us in row["us_per_step_median"].values())
