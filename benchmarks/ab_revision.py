@@ -18,13 +18,16 @@ Usage::
     python benchmarks/ab_revision.py --base HEAD~1 --backend envpool \
         --env-kwargs '{"keep_reset_steps": true}'
     python benchmarks/ab_revision.py --base HEAD~1 --env mpe2:simple_spread_v3 --backend process
+    python benchmarks/ab_revision.py --base HEAD~1 --workload pong --num-envs 8 32
 
 ``--backend jax`` runs the scan sampler on gymnax's env of that name, ``jaxmarl`` the
 multi-agent scan sampler on JaxMARL's (one policy for every agent; dones read as
 truncations, as MPE's time limits are); both need the ``[gymnax,jaxmarl]`` extras. An
 ``--env`` written ``module:name`` is a PettingZoo parallel env (``mpe2:simple_spread_v3``:
 ``mpe2.simple_spread_v3.parallel_env()``) on a host backend, sampled by a
-``MultiAgentRunner`` with the benchmark MLP per policy group.
+``MultiAgentRunner`` with the benchmark MLP per policy group. ``--workload`` takes a
+``jaxrunner bench`` workload's env (its EnvPool port on ``--backend envpool``) and its
+policy instead (``pong``: NatureCNN; needs the ``atari`` extra), built by each package.
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ def import_base(revision: str, into: pathlib.Path) -> Any:
 
 def make_envs(
     package: Any,
-    env: str,
+    env: Any,
     num_envs: int,
     backend: str,
     env_kwargs: dict | None = None,
@@ -112,7 +115,7 @@ def make_envs(
         return package.multi_agent.JaxMultiAgentVectorEnv(
             jaxmarl.make(env), num_envs, dones_are_truncations=True
         )
-    if ":" in env:  # a PettingZoo env: make_multi_agent_vec until make_vec took them
+    if isinstance(env, str) and ":" in env:  # PettingZoo: make_multi_agent_vec until make_vec
         module, name = env.split(":")
         parallel_env = importlib.import_module(f"{module}.{name}").parallel_env
         make = getattr(package, "make_multi_agent_vec", package.make_vec)
@@ -125,14 +128,23 @@ def make_envs(
     return package.make_vec(env, num_envs, "ray", **options)
 
 
+WORKLOAD_POLICIES = {
+    "cartpole": lambda models, obs, act: models.mlp_policy(act),
+    "pong": lambda models, obs, act: models.nature_cnn_policy(obs, act),
+    "halfcheetah": lambda models, obs, act: models.gaussian_mlp_policy(act),
+}
+"""Each workload's policy (``jaxrunner._src.bench.workloads``), from a package's models."""
+
+
 def make_runner(
     package: Any,
-    env: str,
+    env: Any,
     num_envs: int,
     rollout_length: int,
     backend: str = "sync",
     env_kwargs: dict | None = None,
     main_process_envs: int | None = None,
+    workload: str | None = None,
 ) -> Any:
     envs = make_envs(package, env, num_envs, backend, env_kwargs, main_process_envs)
     # jr.models since the public/private split; the bench harness's policy before it.
@@ -141,7 +153,7 @@ def make_runner(
     )
     if backend == "jaxmarl":  # one policy for every agent group: the first group's spaces
         action_space, obs_space = envs.groups[0].action_space, envs.groups[0].observation_space
-    elif ":" in env:  # PettingZoo: one policy per group
+    elif isinstance(env, str) and ":" in env:  # PettingZoo: one policy per group
         policies = {g.policy_id: models.mlp_policy(g.action_space) for g in envs.groups}
         params = {
             g.policy_id: policies[g.policy_id].init(jax.random.key(0), g.observation_space)
@@ -152,7 +164,10 @@ def make_runner(
         return runner
     else:
         action_space, obs_space = envs.single_action_space, envs.single_observation_space
-    policy = models.mlp_policy(action_space)
+    if workload is not None:
+        policy = WORKLOAD_POLICIES[workload](models, obs_space, action_space)
+    else:
+        policy = models.mlp_policy(action_space)
     params = policy.init(jax.random.key(0), obs_space)
     make = package.MultiAgentRunner if backend == "jaxmarl" else package.EnvRunner
     runner = make(envs, policy, params, rollout_length, seed=0)
@@ -178,6 +193,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="git revision to compare against")
     parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument(
+        "--workload",
+        choices=tuple(WORKLOAD_POLICIES),
+        default=None,
+        help="a jaxrunner bench workload's env and policy instead of --env and the MLP",
+    )
     parser.add_argument("--num-envs", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument(
         "--backend",
@@ -202,6 +223,14 @@ def main() -> None:
     changed = bool(git("status", "--porcelain", "--", "jaxrunner/"))
     args.new = f"{git('rev-parse', 'HEAD')}{' with uncommitted changes' if changed else ''}"
 
+    env, env_kwargs = args.env, args.env_kwargs
+    if args.workload is not None:
+        from jaxrunner._src.bench.workloads import get_workload
+
+        work = get_workload(args.workload)
+        env = work.envpool_id if args.backend == "envpool" else work.make
+        if args.backend == "envpool":
+            env_kwargs = {**work.envpool_kwargs, **env_kwargs}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         base = import_base(args.base, pathlib.Path(tmp))
@@ -210,12 +239,13 @@ def main() -> None:
             runners = {
                 k: make_runner(
                     p,
-                    args.env,
+                    env,
                     num_envs,
                     args.rollout_length,
                     args.backend,
-                    args.env_kwargs,
+                    env_kwargs,
                     args.main_process_envs,
+                    args.workload,
                 )
                 for k, p in versions.items()
             }

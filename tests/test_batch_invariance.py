@@ -192,10 +192,10 @@ def test_chunked_apply_refuses_outputs_without_a_row_per_observation():
 
 
 def test_default_chunk_rows_follow_the_width_and_the_policy_cost():
-    mlp, cnn = 9e3, 3e7  # flops per row: a CartPole 64-64 MLP, a NatureCNN
+    mlp, cnn = 9e3, 3e7  # flops per row: a CartPole 64-64 MLP, a NatureCNN (half the envs)
     widths = (1, 2, 8, 16, 64, 256, 4096)
     assert [default_chunk_rows(n, mlp, "cpu") for n in widths] == [1, 2, 8, 8, 32, 128, 128]
-    assert [default_chunk_rows(n, cnn, "cpu") for n in widths] == [1, 2, 8, 8, 8, 8, 8]
+    assert [default_chunk_rows(n, cnn, "cpu") for n in widths] == [1, 2, 8, 8, 32, 128, 256]
     assert default_chunk_rows(64, None, "cpu") == default_chunk_rows(64, cnn, "cpu")
     assert default_chunk_rows(64, mlp, "gpu") == 32
     for n in (16, 64, 256, 4096):  # two pipelining groups are whole chunks

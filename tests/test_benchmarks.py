@@ -285,12 +285,13 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
         pytest.skip("not a git checkout")
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--", "jaxrunner"],
-        cwd=BENCHMARKS,
+        cwd=BENCHMARKS.parent,
         capture_output=True,
         text=True,
     ).stdout
     out = tmp_path / "ab.json"
     options = ["--base", "HEAD", "--num-envs", "3", "--blocks", "2", "--rollout-length", "8"]
+    options += ["--workload", "cartpole"]  # a workload's env factory and policy, per package
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "ab_revision.py"), *options, "--out", str(out)],
         capture_output=True,
@@ -302,6 +303,7 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
     report = json.loads(out.read_text())
     commit = head.stdout.decode().strip()
     assert report["config"]["base_commit"] == commit  # "HEAD" resolved, as recorded
+    assert report["config"]["workload"] == "cartpole"
     assert report["config"]["new"] == commit + (" with uncommitted changes" if dirty else "")
     (row,) = report["results"]
     assert row["num_envs"] == 3

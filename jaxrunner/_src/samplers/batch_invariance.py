@@ -39,15 +39,16 @@ def default_chunk_rows(
     the grouping, so every backend and mode of the same runner shape computes with the
     same chunks (the determinism guarantee).
 
-    CPU (measured on 2 shared cores, ``docs/performance.md``): each chunk
-    costs a loop step of several microseconds, which a 64-64 MLP's rows do not pay
-    for; a NatureCNN runs at half speed in chunks of 4 images against 8; and a
-    ready-first bucket or a pipelining split smaller than a chunk is padded to it. So:
-    about :data:`CHUNK_FLOPS` of work per chunk, at most half the envs (two pipelining
-    groups are whole chunks) and :data:`MAX_CHUNK_ROWS`, but at least
-    :data:`MIN_CHUNK_ROWS` (or every env, if fewer). A CartPole MLP gets half the envs
-    up to 128 rows; a NatureCNN 8 rows (so 2 groups of 4 envs each compute a padded
-    chunk: with a costly policy, pipelining pays from 16 envs up).
+    CPU (measured on 2 shared cores, ``docs/performance.md``): each chunk costs a loop
+    step of several microseconds, which a 64-64 MLP's rows do not pay for, so a cheap
+    policy takes about :data:`CHUNK_FLOPS` of work per chunk (a CartPole MLP: half the
+    envs up to 128 rows); a NatureCNN computes more images a second the more a chunk
+    holds (at 32 envs, chunks of 16 ran sampling 1.12-1.16x chunks of 8 on the sync and
+    process backends), so a costly policy (:data:`MIN_CHUNK_ROWS` rows already over
+    :data:`CHUNK_FLOPS`, or an unknown cost) takes half the envs. Either way at most half
+    the envs (two pipelining splits are whole chunks) and :data:`MAX_CHUNK_ROWS`, and at
+    least :data:`MIN_CHUNK_ROWS` (or every env, if fewer). A block smaller than a chunk
+    (a ready-first bucket, a worker's block) is padded to it.
 
     Accelerators (not measured): half the envs, so two pipelining splits (from 256 envs,
     or ``num_splits=2``) are one chunk each and a call never loops over many small
@@ -56,8 +57,11 @@ def default_chunk_rows(
     platform = platform or jax.default_backend()
     if platform != "cpu":
         return _pow2_floor(num_rows // 2)
-    by_work = 1 if not flops_per_row or flops_per_row <= 0 else CHUNK_FLOPS / flops_per_row
-    rows = min(_pow2_floor(by_work), MAX_CHUNK_ROWS, _pow2_floor(num_rows // 2))
+    by_work = 0 if not flops_per_row or flops_per_row <= 0 else CHUNK_FLOPS / flops_per_row
+    half = _pow2_floor(num_rows // 2)
+    rows = min(MAX_CHUNK_ROWS, half)
+    if by_work >= MIN_CHUNK_ROWS:  # a cheap policy: about CHUNK_FLOPS of work a chunk
+        rows = min(rows, _pow2_floor(by_work))
     return min(_pow2_floor(num_rows), max(MIN_CHUNK_ROWS, rows))
 
 
