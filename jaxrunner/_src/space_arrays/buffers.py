@@ -20,14 +20,15 @@ def leaf_spec(space: spaces.Space) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(space.shape), np.dtype(space.dtype)
 
 
-def allocate(space: spaces.Space, leading: tuple[int, ...], fill: float = 0) -> Any:
-    """Preallocates a pytree of arrays shaped ``leading + space.shape`` per leaf."""
+def allocate(space: spaces.Space, leading: tuple[int, ...]) -> Any:
+    """Zeroed arrays, a pytree of them shaped ``leading + space.shape`` per leaf (from
+    the OS's zeroed pages: a large buffer costs nothing until it is written)."""
     if isinstance(space, spaces.Dict):
-        return {key: allocate(sub, leading, fill) for key, sub in space.spaces.items()}
+        return {key: allocate(sub, leading) for key, sub in space.spaces.items()}
     if isinstance(space, spaces.Tuple):
-        return tuple(allocate(sub, leading, fill) for sub in space.spaces)
+        return tuple(allocate(sub, leading) for sub in space.spaces)
     shape, dtype = leaf_spec(space)
-    return np.full(leading + shape, fill, dtype=dtype)
+    return np.zeros(leading + shape, dtype=dtype)
 
 
 def leaf_spaces(
