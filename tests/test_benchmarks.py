@@ -413,3 +413,13 @@ def test_sample_overhead_splits_step_and_sample_costs(tmp_path):
     (row,) = json.loads(out.read_text())["results"]
     assert row["num_envs"] == 1 and set(row["us_per_step_median"]) == {"8", "16"}
     assert all(us > 0 for us in row["us_per_step_median"].values())
+
+
+def test_chunk_sizes_times_the_plain_call_and_each_chunk(tmp_path):
+    out = tmp_path / "chunk_sizes.json"
+    options = ["--policy", "mlp", "--rows", "8", "--chunks", "4", "8", "--blocks", "1"]
+    _run("chunk_sizes.py", *options, "--calls", "1", "--out", str(out))
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["rows"] == 8 and row["flops_per_row"] > 0
+    assert row["plain_ms"] > 0 and set(row["chunked_ms"]) == {"4", "8"}
+    assert all(ms > 0 for ms in row["chunked_ms"].values())

@@ -43,8 +43,8 @@ def default_chunk_rows(
     step of several microseconds, which a 64-64 MLP's rows do not pay for, so a cheap
     policy takes about :data:`CHUNK_FLOPS` of work per chunk (a CartPole MLP: half the
     envs up to 128 rows); a NatureCNN computes more images a second the more a chunk
-    holds (at 32 envs, chunks of 16 ran sampling 1.12-1.16x chunks of 8 on the sync and
-    process backends), so a costly policy (:data:`MIN_CHUNK_ROWS` rows already over
+    holds (sampling Pong at 32 and 64 envs ran 1.05-1.27x in chunks of half the envs
+    against chunks of 8), so a costly policy (:data:`MIN_CHUNK_ROWS` rows already over
     :data:`CHUNK_FLOPS`, or an unknown cost) takes half the envs. Either way at most half
     the envs (two pipelining splits are whole chunks) and :data:`MAX_CHUNK_ROWS`, and at
     least :data:`MIN_CHUNK_ROWS` (or every env, if fewer). A block smaller than a chunk

@@ -21,8 +21,7 @@ def leaf_spec(space: spaces.Space) -> tuple[tuple[int, ...], np.dtype]:
 
 
 def allocate(space: spaces.Space, leading: tuple[int, ...]) -> Any:
-    """Zeroed arrays, a pytree of them shaped ``leading + space.shape`` per leaf (from
-    the OS's zeroed pages: a large buffer costs nothing until it is written)."""
+    """Zeroed arrays, a pytree of them shaped ``leading + space.shape`` per leaf."""
     if isinstance(space, spaces.Dict):
         return {key: allocate(sub, leading) for key, sub in space.spaces.items()}
     if isinstance(space, spaces.Tuple):
