@@ -197,6 +197,12 @@ def test_default_chunk_rows_follow_the_width_and_the_policy_cost():
     assert [default_chunk_rows(n, mlp, "cpu") for n in widths] == [1, 2, 8, 8, 32, 128, 128]
     assert [default_chunk_rows(n, cnn, "cpu") for n in widths] == [1, 2, 8, 8, 32, 128, 256]
     assert default_chunk_rows(64, None, "cpu") == default_chunk_rows(64, cnn, "cpu")
+    # A policy server's batches often hold one row: a costly policy keeps small chunks.
+    small = [default_chunk_rows(n, cnn, "cpu", small_calls=True) for n in widths]
+    assert small == [1, 2, 8, 8, 8, 8, 8]
+    assert [default_chunk_rows(n, mlp, "cpu", small_calls=True) for n in widths] == [
+        default_chunk_rows(n, mlp, "cpu") for n in widths
+    ]
     assert default_chunk_rows(64, mlp, "gpu") == 32
     for n in (16, 64, 256, 4096):  # two pipelining groups are whole chunks
         assert (n // 2) % default_chunk_rows(n, mlp, "cpu") == 0

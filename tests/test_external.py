@@ -446,3 +446,17 @@ def test_non_finite_observations_are_refused_even_where_the_space_is_unbounded(b
             with pytest.raises(errors.SpaceMismatchError, match="finite"):
                 call()
         assert env.get_metrics()["num_live_episodes"] == 1  # nothing was recorded
+
+
+def test_a_costly_policy_is_batched_in_small_chunks():
+    """A policy server's batches often hold one row, so a costly policy (a NatureCNN)
+    keeps 8-row chunks, where a runner of 64 envs computes 32 rows a chunk."""
+    from jaxrunner._src.samplers.batch_invariance import policy_chunk_rows
+    from jaxrunner.models import nature_cnn_policy
+
+    obs_space = spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    policy = nature_cnn_policy(obs_space, spaces.Discrete(6))
+    params = policy.init(jax.random.key(0), obs_space)
+    assert policy_chunk_rows(policy, params, obs_space, 64) == 32  # a runner's chunk
+    with jr.ExternalEnv(obs_space, spaces.Discrete(6), policy, params) as env:
+        assert env._batchers["agent"]._chunk_rows == 8  # max_batch 64 by default

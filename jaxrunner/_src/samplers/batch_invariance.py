@@ -29,11 +29,16 @@ def _pow2_floor(x: float) -> int:
 
 
 def default_chunk_rows(
-    num_rows: int, flops_per_row: float | None = None, platform: str | None = None
+    num_rows: int,
+    flops_per_row: float | None = None,
+    platform: str | None = None,
+    *,
+    small_calls: bool = False,
 ) -> int:
     """Rows per policy chunk for a runner of ``num_rows`` envs whose policy costs
     ``flops_per_row`` (None: unknown, taken as costly), on ``platform`` (default: JAX's
-    default backend).
+    default backend). ``small_calls``: most calls hold a few rows (a policy server's
+    batches), so a costly policy keeps :data:`MIN_CHUNK_ROWS` rows on a CPU host.
 
     A function of the width, the policy and the platform only, never of the backend or
     the grouping, so every backend and mode of the same runner shape computes with the
@@ -60,7 +65,7 @@ def default_chunk_rows(
     by_work = 0 if not flops_per_row or flops_per_row <= 0 else CHUNK_FLOPS / flops_per_row
     half = _pow2_floor(num_rows // 2)
     rows = min(MAX_CHUNK_ROWS, half)
-    if by_work >= MIN_CHUNK_ROWS:  # a cheap policy: about CHUNK_FLOPS of work a chunk
+    if by_work >= MIN_CHUNK_ROWS or small_calls:  # about CHUNK_FLOPS of work a chunk
         rows = min(rows, _pow2_floor(by_work))
     return min(_pow2_floor(num_rows), max(MIN_CHUNK_ROWS, rows))
 
@@ -81,11 +86,17 @@ def policy_flops_per_row(policy: Policy, params: Params, obs_space: spaces.Space
 
 
 def policy_chunk_rows(
-    policy: Policy, params: Params, obs_space: spaces.Space, num_rows: int
+    policy: Policy,
+    params: Params,
+    obs_space: spaces.Space,
+    num_rows: int,
+    *,
+    small_calls: bool = False,
 ) -> int:
     """:func:`default_chunk_rows` for ``num_rows`` envs of ``policy`` (observations of
     ``obs_space`` as the policy sees them): what every sampler of a runner uses."""
-    return default_chunk_rows(num_rows, policy_flops_per_row(policy, params, obs_space))
+    flops = policy_flops_per_row(policy, params, obs_space)
+    return default_chunk_rows(num_rows, flops, small_calls=small_calls)
 
 
 def check_chunk_rows(chunk_rows: Any, where: str) -> int:

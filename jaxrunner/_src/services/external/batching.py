@@ -91,7 +91,8 @@ class PolicyBatcher:
         ready_hint: returns how many rows could come at most (e.g. live episodes);
             once that many are queued, the batch goes without waiting longer.
         chunk_rows: rows per policy chunk (default:
-            :func:`~jaxrunner._src.samplers.batch_invariance.policy_chunk_rows` for ``max_batch``).
+            :func:`~jaxrunner._src.samplers.batch_invariance.policy_chunk_rows` for
+            ``max_batch``, with ``small_calls``).
     """
 
     def __init__(
@@ -108,8 +109,10 @@ class PolicyBatcher:
         ready_hint: Callable[[], int] | None = None,
         chunk_rows: int | None = None,
     ) -> None:
-        if chunk_rows is None:
-            chunk_rows = policy_chunk_rows(policy, params, observation_space, max_batch)
+        if chunk_rows is None:  # a batch may hold one row: a costly policy keeps small chunks
+            chunk_rows = policy_chunk_rows(
+                policy, params, observation_space, max_batch, small_calls=True
+            )
         self._chunk_rows = check_chunk_rows(chunk_rows, "PolicyBatcher")
         self._policy = policy
         self._obs_space = observation_space
