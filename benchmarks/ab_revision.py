@@ -96,14 +96,14 @@ def make_envs(
     num_envs: int,
     backend: str,
     env_kwargs: dict | None = None,
-    main_process_envs: int | None = None,
+    process_config: dict | None = None,
 ) -> Any:
     """The vector env, built the way ``package``'s ``make_vec`` takes Ray's options
     (typed ``config=`` since the send/recv rewrite, keyword arguments before);
-    ``env_kwargs`` go to ``make_vec``; ``main_process_envs``: the process backend's
-    ``ProcessConfig(main_process_envs=...)``."""
-    if main_process_envs:
-        config = package.ProcessConfig(main_process_envs=main_process_envs)
+    ``env_kwargs`` go to ``make_vec``; ``process_config``: the process backend's
+    ``ProcessConfig(**process_config)``, built by ``package``."""
+    if process_config:
+        config = package.ProcessConfig(**process_config)
         env_kwargs = {**(env_kwargs or {}), "config": config}
     if backend == "jax":
         import gymnax
@@ -143,10 +143,10 @@ def make_runner(
     rollout_length: int,
     backend: str = "sync",
     env_kwargs: dict | None = None,
-    main_process_envs: int | None = None,
+    process_config: dict | None = None,
     workload: str | None = None,
 ) -> Any:
-    envs = make_envs(package, env, num_envs, backend, env_kwargs, main_process_envs)
+    envs = make_envs(package, env, num_envs, backend, env_kwargs, process_config)
     # jr.models since the public/private split; the bench harness's policy before it.
     models = getattr(package, "models", None) or importlib.import_module(
         f"{package.__name__}.bench"
@@ -215,6 +215,12 @@ def main() -> None:
         default=None,
         help="backend process: ProcessConfig(main_process_envs=...) (the main process's share)",
     )
+    parser.add_argument(
+        "--process-config",
+        type=json.loads,
+        default={},
+        help="backend process: more ProcessConfig options, as JSON: '{\"ready_first\": true}'",
+    )
     parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parse_args(parser)
@@ -224,6 +230,9 @@ def main() -> None:
     args.new = f"{git('rev-parse', 'HEAD')}{' with uncommitted changes' if changed else ''}"
 
     env, env_kwargs = args.env, args.env_kwargs
+    process_config = dict(args.process_config)
+    if args.main_process_envs:
+        process_config["main_process_envs"] = args.main_process_envs
     if args.workload is not None:
         from jaxrunner._src.bench.workloads import get_workload
 
@@ -244,7 +253,7 @@ def main() -> None:
                     args.rollout_length,
                     args.backend,
                     env_kwargs,
-                    args.main_process_envs,
+                    process_config,
                     args.workload,
                 )
                 for k, p in versions.items()
