@@ -314,6 +314,32 @@ def test_process_backend_ready_first_equals_the_sync_backend(case):
     _assert_same(_samples(envs, case, ready_first=True), case)
 
 
+def test_a_given_chunk_is_every_layouts_chunk():
+    """EnvRunner(chunk_rows=k): the sync backend and the process backend's ready-first
+    workers (blocks of 4 envs) both compute chunks of k rows, and sample the same bits."""
+    make_env, make_policy, steps = CASES["cnn"]
+    policy, params = make_policy()
+    config = jr.ProcessConfig(num_workers=4, ready_first=True)
+    got = []
+    for envs in (
+        jr.make_vec(make_env, NUM_ENVS),
+        jr.make_vec(make_env, NUM_ENVS, backend="process", config=config),
+    ):
+        with jr.EnvRunner(envs, policy, params, steps, SEED, chunk_rows=4) as runner:
+            got.append([runner.sample() for _ in range(2)])
+            blocks = runner.sampler._group._blocks.values()
+            assert {block.call.chunk_rows for block in blocks} == {4}
+    for ours, theirs in zip(*got, strict=True):
+        chex.assert_trees_all_equal(ours, theirs)
+    with pytest.raises(InvalidArgumentError, match=r"EnvRunner\(chunk_rows=0\): expected an int"):
+        jr.EnvRunner(jr.make_vec(make_env, 2), policy, params, steps, SEED, chunk_rows=0)
+    walk = jr.JaxVectorEnv(jr.testing.RandomWalk(), num_envs=2)
+    walk_policy = mlp_policy(walk.single_action_space)
+    walk_params = walk_policy.init(jax.random.key(0), walk.single_observation_space)
+    with pytest.raises(InvalidArgumentError, match=r"pure-JAX env.*in no chunks"):
+        jr.EnvRunner(walk, walk_policy, walk_params, 4, SEED, chunk_rows=2)
+
+
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_each_env_row_is_computed_once_per_step(num_splits):
     """Rows the policy computes per step, counted inside the compiled chunks: one per

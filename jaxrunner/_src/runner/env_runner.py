@@ -81,6 +81,10 @@ class EnvRunner:
             ``obs`` (multi-agent: the obs at the agent slot's next valid row), and build
             it from ``obs`` when it is read: half the memory of image observations
             (docs/concepts.md, "Memory"). Host backends.
+        chunk_rows: rows per batch-invariant policy chunk (None: the default for the
+            width and the policy's cost, the same for every backend). A block of envs
+            smaller than a chunk is padded to it; set this to the smallest block where
+            those are smaller (ready-first workers with a CNN). Host backends.
         connectors: optional :class:`~jaxrunner.connectors.Connectors` (observation
             normalization, frame stacking, reward scaling, action rescaling), run on
             device inside the compiled policy step; initialise the policy on
@@ -109,6 +113,7 @@ class EnvRunner:
         connectors: Connectors | GroupConnectors | None = None,
         info_keys: Sequence[str] | str = (),
         compact_next_obs: bool = False,
+        chunk_rows: int | None = None,
     ) -> None:
         self.kind = kind_of(envs)
         """The per-kind part (``runner/kinds.py``), chosen once from what the env
@@ -116,8 +121,9 @@ class EnvRunner:
         policies, by_id = check_arguments(
             envs, self.kind, policy, params, rollout_length, seed, callbacks, num_splits
         )
-        self.info_keys: InfoKeys = check_host_options(envs, info_keys, compact_next_obs)
+        self.info_keys: InfoKeys = check_host_options(envs, info_keys, compact_next_obs, chunk_rows)
         self.compact_next_obs = compact_next_obs
+        self.chunk_rows = None if chunk_rows is None else int(chunk_rows)
         self.connectors: Any
         """As given: a ``Connectors`` or None; multi-agent: a dict by policy id of the
         groups with connectors."""

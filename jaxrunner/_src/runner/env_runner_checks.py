@@ -16,6 +16,7 @@ from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.seeds import MAX_SEED
 from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, overrides
+from jaxrunner._src.samplers.batch_invariance import check_chunk_rows
 from jaxrunner._src.samplers.info_arrays import InfoKeys, check_info_keys
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -156,12 +157,18 @@ def vector_wrapper_hint(envs: Any) -> str:
 
 
 def check_host_options(
-    envs: Any, info_keys: Sequence[str] | str, compact_next_obs: Any
+    envs: Any, info_keys: Sequence[str] | str, compact_next_obs: Any, chunk_rows: Any
 ) -> InfoKeys:
     """Checks the options only host backends take; returns the info keys, checked."""
     runner = "EnvRunner"
     info_keys = check_info_keys(info_keys, runner)
     check_bool(runner, "compact_next_obs", compact_next_obs)
+    check_chunk_rows(chunk_rows, runner, none="for the default")
+    if chunk_rows is not None and isinstance(envs, JaxVectorEnv):
+        raise InvalidArgumentError(
+            f"{runner}(chunk_rows={chunk_rows}): a pure-JAX env's policy runs on every env "
+            "at once inside its scan, in no chunks; leave chunk_rows out."
+        )
     if compact_next_obs and isinstance(envs, JaxVectorEnv):
         raise InvalidArgumentError(
             f"{runner}(compact_next_obs=True): a pure-JAX env's trajectory is built on "

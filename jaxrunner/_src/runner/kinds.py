@@ -108,6 +108,7 @@ class AgentGroups:
             info_keys=runner.info_keys,
             compact_next_obs=runner.compact_next_obs,
             by_group=self.multi_agent,
+            chunk_rows=runner.chunk_rows,
         )
 
     def sampler(self, runner: Runner, num_splits: Any) -> Any:

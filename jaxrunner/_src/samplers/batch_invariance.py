@@ -99,10 +99,13 @@ def policy_chunk_rows(
     return default_chunk_rows(num_rows, flops, small_calls=small_calls)
 
 
-def check_chunk_rows(chunk_rows: Any, where: str) -> int:
-    """``chunk_rows`` as an int ``>= 1``, or an error naming ``where``."""
-    hint = "rows per policy chunk; leave it out for default_chunk_rows(num_envs)"
-    return check_int(where, "chunk_rows", chunk_rows, hint=hint)
+def check_chunk_rows(chunk_rows: Any, where: str, none: str | None = None) -> Any:
+    """``chunk_rows`` as an int ``>= 1`` (with ``none``, what None means: None too), or
+    an error naming ``where``."""
+    hint = (
+        "rows per policy chunk" if none else "rows per policy chunk; leave it out for the default"
+    )
+    return check_int(where, "chunk_rows", chunk_rows, none=none, hint=hint)
 
 
 R = TypeVar("R")

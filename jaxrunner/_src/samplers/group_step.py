@@ -79,12 +79,13 @@ class GroupSampler:
         blocks: Sequence[slice] = (),
         infos: InfoRecorder | None = None,
         one_agent: bool = False,
+        chunk_rows: int | None = None,
     ) -> None:
         """``blocks``: the envs of the blocks to compile now (the others compile at
         their first dispatch; none: every env). ``infos``: records the group's info
         entries, a row per agent slot (``info_keys``). ``one_agent``: a single-agent
         env's one agent, who acts at every step (no mask is ever read) and whose infos
-        are the env's."""
+        are the env's. ``chunk_rows``: the runner's policy chunk (None: its default)."""
         self.group, self.num_envs, self.infos = group, num_envs, infos
         self.same_step, self.always_acting = same_step, one_agent
         """Each action's transition completes in the step that takes it (parallel envs)."""
@@ -95,9 +96,10 @@ class GroupSampler:
         self.state, self.packing = host_actor_state(
             policy, seed, self.rows, connectors, group.observation_space, env_ids=ids
         )
-        chunk_rows = runner_chunk_rows(
-            policy, params, group.observation_space, connectors, self.rows
-        )
+        if chunk_rows is None:
+            chunk_rows = runner_chunk_rows(
+                policy, params, group.observation_space, connectors, self.rows
+            )
 
         def compiled(size: int) -> CompiledPolicyStep:
             return CompiledPolicyStep(

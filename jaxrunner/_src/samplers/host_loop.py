@@ -123,6 +123,7 @@ class HostLoop:
                 blocks=self.splits,
                 infos=None if self._infos is None else self._infos.share(label),
                 one_agent=self._one_agent,
+                chunk_rows=setup.chunk_rows,
             )
             offset += group.num_agents
         self._parts = list(self.groups.items())
