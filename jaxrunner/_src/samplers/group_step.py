@@ -96,10 +96,9 @@ class GroupSampler:
         self.state, self.packing = host_actor_state(
             policy, seed, self.rows, connectors, group.observation_space, env_ids=ids
         )
-        if chunk_rows is None:
-            chunk_rows = runner_chunk_rows(
-                policy, params, group.observation_space, connectors, self.rows
-            )
+        chunk_rows = runner_chunk_rows(
+            policy, params, group.observation_space, connectors, self.rows, chunk_rows
+        )
 
         def compiled(size: int) -> CompiledPolicyStep:
             return CompiledPolicyStep(

@@ -99,10 +99,14 @@ def runner_chunk_rows(
     obs_space: Any,
     connectors: Connectors | None,
     num_envs: int,
+    given: int | None = None,
 ) -> int:
     """The policy chunk of a runner of ``num_envs`` envs with observations of
-    ``obs_space`` (the env's single space): the same in every host sampler, so their
-    trajectories are the same bits."""
+    ``obs_space`` (the env's single space): the one the runner was ``given``
+    (``EnvRunner(chunk_rows=...)``), else the default; the same in every host sampler,
+    so their trajectories are the same bits."""
+    if given is not None:
+        return given
     return default_chunk_rows(num_envs, runner_policy_flops(policy, params, obs_space, connectors))
 
 
