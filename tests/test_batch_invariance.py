@@ -11,6 +11,7 @@ each env's policy row is computed once per step.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -222,11 +223,29 @@ def test_default_splits_do_not_pay_a_costly_policy_twice(num_envs, flops, splits
     from types import SimpleNamespace
 
     from jaxrunner._src.backends.capabilities import Capabilities
-    from jaxrunner._src.samplers.pipeline_splits import default_num_splits
+    from jaxrunner._src.samplers.pipeline_splits import GroupCost, default_num_splits
 
     process_like = SimpleNamespace(num_envs=num_envs, capabilities=Capabilities(pipeline_splits=2))
-    chunk_rows = default_chunk_rows(num_envs, flops, "cpu")
-    assert default_num_splits(process_like, chunk_rows, flops) == splits  # type: ignore[arg-type]
+    cost = GroupCost(1, default_chunk_rows(num_envs, flops, "cpu"), flops)
+    assert default_num_splits(process_like, [cost]) == splits  # type: ignore[arg-type]
+    if num_envs == 8:  # the groups' padding adds up: each under a chunk's work, both over
+        light = GroupCost(1, 8, 1.5e5)  # two splits of 4 envs pad 8 rows: 1.2e6 flops
+        assert default_num_splits(process_like, [light]) == 2  # type: ignore[arg-type]
+        assert default_num_splits(process_like, [light, light]) == 1  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("hidden", "splits"), [((64, 64), 2), ((1024, 1024), 1)])
+def test_the_runner_splits_a_costly_policy_only_into_whole_chunks(hidden, splits):
+    """A backend that asks for two splits (the process backend does), 8 envs: a cheap
+    policy's padding costs nothing and the two stay; a costly policy's chunk is 8 rows,
+    so two splits of 4 would compute 16 rows, and the runner takes one."""
+    envs = jr.make_vec("CartPole-v1", 8)
+    envs.capabilities = dataclasses.replace(envs.capabilities, pipeline_splits=2)
+    policy = mlp_policy(envs.single_action_space, hidden=hidden)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, 4, seed=0) as runner:
+        assert len(runner.sampler.splits) == splits
+        assert runner.sample().valid.all()
 
 
 def test_policy_flops_per_row_sees_the_policy_cost():

@@ -23,7 +23,6 @@ from jaxrunner._src.samplers.policy_step import (
     CompiledPolicyStep,
     Stage,
     host_actor_state,
-    runner_chunk_rows,
 )
 
 
@@ -79,13 +78,14 @@ class GroupSampler:
         blocks: Sequence[slice] = (),
         infos: InfoRecorder | None = None,
         one_agent: bool = False,
-        chunk_rows: int | None = None,
+        *,
+        chunk_rows: int,
     ) -> None:
         """``blocks``: the envs of the blocks to compile now (the others compile at
         their first dispatch; none: every env). ``infos``: records the group's info
         entries, a row per agent slot (``info_keys``). ``one_agent``: a single-agent
         env's one agent, who acts at every step (no mask is ever read) and whose infos
-        are the env's. ``chunk_rows``: the runner's policy chunk (None: its default)."""
+        are the env's. ``chunk_rows``: the runner's policy chunk for the group's rows."""
         self.group, self.num_envs, self.infos = group, num_envs, infos
         self.same_step, self.always_acting = same_step, one_agent
         """Each action's transition completes in the step that takes it (parallel envs)."""
@@ -95,9 +95,6 @@ class GroupSampler:
         # Connector state per agent slot (the rows), packed as in the single-agent samplers.
         self.state, self.packing = host_actor_state(
             policy, seed, self.rows, connectors, group.observation_space, env_ids=ids
-        )
-        chunk_rows = runner_chunk_rows(
-            policy, params, group.observation_space, connectors, self.rows, chunk_rows
         )
 
         def compiled(size: int) -> CompiledPolicyStep:

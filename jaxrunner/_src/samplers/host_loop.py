@@ -15,6 +15,7 @@ from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgent
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.one_agent import OneAgentSteps
 from jaxrunner._src.connectors.pipeline import ConnectorsState
+from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.metrics import PERF_KEYS
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory, compact_group
 from jaxrunner._src.core.policy import Params
@@ -26,7 +27,8 @@ from jaxrunner._src.samplers.group_step import GroupSampler
 from jaxrunner._src.samplers.info_arrays import InfoRecorder
 from jaxrunner._src.samplers.live_episodes import LiveEpisodes
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
-from jaxrunner._src.samplers.pipeline_splits import pipeline_splits
+from jaxrunner._src.samplers.pipeline_splits import GroupCost, pipeline_splits
+from jaxrunner._src.samplers.policy_step import runner_chunk_rows
 from jaxrunner._src.samplers.sampler import (
     SamplerSetup,
     StepProgress,
@@ -84,10 +86,11 @@ class HostLoop:
         self.metrics = setup.metrics
         num_envs = envs.num_envs
         self.ready_first = envs.capabilities.ready_first  # (its options checked by the runner)
+        costs = {g.policy_id: _group_cost(g, setup, num_envs) for g in envs.groups}
         if self.ready_first:
             self.splits = [slice(0, num_envs)]
         else:
-            self.splits = pipeline_splits(envs, num_splits)
+            self.splits = pipeline_splits(envs, num_splits, list(costs.values()))
         """The blocks each sample starts with: the pipelining splits (ready-first: every
         env, then each block the backend answers)."""
         self._book = EpisodeBook(num_envs)
@@ -123,7 +126,7 @@ class HostLoop:
                 blocks=self.splits,
                 infos=None if self._infos is None else self._infos.share(label),
                 one_agent=self._one_agent,
-                chunk_rows=setup.chunk_rows,
+                chunk_rows=costs[pid].chunk_rows,
             )
             offset += group.num_agents
         self._parts = list(self.groups.items())
@@ -438,3 +441,13 @@ class HostLoop:
         ):  # (a single agent's: its view's)  # the scratch is the next sample's: only copies go out
             traj = traj.replace(groups={p: compact_group(g) for p, g in traj.groups.items()})
         return traj
+
+
+def _group_cost(group: AgentGroup, setup: SamplerSetup, num_envs: int) -> GroupCost:
+    """The group's policy chunk and work per row, which the pipelining splits weigh."""
+    pid = group.policy_id
+    chunk, flops = runner_chunk_rows(
+        setup.policies[pid], setup.params[pid], group.observation_space,
+        setup.connectors.get(pid), num_envs * group.num_agents, setup.chunk_rows,
+    )  # fmt: skip
+    return GroupCost(group.num_agents, chunk, flops)

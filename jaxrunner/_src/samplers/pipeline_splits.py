@@ -5,7 +5,8 @@ holds."""
 from __future__ import annotations
 
 import itertools
-from typing import Protocol
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 import jax
 import numpy as np
@@ -33,24 +34,38 @@ class Stepped(Protocol):
     capabilities: Capabilities
 
 
-def default_num_splits(
-    envs: Stepped, chunk_rows: int = 1, flops_per_row: float | None = None
-) -> int:
+class GroupCost(NamedTuple):
+    """What a policy group's calls cost a split: its rows per env (its agents), the
+    runner's policy chunk for it and XLA's estimate of its work per row (None: unknown)."""
+
+    rows_per_env: int
+    chunk_rows: int
+    flops_per_row: float | None
+
+
+def default_num_splits(envs: Stepped, costs: Sequence[GroupCost] = ()) -> int:
     """The backend's declared choice, else 2 from a width where overlap pays, else 1.
 
     Fewer where splitting would pay the policy again: a split smaller than a policy
-    chunk (``chunk_rows``) is padded to it, and where the padding's work is more than
-    a chunk's worth (:data:`~jaxrunner._src.samplers.batch_invariance.CHUNK_FLOPS`) the envs are
-    split
-    only into whole chunks (NatureCNN at 8 envs: chunks of 8, two splits of 4 computed
-    16 rows, 0.72x the hand loop's steps/s; a CartPole MLP's padding costs nothing)."""
+    chunk is padded to it, and where the padding's work over the groups (``costs``) is
+    more than a chunk's worth
+    (:data:`~jaxrunner._src.samplers.batch_invariance.CHUNK_FLOPS`, an unknown cost
+    counting as more) the envs are split only into whole chunks (NatureCNN at 8 envs:
+    chunks of 8, two splits of 4 computed 16 rows, 0.72x the hand loop's steps/s; a
+    CartPole MLP's padding costs nothing)."""
     num_envs = envs.num_envs
     if envs.capabilities.pipeline_bounds is not None:
         return len(envs.capabilities.pipeline_bounds) - 1
     wanted = _declared_or_width_splits(envs)
-    padding = wanted * -(-(num_envs // wanted) // chunk_rows) * chunk_rows - num_envs
-    if flops_per_row is None or padding * flops_per_row > CHUNK_FLOPS:
-        return min(wanted, max(1, num_envs // chunk_rows))
+    padding_flops = 0.0
+    for c in costs:
+        split_rows = (num_envs // wanted) * c.rows_per_env
+        padding = wanted * -(-split_rows // c.chunk_rows) * c.chunk_rows - num_envs * c.rows_per_env
+        if padding > 0:
+            padding_flops += float("inf") if c.flops_per_row is None else padding * c.flops_per_row
+    if padding_flops > CHUNK_FLOPS:
+        whole = min(num_envs * c.rows_per_env // c.chunk_rows for c in costs)
+        return min(wanted, max(1, whole))
     return wanted
 
 
@@ -64,20 +79,17 @@ def _declared_or_width_splits(envs: Stepped) -> int:
 
 
 def pipeline_splits(
-    envs: Stepped,
-    num_splits: int | None,
-    chunk_rows: int = 1,
-    flops_per_row: float | None = None,
+    envs: Stepped, num_splits: int | None, costs: Sequence[GroupCost] = ()
 ) -> list[slice]:
     """The envs of each pipelining split: ``num_splits`` (None:
-    :func:`default_num_splits` for the policy's ``chunk_rows`` and ``flops_per_row``)
+    :func:`default_num_splits` for the groups' ``costs``)
     contiguous parts, at the backend's ``capabilities.pipeline_bounds`` where it
     declares that many, else of equal size. A given ``num_splits`` was checked to be in
     ``[1, num_envs]`` by the runner that takes it.
     """
     num_envs = envs.num_envs
     if num_splits is None:
-        num_splits = default_num_splits(envs, chunk_rows, flops_per_row)
+        num_splits = default_num_splits(envs, costs)
     bounds = envs.capabilities.pipeline_bounds  # the backend's own split, if it has one
     if bounds is None or len(bounds) != num_splits + 1 or bounds[-1] != num_envs:
         bounds = np.linspace(0, num_envs, num_splits + 1).round().astype(int).tolist()

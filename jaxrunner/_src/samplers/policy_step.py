@@ -98,16 +98,17 @@ def runner_chunk_rows(
     params: Params,
     obs_space: Any,
     connectors: Connectors | None,
-    num_envs: int,
+    num_rows: int,
     given: int | None = None,
-) -> int:
-    """The policy chunk of a runner of ``num_envs`` envs with observations of
-    ``obs_space`` (the env's single space): the one the runner was ``given``
-    (``EnvRunner(chunk_rows=...)``), else the default; the same in every host sampler,
-    so their trajectories are the same bits."""
-    if given is not None:
-        return given
-    return default_chunk_rows(num_envs, runner_policy_flops(policy, params, obs_space, connectors))
+) -> tuple[int, float | None]:
+    """The policy chunk of a runner whose policy computes ``num_rows`` rows (its envs,
+    or a group's agent slots) with observations of ``obs_space`` (one row's space): the
+    one the runner was ``given`` (``EnvRunner(chunk_rows=...)``), else the default; the
+    same in every host sampler, so their trajectories are the same bits. With it, the
+    policy's work per row (:func:`runner_policy_flops`), which the pipelining splits
+    weigh."""
+    flops = runner_policy_flops(policy, params, obs_space, connectors)
+    return (default_chunk_rows(num_rows, flops) if given is None else given), flops
 
 
 def runner_policy_flops(

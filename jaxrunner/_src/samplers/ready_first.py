@@ -68,7 +68,7 @@ class ReadyFirstSampler(HostSampler):
         num_envs = envs.num_envs
         caps = envs.capabilities
         # The host loop's chunk: the same bits.
-        chunk_rows = runner_chunk_rows(
+        chunk_rows, _ = runner_chunk_rows(
             policy, params, envs.single_observation_space, connectors, num_envs, setup.chunk_rows
         )
         buckets = caps.batch_buckets or default_buckets(num_envs, chunk_rows)
