@@ -68,7 +68,8 @@ class EnvRunner:
         num_splits: pipelining: the envs are split in this many parts, and the
             policy computes one split's actions while another split's envs step.
             ``None`` lets the backend or the width decide (two splits from 256 envs
-            on an accelerator or a CPU host with asynchronous dispatch, else one).
+            on an accelerator or a CPU host with asynchronous dispatch, else one),
+            fewer where a split would pad a costly policy's chunk.
             Outputs are bitwise identical whatever the number (batch invariance,
             docs/concepts.md). Ready-first backends and pure-JAX envs take None (or 1).
         info_keys: names of per-step info entries to record as float64 ``[T, B]``
