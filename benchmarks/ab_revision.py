@@ -145,7 +145,9 @@ def make_runner(
     env_kwargs: dict | None = None,
     process_config: dict | None = None,
     workload: str | None = None,
+    runner_kwargs: dict | None = None,
 ) -> Any:
+    runner_kwargs = runner_kwargs or {}
     envs = make_envs(package, env, num_envs, backend, env_kwargs, process_config)
     # jr.models since the public/private split; the bench harness's policy before it.
     models = getattr(package, "models", None) or importlib.import_module(
@@ -159,7 +161,9 @@ def make_runner(
             g.policy_id: policies[g.policy_id].init(jax.random.key(0), g.observation_space)
             for g in envs.groups
         }
-        runner = package.MultiAgentRunner(envs, policies, params, rollout_length, seed=0)
+        runner = package.MultiAgentRunner(
+            envs, policies, params, rollout_length, seed=0, **runner_kwargs
+        )
         runner.sample()  # warm-up
         return runner
     else:
@@ -170,7 +174,7 @@ def make_runner(
         policy = models.mlp_policy(action_space)
     params = policy.init(jax.random.key(0), obs_space)
     make = package.MultiAgentRunner if backend == "jaxmarl" else package.EnvRunner
-    runner = make(envs, policy, params, rollout_length, seed=0)
+    runner = make(envs, policy, params, rollout_length, seed=0, **runner_kwargs)
     runner.sample()  # warm-up
     return runner
 
@@ -221,6 +225,12 @@ def main() -> None:
         default={},
         help="backend process: more ProcessConfig options, as JSON: '{\"ready_first\": true}'",
     )
+    parser.add_argument(
+        "--runner-kwargs",
+        type=json.loads,
+        default={},
+        help="for both runners, as JSON: '{\"num_splits\": 2}'",
+    )
     parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parse_args(parser)
@@ -255,6 +265,7 @@ def main() -> None:
                     env_kwargs,
                     process_config,
                     args.workload,
+                    args.runner_kwargs,
                 )
                 for k, p in versions.items()
             }

@@ -178,3 +178,48 @@ def test_inline_dispatch_means_one_group_by_default(monkeypatch):
     with jr.EnvRunner(envs, policy, params, 2, 0) as runner:
         expected = 1 if jax.default_backend() == "cpu" else 2
         assert len(runner.sampler.splits) == expected
+
+
+@pytest.mark.parametrize("kind", ["gymnasium", "pettingzoo"])
+def test_an_in_process_backend_steps_one_split_while_the_other_splits_policy_computes(
+    kind, monkeypatch
+):
+    """The sync backend steps a split at ``recv``, in the sampler's thread: each split's
+    policy step is queued after its envs step and collected only just before they step
+    again, so that (asynchronous dispatch, an accelerator) it computes while the other
+    split's envs step."""
+    from jaxrunner._src.samplers.group_step import GroupSampler
+
+    events: list[str] = []
+    for name, tag in (("dispatch", "d"), ("collect", "c")):
+        method = getattr(GroupSampler, name)
+
+        def logged(self, *args, method=method, tag=tag):
+            lo = args[-2]  # dispatch(params, buf, lo, hi), collect(t, lo, hi)
+            events.append(f"{tag}{lo}")
+            return method(self, *args)
+
+        monkeypatch.setattr(GroupSampler, name, logged)
+    if kind == "gymnasium":
+        envs = jr.make_vec("CartPole-v1", 4)
+        policy = mlp_policy(envs.single_action_space, hidden=(8,))
+        params = policy.init(jax.random.key(0), envs.single_observation_space)
+        step_batch = envs.step_batch
+        monkeypatch.setattr(
+            envs, "step_batch", lambda a, ids: events.append(f"s{ids.start}") or step_batch(a, ids)
+        )
+    else:
+        pytest.importorskip("pettingzoo")
+        from tests.test_multi_agent import random_policy, zero_params
+
+        envs = jr.make_vec(jr.testing.coming_and_going, 4)
+        policy, params = random_policy(3), zero_params(3)
+        recv = envs.recv
+        monkeypatch.setattr(envs, "recv", lambda: events.append("s") or recv())
+    with jr.EnvRunner(envs, policy, params, 3, seed=0, num_splits=2) as runner:
+        runner.sample()
+    step = ["c0", "s0", "d0", "c2", "s2", "d2"]
+    if kind == "pettingzoo":  # its recv steps whichever block was sent
+        step = ["c0", "s", "d0", "c2", "s", "d2"]
+    last = [e for e in step if not e.startswith("d")]
+    assert events == ["d0", "d2", *step, *step, *last]

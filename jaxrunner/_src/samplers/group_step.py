@@ -109,8 +109,9 @@ class GroupSampler:
         self._calls: dict[int, CompiledPolicyStep] = {}
         self._blocks: dict[tuple[int, int], _Block] = {}
         for rows in blocks or [slice(0, num_envs)]:
-            self._dispatched = self._block(rows.start, rows.stop)
-        """The block whose actions :meth:`collect` takes next."""
+            self._block(rows.start, rows.stop)
+        self.pending: dict[tuple[int, int], Any] = {}
+        """The queued policy step of each block dispatched and not yet collected."""
         self._pending_views: dict[tuple[int, int], list[list[np.ndarray]]] = {}
         self.sample_end = None
         if connectors is not None and connectors.per_sample:
@@ -128,7 +129,6 @@ class GroupSampler:
             np.zeros((*shape, *s.shape[1:]), s.dtype) for s in jax.tree.leaves(self.extras_spec)
         ]
         self.clip = space_arrays.clip_box_actions(group.action_space)
-        self.pending: Any = None
         self._unrecorded: Any = None  # the actions collect() took, until they are sent
         self.awaiting = np.zeros(shape, np.bool_)
         """AEC envs: agents whose last action's transition has not completed yet."""
@@ -209,7 +209,6 @@ class GroupSampler:
     def dispatch(self, params: Params, buf: GroupBuffers, lo: int, hi: int) -> None:
         """Queues the policy step of block ``[lo, hi)``; ``buf`` holds its rows."""
         block = self._blocks.get((lo, hi)) or self._block(lo, hi)
-        self._dispatched = block
         if buf is not block.source:  # a backend's step views: their leaves found once
             rows = _leaves(buf.obs_rows)  # (a single agent's: the env's, as its own obs)
             block.source = buf
@@ -225,18 +224,17 @@ class GroupSampler:
             if not (block.all_acting and block.index_all):  # else the index is unchanged
                 block.stage.env_index[:n] = np.where(flat, block.ids, self.rows)
                 block.index_all = block.all_acting
-        self.pending, self.state = block.call.dispatch(params, self.state, block.stage)
+        self.pending[lo, hi], self.state = block.call.dispatch(params, self.state, block.stage)
 
-    def collect(self, t: int) -> Any:
-        """Takes the actions of the block last dispatched and writes each acting agent's
+    def collect(self, t: int, lo: int, hi: int) -> Any:
+        """Takes the actions of block ``[lo, hi)``, dispatched, and writes each acting agent's
         observation into slot ``t`` (parallel envs) or keeps it until its transition
         completes (AEC envs); :meth:`record_actions` writes the actions there, once they
         are sent. Returns the env's actions, ``[n, A_g, ...]``."""
-        block = self._dispatched
+        block = self._blocks[lo, hi]
         # The block's own rows (padding dropped), on the agent axis: [n, A_g, ...].
         # With action connectors the env gets their actions, else the policy's.
-        action, env_action, extras = block.call.collect(self.pending, block.lead)
-        self.pending = None
+        action, env_action, extras = block.call.collect(self.pending.pop((lo, hi)), block.lead)
         obs = block.source_leaves[1]  # the observations it acted on
         if self.same_step:
             (obs_dst, action_dst, extras_dst), index = self._traj_leaves[:3], (t, block.rows)

@@ -230,22 +230,31 @@ class HostLoop:
         progress: StepProgress | None,
     ) -> None:
         """Every split steps in turn, answered in the order sent; ``self._steps`` counts
-        the steps every env has recorded."""
+        the steps every env has recorded. A backend that steps at ``recv`` (in this
+        thread) gets a split's actions just before it steps, so each split's policy
+        step computes while the other splits' envs step."""
         num_steps, num_envs, recv = self.rollout_length, self._num_envs, self.envs.recv
+        defer = not self.envs.capabilities.steps_in_background
         last = self._last.groups
         for rows in self.splits:
             lo, hi = rows.start, rows.stop
             split_last = last if hi - lo == num_envs else {p: b.rows(rows) for p, b in last.items()}
-            self._act(params, traj, lo, hi, split_last, perf, 0)
+            self._dispatch(params, lo, hi, split_last, perf)
+            if not defer:
+                self._send(lo, hi, perf, 0)
         for t in range(num_steps):
             for rows in self.splits:
+                lo, hi = rows.start, rows.stop
+                if defer:
+                    self._send(lo, hi, perf, t)
                 clock = time.perf_counter()
                 out = recv()
                 perf["env_wait_ms"] += time.perf_counter() - clock
-                lo, hi = rows.start, rows.stop
                 self._record(traj, env_level, lo, hi, out, perf, t)
                 if t + 1 < num_steps:
-                    self._act(params, traj, lo, hi, out.groups, perf, t + 1)
+                    self._dispatch(params, lo, hi, out.groups, perf)
+                    if not defer:
+                        self._send(lo, hi, perf, t + 1)
                 if progress is not None:
                     progress(t * num_envs + hi)
             self._steps = t + 1
@@ -261,7 +270,7 @@ class HostLoop:
         """Each block the backend answers is recorded and acted on again at once, each
         env at its own pace (``self._t``: its steps)."""
         num_steps, num_envs = self.rollout_length, self._num_envs
-        self._act(params, traj, 0, num_envs, self._last.groups, perf, 0)
+        self._act(params, 0, num_envs, self._last.groups, perf, 0)
         in_flight = num_envs  # envs sent and not yet received
         while in_flight:
             clock = time.perf_counter()
@@ -274,7 +283,7 @@ class HostLoop:
             self._record(traj, env_level, lo, hi, out, perf, t)
             self._t[lo:hi] = t + 1  # the block's envs share their step (setitem: cheaper than +=)
             if t + 1 < num_steps:
-                self._act(params, traj, lo, hi, out.groups, perf, t + 1)
+                self._act(params, lo, hi, out.groups, perf, t + 1)
                 in_flight += hi - lo
             if progress is not None:
                 progress(int(self._t.sum()))
@@ -286,7 +295,6 @@ class HostLoop:
     def _act(
         self,
         params: dict[str, Params],
-        traj: MultiAgentTrajectory,
         lo: int,
         hi: int,
         last: Mapping[str, GroupBuffers],
@@ -294,22 +302,38 @@ class HostLoop:
         t: int,
     ) -> None:
         """Computes block ``[lo, hi)``'s actions for its step ``t`` from its last step
-        ``last`` (every group's policy queued before any is waited for) and sends them."""
-        groups = self._parts
+        ``last`` and sends them."""
+        self._dispatch(params, lo, hi, last, perf)
+        self._send(lo, hi, perf, t)
+
+    def _dispatch(
+        self,
+        params: dict[str, Params],
+        lo: int,
+        hi: int,
+        last: Mapping[str, GroupBuffers],
+        perf: dict[str, float],
+    ) -> None:
+        """Queues block ``[lo, hi)``'s policy steps from its last step ``last`` (every
+        group's queued before any is waited for)."""
         clock = time.perf_counter()
-        for pid, gs in groups:
+        for pid, gs in self._parts:
             gs.dispatch(params[pid], last[pid], lo, hi)
-        tick = time.perf_counter()
-        perf["inference_ms"] += tick - clock
-        actions = [gs.collect(t) for _, gs in groups]
+        perf["inference_ms"] += time.perf_counter() - clock
+
+    def _send(self, lo: int, hi: int, perf: dict[str, float], t: int) -> None:
+        """Takes block ``[lo, hi)``'s queued actions for its step ``t``, sends them and
+        records them."""
         clock = time.perf_counter()
-        perf["action_processing_ms"] += clock - tick
-        self.envs.send(actions, None if hi - lo == self._num_envs else slice(lo, hi))
+        actions = [gs.collect(t, lo, hi) for _, gs in self._parts]
         tick = time.perf_counter()
-        perf["env_wait_ms"] += tick - clock
-        for _, gs in groups:  # a background backend steps meanwhile
+        perf["inference_ms"] += tick - clock  # the wait for the policy's result
+        self.envs.send(actions, None if hi - lo == self._num_envs else slice(lo, hi))
+        clock = time.perf_counter()
+        perf["env_wait_ms"] += clock - tick
+        for _, gs in self._parts:  # a background backend steps meanwhile
             gs.record_actions()
-        perf["action_processing_ms"] += time.perf_counter() - tick
+        perf["action_processing_ms"] += time.perf_counter() - clock
 
     def _record(
         self,
