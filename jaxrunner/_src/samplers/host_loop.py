@@ -15,7 +15,6 @@ from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgent
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.one_agent import OneAgentSteps
 from jaxrunner._src.connectors.pipeline import ConnectorsState
-from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.metrics import PERF_KEYS
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory, compact_group
 from jaxrunner._src.core.policy import Params
@@ -27,8 +26,7 @@ from jaxrunner._src.samplers.group_step import GroupSampler
 from jaxrunner._src.samplers.info_arrays import InfoRecorder
 from jaxrunner._src.samplers.live_episodes import LiveEpisodes
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
-from jaxrunner._src.samplers.pipeline_splits import GroupCost, pipeline_splits
-from jaxrunner._src.samplers.policy_step import runner_chunk_rows
+from jaxrunner._src.samplers.pipeline_splits import group_cost, pipeline_splits
 from jaxrunner._src.samplers.sampler import (
     SamplerSetup,
     StepProgress,
@@ -86,7 +84,7 @@ class HostLoop:
         self.metrics = setup.metrics
         num_envs = envs.num_envs
         self.ready_first = envs.capabilities.ready_first  # (its options checked by the runner)
-        costs = {g.policy_id: _group_cost(g, setup, num_envs) for g in envs.groups}
+        costs = {g.policy_id: group_cost(g, setup, num_envs) for g in envs.groups}
         if self.ready_first:
             self.splits = [slice(0, num_envs)]
         else:
@@ -270,7 +268,8 @@ class HostLoop:
         """Each block the backend answers is recorded and acted on again at once, each
         env at its own pace (``self._t``: its steps)."""
         num_steps, num_envs = self.rollout_length, self._num_envs
-        self._act(params, 0, num_envs, self._last.groups, perf, 0)
+        self._dispatch(params, 0, num_envs, self._last.groups, perf)
+        self._send(0, num_envs, perf, 0)
         in_flight = num_envs  # envs sent and not yet received
         while in_flight:
             clock = time.perf_counter()
@@ -283,7 +282,8 @@ class HostLoop:
             self._record(traj, env_level, lo, hi, out, perf, t)
             self._t[lo:hi] = t + 1  # the block's envs share their step (setitem: cheaper than +=)
             if t + 1 < num_steps:
-                self._act(params, lo, hi, out.groups, perf, t + 1)
+                self._dispatch(params, lo, hi, out.groups, perf)
+                self._send(lo, hi, perf, t + 1)
                 in_flight += hi - lo
             if progress is not None:
                 progress(int(self._t.sum()))
@@ -291,20 +291,6 @@ class HostLoop:
     def _steps_done(self) -> int:
         """Steps every env has recorded in this sample."""
         return int(self._t.min()) if self.ready_first else self._steps
-
-    def _act(
-        self,
-        params: dict[str, Params],
-        lo: int,
-        hi: int,
-        last: Mapping[str, GroupBuffers],
-        perf: dict[str, float],
-        t: int,
-    ) -> None:
-        """Computes block ``[lo, hi)``'s actions for its step ``t`` from its last step
-        ``last`` and sends them."""
-        self._dispatch(params, lo, hi, last, perf)
-        self._send(lo, hi, perf, t)
 
     def _dispatch(
         self,
@@ -465,13 +451,3 @@ class HostLoop:
         ):  # (a single agent's: its view's)  # the scratch is the next sample's: only copies go out
             traj = traj.replace(groups={p: compact_group(g) for p, g in traj.groups.items()})
         return traj
-
-
-def _group_cost(group: AgentGroup, setup: SamplerSetup, num_envs: int) -> GroupCost:
-    """The group's policy chunk and work per row, which the pipelining splits weigh."""
-    pid = group.policy_id
-    chunk, flops = runner_chunk_rows(
-        setup.policies[pid], setup.params[pid], group.observation_space,
-        setup.connectors.get(pid), num_envs * group.num_agents, setup.chunk_rows,
-    )  # fmt: skip
-    return GroupCost(group.num_agents, chunk, flops)

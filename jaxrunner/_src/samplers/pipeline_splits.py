@@ -12,8 +12,11 @@ import jax
 import numpy as np
 
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.cpu_dispatch import inline_cpu_dispatch
 from jaxrunner._src.samplers.batch_invariance import CHUNK_FLOPS
+from jaxrunner._src.samplers.policy_step import runner_chunk_rows
+from jaxrunner._src.samplers.sampler import SamplerSetup
 
 PIPELINE_MIN_ENVS = 256
 """From this many envs up, two splits by default where a policy call can overlap the
@@ -41,6 +44,16 @@ class GroupCost(NamedTuple):
     rows_per_env: int
     chunk_rows: int
     flops_per_row: float | None
+
+
+def group_cost(group: AgentGroup, setup: SamplerSetup, num_envs: int) -> GroupCost:
+    """A group's policy chunk (the runner's, for its rows) and its work per row."""
+    pid = group.policy_id
+    chunk, flops = runner_chunk_rows(
+        setup.policies[pid], setup.params[pid], group.observation_space,
+        setup.connectors.get(pid), num_envs * group.num_agents, setup.chunk_rows,
+    )  # fmt: skip
+    return GroupCost(group.num_agents, chunk, flops)
 
 
 def default_num_splits(envs: Stepped, costs: Sequence[GroupCost] = ()) -> int:
