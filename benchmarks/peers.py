@@ -40,7 +40,8 @@ and policy (NatureCNN on Pong, a 256-256 Gaussian MLP on HalfCheetah) recording
   (``batch_size = num_envs // 2``) and PufferLib's ``Multiprocessing`` (a worker per
   physical core but one, left to the main process) -- the parallel ones;
 * row ``envpool`` (where EnvPool imports in this venv too): jaxrunner's envpool backend
-  at its defaults, EnvPool by hand in sync mode (its hand loop) and in async mode.
+  at its defaults and in async mode (``batch_size = num_envs // 2``, under "others"),
+  EnvPool by hand in sync mode (its hand loop) and in async mode.
 
 EnvPool, PufferLib (with torch, which ``import pufferlib`` needs) and RLlib (where
 ``ray.rllib`` imports there; else in this process) conflict with the main venv: they
@@ -100,6 +101,12 @@ SINGLE_PROCESS_PEERS: tuple[str, ...] = ("puffer_serial",)
 PARALLEL_PEERS: tuple[str, ...] = ("envpool", "envpool_async", "puffer_mp")
 """Peers timed beside jaxrunner's process backend, in the peers' venv (gymnasium's
 AsyncVectorEnv, by hand in the main venv, too)."""
+JAXRUNNER_VARIANT_LABELS = {
+    "jaxrunner_async": "jaxrunner, EnvPool async mode (batch_size = num_envs // 2)"
+}
+"""The envpool row's second jaxrunner system: its backend in EnvPool's async mode, as
+the async hand loop beside it."""
+
 ENVPOOL_PEERS: tuple[str, ...] = ("envpool_async",)
 """Peers timed beside jaxrunner's envpool backend (where EnvPool imports in this venv:
 its own hand loop is EnvPool's sync mode by hand), in the peers' venv."""
@@ -192,7 +199,10 @@ def workload_rows(
                     log=log,
                     workload=args.workload,
                     peers=peers,
-                    labels=peer_labels(),
+                    labels={**peer_labels(), **JAXRUNNER_VARIANT_LABELS},
+                    variants={"async": {"batch_size": max(1, width // 2)}}
+                    if kind == "envpool"
+                    else None,
                 )
             )
             for system in local.values():

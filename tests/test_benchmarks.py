@@ -401,9 +401,27 @@ def test_peers_workload_times_jaxrunners_envpool_backend_against_envpool_by_hand
     report = json.loads(out.read_text())
     assert [row["backend"] for row in report["results"]] == ["sync", "process", "envpool"]
     envpool = report["results"][2]
-    assert {"jaxrunner", "hand", "hand_envpool_async"} <= set(envpool["systems"])
+    assert {"jaxrunner", "jaxrunner_async", "hand", "hand_envpool_async"} <= set(envpool["systems"])
     assert envpool["systems"]["hand"]["label"] == "hand loop: EnvPool, sync mode"
+    assert envpool["systems"]["jaxrunner_async"]["label"].startswith("jaxrunner, EnvPool async")
     assert "envpool row" not in report["skipped"]
+
+
+def test_envpool_spec_env_kwargs_reach_make_vec():
+    """The envpool row's async variant is ``make_vec(..., batch_size=k)``: EnvPool's
+    async mode."""
+    pytest.importorskip("envpool")
+    from jaxrunner._src.backends.envpool_async import EnvPoolAsyncVectorEnv
+    from jaxrunner._src.bench.systems import Spec, build
+
+    spec = Spec(system="jaxrunner", backend="envpool", env="CartPole-v1", num_envs=4,
+                rollout_length=8, env_kwargs={"batch_size": 2})  # fmt: skip
+    system = build(spec)
+    try:
+        assert isinstance(system._runner.envs, EnvPoolAsyncVectorEnv)
+        assert system.measure(0.05)["steps_per_s"] > 0
+    finally:
+        system.close()
 
 
 def test_sample_overhead_splits_step_and_sample_costs(tmp_path):

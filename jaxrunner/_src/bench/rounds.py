@@ -144,6 +144,7 @@ def measure_width(
     workload: str | None = None,
     peers: Mapping[str, Child] | None = None,
     labels: Mapping[str, str] | None = None,
+    variants: Mapping[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Builds every system of ``plan`` at ``num_envs`` (and times ``local`` ones
     alongside), then times them in ``rounds`` interleaved rounds of ``seconds`` each.
@@ -155,8 +156,10 @@ def measure_width(
         peers: more hand loops, ``reference -> child``: a peer library driven by hand
             in that child (``benchmarks/peer_child.py``, in its own venv, say), timed as
             ``hand_<reference>``.
-        labels: what the systems the plan does not name are (``local`` ones, and
-            ``peers``' as ``hand_<reference>``), for the report.
+        labels: what the systems the plan does not name are (``local`` ones,
+            ``peers``' as ``hand_<reference>`` and ``variants``'), for the report.
+        variants: more jaxrunner systems, ``name -> make_vec options``, timed as
+            ``jaxrunner_<name>``.
     """
     if workload is None:
         length = rollout_length(num_envs)
@@ -179,6 +182,9 @@ def measure_width(
     for reference, child in (peers or {}).items():
         spec = Spec(system="hand", reference=reference, **common)
         builds[f"hand_{reference}"] = (child, spec)
+    for name, env_kwargs in (variants or {}).items():
+        spec = Spec(system="jaxrunner", env_kwargs=env_kwargs, **common)
+        builds[f"jaxrunner_{name}"] = (harness.defaults, spec)
     row: dict[str, Any] = {
         "backend": plan.backend,
         "num_envs": num_envs,

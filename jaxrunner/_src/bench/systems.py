@@ -58,6 +58,9 @@ class Spec:
     workload: str | None = None
     """A key of ``WORKLOADS``: every system builds its envs and policy from it (``env``
     is then its gymnasium id, for labels); None: ``env`` and the benchmark MLP."""
+    env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """More ``make_vec`` options for jaxrunner's envs (``{"batch_size": 16}``: EnvPool's
+    async mode)."""
 
     def __post_init__(self) -> None:
         builders = MULTI_AGENT_BUILDERS if self.multi_agent else BUILDERS
@@ -106,10 +109,10 @@ def _make_envs(spec: Spec) -> Any:
             spec.num_envs,
             backend="envpool",
             seed=spec.seed,
-            **workload.envpool_kwargs,
+            **{**workload.envpool_kwargs, **spec.env_kwargs},
         )
     env = get_workload(spec.workload).make if spec.workload else spec.env
-    return make_vec(env, spec.num_envs, backend=spec.backend, seed=spec.seed)
+    return make_vec(env, spec.num_envs, backend=spec.backend, seed=spec.seed, **spec.env_kwargs)
 
 
 def spec_policy(spec: Spec, observation_space: Any, action_space: Any) -> Policy:
