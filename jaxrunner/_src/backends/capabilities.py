@@ -18,8 +18,10 @@ class Capabilities:
     can_restart: bool = False
     """Failed sub-envs can be recreated (a ``restart_policy`` given at construction)."""
     steps_in_background: bool = False
-    """``send`` returns while the sub-envs step (other processes or threads), so the
-    lockstep sampler overlaps one group's policy with another group's envs."""
+    """``send`` returns while the sub-envs step (other processes or threads): the
+    lockstep sampler sends a split's actions as soon as they are computed. Otherwise
+    the backend steps at ``recv``, and the sampler sends a split's actions just before
+    it receives that split, so the policy overlaps the other splits' envs either way."""
     ready_first: bool = False
     """``recv`` answers whichever sent envs are ready, not the sends in order: the
     runner samples with the ready-first sampler."""
