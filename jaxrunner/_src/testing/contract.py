@@ -11,16 +11,13 @@ from typing import Any, ClassVar, Literal
 
 import gymnasium
 import numpy as np
-from gymnasium import spaces
-from gymnasium.vector import AutoresetMode
 
-from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.core.seeds import restart_seed
 from jaxrunner._src.testing.assertions import assert_trees_equal, expect_raises
+from jaxrunner._src.testing.bad_actions import bad_agent_actions, bad_gymnasium_actions
 from jaxrunner._src.testing.envs import (
-    CountingEnv,
     DictObsEnv,
     coming_and_going,
     counting_env_fns,
@@ -29,7 +26,8 @@ from jaxrunner._src.testing.envs import (
 )
 from jaxrunner._src.testing.fault_plans import FaultPlan
 from jaxrunner._src.testing.faults import faulty_env_fns
-from jaxrunner._src.testing.reference import ByHand, by_hand, gymnasium_reference
+from jaxrunner._src.testing.gymnasium_contract import GymnasiumVectorApiContract
+from jaxrunner._src.testing.reference import ByHand, by_hand
 from jaxrunner._src.testing.step_comparison import (
     ActionSampler,
     Row,
@@ -50,63 +48,6 @@ EnvKind = Literal["gymnasium", "parallel", "aec"]
 """A kind of host env: gymnasium, PettingZoo parallel, PettingZoo AEC (turn-based)."""
 EnvFns = Callable[[], Any] | Sequence[Callable[[], Any]]
 """One factory for every sub-env, or one per sub-env."""
-
-
-def _for_kinds(*kinds: EnvKind) -> Callable[[Callable], Callable]:
-    """Runs a contract test on these kinds only (of those the backend serves)."""
-
-    def mark(test: Callable) -> Callable:
-        test.contract_kinds = kinds  # type: ignore[attr-defined]
-        return test
-
-    return mark
-
-
-def _bad_gymnasium_actions(good: Any, space: gymnasium.Space) -> dict[str, Any]:
-    """Action batches a backend must reject, derived from a valid batch ``good``."""
-    if isinstance(space, (spaces.Dict, spaces.Tuple)):
-        return {}
-    good = np.asarray(good)
-    wrong_kind = np.float64 if good.dtype.kind in "iu" else np.int64
-    return {
-        "one action too few": good[:-1],
-        "one action too many": np.concatenate([good, good[:1]]),
-        "an extra axis": good[..., None],
-        f"dtype kind {np.dtype(wrong_kind).kind!r}": good.astype(wrong_kind),
-        "bool actions": good.astype(bool),
-        **_out_of_range(good, space, lambda x: x[-1:]),
-    }
-
-
-def _bad_agent_actions(good: list[np.ndarray], groups: Sequence[Any]) -> dict[str, Any]:
-    """Per-group action batches a multi-agent backend must reject."""
-    bad = {
-        "one batch too many": [*good, good[0]],
-        "no batch": [],
-        "one env too few": [x[:-1] for x in good],
-        "an agent too many": [np.concatenate([x, x[:, :1]], 1) for x in good],
-        "float actions": [x.astype(np.float64) for x in good],
-        "an extra axis": [x[..., None] for x in good],
-    }
-    for g, group in enumerate(groups):
-        for what, batch in _out_of_range(
-            good[g], group.action_space, lambda x: x[-1:, -1:]
-        ).items():
-            bad[f"group {group.policy_id!r}: {what}"] = [*good[:g], batch, *good[g + 1 :]]
-    return bad
-
-
-def _out_of_range(good: np.ndarray, space: gymnasium.Space, last: Callable) -> dict[str, Any]:
-    """``good`` with the last sub-env's action outside a ``Discrete`` space's range (an
-    env may crash on one, or wrap it silently)."""
-    if not isinstance(space, spaces.Discrete):
-        return {}
-    bad = {}
-    for value in (int(space.start + space.n), int(space.start) - 1, 2**31 - 1):
-        batch = good.copy()
-        last(batch)[...] = value
-        bad[f"action {value} (outside {space})"] = batch
-    return bad
 
 
 def _sub_env_attr(sub: Any, name: str) -> Any:
@@ -136,7 +77,7 @@ def sub_env_handles(vec: Any) -> list[SubEnvHandle]:
     return [sub for sub in subs if isinstance(sub, SubEnvHandle)]
 
 
-class VectorEnvContract:
+class VectorEnvContract(GymnasiumVectorApiContract):
     """Tests that a vector-env backend keeps the contract of :class:`~jaxrunner.VectorEnv`,
     on every kind of env it serves (:attr:`env_kinds`).
 
@@ -331,9 +272,9 @@ class VectorEnvContract:
                 steps = vec.get_attr("t")
                 good = actions.sample(rows)
                 if kind == "gymnasium":
-                    bad = _bad_gymnasium_actions(good, vec.single_action_space)
+                    bad = bad_gymnasium_actions(good, vec.single_action_space)
                 else:
-                    bad = _bad_agent_actions(good, vec.groups)
+                    bad = bad_agent_actions(good, vec.groups)
                 for what, batch in bad.items():
                     what = f"{name}: {what}"
                     calls = [vec.step_batch] + ([vec.step] if kind == "gymnasium" else [])
@@ -493,90 +434,6 @@ class VectorEnvContract:
         if not vec.closed:
             raise AssertionError("leaving the with block did not close the vector env")
         expect_raises(ClosedError, lambda: vec.step_batch(actions), "step_batch() after with")
-
-    # -- gymnasium's vector API ---------------------------------------------------------------
-
-    def _gymnasium_parity(
-        self, vec: Any, ref: Any, name: str, num_steps: int, *, require_end: bool = True
-    ) -> None:
-        """Steps both with the same sampled actions and asserts equal results."""
-        ref.action_space.seed(self.seed)
-        ends = 0
-        for t in range(num_steps):
-            actions = ref.action_space.sample()
-            expected = ref.step(actions)
-            assert_trees_equal(vec.step(actions), expected, f"{name}: step {t}")
-            ends += int(np.sum(expected[2] | expected[3]))
-        if require_end and ends == 0:  # a parity run without an episode end would prove little
-            raise AssertionError(f"{name}: no episode ended in {num_steps} steps")
-
-    @_for_kinds("gymnasium")
-    def test_metadata_and_spaces(self, kind: EnvKind) -> None:
-        fns = counting_env_fns(self.num_envs)
-        with closing(self._make(kind, fns)) as vec, closing(gymnasium_reference(fns)) as ref:
-            if vec.metadata.get("autoreset_mode") != AutoresetMode.SAME_STEP:
-                raise AssertionError(f"metadata autoreset_mode: {vec.metadata!r}")
-            for name in (
-                "num_envs",
-                "single_observation_space",
-                "single_action_space",
-                "observation_space",
-                "action_space",
-            ):
-                if getattr(vec, name) != getattr(ref, name):
-                    raise AssertionError(f"{name}: {getattr(vec, name)} != {getattr(ref, name)}")
-
-    @_for_kinds("gymnasium")
-    def test_step_for_step_equal_to_gymnasium(self, kind: EnvKind) -> None:
-        self.kind = kind
-        for name, case in self.env_cases().items():
-            fns = self._fns(case)
-            with closing(self._make(kind, fns)) as vec, closing(gymnasium_reference(fns)) as ref:
-                assert_trees_equal(vec.reset(seed=self.seed), ref.reset(seed=self.seed), name)
-                self._gymnasium_parity(vec, ref, name, self.num_steps)
-                # A second, explicitly seeded reset mid-run restarts every sub-env alike.
-                seeds: list[int | None] = [self.seed + 10 * i for i in range(self.num_envs)]
-                assert_trees_equal(vec.reset(seed=seeds), ref.reset(seed=seeds), name)
-                self._gymnasium_parity(vec, ref, f"{name} after reset", self.num_steps)
-
-    @_for_kinds("gymnasium")
-    def test_reset_seeds_sub_env_i_with_seed_plus_i(self, kind: EnvKind) -> None:
-        n = self.num_envs
-        with closing(self._make(kind, counting_env_fns(n))) as vec:
-            obs, _ = vec.reset(seed=7)
-            np.testing.assert_array_equal(obs[:, CountingEnv.SEED], 7 + np.arange(n))
-            np.testing.assert_array_equal(obs[:, CountingEnv.ENV_ID], np.arange(n))
-            seeds = [100 + 3 * i for i in range(n)]
-            obs, _ = vec.reset(seed=seeds)  # a list is taken as is
-            np.testing.assert_array_equal(obs[:, CountingEnv.SEED], seeds)
-
-    @_for_kinds("gymnasium")
-    def test_step_batch_rows_steps_only_those_envs(self, kind: EnvKind) -> None:
-        """``step_batch(actions, rows)`` steps rows ``rows`` only: stepping two halves
-        one after the other equals one full step of the reference."""
-        n = self.num_envs
-        half = slice(0, n // 2), slice(n // 2, n)
-        fns = counting_env_fns(n, episode_length=3, max_episode_steps=4)
-        with closing(self._make(kind, fns)) as vec, closing(gymnasium_reference(fns)) as ref:
-            space = vec.single_observation_space
-            vec.reset_batch([self.seed + i for i in range(n)])
-            ref.reset(seed=self.seed)
-            ref.action_space.seed(self.seed)
-            for t in range(10):
-                actions = ref.action_space.sample()
-                obs, reward, terminated, truncated, _ = ref.step(actions)
-                for rows in half:
-                    out = vec.step_batch(actions[rows], rows)
-                    assert_trees_equal(
-                        (out.obs, out.reward, out.terminated, out.truncated),
-                        (
-                            space_arrays.rows(space, obs, rows),
-                            reward[rows],
-                            terminated[rows],
-                            truncated[rows],
-                        ),
-                        f"step {t} rows {rows}",
-                    )
 
 
 class MultiAgentVectorEnvContract(VectorEnvContract):
