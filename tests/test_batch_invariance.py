@@ -258,6 +258,26 @@ def test_policy_flops_per_row_sees_the_policy_cost():
     assert wide_flops > 100 * small_flops  # 256x256 multiply-adds against 4x8
 
 
+def test_policy_flops_per_row_is_kept_per_policy_and_input_shape(monkeypatch):
+    """A runner rebuilt with the same policy reuses the estimate (no second lowering),
+    and a policy seen on other inputs gets its own."""
+    policy = mlp_policy(spaces.Discrete(2), hidden=(16,))
+    narrow = spaces.Box(-1.0, 1.0, (4,), np.float32)
+    wide = spaces.Box(-1.0, 1.0, (64,), np.float32)
+    narrow_params = policy.init(jax.random.key(0), narrow)
+    wide_params = policy.init(jax.random.key(0), wide)
+    first = policy_flops_per_row(policy, narrow_params, narrow)
+    other = policy_flops_per_row(policy, wide_params, wide)
+    assert first is not None and other is not None and other > first
+
+    def no_lowering(*args, **kwargs):
+        raise AssertionError("the policy was lowered again")
+
+    monkeypatch.setattr(jax, "jit", no_lowering)
+    assert policy_flops_per_row(policy, narrow_params, narrow) == first
+    assert policy_flops_per_row(policy, wide_params, wide) == other
+
+
 # -- the samplers -------------------------------------------------------------------------
 
 

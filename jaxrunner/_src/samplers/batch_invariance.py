@@ -3,11 +3,13 @@ never depends on its batch. See docs/concepts.md and docs/design.md."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from gymnasium import spaces
 
 import jaxrunner._src.samplers.keys as keys
@@ -70,19 +72,32 @@ def default_chunk_rows(
     return min(_pow2_floor(num_rows), max(MIN_CHUNK_ROWS, rows))
 
 
+_FLOPS: weakref.WeakKeyDictionary[Callable, dict[Any, float | None]] = weakref.WeakKeyDictionary()
+""":func:`policy_flops_per_row`'s estimates by ``apply_fn`` and argument shapes: a runner
+rebuilt with the same policy does not lower it again (its chunk and splits are settled
+once per build)."""
+
+
 def policy_flops_per_row(policy: Policy, params: Params, obs_space: spaces.Space) -> float | None:
     """XLA's estimate of the floating-point operations ``policy`` takes per row of
     observations of ``obs_space`` (what the policy sees: after the observation
     connectors), from its HLO for one row (deterministic; nothing runs). None where
     XLA gives no estimate or the policy does not trace on one dummy row."""
     one_row = jax.tree.map(jnp.asarray, dummy_obs(obs_space, 1))
-    row_keys = jax.random.split(keys.key(0), 1)
+    args = (params, one_row, policy.batched_carry(1), jax.random.split(keys.key(0), 1))
+    leaves, tree = jax.tree.flatten(args)
+    signature = tree, tuple((np.shape(x), getattr(x, "dtype", type(x))) for x in leaves)
     try:
-        lowered = jax.jit(policy.apply_fn).lower(params, one_row, policy.batched_carry(1), row_keys)
-        flops = (lowered.cost_analysis() or {}).get("flops")
-    except Exception:  # an estimate only: the runner's own compile reports real errors
-        return None
-    return float(flops) if flops else None
+        known = _FLOPS.setdefault(policy.apply_fn, {})
+    except TypeError:  # not weakly referenceable: not kept
+        known = {}
+    if signature not in known:
+        try:
+            flops = (jax.jit(policy.apply_fn).lower(*args).cost_analysis() or {}).get("flops")
+        except Exception:  # an estimate only: the runner's own compile reports real errors
+            flops = None
+        known[signature] = float(flops) if flops else None
+    return known[signature]
 
 
 def policy_chunk_rows(

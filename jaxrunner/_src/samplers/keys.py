@@ -3,6 +3,8 @@ See docs/design.md."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +19,9 @@ def _rotate_left(x: jax.Array, bits: int) -> jax.Array:
     return lax.shift_left(x, np.uint32(bits)) | lax.shift_right_logical(x, np.uint32(32 - bits))
 
 
+# Traced once per shape (inline=True: the same program as the ops written in place); a
+# runner traces several policy steps, and the 20 rounds cost more to trace than to run.
+@functools.partial(jax.jit, inline=True)
 def threefry2x32(
     key1: jax.Array, key2: jax.Array, count1: jax.Array, count2: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
