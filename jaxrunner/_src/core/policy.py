@@ -4,6 +4,7 @@ batched over envs."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -218,11 +219,12 @@ class Policy:
             return out, carry
 
         def init_module(key: jax.Array, obs: Any, carry: Carry) -> Params:
-            # Compiled whole: eager, each initializer compiles a program of its own
-            # per shape (the same values either way).
-            if initial_carry is None:
-                return jax.jit(module.init)(key, obs)
-            return jax.jit(module.init)(key, carry, obs)
+            inputs = (obs,) if initial_carry is None else (carry, obs)
+            try:
+                hash(module)
+            except TypeError:  # a module with an unhashable field: compiled for itself
+                return jax.jit(module.init)(key, *inputs)
+            return _init_linen(module, key, *inputs)
 
         return cls._from_forward(forward, init_module, action_space, deterministic, initial_carry)
 
@@ -269,6 +271,13 @@ class Policy:
             initial_carry=initial_carry,
             action_ndim=len(action_space.shape or ()),
         )
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _init_linen(module: Any, key: jax.Array, *inputs: Any) -> Params:
+    """``module.init`` compiled whole (eager, each initializer compiles a program of its
+    own per shape; the same values either way), once per equal module and shapes."""
+    return module.init(key, *inputs)
 
 
 def _over_batch(fn: Callable[..., Any], batch_ndim: int, *trees: Any) -> Any:
