@@ -313,6 +313,23 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
         assert row["identical_trajectories"] is True
 
 
+def test_runner_build_times_each_package_in_its_own_processes(tmp_path):
+    """HEAD against the working tree, one round: each package's first build and
+    rebuild are timed in children of its own, the base's children load the base."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCHMARKS, capture_output=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    out = tmp_path / "build.json"
+    options = ["--base", "HEAD", "--rounds", "1", "--rebuilds", "1", "--num-envs", "2"]
+    _run("runner_build.py", *options, "--out", str(out))
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["base_commit"] == head.stdout.decode().strip()
+    assert [r["package"] for r in row["rounds"]["base"]] == ["jaxrunner_base"]
+    assert [r["package"] for r in row["rounds"]["new"]] == ["jaxrunner"]
+    for key in ("first_s", "rebuild_s"):
+        assert row[f"base_{key}"] > 0 and row[f"new_{key}"] > 0
+
+
 def test_rllib_multi_agent_jaxrunner_half_writes_its_rows(tmp_path):
     """The RLlib comparison without RLlib (it lives in its own venv): jaxrunner, the
     hand loop and the bare env floor on simple_spread, agent steps at 3 per env step,
