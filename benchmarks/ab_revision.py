@@ -20,6 +20,9 @@ Usage::
     python benchmarks/ab_revision.py --base HEAD~1 --env mpe2:simple_spread_v3 --backend process
     python benchmarks/ab_revision.py --base HEAD~1 --workload pong --num-envs 8 32
 
+``--env null`` steps an env that costs next to nothing (a constant observation, an
+episode of 200 steps): what is left is each package's own time per step.
+
 ``--backend jax`` runs the scan sampler on gymnax's env of that name, ``jaxmarl`` the
 multi-agent scan sampler on JaxMARL's (one policy for every agent; dones read as
 truncations, as MPE's time limits are); both need the ``[gymnax,jaxmarl]`` extras. An
@@ -44,6 +47,7 @@ import tempfile
 import time
 from typing import Any
 
+import gymnasium
 import jax
 import numpy as np
 from script_report import parse_args, write_report
@@ -128,6 +132,25 @@ def make_envs(
     return package.make_vec(env, num_envs, "ray", **options)
 
 
+class NullEnv(gymnasium.Env):
+    """``--env null``: a constant observation, reward 1, truncated every 200 steps."""
+
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self) -> None:
+        self._obs, self._t = np.zeros(4, np.float32), 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs, {}
+
+    def step(self, action: Any) -> tuple:
+        self._t += 1
+        return self._obs, 1.0, False, self._t >= 200, {}
+
+
 WORKLOAD_POLICIES = {
     "cartpole": lambda models, obs, act: models.mlp_policy(act),
     "pong": lambda models, obs, act: models.nature_cnn_policy(obs, act),
@@ -196,7 +219,7 @@ def git(*command: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="git revision to compare against")
-    parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--env", default="CartPole-v1", help="a gymnasium id, module:name, or null")
     parser.add_argument(
         "--workload",
         choices=tuple(WORKLOAD_POLICIES),
@@ -239,7 +262,7 @@ def main() -> None:
     changed = bool(git("status", "--porcelain", "--", "jaxrunner/"))
     args.new = f"{git('rev-parse', 'HEAD')}{' with uncommitted changes' if changed else ''}"
 
-    env, env_kwargs = args.env, args.env_kwargs
+    env, env_kwargs = (NullEnv if args.env == "null" else args.env), args.env_kwargs
     process_config = dict(args.process_config)
     if args.main_process_envs:
         process_config["main_process_envs"] = args.main_process_envs

@@ -97,9 +97,12 @@ class GymnasiumBlock(SubEnvBlock):
                 errors[i] = err
                 infos.append({})
                 continue
-            if type(result) is not tuple or len(result) != 5:  # not a fault: the wrong API
+            if type(result) is not tuple:  # not a fault: the wrong API
                 result = step_result(result, i)
-            obs, r, term, trunc, info = result
+            try:
+                obs, r, term, trunc, info = result
+            except ValueError:  # a tuple of another length: the wrong API too
+                obs, r, term, trunc, info = step_result(result, i)
             try:
                 # Fast paths for the common types (r - r is NaN for NaN and inf); the
                 # checks explain anything else, and the writer writes what it accepts.

@@ -131,6 +131,9 @@ def _check_action_leaf(
     return array
 
 
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
 def passing_batch_test(space: spaces.Space, lead: tuple[int, ...]) -> Callable[[Any], bool] | None:
     """The per-step test of the common action batch of a non-composite ``space``: a numpy
     array of shape ``lead + space.shape`` and an accepted dtype kind, its ``Discrete`` or
@@ -161,6 +164,8 @@ def passing_batch_test(space: spaces.Space, lead: tuple[int, ...]) -> Callable[[
         if batch.size <= 16:  # a few values: Python's min and max beat numpy's calls
             values = batch.ravel().tolist()
             return not values or (min(values) >= low and max(values) < high)
+        if low == 0:  # one reduction: viewed unsigned, a negative int is above any n
+            return bool(batch.view(_UNSIGNED[batch.dtype.itemsize]).max() < high)
         return bool(batch.min() >= low and batch.max() < high)
 
     return in_range
