@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from typing import Any
@@ -63,23 +65,20 @@ lazy ``__init__`` does): the base's, not the working tree's."""
 
 def import_base(revision: str, into: pathlib.Path) -> Any:
     """``jaxrunner`` as of ``revision``, imported as ``jaxrunner_base``."""
-    files = subprocess.run(
-        ["git", "ls-tree", "-r", "--name-only", revision, "jaxrunner/"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    for name in files:
-        source = subprocess.run(
-            ["git", "show", f"{revision}:{name}"], cwd=REPO, capture_output=True, check=True
-        ).stdout
-        target = into / name.replace("jaxrunner/", "jaxrunner_base/", 1)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if name.endswith(".py"):
-            text = IMPORT.sub(r"\1\2 jaxrunner_base", source.decode())
-            source = MODULE_NAME.sub(r"\1jaxrunner_base.", text).encode()
-        target.write_bytes(source)
+    archive = subprocess.run(  # one git call for every file of the package
+        ["git", "archive", revision, "jaxrunner/"], cwd=REPO, capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        for member in tar.getmembers():
+            if not member.isfile():
+                continue
+            name, source = member.name, tar.extractfile(member).read()  # type: ignore[union-attr]
+            target = into / name.replace("jaxrunner/", "jaxrunner_base/", 1)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if name.endswith(".py"):
+                text = IMPORT.sub(r"\1\2 jaxrunner_base", source.decode())
+                source = MODULE_NAME.sub(r"\1jaxrunner_base.", text).encode()
+            target.write_bytes(source)
     sys.path.insert(0, str(into))
     # Worker processes and Ray actors import it too: they inherit PYTHONPATH.
     os.environ["PYTHONPATH"] = os.pathsep.join(
