@@ -89,7 +89,7 @@ def main() -> None:
         result = child(args.child, args.base_dir, args.env, args.num_envs, args.rebuilds)
         print(json.dumps(result))
         return
-    from ab_revision import import_base
+    from ab_revision import git, import_base
 
     with tempfile.TemporaryDirectory() as tmp:
         base_dir = pathlib.Path(tmp, "base")
@@ -102,10 +102,11 @@ def main() -> None:
         for r in range(args.rounds):
             for package in ("base", "new") if r % 2 == 0 else ("new", "base"):
                 rounds[package].append(run_child(package, args, str(base_dir), cache))
-    commit = subprocess.run(
-        ["git", "rev-parse", args.base], cwd=HERE, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    result = {"base_commit": commit, "env": args.env, "num_envs": args.num_envs}
+    result = {
+        "base_commit": git("rev-parse", args.base),
+        "env": args.env,
+        "num_envs": args.num_envs,
+    }
     for key in ("first_s", "rebuild_s"):
         base, new = (float(np.median([x[key] for x in rounds[p]])) for p in ("base", "new"))
         result |= {f"base_{key}": base, f"new_{key}": new, f"{key[:-2]}_speedup": base / new}
