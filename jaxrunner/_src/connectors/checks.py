@@ -11,25 +11,25 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src.arg_checks import check_number
+from jaxrunner._src.arg_checks import check_bool, check_number
 from jaxrunner._src.connectors.moments import COUNT_DTYPES
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 
 
-def check_std_bounds(who: str, epsilon: Any, min_std: Any, max_std: Any) -> None:
-    """The shared ``epsilon``, ``min_std`` and ``max_std`` arguments of a normalizer."""
-    check_number(who, "epsilon", epsilon)
+def check_statistics_args(who: str, connector: Any) -> None:
+    """The arguments of a connector with running statistics: ``clip``, ``epsilon``,
+    ``min_std``, ``max_std``, ``count_dtype`` (one of
+    :data:`~jaxrunner._src.connectors.moments.COUNT_DTYPES`, and a 64-bit one only with
+    ``jax_enable_x64``: JAX would silently make it 32-bit) and ``frozen``."""
+    min_std, max_std, count_dtype = connector.min_std, connector.max_std, connector.count_dtype
+    check_number(who, "clip", connector.clip, low_open=True, none="for no clipping")
+    check_number(who, "epsilon", connector.epsilon)
     check_number(who, "min_std", min_std, low_open=True)
     check_number(who, "max_std", max_std, low_open=True, high_open=True)
     if min_std > max_std:
         raise InvalidArgumentError(
             f"{who}(min_std={min_std!r}, max_std={max_std!r}): expected min_std <= max_std."
         )
-
-
-def check_count_dtype(who: str, count_dtype: Any) -> None:
-    """``count_dtype`` is one of :data:`~jaxrunner._src.connectors.moments.COUNT_DTYPES`, and a
-    64-bit one only with ``jax_enable_x64`` (JAX would silently make it 32-bit)."""
     if count_dtype not in COUNT_DTYPES:
         raise InvalidArgumentError(
             f"{who}(count_dtype={count_dtype!r}): expected one of {COUNT_DTYPES}."
@@ -42,6 +42,7 @@ def check_count_dtype(who: str, count_dtype: Any) -> None:
             "(jax.config.update('jax_enable_x64', True)), or use count_dtype='int32' (exact "
             "to 2**31 - 1 samples)."
         )
+    check_bool(who, "frozen", connector.frozen)
 
 
 def check_state(who: str, name: str, current: Any, new: Any) -> Any:

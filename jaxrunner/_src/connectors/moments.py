@@ -4,7 +4,7 @@ holding a NaN or an infinity never enter them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import flax.struct
@@ -142,6 +142,11 @@ def _is_running(x: object) -> bool:
     return isinstance(x, RunningMoments)
 
 
+def _map_running(state: Any, fn: Callable[[RunningMoments], RunningMoments]) -> Any:
+    """``state`` with ``fn`` applied to each :class:`RunningMoments` in it, in leaf order."""
+    return jax.tree.map(lambda x: fn(x) if _is_running(x) else x, state, is_leaf=_is_running)
+
+
 S = TypeVar("S")
 """A connector state pytree, kept as it is but for its :class:`RunningMoments`."""
 
@@ -149,15 +154,9 @@ S = TypeVar("S")
 def take_deltas(state: S) -> tuple[S, list[Moments]]:
     """Every :class:`RunningMoments`' ``delta`` in ``state`` (a connector state pytree),
     and the state with those deltas emptied: what a runner reports to its group."""
-    found = [x for x in jax.tree.leaves(state, is_leaf=_is_running) if _is_running(x)]
-    deltas = [x.delta for x in found]
-
-    def empty(x: object) -> object:
-        if not isinstance(x, RunningMoments):
-            return x
-        return x.replace(delta=jax.tree.map(jnp.zeros_like, x.delta))
-
-    return jax.tree.map(empty, state, is_leaf=_is_running), deltas
+    deltas = [x.delta for x in jax.tree.leaves(state, is_leaf=_is_running) if _is_running(x)]
+    empty = _map_running(state, lambda x: x.replace(delta=jax.tree.map(jnp.zeros_like, x.delta)))
+    return empty, deltas
 
 
 def set_statistics(state: S, stats: Sequence[Moments]) -> S:
@@ -165,22 +164,11 @@ def set_statistics(state: S, stats: Sequence[Moments]) -> S:
     :func:`take_deltas` order, and its delta emptied: what a group broadcasts."""
     queue = list(stats)
 
-    def put(x: object) -> object:
-        if not isinstance(x, RunningMoments):
-            return x
+    def put(x: RunningMoments) -> RunningMoments:
         new = queue.pop(0)
         return x.replace(stats=new, delta=jax.tree.map(jnp.zeros_like, new))
 
-    return jax.tree.map(put, state, is_leaf=_is_running)
-
-
-def _set_frozen(state: Any, value: bool) -> Any:
-    def put(x: object) -> object:
-        if not _is_running(x):
-            return x
-        return x.replace(frozen=np.asarray(value))  # type: ignore[attr-defined]
-
-    return jax.tree.map(put, state, is_leaf=_is_running)
+    return _map_running(state, put)
 
 
 def freeze(state: Any) -> Any:
@@ -188,12 +176,12 @@ def freeze(state: Any) -> Any:
     every statistic frozen: used as they are, never updated, until :func:`unfreeze`.
     Hand it back with ``runner.set_connector_state(...)``: it is data, nothing
     recompiles (gymnasium's ``update_running_mean = False``)."""
-    return _set_frozen(state, True)
+    return _map_running(state, lambda x: x.replace(frozen=np.asarray(True)))
 
 
 def unfreeze(state: Any) -> Any:
     """``state`` with every statistic updated again (the inverse of :func:`freeze`)."""
-    return _set_frozen(state, False)
+    return _map_running(state, lambda x: x.replace(frozen=np.asarray(False)))
 
 
 def merge_all(parts: Sequence[Sequence[Moments]]) -> list[Moments]:

@@ -11,9 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.arg_checks import check_bool, check_number
 from jaxrunner._src.connectors.base import ConnectorState, ObsConnector
-from jaxrunner._src.connectors.checks import check_count_dtype, check_std_bounds
+from jaxrunner._src.connectors.checks import check_statistics_args
 from jaxrunner._src.connectors.moments import Moments, RunningMoments
 from jaxrunner._src.connectors.structured_spaces import map_space, rebuild_space
 from jaxrunner.errors import InvalidArgumentError
@@ -79,11 +78,7 @@ class NormalizeObservation(ObsConnector):
     first_only: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        who = "NormalizeObservation"
-        check_number(who, "clip", self.clip, low_open=True, none="for no clipping")
-        check_std_bounds(who, self.epsilon, self.min_std, self.max_std)
-        check_count_dtype(who, self.count_dtype)
-        check_bool(who, "frozen", self.frozen)
+        check_statistics_args("NormalizeObservation", self)
 
     def init(self, num_envs: int, obs_space: spaces.Space) -> ConnectorState:
         def stats(leaf: spaces.Space) -> RunningMoments | None:

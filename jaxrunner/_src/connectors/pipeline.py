@@ -106,7 +106,7 @@ class Connectors:
     def names(self) -> tuple[str, ...]:
         """Every connector's name with state: the observation connectors', then the
         reward connector's (its class name in snake case, e.g. ``"scale_reward"``)."""
-        return self.obs_names + (() if self.reward is None else (_reward_name(self.reward),))
+        return self.obs_names + (() if self.reward is None else (_snake(self.reward),))
 
     @classmethod
     def cleanrl(cls, gamma: float = 0.99) -> Connectors:
@@ -254,10 +254,8 @@ class Connectors:
             if shared_only and isinstance(value, ConnectorState):
                 value = named[name].replace(shared=value.shared)
             named[name] = check_state(who, name, named[name], value)
-        parts = [named[name] for name in self.names]
-        if self.reward is None:
-            return ConnectorsState(tuple(parts), None)
-        return ConnectorsState(tuple(parts[:-1]), parts[-1])
+        obs = tuple(named[name] for name in self.obs_names)
+        return ConnectorsState(obs, None if self.reward is None else named[self.names[-1]])
 
     # -- outside samples -------------------------------------------------------------------------
 
@@ -296,12 +294,9 @@ class Connectors:
         return state.reward
 
 
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
-def _reward_name(reward: RewardConnector) -> str:
-    return _snake(type(reward).__name__)
+def _snake(connector: object) -> str:
+    """``connector``'s class name in snake case (its default name)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(connector).__name__).lower()
 
 
 def _obs_names(
@@ -312,10 +307,10 @@ def _obs_names(
     if not names:
         seen: dict[str, int] = {}
         for connector in obs:
-            base = _snake(type(connector).__name__)
+            base = _snake(connector)
             names.append(base if base not in seen else f"{base}_{seen[base]}")
             seen[base] = seen.get(base, 0) + 1
-    every = names + ([] if reward is None else [_reward_name(reward)])
+    every = names + ([] if reward is None else [_snake(reward)])
     if len(names) != len(obs) or any(
         not isinstance(n, str) or not n or every.count(n) > 1 for n in every
     ):

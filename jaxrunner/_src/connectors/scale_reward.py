@@ -7,9 +7,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxrunner._src.arg_checks import check_bool, check_number
+from jaxrunner._src.arg_checks import check_number
 from jaxrunner._src.connectors.base import ConnectorState, RewardConnector
-from jaxrunner._src.connectors.checks import check_count_dtype, check_std_bounds
+from jaxrunner._src.connectors.checks import check_statistics_args
 from jaxrunner._src.connectors.moments import Moments, RunningMoments
 
 
@@ -48,10 +48,7 @@ class ScaleReward(RewardConnector):
     def __post_init__(self) -> None:
         who = "ScaleReward"
         check_number(who, "gamma", self.gamma, low=0.0, high=1.0)
-        check_number(who, "clip", self.clip, low_open=True, none="for no clipping")
-        check_std_bounds(who, self.epsilon, self.min_std, self.max_std)
-        check_count_dtype(who, self.count_dtype)
-        check_bool(who, "frozen", self.frozen)
+        check_statistics_args(who, self)
 
     @classmethod
     def cleanrl(cls, gamma: float = 0.99) -> ScaleReward:

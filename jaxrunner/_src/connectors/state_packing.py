@@ -44,8 +44,8 @@ class StatePacking:
             jnp.concatenate(p) if p else jnp.zeros(0, g) for p, g in zip(parts, self.groups)
         )
 
-    def unpack(self, flat: tuple[jax.Array, ...]) -> ConnectorsState:
-        """Traceable: the state in ``flat``."""
+    def unpack(self, flat: tuple[jax.Array | np.ndarray, ...]) -> ConnectorsState:
+        """Traceable: the state in ``flat`` (device or host buffers)."""
         leaves = [
             flat[group][offset : offset + size].reshape(shape)
             for (group, offset, size), shape in zip(self.where, self.shapes)
@@ -54,13 +54,8 @@ class StatePacking:
 
     def to_host(self, flat: tuple[jax.Array, ...]) -> ConnectorsState:
         """The state in device buffers, as numpy copies (one explicit transfer)."""
-        host = [np.asarray(x) for x in jax.device_get(flat)]
-        return self.treedef.unflatten(
-            [
-                host[group][offset : offset + size].reshape(shape).copy()
-                for (group, offset, size), shape in zip(self.where, self.shapes)
-            ]
-        )
+        host = tuple(np.asarray(x) for x in jax.device_get(flat))
+        return jax.tree.map(np.copy, self.unpack(host))
 
     def to_device(self, state: ConnectorsState) -> tuple[jax.Array, ...]:
         """Fresh device buffers holding ``state`` (host or device arrays)."""

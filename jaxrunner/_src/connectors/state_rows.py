@@ -7,13 +7,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrunner._src.connectors.base import ConnectorState
 from jaxrunner._src.connectors.pipeline import ConnectorsState
 
 
 def take_rows(state: ConnectorsState, index: jax.Array) -> ConnectorsState:
     """The per-env rows ``index`` of every connector (shared parts as they are)."""
-    return _map_rows(state, lambda x: x[index])
+    return _zip_rows(state, state, lambda _, x: x[index])
 
 
 def put_rows(state: ConnectorsState, part: ConnectorsState, index: jax.Array) -> ConnectorsState:
@@ -24,21 +23,13 @@ def put_rows(state: ConnectorsState, part: ConnectorsState, index: jax.Array) ->
 
 def keep_active(new: ConnectorsState, old: ConnectorsState, active: jax.Array) -> ConnectorsState:
     """``new`` with the inactive rows' per-env state from ``old``."""
-
-    def pick(n: jax.Array, o: jax.Array) -> jax.Array:
-        return jnp.where(active.reshape(-1, *([1] * (n.ndim - 1))), n, o)
-
-    return _zip_rows(old, new, lambda o, n: pick(n, o))
-
-
-def _map_rows(state: ConnectorsState, fn: Any) -> ConnectorsState:
-    def one(s: ConnectorState) -> ConnectorState:
-        return s.replace(per_env=jax.tree.map(fn, s.per_env))
-
-    return ConnectorsState(tuple(one(s) for s in state.obs), state.reward)
+    return _zip_rows(
+        old, new, lambda o, n: jnp.where(active.reshape(-1, *([1] * (n.ndim - 1))), n, o)
+    )
 
 
 def _zip_rows(full: ConnectorsState, part: ConnectorsState, fn: Any) -> ConnectorsState:
+    """``part`` with each per-env leaf ``fn(full's leaf, part's leaf)``."""
     obs = tuple(
         p.replace(per_env=jax.tree.map(fn, f.per_env, p.per_env))
         for f, p in zip(full.obs, part.obs)

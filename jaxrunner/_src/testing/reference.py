@@ -11,7 +11,6 @@ from typing import Any
 import gymnasium
 from gymnasium.vector import AutoresetMode
 
-MultiAgentEnvFactory = Callable[[], Any]
 ONE_AGENT = "agent"
 """The agent id of a gymnasium env, the one-agent case."""
 
