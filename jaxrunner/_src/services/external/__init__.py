@@ -2,13 +2,9 @@
 their own and call in for actions (RLlib's ExternalEnv). See docs/serving.md."""
 
 from jaxrunner._src.services.external.config import ExternalEnvConfig as ExternalEnvConfig
-from jaxrunner._src.services.external.core import ExternalEnvCore as ExternalEnvCore
 from jaxrunner._src.services.external.env import ExternalEnv as ExternalEnv
-from jaxrunner._src.services.external.episodes import CLIENT_IDS_KEPT as CLIENT_IDS_KEPT
-from jaxrunner._src.services.external.episodes import ENDED_IDS_KEPT as ENDED_IDS_KEPT
 from jaxrunner._src.services.external.episodes import MAX_EPISODE_ID as MAX_EPISODE_ID
 from jaxrunner._src.services.external.episodes import AgentRecord as AgentRecord
-from jaxrunner._src.services.external.episodes import EpisodeRecord as EpisodeRecord
 from jaxrunner._src.services.external.multi_agent_env import (
     MultiAgentExternalEnv as MultiAgentExternalEnv,
 )

@@ -21,11 +21,7 @@ from gymnasium import spaces
 import jaxrunner._src.samplers.keys as keys
 from jaxrunner._src import space_arrays
 from jaxrunner._src.core.policy import Params, Policy, check_params_like
-from jaxrunner._src.samplers.batch_invariance import (
-    check_chunk_rows,
-    chunked_apply,
-    policy_chunk_rows,
-)
+from jaxrunner._src.samplers.batch_invariance import chunked_apply, policy_chunk_rows
 from jaxrunner._src.samplers.transfer import Packing, compile_packed
 from jaxrunner.errors import ClosedError
 
@@ -90,9 +86,6 @@ class PolicyBatcher:
         buckets: batch sizes to pad to (sorted; the last must be ``max_batch``).
         ready_hint: returns how many rows could come at most (e.g. live episodes);
             once that many are queued, the batch goes without waiting longer.
-        chunk_rows: rows per policy chunk (default:
-            :func:`~jaxrunner._src.samplers.batch_invariance.policy_chunk_rows` for
-            ``max_batch``, with ``small_calls``).
     """
 
     def __init__(
@@ -107,13 +100,11 @@ class PolicyBatcher:
         max_wait_s: float,
         buckets: Sequence[int],
         ready_hint: Callable[[], int] | None = None,
-        chunk_rows: int | None = None,
     ) -> None:
-        if chunk_rows is None:  # a batch may hold one row: a costly policy keeps small chunks
-            chunk_rows = policy_chunk_rows(
-                policy, params, observation_space, max_batch, small_calls=True
-            )
-        self._chunk_rows = check_chunk_rows(chunk_rows, "PolicyBatcher")
+        # small_calls: a batch may hold one row, so a costly policy keeps small chunks.
+        self._chunk_rows = policy_chunk_rows(
+            policy, params, observation_space, max_batch, small_calls=True
+        )
         self._policy = policy
         self._obs_space = observation_space
         self._action_space = action_space
@@ -301,17 +292,16 @@ class PolicyBatcher:
             action,
             space_arrays.allocate(self._action_space, ()),
         )
-        results: list[RowResult] = []
-        for i in range(len(rows)):
-            results.append(
-                (
-                    space_arrays.take(self._action_space, action, i),
-                    {k: np.array(v[i]) for k, v in extras.items()},
-                    None
-                    if new_carry is None
-                    else jax.tree.map(lambda c, i=i: np.array(c[i]), new_carry),
-                )
+        results: list[RowResult] = [
+            (
+                space_arrays.take(self._action_space, action, i),
+                {k: np.array(v[i]) for k, v in extras.items()},
+                None
+                if new_carry is None
+                else jax.tree.map(lambda c, i=i: np.array(c[i]), new_carry),
             )
+            for i in range(len(rows))
+        ]
         self.num_batches += 1
         self.num_rows += len(rows)
         self.inference_s += time.perf_counter() - started

@@ -31,10 +31,9 @@ from jaxrunner._src.services.external.memory import (
     estimate_step_nbytes,
     tree_nbytes,
 )
-from jaxrunner._src.services.external.metrics import external_metrics
 from jaxrunner._src.services.external.output import EpisodeOutput
 from jaxrunner._src.services.external.reaper import Reaper
-from jaxrunner._src.services.external.run_thread import RunDriven, RunThread
+from jaxrunner._src.services.external.run_thread import RunDriven
 from jaxrunner.errors import ClosedError, InvalidArgumentError
 
 E = TypeVar("E", bound=EpisodeSpan)
@@ -101,7 +100,6 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
             if config.episode_timeout_s is None
             else Reaper(config.episode_timeout_s, self.reap)
         )
-        self._run_thread = RunThread()
 
     def _start_batchers(
         self, policies: Mapping[str, Policy], params: Mapping[str, Params]
@@ -210,19 +208,35 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
     # -- internals ----------------------------------------------------------------------------
 
     def _metrics(self, env_steps_key: str, *counters: str) -> dict[str, Any]:
-        """The metrics both views share, ``num_env_steps`` from ``env_steps_key``, and
-        the ``counters`` named."""
+        """The metrics both views share (documented at :meth:`ExternalEnv.get_metrics
+        <jaxrunner.ExternalEnv.get_metrics>`), ``num_env_steps`` from ``env_steps_key``,
+        batch counts summed over the policies, and the ``counters`` named."""
+        batchers = self._batchers.values()
         with self._lock:
-            metrics = external_metrics(
-                self._counts,
-                self._counts[env_steps_key],
-                self._stats,
-                len(self._episodes),
-                self._memory.used,
-                list(self._batchers.values()),
-                time.monotonic() - self._started_at,
-            )
-            metrics.update({name: self._counts[name] for name in counters})
+            counts, env_steps = self._counts, self._counts[env_steps_key]
+            batches = sum(b.num_batches for b in batchers)
+            rows = sum(b.num_rows for b in batchers)
+            inference_s = sum(b.inference_s for b in batchers)
+            elapsed_s = time.monotonic() - self._started_at
+            metrics = {
+                "num_env_steps": env_steps,
+                **self._stats.summary(),
+                "num_training_episodes": counts["num_training_episodes"],
+                "num_live_episodes": len(self._episodes),
+                "num_started_episodes": counts["num_started_episodes"],
+                "num_abandoned_episodes": counts["num_abandoned_episodes"],
+                "num_dropped_steps": counts["num_dropped_steps"],
+                "num_undelivered_actions": counts["num_undelivered_actions"],
+                "memory_bytes": self._memory.used,
+                "num_faulty_episodes": 0,
+                "num_batches": batches,
+                "num_policy_rows": rows,
+                "mean_batch_size": rows / batches if batches else 0.0,
+                "num_traces": sum(b.num_traces for b in batchers),
+                "env_steps_per_s": env_steps / elapsed_s if elapsed_s else 0.0,
+                "perf": {"inference_ms": 1000.0 * inference_s / batches if batches else 0.0},
+            }
+            metrics.update({name: counts[name] for name in counters})
         return metrics
 
     def _check_open(self, what: str) -> None:
@@ -308,7 +322,8 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         with self._lock:
             live = self._get_live(episode_id, what)
             checks.check_not_ended(live, obs, what)
-            missing = [r.agent_id for r in live.open_agents() if r.agent_id not in obs]
+            acted = [a for a, r in live.agents.items() if r.num_actions and not r.done]
+            missing = [a for a in acted if a not in obs]
             if missing:
                 raise InvalidArgumentError(
                     f"{what}(episode_id={episode_id}): agents {missing} acted and have no "

@@ -76,30 +76,27 @@ class EpisodeEndings:
 
     def finish(self, records: Sequence[AgentRecord | None], truncated: bool) -> None:
         """Stacks, counts and outputs closed agent records (without the lock)."""
-        for record in records:
-            if record is not None:
-                self._finish(record, terminated=not truncated, truncated=bool(truncated))
-
-    def _finish(self, record: AgentRecord, terminated: bool, truncated: bool) -> None:
-        group = self._groups[record.policy_id]
-        episode: Episode | None = None
-        length = record.num_actions  # stacking empties the record
-        try:
-            if length:
-                episode = record.to_episode(
-                    group.observation_space,
-                    group.action_space,
-                    terminated=terminated,
-                    truncated=truncated,
-                )
-        finally:
-            with self._lock:
-                self._memory.live -= record.nbytes
-                self._counts["num_agent_steps"] += length
-                if length and episode is None:  # stacking failed (out of memory)
-                    self._counts["num_dropped_steps"] += length
-                self._stats.add(np.array([sum(record.rewards)], np.float64), np.array([length]))
-                self._emit(record, episode)
+        for record in (r for r in records if r is not None):
+            group = self._groups[record.policy_id]
+            episode: Episode | None = None
+            length = record.num_actions  # stacking empties the record
+            try:
+                if length:
+                    episode = record.to_episode(
+                        group.observation_space,
+                        group.action_space,
+                        terminated=not truncated,
+                        truncated=bool(truncated),
+                    )
+            finally:
+                with self._lock:
+                    self._memory.live -= record.nbytes
+                    self._counts["num_agent_steps"] += length
+                    if length and episode is None:  # stacking failed (out of memory)
+                        self._counts["num_dropped_steps"] += length
+                    rewards = np.array([sum(record.rewards)], np.float64)
+                    self._stats.add(rewards, np.array([length]))
+                    self._emit(record, episode)
 
     def reap(self, idle_since: float) -> int:
         """Ends every idle episode last seen before ``idle_since``: each agent still in

@@ -217,10 +217,6 @@ class EpisodeRecord:
             self.agents[agent_id] = record
         return record
 
-    def open_agents(self) -> list[AgentRecord]:
-        """The agents that have acted and not ended: each needs a final observation."""
-        return [r for r in self.agents.values() if not r.done and r.num_actions]
-
 
 def _stack_releasing(space: spaces.Space, rows: list[Any]) -> Any:
     """``rows`` stacked along a new first axis; empties ``rows``, dropping each row

@@ -115,23 +115,14 @@ class MemoryBudget:
     def used(self) -> int:
         return self.live + self.output + self.reserved
 
-    def observe_step(self, nbytes: int) -> None:
-        """Keeps the estimate at the largest step seen (extras may be larger than
-        the spaces suggest)."""
-        self.step_estimate = max(self.step_estimate, nbytes)
-
     def settle(self, reserved: int, grown: int, steps: int) -> None:
         """Replaces a reservation of ``reserved`` bytes by the ``grown`` bytes that live
         records took for ``steps`` recorded steps; keeps the estimate at the largest
-        step seen."""
+        step seen (extras may be larger than the spaces suggest)."""
         self.reserved -= reserved
         self.live += grown
         if grown > 0:
-            self.observe_step(grown // steps)
-
-    def release(self, reserved: int) -> None:
-        """Gives back a reservation whose steps were never recorded."""
-        self.reserved -= reserved
+            self.step_estimate = max(self.step_estimate, grown // steps)
 
     def check(self, steps: int, what: str, records: int = 0) -> int:
         """Raises unless ``steps`` more steps and ``records`` new agent records fit;
@@ -156,7 +147,7 @@ class MemoryBudget:
     def reserve(self, steps: int, what: str, records: int = 0) -> int:
         """Reserves the bytes of ``steps`` more steps and charges ``records`` new agent
         records to ``live`` (see :meth:`check`); returns the steps' bytes, for
-        :meth:`settle` or :meth:`release`."""
+        :meth:`settle`."""
         need = self.check(steps, what, records)
         self.reserved += need
         self.live += records * self.record_nbytes

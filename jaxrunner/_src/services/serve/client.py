@@ -160,9 +160,8 @@ class PolicyClient(_Client):
         self.report_chunk_steps = report_chunk_steps
         self.report_chunk_bytes = report_chunk_bytes
         super().__init__(url, token, token_file, client_id, timeout_s, max_answer_bytes)
-        spaces_json = self._spaces
-        self.observation_space = wire.space_from_json(spaces_json["observation_space"])
-        self.action_space = wire.space_from_json(spaces_json["action_space"])
+        self.observation_space = wire.space_from_json(self._spaces["observation_space"])
+        self.action_space = wire.space_from_json(self._spaces["action_space"])
         self._local: LocalEnv | None = None
         self._stop = threading.Event()
         self._updater: threading.Thread | None = None

@@ -82,8 +82,6 @@ def raise_for(status: int, answer: Any) -> None:
     """The server's error answer (``status`` >= 400, ``answer`` its parsed JSON) raised
     as the env's error (``EpisodeNotFoundError`` for 404/410, ...) or as
     :class:`PolicyServerError`."""
-    if status < 400:
-        return
     try:
         detail = answer["error"]
         code, message = str(detail["code"]), str(detail["message"])

@@ -3,6 +3,7 @@ to the server in chunks."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -32,25 +33,16 @@ class LocalEnv(ExternalEnv):
         self.ended[live.episode_id] = episode
 
 
+@dataclasses.dataclass
 class EpisodeReport:
     """Reports locally run episodes to the server for a client (its connection,
     spaces and chunk limits at the time of the report)."""
 
-    def __init__(
-        self,
-        http: httpx.Client,
-        observation_space: spaces.Space,
-        action_space: spaces.Space,
-        chunk_steps: int,
-        chunk_bytes: int,
-    ) -> None:
-        self.http = http
-        self.observation_space, self.action_space = observation_space, action_space
-        self.chunk_steps, self.chunk_bytes = chunk_steps, chunk_bytes
-
-    def _post_raw(self, method: str, path: str, content: bytes) -> Any:
-        """A request whose body is already encoded as JSON."""
-        return request_json(self.http, method, path, content=content)
+    http: httpx.Client
+    observation_space: spaces.Space
+    action_space: spaces.Space
+    chunk_steps: int
+    chunk_bytes: int
 
     def send(
         self, episode_id: int, episode: Episode | None, final_obs: Any, truncated: bool
@@ -66,7 +58,7 @@ class EpisodeReport:
             stop = self.chunk_end(steps, start, budget, len(tail))
             body = self.report_body(steps[start:stop], tail if stop == length else "}")
             try:
-                self._post_raw("POST", f"/v1/episodes/{episode_id}/report", body)
+                request_json(self.http, "POST", f"/v1/episodes/{episode_id}/report", content=body)
             except errors.JaxRunnerError as err:  # the server answered: nothing recorded
                 if isinstance(err, PolicyServerError) and err.status == 413 and stop - start > 1:
                     budget = max(1, min(budget, len(body)) // 2)

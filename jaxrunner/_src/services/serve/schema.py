@@ -22,13 +22,10 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-DType = wire.DType
-
-
 class WireArray(_Strict):
     """An array: little-endian bytes in base64, a dtype from the allowlist."""
 
-    dtype: DType
+    dtype: wire.DType
     shape: list[Annotated[int, Field(ge=0)]] = Field(max_length=wire.MAX_DIMS)
     data: str
 

@@ -77,17 +77,12 @@ class Refusal:
 
     def response(self) -> bytes:
         """The whole ``Connection: close`` response in the app's JSON error format."""
-        return raw_error(self.status, self.reason, self.code, self.message)
-
-
-def raw_error(status: int, reason: str, code: str, message: str) -> bytes:
-    """A whole ``Connection: close`` response in the app's JSON error format."""
-    body = json.dumps({"error": {"code": code, "message": message}}).encode()
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    )
-    return head.encode() + body
+        body = json.dumps({"error": {"code": self.code, "message": self.message}}).encode()
+        head = (
+            f"HTTP/1.1 {self.status} {self.reason}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        )
+        return head.encode() + body
 
 
 class HeadLimitedConnection(h11.Connection):
@@ -165,13 +160,13 @@ class DeadlineH11Protocol(H11Protocol):
         if not self.slots.admit(self):
             self._log_refusal()
             transport.write(
-                raw_error(
+                Refusal(
                     503,
                     "Service Unavailable",
                     "too_many_connections",
                     f"the server has {self.limits.max_connections} connections open, its "
                     "max_connections, none of them idle; retry later.",
-                )
+                ).response()
             )
             transport.close()
             return
@@ -316,13 +311,13 @@ class DeadlineH11Protocol(H11Protocol):
         responding = self.cycle is not None and self.cycle.response_started
         if self._got_bytes and not responding:
             self.transport.write(
-                raw_error(
+                Refusal(
                     408,
                     "Request Timeout",
                     "request_timeout",
                     f"the request did not arrive whole within read_timeout_s="
                     f"{self.limits.read_timeout_s} s; the connection is closed.",
-                )
+                ).response()
             )
         self.transport.close()  # the app, if waiting for the body, sees a disconnect
 

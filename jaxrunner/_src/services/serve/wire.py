@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
@@ -75,9 +76,7 @@ def decode_array(obj: Any, where: str, max_elements: int = DEFAULT_MAX_ELEMENTS)
         or not all(type(d) is int and 0 <= d <= max_elements for d in shape)
     ):
         raise WireError(f"{where}: shape must be a list of at most {MAX_DIMS} ints >= 0.")
-    count = 1
-    for d in shape:
-        count *= d
+    count = math.prod(shape)
     if count > max_elements:
         raise WireError(f"{where}: {count} elements is more than the limit of {max_elements}.")
     if not isinstance(data, str):
