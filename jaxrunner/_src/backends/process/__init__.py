@@ -5,11 +5,6 @@ from jaxrunner._src.backends.process.config import DEFAULT_SPIN_WAIT_US as DEFAU
 from jaxrunner._src.backends.process.config import ProcessConfig as ProcessConfig
 from jaxrunner._src.backends.process.config import main_process_share as main_process_share
 from jaxrunner._src.backends.process.config import spin_wait_s as spin_wait_s
-from jaxrunner._src.backends.process.launch import DEFAULT_STEP_TIMEOUT_S as DEFAULT_STEP_TIMEOUT_S
-from jaxrunner._src.backends.process.launch import START_METHODS as START_METHODS
-from jaxrunner._src.backends.process.launch import EnvFactory as EnvFactory
-from jaxrunner._src.backends.process.launch import default_num_workers as default_num_workers
-from jaxrunner._src.backends.process.launch import pickle_factories as pickle_factories
 from jaxrunner._src.backends.process.launch import worker_bounds as worker_bounds
 from jaxrunner._src.backends.process.make import make_process_vec as make_process_vec
 from jaxrunner._src.backends.process.vector_env import ProcessVectorEnv as ProcessVectorEnv

@@ -19,7 +19,7 @@ from jaxrunner._src.backends.multi_agent.buffers import (
 )
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.process.config import ProcessConfig
-from jaxrunner._src.backends.process.shared import BlockLayout, Views
+from jaxrunner._src.backends.process.shared import BlockLayout, StepOutcome, Views
 from jaxrunner._src.backends.process.transport import ProcessTransport, Report
 from jaxrunner._src.backends.process.vector_env import ProcessBackend
 from jaxrunner._src.backends.restarts import RestartPolicy
@@ -116,21 +116,13 @@ class AgentLayout(BlockLayout):
         views.buffers.fail_row(index)
 
     def result(
-        self,
-        views: Views,
-        lo: int,
-        hi: int,
-        whole: bool,
-        infos: dict[int, dict[str, Any]],
-        reset_infos: dict[int, dict[str, Any]],
-        failed: list[int],
-        errors: dict[int, BaseException],
+        self, views: Views, lo: int, hi: int, whole: bool, out: StepOutcome
     ) -> MultiAgentStep:
-        block_infos = [infos.get(i, {}) for i in range(lo, hi)]
-        return views.steps.step(lo, hi, block_infos, failed, errors)
+        block_infos = [out.infos.get(i, {}) for i in range(lo, hi)]
+        return views.steps.step(lo, hi, block_infos, out.failed, out.errors)
 
     def reset_result(self, views: Views, infos: list[dict[str, Any]]) -> MultiAgentStep:
-        return self.result(views, 0, self.num_envs, True, {}, {}, [], {})._replace(infos=infos)
+        return views.steps.step(0, self.num_envs, infos)
 
     def reset_at_result(self, views: Views, index: int, info: dict[str, Any]) -> dict:
         return info

@@ -101,11 +101,7 @@ class ProcessConfig:
 
 
 def checked_config(config: Any, where: str) -> ProcessConfig:
-    """``config`` (None: the defaults) as the ProcessConfig ``where`` takes.
-
-    Raises:
-        InvalidArgumentTypeError: ``config`` is not a ProcessConfig.
-    """
+    """``config`` (None: the defaults); raises unless it is a ProcessConfig."""
     config = ProcessConfig() if config is None else config
     if not isinstance(config, ProcessConfig):
         raise InvalidArgumentTypeError(

@@ -21,10 +21,10 @@ from jaxrunner._src.backends.process.worker import worker_main
 from jaxrunner.errors import WorkerError, WorkerTimeoutError
 
 START_TIMEOUT_FLOOR_S = 60.0
-KILL_CONFIRM_S = 5.0
-"""How long :meth:`WorkerHandle.kill` waits for a SIGKILLed worker to be gone."""
 """Building a worker's sub-envs may take at least this long, whatever
 ``step_timeout_s`` says (factories import modules, load assets)."""
+KILL_CONFIRM_S = 5.0
+"""How long :meth:`WorkerHandle.kill` waits for a SIGKILLed worker to be gone."""
 
 
 class WorkerLost(Exception):
@@ -179,18 +179,13 @@ class WorkerHandle:
         self.sock.close()
 
     def kill(self) -> None:
-        """Ends the worker now (SIGKILL by pid: a hung one gets no say), confirms it
-        is gone, and frees its resources.
-
-        Raises:
-            WorkerError: the worker still ran ``KILL_CONFIRM_S`` after SIGKILL.
-        """
+        """Ends the worker now (SIGKILL by pid: a hung one gets no say) and frees its
+        resources; raises WorkerError if it still runs ``KILL_CONFIRM_S`` later."""
         self.signal(signal.SIGKILL)
         gone = self.wait_gone(KILL_CONFIRM_S)
         with contextlib.suppress(ValueError):  # already closed
             self.process.join(0)
-            self.process.close()  # its sentinel fd: workers may be replaced many times
-        self.sock.close()
+        self.release()  # its sentinel fd: workers may be replaced many times
         if not gone:
             raise WorkerError(
                 f"{self.describe()} still runs {KILL_CONFIRM_S} s after SIGKILL (stuck in the "

@@ -236,9 +236,7 @@ def _main_guard_lines(path: str) -> list[tuple[int, int]]:
 
 def _is_main_test(test: ast.expr) -> bool:
     """``__name__ == "__main__"`` (either order)."""
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
-        return False
-    if not isinstance(test.ops[0], ast.Eq):
+    if not isinstance(test, ast.Compare) or [type(op) for op in test.ops] != [ast.Eq]:
         return False
     sides = [test.left, test.comparators[0]]
     names = [s.id for s in sides if isinstance(s, ast.Name)]

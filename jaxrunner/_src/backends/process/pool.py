@@ -125,7 +125,7 @@ class WorkerPool:
             if got == seq:
                 break
         if status != protocol.STATUS_OK:
-            self.raise_remote(w, pickle.loads(payload))
+            raise self.remote_exception(w, pickle.loads(payload))
         return pickle.loads(payload) if payload else None
 
     def lost_worker(self, lost: WorkerLost, fatal: bool = False) -> BaseException:
@@ -164,7 +164,7 @@ class WorkerPool:
         while key not in self._stash:
             if key in self._lost:
                 return LOST, b""
-            self._read(w, self.workers[w].read)
+            self._read(w)
         return self._stash.pop(key)
 
     def read_any(self, ws: list[int]) -> None:
@@ -188,13 +188,11 @@ class WorkerPool:
         ready = poller.poll(timeout_ms)
         # Nothing ready: the worker with the first deadline missed it (its read says so).
         worker = by_fd[ready[0][0]] if ready else first
-        self._read(worker.index, worker.read)
+        self._read(worker.index)
 
-    def _read(
-        self, w: int, read: Callable[[float | None, protocol.Spin | None], tuple[int, int, bytes]]
-    ) -> None:
+    def _read(self, w: int) -> None:
         try:
-            got, status, payload = read(self.step_timeout_s, self.spin)
+            got, status, payload = self.workers[w].read(self.step_timeout_s, self.spin)
         except WorkerLost as lost:
             self.lost_worker(lost)
             return
@@ -242,7 +240,7 @@ class WorkerPool:
             else:
                 errors.append((w, pickle.loads(payload)))
         if errors:
-            self.raise_remote(*protocol.first_error(errors))
+            raise self.remote_exception(*protocol.first_error(errors))
         return results
 
     def call_each_env(self, method: str, args: tuple = ()) -> tuple[Any, ...]:
@@ -250,10 +248,7 @@ class WorkerPool:
         parts = self.call_all(method, [args] * len(self.workers))
         return tuple(x for part in parts for x in part)
 
-    def raise_remote(self, w: int, remote: protocol.RemoteError) -> None:
-        """Raises a worker's error here, with the worker's traceback chained."""
-        raise self.remote_exception(w, remote)
-
     def remote_exception(self, w: int, remote: protocol.RemoteError) -> BaseException:
+        """Worker ``w``'s error as an exception of this process, its traceback chained."""
         worker = self.workers[w]
         return remote_exception(remote, w, worker.envs, worker.place)

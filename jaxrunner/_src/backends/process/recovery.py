@@ -100,10 +100,8 @@ class WorkerRecovery:
             self.layout.fail_slot(self.views, i)
 
     def _respawn(self, w: int, cause: BaseException) -> None:
-        """Starts a new worker ``w`` with new, reset sub-envs, as the restart policy
-        says (:func:`jaxrunner._src.backends.restarts.retry`); closes the vector env and raises if
-        none
-        succeeds."""
+        """Starts a new worker ``w`` with new, reset sub-envs, retried as the restart
+        policy says; closes the vector env and raises if no attempt succeeds."""
         policy, pool = self.restart_policy, self.pool
         assert policy is not None  # internal: only with a policy
         lo, hi = pool.bounds[w]

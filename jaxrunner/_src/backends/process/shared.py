@@ -41,6 +41,16 @@ class Views(NamedTuple):
     """Multi-agent: the steps the main process returns, views of :attr:`buffers`."""
 
 
+class StepOutcome(NamedTuple):
+    """A step's results beyond the shared block, from its workers' replies (global
+    indices): the non-empty step and autoreset infos, the failed slots, the errors."""
+
+    infos: dict[int, dict[str, Any]]
+    reset_infos: dict[int, dict[str, Any]]
+    failed: list[int]
+    errors: dict[int, BaseException]
+
+
 class BlockLayout(abc.ABC):
     """What a kind of sub-env brings to the process backend (pickled to each worker with
     the shared block); one subclass per kind. Both sides call :meth:`views` on the same
@@ -118,20 +128,9 @@ class BlockLayout(abc.ABC):
         worker died): written in place of the worker's results."""
 
     @abc.abstractmethod
-    def result(
-        self,
-        views: Any,
-        lo: int,
-        hi: int,
-        whole: bool,
-        infos: dict[int, dict[str, Any]],
-        reset_infos: dict[int, dict[str, Any]],
-        failed: list[int],
-        errors: dict[int, BaseException],
-    ) -> Any:
+    def result(self, views: Any, lo: int, hi: int, whole: bool, out: StepOutcome) -> Any:
         """Sub-envs ``[lo, hi)``'s step, read from ``views`` once their workers are done
-        (``whole``: every env, in one lockstep call): the non-empty step and autoreset
-        infos, the failed slots and the errors by global index."""
+        (``whole``: every env, in one lockstep call) and from their replies, ``out``."""
 
     @abc.abstractmethod
     def reset_result(self, views: Any, infos: list[dict[str, Any]]) -> Any:
@@ -219,30 +218,20 @@ class Layout(BlockLayout):
     def fail_slot(self, views: Views, index: int) -> None:
         fail_slot(views.buffers, self.observation_space, index)
 
-    def result(
-        self,
-        views: Views,
-        lo: int,
-        hi: int,
-        whole: bool,
-        infos: dict[int, dict[str, Any]],
-        reset_infos: dict[int, dict[str, Any]],
-        failed: list[int],
-        errors: dict[int, BaseException],
-    ) -> BatchStep:
+    def result(self, views: Views, lo: int, hi: int, whole: bool, out: StepOutcome) -> BatchStep:
         step_infos: list[dict[str, Any]] = [{} for _ in range(hi - lo)]
-        for i, info in infos.items():
+        for i, info in out.infos.items():
             step_infos[i - lo] = info
         ended = (views.buffers.terminated[lo:hi] | views.buffers.truncated[lo:hi]).nonzero()[0]
         all_reset_infos = {lo + int(j): {} for j in ended} if len(ended) else {}
-        all_reset_infos.update(reset_infos)
+        all_reset_infos.update(out.reset_infos)
         return views.buffers.batch_step(
             self.observation_space,
             None if whole else slice(lo, hi),
             step_infos,
             all_reset_infos,
-            failed_mask(failed, lo, hi) if failed else None,
-            errors or None,
+            failed_mask(out.failed, lo, hi) if out.failed else None,
+            out.errors or None,
         )
 
     def reset_result(self, views: Views, infos: list[dict[str, Any]]) -> tuple[Any, list[dict]]:

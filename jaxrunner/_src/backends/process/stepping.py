@@ -16,7 +16,7 @@ from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.process.handle import WorkerLost
 from jaxrunner._src.backends.process.pool import LOST, WorkerPool
 from jaxrunner._src.backends.process.recovery import Sent, WorkerRecovery
-from jaxrunner._src.backends.process.shared import BlockLayout
+from jaxrunner._src.backends.process.shared import BlockLayout, StepOutcome
 from jaxrunner._src.backends.sub_env_block import NOT_RUN
 from jaxrunner.errors import InvalidArgumentError
 
@@ -186,7 +186,7 @@ class Stepper:
             self.calls.remove(call)
         if not all_ok:
             remote_errors = [(w, pickle.loads(p)) for w, s, p in replies if s != protocol.STATUS_OK]
-            self.pool.raise_remote(*protocol.first_error(remote_errors))
+            raise self.pool.remote_exception(*protocol.first_error(remote_errors))
         return self._result(call, replies, failed, errors)
 
     def _dispatch_waiting(self) -> None:
@@ -228,6 +228,5 @@ class Stepper:
             self.num_restarts += len(reply.errors)
         # The workers are done: what they wrote in shared memory is this step's.
         whole = (call.lo, call.hi) == (0, self.num_envs) and not call.per_worker
-        return self.layout.result(
-            self.views, call.lo, call.hi, whole, infos, reset_infos, failed, errors
-        )
+        out = StepOutcome(infos, reset_infos, failed, errors)
+        return self.layout.result(self.views, call.lo, call.hi, whole, out)

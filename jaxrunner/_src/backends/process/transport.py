@@ -157,12 +157,9 @@ class ProcessTransport:
 
     def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> dict:
         """Resets sub-env ``index`` alone; its reset info."""
-        w = self.pool.worker_of(index)
-        status, payload = self.pool.call(w, "reset_at", (index, seed, options))
-        if status != protocol.STATUS_OK:
-            self.pool.raise_remote(w, pickle.loads(payload))
+        info = self.call_worker_of(index, "reset_or_restart", (index, seed, options))
         self.recovery.pending.pop(index, None)
-        return pickle.loads(payload)
+        return info
 
     def step_all(self, actions: Any, rows: slice | None, ready_first: bool) -> Any:
         """One step of ``rows`` (None: every env), sent and received at once."""
@@ -176,11 +173,11 @@ class ProcessTransport:
     def set_attr(self, name: str, values: list[Any]) -> None:
         self.pool.call_all("set_attr", [(name, list(values[lo:hi])) for lo, hi in self.bounds])
 
-    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        """A sub-env handle's request, run on sub-env ``index`` alone in its worker (the
-        current one: a replaced worker's successor); its result."""
+    def call_worker_of(self, index: int, method: str, args: tuple) -> Any:
+        """``method(*args)`` asked of sub-env ``index``'s worker (the current one: a
+        replaced worker's successor); its result."""
         w = self.pool.worker_of(index)
-        status, payload = self.pool.call(w, "on_sub_env", (index, method, args))
+        status, payload = self.pool.call(w, method, args)
         if status != protocol.STATUS_OK:
-            self.pool.raise_remote(w, pickle.loads(payload))
+            raise self.pool.remote_exception(w, pickle.loads(payload))
         return pickle.loads(payload)

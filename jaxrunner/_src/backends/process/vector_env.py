@@ -4,6 +4,7 @@ kind of sub-env, whose :class:`~.shared.BlockLayout` is the per-kind part; and
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -59,15 +60,12 @@ class ProcessBackend(RemoteSubEnvs):
         self._transport, self._res = transport, transport.res
         self.main_process_envs = transport.main_process_envs
         """How many sub-envs (the first ones) step in the main process."""
+        unsplit = dataclasses.replace(ProcessBackend.capabilities, pipeline_splits=None)
         if config.ready_first:
-            self.capabilities = Capabilities(
-                can_restart=True, steps_in_background=True, ready_first=True
-            )
+            self.capabilities = dataclasses.replace(unsplit, ready_first=True)
         elif self.main_process_envs:  # the runner's two splits: the main process's, the rest
             bounds = (0, self.main_process_envs, self.num_envs)
-            self.capabilities = Capabilities(
-                can_restart=True, steps_in_background=True, pipeline_bounds=bounds
-            )
+            self.capabilities = dataclasses.replace(unsplit, pipeline_bounds=bounds)
         self._finalizer = weakref.finalize(self, shutdown, self._res)
         try:
             transport.attach(self._layout_for(transport.reports), restart_policy, self._close_after)
@@ -168,7 +166,7 @@ class ProcessBackend(RemoteSubEnvs):
     # -- gymnasium's utilities, run in the workers
 
     def _ask_one(self, index: int, method: str, args: tuple) -> Any:
-        return self._transport.on_sub_env(index, method, args)
+        return self._transport.call_worker_of(index, "on_sub_env", (index, method, args))
 
     def _ask_each(self, method: str, *args: Any) -> tuple[Any, ...]:
         return self._transport.pool.call_each_env(method, args)
@@ -210,9 +208,9 @@ class ProcessVectorEnv(ProcessBackend, VectorEnv):
     ``env.step`` calls themselves.
 
     Args:
-        env_fns: zero-argument factories, one per sub-env; each is pickled (with
-            cloudpickle if plain pickle fails and cloudpickle is installed) and
-            called in its worker (those of the main process's share here, unpickled).
+        env_fns: zero-argument factories, one per sub-env; each is pickled by
+            cloudpickle and called in its worker (those of the main process's share
+            here, unpickled).
         config: workers, start method, timeout, stepping mode and the main process's
             share (:class:`~jaxrunner.ProcessConfig`; None: the defaults).
         copy: as for :class:`~jaxrunner.SyncVectorEnv`.

@@ -35,6 +35,12 @@ from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_block import SubEnvBlock, SubEnvRaised, build_envs
 from jaxrunner.errors import EnvError, JaxRunnerError
 
+BLOCK_CALLS = frozenset(
+    {"reset_or_restart", "call", "get_attr", "set_attr", "render", "on_sub_env"}
+)
+"""The ``OP_CALL`` methods the step loop (:class:`SubEnvBlock`) answers itself; the
+others (``reset``, ``grow``, ``close``) are the :class:`Worker`'s."""
+
 
 class Worker:
     """Owns sub-envs ``[offset, offset + len(envs))`` and answers the main process."""
@@ -108,24 +114,6 @@ class Worker:
         infos = sub_envs.reset(seeds, options)  # type: ignore[union-attr]
         return infos, sub_envs.num_restarts - before  # type: ignore[union-attr]
 
-    def reset_at(self, index: int, seed: int | None, options: dict[str, Any] | None) -> dict:
-        return self.sub_envs.reset_or_restart(index, seed, options)  # type: ignore[union-attr]
-
-    def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        return self.sub_envs.call(name, args, kwargs)  # type: ignore[union-attr]
-
-    def get_attr(self, name: str) -> list[Any]:
-        return self.sub_envs.get_attr(name)  # type: ignore[union-attr]
-
-    def set_attr(self, name: str, values: list[Any]) -> None:
-        self.sub_envs.set_attr(name, values)  # type: ignore[union-attr]
-
-    def render(self) -> list[Any]:
-        return self.sub_envs.render()  # type: ignore[union-attr]
-
-    def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        return self.sub_envs.on_sub_env(index, method, args)  # type: ignore[union-attr]
-
     def close(self) -> None:
         for env in self.envs:
             env.close()
@@ -177,7 +165,7 @@ class Worker:
                 self.reply(seq, STATUS_OK)
                 return False
             method, args = pickle.loads(payload)
-            result = getattr(self, method)(*args)
+            result = getattr(self.sub_envs if method in BLOCK_CALLS else self, method)(*args)
             self.reply(seq, STATUS_OK, pickle.dumps(result, protocol=5))
             return method == "close"
         except (EOFError, BrokenPipeError, ConnectionResetError):

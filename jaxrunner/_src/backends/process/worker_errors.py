@@ -37,15 +37,11 @@ def remote_exception(remote: RemoteError, w: int, envs: range, place: str) -> Ba
         error = EnvError(remote.description, i)
         error.recreation_error = _unpickle(remote.recreation)  # type: ignore[attr-defined]
     elif remote.kind == "env":
-        who = (
-            f"sub-env {i}"
-            if remote.agent_id is None
-            else f"sub-env {i} (agent {remote.agent_id!r})"
-        )
+        agent = "" if remote.agent_id is None else f" (agent {remote.agent_id!r})"
         if remote.call == "factory":
             message = f"the factory of sub-env {i} raised in {place}: {remote.description}"
         else:
-            message = f"{who} raised in {remote.call}(): {remote.description}"
+            message = f"sub-env {i}{agent} raised in {remote.call}(): {remote.description}"
         error = EnvError(message, i)
         error.agent_id = remote.agent_id  # type: ignore[attr-defined]
     elif original is not None:  # a jaxrunner check, or a failing call/get_attr
