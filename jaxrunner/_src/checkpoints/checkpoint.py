@@ -4,10 +4,12 @@ and resume exactly. See docs/checkpoints.md."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import warnings
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxrunner._src.backends.snapshots import SnapshotRefusedError
@@ -21,13 +23,8 @@ from jaxrunner._src.checkpoints.checkpoint_file import (
     identity,
     kept_episodes,
 )
+from jaxrunner._src.checkpoints.format import META, Part, array_name, is_key, path_leaves
 from jaxrunner._src.checkpoints.live_episodes import put_live_episodes
-from jaxrunner._src.checkpoints.writer import (
-    put_snapshots,
-    put_steps,
-    put_tree,
-    write_checkpoint,
-)
 from jaxrunner._src.core.runner_state import RunnerParts
 from jaxrunner._src.core.seeds import env_seeds
 from jaxrunner.errors import InvalidArgumentError
@@ -72,7 +69,26 @@ def save(parts: RunnerParts, path: str | os.PathLike) -> None:
         "metrics": metrics_paths,
         **{key: _put_episodes(arrays, key, kept) for key, kept in kept_episodes(parts).items()},
     }
-    write_checkpoint(path, arrays, meta)
+    arrays[META] = np.array(json.dumps(meta))
+    path = os.fspath(path)
+    tmp = (
+        f"{path}.tmp-{os.getpid()}"  # then renamed: a crash mid-write leaves an earlier file whole
+    )
+    with open(tmp, "wb") as f:
+        # The stub lets a name collide with savez's allow_pickle; ours are paths "a/b".
+        np.savez(f, **arrays)  # type: ignore[arg-type]
+    os.replace(tmp, path)
+
+
+def put_tree(arrays: dict[str, np.ndarray], prefix: str, tree: Any) -> list[list[Part]]:
+    """Adds the leaves of ``tree`` as ``prefix/<path>`` (typed keys as their raw data);
+    returns the paths, saved in the metadata."""
+    paths = []
+    for parts, leaf in path_leaves(tree)[0]:
+        value = jax.random.key_data(leaf) if is_key(leaf) else leaf
+        arrays[array_name(prefix, parts)] = np.asarray(jax.device_get(value))
+        paths.append(parts)
+    return paths
 
 
 def _put_env_snapshots(arrays: dict[str, np.ndarray], envs: Any) -> tuple[str, str]:
@@ -84,7 +100,8 @@ def _put_env_snapshots(arrays: dict[str, np.ndarray], envs: Any) -> tuple[str, s
         blobs = envs.snapshot_sub_envs()
     except Exception as err:  # a sub-env that does not pickle: resume restarts episodes
         return "none", f"a sub-env could not be pickled ({type(err).__name__}: {err})"
-    put_snapshots(arrays, blobs)
+    for i, blob in enumerate(blobs):  # read only on request
+        arrays[f"envs/{i}"] = np.frombuffer(blob, np.uint8)
     return "pickle", "the sub-envs are pickled"
 
 
@@ -95,7 +112,9 @@ def _put_episodes(
     for k, episode in enumerate(episodes):
         scalars = EPISODE_SCALARS[type(episode)]
         meta: dict[str, Any] = {f: t(getattr(episode, f)) for f, t in scalars.items()}
-        meta.update(put_steps(arrays, f"{prefix}/{k}", episode))
+        steps = {"obs": episode.obs, "action": episode.action, "reward": episode.reward}
+        meta["paths"] = put_tree(arrays, f"{prefix}/{k}", steps)
+        meta["extras"] = put_tree(arrays, f"{prefix}/{k}/extras", dict(episode.extras))
         if "agent_id" in scalars:
             arrays[f"{prefix}/{k}/env_step"] = np.asarray(episode.env_step, np.int64)
         metas.append(meta)
@@ -133,17 +152,10 @@ def restore(
 
 
 def _resume_envs(parts: RunnerParts, ckpt: Checkpoint, path: str) -> tuple[bool, str]:
-    """The fallible steps of a restore, all or none: installs ``ckpt.sampler_state``,
-    then resumes the envs: from ``ckpt.env_snapshots`` where there are any, else every
-    env reset with ``env_seeds((ckpt.seed, ckpt.steps_done), num_envs)`` (new episodes,
-    the connectors' running episode state restarted), unless ``ckpt.envs`` is
-    ``"pytree"`` (the envs are in the sampler state). If a step fails, the sampler gets
-    its previous state back and the error propagates.
-
-    Returns:
-        ``(envs_restored, note)``: whether the envs resume their saved episodes, and
-        the note for the :class:`RestoreReport` (and the warning when they do not).
-    """
+    """The fallible steps of a restore, all or none (a failure gives the sampler its
+    previous state back): the sampler state, then the envs, unpickled or reset with fresh
+    seeds unless in the sampler state. Returns ``(envs_restored, note)`` for the
+    :class:`RestoreReport` (and the warning when they are not restored)."""
     sampler, runner = parts.sampler, parts.runner
     envs_restored = ckpt.envs == "pytree"
     note = ckpt.envs_note

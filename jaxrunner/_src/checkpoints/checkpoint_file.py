@@ -7,9 +7,11 @@ import dataclasses
 import os
 from typing import Any
 
+import jax
 import numpy as np
 
-from jaxrunner._src.checkpoints.header_checks import leading
+from jaxrunner._src import space_arrays
+from jaxrunner._src.checkpoints.format import leading
 from jaxrunner._src.checkpoints.live_episodes import read_live_episodes
 from jaxrunner._src.checkpoints.reader import CheckpointReader, EpisodeSpaces
 from jaxrunner._src.core.episode import AgentEpisode, Episode
@@ -276,7 +278,10 @@ class CheckpointFile(CheckpointReader):
         self, npz: NpzReader, prefix: str, metas: list[Any], next_id: int, most: int
     ) -> tuple[Any, ...]:
         specs = {
-            g.policy_id: self.episode_specs(g.observation_space, g.action_space)
+            g.policy_id: {
+                "obs": space_arrays.leaf_spaces(g.observation_space),
+                "action": space_arrays.leaf_spaces(g.action_space),
+            }
             for g in self.parts.groups
         }
         return tuple(
@@ -318,10 +323,6 @@ class CheckpointFile(CheckpointReader):
         self.require((env_step >= 0).all(), name, "negative")
         return AgentEpisode(**steps, env_step=env_step, **{f: meta[f] for f in self.scalars})
 
-    def _stream(self, episode: Any) -> tuple[Any, int]:
-        """The episode's stream: its agent (None for an env's own episode) and env."""
-        return (episode.agent_id if self.per_agent else None), episode.env_id
-
     def _check_fragments(self, key: str, episodes: tuple[Any, ...], ids: np.ndarray) -> None:
         """Unfinished, one per stream, each of the env's current
         episode (an agent's may be of an earlier one: an agent can leave unended)."""
@@ -343,7 +344,7 @@ class CheckpointFile(CheckpointReader):
                     f"{where}.episode_id",
                     f"{episode.episode_id}, not the current episode of env {episode.env_id}",
                 )
-            agent, env = self._stream(episode)
+            agent, env = (episode.agent_id if self.per_agent else None), episode.env_id
             whose = f"agent {agent!r} of env {env}" if self.per_agent else "one env"
             self.require((agent, env) not in seen, key, f"with two for {whose}")
             seen.add((agent, env))
@@ -372,12 +373,15 @@ class CheckpointFile(CheckpointReader):
         """Every kept episode of a policy has one structure, dtype and trailing shape
         per action and extras leaf."""
         for group in self.parts.groups:
-            pid = group.policy_id
-            self.check_alike(
-                [
-                    (f"{key}[{k}]", e)
-                    for key, episodes in kept.items()
-                    for k, e in enumerate(episodes)
-                    if getattr(e, "policy_id", DEFAULT_POLICY_ID) == pid
-                ]
-            )
+            signature = None
+            for key, episodes in kept.items():
+                for k, e in enumerate(episodes):
+                    if getattr(e, "policy_id", DEFAULT_POLICY_ID) != group.policy_id:
+                        continue
+                    sig = jax.tree.map(lambda x: (x.dtype, x.shape[1:]), (e.action, e.extras))
+                    if signature is not None and sig != signature:
+                        raise self.error(
+                            f"has {key}[{k}] whose rewards, actions or extras differ in "
+                            "structure, dtype or shape from the other kept episodes'"
+                        )
+                    signature = sig

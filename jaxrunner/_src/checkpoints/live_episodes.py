@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.checkpoints.header_checks import bytes_check
+from jaxrunner._src.checkpoints.format import bytes_check
 from jaxrunner._src.checkpoints.reader import CheckpointReader
 from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner._src.core.runner_state import RunnerParts

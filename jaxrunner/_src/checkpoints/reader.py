@@ -20,11 +20,12 @@ from jaxrunner._src.checkpoints.format import (
     Part,
     array_name,
     build_tree,
+    bytes_check,
+    exact,
     is_key,
-    leaf_specs,
-    part_of,
+    leading,
+    path_leaves,
 )
-from jaxrunner._src.checkpoints.header_checks import bytes_check, exact, leading
 from jaxrunner._src.core.npz_reader import NUMERIC_KINDS, HeaderCheck, NpzReader
 from jaxrunner._src.core.seeds import MAX_SEED
 from jaxrunner.errors import InvalidArgumentError
@@ -78,14 +79,6 @@ class CheckpointReader:
             bounds = f">= {low}" if high == float("inf") else f"in [{low}, {high}]"
             raise self.error(f"has {where}={value!r}; expected an int {bounds}")
         return int(value)
-
-    @staticmethod
-    def episode_specs(obs_space: Any, action_space: Any) -> EpisodeSpaces:
-        """The leaf spaces of a kept episode's ``obs`` and ``action`` arrays, by path."""
-        return {
-            "obs": space_arrays.leaf_spaces(obs_space),
-            "action": space_arrays.leaf_spaces(action_space),
-        }
 
     def check_episode_meta(
         self,
@@ -163,14 +156,13 @@ class CheckpointReader:
         note = meta.get("envs_note")
         if not isinstance(note, str) or len(note) > 10_000:
             raise self.error("has a metadata field envs_note that is not a short string")
-        want = [list(p) for p in leaf_specs(self.metrics_template)]
+        want = [parts for parts, _ in path_leaves(self.metrics_template)[0]]
         if meta.get("metrics") != want:
             raise self.error(f"has metadata field metrics={meta.get('metrics')!r}; expected {want}")
 
-    def check_list(self, meta: dict[str, Any], key: str) -> list[Any]:
+    def check_list(self, meta: dict[str, Any], key: str) -> None:
         if not isinstance(meta.get(key), list):
             raise self.error(f"has a metadata field {key} that is not a list")
-        return meta[key]
 
     # -- arrays ------------------------------------------------------------------------------
 
@@ -180,9 +172,9 @@ class CheckpointReader:
         pure-JAX env's state's; device arrays where the template has them, typed keys
         rewrapped."""
         leaves = []
-        flat, treedef = jax.tree_util.tree_flatten_with_path(template)
-        for path, like in flat:
-            name = array_name(prefix, [part_of(e) for e in path])
+        flat, treedef = path_leaves(template)
+        for parts, like in flat:
+            name = array_name(prefix, parts)
             if not npz.has(name):
                 raise InvalidArgumentError(
                     f"{self.where()}: the checkpoint has no {name!r}: its {what} has another "
@@ -249,10 +241,9 @@ class CheckpointReader:
         float finite, and the env-level :class:`~jaxrunner._src.core.metrics.RunnerMetrics`
         counters consistent."""
         leaves = []
-        flat, treedef = jax.tree_util.tree_flatten_with_path(self.metrics_template)
+        flat, treedef = path_leaves(self.metrics_template)
         why = "this runner's MetricsConfig.episode_window: build it as the saved one"
-        for path, want in flat:
-            parts = [part_of(e) for e in path]
+        for parts, want in flat:
             name = array_name("metrics", parts)
             if parts[-1] in WINDOWS:
                 check = leading(want.shape[1:], want.dtype, None, self.window, why)
@@ -314,14 +305,10 @@ class CheckpointReader:
         specs: EpisodeSpaces,
         most: int,
     ) -> dict[str, Any]:
-        """An episode's step arrays saved by :func:`put_steps` below ``base``:
-        ``obs`` (``[L + 1]``, the structure, trailing shapes and dtypes of
-        ``specs["obs"]``, finite and in those spaces but a Box's bounds, which sampling
-        does not check either), ``action`` (``[L]``, the structure and trailing shapes
-        of ``specs["action"]``, in those spaces but a Box's bounds: sampled Box actions
-        are kept unclipped), ``reward`` (``[L]``,
-        finite, ``L`` at most ``most``: the steps the saved runner counted) and
-        ``extras`` (``[L]``, the string paths of ``meta["extras"]``)."""
+        """An episode's step arrays below ``base``: ``obs`` ``[L + 1]`` and ``action``
+        ``[L]`` in ``specs``' structure and spaces but a Box's bounds (sampling checks
+        neither: Box actions are kept unclipped), ``reward`` ``[L]`` (``L`` at most
+        ``most``: the steps the saved runner counted) and ``extras`` ``[L]``."""
         data_paths = self.paths(meta["paths"], f"{where}.paths")
         extras_paths = self.paths(meta["extras"], f"{where}.extras")
         want = {("reward",)} | {(key, *p) for key, leaves in specs.items() for p in leaves}
@@ -338,26 +325,24 @@ class CheckpointReader:
         self.require(np.isfinite(reward).all(), name, "not finite")
         steps = len(reward)
 
-        def read(path: tuple[Part, ...], sub: str, check: HeaderCheck) -> np.ndarray:
-            name = array_name(f"{base}{sub}", path)
+        def read(name: str, check: HeaderCheck) -> np.ndarray:
             return npz.read(name, name, NUMERIC_KINDS, check)
 
-        obs_specs, action_specs = specs["obs"], specs["action"]
         obs, action = {}, {}
-        for p, space in obs_specs.items():  # a runner records no NaN or infinite observation
-            obs[p] = leaf = read(
-                ("obs", *p), "", leading(*space_arrays.leaf_spec(space), steps + 1)
-            )
+        for p, space in specs["obs"].items():  # a runner records no NaN or infinite observation
+            name = array_name(base, ("obs", *p))
+            obs[p] = leaf = read(name, leading(*space_arrays.leaf_spec(space), steps + 1))
             finite = leaf.dtype.kind != "f" or np.isfinite(leaf).all()
-            self.require(finite, array_name(base, ("obs", *p)), "not finite (NaN or infinity)")
+            self.require(finite, name, "not finite (NaN or infinity)")
             # A Box's bounds as sampling's: gymnasium envs may leave them, and a
             # runner must restore its own file.
-            self.check_rows(space, leaf, array_name(base, ("obs", *p)), bounds=False)
-        for p, space in action_specs.items():
-            shape = space_arrays.leaf_spec(space)[0]
-            action[p] = leaf = read(("action", *p), "", leading(shape, None, steps))
-            self.check_rows(space, leaf, array_name(base, ("action", *p)), bounds=False)
-        extras = {p: read(p, "/extras", leading(None, None, steps)) for p in extras_paths}
+            self.check_rows(space, leaf, name, bounds=False)
+        for p, space in specs["action"].items():
+            name = array_name(base, ("action", *p))
+            action[p] = leaf = read(name, leading(space_arrays.leaf_spec(space)[0], None, steps))
+            self.check_rows(space, leaf, name, bounds=False)
+        extras_check = leading(None, None, steps)
+        extras = {p: read(array_name(f"{base}/extras", p), extras_check) for p in extras_paths}
         return {
             "obs": build_tree(obs),
             "action": build_tree(action),
@@ -388,16 +373,3 @@ class CheckpointReader:
                 f"has a member {other[0]!r} that no field references ({len(other)} such "
                 f"member{'s' if len(other) > 1 else ''}); {self.runner_name}.save writes none"
             )
-
-    def check_alike(self, named: list[tuple[str, Any]]) -> None:
-        """Kept episodes ``(where, episode)`` of one kind have one structure, dtype and
-        trailing shape per action and extras leaf."""
-        signature = None
-        for where, episode in named:
-            sig = jax.tree.map(lambda x: (x.dtype, x.shape[1:]), (episode.action, episode.extras))
-            if signature is not None and sig != signature:
-                raise self.error(
-                    f"has {where} whose rewards, actions or extras differ in structure, "
-                    "dtype or shape from the other kept episodes'"
-                )
-            signature = sig

@@ -165,9 +165,10 @@ def _trial(
     times: dict[int | str, list[float]] = {}
     try:
         for key in keys:
+            envs: Any = None
             try:
                 if key == ENVPOOL:
-                    envs: VectorEnv = make_vec(env, num_envs, ENVPOOL)
+                    envs = make_vec(env, num_envs, ENVPOOL)
                     if not _same_spaces(envs, runners[0].envs):  # the policy's: sync's
                         envs.close()
                         continue
@@ -179,15 +180,10 @@ def _trial(
                         env, num_envs, layout.backend, config=layout.process_config(),
                         restart_policy=restart_policy, **env_kwargs,
                     )  # fmt: skip
-            except Exception as err:
-                if key == 0:
-                    raise
-                failed[key] = err
-                continue
-            try:
                 runners[key] = runner_cls(envs, policy, params, length, seed, **options)
             except BaseException as err:
-                envs.close()
+                if envs is not None:  # the runner never owned them
+                    envs.close()
                 if key == 0 or not isinstance(err, Exception):
                     raise
                 failed[key] = err

@@ -145,19 +145,17 @@ class EnvRunner:
         self._on_agent_episode_end = self.kind.agent_episode_end(callbacks)
         try:
             self.sampler: Any = self.kind.sampler(self, num_splits)
-        except (KeyError, TypeError, AttributeError) as err:
+        except BaseException as err:
             self._ownership.release()
-            if isinstance(err, InvalidArgumentTypeError):
-                raise
             # Tracing the policy with params of the wrong structure fails deep in its code.
+            wrong_params = isinstance(err, KeyError | TypeError | AttributeError)
+            if not wrong_params or isinstance(err, InvalidArgumentTypeError):
+                raise
             raise InvalidArgumentError(
                 f"EnvRunner(params=...): the policy could not be applied to these params "
                 f"({type(err).__name__}: {err}). Pass the params the policy was initialised "
                 "with: policy.init(jax.random.key(0), envs.single_observation_space)."
             ) from err
-        except BaseException:
-            self._ownership.release()
-            raise
 
     @property
     def multi_agent(self) -> bool:

@@ -96,13 +96,15 @@ class AgentGroups:
             callback_episodes=agent_episode_joiner(agents),
         )
 
-    def setup(self, runner: Runner) -> SamplerSetup:
-        """What the kind's samplers are built from."""
-        return SamplerSetup(
+    def sampler(self, runner: Runner, num_splits: Any) -> Any:
+        """``runner``'s sampler for what the env declares: scan for a pure-JAX env, else
+        the kind's host sampler, after the runner's reset."""
+        envs, callbacks, seed = self.envs, runner.callbacks, runner.seed
+        setup = SamplerSetup(
             dict(runner._policies),
             dict(runner.state.params),
             runner.rollout_length,
-            runner.seed,
+            seed,
             runner.state.metrics,
             connectors=runner._connectors,
             info_keys=runner.info_keys,
@@ -110,12 +112,6 @@ class AgentGroups:
             by_group=self.multi_agent,
             chunk_rows=runner.chunk_rows,
         )
-
-    def sampler(self, runner: Runner, num_splits: Any) -> Any:
-        """``runner``'s sampler for what the env declares: scan for a pure-JAX env, else
-        the kind's host sampler, after the runner's reset."""
-        envs, callbacks, seed = self.envs, runner.callbacks, runner.seed
-        setup = self.setup(runner)
         if isinstance(envs, JaxVectorEnv):  # one jitted scan per sample
             check_scan_options(self, callbacks, num_splits)
             return ScanSampler(envs, setup)
