@@ -189,14 +189,9 @@ def _frozen_states(runner: EnvRunner, given: Any) -> dict[str, Any]:
 
 
 def frozen_state(fresh: ConnectorsState, connectors: Connectors, given: Any) -> ConnectorsState:
-    """The evaluation runner's connector state (``fresh``, as it starts) with ``given``
-    (the training runner's, checked) loaded, frozen.
-
-    Raises:
-        InvalidArgumentError: ``given`` does not fit, or is None while the observation
-            connectors keep statistics (fresh ones would evaluate on unnormalized
-            observations).
-    """
+    """``fresh`` (the evaluation runner's state) with ``given`` (the training runner's,
+    checked) loaded, frozen; refuses ``given=None`` where observation connectors keep
+    statistics."""
     if given is not None:
         return freeze(connectors.load_state(fresh, given, shared_only=True))
     if any(_is_running(x) for x in jax.tree.leaves(fresh.obs, is_leaf=_is_running)):

@@ -12,10 +12,7 @@ from typing import Any
 import numpy as np
 
 from jaxrunner._src.arg_checks import check_int
-from jaxrunner.errors import (
-    InvalidArgumentTypeError,
-    MissingDependencyError,
-)
+from jaxrunner.errors import InvalidArgumentTypeError, MissingDependencyError
 
 Sink = Callable[..., Any]
 """Called as ``sink(flat_metrics, step=step)``: ``wandb.log`` and

@@ -16,17 +16,14 @@ from jaxrunner._src.space_arrays.buffers import rows as rows
 from jaxrunner._src.space_arrays.buffers import take as take
 from jaxrunner._src.space_arrays.buffers import tree_map as tree_map
 from jaxrunner._src.space_arrays.checks import NEVER_CAST as NEVER_CAST
-from jaxrunner._src.space_arrays.checks import SUPPORTED_SPACES as SUPPORTED_SPACES
 from jaxrunner._src.space_arrays.checks import check_flag as check_flag
 from jaxrunner._src.space_arrays.checks import check_info as check_info
 from jaxrunner._src.space_arrays.checks import check_reward as check_reward
 from jaxrunner._src.space_arrays.checks import check_supported as check_supported
 from jaxrunner._src.space_arrays.checks import check_value as check_value
 from jaxrunner._src.space_arrays.checks import mismatch as mismatch
-from jaxrunner._src.space_arrays.checks import observation_mismatch as observation_mismatch
 from jaxrunner._src.space_arrays.checks import rows_in_space as rows_in_space
 from jaxrunner._src.space_arrays.clip import clip_box_actions as clip_box_actions
 from jaxrunner._src.space_arrays.clip import clip_box_actions_jax as clip_box_actions_jax
-from jaxrunner._src.space_arrays.writers import Writer as Writer
 from jaxrunner._src.space_arrays.writers import make_action_splitter as make_action_splitter
 from jaxrunner._src.space_arrays.writers import make_writer as make_writer

@@ -50,11 +50,6 @@ ACTION_KINDS = {"i": "iu", "u": "iu", "f": "f"}
 integer space, any float for a float one); other spaces take their exact dtype."""
 
 
-def _action_kind_ok(space_dtype: np.dtype, got: np.dtype) -> bool:
-    kinds = ACTION_KINDS.get(space_dtype.kind)
-    return got == space_dtype if kinds is None else got.kind in kinds
-
-
 def check_action_batch(
     space: spaces.Space,
     actions: Any,
@@ -113,7 +108,9 @@ def _check_action_leaf(
 ) -> np.ndarray:
     shape, dtype = leaf_spec(space)
     array = np.asarray(actions)
-    if array.shape != (num_envs, *shape) or not _action_kind_ok(dtype, array.dtype):
+    kinds = ACTION_KINDS.get(dtype.kind)
+    kind_ok = array.dtype == dtype if kinds is None else array.dtype.kind in kinds
+    if array.shape != (num_envs, *shape) or not kind_ok:
         raise InvalidActionError(
             f"actions{path}: expected an array of shape {(num_envs, *shape)} "
             f"({rows_are}={num_envs}, single action shape {shape}) with {dtype.kind!r}-kind "

@@ -11,10 +11,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.space_arrays.buffers import (
-    leaf_spec,
-    leaves,
-)
+from jaxrunner._src.space_arrays.buffers import leaf_spec, leaves
 from jaxrunner.errors import InvalidStepError, SpaceMismatchError
 
 SUPPORTED_SPACES = (
@@ -94,24 +91,24 @@ def check_value(space: spaces.Space, value: Any, what: str, *, bounds: bool = Tr
         SpaceMismatchError: naming the path inside the value, what was expected and
             what came.
     """
-    return _check(space, value, what, bounds)
-
-
-def _check(space: spaces.Space, value: Any, path: str, bounds: bool) -> Any:
     if isinstance(space, spaces.Dict):
         if not isinstance(value, Mapping) or set(value) != set(space.spaces):
             raise SpaceMismatchError(
-                f"{path}: expected a dict with keys {sorted(space.spaces)}, got {_describe(value)}."
+                f"{what}: expected a dict with keys {sorted(space.spaces)}, got {_describe(value)}."
             )
-        return {k: _check(sub, value[k], f"{path}[{k!r}]", bounds) for k, sub in space.items()}
+        return {
+            k: check_value(sub, value[k], f"{what}[{k!r}]", bounds=bounds)
+            for k, sub in space.items()
+        }
     if isinstance(space, spaces.Tuple):
         n = len(space.spaces)
         if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != n:
             raise SpaceMismatchError(
-                f"{path}: expected a tuple of {n} items, got {_describe(value)}."
+                f"{what}: expected a tuple of {n} items, got {_describe(value)}."
             )
         return tuple(
-            _check(sub, v, f"{path}[{j}]", bounds) for j, (sub, v) in enumerate(zip(space, value))
+            check_value(sub, v, f"{what}[{j}]", bounds=bounds)
+            for j, (sub, v) in enumerate(zip(space, value))
         )
     shape, dtype = leaf_spec(space)
     if isinstance(space, spaces.Discrete):
@@ -121,29 +118,29 @@ def _check(space: spaces.Space, value: Any, path: str, bounds: bool) -> Any:
             or (isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu")
         ):
             raise SpaceMismatchError(
-                f"{path}: expected an integer ({discrete}), got {_describe(value)}."
+                f"{what}: expected an integer ({discrete}), got {_describe(value)}."
             )
         number, start = int(value), int(space.start)
         if not start <= number < start + int(space.n):
             raise SpaceMismatchError(
-                f"{path}: expected an integer in [{start}, {start + int(space.n)}) ({discrete}), "
+                f"{what}: expected an integer in [{start}, {start + int(space.n)}) ({discrete}), "
                 f"got {number}."
             )
         return np.asarray(number, dtype=dtype)
     exact = isinstance(value, np.ndarray) or (isinstance(value, np.generic) and shape == ())
     if not exact or value.dtype != dtype or np.shape(value) != shape:
         raise SpaceMismatchError(
-            f"{path}: expected an ndarray of dtype {dtype} and shape {shape}, got "
+            f"{what}: expected an ndarray of dtype {dtype} and shape {shape}, got "
             f"{_describe(value)}. {NEVER_CAST}: convert values to the space's dtype first."
         )
     array = np.array(value, dtype=dtype)
     if isinstance(space, spaces.Box) and not bounds:
         if dtype.kind == "f" and not np.isfinite(array).all():
-            raise SpaceMismatchError(f"{path}: expected finite values, got NaN or infinity.")
+            raise SpaceMismatchError(f"{what}: expected finite values, got NaN or infinity.")
         return array
     if not space.contains(array):
         raise SpaceMismatchError(
-            f"{path}: expected a value inside {space}, got one out of bounds (or NaN)."
+            f"{what}: expected a value inside {space}, got one out of bounds (or NaN)."
         )
     return array
 

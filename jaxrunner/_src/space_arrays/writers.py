@@ -103,8 +103,4 @@ def make_action_splitter(space: spaces.Space, num_envs: int) -> Callable[[Any], 
         return split_tree
 
     check = action_batch_check(space, num_envs)
-
-    def split_leaf(actions: Any) -> list[Any]:
-        return list(check(actions))
-
-    return split_leaf
+    return lambda actions: list(check(actions))

@@ -1,6 +1,5 @@
 """Episodes to and from Minari datasets (``pip install "jaxrunner[minari]"``). See
 docs/evaluation-and-datasets.md."""
 
-from jaxrunner._src.services.datasets.reader import MAX_METADATA_BYTES as MAX_METADATA_BYTES
 from jaxrunner._src.services.datasets.reader import from_minari as from_minari
 from jaxrunner._src.services.datasets.writer import to_minari as to_minari

@@ -1,9 +1,6 @@
 """EnvRunnerGroup: N EnvRunners as Ray actors, with weight and connector-statistics sync
 and fault tolerance. See docs/distributed.md."""
 
-from jaxrunner._src.services.distributed.config import EPISODE_ID_BITS as EPISODE_ID_BITS
 from jaxrunner._src.services.distributed.config import EnvRunnerGroupConfig as EnvRunnerGroupConfig
 from jaxrunner._src.services.distributed.group import EnvRunnerGroup as EnvRunnerGroup
-from jaxrunner._src.services.distributed.group import aggregate_metrics as aggregate_metrics
 from jaxrunner._src.services.distributed.group import concatenate_envs as concatenate_envs
-from jaxrunner._src.services.distributed.worker import RunnerWorker as RunnerWorker

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
@@ -239,19 +240,18 @@ class EnvRunnerGroup:
         deadline = time.monotonic() + timeout_s
         while True:
             self._poll_restored()
-            up = [s for s in self._slots if s.healthy]
-            if len(up) == len(self._slots) or (up and not all_runners):
+            down = [s for s in self._slots if not s.healthy]
+            if not down or (len(down) < len(self._slots) and not all_runners):
                 return
-            pending = [s.ready_ref for s in self._slots if not s.healthy]
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RemoteTimeoutError(
-                    f"EnvRunnerGroup: runners {[s.index for s in self._slots if not s.healthy]} "
+                    f"EnvRunnerGroup: runners {[s.index for s in down]} "
                     f"did not start within {timeout_s}s. Each asks for num_cpus="
                     f"{self.config.num_cpus_per_runner}, num_gpus={self.config.num_gpus_per_runner}"
                     f" (available: {self._ray.available_resources()}); lower them or add nodes."
                 )
-            self._ray.wait(pending, num_returns=1, timeout=left)
+            self._ray.wait([s.ready_ref for s in down], num_returns=1, timeout=left)
 
     def stop(self) -> None:
         """Stops every runner (closing its envs) and kills the actors."""
@@ -259,10 +259,8 @@ class EnvRunnerGroup:
             return
         self._closed = True
         ray = self._ray
-        try:  # noqa: SIM105
+        with contextlib.suppress(Exception):  # dead or stuck runners: killed below
             ray.get([s.actor.stop.remote() for s in self._slots], timeout=10)
-        except Exception:  # dead or stuck runners: killed below
-            pass
         for slot in self._slots:
             _kill(ray, slot.actor)
 
@@ -374,7 +372,5 @@ def aggregate_metrics(per_runner: Mapping[int, Mapping[str, Any]]) -> dict[str, 
 
 
 def _kill(ray: Any, actor: Any) -> None:
-    try:  # noqa: SIM105
+    with contextlib.suppress(Exception):  # already dead, or Ray shut down
         ray.kill(actor, no_restart=True)
-    except Exception:  # already dead, or Ray shut down
-        pass
