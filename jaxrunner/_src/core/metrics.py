@@ -260,12 +260,10 @@ class RunnerMetrics:
         out["num_agent_steps"] = self.num_agent_steps
         out["num_dropped_agent_steps"] = self.num_dropped_agent_steps
         out["unassigned_reward"] = self.unassigned_reward
-        out["policies"] = {
-            pid: {"num_agent_steps": self._steps_by_policy[pid], **stats.summary()}
-            for pid, stats in self._by_policy.items()
-        }
-        out["agents"] = {
-            agent: {"num_agent_steps": self._steps_by_agent[agent], **stats.summary()}
-            for agent, stats in self._by_agent.items()
-        }
+
+        def per(by: dict[str, EpisodeStats], steps: dict[str, int]) -> dict[str, Any]:
+            return {k: {"num_agent_steps": steps[k], **s.summary()} for k, s in by.items()}
+
+        out["policies"] = per(self._by_policy, self._steps_by_policy)
+        out["agents"] = per(self._by_agent, self._steps_by_agent)
         return out

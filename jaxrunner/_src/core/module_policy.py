@@ -27,13 +27,16 @@ DistributionFn = Callable[
 
 
 def module_policy_fns(
-    forward: Callable[[Params, Any, Carry], tuple[Any, Carry]],
-    init_module: Callable[[jax.Array, Any, Carry], Params],
+    call: Callable[..., Any],
+    init: Callable[..., Params],
     action_space: spaces.Space,
     deterministic: bool,
+    recurrent: bool,
 ) -> dict[str, Any]:
     """A :class:`~jaxrunner.Policy`'s functions (``apply_fn``, ``init_fn``, ``log_prob_fn``,
-    ``evaluate_fn``, ``distribution_fn``) around a module's ``forward`` pass."""
+    ``evaluate_fn``, ``distribution_fn``) around a module's ``call(module_params, *inputs)
+    -> out`` and ``init(key, *inputs) -> module_params``, ``inputs`` being ``(obs,)``, or
+    ``(carry, obs)`` (the module returning ``(carry, out)``) where ``recurrent``."""
     head = distributions.head_params(action_space)
     # Fail now, not at the first step, if no distribution fits the space.
     distributions.make_distribution(action_space, probe_output(action_space), head)
@@ -41,22 +44,17 @@ def module_policy_fns(
     def distribution_fn(
         params: Params, obs: Any, carry: Carry
     ) -> tuple[distributions.Distribution, jax.Array | None, Carry]:
-        out, carry = forward(params["module"], obs, carry)
+        if recurrent:
+            carry, out = call(params["module"], carry, obs)
+        else:
+            out = call(params["module"], obs)
+            carry = None
         out = parse_module_output(out)
         dist = distributions.make_distribution(action_space, out, params)
         return dist, out.get("value"), carry
 
-    def sample_fn(
-        params: Params, obs: Any, carry: Carry, keys: jax.Array
-    ) -> tuple[Any, dict[str, Any], Carry]:
-        dist, value, carry = distribution_fn(params, obs, carry)
-        action = dist.sample(keys)
-        return action, policy_extras(dist, action, value), carry
-
-    apply_fn: ApplyFn = mode_apply_fn(distribution_fn) if deterministic else sample_fn
-
     def init_fn(key: jax.Array, obs: Any, carry: Carry) -> Params:
-        return {"module": init_module(key, obs, carry), **head}
+        return {"module": init(key, *((carry, obs) if recurrent else (obs,))), **head}
 
     def evaluate_fn(params: Params, obs: Any, carry: Carry, action: Any) -> dict[str, Any]:
         dist, value, _ = distribution_fn(params, obs, carry)
@@ -69,7 +67,7 @@ def module_policy_fns(
         return evaluate_fn(params, obs, carry, action)["log_prob"]  # XLA drops the rest
 
     return {
-        "apply_fn": apply_fn,
+        "apply_fn": acting_fn(distribution_fn, deterministic),
         "init_fn": init_fn,
         "log_prob_fn": log_prob_fn,
         "evaluate_fn": evaluate_fn,
@@ -77,22 +75,17 @@ def module_policy_fns(
     }
 
 
-def policy_extras(dist: distributions.Distribution, action: Any, value: jax.Array | None) -> dict:
-    """What each transition stores of the policy: ``log_prob`` and ``value`` if any."""
-    extras = {"log_prob": dist.log_prob(action)}
-    if value is not None:
-        extras["value"] = value
-    return extras
-
-
-def mode_apply_fn(distribution_fn: DistributionFn) -> ApplyFn:
-    """An ``apply_fn`` that acts with the distribution's mode (the keys are unused)."""
+def acting_fn(distribution_fn: DistributionFn, deterministic: bool) -> ApplyFn:
+    """An ``apply_fn`` that samples the distribution, or acts with its mode (the keys
+    then unused); ``extras``: ``log_prob`` and ``value`` if any."""
 
     def apply_fn(params: Params, obs: Any, carry: Carry, keys: jax.Array):
-        del keys
         dist, value, carry = distribution_fn(params, obs, carry)
-        action = dist.mode()
-        return action, policy_extras(dist, action, value), carry
+        action = dist.mode() if deterministic else dist.sample(keys)
+        extras = {"log_prob": dist.log_prob(action)}
+        if value is not None:
+            extras["value"] = value
+        return action, extras, carry
 
     return apply_fn
 

@@ -24,7 +24,7 @@ from jaxrunner._src.core.module_policy import (
     InitFn,
     LogProbFn,
     Params,
-    mode_apply_fn,
+    acting_fn,
     module_policy_fns,
 )
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
@@ -152,7 +152,7 @@ class Policy:
         the mean (Box). Same params, same ``extras`` (``log_prob`` of the mode action,
         ``value``); use it to evaluate a trained policy (:func:`jaxrunner.evaluate`)."""
         distribution_fn = self._distribution_fn("deterministic")
-        return dataclasses.replace(self, apply_fn=mode_apply_fn(distribution_fn))
+        return dataclasses.replace(self, apply_fn=acting_fn(distribution_fn, True))
 
     def _distribution_fn(self, what: str) -> DistributionFn:
         if self.distribution_fn is None:
@@ -212,21 +212,14 @@ class Policy:
             initial_carry: one env's initial recurrent state, for recurrent modules.
         """
 
-        def forward(module_params: Params, obs: Any, carry: Carry) -> tuple[Any, Carry]:
-            if initial_carry is None:
-                return module.apply(module_params, obs), None
-            carry, out = module.apply(module_params, carry, obs)
-            return out, carry
-
-        def init_module(key: jax.Array, obs: Any, carry: Carry) -> Params:
-            inputs = (obs,) if initial_carry is None else (carry, obs)
+        def init(key: jax.Array, *inputs: Any) -> Params:
             try:
                 hash(module)
             except TypeError:  # a module with an unhashable field: compiled for itself
                 return jax.jit(module.init)(key, *inputs)
             return _init_linen(module, key, *inputs)
 
-        return cls._from_forward(forward, init_module, action_space, deterministic, initial_carry)
+        return cls._from_module(module.apply, init, action_space, deterministic, initial_carry)
 
     @classmethod
     def from_nnx(
@@ -244,30 +237,23 @@ class Policy:
 
         graphdef, state = nnx.split(module)
 
-        def forward(module_params: Params, obs: Any, carry: Carry) -> tuple[Any, Carry]:
-            model = nnx.merge(graphdef, module_params)
-            if initial_carry is None:
-                return model(obs), None
-            carry, out = model(carry, obs)
-            return out, carry
+        def call(module_params: Params, *inputs: Any) -> Any:
+            return nnx.merge(graphdef, module_params)(*inputs)
 
-        def init_module(key: jax.Array, obs: Any, carry: Carry) -> Params:
-            del key, obs, carry
-            return state
-
-        return cls._from_forward(forward, init_module, action_space, deterministic, initial_carry)
+        return cls._from_module(call, lambda *_: state, action_space, deterministic, initial_carry)
 
     @classmethod
-    def _from_forward(
+    def _from_module(
         cls,
-        forward: Callable[[Params, Any, Carry], tuple[Any, Carry]],
-        init_module: Callable[[jax.Array, Any, Carry], Params],
+        call: Callable[..., Any],
+        init: Callable[..., Params],
         action_space: spaces.Space,
         deterministic: bool,
         initial_carry: Carry,
     ) -> Policy:
+        """A Policy around a module's ``call``, ``init`` (see ``module_policy_fns``)."""
         return cls(
-            **module_policy_fns(forward, init_module, action_space, deterministic),
+            **module_policy_fns(call, init, action_space, deterministic, initial_carry is not None),
             initial_carry=initial_carry,
             action_ndim=len(action_space.shape or ()),
         )

@@ -81,20 +81,8 @@ def gae(
     Returns:
         ``GAE(advantages, returns)``, arrays of the inputs' shape.
     """
-    inputs = _gather(
-        "gae",
-        trajectory,
-        reward=reward,
-        terminated=terminated,
-        truncated=truncated,
-        valid=valid,
-        value=value,
-        next_value=next_value,
-    )
-    _check_unit("gae", "gamma", gamma)
-    _check_unit("gae", "lam", lam)
-
-    return _compute(inputs, gamma, lam, kind="gae", skip=_skips("gae", trajectory, skip_invalid))
+    fields = (reward, terminated, truncated, valid, value, next_value)
+    return _run("gae", trajectory, fields, skip_invalid, gamma, lam)
 
 
 group_gae = gae
@@ -131,27 +119,22 @@ def discounted_returns(
     Returns:
         ``G``, of the inputs' shape, zero where ``valid`` is false.
     """
-    inputs = _gather(
-        "discounted_returns",
-        trajectory,
-        reward=reward,
-        terminated=terminated,
-        truncated=truncated,
-        valid=valid,
-        value=0.0,
-        next_value=next_value,
-    )
-    _check_unit("discounted_returns", "gamma", gamma)
-
-    skip = _skips("discounted_returns", trajectory, skip_invalid)
-    return _compute(inputs, gamma, 0.0, kind="returns", skip=skip)
+    fields = (reward, terminated, truncated, valid, 0.0, next_value)
+    return _run("discounted_returns", trajectory, fields, skip_invalid, gamma, 0.0)
 
 
-def _skips(fn: str, trajectory: Any, skip_invalid: Any) -> bool:
-    """``skip_invalid``, checked, with its default: a group's invalid slots are turns."""
-    if skip_invalid is None:
-        return isinstance(trajectory, GroupTrajectory)
-    return check_bool(fn, "skip_invalid", skip_invalid)
+def _run(fn: str, trajectory: Any, fields: tuple, skip_invalid: Any, gamma: Any, lam: Any) -> Any:
+    """``fn`` (``gae`` or ``discounted_returns``): its inputs (``fields`` in ``_FIELDS``
+    order, filled from ``trajectory``) and rates checked, then computed."""
+    inputs = _gather(fn, trajectory, dict(zip(_FIELDS, fields)))
+    _check_unit(fn, "gamma", gamma)
+    if fn == "gae":
+        _check_unit(fn, "lam", lam)
+    if skip_invalid is None:  # a group's invalid slots are turns
+        skip = isinstance(trajectory, GroupTrajectory)
+    else:
+        skip = check_bool(fn, "skip_invalid", skip_invalid)
+    return _compute(inputs, gamma, lam, kind=fn, skip=skip)
 
 
 # One compiled program per shape (the eager argsort, gathers and scatters of
@@ -160,10 +143,10 @@ def _skips(fn: str, trajectory: Any, skip_invalid: Any) -> bool:
 def _compute(
     arrays: tuple[jax.Array, ...], gamma: jax.Array, lam: jax.Array, *, kind: str, skip: bool
 ) -> Any:
-    """``gae`` (``kind="gae"``) or ``discounted_returns`` of ``arrays`` (``_FIELDS``)."""
+    """``gae`` or ``discounted_returns`` (``kind``) of ``arrays`` (``_FIELDS``)."""
 
     def run(*arrays: jax.Array) -> Any:
-        if kind == "returns":
+        if kind == "discounted_returns":
             return _returns_scan(arrays, gamma)
         advantages = _gae_scan(arrays, gamma, lam)
         valid, value = arrays[_FIELDS.index("valid")], arrays[_FIELDS.index("value")]
@@ -229,7 +212,7 @@ _FIELDS = ("reward", "terminated", "truncated", "valid", "value", "next_value")
 
 
 def _gather(
-    fn: str, trajectory: Trajectory | GroupTrajectory | None, **given: ArrayLike | None
+    fn: str, trajectory: Trajectory | GroupTrajectory | None, given: dict[str, ArrayLike | None]
 ) -> tuple[jax.Array, ...]:
     """Fills missing inputs from ``trajectory``, converts and checks shapes.
 

@@ -77,11 +77,9 @@ class GymnasiumRows:
         b, space = self.buffers, self.space
         space_arrays.copy_into(space, b.obs, out.obs, rows)
         space_arrays.copy_into(space, b.next_obs, out.next_obs, rows)
-        b.reward[rows], b.terminated[rows], b.truncated[rows] = (
-            out.reward,
-            out.terminated,
-            out.truncated,
-        )
+        b.reward[rows] = out.reward
+        b.terminated[rows] = out.terminated
+        b.truncated[rows] = out.truncated
         return Answer(
             out.infos,
             out.failed,

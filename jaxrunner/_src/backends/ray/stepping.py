@@ -357,10 +357,9 @@ class ActorStepping(RemoteSubEnvs):
 
     def _result(self, call: Call) -> Any:
         """Send ``call``'s replies written to the buffers; its step."""
-        offsets = [self.unit_rows[u].start for u, _, _ in call.replies]
         answers = [
-            (rows, self._kind.put(reply, rows, offset))
-            for (_, rows, reply), offset in zip(call.replies, offsets)
+            (rows, self._kind.put(reply, rows, self.unit_rows[u].start))
+            for u, rows, reply in call.replies
         ]
         lo, hi = call.lo, call.hi
         return self._kind.step(lo, hi, call.whole, *self._gather(lo, hi, answers, call.lost))
