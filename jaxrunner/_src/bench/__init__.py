@@ -16,9 +16,6 @@ from jaxrunner._src.bench.hand_loop import (
 from jaxrunner._src.bench.hand_loop import (
     RecordingHandLoop as RecordingHandLoop,
 )
-from jaxrunner._src.bench.hand_loop import (
-    reference_envs as reference_envs,
-)
 from jaxrunner._src.bench.hand_scan import build_hand_scan as build_hand_scan
 from jaxrunner._src.bench.machine import autogroup as autogroup
 from jaxrunner._src.bench.machine import machine_info as machine_info
@@ -31,9 +28,6 @@ from jaxrunner._src.bench.multi_agent import (
 from jaxrunner._src.bench.policy import MLP as MLP
 from jaxrunner._src.bench.policy import hand_act as hand_act
 from jaxrunner._src.bench.policy import mlp_policy as mlp_policy
-from jaxrunner._src.bench.report import (
-    format_backend as format_backend,
-)
 from jaxrunner._src.bench.report import (
     format_report as format_report,
 )
@@ -50,12 +44,6 @@ from jaxrunner._src.bench.rounds import (
     Harness as Harness,
 )
 from jaxrunner._src.bench.rounds import (
-    LocalSystem as LocalSystem,
-)
-from jaxrunner._src.bench.rounds import (
-    Plan as Plan,
-)
-from jaxrunner._src.bench.rounds import (
     measure_width as measure_width,
 )
 from jaxrunner._src.bench.timing import (
@@ -63,15 +51,6 @@ from jaxrunner._src.bench.timing import (
 )
 from jaxrunner._src.bench.timing import (
     timed as timed,
-)
-from jaxrunner._src.bench.timing import (
-    us_per_call as us_per_call,
-)
-from jaxrunner._src.bench.workloads import (
-    WORKLOADS as WORKLOADS,
-)
-from jaxrunner._src.bench.workloads import (
-    Workload as Workload,
 )
 from jaxrunner._src.bench.workloads import (
     get_workload as get_workload,

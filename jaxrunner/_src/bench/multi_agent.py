@@ -117,15 +117,10 @@ class MultiAgentHandLoop:
         """Checks the spaces, builds the policy and buffers, resets the envs."""
         first, num_envs, rollout_length = self.envs[0], self.num_envs, self.rollout_length
         self.agents = tuple(first.possible_agents)
-        obs_space, action_space = (
-            first.observation_space(self.agents[0]),
-            first.action_space(self.agents[0]),
-        )
-        for agent in self.agents:
-            if (first.observation_space(agent), first.action_space(agent)) != (
-                obs_space,
-                action_space,
-            ):
+        pairs = {a: (first.observation_space(a), first.action_space(a)) for a in self.agents}
+        obs_space, action_space = pairs[self.agents[0]]
+        for agent, pair in pairs.items():
+            if pair != (obs_space, action_space):
                 raise InvalidArgumentError(
                     f"MultiAgentHandLoop: agent {agent!r} has other spaces than "
                     f"{self.agents[0]!r}; the hand loop stacks agents that share one "

@@ -63,13 +63,7 @@ def format_report(report: dict[str, Any]) -> str:
         "  with the bare policy's own actions, one call per step and nothing else (each",
         "  slowed by the other's cache traffic, as in any loop that alternates them).",
     ]
-    backends = dict.fromkeys(row["backend"] for row in report["results"])
-    for backend in backends:
-        rows = [row for row in report["results"] if row["backend"] == backend]
-        lines += ["", format_backend(rows)]
-    for backend, reason in report["skipped"].items():
-        lines.append(f"skipped {backend}: {reason}")
-    return "\n".join([*lines, "", report["verdict"]])
+    return _with_tables(report, lines, PLANS)
 
 
 def _format_multi_agent(report: dict[str, Any]) -> str:
@@ -95,10 +89,14 @@ def _format_multi_agent(report: dict[str, Any]) -> str:
         "us per vector step: env | policy (the compiled steps with their host<->device",
         "  transfers) | record (obs, actions, flags into the trajectory) | other | total.",
     ]
-    backends = dict.fromkeys(row["backend"] for row in report["results"])
-    for backend in backends:
+    return _with_tables(report, lines, MULTI_AGENT_PLANS)
+
+
+def _with_tables(report: dict[str, Any], lines: list[str], plans: dict[str, Plan]) -> str:
+    """``lines``, then a table per backend, the skipped backends and the verdict."""
+    for backend in dict.fromkeys(row["backend"] for row in report["results"]):
         rows = [row for row in report["results"] if row["backend"] == backend]
-        lines += ["", format_backend(rows, MULTI_AGENT_PLANS)]
+        lines += ["", format_backend(rows, plans)]
     for backend, reason in report["skipped"].items():
         lines.append(f"skipped {backend}: {reason}")
     return "\n".join([*lines, "", report["verdict"]])

@@ -7,7 +7,7 @@ import dataclasses
 import importlib.util
 import os
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from jaxrunner._src.bench.child import Child, ChildError
@@ -110,23 +110,13 @@ class Harness:
 def label(name: str, plan: Plan) -> str:
     """What a system of a row is, in words."""
     if name == "jaxrunner":
-        runner = "EnvRunner"
-        return f"jaxrunner {runner}.sample(), backend {plan.backend}"
+        return f"jaxrunner EnvRunner.sample(), backend {plan.backend}"
     if name == "ceiling":
         return "policy-bound ceiling: raw env + one bare policy call"
     if name.startswith("hand"):
         reference = plan.reference if name == "hand" else name.removeprefix("hand_")
         return f"hand loop: {REFERENCES.get(reference, reference)}"
     return name
-
-
-def _spread(values: Sequence[float]) -> dict[str, Any]:
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "rounds": list(values),
-    }
 
 
 def measure_width(
@@ -239,15 +229,17 @@ def summarize(
 ) -> dict[str, Any]:
     """Medians, spreads and ratios of one width's rounds (``labels``: as
     :func:`measure_width`'s)."""
-    systems = {
-        name: {
-            "label": labels.get(name) or label(name, plan),
-            **_spread([r["steps_per_s"] for r in rounds]),
-        }
-        for name, rounds in results.items()
-    }
+    systems: dict[str, dict[str, Any]] = {}
     for name, rounds in results.items():
-        systems[name]["all_rounds"] = rounds
+        rates = [r["steps_per_s"] for r in rounds]
+        systems[name] = {
+            "label": labels.get(name) or label(name, plan),
+            "median": statistics.median(rates),
+            "min": min(rates),
+            "max": max(rates),
+            "rounds": rates,
+            "all_rounds": rounds,
+        }
     out: dict[str, Any] = {"systems": systems, "ratios": {}, "split_us": None, "ceiling": None}
     ours = systems.get("jaxrunner")
     for name, theirs in systems.items():

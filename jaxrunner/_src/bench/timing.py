@@ -36,15 +36,9 @@ def us_per_call(call: Callable[[], object], seconds: float) -> float:
 def measure_runner(
     runner: Any, sample: Callable[[], int], num_envs: int, seconds: float
 ) -> dict[str, Any]:
-    """Times ``sample`` (one ``runner.sample()``, returning env steps done) for
-    ``seconds``.
-
-    Args:
-        runner: an ``EnvRunner`` (its ``get_metrics()``: env
-            steps and the perf timers, ms per vector step).
-        sample: samples once.
-        num_envs: B.
-        seconds: how long.
+    """Times ``sample`` (one ``runner.sample()`` of ``num_envs`` envs, returning env steps
+    done) for ``seconds``; ``runner`` is an ``EnvRunner`` (its ``get_metrics()``: env steps
+    and the perf timers, ms per vector step).
 
     Returns:
         ``steps_per_s`` (env steps/s), ``perf_us`` (each perf timer over this

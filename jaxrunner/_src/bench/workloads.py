@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 from collections.abc import Callable
 from typing import Any
@@ -15,10 +16,6 @@ from jaxrunner._src.core.policy import Policy
 from jaxrunner.errors import InvalidArgumentError
 
 
-def make_cartpole() -> gymnasium.Env:
-    return gymnasium.make("CartPole-v1")
-
-
 def make_pong() -> gymnasium.Env:
     """ALE/Pong-v5 as the Atari baselines see it: the emulator's own frame skip off
     (``AtariPreprocessing`` skips 4 and max-pools), 84x84 grey, 4 frames stacked."""
@@ -28,10 +25,6 @@ def make_pong() -> gymnasium.Env:
     env = gymnasium.make("ALE/Pong-v5", frameskip=1)
     env = gymnasium.wrappers.AtariPreprocessing(env)
     return gymnasium.wrappers.FrameStackObservation(env, 4)
-
-
-def make_halfcheetah() -> gymnasium.Env:
-    return gymnasium.make("HalfCheetah-v5")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -83,7 +76,7 @@ WORKLOADS: dict[str, Workload] = {
     "cartpole": Workload(
         name="cartpole",
         env_id="CartPole-v1",
-        make=make_cartpole,
+        make=functools.partial(gymnasium.make, "CartPole-v1"),
         policy=_mlp,
         policy_label="jr.models.mlp_policy: 64-64 tanh MLP, categorical",
         widths=(1, 8, 64, 256),
@@ -108,7 +101,7 @@ WORKLOADS: dict[str, Workload] = {
     "halfcheetah": Workload(
         name="halfcheetah",
         env_id="HalfCheetah-v5",
-        make=make_halfcheetah,
+        make=functools.partial(gymnasium.make, "HalfCheetah-v5"),
         policy=_gaussian,
         policy_label="jr.models.gaussian_mlp_policy: 256-256 tanh MLP, diagonal Gaussian",
         widths=(8, 32),
