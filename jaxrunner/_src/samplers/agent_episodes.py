@@ -36,7 +36,7 @@ def agent_episode_ends(
     before_r, before_l = running_return.reshape(-1), running_length.reshape(-1)
     ends = kept & done[:t].reshape(t, per_row)
     if aborted is not None:  # a failed env step holds no transition: disjoint from ends
-        ends = ends | _per_agent(aborted[:t], shape[1])
+        ends = ends | np.repeat(aborted[:t], shape[1], axis=1)  # env-major agent rows
     step, row = np.nonzero(ends)  # (step, env, slot) order
     new_r, new_l = before_r + total[-1], before_l + count[-1]
     if len(step) == 0:
@@ -80,13 +80,8 @@ def agent_steps(
     # the count at its latest end before s (counts only grow, so a running maximum).
     ends = kept & done[:t].reshape(t, per_row)
     if aborted is not None:
-        ends = ends | _per_agent(aborted[:t], length.shape[1])
+        ends = ends | np.repeat(aborted[:t], length.shape[1], axis=1)
     began = np.where(ends, count, np.iinfo(np.int64).min)
     began = accumulate_rows(np.maximum, np.concatenate([-length.reshape(1, per_row), began[:-1]]))
     steps = np.where(kept, count - kept - began, 0)
     out[:t] = steps.reshape(out[:t].shape)
-
-
-def _per_agent(env_mask: np.ndarray, num_agents: int) -> np.ndarray:
-    """A ``[t, B]`` env mask as ``[t, B * A_g]`` agent rows (env-major, as the buffers)."""
-    return np.repeat(env_mask, num_agents, axis=1)

@@ -184,11 +184,9 @@ def chunked_apply(
             )
         inputs = (obs, carry, keys)
 
-        def chunk_of(x: jax.Array, start: jax.Array) -> jax.Array:
-            return jax.lax.dynamic_slice_in_dim(x, start, chunk_rows)
-
         def traced_chunk(start: jax.Array) -> Any:
-            return apply_fn(params, *jax.tree.map(lambda x: chunk_of(x, start), inputs))
+            chunk = lambda x: jax.lax.dynamic_slice_in_dim(x, start, chunk_rows)  # noqa: E731
+            return apply_fn(params, *jax.tree.map(chunk, inputs))
 
         # The policy is traced once (a runner counts its traces), here; the loop's body
         # replays that trace.

@@ -43,15 +43,6 @@ def env_step_keys(root: jax.Array, step: jax.Array, env_ids: jax.Array) -> jax.A
     return _fold_ids(jax.random.fold_in(root, step), env_ids)
 
 
-def _select(mask: jax.Array, on_true: Any, on_false: Any) -> Any:
-    """``where(mask, a, b)`` leaf by leaf, ``mask`` [B] broadcast over trailing axes."""
-
-    def pick(a: jax.Array, b: jax.Array) -> jax.Array:
-        return jnp.where(mask.reshape(-1, *([1] * (jnp.ndim(b) - 1))), a, b)
-
-    return jax.tree.map(pick, on_true, on_false)
-
-
 def reset_where_done(
     done: jax.Array,
     stepped: Any,
@@ -71,8 +62,11 @@ def reset_where_done(
     num_envs = done.shape[0]
     few = max(num_envs // 8, 1)
 
+    def pick(new: jax.Array, old: jax.Array) -> jax.Array:  # ``done`` over trailing axes
+        return jnp.where(done.reshape(-1, *([1] * (jnp.ndim(old) - 1))), new, old)
+
     def all_rows() -> Any:
-        return _select(done, reset(env_step_keys(reset_root, step, env_ids)), stepped)
+        return jax.tree.map(pick, reset(env_step_keys(reset_root, step, env_ids)), stepped)
 
     def some_rows() -> Any:
         # The done rows, padded with an index past the end that the scatter drops.

@@ -72,7 +72,7 @@ class InfoRecorder:
         """The names recorded: those given, or every one reported so far."""
         self._shape = (0, 0)
         self._unseen = set() if self.every else set(keys)
-        """The names no step's info has had yet (checked by :meth:`finish`)."""
+        """The names no step's info has had yet (checked by :meth:`check`)."""
         self._reported: set[str] = set()
         """Every name the infos had, gathered while some are unseen (for the error)."""
 
@@ -159,11 +159,6 @@ class InfoRecorder:
                     self._add(extras, (name,))
                 _rows(values[name])[step, env] = number
                 _rows(present[name])[step, env] = True
-
-    def finish(self, extras: dict[str, Any], episode_ended: bool) -> None:
-        """At a sample's end: :meth:`complete`, then :meth:`check`."""
-        self.complete(extras)
-        self.check(episode_ended)
 
     def complete(self, extras: dict[str, Any]) -> None:
         """``"all"``: gives the buffer every name reported so far, in sorted order."""

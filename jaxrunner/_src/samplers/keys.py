@@ -54,8 +54,7 @@ def _seed(seed: jax.Array) -> jax.Array:
 
 
 def _split(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    bits1, bits2 = _hash_counters(key, shape)
-    return jnp.stack([bits1, bits2], axis=bits1.ndim)
+    return jnp.stack(_hash_counters(key, shape), axis=len(shape))
 
 
 def _fold_in(key: jax.Array, data: int | jax.Array) -> jax.Array:

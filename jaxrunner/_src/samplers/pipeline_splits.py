@@ -69,7 +69,12 @@ def default_num_splits(envs: Stepped, costs: Sequence[GroupCost] = ()) -> int:
     num_envs = envs.num_envs
     if envs.capabilities.pipeline_bounds is not None:
         return len(envs.capabilities.pipeline_bounds) - 1
-    wanted = _declared_or_width_splits(envs)
+    if envs.capabilities.pipeline_splits is not None:
+        wanted = min(envs.capabilities.pipeline_splits, num_envs)
+    elif jax.default_backend() == "cpu" and inline_cpu_dispatch():  # calls block
+        wanted = 1
+    else:
+        wanted = 2 if num_envs >= PIPELINE_MIN_ENVS else 1
     padding_flops = 0.0
     for c in costs:
         split_rows = (num_envs // wanted) * c.rows_per_env
@@ -80,15 +85,6 @@ def default_num_splits(envs: Stepped, costs: Sequence[GroupCost] = ()) -> int:
         whole = min(num_envs * c.rows_per_env // c.chunk_rows for c in costs)
         return min(wanted, max(1, whole))
     return wanted
-
-
-def _declared_or_width_splits(envs: Stepped) -> int:
-    num_envs = envs.num_envs
-    if envs.capabilities.pipeline_splits is not None:
-        return min(envs.capabilities.pipeline_splits, num_envs)
-    if jax.default_backend() == "cpu" and inline_cpu_dispatch():  # calls block
-        return 1
-    return 2 if num_envs >= PIPELINE_MIN_ENVS else 1
 
 
 def pipeline_splits(

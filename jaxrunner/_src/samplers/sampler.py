@@ -128,7 +128,8 @@ class HostSampler(Sampler):
         the sample in the error's ``partial_trajectory``."""
         if self._infos is not None:
             try:
-                self._infos.finish(buf.extras, bool((buf.terminated | buf.truncated).any()))
+                self._infos.complete(buf.extras)
+                self._infos.check(bool((buf.terminated | buf.truncated).any()))
             except InvalidArgumentError as err:
                 attach_partial(err, buf)
                 raise

@@ -14,9 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
-from jaxrunner._src.connectors.pipeline import (
-    ConnectorsState,
-)
+from jaxrunner._src.connectors.pipeline import ConnectorsState
 from jaxrunner._src.connectors.state_rows import device_copy
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params
@@ -96,12 +94,12 @@ class ScanSampler(Sampler):
         self._env_params = jax.device_put(envs.params)
         num_envs, seed = envs.num_envs, setup.seed
         policies, connectors = dict(setup.policies), dict(setup.connectors)
-        if not setup.by_group:  # an EnvRunner's one policy serves the one group
-            policy, _, one_connectors = setup.one()
+        as_groups, params = setup.by_group, setup.params
+        if not as_groups:  # an EnvRunner's one policy (its params as they are): the one group
+            policy, params, one_connectors = setup.one()
             pid = envs.groups[0].policy_id
-            policies, connectors = {pid: policy}, {}
-            if one_connectors is not None:
-                connectors[pid] = one_connectors
+            policies = {pid: policy}
+            connectors = {} if one_connectors is None else {pid: one_connectors}
 
         def start(env_params: Any) -> RolloutState:
             actors, offset = {}, 0
@@ -124,12 +122,9 @@ class ScanSampler(Sampler):
             actor = with_actors(envs, groups, actors)
             return initial_state(lambda k: envs.reset(k, env_params), actor, seed, num_envs)
 
-        as_groups, params = setup.by_group, setup.params
         run = functools.partial(rollout, envs, policies, connectors, self.rollout_length, as_groups)
-        if not as_groups:  # the one policy's params, as they are
-            (pid,) = policies
-            run = functools.partial(_one_policy, run, pid)
-            params = setup.one()[1]
+        if not as_groups:
+            run = functools.partial(_one_policy, run, envs.groups[0].policy_id)
         state = jax.jit(start)(self._env_params)
         self._loop = ScanLoop(run, params, state, self._env_params)
         self.action_spec = None  # checked against the action space while tracing

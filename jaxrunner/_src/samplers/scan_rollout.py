@@ -164,7 +164,7 @@ def actors_of(envs: JaxVectorEnv, actor: Any) -> dict[str, ActorState]:
 
 
 def with_actors(envs: JaxVectorEnv, actor: Any, actors: dict[str, ActorState]) -> Any:
-    """``actor`` with the groups' actor states ``actors`` (the inverse of :func:`_actors`)."""
+    """``actor`` with the groups' actor states ``actors`` (the inverse of :func:`actors_of`)."""
     if envs.multi_agent:
         return {**actor, "actors": actors}
     return actors[envs.groups[0].policy_id]
