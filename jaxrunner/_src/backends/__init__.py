@@ -293,7 +293,7 @@ def check_vec_options(
             f"{what}(backend={backend!r}, config=...): expected {want}, got "
             f"{type(config).__name__}."
         )
-    if restart_policy is not None and backend not in ("sync", "process", "ray", "auto"):
+    if restart_policy is not None and backend not in FACTORY_BACKENDS:
         raise InvalidArgumentError(
             f"{what}(backend={backend!r}, restart_policy=...): the {backend} backend cannot "
             "restart sub-envs. Use backend='sync', 'process', 'ray' or 'auto', or leave "

@@ -49,7 +49,6 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         keep_reset_steps: bool = True,
         **envpool_kwargs: Any,
     ) -> None:
-
         super().__init__(copy=copy)
         if not 1 <= batch_size < num_envs or num_envs % batch_size:
             self._closed_reason = "construction failed"

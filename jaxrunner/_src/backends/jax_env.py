@@ -106,7 +106,6 @@ class JaxVectorEnv(GroupedAgents):
                     f"envs only. Leave {name} at its default."
                 )
         self.multi_agent = False
-        """False: one agent, no agent axis (``EnvRunner``); True: a JaxMARL-style env."""
         if functions is None:
             functions = functions_of(env)
         if env_params is None:

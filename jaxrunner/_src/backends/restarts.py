@@ -3,6 +3,7 @@ recreation. See docs/fault-tolerance.md."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -94,10 +95,8 @@ def recreation_failed(
 def close_quietly(env: gymnasium.Env) -> None:
     """Closes a sub-env that already failed; its close may fail too and must not mask
     the original error."""
-    try:  # noqa: SIM105
+    with contextlib.suppress(Exception):
         env.close()
-    except Exception:
-        pass
 
 
 def check_restart_policy(where: str, value: Any) -> None:
