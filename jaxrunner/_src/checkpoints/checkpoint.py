@@ -71,9 +71,8 @@ def save(parts: RunnerParts, path: str | os.PathLike) -> None:
     }
     arrays[META] = np.array(json.dumps(meta))
     path = os.fspath(path)
-    tmp = (
-        f"{path}.tmp-{os.getpid()}"  # then renamed: a crash mid-write leaves an earlier file whole
-    )
+    # Written aside, then renamed: a crash mid-write leaves an earlier file whole.
+    tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
         # The stub lets a name collide with savez's allow_pickle; ours are paths "a/b".
         np.savez(f, **arrays)  # type: ignore[arg-type]
