@@ -1,4 +1,4 @@
-"""A ready-first test double: the sync backend, answering envs in a seeded random order."""
+"""Ready-first test doubles: the sync backends, answering envs in a seeded random order."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 import jaxrunner as jr
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
+from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
 
 
 class ShuffledSync(jr.SyncVectorEnv):
@@ -45,3 +46,24 @@ class ShuffledSync(jr.SyncVectorEnv):
         stack = jax.tree.map(lambda *xs: np.concatenate(xs), *outs)
         env_ids: Any = slice(int(chosen[0]), int(chosen[0]) + 1) if self._batch is None else chosen
         return stack._replace(infos=infos, reset_infos={}, env_ids=env_ids)
+
+
+class ShuffledMultiAgentSync(SyncMultiAgentVectorEnv):
+    """:class:`ShuffledSync` for multi-agent envs: ``recv`` steps one pending env, in a
+    seeded random order, and answers it as a block of one."""
+
+    def __init__(self, env_fns: Any, buckets: tuple[int, ...]) -> None:
+        super().__init__(env_fns)
+        self.capabilities = Capabilities(ready_first=True, batch_buckets=buckets, any_order=True)
+        self._rng = np.random.default_rng(0)
+        self._waiting: dict[int, list[Any]] = {}
+
+    def send(self, actions: Any, env_ids: Any = None) -> None:
+        index = np.arange(self.num_envs)[slice(None) if env_ids is None else env_ids]
+        for j, i in enumerate(np.atleast_1d(index).tolist()):
+            self._waiting[i] = [np.asarray(a)[j : j + 1] for a in actions]
+
+    def recv(self) -> Any:
+        i = int(self._rng.choice(sorted(self._waiting)))
+        super().send(self._waiting.pop(i), slice(i, i + 1))
+        return super().recv()

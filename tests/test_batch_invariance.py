@@ -32,7 +32,6 @@ from jaxrunner._src.samplers.batch_invariance import (
     policy_flops_per_row,
 )
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
-from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.models import mlp_policy
 
@@ -305,8 +304,8 @@ def _samples(
     policy, params = make_policy()
     with jr.EnvRunner(envs, policy, params, steps, SEED, num_splits=num_splits) as runner:
         samples = [runner.sample() for _ in range(3)]
-        if ready_first and isinstance(runner.sampler, ReadyFirstSampler):  # any order
-            counts = runner.sampler.ready_counts  # calls of fewer than all envs really ran
+        if ready_first and runner.sampler.ready_first.merging:  # envs in any order
+            counts = runner.sampler.ready_first.ready_counts  # calls of fewer than all envs ran
             assert sum(n for ready, n in counts.items() if ready < NUM_ENVS)
         elif ready_first:  # the one loop's ready-first mode: blocks of envs
             assert min(runner.sampler.block_sizes) < NUM_ENVS

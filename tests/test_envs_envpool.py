@@ -114,18 +114,16 @@ def test_async_same_step_mode_samples_ready_first_and_replays_exactly(mlp: Calla
     every env records exactly T steps per sample, obs and next_obs line up, ended
     episodes keep their true final observation, and each env's trajectory replays
     step for step in a fresh (sync) EnvPool env of the same seed."""
-    from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
-
     n, length, samples = 8, 20, 3
     envs = _envpool(n, batch_size=2, keep_reset_steps=False)
     policy = mlp(envs.single_action_space)
     params = policy.init(jax.random.key(1), envs.single_observation_space)
     with jr.EnvRunner(envs, policy, params, rollout_length=length, seed=SEED) as runner:
-        assert isinstance(runner.sampler, ReadyFirstSampler)
+        assert runner.sampler.ready_first.merging
         traj = jr.concatenate([runner.sample() for _ in range(samples)])
         assert runner.get_metrics()["num_env_steps"] == n * length * samples
         # The envs answered in batches, not in lockstep.
-        assert any(count < n for count in runner.sampler.ready_counts)
+        assert any(count < n for count in runner.sampler.ready_first.ready_counts)
     done = traj.terminated | traj.truncated
     assert done.sum() >= n
     np.testing.assert_array_equal(traj.reward, 1.0)  # no reset step emitted
@@ -238,7 +236,7 @@ def test_async_default_replays_envpool_by_hand(mlp: Callable, compact: bool) -> 
     with jr.EnvRunner(envs, policy, params, length, SEED, compact_next_obs=compact) as runner:
         traj = jr.concatenate([runner.sample() for _ in range(samples)])
         metrics = runner.get_metrics()
-        assert any(count < n for count in runner.sampler.ready_counts)
+        assert any(count < n for count in runner.sampler.ready_first.ready_counts)
         assert traj.is_compact == compact
     done = traj.terminated | traj.truncated
     resets = ~traj.valid

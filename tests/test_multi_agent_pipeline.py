@@ -19,6 +19,7 @@ from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.models import mlp_policy
 from tests import multi_agent_envs as envs_mod
 from tests.ray_helpers import kill_actor
+from tests.shuffled_sync import ShuffledMultiAgentSync
 from tests.test_multi_agent import random_policy, zero_params
 
 LENGTH = 12
@@ -85,6 +86,21 @@ def test_a_main_process_share_gives_the_sync_trajectories(name):
     config = jr.ProcessConfig(main_process_envs=2, num_workers=1)
     for splits in (None, 3):
         assert_same(reference, sample(name, "process", splits, config=config))
+
+
+@pytest.mark.parametrize("name", ["simple_spread", "tictactoe"])
+def test_envs_answered_in_any_order_give_the_sync_trajectories(name):
+    """The ready-first mode's bucket calls (Ray's batch_buckets, EnvPool's any order):
+    envs answered one at a time in a random order, each padded to a bucket of 2, give
+    the sync backend's bits (AEC turns and masks included)."""
+    reference = sample(name, "sync", 1)
+    envs = ShuffledMultiAgentSync([getattr(envs_mod, name)] * 5, buckets=(2, 5))
+    policy, params = POLICIES[name]()
+    with jr.EnvRunner(envs, policy, params, LENGTH, seed=11) as runner:
+        got = [runner.sample(), runner.sample()], runner.get_metrics()
+        counts = runner.sampler.ready_first.bucket_counts
+    assert_same(reference, got)
+    assert counts[2] > 0 and counts[5] == 2  # every env at each sample's start, then one
 
 
 def test_default_splits_follow_the_lockstep_samplers_rule(monkeypatch):

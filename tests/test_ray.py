@@ -94,7 +94,7 @@ def test_ray_backend_equals_sync_for_the_same_seed_although_batching_differs():
     with runner_on(ray_envs, T) as runner:
         got = [runner.sample(), runner.sample()]
         metrics = runner.get_metrics()
-        batcher = runner.sampler
+        batcher = runner.sampler.ready_first
     for actual, exp in zip(got, expected):
         assert_same_trajectory(actual, exp)
     for key in ("num_env_steps", "num_episodes", "episode_return_mean", "episode_length_mean"):

@@ -16,7 +16,6 @@ from shuffled_sync import ShuffledSync
 import jaxrunner as jr
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
-from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner.errors import InvalidArgumentError
 from jaxrunner.testing import RandomWalk
 
@@ -56,14 +55,15 @@ def test_ready_first_equals_lockstep(batch):
     envs = ShuffledSync([_short_cartpole] * NUM_ENVS, batch, buckets=(NUM_ENVS,))
     policy, params = _policy()
     with jr.EnvRunner(envs, policy, params, rollout_length=11, seed=SEED) as runner:
-        assert isinstance(runner.sampler, ReadyFirstSampler)  # envs in any order
+        assert runner.sampler.ready_first.merging  # envs in any order
         got = [runner.sample() for _ in range(3)]
         metrics = runner.get_metrics()
     for ours, theirs in zip(got, reference):
         chex.assert_trees_all_equal(ours, theirs)
     assert metrics["num_env_steps"] == 3 * 11 * NUM_ENVS
     # The envs answered out of order: the policy calls saw fewer than all envs.
-    assert sum(n for count, n in runner.sampler.ready_counts.items() if count < NUM_ENVS)
+    counts = runner.sampler.ready_first.ready_counts
+    assert sum(n for count, n in counts.items() if count < NUM_ENVS)
 
 
 @pytest.mark.parametrize(("num_envs", "batch", "length"), [(4, 2, 2), (32, 16, 8), (6, 3, 1)])

@@ -47,9 +47,10 @@ class OneAgentSteps:
         self._no_reward = np.zeros(n)
         self._blocks: dict[tuple[int, int], _Block] = {}
         self._obs_is_leaf = type(self._obs_space) in space_arrays.LEAF_TYPES
-        # A backend that steps in recv() anyway is stepped by step_batch there (one call,
-        # not a send queued then taken back).
-        self._inline = not envs.capabilities.steps_in_background
+        # A backend that steps in recv() anyway, in the order sent, is stepped by
+        # step_batch there (one call, not a send queued then taken back).
+        caps = envs.capabilities
+        self._inline = not (caps.steps_in_background or caps.ready_first)
         self._sent: collections.deque[tuple[Any, EnvIds]] = collections.deque()
 
     def reset_batch(
@@ -90,7 +91,9 @@ class OneAgentSteps:
     def group_step(self, out: BatchStep) -> MultiAgentStep:
         """``out`` (a block of envs, or all) as the step of one group of one agent."""
         rows = out.env_ids
-        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)  # type: ignore[union-attr]
+        if rows is not None and not isinstance(rows, slice):
+            return self._any_order(out)
+        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
         block = self._blocks.get((lo, hi)) or self._block(lo, hi)
         done = np.logical_or(out.terminated, out.truncated, out=block.start)
         if (
@@ -118,6 +121,27 @@ class OneAgentSteps:
         return MultiAgentStep(
             groups, done, out.reward, block.no_reward, out.infos, out.failed, out.errors,
             rows, out.reset_rows,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    def _any_order(self, out: BatchStep) -> MultiAgentStep:
+        """``out`` of envs ``out.env_ids`` (an index array: EnvPool's async ``recv``), as
+        new arrays."""
+        n = len(out.reward)
+        done = out.terminated | out.truncated
+        completed = self._completed[:n]
+        for flags in (out.reset_rows, out.failed):
+            if flags is not None:
+                done = done | flags
+        if out.failed is not None:
+            completed = ~out.failed[:, None]
+        group = GroupBuffers.of(
+            obs=self._agent_axis(out.obs), acting=self._acting[:n], agent_start=done[:, None],
+            completed=completed, reward=out.reward[:, None], terminated=out.terminated[:, None],
+            truncated=out.truncated[:, None], next_obs=self._agent_axis(out.next_obs),
+        )  # fmt: skip
+        return MultiAgentStep(
+            {DEFAULT_POLICY_ID: group}, done, out.reward, self._no_reward[:n], out.infos,
+            out.failed, out.errors, out.env_ids, out.reset_rows,  # type: ignore[arg-type]
         )  # fmt: skip
 
     def _block(self, lo: int, hi: int) -> _Block:

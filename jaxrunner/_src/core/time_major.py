@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from jaxrunner._src.core import next_obs_store
-from jaxrunner._src.core.next_obs_store import FinalObs, FinalObsRecorder
+from jaxrunner._src.core.next_obs_store import FinalObs
 from jaxrunner._src.core.trajectory_file import encode_tree, write_file
 from jaxrunner.errors import InvalidArgumentError
 
@@ -118,7 +118,7 @@ class StoredNextObs(Transitions):
 
     @property
     def is_compact(self) -> bool:
-        return isinstance(self.next_obs_store, (FinalObs, FinalObsRecorder))
+        return isinstance(self.next_obs_store, FinalObs)
 
     @property
     def next_obs(self) -> Any:
@@ -126,8 +126,6 @@ class StoredNextObs(Transitions):
         access builds a new array of ``obs``'s size; take what you need of it once, or
         use :meth:`next_value`."""
         store = self.next_obs_store
-        if isinstance(store, FinalObsRecorder):  # a sample still running (callbacks)
-            store = store.finish()
         if isinstance(store, FinalObs):
             return self._materialize(store)
         return store
@@ -200,8 +198,6 @@ class StoredNextObs(Transitions):
         if stop <= start:
             return self.dense().time_slice(start, stop)
         store = self.next_obs_store
-        if isinstance(store, FinalObsRecorder):  # the steps of a failed sample
-            store = store.finish(stop)
         rows = int(np.prod(np.shape(self.reward)[1:]))
         sliced = next_obs_store.time_slice(self.obs, store, rows, start, stop, self._turns())
         rest = self.replace(next_obs_store=None)  # type: ignore[attr-defined]

@@ -34,7 +34,6 @@ from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episod
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.host_loop import HostLoop
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
-from jaxrunner._src.samplers.ready_first import ReadyFirstSampler
 from jaxrunner._src.samplers.sampler import SamplerSetup
 from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import InvalidArgumentError
@@ -224,18 +223,12 @@ class OneAgent(AgentGroups):
     def host_sampler(
         self, first: Any, setup: Any, num_splits: Any, callbacks: Any, runner: Any
     ) -> Any:
-        """Ready-first for ``ready_first`` backends, else lockstep."""
         envs, (obs, _) = self.envs, first
-        sampler: Any
-        caps = envs.capabilities
-        if caps.ready_first:
+        if envs.capabilities.ready_first:
             check_ready_first_options(envs, callbacks, num_splits, multi_agent=False)
-        if caps.ready_first and (caps.any_order or caps.batch_buckets):
-            sampler = ReadyFirstSampler(envs, obs, setup)  # envs in any order (EnvPool's)
-        else:
-            sampler = OneAgentSampler(
-                envs, obs, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
-            )
+        sampler = OneAgentSampler(
+            envs, obs, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
+        )
         space_arrays.check_policy_actions(
             envs.single_action_space, sampler.action_spec, envs.num_envs
         )

@@ -10,13 +10,9 @@ from typing import Any
 
 import jax
 import numpy as np
-from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
-from jaxrunner._src.core.next_obs_store import FinalObsRecorder
-from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.samplers.group_step import GroupSampler
 from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, InfoRecorder
 from jaxrunner.errors import InvalidArgumentError
@@ -131,56 +127,6 @@ class ReusedBuffers(abc.ABC):
         self._free.append(self._kept(traj))
 
 
-class BufferPool(ReusedBuffers):
-    """The ``[T, B]`` :class:`Trajectory` buffers of a single-agent host sampler."""
-
-    def __init__(
-        self,
-        obs_space: spaces.Space,
-        action_space: spaces.Space,
-        extras_spec: Any,
-        num_steps: int,
-        num_envs: int,
-        infos: InfoRecorder | None,
-        compact: bool,
-    ) -> None:
-        super().__init__()
-        self._shape = (obs_space, action_space, extras_spec, num_steps, num_envs, infos)
-        self._compact = compact
-        self._own_extras = policy_extras_keys(extras_spec, infos)
-
-    def take(self) -> Trajectory:
-        buf = super().take()
-        if self._compact:
-            obs_space, _, _, num_steps, num_envs, _ = self._shape
-            buf = buf.replace(next_obs_store=FinalObsRecorder(obs_space, num_steps, num_envs))
-        return buf
-
-    def _allocate(self) -> Trajectory:
-        return allocate_trajectory(*self._shape, compact=self._compact)
-
-    def _refresh(self, buf: Trajectory) -> Trajectory:
-        infos, num_envs = self._shape[5], self._shape[4]
-        buf.valid.fill(True)
-        buf.env_id[...] = np.arange(num_envs)
-        if infos is not None:
-            infos.clear(buf.extras)
-        return buf
-
-    def _kept(self, traj: Trajectory) -> Trajectory:
-        return traj.replace(extras={k: traj.extras[k] for k in self._own_extras})
-
-    def _reused_arrays(self, traj: Trajectory) -> list[Any]:
-        extras = traj.extras if isinstance(traj.extras, dict) else {}
-        fields = [
-            traj.obs, traj.action, traj.reward, traj.terminated, traj.truncated,
-            [extras.get(k) for k in self._own_extras],
-            traj.env_id, traj.episode_id, traj.step, traj.valid,
-            None if self._compact else traj.next_obs_store,
-        ]  # fmt: skip
-        return jax.tree.leaves(fields)
-
-
 def policy_extras_keys(extras_spec: Any, infos: InfoRecorder | None) -> list[str]:
     """The ``extras`` a sampler writes itself (the policy's and the infos), not those
     connectors add at the end of a sample."""
@@ -188,75 +134,6 @@ def policy_extras_keys(extras_spec: Any, infos: InfoRecorder | None) -> list[str
     if infos is not None:
         keys += [INFOS, INFOS_PRESENT]
     return keys
-
-
-def allocate_trajectory(
-    obs_space: spaces.Space,
-    action_space: spaces.Space,
-    extras_spec: Any,
-    num_steps: int,
-    num_envs: int,
-    infos: InfoRecorder | None = None,
-    compact: bool = False,
-) -> Trajectory:
-    """Zeroed ``[T, B]`` host buffers; ``extras_spec`` has a leading batch axis; with
-    ``infos``, its arrays too (``extras["infos"]``, ``extras["infos_present"]``).
-    ``compact``: no ``next_obs`` arrays (the sampler sets a recorder)."""
-    shape = (num_steps, num_envs)
-    buf = Trajectory(
-        obs=space_arrays.allocate(obs_space, shape),
-        action=space_arrays.allocate(action_space, shape),
-        reward=np.zeros(shape, np.float64),
-        terminated=np.zeros(shape, np.bool_),
-        truncated=np.zeros(shape, np.bool_),
-        next_obs=None if compact else space_arrays.allocate(obs_space, shape),
-        extras=jax.tree.map(lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), extras_spec),
-        env_id=np.broadcast_to(np.arange(num_envs, dtype=np.int64), shape).copy(),
-        episode_id=np.zeros(shape, np.int64),
-        step=np.zeros(shape, np.int64),
-        valid=np.ones(shape, np.bool_),
-    )
-    if infos is not None:
-        infos.allocate(buf.extras, shape)
-    return buf
-
-
-def record_next_obs(
-    obs_space: spaces.Space,
-    buf: Trajectory,
-    index: tuple[Any, Any],
-    out: BatchStep,
-    sel: Any = None,
-) -> None:
-    """Writes the next observations of ``out`` (its rows ``sel``; all by default) at
-    ``index`` (steps, envs) of ``buf``: all of them, or into a compact buffer's
-    recorder, which keeps those that are not the next step's observation."""
-    store = buf.next_obs_store
-    if not isinstance(store, FinalObsRecorder):
-        next_obs = out.next_obs if sel is None else space_arrays.take(obs_space, out.next_obs, sel)
-        space_arrays.copy_into(obs_space, store, next_obs, index)
-        return
-    steps, envs = index
-    if isinstance(envs, slice) and sel is None:  # lockstep: a block of envs, one step
-        differs = out.terminated | out.truncated
-    else:
-        if isinstance(envs, slice):
-            envs = np.arange(envs.start, envs.stop)
-        sel = np.arange(len(out.reward))[slice(None) if sel is None else sel]
-        differs = out.terminated[sel] | out.truncated[sel]
-        steps = np.broadcast_to(np.asarray(steps), envs.shape)
-    for mask in (out.failed, out.reset_rows):  # a restart or a reset step: another obs
-        if mask is not None:
-            differs |= mask if sel is None else mask[sel]
-    store.record(buf.obs, steps, envs, out.next_obs, out.obs, sel, differs)
-
-
-def finish_next_obs(buf: Trajectory) -> Trajectory:
-    """``buf`` with its recorder (a compact buffer's) turned into the stored rows."""
-    store = buf.next_obs_store
-    if isinstance(store, FinalObsRecorder):
-        return buf.replace(next_obs_store=store.finish())
-    return buf
 
 
 class GroupBufferPool(ReusedBuffers):
@@ -271,6 +148,7 @@ class GroupBufferPool(ReusedBuffers):
         num_steps: int,
         num_envs: int,
         compact: bool,
+        live: int = 1,
     ) -> None:
         super().__init__()
         self._groups, self._agents = groups, agents
@@ -279,13 +157,18 @@ class GroupBufferPool(ReusedBuffers):
             pid: policy_extras_keys(gs.extras_spec, gs.infos) for pid, gs in groups.items()
         }
         self._scratch = None
-        if compact:
-            self._scratch = {  # the next observations alone, not a whole trajectory
-                pid: space_arrays.allocate(
-                    gs.group.observation_space, (num_steps, num_envs, gs.group.num_agents)
-                )
-                for pid, gs in groups.items()
-            }
+        self._scratches = []
+        if compact:  # the next observations alone, not a whole trajectory; one per live sample
+            self._scratches = [
+                {
+                    pid: space_arrays.allocate(
+                        gs.group.observation_space, (num_steps, num_envs, gs.group.num_agents)
+                    )
+                    for pid, gs in groups.items()
+                }
+                for _ in range(live)
+            ]
+            self._scratch = self._scratches[-1]
 
     @property
     def compact(self) -> bool:
@@ -295,6 +178,8 @@ class GroupBufferPool(ReusedBuffers):
         buf = super().take()
         if self._scratch is None:
             return buf
+        self._scratch = self._scratches.pop(0)  # the oldest one's turn
+        self._scratches.append(self._scratch)
         for leaf in jax.tree.leaves(self._scratch):
             leaf.fill(0)
         groups = {

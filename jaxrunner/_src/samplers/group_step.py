@@ -25,6 +25,10 @@ from jaxrunner._src.samplers.policy_step import (
     host_actor_state,
 )
 
+RowsPart = tuple[list[list[np.ndarray]], Any, np.ndarray, Any]
+"""Where envs record a step: a sample's buffer leaves (:meth:`GroupSampler.begin`), each
+env's step in it, the envs, and their rows in the step."""
+
 
 class _Block:
     """A block's stage and what its last dispatch saw, with the views each dispatch
@@ -104,6 +108,11 @@ class GroupSampler:
             )  # fmt: skip
 
         self._compile = compiled
+        self._chunk_rows = chunk_rows
+        self._buckets: dict[int, tuple[CompiledPolicyStep, Stage]] = {}
+        """Envs per ready-first bucket call -> its compiled step (shared by buckets of the
+        same whole chunks) and stage."""
+        self._rows_at: Any = None  # the last dispatch_rows: (envs, stage rows, call)
         self.acting = np.full((num_envs, a_g), one_agent)
         """Who acted at each block's last dispatch."""
         self._calls: dict[int, CompiledPolicyStep] = {}
@@ -198,13 +207,142 @@ class GroupSampler:
         self.running_return[:] = 0.0
         self.running_length[:] = 0
 
-    def begin(self, traj: GroupTrajectory) -> None:
-        """Resolves the leaves of a new sample's buffers (no tree walks per step)."""
+    def leaves_of(self, traj: GroupTrajectory) -> list[list[np.ndarray]]:
+        """The leaves of a sample's buffers that the steps write (no tree walks per
+        step): obs, action, extras and next_obs."""
         leaves = [traj.obs, traj.action, policy_extras(traj.extras), traj.next_obs]
         if self.always_acting:  # a single agent's [T, B, 1] buffers, written as [T, B]
-            self._traj_leaves = [[x[:, :, 0] for x in _leaves(tree)] for tree in leaves]
+            return [[x[:, :, 0] for x in _leaves(tree)] for tree in leaves]
+        return [_leaves(tree) for tree in leaves]
+
+    def begin(self, leaves: list[list[np.ndarray]]) -> None:
+        """The buffers the block methods write, from now on (:meth:`leaves_of`)."""
+        self._traj_leaves = leaves
+
+    # -- envs in any order (ready-first buckets): index arrays, not blocks ----------------
+
+    def bucket(self, envs: int) -> tuple[CompiledPolicyStep, Stage]:
+        """The compiled step and stage of a call for ``envs`` envs (compiled at the first
+        ask; buckets of the same whole policy chunks share a step)."""
+        entry = self._buckets.get(envs)
+        if entry is None:
+            size = envs * self.group.num_agents
+            rows = -(-size // self._chunk_rows) * self._chunk_rows
+            key = size if envs == self.num_envs else -rows  # all envs: rows are slots
+            call = self._calls.get(key)
+            if call is None:
+                call = self._calls[key] = self._compile(size)
+            entry = self._buckets[envs] = (call, call.new_stage())
+        return entry
+
+    def dispatch_rows(
+        self, params: Params, last: GroupBuffers, index: np.ndarray, envs: int
+    ) -> None:
+        """Queues the policy step of envs ``index`` (any order), whose latest step is in
+        ``last`` (every env's rows), in the call for ``envs`` envs: a call for all envs
+        computes each agent slot at its own row, a smaller bucket the envs in order, then
+        padding (computed, never written back)."""
+        call, stage = self.bucket(envs)
+        a_g = self.group.num_agents
+        slots = index if a_g == 1 else (index[:, None] * a_g + np.arange(a_g)).ravel()
+        at = slots if envs == self.num_envs else np.arange(len(slots))
+        for dst, src in zip(_leaves(stage.obs), _leaves(last.obs_rows)):
+            dst[at] = src[slots]
+        stage.episode_start[:] = False
+        stage.episode_start[at] = last.agent_start.reshape(-1)[slots]
+        acting = last.acting[index]
+        self.acting[index] = acting
+        stage.env_index[:] = self.rows
+        stage.env_index[at] = (
+            slots if self.always_acting else np.where(acting.ravel(), slots, self.rows)
+        )
+        self._rows_at = (index, at, call)
+        self.pending[-1, -1], self.state = call.dispatch(params, self.state, stage)
+
+    def collect_rows(self, last: GroupBuffers, parts: Sequence[RowsPart]) -> Any:
+        """Takes the actions :meth:`dispatch_rows` queued and writes each acting agent's
+        observation, action and extras where its env records this step (``parts``), or
+        keeps them until its transition completes (AEC envs). Returns the env's actions
+        in the order of the envs, ``[n, A_g, ...]`` (a single agent's ``[n, ...]``)."""
+        index, at, call = self._rows_at
+        action, env_action, extras = call.collect(self.pending.pop((-1, -1)))
+        lead = (len(index),) if self.always_acting else (len(index), self.group.num_agents)
+
+        def mine(x: np.ndarray) -> np.ndarray:  # a fresh array: the backend may keep it
+            return x[at].reshape(*lead, *x.shape[1:])
+
+        own = jax.tree.map(mine, action)
+        env_action = own if env_action is action else jax.tree.map(mine, env_action)
+        action = own
+        mask = None if self.always_acting else self.acting[index]
+        obs = [x[index] for x in _leaves(last.obs if not self.always_acting else last.obs_rows)]
+        taken = (obs, _leaves(action), [mine(x) for x in extras])
+        if not self.same_step:  # into the pending turns, until their transitions complete
+            for dsts, srcs in zip(self._pending_trees(), taken):
+                _put_rows(dsts, srcs, index, mask)
+            self.awaiting[index] |= self.acting[index]
         else:
-            self._traj_leaves = [_leaves(tree) for tree in leaves]
+            for leaves, t, envs, sel in parts:
+                part_mask = None if mask is None else mask[sel]
+                for dsts, srcs in zip(leaves[:3], taken):
+                    _put_rows(dsts, [x[sel] for x in srcs], (t, envs), part_mask)
+        return env_action if self.clip is None else self.clip(env_action)
+
+    def record_rows(self, out: GroupBuffers, traj: GroupTrajectory, part: RowsPart) -> None:
+        """Writes the transitions of envs ``envs`` (rows ``sel`` of ``out``) completed at
+        their steps ``t`` into those slots of ``traj`` (``part``: its leaves, ``t``,
+        ``envs`` and ``sel``)."""
+        leaves, t, envs, sel = part
+        done = out.completed[sel]
+        mask = None if self.always_acting else done
+        index = (t, envs)
+        if not self.same_step:
+            for dsts, srcs in zip(leaves[:3], self._pending_trees()):
+                _put_rows(dsts, [x[envs] for x in srcs], index, mask)
+            self.awaiting[envs] &= ~done
+        next_obs = _leaves(out.next_obs_rows if self.always_acting else out.next_obs)
+        _put_rows(leaves[3], [x[sel] for x in next_obs], index, mask)
+        traj.reward[index] = out.reward[sel]
+        traj.terminated[index] = out.terminated[sel]
+        traj.truncated[index] = out.truncated[sel]
+        if not self.always_acting:  # (a single agent's validity is its env's)
+            traj.valid[index] = done
+
+    def record_infos_rows(
+        self,
+        traj: GroupTrajectory,
+        completed: np.ndarray,
+        infos: Sequence[dict],
+        t: Any,
+        envs: np.ndarray,
+    ) -> None:
+        """:meth:`record_infos` for envs ``envs`` at their steps ``t``."""
+        if self.always_acting:
+            self.infos.record(traj.extras, t, envs.tolist(), infos)  # type: ignore[union-attr]
+            return
+        b, a = np.nonzero(completed)
+        if b.size:
+            agents = self.group.agents
+            rows = (envs[b] * self.group.num_agents + a).tolist()
+            mine = [infos[i].get(agents[j], {}) for i, j in zip(b.tolist(), a.tolist())]
+            self.infos.record(traj.extras, np.asarray(t)[b], rows, mine)  # type: ignore[union-attr]
+
+    def drop_rows(self, failed: np.ndarray, part: RowsPart) -> int:
+        """:meth:`drop` for envs ``envs`` at their steps ``t`` (``failed``: their rows
+        whose step failed)."""
+        leaves, t, envs, _ = part
+        rows, steps = envs[failed], np.asarray(t)[failed]
+        for tree in leaves:
+            for leaf in tree:
+                leaf[steps, rows] = 0
+        if self.same_step:
+            return int(np.count_nonzero(self.acting[rows]))
+        dropped = int(np.count_nonzero(self.awaiting[rows]))
+        self.awaiting[rows] = False
+        return dropped
+
+    def _pending_trees(self) -> tuple[list[np.ndarray], ...]:
+        return self._pending_obs, self._pending_action, self.pending_extras
 
     def dispatch(self, params: Params, buf: GroupBuffers, lo: int, hi: int) -> None:
         """Queues the policy step of block ``[lo, hi)``; ``buf`` holds its rows."""
@@ -395,6 +533,17 @@ class GroupSampler:
 def _leaves(tree: Any) -> list[np.ndarray]:
     """The arrays of a pytree (a lone array without a tree walk)."""
     return [tree] if isinstance(tree, np.ndarray) else jax.tree.leaves(tree)
+
+
+def _put_rows(dsts: list[np.ndarray], srcs: list[np.ndarray], index: Any, mask: Any) -> None:
+    """Leaf by leaf, ``dst[index] = src`` (fancy ``index``) where ``mask`` (None:
+    everywhere; it covers the leading axes of ``src``)."""
+    for dst, src in zip(dsts, srcs):
+        if mask is None:
+            dst[index] = src
+        else:
+            where = mask.reshape(*mask.shape, *([1] * (src.ndim - mask.ndim)))
+            dst[index] = np.where(where, src, dst[index])
 
 
 def _put(

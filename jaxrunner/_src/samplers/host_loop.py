@@ -27,6 +27,7 @@ from jaxrunner._src.samplers.info_arrays import InfoRecorder
 from jaxrunner._src.samplers.live_episodes import LiveEpisodes
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import group_cost, pipeline_splits
+from jaxrunner._src.samplers.ready_first import ReadyFirst
 from jaxrunner._src.samplers.sampler import (
     SamplerSetup,
     StepProgress,
@@ -51,6 +52,20 @@ class EnvLevel:
     valid: np.ndarray
     episode_id: np.ndarray
     step: np.ndarray
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One sample's buffers, as the loop writes them."""
+
+    traj: MultiAgentTrajectory
+    level: EnvLevel
+    leaves: dict[str, list[list[np.ndarray]]]
+    """Each group's buffer leaves that the steps write (:meth:`GroupSampler.leaves_of`)."""
+    unassigned: np.ndarray | None
+    """Multi-agent envs: ``[T, B]`` rewards no transition carries (summed at close)."""
+    resets: np.ndarray | None
+    """Backends that keep their reset steps: which slots are resets (for the book)."""
 
 
 class HostLoop:
@@ -83,9 +98,9 @@ class HostLoop:
         self.envs, self.rollout_length = envs, setup.rollout_length
         self.metrics = setup.metrics
         num_envs = envs.num_envs
-        self.ready_first = envs.capabilities.ready_first  # (its options checked by the runner)
+        ready_first = envs.capabilities.ready_first  # (its options checked by the runner)
         costs = {g.policy_id: group_cost(g, setup, num_envs) for g in envs.groups}
-        if self.ready_first:
+        if ready_first:
             self.splits = [slice(0, num_envs)]
         else:
             self.splits = pipeline_splits(envs, num_splits, list(costs.values()))
@@ -137,17 +152,21 @@ class HostLoop:
         self._last = first
         """The reset step: its arrays are the env's buffers, which every later step's
         rows are views of."""
-        self._t = np.zeros(num_envs, np.int64)
-        """Ready-first: the steps each env has recorded in this sample (its next slot)."""
         self._steps = 0
         """Lockstep: the steps every env has recorded in this sample."""
         self.agents = {g.policy_id: g.agents for g in envs.groups}
+        # Envs a sample ahead (EnvPool async) write the next sample's buffers meanwhile.
         self._pool = GroupBufferPool(
-            self.groups, self.agents, self.rollout_length, num_envs, setup.compact_next_obs
-        )
+            self.groups, self.agents, self.rollout_length, num_envs, setup.compact_next_obs,
+            live=2 if envs.capabilities.recv_batch_size else 1,
+        )  # fmt: skip
         self._reset_steps = envs.capabilities.reset_steps
-        self._resets: np.ndarray | None = None
-        """Backends that keep their reset steps: which slots are resets (for the book)."""
+        self.ready_first: ReadyFirst | None = None
+        """The ready-first mode (its buckets and calls per size), for a ready-first
+        backend."""
+        if ready_first:  # (its chunk in envs: every group's calls hold whole chunks)
+            chunk = min(max(1, c.chunk_rows // c.rows_per_env) for c in costs.values())
+            self.ready_first = ReadyFirst(self, chunk)
         self._live: LiveEpisodes | None = None
         """The per-step hooks' episodes, when some of those hooks are overridden."""
         if callbacks is not None and any(overrides(callbacks, h) for h in STEP_HOOKS):
@@ -160,56 +179,34 @@ class HostLoop:
         self, params: dict[str, Params], progress: StepProgress | None = None
     ) -> MultiAgentTrajectory:
         """One rollout of every env; ``progress`` is told the env steps recorded."""
-        num_steps, num_envs = self.rollout_length, self.envs.num_envs
-        traj = self._pool.take()
+        ro = self._open() if self.ready_first is None else self.ready_first.rollout()
         for pid, gs in self.groups.items():
-            gs.begin(traj.groups[pid])
+            gs.begin(ro.leaves[pid])
+        traj = ro.traj
         self._rows = self.rows_view(traj)  # what live episodes read their steps from
         self._rows_of = traj
-        shape = (num_steps, num_envs)
-        if self._one_agent:  # the one agent's arrays are the env's
-            (group,) = traj.groups.values()
-            env_level = EnvLevel(
-                reward=group.reward[..., 0],  # type: ignore[index]
-                terminated=group.terminated[..., 0],  # type: ignore[index]
-                truncated=group.truncated[..., 0],  # type: ignore[index]
-                valid=traj.valid,  # type: ignore[arg-type]
-                episode_id=traj.episode_id,  # type: ignore[arg-type]
-                step=traj.step,  # type: ignore[arg-type]
-            )
-        else:
-            env_level = EnvLevel(
-                reward=np.zeros(shape, np.float64),
-                terminated=traj.env_done,  # type: ignore[arg-type]
-                truncated=np.zeros(shape, np.bool_),
-                valid=traj.valid,  # type: ignore[arg-type]
-                episode_id=traj.episode_id,  # type: ignore[arg-type]
-                step=traj.step,  # type: ignore[arg-type]
-            )
-            self._unassigned = np.zeros(shape, np.float64)  # summed once, in _close
         perf = dict.fromkeys(PERF_KEYS, 0.0)
         start_time = time.perf_counter()
-        self._t[:] = 0
         self._steps = 0
         if self._live is not None:
             self._live.next_id = self._book.next_episode_id
-        if self._reset_steps:
-            self._resets = np.zeros(shape, np.bool_)
         try:
-            if self.ready_first:
-                self._run_ready_first(params, traj, env_level, perf, progress)
+            if self.ready_first is not None:
+                self.ready_first.run(params, ro, perf, progress)
             else:
-                self._run_lockstep(params, traj, env_level, perf, progress)
+                self._run_lockstep(params, ro, perf, progress)
         except BaseException as err:
             done = self._steps_done()
-            attach_partial(err, self._close(traj, env_level, done) if done else None)
+            attach_partial(err, self._close(ro, done) if done else None)
             raise
         finally:
             self.metrics.sample_time_s += time.perf_counter() - start_time
             self.metrics.perf.record(perf, self._steps_done())
         if self._live is not None:  # the next sample writes other buffers
             self._live.detach(self._rows)
-        traj = self._close(traj, env_level, num_steps)
+        if self.ready_first is not None:
+            self.ready_first.finish()
+        traj = self._close(ro, self.rollout_length)
         if self._infos is not None:  # misspelt info_keys, once an episode has ended
             ended = traj.env_done.any() or any(g.done.any() for g in traj.groups.values())
             try:
@@ -222,8 +219,7 @@ class HostLoop:
     def _run_lockstep(
         self,
         params: dict[str, Params],
-        traj: MultiAgentTrajectory,
-        env_level: EnvLevel,
+        ro: Rollout,
         perf: dict[str, float],
         progress: StepProgress | None,
     ) -> None:
@@ -248,7 +244,7 @@ class HostLoop:
                 clock = time.perf_counter()
                 out = recv()
                 perf["env_wait_ms"] += time.perf_counter() - clock
-                self._record(traj, env_level, lo, hi, out, perf, t)
+                self._record(ro, lo, hi, out, perf, t)
                 if t + 1 < num_steps:
                     self._dispatch(params, lo, hi, out.groups, perf)
                     if not defer:
@@ -257,40 +253,9 @@ class HostLoop:
                     progress(t * num_envs + hi)
             self._steps = t + 1
 
-    def _run_ready_first(
-        self,
-        params: dict[str, Params],
-        traj: MultiAgentTrajectory,
-        env_level: EnvLevel,
-        perf: dict[str, float],
-        progress: StepProgress | None,
-    ) -> None:
-        """Each block the backend answers is recorded and acted on again at once, each
-        env at its own pace (``self._t``: its steps)."""
-        num_steps, num_envs = self.rollout_length, self._num_envs
-        self._dispatch(params, 0, num_envs, self._last.groups, perf)
-        self._send(0, num_envs, perf, 0)
-        in_flight = num_envs  # envs sent and not yet received
-        while in_flight:
-            clock = time.perf_counter()
-            out = self.envs.recv()
-            perf["env_wait_ms"] += time.perf_counter() - clock
-            rows = out.env_ids
-            lo, hi = (0, num_envs) if rows is None else (rows.start, rows.stop)
-            in_flight -= hi - lo
-            t = int(self._t[lo])
-            self._record(traj, env_level, lo, hi, out, perf, t)
-            self._t[lo:hi] = t + 1  # the block's envs share their step (setitem: cheaper than +=)
-            if t + 1 < num_steps:
-                self._dispatch(params, lo, hi, out.groups, perf)
-                self._send(lo, hi, perf, t + 1)
-                in_flight += hi - lo
-            if progress is not None:
-                progress(int(self._t.sum()))
-
     def _steps_done(self) -> int:
         """Steps every env has recorded in this sample."""
-        return int(self._t.min()) if self.ready_first else self._steps
+        return self._steps if self.ready_first is None else self.ready_first.steps_done()
 
     def _dispatch(
         self,
@@ -323,8 +288,7 @@ class HostLoop:
 
     def _record(
         self,
-        traj: MultiAgentTrajectory,
-        env_level: EnvLevel,
+        ro: Rollout,
         lo: int,
         hi: int,
         out: MultiAgentStep,
@@ -333,6 +297,7 @@ class HostLoop:
     ) -> None:
         """Writes block ``[lo, hi)``'s step ``t`` into its envs' slot ``t``."""
         clock = time.perf_counter()
+        traj, env_level = ro.traj, ro.level
         for pid, gs in self._parts:
             gs.record(out.groups[pid], traj.groups[pid], lo, hi, t)
             if gs.infos is not None:
@@ -341,7 +306,7 @@ class HostLoop:
         if not self._one_agent:  # else the group's arrays, just written
             env_level.reward[index] = out.env_reward
             env_level.terminated[index] = out.env_done
-            self._unassigned[index] = out.unassigned_reward
+            ro.unassigned[index] = out.unassigned_reward  # type: ignore[index]
         if out.failed is not None:  # faults: their episodes end, their actions are dropped
             env_level.valid[index] = ~out.failed
             if not self._one_agent:  # (a single agent's slot keeps what it acted on)
@@ -349,9 +314,8 @@ class HostLoop:
                     gs.drop(out.failed, lo, hi, t) for gs in self.groups.values()
                 )
         if out.reset_rows is not None:  # the env's reset steps: no transition, no fault
-            assert self._resets is not None  # internal: the backend declares reset_steps
             env_level.valid[index] &= ~out.reset_rows
-            self._resets[index] = out.reset_rows
+            ro.resets[index] = out.reset_rows  # type: ignore[index]
         if self._live is not None:
             self._live.step(lo, hi, t, out, self._rows)
         perf["obs_processing_ms"] += time.perf_counter() - clock
@@ -395,6 +359,8 @@ class HostLoop:
         as its own: sampling goes on exactly where it was taken, provided the envs are in
         their saved state too; the callbacks' live episodes as ``live`` (else they
         restart)."""
+        if self.ready_first is not None:
+            self.ready_first.check_not_ahead()
         self._book.set_state(state.book)
         for pid, gs in self.groups.items():
             gs.set_state(state.groups[pid], self._last.groups[pid])
@@ -413,6 +379,8 @@ class HostLoop:
         order) and new agent episodes (carries restart) in each; the episodes under way
         are abandoned, uncounted."""
         self._last = self.envs.reset_batch(seeds)
+        if self.ready_first is not None:
+            self.ready_first.restart()
         self._book.restart()
         for gs in self.groups.values():
             gs.restart_episodes()
@@ -429,12 +397,40 @@ class HostLoop:
         gs = self.groups[policy_id]
         gs.state = gs.state.replace(connectors=gs.packing.to_device(state))  # type: ignore[union-attr]
 
-    def _close(
-        self, traj: MultiAgentTrajectory, env_level: EnvLevel, t: int
-    ) -> MultiAgentTrajectory:
-        self.metrics.add(self._book.close(env_level, t, self._resets))  # type: ignore[arg-type]
+    def _open(self) -> Rollout:
+        """A sample's buffers: the pool's next, and their env-level arrays."""
+        traj = self._pool.take()
+        shape = (self.rollout_length, self._num_envs)
+        unassigned = None
+        if self._one_agent:  # the one agent's arrays are the env's
+            (group,) = traj.groups.values()
+            level = EnvLevel(
+                reward=group.reward[..., 0],  # type: ignore[index]
+                terminated=group.terminated[..., 0],  # type: ignore[index]
+                truncated=group.truncated[..., 0],  # type: ignore[index]
+                valid=traj.valid,  # type: ignore[arg-type]
+                episode_id=traj.episode_id,  # type: ignore[arg-type]
+                step=traj.step,  # type: ignore[arg-type]
+            )
+        else:
+            level = EnvLevel(
+                reward=np.zeros(shape, np.float64),
+                terminated=traj.env_done,  # type: ignore[arg-type]
+                truncated=np.zeros(shape, np.bool_),
+                valid=traj.valid,  # type: ignore[arg-type]
+                episode_id=traj.episode_id,  # type: ignore[arg-type]
+                step=traj.step,  # type: ignore[arg-type]
+            )
+            unassigned = np.zeros(shape, np.float64)
+        leaves = {pid: gs.leaves_of(traj.groups[pid]) for pid, gs in self.groups.items()}
+        resets = np.zeros(shape, np.bool_) if self._reset_steps else None
+        return Rollout(traj, level, leaves, unassigned, resets)
+
+    def _close(self, ro: Rollout, t: int) -> MultiAgentTrajectory:
+        traj, env_level = ro.traj, ro.level
+        self.metrics.add(self._book.close(env_level, t, ro.resets))  # type: ignore[arg-type]
         if not self._one_agent:  # (a single agent's reward is all assigned)
-            self.metrics.unassigned_reward += float(self._unassigned[:t].sum())
+            self.metrics.unassigned_reward += float(ro.unassigned[:t].sum())  # type: ignore[index]
         valid = env_level.valid[:t]
         aborted = None if valid.all() else ~valid
         for pid, gs in self.groups.items():

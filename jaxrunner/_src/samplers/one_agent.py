@@ -71,6 +71,11 @@ class OneAgentSampler:
         return "ReadyFirstSampler" if self._loop.ready_first else "LockstepSampler"
 
     @property
+    def ready_first(self) -> Any:
+        """The loop's ready-first mode (its buckets and calls per size); None: lockstep."""
+        return self._loop.ready_first
+
+    @property
     def _book(self) -> Any:
         return self._loop._book
 

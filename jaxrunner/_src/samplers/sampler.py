@@ -6,7 +6,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -14,8 +13,7 @@ from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.metrics import RunnerMetrics
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.trajectory import Trajectory
-from jaxrunner._src.samplers.buffer_pool import BufferPool
-from jaxrunner._src.samplers.info_arrays import InfoKeys, InfoRecorder
+from jaxrunner._src.samplers.info_arrays import InfoKeys
 from jaxrunner.errors import InvalidArgumentError
 
 StepProgress = Callable[[int], None]
@@ -103,52 +101,6 @@ class Sampler(abc.ABC):
             f"EnvRunner.{what}(): the {type(self).__name__} cannot be checkpointed (it has "
             "no get_state/set_state/restart_episodes)."
         )
-
-
-class HostSampler(Sampler):
-    """What the host samplers (lockstep, ready-first) share: the actor state on device
-    (``_state``, its connectors packed by ``_packing``) and the connectors' once-per-
-    sample update (``_sample_end``, None without connectors)."""
-
-    _state: Any
-    _packing: Any
-    _sample_end: Any
-    _infos: InfoRecorder | None
-    metrics: RunnerMetrics
-    _pool: BufferPool
-
-    def release(self, traj: Trajectory) -> None:
-        """Takes back ``traj`` (a sample's result the caller is done with) for reuse."""
-        self._pool.release(traj)
-
-    def _end_sample(self, buf: Trajectory) -> Trajectory:
-        """The connectors' end-of-sample update (statistics from this sample's
-        observations, scaled rewards), timed as sampling; the result is handed out
-        (:meth:`BufferPool.hand_out`). Misspelt ``info_keys`` are refused here, with
-        the sample in the error's ``partial_trajectory``."""
-        if self._infos is not None:
-            try:
-                self._infos.complete(buf.extras)
-                self._infos.check(bool((buf.terminated | buf.truncated).any()))
-            except InvalidArgumentError as err:
-                attach_partial(err, buf)
-                raise
-        if self._sample_end is not None:
-            clock = time.perf_counter()
-            buf, connectors = self._sample_end(self._state.connectors, buf)
-            self._state = self._state.replace(connectors=connectors)
-            self.metrics.sample_time_s += time.perf_counter() - clock
-        self._pool.hand_out(buf)
-        return buf
-
-    def get_connector_state(self, policy_id: str | None = None) -> Any:
-        """The connectors' state (a host copy): the statistics the next sample uses
-        (``policy_id``: the one policy's, as every sampler takes it)."""
-        return self._packing.to_host(self._state.connectors)
-
-    def set_connector_state(self, state: Any, policy_id: str | None = None) -> None:
-        """Replaces the connectors' state (shapes as :meth:`get_connector_state`'s)."""
-        self._state = self._state.replace(connectors=self._packing.to_device(state))
 
 
 class PartialTrajectory(Protocol):

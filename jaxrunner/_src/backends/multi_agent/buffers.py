@@ -176,9 +176,10 @@ class MultiAgentStep(NamedTuple):
     errors: dict[int, BaseException] | None = None
     """The failures of this step by env index: failed steps (``failed``), and failed
     resets after a good step (whose transitions stay valid)."""
-    env_ids: slice | None = None
+    env_ids: slice | np.ndarray | None = None
     """Which envs these rows are: a contiguous block of env indices (a ``send`` of a
-    slice, or a ready-first worker's envs); None means every env, in order. Every
+    slice, or a ready-first worker's envs), an index array (envs in any order: EnvPool's
+    async ``recv``); None means every env, in order. Every
     array has the block's rows only (views of the rows of the buffers
     ``reset_batch`` returned), ``infos`` and ``failed`` too."""
     reset_rows: np.ndarray | None = None
