@@ -1,9 +1,7 @@
-"""A host sampler's trajectory buffers: allocated, written step by step (``next_obs`` in
-full or compact), and reused once the caller releases a sample."""
+"""The host loop's trajectory buffers, reused once the caller releases a sample."""
 
 from __future__ import annotations
 
-import abc
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -73,60 +71,6 @@ class HandedOut:
         return entry[2]
 
 
-class ReusedBuffers(abc.ABC):
-    """A host sampler's sample buffers: new ones, or those of samples the caller
-    released (``EnvRunner.release``), which the next sample writes into instead of
-    allocating (and zeroing) a trajectory's memory again.
-
-    Only a trajectory handed out and not released yet is taken back, and only with the
-    very arrays it was handed out with, still writable and of their shapes: the next
-    sample writes into them, so anything else (a ``replace()``'d copy, another runner's,
-    one released already whose arrays hold a later sample) would be written into the
-    caller's memory or break the sample. Subclasses say how a buffer is made, made
-    ready again, and which of its arrays are reused.
-    """
-
-    def __init__(self) -> None:
-        self._out = HandedOut()
-        self._free: list[Any] = []
-
-    @abc.abstractmethod
-    def _allocate(self) -> Any:
-        """A new, zeroed buffer."""
-
-    @abc.abstractmethod
-    def _refresh(self, buf: Any) -> Any:
-        """A released buffer, made as a new one is where a sample does not write in full
-        (the caller may have changed those fields)."""
-
-    @abc.abstractmethod
-    def _reused_arrays(self, traj: Any) -> list[Any]:
-        """The arrays of ``traj`` the next sample would write into, in a fixed order."""
-
-    @abc.abstractmethod
-    def _kept(self, traj: Any) -> Any:
-        """``traj`` as the pool keeps it: without what was added after the sample (the
-        connectors' extras)."""
-
-    def take(self) -> Any:
-        """A buffer for the next sample: a released one, made ready, or a new one."""
-        return self._refresh(self._free.pop()) if self._free else self._allocate()
-
-    def put_back(self, buf: Any) -> None:
-        """Makes ``buf`` (taken, never handed out: a view of it was) the next sample's."""
-        self._free.append(buf)
-
-    def hand_out(self, traj: Any) -> None:
-        """Records ``traj`` (a sample's result) as out: :meth:`release` may take it back."""
-        self._out.add(traj, self._reused_arrays(traj))
-
-    def release(self, traj: Any) -> None:
-        """Makes ``traj``'s arrays the next sample's (checked by
-        :meth:`HandedOut.take_back`)."""
-        self._out.take_back(traj, self._reused_arrays)
-        self._free.append(self._kept(traj))
-
-
 def policy_extras_keys(extras_spec: Any, infos: InfoRecorder | None) -> list[str]:
     """The ``extras`` a sampler writes itself (the policy's and the infos), not those
     connectors add at the end of a sample."""
@@ -136,10 +80,19 @@ def policy_extras_keys(extras_spec: Any, infos: InfoRecorder | None) -> list[str
     return keys
 
 
-class GroupBufferPool(ReusedBuffers):
-    """The :class:`MultiAgentTrajectory` buffers of the multi-agent sampler: each group's
-    ``[T, B, A_g]`` arrays and the env-level ``[T, B]`` ones (see :class:`ReusedBuffers`).
-    ``compact``: every sample writes its dense ``next_obs`` into the same scratch."""
+class BufferPool:
+    """The host loop's :class:`MultiAgentTrajectory` buffers (each group's ``[T, B, A_g]``
+    arrays and the env-level ``[T, B]`` ones): new ones, or those of samples the caller
+    released (``EnvRunner.release``), which the next sample writes into instead of
+    allocating (and zeroing) a trajectory's memory again.
+
+    Only a trajectory handed out and not released yet is taken back, and only with the
+    very arrays it was handed out with, still writable and of their shapes: the next
+    sample writes into them, so anything else (a ``replace()``'d copy, another runner's,
+    one released already whose arrays hold a later sample) would be written into the
+    caller's memory or break the sample. ``compact``: every sample writes its dense
+    ``next_obs`` into a scratch, one per sample being written (``live``).
+    """
 
     def __init__(
         self,
@@ -150,14 +103,15 @@ class GroupBufferPool(ReusedBuffers):
         compact: bool,
         live: int = 1,
     ) -> None:
-        super().__init__()
+        self._out = HandedOut()
+        self._free: list[MultiAgentTrajectory] = []
         self._groups, self._agents = groups, agents
         self._num_steps, self._num_envs = num_steps, num_envs
         self._own_extras = {
             pid: policy_extras_keys(gs.extras_spec, gs.infos) for pid, gs in groups.items()
         }
-        self._scratch = None
-        self._scratches = []
+        self._scratch: dict[str, Any] | None = None
+        self._scratches: list[dict[str, Any]] = []
         if compact:  # the next observations alone, not a whole trajectory; one per live sample
             self._scratches = [
                 {
@@ -175,7 +129,8 @@ class GroupBufferPool(ReusedBuffers):
         return self._scratch is not None
 
     def take(self) -> MultiAgentTrajectory:
-        buf = super().take()
+        """A buffer for the next sample: a released one, made ready, or a new one."""
+        buf = self._refresh(self._free.pop()) if self._free else self._allocate()
         if self._scratch is None:
             return buf
         self._scratch = self._scratches.pop(0)  # the oldest one's turn
@@ -186,6 +141,20 @@ class GroupBufferPool(ReusedBuffers):
             pid: g.replace(next_obs_store=self._scratch[pid]) for pid, g in buf.groups.items()
         }
         return buf.replace(groups=groups)
+
+    def put_back(self, buf: MultiAgentTrajectory) -> None:
+        """Makes ``buf`` (taken, never handed out: a view of it was) the next sample's."""
+        self._free.append(buf)
+
+    def hand_out(self, traj: MultiAgentTrajectory) -> None:
+        """Records ``traj`` (a sample's result) as out: :meth:`release` may take it back."""
+        self._out.add(traj, self._reused_arrays(traj))
+
+    def release(self, traj: MultiAgentTrajectory) -> None:
+        """Makes ``traj``'s arrays the next sample's (checked by
+        :meth:`HandedOut.take_back`)."""
+        self._out.take_back(traj, self._reused_arrays)
+        self._free.append(self._kept(traj))
 
     def _allocate(self) -> MultiAgentTrajectory:
         shape = (self._num_steps, self._num_envs)

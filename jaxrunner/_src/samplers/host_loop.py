@@ -19,7 +19,7 @@ from jaxrunner._src.core.metrics import PERF_KEYS
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory, compact_group
 from jaxrunner._src.core.policy import Params
 from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
-from jaxrunner._src.samplers.buffer_pool import GroupBufferPool
+from jaxrunner._src.samplers.buffer_pool import BufferPool
 from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
@@ -156,7 +156,7 @@ class HostLoop:
         """Lockstep: the steps every env has recorded in this sample."""
         self.agents = {g.policy_id: g.agents for g in envs.groups}
         # Envs a sample ahead (EnvPool async) write the next sample's buffers meanwhile.
-        self._pool = GroupBufferPool(
+        self._pool = BufferPool(
             self.groups, self.agents, self.rollout_length, num_envs, setup.compact_next_obs,
             live=2 if envs.capabilities.recv_batch_size else 1,
         )  # fmt: skip
