@@ -134,10 +134,11 @@ class OneAgentSteps:
                 done = done | flags
         if out.failed is not None:
             completed = ~out.failed[:, None]
-        group = GroupBuffers.of(
+        group = GroupBuffers(
             obs=self._agent_axis(out.obs), acting=self._acting[:n], agent_start=done[:, None],
             completed=completed, reward=out.reward[:, None], terminated=out.terminated[:, None],
             truncated=out.truncated[:, None], next_obs=self._agent_axis(out.next_obs),
+            obs_rows=out.obs, next_obs_rows=out.next_obs,
         )  # fmt: skip
         return MultiAgentStep(
             {DEFAULT_POLICY_ID: group}, done, out.reward, self._no_reward[:n], out.infos,
@@ -167,6 +168,8 @@ class OneAgentSteps:
         return tuple(x if x.base is None else x.base for x in arrays)
 
     def _agent_axis(self, tree: Any) -> Any:
+        if self._obs_is_leaf:
+            return tree[:, None]
         return space_arrays.map_structure(self._obs_space, lambda x: x[:, None], tree)
 
 

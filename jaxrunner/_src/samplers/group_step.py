@@ -113,6 +113,7 @@ class GroupSampler:
         """Envs per ready-first bucket call -> its compiled step (shared by buckets of the
         same whole chunks) and stage."""
         self._rows_at: Any = None  # the last dispatch_rows: (envs, stage rows, call)
+        self._row_ids = np.arange(self.rows)
         self.acting = np.full((num_envs, a_g), one_agent)
         """Who acted at each block's last dispatch."""
         self._calls: dict[int, CompiledPolicyStep] = {}
@@ -245,17 +246,17 @@ class GroupSampler:
         call, stage = self.bucket(envs)
         a_g = self.group.num_agents
         slots = index if a_g == 1 else (index[:, None] * a_g + np.arange(a_g)).ravel()
-        at = slots if envs == self.num_envs else np.arange(len(slots))
+        at = slots if envs == self.num_envs else self._row_ids[: len(slots)]
         for dst, src in zip(_leaves(stage.obs), _leaves(last.obs_rows)):
             dst[at] = src[slots]
         stage.episode_start[:] = False
         stage.episode_start[at] = last.agent_start.reshape(-1)[slots]
-        acting = last.acting[index]
-        self.acting[index] = acting
         stage.env_index[:] = self.rows
-        stage.env_index[at] = (
-            slots if self.always_acting else np.where(acting.ravel(), slots, self.rows)
-        )
+        if self.always_acting:
+            stage.env_index[at] = slots
+        else:
+            acting = self.acting[index] = last.acting[index]
+            stage.env_index[at] = np.where(acting.ravel(), slots, self.rows)
         self._rows_at = (index, at, call)
         self.pending[-1, -1], self.state = call.dispatch(params, self.state, stage)
 
@@ -271,21 +272,26 @@ class GroupSampler:
         def mine(x: np.ndarray) -> np.ndarray:  # a fresh array: the backend may keep it
             return x[at].reshape(*lead, *x.shape[1:])
 
-        own = jax.tree.map(mine, action)
-        env_action = own if env_action is action else jax.tree.map(mine, env_action)
-        action = own
+        own = mine(action) if isinstance(action, np.ndarray) else jax.tree.map(mine, action)
+        if env_action is action:
+            env_action = own
+        elif isinstance(env_action, np.ndarray):
+            env_action = mine(env_action)
+        else:
+            env_action = jax.tree.map(mine, env_action)
         mask = None if self.always_acting else self.acting[index]
-        obs = [x[index] for x in _leaves(last.obs if not self.always_acting else last.obs_rows)]
-        taken = (obs, _leaves(action), [mine(x) for x in extras])
+        obs = [x[index] for x in _leaves(last.obs_rows if self.always_acting else last.obs)]
+        taken = (obs, _leaves(own), [mine(x) for x in extras])
         if not self.same_step:  # into the pending turns, until their transitions complete
             for dsts, srcs in zip(self._pending_trees(), taken):
                 _put_rows(dsts, srcs, index, mask)
             self.awaiting[index] |= self.acting[index]
         else:
             for leaves, t, envs, sel in parts:
-                part_mask = None if mask is None else mask[sel]
+                whole = isinstance(sel, slice)  # every env of the call
+                part_mask = mask if whole or mask is None else mask[sel]
                 for dsts, srcs in zip(leaves[:3], taken):
-                    _put_rows(dsts, [x[sel] for x in srcs], (t, envs), part_mask)
+                    _put_rows(dsts, srcs if whole else [x[sel] for x in srcs], (t, envs), part_mask)
         return env_action if self.clip is None else self.clip(env_action)
 
     def record_rows(self, out: GroupBuffers, traj: GroupTrajectory, part: RowsPart) -> None:
@@ -293,20 +299,24 @@ class GroupSampler:
         their steps ``t`` into those slots of ``traj`` (``part``: its leaves, ``t``,
         ``envs`` and ``sel``)."""
         leaves, t, envs, sel = part
+        index, whole = (t, envs), isinstance(sel, slice)  # whole: every row of ``out``
+        if self.always_acting:  # no masks; its validity is its env's
+            next_obs = _leaves(out.next_obs_rows)
+            _put_rows(leaves[3], next_obs if whole else [x[sel] for x in next_obs], index, None)
+            traj.reward[index] = out.reward[sel]
+            traj.terminated[index] = out.terminated[sel]
+            traj.truncated[index] = out.truncated[sel]
+            return
         done = out.completed[sel]
-        mask = None if self.always_acting else done
-        index = (t, envs)
         if not self.same_step:
             for dsts, srcs in zip(leaves[:3], self._pending_trees()):
-                _put_rows(dsts, [x[envs] for x in srcs], index, mask)
+                _put_rows(dsts, [x[envs] for x in srcs], index, done)
             self.awaiting[envs] &= ~done
-        next_obs = _leaves(out.next_obs_rows if self.always_acting else out.next_obs)
-        _put_rows(leaves[3], [x[sel] for x in next_obs], index, mask)
+        _put_rows(leaves[3], [x[sel] for x in _leaves(out.next_obs)], index, done)
         traj.reward[index] = out.reward[sel]
         traj.terminated[index] = out.terminated[sel]
         traj.truncated[index] = out.truncated[sel]
-        if not self.always_acting:  # (a single agent's validity is its env's)
-            traj.valid[index] = done
+        traj.valid[index] = done
 
     def record_infos_rows(
         self,

@@ -36,6 +36,13 @@ def _env_indices(env_ids: Any, num_envs: int) -> np.ndarray:
     return np.asarray(env_ids, dtype=np.int64)
 
 
+def _rows(tree: Any, lo: int, hi: int) -> Any:
+    """Rows ``[lo, hi)`` of every leaf of ``tree``."""
+    if isinstance(tree, np.ndarray):
+        return tree[lo:hi]
+    return jax.tree.map(lambda x: x[lo:hi], tree)
+
+
 def own_step(step: MultiAgentStep) -> MultiAgentStep:
     """``step`` with its group buffers copied: the latest step of every env, which
     answers in any order write into."""
@@ -247,7 +254,7 @@ class ReadyFirst:
             n = len(part)
             sent = actions
             if len(todo) > 1:
-                sent = [jax.tree.map(lambda x, k=k, n=n: x[k : k + n], a) for a in actions]
+                sent = [_rows(a, k, k + n) for a in actions]
             loop.envs.send(sent, ids)
             self.in_flight += n
             k += n
@@ -271,11 +278,19 @@ class ReadyFirst:
         self.in_flight -= len(index)
         for ro, t, envs, sel in self._parts(index):
             self._record_part(ro, out, t, envs, sel)
-        for pid in loop.groups:  # the latest step of these envs, for their next action
+        for pid, gs in loop._parts:  # the latest step of these envs, for their next action
             src, dst = out.groups[pid], loop._last.groups[pid]
-            for d, s in zip(space_arrays.leaves(dst.obs), space_arrays.leaves(src.obs)):
-                d[index] = s
-            dst.acting[index] = src.acting
+            if gs.always_acting and isinstance(src.obs_rows, np.ndarray):
+                dst.obs_rows[index] = src.obs_rows  # its rows are the envs'; it always acts
+            elif gs.always_acting:
+                for d, s in zip(
+                    space_arrays.leaves(dst.obs_rows), space_arrays.leaves(src.obs_rows)
+                ):
+                    d[index] = s
+            else:
+                for d, s in zip(space_arrays.leaves(dst.obs), space_arrays.leaves(src.obs)):
+                    d[index] = s
+                dst.acting[index] = src.acting
             dst.agent_start[index] = src.agent_start
         self.t[index] += 1
         self.ready.append(out.env_ids if out.env_ids is not None else slice(0, len(index)))
