@@ -1,5 +1,5 @@
-"""One agent group's part of the multi-agent sampler: its compiled policy steps, stage and
-pending turns, stepped block by block."""
+"""One agent group's part of the host loop: its compiled policy steps, stages and pending
+turns, stepped block by block (envs in any order: :mod:`.group_rows`)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.samplers.agent_episodes import agent_episode_ends, agent_steps
+from jaxrunner._src.samplers.group_rows import GroupRows, tree_leaves
 from jaxrunner._src.samplers.info_arrays import InfoRecorder, policy_extras
 from jaxrunner._src.samplers.multi_agent_state import GroupState
 from jaxrunner._src.samplers.policy_step import (
@@ -24,10 +25,6 @@ from jaxrunner._src.samplers.policy_step import (
     Stage,
     host_actor_state,
 )
-
-RowsPart = tuple[list[list[np.ndarray]], Any, np.ndarray, Any]
-"""Where envs record a step: a sample's buffer leaves (:meth:`GroupSampler.begin`), each
-env's step in it, the envs, and their rows in the step."""
 
 
 class _Block:
@@ -44,7 +41,7 @@ class _Block:
         self.lead = (hi - lo, a_g) if not one_agent else (hi - lo,)
         """The block's rows on the agent axis (a single agent's: the env's rows)."""
         self.stage: Stage = call.new_stage()
-        self.stage_obs = [x[:size] for x in _leaves(self.stage.obs)]
+        self.stage_obs = [x[:size] for x in tree_leaves(self.stage.obs)]
         self.stage_start = self.stage.episode_start[:size]
         self.acting = acting[lo:hi]
         """The group's ``acting`` rows of the block (a view)."""
@@ -64,7 +61,7 @@ class _Block:
         self.index_all = False  # the stage's env_index marks every row as acting
 
 
-class GroupSampler:
+class GroupSampler(GroupRows):
     """One group's compiled steps, stages and pending turns."""
 
     def __init__(
@@ -109,11 +106,7 @@ class GroupSampler:
 
         self._compile = compiled
         self._chunk_rows = chunk_rows
-        self._buckets: dict[int, tuple[CompiledPolicyStep, Stage]] = {}
-        """Envs per ready-first bucket call -> its compiled step (shared by buckets of the
-        same whole chunks) and stage."""
-        self._rows_at: Any = None  # the last dispatch_rows: (envs, stage rows, call)
-        self._row_ids = np.arange(self.rows)
+        GroupRows.__init__(self)
         self.acting = np.full((num_envs, a_g), one_agent)
         """Who acted at each block's last dispatch."""
         self._calls: dict[int, CompiledPolicyStep] = {}
@@ -133,8 +126,8 @@ class GroupSampler:
         self.pending_action = jax.tree.map(
             lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
         )
-        self._pending_obs = _leaves(self.pending_obs)
-        self._pending_action = _leaves(self.pending_action)
+        self._pending_obs = tree_leaves(self.pending_obs)
+        self._pending_action = tree_leaves(self.pending_action)
         self.pending_extras = [
             np.zeros((*shape, *s.shape[1:]), s.dtype) for s in jax.tree.leaves(self.extras_spec)
         ]
@@ -194,10 +187,10 @@ class GroupSampler:
         np.copyto(self.running_return, state.running_return)
         np.copyto(self.running_length, state.running_length)
         np.copyto(self.awaiting, state.awaiting)
-        _put(self._pending_obs, _leaves(state.pending_obs), None, None)
-        _put(self._pending_action, _leaves(state.pending_action), None, None)
+        _put(self._pending_obs, tree_leaves(state.pending_obs), None, None)
+        _put(self._pending_action, tree_leaves(state.pending_action), None, None)
         _put(self.pending_extras, list(state.pending_extras), None, None)
-        _put(_leaves(last.obs), _leaves(state.obs), None, None)
+        _put(tree_leaves(last.obs), tree_leaves(state.obs), None, None)
         np.copyto(last.acting, state.acting)
         np.copyto(last.agent_start, state.agent_start)
 
@@ -213,154 +206,20 @@ class GroupSampler:
         step): obs, action, extras and next_obs."""
         leaves = [traj.obs, traj.action, policy_extras(traj.extras), traj.next_obs]
         if self.always_acting:  # a single agent's [T, B, 1] buffers, written as [T, B]
-            return [[x[:, :, 0] for x in _leaves(tree)] for tree in leaves]
-        return [_leaves(tree) for tree in leaves]
+            return [[x[:, :, 0] for x in tree_leaves(tree)] for tree in leaves]
+        return [tree_leaves(tree) for tree in leaves]
 
     def begin(self, leaves: list[list[np.ndarray]]) -> None:
         """The buffers the block methods write, from now on (:meth:`leaves_of`)."""
         self._traj_leaves = leaves
 
-    # -- envs in any order (ready-first buckets): index arrays, not blocks ----------------
-
-    def bucket(self, envs: int) -> tuple[CompiledPolicyStep, Stage]:
-        """The compiled step and stage of a call for ``envs`` envs (compiled at the first
-        ask; buckets of the same whole policy chunks share a step)."""
-        entry = self._buckets.get(envs)
-        if entry is None:
-            size = envs * self.group.num_agents
-            rows = -(-size // self._chunk_rows) * self._chunk_rows
-            key = size if envs == self.num_envs else -rows  # all envs: rows are slots
-            call = self._calls.get(key)
-            if call is None:
-                call = self._calls[key] = self._compile(size)
-            entry = self._buckets[envs] = (call, call.new_stage())
-        return entry
-
-    def dispatch_rows(
-        self, params: Params, last: GroupBuffers, index: np.ndarray, envs: int
-    ) -> None:
-        """Queues the policy step of envs ``index`` (any order), whose latest step is in
-        ``last`` (every env's rows), in the call for ``envs`` envs: a call for all envs
-        computes each agent slot at its own row, a smaller bucket the envs in order, then
-        padding (computed, never written back)."""
-        call, stage = self.bucket(envs)
-        a_g = self.group.num_agents
-        slots = index if a_g == 1 else (index[:, None] * a_g + np.arange(a_g)).ravel()
-        at = slots if envs == self.num_envs else self._row_ids[: len(slots)]
-        for dst, src in zip(_leaves(stage.obs), _leaves(last.obs_rows)):
-            dst[at] = src[slots]
-        stage.episode_start[:] = False
-        stage.episode_start[at] = last.agent_start.reshape(-1)[slots]
-        stage.env_index[:] = self.rows
-        if self.always_acting:
-            stage.env_index[at] = slots
-        else:
-            acting = self.acting[index] = last.acting[index]
-            stage.env_index[at] = np.where(acting.ravel(), slots, self.rows)
-        self._rows_at = (index, at, call)
-        self.pending[-1, -1], self.state = call.dispatch(params, self.state, stage)
-
-    def collect_rows(self, last: GroupBuffers, parts: Sequence[RowsPart]) -> Any:
-        """Takes the actions :meth:`dispatch_rows` queued and writes each acting agent's
-        observation, action and extras where its env records this step (``parts``), or
-        keeps them until its transition completes (AEC envs). Returns the env's actions
-        in the order of the envs, ``[n, A_g, ...]`` (a single agent's ``[n, ...]``)."""
-        index, at, call = self._rows_at
-        action, env_action, extras = call.collect(self.pending.pop((-1, -1)))
-        lead = (len(index),) if self.always_acting else (len(index), self.group.num_agents)
-
-        def mine(x: np.ndarray) -> np.ndarray:  # a fresh array: the backend may keep it
-            return x[at].reshape(*lead, *x.shape[1:])
-
-        own = mine(action) if isinstance(action, np.ndarray) else jax.tree.map(mine, action)
-        if env_action is action:
-            env_action = own
-        elif isinstance(env_action, np.ndarray):
-            env_action = mine(env_action)
-        else:
-            env_action = jax.tree.map(mine, env_action)
-        mask = None if self.always_acting else self.acting[index]
-        obs = [x[index] for x in _leaves(last.obs_rows if self.always_acting else last.obs)]
-        taken = (obs, _leaves(own), [mine(x) for x in extras])
-        if not self.same_step:  # into the pending turns, until their transitions complete
-            for dsts, srcs in zip(self._pending_trees(), taken):
-                _put_rows(dsts, srcs, index, mask)
-            self.awaiting[index] |= self.acting[index]
-        else:
-            for leaves, t, envs, sel in parts:
-                whole = isinstance(sel, slice)  # every env of the call
-                part_mask = mask if whole or mask is None else mask[sel]
-                for dsts, srcs in zip(leaves[:3], taken):
-                    _put_rows(dsts, srcs if whole else [x[sel] for x in srcs], (t, envs), part_mask)
-        return env_action if self.clip is None else self.clip(env_action)
-
-    def record_rows(self, out: GroupBuffers, traj: GroupTrajectory, part: RowsPart) -> None:
-        """Writes the transitions of envs ``envs`` (rows ``sel`` of ``out``) completed at
-        their steps ``t`` into those slots of ``traj`` (``part``: its leaves, ``t``,
-        ``envs`` and ``sel``)."""
-        leaves, t, envs, sel = part
-        index, whole = (t, envs), isinstance(sel, slice)  # whole: every row of ``out``
-        if self.always_acting:  # no masks; its validity is its env's
-            next_obs = _leaves(out.next_obs_rows)
-            _put_rows(leaves[3], next_obs if whole else [x[sel] for x in next_obs], index, None)
-            traj.reward[index] = out.reward[sel]
-            traj.terminated[index] = out.terminated[sel]
-            traj.truncated[index] = out.truncated[sel]
-            return
-        done = out.completed[sel]
-        if not self.same_step:
-            for dsts, srcs in zip(leaves[:3], self._pending_trees()):
-                _put_rows(dsts, [x[envs] for x in srcs], index, done)
-            self.awaiting[envs] &= ~done
-        _put_rows(leaves[3], [x[sel] for x in _leaves(out.next_obs)], index, done)
-        traj.reward[index] = out.reward[sel]
-        traj.terminated[index] = out.terminated[sel]
-        traj.truncated[index] = out.truncated[sel]
-        traj.valid[index] = done
-
-    def record_infos_rows(
-        self,
-        traj: GroupTrajectory,
-        completed: np.ndarray,
-        infos: Sequence[dict],
-        t: Any,
-        envs: np.ndarray,
-    ) -> None:
-        """:meth:`record_infos` for envs ``envs`` at their steps ``t``."""
-        if self.always_acting:
-            self.infos.record(traj.extras, t, envs.tolist(), infos)  # type: ignore[union-attr]
-            return
-        b, a = np.nonzero(completed)
-        if b.size:
-            agents = self.group.agents
-            rows = (envs[b] * self.group.num_agents + a).tolist()
-            mine = [infos[i].get(agents[j], {}) for i, j in zip(b.tolist(), a.tolist())]
-            self.infos.record(traj.extras, np.asarray(t)[b], rows, mine)  # type: ignore[union-attr]
-
-    def drop_rows(self, failed: np.ndarray, part: RowsPart) -> int:
-        """:meth:`drop` for envs ``envs`` at their steps ``t`` (``failed``: their rows
-        whose step failed)."""
-        leaves, t, envs, _ = part
-        rows, steps = envs[failed], np.asarray(t)[failed]
-        for tree in leaves:
-            for leaf in tree:
-                leaf[steps, rows] = 0
-        if self.same_step:
-            return int(np.count_nonzero(self.acting[rows]))
-        dropped = int(np.count_nonzero(self.awaiting[rows]))
-        self.awaiting[rows] = False
-        return dropped
-
-    def _pending_trees(self) -> tuple[list[np.ndarray], ...]:
-        return self._pending_obs, self._pending_action, self.pending_extras
-
     def dispatch(self, params: Params, buf: GroupBuffers, lo: int, hi: int) -> None:
         """Queues the policy step of block ``[lo, hi)``; ``buf`` holds its rows."""
         block = self._blocks.get((lo, hi)) or self._block(lo, hi)
         if buf is not block.source:  # a backend's step views: their leaves found once
-            rows = _leaves(buf.obs_rows)  # (a single agent's: the env's, as its own obs)
+            rows = tree_leaves(buf.obs_rows)  # (a single agent's: the env's, as its own obs)
             block.source = buf
-            block.source_leaves = (rows, rows if self.always_acting else _leaves(buf.obs))
+            block.source_leaves = (rows, rows if self.always_acting else tree_leaves(buf.obs))
             block.source_start = buf.agent_start.reshape(-1)
         for dst, src in zip(block.stage_obs, block.source_leaves[0]):
             dst[...] = src  # cast as the stage packs it (JAX's canonical dtypes)
@@ -394,7 +253,7 @@ class GroupSampler:
                 dst[index] = src
         else:
             _put(obs_dst, obs, index, mask)
-        self._unrecorded = (action_dst, _leaves(action), extras_dst, extras, index, mask)
+        self._unrecorded = (action_dst, tree_leaves(action), extras_dst, extras, index, mask)
         if not self.same_step:
             awaiting = self.awaiting[block.rows]
             np.logical_or(awaiting, block.acting, out=awaiting)
@@ -425,7 +284,7 @@ class GroupSampler:
             index = (t, block.rows)
             if out is not block.result:  # a backend's step views: their leaves found once
                 rows = out.next_obs_rows if self.always_acting else out.next_obs
-                block.result, block.next_obs_leaves = out, _leaves(rows)
+                block.result, block.next_obs_leaves = out, tree_leaves(rows)
             for dst, src in zip(self._traj_leaves[3], block.next_obs_leaves):
                 dst[index] = src
             traj.reward[index] = out.reward
@@ -451,7 +310,7 @@ class GroupSampler:
             _put(extras, pending_extras, index, mask)
         _put(
             next_obs,
-            _leaves(out.next_obs_rows if self.always_acting else out.next_obs),
+            tree_leaves(out.next_obs_rows if self.always_acting else out.next_obs),
             index,
             mask,
         )
@@ -538,22 +397,6 @@ class GroupSampler:
         return agent_episode_ends(
             self.running_return, self.running_length, reward, valid, done, t, aborted
         )
-
-
-def _leaves(tree: Any) -> list[np.ndarray]:
-    """The arrays of a pytree (a lone array without a tree walk)."""
-    return [tree] if isinstance(tree, np.ndarray) else jax.tree.leaves(tree)
-
-
-def _put_rows(dsts: list[np.ndarray], srcs: list[np.ndarray], index: Any, mask: Any) -> None:
-    """Leaf by leaf, ``dst[index] = src`` (fancy ``index``) where ``mask`` (None:
-    everywhere; it covers the leading axes of ``src``)."""
-    for dst, src in zip(dsts, srcs):
-        if mask is None:
-            dst[index] = src
-        else:
-            where = mask.reshape(*mask.shape, *([1] * (src.ndim - mask.ndim)))
-            dst[index] = np.where(where, src, dst[index])
 
 
 def _put(
