@@ -129,10 +129,10 @@ class OneAgentSteps:
         n = len(out.reward)
         done = out.terminated | out.truncated
         completed = self._completed[:n]
-        for flags in (out.reset_rows, out.failed):
-            if flags is not None:
-                done = done | flags
+        if out.reset_rows is not None:
+            done |= out.reset_rows
         if out.failed is not None:
+            done |= out.failed
             completed = ~out.failed[:, None]
         group = GroupBuffers(
             obs=self._agent_axis(out.obs), acting=self._acting[:n], agent_start=done[:, None],

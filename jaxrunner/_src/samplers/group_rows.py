@@ -48,7 +48,7 @@ class GroupRows:
         self._buckets: dict[int, tuple[CompiledPolicyStep, Stage]] = {}
         """Envs per bucket call -> its compiled step (shared by buckets of the same whole
         chunks) and stage."""
-        self._rows_at: Any = None  # the last dispatch_rows: (envs, stage rows, call)
+        self._rows_at: Any = None  # the last dispatch_rows: envs, stage rows, call, obs
         self._row_ids = np.arange(self.rows)
 
     def bucket(self, envs: int) -> tuple[CompiledPolicyStep, Stage]:
@@ -76,8 +76,9 @@ class GroupRows:
         a_g = self.group.num_agents
         slots = index if a_g == 1 else (index[:, None] * a_g + np.arange(a_g)).ravel()
         at = slots if envs == self.num_envs else self._row_ids[: len(slots)]
-        for dst, src in zip(tree_leaves(stage.obs), tree_leaves(last.obs_rows)):
-            dst[at] = src[slots]
+        obs = [x[slots] for x in tree_leaves(last.obs_rows)]  # the buffers' copy too
+        for dst, rows in zip(tree_leaves(stage.obs), obs):
+            dst[at] = rows
         stage.episode_start[:] = False
         stage.episode_start[at] = last.agent_start.reshape(-1)[slots]
         stage.env_index[:] = self.rows
@@ -86,15 +87,15 @@ class GroupRows:
         else:
             acting = self.acting[index] = last.acting[index]
             stage.env_index[at] = np.where(acting.ravel(), slots, self.rows)
-        self._rows_at = (index, at, call)
+        self._rows_at = (index, at, call, obs)
         self.pending[-1, -1], self.state = call.dispatch(params, self.state, stage)
 
-    def collect_rows(self, last: GroupBuffers, parts: Sequence[RowsPart]) -> Any:
+    def collect_rows(self, parts: Sequence[RowsPart]) -> Any:
         """Takes the actions :meth:`dispatch_rows` queued and writes each acting agent's
         observation, action and extras where its env records this step (``parts``), or
         keeps them until its transition completes (AEC envs). Returns the env's actions
         in the order of the envs, ``[n, A_g, ...]`` (a single agent's ``[n, ...]``)."""
-        index, at, call = self._rows_at
+        index, at, call, obs = self._rows_at
         action, env_action, extras = call.collect(self.pending.pop((-1, -1)))
         lead = (len(index),) if self.always_acting else (len(index), self.group.num_agents)
 
@@ -109,7 +110,8 @@ class GroupRows:
         else:
             env_action = jax.tree.map(mine, env_action)
         mask = None if self.always_acting else self.acting[index]
-        obs = [x[index] for x in tree_leaves(last.obs_rows if self.always_acting else last.obs)]
+        if not self.always_acting:  # the agent slots' rows on the agent axis
+            obs = [x.reshape(*lead, *x.shape[1:]) for x in obs]
         taken = (obs, tree_leaves(own), [mine(x) for x in extras])
         if not self.same_step:  # into the pending turns, until their transitions complete
             for dsts, srcs in zip(self._pending_trees(), taken):

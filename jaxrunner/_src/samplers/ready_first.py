@@ -242,7 +242,7 @@ class ReadyFirst:
         perf["obs_processing_ms"] += tick - clock
         parts = self._parts(index)
         actions = [
-            gs.collect_rows(last[pid], [(ro.leaves[pid], *rest) for ro, *rest in parts])
+            gs.collect_rows([(ro.leaves[pid], *rest) for ro, *rest in parts])
             for pid, gs in loop._parts
         ]
         self.bucket_counts[bucket] += 1
