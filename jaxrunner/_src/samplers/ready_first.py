@@ -36,6 +36,11 @@ def _env_indices(env_ids: Any, num_envs: int) -> np.ndarray:
     return np.asarray(env_ids, dtype=np.int64)
 
 
+def _count(ids: list[Any]) -> int:
+    """How many envs ``ids`` (slices and index arrays) name."""
+    return sum(len(x) if isinstance(x, np.ndarray) else x.stop - x.start for x in ids)
+
+
 def _rows(tree: Any, lo: int, hi: int) -> Any:
     """Rows ``[lo, hi)`` of every leaf of ``tree``."""
     if isinstance(tree, np.ndarray):
@@ -175,12 +180,18 @@ class ReadyFirst:
                 (todo if self.t[ids.start] < limit else waiting).append(ids)
                 continue
             below = self.t[ids] < limit
-            if below.any():
+            count = np.count_nonzero(below)  # (cheaper than any() and all())
+            if count == len(ids):
+                todo.append(ids)
+                continue
+            if count:
                 todo.append(ids[below])
-            if not below.all():
-                waiting.append(ids[~below])
-        need = keep - self.in_flight - sum(len(_env_indices(ids, 0)) for ids in todo)
-        if need > 0 and waiting:  # the slowest of the held envs fill the batch
+            waiting.append(ids[~below])
+        if not keep or not waiting:
+            self.ready = waiting
+            return todo
+        need = keep - self.in_flight - _count(todo)
+        if need > 0:  # the slowest of the held envs fill the batch
             held = np.concatenate([_env_indices(ids, 0) for ids in waiting])
             held = held[np.argsort(self.t[held], kind="stable")]
             sent = held[: np.count_nonzero(self.t[held] < 2 * num_steps)][:need]
@@ -199,7 +210,7 @@ class ReadyFirst:
         keep = self.keep
         if not keep or self.in_flight < keep:
             return True
-        return sum(len(_env_indices(ids, 0)) for ids in todo) >= self.chunk_rows
+        return _count(todo) >= self.chunk_rows
 
     def _check_can_recv(self) -> None:
         if self.in_flight == 0 or self.in_flight < self.keep:
