@@ -149,7 +149,7 @@ class GroupRows:
         traj.truncated[index] = out.truncated[sel]
         traj.valid[index] = done
 
-    def record_infos_rows(
+    def record_infos(
         self,
         traj: GroupTrajectory,
         completed: np.ndarray,
@@ -157,8 +157,10 @@ class GroupRows:
         t: Any,
         envs: np.ndarray,
     ) -> None:
-        """:meth:`record_infos` for envs ``envs`` at their steps ``t``."""
-        if self.always_acting:
+        """Into ``traj``'s extras, the infos of the agents whose transition completed at
+        step ``t`` (an int, or one per env) of envs ``envs`` (``completed``, ``[n, A_g]``):
+        each agent's own entry of its env's per-agent infos."""
+        if self.always_acting:  # a single agent: the env's infos, every env's row
             self.infos.record(traj.extras, t, envs.tolist(), infos)  # type: ignore[union-attr]
             return
         b, a = np.nonzero(completed)
@@ -166,14 +168,18 @@ class GroupRows:
             agents = self.group.agents
             rows = (envs[b] * self.group.num_agents + a).tolist()
             mine = [infos[i].get(agents[j], {}) for i, j in zip(b.tolist(), a.tolist())]
-            self.infos.record(traj.extras, np.asarray(t)[b], rows, mine)  # type: ignore[union-attr]
+            steps = np.broadcast_to(t, envs.shape)[b]
+            self.infos.record(traj.extras, steps, rows, mine)  # type: ignore[union-attr]
 
-    def drop_rows(self, failed: np.ndarray, part: RowsPart) -> int:
-        """:meth:`drop` for envs ``envs`` at their steps ``t`` (``failed``: their rows
-        whose step failed)."""
+    def drop(self, failed: np.ndarray, part: RowsPart) -> int:
+        """Envs ``failed`` of ``part`` (its ``[n]`` rows) failed their step: their slot
+        holds no transition, so every field of it is zero (the acting agents' turns were
+        written there, a failed step may have written some ``next_obs``); the actions
+        of their agents that no transition will carry (those just taken, and in AEC envs
+        those still waiting for their next turn) are dropped. Returns how many."""
         leaves, t, envs, _ = part
-        rows, steps = envs[failed], np.asarray(t)[failed]
-        for tree in leaves:
+        rows, steps = envs[failed], np.broadcast_to(t, envs.shape)[failed]
+        for tree in leaves:  # obs, action, extras, next_obs
             for leaf in tree:
                 leaf[steps, rows] = 0
         if self.same_step:

@@ -321,22 +321,6 @@ class GroupSampler(GroupRows):
         if not self.same_step:
             self.awaiting[rows] &= ~done
 
-    def record_infos(
-        self, traj: GroupTrajectory, completed: np.ndarray, infos: Sequence[dict], lo: int, t: int
-    ) -> None:
-        """Into ``traj``'s extras, the infos of the agents whose transition completed at step
-        ``t`` of envs ``[lo, lo + len(infos))`` (``completed``, ``[n, A_g]``): each
-        agent's own entry of its env's per-agent infos."""
-        if self.always_acting:  # a single agent: the env's infos, every env's row
-            self.infos.record(traj.extras, t, range(lo, lo + len(infos)), infos)  # type: ignore[union-attr]
-            return
-        b, a = np.nonzero(completed)
-        if b.size:
-            agents, a_g = self.group.agents, self.group.num_agents
-            rows = ((lo + b) * a_g + a).tolist()
-            mine = [infos[i].get(agents[j], {}) for i, j in zip(b.tolist(), a.tolist())]
-            self.infos.record(traj.extras, t, rows, mine)  # type: ignore[union-attr]
-
     def allocate(self, num_steps: int, next_obs: bool = True) -> GroupTrajectory:
         """Zeroed ``[T, B, A_g]`` buffers (``next_obs=False``: without that field, for a
         compact sampler's scratch to fill)."""
@@ -362,24 +346,6 @@ class GroupSampler(GroupRows):
             valid=np.zeros(shape, np.bool_),
             agent_step=np.zeros(shape, np.int64),
         )
-
-    def drop(self, failed: np.ndarray, lo: int, hi: int, t: int) -> int:
-        """Envs ``failed`` of block ``[lo, hi)`` (``[hi - lo]`` bool) failed their step
-        ``t``: their slot holds no transition, so every field of it is zero (``collect``
-        wrote the acting agents' turns there, a failed step may have written some
-        ``next_obs``); the actions of their agents that no transition will carry (those
-        just taken, and in AEC envs those still waiting for their next turn) are
-        dropped. Returns how many."""
-        rows = lo + np.flatnonzero(failed)
-        for leaves in self._traj_leaves:  # obs, action, extras, next_obs
-            for leaf in leaves:
-                leaf[t, rows] = 0
-        if self.same_step:
-            return int(np.count_nonzero(self.acting[lo:hi][failed]))
-        awaiting = self.awaiting[lo:hi]
-        dropped = int(np.count_nonzero(awaiting[failed]))
-        awaiting[failed] = False
-        return dropped
 
     def close(
         self, traj: GroupTrajectory, t: int, aborted: np.ndarray | None

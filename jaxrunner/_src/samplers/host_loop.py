@@ -301,7 +301,8 @@ class HostLoop:
         for pid, gs in self._parts:
             gs.record(out.groups[pid], traj.groups[pid], lo, hi, t)
             if gs.infos is not None:
-                gs.record_infos(traj.groups[pid], out.groups[pid].completed, out.infos, lo, t)
+                envs = np.arange(lo, hi)
+                gs.record_infos(traj.groups[pid], out.groups[pid].completed, out.infos, t, envs)
         index = (t, slice(lo, hi))
         if not self._one_agent:  # else the group's arrays, just written
             env_level.reward[index] = out.env_reward
@@ -311,7 +312,8 @@ class HostLoop:
             env_level.valid[index] = ~out.failed
             if not self._one_agent:  # (a single agent's slot keeps what it acted on)
                 self.metrics.num_dropped_agent_steps += sum(
-                    gs.drop(out.failed, lo, hi, t) for gs in self.groups.values()
+                    gs.drop(out.failed, (ro.leaves[pid], t, np.arange(lo, hi), None))
+                    for pid, gs in self._parts
                 )
         if out.reset_rows is not None:  # the env's reset steps: no transition, no fault
             env_level.valid[index] &= ~out.reset_rows

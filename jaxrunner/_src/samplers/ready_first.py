@@ -317,7 +317,7 @@ class ReadyFirst:
             gs.record_rows(group, traj, (ro.leaves[pid], t, envs, sel))
             if gs.infos is not None:
                 infos = out.infos if isinstance(sel, slice) else [out.infos[k] for k in sel]
-                gs.record_infos_rows(traj, group.completed[sel], infos, t, envs)
+                gs.record_infos(traj, group.completed[sel], infos, t, envs)
         if not loop._one_agent:  # else the group's arrays, just written
             ro.level.reward[index] = out.env_reward[sel]
             ro.level.terminated[index] = out.env_done[sel]
@@ -327,7 +327,7 @@ class ReadyFirst:
             ro.level.valid[index] = ~failed
             if not loop._one_agent:
                 loop.metrics.num_dropped_agent_steps += sum(
-                    gs.drop_rows(failed, (ro.leaves[pid], t, envs, sel)) for pid, gs in loop._parts
+                    gs.drop(failed, (ro.leaves[pid], t, envs, sel)) for pid, gs in loop._parts
                 )
         if out.reset_rows is not None:  # the env's reset steps: no transition, no fault
             reset = out.reset_rows[sel]
