@@ -177,7 +177,8 @@ def sleepy() -> Sleepy:
 
 def ready_first_sample(backend, config, slow=0.0, length=8):
     """Two samples on 4 envs of two workers/actors (envs 0-1 and 2-3), sub-env 0's
-    first step ``slow`` seconds long; the blocks ``recv`` answered, in order."""
+    first step ``slow`` seconds long; the blocks ``recv`` answered, in order; the policy
+    calls per bucket size."""
     envs = jr.make_multi_agent_vec(sleepy, 4, backend, config=config)
     if slow:
         envs.set_attr("sleep_s", [slow, 0.0, 0.0, 0.0])
@@ -193,7 +194,8 @@ def ready_first_sample(backend, config, slow=0.0, length=8):
     with jr.EnvRunner(envs, random_policy(3), zero_params(3), length, seed=5) as runner:
         trajs = [runner.sample(), runner.sample()]
         metrics = runner.get_metrics()
-    return (trajs, metrics), order
+        counts = runner.sampler.ready_first.bucket_counts
+    return (trajs, metrics), order, counts
 
 
 def lockstep_reference(length=8):
@@ -204,7 +206,7 @@ def lockstep_reference(length=8):
 
 def test_process_ready_first_matches_lockstep_and_a_slow_env_stalls_only_its_worker():
     config = jr.ProcessConfig(ready_first=True, num_workers=2)
-    got, order = ready_first_sample("process", config, slow=2.0)
+    got, order, _ = ready_first_sample("process", config, slow=2.0)
     assert_same(lockstep_reference(), got)
     # Sub-env 0 sleeps through its first step: the other worker's envs take all 8 steps
     # of the first sample before worker 0's first answer, then worker 0 catches up.
@@ -230,10 +232,14 @@ def test_ray_ready_first_and_lockstep_splits_give_the_sync_trajectories(local_ra
     ray = local_ray
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the Sleepy env
     reference = lockstep_reference()
-    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1, ready_first=True)
-    got, order = ready_first_sample("ray", config)
+    config = jr.RayConfig(
+        envs_per_actor=2, num_cpus_per_actor=0.1, ready_first=True, batch_buckets=(2, 4)
+    )
+    got, order, counts = ready_first_sample("ray", config)
     assert_same(reference, got)
     assert len(order) == 2 * 2 * 8  # one answer per actor and step
+    # Each actor's answer acts alone in the call of 2 envs; every env at a sample's start.
+    assert counts[2] > 0 and counts[4] == 2
     config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
     envs = jr.make_multi_agent_vec(sleepy, 4, "ray", config=config)
     assert not envs.capabilities.ready_first and envs.capabilities.steps_in_background
