@@ -3,7 +3,6 @@ env is one group of one agent), one compiled policy step per group. See docs/des
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,6 +27,7 @@ from jaxrunner._src.samplers.live_episodes import LiveEpisodes
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import group_cost, pipeline_splits
 from jaxrunner._src.samplers.ready_first import ReadyFirst
+from jaxrunner._src.samplers.rollout import Rollout
 from jaxrunner._src.samplers.sampler import (
     SamplerSetup,
     StepProgress,
@@ -40,32 +40,6 @@ ON_AGENT_STEP_HINT = (
     "step's per-agent infos)"
 )
 """Where else a multi-agent env's runner user reads an info entry that is not a number."""
-
-
-@dataclasses.dataclass
-class EnvLevel:
-    """The env-level fields :class:`EpisodeBook` numbers episodes from."""
-
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    valid: np.ndarray
-    episode_id: np.ndarray
-    step: np.ndarray
-
-
-@dataclasses.dataclass
-class Rollout:
-    """One sample's buffers, as the loop writes them."""
-
-    traj: MultiAgentTrajectory
-    level: EnvLevel
-    leaves: dict[str, list[list[np.ndarray]]]
-    """Each group's buffer leaves that the steps write (:meth:`GroupSampler.leaves_of`)."""
-    unassigned: np.ndarray | None
-    """Multi-agent envs: ``[T, B]`` rewards no transition carries (summed at close)."""
-    resets: np.ndarray | None
-    """Backends that keep their reset steps: which slots are resets (for the book)."""
 
 
 class HostLoop:
@@ -401,32 +375,7 @@ class HostLoop:
 
     def _open(self) -> Rollout:
         """A sample's buffers: the pool's next, and their env-level arrays."""
-        traj = self._pool.take()
-        shape = (self.rollout_length, self._num_envs)
-        unassigned = None
-        if self._one_agent:  # the one agent's arrays are the env's
-            (group,) = traj.groups.values()
-            level = EnvLevel(
-                reward=group.reward[..., 0],  # type: ignore[index]
-                terminated=group.terminated[..., 0],  # type: ignore[index]
-                truncated=group.truncated[..., 0],  # type: ignore[index]
-                valid=traj.valid,  # type: ignore[arg-type]
-                episode_id=traj.episode_id,  # type: ignore[arg-type]
-                step=traj.step,  # type: ignore[arg-type]
-            )
-        else:
-            level = EnvLevel(
-                reward=np.zeros(shape, np.float64),
-                terminated=traj.env_done,  # type: ignore[arg-type]
-                truncated=np.zeros(shape, np.bool_),
-                valid=traj.valid,  # type: ignore[arg-type]
-                episode_id=traj.episode_id,  # type: ignore[arg-type]
-                step=traj.step,  # type: ignore[arg-type]
-            )
-            unassigned = np.zeros(shape, np.float64)
-        leaves = {pid: gs.leaves_of(traj.groups[pid]) for pid, gs in self.groups.items()}
-        resets = np.zeros(shape, np.bool_) if self._reset_steps else None
-        return Rollout(traj, level, leaves, unassigned, resets)
+        return Rollout.of(self._pool.take(), self.groups, self._one_agent, self._reset_steps)
 
     def _close(self, ro: Rollout, t: int) -> MultiAgentTrajectory:
         traj, env_level = ro.traj, ro.level
