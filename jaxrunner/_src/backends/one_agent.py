@@ -124,8 +124,8 @@ class OneAgentSteps:
         )  # fmt: skip
 
     def _any_order(self, out: BatchStep) -> MultiAgentStep:
-        """``out`` of envs ``out.env_ids`` (an index array: EnvPool's async ``recv``), as
-        new arrays."""
+        """``out`` of envs ``out.env_ids`` (an index array: EnvPool's async ``recv``):
+        views of its arrays, made per answer (its envs differ from one to the next)."""
         n = len(out.reward)
         done = out.terminated | out.truncated
         completed = self._completed[:n]

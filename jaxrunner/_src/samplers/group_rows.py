@@ -16,6 +16,9 @@ from jaxrunner._src.core.policy import Params
 from jaxrunner._src.samplers.info_arrays import InfoRecorder
 from jaxrunner._src.samplers.policy_step import CompiledPolicyStep, Stage
 
+ANY_ORDER = (-1, -1)
+"""The key of a :meth:`GroupRows.dispatch_rows` call in ``pending`` (blocks: ``(lo, hi)``)."""
+
 RowsPart = tuple[list[list[np.ndarray]], Any, np.ndarray, Any]
 """Where envs record a step: a sample's buffer leaves (:meth:`GroupSampler.begin`), each
 env's step in it, the envs, and their rows in the step."""
@@ -88,7 +91,7 @@ class GroupRows:
             acting = self.acting[index] = last.acting[index]
             stage.env_index[at] = np.where(acting.ravel(), slots, self.rows)
         self._rows_at = (index, at, call, obs)
-        self.pending[-1, -1], self.state = call.dispatch(params, self.state, stage)
+        self.pending[ANY_ORDER], self.state = call.dispatch(params, self.state, stage)
 
     def collect_rows(self, parts: Sequence[RowsPart]) -> Any:
         """Takes the actions :meth:`dispatch_rows` queued and writes each acting agent's
@@ -96,7 +99,7 @@ class GroupRows:
         keeps them until its transition completes (AEC envs). Returns the env's actions
         in the order of the envs, ``[n, A_g, ...]`` (a single agent's ``[n, ...]``)."""
         index, at, call, obs = self._rows_at
-        action, env_action, extras = call.collect(self.pending.pop((-1, -1)))
+        action, env_action, extras = call.collect(self.pending.pop(ANY_ORDER))
         lead = (len(index),) if self.always_acting else (len(index), self.group.num_agents)
 
         def mine(x: np.ndarray) -> np.ndarray:  # a fresh array: the backend may keep it
