@@ -6,6 +6,7 @@ the sampler's)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import pickle
 import subprocess
@@ -71,13 +72,17 @@ def make_envs(backend, fns, restart, step_timeout_s=None):
     policy = jr.RestartPolicy() if restart else None
     if backend == "sync":
         return SyncMultiAgentVectorEnv(fns, restart_policy=policy)
-    if backend == "ray":
+    if backend.startswith("ray"):
         from jaxrunner._src.backends.ray.vector_env import RayMultiAgentVectorEnv
 
         per_actor = len(fns) if step_timeout_s is None else 2
         config = jr.RayConfig(
             envs_per_actor=per_actor, num_cpus_per_actor=0.1, step_timeout_s=step_timeout_s
         )
+        if backend == "ray-merged":  # ready-first, each actor's answer merged with the rest
+            config = dataclasses.replace(
+                config, envs_per_actor=1, ready_first=True, remote_env_batch_wait_ms=10_000
+            )
         return RayMultiAgentVectorEnv(fns, config=config, restart_policy=policy)
     config = jr.ProcessConfig(num_workers=2, step_timeout_s=step_timeout_s)
     return ProcessMultiAgentVectorEnv(fns, config=config, restart_policy=policy)
@@ -87,7 +92,7 @@ def make_envs(backend, fns, restart, step_timeout_s=None):
 def ray_for_the_ray_backend(request):
     """Starts Ray (the shared instance, conftest.py) for the tests on backend "ray" only."""
     callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and callspec.params.get("backend") == "ray":
+    if callspec is not None and str(callspec.params.get("backend")).startswith("ray"):
         request.getfixturevalue("local_ray")
 
 
@@ -393,7 +398,7 @@ RANDOM_FAULTS = [  # in-worker kinds at random (seeded) calls, resets included
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, "ray-merged"])
 def test_random_faults_are_counted_exactly(backend, tmp_path):
     # Every sub-env fails now and then, in steps and resets (restarts' resets too): every
     # good step call is in the trajectory, every failed one is dropped, and every valid
