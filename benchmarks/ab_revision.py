@@ -100,11 +100,20 @@ def make_envs(
     backend: str,
     env_kwargs: dict | None = None,
     process_config: dict | None = None,
+    ray_config: dict | None = None,
 ) -> Any:
     """The vector env, built the way ``package``'s ``make_vec`` takes Ray's options
     (typed ``config=`` since the send/recv rewrite, keyword arguments before);
     ``env_kwargs`` go to ``make_vec``; ``process_config``: the process backend's
-    ``ProcessConfig(**process_config)``, built by ``package``."""
+    ``ProcessConfig(**process_config)``, built by ``package``; ``ray_config``: Ray's
+    options over the defaults below (a PettingZoo env takes them only when given)."""
+    ray_options = {
+        "envs_per_actor": max(1, num_envs // 2),
+        "num_cpus_per_actor": 0.1,
+        **(ray_config or {}),
+    }
+    if backend == "ray" and ray_config and isinstance(env, str) and ":" in env:  # PettingZoo
+        env_kwargs = {**(env_kwargs or {}), "config": package.RayConfig(**ray_options)}
     if process_config:
         config = package.ProcessConfig(**process_config)
         env_kwargs = {**(env_kwargs or {}), "config": config}
@@ -125,10 +134,9 @@ def make_envs(
         return make(parallel_env, num_envs, backend, **(env_kwargs or {}))
     if backend != "ray":
         return package.make_vec(env, num_envs, backend=backend, **(env_kwargs or {}))
-    options = {"envs_per_actor": max(1, num_envs // 2), "num_cpus_per_actor": 0.1}
     if hasattr(package, "RayConfig"):
-        return package.make_vec(env, num_envs, "ray", config=package.RayConfig(**options))
-    return package.make_vec(env, num_envs, "ray", **options)
+        return package.make_vec(env, num_envs, "ray", config=package.RayConfig(**ray_options))
+    return package.make_vec(env, num_envs, "ray", **ray_options)
 
 
 class NullEnv(gymnasium.Env):
@@ -168,9 +176,10 @@ def make_runner(
     process_config: dict | None = None,
     workload: str | None = None,
     runner_kwargs: dict | None = None,
+    ray_config: dict | None = None,
 ) -> Any:
     runner_kwargs = runner_kwargs or {}
-    envs = make_envs(package, env, num_envs, backend, env_kwargs, process_config)
+    envs = make_envs(package, env, num_envs, backend, env_kwargs, process_config, ray_config)
     # jr.models since the public/private split; the bench harness's policy before it.
     models = getattr(package, "models", None) or importlib.import_module(
         f"{package.__name__}.bench"
@@ -248,6 +257,13 @@ def main() -> None:
         help="backend process: more ProcessConfig options, as JSON: '{\"ready_first\": true}'",
     )
     parser.add_argument(
+        "--ray-config",
+        type=json.loads,
+        default={},
+        help="backend ray: RayConfig options over envs_per_actor=num_envs // 2 and "
+        "num_cpus_per_actor=0.1, as JSON: '{\"ready_first\": true}'",
+    )
+    parser.add_argument(
         "--runner-kwargs",
         type=json.loads,
         default={},
@@ -288,6 +304,7 @@ def main() -> None:
                     process_config,
                     args.workload,
                     args.runner_kwargs,
+                    args.ray_config,
                 )
                 for k, p in versions.items()
             }

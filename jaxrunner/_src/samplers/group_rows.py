@@ -113,6 +113,8 @@ class GroupRows:
         else:
             env_action = jax.tree.map(mine, env_action)
         mask = None if self.always_acting else self.acting[index]
+        if mask is not None and np.count_nonzero(mask) == mask.size:
+            mask = None  # every agent acted: plain copies
         if not self.always_acting:  # the agent slots' rows on the agent axis
             obs = [x.reshape(*lead, *x.shape[1:]) for x in obs]
         taken = (obs, tree_leaves(own), [mine(x) for x in extras])
@@ -142,11 +144,12 @@ class GroupRows:
             traj.truncated[index] = out.truncated[sel]
             return
         done = out.completed[sel]
+        mask = None if np.count_nonzero(done) == done.size else done  # None: all completed
         if not self.same_step:
             for dsts, srcs in zip(leaves[:3], self._pending_trees()):
-                put_rows(dsts, [x[envs] for x in srcs], index, done)
+                put_rows(dsts, [x[envs] for x in srcs], index, mask)
             self.awaiting[envs] &= ~done
-        put_rows(leaves[3], [x[sel] for x in tree_leaves(out.next_obs)], index, done)
+        put_rows(leaves[3], [x[sel] for x in tree_leaves(out.next_obs)], index, mask)
         traj.reward[index] = out.reward[sel]
         traj.terminated[index] = out.terminated[sel]
         traj.truncated[index] = out.truncated[sel]
