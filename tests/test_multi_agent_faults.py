@@ -79,9 +79,9 @@ def make_envs(backend, fns, restart, step_timeout_s=None):
         config = jr.RayConfig(
             envs_per_actor=per_actor, num_cpus_per_actor=0.1, step_timeout_s=step_timeout_s
         )
-        if backend == "ray-merged":  # ready-first, each actor's answer merged with the rest
+        if backend == "ray-buckets":  # ready-first, each actor's answer in a bucket call
             config = dataclasses.replace(
-                config, envs_per_actor=1, ready_first=True, remote_env_batch_wait_ms=10_000
+                config, envs_per_actor=1, ready_first=True, batch_buckets=(1, len(fns))
             )
         return RayMultiAgentVectorEnv(fns, config=config, restart_policy=policy)
     config = jr.ProcessConfig(num_workers=2, step_timeout_s=step_timeout_s)
@@ -398,7 +398,7 @@ RANDOM_FAULTS = [  # in-worker kinds at random (seeded) calls, resets included
 ]
 
 
-@pytest.mark.parametrize("backend", [*BACKENDS, "ray-merged"])
+@pytest.mark.parametrize("backend", [*BACKENDS, "ray-buckets"])
 def test_random_faults_are_counted_exactly(backend, tmp_path):
     # Every sub-env fails now and then, in steps and resets (restarts' resets too): every
     # good step call is in the trajectory, every failed one is dropped, and every valid

@@ -3,7 +3,6 @@ splits and ready-first stepping give the lockstep trajectories, bit for bit."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 import types
@@ -233,16 +232,14 @@ def test_ray_ready_first_and_lockstep_splits_give_the_sync_trajectories(local_ra
     ray = local_ray
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the Sleepy env
     reference = lockstep_reference()
-    config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1, ready_first=True)
-    got, order, _ = ready_first_sample("ray", config)
-    assert_same(reference, got)
-    assert 2 * 8 <= len(order) <= 2 * 2 * 8  # one answer per actor and step, or merged
-    # Waiting for the other actor merges the two answers: one call of all 4 envs per step.
-    config = dataclasses.replace(config, remote_env_batch_wait_ms=10_000, batch_buckets=(2, 4))
+    config = jr.RayConfig(
+        envs_per_actor=2, num_cpus_per_actor=0.1, ready_first=True, batch_buckets=(2, 4)
+    )
     got, order, counts = ready_first_sample("ray", config)
     assert_same(reference, got)
-    assert [ids.tolist() for ids in order] == [[0, 1, 2, 3]] * (2 * 8)
-    assert counts == {2: 0, 4: 2 * 8}
+    assert len(order) == 2 * 2 * 8  # one answer per actor and step
+    # Each actor's answer acts alone in the call of 2 envs; every env at a sample's start.
+    assert counts[2] > 0 and counts[4] == 2
     config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
     envs = jr.make_multi_agent_vec(sleepy, 4, "ray", config=config)
     assert not envs.capabilities.ready_first and envs.capabilities.steps_in_background

@@ -233,32 +233,3 @@ class StepViews:
             errors=errors or None,
             env_ids=None if (lo, hi) == (0, self.num_envs) else slice(lo, hi),
         )
-
-    def merge(self, steps: Sequence[MultiAgentStep]) -> MultiAgentStep:
-        """Several blocks' steps (``env_ids`` slices, in env order) as one, whose
-        ``env_ids`` is an int array; its arrays are copies from these buffers."""
-        spans = [s.env_ids for s in steps]
-        ids = np.concatenate([np.arange(r.start, r.stop) for r in spans])  # type: ignore[union-attr]
-        b = self.buffers
-
-        def rows(buf: GroupBuffers) -> GroupBuffers:
-            return GroupBuffers.of(
-                **{f: space_arrays.tree_map(lambda x: x[ids], getattr(buf, f)) for f in FIELDS}
-            )
-
-        failed = None
-        if any(s.failed is not None for s in steps):
-            failed = np.concatenate(
-                [np.zeros(len(s.infos), np.bool_) if s.failed is None else s.failed for s in steps]
-            )
-        errors = {i: e for s in steps for i, e in (s.errors or {}).items()}
-        return MultiAgentStep(
-            groups=dict(zip(self.policy_ids, map(rows, b.groups))),
-            env_done=b.env_done[ids],
-            env_reward=b.env_reward[ids],
-            unassigned_reward=b.unassigned_reward[ids],
-            infos=[info for s in steps for info in s.infos],
-            failed=failed,
-            errors=errors or None,
-            env_ids=ids,
-        )

@@ -34,15 +34,17 @@ class RayConfig:
     num_cpus_per_actor: float = 1.0
     """Ray CPU resources each env actor reserves (fractions allowed, e.g. 0.5)."""
     remote_env_batch_wait_ms: float = 0.0
-    """Ready-first envs: after the first actor's results arrive, how long the runner
-    waits for more before computing actions (0: take whatever is ready now), all of them
-    in one step. Longer waits give larger policy batches; shorter waits give lower
-    latency."""
+    """Ready-first gymnasium envs: after the first actor's results arrive, how long the
+    runner waits for more before computing actions (0: take whatever is ready now), all
+    of them in one step. Longer waits give larger policy batches; shorter waits give
+    lower latency. Multi-agent envs take each actor's step on its own (the multi-agent
+    sampler acts on a block whose envs share their step count)."""
     batch_buckets: tuple[int, ...] | None = None
     """Ready-first envs' policy batch sizes: the ready envs are padded to the smallest
-    bucket that holds them, and each bucket is compiled once, up front. None: the default
-    buckets (multiples of the policy's chunk). Any buckets give the sync backend's bits:
-    the policy runs in fixed-size chunks whatever the batch (batch invariance)."""
+    bucket that holds them, and each bucket is compiled once, up front. None: gymnasium
+    envs get the default buckets (multiples of the policy's chunk), multi-agent envs act
+    per actor's block. Any buckets give the sync backend's bits: the policy runs in
+    fixed-size chunks whatever the batch (batch invariance)."""
     step_timeout_s: float | None = None
     """An actor whose step has not answered after this long is treated as dead (killed,
     and replaced if restarts are on). None: wait forever."""
@@ -52,8 +54,8 @@ class RayConfig:
     ready_first: bool | None = None
     """How ``recv()`` answers, for both kinds of env. True: ready-first, ``send``
     covers whole actors and ``recv()`` answers whichever actor is ready, so a slow
-    sub-env stalls only its own actor's (``batch_buckets`` and
-    ``remote_env_batch_wait_ms`` apply). False: lockstep, ``recv()`` answers the
+    sub-env stalls only its own actor's (``batch_buckets`` applies, and for gymnasium
+    envs ``remote_env_batch_wait_ms``). False: lockstep, ``recv()`` answers the
     sends in order and a send may be any block of envs, so the runner pipelines splits.
     None (default): each kind's default, ready-first for gymnasium envs and lockstep
     for multi-agent (PettingZoo) envs."""

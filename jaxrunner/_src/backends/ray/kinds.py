@@ -125,6 +125,9 @@ class AgentRows:
     worker: type = AgentEnvWorker
     ready_first = False
     """Lockstep unless ``RayConfig.ready_first`` says otherwise."""
+    merge = None
+    """Blocks of several actors are never merged: the multi-agent sampler acts on a
+    block whose envs share their step count."""
 
     def __init__(self, worker_args: tuple = ()) -> None:
         self.worker_args = worker_args
@@ -178,11 +181,6 @@ class AgentRows:
         errors: dict[int, BaseException] | None,
     ) -> MultiAgentStep:
         return self._views.step(lo, hi, infos, failed, errors)
-
-    def merge(self, steps: list[MultiAgentStep]) -> MultiAgentStep:
-        """Several actors' steps as one (rows in actor order)."""
-        steps.sort(key=lambda r: r.env_ids.start)  # type: ignore[union-attr]
-        return self._views.merge(steps)
 
     def reset_result(self, infos: list[dict[str, Any]], *fields: Any) -> MultiAgentStep:
         return self.step(0, len(infos), True, infos, *fields)

@@ -70,7 +70,7 @@ class ActorStepping(RemoteSubEnvs):
             steps_in_background=True,
             ready_first=kind.ready_first if ready_first is None else ready_first,
             batch_buckets=self.config.batch_buckets,
-            any_order=True,  # ready-first: several actors' answers merged
+            any_order=kind.merge is not None,  # gymnasium envs: answers merged
         )
         actors = ActorPool(
             import_ray(), env_fns, self.config, restart_policy, kind.worker, kind.worker_args
@@ -184,9 +184,9 @@ class ActorStepping(RemoteSubEnvs):
 
     def recv(self) -> Any:
         """Lockstep: the oldest send's step, once every actor of it has answered.
-        Ready-first: the step of the first actor to answer, with every other actor that
-        answers within ``config.remote_env_batch_wait_ms`` (then ``env_ids`` is an int
-        array). Raises InvalidArgumentError when no send waits."""
+        Ready-first: the step of the first actor to answer; for gymnasium envs, with
+        every other actor that answers within ``config.remote_env_batch_wait_ms`` (then
+        ``env_ids`` is an int array). Raises InvalidArgumentError when no send waits."""
         self._check_open("step")
         if not self._calls:
             raise InvalidArgumentError(
@@ -196,6 +196,8 @@ class ActorStepping(RemoteSubEnvs):
         if not self.capabilities.ready_first:
             return self._result(self._wait(self._calls[0]))
         calls = [self._wait(None)]
+        if self._kind.merge is None:
+            return self._result(calls[0])
         try:
             for ref in self._in_flight.ready_within(self.config.remote_env_batch_wait_ms / 1000):
                 self._take(ref)
