@@ -66,6 +66,23 @@ def test_ready_first_equals_lockstep(batch):
     assert sum(n for count, n in counts.items() if count < NUM_ENVS)
 
 
+def test_a_restore_is_refused_while_envs_step_ahead(tmp_path):
+    """With a recv batch (EnvPool async), envs run into the next sample: restoring into
+    that runner would lose their steps, so it is refused with the fix; a new runner
+    takes the checkpoint."""
+    policy, params = _policy()
+    envs = ShuffledSync([_short_cartpole] * NUM_ENVS, 2, buckets=(NUM_ENVS,))
+    with jr.EnvRunner(envs, policy, params, rollout_length=8, seed=SEED) as runner:
+        runner.sample()
+        runner.save(tmp_path / "ck")
+        with pytest.raises(InvalidArgumentError, match=r"stepping ahead.*new EnvRunner"):
+            runner.restore(tmp_path / "ck")
+    envs = ShuffledSync([_short_cartpole] * NUM_ENVS, 2, buckets=(NUM_ENVS,))
+    with jr.EnvRunner(envs, policy, params, rollout_length=8, seed=SEED) as fresh:
+        fresh.restore(tmp_path / "ck")
+        assert fresh.sample().num_steps == 8
+
+
 @pytest.mark.parametrize(("num_envs", "batch", "length"), [(4, 2, 2), (32, 16, 8), (6, 3, 1)])
 def test_ready_first_with_a_batch_of_half_the_envs_never_stalls(num_envs, batch, length):
     """A backend answering ``batch`` envs in its own order (here random, as EnvPool's

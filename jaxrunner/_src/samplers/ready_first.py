@@ -146,8 +146,9 @@ class ReadyFirst:
         self.t -= self.loop.rollout_length
 
     def check_not_ahead(self) -> None:
-        """Refuses a restore while envs step ahead of the last sample."""
-        if self.in_flight or self.t.any():
+        """Refuses a restore while envs step ahead of the last sample (blocks: each
+        sample starts afresh from the loop's last step, as a lockstep one does)."""
+        if self.merging and (self.in_flight or self.t.any()):
             raise InvalidArgumentError(
                 "EnvRunner.restore(): this runner has envs stepping ahead of its last "
                 "sample; restore into a new EnvRunner, before its first sample()."
