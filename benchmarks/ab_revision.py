@@ -19,9 +19,13 @@ Usage::
         --env-kwargs '{"keep_reset_steps": true}'
     python benchmarks/ab_revision.py --base HEAD~1 --env mpe2:simple_spread_v3 --backend process
     python benchmarks/ab_revision.py --base HEAD~1 --workload pong --num-envs 8 32
+    python benchmarks/ab_revision.py --base d660c28 --env null --num-envs 1 8 --split
 
 ``--env null`` steps an env that costs next to nothing (a constant observation, an
-episode of 200 steps): what is left is each package's own time per step.
+episode of 200 steps): what is left is each package's own time per step. ``--split``
+adds each version's per-step split from the runner's own timers (env wait, inference,
+observation and action processing); what no timer holds is the loop and the
+per-sample work (compare two ``--rollout-length`` runs to size the latter).
 
 ``--backend jax`` runs the scan sampler on gymnax's env of that name, ``jaxmarl`` the
 multi-agent scan sampler on JaxMARL's (one policy for every agent; dones read as
@@ -269,6 +273,12 @@ def main() -> None:
         default={},
         help="for both runners, as JSON: '{\"num_splits\": 2}'",
     )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="also each version's per-step split (the runner's perf timers, us per step, "
+        "medians over blocks): where a difference goes",
+    )
     parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parse_args(parser)
@@ -311,10 +321,21 @@ def main() -> None:
             # About 4k env steps per block, at least one sample.
             samples = max(1, 4096 // (args.rollout_length * num_envs))
             times: dict[str, list[float]] = {k: [] for k in runners}
+            splits: dict[str, list[dict[str, float]]] = {k: [] for k in runners}
+            steps = dict.fromkeys(runners, args.rollout_length)  # make_runner's warm-up
             for block in range(args.blocks):
                 order = ("base", "new") if block % 2 == 0 else ("new", "base")
                 for name in order:
+                    before = runners[name].get_metrics()["perf"] if args.split else {}
                     times[name].append(time_block(runners[name], samples, args.rollout_length))
+                    if args.split:  # the timers are means over every step so far
+                        after = runners[name].get_metrics()["perf"]
+                        n0, n1 = steps[name], steps[name] + samples * args.rollout_length
+                        split = {k: (after[k] * n1 - before[k] * n0) / (n1 - n0) for k in after}
+                        splits[name].append(
+                            {k.removesuffix("_ms"): v * 1e3 for k, v in split.items()}
+                        )
+                        steps[name] = n1
             same = all(
                 np.array_equal(a, b)
                 for a, b in zip(
@@ -334,6 +355,11 @@ def main() -> None:
                 "speedup_median": float(np.median(speedups)),
                 "identical_trajectories": same,
             }
+            if args.split:  # us per step, each phase's median over blocks
+                for name, parts in splits.items():
+                    row[f"{name}_split_us_per_step"] = {
+                        k: float(np.median([p[k] for p in parts])) for k in parts[0]
+                    }
             rows.append(row)
             print(
                 f"{num_envs:>5} envs: base {row['base_us_per_step_median']:.1f} us/step, "

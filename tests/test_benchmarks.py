@@ -291,7 +291,7 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
     ).stdout
     out = tmp_path / "ab.json"
     options = ["--base", "HEAD", "--num-envs", "3", "--blocks", "2", "--rollout-length", "8"]
-    options += ["--workload", "cartpole"]  # a workload's env factory and policy, per package
+    options += ["--workload", "cartpole", "--split"]  # a workload's env and policy, per package
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "ab_revision.py"), *options, "--out", str(out)],
         capture_output=True,
@@ -309,6 +309,10 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
     assert row["num_envs"] == 3
     assert row["base_us_per_step_median"] > 0 and row["new_us_per_step_median"] > 0
     assert row["speedup_median"] > 0
+    for name in ("base", "new"):  # each phase's time per step, from the runner's own timers
+        split = row[f"{name}_split_us_per_step"]
+        assert set(split) == {"env_wait", "inference", "obs_processing", "action_processing"}
+        assert 0 < sum(split.values()) < row[f"{name}_us_per_step_median"] * 2
     if not dirty:  # uncommitted changes to the package may change the samples
         assert row["identical_trajectories"] is True
 

@@ -174,22 +174,21 @@ def episode_returns(
     width = num_steps + 1  # each env's row: its carry, then its rewards
     by_env = np.empty((num_envs, width), np.float64)
     by_env[:, 0], by_env[:, 1:] = carry, reward.T
-    is_end = np.zeros((num_envs, width), np.bool_)
-    is_end[:, 1:] = cut.T
     # Segments (episodes) start at each env's carry and after each end in its row.
+    cut_by_env = np.ascontiguousarray(cut.T)
     is_start = np.zeros((num_envs, width), np.bool_)
-    is_start[:, 0], is_start[:, 2:] = True, is_end[:, 1:-1]
+    is_start[:, 0], is_start[:, 2:] = True, cut_by_env[:, :-1]
     starts = np.flatnonzero(is_start)
     with np.errstate(over="ignore"):  # an overflowing return: the metrics say so
         sums = np.add.reduceat(by_env.reshape(-1), starts)
-    last_slot = np.append(starts[1:], by_env.size) - 1
-    ended = sums[is_end.reshape(-1).take(last_slot)]  # env-major order
-    envs, steps = np.divmod(np.flatnonzero(cut.T), num_steps)
-    returns = ended[np.argsort(steps * num_envs + envs)]  # (step, env) order
-    first = np.flatnonzero(starts % width == 0)  # each env's first segment
-    last = np.append(first[1:], len(starts)) - 1
+    # Each env's last segment is unfinished unless its last step ended it; the others
+    # ended, in env-major order.
+    last = np.cumsum(np.count_nonzero(is_start, axis=1)) - 1
     unfinished = np.where(cut[-1], 0.0, sums[last])
-    return returns, unfinished
+    is_end = np.ones(len(sums), np.bool_)
+    is_end[last] = cut[-1]
+    envs, steps = np.divmod(np.flatnonzero(cut_by_env), num_steps)
+    return sums[is_end][np.argsort(steps * num_envs + envs)], unfinished  # (step, env) order
 
 
 def accumulate_rows(ufunc: np.ufunc, x: np.ndarray) -> np.ndarray:
