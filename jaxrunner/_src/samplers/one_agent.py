@@ -22,10 +22,7 @@ from jaxrunner._src.samplers.sampler import SamplerSetup, StepProgress
 
 
 def _one(tree: Any) -> Any:
-    """``[T, B, 1, ...]`` leaves as ``[T, B, ...]`` views (a lone array without a tree
-    walk: one per field and sample)."""
-    if isinstance(tree, np.ndarray):
-        return tree[:, :, 0]
+    """``[T, B, 1, ...]`` leaves as ``[T, B, ...]`` views."""
     return jax.tree.map(lambda x: x[:, :, 0], tree)
 
 
