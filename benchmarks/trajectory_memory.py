@@ -21,6 +21,12 @@ Usage::
 
     python benchmarks/trajectory_memory.py --workload pong --num-envs 16 \\
         --rollout-length 128 --rounds 5 --out benchmarks/results/trajectory_memory_pong_cpu.json
+    python benchmarks/trajectory_memory.py --workload cartpole --num-envs 1 \\
+        --rollout-length 1 --rounds 15 --timed-samples 300
+
+``--timed-samples N`` times N samples per round (each released where the system
+releases), outside ``tracemalloc``, before the one traced sample that gives the memory
+figures: a sample of a few steps is too short to time alone.
 """
 
 from __future__ import annotations
@@ -54,7 +60,9 @@ def _simple_spread() -> object:
     return simple_spread_v3.parallel_env(N=3, max_cycles=25)
 
 
-def _system(name: str, workload: str, num_envs: int, length: int) -> Callable[[], dict]:
+def _system(
+    name: str, workload: str, num_envs: int, length: int, timed: int = 0
+) -> Callable[[], dict]:
     if workload == "mpe":
         envs = jr.make_vec(_simple_spread, num_envs)
         (group,) = envs.groups
@@ -71,12 +79,21 @@ def _system(name: str, workload: str, num_envs: int, length: int) -> Callable[[]
     release = name.endswith("+release")
 
     def sample() -> dict:
+        seconds = None
+        if timed:  # short samples: timed over many, outside tracemalloc
+            clock = time.perf_counter()
+            for _ in range(timed):
+                traj = runner.sample()
+                if release:
+                    runner.release(traj)
+            seconds = (time.perf_counter() - clock) / timed
         tracemalloc.start()
         clock = time.perf_counter()
         traj = runner.sample()
-        seconds = time.perf_counter() - clock
+        traced = time.perf_counter() - clock
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
+        seconds = traced if seconds is None else seconds
         metrics = runner.get_metrics()
         result = {
             "seconds": seconds,
@@ -92,8 +109,8 @@ def _system(name: str, workload: str, num_envs: int, length: int) -> Callable[[]
     return sample
 
 
-def measure(workload: str, num_envs: int, length: int, rounds: int) -> dict:
-    systems = {name: _system(name, workload, num_envs, length) for name in SYSTEMS}
+def measure(workload: str, num_envs: int, length: int, rounds: int, timed: int = 0) -> dict:
+    systems = {name: _system(name, workload, num_envs, length, timed) for name in SYSTEMS}
     for run in systems.values():  # compile, warm up, and hand out the first buffers
         run()
         run()
@@ -123,15 +140,25 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=16)
     parser.add_argument("--rollout-length", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--timed-samples",
+        type=int,
+        default=0,
+        help="time this many samples per round, outside tracemalloc (0: the one traced "
+        "sample); for short rollouts, where one sample is too short to time",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     load_before = os.getloadavg()
-    result = measure(args.workload, args.num_envs, args.rollout_length, args.rounds)
+    result = measure(
+        args.workload, args.num_envs, args.rollout_length, args.rounds, args.timed_samples
+    )
     report = {
         "benchmark": "trajectory_memory",
         "command": "python benchmarks/trajectory_memory.py "
         f"--workload {args.workload} --num-envs {args.num_envs} "
-        f"--rollout-length {args.rollout_length} --rounds {args.rounds}",
+        f"--rollout-length {args.rollout_length} --rounds {args.rounds}"
+        + (f" --timed-samples {args.timed_samples}" if args.timed_samples else ""),
         "machine": machine_info(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),

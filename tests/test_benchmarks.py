@@ -454,6 +454,21 @@ def test_sample_overhead_splits_step_and_sample_costs(tmp_path):
     assert all(us > 0 for us in row["us_per_step_median"].values())
 
 
+def test_trajectory_memory_times_short_samples_outside_tracemalloc(tmp_path):
+    out = tmp_path / "memory.json"
+    options = ["--workload", "cartpole", "--num-envs", "2", "--rollout-length", "1"]
+    _run(
+        "trajectory_memory.py", *options, "--rounds", "1", "--timed-samples", "3", "--out", str(out)
+    )
+    report = json.loads(out.read_text())
+    assert report["command"].endswith("--timed-samples 3")
+    assert set(report["medians"]) == {"dense", "compact", "dense+release", "compact+release"}
+    for m in report["medians"].values():
+        assert m["seconds"] > 0 and m["steps_per_s"] == pytest.approx(2 / m["seconds"])
+    # A released sample's buffers are the next one's: it allocates less than a new one.
+    assert report["vs_dense"]["dense+release"]["peak_new_bytes"] < 1
+
+
 def test_chunk_sizes_times_the_plain_call_and_each_chunk(tmp_path):
     out = tmp_path / "chunk_sizes.json"
     options = ["--policy", "mlp", "--rows", "8", "--chunks", "4", "8", "--blocks", "1"]
