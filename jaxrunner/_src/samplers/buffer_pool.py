@@ -110,6 +110,9 @@ class BufferPool:
         self._own_extras = {
             pid: policy_extras_keys(gs.extras_spec, gs.infos) for pid, gs in groups.items()
         }
+        self._has_infos = any(gs.infos is not None for gs in groups.values())
+        self._layout: tuple[Any, list[tuple[tuple[int, ...], np.dtype]]] | None = None
+        """A new buffer's tree and leaves' shapes and dtypes, from the first one."""
         self._scratch: dict[str, Any] | None = None
         self._scratches: list[dict[str, Any]] = []
         if compact:  # the next observations alone, not a whole trajectory; one per live sample
@@ -157,6 +160,19 @@ class BufferPool:
         self._free.append(self._kept(traj))
 
     def _allocate(self) -> MultiAgentTrajectory:
+        if self._layout is None or self._has_infos:  # info arrays: their names grow
+            buf = self._new()
+            leaves, treedef = jax.tree.flatten(buf)
+            self._layout = treedef, [(x.shape, x.dtype) for x in leaves]
+            return buf
+        # The first buffer's layout, filled as _new() fills it: 3x less time at T = 1.
+        treedef, specs = self._layout
+        buf = treedef.unflatten([np.zeros(shape, dtype) for shape, dtype in specs])
+        buf.valid.fill(True)  # type: ignore[union-attr]
+        buf.env_id[...] = np.arange(self._num_envs)
+        return buf
+
+    def _new(self) -> MultiAgentTrajectory:
         shape = (self._num_steps, self._num_envs)
         dense = self._scratch is None
         return MultiAgentTrajectory(

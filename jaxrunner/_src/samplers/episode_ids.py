@@ -55,6 +55,8 @@ class EpisodeBook:
         valid = buf.valid[:t]
         all_valid = bool(valid.all())
         cut = buf.terminated[:t] | buf.truncated[:t]
+        if all_valid and resets is None and not cut.any():
+            return self._close_uncut(buf, t, cut)
         faults = None
         if not all_valid:
             faults = ~valid if resets is None else ~valid & ~resets[:t]
@@ -116,6 +118,19 @@ class EpisodeBook:
         self.steps_done += t
         return counts
 
+    def _close_uncut(self, buf: Trajectory, t: int, cut: np.ndarray) -> SampleCounts:
+        """:meth:`close` where every step is valid and continues its env's episode (most
+        samples of a few envs over a short rollout): a third of the numpy calls."""
+        np.asarray(buf.episode_id[:t])[...] = self.episode_id
+        step = np.asarray(buf.step[:t])
+        step[...] = self.steps_done - self._episode_begin + np.arange(t)[:, None]
+        _, self._episode_return = episode_returns(
+            np.asarray(buf.reward[:t]), cut, self._episode_return
+        )
+        self.steps_done += t
+        nothing = np.zeros(0, np.int64)
+        return SampleCounts(cut.size, 0, 0, returns=nothing.astype(np.float64), lengths=nothing)
+
     def _began_with_reset(
         self, resets: np.ndarray, started: np.ndarray, prev_end: np.ndarray
     ) -> np.ndarray:
@@ -174,6 +189,10 @@ def episode_returns(
     width = num_steps + 1  # each env's row: its carry, then its rewards
     by_env = np.empty((num_envs, width), np.float64)
     by_env[:, 0], by_env[:, 1:] = carry, reward.T
+    if not cut.any():  # one unfinished segment per env (what the rest finds, sooner)
+        with np.errstate(over="ignore"):
+            sums = np.add.reduceat(by_env.reshape(-1), np.arange(0, by_env.size, width))
+        return sums[:0], sums
     # Segments (episodes) start at each env's carry and after each end in its row.
     cut_by_env = np.ascontiguousarray(cut.T)
     is_start = np.zeros((num_envs, width), np.bool_)
