@@ -189,10 +189,10 @@ def episode_returns(
     width = num_steps + 1  # each env's row: its carry, then its rewards
     by_env = np.empty((num_envs, width), np.float64)
     by_env[:, 0], by_env[:, 1:] = carry, reward.T
-    if not cut.any():  # one unfinished segment per env (what the rest finds, sooner)
-        with np.errstate(over="ignore"):
+    if not cut[:-1].any():  # one segment per env, ended where its last step is cut
+        with np.errstate(over="ignore"):  # (what the rest finds, sooner: short samples)
             sums = np.add.reduceat(by_env.reshape(-1), np.arange(0, by_env.size, width))
-        return sums[:0], sums
+        return sums[cut[-1]], np.where(cut[-1], 0.0, sums)
     # Segments (episodes) start at each env's carry and after each end in its row.
     cut_by_env = np.ascontiguousarray(cut.T)
     is_start = np.zeros((num_envs, width), np.bool_)
