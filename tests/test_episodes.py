@@ -5,6 +5,7 @@ from __future__ import annotations
 import types
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -79,6 +80,29 @@ def test_close_matches_the_step_by_step_rule(num_envs, lengths, fault_rate, seed
         failed = t * num_envs - int(buf.valid[:t].sum())
         assert counts.num_env_steps == t * num_envs - failed
         assert counts.num_dropped_steps == counts.num_faulty_episodes == failed
+    np.testing.assert_array_equal(book.episode_id, reference.ids)
+    assert book.next_episode_id == reference.next_id
+
+
+@pytest.mark.parametrize("ends", ["none", "last step only"])
+def test_close_where_episodes_end_only_at_the_last_step_matches_the_rule(ends):
+    """Samples whose episodes run on, or end only at their last step (every sample of
+    rollout length 1), take close()'s shortcut and still follow the rule."""
+    rng = np.random.default_rng(7)
+    book, reference = EpisodeBook(5), StepByStep(5)
+    for t in (1, 3, 1, 4, 2):
+        buf = _buffers(rng, t, 5, 0.0)
+        buf.terminated[: t - 1] = buf.truncated[: t - 1] = False
+        if ends == "none":
+            buf.terminated[-1] = buf.truncated[-1] = False
+        buf.reward = rng.normal(size=(t, 5)) * 1e3  # floats: the sums' order shows
+        counts = book.close(buf, t)
+        ids, steps, returns, ended_lengths = reference.close(buf, t)
+        np.testing.assert_array_equal(buf.episode_id, ids)
+        np.testing.assert_array_equal(buf.step, steps)
+        np.testing.assert_allclose(counts.returns, returns, rtol=1e-12)
+        np.testing.assert_array_equal(counts.lengths, ended_lengths)
+        assert counts.num_env_steps == t * 5
     np.testing.assert_array_equal(book.episode_id, reference.ids)
     assert book.next_episode_id == reference.next_id
 
