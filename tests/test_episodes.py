@@ -95,7 +95,7 @@ def test_close_where_episodes_end_only_at_the_last_step_matches_the_rule(ends):
         buf.terminated[: t - 1] = buf.truncated[: t - 1] = False
         if ends == "none":
             buf.terminated[-1] = buf.truncated[-1] = False
-        buf.reward = rng.normal(size=(t, 5)) * 1e3  # floats: the sums' order shows
+        buf.reward = rng.normal(size=(t, 5)) * 1e3  # float rewards (the others: integers)
         counts = book.close(buf, t)
         ids, steps, returns, ended_lengths = reference.close(buf, t)
         np.testing.assert_array_equal(buf.episode_id, ids)

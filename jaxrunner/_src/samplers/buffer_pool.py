@@ -160,10 +160,11 @@ class BufferPool:
         self._free.append(self._kept(traj))
 
     def _allocate(self) -> MultiAgentTrajectory:
-        if self._layout is None or self._has_infos:  # info arrays: their names grow
+        if self._layout is None:
             buf = self._new()
-            leaves, treedef = jax.tree.flatten(buf)
-            self._layout = treedef, [(x.shape, x.dtype) for x in leaves]
+            if not self._has_infos:  # (info arrays: their names grow as infos report them)
+                leaves, treedef = jax.tree.flatten(buf)
+                self._layout = treedef, [(x.shape, x.dtype) for x in leaves]
             return buf
         # The first buffer's layout, filled as _new() fills it: 3x less time at T = 1.
         treedef, specs = self._layout

@@ -56,7 +56,7 @@ class EpisodeBook:
         all_valid = bool(valid.all())
         cut = buf.terminated[:t] | buf.truncated[:t]
         if all_valid and resets is None and not cut[:-1].any():
-            return self._close_ending_last(buf, t, cut)
+            return self._close_ending_last(buf, t, np.asarray(cut))
         faults = None
         if not all_valid:
             faults = ~valid if resets is None else ~valid & ~resets[:t]
