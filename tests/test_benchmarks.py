@@ -454,6 +454,20 @@ def test_sample_overhead_splits_step_and_sample_costs(tmp_path):
     assert all(us > 0 for us in row["us_per_step_median"].values())
 
 
+def test_episode_book_times_both_versions_on_the_same_samples(tmp_path):
+    """HEAD's episode book against the working tree's, a row per shape."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCHMARKS, capture_output=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    out = tmp_path / "book.json"
+    options = ["--shapes", "4x2", "1x3", "--samples", "3", "--rounds", "2"]
+    _run("episode_book.py", "--base", "HEAD", *options, "--out", str(out))
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["rollout_length"], r["num_envs"]) for r in rows] == [(4, 2), (1, 3)]
+    for row in rows:
+        assert all(len(us) == 2 and min(us) > 0 for us in row["us_per_sample"].values())
+
+
 def test_trajectory_memory_times_short_samples_outside_tracemalloc(tmp_path):
     out = tmp_path / "memory.json"
     options = ["--workload", "cartpole", "--num-envs", "2", "--rollout-length", "1"]
