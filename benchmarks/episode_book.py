@@ -58,6 +58,16 @@ def samples(rng: np.random.Generator, t: int, b: int, rate: float, n: int) -> li
     ]
 
 
+def numbering(module: types.ModuleType, data: list[Any], t: int, b: int) -> list[np.ndarray]:
+    """Every sample's episode ids and steps, and the returns and lengths of the episodes
+    that ended (integer rewards: both versions' sums are exact)."""
+    book, out = module.EpisodeBook(b), []
+    for buf in data:
+        counts = book.close(buf, t)
+        out += [buf.episode_id.copy(), buf.step.copy(), counts.returns, counts.lengths]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="git revision to compare against")
@@ -88,6 +98,7 @@ def main() -> None:
                     book.close(buf, t)
                 us[name].append(1e6 * (time.perf_counter() - start) / len(data))
         base, new = (statistics.median(us[name]) for name in ("base", "new"))
+        numbered = [numbering(module, data, t, b) for module in versions.values()]
         rows.append(
             {
                 "rollout_length": t,
@@ -95,10 +106,12 @@ def main() -> None:
                 "base_us_per_sample_median": base,
                 "new_us_per_sample_median": new,
                 "speedup_median": base / new,
+                "same_numbering": all(np.array_equal(x, y) for x, y in zip(*numbered, strict=True)),
                 "us_per_sample": us,
             }
         )
-        print(f"T={t:3d} x {b:3d} envs: base {base:6.1f} us a sample, new {new:6.1f}", flush=True)
+        same = "same numbering" if rows[-1]["same_numbering"] else "NUMBERING DIFFERS"
+        print(f"T={t:3d} x {b:3d} envs: base {base:6.1f} us a sample, new {new:6.1f}; {same}")
     report = {
         "benchmark": "episode_book",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -465,6 +465,7 @@ def test_episode_book_times_both_versions_on_the_same_samples(tmp_path):
     rows = json.loads(out.read_text())["results"]
     assert [(r["rollout_length"], r["num_envs"]) for r in rows] == [(4, 2), (1, 3)]
     for row in rows:
+        assert row["same_numbering"]
         assert all(len(us) == 2 and min(us) > 0 for us in row["us_per_sample"].values())
 
 
