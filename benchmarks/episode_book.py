@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import pathlib
-import platform
 import re
 import statistics
 import subprocess
@@ -30,6 +28,8 @@ import types
 from typing import Any
 
 import numpy as np
+
+from jaxrunner._src.bench import machine_info
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 MODULE = "jaxrunner/_src/samplers/episode_ids.py"
@@ -117,13 +117,7 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", *sys.argv]),
         "base": args.base,
-        "machine": {
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "loadavg": os.getloadavg(),
-        },
+        "machine": machine_info(),
         "results": rows,
     }
     if args.out:
