@@ -62,6 +62,7 @@ def gru() -> tuple[jr.Policy, Any]:
     return policy, params
 
 
+@functools.cache  # one policy object: runners built again reuse its compiled step
 def recurrent_policy(num_actions: int, masked: bool = False) -> jr.Policy:
     """Random actions whose logits drift with a per-agent carry (the sum of the agent's
     observations this episode), so the carries are part of what must resume."""
@@ -138,9 +139,7 @@ def make(
     envs = jr.make_vec(env_fn or factory, num_envs or MA_NUM_ENVS, backend, **kwargs)
     connectors = None
     if with_connectors:
-        connectors = C.Connectors(
-            obs=[C.NormalizeObservation(), C.FrameStack(num_frames=2)], reward=C.ScaleReward()
-        )
+        connectors = ma_connectors()
     params = {g.policy_id: {"w": jnp.zeros(n)} for g in envs.groups}
     return jr.EnvRunner(
         envs,
@@ -151,6 +150,13 @@ def make(
         connectors=connectors,
         callbacks=callbacks,
         **(runner_kwargs or {}),
+    )
+
+
+@functools.cache
+def ma_connectors() -> C.Connectors:
+    return C.Connectors(
+        obs=[C.NormalizeObservation(), C.FrameStack(num_frames=2)], reward=C.ScaleReward()
     )
 
 

@@ -3,6 +3,7 @@ by hand: exact equality, every action once, no reward lost, no fabricated transi
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -17,6 +18,7 @@ from jaxrunner.errors import ClosedError, InvalidArgumentError, SpaceMismatchErr
 from tests import multi_agent_envs as envs_mod
 
 
+@functools.cache  # one object per kind: runners built again reuse its compiled step
 def random_policy(num_actions: int, masked: bool = False) -> jr.Policy:
     """Uniform over the actions (within ``obs['action_mask']`` when ``masked``), with a
     param ``w`` that shifts the logits, so new params change the actions."""

@@ -727,3 +727,54 @@ def test_mlp_policy_evaluates_a_trajectory_batch() -> None:
     np.testing.assert_allclose(
         scored["log_prob"][2], policy.evaluate(params, obs[2], action[2])["log_prob"], rtol=1e-6
     )
+
+
+_TRACES: list[tuple[int, ...]] = []
+
+
+class _Traced(nn.Module):
+    """A linear policy that counts its traces in ``_TRACES`` (a compiled call runs no
+    Python)."""
+
+    num_actions: int
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        _TRACES.append(obs.shape)
+        return nn.Dense(self.num_actions)(obs.reshape(obs.shape[0], -1))
+
+
+def test_a_runner_built_again_on_an_equal_linen_policy_compiles_nothing() -> None:
+    """``from_linen`` of an equal module on an equal space gives the same functions, so a
+    second runner (a rebuilt, restored or evaluation one) takes the first one's compiled
+    step: no trace, and the same trajectory for the same seed."""
+
+    def build() -> jr.EnvRunner:
+        envs = jr.make_vec("CartPole-v1", 3)
+        policy = jr.Policy.from_linen(_Traced(2), envs.single_action_space)
+        params = policy.init(jax.random.key(0), envs.single_observation_space)
+        return jr.EnvRunner(envs, policy, params, 5, seed=2)
+
+    with build() as first:
+        expected = first.sample()
+    traced = len(_TRACES)
+    assert traced > 0
+    with build() as again:
+        jr.testing.assert_trees_equal(again.sample(), expected)
+    assert len(_TRACES) == traced
+
+
+def test_linen_policies_share_functions_only_where_module_space_and_mode_are_equal() -> None:
+    box = spaces.Box(-1.0, 1.0, (2,))
+    mlp = jr.models.MLP(2, (8,))
+    same = [jr.Policy.from_linen(jr.models.MLP(2, (8,)), spaces.Box(-1.0, 1.0, (2,)))]
+    assert same[0].apply_fn is jr.Policy.from_linen(mlp, box).apply_fn
+    others = [
+        jr.Policy.from_linen(jr.models.MLP(2, (4,)), box),  # another module
+        jr.Policy.from_linen(mlp, spaces.Box(-2.0, 2.0, (2,))),  # other bounds
+        jr.Policy.from_linen(mlp, spaces.Box(-1.0, 1.0, (2,), np.float64)),  # other dtype
+        jr.Policy.from_linen(mlp, box, deterministic=True),
+        jr.Policy.from_linen(mlp, spaces.MultiDiscrete([2, 2])),  # another type, same shape
+    ]
+    fns = {id(p.apply_fn) for p in [*same, *others]}
+    assert len(fns) == 1 + len(others)

@@ -212,14 +212,30 @@ class Policy:
             initial_carry: one env's initial recurrent state, for recurrent modules.
         """
 
-        def init(key: jax.Array, *inputs: Any) -> Params:
-            try:
-                hash(module)
-            except TypeError:  # a module with an unhashable field: compiled for itself
-                return jax.jit(module.init)(key, *inputs)
-            return _init_linen(module, key, *inputs)
-
-        return cls._from_module(module.apply, init, action_space, deterministic, initial_carry)
+        try:
+            hash(module)
+        except TypeError:  # a module with an unhashable field: its own functions
+            init = jax.jit(module.init)
+            return cls._from_module(module.apply, init, action_space, deterministic, initial_carry)
+        # An equal module on an equal space gets the same functions, and so every
+        # compiled program of the first (a runner built again compiles nothing).
+        key = (module, type(action_space), action_space.shape, deterministic, initial_carry is None)
+        kept = _LINEN_FNS.pop(key, None)
+        if kept is None or not _same_space(kept[0], action_space):
+            fns = module_policy_fns(
+                module.apply,
+                functools.partial(_init_linen, module),
+                action_space,
+                deterministic,
+                initial_carry is not None,
+            )
+            kept = (action_space, fns)
+        _LINEN_FNS[key] = kept  # the most recent last
+        while len(_LINEN_FNS) > _MAX_LINEN_FNS:
+            del _LINEN_FNS[next(iter(_LINEN_FNS))]
+        return cls(
+            **kept[1], initial_carry=initial_carry, action_ndim=len(action_space.shape or ())
+        )
 
     @classmethod
     def from_nnx(
@@ -257,6 +273,19 @@ class Policy:
             initial_carry=initial_carry,
             action_ndim=len(action_space.shape or ()),
         )
+
+
+_LINEN_FNS: dict[tuple, tuple[spaces.Space, dict[str, Any]]] = {}
+"""The functions of the policies ``from_linen`` built last, by module, action space
+(type and shape; equality checked), mode and recurrence."""
+_MAX_LINEN_FNS = 64
+
+
+def _same_space(a: spaces.Space, b: spaces.Space) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # a space that cannot compare: never the same
+        return False
 
 
 @functools.partial(jax.jit, static_argnums=0)

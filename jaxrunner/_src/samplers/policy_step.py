@@ -4,7 +4,8 @@ extras out, one transfer each way. See docs/design.md."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple, cast
 
 import flax.struct
@@ -26,7 +27,7 @@ from jaxrunner._src.samplers.batch_invariance import (
     default_chunk_rows,
     policy_flops_per_row,
 )
-from jaxrunner._src.samplers.transfer import compile_packed
+from jaxrunner._src.samplers.transfer import PackedProgram, compile_packed
 
 _NO_GUARD = (None, "allow")
 """Transfer guard levels under which a transfer needs no ``"allow"`` scope (None: unset,
@@ -262,7 +263,18 @@ class CompiledPolicyStep:
 
         obs_rows = jax.tree.map(lambda x: np.zeros((rows, *np.shape(x)[1:]), x.dtype), obs_example)
         example = (obs_rows, np.zeros(rows, np.bool_), np.zeros(rows, np.int32))
-        program = compile_packed(step, (params, state), example, donate_argnums=(1,))
+        key = (size, rows, num_envs, chunk_rows, id(connectors), _layout(packing))
+        key += (_avals(params), _avals(state), _avals(example), *_jax_settings())
+        try:
+            programs = _PROGRAMS.setdefault(policy.apply_fn, {})
+        except TypeError:  # not weakly referenceable: not kept
+            programs = {}
+        kept = programs.get(key)
+        if kept is None or kept[0] is not connectors:  # (an id can outlive its object)
+            program = compile_packed(step, (params, state), example, donate_argnums=(1,))
+            programs[key] = (connectors, program)
+        else:
+            program = kept[1]
         self._step, self._in_packing, self._out_packing = program[:3]
         spec = program.output_spec
         self.output_spec: tuple[Any, Any] = (spec[0], spec[-1])
@@ -320,6 +332,41 @@ class CompiledPolicyStep:
     def _unflatten(self, leaves: list[np.ndarray]) -> Any:
         # The common case (one array) without a tree rebuilt per step.
         return leaves[0] if self._action_is_leaf else self._action_treedef.unflatten(leaves)
+
+
+_PROGRAMS: weakref.WeakKeyDictionary[
+    Callable, dict[Hashable, tuple[Connectors | None, PackedProgram]]
+] = weakref.WeakKeyDictionary()
+"""Compiled policy steps by ``apply_fn`` and all else the program depends on (its
+connectors by identity): a runner built again with the same policy object (an
+evaluation runner, a restored or recreated one, a group's local runners, ``from_env``'s
+trial) neither traces nor compiles its step again."""
+
+
+def _avals(tree: Any) -> Hashable:
+    """What a compiled program fixes of its argument ``tree``: structure, and each leaf's
+    shape, dtype, weak type and placement."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple(
+        (
+            np.shape(x),
+            jnp.result_type(x),
+            getattr(x, "weak_type", isinstance(x, (bool, int, float, complex))),
+            getattr(x, "sharding", None),
+        )
+        for x in leaves
+    )
+
+
+def _layout(packing: StatePacking | None) -> Hashable:
+    if packing is None:
+        return None
+    return packing.treedef, tuple(packing.shapes), tuple(packing.dtypes)
+
+
+def _jax_settings() -> tuple[Any, ...]:
+    """The JAX settings a trace depends on beyond its arguments."""
+    return jax.config.jax_enable_x64, jax.config.jax_default_device, jax.default_backend()
 
 
 def _act_gathered(
