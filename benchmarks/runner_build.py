@@ -2,8 +2,8 @@
 
 What a notebook user waits for between editing a cell and seeing a sample: the runner's
 build (its policy step traced, lowered and compiled) and its first ``sample()``, in a
-fresh process (the first build), and again with the same policy in that process (a
-rebuild: only what JAX does not keep between runners). Each package builds in its own
+fresh process (the first build), and again in that process with the policy made again
+(a rebuild, as when the cell runs again: only what is not kept between runners). Each package builds in its own
 child process, the two alternating over ``--rounds``; JAX's persistent compile cache is
 off, as it is by default, unless ``--compile-cache`` (a fresh directory, warmed by one
 untimed child per package). Per package: the median first build and the median of
@@ -43,10 +43,10 @@ def child(package: str, base_dir: str, env: str, num_envs: int, rebuilds: int) -
     import jax
 
     envs = jr.make_vec(env, num_envs, "sync")
-    policy = jr.models.mlp_policy(envs.single_action_space)
     times = []
     for i in range(1 + rebuilds):
         clock = time.perf_counter()
+        policy = jr.models.mlp_policy(envs.single_action_space)  # as a cell run again
         params = policy.init(jax.random.key(i), envs.single_observation_space)
         runner = jr.EnvRunner(envs, policy, params, rollout_length=16, seed=i)
         runner.sample()
