@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -97,3 +98,31 @@ def cartpole_runner():
 @pytest.fixture
 def mlp():
     return functools.partial(mlp_policy, hidden=(16,))
+
+
+_COMPILES: list[list[str]] = []
+"""The event lists :func:`compile_events` fills (the innermost last)."""
+
+
+def _record_compile(name: str, seconds: float, **kwargs: object) -> None:
+    if _COMPILES and name.startswith("/jax/core/compile/"):
+        _COMPILES[-1].append(name)
+
+
+@pytest.fixture
+def compile_events():
+    """A context manager giving the list of JAX's trace, lowering and compile events
+    inside it."""
+    if not getattr(_record_compile, "registered", False):
+        jax.monitoring.register_event_duration_secs_listener(_record_compile)
+        _record_compile.registered = True  # type: ignore[attr-defined]
+
+    @contextlib.contextmanager
+    def events():
+        _COMPILES.append([])
+        try:
+            yield _COMPILES[-1]
+        finally:
+            _COMPILES.pop()
+
+    return events

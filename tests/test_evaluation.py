@@ -120,3 +120,18 @@ def test_evaluate_with_connectors_uses_the_training_statistics_frozen(setup) -> 
     with pytest.raises(jr.errors.InvalidArgumentError, match="connectors=<"):
         jr.evaluate(envs, policy, params, 1, connector_state=state)
     envs.close()
+
+
+def test_evaluate_called_again_compiles_nothing(setup, compile_events) -> None:
+    """``deterministic()`` gives the same acting function each time, so a second
+    evaluation takes the first one's compiled program, with the same episodes."""
+    policy, params, _ = setup
+
+    def returns() -> list[float]:
+        envs = jr.make_vec("CartPole-v1", num_envs=2)
+        return jr.evaluate(envs, policy, params, 3, seed=1).returns.tolist()
+
+    first = returns()
+    with compile_events() as events:
+        assert returns() == first
+    assert events == []

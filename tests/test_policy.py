@@ -729,39 +729,25 @@ def test_mlp_policy_evaluates_a_trajectory_batch() -> None:
     )
 
 
-_TRACES: list[tuple[int, ...]] = []
+def test_a_runner_built_again_on_an_equal_linen_policy_compiles_nothing(compile_events) -> None:
+    """``mlp_policy`` called again gives the same functions, so a second runner with the
+    same connectors (a cell run again) takes the first one's compiled policy step and
+    per-sample connector program: JAX traces, lowers and compiles nothing, and the
+    samples are the same for the same seed."""
+    connectors = jr.connectors.Connectors(obs=[jr.connectors.NormalizeObservation()])
 
-
-class _Traced(nn.Module):
-    """A linear policy that counts its traces in ``_TRACES`` (a compiled call runs no
-    Python)."""
-
-    num_actions: int
-
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> jax.Array:
-        _TRACES.append(obs.shape)
-        return nn.Dense(self.num_actions)(obs.reshape(obs.shape[0], -1))
-
-
-def test_a_runner_built_again_on_an_equal_linen_policy_compiles_nothing() -> None:
-    """``from_linen`` of an equal module on an equal space gives the same functions, so a
-    second runner (a rebuilt, restored or evaluation one) takes the first one's compiled
-    step: no trace, and the same trajectory for the same seed."""
-
-    def build() -> jr.EnvRunner:
+    def samples() -> list[jr.Trajectory]:
         envs = jr.make_vec("CartPole-v1", 3)
-        policy = jr.Policy.from_linen(_Traced(2), envs.single_action_space)
+        policy = jr.models.mlp_policy(envs.single_action_space, hidden=(8,))
         params = policy.init(jax.random.key(0), envs.single_observation_space)
-        return jr.EnvRunner(envs, policy, params, 5, seed=2)
+        with jr.EnvRunner(envs, policy, params, 5, seed=2, connectors=connectors) as runner:
+            return [runner.sample(), runner.sample()]
 
-    with build() as first:
-        expected = first.sample()
-    traced = len(_TRACES)
-    assert traced > 0
-    with build() as again:
-        jr.testing.assert_trees_equal(again.sample(), expected)
-    assert len(_TRACES) == traced
+    first = samples()
+    with compile_events() as events:
+        again = samples()
+    assert events == []
+    jr.testing.assert_trees_equal(again, first)
 
 
 def test_linen_policies_share_functions_only_where_module_space_and_mode_are_equal() -> None:

@@ -152,7 +152,14 @@ class Policy:
         the mean (Box). Same params, same ``extras`` (``log_prob`` of the mode action,
         ``value``); use it to evaluate a trained policy (:func:`jaxrunner.evaluate`)."""
         distribution_fn = self._distribution_fn("deterministic")
-        return dataclasses.replace(self, apply_fn=acting_fn(distribution_fn, True))
+        # The same function each time, so a runner built again compiles nothing again.
+        kept = _MODE_ACTING.pop(id(distribution_fn), None)
+        if kept is None or kept[0] is not distribution_fn:
+            kept = (distribution_fn, acting_fn(distribution_fn, True))
+        _MODE_ACTING[id(distribution_fn)] = kept  # the most recent last
+        while len(_MODE_ACTING) > _MAX_KEPT:
+            del _MODE_ACTING[next(iter(_MODE_ACTING))]
+        return dataclasses.replace(self, apply_fn=kept[1])
 
     def _distribution_fn(self, what: str) -> DistributionFn:
         if self.distribution_fn is None:
@@ -231,7 +238,7 @@ class Policy:
             )
             kept = (action_space, fns)
         _LINEN_FNS[key] = kept  # the most recent last
-        while len(_LINEN_FNS) > _MAX_LINEN_FNS:
+        while len(_LINEN_FNS) > _MAX_KEPT:
             del _LINEN_FNS[next(iter(_LINEN_FNS))]
         return cls(
             **kept[1], initial_carry=initial_carry, action_ndim=len(action_space.shape or ())
@@ -278,7 +285,10 @@ class Policy:
 _LINEN_FNS: dict[tuple, tuple[spaces.Space, dict[str, Any]]] = {}
 """The functions of the policies ``from_linen`` built last, by module, action space
 (type and shape; equality checked), mode and recurrence."""
-_MAX_LINEN_FNS = 64
+_MODE_ACTING: dict[int, tuple[DistributionFn, ApplyFn]] = {}
+"""The ``apply_fn`` of :meth:`Policy.deterministic` by ``distribution_fn`` (its id),
+those made last."""
+_MAX_KEPT = 64
 
 
 def _same_space(a: spaces.Space, b: spaces.Space) -> bool:

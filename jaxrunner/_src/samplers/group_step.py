@@ -24,6 +24,8 @@ from jaxrunner._src.samplers.policy_step import (
     CompiledPolicyStep,
     Stage,
     host_actor_state,
+    kept_for,
+    packing_layout,
 )
 
 
@@ -118,7 +120,13 @@ class GroupSampler(GroupRows):
         self._pending_views: dict[tuple[int, int], list[list[np.ndarray]]] = {}
         self.sample_end = None
         if connectors is not None and connectors.per_sample:
-            self.sample_end = SampleEnd(connectors, self.packing, agent_axis=not one_agent)  # type: ignore[arg-type]
+            packing, agent_axis = self.packing, not one_agent
+            self.sample_end = kept_for(
+                policy,
+                connectors,
+                ("sample_end", packing_layout(packing), agent_axis),
+                lambda: SampleEnd(connectors, packing, agent_axis=agent_axis),  # type: ignore[arg-type]
+            )
         # The same for every block: shapes of num_envs rows.
         self.action_spec, self.extras_spec = next(iter(self._calls.values())).env_output_spec
         shape = (num_envs, a_g)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Callable, Hashable
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import flax.struct
 import jax
@@ -27,7 +27,7 @@ from jaxrunner._src.samplers.batch_invariance import (
     default_chunk_rows,
     policy_flops_per_row,
 )
-from jaxrunner._src.samplers.transfer import PackedProgram, compile_packed
+from jaxrunner._src.samplers.transfer import compile_packed
 
 _NO_GUARD = (None, "allow")
 """Transfer guard levels under which a transfer needs no ``"allow"`` scope (None: unset,
@@ -263,18 +263,14 @@ class CompiledPolicyStep:
 
         obs_rows = jax.tree.map(lambda x: np.zeros((rows, *np.shape(x)[1:]), x.dtype), obs_example)
         example = (obs_rows, np.zeros(rows, np.bool_), np.zeros(rows, np.int32))
-        key = (size, rows, num_envs, chunk_rows, id(connectors), _layout(packing))
+        key = (size, rows, num_envs, chunk_rows, packing_layout(packing))
         key += (_avals(params), _avals(state), _avals(example), *_jax_settings())
-        try:
-            programs = _PROGRAMS.setdefault(policy.apply_fn, {})
-        except TypeError:  # not weakly referenceable: not kept
-            programs = {}
-        kept = programs.get(key)
-        if kept is None or kept[0] is not connectors:  # (an id can outlive its object)
-            program = compile_packed(step, (params, state), example, donate_argnums=(1,))
-            programs[key] = (connectors, program)
-        else:
-            program = kept[1]
+        program = kept_for(
+            policy,
+            connectors,
+            key,
+            lambda: compile_packed(step, (params, state), example, donate_argnums=(1,)),
+        )
         self._step, self._in_packing, self._out_packing = program[:3]
         spec = program.output_spec
         self.output_spec: tuple[Any, Any] = (spec[0], spec[-1])
@@ -334,13 +330,29 @@ class CompiledPolicyStep:
         return leaves[0] if self._action_is_leaf else self._action_treedef.unflatten(leaves)
 
 
-_PROGRAMS: weakref.WeakKeyDictionary[
-    Callable, dict[Hashable, tuple[Connectors | None, PackedProgram]]
-] = weakref.WeakKeyDictionary()
-"""Compiled policy steps by ``apply_fn`` and all else the program depends on (its
-connectors by identity): a runner built again with the same policy object (an
-evaluation runner, a restored or recreated one, a group's local runners, ``from_env``'s
-trial) neither traces nor compiles its step again."""
+_KEPT: weakref.WeakKeyDictionary[Callable, dict[Hashable, tuple[Connectors | None, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""What :func:`kept_for` built, by the policy's ``apply_fn``, then key and connectors."""
+
+T = TypeVar("T")
+
+
+def kept_for(
+    policy: Policy, connectors: Connectors | None, key: Hashable, build: Callable[[], T]
+) -> T:
+    """``build()``, kept while the policy's ``apply_fn`` lives, for ``key`` (all else the
+    result depends on) and ``connectors`` (the same object): a runner built again with
+    the same policy (a cell run again, ``from_env``'s trial) compiles nothing again."""
+    try:
+        kept = _KEPT.setdefault(policy.apply_fn, {})
+    except TypeError:  # not weakly referenceable: not kept
+        return build()
+    key = (key, id(connectors))
+    hit = kept.get(key)
+    if hit is None or hit[0] is not connectors:  # (an id can outlive its object)
+        hit = kept[key] = (connectors, build())
+    return hit[1]
 
 
 def _avals(tree: Any) -> Hashable:
@@ -358,7 +370,8 @@ def _avals(tree: Any) -> Hashable:
     )
 
 
-def _layout(packing: StatePacking | None) -> Hashable:
+def packing_layout(packing: StatePacking | None) -> Hashable:
+    """What a program fixes of the connectors state's packing (None: no connectors)."""
     if packing is None:
         return None
     return packing.treedef, tuple(packing.shapes), tuple(packing.dtypes)
@@ -366,7 +379,8 @@ def _layout(packing: StatePacking | None) -> Hashable:
 
 def _jax_settings() -> tuple[Any, ...]:
     """The JAX settings a trace depends on beyond its arguments."""
-    return jax.config.jax_enable_x64, jax.config.jax_default_device, jax.default_backend()
+    config: Any = jax.config  # (its flags are attributes the type checkers do not see)
+    return config.jax_enable_x64, config.jax_default_device, jax.default_backend()
 
 
 def _act_gathered(
