@@ -19,14 +19,9 @@ from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.samplers.agent_episodes import agent_episode_ends, agent_steps
 from jaxrunner._src.samplers.group_rows import GroupRows, tree_leaves
 from jaxrunner._src.samplers.info_arrays import InfoRecorder, policy_extras
+from jaxrunner._src.samplers.kept_programs import kept_for, packing_layout
 from jaxrunner._src.samplers.multi_agent_state import GroupState
-from jaxrunner._src.samplers.policy_step import (
-    CompiledPolicyStep,
-    Stage,
-    host_actor_state,
-    kept_for,
-    packing_layout,
-)
+from jaxrunner._src.samplers.policy_step import CompiledPolicyStep, Stage, host_actor_state
 
 
 class _Block:

@@ -4,9 +4,8 @@ extras out, one transfer each way. See docs/design.md."""
 from __future__ import annotations
 
 import functools
-import weakref
-from collections.abc import Callable, Hashable
-from typing import Any, NamedTuple, TypeVar, cast
+from collections.abc import Callable
+from typing import Any, NamedTuple, cast
 
 import flax.struct
 import jax
@@ -27,6 +26,7 @@ from jaxrunner._src.samplers.batch_invariance import (
     default_chunk_rows,
     policy_flops_per_row,
 )
+from jaxrunner._src.samplers.kept_programs import avals, jax_settings, kept_for, packing_layout
 from jaxrunner._src.samplers.transfer import compile_packed
 
 _NO_GUARD = (None, "allow")
@@ -264,7 +264,7 @@ class CompiledPolicyStep:
         obs_rows = jax.tree.map(lambda x: np.zeros((rows, *np.shape(x)[1:]), x.dtype), obs_example)
         example = (obs_rows, np.zeros(rows, np.bool_), np.zeros(rows, np.int32))
         key = (size, rows, num_envs, chunk_rows, packing_layout(packing))
-        key += (_avals(params), _avals(state), _avals(example), *_jax_settings())
+        key += (avals(params), avals(state), avals(example), *jax_settings())
         program = kept_for(
             policy,
             connectors,
@@ -328,59 +328,6 @@ class CompiledPolicyStep:
     def _unflatten(self, leaves: list[np.ndarray]) -> Any:
         # The common case (one array) without a tree rebuilt per step.
         return leaves[0] if self._action_is_leaf else self._action_treedef.unflatten(leaves)
-
-
-_KEPT: weakref.WeakKeyDictionary[Callable, dict[Hashable, tuple[Connectors | None, Any]]] = (
-    weakref.WeakKeyDictionary()
-)
-"""What :func:`kept_for` built, by the policy's ``apply_fn``, then key and connectors."""
-
-T = TypeVar("T")
-
-
-def kept_for(
-    policy: Policy, connectors: Connectors | None, key: Hashable, build: Callable[[], T]
-) -> T:
-    """``build()``, kept while the policy's ``apply_fn`` lives, for ``key`` (all else the
-    result depends on) and ``connectors`` (the same object): a runner built again with
-    the same policy (a cell run again, ``from_env``'s trial) compiles nothing again."""
-    try:
-        kept = _KEPT.setdefault(policy.apply_fn, {})
-    except TypeError:  # not weakly referenceable: not kept
-        return build()
-    key = (key, id(connectors))
-    hit = kept.get(key)
-    if hit is None or hit[0] is not connectors:  # (an id can outlive its object)
-        hit = kept[key] = (connectors, build())
-    return hit[1]
-
-
-def _avals(tree: Any) -> Hashable:
-    """What a compiled program fixes of its argument ``tree``: structure, and each leaf's
-    shape, dtype, weak type and placement."""
-    leaves, treedef = jax.tree.flatten(tree)
-    return treedef, tuple(
-        (
-            np.shape(x),
-            jnp.result_type(x),
-            getattr(x, "weak_type", isinstance(x, (bool, int, float, complex))),
-            getattr(x, "sharding", None),
-        )
-        for x in leaves
-    )
-
-
-def packing_layout(packing: StatePacking | None) -> Hashable:
-    """What a program fixes of the connectors state's packing (None: no connectors)."""
-    if packing is None:
-        return None
-    return packing.treedef, tuple(packing.shapes), tuple(packing.dtypes)
-
-
-def _jax_settings() -> tuple[Any, ...]:
-    """The JAX settings a trace depends on beyond its arguments."""
-    config: Any = jax.config  # (its flags are attributes the type checkers do not see)
-    return config.jax_enable_x64, config.jax_default_device, jax.default_backend()
 
 
 def _act_gathered(
