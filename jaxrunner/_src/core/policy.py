@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
@@ -153,13 +153,13 @@ class Policy:
         ``value``); use it to evaluate a trained policy (:func:`jaxrunner.evaluate`)."""
         distribution_fn = self._distribution_fn("deterministic")
         # The same function each time, so a runner built again compiles nothing again.
-        kept = _MODE_ACTING.pop(id(distribution_fn), None)
-        if kept is None or kept[0] is not distribution_fn:
-            kept = (distribution_fn, acting_fn(distribution_fn, True))
-        _MODE_ACTING[id(distribution_fn)] = kept  # the most recent last
-        while len(_MODE_ACTING) > _MAX_KEPT:
-            del _MODE_ACTING[next(iter(_MODE_ACTING))]
-        return dataclasses.replace(self, apply_fn=kept[1])
+        _, apply_fn = _recent(
+            _MODE_ACTING,
+            id(distribution_fn),
+            lambda kept: kept[0] is distribution_fn,
+            lambda: (distribution_fn, acting_fn(distribution_fn, True)),
+        )
+        return dataclasses.replace(self, apply_fn=apply_fn)
 
     def _distribution_fn(self, what: str) -> DistributionFn:
         if self.distribution_fn is None:
@@ -219,30 +219,31 @@ class Policy:
             initial_carry: one env's initial recurrent state, for recurrent modules.
         """
 
+        recurrent = initial_carry is not None
         try:
             hash(module)
         except TypeError:  # a module with an unhashable field: its own functions
             init = jax.jit(module.init)
-            return cls._from_module(module.apply, init, action_space, deterministic, initial_carry)
+            fns = module_policy_fns(module.apply, init, action_space, deterministic, recurrent)
+            return cls._with_fns(fns, action_space, initial_carry)
         # An equal module on an equal space gets the same functions, and so every
         # compiled program of the first (a runner built again compiles nothing).
-        key = (module, type(action_space), action_space.shape, deterministic, initial_carry is None)
-        kept = _LINEN_FNS.pop(key, None)
-        if kept is None or not _same_space(kept[0], action_space):
-            fns = module_policy_fns(
-                module.apply,
-                functools.partial(_init_linen, module),
+        _, fns = _recent(
+            _LINEN_FNS,
+            (module, type(action_space), action_space.shape, deterministic, recurrent),
+            lambda kept: _same_space(kept[0], action_space),
+            lambda: (
                 action_space,
-                deterministic,
-                initial_carry is not None,
-            )
-            kept = (action_space, fns)
-        _LINEN_FNS[key] = kept  # the most recent last
-        while len(_LINEN_FNS) > _MAX_KEPT:
-            del _LINEN_FNS[next(iter(_LINEN_FNS))]
-        return cls(
-            **kept[1], initial_carry=initial_carry, action_ndim=len(action_space.shape or ())
+                module_policy_fns(
+                    module.apply,
+                    functools.partial(_init_linen, module),
+                    action_space,
+                    deterministic,
+                    recurrent,
+                ),
+            ),
         )
+        return cls._with_fns(fns, action_space, initial_carry)
 
     @classmethod
     def from_nnx(
@@ -263,23 +264,17 @@ class Policy:
         def call(module_params: Params, *inputs: Any) -> Any:
             return nnx.merge(graphdef, module_params)(*inputs)
 
-        return cls._from_module(call, lambda *_: state, action_space, deterministic, initial_carry)
+        fns = module_policy_fns(
+            call, lambda *_: state, action_space, deterministic, initial_carry is not None
+        )
+        return cls._with_fns(fns, action_space, initial_carry)
 
     @classmethod
-    def _from_module(
-        cls,
-        call: Callable[..., Any],
-        init: Callable[..., Params],
-        action_space: spaces.Space,
-        deterministic: bool,
-        initial_carry: Carry,
+    def _with_fns(
+        cls, fns: dict[str, Any], action_space: spaces.Space, initial_carry: Carry
     ) -> Policy:
-        """A Policy around a module's ``call``, ``init`` (see ``module_policy_fns``)."""
-        return cls(
-            **module_policy_fns(call, init, action_space, deterministic, initial_carry is not None),
-            initial_carry=initial_carry,
-            action_ndim=len(action_space.shape or ()),
-        )
+        """A Policy of a module's functions (``module_policy_fns``)."""
+        return cls(**fns, initial_carry=initial_carry, action_ndim=len(action_space.shape or ()))
 
 
 _LINEN_FNS: dict[tuple, tuple[spaces.Space, dict[str, Any]]] = {}
@@ -289,6 +284,20 @@ _MODE_ACTING: dict[int, tuple[DistributionFn, ApplyFn]] = {}
 """The ``apply_fn`` of :meth:`Policy.deterministic` by ``distribution_fn`` (its id),
 those made last."""
 _MAX_KEPT = 64
+
+
+def _recent(
+    table: dict, key: Hashable, same: Callable[[Any], bool], make: Callable[[], Any]
+) -> Any:
+    """``table[key]`` where ``same`` holds of it, else ``make()``, stored there; the
+    table keeps the last ``_MAX_KEPT`` keys used."""
+    kept = table.pop(key, None)
+    if kept is None or not same(kept):
+        kept = make()
+    table[key] = kept  # the most recent last
+    while len(table) > _MAX_KEPT:
+        del table[next(iter(table))]
+    return kept
 
 
 def _same_space(a: spaces.Space, b: spaces.Space) -> bool:
