@@ -753,8 +753,8 @@ def test_a_runner_built_again_on_an_equal_linen_policy_compiles_nothing(compile_
 def test_linen_policies_share_functions_only_where_module_space_and_mode_are_equal() -> None:
     box = spaces.Box(-1.0, 1.0, (2,))
     mlp = jr.models.MLP(2, (8,))
-    same = [jr.Policy.from_linen(jr.models.MLP(2, (8,)), spaces.Box(-1.0, 1.0, (2,)))]
-    assert same[0].apply_fn is jr.Policy.from_linen(mlp, box).apply_fn
+    first = jr.Policy.from_linen(jr.models.MLP(2, (8,)), spaces.Box(-1.0, 1.0, (2,)))
+    assert first.apply_fn is jr.Policy.from_linen(mlp, box).apply_fn  # equal: the same
     others = [
         jr.Policy.from_linen(jr.models.MLP(2, (4,)), box),  # another module
         jr.Policy.from_linen(mlp, spaces.Box(-2.0, 2.0, (2,))),  # other bounds
@@ -762,5 +762,5 @@ def test_linen_policies_share_functions_only_where_module_space_and_mode_are_equ
         jr.Policy.from_linen(mlp, box, deterministic=True),
         jr.Policy.from_linen(mlp, spaces.MultiDiscrete([2, 2])),  # another type, same shape
     ]
-    fns = {id(p.apply_fn) for p in [*same, *others]}
+    fns = {id(p.apply_fn) for p in [first, *others]}
     assert len(fns) == 1 + len(others)
