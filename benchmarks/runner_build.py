@@ -3,11 +3,11 @@
 What a notebook user waits for between editing a cell and seeing a sample: the runner's
 build (its policy step traced, lowered and compiled) and its first ``sample()``, in a
 fresh process (the first build), and again in that process with the policy made again
-(a rebuild, as when the cell runs again: only what is not kept between runners). Each package builds in its own
-child process, the two alternating over ``--rounds``; JAX's persistent compile cache is
-off, as it is by default, unless ``--compile-cache`` (a fresh directory, warmed by one
-untimed child per package). Per package: the median first build and the median of
-each child's median rebuild, in seconds; ``speedup``: base / new.
+(a rebuild, as when the cell runs again: only what is not kept between runners). Each
+package builds in its own child process, the two alternating over ``--rounds``; JAX's
+persistent compile cache is off, as it is by default, unless ``--compile-cache`` (a
+fresh directory, warmed by one untimed child per package). Per package: the median first
+build and the median of each child's median rebuild, in seconds; ``speedup``: base / new.
 
 Usage::
 
