@@ -3,18 +3,17 @@ never depends on its batch. See docs/concepts.md and docs/design.md."""
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from gymnasium import spaces
 
 import jaxrunner._src.samplers.keys as keys
 from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.core.policy import Carry, Params, Policy, dummy_obs
+from jaxrunner._src.samplers.kept_programs import avals, kept_for
 from jaxrunner.errors import InvalidArgumentError
 
 MIN_CHUNK_ROWS = 8
@@ -72,12 +71,6 @@ def default_chunk_rows(
     return min(_pow2_floor(num_rows), max(MIN_CHUNK_ROWS, rows))
 
 
-_FLOPS: weakref.WeakKeyDictionary[Callable, dict[Any, float | None]] = weakref.WeakKeyDictionary()
-""":func:`policy_flops_per_row`'s estimates by ``apply_fn`` and argument shapes: a runner
-rebuilt with the same policy does not lower it again (its chunk and splits are settled
-once per build)."""
-
-
 def policy_flops_per_row(policy: Policy, params: Params, obs_space: spaces.Space) -> float | None:
     """XLA's estimate of the floating-point operations ``policy`` takes per row of
     observations of ``obs_space`` (what the policy sees: after the observation
@@ -85,19 +78,16 @@ def policy_flops_per_row(policy: Policy, params: Params, obs_space: spaces.Space
     XLA gives no estimate or the policy does not trace on one dummy row."""
     one_row = jax.tree.map(jnp.asarray, dummy_obs(obs_space, 1))
     args = (params, one_row, policy.batched_carry(1), jax.random.split(keys.key(0), 1))
-    leaves, tree = jax.tree.flatten(args)
-    signature = tree, tuple((np.shape(x), getattr(x, "dtype", type(x))) for x in leaves)
-    try:
-        known = _FLOPS.setdefault(policy.apply_fn, {})
-    except TypeError:  # not weakly referenceable: not kept
-        known = {}
-    if signature not in known:
+
+    def estimate() -> float | None:
         try:
             flops = (jax.jit(policy.apply_fn).lower(*args).cost_analysis() or {}).get("flops")
         except Exception:  # an estimate only: the runner's own compile reports real errors
             flops = None
-        known[signature] = float(flops) if flops else None
-    return known[signature]
+        return float(flops) if flops else None
+
+    # Kept per policy and argument shapes: a runner rebuilt with it does not lower it again.
+    return kept_for(policy, None, ("flops", avals(args)), estimate)
 
 
 def policy_chunk_rows(

@@ -1,6 +1,6 @@
-"""Compiled programs kept per policy: a runner built again with the same policy (a
-notebook cell run again, ``from_env``'s trial, ``evaluate`` called again) traces and
-compiles nothing."""
+"""Compiled programs (and XLA's cost estimates) kept per policy: a runner built again
+with the same policy (a notebook cell run again, ``from_env``'s trial, ``evaluate``
+called again) traces and compiles nothing."""
 
 from __future__ import annotations
 

@@ -263,7 +263,7 @@ class CompiledPolicyStep:
 
         obs_rows = jax.tree.map(lambda x: np.zeros((rows, *np.shape(x)[1:]), x.dtype), obs_example)
         example = (obs_rows, np.zeros(rows, np.bool_), np.zeros(rows, np.int32))
-        key = (size, rows, num_envs, chunk_rows, packing_layout(packing))
+        key = (size, chunk_rows, packing_layout(packing))  # (rows and envs: in the avals)
         key += (avals(params), avals(state), avals(example), *jax_settings())
         program = kept_for(
             policy,
