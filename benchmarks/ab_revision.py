@@ -20,12 +20,16 @@ Usage::
     python benchmarks/ab_revision.py --base HEAD~1 --env mpe2:simple_spread_v3 --backend process
     python benchmarks/ab_revision.py --base HEAD~1 --workload pong --num-envs 8 32
     python benchmarks/ab_revision.py --base d660c28 --env null --num-envs 1 8 --split
+    python benchmarks/ab_revision.py --base d660c28 --num-envs 1 8 --blocks 24 --repeats 3
 
 ``--env null`` steps an env that costs next to nothing (a constant observation, an
 episode of 200 steps): what is left is each package's own time per step. ``--split``
 adds each version's per-step split from the runner's own timers (env wait, inference,
 observation and action processing); what no timer holds is the loop and the
-per-sample work (compare two ``--rollout-length`` runs to size the latter).
+per-sample work (compare two ``--rollout-length`` runs to size the latter). ``--repeats
+N`` runs the whole A/B N times, each in a fresh process, and reports per width the
+median of the runs' speed-ups with every run's row: on a shared machine, one run can
+move by more than the few percent it measures.
 
 ``--backend jax`` runs the scan sampler on gymnax's env of that name, ``jaxmarl`` the
 multi-agent scan sampler on JaxMARL's (one policy for every agent; dones read as
@@ -228,6 +232,35 @@ def git(*command: str) -> str:
     ).stdout.strip()
 
 
+def repeated(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--repeats``: the whole A/B again in ``args.repeats`` fresh processes. Per width:
+    the median over the runs of their speed-ups and times, whether every run sampled
+    identical trajectories, and each run's own row under ``runs``."""
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(args.repeats):
+            out = pathlib.Path(tmp) / f"run{k}.json"
+            # argparse keeps an option's last value: each child is one run, to a file of its own.
+            extra = ["--repeats", "1", "--out", str(out)]
+            subprocess.run([sys.executable, __file__, *sys.argv[1:], *extra], check=True,
+                           stdout=subprocess.DEVNULL)  # fmt: skip
+            runs.append(json.loads(out.read_text())["results"])
+    rows = []
+    for per_run in zip(*runs):
+        row = {k: per_run[0][k] for k in ("backend", "main_process_envs", "num_envs")}
+        for key in ("base_us_per_step_median", "new_us_per_step_median", "speedup_median"):
+            row[key] = float(np.median([r[key] for r in per_run]))
+        row["identical_trajectories"] = all(r["identical_trajectories"] for r in per_run)
+        row["runs"] = list(per_run)
+        rows.append(row)
+        speedups = ", ".join(f"{r['speedup_median']:.3f}" for r in per_run)
+        print(
+            f"{row['num_envs']:>5} envs: speed-ups {speedups}; median {row['speedup_median']:.3f}",
+            file=sys.stderr,
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="git revision to compare against")
@@ -280,6 +313,13 @@ def main() -> None:
         "medians over blocks): where a difference goes",
     )
     parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of the whole A/B, each in a fresh process; per width, the median of "
+        "their speed-ups (one run on a shared machine moves by more than a few percent)",
+    )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parse_args(parser)
     # Recorded as commits: "HEAD" or "HEAD~1" says nothing once HEAD has moved.
@@ -287,6 +327,9 @@ def main() -> None:
     changed = bool(git("status", "--porcelain", "--", "jaxrunner/"))
     args.new = f"{git('rev-parse', 'HEAD')}{' with uncommitted changes' if changed else ''}"
 
+    if args.repeats > 1:
+        write_report("ab_revision", args, repeated(args))
+        return
     env, env_kwargs = (NullEnv if args.env == "null" else args.env), args.env_kwargs
     process_config = dict(args.process_config)
     if args.main_process_envs:

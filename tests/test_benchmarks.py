@@ -292,6 +292,7 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
     out = tmp_path / "ab.json"
     options = ["--base", "HEAD", "--num-envs", "3", "--blocks", "2", "--rollout-length", "8"]
     options += ["--workload", "cartpole", "--split"]  # a workload's env and policy, per package
+    options += ["--repeats", "2"]  # two runs, each in a fresh process
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "ab_revision.py"), *options, "--out", str(out)],
         capture_output=True,
@@ -306,13 +307,16 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
     assert report["config"]["workload"] == "cartpole"
     assert report["config"]["new"] == commit + (" with uncommitted changes" if dirty else "")
     (row,) = report["results"]
-    assert row["num_envs"] == 3
-    assert row["base_us_per_step_median"] > 0 and row["new_us_per_step_median"] > 0
-    assert row["speedup_median"] > 0
-    for name in ("base", "new"):  # each phase's time per step, from the runner's own timers
-        split = row[f"{name}_split_us_per_step"]
+    runs = row["runs"]
+    assert row["num_envs"] == 3 and len(runs) == 2
+    for key in ("base_us_per_step_median", "new_us_per_step_median", "speedup_median"):
+        assert row[key] == pytest.approx(float(np.median([run[key] for run in runs])))
+        assert all(run[key] > 0 for run in runs)
+    assert row["identical_trajectories"] == all(run["identical_trajectories"] for run in runs)
+    for run, name in itertools.product(runs, ("base", "new")):  # each phase, per step
+        split = run[f"{name}_split_us_per_step"]
         assert set(split) == {"env_wait", "inference", "obs_processing", "action_processing"}
-        assert 0 < sum(split.values()) < row[f"{name}_us_per_step_median"] * 2
+        assert 0 < sum(split.values()) < run[f"{name}_us_per_step_median"] * 2
     if not dirty:  # uncommitted changes to the package may change the samples
         assert row["identical_trajectories"] is True
 
