@@ -322,6 +322,8 @@ def main() -> None:
     )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parse_args(parser)
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: expected a number of runs >= 1")
     # Recorded as commits: "HEAD" or "HEAD~1" says nothing once HEAD has moved.
     args.base_commit = git("rev-parse", "--verify", f"{args.base}^{{commit}}")
     changed = bool(git("status", "--porcelain", "--", "jaxrunner/"))
