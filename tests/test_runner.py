@@ -518,10 +518,12 @@ def test_recurrent_carry_resets_at_episode_start():
     with jr.EnvRunner(envs, policy, params, rollout_length=30, seed=0) as runner:
         traj = runner.sample()
 
+    apply = jax.jit(module.apply)  # one compile, not one dispatch per op and step
+
     def values_from(carry, obs_seq):
         out = []
         for obs in obs_seq:
-            carry, (_, value) = module.apply(params["module"], carry, obs[None])
+            carry, (_, value) = apply(params["module"], carry, obs[None])
             out.append(float(value[0, 0]))
         return np.array(out), carry
 
