@@ -13,12 +13,21 @@ EnvPool (``jaxrunner bench``'s: sync mode stepped by hand; or CleanRL's async lo
 ``num_env_steps``; the hand loops leave EnvPool's reset steps out). Reports the median
 of each system over the rounds and the ratios of those medians, with the load average.
 
+With ``--bound``, also the machine's limit: the process CPU each system used (cores, and
+CPU-us a step), and, timed apart, EnvPool stepping alone (random actions, the same
+batches) and the policy alone (the hand loop's jitted step on one batch of zeros). Every
+core busy with those two costs and nothing else gives ``bound_steps_per_s =
+cpu_count / (env + policy CPU-us a step)``; each system's share of it says how much a
+better overlap of the policy with EnvPool's threads could still gain.
+
 Usage (needs the ``envpool`` extra)::
 
     python benchmarks/envpool_reset_steps.py --num-envs 8 64 256 --rounds 15
     python benchmarks/envpool_reset_steps.py --async-mode --out /tmp/envpool_async.json
     python benchmarks/envpool_reset_steps.py --workload pong --async-mode --num-envs 8 \
         --rollout-length 32 --reps 1
+    python benchmarks/envpool_reset_steps.py --workload pong --async-mode --num-envs 32 \
+        --rollout-length 32 --reps 2 --rounds 5 --bound
 """
 
 from __future__ import annotations
@@ -26,16 +35,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import time
 from collections.abc import Callable
 
 import jax
+import numpy as np
 from peer_loops import EnvPoolAsyncLoop
 
 import jaxrunner as jr
 from jaxrunner._src.bench import machine_info
-from jaxrunner._src.bench.hand_loop import RecordingHandLoop
+from jaxrunner._src.bench.hand_loop import RecordingHandLoop, single_spaces
+from jaxrunner._src.bench.policy import hand_act
 from jaxrunner._src.bench.workloads import WORKLOADS, Workload
 
 SEED = 0
@@ -80,7 +92,13 @@ def _hand(work: Workload, num_envs: int, length: int, async_mode: bool) -> Calla
 
 
 def measure(
-    work: Workload, num_envs: int, length: int, rounds: int, async_mode: bool, reps: int | None
+    work: Workload,
+    num_envs: int,
+    length: int,
+    rounds: int,
+    async_mode: bool,
+    reps: int | None,
+    bound: bool = False,
 ) -> dict:
     systems = {
         "default": _runner(work, num_envs, length, True, async_mode),
@@ -93,13 +111,16 @@ def measure(
     if reps is None:  # CartPole rounds of about 0.2 s: one preemption weighs less
         reps = max(1, 512 // num_envs)
     rates: dict[str, list[float]] = {name: [] for name in systems}
+    cpu: dict[str, list[tuple[float, float, int]]] = {name: [] for name in systems}
     for k in range(rounds):
         for name in list(systems) if k % 2 == 0 else list(reversed(systems)):
-            start = time.perf_counter()
+            cpu_start, start = _cpu_s(), time.perf_counter()
             steps = sum(systems[name]() for _ in range(reps))
-            rates[name].append(steps / (time.perf_counter() - start))
+            wall = time.perf_counter() - start
+            rates[name].append(steps / wall)
+            cpu[name].append((_cpu_s() - cpu_start, wall, steps))
     med = {name: statistics.median(r) for name, r in rates.items()}
-    return {
+    row = {
         "num_envs": num_envs,
         "median_steps_per_s": med,
         "ratios": {
@@ -111,6 +132,75 @@ def measure(
         "load_average": os.getloadavg(),
         "rounds": rates,
     }
+    if bound:
+        row["cpu"] = {name: _cpu_use(c) for name, c in cpu.items()}
+        row["bound"] = _bound(work, num_envs, async_mode)
+        limit = row["bound"]["bound_steps_per_s"]
+        row["share_of_bound"] = {name: m / limit for name, m in med.items()}
+    return row
+
+
+def _cpu_s() -> float:
+    """This process's CPU time so far, every thread's (EnvPool's and XLA's included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cpu_use(rounds: list[tuple[float, float, int]]) -> dict[str, float]:
+    """Cores busy and CPU-us per step, medians over rounds of (cpu_s, wall_s, steps)."""
+    return {
+        "cores": statistics.median(c / w for c, w, _ in rounds),
+        "cpu_us_per_step": statistics.median(1e6 * c / n for c, _, n in rounds),
+    }
+
+
+def _bound(work: Workload, num_envs: int, async_mode: bool, seconds: float = 5.0) -> dict:
+    """EnvPool alone and the policy alone, each timed for ``seconds``: their CPU-us a
+    step, and the steps/s of every core busy with exactly that work."""
+    import envpool  # type: ignore[import-not-found]  # the optional extra
+
+    batch = num_envs // 2 if async_mode else num_envs
+    envs = envpool.make_gymnasium(
+        work.envpool_id, num_envs=num_envs, batch_size=batch, seed=SEED, **work.envpool_kwargs
+    )
+    obs_space, action_space = single_spaces(envs)
+    action_space.seed(SEED)
+    actions = np.stack([action_space.sample() for _ in range(batch)])
+    envs.async_reset()
+
+    def env_step() -> int:
+        _, _, _, _, info = envs.recv()
+        envs.send(actions, info["env_id"])
+        return batch
+
+    policy = work.policy(obs_space, action_space)
+    params = policy.init(jax.random.key(SEED), obs_space)
+    act, obs = hand_act(policy, batch), np.zeros((batch, *obs_space.shape), obs_space.dtype)
+    key = jax.random.key(SEED)
+
+    def policy_step() -> int:
+        nonlocal key
+        action, extras, key = act(params, obs, key)
+        np.asarray(action), np.asarray(extras["log_prob"])
+        return batch
+
+    parts = {}
+    for name, step in (("env", env_step), ("policy", policy_step)):
+        for _ in range(10):  # warm up: resets, compile
+            step()
+        cpu_start, start, steps = _cpu_s(), time.perf_counter(), 0
+        while time.perf_counter() - start < seconds:
+            steps += step()
+        wall = time.perf_counter() - start
+        parts[name] = {
+            "steps_per_s": steps / wall,
+            "cores": (_cpu_s() - cpu_start) / wall,
+            "cpu_us_per_step": 1e6 * (_cpu_s() - cpu_start) / steps,
+        }
+    envs.close()
+    cores = os.cpu_count() or 1
+    per_step = parts["env"]["cpu_us_per_step"] + parts["policy"]["cpu_us_per_step"]
+    return {"parts": parts, "cpu_count": cores, "bound_steps_per_s": 1e6 * cores / per_step}
 
 
 def main() -> None:
@@ -121,12 +211,17 @@ def main() -> None:
     parser.add_argument("--async-mode", action="store_true", help="batch_size = num_envs // 2")
     parser.add_argument("--workload", choices=["cartpole", "pong"], default="cartpole")
     parser.add_argument("--reps", type=int, default=None, help="samples per system per round")
+    parser.add_argument(
+        "--bound", action="store_true", help="CPU use, and EnvPool and the policy timed apart"
+    )
     parser.add_argument("--out", help="write the results here as JSON")
     args = parser.parse_args()
     results = []
     for n in args.num_envs:
         work = WORKLOADS[args.workload]
-        row = measure(work, n, args.rollout_length, args.rounds, args.async_mode, args.reps)
+        row = measure(
+            work, n, args.rollout_length, args.rounds, args.async_mode, args.reps, args.bound
+        )
         results.append(row)
         med, ratio = row["median_steps_per_s"], row["ratios"]
         print(
@@ -135,6 +230,18 @@ def main() -> None:
             + f" | load {row['load_average'][0]:.2f}",
             flush=True,
         )  # fmt: skip
+        if args.bound:
+            parts = row["bound"]["parts"]
+            print(
+                f"  bound {row['bound']['bound_steps_per_s']:,.0f} steps/s (env "
+                f"{parts['env']['cpu_us_per_step']:.0f} + policy "
+                f"{parts['policy']['cpu_us_per_step']:.0f} CPU-us a step); "
+                + ", ".join(
+                    f"{k} {v:.2f} of it on {row['cpu'][k]['cores']:.2f} cores"
+                    for k, v in row["share_of_bound"].items()
+                ),
+                flush=True,
+            )  # fmt: skip
     if args.out:
         import envpool  # type: ignore[import-not-found]  # the benchmark's own venv
 

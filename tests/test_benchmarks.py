@@ -367,7 +367,7 @@ def test_rllib_multi_agent_jaxrunner_half_writes_its_rows(tmp_path):
     assert len(report["loadavg_before"]) == len(report["loadavg_after"]) == 3
 
 
-@pytest.mark.parametrize("mode", [[], ["--async-mode"]])
+@pytest.mark.parametrize("mode", [[], ["--async-mode", "--bound"]])
 def test_envpool_reset_steps_times_both_modes_and_the_hand_loop(tmp_path, mode):
     pytest.importorskip("envpool")
     out = tmp_path / "envpool_reset_steps.json"
@@ -375,8 +375,20 @@ def test_envpool_reset_steps_times_both_modes_and_the_hand_loop(tmp_path, mode):
     _run("envpool_reset_steps.py", *options, *mode)
     (row,) = json.loads(out.read_text())["results"]
     assert row["num_envs"] == 4
-    assert set(row["median_steps_per_s"]) == {"default", "same_step", "hand"}
+    systems = {"default", "same_step", "hand"}
+    assert set(row["median_steps_per_s"]) == systems
     assert all(len(rates) == 2 and min(rates) > 0 for rates in row["rounds"].values())
+    if "--bound" not in mode:
+        assert "bound" not in row
+        return
+    parts, cores = row["bound"]["parts"], row["bound"]["cpu_count"]
+    per_step = parts["env"]["cpu_us_per_step"] + parts["policy"]["cpu_us_per_step"]
+    assert row["bound"]["bound_steps_per_s"] == pytest.approx(1e6 * cores / per_step)
+    for name in systems:  # each system's CPU, and its share of the bound
+        assert 0 < row["cpu"][name]["cores"] <= cores + 0.5  # (rusage ticks: a little over)
+        assert row["cpu"][name]["cpu_us_per_step"] > 0
+        share = row["median_steps_per_s"][name] / row["bound"]["bound_steps_per_s"]
+        assert row["share_of_bound"][name] == pytest.approx(share)
 
 
 def test_bench_counts_envpool_transitions_not_its_reset_slots():
