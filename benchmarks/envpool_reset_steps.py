@@ -191,11 +191,11 @@ def _bound(work: Workload, num_envs: int, async_mode: bool, seconds: float = 5.0
         cpu_start, start, steps = _cpu_s(), time.perf_counter(), 0
         while time.perf_counter() - start < seconds:
             steps += step()
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, _cpu_s() - cpu_start
         parts[name] = {
             "steps_per_s": steps / wall,
-            "cores": (_cpu_s() - cpu_start) / wall,
-            "cpu_us_per_step": 1e6 * (_cpu_s() - cpu_start) / steps,
+            "cores": cpu / wall,
+            "cpu_us_per_step": 1e6 * cpu / steps,
         }
     envs.close()
     cores = os.cpu_count() or 1
