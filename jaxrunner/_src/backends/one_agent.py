@@ -113,7 +113,8 @@ class OneAgentSteps:
         else:
             sources = self._sources(out)
             if block.sources is None or not all(map(operator.is_, block.sources, sources)):
-                # Other buffers than the last step's (most backends keep theirs).
+                # Other buffers than the last step's (most backends keep theirs; EnvPool's
+                # calls hand out new arrays at each step).
                 block.sources, block.groups = sources, self._group(out, lo, hi, block.completed)
             block.obs, block.next_obs, block.reward = out.obs, out.next_obs, out.reward
             block.terminated, block.truncated = out.terminated, out.truncated
@@ -134,27 +135,28 @@ class OneAgentSteps:
         if out.failed is not None:
             done |= out.failed
             completed = ~out.failed[:, None]
-        group = GroupBuffers(
-            obs=self._agent_axis(out.obs), acting=self._acting[:n], agent_start=done[:, None],
-            completed=completed, reward=out.reward[:, None], terminated=out.terminated[:, None],
-            truncated=out.truncated[:, None], next_obs=self._agent_axis(out.next_obs),
-            obs_rows=out.obs, next_obs_rows=out.next_obs,
-        )  # fmt: skip
         return MultiAgentStep(
-            {DEFAULT_POLICY_ID: group}, done, out.reward, self._no_reward[:n], out.infos,
-            out.failed, out.errors, out.env_ids, out.reset_rows,  # type: ignore[arg-type]
+            self._group(out, 0, n, completed, start=done[:, None]), done, out.reward,
+            self._no_reward[:n], out.infos, out.failed, out.errors,
+            out.env_ids, out.reset_rows,  # type: ignore[arg-type]
         )  # fmt: skip
 
     def _block(self, lo: int, hi: int) -> _Block:
         block = self._blocks[lo, hi] = _Block(self, lo, hi)
         return block
 
-    def _group(self, out: BatchStep, lo: int, hi: int, completed: np.ndarray) -> dict:
-        group = GroupBuffers.of(
-            obs=self._agent_axis(out.obs), acting=self._acting[lo:hi],
-            agent_start=self._start[lo:hi], completed=completed,
-            reward=out.reward[:, None], terminated=out.terminated[:, None],
+    def _group(
+        self, out: BatchStep, lo: int, hi: int, completed: np.ndarray, start: Any = None
+    ) -> dict[str, GroupBuffers]:
+        """``out``'s arrays (envs ``[lo, hi)``) as the one agent's group: views with an
+        agent axis, and as its rows the env's own arrays (no reshape per step).
+        ``start``: the agent's episode starts (default: this view's own flags)."""
+        start = self._start[lo:hi] if start is None else start
+        group = GroupBuffers(
+            obs=self._agent_axis(out.obs), acting=self._acting[lo:hi], agent_start=start,
+            completed=completed, reward=out.reward[:, None], terminated=out.terminated[:, None],
             truncated=out.truncated[:, None], next_obs=self._agent_axis(out.next_obs),
+            obs_rows=out.obs, next_obs_rows=out.next_obs,
         )  # fmt: skip
         return {DEFAULT_POLICY_ID: group}
 
