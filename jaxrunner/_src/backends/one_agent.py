@@ -109,13 +109,14 @@ class OneAgentSteps:
             done |= out.reset_rows
         if out.failed is not None:  # restarted sub-envs: no transition, a new episode
             done |= out.failed
-            groups = self._group(out, lo, hi, ~out.failed[:, None])
+            groups = self._group(out, lo, hi, self._start[lo:hi], ~out.failed[:, None])
         else:
             sources = self._sources(out)
             if block.sources is None or not all(map(operator.is_, block.sources, sources)):
                 # Other buffers than the last step's (most backends keep theirs; EnvPool's
                 # calls hand out new arrays at each step).
-                block.sources, block.groups = sources, self._group(out, lo, hi, block.completed)
+                block.sources = sources
+                block.groups = self._group(out, lo, hi, self._start[lo:hi], block.completed)
             block.obs, block.next_obs, block.reward = out.obs, out.next_obs, out.reward
             block.terminated, block.truncated = out.terminated, out.truncated
             groups = block.groups
@@ -136,7 +137,7 @@ class OneAgentSteps:
             done |= out.failed
             completed = ~out.failed[:, None]
         return MultiAgentStep(
-            self._group(out, 0, n, completed, start=done[:, None]), done, out.reward,
+            self._group(out, 0, n, done[:, None], completed), done, out.reward,
             self._no_reward[:n], out.infos, out.failed, out.errors,
             out.env_ids, out.reset_rows,  # type: ignore[arg-type]
         )  # fmt: skip
@@ -146,12 +147,10 @@ class OneAgentSteps:
         return block
 
     def _group(
-        self, out: BatchStep, lo: int, hi: int, completed: np.ndarray, start: Any = None
+        self, out: BatchStep, lo: int, hi: int, start: np.ndarray, completed: np.ndarray
     ) -> dict[str, GroupBuffers]:
         """``out``'s arrays (envs ``[lo, hi)``) as the one agent's group: views with an
-        agent axis, and as its rows the env's own arrays (no reshape per step).
-        ``start``: the agent's episode starts (default: this view's own flags)."""
-        start = self._start[lo:hi] if start is None else start
+        agent axis, and as its rows the env's own arrays (no reshape per step)."""
         group = GroupBuffers(
             obs=self._agent_axis(out.obs), acting=self._acting[lo:hi], agent_start=start,
             completed=completed, reward=out.reward[:, None], terminated=out.terminated[:, None],
