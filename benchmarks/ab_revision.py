@@ -29,7 +29,12 @@ observation and action processing); what no timer holds is the loop and the
 per-sample work (compare two ``--rollout-length`` runs to size the latter). ``--repeats
 N`` runs the whole A/B N times, each in a fresh process, and reports per width the
 median of the runs' speed-ups with every run's row: on a shared machine, one run can
-move by more than the few percent it measures.
+move by more than the few percent it measures. The runs alternate which version's runner
+is built first (``--new-first`` builds the working tree's first in one run): on the
+EnvPool backend the second pool built in a process runs slower (HEAD against itself:
+0.88 built base first, 1.07 new first), so each width also reports each order's median
+speed-up and ``speedup_both_orders``, their geometric mean, which cancels that bias; an
+even ``--repeats`` gives both orders as many runs.
 
 ``--backend jax`` runs the scan sampler on gymnax's env of that name, ``jaxmarl`` the
 multi-agent scan sampler on JaxMARL's (one policy for every agent; dones read as
@@ -242,6 +247,8 @@ def repeated(args: argparse.Namespace) -> list[dict[str, Any]]:
             out = pathlib.Path(tmp) / f"run{k}.json"
             # argparse keeps an option's last value: each child is one run, to a file of its own.
             extra = ["--repeats", "1", "--out", str(out)]
+            if k % 2:  # every other run builds the working tree's runner first
+                extra.append("--new-first")
             subprocess.run([sys.executable, __file__, *sys.argv[1:], *extra], check=True,
                            stdout=subprocess.DEVNULL)  # fmt: skip
             runs.append(json.loads(out.read_text())["results"])
@@ -252,10 +259,18 @@ def repeated(args: argparse.Namespace) -> list[dict[str, Any]]:
             row[key] = float(np.median([r[key] for r in per_run]))
         row["identical_trajectories"] = all(r["identical_trajectories"] for r in per_run)
         row["runs"] = list(per_run)
+        for first in ("base", "new"):  # each build order's speed-up: a bias between them shows
+            ups = [r["speedup_median"] for r in per_run if r["built_first"] == first]
+            row[f"speedup_{first}_built_first"] = float(np.median(ups)) if ups else None
+        orders = (row["speedup_base_built_first"], row["speedup_new_built_first"])
+        # An order's bias multiplies one way and divides the other: the geometric mean cancels it.
+        row["speedup_both_orders"] = None if None in orders else float(np.sqrt(np.prod(orders)))
         rows.append(row)
         speedups = ", ".join(f"{r['speedup_median']:.3f}" for r in per_run)
+        both = row["speedup_both_orders"]
         print(
-            f"{row['num_envs']:>5} envs: speed-ups {speedups}; median {row['speedup_median']:.3f}",
+            f"{row['num_envs']:>5} envs: speed-ups {speedups}; median {row['speedup_median']:.3f}"
+            + ("" if both is None else f"; both build orders {both:.3f}"),
             file=sys.stderr,
         )
     return rows
@@ -320,6 +335,12 @@ def main() -> None:
         help="runs of the whole A/B, each in a fresh process; per width, the median of "
         "their speed-ups (one run on a shared machine moves by more than a few percent)",
     )
+    parser.add_argument(
+        "--new-first",
+        action="store_true",
+        help="build the working tree's runner before the base's (--repeats alternates: "
+        "the second EnvPool pool built in a process runs slower)",
+    )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parse_args(parser)
     if args.repeats < 1:
@@ -347,6 +368,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = import_base(args.base, pathlib.Path(tmp))
         versions = {"base": base, "new": jaxrunner}
+        if args.new_first:
+            versions = {"new": jaxrunner, "base": base}
         for num_envs in args.num_envs:
             runners = {
                 k: make_runner(
@@ -399,6 +422,7 @@ def main() -> None:
                 **{f"{k}_us_per_step_min": float(np.min(v)) for k, v in times.items()},
                 "speedup_median": float(np.median(speedups)),
                 "identical_trajectories": same,
+                "built_first": next(iter(versions)),
             }
             if args.split:  # us per step, each phase's median over blocks
                 for name, parts in splits.items():

@@ -313,6 +313,12 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
         assert row[key] == pytest.approx(float(np.median([run[key] for run in runs])))
         assert all(run[key] > 0 for run in runs)
     assert row["identical_trajectories"] == all(run["identical_trajectories"] for run in runs)
+    # The second run built the working tree's runner first; each order's speed-up is
+    # reported, and their geometric mean.
+    assert [run["built_first"] for run in runs] == ["base", "new"]
+    orders = [row[f"speedup_{first}_built_first"] for first in ("base", "new")]
+    assert orders == [run["speedup_median"] for run in runs]
+    assert row["speedup_both_orders"] == pytest.approx(np.sqrt(orders[0] * orders[1]))
     for run, name in itertools.product(runs, ("base", "new")):  # each phase, per step
         split = run[f"{name}_split_us_per_step"]
         assert set(split) == {"env_wait", "inference", "obs_processing", "action_processing"}
