@@ -32,7 +32,7 @@ def test_every_figure_marker_on_the_page_names_a_figure_and_every_figure_is_on_i
 def test_a_figure_is_drawn_into_the_build_and_linked_from_the_page(figures, tmp_path):
     text = figures.fill("before\n\n<!-- figure: peers_pong -->\n\nafter", tmp_path, "../")
     assert text.startswith('before\n\n<figure><img src="../_figures/peers_pong.png"')
-    assert "<code>benchmarks/results/peers_pong_cpu.json</code>" in text
+    assert "<code>benchmarks/results/peers_pong_20261201_cpu.json</code>" in text
     assert text.endswith("</figure>\n\nafter")
     height, width, _ = matplotlib.image.imread(tmp_path / "peers_pong.png").shape
     assert height > 100 and width > 100

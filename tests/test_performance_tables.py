@@ -45,8 +45,12 @@ PEER_FILES = [
     "peers_envpool_jax_cpu.json",
     "peers_pong_cpu.json",
     "peers_halfcheetah_cpu.json",
+    "peers_cartpole_cpu.json",
+    "peers_pong_20261201_cpu.json",
+    "peers_halfcheetah_20261201_cpu.json",
     "multi_agent_rllib_quiet_cpu.json",
     "multi_agent_rllib_cpu.json",
+    "multi_agent_rllib_20261201_cpu.json",
 ]
 
 
@@ -182,13 +186,9 @@ def test_every_marker_on_the_page_names_a_table_and_every_table_is_on_the_page()
 
 def test_every_result_file_the_page_cites_is_committed():
     """Pruning results/ must not leave the page pointing at nothing. The page cites
-    removed files only through a commit (git show COMMIT:path), and one run not recorded
-    yet by name."""
+    removed files only through a commit (git show COMMIT:path)."""
     text = PAGE.read_text()
     cited = set(re.findall(r"\b([a-z0-9_]+_cpu(?:_[a-z0-9_]+)?\.(?:json|png))", text))
     in_history = set(re.findall(r"git show\s+[0-9a-f]{7,}:benchmarks/results/([\w.]+)", text))
-    not_recorded = {"peers_cartpole_cpu.json"}
-    missing = sorted(
-        name for name in cited - in_history - not_recorded if not (tables.RESULTS / name).exists()
-    )
+    missing = sorted(name for name in cited - in_history if not (tables.RESULTS / name).exists())
     assert cited and missing == []

@@ -24,9 +24,9 @@ FOLDER = "_figures"
 """The figures' folder in the build's output."""
 
 FIGURES: dict[str, str] = {
-    "peers_cartpole": "peers_cpu.json",
-    "peers_pong": "peers_pong_cpu.json",
-    "peers_halfcheetah": "peers_halfcheetah_cpu.json",
+    "peers_cartpole": "peers_cartpole_cpu.json",
+    "peers_pong": "peers_pong_20261201_cpu.json",
+    "peers_halfcheetah": "peers_halfcheetah_20261201_cpu.json",
     "peers_every_kind": "peers_host_cpu.json",
     "peers_envpool_jax": "peers_envpool_jax_cpu.json",
     "bench_sync": "bench_sync_cpu.json",

@@ -50,9 +50,9 @@ LABELS = {
     "floor": "floor: the envs alone, random actions, no policy",
 }
 HEADLINE_RUNS = [
-    ("CartPole-v1", "peers_cpu.json"),
-    ("Pong", "peers_pong_cpu.json"),
-    ("HalfCheetah-v5", "peers_halfcheetah_cpu.json"),
+    ("CartPole-v1", "peers_cartpole_cpu.json"),
+    ("Pong", "peers_pong_20261201_cpu.json"),
+    ("HalfCheetah-v5", "peers_halfcheetah_20261201_cpu.json"),
 ]
 
 
@@ -235,14 +235,18 @@ TABLES: dict[str, Callable[[], str]] = {
     "peers_cartpole_rllib": lambda: systems_table("peers_cpu.json"),
     "peers_cartpole_latest": lambda: systems_table("peers_host_cpu_rerun6.json"),
     "peers_envpool_jax": lambda: systems_table("peers_envpool_jax_cpu.json"),
-    "peers_pong": lambda: systems_table("peers_pong_cpu.json"),
-    "peers_halfcheetah": lambda: systems_table("peers_halfcheetah_cpu.json"),
+    "peers_cartpole_workload": lambda: systems_table("peers_cartpole_cpu.json"),
+    "peers_pong": lambda: systems_table("peers_pong_20261201_cpu.json"),
+    "peers_halfcheetah": lambda: systems_table("peers_halfcheetah_20261201_cpu.json"),
+    "peers_pong_first": lambda: systems_table("peers_pong_cpu.json"),
+    "peers_halfcheetah_first": lambda: systems_table("peers_halfcheetah_cpu.json"),
     "peers_pong_gpu": lambda: systems_table("peers_pong_gpu.json"),
     "peers_halfcheetah_gpu": lambda: systems_table("peers_halfcheetah_gpu.json"),
     "multi_agent_host": multi_agent_host_table,
     "multi_agent_jaxmarl": multi_agent_jaxmarl_table,
     "multi_agent_rllib": lambda: systems_table("multi_agent_rllib_quiet_cpu.json"),
     "multi_agent_rllib_loaded": lambda: systems_table("multi_agent_rllib_cpu.json"),
+    "multi_agent_rllib_latest": lambda: systems_table("multi_agent_rllib_20261201_cpu.json"),
     "serve_load": lambda: serve_load_table("serve_load_hostile_quiet_cpu.json"),
     "serve_load_before": lambda: serve_load_table("serve_load_hostile_placebo_quiet_cpu.json"),
     "serve_load_loaded": lambda: serve_load_table("serve_load_hostile_cpu.json"),
