@@ -345,6 +345,8 @@ def main() -> None:
     args = parse_args(parser)
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: expected a number of runs >= 1")
+    if args.new_first and args.repeats > 1:
+        parser.error("--new-first: --repeats alternates the build order itself; leave it out")
     # Recorded as commits: "HEAD" or "HEAD~1" says nothing once HEAD has moved.
     args.base_commit = git("rev-parse", "--verify", f"{args.base}^{{commit}}")
     changed = bool(git("status", "--porcelain", "--", "jaxrunner/"))
