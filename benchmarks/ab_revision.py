@@ -31,7 +31,7 @@ N`` runs the whole A/B N times, each in a fresh process, and reports per width t
 median of the runs' speed-ups with every run's row: on a shared machine, one run can
 move by more than the few percent it measures. The runs alternate which version's runner
 is built first (``--new-first`` builds the working tree's first in one run): on the
-EnvPool backend the second pool built in a process runs slower (HEAD against itself:
+EnvPool backend the runner built second in a process runs slower (HEAD against itself:
 0.88 built base first, 1.07 new first), so each width also reports each order's median
 speed-up and ``speedup_both_orders``, their geometric mean, which cancels that bias; an
 even ``--repeats`` gives both orders as many runs.
@@ -339,7 +339,7 @@ def main() -> None:
         "--new-first",
         action="store_true",
         help="build the working tree's runner before the base's (--repeats alternates: "
-        "the second EnvPool pool built in a process runs slower)",
+        "on the EnvPool backend the runner built second runs slower)",
     )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parse_args(parser)
