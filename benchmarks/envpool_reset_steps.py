@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -114,11 +113,12 @@ def measure(
     cpu: dict[str, list[tuple[float, float, int]]] = {name: [] for name in systems}
     for k in range(rounds):
         for name in list(systems) if k % 2 == 0 else list(reversed(systems)):
-            cpu_start, start = _cpu_s(), time.perf_counter()
+            # process_time: every thread's CPU, EnvPool's and XLA's included.
+            cpu_start, start = time.process_time(), time.perf_counter()
             steps = sum(systems[name]() for _ in range(reps))
             wall = time.perf_counter() - start
             rates[name].append(steps / wall)
-            cpu[name].append((_cpu_s() - cpu_start, wall, steps))
+            cpu[name].append((time.process_time() - cpu_start, wall, steps))
     med = {name: statistics.median(r) for name, r in rates.items()}
     row = {
         "num_envs": num_envs,
@@ -138,12 +138,6 @@ def measure(
         limit = row["bound"]["bound_steps_per_s"]
         row["share_of_bound"] = {name: m / limit for name, m in med.items()}
     return row
-
-
-def _cpu_s() -> float:
-    """This process's CPU time so far, every thread's (EnvPool's and XLA's included)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _cpu_use(rounds: list[tuple[float, float, int]]) -> dict[str, float]:
@@ -188,10 +182,10 @@ def _bound(work: Workload, num_envs: int, async_mode: bool, seconds: float = 5.0
     for name, step in (("env", env_step), ("policy", policy_step)):
         for _ in range(10):  # warm up: resets, compile
             step()
-        cpu_start, start, steps = _cpu_s(), time.perf_counter(), 0
+        cpu_start, start, steps = time.process_time(), time.perf_counter(), 0
         while time.perf_counter() - start < seconds:
             steps += step()
-        wall, cpu = time.perf_counter() - start, _cpu_s() - cpu_start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         parts[name] = {
             "steps_per_s": steps / wall,
             "cores": cpu / wall,
