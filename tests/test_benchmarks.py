@@ -514,3 +514,27 @@ def test_chunk_sizes_times_the_plain_call_and_each_chunk(tmp_path):
     assert row["rows"] == 8 and row["flops_per_row"] > 0
     assert row["plain_ms"] > 0 and set(row["chunked_ms"]) == {"4", "8"}
     assert all(ms > 0 for ms in row["chunked_ms"].values())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_suite_cpu_counts_each_kind_of_process_and_jax_compiles(tmp_path):
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end:\n    pass\n"
+    )
+    (tmp_path / "test_tiny.py").write_text(
+        "import subprocess, sys\nimport jax\n\n\ndef test_tiny():\n"
+        "    assert int(jax.jit(lambda x: x + 1)(1)) == 2\n"
+        f"    subprocess.run([sys.executable, {str(child)!r}], check=True)\n"
+    )
+    out = tmp_path / "suite.json"
+    _run(
+        "suite_cpu.py", "--out", str(out), "--", "-n", "0", "-p", "no:cacheprovider", str(tmp_path)
+    )
+    report = json.loads(out.read_text())
+    assert report["pytest_exit_code"] == 0
+    assert report["kinds"]["other: child.py"]["cpu_s"] >= 1.0
+    assert report["kinds"]["pytest"]["cpu_s"] > 0
+    assert report["cpu_s"] == pytest.approx(sum(k["cpu_s"] for k in report["kinds"].values()))
+    events = report["test_processes_jax_s"]
+    assert events["cpu_s"] > 0 and events["/jax/core/compile/jaxpr_trace_duration"] > 0
