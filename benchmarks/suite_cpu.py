@@ -10,7 +10,7 @@ fork server and workers, notebook kernels, and each other command (a docs page's
 script, a benchmark's child). In the pytest processes, this file is also a pytest plugin
 (``-p suite_cpu``) that adds up JAX's compile events: tracing, lowering to MLIR (which
 a persistent-cache hit still pays: the cache's key is the lowered program) and the
-backend compile, which holds the cache reads. The suite is CPU-bound on 2
+backend compile, which holds the cache reads; in all, and per test. The suite is CPU-bound on 2
 cores (``-n 3`` took as long as ``-n 2``), so its wall time falls only with its CPU.
 
 Usage (Linux only)::
@@ -75,6 +75,8 @@ def read_processes(seen: dict[int, list[Any]], skip: set[int]) -> None:
 
 # The plugin half: loaded in every pytest process by ``-p suite_cpu``.
 _EVENTS: collections.Counter[str] = collections.Counter()
+_PER_TEST: collections.Counter[str] = collections.Counter()
+"""Each test's time in JAX's trace, lowering and compile events."""
 
 
 def pytest_configure(config: Any) -> None:
@@ -85,6 +87,9 @@ def pytest_configure(config: Any) -> None:
             # Time spent (not the cache's estimate of time saved).
             if name.startswith("/jax/core/compile/") or name == CACHE_READ:
                 _EVENTS[name] += seconds
+            if name.startswith("/jax/core/compile/"):  # (the compile holds the cache reads)
+                test = os.environ.get("PYTEST_CURRENT_TEST", "outside a test")
+                _PER_TEST[test.rsplit(" ", 1)[0]] += seconds
 
         jax.monitoring.register_event_duration_secs_listener(add)
 
@@ -96,7 +101,8 @@ def pytest_unconfigure(config: Any) -> None:
 
         usage = resource.getrusage(resource.RUSAGE_SELF)
         totals = {"cpu_s": usage.ru_utime + usage.ru_stime, **_EVENTS}
-        pathlib.Path(folder, f"{os.getpid()}.json").write_text(json.dumps(totals))
+        report = {"totals": totals, "per_test": _PER_TEST}
+        pathlib.Path(folder, f"{os.getpid()}.json").write_text(json.dumps(report))
 
 
 def main() -> None:
@@ -133,8 +139,11 @@ def main() -> None:
         row["n"] += 1
     total = sum(row["cpu_s"] for row in by_kind.values())
     jax_events: collections.Counter[str] = collections.Counter()
+    per_test: collections.Counter[str] = collections.Counter()
     for path in events.glob("*.json"):
-        jax_events.update(json.loads(path.read_text()))
+        part = json.loads(path.read_text())
+        jax_events.update(part["totals"])
+        per_test.update(part["per_test"])
         path.unlink()
     events.rmdir()
     report = {
@@ -144,6 +153,8 @@ def main() -> None:
         "cpu_s": total,
         "kinds": dict(sorted(by_kind.items(), key=lambda kv: -kv[1]["cpu_s"])),
         "test_processes_jax_s": dict(jax_events),
+        "tests_jax_compile_s": {"total": sum(per_test.values()), "tests": len(per_test)},
+        "slowest_tests_jax_compile_s": dict(per_test.most_common(30)),
         "machine": machine_info(),
     }
     print(f"wall {wall:.0f} s, CPU {total:.0f} s ({total / wall:.2f} cores)")
@@ -153,6 +164,9 @@ def main() -> None:
         print("in the pytest processes (CPU s, then JAX's events, s):")
         for name, seconds in jax_events.most_common():
             print(f"{seconds:8.1f}  {name}")
+        print(f"the tests with the most (of {sum(per_test.values()):.0f} s in {len(per_test)}):")
+        for test, seconds in per_test.most_common(10):
+            print(f"{seconds:8.1f}  {test}")
     if args.out is not None:
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     sys.exit(suite.returncode)

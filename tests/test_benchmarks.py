@@ -538,3 +538,5 @@ def test_suite_cpu_counts_each_kind_of_process_and_jax_compiles(tmp_path):
     assert report["cpu_s"] == pytest.approx(sum(k["cpu_s"] for k in report["kinds"].values()))
     events = report["test_processes_jax_s"]
     assert events["cpu_s"] > 0 and events["/jax/core/compile/jaxpr_trace_duration"] > 0
+    (test,) = report["slowest_tests_jax_compile_s"]  # the one test, which compiled
+    assert test.endswith("test_tiny.py::test_tiny") and report["tests_jax_compile_s"]["tests"] == 1
