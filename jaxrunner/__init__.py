@@ -27,24 +27,19 @@ from typing import TYPE_CHECKING, Any
 # worker that imports one backend module skips the rest of the package (~1 s of CPU).
 if TYPE_CHECKING:
     from jaxrunner import connectors, cpu_dispatch, errors, models, multi_agent, serve, testing
-    from jaxrunner._src.backends import (
-        BatchStep,
-        EnvPoolVectorEnv,
-        GymnasiumVectorEnv,
-        ProcessConfig,
-        ProcessVectorEnv,
-        RayConfig,
-        RayVectorEnv,
-        SyncVectorEnv,
-        VectorEnv,
-        from_gymnasium,
-        make_vec,
-    )
+    from jaxrunner._src.backends.base import VectorEnv
+    from jaxrunner._src.backends.batch_step import BatchStep
+    from jaxrunner._src.backends.envpool import EnvPoolVectorEnv
+    from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, from_gymnasium
     from jaxrunner._src.backends.jax_env import JaxVectorEnv
+    from jaxrunner._src.backends.make_vec import make_vec
     from jaxrunner._src.backends.multi_agent.make import make_multi_agent_vec
     from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
+    from jaxrunner._src.backends.process import ProcessConfig, ProcessVectorEnv
+    from jaxrunner._src.backends.ray import RayConfig, RayVectorEnv
     from jaxrunner._src.backends.restarts import RestartPolicy
     from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
+    from jaxrunner._src.backends.sync import SyncVectorEnv
     from jaxrunner._src.checkpoints.checkpoint import RestoreReport
     from jaxrunner._src.core.episode import AgentEpisode, Episode, concatenate_episodes
     from jaxrunner._src.core.metrics import MetricsConfig
@@ -68,15 +63,19 @@ __version__ = "0.1.0"
 # imports Ray only when a group is built (Ray is an optional extra), and jr.testing loads
 # chex and the fake envs.
 _SOURCES = {
-    "jaxrunner._src.backends": (
-        "BatchStep EnvPoolVectorEnv GymnasiumVectorEnv ProcessConfig ProcessVectorEnv "
-        "RayConfig RayVectorEnv SyncVectorEnv VectorEnv from_gymnasium make_vec"
-    ),
+    "jaxrunner._src.backends.base": "VectorEnv",
+    "jaxrunner._src.backends.batch_step": "BatchStep",
+    "jaxrunner._src.backends.envpool": "EnvPoolVectorEnv",
+    "jaxrunner._src.backends.gymnasium_adapter": "GymnasiumVectorEnv from_gymnasium",
     "jaxrunner._src.backends.jax_env": "JaxVectorEnv",
+    "jaxrunner._src.backends.make_vec": "make_vec",
     "jaxrunner._src.backends.multi_agent.make": "make_multi_agent_vec",
     "jaxrunner._src.backends.multi_agent.vector_env": "MultiAgentVectorEnv",
+    "jaxrunner._src.backends.process": "ProcessConfig ProcessVectorEnv",
+    "jaxrunner._src.backends.ray": "RayConfig RayVectorEnv",
     "jaxrunner._src.backends.restarts": "RestartPolicy",
     "jaxrunner._src.backends.sub_env_handle": "SubEnvHandle",
+    "jaxrunner._src.backends.sync": "SyncVectorEnv",
     "jaxrunner._src.checkpoints.checkpoint": "RestoreReport",
     "jaxrunner._src.core.episode": "AgentEpisode Episode concatenate_episodes",
     "jaxrunner._src.core.metrics": "MetricsConfig",

@@ -11,8 +11,8 @@ import gymnasium
 import jax
 import numpy as np
 
-from jaxrunner._src.backends import BACKENDS, make_vec
 from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.make_vec import BACKENDS, make_vec
 from jaxrunner._src.bench.hand_loop import (
     REFERENCES,
     RecordingHandLoop,

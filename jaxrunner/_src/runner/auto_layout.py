@@ -14,9 +14,10 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from jaxrunner._src.backends import EnvSpec, check_vec_options, choose_auto_layout, make_vec
 from jaxrunner._src.backends.auto import LayoutChoice
 from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.factories import EnvSpec
+from jaxrunner._src.backends.make_vec import check_vec_options, choose_auto_layout, make_vec
 from jaxrunner._src.backends.process import ProcessConfig
 from jaxrunner._src.backends.process.launch import default_num_workers
 from jaxrunner._src.backends.ray import RayConfig

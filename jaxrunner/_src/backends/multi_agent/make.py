@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 
-from jaxrunner._src.backends import make_vec
+from jaxrunner._src.backends.make_vec import make_vec
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.ray.config import RayConfig

@@ -10,7 +10,9 @@ from typing import Any
 import gymnasium
 
 from jaxrunner._src.arg_checks import check_int, check_number
-from jaxrunner._src.backends import ProcessConfig, RayConfig, check_vec_options
+from jaxrunner._src.backends.make_vec import check_vec_options
+from jaxrunner._src.backends.process import ProcessConfig
+from jaxrunner._src.backends.ray import RayConfig
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.core.policy import Policy
 

@@ -10,8 +10,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src.backends import make_vec
 from jaxrunner._src.backends.capabilities import is_multi_agent
+from jaxrunner._src.backends.make_vec import make_vec
 from jaxrunner._src.connectors.moments import Moments, set_statistics, take_deltas
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params

@@ -1,0 +1,285 @@
+"""``make_vec``: a vector env of either kind on any backend."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, overload
+
+from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.backends.auto import LayoutChoice, choose_for
+from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.env_api import is_multi_agent_env
+from jaxrunner._src.backends.envpool import make_envpool_vec
+from jaxrunner._src.backends.factories import (
+    BACKEND_CONFIGS,
+    EnvSpec,
+    FirstBuilt,
+    close_kind_probe,
+    factories_for,
+    first_env,
+)
+from jaxrunner._src.backends.gymnasium_vec import make_gymnasium_vec
+from jaxrunner._src.backends.multi_agent.vector_env import (
+    MultiAgentVectorEnv,
+    SyncMultiAgentVectorEnv,
+)
+from jaxrunner._src.backends.process import ProcessConfig, make_process_vec
+from jaxrunner._src.backends.process.launch import check_main_guard
+from jaxrunner._src.backends.ray import RayConfig, RayVectorEnv
+from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
+from jaxrunner._src.backends.sync import SyncVectorEnv
+from jaxrunner._src.core.agent_groups import PolicyMappingFn
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+BACKENDS = ("sync", "gymnasium", "process", "envpool", "ray", "auto")
+FACTORY_BACKENDS = ("sync", "process", "ray", "auto")
+"""The backends that build each sub-env from a factory: they serve both kinds of env."""
+
+
+@overload  # an id makes gymnasium envs
+def make_vec(
+    env: str,
+    num_envs: int,
+    backend: str = ...,
+    seed: int | None = ...,
+    *,
+    config: ProcessConfig | RayConfig | None = ...,
+    restart_policy: RestartPolicy | None = ...,
+    policy_mapping_fn: None = ...,
+    **env_kwargs: Any,
+) -> VectorEnv: ...
+@overload  # a factory makes either kind: VectorEnv or MultiAgentVectorEnv
+def make_vec(
+    env: Callable[[], Any] | Sequence[Callable[[], Any]],
+    num_envs: int,
+    backend: str = ...,
+    seed: int | None = ...,
+    *,
+    config: ProcessConfig | RayConfig | None = ...,
+    restart_policy: RestartPolicy | None = ...,
+    policy_mapping_fn: PolicyMappingFn | None = ...,
+    **env_kwargs: Any,
+) -> Any: ...
+def make_vec(
+    env: EnvSpec,
+    num_envs: int,
+    backend: str = "sync",
+    seed: int | None = None,
+    *,
+    config: ProcessConfig | RayConfig | None = None,
+    restart_policy: RestartPolicy | None = None,
+    policy_mapping_fn: PolicyMappingFn | None = None,
+    **env_kwargs: Any,
+) -> VectorEnv | MultiAgentVectorEnv:
+    """Builds a vector env of ``num_envs`` sub-envs: single-agent (gymnasium) or
+    multi-agent (PettingZoo), whichever kind ``env`` makes.
+
+    Args:
+        env: a gymnasium id (made with ``gymnasium.make(env, **env_kwargs)``), a
+            zero-argument callable returning a ``gymnasium.Env`` or a PettingZoo
+            ``ParallelEnv``/``AECEnv``, or a list of ``num_envs`` such callables, sub-env
+            ``i`` built (and rebuilt on a restart) by the ``i``-th (CleanRL's
+            ``[make_env(env_id, i, ...) for i in range(n)]``: env 0 records video, each its
+            own wrapper); backends ``"sync"``, ``"process"``, ``"ray"`` and ``"auto"``.
+            A callable's kind is read from sub-env 0: with ``"process"`` its worker
+            reports it; else it is built here once (with ``"sync"`` it stays sub-env 0;
+            with ``"auto"`` it is the probe; with ``"ray"``, and ``"process"`` with a
+            main-process share, it is closed before the workers start): a PettingZoo env
+            (it has ``possible_agents``) gives a :class:`~jaxrunner.MultiAgentVectorEnv`.
+        num_envs: number of sub-envs (>= 1).
+        backend: where the sub-envs run; one of ``BACKENDS`` (a multi-agent env: one of
+            ``FACTORY_BACKENDS``). ``"auto"``: ``"sync"`` or ``"process"`` with its number
+            of workers, chosen here by timing one probe sub-env (built from the same
+            factory, stepped with seeded random actions for up to 0.3 s, abandoned after
+            10 s, always closed) against the CPUs this process may use; the choice is
+            ``vec.layout_choice`` (see ``docs/backends/index.md``). The vector env is the
+            one that backend and layout build, so its trajectories are theirs.
+        seed: if given, the envs are reset now with sub-env ``i`` seeded ``seed + i``.
+        config: the backend's options: a :class:`~jaxrunner.ProcessConfig` for
+            ``"process"``, a :class:`~jaxrunner.RayConfig` for ``"ray"``; None: its
+            defaults. The other backends take none (``"auto"`` chooses the layout
+            itself: to set it, use ``"process"`` with a config).
+        restart_policy: for the backends that can restart sub-envs (``"sync"``,
+            ``"process"``, ``"ray"``, ``"auto"``): failed sub-envs are recreated as it says
+            and sampling goes on (see :class:`~jaxrunner.RestartPolicy`). None: failures
+            raise.
+        policy_mapping_fn: multi-agent envs only: ``agent_id -> policy_id``; None: one
+            shared policy per distinct pair of observation and action spaces
+            (``policy_0``, ...).
+        **env_kwargs: keyword arguments for ``gymnasium.make`` (ids only), passed
+            untouched, whatever their names (a backend option given here reaches the
+            env, not the backend: use ``config``). With ``backend="gymnasium"``: for
+            ``gymnasium.make_vec``, ``vectorization_mode`` included (default: the env's
+            own vector entry point where it has one). With ``backend="envpool"``: for
+            ``envpool.make_gymnasium`` (``env`` is an EnvPool task id).
+
+    Returns:
+        A ``gymnasium.vector.VectorEnv`` (autoreset mode SAME_STEP) for a gymnasium env; a
+        :class:`~jaxrunner.MultiAgentVectorEnv` for a PettingZoo env.
+    """
+    check_int("make_vec", "num_envs", num_envs)
+    check_int("make_vec", "seed", seed, low=-math.inf, none="for no reset")
+    if backend not in BACKENDS:
+        raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
+    check_vec_options(backend, config, restart_policy)
+    if backend not in FACTORY_BACKENDS:
+        vec = _make_from_id(env, num_envs, backend, policy_mapping_fn, env_kwargs)
+        choice = None
+    else:
+        fns = factories_for(env, env_kwargs, backend, num_envs)
+        choice = first = None
+        multi_agent: bool | None  # None: the process backend learns it from its workers
+        if backend == "auto":
+            choice, multi_agent = choose_auto_layout(
+                env, env_kwargs, num_envs, seed, restart_policy
+            )
+            backend, config = choice.backend, choice.process_config()
+        elif isinstance(env, str):
+            multi_agent = False  # a gymnasium id
+        elif backend == "process":
+            multi_agent = None  # worker 0 (or the main process's share) reports the kind
+        else:
+            first = first_env(env, fns[0])
+            multi_agent = is_multi_agent_env(first)
+        if policy_mapping_fn is not None and multi_agent is False:
+            if first is not None:
+                close_quietly(first)
+            raise _mapping_refused()
+        vec = _make_fromfactories_for(
+            fns, first, multi_agent, backend, config, restart_policy, policy_mapping_fn
+        )
+        if policy_mapping_fn is not None and not vec.multi_agent:
+            vec.close()
+            raise _mapping_refused()
+    vec.layout_choice = choice
+    if seed is not None:
+        try:
+            if isinstance(vec, MultiAgentVectorEnv):
+                vec.reset_batch([seed + i for i in range(num_envs)])
+            else:
+                vec.reset(seed=seed)
+        except BaseException:
+            vec.close()
+            raise
+    return vec
+
+
+def _mapping_refused() -> InvalidArgumentTypeError:
+    return InvalidArgumentTypeError(
+        "make_vec(policy_mapping_fn=...): a policy mapping is for multi-agent "
+        "(PettingZoo) envs, and this env is a gymnasium one (one agent, one "
+        "policy). Leave policy_mapping_fn=None."
+    )
+
+
+def _make_from_id(
+    env: Any,
+    num_envs: int,
+    backend: str,
+    policy_mapping_fn: PolicyMappingFn | None,
+    env_kwargs: dict[str, Any],
+) -> VectorEnv:
+    """The backends that build their own pool from an id: single-agent envs only."""
+    if not isinstance(env, str) or policy_mapping_fn is not None:
+        given = "policy_mapping_fn=..." if isinstance(env, str) else f"env=<{type(env).__name__}>"
+        source = "an EnvPool task id" if backend == "envpool" else "a registered gymnasium id"
+        raise InvalidArgumentTypeError(
+            f"make_vec({given}, backend={backend!r}): the {backend} backend builds its own "
+            f"pool of single-agent envs from {source}. Factories, lists of factories and "
+            "multi-agent (PettingZoo) envs are for the backends that build each sub-env "
+            f"themselves: {', '.join(map(repr, FACTORY_BACKENDS))}. For gymnasium's own "
+            "vector env, wrap it: jaxrunner.from_gymnasium(gymnasium.vector.SyncVectorEnv([...]))."
+        )
+    if backend == "gymnasium":
+        # gymnasium.make_vec builds the vector env itself (its own vector entry point
+        # where the env has one); env_kwargs may include vectorization_mode.
+        return make_gymnasium_vec(env, num_envs, **env_kwargs)
+    # EnvPool builds its own pool from a task id (extra jaxrunner[envpool]).
+    return make_envpool_vec(env, num_envs, **env_kwargs)
+
+
+def _make_fromfactories_for(
+    fns: list[Callable[[], Any]],
+    first: Any,
+    multi_agent: bool | None,
+    backend: str,
+    config: Any,
+    restart_policy: RestartPolicy | None,
+    policy_mapping_fn: PolicyMappingFn | None,
+) -> VectorEnv | MultiAgentVectorEnv:
+    """The sync, process or Ray vector env of ``fns``' kind (None: not known, for the
+    process backend to learn); ``first`` (sub-env 0 if already built, else None) becomes
+    sub-env 0 on sync, and is closed on the others."""
+    if first is not None and backend == "sync":
+        fns = [FirstBuilt(fns[0], first), *fns[1:]]
+    elif first is not None:
+        close_kind_probe(first)  # its kind is known; the workers build their own
+    try:
+        if backend == "process":
+            return make_process_vec(
+                fns, config, restart_policy=restart_policy,
+                policy_mapping_fn=policy_mapping_fn, multi_agent=multi_agent,
+            )  # fmt: skip
+        if not multi_agent:
+            if backend == "sync":
+                return SyncVectorEnv(fns, restart_policy=restart_policy)
+            return RayVectorEnv(fns, config, restart_policy=restart_policy)
+        if backend == "sync":
+            return SyncMultiAgentVectorEnv(fns, policy_mapping_fn, restart_policy=restart_policy)
+        from jaxrunner._src.backends.ray.vector_env import RayMultiAgentVectorEnv
+
+        return RayMultiAgentVectorEnv(
+            fns, policy_mapping_fn, config=config, restart_policy=restart_policy
+        )
+    finally:
+        if isinstance(fns[0], FirstBuilt):
+            fns[0].discard()  # never taken: the vector env failed before sub-env 0
+
+
+def choose_auto_layout(
+    env: EnvSpec,
+    env_kwargs: dict[str, Any],
+    num_envs: int,
+    seed: int | None,
+    restart_policy: RestartPolicy | None,
+    caller: str = 'make_vec(backend="auto")',
+) -> tuple[LayoutChoice, bool]:
+    """``backend="auto"``'s measurement of a probe (sub-env 0, built here and closed) and
+    choice (:func:`.auto.choose_for`), and whether the env is multi-agent; workers from a
+    script's unguarded top level are refused with an error that says ``caller`` chose
+    them (before any starts)."""
+    factory = factories_for(env, env_kwargs, "auto", num_envs)[0]
+    probe = first_env(env, factory)
+    multi_agent = is_multi_agent_env(probe)
+    choice = choose_for(probe, factory, num_envs, seed, restart_policy)
+    if choice.backend == "process":
+        check_main_guard(chosen_by=f"{caller} chose the process backend ({choice.reason})")
+    return choice, multi_agent
+
+
+def check_vec_options(
+    backend: str, config: Any, restart_policy: RestartPolicy | None, what: str = "make_vec"
+) -> None:
+    """Raises unless ``config`` and ``restart_policy`` suit ``backend`` (as in
+    :func:`make_vec`; ``what`` names the caller in errors)."""
+    check_restart_policy(what, restart_policy)
+    expected = BACKEND_CONFIGS.get(backend)
+    if backend == "auto" and config is not None:
+        raise InvalidArgumentTypeError(
+            f"{what}(backend='auto', config={type(config).__name__}(...)): 'auto' "
+            "chooses the layout itself and takes no config. To set the layout, use "
+            "backend='process' with your config (or 'ray'); else leave config=None."
+        )
+    if config is not None and not isinstance(config, expected or ()):
+        want = f"a jaxrunner.{expected.__name__}" if expected else "no config (None)"
+        raise InvalidArgumentTypeError(
+            f"{what}(backend={backend!r}, config=...): expected {want}, got "
+            f"{type(config).__name__}."
+        )
+    if restart_policy is not None and backend not in FACTORY_BACKENDS:
+        raise InvalidArgumentError(
+            f"{what}(backend={backend!r}, restart_policy=...): the {backend} backend cannot "
+            "restart sub-envs. Use backend='sync', 'process', 'ray' or 'auto', or leave "
+            "restart_policy=None."
+        )
