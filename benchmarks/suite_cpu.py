@@ -112,7 +112,6 @@ def main() -> None:
     args = parser.parse_args()
     if not pathlib.Path("/proc/self/stat").exists():
         sys.exit("suite_cpu.py reads /proc: it runs on Linux only.")
-    sys.path.insert(0, str(HERE.parent))
     from jaxrunner._src.bench import machine_info
 
     events = pathlib.Path(os.environ.get("TMPDIR", "/tmp"), f"suite_cpu_{os.getpid()}")
@@ -125,11 +124,12 @@ def main() -> None:
     command = [sys.executable, "-m", "pytest", "-p", "suite_cpu", *args.pytest_args]
     before: dict[int, list[Any]] = {}
     read_processes(before, set())  # what runs already is not the suite's
+    skip = {*before, os.getpid()}
     seen: dict[int, list[Any]] = {}
     start = time.perf_counter()
     with subprocess.Popen(command, cwd=HERE.parent, env=env) as suite:
         while suite.poll() is None:
-            read_processes(seen, set(before) | {os.getpid()})
+            read_processes(seen, skip)
             time.sleep(0.5)
     wall = time.perf_counter() - start
     by_kind: dict[str, dict[str, float]] = collections.defaultdict(lambda: {"cpu_s": 0, "n": 0})

@@ -146,7 +146,7 @@ def make_vec(
             if first is not None:
                 close_quietly(first)
             raise _mapping_refused()
-        vec = _make_fromfactories_for(
+        vec = _make_from_factories(
             fns, first, multi_agent, backend, config, restart_policy, policy_mapping_fn
         )
         if policy_mapping_fn is not None and not vec.multi_agent:
@@ -199,7 +199,7 @@ def _make_from_id(
     return make_envpool_vec(env, num_envs, **env_kwargs)
 
 
-def _make_fromfactories_for(
+def _make_from_factories(
     fns: list[Callable[[], Any]],
     first: Any,
     multi_agent: bool | None,
