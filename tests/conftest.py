@@ -34,6 +34,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and importlib.util.find_spec("f
             if _key != _name and not os.path.exists(os.path.join(_xla_cache, _key + "-atime")):
                 os.remove(os.path.join(_xla_cache, _name))
 
+import multiprocessing
+
 import flax.linen as nn
 import gymnasium
 import jax
@@ -41,6 +43,14 @@ import pytest
 
 import jaxrunner as jr
 from jaxrunner.models import mlp_policy
+
+# The process backend's workers fork from one fork server per test process. A test's env
+# factory reaches a worker by reference to its test module, which the worker imports,
+# and with it this module, pytest, flax and the test envs: 0.6 s of CPU per worker, and
+# the suite starts hundreds. Imported once in the fork server, that is ~10 ms.
+multiprocessing.set_forkserver_preload(
+    ["__main__", "tests.conftest", "tests.multi_agent_envs", "jaxrunner.testing"]
+)
 
 
 def short_cartpole(max_episode_steps: int = 20) -> gymnasium.Env:
