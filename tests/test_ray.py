@@ -492,17 +492,21 @@ def test_group_runner_whose_env_raises_is_replaced(group_params, tmp_path):
 
 
 class TestRayContract(jr.testing.VectorEnvContract):
-    """The backend contract, send/recv included, over Ray actors of two sub-envs, on
-    every kind of env. The contract's own env cases only: the transport is the same for
-    every env, and each PettingZoo case costs new actors (~3 s each; sync and process
-    cover them)."""
+    """The backend contract on every kind of env, over one actor of every sub-env, and
+    send/recv over actors of two, which answer apart. The contract's own env cases only:
+    the transport is the same for every env, and each case costs new actors (~1.5 s of
+    CPU each to start; sync and process cover the rest)."""
 
     env_kinds = HOST_KINDS
+
+    @pytest.fixture(autouse=True)
+    def _actors_of(self, request):
+        self.envs_per_actor = 2 if "send_recv" in request.node.name else self.num_envs
 
     def make_vec(self, env_fns, restart_policy=None):
         from jaxrunner._src.backends.ray.vector_env import RayMultiAgentVectorEnv
 
-        config = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
+        config = jr.RayConfig(envs_per_actor=self.envs_per_actor, num_cpus_per_actor=0.1)
         if self.kind == "gymnasium":
             return jr.RayVectorEnv(env_fns, config, restart_policy=restart_policy)
         return RayMultiAgentVectorEnv(env_fns, config=config, restart_policy=restart_policy)
