@@ -51,6 +51,8 @@ from jaxrunner.models import mlp_policy
 multiprocessing.set_forkserver_preload(
     ["__main__", "tests.conftest", "tests.multi_agent_envs", "jaxrunner.testing"]
 )
+IMPORTED_IN = os.getpid()
+"""The process that imported this module (a worker finds the fork server's)."""
 
 
 def short_cartpole(max_episode_steps: int = 20) -> gymnasium.Env:

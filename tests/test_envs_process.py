@@ -305,6 +305,26 @@ class _ExitingEnv(CountingEnv):
         os._exit(3)
 
 
+def preload_seen() -> gymnasium.Env:
+    env = CountingEnv()
+    conftest = sys.modules.get("tests.conftest")  # (the tests import it as "conftest")
+    env.preloaded_by = None if conftest is None else conftest.IMPORTED_IN  # type: ignore[attr-defined]
+    env.worker = os.getpid()  # type: ignore[attr-defined]
+    return env
+
+
+def test_workers_fork_with_the_modules_the_user_preloads():
+    """conftest.py names itself in multiprocessing's fork-server preload; the backend
+    adds its own modules to that list, so each worker finds it imported by the fork
+    server, not by itself."""
+    config = ProcessConfig(num_workers=2)
+    with closing(jr.make_vec(preload_seen, 2, "process", config=config)) as vec:
+        workers = vec.get_attr("worker")
+        assert len(set(workers)) == 2 and os.getpid() not in workers
+        preloaded_by = vec.get_attr("preloaded_by")
+        assert None not in preloaded_by and not set(preloaded_by) & set(workers), preloaded_by
+
+
 def test_dead_worker_is_reported_and_closes_the_vec_env():
     with closing(
         ProcessVectorEnv([CountingEnv, _exit_in_step], ProcessConfig(num_workers=2))
