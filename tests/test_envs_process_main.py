@@ -4,6 +4,7 @@ that says how to fix it. Each case runs a small program in a fresh interpreter."
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -62,6 +63,30 @@ def test_class_defined_in_a_guarded_script_reaches_the_workers(tmp_path: Path) -
     result = run([str(script)], tmp_path)
     assert result.returncode == 0, result.stderr
     assert "OK" in result.stdout
+
+
+def test_a_guarded_scripts_imports_are_loaded_once_by_the_fork_server(tmp_path: Path) -> None:
+    """Each worker runs the script again (Python before 3.14), and finds the modules it
+    imports at its top level already loaded by the fork server it forked from."""
+    (tmp_path / "helper.py").write_text("import os\n\nIMPORTED_IN = os.getpid()\n")
+    script = tmp_path / "imports.py"
+    run_it = """
+import os
+envs = jr.make_vec(Tiny, num_envs=2, backend="process", config=jr.ProcessConfig(num_workers=2))
+print("SEEN", (os.getpid(), envs.call("seen")))
+envs.close()
+"""
+    seen = "import helper\nimport os\n\nTiny.seen = lambda _: (helper.IMPORTED_IN, os.getpid())\n"
+    body = textwrap.indent(run_it.strip(), "    ")
+    script.write_text(ENV_CLASS + seen + '\n\nif __name__ == "__main__":\n' + body + "\n")
+    result = run([str(script)], tmp_path)
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("SEEN"))
+    main_pid, seen_by = ast.literal_eval(line.removeprefix("SEEN"))  # ((in, worker), ...)
+    imported_in = {imported_in for imported_in, _ in seen_by}
+    workers = {worker for _, worker in seen_by}
+    assert len(workers) == 2 and len(imported_in) == 1, f"imported by each worker: {seen_by}"
+    assert not imported_in & {main_pid, *workers}  # by the fork server
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["top_level", "main_function"])
