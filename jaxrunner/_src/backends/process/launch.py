@@ -18,7 +18,7 @@ import cloudpickle
 import gymnasium
 import numpy as np
 
-from jaxrunner._src.backends.process.preload import PRELOAD_MODULE, SCRIPT_IMPORTS, script_imports
+from jaxrunner._src.backends.process.preload import PRELOAD_MODULE, SCRIPT_IMPORTS
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 EnvFactory = Callable[[], gymnasium.Env]
@@ -221,12 +221,32 @@ def check_main_guard(chosen_by: str | None = None) -> None:
     )
 
 
-def _main_guard_lines(path: str) -> list[tuple[int, int]]:
-    """The line ranges of the top-level ``if __name__ == "__main__":`` blocks."""
+def _parse(path: str) -> ast.Module | None:
+    """The script at ``path`` parsed (None: unreadable)."""
     try:
         with open(path, encoding="utf-8") as f:
-            tree = ast.parse(f.read(), path)
+            return ast.parse(f.read(), path)
     except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def script_imports() -> list[str]:
+    """The modules the main script imports at its top level (none outside a script)."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    tree = _parse(path) if path is not None and os.path.isfile(path) else None
+    names: list[str] = []
+    for node in [] if tree is None else tree.body:
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return [name for name in dict.fromkeys(names) if name != "__future__"]
+
+
+def _main_guard_lines(path: str) -> list[tuple[int, int]]:
+    """The line ranges of the top-level ``if __name__ == "__main__":`` blocks."""
+    tree = _parse(path)
+    if tree is None:
         return [(1, sys.maxsize)]  # cannot tell: let it start
     ranges = []
     for node in tree.body:
