@@ -5,6 +5,7 @@ that a script guards its top-level code, and the start method (never a plain ``f
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import math
 import multiprocessing
@@ -221,8 +222,10 @@ def check_main_guard(chosen_by: str | None = None) -> None:
     )
 
 
+@functools.lru_cache(maxsize=2)
 def _parse(path: str) -> ast.Module | None:
-    """The script at ``path`` parsed (None: unreadable)."""
+    """The script at ``path`` parsed (None: unreadable), once per process: each process
+    backend reads its imports, and its guard where it starts from top-level code."""
     try:
         with open(path, encoding="utf-8") as f:
             return ast.parse(f.read(), path)
