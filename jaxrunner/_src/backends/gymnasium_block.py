@@ -132,7 +132,11 @@ class GymnasiumBlock(SubEnvBlock):
             if term or trunc:
                 ended.append(i)
             status[i] = DONE
-        if next_obs:
+        if hi - lo == 1 and next_obs:  # one sub-env: item writes (a list costs ~2 us more)
+            if dtype is not None:
+                b.next_obs[lo] = next_obs[0]
+            b.reward[lo], b.terminated[lo], b.truncated[lo] = r, term, trunc
+        elif next_obs:
             written = slice(lo, hi) if not errors else [i for i in range(lo, hi) if i not in errors]
             if dtype is not None:
                 b.next_obs[written] = next_obs
@@ -156,7 +160,10 @@ class GymnasiumBlock(SubEnvBlock):
         for i in failed:
             self.restart(i, errors[i], failed_step=True)
         space, part = self.obs_space, slice(lo, hi)
-        space_arrays.copy_into(space, b.obs, space_arrays.rows(space, b.next_obs, part), part)
+        if dtype is not None:
+            b.obs[part] = b.next_obs[part]
+        else:
+            space_arrays.copy_into(space, b.obs, space_arrays.rows(space, b.next_obs, part), part)
         reset_infos = {}
         for i in ended:
             try:
