@@ -498,15 +498,17 @@ class TestRayContract(jr.testing.VectorEnvContract):
     CPU each to start; sync and process cover the rest)."""
 
     env_kinds = HOST_KINDS
+    envs_per_actor = None  # one actor of every sub-env
 
-    @pytest.fixture(autouse=True)
-    def _actors_of(self, request):
-        self.envs_per_actor = 2 if "send_recv" in request.node.name else self.num_envs
+    def test_send_recv_steps_each_env_once_and_says_which(self, kind):
+        self.envs_per_actor = 2  # actors of two, which answer apart
+        super().test_send_recv_steps_each_env_once_and_says_which(kind)
 
     def make_vec(self, env_fns, restart_policy=None):
         from jaxrunner._src.backends.ray.vector_env import RayMultiAgentVectorEnv
 
-        config = jr.RayConfig(envs_per_actor=self.envs_per_actor, num_cpus_per_actor=0.1)
+        per_actor = self.envs_per_actor or self.num_envs
+        config = jr.RayConfig(envs_per_actor=per_actor, num_cpus_per_actor=0.1)
         if self.kind == "gymnasium":
             return jr.RayVectorEnv(env_fns, config, restart_policy=restart_policy)
         return RayMultiAgentVectorEnv(env_fns, config=config, restart_policy=restart_policy)
