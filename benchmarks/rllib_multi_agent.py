@@ -58,6 +58,7 @@ import traceback
 from typing import Any
 
 ENV = "mpe2:simple_spread_v3"
+QUICK_LENGTH = 16  # --quick: a smoke run, not a measurement (MPE steps cost ~1 ms)
 HIDDEN = (64, 64)
 POLICY = "shared"
 TARGET = 5.0  # issue 28: jaxrunner >= 5x RLlib's env steps/s
@@ -201,7 +202,7 @@ class EnvFloor:
     """``num_envs`` simple_spread envs stepped in turn with random action dicts drawn
     ahead, each reset once no agent is left: no policy, no recording."""
 
-    def __init__(self, num_envs: int, seed: int) -> None:
+    def __init__(self, num_envs: int, length: int, seed: int) -> None:
         from jaxrunner._src import bench
 
         self.envs = [bench.env_factory(ENV)() for _ in range(num_envs)]
@@ -213,7 +214,7 @@ class EnvFloor:
             [{a: env.action_space(a).sample() for a in env.possible_agents} for env in self.envs]
             for _ in range(97)
         ]
-        self.cursor, self.length = 0, bench.rollout_length(num_envs)
+        self.cursor, self.length = 0, length
 
     def _rollout(self) -> int:
         for _ in range(self.length):
@@ -338,8 +339,8 @@ def run(args: argparse.Namespace) -> None:
         with bench.Harness() as harness:
             children = harness.info()
             for width in args.widths:
-                length = bench.rollout_length(width)
-                floor = EnvFloor(width, args.seed)
+                length = QUICK_LENGTH if args.quick else bench.rollout_length(width)
+                floor = EnvFloor(width, length, args.seed)
                 local: dict[str, Any] = {"floor": floor}
                 if rllib is not None:
                     spec = {"num_envs": width, "rollout_length": length, "seed": args.seed}
@@ -358,6 +359,7 @@ def run(args: argparse.Namespace) -> None:
                         ceiling=False,
                         local=local,
                         log=log,
+                        rollout_length=length,
                     )
                     per_system(row, num_agents)
                     if rllib is not None:
@@ -379,7 +381,9 @@ def run(args: argparse.Namespace) -> None:
         "config": {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()},
         "env": f"{ENV} parallel_env() at its defaults ({num_agents} agents)",
         "policy": f"one shared {HIDDEN} tanh MLP, stochastic actions, on every side",
-        "rollout_length": "max(8, 2048 // width) for every system",
+        "rollout_length": f"{QUICK_LENGTH} (--quick)"
+        if args.quick
+        else "max(8, 2048 // width) for every system",
         "machine": {
             **machine,
             "cpu_model": cpu_model(),
@@ -427,7 +431,9 @@ def main() -> None:
         "as Ray sets for an EnvRunner actor)",
     )
     parser.add_argument("--no-rllib", action="store_true", help="the jaxrunner half alone")
-    parser.add_argument("--quick", action="store_true", help="8 envs, sync, 2 short rounds")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"8 envs, sync, 2 short rounds, T={QUICK_LENGTH}"
+    )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     parser.add_argument("--serve-rllib", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

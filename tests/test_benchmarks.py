@@ -353,7 +353,7 @@ def test_rllib_multi_agent_jaxrunner_half_writes_its_rows(tmp_path):
     _run("rllib_multi_agent.py", "--quick", "--no-rllib", "--out", str(out))
     report = json.loads(out.read_text())
     [row] = report["results"]
-    assert (row["backend"], row["num_envs"], row["rollout_length"]) == ("sync", 8, 256)
+    assert (row["backend"], row["num_envs"], row["rollout_length"]) == ("sync", 8, 16)
     assert set(row["systems"]) == {"jaxrunner", "hand", "floor"}
     for system in row["systems"].values():
         assert len(system["rounds"]) == 2

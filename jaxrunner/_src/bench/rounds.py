@@ -119,6 +119,12 @@ def label(name: str, plan: Plan) -> str:
     return name
 
 
+def _rollout_length(num_envs: int, workload: str | None) -> int:
+    if workload is None:
+        return rollout_length(num_envs)
+    return get_workload(workload).rollout_length(num_envs)
+
+
 def measure_width(
     harness: Harness,
     plan: Plan,
@@ -135,6 +141,7 @@ def measure_width(
     peers: Mapping[str, Child] | None = None,
     labels: Mapping[str, str] | None = None,
     variants: Mapping[str, dict[str, Any]] | None = None,
+    rollout_length: int | None = None,
 ) -> dict[str, Any]:
     """Builds every system of ``plan`` at ``num_envs`` (and times ``local`` ones
     alongside), then times them in ``rounds`` interleaved rounds of ``seconds`` each.
@@ -150,11 +157,9 @@ def measure_width(
             ``peers``' as ``hand_<reference>`` and ``variants``'), for the report.
         variants: more jaxrunner systems, ``name -> make_vec options``, timed as
             ``jaxrunner_<name>``.
+        rollout_length: ``T`` for every system (None: the rule's, or the workload's).
     """
-    if workload is None:
-        length = rollout_length(num_envs)
-    else:
-        length = get_workload(workload).rollout_length(num_envs)
+    length = _rollout_length(num_envs, workload) if rollout_length is None else rollout_length
     common = {"backend": plan.backend, "env": env, "num_envs": num_envs, "seed": seed}
     common["rollout_length"] = length
     common["multi_agent"] = plan.multi_agent
