@@ -201,7 +201,7 @@ class PolicyBatcher:
         if queued is not None:  # outside the lock: on_abort takes the env's lock
             error = ClosedError("the external env was closed before this action was computed.")
             for request in queued:
-                self._fail(request, error)
+                self._finish(request, error)
             return None
         with self._cond:
             deadline = time.monotonic() + self._max_wait_s
@@ -228,34 +228,33 @@ class PolicyBatcher:
             results = self._compute([request.rows[i] for request, i in batch])
         except Exception as err:  # a policy failure fails its requests, not the server
             for request in {id(r): r for r, _ in batch}.values():
-                self._fail(request, err)
+                self._finish(request, err)
             return
         for (request, i), result in zip(batch, results):
             request.results[i] = result
             request.remaining -= 1
-            if request.remaining == 0 and not request.finished:
-                request.finished = True
-                # Running only now: until here its waiter could cancel it.
-                if not request.future.set_running_or_notify_cancel():
-                    self._abort(request, None)
-                    continue
-                try:
-                    value = request.on_done(request.results)  # type: ignore[arg-type]
-                except Exception as err:
-                    request.future.set_exception(err)
-                else:
-                    request.future.set_result(value)
+            if request.remaining == 0:
+                self._finish(request, None)
 
-    def _fail(self, request: _Request, error: BaseException) -> None:
-        """Ends ``request`` with ``error`` (its on_abort runs; None if it was cancelled)."""
+    def _finish(self, request: _Request, error: BaseException | None) -> None:
+        """Ends ``request``: with ``error`` (its on_abort runs), else with its on_done's
+        value; if it was cancelled, its on_abort runs with None instead."""
         if request.finished:
             return
         request.finished = True
-        if request.future.set_running_or_notify_cancel():
+        # Running only now: until here its waiter could cancel it.
+        if not request.future.set_running_or_notify_cancel():
+            self._abort(request, None)
+        elif error is not None:
             self._abort(request, error)
             request.future.set_exception(error)
         else:
-            self._abort(request, None)
+            try:
+                value = request.on_done(request.results)  # type: ignore[arg-type]
+            except Exception as err:
+                request.future.set_exception(err)
+            else:
+                request.future.set_result(value)
 
     @staticmethod
     def _abort(request: _Request, error: BaseException | None) -> None:

@@ -164,6 +164,14 @@ def check_agent_dict(
     return dict(value)
 
 
+def check_agent_rewards(rewards: Any, possible_agents: Sequence[str]) -> dict[str, Any]:
+    """``log_returns``'s ``{agent_id: reward}``: known agents, each reward finite."""
+    rewards = check_agent_dict(rewards, possible_agents, "log_returns", "rewards", empty=True)
+    for agent, reward in rewards.items():
+        check_reward(reward, f"rewards[{agent!r}]")
+    return rewards
+
+
 def check_agent_spaces(
     observation_spaces: Mapping[str, Any], action_spaces: Mapping[str, Any]
 ) -> list[str]:
@@ -215,19 +223,6 @@ def per_policy(
             f"{type(value).__name__}; the policy ids are {list(ids)}."
         )
     return dict.fromkeys(ids, value)
-
-
-def check_agent_obs(
-    obs: Any,
-    possible_agents: Sequence[str],
-    group_of: Mapping[str, AgentGroup],
-    what: str,
-    *,
-    empty: bool = False,
-) -> dict[str, Any]:
-    """``obs`` of call ``what``: known agents, each observation in its agent's space."""
-    obs = check_agent_dict(obs, possible_agents, what, "obs", empty=empty)
-    return {a: check_obs(group_of[a].observation_space, o, f"obs[{a!r}]") for a, o in obs.items()}
 
 
 def check_logged_actions(

@@ -8,7 +8,7 @@ import collections
 import concurrent.futures
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Generic, Self, TypeVar
 
 import jax
@@ -244,10 +244,13 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
             name = type(self).__name__
             raise ClosedError(f"{name}.{what}() called after close(); create a new {name}.")
 
-    def _get_live(self, episode_id: Any, what: str) -> EpisodeRecord:
-        """The live, idle episode ``episode_id`` (caller holds the lock)."""
+    def _get_live(self, episode_id: Any, what: str, agents: Iterable[str] = ()) -> EpisodeRecord:
+        """The live, idle episode ``episode_id``, in which none of ``agents`` has ended
+        (caller holds the lock)."""
         self._check_open(what)
-        return self._episodes.get_idle(episode_id, what)
+        live = self._episodes.get_idle(episode_id, what)
+        checks.check_not_ended(live, agents, what)
+        return live
 
     def _join(
         self,
@@ -278,8 +281,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
     ) -> EpisodeRecord:
         """Marks the live, idle episode busy for ``steps`` more steps of each of
         ``agents`` (caller holds the lock); the delivery marks it idle again."""
-        live = self._get_live(episode_id, what)
-        checks.check_not_ended(live, agents, what)
+        live = self._get_live(episode_id, what, agents)
         limit = self.config.max_episode_steps
         full = [
             a for a in agents if a in live.agents and live.agents[a].num_actions + steps > limit
@@ -319,9 +321,9 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
     def _end(self, episode_id: int, obs: dict[str, Any], truncated: bool, what: str) -> None:
         """Ends the episode: every agent that acted and has not ended needs its final
         observation in ``obs`` (checked); each ends terminated, or ``truncated``."""
+        check_bool(what, "truncated", truncated)
         with self._lock:
-            live = self._get_live(episode_id, what)
-            checks.check_not_ended(live, obs, what)
+            live = self._get_live(episode_id, what, obs)
             acted = [a for a, r in live.agents.items() if r.num_actions and not r.done]
             missing = [a for a in acted if a not in obs]
             if missing:

@@ -90,8 +90,7 @@ class ActionDelivery:
         except BaseException:  # a closed batcher: answers already asked for are ignored
             with self.lock:
                 if not call.finished:
-                    call.finished = True
-                    self._settle(live, 0, 0)
+                    self._drop(call, undelivered=False)
             raise
         with self.lock:
             self.calls[future] = call  # for retract
@@ -116,19 +115,14 @@ class ActionDelivery:
                 finally:
                     self._settle(live, record.nbytes - before, len(results))
 
-        def on_abort(error: BaseException | None) -> None:
-            # Nothing was recorded: the episode is free again (a failed policy call
-            # never wedges it). Cancelled (None): its waiter gave up; counted.
-            with self.lock:
-                self._settle(live, 0, 0)
-                if error is None:
-                    self._count_undelivered(len(rows))
-
+        # A call for its abort only: on_done records the rows (and none is retracted).
+        call = _Call(live, {record.policy_id: [(record, row) for row in rows]}, dict)
+        on_abort = functools.partial(self._on_only_abort, call)
         try:
             return self.batchers[record.policy_id].submit(rows, on_done, on_abort)
         except BaseException:
             with self.lock:
-                self._settle(live, 0, 0)
+                self._drop(call, undelivered=False)
             raise
 
     def _on_only(self, call: _Call, results: list[RowResult]) -> Any:
@@ -141,10 +135,7 @@ class ActionDelivery:
     def _on_only_abort(self, call: _Call, error: BaseException | None) -> None:
         """A one-policy call failed, or (``error`` None) was cancelled: counted."""
         with self.lock:
-            call.finished = True
-            self._settle(call.live, 0, 0)
-            if error is None:
-                self._count_undelivered(call.num_rows)
+            self._drop(call, undelivered=error is None)
 
     def _on_done(
         self,
@@ -161,12 +152,11 @@ class ActionDelivery:
             call.results[policy_id] = results
             if len(call.results) < len(call.parts):
                 return
-            call.finished = True
             # Running only now: until here the waiter could cancel (give up on) the call.
             if not future.set_running_or_notify_cancel():
-                self._settle(call.live, 0, 0)
-                self._count_undelivered(call.num_rows)
+                self._drop(call, undelivered=True)
                 return
+            call.finished = True
             actions = self._record(call)
         future.set_result(call.answer(actions))
 
@@ -196,18 +186,13 @@ class ActionDelivery:
         with self.lock:
             if call.finished:
                 return
-            call.finished = True
-            self._settle(call.live, 0, 0)
             delivered = future.set_running_or_notify_cancel()
-            if not delivered or error is None:
-                self._count_undelivered(call.num_rows)
+            self._drop(call, undelivered=not delivered or error is None)
         if delivered:
             future.set_exception(error or concurrent.futures.CancelledError())
 
     def retract(self, future: concurrent.futures.Future) -> bool:
-        """Takes back the call of ``future`` (its actions never reached the agents)
-        if its steps are still every agent's latest; cancels the future if pending.
-        Returns whether anything was taken back."""
+        """What ``ExternalEnvCore.retract_action`` says it does (with ``future``'s call)."""
         if future.cancel():
             return True  # _on_done counts it
         with self.lock:
@@ -225,6 +210,15 @@ class ActionDelivery:
             self.counts["num_env_steps"] -= 1
             self._count_undelivered(call.num_rows)
             return True
+
+    def _drop(self, call: _Call, undelivered: bool) -> None:
+        """Finishes ``call`` with nothing recorded: its episode is free again (a failed
+        policy call never wedges it); ``undelivered`` (its waiter gave up): counted
+        (caller holds the lock)."""
+        call.finished = True
+        self._settle(call.live, 0, 0)
+        if undelivered:
+            self._count_undelivered(call.num_rows)
 
     def _count_undelivered(self, rows: int) -> None:
         """Actions nobody received: counted, never recorded (caller holds the lock)."""

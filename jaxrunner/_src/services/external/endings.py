@@ -99,9 +99,7 @@ class EpisodeEndings:
                     self._emit(record, episode)
 
     def reap(self, idle_since: float) -> int:
-        """Ends every idle episode last seen before ``idle_since``: each agent still in
-        it is truncated at its last observation, its step in wait of an outcome
-        dropped; returns how many episodes (without the lock)."""
+        """What ``ExternalEnvCore.reap`` says it does (called without the lock)."""
         ended: list[AgentRecord | None] = []
         with self._lock:
             stale = self._episodes.idle_since(idle_since)

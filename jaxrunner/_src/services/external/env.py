@@ -10,7 +10,6 @@ from typing import Any, ClassVar, Literal
 from gymnasium import spaces
 
 import jaxrunner._src.services.external.checks as checks
-from jaxrunner._src.arg_checks import check_bool
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.policy import Params, Policy
@@ -130,7 +129,6 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         the calling thread without the env's lock, so other episodes' calls go on
         meanwhile. It counts in the metrics and is output when this returns."""
         obs = checks.check_obs(self.observation_space, obs, "obs")
-        check_bool("end_episode", "truncated", truncated)
         self._end(episode_id, {AGENT: obs}, truncated, "end_episode")
 
     def log_steps(

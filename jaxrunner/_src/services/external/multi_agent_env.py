@@ -141,14 +141,9 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
             EpisodeConflictError: an agent has ended (its rewards belong before
                 ``end_agents``), or a call for the episode is in flight.
         """
-        rewards = checks.check_agent_dict(
-            rewards, self.possible_agents, "log_returns", "rewards", empty=True
-        )
-        for agent, reward in rewards.items():
-            checks.check_reward(reward, f"rewards[{agent!r}]")
+        rewards = checks.check_agent_rewards(rewards, self.possible_agents)
         with self._lock:
-            live = self._get_live(episode_id, "log_returns")
-            checks.check_not_ended(live, rewards, "log_returns")
+            live = self._get_live(episode_id, "log_returns", rewards)
             self._join(live, list(rewards), "log_returns")
             for agent, reward in rewards.items():
                 live.agents[agent].pending_reward += float(reward)
@@ -162,8 +157,7 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         obs = self._check_obs(obs, "end_agents")
         check_bool("end_agents", "truncated", truncated)
         with self._lock:
-            live = self._get_live(episode_id, "end_agents")
-            checks.check_not_ended(live, obs, "end_agents")
+            live = self._get_live(episode_id, "end_agents", obs)
             self._join(live, list(obs), "end_agents")
             ended = [self._endings.close(live.agents[a], obs[a]) for a in obs]
         self._endings.finish(ended, truncated)
@@ -178,7 +172,6 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
                 changes: pass it, or end that agent first with :meth:`end_agents`).
         """
         obs = self._check_obs(obs, "end_episode", empty=True)
-        check_bool("end_episode", "truncated", truncated)
         self._end(episode_id, obs, truncated, "end_episode")
 
     # -- output and params --------------------------------------------------------------------
@@ -208,7 +201,12 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         return metrics
 
     def _check_obs(self, obs: Any, what: str, *, empty: bool = False) -> dict[str, Any]:
-        return checks.check_agent_obs(obs, self.possible_agents, self._group_of, what, empty=empty)
+        """``obs`` of call ``what``: known agents, each observation in its agent's space."""
+        obs = checks.check_agent_dict(obs, self.possible_agents, what, "obs", empty=empty)
+        return {
+            a: checks.check_obs(self._group_of[a].observation_space, o, f"obs[{a!r}]")
+            for a, o in obs.items()
+        }
 
     def _as_output(self, record: AgentRecord, episode: Episode) -> AgentEpisode:
         return record.to_agent_episode(episode)

@@ -361,11 +361,7 @@ class MultiAgentPolicyClient(_Client):
 
     def log_returns(self, episode_id: int, rewards: dict[str, float]) -> None:
         """Adds each agent's reward to its latest action's reward."""
-        rewards = checks.check_agent_dict(
-            rewards, self.possible_agents, "log_returns", "rewards", empty=True
-        )
-        for agent, reward in rewards.items():
-            checks.check_reward(reward, f"rewards[{agent!r}]")
+        rewards = checks.check_agent_rewards(rewards, self.possible_agents)
         body = {"rewards": {a: float(r) for a, r in rewards.items()}}
         self._call("POST", f"/v1/episodes/{episode_id}/returns", body)
 
