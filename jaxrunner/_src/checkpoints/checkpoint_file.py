@@ -221,24 +221,21 @@ class CheckpointFile(CheckpointReader):
         env's current episode id, the next free id and the env steps closed so far."""
         if isinstance(state, dict) and "rollout" in state:  # the scan sampler's
             ids, next_id, steps_done = self.check_rollout(state["rollout"], "sampler/rollout")
+            returns_name, lengths_name = "return", "length"
             running = {
-                f"sampler/running/{pid}/": (r["return"], "return", r["length"], "length")
+                f"sampler/running/{pid}/": (r["return"], r["length"])
                 for pid, r in state.get("running", {}).items()
             }
         else:  # the host samplers'
             book = state["book"] if isinstance(state, dict) else state.book
             ids, next_id, steps_done = self.check_book(book, "sampler/book")
+            returns_name, lengths_name = "running_return", "running_length"
             groups = {} if isinstance(state, dict) else state.groups
             running = {
-                f"sampler/groups/{pid}/": (
-                    g.running_return,
-                    "running_return",
-                    g.running_length,
-                    "running_length",
-                )
+                f"sampler/groups/{pid}/": (g.running_return, g.running_length)
                 for pid, g in groups.items()
             }
-        for where, (returns, returns_name, lengths, lengths_name) in running.items():
+        for where, (returns, lengths) in running.items():
             ok = ((lengths >= 0) & (lengths <= steps_done)).all()
             self.require(ok, where + lengths_name, f"outside [0, {steps_done}]")
             self.require(np.isfinite(returns).all(), where + returns_name, "not finite")

@@ -1,8 +1,5 @@
-"""Checks of what users hand the connectors: constructor arguments and states.
-
-Every error names the connector, the argument or field, what was expected, what came,
-and the fix (the house wording); nothing is cast silently.
-"""
+"""Checks of what users hand the connectors (constructor arguments, states): each error
+names the connector, the argument or field, what was expected, what came, and the fix."""
 
 from __future__ import annotations
 

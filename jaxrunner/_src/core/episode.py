@@ -68,19 +68,20 @@ class Episode(EpisodeSpan, flax.struct.PyTreeNode):
         return float(np.sum(self.reward))
 
 
-def cut_steps(traj: Any, steps: Any, last: Any) -> dict[str, Any]:
+def cut_steps(traj: Any, steps: Any, last: Any, final: Any) -> dict[str, Any]:
     """The step fields of one episode (:class:`Episode`'s or ``AgentEpisode``'s) cut
     out of time-major arrays.
 
     Args:
         traj: a :class:`Trajectory` or a multi-agent ``GroupTrajectory`` (its ``obs``,
-            ``next_obs``, ``action``, ``reward`` and ``extras`` are read).
+            ``action``, ``reward`` and ``extras`` are read).
         steps: the index of the episode's slots in each leaf, e.g. ``(slice(t0, t1), b)``.
         last: the index of its last slot, e.g. ``(t1 - 1, b)``.
+        final: the observations the final one is taken from, at ``last`` (``next_obs``).
 
     Returns:
-        ``obs`` (``[L + 1]``: the slots' observations, then the last slot's
-        ``next_obs``), and ``action``, ``reward``, ``extras`` (``[L]``).
+        ``obs`` (``[L + 1]``: the slots' observations, then the final one), and
+        ``action``, ``reward``, ``extras`` (``[L]``).
     """
 
     def cut(x: np.ndarray) -> np.ndarray:
@@ -88,7 +89,7 @@ def cut_steps(traj: Any, steps: Any, last: Any) -> dict[str, Any]:
 
     return {
         "obs": jax.tree.map(
-            lambda o, n: np.concatenate([o[steps], n[last][None]]), traj.obs, traj.next_obs
+            lambda o, n: np.concatenate([o[steps], n[last][None]]), traj.obs, final
         ),
         "action": jax.tree.map(cut, traj.action),
         "reward": cut(traj.reward),

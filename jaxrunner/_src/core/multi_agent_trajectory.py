@@ -311,7 +311,7 @@ def _episode(
     group = host.groups[policy_id]
     last = rows[-1]
     return AgentEpisode(
-        **cut_steps(group, (rows, b, a), (last, b, a)),
+        **cut_steps(group, (rows, b, a), (last, b, a), group.next_obs),
         env_step=host.step[rows, b],
         terminated=bool(group.terminated[last, b, a]),
         truncated=faulty or bool(group.truncated[last, b, a]),

@@ -220,30 +220,23 @@ class Policy:
         """
 
         recurrent = initial_carry is not None
+
+        def fns(init: Callable[..., Params]) -> dict[str, Any]:
+            return module_policy_fns(module.apply, init, action_space, deterministic, recurrent)
+
         try:
             hash(module)
         except TypeError:  # a module with an unhashable field: its own functions
-            init = jax.jit(module.init)
-            fns = module_policy_fns(module.apply, init, action_space, deterministic, recurrent)
-            return cls._with_fns(fns, action_space, initial_carry)
+            return cls._with_fns(fns(jax.jit(module.init)), action_space, initial_carry)
         # An equal module on an equal space gets the same functions, and so every
         # compiled program of the first (a runner built again compiles nothing).
-        _, fns = _recent(
+        _, shared_fns = _recent(
             _LINEN_FNS,
             (module, type(action_space), action_space.shape, deterministic, recurrent),
             lambda kept: _same_space(kept[0], action_space),
-            lambda: (
-                action_space,
-                module_policy_fns(
-                    module.apply,
-                    functools.partial(_init_linen, module),
-                    action_space,
-                    deterministic,
-                    recurrent,
-                ),
-            ),
+            lambda: (action_space, fns(functools.partial(_init_linen, module))),
         )
-        return cls._with_fns(fns, action_space, initial_carry)
+        return cls._with_fns(shared_fns, action_space, initial_carry)
 
     @classmethod
     def from_nnx(

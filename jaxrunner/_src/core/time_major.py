@@ -127,16 +127,13 @@ class StoredNextObs(Transitions):
         use :meth:`next_value`."""
         store = self.next_obs_store
         if isinstance(store, FinalObs):
-            return self._materialize(store)
+            return next_obs_store.materialize(self.obs, store, self.num_envs, self._turns())
         return store
 
     def _turns(self) -> np.ndarray | None:
         """A group's ``valid``, whose next valid row holds each slot's next observation
         (None: the next step's row does, as for a single-agent trajectory)."""
         return None
-
-    def _materialize(self, store: FinalObs) -> Any:
-        return next_obs_store.materialize(self.obs, store, self.num_envs, self._turns())
 
     def _following_value(self, value: Any) -> Any:
         """Each slot's ``value`` at the row whose ``obs`` is its next observation."""

@@ -135,11 +135,7 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
                     start += 1
                     if start == stop:
                         continue
-                # An invalid slot can only close its episode (a restart starts a new id).
-                if host.valid[stop - 1, b]:
-                    episodes.append(_episode_from(host, b, start, stop))
-                else:
-                    episodes.append(_faulty_episode_from(host, b, start, stop - 1))
+                episodes.append(_episode_from(host, b, start, stop))
         return episodes
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -165,7 +161,13 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
             InvalidArgumentError: the file is not a valid trajectory file; the message
                 names the field (or member) at fault and what is wrong with it.
         """
-        return _load(cls, path, max_bytes)
+        with TrajectoryFile(path, cls._FORMAT, VERSION, max_bytes) as file:
+            spec = file.read_spec()
+            # valid is optional: files saved before it existed load as all valid.
+            fields = file.read_fields(spec.get("fields"), _FILE_FIELDS, optional=("valid",))
+        lead = lead_shape(fields, "reward", "[T, B]", file.error)
+        check_fields(fields, lead, "reward's", file.error)
+        return cls(**fields)
 
 
 # After the class: flax's dataclass transform sets its own replace on the class.
@@ -173,42 +175,19 @@ Trajectory.replace = replace_fields  # type: ignore[method-assign]
 
 
 def _episode_from(traj: Trajectory, b: int, start: int, stop: int) -> Episode:
+    """Steps ``start:stop`` of env ``b``. An invalid last slot (a failed step: it can
+    only close its episode, a restart starts a new id) is cut off, and the episode ends
+    ``faulty`` with ``obs`` of that slot: the one after the last good step."""
     last = stop - 1
+    faulty = not traj.valid[last, b]
+    steps = slice(start, last if faulty else stop)
+    at = last if faulty else start
     return Episode(
-        **cut_steps(traj, (slice(start, stop), b), (last, b)),
-        terminated=bool(traj.terminated[last, b]),
-        truncated=bool(traj.truncated[last, b]),
-        episode_id=int(traj.episode_id[start, b]),
-        env_id=int(traj.env_id[start, b]),
+        **cut_steps(traj, (steps, b), (last, b), traj.obs if faulty else traj.next_obs),
+        terminated=not faulty and bool(traj.terminated[last, b]),
+        truncated=faulty or bool(traj.truncated[last, b]),
+        episode_id=int(traj.episode_id[at, b]),
+        env_id=int(traj.env_id[at, b]),
         start_step=int(traj.step[start, b]),
+        faulty=faulty,
     )
-
-
-def _faulty_episode_from(traj: Trajectory, b: int, start: int, failed: int) -> Episode:
-    """Steps ``start:failed`` of env ``b``, cut at slot ``failed`` (its failed step).
-    The last observation is ``obs[failed]``: the one after the last good step."""
-
-    def cut(x: Any) -> Any:
-        return np.array(x[start:failed, b])
-
-    return Episode(
-        obs=jax.tree.map(lambda o: np.array(o[start : failed + 1, b]), traj.obs),
-        action=jax.tree.map(cut, traj.action),
-        reward=cut(traj.reward),
-        extras=jax.tree.map(cut, traj.extras),
-        terminated=False,
-        truncated=True,
-        episode_id=int(traj.episode_id[failed, b]),
-        env_id=int(traj.env_id[failed, b]),
-        start_step=int(traj.step[start, b]),
-        faulty=True,
-    )
-
-
-def _load(cls: type[Trajectory], path: str | os.PathLike[str], max_bytes: int | None) -> Any:
-    with TrajectoryFile(path, cls._FORMAT, VERSION, max_bytes) as file:
-        spec = file.read_spec()
-        # valid is optional: files saved before it existed load as all valid.
-        fields = file.read_fields(spec.get("fields"), _FILE_FIELDS, optional=("valid",))
-    check_fields(fields, lead_shape(fields, "reward", "[T, B]", file.error), "reward's", file.error)
-    return cls(**fields)
