@@ -8,6 +8,7 @@ import pathlib
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from jaxrunner import __version__
 from jaxrunner._src.bench import plot
@@ -23,29 +24,21 @@ def _bench(args: argparse.Namespace) -> int:
     from jaxrunner._src import bench
 
     plans = bench.plans_for(args.env)  # a PettingZoo env has plans of its own
-    widths = None if args.num_envs is None else tuple(args.num_envs)
-    backends = tuple(plans) if args.backend == "all" else (args.backend,)
+    # A flag left out keeps the config's default (a workload's own with --workload).
+    options: dict[str, Any] = {"seconds": args.seconds, "rounds": args.rounds}
+    if args.num_envs is not None:
+        options["widths"] = tuple(args.num_envs)
+    if args.backend is not None:
+        options["backends"] = tuple(plans) if args.backend == "all" else (args.backend,)
     try:
         if args.workload is not None:
             if args.env != DEFAULT_ENV:
                 raise InvalidArgumentError(
                     f"--workload {args.workload} runs its own env; leave --env out."
                 )
-            config = bench.BenchConfig.for_workload(
-                args.workload,
-                widths=widths,
-                backends=("sync", "process") if args.backend is None else backends,
-                seconds=args.seconds,
-                rounds=args.rounds,
-            )
+            config = bench.BenchConfig.for_workload(args.workload, **options)
         else:
-            config = bench.BenchConfig(
-                env=args.env,
-                widths=(1, 8, 64, 256) if widths is None else widths,
-                backends=("sync",) if args.backend is None else backends,
-                seconds=args.seconds,
-                rounds=args.rounds,
-            )
+            config = bench.BenchConfig(env=args.env, **options)
     except InvalidArgumentError as err:  # before anything starts: name the flag
         flags = "--num-envs (ints >= 1), --seconds (> 0) or --rounds (>= 1)"
         if args.backend not in (*plans, "all", None):

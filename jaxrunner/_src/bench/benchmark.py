@@ -17,7 +17,7 @@ from jaxrunner._src.bench.multi_agent import describe, parallel_env_module
 from jaxrunner._src.bench.report import verdict
 from jaxrunner._src.bench.rounds import MULTI_AGENT_PLANS, PLANS, Harness, Plan, measure_width
 from jaxrunner._src.bench.systems import JAX_BACKEND
-from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
+from jaxrunner._src.bench.workloads import WORKLOADS, get_workload, steps_per_rollout
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -123,7 +123,8 @@ def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) 
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "config": dataclasses.asdict(config),
         "policy": "jaxrunner._src.bench.mlp_policy: 64-64 tanh MLP, stochastic actions, jitted",
-        "rollout_length": "max(8, 2048 // num_envs), for jaxrunner and the hand loops",
+        "rollout_length": f"max(8, {steps_per_rollout(config.workload)} // num_envs), for "
+        "jaxrunner and the hand loops",
         "autogroup": autogroup(),
         "loadavg_before": list(os.getloadavg()),
         "skipped": {},
@@ -135,9 +136,6 @@ def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) 
         workload = get_workload(config.workload)
         report["workload"] = config.workload
         report["policy"] = f"{workload.policy_label}, stochastic actions, jitted"
-        report["rollout_length"] = (
-            f"max(8, {workload.steps_per_rollout} // num_envs), for jaxrunner and the hand loops"
-        )
     with Harness() as harness:
         children = harness.info()
         report["machine"] = children["jaxrunner"]["machine"]

@@ -125,7 +125,6 @@ class Child:
 def _serve(requests: IO[str], replies: IO[str], build: Callable[[Any], Any]) -> None:
     from jaxrunner._src.bench.machine import machine_info
     from jaxrunner._src.bench.systems import Spec
-    from jaxrunner._src.cpu_dispatch import inline_cpu_dispatch
 
     systems: dict[str, Any] = {}
     for line in requests:
@@ -135,10 +134,11 @@ def _serve(requests: IO[str], replies: IO[str], build: Callable[[Any], Any]) -> 
             if op == "exit":
                 break
             if op == "info":
+                machine = machine_info()
                 result: Any = {
-                    "cpu_dispatch": "inline" if inline_cpu_dispatch() else "async",
+                    "cpu_dispatch": machine["jax_cpu_dispatch"],
                     ASYNC_DISPATCH_VARIABLE: os.environ.get(ASYNC_DISPATCH_VARIABLE),
-                    "machine": machine_info(),
+                    "machine": machine,
                 }
             elif op == "build":
                 if name in systems:

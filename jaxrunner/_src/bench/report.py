@@ -7,7 +7,7 @@ from typing import Any
 
 from jaxrunner._src.bench.hand_loop import REFERENCES
 from jaxrunner._src.bench.rounds import MULTI_AGENT_PLANS, PLANS, Plan
-from jaxrunner._src.bench.workloads import get_workload
+from jaxrunner._src.bench.workloads import steps_per_rollout
 
 
 def _si(value: float) -> str:
@@ -28,13 +28,6 @@ def _ratio(value: float) -> str:
     return f"{value:.2f}"
 
 
-def _steps_per_rollout(report: dict[str, Any]) -> int:
-    """About how many env steps a rollout takes: a workload's own, else 2048."""
-    if "workload" not in report:
-        return 2048
-    return get_workload(report["workload"]).steps_per_rollout
-
-
 def format_report(report: dict[str, Any]) -> str:
     """A ``jaxrunner bench`` report (:func:`jaxrunner._src.bench.run`) as text: what was
     measured, a table per backend, the skipped backends and the verdict (a PettingZoo
@@ -44,7 +37,8 @@ def format_report(report: dict[str, Any]) -> str:
     config, children = report["config"], report["children"]
     lines = [
         f"{config['env']}; {report['policy']};",
-        f"T = max(8, {_steps_per_rollout(report)} // envs) steps per rollout for every system;",
+        f"T = max(8, {steps_per_rollout(report.get('workload'))} // envs) steps per rollout "
+        "for every system;",
         f"{config['rounds']} interleaved round{'s' if config['rounds'] > 1 else ''} of "
         f"{config['seconds']:g} s per system; jaxrunner and the hand loops in their own processes.",
         "jaxrunner: EnvRunner.sample() as a user runs it "

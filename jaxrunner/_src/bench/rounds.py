@@ -4,7 +4,6 @@ and ratios of medians. See docs/performance.md."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import statistics
 from collections.abc import Callable, Mapping
@@ -14,7 +13,7 @@ from jaxrunner._src.bench.child import Child, ChildError
 from jaxrunner._src.bench.hand_loop import REFERENCES
 from jaxrunner._src.bench.systems import JAX_BACKEND, Spec
 from jaxrunner._src.bench.timing import rollout_length
-from jaxrunner._src.bench.workloads import get_workload
+from jaxrunner._src.bench.workloads import get_workload, not_installed
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,8 +39,7 @@ class Plan:
 
     def unavailable(self) -> str | None:
         """Why this plan cannot run here, or None."""
-        missing = [m for m in self.needs if importlib.util.find_spec(m) is None]
-        return f"not installed: {', '.join(missing)}" if missing else None
+        return not_installed(self.needs)
 
 
 PLANS: dict[str, Plan] = {

@@ -9,11 +9,14 @@ from typing import Any
 
 from jaxrunner._src.core.metrics import PERF_KEYS
 
+STEPS_PER_ROLLOUT = 2048
+"""About this many env steps per rollout, unless a workload says otherwise."""
 
-def rollout_length(num_envs: int) -> int:
-    """T for ``num_envs`` envs, for jaxrunner and the hand loops alike: about 2048
-    env steps per rollout, at least 8 steps."""
-    return max(8, 2048 // num_envs)
+
+def rollout_length(num_envs: int, steps_per_rollout: int = STEPS_PER_ROLLOUT) -> int:
+    """T for ``num_envs`` envs, for jaxrunner and the hand loops alike: about
+    ``steps_per_rollout`` env steps per rollout, at least 8 steps."""
+    return max(8, steps_per_rollout // num_envs)
 
 
 def timed(step: Callable[[], int], seconds: float) -> float:

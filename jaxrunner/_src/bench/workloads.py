@@ -12,6 +12,7 @@ from typing import Any
 import gymnasium
 
 from jaxrunner import models
+from jaxrunner._src.bench.timing import STEPS_PER_ROLLOUT, rollout_length
 from jaxrunner._src.core.policy import Policy
 from jaxrunner.errors import InvalidArgumentError
 
@@ -52,14 +53,18 @@ class Workload:
     """``pip install 'jaxrunner[<extra>]'`` brings :attr:`needs`."""
 
     def rollout_length(self, num_envs: int) -> int:
-        return max(8, self.steps_per_rollout // num_envs)
+        return rollout_length(num_envs, self.steps_per_rollout)
 
     def unavailable(self) -> str | None:
         """Why this workload cannot run here (and what to install), or None."""
-        missing = [m for m in self.needs if importlib.util.find_spec(m) is None]
-        if not missing:
-            return None
-        return f"not installed: {', '.join(missing)} (pip install 'jaxrunner[{self.extra}]')"
+        missing = not_installed(self.needs)
+        return missing and f"{missing} (pip install 'jaxrunner[{self.extra}]')"
+
+
+def not_installed(modules: tuple[str, ...]) -> str | None:
+    """``"not installed: <the modules missing>"``, or None if every one is installed."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return f"not installed: {', '.join(missing)}" if missing else None
 
 
 def _mlp(observation_space: gymnasium.Space, action_space: gymnasium.Space) -> Policy:
@@ -80,7 +85,7 @@ WORKLOADS: dict[str, Workload] = {
         policy=_mlp,
         policy_label="jr.models.mlp_policy: 64-64 tanh MLP, categorical",
         widths=(1, 8, 64, 256),
-        steps_per_rollout=2048,  # as rollout_length(): the default bench's rollouts
+        steps_per_rollout=STEPS_PER_ROLLOUT,  # the default bench's rollouts
         envpool_id="CartPole-v1",
     ),
     "pong": Workload(
@@ -122,3 +127,8 @@ def get_workload(name: str) -> Workload:
     if name not in WORKLOADS:
         raise InvalidArgumentError(f"workload {name!r}: expected one of {list(WORKLOADS)}.")
     return WORKLOADS[name]
+
+
+def steps_per_rollout(workload: str | None) -> int:
+    """About how many env steps a rollout takes: the workload's own, else the default's."""
+    return STEPS_PER_ROLLOUT if workload is None else get_workload(workload).steps_per_rollout

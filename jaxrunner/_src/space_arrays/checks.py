@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.space_arrays.buffers import leaf_spec, leaves
+from jaxrunner._src.space_arrays.buffers import leaf_spaces, leaf_spec, leaves
 from jaxrunner.errors import InvalidStepError, SpaceMismatchError
 
 SUPPORTED_SPACES = (
@@ -53,19 +53,15 @@ def mismatch(where: str, expected: str, value: Any, fix: str) -> SpaceMismatchEr
 
 def check_supported(space: spaces.Space, path: str = "space") -> None:
     """Raises ``SpaceMismatchError`` if ``space`` (or a part of it) is not supported."""
-    if isinstance(space, spaces.Dict):
-        for key, sub in space.spaces.items():
-            check_supported(sub, f"{path}[{key!r}]")
-    elif isinstance(space, spaces.Tuple):
-        for j, sub in enumerate(space.spaces):
-            check_supported(sub, f"{path}[{j}]")
-    elif not isinstance(space, SUPPORTED_SPACES):
-        names = ", ".join(cls.__name__ for cls in SUPPORTED_SPACES)
-        raise SpaceMismatchError(
-            f"{path} is a {type(space).__name__}, which jaxrunner cannot stack into fixed-shape "
-            f"arrays; supported spaces are {names} (nested freely). Flatten it with a "
-            "gymnasium observation/action wrapper first."
-        )
+    for keys, leaf in leaf_spaces(space).items():
+        if not isinstance(leaf, SUPPORTED_SPACES):
+            names = ", ".join(cls.__name__ for cls in SUPPORTED_SPACES)
+            raise SpaceMismatchError(
+                f"{path}{''.join(f'[{key!r}]' for key in keys)} is a {type(leaf).__name__}, "
+                "which jaxrunner cannot stack into fixed-shape arrays; supported spaces are "
+                f"{names} (nested freely). Flatten it with a gymnasium observation/action "
+                "wrapper first."
+            )
 
 
 # -- one value (external envs, the policy server) ------------------------------------------------
