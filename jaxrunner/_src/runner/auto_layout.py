@@ -287,7 +287,7 @@ def pick_layout(
     return dataclasses.replace(
         rule,
         backend=backend,
-        num_workers=0 if best == ENVPOOL else int(best),
+        num_workers=_processes(best),
         reason=f"{rule.reason}; tried with the policy (env steps/s): {tried}; kept {_label(best)}",
         tried=tuple((int(key), rates[key]) for key in order if key != ENVPOOL),
         tried_envpool=rates.get(ENVPOOL),

@@ -254,15 +254,14 @@ class EnvRunner:
                 "trajectories cannot be handed back (a pure-JAX env's live on device); leave "
                 "reuse_buffers=False."
             )
-        return self._iterate(num_samples, progress, reuse_buffers)
+        return self._iterate(name, num_samples, progress, reuse_buffers)
 
     def _iterate(
-        self, num_samples: int | None, progress: bool, reuse_buffers: bool
+        self, name: str, num_samples: int | None, progress: bool, reuse_buffers: bool
     ) -> Iterator[Any]:
         per_sample = self.rollout_length * self.envs.num_envs
         total = None if num_samples is None else num_samples * per_sample
         done = 0
-        name = f"{type(self).__name__}.iterate"
         with Progress(total, enabled=progress, desc=name, unit="env step") as bar:
             while num_samples is None or done < num_samples:
                 traj = self.sample()

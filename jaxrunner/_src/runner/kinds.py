@@ -124,6 +124,8 @@ class AgentGroups:
                 stacklevel=3,
             )
         first = envs.reset_batch(env_seeds(seed, envs.num_envs))
+        if envs.capabilities.ready_first:
+            check_ready_first_options(envs, callbacks, num_splits, multi_agent=self.multi_agent)
         # A proxy: the sampler must not keep its runner alive (one owner per env).
         proxy = weakref.proxy(runner) if callbacks is not None else None
         return self.host_sampler(first, setup, num_splits, callbacks, proxy)
@@ -133,8 +135,6 @@ class AgentGroups:
     ) -> Any:
         """The host sampler from the first reset: the multi-agent one runs lockstep and
         ready-first in one loop."""
-        if self.envs.capabilities.ready_first:
-            check_ready_first_options(self.envs, callbacks, num_splits, multi_agent=True)
         return HostLoop(
             self.envs, first, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
         )
@@ -224,8 +224,6 @@ class OneAgent(AgentGroups):
         self, first: Any, setup: Any, num_splits: Any, callbacks: Any, runner: Any
     ) -> Any:
         envs, (obs, _) = self.envs, first
-        if envs.capabilities.ready_first:
-            check_ready_first_options(envs, callbacks, num_splits, multi_agent=False)
         sampler = OneAgentSampler(
             envs, obs, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
         )

@@ -27,9 +27,8 @@ class Progress:
             try:
                 from tqdm.auto import tqdm
             except ImportError:
-                self._bar = None
-            else:
-                self._bar = tqdm(total=total, desc=desc, unit=unit)
+                return
+            self._bar = tqdm(total=total, desc=desc, unit=unit)
 
     def update(self, count: int) -> None:
         """The units done so far (capped at ``total``)."""

@@ -71,14 +71,9 @@ class EvaluationResult:
         """The statistics as a flat dict (for a logger): ``return_mean``,
         ``return_std``, ``return_min``, ``return_max``, ``length_mean``,
         ``num_episodes``, and ``return_mean/<agent>`` per agent (multi-agent envs)."""
-        out = {
-            "return_mean": self.return_mean,
-            "return_std": self.return_std,
-            "return_min": self.return_min,
-            "return_max": self.return_max,
-            "length_mean": self.length_mean,
-            "num_episodes": float(self.num_episodes),
-        }
+        names = ("return_mean", "return_std", "return_min", "return_max", "length_mean")
+        out = {name: getattr(self, name) for name in names}
+        out["num_episodes"] = float(self.num_episodes)
         for agent, returns in self.agent_returns.items():
             out[f"return_mean/{agent}"] = float(np.mean(returns))
         return out

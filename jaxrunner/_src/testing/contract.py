@@ -13,7 +13,7 @@ import gymnasium
 import numpy as np
 
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
+from jaxrunner._src.backends.sub_env_handle import SubEnvHandle, run_on_env
 from jaxrunner._src.core.seeds import restart_seed
 from jaxrunner._src.testing.assertions import assert_trees_equal, expect_raises
 from jaxrunner._src.testing.bad_actions import bad_agent_actions, bad_gymnasium_actions
@@ -50,31 +50,13 @@ EnvFns = Callable[[], Any] | Sequence[Callable[[], Any]]
 """One factory for every sub-env, or one per sub-env."""
 
 
-def _sub_env_attr(sub: Any, name: str) -> Any:
-    """Attribute ``name`` of an entry of ``get_sub_environments()``: through a handle, or
-    the env's own (through a gymnasium env's wrappers), as the vector env's ``get_attr``."""
+def _on_sub_env(sub: Any, method: str, args: tuple) -> Any:
+    """``method(*args)`` (``get_attr``, ``set_attr``) of an entry of
+    ``get_sub_environments()``: through a handle, or on the env itself as the vector
+    env's own methods find attributes (through a gymnasium env's wrappers)."""
     if isinstance(sub, SubEnvHandle):
-        return sub.get_attr(name)
-    return sub.get_wrapper_attr(name) if hasattr(sub, "get_wrapper_attr") else getattr(sub, name)
-
-
-def _set_sub_env_attr(sub: Any, name: str, value: Any) -> None:
-    if isinstance(sub, SubEnvHandle):
-        sub.set_attr(name, value)
-    elif hasattr(sub, "set_wrapper_attr"):
-        sub.set_wrapper_attr(name, value)
-    else:
-        setattr(sub, name, value)
-
-
-def sub_env_handles(vec: Any) -> list[SubEnvHandle]:
-    """The handles among ``vec.get_sub_environments()``; none where the backend refuses
-    (it has no per-sub-env objects: it overrides the contract's sub-env test)."""
-    try:
-        subs = vec.get_sub_environments()
-    except InvalidArgumentError:
-        return []
-    return [sub for sub in subs if isinstance(sub, SubEnvHandle)]
+        return getattr(sub, method)(*args)
+    return run_on_env(sub, method, args)
 
 
 class VectorEnvContract(GymnasiumVectorApiContract):
@@ -390,9 +372,9 @@ class VectorEnvContract(GymnasiumVectorApiContract):
         subs = vec.get_sub_environments()
         if len(subs) != n:
             raise AssertionError(f"get_sub_environments(): {len(subs)} entries, not {n}")
-        got = tuple(_sub_env_attr(sub, "episode") for sub in subs)
+        got = tuple(_on_sub_env(sub, "get_attr", ("episode",)) for sub in subs)
         assert_trees_equal(got, tuple(episodes), "each entry's episode (index order)")
-        _set_sub_env_attr(subs[1], "episode", 99)
+        _on_sub_env(subs[1], "set_attr", ("episode", 99))
         episodes[1] = 99
         assert_trees_equal(vec.get_attr("episode"), tuple(episodes), "set_attr of sub-env 1")
         assert_trees_equal(tuple(sub.render() for sub in subs), vec.render(), "render()s")
@@ -406,7 +388,10 @@ class VectorEnvContract(GymnasiumVectorApiContract):
         vec = self._make(kind, fns)
         rows = read_rows(vec, vec.reset_batch(self._seeds(self.seed)))
         actions = ActionSampler(vec, self.seed).sample(rows)
-        handles = sub_env_handles(vec)
+        try:  # a backend with no per-sub-env objects refuses (it overrides the sub-env test)
+            handles = [sub for sub in vec.get_sub_environments() if isinstance(sub, SubEnvHandle)]
+        except InvalidArgumentError:
+            handles = []
         vec.close()
         vec.close()  # closing twice is allowed and does nothing
         calls: dict[str, Callable[[], Any]] = {

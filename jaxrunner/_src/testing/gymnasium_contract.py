@@ -24,10 +24,8 @@ def _gymnasium_only(test: Callable) -> Callable:
 
 
 class GymnasiumVectorApiContract:
-    """Step for step equal to ``gymnasium.vector.SyncVectorEnv`` with SAME_STEP autoreset
-    (``final_obs`` and ``final_info`` included) on Box, Discrete and nested Dict/Tuple
-    spaces; metadata and spaces; ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i``;
-    ``step_batch(actions, rows)`` steps those rows only."""
+    """The checks on gymnasium envs listed last in
+    :class:`~jaxrunner._src.testing.contract.VectorEnvContract`'s docstring."""
 
     num_envs: int
     seed: int

@@ -46,8 +46,8 @@ class EnvRunnerGroupConfig:
     """How each runner's envs recreate failed sub-envs (``make_vec(restart_policy=...)``);
     None: a failure fails the runner (which the group then replaces)."""
     runner_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    """Keyword arguments for each runner: :class:`~jaxrunner.EnvRunner`'s (``metrics``,
-    ``num_splits``...), or :class:`~jaxrunner.EnvRunner`'s for a multi-agent env."""
+    """Keyword arguments for each runner, of either kind of env: :class:`~jaxrunner.EnvRunner`'s
+    (``metrics``, ``num_splits``...)."""
     multi_agent: bool | None = None
     """Deprecated and ignored (a ``DeprecationWarning``): each runner learns the kind
     from the env it builds."""
