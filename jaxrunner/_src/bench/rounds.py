@@ -118,6 +118,7 @@ def label(name: str, plan: Plan) -> str:
 
 
 def _rollout_length(num_envs: int, workload: str | None) -> int:
+    # Apart from measure_width, whose rollout_length argument hides the function.
     if workload is None:
         return rollout_length(num_envs)
     return get_workload(workload).rollout_length(num_envs)
