@@ -382,6 +382,21 @@ def resumed_run(make_runner, path, **restore_kwargs) -> tuple:
         return trajs, steady_metrics(runner), episodes, getattr(runner.callbacks, "seen", None)
 
 
+def assert_equal_but_policy_floats(got: Any, want: Any, where: str) -> None:
+    """Exactly equal trees, except the policy's float outputs (``extras``), which may
+    differ in the last bit: the stored files' params and recurrent state come from
+    another CPU, whose XLA may round differently (GRU's orthogonal init does)."""
+    got_leaves, got_def = jax.tree_util.tree_flatten_with_path(got)
+    want_leaves, want_def = jax.tree_util.tree_flatten_with_path(want)
+    assert got_def == want_def, where
+    for (path, a), (_, b) in zip(got_leaves, want_leaves):
+        name = f"{where}: {jax.tree_util.keystr(path)}"
+        if "extras" in name and np.asarray(a).dtype.kind == "f":
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, err_msg=name)
+        else:
+            assert_trees_equal(a, b, name)
+
+
 @pytest.mark.parametrize("name", TWO_KINDS)
 def test_checkpoints_of_earlier_versions_resume_exactly(name, saved, tmp_path):
     """Files of the earlier versions (written by the earlier code, at the point the
@@ -412,9 +427,9 @@ def test_checkpoints_of_earlier_versions_resume_exactly(name, saved, tmp_path):
     want = resumed_run(make_runner, saved(name), load_env_pickles=True)
     for path in old_files:
         got = resumed_run(make_runner, path, load_env_pickles=True)
-        assert_trees_equal(got[0], want[0], f"{path.name}: trajectories")
+        assert_equal_but_policy_floats(got[0], want[0], f"{path.name}: trajectories")
         assert got[1] == want[1], path.name
-        assert_trees_equal(got[2], want[2], f"{path.name}: episodes")
+        assert_equal_but_policy_floats(got[2], want[2], f"{path.name}: episodes")
         assert got[3] == want[3], path.name
     if name != "cartpole":
         assert len(want[3]) > 3
