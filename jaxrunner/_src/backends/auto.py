@@ -30,39 +30,21 @@ T = TypeVar("T")
 
 MIN_WORK_US = 300.0
 """The env work per vector step (one sub-env's step time x the sub-envs) from which a
-worker pays for itself; each worker gets at least this much. Calibrated on 2 cores,
-quiet (load 1.1-1.5), one worker against sync, 3 interleaved rounds
-(``benchmarks/results/auto_backend_quiet_first_rule_cpu.json``): 0.82x and 0.71x at 6
-and 49 us (CartPole at 1 and 8 envs); 1.09x at 350 us (HalfCheetah at 8); 1.18x at
-390 us (CartPole at 64); 1.28x and 1.34x at 1.6 and 12.8 ms (CartPole at 256, Pong at
-32); level at 1.4 and 3.2 ms (HalfCheetah at 32: 1.01x; Pong at 8: 0.98x). Checked
-with this rule in a second quiet run (``auto_backend_quiet_cpu.json``): auto did
-0.91-1.03x the faster of sync and one worker at every width. The worker steps the
-envs on the second core while the main process computes the policy and keeps the
-books. Beyond 2 cores the same floor per worker sets their number; that is not
-measured (no such machine was at hand)."""
+worker pays for itself; each worker gets at least this much. Calibrated on 2 cores:
+docs/backends/index.md, "How the rule was calibrated"."""
 
 
 def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
     """The layout for ``num_envs`` sub-envs whose step costs ``env_step_us`` on
     ``cpus`` CPUs: a pure function of the measurements.
 
-    ``work = env_step_us * num_envs`` is the env work per vector step. Below
-    :data:`MIN_WORK_US` the sub-envs stay in the main process (sync): a worker's round
-    trip costs more than it takes off. From there, ``"process"`` with one worker per
-    :data:`MIN_WORK_US` of work, at most one per sub-env and one per CPU but one (the
-    main process keeps one for the policy), or one per CPU from
-    ``ALL_CPUS_FROM_ENVS`` (256) sub-envs, where the process backend's own default
-    takes them all too (on 2 cores, CartPole at 256 envs: 2 workers did 1.22-1.25x
-    one worker, ``benchmarks/results/auto_backend_policy_two_candidates_quiet_cpu.json``).
-
-    The main process's share (``ProcessConfig.main_process_envs``) is never chosen:
-    its stepping adds to the policy on the main process's path, so whether it pays
-    depends on the policy (one worker with half the envs in the main process did 0.76x
-    the best layout with NatureCNN on Pong at 8 envs and 0.86x on CartPole at 256, on
-    2 cores, load average 1.5-2.7: a first run of ``benchmarks/auto_backend.py``,
-    commit 9758e9c, whose JSON was not kept), and it costs those sub-envs their
-    isolation.
+    Below :data:`MIN_WORK_US` of env work per vector step the sub-envs stay in the main
+    process (sync): a worker's round trip costs more than it takes off. From there,
+    ``"process"`` with one worker per :data:`MIN_WORK_US` of work, at most one per
+    sub-env and one per CPU but one (the main process keeps one for the policy), or one
+    per CPU from ``ALL_CPUS_FROM_ENVS`` sub-envs, as the process backend's default. The
+    main process's share is never chosen: whether it pays depends on the policy, and it
+    costs those sub-envs their isolation (the measurements: docs/backends/index.md).
     """
     work_us = env_step_us * num_envs
     choice = functools.partial(LayoutChoice, env_step_us=env_step_us, num_envs=num_envs, cpus=cpus)

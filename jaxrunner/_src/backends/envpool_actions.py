@@ -14,33 +14,11 @@ from jaxrunner._src.space_arrays.actions import check_action_batch, passing_batc
 from jaxrunner.errors import EnvIndexError, InvalidActionError, InvalidArgumentError
 
 
-def check_envpool_actions(task_id: str, space: spaces.Space, actions: Any, rows: np.ndarray) -> Any:
-    """``actions`` for sub-envs ``rows`` (one row each), checked against ``space``
-    (:func:`check_action_batch`: shape, dtype kind, and the range of ``Discrete`` and
-    ``MultiDiscrete``, before any cast to EnvPool's dtype could wrap a value).
-
-    Returns:
-        The batch as a numpy array (as :func:`check_action_batch`).
-
-    Raises:
-        InvalidActionError: naming the task, the row, its sub-env and the value.
-    """
-    try:
-        return check_action_batch(
-            space, actions, len(rows), row_name=lambda i: f"sub-env {rows[i]}"
-        )
-    except InvalidActionError as err:
-        raise InvalidActionError(
-            f"EnvPool {task_id}: {err} EnvPool's C++ does not check actions (one far out of "
-            "range crashes the process)."
-        ) from None
-
-
 class EnvPoolActions:
-    """:func:`check_envpool_actions` for one pool's sends: the common batch (a numpy array
-    of the right shape and kind, in range) passes inline, one
-    :func:`~jaxrunner._src.space_arrays.actions.passing_batch_test` per batch size; any other
-    goes through the checks, which name what is wrong."""
+    """Checks one pool's action batches before EnvPool's C++, which trusts them: the
+    common batch passes inline (one ``passing_batch_test`` per batch size); any other goes
+    through ``check_action_batch`` (its range checks come before any cast could wrap a
+    value), whose error names the task, the row, its sub-env and the value."""
 
     def __init__(self, task_id: str, space: spaces.Space) -> None:
         self.task_id, self.space = task_id, space
@@ -53,7 +31,15 @@ class EnvPoolActions:
         passes = self._passes[n]
         if passes is not None and passes(actions):
             return actions
-        return check_envpool_actions(self.task_id, self.space, actions, rows)
+        try:
+            return check_action_batch(
+                self.space, actions, n, row_name=lambda i: f"sub-env {rows[i]}"
+            )
+        except InvalidActionError as err:
+            raise InvalidActionError(
+                f"EnvPool {self.task_id}: {err} EnvPool's C++ does not check actions (one far "
+                "out of range crashes the process)."
+            ) from None
 
 
 def check_env_ids(env_ids: EnvIds, num_envs: int, in_flight: np.ndarray, who: str) -> np.ndarray:

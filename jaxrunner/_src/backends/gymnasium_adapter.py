@@ -13,10 +13,11 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.gymnasium_sub_envs import async_request, sub_environments
-from jaxrunner._src.backends.in_process import InProcessVectorEnv
+from jaxrunner._src.backends.in_process import InProcessSends
 from jaxrunner._src.backends.masked_reset import MaskedReset, masked_reset_for
 from jaxrunner._src.backends.vector_infos import (
     EMPTY_RESET_INFOS,
@@ -46,7 +47,7 @@ def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | Non
     return seeds
 
 
-class GymnasiumVectorEnv(InProcessVectorEnv):
+class GymnasiumVectorEnv(InProcessSends, VectorEnv):
     """Adopts a gymnasium ``VectorEnv`` (semantics: docs/backends/gymnasium.md).
 
     Every ``step_batch`` steps the wrapped env once with the whole action batch. The
@@ -82,7 +83,9 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
                 f"{type(env).__name__}. Wrap a single env with gymnasium.vector.SyncVectorEnv"
                 "([make_env] * n), or use jaxrunner.make_vec(make_env, n)."
             )
-        self.env = env
+        # Any: Sync/AsyncVectorEnv (and envs that follow them) have call/get_attr/set_attr;
+        # gymnasium's VectorEnv does not declare them.
+        self.env: Any = env
         try:
             self._init_from(env, masked_reset)
         except BaseException:
@@ -303,23 +306,17 @@ class GymnasiumVectorEnv(InProcessVectorEnv):
         self._check_open("render")
         return self.env.render()
 
-    @property
-    def _attr_env(self) -> Any:
-        # Sync/AsyncVectorEnv (and envs that follow them) have call/get_attr/set_attr;
-        # gymnasium's VectorEnv does not declare them.
-        return self.env
-
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         self._check_open("call")
-        return self._attr_env.call(name, *args, **kwargs)
+        return self.env.call(name, *args, **kwargs)
 
     def get_attr(self, name: str) -> Any:
         self._check_open("get_attr")
-        return self._attr_env.get_attr(name)
+        return self.env.get_attr(name)
 
     def set_attr(self, name: str, values: Any) -> None:
         self._check_open("set_attr")
-        self._attr_env.set_attr(name, values)
+        self.env.set_attr(name, values)
 
     def get_sub_environments(self) -> list[Any]:
         """A wrapped ``SyncVectorEnv``'s sub-envs themselves, a

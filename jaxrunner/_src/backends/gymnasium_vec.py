@@ -22,16 +22,8 @@ def make_gymnasium_vec(
     **kwargs: Any,
 ) -> GymnasiumVectorEnv:
     """``gymnasium.make_vec(env_id, num_envs, vectorization_mode, ...)``, adopted.
-
-    Args:
-        env_id: a registered gymnasium id.
-        num_envs: number of sub-envs.
-        vectorization_mode: ``"vector_entry_point"``, ``"sync"`` or ``"async"``; ``None``
-            uses the env's own vector implementation where it has one, else ``"sync"``.
-        vector_kwargs: for ``SyncVectorEnv``/``AsyncVectorEnv``; their autoreset mode
-            defaults to SAME_STEP here (no masked resets needed).
-        **kwargs: passed to gymnasium (env kwargs, ``wrappers``).
-    """
+    ``vectorization_mode`` None: the env's own vector implementation where it has one,
+    else ``"sync"``; Sync/AsyncVectorEnv default to SAME_STEP here (no masked resets)."""
     if not isinstance(env_id, str):
         raise InvalidArgumentTypeError(
             f"make_vec(env=..., backend='gymnasium'): expected a registered gymnasium id "

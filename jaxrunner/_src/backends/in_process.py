@@ -10,7 +10,6 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.restarts import close_quietly
 from jaxrunner._src.backends.snapshots import (
@@ -24,7 +23,7 @@ from jaxrunner.errors import InvalidArgumentError
 
 class InProcessSends:
     """``send``/``recv`` of a backend whose sub-envs step in the calling thread (a mixin
-    of :class:`InProcessVectorEnv` and the sync multi-agent backend): :meth:`send`
+    of the sync backends and the gymnasium adapter): :meth:`send`
     keeps the actions (read, not copied: keep them unchanged until the matching
     :meth:`recv`), and :meth:`recv` steps the oldest send with :meth:`_step`."""
 
@@ -61,11 +60,6 @@ class InProcessSends:
             return self.recv()
         self._check_open("step")  # type: ignore[attr-defined]
         return self._step(actions, rows)
-
-
-class InProcessVectorEnv(InProcessSends, VectorEnv):
-    """Base of single-agent backends whose sub-envs step in the calling thread (see
-    :class:`InProcessSends`)."""
 
 
 class BlockForwarding:

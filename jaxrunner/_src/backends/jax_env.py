@@ -19,6 +19,7 @@ from jaxrunner._src.backends.functional_env import (
     functions_of,
     to_gymnasium_space,
 )
+from jaxrunner._src.backends.one_agent import ONE_AGENT
 from jaxrunner._src.core.agent_groups import (
     AgentGroup,
     GroupedAgents,
@@ -27,9 +28,6 @@ from jaxrunner._src.core.agent_groups import (
 )
 from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
-
-ONE_AGENT = "agent_0"
-"""The agent id of a one-agent env's one agent (its group's only slot)."""
 
 
 class JaxVectorEnv(GroupedAgents):

@@ -27,8 +27,8 @@ MaskedReset = Callable[[VectorEnv, np.ndarray, Seeds, Options], ResetRows]
 """``masked_reset(env, mask, seeds, options) -> (obs, infos)``: resets the sub-envs where
 the bool array ``mask`` is True (sub-env ``i`` with ``seeds[i]`` when ``seeds`` is given)
 and no other, so that the env's next ``step`` is a real step for every sub-env (a NEXT_STEP
-env must forget that those episodes ended). Returns the reset observations of the masked
-sub-envs only (``[mask.sum(), ...]``, in index order) and their infos (one dict each)."""
+env must forget that those episodes ended). Returns the masked sub-envs' rows only
+(:data:`ResetRows`)."""
 
 
 def reset_with_mask(env: VectorEnv, mask: np.ndarray, seeds: Seeds, options: Options) -> ResetRows:

@@ -53,19 +53,10 @@ def retry(
     cause: BaseException,
     give_up: Callable[[BaseException], BaseException],
 ) -> T:
-    """Calls ``attempt`` until it returns, at most ``policy.max_attempts`` times, waiting
-    ``policy.waits()`` before each try: the one retry-with-backoff of every backend.
-
-    Args:
-        attempt: one try; it cleans up after itself when it raises.
-        policy: attempts and backoff.
-        cause: the failure that made the retries necessary (chained if we give up).
-        give_up: ``(last_error) -> error``: the error to raise once every attempt failed.
-
-    Raises:
-        The error ``give_up`` returns, from ``cause``; its ``recreation_error`` is the
-        last attempt's error.
-    """
+    """Calls ``attempt`` (which cleans up after itself when it raises) until it returns,
+    at most ``policy.max_attempts`` times, waiting ``policy.waits()`` before each try: the
+    one retry-with-backoff of every backend. Once every attempt failed, raises
+    ``give_up(last_error)`` from ``cause``, its ``recreation_error`` the last error."""
     last: BaseException | None = None
     for wait in policy.waits():
         time.sleep(wait)

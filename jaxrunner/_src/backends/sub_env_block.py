@@ -69,10 +69,6 @@ class StepResult(NamedTuple):
     errors: dict[int, BaseException]
     """Every failure (step, or autoreset after a good step), by global index."""
 
-    def failed_mask(self, lo: int, hi: int) -> np.ndarray | None:
-        """The failed steps of ``[lo, hi)`` as a bool mask (None: none failed)."""
-        return failed_mask(self.failed, lo, hi)
-
 
 def failed_mask(failed: Sequence[int], lo: int, hi: int) -> np.ndarray | None:
     """Sub-envs ``failed`` (global indices in ``[lo, hi)``) as a ``[hi - lo]`` bool

@@ -15,17 +15,17 @@ from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.env_api import check_env
 from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBlock
-from jaxrunner._src.backends.in_process import BlockForwarding, InProcessVectorEnv
+from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.snapshots import (
     SnapshotRefusedError,
 )
 from jaxrunner._src.backends.step_buffers import StepBuffers
-from jaxrunner._src.backends.sub_env_block import EnvFactory
+from jaxrunner._src.backends.sub_env_block import EnvFactory, failed_mask
 from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 
 
-class SyncVectorEnv(BlockForwarding, InProcessVectorEnv):
+class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
     """Sub-envs in this process, stepped one after another, with validated,
     in-place writes into stacked buffers.
 
@@ -122,7 +122,7 @@ class SyncVectorEnv(BlockForwarding, InProcessVectorEnv):
             None if rows is None else slice(lo, hi),
             out.infos,
             out.reset_infos,
-            out.failed_mask(lo, hi) if out.failed else None,
+            failed_mask(out.failed, lo, hi) if out.failed else None,
             out.errors or None,
         )
 

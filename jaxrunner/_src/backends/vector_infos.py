@@ -134,20 +134,10 @@ EMPTY_RESET_INFOS: Mapping[int, dict[str, Any]] = ResetInfos((), lambda i: {})
 def same_step_infos(
     merged: Mapping[str, Any], num_envs: int, ended: Sequence[int]
 ) -> tuple[SplitInfos, ResetInfos]:
-    """The step-side and reset-side infos of one call of a SAME_STEP vector env.
-
-    Where episodes end, such an env resets in the same call: the merged info is the
-    reset's, and the ended steps' own infos are in ``merged["final_info"]``.
-
-    Args:
-        merged: the call's merged info.
-        num_envs: the number of sub-envs.
-        ended: the sub-envs whose episodes ended, in index order.
-
-    Returns:
-        The per-env step infos (an ended sub-env's from ``final_info`` where the env
-        gave one) and the ended sub-envs' reset infos; neither holds :data:`FINAL_KEYS`.
-    """
+    """The per-env step infos and the reset infos of sub-envs ``ended`` (in index order)
+    of one call of a SAME_STEP vector env, which resets in the same call: ``merged`` is
+    the reset's info, the ended steps' own are in ``merged["final_info"]`` where the env
+    gave them. Neither holds :data:`FINAL_KEYS`."""
     final_info = merged.get("final_info")
     # gymnasium merges the final infos like any nested info dict (key/_key arrays).
     finals: dict[int, dict[str, Any]] = {}

@@ -15,18 +15,10 @@ from jaxrunner.errors import InvalidActionError
 
 class ActionCheck:
     """Validates every group's ``[B, A_g, ...]`` action batch as a whole, before any
-    sub-env steps (shapes, dtypes, and the range of ``Discrete`` and ``MultiDiscrete``
-    actions, every row's, acting or not; nothing is cast). A call returns the actions.
-
-    The common case (one numpy array per group, of the expected shape and dtype kind,
-    in range) passes :func:`~jaxrunner._src.space_arrays.passing_batch_test`; anything
-    else goes through :func:`~jaxrunner._src.space_arrays.check_action_batch`, which
-    names what is wrong.
-
-    Raises (from a call):
-        InvalidActionError: a batch of the wrong structure, shape or dtype, or an action
-            out of range.
-    """
+    sub-env steps (shapes, dtypes, the range of ``Discrete`` and ``MultiDiscrete``, every
+    row's, acting or not; nothing is cast); a call returns the actions or raises
+    InvalidActionError. The common case passes ``passing_batch_test`` inline; anything
+    else goes through ``check_action_batch``, which names what is wrong."""
 
     def __init__(self, groups: Sequence[AgentGroup], num_envs: int) -> None:
         self.groups, self.num_envs = tuple(groups), num_envs

@@ -42,16 +42,8 @@ class AgentBlock(SubEnvBlock):
     a failed step yields no transition for any of its agents (its row's ``completed``
     is cleared) and its episode ends as a fault; the new episode's first agents act next.
     A step or reset is invalid where the env raises, or returns what its spaces or
-    PettingZoo's API refuse, or an observation with a NaN or an infinity.
-
-    Args:
-        envs: the sub-envs (PettingZoo parallel or AEC envs, all of one kind).
-        groups: the agent groups (equal for every sub-env).
-        offset: the global index of the first sub-env.
-        fns: the sub-envs' factories (needed for restarts).
-        restart_policy: how failed sub-envs are recreated (None: failures raise).
-        buffers: where the block writes (None: buffers of its own).
-        status: the progress marks (see ``SubEnvBlock``).
+    PettingZoo's API refuse, or an observation with a NaN or an infinity. ``envs`` are
+    all parallel or all AEC, with equal agent ``groups``; ``buffers`` None: its own.
     """
 
     def __init__(
@@ -159,7 +151,7 @@ class AgentBlock(SubEnvBlock):
                 if self.restart_policy is None:
                     raise error from _cause(err)
                 errors[b] = error
-                self._fail_row(b)
+                self.step_buffers.fail_row(b)
                 self.restart(offset + b, _cause(err) or error, failed_step=False)
                 infos.append({})
                 continue
@@ -201,7 +193,7 @@ class AgentBlock(SubEnvBlock):
             errors[b] = error
             if in_step:
                 infos[b - lo], self.status[self.offset + b] = {}, RUNNING
-                self._fail_row(b)
+                self.step_buffers.fail_row(b)
             if not restarted:
                 self.restart(self.offset + b, error, failed_step=False)
 
@@ -228,10 +220,6 @@ class AgentBlock(SubEnvBlock):
         """The rows of ``errors`` whose step failed (not a reset after a good step)."""
         return [b for b in errors if not self.env_done[b]]
 
-    def _fail_row(self, b: int) -> None:
-        """Row ``b``'s step holds no transition (its outcomes are cleared)."""
-        self.step_buffers.fail_row(b)
-
     def _fresh(self, j: int, env: Any, seed: int | None) -> dict[str, Any]:
         clear_row(self.buffers, "obs", j)  # no observation of the old sub-env stays
         self._check_agents(env, self.offset + j)
@@ -242,7 +230,7 @@ class AgentBlock(SubEnvBlock):
         return info
 
     def _fail_slot(self, i: int) -> None:
-        self._fail_row(i - self.offset)
+        self.step_buffers.fail_row(i - self.offset)
 
     def result(
         self, infos: list[dict[str, Any]], errors: dict[int, BaseException] | None = None

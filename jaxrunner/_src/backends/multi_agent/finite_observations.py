@@ -25,7 +25,7 @@ class FiniteObservations:
     single-agent loop's); the exact check runs only when a sum is not finite.
 
     The buffers must hold finite values only, except where this step wrote: the block
-    clears a failed row's observations (``AgentBlock._fail_row`` and ``_fresh``).
+    clears a failed row's observations (``AgentStepBuffers.fail_row`` and ``_fresh``).
     """
 
     def __init__(self, buffers: Sequence[GroupBuffers], layout: Layout) -> None:

@@ -54,23 +54,6 @@ class Layout:
         agents, offset = group.agents, self.offset
         return lambda row: agent_label(offset + row // len(agents), agents[row % len(agents)])
 
-    def where(self, agent: str, env_index: int) -> tuple[GroupBuffers, int, tuple[int, int]]:
-        """The agent's buffers, its flat row, and its ``(b, a)`` index, for the sub-env in
-        row ``env_index`` (an :class:`~jaxrunner.errors.EnvError` for an agent not in
-        ``possible_agents``)."""
-        slot = self.slot.get(agent)
-        if slot is None:
-            index = self.offset + env_index
-            raise EnvError(
-                f"sub-env {index}: agent {agent!r} is not among possible_agents "
-                f"{list(self.slot)}; a multi-agent env must declare every agent it may have "
-                "in possible_agents.",
-                index,
-            )
-        g, a = slot
-        buf = self.buffers[g]
-        return buf, env_index * self.groups[g].num_agents + a, (env_index, a)
-
 
 class AgentSlot:
     """One agent's place in one env's row of the buffers, resolved once (the step loop
@@ -91,10 +74,20 @@ class AgentSlot:
         "write_obs",
     )
 
-    def __init__(self, layout: Layout, agent: str, env_index: int) -> None:
-        buf, row, (b, a) = layout.where(agent, env_index)
-        self.g, self.a, self.row = layout.slot[agent][0], a, row
-        self.write_obs, self.write_next = layout.writers[self.g]
+    def __init__(self, layout: Layout, agent: str, b: int) -> None:
+        slot = layout.slot.get(agent)
+        if slot is None:
+            index = layout.offset + b
+            raise EnvError(
+                f"sub-env {index}: agent {agent!r} is not among possible_agents "
+                f"{list(layout.slot)}; a multi-agent env must declare every agent it may have "
+                "in possible_agents.",
+                index,
+            )
+        self.g, self.a = g, a = slot
+        self.row = b * layout.groups[g].num_agents + a
+        buf = layout.buffers[g]
+        self.write_obs, self.write_next = layout.writers[g]
         self.acting, self.start = buf.acting[b], buf.agent_start[b]
         self.completed, self.reward = buf.completed[b], buf.reward[b]
         self.terminated, self.truncated = buf.terminated[b], buf.truncated[b]
