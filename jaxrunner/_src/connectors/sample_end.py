@@ -36,19 +36,21 @@ class SampleEnd:
 
     def __call__(self, flat: Any, traj: Any) -> tuple[Any, Any]:
         """Returns ``traj`` with the connectors' extras added and the new packed state."""
-        policy_obs = traj.extras.get(POLICY_OBS)
-        obs = traj.obs if self._connectors.obs else None
-        inputs = jax.device_put(
-            (
-                obs,
-                policy_obs,
-                traj.next_obs,
-                traj.reward,
-                traj.terminated,
-                traj.truncated,
-                traj.valid,
-            )
-        )
+        inputs = jax.device_put(finish_inputs(traj, bool(self._connectors.obs)))
         extras, flat = self._fn(flat, *inputs)
         extras = jax.tree.map(np.asarray, jax.device_get(extras))
         return traj.replace(extras={**traj.extras, **extras}), flat
+
+
+def finish_inputs(traj: Any, with_obs: bool = True) -> tuple[Any, ...]:
+    """What :meth:`Connectors.finish_sample` takes after the state, read from a
+    ``Trajectory`` or ``GroupTrajectory`` (``obs`` None unless ``with_obs``)."""
+    return (
+        traj.obs if with_obs else None,
+        traj.extras.get(POLICY_OBS),
+        traj.next_obs,
+        traj.reward,
+        traj.terminated,
+        traj.truncated,
+        traj.valid,
+    )

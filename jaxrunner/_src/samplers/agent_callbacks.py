@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from jaxrunner._src.core.episode import AgentEpisode, concatenate_agent_episodes
 from jaxrunner._src.core.runner_state import EpisodeJoiner, Runner
 from jaxrunner._src.samplers.callbacks import Callbacks
-from jaxrunner._src.samplers.callbacks import overrides as overrides_hook
 
 STEP_HOOKS = ("on_episode_start", "on_episode_step", "on_episode_end")
 """The hooks that run in the sampling loop, per env episode."""
@@ -38,7 +37,8 @@ class AgentCallbacks(Callbacks):
 
 def overrides(callbacks: Callbacks | None, hook: str) -> bool:
     """Whether ``callbacks`` overrides ``hook`` (else it is never called)."""
-    return callbacks is not None and overrides_hook(callbacks, hook, AgentCallbacks)
+    base = AgentCallbacks  # (a plain Callbacks subclass: the same hooks)
+    return callbacks is not None and getattr(type(callbacks), hook) is not getattr(base, hook)
 
 
 def agent_episode_joiner(possible_agents: Sequence[str]) -> EpisodeJoiner[AgentEpisode]:

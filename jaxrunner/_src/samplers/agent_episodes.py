@@ -24,8 +24,8 @@ def agent_episode_ends(
     ``aborted`` (``[T, B]`` bool, None: never): the env's step failed, cutting every
     agent's episode there as a fault: those episodes end without being returned.
 
-    Vectorised over the steps, as :class:`~jaxrunner._src.samplers.episode_ids.EpisodeBook`
-    does: an episode's return is the difference of running sums at its two ends."""
+    Vectorised over the steps: an episode's return is the difference of running sums at
+    its two ends."""
     empty = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
     if t == 0:
         return empty

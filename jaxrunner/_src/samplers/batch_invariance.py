@@ -36,30 +36,17 @@ def default_chunk_rows(
     *,
     small_calls: bool = False,
 ) -> int:
-    """Rows per policy chunk for a runner of ``num_rows`` envs whose policy costs
-    ``flops_per_row`` (None: unknown, taken as costly), on ``platform`` (default: JAX's
-    default backend). ``small_calls``: most calls hold a few rows (a policy server's
-    batches), so a costly policy keeps :data:`MIN_CHUNK_ROWS` rows on a CPU host.
-
-    A function of the width, the policy and the platform only, never of the backend or
-    the grouping, so every backend and mode of the same runner shape computes with the
+    """Rows per policy chunk for ``num_rows`` envs of a policy costing ``flops_per_row``
+    (None: unknown, taken as costly) on ``platform`` (default: JAX's). A function of
+    these only, never of the backend or grouping: every mode of a runner computes the
     same chunks (the determinism guarantee).
 
-    CPU (measured on 2 shared cores, ``docs/performance.md``): each chunk costs a loop
-    step of several microseconds, which a 64-64 MLP's rows do not pay for, so a cheap
-    policy takes about :data:`CHUNK_FLOPS` of work per chunk (a CartPole MLP: half the
-    envs up to 128 rows); a NatureCNN computes more images a second the more a chunk
-    holds (sampling Pong at 32 and 64 envs ran 1.05-1.27x in chunks of half the envs
-    against chunks of 8), so a costly policy (:data:`MIN_CHUNK_ROWS` rows already over
-    :data:`CHUNK_FLOPS`, or an unknown cost) takes half the envs. Either way at most half
-    the envs (two pipelining splits are whole chunks) and :data:`MAX_CHUNK_ROWS`, and at
-    least :data:`MIN_CHUNK_ROWS` (or every env, if fewer). A block smaller than a chunk
-    (a ready-first bucket, a worker's block) is padded to it.
-
-    Accelerators (not measured): half the envs, so two pipelining splits (from 256 envs,
-    or ``num_splits=2``) are one chunk each and a call never loops over many small
-    kernels.
-    """
+    CPU (measurements: docs/performance.md): a cheap policy takes about
+    :data:`CHUNK_FLOPS` of work per chunk (a loop step costs microseconds), a costly or
+    unknown one half the envs (a CNN runs faster in bigger chunks), unless
+    ``small_calls`` (a policy server's few-row batches): :data:`MIN_CHUNK_ROWS`. Always
+    at most half the envs (two splits are whole chunks) and :data:`MAX_CHUNK_ROWS`, at
+    least :data:`MIN_CHUNK_ROWS` (or every env). Accelerators: half the envs."""
     platform = platform or jax.default_backend()
     if platform != "cpu":
         return _pow2_floor(num_rows // 2)
@@ -72,10 +59,9 @@ def default_chunk_rows(
 
 
 def policy_flops_per_row(policy: Policy, params: Params, obs_space: spaces.Space) -> float | None:
-    """XLA's estimate of the floating-point operations ``policy`` takes per row of
-    observations of ``obs_space`` (what the policy sees: after the observation
-    connectors), from its HLO for one row (deterministic; nothing runs). None where
-    XLA gives no estimate or the policy does not trace on one dummy row."""
+    """XLA's estimate of ``policy``'s flops per row of ``obs_space`` (what the policy
+    sees), from its HLO for one row (nothing runs); None where there is none or the
+    policy does not trace on a dummy row."""
     one_row = jax.tree.map(jnp.asarray, dummy_obs(obs_space, 1))
     args = (params, one_row, policy.batched_carry(1), jax.random.split(keys.key(0), 1))
 
@@ -132,36 +118,18 @@ class ChunkedApply(Protocol[R_co]):
 def chunked_apply(
     apply_fn: Callable[[Params, Any, Carry, Any], R], chunk_rows: int
 ) -> ChunkedApply[R]:
-    """``apply_fn`` computed ``chunk_rows`` rows at a time, so a
-    row's result is the same bits whatever the number of rows in the call.
+    """``apply_fn`` (row-wise, ``(params, obs, carry, keys)``, or the like, e.g. a
+    ``log_prob_fn``) computed ``chunk_rows`` rows at a time, so a row's result is the
+    same bits whatever the call's size: the chunks run in a ``lax.while_loop`` whose
+    trip count is known only at run time, so XLA can neither inline a one-chunk loop
+    nor fuse the policy with what follows (either changes rounding; docs/design.md).
 
-    The chunks run in a ``lax.while_loop`` whose trip count, ``ceil(num_rows /
-    chunk_rows)``, is only known at run time, so XLA compiles the loop's body, the
-    policy for one chunk, as a computation of its own whatever the call's size: it can
-    neither inline a one-chunk loop nor fuse the policy's last operations with what
-    follows the call (either changes rounding, e.g. an ``a * b + c`` contracted into a
-    fused multiply-add in one layout and not in another). Chunks holding only rows
-    after ``num_rows`` are not computed.
-
-    Args:
-        apply_fn: a row-wise policy, ``(params, obs, carry, keys) -> (action, extras,
-            carry)``, every input and output leaf ``[N, ...]`` (or any row-wise function
-            of that shape, e.g. a policy's ``log_prob_fn``, actions in place of keys).
-        chunk_rows: rows per chunk.
-
-    Returns:
-        ``apply(params, obs, carry, keys, num_rows)``: ``apply_fn``'s outputs for ``N``
-        rows, a multiple of ``chunk_rows`` (traceable; jit it), where ``num_rows`` (a
-        traced int ``<= N``, from the call's inputs: a constant would let XLA inline a
-        one-chunk loop) counts the leading rows to compute. Pad the rows on the host:
-        padding XLA can see through (a broadcast, a constant gather) changes how it
-        compiles the chunk.
-
-    Raises:
-        InvalidArgumentError: while tracing, if ``N`` is not a multiple of
-            ``chunk_rows`` or an output leaf of the policy does not have one row per
-            input row.
-    """
+    Returns ``apply(params, obs, carry, keys, num_rows)`` (traceable) for ``N`` rows, a
+    multiple of ``chunk_rows``, computing the chunks that hold the first ``num_rows``
+    (traced, from the inputs: a constant would let XLA inline a one-chunk loop). Pad on
+    the host: padding XLA can see through changes how it compiles the chunk. Raises
+    InvalidArgumentError while tracing for a bad ``N`` or an output leaf without one row
+    per input row."""
     chunk_rows = check_chunk_rows(chunk_rows, "chunked_apply")
 
     def apply(params: Params, obs: Any, carry: Carry, keys: Any, num_rows: jax.Array) -> R:

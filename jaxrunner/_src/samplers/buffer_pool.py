@@ -12,7 +12,7 @@ import numpy as np
 from jaxrunner._src import space_arrays
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.samplers.group_step import GroupSampler
-from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, InfoRecorder
+from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT
 from jaxrunner.errors import InvalidArgumentError
 
 NOT_OUT = (
@@ -71,28 +71,12 @@ class HandedOut:
         return entry[2]
 
 
-def policy_extras_keys(extras_spec: Any, infos: InfoRecorder | None) -> list[str]:
-    """The ``extras`` a sampler writes itself (the policy's and the infos), not those
-    connectors add at the end of a sample."""
-    keys = list(extras_spec)
-    if infos is not None:
-        keys += [INFOS, INFOS_PRESENT]
-    return keys
-
-
 class BufferPool:
-    """The host loop's :class:`MultiAgentTrajectory` buffers (each group's ``[T, B, A_g]``
-    arrays and the env-level ``[T, B]`` ones): new ones, or those of samples the caller
-    released (``EnvRunner.release``), which the next sample writes into instead of
-    allocating (and zeroing) a trajectory's memory again.
-
-    Only a trajectory handed out and not released yet is taken back, and only with the
-    very arrays it was handed out with, still writable and of their shapes: the next
-    sample writes into them, so anything else (a ``replace()``'d copy, another runner's,
-    one released already whose arrays hold a later sample) would be written into the
-    caller's memory or break the sample. ``compact``: every sample writes its dense
-    ``next_obs`` into a scratch, one per sample being written (``live``).
-    """
+    """The host loop's :class:`MultiAgentTrajectory` buffers: new ones, or those of
+    samples the caller released (``EnvRunner.release``, checked by :class:`HandedOut`:
+    the next sample writes into them), instead of allocating and zeroing them again.
+    ``compact``: every sample writes its dense ``next_obs`` into a scratch, one per
+    sample being written (``live``)."""
 
     def __init__(
         self,
@@ -107,8 +91,9 @@ class BufferPool:
         self._free: list[MultiAgentTrajectory] = []
         self._groups, self._agents = groups, agents
         self._num_steps, self._num_envs = num_steps, num_envs
-        self._own_extras = {
-            pid: policy_extras_keys(gs.extras_spec, gs.infos) for pid, gs in groups.items()
+        self._own_extras = {  # the extras a sample writes (not the connectors' at its end)
+            pid: [*gs.extras_spec, *(() if gs.infos is None else (INFOS, INFOS_PRESENT))]
+            for pid, gs in groups.items()
         }
         self._has_infos = any(gs.infos is not None for gs in groups.values())
         self._layout: tuple[Any, list[tuple[tuple[int, ...], np.dtype]]] | None = None

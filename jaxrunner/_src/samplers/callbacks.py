@@ -145,9 +145,3 @@ class Callbacks:
     def on_episode_end(self, runner: Runner, env_index: int, episode: LiveEpisode) -> None:
         """After the step that ended ``episode`` (terminated or truncated), or after
         its env failed and was restarted (``episode.faulty``)."""
-
-
-def overrides(callbacks: Any, hook: str, base: type = Callbacks) -> bool:
-    """Whether ``callbacks`` (an instance of a subclass of ``base``) overrides ``hook``:
-    a hook it does not override is never called."""
-    return getattr(type(callbacks), hook) is not getattr(base, hook)

@@ -196,13 +196,10 @@ class OneAgentSampler:
 
     def _reused(self, traj: Trajectory) -> list[Any]:
         extras = traj.extras if isinstance(traj.extras, dict) else {}
-        own = {k: extras.get(k) for k in self._group_extras_keys()}
+        own = {k: extras.get(k) for k in self._loop._pool._own_extras[self._pid]}
         fields = [
             traj.obs, traj.action, traj.reward, traj.terminated, traj.truncated, own,
             traj.env_id, traj.episode_id, traj.step, traj.valid,
             None if self._compact else traj.next_obs_store,
         ]  # fmt: skip
         return jax.tree.leaves(fields)
-
-    def _group_extras_keys(self) -> list[str]:
-        return self._loop._pool._own_extras[self._pid]

@@ -14,20 +14,18 @@ import numpy as np
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.cpu_dispatch import inline_cpu_dispatch
-from jaxrunner._src.samplers.batch_invariance import CHUNK_FLOPS
-from jaxrunner._src.samplers.policy_step import runner_chunk_rows
+from jaxrunner._src.samplers.batch_invariance import (
+    CHUNK_FLOPS,
+    default_chunk_rows,
+    policy_flops_per_row,
+)
 from jaxrunner._src.samplers.sampler import SamplerSetup
 
 PIPELINE_MIN_ENVS = 256
 """From this many envs up, two splits by default where a policy call can overlap the
-envs (an accelerator, or a CPU host with asynchronous dispatch). A split pays only once
-its envs' work outweighs one more policy call's host-side cost. CPU, 2 cores,
-CartPole-v1, 3 interleaved rounds: at 256 envs 2.6 ms a step with two splits against
-3.3 ms with one; at 64 no difference. H200 (a VM, 16 cores): each call took about
-0.6 ms of the host's time (dispatch and the wait for its result), so two splits on
-the sync backend lost to the one-call hand loop on MLP workloads (CartPole 0.62x at 8
-envs, HalfCheetah 0.79x and 0.73x at 8 and 32). With inline CPU dispatch a policy call
-cannot overlap the envs: one split."""
+envs (an accelerator, or a CPU host with asynchronous dispatch): a split pays only once
+its envs' work outweighs one more policy call's host-side cost (measurements:
+docs/gpu.md, docs/changes.md)."""
 
 
 class Stepped(Protocol):
@@ -47,25 +45,25 @@ class GroupCost(NamedTuple):
 
 
 def group_cost(group: AgentGroup, setup: SamplerSetup, num_envs: int) -> GroupCost:
-    """A group's policy chunk (the runner's, for its rows) and its work per row."""
-    pid = group.policy_id
-    chunk, flops = runner_chunk_rows(
-        setup.policies[pid], setup.params[pid], group.observation_space,
-        setup.connectors.get(pid), num_envs * group.num_agents, setup.chunk_rows,
-    )  # fmt: skip
+    """A group's policy chunk for its rows (``setup.chunk_rows``, else the default: the
+    same in every host sampler, so their trajectories are the same bits) and XLA's
+    estimate of its work per row, on the observations the policy sees."""
+    pid, space = group.policy_id, group.observation_space
+    connectors = setup.connectors.get(pid)
+    if connectors is not None:
+        space = connectors.observation_space(space)  # what the policy sees
+    flops = policy_flops_per_row(setup.policies[pid], setup.params[pid], space)
+    chunk = setup.chunk_rows
+    if chunk is None:
+        chunk = default_chunk_rows(num_envs * group.num_agents, flops)
     return GroupCost(group.num_agents, chunk, flops)
 
 
 def default_num_splits(envs: Stepped, costs: Sequence[GroupCost] = ()) -> int:
-    """The backend's declared choice, else 2 from a width where overlap pays, else 1.
-
-    Fewer where splitting would pay the policy again: a split smaller than a policy
-    chunk is padded to it, and where the padding's work over the groups (``costs``) is
-    more than a chunk's worth
-    (:data:`~jaxrunner._src.samplers.batch_invariance.CHUNK_FLOPS`, an unknown cost
-    counting as more) the envs are split only into whole chunks (NatureCNN at 8 envs:
-    chunks of 8, two splits of 4 computed 16 rows, 0.72x the hand loop's steps/s; a
-    CartPole MLP's padding costs nothing)."""
+    """The backend's declared choice, else 2 from a width where overlap pays, else 1;
+    fewer where the splits' padding to whole policy chunks would cost the groups
+    (``costs``) more than :data:`CHUNK_FLOPS` (an unknown cost counting as more): then
+    only whole chunks (a NatureCNN's two splits of 4 envs computed 16 rows, 0.72x)."""
     num_envs = envs.num_envs
     if envs.capabilities.pipeline_bounds is not None:
         return len(envs.capabilities.pipeline_bounds) - 1
@@ -90,12 +88,9 @@ def default_num_splits(envs: Stepped, costs: Sequence[GroupCost] = ()) -> int:
 def pipeline_splits(
     envs: Stepped, num_splits: int | None, costs: Sequence[GroupCost] = ()
 ) -> list[slice]:
-    """The envs of each pipelining split: ``num_splits`` (None:
-    :func:`default_num_splits` for the groups' ``costs``)
-    contiguous parts, at the backend's ``capabilities.pipeline_bounds`` where it
-    declares that many, else of equal size. A given ``num_splits`` was checked to be in
-    ``[1, num_envs]`` by the runner that takes it.
-    """
+    """``num_splits`` (None: :func:`default_num_splits`) contiguous parts of the envs,
+    at the backend's ``capabilities.pipeline_bounds`` where it declares that many, else
+    equal (a given ``num_splits`` is checked by the runner)."""
     num_envs = envs.num_envs
     if num_splits is None:
         num_splits = default_num_splits(envs, costs)

@@ -21,11 +21,7 @@ from jaxrunner._src.connectors.pipeline import (
 from jaxrunner._src.connectors.state_packing import StatePacking
 from jaxrunner._src.connectors.state_rows import keep_active, put_rows, take_rows
 from jaxrunner._src.core.policy import ApplyFn, Params, Policy
-from jaxrunner._src.samplers.batch_invariance import (
-    chunked_apply,
-    default_chunk_rows,
-    policy_flops_per_row,
-)
+from jaxrunner._src.samplers.batch_invariance import chunked_apply
 from jaxrunner._src.samplers.kept_programs import avals, jax_settings, kept_for, packing_layout
 from jaxrunner._src.samplers.transfer import compile_packed
 
@@ -92,34 +88,6 @@ def host_actor_state(
         return state, None
     packing = StatePacking(state.connectors)
     return state.replace(connectors=packing.to_device(state.connectors)), packing
-
-
-def runner_chunk_rows(
-    policy: Policy,
-    params: Params,
-    obs_space: Any,
-    connectors: Connectors | None,
-    num_rows: int,
-    given: int | None = None,
-) -> tuple[int, float | None]:
-    """The policy chunk of a runner whose policy computes ``num_rows`` rows (its envs,
-    or a group's agent slots) with observations of ``obs_space`` (one row's space): the
-    one the runner was ``given`` (``EnvRunner(chunk_rows=...)``), else the default; the
-    same in every host sampler, so their trajectories are the same bits. With it, the
-    policy's work per row (:func:`runner_policy_flops`), which the pipelining splits
-    weigh."""
-    flops = runner_policy_flops(policy, params, obs_space, connectors)
-    return (default_chunk_rows(num_rows, flops) if given is None else given), flops
-
-
-def runner_policy_flops(
-    policy: Policy, params: Params, obs_space: Any, connectors: Connectors | None
-) -> float | None:
-    """XLA's estimate of the policy's work per env row, on the observations it sees
-    (after the connectors); None where there is none."""
-    if connectors is not None:
-        obs_space = connectors.observation_space(obs_space)  # what the policy sees
-    return policy_flops_per_row(policy, params, obs_space)
 
 
 def act(
@@ -195,8 +163,7 @@ class Stage(NamedTuple):
 
 
 class CompiledPolicyStep:
-    """:func:`act` for ``size`` rows, compiled once, ahead of time (see the module
-    docstring for the row layout).
+    """:func:`act` for ``size`` rows, compiled once, ahead of time.
 
     Args:
         policy: the policy.

@@ -49,7 +49,7 @@ class SamplerSetup:
     """Sample into a ``MultiAgentTrajectory`` of agent groups (else a ``[T, B]``
     :class:`Trajectory` of the one policy's env)."""
     chunk_rows: int | None = None
-    """Rows per policy chunk (None: :func:`runner_chunk_rows`'s default; host samplers)."""
+    """Rows per policy chunk (None: :func:`.group_cost`'s default; host samplers)."""
 
     def one(self) -> tuple[Policy, Params, Connectors | None]:
         """The one policy, its params and connectors (a single-agent sampler's)."""

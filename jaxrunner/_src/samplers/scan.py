@@ -31,24 +31,6 @@ from jaxrunner._src.samplers.scan_rollout import (
 )
 
 
-class ScanLoop:
-    """A compiled rollout and the :class:`RolloutState` it carries between samples.
-
-    ``fn(params, state, *args) -> (state, *outputs)`` is compiled once, ahead of time,
-    for ``params``, ``state`` and ``args`` of these shapes (new values never retrace);
-    the state is donated to each call.
-    """
-
-    def __init__(self, fn: Callable[..., tuple], params: Any, state: RolloutState, *args: Any):
-        self.state = state
-        self._run = jax.jit(fn, donate_argnums=1).trace(params, state, *args).lower().compile()
-
-    def __call__(self, params: Any, *args: Any) -> tuple:
-        """One rollout: its outputs, the state kept for the next."""
-        self.state, *outputs = self._run(params, self.state, *args)
-        return tuple(outputs)
-
-
 def episode_counts(ends: np.ndarray, window: int, num_env_steps: int) -> SampleCounts:
     """What a rollout adds to the metrics, from its ``ends`` (see :func:`scan_envs`, on
     the host): the episodes that ended, the latest ``window`` at least, in step order
@@ -125,8 +107,11 @@ class ScanSampler(Sampler):
         run = functools.partial(rollout, envs, policies, connectors, self.rollout_length, as_groups)
         if not as_groups:
             run = functools.partial(_one_policy, run, envs.groups[0].policy_id)
-        state = jax.jit(start)(self._env_params)
-        self._loop = ScanLoop(run, params, state, self._env_params)
+        self._state = jax.jit(start)(self._env_params)
+        """The :class:`RolloutState` carried between samples (donated to each call)."""
+        # Compiled once, ahead of time: new values never retrace.
+        traced = jax.jit(run, donate_argnums=1).trace(params, self._state, self._env_params)
+        self._run = traced.lower().compile()
         self.action_spec = None  # checked against the action space while tracing
         self.agents = {g.policy_id: g.agents for g in envs.groups}
         # Each agent slot's running return and length (host side, for the agent metrics).
@@ -144,7 +129,7 @@ class ScanSampler(Sampler):
         """One rollout; the returns and lengths of the episodes that ended, in step
         order then env order, go to the metrics (the sample's one transfer)."""
         start_time = time.perf_counter()
-        out, ends = self._loop(params, self._env_params)
+        self._state, out, ends = self._run(params, self._state, self._env_params)
         num_steps, num_envs = self.rollout_length, self.envs.num_envs
         window = self.metrics.episodes.window
         if self._running is None:
@@ -187,33 +172,33 @@ class ScanSampler(Sampler):
         """A host copy of the state of ``policy_id``'s connectors (None: the one
         group's): the statistics the next sample uses."""
         pid = self.envs.groups[0].policy_id if policy_id is None else policy_id
-        return jax.device_get(actors_of(self.envs, self._loop.state.actor)[pid].connectors)
+        return jax.device_get(actors_of(self.envs, self._state.actor)[pid].connectors)
 
     def set_connector_state(self, state: ConnectorsState, policy_id: str | None = None) -> None:
         """Replaces the state of ``policy_id``'s connectors (None: the one group's;
         shapes as :meth:`get_connector_state`'s); never recompiles."""
         pid = self.envs.groups[0].policy_id if policy_id is None else policy_id
-        actor = self._loop.state.actor
+        actor = self._state.actor
         actors = actors_of(self.envs, actor)
         actors[pid] = actors[pid].replace(connectors=device_copy(state))
-        self._loop.state = self._loop.state.replace(actor=with_actors(self.envs, actor, actors))
+        self._state = self._state.replace(actor=with_actors(self.envs, actor, actors))
 
     def get_state(self) -> dict[str, Any]:
         """The whole rollout state, env states included (always restorable exactly), and
         for a multi-agent env each agent slot's running return and length (copies), per
         policy id."""
         if self._running is None:
-            return {"rollout": self._loop.state}
+            return {"rollout": self._state}
         running = {
             pid: {"return": r.copy(), "length": n.copy()} for pid, (r, n) in self._running.items()
         }
-        return {"rollout": self._loop.state, "running": running}
+        return {"rollout": self._state, "running": running}
 
     def set_state(self, state: dict[str, Any], live: list[Any] | None = None) -> None:
         """Takes a :meth:`get_state` (structure, shapes and dtypes checked by the caller);
         a pure-JAX env has no per-step callbacks (``live``)."""
         del live
-        self._loop.state = state["rollout"]
+        self._state = state["rollout"]
         for pid, (running_return, running_length) in (self._running or {}).items():
             np.copyto(running_return, state["running"][pid]["return"])
             np.copyto(running_length, state["running"][pid]["length"])

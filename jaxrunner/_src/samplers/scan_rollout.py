@@ -16,11 +16,8 @@ import jaxrunner._src.samplers.keys as keys
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.functional_env import EnvStep
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
-from jaxrunner._src.connectors.pipeline import (
-    POLICY_OBS,
-    Connectors,
-    finish_group_sample,
-)
+from jaxrunner._src.connectors.pipeline import Connectors, finish_group_sample
+from jaxrunner._src.connectors.sample_end import finish_inputs
 from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.trajectory import Trajectory
@@ -297,20 +294,10 @@ def _read_agents(
 
 
 def _finish(finish: Callable[..., tuple], actor: ActorState, traj: Any) -> tuple[Any, Any]:
-    """The connectors' per-sample part on a device :class:`Trajectory` or
-    :class:`GroupTrajectory` (pure), with the connectors' state of ``actor``: ``finish``
-    is :meth:`Connectors.finish_sample`, or :func:`finish_group_sample` for a group's.
-    Returns the trajectory and the new actor state."""
-    extras, state = finish(
-        actor.connectors,
-        traj.obs,
-        traj.extras.get(POLICY_OBS),
-        traj.next_obs,
-        traj.reward,
-        traj.terminated,
-        traj.truncated,
-        traj.valid,
-    )
+    """``finish`` (:meth:`Connectors.finish_sample`, or :func:`finish_group_sample`) on a
+    device trajectory (pure) with ``actor``'s connector state: the trajectory, the new
+    actor state."""
+    extras, state = finish(actor.connectors, *finish_inputs(traj))
     return traj.replace(extras={**traj.extras, **extras}), actor.replace(connectors=state)
 
 
