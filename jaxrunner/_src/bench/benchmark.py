@@ -89,7 +89,7 @@ class BenchConfig:
             raise InvalidArgumentError(f"BenchConfig(widths={self.widths}): expected ints >= 1.")
         check_number("BenchConfig", "seconds", self.seconds, low_open=True)
         check_int("BenchConfig", "rounds", self.rounds)
-        plans = self.plans()
+        plans = plans_for(self.env)
         unknown = [b for b in self.backends if b not in plans]
         if not self.backends or unknown:
             kind = " (those that step PettingZoo envs)" if plans is MULTI_AGENT_PLANS else ""
@@ -98,15 +98,11 @@ class BenchConfig:
                 f"{list(plans)}{kind}."
             )
 
-    def plans(self) -> dict[str, Plan]:
-        """The plans for this env (:func:`plans_for`)."""
-        return plans_for(self.env)
-
     def plan_widths(self) -> dict[str, tuple[int, ...]]:
         """The widths each backend runs at."""
         if len(self.backends) == 1:
             return {self.backends[0]: self.widths}
-        plans = self.plans()
+        plans = plans_for(self.env)
         return {b: tuple(w for w in self.widths if w <= plans[b].max_width) for b in self.backends}
 
 
@@ -116,7 +112,7 @@ def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) 
     the skipped backends with the reason, and the verdict; for a PettingZoo env also
     ``multi_agent``: its module and agents."""
     started = time.perf_counter()
-    plans = config.plans()
+    plans = plans_for(config.env)
     report: dict[str, Any] = {
         "benchmark": "jaxrunner bench",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -1,5 +1,5 @@
-"""``jaxrunner bench`` on a PettingZoo parallel env (``module:name``):
-``EnvRunner.sample()`` against the hand-written multi-agent loop."""
+"""``jaxrunner bench`` on a PettingZoo parallel env (``module:name``): the env, and the
+hand-written multi-agent loop ``EnvRunner.sample()`` is measured against."""
 
 from __future__ import annotations
 
@@ -13,11 +13,8 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner import EnvRunner, make_vec
 from jaxrunner._src.arg_checks import check_int
-from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
-from jaxrunner._src.bench.timing import measure_runner
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -183,37 +180,3 @@ class MultiAgentHandLoop:
     def close(self) -> None:
         for env in self.envs:
             env.close()
-
-
-class MultiAgentRunnerSystem:
-    """``EnvRunner.sample()`` with the benchmark MLP per policy group, every
-    option at its default (``systems.Spec`` with ``multi_agent``)."""
-
-    def __init__(self, spec: Any) -> None:
-        envs = make_vec(env_factory(spec.env), spec.num_envs, spec.backend)
-        try:
-            policies = {g.policy_id: mlp_policy(g.action_space) for g in envs.groups}
-            key = jax.random.key(spec.seed)
-            params = {
-                g.policy_id: policies[g.policy_id].init(key, g.observation_space)
-                for g in envs.groups
-            }
-            self._runner = EnvRunner(envs, policies, params, spec.rollout_length, spec.seed)
-        except BaseException:
-            envs.close()
-            raise
-        self.num_envs = spec.num_envs
-        self._sample()  # warm-up: compiles, first resets
-        workers = len(envs.worker_pids) if isinstance(envs, ProcessMultiAgentVectorEnv) else 0
-        splits = len(getattr(self._runner.sampler, "splits", [None]))
-        self.layout = {"num_workers": workers, "num_splits": splits}
-
-    def _sample(self) -> int:
-        return self._runner.sample().num_steps * self.num_envs
-
-    def measure(self, seconds: float) -> dict[str, Any]:
-        """Env steps/s and where a step goes (:func:`measure_runner`), and the layout."""
-        return {**measure_runner(self._runner, self._sample, self.num_envs, seconds), **self.layout}
-
-    def close(self) -> None:
-        self._runner.stop()

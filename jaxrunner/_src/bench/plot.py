@@ -11,9 +11,6 @@ from typing import Any
 
 from jaxrunner.errors import MissingDependencyError
 
-EXTRA = "plot"
-"""``pip install 'jaxrunner[plot]'`` brings matplotlib."""
-
 
 def require_matplotlib(what: str = "jaxrunner bench --plot") -> None:
     """Raises :class:`MissingDependencyError`, naming the extra, if matplotlib is not
@@ -23,7 +20,7 @@ def require_matplotlib(what: str = "jaxrunner bench --plot") -> None:
     except ImportError as err:
         raise MissingDependencyError(
             f"{what} draws with matplotlib, which is not installed: "
-            f"pip install 'jaxrunner[{EXTRA}]' ({err})"
+            f"pip install 'jaxrunner[plot]' ({err})"
         ) from err
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.make_vec import BACKENDS, make_vec
+from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 from jaxrunner._src.bench.hand_loop import (
     REFERENCES,
     RecordingHandLoop,
@@ -20,11 +21,7 @@ from jaxrunner._src.bench.hand_loop import (
     single_spaces,
 )
 from jaxrunner._src.bench.hand_scan import build_hand_scan
-from jaxrunner._src.bench.multi_agent import (
-    MultiAgentHandLoop,
-    MultiAgentRunnerSystem,
-    env_factory,
-)
+from jaxrunner._src.bench.multi_agent import MultiAgentHandLoop, env_factory
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
 from jaxrunner._src.bench.timing import measure_runner, timed, us_per_call
 from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
@@ -176,6 +173,33 @@ class JaxrunnerSystem:
 
     def close(self) -> None:
         self._runner.stop()
+
+
+class MultiAgentRunnerSystem(JaxrunnerSystem):
+    """``EnvRunner.sample()`` with the benchmark MLP per policy group, every
+    option at its default (``Spec`` with ``multi_agent``)."""
+
+    def __init__(self, spec: Spec) -> None:
+        envs = make_vec(env_factory(spec.env), spec.num_envs, spec.backend)
+        try:
+            policies = {g.policy_id: mlp_policy(g.action_space) for g in envs.groups}
+            key = jax.random.key(spec.seed)
+            params = {
+                g.policy_id: policies[g.policy_id].init(key, g.observation_space)
+                for g in envs.groups
+            }
+            self._runner = EnvRunner(envs, policies, params, spec.rollout_length, spec.seed)
+        except BaseException:
+            envs.close()
+            raise
+        self.num_envs = spec.num_envs
+        self._sample()  # warm-up: compiles, first resets
+        workers = len(envs.worker_pids) if isinstance(envs, ProcessMultiAgentVectorEnv) else 0
+        splits = len(getattr(self._runner.sampler, "splits", [None]))
+        self.layout = {"num_workers": workers, "num_splits": splits}
+
+    def _sample(self) -> int:
+        return self._runner.sample().num_steps * self.num_envs
 
 
 class RolloutSystem:

@@ -67,22 +67,12 @@ def not_installed(modules: tuple[str, ...]) -> str | None:
     return f"not installed: {', '.join(missing)}" if missing else None
 
 
-def _mlp(observation_space: gymnasium.Space, action_space: gymnasium.Space) -> Policy:
-    del observation_space
-    return models.mlp_policy(action_space)
-
-
-def _gaussian(observation_space: gymnasium.Space, action_space: gymnasium.Space) -> Policy:
-    del observation_space
-    return models.gaussian_mlp_policy(action_space)
-
-
 WORKLOADS: dict[str, Workload] = {
     "cartpole": Workload(
         name="cartpole",
         env_id="CartPole-v1",
         make=functools.partial(gymnasium.make, "CartPole-v1"),
-        policy=_mlp,
+        policy=lambda _, action_space: models.mlp_policy(action_space),
         policy_label="jr.models.mlp_policy: 64-64 tanh MLP, categorical",
         widths=(1, 8, 64, 256),
         steps_per_rollout=STEPS_PER_ROLLOUT,  # the default bench's rollouts
@@ -107,7 +97,7 @@ WORKLOADS: dict[str, Workload] = {
         name="halfcheetah",
         env_id="HalfCheetah-v5",
         make=functools.partial(gymnasium.make, "HalfCheetah-v5"),
-        policy=_gaussian,
+        policy=lambda _, action_space: models.gaussian_mlp_policy(action_space),
         policy_label="jr.models.gaussian_mlp_policy: 256-256 tanh MLP, diagonal Gaussian",
         widths=(8, 32),
         steps_per_rollout=512,
