@@ -18,7 +18,7 @@ from shuffled_sync import ShuffledSync
 from test_batch_invariance import CASES
 
 import jaxrunner as jr
-from jaxrunner._src.services.distributed import concatenate_envs
+from jaxrunner._src.core.time_major import concatenate_envs
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 from jaxrunner.models import mlp_policy
 from jaxrunner.testing import FaultPlan, InjectedError, faulty_env_fns

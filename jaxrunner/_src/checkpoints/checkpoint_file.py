@@ -125,14 +125,9 @@ class Checkpoint:
 
 
 class CheckpointFile(CheckpointReader):
-    """The checkpoint at ``path``, read and checked for the runner of ``parts``;
-    nothing is applied. Every failure is an :class:`~jaxrunner.errors.InvalidArgumentError`
-    naming the field.
-
-    Args:
-        parts: the runner it will restore (its structure is what the file must have).
-        path: the file.
-    """
+    """The checkpoint at ``path``, read and checked for the runner of ``parts`` (whose
+    structure the file must have); nothing is applied. Every failure is an
+    :class:`~jaxrunner.errors.InvalidArgumentError` naming the field."""
 
     def __init__(self, parts: RunnerParts, path: str | os.PathLike) -> None:
         super().__init__(parts.runner, path, parts.state.metrics)
@@ -161,9 +156,23 @@ class CheckpointFile(CheckpointReader):
             state = self.read_like(npz, "sampler", parts.sampler.get_state(), "sampler state")
             ids, next_id, steps_done = self._check_state(state)
             metrics = self._read_metrics(npz)
-            most = self._steps_counted(metrics)
+            most = (  # valid and dropped (agent) steps: no kept episode has more
+                int(metrics["agents"]["counters"].sum())
+                if "agents" in metrics
+                else int(metrics["counters"][0] + metrics["counters"][2])
+            )
+            specs = {
+                g.policy_id: {
+                    "obs": space_arrays.leaf_spaces(g.observation_space),
+                    "action": space_arrays.leaf_spaces(g.action_space),
+                }
+                for g in parts.groups
+            }
             kept = {
-                key: self._read_episodes(npz, key, meta[key], next_id, most)
+                key: tuple(
+                    self._read_episode(npz, key, k, m, next_id, specs, most)
+                    for k, m in enumerate(meta[key])
+                )
                 for key in kept_episodes(parts)
             }
             envs, envs_note, snapshots, live = meta["envs"], meta["envs_note"], None, None
@@ -206,7 +215,8 @@ class CheckpointFile(CheckpointReader):
             meta, ("pytree",) if holds_env_states(self.parts) else ("pickle", "none")
         )
         for key in kept_episodes(self.parts):
-            self.check_list(meta, key)
+            if not isinstance(meta.get(key), list):
+                raise self.error(f"has a metadata field {key} that is not a list")
         return meta
 
     def _one_tree(self, meta: dict[str, Any]) -> bool:
@@ -262,29 +272,7 @@ class CheckpointFile(CheckpointReader):
             )
         return state
 
-    @staticmethod
-    def _steps_counted(metrics: Any) -> int:
-        """Valid and dropped (agent) steps: no episode the runner kept has more."""
-        if "agents" in metrics:
-            return int(metrics["agents"]["counters"].sum())
-        return int(metrics["counters"][0] + metrics["counters"][2])
-
     # -- kept episodes -----------------------------------------------------------------------
-
-    def _read_episodes(
-        self, npz: NpzReader, prefix: str, metas: list[Any], next_id: int, most: int
-    ) -> tuple[Any, ...]:
-        specs = {
-            g.policy_id: {
-                "obs": space_arrays.leaf_spaces(g.observation_space),
-                "action": space_arrays.leaf_spaces(g.action_space),
-            }
-            for g in self.parts.groups
-        }
-        return tuple(
-            self._read_episode(npz, prefix, k, meta, next_id, specs, most)
-            for k, meta in enumerate(metas)
-        )
 
     def _read_episode(
         self,

@@ -35,16 +35,9 @@ EpisodeSpaces = dict[str, dict[tuple[Part, ...], Any]]
 
 
 class CheckpointReader:
-    """The checks a checkpoint reader makes on the file's metadata, trees, metrics and
-    episode steps; ``CheckpointFile`` reads a runner's checkpoint with them. Nothing
-    here changes a runner.
-
-    Args:
-        runner_name: the runner's class name, in messages (``"EnvRunner"``).
-        path: the file.
-        metrics: the restoring runner's metrics (``RunnerMetrics``): the structure of
-            theirs in the file, and the longest episode window it may hold.
-    """
+    """The checks ``CheckpointFile`` makes on a checkpoint's metadata, trees, metrics and
+    episode steps; nothing here changes a runner. ``metrics``: the restoring runner's
+    (``RunnerMetrics``: the structure of theirs in the file, and its longest window)."""
 
     def __init__(self, runner_name: str, path: str | os.PathLike, metrics: Any) -> None:
         self.runner_name = runner_name
@@ -159,10 +152,6 @@ class CheckpointReader:
         want = [parts for parts, _ in path_leaves(self.metrics_template)[0]]
         if meta.get("metrics") != want:
             raise self.error(f"has metadata field metrics={meta.get('metrics')!r}; expected {want}")
-
-    def check_list(self, meta: dict[str, Any], key: str) -> None:
-        if not isinstance(meta.get(key), list):
-            raise self.error(f"has a metadata field {key} that is not a list")
 
     # -- arrays ------------------------------------------------------------------------------
 

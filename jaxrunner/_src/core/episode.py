@@ -69,20 +69,10 @@ class Episode(EpisodeSpan, flax.struct.PyTreeNode):
 
 
 def cut_steps(traj: Any, steps: Any, last: Any, final: Any) -> dict[str, Any]:
-    """The step fields of one episode (:class:`Episode`'s or ``AgentEpisode``'s) cut
-    out of time-major arrays.
-
-    Args:
-        traj: a :class:`Trajectory` or a multi-agent ``GroupTrajectory`` (its ``obs``,
-            ``action``, ``reward`` and ``extras`` are read).
-        steps: the index of the episode's slots in each leaf, e.g. ``(slice(t0, t1), b)``.
-        last: the index of its last slot, e.g. ``(t1 - 1, b)``.
-        final: the observations the final one is taken from, at ``last`` (``next_obs``).
-
-    Returns:
-        ``obs`` (``[L + 1]``: the slots' observations, then the final one), and
-        ``action``, ``reward``, ``extras`` (``[L]``).
-    """
+    """The step fields of one episode (:class:`Episode`'s or ``AgentEpisode``'s), copied
+    out of ``traj`` (a Trajectory or a group) at the slots ``steps`` (e.g. ``(slice(t0,
+    t1), b)``): ``obs`` ``[L + 1]``, the final one ``final[last]`` (``next_obs`` at the
+    last slot), and ``action``, ``reward``, ``extras`` ``[L]``."""
 
     def cut(x: np.ndarray) -> np.ndarray:
         return np.array(x[steps])  # a copy: the trajectory's buffers may be reused

@@ -26,21 +26,10 @@ caller expects, else a description of what is wrong (``"is float32[3]; expected 
 
 
 class NpzReader:
-    """An open ``.npz`` file read within bounds; use as a context manager.
-
-    Args:
-        path: the file.
-        error: builds the caller's error from a description of what is wrong with the
-            file (``"has an unreadable member for field reward (...)"``); the result is
-            raised.
-        max_bytes: the most bytes the members read may take in memory, all together
-            (None: no cap).
-        budget_hint: how to raise the cap, appended when ``max_bytes`` is exceeded.
-
-    Raises:
-        JaxRunnerError: (``error``'s) the file is not a regular file, not a zip file, or
-            has two members of one name.
-    """
+    """An open ``.npz`` file read within bounds; use as a context manager. Each refusal
+    raises ``error(what is wrong)``, the caller's error: here, not a regular or zip file,
+    or two members of one name. ``max_bytes`` caps the memory of the members read, all
+    together (None: no cap); ``budget_hint`` (how to raise it) ends that refusal."""
 
     def __init__(
         self,
@@ -95,21 +84,11 @@ class NpzReader:
         kinds: str = NUMERIC_KINDS,
         check: HeaderCheck | None = None,
     ) -> np.ndarray:
-        """The array ``name``, read for field ``where``.
-
-        Args:
-            name: the array's name (member ``name.npy``).
-            where: the field it is read for, named in errors.
-            kinds: the dtype kinds it may have (``"U"`` for a string).
-            check: checks its header before anything is allocated (see
-                :data:`HeaderCheck`).
-
-        Raises:
-            JaxRunnerError: (``error``'s) no such member; it was read before (for
-                another field: one member may back one field only); its header is not a
-                plain dtype of ``kinds``, disagrees with its size or fails ``check``; it
-                would exceed ``max_bytes``; it is unreadable (truncated, bad CRC, ...).
-        """
+        """The array ``name`` (member ``name.npy``), read for field ``where`` (named in
+        errors). Refused: no such member; read before (one member backs one field); a
+        header not of a plain dtype of ``kinds`` (``"U"``: a string), unlike its size, or
+        failing ``check`` (all before anything is allocated); beyond ``max_bytes``;
+        unreadable (truncated, bad CRC, ...)."""
         info = self._members.get(f"{name}.npy")
         if info is None:
             raise self.error(f"has no array {name!r} (for field {where})")
@@ -161,13 +140,8 @@ class NpzReader:
 
     def read_json(self, name: str, where: str, max_bytes: int) -> Any:
         """The JSON document stored as the string array ``name``, at most ``max_bytes``
-        bytes in the file (numpy stores 4 bytes per character).
-
-        Raises:
-            JaxRunnerError: (``error``'s) as :meth:`read`; or it is larger than
-                ``max_bytes``, not one string, or not valid JSON (including nesting too
-                deep for Python's parser).
-        """
+        bytes in the file (4 per character). Refused as by :meth:`read`, or larger, not
+        one string, or not valid JSON (nesting too deep for Python's parser included)."""
         info = self._members.get(f"{name}.npy")
         if info is not None and info.file_size > max_bytes:
             raise self.error(f"has a {info.file_size}-byte {where}; the limit is {max_bytes}")

@@ -34,13 +34,9 @@ E = TypeVar("E", bound=EpisodePart)
 
 class EpisodeJoiner(Generic[E]):
     """Joins each sample's episode parts with their starts from earlier samples, and
-    keeps the unfinished ones for the next sample (``sample_episodes``, callbacks).
-
-    Args:
-        key: the episode's stream: its env (``Episode.env_id``) or its agent in its env.
-        concatenate: joins an unfinished head to its continuation.
-        order: the order :meth:`complete` returns episodes in.
-    """
+    keeps the unfinished ones for the next sample (``sample_episodes``, callbacks), one
+    per stream (``key``: the env, or the agent in its env); ``order`` sorts what
+    :meth:`complete` returns."""
 
     def __init__(
         self,

@@ -84,25 +84,21 @@ class TimeMajor:
 TrajectoryT = TypeVar("TrajectoryT", bound=TimeMajor)
 
 
-class Transitions(TimeMajor):
-    """Trajectory fields that hold transitions (``terminated``, ``truncated``)."""
+class StoredNextObs(TimeMajor):
+    """Fields that hold transitions, with ``next_obs`` as a property over the field
+    ``next_obs_store``: the dense array, or a compact trajectory's :class:`FinalObs`, from
+    which it is built on demand."""
 
+    obs: Any
+    reward: Any
     terminated: Any
     truncated: Any
+    next_obs_store: Any
 
     @property
     def done(self) -> np.ndarray:
         """``terminated | truncated``: where an episode ended."""
         return np.logical_or(self.terminated, self.truncated)
-
-
-class StoredNextObs(Transitions):
-    """``next_obs`` as a property over the field ``next_obs_store``: the dense array, or
-    a compact trajectory's :class:`FinalObs`, from which it is built on demand."""
-
-    obs: Any
-    reward: Any
-    next_obs_store: Any
 
     def _set_fields(self, values: dict[str, Any], next_obs: Any, next_obs_store: Any) -> None:
         # next_obs (dense) is how users build one; next_obs_store is the field itself

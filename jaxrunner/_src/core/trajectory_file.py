@@ -68,14 +68,9 @@ def write_file(path: str | os.PathLike[str], spec: dict[str, Any], arrays: dict[
 
 
 class TrajectoryFile:
-    """An open trajectory file; use as a context manager.
-
-    Args:
-        path: the file.
-        expected_format, expected_version: what its spec must say.
-        max_bytes: the most bytes its arrays may take (None: no cap).
-        kind: the class that loads it (``"Trajectory"``), named in errors.
-    """
+    """An open trajectory file (a context manager) whose spec must name
+    ``expected_format`` and ``expected_version``, its arrays within ``max_bytes`` (None: no
+    cap); ``kind``, the class that loads it (``"Trajectory"``), is named in errors."""
 
     def __init__(
         self,
@@ -122,17 +117,9 @@ class TrajectoryFile:
     def read_fields(
         self, node: Any, names: tuple[str, ...], where: str = "", optional: tuple[str, ...] = ()
     ) -> dict[str, Any]:
-        """The fields a spec object ``node`` describes, decoded (arrays read).
-
-        Args:
-            node: the spec's object of fields (``spec["fields"]``).
-            names: the fields it must have, exactly; ``optional`` ones may be missing.
-            where: the prefix of the fields' names in errors (``"groups.p0."``).
-
-        Raises:
-            InvalidArgumentError: ``node`` is not an object, has other fields, or a
-                field's tree or one of its arrays is bad (see :class:`NpzReader`).
-        """
+        """The fields ``names`` (exactly those, ``optional`` ones may be missing) that
+        the spec object ``node`` describes, decoded (arrays read); ``where`` prefixes
+        their names in errors (``"groups.p0."``)."""
         if not isinstance(node, dict):
             raise self.error(f"has no '{where}fields' object in its spec")
         missing = [n for n in names if n not in node and n not in optional]
@@ -184,20 +171,10 @@ def check_fields(
     error: ErrorFn,
     where: str = "",
 ) -> None:
-    """Every leaf of every field starts with ``lead``; the :data:`FLAT_KINDS` fields are
-    exactly one ``lead``-shaped array of their dtype kind; ``next_obs`` (if any) has
-    ``obs``'s structure, shapes and dtypes.
-
-    Args:
-        fields: decoded fields (:meth:`TrajectoryFile.read_fields`).
-        lead: the leading shape (``[T, B]``, or ``[T, B, A_g]`` for a group).
-        lead_source: where ``lead`` comes from, named in errors (``"reward's"``).
-        error: the loader's error.
-        where: the prefix of the fields' names in errors.
-
-    Raises:
-        InvalidArgumentError: (``error``'s) naming the field at fault.
-    """
+    """Refuses (``error``, naming the field) decoded ``fields`` unless every leaf starts
+    with ``lead`` (``[T, B]``, or a group's ``[T, B, A_g]``; from ``lead_source``), the
+    :data:`FLAT_KINDS` fields are one ``lead``-shaped array of their dtype kind, and
+    ``next_obs`` (if any) has ``obs``'s structure, shapes and dtypes."""
     for name, tree in fields.items():
         leaves = _leaves(tree, where + name)
         kinds = FLAT_KINDS.get(name)

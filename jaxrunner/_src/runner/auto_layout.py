@@ -27,15 +27,11 @@ from jaxrunner._src.samplers.callbacks import Callbacks
 
 TRIAL_ROUNDS = 5
 """Timed samples per candidate, interleaved (after one warm-up sample each); each
-candidate's fastest counts: other work on the machine slows some samples and speeds up
-none, and a worker layout's samples are the ones it slows most (on 2 cores, one worker
-at 64 CartPoles: 69k env steps/s median, 112k best, against sync's 96k and 103k, in a
-trial whose medians chose sync where the process backend was 1.2x faster)."""
+candidate's fastest counts: other work on the machine slows samples, never speeds them
+up (the measurements: docs/backends/index.md)."""
 CLOSE = 1.10
 """Where the fastest process layout and sync are within this factor after :data:`TRIAL_ROUNDS`,
-as many rounds again are timed before choosing: a layout's samples spread widely on a
-shared machine (two workers at 256 CartPoles on 2 cores: 89k-169k env steps/s from
-sample to sample), and only the undecided cases pay for more."""
+as many rounds again are timed before choosing (a layout's samples spread widely)."""
 TRIAL_SAMPLE_S = 0.1
 """The env work one timed sample aims at (from the probe's step time), in seconds:
 about a second of trial in all where the env is cheap, a few where it is not."""
@@ -43,10 +39,7 @@ TRIAL_STEPS = (4, 128)
 """The fewest and most steps per env of a timed sample."""
 SYNC_TIE = 1.05
 """Workers must beat sync by this factor to be chosen: on a near tie the simpler
-layout, with no processes to start, wins (and among workers, the fewer). A trial is a
-few short samples, and on 2 cores the ratio of the same two layouts moved by 5-15%
-between trials (``benchmarks/results/auto_backend_policy_*quiet_cpu.json``); only a
-clear win is worth the workers."""
+layout, with no processes to start, wins (and among workers, the fewer)."""
 ENVPOOL = "envpool"
 """The trial's key of the ``"envpool"`` backend (the others are worker counts, 0 sync)."""
 TRIAL_OPTIONS = ("num_splits", "connectors", "info_keys", "compact_next_obs")

@@ -14,12 +14,8 @@ _OWNERS: weakref.WeakKeyDictionary[Any, weakref.ref[Ownership]] = weakref.WeakKe
 
 class Ownership:
     """A runner's claim on its vector env: taken at construction, refused while another
-    live runner holds the env, given up by :meth:`release` (``stop()``).
-
-    Args:
-        runner: the runner's class name, in messages.
-        envs: the vector env.
-    """
+    live runner holds the env, given up by :meth:`release` (``stop()``). ``runner``: the
+    runner's class name, in messages."""
 
     def __init__(self, runner: str, envs: Any) -> None:
         self.runner, self.envs = runner, envs

@@ -169,8 +169,9 @@ def _acting(policy: Any, deterministic: bool) -> Any:
 
 
 def _frozen_states(runner: EnvRunner, given: Any) -> dict[str, Any]:
-    """Each policy's connector state for evaluation, by policy id: the training runner's
-    (``given``, as the runner's ``get_connector_state()`` returns it) loaded and frozen."""
+    """Each policy's connector state for evaluation, by policy id, frozen: the training
+    runner's (``given``, as its ``get_connector_state()`` returns it) loaded, or the fresh
+    one, refused where observation connectors keep statistics."""
     fresh = runner.to_policy_dict(runner.get_connector_state(), "evaluate")
     connectors = runner.to_policy_dict(runner.connectors, "evaluate(connectors=...)")
     given = {} if given is None else runner.to_policy_dict(given, "evaluate(connector_state=...)")
@@ -180,22 +181,18 @@ def _frozen_states(runner: EnvRunner, given: Any) -> dict[str, Any]:
             f"connectors ({list(fresh)}), got {sorted(given, key=str)}. Pass the training "
             "runner's get_connector_state()."
         )
-    return {pid: frozen_state(fresh[pid], connectors[pid], given.get(pid)) for pid in fresh}
-
-
-def frozen_state(fresh: ConnectorsState, connectors: Connectors, given: Any) -> ConnectorsState:
-    """``fresh`` (the evaluation runner's state) with ``given`` (the training runner's,
-    checked) loaded, frozen; refuses ``given=None`` where observation connectors keep
-    statistics."""
-    if given is not None:
-        return freeze(connectors.load_state(fresh, given, shared_only=True))
-    if any(_is_running(x) for x in jax.tree.leaves(fresh.obs, is_leaf=_is_running)):
-        raise InvalidArgumentError(
-            "evaluate(connectors=...): these observation connectors keep statistics, and "
-            "fresh ones (mean 0, variance 1) would evaluate on unnormalized observations; "
-            "pass connector_state=runner.get_connector_state() of the training runner."
-        )
-    return freeze(fresh)
+    states = {}
+    for pid, state in fresh.items():
+        if given.get(pid) is not None:
+            state = connectors[pid].load_state(state, given[pid], shared_only=True)
+        elif any(_is_running(x) for x in jax.tree.leaves(state.obs, is_leaf=_is_running)):
+            raise InvalidArgumentError(
+                "evaluate(connectors=...): these observation connectors keep statistics, and "
+                "fresh ones (mean 0, variance 1) would evaluate on unnormalized observations; "
+                "pass connector_state=runner.get_connector_state() of the training runner."
+            )
+        states[pid] = freeze(state)
+    return states
 
 
 def _is_running(x: Any) -> bool:

@@ -3,4 +3,3 @@ and fault tolerance. See docs/distributed.md."""
 
 from jaxrunner._src.services.distributed.config import EnvRunnerGroupConfig as EnvRunnerGroupConfig
 from jaxrunner._src.services.distributed.group import EnvRunnerGroup as EnvRunnerGroup
-from jaxrunner._src.services.distributed.group import concatenate_envs as concatenate_envs

@@ -64,21 +64,18 @@ class RunnerWorker:
     def ready(self) -> bool:
         return True
 
-    def sample(self) -> Trajectory | MultiAgentTrajectory:
+    def sample_with_statistics(
+        self,
+    ) -> tuple[Trajectory | MultiAgentTrajectory, Statistics, int]:
+        """A sample (with group-wide ids), the connector statistics gathered since the last
+        call (taken out of the runner's state, so each is reported to the group once), and
+        the valid env steps it holds."""
         traj = self.runner.sample()
-        return dataclasses.replace(
+        traj = dataclasses.replace(
             traj,
             env_id=np.asarray(traj.env_id) + self._env_offset,
             episode_id=np.asarray(traj.episode_id) + self._id_offset,
         )
-
-    def sample_with_statistics(
-        self,
-    ) -> tuple[Trajectory | MultiAgentTrajectory, Statistics, int]:
-        """A sample, the connector statistics gathered since the last call (taken out of
-        the runner's state, so each is reported to the group once), and the valid env
-        steps it holds."""
-        traj = self.sample()
         steps = int(self.runner.get_metrics()["num_env_steps"])
         new_steps, self._steps_reported = steps - self._steps_reported, steps
         if not self.runner.connectors:
