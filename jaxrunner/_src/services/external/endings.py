@@ -17,9 +17,6 @@ from jaxrunner._src.core.metrics import EpisodeStats
 from jaxrunner._src.services.external.episodes import AgentRecord, EpisodeRecord, EpisodeTable
 from jaxrunner._src.services.external.memory import MemoryBudget
 
-Emit = Callable[[AgentRecord, Any], None]
-"""``emit(record, episode)``: ``episode`` is what ``record.to_episode`` gave, or None."""
-
 
 class EpisodeEndings:
     """Ends the agents of live episodes.
@@ -47,7 +44,7 @@ class EpisodeEndings:
         counts: collections.Counter[str],
         stats: EpisodeStats,
         groups: Sequence[AgentGroup],
-        emit: Emit,
+        emit: Callable[[AgentRecord, Any], None],
     ) -> None:
         self._lock, self._episodes = lock, episodes
         self._memory, self._counts, self._stats = memory, counts, stats

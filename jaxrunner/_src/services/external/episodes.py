@@ -12,7 +12,6 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.services.external.memory import (
     TRIM_EVERY_BYTES,
@@ -197,25 +196,6 @@ class EpisodeRecord:
     nbytes: int = 0  # what its agents' records cost beside their steps, until it ends
     agents: dict[str, AgentRecord] = dataclasses.field(default_factory=dict)
     num_calls: int = 0
-
-    def agent(
-        self, group: AgentGroup, agent_id: str, index: int, carry: Any, from_start: bool = False
-    ) -> AgentRecord:
-        """The record of ``agent_id`` (of ``group``), made at its first mention."""
-        record = self.agents.get(agent_id)
-        if record is None:
-            record = AgentRecord(
-                self.episode_id,
-                self.env_id,
-                self.training_enabled,
-                carry,
-                agent_id=agent_id,
-                policy_id=group.policy_id,
-                index=index,
-                from_start=from_start,
-            )
-            self.agents[agent_id] = record
-        return record
 
 
 def _stack_releasing(space: spaces.Space, rows: list[Any]) -> Any:

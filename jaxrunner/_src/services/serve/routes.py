@@ -284,13 +284,8 @@ def add_routes(
                 "elsewhere with log_action.",
             )
 
-    else:
-        _add_report_route(env, episode_route)
-
-
-def _add_report_route(env: ExternalEnv, episode_route: EpisodeRoute) -> None:
-    """``POST .../report``: what a single-agent client that computes its actions itself
-    (``inference="local"``) sends."""
+        return
+    # What a single-agent client that computes its actions itself (inference="local") sends.
     obs_space, action_space = env.observation_space, env.action_space
 
     def decode(obj: Any, where: str, space: Any = obs_space) -> Any:

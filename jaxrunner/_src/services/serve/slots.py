@@ -119,19 +119,16 @@ class ConnectionSlots:
         sent nothing is spared (the server may not have read its first bytes yet).
         Returns whether some are still over the share (new ones in their grace)."""
         while self.over_share():
-            victim = self._unauthenticated_victim()
+            victim = (
+                self._first(self._tokenless, self._idle)
+                or self._first(self._tokenless)
+                or self._oldest_silent()
+                or self._first(self._unauthenticated, exclude=self._fresh)
+            )
             if victim is None:
                 return True
             self._close(victim, "too many connections without a token")
         return False
-
-    def _unauthenticated_victim(self) -> Slot | None:
-        return (
-            self._first(self._tokenless, self._idle)
-            or self._first(self._tokenless)
-            or self._oldest_silent()
-            or self._first(self._unauthenticated, exclude=self._fresh)
-        )
 
     def _oldest_silent(self) -> Slot | None:
         """The oldest connection, if it has sent nothing for ``grace_s``."""

@@ -51,15 +51,11 @@ class TransportLimits:
     (the :class:`~jaxrunner.serve.ServerConfig` fields of the same names)."""
 
     read_timeout_s: float
-    """A request must arrive whole within this long."""
     write_timeout_s: float
-    """Waiting answers must make progress within this long."""
     max_connections: int
-    """The most open connections."""
     max_unauthenticated: int
     """The most open connections that have not sent the token yet."""
     max_pipelined: int
-    """The most requests answered in a row while more wait."""
     max_lingering: int
     """The most lingering connections (see :mod:`.slots`), apart from ``max_connections``."""
     token: str | None

@@ -32,7 +32,6 @@ DType = Literal[
 ]
 """The only dtypes accepted on the wire (the schema's type)."""
 DTYPES: tuple[str, ...] = get_args(DType)
-"""The only dtypes accepted on the wire."""
 
 MAX_DIMS = 16
 DEFAULT_MAX_ELEMENTS = 1 << 24
