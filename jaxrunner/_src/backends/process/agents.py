@@ -137,16 +137,9 @@ class ProcessMultiAgentVectorEnv(ProcessBackend, MultiAgentVectorEnv):
     Args:
         env_fns: zero-argument factories of PettingZoo envs (picklable by cloudpickle).
         policy_mapping_fn: as for the sync backend.
-        config: a :class:`~jaxrunner.ProcessConfig`: ``num_workers`` or
-            ``envs_per_worker``, ``start_method``, ``step_timeout_s`` and
-            ``spin_wait_us``, ``ready_first`` and ``main_process_envs`` apply (default
-            workers: one per CPU, at most one per env: the main process waits while they
-            step, unless it has a share of its own).
-            Lockstep (the default): ``recv`` answers the sends in order, and the runner
-            can pipeline splits (``EnvRunner(num_splits=...)``).
-            ``ready_first=True``: ``send`` covers whole workers and ``recv`` answers
-            whichever worker's envs are ready (``capabilities.ready_first``), so a slow
-            sub-env stalls only its worker's.
+        config: a :class:`~jaxrunner.ProcessConfig`, every option of which applies
+            as for ProcessVectorEnv (default workers: one per CPU, at most one per env:
+            the main process waits while they step, unless it has a share of its own).
         restart_policy: failed sub-envs are recreated inside their worker, and dead or
             hung workers replaced, as the single-agent process backend does (None:
             failures raise and close the vector env).

@@ -111,12 +111,8 @@ def checked_config(config: Any, where: str) -> ProcessConfig:
 
 
 DEFAULT_SPIN_WAIT_US = 2000.0
-"""The default spin budget where every process has a CPU: longer than a worker's step
-of a group of cheap envs, so that the main process is awake when the reply comes (and
-the worker pays no wake-up in its ``send``), yet short beside slow envs' steps, whose
-waits end in sleep. CartPole on 2 cores, one worker, 20 interleaved rounds: 1.04x,
-1.10x and 1.16x the steps/s of a 300 us budget at 8, 64 and 128 sub-envs
-(``docs/performance.md``, spin, then sleep)."""
+"""The default spin budget where every process has a CPU: longer than a worker's step of
+cheap envs, short beside slow envs' steps (``docs/performance.md``, spin, then sleep)."""
 
 
 def spin_wait_s(config: ProcessConfig, num_workers: int) -> float:
@@ -128,20 +124,13 @@ def spin_wait_s(config: ProcessConfig, num_workers: int) -> float:
 
 
 def main_process_share(num_envs: int, config: ProcessConfig) -> int:
-    """How many sub-envs (the first ones) step in the main process:
-    ``config.main_process_envs``, with None (the automatic default) as 0.
-
-    Why the default is 0: the share pays only where the workers are the bottleneck
-    (env steps cost more than the main process's policy and bookkeeping per step:
-    CartPole on 2 cores from about 256 sub-envs, 1.29x at 256 and 1.61x at 512 in
-    ``docs/performance.md``, process layouts, but 0.81x at 64); which case holds
-    is not known when the vector env is built. And the backend's promise is isolation:
-    a sub-env that hangs or crashes hard in a worker costs a restart, in the main
-    process it stops the run. So the share is asked for, never assumed.
+    """How many sub-envs (the first ones) step in the main process; None (the default)
+    is 0: the share pays only where env steps outweigh the policy (``docs/performance.md``,
+    process layouts), unknown at build time, and it gives up the workers' isolation.
 
     Raises:
-        InvalidArgumentError: a share that leaves no sub-env (or too few for
-            ``num_workers``) to the workers.
+        InvalidArgumentError: a share that leaves the workers no sub-env, or too few
+            for ``num_workers``.
     """
     share = config.main_process_envs
     if share is None:

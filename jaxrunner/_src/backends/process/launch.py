@@ -31,11 +31,9 @@ jaxrunner; no JAX backend, so no JAX thread to fork)."""
 
 
 ALL_CPUS_FROM_ENVS = 256
-"""From this many sub-envs, the pipelined backend's workers take every CPU, the main
-process's too: their stepping then outweighs its policy and bookkeeping. CartPole-v1 on
-2 cores, both layouts in one process, 12 interleaved rounds: 2 workers against 1 did
-1.10x at 256 sub-envs and 1.43x at 512, 0.74x at 64 and 1.01x at 128
-(``docs/performance.md``, process layouts)."""
+"""From this many sub-envs the pipelined backend's workers take every CPU, the main
+process's too: their stepping then outweighs its policy (``docs/performance.md``,
+process layouts)."""
 
 
 def available_cpus() -> int:
@@ -52,14 +50,9 @@ def available_cpus() -> int:
 def cgroup_cpu_quota(
     root: str = "/sys/fs/cgroup", self_cgroup: str = "/proc/self/cgroup"
 ) -> float | None:
-    """The CPU quota of this process's cgroup in CPUs, or None where there is none
-    (``max``, ``-1``) or it cannot be read.
-
-    cgroup v2: ``cpu.max`` (quota and period in microseconds) in this process's own
-    cgroup (the ``0::<path>`` line of ``self_cgroup``) or at ``root``. cgroup v1:
-    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` in the ``cpu`` controller's
-    directory (``root/cpu`` or ``root/cpu,cpuacct``, with its own path). The smallest
-    quota found wins: a container's limit holds whichever level sets it."""
+    """The CPU quota of this process's cgroup in CPUs (v2's ``cpu.max``, v1's
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, at ``root`` and in its own cgroup; the
+    smallest found wins), or None where there is none or it cannot be read."""
     quotas = []
     for directory in _cgroup_dirs(root, self_cgroup):
         quotas.append(_read_quota(os.path.join(directory, "cpu.max"), None))
@@ -116,18 +109,10 @@ def default_num_workers(
     main_process: Literal["computes", "steps", "waits"] = "computes",
     cpus: int | None = None,
 ) -> int:
-    """One worker per CPU this process may run on, at least one, at most one per sub-env;
-    but one CPU is left to the main process where it has work of its own while the
-    workers step:
-
-    * ``"computes"`` (the pipelined single-agent backend: the policy and bookkeeping),
-      below :data:`ALL_CPUS_FROM_ENVS` sub-envs;
-    * ``"steps"`` (``ProcessConfig(main_process_envs=k)``: sub-envs of its own), always.
-
-    ``"waits"``: the main process waits while the workers step (the lockstep multi-agent
-    backend), so they take every CPU (MPE at 64 envs on 2 cores: 5.8k env steps/s with
-    2 workers, 3.9k with 1). ``cpus``: the CPUs to count (default: those this process
-    may use, :func:`available_cpus`)."""
+    """One worker per CPU (``cpus``, default :func:`available_cpus`), at least one, at
+    most one per sub-env; one CPU is left to the main process where it works while the
+    workers step: ``"computes"`` (the policy) below :data:`ALL_CPUS_FROM_ENVS` sub-envs,
+    ``"steps"`` (a share of sub-envs) always, ``"waits"`` (lockstep multi-agent) never."""
     cpus = available_cpus() if cpus is None else cpus
     keep = main_process == "steps" or (main_process == "computes" and num_envs < ALL_CPUS_FROM_ENVS)
     return max(1, min(num_envs, cpus - 1 if keep else cpus))
@@ -158,11 +143,8 @@ def worker_bounds(
 
 
 def pickle_factories(env_fns: Sequence[EnvFactory], offset: int) -> bytes:
-    """The factories as bytes for a worker, by ``cloudpickle``: importable functions
-    and classes travel by reference, as with ``pickle``; lambdas, closures and
-    anything defined in ``__main__`` (a notebook cell, a script) travel by value, so a
-    worker needs no import of them. Anything else raises a clear error naming the
-    factory."""
+    """The factories as bytes for a worker, by ``cloudpickle`` (anything defined in
+    ``__main__`` travels by value); one that cannot be sent raises an error naming it."""
     try:
         return cloudpickle.dumps(list(env_fns), protocol=5)
     except Exception as err:
@@ -184,14 +166,9 @@ def pickle_factories(env_fns: Sequence[EnvFactory], offset: int) -> bytes:
 
 
 def check_main_guard(chosen_by: str | None = None) -> None:
-    """Refuses to start workers from a script's unguarded top-level code.
-
-    Workers start by ``forkserver`` or ``spawn``, and both import the main script in
-    the new process; code at its top level runs again there, starts workers of its
-    own, and multiprocessing stops it. Without this check the worker dies and the
-    caller sees only that it could not start. ``chosen_by``: what chose the process
-    backend where the caller did not name it (``backend="auto"``), for the error to say.
-    """
+    """Refuses to start workers from a script's unguarded top-level code, which each
+    worker would run again as it imports the script (and then die unexplained).
+    ``chosen_by``: what chose the process backend (``backend="auto"``), for the error."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     if main is None or path is None or not os.path.isfile(path):
@@ -287,12 +264,9 @@ def multiprocessing_context(start_method: str) -> BaseContext:
     if start_method == "forkserver":
         from multiprocessing import forkserver
 
-        # The fork server imports the worker module once (numpy, gymnasium, jaxrunner)
-        # and JAX, which jaxrunner loads only where it uses it (a worker that does then
-        # finds it loaded; no JAX backend, so no JAX thread), and each worker forks from
-        # it in milliseconds. So do the main script's top-level imports, which each
-        # worker would import again when it runs the script (0.5 s of CPU for one that
-        # imports jaxrunner.testing). Takes effect as this process starts its fork server.
+        # The fork server imports the worker module, JAX (no backend, so no thread) and
+        # the main script's top-level imports once; each worker forks from it in
+        # milliseconds. Takes effect as this process starts its fork server.
         preload = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
         missing = [m for m in (WORKER_MODULE, "jax", PRELOAD_MODULE) if m not in preload]
         if missing:

@@ -37,15 +37,12 @@ class WorkerPool:
     """The worker processes, their commands and replies.
 
     Args:
-        ctx: the multiprocessing context workers start in.
         bounds: the ``[lo, hi)`` sub-envs of each worker.
         payloads: each worker's pickled factories (a replacement gets the same).
-        step_timeout_s: how long a worker may take to answer a command (None: forever).
         res: what the vector env's finalizer releases (the pool adds its workers).
-        main_process_fns: the factories of worker 0's sub-envs when it is the main
-            process (:mod:`.main_process`; its payload is then unused); None: it is not.
-        spin_s: the most to busy-wait for a reply before sleeping (:class:`~.protocol.Spin`
-            backs off from it when spinning does not pay).
+        spin_s: the most to busy-wait for a reply (:class:`~.protocol.Spin`).
+        main_process_fns: worker 0's factories when it is the main process
+            (:mod:`.main_process`); None: it is not.
     """
 
     def __init__(

@@ -41,27 +41,12 @@ def call_message(seq: int, method: str, args: tuple) -> bytes:
 
 
 class Spin:
-    """Busy-polls for data before a process sleeps in ``recv``, and backs off when
-    spinning does not pay.
-
-    Waking a process that sleeps in ``recv`` costs tens of microseconds (over 70 on a
-    virtual machine), once per reply and command; a process with a CPU of its own saves
-    that by spinning a little first (``ProcessConfig.spin_wait_us``). On a shared
-    machine the same spin takes the CPU from the process it waits for (HalfCheetah at 8
-    sub-envs, load 12-22 on 2 cores: 10 ms a step with a 2 ms spin, 2 ms without). So
-    the budget adapts to what it observes:
-
-    * every :attr:`WINDOW` waits, if fewer than half ended in data (the spin was
-      wasted: the reply comes later than the budget, or the CPU is contended) the
-      budget halves, down to nothing below :attr:`MIN_S`; if nearly all did, it grows
-      back towards the configured one;
-    * while off, every :attr:`PROBE_EVERY` waits it tries again at an eighth of the
-      configured budget, so a machine that becomes quiet gets the spin back;
-    * while the load average exceeds the CPUs this process may use, it does not spin.
-
-    Args:
-        budget_s: the configured (largest) budget; 0 never spins.
-        cpus: the CPUs this process may use (the load check's bound).
+    """Busy-polls for data before a process sleeps in ``recv`` (a wake-up costs tens of
+    microseconds; ``ProcessConfig.spin_wait_us``), backing off where spinning would take
+    the CPU of the process it waits for: every :attr:`WINDOW` waits the budget halves
+    (to 0 below :attr:`MIN_S`) if under half ended in data and grows back towards
+    ``budget_s`` if nearly all did; while off it probes an eighth of ``budget_s`` every
+    :attr:`PROBE_EVERY` waits; it never spins while the load average exceeds ``cpus``.
     """
 
     WINDOW = 32
@@ -132,24 +117,16 @@ def recv_exact(sock: socket.socket, size: int) -> bytes:
 
 @dataclasses.dataclass
 class RemoteError:
-    """An exception raised in a worker, as sent to the main process.
-
-    Attributes:
-        kind: ``"env"`` (a sub-env's own code raised), ``"check"`` (jaxrunner
-            rejected what a sub-env returned), ``"recreate"`` (a failed sub-env could
-            not be recreated) or ``"worker"`` (anything else).
-        env_index: the sub-env concerned (-1 if none).
-        call: the sub-env method concerned (``"step"``, ``"reset"``, ...).
-        exception: the pickled exception (``None`` if it does not pickle).
-        description: ``repr`` of the exception.
-        traceback: the formatted traceback, as text.
-    """
+    """An exception raised in a worker, as sent to the main process."""
 
     kind: str
-    env_index: int
-    call: str
-    exception: bytes | None
-    description: str
+    """``"env"`` (a sub-env's own code raised), ``"check"`` (jaxrunner rejected what a
+    sub-env returned), ``"recreate"`` (a failed sub-env could not be recreated) or
+    ``"worker"`` (anything else)."""
+    env_index: int  # the sub-env concerned (-1: none)
+    call: str  # its method concerned ("step", "reset", ...)
+    exception: bytes | None  # pickled (None: it does not pickle)
+    description: str  # its repr
     traceback: str
     recreation: bytes | None = None
     """Kind ``"recreate"``: the last attempt's pickled error; ``exception`` is then the

@@ -27,10 +27,7 @@ class WorkerRecovery:
     of their sub-envs.
 
     Args:
-        pool: the workers.
         restart_policy: None: a lost worker closes the vector env and raises.
-        layout: the shared block's layout (it fails the slots).
-        views: the shared block.
         in_flight: the step commands sent and not yet answered (the stepper's).
     """
 

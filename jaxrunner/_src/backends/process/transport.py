@@ -37,12 +37,9 @@ class ProcessTransport:
     has taken its layout from the reports, :meth:`attach` hands the workers the shared
     block, and the transport steps them. A failure to start shuts down what started.
 
-    Args:
-        env_fns: the sub-envs' factories.
-        config: the vector env's :class:`~jaxrunner.ProcessConfig`.
-        multi_agent: the sub-envs' kind, which sets the default number of workers; None:
-            unknown, so worker 0 first builds sub-env 0 alone and reports it
-            (:attr:`multi_agent` then says it).
+    ``multi_agent``: the sub-envs' kind, which sets the default number of workers; None:
+    unknown, so worker 0 first builds sub-env 0 alone and reports it (:attr:`multi_agent`
+    then says it).
     """
 
     def __init__(
@@ -124,22 +121,18 @@ class ProcessTransport:
         self.layout = layout
         res.fd, res.memory = create_shared_block(layout.nbytes)
         self.views = layout.views(res.memory)
-        self._send_memory(restart_policy)
-        self.recovery = WorkerRecovery(
-            pool, restart_policy, layout, self.views, lambda: self.stepper.in_flight()
-        )
-        pool.on_lost = self.recovery.worker_lost
-        self.stepper = Stepper(pool, self.recovery, layout, self.views, self.config.ready_first)
-
-    def _send_memory(self, restart_policy: RestartPolicy | None) -> None:
-        pool = self.pool
-        pool.memory_message = pickle.dumps((self.layout, restart_policy, pool.spin_s))
+        pool.memory_message = pickle.dumps((layout, restart_policy, pool.spin_s))
         try:
             seqs = [pool.send_memory(w) for w in range(len(pool.bounds))]
             for w, seq in enumerate(seqs):
                 pool.expect(w, seq)
         except WorkerLost as lost:
             raise lost.error("the vector env could not start") from None
+        self.recovery = WorkerRecovery(
+            pool, restart_policy, layout, self.views, lambda: self.stepper.in_flight()
+        )
+        pool.on_lost = self.recovery.worker_lost
+        self.stepper = Stepper(pool, self.recovery, layout, self.views, self.config.ready_first)
 
     @property
     def bounds(self) -> list[tuple[int, int]]:

@@ -29,10 +29,8 @@ class ProcessBackend(RemoteSubEnvs):
     either kind of sub-env: a shell (a vector env class of one kind) gives the layout
     (:meth:`_layout_for`), the rest is here. Results of ``call``/``get_attr`` must pickle."""
 
-    # Two pipelining splits for either kind: on a quiet 2-core machine MPE simple_spread
-    # ran 1.25x / 1.77x / 1.91x the hand loop at 8 / 64 / 256 envs with two, 1.18x /
-    # 1.64x / 1.74x with one (results/multi_agent_host_quiet_cpu.json; a loaded run had
-    # shown the reverse).
+    # Two pipelining splits for either kind: faster than one for MPE on a quiet 2-core
+    # machine (results/multi_agent_host_quiet_cpu.json).
     capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
     _reset_call: ClassVar[str]
     """The reset call users make, as closed-env errors name it."""

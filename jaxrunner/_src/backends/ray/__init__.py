@@ -3,5 +3,4 @@ docs/backends/ray.md."""
 
 from jaxrunner._src.backends.ray.config import RayConfig as RayConfig
 from jaxrunner._src.backends.ray.config import import_ray as import_ray
-from jaxrunner._src.backends.ray.env_actor import EnvWorker as EnvWorker
 from jaxrunner._src.backends.ray.vector_env import RayVectorEnv as RayVectorEnv

@@ -21,19 +21,9 @@ EnvFactory = Callable[[], gymnasium.Env]
 class ActorPool:
     """One Ray actor per block of sub-envs (:attr:`unit_rows`), replaced when it dies.
 
-    Args:
-        ray: the ``ray`` module.
-        env_fns: one factory per sub-env.
-        config: placement and timeouts.
-        restart_policy: how dead actors are replaced (None: their failure raises).
-        worker: the actor's body, built as ``worker(env_fns, restart_policy, offset,
-            *worker_args, progress=...)`` (``offset``: its first sub-env's global
-            index; ``progress``: where its step marks are shared), with
-            ``describe``, ``reset``, ``reset_at``, ``step``, ``num_restarts``, ``call``,
-            ``get_attr``, ``set_attr``, ``render``, ``on_sub_env`` (by the block's own
-            index) and ``close``: :class:`EnvWorker` for
-            gymnasium envs, the multi-agent one for PettingZoo envs.
-        worker_args: more arguments for ``worker``.
+    ``restart_policy``: how dead actors are replaced (None: their failure raises).
+    ``worker``: the actor's body (:mod:`.env_actor`), built as ``worker(env_fns,
+    restart_policy, offset, *worker_args, progress=...)``.
     """
 
     def __init__(
@@ -59,14 +49,13 @@ class ActorPool:
         self._remote_cls = ray.remote(worker)
         self._worker_args = worker_args
 
-    def start(self) -> list[Any]:
-        """Starts every actor; returns each one's ``describe()`` (kills them all if any
-        fails)."""
+    def start(self, take: Callable[[list[Any]], None]) -> None:
+        """Starts every actor and hands ``take`` each one's ``describe()``; kills them all
+        if any fails or ``take`` refuses them."""
         try:
             self.actors = [self._make(u) for u in range(len(self.unit_rows))]
-            return self.get_all(
-                [a.describe.remote() for a in self.actors], self.config.actor_start_timeout_s
-            )
+            refs = [a.describe.remote() for a in self.actors]
+            take(self.get_all(refs, self.config.actor_start_timeout_s))
         except BaseException:
             self.kill_all()
             self.progress.close()

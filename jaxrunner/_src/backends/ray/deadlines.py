@@ -12,20 +12,12 @@ from jaxrunner.errors import RemoteTimeoutError
 
 
 class InFlightSteps:
-    """Actor steps sent and not yet received: Ray object ref -> actor and rows.
-
-    Args:
-        ray: the ``ray`` module.
-        timeout_s: how long a step may take (``RayConfig.step_timeout_s``); None: no
-            deadline.
-    """
+    """Actor steps sent and not yet received: Ray object ref -> actor and rows; each
+    may take ``timeout_s`` (``RayConfig.step_timeout_s``; None: no deadline)."""
 
     def __init__(self, ray: Any, timeout_s: float | None) -> None:
         self.ray, self.timeout_s = ray, timeout_s
         self._steps: dict[Any, tuple[int, slice, float]] = {}  # ref -> unit, rows, sent
-
-    def __len__(self) -> int:
-        return len(self._steps)
 
     def units(self) -> set[int]:
         """The actors with a step in flight."""

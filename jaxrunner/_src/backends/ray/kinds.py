@@ -36,11 +36,9 @@ class GymnasiumRows:
     """Gymnasium sub-envs: a :class:`BatchStep` over :class:`StepBuffers`."""
 
     worker: type = EnvWorker
+    worker_args: tuple = ()
     ready_first = True
     """Ready-first unless ``RayConfig.ready_first`` says otherwise."""
-
-    def __init__(self, worker_args: tuple = ()) -> None:
-        self.worker_args = worker_args
 
     def describe(self, vec: Any, described: list[Any], unit_rows: list[slice]) -> None:
         """Checks the actors' spaces are equal; sets the vector env's spaces and

@@ -35,18 +35,8 @@ class Call:
 
 class ActorStepping(RemoteSubEnvs):
     """``reset``/``send``/``recv``/``step_batch`` of a vector env whose sub-envs run in
-    Ray actors (:class:`~.actor_manager.ActorPool`), for either kind (:mod:`.kinds`).
-
-    Lockstep: ``recv`` answers the sends in order; a send is any block of envs and may
-    split actors. Ready-first: a send covers whole actors, none of them in flight, and
-    ``recv`` answers whichever actor is ready (gymnasium envs: with every other actor
-    ready within ``remote_env_batch_wait_ms``, as one step). ``step_batch`` waits for
-    every actor of its rows. A dead or hung actor is killed and, under a restart
-    policy, replaced: its sub-envs' slots fail (``failed``), those of its steps in
-    flight at once, the others at their next send, unstepped (as the process backend
-    does); without one the failure raises :class:`~jaxrunner.errors.WorkerError` (a
-    death) or :class:`~jaxrunner.errors.RemoteTimeoutError` (a missed deadline).
-    """
+    Ray actors (:class:`~.actor_manager.ActorPool`), for either kind (:mod:`.kinds`);
+    as :class:`~.vector_env.RayVectorEnv` describes."""
 
     config: RayConfig
     unit_rows: list[slice]
@@ -91,13 +81,7 @@ class ActorStepping(RemoteSubEnvs):
         self._fresh: dict[int, Any] = {}
         """Each replaced actor's successor's reset reply, written again to each row as
         it fails (a step the dead actor answered may have been written since)."""
-        described = actors.start()
-        try:
-            kind.describe(self, described, self.unit_rows)
-        except BaseException:
-            actors.kill_all()
-            actors.progress.close()
-            raise
+        actors.start(lambda described: kind.describe(self, described, self.unit_rows))
         self._closed_reason = None
 
     @property
