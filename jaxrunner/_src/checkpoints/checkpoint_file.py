@@ -24,12 +24,10 @@ VERSION = 4
 """Version 4: one format for every runner: params by policy id, the policy ids and agents
 in the metadata (an ``EnvRunner`` has one of each)."""
 LEGACY_READS = {"EnvRunner": (1, 2, 3), "MultiAgentRunner": (1, 3)}
-"""The earlier files each runner still reads, by the runner their format named
-(``RunnerParts.file_format``: ``"jaxrunner.EnvRunner checkpoint"`` or
-``"jaxrunner.MultiAgentRunner checkpoint"``): version 3 (version 4's layout), a
-single-agent env's 1 (sub-env pickles without their restart state) and 2 (params as the
-one policy's tree, no policy ids or agents in the metadata), a multi-agent env's 1
-(version 3's layout)."""
+"""The earlier versions each runner still reads, by the runner their format named
+(``RunnerParts.file_format``): 3 has version 4's layout, as has a multi-agent 1; a
+single-agent 1 and 2 hold one policy's params tree and no policy ids or agents (1 also
+lacks the sub-env pickles' restart state)."""
 MAX_RESTORE_BYTES = 1 << 33
 """The most bytes a checkpoint's arrays may take in memory (8 GiB); read at each restore."""
 

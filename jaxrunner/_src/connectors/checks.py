@@ -43,15 +43,9 @@ def check_statistics_args(who: str, connector: Any) -> None:
 
 
 def check_state(who: str, name: str, current: Any, new: Any) -> Any:
-    """``new`` (one connector's state) as host numpy arrays, refused unless it has the
-    structure, shapes and dtypes of ``current`` and finite floats.
-
-    Args:
-        who: the call, for the message (``"set_connector_state(state)"``).
-        name: the connector's name in :class:`~jaxrunner.connectors.Connectors`.
-        current: the state the runner holds for it (host or device arrays).
-        new: the state handed in.
-    """
+    """``new`` (connector ``name``'s state) as host numpy arrays, refused unless it has
+    the structure, shapes and dtypes of ``current`` (the runner's) and finite floats;
+    ``who`` is the call the message names."""
     want, treedef = jax.tree_util.tree_flatten_with_path(current)
     try:
         got = treedef.flatten_up_to(new)

@@ -131,15 +131,10 @@ class EpisodeStats:
 
 
 class RunnerMetrics:
-    """Everything a runner counts: transitions, faults, episode statistics, perf
-    timers and sampling time. The samplers add to it; ``summary`` is the runner's
-    ``get_metrics()``.
-
-    With ``agents`` (a multi-agent runner's policy id -> agent ids) it also counts agent
-    steps apart from env steps (as RLlib does) and agent-episode statistics per policy
-    and per agent, env-level episode returns being summed over agents. Without (a
-    single-agent runner: one agent, no group) those stay out of its summary and state.
-    """
+    """Everything a runner counts; the samplers add to it, ``summary`` is the runner's
+    ``get_metrics()``. With ``agents`` (policy id -> agent ids: a multi-agent runner) it
+    also counts agent steps (as RLlib does) and agent-episode statistics per policy and
+    agent, env-level returns summed over agents; without, those stay out of it."""
 
     def __init__(self, config: MetricsConfig, agents: dict[str, tuple[str, ...]] | None = None):
         self.num_env_steps = 0  # valid transitions only

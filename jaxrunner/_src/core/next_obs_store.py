@@ -14,14 +14,9 @@ import numpy as np
 
 
 class FinalObs(flax.struct.PyTreeNode):
-    """The rows of ``next_obs`` that are not the ``obs`` their slot acts on next.
-
-    Attributes:
-        index: ``[K]`` int64, the flat slots ``t * R + r``, ascending, with ``R`` rows per
-            step (the ``B`` envs, or a group's ``B * A_g`` agent slots); every slot
-            with no next row in the trajectory is among them.
-        obs: the observations of those slots, ``[K, ...]`` per leaf.
-    """
+    """The rows of ``next_obs`` that are not the ``obs`` their slot acts on next
+    (every slot with no next row in the trajectory among them): ``index``, their flat
+    slots ``t * R + r`` ascending (``[K]`` int64, ``R`` rows per step), and their ``obs``."""
 
     index: Any
     obs: Any

@@ -30,15 +30,9 @@ logger = logging.getLogger("jaxrunner._src.services.external.batching")
 
 @dataclasses.dataclass
 class Row:
-    """One policy evaluation.
-
-    Attributes:
-        obs: one observation (numpy tree, already checked against the space).
-        action: the action taken, for logged (off-policy) rows; ``None`` to sample.
-        episode_id: the episode's id (an int in ``[0, 2**63)``), for the key.
-        step: the step's index within its episode, for the key.
-        carry: the episode's recurrent state (numpy tree; ``None`` if feed-forward).
-    """
+    """One policy evaluation: ``obs`` (checked numpy tree), ``action`` (logged rows;
+    None to sample), ``episode_id`` and ``step`` (the action key's), ``carry`` (the
+    recurrent state; None if feed-forward)."""
 
     obs: Any
     action: Any
@@ -74,19 +68,10 @@ def default_buckets(max_batch: int) -> tuple[int, ...]:
 
 
 class PolicyBatcher:
-    """Runs a policy for rows submitted from any thread, batched.
-
-    Args:
-        policy: the policy; ``log_prob_fn`` (if set) gives logged actions' log-probs.
-        params: its params.
-        observation_space, action_space: a single episode's spaces.
-        seed: seeds every action key.
-        max_batch: the most rows per policy call.
-        max_wait_s: how long to wait after the first queued row for more.
-        buckets: batch sizes to pad to (sorted; the last must be ``max_batch``).
-        ready_hint: returns how many rows could come at most (e.g. live episodes);
-            once that many are queued, the batch goes without waiting longer.
-    """
+    """Runs a policy for rows submitted from any thread, batched: up to ``max_batch``
+    rows padded to a ``buckets`` size (the last is ``max_batch``), after waiting up to
+    ``max_wait_s`` for more, or less once ``ready_hint()`` (the most rows that could come)
+    are queued."""
 
     def __init__(
         self,
@@ -140,15 +125,9 @@ class PolicyBatcher:
         on_abort: Callable[[BaseException | None], Any] | None = None,
     ) -> concurrent.futures.Future:
         """Queues ``rows``; exactly one of ``on_done`` and ``on_abort`` runs, in the
-        batcher's thread.
-
-        When all rows are computed and the future was not cancelled,
-        ``on_done(results)`` runs and the future resolves to its return value (or to
-        the exception it raised). The future stays pending (cancellable) until then:
-        a waiter that gives up cancels it, and ``on_abort(None)`` runs instead, so
-        nothing is recorded for an action nobody received. If the policy fails (or
-        the batcher closes), ``on_abort(error)`` runs and the future fails with it.
-        """
+        batcher's thread. The future resolves to what ``on_done(results)`` returns; a
+        waiter that gives up cancels it and ``on_abort(None)`` runs instead (nothing is
+        recorded for an action nobody received); a failure runs ``on_abort(error)``."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         request = _Request(rows, on_done, on_abort, future, [None] * len(rows), 0, len(rows))
         with self._cond:

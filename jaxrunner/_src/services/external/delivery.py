@@ -43,16 +43,9 @@ class _Call:
 
 @dataclasses.dataclass(eq=False)
 class ActionDelivery:
-    """Submits the calls of live episodes and records their steps.
-
-    Attributes:
-        lock: the owning env's lock, taken around every change to an episode.
-        batchers: one per policy id.
-        memory: the env's memory budget: a claimed episode's reservation
-            (``live.reserved``) is settled by what is recorded, or released.
-        counts: the env's counters (``num_env_steps``, ``num_dropped_steps``,
-            ``num_undelivered_actions``).
-    """
+    """Submits the calls of live episodes and records their steps, taking the env's
+    ``lock`` around every change to an episode; a claimed episode's memory reservation
+    (``live.reserved``) is settled by what is recorded, or released."""
 
     lock: threading.Lock
     batchers: Mapping[str, PolicyBatcher]

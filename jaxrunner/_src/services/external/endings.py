@@ -19,22 +19,10 @@ from jaxrunner._src.services.external.memory import MemoryBudget
 
 
 class EpisodeEndings:
-    """Ends the agents of live episodes.
-
-    Args:
-        lock: the env's lock; :meth:`close` is called with it held, :meth:`finish`
-            and :meth:`reap` without it.
-        episodes: the env's live episodes.
-        memory, counts, stats: the env's memory budget, counters and recent-episode
-            statistics (agent steps count in ``num_agent_steps``).
-        groups: the env's agent groups (their spaces stack each agent's episode).
-        emit: called, with the lock held, with each ended agent and its Episode
-            (None when it had no step); the env's ``_emit``.
-
-    Attributes:
-        unassigned_reward: the rewards no step carries, summed: those logged to agents
-            that ended without an action (as the multi-agent sampler's).
-    """
+    """Ends the agents of live episodes. :meth:`close` runs with the env's ``lock`` held,
+    :meth:`finish` and :meth:`reap` without it; ``emit`` is called with it held, with each
+    ended agent and its Episode (None when it had no step). ``unassigned_reward`` sums the
+    rewards of agents that ended without an action (as the multi-agent sampler's)."""
 
     def __init__(
         self,

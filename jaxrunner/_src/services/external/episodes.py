@@ -144,14 +144,9 @@ class AgentRecord:
         terminated: bool,
         truncated: bool,
     ) -> Episode:
-        """The closed record as an :class:`~jaxrunner.Episode` (needs at least one step).
-
-        Consumes the record: each row is released as soon as it is copied into the
-        stacked arrays, so the copy replaces the rows instead of doubling the
-        episode's memory (the arrays are uninitialized, their pages committed as
-        they are written). Call it without the env's lock: it is the slow part of
-        ending a long episode.
-        """
+        """The closed record (at least one step) as an :class:`~jaxrunner.Episode`,
+        consuming it: each row is released once copied, so the episode's memory is not
+        doubled. Call it without the env's lock: it is the slow part of ending one."""
         return Episode(
             obs=_stack_releasing(observation_space, self.obs),
             action=_stack_releasing(action_space, self.actions),
@@ -217,12 +212,8 @@ def _stack_releasing(space: spaces.Space, rows: list[Any]) -> Any:
 
 
 class EpisodeTable:
-    """Live episodes by id, the ids recently ended, and per-client counts.
-
-    Args:
-        max_concurrent: the most live episodes.
-        max_per_client: the most live episodes per client name (None: no cap).
-    """
+    """Live episodes by id (at most ``max_concurrent``, and ``max_per_client`` per client
+    name unless None), the ids recently ended, and per-client counts."""
 
     def __init__(self, max_concurrent: int, max_per_client: int | None) -> None:
         self._max_concurrent = max_concurrent

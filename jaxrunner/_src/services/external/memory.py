@@ -93,15 +93,10 @@ def episode_nbytes(episode: EpisodeSpan) -> int:
 
 
 class MemoryBudget:
-    """Bytes held by live records and by finished, unpolled episodes, and bytes
-    reserved for steps being computed. Every method is called with the env's lock held.
-
-    Args:
-        max_bytes: the most both may hold together.
-        step_estimate: the cost of one step before any was recorded.
-        record_nbytes: the cost of one agent record (charged to ``live`` from its
-            agent's first mention until its episode ends).
-    """
+    """Bytes held by live records (each agent record costs ``record_nbytes`` from its
+    agent's first mention until its episode ends) and by finished, unpolled episodes, and
+    bytes reserved for steps being computed, together at most ``max_bytes``. Every
+    method is called with the env's lock held."""
 
     def __init__(self, max_bytes: int, step_estimate: int, record_nbytes: int) -> None:
         self.max_bytes = max_bytes

@@ -15,17 +15,9 @@ E = TypeVar("E", bound=EpisodeSpan)
 
 
 class EpisodeOutput(Generic[E]):
-    """Finished episodes in the order they ended, charged to ``memory.output``:
-    an ExternalEnv's :class:`~jaxrunner.Episode` or a MultiAgentExternalEnv's
-    :class:`~jaxrunner.AgentEpisode` (an ``EpisodeSpan`` with ``obs``,
-    ``action`` and ``extras``).
-
-    Args:
-        lock: the owning env's lock; :meth:`put` is called with it held, the other
-            methods take it themselves.
-        memory: the env's memory budget.
-        max_episodes: the most episodes kept; beyond, the oldest are dropped.
-    """
+    """Finished episodes (Episode or AgentEpisode) in the order they ended, charged to
+    ``memory.output``; past ``max_episodes`` the oldest are dropped. :meth:`put` is called
+    with the env's ``lock`` held, the other methods take it themselves."""
 
     def __init__(self, lock: threading.Lock, memory: MemoryBudget, max_episodes: int) -> None:
         self._episodes: collections.deque[E] = collections.deque()

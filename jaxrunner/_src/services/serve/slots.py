@@ -22,19 +22,10 @@ class Slot(Protocol):
 
 class ConnectionSlots:
     """The open connections of one server, in the order they opened and went idle.
-
-    Args:
-        max_connections: the most open connections.
-        max_unauthenticated: the most open connections without a token yet.
-        grace_s: how long a new connection that has sent nothing is spared.
-        linger_s: how long a connection closed for the unauthenticated share after a
-            tokenless request lingers (0: closed at once); longer under attack, see
-            :meth:`linger_over`.
-        max_lingering: the most lingering connections (apart from ``max_connections``);
-            beyond, the oldest is closed. None: ``max_connections``.
-        max_linger_s: the longest a connection lingers.
-        clock: seconds, monotonic (tests pass their own).
-    """
+    ``grace_s`` spares a new connection that has sent nothing; one closed for the
+    unauthenticated share after a tokenless request lingers ``linger_s`` (longer under
+    attack, see :meth:`linger_over`), at most ``max_lingering`` of them (apart from
+    ``max_connections``; None: as many), the oldest closed beyond."""
 
     def __init__(
         self,
@@ -79,17 +70,12 @@ class ConnectionSlots:
         return len(self._lingering)
 
     def admit(self, slot: Slot) -> bool:
-        """Takes a slot for a new connection (unauthenticated, idle), closing others
-        only at ``max_connections``; False: none is free (refuse it).
-
-        The unauthenticated share is not kept here: a newcomer that sends the token
-        within ``grace_s`` leaves it before :meth:`trim` restores it, so under a flood of
-        tokenless sockets a client opening a connection per request closes none of
-        theirs (each closed one would come back into the accept queue ahead of it). At
-        ``max_connections`` the connection idle the longest is closed: one that sent a
-        request without the token, then one silent for ``grace_s``, then any other
+        """Takes a slot for a new connection (unauthenticated, idle); False: none is
+        free (refuse it). At ``max_connections`` the connection idle the longest is
+        closed: a tokenless one, then one silent for ``grace_s``, then any other
         unauthenticated one, then, only while the share is kept, an authenticated one.
-        """
+        The share itself is restored by :meth:`trim`, not here: a newcomer that sends the
+        token within ``grace_s`` leaves it first (a flood closes none of theirs)."""
         if len(self._open) >= self.max_connections:
             victim = (
                 self._first(self._tokenless, self._idle)

@@ -84,12 +84,8 @@ class Refusal:
 class HeadLimitedConnection(h11.Connection):
     """h11's server connection that also refuses request lines and headers over the
     limits when they came whole in one read (h11 caps only a head still arriving).
-
-    Attributes:
-        refusal: why the last ``RemoteProtocolError`` was raised, if it was a size
-            limit (the protocol answers 414 or 431 then, else 400).
-        on_request: called with each request's head before it is returned.
-    """
+    ``refusal`` says why, if a size limit raised the last ``RemoteProtocolError`` (414 or
+    431 then, else 400)."""
 
     def __init__(self, on_request: Callable[[h11.Request], None]) -> None:
         super().__init__(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
