@@ -35,16 +35,11 @@ docs/backends/index.md, "How the rule was calibrated"."""
 
 
 def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
-    """The layout for ``num_envs`` sub-envs whose step costs ``env_step_us`` on
-    ``cpus`` CPUs: a pure function of the measurements.
-
-    Below :data:`MIN_WORK_US` of env work per vector step the sub-envs stay in the main
-    process (sync): a worker's round trip costs more than it takes off. From there,
-    ``"process"`` with one worker per :data:`MIN_WORK_US` of work, at most one per
-    sub-env and one per CPU but one (the main process keeps one for the policy), or one
-    per CPU from ``ALL_CPUS_FROM_ENVS`` sub-envs, as the process backend's default. The
-    main process's share is never chosen: whether it pays depends on the policy, and it
-    costs those sub-envs their isolation (the measurements: docs/backends/index.md).
+    """The layout for ``num_envs`` sub-envs of step cost ``env_step_us`` on ``cpus``
+    CPUs, a pure function of these. Below :data:`MIN_WORK_US` of work per vector step
+    a worker's round trip costs more than it saves. The main process's share is never
+    chosen: whether it pays depends on the policy, and it costs those sub-envs their
+    isolation (the measurements: docs/backends/index.md).
     """
     work_us = env_step_us * num_envs
     choice = functools.partial(LayoutChoice, env_step_us=env_step_us, num_envs=num_envs, cpus=cpus)
@@ -92,15 +87,10 @@ def measure_env_step_us(
     max_steps: int = PROBE_MAX_STEPS,
     where: list[str] | None = None,
 ) -> float:
-    """The median time of one step of ``env`` (the probe sub-env, gymnasium or
-    PettingZoo), in microseconds; ``env`` is closed on return, also when it raises.
-
-    The probe is reset with ``seed`` (0 where None) and stepped with seeded random
-    actions (within an ``action_mask`` where a PettingZoo observation has one) for at
-    most ``max_steps`` steps or ``budget_s`` seconds, reset where an episode ends (as
-    the vector env does in the same step). The median keeps a loaded machine's
-    outliers and the rarer resets out. The first step is not counted (lazy
-    initialisation). ``where[0]`` names the call under way (for errors).
+    """The median time in microseconds of one seeded random step of the probe sub-env
+    ``env`` (closed on return). The median keeps a loaded machine's outliers and the
+    rarer resets out; the first step (lazy initialisation) is not counted.
+    ``where[0]`` names the call under way, for errors.
     """
     where = [""] if where is None else where
     try:
@@ -181,14 +171,10 @@ def choose_for(
     seed: int | None,
     restart_policy: RestartPolicy | None,
 ) -> LayoutChoice:
-    """Times ``probe`` (sub-env 0, built by ``factory``; closed here) on a thread of its
-    own and chooses (:func:`choose_layout`).
-
-    A probe still running after :data:`PROBE_DEADLINE_S` is abandoned (it is closed
-    when its call returns, if ever), and one that raises where ``restart_policy``
-    recreates the env (tried here, as a restart would) gives ``"sync"``: both with a
-    warning naming the cause. Where the env fails even so (no restart policy, or one
-    whose attempts all fail), its error is raised, with a note that "auto" was probing.
+    """Times ``probe`` (sub-env 0; closed here) on a thread of its own and chooses
+    (:func:`choose_layout`). A probe past :data:`PROBE_DEADLINE_S`, or one that raises
+    but that ``restart_policy`` recreates, gives ``"sync"`` with a warning; an env that
+    fails even so raises, noting that "auto" was probing.
     """
     cpus = available_cpus()
     where = [""]

@@ -57,11 +57,7 @@ EnvIds = slice | np.ndarray | None
 
 def block_rows(env_ids: EnvIds, num_envs: int, where: str) -> tuple[int, int]:
     """The rows ``[lo, hi)`` of a lockstep send's ``env_ids``: None (every env) or a
-    non-empty slice with step 1; ``where`` names the caller in the error.
-
-    Raises:
-        InvalidArgumentError: any other ``env_ids``.
-    """
+    non-empty slice with step 1 (else an error naming the caller, ``where``)."""
     if env_ids is None:
         return 0, num_envs
     if isinstance(env_ids, slice):

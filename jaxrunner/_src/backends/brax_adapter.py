@@ -59,12 +59,7 @@ def brax_spaces(
     action_space: spaces.Space | None,
 ) -> tuple[spaces.Space, spaces.Space]:
     """The spaces of a brax-style env: those given, else observations ``Box(-inf, inf)``
-    of the shape and dtype ``reset`` returns and actions ``Box(-1, 1,
-    (env.action_size,), float32)`` (brax's convention).
-
-    Raises:
-        InvalidArgumentError: a default is needed and cannot be derived.
-    """
+    shaped as ``reset`` returns them and brax's ``Box(-1, 1, (action_size,), float32)`` actions."""
     if observation_space is None:
         obs = jax.eval_shape(functions.reset, jax.random.key(0), None)[0]
         observation_space = jax.tree.map(

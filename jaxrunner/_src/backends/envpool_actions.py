@@ -43,14 +43,8 @@ class EnvPoolActions:
 
 
 def check_env_ids(env_ids: EnvIds, num_envs: int, in_flight: np.ndarray, who: str) -> np.ndarray:
-    """The sub-envs of an async ``send(actions, env_ids)`` as an int32 array: None (all),
-    a slice, or integers in ``[0, num_envs)``, each once, none of them still stepping
-    (``in_flight``, a bool per sub-env).
-
-    Raises:
-        EnvIndexError: an id out of range.
-        InvalidArgumentError: any other fault, naming the ids and the fix.
-    """
+    """The ``env_ids`` of an async ``send`` (None: all, a slice, or distinct ids in
+    range) as an int32 array, refusing any still ``in_flight``."""
     if env_ids is None or isinstance(env_ids, slice):
         ids = np.arange(num_envs)[slice(None) if env_ids is None else env_ids]
     else:

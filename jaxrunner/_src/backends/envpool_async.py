@@ -22,20 +22,11 @@ from jaxrunner.errors import InvalidArgumentError
 
 
 class EnvPoolAsyncVectorEnv(VectorEnv):
-    """An EnvPool pool in async mode (see docs/backends/envpool.md).
+    """An EnvPool pool in async mode: ``batch_size`` envs per ``recv`` (docs/backends/envpool.md).
 
-    Args:
-        task_id: an EnvPool task id, e.g. ``"CartPole-v1"``.
-        num_envs: number of sub-envs.
-        batch_size: envs per ``recv`` (``1 <= batch_size < num_envs``).
-        seed: the pool's seed until a seeded ``reset_batch``: sub-env ``i`` gets
-            ``seed + i``.
-            (``num_envs`` must be a multiple of ``batch_size``.)
-        copy: if True, ``reset``/``step`` return copies of the observation buffer.
-        keep_reset_steps: True (the default): answer EnvPool's own reset steps as
-            ``BatchStep.reset_rows``. False: send them itself and hold each final step
-            until its reset step answers (see docs/backends/envpool.md).
-        **envpool_kwargs: for ``envpool.make_gymnasium`` (``num_threads``, ...).
+    ``keep_reset_steps``: True answers EnvPool's own reset steps as
+    ``BatchStep.reset_rows``; False sends them itself and holds each final step until
+    its reset step answers. ``envpool_kwargs`` go to ``envpool.make_gymnasium``.
     """
 
     def __init__(

@@ -55,12 +55,8 @@ class _InfoOnRead(Mapping[str, Any]):
 
 
 class EnvPoolCalls:
-    """``send``/``recv``/``reset`` of an EnvPool gymnasium pool, through its C++ calls
-    where the pool has the common layout, else its public methods.
-
-    Args:
-        pool: a pool from ``envpool.make_gymnasium``.
-    """
+    """``send``/``recv``/``reset`` of an ``envpool.make_gymnasium`` pool, through its C++
+    calls where the pool has the common layout, else its public methods."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool

@@ -112,12 +112,7 @@ def functional_functions(env: Any) -> FunctionalEnv:
 
 def functions_of(env: Any) -> FunctionalEnv:
     """The :class:`FunctionalEnv` of a gymnax env or a functional env (see the module
-    docstring).
-
-    Raises:
-        InvalidArgumentError: ``env`` is a gymnax wrapper (it auto-resets in ``step``).
-        InvalidArgumentTypeError: ``env`` is neither kind.
-    """
+    docstring); a gymnax wrapper is refused (it auto-resets in ``step``)."""
     if _defines(env, "step_env") and _defines(env, "reset_env"):
         return gymnax_functions(env)
     if hasattr(env, "step_env"):

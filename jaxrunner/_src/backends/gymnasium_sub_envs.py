@@ -12,13 +12,8 @@ from jaxrunner.errors import InvalidArgumentError
 
 
 def sub_environments(vector_env: ReachesSubEnvs, env: gymnasium.vector.VectorEnv) -> list[Any]:
-    """The sub-envs of ``env`` (the gymnasium vector env ``vector_env`` adopted), in
-    index order: the objects of a ``SyncVectorEnv``, handles on an ``AsyncVectorEnv``'s
-    (their requests reach :func:`async_request` through ``vector_env``).
-
-    Raises:
-        InvalidArgumentError: any other vector env.
-    """
+    """The sub-envs of the adopted gymnasium ``env``: a ``SyncVectorEnv``'s objects, or
+    handles on an ``AsyncVectorEnv``'s (reaching :func:`async_request`)."""
     inner = env.unwrapped
     if isinstance(inner, gymnasium.vector.SyncVectorEnv):
         return list(inner.envs)
@@ -33,16 +28,10 @@ def sub_environments(vector_env: ReachesSubEnvs, env: gymnasium.vector.VectorEnv
 
 
 def async_request(env: gymnasium.vector.VectorEnv, index: int, method: str, args: tuple) -> Any:
-    """A sub-env handle's request run on sub-env ``index`` of the ``AsyncVectorEnv``
-    under ``env``, with the commands its own ``call``/``set_attr`` send every worker
-    (``get_attr`` is gymnasium's: its ``call``, so a method is called), sent to that
-    worker alone.
-
-    Raises:
-        InvalidArgumentError: that worker is gone (gymnasium ends a worker whose
-            command raised).
-        Exception: what the sub-env raised (gymnasium then ends its worker).
-    """
+    """A sub-env handle's request, sent to worker ``index`` of the ``AsyncVectorEnv``
+    alone with the command its ``call``/``set_attr`` would send every worker. Raises
+    what the sub-env raised, and InvalidArgumentError once gymnasium has ended that
+    worker for it."""
     inner: Any = env.unwrapped
     if method == "set_attr":
         command, data = "_setattr", args

@@ -47,15 +47,9 @@ def reset_with_mask(env: VectorEnv, mask: np.ndarray, seeds: Seeds, options: Opt
 def reset_cartpole_vector(
     env: VectorEnv, mask: np.ndarray, seeds: Seeds, options: Options
 ) -> ResetRows:
-    """A :data:`MaskedReset` for gymnasium's ``CartPoleVectorEnv`` (NEXT_STEP, and its
-    ``reset`` ignores ``reset_mask``, so no generic masked reset can
-    do its job).
-
-    It does exactly what the env's own next ``step`` would do to the ended envs (draws
-    their new state from the env's generator in one ``uniform(size=(4, k))`` call, zeroes
-    their step counts) and clears their pending-reset flags, so the next ``step`` is a
-    real step for every env and draws the same random numbers the env would have drawn.
-    """
+    """A :data:`MaskedReset` for gymnasium's ``CartPoleVectorEnv``, whose ``reset``
+    ignores ``reset_mask``: it does to the ended envs what the env's next ``step`` would
+    (the same random draws) and clears their pending-reset flags."""
     if (seeds is not None and any(s is not None for s in seeds)) or options:
         raise InvalidArgumentError(
             "CartPoleVectorEnv draws every sub-env's start state from one generator, so one "
@@ -102,14 +96,9 @@ MASKED_RESETS: dict[type, MaskedReset] = {
 def masked_reset_for(
     env: VectorEnv, mode: AutoresetMode, given: MaskedReset | None
 ) -> MaskedReset | None:
-    """The masked reset to use for ``env``, whose autoreset mode is ``mode``: ``given``,
-    else the :data:`MASKED_RESETS` entry of ``type(env.unwrapped)``, else
-    :func:`reset_with_mask` for a DISABLED env; ``None`` for a SAME_STEP env with none
-    known (it resets by itself; only resetting one sub-env is then impossible).
-
-    Raises:
-        InvalidArgumentError: ``env`` is NEXT_STEP and no masked reset is known.
-    """
+    """``given``, else the :data:`MASKED_RESETS` entry for ``env``'s type, else
+    :func:`reset_with_mask` if DISABLED. With none known, None for a SAME_STEP env (it
+    resets by itself) and an error for a NEXT_STEP one."""
     masked_reset = given if given is not None else MASKED_RESETS.get(type(env.unwrapped))
     if masked_reset is None and mode == AutoresetMode.DISABLED:
         masked_reset = reset_with_mask

@@ -81,23 +81,13 @@ def failed_mask(failed: Sequence[int], lo: int, hi: int) -> np.ndarray | None:
 
 
 class SubEnvBlock(abc.ABC):
-    """Sub-envs ``[offset, offset + len(envs))`` of a vector env, stepped in turn.
+    """Sub-envs ``[offset, offset + len(envs))`` of a vector env (owned), stepped in turn.
 
-    Failures: without a ``restart_policy`` a sub-env's failure raises
-    (:class:`SubEnvRaised` for the env's own exceptions, the check's error for an
-    invalid step or reset). With one, the sub-env is closed, recreated from its factory
-    and reset (:func:`~jaxrunner._src.backends.restarts.retry`; a seeded sub-env
-    restarts seeded, :func:`~jaxrunner._src.core.seeds.restart_seed`), and a failed
-    step holds no transition (``StepResult.failed``); a failed reset after a good step
-    keeps that step's transition.
-
-    Args:
-        envs: the sub-envs (owned: replaced on restarts, closed by :meth:`close`).
-        fns: their factories (needed for restarts).
-        offset: the global index of ``envs[0]``.
-        restart_policy: how failed sub-envs are recreated (None: failures raise).
-        status: per global index, the progress marks (``RUNNING``, ``DONE``; a process
-            worker's are shared); None: kept privately.
+    Without a ``restart_policy`` a failure raises (:class:`SubEnvRaised` for the env's
+    own exceptions). With one, the sub-env is recreated from ``fns`` and reset (seeded
+    if it was), a failed step holds no transition, and a failed reset after a good step
+    keeps that step's. ``status``: the per-sub-env progress marks (a process worker's are
+    shared; None: kept privately).
     """
 
     def __init__(
@@ -165,14 +155,8 @@ class SubEnvBlock(abc.ABC):
             self._seeds[j], self._restarts[j] = seed, 0
 
     def restart(self, i: int, cause: BaseException, failed_step: bool) -> dict:
-        """Replaces sub-env ``i`` by a new, reset one (``restart_policy.max_attempts``
-        tries); for a failed step, its slots then hold no transition. Returns the new
-        sub-env's reset infos.
-
-        Raises:
-            EnvError: every attempt failed; ``cause`` chained, the last attempt's error
-                in the message and ``err.recreation_error``.
-        """
+        """Replaces sub-env ``i`` by a new, reset one and returns its reset infos; an
+        EnvError (``cause`` chained) when every attempt fails."""
         policy, fns = self.restart_policy, self.fns
         assert policy is not None and fns is not None  # internal: only called with a policy
         j = i - self.offset

@@ -13,14 +13,8 @@ FINAL_KEYS = frozenset({"final_obs", "_final_obs", "final_info", "_final_info"})
 
 
 def split_info(merged: Mapping[str, Any], index: int, skip: frozenset[str] = frozenset()) -> dict:
-    """Sub-env ``index``'s info out of a merged vector info (keys in ``skip`` left out).
-
-    A key without its ``_key`` mask counts as reported by every sub-env (EnvPool's infos
-    are plain batched arrays).
-
-    Raises:
-        ValueError: if the merged info does not follow gymnasium's ``key``/``_key`` layout.
-    """
+    """Sub-env ``index``'s info out of a merged vector info (``skip`` left out); a key
+    without its ``_key`` mask counts as reported by every sub-env (EnvPool's infos)."""
     info: dict[str, Any] = {}
     for key, value in merged.items():
         if key in skip or (key.startswith("_") and key[1:] in merged):
@@ -50,15 +44,9 @@ def split_info(merged: Mapping[str, Any], index: int, skip: frozenset[str] = fro
 
 
 class SplitInfos(Sequence[dict[str, Any]]):
-    """The per-env infos of one vector-env call, split from the merged info on access.
-
-    Args:
-        merged: gymnasium's merged info dict.
-        num_envs: the number of sub-envs.
-        skip: top-level keys that are not part of the per-env infos.
-        override: per-env infos to return instead of the split one (by env index).
-        rows: the merged info's row of each env (None: env ``i`` is row ``i``), for
-            the envs of a call that answers some of its rows only.
+    """The per-env infos of one vector-env call, split from ``merged`` on access.
+    ``override`` replaces some envs' infos; ``rows`` gives each env's row in ``merged``
+    (None: env ``i`` is row ``i``) for a call that answers some rows only.
     """
 
     def __init__(
@@ -99,12 +87,8 @@ class SplitInfos(Sequence[dict[str, Any]]):
 
 
 class ResetInfos(Mapping[int, dict[str, Any]]):
-    """The infos of the resets done in one call, by env index, built on access.
-
-    Args:
-        indices: the reset envs, in index order.
-        lookup: env index -> its reset info (called at most once per index).
-    """
+    """The infos of the resets done in one call, by env index, built on access
+    (``lookup`` called at most once per index)."""
 
     def __init__(self, indices: Sequence[int], lookup: Callable[[int], dict[str, Any]]) -> None:
         self._indices, self._lookup = list(indices), lookup

@@ -23,16 +23,9 @@ class ChildError(JaxRunnerError, RuntimeError):
 
 
 class Child:
-    """The parent's handle on one child process.
-
-    Args:
-        name: for messages.
-        jax_defaults: True: the child runs at JAX's defaults (the hand loops);
-            False: with this process's environment, as a user runs jaxrunner.
-        command: the child's command line, if not this interpreter's ``-m
-            jaxrunner._src.bench`` (a peer library's server speaking the same protocol,
-            e.g. in its own venv).
-    """
+    """The parent's handle on one child process: at JAX's defaults (``jax_defaults``,
+    the hand loops) or with this process's environment, as a user runs jaxrunner;
+    ``command`` for a peer library's server speaking the same protocol."""
 
     def __init__(
         self,
@@ -170,12 +163,8 @@ def _serve(requests: IO[str], replies: IO[str], build: Callable[[Any], Any]) -> 
 
 
 def main(build: Callable[[Any], Any] | None = None) -> None:
-    """Serves requests from stdin until told to exit.
-
-    Args:
-        build: ``Spec -> system`` (a system has ``measure(seconds)`` and ``close()``);
-            None: ``jaxrunner bench``'s own (:func:`~jaxrunner._src.bench.systems.build`).
-    """
+    """Serves requests from stdin until told to exit, building systems with ``build``
+    (``Spec -> system`` with ``measure(seconds)`` and ``close()``; None: bench's own)."""
     if build is None:
         from jaxrunner._src.bench import systems
 

@@ -66,15 +66,9 @@ def recording_buffers(
 class RecordingHandLoop:
     """CleanRL's collection loop around a vector env and the benchmark MLP.
 
-    Each :meth:`rollout` steps the envs ``rollout_length`` times and overwrites the
-    buffers below; step ``t`` of env ``b`` is row ``[t, b]`` of each.
-
-    Attributes:
-        obs: ``[T, B, *obs_shape]``, the observations the actions were taken on (the
-            reset observation after an episode ended: SAME_STEP autoreset).
-        action: ``[T, B, *action_shape]``, the sampled actions.
-        log_prob: ``[T, B]``, their log-probabilities under the policy.
-        reward, terminated, truncated: ``[T, B]``, what ``envs.step`` returned.
+    Each :meth:`rollout` overwrites ``obs`` (acted on: the reset one after an episode
+    ended), ``action``, ``log_prob``, ``reward``, ``terminated`` and ``truncated``: step
+    ``t`` of env ``b`` is row ``[t, b]`` of each.
     """
 
     def __init__(
@@ -87,17 +81,10 @@ class RecordingHandLoop:
         policy: Policy | None = None,
         next_step_reset: bool = False,
     ) -> None:
-        """Args:
-        envs: a gymnasium-style vector env, SAME_STEP autoreset (EnvPool's too).
-        rollout_length: T, steps per :meth:`rollout`.
-        seed: seeds the policy's params, its action keys and the envs' reset.
-        seeded_reset: False for envs seeded when built (EnvPool ignores
-            ``reset(seed=...)``).
-        policy: the policy (a workload's); None: the benchmark MLP for the envs'
-            action space.
-        next_step_reset: the envs reset an ended episode on the step after its end
-            (EnvPool's and PufferLib's autoreset), which is then no transition:
-            :meth:`rollout` leaves such steps out of its count.
+        """``envs``: a gymnasium-style vector env. ``seeded_reset``: False for envs
+        seeded when built (EnvPool ignores ``reset(seed=...)``). ``next_step_reset``: the
+        envs reset on the step after an episode's end (EnvPool, PufferLib), which
+        :meth:`rollout` then leaves out of its count. ``policy`` None: the benchmark MLP.
         """
         check_int("RecordingHandLoop", "rollout_length", rollout_length)
         obs_space, action_space = single_spaces(envs)
@@ -155,14 +142,8 @@ def reference_envs(
     reference: str, env: str, num_envs: int, seed: int, workload: str | None = None
 ) -> tuple[Any, bool]:
     """The vector env a user drives by hand for ``reference`` (``"sync"``, ``"async"``,
-    ``"native"`` or ``"envpool"``), and whether its reset takes a seed.
-
-    Args:
-        workload: a key of ``WORKLOADS``: its env factory (its EnvPool port for
-            ``"envpool"``) instead of ``gymnasium.make(env)``.
-
-    Raises:
-        InvalidArgumentError: an unknown reference.
+    ``"native"`` or ``"envpool"``), and whether its reset takes a seed; a ``workload``'s
+    env factory replaces ``gymnasium.make(env)``.
     """
     same_step = gymnasium.vector.AutoresetMode.SAME_STEP
     make, envpool_id, envpool_kwargs = env_makers(env, workload)

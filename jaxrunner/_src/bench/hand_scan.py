@@ -20,9 +20,6 @@ def build_hand_scan(
     terminated, truncated, the final observation (``info["final_observation"]``) and
     the log-prob on device; no episode ids, step indices or statistics. Returns
     ``rollout() -> env steps done`` (it waits for the scan to finish).
-
-    Raises:
-        ImportError: gymnax is not installed.
     """
     import gymnax  # type: ignore[import-not-found]  # an optional extra
 

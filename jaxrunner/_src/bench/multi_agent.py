@@ -76,30 +76,16 @@ class MultiAgentHandLoop:
     agents share one observation and one action space and all act every step until
     their episode ends (as in MPE).
 
-    Each :meth:`rollout` steps the envs ``rollout_length`` times and overwrites the
-    buffers below; agent ``a`` (``agents[a]``) of env ``b`` at step ``t`` is row
-    ``[t, b, a]`` of each.
-
-    Attributes:
-        obs: ``[T, B, A, *obs_shape]``, the observations acted on.
-        action: ``[T, B, A, *action_shape]``, the sampled actions.
-        log_prob: ``[T, B, A]``, their log-probabilities under the policy.
-        reward, terminated, truncated: ``[T, B, A]``, what each ``env.step`` returned.
+    Each :meth:`rollout` overwrites ``obs``, ``action``, ``log_prob``, ``reward``,
+    ``terminated`` and ``truncated``: agent ``agents[a]`` of env ``b`` at step ``t`` is
+    row ``[t, b, a]`` of each.
     """
 
     def __init__(
         self, env_fn: Callable[[], Any], num_envs: int, rollout_length: int, seed: int
     ) -> None:
-        """Args:
-        env_fn: zero-argument factory of the PettingZoo ``ParallelEnv``.
-        num_envs: B.
-        rollout_length: T, steps per :meth:`rollout`.
-        seed: seeds the policy's params and keys; env ``b`` is reset with ``seed + b``.
-
-        Raises:
-            InvalidArgumentError: a size below 1, agents whose spaces differ, or an env
-                that starts without some of its agents.
-        """
+        """``seed`` seeds the policy; env ``b`` is reset with ``seed + b``. Agents whose
+        spaces differ, or an env that starts without some agents, are refused."""
         check_int("MultiAgentHandLoop", "num_envs", num_envs)
         check_int("MultiAgentHandLoop", "rollout_length", rollout_length)
         self.num_envs, self.rollout_length = num_envs, rollout_length

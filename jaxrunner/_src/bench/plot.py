@@ -29,11 +29,7 @@ def series(
 ) -> dict[str, list[tuple[int, float]]]:
     """(envs, median steps/s) per line, sorted by envs: jaxrunner per backend, the
     ceiling per backend, every other system by its label (the sync hand loop, which
-    serves several backends, once).
-
-    Args:
-        rows: a report's ``results``.
-        labels: names for systems a report labels by their key only (older reports).
+    serves several backends, once); ``labels`` name systems older reports key only.
     """
     lines: dict[str, list[tuple[int, float]]] = {}
     for row in rows:

@@ -97,13 +97,8 @@ def _with_tables(report: dict[str, Any], lines: list[str], plans: dict[str, Plan
 
 
 def format_backend(rows: Sequence[dict[str, Any]], plans: dict[str, Plan] = PLANS) -> str:
-    """One backend's rows as two tables: steps/s, then where a jaxrunner step goes.
-
-    Args:
-        rows: the backend's rows of a report.
-        plans: the plans the rows were measured by (``MULTI_AGENT_PLANS`` for a
-            PettingZoo env).
-    """
+    """One backend's rows as two tables: steps/s, then where a jaxrunner step goes
+    (``plans``: ``MULTI_AGENT_PLANS`` for a PettingZoo env)."""
     plan = plans[rows[0]["backend"]]
     extras = sorted({n for row in rows for n in row["systems"] if n.startswith("hand_")})
     extra_heads = [f"{n.removeprefix('hand_')} hand loop" for n in extras]

@@ -145,18 +145,9 @@ def measure_width(
     """Builds every system of ``plan`` at ``num_envs`` (and times ``local`` ones
     alongside), then times them in ``rounds`` interleaved rounds of ``seconds`` each.
     A system that fails is left out (its error recorded), the others go on.
-
-    Args:
-        workload: a key of ``WORKLOADS``: every system steps its envs with its policy,
-            ``T`` its rollout length (``env`` is then its gymnasium id, for labels).
-        peers: more hand loops, ``reference -> child``: a peer library driven by hand
-            in that child (``benchmarks/peer_child.py``, in its own venv, say), timed as
-            ``hand_<reference>``.
-        labels: what the systems the plan does not name are (``local`` ones,
-            ``peers``' as ``hand_<reference>`` and ``variants``'), for the report.
-        variants: more jaxrunner systems, ``name -> make_vec options``, timed as
-            ``jaxrunner_<name>``.
-        rollout_length: ``T`` for every system (None: the rule's, or the workload's).
+    ``peers`` (``reference -> child``: a peer library driven by hand in that child, in
+    its own venv) are timed as ``hand_<reference>``, ``variants`` (``name -> make_vec
+    options``) as ``jaxrunner_<name>``; ``labels`` name them for the report.
     """
     length = _rollout_length(num_envs, workload) if rollout_length is None else rollout_length
     common = {"backend": plan.backend, "env": env, "num_envs": num_envs, "seed": seed}

@@ -203,12 +203,8 @@ class MultiAgentRunnerSystem(JaxrunnerSystem):
 
 
 class RolloutSystem:
-    """A hand-written loop as a benchmark system: warmed up once, then timed.
-
-    Args:
-        rollout: runs one rollout; returns the env steps done.
-        close: frees what the loop holds (its envs), if anything.
-    """
+    """A hand-written loop (``rollout() -> env steps done``) as a benchmark system:
+    warmed up once, then timed."""
 
     def __init__(self, rollout: Callable[[], int], close: Callable[[], None] | None = None) -> None:
         self._rollout, self._close = rollout, close

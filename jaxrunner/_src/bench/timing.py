@@ -39,17 +39,10 @@ def us_per_call(call: Callable[[], object], seconds: float) -> float:
 def measure_runner(
     runner: Any, sample: Callable[[], int], num_envs: int, seconds: float
 ) -> dict[str, Any]:
-    """Times ``sample`` (one ``runner.sample()`` of ``num_envs`` envs, returning env steps
-    done) for ``seconds``; ``runner`` is an ``EnvRunner`` (its ``get_metrics()``: env steps
-    and the perf timers, ms per vector step).
-
-    Returns:
-        ``steps_per_s`` (env steps/s), ``perf_us`` (each perf timer over this
-        measurement, us per vector step) and ``split_us``: microseconds per vector step
-        in the env (``env``), in the compiled policy step with its two transfers
-        (``policy``), recording obs/actions/flags (``record``) and the rest of the
-        sampler's own work (``other``: wall time less the timed phases); None where the
-        runner keeps no perf timers (a pure-JAX rollout is one compiled scan).
+    """Times ``sample`` (one ``runner.sample()``, returning env steps done) for
+    ``seconds``: ``steps_per_s``, ``perf_us`` (the runner's perf timers, us per vector
+    step) and ``split_us`` (those as ``env``/``policy``/``record`` and ``other``: wall
+    time less the timed phases; None for a runner without perf timers, a pure-JAX scan).
     """
     before = runner.get_metrics()
     steps_per_s = timed(sample, seconds)

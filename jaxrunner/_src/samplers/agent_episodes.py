@@ -19,13 +19,9 @@ def agent_episode_ends(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Moves each agent's running return and length (``[B, A_g]``, updated in place)
     over steps ``[0, t)`` of ``[T, B, A_g]`` arrays; returns the agent episodes that
-    ended there as arrays ``(slot, return, length)``, in (step, env, slot) order.
-
-    ``aborted`` (``[T, B]`` bool, None: never): the env's step failed, cutting every
-    agent's episode there as a fault: those episodes end without being returned.
-
-    Vectorised over the steps: an episode's return is the difference of running sums at
-    its two ends."""
+    ended there as arrays ``(slot, return, length)``, in (step, env, slot) order. Where
+    ``aborted`` (``[T, B]``; None: never) the env's step failed: its agents' episodes
+    end there without being returned."""
     empty = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
     if t == 0:
         return empty

@@ -39,14 +39,9 @@ def default_chunk_rows(
     """Rows per policy chunk for ``num_rows`` envs of a policy costing ``flops_per_row``
     (None: unknown, taken as costly) on ``platform`` (default: JAX's). A function of
     these only, never of the backend or grouping: every mode of a runner computes the
-    same chunks (the determinism guarantee).
-
-    CPU (measurements: docs/performance.md): a cheap policy takes about
-    :data:`CHUNK_FLOPS` of work per chunk (a loop step costs microseconds), a costly or
-    unknown one half the envs (a CNN runs faster in bigger chunks), unless
-    ``small_calls`` (a policy server's few-row batches): :data:`MIN_CHUNK_ROWS`. Always
-    at most half the envs (two splits are whole chunks) and :data:`MAX_CHUNK_ROWS`, at
-    least :data:`MIN_CHUNK_ROWS` (or every env). Accelerators: half the envs."""
+    same chunks (the determinism guarantee). Why these sizes on CPU: docs/performance.md
+    (a CNN runs faster in bigger chunks; at most half the envs, so two splits are whole
+    chunks)."""
     platform = platform or jax.default_backend()
     if platform != "cpu":
         return _pow2_floor(num_rows // 2)

@@ -47,15 +47,9 @@ class HandedOut:
         out[key] = (weakref.ref(traj, forget), [(a, a.shape, a.dtype) for a in arrays], kept)
 
     def take_back(self, traj: Any, arrays_of: Callable[[Any], list[Any]]) -> Any:
-        """``traj``'s ``kept``, once it is checked to be out with the very arrays it was
-        handed out with (``arrays_of(traj)``: its reused arrays now), unchanged and
-        writable.
-
-        Raises:
-            InvalidArgumentError: ``traj`` is not out (another runner's, a slice, copy or
-                ``replace()`` of one, or released already), or its arrays were replaced,
-                resized or made read-only.
-        """
+        """``traj``'s ``kept``, once it is checked to be out (not another runner's, a
+        copy, or released already) with the very arrays it was handed out with
+        (``arrays_of(traj)``), unchanged and writable."""
         entry = self._out.get(id(traj))
         if entry is None or entry[0]() is not traj:
             raise InvalidArgumentError(NOT_OUT)

@@ -55,10 +55,8 @@ def reset_where_done(
     by ``reset(keys)``'s (a reset of ``len(keys)`` envs), env ``i`` reset with
     ``fold_in(fold_in(reset_root, step), i)``.
 
-    Only the envs that are done are reset: none in most steps of fixed-horizon envs
-    (MPE, most JaxMARL envs end together); up to ``B // 8`` gathered into a small
-    batch (episodes of other envs end a few at a time); every env at once beyond
-    that. A user's loop resets all ``B`` every step (gymnax's and JaxMARL's ``step``)."""
+    Only the done envs are reset (up to ``B // 8`` gathered into a small batch, else
+    all at once), where gymnax's and JaxMARL's ``step`` reset all ``B`` every step."""
     num_envs = done.shape[0]
     few = max(num_envs // 8, 1)
 

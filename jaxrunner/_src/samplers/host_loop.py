@@ -44,16 +44,9 @@ ON_AGENT_STEP_HINT = (
 
 class HostLoop:
     """Samples a :class:`~jaxrunner.MultiAgentVectorEnv`, or a single-agent vector env
-    seen as one group of one agent (:class:`OneAgentSteps`).
-
-    Args:
-        envs: the vector env, just reset; ``first`` its reset result.
-        setup: policies, params, rollout length, seed and metrics.
-        num_splits: lockstep pipelining splits (None:
-            :func:`~jaxrunner._src.samplers.pipeline_splits.default_num_splits`); a ready-first
-            backend takes None or 1.
-        callbacks: the runner's hooks; those per env episode (:data:`STEP_HOOKS`) run
-            here, on lockstep backends, given ``runner``.
+    seen as one group of one agent (:class:`OneAgentSteps`); ``envs`` just reset,
+    ``first`` its reset result. The per-episode hooks (:data:`STEP_HOOKS`) run here on
+    lockstep backends; a ready-first backend takes ``num_splits`` None or 1.
     """
 
     saved_as = "MultiAgentSampler"

@@ -27,16 +27,8 @@ def _one(tree: Any) -> Any:
 
 
 class OneAgentSampler:
-    """Samples a single-agent vector env through :class:`HostLoop` (lockstep,
-    or ready-first by blocks of envs), its env a :class:`OneAgentSteps`.
-
-    Args:
-        envs: the vector env, just reset; ``obs`` its first observations.
-        setup: the policy, params, rollout length, seed and metrics.
-        num_splits: lockstep pipelining splits (None: the loop's rule).
-        callbacks: optional hooks, called with ``runner``.
-        runner: what the callbacks receive as their runner.
-    """
+    """Samples a single-agent vector env (just reset; ``obs`` its first observations)
+    through :class:`HostLoop`, as a :class:`OneAgentSteps`."""
 
     def __init__(
         self,

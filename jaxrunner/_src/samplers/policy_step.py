@@ -100,21 +100,14 @@ def act(
     connectors: Connectors | None = None,
     counted: jax.Array | None = None,
 ) -> tuple[Any, Any, dict[str, Any], ActorState]:
-    """One policy step for a batch of envs (pure; jitted once per runner).
+    """One policy step for a batch of envs (pure; jitted once per runner): returns
+    ``(action, env_action, extras, state)``.
 
-    Env ``i``'s key is ``fold_in(fold_in(seed_key, env_id[i]), env_steps[i])``, a
-    :mod:`jaxrunner._src.samplers.keys` key (JAX's threefry, fusible on CPU): its
-    actions depend on the seed, its id and its step count only, never on which
-    envs share its batch. With ``active`` ([B] bool) only those envs take a step: the
-    others' step counts, carries and per-env connector state are kept as they were,
-    and shared connector statistics take in active rows only. ``counted`` ([B] bool,
-    default ``active``) overrides which rows the statistics take in (a bucket's padding
-    steps, but is not counted).
-
-    Returns:
-        ``(action, env_action, extras, state)``: the policy's action, the env's (after
-        the action connectors; the same object without any), the extras (with
-        ``"policy_obs"`` when there are observation connectors) and the new state.
+    Key rule: env ``i``'s key is ``fold_in(fold_in(seed_key, env_id[i]), env_steps[i])``,
+    so its actions depend on the seed, its id and its step count only, never on which
+    envs share its batch. Envs outside ``active`` keep their state; shared connector
+    statistics take in the ``counted`` rows only (default ``active``; a bucket's padding
+    is active but not counted).
     """
 
     def restart(c: jax.Array, c0: jax.Array) -> jax.Array:
@@ -163,19 +156,10 @@ class Stage(NamedTuple):
 
 
 class CompiledPolicyStep:
-    """:func:`act` for ``size`` rows, compiled once, ahead of time.
-
-    Args:
-        policy: the policy.
-        params: device params (the compile is specialised to their shapes).
-        state: the runner's actor state (every env).
-        size: rows per call (the stage has :attr:`rows`: ``size`` rounded up to a
-            multiple of ``chunk_rows``).
-        obs_example: observations (numpy, ``[n, ...]``: their dtypes and shapes).
-        connectors: the runner's connectors (their state is in ``state.connectors``).
-        packing: how ``state.connectors`` is packed (:func:`host_actor_state`).
-        chunk_rows: compute the policy in chunks of this many rows (batch-invariant:
-            a row's bits do not depend on the call's size); None: one call for all ``size`` rows.
+    """:func:`act` for ``size`` rows (:attr:`rows`: rounded up to a multiple of
+    ``chunk_rows``), compiled once, ahead of time, for the shapes of ``params`` and
+    ``obs_example``. ``chunk_rows`` computes the policy in chunks, so a row's bits do not
+    depend on the call's size (None: one call for all rows).
     """
 
     def __init__(

@@ -162,17 +162,13 @@ class ReadyFirst:
 
     def _take_ready(self) -> list[Any]:
         """The waiting envs that may step now: below ``T`` steps; with a backend that
-        needs envs in flight, below ``2T`` and below the slowest env's count plus
-        ``T - 1``, and then as many more as its ``recv`` needs, the slowest first. The
-        others keep waiting.
+        needs envs in flight, below ``2T`` and at most ``T - 1`` ahead of the slowest,
+        then as many more as its ``recv`` needs, the slowest first.
 
-        Why the second bound: such a backend answers whichever envs it picks (EnvPool:
-        the first to finish), so step counts drift apart with nothing pulling them
-        back. An env a whole sample ahead of the slowest would wait at ``2T`` with
-        the slowest still in flight, and once fewer than ``recv_batch_size`` were in
-        flight, ``recv`` could never answer. Held at ``T - 1`` ahead (one more step
-        when sent to fill the batch), no env reaches ``2T`` before the slowest has
-        finished its sample, so every env can always be sent."""
+        Why: such a backend answers the envs it picks (EnvPool: the first to finish),
+        so step counts drift apart. An env a whole sample ahead would wait at ``2T``
+        with the slowest in flight, and with fewer than ``recv_batch_size`` in flight
+        ``recv`` could never answer; held ``T - 1`` ahead, every env can always be sent."""
         num_steps, keep = self.loop.rollout_length, self.keep
         limit = min(2 * num_steps, int(self.t.min()) + num_steps - 1) if keep else num_steps
         todo, waiting = [], []

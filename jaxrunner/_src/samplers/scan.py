@@ -55,20 +55,10 @@ def episode_counts(ends: np.ndarray, window: int, num_env_steps: int) -> SampleC
 
 
 class ScanSampler(Sampler):
-    """Runs :func:`rollout` on a JaxVectorEnv for an :class:`~jaxrunner.EnvRunner`: with a
-    one-policy setup (a one-agent env), ``sample(params)`` returns a :class:`Trajectory` of
-    device arrays; with ``setup.by_group`` (a multi-agent env, or any env as groups),
-    ``sample(params_by_id)`` returns a :class:`MultiAgentTrajectory`: groups on device,
-    env-level ids on host.
-
-    Perf timers stay 0: policy and env run fused, with no phase to time apart.
-
-    Args:
-        envs: the pure-JAX vector env.
-        setup: the policy (or policies), params, rollout length, seed and metrics.
-
-    Raises:
-        SpaceMismatchError: the policy's actions do not fit the action space.
+    """Runs :func:`rollout` on a JaxVectorEnv for an :class:`~jaxrunner.EnvRunner`: a
+    :class:`Trajectory` on device for one policy, else (``setup.by_group``) a
+    :class:`MultiAgentTrajectory` with env-level ids on host. Perf timers stay 0:
+    policy and env run fused, with no phase to time apart.
     """
 
     def __init__(self, envs: JaxVectorEnv, setup: SamplerSetup) -> None:

@@ -91,15 +91,10 @@ def scan_envs(
     state: RolloutState,
 ) -> tuple[RolloutState, Any, dict[str, jax.Array], jax.Array]:
     """``num_steps`` steps of every env (pure; jit it): ``step_fn``, then the resets of
-    the envs whose episode ended (``reset`` as for :func:`initial_state`) and the
-    episode numbering.
-
-    Returns:
-        The new state, the stacked records ``[T, B, ...]``, the env-level fields
-        ``[T, B]`` (``reward``, ``terminated``, ``truncated``, ``episode_id``, ``step``,
-        ``total``: the episode's return so far) and ``ends``, a ``[2, T, B]`` float
-        array: the return (``[0]``) and length (``[1]``) of each episode that ended at
-        ``[t, b]`` (length 0 where none did).
+    the ended envs and the episode numbering. Returns the new state, the records and
+    the env-level fields (``[T, B]``; ``total``: the return so far), and ``ends``
+    ``[2, T, B]``: the return and length of each episode ended at ``[t, b]`` (length 0
+    where none did).
     """
     env_ids = jnp.arange(state.episode_id.shape[0])
 
@@ -312,13 +307,9 @@ def rollout(
     env_params: Any,
 ) -> tuple[RolloutState, Any, jax.Array]:
     """``num_steps`` steps of every env (pure; jit it), then each group's per-sample
-    connectors (see :mod:`jaxrunner.connectors`).
-
-    Returns:
-        The new state; a one-agent env's :class:`Trajectory` ``[T, B, ...]`` or, with
-        ``as_groups`` (a JaxMARL-style env always), the groups (``[T, B, A_g, ...]``)
-        and the env-level fields a :class:`MultiAgentTrajectory` reads (XLA drops the
-        others from the loop); and the ``ends`` of :func:`scan_envs`.
+    connectors. Returns the new state, a :class:`Trajectory` or (``as_groups``) the
+    groups and the env-level fields a :class:`MultiAgentTrajectory` reads (XLA drops
+    the rest), and the ``ends`` of :func:`scan_envs`.
     """
     step = functools.partial(_step, envs, policies, connectors, params, env_params)
     state, rec, env, ends = scan_envs(

@@ -15,16 +15,9 @@ _WORD = 4
 
 
 class Packing:
-    """The layout of a pytree of fixed-shape arrays inside one flat buffer of 32-bit
-    words (``uint32``).
-
-    Leaves are stored with JAX's canonical dtypes (``float64 -> float32`` and
-    ``int64 -> int32`` unless x64 is enabled), as ``jax.device_put`` would do, each
-    at an 8-byte aligned offset.
-
-    Args:
-        example: a pytree of arrays or ``jax.ShapeDtypeStruct`` giving shapes and dtypes.
-    """
+    """The layout of a pytree shaped as ``example`` (arrays or ``ShapeDtypeStruct``s)
+    in one flat ``uint32`` buffer: each leaf at an 8-byte aligned offset, in JAX's
+    canonical dtype (as ``jax.device_put`` would store it)."""
 
     def __init__(self, example: Any) -> None:
         leaves, self.treedef = jax.tree.flatten(example)

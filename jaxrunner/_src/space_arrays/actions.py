@@ -58,21 +58,11 @@ def check_action_batch(
     row_name: Callable[[int], str] | None = None,
     rows_are: str = "num_envs",
 ) -> Any:
-    """Checks a whole batch of ``num_envs`` actions before any sub-env is stepped.
-
-    Each leaf must be array-like of shape ``[num_envs, *shape]`` with the dtype kind
-    of its space (integer or float), and ``Discrete`` and ``MultiDiscrete`` actions
-    within their range (an env may crash on, or silently wrap, one outside it); dicts
-    and tuples must match composite spaces. For the errors: ``row_name(i)`` names
-    whose action row ``i`` is (None: ``"sub-env i"``), and ``rows_are`` what the row
-    count is.
-
-    Returns:
-        The batch with every leaf as a numpy array.
-
-    Raises:
-        InvalidActionError: naming the path inside the batch.
-    """
+    """The batch of ``num_envs`` actions as numpy leaves, checked whole before any
+    sub-env steps: shape ``[num_envs, *shape]``, the space's dtype kind, discrete
+    actions in range (an env may crash on, or wrap, one outside it). Else an
+    InvalidActionError naming the path; ``row_name(i)`` names row ``i`` (None:
+    ``"sub-env i"``), ``rows_are`` the row count."""
     if type(space) in LEAF_TYPES:  # the per-step fast path: no ABC isinstance checks
         return _check_action_leaf(space, actions, num_envs, path, row_name, rows_are)
     if isinstance(space, spaces.Dict):

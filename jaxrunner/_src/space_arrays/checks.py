@@ -68,25 +68,11 @@ def check_supported(space: spaces.Space, path: str = "space") -> None:
 
 
 def check_value(space: spaces.Space, value: Any, what: str, *, bounds: bool = True) -> Any:
-    """Returns ``value`` as a fresh tree of numpy arrays that fits ``space`` exactly.
-
-    Used where values come from outside jaxrunner's own loop: external envs and the
-    policy server. Nothing is touched on failure.
-
-    Args:
-        space: a single (unbatched) gymnasium space.
-        value: the value to check: arrays of exactly the space's dtype and shape;
-            a Python or numpy integer for ``Discrete``; dicts/tuples for composites.
-        what: names the value in error messages (``"obs"``, ``"action"``).
-        bounds: if True, values must lie inside the space (``space.contains``); if
-            False (sampled Box actions, which jaxrunner keeps unclipped), Box values
-            need only be finite. Discrete, MultiDiscrete and MultiBinary values are
-            always range-checked.
-
-    Raises:
-        SpaceMismatchError: naming the path inside the value, what was expected and
-            what came.
-    """
+    """``value`` (from outside jaxrunner's loop: external envs, the policy server) as a
+    fresh tree of numpy arrays of exactly ``space``'s dtypes and shapes, else a
+    SpaceMismatchError naming the path (``what`` names the value). ``bounds=False``
+    (sampled Box actions, kept unclipped) asks Box values only to be finite; discrete
+    values are always range-checked."""
     if isinstance(space, spaces.Dict):
         if not isinstance(value, Mapping) or set(value) != set(space.spaces):
             raise SpaceMismatchError(
@@ -196,13 +182,10 @@ def _float_leaves(space: spaces.Space, tree: Any, path: str) -> list[tuple[str, 
 
 
 def all_finite_test(space: spaces.Space, buffer: Any) -> Callable[[int, int], bool] | None:
-    """``test(lo, hi)``: False if rows ``[lo, hi)`` of ``buffer`` may hold a NaN or an
-    infinity (then :func:`nonfinite_observations` says which), True if they surely do
-    not; None when ``space`` has no floating-point leaf (nothing to test). The leaves are
-    resolved once and each block costs one dot product of the block with itself per leaf
-    (BLAS's: under a microsecond at any size; a sum for a few values): a NaN or an
-    infinity makes it non-finite (an overflow of finite values too, which the exact check
-    clears)."""
+    """``test(lo, hi)``: True if rows ``[lo, hi)`` of ``buffer`` are surely finite, False
+    if they may not be (then :func:`nonfinite_observations` says which); None without
+    a float leaf. One dot product per leaf and block: an overflow of finite values
+    also reads non-finite, which the exact check clears."""
     leaves = [
         (leaf.reshape(-1), int(np.prod(leaf.shape[1:], dtype=np.int64)))
         for _, leaf in _float_leaves(space, buffer, "obs")
@@ -231,16 +214,10 @@ def nonfinite_observations(
     skip: Any = (),
     where: Callable[[int], object] | None = None,
 ) -> dict[int, InvalidStepError]:
-    """The rows ``[lo, hi)`` of a batched observation ``buffer`` holding a NaN or an
-    infinity (rows in ``skip`` aside), each with the error of an invalid step.
-    ``where(i)`` names row ``i``'s sub-env (None: the row is the sub-env index; a
-    multi-agent buffer's rows are agent slots, named by env and agent).
-
-    jaxrunner's one policy for non-finite env outputs: an observation with a NaN or an
-    infinity is refused like a non-finite reward (:func:`check_reward`), as an invalid
-    step: the sub-env is restarted under a ``restart_policy``, else the error is
-    raised. Statistics (``NormalizeObservation``) could never recover from one. Fast
-    when every value is finite: one ``isfinite`` per floating-point leaf and block."""
+    """The rows ``[lo, hi)`` of ``buffer`` (``skip`` aside) holding a NaN or an infinity,
+    each with its InvalidStepError; ``where(i)`` names row ``i``'s sub-env (None: the
+    row index). A non-finite observation is an invalid step, like a non-finite reward:
+    statistics (``NormalizeObservation``) could never recover from one."""
     errors: dict[int, InvalidStepError] = {}
     for path, leaf in _float_leaves(space, buffer, "obs"):
         block = leaf[lo:hi]

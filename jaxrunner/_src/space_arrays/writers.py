@@ -23,16 +23,9 @@ def make_writer(
     path: str = "obs",
     where: Callable[[int], object] | None = None,
 ) -> Writer:
-    """Returns ``write(i, value)``: validates ``value`` against ``space`` and stores it
-    in row ``i`` of the batched ``buffer`` (shaped by ``allocate(space, (B,))``).
-
-    ``where(i)`` names row ``i``'s sub-env in errors (None: the row is the sub-env
-    index); a multi-agent buffer's rows are agent slots, named by env and agent.
-
-    Raises (from ``write``):
-        SpaceMismatchError: ``value`` differs from the space in structure, shape or
-            dtype; nothing is cast.
-    """
+    """``write(i, value)``: checks ``value`` against ``space`` (a SpaceMismatchError on
+    any structure, shape or dtype difference: nothing is cast) and stores it in row
+    ``i`` of ``buffer``; ``where(i)`` names row ``i``'s sub-env (None: the row index)."""
     name: Callable[[int], object] = where or (lambda i: i)
     if isinstance(space, spaces.Dict):
         keys = tuple(space.spaces)
@@ -88,12 +81,8 @@ def make_writer(
 
 
 def make_action_splitter(space: spaces.Space, num_envs: int) -> Callable[[Any], list[Any]]:
-    """Returns ``split(actions) -> list`` of ``num_envs`` per-env actions.
-
-    The batch is checked as a whole first
-    (:func:`~jaxrunner._src.space_arrays.actions.check_action_batch`),
-    so a bad batch is rejected before any sub-env is stepped.
-    """
+    """``split(actions)``: the ``num_envs`` per-env actions, the batch checked whole
+    first (:func:`check_action_batch`) so a bad one is refused before any sub-env steps."""
     if isinstance(space, (spaces.Dict, spaces.Tuple)):
 
         def split_tree(actions: Any) -> list[Any]:
