@@ -29,12 +29,8 @@ class EnvStep(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class FunctionalEnv:
-    """One env as two pure, jittable functions. Neither auto-resets.
-
-    Attributes:
-        reset: ``(key, params) -> (obs, state)``.
-        step: ``(key, state, action, params) -> EnvStep``.
-    """
+    """One env as two pure, jittable functions, neither auto-resetting:
+    ``reset(key, params) -> (obs, state)``, ``step(key, state, action, params)``."""
 
     reset: Callable[[jax.Array, Any], tuple[Any, Any]]
     step: Callable[[jax.Array, Any, Any, Any], EnvStep]

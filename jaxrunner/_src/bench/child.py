@@ -64,11 +64,8 @@ class Child:
             raise self._died() from err
 
     def receive(self) -> Any:
-        """The reply to the oldest request not yet answered.
-
-        Raises:
-            ChildError: the request failed in the child, or the child died.
-        """
+        """The reply to the oldest request not yet answered (ChildError if the request
+        failed in the child, or the child died)."""
         assert self._process.stdout is not None
         line = self._process.stdout.readline()
         if not line:

@@ -33,11 +33,7 @@ def parallel_env_module(env: str) -> str | None:
 
 
 def make_parallel_env(module: str) -> Any:
-    """A PettingZoo ``ParallelEnv`` from ``module.parallel_env()``, at its defaults.
-
-    Raises:
-        InvalidArgumentError: the module has no ``parallel_env`` (an AEC-only env).
-    """
+    """A PettingZoo ``ParallelEnv`` from ``module.parallel_env()``, at its defaults."""
     make = getattr(importlib.import_module(module), "parallel_env", None)
     if not callable(make):
         raise InvalidArgumentError(
@@ -48,11 +44,7 @@ def make_parallel_env(module: str) -> Any:
 
 
 def env_factory(env: str) -> Callable[[], Any]:
-    """A picklable zero-argument factory of the PettingZoo env ``env`` (``module:name``).
-
-    Raises:
-        InvalidArgumentError: ``env`` names no PettingZoo env module.
-    """
+    """A picklable zero-argument factory of the PettingZoo env ``env`` (``module:name``)."""
     module = parallel_env_module(env)
     if module is None:
         raise InvalidArgumentError(
@@ -127,11 +119,7 @@ class MultiAgentHandLoop:
         self._key = jax.random.key(seed)
 
     def rollout(self) -> int:
-        """Steps the envs ``rollout_length`` times, recording; returns env steps done.
-
-        Raises:
-            InvalidArgumentError: an env went on without some of its agents.
-        """
+        """Steps the envs ``rollout_length`` times, recording; returns env steps done."""
         agents, envs, act, params = self.agents, self.envs, self._act, self.params
         num_agents, key = len(agents), self._key
         for t in range(self.rollout_length):

@@ -49,11 +49,8 @@ def series(
 
 
 def plot(rows: Sequence[dict[str, Any]], title: str, path: pathlib.Path, **options: Any) -> None:
-    """Draws :func:`series` of ``rows`` (log-log) into the PNG ``path``.
-
-    Args:
-        options: :func:`series`'s ``labels``.
-    """
+    """Draws :func:`series` of ``rows`` (log-log; ``options``: its ``labels``) into the
+    PNG ``path``."""
     require_matplotlib(f"plotting {path}")
     import matplotlib
 

@@ -109,11 +109,7 @@ WORKLOADS: dict[str, Workload] = {
 
 
 def get_workload(name: str) -> Workload:
-    """The workload called ``name``.
-
-    Raises:
-        InvalidArgumentError: an unknown name.
-    """
+    """The workload called ``name``."""
     if name not in WORKLOADS:
         raise InvalidArgumentError(f"workload {name!r}: expected one of {list(WORKLOADS)}.")
     return WORKLOADS[name]

@@ -136,12 +136,8 @@ class CheckpointFile(CheckpointReader):
         """Agent episodes: one stream per agent and env, not one per env."""
 
     def read(self, load_env_pickles: bool, max_bytes: int = MAX_RESTORE_BYTES) -> Checkpoint:
-        """Reads and checks the whole file; touches nothing of the runner.
-
-        Raises:
-            InvalidArgumentError: the file is not a checkpoint of this runner's kind, or
-                a value in it is damaged; the message names the field.
-        """
+        """Reads and checks the whole file (of this runner's kind, every value whole);
+        touches nothing of the runner."""
         parts = self.parts
         with self.open(load_env_pickles, max_bytes) as npz:
             meta = self._check_meta(npz)

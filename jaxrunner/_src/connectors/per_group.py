@@ -24,13 +24,7 @@ def per_policy_connectors(
     value: GroupConnectors | None, groups: Sequence[AgentGroup]
 ) -> dict[str, Connectors]:
     """``policy_id -> Connectors`` of the groups that have connectors, checked against
-    each group's observation space.
-
-    Raises:
-        InvalidArgumentTypeError: ``value`` is neither a Connectors nor a dict of them.
-        InvalidArgumentError: an unknown policy id, or connectors that do not fit a
-            group's observation space (the note names the policy id).
-    """
+    each group's observation space."""
     ids = [g.policy_id for g in groups]
     if value is None:
         return {}

@@ -214,11 +214,8 @@ _FIELDS = ("reward", "terminated", "truncated", "valid", "value", "next_value")
 def _gather(
     fn: str, trajectory: Trajectory | GroupTrajectory | None, given: dict[str, ArrayLike | None]
 ) -> tuple[jax.Array, ...]:
-    """Fills missing inputs from ``trajectory``, converts and checks shapes.
-
-    Returns the inputs in ``_FIELDS`` order: float arrays for reward and values,
-    bool arrays for the flags, all of the reward's shape.
-    """
+    """The inputs in ``_FIELDS`` order, missing ones from ``trajectory``: float reward
+    and values, bool flags, all checked to be of the reward's shape."""
     if trajectory is not None and not isinstance(trajectory, (Trajectory, GroupTrajectory)):
         raise InvalidArgumentTypeError(
             f"{fn}(trajectory=...): expected a jaxrunner.Trajectory or a group of a "

@@ -77,13 +77,9 @@ class EpisodeJoiner(Generic[E]):
 
 @dataclasses.dataclass(eq=False)
 class RunnerState(Generic[E]):
-    """A runner's state between samples outside its sampler: params per policy
-    id, metrics, the episodes being assembled, the failure that ended the runner.
-
-    The runner's ``sampler`` holds the per-step part: policy keys, step counts,
-    carries, latest observations, episode numbering and connector state
-    (``sampler.get_state()`` / ``set_state()``).
-    """
+    """A runner's state between samples outside its sampler. The ``sampler`` holds the
+    per-step part: policy keys, step counts, carries, latest observations, episode
+    numbering and connector state (``sampler.get_state()`` / ``set_state()``)."""
 
     params: dict[str, Params]
     """Policy id -> device params (an ``EnvRunner`` has one, :data:`DEFAULT_POLICY_ID`)."""

@@ -38,12 +38,8 @@ ErrorFn = Callable[[str], InvalidArgumentError]
 
 
 def encode_tree(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
-    """JSON description of a pytree of dicts, tuples and arrays; each array is added to
-    ``arrays`` under a new name, which the description refers to.
-
-    Raises:
-        InvalidArgumentTypeError: a dict key is not a str.
-    """
+    """JSON description of a pytree of dicts (str keys), tuples and arrays; each array is
+    added to ``arrays`` under a new name, which the description refers to."""
     if isinstance(tree, dict):
         if not all(isinstance(k, str) for k in tree):
             raise InvalidArgumentTypeError(

@@ -30,11 +30,8 @@ class SampleCounts:
 
 
 class EpisodeBook:
-    """Each env's current episode (id, first step, return so far) across samples.
-
-    Args:
-        num_envs: B. The envs start episodes ``0..B-1``.
-    """
+    """Each env's current episode (id, first step, return so far) across samples; the
+    ``num_envs`` envs start episodes ``0..B-1``."""
 
     def __init__(self, num_envs: int) -> None:
         self.episode_id = np.arange(num_envs, dtype=np.int64)

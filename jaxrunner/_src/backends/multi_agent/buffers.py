@@ -88,13 +88,9 @@ class GroupBuffers:
 
     def clear_step(self, same_step: bool = False, rows: slice = slice(None)) -> None:
         """Clears the masks and completed transitions of envs ``rows`` before a step.
-
-        Args:
-            same_step: every acting agent's transition completes in this step (parallel
-                envs): ``completed`` is set to ``acting``, and ``acting`` is kept (the
-                drivers clear the agents that stop acting).
-            rows: the envs about to step (default: all).
-        """
+        ``same_step`` (parallel envs: every acting agent's transition completes in this
+        step) sets ``completed`` to ``acting`` and keeps ``acting`` (the drivers clear
+        the agents that stop acting)."""
         if same_step:
             self.completed[rows] = self.acting[rows]  # setitem: cheaper than copyto
         else:

@@ -54,11 +54,7 @@ class Driver(abc.ABC):
         }
 
     def set_state(self, state: Any) -> None:
-        """Takes a :meth:`get_state` (of a driver of the same kind) as its own.
-
-        Raises:
-            InvalidArgumentError: ``state`` is not such a value (names the field).
-        """
+        """Takes a :meth:`get_state` (of a driver of the same kind) as its own."""
         keys = set(self.get_state())
         if not isinstance(state, dict) or set(state) != keys:
             raise InvalidArgumentError(

@@ -16,12 +16,7 @@ from jaxrunner.errors import EnvError
 
 class Layout:
     """Where each agent lives: its group's buffers and its slot on the agent axis.
-
-    Args:
-        groups: the agent groups.
-        buffers: their buffers, rows ``0..n-1`` for sub-envs ``offset..offset+n-1``.
-        offset: the global index of row 0's sub-env (errors name sub-envs by it).
-    """
+    Buffer rows ``0..n-1`` are sub-envs ``offset..offset+n-1`` (errors name them so)."""
 
     def __init__(
         self, groups: Sequence[AgentGroup], buffers: Sequence[GroupBuffers], offset: int = 0

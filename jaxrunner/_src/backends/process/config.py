@@ -127,10 +127,6 @@ def main_process_share(num_envs: int, config: ProcessConfig) -> int:
     """How many sub-envs (the first ones) step in the main process; None (the default)
     is 0: the share pays only where env steps outweigh the policy (``docs/performance.md``,
     process layouts), unknown at build time, and it gives up the workers' isolation.
-
-    Raises:
-        InvalidArgumentError: a share that leaves the workers no sub-env, or too few
-            for ``num_workers``.
     """
     share = config.main_process_envs
     if share is None:

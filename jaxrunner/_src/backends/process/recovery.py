@@ -23,13 +23,9 @@ Sent = tuple[int, int, int, int]
 
 
 class WorkerRecovery:
-    """Replaces the pool's lost workers as the restart policy says, and fails the slots
-    of their sub-envs.
-
-    Args:
-        restart_policy: None: a lost worker closes the vector env and raises.
-        in_flight: the step commands sent and not yet answered (the stepper's).
-    """
+    """Replaces the pool's lost workers as the restart policy says (None: a lost worker
+    closes the vector env and raises), and fails the slots of their sub-envs.
+    ``in_flight``: the stepper's step commands sent and not yet answered."""
 
     def __init__(
         self,

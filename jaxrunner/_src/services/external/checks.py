@@ -29,13 +29,7 @@ KEY_STEPS = 2**32
 
 
 def check_construction(observation_space: Any, action_space: Any, policy: Any, seed: Any) -> None:
-    """Raises unless the arguments of ``ExternalEnv(...)`` are usable.
-
-    Raises:
-        InvalidArgumentTypeError: a space is not a gymnasium space, or ``policy`` is
-            not a :class:`~jaxrunner.Policy`.
-        InvalidArgumentError: ``seed`` is not an int >= 0 (or a space is unsupported).
-    """
+    """Raises unless the arguments of ``ExternalEnv(...)`` are usable."""
     for name, space in (
         ("observation_space", observation_space),
         ("action_space", action_space),
@@ -63,11 +57,7 @@ def check_episode_id(episode_id: Any) -> None:
 def check_obs(space: spaces.Space, obs: Any, what: str) -> Any:
     """``obs`` checked against ``space``, and finite: NaN and ±inf are refused even
     where the space is unbounded (no policy can act on them, and a recorded one
-    poisons every return computed from it).
-
-    Raises:
-        SpaceMismatchError: ``obs`` does not fit ``space`` or is not finite.
-    """
+    poisons every return computed from it)."""
     obs = check_value(space, obs, what, bounds=False)
     for leaf in jax.tree.leaves(obs):  # first: one wording for NaN and ±inf
         if leaf.dtype.kind in "fc" and not np.isfinite(leaf).all():
@@ -136,13 +126,7 @@ def check_agent_dict(
     value: Any, possible_agents: Sequence[str], call: str, name: str, *, empty: bool = False
 ) -> dict[str, Any]:
     """``value`` (argument ``name`` of ``call``) as a dict keyed by agent ids, each one
-    of ``possible_agents`` (a multi-agent external env's calls).
-
-    Raises:
-        InvalidArgumentTypeError: ``value`` is not a dict, or a key not a str.
-        InvalidArgumentError: a key is no known agent, or the dict is empty (unless
-            ``empty``).
-    """
+    of ``possible_agents`` (a multi-agent external env's calls), empty only if ``empty``."""
     if not isinstance(value, dict):
         raise InvalidArgumentTypeError(
             f"{call}({name}=...): expected a dict {{agent_id: value}}, got {type(value).__name__}."

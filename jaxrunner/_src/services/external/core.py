@@ -273,11 +273,8 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
     ) -> int:
         """Reserves the bytes of ``steps`` more steps of each of ``agents`` and makes
         the records of those not yet in ``live``, charged until it ends (caller holds
-        the lock); returns the steps' reservation. Nothing changes if they do not fit.
-
-        Raises:
-            MemoryLimitError: they would pass ``max_memory_bytes``.
-        """
+        the lock); returns the steps' reservation. Nothing changes if they do not fit
+        (MemoryLimitError)."""
         new = [a for a in agents if a not in live.agents]
         reserved = self._memory.reserve(len(agents) * steps, what, records=len(new))
         live.nbytes += len(new) * self._memory.record_nbytes

@@ -121,10 +121,8 @@ class AgentRecord:
         self.obs.append(final_obs)
 
     def abandon(self, observation_space: spaces.Space) -> int:
-        """Closes the record at its last observation; returns the steps dropped.
-
-        The last action's outcome never came, so that step is dropped (0 or 1).
-        """
+        """Closes the record at its last observation; returns the steps dropped (0 or 1:
+        the last action's, whose outcome never came)."""
         dropped = 0
         if self.num_actions:
             self.actions.pop()
@@ -228,12 +226,7 @@ class EpisodeTable:
         return len(self._live)
 
     def open(self, episode_id: int | None, client: str, training_enabled: bool) -> EpisodeRecord:
-        """Adds a live episode (``episode_id`` already type-checked; None: a fresh id).
-
-        Raises:
-            TooManyEpisodesError: at either cap.
-            EpisodeConflictError: ``episode_id`` is live or recently ended.
-        """
+        """Adds a live episode (``episode_id`` already type-checked; None: a fresh id)."""
         cap = self._max_concurrent
         if len(self._live) >= cap:
             raise TooManyEpisodesError(
@@ -267,12 +260,7 @@ class EpisodeTable:
         return live
 
     def get_idle(self, episode_id: Any, what: str) -> EpisodeRecord:
-        """The live episode ``episode_id`` with no call in flight.
-
-        Raises:
-            EpisodeNotFoundError: no such live episode (``ended=True`` if it ended).
-            EpisodeConflictError: a call for it is in flight.
-        """
+        """The live episode ``episode_id`` with no call in flight."""
         is_int = isinstance(episode_id, (int, np.integer))
         live = self._live.get(int(episode_id)) if is_int else None
         if live is None:

@@ -120,12 +120,8 @@ class MemoryBudget:
             self.step_estimate = max(self.step_estimate, grown // steps)
 
     def check(self, steps: int, what: str, records: int = 0) -> int:
-        """Raises unless ``steps`` more steps and ``records`` new agent records fit;
-        returns the steps' estimated bytes.
-
-        Raises:
-            MemoryLimitError: they do not fit now (HTTP 429).
-        """
+        """Raises (MemoryLimitError: HTTP 429) unless ``steps`` more steps and ``records``
+        new agent records fit now; returns the steps' estimated bytes."""
         need = steps * self.step_estimate
         more = need + records * self.record_nbytes
         if self.used + more > self.max_bytes:

@@ -47,11 +47,8 @@ class EpisodeOutput(Generic[E]):
             return episodes
 
     def take(self, num_episodes: int, timeout_s: float | None) -> list[E]:
-        """Waits until ``num_episodes`` are held and takes the oldest of them.
-
-        Raises:
-            ActionTimeoutError: fewer came within ``timeout_s`` (none are taken then).
-        """
+        """Waits until ``num_episodes`` are held and takes the oldest of them; if fewer
+        came within ``timeout_s``, raises and takes none."""
         with self._ready:
             if not self._ready.wait_for(lambda: len(self._episodes) >= num_episodes, timeout_s):
                 raise ActionTimeoutError(

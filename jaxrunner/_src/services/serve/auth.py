@@ -19,13 +19,9 @@ def default_token_file() -> pathlib.Path:
 
 
 def load_or_create_token(path: str | os.PathLike[str]) -> str:
-    """The token stored at ``path``; a new random one (written with mode 0600) if the
-    file does not exist.
-
-    Raises:
-        InvalidArgumentError: the file is readable by others than its owner (a
-            token anyone can read protects nothing), or holds no token.
-    """
+    """The token stored at ``path``, refused if others can read the file (a token anyone
+    can read protects nothing); a new random one (written with mode 0600) if the file
+    does not exist."""
     path = pathlib.Path(path)
     if path.exists():
         mode = stat.S_IMODE(path.stat().st_mode)
