@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import gymnasium
 import numpy as np
 from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import is_int
@@ -36,6 +37,11 @@ def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> l
             f"got {len(seeds)}. Pass an int to seed sub-env i with seed+i."
         )
     return seeds
+
+
+def check_env_fns(where: str, env_fns: Sequence[Any]) -> None:
+    if len(env_fns) == 0:
+        raise InvalidArgumentError(f"{where} needs at least one env factory, got none.")
 
 
 class BaseVectorEnv(abc.ABC):
@@ -298,6 +304,22 @@ class VectorEnv(BaseVectorEnv, gymnasium.vector.VectorEnv):
         )
 
     # -- helpers for subclasses ----------------------------------------------------------
+
+    def _take_spaces(
+        self,
+        observation_space: gymnasium.Space,
+        action_space: gymnasium.Space,
+        metadata: dict[str, Any],
+        render_mode: str | None,
+    ) -> None:
+        """Sets the spaces, metadata and render mode from sub-env 0's, once the caller has
+        checked every sub-env's spaces equal and supported."""
+        self.single_observation_space = observation_space
+        self.single_action_space = action_space
+        self.observation_space = batch_space(observation_space, self.num_envs)
+        self.action_space = batch_space(action_space, self.num_envs)
+        self.metadata = {**metadata, "autoreset_mode": VectorEnv.metadata["autoreset_mode"]}
+        self.render_mode, self.spec = render_mode, None
 
     def _maybe_copy(self, obs: Any) -> Any:
         if not self.copy:

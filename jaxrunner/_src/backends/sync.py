@@ -7,10 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
-from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.base import VectorEnv, check_env_fns
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.env_api import check_env
@@ -22,7 +21,7 @@ from jaxrunner._src.backends.snapshots import (
 )
 from jaxrunner._src.backends.step_buffers import StepBuffers
 from jaxrunner._src.backends.sub_env_block import EnvFactory, failed_mask
-from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
+from jaxrunner.errors import SpaceMismatchError
 
 
 class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
@@ -54,14 +53,13 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         super().__init__(copy=copy)
         check_restart_policy("SyncVectorEnv", restart_policy)
         self.restart_policy = restart_policy
-        if len(env_fns) == 0:
-            raise InvalidArgumentError("SyncVectorEnv needs at least one env factory, got none.")
+        check_env_fns("SyncVectorEnv", env_fns)
         self.env_fns = list(env_fns)
         self.envs: list[gymnasium.Env] = []
         try:
             for i, fn in enumerate(self.env_fns):
                 self.envs.append(check_env(fn(), i))
-            self._take_spaces(self.envs)
+            self._check_spaces(self.envs)
         except BaseException:
             # Do not leak the sub-envs built so far.
             for env in self.envs:
@@ -76,16 +74,11 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         )
         self._actions = ActionSplitters(self.single_action_space)
 
-    def _take_spaces(self, envs: list[gymnasium.Env]) -> None:
-        """Sub-env 0's spaces and metadata, once every sub-env's spaces are checked equal
-        and supported."""
+    def _check_spaces(self, envs: list[gymnasium.Env]) -> None:
+        """Takes sub-env 0's spaces and metadata once every sub-env's spaces are checked
+        equal and supported."""
         first = envs[0]
         self.num_envs = len(envs)
-        self.metadata = {**first.metadata, "autoreset_mode": VectorEnv.metadata["autoreset_mode"]}
-        self.render_mode = first.render_mode
-        self.spec = None
-        self.single_observation_space = first.observation_space
-        self.single_action_space = first.action_space
         for i, env in enumerate(envs):
             for name in ("observation_space", "action_space"):
                 expected, got = getattr(first, name), getattr(env, name)
@@ -94,10 +87,11 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
                         f"sub-env {i} has {name}={got}, but sub-env 0 has {expected}; every "
                         "sub-env of a vector env must have equal spaces. Check the factory."
                     )
-        space_arrays.check_supported(self.single_observation_space, "single_observation_space")
-        space_arrays.check_supported(self.single_action_space, "single_action_space")
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        space_arrays.check_supported(first.observation_space, "single_observation_space")
+        space_arrays.check_supported(first.action_space, "single_action_space")
+        self._take_spaces(
+            first.observation_space, first.action_space, first.metadata, first.render_mode
+        )
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None

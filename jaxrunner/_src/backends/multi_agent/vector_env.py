@@ -7,7 +7,7 @@ import abc
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrunner._src.backends.base import BaseVectorEnv
+from jaxrunner._src.backends.base import BaseVectorEnv, check_env_fns
 from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends
@@ -90,10 +90,7 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
         restart_policy: RestartPolicy | None = None,
     ) -> None:
         super().__init__()
-        if len(env_fns) == 0:
-            raise InvalidArgumentError(
-                "SyncMultiAgentVectorEnv needs at least one env factory, got none."
-            )
+        check_env_fns("SyncMultiAgentVectorEnv", env_fns)
         check_restart_policy("SyncMultiAgentVectorEnv", restart_policy)
         self.restart_policy = restart_policy
         envs = build_envs(env_fns, 0)

@@ -132,22 +132,8 @@ class ProcessMultiAgentVectorEnv(ProcessBackend, MultiAgentVectorEnv):
     """Multi-agent sub-envs in worker processes (see docs/multi-agent.md): the multi-agent
     shell of :class:`~.vector_env.ProcessBackend`, step for step equal to the sync
     multi-agent backend for the same seeds and actions, whatever the number of workers.
-    Faults and their accounting are as :class:`~jaxrunner.ProcessVectorEnv` says.
-
-    Args:
-        env_fns: zero-argument factories of PettingZoo envs (picklable by cloudpickle).
-        policy_mapping_fn: as for the sync backend.
-        config: a :class:`~jaxrunner.ProcessConfig`, every option of which applies
-            as for ProcessVectorEnv (default workers: one per CPU, at most one per env:
-            the main process waits while they step, unless it has a share of its own).
-        restart_policy: failed sub-envs are recreated inside their worker, and dead or
-            hung workers replaced, as the single-agent process backend does (None:
-            failures raise and close the vector env).
-
-    Raises:
-        InvalidArgumentError: a config option multi-agent envs do not take.
-        SpaceMismatchError: sub-envs with different agents or spaces.
-        WorkerError, WorkerTimeoutError: a worker died or hung while starting.
+    ``config``, ``restart_policy``, faults and their accounting are as for
+    :class:`~jaxrunner.ProcessVectorEnv`; ``policy_mapping_fn`` as for the sync backend.
     """
 
     _reset_call = "reset_batch"

@@ -9,9 +9,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from gymnasium.vector.utils import batch_space
-
-from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.base import VectorEnv, check_env_fns
 from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.process.config import ProcessConfig, checked_config
@@ -21,7 +19,6 @@ from jaxrunner._src.backends.process.shared import BlockLayout, Layout
 from jaxrunner._src.backends.process.transport import ProcessTransport, Report
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
-from jaxrunner.errors import InvalidArgumentError
 
 
 class ProcessBackend(RemoteSubEnvs):
@@ -49,8 +46,7 @@ class ProcessBackend(RemoteSubEnvs):
         self._closed_reason = "construction failed"  # until the workers are up
         config = checked_config(config, where)
         check_restart_policy(where, restart_policy)
-        if len(env_fns) == 0:
-            raise InvalidArgumentError(f"{where} needs at least one env factory, got none.")
+        check_env_fns(where, env_fns)
         self.config, self.restart_policy = config, restart_policy
         self.num_envs = len(env_fns)
         if transport is None:
@@ -240,13 +236,10 @@ class ProcessVectorEnv(ProcessBackend, VectorEnv):
 
     def _layout_for(self, reports: list[Report]) -> Layout:
         layout = Layout.from_reports(reports, self.num_envs)
-        self.single_observation_space = layout.observation_space
-        self.single_action_space = layout.action_space
-        self.observation_space = batch_space(layout.observation_space, self.num_envs)
-        self.action_space = batch_space(layout.action_space, self.num_envs)
-        autoreset = VectorEnv.metadata["autoreset_mode"]
-        self.metadata = {**reports[0]["metadata"], "autoreset_mode": autoreset}
-        self.render_mode, self.spec = reports[0]["render_mode"], None
+        first = reports[0]
+        self._take_spaces(
+            layout.observation_space, layout.action_space, first["metadata"], first["render_mode"]
+        )
         return layout
 
     def _obs_buffer(self) -> Any:

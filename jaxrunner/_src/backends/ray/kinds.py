@@ -8,10 +8,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.gymnasium_block import ActionSplitters
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
@@ -51,14 +49,9 @@ class GymnasiumRows:
                     f"{other_obs}, {other_action}; actor 0's have {obs_space}, {action_space}. "
                     "Every sub-env of a vector env must have equal spaces. Check the factory."
                 )
-        n = vec.num_envs
-        vec.single_observation_space, vec.single_action_space = obs_space, action_space
-        vec.metadata = {**metadata, "autoreset_mode": VectorEnv.metadata["autoreset_mode"]}
-        vec.render_mode, vec.spec = render_mode, None
-        vec.observation_space = batch_space(obs_space, n)
-        vec.action_space = batch_space(action_space, n)
+        vec._take_spaces(obs_space, action_space, metadata, render_mode)
         self.space = obs_space
-        self.buffers = StepBuffers.allocate(obs_space, n)
+        self.buffers = StepBuffers.allocate(obs_space, vec.num_envs)
         self._splitters = ActionSplitters(action_space)
         self._action_space = action_space
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.base import VectorEnv, check_env_fns
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.ray.actor_manager import EnvFactory
 from jaxrunner._src.backends.ray.config import RayConfig
@@ -14,7 +14,7 @@ from jaxrunner._src.backends.ray.kinds import AgentRows, GymnasiumRows
 from jaxrunner._src.backends.ray.stepping import ActorStepping
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.errors import InvalidArgumentTypeError
 
 
 class RayVectorEnv(ActorStepping, VectorEnv):
@@ -57,8 +57,7 @@ class RayVectorEnv(ActorStepping, VectorEnv):
     ) -> None:
         super().__init__(copy=copy)
         self._closed_reason = "construction failed"  # until the actors are up
-        if len(env_fns) == 0:
-            raise InvalidArgumentError("RayVectorEnv needs at least one env factory, got none.")
+        check_env_fns("RayVectorEnv", env_fns)
         if config is not None and not isinstance(config, RayConfig):
             raise InvalidArgumentTypeError(
                 f"RayVectorEnv(config=...): expected a jaxrunner.RayConfig, got "
