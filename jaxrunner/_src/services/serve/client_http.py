@@ -1,15 +1,18 @@
-"""The HTTP side of a policy client: JSON requests, and the server's errors raised as
-exceptions."""
+"""The HTTP side of a policy client: its connection, JSON requests, and the server's errors
+raised as exceptions."""
 
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from typing import Any
 
 import httpx
 
 import jaxrunner.errors as errors
 from jaxrunner._src.core.episode import Episode
+from jaxrunner._src.services.serve.auth import read_token
 
 
 class PolicyServerError(errors.JaxRunnerError, RuntimeError):
@@ -99,6 +102,32 @@ def raise_for(status: int, answer: Any) -> None:
     if status == 503 and code == "timeout":
         raise errors.ActionTimeoutError(text)
     raise PolicyServerError(text, status, code)
+
+
+def open_http(
+    url: str,
+    token: str | None,
+    token_file: str | os.PathLike[str] | None,
+    client_id: str | None,
+    timeout_s: float,
+) -> httpx.Client:
+    """The HTTP connection pool of a policy client: its token (given, or read from
+    ``token_file``) and client id (random by default) in every request's headers."""
+    if token is None and token_file is not None:
+        token = read_token(token_file)
+    headers = {"X-Client-Id": client_id or f"client-{uuid.uuid4().hex[:12]}"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return httpx.Client(
+        base_url=url,
+        headers=headers,
+        timeout=timeout_s,
+        # Idle connections expire here before the server's keep-alive (30 s) ends
+        # them, so a request never goes out on a connection being closed.
+        limits=httpx.Limits(
+            max_connections=256, max_keepalive_connections=256, keepalive_expiry=10.0
+        ),
+    )
 
 
 def request_json(
