@@ -18,7 +18,7 @@ from jaxrunner._src.arg_checks import is_int
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError
+from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError, SpaceMismatchError
 
 if TYPE_CHECKING:
     from jaxrunner._src.backends.layout_choice import LayoutChoice
@@ -37,6 +37,20 @@ def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> l
             f"got {len(seeds)}. Pass an int to seed sub-env i with seed+i."
         )
     return seeds
+
+
+def check_equal_spaces(pairs: Sequence[tuple[gymnasium.Space, gymnasium.Space]]) -> None:
+    """Raises unless every sub-env's ``(observation_space, action_space)`` equals sub-env
+    0's, and those are spaces jaxrunner supports."""
+    for i, pair in enumerate(pairs):
+        for name, expected, got in zip(("observation_space", "action_space"), pairs[0], pair):
+            if got != expected:
+                raise SpaceMismatchError(
+                    f"sub-env {i} has {name}={got}, but sub-env 0 has {expected}; every "
+                    "sub-env of a vector env must have equal spaces. Check the factory."
+                )
+    space_arrays.check_supported(pairs[0][0], "single_observation_space")
+    space_arrays.check_supported(pairs[0][1], "single_action_space")
 
 
 def check_env_fns(where: str, env_fns: Sequence[Any]) -> None:

@@ -10,7 +10,6 @@ import gymnasium
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
@@ -104,14 +103,10 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
             ) from err
         self._masked_reset = masked_reset_for(env, self.wrapped_autoreset_mode, masked_reset)
         self.num_envs = int(env.num_envs)
-        self.single_observation_space = env.single_observation_space
-        self.single_action_space = env.single_action_space
-        space_arrays.check_supported(self.single_observation_space, "single_observation_space")
-        space_arrays.check_supported(self.single_action_space, "single_action_space")
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self.metadata = {**env.metadata, "autoreset_mode": AutoresetMode.SAME_STEP}
-        self.render_mode = env.render_mode
+        obs_space, action_space = env.single_observation_space, env.single_action_space
+        space_arrays.check_supported(obs_space, "single_observation_space")
+        space_arrays.check_supported(action_space, "single_action_space")
+        self._take_spaces(obs_space, action_space, env.metadata, env.render_mode)
         self.spec = env.spec
 
         n, space = self.num_envs, self.single_observation_space

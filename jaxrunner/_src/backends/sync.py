@@ -9,7 +9,7 @@ from typing import Any
 import gymnasium
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import VectorEnv, check_env_fns
+from jaxrunner._src.backends.base import VectorEnv, check_env_fns, check_equal_spaces
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.env_api import check_env
@@ -21,7 +21,6 @@ from jaxrunner._src.backends.snapshots import (
 )
 from jaxrunner._src.backends.step_buffers import StepBuffers
 from jaxrunner._src.backends.sub_env_block import EnvFactory, failed_mask
-from jaxrunner.errors import SpaceMismatchError
 
 
 class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
@@ -79,16 +78,7 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         equal and supported."""
         first = envs[0]
         self.num_envs = len(envs)
-        for i, env in enumerate(envs):
-            for name in ("observation_space", "action_space"):
-                expected, got = getattr(first, name), getattr(env, name)
-                if got != expected:
-                    raise SpaceMismatchError(
-                        f"sub-env {i} has {name}={got}, but sub-env 0 has {expected}; every "
-                        "sub-env of a vector env must have equal spaces. Check the factory."
-                    )
-        space_arrays.check_supported(first.observation_space, "single_observation_space")
-        space_arrays.check_supported(first.action_space, "single_action_space")
+        check_equal_spaces([(env.observation_space, env.action_space) for env in envs])
         self._take_spaces(
             first.observation_space, first.action_space, first.metadata, first.render_mode
         )

@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.allocators import Allocator, Carver
+from jaxrunner._src.backends.base import check_equal_spaces
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.gymnasium_block import GymnasiumBlock
 from jaxrunner._src.backends.restarts import RestartPolicy
@@ -161,18 +162,8 @@ class Layout(BlockLayout):
                 "which builds either kind."
             )
         env_spaces = [pair for report in reports for pair in report["spaces"]]
-        for i, pair in enumerate(env_spaces):
-            for name, expected, got in zip(
-                ("observation_space", "action_space"), env_spaces[0], pair
-            ):
-                if got != expected:
-                    raise SpaceMismatchError(
-                        f"sub-env {i} has {name}={got}, but sub-env 0 has {expected}; every "
-                        "sub-env of a vector env must have equal spaces. Check the factory."
-                    )
+        check_equal_spaces(env_spaces)
         observation_space, action_space = env_spaces[0]
-        space_arrays.check_supported(observation_space, "single_observation_space")
-        space_arrays.check_supported(action_space, "single_action_space")
         return cls(observation_space, action_space, num_envs)
 
     def check_report(self, report: dict[str, Any], where: str) -> None:
