@@ -25,7 +25,7 @@ class ConnectionSlots:
     ``grace_s`` spares a new connection that has sent nothing; one closed for the
     unauthenticated share after a tokenless request lingers ``linger_s`` (longer under
     attack, see :meth:`linger_over`), at most ``max_lingering`` of them (apart from
-    ``max_connections``; None: as many), the oldest closed beyond."""
+    ``max_connections``; None: ``max_connections`` of them), the oldest closed beyond."""
 
     def __init__(
         self,
