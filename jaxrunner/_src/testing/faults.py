@@ -4,7 +4,7 @@ hang, die or break their API on purpose, as a :class:`~.fault_plans.FaultPlan` s
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium
@@ -21,7 +21,44 @@ from jaxrunner._src.testing.pettingzoo_bases import (
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
-class FaultyEnv(gymnasium.Wrapper):
+class _Faulty:
+    """What the wrappers of :class:`FaultyEnv` (of every kind) share: the schedule, the
+    agent whose returns a garbage fault breaks, and the plumbing of each call."""
+
+    env: Any
+
+    def __init__(
+        self,
+        env: Any,
+        faults: Sequence[FaultPlan] = (),
+        log: CallLog | None = None,
+        seed: int = 0,
+        agent: str | None = None,
+    ) -> None:
+        one_agent = isinstance(self, gymnasium.Env)
+        if one_agent and agent is not None:
+            raise InvalidArgumentError(
+                f"FaultyEnv(agent={agent!r}): a gymnasium env has one agent; pass agent=None."
+            )
+        super().__init__(env)  # type: ignore[call-arg]  # the gymnasium or PettingZoo wrapper's
+        self.schedule = FaultSchedule(faults, log, seed, type(self).__name__)
+        self.faults, self.log = self.schedule.faults, log
+        self.calls = self.schedule.calls
+        """How many times each method was called (failed calls included)."""
+        if not one_agent:  # (a gymnasium env's get_attr("agent") still reaches the env)
+            self.agent = agent
+
+    def _run(self, call: str, inner: Callable[[], Any]) -> tuple[FaultPlan | None, Any]:
+        """Makes call ``call`` (``inner()``) as the schedule says: returns the garbage fault
+        due for it (None: it behaved, and is logged so) and what ``inner`` returned."""
+        fault = self.schedule.due(call)
+        out = inner()
+        if fault is None:
+            self.schedule.ok(call)
+        return fault, out
+
+
+class FaultyEnv(_Faulty, gymnasium.Wrapper):
     """Wraps an env of any kind and injects ``faults``; counts calls in ``log`` if given.
 
     ``FaultyEnv(env, ...)`` wraps a gymnasium env in a ``FaultyEnv``, a PettingZoo
@@ -65,111 +102,59 @@ class FaultyEnv(gymnasium.Wrapper):
             f"AECEnv, got {type(env).__name__}."
         )
 
-    def __init__(
-        self,
-        env: gymnasium.Env,
-        faults: Sequence[FaultPlan] = (),
-        log: CallLog | None = None,
-        seed: int = 0,
-        agent: str | None = None,
-    ) -> None:
-        if agent is not None:
-            raise InvalidArgumentError(
-                f"FaultyEnv(agent={agent!r}): a gymnasium env has one agent; pass agent=None."
-            )
-        super().__init__(env)
-        self.schedule = FaultSchedule(faults, log, seed, "FaultyEnv")
-        self.faults, self.log = self.schedule.faults, log
-        self.calls = self.schedule.calls
-        """How many times each method was called (failed calls included)."""
-
     def reset(self, **kwargs: Any) -> Any:
-        fault = self.schedule.due("reset")
-        obs, info = self.env.reset(**kwargs)
-        if fault is None:
-            self.schedule.ok("reset")
-            return obs, info
-        obs, _, _, info = break_returns(fault.kind, obs, 0.0, False, info)
+        fault, (obs, info) = self._run("reset", lambda: self.env.reset(**kwargs))
+        if fault is not None:
+            obs, _, _, info = break_returns(fault.kind, obs, 0.0, False, info)
         return obs, info
 
     def step(self, action: Any) -> Any:
-        fault = self.schedule.due("step")
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        if fault is None:
-            self.schedule.ok("step")
-            return obs, reward, terminated, truncated, info
-        obs, reward, terminated, info = break_returns(fault.kind, obs, reward, terminated, info)
+        fault, (obs, reward, terminated, truncated, info) = self._run(
+            "step", lambda: self.env.step(action)
+        )
+        if fault is not None:
+            obs, reward, terminated, info = break_returns(fault.kind, obs, reward, terminated, info)
         return obs, reward, terminated, truncated, info
 
 
-class _FaultyAgents:
-    """What the PettingZoo wrappers of :class:`FaultyEnv` share: the schedule, and the
-    agent whose returns a garbage fault breaks."""
-
-    env: Any
-
-    def __init__(
-        self,
-        env: Any,
-        faults: Sequence[FaultPlan] = (),
-        log: CallLog | None = None,
-        seed: int = 0,
-        agent: str | None = None,
-    ) -> None:
-        super().__init__(env)  # type: ignore[call-arg]  # the PettingZoo wrapper's
-        self.schedule = FaultSchedule(faults, log, seed, type(self).__name__)
-        self.faults, self.log, self.agent = self.schedule.faults, log, agent
-        self.calls = self.schedule.calls
-        """How many times each method was called (failed calls included)."""
-
-    def _target(self, agents: Iterable[str]) -> str | None:
-        """The agent whose returns a garbage fault breaks (None: no agent returned)."""
-        agents = list(agents)
-        if self.agent in agents:
-            return self.agent
-        return agents[0] if agents else None
-
-
-class FaultyParallelEnv(_FaultyAgents, BaseParallelWrapper):
+class FaultyParallelEnv(_Faulty, BaseParallelWrapper):
     """:class:`FaultyEnv` for a PettingZoo ``ParallelEnv``: a garbage fault breaks the
     returns of ``agent`` if returned, else of the first key of the returned observations."""
+
+    def _break(
+        self, fault: FaultPlan | None, obs: Any, rewards: Any, terms: Any, infos: Any
+    ) -> tuple[Any, Any, Any, Any]:
+        """The returns with the target agent's broken by ``fault`` (copies; as returned
+        where no fault is due or no agent returned)."""
+        if fault is None or not obs:
+            return obs, rewards, terms, infos
+        agent = self.agent if self.agent in obs else next(iter(obs))
+        obs, rewards, terms, infos = dict(obs), dict(rewards), dict(terms), dict(infos)
+        obs[agent], rewards[agent], terms[agent], infos[agent] = break_returns(
+            fault.kind,
+            obs[agent],
+            rewards.get(agent, 0.0),
+            terms.get(agent, False),
+            infos.get(agent, {}),
+        )
+        return obs, rewards, terms, infos
 
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        fault = self.schedule.due("reset")
-        obs, infos = self.env.reset(seed=seed, options=options)
-        if fault is None:
-            self.schedule.ok("reset")
-            return obs, infos
-        agent = self._target(obs)
-        if agent is not None:
-            obs, infos = dict(obs), dict(infos)
-            obs[agent], _, _, infos[agent] = break_returns(
-                fault.kind, obs[agent], 0.0, False, infos.get(agent, {})
-            )
+        fault, (obs, infos) = self._run("reset", lambda: self.env.reset(seed=seed, options=options))
+        obs, _, _, infos = self._break(fault, obs, {}, {}, infos)  # reset faults break no rewards
         return obs, infos
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
-        fault = self.schedule.due("step")
-        obs, rewards, terms, truncs, infos = self.env.step(actions)
-        if fault is None:
-            self.schedule.ok("step")
-            return obs, rewards, terms, truncs, infos
-        agent = self._target(obs)
-        if agent is not None:
-            obs, rewards, terms, infos = dict(obs), dict(rewards), dict(terms), dict(infos)
-            obs[agent], rewards[agent], terms[agent], infos[agent] = break_returns(
-                fault.kind,
-                obs[agent],
-                rewards.get(agent, 0.0),
-                terms.get(agent, False),
-                infos.get(agent, {}),
-            )
+        fault, (obs, rewards, terms, truncs, infos) = self._run(
+            "step", lambda: self.env.step(actions)
+        )
+        obs, rewards, terms, infos = self._break(fault, obs, rewards, terms, infos)
         return obs, rewards, terms, truncs, infos
 
 
-class FaultyAECEnv(_FaultyAgents, BaseWrapper):
+class FaultyAECEnv(_Faulty, BaseWrapper):
     """:class:`FaultyEnv` for a PettingZoo ``AECEnv``: a garbage fault breaks the returns
     of ``agent`` if live, else of the agent selected after the call (whose observation,
     flags and rewards a driver reads next), else of an agent paid last.
@@ -187,10 +172,8 @@ class FaultyAECEnv(_FaultyAgents, BaseWrapper):
 
     def _call(self, call: str, inner: Callable[[], None]) -> None:
         self._broken = None
-        fault = self.schedule.due(call)
-        inner()
+        fault, _ = self._run(call, inner)
         if fault is None:
-            self.schedule.ok(call)
             return
         env = self.env
         if self.agent is not None and self.agent in env.agents:
