@@ -256,7 +256,7 @@ class ReportsTruncation(DoneOnlyRandomWalk):
     """Done-only steps that always end, reported as truncations by info only."""
 
     def step(self, key, state, action, params):
-        obs, state, reward, _, _ = self._transition(key, state, action, params)
+        obs, state, reward, *_ = RandomWalk.step(self, key, state, action, params)
         return obs, state, reward, jnp.asarray(True), {"truncation": jnp.asarray(True)}
 
 

@@ -47,23 +47,17 @@ class RandomWalk:
         )
         return self._obs(state), state
 
-    def _transition(
-        self, key: jax.Array, state: WalkState, action: jax.Array, params: WalkParams
-    ) -> tuple[jax.Array, WalkState, jax.Array, jax.Array, jax.Array]:
-        push = 0.4 * (2.0 * action.astype(jnp.float32) - 1.0)
-        pos = state.pos + push + 0.3 * jax.random.normal(key)
-        state = WalkState(pos=pos, time=state.time + 1)
-        terminated = jnp.abs(pos) > params.threshold
-        truncated = state.time >= params.max_steps_in_episode
-        return self._obs(state), state, pos, terminated, truncated
-
     def step(
         self, key: jax.Array, state: WalkState, action: jax.Array, params: WalkParams
     ) -> tuple[Any, ...]:
         """``(obs, state, reward, terminated, truncated, info)``; 5 items in the done-only
         form of :class:`DoneOnlyRandomWalk`."""
-        obs, state, reward, terminated, truncated = self._transition(key, state, action, params)
-        return obs, state, reward, terminated, truncated, {}
+        push = 0.4 * (2.0 * action.astype(jnp.float32) - 1.0)
+        pos = state.pos + push + 0.3 * jax.random.normal(key)
+        state = WalkState(pos=pos, time=state.time + 1)
+        terminated = jnp.abs(pos) > params.threshold
+        truncated = state.time >= params.max_steps_in_episode
+        return self._obs(state), state, pos, terminated, truncated, {}
 
     @staticmethod
     def _obs(state: WalkState) -> jax.Array:
@@ -82,7 +76,7 @@ class DoneOnlyRandomWalk(RandomWalk):
     def step(
         self, key: jax.Array, state: WalkState, action: jax.Array, params: WalkParams
     ) -> tuple[Any, ...]:
-        obs, state, reward, terminated, truncated = self._transition(key, state, action, params)
+        obs, state, reward, terminated, truncated, _ = super().step(key, state, action, params)
         info = {"truncation": truncated} if self.report_truncation else {}
         return obs, state, reward, jnp.logical_or(terminated, truncated), info
 
