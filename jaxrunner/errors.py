@@ -23,17 +23,6 @@ def _rebuild(cls: type[BaseException], args: tuple, state: dict[str, Any]) -> Ba
     return error
 
 
-def _picklable_cause(cause: BaseException | None) -> BaseException | None:
-    """``cause`` if it pickles, else a RuntimeError that keeps its type and message."""
-    if cause is None:
-        return None
-    try:
-        pickle.dumps(cause)
-    except Exception:  # a cause that cannot travel: keep what it said
-        return RuntimeError(f"{type(cause).__qualname__}: {cause}")
-    return cause
-
-
 class JaxRunnerError(Exception):
     """Base class of every error raised by jaxrunner.
 
@@ -54,7 +43,12 @@ class JaxRunnerError(Exception):
         # BaseException's default calls cls(*args), which subclasses whose
         # constructors take extra arguments (env_index, worker_index) cannot take.
         state = dict(self.__dict__)
-        state["__cause__"] = _picklable_cause(self.__cause__)
+        cause = self.__cause__
+        try:
+            pickle.dumps(cause)
+        except Exception:  # a cause that cannot travel: keep what it said
+            cause = RuntimeError(f"{type(cause).__qualname__}: {cause}")
+        state["__cause__"] = cause
         return (_rebuild, (type(self), self.args, state))
 
 
