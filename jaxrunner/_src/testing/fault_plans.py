@@ -39,7 +39,6 @@ FaultKind = Literal[
     "info_not_dict",  # info as a list of (key, value) pairs
 ]
 _KINDS: tuple[str, ...] = get_args(FaultKind)
-_NO_RETURN = ("raise", "hang", "exit", "kill", "segfault")
 STEP_ONLY_KINDS = ("nan_reward", "inf_reward", "array_reward", "list_reward", "flag_not_bool")
 """Kinds that break what only ``step`` returns (the reward, the flags)."""
 
@@ -173,29 +172,26 @@ class FaultSchedule:
             hit = fault.probability > 0 and self._rng.random() < fault.probability
             if due is None and (number in fault.at or hit):
                 due = fault
-        if due is not None:
-            self.record(f"{call}_failed")
-            if due.kind in _NO_RETURN:
-                self._fail_now(due, call)
+        if due is None:
+            return None
+        self.record(f"{call}_failed")
+        # The faults that never return a value happen here.
+        if due.kind == "raise":
+            raise InjectedError(f"{self.owner}: injected failure in {call} #{number}")
+        if due.kind == "hang":
+            time.sleep(due.hang_s)
+            raise InjectedError(f"{self.owner}: {call} hung for {due.hang_s} s")
+        if due.kind == "exit":
+            os._exit(13)
+        if due.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if due.kind == "segfault":
+            ctypes.string_at(0)
         return due
 
     def ok(self, call: str) -> None:
         """Logs a call that behaved."""
         self.record(f"{call}_ok")
-
-    def _fail_now(self, fault: FaultPlan, call: str) -> None:
-        """Faults that never return a value."""
-        if fault.kind == "raise":
-            raise InjectedError(f"{self.owner}: injected failure in {call} #{self.calls[call]}")
-        if fault.kind == "hang":
-            time.sleep(fault.hang_s)
-            raise InjectedError(f"{self.owner}: {call} hung for {fault.hang_s} s")
-        if fault.kind == "exit":
-            os._exit(13)
-        if fault.kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if fault.kind == "segfault":
-            ctypes.string_at(0)
 
     def record(self, name: str) -> None:
         if self.log is not None:
