@@ -136,12 +136,11 @@ class VectorEnvContract(GymnasiumVectorApiContract):
         return [fns] * self.num_envs if callable(fns) else list(fns)
 
     def _basic(self, kind: EnvKind, **counting: Any) -> list[Callable[[], Any]]:
-        """The first test env of ``kind`` (now :attr:`kind`), for every sub-env
-        (``counting``: CountingEnv's arguments)."""
-        self.kind = kind
+        """The first test env of ``kind``, for every sub-env (``counting``: CountingEnv's
+        arguments)."""
         if kind == "gymnasium":
             return counting_env_fns(self.num_envs, **counting)
-        return self._fns(coming_and_going if self.kind == "parallel" else relay)
+        return self._fns(coming_and_going if kind == "parallel" else relay)
 
     def _make(
         self, kind: EnvKind, fns: Sequence[Callable[[], Any]], restarts: RestartPolicy | None = None
@@ -276,7 +275,6 @@ class VectorEnvContract(GymnasiumVectorApiContract):
             batch = actions.sample(rows)
             expected = [ref.step(actions.of_row(batch, b)) for b, ref in enumerate(refs)]
             out = vec.step_batch(batch)
-            rows = read_rows(vec, out)
             got = vec.reset_at(index, seed=99)
             want = refs[index].reset(99)
             if kind == "gymnasium":  # gymnasium's reset returns the observation too
