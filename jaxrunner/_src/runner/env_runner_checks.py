@@ -194,52 +194,27 @@ def check_connectors(connectors: Any) -> Connectors | None:
     return connectors
 
 
-def check_ready_first_options(
-    envs: VectorEnv | MultiAgentVectorEnv, callbacks: Any, num_splits: Any, multi_agent: bool
-) -> None:
-    """Options a ready-first backend cannot honour: per-step callbacks (a multi-agent
-    env's per-agent-episode hook runs after each sample, so it stays) and splits."""
-    name = type(envs).__name__
-    if multi_agent and any(overrides(callbacks, hook) for hook in STEP_HOOKS):
-        raise InvalidArgumentError(
-            f"EnvRunner(callbacks=...): {name} steps its sub-envs at their own pace "
-            f"(ready-first), where the per-step hooks ({', '.join(STEP_HOOKS)}) cannot run "
-            "in order. Override only on_agent_episode_end, or use a lockstep backend "
-            "(ready_first=False)."
-        )
-    if not multi_agent and callbacks is not None:
-        raise InvalidArgumentError(
-            f"EnvRunner(callbacks=...): {name} steps its sub-envs at their own pace "
-            "(ready-first), where per-step callbacks cannot run in order. Read the "
-            "Trajectory instead, or use a lockstep backend ('sync', 'process')."
-        )
-    if num_splits not in (None, 1):
-        raise InvalidArgumentError(
-            f"EnvRunner(num_splits={num_splits!r}): {name} computes actions for whichever "
-            "sub-envs are ready (ready-first); pipelining groups do not apply. Leave "
-            "num_splits=None."
-        )
-
-
-def check_scan_options(kind: Any, callbacks: Any, num_splits: Any) -> None:
-    """Options of a host loop that a pure-JAX env's scan cannot honour."""
-    if num_splits not in (None, 1):
-        raise InvalidArgumentError(
-            f"EnvRunner(num_splits={num_splits!r}): a pure-JAX env is sampled as one jitted "
-            "scan; pipelining splits do not apply. Leave num_splits=None."
-        )
-    # One agent has no per-agent-episode hook: its callbacks would all run per step.
+def check_loop_options(kind: Any, callbacks: Any, num_splits: Any, loop: str, fix: str) -> None:
+    """Options of a lockstep host loop that ``loop`` (a ready-first backend, or a pure-JAX
+    env's scan, as the messages describe it) cannot honour: pipelining splits, and per-step
+    callbacks (a multi-agent env's per-agent-episode hook runs after each sample, so it
+    stays; one agent has none, so its callbacks would all run per step). ``fix``: where
+    the refused callbacks run."""
     if callbacks is not None and (
         not kind.multi_agent or any(overrides(callbacks, hook) for hook in STEP_HOOKS)
     ):
         raise InvalidArgumentError(
-            f"EnvRunner(callbacks=...): the per-step hooks ({', '.join(STEP_HOOKS)}) run "
-            "Python per env step, which a JaxVectorEnv rollout (one compiled lax.scan) "
-            "cannot do. "
+            f"EnvRunner(callbacks=...): the per-step hooks ({', '.join(STEP_HOOKS)}) cannot "
+            f"run here: {loop}. "
             + (
                 "Override only on_agent_episode_end, "
                 if kind.multi_agent
                 else "Drop them and read the Trajectory, "
             )
-            + "or use a host vector env (jaxrunner.make_vec)."
+            + f"or use {fix}."
+        )
+    if num_splits not in (None, 1):
+        raise InvalidArgumentError(
+            f"EnvRunner(num_splits={num_splits!r}): pipelining splits do not apply here: "
+            f"{loop}. Leave num_splits=None."
         )

@@ -25,11 +25,7 @@ from jaxrunner._src.core.runner_state import (
     RunnerState,
 )
 from jaxrunner._src.core.seeds import env_seeds
-from jaxrunner._src.runner.env_runner_checks import (
-    check_connectors,
-    check_ready_first_options,
-    check_scan_options,
-)
+from jaxrunner._src.runner.env_runner_checks import check_connectors, check_loop_options
 from jaxrunner._src.samplers.agent_callbacks import AgentCallbacks, agent_episode_joiner, overrides
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.host_loop import HostLoop
@@ -112,7 +108,10 @@ class AgentGroups:
             chunk_rows=runner.chunk_rows,
         )
         if isinstance(envs, JaxVectorEnv):  # one jitted scan per sample
-            check_scan_options(self, callbacks, num_splits)
+            loop = "a pure-JAX env is sampled as one compiled lax.scan, with no Python per env step"
+            check_loop_options(
+                self, callbacks, num_splits, loop, "a host vector env (jaxrunner.make_vec)"
+            )
             return ScanSampler(envs, setup)
         if getattr(envs, "reset_seed", None) not in (None, seed):
             warnings.warn(
@@ -125,7 +124,9 @@ class AgentGroups:
             )
         first = envs.reset_batch(env_seeds(seed, envs.num_envs))
         if envs.capabilities.ready_first:
-            check_ready_first_options(envs, callbacks, num_splits, multi_agent=self.multi_agent)
+            loop = f"{type(envs).__name__} steps whichever sub-envs are ready (ready-first)"
+            fix = "a lockstep backend ('sync', or 'process' or 'ray' with ready_first=False)"
+            check_loop_options(self, callbacks, num_splits, loop, fix)
         # A proxy: the sampler must not keep its runner alive (one owner per env).
         proxy = weakref.proxy(runner) if callbacks is not None else None
         return self.host_sampler(first, setup, num_splits, callbacks, proxy)
