@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import gymnasium
@@ -122,29 +122,21 @@ class EnvRunnerGroup:
         once started. Blocks for restored runners only when none is healthy.
         """
         self._check_open("sample")
-        ray = self._ray
         slots = self._healthy_slots()
-        refs = [slot.actor.sample_with_statistics.remote() for slot in slots]
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=self.config.sample_timeout_s)
-        finished = set(done)
+        calls = [(slot, slot.actor.sample_with_statistics.remote()) for slot in slots]
         results: list[Any] = []
         deltas: list[Any] = []
         steps = 0
         failed: list[tuple[_Slot, str]] = []  # replaced after the merge: they start from it
-        for slot, ref in zip(slots, refs):
-            if ref not in finished:
-                failed.append(
-                    (slot, f"no sample within sample_timeout_s={self.config.sample_timeout_s}")
-                )
+        # RayError: also an env error Ray could not unpickle (UnserializableException).
+        for slot, answer, why in self._answers(calls, "sample", self._ray.exceptions.RayError):
+            if why is not None:
+                failed.append((slot, why))
                 continue
-            try:
-                traj, delta, new_steps = ray.get(ref)
-                results.append(traj)
-                deltas.append(delta)
-                steps += new_steps
-            # RayError: also an env error Ray could not unpickle (UnserializableException).
-            except ray.exceptions.RayError as err:
-                failed.append((slot, f"sample() failed: {err}"))
+            traj, delta, new_steps = answer
+            results.append(traj)
+            deltas.append(delta)
+            steps += new_steps
         if deltas and deltas[0]:  # connectors with statistics: merged in runner order, exactly
             self._statistics = _merged(self._statistics, deltas)
         for slot, why in failed:
@@ -177,25 +169,18 @@ class EnvRunnerGroup:
         if self._statistics is not None:
             self._statistics_ref = ray.put(jax.device_get(self._statistics))
         stats = self._statistics_ref
-        refs = [
-            slot.actor.set_params.remote(self._params_ref, version, stats) for slot in self._slots
+        calls = [
+            (slot, slot.actor.set_params.remote(self._params_ref, version, stats))
+            for slot in self._slots
         ]
-        waiting = [ref for slot, ref in zip(self._slots, refs) if slot.healthy]
-        done, _ = ray.wait(waiting, num_returns=len(waiting), timeout=self.config.sample_timeout_s)
-        finished = set(done)
-        for slot, ref in zip(list(self._slots), refs):
-            if not slot.healthy:
-                continue
-            if ref not in finished:
-                self._restart(slot, "no answer to set_params() within sample_timeout_s")
-                continue
-            try:
-                ray.get(ref)
-            except ray.exceptions.RayActorError as err:
-                self._restart(slot, f"died during set_params(): {err}")
-            except ray.exceptions.RayTaskError as err:  # bad params: the caller's to fix
-                cause = getattr(err, "cause", None)
-                raise (cause if isinstance(cause, Exception) else err) from err
+        try:
+            healthy = [call for call in calls if call[0].healthy]
+            for slot, _, why in self._answers(healthy, "set_params", ray.exceptions.RayActorError):
+                if why is not None:
+                    self._restart(slot, why)
+        except ray.exceptions.RayTaskError as err:  # bad params: the caller's to fix
+            cause = getattr(err, "cause", None)
+            raise (cause if isinstance(cause, Exception) else err) from err
 
     @property
     def params_version(self) -> int:
@@ -208,18 +193,14 @@ class EnvRunnerGroup:
         versions, and each runner's metrics under ``runners``. A runner's counters
         start again from 0 when it is replaced; ``num_env_steps_sampled`` does not."""
         self._check_open("get_metrics")
-        ray = self._ray
-        slots = self._healthy_slots(block=False)
-        refs = [slot.actor.get_metrics.remote() for slot in slots]
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=self.config.sample_timeout_s)
+        calls = [(s, s.actor.get_metrics.remote()) for s in self._healthy_slots(block=False)]
         per_runner: dict[int, dict[str, Any]] = {}
-        for slot, ref in zip(slots, refs):
-            try:
-                if ref not in done:
-                    raise RemoteTimeoutError("no answer within sample_timeout_s")
-                per_runner[slot.index] = ray.get(ref)
-            except (ray.exceptions.RayActorError, RemoteTimeoutError) as err:
-                self._restart(slot, f"get_metrics() failed: {err}")
+        errors = self._ray.exceptions.RayActorError
+        for slot, metrics, why in self._answers(calls, "get_metrics", errors):
+            if why is None:
+                per_runner[slot.index] = metrics
+            else:
+                self._restart(slot, why)
         return aggregate_metrics(per_runner) | {
             "num_runners": self.config.num_runners,
             "num_healthy_runners": len(self.healthy_runners),
@@ -320,6 +301,24 @@ class EnvRunnerGroup:
                     self._restart(slot, f"failed to start: {err}")
                     continue
                 slot.ready_ref = None
+
+    def _answers(
+        self, calls: list[tuple[_Slot, Any]], what: str, errors: type[Exception]
+    ) -> Iterator[tuple[_Slot, Any, str | None]]:
+        """The answers to ``calls`` (``(slot, ref)``), awaited together for ``sample_timeout_s``
+        at most: ``(slot, result, None)``, or ``(slot, None, why)`` where the slot was late
+        or raised one of ``errors`` (the caller replaces it); other errors propagate."""
+        timeout = self.config.sample_timeout_s
+        refs = [ref for _, ref in calls]
+        done = set(self._ray.wait(refs, num_returns=len(refs), timeout=timeout)[0])
+        for slot, ref in calls:
+            if ref not in done:
+                yield slot, None, f"no answer to {what}() within sample_timeout_s={timeout}"
+                continue
+            try:
+                yield slot, self._ray.get(ref), None
+            except errors as err:
+                yield slot, None, f"{what}() failed: {err}"
 
     def _healthy_slots(self, block: bool = True) -> list[_Slot]:
         self._poll_restored()
