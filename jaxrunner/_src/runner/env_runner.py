@@ -196,12 +196,7 @@ class EnvRunner:
                 envs are pure JAX (their trajectories live on device).
         """
         self._check_usable("release")
-        if isinstance(self.sampler, ScanSampler):
-            raise InvalidArgumentError(
-                "EnvRunner.release(traj): a pure-JAX env's trajectories are device arrays "
-                "built by its compiled scan, which allocates them itself; there is nothing to "
-                "hand back."
-            )
+        self._check_releasable("release(traj)", ".")
         self.sampler.release(traj)
 
     def sample_episodes(
@@ -248,12 +243,8 @@ class EnvRunner:
         num_samples = check_int(name, "num_samples", num_samples, low=0, none="for no end")
         check_bool(name, "progress", progress)
         check_bool(name, "reuse_buffers", reuse_buffers)
-        if reuse_buffers and isinstance(self.sampler, ScanSampler):
-            raise InvalidArgumentError(
-                f"{type(self).__name__}.iterate(reuse_buffers=True): this runner's "
-                "trajectories cannot be handed back (a pure-JAX env's live on device); leave "
-                "reuse_buffers=False."
-            )
+        if reuse_buffers:
+            self._check_releasable("iterate(reuse_buffers=True)", "; leave reuse_buffers=False.")
         return self._iterate(name, num_samples, progress, reuse_buffers)
 
     def _iterate(
@@ -449,6 +440,14 @@ class EnvRunner:
 
     def _check_usable(self, what: str) -> None:
         self._ownership.check_usable(what, self.state.failure)
+
+    def _check_releasable(self, what: str, fix: str) -> None:
+        if isinstance(self.sampler, ScanSampler):
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.{what}: a pure-JAX env's trajectories are device arrays "
+                "built by its compiled scan, which allocates them itself; there is nothing to "
+                "hand back" + fix
+            )
 
     def _policy_id(self, what: str, policy_id: Any) -> str:
         ids = list(self.state.params)

@@ -37,7 +37,8 @@ from jaxrunner.errors import InvalidArgumentError
 
 class AgentGroups:
     """A multi-agent env: agents in policy groups, whose values (params, connectors,
-    their state) the runner takes and returns as dicts by policy id."""
+    their state) the runner takes and returns as dicts by policy id
+    (:meth:`EnvRunner.to_policy_dict`, :meth:`EnvRunner.from_policy_dict`)."""
 
     multi_agent = True
     name = "a multi-agent env"
@@ -60,8 +61,6 @@ class AgentGroups:
         return tuple(g.policy_id for g in self.groups)
 
     def to_policy_dict(self, value: Any, where: str) -> dict[str, Any]:
-        """``value`` as the runner's methods take it, as a dict by policy id (checked,
-        ``where`` named in the error)."""
         ids = self.policy_ids
         if not isinstance(value, Mapping) or not set(value) <= set(ids):
             got = sorted(value, key=str) if isinstance(value, Mapping) else type(value).__name__
@@ -73,7 +72,6 @@ class AgentGroups:
         return dict(value)
 
     def from_policy_dict(self, values: Mapping[str, Any]) -> Any:
-        """Values by policy id, as the runner's methods return them."""
         return dict(values)
 
     def connectors(self, value: Any) -> tuple[Any, dict[str, Connectors]]:
