@@ -323,27 +323,20 @@ def _obs_names(
 
 
 def finish_group_sample(
-    connectors: Connectors,
-    state: ConnectorsState,
-    obs: Any,
-    policy_obs: Any,
-    next_obs: Any,
-    reward: jax.Array,
-    terminated: jax.Array,
-    truncated: jax.Array,
-    valid: jax.Array,
+    connectors: Connectors, state: ConnectorsState, *inputs: Any
 ) -> tuple[dict[str, Any], ConnectorsState]:
     """:meth:`Connectors.finish_sample` for one agent group's ``[T, B, A_g, ...]`` arrays
-    (pure): its agent slots are the rows (``[T, B * A_g, ...]``, the rows of the group's
-    compiled step), invalid slots are gaps; the extras come back ``[T, B, A_g, ...]``,
-    zero at invalid slots (as every field of a group's invalid slot)."""
+    (``inputs``: its arguments after the state, ``valid`` last; pure): its agent slots are
+    the rows (``[T, B * A_g, ...]``, the rows of the group's compiled step), invalid slots
+    are gaps; the extras come back ``[T, B, A_g, ...]``, zero at invalid slots (as every
+    field of a group's invalid slot)."""
+    valid = inputs[-1]
     t, b, a = valid.shape
 
     def rows(x: Any) -> jax.Array:
         return jnp.reshape(x, (t, b * a, *jnp.shape(x)[3:]))
 
-    inputs = jax.tree.map(rows, (obs, policy_obs, next_obs, reward, terminated, truncated, valid))
-    extras, state = connectors.finish_sample(state, *inputs, gaps=True)
+    extras, state = connectors.finish_sample(state, *jax.tree.map(rows, inputs), gaps=True)
 
     def back(x: jax.Array) -> jax.Array:
         x = x.reshape(t, b, a, *x.shape[2:])
