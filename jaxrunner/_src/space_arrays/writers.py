@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.space_arrays.actions import action_batch_check, check_action_batch
+from jaxrunner._src.space_arrays.actions import action_batch_check
 from jaxrunner._src.space_arrays.buffers import leaf_spec, take
 from jaxrunner._src.space_arrays.checks import observation_mismatch
 
@@ -83,13 +83,7 @@ def make_writer(
 def make_action_splitter(space: spaces.Space, num_envs: int) -> Callable[[Any], list[Any]]:
     """``split(actions)``: the ``num_envs`` per-env actions, the batch checked whole
     first (:func:`check_action_batch`) so a bad one is refused before any sub-env steps."""
-    if isinstance(space, (spaces.Dict, spaces.Tuple)):
-
-        def split_tree(actions: Any) -> list[Any]:
-            checked = check_action_batch(space, actions, num_envs)
-            return [take(space, checked, i) for i in range(num_envs)]
-
-        return split_tree
-
     check = action_batch_check(space, num_envs)
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        return lambda actions: [take(space, check(actions), i) for i in range(num_envs)]
     return lambda actions: list(check(actions))
