@@ -8,9 +8,8 @@ from typing import Any
 
 from gymnasium import spaces
 
+from jaxrunner._src.space_arrays.buffers import LEAF_SPACES
 from jaxrunner.errors import InvalidArgumentError
-
-_LEAVES = (spaces.Box, spaces.Discrete, spaces.MultiBinary, spaces.MultiDiscrete)
 
 
 def map_space(who: str, space: spaces.Space, fn: Callable[[spaces.Space], Any]) -> Any:
@@ -20,7 +19,7 @@ def map_space(who: str, space: spaces.Space, fn: Callable[[spaces.Space], Any]) 
         return {key: map_space(who, sub, fn) for key, sub in space.spaces.items()}
     if isinstance(space, spaces.Tuple):
         return tuple(map_space(who, sub, fn) for sub in space.spaces)
-    if not isinstance(space, _LEAVES):
+    if not isinstance(space, LEAF_SPACES):
         raise InvalidArgumentError(
             f"{who}: expected a Box, Discrete, MultiBinary or MultiDiscrete observation space "
             f"(or a Dict/Tuple of them), got {space!r}. Flatten it with a gymnasium "

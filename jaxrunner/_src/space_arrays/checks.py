@@ -11,17 +11,10 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src.space_arrays.buffers import leaf_spaces, leaf_spec, leaves
+from jaxrunner._src.space_arrays.buffers import LEAF_SPACES, leaf_spaces, leaf_spec, leaves
 from jaxrunner.errors import InvalidStepError, SpaceMismatchError
 
-SUPPORTED_SPACES = (
-    spaces.Box,
-    spaces.Discrete,
-    spaces.MultiDiscrete,
-    spaces.MultiBinary,
-    spaces.Dict,
-    spaces.Tuple,
-)
+SUPPORTED_SPACES = (*LEAF_SPACES, spaces.Dict, spaces.Tuple)
 NEVER_CAST = "jaxrunner never casts silently"
 
 
