@@ -69,7 +69,7 @@ class Connectors:
     pass ``obs`` as a dict)."""
 
     def __post_init__(self) -> None:
-        given = list(self.obs) if isinstance(self.obs, Mapping) else list(self.obs_names)
+        names = list(self.obs) if isinstance(self.obs, Mapping) else list(self.obs_names)
         if isinstance(self.obs, Mapping) and self.obs_names:
             raise InvalidArgumentError(
                 "Connectors(obs={...}, obs_names=...): the dict's keys already name the "
@@ -95,7 +95,22 @@ class Connectors:
                         f"Connectors({name}=...): expected {kind.__name__} instances, got "
                         f"{item!r}. Subclass jaxrunner.connectors.{kind.__name__}."
                     )
-        object.__setattr__(self, "obs_names", _obs_names(given, obs, self.reward))
+        if not names:  # the defaults: class names in snake case, numbered from the second
+            seen: dict[str, int] = {}
+            for connector in obs:
+                base = _snake(connector)
+                names.append(base if base not in seen else f"{base}_{seen[base]}")
+                seen[base] = seen.get(base, 0) + 1
+        every = names + ([] if self.reward is None else [_snake(self.reward)])
+        if len(names) != len(obs) or any(
+            not isinstance(n, str) or not n or every.count(n) > 1 for n in every
+        ):
+            raise InvalidArgumentError(
+                f"Connectors(obs=..., obs_names=...): expected one unique non-empty name per "
+                f"observation connector ({len(obs)}), got {names} (the reward connector is "
+                f"named after its class: {every[len(names) :]}). Rename them."
+            )
+        object.__setattr__(self, "obs_names", tuple(names))
 
     @property
     def _obs_connectors(self) -> tuple[ObsConnector, ...]:
@@ -297,29 +312,6 @@ class Connectors:
 def _snake(connector: object) -> str:
     """``connector``'s class name in snake case (its default name)."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", type(connector).__name__).lower()
-
-
-def _obs_names(
-    given: list[str], obs: tuple[ObsConnector, ...], reward: RewardConnector | None
-) -> tuple[str, ...]:
-    """The observation connectors' names (see :class:`Connectors`), checked unique."""
-    names = list(given)
-    if not names:
-        seen: dict[str, int] = {}
-        for connector in obs:
-            base = _snake(connector)
-            names.append(base if base not in seen else f"{base}_{seen[base]}")
-            seen[base] = seen.get(base, 0) + 1
-    every = names + ([] if reward is None else [_snake(reward)])
-    if len(names) != len(obs) or any(
-        not isinstance(n, str) or not n or every.count(n) > 1 for n in every
-    ):
-        raise InvalidArgumentError(
-            f"Connectors(obs=..., obs_names=...): expected one unique non-empty name per "
-            f"observation connector ({len(obs)}), got {names} (the reward connector is "
-            f"named after its class: {every[len(names) :]}). Rename them."
-        )
-    return tuple(names)
 
 
 def finish_group_sample(
