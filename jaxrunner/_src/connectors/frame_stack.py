@@ -12,7 +12,7 @@ from gymnasium import spaces
 
 from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.connectors.base import ConnectorState, ObsConnector
-from jaxrunner._src.connectors.structured_spaces import map_space, rebuild_space
+from jaxrunner._src.connectors.structured_spaces import map_space
 from jaxrunner._src.space_arrays.buffers import leaf_spec
 from jaxrunner.errors import InvalidArgumentError
 
@@ -61,7 +61,7 @@ class FrameStack(ObsConnector):
 
     def observation_space(self, space: spaces.Space) -> spaces.Space:
         k = self.num_frames
-        return rebuild_space(space, map_space("FrameStack", space, lambda s: _stacked_space(s, k)))
+        return map_space("FrameStack", space, lambda s: _stacked_space(s, k), as_space=True)
 
     def __call__(
         self, state: ConnectorState, obs: Any, episode_start: jax.Array, active: jax.Array

@@ -14,7 +14,7 @@ from gymnasium import spaces
 from jaxrunner._src.connectors.base import ConnectorState, ObsConnector
 from jaxrunner._src.connectors.checks import check_statistics_args
 from jaxrunner._src.connectors.moments import Moments, RunningMoments
-from jaxrunner._src.connectors.structured_spaces import map_space, rebuild_space
+from jaxrunner._src.connectors.structured_spaces import map_space
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -103,7 +103,7 @@ class NormalizeObservation(ObsConnector):
                 return leaf
             return spaces.Box(-bound, bound, leaf.shape, np.float32)
 
-        return rebuild_space(space, map_space("NormalizeObservation", space, out))
+        return map_space("NormalizeObservation", space, out, as_space=True)
 
     def normalize(self, stats: Moments, obs: jax.Array) -> jax.Array:
         """``obs`` normalized with ``stats`` (any leading axes)."""

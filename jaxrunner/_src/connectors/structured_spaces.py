@@ -1,5 +1,5 @@
-"""The leaf spaces of a structured (``Dict``/``Tuple``) observation space, mapped and
-rebuilt, for the observation connectors, which work leaf by leaf."""
+"""The leaf spaces of a structured (``Dict``/``Tuple``) observation space, mapped (and
+rebuilt), for the observation connectors, which work leaf by leaf."""
 
 from __future__ import annotations
 
@@ -12,13 +12,18 @@ from jaxrunner._src.space_arrays.buffers import LEAF_SPACES
 from jaxrunner.errors import InvalidArgumentError
 
 
-def map_space(who: str, space: spaces.Space, fn: Callable[[spaces.Space], Any]) -> Any:
+def map_space(
+    who: str, space: spaces.Space, fn: Callable[[spaces.Space], Any], *, as_space: bool = False
+) -> Any:
     """``fn`` applied to each leaf space of ``space``, in the shape of its observations
-    (``Dict`` -> dict, ``Tuple`` -> tuple)."""
+    (``Dict`` -> dict, ``Tuple`` -> tuple); ``as_space``: ``fn`` returns leaf spaces, and
+    they come back as a space of ``space``'s structure."""
     if isinstance(space, spaces.Dict):
-        return {key: map_space(who, sub, fn) for key, sub in space.spaces.items()}
+        out = {key: map_space(who, sub, fn, as_space=as_space) for key, sub in space.items()}
+        return spaces.Dict(out) if as_space else out
     if isinstance(space, spaces.Tuple):
-        return tuple(map_space(who, sub, fn) for sub in space.spaces)
+        parts = tuple(map_space(who, sub, fn, as_space=as_space) for sub in space.spaces)
+        return spaces.Tuple(parts) if as_space else parts
     if not isinstance(space, LEAF_SPACES):
         raise InvalidArgumentError(
             f"{who}: expected a Box, Discrete, MultiBinary or MultiDiscrete observation space "
@@ -26,17 +31,3 @@ def map_space(who: str, space: spaces.Space, fn: Callable[[spaces.Space], Any]) 
             "observation wrapper first."
         )
     return fn(space)
-
-
-def rebuild_space(space: spaces.Space, leaves: Any) -> spaces.Space:
-    """A space of ``space``'s structure with the leaf spaces ``leaves`` (a
-    :func:`map_space` result)."""
-    if isinstance(space, spaces.Dict):
-        return spaces.Dict(
-            {key: rebuild_space(sub, leaves[key]) for key, sub in space.spaces.items()}
-        )
-    if isinstance(space, spaces.Tuple):
-        return spaces.Tuple(
-            tuple(rebuild_space(sub, leaf) for sub, leaf in zip(space.spaces, leaves))
-        )
-    return leaves
