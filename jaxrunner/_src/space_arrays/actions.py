@@ -107,15 +107,29 @@ def _check_action_leaf(
             f"dtype like {dtype}, got {_describe(array)}. Pass one action per sub-env, "
             "stacked along the first axis."
         )
-    if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
-        row = out_of_range_row(space, array)
-        if row is not None:
-            who = f"sub-env {row}" if row_name is None else row_name(row)
-            raise InvalidActionError(
-                f"actions{path}: {who}'s action {array[row].tolist()!r} (row {row} of the "
-                f"batch) is outside {space}. Send actions within the action space."
-            )
-    return array
+    # The first row outside a Discrete or MultiDiscrete range, if any, is refused.
+    if isinstance(space, spaces.Discrete):
+        low, high = int(space.start), int(space.start + space.n)
+        if array.size <= 16:  # a few values: Python's min and max beat numpy's calls
+            values = array.tolist()
+            if not values or (min(values) >= low and max(values) < high):
+                return array
+        elif array.min() >= low and array.max() < high:
+            return array
+        bad = (array < low) | (array >= high)
+    elif isinstance(space, spaces.MultiDiscrete):
+        bad = ((array < space.start) | (array >= space.start + space.nvec)).reshape(len(array), -1)
+        bad = bad.any(axis=1)
+        if not bad.any():
+            return array
+    else:
+        return array
+    row = int(np.flatnonzero(bad)[0])
+    who = f"sub-env {row}" if row_name is None else row_name(row)
+    raise InvalidActionError(
+        f"actions{path}: {who}'s action {array[row].tolist()!r} (row {row} of the "
+        f"batch) is outside {space}. Send actions within the action space."
+    )
 
 
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -170,25 +184,3 @@ def action_batch_check(space: spaces.Space, num_envs: int) -> Callable[[Any], An
         return check_action_batch(space, actions, num_envs)
 
     return check
-
-
-def out_of_range_row(space: spaces.Space, array: np.ndarray) -> int | None:
-    """The first row of a batch of ``space``'s integer actions outside its range, or None
-    (also for spaces other than ``Discrete`` and ``MultiDiscrete``)."""
-    if isinstance(space, spaces.Discrete):
-        low, high = int(space.start), int(space.start + space.n)
-        if array.size <= 16:  # a few values: Python's min and max beat numpy's calls
-            values = array.tolist()
-            if not values or (min(values) >= low and max(values) < high):
-                return None
-        elif array.min() >= low and array.max() < high:
-            return None
-        bad = (array < low) | (array >= high)
-    elif isinstance(space, spaces.MultiDiscrete):
-        bad = ((array < space.start) | (array >= space.start + space.nvec)).reshape(len(array), -1)
-        bad = bad.any(axis=1)
-        if not bad.any():
-            return None
-    else:
-        return None
-    return int(np.flatnonzero(bad)[0])
