@@ -124,11 +124,8 @@ class RunningMoments(flax.struct.PyTreeNode):
     def zeros(
         cls, shape: Sequence[int], count_dtype: Any = jnp.float32, frozen: bool = False
     ) -> RunningMoments:
-        return cls(
-            Moments.zeros(shape, count_dtype=count_dtype),
-            Moments.zeros(shape, count_dtype=count_dtype),
-            jnp.asarray(frozen),
-        )
+        stats, delta = (Moments.zeros(shape, count_dtype=count_dtype) for _ in range(2))
+        return cls(stats, delta, jnp.asarray(frozen))
 
     def add(self, batch: Moments, *, force: bool = False) -> RunningMoments:
         """The moments with ``batch`` merged in, unless frozen (``force``: even then)."""
