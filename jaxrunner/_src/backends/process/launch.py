@@ -123,11 +123,6 @@ def worker_bounds(
 ) -> list[tuple[int, int]]:
     """The ``[lo, hi)`` sub-env range of each worker (the counts come from a
     ``ProcessConfig``, which checked them)."""
-    if envs_per_worker is not None and num_workers is not None:
-        raise InvalidArgumentError(
-            f"ProcessVectorEnv(envs_per_worker={envs_per_worker}, num_workers={num_workers}): "
-            "give one of them; the other follows from num_envs."
-        )
     if envs_per_worker is not None:
         k = int(envs_per_worker)
         return [(lo, min(lo + k, num_envs)) for lo in range(0, num_envs, k)]
@@ -246,18 +241,12 @@ def _is_main_test(test: ast.expr) -> bool:
 
 
 def multiprocessing_context(start_method: str) -> BaseContext:
-    """The context workers start in; with ``"forkserver"``, one that preloads the
-    worker module."""
+    """The context workers start in (``start_method`` checked by ``ProcessConfig``); with
+    ``"forkserver"``, one that preloads the worker module."""
     if sys.platform == "win32":
         raise InvalidArgumentError(
             "backend='process' needs a Unix-like OS (it passes file descriptors between "
             "processes); use backend='sync' on Windows."
-        )
-    if start_method not in START_METHODS:
-        raise InvalidArgumentError(
-            f"ProcessVectorEnv(start_method={start_method!r}): expected one of "
-            f"{START_METHODS}. 'fork' is refused: forking a process that has started JAX's "
-            "threads can deadlock the child."
         )
     check_main_guard()
     ctx = multiprocessing.get_context(start_method)
