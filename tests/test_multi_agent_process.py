@@ -58,7 +58,7 @@ def test_default_workers_take_every_cpu(monkeypatch, factory, multi_agent, bound
     monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
     monkeypatch.setattr(launch, "cgroup_cpu_quota", lambda: None)
     with jr.make_vec(factory, 3, "process", seed=0) as envs:
-        assert envs._transport.bounds == bounds
+        assert envs._transport.pool.bounds == bounds
         assert envs.multi_agent == multi_agent
         assert len(envs.get_attr("metadata")) == 3  # every sub-env built, once
     assert launch.default_num_workers(3) == 1

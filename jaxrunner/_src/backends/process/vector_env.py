@@ -5,10 +5,12 @@ kind of sub-env, whose :class:`~.shared.BlockLayout` is the per-kind part; and
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.backends.base import VectorEnv, check_env_fns
 from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
@@ -67,7 +69,7 @@ class ProcessBackend(RemoteSubEnvs):
             self._close_after("construction failed")
             raise
         self._closed_reason = None
-        self._stepper, self._views = transport.stepper, transport.views
+        self._stepper, self._views, self._pool = transport.stepper, transport.views, transport.pool
         self._layout = transport.layout
 
     _layout_for: Callable[[list[Report]], BlockLayout]
@@ -112,7 +114,7 @@ class ProcessBackend(RemoteSubEnvs):
     @property
     def num_workers(self) -> int:
         """Worker processes (the main process's share is not one)."""
-        return len(self._transport.bounds) - bool(self.main_process_envs)
+        return len(self._pool.bounds) - bool(self.main_process_envs)
 
     @property
     def worker_pids(self) -> list[int | None]:
@@ -126,14 +128,22 @@ class ProcessBackend(RemoteSubEnvs):
     ) -> Any:
         """Resets every sub-env; the results of sends not yet received are dropped."""
         self._check_open(self._reset_call)
-        return self._layout.reset_result(self._views, self._transport.reset(seeds, options))
+        self._stepper.discard()
+        seeds, pool = list(seeds), self._pool
+        results = pool.call_all("reset", [(seeds[lo:hi], options) for lo, hi in pool.bounds])
+        # Every sub-env starts afresh from what the caller gets.
+        self._transport.recovery.pending.clear()
+        self._stepper.num_restarts += sum(restarted for _, restarted in results)
+        infos = [info for infos, _ in results for info in infos]
+        return self._layout.reset_result(self._views, infos)
 
     def reset_at(
         self, index: int, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> Any:
         self._check_open("reset_at")
         self._check_index(index, "reset_at")
-        info = self._transport.reset_at(index, seed, options)
+        info = self._call_worker_of(index, "reset_or_restart", (index, seed, options))
+        self._transport.recovery.pending.pop(index, None)
         return self._layout.reset_at_result(self._views, index, info)
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
@@ -155,18 +165,33 @@ class ProcessBackend(RemoteSubEnvs):
         """:meth:`send` then :meth:`recv` (the base's definition), for all of ``rows``
         at once (in ready-first mode too); nothing in flight: straight to the result."""
         self._check_open("step")
-        return self._transport.step_all(actions, rows, self.config.ready_first)
+        stepper = self._stepper
+        if stepper.calls and not self.config.ready_first:  # the oldest send answers first
+            stepper.send(actions, rows, per_worker=False)
+            return stepper.recv()
+        (call,) = stepper.send(actions, rows, per_worker=False)
+        return stepper.finish(call)
 
     # -- gymnasium's utilities, run in the workers
 
     def _ask_one(self, index: int, method: str, args: tuple) -> Any:
-        return self._transport.call_worker_of(index, "on_sub_env", (index, method, args))
+        return self._call_worker_of(index, "on_sub_env", (index, method, args))
 
     def _ask_each(self, method: str, *args: Any) -> tuple[Any, ...]:
-        return self._transport.pool.call_each_env(method, args)
+        return self._pool.call_each_env(method, args)
 
     def _set_each(self, name: str, values: list[Any]) -> None:
-        self._transport.set_attr(name, values)
+        pool = self._pool
+        pool.call_all("set_attr", [(name, list(values[lo:hi])) for lo, hi in pool.bounds])
+
+    def _call_worker_of(self, index: int, method: str, args: tuple) -> Any:
+        """``method(*args)`` asked of sub-env ``index``'s worker (the current one: a
+        replaced worker's successor); its result."""
+        w = self._pool.worker_of(index)
+        status, payload = self._pool.call(w, method, args)
+        if status != protocol.STATUS_OK:
+            raise self._pool.remote_exception(w, pickle.loads(payload))
+        return pickle.loads(payload)
 
 
 class ProcessVectorEnv(ProcessBackend, VectorEnv):
