@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, MutableSequence, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner._src.core.agent_groups import AgentGroup, AgentsDescription, PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentTypeError, SpaceMismatchError
+
+if TYPE_CHECKING:
+    from jaxrunner._src.backends.process.worker import Worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,24 +81,16 @@ class AgentLayout(BlockLayout):
 
     # -- worker side
 
-    def block(
-        self,
-        envs: list[Any],
-        fns: Sequence[Callable[[], Any]],
-        offset: int,
-        views: Views,
-        restart_policy: RestartPolicy | None,
-        status: MutableSequence[int],
-    ) -> AgentBlock:
-        buffers = views.buffers.rows(slice(offset, offset + len(envs)))
+    def block(self, worker: Worker, views: Views, policy: RestartPolicy | None) -> AgentBlock:
+        envs, offset = worker.envs, worker.offset
         return AgentBlock(
             envs,
             self.groups,
             offset,
-            fns=fns,
-            restart_policy=restart_policy,
-            buffers=buffers,
-            status=status,
+            fns=worker.fns,
+            restart_policy=policy,
+            buffers=views.buffers.rows(slice(offset, offset + len(envs))),
+            status=views.status,
         )
 
     def actions_reader(self, views: Views) -> Callable[[int, int], list[Any]]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
-from collections.abc import Callable, MutableSequence, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gymnasium
 import numpy as np
@@ -23,6 +23,9 @@ from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot
 from jaxrunner._src.backends.sub_env_block import SubEnvBlock, failed_mask
 from jaxrunner.errors import InvalidArgumentTypeError, SpaceMismatchError
+
+if TYPE_CHECKING:
+    from jaxrunner._src.backends.process.worker import Worker
 
 # Each sub-env's step progress (``status``): the main process sets NOT_RUN before it
 # sends a step; the worker's step loop sets RUNNING while env.step runs (and leaves it
@@ -86,16 +89,9 @@ class BlockLayout(abc.ABC):
     # -- worker side
 
     @abc.abstractmethod
-    def block(
-        self,
-        envs: list[Any],
-        fns: Sequence[Callable[[], Any]],
-        offset: int,
-        views: Any,
-        restart_policy: RestartPolicy | None,
-        status: MutableSequence[int],
-    ) -> SubEnvBlock:
-        """The worker's step loop over ``envs`` (sub-envs ``offset..``)."""
+    def block(self, worker: Worker, views: Any, policy: RestartPolicy | None) -> SubEnvBlock:
+        """The worker's step loop over its sub-envs (``worker.envs``, ``worker.fns``,
+        from ``worker.offset``), with ``views.status`` as their progress marks."""
 
     @abc.abstractmethod
     def actions_reader(self, views: Any) -> Callable[[int, int], list[Any]]:
@@ -179,18 +175,9 @@ class Layout(BlockLayout):
         buffers = StepBuffers.allocate(self.observation_space, self.num_envs, alloc)
         return buffers, alloc.space(self.action_space)
 
-    def block(
-        self,
-        envs: list[Any],
-        fns: Sequence[Callable[[], Any]],
-        offset: int,
-        views: Views,
-        restart_policy: RestartPolicy | None,
-        status: MutableSequence[int],
-    ) -> GymnasiumBlock:
-        return GymnasiumBlock(
-            envs, fns, offset, views.buffers, self.observation_space, restart_policy, status
-        )
+    def block(self, worker: Worker, views: Views, policy: RestartPolicy | None) -> GymnasiumBlock:
+        w, space = worker, self.observation_space
+        return GymnasiumBlock(w.envs, w.fns, w.offset, views.buffers, space, policy, views.status)
 
     def actions_reader(self, views: Views) -> Callable[[int, int], list[Any]]:
         space, buffer = self.action_space, views.action

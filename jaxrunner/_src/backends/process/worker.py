@@ -68,15 +68,10 @@ class Worker:
         os.close(fd)
         v = layout.views(self._memory)
         self.read_actions = layout.actions_reader(v)
-        self.sub_envs = layout.block(
-            self.envs,
-            self.fns,
-            self.offset,
-            v,
-            policy,
-            # Faster item writes than numpy's (typeshed's memoryview is no MutableSequence).
-            memoryview(v.status),  # type: ignore[arg-type]
-        )
+        # The marks as a memoryview: faster item writes than numpy's (typeshed's
+        # memoryview is no MutableSequence).
+        v = v._replace(status=memoryview(v.status))  # type: ignore[arg-type]
+        self.sub_envs = layout.block(self, v, policy)
 
     def grow(self, payload: bytes) -> dict[str, Any]:
         """Builds the rest of this worker's sub-envs (it was started over its first one
