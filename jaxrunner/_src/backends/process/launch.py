@@ -11,18 +11,17 @@ import math
 import multiprocessing
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from multiprocessing.context import BaseContext
 from typing import Literal
 
 import cloudpickle
-import gymnasium
 import numpy as np
 
 from jaxrunner._src.backends.process.preload import PRELOAD_MODULE, SCRIPT_IMPORTS
+from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
-EnvFactory = Callable[[], gymnasium.Env]
 START_METHODS = ("forkserver", "spawn")
 DEFAULT_STEP_TIMEOUT_S = 300.0
 WORKER_MODULE = "jaxrunner._src.backends.process.worker"

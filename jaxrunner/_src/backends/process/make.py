@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.process.handle import shutdown
-from jaxrunner._src.backends.process.launch import EnvFactory
 from jaxrunner._src.backends.process.transport import ProcessTransport
 from jaxrunner._src.backends.process.vector_env import ProcessVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
 
 if TYPE_CHECKING:

@@ -16,11 +16,11 @@ from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.process.config import ProcessConfig, checked_config
 from jaxrunner._src.backends.process.handle import shutdown
-from jaxrunner._src.backends.process.launch import EnvFactory
 from jaxrunner._src.backends.process.shared import BlockLayout, Layout
 from jaxrunner._src.backends.process.transport import ProcessTransport, Report
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
+from jaxrunner._src.backends.sub_env_block import EnvFactory
 
 
 class ProcessBackend(RemoteSubEnvs):

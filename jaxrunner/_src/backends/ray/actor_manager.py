@@ -6,16 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import gymnasium
-
 from jaxrunner._src.backends.error_indices import with_global_env_index
 from jaxrunner._src.backends.ray.config import RayConfig
 from jaxrunner._src.backends.ray.env_actor import EnvWorker
 from jaxrunner._src.backends.ray.progress import ProgressMarks
 from jaxrunner._src.backends.restarts import RestartPolicy, retry
+from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner.errors import RemoteTimeoutError, WorkerError
-
-EnvFactory = Callable[[], gymnasium.Env]
 
 
 class ActorPool:

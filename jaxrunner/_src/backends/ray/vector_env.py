@@ -8,11 +8,11 @@ from typing import Any
 
 from jaxrunner._src.backends.base import VectorEnv, check_env_fns
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
-from jaxrunner._src.backends.ray.actor_manager import EnvFactory
 from jaxrunner._src.backends.ray.config import RayConfig
 from jaxrunner._src.backends.ray.kinds import AgentRows, GymnasiumRows
 from jaxrunner._src.backends.ray.stepping import ActorStepping
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
+from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentTypeError
 
