@@ -185,20 +185,13 @@ def _put_reply(
     b: AgentStepBuffers, reply: BlockReply, rows: slice, part: slice = slice(None)
 ) -> None:
     """Rows ``part`` of an actor's reply written to ``rows`` of the buffers."""
+
+    def put(dst: Any, src: Any) -> None:
+        dst[rows] = src[part]
+
     for buf, arrays in zip(b.groups, reply.groups):
         for name, value in arrays.items():
-            _copy_rows(getattr(buf, name), value, rows, part)
+            space_arrays.tree_map(put, getattr(buf, name), value)
     b.env_done[rows] = reply.env_done[part]
     b.env_reward[rows] = reply.env_reward[part]
     b.unassigned_reward[rows] = reply.unassigned_reward[part]
-
-
-def _copy_rows(dst: Any, src: Any, rows: slice, part: slice) -> None:
-    if isinstance(dst, dict):
-        for key in dst:
-            _copy_rows(dst[key], src[key], rows, part)
-    elif isinstance(dst, tuple):
-        for d, s in zip(dst, src):
-            _copy_rows(d, s, rows, part)
-    else:
-        dst[rows] = src[part]
