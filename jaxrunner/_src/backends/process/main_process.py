@@ -55,9 +55,6 @@ class MainProcessHandle:
         except Exception as err:
             self.worker.error(protocol.START_REPORT_SEQ, err)
 
-    def describe(self) -> str:
-        return f"the main process (sub-envs {self.envs.start}..{self.envs.stop - 1})"
-
     def send(self, message: bytes, seq: int, timeout_s: float | None) -> None:
         self._commands.append(message)
         self.inflight[seq] = math.inf
