@@ -40,12 +40,10 @@ class WorkerRecovery:
         self.pending: dict[int, BaseException] = {}
         """Sub-envs of replaced workers that were not being stepped: their next step slot
         fails (with this error) instead of stepping."""
+        # The counters ProcessBackend's properties of the same names expose and document.
         self.num_worker_restarts = 0
-        """Workers replaced after they died or timed out."""
         self.num_lost_steps = 0
-        """Completed ``env.step`` calls whose results died with their worker."""
         self.num_unrun_steps = 0
-        """Failed slots of replaced workers' sub-envs that had not started their step."""
 
     def worker_lost(self, lost: WorkerLost, fatal: bool = False) -> BaseException:
         """Handles a dead worker: replaces it (restart policy set and not ``fatal``)

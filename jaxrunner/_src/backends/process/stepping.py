@@ -59,8 +59,7 @@ class Stepper:
         """Calls sent and not yet received, in send order."""
         self.num_waiting = 0
         """Calls in :attr:`calls` whose send waits for earlier sends of their rows."""
-        self.num_restarts = 0
-        """Sub-envs recreated inside their worker after a failure."""
+        self.num_restarts = 0  # ProcessBackend.num_restarts
 
     def in_flight(self) -> Iterator[Sent]:
         """Every step command sent and not yet received (for recoveries)."""

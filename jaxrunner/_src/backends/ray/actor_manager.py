@@ -41,8 +41,7 @@ class ActorPool:
         """The current actor handles, one per block."""
         self.progress = ProgressMarks(len(self.unit_rows), n)
         """The actors' step marks (a dead one's steps: lost or unrun)."""
-        self.num_actor_restarts = 0
-        """Actors replaced after dying or timing out."""
+        self.num_actor_restarts = 0  # ActorStepping.num_actor_restarts
         self._remote_cls = ray.remote(worker)
         self._worker_args = worker_args
 
