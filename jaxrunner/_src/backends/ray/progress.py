@@ -26,10 +26,14 @@ class SharedMarks(NamedTuple):
     unit: int
 
 
-def _open(path: str, nbytes: int, token: bytes) -> mmap.mmap | None:
-    """The memory at ``path`` if it is the driver's (``token`` first), else None."""
+def attach(where: SharedMarks | None) -> np.ndarray | None:
+    """Actor side: the marks of every sub-env (by global index), with this actor's
+    attached flag set; None where the driver's memory cannot be opened."""
+    if where is None:
+        return None
+    nbytes = TOKEN_BYTES + where.num_units + where.num_envs
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(where.path, os.O_RDWR)
     except OSError:  # another machine, or /proc not readable: no shared marks
         return None
     try:
@@ -38,19 +42,8 @@ def _open(path: str, nbytes: int, token: bytes) -> mmap.mmap | None:
         memory = mmap.mmap(fd, nbytes)
     finally:
         os.close(fd)
-    if memory[:TOKEN_BYTES] != token:
+    if memory[:TOKEN_BYTES] != where.token:  # not the driver's memory
         memory.close()
-        return None
-    return memory
-
-
-def attach(where: SharedMarks | None) -> np.ndarray | None:
-    """Actor side: the marks of every sub-env (by global index), with this actor's
-    attached flag set; None where the driver's memory cannot be opened."""
-    if where is None:
-        return None
-    memory = _open(where.path, TOKEN_BYTES + where.num_units + where.num_envs, where.token)
-    if memory is None:
         return None
     flags = np.frombuffer(memory, np.int8, where.num_units, TOKEN_BYTES)
     flags[where.unit] = 1
