@@ -40,7 +40,11 @@ class InFlightSteps:
         returns its ref (still in flight: :meth:`pop` it), or None when the deadline
         came first (:meth:`pop_expired` then yields at least that step). Only while a
         step is in flight."""
-        done, _ = self.ray.wait(list(self._steps), num_returns=1, timeout=self._to_deadline())
+        timeout = None
+        if self.timeout_s is not None:
+            oldest = min(sent for _, _, sent in self._steps.values())
+            timeout = max(0.0, oldest + self.timeout_s - time.monotonic())
+        done, _ = self.ray.wait(list(self._steps), num_returns=1, timeout=timeout)
         return done[0] if done else None
 
     def ready_within(self, wait_s: float) -> list[Any]:
@@ -80,9 +84,3 @@ class InFlightSteps:
             except Exception:
                 pass
         self.clear()
-
-    def _to_deadline(self) -> float | None:
-        if self.timeout_s is None:
-            return None
-        oldest = min(sent for _, _, sent in self._steps.values())
-        return max(0.0, oldest + self.timeout_s - time.monotonic())
