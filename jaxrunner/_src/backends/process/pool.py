@@ -101,7 +101,6 @@ class WorkerPool:
         return seq
 
     def worker_of(self, index: int) -> int:
-        """The worker running sub-env ``index``."""
         return next(w for w, (lo, hi) in enumerate(self.bounds) if lo <= index < hi)
 
     # -- sending and receiving

@@ -20,7 +20,6 @@ class InFlightSteps:
         self._steps: dict[Any, tuple[int, slice, float]] = {}  # ref -> unit, rows, sent
 
     def units(self) -> set[int]:
-        """The actors with a step in flight."""
         return {u for u, _, _ in self._steps.values()}
 
     def add(self, ref: Any, u: int, rows: slice) -> None:
@@ -28,7 +27,6 @@ class InFlightSteps:
         self._steps[ref] = (u, rows, time.monotonic())
 
     def pop(self, ref: Any) -> tuple[int, slice]:
-        """Forgets ``ref``; returns its actor and rows."""
         u, rows, _ = self._steps.pop(ref)
         return u, rows
 

@@ -60,7 +60,6 @@ class GymnasiumRows:
         self._splitters.split(actions, num)
 
     def part(self, actions: Any, at: slice | np.ndarray) -> Any:
-        """Rows ``at`` of ``actions``."""
         return space_arrays.map_structure(self._action_space, lambda a: np.asarray(a)[at], actions)
 
     def put(self, out: BatchStep, rows: slice, offset: int) -> Answer:
