@@ -18,7 +18,7 @@ import jaxrunner as jr
 from jaxrunner import connectors as C
 from jaxrunner._src.connectors.per_group import per_policy_connectors
 from jaxrunner._src.core.agent_groups import AgentGroup
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 from tests import multi_agent_envs as envs_mod
 from tests.test_connectors import CountingTraces, assert_moments_match
 from tests.test_multi_agent import random_policy, zero_params
@@ -231,7 +231,7 @@ def test_scan_path_statistics_frame_stack_and_state():
         state = r.get_connector_state()
         r.set_connector_state(state)  # a copy in, never a recompile (compiled ahead of time)
         third = r.sample().to_numpy()
-        with pytest.raises(InvalidArgumentError, match="structure and shapes"):
+        with pytest.raises(InvalidArgumentError, match="state of 3 connectors"):
             r.set_connector_state({"policy_0": C.ConnectorsState()})
     groups = [t.groups["policy_0"] for t in trajs]
     assert (~groups[0].valid).any()  # x0 waits, done, until the episode ends
@@ -269,8 +269,20 @@ def test_connectors_per_policy_id_and_their_state():
         assert list(state) == ["right"]
         with pytest.raises(InvalidArgumentError, match="policy ids with connectors"):
             runner.set_connector_state({"left": state["right"]})
-        with pytest.raises(InvalidArgumentError, match="structure and shapes"):
+        with pytest.raises(InvalidArgumentError, match="policy 'right'"):
             runner.set_connector_state({"right": C.ConnectorsState()})
+        # Checked as a single-agent runner's is: dtypes, finite floats; or a dict by name.
+        leaves, treedef = jax.tree.flatten(state["right"])
+        f = next(i for i, x in enumerate(leaves) if np.asarray(x).dtype == np.float32)
+        for change, why in [
+            (lambda x: x.astype(np.float16), "dtype float32"),
+            (lambda x: np.full_like(x, np.nan), "finite values"),
+        ]:
+            bad = list(leaves)
+            bad[f] = change(np.asarray(bad[f]))
+            with pytest.raises(SpaceMismatchError, match=why):
+                runner.set_connector_state({"right": treedef.unflatten(bad)})
+        runner.set_connector_state({"right": conn.state_dict(state["right"])})
     assert "policy_obs" in traj.groups["right"].extras
     assert "policy_obs" not in traj.groups["left"].extras
     right = traj.groups["right"]

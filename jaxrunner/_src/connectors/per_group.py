@@ -5,12 +5,8 @@ agent slots as rows (``B * A_g``, row ``b * A_g + a``), and each group's own sta
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-import jax
-import numpy as np
-
-from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
+from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
@@ -63,16 +59,3 @@ def per_policy_connectors(
             )
             raise
     return chosen
-
-
-def check_state_like(policy_id: str, current: ConnectorsState, state: Any) -> None:
-    """Refuses a state of another structure or shapes than ``current`` (the group's)."""
-    want = jax.tree.structure(current), [np.shape(x) for x in jax.tree.leaves(current)]
-    got = jax.tree.structure(state), [np.shape(x) for x in jax.tree.leaves(state)]
-    if want != got:
-        raise InvalidArgumentError(
-            f"EnvRunner.set_connector_state({{{policy_id!r}: state}}): expected the "
-            f"structure and shapes of get_connector_state()[{policy_id!r}] ({want[0]}, shapes "
-            f"{want[1]}), got {got[0]}, shapes {got[1]}. Start from "
-            "runner.get_connector_state() and replace its arrays."
-        )

@@ -11,7 +11,7 @@ from typing import Any
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.capabilities import is_multi_agent
 from jaxrunner._src.backends.jax_env import ONE_AGENT, JaxVectorEnv
-from jaxrunner._src.connectors.per_group import check_state_like, per_policy_connectors
+from jaxrunner._src.connectors.per_group import per_policy_connectors
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.episode import AgentEpisode, Episode, concatenate_episodes
@@ -32,7 +32,7 @@ from jaxrunner._src.samplers.host_loop import HostLoop
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
 from jaxrunner._src.samplers.sampler import SamplerSetup
 from jaxrunner._src.samplers.scan import ScanSampler
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 
 
 class AgentGroups:
@@ -175,9 +175,14 @@ class AgentGroups:
                 f"ids with connectors ({list(connectors)}), got {got}. Start from "
                 "runner.get_connector_state()."
             )
+        loaded = {}
         for pid, value in state.items():
-            check_state_like(pid, sampler.get_connector_state(pid), value)
-        return dict(state)
+            try:
+                loaded[pid] = connectors[pid].load_state(sampler.get_connector_state(pid), value)
+            except JaxRunnerError as err:  # the message names the connector: add the policy
+                err.add_note(f"jaxrunner: in the state of policy {pid!r}.")
+                raise
+        return loaded
 
     def spaces(self) -> dict[str, Any]:
         groups = self.groups
