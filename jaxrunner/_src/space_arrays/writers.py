@@ -85,5 +85,10 @@ def make_action_splitter(space: spaces.Space, num_envs: int) -> Callable[[Any], 
     first (:func:`check_action_batch`) so a bad one is refused before any sub-env steps."""
     check = action_batch_check(space, num_envs)
     if isinstance(space, (spaces.Dict, spaces.Tuple)):
-        return lambda actions: [take(space, check(actions), i) for i in range(num_envs)]
+
+        def split_tree(actions: Any) -> list[Any]:
+            checked = check(actions)  # once for the batch
+            return [take(space, checked, i) for i in range(num_envs)]
+
+        return split_tree
     return lambda actions: list(check(actions))
