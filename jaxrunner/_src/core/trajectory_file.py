@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxrunner._src.arg_checks import check_int
@@ -188,7 +189,7 @@ def check_fields(
         return
     obs = [(leaf.shape, leaf.dtype) for _, leaf in _leaves(fields["obs"], "obs")]
     nxt = [(leaf.shape, leaf.dtype) for _, leaf in _leaves(fields["next_obs"], "next_obs")]
-    if obs != nxt or _structure(fields["obs"]) != _structure(fields["next_obs"]):
+    if obs != nxt or jax.tree.structure(fields["obs"]) != jax.tree.structure(fields["next_obs"]):
         raise error(
             f"has {where}next_obs shaped unlike {where}obs; they must have one structure, "
             "shapes and dtypes"
@@ -203,11 +204,3 @@ def _leaves(tree: Any, where: str) -> list[tuple[str, np.ndarray]]:
     if tree is None:
         return []
     return [(where, tree)]
-
-
-def _structure(tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _structure(v) for k, v in tree.items()}
-    if isinstance(tree, tuple):
-        return tuple(_structure(v) for v in tree)
-    return None if tree is None else "array"
