@@ -11,7 +11,7 @@ import os
 import stat
 import zipfile
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -58,7 +58,7 @@ class NpzReader:
             self.close()
             raise error(f"has two members named {twice!r}; each name may appear once")
 
-    def __enter__(self) -> NpzReader:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

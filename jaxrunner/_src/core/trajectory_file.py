@@ -64,7 +64,7 @@ def write_file(path: str | os.PathLike[str], spec: dict[str, Any], arrays: dict[
         np.savez(file, __spec__=np.array(json.dumps(spec)), **arrays)
 
 
-class TrajectoryFile:
+class TrajectoryFile(NpzReader):
     """An open trajectory file (a context manager) whose spec must name
     ``expected_format`` and ``expected_version``, its arrays within ``max_bytes`` (None: no
     cap); ``kind``, the class that loads it (``"Trajectory"``), is named in errors."""
@@ -77,16 +77,9 @@ class TrajectoryFile:
         max_bytes: int | None,
         kind: str = "Trajectory",
     ) -> None:
-        self.path = path
         self._format, self._version, self._kind = expected_format, expected_version, kind
         check_int(f"{kind}.load", "max_bytes", max_bytes, low=0, none="for no cap")
-        self._npz = NpzReader(path, self.error, max_bytes, "; pass a larger max_bytes")
-
-    def __enter__(self) -> TrajectoryFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._npz.close()
+        super().__init__(path, self.error, max_bytes, "; pass a larger max_bytes")
 
     def error(self, what: str) -> InvalidArgumentError:
         """The loader's error: the file ``what`` (``"has field reward of ..."``)."""
@@ -97,11 +90,11 @@ class TrajectoryFile:
 
     def read_spec(self) -> dict[str, Any]:
         """The JSON spec, checked to be an object of the expected format and version."""
-        if not self._npz.has("__spec__"):
+        if not self.has("__spec__"):
             raise InvalidArgumentError(
                 f"{os.fspath(self.path)} is not a jaxrunner trajectory file (no __spec__)."
             )
-        spec = self._npz.read_json("__spec__", "spec", MAX_SPEC_BYTES)
+        spec = self.read_json("__spec__", "spec", MAX_SPEC_BYTES)
         if not isinstance(spec, dict):
             raise self.error("has a spec that is not a JSON object")
         if spec.get("format") != self._format or spec.get("version") != self._version:
@@ -143,8 +136,8 @@ class TrajectoryFile:
             return tuple(self._decode(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value))
         if kind == "none" and value is True:
             return None
-        if kind == "array" and isinstance(value, str) and self._npz.has(value):
-            return self._npz.read(value, where)
+        if kind == "array" and isinstance(value, str) and self.has(value):
+            return self.read(value, where)
         raise self.error(
             f"describes field {where} with {str(node)[:80]!r}, which names no "
             "array member of the file"
