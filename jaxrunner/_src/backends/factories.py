@@ -93,34 +93,19 @@ def factories_for(
                 "passed to gymnasium.make and only apply to env ids; bind them in your "
                 "factories instead (e.g. functools.partial)."
             )
-        return per_envfactories_for(env, num_envs, "make_vec", "env", ENV_KINDS)
-    return [factory_for(env, env_kwargs, backend)]
-
-
-def per_envfactories_for(
-    factories: Any, num_envs: int, where: str, name: str, returning: str
-) -> list[Callable[[], Any]]:
-    """One factory per sub-env: ``factories`` repeated where it is one callable, else the
-    sequence itself, checked to hold ``num_envs`` callables."""
-    if callable(factories):
-        return [factories] * num_envs
-    if isinstance(factories, str) or not isinstance(factories, Sequence):
-        raise InvalidArgumentTypeError(
-            f"{where}({name}=...): expected a zero-argument callable returning {returning}, "
-            f"or a list of them (one per sub-env), got {type(factories).__name__}."
-        )
-    if len(factories) != num_envs:
-        raise InvalidArgumentError(
-            f"{where}({name}=[...], num_envs={num_envs}): {len(factories)} factories for "
-            f"{num_envs} sub-envs; give one factory per sub-env (or num_envs={len(factories)})."
-        )
-    for i, fn in enumerate(factories):
-        if not callable(fn):
-            raise InvalidArgumentTypeError(
-                f"{where}({name}=[...]): {name}[{i}] is a {type(fn).__name__}; expected a "
-                f"zero-argument callable returning {returning}."
+        if len(env) != num_envs:
+            raise InvalidArgumentError(
+                f"make_vec(env=[...], num_envs={num_envs}): {len(env)} factories for "
+                f"{num_envs} sub-envs; give one factory per sub-env (or num_envs={len(env)})."
             )
-    return list(factories)
+        for i, fn in enumerate(env):
+            if not callable(fn):
+                raise InvalidArgumentTypeError(
+                    f"make_vec(env=[...]): env[{i}] is a {type(fn).__name__}; expected a "
+                    f"zero-argument callable returning {ENV_KINDS}."
+                )
+        return list(env)
+    return [factory_for(env, env_kwargs, backend)]
 
 
 def factory_for(env: Any, env_kwargs: dict[str, Any], backend: str) -> Callable[[], gymnasium.Env]:
