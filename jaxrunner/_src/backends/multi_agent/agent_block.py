@@ -10,8 +10,7 @@ import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep
-from jaxrunner._src.backends.multi_agent.driver import Driver
-from jaxrunner._src.backends.multi_agent.drivers import AECDriver, make_driver
+from jaxrunner._src.backends.multi_agent.drivers import AECDriver, Driver, make_driver
 from jaxrunner._src.backends.multi_agent.finite_observations import FiniteObservations, clear_row
 from jaxrunner._src.backends.multi_agent.layout import Layout
 from jaxrunner._src.backends.restarts import RestartPolicy

@@ -17,8 +17,7 @@ from jaxrunner._src.backends.multi_agent.agent_block import (
     env_groups,
 )
 from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep, StepViews
-from jaxrunner._src.backends.multi_agent.driver import Driver
-from jaxrunner._src.backends.multi_agent.drivers import make_driver
+from jaxrunner._src.backends.multi_agent.drivers import Driver, make_driver
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
 from jaxrunner._src.backends.snapshots import (
     SnapshotRefusedError,
