@@ -58,7 +58,11 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         try:
             for i, fn in enumerate(self.env_fns):
                 self.envs.append(check_env(fn(), i))
-            self._check_spaces(self.envs)
+            self.num_envs, first = len(self.envs), self.envs[0]
+            check_equal_spaces([(env.observation_space, env.action_space) for env in self.envs])
+            self._take_spaces(
+                first.observation_space, first.action_space, first.metadata, first.render_mode
+            )
         except BaseException:
             # Do not leak the sub-envs built so far.
             for env in self.envs:
@@ -72,16 +76,6 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
             self.envs, self.env_fns, 0, self._buffers, obs_space, restart_policy
         )
         self._actions = ActionSplitters(self.single_action_space)
-
-    def _check_spaces(self, envs: list[gymnasium.Env]) -> None:
-        """Takes sub-env 0's spaces and metadata once every sub-env's spaces are checked
-        equal and supported."""
-        first = envs[0]
-        self.num_envs = len(envs)
-        check_equal_spaces([(env.observation_space, env.action_space) for env in envs])
-        self._take_spaces(
-            first.observation_space, first.action_space, first.metadata, first.render_mode
-        )
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
