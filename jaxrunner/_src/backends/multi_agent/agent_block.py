@@ -11,7 +11,7 @@ import numpy as np
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep
 from jaxrunner._src.backends.multi_agent.drivers import AECDriver, Driver, make_driver
-from jaxrunner._src.backends.multi_agent.finite_observations import FiniteObservations, clear_row
+from jaxrunner._src.backends.multi_agent.finite_observations import FiniteObservations
 from jaxrunner._src.backends.multi_agent.layout import Layout
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_block import (
@@ -101,7 +101,7 @@ class AgentBlock(SubEnvBlock):
         for buf in self.buffers:
             buf.completed[b] = False
         driver = self.drivers[b]
-        clear_row(self.buffers, "obs", b)  # the check below reads the whole row
+        self.step_buffers.clear_row("obs", b)  # the check below reads the whole row
         try:
             info = driver.reset(seed, options)
             self._seeded(i, seed)
@@ -220,7 +220,7 @@ class AgentBlock(SubEnvBlock):
         return [b for b in errors if not self.env_done[b]]
 
     def _fresh(self, j: int, env: Any, seed: int | None) -> dict[str, Any]:
-        clear_row(self.buffers, "obs", j)  # no observation of the old sub-env stays
+        self.step_buffers.clear_row("obs", j)  # no observation of the old sub-env stays
         self._check_agents(env, self.offset + j)
         driver = make_driver(env, j, self.layout)
         info = driver.reset(seed, None)

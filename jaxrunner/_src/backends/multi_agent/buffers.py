@@ -14,6 +14,7 @@ import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.allocators import Allocator, Zeros
+from jaxrunner._src.backends.sub_env_block import failed_mask
 from jaxrunner._src.core.agent_groups import AgentGroup
 
 FIELDS = (
@@ -134,14 +135,19 @@ class AgentStepBuffers(NamedTuple):
             self.unassigned_reward[part],
         )
 
+    def clear_row(self, name: str, b: int) -> None:
+        """Zeroes env ``b``'s row of every group's ``name`` (``"obs"`` or ``"next_obs"``)."""
+        for buf in self.groups:
+            for leaf in space_arrays.leaves(getattr(buf, name)):
+                leaf[b] = 0
+
     def fail_row(self, b: int) -> None:
         """Env ``b``'s step holds no transition for any agent: its outcomes are zero
         (``acting``/``obs`` stay: the new sub-env's). The one failed-row helper of every
         multi-agent backend."""
         self.env_done[b], self.env_reward[b], self.unassigned_reward[b] = False, 0.0, 0.0
+        self.clear_row("next_obs", b)
         for buf in self.groups:
-            for leaf in space_arrays.leaves(buf.next_obs):
-                leaf[b] = 0
             buf.completed[b] = False
             buf.reward[b] = 0.0
             buf.terminated[b] = False
@@ -217,8 +223,7 @@ class StepViews:
             if isinstance(failed, np.ndarray) and failed.dtype == np.bool_:
                 mask = failed if failed.any() else None
             else:
-                mask = np.zeros(hi - lo, np.bool_)
-                mask[np.asarray(failed, np.int64) - lo] = True
+                mask = failed_mask(failed, lo, hi)
         return MultiAgentStep(
             groups=groups,
             env_done=b.env_done,

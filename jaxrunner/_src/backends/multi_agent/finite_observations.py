@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers
 from jaxrunner._src.backends.multi_agent.layout import Layout
 from jaxrunner._src.space_arrays.checks import all_finite_test, nonfinite_observations
@@ -70,10 +69,3 @@ class FiniteObservations:
             if found:
                 return found[min(found)]
         return None
-
-
-def clear_row(buffers: Sequence[GroupBuffers], name: str, b: int) -> None:
-    """Zeroes row ``b`` of every group's ``name`` (``"obs"`` or ``"next_obs"``)."""
-    for buf in buffers:
-        for leaf in space_arrays.leaves(getattr(buf, name)):
-            leaf[b] = 0
