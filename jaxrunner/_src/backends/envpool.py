@@ -15,8 +15,8 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
-from jaxrunner._src.backends.envpool_actions import EnvPoolActions
 from jaxrunner._src.backends.envpool_calls import (
+    EnvPoolActions,
     EnvPoolCalls,
     EnvPoolStep,
     every_seed,

@@ -15,8 +15,13 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
-from jaxrunner._src.backends.envpool_actions import EnvPoolActions, check_env_ids
-from jaxrunner._src.backends.envpool_calls import EnvPoolCalls, every_seed, import_envpool
+from jaxrunner._src.backends.envpool_calls import (
+    EnvPoolActions,
+    EnvPoolCalls,
+    check_env_ids,
+    every_seed,
+    import_envpool,
+)
 from jaxrunner._src.backends.vector_infos import ResetInfos, SplitInfos
 from jaxrunner.errors import InvalidArgumentError
 

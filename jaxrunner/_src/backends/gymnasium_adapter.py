@@ -15,9 +15,9 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
-from jaxrunner._src.backends.gymnasium_sub_envs import async_request, sub_environments
 from jaxrunner._src.backends.in_process import InProcessSends
 from jaxrunner._src.backends.masked_reset import MaskedReset, masked_reset_for
+from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.backends.vector_infos import (
     EMPTY_RESET_INFOS,
     ResetInfos,
@@ -318,11 +318,50 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
         :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` per sub-env of an
         ``AsyncVectorEnv``; refused for any other (natively vectorized) vector env."""
         self._check_open("get_sub_environments")
-        return sub_environments(self, self.env)
+        inner = self.env.unwrapped
+        if isinstance(inner, gymnasium.vector.SyncVectorEnv):
+            return list(inner.envs)
+        if isinstance(inner, gymnasium.vector.AsyncVectorEnv):
+            return [SubEnvHandle(self, i) for i in range(inner.num_envs)]
+        raise InvalidArgumentError(
+            f"get_sub_environments(): the adopted {type(inner).__name__} steps its envs as one "
+            "batch and has no sub-env objects to return (only gymnasium's SyncVectorEnv and "
+            "AsyncVectorEnv have them). Use its call/get_attr/set_attr where it has them, or "
+            "make_vec(..., backend='sync') with the env's factory for per-sub-env access."
+        )
 
     def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
+        """A sub-env handle's request, sent to worker ``index`` of the ``AsyncVectorEnv``
+        alone with the command its ``call``/``set_attr`` would send every worker. Raises
+        what the sub-env raised, and InvalidArgumentError once gymnasium has ended that
+        worker for it."""
         self._check_open(f"get_sub_environments()[{index}].{method}")
-        return async_request(self.env, index, method, args)
+        inner = self.env.unwrapped
+        if method == "set_attr":
+            command, data = "_setattr", args
+        elif method == "call":
+            command, data = "_call", args
+        else:  # get_attr and render: a call of that name, as AsyncVectorEnv does
+            command, data = "_call", (args[0] if method == "get_attr" else "render", (), {})
+        pipe = inner.parent_pipes[index]
+        if pipe is None:
+            raise InvalidArgumentError(
+                f"get_sub_environments()[{index}].{method}(): the AsyncVectorEnv's worker of "
+                f"sub-env {index} has ended (gymnasium ends a worker after an error); build a "
+                "new vector env."
+            )
+        pipe.send((command, data))
+        result, ok = pipe.recv()
+        if ok:
+            return result
+        # As AsyncVectorEnv does: the worker queued its error and ended; its pipe is closed.
+        _, error_type, error, trace = inner.error_queue.get()
+        pipe.close()
+        inner.parent_pipes[index] = None
+        if not isinstance(error, BaseException):
+            error = error_type(error)
+        error.add_note(f"jaxrunner: raised in AsyncVectorEnv worker {index}:\n{trace}")
+        raise error
 
     def _close_backend(self) -> None:
         self.env.close()
