@@ -21,7 +21,7 @@ from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError, SpaceMismatchError
 
 if TYPE_CHECKING:
-    from jaxrunner._src.backends.layout_choice import LayoutChoice
+    from jaxrunner._src.backends.auto import LayoutChoice
 
 
 def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> list[int | None]:
