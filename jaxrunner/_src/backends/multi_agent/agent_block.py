@@ -22,6 +22,7 @@ from jaxrunner._src.backends.sub_env_block import (
     StepResult,
     SubEnvBlock,
     SubEnvRaised,
+    failed_mask,
 )
 from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn, build_groups
 from jaxrunner.errors import JaxRunnerError, SpaceMismatchError
@@ -76,7 +77,6 @@ class AgentBlock(SubEnvBlock):
         self.env_done = buffers.env_done
         self.env_reward = buffers.env_reward
         self.unassigned_reward = buffers.unassigned_reward
-        self._failed = np.zeros(n, np.bool_)
         self._groups_by_id = {g.policy_id: buf for g, buf in zip(self.groups, self.buffers)}
         self._action_rows: list[Any] | None = None  # a block's actions, placed at its rows
 
@@ -234,13 +234,7 @@ class AgentBlock(SubEnvBlock):
     def result(
         self, infos: list[dict[str, Any]], errors: dict[int, BaseException] | None = None
     ) -> MultiAgentStep:
-        failed = None
-        if errors:
-            failed = self._failed
-            failed[:] = False
-            failed[self.failed_rows(errors)] = True
-            if not failed.any():
-                failed = None
+        failed = failed_mask(self.failed_rows(errors), 0, len(self.drivers)) if errors else None
         return MultiAgentStep(
             groups=self._groups_by_id,
             env_done=self.env_done,
