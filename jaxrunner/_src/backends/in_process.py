@@ -73,11 +73,9 @@ class BlockForwarding:
 
     @property
     def num_restarts(self) -> int:
-        """Sub-envs recreated after a failure (with a ``restart_policy``)."""
         return self._block.num_restarts
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
         self._check_open("call")  # type: ignore[attr-defined]
         return tuple(self._block.call(name, args, kwargs))
 

@@ -37,7 +37,6 @@ class RemoteSubEnvs(BaseVectorEnv):
         return self._ask_one(index, method, args)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
         self._check_open("call")
         return self._ask_each("call", name, args, kwargs)
 
