@@ -37,9 +37,8 @@ def reset_with_mask(env: VectorEnv, mask: np.ndarray, seeds: Seeds, options: Opt
     # VectorEnv.reset's stub types one int seed; Sync/AsyncVectorEnv take a list too.
     obs, merged = env.reset(seed=seeds, options={**(options or {}), "reset_mask": mask})  # type: ignore[arg-type]
     indices = np.flatnonzero(mask)
-    space = env.single_observation_space
     infos = SplitInfos(merged, env.num_envs)
-    return space_arrays.map_structure(space, lambda leaf: leaf[indices], obs), [
+    return space_arrays.rows(env.single_observation_space, obs, indices), [
         infos[i] for i in indices.tolist()
     ]
 
@@ -65,24 +64,7 @@ def reset_cartpole_vector(
     )
     cartpole.steps[ended] = 0
     cartpole.prev_done[ended] = False
-    return cartpole.state[:, ended].T.astype(np.float32), _NoInfos(len(ended))
-
-
-class _NoInfos(Sequence[dict[str, Any]]):
-    """``count`` empty infos, a fresh dict for each read (nothing built up front)."""
-
-    def __init__(self, count: int) -> None:
-        self._count = count
-
-    def __len__(self) -> int:
-        return self._count
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [{} for _ in range(*index.indices(self._count))]
-        if not -self._count <= index < self._count:
-            raise IndexError(index)
-        return {}
+    return cartpole.state[:, ended].T.astype(np.float32), SplitInfos({}, len(ended))
 
 
 MASKED_RESETS: dict[type, MaskedReset] = {
