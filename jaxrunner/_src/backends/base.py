@@ -76,8 +76,6 @@ class BaseVectorEnv(abc.ABC):
     closed: bool = False
     layout_choice: LayoutChoice | None = None
     """What ``make_vec(..., backend="auto")`` chose and why (None: not built by it)."""
-    _make_hint: ClassVar[str] = "jaxrunner.make_vec()"
-    """How to build a new one (quoted by :class:`~jaxrunner.errors.ClosedError`)."""
 
     def __init__(self) -> None:
         self._closed_reason: str | None = None
@@ -183,7 +181,7 @@ class BaseVectorEnv(abc.ABC):
         if self._closed_reason is not None:
             raise ClosedError(
                 f"{type(self).__name__}.{what}() called after the vector env was closed "
-                f"({self._closed_reason}). Create a new one with {self._make_hint}."
+                f"({self._closed_reason}). Create a new one with jaxrunner.make_vec()."
             )
 
     def _check_index(self, index: Any, what: str = "reset_at") -> None:
