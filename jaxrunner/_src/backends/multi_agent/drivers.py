@@ -83,13 +83,10 @@ class Driver(abc.ABC):
 
     # -- shared bookkeeping -----------------------------------------------------------
 
-    def _clear_rows(self) -> None:
+    def _begin_episode(self) -> None:
         for buf in self.layout.buffers:
             buf.acting[self.index] = False
             buf.agent_start[self.index] = False
-
-    def _begin_episode(self) -> None:
-        self._clear_rows()
         self.pending_reward.clear()
         self.acted.clear()
         self.started.clear()
@@ -127,10 +124,6 @@ class Driver(abc.ABC):
         slot.terminated[a] = terminated
         slot.truncated[a] = truncated
         self.acted.discard(agent)
-
-    def _action(self, actions: Sequence[Any], agent: str) -> Any:
-        slot = self._slot(agent)
-        return actions[slot.g][self.index, slot.a]
 
     def _unassigned(self) -> float:
         """At the end of an episode, once every action's transition has completed: the
@@ -325,7 +318,8 @@ class AECDriver(Driver):
         self.acted.add(agent)
         self.started.add(agent)
         self._final_infos.clear()
-        env.step(self._action(actions, agent))
+        slot = self._slot(agent)
+        env.step(actions[slot.g][self.index, slot.a])
         env_reward = self._collect_rewards()
         env_reward += self._settle()
         infos = check_infos({**self._final_infos, **env.infos}, self.env_index, "step")
