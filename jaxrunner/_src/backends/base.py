@@ -274,26 +274,23 @@ class VectorEnv(BaseVectorEnv, gymnasium.vector.VectorEnv):
             obs, infos = self.reset_batch(seeds, options)
             indices = list(range(self.num_envs))
         else:
-            indices = np.flatnonzero(self._check_reset_mask(mask)).tolist()
+            if not (
+                isinstance(mask, np.ndarray)
+                and mask.dtype == np.bool_
+                and mask.shape == (self.num_envs,)
+                and mask.any()
+            ):
+                raise InvalidArgumentError(
+                    f"reset(options={{'reset_mask': ...}}): expected a numpy bool array of "
+                    f"shape ({self.num_envs},) with at least one True, got {mask!r:.80}."
+                )
+            indices = np.flatnonzero(mask).tolist()
             infos = [self.reset_at(i, seed=seeds[i], options=options)[1] for i in indices]
             obs = self._obs_buffer()
         merged: dict[str, Any] = {}
         for i, info in zip(indices, infos):
             merged = self._add_info(merged, info, i)
         return self._maybe_copy(obs), merged
-
-    def _check_reset_mask(self, mask: Any) -> np.ndarray:
-        if not (
-            isinstance(mask, np.ndarray)
-            and mask.dtype == np.bool_
-            and mask.shape == (self.num_envs,)
-            and mask.any()
-        ):
-            raise InvalidArgumentError(
-                f"reset(options={{'reset_mask': ...}}): expected a numpy bool array of shape "
-                f"({self.num_envs},) with at least one True, got {mask!r:.80}."
-            )
-        return mask
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         """gymnasium ``step`` with SAME_STEP autoreset: where an episode ended, ``obs``
