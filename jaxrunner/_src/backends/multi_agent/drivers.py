@@ -105,15 +105,6 @@ class Driver(abc.ABC):
         slot.start[slot.a] = agent not in self.started
         return slot
 
-    def _add_reward(self, agent: str, reward: Any) -> float:
-        if type(reward) is float and reward - reward == 0.0:  # a finite float: fast path
-            value = reward
-        else:
-            value = space_arrays.check_reward(reward, agent_label(self.env_index, agent))
-        pending = self.pending_reward
-        pending[agent] = pending.get(agent, 0.0) + value
-        return value
-
     def _complete(self, agent: str, next_obs: Any, terminated: bool, truncated: bool) -> None:
         """Writes the outcome of ``agent``'s last action."""
         slot = self._slot(agent)
@@ -332,7 +323,14 @@ class AECDriver(Driver):
         return True, env_reward, self._unassigned(), infos
 
     def _collect_rewards(self) -> float:
-        return sum(self._add_reward(a, r) for a, r in self.env.rewards.items())
+        """Adds each agent's reward to its pending one; returns their sum."""
+        total, pending = 0.0, self.pending_reward
+        for agent, r in self.env.rewards.items():
+            if type(r) is not float or r - r != 0.0:  # not a finite float: check it
+                r = space_arrays.check_reward(r, agent_label(self.env_index, agent))
+            pending[agent] = pending.get(agent, 0.0) + r
+            total += r
+        return total
 
     def _settle(self) -> float:
         """Completes what the env's new state decides: dead agents' transitions (and
