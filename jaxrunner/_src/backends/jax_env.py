@@ -12,10 +12,12 @@ from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_bool, check_int
-from jaxrunner._src.backends.brax_adapter import brax_functions, brax_spaces, check_brax_wrappers
 from jaxrunner._src.backends.functional_env import (
     EnvStep,
     FunctionalEnv,
+    brax_functions,
+    brax_spaces,
+    check_brax_wrappers,
     functions_of,
     to_gymnasium_space,
 )
