@@ -19,7 +19,7 @@ from jaxrunner._src.backends.factories import (
     factories_for,
     first_env,
 )
-from jaxrunner._src.backends.gymnasium_vec import make_gymnasium_vec
+from jaxrunner._src.backends.gymnasium_adapter import make_gymnasium_vec
 from jaxrunner._src.backends.multi_agent.vector_env import (
     MultiAgentVectorEnv,
     SyncMultiAgentVectorEnv,
