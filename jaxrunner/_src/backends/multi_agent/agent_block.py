@@ -135,11 +135,7 @@ class AgentBlock(SubEnvBlock):
         part = slice(lo, hi)
         for buf in self.buffers:  # every row at once; the drivers set what they write
             buf.clear_step(same_step, part)
-        env_done, env_reward, unassigned_reward = (
-            self.env_done,
-            self.env_reward,
-            self.unassigned_reward,
-        )
+        _, env_done, env_reward, unassigned_reward = self.step_buffers
         env_done[part] = False
         unassigned_reward[part] = 0.0
         errors: dict[int, BaseException] = {}
