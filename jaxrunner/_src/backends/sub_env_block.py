@@ -198,7 +198,6 @@ class SubEnvBlock(abc.ABC):
         setattr(env, name, value)
 
     def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        """Calls method ``name`` (or reads attribute ``name``) on every sub-env."""
         results = []
         for env in self.envs:
             attr = self._get(env, name)

@@ -45,7 +45,6 @@ class Layout:
         ]
 
     def _row_names(self, group: AgentGroup) -> Any:
-        """Names a flat ``[B * A_g]`` row of ``group`` by its sub-env and agent."""
         agents, offset = group.agents, self.offset
         return lambda row: agent_label(offset + row // len(agents), agents[row % len(agents)])
 
