@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import Any
 
 import gymnasium
@@ -21,6 +22,7 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.process import ProcessConfig
 from jaxrunner._src.space_arrays.checks import nonfinite_observations
 from jaxrunner.errors import (
+    EnvError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     InvalidStepError,
@@ -145,6 +147,25 @@ def test_a_nan_observation_is_a_fault_restarted_under_a_restart_policy(backend):
     assert np.isfinite(stats.mean).all() and np.isfinite(stats.m2).all()
     np.testing.assert_allclose(stats.mean, traj.obs.reshape(-1, 4).mean(0), rtol=1e-5, atol=1e-8)
     assert metrics["num_faulty_episodes"] >= 1
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_a_restarted_sub_env_whose_reset_gives_a_nan_observation_is_refused(backend):
+    made = itertools.count()
+
+    def spoiled() -> gymnasium.Env:  # the first breaks at a step, every new one at reset
+        return NaNObservation(3, "step") if next(made) == 0 else NaNObservation(1, "reset")
+
+    fns = [short_cartpole, spoiled]
+    policy = jr.RestartPolicy(max_attempts=2, backoff_s=0.0)
+    if backend == "sync":
+        envs = jr.SyncVectorEnv(fns, restart_policy=policy)
+    else:
+        envs = jr.ProcessVectorEnv(fns, ProcessConfig(num_workers=1), restart_policy=policy)
+    conn = C.Connectors(obs=[C.NormalizeObservation()])
+    match = r"sub-env 1 failed .*could not be recreated: 2 attempts .*observation from reset\(\)"
+    with pytest.raises(EnvError, match=match), make_runner(envs, conn) as runner:
+        runner.sample()
 
 
 # -- defect 2: set_connector_state checks dtypes and names the field --------------------------

@@ -184,15 +184,19 @@ class GymnasiumBlock(SubEnvBlock):
         obs, info = reset_result(result, i)
         self._seeded(i, seed)
         self.write_obs(i, obs)
+        self._check_finite_reset(i)
+        return check_info(info, i, "reset")
+
+    def _check_finite_reset(self, i: int) -> None:
         bad = nonfinite_observations(self.obs_space, self.buffers.obs, i, i + 1, "reset")
         if bad:
             raise bad[i]
-        return check_info(info, i, "reset")
 
     def _fresh(self, j: int, env: Any, seed: int | None) -> dict[str, Any]:
         i = self.offset + j
         obs, info = reset_result(env.reset(seed=seed), i)
         self.write_obs(i, obs)
+        self._check_finite_reset(i)  # a new sub-env's first observation too
         info = check_info(info, i, "reset")
         self.envs[j] = env
         return info
