@@ -271,9 +271,7 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
 
 
 _ENV_FIELDS = ("env_id", "episode_id", "step", "env_done", "valid")
-_GROUP_FIELDS = tuple(
-    "next_obs" if n == "next_obs_store" else n for n in GroupTrajectory.__dataclass_fields__
-)  # the file holds next_obs dense
+_GROUP_FIELDS = GroupTrajectory._file_fields()
 
 
 def _agents_of(groups: Any, error: ErrorFn) -> dict[str, tuple[str, ...]]:

@@ -95,6 +95,12 @@ class StoredNextObs(TimeMajor):
     truncated: Any
     next_obs_store: Any
 
+    @classmethod
+    def _file_fields(cls) -> tuple[str, ...]:
+        """The fields of its ``.npz`` file, in order: ``next_obs`` (always dense) for the
+        store."""
+        return tuple("next_obs" if n == "next_obs_store" else n for n in cls.__dataclass_fields__)  # type: ignore[attr-defined]
+
     @property
     def done(self) -> np.ndarray:
         """``terminated | truncated``: where an episode ended."""

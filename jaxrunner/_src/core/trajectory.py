@@ -21,12 +21,6 @@ from jaxrunner._src.core.time_major import (
 )
 from jaxrunner._src.core.trajectory_file import TrajectoryFile, check_fields, lead_shape
 
-_FILE_FIELDS = (
-    "obs", "action", "reward", "terminated", "truncated", "next_obs",
-    "extras", "env_id", "episode_id", "step", "valid",
-)  # fmt: skip
-"""The fields of a trajectory file: ``next_obs`` always dense."""
-
 
 class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
     """``T`` steps of ``B`` envs. Every field is ``[T, B, ...]``; row ``[t, b]`` of
@@ -141,7 +135,7 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
     def save(self, path: str | os.PathLike[str]) -> None:
         """Saves to one ``.npz`` file (no pickle); :meth:`load` restores it exactly (a
         compact trajectory is saved, and loads, dense)."""
-        self._save(path, _FILE_FIELDS)
+        self._save(path, self._file_fields())
 
     @classmethod
     def load(
@@ -164,7 +158,7 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
         with TrajectoryFile(path, cls._FORMAT, VERSION, max_bytes) as file:
             spec = file.read_spec()
             # valid is optional: files saved before it existed load as all valid.
-            fields = file.read_fields(spec.get("fields"), _FILE_FIELDS, optional=("valid",))
+            fields = file.read_fields(spec.get("fields"), cls._file_fields(), optional=("valid",))
         lead = lead_shape(fields, "reward", "[T, B]", file.error)
         check_fields(fields, lead, "reward's", file.error)
         return cls(**fields)
