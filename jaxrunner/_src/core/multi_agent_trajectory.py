@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import flax.struct
-import jax
 import numpy as np
 
 from jaxrunner._src.core import next_obs_store
@@ -172,10 +171,7 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
     def env_rows(self, name: str, steps: slice, env: int) -> dict[str, Any]:
         """Policy id -> a copy of its group's field ``name`` at steps ``steps`` of env
         ``env``, ``[len, A_g, ...]`` (as ``Trajectory.env_rows``, for live episodes)."""
-        return {
-            pid: jax.tree.map(lambda x: np.array(x[steps, env]), getattr(group, name))
-            for pid, group in self.groups.items()
-        }
+        return {pid: group.env_rows(name, steps, env) for pid, group in self.groups.items()}
 
     def agent(self, agent_id: str) -> tuple[str, int]:
         """``(policy_id, slot)`` of ``agent_id``."""

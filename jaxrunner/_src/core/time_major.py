@@ -132,6 +132,15 @@ class StoredNextObs(TimeMajor):
             return next_obs_store.materialize(self.obs, store, self.num_envs, self._turns())
         return store
 
+    def env_rows(self, name: str, steps: slice, env: int) -> Any:
+        """A copy of field ``name``'s steps ``steps`` of env ``env`` (``next_obs``
+        included: of a compact trajectory, built from its stored rows alone)."""
+        if name == "next_obs" and self.is_compact and self._turns() is None:
+            return next_obs_store.slot_rows(
+                self.obs, self.next_obs_store, self.num_envs, steps, env
+            )
+        return jax.tree.map(lambda x: np.array(x[steps, env]), getattr(self, name))
+
     def _turns(self) -> np.ndarray | None:
         """A group's ``valid``, whose next valid row holds each slot's next observation
         (None: the next step's row does, as for a single-agent trajectory)."""

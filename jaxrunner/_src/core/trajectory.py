@@ -10,7 +10,6 @@ import flax.struct
 import jax
 import numpy as np
 
-from jaxrunner._src.core import next_obs_store
 from jaxrunner._src.core.episode import Episode, cut_steps
 from jaxrunner._src.core.time_major import (
     MAX_LOAD_BYTES,
@@ -99,15 +98,6 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
             "valid": valid,
         }
         self._set_fields(values, next_obs, next_obs_store)
-
-    def env_rows(self, name: str, steps: slice, env: int) -> Any:
-        """A copy of field ``name``'s steps ``steps`` of env ``env`` (``next_obs``
-        included, built from the stored rows of a compact trajectory)."""
-        if name == "next_obs" and self.is_compact:
-            return next_obs_store.slot_rows(
-                self.obs, self.next_obs_store, self.num_envs, steps, env
-            )
-        return jax.tree.map(lambda x: np.array(x[steps, env]), getattr(self, name))
 
     def split_episodes(self) -> list[Episode]:
         """Splits into episodes, env by env, in time order.
