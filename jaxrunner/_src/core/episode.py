@@ -27,6 +27,11 @@ class EpisodeSpan:
         return int(self.reward.shape[0])
 
     @property
+    def total_return(self) -> float:
+        """The sum of the rewards (an ``AgentEpisode``'s ``total_reward``)."""
+        return float(np.sum(self.reward))
+
+    @property
     def is_done(self) -> bool:
         """The episode ended (terminated or truncated)."""
         return bool(self.terminated or self.truncated)
@@ -62,10 +67,6 @@ class Episode(EpisodeSpan, flax.struct.PyTreeNode):
     env_id: int = flax.struct.field(pytree_node=False)
     start_step: int = flax.struct.field(pytree_node=False, default=0)
     faulty: bool = flax.struct.field(pytree_node=False, default=False)
-
-    @property
-    def total_return(self) -> float:
-        return float(np.sum(self.reward))
 
 
 def cut_steps(traj: Any, steps: Any, last: Any, final: Any) -> dict[str, Any]:
@@ -149,9 +150,7 @@ class AgentEpisode(EpisodeSpan, flax.struct.PyTreeNode):
     start_step: int = flax.struct.field(pytree_node=False)
     faulty: bool = flax.struct.field(pytree_node=False, default=False)
 
-    @property
-    def total_reward(self) -> float:
-        return float(np.sum(self.reward))
+    total_reward = EpisodeSpan.total_return
 
 
 def concatenate_agent_episodes(head: AgentEpisode, tail: AgentEpisode) -> AgentEpisode:
