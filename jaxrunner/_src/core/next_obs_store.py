@@ -79,8 +79,7 @@ def time_slice(
         leaving = np.arange((stop - 1) * num_rows, stop * num_rows)
         source = np.full(num_rows, stop)
     else:
-        valid2 = np.asarray(valid).reshape(len(valid), num_rows)
-        after = next_rows(valid2)
+        valid2, after = next_rows(valid)
         leaving = start * num_rows + np.flatnonzero(
             valid2[start:stop] & (after[start:stop] >= stop)
         )
@@ -103,8 +102,7 @@ def compact(obs: Any, next_obs: Any, valid: np.ndarray) -> FinalObs:
     ``valid``): the slots whose next observation is not, bitwise, their obs at their
     next valid row (zero where they have none), and every valid slot with no next row."""
     num_steps, extra = len(valid), valid.ndim
-    valid2 = valid.reshape(num_steps, -1)
-    after = next_rows(valid2)
+    valid2, after = next_rows(valid)
     stored = valid2 & (after == num_steps)
     pairs = [
         (o.reshape(valid2.shape + o.shape[extra:]), n.reshape(valid2.shape + n.shape[extra:]))
@@ -126,20 +124,21 @@ def compact(obs: Any, next_obs: Any, valid: np.ndarray) -> FinalObs:
     return FinalObs(index=index, obs=rows)
 
 
-def next_rows(valid: np.ndarray) -> np.ndarray:
-    """``[T, R]``: each slot's next valid row after it (``T`` where there is none)."""
+def next_rows(valid: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``valid`` (``[T, ...]``) as ``[T, R]``, and ``[T, R]``: each slot's next valid row
+    after it (``T`` where there is none)."""
+    valid = np.asarray(valid).reshape(len(valid), -1)
     num_steps = len(valid)
     rows = np.where(valid, np.arange(num_steps)[:, None], num_steps)
     after = np.full_like(rows, num_steps)
     after[:-1] = np.minimum.accumulate(rows[::-1], axis=0)[::-1][1:]
-    return after
+    return valid, after
 
 
 def following(obs: Any, valid: np.ndarray) -> Any:
     """Per leaf ``[T, R, ...]``: each slot's obs at its next valid row, zero where it
     has none or is not valid itself."""
-    valid2 = valid.reshape(len(valid), -1)
-    after = next_rows(valid2)
+    valid2, after = next_rows(valid)
     t, r = np.nonzero(valid2 & (after < len(valid)))
 
     def one(o: np.ndarray) -> np.ndarray:
