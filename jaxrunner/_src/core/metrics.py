@@ -70,6 +70,7 @@ class EpisodeStats:
 
     def __init__(self, window: int) -> None:
         self.num_episodes = 0
+        self.num_agent_steps = 0  # counted by a multi-agent runner's per-policy/agent stats
         self._window = window
         self._returns: collections.deque[float] = collections.deque(maxlen=window)
         self._lengths: collections.deque[int] = collections.deque(maxlen=window)
@@ -151,8 +152,6 @@ class RunnerMetrics:
         window, groups = config.episode_window, agents or {}
         self._by_policy = {pid: EpisodeStats(window) for pid in groups}
         self._by_agent = {a: EpisodeStats(window) for ids in groups.values() for a in ids}
-        self._steps_by_policy = dict.fromkeys(groups, 0)
-        self._steps_by_agent = {a: 0 for ids in groups.values() for a in ids}
 
     def add(self, counts: Any) -> None:
         """Adds a :class:`~jaxrunner._src.samplers.episode_ids.SampleCounts`."""
@@ -171,11 +170,11 @@ class RunnerMetrics:
         episodes that ended (arrays ``(slot, return, length)``, in the order they
         ended)."""
         self.num_agent_steps += int(steps.sum())
-        self._steps_by_policy[policy_id] += int(steps.sum())
+        self._by_policy[policy_id].num_agent_steps += int(steps.sum())
         slots, returns, lengths = ended
         self._by_policy[policy_id].add(returns, lengths)
         for a, agent in enumerate(self._agents[policy_id] if self._agents else ()):
-            self._steps_by_agent[agent] += int(steps[a])
+            self._by_agent[agent].num_agent_steps += int(steps[a])
             mine = slots == a
             if mine.any():
                 self._by_agent[agent].add(returns[mine], lengths[mine])
@@ -204,16 +203,15 @@ class RunnerMetrics:
         if self._agents is None:
             return state
 
-        def stats(s: EpisodeStats, steps: int) -> dict[str, np.ndarray]:
-            return {"counters": np.array([s.num_episodes, steps], np.int64), **s.get_window()}
+        def stats(s: EpisodeStats) -> dict[str, np.ndarray]:
+            counters = np.array([s.num_episodes, s.num_agent_steps], np.int64)
+            return {"counters": counters, **s.get_window()}
 
         state["agents"] = {
             "counters": np.array([self.num_agent_steps, self.num_dropped_agent_steps], np.int64),
             "unassigned_reward": np.asarray(self.unassigned_reward, np.float64),
-            "policies": {
-                pid: stats(s, self._steps_by_policy[pid]) for pid, s in self._by_policy.items()
-            },
-            "agents": {a: stats(s, self._steps_by_agent[a]) for a, s in self._by_agent.items()},
+            "policies": {pid: stats(s) for pid, s in self._by_policy.items()},
+            "agents": {a: stats(s) for a, s in self._by_agent.items()},
         }
         return state
 
@@ -230,13 +228,10 @@ class RunnerMetrics:
         agents = state["agents"]
         self.num_agent_steps, self.num_dropped_agent_steps = map(int, agents["counters"])
         self.unassigned_reward = float(agents["unassigned_reward"])
-        for by, steps, key in (
-            (self._by_policy, self._steps_by_policy, "policies"),
-            (self._by_agent, self._steps_by_agent, "agents"),
-        ):
+        for by, key in ((self._by_policy, "policies"), (self._by_agent, "agents")):
             for name, stats in by.items():
                 saved = agents[key][name]
-                num_episodes, steps[name] = map(int, saved["counters"])
+                num_episodes, stats.num_agent_steps = map(int, saved["counters"])
                 stats.set_window(num_episodes, saved)
 
     def summary(self) -> dict[str, Any]:
@@ -256,9 +251,9 @@ class RunnerMetrics:
         out["num_dropped_agent_steps"] = self.num_dropped_agent_steps
         out["unassigned_reward"] = self.unassigned_reward
 
-        def per(by: dict[str, EpisodeStats], steps: dict[str, int]) -> dict[str, Any]:
-            return {k: {"num_agent_steps": steps[k], **s.summary()} for k, s in by.items()}
+        def per(by: dict[str, EpisodeStats]) -> dict[str, Any]:
+            return {k: {"num_agent_steps": s.num_agent_steps, **s.summary()} for k, s in by.items()}
 
-        out["policies"] = per(self._by_policy, self._steps_by_policy)
-        out["agents"] = per(self._by_agent, self._steps_by_agent)
+        out["policies"] = per(self._by_policy)
+        out["agents"] = per(self._by_agent)
         return out
