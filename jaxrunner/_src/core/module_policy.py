@@ -38,8 +38,15 @@ def module_policy_fns(
     -> out`` and ``init(key, *inputs) -> module_params``, ``inputs`` being ``(obs,)``, or
     ``(carry, obs)`` (the module returning ``(carry, out)``) where ``recurrent``."""
     head = distributions.head_params(action_space)
-    # Fail now, not at the first step, if no distribution fits the space.
-    distributions.make_distribution(action_space, probe_output(action_space), head)
+    # Fail now, not at the first step, if no distribution fits the space: build one from
+    # a stand-in module output of the right size.
+    if isinstance(action_space, spaces.MultiDiscrete):
+        size = int(np.sum(action_space.nvec))
+    elif isinstance(action_space, spaces.Discrete):
+        size = int(action_space.n)
+    else:
+        size = int(np.prod(action_space.shape or (1,)))
+    distributions.make_distribution(action_space, {"params": jnp.zeros((1, size))}, head)
 
     def distribution_fn(
         params: Params, obs: Any, carry: Carry
@@ -88,17 +95,6 @@ def acting_fn(distribution_fn: DistributionFn, deterministic: bool) -> ApplyFn:
         return action, extras, carry
 
     return apply_fn
-
-
-def probe_output(action_space: spaces.Space) -> dict[str, jax.Array]:
-    """A stand-in module output of the right size, to check the space early."""
-    if isinstance(action_space, spaces.MultiDiscrete):
-        size = int(np.sum(action_space.nvec))
-    elif isinstance(action_space, spaces.Discrete):
-        size = int(action_space.n)
-    else:
-        size = int(np.prod(action_space.shape or (1,)))
-    return {"params": jnp.zeros((1, size))}
 
 
 def parse_module_output(out: Any) -> dict[str, jax.Array]:
