@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -26,9 +26,6 @@ from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner._src.core.agent_groups import AgentGroup, AgentsDescription, PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentTypeError, SpaceMismatchError
-
-if TYPE_CHECKING:
-    from jaxrunner._src.backends.process.worker import Worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +78,7 @@ class AgentLayout(BlockLayout):
 
     # -- worker side
 
-    def block(self, worker: Worker, views: Views, policy: RestartPolicy | None) -> AgentBlock:
+    def block(self, worker: Any, views: Views, policy: RestartPolicy | None) -> AgentBlock:
         envs, offset = worker.envs, worker.offset
         return AgentBlock(
             envs,

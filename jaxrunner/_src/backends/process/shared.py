@@ -9,7 +9,7 @@ import abc
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import gymnasium
 import numpy as np
@@ -23,9 +23,6 @@ from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot
 from jaxrunner._src.backends.sub_env_block import SubEnvBlock, failed_mask
 from jaxrunner.errors import InvalidArgumentTypeError, SpaceMismatchError
-
-if TYPE_CHECKING:
-    from jaxrunner._src.backends.process.worker import Worker
 
 # Each sub-env's step progress (``status``): the main process sets NOT_RUN before it
 # sends a step; the worker's step loop sets RUNNING while env.step runs (and leaves it
@@ -89,7 +86,7 @@ class BlockLayout(abc.ABC):
     # -- worker side
 
     @abc.abstractmethod
-    def block(self, worker: Worker, views: Any, policy: RestartPolicy | None) -> SubEnvBlock:
+    def block(self, worker: Any, views: Any, policy: RestartPolicy | None) -> SubEnvBlock:
         """The worker's step loop over its sub-envs (``worker.envs``, ``worker.fns``,
         from ``worker.offset``), with ``views.status`` as their progress marks."""
 
@@ -175,7 +172,7 @@ class Layout(BlockLayout):
         buffers = StepBuffers.allocate(self.observation_space, self.num_envs, alloc)
         return buffers, alloc.space(self.action_space)
 
-    def block(self, worker: Worker, views: Views, policy: RestartPolicy | None) -> GymnasiumBlock:
+    def block(self, worker: Any, views: Views, policy: RestartPolicy | None) -> GymnasiumBlock:
         w, space = worker, self.observation_space
         return GymnasiumBlock(w.envs, w.fns, w.offset, views.buffers, space, policy, views.status)
 
