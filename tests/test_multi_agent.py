@@ -339,7 +339,7 @@ def test_multi_agent_runner_is_a_deprecated_name_of_env_runner():
 def test_agent_episode_ends_and_steps_match_a_step_by_step_reference():
     """The vectorised episode close equals the running sums and step counters kept
     step by step."""
-    from jaxrunner._src.samplers.agent_episodes import agent_episode_ends, agent_steps
+    from jaxrunner._src.samplers.agent_episodes import agent_episode_ends
 
     def reference(ret, length, reward, valid, done, t):
         slots, returns, lengths = [], [], []
@@ -367,8 +367,7 @@ def test_agent_episode_ends_and_steps_match_a_step_by_step_reference():
         ret, length = rng.normal(size=(B, A)), rng.integers(0, 5, (B, A))
         ours, theirs = (ret.copy(), length.copy()), (ret.copy(), length.copy())
         steps = np.zeros(reward.shape, np.int64)
-        agent_steps(ours[1], valid, done, t, out=steps)
-        got = agent_episode_ends(*ours, reward, valid, done, t)
+        got = agent_episode_ends(*ours, reward, valid, done, t, steps=steps)
         want = reference(*theirs, reward, valid, done, t)
         np.testing.assert_array_equal(steps, want[3])
         np.testing.assert_array_equal(got[0], want[0])

@@ -16,23 +16,32 @@ def agent_episode_ends(
     done: np.ndarray,
     t: int,
     aborted: np.ndarray | None = None,
+    steps: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Moves each agent's running return and length (``[B, A_g]``, updated in place)
     over steps ``[0, t)`` of ``[T, B, A_g]`` arrays; returns the agent episodes that
     ended there as arrays ``(slot, return, length)``, in (step, env, slot) order. Where
     ``aborted`` (``[T, B]``; None: never) the env's step failed: its agents' episodes
-    end there without being returned."""
+    end there without being returned. ``steps`` (``[T, B, A_g]``; None: not written):
+    ``steps[:t]`` gets each valid transition's index within its agent episode (invalid
+    slots 0), vectorised over the steps."""
     empty = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
     if t == 0:
         return empty
     shape, per_row = running_return.shape, running_return.size
     kept = valid[:t].reshape(t, per_row)
     total = accumulate_rows(np.add, np.where(kept, reward[:t].reshape(t, per_row), 0.0))
-    count = accumulate_rows(np.add, kept.astype(np.int64))
+    count = accumulate_rows(np.add, kept.astype(np.int64))  # valid transitions up to and at s
     before_r, before_l = running_return.reshape(-1), running_length.reshape(-1)
     ends = kept & done[:t].reshape(t, per_row)
     if aborted is not None:  # a failed env step holds no transition: disjoint from ends
         ends = ends | np.repeat(aborted[:t], shape[1], axis=1)  # env-major agent rows
+    if steps is not None:
+        # The count where each row's current episode began: -length before the sample,
+        # then the count at its latest end before s (counts only grow: a running maximum).
+        began = np.where(ends, count, np.iinfo(np.int64).min)
+        began = accumulate_rows(np.maximum, np.concatenate([-before_l[None], began[:-1]]))
+        steps[:t] = np.where(kept, count - kept - began, 0).reshape(steps[:t].shape)
     step, row = np.nonzero(ends)  # (step, env, slot) order
     new_r, new_l = before_r + total[-1], before_l + count[-1]
     if len(step) == 0:
@@ -53,31 +62,3 @@ def agent_episode_ends(
     running_return[...], running_length[...] = new_r.reshape(shape), new_l.reshape(shape)
     good = kept[step, row]  # the aborted ends are faults: not reported
     return row[good] % shape[1], (at_r - prev_r)[good], (at_l - prev_l)[good]
-
-
-def agent_steps(
-    length: np.ndarray,
-    valid: np.ndarray,
-    done: np.ndarray,
-    t: int,
-    out: np.ndarray,
-    aborted: np.ndarray | None = None,
-) -> None:
-    """Writes into ``out[:t]`` (``[T, B, A_g]``) each valid transition's index within its
-    agent episode, given each agent's episode length so far (``length``, ``[B, A_g]``;
-    not changed); invalid slots get 0. ``aborted`` as for :func:`agent_episode_ends`.
-    Vectorised over the steps."""
-    if t == 0:
-        return
-    per_row = length.size
-    kept = valid[:t].reshape(t, per_row)
-    count = accumulate_rows(np.add, kept.astype(np.int64))  # valid transitions up to and at s
-    # The count where each row's current episode began: -length before the sample, then
-    # the count at its latest end before s (counts only grow, so a running maximum).
-    ends = kept & done[:t].reshape(t, per_row)
-    if aborted is not None:
-        ends = ends | np.repeat(aborted[:t], length.shape[1], axis=1)
-    began = np.where(ends, count, np.iinfo(np.int64).min)
-    began = accumulate_rows(np.maximum, np.concatenate([-length.reshape(1, per_row), began[:-1]]))
-    steps = np.where(kept, count - kept - began, 0)
-    out[:t] = steps.reshape(out[:t].shape)

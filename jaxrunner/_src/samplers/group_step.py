@@ -17,7 +17,7 @@ from jaxrunner._src.connectors.sample_end import SampleEnd
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.samplers.agent_episodes import agent_episode_ends, agent_steps
+from jaxrunner._src.samplers.agent_episodes import agent_episode_ends
 from jaxrunner._src.samplers.info_arrays import InfoRecorder, policy_extras
 from jaxrunner._src.samplers.kept_programs import kept_for, packing_layout
 from jaxrunner._src.samplers.multi_agent_state import GroupState
@@ -373,9 +373,8 @@ class GroupSampler:
         step = traj.agent_step
         assert isinstance(step, np.ndarray)  # written in place: a host buffer
         # An agent's step index is its running episode length before the transition.
-        agent_steps(self.running_length, valid, done, t, step, aborted)
         return agent_episode_ends(
-            self.running_return, self.running_length, reward, valid, done, t, aborted
+            self.running_return, self.running_length, reward, valid, done, t, aborted, step
         )
 
     # -- envs in any order (ready-first): each call's envs gathered into the stage of a
