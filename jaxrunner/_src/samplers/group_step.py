@@ -1,6 +1,5 @@
 """One agent group's part of the host loop: its compiled policy steps, stages and pending
-turns, stepped block by block, or (the ready-first mode's bucket calls) for envs in any
-order, each env at its own step."""
+turns, stepped block by block (envs in any order: :mod:`.group_rows`)."""
 
 from __future__ import annotations
 
@@ -23,12 +22,9 @@ from jaxrunner._src.samplers.kept_programs import kept_for, packing_layout
 from jaxrunner._src.samplers.multi_agent_state import GroupState
 from jaxrunner._src.samplers.policy_step import CompiledPolicyStep, Stage, host_actor_state
 
-ANY_ORDER = (-1, -1)
-"""The key of a :meth:`GroupSampler.dispatch_rows` call in ``pending`` (blocks: ``(lo, hi)``)."""
-
 RowsPart = tuple[list[list[np.ndarray]], Any, np.ndarray, Any]
-"""Where envs record a step: a sample's buffer leaves (:meth:`GroupSampler.begin`), each
-env's step in it, the envs, and their rows in the step."""
+"""Where envs record a step: a sample's buffer leaves (:meth:`GroupSampler.leaves_of`),
+each env's step in it (an int, or one per env), the envs, and their rows in the step."""
 
 
 class _Block:
@@ -108,13 +104,7 @@ class GroupSampler:
                 chunk_rows=chunk_rows,
             )  # fmt: skip
 
-        self._compile = compiled
-        self._chunk_rows = chunk_rows
-        self._buckets: dict[int, tuple[CompiledPolicyStep, Stage]] = {}
-        """Envs per bucket call -> its compiled step (shared by buckets of the same whole
-        chunks) and stage."""
-        self._rows_at: Any = None  # the last dispatch_rows: envs, stage rows, call, obs
-        self._row_ids = np.arange(self.rows)
+        self._compile, self.chunk_rows = compiled, chunk_rows
         self.acting = np.full((num_envs, a_g), one_agent)
         """Who acted at each block's last dispatch."""
         self._calls: dict[int, CompiledPolicyStep] = {}
@@ -140,11 +130,13 @@ class GroupSampler:
         self.pending_action = jax.tree.map(
             lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
         )
-        self._pending_obs = tree_leaves(self.pending_obs)
-        self._pending_action = tree_leaves(self.pending_action)
         self.pending_extras = [
             np.zeros((*shape, *s.shape[1:]), s.dtype) for s in jax.tree.leaves(self.extras_spec)
         ]
+        self.pending_leaves = (
+            tree_leaves(self.pending_obs), tree_leaves(self.pending_action), self.pending_extras
+        )  # fmt: skip
+        """The pending turns' leaves: obs, action, extras (written in place)."""
         self.clip = space_arrays.clip_box_actions(group.action_space)
         self._unrecorded: Any = None  # the actions collect() took, until they are sent
         self.awaiting = np.zeros(shape, np.bool_)
@@ -153,13 +145,19 @@ class GroupSampler:
         self.running_return = np.zeros(shape, np.float64)
         self.running_length = np.zeros(shape, np.int64)
 
+    def compiled(self, size: int, key: int) -> CompiledPolicyStep:
+        """The policy step for ``size`` rows, compiled once per ``key`` (a block's size;
+        a smaller bucket's is minus its rows: buckets of the same whole chunks share)."""
+        call = self._calls.get(key)
+        if call is None:
+            call = self._calls[key] = self._compile(size)
+        return call
+
     def _block(self, lo: int, hi: int) -> _Block:
         block = self._blocks.get((lo, hi))
         if block is None:
             size = (hi - lo) * self.group.num_agents
-            call = self._calls.get(size)
-            if call is None:
-                call = self._calls[size] = self._compile(size)
+            call = self.compiled(size, size)
             block = self._blocks[lo, hi] = _Block(call, lo, hi, self.acting, self.always_acting)
             if self.always_acting:  # every row acts, at every dispatch
                 block.all_acting = block.index_all = True
@@ -171,9 +169,7 @@ class GroupSampler:
         views = self._pending_views.get((lo, hi))
         if views is None:
             views = self._pending_views[lo, hi] = [
-                [x[lo:hi] for x in self._pending_obs],
-                [x[lo:hi] for x in self._pending_action],
-                [x[lo:hi] for x in self.pending_extras],
+                [x[lo:hi] for x in leaves] for leaves in self.pending_leaves
             ]
         return views
 
@@ -201,9 +197,9 @@ class GroupSampler:
         np.copyto(self.running_return, state.running_return)
         np.copyto(self.running_length, state.running_length)
         np.copyto(self.awaiting, state.awaiting)
-        _put(self._pending_obs, tree_leaves(state.pending_obs), None, None)
-        _put(self._pending_action, tree_leaves(state.pending_action), None, None)
-        _put(self.pending_extras, list(state.pending_extras), None, None)
+        pending = (state.pending_obs, state.pending_action, list(state.pending_extras))
+        for dsts, tree in zip(self.pending_leaves, pending):
+            _put(dsts, tree_leaves(tree), None, None)
         _put(tree_leaves(last.obs), tree_leaves(state.obs), None, None)
         np.copyto(last.acting, state.acting)
         np.copyto(last.agent_start, state.agent_start)
@@ -377,110 +373,6 @@ class GroupSampler:
             self.running_return, self.running_length, reward, valid, done, t, aborted, step
         )
 
-    # -- envs in any order (ready-first): each call's envs gathered into the stage of a
-    # bucket (a call for that many envs, compiled once), written where each records its step.
-
-    def bucket(self, envs: int) -> tuple[CompiledPolicyStep, Stage]:
-        """The compiled step and stage of a call for ``envs`` envs (compiled at the first
-        ask; buckets of the same whole policy chunks share a step)."""
-        entry = self._buckets.get(envs)
-        if entry is None:
-            size = envs * self.group.num_agents
-            rows = -(-size // self._chunk_rows) * self._chunk_rows
-            key = size if envs == self.num_envs else -rows  # all envs: rows are slots
-            call = self._calls.get(key)
-            if call is None:
-                call = self._calls[key] = self._compile(size)
-            entry = self._buckets[envs] = (call, call.new_stage())
-        return entry
-
-    def dispatch_rows(
-        self, params: Params, last: GroupBuffers, index: np.ndarray, envs: int
-    ) -> None:
-        """Queues the policy step of envs ``index`` (any order), whose latest step is in
-        ``last`` (every env's rows), in the call for ``envs`` envs: a call for all envs
-        computes each agent slot at its own row, a smaller bucket the envs in order, then
-        padding (computed, never written back)."""
-        call, stage = self.bucket(envs)
-        a_g = self.group.num_agents
-        slots = index if a_g == 1 else (index[:, None] * a_g + np.arange(a_g)).ravel()
-        at = slots if envs == self.num_envs else self._row_ids[: len(slots)]
-        obs = [x[slots] for x in tree_leaves(last.obs_rows)]  # the buffers' copy too
-        for dst, rows in zip(tree_leaves(stage.obs), obs):
-            dst[at] = rows
-        stage.episode_start[:] = False
-        stage.episode_start[at] = last.agent_start.reshape(-1)[slots]
-        stage.env_index[:] = self.rows
-        if self.always_acting:
-            stage.env_index[at] = slots
-        else:
-            acting = self.acting[index] = last.acting[index]
-            stage.env_index[at] = np.where(acting.ravel(), slots, self.rows)
-        self._rows_at = (index, at, call, obs)
-        self.pending[ANY_ORDER], self.state = call.dispatch(params, self.state, stage)
-
-    def collect_rows(self, parts: Sequence[RowsPart]) -> Any:
-        """Takes the actions :meth:`dispatch_rows` queued and writes each acting agent's
-        observation, action and extras where its env records this step (``parts``), or
-        keeps them until its transition completes (AEC envs). Returns the env's actions
-        in the order of the envs, ``[n, A_g, ...]`` (a single agent's ``[n, ...]``)."""
-        index, at, call, obs = self._rows_at
-        action, env_action, extras = call.collect(self.pending.pop(ANY_ORDER))
-        lead = (len(index),) if self.always_acting else (len(index), self.group.num_agents)
-
-        def mine(x: np.ndarray) -> np.ndarray:  # a fresh array: the backend may keep it
-            return x[at].reshape(*lead, *x.shape[1:])
-
-        own = mine(action) if isinstance(action, np.ndarray) else jax.tree.map(mine, action)
-        if env_action is action:
-            env_action = own
-        elif isinstance(env_action, np.ndarray):
-            env_action = mine(env_action)
-        else:
-            env_action = jax.tree.map(mine, env_action)
-        mask = None if self.always_acting else self.acting[index]
-        if mask is not None and np.count_nonzero(mask) == mask.size:
-            mask = None  # every agent acted: plain copies
-        if not self.always_acting:  # the agent slots' rows on the agent axis
-            obs = [x.reshape(*lead, *x.shape[1:]) for x in obs]
-        taken = (obs, tree_leaves(own), [mine(x) for x in extras])
-        if not self.same_step:  # into the pending turns, until their transitions complete
-            for dsts, srcs in zip(self._pending_trees(), taken):
-                put_rows(dsts, srcs, index, mask)
-            self.awaiting[index] |= self.acting[index]
-        else:
-            for leaves, t, envs, sel in parts:
-                whole = isinstance(sel, slice)  # every env of the call
-                part_mask = mask if whole or mask is None else mask[sel]
-                for dsts, srcs in zip(leaves[:3], taken):
-                    put_rows(dsts, srcs if whole else [x[sel] for x in srcs], (t, envs), part_mask)
-        return env_action if self.clip is None else self.clip(env_action)
-
-    def record_rows(self, out: GroupBuffers, traj: GroupTrajectory, part: RowsPart) -> None:
-        """Writes the transitions of envs ``envs`` (rows ``sel`` of ``out``) completed at
-        their steps ``t`` into those slots of ``traj`` (``part``: its leaves, ``t``,
-        ``envs`` and ``sel``)."""
-        leaves, t, envs, sel = part
-        index, whole = (t, envs), isinstance(sel, slice)  # whole: every row of ``out``
-        if self.always_acting:  # no masks; its validity is its env's
-            next_obs = tree_leaves(out.next_obs_rows)
-            put_rows(leaves[3], next_obs if whole else [x[sel] for x in next_obs], index, None)
-            traj.reward[index] = out.reward[sel]
-            traj.terminated[index] = out.terminated[sel]
-            traj.truncated[index] = out.truncated[sel]
-            return
-        done = out.completed[sel]
-        mask = None if np.count_nonzero(done) == done.size else done  # None: all completed
-        if not self.same_step:
-            for dsts, srcs in zip(leaves[:3], self._pending_trees()):
-                put_rows(dsts, [x[envs] for x in srcs], index, mask)
-            self.awaiting[envs] &= ~done
-        put_rows(leaves[3], [x[sel] for x in tree_leaves(out.next_obs)], index, mask)
-        traj.reward[index] = out.reward[sel]
-        traj.terminated[index] = out.terminated[sel]
-        traj.truncated[index] = out.truncated[sel]
-        traj.valid[index] = done
-
     def record_infos(
         self,
         traj: GroupTrajectory,
@@ -520,9 +412,6 @@ class GroupSampler:
         self.awaiting[rows] = False
         return dropped
 
-    def _pending_trees(self) -> tuple[list[np.ndarray], ...]:
-        return self._pending_obs, self._pending_action, self.pending_extras
-
 
 def _put(
     dsts: list[np.ndarray], srcs: list[np.ndarray], index: Any, mask: np.ndarray | None
@@ -545,14 +434,3 @@ def _put(
 def tree_leaves(tree: Any) -> list[np.ndarray]:
     """The arrays of a pytree (a lone array without a tree walk)."""
     return [tree] if isinstance(tree, np.ndarray) else jax.tree.leaves(tree)
-
-
-def put_rows(dsts: list[np.ndarray], srcs: list[np.ndarray], index: Any, mask: Any) -> None:
-    """Leaf by leaf, ``dst[index] = src`` (fancy ``index``) where ``mask`` (None:
-    everywhere; it covers the leading axes of ``src``)."""
-    for dst, src in zip(dsts, srcs):
-        if mask is None:
-            dst[index] = src
-        else:
-            where = mask.reshape(*mask.shape, *([1] * (src.ndim - mask.ndim)))
-            dst[index] = np.where(where, src, dst[index])

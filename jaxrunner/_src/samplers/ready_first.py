@@ -13,6 +13,7 @@ import numpy as np
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.multi_agent.buffers import FIELDS, GroupBuffers, MultiAgentStep
 from jaxrunner._src.core.policy import Params
+from jaxrunner._src.samplers.group_rows import GroupRows
 from jaxrunner._src.samplers.sampler import StepProgress
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 
@@ -86,10 +87,10 @@ class ReadyFirst:
         """Policy calls per bucket size so far."""
         self.ready_counts: dict[int, int] = {}
         """Policy calls per number of ready envs so far."""
+        self.rows: list[tuple[str, GroupRows]] = []
+        """Each group's calls for envs in any order (merging)."""
         if self.merging:
-            for size in self.buckets:
-                for gs in loop.groups.values():
-                    gs.bucket(size)
+            self.rows = [(pid, GroupRows(gs, self.buckets)) for pid, gs in loop._parts]
             loop._last = own_step(loop._last)
         self.t = np.zeros(num_envs, np.int64)
         """The steps each env has recorded, this sample on."""
@@ -244,14 +245,14 @@ class ReadyFirst:
         index = np.concatenate(indices)
         bucket = self.buckets[bisect.bisect_left(self.buckets, len(index))]
         last = loop._last.groups
-        for pid, gs in loop._parts:  # every group's queued before any is waited for
-            gs.dispatch_rows(params[pid], last[pid], index, bucket)
+        for pid, rows in self.rows:  # every group's queued before any is waited for
+            rows.dispatch(params[pid], last[pid], index, bucket)
         tick = time.perf_counter()
         perf["obs_processing_ms"] += tick - clock
         parts = self._parts(index)
         actions = [
-            gs.collect_rows([(ro.leaves[pid], *rest) for ro, *rest in parts])
-            for pid, gs in loop._parts
+            rows.collect([(ro.leaves[pid], t, envs, sel) for ro, t, envs, sel in parts])
+            for pid, rows in self.rows
         ]
         self.bucket_counts[bucket] += 1
         self.ready_counts[len(index)] = self.ready_counts.get(len(index), 0) + 1
@@ -309,9 +310,9 @@ class ReadyFirst:
     ) -> None:
         """Writes rows ``sel`` of ``out`` (envs ``envs``) into slots ``(t, envs)``."""
         loop, index = self.loop, (t, envs)
-        for pid, gs in loop._parts:
-            group, traj = out.groups[pid], ro.traj.groups[pid]
-            gs.record_rows(group, traj, (ro.leaves[pid], t, envs, sel))
+        for pid, rows in self.rows:
+            gs, group, traj = rows.gs, out.groups[pid], ro.traj.groups[pid]
+            rows.record(group, traj, (ro.leaves[pid], t, envs, sel))
             if gs.infos is not None:
                 infos = out.infos if isinstance(sel, slice) else [out.infos[k] for k in sel]
                 gs.record_infos(traj, group.completed[sel], infos, t, envs)
