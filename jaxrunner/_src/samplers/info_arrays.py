@@ -117,7 +117,7 @@ class InfoRecorder:
             return
         if self._unseen:
             for info in infos:
-                self._reported.update(_names(info))
+                self._reported.update(name for name, _ in _entries(info, dicts=True))
         for key in self.keys:
             values, present = _rows(extras[INFOS][key]), _rows(extras[INFOS_PRESENT][key])
             for step, env, info in zip(steps, envs, infos):
@@ -194,23 +194,18 @@ def _rows(array: np.ndarray) -> np.ndarray:
     return array if array.ndim == 2 else array.reshape(len(array), -1)
 
 
-def _names(info: dict[str, Any], prefix: str = "") -> list[str]:
-    """The names of ``info``'s entries, with those of dict entries as ``name.key``."""
-    names = []
+def _entries(
+    info: dict[str, Any], prefix: str = "", dicts: bool = False
+) -> Iterator[tuple[str, Any]]:
+    """``info``'s entries that are not dicts (``dicts``: every one), by name (a dict
+    entry's as ``name.key``)."""
     for key, value in info.items():
-        names.append(f"{prefix}{key}")
-        if isinstance(value, dict):
-            names += _names(value, f"{prefix}{key}.")
-    return names
-
-
-def _entries(info: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """``info``'s entries that are not dicts, by name (a dict entry's as ``name.key``)."""
-    for key, value in info.items():
-        if isinstance(value, dict):
-            yield from _entries(value, f"{prefix}{key}.")
-        else:
+        if not isinstance(value, dict):
             yield f"{prefix}{key}", value
+            continue
+        if dicts:
+            yield f"{prefix}{key}", value
+        yield from _entries(value, f"{prefix}{key}.", dicts)
 
 
 def _number(value: Any) -> float | None:
