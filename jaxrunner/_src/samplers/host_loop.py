@@ -22,7 +22,7 @@ from jaxrunner._src.samplers.buffer_pool import BufferPool
 from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
-from jaxrunner._src.samplers.info_arrays import InfoRecorder
+from jaxrunner._src.samplers.info_arrays import ON_STEP_HINT, InfoRecorder
 from jaxrunner._src.samplers.live_episodes import LiveEpisodes
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import group_cost, pipeline_splits
@@ -79,10 +79,9 @@ class HostLoop:
         num_possible = len(envs.possible_agents)
         self.groups: dict[str, GroupSampler] = {}
         self._infos = None
-        if setup.info_keys and self._one_agent:
-            self._infos = InfoRecorder(setup.info_keys)
-        elif setup.info_keys:  # one recorder of the names, shared by the groups
-            self._infos = InfoRecorder(setup.info_keys, "EnvRunner", ON_AGENT_STEP_HINT)
+        if setup.info_keys:  # one recorder of the names, shared by the groups
+            hint = ON_STEP_HINT if self._one_agent else ON_AGENT_STEP_HINT
+            self._infos = InfoRecorder(setup.info_keys, elsewhere=hint)
         offset = 0
         for group in envs.groups:
             pid = group.policy_id
@@ -275,19 +274,27 @@ class HostLoop:
             env_level.reward[index] = out.env_reward
             env_level.terminated[index] = out.env_done
             ro.unassigned[index] = out.unassigned_reward  # type: ignore[index]
-        if out.failed is not None:  # faults: their episodes end, their actions are dropped
-            env_level.valid[index] = ~out.failed
-            if not self._one_agent:  # (a single agent's slot keeps what it acted on)
-                self.metrics.num_dropped_agent_steps += sum(
-                    gs.drop(out.failed, (ro.leaves[pid], t, np.arange(lo, hi), None))
-                    for pid, gs in self._parts
-                )
-        if out.reset_rows is not None:  # the env's reset steps: no transition, no fault
-            env_level.valid[index] &= ~out.reset_rows
-            ro.resets[index] = out.reset_rows  # type: ignore[index]
+        if out.failed is not None or out.reset_rows is not None:
+            self._faults(ro, out, t, np.arange(lo, hi), slice(None))
         if self._live is not None:
             self._live.step(lo, hi, t, out, self._rows)
         perf["obs_processing_ms"] += time.perf_counter() - clock
+
+    def _faults(self, ro: Rollout, out: MultiAgentStep, t: Any, envs: np.ndarray, sel: Any) -> None:
+        """Rows ``sel`` of ``out`` (envs ``envs``, at their steps ``t``) where it failed or
+        where it holds the env's reset steps."""
+        index = (t, envs)
+        if out.failed is not None:  # faults: their episodes end, their actions are dropped
+            failed = out.failed[sel]
+            ro.level.valid[index] = ~failed
+            if not self._one_agent:  # (a single agent's slot keeps what it acted on)
+                self.metrics.num_dropped_agent_steps += sum(
+                    gs.drop(failed, (ro.leaves[pid], t, envs, sel)) for pid, gs in self._parts
+                )
+        if out.reset_rows is not None:  # the env's reset steps: no transition, no fault
+            reset = out.reset_rows[sel]
+            ro.level.valid[index] &= ~reset
+            ro.resets[index] = reset  # type: ignore[index]
 
     def _end_sample(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
         """The groups' connectors' per-sample part (statistics, scaled rewards, what the

@@ -320,14 +320,5 @@ class ReadyFirst:
             ro.level.reward[index] = out.env_reward[sel]
             ro.level.terminated[index] = out.env_done[sel]
             ro.unassigned[index] = out.unassigned_reward[sel]
-        if out.failed is not None:  # faults: their episodes end, their actions are dropped
-            failed = out.failed[sel]
-            ro.level.valid[index] = ~failed
-            if not loop._one_agent:
-                loop.metrics.num_dropped_agent_steps += sum(
-                    gs.drop(failed, (ro.leaves[pid], t, envs, sel)) for pid, gs in loop._parts
-                )
-        if out.reset_rows is not None:  # the env's reset steps: no transition, no fault
-            reset = out.reset_rows[sel]
-            ro.level.valid[index] &= ~reset
-            ro.resets[index] = reset
+        if out.failed is not None or out.reset_rows is not None:
+            loop._faults(ro, out, t, envs, sel)
