@@ -113,6 +113,8 @@ class BufferPool:
     def take(self) -> MultiAgentTrajectory:
         """A buffer for the next sample: a released one, made ready, or a new one."""
         buf = self._refresh(self._free.pop()) if self._free else self._allocate()
+        buf.valid.fill(True)  # type: ignore[union-attr]
+        buf.env_id[...] = np.arange(self._num_envs)
         if self._scratch is None:
             return buf
         self._scratch = self._scratches.pop(0)  # the oldest one's turn
@@ -145,24 +147,21 @@ class BufferPool:
                 leaves, treedef = jax.tree.flatten(buf)
                 self._layout = treedef, [(x.shape, x.dtype) for x in leaves]
             return buf
-        # The first buffer's layout, filled as _new() fills it: 3x less time at T = 1.
+        # The first buffer's layout, zeroed as _new() zeroes it: 3x less time at T = 1.
         treedef, specs = self._layout
-        buf = treedef.unflatten([np.zeros(shape, dtype) for shape, dtype in specs])
-        buf.valid.fill(True)  # type: ignore[union-attr]
-        buf.env_id[...] = np.arange(self._num_envs)
-        return buf
+        return treedef.unflatten([np.zeros(shape, dtype) for shape, dtype in specs])
 
     def _new(self) -> MultiAgentTrajectory:
         shape = (self._num_steps, self._num_envs)
         dense = self._scratch is None
         return MultiAgentTrajectory(
             groups={pid: gs.allocate(self._num_steps, dense) for pid, gs in self._groups.items()},
-            env_id=np.broadcast_to(np.arange(self._num_envs, dtype=np.int64), shape).copy(),
+            env_id=np.zeros(shape, np.int64),  # (valid and env_id: filled by take())
             episode_id=np.zeros(shape, np.int64),
             step=np.zeros(shape, np.int64),
             env_done=np.zeros(shape, np.bool_),
             agents=self._agents,
-            valid=np.ones(shape, np.bool_),
+            valid=np.zeros(shape, np.bool_),
         )
 
     def _refresh(self, buf: MultiAgentTrajectory) -> MultiAgentTrajectory:
@@ -186,8 +185,6 @@ class BufferPool:
                 leaf.fill(0)
             if infos is not None:
                 infos.clear(group.extras)
-        buf.valid.fill(True)  # type: ignore[union-attr]
-        buf.env_id[...] = np.arange(self._num_envs)
         return buf
 
     def _kept(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
