@@ -220,7 +220,6 @@ class HostLoop:
             self._steps = t + 1
 
     def _steps_done(self) -> int:
-        """Steps every env has recorded in this sample."""
         return self._steps if self.ready_first is None else self.ready_first.steps_done()
 
     def _dispatch(

@@ -181,7 +181,6 @@ class InfoRecorder:
         )
 
     def _add(self, extras: dict[str, Any], names: Sequence[str]) -> None:
-        """Zeroed arrays for the ``names`` ``extras`` has not got yet."""
         values, present = extras[INFOS], extras[INFOS_PRESENT]
         for name in names:
             if name not in values:

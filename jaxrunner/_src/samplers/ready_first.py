@@ -43,7 +43,6 @@ def _count(ids: list[Any]) -> int:
 
 
 def _rows(tree: Any, lo: int, hi: int) -> Any:
-    """Rows ``[lo, hi)`` of every leaf of ``tree``."""
     if isinstance(tree, np.ndarray):
         return tree[lo:hi]
     return jax.tree.map(lambda x: x[lo:hi], tree)
