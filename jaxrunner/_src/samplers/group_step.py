@@ -297,39 +297,30 @@ class GroupSampler:
                 block.result, block.next_obs_leaves = out, tree_leaves(rows)
             for dst, src in zip(self._traj_leaves[3], block.next_obs_leaves):
                 dst[index] = src
-            traj.reward[index] = out.reward
-            traj.terminated[index] = out.terminated
-            traj.truncated[index] = out.truncated
             if not self.always_acting:  # (a single agent's validity is its env's)
                 traj.valid[index] = out.completed  # agent_step is filled in at close()
-            return
-        done = out.completed
-        obs, action, extras, next_obs = self._traj_leaves
-        rows = slice(lo, hi)
-        index = (t, rows)
-        if block is not None:
-            everyone = self.same_step and block.all_acting
         else:
-            acting = self.acting[rows]
-            everyone = self.same_step and np.count_nonzero(acting) == acting.size
-        mask = None if everyone else done
-        if not self.same_step:
-            pending_obs, pending_action, pending_extras = self._pending_rows(lo, hi)
-            _put(obs, pending_obs, index, mask)
-            _put(action, pending_action, index, mask)
-            _put(extras, pending_extras, index, mask)
-        _put(
-            next_obs,
-            tree_leaves(out.next_obs_rows if self.always_acting else out.next_obs),
-            index,
-            mask,
-        )
+            done = out.completed
+            obs, action, extras, next_obs = self._traj_leaves
+            rows = slice(lo, hi)
+            index = (t, rows)
+            everyone = False  # (a whole block where everyone acted: above)
+            if block is None:
+                acting = self.acting[rows]
+                everyone = self.same_step and np.count_nonzero(acting) == acting.size
+            mask = None if everyone else done
+            if not self.same_step:
+                pending_obs, pending_action, pending_extras = self._pending_rows(lo, hi)
+                _put(obs, pending_obs, index, mask)
+                _put(action, pending_action, index, mask)
+                _put(extras, pending_extras, index, mask)
+                self.awaiting[rows] &= ~done
+            out_rows = out.next_obs_rows if self.always_acting else out.next_obs
+            _put(next_obs, tree_leaves(out_rows), index, mask)
+            traj.valid[index] = done  # agent_step is filled in at close()
         traj.reward[index] = out.reward
         traj.terminated[index] = out.terminated
         traj.truncated[index] = out.truncated
-        traj.valid[index] = done  # agent_step is filled in at close()
-        if not self.same_step:
-            self.awaiting[rows] &= ~done
 
     def allocate(self, num_steps: int, next_obs: bool = True) -> GroupTrajectory:
         """Zeroed ``[T, B, A_g]`` buffers (``next_obs=False``: without that field, for a
