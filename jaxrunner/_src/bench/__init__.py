@@ -11,6 +11,9 @@ from jaxrunner._src.bench.benchmark import (
     run as run,
 )
 from jaxrunner._src.bench.hand_loop import (
+    REFERENCES as REFERENCES,
+)
+from jaxrunner._src.bench.hand_loop import (
     RecordingHandLoop as RecordingHandLoop,
 )
 from jaxrunner._src.bench.hand_scan import build_hand_scan as build_hand_scan
