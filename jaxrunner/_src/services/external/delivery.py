@@ -64,22 +64,14 @@ class ActionDelivery:
         ``actions`` being ``{agent_id: action}`` of the sampled rows (``action=None``;
         logged rows are left out)."""
         call = _Call(live, parts, answer)
+        future: concurrent.futures.Future = concurrent.futures.Future()
         try:
-            if len(parts) == 1:  # one policy: its request's future is the call's
-                ((policy_id, part),) = parts.items()
-                future = self.batchers[policy_id].submit(
+            for policy_id, part in parts.items():
+                self.batchers[policy_id].submit(
                     [row for _, row in part],
-                    functools.partial(self._on_only, call),
-                    functools.partial(self._on_only_abort, call),
+                    functools.partial(self._on_done, call, future, policy_id),
+                    functools.partial(self._on_abort, call, future),
                 )
-            else:
-                future = concurrent.futures.Future()
-                for policy_id, part in parts.items():
-                    self.batchers[policy_id].submit(
-                        [row for _, row in part],
-                        functools.partial(self._on_done, call, future, policy_id),
-                        functools.partial(self._on_abort, call, future),
-                    )
         except BaseException:  # a closed batcher: answers already asked for are ignored
             with self.lock:
                 if not call.finished:
@@ -110,7 +102,7 @@ class ActionDelivery:
 
         # A call for its abort only: on_done records the rows (and none is retracted).
         call = _Call(live, {record.policy_id: [(record, row) for row in rows]}, dict)
-        on_abort = functools.partial(self._on_only_abort, call)
+        on_abort = functools.partial(self._on_many_abort, call)
         try:
             return self.batchers[record.policy_id].submit(rows, on_done, on_abort)
         except BaseException:
@@ -118,15 +110,8 @@ class ActionDelivery:
                 self._drop(call, undelivered=False)
             raise
 
-    def _on_only(self, call: _Call, results: list[RowResult]) -> Any:
-        """The answer of a one-policy call (batcher thread, not cancelled): records it."""
-        with self.lock:
-            call.finished = True
-            call.results[next(iter(call.parts))] = results
-            return call.answer(self._record(call))
-
-    def _on_only_abort(self, call: _Call, error: BaseException | None) -> None:
-        """A one-policy call failed, or (``error`` None) was cancelled: counted."""
+    def _on_many_abort(self, call: _Call, error: BaseException | None) -> None:
+        """:meth:`submit_many`'s request failed, or (``error`` None) was cancelled: counted."""
         with self.lock:
             self._drop(call, undelivered=error is None)
 
@@ -137,8 +122,7 @@ class ActionDelivery:
         policy_id: str,
         results: list[RowResult],
     ) -> None:
-        """One policy's answer of a call to several (batcher thread); the last one
-        records the call."""
+        """One policy's answer of a call (batcher thread); the last one records the call."""
         with self.lock:
             if call.finished:
                 return
