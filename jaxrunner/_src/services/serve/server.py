@@ -20,7 +20,7 @@ from jaxrunner._src.services.external import ExternalEnv, MultiAgentExternalEnv
 from jaxrunner._src.services.external.run_thread import RunDriven
 from jaxrunner._src.services.serve.app import create_app
 from jaxrunner._src.services.serve.auth import default_token_file, load_or_create_token
-from jaxrunner._src.services.serve.transport import TransportLimits, protocol_class
+from jaxrunner._src.services.serve.transport import protocol_class
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
@@ -199,17 +199,7 @@ class PolicyServer:
                 log_config=None,
                 # Our h11 protocol: read and write deadlines, connection slots, head
                 # limits, JSON errors.
-                http=protocol_class(
-                    TransportLimits(
-                        read_timeout_s=config.read_timeout_s,
-                        write_timeout_s=config.write_timeout_s,
-                        max_connections=config.max_connections,
-                        max_unauthenticated=config.unauthenticated_cap,
-                        max_pipelined=config.max_pipelined,
-                        max_lingering=max_lingering,
-                        token=self.token,
-                    )
-                ),
+                http=protocol_class(config, self.token, max_lingering),
                 # Typed int by uvicorn, but our H11 protocol only hands it to
                 # loop.call_later, which takes float seconds.
                 timeout_keep_alive=config.keep_alive_s,  # type: ignore[arg-type]

@@ -10,13 +10,16 @@ import json
 import logging
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from jaxrunner._src.services.serve.auth import token_matches
 from jaxrunner._src.services.serve.slots import ConnectionSlots
+
+if TYPE_CHECKING:  # server.py imports this module
+    from jaxrunner._src.services.serve.server import ServerConfig
 
 logger = logging.getLogger("jaxrunner.serve")
 
@@ -43,23 +46,6 @@ SEND_BUFFER_BYTES = 64 * 1024
 """Each socket's kernel send buffer (``SO_SNDBUF``; Linux doubles it): a client that
 never reads holds at most this much of the kernel's memory, not the 4 MB a loopback
 socket grows to by itself."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class TransportLimits:
-    """What the transport enforces for a :class:`~jaxrunner.serve.PolicyServer`
-    (the :class:`~jaxrunner.serve.ServerConfig` fields of the same names)."""
-
-    read_timeout_s: float
-    write_timeout_s: float
-    max_connections: int
-    max_unauthenticated: int
-    """The most open connections that have not sent the token yet."""
-    max_pipelined: int
-    max_lingering: int
-    """The most lingering connections (see :mod:`.slots`), apart from ``max_connections``."""
-    token: str | None
-    """The token that authenticates a connection; None: any whole request does."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,10 +115,13 @@ def _too_long(request_line: bool) -> Refusal:
 
 
 class DeadlineH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with the transport's limits (:class:`TransportLimits`).
-    :func:`protocol_class` binds the limits and the server's slots."""
+    """uvicorn's h11 protocol with the transport's limits (those of a
+    :class:`~jaxrunner.serve.ServerConfig`). :func:`protocol_class` binds them, the
+    server's token and its slots."""
 
-    limits: TransportLimits
+    limits: ServerConfig
+    token: str | None
+    """The token that authenticates a connection; None: any whole request does."""
     slots: ConnectionSlots
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -238,7 +227,7 @@ class DeadlineH11Protocol(H11Protocol):
             self._lingering = self.loop.call_later(self.slots.linger_s, self._linger_over)
 
     def _on_request(self, event: h11.Request) -> None:
-        token = self.limits.token
+        token = self.token
         auth = next((value for name, value in event.headers if name == b"authorization"), None)
         if token is None or (auth is not None and token_matches(auth.decode("latin-1"), token)):
             self.slots.authenticated(self)
@@ -369,14 +358,18 @@ def _peer_closed(sock: Any) -> bool:
         peek.detach()
 
 
-def protocol_class(limits: TransportLimits) -> type[DeadlineH11Protocol]:
-    """The protocol class uvicorn runs (``uvicorn.Config(http=...)``) for ``limits``,
-    with the slots of one server."""
+def protocol_class(
+    limits: ServerConfig, token: str | None, max_lingering: int
+) -> type[DeadlineH11Protocol]:
+    """The protocol class uvicorn runs (``uvicorn.Config(http=...)``) for ``limits`` and
+    ``token``, with the slots of one server: at most ``max_lingering`` lingering
+    connections (see :mod:`.slots`), apart from ``max_connections``."""
     slots = ConnectionSlots(
         limits.max_connections,
-        limits.max_unauthenticated,
+        limits.unauthenticated_cap,
         linger_s=EVICTED_LINGER_S,
-        max_lingering=limits.max_lingering,
+        max_lingering=max_lingering,
         max_linger_s=EVICTED_MAX_LINGER_S,
     )
-    return type("JaxRunnerH11Protocol", (DeadlineH11Protocol,), {"limits": limits, "slots": slots})
+    attributes = {"limits": limits, "token": token, "slots": slots}
+    return type("JaxRunnerH11Protocol", (DeadlineH11Protocol,), attributes)
