@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, Request, Security
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel
 
 import jaxrunner.errors as errors
 from jaxrunner._src.services.external import ExternalEnv, MultiAgentExternalEnv
 from jaxrunner._src.services.serve.error_handlers import ClientGone, install_error_handlers
 from jaxrunner._src.services.serve.guard import Guard
 from jaxrunner._src.services.serve.routes import add_routes
-from jaxrunner._src.services.serve.schema import ERRORS, EpisodeCreated, Ok, StartEpisode
+from jaxrunner._src.services.serve.schema import ERRORS, EpisodeCreated, StartEpisode
 
 
 def _finite(value: Any) -> Any:
@@ -75,15 +73,6 @@ def create_app(
             raise ClientGone()
         return value
 
-    def episode_route(name: str, model: type[BaseModel] = Ok) -> Callable[[Any], Any]:
-        """``POST /v1/episodes/{episode_id}/<name>``, answering ``model``."""
-        return app.post(
-            f"/v1/episodes/{{episode_id}}/{name}",
-            dependencies=[bearer],
-            responses={200: {"model": model}, **ERRORS},
-            tags=["episodes"],
-        )
-
     @app.get("/v1/health", tags=["meta"])
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -112,7 +101,7 @@ def create_app(
         episode_id = env.start_episode(body.episode_id, body.training_enabled, client=client)
         return JSONResponse({"episode_id": episode_id}, status_code=201)
 
-    add_routes(app, env, bearer, deliver, episode_route)
+    add_routes(app, env, bearer, deliver)
     install_error_handlers(app)
     return Guard(app, token, max_body_bytes), app
 

@@ -38,8 +38,6 @@ from jaxrunner.errors import InvalidArgumentError
 Deliver = Callable[[int, Any, Request], Awaitable[Any]]
 """``deliver(episode_id, future, request)``: the future's result if it reaches the
 client (see :func:`jaxrunner._src.services.serve.app.create_app`)."""
-EpisodeRoute = Callable[[str, type[BaseModel]], Callable[[Any], Any]]
-"""``episode_route(name, model)`` declares ``POST /v1/episodes/{episode_id}/<name>``."""
 Reader = Callable[..., Awaitable[Any]]
 """A dependency that reads a request's body into the env's arguments."""
 OFF_LOOP_AGENTS = 8
@@ -199,13 +197,22 @@ def add_routes(
     env: ExternalEnv | MultiAgentExternalEnv,
     bearer: Any,
     deliver: Deliver,
-    episode_route: EpisodeRoute,
 ) -> None:
-    """Adds the routes of ``env`` to ``app``: ``bearer`` is the token dependency (both
-    from :func:`jaxrunner._src.services.serve.app.create_app`). The multi-agent wire
-    adds ``end_agents``; the single-agent one local inference's ``report``."""
+    """Adds the routes of ``env`` to ``app``: ``bearer`` is the token dependency and
+    ``deliver`` an answer's delivery (both from
+    :func:`jaxrunner._src.services.serve.app.create_app`). The multi-agent wire adds
+    ``end_agents``; the single-agent one local inference's ``report``."""
     kind = Agents(env) if env.multi_agent is True else OneAgent(env)
     params_cache: dict[str | None, tuple[int, Any]] = {}
+
+    def episode_route(name: str, model: type[BaseModel]) -> Callable[[Any], Any]:
+        """``POST /v1/episodes/{episode_id}/<name>``, answering ``model``."""
+        return app.post(
+            f"/v1/episodes/{{episode_id}}/{name}",
+            dependencies=[bearer],
+            responses={200: {"model": model}, **ERRORS},
+            tags=["episodes"],
+        )
 
     @app.get("/v1/spaces", dependencies=[bearer], responses=ERRORS, tags=["meta"])
     async def get_spaces() -> JSONResponse:
