@@ -201,7 +201,6 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         return metrics
 
     def _check_obs(self, obs: Any, what: str, *, empty: bool = False) -> dict[str, Any]:
-        """``obs`` of call ``what``: known agents, each observation in its agent's space."""
         obs = checks.check_agent_dict(obs, self.possible_agents, what, "obs", empty=empty)
         return {
             a: checks.check_obs(self._group_of[a].observation_space, o, f"obs[{a!r}]")

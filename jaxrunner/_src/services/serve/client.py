@@ -87,12 +87,10 @@ class _Client:
 
     @staticmethod
     def _encode(space: spaces.Space, value: Any, name: str, *, bounds: bool = True) -> Any:
-        """``value`` checked against ``space`` (argument ``name``) and encoded."""
         return wire.encode_tree(space, check_value(space, value, name, bounds=bounds))
 
     @staticmethod
     def _decode(space: spaces.Space, tree: Any, name: str) -> Any:
-        """An answered ``tree`` (argument ``name``) decoded and checked against ``space``."""
         return check_value(space, wire.decode_tree(space, tree, name), name, bounds=False)
 
 
@@ -380,7 +378,6 @@ class MultiAgentPolicyClient(_Client):
     def _encode_agents(
         self, values: Any, call: str, name: str, *, actions: bool = False
     ) -> dict[str, Any]:
-        """``{agent_id: value}`` checked against each agent's space and encoded."""
         values = checks.check_agent_dict(values, self.possible_agents, call, name, empty=True)
         agent_spaces = self.action_spaces if actions else self.observation_spaces
         return {

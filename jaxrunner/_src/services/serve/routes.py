@@ -131,7 +131,6 @@ class Agents:
         return self.env.get_params(policy_id)
 
     def spaces(self) -> dict[str, Any]:
-        """Each agent's spaces and policy id."""
         return {
             "agents": {
                 agent: {
