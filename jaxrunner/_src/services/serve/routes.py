@@ -1,20 +1,25 @@
-"""The episode routes of the policy server, one handler each for both kinds of env: the
-env's wire (:class:`OneAgent`: bare trees; :class:`Agents`: ``{agent_id: tree}``) reads
-the bodies and writes the answers. Each value is checked before it touches any state."""
+"""The routes of the policy server, one handler each for both kinds of env: the env's wire
+(:class:`OneAgent`: bare trees; :class:`Agents`: ``{agent_id: tree}``) reads the bodies and
+writes the answers; an action is recorded only if its answer reaches the client. Each value
+is checked before it touches any state."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations, and
 # their dependencies are the env's wire, chosen when the routes are made.
+import asyncio
+import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 import jaxrunner._src.services.external.checks as checks
+import jaxrunner.errors as errors
 from jaxrunner._src.services.external import ExternalEnv, MultiAgentExternalEnv
 from jaxrunner._src.services.serve import wire
+from jaxrunner._src.services.serve.error_handlers import ClientGone
 from jaxrunner._src.services.serve.schema import (
     ERRORS,
     ActionOut,
@@ -24,20 +29,18 @@ from jaxrunner._src.services.serve.schema import (
     AgentObsBody,
     AgentReturnsBody,
     EndBody,
+    EpisodeCreated,
     EpisodeId,
     LogActionBody,
     ObsBody,
     Ok,
     ReportBody,
     ReturnsBody,
+    StartEpisode,
     raw,
 )
 from jaxrunner._src.space_arrays import check_value
-from jaxrunner.errors import InvalidArgumentError
 
-Deliver = Callable[[int, Any, Request], Awaitable[Any]]
-"""``deliver(episode_id, future, request)``: the future's result if it reaches the
-client (see :func:`jaxrunner._src.services.serve.app.create_app`)."""
 Reader = Callable[..., Awaitable[Any]]
 """A dependency that reads a request's body into the env's arguments."""
 OFF_LOOP_AGENTS = 8
@@ -66,7 +69,7 @@ class OneAgent:
 
     def params(self, policy_id: str | None) -> tuple[Any, int]:
         if policy_id is not None:
-            raise InvalidArgumentError(
+            raise errors.InvalidArgumentError(
                 f"GET /v1/params?policy_id={policy_id!r}: the env has one policy; leave "
                 "policy_id out."
             )
@@ -124,7 +127,7 @@ class Agents:
 
     def params(self, policy_id: str | None) -> tuple[Any, int]:
         if policy_id is None:
-            raise InvalidArgumentError(
+            raise errors.InvalidArgumentError(
                 "GET /v1/params: which policy's? Pass ?policy_id=<id>; the env's policies "
                 f"are {list(self.env.policy_ids)}."
             )
@@ -191,18 +194,78 @@ class Agents:
         return {"actions": encoded}
 
 
-def add_routes(
-    app: FastAPI,
-    env: ExternalEnv | MultiAgentExternalEnv,
-    bearer: Any,
-    deliver: Deliver,
-) -> None:
-    """Adds the routes of ``env`` to ``app``: ``bearer`` is the token dependency and
-    ``deliver`` an answer's delivery (both from
-    :func:`jaxrunner._src.services.serve.app.create_app`). The multi-agent wire adds
-    ``end_agents``; the single-agent one local inference's ``report``."""
+def _finite(value: Any) -> Any:
+    """Metrics as strict JSON: NaN (no episode yet) becomes null."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def add_routes(app: FastAPI, env: ExternalEnv | MultiAgentExternalEnv, bearer: Any) -> None:
+    """Adds the routes of ``env`` to ``app``; ``bearer`` is the token dependency. The
+    multi-agent wire adds ``end_agents``; the single-agent one local inference's
+    ``report``."""
+    timeout_s = env.config.action_timeout_s
     kind = Agents(env) if env.multi_agent is True else OneAgent(env)
     params_cache: dict[str | None, tuple[int, Any]] = {}
+
+    async def deliver(episode_id: int, future: Any, request: Request) -> Any:
+        """The future's result, recorded only if it reaches the client: on timeout or
+        a client that hangs up it is withdrawn (cancelled, never recorded); one that
+        came back for a client gone by then is retracted. Both are counted in
+        ``num_dropped_steps``."""
+        result = asyncio.wrap_future(future)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait(
+                {result, gone}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            gone.cancel()
+        if result not in done:
+            if future.cancel():  # still pending: withdrawn, nothing recorded
+                if gone in done:
+                    raise ClientGone()
+                raise errors.ActionTimeoutError(
+                    f"the policy did not answer within {timeout_s} s; the request was "
+                    "withdrawn (nothing recorded): retry it."
+                )
+            await asyncio.wait({result})  # being recorded right now: deliver it
+        value = result.result()
+        if await request.is_disconnected():
+            env.retract_action(episode_id, future)
+            raise ClientGone()
+        return value
+
+    @app.get("/v1/health", tags=["meta"])
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/metrics", dependencies=[bearer], responses=ERRORS, tags=["meta"])
+    async def get_metrics() -> JSONResponse:
+        return JSONResponse(_finite(env.get_metrics()))
+
+    @app.post(
+        "/v1/episodes",
+        status_code=201,
+        dependencies=[bearer],
+        responses={201: {"model": EpisodeCreated}, **ERRORS},
+        tags=["episodes"],
+    )
+    async def start_episode(
+        body: StartEpisode,
+        request: Request,
+        x_client_id: Annotated[
+            str | None,
+            Header(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="caps are per client"),
+        ] = None,
+    ) -> JSONResponse:
+        peer = request.client.host if request.client else "unknown"
+        client = x_client_id or f"peer:{peer}"
+        episode_id = env.start_episode(body.episode_id, body.training_enabled, client=client)
+        return JSONResponse({"episode_id": episode_id}, status_code=201)
 
     def episode_route(name: str, model: type[BaseModel]) -> Callable[[Any], Any]:
         """``POST /v1/episodes/{episode_id}/<name>``, answering ``model``."""
@@ -313,3 +376,9 @@ def add_routes(
         if final is not None:
             await run_in_threadpool(env.end_episode, episode_id, final, truncated=body.truncated)
         return JSONResponse({"ok": True})
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has hung up (the body was read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
