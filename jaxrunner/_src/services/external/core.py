@@ -22,7 +22,7 @@ from jaxrunner._src.core.metrics import EpisodeStats
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external.batching import PolicyBatcher, Row
 from jaxrunner._src.services.external.config import ExternalEnvConfig
-from jaxrunner._src.services.external.delivery import ActionDelivery, Answer, Parts
+from jaxrunner._src.services.external.delivery import ActionDelivery, Parts
 from jaxrunner._src.services.external.endings import EpisodeEndings
 from jaxrunner._src.services.external.episodes import AgentRecord, EpisodeRecord, EpisodeTable
 from jaxrunner._src.services.external.memory import (
@@ -318,10 +318,10 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         obs: dict[str, Any],
         actions: dict[str, Any] | None,
         what: str,
-        answer: Answer,
     ) -> concurrent.futures.Future:
         """Claims the episode and requests one step per agent of ``obs`` (checked):
-        sampled if ``actions`` is None, else logged."""
+        sampled if ``actions`` is None, else logged; the future resolves to
+        :meth:`_answer`'s value."""
         num_agents = len(self._agent_index)
         with self._lock:
             live = self._claim(episode_id, list(obs), 1, what)
@@ -332,7 +332,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
                 action = None if actions is None else actions[agent]
                 row = Row(agent_obs, action, live.episode_id, step, record.carry)
                 parts.setdefault(record.policy_id, []).append((record, row))
-        return self._delivery.submit(live, parts, answer)
+        return self._delivery.submit(live, parts, self._answer)
 
     def _end(self, episode_id: int, obs: dict[str, Any], truncated: bool, what: str) -> None:
         """Ends the episode: every agent that acted and has not ended needs its final
@@ -361,6 +361,11 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
             return
         self._counts["num_training_episodes"] += 1
         self._counts["num_dropped_steps"] += self._output.put(self._as_output(record, episode))
+
+    def _answer(self, actions: dict[str, Any]) -> Any:
+        """What a call's future resolves to, from ``{agent_id: action}`` of its sampled
+        rows: the dict itself (an ExternalEnv gives its one agent's action)."""
+        return actions
 
     def _as_output(self, record: AgentRecord, episode: Episode) -> E:
         """What :meth:`poll_episodes` gives for ``record``'s ``episode``."""

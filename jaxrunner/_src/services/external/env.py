@@ -25,11 +25,6 @@ AGENT = "agent"
 """The id of an ExternalEnv's one agent (its policy's id too)."""
 
 
-def _only(actions: dict[str, Any]) -> Any:
-    """The one agent's action (None for a logged one)."""
-    return actions.get(AGENT)
-
-
 class ExternalEnv(ExternalEnvCore[Episode]):
     """Serves a policy to episodes that are stepped elsewhere (see docs/serving.md).
 
@@ -90,7 +85,7 @@ class ExternalEnv(ExternalEnvCore[Episode]):
     def submit_action(self, episode_id: int, obs: Any) -> concurrent.futures.Future:
         """Like :meth:`get_action`, without waiting: the future resolves to the action."""
         obs = checks.check_obs(self.observation_space, obs, "obs")
-        return self._submit(episode_id, {AGENT: obs}, None, "get_action", _only)
+        return self._submit(episode_id, {AGENT: obs}, None, "get_action")
 
     def submit_log_action(
         self, episode_id: int, obs: Any, action: Any
@@ -98,7 +93,7 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         """Like :meth:`log_action`, without waiting: the future resolves to ``None``."""
         obs = checks.check_obs(self.observation_space, obs, "obs")
         action = check_value(self.action_space, action, "action", bounds=False)
-        return self._submit(episode_id, {AGENT: obs}, {AGENT: action}, "log_action", _only)
+        return self._submit(episode_id, {AGENT: obs}, {AGENT: action}, "log_action")
 
     def log_returns(
         self, episode_id: int, reward: float, info: dict[str, Any] | None = None
@@ -150,11 +145,7 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         if self.policy.initial_carry is not None:  # recurrent: each step needs the last carry
             for t in range(len(obs)):
                 future = self._submit(
-                    episode_id,
-                    {AGENT: checked_obs[t]},
-                    {AGENT: checked_actions[t]},
-                    "log_steps",
-                    _only,
+                    episode_id, {AGENT: checked_obs[t]}, {AGENT: checked_actions[t]}, "log_steps"
                 )
                 wait_for(future, self.config.action_timeout_s)
                 self.log_returns(episode_id, float(rewards[t]))
@@ -202,6 +193,9 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         metrics = self._metrics("num_agent_steps")  # an agent's steps are the env's
         metrics["params_version"] = self._batchers[AGENT].get_params()[1]
         return metrics
+
+    def _answer(self, actions: dict[str, Any]) -> Any:
+        return actions.get(AGENT)  # None for a logged action
 
     def _as_output(self, record: AgentRecord, episode: Episode) -> Episode:
         return episode

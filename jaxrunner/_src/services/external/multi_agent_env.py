@@ -21,10 +21,6 @@ from jaxrunner._src.services.external.delivery import wait_for
 from jaxrunner._src.services.external.episodes import AgentRecord
 
 
-def _all(actions: dict[str, Any]) -> dict[str, Any]:
-    return actions
-
-
 class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
     """Serves policies to multi-agent episodes stepped elsewhere (see docs/serving.md).
 
@@ -118,9 +114,7 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
 
     def submit_action(self, episode_id: int, obs: dict[str, Any]) -> concurrent.futures.Future:
         """Like :meth:`get_action`, without waiting: the future resolves to the actions."""
-        return self._submit(
-            episode_id, self._check_obs(obs, "get_action"), None, "get_action", _all
-        )
+        return self._submit(episode_id, self._check_obs(obs, "get_action"), None, "get_action")
 
     def submit_log_action(
         self, episode_id: int, obs: dict[str, Any], actions: dict[str, Any]
@@ -130,7 +124,7 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         actions = checks.check_logged_actions(
             actions, obs, self.possible_agents, self._group_of, episode_id
         )
-        return self._submit(episode_id, obs, actions, "log_action", _all)
+        return self._submit(episode_id, obs, actions, "log_action")
 
     def log_returns(self, episode_id: int, rewards: dict[str, float]) -> None:
         """Adds each agent's reward (``{agent_id: reward}``) to the reward of its latest
