@@ -69,9 +69,9 @@ def default_buckets(max_batch: int) -> tuple[int, ...]:
 
 class PolicyBatcher:
     """Runs a policy for rows submitted from any thread, batched: up to ``max_batch``
-    rows padded to a ``buckets`` size (the last is ``max_batch``), after waiting up to
-    ``max_wait_s`` for more, or less once ``ready_hint()`` (the most rows that could come)
-    are queued."""
+    rows padded to a ``buckets`` size (the last is ``max_batch``; None:
+    :func:`default_buckets`), after waiting up to ``max_wait_s`` for more, or less once
+    ``ready_hint()`` (the most rows that could come) are queued."""
 
     def __init__(
         self,
@@ -83,7 +83,7 @@ class PolicyBatcher:
         *,
         max_batch: int,
         max_wait_s: float,
-        buckets: Sequence[int],
+        buckets: Sequence[int] | None,
         ready_hint: Callable[[], int] | None = None,
     ) -> None:
         # small_calls: a batch may hold one row, so a costly policy keeps small chunks.
@@ -96,7 +96,7 @@ class PolicyBatcher:
         self._seed = seed
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
-        self._buckets = tuple(sorted(buckets))
+        self._buckets = tuple(sorted(buckets or default_buckets(max_batch)))
         self._ready_hint = ready_hint
         self._params = jax.device_put(params)
         self._params_version = 0

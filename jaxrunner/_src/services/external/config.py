@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 from jaxrunner._src.arg_checks import check_int, check_number, is_int
-from jaxrunner._src.services.external.batching import default_buckets
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -75,7 +74,3 @@ class ExternalEnvConfig:
                     f"ExternalEnvConfig(buckets={self.buckets!r}): expected increasing ints >= 1 "
                     f"ending with max_batch={self.max_batch}, e.g. (1, 8, {self.max_batch})."
                 )
-
-    @property
-    def bucket_sizes(self) -> tuple[int, ...]:
-        return self.buckets if self.buckets is not None else default_buckets(self.max_batch)

@@ -121,7 +121,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
                     self.seed,
                     max_batch=config.max_batch,
                     max_wait_s=config.max_wait_ms / 1000.0,
-                    buckets=config.bucket_sizes,
+                    buckets=config.buckets,
                     ready_hint=lambda size=size: len(self._episodes) * size,
                 )
         except BaseException:
