@@ -11,7 +11,7 @@ from typing import Any
 
 _EXPORTS = {
     "PolicyServer": "jaxrunner._src.services.serve.server",
-    "ServerConfig": "jaxrunner._src.services.serve.server",
+    "ServerConfig": "jaxrunner._src.services.serve.config",
     "PolicyClient": "jaxrunner._src.services.serve.client",
     "MultiAgentPolicyClient": "jaxrunner._src.services.serve.client",
     "PolicyServerError": "jaxrunner._src.services.serve.client_http",

@@ -126,7 +126,8 @@ def _load_policy(spec: str | None, args: argparse.Namespace, obs_space: Any, act
 
 def run_serve(args: argparse.Namespace) -> int:
     try:
-        from jaxrunner._src.services.serve.server import PolicyServer, ServerConfig
+        from jaxrunner._src.services.serve.config import ServerConfig
+        from jaxrunner._src.services.serve.server import PolicyServer
     except ImportError as err:
         print(
             f"jaxrunner serve needs the serve extra: pip install 'jaxrunner[serve]' ({err})",

@@ -10,16 +10,14 @@ import json
 import logging
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from jaxrunner._src.services.serve.auth import token_matches
+from jaxrunner._src.services.serve.config import ServerConfig
 from jaxrunner._src.services.serve.slots import ConnectionSlots
-
-if TYPE_CHECKING:  # server.py imports this module
-    from jaxrunner._src.services.serve.server import ServerConfig
 
 logger = logging.getLogger("jaxrunner.serve")
 
