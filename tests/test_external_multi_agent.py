@@ -255,6 +255,12 @@ def test_construction_errors_name_the_fix():
         MultiAgentExternalEnv(
             {"a": pz.observation_space("a0")}, {"b": pz.action_space("a0")}, policy, {}
         )
+    # The errors name this class and the argument, not ExternalEnv's.
+    match = r"MultiAgentExternalEnv\(policies\['policy_0'\]=...\): expected a jaxrunner.Policy"
+    with pytest.raises(InvalidArgumentTypeError, match=match):
+        MultiAgentExternalEnv.from_pettingzoo(pz, {"policy_0": "mlp"}, {"policy_0": params})
+    with pytest.raises(InvalidArgumentError, match=r"MultiAgentExternalEnv\(seed=-1\)"):
+        MultiAgentExternalEnv.from_pettingzoo(pz, policy, {"policy_0": params}, seed=-1)
 
 
 def test_memory_budget_refuses_before_anything_is_stored():

@@ -28,22 +28,30 @@ KEY_STEPS = 2**32
 """Action keys fold in ``agent step * num_agents + agent index`` as a uint32."""
 
 
-def check_construction(observation_space: Any, action_space: Any, policy: Any, seed: Any) -> None:
-    """Raises unless the arguments of ``ExternalEnv(...)`` are usable."""
+def check_construction(
+    observation_space: Any,
+    action_space: Any,
+    policy: Any,
+    seed: Any,
+    who: str = "ExternalEnv",
+    policy_name: str = "policy",
+) -> None:
+    """Raises unless the arguments of ``who(...)`` are usable (``policy_name``: the
+    argument ``policy`` came in)."""
     for name, space in (
         ("observation_space", observation_space),
         ("action_space", action_space),
     ):
         if not isinstance(space, spaces.Space):
             raise InvalidArgumentTypeError(
-                f"ExternalEnv({name}=...): expected a gymnasium space, got {type(space).__name__}."
+                f"{who}({name}=...): expected a gymnasium space, got {type(space).__name__}."
             )
         space_arrays.check_supported(space, name)
     if not isinstance(policy, Policy):
         raise InvalidArgumentTypeError(
-            f"ExternalEnv(policy=...): expected a jaxrunner.Policy, got {policy!r}."
+            f"{who}({policy_name}=...): expected a jaxrunner.Policy, got {policy!r}."
         )
-    check_int("ExternalEnv", "seed", seed, low=0)
+    check_int(who, "seed", seed, low=0)
 
 
 def check_episode_id(episode_id: Any) -> None:

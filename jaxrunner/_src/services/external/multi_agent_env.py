@@ -64,8 +64,14 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         self.policies = checks.per_policy("policies", policies, ids)
         initial_params = checks.per_policy("params", params, ids, mapping_only=True)
         for group in groups:
+            pid = group.policy_id
             checks.check_construction(
-                group.observation_space, group.action_space, self.policies[group.policy_id], seed
+                group.observation_space,
+                group.action_space,
+                self.policies[pid],
+                seed,
+                "MultiAgentExternalEnv",
+                f"policies[{pid!r}]",
             )
         super().__init__(groups, self.policies, initial_params, seed, config or ExternalEnvConfig())
 
