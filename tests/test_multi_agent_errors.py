@@ -16,7 +16,12 @@ pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
 from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorEnv
-from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.errors import (
+    EnvError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    SpaceMismatchError,
+)
 from jaxrunner.testing import ComingAndGoing, FaultPlan, faulty_env_fns
 from tests import multi_agent_envs as envs_mod
 from tests.test_multi_agent import random_policy, zero_params
@@ -224,3 +229,21 @@ def test_one_argument_check_refuses_what_the_single_agent_runner_refuses():
     # Refused before the runner took the envs: a runner may still have them.
     with jr.EnvRunner(envs, policy, zero_params(3), 4, seed=0) as runner:
         assert runner.sample().groups["policy_0"].valid.shape[:2] == (4, 2)
+
+
+@pytest.mark.parametrize("action", ["shape", "dtype"])
+def test_a_policy_whose_actions_do_not_fit_is_refused_at_construction(action):
+    # As the single-agent runner does (test_runner.py), before any env steps: not at
+    # the first sample(), as an env's InvalidActionError that leaves the runner unusable.
+    def apply_fn(params, obs, carry, keys):
+        n = obs.shape[0]
+        if action == "shape":
+            return np.zeros((n, 2), np.int32), {}, carry
+        return np.zeros(n, np.float32), {}, carry
+
+    envs = jr.make_vec(envs_mod.coming_and_going, NUM_ENVS)
+    rows = NUM_ENVS * 4  # agents a0..a3, one group
+    with pytest.raises(SpaceMismatchError, match=rf"expected shape \({rows},\)") as info:
+        jr.EnvRunner(envs, jr.Policy(apply_fn), {}, rollout_length=4, seed=SEED)
+    assert "the policy of 'policy_0'" in "\n".join(info.value.__notes__)
+    _runner(envs).stop()  # refused before it owned them: the envs are free

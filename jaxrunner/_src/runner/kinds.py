@@ -134,9 +134,30 @@ class AgentGroups:
     ) -> Any:
         """The host sampler from the first reset: the multi-agent one runs lockstep and
         ready-first in one loop."""
-        return HostLoop(
+        loop = HostLoop(
             self.envs, first, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
         )
+        self.check_policy_actions(loop.groups)
+        return loop
+
+    def check_policy_actions(self, samplers: Mapping[str, Any]) -> None:
+        """Each group's policy output (``samplers``: its group samplers, by policy id)
+        checked against its action space, before any env is stepped (the scan sampler
+        checks it while tracing)."""
+        num_envs = self.envs.num_envs
+        for g in self.groups:
+            spec = samplers[g.policy_id].action_spec
+            try:
+                space_arrays.check_policy_actions(g.action_space, spec, num_envs * g.num_agents)
+            except JaxRunnerError as err:
+                if self.multi_agent:  # which group's policy, and the space to build it on
+                    err.add_note(
+                        f"jaxrunner: the policy of {g.policy_id!r}, whose agents act in "
+                        f"{g.action_space!r}, one action per agent slot (B * A_g = "
+                        f"{num_envs} * {g.num_agents} rows): build it on that group's "
+                        "action_space (envs.groups)."
+                    )
+                raise
 
     def parts(self, runner: Runner) -> RunnerParts:
         """What ``runner``'s checkpoints save and restore (a single-agent env: one group
@@ -231,9 +252,7 @@ class OneAgent(AgentGroups):
         sampler = OneAgentSampler(
             envs, obs, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
         )
-        space_arrays.check_policy_actions(
-            envs.single_action_space, sampler.action_spec, envs.num_envs
-        )
+        self.check_policy_actions(sampler._loop.groups)
         return sampler
 
     def agent_episode_end(self, callbacks: Any) -> Any:
