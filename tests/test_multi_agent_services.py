@@ -47,6 +47,34 @@ def test_evaluate_returns_each_envs_first_episodes(backend):
     assert result.summary()["num_episodes"] == 5.0
 
 
+def test_evaluate_skips_env_episodes_cut_by_a_failed_step():
+    # As for a single-agent env (sample_episodes skips faulty episodes): env 0's every
+    # instance fails at its 10th step, in its second episode, and is restarted; that
+    # episode was counted, merged with the next one (length 3 + 6 = 10).
+    fault = jr.testing.FaultPlan(kind="raise", at=(10,))
+    fns = jr.testing.faulty_env_fns(envs_mod.coming_and_going, 2, {0: [fault]})
+    policy, params = random_policy(3), zero_params(3)
+    envs = jr.make_vec(fns, 2, restart_policy=jr.RestartPolicy())
+    with envs:
+        result = jr.evaluate(envs, policy, params, 6, deterministic=False, seed=3)
+    np.testing.assert_array_equal(result.env_ids, [0, 0, 0, 1, 1, 1])
+    np.testing.assert_array_equal(result.lengths, [6, 6, 6, 6, 7, 6])  # env 0: first episodes
+    envs = jr.make_vec(fns, 2, restart_policy=jr.RestartPolicy())
+    with jr.EnvRunner(envs, policy, params, 32, seed=3) as runner:
+        by_env_episode: dict[tuple[int, int], float] = collections.defaultdict(float)
+        faulty = set()
+        for episode in runner.sample_episodes(60, include_faulty=True):
+            by_env_episode[(episode.env_id, episode.episode_id)] += episode.total_reward
+            if episode.faulty:
+                faulty.add((episode.env_id, episode.episode_id))
+    assert any(env == 0 for env, _ in faulty)
+    firsts = [
+        [r for (env, e), r in sorted(by_env_episode.items()) if env == b and (b, e) not in faulty]
+        for b in range(2)
+    ]
+    np.testing.assert_allclose(result.returns, firsts[0][:3] + firsts[1][:3])
+
+
 def test_evaluate_refuses_a_policy_dict_for_single_agent_envs():
     envs = jr.make_vec("CartPole-v1", 2)
     with envs, pytest.raises(jr.errors.InvalidArgumentError, match=r"one jaxrunner\.Policy"):

@@ -240,7 +240,9 @@ def _episode_ends(runner: EnvRunner) -> Callable[[int], list[_Ended]]:
 
 def _env_episode_ends(runner: EnvRunner) -> Callable[[int], list[_Ended]]:
     """Multi-agent: the env episodes the next sample ends, summed from its agents' slots
-    (a transition never crosses its env episode: every one completes by its end)."""
+    (a transition never crosses its env episode: every one completes by its end); never
+    a faulty one (cut by a failed step of its env, which ends no episode), as
+    :func:`_episode_ends` skips them."""
     agents = list(runner.envs.possible_agents)
     running = [(0.0, 0, dict.fromkeys(agents, 0.0)) for _ in range(runner.envs.num_envs)]
 
@@ -252,9 +254,14 @@ def _env_episode_ends(runner: EnvRunner) -> Callable[[int], list[_Ended]]:
             for a, agent in enumerate(traj.agents[pid]):
                 per_agent[agent] = rewards[:, :, a]
         done = np.asarray(traj.env_done)
+        # Steps that failed (None: a pure-JAX env's, which never fail).
+        failed = np.zeros_like(done) if traj.valid is None else ~np.asarray(traj.valid)
         ended: list[_Ended] = []
         for b in range(traj.num_envs):
             for t in range(traj.num_steps):
+                if failed[t, b]:  # its episode is faulty; the next starts at t + 1
+                    running[b] = (0.0, 0, dict.fromkeys(agents, 0.0))
+                    continue
                 total, length, returns = running[b]
                 for agent, rewards in per_agent.items():
                     returns[agent] += float(rewards[t, b])
