@@ -273,3 +273,39 @@ def test_the_trial_times_a_pettingzoo_factory_too(monkeypatch, winner):
     envs = jr.make_vec(coming_and_going, 4, backend, config=choice.process_config())
     with jr.EnvRunner(envs, policy, params, ROLLOUT, seed=3) as by_hand:
         assert_trees_equal(got, by_hand.sample(), f"from_env(auto -> {winner} workers)")
+
+
+@pytest.mark.parametrize("backend", ["sync", "auto"])
+def test_a_policy_mapping_reaches_make_vec_as_it_does_by_hand(monkeypatch, backend):
+    """make_vec's multi-agent option, as from_env takes its single-agent ones
+    (config, restart_policy, env_kwargs); "auto" with the trial of sync and workers."""
+    from tests.multi_agent_envs import coming_and_going
+    from tests.test_multi_agent import random_policy, zero_params
+
+    def mapping(agent_id: str) -> str:
+        return "even" if int(agent_id[1:]) % 2 == 0 else "odd"
+
+    _wants_workers(monkeypatch)
+    timed: list[dict[int, float]] = []
+    real_pick = auto_layout.pick_layout
+
+    def rigged(rule, rates, *, policy_step_us):
+        timed.append(dict(rates))
+        return real_pick(rule, {0: 2.0, 2: 1.0}, policy_step_us=policy_step_us)  # sync
+
+    monkeypatch.setattr(auto_layout, "pick_layout", rigged)
+    policy, params = random_policy(3), {"even": zero_params(3), "odd": zero_params(3)}
+    with jr.EnvRunner.from_env(
+        coming_and_going, 4, policy, params, ROLLOUT, 3, backend=backend, policy_mapping_fn=mapping
+    ) as runner:
+        assert runner.policy_ids == ("even", "odd")
+        got = runner.sample()
+    assert len(timed) == (backend == "auto")
+    envs = jr.make_vec(coming_and_going, 4, policy_mapping_fn=mapping)
+    with jr.EnvRunner(envs, policy, params, ROLLOUT, seed=3) as by_hand:
+        assert_trees_equal(got, by_hand.sample(), f"from_env({backend}, policy_mapping_fn)")
+    policy, params = _policy_and_params()
+    with pytest.raises(InvalidArgumentTypeError, match="policy mapping is for multi-agent"):
+        jr.EnvRunner.from_env(
+            short_cartpole, 2, policy, params, ROLLOUT, 3, policy_mapping_fn=mapping
+        )

@@ -22,6 +22,7 @@ from jaxrunner._src.backends.process import ProcessConfig
 from jaxrunner._src.backends.process.launch import default_num_workers
 from jaxrunner._src.backends.ray import RayConfig
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.samplers.callbacks import Callbacks
 
@@ -61,10 +62,12 @@ def from_env(
     config: ProcessConfig | RayConfig | None = None,
     restart_policy: RestartPolicy | None = None,
     env_kwargs: Mapping[str, Any] | None = None,
+    policy_mapping_fn: PolicyMappingFn | None = None,
     **options: Any,
 ) -> Any:
     """A runner on envs it builds and owns (``make_vec(env, num_envs, backend,
-    config=..., restart_policy=..., **env_kwargs)``; :meth:`stop` closes them).
+    config=..., restart_policy=..., policy_mapping_fn=..., **env_kwargs)``;
+    :meth:`stop` closes them).
 
     With ``backend="auto"`` (the default) the layout is chosen with the policy
     timed: where ``make_vec``'s env-only rule would start workers, a short trial
@@ -75,7 +78,8 @@ def from_env(
     ``"envpool"`` backend is tried too. Where neither applies, nothing is tried.
     Either way the trajectories are exactly those of the chosen layout built by
     hand, with the same seed. A PettingZoo env factory is tried on sync and workers
-    alike (``policy`` and ``params`` then as for a multi-agent env).
+    alike (``policy`` and ``params`` then as for a multi-agent env, its agents in the
+    groups of ``policy_mapping_fn``, as ``make_vec`` takes it: multi-agent envs only).
 
     ``options`` are :class:`EnvRunner`'s keyword options (``metrics``,
     ``num_splits``, ``connectors``, ``info_keys``, ``compact_next_obs``).
@@ -93,12 +97,13 @@ def from_env(
         if choice.backend == "process" or envpool:  # either kind of env: sync or workers
             choice = _trial(
                 runner_cls, choice, env, num_envs, policy, params, seed,
-                restart_policy, env_kwargs, runner_options, envpool,
+                restart_policy, env_kwargs, runner_options, envpool, policy_mapping_fn,
             )  # fmt: skip
         backend, config = choice.backend, choice.process_config()
     envs = make_vec(
-        env, num_envs, backend, config=config, restart_policy=restart_policy, **env_kwargs
-    )
+        env, num_envs, backend, config=config, restart_policy=restart_policy,
+        policy_mapping_fn=policy_mapping_fn, **env_kwargs,
+    )  # fmt: skip
     if choice is not None:
         envs.layout_choice = choice
     try:
@@ -120,6 +125,7 @@ def _trial(
     env_kwargs: dict[str, Any],
     runner_options: dict[str, Any],
     envpool: bool = False,
+    policy_mapping_fn: PolicyMappingFn | None = None,
 ) -> LayoutChoice:
     """Times sync against the process layouts of :func:`trial_workers` (where the rule
     chose workers) and, with ``envpool``, the ``"envpool"`` backend (where its spaces
@@ -172,7 +178,8 @@ def _trial(
                     )
                     envs = make_vec(
                         env, num_envs, layout.backend, config=layout.process_config(),
-                        restart_policy=restart_policy, **env_kwargs,
+                        restart_policy=restart_policy, policy_mapping_fn=policy_mapping_fn,
+                        **env_kwargs,
                     )  # fmt: skip
                 runners[key] = runner_cls(envs, policy, params, length, seed, **options)
             except BaseException as err:
