@@ -64,17 +64,34 @@ def test_the_runner_resets_env_i_with_its_env_seed():
     assert not np.array_equal(first_obs(0, 4)[1:], first_obs(1, 4)[:-1])
 
 
-def test_a_different_make_vec_seed_is_overridden_with_a_warning():
+def first_agent_obs(seed: int, num_envs: int, make_vec_seed: int | None = None) -> np.ndarray:
+    """:func:`first_obs` of a multi-agent env."""
+    pytest.importorskip("pettingzoo")
+    from tests.multi_agent_envs import coming_and_going
+    from tests.test_multi_agent import random_policy, zero_params
+
+    envs = jr.make_vec(coming_and_going, num_envs, seed=make_vec_seed)
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 1, seed=seed) as runner:
+        return runner.sample().groups["policy_0"].obs[0]
+
+
+KINDS = {"single-agent": first_obs, "multi-agent": first_agent_obs}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_different_make_vec_seed_is_overridden_with_a_warning(kind):
+    obs_of = KINDS[kind]
     with pytest.warns(UserWarning, match=r"seed=0\): these envs were reset with seed=123"):
-        overridden = first_obs(seed=0, num_envs=3, make_vec_seed=123)
-    np.testing.assert_array_equal(overridden, first_obs(seed=0, num_envs=3))  # the runner decides
+        overridden = obs_of(seed=0, num_envs=3, make_vec_seed=123)
+    np.testing.assert_array_equal(overridden, obs_of(seed=0, num_envs=3))  # the runner decides
 
 
-def test_the_same_seed_in_both_places_is_silent():
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_same_seed_in_both_places_is_silent(kind):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        first_obs(seed=4, num_envs=2, make_vec_seed=4)
-        first_obs(seed=4, num_envs=2)
+        KINDS[kind](seed=4, num_envs=2, make_vec_seed=4)
+        KINDS[kind](seed=4, num_envs=2)
 
 
 def test_direct_reset_keeps_gymnasiums_convention():

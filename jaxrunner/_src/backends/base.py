@@ -76,6 +76,10 @@ class BaseVectorEnv(abc.ABC):
     closed: bool = False
     layout_choice: LayoutChoice | None = None
     """What ``make_vec(..., backend="auto")`` chose and why (None: not built by it)."""
+    reset_seed: int | None = None
+    """The int seed the envs were last reset with as a whole: ``make_vec(..., seed=...)``,
+    either kind, or a single-agent env's ``reset(seed=...)``; None if there was none. An
+    :class:`~jaxrunner.EnvRunner` reads it to warn when its own seed overrides this one."""
 
     def __init__(self) -> None:
         self._closed_reason: str | None = None
@@ -206,11 +210,6 @@ class VectorEnv(BaseVectorEnv, gymnasium.vector.VectorEnv):
 
     metadata: dict[str, Any] = {"autoreset_mode": AutoresetMode.SAME_STEP}  # noqa: RUF012
     """Per instance, as gymnasium declares it (backends set their own)."""
-    reset_seed: int | None = None
-    """The int seed of the last ``reset(seed=...)`` (e.g. ``make_vec(..., seed=...)``);
-    None if there was none. An :class:`~jaxrunner.EnvRunner` reads it to warn when its
-    own seed overrides this one."""
-
     # Set by subclasses in __init__.
     single_observation_space: gymnasium.Space
     single_action_space: gymnasium.Space

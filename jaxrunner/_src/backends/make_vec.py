@@ -157,6 +157,7 @@ def make_vec(
         try:
             if isinstance(vec, MultiAgentVectorEnv):
                 vec.reset_batch([seed + i for i in range(num_envs)])
+                vec.reset_seed = int(seed)  # as a single-agent env's reset(seed=...) sets it
             else:
                 vec.reset(seed=seed)
         except BaseException:
