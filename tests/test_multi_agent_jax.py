@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gymnasium import spaces
 
 import jaxrunner as jr
 from jaxrunner._src.core.metrics import RunnerMetrics
@@ -21,7 +22,7 @@ from jaxrunner._src.samplers.env_streams import (
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.sampler import SamplerSetup
 from jaxrunner._src.samplers.scan import ScanSampler
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 from jaxrunner.testing import Drift
 
 
@@ -200,3 +201,34 @@ def test_each_kind_refuses_the_other_kinds_options():
         jr.EnvRunner(envs, random_policy(3), {"w": jnp.zeros(3)}, 4, 0, compact_next_obs=True)
     with jr.EnvRunner(envs, random_policy(3), {"w": jnp.zeros(3)}, 4, seed=0) as runner:
         assert runner.multi_agent and runner.sample().groups["policy_0"].valid.shape[:2] == (4, 2)
+
+
+class _WrongObs(Drift):
+    """Drift, with one thing reset returns unlike what it declares."""
+
+    def __init__(self, wrong: str) -> None:
+        self.wrong = wrong
+
+    def observation_space(self, agent: str) -> spaces.Box:
+        if self.wrong == "dtype":
+            return spaces.Box(-9, 9, (3,), np.int32)
+        return spaces.Box(-np.inf, np.inf, (4,) if self.wrong == "shape" else (3,), np.float32)
+
+    def reset(self, key: jax.Array) -> tuple[dict[str, jax.Array], tuple]:
+        obs, state = super().reset(key)
+        return ({"x0": obs["x0"]} if self.wrong == "agent" else obs), state
+
+
+@pytest.mark.parametrize(
+    ("wrong", "match"),
+    [
+        ("shape", r"for agent 'x0': expected dtype float32 and shape \(4,\)"),
+        ("dtype", r"for agent 'x0': expected dtype int32"),
+        ("agent", r"without agent 'x1'"),
+    ],
+)
+def test_reset_observations_unlike_the_agents_spaces_are_refused(wrong, match):
+    # As a one-agent env's are (test_jax_env.py::test_bad_input_errors), when built,
+    # not sampled with observations the policy was not initialised on.
+    with pytest.raises(SpaceMismatchError, match=match):
+        jr.multi_agent.JaxMultiAgentVectorEnv(_WrongObs(wrong), 2)

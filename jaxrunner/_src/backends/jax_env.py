@@ -3,6 +3,7 @@ with vmap, sampled in one ``lax.scan``. See docs/backends/jax.md."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium
@@ -139,7 +140,8 @@ class JaxVectorEnv(GroupedAgents):
                 self.single_action_space,
             ),
         )
-        self._check_reset_obs(functions)
+        obs = jax.eval_shape(functions.reset, jax.random.key(0), self.params)[0]
+        self._check_reset_obs(obs, self.single_observation_space)
 
     def _init_agents(
         self, where: str, env: Any, num_envs: int, policy_mapping_fn: PolicyMappingFn | None
@@ -160,6 +162,17 @@ class JaxVectorEnv(GroupedAgents):
             lambda a: to_gymnasium_space(env.action_space(a), f"action_space({a!r})"),
             policy_mapping_fn,
         )
+        obs = jax.eval_shape(env.reset, jax.random.key(0))[0]
+        for g in self.groups:
+            for agent in g.agents:
+                if not isinstance(obs, Mapping) or agent not in obs:
+                    got = sorted(obs, key=str) if isinstance(obs, Mapping) else type(obs).__name__
+                    raise SpaceMismatchError(
+                        f"{where}: {type(env).__name__}'s reset returns observations without "
+                        f"agent {agent!r} (got {got}); expected a dict by agent id with every "
+                        f"one of env.agents {list(env.agents)}."
+                    )
+                self._check_reset_obs(obs[agent], g.observation_space, agent)
 
     @classmethod
     def from_brax(
@@ -251,29 +264,34 @@ class JaxVectorEnv(GroupedAgents):
             )
         return to_gymnasium_space(method(params), name)
 
-    def _check_reset_obs(self, functions: FunctionalEnv) -> None:
-        """Invariant 6: the env's observations have the space's structure, shapes and
-        dtypes (dtypes as JAX stores them: float64 spaces are float32 without x64)."""
-        space = self.single_observation_space
-        obs = jax.eval_shape(functions.reset, jax.random.key(0), self.params)[0]
+    def _check_reset_obs(self, obs: Any, space: spaces.Space, agent: str | None = None) -> None:
+        """Invariant 6: the env's observations (``obs``: what ``reset`` returns, shapes
+        and dtypes; a JaxMARL-style env's ``agent``'s) have the space's structure, shapes
+        and dtypes (dtypes as JAX stores them: float64 spaces are float32 without x64)."""
         expected = space_arrays.allocate(space, ())
+        name = type(self.env).__name__
+        of_agent = "" if agent is None else f" for agent {agent!r}"
+        fix = (
+            "Pass a matching observation_space=, or make the env return what its space declares."
+            if agent is None
+            else f"Make the env return what its observation_space({agent!r}) declares."
+        )
 
         def check(exp: np.ndarray, got: Any) -> None:
             want = jax.dtypes.canonicalize_dtype(exp.dtype)
             if tuple(got.shape) != exp.shape or np.dtype(got.dtype) != want:
                 raise space_arrays.mismatch(
-                    f"JaxVectorEnv: {type(self.env).__name__}'s reset returns observations",
+                    f"JaxVectorEnv: {name}'s reset returns observations{of_agent}",
                     f"dtype {want} and shape {exp.shape} (the observation space {space})",
                     got,
-                    "Pass a matching observation_space=, or make the env return what its "
-                    "space declares.",
+                    fix,
                 )
 
         try:
             space_arrays.map_structure(space, check, expected, obs)
         except (KeyError, IndexError, TypeError, AttributeError) as err:
             raise SpaceMismatchError(
-                f"JaxVectorEnv: the structure of {type(self.env).__name__}'s observations "
+                f"JaxVectorEnv: the structure of {name}'s observations{of_agent} "
                 f"({jax.tree.structure(obs)}) does not match the observation space {space}."
             ) from err
 
