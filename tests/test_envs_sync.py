@@ -10,7 +10,7 @@ import functools
 import pickle
 from collections.abc import Callable, Sequence
 from contextlib import closing
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import gymnasium
 import numpy as np
@@ -38,7 +38,7 @@ from jaxrunner.testing import (
     faulty_env_fns,
     gymnasium_reference,
 )
-from tests.multi_agent_envs import HOST_KINDS, PettingZooCases
+from tests.multi_agent_envs import HOST_KINDS, ComingAndGoing, PettingZooCases
 
 SEED = 2024
 NUM_ENVS = 4
@@ -325,6 +325,35 @@ def test_sub_envs_with_different_spaces(odd: Callable[[], gymnasium.Env], name: 
         jr.SyncVectorEnv(fns)
     assert isinstance(excinfo.value, ValueError)
     assert all(env.unwrapped.is_closed for env in made)
+
+
+class _OtherSpaces(ComingAndGoing):
+    """ComingAndGoing whose agents observe float64, or have 4 actions."""
+
+    closed: ClassVar[list[str]] = []
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        if name == "observation_space":
+            self._obs_space = spaces.Box(-np.inf, np.inf, (3,), np.float64)
+        else:
+            self._act_space = spaces.Discrete(4)
+
+    def close(self) -> None:
+        _OtherSpaces.closed.append(self.name)
+
+
+@pytest.mark.parametrize("name", ["observation_space", "action_space"])
+def test_multi_agent_sub_envs_with_different_spaces(name: str) -> None:
+    # As the single-agent sub-envs above (and the process and Ray backends' multi-agent ones).
+    pytest.importorskip("pettingzoo")
+    _OtherSpaces.closed.clear()
+    fns = [ComingAndGoing] * 2 + [functools.partial(_OtherSpaces, name)]
+    with pytest.raises(SpaceMismatchError, match=rf"sub-env 2 has {name}\('a0'\)=") as excinfo:
+        SyncMultiAgentVectorEnv(fns)
+    assert isinstance(excinfo.value, ValueError)
+    assert _OtherSpaces.closed == [name]
 
 
 class TextObsEnv(CountingEnv):

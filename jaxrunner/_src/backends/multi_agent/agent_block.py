@@ -86,12 +86,28 @@ class AgentBlock(SubEnvBlock):
         self._action_rows: list[Any] | None = None  # a block's actions, placed at its rows
 
     def _check_agents(self, env: Any, index: int) -> None:
+        """``env`` (sub-env ``index``, new or recreated) has the block's agents, each with
+        its group's spaces (as a single-agent vector env's sub-envs have equal spaces)."""
         if tuple(env.possible_agents) != self.possible_agents:
             raise SpaceMismatchError(
                 f"multi-agent sub-env {index} has possible_agents {list(env.possible_agents)}, "
                 f"sub-env {self.offset} has {list(self.possible_agents)}; every sub-env must "
                 "have the same agents. Check the factory."
             )
+        for g in self.groups:
+            for agent in g.agents:
+                for name, expected in (
+                    ("observation_space", g.observation_space),
+                    ("action_space", g.action_space),
+                ):
+                    got = getattr(env, name)(agent)
+                    if got != expected:
+                        raise SpaceMismatchError(
+                            f"multi-agent sub-env {index} has {name}({agent!r})={got}, but "
+                            f"the vector env's agent groups (from sub-env 0) have {expected}; "
+                            "every sub-env must have the same agents and spaces. Check the "
+                            "factory."
+                        )
 
     def reset(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
