@@ -342,6 +342,34 @@ def local_runner(group: jr.EnvRunnerGroup, index: int, incarnation: int, params:
     )
 
 
+@pytest.mark.parametrize("kind", ["gymnasium", "pettingzoo"])
+def test_group_metrics_sum_every_counter_its_runners_report(kind):
+    """EnvRunnerGroup.get_metrics's sums, from two local runners' get_metrics() (multi-agent:
+    agent steps, dropped agent steps and unassigned reward, as the env steps are)."""
+    from jaxrunner._src.services.distributed.group import aggregate_metrics
+
+    runs = {}
+    for index in range(2):
+        if kind == "gymnasium":
+            envs = jr.make_vec("CartPole-v1", 2)
+            policy = POLICY(envs.single_action_space)
+            params = policy.init(jax.random.key(0), envs.single_observation_space)
+        else:
+            pytest.importorskip("pettingzoo")
+            from tests.test_multi_agent import random_policy, zero_params
+
+            envs = jr.make_vec(jr.testing.relay, 2)  # turn-based: rewards before a first turn
+            policy, params = random_policy(4), zero_params(4)
+        with jr.EnvRunner(envs, policy, params, 8, seed=index) as runner:
+            runner.sample()
+            runs[index] = runner.get_metrics()
+    group = aggregate_metrics(runs)
+    counters = [key for key in runs[0] if key.startswith("num_") or key == "unassigned_reward"]
+    assert len(counters) == (4 if kind == "gymnasium" else 7)
+    for key in counters:
+        assert group[key] == pytest.approx(sum(m[key] for m in runs.values())), key
+
+
 def test_group_of_two_runners_samples_in_parallel(group, group_params):
     traj = group.sample()
     assert traj.obs.shape == (T_GROUP, 2 * N_ENVS, 4)

@@ -188,9 +188,10 @@ class EnvRunnerGroup:
         return self._params_version
 
     def get_metrics(self) -> dict[str, Any]:
-        """Sums (steps, episodes, faults, steps/s), means over runners (episode return
-        and length, perf timers), and the group's own: runners up, restarts, params
-        versions, and each runner's metrics under ``runners``. A runner's counters
+        """Sums (steps, episodes, faults, steps/s; multi-agent: agent steps and
+        unassigned reward too), means over runners (episode return and length, perf
+        timers), and the group's own: runners up, restarts, params versions, and each
+        runner's metrics under ``runners``. A runner's counters
         start again from 0 when it is replaced; ``num_env_steps_sampled`` does not."""
         self._check_open("get_metrics")
         calls = [(s, s.actor.get_metrics.remote()) for s in self._healthy_slots(block=False)]
@@ -346,12 +347,17 @@ def _merged(statistics: Any, deltas: list[Any]) -> Any:
 
 def aggregate_metrics(per_runner: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     """Group metrics from runners' ``get_metrics()``: counters and rates summed (the
-    runners run in parallel), episode statistics and perf timers averaged."""
+    runners run in parallel; multi-agent runners' agent steps and unassigned reward
+    too), episode statistics and perf timers averaged."""
     runs = list(per_runner.values())
     if not runs:
         return {}
     summed = ("num_env_steps", "num_episodes", "num_faulty_episodes", "num_dropped_steps")
+    if "num_agent_steps" in runs[0]:  # multi-agent runners: their counters too
+        summed += ("num_agent_steps", "num_dropped_agent_steps")
     out: dict[str, Any] = {key: sum(int(m.get(key, 0)) for m in runs) for key in summed}
+    if "unassigned_reward" in runs[0]:
+        out["unassigned_reward"] = float(sum(m.get("unassigned_reward", 0.0) for m in runs))
     out["env_steps_per_s"] = float(sum(m.get("env_steps_per_s", 0.0) for m in runs))
     with np.errstate(all="ignore"):
         for key, fn in (
