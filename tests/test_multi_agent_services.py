@@ -236,6 +236,10 @@ def test_evaluate_multi_agent_with_connectors_uses_the_training_statistics_froze
             envs, sign_policy(), {}, 4, deterministic=False, seed=1, connectors={"policy_0": conn},
             connector_state=state,
         )  # fmt: skip
+        by_name = jr.evaluate(  # a dict by connector name, as a single-agent env takes it
+            envs, sign_policy(), {}, 4, deterministic=False, seed=1, connectors=conn,
+            connector_state={"policy_0": conn.state_dict(state["policy_0"])},
+        )  # fmt: skip
         with pytest.raises(jr.errors.InvalidArgumentError, match="connector_state=runner"):
             jr.evaluate(envs, sign_policy(), {}, 1, deterministic=False, connectors=conn)
         with pytest.raises(jr.errors.InvalidArgumentError, match="policy ids"):
@@ -247,6 +251,7 @@ def test_evaluate_multi_agent_with_connectors_uses_the_training_statistics_froze
     np.testing.assert_array_equal(result.env_ids, [0, 0, 1, 1])
     np.testing.assert_allclose(result.returns, want, rtol=1e-12)
     np.testing.assert_array_equal(again.returns, result.returns)  # the statistics stay frozen
+    np.testing.assert_array_equal(by_name.returns, result.returns)
     assert not np.allclose(want, [r for s in jr.env_seeds(1, 2) for r in by_hand(s, 2, 0 * mean)])
 
 

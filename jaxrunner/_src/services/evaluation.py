@@ -125,7 +125,8 @@ def evaluate(
         connectors: the training runner's :class:`~jaxrunner.connectors.Connectors`
             (the policy sees what they make of the observations).
         connector_state: their state, e.g. the training runner's
-            ``get_connector_state()`` (single-agent: or a dict by connector name): its
+            ``get_connector_state()`` (or a dict by connector name; multi-agent: either,
+            by policy id): its
             statistics, used frozen, so evaluation never changes them (per-env parts such
             as frame stacks start afresh with the evaluation envs' episodes). Required
             when the observation connectors keep statistics: fresh ones would evaluate on
