@@ -168,6 +168,8 @@ def test_episodes_per_agent_match_the_trajectory():
     for e in episodes:
         assert e.obs.shape == (e.length + 1, 3)
         np.testing.assert_array_equal(e.obs[1:, 0], e.env_step + 1)  # obs carry the env step
+        # As a jr.Episode's (total_reward: its first name, kept).
+        assert e.total_return == e.total_reward == float(np.sum(e.reward))
     assert metrics["agents"]["a3"]["num_agent_steps"] == 0
     assert metrics["num_agent_steps"] == sum(
         metrics["agents"][a]["num_agent_steps"] for a in ("a0", "a1", "a2")

@@ -28,7 +28,7 @@ class EpisodeSpan:
 
     @property
     def total_return(self) -> float:
-        """The sum of the rewards (an ``AgentEpisode``'s ``total_reward``)."""
+        """The sum of the rewards, undiscounted (also an ``AgentEpisode``'s ``total_reward``)."""
         return float(np.sum(self.reward))
 
     @property
