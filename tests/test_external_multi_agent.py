@@ -136,6 +136,13 @@ def test_policies_map_agents_and_params_are_per_policy():
         assert env.get_params("left")[1] == 0
         with pytest.raises(InvalidArgumentError, match=r"policy_id='middle'.*unknown policy id"):
             env.set_params(params, "middle")
+        with pytest.raises(InvalidArgumentError, match="Name one: this env has several"):
+            env.get_params()
+    # One policy: no policy id needed, as a runner's set_params(params) and ExternalEnv's.
+    with make_env(ComingAndGoing()) as env:
+        params, version = env.get_params()
+        assert version == 0 and env.set_params(params) == 1
+        assert env.get_params("policy_0")[1] == 1
 
 
 def test_log_action_records_actions_as_given():

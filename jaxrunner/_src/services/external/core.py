@@ -372,11 +372,16 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         raise NotImplementedError
 
     def _batcher(self, policy_id: Any, what: str) -> PolicyBatcher:
+        """``policy_id``'s batcher (None: the one policy's, where there is one, as
+        ``EnvRunner.set_params`` takes it)."""
+        if policy_id is None and len(self._batchers) == 1:
+            return next(iter(self._batchers.values()))
         batcher = self._batchers.get(policy_id) if isinstance(policy_id, str) else None
         if batcher is None:
             raise InvalidArgumentError(
                 f"{what}(policy_id={policy_id!r}): unknown policy id; the env's policies are "
                 f"{list(self.policy_ids)}."
+                + (" Name one: this env has several." if policy_id is None else "")
             )
         return batcher
 

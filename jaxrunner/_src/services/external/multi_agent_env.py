@@ -176,13 +176,15 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
 
     # -- output and params --------------------------------------------------------------------
 
-    def set_params(self, params: Params, policy_id: str) -> int:
-        """Replaces ``policy_id``'s params from its next batch on (never recompiles);
-        returns their new version. (The order of every runner's ``set_params``.)"""
+    def set_params(self, params: Params, policy_id: str | None = None) -> int:
+        """Replaces ``policy_id``'s params (None: the env's one policy) from its next
+        batch on (never recompiles); returns their new version. (The arguments of every
+        runner's ``set_params``.)"""
         return self._batcher(policy_id, "set_params").set_params(params)
 
-    def get_params(self, policy_id: str) -> tuple[Params, int]:
-        """``policy_id``'s current params and their version (0: those given first)."""
+    def get_params(self, policy_id: str | None = None) -> tuple[Params, int]:
+        """``policy_id``'s current params (None: the env's one policy) and their version
+        (0: those given first)."""
         return self._batcher(policy_id, "get_params").get_params()
 
     def get_metrics(self) -> dict[str, Any]:
