@@ -273,6 +273,15 @@ def test_bad_requests_get_4xx_with_a_clear_error_and_change_nothing(served):
         assert error["message"] and "Traceback" not in response.text, name
     assert {k: env.get_metrics()[k] for k in keys} == before
     assert env.get_metrics()["num_policy_rows"] == rows_before
+    # The client refuses a reward as the env does (and MultiAgentPolicyClient), sending none.
+    for bad, info, error in [
+        (float("nan"), None, errors.InvalidArgumentError),
+        (True, None, errors.InvalidArgumentTypeError),
+        ("1.5", None, errors.InvalidArgumentTypeError),
+        (1.0, [1], errors.InvalidArgumentTypeError),
+    ]:
+        with pytest.raises(error, match=r"log_returns\("):
+            client.log_returns(eid, bad, info)
     # The episode goes on as if nothing had happened.
     client.log_returns(eid, reward)
     client.end_episode(eid, obs1)

@@ -220,6 +220,7 @@ class PolicyClient(_Client):
         if self._local is not None:
             self._local.log_returns(episode_id, reward, info)
             return
+        checks.check_returns(reward, info)  # as the env checks it (and the multi-agent client)
         body = {"reward": float(reward), "info": info}
         self._call("POST", f"/v1/episodes/{episode_id}/returns", body)
 
