@@ -100,8 +100,9 @@ def from_env(
                 restart_policy, env_kwargs, runner_options, envpool, policy_mapping_fn,
             )  # fmt: skip
         backend, config = choice.backend, choice.process_config()
+    spec: Any = env  # an id or a factory: make_vec's overloads type them apart
     envs = make_vec(
-        env, num_envs, backend, config=config, restart_policy=restart_policy,
+        spec, num_envs, backend, config=config, restart_policy=restart_policy,
         policy_mapping_fn=policy_mapping_fn, **env_kwargs,
     )  # fmt: skip
     if choice is not None:
@@ -176,8 +177,9 @@ def _trial(
                     layout = dataclasses.replace(
                         rule, backend="process" if key else "sync", num_workers=int(key)
                     )
+                    spec: Any = env  # (as in from_env)
                     envs = make_vec(
-                        env, num_envs, layout.backend, config=layout.process_config(),
+                        spec, num_envs, layout.backend, config=layout.process_config(),
                         restart_policy=restart_policy, policy_mapping_fn=policy_mapping_fn,
                         **env_kwargs,
                     )  # fmt: skip
