@@ -101,8 +101,8 @@ def copy_into(space: spaces.Space, dst: Any, src: Any, index: Any = slice(None))
         dst[index] = src
 
 
-def rows(space: spaces.Space, tree: Any, index: int | slice) -> Any:
-    """``tree[index]`` leaf by leaf, as views."""
+def rows(space: spaces.Space, tree: Any, index: Any) -> Any:
+    """``tree[index]`` leaf by leaf (as views, unless ``index`` is an index array)."""
     return map_structure(space, lambda leaf: leaf[index], tree)
 
 

@@ -14,7 +14,6 @@ import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.allocators import Allocator, Zeros
-from jaxrunner._src.backends.sub_env_block import failed_mask
 from jaxrunner._src.core.agent_groups import AgentGroup
 
 FIELDS = (
@@ -222,8 +221,9 @@ class StepViews:
         if failed is not None and len(failed):
             if isinstance(failed, np.ndarray) and failed.dtype == np.bool_:
                 mask = failed if failed.any() else None
-            else:
-                mask = failed_mask(failed, lo, hi)
+            else:  # global indices, a list or an int array
+                mask = np.zeros(hi - lo, np.bool_)
+                mask[np.asarray(failed, np.int64) - lo] = True
         return MultiAgentStep(
             groups=groups,
             env_done=b.env_done,

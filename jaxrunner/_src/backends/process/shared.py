@@ -37,7 +37,8 @@ class Views(NamedTuple):
     buffers: Any
     """The buffers the step loop writes (the kind's: ``StepBuffers``, ``AgentStepBuffers``)."""
     action: Any
-    status: np.ndarray
+    status: Any
+    """Each sub-env's step progress (a memoryview in the worker: faster item writes)."""
     steps: Any = None
     """Multi-agent: the steps the main process returns, views of :attr:`buffers`."""
 

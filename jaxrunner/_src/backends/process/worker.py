@@ -68,9 +68,8 @@ class Worker:
         os.close(fd)
         v = layout.views(self._memory)
         self.read_actions = layout.actions_reader(v)
-        # The marks as a memoryview: faster item writes than numpy's (typeshed's
-        # memoryview is no MutableSequence).
-        v = v._replace(status=memoryview(v.status))  # type: ignore[arg-type]
+        # The marks as a memoryview: faster item writes than numpy's.
+        v = v._replace(status=memoryview(v.status))
         self.sub_envs = layout.block(self, v, policy)
 
     def grow(self, payload: bytes) -> dict[str, Any]:
