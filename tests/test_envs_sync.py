@@ -7,6 +7,7 @@ validate everything its sub-envs return, and name the sub-env at fault in every 
 from __future__ import annotations
 
 import functools
+import itertools
 import pickle
 from collections.abc import Callable, Sequence
 from contextlib import closing
@@ -31,6 +32,7 @@ from jaxrunner.testing import (
     CountingEnv,
     DictObsEnv,
     FaultPlan,
+    FaultyEnv,
     InjectedError,
     VectorEnvContract,
     assert_trees_equal,
@@ -354,6 +356,27 @@ def test_multi_agent_sub_envs_with_different_spaces(name: str) -> None:
         SyncMultiAgentVectorEnv(fns)
     assert isinstance(excinfo.value, ValueError)
     assert _OtherSpaces.closed == [name]
+
+
+@pytest.mark.parametrize("name", ["observation_space", "action_space"])
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_a_restarted_sub_env_with_other_spaces_is_refused(backend: str, name: str) -> None:
+    # As a multi-agent restart is (AgentBlock._check_agents): the step loop's buffers and
+    # the policy were made for the first spaces.
+    made = itertools.count()
+
+    def flaky() -> gymnasium.Env:  # the first fails at its 2nd step, each new one differs
+        if next(made) == 0:
+            return FaultyEnv(CountingEnv(), [FaultPlan(call="step", at=(2,))])
+        return DictObsEnv() if name == "observation_space" else CountingEnv(num_actions=7)
+
+    policy = jr.RestartPolicy(max_attempts=2, backoff_s=0.0)
+    envs = jr.make_vec([CountingEnv, flaky], 2, backend=backend, restart_policy=policy)
+    match = rf"sub-env 1 failed .*could not be recreated: .*recreated with {name}="
+    with closing(envs), pytest.raises(EnvError, match=match):
+        envs.reset(seed=0)
+        for _ in range(3):
+            envs.step(np.zeros(2, np.int64))
 
 
 class TextObsEnv(CountingEnv):

@@ -24,7 +24,7 @@ from jaxrunner._src.backends.sub_env_block import (
 )
 from jaxrunner._src.space_arrays import check_flag, check_info, check_reward
 from jaxrunner._src.space_arrays.checks import all_finite_test, nonfinite_observations
-from jaxrunner.errors import JaxRunnerError
+from jaxrunner.errors import JaxRunnerError, SpaceMismatchError
 
 
 class ActionSplitters:
@@ -194,6 +194,17 @@ class GymnasiumBlock(SubEnvBlock):
 
     def _fresh(self, j: int, env: Any, seed: int | None) -> dict[str, Any]:
         i = self.offset + j
+        for name, expected in (
+            ("observation_space", self.obs_space),
+            ("action_space", self.envs[j].action_space),  # the env it replaces: checked
+        ):
+            got = getattr(env, name)
+            if got != expected:
+                raise SpaceMismatchError(
+                    f"sub-env {i} was recreated with {name}={got}, but the vector env's is "
+                    f"{expected}; a restarted sub-env must have the spaces of the one it "
+                    "replaces. Check the factory."
+                )
         obs, info = reset_result(env.reset(seed=seed), i)
         self.write_obs(i, obs)
         self._check_finite_reset(i)  # a new sub-env's first observation too
