@@ -186,6 +186,16 @@ def test_env_kwargs_reach_gymnasium_make():
     assert traj.truncated[4].all() and traj.truncated[9].all()  # every 5th step
 
 
+@pytest.mark.parametrize("key", ["seed", "config", "backend", "policy_mapping_fn"])
+def test_env_kwargs_that_make_vec_would_take_as_its_own_are_refused(key):
+    # "seed" would have seeded the vector env silently; the others were a TypeError.
+    policy, params = _policy_and_params()
+    with pytest.raises(InvalidArgumentError, match=rf"env_kwargs=\{{'{key}': ...\}}.*env factory"):
+        jr.EnvRunner.from_env(
+            "CartPole-v1", 2, policy, params, 4, 0, backend="sync", env_kwargs={key: 1}
+        )
+
+
 def test_close_layouts_are_undecided_and_clear_ones_are_not():
     from jaxrunner._src.runner.auto_layout import undecided
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import inspect
 import time
 import warnings
 from collections.abc import Mapping
@@ -25,6 +26,7 @@ from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.samplers.callbacks import Callbacks
+from jaxrunner.errors import InvalidArgumentError
 
 TRIAL_ROUNDS = 5
 """Timed samples per candidate, interleaved (after one warm-up sample each); each
@@ -86,6 +88,14 @@ def from_env(
     """
     runner_options = {"callbacks": callbacks, **options}
     env_kwargs = dict(env_kwargs or {})
+    own = inspect.signature(make_vec).parameters
+    taken = [k for k in env_kwargs if k in own and own[k].kind != inspect.Parameter.VAR_KEYWORD]
+    if taken:  # make_vec would take them as its own (or refuse them twice)
+        raise InvalidArgumentError(
+            f"EnvRunner.from_env(env_kwargs={{{taken[0]!r}: ...}}): {taken} name make_vec's "
+            "own arguments, so they would never reach the env. Pass an env factory instead, "
+            f"e.g. env=lambda: gymnasium.make(env_id, {taken[0]}=...)."
+        )
     choice = None
     if backend == "auto":
         check_vec_options(backend, config, restart_policy)
