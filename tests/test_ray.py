@@ -368,6 +368,14 @@ def test_group_metrics_sum_every_counter_its_runners_report(kind):
     assert len(counters) == (4 if kind == "gymnasium" else 7)
     for key in counters:
         assert group[key] == pytest.approx(sum(m[key] for m in runs.values())), key
+    for part in ("policies", "agents"):  # multi-agent: per policy and agent, by one rule
+        assert (part in group) == (kind == "pettingzoo")
+        for name, entry in group.get(part, {}).items():
+            each = [m[part][name] for m in runs.values()]
+            for key in ("num_agent_steps", "num_episodes"):
+                assert entry[key] == sum(e[key] for e in each), (part, name, key)
+            means = [e["episode_length_mean"] for e in each]
+            assert entry["episode_length_mean"] == pytest.approx(np.nanmean(means), nan_ok=True)
 
 
 def test_group_of_two_runners_samples_in_parallel(group, group_params):
