@@ -211,15 +211,34 @@ def test_params_serve_each_policy_and_reports_are_refused_clearly(tmp_path):
         assert all(jax.tree.leaves(same))
         since = httpx.get(f"{server.url}/v1/params?policy_id=policy_0&since=0", headers=auth)
         assert since.json() == {"version": 0, "params": None}
-        for query, text in (("", "policy_id=<id>"), ("?policy_id=nope", "unknown policy id")):
-            refused = httpx.get(f"{server.url}/v1/params{query}", headers=auth)
-            assert refused.status_code == 422 and text in refused.json()["error"]["message"]
+        # The env's one policy needs no id, as env.get_params() and EnvRunner's need none.
+        assert httpx.get(f"{server.url}/v1/params", headers=auth).json() == got
+        refused = httpx.get(f"{server.url}/v1/params?policy_id=nope", headers=auth)
+        assert refused.status_code == 422
+        assert "unknown policy id" in refused.json()["error"]["message"]
         eid = client.start_episode()
         body = {"obs": [], "actions": [], "rewards": []}
         report = httpx.post(f"{server.url}/v1/episodes/{eid}/report", json=body, headers=auth)
         assert report.status_code == 501
         assert report.json()["error"]["code"] == "not_implemented"
         assert "single-agent envs only" in report.json()["error"]["message"]
+
+
+def test_params_of_an_env_of_several_policies_need_a_policy_id(tmp_path):
+    spaces_ = {"a0": OBS_SPACE, "a1": OBS_SPACE}
+    env = MultiAgentExternalEnv(
+        spaces_,
+        dict.fromkeys(spaces_, ACTION_SPACE),
+        POLICY,
+        {"p0": PARAMS["policy_0"], "p1": PARAMS["policy_0"]},
+        policy_mapping_fn={"a0": "p0", "a1": "p1"}.__getitem__,
+    )
+    with served(env, tmp_path) as (server, _):
+        auth = {"Authorization": f"Bearer {(tmp_path / 'token').read_text().strip()}"}
+        refused = httpx.get(f"{server.url}/v1/params", headers=auth)
+        assert refused.status_code == 422
+        assert "policy_id=<id>" in refused.json()["error"]["message"]
+        assert httpx.get(f"{server.url}/v1/params?policy_id=p1", headers=auth).status_code == 200
 
 
 # -- hostile sockets -------------------------------------------------------------------------

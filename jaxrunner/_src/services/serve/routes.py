@@ -126,7 +126,7 @@ class Agents:
         return len(values) > OFF_LOOP_AGENTS
 
     def params(self, policy_id: str | None) -> tuple[Any, int]:
-        if policy_id is None:
+        if policy_id is None and len(self.env.policy_ids) > 1:  # one: it (as get_params)
             raise errors.InvalidArgumentError(
                 "GET /v1/params: which policy's? Pass ?policy_id=<id>; the env's policies "
                 f"are {list(self.env.policy_ids)}."
