@@ -262,6 +262,11 @@ def test_construction_errors_name_the_fix():
         MultiAgentExternalEnv(
             {"a": pz.observation_space("a0")}, {"b": pz.action_space("a0")}, policy, {}
         )
+    with MultiAgentExternalEnv.from_pettingzoo(pz, policy, {"policy_0": params}) as env:
+        assert env.get_spaces() == {  # by policy id, as a multi-agent runner's
+            "observation_space": {"policy_0": pz.observation_space("a0")},
+            "action_space": {"policy_0": pz.action_space("a0")},
+        }
     # The errors name this class and the argument, not ExternalEnv's.
     match = r"MultiAgentExternalEnv\(policies\['policy_0'\]=...\): expected a jaxrunner.Policy"
     with pytest.raises(InvalidArgumentTypeError, match=match):

@@ -187,6 +187,14 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         (0: those given first)."""
         return self._batcher(policy_id, "get_params").get_params()
 
+    def get_spaces(self) -> dict[str, dict[str, spaces.Space]]:
+        """Each policy id's one-agent observation and action spaces, by policy id (as a
+        multi-agent ``EnvRunner.get_spaces()``)."""
+        return {
+            "observation_space": {g.policy_id: g.observation_space for g in self.groups},
+            "action_space": {g.policy_id: g.action_space for g in self.groups},
+        }
+
     def get_metrics(self) -> dict[str, Any]:
         """As :meth:`ExternalEnv.get_metrics <jaxrunner.ExternalEnv.get_metrics>`, with
         ``num_env_steps`` counting action calls (env steps), ``num_agent_steps`` the
