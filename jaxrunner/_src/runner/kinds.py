@@ -127,18 +127,18 @@ class AgentGroups:
             check_loop_options(self, callbacks, num_splits, loop, fix)
         # A proxy: the sampler must not keep its runner alive (one owner per env).
         proxy = weakref.proxy(runner) if callbacks is not None else None
-        return self.host_sampler(first, setup, num_splits, callbacks, proxy)
+        sampler = self.host_sampler(first, setup, num_splits, callbacks, proxy)
+        self.check_policy_actions(sampler.groups)  # before any env is stepped
+        return sampler
 
     def host_sampler(
         self, first: Any, setup: Any, num_splits: Any, callbacks: Any, runner: Any
     ) -> Any:
         """The host sampler from the first reset: the multi-agent one runs lockstep and
         ready-first in one loop."""
-        loop = HostLoop(
+        return HostLoop(
             self.envs, first, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
         )
-        self.check_policy_actions(loop.groups)
-        return loop
 
     def check_policy_actions(self, samplers: Mapping[str, Any]) -> None:
         """Each group's policy output (``samplers``: its group samplers, by policy id)
@@ -249,11 +249,9 @@ class OneAgent(AgentGroups):
         self, first: Any, setup: Any, num_splits: Any, callbacks: Any, runner: Any
     ) -> Any:
         envs, (obs, _) = self.envs, first
-        sampler = OneAgentSampler(
+        return OneAgentSampler(
             envs, obs, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
         )
-        self.check_policy_actions(sampler._loop.groups)
-        return sampler
 
     def agent_episode_end(self, callbacks: Any) -> Any:
         return None  # one agent: its episodes are the env's, seen by the per-step hooks

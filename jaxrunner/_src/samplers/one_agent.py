@@ -63,6 +63,11 @@ class OneAgentSampler:
         return "ReadyFirstSampler" if self._loop.ready_first else "LockstepSampler"
 
     @property
+    def groups(self) -> dict[str, Any]:
+        """The loop's group samplers by policy id: the one agent's."""
+        return self._loop.groups
+
+    @property
     def ready_first(self) -> Any:
         """The loop's ready-first mode (its buckets and calls per size); None: lockstep."""
         return self._loop.ready_first
