@@ -240,9 +240,9 @@ def test_make_vec_explains_a_backend_option_given_as_an_env_kwarg() -> None:
     with pytest.raises(EnvError, match=hint) as info:  # raised by the factory, in a worker
         jr.make_vec("CartPole-v1", 2, backend="process", envs_per_worker=1)
     assert isinstance(info.value.__cause__, jr.errors.InvalidArgumentTypeError)
-    with pytest.raises(TypeError, match=r"unexpected keyword argument 'envs_per_worker'") as info:
+    with pytest.raises(EnvError, match=r"sub-env 0 raised in factory\(\)") as info:
         jr.make_vec("CartPole-v1", 2, envs_per_worker=1)  # no option of the sync backend
-    assert not isinstance(info.value, jr.errors.JaxRunnerError)
+    assert isinstance(info.value.__cause__, TypeError)  # gymnasium.make's own, unexplained
 
 
 def test_make_vec_checks_config_and_restart_policy_against_the_backend() -> None:
@@ -268,6 +268,24 @@ def test_make_vec_passes_kwargs_to_gymnasium_make() -> None:
 def test_sync_vector_env_needs_an_env() -> None:
     with pytest.raises(ValueError, match=r"at least one"):
         jr.SyncVectorEnv([])
+
+
+def _failing_factory() -> gymnasium.Env:
+    raise InjectedError("factory failed")
+
+
+@pytest.mark.parametrize("failing", [0, 2])
+@pytest.mark.parametrize("kind", ["gymnasium", "pettingzoo"])
+def test_make_vec_names_the_sub_env_whose_factory_raised(kind: str, failing: int) -> None:
+    # Sub-env 0 is built first, to read the env's kind: its error is named as the others'.
+    if kind == "pettingzoo":
+        pytest.importorskip("pettingzoo")
+    ok = CountingEnv if kind == "gymnasium" else ComingAndGoing
+    fns = [_failing_factory if i == failing else ok for i in range(3)]
+    with pytest.raises(EnvError, match=rf"sub-env {failing} raised in factory\(\)") as excinfo:
+        jr.make_vec(fns, 3, backend="sync")
+    assert excinfo.value.env_index == failing
+    assert isinstance(excinfo.value.__cause__, InjectedError)
 
 
 def test_reset_seed_list() -> None:
@@ -415,8 +433,9 @@ def test_failing_factory_closes_envs_built_so_far() -> None:
     def broken() -> gymnasium.Env:
         raise InjectedError("factory failed")
 
-    with pytest.raises(InjectedError):
+    with pytest.raises(EnvError, match=r"sub-env 2 raised in factory\(\)") as info:
         jr.SyncVectorEnv([_recording(made, CountingEnv)] * 2 + [broken])
+    assert isinstance(info.value.__cause__, InjectedError)
     assert len(made) == 2 and all(env.is_closed for env in made)
 
 

@@ -15,6 +15,7 @@ from jaxrunner._src.backends.env_api import check_env, with_namespace_hint
 from jaxrunner._src.backends.process import ProcessConfig
 from jaxrunner._src.backends.ray import RayConfig
 from jaxrunner._src.backends.restarts import close_quietly
+from jaxrunner._src.backends.sub_env_block import SubEnvRaised
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 BACKEND_CONFIGS: dict[str, type] = {"process": ProcessConfig, "ray": RayConfig}
@@ -66,18 +67,22 @@ def close_kind_probe(env: Any) -> None:
 def first_env(env: EnvSpec, factory: Callable[[], Any]) -> Any:
     """Sub-env 0, built here to read its kind (and, for ``"auto"``, to time it). An env
     id gymnasium cannot make (an EnvPool task id, say) is refused with what to use
-    instead."""
+    instead; a factory's own error is raised as :class:`SubEnvRaised`, as every other
+    sub-env's."""
     try:
-        return check_env(factory(), 0)
+        made = factory()
     except gymnasium.error.Error as err:
         if not isinstance(env, str):
-            raise
+            raise SubEnvRaised(err, 0, "factory") from err
         raise InvalidArgumentError(
             f"make_vec({env!r}, backend='auto'): 'auto' chooses between the sync and "
             f"process backends, which build envs with gymnasium.make, and that failed "
             f"({err}). For an EnvPool task id use backend='envpool'; else register the "
             "env with gymnasium or pass a zero-argument factory."
         ) from err
+    except Exception as err:
+        raise SubEnvRaised(err, 0, "factory") from err
+    return check_env(made, 0)
 
 
 def factories_for(

@@ -12,7 +12,6 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv, check_env_fns, check_equal_spaces
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
-from jaxrunner._src.backends.env_api import check_env
 from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBlock
 from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
@@ -20,7 +19,7 @@ from jaxrunner._src.backends.snapshots import (
     SnapshotRefusedError,
 )
 from jaxrunner._src.backends.step_buffers import StepBuffers
-from jaxrunner._src.backends.sub_env_block import EnvFactory, failed_mask
+from jaxrunner._src.backends.sub_env_block import EnvFactory, build_envs, failed_mask
 
 
 class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
@@ -56,8 +55,7 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         self.env_fns = list(env_fns)
         self.envs: list[gymnasium.Env] = []
         try:
-            for i, fn in enumerate(self.env_fns):
-                self.envs.append(check_env(fn(), i))
+            self.envs = build_envs(self.env_fns, 0)  # a factory's error: SubEnvRaised
             self.num_envs, first = len(self.envs), self.envs[0]
             check_equal_spaces([(env.observation_space, env.action_space) for env in self.envs])
             self._take_spaces(
