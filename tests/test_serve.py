@@ -117,12 +117,13 @@ def test_local_inference_reports_experience_and_pulls_params(served):
         got = np.concatenate([e.extras["log_prob"] for e in episodes.values()])
         np.testing.assert_allclose(got, expected, rtol=1e-5)
         assert client.params_version == version
+        assert client.num_param_pulls == 1  # at construction; later pulls found them current
         new = jax.tree.map(lambda x: x * 0.5, params)
         new_version = env.set_params(new)
         deadline = time.monotonic() + 10
         while client.params_version != new_version and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert client.params_version == new_version
+        assert client.params_version == new_version and client.num_param_pulls == 2
         local_params, _ = client._local.get_params()
         jax.tree.map(np.testing.assert_array_equal, local_params, new)
     finally:

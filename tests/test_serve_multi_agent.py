@@ -182,3 +182,47 @@ def test_clients_refuse_the_other_kind_of_server(served, tmp_path):
         with PolicyClient(single.url, token_file=single_token) as client:
             play(client, seed=0)  # the single-agent routes are unchanged
         assert env.get_metrics()["num_episodes"] == 1
+
+
+@pytest.mark.parametrize("multi_agent", [False, True], ids=["single", "multi"])
+def test_log_returns_takes_info_on_both_kinds_and_refuses_a_bad_one(tmp_path, multi_agent):
+    # RLlib's log_returns of both kinds takes an info dict: accepted, not stored, and one
+    # that is not a dict is refused the same way by the env, the client and the route.
+    game = gymnasium.make("CartPole-v1")
+    obs_space, action_space = game.observation_space, game.action_space
+    policy = mlp_policy(action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), obs_space)
+    if multi_agent:
+        env = jr.multi_agent.MultiAgentExternalEnv(
+            {"a": obs_space}, {"a": action_space}, policy, {"policy_0": params}
+        )
+        client_type, one, body = MultiAgentPolicyClient, lambda v: {"a": v}, "rewards"
+    else:
+        env = jr.ExternalEnv(obs_space, action_space, policy, params)
+        client_type, one, body = PolicyClient, lambda v: v, "reward"
+    token_file = tmp_path / "token"
+    with (
+        env,
+        PolicyServer(env, token_file=token_file) as server,
+        client_type(server.url, token_file=token_file) as client,
+    ):
+        url = f"{server.url}/v1/episodes/{{}}/returns"
+        auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        obs, _ = game.reset(seed=0)
+        eid = client.start_episode()
+        client.get_action(eid, one(obs))
+        for caller in (env, client):
+            with pytest.raises(
+                errors.InvalidArgumentTypeError,
+                match=r"^log_returns\(info=\.\.\.\): expected a dict or None, got list\.$",
+            ):
+                caller.log_returns(eid, one(1.0), [1])  # type: ignore[arg-type]
+        refused = httpx.post(url.format(eid), json={body: one(1.0), "info": [1]}, headers=auth)
+        assert refused.status_code == 422 and "info" in refused.json()["error"]["message"]
+        env.log_returns(eid, one(0.25), {"from": "env"})
+        client.log_returns(eid, one(0.5), info={"from": "client"})
+        sent = httpx.post(url.format(eid), json={body: one(1.0), "info": {"a": 1}}, headers=auth)
+        assert sent.status_code == 200, sent.text
+        client.end_episode(eid, one(obs))
+        (episode,) = env.poll_episodes()
+    assert episode.reward.tolist() == [1.75]  # the refused calls added nothing

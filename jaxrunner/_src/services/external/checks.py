@@ -80,6 +80,11 @@ def check_returns(reward: Any, info: Any) -> None:
     """Raises unless ``reward`` is a finite real number and ``info`` a dict or None
     (``log_returns``)."""
     check_reward(reward, "reward")
+    check_info(info)
+
+
+def check_info(info: Any) -> None:
+    """Raises unless ``log_returns``'s ``info`` (either kind of env) is a dict or None."""
     if info is not None and not isinstance(info, dict):
         raise InvalidArgumentTypeError(
             f"log_returns(info=...): expected a dict or None, got {type(info).__name__}."

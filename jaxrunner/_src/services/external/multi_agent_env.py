@@ -132,16 +132,21 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         )
         return self._submit(episode_id, obs, actions, "log_action")
 
-    def log_returns(self, episode_id: int, rewards: dict[str, float]) -> None:
+    def log_returns(
+        self, episode_id: int, rewards: dict[str, float], info: dict[str, Any] | None = None
+    ) -> None:
         """Adds each agent's reward (``{agent_id: reward}``) to the reward of its latest
         action; before its first action, onto that action (an agent that ends without
-        one: to ``get_metrics()["unassigned_reward"]``).
+        one: to ``get_metrics()["unassigned_reward"]``). ``info`` as for
+        :meth:`ExternalEnv.log_returns <jaxrunner.ExternalEnv.log_returns>` (RLlib's
+        ``info_dict``): a dict or None, not stored.
 
         Raises:
             EpisodeConflictError: an agent has ended (its rewards belong before
                 ``end_agents``), or a call for the episode is in flight.
         """
         rewards = checks.check_agent_rewards(rewards, self.possible_agents)
+        checks.check_info(info)
         with self._lock:
             live = self._get_live(episode_id, "log_returns", rewards)
             self._join(live, list(rewards), "log_returns")

@@ -122,6 +122,11 @@ class PolicyClient(_Client):
             the server still refuses as too large is split in two and sent again).
         local_config: local inference: batching of the client's own policy calls
             (default: batches of up to 32, one compiled size).
+
+    Attributes:
+        num_param_pulls: local inference: how many times the client has downloaded
+            params from the server, the first (at construction) included; a pull that
+            finds its params current downloads none and does not count (0 for remote).
     """
 
     multi_agent: ClassVar[bool] = False
@@ -358,10 +363,13 @@ class MultiAgentPolicyClient(_Client):
         }
         self._call("POST", f"/v1/episodes/{episode_id}/log_action", body)
 
-    def log_returns(self, episode_id: int, rewards: dict[str, float]) -> None:
+    def log_returns(
+        self, episode_id: int, rewards: dict[str, float], info: dict[str, Any] | None = None
+    ) -> None:
         """Adds each agent's reward to its latest action's reward."""
         rewards = checks.check_agent_rewards(rewards, self.possible_agents)
-        body = {"rewards": {a: float(r) for a, r in rewards.items()}}
+        checks.check_info(info)
+        body = {"rewards": {a: float(r) for a, r in rewards.items()}, "info": info}
         self._call("POST", f"/v1/episodes/{episode_id}/returns", body)
 
     def end_agents(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:

@@ -177,7 +177,7 @@ class Agents:
 
     def rewards(self) -> Reader:
         async def read(body: AgentReturnsBody) -> tuple[Any, ...]:
-            return (body.rewards,)
+            return body.rewards, body.info
 
         return read
 

@@ -86,6 +86,7 @@ class AgentLogActionBody(_Strict):
 
 class AgentReturnsBody(_Strict):
     rewards: Annotated[dict[str, Reward], Field(max_length=MAX_AGENTS)]
+    info: dict[str, Any] | None = None
 
 
 class AgentEndBody(_Strict):
