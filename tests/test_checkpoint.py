@@ -82,8 +82,8 @@ def recurrent_policy(num_actions: int, masked: bool = False) -> jr.Policy:
 
 
 class Recorder(jr.multi_agent.AgentCallbacks):
-    """Records each agent episode's end (PettingZoo envs; on a gymnasium env it sees
-    nothing). The per-step hooks' live episodes: ``StepCounter``, below."""
+    """Records each agent episode's end (on a gymnasium env, its one agent ``agent_0``'s
+    episodes). The per-step hooks' live episodes: ``StepCounter``, below."""
 
     def __init__(self) -> None:
         self.seen: list[tuple] = []
@@ -160,11 +160,11 @@ def ma_connectors() -> C.Connectors:
     )
 
 
-def walk_runner(num_envs: int = 3) -> jr.EnvRunner:
+def walk_runner(num_envs: int = 3, callbacks: Any = None) -> jr.EnvRunner:
     venv = jr.JaxVectorEnv(RandomWalk(), WalkParams(max_steps_in_episode=9), num_envs)
     policy = mlp_policy(venv.single_action_space, hidden=(16,))
     params = policy.init(jax.random.key(1), venv.single_observation_space)
-    return jr.EnvRunner(venv, policy, params, rollout_length=7, seed=SEED)
+    return jr.EnvRunner(venv, policy, params, rollout_length=7, seed=SEED, callbacks=callbacks)
 
 
 def drift_runner(callbacks: Any = None) -> jr.EnvRunner:
@@ -251,9 +251,7 @@ def test_sync_backend_resumes_bit_for_bit(name, num_splits, tmp_path):
         assert metrics["num_agent_steps"] > 0
     assert_trees_equal(split, whole, "trajectory")
     assert metrics == want_metrics and metrics["num_episodes"] > 0
-    assert seen == want_seen
-    if name != "cartpole":
-        assert len(want_seen) > 5
+    assert seen == want_seen and len(want_seen) > 5  # episodes under way at the save too
 
 
 @pytest.mark.parametrize("name", ["walk", "drift"])  # pure-JAX: single- and multi-agent
@@ -261,7 +259,10 @@ def test_a_pure_jax_env_resumes_bit_for_bit(name, tmp_path):
     """The env states are in the sampler state."""
     if name == "drift":
         pytest.importorskip("pettingzoo")
-    make_runner = walk_runner if name == "walk" else lambda: drift_runner(Recorder())
+
+    def make_runner():
+        return walk_runner(callbacks=Recorder()) if name == "walk" else drift_runner(Recorder())
+
     whole, want_metrics, want_seen = whole_run(make_runner, 4)
     split, report, metrics, seen = split_run(make_runner, tmp_path, 2, 2)
     assert report.envs_restored and "sampler's state" in report.note
@@ -271,7 +272,8 @@ def test_a_pure_jax_env_resumes_bit_for_bit(name, tmp_path):
         # Env and agent episodes cross the save: their state had to resume.
         assert env_ended(whole)[: 2 * MA_T].any()
         assert (group.agent_step[2 * MA_T][group.valid[2 * MA_T]] > 0).any()
-        assert metrics["num_agent_steps"] > 0 and len(want_seen) > 3
+        assert metrics["num_agent_steps"] > 0
+    assert len(want_seen) > 3
     assert_trees_equal(split, whole, "trajectory")
     assert metrics == want_metrics
     assert seen == want_seen
@@ -433,6 +435,22 @@ def test_checkpoints_of_earlier_versions_resume_exactly(name, saved, tmp_path):
         assert got[3] == want[3], path.name
     if name != "cartpole":
         assert len(want[3]) > 3
+
+
+def test_single_agent_files_without_callback_fragments_restore_with_none(saved, tmp_path):
+    """A single-agent runner's files written before it kept the callbacks' fragments
+    (version 2, and version 4 of then) restore with none: the hook sees the episodes
+    that end after the restore, but those under way at the save (seen in part)."""
+    then = tmp_path / "version4_then.ckpt"
+    rewrite(saved("cartpole"), then, meta=lambda m: m.pop("callback_fragments"))
+    for path in (OLD_FILES / "env_runner_v2_sync.ckpt", then):
+        with make("cartpole", callbacks=Recorder()) as runner:
+            assert runner.restore(path, load_env_pickles=True).envs_restored
+            assert runner.state.callback_episodes.fragments == {}
+            first, *_ = samples(runner, 3)
+            under_way = {e.episode_id for e in first.split_episodes() if e.start_step > 0}
+            ids = {episode_id for episode_id, *_ in runner.callbacks.seen}
+            assert under_way and ids and not ids & under_way, path.name
 
 
 def test_a_jax_env_checkpoint_of_version_2_resumes_exactly(tmp_path):
@@ -960,6 +978,10 @@ def hostile(name: str, saved) -> dict[str, tuple]:
         return cases | {
             "finished incomplete": (set_key("finished", "start_step", 3), r"finished\[0\]"),
             "fragment of another episode": (set_key("fragments", "episode_id", 4), "fragments"),
+            "callback fragments not a list": (
+                meta(lambda m: m.update(callback_fragments={})),
+                "callback_fragments",
+            ),
             "action of another shape": (
                 member("finished/0/action", np.zeros((3, 2), np.int64)),
                 "finished/0/",

@@ -53,6 +53,10 @@ EPISODE_SCALARS: dict[type, dict[str, type]] = {
 }
 """Per kind of kept episode, its scalar fields, kept in the JSON. An ``AgentEpisode``
 also saves its ``env_step`` array beside its steps."""
+OPTIONAL_KEPT = {"EnvRunner": ("callback_fragments",)}
+"""Kept episodes a runner's files may lack, by ``RunnerParts.file_format``, read as none:
+a single-agent runner saved no callback fragments before its ``on_agent_episode_end``
+ran (version 4 files of then, and earlier versions)."""
 EPISODE_DEFAULTS = {"faulty": False}
 """Scalar fields a file's kept episodes may lack, and the value they then take: a
 ``MultiAgentRunner``'s files of version 1, and of version 3 until it kept ``faulty``,
@@ -208,7 +212,10 @@ class CheckpointFile(CheckpointReader):
         self.check_common_meta(
             meta, ("pytree",) if holds_env_states(self.parts) else ("pickle", "none")
         )
+        optional = OPTIONAL_KEPT.get(self.parts.file_format, ())
         for key in kept_episodes(self.parts):
+            if key in optional and key not in meta:
+                meta[key] = []
             if not isinstance(meta.get(key), list):
                 raise self.error(f"has a metadata field {key} that is not a list")
         return meta

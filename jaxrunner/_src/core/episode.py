@@ -168,3 +168,24 @@ def concatenate_agent_episodes(head: AgentEpisode, tail: AgentEpisode) -> AgentE
         env_step=np.concatenate([head.env_step, tail.env_step]),
         start_step=head.start_step,
     )
+
+
+def as_agent_episode(episode: Episode, agent_id: str, policy_id: str) -> AgentEpisode:
+    """``episode`` as the :class:`AgentEpisode` of its env's one agent ``agent_id``
+    (a single-agent env: one group of one agent, whose steps are the env's)."""
+    begin = episode.start_step
+    return AgentEpisode(
+        obs=episode.obs,
+        action=episode.action,
+        reward=episode.reward,
+        extras=episode.extras,
+        env_step=np.arange(begin, begin + episode.length, dtype=np.int64),
+        terminated=episode.terminated,
+        truncated=episode.truncated,
+        agent_id=agent_id,
+        policy_id=policy_id,
+        env_id=episode.env_id,
+        episode_id=episode.episode_id,
+        start_step=begin,
+        faulty=episode.faulty,
+    )

@@ -63,7 +63,8 @@ class EnvRunner:
         callbacks: optional :class:`~jaxrunner.Callbacks` (lockstep backends only);
             multi-agent: :class:`~jaxrunner.multi_agent.AgentCallbacks`, whose per env
             episode hooks run in the sampling loop (lockstep backends) and
-            ``on_agent_episode_end`` after each ``sample()``.
+            ``on_agent_episode_end`` after each ``sample()`` (every backend; on a
+            single-agent env too, an ``AgentCallbacks`` sees its one agent's episodes).
         metrics: optional :class:`~jaxrunner.MetricsConfig`.
         num_splits: pipelining: the envs are split in this many parts, and the
             policy computes one split's actions while another split's envs step.
@@ -434,7 +435,8 @@ class EnvRunner:
                 raise
             bar.update(total)  # a pure-JAX env's scan reports only when it returns
         if self._on_agent_episode_end is not None:
-            for episode in self.state.callback_episodes.complete(traj.split_episodes()):  # type: ignore[union-attr]
+            done = self.state.callback_episodes.complete(traj.split_episodes())  # type: ignore[union-attr]
+            for episode in self.kind.agent_episodes(done):
                 self._on_agent_episode_end(self, episode)
         return traj
 

@@ -15,7 +15,7 @@ from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.core.seeds import MAX_SEED
-from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, overrides
+from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
 from jaxrunner._src.samplers.batch_invariance import check_chunk_rows
 from jaxrunner._src.samplers.info_arrays import InfoKeys, check_info_keys
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
@@ -197,19 +197,22 @@ def check_connectors(connectors: Any) -> Connectors | None:
 def check_loop_options(kind: Any, callbacks: Any, num_splits: Any, loop: str, fix: str) -> None:
     """Options of a lockstep host loop that ``loop`` (a ready-first backend, or a pure-JAX
     env's scan, as the messages describe it) cannot honour: pipelining splits, and per-step
-    callbacks (a multi-agent env's per-agent-episode hook runs after each sample, so it
-    stays; one agent has none, so its callbacks would all run per step). ``fix``: where
-    the refused callbacks run."""
+    callbacks (an ``AgentCallbacks``' per-agent-episode hook runs after each sample, so it
+    stays, on either kind of env; a plain ``Callbacks`` has only per-step hooks). ``fix``:
+    where the refused callbacks run."""
     if callbacks is not None and (
-        not kind.multi_agent or any(overrides(callbacks, hook) for hook in STEP_HOOKS)
+        not isinstance(callbacks, AgentCallbacks)
+        or any(overrides(callbacks, hook) for hook in STEP_HOOKS)
     ):
+        after = "it runs after each sample()"
         raise InvalidArgumentError(
             f"EnvRunner(callbacks=...): the per-step hooks ({', '.join(STEP_HOOKS)}) cannot "
             f"run here: {loop}. "
             + (
-                "Override only on_agent_episode_end, "
+                f"Override only on_agent_episode_end ({after}), "
                 if kind.multi_agent
-                else "Drop them and read the Trajectory, "
+                else "Drop them and read the Trajectory, override only on_agent_episode_end "
+                f"of a jaxrunner.multi_agent.AgentCallbacks ({after}), "
             )
             + f"or use {fix}."
         )

@@ -14,7 +14,12 @@ from jaxrunner._src.backends.jax_env import ONE_AGENT, JaxVectorEnv
 from jaxrunner._src.connectors.per_group import per_policy_connectors
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.agent_groups import AgentGroup
-from jaxrunner._src.core.episode import AgentEpisode, Episode, concatenate_episodes
+from jaxrunner._src.core.episode import (
+    AgentEpisode,
+    Episode,
+    as_agent_episode,
+    concatenate_episodes,
+)
 from jaxrunner._src.core.metrics import MetricsConfig, RunnerMetrics
 from jaxrunner._src.core.policy import Params
 from jaxrunner._src.core.runner_state import (
@@ -183,9 +188,15 @@ class AgentGroups:
         )
 
     def agent_episode_end(self, callbacks: Any) -> Any:
-        """The per-agent-episode hook to run after each sample, if overridden."""
+        """The per-agent-episode hook to run after each sample (an ``AgentCallbacks``'
+        ``on_agent_episode_end``, on either kind of env), if overridden."""
         hook = "on_agent_episode_end"
-        return getattr(callbacks, hook) if overrides(callbacks, hook) else None
+        wanted = isinstance(callbacks, AgentCallbacks) and overrides(callbacks, hook)
+        return getattr(callbacks, hook) if wanted else None
+
+    def agent_episodes(self, episodes: list[Any]) -> list[AgentEpisode]:
+        """The complete episodes of ``state.callback_episodes``, as the hook gets them."""
+        return episodes
 
     def connector_states(self, state: Any, sampler: Any, connectors: dict) -> dict[str, Any]:
         """``set_connector_state``'s ``state``, checked against ``sampler``'s, by policy id."""
@@ -242,8 +253,15 @@ class OneAgent(AgentGroups):
         return given, {} if given is None else {DEFAULT_POLICY_ID: given}
 
     def new_state(self, params: dict[str, Params], metrics: MetricsConfig) -> RunnerState:
-        joiner = EpisodeJoiner(lambda e: e.env_id, concatenate_episodes, lambda e: e.episode_id)
-        return RunnerState(params=params, metrics=RunnerMetrics(metrics), episodes=joiner)
+        def joiner() -> EpisodeJoiner[Episode]:  # one stream per env, by episode id
+            return EpisodeJoiner(lambda e: e.env_id, concatenate_episodes, lambda e: e.episode_id)
+
+        return RunnerState(
+            params=params,
+            metrics=RunnerMetrics(metrics),
+            episodes=joiner(),
+            callback_episodes=joiner(),
+        )
 
     def host_sampler(
         self, first: Any, setup: Any, num_splits: Any, callbacks: Any, runner: Any
@@ -253,8 +271,10 @@ class OneAgent(AgentGroups):
             envs, obs, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
         )
 
-    def agent_episode_end(self, callbacks: Any) -> Any:
-        return None  # one agent: its episodes are the env's, seen by the per-step hooks
+    def agent_episodes(self, episodes: list[Any]) -> list[AgentEpisode]:
+        # Joined as Episodes (a checkpoint keeps them as sample_episodes'), by episode id:
+        # the multi-agent order with one agent.
+        return [as_agent_episode(e, ONE_AGENT, DEFAULT_POLICY_ID) for e in episodes]
 
     def connector_states(self, state: Any, sampler: Any, connectors: dict) -> dict[str, Any]:
         pid = DEFAULT_POLICY_ID  # checked by Connectors.load_state

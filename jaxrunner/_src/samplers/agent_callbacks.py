@@ -1,6 +1,6 @@
-"""Multi-agent runner hooks (per env episode, as ``Callbacks``, and per agent episode),
-and the joining of agent episodes that span samples (shared by the hooks and
-``EnvRunner.sample_episodes`` on a multi-agent env)."""
+"""Runner hooks per env episode (as ``Callbacks``) and per agent episode (either kind of
+env: a single-agent env's one agent), and the joining of agent episodes that span
+samples (shared by the hooks and ``EnvRunner.sample_episodes`` on a multi-agent env)."""
 
 from __future__ import annotations
 
@@ -25,14 +25,19 @@ class AgentCallbacks(Callbacks):
     episode ended; its ``obs`` (the first observations, then each step's ``next_obs``),
     ``action`` and ``extras`` are dicts by policy id of the agent slots' rows,
     ``[A_g, ...]``, zero where an agent has no transition (the trajectory's ``valid``).
-    ``on_agent_episode_end`` runs after each ``sample()``.
+    ``on_agent_episode_end`` runs after each ``sample()``, on every backend and on either
+    kind of env (a single-agent env's episodes as its one agent's, ``agent_0`` of the
+    default policy).
     """
 
     def on_agent_episode_end(self, runner: Runner, episode: AgentEpisode) -> None:
         """Once per complete agent episode (every transition, from its first to the one
         that ended it, joined across samples): after each ``sample()``, those that
         completed in it, by env episode id, then agent; those cut by a failure of their
-        env (a restart) end there, ``episode.faulty``."""
+        env (a restart) end there, ``episode.faulty``. On a single-agent env: each
+        complete :class:`~jaxrunner.Episode` (its arrays and flags) as the
+        ``AgentEpisode`` of agent ``"agent_0"`` of ``"default_policy"``, ``env_step`` its
+        steps."""
 
 
 def overrides(callbacks: Callbacks | None, hook: str) -> bool:

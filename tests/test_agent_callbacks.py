@@ -1,0 +1,123 @@
+"""``AgentCallbacks.on_agent_episode_end`` on a single-agent env: the env's one agent
+(``agent_0`` of ``default_policy``), each complete episode once, as on a multi-agent env.
+The multi-agent cases: tests/test_multi_agent_services.py."""
+
+from __future__ import annotations
+
+import functools
+
+import gymnasium
+import jax
+import numpy as np
+import pytest
+
+import jaxrunner as jr
+from jaxrunner._src.testing.jax_envs import RandomWalk, WalkParams
+from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.models import mlp_policy
+from jaxrunner.testing import FaultPlan, assert_trees_equal, faulty_env_fns
+
+short_cartpole = functools.partial(gymnasium.make, "CartPole-v1", max_episode_steps=13)
+
+
+class EpisodeEnds(jr.multi_agent.AgentCallbacks):
+    """Each sample's agent episodes, in the order the hook saw them."""
+
+    def __init__(self) -> None:
+        self.by_sample: list[list[jr.AgentEpisode]] = [[]]
+
+    def on_agent_episode_end(self, runner, episode) -> None:
+        self.by_sample[-1].append(episode)
+
+
+def host_envs(backend: str) -> jr.VectorEnv:
+    if backend == "faulty":  # every sub-env fails at its 6th step call, and is recreated
+        fns = faulty_env_fns(short_cartpole, 3, faults=[FaultPlan(at=(6,))])
+        return jr.make_vec(fns, 3, restart_policy=jr.RestartPolicy())
+    if backend == "ready_first":
+        config = jr.ProcessConfig(num_workers=3, ready_first=True)
+        return jr.make_vec(short_cartpole, 3, backend="process", config=config)
+    return jr.make_vec(short_cartpole, 3, backend=backend)
+
+
+def make_runner(backend: str, callbacks) -> jr.EnvRunner:
+    if backend == "scan":
+        envs = jr.JaxVectorEnv(RandomWalk(), WalkParams(max_steps_in_episode=9), 3)
+    else:
+        envs = host_envs(backend)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(1), envs.single_observation_space)
+    try:
+        return jr.EnvRunner(envs, policy, params, 7, seed=2, callbacks=callbacks)
+    except BaseException:
+        envs.close()
+        raise
+
+
+@pytest.mark.parametrize("backend", ["sync", "process", "ready_first", "scan", "faulty"])
+def test_each_episode_once_as_its_one_agent_after_the_sample_it_ends_in(backend):
+    """After each sample: the episodes that completed in it (those begun in an earlier
+    sample whole), by episode id, each the trajectory's Episode as agent_0's
+    AgentEpisode, array for array; faulty-cut ones too."""
+    callbacks = EpisodeEnds()
+    trajs = []
+    with make_runner(backend, callbacks) as runner:
+        for _ in range(5):
+            trajs.append(jax.device_get(runner.sample()))
+            callbacks.by_sample.append([])
+    seen = callbacks.by_sample[:-1]
+
+    def complete(count: int) -> dict[int, jr.Episode]:  # in the first count samples
+        joined = jr.concatenate(trajs[:count]).split_episodes() if count else []
+        return {e.episode_id: e for e in joined if e.is_complete}
+
+    spanning = faulty = 0
+    for i, got in enumerate(seen):
+        before, now = complete(i), complete(i + 1)
+        want = [now[k] for k in sorted(set(now) - set(before))]
+        continued = {e.episode_id for e in trajs[i].split_episodes() if e.start_step > 0}
+        assert [e.episode_id for e in got] == [e.episode_id for e in want], f"sample {i}"
+        for agent_episode, episode in zip(got, want):
+            where = f"sample {i}, episode {episode.episode_id}"
+            assert isinstance(agent_episode, jr.AgentEpisode), where
+            assert (agent_episode.agent_id, agent_episode.policy_id) == (
+                "agent_0",
+                "default_policy",
+            )
+            for field in ("obs", "action", "reward", "extras"):
+                assert_trees_equal(getattr(agent_episode, field), getattr(episode, field), where)
+            np.testing.assert_array_equal(agent_episode.env_step, np.arange(episode.length))
+            for field in ("terminated", "truncated", "start_step", "faulty", "env_id"):
+                assert getattr(agent_episode, field) == getattr(episode, field), where
+            spanning += episode.episode_id in continued
+            faulty += episode.faulty
+    assert sum(map(len, seen)) > 5 and spanning > 0
+    assert (faulty > 0) == (backend == "faulty")
+
+
+def test_the_hook_costs_nothing_where_it_is_not_overridden():
+    """Callbacks without it (a plain Callbacks, an AgentCallbacks overriding nothing)
+    leave it out: no episode is joined or converted after sample()."""
+
+    class Steps(jr.Callbacks):
+        def on_episode_step(self, runner, env_index, episode) -> None:
+            pass
+
+    for callbacks in (Steps(), jr.multi_agent.AgentCallbacks()):
+        with make_runner("sync", callbacks) as runner:
+            assert runner._on_agent_episode_end is None
+            runner.sample()
+            assert runner.state.callback_episodes.fragments == {}
+
+
+@pytest.mark.parametrize("backend", ["ready_first", "scan"])
+def test_where_per_step_hooks_cannot_run_only_the_agent_episode_hook_is_taken(backend):
+    class Both(EpisodeEnds):
+        def on_episode_end(self, runner, env_index, episode) -> None:
+            pass
+
+    for refused in (jr.Callbacks(), Both()):
+        with pytest.raises(InvalidArgumentError, match="override only on_agent_episode_end"):
+            make_runner(backend, refused)
+    with make_runner(backend, EpisodeEnds()) as runner:  # the envs were freed
+        runner.sample()
