@@ -65,22 +65,14 @@ def close_kind_probe(env: Any) -> None:
 
 
 def first_env(env: EnvSpec, factory: Callable[[], Any]) -> Any:
-    """Sub-env 0, built here to read its kind (and, for ``"auto"``, to time it). An env
-    id gymnasium cannot make (an EnvPool task id, say) is refused with what to use
-    instead; a factory's own error is raised as :class:`SubEnvRaised`, as every other
-    sub-env's."""
+    """Sub-env 0, built here to read its kind (and, for ``"auto"``, to time it). A
+    factory's own error is raised as :class:`SubEnvRaised`, as every other sub-env's;
+    ``gymnasium.make``'s for an env id as it is (the id, not a sub-env, is at fault)."""
     try:
         made = factory()
-    except gymnasium.error.Error as err:
-        if not isinstance(env, str):
-            raise SubEnvRaised(err, 0, "factory") from err
-        raise InvalidArgumentError(
-            f"make_vec({env!r}, backend='auto'): 'auto' chooses between the sync and "
-            f"process backends, which build envs with gymnasium.make, and that failed "
-            f"({err}). For an EnvPool task id use backend='envpool'; else register the "
-            "env with gymnasium or pass a zero-argument factory."
-        ) from err
     except Exception as err:
+        if isinstance(env, str):
+            raise
         raise SubEnvRaised(err, 0, "factory") from err
     return check_env(made, 0)
 

@@ -6,6 +6,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, overload
 
+import gymnasium
+
 from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.auto import LayoutChoice, choose_for
 from jaxrunner._src.backends.base import VectorEnv
@@ -135,8 +137,8 @@ def make_vec(
                 env, env_kwargs, num_envs, seed, restart_policy
             )
             backend, config = choice.backend, choice.process_config()
-        elif isinstance(env, str):
-            multi_agent = False  # a gymnasium id
+        elif isinstance(env, str) and backend != "sync":
+            multi_agent = False  # a gymnasium id (sync builds sub-env 0 first: its errors raw)
         elif backend == "process":
             multi_agent = None  # worker 0 (or the main process's share) reports the kind
         else:
@@ -251,7 +253,15 @@ def choose_auto_layout(
     script's unguarded top level are refused with an error that says ``caller`` chose
     them (before any starts)."""
     factory = factories_for(env, env_kwargs, "auto", num_envs)[0]
-    probe = first_env(env, factory)
+    try:
+        probe = first_env(env, factory)
+    except gymnasium.error.Error as err:  # an id gymnasium cannot make
+        raise InvalidArgumentError(
+            f"make_vec({env!r}, backend='auto'): 'auto' chooses between the sync and "
+            f"process backends, which build envs with gymnasium.make, and that failed "
+            f"({err}). For an EnvPool task id use backend='envpool'; else register the "
+            "env with gymnasium or pass a zero-argument factory."
+        ) from err
     multi_agent = is_multi_agent_env(probe)
     choice = choose_for(probe, factory, num_envs, seed, restart_policy)
     if choice.backend == "process":
