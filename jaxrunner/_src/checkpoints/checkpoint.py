@@ -141,10 +141,7 @@ def restore(
     parts.seed = ckpt.seed
     state.finished = list(ckpt.kept["finished"])
     state.episodes.set_fragments(ckpt.kept["fragments"] if envs_restored else ())
-    if state.callback_episodes is not None:
-        state.callback_episodes.set_fragments(
-            ckpt.kept["callback_fragments"] if envs_restored else ()
-        )
+    state.callback_episodes.set_fragments(ckpt.kept["callback_fragments"] if envs_restored else ())
     if not envs_restored:
         warnings.warn(f"{parts.runner}.restore({path!r}): {note}.", stacklevel=3)
     return RestoreReport(envs_restored=envs_restored, note=note)

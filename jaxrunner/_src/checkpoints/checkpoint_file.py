@@ -71,14 +71,14 @@ def legacy_format(runner: str) -> str:
 
 def kept_episodes(parts: RunnerParts) -> dict[str, list[Any]]:
     """The episodes a runner keeps between samples, by how they are saved:
-    ``sample_episodes``' unfinished ones, the callbacks' unfinished ones (a runner
-    that assembles them) and ``sample_episodes``' finished ones not yet returned."""
+    ``sample_episodes``' unfinished ones, ``on_agent_episode_end``'s unfinished ones and
+    ``sample_episodes``' finished ones not yet returned."""
     state = parts.state
-    kept = {"fragments": list(state.episodes.fragments.values())}
-    if state.callback_episodes is not None:
-        kept["callback_fragments"] = list(state.callback_episodes.fragments.values())
-    kept["finished"] = list(state.finished)
-    return kept
+    return {
+        "fragments": list(state.episodes.fragments.values()),
+        "callback_fragments": list(state.callback_episodes.fragments.values()),
+        "finished": list(state.finished),
+    }
 
 
 def identity(parts: RunnerParts) -> dict[str, Any]:

@@ -88,11 +88,11 @@ class RunnerState(Generic[E]):
     ``get_state``/``set_state`` for checkpoints."""
     episodes: EpisodeJoiner[E]
     """The unfinished episodes ``sample_episodes`` is assembling."""
+    callback_episodes: EpisodeJoiner[E]
+    """The unfinished episodes ``on_agent_episode_end`` is assembling (apart from
+    ``episodes``: ``sample_episodes`` and the hook each see every episode)."""
     finished: list[E] = dataclasses.field(default_factory=list)
     """Complete episodes ``sample_episodes`` has not returned yet."""
-    callback_episodes: EpisodeJoiner[E] | None = None
-    """The unfinished episodes the per-episode callbacks are assembling (apart from
-    ``episodes``: ``sample_episodes`` and the callbacks each see every episode)."""
     failure: BaseException | None = None
     """The error of the ``sample()`` that failed, after which the runner refuses to go on."""
 

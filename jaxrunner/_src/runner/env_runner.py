@@ -435,7 +435,7 @@ class EnvRunner:
                 raise
             bar.update(total)  # a pure-JAX env's scan reports only when it returns
         if self._on_agent_episode_end is not None:
-            done = self.state.callback_episodes.complete(traj.split_episodes())  # type: ignore[union-attr]
+            done = self.state.callback_episodes.complete(traj.split_episodes())
             for episode in self.kind.agent_episodes(done):
                 self._on_agent_episode_end(self, episode)
         return traj
