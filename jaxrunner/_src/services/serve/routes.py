@@ -1,7 +1,8 @@
-"""The routes of the policy server, one handler each for both kinds of env: the env's wire
-(:class:`OneAgent`: bare trees; :class:`Agents`: ``{agent_id: tree}``) reads the bodies and
-writes the answers; an action is recorded only if its answer reaches the client. Each value
-is checked before it touches any state."""
+"""The HTTP API of an external env: a FastAPI app with its error answers and guard, and its
+routes, one handler each for both kinds of env: the env's wire (:class:`OneAgent`: bare
+trees; :class:`Agents`: ``{agent_id: tree}``) reads the bodies and writes the answers; an
+action is recorded only if its answer reaches the client. Each request is checked (guard,
+schema, wire decoding, space) before it touches any state."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations, and
 # their dependencies are the env's wire, chosen when the routes are made.
@@ -10,8 +11,9 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, Security
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
@@ -19,7 +21,8 @@ import jaxrunner._src.services.external.checks as checks
 import jaxrunner.errors as errors
 from jaxrunner._src.services.external import ExternalEnv, MultiAgentExternalEnv
 from jaxrunner._src.services.serve import wire
-from jaxrunner._src.services.serve.error_handlers import ClientGone
+from jaxrunner._src.services.serve.error_handlers import ClientGone, install_error_handlers
+from jaxrunner._src.services.serve.guard import Guard
 from jaxrunner._src.services.serve.schema import (
     ERRORS,
     ActionOut,
@@ -192,6 +195,25 @@ class Agents:
         group_of = self.group_of
         encoded = {a: wire.encode_tree(group_of[a].action_space, v) for a, v in actions.items()}
         return {"actions": encoded}
+
+
+def create_app(
+    env: ExternalEnv | MultiAgentExternalEnv, token: str | None, max_body_bytes: int
+) -> tuple[Guard, FastAPI]:
+    """The ASGI app serving ``env``: the :class:`Guard`-wrapped app to run, and the
+    FastAPI app inside it (for its OpenAPI schema), with the routes of :func:`add_routes`."""
+    app = FastAPI(
+        title="jaxrunner policy server",
+        version="1",
+        description="Agents that run elsewhere call in for actions and report experience. "
+        "Arrays are JSON objects {dtype, shape, data(base64, little-endian)}.",
+        docs_url=None,
+        redoc_url=None,
+    )
+    bearer = Security(HTTPBearer(auto_error=False, description="the server's token"))
+    add_routes(app, env, bearer)
+    install_error_handlers(app)
+    return Guard(app, token, max_body_bytes), app
 
 
 def _finite(value: Any) -> Any:

@@ -14,9 +14,9 @@ import uvicorn
 
 from jaxrunner._src.services.external import ExternalEnv, MultiAgentExternalEnv
 from jaxrunner._src.services.external.run_thread import RunDriven
-from jaxrunner._src.services.serve.app import create_app
 from jaxrunner._src.services.serve.auth import default_token_file, load_or_create_token
 from jaxrunner._src.services.serve.config import ServerConfig
+from jaxrunner._src.services.serve.routes import create_app
 from jaxrunner._src.services.serve.transport import protocol_class
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
