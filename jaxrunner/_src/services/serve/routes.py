@@ -79,10 +79,7 @@ class OneAgent:
         return self.env.get_params()
 
     def spaces(self) -> dict[str, Any]:
-        return {
-            "observation_space": wire.space_to_json(self.obs_space),
-            "action_space": wire.space_to_json(self.action_space),
-        }
+        return {name: wire.space_to_json(space) for name, space in self.env.get_spaces().items()}
 
     def obs(self, call: str) -> Reader:
         async def read(body: ObsBody) -> Any:
