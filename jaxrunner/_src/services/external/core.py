@@ -40,15 +40,8 @@ E = TypeVar("E", bound=EpisodeSpan)
 
 class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
     """The state and shared calls of an external env; ``E`` is what it outputs (an
-    Episode per episode, or an AgentEpisode per agent).
-
-    Args:
-        groups: the agent groups (already checked, with their policies').
-        policies, params: per policy id, exactly the groups' ids.
-        seed: an agent's action key derives from it, the episode id, the agent and
-            its step, so the same calls get the same actions whatever the batching.
-        config: limits and batching.
-    """
+    Episode per episode, or an AgentEpisode per agent). The facades check the groups, and
+    the ``policies`` and ``params`` per policy id, before they build it."""
 
     def __init__(
         self,

@@ -287,7 +287,6 @@ def add_routes(app: FastAPI, env: ExternalEnv | MultiAgentExternalEnv, bearer: A
         return JSONResponse({"episode_id": episode_id}, status_code=201)
 
     def episode_route(name: str, model: type[BaseModel]) -> Callable[[Any], Any]:
-        """``POST /v1/episodes/{episode_id}/<name>``, answering ``model``."""
         return app.post(
             f"/v1/episodes/{{episode_id}}/{name}",
             dependencies=[bearer],
