@@ -4,7 +4,7 @@ values with these before it touches any state, so a bad call leaves the episode 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -15,10 +15,9 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.policy import Policy
-from jaxrunner._src.services.external.episodes import MAX_EPISODE_ID, EpisodeRecord
+from jaxrunner._src.services.external.episodes import MAX_EPISODE_ID
 from jaxrunner._src.space_arrays import check_value
 from jaxrunner.errors import (
-    EpisodeConflictError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     SpaceMismatchError,
@@ -240,14 +239,3 @@ def check_logged_actions(
         a: check_value(group_of[a].action_space, v, f"actions[{a!r}]", bounds=False)
         for a, v in actions.items()
     }
-
-
-def check_not_ended(live: EpisodeRecord, agents: Iterable[str], what: str) -> None:
-    """None of ``agents`` has ended in ``live``."""
-    ended = [a for a in agents if a in live.agents and live.agents[a].done]
-    if ended:
-        raise EpisodeConflictError(
-            f"{what}(episode_id={live.episode_id}): agents {ended} have ended in this "
-            "episode; an agent that ended neither acts nor gets rewards again. Leave them "
-            "out."
-        )

@@ -33,7 +33,7 @@ from jaxrunner._src.services.external.memory import (
 )
 from jaxrunner._src.services.external.output import EpisodeOutput
 from jaxrunner._src.services.external.run_thread import RunDriven
-from jaxrunner.errors import ClosedError, InvalidArgumentError
+from jaxrunner.errors import ClosedError, EpisodeConflictError, InvalidArgumentError
 
 E = TypeVar("E", bound=EpisodeSpan)
 
@@ -253,7 +253,13 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         (caller holds the lock)."""
         self._check_open(what)
         live = self._episodes.get_idle(episode_id, what)
-        checks.check_not_ended(live, agents, what)
+        ended = [a for a in agents if a in live.agents and live.agents[a].done]
+        if ended:
+            raise EpisodeConflictError(
+                f"{what}(episode_id={live.episode_id}): agents {ended} have ended in this "
+                "episode; an agent that ended neither acts nor gets rewards again. Leave them "
+                "out."
+            )
         return live
 
     def _join(
