@@ -194,25 +194,6 @@ class Agents:
         return {"actions": encoded}
 
 
-def create_app(
-    env: ExternalEnv | MultiAgentExternalEnv, token: str | None, max_body_bytes: int
-) -> tuple[Guard, FastAPI]:
-    """The ASGI app serving ``env``: the :class:`Guard`-wrapped app to run, and the
-    FastAPI app inside it (for its OpenAPI schema), with the routes of :func:`add_routes`."""
-    app = FastAPI(
-        title="jaxrunner policy server",
-        version="1",
-        description="Agents that run elsewhere call in for actions and report experience. "
-        "Arrays are JSON objects {dtype, shape, data(base64, little-endian)}.",
-        docs_url=None,
-        redoc_url=None,
-    )
-    bearer = Security(HTTPBearer(auto_error=False, description="the server's token"))
-    add_routes(app, env, bearer)
-    install_error_handlers(app)
-    return Guard(app, token, max_body_bytes), app
-
-
 def _finite(value: Any) -> Any:
     """Metrics as strict JSON: NaN (no episode yet) becomes null."""
     if isinstance(value, dict):
@@ -222,10 +203,23 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def add_routes(app: FastAPI, env: ExternalEnv | MultiAgentExternalEnv, bearer: Any) -> None:
-    """Adds the routes of ``env`` to ``app``; ``bearer`` is the token dependency. The
-    multi-agent wire adds ``end_agents``; the single-agent one local inference's
-    ``report``."""
+def create_app(
+    env: ExternalEnv | MultiAgentExternalEnv, token: str | None, max_body_bytes: int
+) -> tuple[Guard, FastAPI]:
+    """The ASGI app serving ``env``: the :class:`Guard`-wrapped app to run, and the
+    FastAPI app inside it (for its OpenAPI schema), with its routes. The multi-agent wire
+    adds ``end_agents``; the single-agent one local inference's ``report``."""
+    app = FastAPI(
+        title="jaxrunner policy server",
+        version="1",
+        description="Agents that run elsewhere call in for actions and report experience. "
+        "Arrays are JSON objects {dtype, shape, data(base64, little-endian)}.",
+        docs_url=None,
+        redoc_url=None,
+    )
+    install_error_handlers(app)
+    served = Guard(app, token, max_body_bytes), app
+    bearer = Security(HTTPBearer(auto_error=False, description="the server's token"))
     timeout_s = env.config.action_timeout_s
     kind = Agents(env) if env.multi_agent is True else OneAgent(env)
     params_cache: dict[str | None, tuple[int, Any]] = {}
@@ -371,7 +365,7 @@ def add_routes(app: FastAPI, env: ExternalEnv | MultiAgentExternalEnv, bearer: A
                 "elsewhere with log_action.",
             )
 
-        return
+        return served
     # What a single-agent client that computes its actions itself (inference="local") sends.
     obs_space, action_space = env.observation_space, env.action_space
 
@@ -394,6 +388,8 @@ def add_routes(app: FastAPI, env: ExternalEnv | MultiAgentExternalEnv, bearer: A
         if final is not None:
             await run_in_threadpool(env.end_episode, episode_id, final, truncated=body.truncated)
         return JSONResponse({"ok": True})
+
+    return served
 
 
 async def _disconnected(request: Request) -> None:
