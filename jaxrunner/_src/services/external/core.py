@@ -84,7 +84,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
             self._memory,
             self._counts,
             self._stats,
-            self.groups,
+            {g.policy_id: g for g in self.groups},
             self._emit,
         )
         self._stop_reaper = threading.Event()

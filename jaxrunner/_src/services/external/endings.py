@@ -5,8 +5,9 @@ and counted and handed on under the lock again."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,27 +19,22 @@ from jaxrunner._src.services.external.episodes import AgentRecord, EpisodeRecord
 from jaxrunner._src.services.external.memory import MemoryBudget
 
 
+@dataclasses.dataclass(eq=False)
 class EpisodeEndings:
     """Ends the agents of live episodes. :meth:`close` runs with the env's ``lock`` held,
     :meth:`finish` and :meth:`reap` without it; ``emit`` is called with it held, with each
     ended agent and its Episode (None when it had no step). ``unassigned_reward`` sums the
     rewards of agents that ended without an action (as the multi-agent sampler's)."""
 
-    def __init__(
-        self,
-        lock: threading.Lock,
-        episodes: EpisodeTable,
-        memory: MemoryBudget,
-        counts: collections.Counter[str],
-        stats: EpisodeStats,
-        groups: Sequence[AgentGroup],
-        emit: Callable[[AgentRecord, Any], None],
-    ) -> None:
-        self._lock, self._episodes = lock, episodes
-        self._memory, self._counts, self._stats = memory, counts, stats
-        self._groups = {g.policy_id: g for g in groups}
-        self._emit = emit
-        self.unassigned_reward = 0.0
+    lock: threading.Lock
+    episodes: EpisodeTable
+    memory: MemoryBudget
+    counts: collections.Counter[str]
+    stats: EpisodeStats
+    groups: Mapping[str, AgentGroup]
+    """Each policy id's group."""
+    emit: Callable[[AgentRecord, Any], None]
+    unassigned_reward: float = 0.0
 
     def close(self, record: AgentRecord, final_obs: Any) -> AgentRecord | None:
         """Marks the agent ended; if it ends as an episode, closes its record at
@@ -55,14 +51,14 @@ class EpisodeEndings:
     def remove(self, live: EpisodeRecord) -> None:
         """Ends the live episode ``live`` (its agents closed already): gone from the
         live ones, its records' charge given back (caller holds the lock)."""
-        self._episodes.remove(live)
-        self._memory.live -= live.nbytes
-        self._counts["num_ended_episodes"] += 1
+        self.episodes.remove(live)
+        self.memory.live -= live.nbytes
+        self.counts["num_ended_episodes"] += 1
 
     def finish(self, records: Sequence[AgentRecord | None], truncated: bool) -> None:
         """Stacks, counts and outputs closed agent records (without the lock)."""
         for record in (r for r in records if r is not None):
-            group = self._groups[record.policy_id]
+            group = self.groups[record.policy_id]
             episode: Episode | None = None
             length = record.num_actions  # stacking empties the record
             try:
@@ -74,20 +70,20 @@ class EpisodeEndings:
                         truncated=bool(truncated),
                     )
             finally:
-                with self._lock:
-                    self._memory.live -= record.nbytes
-                    self._counts["num_agent_steps"] += length
+                with self.lock:
+                    self.memory.live -= record.nbytes
+                    self.counts["num_agent_steps"] += length
                     if length and episode is None:  # stacking failed (out of memory)
-                        self._counts["num_dropped_steps"] += length
+                        self.counts["num_dropped_steps"] += length
                     rewards = np.array([sum(record.rewards)], np.float64)
-                    self._stats.add(rewards, np.array([length]))
-                    self._emit(record, episode)
+                    self.stats.add(rewards, np.array([length]))
+                    self.emit(record, episode)
 
     def reap(self, idle_since: float) -> int:
         """What ``ExternalEnvCore.reap`` says it does (called without the lock)."""
         ended: list[AgentRecord | None] = []
-        with self._lock:
-            stale = self._episodes.idle_since(idle_since)
+        with self.lock:
+            stale = self.episodes.idle_since(idle_since)
             for live in stale:
                 for record in live.agents.values():
                     if record.done:
@@ -96,10 +92,10 @@ class EpisodeEndings:
                         self.close(record, None)  # its rewards are unassigned
                         continue
                     record.done = True
-                    space = self._groups[record.policy_id].observation_space
-                    self._counts["num_dropped_steps"] += record.abandon(space)
+                    space = self.groups[record.policy_id].observation_space
+                    self.counts["num_dropped_steps"] += record.abandon(space)
                     ended.append(record)
-                self._counts["num_abandoned_episodes"] += 1
+                self.counts["num_abandoned_episodes"] += 1
                 self.remove(live)
         self.finish(ended, truncated=True)
         return len(stale)
