@@ -12,7 +12,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.core.episode import AgentEpisode, Episode
+from jaxrunner._src.core.episode import AgentEpisode, Episode, as_agent_episode
 from jaxrunner._src.services.external.memory import (
     TRIM_EVERY_BYTES,
     release_freed_memory,
@@ -157,21 +157,10 @@ class AgentRecord:
         )
 
     def to_agent_episode(self, episode: Episode) -> AgentEpisode:
-        """``episode`` (from :meth:`to_episode`) as this agent's AgentEpisode."""
-        return AgentEpisode(
-            obs=episode.obs,
-            action=episode.action,
-            reward=episode.reward,
-            extras=episode.extras,
-            env_step=np.asarray(self.env_steps, np.int64),
-            terminated=episode.terminated,
-            truncated=episode.truncated,
-            agent_id=self.agent_id,
-            policy_id=self.policy_id,
-            env_id=self.env_id,
-            episode_id=self.episode_id,
-            start_step=0,
-        )
+        """``episode`` (from :meth:`to_episode`) as this agent's AgentEpisode, at the env
+        steps it acted in."""
+        agent_episode = as_agent_episode(episode, self.agent_id, self.policy_id)
+        return agent_episode.replace(env_step=np.asarray(self.env_steps, np.int64))
 
 
 @dataclasses.dataclass
