@@ -101,6 +101,23 @@ HOST_KINDS: Any = ("gymnasium", "parallel", "aec") if HAVE_PETTINGZOO else ("gym
 """The kinds of env every host backend serves: the contract runs on each."""
 
 
+def make_kind(kind: str, num_envs: int, backend: str = "sync", **kwargs: Any) -> Any:
+    """``make_vec`` of a small env of ``kind`` (one of :data:`HOST_KINDS`): CountingEnv,
+    ComingAndGoing or Relay sub-envs, each with ``Discrete`` actions from 0."""
+    import jaxrunner as jr
+    from jaxrunner.testing import CountingEnv
+
+    factory = {"gymnasium": CountingEnv, "parallel": ComingAndGoing, "aec": relay}[kind]
+    return jr.make_vec(factory, num_envs, backend=backend, **kwargs)
+
+
+def zero_actions(vec: Any, rows: int) -> Any:
+    """Valid actions (all 0) for ``rows`` sub-envs of ``vec``, of either kind."""
+    if vec.multi_agent:
+        return [np.zeros((rows, g.num_agents), np.int64) for g in vec.groups]
+    return np.zeros(rows, np.int64)
+
+
 class PettingZooCases:
     """The contract's parity test also on PettingZoo's MPE and classic envs (mixed in
     before the contract, whose ``env_cases`` it extends)."""

@@ -24,6 +24,7 @@ from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorE
 from jaxrunner._src.backends.step_buffers import StepBuffers
 from jaxrunner.errors import (
     EnvError,
+    InvalidArgumentError,
     InvalidStepError,
     JaxRunnerError,
     SpaceMismatchError,
@@ -40,7 +41,13 @@ from jaxrunner.testing import (
     faulty_env_fns,
     gymnasium_reference,
 )
-from tests.multi_agent_envs import HOST_KINDS, ComingAndGoing, PettingZooCases
+from tests.multi_agent_envs import (
+    HOST_KINDS,
+    ComingAndGoing,
+    PettingZooCases,
+    make_kind,
+    zero_actions,
+)
 
 SEED = 2024
 NUM_ENVS = 4
@@ -649,3 +656,29 @@ def test_snapshots_keep_the_state_of_ezpickle_envs():
     assert again.get_attr("t") == (8, 8)
     envs.close()
     again.close()
+
+
+# -- either kind of env alike ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_send_refuses_env_ids_that_are_no_block_and_loses_nothing(kind: str, backend: str) -> None:
+    # Refused at send, as on every backend and kind: a step-2 slice once stepped the whole
+    # block on the single-agent sync backend.
+    with closing(make_kind(kind, 3, backend, seed=SEED)) as vec:
+        vec.send(zero_actions(vec, 3))
+        for env_ids in (slice(0, 3, 2), slice(2, 1), [0, 1], np.arange(2)):
+            with pytest.raises(InvalidArgumentError, match=r"send\(env_ids=.*step 1 within"):
+                vec.send(zero_actions(vec, 2), env_ids)
+        assert vec.recv().env_ids in (None, slice(0, 3))  # the earlier send's results
+        with pytest.raises(InvalidArgumentError, match=r"no send\(\) is waiting"):
+            vec.recv()
+
+
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_env_ids_slices_are_taken_as_python_slices(kind: str) -> None:
+    with closing(make_kind(kind, 3, seed=SEED)) as vec:
+        assert vec.step_batch(zero_actions(vec, 2), slice(-2, None)).env_ids == slice(1, 3)
+        out = vec.step_batch(zero_actions(vec, 3), slice(None))
+        assert out.env_ids in (None, slice(0, 3))

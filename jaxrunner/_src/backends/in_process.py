@@ -10,7 +10,7 @@ import pickle
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrunner._src.backends.batch_step import EnvIds
+from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.restarts import close_quietly
 from jaxrunner._src.backends.snapshots import (
     SnapshotRefusedError,
@@ -33,16 +33,20 @@ class InProcessSends:
 
     @abc.abstractmethod
     def _step(self, actions: Any, rows: slice | None) -> Any:
-        """Steps envs ``rows`` (None: all) now; ``step_batch``'s contract."""
+        """Steps envs ``rows`` (None: all; else a slice with step 1 inside the envs)
+        now; ``step_batch``'s contract."""
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         self._check_open("step")  # type: ignore[attr-defined]
-        if env_ids is not None and not isinstance(env_ids, slice):
-            raise InvalidArgumentError(
-                f"{type(self).__name__}.send(env_ids=...): expected None or a slice of env "
-                f"indices (this backend steps in lockstep), got {type(env_ids).__name__}."
-            )
-        self._sent.append((actions, env_ids))
+        self._sent.append((actions, self._rows(env_ids)))
+
+    def _rows(self, env_ids: EnvIds) -> slice | None:
+        """``env_ids`` as the block ``_step`` steps: None (every env) or a slice with
+        step 1 inside the envs, as every backend and kind reads it (else an error)."""
+        if env_ids is None:
+            return None
+        lo, hi = block_rows(env_ids, self.num_envs, type(self).__name__)  # type: ignore[attr-defined]
+        return slice(lo, hi)
 
     def recv(self) -> Any:
         self._check_open("step")  # type: ignore[attr-defined]
@@ -59,7 +63,7 @@ class InProcessSends:
             self.send(actions, rows)
             return self.recv()
         self._check_open("step")  # type: ignore[attr-defined]
-        return self._step(actions, rows)
+        return self._step(actions, self._rows(rows))
 
 
 class BlockForwarding:

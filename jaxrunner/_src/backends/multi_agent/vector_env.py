@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxrunner._src.backends.base import BaseVectorEnv, check_env_fns
-from jaxrunner._src.backends.batch_step import EnvIds, block_rows
+from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
@@ -113,7 +113,7 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
         return self._block.result(self._block.reset(seeds, options))
 
     def _step(self, actions: Sequence[Any], rows: slice | None) -> MultiAgentStep:
-        lo, hi = block_rows(rows, self.num_envs, type(self).__name__)
+        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
         check = self._checks.get(hi - lo)
         if check is None:
             check = self._checks[hi - lo] = ActionCheck(self.groups, hi - lo)
