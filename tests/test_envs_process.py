@@ -61,7 +61,7 @@ from jaxrunner.testing import (
     counting_env_fns,
     faulty_env_fns,
 )
-from tests.multi_agent_envs import HOST_KINDS, PettingZooCases
+from tests.multi_agent_envs import HOST_KINDS, PettingZooCases, make_kind, zero_actions
 
 SEED = 7
 
@@ -263,6 +263,24 @@ def test_worker_errors_come_home_like_sync(fault, call, at, error, match):
         assert "testing/faults.py" in remote and "InjectedError" in remote
     else:
         assert isinstance(process_err.__cause__, RemoteTraceback)
+
+
+@pytest.mark.parametrize("ready_first", [False, True])
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_send_and_recv_errors_name_the_vector_env_of_either_kind(kind, ready_first):
+    config = ProcessConfig(num_workers=2, ready_first=ready_first)
+    with closing(make_kind(kind, 4, "process", config=config, seed=SEED)) as vec:
+        name = type(vec).__name__
+        with pytest.raises(InvalidArgumentError, match=rf"^{name}\.recv\(\): no send"):
+            vec.recv()
+        with pytest.raises(InvalidArgumentError, match=rf"^{name}\.send\(env_ids=\[0, 1\]\)"):
+            vec.send(zero_actions(vec, 2), [0, 1])
+        if ready_first:
+            with pytest.raises(InvalidArgumentError, match=rf"^{name}\.send\(.*whole workers"):
+                vec.send(zero_actions(vec, 1), slice(0, 1))
+            vec.send(zero_actions(vec, 4))
+            with pytest.raises(InvalidArgumentError, match=rf"^{name}\.send\(.*in flight"):
+                vec.send(zero_actions(vec, 2), slice(0, 2))
 
 
 def test_failing_factory_names_the_env():

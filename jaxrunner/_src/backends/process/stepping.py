@@ -51,8 +51,11 @@ class Stepper:
         layout: BlockLayout,
         views: Any,
         ready_first: bool,
+        name: str,
     ) -> None:
         self.pool, self.recovery, self.views, self.ready_first = pool, recovery, views, ready_first
+        self.name = name
+        """The vector env's class name, as its errors name it (either kind's)."""
         self.layout = layout
         self.num_envs = layout.num_envs
         self.calls: list[StepCall] = []
@@ -76,13 +79,13 @@ class Stepper:
         if self.num_waiting:
             self._dispatch_waiting()
         n = self.num_envs
-        lo, hi = (0, n) if env_ids is None else block_rows(env_ids, n, "ProcessVectorEnv")
+        lo, hi = (0, n) if env_ids is None else block_rows(env_ids, n, self.name)
         # Validates before any sub-env steps (the workers read the rows from shared memory).
         self.layout.check_actions(actions, hi - lo)
         busy = [c for c in self.calls if c.overlaps(lo, hi)] if self.calls else []
         if busy and (self.ready_first or per_worker):
             raise InvalidArgumentError(
-                f"ProcessVectorEnv.send(env_ids=slice({lo}, {hi})): sub-envs "
+                f"{self.name}.send(env_ids=slice({lo}, {hi})): sub-envs "
                 f"{busy[0].lo}..{busy[0].hi - 1} are still in flight from an earlier send; "
                 "recv() their results first (a ready-first env steps each env once at a time)."
             )
@@ -90,7 +93,7 @@ class Stepper:
             bounds = [b for b in self.pool.bounds if lo <= b[0] < hi]
             if not bounds or bounds[0][0] != lo or bounds[-1][1] != hi:
                 raise InvalidArgumentError(
-                    f"ProcessVectorEnv.send(env_ids=slice({lo}, {hi})): with ready_first=True, "
+                    f"{self.name}.send(env_ids=slice({lo}, {hi})): with ready_first=True, "
                     f"env_ids must cover whole workers; the workers' sub-envs are "
                     f"{[slice(*b) for b in self.pool.bounds]}. Send None, or a slice from one "
                     "worker's start to another's stop."
@@ -151,7 +154,7 @@ class Stepper:
         blocks)."""
         if not self.calls:
             raise InvalidArgumentError(
-                "ProcessVectorEnv.recv(): no send() is waiting for its results. Call "
+                f"{self.name}.recv(): no send() is waiting for its results. Call "
                 "send(actions, env_ids) first, once per result."
             )
         if not self.ready_first:

@@ -112,10 +112,12 @@ class ProcessTransport:
         layout: BlockLayout,
         restart_policy: RestartPolicy | None,
         close_after: Callable[[str], None],
+        name: str,
     ) -> None:
         """Hands the workers the shared block of ``layout`` (the vector env's, checked
         against :attr:`reports`) and makes the stepping parts; ``close_after`` closes the
-        vector env after a failure it cannot go on from."""
+        vector env after a failure it cannot go on from; ``name``: its class name, for
+        errors."""
         pool, res = self.pool, self.res
         pool.close_after = close_after
         self.layout = layout
@@ -132,4 +134,6 @@ class ProcessTransport:
             pool, restart_policy, layout, self.views, lambda: self.stepper.in_flight()
         )
         pool.on_lost = self.recovery.worker_lost
-        self.stepper = Stepper(pool, self.recovery, layout, self.views, self.config.ready_first)
+        self.stepper = Stepper(
+            pool, self.recovery, layout, self.views, self.config.ready_first, name
+        )

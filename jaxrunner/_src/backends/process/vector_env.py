@@ -64,7 +64,8 @@ class ProcessBackend(RemoteSubEnvs):
             self.capabilities = dataclasses.replace(unsplit, pipeline_bounds=bounds)
         self._finalizer = weakref.finalize(self, shutdown, self._res)
         try:
-            transport.attach(self._layout_for(transport.reports), restart_policy, self._close_after)
+            layout = self._layout_for(transport.reports)
+            transport.attach(layout, restart_policy, self._close_after, type(self).__name__)
         except BaseException:
             self._close_after("construction failed")
             raise
