@@ -682,3 +682,18 @@ def test_env_ids_slices_are_taken_as_python_slices(kind: str) -> None:
         assert vec.step_batch(zero_actions(vec, 2), slice(-2, None)).env_ids == slice(1, 3)
         out = vec.step_batch(zero_actions(vec, 3), slice(None))
         assert out.env_ids in (None, slice(0, 3))
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_reset_batch_refuses_a_seed_count_other_than_num_envs(kind: str, backend: str) -> None:
+    # A multi-agent env's one reset, as a single-agent env's reset(seed=[...]) does: it
+    # reset a prefix of the sub-envs (too few) or failed in a sub-env (too many).
+    with closing(make_kind(kind, 3, backend, seed=SEED)) as vec:
+        episodes = vec.get_attr("episode")
+        for seeds in ([1, 2], [1, 2, 3, 4], 3, None):
+            with pytest.raises(InvalidArgumentError, match=r"reset_batch\(seeds=.*one seed per"):
+                vec.reset_batch(seeds)
+        assert vec.get_attr("episode") == episodes  # no sub-env was reset
+        vec.reset_batch([1, 2, 3])
+        assert vec.get_attr("episode") == tuple(e + 1 for e in episodes)

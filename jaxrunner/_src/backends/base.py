@@ -39,6 +39,19 @@ def normalize_seeds(seed: int | Sequence[int | None] | None, num_envs: int) -> l
     return seeds
 
 
+def check_seed_count(seeds: Any, num_envs: int, where: str) -> None:
+    """Refuses ``reset_batch`` seeds that are not one per sub-env (before any resets);
+    ``where`` names the vector env."""
+    count = len(seeds) if isinstance(seeds, (Sequence, np.ndarray)) else None
+    if count != num_envs or isinstance(seeds, str):
+        got = f"{count}" if count is not None else f"a {type(seeds).__name__}"
+        raise InvalidArgumentError(
+            f"{where}.reset_batch(seeds=...): expected one seed per sub-env (num_envs="
+            f"{num_envs}), each an int or None, got {got}. jaxrunner.env_seeds(seed, "
+            "num_envs) makes them from one seed."
+        )
+
+
 def check_equal_spaces(pairs: Sequence[tuple[gymnasium.Space, gymnasium.Space]]) -> None:
     """Raises unless every sub-env's ``(observation_space, action_space)`` equals sub-env
     0's, and those are spaces jaxrunner supports."""

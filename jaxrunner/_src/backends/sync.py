@@ -9,7 +9,12 @@ from typing import Any
 import gymnasium
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import VectorEnv, check_env_fns, check_equal_spaces
+from jaxrunner._src.backends.base import (
+    VectorEnv,
+    check_env_fns,
+    check_equal_spaces,
+    check_seed_count,
+)
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBlock
@@ -79,6 +84,7 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> tuple[Any, list[dict[str, Any]]]:
         self._check_open("reset")
+        check_seed_count(seeds, self.num_envs, type(self).__name__)
         return self._obs, self._block.reset(seeds, options)
 
     def reset_at(

@@ -7,7 +7,7 @@ import abc
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrunner._src.backends.base import BaseVectorEnv, check_env_fns
+from jaxrunner._src.backends.base import BaseVectorEnv, check_env_fns, check_seed_count
 from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends
@@ -110,6 +110,7 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> MultiAgentStep:
         self._check_open("reset_batch")
+        check_seed_count(seeds, self.num_envs, type(self).__name__)
         return self._block.result(self._block.reset(seeds, options))
 
     def _step(self, actions: Sequence[Any], rows: slice | None) -> MultiAgentStep:

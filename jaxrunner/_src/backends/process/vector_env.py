@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import jaxrunner._src.backends.process.protocol as protocol
-from jaxrunner._src.backends.base import VectorEnv, check_env_fns
+from jaxrunner._src.backends.base import VectorEnv, check_env_fns, check_seed_count
 from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.process.config import ProcessConfig, checked_config
@@ -129,6 +129,7 @@ class ProcessBackend(RemoteSubEnvs):
     ) -> Any:
         """Resets every sub-env; the results of sends not yet received are dropped."""
         self._check_open(self._reset_call)
+        check_seed_count(seeds, self.num_envs, type(self).__name__)
         self._stepper.discard()
         seeds, pool = list(seeds), self._pool
         results = pool.call_all("reset", [(seeds[lo:hi], options) for lo, hi in pool.bounds])
