@@ -697,3 +697,10 @@ def test_reset_batch_refuses_a_seed_count_other_than_num_envs(kind: str, backend
         assert vec.get_attr("episode") == episodes  # no sub-env was reset
         vec.reset_batch([1, 2, 3])
         assert vec.get_attr("episode") == tuple(e + 1 for e in episodes)
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_repr_names_the_class_and_num_envs(kind: str, backend: str) -> None:
+    with closing(make_kind(kind, 3, backend)) as vec:
+        assert repr(vec) == f"{type(vec).__name__}(num_envs=3)"

@@ -181,6 +181,12 @@ class BaseVectorEnv(abc.ABC):
     def __enter__(self) -> Any:
         return self
 
+    def __repr__(self) -> str:
+        # gymnasium's VectorEnv repr, for either kind (it comes before gymnasium's in the MRO).
+        spec = getattr(self, "spec", None)
+        head = f"{spec.id}, " if spec is not None else ""
+        return f"{type(self).__name__}({head}num_envs={getattr(self, 'num_envs', None)})"
+
     def __exit__(self, *exc: object) -> None:
         self.close()
 
