@@ -704,3 +704,19 @@ def test_reset_batch_refuses_a_seed_count_other_than_num_envs(kind: str, backend
 def test_repr_names_the_class_and_num_envs(kind: str, backend: str) -> None:
     with closing(make_kind(kind, 3, backend)) as vec:
         assert repr(vec) == f"{type(vec).__name__}(num_envs=3)"
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_actions_given_as_lists_step_as_arrays_do(kind: str, backend: str) -> None:
+    # Read as numpy reads them (same shape and dtype kind), for either kind: a multi-agent
+    # group's nested list was refused with "got shape ()".
+    with (
+        closing(make_kind(kind, 2, backend, seed=SEED)) as arrays,
+        closing(make_kind(kind, 2, backend, seed=SEED)) as lists,
+    ):
+        for _ in range(4):
+            batch = zero_actions(arrays, 2)
+            arrays.step_batch(batch)
+            lists.step_batch(batch.tolist() if kind == "gymnasium" else [x.tolist() for x in batch])
+        assert lists.get_attr("t") == arrays.get_attr("t") != (0, 0)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.core.agent_groups import AgentGroup
@@ -18,7 +19,8 @@ class ActionCheck:
     sub-env steps (shapes, dtypes, the range of ``Discrete`` and ``MultiDiscrete``, every
     row's, acting or not; nothing is cast); a call returns the actions or raises
     InvalidActionError. The common case passes ``passing_batch_test`` inline; anything
-    else goes through ``check_action_batch``, which names what is wrong."""
+    else goes through ``check_action_batch``, which names what is wrong (a group's batch
+    of a non-composite space is read with ``np.asarray``: lists too, as single-agent)."""
 
     def __init__(self, groups: Sequence[AgentGroup], num_envs: int) -> None:
         self.groups, self.num_envs = tuple(groups), num_envs
@@ -44,7 +46,11 @@ class ActionCheck:
                 f"multi-agent step: expected one action batch per group ({len(groups)}: "
                 f"{[g.policy_id for g in groups]}), got {len(actions)}."
             )
+        checked = []
         for group, batch in zip(groups, actions):
+            if not isinstance(group.action_space, (spaces.Dict, spaces.Tuple)):
+                batch = np.asarray(batch)  # lists read as numpy reads them, as single-agent
+            checked.append(batch)
             rows = num_envs * group.num_agents
             lead = (num_envs, group.num_agents)
 
@@ -69,4 +75,4 @@ class ActionCheck:
                 row_name,
                 rows_are="B*A_g",
             )
-        return actions
+        return checked
