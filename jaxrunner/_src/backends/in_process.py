@@ -38,13 +38,11 @@ class InProcessSends:
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         self._check_open("step")  # type: ignore[attr-defined]
-        self._sent.append((actions, self._rows(env_ids)))
+        self._sent.append((actions, None if env_ids is None else self._rows(env_ids)))
 
-    def _rows(self, env_ids: EnvIds) -> slice | None:
-        """``env_ids`` as the block ``_step`` steps: None (every env) or a slice with
-        step 1 inside the envs, as every backend and kind reads it (else an error)."""
-        if env_ids is None:
-            return None
+    def _rows(self, env_ids: EnvIds) -> slice:
+        """``env_ids`` (not None) as the block ``_step`` steps: a slice with step 1 inside
+        the envs, as every backend and kind reads it (else an error)."""
         lo, hi = block_rows(env_ids, self.num_envs, type(self).__name__)  # type: ignore[attr-defined]
         return slice(lo, hi)
 
@@ -63,7 +61,7 @@ class InProcessSends:
             self.send(actions, rows)
             return self.recv()
         self._check_open("step")  # type: ignore[attr-defined]
-        return self._step(actions, self._rows(rows))
+        return self._step(actions, None if rows is None else self._rows(rows))  # None: no call
 
 
 class BlockForwarding:
