@@ -701,6 +701,20 @@ def test_reset_batch_refuses_a_seed_count_other_than_num_envs(kind: str, backend
 
 @pytest.mark.parametrize("backend", ["sync", "process"])
 @pytest.mark.parametrize("kind", HOST_KINDS)
+def test_reset_batch_drops_the_sends_not_yet_received(kind: str, backend: str) -> None:
+    # Their actions were chosen for the episodes the reset ends: none steps a new one.
+    with closing(make_kind(kind, 3, backend, seed=SEED)) as vec:
+        vec.send(zero_actions(vec, 3))
+        vec.reset_batch([1, 2, 3])
+        with pytest.raises(InvalidArgumentError, match=r"recv\(\): no send\(\) is waiting"):
+            vec.recv()
+        vec.send(zero_actions(vec, 3))
+        out = vec.recv()  # and it steps on
+        assert len(out.infos) == 3 and out.failed is None
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+@pytest.mark.parametrize("kind", HOST_KINDS)
 def test_repr_names_the_class_and_num_envs(kind: str, backend: str) -> None:
     with closing(make_kind(kind, 3, backend)) as vec:
         assert repr(vec) == f"{type(vec).__name__}(num_envs=3)"

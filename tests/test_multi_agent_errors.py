@@ -94,6 +94,10 @@ def test_seed_resets_sub_env_i_with_seed_plus_i_as_make_vec_does(backend, reques
     with envs:
         states = [rng.bit_generator.state for rng in envs.get_attr("rng")]
         out = envs.step_batch([np.ones((3, 4), np.int64)])
+        with pytest.raises(InvalidArgumentError, match=r"reset_batch\(seeds=.*one seed per"):
+            envs.reset_batch([1])  # one seed per sub-env, on every backend
+    with pytest.raises(jr.errors.ClosedError, match=r"\.reset_batch\(\) called after"):
+        envs.reset_batch([1, 2, 3])  # the call a multi-agent env has, named
     for i, state in enumerate(states):  # each sub-env as one reset by hand with seed 7 + i
         by_hand = ComingAndGoing()
         by_hand.reset(seed=7 + i)

@@ -176,6 +176,8 @@ def test_ready_first_false_gives_a_lockstep_ray_env_equal_to_sync():
     envs = jr.RayVectorEnv(fns, config)
     ref = jr.SyncVectorEnv(fns)
     assert not envs.capabilities.ready_first and envs.capabilities.steps_in_background
+    with pytest.raises(jr.errors.InvalidArgumentError, match=r"reset_batch\(seeds=.*one seed per"):
+        envs.reset_batch([1, 2])
     jr.testing.assert_trees_equal(envs.reset(seed=1), ref.reset(seed=1), "reset")
     actions = np.arange(6) % 3
     want = [ref.step_batch(actions[:3], slice(0, 3)), ref.step_batch(actions[3:], slice(3, 6))]

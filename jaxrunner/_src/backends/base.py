@@ -243,7 +243,8 @@ class VectorEnv(BaseVectorEnv, gymnasium.vector.VectorEnv):
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> tuple[Any, list[dict[str, Any]]]:
-        """Resets every sub-env; returns the obs buffer view and per-env infos."""
+        """Resets every sub-env (``seeds[i]`` for sub-env ``i``); returns the obs buffer
+        view and per-env infos. The results of sends not yet received are dropped."""
 
     @abc.abstractmethod
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:

@@ -85,6 +85,7 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
     ) -> tuple[Any, list[dict[str, Any]]]:
         self._check_open("reset")
         check_seed_count(seeds, self.num_envs, type(self).__name__)
+        self._sent.clear()  # sends not yet received are dropped, as on every backend
         return self._obs, self._block.reset(seeds, options)
 
     def reset_at(

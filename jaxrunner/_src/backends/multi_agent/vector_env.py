@@ -39,7 +39,8 @@ class MultiAgentVectorEnv(GroupedAgents, BaseVectorEnv):
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> MultiAgentStep:
-        """Resets sub-env ``i`` with ``seeds[i]``; the step says who acts first on what."""
+        """Resets sub-env ``i`` with ``seeds[i]``; the step says who acts first on what.
+        The results of sends not yet received are dropped."""
 
     @abc.abstractmethod
     def send(self, actions: Sequence[Any], env_ids: EnvIds = None) -> None:
@@ -111,6 +112,7 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
     ) -> MultiAgentStep:
         self._check_open("reset_batch")
         check_seed_count(seeds, self.num_envs, type(self).__name__)
+        self._sent.clear()  # sends not yet received are dropped, as on every backend
         return self._block.result(self._block.reset(seeds, options))
 
     def _step(self, actions: Sequence[Any], rows: slice | None) -> MultiAgentStep:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrunner._src.backends.base import check_seed_count
 from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.ray.actor_manager import ActorPool
@@ -111,7 +112,8 @@ class ActorStepping(RemoteSubEnvs):
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> Any:
         """Resets every sub-env; the results of sends not yet received are dropped."""
-        self._check_open("reset")
+        self._check_open("reset_batch" if self.multi_agent is True else "reset")
+        check_seed_count(seeds, self.num_envs, type(self).__name__)
         self._discard()
         self._pending.clear()  # every sub-env starts afresh from what the caller gets
         actors = self._actors
