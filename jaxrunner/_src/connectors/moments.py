@@ -135,13 +135,13 @@ class RunningMoments(flax.struct.PyTreeNode):
         return jax.tree.map(lambda old, new: jnp.where(self.frozen, old, new), self, added)
 
 
-def _is_running(x: object) -> bool:
+def is_running(x: object) -> bool:
     return isinstance(x, RunningMoments)
 
 
 def _map_running(state: Any, fn: Callable[[RunningMoments], RunningMoments]) -> Any:
     """``state`` with ``fn`` applied to each :class:`RunningMoments` in it, in leaf order."""
-    return jax.tree.map(lambda x: fn(x) if _is_running(x) else x, state, is_leaf=_is_running)
+    return jax.tree.map(lambda x: fn(x) if is_running(x) else x, state, is_leaf=is_running)
 
 
 S = TypeVar("S")
@@ -151,7 +151,7 @@ S = TypeVar("S")
 def take_deltas(state: S) -> tuple[S, list[Moments]]:
     """Every :class:`RunningMoments`' ``delta`` in ``state`` (a connector state pytree),
     and the state with those deltas emptied: what a runner reports to its group."""
-    deltas = [x.delta for x in jax.tree.leaves(state, is_leaf=_is_running) if _is_running(x)]
+    deltas = [x.delta for x in jax.tree.leaves(state, is_leaf=is_running) if is_running(x)]
     empty = _map_running(state, lambda x: x.replace(delta=jax.tree.map(jnp.zeros_like, x.delta)))
     return empty, deltas
 

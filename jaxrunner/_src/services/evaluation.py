@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.capabilities import is_multi_agent
-from jaxrunner._src.connectors.moments import RunningMoments, freeze
+from jaxrunner._src.connectors.moments import freeze, is_running
 from jaxrunner._src.connectors.per_group import GroupConnectors
 from jaxrunner._src.connectors.pipeline import Connectors, ConnectorsState
 from jaxrunner._src.core.episode import Episode
@@ -186,7 +186,7 @@ def _frozen_states(runner: EnvRunner, given: Any) -> dict[str, Any]:
     for pid, state in fresh.items():
         if given.get(pid) is not None:
             state = connectors[pid].load_state(state, given[pid], shared_only=True)
-        elif any(_is_running(x) for x in jax.tree.leaves(state.obs, is_leaf=_is_running)):
+        elif any(is_running(x) for x in jax.tree.leaves(state.obs, is_leaf=is_running)):
             raise InvalidArgumentError(
                 "evaluate(connectors=...): these observation connectors keep statistics, and "
                 "fresh ones (mean 0, variance 1) would evaluate on unnormalized observations; "
@@ -194,10 +194,6 @@ def _frozen_states(runner: EnvRunner, given: Any) -> dict[str, Any]:
             )
         states[pid] = freeze(state)
     return states
-
-
-def _is_running(x: Any) -> bool:
-    return isinstance(x, RunningMoments)
 
 
 # -- each env's first episodes -------------------------------------------------------------------
