@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.checkpoints.format import leading
+from jaxrunner._src.checkpoints.format import bytes_check, leading
 from jaxrunner._src.checkpoints.live_episodes import read_live_episodes
 from jaxrunner._src.checkpoints.reader import CheckpointReader, EpisodeSpaces
 from jaxrunner._src.core.episode import AgentEpisode, Episode
@@ -176,7 +176,10 @@ class CheckpointFile(CheckpointReader):
             envs, envs_note, snapshots, live = meta["envs"], meta["envs_note"], None, None
             if envs == "pickle" and load_env_pickles:
                 if parts.envs.can_snapshot:
-                    snapshots = self.read_snapshots(npz, self.num_envs)
+                    snapshots = tuple(  # bytes, not unpickled here
+                        npz.read(f"envs/{i}", f"envs/{i}", "u", bytes_check).tobytes()
+                        for i in range(self.num_envs)
+                    )
                     live = read_live_episodes(self, npz, meta, ids, parts.sampler)
                 else:  # saved on the sync backend, restored on another: new episodes
                     name = type(parts.envs).__name__

@@ -20,7 +20,6 @@ from jaxrunner._src.checkpoints.format import (
     Part,
     array_name,
     build_tree,
-    bytes_check,
     exact,
     is_key,
     leading,
@@ -256,13 +255,6 @@ class CheckpointReader:
         self.require(np.isfinite(returns).all(), f"{where}/returns", "not finite")
         self.require((lengths >= 1).all(), f"{where}/lengths", "below 1")
         self.require(len(returns) <= num_episodes, f"{where}/returns", "beyond num_episodes")
-
-    def read_snapshots(self, npz: NpzReader, num_envs: int) -> tuple[bytes, ...]:
-        """The sub-env pickles ``envs/0 .. envs/<num_envs - 1>``, as bytes (not
-        unpickled here)."""
-        return tuple(
-            npz.read(f"envs/{i}", f"envs/{i}", "u", bytes_check).tobytes() for i in range(num_envs)
-        )
 
     # -- kept episodes -----------------------------------------------------------------------
 
