@@ -291,9 +291,7 @@ class CheckpointFile(CheckpointReader):
         """Episode ``k`` of ``prefix``: its metadata ``meta`` checked (an agent episode's
         agent of its policy), then its arrays (at most ``most`` steps)."""
         where, base = f"{prefix}[{k}]", f"{prefix}/{k}"
-        meta = self.check_episode_meta(
-            meta, where, self.scalars, EPISODE_DEFAULTS, next_id, self.num_envs
-        )
+        meta = self._check_episode_meta(meta, where, next_id)
         if not self.per_agent:
             steps = self.read_steps(npz, where, base, meta, specs[DEFAULT_POLICY_ID], most)
             return Episode(**steps, **{f: meta[f] for f in self.scalars})
@@ -311,6 +309,28 @@ class CheckpointFile(CheckpointReader):
         env_step = npz.read(name, name, "i", leading((), np.dtype(np.int64), len(steps["reward"])))
         self.require((env_step >= 0).all(), name, "negative")
         return AgentEpisode(**steps, env_step=env_step, **{f: meta[f] for f in self.scalars})
+
+    def _check_episode_meta(self, meta: Any, where: str, next_id: int) -> dict[str, Any]:
+        """A kept episode's JSON: an object of its scalar fields and its paths and extras,
+        true or false where a bool is due, its episode id issued already, its env in
+        range, its start step not negative, truncated if faulty. Returns it with the
+        :data:`EPISODE_DEFAULTS` of the fields it lacks (an older file's)."""
+        keys = {*self.scalars, "paths", "extras"}
+        if not isinstance(meta, dict) or not keys - set(EPISODE_DEFAULTS) <= set(meta) <= keys:
+            raise self.error(
+                f"has {where} that is not an object of the keys {sorted(keys)} "
+                f"({sorted(EPISODE_DEFAULTS)} optional)"
+            )
+        meta = {**EPISODE_DEFAULTS, **meta}
+        for field, kind in self.scalars.items():
+            if kind is bool and not isinstance(meta[field], bool):
+                raise self.error(f"has {where}.{field}={meta[field]!r}; expected true or false")
+        self.int_field(meta["episode_id"], f"{where}.episode_id", 0, next_id - 1)
+        self.int_field(meta["env_id"], f"{where}.env_id", 0, self.num_envs - 1)
+        self.int_field(meta["start_step"], f"{where}.start_step", 0)
+        if meta.get("faulty") and not meta["truncated"]:
+            raise self.error(f"has {where}.faulty=true but truncated=false (a faulty one is both)")
+        return meta
 
     def _check_fragments(self, key: str, episodes: tuple[Any, ...], ids: np.ndarray) -> None:
         """Unfinished, one per stream, each of the env's current

@@ -72,36 +72,6 @@ class CheckpointReader:
             raise self.error(f"has {where}={value!r}; expected an int {bounds}")
         return int(value)
 
-    def check_episode_meta(
-        self,
-        meta: Any,
-        where: str,
-        scalars: dict[str, type],
-        defaults: dict[str, Any],
-        next_id: int,
-        num_envs: int,
-    ) -> dict[str, Any]:
-        """A kept episode's JSON: an object of ``scalars`` (field -> type) and its paths
-        and extras, true or false where a bool is due, its episode id issued already,
-        its env in range, its start step not negative, truncated if faulty. Returns it
-        with the ``defaults`` of the scalars it lacks (an older file's)."""
-        keys = {*scalars, "paths", "extras"}
-        if not isinstance(meta, dict) or not keys - set(defaults) <= set(meta) <= keys:
-            optional = f" ({sorted(defaults)} optional)" if defaults else ""
-            raise self.error(
-                f"has {where} that is not an object of the keys {sorted(keys)}{optional}"
-            )
-        meta = {**defaults, **meta}
-        for field, kind in scalars.items():
-            if kind is bool and not isinstance(meta[field], bool):
-                raise self.error(f"has {where}.{field}={meta[field]!r}; expected true or false")
-        self.int_field(meta["episode_id"], f"{where}.episode_id", 0, next_id - 1)
-        self.int_field(meta["env_id"], f"{where}.env_id", 0, num_envs - 1)
-        self.int_field(meta["start_step"], f"{where}.start_step", 0)
-        if meta.get("faulty") and not meta["truncated"]:
-            raise self.error(f"has {where}.faulty=true but truncated=false (a faulty one is both)")
-        return meta
-
     # -- metadata ----------------------------------------------------------------------------
 
     def read_meta(self, npz: NpzReader, reads: dict[str, tuple[int, ...]]) -> dict[str, Any]:
