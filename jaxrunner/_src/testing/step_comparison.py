@@ -21,23 +21,18 @@ from jaxrunner._src.testing.assertions import assert_trees_equal
 from jaxrunner._src.testing.reference import ONE_AGENT, ByHand, ExpectedRow
 
 
-@dataclasses.dataclass
-class Row:
-    """One sub-env's row of a step (or of ``reset_batch``), per agent id."""
+@dataclasses.dataclass(kw_only=True)
+class Row(ExpectedRow):
+    """One sub-env's row of a step (or of ``reset_batch``), per agent id: what the env
+    stepped by hand gives too (:class:`ExpectedRow`), and what only a backend reports."""
 
     acting: dict[str, Any]
     """The observation each acting agent acts on next."""
-    starts: dict[str, bool] | None
+    starts: dict[str, bool] | None = None
     """Per acting agent: its episode starts with this observation (None: not reported,
     as by a gymnasium backend, whose every row of a reset starts one)."""
-    completed: dict[str, tuple[Any, float, bool, bool]]
-    """Per agent whose transition completed: (next_obs, reward, terminated, truncated)."""
     slots: dict[str, tuple[float, bool, bool]]
     """Every agent slot's (reward, terminated, truncated), completed or not."""
-    done: bool
-    env_reward: float
-    infos: Any
-    reset_info: Any = None
     failed: bool = False
 
 
@@ -61,7 +56,7 @@ def read_rows(vec: Any, out: Any) -> list[Row]:
         return [_one_agent_row(space, out, r, ids[r]) for r in range(len(out.reward))]
     obs, infos = out  # a gymnasium backend's reset_batch
     return [
-        Row({ONE_AGENT: space_arrays.take(space, obs, b)}, None, {}, {}, False, 0.0, info)
+        Row({}, False, 0.0, info, acting={ONE_AGENT: space_arrays.take(space, obs, b)}, slots={})
         for b, info in enumerate(infos)
     ]
 
@@ -72,7 +67,6 @@ def _one_agent_row(space: Any, out: BatchStep, r: int, env: int) -> Row:
     completed = {} if failed else {ONE_AGENT: (space_arrays.take(space, out.next_obs, r), *flags)}
     return Row(
         acting={ONE_AGENT: space_arrays.take(space, out.obs, r)},
-        starts=None,
         completed=completed,
         slots={ONE_AGENT: flags},
         done=flags[1] or flags[2],
@@ -88,7 +82,8 @@ def _slot(tree: Any, b: int, a: int) -> Any:
 
 
 def _agent_row(vec: Any, out: MultiAgentStep, b: int) -> Row:
-    row = Row({}, {}, {}, {}, bool(out.env_done[b]), float(out.env_reward[b]), out.infos[b])
+    done, env_reward = bool(out.env_done[b]), float(out.env_reward[b])
+    row = Row({}, done, env_reward, out.infos[b], acting={}, starts={}, slots={})
     row.failed = out.failed is not None and bool(out.failed[b])
     for group in vec.groups:
         buf = out.groups[group.policy_id]
