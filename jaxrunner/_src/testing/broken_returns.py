@@ -19,15 +19,13 @@ def _map_first_leaf(obs: Any, fn: Callable[[np.ndarray], Any]) -> Any:
     return fn(np.asarray(obs))
 
 
-def _other_dtype(leaf: np.ndarray) -> np.ndarray:
-    return leaf.astype(np.float32 if leaf.dtype == np.float64 else np.float64)
-
-
 def _break_obs(kind: str, obs: Any) -> Any:
     if kind == "bad_obs":
         return _map_first_leaf(obs, lambda leaf: leaf[None])
     if kind == "obs_dtype":
-        return _map_first_leaf(obs, _other_dtype)
+        return _map_first_leaf(
+            obs, lambda leaf: leaf.astype(np.float32 if leaf.dtype == np.float64 else np.float64)
+        )
     if not isinstance(obs, Mapping):
         raise InvalidArgumentError(
             f"FaultPlan(kind='obs_missing_key'): expected an env with dict observations, got "
