@@ -32,62 +32,57 @@ def format_report(report: dict[str, Any]) -> str:
     """A ``jaxrunner bench`` report (:func:`jaxrunner._src.bench.run`) as text: what was
     measured, a table per backend, the skipped backends and the verdict (a PettingZoo
     env's report in its own words)."""
-    if "multi_agent" in report:
-        return _format_multi_agent(report)
     config, children = report["config"], report["children"]
-    lines = [
-        f"{config['env']}; {report['policy']};",
-        f"T = max(8, {steps_per_rollout(report.get('workload'))} // envs) steps per rollout "
-        "for every system;",
+    rounds = (
         f"{config['rounds']} interleaved round{'s' if config['rounds'] > 1 else ''} of "
-        f"{config['seconds']:g} s per system; jaxrunner and the hand loops in their own processes.",
+        f"{config['seconds']:g} s per system;"
+    )
+    jaxrunner = (
         "jaxrunner: EnvRunner.sample() as a user runs it "
-        f"(JAX CPU dispatch: {children['jaxrunner']['cpu_dispatch']}).",
-        "hand loop: the loop a user writes: the same jitted policy, np.asarray on actions and",
-        "  log-probs, obs/action/log-prob/reward/flags into [T, B] numpy buffers, JAX at its",
-        f"  defaults (CPU dispatch: {children['hand_loop']['cpu_dispatch']}).",
-        "ratio: jaxrunner / hand loop, the ratio of medians [min-max of per-round ratios].",
-        "ceiling: the same vector env stepped with random actions + one bare policy call per",
-        "  step: what a loop doing these two in turn and nothing else would reach; vs ceiling:",
-        "  jaxrunner / ceiling.",
-        "us per vector step: env | policy (the compiled step with its host<->device",
-        "  transfers) | record (obs, actions, flags into the trajectory) | other (the rest of",
-        "  the sampler) | total; ceiling: raw env step, bare policy call (its on-device",
-        "  compute alone in brackets), each timed back to back; in turn: the env stepped",
-        "  with the bare policy's own actions, one call per step and nothing else (each",
-        "  slowed by the other's cache traffic, as in any loop that alternates them).",
-    ]
-    return _with_tables(report, lines, PLANS)
-
-
-def _format_multi_agent(report: dict[str, Any]) -> str:
-    """:func:`format_report` for a PettingZoo env: what was measured, a table per
-    backend (no ceiling), the skipped backends and the verdict."""
-    config, children, agents = report["config"], report["children"], report["multi_agent"]
-    lines = [
-        f"{config['env']} ({len(agents['agents'])} agents: {', '.join(agents['agents'])}); "
-        f"{report['policy']}, one per policy group;",
-        "T = max(8, 2048 // envs) steps per rollout for every system; figures are env steps/s",
-        f"  (agent steps/s = {len(agents['agents'])} x env steps/s);",
-        f"{config['rounds']} interleaved round{'s' if config['rounds'] > 1 else ''} of "
-        f"{config['seconds']:g} s per system; jaxrunner and the hand loop in their own processes.",
-        "jaxrunner: EnvRunner.sample() as a user runs it "
-        f"(JAX CPU dispatch: {children['jaxrunner']['cpu_dispatch']}).",
-        "hand loop: the loop a user writes: a list of the PettingZoo envs; per step every",
-        "  agent's observation stacked into one [B * A, ...] array, the same jitted policy,",
-        "  np.asarray on actions and log-probs, obs/action/log-prob/reward/flags into",
-        "  [T, B, A] numpy buffers, each env stepped with its action dict and reset once no",
-        f"  agent is left; JAX at its defaults (CPU dispatch: "
-        f"{children['hand_loop']['cpu_dispatch']}).",
-        "ratio: jaxrunner / hand loop, the ratio of medians [min-max of per-round ratios].",
-        "us per vector step: env | policy (the compiled steps with their host<->device",
-        "  transfers) | record (obs, actions, flags into the trajectory) | other | total.",
-    ]
-    return _with_tables(report, lines, MULTI_AGENT_PLANS)
-
-
-def _with_tables(report: dict[str, Any], lines: list[str], plans: dict[str, Plan]) -> str:
-    """``lines``, then a table per backend, the skipped backends and the verdict."""
+        f"(JAX CPU dispatch: {children['jaxrunner']['cpu_dispatch']})."
+    )
+    ratio = "ratio: jaxrunner / hand loop, the ratio of medians [min-max of per-round ratios]."
+    if "multi_agent" in report:
+        agents, plans = report["multi_agent"]["agents"], MULTI_AGENT_PLANS
+        lines = [
+            f"{config['env']} ({len(agents)} agents: {', '.join(agents)}); "
+            f"{report['policy']}, one per policy group;",
+            "T = max(8, 2048 // envs) steps per rollout for every system; figures are env steps/s",
+            f"  (agent steps/s = {len(agents)} x env steps/s);",
+            f"{rounds} jaxrunner and the hand loop in their own processes.",
+            jaxrunner,
+            "hand loop: the loop a user writes: a list of the PettingZoo envs; per step every",
+            "  agent's observation stacked into one [B * A, ...] array, the same jitted policy,",
+            "  np.asarray on actions and log-probs, obs/action/log-prob/reward/flags into",
+            "  [T, B, A] numpy buffers, each env stepped with its action dict and reset once no",
+            f"  agent is left; JAX at its defaults (CPU dispatch: "
+            f"{children['hand_loop']['cpu_dispatch']}).",
+            ratio,
+            "us per vector step: env | policy (the compiled steps with their host<->device",
+            "  transfers) | record (obs, actions, flags into the trajectory) | other | total.",
+        ]
+    else:
+        plans = PLANS
+        lines = [
+            f"{config['env']}; {report['policy']};",
+            f"T = max(8, {steps_per_rollout(report.get('workload'))} // envs) steps per rollout "
+            "for every system;",
+            f"{rounds} jaxrunner and the hand loops in their own processes.",
+            jaxrunner,
+            "hand loop: the loop a user writes: the same jitted policy, np.asarray on actions and",
+            "  log-probs, obs/action/log-prob/reward/flags into [T, B] numpy buffers, JAX at its",
+            f"  defaults (CPU dispatch: {children['hand_loop']['cpu_dispatch']}).",
+            ratio,
+            "ceiling: the same vector env stepped with random actions + one bare policy call per",
+            "  step: what a loop doing these two in turn and nothing else would reach; vs ceiling:",
+            "  jaxrunner / ceiling.",
+            "us per vector step: env | policy (the compiled step with its host<->device",
+            "  transfers) | record (obs, actions, flags into the trajectory) | other (the rest of",
+            "  the sampler) | total; ceiling: raw env step, bare policy call (its on-device",
+            "  compute alone in brackets), each timed back to back; in turn: the env stepped",
+            "  with the bare policy's own actions, one call per step and nothing else (each",
+            "  slowed by the other's cache traffic, as in any loop that alternates them).",
+        ]
     for backend in dict.fromkeys(row["backend"] for row in report["results"]):
         rows = [row for row in report["results"] if row["backend"] == backend]
         lines += ["", format_backend(rows, plans)]
