@@ -13,7 +13,6 @@ import numpy as np
 
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.make_vec import BACKENDS, make_vec
-from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 from jaxrunner._src.bench.hand_loop import (
     REFERENCES,
     RecordingHandLoop,
@@ -139,26 +138,28 @@ class JaxrunnerSystem:
     """``EnvRunner.sample()`` with the benchmark MLP, every option at its default."""
 
     def __init__(self, spec: Spec) -> None:
-        if spec.backend == "auto":
-            self._runner = _auto_runner(spec)  # the layout tried with the policy
-            envs = self._runner.envs
-        else:
-            envs = _make_envs(spec)
-            policy = spec_policy(spec, envs.single_observation_space, envs.single_action_space)
-            params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
-            self._runner = EnvRunner(envs, policy, params, spec.rollout_length, spec.seed)
+        self._runner = self._build(spec)
         self.num_envs = spec.num_envs
         # EnvPool's reset steps come back as slots holding no transition: not counted
         # (a pure-JAX env has no such slots).
-        vec = self._runner.envs
-        self._reset_steps = isinstance(vec, VectorEnv) and vec.capabilities.reset_steps
+        envs = self._runner.envs
+        self._reset_steps = isinstance(envs, VectorEnv) and envs.capabilities.reset_steps
         self._sample()  # warm-up: compiles, first resets
         self.layout = {
             "num_workers": getattr(envs, "num_workers", 0),
             "num_splits": self._runner.num_splits,
         }
         if spec.backend == "auto":  # what EnvRunner.from_env chose, and why
-            self.layout["auto"] = dataclasses.asdict(envs.layout_choice)
+            self.layout["auto"] = dataclasses.asdict(self._runner.envs.layout_choice)
+
+    @staticmethod
+    def _build(spec: Spec) -> EnvRunner:
+        if spec.backend == "auto":
+            return _auto_runner(spec)  # the layout tried with the policy
+        envs = _make_envs(spec)
+        policy = spec_policy(spec, envs.single_observation_space, envs.single_action_space)
+        params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
+        return EnvRunner(envs, policy, params, spec.rollout_length, spec.seed)
 
     def _sample(self) -> int:
         trajectory = self._runner.sample()
@@ -179,7 +180,8 @@ class MultiAgentRunnerSystem(JaxrunnerSystem):
     """``EnvRunner.sample()`` with the benchmark MLP per policy group, every
     option at its default (``Spec`` with ``multi_agent``)."""
 
-    def __init__(self, spec: Spec) -> None:
+    @staticmethod
+    def _build(spec: Spec) -> EnvRunner:
         envs = make_vec(env_factory(spec.env), spec.num_envs, spec.backend)
         try:
             policies = {g.policy_id: mlp_policy(g.action_space) for g in envs.groups}
@@ -188,15 +190,10 @@ class MultiAgentRunnerSystem(JaxrunnerSystem):
                 g.policy_id: policies[g.policy_id].init(key, g.observation_space)
                 for g in envs.groups
             }
-            self._runner = EnvRunner(envs, policies, params, spec.rollout_length, spec.seed)
+            return EnvRunner(envs, policies, params, spec.rollout_length, spec.seed)
         except BaseException:
             envs.close()
             raise
-        self.num_envs = spec.num_envs
-        self._sample()  # warm-up: compiles, first resets
-        workers = len(envs.worker_pids) if isinstance(envs, ProcessMultiAgentVectorEnv) else 0
-        splits = len(getattr(self._runner.sampler, "splits", [None]))
-        self.layout = {"num_workers": workers, "num_splits": splits}
 
     def _sample(self) -> int:
         return self._runner.sample().num_steps * self.num_envs
