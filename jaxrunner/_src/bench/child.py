@@ -112,12 +112,20 @@ class Child:
         self.close()
 
 
-def _serve(requests: IO[str], replies: IO[str], build: Callable[[Any], Any]) -> None:
+def main(build: Callable[[Any], Any] | None = None) -> None:
+    """Serves requests from stdin until told to exit, building systems with ``build``
+    (``Spec -> system`` with ``measure(seconds)`` and ``close()``; None: bench's own)."""
     from jaxrunner._src.bench.machine import machine_info
     from jaxrunner._src.bench.systems import Spec
+    from jaxrunner._src.bench.systems import build as build_system
 
+    build = build_system if build is None else build
+    # Replies need a clean stdout: keep it for them, and send anything else printed
+    # (libraries, C code) to stderr.
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     systems: dict[str, Any] = {}
-    for line in requests:
+    for line in sys.stdin:
         request = json.loads(line)
         op, name = request["op"], request.get("name")
         try:
@@ -157,17 +165,3 @@ def _serve(requests: IO[str], replies: IO[str], build: Callable[[Any], Any]) -> 
         replies.flush()
     for system in systems.values():
         system.close()
-
-
-def main(build: Callable[[Any], Any] | None = None) -> None:
-    """Serves requests from stdin until told to exit, building systems with ``build``
-    (``Spec -> system`` with ``measure(seconds)`` and ``close()``; None: bench's own)."""
-    if build is None:
-        from jaxrunner._src.bench import systems
-
-        build = systems.build
-    # Replies need a clean stdout: keep it for them, and send anything else printed
-    # (libraries, C code) to stderr.
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    _serve(sys.stdin, replies, build)
