@@ -118,22 +118,6 @@ def spec_policy(spec: Spec, observation_space: Any, action_space: Any) -> Policy
     return mlp_policy(action_space)
 
 
-def _auto_runner(spec: Spec) -> EnvRunner:
-    """``EnvRunner.from_env(..., backend="auto")``, as a user builds it: the spaces for
-    the policy from one env made apart (closed again)."""
-    env = get_workload(spec.workload).make if spec.workload else spec.env
-    probe = env() if callable(env) else gymnasium.make(env)
-    try:
-        obs_space, action_space = probe.observation_space, probe.action_space
-    finally:
-        probe.close()
-    policy = spec_policy(spec, obs_space, action_space)
-    params = policy.init(jax.random.key(spec.seed), obs_space)
-    return EnvRunner.from_env(
-        env, spec.num_envs, policy, params, spec.rollout_length, spec.seed, backend="auto"
-    )
-
-
 class JaxrunnerSystem:
     """``EnvRunner.sample()`` with the benchmark MLP, every option at its default."""
 
@@ -154,12 +138,24 @@ class JaxrunnerSystem:
 
     @staticmethod
     def _build(spec: Spec) -> EnvRunner:
-        if spec.backend == "auto":
-            return _auto_runner(spec)  # the layout tried with the policy
-        envs = _make_envs(spec)
-        policy = spec_policy(spec, envs.single_observation_space, envs.single_action_space)
-        params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
-        return EnvRunner(envs, policy, params, spec.rollout_length, spec.seed)
+        if spec.backend != "auto":
+            envs = _make_envs(spec)
+            policy = spec_policy(spec, envs.single_observation_space, envs.single_action_space)
+            params = policy.init(jax.random.key(spec.seed), envs.single_observation_space)
+            return EnvRunner(envs, policy, params, spec.rollout_length, spec.seed)
+        # As a user builds it: the spaces for the policy from one env made apart (closed
+        # again), then EnvRunner.from_env, which tries the layouts with the policy.
+        env = get_workload(spec.workload).make if spec.workload else spec.env
+        probe = env() if callable(env) else gymnasium.make(env)
+        try:
+            obs_space, action_space = probe.observation_space, probe.action_space
+        finally:
+            probe.close()
+        policy = spec_policy(spec, obs_space, action_space)
+        params = policy.init(jax.random.key(spec.seed), obs_space)
+        return EnvRunner.from_env(
+            env, spec.num_envs, policy, params, spec.rollout_length, spec.seed, backend="auto"
+        )
 
     def _sample(self) -> int:
         trajectory = self._runner.sample()
