@@ -160,11 +160,8 @@ def measure_width(
     }
     if ceiling and plan.ceiling:
         builds["ceiling"] = (harness.defaults, Spec(system="ceiling", **common))
-    for reference, widest in plan.extras:
-        if num_envs <= widest:
-            spec = Spec(system="hand", reference=reference, **common)
-            builds[f"hand_{reference}"] = (harness.jax_defaults, spec)
-    for reference, child in (peers or {}).items():
+    extras = {r: harness.jax_defaults for r, widest in plan.extras if num_envs <= widest}
+    for reference, child in {**extras, **(peers or {})}.items():
         spec = Spec(system="hand", reference=reference, **common)
         builds[f"hand_{reference}"] = (child, spec)
     for name, env_kwargs in (variants or {}).items():
