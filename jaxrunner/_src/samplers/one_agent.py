@@ -49,7 +49,6 @@ class OneAgentSampler:
         loop.rows_view = self._view
         ((self._pid, self._group),) = loop.groups.items()
         self.splits = loop.splits
-        self.action_spec = self._group.action_spec
         self._compact = setup.compact_next_obs
         self._released: dict[int, Trajectory] = {}
         """Released buffers' ``[T, B]`` views by their reward array's id."""

@@ -1,20 +1,17 @@
-"""What every sampler is: a backend plus a compiled policy step, turned into ``[T, B]``
-trajectory buffers and episode bookkeeping."""
+"""What every sampler is built from (a backend besides), and how it reports progress and
+the steps collected before an error."""
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.metrics import RunnerMetrics
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.samplers.info_arrays import InfoKeys
-from jaxrunner.errors import InvalidArgumentError
 
 StepProgress = Callable[[int], None]
 """What a sampler reports a sample's progress to: called with the env steps it has
@@ -55,52 +52,6 @@ class SamplerSetup:
         """The one policy, its params and connectors (a single-agent sampler's)."""
         ((pid, policy),) = self.policies.items()
         return policy, self.params[pid], self.connectors.get(pid)
-
-
-class Sampler(abc.ABC):
-    """Collects ``rollout_length`` steps of every env per :meth:`sample`.
-
-    A sampler adds what it measured to the runner's :class:`RunnerMetrics` (given at
-    construction). If a step fails, :meth:`sample` raises with the steps every env
-    completed before it in ``err.partial_trajectory`` (episode ids and steps filled).
-    """
-
-    action_spec: Any
-    """Shapes and dtypes of the policy's actions for all envs (``[B, ...]``)."""
-
-    @abc.abstractmethod
-    def sample(self, params: Params, progress: StepProgress | None = None) -> Trajectory:
-        """One rollout of every env with ``params`` (device arrays for the scan
-        sampler, numpy for the host ones); host samplers tell ``progress`` the env steps
-        recorded as they go (a scan, one compiled call, does not)."""
-
-    def get_state(self) -> dict[str, Any]:
-        """What the sampler carries from one ``sample()`` to the next (policy keys and
-        step counts, carries, episode bookkeeping, latest observations; for a pure-JAX
-        env, the env states too), as a pytree of arrays. Valid between samples."""
-        raise self._cannot_checkpoint("save")
-
-    def set_state(self, state: dict[str, Any], live: list[Any] | None = None) -> None:
-        """Takes ``state`` (shaped as :meth:`get_state`'s) as its own: sampling goes on
-        exactly where it was saved, provided the envs are in their saved state too;
-        ``live``: the callbacks' episodes under way then (:meth:`live_episodes`), else
-        they start again from the latest observations."""
-        raise self._cannot_checkpoint("restore")
-
-    def live_episodes(self) -> list[Any]:
-        """The per-step callbacks' episodes under way, one per env (none without)."""
-        return []
-
-    def restart_episodes(self, seeds: list[int]) -> None:
-        """After :meth:`set_state` when the envs could not be restored: resets every env
-        with ``seeds`` and starts a new episode in each (new ids, carries restarted)."""
-        raise self._cannot_checkpoint("restore")
-
-    def _cannot_checkpoint(self, what: str) -> InvalidArgumentError:
-        return InvalidArgumentError(
-            f"EnvRunner.{what}(): the {type(self).__name__} cannot be checkpointed (it has "
-            "no get_state/set_state/restart_episodes)."
-        )
 
 
 class PartialTrajectory(Protocol):

@@ -21,7 +21,7 @@ from jaxrunner._src.core.policy import Params
 from jaxrunner._src.samplers.agent_episodes import agent_episode_ends
 from jaxrunner._src.samplers.episode_ids import SampleCounts
 from jaxrunner._src.samplers.policy_step import initial_actor_state
-from jaxrunner._src.samplers.sampler import Sampler, SamplerSetup, StepProgress
+from jaxrunner._src.samplers.sampler import SamplerSetup, StepProgress
 from jaxrunner._src.samplers.scan_rollout import (
     RolloutState,
     actors_of,
@@ -54,7 +54,7 @@ def episode_counts(ends: np.ndarray, window: int, num_env_steps: int) -> SampleC
     )
 
 
-class ScanSampler(Sampler):
+class ScanSampler:
     """Runs :func:`rollout` on a JaxVectorEnv for an :class:`~jaxrunner.EnvRunner`: a
     :class:`Trajectory` on device for one policy, else (``setup.by_group``) a
     :class:`MultiAgentTrajectory` with env-level ids on host. Perf timers stay 0:
@@ -102,7 +102,6 @@ class ScanSampler(Sampler):
         # Compiled once, ahead of time: new values never retrace.
         traced = jax.jit(run, donate_argnums=1).trace(params, self._state, self._env_params)
         self._run = traced.lower().compile()
-        self.action_spec = None  # checked against the action space while tracing
         self.agents = {g.policy_id: g.agents for g in envs.groups}
         # Each agent slot's running return and length (host side, for the agent metrics).
         self._running = None
@@ -192,6 +191,11 @@ class ScanSampler(Sampler):
         for pid, (running_return, running_length) in (self._running or {}).items():
             np.copyto(running_return, state["running"][pid]["return"])
             np.copyto(running_length, state["running"][pid]["length"])
+
+    def live_episodes(self) -> list[Any]:
+        """None: a pure-JAX env has no per-step callbacks (and its checkpoints hold the
+        env states, so it never restarts episodes)."""
+        return []
 
 
 def _one_policy(run: Callable[..., tuple], policy_id: str, params: Params, *args: Any) -> tuple:
