@@ -18,13 +18,13 @@ from jaxrunner._src.samplers.sampler import StepProgress
 from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 
 
-def default_buckets(num_envs: int, chunk_rows: int) -> tuple[int, ...]:
-    """``chunk_rows`` (the runner's policy chunk) times powers of two below
+def default_buckets(num_envs: int, chunk_rows: int, factor: int = 2) -> tuple[int, ...]:
+    """``chunk_rows`` (the runner's policy chunk) times powers of ``factor`` below
     ``num_envs``, then ``num_envs``."""
     buckets, size = [], chunk_rows
     while size < num_envs:
         buckets.append(size)
-        size *= 2
+        size *= factor
     return (*buckets, num_envs)
 
 

@@ -22,6 +22,7 @@ import jaxrunner._src.samplers.keys as keys
 from jaxrunner._src import space_arrays
 from jaxrunner._src.core.policy import Params, Policy, check_params_like
 from jaxrunner._src.samplers.batch_invariance import chunked_apply, policy_chunk_rows
+from jaxrunner._src.samplers.ready_first import default_buckets
 from jaxrunner._src.samplers.transfer import Packing, compile_packed
 from jaxrunner.errors import ClosedError
 
@@ -57,21 +58,12 @@ class _Request:
     finished: bool = False  # on_done or on_abort has run
 
 
-def default_buckets(max_batch: int) -> tuple[int, ...]:
-    """Powers of four below ``max_batch``, then ``max_batch`` itself: few compiles
-    (each costs about a second on a CPU host), at most 4x padding."""
-    sizes, size = [], 1
-    while size < max_batch:
-        sizes.append(size)
-        size *= 4
-    return (*sizes, max_batch)
-
-
 class PolicyBatcher:
     """Runs a policy for rows submitted from any thread, batched: up to ``max_batch``
-    rows padded to a ``buckets`` size (the last is ``max_batch``; None:
-    :func:`default_buckets`), after waiting up to ``max_wait_s`` for more, or less once
-    ``ready_hint()`` (the most rows that could come) are queued."""
+    rows padded to a ``buckets`` size (the last is ``max_batch``; None: powers of four
+    below it, few compiles, each about a second on a CPU host, at most 4x padding),
+    after waiting up to ``max_wait_s`` for more, or less once ``ready_hint()`` (the
+    most rows that could come) are queued."""
 
     def __init__(
         self,
@@ -96,7 +88,7 @@ class PolicyBatcher:
         self._seed = seed
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
-        self._buckets = tuple(sorted(buckets or default_buckets(max_batch)))
+        self._buckets = tuple(sorted(buckets or default_buckets(max_batch, 1, factor=4)))
         self._ready_hint = ready_hint
         self._params = jax.device_put(params)
         self._params_version = 0
