@@ -138,23 +138,19 @@ class BufferPool:
         """Makes ``traj``'s arrays the next sample's (checked by
         :meth:`HandedOut.take_back`)."""
         self._out.take_back(traj, self._reused_arrays)
-        self._free.append(self._kept(traj))
+        groups = {  # without the extras the connectors added at its end
+            pid: g.replace(extras={k: g.extras[k] for k in self._own_extras[pid]})
+            for pid, g in traj.groups.items()
+        }
+        self._free.append(traj.replace(groups=groups))
 
     def _allocate(self) -> MultiAgentTrajectory:
-        if self._layout is None:
-            buf = self._new()
-            if not self._has_infos:  # (info arrays: their names grow as infos report them)
-                leaves, treedef = jax.tree.flatten(buf)
-                self._layout = treedef, [(x.shape, x.dtype) for x in leaves]
-            return buf
-        # The first buffer's layout, zeroed as _new() zeroes it: 3x less time at T = 1.
-        treedef, specs = self._layout
-        return treedef.unflatten([np.zeros(shape, dtype) for shape, dtype in specs])
-
-    def _new(self) -> MultiAgentTrajectory:
+        if self._layout is not None:  # the first buffer's layout, zeroed: 3x less time at T = 1
+            treedef, specs = self._layout
+            return treedef.unflatten([np.zeros(shape, dtype) for shape, dtype in specs])
         shape = (self._num_steps, self._num_envs)
         dense = self._scratch is None
-        return MultiAgentTrajectory(
+        buf = MultiAgentTrajectory(
             groups={pid: gs.allocate(self._num_steps, dense) for pid, gs in self._groups.items()},
             env_id=np.zeros(shape, np.int64),  # (valid and env_id: filled by take())
             episode_id=np.zeros(shape, np.int64),
@@ -163,6 +159,10 @@ class BufferPool:
             agents=self._agents,
             valid=np.zeros(shape, np.bool_),
         )
+        if not self._has_infos:  # (info arrays: their names grow as infos report them)
+            leaves, treedef = jax.tree.flatten(buf)
+            self._layout = treedef, [(x.shape, x.dtype) for x in leaves]
+        return buf
 
     def _refresh(self, buf: MultiAgentTrajectory) -> MultiAgentTrajectory:
         # A step writes only the acting agents' slots: every group array starts at zero
@@ -186,13 +186,6 @@ class BufferPool:
             if infos is not None:
                 infos.clear(group.extras)
         return buf
-
-    def _kept(self, traj: MultiAgentTrajectory) -> MultiAgentTrajectory:
-        groups = {
-            pid: g.replace(extras={k: g.extras[k] for k in self._own_extras[pid]})
-            for pid, g in traj.groups.items()
-        }
-        return traj.replace(groups=groups)
 
     def _reused_arrays(self, traj: MultiAgentTrajectory) -> list[Any]:
         fields: list[Any] = [traj.env_id, traj.episode_id, traj.step, traj.env_done, traj.valid]
