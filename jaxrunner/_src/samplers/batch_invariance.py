@@ -4,7 +4,7 @@ never depends on its batch. See docs/concepts.md and docs/design.md."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -95,24 +95,11 @@ def check_chunk_rows(chunk_rows: Any, where: str, none: str | None = None) -> An
 
 
 R = TypeVar("R")
-R_co = TypeVar("R_co", covariant=True)
-
-
-class ChunkedApply(Protocol[R_co]):
-    """A policy's ``apply_fn`` (or another row-wise function of the same inputs, e.g. its
-    ``log_prob_fn``) computed in fixed chunks (:func:`chunked_apply`)."""
-
-    def __call__(
-        self, params: Params, obs: Any, carry: Carry, keys: Any, num_rows: jax.Array
-    ) -> R_co:
-        """``apply_fn``'s outputs for the first ``num_rows`` rows (a traced int; the
-        outputs of the rows after them are zeros)."""
-        ...
 
 
 def chunked_apply(
     apply_fn: Callable[[Params, Any, Carry, Any], R], chunk_rows: int
-) -> ChunkedApply[R]:
+) -> Callable[..., R]:
     """``apply_fn`` (row-wise, ``(params, obs, carry, keys)``, or the like, e.g. a
     ``log_prob_fn``) computed ``chunk_rows`` rows at a time, so a row's result is the
     same bits whatever the call's size: the chunks run in a ``lax.while_loop`` whose
@@ -121,10 +108,10 @@ def chunked_apply(
 
     Returns ``apply(params, obs, carry, keys, num_rows)`` (traceable) for ``N`` rows, a
     multiple of ``chunk_rows``, computing the chunks that hold the first ``num_rows``
-    (traced, from the inputs: a constant would let XLA inline a one-chunk loop). Pad on
-    the host: padding XLA can see through changes how it compiles the chunk. Raises
-    InvalidArgumentError while tracing for a bad ``N`` or an output leaf without one row
-    per input row."""
+    (traced, from the inputs: a constant would let XLA inline a one-chunk loop; the
+    later chunks' outputs are zeros). Pad on the host: padding XLA can see through
+    changes how it compiles the chunk. Raises InvalidArgumentError while tracing for a
+    bad ``N`` or an output leaf without one row per input row."""
     chunk_rows = check_chunk_rows(chunk_rows, "chunked_apply")
 
     def apply(params: Params, obs: Any, carry: Carry, keys: Any, num_rows: jax.Array) -> R:
