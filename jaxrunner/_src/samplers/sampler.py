@@ -6,10 +6,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Protocol
 
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.metrics import RunnerMetrics
+from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.samplers.info_arrays import InfoKeys
 
@@ -54,15 +54,7 @@ class SamplerSetup:
         return policy, self.params[pid], self.connectors.get(pid)
 
 
-class PartialTrajectory(Protocol):
-    """What :func:`attach_partial` needs of the steps it attaches: a :class:`Trajectory`
-    or a ``MultiAgentTrajectory``."""
-
-    @property
-    def num_steps(self) -> int: ...
-
-
-def attach_partial(err: BaseException, partial: PartialTrajectory | None) -> None:
+def attach_partial(err: BaseException, partial: MultiAgentTrajectory | None) -> None:
     """Puts the steps collected before ``err`` in ``err.partial_trajectory``, with a
     note saying so (exceptions that refuse new attributes are left as they are)."""
     with contextlib.suppress(AttributeError):
