@@ -48,11 +48,6 @@ class SamplerSetup:
     chunk_rows: int | None = None
     """Rows per policy chunk (None: :func:`.group_cost`'s default; host samplers)."""
 
-    def one(self) -> tuple[Policy, Params, Connectors | None]:
-        """The one policy, its params and connectors (a single-agent sampler's)."""
-        ((pid, policy),) = self.policies.items()
-        return policy, self.params[pid], self.connectors.get(pid)
-
 
 def attach_partial(err: BaseException, partial: MultiAgentTrajectory | None) -> None:
     """Puts the steps collected before ``err`` in ``err.partial_trajectory``, with a

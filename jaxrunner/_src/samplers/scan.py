@@ -68,10 +68,11 @@ class ScanSampler:
         policies, connectors = dict(setup.policies), dict(setup.connectors)
         as_groups, params = setup.by_group, setup.params
         if not as_groups:  # an EnvRunner's one policy (its params as they are): the one group
-            policy, params, one_connectors = setup.one()
+            ((one_pid, policy),) = setup.policies.items()
+            params = setup.params[one_pid]
             pid = envs.groups[0].policy_id
             policies = {pid: policy}
-            connectors = {} if one_connectors is None else {pid: one_connectors}
+            connectors = {pid: setup.connectors[one_pid]} if one_pid in setup.connectors else {}
 
         def start(env_params: Any) -> RolloutState:
             actors, offset = {}, 0
