@@ -156,7 +156,7 @@ class Stage(NamedTuple):
 
 
 class CompiledPolicyStep:
-    """:func:`act` for ``size`` rows (:attr:`rows`: rounded up to a multiple of
+    """:func:`act` for ``size`` rows (the stage's: rounded up to a multiple of
     ``chunk_rows``), compiled once, ahead of time, for the shapes of ``params`` and
     ``obs_example``. ``chunk_rows`` computes the policy in chunks, so a row's bits do not
     depend on the call's size (None: one call for all rows).
@@ -175,14 +175,12 @@ class CompiledPolicyStep:
         chunk_rows: int | None = None,
     ) -> None:
         num_envs = int(state.env_steps.shape[0])
-        self.size, self.num_envs, self.chunk_rows = size, num_envs, chunk_rows
+        self.num_envs, self.chunk_rows = num_envs, chunk_rows
         # At least two chunks: a one-chunk stage lets XLA drop the loop's dynamic slice
         # and fuse the chunk differently (a row-sum policy's carry came out 1 ulp apart
         # between a split of one chunk and a batch of two). Chunks after the last real
         # row are not computed, so the second costs transfer only.
         rows = size if chunk_rows is None else max(2, -(-size // chunk_rows)) * chunk_rows
-        self.rows = rows
-        """Rows of the stage and of the outputs."""
         chunked = None if chunk_rows is None else chunked_apply(policy.apply_fn, chunk_rows)
         # The env's action travels in the same output only when it differs.
         self._env_actions = connectors is not None and bool(connectors.action)
@@ -224,13 +222,12 @@ class CompiledPolicyStep:
         )
         self._step, self._in_packing, self._out_packing = program[:3]
         spec = program.output_spec
-        self.output_spec: tuple[Any, Any] = (spec[0], spec[-1])
-        """Shapes and dtypes of ``(action, extras)`` for :attr:`rows` rows."""
         self.env_output_spec: tuple[Any, Any] = jax.tree.map(
-            lambda s: jax.ShapeDtypeStruct((num_envs, *s.shape[1:]), s.dtype), self.output_spec
+            lambda s: jax.ShapeDtypeStruct((num_envs, *s.shape[1:]), s.dtype), (spec[0], spec[-1])
         )
-        """:attr:`output_spec` for ``num_envs`` rows (what a ``[T, B]`` buffer holds)."""
-        self._action_treedef = jax.tree.structure(self.output_spec[0])
+        """Shapes and dtypes of ``(action, extras)`` for ``num_envs`` rows (what a ``[T, B]``
+        buffer holds)."""
+        self._action_treedef = jax.tree.structure(spec[0])
         self._action_is_leaf = jax.tree_util.treedef_is_leaf(self._action_treedef)
         # The guard scopes, built once: each would cost ~2 us of Python per call, and
         # entered only where a guard is set (entering one costs ~1 us more).
