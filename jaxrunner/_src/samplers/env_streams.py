@@ -20,14 +20,9 @@ ENV_FIRST_RESET_STREAM = 0xFFFFFFFD
 """Roots the keys of the envs' first resets."""
 
 
-def _fold_ids(root: jax.Array, env_ids: jax.Array) -> jax.Array:
-    """``[B]`` keys ``fold_in(root, i)``: one shared key, hashed with each env id."""
-    return jax.vmap(lambda i: jax.random.fold_in(root, i))(env_ids.astype(jnp.uint32))
-
-
 def first_reset_keys(seed: int, env_ids: jax.Array) -> jax.Array:
     """``[B]`` keys of the envs' first resets."""
-    return _fold_ids(jax.random.fold_in(keys.key(seed), ENV_FIRST_RESET_STREAM), env_ids)
+    return env_step_keys(keys.key(seed), ENV_FIRST_RESET_STREAM, env_ids)
 
 
 def env_roots(seed: int) -> jax.Array:
@@ -38,9 +33,11 @@ def env_roots(seed: int) -> jax.Array:
     )
 
 
-def env_step_keys(root: jax.Array, step: jax.Array, env_ids: jax.Array) -> jax.Array:
-    """``[B]`` keys of the envs' ``step``-th step (or reset) under ``root``."""
-    return _fold_ids(jax.random.fold_in(root, step), env_ids)
+def env_step_keys(root: jax.Array, step: int | jax.Array, env_ids: jax.Array) -> jax.Array:
+    """``[B]`` keys of the envs' ``step``-th step (or reset) under ``root``: one shared
+    key, ``fold_in(root, step)``, hashed with each env id."""
+    shared = jax.random.fold_in(root, step)
+    return jax.vmap(lambda i: jax.random.fold_in(shared, i))(env_ids.astype(jnp.uint32))
 
 
 def reset_where_done(
