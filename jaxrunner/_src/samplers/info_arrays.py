@@ -57,13 +57,10 @@ class InfoRecorder:
     numeric entry) into a trajectory buffer's extras: float64 ``[T, B]`` values and
     masks (``[T, B, A_g]`` for an agent group: see :meth:`share`); a dotted name reaches
     into a dict entry, and where an episode ended the info is the final step's.
-    ``runner`` and ``elsewhere`` (how else to read an entry that is not a number) word
-    its errors."""
+    ``elsewhere`` (how else to read an entry that is not a number) words its errors."""
 
-    def __init__(
-        self, keys: InfoKeys, runner: str = "EnvRunner", elsewhere: str = ON_STEP_HINT
-    ) -> None:
-        self._runner, self._elsewhere = runner, elsewhere
+    def __init__(self, keys: InfoKeys, elsewhere: str) -> None:
+        self._elsewhere = elsewhere
         self._label: Callable[[int], str] = "sub-env {}".format
         """How errors name a row (whose info it is)."""
         self.every = keys == ALL
@@ -90,7 +87,7 @@ class InfoRecorder:
         clash = {INFOS, INFOS_PRESENT} & set(extras)
         if clash:
             raise InvalidArgumentError(
-                f"{self._runner}(info_keys=...): the policy's extras already have "
+                f"EnvRunner(info_keys=...): the policy's extras already have "
                 f"{sorted(clash)}, where the infos are recorded; rename that policy output."
             )
         self._shape = shape
@@ -128,7 +125,7 @@ class InfoRecorder:
                 number = _number(value)
                 if number is None:
                     raise InvalidArgumentError(
-                        f"{self._runner}(info_keys=...): {self._label(env)}'s "
+                        f"EnvRunner(info_keys=...): {self._label(env)}'s "
                         f"info[{key!r}] is a "
                         f"{type(value).__name__} ({value!r:.80}); only numbers are recorded. "
                         "Name a numeric entry, e.g. 'episode.r' rather than 'episode'."
@@ -146,7 +143,7 @@ class InfoRecorder:
                 if number is None:
                     numeric = {n for n, v in _entries(info) if _number(v) is not None}
                     raise InvalidArgumentError(
-                        f"{self._runner}(info_keys='all'): {self._label(env)}'s "
+                        f"EnvRunner(info_keys='all'): {self._label(env)}'s "
                         f"info[{name!r}] is a {type(value).__name__} ({value!r:.80}); only "
                         "numbers are recorded as arrays. Name the numeric entries you want "
                         "instead of 'all' (those reported so far: "
@@ -174,7 +171,7 @@ class InfoRecorder:
         if not self._unseen or not episode_ended:
             return
         raise InvalidArgumentError(
-            f"{self._runner}(info_keys=...): no sub-env's info had {sorted(self._unseen)} in "
+            f"EnvRunner(info_keys=...): no sub-env's info had {sorted(self._unseen)} in "
             "any step up to the end of the first episode; is the name misspelt? The infos had "
             f"{sorted(self._reported)} (a dict entry's keys as 'name.key'). Pass names "
             "from that list."
