@@ -341,7 +341,7 @@ def test_multi_agent_runner_is_a_deprecated_name_of_env_runner():
 def test_agent_episode_ends_and_steps_match_a_step_by_step_reference():
     """The vectorised episode close equals the running sums and step counters kept
     step by step."""
-    from jaxrunner._src.samplers.agent_episodes import agent_episode_ends
+    from jaxrunner._src.samplers.episode_ids import agent_episode_ends
 
     def reference(ret, length, reward, valid, done, t):
         slots, returns, lengths = [], [], []

@@ -16,7 +16,7 @@ from jaxrunner._src.connectors.sample_end import SampleEnd
 from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.multi_agent_trajectory import GroupTrajectory
 from jaxrunner._src.core.policy import Params, Policy
-from jaxrunner._src.samplers.agent_episodes import agent_episode_ends
+from jaxrunner._src.samplers.episode_ids import agent_episode_ends
 from jaxrunner._src.samplers.info_arrays import InfoRecorder, policy_extras
 from jaxrunner._src.samplers.kept_programs import kept_for, packing_layout
 from jaxrunner._src.samplers.multi_agent_state import GroupState

@@ -18,8 +18,7 @@ from jaxrunner._src.connectors.pipeline import ConnectorsState
 from jaxrunner._src.connectors.state_rows import device_copy
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.core.policy import Params
-from jaxrunner._src.samplers.agent_episodes import agent_episode_ends
-from jaxrunner._src.samplers.episode_ids import SampleCounts
+from jaxrunner._src.samplers.episode_ids import SampleCounts, agent_episode_ends
 from jaxrunner._src.samplers.policy_step import initial_actor_state
 from jaxrunner._src.samplers.sampler import SamplerSetup, StepProgress
 from jaxrunner._src.samplers.scan_rollout import (
