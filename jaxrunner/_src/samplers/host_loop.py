@@ -408,8 +408,7 @@ class HostLoop:
                 gs.infos.complete(group.extras)
         if t < self.rollout_length:
             traj = jax.tree.map(lambda x: x[:t], traj)
-        if (
-            self._pool.compact and not self._one_agent
-        ):  # (a single agent's: its view's)  # the scratch is the next sample's: only copies go out
+        # The scratch is the next sample's: only copies go out (a single agent's: its view's).
+        if self._pool.compact and not self._one_agent:
             traj = traj.replace(groups={p: compact_group(g) for p, g in traj.groups.items()})
         return traj
