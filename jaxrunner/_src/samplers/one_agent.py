@@ -49,6 +49,11 @@ class OneAgentSampler:
         loop.rows_view = self._view
         ((self._pid, self._group),) = loop.groups.items()
         self.splits = loop.splits
+        self.groups = loop.groups
+        """The loop's group samplers by policy id: the one agent's."""
+        self.ready_first = loop.ready_first
+        """The loop's ready-first mode (its buckets and calls per size); None: lockstep."""
+        self._book = loop._book
         self._compact = setup.compact_next_obs
         self._released: dict[int, Trajectory] = {}
         """Released buffers' ``[T, B]`` views by their reward array's id."""
@@ -60,20 +65,6 @@ class OneAgentSampler:
         """The sampler a checkpoint names (those of version 4 and before were saved by
         these two, in this state's format)."""
         return "ReadyFirstSampler" if self._loop.ready_first else "LockstepSampler"
-
-    @property
-    def groups(self) -> dict[str, Any]:
-        """The loop's group samplers by policy id: the one agent's."""
-        return self._loop.groups
-
-    @property
-    def ready_first(self) -> Any:
-        """The loop's ready-first mode (its buckets and calls per size); None: lockstep."""
-        return self._loop.ready_first
-
-    @property
-    def _book(self) -> Any:
-        return self._loop._book
 
     @property
     def block_sizes(self) -> list[int]:
