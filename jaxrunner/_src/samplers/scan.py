@@ -193,8 +193,8 @@ class ScanSampler:
             np.copyto(running_length, state["running"][pid]["length"])
 
     def live_episodes(self) -> list[Any]:
-        """None: a pure-JAX env has no per-step callbacks (and its checkpoints hold the
-        env states, so it never restarts episodes)."""
+        """No episodes: a pure-JAX env has no per-step callbacks (and its checkpoints hold
+        the env states, so it never restarts episodes)."""
         return []
 
 
