@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import jax
 import numpy as np
@@ -27,7 +27,7 @@ from jaxrunner._src.samplers.live_episodes import LiveEpisodes
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import group_cost, pipeline_splits
 from jaxrunner._src.samplers.ready_first import ReadyFirst
-from jaxrunner._src.samplers.rollout import EnvLevel, Rollout
+from jaxrunner._src.samplers.rollout import Rollout
 from jaxrunner._src.samplers.sampler import (
     SamplerSetup,
     StepProgress,
@@ -373,24 +373,8 @@ class HostLoop:
         gs.state = gs.state.replace(connectors=gs.packing.to_device(state))  # type: ignore[union-attr]
 
     def _open(self) -> Rollout:
-        """A sample's buffers: the pool's next, and their env-level arrays (a single
-        agent's arrays are its env's, a multi-agent env has env-level arrays of its own)."""
-        traj = self._pool.take()
-        valid = cast(np.ndarray, traj.valid)  # (a host buffer)
-        shape = valid.shape
-        unassigned = None
-        if self._one_agent:
-            (group,) = traj.groups.values()
-            reward, terminated, truncated = (
-                np.asarray(x)[..., 0] for x in (group.reward, group.terminated, group.truncated)
-            )
-        else:
-            reward, terminated = np.zeros(shape, np.float64), traj.env_done
-            truncated, unassigned = np.zeros(shape, np.bool_), np.zeros(shape, np.float64)
-        level = EnvLevel(reward, terminated, truncated, valid, traj.episode_id, traj.step)  # type: ignore[arg-type]
-        leaves = {pid: gs.leaves_of(traj.groups[pid]) for pid, gs in self.groups.items()}
-        resets = np.zeros(shape, np.bool_) if self._reset_steps else None
-        return Rollout(traj, level, leaves, unassigned, resets)
+        """A sample's buffers: the pool's next, and their env-level arrays."""
+        return Rollout.of(self._pool.take(), self.groups, self._one_agent, self._reset_steps)
 
     def _close(self, ro: Rollout, t: int) -> MultiAgentTrajectory:
         traj, env_level = ro.traj, ro.level
