@@ -64,7 +64,7 @@ class OneAgentSampler:
     def saved_as(self) -> str:
         """The sampler a checkpoint names (those of version 4 and before were saved by
         these two, in this state's format)."""
-        return "ReadyFirstSampler" if self._loop.ready_first else "LockstepSampler"
+        return "ReadyFirstSampler" if self.ready_first else "LockstepSampler"
 
     @property
     def block_sizes(self) -> list[int]:
