@@ -119,6 +119,20 @@ def test_ray_config_is_checked_before_any_actor_starts():
         jr.RayVectorEnv([CountingEnv], {"envs_per_actor": 1})  # type: ignore[arg-type]
 
 
+def test_the_multi_agent_ray_env_checks_its_arguments_as_the_single_agent_one():
+    """Built directly (not through make_vec), each kind names itself in the same errors."""
+    from jaxrunner._src.backends.ray.vector_env import RayMultiAgentVectorEnv
+
+    for cls in (jr.RayVectorEnv, RayMultiAgentVectorEnv):
+        name = cls.__name__
+        with pytest.raises(jr.errors.InvalidArgumentError, match=rf"{name} needs at least one"):
+            cls([])
+        with pytest.raises(TypeError, match=rf"{name}\(config=...\): expected a jaxrunner.Ray"):
+            cls([CountingEnv], config={"envs_per_actor": 1})  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=rf"{name}\(restart_policy=True\)"):
+            cls([CountingEnv], restart_policy=True)  # type: ignore[arg-type]
+
+
 def test_send_recv_answers_the_first_actor_ready_and_replaces_a_dead_one():
     """Actor 0's envs are slow, actor 1's fast: recv returns actor 1 first (its slice in
     env_ids), each actor's steps equal the sync backend's, and a killed actor's step

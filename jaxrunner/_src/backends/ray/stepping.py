@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxrunner._src.backends.base import check_seed_count
+from jaxrunner._src.backends.base import check_env_fns, check_seed_count
 from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.ray.actor_manager import ActorPool
@@ -17,8 +17,8 @@ from jaxrunner._src.backends.ray.config import RayConfig, import_ray
 from jaxrunner._src.backends.ray.deadlines import InFlightSteps
 from jaxrunner._src.backends.ray.kinds import AgentRows, Answer, GymnasiumRows
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
-from jaxrunner._src.backends.restarts import RestartPolicy
-from jaxrunner.errors import InvalidArgumentError, WorkerError
+from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, WorkerError
 
 
 class Call:
@@ -51,8 +51,16 @@ class ActorStepping(RemoteSubEnvs):
         restart_policy: RestartPolicy | None,
         kind: GymnasiumRows | AgentRows,
     ) -> None:
-        """Starts the actors and takes their description (kills them if it is refused)."""
+        """Checks the arguments, starts the actors and takes their description (kills
+        them if it is refused)."""
         self._closed_reason = "construction failed"  # until the actors are up
+        where = type(self).__name__
+        check_env_fns(where, env_fns)
+        if config is not None and not isinstance(config, RayConfig):
+            raise InvalidArgumentTypeError(
+                f"{where}(config=...): expected a jaxrunner.RayConfig, got {type(config).__name__}."
+            )
+        check_restart_policy(where, restart_policy)
         self.config, self.restart_policy, self._kind = config or RayConfig(), restart_policy, kind
         self.num_envs = len(env_fns)
         ready_first = self.config.ready_first

@@ -6,15 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from jaxrunner._src.backends.base import VectorEnv, check_env_fns
+from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.backends.ray.config import RayConfig
 from jaxrunner._src.backends.ray.kinds import AgentRows, GymnasiumRows
 from jaxrunner._src.backends.ray.stepping import ActorStepping
-from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
+from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
-from jaxrunner.errors import InvalidArgumentTypeError
 
 
 class RayVectorEnv(ActorStepping, VectorEnv):
@@ -56,14 +55,6 @@ class RayVectorEnv(ActorStepping, VectorEnv):
         copy: bool = True,
     ) -> None:
         super().__init__(copy=copy)
-        self._closed_reason = "construction failed"  # until the actors are up
-        check_env_fns("RayVectorEnv", env_fns)
-        if config is not None and not isinstance(config, RayConfig):
-            raise InvalidArgumentTypeError(
-                f"RayVectorEnv(config=...): expected a jaxrunner.RayConfig, got "
-                f"{type(config).__name__}."
-            )
-        check_restart_policy("RayVectorEnv", restart_policy)
         self._start(env_fns, config, restart_policy, GymnasiumRows())
 
     def _obs_buffer(self) -> Any:
@@ -73,7 +64,7 @@ class RayVectorEnv(ActorStepping, VectorEnv):
 class RayMultiAgentVectorEnv(ActorStepping, MultiAgentVectorEnv):
     """Multi-agent (PettingZoo) sub-envs in Ray actors, as :class:`RayVectorEnv` runs
     gymnasium ones (see docs/multi-agent.md); lockstep by default. Built by
-    ``make_vec(pettingzoo_env_fn, ..., backend="ray")``, which checks the arguments.
+    ``make_vec(pettingzoo_env_fn, ..., backend="ray")``.
 
     Args:
         env_fns: zero-argument factories of PettingZoo envs (picklable).
