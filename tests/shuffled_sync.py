@@ -38,7 +38,7 @@ class ShuffledSync(jr.SyncVectorEnv):
         chosen = self._rng.choice(pending, size=count, replace=False)
         outs, infos = [], []
         for i in chosen.tolist():
-            out = self._step(self._waiting.pop(i)[None], slice(i, i + 1))
+            out = self.step_batch(self._waiting.pop(i)[None], slice(i, i + 1))
             infos.append(dict(out.infos[0]))
             outs.append(
                 jax.tree.map(np.copy, out._replace(infos=None, reset_infos=None, env_ids=None))

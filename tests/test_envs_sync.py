@@ -24,6 +24,7 @@ from jaxrunner._src.backends.multi_agent.vector_env import SyncMultiAgentVectorE
 from jaxrunner._src.backends.step_buffers import StepBuffers
 from jaxrunner.errors import (
     EnvError,
+    InvalidActionError,
     InvalidArgumentError,
     InvalidStepError,
     JaxRunnerError,
@@ -734,3 +735,33 @@ def test_actions_given_as_lists_step_as_arrays_do(kind: str, backend: str) -> No
             arrays.step_batch(batch)
             lists.step_batch(batch.tolist() if kind == "gymnasium" else [x.tolist() for x in batch])
         assert lists.get_attr("t") == arrays.get_attr("t") != (0, 0)
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+@pytest.mark.parametrize("kind", HOST_KINDS)
+def test_a_bad_step_batch_behind_a_queued_send_is_refused_and_the_send_still_answers(
+    kind, backend
+):
+    """The actions are checked where they are handed over, on every backend: a bad
+    ``step_batch`` with a send already queued raises and queues nothing, and the good
+    send's ``recv`` then answers with exactly what stepping it alone gives."""
+    with closing(make_kind(kind, 2, backend)) as vec, closing(make_kind(kind, 2)) as ref:
+        vec.reset_batch([1, 2])
+        ref.reset_batch([1, 2])
+        good = zero_actions(vec, 2)
+        bad = good[:1] if kind == "gymnasium" else [x[:1] for x in good]
+        vec.send(good)
+        with pytest.raises(InvalidActionError):
+            vec.step_batch(bad)
+        jr.testing.assert_trees_equal(
+            _step_arrays(vec.recv()), _step_arrays(ref.step_batch(good)), "the good send"
+        )
+        with pytest.raises(InvalidArgumentError, match="no send"):
+            vec.recv()
+
+
+def _step_arrays(step: Any) -> Any:
+    """A step's arrays of either kind (what the envs wrote), as host copies."""
+    if hasattr(step, "groups"):
+        return {pid: (np.copy(g.obs), np.copy(g.reward)) for pid, g in step.groups.items()}
+    return np.copy(step.obs), np.copy(step.next_obs), np.copy(step.reward)

@@ -197,6 +197,11 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
                 "recv() its results first."
             )
 
+    def _checked(self, actions: Any, rows: slice | None) -> Any:
+        if self.keep_reset_steps:
+            return actions  # send checks them (it hands them to EnvPool at once)
+        return super()._checked(actions, rows)
+
     def _step(self, actions: Any, rows: slice | None) -> BatchStep:
         if not self.keep_reset_steps:
             return super()._step(actions, rows)

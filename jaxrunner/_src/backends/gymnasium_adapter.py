@@ -156,14 +156,17 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
         self._store_rows(self._obs, obs, np.array([index]), "reset")
         return space_arrays.take(self.single_observation_space, self._obs, index), infos[0]
 
-    def _step(self, actions: Any, rows: slice | None) -> BatchStep:
+    def _checked(self, actions: Any, rows: slice | None) -> Any:
         n = self.num_envs
         if rows is not None and (rows.start, rows.stop) != (0, n):
             raise InvalidArgumentError(
                 f"step_batch(rows={rows}): a gymnasium vector env steps all {n} sub-envs at "
                 "once and cannot step a subset. Drive it with EnvRunner(..., num_splits=1)."
             )
-        actions = self._check_actions(actions)
+        return self._check_actions(actions)
+
+    def _step(self, actions: Any, rows: slice | None) -> BatchStep:
+        n = self.num_envs
         obs, reward, terminated, truncated, merged = self._vector_step(actions)
         self._store(self._next_obs, obs, "step")
         self._store_flags(reward, terminated, truncated)

@@ -23,22 +23,29 @@ from jaxrunner.errors import InvalidArgumentError
 
 class InProcessSends:
     """``send``/``recv`` of a backend whose sub-envs step in the calling thread (a mixin
-    of the sync backends and the gymnasium adapter): :meth:`send`
-    keeps the actions (read, not copied: keep them unchanged until the matching
-    :meth:`recv`), and :meth:`recv` steps the oldest send with :meth:`_step`."""
+    of the sync backends and the gymnasium adapter): :meth:`send` checks the actions
+    (:meth:`_checked`, as a remote backend's send does) and keeps them (read, not
+    copied: keep them unchanged until the matching :meth:`recv`), and :meth:`recv`
+    steps the oldest send with :meth:`_step`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._sent: collections.deque[tuple[Any, slice | None]] = collections.deque()
 
     @abc.abstractmethod
+    def _checked(self, actions: Any, rows: slice | None) -> Any:
+        """``actions`` for envs ``rows`` as :meth:`_step` takes them, or
+        ``InvalidActionError`` before anything is queued or stepped."""
+
+    @abc.abstractmethod
     def _step(self, actions: Any, rows: slice | None) -> Any:
         """Steps envs ``rows`` (None: all; else a slice with step 1 inside the envs)
-        now; ``step_batch``'s contract."""
+        now with :meth:`_checked` actions; ``step_batch``'s contract."""
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         self._check_open("step")  # type: ignore[attr-defined]
-        self._sent.append((actions, None if env_ids is None else self._rows(env_ids)))
+        rows = None if env_ids is None else self._rows(env_ids)
+        self._sent.append((self._checked(actions, rows), rows))
 
     def _rows(self, env_ids: EnvIds) -> slice:
         """``env_ids`` (not None) as the block ``_step`` steps: a slice with step 1 inside
@@ -61,7 +68,8 @@ class InProcessSends:
             self.send(actions, rows)
             return self.recv()
         self._check_open("step")  # type: ignore[attr-defined]
-        return self._step(actions, None if rows is None else self._rows(rows))  # None: no call
+        rows = None if rows is None else self._rows(rows)  # None: no call
+        return self._step(self._checked(actions, rows), rows)
 
 
 class BlockForwarding:

@@ -96,9 +96,14 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         info = self._block.reset_or_restart(index, seed, options)
         return space_arrays.take(self.single_observation_space, self._obs, index), info
 
-    def _step(self, actions: Any, rows: slice | None) -> BatchStep:
+    def _checked(self, actions: Any, rows: slice | None) -> list[Any]:
+        """The actions per sub-env, validated."""
+        return self._actions.split(
+            actions, self.num_envs if rows is None else rows.stop - rows.start
+        )
+
+    def _step(self, per_env: list[Any], rows: slice | None) -> BatchStep:
         lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
-        per_env = self._actions.split(actions, hi - lo)  # validates before any sub-env steps
         out = self._block.step(lo, hi, per_env)
         return self._buffers.batch_step(
             self.single_observation_space,

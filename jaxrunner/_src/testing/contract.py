@@ -74,7 +74,8 @@ class VectorEnvContract(GymnasiumVectorApiContract):
       transitions (next observation, reward, flags), SAME_STEP autoreset, the infos;
     * ``send``/``recv``: each env steps once per send, ``env_ids`` says which rows are
       which env, and ``recv`` with nothing in flight raises;
-    * a bad action batch raises ``InvalidActionError`` before any sub-env steps;
+    * a bad action batch raises ``InvalidActionError`` before any sub-env steps, at
+      ``send`` already (nothing is queued);
     * ``reset_at(i)`` touches no other sub-env;
     * with a restart policy, a failed sub-env is restarted, its row holds no transition
       (zero rewards, no flags, no infos), no other is touched, and ``get_num_restarts``
@@ -261,6 +262,9 @@ class VectorEnvContract(GymnasiumVectorApiContract):
                     calls = [vec.step_batch] + ([vec.step] if kind == "gymnasium" else [])
                     for call in calls:
                         expect_raises(InvalidActionError, lambda c=call, a=batch: c(a), what)
+                    # send refuses them itself, and queues nothing that a recv would answer
+                    expect_raises(InvalidActionError, lambda a=batch: vec.send(a), f"{what}: send")
+                    expect_raises(InvalidArgumentError, vec.recv, f"{what}: recv after the send")
                     if vec.get_attr("t") != steps:
                         raise AssertionError(f"{what}: a sub-env stepped before the error")
                 # Nothing moved: later steps still equal the envs stepped by hand.

@@ -115,12 +115,16 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
         self._sent.clear()  # sends not yet received are dropped, as on every backend
         return self._block.result(self._block.reset(seeds, options))
 
-    def _step(self, actions: Sequence[Any], rows: slice | None) -> MultiAgentStep:
-        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
-        check = self._checks.get(hi - lo)
+    def _checked(self, actions: Sequence[Any], rows: slice | None) -> Any:
+        n = self.num_envs if rows is None else rows.stop - rows.start
+        check = self._checks.get(n)
         if check is None:
-            check = self._checks[hi - lo] = ActionCheck(self.groups, hi - lo)
-        infos, errors = self._block.step_rows(lo, hi, check(actions))
+            check = self._checks[n] = ActionCheck(self.groups, n)
+        return check(actions)
+
+    def _step(self, actions: Any, rows: slice | None) -> MultiAgentStep:
+        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
+        infos, errors = self._block.step_rows(lo, hi, actions)
         failed = self._block.failed_rows(errors) if errors else None
         return self._views.step(lo, hi, infos, failed, errors)
 
