@@ -739,9 +739,7 @@ def test_actions_given_as_lists_step_as_arrays_do(kind: str, backend: str) -> No
 
 @pytest.mark.parametrize("backend", ["sync", "process"])
 @pytest.mark.parametrize("kind", HOST_KINDS)
-def test_a_bad_step_batch_behind_a_queued_send_is_refused_and_the_send_still_answers(
-    kind, backend
-):
+def test_a_bad_step_batch_behind_a_queued_send_is_refused_and_the_send_still_answers(kind, backend):
     """The actions are checked where they are handed over, on every backend: a bad
     ``step_batch`` with a send already queued raises and queues nothing, and the good
     send's ``recv`` then answers with exactly what stepping it alone gives."""
