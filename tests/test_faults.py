@@ -4,6 +4,7 @@ good is lost, and every env.step call is accounted for (issue 4, sync backend)."
 from __future__ import annotations
 
 import functools
+from contextlib import closing
 
 import gymnasium
 import jax
@@ -12,6 +13,7 @@ import pytest
 from conftest import short_cartpole
 
 import jaxrunner as jr
+from jaxrunner._src.backends.sub_env_block import SubEnvRaised
 from jaxrunner._src.core.seeds import restart_seed
 from jaxrunner.errors import EnvError, InvalidArgumentError, InvalidStepError
 from jaxrunner.models import mlp_policy
@@ -23,6 +25,7 @@ from jaxrunner.testing import (
     counting_env_fns,
     faulty_env_fns,
 )
+from tests.multi_agent_envs import HOST_KINDS, ComingAndGoing, relay, zero_actions
 
 RANDOM_FAULTS = [  # of every in-process kind, at random (seeded) calls
     FaultPlan(kind="raise", probability=0.03),
@@ -337,3 +340,37 @@ def test_same_seed_same_trajectories_across_a_restart(backend):
     # Each recreated env fails again at its 3rd (5th, 6th) step: restarts in a row.
     assert (~first.valid).sum() >= 6
     jax.tree.map(np.testing.assert_array_equal, first, second)
+
+
+@pytest.mark.parametrize("backend", ["sync", "process", "ray"])
+@pytest.mark.parametrize("kind", HOST_KINDS)
+@pytest.mark.parametrize("call", ["step", "reset"])
+def test_a_steps_errors_hold_what_would_have_been_raised(kind, backend, call, request):
+    """With a restart policy, ``errors[i]`` of a sub-env whose own code raised is the
+    error raised without one, whatever the kind or backend: a ``SubEnvRaised`` naming
+    the sub-env and the call, the env's exception as its ``__cause__``."""
+    if backend == "ray":
+        request.getfixturevalue("local_ray")
+    base = {"gymnasium": CountingEnv, "parallel": ComingAndGoing, "aec": relay}[kind]
+    plan = FaultPlan(kind="raise", call=call, at=(2,))  # reset #2: after the first episode
+
+    def first_error(restart_policy):
+        fns = faulty_env_fns(base, 2, {1: [plan]})
+        with closing(jr.make_vec(fns, 2, backend=backend, restart_policy=restart_policy)) as vec:
+            vec.reset_batch([0, 1])
+            for _ in range(12):
+                out = vec.step_batch(zero_actions(vec, 2))
+                if out.errors:
+                    return out.errors
+        raise AssertionError("no step failed")
+
+    ((index, held),) = first_error(jr.RestartPolicy()).items()
+    with pytest.raises(EnvError) as raised:
+        first_error(None)
+    assert index == 1 and type(held) is type(raised.value) is SubEnvRaised
+    assert str(held) == str(raised.value)
+    # a turn-based env names the agent whose turn it was
+    agent = f" (agent {held.agent_id!r})" if kind == "aec" else ""
+    assert (held.agent_id is None) == (kind != "aec")
+    assert str(held).startswith(f"sub-env 1{agent} raised in {call}(): InjectedError(")
+    assert isinstance(held.__cause__, InjectedError)

@@ -37,7 +37,10 @@ class BatchStep(NamedTuple):
     observation. Their step infos are ``{}``; ``errors`` holds what went wrong."""
     errors: dict[int, BaseException] | None = None
     """The failures of this call, by env index: step failures (``failed``) and
-    reset failures after a good step (that transition stays valid)."""
+    reset failures after a good step (that transition stays valid). Each is the error
+    raised without a restart policy: an :class:`~jaxrunner.errors.EnvError` naming the
+    sub-env, with the env's own exception as its ``__cause__``, or the error of a check
+    the env failed (``InvalidStepError``, ``WorkerError``, ...)."""
     env_ids: slice | np.ndarray | None = None
     """Which envs these rows are: a ``slice`` of env indices (a contiguous block) or
     an int array (any set, in row order). ``None`` means every env, in order."""

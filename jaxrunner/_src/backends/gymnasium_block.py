@@ -92,9 +92,11 @@ class GymnasiumBlock(SubEnvBlock):
             try:
                 result = envs[i - offset].step(action)
             except Exception as err:
+                error = SubEnvRaised(err, i, "step")
+                error.__cause__ = err
                 if policy is None:
-                    raise SubEnvRaised(err, i, "step") from err
-                errors[i] = err
+                    raise error from err
+                errors[i] = error  # what would be raised, as for every failure
                 infos.append({})
                 continue
             if type(result) is not tuple:  # not a fault: the wrong API
@@ -158,7 +160,7 @@ class GymnasiumBlock(SubEnvBlock):
                 infos[i - lo], status[i] = {}, RUNNING  # as any invalid step: no transition
         failed = list(errors)
         for i in failed:
-            self.restart(i, errors[i], failed_step=True)
+            self.restart(i, original(errors[i]), failed_step=True)
         space, part = self.obs_space, slice(lo, hi)
         if dtype is not None:
             b.obs[part] = b.next_obs[part]
@@ -171,8 +173,8 @@ class GymnasiumBlock(SubEnvBlock):
             except JaxRunnerError as err:
                 if policy is None:
                     raise
-                errors[i] = cause = original(err)
-                reset_infos[i] = self.restart(i, cause, failed_step=False)
+                errors[i] = err
+                reset_infos[i] = self.restart(i, original(err), failed_step=False)
         return StepResult(infos, reset_infos, failed, errors)
 
     def reset_one(self, i: int, seed: int | None, options: dict[str, Any] | None) -> dict:

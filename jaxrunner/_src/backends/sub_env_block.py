@@ -37,17 +37,20 @@ Marks = MutableSequence[int] | np.ndarray
 class SubEnvRaised(EnvError):
     """A sub-env's own code raised in ``call`` (``"step"``, ``"reset"``, ``"factory"``);
     the original is chained. ``agent_id``: in a turn-based multi-agent env, the agent
-    whose turn it was (None otherwise)."""
+    whose turn it was (None otherwise). What a step's ``errors`` holds for such a
+    failure, as what is raised without a restart policy. ``err`` is the original, or
+    its repr where it did not come back from a worker process."""
 
     def __init__(
-        self, err: BaseException, env_index: int, call: str, agent_id: str | None = None
+        self, err: BaseException | str, env_index: int, call: str, agent_id: str | None = None
     ) -> None:
         who = (
             f"sub-env {env_index}"
             if agent_id is None
             else f"sub-env {env_index} (agent {agent_id!r})"
         )
-        super().__init__(f"{who} raised in {call}(): {err!r}", env_index)
+        what = err if isinstance(err, str) else repr(err)
+        super().__init__(f"{who} raised in {call}(): {what}", env_index)
         self.call = call
         self.agent_id = agent_id
 

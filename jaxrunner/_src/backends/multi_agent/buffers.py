@@ -176,7 +176,8 @@ class MultiAgentStep(NamedTuple):
     are the new episode's."""
     errors: dict[int, BaseException] | None = None
     """The failures of this step by env index: failed steps (``failed``), and failed
-    resets after a good step (whose transitions stay valid)."""
+    resets after a good step (whose transitions stay valid); each as
+    ``BatchStep.errors`` holds it."""
     env_ids: slice | np.ndarray | None = None
     """Which envs these rows are: a contiguous block of env indices (a ``send`` of a
     slice, or a ready-first worker's envs), an index array (envs in any order: EnvPool's

@@ -226,7 +226,7 @@ class Stepper:
             reset_infos.update(reply.reset_infos)
             failed.extend(reply.restarted)
             for i, remote in reply.errors.items():
-                errors[i] = self.pool.remote_exception(w, remote).__cause__  # type: ignore[assignment]
+                errors[i] = self.pool.remote_exception(w, remote)
             self.num_restarts += len(reply.errors)
         # The workers are done: what they wrote in shared memory is this step's.
         whole = (call.lo, call.hi) == (0, self.num_envs) and not call.per_worker

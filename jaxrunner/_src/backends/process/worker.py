@@ -91,11 +91,7 @@ class Worker:
         reset_infos = {i: info for i, info in out.reset_infos.items() if info}
         if not (infos or reset_infos or out.errors):
             return None
-        failed = set(out.failed)
-        remote = {
-            i: RemoteError.capture(err, "env", i, "step" if i in failed else "reset")
-            for i, err in out.errors.items()
-        }
+        remote = {i: _captured(err) for i, err in out.errors.items()}
         return StepReply(infos, reset_infos, out.failed, remote)
 
     def reset(
@@ -121,11 +117,8 @@ class Worker:
     def error(self, seq: int, err: BaseException) -> None:
         if isinstance(err, EnvError) and hasattr(err, "recreation_error"):
             remote = RemoteError.capture_recreation(err)
-        elif isinstance(err, SubEnvRaised):
-            remote = RemoteError.capture(err.__cause__, "env", err.env_index, err.call)  # type: ignore[arg-type]
-            remote.agent_id = err.agent_id
         elif isinstance(err, JaxRunnerError):
-            remote = RemoteError.capture(err, "check", getattr(err, "env_index", -1), "")
+            remote = _captured(err)
         else:
             remote = RemoteError.capture(err, "worker", -1, "")
         self.reply(seq, STATUS_ERROR, pickle.dumps(remote))
@@ -208,3 +201,13 @@ def worker_main(sock: socket.socket, offset: int, payload: bytes) -> None:
     finally:
         worker.close()
         sock.close()
+
+
+def _captured(err: BaseException) -> RemoteError:
+    """A sub-env's failure for the main process, which rebuilds it as raised here: a
+    :class:`SubEnvRaised` from the env's own exception, or a jaxrunner check."""
+    if isinstance(err, SubEnvRaised):
+        remote = RemoteError.capture(err.__cause__, "env", err.env_index, err.call)  # type: ignore[arg-type]
+        remote.agent_id = err.agent_id
+        return remote
+    return RemoteError.capture(err, "check", getattr(err, "env_index", -1), "")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 
 from jaxrunner._src.backends.process.protocol import RemoteError
+from jaxrunner._src.backends.sub_env_block import SubEnvRaised
 from jaxrunner.errors import EnvError, WorkerError
 
 
@@ -36,14 +37,11 @@ def remote_exception(remote: RemoteError, w: int, envs: range, place: str) -> Ba
     if remote.kind == "recreate":
         error = EnvError(remote.description, i)
         error.recreation_error = _unpickle(remote.recreation)  # type: ignore[attr-defined]
-    elif remote.kind == "env":
-        agent = "" if remote.agent_id is None else f" (agent {remote.agent_id!r})"
-        if remote.call == "factory":
-            message = f"the factory of sub-env {i} raised in {place}: {remote.description}"
-        else:
-            message = f"sub-env {i}{agent} raised in {remote.call}(): {remote.description}"
-        error = EnvError(message, i)
+    elif remote.kind == "env" and remote.call == "factory":
+        error = EnvError(f"the factory of sub-env {i} raised in {place}: {remote.description}", i)
         error.agent_id = remote.agent_id  # type: ignore[attr-defined]
+    elif remote.kind == "env":  # as the sync backend raises it
+        error = SubEnvRaised(remote.description, i, remote.call, remote.agent_id)
     elif original is not None:  # a jaxrunner check, or a failing call/get_attr
         error, cause = original, trace
     else:
