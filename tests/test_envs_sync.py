@@ -763,3 +763,16 @@ def _step_arrays(step: Any) -> Any:
     if hasattr(step, "groups"):
         return {pid: (np.copy(g.obs), np.copy(g.reward)) for pid, g in step.groups.items()}
     return np.copy(step.obs), np.copy(step.next_obs), np.copy(step.reward)
+
+
+@pytest.mark.parametrize("backend", ["sync", "process", "gymnasium"])
+def test_a_single_agent_env_is_one_group_of_one_agent(backend):
+    """Every vector env has agent groups: a single-agent one has one, of its one agent,
+    as a runner on it and a pure-JAX single-agent env see it."""
+    with closing(jr.make_vec("CartPole-v1", 2, backend=backend)) as envs:
+        (group,) = envs.groups
+        assert (group.policy_id, group.agents) == ("default_policy", ("agent_0",))
+        assert group.observation_space == envs.single_observation_space
+        assert group.action_space == envs.single_action_space
+        assert envs.policy_ids == ("default_policy",)
+        assert envs.possible_agents == ("agent_0",)

@@ -18,6 +18,7 @@ from jaxrunner._src.arg_checks import is_int
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.restarts import RestartPolicy
+from jaxrunner._src.core.agent_groups import AgentGroup, GroupedAgents
 from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError, SpaceMismatchError
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ class BaseVectorEnv(abc.ABC):
         return list(values)
 
 
-class VectorEnv(BaseVectorEnv, gymnasium.vector.VectorEnv):
+class VectorEnv(GroupedAgents, BaseVectorEnv, gymnasium.vector.VectorEnv):
     """Base of jaxrunner's single-agent vector envs (the contract: docs/concepts.md, the
     vector-env contract)."""
 
@@ -236,6 +237,12 @@ class VectorEnv(BaseVectorEnv, gymnasium.vector.VectorEnv):
     def __init__(self, *, copy: bool = True) -> None:
         super().__init__()
         self.copy = copy
+
+    @property
+    def groups(self) -> tuple[AgentGroup, ...]:
+        """One group of one agent (``"agent_0"`` of ``"default_policy"``): a single-agent
+        env in the model of every env, agents in policy groups."""
+        return (AgentGroup.one_agent(self.single_observation_space, self.single_action_space),)
 
     # -- the backend contract -------------------------------------------------------
 

@@ -22,14 +22,12 @@ from jaxrunner._src.backends.functional_env import (
     functions_of,
     to_gymnasium_space,
 )
-from jaxrunner._src.backends.one_agent import ONE_AGENT
 from jaxrunner._src.core.agent_groups import (
     AgentGroup,
     GroupedAgents,
     PolicyMappingFn,
     build_groups,
 )
-from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, SpaceMismatchError
 
 
@@ -133,12 +131,7 @@ class JaxVectorEnv(GroupedAgents):
         )
         self.dones_are_truncations = False
         self.groups: tuple[AgentGroup, ...] = (
-            AgentGroup(
-                DEFAULT_POLICY_ID,
-                (ONE_AGENT,),
-                self.single_observation_space,
-                self.single_action_space,
-            ),
+            AgentGroup.one_agent(self.single_observation_space, self.single_action_space),
         )
         obs = jax.eval_shape(functions.reset, jax.random.key(0), self.params)[0]
         self._check_reset_obs(obs, self.single_observation_space)

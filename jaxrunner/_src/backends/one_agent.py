@@ -13,14 +13,10 @@ import numpy as np
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
 from jaxrunner._src.backends.multi_agent.buffers import GroupBuffers, MultiAgentStep
-from jaxrunner._src.core.agent_groups import AgentGroup
-from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID
+from jaxrunner._src.core.agent_groups import DEFAULT_POLICY_ID
 
 _new_step = tuple.__new__
 """A step's tuple built without its class's ``__new__`` frame (the per-step path)."""
-
-ONE_AGENT = "agent_0"
-"""The agent id of a single-agent env's one agent."""
 
 
 class OneAgentSteps:
@@ -38,11 +34,7 @@ class OneAgentSteps:
         self.envs, self.num_envs = envs, envs.num_envs
         self.capabilities = envs.capabilities
         self._obs_space = envs.single_observation_space
-        self._action_space = envs.single_action_space
-        self.groups = (
-            AgentGroup(DEFAULT_POLICY_ID, (ONE_AGENT,), self._obs_space, self._action_space),
-        )
-        self.possible_agents = (ONE_AGENT,)
+        self.groups, self.possible_agents = envs.groups, envs.possible_agents
         n = self.num_envs
         self._acting = np.ones((n, 1), np.bool_)
         self._start = np.ones((n, 1), np.bool_)  # the next action starts an episode

@@ -14,9 +14,10 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.checkpoints.format import bytes_check, leading
 from jaxrunner._src.checkpoints.live_episodes import read_live_episodes
 from jaxrunner._src.checkpoints.reader import CheckpointReader, EpisodeSpaces
+from jaxrunner._src.core.agent_groups import DEFAULT_POLICY_ID
 from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.core.npz_reader import NpzReader
-from jaxrunner._src.core.runner_state import DEFAULT_POLICY_ID, RunnerParts
+from jaxrunner._src.core.runner_state import RunnerParts
 from jaxrunner._src.samplers.scan import ScanSampler
 
 FORMAT = "jaxrunner checkpoint"

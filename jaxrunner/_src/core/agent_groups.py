@@ -16,6 +16,11 @@ from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 PolicyMappingFn = Callable[[str], str]
 """``agent_id -> policy_id``."""
 
+DEFAULT_POLICY_ID = "default_policy"
+"""The policy id of a single-agent env's one policy (RLlib's name for it)."""
+ONE_AGENT = "agent_0"
+"""The agent id of a single-agent env's one agent."""
+
 
 @dataclasses.dataclass(frozen=True)
 class AgentGroup:
@@ -34,6 +39,11 @@ class AgentGroup:
     def num_agents(self) -> int:
         """A_g, the size of the group's agent axis."""
         return len(self.agents)
+
+    @classmethod
+    def one_agent(cls, observation_space: spaces.Space, action_space: spaces.Space) -> AgentGroup:
+        """A single-agent env's one group: its one agent, acting for the default policy."""
+        return cls(DEFAULT_POLICY_ID, (ONE_AGENT,), observation_space, action_space)
 
 
 class GroupedAgents:

@@ -14,9 +14,6 @@ Runner = Any
 """An ``EnvRunner`` (of either kind of env), as the layers below the runner facades
 (samplers, callbacks, checkpoints) type it: they are handed one and never import it."""
 
-DEFAULT_POLICY_ID = "default_policy"
-"""The policy id of an ``EnvRunner``'s one policy (RLlib's name for it)."""
-
 
 class EpisodePart(Protocol):
     """What :class:`EpisodeJoiner` reads of an episode (``Episode``, ``AgentEpisode``)."""

@@ -10,10 +10,10 @@ from typing import Any
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.capabilities import is_multi_agent
-from jaxrunner._src.backends.jax_env import ONE_AGENT, JaxVectorEnv
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.connectors.per_group import per_policy_connectors
 from jaxrunner._src.connectors.pipeline import Connectors
-from jaxrunner._src.core.agent_groups import AgentGroup
+from jaxrunner._src.core.agent_groups import DEFAULT_POLICY_ID, ONE_AGENT, AgentGroup
 from jaxrunner._src.core.episode import (
     AgentEpisode,
     Episode,
@@ -23,7 +23,6 @@ from jaxrunner._src.core.episode import (
 from jaxrunner._src.core.metrics import MetricsConfig, RunnerMetrics
 from jaxrunner._src.core.policy import Params
 from jaxrunner._src.core.runner_state import (
-    DEFAULT_POLICY_ID,
     EpisodeJoiner,
     Runner,
     RunnerParts,
@@ -235,12 +234,6 @@ class OneAgent(AgentGroups):
     episode_type = Episode
     file_format = "EnvRunner"
     connectors_hint = "."
-
-    @property
-    def groups(self) -> tuple[AgentGroup, ...]:
-        envs = self.envs
-        obs_space, action_space = envs.single_observation_space, envs.single_action_space
-        return (AgentGroup(DEFAULT_POLICY_ID, (ONE_AGENT,), obs_space, action_space),)
 
     def to_policy_dict(self, value: Any, where: str) -> dict[str, Any]:
         return {DEFAULT_POLICY_ID: value}

@@ -166,7 +166,7 @@ class ActionSampler:
     ``[B, ...]`` batch for a gymnasium backend, one ``[B, A_g]`` batch per group else."""
 
     def __init__(self, vec: Any, seed: int) -> None:
-        self.groups = getattr(vec, "groups", None)  # multi-agent backends' agent groups
+        self.groups = vec.groups if vec.multi_agent else None  # per-group batches
         self.rng = np.random.default_rng(seed)
         if self.groups is None:
             self.space = batch_space(vec.single_action_space, vec.num_envs)
