@@ -38,8 +38,8 @@ class SubEnvRaised(EnvError):
     """A sub-env's own code raised in ``call`` (``"step"``, ``"reset"``, ``"factory"``);
     the original is chained. ``agent_id``: in a turn-based multi-agent env, the agent
     whose turn it was (None otherwise). What a step's ``errors`` holds for such a
-    failure, as what is raised without a restart policy. ``err`` is the original, or
-    its repr where it did not come back from a worker process."""
+    failure, as what is raised without a restart policy. ``err``: the original, or its
+    repr (a worker's error, rebuilt in the main process)."""
 
     def __init__(
         self, err: BaseException | str, env_index: int, call: str, agent_id: str | None = None
