@@ -157,11 +157,8 @@ def make_vec(
     vec.layout_choice = choice
     if seed is not None:
         try:
-            if isinstance(vec, MultiAgentVectorEnv):
-                vec.reset_batch([seed + i for i in range(num_envs)])
-                vec.reset_seed = int(seed)  # as a single-agent env's reset(seed=...) sets it
-            else:
-                vec.reset(seed=seed)
+            vec.reset_batch([seed + i for i in range(num_envs)])  # as reset(seed=seed)
+            vec.reset_seed = int(seed)
         except BaseException:
             vec.close()
             raise
