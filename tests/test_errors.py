@@ -156,6 +156,38 @@ def test_an_old_gym_api_step_is_no_fault_to_restart():
         assert envs.num_restarts == 0
 
 
+class _StepReturns(_OldApiStep):
+    """A step that returns ``self.result`` (its observation first where it is a sequence)."""
+
+    result: object = None
+
+    def step(self, action):
+        return self.result
+
+
+@pytest.mark.parametrize(
+    ("result", "refused"),
+    [
+        (None, "returned a NoneType"),
+        ({"obs": 0, "r": 0, "te": 0, "tr": 0, "info": 0}, "returned a dict"),
+        ("abcde", "returned a str"),
+        ([np.zeros(2, np.float32), 1.0, False, False, {}], None),  # a list of five: accepted
+    ],
+)
+def test_a_step_that_returns_no_tuple_of_five_is_the_wrong_api_not_a_fault(result, refused):
+    env_class = type("Returns", (_StepReturns,), {"result": result})
+    envs = jr.make_vec(env_class, 2, restart_policy=jr.RestartPolicy())
+    envs.reset_batch([0, 1])
+    actions = np.zeros(2, np.int64)
+    if refused is None:
+        np.testing.assert_array_equal(envs.step_batch(actions).reward, [1.0, 1.0])
+    else:
+        with pytest.raises(errors.InvalidStepError, match=rf"sub-env 0's step\(\) {refused}"):
+            envs.step_batch(actions)
+        assert envs.num_restarts == 0
+    envs.close()
+
+
 @pytest.mark.parametrize("backend", ["sync", "gymnasium"])
 def test_an_unregistered_ale_id_says_how_to_register_it(backend, monkeypatch):
     from jaxrunner._src.backends import env_api

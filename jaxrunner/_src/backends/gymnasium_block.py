@@ -99,11 +99,9 @@ class GymnasiumBlock(SubEnvBlock):
                 errors[i] = error  # what would be raised, as for every failure
                 infos.append({})
                 continue
-            if type(result) is not tuple:  # not a fault: the wrong API
-                result = step_result(result, i)
             try:
                 obs, r, term, trunc, info = result
-            except ValueError:  # a tuple of another length: the wrong API too
+            except (ValueError, TypeError):  # not five values: the wrong API, not a fault
                 obs, r, term, trunc, info = step_result(result, i)
             try:
                 # Fast paths for the common types (r - r is NaN for NaN and inf); the
@@ -120,7 +118,9 @@ class GymnasiumBlock(SubEnvBlock):
                     trunc = check_flag(trunc, i, "truncated")
                 if type(info) is not dict:
                     info = check_info(info, i, "step")
-            except JaxRunnerError as err:  # an invalid step, already explained
+            except JaxRunnerError as err:  # an invalid step, already explained...
+                if type(result) is not tuple:  # ...unless five values, not gymnasium's tuple:
+                    step_result(result, i)  # the wrong API, not a fault (a list of five is fine)
                 if policy is None:
                     raise
                 errors[i] = err
