@@ -22,6 +22,11 @@ Usage::
     python benchmarks/ab_revision.py --base d660c28 --env null --num-envs 1 8 --split
     python benchmarks/ab_revision.py --base d660c28 --num-envs 1 8 --blocks 24 --repeats 3
 
+``--opcodes`` also counts the Python opcodes each version runs per vector step in one
+``sample()`` (the calling thread): its own, by function, and the rest (the env,
+gymnasium, numpy). The count does not drift with the machine: where timing cannot
+tell a 2% change from the host's, the count can say where the work went.
+
 ``--env null`` steps an env that costs next to nothing (a constant observation, an
 episode of 200 steps): what is left is each package's own time per step. ``--split``
 adds each version's per-step split from the runner's own timers (env wait, inference,
@@ -49,6 +54,8 @@ policy instead (``pong``: NatureCNN; needs the ``atari`` extra), built by each p
 from __future__ import annotations
 
 import argparse
+import collections
+import gc
 import importlib
 import io
 import json
@@ -231,6 +238,43 @@ def time_block(runner: Any, samples: int, steps: int) -> float:
     return (time.perf_counter() - start) / (samples * steps) * 1e6
 
 
+def opcodes_per_step(runner: Any, steps: int, package: Any) -> dict[str, Any]:
+    """Python opcodes per vector step of one ``sample()`` in this thread: the package's
+    own (in all, and by ``module:function``) and the rest."""
+    root = str(pathlib.Path(package.__file__).parent) + os.sep
+    own: collections.Counter[str] = collections.Counter()
+    other = 0
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        nonlocal other
+        if event == "call":
+            frame.f_trace_opcodes = True
+        elif event == "opcode":
+            path = frame.f_code.co_filename
+            if path.startswith(root):
+                own[f"{path[len(root) :]}:{frame.f_code.co_name}"] += 1
+            else:
+                other += 1
+        return trace
+
+    gc.disable()  # a collection's finalizers would count in whichever version ran it
+    sys.settrace(trace)
+    try:
+        runner.sample()
+    finally:
+        sys.settrace(None)
+        gc.enable()
+    by_function = {name: n / steps for name, n in own.most_common()}
+    return {"own": sum(own.values()) / steps, "other": other / steps, "by_function": by_function}
+
+
+def opcode_changes(counts: dict[str, dict[str, Any]], most: int = 12) -> list[list[Any]]:
+    """The functions whose opcodes per step differ most: ``[name, base, new]``."""
+    base, new = counts["base"]["by_function"], counts["new"]["by_function"]
+    names = sorted(set(base) | set(new), key=lambda n: -abs(new.get(n, 0) - base.get(n, 0)))
+    return [[n, base.get(n, 0.0), new.get(n, 0.0)] for n in names[:most]]
+
+
 def git(*command: str) -> str:
     return subprocess.run(
         ["git", *command], cwd=REPO, capture_output=True, text=True, check=True
@@ -258,6 +302,8 @@ def repeated(args: argparse.Namespace) -> list[dict[str, Any]]:
         for key in ("base_us_per_step_median", "new_us_per_step_median", "speedup_median"):
             row[key] = float(np.median([r[key] for r in per_run]))
         row["identical_trajectories"] = all(r["identical_trajectories"] for r in per_run)
+        if "opcodes_per_step" in per_run[0]:  # a count, the same in every run
+            row["opcodes_per_step"] = per_run[0]["opcodes_per_step"]
         row["runs"] = list(per_run)
         for first in ("base", "new"):  # each build order's speed-up: a bias between them shows
             ups = [r["speedup_median"] for r in per_run if r["built_first"] == first]
@@ -326,6 +372,12 @@ def main() -> None:
         action="store_true",
         help="also each version's per-step split (the runner's perf timers, us per step, "
         "medians over blocks): where a difference goes",
+    )
+    parser.add_argument(
+        "--opcodes",
+        action="store_true",
+        help="also the Python opcodes each version runs per vector step (its own, by "
+        "function, and the rest): a count that does not drift with the machine",
     )
     parser.add_argument("--blocks", type=int, default=40, help="timed blocks per version")
     parser.add_argument(
@@ -413,6 +465,11 @@ def main() -> None:
                     jax.tree.leaves(runners["new"].sample()),
                 )
             )
+            counts = {  # after the same samples, so both step through the same states
+                k: opcodes_per_step(runners[k], args.rollout_length, versions[k])
+                for k in runners
+                if args.opcodes
+            }
             for runner in runners.values():
                 runner.stop()
             speedups = np.array(times["base"]) / np.array(times["new"])
@@ -426,6 +483,17 @@ def main() -> None:
                 "identical_trajectories": same,
                 "built_first": next(iter(versions)),
             }
+            if counts:
+                row["opcodes_per_step"] = {
+                    k: {"own": c["own"], "other": c["other"]} for k, c in counts.items()
+                }
+                row["opcodes_per_step"]["changes"] = opcode_changes(counts)
+                print(
+                    f"{num_envs:>5} envs: opcodes per step, jaxrunner's own: base "
+                    f"{counts['base']['own']:.1f}, new {counts['new']['own']:.1f}; the rest: "
+                    f"base {counts['base']['other']:.1f}, new {counts['new']['other']:.1f}",
+                    file=sys.stderr,
+                )
             if args.split:  # us per step, each phase's median over blocks
                 for name, parts in splits.items():
                     row[f"{name}_split_us_per_step"] = {
