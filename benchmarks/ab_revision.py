@@ -271,7 +271,7 @@ def opcodes_per_step(runner: Any, steps: int, package: Any) -> dict[str, Any]:
 def opcode_changes(counts: dict[str, dict[str, Any]], most: int = 12) -> list[list[Any]]:
     """The functions whose opcodes per step differ most: ``[name, base, new]``."""
     base, new = counts["base"]["by_function"], counts["new"]["by_function"]
-    names = sorted(set(base) | set(new), key=lambda n: -abs(new.get(n, 0) - base.get(n, 0)))
+    names = sorted(set(base) | set(new), key=lambda n: (-abs(new.get(n, 0) - base.get(n, 0)), n))
     return [[n, base.get(n, 0.0), new.get(n, 0.0)] for n in names[:most]]
 
 

@@ -292,7 +292,7 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
     out = tmp_path / "ab.json"
     options = ["--base", "HEAD", "--num-envs", "3", "--blocks", "2", "--rollout-length", "8"]
     options += ["--workload", "cartpole", "--split"]  # a workload's env and policy, per package
-    options += ["--repeats", "2"]  # two runs, each in a fresh process
+    options += ["--repeats", "2", "--opcodes"]  # two runs, each in a fresh process
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "ab_revision.py"), *options, "--out", str(out)],
         capture_output=True,
@@ -323,8 +323,13 @@ def test_ab_revision_against_head_finds_identical_trajectories(tmp_path):
         split = run[f"{name}_split_us_per_step"]
         assert set(split) == {"env_wait", "inference", "obs_processing", "action_processing"}
         assert 0 < sum(split.values()) < run[f"{name}_us_per_step_median"] * 2
+    counts = row["opcodes_per_step"]  # each version's, counted in the same states
+    assert counts == runs[0]["opcodes_per_step"] == runs[1]["opcodes_per_step"]
+    assert counts["new"]["own"] > 0 and counts["new"]["other"] > 0
     if not dirty:  # uncommitted changes to the package may change the samples
         assert row["identical_trajectories"] is True
+        assert counts["base"] == counts["new"]  # the same code: the same opcodes
+        assert all(base == new for _, base, new in counts["changes"])
 
 
 def test_runner_build_times_each_package_in_its_own_processes(tmp_path):
