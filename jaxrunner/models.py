@@ -1,13 +1,5 @@
 """Ready-made policies (``jr.models``): the networks the benchmarks and examples use.
 
-* :func:`mlp_policy`: a tanh MLP (64-64 by default) for any Discrete, MultiDiscrete,
-  MultiBinary or Box action space, sampling its actions.
-* :func:`nature_cnn_policy`: the DQN/PPO Atari network (NatureCNN) on uint8 image
-  stacks (84x84x4, or 4x84x84 as gymnasium's ``FrameStackObservation`` gives them),
-  categorical actions, with a value head.
-* :func:`gaussian_mlp_policy`: a 256-256 tanh MLP emitting a diagonal Gaussian's mean
-  (a learned state-independent log-std) for a Box action space, with a value head.
-
 Each returns a :class:`~jaxrunner.Policy` (``Policy.from_linen``): as every such
 policy, Box actions are sampled unclipped and recorded so; the runner clips them for
 the env only.
