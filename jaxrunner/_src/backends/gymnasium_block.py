@@ -93,7 +93,6 @@ class GymnasiumBlock(SubEnvBlock):
                 result = envs[i - offset].step(action)
             except Exception as err:
                 error = SubEnvRaised(err, i, "step")
-                error.__cause__ = err
                 if policy is None:
                     raise error from err
                 errors[i] = error  # what would be raised, as for every failure

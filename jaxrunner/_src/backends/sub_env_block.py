@@ -36,10 +36,10 @@ Marks = MutableSequence[int] | np.ndarray
 
 class SubEnvRaised(EnvError):
     """A sub-env's own code raised in ``call`` (``"step"``, ``"reset"``, ``"factory"``);
-    the original is chained. ``agent_id``: in a turn-based multi-agent env, the agent
-    whose turn it was (None otherwise). What a step's ``errors`` holds for such a
-    failure, as what is raised without a restart policy. ``err``: the original, or its
-    repr (a worker's error, rebuilt in the main process)."""
+    the original is its ``__cause__``. ``agent_id``: in a turn-based multi-agent env,
+    the agent whose turn it was (None otherwise). What a step's ``errors`` holds for
+    such a failure, as what is raised without a restart policy. ``err``: the original,
+    or its repr (a worker's error, rebuilt in the main process, which chains it)."""
 
     def __init__(
         self, err: BaseException | str, env_index: int, call: str, agent_id: str | None = None
@@ -51,6 +51,8 @@ class SubEnvRaised(EnvError):
         )
         what = err if isinstance(err, str) else repr(err)
         super().__init__(f"{who} raised in {call}(): {what}", env_index)
+        if not isinstance(err, str):  # held in a step's errors too, not only raised
+            self.__cause__ = err
         self.call = call
         self.agent_id = agent_id
 

@@ -274,9 +274,7 @@ def located(err: Exception, driver: Driver, call: str) -> Exception:
             err.env_index = driver.env_index  # type: ignore[attr-defined]
         return err
     agent = driver.env.agent_selection if isinstance(driver, AECDriver) else None
-    error = SubEnvRaised(err, driver.env_index, call, agent if isinstance(agent, str) else None)
-    error.__cause__ = err
-    return error
+    return SubEnvRaised(err, driver.env_index, call, agent if isinstance(agent, str) else None)
 
 
 def _cause(err: Exception) -> BaseException | None:
