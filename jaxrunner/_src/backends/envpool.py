@@ -197,15 +197,10 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
                 "recv() its results first."
             )
 
-    def _checked(self, actions: Any, rows: slice | None) -> Any:
-        if self.keep_reset_steps:
-            return actions  # send checks them (it hands them to EnvPool at once)
-        return super()._checked(actions, rows)
-
-    def _step(self, actions: Any, rows: slice | None) -> BatchStep:
+    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
         if not self.keep_reset_steps:
-            return super()._step(actions, rows)
-        self.send(actions, rows)
+            return super().step_batch(actions, rows)
+        self.send(actions, rows)  # the base's definition: this mode's send, then recv
         return self.recv()
 
     def _answer(self, out: EnvPoolStep) -> BatchStep:
