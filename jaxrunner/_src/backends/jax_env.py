@@ -32,9 +32,9 @@ from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, Spa
 
 
 class JaxVectorEnv(GroupedAgents):
-    """``num_envs`` copies of a pure-JAX env, for :class:`~jaxrunner.EnvRunner` (one agent)
-    or :class:`~jaxrunner.EnvRunner` (a JaxMARL-style env: ``agents``,
-    ``reset(key)``, ``step_env(key, state, actions)`` with ``dones["__all__"]``).
+    """``num_envs`` copies of a pure-JAX env, one agent or JaxMARL-style (``agents``,
+    ``reset(key)``, ``step_env(key, state, actions)`` with ``dones["__all__"]``), for
+    :class:`~jaxrunner.EnvRunner`.
 
     A one-agent env is one group (policy id ``"default_policy"``) of one agent
     (``"agent_0"``); an ``EnvRunner`` sees it without an agent axis.
