@@ -120,7 +120,7 @@ def discounted_returns(
         ``G``, of the inputs' shape, zero where ``valid`` is false.
     """
     fields = (reward, terminated, truncated, valid, 0.0, next_value)
-    return _run("discounted_returns", trajectory, fields, skip_invalid, gamma, 0.0)
+    return _run("discounted_returns", trajectory, fields, skip_invalid, gamma, 1.0)
 
 
 def _run(fn: str, trajectory: Any, fields: tuple, skip_invalid: Any, gamma: Any, lam: Any) -> Any:
@@ -146,8 +146,10 @@ def _compute(
     """``gae`` or ``discounted_returns`` (``kind``) of ``arrays`` (``_FIELDS``)."""
 
     def run(*arrays: jax.Array) -> Any:
-        if kind == "discounted_returns":
-            return _returns_scan(arrays, gamma)
+        if kind == "discounted_returns":  # GAE with lam 1 and value 0, next_value where cut
+            *rest, next_value = arrays
+            cut_value = jnp.where(_episode_goes_on(*arrays[1:4]), 0.0, next_value)
+            return _gae_scan((*rest, cut_value), gamma, lam)
         advantages = _gae_scan(arrays, gamma, lam)
         valid, value = arrays[_FIELDS.index("valid")], arrays[_FIELDS.index("value")]
         return GAE(advantages, jnp.where(valid, advantages + value, 0.0))
@@ -187,25 +189,6 @@ def _gae_scan(arrays: tuple[jax.Array, ...], gamma: jax.Array, lam: jax.Array) -
 
     _, advantages = jax.lax.scan(step, jnp.zeros_like(delta[0]), (delta, goes_on), reverse=True)
     return advantages
-
-
-def _returns_scan(arrays: tuple[jax.Array, ...], gamma: jax.Array) -> jax.Array:
-    """The discounted returns of ``arrays`` (in ``_FIELDS`` order; ``value`` unused)."""
-    reward, terminated, truncated, valid, _, next_value = arrays
-    goes_on = _episode_goes_on(terminated, truncated, valid)
-    bootstrap = jnp.where(terminated, 0.0, next_value)
-
-    def step(
-        later: jax.Array, xs: tuple[jax.Array, jax.Array, jax.Array, jax.Array]
-    ) -> tuple[jax.Array, jax.Array]:
-        reward_t, bootstrap_t, goes_on_t, valid_t = xs
-        ret = reward_t + gamma * jnp.where(goes_on_t, later, bootstrap_t)
-        ret = jnp.where(valid_t, ret, 0.0)
-        return ret, ret
-
-    xs = (reward, bootstrap, goes_on, valid)
-    _, returns = jax.lax.scan(step, jnp.zeros_like(reward[0]), xs, reverse=True)
-    return returns
 
 
 _FIELDS = ("reward", "terminated", "truncated", "valid", "value", "next_value")
