@@ -49,7 +49,7 @@ def check_arguments(
             f"EnvRunner(envs=...): expected a jaxrunner vector env, got "
             f"{type(envs).__name__}. {hint}"
         )
-    ids = kind.policy_ids
+    ids = envs.policy_ids
     policies = _per_policy(policy, ids, kind.multi_agent)
     if params is None:
         space = "group.observation_space" if kind.multi_agent else "envs.single_observation_space"

@@ -60,12 +60,8 @@ class AgentGroups:
     def groups(self) -> tuple[AgentGroup, ...]:
         return self.envs.groups
 
-    @property
-    def policy_ids(self) -> tuple[str, ...]:
-        return tuple(g.policy_id for g in self.groups)
-
     def to_policy_dict(self, value: Any, where: str) -> dict[str, Any]:
-        ids = self.policy_ids
+        ids = self.envs.policy_ids
         if not isinstance(value, Mapping) or not set(value) <= set(ids):
             got = sorted(value, key=str) if isinstance(value, Mapping) else type(value).__name__
             raise InvalidArgumentError(
