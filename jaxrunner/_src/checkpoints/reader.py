@@ -285,13 +285,11 @@ class CheckpointReader:
             obs[p] = leaf = read(name, leading(*space_arrays.leaf_spec(space), steps + 1))
             finite = leaf.dtype.kind != "f" or np.isfinite(leaf).all()
             self.require(finite, name, "not finite (NaN or infinity)")
-            # A Box's bounds as sampling's: gymnasium envs may leave them, and a
-            # runner must restore its own file.
-            self.check_rows(space, leaf, name, bounds=False)
+            self.check_rows(space, leaf, name)
         for p, space in specs["action"].items():
             name = array_name(base, ("action", *p))
             action[p] = leaf = read(name, leading(space_arrays.leaf_spec(space)[0], None, steps))
-            self.check_rows(space, leaf, name, bounds=False)
+            self.check_rows(space, leaf, name)
         extras_check = leading(None, None, steps)
         extras = {p: read(array_name(f"{base}/extras", p), extras_check) for p in extras_paths}
         return {
@@ -301,10 +299,10 @@ class CheckpointReader:
             "extras": build_tree(extras) if extras else {},
         }
 
-    def check_rows(self, space: Any, array: np.ndarray, name: str, bounds: bool) -> None:
-        """Every row of member ``name`` lies in ``space`` (``bounds`` as
-        :func:`~jaxrunner._src.space_arrays.checks.rows_in_space`'s)."""
-        outside = np.flatnonzero(~space_arrays.rows_in_space(space, array, bounds))
+    def check_rows(self, space: Any, array: np.ndarray, name: str) -> None:
+        """Every row of member ``name`` lies in ``space`` but a Box's bounds, as sampling
+        checks it (gymnasium envs may leave them, and a runner must restore its own file)."""
+        outside = np.flatnonzero(~space_arrays.rows_in_space(space, array, bounds=False))
         if len(outside):
             row = int(outside[0])
             raise self.error(
