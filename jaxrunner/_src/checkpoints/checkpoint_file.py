@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from typing import Any
 
 import jax
@@ -33,27 +34,15 @@ MAX_RESTORE_BYTES = 1 << 33
 """The most bytes a checkpoint's arrays may take in memory (8 GiB); read at each restore."""
 
 EPISODE_SCALARS: dict[type, dict[str, type]] = {
-    Episode: {
-        "terminated": bool,
-        "truncated": bool,
-        "episode_id": int,
-        "env_id": int,
-        "start_step": int,
-        "faulty": bool,
-    },
-    AgentEpisode: {
-        "terminated": bool,
-        "truncated": bool,
-        "agent_id": str,
-        "policy_id": str,
-        "env_id": int,
-        "episode_id": int,
-        "start_step": int,
-        "faulty": bool,
-    },
+    cls: {
+        f.name: typing.get_type_hints(cls)[f.name]
+        for f in dataclasses.fields(cls)
+        if not f.metadata.get("pytree_node", True)
+    }
+    for cls in (Episode, AgentEpisode)
 }
-"""Per kind of kept episode, its scalar fields, kept in the JSON. An ``AgentEpisode``
-also saves its ``env_step`` array beside its steps."""
+"""Per kind of kept episode, its scalar (static) fields and their types, kept in the JSON.
+An ``AgentEpisode`` also saves its ``env_step`` array beside its steps."""
 OPTIONAL_KEPT = {"EnvRunner": ("callback_fragments",)}
 """Kept episodes a runner's files may lack, by ``RunnerParts.file_format``, read as none:
 a single-agent runner saved no callback fragments before its ``on_agent_episode_end``
