@@ -4,6 +4,7 @@ arrays."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.struct
@@ -172,20 +173,9 @@ def concatenate_agent_episodes(head: AgentEpisode, tail: AgentEpisode) -> AgentE
 
 def as_agent_episode(episode: Episode, agent_id: str, policy_id: str) -> AgentEpisode:
     """``episode`` as the :class:`AgentEpisode` of its env's one agent ``agent_id``
-    (a single-agent env: one group of one agent, whose steps are the env's)."""
+    (a single-agent env: one group of one agent, whose steps are the env's): every field
+    of the episode, with the env steps of its transitions."""
+    fields = {f.name: getattr(episode, f.name) for f in dataclasses.fields(episode)}
     begin = episode.start_step
-    return AgentEpisode(
-        obs=episode.obs,
-        action=episode.action,
-        reward=episode.reward,
-        extras=episode.extras,
-        env_step=np.arange(begin, begin + episode.length, dtype=np.int64),
-        terminated=episode.terminated,
-        truncated=episode.truncated,
-        agent_id=agent_id,
-        policy_id=policy_id,
-        env_id=episode.env_id,
-        episode_id=episode.episode_id,
-        start_step=begin,
-        faulty=episode.faulty,
-    )
+    env_step = np.arange(begin, begin + episode.length, dtype=np.int64)
+    return AgentEpisode(**fields, env_step=env_step, agent_id=agent_id, policy_id=policy_id)
