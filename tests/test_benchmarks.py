@@ -187,7 +187,7 @@ def test_bench_on_the_process_backend_measures_the_sync_hand_loop_and_async_vect
     Also the CLI's --json on this backend (once a test of its own in test_envs_process.py:
     one bench run serves both)."""
     # 16-step rollouts (the parent's T reaches every child): 1024 cost seconds of IPC.
-    monkeypatch.setattr(rounds, "rollout_length", lambda num_envs: 16)
+    monkeypatch.setattr(rounds.timing, "rollout_length", lambda num_envs, steps: 16)
     out = tmp_path / "bench.json"
     options = ["--num-envs", "2", "--rounds", "1", "--seconds", "0.05", "--json"]
     assert cli.main(["bench", *options, "--backend", "process", "--out", str(out)]) == 0

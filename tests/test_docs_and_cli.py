@@ -48,7 +48,7 @@ def test_bench_report_holds_every_round_and_each_system_ran_at_its_dispatch(
 ):
     assert [bench.rollout_length(n) for n in (1, 3, 256, 1024)] == [2048, 682, 8, 8]
     # Shorter rollouts by the same kind of rule: the parent's T reaches every child.
-    monkeypatch.setattr(rounds, "rollout_length", lambda num_envs: max(8, 64 // num_envs))
+    monkeypatch.setattr(rounds.timing, "rollout_length", lambda n, steps: max(8, 64 // n))
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     argv = ["bench", "--num-envs", "1", "3", "--rounds", "2", "--seconds", "0.05"]
     assert cli.main([*argv, "--json", "--out", str(out), "--plot", str(png)]) == 0
@@ -143,7 +143,7 @@ def test_bench_on_a_pettingzoo_env_times_the_multi_agent_runner_on_both_backends
 ):
     pytest.importorskip("mpe2")
     # The rule's own 1024 steps at 2 envs cost seconds of PettingZoo steps per measurement.
-    monkeypatch.setattr(rounds, "rollout_length", lambda num_envs: 16)
+    monkeypatch.setattr(rounds.timing, "rollout_length", lambda num_envs, steps: 16)
     out = tmp_path / "bench.json"
     argv = ["bench", "--env", "mpe2:simple_spread_v3", "--num-envs", "2", "--backend", "all"]
     argv += ["--rounds", "2", "--seconds", "0.05", "--out", str(out)]

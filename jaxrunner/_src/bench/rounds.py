@@ -9,11 +9,11 @@ import statistics
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+import jaxrunner._src.bench.timing as timing  # measure_width's argument hides rollout_length
 from jaxrunner._src.bench.child import Child, ChildError
 from jaxrunner._src.bench.hand_loop import REFERENCES
 from jaxrunner._src.bench.systems import JAX_BACKEND, Spec
-from jaxrunner._src.bench.timing import rollout_length
-from jaxrunner._src.bench.workloads import get_workload, not_installed
+from jaxrunner._src.bench.workloads import not_installed, steps_per_rollout
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -117,13 +117,6 @@ def label(name: str, plan: Plan) -> str:
     return name
 
 
-def _rollout_length(num_envs: int, workload: str | None) -> int:
-    # Apart from measure_width, whose rollout_length argument hides the function.
-    if workload is None:
-        return rollout_length(num_envs)
-    return get_workload(workload).rollout_length(num_envs)
-
-
 def measure_width(
     harness: Harness,
     plan: Plan,
@@ -149,7 +142,9 @@ def measure_width(
     its own venv) are timed as ``hand_<reference>``, ``variants`` (``name -> make_vec
     options``) as ``jaxrunner_<name>``; ``labels`` name them for the report.
     """
-    length = _rollout_length(num_envs, workload) if rollout_length is None else rollout_length
+    length = rollout_length
+    if length is None:
+        length = timing.rollout_length(num_envs, steps_per_rollout(workload))
     common = {"backend": plan.backend, "env": env, "num_envs": num_envs, "seed": seed}
     common["rollout_length"] = length
     common["multi_agent"] = plan.multi_agent
