@@ -32,7 +32,6 @@ def make_pong() -> gymnasium.Env:
 class Workload:
     """One real workload: the env every system steps and the policy every one runs."""
 
-    name: str
     env_id: str
     """The gymnasium id (for labels; :attr:`make` builds the env)."""
     make: Callable[[], gymnasium.Env]
@@ -69,7 +68,6 @@ def not_installed(modules: tuple[str, ...]) -> str | None:
 
 WORKLOADS: dict[str, Workload] = {
     "cartpole": Workload(
-        name="cartpole",
         env_id="CartPole-v1",
         make=functools.partial(gymnasium.make, "CartPole-v1"),
         policy=lambda _, action_space: models.mlp_policy(action_space),
@@ -79,7 +77,6 @@ WORKLOADS: dict[str, Workload] = {
         envpool_id="CartPole-v1",
     ),
     "pong": Workload(
-        name="pong",
         env_id="ALE/Pong-v5",
         make=make_pong,
         policy=models.nature_cnn_policy,
@@ -94,7 +91,6 @@ WORKLOADS: dict[str, Workload] = {
         extra="atari",
     ),
     "halfcheetah": Workload(
-        name="halfcheetah",
         env_id="HalfCheetah-v5",
         make=functools.partial(gymnasium.make, "HalfCheetah-v5"),
         policy=lambda _, action_space: models.gaussian_mlp_policy(action_space),
