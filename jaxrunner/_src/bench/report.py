@@ -42,12 +42,13 @@ def format_report(report: dict[str, Any]) -> str:
         f"(JAX CPU dispatch: {children['jaxrunner']['cpu_dispatch']})."
     )
     ratio = "ratio: jaxrunner / hand loop, the ratio of medians [min-max of per-round ratios]."
+    steps = f"T = max(8, {steps_per_rollout(report.get('workload'))} // envs) steps per rollout"
     if "multi_agent" in report:
         agents, plans = report["multi_agent"]["agents"], MULTI_AGENT_PLANS
         lines = [
             f"{config['env']} ({len(agents)} agents: {', '.join(agents)}); "
             f"{report['policy']}, one per policy group;",
-            "T = max(8, 2048 // envs) steps per rollout for every system; figures are env steps/s",
+            f"{steps} for every system; figures are env steps/s",
             f"  (agent steps/s = {len(agents)} x env steps/s);",
             f"{rounds} jaxrunner and the hand loop in their own processes.",
             jaxrunner,
@@ -65,8 +66,7 @@ def format_report(report: dict[str, Any]) -> str:
         plans = PLANS
         lines = [
             f"{config['env']}; {report['policy']};",
-            f"T = max(8, {steps_per_rollout(report.get('workload'))} // envs) steps per rollout "
-            "for every system;",
+            f"{steps} for every system;",
             f"{rounds} jaxrunner and the hand loops in their own processes.",
             jaxrunner,
             "hand loop: the loop a user writes: the same jitted policy, np.asarray on actions and",
