@@ -44,7 +44,6 @@ class RunnerWorker:
         incarnation: int,
         statistics: Statistics | None = None,
     ) -> None:
-        n = config.num_envs_per_runner
         seed = config.runner_seed(index, incarnation)
         envs = _make_envs(env, config)
         if is_multi_agent(envs):  # the policy factory is called once per agent group
@@ -57,7 +56,7 @@ class RunnerWorker:
         self.params_version = params_version
         if statistics is not None:  # a restart: start from the group's merged statistics
             self.set_statistics(statistics)
-        self._env_offset = index * n
+        self._env_offset = index * config.num_envs_per_runner
         self._id_offset = (incarnation * config.num_runners + index) << EPISODE_ID_BITS
         self._steps_reported = 0
 
