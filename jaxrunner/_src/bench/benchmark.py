@@ -17,7 +17,7 @@ from jaxrunner._src.bench.multi_agent import describe, parallel_env_module
 from jaxrunner._src.bench.report import verdict
 from jaxrunner._src.bench.rounds import MULTI_AGENT_PLANS, PLANS, Harness, Plan, measure_width
 from jaxrunner._src.bench.systems import JAX_BACKEND
-from jaxrunner._src.bench.workloads import WORKLOADS, get_workload, steps_per_rollout
+from jaxrunner._src.bench.workloads import get_workload, steps_per_rollout
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -74,11 +74,8 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         if self.workload is not None:
-            if self.workload not in WORKLOADS:
-                raise InvalidArgumentError(
-                    f"BenchConfig(workload={self.workload!r}): expected one of {list(WORKLOADS)}."
-                )
-            expected = WORKLOADS[self.workload].env_id
+            where = f"BenchConfig(workload={self.workload!r})"
+            expected = get_workload(self.workload, where).env_id
             if self.env != expected or self.backends == (JAX_BACKEND,):
                 raise InvalidArgumentError(
                     f"BenchConfig(workload={self.workload!r}, env={self.env!r}, backends="

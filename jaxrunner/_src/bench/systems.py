@@ -23,7 +23,7 @@ from jaxrunner._src.bench.hand_scan import build_hand_scan
 from jaxrunner._src.bench.multi_agent import MultiAgentHandLoop, env_factory
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
 from jaxrunner._src.bench.timing import measure_runner, timed, us_per_call
-from jaxrunner._src.bench.workloads import WORKLOADS, get_workload
+from jaxrunner._src.bench.workloads import get_workload
 from jaxrunner._src.core.policy import Policy
 from jaxrunner._src.runner.env_runner import EnvRunner
 from jaxrunner.errors import InvalidArgumentError
@@ -69,10 +69,8 @@ class Spec:
             raise InvalidArgumentError(
                 f"Spec(backend={self.backend!r}): expected one of {(*BACKENDS, JAX_BACKEND)}."
             )
-        if self.workload is not None and self.workload not in WORKLOADS:
-            raise InvalidArgumentError(
-                f"Spec(workload={self.workload!r}): expected one of {list(WORKLOADS)}."
-            )
+        if self.workload is not None:
+            get_workload(self.workload, f"Spec(workload={self.workload!r})")
         if self.system == "hand" and not self.reference:
             raise InvalidArgumentError(
                 f"Spec(reference={self.reference!r}): a hand system needs one, e.g. one of "

@@ -104,10 +104,11 @@ WORKLOADS: dict[str, Workload] = {
 }
 
 
-def get_workload(name: str) -> Workload:
-    """The workload called ``name``."""
+def get_workload(name: str, where: str | None = None) -> Workload:
+    """The workload called ``name`` (``where``: what names it, for the error)."""
     if name not in WORKLOADS:
-        raise InvalidArgumentError(f"workload {name!r}: expected one of {list(WORKLOADS)}.")
+        where = where or f"workload {name!r}"
+        raise InvalidArgumentError(f"{where}: expected one of {list(WORKLOADS)}.")
     return WORKLOADS[name]
 
 
