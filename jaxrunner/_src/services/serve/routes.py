@@ -280,13 +280,27 @@ def create_app(
         episode_id = env.start_episode(body.episode_id, body.training_enabled, client=client)
         return JSONResponse({"episode_id": episode_id}, status_code=201)
 
-    def episode_route(name: str, model: type[BaseModel]) -> Callable[[Any], Any]:
+    def episode_route(name: str, model: type[BaseModel], call: str | None = None) -> Any:
         return app.post(
             f"/v1/episodes/{{episode_id}}/{name}",
             dependencies=[bearer],
             responses={200: {"model": model}, **ERRORS},
             tags=["episodes"],
+            name=call,  # the handler's name in the schema (None: its function's)
         )
+
+    def end_route(name: str, call: str, end: Callable[..., None]) -> None:
+        """The route of ``end`` (the env's ``end_episode`` or ``end_agents``)."""
+
+        @episode_route(name, Ok, call)
+        async def end_call(
+            episode_id: EpisodeId,
+            final: Annotated[tuple[Any, bool], Depends(kind.final_obs(call))],
+        ) -> JSONResponse:
+            obs, truncated = final
+            # Stacks episodes: in a worker thread, off the event loop.
+            await run_in_threadpool(lambda: end(episode_id, obs, truncated=truncated))
+            return JSONResponse({"ok": True})
 
     @app.get("/v1/spaces", dependencies=[bearer], responses=ERRORS, tags=["meta"])
     async def get_spaces() -> JSONResponse:
@@ -333,26 +347,9 @@ def create_app(
         env.log_returns(episode_id, *rewards)
         return JSONResponse({"ok": True})
 
-    @episode_route("end", Ok)
-    async def end_episode(
-        episode_id: EpisodeId,
-        final: Annotated[tuple[Any, bool], Depends(kind.final_obs("end_episode"))],
-    ) -> JSONResponse:
-        obs, truncated = final
-        # Stacks the episode: in a worker thread, off the event loop.
-        await run_in_threadpool(lambda: env.end_episode(episode_id, obs, truncated=truncated))
-        return JSONResponse({"ok": True})
-
+    end_route("end", "end_episode", env.end_episode)
     if env.multi_agent is True:
-
-        @episode_route("end_agents", Ok)
-        async def end_agents(
-            episode_id: EpisodeId,
-            final: Annotated[tuple[Any, bool], Depends(kind.final_obs("end_agents"))],
-        ) -> JSONResponse:
-            obs, truncated = final
-            await run_in_threadpool(lambda: env.end_agents(episode_id, obs, truncated=truncated))
-            return JSONResponse({"ok": True})
+        end_route("end_agents", "end_agents", env.end_agents)
 
         # Not in the schema: a clear refusal instead of a bare 404 for a client that tries.
         @app.post("/v1/episodes/{episode_id}/report", include_in_schema=False)
