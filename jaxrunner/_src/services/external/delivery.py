@@ -102,18 +102,17 @@ class ActionDelivery:
 
         # A call for its abort only: on_done records the rows (and none is retracted).
         call = _Call(live, {record.policy_id: [(record, row) for row in rows]}, dict)
-        on_abort = functools.partial(self._on_many_abort, call)
+
+        def on_abort(error: BaseException | None) -> None:  # failed, or (None) cancelled
+            with self.lock:
+                self._drop(call, undelivered=error is None)
+
         try:
             return self.batchers[record.policy_id].submit(rows, on_done, on_abort)
         except BaseException:
             with self.lock:
                 self._drop(call, undelivered=False)
             raise
-
-    def _on_many_abort(self, call: _Call, error: BaseException | None) -> None:
-        """:meth:`submit_many`'s request failed, or (``error`` None) was cancelled: counted."""
-        with self.lock:
-            self._drop(call, undelivered=error is None)
 
     def _on_done(
         self,
