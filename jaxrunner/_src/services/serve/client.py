@@ -291,17 +291,8 @@ class MultiAgentPolicyClient(_Client):
     """Talks to a policy server serving a multi-agent env: the same calls as
     :class:`~jaxrunner._src.services.external.MultiAgentExternalEnv`, each one request; the server
     computes every action. Values are checked against their agent's space before they
-    are sent.
-
-    Args:
-        url: the server's URL (``PolicyServer.url``).
-        token: the server's token; or ``token_file`` to read it from.
-        token_file: a file holding the token (the server's token file).
-        client_id: names this client to the server (per-client episode caps);
-            random by default.
-        timeout_s: HTTP timeout per request.
-        max_answer_bytes: the longest answer read from the server (a longer one raises
-            ``PolicyServerError``).
+    are sent. Its arguments are those of :class:`~jaxrunner.serve.PolicyClient` (``url``,
+    ``token``, ``token_file``, ``client_id``, ``timeout_s``, ``max_answer_bytes``).
 
     Attributes:
         observation_spaces, action_spaces: ``agent_id -> space``, as the server said.
