@@ -39,14 +39,9 @@ class ServerConfig:
     """The most open connections that have not yet sent a request with the token
     (each new connection, until its first request's headers are in); past it, once a
     second's grace for new ones is over, the oldest of them are closed, idle ones
-    first. None: an eighth of ``max_connections`` (at
-    least 16, at most ``max_connections``). Sockets without the token (slow readers,
-    idle keep-alive) can hold no more; with ``require_token=False`` any whole request
-    counts. An idle one closed for this share after a request without the token
-    lingers 2 s, unread, before its socket is closed, so that its owner cannot come
-    back at once; while more than the share linger (an attack), up to 120 s. Lingering
-    sockets do not count against ``max_connections``: at most twice as many linger
-    (within the open-file limit), the oldest closed first past that."""
+    first (how they linger: docs/serving.md, "Limits"). None: an eighth of
+    ``max_connections`` (at least 16, at most ``max_connections``). With
+    ``require_token=False`` any whole request counts."""
     write_timeout_s: float = 10.0
     """Answers waiting to be written must make progress (some bytes taken by the
     client) within this long; otherwise the connection is dropped with what it
