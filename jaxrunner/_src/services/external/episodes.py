@@ -182,10 +182,8 @@ class EpisodeRecord:
 
 def _stack_releasing(space: spaces.Space, rows: list[Any]) -> Any:
     """``rows`` stacked along a new first axis; empties ``rows``, dropping each row
-    once it is copied."""
-    stacked = space_arrays.map_structure(
-        space, lambda leaf: np.empty((len(rows), *np.shape(leaf)), np.asarray(leaf).dtype), rows[0]
-    )
+    once it is copied (each row has the space's dtypes and shapes)."""
+    stacked = space_arrays.allocate(space, (len(rows),))
     freed = 0
     for t in range(len(rows)):
         space_arrays.copy_into(space, stacked, rows[t], t)
