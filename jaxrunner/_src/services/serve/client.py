@@ -193,7 +193,6 @@ class PolicyClient(_Client):
     # -- the ExternalEnv calls ----------------------------------------------------------------
 
     def start_episode(self, episode_id: int | None = None, training_enabled: bool = True) -> int:
-        """Starts an episode on the server; returns its id."""
         eid = super().start_episode(episode_id, training_enabled)
         if self._local is not None:
             self._local.start_episode(eid, training_enabled)
