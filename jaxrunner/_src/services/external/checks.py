@@ -75,13 +75,6 @@ def check_obs(space: spaces.Space, obs: Any, what: str) -> Any:
     return check_value(space, obs, what, bounds=True)
 
 
-def check_returns(reward: Any, info: Any) -> None:
-    """Raises unless ``reward`` is a finite real number and ``info`` a dict or None
-    (``log_returns``)."""
-    check_reward(reward, "reward")
-    check_info(info)
-
-
 def check_info(info: Any) -> None:
     """Raises unless ``log_returns``'s ``info`` (either kind of env) is a dict or None."""
     if info is not None and not isinstance(info, dict):

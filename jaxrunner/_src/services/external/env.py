@@ -103,7 +103,8 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         ``info`` is accepted for compatibility with RLlib's API and must be a dict or
         None; Episodes have no info field, so it is not stored.
         """
-        checks.check_returns(reward, info)
+        checks.check_reward(reward, "reward")
+        checks.check_info(info)
         with self._lock:
             live = self._get_live(episode_id, "log_returns")
             record = live.agents[AGENT]

@@ -224,7 +224,8 @@ class PolicyClient(_Client):
         if self._local is not None:
             self._local.log_returns(episode_id, reward, info)
             return
-        checks.check_returns(reward, info)  # as the env checks it (and the multi-agent client)
+        checks.check_reward(reward, "reward")  # as the env checks them
+        checks.check_info(info)
         body = {"reward": float(reward), "info": info}
         self._call("POST", f"/v1/episodes/{episode_id}/returns", body)
 
