@@ -30,9 +30,7 @@ MAX_HEAD_BYTES = MAX_REQUEST_LINE_BYTES + MAX_HEADER_BYTES
 EVICTED_LINGER_S = 2.0
 """How long a connection closed for the unauthenticated share after a whole request
 without the token lingers, unread, before its socket is closed (see :mod:`.slots`):
-an owner that reconnects on the close comes back at most this often per socket. A
-keep-alive health probe that loses its connection this way waits as long for the
-close (then retries on a new one)."""
+an owner that reconnects on the close comes back at most this often per socket."""
 REFUSAL_LOG_INTERVAL_S = 1.0
 """Refused connections are logged at most this often, with their count."""
 LINGER_RECEIVE_BUFFER_BYTES = 4 * 1024
