@@ -180,7 +180,7 @@ class ActionDelivery:
                 return False  # a later call or an ending came first: too late
             before = sum(record.nbytes for record in records)
             for record in records:
-                record.undo(call)
+                record.undo()
             self.memory.live -= before - sum(record.nbytes for record in records)
             call.live.num_calls -= 1
             self.counts["num_env_steps"] -= 1

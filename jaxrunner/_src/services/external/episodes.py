@@ -98,11 +98,9 @@ class AgentRecord:
         """Whether the latest step is the one recorded with ``ticket``."""
         return self._undo is not None and self._undo[0] is ticket
 
-    def undo(self, ticket: object) -> bool:
-        """Removes the latest step if :meth:`record` got it with ``ticket`` (its action
-        never reached the agent); rewards logged since go back to the step before."""
-        if not self.can_undo(ticket):
-            return False
+    def undo(self) -> None:
+        """Removes the latest step, one :meth:`can_undo` found (its action never reached
+        the agent); rewards logged since go back to the step before."""
         _, self.carry, closed, size = self._undo
         self._undo = None
         self.nbytes -= size
@@ -112,7 +110,6 @@ class AgentRecord:
         self.env_steps.pop()
         if closed:
             self.pending_reward += self.rewards.pop()
-        return True
 
     def close_at(self, final_obs: Any) -> None:
         """Appends the final observation, closing the last step's reward."""
