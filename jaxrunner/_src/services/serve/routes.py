@@ -1,8 +1,6 @@
-"""The HTTP API of an external env: a FastAPI app with its error answers and guard, and its
-routes, one handler each for both kinds of env: the env's wire (:class:`OneAgent`: bare
-trees; :class:`Agents`: ``{agent_id: tree}``) reads the bodies and writes the answers; an
-action is recorded only if its answer reaches the client. Each request is checked (guard,
-schema, wire decoding, space) before it touches any state."""
+"""The HTTP API of an external env: a FastAPI app (error answers, guard) whose routes serve
+both kinds of env, the env's wire (:class:`OneAgent`, :class:`Agents`) reading the bodies;
+each request is checked (guard, schema, wire decoding, space) before it touches any state."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations, and
 # their dependencies are the env's wire, chosen when the routes are made.
