@@ -9,7 +9,7 @@ import concurrent.futures
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, Self
 
 import jax
 import numpy as np
@@ -17,7 +17,7 @@ import numpy as np
 import jaxrunner._src.services.external.checks as checks
 from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.core.agent_groups import AgentGroup, GroupedAgents
-from jaxrunner._src.core.episode import Episode, EpisodeSpan
+from jaxrunner._src.core.episode import Episode
 from jaxrunner._src.core.metrics import EpisodeStats
 from jaxrunner._src.core.policy import Params, Policy
 from jaxrunner._src.services.external.batching import PolicyBatcher, Row
@@ -31,11 +31,9 @@ from jaxrunner._src.services.external.memory import (
     estimate_step_nbytes,
     tree_nbytes,
 )
-from jaxrunner._src.services.external.output import EpisodeOutput
+from jaxrunner._src.services.external.output import E, EpisodeOutput
 from jaxrunner._src.services.external.run_thread import RunDriven
 from jaxrunner.errors import ClosedError, EpisodeConflictError, InvalidArgumentError
-
-E = TypeVar("E", bound=EpisodeSpan)
 
 
 class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
