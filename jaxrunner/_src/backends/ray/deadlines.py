@@ -12,23 +12,25 @@ from jaxrunner.errors import RemoteTimeoutError
 
 
 class InFlightSteps:
-    """Actor steps sent and not yet received: Ray object ref -> actor and rows; each
-    may take ``timeout_s`` (``RayConfig.step_timeout_s``; None: no deadline)."""
+    """Actor steps sent and not yet received: Ray object ref -> actor, rows and the send
+    it belongs to; each may take ``timeout_s`` (``RayConfig.step_timeout_s``; None: no
+    deadline)."""
 
     def __init__(self, ray: Any, timeout_s: float | None) -> None:
         self.ray, self.timeout_s = ray, timeout_s
-        self._steps: dict[Any, tuple[int, slice, float]] = {}  # ref -> unit, rows, sent
+        self._steps: dict[Any, tuple[int, slice, Any, float]] = {}  # ref -> u, rows, call, sent
 
     def units(self) -> set[int]:
-        return {u for u, _, _ in self._steps.values()}
+        return {u for u, _, _, _ in self._steps.values()}
 
-    def add(self, ref: Any, u: int, rows: slice) -> None:
-        """Records the step ``ref`` of actor ``u`` (sub-envs ``rows``), sent now."""
-        self._steps[ref] = (u, rows, time.monotonic())
+    def add(self, ref: Any, u: int, rows: slice, call: Any) -> None:
+        """Records the step ``ref`` of actor ``u`` (sub-envs ``rows``, send ``call``), sent
+        now."""
+        self._steps[ref] = (u, rows, call, time.monotonic())
 
-    def pop(self, ref: Any) -> tuple[int, slice]:
-        u, rows, _ = self._steps.pop(ref)
-        return u, rows
+    def pop(self, ref: Any) -> tuple[int, slice, Any]:
+        u, rows, call, _ = self._steps.pop(ref)
+        return u, rows, call
 
     def clear(self) -> None:
         self._steps.clear()
@@ -40,7 +42,7 @@ class InFlightSteps:
         step is in flight."""
         timeout = None
         if self.timeout_s is not None:
-            oldest = min(sent for _, _, sent in self._steps.values())
+            oldest = min(sent for _, _, _, sent in self._steps.values())
             timeout = max(0.0, oldest + self.timeout_s - time.monotonic())
         done, _ = self.ray.wait(list(self._steps), num_returns=1, timeout=timeout)
         return done[0] if done else None
@@ -54,23 +56,23 @@ class InFlightSteps:
         ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=wait_s)
         return ready
 
-    def pop_expired(self) -> Iterator[tuple[Any, int, slice, RemoteTimeoutError]]:
-        """Yields the steps past their deadline, each one's ref, actor, rows and the error
+    def pop_expired(self) -> Iterator[tuple[Any, int, slice, Any, RemoteTimeoutError]]:
+        """Yields the steps past their deadline, each one's ref, actor, rows, send and the error
         that says it timed out (the actor is to be treated as dead); each is forgotten
         as it is yielded, so a consumer that raises leaves the rest in flight."""
         timeout, now = self.timeout_s, time.monotonic()
         if timeout is None:
             return
-        expired = [ref for ref, (_, _, sent) in self._steps.items() if now - sent >= timeout]
+        expired = [ref for ref, (_, _, _, sent) in self._steps.items() if now - sent >= timeout]
         for ref in expired:
-            u, rows = self.pop(ref)
+            u, rows, call = self.pop(ref)
             error = RemoteTimeoutError(
                 f"Ray env actor {u} (sub-envs {rows.start}..{rows.stop - 1}) did not "
                 f"answer a step within step_timeout_s={timeout}s; it is treated as dead."
             )
             # As a WorkerError's: who timed out, for callers that handle it.
             error.worker_index, error.env_indices = u, range(rows.start, rows.stop)
-            yield ref, u, rows, error
+            yield ref, u, rows, call, error
 
     def discard(self) -> None:
         """Waits for the steps in flight (each up to the timeout) and forgets them,

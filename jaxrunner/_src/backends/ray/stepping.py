@@ -78,7 +78,6 @@ class ActorStepping(RemoteSubEnvs):
         self._in_flight = InFlightSteps(actors.ray, self.config.step_timeout_s)
         self._calls: list[Call] = []
         """Sends not yet received, in send order (ready-first: one per actor)."""
-        self._owner: dict[Any, Call] = {}  # actor step ref -> its send
         self._pending: dict[int, BaseException] = {}
         """Envs of replaced actors whose slot has not failed yet, and why: it fails in
         their next send, unstepped (a step already answered by the dead actor stays)."""
@@ -273,9 +272,8 @@ class ActorStepping(RemoteSubEnvs):
                 mine = part if run == rows else self._kind.part(part, at)
                 self._actors.progress.sending(run)
                 ref = actor.step.remote(run.start - unit.start, run.stop - unit.start, mine)
-                self._in_flight.add(ref, u, run)
+                self._in_flight.add(ref, u, run, call)
                 call.steps[ref] = actor
-                self._owner[ref] = call
         self._calls.append(call)
         return call
 
@@ -306,33 +304,31 @@ class ActorStepping(RemoteSubEnvs):
                 if ref is not None:
                     self._take(ref)
                     continue
-                for ref, u, rows, cause in list(self._in_flight.pop_expired()):
-                    self._lose(ref, u, rows, cause)
+                for ref, u, rows, owner, cause in list(self._in_flight.pop_expired()):
+                    self._lose(ref, u, rows, owner, cause)
         except Exception:
             self._discard()
             raise
 
     def _take(self, ref: Any) -> None:
         """Actor step ``ref``'s reply, into its send (a dead actor's: lost)."""
-        u, rows = self._in_flight.pop(ref)
+        u, rows, call = self._in_flight.pop(ref)
         try:
             reply = self._actors.ray.get(ref)
         except Exception as err:
             cause = self._actors.remote_error(err, u, "step")
             if not isinstance(cause, WorkerError):  # raised by a sub-env
                 raise cause  # noqa: B904  (remote_error chained the cause)
-            self._lose(ref, u, rows, cause)
+            self._lose(ref, u, rows, call, cause)
             return
-        call = self._owner.pop(ref)
         del call.steps[ref]
         call.replies.append((u, rows, reply))
 
-    def _lose(self, ref: Any, u: int, rows: slice, cause: BaseException) -> None:
-        """Actor ``u``'s step ``ref`` (envs ``rows``) died with its actor: the actor is
-        replaced (its reset written to all of its rows, which are pending from then on)
-        unless a step of another send already replaced it; the envs' slots fail with
-        ``cause``, each counted lost, unrun or (the one under way) neither."""
-        call = self._owner.pop(ref)
+    def _lose(self, ref: Any, u: int, rows: slice, call: Call, cause: BaseException) -> None:
+        """Actor ``u``'s step ``ref`` (envs ``rows`` of send ``call``) died with its actor:
+        the actor is replaced (its reset written to all of its rows, which are pending
+        from then on) unless a step of another send already replaced it; the envs' slots
+        fail with ``cause``, each counted lost, unrun or (the one under way) neither."""
         lost, unrun = self._actors.progress.count(u, rows)
         self.num_lost_steps += lost
         self.num_unrun_steps += unrun
@@ -384,7 +380,6 @@ class ActorStepping(RemoteSubEnvs):
         """Drops the sends in flight (see :meth:`InFlightSteps.discard`)."""
         self._in_flight.discard()
         self._calls.clear()
-        self._owner.clear()
 
     def _check_idle(self, what: str) -> None:
         if self._calls:
@@ -397,4 +392,3 @@ class ActorStepping(RemoteSubEnvs):
         self._actors.close()
         self._in_flight.clear()
         self._calls.clear()
-        self._owner.clear()
