@@ -259,8 +259,12 @@ def shutdown(res: Resources, timeout_s: float = 2.0) -> None:
     shared memory. Safe to call at interpreter exit and more than once."""
     workers, res.workers = res.workers, []
     close = protocol.call_message(-1, "close", ())
-    for worker in workers:
-        worker.ask_to_close(close)
+    for worker in workers:  # the main process's share closes here and now
+        if worker.in_main_process:
+            worker.kill()
+        else:
+            worker.ask_to_close(close)
+    workers = [worker for worker in workers if not worker.in_main_process]
     # By pid, never by the multiprocessing handle: with the fork server dead it calls
     # live workers dead (exit code 255) and a hung worker would outlive us.
     deadline = time.monotonic() + timeout_s

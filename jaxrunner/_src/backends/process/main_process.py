@@ -35,8 +35,8 @@ class MainProcessWorker(Worker):
 
 class MainProcessHandle:
     """The pool's handle of worker 0 when it is the main process (see the module
-    docstring): the same calls as a :class:`~.handle.WorkerHandle`. It never dies nor
-    times out; closing it closes its sub-envs."""
+    docstring): the pool's calls of a :class:`~.handle.WorkerHandle`. It never dies nor
+    times out; :func:`~.handle.shutdown` kills it, which closes its sub-envs."""
 
     in_main_process = True
     pid = None
@@ -75,20 +75,6 @@ class MainProcessHandle:
         self.inflight.pop(got, None)
         return got, status, payload
 
-    # -- shutdown (see handle.shutdown)
-
-    def ask_to_close(self, message: bytes) -> None:
-        self.kill()
-
-    def wait_gone(self, timeout_s: float) -> bool:
-        return True
-
-    def signal(self, signum: int) -> None:
-        pass
-
     def kill(self) -> None:
         self._commands.clear()
         self.worker.close()
-
-    def release(self) -> None:
-        pass
