@@ -28,10 +28,6 @@ LOST = -1
 """A reply status of ours: the worker was replaced before it answered (:meth:`WorkerPool.
 take_lost` says why)."""
 
-LostHook = Callable[[WorkerLost, bool], BaseException]
-"""``(lost, fatal) -> error``: replaces a lost worker and returns the error its
-sub-envs failed with, or closes the vector env and raises."""
-
 
 class WorkerPool:
     """The worker processes, their commands and replies.
@@ -65,8 +61,8 @@ class WorkerPool:
         self.memory_message = b""
         """The ``OP_MEMORY`` payload: the pickled layout, restart policy and the
         worker's spin budget."""
-        self.on_lost: LostHook | None = None
-        """Set by the vector env: what a lost worker means (:mod:`.recovery`)."""
+        self.on_lost: Callable[[WorkerLost, bool], BaseException] | None = None
+        """Set by the vector env: what a lost worker means (``WorkerRecovery.worker_lost``)."""
         self.close_after: Callable[[str], None] = lambda reason: None
         """Set by the vector env: closes it after a failure it cannot go on from."""
         self._seq = 0
@@ -125,7 +121,8 @@ class WorkerPool:
         return pickle.loads(payload) if payload else None
 
     def lost_worker(self, lost: WorkerLost, fatal: bool = False) -> BaseException:
-        """Hands a lost worker to the ``on_lost`` hook (see :data:`LostHook`)."""
+        """Hands a lost worker to :attr:`on_lost`: replaced (returns the error its
+        sub-envs failed with), or the vector env closed and the error raised."""
         assert self.on_lost is not None  # internal: set before any step
         return self.on_lost(lost, fatal)
 
