@@ -50,6 +50,7 @@ class WorkerHandle:
     sock: socket.socket
     pid: int | None
     poller: Any  # select.poll: waits for a reply with a deadline
+    timeout_s: float | None  # step_timeout_s: how long each command may take
     inflight: dict[int, float] = dataclasses.field(default_factory=dict)
     """Commands sent and not yet answered: seq -> deadline (oldest first; the worker
     answers in order, so the first is the next reply's)."""
@@ -103,13 +104,14 @@ class WorkerHandle:
             f"{self.envs.start}..{self.envs.stop - 1})"
         )
 
-    def send(self, message: bytes, seq: int, timeout_s: float | None) -> None:
+    def send(self, message: bytes, seq: int) -> None:
         """Sends a packed command numbered ``seq``, to be answered within
-        ``timeout_s``; raises :class:`WorkerLost` if the worker is gone."""
+        :attr:`timeout_s`; raises :class:`WorkerLost` if the worker is gone."""
         try:
             self.sock.sendall(message)
         except OSError as err:
             raise self.died() from err
+        timeout_s = self.timeout_s
         self.inflight[seq] = math.inf if timeout_s is None else time.monotonic() + timeout_s
 
     def send_fd(self, fd: int) -> None:
@@ -119,13 +121,10 @@ class WorkerHandle:
         except OSError as err:
             raise self.died() from err
 
-    def read(
-        self, timeout_s: float | None, spin: protocol.Spin | None = None
-    ) -> tuple[int, int, bytes]:
+    def read(self, spin: protocol.Spin | None = None) -> tuple[int, int, bytes]:
         """The next reply ``(seq, status, payload)``, waiting no longer than the
         deadline of the oldest command (busy-waiting as ``spin`` says first); raises
-        :class:`WorkerLost` (and the worker is dead) if it died or missed the deadline
-        (``timeout_s`` is only quoted)."""
+        :class:`WorkerLost` (and the worker is dead) if it died or missed the deadline."""
         if spin is not None:
             spin.until_readable(self.poller.poll)
         deadline = next(iter(self.inflight.values()), math.inf)
@@ -133,7 +132,7 @@ class WorkerHandle:
             remaining_ms = max(0.0, deadline - time.monotonic()) * 1000
             if not self.poller.poll(math.ceil(remaining_ms)):
                 reason = (
-                    f"{self.describe()} did not answer within step_timeout_s={timeout_s} s "
+                    f"{self.describe()} did not answer within step_timeout_s={self.timeout_s} s "
                     "(a sub-env hangs, or the machine is overloaded)"
                 )
                 self.kill()
@@ -223,7 +222,9 @@ def spawn_worker(
     deadline = {protocol.START_REPORT_SEQ: start_deadline(step_timeout_s)}
     stat = None if process.pid is None else _proc_stat(process.pid)
     started = None if stat is None else stat[1]
-    return WorkerHandle(index, envs, process, mine, process.pid, poller, deadline, started)
+    return WorkerHandle(
+        index, envs, process, mine, process.pid, poller, step_timeout_s, deadline, started
+    )
 
 
 def start_deadline(step_timeout_s: float | None) -> float:

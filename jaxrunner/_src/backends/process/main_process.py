@@ -55,16 +55,14 @@ class MainProcessHandle:
         except Exception as err:
             self.worker.error(protocol.START_REPORT_SEQ, err)
 
-    def send(self, message: bytes, seq: int, timeout_s: float | None) -> None:
+    def send(self, message: bytes, seq: int) -> None:
         self._commands.append(message)
         self.inflight[seq] = math.inf
 
     def send_fd(self, fd: int) -> None:
         self.worker.fd = fd
 
-    def read(
-        self, timeout_s: float | None, spin: protocol.Spin | None = None
-    ) -> tuple[int, int, bytes]:
+    def read(self, spin: protocol.Spin | None = None) -> tuple[int, int, bytes]:
         """The next reply: the oldest command runs now, in this thread."""
         replies = self.worker.replies
         if not replies:

@@ -106,14 +106,14 @@ class WorkerPool:
         self._seq += 1
         seq = self._seq
         message = protocol.COMMAND.pack(op, seq, lo, hi, len(payload)) + payload
-        self.workers[w].send(message, seq, self.step_timeout_s)
+        self.workers[w].send(message, seq)
         return seq
 
     def expect(self, w: int, seq: int) -> Any:
         """The unpickled result of command ``seq`` (no stash: start-up only), or its
         error raised here; raises :class:`WorkerLost`."""
         while True:
-            got, status, payload = self.workers[w].read(self.step_timeout_s)
+            got, status, payload = self.workers[w].read()
             if got == seq:
                 break
         if status != protocol.STATUS_OK:
@@ -185,7 +185,7 @@ class WorkerPool:
 
     def _read(self, w: int) -> None:
         try:
-            got, status, payload = self.workers[w].read(self.step_timeout_s, self.spin)
+            got, status, payload = self.workers[w].read(self.spin)
         except WorkerLost as lost:
             self.lost_worker(lost)
             return
