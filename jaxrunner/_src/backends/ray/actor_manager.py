@@ -150,11 +150,6 @@ class ActorPool:
                 "(fractions allowed) or envs per actor, or add nodes."
             ) from err
 
-    def call_each(self, method: str, *args: Any) -> tuple[Any, ...]:
-        """``method(*args)`` on every actor, its per-sub-env results in one tuple."""
-        parts = self.get_all([getattr(a, method).remote(*args) for a in self.actors], None)
-        return tuple(x for part in parts for x in part)
-
     def set_attr(self, name: str, values: list[Any]) -> None:
         """Sets attribute ``name`` of every sub-env (``values``: one per sub-env)."""
         refs = [

@@ -222,7 +222,9 @@ class ActorStepping(RemoteSubEnvs):
         return self._actors.on_sub_env(index, method, args)
 
     def _ask_each(self, method: str, *args: Any) -> tuple[Any, ...]:
-        return self._actors.call_each(method, *args)
+        actors = self._actors
+        parts = actors.get_all([getattr(a, method).remote(*args) for a in actors.actors], None)
+        return tuple(x for part in parts for x in part)
 
     def _set_each(self, name: str, values: list[Any]) -> None:
         self._actors.set_attr(name, values)
