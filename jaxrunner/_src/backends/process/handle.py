@@ -163,14 +163,6 @@ class WorkerHandle:
         self.kill()
         return WorkerLost(self.index, self.envs, f"{description} {what}", timed_out=False)
 
-    def ask_to_close(self, message: bytes) -> None:
-        """Sends the close command ``message`` (a worker gone already cannot hear it)."""
-        try:
-            self.sock.settimeout(0.5)
-            self.sock.sendall(message)
-        except OSError:
-            pass
-
     def release(self) -> None:
         """Frees the handle's process sentinel and socket (once the worker is gone)."""
         with contextlib.suppress(ValueError):  # a kill() already closed it
@@ -263,8 +255,10 @@ def shutdown(res: Resources, timeout_s: float = 2.0) -> None:
     for worker in workers:  # the main process's share closes here and now
         if worker.in_main_process:
             worker.kill()
-        else:
-            worker.ask_to_close(close)
+        else:  # asked (a worker gone already cannot hear it)
+            with contextlib.suppress(OSError):
+                worker.sock.settimeout(0.5)
+                worker.sock.sendall(close)
     workers = [worker for worker in workers if not worker.in_main_process]
     # By pid, never by the multiprocessing handle: with the fork server dead it calls
     # live workers dead (exit code 255) and a hung worker would outlive us.
