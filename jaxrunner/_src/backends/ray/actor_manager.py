@@ -167,10 +167,6 @@ class ActorPool:
         except Exception as err:
             raise self.remote_error(err, u, method)  # noqa: B904  (chained as it should be)
 
-    def num_restarts(self) -> int:
-        """Sub-envs recreated inside the current actors."""
-        return sum(self.get_all([a.num_restarts.remote() for a in self.actors], None))
-
     def kill(self, actor: Any) -> None:
         try:  # noqa: SIM105
             self.ray.kill(actor, no_restart=True)

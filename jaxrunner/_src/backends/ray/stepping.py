@@ -96,7 +96,8 @@ class ActorStepping(RemoteSubEnvs):
     def num_restarts(self) -> int:
         """Sub-envs recreated inside the current actors (a replaced actor's count is
         lost with it; :attr:`num_actor_restarts` counts replaced actors)."""
-        return self._actors.num_restarts()
+        actors = self._actors
+        return sum(actors.get_all([a.num_restarts.remote() for a in actors.actors], None))
 
     @property
     def num_actor_restarts(self) -> int:
