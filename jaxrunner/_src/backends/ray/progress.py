@@ -74,10 +74,6 @@ class ProgressMarks:
         self.flags[unit] = 0
         return SharedMarks(self._path, self._token, self.num_units, self.num_envs, unit)
 
-    def sending(self, rows: slice) -> None:
-        """The sub-envs of ``rows`` are about to be sent a step."""
-        self.marks[rows] = NOT_RUN
-
     def count(self, unit: int, rows: slice) -> tuple[int, int]:
         """Of ``rows``, a dead actor's step: how many sub-envs had completed it (their
         results lost) and how many never started it; (0, 0) where the actor did not

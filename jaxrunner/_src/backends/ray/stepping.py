@@ -18,6 +18,7 @@ from jaxrunner._src.backends.ray.deadlines import InFlightSteps
 from jaxrunner._src.backends.ray.kinds import AgentRows, Answer, GymnasiumRows
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
+from jaxrunner._src.backends.sub_env_block import NOT_RUN
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, WorkerError
 
 
@@ -273,7 +274,7 @@ class ActorStepping(RemoteSubEnvs):
             for run in self._unrun(rows, call):
                 at = slice(run.start - rows.start, run.stop - rows.start)
                 mine = part if run == rows else self._kind.part(part, at)
-                self._actors.progress.sending(run)
+                self._actors.progress.marks[run] = NOT_RUN
                 ref = actor.step.remote(run.start - unit.start, run.stop - unit.start, mine)
                 self._in_flight.add(ref, u, run, call)
                 call.steps[ref] = actor
