@@ -4,11 +4,13 @@ with one wording for every refusal: ``where(name=value): expected <what>; got <t
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+
+C = TypeVar("C")
 
 
 def is_int(value: Any, low: float = 1, high: float = math.inf) -> bool:
@@ -77,6 +79,18 @@ def check_bool(where: str, name: str, value: Any) -> bool:
         what = "True or False"
         raise InvalidArgumentTypeError(refusal(where, name, value, what, None, "", False))
     return bool(value)
+
+
+def check_config(where: str, config: Any, cls: type[C]) -> C:
+    """``config`` as a ``cls`` (None: the defaults, ``cls()``); anything else refused."""
+    if config is None:
+        return cls()
+    if not isinstance(config, cls):
+        got = type(config).__name__
+        raise InvalidArgumentTypeError(
+            f"{where}(config=...): expected a jaxrunner.{cls.__name__}, got {got}."
+        )
+    return config
 
 
 def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from jaxrunner._src.arg_checks import check_bool, check_int, check_number
 from jaxrunner._src.backends.process.launch import (
@@ -11,7 +10,7 @@ from jaxrunner._src.backends.process.launch import (
     START_METHODS,
     available_cpus,
 )
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.errors import InvalidArgumentError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -98,16 +97,6 @@ class ProcessConfig:
                 "steps its share in lockstep, which a ready-first env cannot wait for. Use "
                 "main_process_envs=0 (or None) with ready_first=True, or ready_first=False."
             )
-
-
-def checked_config(config: Any, where: str) -> ProcessConfig:
-    """``config`` (None: the defaults); raises unless it is a ProcessConfig."""
-    config = ProcessConfig() if config is None else config
-    if not isinstance(config, ProcessConfig):
-        raise InvalidArgumentTypeError(
-            f"{where}(config=...): expected a jaxrunner.ProcessConfig, got {type(config).__name__}."
-        )
-    return config
 
 
 DEFAULT_SPIN_WAIT_US = 2000.0

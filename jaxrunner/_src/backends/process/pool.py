@@ -236,11 +236,6 @@ class WorkerPool:
             raise self.remote_exception(*protocol.first_error(errors))
         return results
 
-    def call_each_env(self, method: str, args: tuple = ()) -> tuple[Any, ...]:
-        """``method(*args)`` in every worker, its per-sub-env results in one tuple."""
-        parts = self.call_all(method, [args] * len(self.workers))
-        return tuple(x for part in parts for x in part)
-
     def remote_exception(self, w: int, remote: protocol.RemoteError) -> BaseException:
         """Worker ``w``'s error as an exception of this process, its traceback chained."""
         worker = self.workers[w]

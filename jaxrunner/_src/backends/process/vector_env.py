@@ -11,10 +11,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import jaxrunner._src.backends.process.protocol as protocol
+from jaxrunner._src.arg_checks import check_config
 from jaxrunner._src.backends.base import VectorEnv, check_env_fns, check_seed_count
 from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
-from jaxrunner._src.backends.process.config import ProcessConfig, checked_config
+from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.process.handle import shutdown
 from jaxrunner._src.backends.process.shared import BlockLayout, Layout
 from jaxrunner._src.backends.process.transport import ProcessTransport, Report
@@ -46,7 +47,7 @@ class ProcessBackend(RemoteSubEnvs):
         by :func:`~.make.make_process_vec` to learn the kind); a failure closes the
         vector env before it raises."""
         self._closed_reason = "construction failed"  # until the workers are up
-        config = checked_config(config, where)
+        config = check_config(where, config, ProcessConfig)
         check_restart_policy(where, restart_policy)
         check_env_fns(where, env_fns)
         self.config, self.restart_policy = config, restart_policy
@@ -180,7 +181,8 @@ class ProcessBackend(RemoteSubEnvs):
         return self._call_worker_of(index, "on_sub_env", (index, method, args))
 
     def _ask_each(self, method: str, *args: Any) -> tuple[Any, ...]:
-        return self._pool.call_each_env(method, args)
+        parts = self._pool.call_all(method, [args] * len(self._pool.workers))
+        return tuple(x for part in parts for x in part)
 
     def _set_each(self, name: str, values: list[Any]) -> None:
         pool = self._pool

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxrunner._src.arg_checks import check_config
 from jaxrunner._src.backends.base import check_env_fns, check_seed_count
 from jaxrunner._src.backends.batch_step import EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
@@ -19,7 +20,7 @@ from jaxrunner._src.backends.ray.kinds import AgentRows, Answer, GymnasiumRows
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.sub_env_block import NOT_RUN
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError, WorkerError
+from jaxrunner.errors import InvalidArgumentError, WorkerError
 
 
 class Call:
@@ -57,12 +58,9 @@ class ActorStepping(RemoteSubEnvs):
         self._closed_reason = "construction failed"  # until the actors are up
         where = type(self).__name__
         check_env_fns(where, env_fns)
-        if config is not None and not isinstance(config, RayConfig):
-            raise InvalidArgumentTypeError(
-                f"{where}(config=...): expected a jaxrunner.RayConfig, got {type(config).__name__}."
-            )
+        config = check_config(where, config, RayConfig)
         check_restart_policy(where, restart_policy)
-        self.config, self.restart_policy, self._kind = config or RayConfig(), restart_policy, kind
+        self.config, self.restart_policy, self._kind = config, restart_policy, kind
         self.num_envs = len(env_fns)
         ready_first = self.config.ready_first
         self.capabilities = Capabilities(
