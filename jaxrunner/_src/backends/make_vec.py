@@ -224,18 +224,16 @@ def make_gymnasium_vec(
             f"one of {[m.value for m in gymnasium.VectorizeMode]} (or None for the env's own "
             "vector implementation where it has one)."
         ) from err
-    if mode is None:
-        try:
-            spec = gymnasium.spec(env_id)
-        except gymnasium.error.NamespaceNotFound as err:
-            raise with_namespace_hint(err, env_id) from err
-        has_own = spec.vector_entry_point is not None
-        mode = (
-            gymnasium.VectorizeMode.VECTOR_ENTRY_POINT if has_own else gymnasium.VectorizeMode.SYNC
-        )
-    if mode != gymnasium.VectorizeMode.VECTOR_ENTRY_POINT:
-        vector_kwargs = {"autoreset_mode": AutoresetMode.SAME_STEP, **(vector_kwargs or {})}
-    try:
+    try:  # an id in an unknown namespace: at the spec lookup, or at make_vec
+        if mode is None:
+            has_own = gymnasium.spec(env_id).vector_entry_point is not None
+            mode = (
+                gymnasium.VectorizeMode.VECTOR_ENTRY_POINT
+                if has_own
+                else gymnasium.VectorizeMode.SYNC
+            )
+        if mode != gymnasium.VectorizeMode.VECTOR_ENTRY_POINT:
+            vector_kwargs = {"autoreset_mode": AutoresetMode.SAME_STEP, **(vector_kwargs or {})}
         env = gymnasium.make_vec(
             env_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **kwargs
         )
