@@ -81,15 +81,18 @@ def factories_for(
     env: EnvSpec, env_kwargs: dict[str, Any], backend: str, num_envs: int
 ) -> list[Callable[[], gymnasium.Env]]:
     """One factory per sub-env."""
-    if isinstance(env, str) or callable(env):
-        return [factory_for(env, env_kwargs, backend)] * num_envs
+    if isinstance(env, str):
+        return [GymnasiumMake(env, env_kwargs, backend)] * num_envs
+    if env_kwargs and (callable(env) or isinstance(env, Sequence)):
+        given, yours = ("<callable>", "callable") if callable(env) else ("[...]", "factories")
+        raise InvalidArgumentTypeError(
+            f"make_vec(env={given}, {', '.join(env_kwargs)}=...): keyword arguments are "
+            "passed to gymnasium.make and only apply to env ids; bind them in your "
+            f"{yours} instead (e.g. functools.partial)."
+        )
+    if callable(env):
+        return [cast(Callable[[], gymnasium.Env], env)] * num_envs
     if isinstance(env, Sequence):
-        if env_kwargs:
-            raise InvalidArgumentTypeError(
-                f"make_vec(env=[...], {', '.join(env_kwargs)}=...): keyword arguments are "
-                "passed to gymnasium.make and only apply to env ids; bind them in your "
-                "factories instead (e.g. functools.partial)."
-            )
         if len(env) != num_envs:
             raise InvalidArgumentError(
                 f"make_vec(env=[...], num_envs={num_envs}): {len(env)} factories for "
@@ -102,20 +105,6 @@ def factories_for(
                     f"zero-argument callable returning {ENV_KINDS}."
                 )
         return list(env)
-    return [factory_for(env, env_kwargs, backend)]
-
-
-def factory_for(env: Any, env_kwargs: dict[str, Any], backend: str) -> Callable[[], gymnasium.Env]:
-    if isinstance(env, str):
-        return GymnasiumMake(env, env_kwargs, backend)
-    if callable(env):
-        if env_kwargs:
-            raise InvalidArgumentTypeError(
-                f"make_vec(env=<callable>, {', '.join(env_kwargs)}=...): keyword arguments "
-                "are passed to gymnasium.make and only apply to env ids; bind them in your "
-                "callable instead (e.g. functools.partial)."
-            )
-        return cast(Callable[[], gymnasium.Env], env)
     built = ""
     if callable(getattr(env, "step", None)):
         built = (
