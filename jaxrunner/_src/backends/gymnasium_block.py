@@ -216,12 +216,6 @@ class GymnasiumBlock(SubEnvBlock):
     def _fail_slot(self, i: int) -> None:
         fail_slot(self.buffers, self.obs_space, i)
 
-    def _get(self, env: Any, name: str) -> Any:
-        return env.get_wrapper_attr(name)
-
-    def _set(self, env: Any, name: str, value: Any) -> None:
-        env.set_wrapper_attr(name, value)
-
 
 def _array_leaf(space: gymnasium.Space) -> tuple[np.dtype, tuple[int, ...]] | None:
     """The dtype and shape of an array observation space's elements; None for the others

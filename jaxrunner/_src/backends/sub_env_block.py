@@ -194,27 +194,17 @@ class SubEnvBlock(abc.ABC):
         """Takes a :meth:`restart_state` as ``envs[j]``'s."""
         self._seeds[j], self._restarts[j] = state
 
-    # -- every sub-env's attributes ----------------------------------------------------
-
-    def _get(self, env: Any, name: str) -> Any:
-        return getattr(env, name)
-
-    def _set(self, env: Any, name: str, value: Any) -> None:
-        setattr(env, name, value)
+    # -- every sub-env's attributes, each reached as a handle's request reaches one ----
 
     def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-        results = []
-        for env in self.envs:
-            attr = self._get(env, name)
-            results.append(attr(*args, **kwargs) if callable(attr) else attr)
-        return results
+        return [run_on_env(env, "call", (name, args, kwargs)) for env in self.envs]
 
     def get_attr(self, name: str) -> list[Any]:
-        return [self._get(env, name) for env in self.envs]
+        return [run_on_env(env, "get_attr", (name,)) for env in self.envs]
 
     def set_attr(self, name: str, values: Sequence[Any]) -> None:
         for env, value in zip(self.envs, values):
-            self._set(env, name, value)
+            run_on_env(env, "set_attr", (name, value))
 
     def render(self) -> list[Any]:
         return [env.render() for env in self.envs]
