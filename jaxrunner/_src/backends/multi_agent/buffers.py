@@ -16,18 +16,6 @@ from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.allocators import Allocator, Zeros
 from jaxrunner._src.core.agent_groups import AgentGroup
 
-FIELDS = (
-    "obs",
-    "acting",
-    "agent_start",
-    "completed",
-    "reward",
-    "terminated",
-    "truncated",
-    "next_obs",
-)
-"""The arrays of :class:`GroupBuffers` (its flat row views aside)."""
-
 
 @dataclasses.dataclass
 class GroupBuffers:
@@ -100,6 +88,10 @@ class GroupBuffers:
         self.reward[rows] = 0.0
         self.terminated[rows] = False
         self.truncated[rows] = False
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(GroupBuffers) if not f.name.endswith("_rows"))
+"""The arrays of :class:`GroupBuffers` (its flat row views aside)."""
 
 
 class AgentStepBuffers(NamedTuple):
