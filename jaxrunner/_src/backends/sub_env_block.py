@@ -27,8 +27,10 @@ EnvFactory = Callable[[], Any]
 """A zero-argument callable returning a sub-env (a gymnasium env, or a PettingZoo
 ``ParallelEnv`` or ``AECEnv``)."""
 
-# Per sub-env progress of a step, written to the caller's ``status`` array: a process
-# worker's shared marks tell the main process which steps a dead worker had done.
+# Per sub-env progress of a step, in the caller's ``status`` array: NOT_RUN (set by the
+# sender before a step), RUNNING while env.step runs (left after a step that failed),
+# DONE once it returned a valid transition. A dead worker's or actor's shared marks
+# tell the main process which of its steps were done and which never ran.
 NOT_RUN, RUNNING, DONE = 0, 1, 2
 Marks = MutableSequence[int] | np.ndarray
 """Where a block writes its marks (a process worker's or Ray actor's are shared)."""

@@ -24,12 +24,6 @@ from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot
 from jaxrunner._src.backends.sub_env_block import SubEnvBlock, failed_mask
 from jaxrunner.errors import InvalidArgumentTypeError, SpaceMismatchError
 
-# Each sub-env's step progress (``status``): the main process sets NOT_RUN before it
-# sends a step; the worker's step loop sets RUNNING while env.step runs (and leaves it
-# after a step that failed) and DONE once the step returned a valid transition (the
-# block's transitions are written when all its sub-envs have stepped). When a worker
-# dies, these marks tell which of its steps were done and which never ran.
-
 
 class Views(NamedTuple):
     """Numpy views of a shared block (all ``[num_envs, ...]``)."""
