@@ -127,12 +127,8 @@ class GroupSampler:
         self.action_spec, self.extras_spec = next(iter(self._calls.values())).env_output_spec
         shape = (num_envs, a_g)
         self.pending_obs = space_arrays.allocate(group.observation_space, shape)
-        self.pending_action = jax.tree.map(
-            lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
-        )
-        self.pending_extras = [
-            np.zeros((*shape, *s.shape[1:]), s.dtype) for s in jax.tree.leaves(self.extras_spec)
-        ]
+        self.pending_action = _zeros(self.action_spec, shape)
+        self.pending_extras = jax.tree.leaves(_zeros(self.extras_spec, shape))
         self.pending_leaves = (
             tree_leaves(self.pending_obs), tree_leaves(self.pending_action), self.pending_extras
         )  # fmt: skip
@@ -327,7 +323,7 @@ class GroupSampler:
         compact sampler's scratch to fill)."""
         shape = (num_steps, self.num_envs, self.group.num_agents)
         space = self.group.observation_space
-        extras = jax.tree.map(lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.extras_spec)
+        extras = _zeros(self.extras_spec, shape)
         if self.infos is not None:
             self.infos.allocate(extras, shape)
         return GroupTrajectory(
@@ -335,9 +331,7 @@ class GroupSampler:
             action=(
                 space_arrays.allocate(self.group.action_space, shape)  # as the env's dtype
                 if self.always_acting
-                else jax.tree.map(
-                    lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), self.action_spec
-                )
+                else _zeros(self.action_spec, shape)
             ),
             reward=np.zeros(shape, np.float64),
             terminated=np.zeros(shape, np.bool_),
@@ -420,6 +414,11 @@ def _put(
             dst[...] = src
         else:
             dst[index] = src  # a setitem: no view made
+
+
+def _zeros(spec: Any, shape: tuple[int, ...]) -> Any:
+    """Zeroed ``[*shape, ...]`` arrays for ``spec``'s ``[rows, ...]`` leaves."""
+    return jax.tree.map(lambda s: np.zeros((*shape, *s.shape[1:]), s.dtype), spec)
 
 
 def tree_leaves(tree: Any) -> list[np.ndarray]:
