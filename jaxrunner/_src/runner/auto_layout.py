@@ -9,7 +9,7 @@ import importlib.util
 import inspect
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium
@@ -96,6 +96,14 @@ def from_env(
             "own arguments, so they would never reach the env. Pass an env factory instead, "
             f"e.g. env=lambda: gymnasium.make(env_id, {taken[0]}=...)."
         )
+
+    def build(backend: str, config: Any) -> Any:
+        spec: Any = env  # an id or a factory: make_vec's overloads type them apart
+        return make_vec(
+            spec, num_envs, backend, config=config, restart_policy=restart_policy,
+            policy_mapping_fn=policy_mapping_fn, **env_kwargs,
+        )  # fmt: skip
+
     choice = None
     if backend == "auto":
         check_vec_options(backend, config, restart_policy)
@@ -106,15 +114,11 @@ def from_env(
         envpool = not multi_agent and envpool_has(env, env_kwargs, restart_policy)
         if choice.backend == "process" or envpool:  # either kind of env: sync or workers
             choice = _trial(
-                runner_cls, choice, env, num_envs, policy, params, seed,
-                restart_policy, env_kwargs, runner_options, envpool, policy_mapping_fn,
+                runner_cls, choice, build, env, num_envs, policy, params, seed, runner_options,
+                envpool,
             )  # fmt: skip
         backend, config = choice.backend, choice.process_config()
-    spec: Any = env  # an id or a factory: make_vec's overloads type them apart
-    envs = make_vec(
-        spec, num_envs, backend, config=config, restart_policy=restart_policy,
-        policy_mapping_fn=policy_mapping_fn, **env_kwargs,
-    )  # fmt: skip
+    envs = build(backend, config)
     if choice is not None:
         envs.layout_choice = choice
     try:
@@ -127,21 +131,20 @@ def from_env(
 def _trial(
     runner_cls: type,
     rule: LayoutChoice,
+    build: Callable[[str, Any], Any],
     env: EnvSpec,
     num_envs: int,
     policy: Policy | Mapping[str, Policy],
     params: Params,
     seed: int,
-    restart_policy: RestartPolicy | None,
-    env_kwargs: dict[str, Any],
     runner_options: dict[str, Any],
     envpool: bool = False,
-    policy_mapping_fn: PolicyMappingFn | None = None,
 ) -> LayoutChoice:
     """Times sync against the process layouts of :func:`trial_workers` (where the rule
     chose workers) and, with ``envpool``, the ``"envpool"`` backend (where its spaces
     are the sync envs'), with the policy (more rounds where they are close:
-    :data:`CLOSE`); returns the fastest (:func:`pick_layout`). A layout other than
+    :data:`CLOSE`; ``build(backend, config)``: :func:`from_env`'s envs of a layout);
+    returns the fastest (:func:`pick_layout`). A layout other than
     sync that fails (its workers die, say) is dropped, with a warning; a failure of sync
     is the env's, and raises."""
     work_us = rule.env_step_us * num_envs
@@ -187,12 +190,7 @@ def _trial(
                     layout = dataclasses.replace(
                         rule, backend="process" if key else "sync", num_workers=int(key)
                     )
-                    spec: Any = env  # (as in from_env)
-                    envs = make_vec(
-                        spec, num_envs, layout.backend, config=layout.process_config(),
-                        restart_policy=restart_policy, policy_mapping_fn=policy_mapping_fn,
-                        **env_kwargs,
-                    )  # fmt: skip
+                    envs = build(layout.backend, layout.process_config())
                 runners[key] = runner_cls(envs, policy, params, length, seed, **options)
             except BaseException as err:
                 if envs is not None:  # the runner never owned them
