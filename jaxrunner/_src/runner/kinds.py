@@ -13,7 +13,7 @@ from jaxrunner._src.backends.capabilities import is_multi_agent
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.connectors.per_group import per_policy_connectors
 from jaxrunner._src.connectors.pipeline import Connectors
-from jaxrunner._src.core.agent_groups import DEFAULT_POLICY_ID, ONE_AGENT, AgentGroup
+from jaxrunner._src.core.agent_groups import DEFAULT_POLICY_ID, ONE_AGENT
 from jaxrunner._src.core.episode import (
     AgentEpisode,
     Episode,
@@ -56,10 +56,6 @@ class AgentGroups:
     def __init__(self, envs: Any) -> None:
         self.envs = envs
 
-    @property
-    def groups(self) -> tuple[AgentGroup, ...]:
-        return self.envs.groups
-
     def to_policy_dict(self, value: Any, where: str) -> dict[str, Any]:
         ids = self.envs.policy_ids
         if not isinstance(value, Mapping) or not set(value) <= set(ids):
@@ -77,14 +73,14 @@ class AgentGroups:
     def connectors(self, value: Any) -> tuple[Any, dict[str, Connectors]]:
         """``value`` checked: as ``runner.connectors`` shows it, and by policy id (the
         groups with connectors only)."""
-        by_id = per_policy_connectors(value, self.groups)
+        by_id = per_policy_connectors(value, self.envs.groups)
         return by_id, by_id
 
     def new_state(self, params: dict[str, Params], metrics: MetricsConfig) -> RunnerState:
         agents = self.envs.possible_agents
         return RunnerState(
             params=params,
-            metrics=RunnerMetrics(metrics, {g.policy_id: g.agents for g in self.groups}),
+            metrics=RunnerMetrics(metrics, {g.policy_id: g.agents for g in self.envs.groups}),
             episodes=agent_episode_joiner(agents),
             callback_episodes=agent_episode_joiner(agents),
         )
@@ -145,7 +141,7 @@ class AgentGroups:
         checked against its action space, before any env is stepped (the scan sampler
         checks it while tracing)."""
         num_envs = self.envs.num_envs
-        for g in self.groups:
+        for g in self.envs.groups:
             spec = samplers[g.policy_id].action_spec
             try:
                 space_arrays.check_policy_actions(g.action_space, spec, num_envs * g.num_agents)
@@ -175,7 +171,7 @@ class AgentGroups:
             state=runner.state,
             sampler=sampler,
             envs=self.envs,
-            groups=self.groups,
+            groups=self.envs.groups,
             episode_type=self.episode_type,
             rollout_length=runner.rollout_length,
             seed=runner.seed,
@@ -212,7 +208,7 @@ class AgentGroups:
         return loaded
 
     def spaces(self) -> dict[str, Any]:
-        groups = self.groups
+        groups = self.envs.groups
         return {
             "observation_space": {g.policy_id: g.observation_space for g in groups},
             "action_space": {g.policy_id: g.action_space for g in groups},
