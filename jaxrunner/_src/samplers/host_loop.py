@@ -22,7 +22,7 @@ from jaxrunner._src.samplers.buffer_pool import BufferPool
 from jaxrunner._src.samplers.callbacks import Callbacks, LiveEpisode
 from jaxrunner._src.samplers.episode_ids import EpisodeBook
 from jaxrunner._src.samplers.group_step import GroupSampler
-from jaxrunner._src.samplers.info_arrays import ON_STEP_HINT, InfoRecorder
+from jaxrunner._src.samplers.info_arrays import InfoRecorder
 from jaxrunner._src.samplers.live_episodes import LiveEpisodes
 from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import group_cost, pipeline_splits
@@ -34,12 +34,6 @@ from jaxrunner._src.samplers.sampler import (
     attach_partial,
 )
 from jaxrunner.errors import InvalidArgumentError
-
-ON_AGENT_STEP_HINT = (
-    "read this one in a callback (AgentCallbacks.on_episode_step: episode.infos[-1] is the "
-    "step's per-agent infos)"
-)
-"""Where else a multi-agent env's runner user reads an info entry that is not a number."""
 
 
 class HostLoop:
@@ -80,8 +74,13 @@ class HostLoop:
         self.groups: dict[str, GroupSampler] = {}
         self._infos = None
         if setup.info_keys:  # one recorder of the names, shared by the groups
-            hint = ON_STEP_HINT if self._one_agent else ON_AGENT_STEP_HINT
-            self._infos = InfoRecorder(setup.info_keys, elsewhere=hint)
+            hook = (  # where else a runner's user reads an entry that is not a number
+                "Callbacks.on_episode_step: live.infos[-1] is the step's info"
+                if self._one_agent
+                else "AgentCallbacks.on_episode_step: episode.infos[-1] is the step's per-agent "
+                "infos"
+            )
+            self._infos = InfoRecorder(setup.info_keys, f"read this one in a callback ({hook})")
         offset = 0
         for group in envs.groups:
             pid = group.policy_id

@@ -46,12 +46,6 @@ def check_info_keys(info_keys: Any, runner: str = "EnvRunner") -> InfoKeys:
     return keys
 
 
-ON_STEP_HINT = (
-    "read this one in a callback (Callbacks.on_episode_step: live.infos[-1] is the step's info)"
-)
-"""Where else an ``EnvRunner`` user reads an info entry that is not a number."""
-
-
 class InfoRecorder:
     """Records the named entries of each step's infos (or, for :data:`ALL`, every
     numeric entry) into a trajectory buffer's extras: float64 ``[T, B]`` values and
