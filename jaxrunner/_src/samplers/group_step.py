@@ -35,7 +35,7 @@ class _Block:
         self, call: CompiledPolicyStep, lo: int, hi: int, acting: np.ndarray, one_agent: bool
     ) -> None:
         a_g = acting.shape[1]
-        self.call, self.lo, self.hi = call, lo, hi
+        self.call = call
         self.rows = slice(lo, hi)
         self.size = size = (hi - lo) * a_g
         self.lead = (hi - lo, a_g) if not one_agent else (hi - lo,)
@@ -252,7 +252,7 @@ class GroupSampler:
         if self.same_step:
             (obs_dst, action_dst, extras_dst), index = self._traj_leaves[:3], (t, block.rows)
         else:
-            (obs_dst, action_dst, extras_dst), index = self._pending_rows(block.lo, block.hi), None
+            (obs_dst, action_dst, extras_dst), index = self._pending_rows(lo, hi), None
         mask = None if block.all_acting else block.acting
         if mask is None and index is not None:  # every agent acted: no masks
             for dst, src in zip(obs_dst, obs):  # before the send: the env's buffers
