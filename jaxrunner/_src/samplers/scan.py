@@ -66,12 +66,8 @@ class ScanSampler:
         num_envs, seed = envs.num_envs, setup.seed
         policies, connectors = dict(setup.policies), dict(setup.connectors)
         as_groups, params = setup.by_group, setup.params
-        if not as_groups:  # an EnvRunner's one policy (its params as they are): the one group
-            ((one_pid, policy),) = setup.policies.items()
-            params = setup.params[one_pid]
-            pid = envs.groups[0].policy_id
-            policies = {pid: policy}
-            connectors = {pid: setup.connectors[one_pid]} if one_pid in setup.connectors else {}
+        if not as_groups:  # an EnvRunner's one policy, the one group's: its params as they are
+            params = setup.params[envs.groups[0].policy_id]
 
         def start(env_params: Any) -> RolloutState:
             actors, offset = {}, 0
