@@ -153,19 +153,17 @@ class ScanSampler:
             agents=self.agents,
         )
 
-    def get_connector_state(self, policy_id: str | None = None) -> ConnectorsState:
-        """A host copy of the state of ``policy_id``'s connectors (None: the one
-        group's): the statistics the next sample uses."""
-        pid = self.envs.groups[0].policy_id if policy_id is None else policy_id
-        return jax.device_get(actors_of(self.envs, self._state.actor)[pid].connectors)
+    def get_connector_state(self, policy_id: str) -> ConnectorsState:
+        """A host copy of the state of ``policy_id``'s connectors: the statistics the
+        next sample uses."""
+        return jax.device_get(actors_of(self.envs, self._state.actor)[policy_id].connectors)
 
-    def set_connector_state(self, state: ConnectorsState, policy_id: str | None = None) -> None:
-        """Replaces the state of ``policy_id``'s connectors (None: the one group's;
-        shapes as :meth:`get_connector_state`'s); never recompiles."""
-        pid = self.envs.groups[0].policy_id if policy_id is None else policy_id
+    def set_connector_state(self, state: ConnectorsState, policy_id: str) -> None:
+        """Replaces the state of ``policy_id``'s connectors (shapes as
+        :meth:`get_connector_state`'s); never recompiles."""
         actor = self._state.actor
         actors = actors_of(self.envs, actor)
-        actors[pid] = actors[pid].replace(connectors=device_copy(state))
+        actors[policy_id] = actors[policy_id].replace(connectors=device_copy(state))
         self._state = self._state.replace(actor=with_actors(self.envs, actor, actors))
 
     def get_state(self) -> dict[str, Any]:
