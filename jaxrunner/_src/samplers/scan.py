@@ -66,8 +66,10 @@ class ScanSampler:
         num_envs, seed = envs.num_envs, setup.seed
         policies, connectors = dict(setup.policies), dict(setup.connectors)
         as_groups, params = setup.by_group, setup.params
+        run = functools.partial(rollout, envs, policies, connectors, self.rollout_length, as_groups)
         if not as_groups:  # an EnvRunner's one policy, the one group's: its params as they are
             params = setup.params[envs.groups[0].policy_id]
+            run = functools.partial(_one_policy, run, envs.groups[0].policy_id)
 
         def start(env_params: Any) -> RolloutState:
             actors, offset = {}, 0
@@ -90,9 +92,6 @@ class ScanSampler:
             actor = with_actors(envs, groups, actors)
             return initial_state(lambda k: envs.reset(k, env_params), actor, seed, num_envs)
 
-        run = functools.partial(rollout, envs, policies, connectors, self.rollout_length, as_groups)
-        if not as_groups:
-            run = functools.partial(_one_policy, run, envs.groups[0].policy_id)
         self._state = jax.jit(start)(self._env_params)
         """The :class:`RolloutState` carried between samples (donated to each call)."""
         # Compiled once, ahead of time: new values never retrace.
