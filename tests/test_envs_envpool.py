@@ -147,6 +147,15 @@ def test_async_mode_batch_size_checked() -> None:
             jr.make_vec("CartPole-v1", 4, backend="envpool", batch_size=batch_size)
 
 
+@pytest.mark.parametrize("batch_size", [None, 2], ids=["sync", "async"])
+def test_both_modes_refuse_the_arguments_jaxrunner_sets(batch_size: int | None) -> None:
+    with pytest.raises(InvalidArgumentError, match=r"env_seed=\.\.\.\): set by jaxrunner"):
+        jr.make_vec("CartPole-v1", 4, backend="envpool", batch_size=batch_size, env_seed=[1] * 4)
+    if batch_size is None:  # sync mode's class takes no batch_size (async's is an argument)
+        with pytest.raises(InvalidArgumentError, match=r"\(batch_size=\.\.\.\): set by"):
+            jr.EnvPoolVectorEnv("CartPole-v1", 4, batch_size=2)
+
+
 class _EpisodeLog(jr.Callbacks):
     """Every episode a callback sees end: its id, first observation and length."""
 

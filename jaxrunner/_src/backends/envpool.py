@@ -20,7 +20,7 @@ from jaxrunner._src.backends.envpool_calls import (
     EnvPoolCalls,
     EnvPoolStep,
     every_seed,
-    import_envpool,
+    pool_builder,
 )
 from jaxrunner._src.backends.gymnasium_adapter import GymnasiumVectorEnv, _gymnasium_seed
 from jaxrunner._src.backends.vector_infos import EMPTY_RESET_INFOS, SplitInfos
@@ -63,21 +63,9 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         keep_reset_steps: bool = True,
         **envpool_kwargs: Any,
     ) -> None:
-        envpool = import_envpool()
-        for name in ("env_seed", "batch_size", "num_envs"):
-            if name in envpool_kwargs:
-                raise InvalidArgumentError(
-                    f"EnvPoolVectorEnv({name}=...): set by jaxrunner (seeds come from reset, "
-                    "num_envs from the argument, and only sync mode is supported)."
-                )
         self.task_id = task_id
-
-        def build(seeds: int | list[int]) -> Any:
-            by = {"seed": seeds} if isinstance(seeds, int) else {"env_seed": seeds}
-            return envpool.make_gymnasium(task_id, num_envs=num_envs, **by, **envpool_kwargs)
-
-        self._build = build
-        pool = build(seed)
+        self._build = pool_builder("EnvPoolVectorEnv", task_id, num_envs, envpool_kwargs)
+        pool = self._build(seed)
         self._calls = EnvPoolCalls(pool)  # EnvPool's C++ calls, without its Python layer
         super().__init__(pool, masked_reset=self._reset_masked, copy=copy)
         self._action_check = EnvPoolActions(task_id, self.single_action_space)

@@ -20,7 +20,7 @@ from jaxrunner._src.backends.envpool_calls import (
     EnvPoolCalls,
     check_env_ids,
     every_seed,
-    import_envpool,
+    pool_builder,
 )
 from jaxrunner._src.backends.vector_infos import ResetInfos, SplitInfos
 from jaxrunner.errors import InvalidArgumentError
@@ -55,7 +55,9 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
                 f"1 <= batch_size < num_envs={num_envs}, with num_envs a multiple of "
                 "batch_size; leave batch_size unset for sync mode."
             )
-        envpool = import_envpool()
+        self._build = pool_builder(
+            "EnvPoolAsyncVectorEnv", task_id, num_envs, envpool_kwargs, batch_size
+        )
         self.keep_reset_steps = bool(keep_reset_steps)
         self.capabilities = Capabilities(
             ready_first=True,
@@ -65,16 +67,8 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         )
         if self.keep_reset_steps:
             self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
-
-        def build(seeds: list[int]) -> Any:
-            return envpool.make_gymnasium(
-                task_id, num_envs=num_envs, batch_size=batch_size, env_seed=seeds,
-                **envpool_kwargs,
-            )  # fmt: skip
-
-        self._build = build
         self.task_id = task_id
-        self.env = build([seed + i for i in range(num_envs)])
+        self.env = self._build([seed + i for i in range(num_envs)])
         self._calls = EnvPoolCalls(self.env)  # EnvPool's C++ calls, without its Python layer
         self.num_envs, self.batch_size = num_envs, batch_size
         self.single_observation_space = self.env.observation_space

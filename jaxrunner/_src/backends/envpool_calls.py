@@ -127,6 +127,29 @@ def import_envpool() -> Any:
     return envpool
 
 
+def pool_builder(
+    where: str, task_id: str, num_envs: int, kwargs: dict[str, Any], batch_size: int | None = None
+) -> Callable[[int | list[int]], Any]:
+    """``envpool.make_gymnasium`` of this pool, by seed (an int: sub-env ``i`` gets
+    ``seed + i``) or one seed per sub-env; refuses the arguments jaxrunner sets itself."""
+    envpool = import_envpool()
+    for name in ("env_seed", "batch_size", "num_envs"):
+        if name in kwargs:
+            raise InvalidArgumentError(
+                f"{where}({name}=...): set by jaxrunner (seeds come from seed= and reset, "
+                "num_envs and batch_size from make_vec's arguments)."
+            )
+    sizes = {"num_envs": num_envs}
+    if batch_size is not None:  # async mode
+        sizes["batch_size"] = batch_size
+
+    def build(seeds: int | list[int]) -> Any:
+        by = {"seed": seeds} if isinstance(seeds, int) else {"env_seed": seeds}
+        return envpool.make_gymnasium(task_id, **sizes, **by, **kwargs)
+
+    return build
+
+
 def every_seed(seeds: Sequence[int | None]) -> list[int]:
     """``seeds`` for EnvPool, which seeds every sub-env when the pool is built: one per
     sub-env, or an error naming the fix."""
