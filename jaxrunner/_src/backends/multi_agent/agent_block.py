@@ -112,8 +112,7 @@ class AgentBlock(SubEnvBlock):
     def reset(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> list[dict[str, Any]]:
-        for buf in self.buffers:
-            buf.completed[:] = False
+        # (reset_one clears each row's completed transitions)
         self.env_done[:], self.env_reward[:], self.unassigned_reward[:] = False, 0.0, 0.0
         return super().reset(seeds, options)
 
