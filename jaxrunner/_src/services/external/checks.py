@@ -83,17 +83,16 @@ def check_info(info: Any) -> None:
         )
 
 
-def check_reward(reward: Any, name: str) -> None:
-    """Raises unless ``reward`` (argument ``name`` of ``log_returns``) is a finite
-    real number."""
+def check_reward(reward: Any, name: str, call: str = "log_returns") -> None:
+    """Raises unless ``reward`` (argument ``name`` of ``call``) is a finite real number."""
     if isinstance(reward, (bool, np.bool_)) or not isinstance(
         reward, (int, float, np.integer, np.floating)
     ):
         raise InvalidArgumentTypeError(
-            f"log_returns({name}={reward!r}): expected a real number, got {type(reward).__name__}."
+            f"{call}({name}={reward!r}): expected a real number, got {type(reward).__name__}."
         )
     if not math.isfinite(float(reward)):
-        raise InvalidArgumentError(f"log_returns({name}={reward!r}): rewards must be finite.")
+        raise InvalidArgumentError(f"{call}({name}={reward!r}): rewards must be finite.")
 
 
 def check_steps(
@@ -116,14 +115,7 @@ def check_steps(
         check_value(action_space, a, f"action[{t}]", bounds=False) for t, a in enumerate(actions)
     ]
     for t, reward in enumerate(rewards):
-        if (
-            isinstance(reward, bool)
-            or not isinstance(reward, (int, float))
-            or not math.isfinite(reward)
-        ):
-            raise InvalidArgumentError(
-                f"log_steps(): rewards[{t}]={reward!r} is not a finite number."
-            )
+        check_reward(reward, f"rewards[{t}]", "log_steps")
     return checked_obs, checked_actions
 
 
