@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrunner._src import space_arrays
+from jaxrunner._src.core.distributions import num_outputs
 from jaxrunner._src.core.policy import Policy
 from jaxrunner.errors import SpaceMismatchError
 
@@ -32,17 +32,9 @@ class MLP(nn.Module):
         return nn.Dense(self.num_outputs)(x)
 
 
-def _num_outputs(action_space: gymnasium.Space) -> int:
-    if isinstance(action_space, gymnasium.spaces.Discrete):
-        return int(action_space.n)
-    if isinstance(action_space, gymnasium.spaces.MultiDiscrete):
-        return int(np.sum(action_space.nvec))
-    return int(np.prod(space_arrays.leaf_spec(action_space)[0]))
-
-
 def mlp_policy(action_space: gymnasium.Space, hidden: tuple[int, ...] = (64, 64)) -> Policy:
     """A stochastic MLP policy for a Discrete, MultiDiscrete, MultiBinary or Box space."""
-    return Policy.from_linen(MLP(_num_outputs(action_space), hidden), action_space)
+    return Policy.from_linen(MLP(num_outputs(action_space), hidden), action_space)
 
 
 class NatureCNN(nn.Module):

@@ -121,6 +121,16 @@ class DiagGaussian(flax.struct.PyTreeNode):
 Distribution = Categorical | MultiCategorical | Bernoulli | DiagGaussian
 
 
+def num_outputs(action_space: spaces.Space) -> int:
+    """How many features a module outputs for ``action_space``'s distribution (logits, or
+    a Box's means); 1 for a space without a shape (which no distribution takes)."""
+    if isinstance(action_space, spaces.Discrete):
+        return int(action_space.n)
+    if isinstance(action_space, spaces.MultiDiscrete):
+        return int(np.sum(action_space.nvec))
+    return int(np.prod(action_space.shape or (1,)))
+
+
 def head_params(action_space: spaces.Space) -> dict[str, Any]:
     """Learned parameters the distribution adds to the module's (Box: a log-std)."""
     if isinstance(action_space, spaces.Box):

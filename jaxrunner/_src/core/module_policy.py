@@ -8,7 +8,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src.core import distributions
@@ -40,12 +39,7 @@ def module_policy_fns(
     head = distributions.head_params(action_space)
     # Fail now, not at the first step, if no distribution fits the space: build one from
     # a stand-in module output of the right size.
-    if isinstance(action_space, spaces.MultiDiscrete):
-        size = int(np.sum(action_space.nvec))
-    elif isinstance(action_space, spaces.Discrete):
-        size = int(action_space.n)
-    else:
-        size = int(np.prod(action_space.shape or (1,)))
+    size = distributions.num_outputs(action_space)
     distributions.make_distribution(action_space, {"params": jnp.zeros((1, size))}, head)
 
     def distribution_fn(
