@@ -65,12 +65,10 @@ class FaultyEnv(_Faulty, gymnasium.Wrapper):
     ``ParallelEnv`` in a :class:`FaultyParallelEnv` and an ``AECEnv`` in a
     :class:`FaultyAECEnv` (each the API it wraps, as the backends tell kinds apart).
 
-    A call misbehaves as the first of ``faults`` whose ``call`` it is and that is due
-    (its number is in ``at``, or the probability draw hit); every other call passes
-    through unchanged. Faults that never return fail before the inner env is called;
-    garbage faults call it, then break what it returned: for a multi-agent env, one
-    agent's returns (``agent`` if the call returns it, else the first agent returned:
-    see :class:`FaultyParallelEnv` and :class:`FaultyAECEnv`).
+    Calls misbehave as :class:`FaultSchedule` says; every other call passes through
+    unchanged. Garbage faults break what the inner env returned: for a multi-agent env,
+    one agent's returns (``agent`` if the call returns it, else the first agent
+    returned: see :class:`FaultyParallelEnv` and :class:`FaultyAECEnv`).
 
     Events logged: ``step_ok`` (a step returned a good transition), ``step_failed``
     (a step misbehaved: raised, returned garbage; hangs and deaths are logged
