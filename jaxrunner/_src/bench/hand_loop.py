@@ -50,7 +50,7 @@ class RecordingBuffers(NamedTuple):
 
 
 def recording_buffers(
-    obs_space: gymnasium.Space, action_space: gymnasium.Space, shape: tuple[int, int]
+    obs_space: gymnasium.Space, action_space: gymnasium.Space, shape: tuple[int, ...]
 ) -> RecordingBuffers:
     """New zeroed :class:`RecordingBuffers` of ``shape``, laid out by the spaces."""
     return RecordingBuffers(

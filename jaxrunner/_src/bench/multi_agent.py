@@ -14,6 +14,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.bench.hand_loop import recording_buffers
 from jaxrunner._src.bench.policy import hand_act, mlp_policy
 from jaxrunner.errors import InvalidArgumentError
 
@@ -107,12 +108,9 @@ class MultiAgentHandLoop:
         self._discrete = isinstance(action_space, spaces.Discrete)
         self._obs_shape = obs_space.shape
         shape = (rollout_length, num_envs, len(self.agents))
-        self.obs = np.zeros(shape + obs_space.shape, obs_space.dtype)
-        self.action = np.zeros(shape + action_space.shape, action_space.dtype)
-        self.log_prob = np.zeros(shape, np.float32)
-        self.reward = np.zeros(shape, np.float64)
-        self.terminated = np.zeros(shape, np.bool_)
-        self.truncated = np.zeros(shape, np.bool_)
+        buffers = recording_buffers(obs_space, action_space, shape)
+        self.obs, self.action, self.log_prob, _, self.terminated, self.truncated = buffers
+        self.reward = np.zeros(shape, np.float64)  # MPE's rewards exactly
         self._next = [
             self._every_agent(b, env.reset(seed=seed + b)[0]) for b, env in enumerate(self.envs)
         ]
