@@ -250,7 +250,8 @@ class GroupSampler:
         action, env_action, extras = block.call.collect(self.pending.pop((lo, hi)), block.lead)
         obs = block.source_leaves[1]  # the observations it acted on
         if self.same_step:
-            (obs_dst, action_dst, extras_dst), index = self._traj_leaves[:3], (t, block.rows)
+            obs_dst, action_dst, extras_dst, _ = self._traj_leaves
+            index = (t, block.rows)
         else:
             (obs_dst, action_dst, extras_dst), index = self._pending_rows(lo, hi), None
         mask = None if block.all_acting else block.acting
