@@ -41,6 +41,7 @@ class OneAgentSteps:
         self._completed = np.ones((n, 1), np.bool_)
         self._no_reward = np.zeros(n)
         self._blocks: dict[tuple[int, int], _Block] = {}
+        self._every: _Block | None = None  # the block of every env, also in _blocks
         self._obs_is_leaf = type(self._obs_space) in space_arrays.LEAF_TYPES
         # A backend that steps in recv() anyway, in the order sent, is stepped by
         # step_batch there (one call, not a send queued then taken back).
@@ -58,6 +59,7 @@ class OneAgentSteps:
         """The step of a reset of every env to ``obs``: every agent starts an episode."""
         self._start[:] = True
         self._blocks.clear()
+        self._every = None
         self._sent.clear()  # a reset answers no earlier send
         n = self.num_envs
         no_flags = np.zeros((n, 1), np.bool_)
@@ -86,10 +88,12 @@ class OneAgentSteps:
     def group_step(self, out: BatchStep) -> MultiAgentStep:
         """``out`` (a block of envs, or all) as the step of one group of one agent."""
         rows = out.env_ids
-        if rows is not None and not isinstance(rows, slice):
+        if rows is None:  # every env: the block kept apart (no key to build per step)
+            block = self._every or self._block(0, self.num_envs)
+        elif isinstance(rows, slice):
+            block = self._blocks.get((rows.start, rows.stop)) or self._block(rows.start, rows.stop)
+        else:
             return self._any_order(out)
-        lo, hi = (0, self.num_envs) if rows is None else (rows.start, rows.stop)
-        block = self._blocks.get((lo, hi)) or self._block(lo, hi)
         if (
             out.obs is block.obs and out.next_obs is block.next_obs and out.reward is block.reward
             and out.terminated is block.terminated and out.truncated is block.truncated
@@ -102,6 +106,7 @@ class OneAgentSteps:
                 (block.groups, done, out.reward, block.no_reward, out.infos, None, out.errors,
                  rows, None),
             )  # fmt: skip
+        lo, hi = block.lo, block.hi
         done = np.logical_or(out.terminated, out.truncated, out=block.start)
         if out.reset_rows is not None:  # the env's reset steps: the episode starts next
             done |= out.reset_rows
@@ -143,6 +148,8 @@ class OneAgentSteps:
 
     def _block(self, lo: int, hi: int) -> _Block:
         block = self._blocks[lo, hi] = _Block(self, lo, hi)
+        if hi - lo == self.num_envs:
+            self._every = block
         return block
 
     def _group(
@@ -178,6 +185,7 @@ class _Block:
     the env's buffers change)."""
 
     def __init__(self, steps: OneAgentSteps, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
         self.start = steps._start[lo:hi, 0]
         self.completed = steps._completed[lo:hi]
         self.no_reward = steps._no_reward[lo:hi]
