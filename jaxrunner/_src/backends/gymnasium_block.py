@@ -98,11 +98,8 @@ class GymnasiumBlock(SubEnvBlock):
                 errors[i] = error  # what would be raised, as for every failure
                 infos.append({})
                 continue
-            try:
+            try:  # the unpacking and the checks: one try, not two, per sub-env
                 obs, r, term, trunc, info = result
-            except (ValueError, TypeError):  # not five values: the wrong API, not a fault
-                obs, r, term, trunc, info = step_result(result, i)
-            try:
                 # Fast paths for the common types (r - r is NaN for NaN and inf); the
                 # checks explain anything else, and the writer writes what it accepts.
                 if type(obs) is not np.ndarray or obs.dtype is not dtype or obs.shape != shape:
@@ -125,6 +122,9 @@ class GymnasiumBlock(SubEnvBlock):
                 errors[i] = err
                 infos.append({})
                 continue
+            except (ValueError, TypeError):  # not five values: the wrong API, not a fault
+                step_result(result, i)  # (it raises; with five values, a check's own error:)
+                raise
             next_obs.append(obs)
             rewards.append(r)
             terms.append(term)
