@@ -182,8 +182,11 @@ class GymnasiumBlock(SubEnvBlock):
             result = self.envs[i - self.offset].reset(seed=seed, options=options)
         except Exception as err:
             raise SubEnvRaised(err, i, "reset") from err
-        obs, info = reset_result(result, i)
-        self._seeded(i, seed)
+        if type(result) is not tuple or len(result) != 2:  # gymnasium's pair: no call
+            result = reset_result(result, i)  # (the rest: a list of two, or its error)
+        obs, info = result
+        if seed is not None:  # an autoreset (None) keeps the restart seed
+            self._seeded(i, seed)
         self.write_obs(i, obs)
         self._check_finite_reset(i)
         return check_info(info, i, "reset")
