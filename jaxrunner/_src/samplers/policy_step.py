@@ -267,6 +267,8 @@ class CompiledPolicyStep:
             with self._allow_d2h:
                 host = np.asarray(pending)
         leaves = self._out_packing.host_leaves(host, lead)
+        if self._action_is_leaf and not self._env_actions:  # the common case: no tree
+            return leaves[0], leaves[0], leaves[1:]
         num = self._action_treedef.num_leaves
         action = self._unflatten(leaves[:num])
         if not self._env_actions:

@@ -52,7 +52,8 @@ class Packing:
         """:meth:`host_views` as the flat list of leaves; with ``lead``, views of each
         leaf's first ``prod(lead)`` rows shaped ``[*lead, ...]`` (every leaf must have
         that many rows)."""
-        views = self._views if lead is None else self._lead_views(lead)
+        # (a leading shape seen before: its views without a call)
+        views = self._views if lead is None else self._by_lead.get(lead) or self._lead_views(lead)
         # One constructor call per leaf (a third of slicing, viewing and reshaping: this
         # runs on every policy step).
         return [np.ndarray(shape, dtype, buffer, lo) for lo, _, dtype, shape in views]
