@@ -69,9 +69,9 @@ def assert_same_trajectory(actual: jr.Trajectory, expected: jr.Trajectory) -> No
 
 
 def test_ray_backend_equals_sync_for_the_same_seed_although_batching_differs():
-    # Actor u's envs step in 0, 8 or 16 ms: they run at different paces, so the policy
+    # Actor u's envs step in 0, 4 or 8 ms: they run at different paces, so the policy
     # sees ever-changing subsets of envs.
-    fns = [functools.partial(slow_counting, i, 0.008 * (i // 2)) for i in range(6)]
+    fns = [functools.partial(slow_counting, i, 0.004 * (i // 2)) for i in range(6)]
     T = 10
     ray_envs = jr.RayVectorEnv(fns, jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1))
     ref = jr.SyncVectorEnv(fns)
