@@ -11,6 +11,7 @@ import gymnasium
 import pytest
 
 import jaxrunner as jr
+from jaxrunner._src.backends import factories
 from jaxrunner._src.backends.factories import close_kind_probe
 
 
@@ -37,10 +38,12 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
-def test_hung_workers_die_on_close_after_the_fork_server_died():
+def test_hung_workers_die_on_close_after_the_fork_server_died(monkeypatch):
     config = jr.ProcessConfig(num_workers=2)
     # A kind probe built here (ray, or a main-process share) whose close hangs is left
     # on its thread; backend="process" builds none here: the workers report the kind.
+    # Its wait shortened from 2 s: the probe's close never returns, however long.
+    monkeypatch.setattr(factories, "KIND_PROBE_CLOSE_S", 0.2)
     with pytest.warns(RuntimeWarning, match="did not close within"):
         close_kind_probe(hangs_in_close())
     envs = jr.make_vec(hangs_in_close, 2, backend="process", config=config)
