@@ -5,7 +5,8 @@ percent; a change of a few percent only shows when the two versions take turns i
 one process. This copies ``jaxrunner/`` as of ``--base`` into a temporary package
 (``jaxrunner_base``, its imports renamed), builds one ``EnvRunner`` of each package
 per width (CartPole-v1, the benchmark MLP, the same seed), and times ``sample()``
-blocks alternating between them. Per width: microseconds per vector step (median and
+blocks alternating between them. Several ``--env`` and ``--backend`` give every pair
+of them, each at every width, in one run. Per width: microseconds per vector step (median and
 minimum over blocks), the median of the per-pair speed-ups (base time / new time),
 and whether the two produced identical trajectories.
 
@@ -21,6 +22,8 @@ Usage::
     python benchmarks/ab_revision.py --base HEAD~1 --workload pong --num-envs 8 32
     python benchmarks/ab_revision.py --base d660c28 --env null --num-envs 1 8 --split
     python benchmarks/ab_revision.py --base d660c28 --num-envs 1 8 --blocks 24 --repeats 3
+    python benchmarks/ab_revision.py --base d660c28 --backend sync process \
+        --env CartPole-v1 mpe2:simple_spread_v3 --repeats 2
 
 ``--opcodes`` also counts the Python opcodes each version runs per vector step in one
 ``sample()`` (the calling thread): its own, by function, and the rest (the env,
@@ -45,8 +48,8 @@ even ``--repeats`` gives both orders as many runs.
 multi-agent scan sampler on JaxMARL's (one policy for every agent; dones read as
 truncations, as MPE's time limits are); both need the ``[gymnax,jaxmarl]`` extras. An
 ``--env`` written ``module:name`` is a PettingZoo parallel env (``mpe2:simple_spread_v3``:
-``mpe2.simple_spread_v3.parallel_env()``) on a host backend, sampled by a
-``MultiAgentRunner`` with the benchmark MLP per policy group. ``--workload`` takes a
+``mpe2.simple_spread_v3.parallel_env()``) on a host backend, sampled by the
+package's multi-agent runner with the benchmark MLP per policy group. ``--workload`` takes a
 ``jaxrunner bench`` workload's env (its EnvPool port on ``--backend envpool``) and its
 policy instead (``pong``: NatureCNN; needs the ``atari`` extra), built by each package.
 """
@@ -58,6 +61,7 @@ import collections
 import gc
 import importlib
 import io
+import itertools
 import json
 import os
 import pathlib
@@ -186,6 +190,14 @@ WORKLOAD_POLICIES = {
 """Each workload's policy (``jaxrunner._src.bench.workloads``), from a package's models."""
 
 
+def multi_agent_runner(package: Any) -> Any:
+    """The runner a user of ``package`` builds for a multi-agent env: ``EnvRunner`` once
+    ``MultiAgentRunner`` became its deprecated alias, ``MultiAgentRunner`` before."""
+    if issubclass(package.MultiAgentRunner, package.EnvRunner):
+        return package.EnvRunner
+    return package.MultiAgentRunner
+
+
 def make_runner(
     package: Any,
     env: Any,
@@ -212,7 +224,7 @@ def make_runner(
             g.policy_id: policies[g.policy_id].init(jax.random.key(0), g.observation_space)
             for g in envs.groups
         }
-        runner = package.MultiAgentRunner(
+        runner = multi_agent_runner(package)(
             envs, policies, params, rollout_length, seed=0, **runner_kwargs
         )
         runner.sample()  # warm-up
@@ -224,7 +236,7 @@ def make_runner(
     else:
         policy = models.mlp_policy(action_space)
     params = policy.init(jax.random.key(0), obs_space)
-    make = package.MultiAgentRunner if backend == "jaxmarl" else package.EnvRunner
+    make = multi_agent_runner(package) if backend == "jaxmarl" else package.EnvRunner
     runner = make(envs, policy, params, rollout_length, seed=0, **runner_kwargs)
     runner.sample()  # warm-up
     return runner
@@ -298,7 +310,7 @@ def repeated(args: argparse.Namespace) -> list[dict[str, Any]]:
             runs.append(json.loads(out.read_text())["results"])
     rows = []
     for per_run in zip(*runs):
-        row = {k: per_run[0][k] for k in ("backend", "main_process_envs", "num_envs")}
+        row = {k: per_run[0][k] for k in ("env", "backend", "main_process_envs", "num_envs")}
         for key in ("base_us_per_step_median", "new_us_per_step_median", "speedup_median"):
             row[key] = float(np.median([r[key] for r in per_run]))
         row["identical_trajectories"] = all(r["identical_trajectories"] for r in per_run)
@@ -315,17 +327,128 @@ def repeated(args: argparse.Namespace) -> list[dict[str, Any]]:
         speedups = ", ".join(f"{r['speedup_median']:.3f}" for r in per_run)
         both = row["speedup_both_orders"]
         print(
-            f"{row['num_envs']:>5} envs: speed-ups {speedups}; median {row['speedup_median']:.3f}"
+            f"{row['env']} {row['backend']} {row['num_envs']:>5} envs: speed-ups {speedups}; "
+            f"median {row['speedup_median']:.3f}"
             + ("" if both is None else f"; both build orders {both:.3f}"),
             file=sys.stderr,
         )
     return rows
 
 
+def case_env(args: argparse.Namespace, env_name: str, backend: str) -> tuple[Any, dict]:
+    """The env a case steps and its ``make_vec`` options: ``--env``'s, or the
+    workload's (its EnvPool port on the envpool backend)."""
+    env, env_kwargs = (NullEnv if env_name == "null" else env_name), args.env_kwargs
+    if args.workload is not None:
+        from jaxrunner._src.bench.workloads import get_workload
+
+        work = get_workload(args.workload)
+        env = work.envpool_id if backend == "envpool" else work.make
+        if backend == "envpool":
+            env_kwargs = {**work.envpool_kwargs, **env_kwargs}
+    return env, env_kwargs
+
+
+def measure(
+    args: argparse.Namespace, versions: dict[str, Any], env_name: str, backend: str, num_envs: int
+) -> dict[str, Any]:
+    """One case at one width: both versions' runners timed in alternating blocks."""
+    env, env_kwargs = case_env(args, env_name, backend)
+    process_config = dict(args.process_config)
+    if args.main_process_envs:
+        process_config["main_process_envs"] = args.main_process_envs
+    runners = {
+        k: make_runner(
+            p,
+            env,
+            num_envs,
+            args.rollout_length,
+            backend,
+            env_kwargs,
+            process_config,
+            args.workload,
+            args.runner_kwargs,
+            args.ray_config,
+        )
+        for k, p in versions.items()
+    }
+    # About 4k env steps per block, at least one sample.
+    samples = max(1, 4096 // (args.rollout_length * num_envs))
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    splits: dict[str, list[dict[str, float]]] = {k: [] for k in runners}
+    steps = dict.fromkeys(runners, args.rollout_length)  # make_runner's warm-up
+    for block in range(args.blocks):
+        order = ("base", "new") if block % 2 == 0 else ("new", "base")
+        for name in order:
+            before = runners[name].get_metrics()["perf"] if args.split else {}
+            times[name].append(time_block(runners[name], samples, args.rollout_length))
+            if args.split:  # the timers are means over every step so far
+                after = runners[name].get_metrics()["perf"]
+                n0, n1 = steps[name], steps[name] + samples * args.rollout_length
+                split = {k: (after[k] * n1 - before[k] * n0) / (n1 - n0) for k in after}
+                splits[name].append({k.removesuffix("_ms"): v * 1e3 for k, v in split.items()})
+                steps[name] = n1
+    same = all(
+        np.array_equal(a, b)
+        for a, b in zip(
+            jax.tree.leaves(runners["base"].sample()),
+            jax.tree.leaves(runners["new"].sample()),
+        )
+    )
+    counts = {  # after the same samples, so both step through the same states
+        k: opcodes_per_step(runners[k], args.rollout_length, versions[k])
+        for k in runners
+        if args.opcodes
+    }
+    for runner in runners.values():
+        runner.stop()
+    speedups = np.array(times["base"]) / np.array(times["new"])
+    row = {
+        "env": env_name,
+        "backend": backend,
+        "main_process_envs": args.main_process_envs,
+        "num_envs": num_envs,
+        **{f"{k}_us_per_step_median": float(np.median(v)) for k, v in times.items()},
+        **{f"{k}_us_per_step_min": float(np.min(v)) for k, v in times.items()},
+        "speedup_median": float(np.median(speedups)),
+        "identical_trajectories": same,
+        "built_first": next(iter(versions)),
+    }
+    if counts:
+        row["opcodes_per_step"] = {
+            k: {"own": c["own"], "other": c["other"]} for k, c in counts.items()
+        }
+        row["opcodes_per_step"]["changes"] = opcode_changes(counts)
+        print(
+            f"{env_name} {backend} {num_envs:>5} envs: opcodes per step, jaxrunner's own: base "
+            f"{counts['base']['own']:.1f}, new {counts['new']['own']:.1f}; the rest: "
+            f"base {counts['base']['other']:.1f}, new {counts['new']['other']:.1f}",
+            file=sys.stderr,
+        )
+    if args.split:  # us per step, each phase's median over blocks
+        for name, parts in splits.items():
+            row[f"{name}_split_us_per_step"] = {
+                k: float(np.median([p[k] for p in parts])) for k in parts[0]
+            }
+    print(
+        f"{env_name} {backend} {num_envs:>5} envs: base {row['base_us_per_step_median']:.1f} "
+        f"us/step, "
+        f"new {row['new_us_per_step_median']:.1f} (medians); speed-up "
+        f"{row['speedup_median']:.3f}; identical trajectories: {same}",
+        file=sys.stderr,
+    )
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="git revision to compare against")
-    parser.add_argument("--env", default="CartPole-v1", help="a gymnasium id, module:name, or null")
+    parser.add_argument(
+        "--env",
+        nargs="+",
+        default=["CartPole-v1"],
+        help="gymnasium ids, module:name (PettingZoo) or null: each on every --backend",
+    )
     parser.add_argument(
         "--workload",
         choices=tuple(WORKLOAD_POLICIES),
@@ -335,8 +458,9 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument(
         "--backend",
+        nargs="+",
         choices=("sync", "process", "gymnasium", "envpool", "ray", "jax", "jaxmarl"),
-        default="sync",
+        default=["sync"],
     )
     parser.add_argument(
         "--env-kwargs", type=json.loads, default={}, help="for make_vec, as JSON: '{\"a\": 1}'"
@@ -407,105 +531,14 @@ def main() -> None:
     if args.repeats > 1:
         write_report("ab_revision", args, repeated(args))
         return
-    env, env_kwargs = (NullEnv if args.env == "null" else args.env), args.env_kwargs
-    process_config = dict(args.process_config)
-    if args.main_process_envs:
-        process_config["main_process_envs"] = args.main_process_envs
-    if args.workload is not None:
-        from jaxrunner._src.bench.workloads import get_workload
-
-        work = get_workload(args.workload)
-        env = work.envpool_id if args.backend == "envpool" else work.make
-        if args.backend == "envpool":
-            env_kwargs = {**work.envpool_kwargs, **env_kwargs}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         base = import_base(args.base, pathlib.Path(tmp))
         versions = {"base": base, "new": jaxrunner}
         if args.new_first:
             versions = {"new": jaxrunner, "base": base}
-        for num_envs in args.num_envs:
-            runners = {
-                k: make_runner(
-                    p,
-                    env,
-                    num_envs,
-                    args.rollout_length,
-                    args.backend,
-                    env_kwargs,
-                    process_config,
-                    args.workload,
-                    args.runner_kwargs,
-                    args.ray_config,
-                )
-                for k, p in versions.items()
-            }
-            # About 4k env steps per block, at least one sample.
-            samples = max(1, 4096 // (args.rollout_length * num_envs))
-            times: dict[str, list[float]] = {k: [] for k in runners}
-            splits: dict[str, list[dict[str, float]]] = {k: [] for k in runners}
-            steps = dict.fromkeys(runners, args.rollout_length)  # make_runner's warm-up
-            for block in range(args.blocks):
-                order = ("base", "new") if block % 2 == 0 else ("new", "base")
-                for name in order:
-                    before = runners[name].get_metrics()["perf"] if args.split else {}
-                    times[name].append(time_block(runners[name], samples, args.rollout_length))
-                    if args.split:  # the timers are means over every step so far
-                        after = runners[name].get_metrics()["perf"]
-                        n0, n1 = steps[name], steps[name] + samples * args.rollout_length
-                        split = {k: (after[k] * n1 - before[k] * n0) / (n1 - n0) for k in after}
-                        splits[name].append(
-                            {k.removesuffix("_ms"): v * 1e3 for k, v in split.items()}
-                        )
-                        steps[name] = n1
-            same = all(
-                np.array_equal(a, b)
-                for a, b in zip(
-                    jax.tree.leaves(runners["base"].sample()),
-                    jax.tree.leaves(runners["new"].sample()),
-                )
-            )
-            counts = {  # after the same samples, so both step through the same states
-                k: opcodes_per_step(runners[k], args.rollout_length, versions[k])
-                for k in runners
-                if args.opcodes
-            }
-            for runner in runners.values():
-                runner.stop()
-            speedups = np.array(times["base"]) / np.array(times["new"])
-            row = {
-                "backend": args.backend,
-                "main_process_envs": args.main_process_envs,
-                "num_envs": num_envs,
-                **{f"{k}_us_per_step_median": float(np.median(v)) for k, v in times.items()},
-                **{f"{k}_us_per_step_min": float(np.min(v)) for k, v in times.items()},
-                "speedup_median": float(np.median(speedups)),
-                "identical_trajectories": same,
-                "built_first": next(iter(versions)),
-            }
-            if counts:
-                row["opcodes_per_step"] = {
-                    k: {"own": c["own"], "other": c["other"]} for k, c in counts.items()
-                }
-                row["opcodes_per_step"]["changes"] = opcode_changes(counts)
-                print(
-                    f"{num_envs:>5} envs: opcodes per step, jaxrunner's own: base "
-                    f"{counts['base']['own']:.1f}, new {counts['new']['own']:.1f}; the rest: "
-                    f"base {counts['base']['other']:.1f}, new {counts['new']['other']:.1f}",
-                    file=sys.stderr,
-                )
-            if args.split:  # us per step, each phase's median over blocks
-                for name, parts in splits.items():
-                    row[f"{name}_split_us_per_step"] = {
-                        k: float(np.median([p[k] for p in parts])) for k in parts[0]
-                    }
-            rows.append(row)
-            print(
-                f"{num_envs:>5} envs: base {row['base_us_per_step_median']:.1f} us/step, "
-                f"new {row['new_us_per_step_median']:.1f} (medians); speed-up "
-                f"{row['speedup_median']:.3f}; identical trajectories: {same}",
-                file=sys.stderr,
-            )
+        for env_name, backend in itertools.product(args.env, args.backend):
+            rows += [measure(args, versions, env_name, backend, n) for n in args.num_envs]
     write_report("ab_revision", args, rows)
 
 
