@@ -6,9 +6,9 @@ one process. This copies ``jaxrunner/`` as of ``--base`` into a temporary packag
 (``jaxrunner_base``, its imports renamed), builds one ``EnvRunner`` of each package
 per width (CartPole-v1, the benchmark MLP, the same seed), and times ``sample()``
 blocks alternating between them. Several ``--env`` and ``--backend`` give every pair
-of them, each at every width, in one run. Per width: microseconds per vector step (median and
-minimum over blocks), the median of the per-pair speed-ups (base time / new time),
-and whether the two produced identical trajectories.
+of them, each at every width, in one run. Per width: microseconds per vector step
+(median and minimum over blocks), the median of the per-pair speed-ups (base time /
+new time), and whether the two produced identical trajectories.
 
 Usage::
 
@@ -336,8 +336,8 @@ def repeated(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def case_env(args: argparse.Namespace, env_name: str, backend: str) -> tuple[Any, dict]:
-    """The env a case steps and its ``make_vec`` options: ``--env``'s, or the
-    workload's (its EnvPool port on the envpool backend)."""
+    """The env a case steps and its ``make_vec`` options: ``env_name``'s, or with
+    ``--workload`` the workload's (its EnvPool port on the envpool backend)."""
     env, env_kwargs = (NullEnv if env_name == "null" else env_name), args.env_kwargs
     if args.workload is not None:
         from jaxrunner._src.bench.workloads import get_workload
@@ -537,7 +537,8 @@ def main() -> None:
         versions = {"base": base, "new": jaxrunner}
         if args.new_first:
             versions = {"new": jaxrunner, "base": base}
-        for env_name, backend in itertools.product(args.env, args.backend):
+        envs = [args.workload] if args.workload else args.env  # a workload names its env
+        for env_name, backend in itertools.product(envs, args.backend):
             rows += [measure(args, versions, env_name, backend, n) for n in args.num_envs]
     write_report("ab_revision", args, rows)
 
