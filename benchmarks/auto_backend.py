@@ -7,7 +7,8 @@ Per workload and width (the workloads of ``jaxrunner bench --workload``: CartPol
 with the 64-64 MLP at 1, 8, 64 and 256 envs; HalfCheetah-v5 with the 256-256 Gaussian
 MLP at 8 and 32; Pong with NatureCNN at 8 and 32, where installed), the three runners
 are built once in one child process, auto first (its trial then runs with no other
-runner's envs or workers alive, as a user's does), and timed in interleaved rounds
+runner's envs or workers alive, as a user's does; ``--auto-last``: auto last, for the
+other build order), and timed in interleaved rounds
 (the order rotates every round). The row keeps every round, each variant's median steps/s, what
 auto chose and why, and ``auto / best``: auto's median over the better of the sync
 and process medians (the per-round ratios' spread beside it). Where auto's layout is
@@ -47,14 +48,15 @@ WIDTHS = {"cartpole": (1, 8, 64, 256), "halfcheetah": (8, 32), "pong": (8, 32)}
 
 
 def measure(
-    child: Child, workload: str, num_envs: int, rounds: int, seconds: float
+    child: Child, workload: str, num_envs: int, rounds: int, seconds: float, auto_last: bool
 ) -> dict[str, Any]:
-    """One width: the three variants built in ``child``, timed in ``rounds`` rounds."""
+    """One width: the three variants built in ``child`` (auto first, or last with
+    ``auto_last``), timed in ``rounds`` rounds."""
     spec = bench.get_workload(workload)
     row: dict[str, Any] = {"workload": workload, "num_envs": num_envs, "errors": {}}
     built = []
     row["build_s"] = {}  # building and warming up (auto: its trial too)
-    for variant in VARIANTS:
+    for variant in (*VARIANTS[1:], VARIANTS[0]) if auto_last else VARIANTS:
         system = Spec(
             system="jaxrunner",
             backend=variant,
@@ -116,6 +118,13 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=1.0, help="seconds per variant per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--auto-last",
+        action="store_true",
+        help="build auto after sync and process (its trial then runs beside their idle "
+        "envs and workers): in one process the runner built first can run a few percent "
+        "slower, so compare both orders",
+    )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parser.parse_args()
 
@@ -130,7 +139,7 @@ def main() -> None:
                 print(f"{workload}: skipped: {reason}", file=sys.stderr, flush=True)
                 continue
             for num_envs in args.num_envs or WIDTHS[workload]:
-                row = measure(child, workload, num_envs, args.rounds, args.seconds)
+                row = measure(child, workload, num_envs, args.rounds, args.seconds, args.auto_last)
                 rows.append(row)
                 print(summary(row), file=sys.stderr, flush=True)
     machine["loadavg_before"], machine["loadavg_after"] = loadavg_before, list(os.getloadavg())
