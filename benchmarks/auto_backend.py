@@ -122,8 +122,8 @@ def main() -> None:
         "--auto-last",
         action="store_true",
         help="build auto after sync and process (its trial then runs beside their idle "
-        "envs and workers): in one process the runner built first can run a few percent "
-        "slower, so compare both orders",
+        "envs and workers): two runners of one layout in one process differ by a few "
+        "percent with their build order, so compare both orders",
     )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parser.parse_args()
