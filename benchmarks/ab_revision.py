@@ -432,8 +432,7 @@ def measure(
             }
     print(
         f"{env_name} {backend} {num_envs:>5} envs: base {row['base_us_per_step_median']:.1f} "
-        f"us/step, "
-        f"new {row['new_us_per_step_median']:.1f} (medians); speed-up "
+        f"us/step, new {row['new_us_per_step_median']:.1f} (medians); speed-up "
         f"{row['speedup_median']:.3f}; identical trajectories: {same}",
         file=sys.stderr,
     )
