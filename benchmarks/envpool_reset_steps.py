@@ -28,11 +28,13 @@ Usage (needs the ``envpool`` extra)::
         --rollout-length 32 --reps 1
     python benchmarks/envpool_reset_steps.py --workload pong --async-mode --num-envs 32 \
         --rollout-length 32 --reps 2 --rounds 5 --bound
+    python benchmarks/envpool_reset_steps.py --num-threads 1  # EnvPool's threads: one
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -208,11 +210,21 @@ def main() -> None:
     parser.add_argument(
         "--bound", action="store_true", help="CPU use, and EnvPool and the policy timed apart"
     )
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        default=None,
+        help="EnvPool's num_threads in every pool (default: EnvPool's own, one per core "
+        "up to the batch size)",
+    )
     parser.add_argument("--out", help="write the results here as JSON")
     args = parser.parse_args()
+    work = WORKLOADS[args.workload]
+    if args.num_threads is not None:
+        threads = {"num_threads": args.num_threads}
+        work = dataclasses.replace(work, envpool_kwargs={**work.envpool_kwargs, **threads})
     results = []
     for n in args.num_envs:
-        work = WORKLOADS[args.workload]
         row = measure(
             work, n, args.rollout_length, args.rounds, args.async_mode, args.reps, args.bound
         )
@@ -241,7 +253,8 @@ def main() -> None:
 
         machine = machine_info() | {"envpool": envpool.__version__}
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "machine": machine, "results": results}, f, indent=1)
+            report = {"args": vars(args), "envpool_kwargs": work.envpool_kwargs}
+            json.dump(report | {"machine": machine, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -378,13 +378,16 @@ def test_rllib_multi_agent_jaxrunner_half_writes_its_rows(tmp_path):
     assert len(report["loadavg_before"]) == len(report["loadavg_after"]) == 3
 
 
-@pytest.mark.parametrize("mode", [[], ["--async-mode", "--bound"]])
+@pytest.mark.parametrize("mode", [["--num-threads", "1"], ["--async-mode", "--bound"]])
 def test_envpool_reset_steps_times_both_modes_and_the_hand_loop(tmp_path, mode):
     pytest.importorskip("envpool")
     out = tmp_path / "envpool_reset_steps.json"
     options = ["--num-envs", "4", "--rollout-length", "8", "--rounds", "2", "--out", str(out)]
     _run("envpool_reset_steps.py", *options, *mode)
-    (row,) = json.loads(out.read_text())["results"]
+    report = json.loads(out.read_text())
+    threads = {"num_threads": 1} if "--num-threads" in mode else {}
+    assert report["envpool_kwargs"] == threads  # every pool's (CartPole has no others)
+    (row,) = report["results"]
     assert row["num_envs"] == 4
     systems = {"default", "same_step", "hand"}
     assert set(row["median_steps_per_s"]) == systems
