@@ -609,6 +609,52 @@ def test_envs_that_cannot_be_snapshot_restart_cleanly(tmp_path):
     np.testing.assert_array_equal(traj.step[0], 0)
 
 
+class FirstStepInfo(gymnasium.Wrapper):
+    """Reports info entry ``first`` at its first step only (its count is pickled)."""
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        super().__init__(env)
+        self.steps = 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        if self.steps == 1:
+            info = {**info, "first": 1.0}
+        return obs, reward, terminated, truncated, info
+
+
+def first_step_info_cartpole() -> gymnasium.Env:
+    return FirstStepInfo(short_cartpole())
+
+
+@pytest.mark.parametrize("info_keys", ["all", ("first",)])
+def test_the_info_names_reported_before_a_save_are_known_after_it(info_keys, tmp_path):
+    """``"all"`` keeps every name reported so far in later samples, and a named entry
+    seen before the save is not refused as unseen after it: the resumed run equals the
+    unbroken one."""
+
+    def make_runner():
+        return make(env_fn=first_step_info_cartpole, runner_kwargs={"info_keys": info_keys})
+
+    path = tmp_path / "runner.ckpt"
+    with make_runner() as runner:
+        runner.sample()  # the entry's one report
+        runner.save(path)
+        unbroken = [runner.sample() for _ in range(3)]  # episodes end (13 steps at most)
+    with make_runner() as resumed:
+        assert resumed.restore(path, load_env_pickles=True).envs_restored
+        for expected in unbroken:
+            assert_trees_equal(resumed.sample(), expected, "trajectory")
+
+
+def test_a_save_that_fails_leaves_no_file_behind(tmp_path):
+    (tmp_path / "a_folder").mkdir()
+    with make() as runner, pytest.raises(IsADirectoryError):
+        runner.save(tmp_path / "a_folder")  # written whole, then refused by the rename
+    assert [p.name for p in tmp_path.iterdir()] == ["a_folder"]
+
+
 def test_restore_refuses_another_shape_of_runner(tmp_path):
     path = tmp_path / "runner.ckpt"
     with make() as runner:
@@ -840,6 +886,10 @@ CLAIMS_800_GB = b"(100000000000, 2)"
 MA_GROUP = "sampler/groups/policy_0"
 
 
+UNSEEN_WITHOUT_KEY = {"every": False, "keys": [], "unseen": ["x"], "reported": []}
+"""An info_keys recorder's names that no recorder has: an unseen name it does not record."""
+
+
 def hostile(name: str, saved) -> dict[str, tuple]:
     """id -> (how ``saved(name)`` is damaged, what the error must name): the cases of
     every kind, then the kind's own."""
@@ -874,6 +924,11 @@ def hostile(name: str, saved) -> dict[str, tuple]:
         "float num_envs": (meta(lambda m: m.update(num_envs=float(n))), "num_envs"),
         "zero rollout_length": (meta(lambda m: m.update(rollout_length=0)), "rollout_length"),
         "unknown envs kind": (meta(lambda m: m.update(envs="magic")), "envs="),
+        "info_names a list": (meta(lambda m: m.update(info_names=[])), "info_names"),
+        "info_names unseen but no key": (
+            meta(lambda m: m.update(info_names=UNSEEN_WITHOUT_KEY)),
+            "info_names",
+        ),
         "envs_note a list": (meta(lambda m: m.update(envs_note=[])), "envs_note"),
         "metrics paths": (meta(lambda m: m.update(metrics=[["counters"]])), "metrics"),
         "finished not a list": (meta(lambda m: m.update(finished={})), "finished"),

@@ -3,6 +3,7 @@ and resume exactly. See docs/checkpoints.md."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -66,6 +67,7 @@ def save(parts: RunnerParts, path: str | os.PathLike) -> None:
         "envs": envs_kind,
         "envs_note": envs_note,
         "live_episodes": live,
+        "info_names": parts.sampler.info_names(),
         "metrics": metrics_paths,
         **{key: _put_episodes(arrays, key, kept) for key, kept in kept_episodes(parts).items()},
     }
@@ -73,10 +75,15 @@ def save(parts: RunnerParts, path: str | os.PathLike) -> None:
     path = os.fspath(path)
     # Written aside, then renamed: a crash mid-write leaves an earlier file whole.
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        # The stub lets a name collide with savez's allow_pickle; ours are paths "a/b".
-        np.savez(f, **arrays)  # type: ignore[arg-type]
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            # The stub lets a name collide with savez's allow_pickle; ours are paths "a/b".
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # (no file: the open failed)
+            os.remove(tmp)
+        raise
 
 
 def put_tree(arrays: dict[str, np.ndarray], prefix: str, tree: Any) -> list[list[Part]]:
@@ -142,6 +149,8 @@ def restore(
     state.finished = list(ckpt.kept["finished"])
     state.episodes.set_fragments(ckpt.kept["fragments"] if envs_restored else ())
     state.callback_episodes.set_fragments(ckpt.kept["callback_fragments"] if envs_restored else ())
+    if ckpt.info_names is not None:
+        parts.sampler.set_info_names(ckpt.info_names)
     if not envs_restored:
         warnings.warn(f"{parts.runner}.restore({path!r}): {note}.", stacklevel=3)
     return RestoreReport(envs_restored=envs_restored, note=note)

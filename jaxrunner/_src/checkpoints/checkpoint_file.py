@@ -114,6 +114,9 @@ class Checkpoint:
     kept: dict[str, tuple[Any, ...]]
     """The kept episodes, as :func:`kept_episodes` (kept only when the envs resume,
     but ``finished``)."""
+    info_names: dict[str, Any] | None
+    """The ``info_keys`` recorder's names (``sampler.info_names()``); None where the
+    runner recorded no infos or the file is older than them."""
 
 
 class CheckpointFile(CheckpointReader):
@@ -192,6 +195,7 @@ class CheckpointFile(CheckpointReader):
             env_snapshots=snapshots,
             live_episodes=live,
             kept=kept,
+            info_names=self._info_names(meta),
         )
 
     def _check_meta(self, npz: NpzReader) -> dict[str, Any]:
@@ -212,6 +216,26 @@ class CheckpointFile(CheckpointReader):
             if not isinstance(meta.get(key), list):
                 raise self.error(f"has a metadata field {key} that is not a list")
         return meta
+
+    def _info_names(self, meta: dict[str, Any]) -> dict[str, Any] | None:
+        names = meta.get("info_names")
+        if names is None:
+            return None
+        lists = ("keys", "unseen", "reported")
+        if not (
+            isinstance(names, dict)
+            and set(names) == {"every", *lists}
+            and isinstance(names["every"], bool)
+            and all(isinstance(names[f], list) for f in lists)
+            and all(isinstance(n, str) for f in lists for n in names[f])
+            and len(set(names["keys"])) == len(names["keys"])
+            and set(names["unseen"]) <= set(names["keys"])
+        ):
+            raise self.error(
+                "has a metadata field info_names that is not an info_keys recorder's names "
+                "(every: a bool; keys, unseen and reported: lists of names, unseen among keys)"
+            )
+        return names
 
     def _one_tree(self, meta: dict[str, Any]) -> bool:
         """An ``EnvRunner`` checkpoint of version 1 or 2: params as the one policy's tree."""

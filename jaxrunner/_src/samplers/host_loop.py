@@ -349,6 +349,16 @@ class HostLoop:
         """The per-step callbacks' episodes under way, one per env (none without)."""
         return [] if self._live is None else list(self._live.episodes)
 
+    def info_names(self) -> dict[str, Any] | None:
+        """The ``info_keys`` recorder's names (:meth:`InfoRecorder.get_state`; None
+        without ``info_keys``): kept across a checkpoint beside the sampler state."""
+        return None if self._infos is None else self._infos.get_state()
+
+    def set_info_names(self, names: dict[str, Any]) -> None:
+        """Takes an :meth:`info_names` of a runner built as this one."""
+        if self._infos is not None:
+            self._infos.set_state(names)
+
     def restart_episodes(self, seeds: list[int]) -> None:
         """After :meth:`set_state` when the envs could not be restored: resets sub-env
         ``i`` with ``seeds[i]`` and starts a new env episode (the next free ids, in env

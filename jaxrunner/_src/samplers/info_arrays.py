@@ -171,6 +171,27 @@ class InfoRecorder:
             "from that list."
         )
 
+    def get_state(self) -> dict[str, Any]:
+        """The names reported so far, and those not seen yet, as JSON values (what a
+        checkpoint keeps for :meth:`set_state`)."""
+        return {
+            "every": self.every,
+            "keys": list(self.keys),
+            "unseen": sorted(self._unseen),
+            "reported": sorted(self._reported),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Takes a :meth:`get_state` of a recorder of the same ``info_keys`` (another's
+        is ignored: it saw other names), in place: the groups' recorders share it."""
+        if state["every"] != self.every or (not self.every and state["keys"] != self.keys):
+            return
+        self.keys[:] = state["keys"]
+        self._unseen.clear()
+        self._unseen.update(state["unseen"])
+        self._reported.clear()
+        self._reported.update(state["reported"])
+
     def _add(self, extras: dict[str, Any], names: Sequence[str]) -> None:
         values, present = extras[INFOS], extras[INFOS_PRESENT]
         for name in names:

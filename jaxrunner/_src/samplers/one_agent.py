@@ -127,6 +127,12 @@ class OneAgentSampler:
     def live_episodes(self) -> list[LiveEpisode]:
         return self._loop.live_episodes()
 
+    def info_names(self) -> dict[str, Any] | None:
+        return self._loop.info_names()
+
+    def set_info_names(self, names: dict[str, Any]) -> None:
+        self._loop.set_info_names(names)
+
     def restart_episodes(self, seeds: list[int]) -> None:
         self._loop.restart_episodes(seeds)
 

@@ -190,6 +190,10 @@ class ScanSampler:
         the env states, so it never restarts episodes)."""
         return []
 
+    def info_names(self) -> None:
+        """No ``info_keys``: a pure-JAX env's infos are not recorded."""
+        return None
+
 
 def _one_policy(run: Callable[..., tuple], policy_id: str, params: Params, *args: Any) -> tuple:
     """``run`` with ``params`` as the one policy's (an EnvRunner's params, as they are)."""
