@@ -141,6 +141,31 @@ def test_async_same_step_mode_samples_ready_first_and_replays_exactly(mlp: Calla
             obs = out.obs.copy()
 
 
+def test_async_mode_steps_every_env_in_lockstep_as_sync_mode() -> None:
+    """gymnasium's ``step`` (``step_batch`` of every env) on async mode: each of
+    EnvPool's answers in env order, as sync mode steps the same envs; whole batches
+    only, with none in flight, and EnvPool's reset steps kept."""
+    n, ended = 4, 0
+    actions = np.random.default_rng(SEED).integers(0, 2, size=(40, n))
+    with closing(_envpool(n, seed=SEED)) as sync, closing(_envpool(n, batch_size=2)) as env:
+        assert_trees_equal(env.reset(seed=SEED)[0], sync.reset(seed=SEED)[0], "reset obs")
+        for a in actions:
+            got, expected = env.step(a), sync.step(a)
+            assert_trees_equal(got[:4], expected[:4], "step")
+            np.testing.assert_array_equal(got[4]["elapsed_step"], expected[4]["elapsed_step"])
+            ended += int((expected[2] | expected[3]).sum())
+        assert ended >= n  # every env's episode ended at least once (12 steps at most)
+        with pytest.raises(InvalidArgumentError, match="whole batches of batch_size=2"):
+            env.step_batch(actions[0][:1], slice(0, 1))
+        env.send(actions[0][:2], np.arange(2))
+        with pytest.raises(InvalidArgumentError, match="none in flight"):
+            env.step(actions[0])
+    with closing(_envpool(n, batch_size=2, keep_reset_steps=False)) as env:
+        env.reset(seed=SEED)
+        with pytest.raises(InvalidArgumentError, match="no lockstep step can finish"):
+            env.step(actions[0])
+
+
 def test_async_mode_batch_size_checked() -> None:
     for batch_size in (0, 3):
         with pytest.raises(InvalidArgumentError, match=r"1 <= batch_size < num_envs=4"):
@@ -151,6 +176,14 @@ def test_async_mode_batch_size_checked() -> None:
 def test_both_modes_refuse_the_arguments_jaxrunner_sets(batch_size: int | None) -> None:
     with pytest.raises(InvalidArgumentError, match=r"env_seed=\.\.\.\): set by jaxrunner"):
         jr.make_vec("CartPole-v1", 4, backend="envpool", batch_size=batch_size, env_seed=[1] * 4)
+    # Seeds: one per sub-env, each an int32 (EnvPool's own checks are bare asserts).
+    with closing(jr.make_vec("CartPole-v1", 4, backend="envpool", batch_size=batch_size)) as env:
+        for seeds in ([5, 6], [5, 9], list(range(6))):
+            with pytest.raises(InvalidArgumentError, match=r"one seed per sub-env \(num_envs=4\)"):
+                env.reset_batch(seeds)
+        with pytest.raises(InvalidArgumentError, match=r"seeds reach 2147483649 \(sub-env i"):
+            env.reset(seed=2**31 - 2)
+        env.reset(seed=2**31 - 4)  # the last sub-env's seed is 2**31 - 1
     if batch_size is None:  # sync mode's class takes no batch_size (async's is an argument)
         with pytest.raises(InvalidArgumentError, match=r"\(batch_size=\.\.\.\): set by"):
             jr.EnvPoolVectorEnv("CartPole-v1", 4, batch_size=2)

@@ -12,7 +12,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.base import VectorEnv, check_seed_count
 from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.envpool_calls import (
@@ -84,6 +84,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> tuple[Any, Sequence[dict[str, Any]]]:
         self._check_open("reset")
+        check_seed_count(seeds, self.num_envs, type(self).__name__)
         self._check_not_sending("reset_batch")
         if options:
             raise InvalidArgumentError(

@@ -12,8 +12,8 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import VectorEnv
-from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
+from jaxrunner._src.backends.base import VectorEnv, check_seed_count
+from jaxrunner._src.backends.batch_step import BatchStep, EnvIds, block_rows
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.envpool_calls import (
     EnvPoolActions,
@@ -98,6 +98,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> tuple[Any, list[dict[str, Any]]]:
         self._check_open("reset")
+        check_seed_count(seeds, self.num_envs, type(self).__name__)
         if options:
             raise InvalidArgumentError(f"reset(options={options!r}): EnvPool takes no options.")
         if self._num_in_flight:  # before anything changes: the pool stays as it was
@@ -149,6 +150,48 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         self._in_flight[answered] = False
         self._num_in_flight -= len(answered)
         return out
+
+    def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
+        """One lockstep step of envs ``rows`` (None: all; whole batches, none in flight):
+        sent at once, then each of EnvPool's answers put in env order. With EnvPool's
+        reset steps kept only: an ended env's paired reset step is answered only in a
+        batch with envs sent after it."""
+        self._check_open("step")
+        lo, hi = block_rows(rows, self.num_envs, type(self).__name__)
+        if not self.keep_reset_steps:
+            raise InvalidArgumentError(
+                "EnvPoolAsyncVectorEnv.step_batch(): with keep_reset_steps=False each ended "
+                "env's reset step waits for a batch of envs sent after it, so no lockstep "
+                "step can finish; step ready-first with send() and recv(), keep the reset "
+                "steps, or use sync mode (no batch_size)."
+            )
+        if self._num_in_flight or (hi - lo) % self.batch_size:
+            raise InvalidArgumentError(
+                f"EnvPoolAsyncVectorEnv.step_batch(rows={rows!r}): a lockstep step of whole "
+                f"batches of batch_size={self.batch_size} envs with none in flight; step "
+                "envs ready-first with send() and recv()."
+            )
+        self.send(actions, slice(lo, hi))
+        space, n = self.single_observation_space, hi - lo
+        obs, next_obs = (space_arrays.allocate(space, (n,)) for _ in range(2))
+        reward, terminated, truncated, reset = np.zeros(n), *np.zeros((3, n), np.bool_)
+        infos: list[dict[str, Any]] = [{}] * n
+        reset_infos: dict[int, dict[str, Any]] = {}
+        while self._num_in_flight:
+            out = self.recv()
+            at = np.asarray(out.env_ids) - lo
+            space_arrays.copy_into(space, obs, out.obs, at)
+            space_arrays.copy_into(space, next_obs, out.next_obs, at)
+            reward[at], terminated[at], truncated[at] = out.reward, out.terminated, out.truncated
+            if out.reset_rows is not None:
+                reset[at] = out.reset_rows
+            for j, i in enumerate(at.tolist()):
+                infos[i] = out.infos[j]
+            reset_infos.update(out.reset_infos)
+        return BatchStep(
+            obs, next_obs, reward, terminated, truncated, infos, reset_infos,
+            env_ids=rows, reset_rows=reset if reset.any() else None,
+        )  # fmt: skip
 
     def _recv_real_steps(self) -> BatchStep:
         """EnvPool's answers with its reset steps taken here: an ended env's final step

@@ -144,6 +144,13 @@ def pool_builder(
         sizes["batch_size"] = batch_size
 
     def build(seeds: int | list[int]) -> Any:
+        each = [seeds, seeds + num_envs - 1] if isinstance(seeds, int) else seeds
+        outside = [s for s in each if not -(2**31) <= s < 2**31]
+        if outside:  # EnvPool's own check is a bare assert
+            raise InvalidArgumentError(
+                f"{where}: EnvPool seeds each sub-env with an int32, and these seeds reach "
+                f"{max(outside, key=abs)} (sub-env i gets seed + i); pass seeds in [-2**31, 2**31 - 1]."
+            )
         by = {"seed": seeds} if isinstance(seeds, int) else {"env_seed": seeds}
         return envpool.make_gymnasium(task_id, **sizes, **by, **kwargs)
 

@@ -12,7 +12,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.base import VectorEnv, check_seed_count
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.in_process import InProcessSends
@@ -125,10 +125,7 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> tuple[Any, Sequence[dict[str, Any]]]:
         self._check_open("reset")
-        if len(seeds) != self.num_envs:
-            raise InvalidArgumentError(
-                f"reset_batch(seeds=...): expected {self.num_envs} seeds, got {len(seeds)}."
-            )
+        check_seed_count(seeds, self.num_envs, type(self).__name__)
         obs, merged = self._call(
             "reset", self.env.reset, seed=_gymnasium_seed(seeds), options=options
         )
