@@ -181,6 +181,34 @@ def test_recurrent_carry_is_per_episode():
     assert got == [0, 1, 0, 0, 0]
 
 
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_log_steps_past_max_episode_steps_records_none_of_them(recurrent):
+    """Checked whole before anything is recorded, recurrent policies (a policy call per
+    step) too: a local-inference client's refused report leaves no step behind."""
+
+    def apply_fn(params, obs, carry, keys):
+        return jnp.zeros(obs.shape[0], jnp.int32), {"log_prob": jnp.zeros(obs.shape[0])}, carry
+
+    policy = jr.Policy(apply_fn, initial_carry=jnp.int32(0) if recurrent else None)
+    config = jr.ExternalEnvConfig(max_episode_steps=3)
+    obs = [np.full(4, 0.01 * t, np.float32) for t in range(5)]
+    with jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, policy, {}, config=config) as env:
+        eid = env.start_episode()
+        with pytest.raises(errors.InvalidArgumentError, match="max_episode_steps=3"):
+            env.log_steps(eid, obs[:4], [0] * 4, [1.0] * 4)
+        env.log_steps(eid, obs[:3], [0] * 3, [1.0] * 3)  # room for these
+        env.end_episode(eid, obs[3])
+        (episode,) = env.poll_episodes()
+    np.testing.assert_array_equal(episode.obs, np.stack(obs[:4]))
+    assert episode.reward.tolist() == [1.0] * 3
+
+
+def test_sample_episodes_refuses_more_than_are_ever_held():
+    refused = pytest.raises(errors.InvalidArgumentError, match=r"in \[1, 2\] \(no more are held")
+    with make_external(max_output_episodes=2) as env, refused:
+        env.sample_episodes(3)  # it would wait forever
+
+
 def test_caps_and_ids():
     zeros = np.zeros(4, np.float32)
     with make_external(max_concurrent=3, max_episodes_per_client=2) as env:

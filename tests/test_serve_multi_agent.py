@@ -220,7 +220,8 @@ def test_log_returns_takes_info_on_both_kinds_and_refuses_a_bad_one(tmp_path, mu
         refused = httpx.post(url.format(eid), json={body: one(1.0), "info": [1]}, headers=auth)
         assert refused.status_code == 422 and "info" in refused.json()["error"]["message"]
         env.log_returns(eid, one(0.25), {"from": "env"})
-        client.log_returns(eid, one(0.5), info={"from": "client"})
+        # A gymnasium info, numpy values and all: checked, not stored, so not sent.
+        client.log_returns(eid, one(0.5), info={"lives": np.int64(3), "pos": np.zeros(2)})
         sent = httpx.post(url.format(eid), json={body: one(1.0), "info": {"a": 1}}, headers=auth)
         assert sent.status_code == 200, sent.text
         client.end_episode(eid, one(obs))

@@ -149,7 +149,8 @@ def pool_builder(
         if outside:  # EnvPool's own check is a bare assert
             raise InvalidArgumentError(
                 f"{where}: EnvPool seeds each sub-env with an int32, and these seeds reach "
-                f"{max(outside, key=abs)} (sub-env i gets seed + i); pass seeds in [-2**31, 2**31 - 1]."
+                f"{max(outside, key=abs)} (sub-env i gets seed + i); pass seeds in "
+                "[-2**31, 2**31 - 1]."
             )
         by = {"seed": seeds} if isinstance(seeds, int) else {"env_seed": seeds}
         return envpool.make_gymnasium(task_id, **sizes, **by, **kwargs)

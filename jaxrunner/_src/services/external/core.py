@@ -163,7 +163,13 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         Raises:
             TimeoutError: fewer ended within ``timeout_s`` (none are taken then).
         """
-        check_int(f"{type(self).__name__}.sample_episodes", "num_episodes", num_episodes)
+        check_int(
+            f"{type(self).__name__}.sample_episodes",
+            "num_episodes",
+            num_episodes,
+            high=self.config.max_output_episodes,
+            hint="no more are held: raise ExternalEnvConfig.max_output_episodes",
+        )
         return self._output.take(num_episodes, timeout_s)
 
     def retract_action(self, episode_id: int, future: concurrent.futures.Future) -> bool:
@@ -289,21 +295,28 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
             )
         return reserved
 
-    def _claim(
-        self, episode_id: int, agents: Sequence[str], steps: int, what: str
-    ) -> EpisodeRecord:
-        """Marks the live, idle episode busy for ``steps`` more steps of each of
-        ``agents`` (caller holds the lock); the delivery marks it idle again."""
-        live = self._get_live(episode_id, what, agents)
+    def _check_room(
+        self, live: EpisodeRecord, agents: Sequence[str], steps: int, what: str
+    ) -> None:
+        """Raises unless ``steps`` more steps of each of ``agents`` fit ``live`` within
+        ``max_episode_steps`` (caller holds the lock)."""
         limit = self.config.max_episode_steps
         full = [
             a for a in agents if a in live.agents and live.agents[a].num_actions + steps > limit
         ]
         if full:
             raise InvalidArgumentError(
-                f"{what}(episode_id={episode_id}): agents {full} would exceed "
+                f"{what}(episode_id={live.episode_id}): agents {full} would exceed "
                 f"max_episode_steps={limit}; end them (truncated=True) and start a new episode."
             )
+
+    def _claim(
+        self, episode_id: int, agents: Sequence[str], steps: int, what: str
+    ) -> EpisodeRecord:
+        """Marks the live, idle episode busy for ``steps`` more steps of each of
+        ``agents`` (caller holds the lock); the delivery marks it idle again."""
+        live = self._get_live(episode_id, what, agents)
+        self._check_room(live, agents, steps, what)
         live.reserved = self._join(live, agents, what, steps)
         live.busy = True
         live.last_seen = time.monotonic()

@@ -144,6 +144,10 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         if not obs:
             return
         if self.policy.initial_carry is not None:  # recurrent: each step needs the last carry
+            with self._lock:  # room for every step first, so a refusal records none
+                live = self._get_live(episode_id, "log_steps")
+                self._check_room(live, [AGENT], len(obs), "log_steps")
+                self._memory.check(len(obs), "log_steps", records=int(AGENT not in live.agents))
             for t in range(len(obs)):
                 future = self._submit(
                     episode_id, {AGENT: checked_obs[t]}, {AGENT: checked_actions[t]}, "log_steps"

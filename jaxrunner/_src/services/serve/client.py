@@ -225,8 +225,8 @@ class PolicyClient(_Client):
             self._local.log_returns(episode_id, reward, info)
             return
         checks.check_reward(reward, "reward")  # as the env checks them
-        checks.check_info(info)
-        body = {"reward": float(reward), "info": info}
+        checks.check_info(info)  # as the env checks it; never stored, so not sent
+        body = {"reward": float(reward)}
         self._call("POST", f"/v1/episodes/{episode_id}/returns", body)
 
     def end_episode(self, episode_id: int, obs: Any, *, truncated: bool = False) -> None:
@@ -359,8 +359,8 @@ class MultiAgentPolicyClient(_Client):
     ) -> None:
         """Adds each agent's reward to its latest action's reward."""
         rewards = checks.check_agent_rewards(rewards, self.possible_agents)
-        checks.check_info(info)
-        body = {"rewards": {a: float(r) for a, r in rewards.items()}, "info": info}
+        checks.check_info(info)  # as the env checks it; never stored, so not sent
+        body = {"rewards": {a: float(r) for a, r in rewards.items()}}
         self._call("POST", f"/v1/episodes/{episode_id}/returns", body)
 
     def end_agents(self, episode_id: int, obs: dict[str, Any], *, truncated: bool = False) -> None:
