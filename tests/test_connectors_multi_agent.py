@@ -101,14 +101,23 @@ def test_statistics_equal_numpy_over_the_valid_agent_observations_only(factory, 
     assert not np.asarray(second.extras["policy_obs"])[~second.valid].any()
 
 
-def test_reward_scaling_follows_each_agent_s_return_across_its_turns():
+@pytest.mark.parametrize("faulty", [False, True], ids=["", "faulty"])
+def test_reward_scaling_follows_each_agent_s_return_across_its_turns(faulty):
     """In a turn-based env, an agent's slots are invalid between its turns: its
-    discounted return goes on across them (reset only where its episode ends)."""
+    discounted return goes on across them (reset only where its episode ends, or where
+    its sub-env's step failed and the env was restarted)."""
     gamma = 0.9
     conn = C.Connectors(reward=C.ScaleReward(gamma=gamma))
-    trajs, _ = sample(envs_mod.relay, 4, conn, rollout_length=12)
+    factory, options = envs_mod.relay, {}
+    if faulty:  # env 1's 5th step raises, in every incarnation
+        plan = jr.testing.FaultPlan(kind="raise", at=(5,))
+        factory = jr.testing.faulty_env_fns(envs_mod.relay, 3, {1: [plan]})
+        options = {"restart_policy": jr.RestartPolicy(backoff_s=0.0)}
+    trajs, _ = sample(factory, 4, conn, rollout_length=12, **options)
+    failures = [np.zeros(t.env_id.shape, bool) if t.valid is None else ~t.valid for t in trajs]
+    assert faulty == any(f.any() for f in failures)
     ret, seen = np.zeros((3, 3)), []
-    for traj in trajs:
+    for traj, failed in zip(trajs, failures):
         g = traj.groups["policy_0"]
         for t in range(traj.num_steps):
             valid = g.valid[t]
@@ -119,7 +128,7 @@ def test_reward_scaling_follows_each_agent_s_return_across_its_turns():
             std = np.sqrt(var + 1e-8)
             want = np.where(valid, g.reward[t] / std, 0.0)
             np.testing.assert_allclose(g.extras["scaled_reward"][t], want, rtol=1e-4, atol=1e-6)
-            ret[g.done[t]] = 0.0
+            ret[g.done[t] | failed[t][:, None]] = 0.0
     # Each agent waits between its turns, so resetting there would have shown.
     assert (~trajs[0].groups["policy_0"].valid).sum() > 20
 

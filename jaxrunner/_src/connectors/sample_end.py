@@ -34,23 +34,27 @@ class SampleEnd:
         self._connectors = connectors
         self._fn = jax.jit(finish, donate_argnums=0)
 
-    def __call__(self, flat: Any, traj: Any) -> tuple[Any, Any]:
-        """Returns ``traj`` with the connectors' extras added and the new packed state."""
-        inputs = jax.device_put(finish_inputs(traj, bool(self._connectors.obs)))
+    def __call__(self, flat: Any, traj: Any, cut: np.ndarray | None = None) -> tuple[Any, Any]:
+        """Returns ``traj`` with the connectors' extras added and the new packed state;
+        ``cut`` as :func:`finish_inputs` takes it."""
+        inputs = jax.device_put(finish_inputs(traj, bool(self._connectors.obs), cut))
         extras, flat = self._fn(flat, *inputs)
         extras = jax.tree.map(np.asarray, jax.device_get(extras))
         return traj.replace(extras={**traj.extras, **extras}), flat
 
 
-def finish_inputs(traj: Any, with_obs: bool = True) -> tuple[Any, ...]:
+def finish_inputs(traj: Any, with_obs: bool = True, cut: Any = None) -> tuple[Any, ...]:
     """What :meth:`Connectors.finish_sample` takes after the state, read from a
-    ``Trajectory`` or ``GroupTrajectory`` (``obs`` None unless ``with_obs``)."""
+    ``Trajectory`` or ``GroupTrajectory`` (``obs`` None unless ``with_obs``). ``cut``
+    (``[T, B]`` bool: a group's env steps that failed) cuts every agent's episode there:
+    its slots are seen truncated."""
+    truncated = traj.truncated if cut is None else traj.truncated | cut[:, :, None]
     return (
         traj.obs if with_obs else None,
         traj.extras.get(POLICY_OBS),
         traj.next_obs,
         traj.reward,
         traj.terminated,
-        traj.truncated,
+        truncated,
         traj.valid,
     )

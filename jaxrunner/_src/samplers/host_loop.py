@@ -303,9 +303,10 @@ class HostLoop:
             return traj
         clock = perf_counter()
         groups = dict(traj.groups)
+        cut = None if traj.valid is None else ~traj.valid  # failed steps: episodes cut
         for pid, gs in self.groups.items():
             if gs.sample_end is not None:
-                groups[pid], connectors = gs.sample_end(gs.state.connectors, groups[pid])
+                groups[pid], connectors = gs.sample_end(gs.state.connectors, groups[pid], cut)
                 gs.state = gs.state.replace(connectors=connectors)
         self.metrics.sample_time_s += perf_counter() - clock
         traj = traj.replace(groups=groups)
