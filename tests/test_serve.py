@@ -417,6 +417,41 @@ def test_wire_round_trips_and_refusals():
     jax.tree.map(np.testing.assert_array_equal, back, sample)
 
 
+def test_clients_go_on_with_a_restarted_server(tmp_path):
+    """A restarted server numbers its episodes from 0 again: a local-inference client,
+    whose own table had those ids ended, takes the server's ids as they come."""
+    token_file, obs = tmp_path / "token", np.zeros(4, np.float32)
+    env = make_env()
+    server = PolicyServer(env, token_file=token_file).start()
+    port = server.port
+    clients = [
+        PolicyClient(server.url, token_file=token_file),
+        PolicyClient(server.url, token_file=token_file, inference="local", policy=POLICY),
+    ]
+
+    def play(client: PolicyClient) -> int:
+        eid = client.start_episode()
+        client.get_action(eid, obs)
+        client.log_returns(eid, 1.0)
+        client.end_episode(eid, obs)
+        return eid
+
+    try:
+        first = [play(client) for client in clients]
+        server.close()
+        env.close()
+        env = make_env()
+        server = PolicyServer(env, port=port, token_file=token_file).start()
+        assert [play(client) for client in clients] == first == [0, 1]
+        assert sorted(e.episode_id for e in env.poll_episodes()) == [0, 1]
+        assert env.get_metrics()["num_live_episodes"] == 0
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
+        env.close()
+
+
 def test_a_client_connecting_before_the_server_runs_is_queued_not_refused(tmp_path):
     """The CLI prints the url, then starts serving: a client that connects in between
     must wait in the backlog, not get 'connection refused' (CI saw it happen)."""

@@ -278,5 +278,9 @@ class EpisodeTable:
         while len(self._ended_ids) > ENDED_IDS_KEPT:
             self._ended_ids.popitem(last=False)
 
+    def forget_ended(self, episode_id: int) -> None:
+        """Lets ``episode_id`` be used again though it ended recently."""
+        self._ended_ids.pop(episode_id, None)
+
     def _is_taken(self, episode_id: int) -> bool:
         return episode_id in self._live or episode_id in self._ended_ids

@@ -29,6 +29,16 @@ class LocalEnv(ExternalEnv):
         super().__init__(*args, **kwargs)
         self.ended: dict[int, Episode | None] = {}
 
+    def start_episode(
+        self, episode_id: int | None = None, training_enabled: bool = True, *, client: str = "local"
+    ) -> int:
+        """Starts the server's episode ``episode_id`` here: the server's ids are the
+        ones to keep unique, and a restarted server numbers from 0 again."""
+        if episode_id is not None:
+            with self._lock:
+                self._episodes.forget_ended(episode_id)
+        return super().start_episode(episode_id, training_enabled, client=client)
+
     def _emit(self, live: AgentRecord, episode: Episode | None) -> None:
         self.ended[live.episode_id] = episode
 
