@@ -57,6 +57,12 @@ def save(parts: RunnerParts, path: str | os.PathLike) -> None:
         envs_kind, envs_note = "pytree", "the env states are arrays in the sampler's state"
     else:
         envs_kind, envs_note = _put_env_snapshots(arrays, parts.envs)
+        if envs_kind == "none" and parts.envs.can_snapshot:  # said now, not at the restore
+            warnings.warn(
+                f"{parts.runner}.save({os.fspath(path)!r}): {envs_note}, so the checkpoint "
+                "holds no sub-envs: a restore starts new episodes.",
+                stacklevel=3,
+            )
     live = envs_kind == "pickle" and put_live_episodes(arrays, parts)
     meta = {
         "format": FORMAT,
