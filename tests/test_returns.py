@@ -284,6 +284,19 @@ def test_scalar_next_value_broadcasts():
     )
 
 
+def test_float64_rates_keep_float32_values_under_x64():
+    """With ``jax_enable_x64``, numpy float64 rates (a sweep's ``np.linspace``) are cast
+    to the values' precision: the scan's carry stays float32 (it raised before)."""
+    ones, flags = np.ones((4, 2), np.float32), np.zeros((4, 2), bool)
+    arrays = {"reward": ones, "terminated": flags, "truncated": flags, "next_value": ones}
+    expected = jr.gae(**arrays, value=ones, gamma=0.99, lam=0.95).advantages
+    with jax.enable_x64(True):
+        for rates in ({"gamma": np.float64(0.99)}, {"lam": np.float64(0.95)}):
+            got = jr.gae(**arrays, value=ones, **{"gamma": 0.99, "lam": 0.95, **rates})
+            assert got.advantages.dtype == np.float32
+            np.testing.assert_allclose(got.advantages, expected, rtol=1e-6)
+
+
 def test_trailing_value_axis_suggests_the_squeeze():
     """A critic's [T, B, 1] output: the error names the squeeze; other shapes do not."""
     with pytest.raises(ValueError, match=r"next_value=next_value\[\.\.\., 0\]"):

@@ -588,9 +588,29 @@ def test_load_names_what_is_wrong_with_a_bad_member(tmp_path: Any) -> None:
     path.write_bytes(b"not a zip")
     with pytest.raises(jr.errors.InvalidArgumentError, match="cannot be opened"):
         Trajectory.load(path)
+    _hand_trajectory().save(path)  # a damaged "version needed" of the central directory
+    raw = bytearray(path.read_bytes())
+    raw[raw.index(b"PK\x01\x02") + 6] ^= 0x80  # zipfile's NotImplementedError
+    path.write_bytes(bytes(raw))
+    with pytest.raises(jr.errors.InvalidArgumentError, match="cannot be opened"):
+        Trajectory.load(path)
 
 
 # -- load allocates no more than the file justifies (issue 30, item 5) ---------------------------
+
+
+def test_what_save_writes_load_reads_back(tmp_path: Any) -> None:
+    """A Trajectory built without ids (None) round-trips; an array a load could not read
+    back (bfloat16) is refused by save, before anything is written."""
+    bare = _hand_trajectory().replace(env_id=None, episode_id=None, step=None)
+    bare.save(tmp_path / "bare.npz")
+    loaded = Trajectory.load(tmp_path / "bare.npz")
+    assert (loaded.env_id, loaded.episode_id, loaded.step) == (None, None, None)
+    assert_trees_equal(loaded, bare)
+    value = jax.numpy.zeros(bare.reward.shape, jax.numpy.bfloat16)
+    with pytest.raises(jr.errors.InvalidArgumentTypeError, match="dtype bfloat16; cast it"):
+        bare.replace(extras={"value": value}).save(tmp_path / "bf16.npz")
+    assert not (tmp_path / "bf16.npz").exists()
 
 
 def test_load_refuses_one_member_named_for_many_fields(tmp_path: Any) -> None:

@@ -46,7 +46,7 @@ class NpzReader:
         file = _open_regular(path, error)
         try:
             self._zip = zipfile.ZipFile(file)
-        except (OSError, zipfile.BadZipFile, ValueError, EOFError) as err:
+        except (OSError, zipfile.BadZipFile, ValueError, EOFError, NotImplementedError) as err:
             file.close()
             raise error(f"cannot be opened as a .npz (zip) file ({err})") from err
         self._file = file

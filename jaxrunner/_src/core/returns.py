@@ -178,6 +178,8 @@ def _episode_goes_on(terminated: jax.Array, truncated: jax.Array, valid: jax.Arr
 def _gae_scan(arrays: tuple[jax.Array, ...], gamma: jax.Array, lam: jax.Array) -> jax.Array:
     """The advantages of ``arrays`` (in ``_FIELDS`` order)."""
     reward, terminated, truncated, valid, value, next_value = arrays
+    dtype = jnp.result_type(reward, value, next_value)  # a float64 rate (x64) keeps float32
+    gamma, lam = jnp.asarray(gamma, dtype), jnp.asarray(lam, dtype)
     goes_on = _episode_goes_on(terminated, truncated, valid)
     delta = reward + gamma * jnp.where(terminated, 0.0, next_value) - value
     delta = jnp.where(valid, delta, 0.0)

@@ -150,9 +150,13 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
             # valid is optional: files saved before it existed load as all valid.
             fields = file.read_fields(spec.get("fields"), cls._file_fields(), optional=("valid",))
         lead = lead_shape(fields, "reward", "[T, B]", file.error)
-        check_fields(fields, lead, "reward's", file.error)
+        # The ids a Trajectory built by hand may leave out (None) are saved as None.
+        check_fields(fields, lead, "reward's", file.error, may_be_none=_IDS)
         return cls(**fields)
 
+
+_IDS = ("env_id", "episode_id", "step")
+"""The fields a Trajectory may hold as None."""
 
 # After the class: flax's dataclass transform sets its own replace on the class.
 Trajectory.replace = replace_fields  # type: ignore[method-assign]

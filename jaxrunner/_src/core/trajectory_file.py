@@ -51,8 +51,14 @@ def encode_tree(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
         return {"tuple": [encode_tree(v, arrays) for v in tree]}
     if tree is None:
         return {"none": True}
+    array = np.asarray(tree)
+    if array.dtype.kind not in "biufc":  # what a load reads back (bfloat16 is kind "V")
+        raise InvalidArgumentTypeError(
+            f"only arrays of bools and numbers can be saved, got one of dtype {array.dtype}; "
+            "cast it first (bfloat16 to float32)."
+        )
     name = f"a{len(arrays)}"
-    arrays[name] = np.asarray(tree)
+    arrays[name] = array
     return {"array": name}
 
 
@@ -160,14 +166,18 @@ def check_fields(
     lead_source: str,
     error: ErrorFn,
     where: str = "",
+    may_be_none: tuple[str, ...] = (),
 ) -> None:
     """Refuses (``error``, naming the field) decoded ``fields`` unless every leaf starts
     with ``lead`` (``[T, B]``, or a group's ``[T, B, A_g]``; from ``lead_source``), the
-    :data:`FLAT_KINDS` fields are one ``lead``-shaped array of their dtype kind, and
-    ``next_obs`` (if any) has ``obs``'s structure, shapes and dtypes."""
+    :data:`FLAT_KINDS` fields are one ``lead``-shaped array of their dtype kind (or
+    None, those in ``may_be_none``), and ``next_obs`` (if any) has ``obs``'s structure,
+    shapes and dtypes."""
     for name, tree in fields.items():
         leaves = _leaves(tree, where + name)
         kinds = FLAT_KINDS.get(name)
+        if tree is None and name in may_be_none:
+            continue
         if kinds is not None and (len(leaves) != 1 or leaves[0][1].ndim != len(lead)):
             raise error(f"has field {where}{name} that is not one {list(lead)}-shaped array")
         for at, leaf in leaves:
