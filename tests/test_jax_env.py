@@ -9,6 +9,7 @@ where its episode ended, resets with fold_in(fold_in(root(2), n), i).
 from __future__ import annotations
 
 import chex
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -136,6 +137,24 @@ def test_functional_env_matches_hand_stepping(walk_run):
     ref = reference_functional(venv.env, venv.params, traj.action, SEED)
     assert_matches(traj, ref)
     assert traj.terminated.any() and traj.truncated.any()
+
+
+def test_a_build_failure_names_the_policy_params_only_where_they_are_at_fault():
+    """Policy params of another structure are refused as such; env params of another
+    type fail in the env's own code, with a note that the policy was not at fault."""
+
+    class OtherParams(flax.struct.PyTreeNode):  # no threshold: not RandomWalk's
+        max_steps_in_episode: int = 10
+
+    envs = jr.JaxVectorEnv(RandomWalk(), WalkParams(), 2)
+    policy = mlp_policy(envs.single_action_space, hidden=(4,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with pytest.raises(InvalidArgumentError, match="could not be applied to these params"):
+        jr.EnvRunner(envs, policy, {"other": params}, 4, SEED)
+    envs = jr.JaxVectorEnv(RandomWalk(), OtherParams(), 2)
+    with pytest.raises(AttributeError, match="threshold") as caught:
+        jr.EnvRunner(envs, policy, params, 4, SEED)
+    assert any("the policy applies to these params" in n for n in caught.value.__notes__)
 
 
 def test_schema_and_device_arrays(walk_run):

@@ -162,6 +162,37 @@ def test_jaxmarl_mpe_with_connectors_keeps_statistics_of_every_agent_observation
     assert np.isfinite(groups[1].extras["scaled_reward"]).all()
 
 
+class Echo:
+    """A JaxMARL-style env whose next observation is the action it got."""
+
+    agents = ("a0", "a1")
+
+    def observation_space(self, agent):
+        return spaces.Box(-np.inf, np.inf, (2,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def reset(self, key):
+        return {a: jnp.zeros(2) for a in self.agents}, jnp.int32(0)
+
+    def step_env(self, key, t, actions):
+        dones = {a: t >= 99 for a in self.agents} | {"__all__": t >= 99}
+        return dict(actions), t + 1, {a: jnp.float32(0) for a in self.agents}, dones, {}
+
+
+def test_box_actions_reach_the_env_clipped_and_are_recorded_as_sampled():
+    """As on every other path (docs/concepts.md, ``action``)."""
+
+    def outside(params, obs, carry, keys):  # 5: outside the Box [-1, 1]
+        return jnp.full((keys.shape[0], 2), 5.0), {}, carry
+
+    with jr.EnvRunner(jr.JaxVectorEnv(Echo(), num_envs=2), jr.Policy(outside), {}, 3, 0) as r:
+        group = r.sample().to_numpy().groups["policy_0"]
+    np.testing.assert_array_equal(group.action, np.full((3, 2, 2, 2), 5.0))
+    np.testing.assert_array_equal(group.next_obs, np.ones((3, 2, 2, 2)))
+
+
 def test_one_agent_env_is_one_group_of_one_agent():
     """The scan sampler run as groups on a one-agent JaxVectorEnv: its one group holds the
     EnvRunner's trajectory with an agent axis of one, bit for bit."""

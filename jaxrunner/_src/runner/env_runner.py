@@ -25,7 +25,11 @@ from jaxrunner._src.core.policy import Params, Policy, check_params_like
 from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.runner.auto_layout import from_env
-from jaxrunner._src.runner.env_runner_checks import check_arguments, check_host_options
+from jaxrunner._src.runner.env_runner_checks import (
+    check_arguments,
+    check_host_options,
+    policies_apply,
+)
 from jaxrunner._src.runner.kinds import kind_of
 from jaxrunner._src.runner.ownership import Ownership
 from jaxrunner._src.runner.progress import Progress
@@ -151,6 +155,12 @@ class EnvRunner:
             # Tracing the policy with params of the wrong structure fails deep in its code.
             wrong_params = isinstance(err, KeyError | TypeError | AttributeError)
             if not wrong_params or isinstance(err, InvalidArgumentTypeError):
+                raise
+            if policies_apply(policies, by_id, envs.groups):  # the error is not theirs
+                err.add_note(
+                    "EnvRunner: the policy applies to these params; this came from building "
+                    "the rest of the step (a pure-JAX env's functions and its env params?)."
+                )
                 raise
             raise InvalidArgumentError(
                 f"EnvRunner(params=...): the policy could not be applied to these params "

@@ -7,7 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium
+import jax
 
+from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
@@ -221,3 +223,19 @@ def check_loop_options(kind: Any, callbacks: Any, num_splits: Any, loop: str, fi
             f"EnvRunner(num_splits={num_splits!r}): pipelining splits do not apply here: "
             f"{loop}. Leave num_splits=None."
         )
+
+
+def policies_apply(
+    policies: Mapping[str, Policy], params: Mapping[str, Params], groups: Any
+) -> bool:
+    """Whether each group's policy applies to its params (traced abstractly, one row):
+    when building a sampler fails, whether the params are to blame or something else
+    traced there (a pure-JAX env's functions)."""
+    keys = jax.random.split(jax.random.key(0), 1)
+    try:
+        for g in groups:
+            policy, obs = policies[g.policy_id], space_arrays.allocate(g.observation_space, (1,))
+            jax.eval_shape(policy.apply_fn, params[g.policy_id], obs, policy.batched_carry(1), keys)
+    except Exception:
+        return False
+    return True

@@ -243,6 +243,7 @@ def _read_agents(
         obs_g, (action, env_action, extras) = jax.tree.map(
             to_slots, (rows[g.policy_id], acted[g.policy_id])
         )
+        env_action = space_arrays.clip_box_actions_jax(g.action_space)(env_action)
         for k, agent in enumerate(g.agents):
             actions[agent] = jax.tree.map(lambda x, k=k: x[:, k], env_action)
         slots[g.policy_id] = (obs_g, action, extras)
