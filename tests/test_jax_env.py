@@ -393,6 +393,17 @@ def test_bad_input_errors():
         jr.JaxVectorEnv(RandomWalk(), None, 0)
     with pytest.raises(TypeError, match="reset"):
         jr.JaxVectorEnv(object(), None, 2)
+    with pytest.raises(TypeError, match=r"got the class RandomWalk; pass an instance"):
+        jr.JaxVectorEnv(RandomWalk, None, 2)
+    with pytest.raises(InvalidArgumentError, match="pass num_envs by keyword: num_envs=8"):
+        jr.JaxVectorEnv(RandomWalk(), 8)
+
+    class Sized(RandomWalk):  # its space reads its params
+        def observation_space(self, params):
+            return spaces.Box(-np.inf, np.inf, (params.size,), np.float32)
+
+    with pytest.raises(InvalidArgumentError, match=r"Sized.observation_space\(env_params\)"):
+        jr.JaxVectorEnv(Sized(), WalkParams(), 2)
     venv = jr.JaxVectorEnv(RandomWalk(), None, 2)
     with pytest.raises(InvalidArgumentError, match="no per-env objects"):
         venv.get_sub_environments()

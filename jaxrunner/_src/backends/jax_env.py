@@ -78,6 +78,11 @@ class JaxVectorEnv(GroupedAgents):
         dones_are_truncations: bool = False,
     ) -> None:
         num_envs = check_int("JaxVectorEnv", "num_envs", num_envs)
+        if isinstance(env, type):
+            raise InvalidArgumentTypeError(
+                f"JaxVectorEnv(env=...): got the class {env.__name__}; pass an instance, "
+                f"e.g. {env.__name__}()."
+            )
         if functions is None and hasattr(env, "agents"):
             given = {"env_params": env_params, "observation_space": observation_space}
             for name, value in {**given, "action_space": action_space}.items():
@@ -105,6 +110,11 @@ class JaxVectorEnv(GroupedAgents):
                     f"envs only. Leave {name} at its default."
                 )
         self.multi_agent = False
+        if isinstance(env_params, int) and not isinstance(env_params, bool):
+            raise InvalidArgumentError(
+                f"JaxVectorEnv(env, {env_params}): the second argument is env_params (None: "
+                f"the env's default_params); pass num_envs by keyword: num_envs={env_params}."
+            )
         if functions is None:
             functions = functions_of(env)
         if env_params is None:
@@ -255,7 +265,15 @@ class JaxVectorEnv(GroupedAgents):
                 f"JaxVectorEnv: {type(env).__name__} has no {name}(params) method; pass "
                 f"{name}= (a gymnasium space for one env)."
             )
-        return to_gymnasium_space(method(params), name)
+        try:
+            space = method(params)
+        except (AttributeError, KeyError, TypeError) as err:  # params of another env
+            raise InvalidArgumentError(
+                f"JaxVectorEnv: {type(env).__name__}.{name}(env_params) failed "
+                f"({type(err).__name__}: {err}); pass this env's params "
+                "(env.default_params, or env_params=None for them)."
+            ) from err
+        return to_gymnasium_space(space, name)
 
     def _check_reset_obs(self, obs: Any, space: spaces.Space, agent: str | None = None) -> None:
         """Invariant 6: the env's observations (``obs``: what ``reset`` returns, shapes
