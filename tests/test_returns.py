@@ -207,12 +207,19 @@ def test_matches_python_loop(batch, gamma, lam, skip):
 
 
 def group_of(batch):
-    """A GroupTrajectory holding ``batch``'s arrays (``value`` as ``extras["value"]``)."""
-    reward = batch["reward"]
+    """A GroupTrajectory holding ``batch``'s arrays (``value`` as ``extras["value"]``),
+    its ``agent_step`` counting each column's valid slots from its last episode end (an
+    episode under way at the start: 3 steps in)."""
+    reward, valid = batch["reward"], np.asarray(batch["valid"])
+    done = np.asarray(batch["terminated"]) | np.asarray(batch["truncated"])
+    agent_step, count = np.zeros(reward.shape, np.int64), np.full(reward.shape[1:], 3)
+    for t in range(len(reward)):
+        agent_step[t] = np.where(valid[t], count, 0)
+        count = np.where(valid[t], np.where(done[t], 0, count + 1), count)
     return jr.multi_agent.GroupTrajectory(
         obs=reward, action=reward, reward=reward, terminated=batch["terminated"],
         truncated=batch["truncated"], next_obs=reward, extras={"value": batch["value"]},
-        valid=batch["valid"], agent_step=np.zeros(reward.shape, np.int64),
+        valid=batch["valid"], agent_step=agent_step,
     )  # fmt: skip
 
 
@@ -234,6 +241,29 @@ def test_a_group_skips_its_invalid_slots_and_group_gae_is_gae(batch, gamma, lam)
         jr.discounted_returns(group, next_value=next_value, gamma=gamma),
         jr.discounted_returns(**batch, skip_invalid=True, gamma=gamma),
     )
+
+
+def test_a_group_never_chains_across_an_unflagged_episode_start():
+    """A failed env step cuts each agent's episode without a flag on its last slot (the
+    failed slot is empty, as an agent's gap between turns): the next valid slot starting
+    an episode (``agent_step`` 0) ends the slot before it, bootstrapped as a truncation,
+    as a Trajectory's failed slot does."""
+    ones = np.ones((3, 1, 1))
+    flags = np.zeros((3, 1, 1), bool)
+    valid = np.array([True, False, True])[:, None, None]  # t=1: the failed step
+    group = jr.multi_agent.GroupTrajectory(
+        obs=ones, action=ones, reward=ones, terminated=flags, truncated=flags, next_obs=ones,
+        extras={"value": np.zeros_like(ones)}, valid=valid,
+        agent_step=np.array([4, 0, 0])[:, None, None],  # t=2 starts a new episode
+    )  # fmt: skip
+    next_value = np.full_like(ones, 10.0)
+    out = jr.gae(group, next_value=next_value, gamma=0.5, lam=1.0).advantages[:, 0, 0]
+    assert out.tolist() == [1 + 0.5 * 10, 0.0, 1 + 0.5 * 10]  # t=0 bootstraps, unchained
+    chained = group.replace(agent_step=np.array([4, 0, 5])[:, None, None])
+    out = jr.gae(chained, next_value=next_value, gamma=0.5, lam=1.0).advantages[:, 0, 0]
+    assert out.tolist() == [1 + 0.5 * 10 + 0.5 * 6, 0.0, 6.0]  # one episode: chained
+    returns = jr.discounted_returns(group, next_value=next_value, gamma=0.5)[:, 0, 0]
+    assert returns.tolist() == [6.0, 0.0, 6.0]
 
 
 def test_skip_invalid_hand_computed():

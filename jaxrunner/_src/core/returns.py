@@ -74,7 +74,9 @@ def gae(
             episode, and the step before it is bootstrapped as at a truncation (a
             Trajectory's failed step or reset slot). True: it is skipped, and each
             column's valid slots are chained across it (a group's slots where the agent
-            waited for the other agents' turns). Default: True for a group, else False.
+            waited for the other agents' turns), unless the next valid slot starts an
+            agent episode (a group's ``agent_step`` 0: a failed env step cut the one
+            before). Default: True for a group, else False.
         gamma: discount factor.
         lam: GAE's lambda (1 gives discounted returns minus ``value``, 0 gives TD(0)).
 
@@ -134,14 +136,23 @@ def _run(fn: str, trajectory: Any, fields: tuple, skip_invalid: Any, gamma: Any,
         skip = isinstance(trajectory, GroupTrajectory)
     else:
         skip = check_bool(fn, "skip_invalid", skip_invalid)
-    return _compute(inputs, gamma, lam, kind=fn, skip=skip)
+    starts = None  # a group's agent episodes start at agent_step 0
+    if skip and isinstance(trajectory, GroupTrajectory) and trajectory.agent_step is not None:
+        starts = jnp.asarray(trajectory.agent_step) == 0
+    return _compute(inputs, starts, gamma, lam, kind=fn, skip=skip)
 
 
 # One compiled program per shape (the eager argsort, gathers and scatters of
 # _over_valid_slots would compile a dozen small ones, each first call of a shape).
 @functools.partial(jax.jit, static_argnames=("kind", "skip"))
 def _compute(
-    arrays: tuple[jax.Array, ...], gamma: jax.Array, lam: jax.Array, *, kind: str, skip: bool
+    arrays: tuple[jax.Array, ...],
+    starts: jax.Array | None,
+    gamma: jax.Array,
+    lam: jax.Array,
+    *,
+    kind: str,
+    skip: bool,
 ) -> Any:
     """``gae`` or ``discounted_returns`` (``kind``) of ``arrays`` (``_FIELDS``)."""
 
@@ -154,17 +165,26 @@ def _compute(
         valid, value = arrays[_FIELDS.index("valid")], arrays[_FIELDS.index("value")]
         return GAE(advantages, jnp.where(valid, advantages + value, 0.0))
 
-    return _over_valid_slots(run, arrays, skip)
+    return _over_valid_slots(run, arrays, skip, starts)
 
 
-def _over_valid_slots(run: Any, inputs: tuple[jax.Array, ...], skip: bool) -> Any:
+def _over_valid_slots(
+    run: Any, inputs: tuple[jax.Array, ...], skip: bool, starts: jax.Array | None = None
+) -> Any:
     """``run(*inputs)``; with ``skip``, on each column's valid slots moved to its front
-    (a stable sort over time), the outputs put back where their inputs were."""
+    (a stable sort over time), the outputs put back where their inputs were. Where the
+    next valid slot ``starts`` an episode, a slot ends its own (seen truncated): a failed
+    env step cut it, unflagged, in a gap the skip would close."""
     if not skip:
         return run(*inputs)
     valid = inputs[_FIELDS.index("valid")]
     order = jnp.argsort(~valid, axis=0, stable=True)  # valid slots first, in time order
-    out = run(*(jnp.take_along_axis(x, order, axis=0) for x in inputs))
+    moved = [jnp.take_along_axis(x, order, axis=0) for x in inputs]
+    if starts is not None:
+        later = jnp.take_along_axis(starts & valid, order, axis=0)[1:]
+        cut = jnp.concatenate([later, jnp.zeros_like(starts[:1])], axis=0)
+        moved[_FIELDS.index("truncated")] = moved[_FIELDS.index("truncated")] | cut
+    out = run(*moved)
     rest = tuple(jnp.indices(order.shape)[1:])
     return jax.tree.map(lambda x: jnp.zeros_like(x).at[(order, *rest)].set(x), out)
 
