@@ -177,6 +177,14 @@ def test_episodes_per_agent_match_the_trajectory():
     assert metrics["num_agent_steps"] > metrics["num_env_steps"]
 
 
+def test_sample_episodes_come_by_env_episode_then_agent_across_samples():
+    envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 2)
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 4, seed=0) as runner:
+        episodes = runner.sample_episodes(12)
+    keys = [(e.episode_id, envs.possible_agents.index(e.agent_id)) for e in episodes]
+    assert keys == sorted(keys) and len(set(keys)) == 12
+
+
 def test_sample_episodes_after_a_plain_sample_returns_only_what_the_env_did():
     # The agent episodes under way at a plain sample() lost steps to it: sample_episodes
     # must not join their earlier part to their later one.

@@ -458,6 +458,9 @@ def test_sample_episodes_complete_and_nothing_lost(cartpole_runner):
     assert len(first) == len(second) == 5
     assert len({e.episode_id for e in episodes}) == 10
     assert all(e.is_complete and e.start_step == 0 for e in episodes)
+    # In the order they started (ids in (step, env) order), across the samples of a call.
+    many = cartpole_runner(num_envs=3, rollout_length=7, seed=4).sample_episodes(20)
+    assert [e.episode_id for e in many] == sorted(e.episode_id for e in many)
     # Each episode is exactly what its env produced: replay it in a reference env.
     for e in episodes:
         assert e.obs.shape == (e.length + 1, 4)

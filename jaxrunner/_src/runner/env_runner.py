@@ -231,6 +231,7 @@ class EnvRunner:
             while len(state.finished) < num_episodes:
                 done = state.episodes.complete(self._sample().split_episodes())
                 state.finished.extend(e for e in done if include_faulty or not e.faulty)
+                state.finished.sort(key=state.episodes.order)  # one begun earlier ends later
                 bar.update(len(state.finished))
         return state.take_finished(num_episodes)
 
