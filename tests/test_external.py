@@ -206,7 +206,7 @@ def test_log_steps_past_max_episode_steps_records_none_of_them(recurrent):
 def test_sample_episodes_refuses_more_than_are_ever_held():
     refused = pytest.raises(errors.InvalidArgumentError, match=r"in \[1, 2\] \(no more are held")
     with make_external(max_output_episodes=2) as env, refused:
-        env.sample_episodes(3)  # it would wait forever
+        env.sample_episodes(3, timeout_s=0.1)  # (without the check: a timeout)
 
 
 def test_caps_and_ids():
