@@ -259,6 +259,15 @@ def test_bench_bad_numbers_are_a_clear_error_naming_the_flags(capsys, flag):
     assert err.startswith("jaxrunner bench: BenchConfig(") and flag[0] in err
 
 
+def test_bench_seconds_must_be_finite():
+    """``--seconds inf`` measured forever: refused with the other bad numbers."""
+    from jaxrunner._src import bench
+    from jaxrunner.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match=r"seconds=inf\): expected a number in"):
+        bench.BenchConfig(seconds=float("inf"))
+
+
 def test_version(capsys):
     import jaxrunner
 

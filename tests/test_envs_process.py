@@ -225,6 +225,20 @@ def test_same_rows_sent_again_before_the_recv_are_stepped_in_order(backend):
         np.testing.assert_array_equal(second.reward, [1.0, 1.0])
 
 
+def test_reset_at_of_a_sub_env_whose_step_is_in_flight_is_refused():
+    """Its worker steps it before the reset, which would overwrite the step's observation
+    (the sync backend resets first: it steps at recv); refused, the step still arrives."""
+    with closing(ProcessVectorEnv(counting_env_fns(2, episode_length=50), ProcessConfig())) as vec:
+        vec.reset(seed=SEED)
+        vec.send(np.zeros(2, np.int64))
+        with pytest.raises(InvalidArgumentError, match=r"reset_at\(1\): sub-env 1's step is in"):
+            vec.reset(options={"reset_mask": np.array([False, True])})
+        out = vec.recv()
+        np.testing.assert_array_equal(out.next_obs[:, CountingEnv.T], [1, 1])
+        np.testing.assert_array_equal(out.obs, out.next_obs)
+        vec.reset_at(1)  # nothing in flight: as before
+
+
 # -- errors -------------------------------------------------------------------------------------
 
 

@@ -84,7 +84,7 @@ class BenchConfig:
                 )
         if not self.widths or not all(is_int(w) for w in self.widths):
             raise InvalidArgumentError(f"BenchConfig(widths={self.widths}): expected ints >= 1.")
-        check_number("BenchConfig", "seconds", self.seconds, low_open=True)
+        check_number("BenchConfig", "seconds", self.seconds, low_open=True, high_open=True)
         check_int("BenchConfig", "rounds", self.rounds)
         plans = plans_for(self.env)
         unknown = [b for b in self.backends if b not in plans]

@@ -22,6 +22,7 @@ from jaxrunner._src.backends.process.transport import ProcessTransport, Report
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.sub_env_block import EnvFactory
+from jaxrunner.errors import InvalidArgumentError
 
 
 class ProcessBackend(RemoteSubEnvs):
@@ -145,6 +146,13 @@ class ProcessBackend(RemoteSubEnvs):
     ) -> Any:
         self._check_open("reset_at")
         self._check_index(index, "reset_at")
+        if any(call.overlaps(index, index + 1) for call in self._stepper.calls):
+            # Its worker steps it first: the reset would overwrite the step's observation.
+            raise InvalidArgumentError(
+                f"{type(self).__name__}.reset_at({index}): sub-env {index}'s step is in "
+                "flight (sent, not received); recv() it first, or reset() every sub-env "
+                "(which drops steps in flight)."
+            )
         info = self._call_worker_of(index, "reset_or_restart", (index, seed, options))
         self._transport.recovery.pending.pop(index, None)
         return self._layout.reset_at_result(self._views, index, info)
