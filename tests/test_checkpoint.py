@@ -649,6 +649,21 @@ def test_the_info_names_reported_before_a_save_are_known_after_it(info_keys, tmp
             assert_trees_equal(resumed.sample(), expected, "trajectory")
 
 
+def test_a_pure_jax_runner_ignores_info_names_it_has_no_recorder_for(tmp_path):
+    """A pure-JAX runner records no infos: a file's (well-formed) info_names change
+    nothing, and the restore goes through."""
+    src, dst = tmp_path / "saved.ckpt", tmp_path / "named.ckpt"
+    with walk_runner() as runner:
+        runner.sample()
+        runner.save(src)
+        expected = runner.sample()
+    names = {"every": False, "keys": ["x"], "unseen": ["x"], "reported": []}
+    rewrite(src, dst, meta=lambda m: m.update(info_names=names))
+    with walk_runner() as resumed:
+        assert resumed.restore(dst).envs_restored
+        assert_trees_equal(resumed.sample(), expected, "trajectory")
+
+
 def test_a_save_that_fails_leaves_no_file_behind(tmp_path):
     (tmp_path / "a_folder").mkdir()
     with make() as runner, pytest.raises(IsADirectoryError):

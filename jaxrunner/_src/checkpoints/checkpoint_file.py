@@ -19,6 +19,7 @@ from jaxrunner._src.core.agent_groups import DEFAULT_POLICY_ID
 from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.core.npz_reader import NpzReader
 from jaxrunner._src.core.runner_state import RunnerParts
+from jaxrunner._src.samplers.info_arrays import is_recorder_state
 from jaxrunner._src.samplers.scan import ScanSampler
 
 FORMAT = "jaxrunner checkpoint"
@@ -219,18 +220,7 @@ class CheckpointFile(CheckpointReader):
 
     def _info_names(self, meta: dict[str, Any]) -> dict[str, Any] | None:
         names = meta.get("info_names")
-        if names is None:
-            return None
-        lists = ("keys", "unseen", "reported")
-        if not (
-            isinstance(names, dict)
-            and set(names) == {"every", *lists}
-            and isinstance(names["every"], bool)
-            and all(isinstance(names[f], list) for f in lists)
-            and all(isinstance(n, str) for f in lists for n in names[f])
-            and len(set(names["keys"])) == len(names["keys"])
-            and set(names["unseen"]) <= set(names["keys"])
-        ):
+        if names is not None and not is_recorder_state(names):
             raise self.error(
                 "has a metadata field info_names that is not an info_keys recorder's names "
                 "(every: a bool; keys, unseen and reported: lists of names, unseen among keys)"

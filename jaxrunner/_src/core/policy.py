@@ -35,6 +35,13 @@ def dummy_obs(observation_space: spaces.Space, batch: int = 1) -> Any:
     return space_arrays.allocate(observation_space, (batch,))
 
 
+def one_row_args(policy: Policy, params: Any, observation_space: spaces.Space) -> tuple:
+    """``policy.apply_fn``'s arguments for one zero row of ``observation_space`` (to
+    trace it abstractly: ``jax.eval_shape(policy.apply_fn, *one_row_args(...))``)."""
+    keys = jax.random.split(jax.random.key(0), 1)
+    return params, dummy_obs(observation_space), policy.batched_carry(1), keys
+
+
 @dataclasses.dataclass(frozen=True)
 class Policy:
     """A pure policy.

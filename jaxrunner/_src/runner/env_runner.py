@@ -28,7 +28,7 @@ from jaxrunner._src.runner.auto_layout import from_env
 from jaxrunner._src.runner.env_runner_checks import (
     check_arguments,
     check_host_options,
-    policies_apply,
+    params_error,
 )
 from jaxrunner._src.runner.kinds import kind_of
 from jaxrunner._src.runner.ownership import Ownership
@@ -38,7 +38,7 @@ from jaxrunner._src.samplers.host_loop import HostLoop
 from jaxrunner._src.samplers.info_arrays import InfoKeys
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
 from jaxrunner._src.samplers.scan import ScanSampler
-from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
+from jaxrunner.errors import InvalidArgumentError
 
 
 class EnvRunner:
@@ -152,21 +152,10 @@ class EnvRunner:
             self.sampler: Any = self.kind.sampler(self, num_splits)
         except BaseException as err:
             self._ownership.release()
-            # Tracing the policy with params of the wrong structure fails deep in its code.
-            wrong_params = isinstance(err, KeyError | TypeError | AttributeError)
-            if not wrong_params or isinstance(err, InvalidArgumentTypeError):
+            instead = params_error(err, policies, by_id, envs.groups)
+            if instead is None:
                 raise
-            if policies_apply(policies, by_id, envs.groups):  # the error is not theirs
-                err.add_note(
-                    "EnvRunner: the policy applies to these params; this came from building "
-                    "the rest of the step (a pure-JAX env's functions and its env params?)."
-                )
-                raise
-            raise InvalidArgumentError(
-                f"EnvRunner(params=...): the policy could not be applied to these params "
-                f"({type(err).__name__}: {err}). Pass the params the policy was initialised "
-                "with: policy.init(jax.random.key(0), envs.single_observation_space)."
-            ) from err
+            raise instead from err
 
     @property
     def multi_agent(self) -> bool:

@@ -9,13 +9,12 @@ from typing import Any
 import gymnasium
 import jax
 
-from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 from jaxrunner._src.connectors.pipeline import Connectors
-from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.core.policy import Params, Policy, one_row_args
 from jaxrunner._src.core.seeds import MAX_SEED
 from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
 from jaxrunner._src.samplers.batch_invariance import check_chunk_rows
@@ -225,17 +224,30 @@ def check_loop_options(kind: Any, callbacks: Any, num_splits: Any, loop: str, fi
         )
 
 
-def policies_apply(
-    policies: Mapping[str, Policy], params: Mapping[str, Params], groups: Any
-) -> bool:
-    """Whether each group's policy applies to its params (traced abstractly, one row):
-    when building a sampler fails, whether the params are to blame or something else
-    traced there (a pure-JAX env's functions)."""
-    keys = jax.random.split(jax.random.key(0), 1)
-    try:
+def params_error(
+    err: BaseException, policies: Mapping[str, Policy], params: Mapping[str, Params], groups: Any
+) -> InvalidArgumentError | None:
+    """What to raise instead of ``err``, raised while building the sampler, where the
+    params are to blame; None to raise ``err`` itself (noted where the policy applies to
+    them: a pure-JAX env's functions or env params failed)."""
+    # Tracing the policy with params of the wrong structure fails deep in its code.
+    wrong_params = isinstance(err, KeyError | TypeError | AttributeError)
+    if not wrong_params or isinstance(err, InvalidArgumentTypeError):
+        return None
+    try:  # each group's policy traced abstractly on one row of its params
         for g in groups:
-            policy, obs = policies[g.policy_id], space_arrays.allocate(g.observation_space, (1,))
-            jax.eval_shape(policy.apply_fn, params[g.policy_id], obs, policy.batched_carry(1), keys)
+            policy = policies[g.policy_id]
+            jax.eval_shape(
+                policy.apply_fn, *one_row_args(policy, params[g.policy_id], g.observation_space)
+            )
     except Exception:
-        return False
-    return True
+        return InvalidArgumentError(
+            f"EnvRunner(params=...): the policy could not be applied to these params "
+            f"({type(err).__name__}: {err}). Pass the params the policy was initialised "
+            "with: policy.init(jax.random.key(0), envs.single_observation_space)."
+        )
+    err.add_note(
+        "EnvRunner: the policy applies to these params; this came from building "
+        "the rest of the step (a pure-JAX env's functions and its env params?)."
+    )
+    return None

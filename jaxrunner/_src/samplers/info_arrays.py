@@ -200,6 +200,21 @@ class InfoRecorder:
                 present[name] = np.zeros(self._shape, np.bool_)
 
 
+def is_recorder_state(state: Any) -> bool:
+    """Whether ``state`` (JSON values, e.g. from a file) is one :meth:`InfoRecorder.get_state`
+    could have given."""
+    lists = ("keys", "unseen", "reported")
+    return (
+        isinstance(state, dict)
+        and set(state) == {"every", *lists}
+        and isinstance(state["every"], bool)
+        and all(isinstance(state[f], list) for f in lists)
+        and all(isinstance(n, str) for f in lists for n in state[f])
+        and len(set(state["keys"])) == len(state["keys"])
+        and set(state["unseen"]) <= set(state["keys"])
+    )
+
+
 def _rows(array: np.ndarray) -> np.ndarray:
     """``array`` as ``[T, rows]`` (an agent group's ``[T, B, A_g]`` as a view)."""
     return array if array.ndim == 2 else array.reshape(len(array), -1)

@@ -194,6 +194,9 @@ class ScanSampler:
         """No ``info_keys``: a pure-JAX env's infos are not recorded."""
         return None
 
+    def set_info_names(self, names: dict[str, Any]) -> None:
+        """Nothing to take (a file's names, of another runner, are ignored)."""
+
 
 def _one_policy(run: Callable[..., tuple], policy_id: str, params: Params, *args: Any) -> tuple:
     """``run`` with ``params`` as the one policy's (an EnvRunner's params, as they are)."""

@@ -12,9 +12,8 @@ import jax
 import numpy as np
 from gymnasium import spaces
 
-from jaxrunner._src import space_arrays
 from jaxrunner._src.core.episode import EpisodeSpan
-from jaxrunner._src.core.policy import Params, Policy
+from jaxrunner._src.core.policy import Params, Policy, one_row_args
 from jaxrunner.errors import MemoryLimitError
 
 ARRAY_OVERHEAD_BYTES = 112
@@ -73,9 +72,7 @@ def estimate_step_nbytes(
     """What one step of ``policy`` costs before any was recorded: a sample of each
     space and the policy's extras for one row (traced abstractly, nothing compiled),
     so the first step's reservation covers its extras too."""
-    keys = jax.random.split(jax.random.key(0), 1)
-    obs = space_arrays.allocate(observation_space, (1,))
-    _, extras, _ = jax.eval_shape(policy.apply_fn, params, obs, policy.batched_carry(1), keys)
+    _, extras, _ = jax.eval_shape(policy.apply_fn, *one_row_args(policy, params, observation_space))
     row_extras = {k: np.zeros(v.shape[1:], v.dtype) for k, v in dict(extras).items()}
     return step_nbytes(observation_space.sample(), action_space.sample(), row_extras)
 
