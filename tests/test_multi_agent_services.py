@@ -13,6 +13,7 @@ pytest.importorskip("pettingzoo")
 
 import jaxrunner as jr
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.testing import FaultPlan, faulty_env_fns
 from tests import multi_agent_envs as envs_mod
 from tests.test_multi_agent import random_policy, zero_params
 
@@ -112,6 +113,44 @@ def test_callbacks_see_each_complete_agent_episode_once(factory):
     for got, want in zip(ended, reference):
         np.testing.assert_array_equal(got.reward, want.reward)
         np.testing.assert_array_equal(got.action, want.action)
+
+
+def test_callbacks_and_splits_end_an_agent_episode_a_fault_cuts_at_a_sample_start():
+    """A failed env step at the first step of a sample ends, as a fault, the agent
+    episodes under way since the sample before: each sample's split holds a zero-length
+    faulty piece for them, and the callbacks see each whole, as a split of the samples
+    joined does."""
+    fault = FaultPlan(kind="raise", at=(4,))
+    fns = faulty_env_fns(envs_mod.coming_and_going, 3, {1: [fault]}, agent="a1")
+    envs = jr.make_vec(fns, 3, restart_policy=jr.RestartPolicy())
+    recorder, samples = _Recorder(), []
+    with jr.EnvRunner(envs, random_policy(3), zero_params(3), 11, 5, callbacks=recorder) as runner:
+        for _ in range(3):
+            samples.append(jax.device_get(runner.sample()))
+            recorder.ended.append(None)  # the end of a sample
+    assert not samples[1].valid[0].all()  # the case: a fault at a sample's first step
+    whole = jr.concatenate(samples).split_episodes()
+    key = lambda e: (e.env_id, e.episode_id, e.agent_id)  # noqa: E731
+    by_sample = []
+    for i in range(3):
+        ends = [
+            {key(e) for e in jr.concatenate(samples[:n]).split_episodes() if e.is_done}
+            for n in (i, i + 1)
+            if n
+        ]
+        new = ends[-1] - (ends[0] if i else set())
+        by_sample.append(sorted(new - {key(e) for e in whole if not e.is_complete}))
+    complete = {key(e): e for e in whole if e.is_complete}
+    seen, i = [], 0
+    for episode in recorder.ended:
+        if episode is None:
+            assert sorted(map(key, seen)) == by_sample[i], f"sample {i}"
+            seen, i = [], i + 1
+            continue
+        seen.append(episode)
+        jax.tree.map(np.testing.assert_array_equal, episode, complete[key(episode)])
+        assert episode.faulty == complete[key(episode)].faulty
+    assert any(e.faulty for e in whole if e.is_complete)
 
 
 def test_callbacks_that_override_nothing_are_never_called():

@@ -52,7 +52,8 @@ class GroupTrajectory(StoredNextObs, flax.struct.PyTreeNode):
         extras: policy outputs of the action (``log_prob``, ``value``, ...).
         valid: bool, False where the slot holds no transition (the agent was absent,
             had left, or waited for its turn). Every other field is zero there.
-        agent_step: index of the transition within the agent's episode.
+        agent_step: index of the transition within the agent's episode; at a failed env
+            step's slot, the length of the agent episode it cut (0: none under way).
     """
 
     obs: Any
@@ -241,7 +242,8 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
         """Per-agent episodes, env by env, agent by agent, in time order. Episodes
         still running at the end are not ``is_done``; those begun before the first
         step (``start_step > 0``) are not ``is_complete``; those a failed step of their
-        env cut (``valid``) end there, ``faulty`` and ``truncated``."""
+        env cut (``valid``) end there, ``faulty`` and ``truncated`` (one begun in an
+        earlier sample as a zero-length piece, as :meth:`Trajectory.split_episodes`)."""
         host = self.dense().to_numpy()
         episodes = []
         failed = [
@@ -254,11 +256,16 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
                 range(host.num_envs), enumerate(host.agents[policy_id])
             ):
                 steps = np.flatnonzero(group.valid[:, b, a])
-                if steps.size == 0:
-                    continue
                 ends = set((np.flatnonzero(done[steps, b, a]) + 1).tolist())
-                # A failed step cuts the episode of the agent's transitions before it.
-                cuts = set(np.searchsorted(steps, failed[b]).tolist()) - ends - {0}
+                # A failed step cuts the episode of the agent's transitions before it. One
+                # before the agent's first transition here ends, as a zero-length piece,
+                # the episode under way since an earlier sample (its slot's agent_step is
+                # that episode's length: 0 if none).
+                at = np.searchsorted(steps, failed[b])
+                cuts = set(at.tolist()) - ends - {0}
+                ended = [f for f, i in zip(failed[b], at) if i == 0 and group.agent_step[f, b, a]]
+                for f in ended:
+                    episodes.append(_episode(host, policy_id, agent, b, a, np.array([f]), True))
                 for lo, hi in itertools.pairwise([0, *sorted(ends | cuts), steps.size]):
                     if lo < hi:
                         rows = steps[lo:hi]
@@ -302,8 +309,12 @@ def _episode(
     rows: np.ndarray,
     faulty: bool = False,
 ) -> AgentEpisode:
+    """The agent's transitions at ``rows``; an invalid row (a failed step's slot) alone
+    is the zero-length end of an episode begun in an earlier sample."""
     group = host.groups[policy_id]
-    last = rows[-1]
+    first, last = rows[0], rows[-1]
+    if not group.valid[last, b, a]:  # the failed slot's obs: zeros, as the sample has none
+        rows = rows[:0]
     return AgentEpisode(
         **cut_steps(group, (rows, b, a), (last, b, a), group.next_obs),
         env_step=host.step[rows, b],
@@ -312,7 +323,7 @@ def _episode(
         faulty=faulty,
         agent_id=agent,
         policy_id=policy_id,
-        env_id=int(host.env_id[rows[0], b]),
-        episode_id=int(host.episode_id[rows[0], b]),
-        start_step=int(group.agent_step[rows[0], b, a]),
+        env_id=int(host.env_id[first, b]),
+        episode_id=int(host.episode_id[first, b]),
+        start_step=int(group.agent_step[first, b, a]),
     )

@@ -243,8 +243,8 @@ def agent_episode_ends(
     ended there as arrays ``(slot, return, length)``, in (step, env, slot) order. Where
     ``aborted`` (``[T, B]``; None: never) the env's step failed: its agents' episodes
     end there without being returned. ``steps`` (``[T, B, A_g]``; None: not written):
-    ``steps[:t]`` gets each valid transition's index within its agent episode (invalid
-    slots 0), vectorised over the steps."""
+    ``steps[:t]`` gets each valid transition's index within its agent episode (a failed
+    step's slot: the length of the episode it cut; other invalid slots 0), vectorised."""
     empty = np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64)
     if t == 0:
         return empty
@@ -254,14 +254,18 @@ def agent_episode_ends(
     count = accumulate_rows(np.add, kept.astype(np.int64))  # valid transitions up to and at s
     before_r, before_l = running_return.reshape(-1), running_length.reshape(-1)
     ends = kept & done[:t].reshape(t, per_row)
-    if aborted is not None:  # a failed env step holds no transition: disjoint from ends
-        ends = ends | np.repeat(aborted[:t], shape[1], axis=1)  # env-major agent rows
+    cut = None if aborted is None else np.repeat(aborted[:t], shape[1], axis=1)  # env-major
+    if cut is not None:  # a failed env step holds no transition: disjoint from ends
+        ends = ends | cut
     if steps is not None:
         # The count where each row's current episode began: -length before the sample,
         # then the count at its latest end before s (counts only grow: a running maximum).
         began = np.where(ends, count, np.iinfo(np.int64).min)
         began = accumulate_rows(np.maximum, np.concatenate([-before_l[None], began[:-1]]))
-        steps[:t] = np.where(kept, count - kept - began, 0).reshape(steps[:t].shape)
+        # A failed step's slot: the length of the episode it cut (split_episodes ends one
+        # begun in an earlier sample there).
+        cut_length = 0 if cut is None else np.where(cut, count - began, 0)
+        steps[:t] = np.where(kept, count - kept - began, cut_length).reshape(steps[:t].shape)
     step, row = np.nonzero(ends)  # (step, env, slot) order
     new_r, new_l = before_r + total[-1], before_l + count[-1]
     if len(step) == 0:
