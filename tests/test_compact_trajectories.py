@@ -117,6 +117,14 @@ def test_compact_slices_joins_episodes_and_files(tmp_path: Any) -> None:
     chex.assert_trees_all_equal(jr.Trajectory.load(tmp_path / "c.npz"), d1)
 
 
+def test_replacing_the_obs_of_a_compact_trajectory_keeps_its_next_obs() -> None:
+    make_envs = BACKENDS["sync-restarts"]
+    compact, dense = _samples(make_envs, 1, compact_next_obs=True)[0], _samples(make_envs, 1)[0]
+    obs = dense.obs + 1.0
+    chex.assert_trees_all_equal(compact.replace(obs=obs).dense(), dense.replace(obs=obs))
+    chex.assert_trees_all_equal(compact.replace(reward=dense.reward).dense(), dense)
+
+
 def test_next_value_evaluates_only_the_stored_rows() -> None:
     compact, dense = (
         _samples(BACKENDS["sync"], 1, compact_next_obs=True)[0],

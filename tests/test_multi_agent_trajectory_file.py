@@ -216,6 +216,9 @@ BAD_SPECS: dict[str, Callable[[dict[str, Any]], Any]] = {
         _group(s).update(terminated=s["fields"]["env_done"]),
         s["fields"].update(env_done={"array": "spare"}),
     ),
+    r"field groups.policy_0.extras that is not an object of named arrays": lambda s: _group(
+        s
+    ).update(extras={"array": "spare"}),
     r"groups.policy_0.next_obs shaped unlike groups.policy_0.obs": lambda s: _group(s).update(
         next_obs={"dict": {"observation": _group(s)["next_obs"]["dict"]["observation"]}}
     ),

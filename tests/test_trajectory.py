@@ -549,6 +549,9 @@ BAD_FILES = {
     "next_obs shaped unlike obs": lambda spec: spec["fields"].update(
         next_obs={"tuple": [spec["fields"]["next_obs"]["dict"]["x"]]}
     ),
+    "field extras that is not an object of named arrays": lambda spec: spec["fields"].update(
+        extras=spec["fields"]["extras"]["dict"]["log_prob"]
+    ),
 }
 
 

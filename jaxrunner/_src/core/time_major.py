@@ -212,8 +212,13 @@ class StoredNextObs(TimeMajor):
         return jax.tree.map(lambda x: x[start:stop], rest).replace(next_obs_store=sliced)
 
 
+_NEXT_OBS = ("next_obs", "next_obs_store")
+
+
 def replace_fields(self: Any, **updates: Any) -> Any:
     """A copy with the given fields replaced (``next_obs=`` replaces the store)."""
+    if "obs" in updates and updates.keys().isdisjoint(_NEXT_OBS) and self.is_compact:
+        self = self.dense()  # a compact next_obs is built from obs: keep the one it had
     if "next_obs" in updates:
         updates["next_obs_store"] = updates.pop("next_obs")
     return dataclasses.replace(self, **updates)

@@ -174,6 +174,8 @@ def check_fields(
     None, those in ``may_be_none``), and ``next_obs`` (if any) has ``obs``'s structure,
     shapes and dtypes."""
     for name, tree in fields.items():
+        if name == "extras" and not isinstance(tree, dict):
+            raise error(f"has field {where}extras that is not an object of named arrays")
         leaves = _leaves(tree, where + name)
         kinds = FLAT_KINDS.get(name)
         if tree is None and name in may_be_none:
