@@ -176,6 +176,26 @@ def test_refusals_say_what_to_do():
         jr.EnvRunner.from_env("CartPole-v1", 2, policy, params, 0, 0, backend="sync")
 
 
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"num_envs": 0}, r"from_env\(num_envs=0\): expected an int >= 1"),
+        ({"rollout_length": 0}, r"from_env\(rollout_length=0\): expected an int >= 1"),
+        ({"num_split": 2}, r"from_env\(num_split=...\): not an option of EnvRunner.*num_splits"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_trial(monkeypatch, bad, match):
+    _wants_workers(monkeypatch)
+    monkeypatch.setattr(auto_layout, "choose_auto_layout", lambda *a: pytest.fail("probed"))
+    policy, params = _policy_and_params()
+    args = {"num_envs": 2, "rollout_length": ROLLOUT, **bad}
+    with pytest.raises(InvalidArgumentError, match=match):
+        jr.EnvRunner.from_env(
+            "CartPole-v1", args.pop("num_envs"), policy, params, args.pop("rollout_length"), 0,
+            **args,
+        )  # fmt: skip
+
+
 def test_env_kwargs_reach_gymnasium_make():
     policy, params = _policy_and_params()
     with jr.EnvRunner.from_env(

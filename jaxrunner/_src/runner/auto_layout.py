@@ -15,6 +15,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
+from jaxrunner._src.arg_checks import check_int
 from jaxrunner._src.backends.auto import LayoutChoice
 from jaxrunner._src.backends.base import VectorEnv
 from jaxrunner._src.backends.factories import EnvSpec
@@ -87,6 +88,16 @@ def from_env(
     ``num_splits``, ``connectors``, ``info_keys``, ``compact_next_obs``).
     """
     runner_options = {"callbacks": callbacks, **options}
+    # Checked before a trial: it would build envs and runners first.
+    check_int("EnvRunner.from_env", "num_envs", num_envs)
+    check_int("EnvRunner.from_env", "rollout_length", rollout_length)
+    known = inspect.signature(runner_cls).parameters
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InvalidArgumentError(
+            f"EnvRunner.from_env({unknown[0]}=...): not an option of {runner_cls.__name__}; "
+            f"its options are {[k for k, p in known.items() if p.kind == p.KEYWORD_ONLY]}."
+        )
     env_kwargs = dict(env_kwargs or {})
     own = inspect.signature(make_vec).parameters
     taken = [k for k in env_kwargs if k in own and own[k].kind != inspect.Parameter.VAR_KEYWORD]
