@@ -118,6 +118,59 @@ def test_faulty_episodes_are_left_out_unless_asked(datasets_path: Path, sampled)
     assert jr.from_minari(written)[1].truncated
 
 
+def _spaces(sampled) -> dict:
+    spaces = sampled[1]
+    return dict(observation_space=spaces["observation_space"], action_space=spaces["action_space"])
+
+
+def test_a_faulty_episode_cut_before_its_first_step_is_left_out(datasets_path, sampled) -> None:
+    # A sub-env that fails its first step: a faulty episode of no transition.
+    episodes, cut = sampled[0], jax.tree.map(lambda x: x[:0], sampled[0][1])
+    empty = cut.replace(obs=episodes[1].obs[:1], faulty=True, terminated=False, truncated=True)
+    written = jr.to_minari([episodes[0], empty], "jr/empty/in-v0", include_faulty=True,
+                           **_spaces(sampled))  # fmt: skip
+    assert written.total_episodes == 1
+    np.testing.assert_array_equal(jr.from_minari("jr/empty/in-v0")[0].obs, episodes[0].obs)
+
+
+def test_a_failed_write_leaves_no_dataset_behind(datasets_path, sampled, monkeypatch) -> None:
+    write = minari.create_dataset_from_buffers
+
+    def fails_after_writing(*args, **kwargs):
+        write(*args, **kwargs)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(minari, "create_dataset_from_buffers", fails_after_writing)
+    with pytest.raises(OSError, match="disk full"):
+        jr.to_minari(sampled[0], "jr/failed/write-v0", **_spaces(sampled))
+    assert "jr/failed/write-v0" not in minari.list_local_datasets()
+    monkeypatch.setattr(minari, "create_dataset_from_buffers", write)
+    # The id is free again; an existing dataset is never removed.
+    jr.to_minari(sampled[0], "jr/failed/write-v0", **_spaces(sampled))
+    with pytest.raises(ValueError, match="already exists"):
+        jr.to_minari(sampled[0], "jr/failed/write-v0", **_spaces(sampled))
+    assert "jr/failed/write-v0" in minari.list_local_datasets()
+
+
+def test_observations_outside_their_box_read_back_as_written(datasets_path, sampled) -> None:
+    # Envs may report observations past their Box's bounds; the runner keeps them.
+    episode = sampled[0][0]
+    obs = np.array(episode.obs)
+    obs[:, 0] = 10.0  # CartPole's Box: [-4.8, 4.8]
+    wide = episode.replace(obs=obs)
+    jr.to_minari([wide], "jr/wide/obs-v0", **_spaces(sampled))
+    np.testing.assert_array_equal(jr.from_minari("jr/wide/obs-v0")[0].obs, wide.obs)
+
+
+def test_agent_episodes_are_refused_by_name(datasets_path, sampled) -> None:
+    from jaxrunner._src.core.episode import as_agent_episode
+
+    agent_episode = as_agent_episode(sampled[0][0], "agent_0", "default_policy")
+    with pytest.raises(ValueError, match=r"AgentEpisode of agent 'agent_0'.*single-agent"):
+        jr.to_minari([agent_episode], "jr/agents/refused-v0", **_spaces(sampled))
+    assert "jr/agents/refused-v0" not in minari.list_local_datasets()
+
+
 def test_incomplete_episodes_are_refused(datasets_path: Path, sampled) -> None:
     episodes, spaces = sampled
     tail = episodes[0].replace(start_step=4)

@@ -265,11 +265,11 @@ def check_flag(value: Any, index: object, name: str) -> bool:
 def rows_in_space(space: spaces.Space, array: np.ndarray, bounds: bool = True) -> np.ndarray:
     """Which rows of ``array`` (``[n, *space.shape]``, of a non-composite ``space``) lie
     in ``space``; NaN lies outside. ``bounds`` as :func:`check_value`'s: if False (sampled
-    Box actions, which jaxrunner keeps unclipped), every row of a Box lies in it."""
+    Box actions, which jaxrunner keeps unclipped), every finite row of a Box lies in it."""
     axes = tuple(range(1, array.ndim))
     if isinstance(space, spaces.Box):
         if not bounds:
-            return np.ones(len(array), np.bool_)
+            return np.isfinite(array).all(axis=axes)
         if np.issubdtype(space.dtype, np.integer) and array.dtype.kind == "f":
             return np.zeros(len(array), np.bool_)  # fractions in an integer Box
         inside = (array >= space.low) & (array <= space.high)

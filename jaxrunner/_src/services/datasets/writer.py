@@ -11,7 +11,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src import space_arrays
-from jaxrunner._src.core.episode import Episode
+from jaxrunner._src.core.episode import AgentEpisode, Episode
 from jaxrunner._src.services.datasets.dependency import import_minari
 from jaxrunner.errors import InvalidArgumentError
 
@@ -46,13 +46,15 @@ def to_minari(
         seeds: the reset seed of the episodes whose seed you know, by
             ``episode_id``; the others are stored without one.
         include_faulty: also write episodes cut by a failure of their env
-            (``Episode.faulty``; stored as truncated). Left out by default.
+            (``Episode.faulty``; stored as truncated; those cut before their first step
+            hold no transition and are left out). Left out by default.
         **metadata: passed to ``minari.create_dataset_from_buffers`` (e.g.
             ``algorithm_name``, ``author``, ``description``).
 
     Raises:
         InvalidArgumentError: an episode is not complete (not seen from its reset,
-            or not finished).
+            or not finished), or is an ``AgentEpisode``. A write that fails leaves no
+            dataset behind.
     """
     minari = import_minari()
     from minari.data_collector import EpisodeBuffer
@@ -61,7 +63,14 @@ def to_minari(
     seeds = dict(seeds or {})
     buffers = []
     for episode in episodes:
-        if episode.faulty and not include_faulty:
+        if isinstance(episode, AgentEpisode):
+            raise InvalidArgumentError(
+                f"to_minari: got an AgentEpisode of agent {episode.agent_id!r}; a Minari "
+                "dataset holds single-agent episodes (Minari has no multi-agent format). "
+                "Write the episodes of a single-agent runner."
+            )
+        # A faulty episode cut before its first step holds no transition to store.
+        if episode.faulty and (not include_faulty or episode.length == 0):
             continue
         if not episode.is_complete:
             raise InvalidArgumentError(
@@ -94,7 +103,13 @@ def to_minari(
         options.update(observation_space=observation_space, action_space=action_space)
     if "jpeg_encoding" in inspect.signature(minari.create_dataset_from_buffers).parameters:
         options.setdefault("jpeg_encoding", False)  # lossless, as the episodes came
-    return minari.create_dataset_from_buffers(dataset_id, buffers, **options)
+    existed = dataset_id in minari.list_local_datasets()
+    try:
+        return minari.create_dataset_from_buffers(dataset_id, buffers, **options)
+    except BaseException:
+        if not existed and dataset_id in minari.list_local_datasets():  # half written
+            minari.delete_dataset(dataset_id)
+        raise
 
 
 def _final_flag(length: int, value: bool) -> np.ndarray:
