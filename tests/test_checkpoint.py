@@ -593,6 +593,22 @@ class Unpicklable(gymnasium.Wrapper):
         self.lock = threading.Lock()
 
 
+def test_bfloat16_params_restore_exactly(tmp_path):
+    envs = jr.make_vec(short_cartpole, 2)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    with jr.EnvRunner(envs, policy, params, 4, SEED) as runner:
+        runner.save(tmp_path / "bf16.ckpt")
+        runner.set_params(jax.tree.map(jnp.zeros_like, params))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the envs restart: not this test's point
+            runner.restore(tmp_path / "bf16.ckpt")
+        restored = runner.get_params()
+    assert jax.tree.map(lambda x: x.dtype, restored) == jax.tree.map(lambda x: x.dtype, params)
+    assert_trees_equal(restored, params)
+
+
 def test_envs_that_cannot_be_snapshot_restart_cleanly(tmp_path):
     def make_runner():
         return make(env_fn=lambda: Unpicklable(short_cartpole()))

@@ -97,8 +97,10 @@ def put_tree(arrays: dict[str, np.ndarray], prefix: str, tree: Any) -> list[list
     returns the paths, saved in the metadata."""
     paths = []
     for parts, leaf in path_leaves(tree)[0]:
-        value = jax.random.key_data(leaf) if is_key(leaf) else leaf
-        arrays[array_name(prefix, parts)] = np.asarray(jax.device_get(value))
+        value = np.asarray(jax.device_get(jax.random.key_data(leaf) if is_key(leaf) else leaf))
+        if value.dtype.kind == "V":  # bfloat16 (ml_dtypes): float32 holds it exactly, .npy reads it
+            value = value.astype(np.float32)
+        arrays[array_name(prefix, parts)] = value
         paths.append(parts)
     return paths
 

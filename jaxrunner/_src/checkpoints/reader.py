@@ -142,7 +142,11 @@ class CheckpointReader:
                     "statistics before their frozen flag) cannot be restored by this one."
                 )
             want = jax.random.key_data(like) if is_key(like) else like
-            value = npz.read(name, name, check=exact(np.shape(want), np.asarray(want).dtype))
+            dtype = np.asarray(want).dtype
+            stored = np.dtype(np.float32) if dtype.kind == "V" else dtype  # as put_tree saves
+            value = npz.read(name, name, check=exact(np.shape(want), stored)).astype(
+                dtype, copy=False
+            )
             # No runner keeps a NaN or an infinity (its envs' are invalid steps); a pure-JAX
             # env's own state may (a sentinel), and is the env's business.
             exempt = value.dtype.kind not in "fc" or ENV_STATE in name.split("/")
