@@ -320,6 +320,11 @@ def test_rescale_actions_maps_the_unit_box_to_the_env_bounds():
     np.testing.assert_allclose(squash(jnp.array([[0.0, 50.0]])), [[0, 10]], atol=1e-5)
     with pytest.raises(InvalidArgumentError, match="finite bounds"):
         C.RescaleActions.for_space(spaces.Box(-np.inf, np.inf, (1,)))
+    # Bounds where low + 2 * 0.5 * (high - low) rounds past high in float32.
+    box = spaces.Box(np.float32(-2.8770795), np.float32(0.049582906), (1,), np.float32)
+    for squash in (False, True):
+        out = C.RescaleActions.for_space(box, squash)(jnp.array([[50.0], [-50.0]]))
+        assert all(box.contains(np.asarray(row)) for row in out)
 
 
 class RecordsActions(gymnasium.Wrapper):

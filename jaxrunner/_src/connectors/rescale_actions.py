@@ -61,4 +61,4 @@ class RescaleActions(ActionConnector):
         a = jnp.tanh(action) if self.squash else jnp.clip(action, -1.0, 1.0)
         low = jnp.asarray(self.low, action.dtype).reshape(action.shape[1:])
         high = jnp.asarray(self.high, action.dtype).reshape(action.shape[1:])
-        return low + (a + 1.0) * 0.5 * (high - low)
+        return jnp.clip(low + (a + 1.0) * 0.5 * (high - low), low, high)  # rounding may pass them
