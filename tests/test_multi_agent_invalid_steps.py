@@ -35,7 +35,9 @@ from tests.test_multi_agent_faults import (  # noqa: F401  (ray_for_the_ray_back
 
 
 def assert_zero_where_invalid(traj) -> None:
-    """Every field of every group is zero where ``valid`` is False."""
+    """Every field of every group is zero where ``valid`` is False, but ``agent_step`` at
+    a failed env step: the length of the agent episode it cut (a first sample's)."""
+    failed = np.zeros(traj.env_id.shape, bool) if traj.valid is None else ~traj.valid
     for pid, g in traj.groups.items():
         invalid = ~np.asarray(g.valid)
         fields = {
@@ -46,12 +48,18 @@ def assert_zero_where_invalid(traj) -> None:
             "reward": g.reward,
             "terminated": g.terminated,
             "truncated": g.truncated,
-            "agent_step": g.agent_step,
         }
         for name, tree in fields.items():
             for leaf in jax.tree.leaves(tree):
                 got = np.asarray(leaf)[invalid]
                 assert not got.any(), f"{pid}.{name}: non-zero where valid is False: {got}"
+        length = np.zeros(g.valid.shape[1:], np.int64)
+        for t in range(len(g.valid)):
+            cut = np.broadcast_to(failed[t][:, None], length.shape)
+            want = np.where(cut, length, 0)
+            np.testing.assert_array_equal(g.agent_step[t][invalid[t]], want[invalid[t]])
+            ended = g.valid[t] & (g.terminated[t] | g.truncated[t])
+            length = np.where(ended | cut, 0, length + g.valid[t])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
