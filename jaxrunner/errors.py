@@ -34,7 +34,8 @@ class JaxRunnerError(Exception):
     Attributes:
         partial_trajectory: set when the error interrupted ``EnvRunner.sample()``:
             the steps collected before it, as a :class:`jaxrunner.Trajectory`
-            (``None`` when no step had completed).
+            (``None`` when no step had completed); for ``EnvRunnerGroup.sample()``,
+            the samples of the runners that answered.
     """
 
     partial_trajectory: Any = None

@@ -524,6 +524,94 @@ def test_ray_backend_sub_env_error_arrives_as_env_error_with_index_and_cause():
     assert any("raised in Ray env actor 1" in note for note in caught.value.__notes__)
 
 
+def _seen(err: BaseException) -> tuple[Any, ...]:
+    """A sub-env error as its catcher sees it, less the note naming the Ray actor."""
+    notes = [n for n in getattr(err, "__notes__", []) if "raised in Ray env actor" not in n]
+    return type(err), getattr(err, "env_index", None), str(err), notes
+
+
+def _on_sync_and_ray(base: Any, faults: dict, run: Any, **kwargs: Any) -> dict[str, Any]:
+    """``run(envs)`` on 3 faulty sub-envs, sync and Ray (actors of 2: sub-env 2 is sub-env
+    0 of actor 1)."""
+    got = {}
+    for backend in ("sync", "ray"):
+        if backend == "ray":
+            kwargs["config"] = jr.RayConfig(envs_per_actor=2, num_cpus_per_actor=0.1)
+        envs = jr.make_vec(jr.testing.faulty_env_fns(base, 3, faults), 3, backend, **kwargs)
+        try:
+            got[backend] = run(envs)
+        finally:
+            envs.close()
+    return got
+
+
+@pytest.mark.parametrize("kind", ["gymnasium", "pettingzoo"])
+@pytest.mark.parametrize("policy", [None, jr.RestartPolicy()])
+def test_a_sub_env_raising_in_reset_does_on_ray_what_it_does_on_sync(kind, policy):
+    """Without a restart policy its error is raised (the actor lives on: the next reset
+    works); with one, the sub-env restarts in its actor."""
+    base = functools.partial(CountingEnv, episode_length=3)
+    if kind == "pettingzoo":
+        pytest.importorskip("pettingzoo")
+        base = jr.testing.coming_and_going
+    fault = jr.testing.FaultPlan(kind="raise", call="reset", at=(2,))
+
+    def run(envs: Any) -> Any:
+        envs.reset_batch([0, 1, 2])
+        seen = None
+        try:
+            envs.reset_batch([0, 1, 2])
+        except Exception as err:
+            seen = _seen(err)
+        envs.reset_batch([0, 1, 2])
+        return seen, envs.num_restarts, getattr(envs, "num_actor_restarts", 0)
+
+    got = _on_sync_and_ray(base, {2: [fault]}, run, restart_policy=policy)
+    assert got["ray"] == got["sync"]
+    seen, restarts, _ = got["sync"]
+    # With a policy, each new sub-env 2 fails in its 2nd reset too (the third one here).
+    assert (seen is None, restarts) == ((False, 0) if policy is None else (True, 2))
+    assert policy is not None or seen[1] == 2
+
+
+def test_a_gymnasium_sub_env_error_from_a_ray_actor_names_it_as_sync_does():
+    """Raised, or in a step's errors with a restart policy: the vector env's sub-env, in
+    the message too (an invalid step has no env_index to renumber)."""
+    base = functools.partial(CountingEnv, episode_length=3)
+
+    def raised(envs: Any) -> Any:
+        envs.reset(seed=0)
+        with pytest.raises(jr.errors.JaxRunnerError) as caught:
+            envs.step(np.zeros(3, np.int64))
+        return _seen(caught.value)
+
+    def kept(envs: Any) -> Any:
+        envs.reset(seed=0)
+        errors = envs.step_batch(np.zeros(3, np.int64)).errors
+        return {i: _seen(err) for i, err in errors.items()}
+
+    faults = {2: [jr.testing.FaultPlan(kind="nan_reward", at=(1,))]}
+    got = _on_sync_and_ray(base, faults, raised)
+    assert got["ray"] == got["sync"] and "sub-env 2" in got["sync"][2]
+    faults = {2: [jr.testing.FaultPlan(kind="raise", at=(1,))]}
+    got = _on_sync_and_ray(base, faults, kept, restart_policy=jr.RestartPolicy())
+    assert got["ray"] == got["sync"] and list(got["sync"]) == [2]
+
+
+def test_a_multi_agent_sub_env_error_from_a_ray_actor_names_it_as_sync_does():
+    pytest.importorskip("pettingzoo")
+    faults = {2: [jr.testing.FaultPlan(kind="raise", at=(1,))]}
+
+    def run(envs: Any) -> Any:
+        envs.reset_batch([0, 1, 2])
+        with pytest.raises(jr.errors.EnvError) as caught:
+            envs.step_batch([np.zeros((3, g.num_agents), np.int64) for g in envs.groups])
+        return _seen(caught.value)
+
+    got = _on_sync_and_ray(jr.testing.coming_and_going, faults, run)
+    assert got["ray"] == got["sync"] and got["sync"][1] == 2
+
+
 def test_group_runner_whose_env_raises_is_replaced(group_params, tmp_path):
     config = jr.EnvRunnerGroupConfig(
         num_runners=2,
@@ -541,6 +629,53 @@ def test_group_runner_whose_env_raises_is_replaced(group_params, tmp_path):
         assert "raised in step()" in failures[0] and "broke on purpose" in failures[0]
         group.wait_until_healthy(120.0)
         assert len(group.sample(concat=False)) == 2
+
+
+def small_group_config(**kwargs: Any) -> jr.EnvRunnerGroupConfig:
+    options = {"num_envs_per_runner": 1, "rollout_length": 4, "num_cpus_per_runner": 0.5}
+    return jr.EnvRunnerGroupConfig(sample_timeout_s=60.0, **options, **kwargs)
+
+
+def kill_runner(group: jr.EnvRunnerGroup, index: int) -> None:
+    """Kills runner ``index``'s actor and waits until it is dead (``ray.kill`` is async)."""
+    actor = group.runner_actors[index]
+    ray.kill(actor)
+    with pytest.raises(ray.exceptions.RayActorError):
+        for _ in range(100):
+            ray.get(actor.ready.remote())
+            time.sleep(0.05)
+
+
+def test_group_whose_runners_refuse_params_keeps_and_restarts_from_the_old_ones(group_params):
+    bad = jax.tree.map(lambda x: np.zeros((*x.shape, 2), x.dtype), group_params[1])
+    config = small_group_config(num_runners=1, max_restarts=1)
+    with jr.EnvRunnerGroup("CartPole-v1", POLICY, group_params[0], config) as group:
+        with pytest.raises(jr.errors.SpaceMismatchError):
+            group.set_params(bad)
+        assert group.params_version == group.get_metrics()["params_version"] == 0
+        kill_runner(group, 0)
+        assert group.get_metrics()["num_runner_restarts"] == 1  # replaced
+        group.wait_until_healthy(120.0)  # from the params the runners accepted
+        assert group.get_metrics()["runner_params_versions"] == {0: 0}
+
+
+def test_group_that_gives_up_raises_the_samples_that_came_and_marks_the_runner_down(
+    group_params,
+):
+    config = small_group_config(num_runners=2, max_restarts=0)
+    with jr.EnvRunnerGroup("CartPole-v1", POLICY, group_params[0], config) as group:
+        kill_runner(group, 1)
+        with pytest.raises(jr.errors.RunnerFailedError, match="max_restarts=0") as caught:
+            group.sample()
+        partial = caught.value.partial_trajectory
+        np.testing.assert_array_equal(partial.env_id[0], [0])  # runner 0's sample
+        assert group.num_env_steps_sampled == partial.valid.sum() == 4
+        assert group.healthy_runners == [0]
+        assert [t.env_id[0, 0] for t in group.sample(concat=False)] == [0]  # runner 0 goes on
+        metrics = group.get_metrics()
+        assert len(metrics["runner_failures"][1]) == 1 and metrics["num_healthy_runners"] == 1
+        with pytest.raises(jr.errors.RunnerFailedError, match="max_restarts"):
+            group.wait_until_healthy(1.0)
 
 
 class TestRayContract(jr.testing.VectorEnvContract):
@@ -632,6 +767,30 @@ def test_multi_agent_group_samples_like_local_runners_and_syncs_params_per_polic
         )
     assert metrics["num_env_steps_sampled"] == 2 * 2 * 2 * 8  # runners x envs x samples x T
     assert metrics["runner_params_versions"] == {0: 1, 1: 1}
+
+
+def two_policies(agent: str) -> str:
+    return "a" if agent == "r0" else "b"
+
+
+def test_multi_agent_group_restarts_a_runner_with_the_policies_set_params_left_out():
+    pytest.importorskip("pettingzoo")
+    envs = jr.make_vec(jr.testing.relay, 1, policy_mapping_fn=two_policies)
+    params = {
+        g.policy_id: POLICY(g.action_space).init(jax.random.key(0), g.observation_space)
+        for g in envs.groups
+    }
+    envs.close()
+    new_a = jax.tree.map(lambda x: x + 1.0, params["a"])
+    config = small_group_config(num_runners=1, max_restarts=1, policy_mapping_fn=two_policies)
+    with jr.EnvRunnerGroup(jr.testing.relay, POLICY, params, config) as group:
+        group.set_params({"a": new_a})  # some of the policy ids
+        kill_runner(group, 0)
+        assert group.get_metrics()["num_runner_restarts"] == 1
+        group.wait_until_healthy(120.0)
+        got, version = ray.get(group.runner_actors[0].get_params.remote())
+    jr.testing.assert_trees_equal(got, jax.device_get({"a": new_a, "b": params["b"]}), "params")
+    assert version == 1
 
 
 def test_group_config_multi_agent_flag_is_deprecated_and_a_mapping_needs_a_multi_agent_env():

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jaxrunner._src.backends.error_indices import with_global_env_index
 from jaxrunner._src.backends.ray.config import RayConfig
 from jaxrunner._src.backends.ray.env_actor import EnvWorker
 from jaxrunner._src.backends.ray.progress import ProgressMarks
@@ -110,7 +109,7 @@ class ActorPool:
 
     def remote_error(self, err: BaseException, u: int, call: str) -> BaseException:
         """What a failed remote call means: a dead actor (WorkerError) or an error raised
-        by its sub-envs (the original, re-indexed where it names a sub-env). Raise it as
+        by its sub-envs (the original, naming the vector env's sub-env). Raise it as
         it is, not ``from err``: it chains what it should (a sub-env's own exception,
         which crossed with it, else the remote traceback)."""
         ray = self.ray
@@ -133,7 +132,7 @@ class ActorPool:
                     cause.__cause__ = err
                 elif hasattr(cause, "add_note"):  # Python >= 3.11
                     cause.add_note(f"jaxrunner: raised in Ray env actor {u}: {err}")
-            return with_global_env_index(cause, rows.start, f"Ray env actor {u}")
+            return cause
         return err
 
     def get_all(self, refs: list[Any], timeout: float | None) -> list[Any]:

@@ -1,6 +1,6 @@
 """The bodies of the env actors of ``backend="ray"``: a block of sub-envs stepped by the
 shared step loop (:class:`~jaxrunner._src.backends.sub_env_block.SubEnvBlock`), gymnasium
-ones in a :class:`~jaxrunner.SyncVectorEnv`, PettingZoo ones in an ``AgentBlock``."""
+ones in a ``GymnasiumBlock``, PettingZoo ones in an ``AgentBlock``."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ import gymnasium
 import numpy as np
 
 from jaxrunner._src import space_arrays
+from jaxrunner._src.backends.base import check_equal_spaces
 from jaxrunner._src.backends.batch_step import BatchStep
+from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBlock
 from jaxrunner._src.backends.multi_agent.agent_block import AgentBlock, env_groups
 from jaxrunner._src.backends.multi_agent.buffers import FIELDS, MultiAgentStep
 from jaxrunner._src.backends.ray.progress import SharedMarks, attach
 from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly
-from jaxrunner._src.backends.sub_env_block import EnvFactory, SubEnvBlock, build_envs
-from jaxrunner._src.backends.sync import SyncVectorEnv
+from jaxrunner._src.backends.step_buffers import StepBuffers
+from jaxrunner._src.backends.sub_env_block import EnvFactory, SubEnvBlock, build_envs, failed_mask
 from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn
 
 
@@ -61,49 +63,62 @@ class ActorBody:
 
 
 class EnvWorker(ActorBody):
-    """The body of one env actor: a SyncVectorEnv over a block of sub-envs. Returns
-    copies of its buffers (Ray serializes return values) and portable errors."""
+    """The body of one env actor: a :class:`GymnasiumBlock` over sub-envs ``offset..``,
+    built from its factories. Returns copies of its rows (Ray serializes return values)
+    and portable errors."""
+
+    block: GymnasiumBlock
 
     def __init__(
         self,
         env_fns: Sequence[EnvFactory],
         restart_policy: RestartPolicy | None,
-        offset: int = 0,  # the caller re-indexes errors (the actor pool's convention)
+        offset: int,
         *,
         progress: SharedMarks | None = None,
     ) -> None:
-        self.envs = SyncVectorEnv(env_fns, copy=False, restart_policy=restart_policy)
-        self.block = self.envs._block
-        marks = attach(progress)
-        if marks is not None:  # the block counts from 0: its rows of the marks
-            self.block.status = marks[offset : offset + len(env_fns)]
+        envs = build_envs(env_fns, offset)
+        try:
+            check_equal_spaces([(env.observation_space, env.action_space) for env in envs])
+        except BaseException:
+            for env in envs:
+                close_quietly(env)
+            raise
+        first = envs[0]
+        self.space, self.rows = first.observation_space, slice(offset, offset + len(envs))
+        self._described = (self.space, first.action_space, first.metadata, first.render_mode)
+        self._actions = ActionSplitters(first.action_space)
+        # By global index, as the block writes them (the rows before offset stay untouched).
+        buffers = StepBuffers.allocate(self.space, self.rows.stop)
+        self.block = GymnasiumBlock(
+            envs, env_fns, offset, buffers, self.space, restart_policy, attach(progress)
+        )
 
     def describe(self) -> tuple[gymnasium.Space, gymnasium.Space, dict[str, Any], Any]:
-        envs = self.envs
-        return (
-            envs.single_observation_space,
-            envs.single_action_space,
-            envs.metadata,
-            envs.render_mode,
-        )
+        return self._described
 
     def reset(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None
     ) -> tuple[Any, list[dict[str, Any]]]:
-        return self.envs.reset_batch(seeds, options)
+        infos = self.block.reset(seeds, options)
+        return space_arrays.rows(self.space, self.block.buffers.obs, self.rows), infos
 
     def reset_at(
         self, index: int, seed: int | None, options: dict[str, Any] | None
     ) -> tuple[Any, dict[str, Any]]:
-        return self.envs.reset_at(index, seed=seed, options=options)
+        i = self.rows.start + index
+        info = self.block.reset_or_restart(i, seed, options)
+        return space_arrays.take(self.space, self.block.buffers.obs, i), info
 
     def step(self, lo: int, hi: int, actions: Any) -> BatchStep:
         """Steps rows ``[lo, hi)`` of the block (``actions`` holds those rows)."""
-        whole = (lo, hi) == (0, self.envs.num_envs)
-        out = self.envs.step_batch(actions, None if whole else slice(lo, hi))
-        if out.errors:
-            out = out._replace(errors={i: _portable(e) for i, e in out.errors.items()})
-        return out
+        lo, hi = self.rows.start + lo, self.rows.start + hi
+        out = self.block.step(lo, hi, self._actions.split(actions, hi - lo))
+        errors = {i: _portable(e) for i, e in out.errors.items()}
+        failed = failed_mask(out.failed, lo, hi)
+        return self.block.buffers.batch_step(
+            self.space, slice(lo, hi), out.infos, out.reset_infos, failed, errors or None
+        )
 
 
 class BlockReply(NamedTuple):

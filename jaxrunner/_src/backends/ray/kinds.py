@@ -62,20 +62,15 @@ class GymnasiumRows:
     def part(self, actions: Any, at: slice | np.ndarray) -> Any:
         return space_arrays.map_structure(self._action_space, lambda a: np.asarray(a)[at], actions)
 
-    def put(self, out: BatchStep, rows: slice, offset: int) -> Answer:
-        """An actor's step (its sub-envs' indices from ``offset``) written to ``rows``."""
+    def put(self, out: BatchStep, rows: slice) -> Answer:
+        """An actor's step (its errors and reset infos by global index) written to ``rows``."""
         b, space = self.buffers, self.space
         space_arrays.copy_into(space, b.obs, out.obs, rows)
         space_arrays.copy_into(space, b.next_obs, out.next_obs, rows)
         b.reward[rows] = out.reward
         b.terminated[rows] = out.terminated
         b.truncated[rows] = out.truncated
-        return Answer(
-            out.infos,
-            out.failed,
-            {offset + i: e for i, e in (out.errors or {}).items()},
-            {offset + i: info for i, info in out.reset_infos.items()},
-        )
+        return Answer(out.infos, out.failed, out.errors or {}, out.reset_infos)
 
     def put_reset(self, reply: tuple[Any, list[dict[str, Any]]], rows: slice) -> Answer:
         """An actor's reset (observations, infos) written to ``rows``."""
@@ -147,7 +142,7 @@ class AgentRows:
     def part(self, actions: Sequence[Any], at: slice | np.ndarray) -> list[Any]:
         return [np.asarray(a)[at] for a in actions]
 
-    def put(self, reply: BlockReply, rows: slice, offset: int = 0) -> Answer:
+    def put(self, reply: BlockReply, rows: slice) -> Answer:
         """An actor's reply (its errors by global index) written to ``rows``."""
         _put_reply(self.buffers, reply, rows)
         return Answer(reply.infos, reply.failed, reply.errors or {}, {})

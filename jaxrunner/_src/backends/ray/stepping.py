@@ -4,6 +4,7 @@ actors replaced. What differs by kind is in :mod:`.kinds`."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -133,7 +134,13 @@ class ActorStepping(RemoteSubEnvs):
             try:
                 reply = actors.ray.get(ref, timeout=self.config.step_timeout_s)
             except Exception as err:
-                reply = actors.replace(u, actors.remote_error(err, u, "reset"))
+                cause = actors.remote_error(err, u, "reset")
+                if not isinstance(cause, WorkerError):  # raised by a sub-env: as sync does
+                    for rest in refs[u + 1 :]:  # the other actors' resets, dropped
+                        with contextlib.suppress(Exception):
+                            actors.ray.get(rest, timeout=self.config.step_timeout_s)
+                    raise cause  # noqa: B904  (remote_error chained the cause)
+                reply = actors.replace(u, cause)
             answers.append((self.unit_rows[u], self._kind.put_reset(reply, self.unit_rows[u])))
         return self._kind.reset_result(*self._gather(0, self.num_envs, answers, {}))
 
@@ -349,10 +356,7 @@ class ActorStepping(RemoteSubEnvs):
 
     def _result(self, call: Call) -> Any:
         """Send ``call``'s replies written to the buffers; its step."""
-        answers = [
-            (rows, self._kind.put(reply, rows, self.unit_rows[u].start))
-            for u, rows, reply in call.replies
-        ]
+        answers = [(rows, self._kind.put(reply, rows)) for _, rows, reply in call.replies]
         lo, hi = call.lo, call.hi
         return self._kind.step(lo, hi, call.whole, *self._gather(lo, hi, answers, call.lost))
 

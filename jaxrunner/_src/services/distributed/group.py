@@ -31,10 +31,11 @@ class _Slot:
     incarnation: int
     ready_ref: Any  # None once the actor answered ready()
     failures: list[str] = dataclasses.field(default_factory=list)
+    given_up: bool = False  # failed with max_restarts used: down for good
 
     @property
     def healthy(self) -> bool:
-        return self.ready_ref is None
+        return self.ready_ref is None and not self.given_up
 
 
 class EnvRunnerGroup:
@@ -77,6 +78,7 @@ class EnvRunnerGroup:
         self._env, self._policy_factory = env, policy_factory
         self._params_ref = self._ray.put(jax.device_get(params))
         self._params_version = 0
+        self._params_keys = set(params) if isinstance(params, Mapping) else set()
         self._statistics: list[Moments] | None = None
         self._statistics_ref: Any = None
         self._closed = False
@@ -119,7 +121,9 @@ class EnvRunnerGroup:
 
         A runner that dies, raises or misses ``sample_timeout_s`` is replaced (in the
         background) and left out of this result; restored runners join the next calls
-        once started. Blocks for restored runners only when none is healthy.
+        once started. Blocks for restored runners only when none is healthy. Once
+        ``max_restarts`` are used, a failed runner stays down and ``RunnerFailedError``
+        carries the others' samples in ``partial_trajectory``.
         """
         self._check_open("sample")
         slots = self._healthy_slots()
@@ -139,16 +143,24 @@ class EnvRunnerGroup:
             steps += new_steps
         if deltas and deltas[0]:  # connectors with statistics: merged in runner order, exactly
             self._statistics = _merged(self._statistics, deltas)
+        self.num_env_steps_sampled += steps
+        traj = (concatenate_envs(results) if concat else results) if results else None
+        gave_up: list[RunnerFailedError] = []
         for slot, why in failed:
-            self._restart(slot, why)
-        if not results:
+            try:
+                self._restart(slot, why)
+            except RunnerFailedError as err:  # max_restarts used: the samples go with it
+                err.partial_trajectory = traj
+                gave_up.append(err)
+        if gave_up:
+            raise gave_up[0]
+        if traj is None:
             raise RunnerFailedError(
                 f"EnvRunnerGroup.sample(): none of the runners {[s.index for s in slots]} returned "
                 "a sample (each was replaced; see get_metrics()['runner_failures']). Check the "
                 "env and the runners' logs, or raise sample_timeout_s."
             )
-        self.num_env_steps_sampled += steps
-        return concatenate_envs(results) if concat else results
+        return traj
 
     @property
     def connector_statistics(self) -> list[Moments] | None:
@@ -163,28 +175,27 @@ class EnvRunnerGroup:
         too (queued), and later restarts start from them."""
         self._check_open("set_params")
         ray = self._ray
-        self._params_ref = ray.put(jax.device_get(params))
-        self._params_version += 1
+        ref = ray.put(jax.device_get(params))
+        old = self._params_ref, self._params_version
+        self._params_ref, self._params_version = self._full_params(params, ref), old[1] + 1
         version = self._params_version
         if self._statistics is not None:
             self._statistics_ref = ray.put(jax.device_get(self._statistics))
         stats = self._statistics_ref
-        calls = [
-            (slot, slot.actor.set_params.remote(self._params_ref, version, stats))
-            for slot in self._slots
-        ]
+        calls = [(slot, slot.actor.set_params.remote(ref, version, stats)) for slot in self._slots]
         try:
             healthy = [call for call in calls if call[0].healthy]
             for slot, _, why in self._answers(healthy, "set_params", ray.exceptions.RayActorError):
                 if why is not None:
                     self._restart(slot, why)
         except ray.exceptions.RayTaskError as err:  # bad params: the caller's to fix
+            self._params_ref, self._params_version = old
             cause = getattr(err, "cause", None)
             raise (cause if isinstance(cause, Exception) else err) from err
 
     @property
     def params_version(self) -> int:
-        """How many times :meth:`set_params` was called."""
+        """How many times :meth:`set_params` succeeded."""
         return self._params_version
 
     def get_metrics(self) -> dict[str, Any]:
@@ -225,6 +236,12 @@ class EnvRunnerGroup:
             down = [s for s in self._slots if not s.healthy]
             if not down or (len(down) < len(self._slots) and not all_runners):
                 return
+            lost = [s.index for s in down if s.given_up]
+            if lost and (all_runners or len(lost) == len(down)):
+                raise RunnerFailedError(
+                    f"EnvRunnerGroup: runners {lost} failed after the group used its max_restarts="
+                    f"{self.config.max_restarts}; see get_metrics()['runner_failures']."
+                )
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RemoteTimeoutError(
@@ -233,7 +250,8 @@ class EnvRunnerGroup:
                     f"{self.config.num_cpus_per_runner}, num_gpus={self.config.num_gpus_per_runner}"
                     f" (available: {self._ray.available_resources()}); lower them or add nodes."
                 )
-            self._ray.wait([s.ready_ref for s in down], num_returns=1, timeout=left)
+            starting = [s.ready_ref for s in down if not s.given_up]
+            self._ray.wait(starting, num_returns=1, timeout=left)
 
     def stop(self) -> None:
         """Stops every runner (closing its envs) and kills the actors."""
@@ -268,11 +286,18 @@ class EnvRunnerGroup:
         )
         return _Slot(index, actor, incarnation, actor.ready.remote())
 
+    def _full_params(self, params: Params, ref: Any) -> Any:
+        """``ref``, or for ``params`` with some policy ids, every policy's latest params."""
+        if isinstance(params, Mapping) and set(params) < self._params_keys:
+            return self._ray.put({**self._ray.get(self._params_ref), **jax.device_get(params)})
+        return ref
+
     def _restart(self, slot: _Slot, why: str) -> None:
         """Kills ``slot``'s actor and starts its next incarnation (in the background)."""
         _kill(self._ray, slot.actor)
         slot.failures.append(f"incarnation {slot.incarnation}: {why}")
         if self.num_restarts >= self.config.max_restarts:
+            slot.given_up = True
             raise RunnerFailedError(
                 f"EnvRunnerGroup: runner {slot.index} failed ({why}) and the group has used its "
                 f"max_restarts={self.config.max_restarts}. Failures: {slot.failures}"
@@ -284,7 +309,7 @@ class EnvRunnerGroup:
 
     def _poll_restored(self) -> None:
         """Marks runners whose start finished as healthy (restarting those that failed)."""
-        pending = [s for s in self._slots if not s.healthy]
+        pending = [s for s in self._slots if not s.healthy and not s.given_up]
         if not pending:
             return
         done, _ = self._ray.wait(
