@@ -239,12 +239,38 @@ def test_sync_vectorization_equals_the_sync_backend() -> None:
         closing(jr.make_vec("CartPole-v1", 4, backend="sync", **kwargs)) as ref,
     ):
         assert isinstance(vec.env, gymnasium.vector.SyncVectorEnv)
-        assert vec.wrapped_autoreset_mode == AutoresetMode.SAME_STEP
+        assert vec.wrapped_autoreset_mode == AutoresetMode.DISABLED
         assert_trees_equal(vec.reset(seed=SEED), ref.reset(seed=SEED), "reset")
         rng = np.random.default_rng(SEED)
         for t in range(40):
             actions = rng.integers(0, 2, size=4)
             assert_trees_equal(vec.step(actions), ref.step(actions), f"step {t}")
+
+
+@pytest.mark.parametrize("mode", [None, AutoresetMode.SAME_STEP])
+def test_sync_vectorization_keeps_each_sub_envs_info_values(mode) -> None:
+    # FrozenLake's reset info {"prob": 1} beside step infos {"prob": 0.33}: gymnasium's
+    # SAME_STEP merge casts the step values to the reset's int (0), the default does not.
+    kwargs = {"vector_kwargs": {"autoreset_mode": mode}} if mode else {}
+    vec = jr.make_vec("FrozenLake-v1", 4, "gymnasium", vectorization_mode="sync", **kwargs)
+    with closing(vec), closing(jr.make_vec("FrozenLake-v1", 4)) as ref:
+        vec.reset(seed=SEED), ref.reset(seed=SEED)
+        rng, same = np.random.default_rng(SEED), []
+        for _ in range(30):
+            actions = rng.integers(0, 4, size=4)
+            got, want = vec.step_batch(actions), ref.step_batch(actions)
+            same.append([a.get("prob") == b.get("prob") for a, b in zip(got.infos, want.infos)])
+    assert np.all(same) == (mode is None)
+
+
+def test_an_async_next_step_env_without_shared_memory_is_refused() -> None:
+    fns = [functools.partial(gymnasium.make, "CartPole-v1")] * 2
+    env = gymnasium.vector.AsyncVectorEnv(
+        fns, autoreset_mode=AutoresetMode.NEXT_STEP, context="spawn", shared_memory=False
+    )
+    with pytest.raises(InvalidArgumentError, match=r"shared_memory=True"):
+        jr.from_gymnasium(env)
+    assert env.closed
 
 
 def test_make_vec_gymnasium_needs_an_id() -> None:

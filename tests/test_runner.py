@@ -692,4 +692,7 @@ def test_a_gymnasium_vector_env_or_wrapper_is_refused_with_what_replaces_it():
         in message
     )
     assert "RecordEpisodeStatistics -> runner.get_metrics()" in message
+    # from_gymnasium too: the runner would call its reset, not the wrappers' steps.
+    with pytest.raises(TypeError, match=r"from_gymnasium\(vector_env=...\).*RecordEpisodeSt"):
+        jr.from_gymnasium(wrapped)
     envs.close()

@@ -16,6 +16,7 @@ from jaxrunner._src.backends.base import VectorEnv, check_seed_count
 from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.in_process import InProcessSends
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.masked_reset import MaskedReset, masked_reset_for
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 from jaxrunner._src.backends.vector_infos import (
@@ -32,6 +33,41 @@ from jaxrunner.errors import (
     InvalidStepError,
     SpaceMismatchError,
 )
+
+# What replaces each of gymnasium's vector wrappers on a runner (which steps its envs
+# itself, so a wrapper's step would never run).
+REPLACEMENTS = {
+    "NormalizeObservation": "the connector jaxrunner.connectors.NormalizeObservation()",
+    "NormalizeReward": "the connector jaxrunner.connectors.ScaleReward()",
+    "FrameStackObservation": "the connector jaxrunner.connectors.FrameStack(n)",
+    "ClipAction": "nothing: Box actions are clipped for the env already (the trajectory "
+    "keeps them as sampled)",
+    "RescaleAction": "the connector jaxrunner.connectors.RescaleActions()",
+    "RecordEpisodeStatistics": "runner.get_metrics() (episode_return_mean, "
+    "episode_length_mean) and traj.split_episodes()",
+    "DictInfoToList": "EnvRunner(..., info_keys=[...]) (infos as [T, B] arrays)",
+}
+
+
+def vector_wrapper_hint(envs: Any) -> str:
+    """What to do with gymnasium vector wrappers around a vector env: unwrap them, and
+    which connector or runner feature replaces each."""
+    names = []
+    inner = envs
+    while isinstance(inner, gymnasium.vector.VectorWrapper):
+        names.append(type(inner).__name__)
+        inner = inner.env
+    other = "the wrapper on each sub-env inside its factory (gymnasium.wrappers) or a connector"
+    fixes = [f"{name} -> {REPLACEMENTS.get(name, other)}" for name in names]
+    unwrap = (
+        "pass the jaxrunner vector env itself (envs.unwrapped)"
+        if isinstance(inner, (VectorEnv, JaxVectorEnv))
+        else "pass jaxrunner.from_gymnasium(envs.unwrapped) (the gymnasium vector env under them)"
+    )
+    return (
+        f"The runner steps its envs itself, so gymnasium vector wrappers ({', '.join(names)}) "
+        f"would never run: {unwrap}, and replace {'; '.join(fixes)}."
+    )
 
 
 def _gymnasium_seed(seeds: Sequence[int | None]) -> int | list[int | None] | None:
@@ -81,6 +117,11 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
                 f"from_gymnasium(vector_env=...): expected a gymnasium.vector.VectorEnv, got "
                 f"{type(env).__name__}. Wrap a single env with gymnasium.vector.SyncVectorEnv"
                 "([make_env] * n), or use jaxrunner.make_vec(make_env, n)."
+            )
+        if isinstance(env, gymnasium.vector.VectorWrapper):
+            self._closed_reason = "construction failed"
+            raise InvalidArgumentTypeError(
+                f"from_gymnasium(vector_env=...): {vector_wrapper_hint(env)}"
             )
         # Any: Sync/AsyncVectorEnv (and envs that follow them) have call/get_attr/set_attr;
         # gymnasium's VectorEnv does not declare them.

@@ -209,7 +209,7 @@ def make_gymnasium_vec(
 ) -> GymnasiumVectorEnv:
     """``gymnasium.make_vec(env_id, num_envs, vectorization_mode, ...)``, adopted.
     ``vectorization_mode`` None: the env's own vector implementation where it has one,
-    else ``"sync"``; Sync/AsyncVectorEnv default to SAME_STEP here (no masked resets)."""
+    else ``"sync"``; Sync/AsyncVectorEnv default to DISABLED here (the adapter resets)."""
     if not isinstance(env_id, str):
         raise InvalidArgumentTypeError(
             f"make_vec(env=..., backend='gymnasium'): expected a registered gymnasium id "
@@ -233,7 +233,10 @@ def make_gymnasium_vec(
                 else gymnasium.VectorizeMode.SYNC
             )
         if mode != gymnasium.VectorizeMode.VECTOR_ENTRY_POINT:
-            vector_kwargs = {"autoreset_mode": AutoresetMode.SAME_STEP, **(vector_kwargs or {})}
+            # DISABLED: the adapter resets ended sub-envs itself. SAME_STEP would merge an
+            # ended sub-env's reset info into the others' step infos, casting them to its
+            # dtypes (gymnasium 1.x).
+            vector_kwargs = {"autoreset_mode": AutoresetMode.DISABLED, **(vector_kwargs or {})}
         env = gymnasium.make_vec(
             env_id, num_envs, vectorization_mode=mode, vector_kwargs=vector_kwargs, **kwargs
         )

@@ -81,7 +81,19 @@ def masked_reset_for(
     """``given``, else the :data:`MASKED_RESETS` entry for ``env``'s type, else
     :func:`reset_with_mask` if DISABLED. With none known, None for a SAME_STEP env (it
     resets by itself) and an error for a NEXT_STEP one."""
-    masked_reset = given if given is not None else MASKED_RESETS.get(type(env.unwrapped))
+    unwrapped = env.unwrapped
+    if (
+        isinstance(unwrapped, gymnasium.vector.AsyncVectorEnv)
+        and mode == AutoresetMode.NEXT_STEP
+        and not unwrapped.shared_memory
+    ):  # its workers keep their autoreset flag through a masked reset (gymnasium 1.x)
+        raise InvalidArgumentError(
+            "from_gymnasium: an AsyncVectorEnv autoresetting on the NEXT_STEP without shared "
+            "memory resets an ended sub-env twice, and the second reset would be recorded "
+            "as a transition. Build it with shared_memory=True, or with autoreset_mode="
+            "AutoresetMode.DISABLED (or SAME_STEP)."
+        )
+    masked_reset = given if given is not None else MASKED_RESETS.get(type(unwrapped))
     if masked_reset is None and mode == AutoresetMode.DISABLED:
         masked_reset = reset_with_mask
     if masked_reset is None and mode == AutoresetMode.NEXT_STEP:
