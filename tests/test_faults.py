@@ -200,7 +200,11 @@ def test_a_failed_first_reset_is_restarted_too():
     factory = _FirstInstanceFails(FaultPlan(kind="raise", call="reset", at=(1,)))
     with make_runner([*counting_env_fns(3), factory]) as runner:
         assert runner.envs.num_restarts == 1 and factory.made == 2
-        assert runner.sample().valid.all()
+        traj = runner.sample()
+    assert traj.valid.all()
+    # Seeded from the seed its failed reset was given, as a restart after a step is.
+    seed = restart_seed(jr.env_seeds(0, 4)[3], 1)
+    assert (traj.obs[0, 3][CountingEnv.SEED], traj.obs[0, 3][CountingEnv.EPISODE]) == (seed, 0)
 
 
 def test_exact_accounting_with_random_faults_across_samples(tmp_path):

@@ -153,6 +153,7 @@ class SubEnvBlock(abc.ABC):
         except JaxRunnerError as err:
             if self.restart_policy is None:
                 raise
+            self._seeded(i, seed)  # the restart's seed is drawn from the one this reset had
             return self.restart(i, original(err), failed_step=False)
 
     def _seeded(self, i: int, seed: int | None) -> None:
