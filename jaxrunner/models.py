@@ -26,6 +26,13 @@ class MLP(nn.Module):
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
+        if not hasattr(obs, "reshape"):
+            raise SpaceMismatchError(
+                f"mlp_policy: expected array observations (a Box, Discrete, MultiBinary or "
+                f"MultiDiscrete space), got a {type(obs).__name__}. Flatten Dict and Tuple "
+                "observations in each sub-env's factory (gymnasium.wrappers."
+                "FlattenObservation), or write a module that takes them."
+            )
         x = obs.reshape(obs.shape[0], -1).astype(np.float32)
         for width in self.hidden:
             x = nn.tanh(nn.Dense(width)(x))

@@ -12,6 +12,7 @@ from gymnasium import spaces
 import jaxrunner as jr
 from jaxrunner._src import bench
 from jaxrunner.errors import SpaceMismatchError
+from jaxrunner.models import mlp_policy
 
 
 def _act(policy: jr.Policy, params, obs: np.ndarray, seed: int):
@@ -76,3 +77,10 @@ def test_gaussian_mlp_shapes_determinism_and_unclipped_actions() -> None:
 def test_gaussian_mlp_refuses_discrete_actions() -> None:
     with pytest.raises(SpaceMismatchError, match="Box"):
         jr.models.gaussian_mlp_policy(gymnasium.spaces.Discrete(3))
+
+
+def test_mlp_policy_names_dict_observations_and_the_fix() -> None:
+    obs_space = spaces.Dict({"a": spaces.Box(-1, 1, (2,)), "b": spaces.Discrete(3)})
+    policy = mlp_policy(spaces.Discrete(2))
+    with pytest.raises(SpaceMismatchError, match=r"got a dict\. Flatten .*FlattenObservation"):
+        policy.init(jax.random.key(0), obs_space)
