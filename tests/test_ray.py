@@ -117,6 +117,10 @@ def test_ray_config_is_checked_before_any_actor_starts():
         jr.RayConfig(step_timeout_s=0)
     with pytest.raises(TypeError, match=r"expected a jaxrunner.RayConfig, got dict"):
         jr.RayVectorEnv([CountingEnv], {"envs_per_actor": 1})  # type: ignore[arg-type]
+    with pytest.raises(
+        jr.errors.InvalidArgumentError, match=r"RayConfig\(batch_buckets=\(16,\)\).*num_envs=5"
+    ):
+        jr.RayVectorEnv([CountingEnv] * 5, jr.RayConfig(batch_buckets=(16,)))
 
 
 def test_the_multi_agent_ray_env_checks_its_arguments_as_the_single_agent_one():

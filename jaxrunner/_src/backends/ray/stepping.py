@@ -63,6 +63,13 @@ class ActorStepping(RemoteSubEnvs):
         check_restart_policy(where, restart_policy)
         self.config, self.restart_policy, self._kind = config, restart_policy, kind
         self.num_envs = len(env_fns)
+        buckets = config.batch_buckets or ()
+        if any(b > self.num_envs for b in buckets):
+            raise InvalidArgumentError(
+                f"{where}: RayConfig(batch_buckets={buckets}) has a bucket above num_envs="
+                f"{self.num_envs}; a policy batch holds at most every env once. Pass buckets "
+                f"<= {self.num_envs}."
+            )
         ready_first = self.config.ready_first
         self.capabilities = Capabilities(
             can_restart=True,
