@@ -324,6 +324,20 @@ def test_discrete_sampling_frequencies_match_softmax() -> None:
     np.testing.assert_allclose(freq, probs, atol=0.03)
 
 
+def test_masked_logits_give_the_unmasked_actions_entropy_and_finite_grads() -> None:
+    from jaxrunner._src.core.distributions import Categorical
+
+    logits = jnp.array([[1.0, -jnp.inf, 0.5, -jnp.inf], [0.0, 2.0, -jnp.inf, -1.0]])
+    kept = [np.array([1.0, 0.5]), np.array([0.0, 2.0, -1.0])]
+    want = [
+        -(np.exp(x - np.logaddexp.reduce(x)) * (x - np.logaddexp.reduce(x))).sum() for x in kept
+    ]
+    np.testing.assert_allclose(Categorical(logits).entropy(), want, rtol=1e-6)
+    raw = jnp.array([[1.0, 3.0, 0.5, 2.0], [0.0, 2.0, 1.0, -1.0]])
+    masked = lambda x: Categorical(jnp.where(jnp.isinf(logits), -jnp.inf, x)).entropy().sum()  # noqa: E731
+    assert np.isfinite(np.asarray(jax.grad(masked)(raw))).all()
+
+
 def test_box_sampling_moments_match_gaussian() -> None:
     name = "box"
     _, params, apply = build(name)

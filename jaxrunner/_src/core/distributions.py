@@ -37,7 +37,9 @@ class Categorical(flax.struct.PyTreeNode):
 
     def entropy(self) -> jax.Array:
         log_p = jax.nn.log_softmax(self.logits, axis=-1)
-        return -(jnp.exp(log_p) * log_p).sum(axis=-1)
+        p = jnp.exp(log_p)
+        # Masked actions (-inf logits) add nothing; 0 * -inf would be NaN, and so its grad.
+        return -(p * jnp.where(p > 0, log_p, 0.0)).sum(axis=-1)
 
 
 class MultiCategorical(flax.struct.PyTreeNode):
