@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal
 import gymnasium
 import numpy as np
 
+from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_handle import SubEnvHandle, run_on_env
 from jaxrunner._src.core.seeds import restart_seed
@@ -26,7 +27,7 @@ from jaxrunner._src.testing.envs import (
 )
 from jaxrunner._src.testing.fault_plans import FaultPlan
 from jaxrunner._src.testing.faults import faulty_env_fns
-from jaxrunner._src.testing.gymnasium_contract import GymnasiumVectorApiContract
+from jaxrunner._src.testing.gymnasium_contract import GymnasiumVectorApiContract, _gymnasium_only
 from jaxrunner._src.testing.reference import ByHand, by_hand
 from jaxrunner._src.testing.step_comparison import (
     ActionSampler,
@@ -71,7 +72,9 @@ class VectorEnvContract(GymnasiumVectorApiContract):
 
     * ``reset_batch(seeds)`` resets sub-env ``i`` with ``seeds[i]``;
     * step for step equal to the envs stepped by hand: who acts on what, completed
-      transitions (next observation, reward, flags), SAME_STEP autoreset, the infos;
+      transitions (next observation, reward, flags), SAME_STEP autoreset, the infos; no
+      ``errors`` where nothing failed, and ``reset_rows`` only where the backend declares
+      ``capabilities.reset_steps``;
     * ``send``/``recv``: each env steps once per send, ``env_ids`` says which rows are
       which env, and ``recv`` with nothing in flight raises;
     * a bad action batch raises ``InvalidActionError`` before any sub-env steps, at
@@ -89,8 +92,9 @@ class VectorEnvContract(GymnasiumVectorApiContract):
     And on gymnasium envs, gymnasium's vector API: step for step equal to
     ``gymnasium.vector.SyncVectorEnv`` with SAME_STEP autoreset (``final_obs`` and
     ``final_info`` included) on Box, Discrete and nested Dict/Tuple spaces; metadata and
-    spaces; ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i``; ``step_batch(actions,
-    rows)`` steps those rows only.
+    spaces; ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i``; ``reset(options=
+    {"reset_mask": m})`` resets those sub-envs only; ``step_batch(actions, rows)`` steps
+    those rows only, each row equal to its env stepped by hand.
     """
 
     env_kinds: ClassVar[tuple[EnvKind, ...]] = ("gymnasium",)
@@ -186,7 +190,7 @@ class VectorEnvContract(GymnasiumVectorApiContract):
             batch = actions.sample(rows)
             expected = [ref.step(actions.of_row(batch, b)) for b, ref in enumerate(refs)]
             out = vec.step_batch(batch)
-            if out.failed is not None:
+            if out.failed is not None or out.errors:
                 raise AssertionError(f"{where}: step {t}: sub-envs {out.errors} failed")
             rows = read_rows(vec, out)
             for b, ref in enumerate(refs):
@@ -215,6 +219,28 @@ class VectorEnvContract(GymnasiumVectorApiContract):
                 for seeds in (self._seeds(self.seed), self._seeds(self.seed + 1000)):
                     refs, rows = self._reset(vec, fns, seeds, f"{name}: reset", refs)
                     self._run_parity(vec, refs, rows, actions, self.num_steps, name)
+
+    @_gymnasium_only
+    def test_step_batch_rows_steps_only_those_envs(self, kind: EnvKind) -> None:
+        """``step_batch(actions, rows)`` steps rows ``rows`` only: two halves stepped one
+        after the other equal the envs stepped by hand, row for row (final observations,
+        infos and reset infos included)."""
+        n, fns = self.num_envs, self._basic(kind, episode_length=3, max_episode_steps=4)
+        with closing(self._make(kind, fns)) as vec:
+            space, actions = vec.single_action_space, ActionSampler(vec, self.seed)
+            refs, rows = self._reset(vec, fns, self._seeds(self.seed), "reset")
+            for t in range(10):
+                batch = actions.sample(rows)
+                expected = [ref.step(actions.of_row(batch, b)) for b, ref in enumerate(refs)]
+                for part in (slice(0, n // 2), slice(n // 2, n)):
+                    out = vec.step_batch(space_arrays.rows(space, batch, part), part)
+                    got = read_rows(vec, out, part.start)
+                    ids = env_ids(out, len(got)) if out.env_ids is not None else range(n)[part]
+                    if list(ids) != list(range(n)[part]):
+                        raise AssertionError(f"step {t}: rows {part} answered envs {list(ids)}")
+                    for row, b in zip(got, ids):
+                        rows[b] = row
+                        assert_row(row, expected[b], refs[b], f"step {t}: rows {part}: sub-env {b}")
 
     def test_send_recv_steps_each_env_once_and_says_which(self, kind: EnvKind) -> None:
         """``send`` then ``recv`` until every env has answered: each env steps exactly
@@ -400,6 +426,7 @@ class VectorEnvContract(GymnasiumVectorApiContract):
             "reset_batch": lambda: vec.reset_batch([0] * n),
             "step_batch": lambda: vec.step_batch(actions),
             "send": lambda: vec.send(actions),
+            "recv": vec.recv,
             "reset_at": lambda: vec.reset_at(0),
             "render": vec.render,
             "call": lambda: vec.call("render"),

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from jaxrunner._src import space_arrays
 from jaxrunner._src.testing.assertions import assert_trees_equal
 from jaxrunner._src.testing.envs import CountingEnv, counting_env_fns
 from jaxrunner._src.testing.reference import gymnasium_reference
@@ -90,29 +89,15 @@ class GymnasiumVectorApiContract:
             np.testing.assert_array_equal(obs[:, CountingEnv.SEED], seeds)
 
     @_gymnasium_only
-    def test_step_batch_rows_steps_only_those_envs(self, kind: str) -> None:
-        """``step_batch(actions, rows)`` steps rows ``rows`` only: stepping two halves
-        one after the other equals one full step of the reference."""
-        n = self.num_envs
-        half = slice(0, n // 2), slice(n // 2, n)
-        fns = counting_env_fns(n, episode_length=3, max_episode_steps=4)
+    def test_reset_mask_resets_those_envs_only(self, kind: str) -> None:
+        """``reset(options={"reset_mask": m})`` resets the masked sub-envs only, as
+        gymnasium's ``SyncVectorEnv`` does."""
+        fns = counting_env_fns(self.num_envs, episode_length=3, max_episode_steps=4)
         with closing(self._make(kind, fns)) as vec, closing(gymnasium_reference(fns)) as ref:
-            space = vec.single_observation_space
-            vec.reset_batch([self.seed + i for i in range(n)])
-            ref.reset(seed=self.seed)
-            ref.action_space.seed(self.seed)
-            for t in range(10):
-                actions = ref.action_space.sample()
-                obs, reward, terminated, truncated, _ = ref.step(actions)
-                for rows in half:
-                    out = vec.step_batch(actions[rows], rows)
-                    assert_trees_equal(
-                        (out.obs, out.reward, out.terminated, out.truncated),
-                        (
-                            space_arrays.rows(space, obs, rows),
-                            reward[rows],
-                            terminated[rows],
-                            truncated[rows],
-                        ),
-                        f"step {t} rows {rows}",
-                    )
+            assert_trees_equal(vec.reset(seed=self.seed), ref.reset(seed=self.seed), "reset")
+            self._gymnasium_parity(vec, ref, "before", 2, require_end=False)
+            mask = np.arange(self.num_envs) % 2 == 1
+            options = {"reset_mask": mask}
+            got = vec.reset(seed=self.seed + 5, options=dict(options))
+            assert_trees_equal(got, ref.reset(seed=self.seed + 5, options=dict(options)), "mask")
+            self._gymnasium_parity(vec, ref, "after the masked reset", 6)

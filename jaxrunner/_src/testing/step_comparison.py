@@ -46,13 +46,24 @@ def env_ids(out: Any, num_rows: int) -> list[int]:
     return np.atleast_1d(ids).tolist()
 
 
-def read_rows(vec: Any, out: Any) -> list[Row]:
-    """``out`` (a ``step_batch``/``recv``/``reset_batch`` result of ``vec``) as rows."""
+def read_rows(vec: Any, out: Any, first: int = 0) -> list[Row]:
+    """``out`` (a ``step_batch``/``recv``/``reset_batch`` result of ``vec``; ``first``:
+    the env of its first row where it has no ``env_ids``) as rows."""
+    reset_rows = getattr(out, "reset_rows", None)
+    if reset_rows is not None and np.any(reset_rows) and not vec.capabilities.reset_steps:
+        raise AssertionError(
+            f"reset_rows marks rows {np.flatnonzero(reset_rows).tolist()} as reset steps, but "
+            "the backend's capabilities.reset_steps is False"
+        )
     if isinstance(out, MultiAgentStep):
         return [_agent_row(vec, out, b) for b in range(len(out.env_done))]
     space = vec.single_observation_space
     if isinstance(out, BatchStep):
-        ids = env_ids(out, len(out.reward))
+        ids = (
+            [first + i for i in env_ids(out, len(out.reward))]
+            if out.env_ids is None
+            else env_ids(out, len(out.reward))
+        )
         return [_one_agent_row(space, out, r, ids[r]) for r in range(len(out.reward))]
     obs, infos = out  # a gymnasium backend's reset_batch
     return [
