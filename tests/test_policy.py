@@ -15,7 +15,7 @@ from flax import nnx
 from gymnasium import spaces
 
 import jaxrunner as jr
-from jaxrunner.errors import JaxRunnerError, SpaceMismatchError
+from jaxrunner.errors import InvalidArgumentError, JaxRunnerError, SpaceMismatchError
 
 B = 6
 OBS_SPACE = spaces.Box(-1.0, 1.0, (4,), np.float32)
@@ -498,6 +498,36 @@ def test_recurrent_linen_gru() -> None:
     want2, _ = by_hand(params["module"], carry1, obs)
     np.testing.assert_allclose(carry2, want2, rtol=1e-6, atol=1e-6)
     assert not np.allclose(carry2, carry1)
+
+
+def test_recorded_carries_are_what_each_step_acted_from_and_evaluate_takes() -> None:
+    module = GRUPolicy(2)
+    policy = jr.Policy.from_linen(module, spaces.Discrete(2), initial_carry=jnp.zeros(HIDDEN))
+    recording = policy.recording_carry()
+    assert recording == policy.recording_carry()  # the same function: nothing recompiles
+    envs = jr.make_vec("CartPole-v1", 3, max_episode_steps=6)
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, recording, params, 9, seed=1) as runner:
+        traj, later = runner.sample(), runner.sample()
+    carry = np.asarray(traj.extras["carry"])
+    assert carry.shape == (9, 3, HIDDEN)
+    # Each step's carry: the initial one at an episode's start, else the previous step's
+    # output (the GRU applied by hand), carried across samples too.
+    both = jr.concatenate([traj, later])
+    every = np.asarray(both.extras["carry"])
+    for t in range(1, 18):
+        for b in range(3):
+            if both.step[t, b] == 0:
+                np.testing.assert_array_equal(every[t, b], 0.0)
+            else:
+                prev = jnp.asarray(every[t - 1, b][None]), jnp.asarray(both.obs[t - 1, b][None])
+                want, _ = module.apply(params["module"], *prev)
+                np.testing.assert_allclose(every[t, b], want[0], rtol=1e-5, atol=1e-6)
+    assert (both.step == 0).any() and (both.step > 0).any()
+    scores = policy.evaluate(params, traj.obs, traj.action, traj.extras["carry"])
+    np.testing.assert_allclose(scores["log_prob"], traj.extras["log_prob"], rtol=1e-5, atol=1e-6)
+    with pytest.raises(InvalidArgumentError, match="feed-forward"):
+        build("discrete").policy.recording_carry()
 
 
 def test_feed_forward_batched_carry_is_none() -> None:

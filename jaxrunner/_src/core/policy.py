@@ -186,6 +186,18 @@ class Policy:
             )
         return self.init_fn(key, dummy_obs(observation_space), self.batched_carry(1))
 
+    def recording_carry(self, name: str = "carry") -> Policy:
+        """This recurrent policy with each step's carry (the one it acted from, reset
+        at episode starts) also in ``extras[name]``: a trajectory then holds what
+        :meth:`evaluate` takes as ``carry``, step for step
+        (``policy.evaluate(params, traj.obs, traj.action, traj.extras["carry"])``)."""
+        if self.initial_carry is None:
+            raise InvalidArgumentError(
+                "Policy.recording_carry(): the policy is feed-forward (initial_carry=None), "
+                "so it has no carry to record."
+            )
+        return dataclasses.replace(self, apply_fn=_recording_carry(self.apply_fn, name))
+
     def batched_carry(self, num_envs: int) -> Carry:
         """``initial_carry`` repeated for ``num_envs`` envs (``None`` if feed-forward)."""
         if self.initial_carry is None:
@@ -348,3 +360,17 @@ def check_params_like(current: Params, new: Params, owner: str) -> None:
             f"the {owner}'s; the policy is compiled for the old ones. Pass params with the "
             "same pytree structure (e.g. the output of the same Policy.init)."
         )
+
+
+@functools.cache  # one function per policy and name: runners built again compile nothing
+def _recording_carry(apply_fn: ApplyFn, name: str) -> ApplyFn:
+    def apply(params: Params, obs: Any, carry: Carry, keys: jax.Array) -> Any:
+        action, extras, next_carry = apply_fn(params, obs, carry, keys)
+        if name in extras:
+            raise InvalidArgumentError(
+                f"Policy.recording_carry(name={name!r}): the policy's extras already have "
+                f"{name!r}; pick another name."
+            )
+        return action, {**extras, name: carry}, next_carry
+
+    return apply
