@@ -3,7 +3,7 @@ checked in place, written to the block's rows of the stacked buffers once per bl
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableSequence, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium
@@ -17,6 +17,7 @@ from jaxrunner._src.backends.sub_env_block import (
     DONE,
     RUNNING,
     EnvFactory,
+    Marks,
     StepResult,
     SubEnvBlock,
     SubEnvRaised,
@@ -58,7 +59,7 @@ class GymnasiumBlock(SubEnvBlock):
         buffers: StepBuffers,
         obs_space: gymnasium.Space,
         restart_policy: RestartPolicy | None,
-        status: MutableSequence[int] | None = None,
+        status: Marks | None = None,
     ) -> None:
         super().__init__(envs, fns, offset, restart_policy, status)
         self.buffers, self.obs_space = buffers, obs_space

@@ -269,7 +269,7 @@ def rows_in_space(space: spaces.Space, array: np.ndarray, bounds: bool = True) -
     axes = tuple(range(1, array.ndim))
     if isinstance(space, spaces.Box):
         if not bounds:
-            return np.isfinite(array).all(axis=axes)
+            return np.asarray(np.isfinite(array).all(axis=axes))
         if np.issubdtype(space.dtype, np.integer) and array.dtype.kind == "f":
             return np.zeros(len(array), np.bool_)  # fractions in an integer Box
         inside = (array >= space.low) & (array <= space.high)

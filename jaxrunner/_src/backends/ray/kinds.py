@@ -70,7 +70,7 @@ class GymnasiumRows:
         b.reward[rows] = out.reward
         b.terminated[rows] = out.terminated
         b.truncated[rows] = out.truncated
-        return Answer(out.infos, out.failed, out.errors or {}, out.reset_infos)
+        return Answer(out.infos, out.failed, out.errors or {}, dict(out.reset_infos))
 
     def put_reset(self, reply: tuple[Any, list[dict[str, Any]]], rows: slice) -> Answer:
         """An actor's reset (observations, infos) written to ``rows``."""
