@@ -72,6 +72,21 @@ class WithInfos(BaseParallelWrapper):
         return obs, rewards, terms, truncs, infos
 
 
+class ActionBits(BaseParallelWrapper):
+    """Each agent's info reports the bits of the action's dtype it received."""
+
+    def step(self, actions):
+        obs, rewards, terms, truncs, infos = self.env.step(actions)
+        infos = {a: dict(infos.get(a, {})) for a in obs}
+        for a, info in infos.items():
+            info["bits"] = np.asarray(actions[a]).dtype.itemsize * 8 if a in actions else 0
+        return obs, rewards, terms, truncs, infos
+
+
+def spread_with_action_bits():
+    return ActionBits(simple_spread())
+
+
 def simple_tag_with_infos():
     return WithInfos(simple_tag())
 

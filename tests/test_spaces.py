@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gymnasium
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -141,3 +142,53 @@ def test_out_of_range_checks_reach_inside_dicts_and_large_batches() -> None:
     batch["move"][63] = 2
     with pytest.raises(InvalidActionError, match=r"actions\['move'\]: sub-env 63's action 2"):
         space_arrays.check_action_batch(space, batch, 100)
+
+
+class ActionBits(gymnasium.Wrapper):
+    """Its info reports the bits of the action's dtype it received."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return (
+            obs,
+            reward,
+            terminated,
+            truncated,
+            dict(info, bits=np.asarray(action).dtype.itemsize * 8),
+        )
+
+
+def cartpole_with_action_bits() -> gymnasium.Env:
+    return ActionBits(gymnasium.make("CartPole-v1"))
+
+
+@pytest.mark.parametrize("kind", ["gymnasium", "pettingzoo"])
+def test_every_backend_hands_the_env_actions_in_its_spaces_dtype(kind) -> None:
+    """A policy's int32 actions reach a Discrete(n) env as int64 (the space's dtype) on
+    the sync backend as on the process one."""
+    import jaxrunner as jr
+
+    if kind == "pettingzoo":
+        pytest.importorskip("mpe2")
+        from tests.multi_agent_envs import spread_with_action_bits as make
+        from tests.test_multi_agent import random_policy, zero_params
+
+        policy, params = random_policy(5), zero_params(5)
+    else:
+        make, policy = cartpole_with_action_bits, None
+    for backend in ("sync", "process"):
+        envs = jr.make_vec(
+            make,
+            2,
+            backend,
+            config=jr.ProcessConfig(num_workers=2) if backend == "process" else None,
+        )
+        if policy is None:
+            policy = jr.models.mlp_policy(envs.single_action_space)
+            params = policy.init(jax.random.key(0), envs.single_observation_space)
+        with jr.EnvRunner(envs, policy, params, 3, seed=0, info_keys=["bits"]) as runner:
+            traj = runner.sample()
+        groups = [traj] if kind == "gymnasium" else list(traj.groups.values())
+        for group in groups:
+            bits = group.extras["infos"]["bits"][group.valid if kind == "pettingzoo" else ...]
+            assert (bits == 64).all(), (backend, bits)

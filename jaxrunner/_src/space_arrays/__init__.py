@@ -7,6 +7,7 @@ from jaxrunner._src.space_arrays.actions import check_policy_actions as check_po
 from jaxrunner._src.space_arrays.actions import passing_batch_test as passing_batch_test
 from jaxrunner._src.space_arrays.buffers import LEAF_TYPES as LEAF_TYPES
 from jaxrunner._src.space_arrays.buffers import allocate as allocate
+from jaxrunner._src.space_arrays.buffers import as_space_dtypes as as_space_dtypes
 from jaxrunner._src.space_arrays.buffers import copy_into as copy_into
 from jaxrunner._src.space_arrays.buffers import leaf_spaces as leaf_spaces
 from jaxrunner._src.space_arrays.buffers import leaf_spec as leaf_spec

@@ -64,6 +64,18 @@ def map_structure(space: spaces.Space, fn: Callable[..., Any], *trees: Any) -> A
     return fn(*trees)
 
 
+def as_space_dtypes(space: spaces.Space, tree: Any) -> Any:
+    """``tree`` (a batch of ``space``'s values) with every leaf in its space's dtype: what
+    an env is handed, whatever the policy computed in (JAX's int32 for int64 spaces)."""
+    if type(space) in LEAF_TYPES:
+        return np.asarray(tree, dtype=leaf_spec(space)[1])
+    if isinstance(space, spaces.Dict):
+        return {key: as_space_dtypes(sub, tree[key]) for key, sub in space.items()}
+    if isinstance(space, spaces.Tuple):
+        return tuple(as_space_dtypes(sub, tree[j]) for j, sub in enumerate(space))
+    return tree
+
+
 def tree_map(fn: Callable[..., Any], *trees: Any) -> Any:
     """Applies ``fn`` leaf by leaf to trees of dicts and tuples of arrays (as
     :func:`allocate` builds them), as ``jax.tree.map`` does, without loading JAX."""

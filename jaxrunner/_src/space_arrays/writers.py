@@ -11,7 +11,7 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src.space_arrays.actions import action_batch_check, passing_batch_test
-from jaxrunner._src.space_arrays.buffers import leaf_spec, take
+from jaxrunner._src.space_arrays.buffers import as_space_dtypes, leaf_spec, take
 from jaxrunner._src.space_arrays.checks import observation_mismatch
 
 Writer = Callable[[int, Any], None]
@@ -87,11 +87,14 @@ def make_action_splitter(space: spaces.Space, num_envs: int) -> Callable[[Any], 
     if isinstance(space, (spaces.Dict, spaces.Tuple)):
 
         def split_tree(actions: Any) -> list[Any]:
-            checked = check(actions)  # once for the batch
+            checked = as_space_dtypes(space, check(actions))  # once for the batch
             return [take(space, checked, i) for i in range(num_envs)]
 
         return split_tree
+    dtype = leaf_spec(space)[1]  # the env gets its space's dtype, as on every backend
     passes = passing_batch_test(space, (num_envs,))
     if passes is not None:  # the common batch tested here: one call fewer per step
-        return lambda actions: list(actions if passes(actions) else check(actions))
-    return lambda actions: list(check(actions))
+        return lambda actions: list(
+            (actions if passes(actions) else check(actions)).astype(dtype, copy=False)
+        )
+    return lambda actions: list(check(actions).astype(dtype, copy=False))

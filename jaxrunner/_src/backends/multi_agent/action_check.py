@@ -17,7 +17,7 @@ from jaxrunner.errors import InvalidActionError
 class ActionCheck:
     """Validates every group's ``[B, A_g, ...]`` action batch as a whole, before any
     sub-env steps (shapes, dtypes, the range of ``Discrete`` and ``MultiDiscrete``, every
-    row's, acting or not; nothing is cast); a call returns the actions or raises
+    row's, acting or not); a call returns the actions in the spaces' dtypes or raises
     InvalidActionError. The common case passes ``passing_batch_test`` inline; anything
     else goes through ``check_action_batch``, which names what is wrong (a group's batch
     of a non-composite space is read with ``np.asarray``: lists too, as single-agent)."""
@@ -31,11 +31,14 @@ class ActionCheck:
         self._passes = None if None in tests else [t for t in tests if t is not None]
 
     def __call__(self, actions: Sequence[Any]) -> Sequence[Any]:
-        passes = self._passes  # the common case inline, any other through the checks
-        if passes is not None and len(actions) == len(passes):
-            if all(test(batch) for test, batch in zip(passes, actions)):
-                return actions
-        return self._check(actions)
+        """The actions, each group's in its space's dtypes (what its agents are handed)."""
+        # The common case inline, any other through the checks.
+        tests = self._passes if self._passes and len(actions) == len(self._passes) else None
+        if tests is None or not all(test(batch) for test, batch in zip(tests, actions)):
+            actions = self._check(actions)
+        return [
+            space_arrays.as_space_dtypes(g.action_space, a) for g, a in zip(self.groups, actions)
+        ]
 
     def _check(self, actions: Sequence[Any]) -> Sequence[Any]:
         import jax  # here, not at the top: a Ray actor's import of this module skips JAX
