@@ -431,6 +431,38 @@ def test_restarts_of_failed_resets_are_counted():
         assert envs.num_restarts == 0
         envs.reset(seed=1)
         assert envs.num_restarts == 2
+        # reset_at (gymnasium's reset_mask too): the recreated env 1's 2nd reset fails.
+        envs.reset_at(1, seed=5)
+        assert envs.num_restarts == 3
+
+
+class NthInstanceFaults:
+    """Sub-env ``env_id``'s factory: its ``k``-th instance (0 first, in any process,
+    counted in ``log``) misbehaves as ``faults[k]`` says."""
+
+    def __init__(self, log: CallLog, env_id: int, faults: dict[int, list[FaultPlan]]) -> None:
+        self.log, self.env_id, self.faults = log, env_id, faults
+
+    def __call__(self) -> gymnasium.Env:
+        made = self.log.count("made")
+        self.log.record("made")
+        return jr.testing.FaultyEnv(counting_base(self.env_id), self.faults.get(made, []))
+
+
+def test_a_replaced_workers_restarts_of_failed_first_resets_are_counted(tmp_path):
+    # Env 2's first instance kills its worker; the replacement's first reset of the
+    # second instance raises, and a third is made inside that worker: one restart.
+    log = CallLog(tmp_path)
+    fns = fns_with({})
+    fns[2] = NthInstanceFaults(log, 2, {0: [FaultPlan(kind="exit", at=(2,))], 1: [RESET_RAISES]})
+    with closing(process(fns)) as envs:
+        envs.reset(seed=0)
+        for _ in range(3):
+            envs.step_batch(np.zeros(NUM_ENVS, np.int64))
+        assert (log.count("made"), envs.num_worker_restarts, envs.num_restarts) == (3, 1, 1)
+
+
+RESET_RAISES = FaultPlan(kind="raise", call="reset", at=(1,))
 
 
 def test_multi_agent_restarts_of_failed_resets_are_counted():

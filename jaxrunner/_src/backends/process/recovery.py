@@ -42,6 +42,7 @@ class WorkerRecovery:
         fails (with this error) instead of stepping."""
         # The counters ProcessBackend's properties of the same names expose and document.
         self.num_worker_restarts = 0
+        self.num_restarts = 0  # in a new worker's first reset (ProcessBackend.num_restarts)
         self.num_lost_steps = 0
         self.num_unrun_steps = 0
 
@@ -104,7 +105,8 @@ class WorkerRecovery:
                 self.layout.check_report(report, f"a restarted sub-env of worker {w}")
                 pool.expect(w, pool.send_memory(w))
                 payload = pickle.dumps(("reset", ([None] * (hi - lo), None)), protocol=5)
-                pool.expect(w, pool.send(w, protocol.OP_CALL, payload=payload))
+                _, restarted = pool.expect(w, pool.send(w, protocol.OP_CALL, payload=payload))
+                self.num_restarts += restarted
             except WorkerLost as lost:
                 raise lost.error("while it was being restarted") from None
             except BaseException:

@@ -97,7 +97,7 @@ class ProcessBackend(RemoteSubEnvs):
     @property
     def num_restarts(self) -> int:
         """Sub-envs recreated inside their worker after a failure."""
-        return self._stepper.num_restarts
+        return self._stepper.num_restarts + self._transport.recovery.num_restarts
 
     @property
     def num_worker_restarts(self) -> int:
@@ -153,7 +153,8 @@ class ProcessBackend(RemoteSubEnvs):
                 "flight (sent, not received); recv() it first, or reset() every sub-env "
                 "(which drops steps in flight)."
             )
-        info = self._call_worker_of(index, "reset_or_restart", (index, seed, options))
+        info, restarted = self._call_worker_of(index, "reset_at", (index, seed, options))
+        self._stepper.num_restarts += restarted
         self._transport.recovery.pending.pop(index, None)
         return self._layout.reset_at_result(self._views, index, info)
 

@@ -35,11 +35,9 @@ from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_block import SubEnvBlock, SubEnvRaised, build_envs
 from jaxrunner.errors import EnvError, JaxRunnerError
 
-BLOCK_CALLS = frozenset(
-    {"reset_or_restart", "call", "get_attr", "set_attr", "render", "on_sub_env"}
-)
+BLOCK_CALLS = frozenset({"call", "get_attr", "set_attr", "render", "on_sub_env"})
 """The ``OP_CALL`` methods the step loop (:class:`SubEnvBlock`) answers itself; the
-others (``reset``, ``grow``, ``close``) are the :class:`Worker`'s."""
+others (``reset``, ``reset_at``, ``grow``, ``close``) are the :class:`Worker`'s."""
 
 
 class Worker:
@@ -99,10 +97,18 @@ class Worker:
     ) -> tuple[list[dict], int]:
         """The reset infos, and the sub-envs restarted because their reset failed (the
         main side counts restarts: step replies report theirs)."""
-        sub_envs = self.sub_envs
-        before = sub_envs.num_restarts  # type: ignore[union-attr]
-        infos = sub_envs.reset(seeds, options)  # type: ignore[union-attr]
-        return infos, sub_envs.num_restarts - before  # type: ignore[union-attr]
+        return self._counting_restarts(self.sub_envs.reset, seeds, options)  # type: ignore[union-attr]
+
+    def reset_at(
+        self, index: int, seed: int | None, options: dict[str, Any] | None
+    ) -> tuple[dict, int]:
+        """Sub-env ``index``'s reset info, and 1 where its reset failed and it restarted."""
+        return self._counting_restarts(self.sub_envs.reset_or_restart, index, seed, options)  # type: ignore[union-attr]
+
+    def _counting_restarts(self, reset: Callable[..., Any], *args: Any) -> tuple[Any, int]:
+        before = self.sub_envs.num_restarts  # type: ignore[union-attr]
+        result = reset(*args)
+        return result, self.sub_envs.num_restarts - before  # type: ignore[union-attr]
 
     def close(self) -> None:
         for env in self.envs:
