@@ -172,8 +172,10 @@ class EnvRunner:
         :class:`MultiAgentTrajectory` for a multi-agent env.
 
         Episodes carry on across calls. If a step fails, the exception propagates
-        with ``err.partial_trajectory`` holding every step completed before it, and
-        the runner refuses further sampling (its envs are in an unknown state).
+        with ``err.partial_trajectory`` holding the steps every env completed before
+        it (``[t, B]``: an env that ran ahead, ready-first or in an earlier split, loses
+        its extra steps), and the runner refuses further sampling (its envs are in an
+        unknown state).
         The unfinished episodes :meth:`sample_episodes` was assembling lose these steps
         to the caller and are dropped (never seen whole). With ``progress``, a progress
         bar counts the env steps (tqdm where it is installed, else a line on stderr; a
