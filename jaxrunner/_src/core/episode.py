@@ -91,15 +91,16 @@ def cut_steps(traj: Any, steps: Any, last: Any, final: Any) -> dict[str, Any]:
 
 def join_steps(head: Any, tail: Any) -> dict[str, Any]:
     """The step fields of two consecutive pieces of one episode (:class:`Episode`'s or
-    ``AgentEpisode``'s), joined: ``obs`` without ``tail``'s first one (``head``'s
-    last), and ``action``, ``reward``, ``extras`` end to end."""
+    ``AgentEpisode``'s), joined: ``obs`` without ``head``'s last one (``tail``'s
+    first), and ``action``, ``reward``, ``extras`` end to end. A zero-length ``tail`` (a
+    fault at a sample's first step) adds no obs: a multi-agent one holds none."""
 
     def cat(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.concatenate([x, y])
 
-    # A zero-length tail (a fault at a sample's first step) may not hold the last obs.
+    empty = len(tail.reward) == 0
     return {
-        "obs": jax.tree.map(lambda x, y: cat(x, y[1:]), head.obs, tail.obs),
+        "obs": jax.tree.map(lambda x, y: x if empty else cat(x[:-1], y), head.obs, tail.obs),
         "action": jax.tree.map(cat, head.action, tail.action),
         "reward": cat(head.reward, tail.reward),
         "extras": jax.tree.map(cat, head.extras, tail.extras),
