@@ -196,6 +196,19 @@ def test_bad_arguments_are_refused_before_any_trial(monkeypatch, bad, match):
         )  # fmt: skip
 
 
+def test_the_deprecated_alias_takes_the_runners_options():
+    from jaxrunner._src.runner.env_runner import MultiAgentRunner
+
+    policy, params = _policy_and_params()
+    with (
+        pytest.warns(DeprecationWarning),
+        MultiAgentRunner.from_env(
+            "CartPole-v1", 2, policy, params, 4, 0, backend="sync", num_splits=1
+        ) as runner,
+    ):
+        assert runner.sample().num_steps == 4
+
+
 def test_env_kwargs_reach_gymnasium_make():
     policy, params = _policy_and_params()
     with jr.EnvRunner.from_env(

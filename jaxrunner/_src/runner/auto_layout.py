@@ -91,7 +91,7 @@ def from_env(
     # Checked before a trial: it would build envs and runners first.
     check_int("EnvRunner.from_env", "num_envs", num_envs)
     check_int("EnvRunner.from_env", "rollout_length", rollout_length)
-    known = inspect.signature(runner_cls).parameters
+    known = _keywords(runner_cls)
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise InvalidArgumentError(
@@ -137,6 +137,16 @@ def from_env(
     except BaseException:
         envs.close()  # the runner never owned them
         raise
+
+
+def _keywords(runner_cls: type) -> dict[str, inspect.Parameter]:
+    """The parameters of ``runner_cls``'s constructor: the first in its MRO with no
+    ``**kwargs`` (a deprecated alias passes them on)."""
+    for cls in runner_cls.__mro__:
+        params = inspect.signature(cls).parameters
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            return dict(params)
+    return {}
 
 
 def _trial(
