@@ -103,11 +103,13 @@ def to_minari(
         options.update(observation_space=observation_space, action_space=action_space)
     if "jpeg_encoding" in inspect.signature(minari.create_dataset_from_buffers).parameters:
         options.setdefault("jpeg_encoding", False)  # lossless, as the episodes came
-    existed = dataset_id in minari.list_local_datasets()
+    from minari.storage import get_dataset_path
+
+    existed = get_dataset_path(dataset_id).exists()
     try:
         return minari.create_dataset_from_buffers(dataset_id, buffers, **options)
     except BaseException:
-        if not existed and dataset_id in minari.list_local_datasets():  # half written
+        if not existed and get_dataset_path(dataset_id).exists():  # half written
             minari.delete_dataset(dataset_id)
         raise
 
