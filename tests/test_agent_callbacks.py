@@ -121,3 +121,32 @@ def test_where_per_step_hooks_cannot_run_only_the_agent_episode_hook_is_taken(ba
             make_runner(backend, refused)
     with make_runner(backend, EpisodeEnds()) as runner:  # the envs were freed
         runner.sample()
+
+
+def test_a_raising_agent_episode_hook_keeps_the_sample_and_fails_the_runner():
+    class Raises(jr.multi_agent.AgentCallbacks):
+        def on_agent_episode_end(self, runner, episode) -> None:
+            raise RuntimeError("boom")
+
+    with make_runner("sync", Raises()) as runner:
+        with pytest.raises(RuntimeError, match="boom") as info:
+            for _ in range(5):  # until an episode ends
+                runner.sample()
+        assert info.value.partial_trajectory.num_steps == 7  # the whole sample
+        with pytest.raises(jr.errors.RunnerFailedError):
+            runner.sample()
+
+
+@pytest.mark.parametrize("call", ["sample", "save", "restore", "stop"])
+def test_the_runner_refuses_calls_from_its_own_hooks_while_it_samples(call, tmp_path):
+    class Reenters(jr.Callbacks):
+        def on_episode_step(self, runner, env_index, episode) -> None:
+            args = (tmp_path / "c.ckpt",) if call in ("save", "restore") else ()
+            getattr(runner, call)(*args)
+
+    refused = rf"{call}\(\) called while sample\(\) runs"
+    with (
+        make_runner("sync", Reenters()) as runner,
+        pytest.raises(InvalidArgumentError, match=refused),
+    ):
+        runner.sample()

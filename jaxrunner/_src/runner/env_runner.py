@@ -37,6 +37,7 @@ from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.host_loop import HostLoop
 from jaxrunner._src.samplers.info_arrays import InfoKeys
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
+from jaxrunner._src.samplers.sampler import attach_partial
 from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import InvalidArgumentError
 
@@ -404,6 +405,8 @@ class EnvRunner:
     def stop(self, close_envs: bool = True) -> None:
         """Ends the runner: it cannot sample afterwards, and its envs are free for
         another runner. Closes the envs unless ``close_envs`` is False."""
+        if self._ownership.sampling:
+            self._check_usable("stop")
         if not self._ownership.closed:
             self._ownership.release()
             if close_envs:
@@ -429,17 +432,24 @@ class EnvRunner:
         total = self.rollout_length * self.envs.num_envs
         name = f"{type(self).__name__}.sample"
         params = self.kind.from_policy_dict(self.state.params)
-        with Progress(total, enabled=progress, desc=name, unit="env step") as bar:
-            try:
+        self._ownership.sampling = True
+        try:
+            with Progress(total, enabled=progress, desc=name, unit="env step") as bar:
                 traj = self.sampler.sample(params, progress=bar.update if progress else None)
-            except BaseException as err:
-                self.state.failure = err
-                raise
-            bar.update(total)  # a pure-JAX env's scan reports only when it returns
-        if self._on_agent_episode_end is not None:
-            done = self.state.callback_episodes.complete(traj.split_episodes())
-            for episode in self.kind.agent_episodes(done):
-                self._on_agent_episode_end(self, episode)
+                bar.update(total)  # a pure-JAX env's scan reports only when it returns
+            if self._on_agent_episode_end is not None:
+                done = self.state.callback_episodes.complete(traj.split_episodes())
+                try:
+                    for episode in self.kind.agent_episodes(done):
+                        self._on_agent_episode_end(self, episode)
+                except BaseException as err:  # the sample is whole: it goes with the error
+                    attach_partial(err, traj)
+                    raise
+        except BaseException as err:
+            self.state.failure = err
+            raise
+        finally:
+            self._ownership.sampling = False
         return traj
 
     def _check_usable(self, what: str) -> None:

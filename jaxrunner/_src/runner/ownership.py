@@ -21,6 +21,8 @@ class Ownership:
         self.runner, self.envs = runner, envs
         self.closed = False
         """Whether the runner stopped (it cannot sample; the env is free)."""
+        self.sampling = False
+        """Whether a ``sample()`` runs (a callback calling back into the runner is refused)."""
         held = _OWNERS.get(envs)
         owner = held() if held is not None else None
         if owner is not None and not owner.closed:
@@ -43,6 +45,12 @@ class Ownership:
         """Refuses ``what`` on a stopped runner, or one whose sample failed with
         ``failure`` (its envs are in an unknown state)."""
         name = self.runner
+        if self.sampling:
+            raise InvalidArgumentError(
+                f"{name}.{what}() called while sample() runs (from a callback?): it would "
+                "step the envs or read the state the running sample is writing. Call it "
+                "after sample() returns."
+            )
         if self.closed:
             raise ClosedError(f"{name}.{what}() called after stop(); create a new {name}.")
         if failure is not None:
