@@ -150,3 +150,24 @@ def test_the_runner_refuses_calls_from_its_own_hooks_while_it_samples(call, tmp_
         pytest.raises(InvalidArgumentError, match=refused),
     ):
         runner.sample()
+
+
+def test_a_restore_that_resets_the_envs_starts_each_env_episode_once(tmp_path):
+    class Starts(jr.Callbacks):
+        def __init__(self) -> None:
+            self.started: list[tuple[int, int]] = []
+
+        def on_episode_start(self, runner, env_index, episode) -> None:
+            self.started.append((env_index, episode.episode_id))
+
+    with make_runner("sync", Starts()) as runner:
+        runner.sample()
+        runner.save(tmp_path / "c.ckpt")
+    hooks = Starts()
+    with make_runner("sync", hooks) as runner:
+        hooks.started.clear()
+        with pytest.warns(UserWarning, match="every env was reset"):
+            runner.restore(tmp_path / "c.ckpt")  # no env pickles loaded: new episodes
+        restarted = list(hooks.started)
+        first = runner.sample().episode_id[0]
+    assert restarted == [(b, int(first[b])) for b in range(3)]

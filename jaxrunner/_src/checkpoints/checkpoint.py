@@ -173,8 +173,11 @@ def _resume_envs(parts: RunnerParts, ckpt: Checkpoint, path: str) -> tuple[bool,
     envs_restored = ckpt.envs == "pytree"
     note = ckpt.envs_note
     previous, previous_live = sampler.get_state(), sampler.live_episodes() or None
+    live = ckpt.live_episodes
+    if live is None and not envs_restored and ckpt.env_snapshots is None:
+        live = previous_live  # not started here: restart_episodes starts them, once
     # refuses (runner unchanged) or takes it whole
-    sampler.set_state(ckpt.sampler_state, ckpt.live_episodes)
+    sampler.set_state(ckpt.sampler_state, live)
     try:
         if ckpt.env_snapshots is not None:
             try:
