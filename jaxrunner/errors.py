@@ -36,9 +36,12 @@ class JaxRunnerError(Exception):
             the steps collected before it, as a :class:`jaxrunner.Trajectory`
             (``None`` when no step had completed); for ``EnvRunnerGroup.sample()``,
             the samples of the runners that answered.
+        partial_episodes: set when the error interrupted ``EnvRunner.sample_episodes()``
+            after some episodes completed: those episodes.
     """
 
     partial_trajectory: Any = None
+    partial_episodes: Any = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         # BaseException's default calls cls(*args), which subclasses whose

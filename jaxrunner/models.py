@@ -13,9 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrunner._src.arg_checks import is_int
 from jaxrunner._src.core.distributions import num_outputs
 from jaxrunner._src.core.policy import Policy
-from jaxrunner.errors import SpaceMismatchError
+from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 
 
 class MLP(nn.Module):
@@ -41,7 +42,11 @@ class MLP(nn.Module):
 
 def mlp_policy(action_space: gymnasium.Space, hidden: tuple[int, ...] = (64, 64)) -> Policy:
     """A stochastic MLP policy for a Discrete, MultiDiscrete, MultiBinary or Box space."""
-    return Policy.from_linen(MLP(num_outputs(action_space), hidden), action_space)
+    if not (isinstance(hidden, tuple | list) and all(is_int(h) and h >= 1 for h in hidden)):
+        raise InvalidArgumentError(
+            f"mlp_policy(hidden={hidden!r}): expected a tuple of layer widths >= 1, e.g. (64, 64)."
+        )
+    return Policy.from_linen(MLP(num_outputs(action_space), tuple(hidden)), action_space)
 
 
 class NatureCNN(nn.Module):

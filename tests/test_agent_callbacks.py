@@ -171,3 +171,16 @@ def test_a_restore_that_resets_the_envs_starts_each_env_episode_once(tmp_path):
         restarted = list(hooks.started)
         first = runner.sample().episode_id[0]
     assert restarted == [(b, int(first[b])) for b in range(3)]
+
+
+def test_a_failed_sample_episodes_keeps_the_episodes_it_completed():
+    fns = faulty_env_fns(short_cartpole, 3, faults={0: [FaultPlan(at=(40,))]})
+    envs = jr.make_vec(fns, 3)  # no restart policy: the fault raises
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(1), envs.single_observation_space)
+    runner = jr.EnvRunner(envs, policy, params, 7, seed=2)
+    with runner, pytest.raises(jr.errors.EnvError, match="injected failure") as info:
+        runner.sample_episodes(100)
+    kept = info.value.partial_episodes
+    assert len(kept) >= 3 and all(e.is_complete and e.is_done for e in kept)
+    assert info.value.partial_trajectory is not None

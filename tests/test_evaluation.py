@@ -91,7 +91,11 @@ def test_bad_num_episodes(setup) -> None:
     envs = jr.make_vec("CartPole-v1", num_envs=1)
     with pytest.raises(ValueError, match="num_episodes"):
         jr.evaluate(envs, policy, params, num_episodes=0)
+    with pytest.raises(TypeError, match=r"evaluate\(deterministic='no'\)"):  # ran greedy
+        jr.evaluate(envs, policy, params, num_episodes=1, deterministic="no")
     envs.close()
+    with pytest.raises(ValueError, match=r"make_vec\(seed=-1\): expected an int >= 0"):
+        jr.make_vec("CartPole-v1", 2, seed=-1)  # was refused by gymnasium, after building
 
 
 # -- with the training runner's connectors (issue 29) ------------------------------------------

@@ -84,3 +84,11 @@ def test_mlp_policy_names_dict_observations_and_the_fix() -> None:
     policy = mlp_policy(spaces.Discrete(2))
     with pytest.raises(SpaceMismatchError, match=r"got a dict\. Flatten .*FlattenObservation"):
         policy.init(jax.random.key(0), obs_space)
+
+
+@pytest.mark.parametrize("hidden", [64, (0,), (32, "64")])
+def test_mlp_policy_refuses_bad_layer_widths_when_built(hidden) -> None:
+    with pytest.raises(
+        ValueError, match=r"mlp_policy\(hidden=.*\): expected a tuple of layer widths"
+    ):
+        mlp_policy(spaces.Discrete(2), hidden=hidden)

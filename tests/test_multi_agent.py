@@ -303,6 +303,9 @@ def test_policy_pool_one_member_per_agent_episode_and_no_recompile():
     policy = jr.multi_agent.pooled_policy(jr.Policy(fixed), 4)
     members = [{"k": jnp.int32(k)} for k in range(3)]
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 4)
+    for bad in ([1.0, float("nan"), 1.0], [float("inf"), 1.0, 1.0]):
+        with pytest.raises(InvalidArgumentError, match="finite weight"):
+            jr.multi_agent.pool_params(members, 4, bad)
     pool = jr.multi_agent.pool_params(members, 4)
     with jr.EnvRunner(envs, policy, pool, 30, seed=0) as runner:
         traj = runner.sample()

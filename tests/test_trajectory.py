@@ -410,8 +410,14 @@ def test_time_slice_then_concatenate_is_identity(traj: Trajectory, data: st.Data
 
 def test_concatenate_errors() -> None:
     traj = _hand_trajectory()
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(ValueError, match="got none"):
         jr.concatenate([])
+    with pytest.raises(ValueError, match=r"takes a list of trajectories, got one Trajectory"):
+        jr.concatenate(traj)
+    with pytest.raises(ValueError, match="got item 1 a NoneType"):
+        jr.concatenate([traj, None])
+    # Any iterable: a generator's first item is not lost.
+    assert_trees_equal(jr.concatenate(t for t in (traj, traj)), jr.concatenate([traj, traj]))
     one_env = jax.tree.map(lambda x: x[:, :1], traj)
     with pytest.raises(ValueError, match="1 envs, trajectory 0 has 2"):
         jr.concatenate([traj, one_env])

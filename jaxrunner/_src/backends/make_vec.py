@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, overload
 
@@ -122,7 +121,7 @@ def make_vec(
         :class:`~jaxrunner.MultiAgentVectorEnv` for a PettingZoo env.
     """
     check_int("make_vec", "num_envs", num_envs)
-    check_int("make_vec", "seed", seed, low=-math.inf, none="for no reset")
+    check_int("make_vec", "seed", seed, low=0, none="for no reset")
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
     check_vec_options(backend, config, restart_policy)

@@ -32,10 +32,11 @@ def pool_params(
         )
     if weights is None:
         weights = [1.0] * len(members)
-    if len(weights) != len(members) or min(weights) < 0 or sum(weights) <= 0:
+    w = np.asarray(weights, np.float64)
+    if w.shape != (len(members),) or not (np.isfinite(w).all() and (w >= 0).all() and w.sum()):
         raise InvalidArgumentError(
-            f"pool_params(weights={list(weights)!r}): expected one weight >= 0 per member "
-            f"({len(members)}), not all zero."
+            f"pool_params(weights={list(weights)!r}): expected one finite weight >= 0 per "
+            f"member ({len(members)}), not all zero."
         )
     structure = jax.tree.structure(members[0])
     for k, member in enumerate(members[1:], 1):
@@ -46,9 +47,9 @@ def pool_params(
             )
     padded = members + [members[0]] * (size - len(members))
     stacked = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *padded)
-    w = np.zeros(size, np.float32)
-    w[: len(members)] = weights
-    return {"members": stacked, "weights": jnp.asarray(w)}
+    padded_weights = np.zeros(size, np.float32)
+    padded_weights[: len(members)] = w
+    return {"members": stacked, "weights": jnp.asarray(padded_weights)}
 
 
 def pooled_policy(policy: Policy, size: int) -> Policy:

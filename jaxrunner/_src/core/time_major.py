@@ -228,10 +228,7 @@ def concatenate(trajectories: Sequence[TrajectoryT]) -> TrajectoryT:
     """Joins trajectories of the same envs along time (``[T1 + T2 + ..., B]``): each a
     :class:`Trajectory` (the result compact if they all are), or each a
     :class:`MultiAgentTrajectory` of the same groups."""
-    if not trajectories:
-        raise InvalidArgumentError(
-            "concatenate() needs at least one Trajectory (or MultiAgentTrajectory), got none."
-        )
+    trajectories = _listed("concatenate", trajectories)
     if not all(t.is_compact for t in trajectories):
         trajectories = [t.dense() for t in trajectories]
     trajectories = type(trajectories[0])._aligned(trajectories)
@@ -255,7 +252,27 @@ def concatenate(trajectories: Sequence[TrajectoryT]) -> TrajectoryT:
 def concatenate_envs(trajectories: Sequence[TrajectoryT]) -> TrajectoryT:
     """Joins trajectories of the same ``T`` along the env axis (``[T, B1 + B2 + ...]``),
     compact where they all are."""
+    trajectories = _listed("concatenate_envs", trajectories)
     return type(trajectories[0])._joined(trajectories, 1)
+
+
+def _listed(name: str, trajectories: Any) -> list[Any]:
+    """``trajectories`` (any iterable) as a non-empty list of trajectories, else an error."""
+    if isinstance(trajectories, TimeMajor):
+        raise InvalidArgumentError(
+            f"{name}() takes a list of trajectories, got one {type(trajectories).__name__}: "
+            f"{name}([traj_1, traj_2, ...])."
+        )
+    trajectories = list(trajectories)
+    bad = [i for i, t in enumerate(trajectories) if not isinstance(t, TimeMajor)]
+    if not trajectories or bad:
+        got = (
+            "none" if not trajectories else f"item {bad[0]} a {type(trajectories[bad[0]]).__name__}"
+        )
+        raise InvalidArgumentError(
+            f"{name}() needs Trajectory (or MultiAgentTrajectory) objects, got {got}."
+        )
+    return trajectories
 
 
 def concatenate_leaves(parts: Sequence[Any], axis: int) -> Any:

@@ -37,7 +37,7 @@ from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.host_loop import HostLoop
 from jaxrunner._src.samplers.info_arrays import InfoKeys
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
-from jaxrunner._src.samplers.sampler import attach_partial
+from jaxrunner._src.samplers.sampler import attach_episodes, attach_partial
 from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import InvalidArgumentError
 
@@ -212,7 +212,8 @@ class EnvRunner:
         Episodes under way at a ``sample()`` (some of their steps are in its result) and
         those cut by a sub-env failure (``faulty``; kept with ``include_faulty``)
         are skipped. With ``progress``, a progress bar counts the episodes (tqdm where
-        it is installed, else a line on stderr)."""
+        it is installed, else a line on stderr). If a sample fails, its error carries the
+        episodes completed so far in ``err.partial_episodes``."""
         name = f"{type(self).__name__}.sample_episodes"
         check_bool(name, "include_faulty", include_faulty)
         check_int(name, "num_episodes", num_episodes)
@@ -221,7 +222,12 @@ class EnvRunner:
         with Progress(num_episodes, enabled=progress, desc=name, unit="episode") as bar:
             bar.update(len(state.finished))
             while len(state.finished) < num_episodes:
-                done = state.episodes.complete(self._sample().split_episodes())
+                try:
+                    traj = self._sample()
+                except BaseException as err:  # the episodes completed so far go with it
+                    attach_episodes(err, state.take_finished(len(state.finished)))
+                    raise
+                done = state.episodes.complete(traj.split_episodes())
                 state.finished.extend(e for e in done if include_faulty or not e.faulty)
                 state.finished.sort(key=state.episodes.order)  # one begun earlier ends later
                 bar.update(len(state.finished))

@@ -49,6 +49,18 @@ class SamplerSetup:
     """Rows per policy chunk (None: :func:`.group_cost`'s default; host samplers)."""
 
 
+def attach_episodes(err: BaseException, episodes: list) -> None:
+    """Puts the complete episodes sampled before ``err`` (if any) in
+    ``err.partial_episodes``, with a note saying so."""
+    if episodes:
+        with contextlib.suppress(AttributeError):
+            err.partial_episodes = episodes  # type: ignore[attr-defined]
+            err.add_note(
+                f"jaxrunner: the {len(episodes)} complete episodes sampled before this error "
+                "are in err.partial_episodes."
+            )
+
+
 def attach_partial(err: BaseException, partial: MultiAgentTrajectory | None) -> None:
     """Puts the steps collected before ``err`` in ``err.partial_trajectory``, with a
     note saying so (exceptions that refuse new attributes are left as they are)."""

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrunner._src.arg_checks import check_int
+from jaxrunner._src.arg_checks import check_bool, check_int
 from jaxrunner._src.backends.capabilities import is_multi_agent
 from jaxrunner._src.connectors.moments import freeze, is_running
 from jaxrunner._src.connectors.per_group import GroupConnectors
@@ -147,7 +147,7 @@ def evaluate(
             f"evaluate(policy=...): a single-agent vector env takes one jaxrunner.Policy, got "
             f"{type(policy).__name__}."
         )
-    acting = _acting(policy, deterministic)
+    acting = _acting(policy, check_bool("evaluate", "deterministic", deterministic))
     runner = EnvRunner(envs, acting, params, rollout_length, seed, connectors=connectors)
     try:
         if connectors is not None:
