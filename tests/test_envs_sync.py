@@ -776,3 +776,15 @@ def test_a_single_agent_env_is_one_group_of_one_agent(backend):
         assert group.action_space == envs.single_action_space
         assert envs.policy_ids == ("default_policy",)
         assert envs.possible_agents == ("agent_0",)
+
+
+@pytest.mark.parametrize("backend", ["sync", "process"])
+def test_the_vector_envs_name_a_factory_that_is_not_one(backend: str) -> None:
+    cls = {"sync": jr.SyncVectorEnv, "process": jr.ProcessVectorEnv}[backend]
+    make = functools.partial(gymnasium.make, "CartPole-v1")
+    with pytest.raises(
+        TypeError, match=r"expected a list of env factories, one per sub-env, got partial"
+    ):
+        cls(make)  # the factory itself, not a list of them
+    with pytest.raises(TypeError, match=r"env_fns\[1\] is a TimeLimit, not a factory"):
+        cls([make, make()])  # an env instance

@@ -19,7 +19,13 @@ from jaxrunner._src.backends.batch_step import BatchStep, EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.core.agent_groups import AgentGroup, GroupedAgents
-from jaxrunner.errors import ClosedError, EnvIndexError, InvalidArgumentError, SpaceMismatchError
+from jaxrunner.errors import (
+    ClosedError,
+    EnvIndexError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    SpaceMismatchError,
+)
 
 if TYPE_CHECKING:
     from jaxrunner._src.backends.auto import LayoutChoice
@@ -68,8 +74,21 @@ def check_equal_spaces(pairs: Sequence[tuple[gymnasium.Space, gymnasium.Space]])
 
 
 def check_env_fns(where: str, env_fns: Sequence[Any]) -> None:
+    """Refuses anything but a non-empty list of zero-argument env factories."""
+    if not isinstance(env_fns, Sequence) or isinstance(env_fns, str):
+        raise InvalidArgumentTypeError(
+            f"{where}(env_fns=...): expected a list of env factories, one per sub-env, got "
+            f"{type(env_fns).__name__}; e.g. [make_env] * n, or jaxrunner.make_vec(make_env, n)."
+        )
     if len(env_fns) == 0:
         raise InvalidArgumentError(f"{where} needs at least one env factory, got none.")
+    bad = next((i for i, fn in enumerate(env_fns) if not callable(fn)), None)
+    if bad is not None:
+        raise InvalidArgumentTypeError(
+            f"{where}: env_fns[{bad}] is a {type(env_fns[bad]).__name__}, not a factory. Pass "
+            "zero-argument functions that build the envs (e.g. lambda: gymnasium.make(...)), "
+            "not the envs themselves: each sub-env is built (and rebuilt) by its factory."
+        )
 
 
 class BaseVectorEnv(abc.ABC):
