@@ -230,6 +230,14 @@ def test_policy_compiled_once_and_new_params_apply_without_retrace():
     assert not np.array_equal(second.action, greedy(params, second.obs))
 
 
+def test_params_of_another_observation_size_are_named_when_the_runner_is_built():
+    envs = jr.make_vec("CartPole-v1", 2)
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    other = policy.init(jax.random.key(0), gymnasium.spaces.Box(-1, 1, (5,)))  # not (4,)
+    with envs, pytest.raises(InvalidArgumentError, match="could not be applied to these params"):
+        jr.EnvRunner(envs, policy, other, 4, 0)
+
+
 def test_set_params_rejects_other_shapes(cartpole_runner):
     runner = cartpole_runner()
     params = runner.get_params()

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import flax.errors
 import gymnasium
 import jax
 
@@ -196,7 +197,7 @@ def params_error(
     params are to blame; None to raise ``err`` itself (noted where the policy applies to
     them: a pure-JAX env's functions or env params failed)."""
     # Tracing the policy with params of the wrong structure fails deep in its code.
-    wrong_params = isinstance(err, KeyError | TypeError | AttributeError)
+    wrong_params = isinstance(err, KeyError | TypeError | AttributeError | flax.errors.FlaxError)
     if not wrong_params or isinstance(err, InvalidArgumentTypeError):
         return None
     try:  # each group's policy traced abstractly on one row of its params
