@@ -685,6 +685,11 @@ def test_a_save_that_fails_leaves_no_file_behind(tmp_path):
     with make() as runner, pytest.raises(IsADirectoryError):
         runner.save(tmp_path / "a_folder")  # written whole, then refused by the rename
     assert [p.name for p in tmp_path.iterdir()] == ["a_folder"]
+    with make() as runner:  # refused before anything is written, naming the path
+        with pytest.raises(InvalidArgumentError, match=r"folder '.*nowhere' does not exist"):
+            runner.save(tmp_path / "nowhere" / "c.ckpt")
+        with pytest.raises(TypeError, match=r"save\(path=None\): expected a file path"):
+            runner.save(None)
 
 
 def test_restore_refuses_another_shape_of_runner(tmp_path):

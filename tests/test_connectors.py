@@ -21,7 +21,7 @@ from jaxrunner import connectors as C
 from jaxrunner._src.backends.process import ProcessConfig
 from jaxrunner._src.connectors import moments
 from jaxrunner._src.testing.jax_envs import RandomWalk
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.errors import InvalidArgumentError, SpaceMismatchError
 from jaxrunner.models import mlp_policy
 from jaxrunner.testing import CountingEnv, counting_env_fns
 
@@ -325,6 +325,16 @@ def test_rescale_actions_maps_the_unit_box_to_the_env_bounds():
     for squash in (False, True):
         out = C.RescaleActions.for_space(box, squash)(jnp.array([[50.0], [-50.0]]))
         assert all(box.contains(np.asarray(row)) for row in out)
+
+
+def test_action_connectors_that_do_not_fit_the_env_are_refused_when_the_runner_is_built():
+    envs = jr.make_vec("CartPole-v1", 2)  # Discrete actions: no Box to rescale to
+    policy = mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    connectors = C.Connectors(action=[C.RescaleActions((-1.0,), (1.0,))])
+    with envs, pytest.raises(SpaceMismatchError) as info:
+        jr.EnvRunner(envs, policy, params, 4, 0, connectors=connectors)
+    assert "action connectors' outputs" in "".join(info.value.__notes__)
 
 
 class RecordsActions(gymnasium.Wrapper):

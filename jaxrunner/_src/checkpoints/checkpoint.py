@@ -28,7 +28,7 @@ from jaxrunner._src.checkpoints.format import META, Part, array_name, is_key, pa
 from jaxrunner._src.checkpoints.live_episodes import put_live_episodes
 from jaxrunner._src.core.runner_state import RunnerParts
 from jaxrunner._src.core.seeds import env_seeds
-from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,16 @@ class RestoreReport:
 def save(parts: RunnerParts, path: str | os.PathLike) -> None:
     """Writes the runner's state to ``path`` (see docs/checkpoints.md); atomic: a crash
     mid-write leaves any earlier file at ``path`` whole."""
+    if not isinstance(path, str | os.PathLike):
+        raise InvalidArgumentTypeError(
+            f"{parts.runner}.save(path={path!r}): expected a file path (str or os.PathLike)."
+        )
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InvalidArgumentError(
+            f"{parts.runner}.save({os.fspath(path)!r}): the folder {folder!r} does not exist; "
+            "create it first (os.makedirs(folder, exist_ok=True))."
+        )
     arrays: dict[str, np.ndarray] = {}
     state = parts.state
     put_tree(arrays, "params", dict(state.params))

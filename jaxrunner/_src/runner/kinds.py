@@ -143,8 +143,21 @@ class AgentGroups:
         num_envs = self.envs.num_envs
         for g in self.envs.groups:
             spec = samplers[g.policy_id].action_spec
+            env_spec = samplers[g.policy_id].env_action_spec
             try:
                 space_arrays.check_policy_actions(g.action_space, spec, num_envs * g.num_agents)
+                if env_spec is not None:  # what the action connectors hand the env
+                    try:
+                        space_arrays.check_policy_actions(
+                            g.action_space, env_spec, num_envs * g.num_agents
+                        )
+                    except JaxRunnerError as err:
+                        err.add_note(
+                            "jaxrunner: these are the action connectors' outputs "
+                            "(Connectors(action=[...])): check them against the env's "
+                            f"action space {g.action_space}."
+                        )
+                        raise
             except JaxRunnerError as err:
                 if self.multi_agent:  # which group's policy, and the space to build it on
                     err.add_note(

@@ -124,7 +124,9 @@ class GroupSampler:
                 lambda: SampleEnd(connectors, packing, agent_axis=agent_axis),  # type: ignore[arg-type]
             )
         # The same for every block: shapes of num_envs rows.
-        self.action_spec, self.extras_spec = next(iter(self._calls.values())).env_output_spec
+        call = next(iter(self._calls.values()))
+        self.action_spec, self.extras_spec = call.env_output_spec
+        self.env_action_spec = call.env_action_spec  # None without action connectors
         shape = (num_envs, a_g)
         self.pending_obs = space_arrays.allocate(group.observation_space, shape)
         self.pending_action = _zeros(self.action_spec, shape)

@@ -227,6 +227,12 @@ class CompiledPolicyStep:
         )
         """Shapes and dtypes of ``(action, extras)`` for ``num_envs`` rows (what a ``[T, B]``
         buffer holds)."""
+        self.env_action_spec: Any = None
+        """With action connectors, the shapes and dtypes of the actions the env gets."""
+        if self._env_actions:
+            self.env_action_spec = jax.tree.map(
+                lambda s: jax.ShapeDtypeStruct((num_envs, *s.shape[1:]), s.dtype), spec[1]
+            )
         self._action_treedef = jax.tree.structure(spec[0])
         self._action_is_leaf = jax.tree_util.treedef_is_leaf(self._action_treedef)
         # The guard scopes, built once: each would cost ~2 us of Python per call, and
