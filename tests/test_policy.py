@@ -621,6 +621,13 @@ def test_bad_log_std_shape() -> None:
         policy.apply_fn(params, make_obs(), None, env_keys(0))
 
 
+def test_from_linen_names_a_module_class_or_another_object() -> None:
+    with pytest.raises(TypeError, match=r"got the class GRUPolicy; construct it first"):
+        jr.Policy.from_linen(GRUPolicy, spaces.Discrete(2))
+    with pytest.raises(TypeError, match=r"expected a flax.linen module instance, got 3"):
+        jr.Policy.from_linen(3, spaces.Discrete(2))
+
+
 def test_init_without_init_fn() -> None:
     policy = jr.Policy(apply_fn=build("discrete").policy.apply_fn)
     with pytest.raises(ValueError, match="no init_fn"):

@@ -238,6 +238,12 @@ class Policy:
             initial_carry: one env's initial recurrent state, for recurrent modules.
         """
 
+        if isinstance(module, type) or not callable(getattr(module, "apply", None)):
+            got = f"the class {module.__name__}" if isinstance(module, type) else repr(module)
+            raise InvalidArgumentTypeError(
+                f"Policy.from_linen(module=...): expected a flax.linen module instance, got "
+                f"{got:.80}; construct it first, e.g. Policy.from_linen(MyModule(), space)."
+            )
         recurrent = initial_carry is not None
 
         def fns(init: Callable[..., Params]) -> dict[str, Any]:
