@@ -259,6 +259,8 @@ def test_one_compile_per_runner_and_new_statistics_never_retrace():
         for _ in range(3):
             runner.sample()
         state = runner.get_connector_state()
+        with pytest.raises(InvalidArgumentError, match="has 1 running statistics, got 0"):
+            C.set_statistics(state, [])  # was a bare IndexError
         runner.set_connector_state(C.set_statistics(state, [C.Moments.of(np.ones((5, 4)))]))
         runner.set_params(runner.get_params())
         runner.sample()

@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrunner.errors import InvalidArgumentError
+
 
 def _expand(count: jax.Array, like: jax.Array) -> jax.Array:
     """``count`` (``[...]``) shaped to broadcast over ``like`` (``[..., *shape]``)."""
@@ -160,6 +162,13 @@ def set_statistics(state: S, stats: Sequence[Moments]) -> S:
     """``state`` with each :class:`RunningMoments`' ``stats`` replaced, in
     :func:`take_deltas` order, and its delta emptied: what a group broadcasts."""
     queue = list(stats)
+    wanted = sum(is_running(x) for x in jax.tree.leaves(state, is_leaf=is_running))
+    if len(queue) != wanted:
+        raise InvalidArgumentError(
+            f"set_statistics: the state has {wanted} running statistics, got {len(queue)}; "
+            "pass the merged statistics of states of this connector pipeline, in "
+            "take_deltas order."
+        )
 
     def put(x: RunningMoments) -> RunningMoments:
         new = queue.pop(0)
