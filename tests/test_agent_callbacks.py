@@ -137,6 +137,16 @@ def test_a_raising_agent_episode_hook_keeps_the_sample_and_fails_the_runner():
             runner.sample()
 
 
+def test_a_callback_may_set_params_while_the_runner_samples():
+    class SetsParams(jr.Callbacks):
+        def on_episode_end(self, runner, env_index, episode) -> None:
+            runner.set_params(runner.get_params())  # e.g. a schedule
+
+    with make_runner("sync", SetsParams()) as runner:
+        for _ in range(3):
+            assert runner.sample().num_steps == 7
+
+
 @pytest.mark.parametrize("call", ["sample", "save", "restore", "stop"])
 def test_the_runner_refuses_calls_from_its_own_hooks_while_it_samples(call, tmp_path):
     class Reenters(jr.Callbacks):

@@ -276,7 +276,7 @@ class EnvRunner:
         """Replaces the params of policy ``policy_id`` (``None``: the runner's one policy);
         takes effect at the next step and never recompiles. The new params must have the
         structure, shapes and dtypes of the old ones."""
-        self._check_usable("set_params")
+        self._check_usable("set_params", while_sampling=True)  # a callback may: next step
         if isinstance(params, str) and params in self.state.params and policy_id is not None:
             warnings.warn(
                 f"{type(self).__name__}.set_params(policy_id, params) is the old order; call "
@@ -458,8 +458,8 @@ class EnvRunner:
             self._ownership.sampling = False
         return traj
 
-    def _check_usable(self, what: str) -> None:
-        self._ownership.check_usable(what, self.state.failure)
+    def _check_usable(self, what: str, while_sampling: bool = False) -> None:
+        self._ownership.check_usable(what, self.state.failure, while_sampling)
 
     def _check_releasable(self, what: str, fix: str) -> None:
         if isinstance(self.sampler, ScanSampler):

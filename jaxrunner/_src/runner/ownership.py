@@ -41,11 +41,14 @@ class Ownership:
         if held is not None and held() is self:
             del _OWNERS[self.envs]
 
-    def check_usable(self, what: str, failure: BaseException | None) -> None:
-        """Refuses ``what`` on a stopped runner, or one whose sample failed with
-        ``failure`` (its envs are in an unknown state)."""
+    def check_usable(
+        self, what: str, failure: BaseException | None, while_sampling: bool = False
+    ) -> None:
+        """Refuses ``what`` on a stopped runner, one whose sample failed with ``failure``
+        (its envs are in an unknown state), or while it samples unless
+        ``while_sampling``."""
         name = self.runner
-        if self.sampling:
+        if self.sampling and not while_sampling:
             raise InvalidArgumentError(
                 f"{name}.{what}() called while sample() runs (from a callback?): it would "
                 "step the envs or read the state the running sample is writing. Call it "
