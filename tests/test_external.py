@@ -488,3 +488,10 @@ def test_a_costly_policy_is_batched_in_small_chunks():
     assert policy_chunk_rows(policy, params, obs_space, 64) == 32  # a runner's chunk
     with jr.ExternalEnv(obs_space, spaces.Discrete(6), policy, params) as env:
         assert env._batchers["agent"]._chunk_rows == 8  # max_batch 64 by default
+
+
+def test_params_none_is_refused_with_the_fix():
+    with pytest.raises(
+        errors.InvalidArgumentError, match=r"ExternalEnv\(params=None\): .*policy.init"
+    ):
+        jr.ExternalEnv(OBS_SPACE, ACTION_SPACE, mlp_policy(ACTION_SPACE), None)

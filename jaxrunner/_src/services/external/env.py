@@ -19,7 +19,7 @@ from jaxrunner._src.services.external.core import ExternalEnvCore
 from jaxrunner._src.services.external.delivery import wait_for
 from jaxrunner._src.services.external.episodes import AgentRecord, EpisodeRecord
 from jaxrunner._src.space_arrays import check_value
-from jaxrunner.errors import EpisodeConflictError
+from jaxrunner.errors import EpisodeConflictError, InvalidArgumentError
 
 AGENT = "agent"
 """The id of an ExternalEnv's one agent (its policy's id too)."""
@@ -55,6 +55,12 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         config: ExternalEnvConfig | None = None,
     ) -> None:
         checks.check_construction(observation_space, action_space, policy, seed)
+        if params is None:
+            raise InvalidArgumentError(
+                "ExternalEnv(params=None): expected the policy's params, e.g. "
+                "policy.init(jax.random.key(0), observation_space) ({} for a policy without "
+                "params)."
+            )
         self.observation_space = observation_space
         self.action_space = action_space
         self.policy = policy
