@@ -1,5 +1,4 @@
-"""ServerConfig: where and how a :class:`~jaxrunner.serve.PolicyServer` listens, and the
-limits its transport enforces."""
+"""ServerConfig: where a :class:`~jaxrunner.serve.PolicyServer` listens, and its limits."""
 
 from __future__ import annotations
 
@@ -13,7 +12,8 @@ from jaxrunner.errors import InvalidArgumentError
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ServerConfig:
-    """Where and how a :class:`~jaxrunner.serve.PolicyServer` listens."""
+    """Where and how a :class:`~jaxrunner.serve.PolicyServer` listens (the limits:
+    docs/serving.md, "Limits")."""
 
     host: str = "127.0.0.1"
     """Interface to bind; loopback unless you say otherwise."""
@@ -31,34 +31,28 @@ class ServerConfig:
     max_connections: int = 2048
     """The most open connections. At the cap a new connection closes the one idle
     the longest (those without a token first); with none idle it is answered 503
-    (JSON) and closed. Each costs at most about 30 KB while it sends its request (24
-    KB of head, buffers) and 128 KB of kernel send buffer, and lives at most
-    ``read_timeout_s`` unless it sends whole requests; the process's open-file limit
-    is raised to fit it where the hard limit allows."""
+    (JSON) and closed. The process's open-file limit is raised to fit it where the
+    hard limit allows."""
     max_unauthenticated_connections: int | None = None
-    """The most open connections that have not yet sent a request with the token
-    (each new connection, until its first request's headers are in); past it, once a
-    second's grace for new ones is over, the oldest of them are closed, idle ones
-    first (how they linger: docs/serving.md, "Limits"). None: an eighth of
-    ``max_connections`` (at least 16, at most ``max_connections``). With
-    ``require_token=False`` any whole request counts."""
+    """The most open connections that have not yet sent a request with the token;
+    past it, once a second's grace for new ones is over, the oldest of them are
+    closed, idle ones first. None: an eighth of ``max_connections`` (at least 16, at
+    most ``max_connections``). With ``require_token=False`` any whole request counts."""
     write_timeout_s: float = 10.0
     """Answers waiting to be written must make progress (some bytes taken by the
     client) within this long; otherwise the connection is dropped with what it
     holds (as nginx's ``send_timeout``)."""
     max_pipelined: int = 16
     """The most requests answered in a row while the client has sent more (HTTP
-    pipelining); the connection is then closed once its answers are written. A
-    connection that has not sent the token gets none: it is closed after its first
-    answer if more requests wait."""
+    pipelining); the connection is then closed once its answers are written. None
+    without the token."""
     read_timeout_s: float = 5.0
     """A request must arrive whole (headers and body) within this long of its first
-    byte, or of its connection opening; otherwise 408 and the socket is closed
-    (slow clients can hold no connection longer). Size it for your largest body
-    (``max_body_bytes``) over your slowest legitimate link."""
+    byte, or of its connection opening; otherwise 408 and the socket is closed. Size
+    it for your largest body (``max_body_bytes``) over your slowest legitimate link."""
     keep_alive_s: float = 30.0
-    """Idle keep-alive connections are closed after this long (longer than clients
-    keep them: a client reusing a connection the server is closing gets an error)."""
+    """Idle keep-alive connections are closed after this long (longer than clients keep
+    them, or a client may reuse a connection being closed: an error)."""
     log_level: str = "warning"
     """uvicorn's log level."""
 

@@ -7,12 +7,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from starlette.responses import JSONResponse
+
 from jaxrunner._src.services.serve.auth import token_matches
 from jaxrunner._src.services.serve.error_handlers import error_response
 
 OPEN_PATHS = frozenset({"/v1/health", "/openapi.json"})
 """Paths served without a token: liveness and the published schema only."""
-HEALTH = b'{"status":"ok"}'
+HEALTH = JSONResponse({"status": "ok"})
 """``GET /v1/health``'s answer, given here: the liveness probe anyone may send is the
 cheapest request to flood with, so it costs no routing (the app's route documents it)."""
 
@@ -28,17 +30,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         if scope["path"] == "/v1/health" and scope["method"] == "GET":
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(HEALTH)).encode()),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": HEALTH})
+            await HEALTH(scope, receive, send)
             return
         headers = {k.lower(): v for k, v in scope["headers"]}
         if self.token is not None and scope["path"] not in OPEN_PATHS:

@@ -45,9 +45,8 @@ from jaxrunner._src.space_arrays import check_value
 Reader = Callable[..., Awaitable[Any]]
 """A dependency that reads a request's body into the env's arguments."""
 OFF_LOOP_AGENTS = 8
-"""Calls naming more agents are decoded, checked and answered in a worker thread: a
-1,024-agent body takes tens of ms, which would stall every connection's answers (a
-thread hop costs more than a few agents' values)."""
+"""Calls naming more agents are decoded, checked and answered in a worker thread (a
+1,024-agent body takes tens of ms: it would stall every connection's answers)."""
 
 
 async def off_loop(heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
@@ -58,10 +57,10 @@ async def off_loop(heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
 class OneAgent:
     """The wire of an :class:`~jaxrunner.ExternalEnv`: each value one tree."""
 
+    obs_body, logged_body, returns_body, end_body = ObsBody, LogActionBody, ReturnsBody, EndBody
     action_out = ActionOut
 
     def __init__(self, env: ExternalEnv) -> None:
-        self.obs_space, self.action_space = env.observation_space, env.action_space
         self.env = env
 
     @staticmethod
@@ -79,43 +78,23 @@ class OneAgent:
     def spaces(self) -> dict[str, Any]:
         return {name: wire.space_to_json(space) for name, space in self.env.get_spaces().items()}
 
-    def obs(self, call: str) -> Reader:
-        async def read(body: ObsBody) -> Any:
-            return wire.decode_tree(self.obs_space, raw(body.obs), "obs")
-
-        return read
-
-    def logged(self) -> Reader:
-        async def read(body: LogActionBody) -> tuple[Any, Any]:
-            obs = wire.decode_tree(self.obs_space, raw(body.obs), "obs")
-            return obs, wire.decode_tree(self.action_space, raw(body.action), "action")
-
-        return read
-
-    def rewards(self) -> Reader:
-        async def read(body: ReturnsBody) -> tuple[Any, ...]:
-            return body.reward, body.info
-
-        return read
-
-    def final_obs(self, call: str) -> Reader:
-        async def read(body: EndBody) -> tuple[Any, bool]:
-            return wire.decode_tree(self.obs_space, raw(body.obs), "obs"), body.truncated
-
-        return read
+    def decode(self, tree: Any, call: str, *, actions: bool = False) -> Any:
+        if actions:
+            return wire.decode_tree(self.env.action_space, raw(tree), "action")
+        return wire.decode_tree(self.env.observation_space, raw(tree), "obs")
 
     def answer(self, action: Any) -> dict[str, Any]:
-        return {"action": wire.encode_tree(self.action_space, action)}
+        return {"action": wire.encode_tree(self.env.action_space, action)}
 
 
 class Agents:
     """The wire of a ``MultiAgentExternalEnv``: ``{agent_id: tree}`` objects, the agent
     ids checked before any decoding (an unknown one: 422)."""
 
-    action_out = AgentActionsOut
+    obs_body, logged_body, returns_body = AgentObsBody, AgentLogActionBody, AgentReturnsBody
+    end_body, action_out = AgentEndBody, AgentActionsOut
 
     def __init__(self, env: MultiAgentExternalEnv) -> None:
-        self.groups, self.possible_agents = env.groups, env.possible_agents
         self.group_of = {a: g for g in env.groups for a in g.agents}
         self.env = env
 
@@ -139,13 +118,13 @@ class Agents:
                     "action_space": wire.space_to_json(group.action_space),
                     "policy_id": group.policy_id,
                 }
-                for group in self.groups
-                for agent in group.agents
+                for agent, group in self.group_of.items()
             }
         }
 
-    def decode(self, trees: Any, call: str, name: str, *, actions: bool = False) -> Any:
-        checks.check_agent_dict(trees, self.possible_agents, call, name, empty=True)
+    def decode(self, trees: Any, call: str, *, actions: bool = False) -> Any:
+        name = "actions" if actions else "obs"
+        checks.check_agent_dict(trees, self.env.possible_agents, call, name, empty=True)
         return {
             agent: wire.decode_tree(
                 self.group_of[agent].action_space
@@ -156,35 +135,6 @@ class Agents:
             )
             for agent, tree in trees.items()
         }
-
-    def obs(self, call: str) -> Reader:
-        async def read(body: AgentObsBody) -> Any:
-            return await off_loop(self.heavy(body.obs), self.decode, body.obs, call, "obs")
-
-        return read
-
-    def logged(self) -> Reader:
-        def decode(body: AgentLogActionBody) -> tuple[Any, Any]:
-            obs = self.decode(body.obs, "log_action", "obs")
-            return obs, self.decode(body.actions, "log_action", "actions", actions=True)
-
-        async def read(body: AgentLogActionBody) -> tuple[Any, Any]:
-            return await off_loop(self.heavy(body.obs), decode, body)
-
-        return read
-
-    def rewards(self) -> Reader:
-        async def read(body: AgentReturnsBody) -> tuple[Any, ...]:
-            return body.rewards, body.info
-
-        return read
-
-    def final_obs(self, call: str) -> Reader:
-        async def read(body: AgentEndBody) -> tuple[Any, bool]:
-            heavy = self.heavy(body.obs)
-            return await off_loop(heavy, self.decode, body.obs, call, "obs"), body.truncated
-
-        return read
 
     def answer(self, actions: dict[str, Any]) -> dict[str, Any]:
         group_of = self.group_of
@@ -221,6 +171,30 @@ def create_app(
     timeout_s = env.config.action_timeout_s
     kind = Agents(env) if env.multi_agent is True else OneAgent(env)
     params_cache: dict[str | None, tuple[int, Any]] = {}
+
+    # The readers of the bodies (FastAPI dependencies): each checked, decoded (off the
+    # event loop if heavy) and handed to the route as the env's arguments.
+    def read_obs(call: str) -> Reader:
+        async def read(body: kind.obs_body) -> Any:
+            return await off_loop(kind.heavy(body.obs), kind.decode, body.obs, call)
+
+        return read
+
+    def read_final_obs(call: str) -> Reader:
+        async def read(body: kind.end_body) -> tuple[Any, bool]:
+            return await off_loop(kind.heavy(body.obs), kind.decode, body.obs, call), body.truncated
+
+        return read
+
+    def decode_logged(body: Any) -> tuple[Any, Any]:
+        obs = kind.decode(body.obs, "log_action")
+        return obs, kind.decode(body.actions, "log_action", actions=True)
+
+    async def read_logged(body: kind.logged_body) -> tuple[Any, Any]:
+        return await off_loop(kind.heavy(body.obs), decode_logged, body)
+
+    async def read_rewards(body: kind.returns_body) -> tuple[Any, ...]:
+        return body.rewards, body.info
 
     async def deliver(episode_id: int, future: Any, request: Request) -> Any:
         """The future's result, recorded only if it reaches the client: on timeout or
@@ -293,7 +267,7 @@ def create_app(
         @episode_route(name, Ok, call)
         async def end_call(
             episode_id: EpisodeId,
-            final: Annotated[tuple[Any, bool], Depends(kind.final_obs(call))],
+            final: Annotated[tuple[Any, bool], Depends(read_final_obs(call))],
         ) -> JSONResponse:
             obs, truncated = final
             # Stacks episodes: in a worker thread, off the event loop.
@@ -321,7 +295,7 @@ def create_app(
     @episode_route("action", kind.action_out)
     async def get_action(
         episode_id: EpisodeId,
-        obs: Annotated[Any, Depends(kind.obs("get_action"))],
+        obs: Annotated[Any, Depends(read_obs("get_action"))],
         request: Request,
     ) -> JSONResponse:
         future = await off_loop(kind.heavy(obs), env.submit_action, episode_id, obs)
@@ -331,7 +305,7 @@ def create_app(
     @episode_route("log_action", Ok)
     async def log_action(
         episode_id: EpisodeId,
-        logged: Annotated[tuple[Any, Any], Depends(kind.logged())],
+        logged: Annotated[tuple[Any, Any], Depends(read_logged)],
         request: Request,
     ) -> JSONResponse:
         future = await off_loop(kind.heavy(logged[0]), env.submit_log_action, episode_id, *logged)
@@ -340,7 +314,7 @@ def create_app(
 
     @episode_route("returns", Ok)
     async def log_returns(
-        episode_id: EpisodeId, rewards: Annotated[tuple[Any, ...], Depends(kind.rewards())]
+        episode_id: EpisodeId, rewards: Annotated[tuple[Any, ...], Depends(read_rewards)]
     ) -> JSONResponse:
         env.log_returns(episode_id, *rewards)
         return JSONResponse({"ok": True})

@@ -47,11 +47,11 @@ class ObsBody(_Strict):
 
 class LogActionBody(_Strict):
     obs: Tree
-    action: Tree
+    actions: Tree = Field(alias="action")  # one name for both kinds in the routes
 
 
 class ReturnsBody(_Strict):
-    reward: Reward
+    rewards: Reward = Field(alias="reward")
     info: dict[str, Any] | None = None
 
 

@@ -1,6 +1,5 @@
 """Connection slots of the policy server: who holds them, and whom to close when they run
-short, so that sockets without the token churn their share and never deny the rest.
-Everything here runs on the server's event loop thread, so nothing locks."""
+short (docs/serving.md, "Limits"). Used on the event loop thread only: nothing locks."""
 
 from __future__ import annotations
 
@@ -13,19 +12,17 @@ class Slot(Protocol):
     """What :class:`ConnectionSlots` needs of a connection."""
 
     def evict(self, reason: str) -> None:
-        """Closes the connection now (it is given back its slot by :meth:`release`)."""
+        """Closes the connection now."""
 
     def linger(self, reason: str) -> None:
-        """Stops reading the connection and closes it once :meth:`ConnectionSlots.linger_over`
-        says so, asked every ``linger_s`` (then it is given back to :meth:`release`)."""
+        """Stops reading; closes once :meth:`ConnectionSlots.linger_over` says so."""
 
 
 class ConnectionSlots:
     """The open connections of one server, in the order they opened and went idle.
     ``grace_s`` spares a new connection that has sent nothing; one closed for the
-    unauthenticated share after a tokenless request lingers ``linger_s`` (longer under
-    attack, see :meth:`linger_over`), at most ``max_lingering`` of them (apart from
-    ``max_connections``; None: ``max_connections`` of them), the oldest closed beyond."""
+    unauthenticated share after a tokenless request lingers ``linger_s`` (see
+    :meth:`linger_over`), at most ``max_lingering`` of them (None: ``max_connections``)."""
 
     def __init__(
         self,
@@ -51,12 +48,11 @@ class ConnectionSlots:
         self._fresh: dict[Slot, float] = {}  # never sent a byte: since when open
         self._idle: dict[Slot, None] = {}
         self._lingering: dict[Slot, float] = {}  # out of the slots, still open: since when
+        # The transport's: whether a trim() is due, connections refused since it last
+        # logged them, and when it did (its loop's clock).
         self.trim_scheduled = False
-        """Whether a :meth:`trim` is due (the transport schedules it)."""
         self.refused = 0
-        """Connections refused since the transport last logged them."""
         self.refusal_logged_at = float("-inf")
-        """When the transport last logged refused connections (its loop's clock)."""
 
     def __len__(self) -> int:
         return len(self._open)
@@ -74,8 +70,7 @@ class ConnectionSlots:
         free (refuse it). At ``max_connections`` the connection idle the longest is
         closed: a tokenless one, then one silent for ``grace_s``, then any other
         unauthenticated one, then, only while the share is kept, an authenticated one.
-        The share itself is restored by :meth:`trim`, not here: a newcomer that sends the
-        token within ``grace_s`` leaves it first (a flood closes none of theirs)."""
+        The share is restored by :meth:`trim`, after the newcomers' grace."""
         if len(self._open) >= self.max_connections:
             victim = (
                 self._first(self._tokenless, self._idle)
@@ -94,15 +89,12 @@ class ConnectionSlots:
         return True
 
     def over_share(self) -> bool:
-        """Whether connections without the token hold more than their share (new
-        ones were let in over it): :meth:`trim` once their grace is over."""
+        """Whether connections without the token hold more than their share."""
         return len(self._unauthenticated) > self.max_unauthenticated
 
     def trim(self) -> bool:
-        """Closes connections without the token down to their share: one that sent a
-        whole request without it (idle first), else one silent for ``grace_s``, else one
-        with a request arriving; the oldest first. One younger than ``grace_s`` that has
-        sent nothing is spared (the server may not have read its first bytes yet).
+        """Closes connections without the token down to their share, the oldest first:
+        tokenless ones (idle first), then silent ones, then any but those in their grace.
         Returns whether some are still over the share (new ones in their grace)."""
         while self.over_share():
             victim = (
@@ -123,8 +115,7 @@ class ConnectionSlots:
         return None
 
     def authenticated(self, slot: Slot) -> None:
-        """``slot`` sent a request with the token: it no longer counts as
-        unauthenticated."""
+        """``slot`` sent a request with the token."""
         self._unauthenticated.pop(slot, None)
         self._tokenless.pop(slot, None)
 
@@ -159,10 +150,9 @@ class ConnectionSlots:
 
     def linger_over(self, slot: Slot) -> bool:
         """Whether ``slot``, lingering for ``linger_s`` (again), is closed now; False: it
-        lingers ``linger_s`` more. It does while at least ``max_unauthenticated`` others
-        linger (an attack: every socket closed comes back into the kernel's accept
-        queue, which is first come first served, ahead of newcomers with the token),
-        up to ``max_linger_s`` in all."""
+        lingers ``linger_s`` more, as it does while more than ``max_unauthenticated``
+        linger (an attack: a closed socket would come back into the accept queue ahead of
+        newcomers with the token), up to ``max_linger_s`` in all."""
         since = self._lingering.get(slot)
         if since is None:
             return True
@@ -175,8 +165,7 @@ class ConnectionSlots:
         return True
 
     def _close(self, slot: Slot, reason: str) -> None:
-        # Lingering, an owner that reconnects on the close cannot come straight back: without
-        # it each close let a new tokenless request through the whole HTTP stack.
+        # Lingering, an owner that reconnects on the close cannot come straight back.
         if (
             self.linger_s > 0
             and self.max_lingering > 0

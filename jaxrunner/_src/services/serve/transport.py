@@ -28,20 +28,17 @@ MAX_HEADER_BYTES = 16 * 1024
 MAX_HEAD_BYTES = MAX_REQUEST_LINE_BYTES + MAX_HEADER_BYTES
 """h11's cap on a head still arriving (its incomplete-event size)."""
 EVICTED_LINGER_S = 2.0
-"""How long a connection closed for the unauthenticated share after a whole request
-without the token lingers, unread, before its socket is closed (see :mod:`.slots`):
-an owner that reconnects on the close comes back at most this often per socket."""
+"""How long a connection closed for the unauthenticated share after a tokenless request
+lingers, unread, before its socket is closed (see :mod:`.slots`)."""
 REFUSAL_LOG_INTERVAL_S = 1.0
 """Refused connections are logged at most this often, with their count."""
 LINGER_RECEIVE_BUFFER_BYTES = 4 * 1024
 """A lingering socket's kernel receive buffer (``SO_RCVBUF``; Linux doubles it)."""
 EVICTED_MAX_LINGER_S = 120.0
-"""The longest such a connection lingers: past ``EVICTED_LINGER_S`` only while many
-others do (an attack, see :meth:`.slots.ConnectionSlots.linger_over`)."""
+"""The longest such a connection lingers (under attack, see :mod:`.slots`)."""
 SEND_BUFFER_BYTES = 64 * 1024
-"""Each socket's kernel send buffer (``SO_SNDBUF``; Linux doubles it): a client that
-never reads holds at most this much of the kernel's memory, not the 4 MB a loopback
-socket grows to by itself."""
+"""Each socket's kernel send buffer (``SO_SNDBUF``; Linux doubles it): all a client that
+never reads holds of the kernel's memory (a loopback socket grows to 4 MB by itself)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,9 +108,8 @@ def _too_long(request_line: bool) -> Refusal:
 
 
 class DeadlineH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with the transport's limits (those of a
-    :class:`~jaxrunner.serve.ServerConfig`). :func:`protocol_class` binds them, the
-    server's token and its slots."""
+    """uvicorn's h11 protocol with the limits of a :class:`~jaxrunner.serve.ServerConfig`,
+    the server's token and its slots (bound by :func:`protocol_class`)."""
 
     limits: ServerConfig
     token: str | None
@@ -155,8 +151,8 @@ class DeadlineH11Protocol(H11Protocol):
             self._schedule_trim()
 
     def _log_refusal(self) -> None:
-        """Logs refused connections at most once a second: under a flood of sockets, a
-        record per refusal costs the server the CPU it needs to accept the next ones."""
+        """Logs refused connections at most once a second (a record each would cost a
+        flooded server the CPU it needs to accept the next ones)."""
         slots = self.slots
         slots.refused += 1
         now = self.loop.time()
@@ -169,8 +165,8 @@ class DeadlineH11Protocol(H11Protocol):
             slots.refused, slots.refusal_logged_at = 0, now
 
     def _schedule_trim(self) -> None:
-        """Restores the share of connections without the token once the grace of
-        those let in over it is over (one timer per server)."""
+        """Restores the unauthenticated share after the newcomers' grace (one timer per
+        server)."""
         slots, loop = self.slots, self.loop
         slots.trim_scheduled = True
 
@@ -191,8 +187,7 @@ class DeadlineH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def evict(self, reason: str) -> None:
-        """Closes this connection to free its slot (see :mod:`.slots`), dropping any
-        answer it has not taken."""
+        """Closes this connection now, dropping any answer it has not taken."""
         logger.info("closed a connection: %s", reason)
         self._disarm()
         self._disarm_write()
@@ -200,7 +195,7 @@ class DeadlineH11Protocol(H11Protocol):
 
     def linger(self, reason: str) -> None:
         """Closes this idle connection after ``slots.linger_s`` or later, reading nothing
-        more meanwhile (see :mod:`.slots`)."""
+        more meanwhile."""
         if self.transport.get_write_buffer_size():
             self.evict(reason)  # not idle after all: an answer is still going out
             return
