@@ -1,9 +1,6 @@
-"""Serving external environments over HTTP: ``jr.serve.PolicyServer`` and
-``jr.serve.PolicyClient``, and ``jr.serve.MultiAgentPolicyClient`` for a
-multi-agent env (extra ``[serve]``: FastAPI, uvicorn, httpx).
-
-Imported lazily, so ``import jaxrunner`` never needs the extra.
-"""
+"""Serving external environments over HTTP: ``jr.serve.PolicyServer``, ``PolicyClient`` and
+``MultiAgentPolicyClient`` (extra ``[serve]``: FastAPI, uvicorn, httpx; imported lazily, so
+``import jaxrunner`` never needs it)."""
 
 from __future__ import annotations
 

@@ -29,8 +29,7 @@ from jaxrunner._src.space_arrays import check_value
 
 
 class _Client:
-    """What both clients share: the connection, the server's spaces (of the client's
-    kind of env, else an error naming the other client), episodes and metrics."""
+    """What both clients share: the connection, the server's spaces, episodes, metrics."""
 
     multi_agent: ClassVar[bool]
     """The kind of env this client talks to (the server says it in ``/v1/spaces``)."""

@@ -64,8 +64,7 @@ MAX_ANSWER_BYTES = 32 << 20
 
 
 def parse_answer(data: bytes, status: int, path: str) -> Any:
-    """An answer's JSON, or :class:`PolicyServerError` (``invalid_answer``) if it is
-    none: malformed, or nested too deeply for Python's parser."""
+    """An answer's JSON; :class:`PolicyServerError` (``invalid_answer``) if it is none."""
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as err:
@@ -79,9 +78,8 @@ def parse_answer(data: bytes, status: int, path: str) -> Any:
 
 
 def raise_for(status: int, answer: Any) -> None:
-    """The server's error answer (``status`` >= 400, ``answer`` its parsed JSON) raised
-    as the env's error (``EpisodeNotFoundError`` for 404/410, ...) or as
-    :class:`PolicyServerError`."""
+    """Raises the server's error answer (``answer`` its parsed JSON) as the env's error
+    (``EpisodeNotFoundError`` for 404/410, ...) or as :class:`PolicyServerError`."""
     try:
         detail = answer["error"]
         code, message = str(detail["code"]), str(detail["message"])
@@ -111,8 +109,8 @@ def open_http(
     client_id: str | None,
     timeout_s: float,
 ) -> httpx.Client:
-    """The HTTP connection pool of a policy client: its token (given, or read from
-    ``token_file``) and client id (random by default) in every request's headers."""
+    """A policy client's connection pool, sending its token and client id (random by
+    default) in every request."""
     if token is None and token_file is not None:
         token = read_token(token_file)
     headers = {"X-Client-Id": client_id or f"client-{uuid.uuid4().hex[:12]}"}
@@ -122,8 +120,7 @@ def open_http(
         base_url=url,
         headers=headers,
         timeout=timeout_s,
-        # Idle connections expire here before the server's keep-alive (30 s) ends
-        # them, so a request never goes out on a connection being closed.
+        # Expiring before the server's keep-alive (30 s): no request on a closing connection.
         limits=httpx.Limits(
             max_connections=256, max_keepalive_connections=256, keepalive_expiry=10.0
         ),
@@ -141,9 +138,8 @@ def request_json(
     max_bytes: int = MAX_ANSWER_BYTES,
 ) -> Any:
     """The server's JSON answer to a request (``body`` as JSON, or ``content`` already
-    encoded), read up to ``max_bytes``; its errors raised as the env's
-    (``EpisodeNotFoundError`` for 404/410, ...) or :class:`PolicyServerError`
-    (``answer_too_large``, ``invalid_answer``)."""
+    encoded), read up to ``max_bytes``; errors raised as :func:`raise_for` does, or as
+    :class:`PolicyServerError` (``answer_too_large``, ``invalid_answer``)."""
     headers = None if content is None else {"Content-Type": "application/json"}
     with http.stream(
         method, path, json=body, content=content, params=params, headers=headers

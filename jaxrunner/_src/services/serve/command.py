@@ -1,8 +1,5 @@
-"""``jaxrunner serve``: serve a policy to external environments from the command line.
-
-Kept free of the serve extra's imports until the command runs, so ``jaxrunner
---help`` works without it.
-"""
+"""``jaxrunner serve``: serve a policy to external environments from the command line (the
+serve extra imported only when it runs, so ``jaxrunner --help`` works without it)."""
 
 from __future__ import annotations
 

@@ -23,8 +23,7 @@ from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 def _raise_open_file_limit(wanted: int) -> int:
     """Raises this process's soft open-file limit towards ``wanted`` (as Go's runtime
-    does): a 1024 default would refuse connections long before ``max_connections``.
-    Returns the limit now."""
+    does; 1024 would refuse connections long before ``max_connections``); returns it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if soft != resource.RLIM_INFINITY and soft < target:
@@ -73,9 +72,8 @@ class PolicyServer:
                 self.token_file = pathlib.Path(config.token_file or default_token_file())
                 self.token = load_or_create_token(self.token_file)
         self.asgi_app, self.app = create_app(env, self.token, config.max_body_bytes)
-        # The open connections, up to twice as many lingering ones (closed, unread, for the
-        # unauthenticated share; see transport.py) and 256 files for the rest, as the
-        # open-file limit allows: an accept() refused for it would stall every newcomer.
+        # Files for the connections, up to twice as many lingering ones (see slots.py) and
+        # 256 for the rest: an accept() refused for want of one would stall every newcomer.
         files = _raise_open_file_limit(3 * config.max_connections + 256)
         max_lingering = max(
             0, min(2 * config.max_connections, files - config.max_connections - 256)
@@ -84,8 +82,7 @@ class PolicyServer:
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((config.host, config.port))
-        # Listening now, not when uvicorn starts: a client given the url (the CLI
-        # prints it before serving) is queued in the backlog instead of refused.
+        # Listening now: a client given the url before uvicorn starts is queued, not refused.
         self._socket.listen()
         host, port = self._socket.getsockname()[:2]
         self.port = int(port)
@@ -96,14 +93,9 @@ class PolicyServer:
             uvicorn.Config(
                 self.asgi_app,
                 log_level=config.log_level,
-                # No handlers of uvicorn's own: records go to the caller's logging
-                # setup (or Python's last-resort stderr handler for warnings).
-                log_config=None,
-                # Our h11 protocol: read and write deadlines, connection slots, head
-                # limits, JSON errors.
+                log_config=None,  # records go to the caller's logging setup
                 http=protocol_class(config, self.token, max_lingering),
-                # Typed int by uvicorn, but our H11 protocol only hands it to
-                # loop.call_later, which takes float seconds.
+                # Typed int by uvicorn, but only handed to loop.call_later (float seconds).
                 timeout_keep_alive=config.keep_alive_s,  # type: ignore[arg-type]
                 server_header=False,
                 access_log=False,

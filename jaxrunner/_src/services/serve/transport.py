@@ -60,6 +60,22 @@ class Refusal:
         return head.encode() + body
 
 
+LINE_TOO_LONG = Refusal(
+    414,
+    "URI Too Long",
+    "request_line_too_long",
+    f"the request line is longer than {MAX_REQUEST_LINE_BYTES} bytes; send long data in a "
+    "JSON body instead.",
+)
+HEADERS_TOO_LONG = Refusal(
+    431,
+    "Request Header Fields Too Large",
+    "headers_too_large",
+    f"the request headers are longer than {MAX_HEADER_BYTES} bytes in all; send fewer or "
+    "shorter headers.",
+)
+
+
 class HeadLimitedConnection(h11.Connection):
     """h11's server connection that also refuses request lines and headers over the
     limits when they came whole in one read (h11 caps only a head still arriving).
@@ -77,34 +93,17 @@ class HeadLimitedConnection(h11.Connection):
         except h11.RemoteProtocolError as err:
             if err.error_status_hint == 431:  # the head still arriving is over the cap
                 head = self.trailing_data[0]
-                self.refusal = _too_long(b"\r\n" not in head[:MAX_REQUEST_LINE_BYTES])
+                line_whole = b"\r\n" in head[:MAX_REQUEST_LINE_BYTES]
+                self.refusal = HEADERS_TOO_LONG if line_whole else LINE_TOO_LONG
             raise
         if isinstance(event, h11.Request):
             line = len(event.method) + len(event.target) + len(b"  HTTP/1.1\r\n")
             headers = sum(len(k) + len(v) + 4 for k, v in event.headers.raw_items())
             if line > MAX_REQUEST_LINE_BYTES or headers > MAX_HEADER_BYTES:
-                self.refusal = _too_long(line > MAX_REQUEST_LINE_BYTES)
+                self.refusal = LINE_TOO_LONG if line > MAX_REQUEST_LINE_BYTES else HEADERS_TOO_LONG
                 raise h11.RemoteProtocolError(self.refusal.message, self.refusal.status)
             self.on_request(event)
         return event
-
-
-def _too_long(request_line: bool) -> Refusal:
-    if request_line:
-        return Refusal(
-            414,
-            "URI Too Long",
-            "request_line_too_long",
-            f"the request line is longer than {MAX_REQUEST_LINE_BYTES} bytes; send long "
-            "data in a JSON body instead.",
-        )
-    return Refusal(
-        431,
-        "Request Header Fields Too Large",
-        "headers_too_large",
-        f"the request headers are longer than {MAX_HEADER_BYTES} bytes in all; send fewer "
-        "or shorter headers.",
-    )
 
 
 class DeadlineH11Protocol(H11Protocol):
