@@ -59,14 +59,12 @@ def install_error_handlers(app: FastAPI) -> None:
         )
         return error_response(exc.status_code, code, str(exc.detail))
 
-    @app.exception_handler(errors.EpisodeNotFoundError)
-    async def not_found(request: Request, exc: errors.EpisodeNotFoundError) -> JSONResponse:
-        if exc.ended:
-            return error_response(410, "episode_ended", str(exc))
-        return error_response(404, "episode_not_found", str(exc))
-
     @app.exception_handler(errors.JaxRunnerError)
     async def jaxrunner_error(request: Request, exc: errors.JaxRunnerError) -> JSONResponse:
+        if isinstance(exc, errors.EpisodeNotFoundError):
+            if exc.ended:
+                return error_response(410, "episode_ended", str(exc))
+            return error_response(404, "episode_not_found", str(exc))
         for kind, status, code in _STATUS:
             if isinstance(exc, kind):
                 return error_response(status, code, str(exc))

@@ -170,10 +170,9 @@ class DeadlineH11Protocol(H11Protocol):
         slots.trim_scheduled = True
 
         def trim() -> None:
-            if slots.trim():
+            slots.trim_scheduled = slots.trim()  # some still over the share: again later
+            if slots.trim_scheduled:
                 loop.call_later(slots.grace_s, trim)
-            else:
-                slots.trim_scheduled = False
 
         loop.call_later(slots.grace_s, trim)
 
