@@ -167,18 +167,17 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
 
     def retract_action(self, episode_id: int, future: concurrent.futures.Future) -> bool:
         """The actions of ``future`` (from ``submit_action`` or ``submit_log_action``)
-        never reached their agents (the client hung up before the answer went out):
-        if the call's steps are still every agent's latest, removes them, counted per
-        agent in ``num_dropped_steps``. Cancels the future if it is pending. Returns
-        whether anything was taken back. (The future names its episode;
-        ``episode_id`` is the caller's.)"""
+        never reached their agents (the client hung up): cancels the future if pending,
+        else removes the call's steps if they are still every agent's latest (counted in
+        ``num_dropped_steps``). Returns whether anything was taken back. (The future
+        names its episode; ``episode_id`` is the caller's.)"""
         return self._delivery.retract(future)
 
     def reap(self, idle_since: float) -> int:
-        """Ends every idle episode last seen before ``idle_since`` (``time.monotonic()``
-        clock): each agent still in it is truncated at its last observation, its step
-        in wait of an outcome dropped (``num_dropped_steps``); returns how many
-        episodes. Runs by itself every so often (the reaper)."""
+        """Ends every idle episode last seen before ``idle_since`` (``time.monotonic()``)
+        and returns how many: each agent still in it is truncated at its last
+        observation, its step awaiting an outcome dropped (``num_dropped_steps``). The
+        reaper thread calls it."""
         return self._endings.reap(idle_since)
 
     def close(self) -> None:
