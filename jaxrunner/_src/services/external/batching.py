@@ -243,12 +243,7 @@ class PolicyBatcher:
             params = self._params
         host = np.asarray(jax.device_get(step(params, jax.device_put(stage))))
         action, extras, new_carry = out_packing.host_views(host)
-        action = space_arrays.map_structure(
-            self._action_space,
-            lambda leaf, like: leaf.astype(like.dtype),
-            action,
-            space_arrays.allocate(self._action_space, ()),
-        )
+        action = space_arrays.as_space_dtypes(self._action_space, action)
         results: list[RowResult] = [
             (
                 space_arrays.take(self._action_space, action, i),
