@@ -1,6 +1,5 @@
-"""Dynamic batching of policy requests from many concurrent episodes: one thread pads the
-queued rows to a few precompiled bucket sizes and runs one policy call, in fixed chunks
-(batch invariance), so a row's action depends on the seed, its episode and its step only."""
+"""Dynamic batching of policy requests from concurrent episodes, batch invariant: a row's
+action depends on the seed, its episode and its step only."""
 
 from __future__ import annotations
 
@@ -31,9 +30,7 @@ logger = logging.getLogger("jaxrunner._src.services.external.batching")
 
 @dataclasses.dataclass
 class Row:
-    """One policy evaluation: ``obs`` (checked numpy tree), ``action`` (logged rows;
-    None to sample), ``episode_id`` and ``step`` (the action key's), ``carry`` (the
-    recurrent state; None if feed-forward)."""
+    """One policy evaluation; ``action`` None to sample, ``carry`` None if feed-forward."""
 
     obs: Any
     action: Any
@@ -42,8 +39,7 @@ class Row:
     carry: Any
 
 
-RowResult = tuple[Any, dict[str, np.ndarray], Any]
-"""``(action, extras, carry)`` of one row, as numpy (action in the space's dtype)."""
+RowResult = tuple[Any, dict[str, np.ndarray], Any]  # (action, extras, carry) as numpy
 
 
 @dataclasses.dataclass
@@ -59,11 +55,10 @@ class _Request:
 
 
 class PolicyBatcher:
-    """Runs a policy for rows submitted from any thread, batched: up to ``max_batch``
-    rows padded to a ``buckets`` size (the last is ``max_batch``; None: powers of four
-    below it, few compiles, each about a second on a CPU host, at most 4x padding),
-    after waiting up to ``max_wait_s`` for more, or less once ``ready_hint()`` (the
-    most rows that could come) are queued."""
+    """Runs a policy for rows submitted from any thread in one thread: up to ``max_batch``
+    rows padded to a ``buckets`` size (None: powers of four), after waiting up to
+    ``max_wait_s`` for more, or less once ``ready_hint()`` (the most that could come) are
+    queued."""
 
     def __init__(
         self,
@@ -97,9 +92,7 @@ class PolicyBatcher:
         self._queue: collections.deque[_Request] = collections.deque()
         self._queued_rows = 0
         self._closed = False
-        self.num_traces = 0
-        """How many times the policy step was traced (one per stage size used: a bucket
-        rounded up to whole chunks)."""
+        self.num_traces = 0  # one per stage size used
         self.num_batches = 0
         self.num_rows = 0
         self.inference_s = 0.0
@@ -108,18 +101,15 @@ class PolicyBatcher:
         self._thread = threading.Thread(target=self._loop, name="jaxrunner-batcher", daemon=True)
         self._thread.start()
 
-    # -- public -------------------------------------------------------------------------------
-
     def submit(
         self,
         rows: list[Row],
         on_done: Callable[[list[RowResult]], Any],
         on_abort: Callable[[BaseException | None], Any] | None = None,
     ) -> concurrent.futures.Future:
-        """Queues ``rows``; exactly one of ``on_done`` and ``on_abort`` runs, in the
-        batcher's thread. The future resolves to what ``on_done(results)`` returns; a
-        waiter that gives up cancels it and ``on_abort(None)`` runs instead (nothing is
-        recorded for an action nobody received); a failure runs ``on_abort(error)``."""
+        """Queues ``rows``; in the batcher's thread either the future resolves to
+        ``on_done(results)``, or ``on_abort`` runs: with None if the waiter cancelled
+        it, else with the error."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         request = _Request(rows, on_done, on_abort, future, [None] * len(rows), 0, len(rows))
         with self._cond:
@@ -150,8 +140,6 @@ class PolicyBatcher:
             self._closed = True
             self._cond.notify_all()
         self._thread.join()
-
-    # -- the loop -----------------------------------------------------------------------------
 
     def _loop(self) -> None:
         while True:
@@ -208,8 +196,7 @@ class PolicyBatcher:
                 self._finish(request, None)
 
     def _finish(self, request: _Request, error: BaseException | None) -> None:
-        """Ends ``request``: with ``error`` (its on_abort runs), else with its on_done's
-        value; if it was cancelled, its on_abort runs with None instead."""
+        """Ends ``request`` with ``error``, or with its on_done's value."""
         if request.finished:
             return
         request.finished = True
@@ -256,12 +243,7 @@ class PolicyBatcher:
             params = self._params
         host = np.asarray(jax.device_get(step(params, jax.device_put(stage))))
         action, extras, new_carry = out_packing.host_views(host)
-        action = space_arrays.map_structure(
-            self._action_space,
-            lambda leaf, like: leaf.astype(like.dtype),
-            action,
-            space_arrays.allocate(self._action_space, ()),
-        )
+        action = space_arrays.as_space_dtypes(self._action_space, action)
         results: list[RowResult] = [
             (
                 space_arrays.take(self._action_space, action, i),

@@ -1,5 +1,4 @@
-"""Argument checks of the external envs (one agent or many): every public call checks its
-values with these before it touches any state, so a bad call leaves the episode as it was."""
+"""Argument checks of the external envs, run before a call touches any state."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ from jaxrunner.errors import (
     SpaceMismatchError,
 )
 
-KEY_STEPS = 2**32
-"""Action keys fold in ``agent step * num_agents + agent index`` as a uint32."""
+KEY_STEPS = 2**32  # action keys fold in agent step * num_agents + agent index as a uint32
 
 
 def check_construction(
@@ -35,8 +33,7 @@ def check_construction(
     who: str = "ExternalEnv",
     policy_name: str = "policy",
 ) -> None:
-    """Raises unless the arguments of ``who(...)`` are usable (``policy_name``: the
-    argument ``policy`` came in)."""
+    """Raises unless the arguments of ``who(...)`` are usable."""
     for name, space in (
         ("observation_space", observation_space),
         ("action_space", action_space),
@@ -54,7 +51,6 @@ def check_construction(
 
 
 def check_episode_id(episode_id: Any) -> None:
-    """Raises unless ``episode_id`` is None or an int in ``[0, 2**63)`` (``start_episode``)."""
     check_int(
         "start_episode", "episode_id", episode_id, low=0, high=MAX_EPISODE_ID,
         hint="below 2**63", none="to pick a free one",
@@ -62,9 +58,7 @@ def check_episode_id(episode_id: Any) -> None:
 
 
 def check_obs(space: spaces.Space, obs: Any, what: str) -> Any:
-    """``obs`` checked against ``space``, and finite: NaN and ±inf are refused even
-    where the space is unbounded (no policy can act on them, and a recorded one
-    poisons every return computed from it)."""
+    """``obs`` checked against ``space``, and finite even where the space is unbounded."""
     obs = check_value(space, obs, what, bounds=False)
     for leaf in jax.tree.leaves(obs):  # first: one wording for NaN and ±inf
         if leaf.dtype.kind in "fc" and not np.isfinite(leaf).all():
@@ -76,7 +70,6 @@ def check_obs(space: spaces.Space, obs: Any, what: str) -> Any:
 
 
 def check_info(info: Any) -> None:
-    """Raises unless ``log_returns``'s ``info`` (either kind of env) is a dict or None."""
     if info is not None and not isinstance(info, dict):
         raise InvalidArgumentTypeError(
             f"log_returns(info=...): expected a dict or None, got {type(info).__name__}."
@@ -84,7 +77,6 @@ def check_info(info: Any) -> None:
 
 
 def check_reward(reward: Any, name: str, call: str = "log_returns") -> None:
-    """Raises unless ``reward`` (argument ``name`` of ``call``) is a finite real number."""
     if isinstance(reward, (bool, np.bool_)) or not isinstance(
         reward, (int, float, np.integer, np.floating)
     ):
@@ -102,9 +94,7 @@ def check_steps(
     actions: Sequence[Any],
     rewards: Sequence[Any],
 ) -> tuple[list[Any], list[Any]]:
-    """The arguments of ``log_steps`` checked: one observation, action and finite
-    reward per step, each value in its space. Returns the checked observations and
-    actions."""
+    """``log_steps``'s observations and actions, checked with its rewards."""
     if not len(obs) == len(actions) == len(rewards):
         raise InvalidArgumentError(
             f"log_steps(): got {len(obs)} observations, {len(actions)} actions and "
@@ -122,8 +112,7 @@ def check_steps(
 def check_agent_dict(
     value: Any, possible_agents: Sequence[str], call: str, name: str, *, empty: bool = False
 ) -> dict[str, Any]:
-    """``value`` (argument ``name`` of ``call``) as a dict keyed by agent ids, each one
-    of ``possible_agents`` (a multi-agent external env's calls), empty only if ``empty``."""
+    """``value`` (argument ``name`` of ``call``) as a dict keyed by known agent ids."""
     if not isinstance(value, dict):
         raise InvalidArgumentTypeError(
             f"{call}({name}=...): expected a dict {{agent_id: value}}, got {type(value).__name__}."
@@ -146,7 +135,6 @@ def check_agent_dict(
 
 
 def check_agent_rewards(rewards: Any, possible_agents: Sequence[str]) -> dict[str, Any]:
-    """``log_returns``'s ``{agent_id: reward}``: known agents, each reward finite."""
     rewards = check_agent_dict(rewards, possible_agents, "log_returns", "rewards", empty=True)
     for agent, reward in rewards.items():
         check_reward(reward, f"rewards[{agent!r}]")
@@ -156,7 +144,7 @@ def check_agent_rewards(rewards: Any, possible_agents: Sequence[str]) -> dict[st
 def check_agent_spaces(
     observation_spaces: Mapping[str, Any], action_spaces: Mapping[str, Any]
 ) -> list[str]:
-    """The agents of the constructor's two space dicts, which must name the same agents."""
+    """The agents of the constructor's two space dicts, the same in both."""
     for name, value in (
         ("observation_spaces", observation_spaces),
         ("action_spaces", action_spaces),
@@ -176,7 +164,6 @@ def check_agent_spaces(
 
 
 def check_key_steps(where: str, max_episode_steps: int, num_agents: int) -> None:
-    """Every agent step of an episode must fit an action key (:data:`KEY_STEPS`)."""
     if max_episode_steps * num_agents >= KEY_STEPS:
         raise InvalidArgumentError(
             f"{where}: max_episode_steps={max_episode_steps} times "
@@ -188,8 +175,7 @@ def check_key_steps(where: str, max_episode_steps: int, num_agents: int) -> None
 def per_policy(
     name: str, value: Any, ids: tuple[str, ...], *, mapping_only: bool = False
 ) -> dict[str, Any]:
-    """``value`` per policy id: a dict keyed by exactly ``ids``, or (unless
-    ``mapping_only``) one value for every id."""
+    """``value`` per policy id: a dict keyed by exactly ``ids``, or one value for all."""
     if isinstance(value, Mapping):
         if set(value) != set(ids):
             raise InvalidArgumentError(
@@ -213,7 +199,7 @@ def check_logged_actions(
     group_of: Mapping[str, AgentGroup],
     episode_id: int,
 ) -> dict[str, Any]:
-    """``log_action``'s actions: one per observed agent, each in its agent's space."""
+    """``log_action``'s actions, one per observed agent."""
     actions = check_agent_dict(actions, possible_agents, "log_action", "actions")
     if set(actions) != set(obs):
         raise InvalidArgumentError(

@@ -1,4 +1,4 @@
-"""ExternalEnvConfig: the limits and batching of an :class:`~jaxrunner.ExternalEnv`."""
+"""ExternalEnvConfig: the limits and batching of the external envs."""
 
 from __future__ import annotations
 
@@ -16,15 +16,12 @@ class ExternalEnvConfig:
     """The most episodes live at once; one more ``start_episode`` raises
     ``TooManyEpisodesError`` (HTTP 429 when served)."""
     max_memory_bytes: int = 1 << 30
-    """The most bytes live episodes and finished, unpolled ones may hold together
-    (1 GiB: about 1.4 million CartPole steps at ~750 B each). A step or episode that
-    would pass it raises ``MemoryLimitError`` (HTTP 429) before anything is stored:
-    poll or end episodes. This, not the counts, is what bounds memory."""
+    """The most bytes live episodes and finished, unpolled ones may hold together (1 GiB:
+    about 1.4 million CartPole steps). A step or episode that would pass it raises
+    ``MemoryLimitError`` (HTTP 429) before anything is stored: poll or end episodes."""
     max_episodes_per_client: int | None = None
-    """The most live episodes per client name; None: only ``max_concurrent``.
-    Advisory: over HTTP the name is the client's own ``X-Client-Id`` (or its address),
-    which a hostile client can vary; ``max_concurrent`` and ``max_memory_bytes`` are
-    the limits to rely on."""
+    """The most live episodes per client name; None: only ``max_concurrent``. Advisory:
+    over HTTP a client names itself (see docs/serving.md)."""
     max_batch: int = 64
     """The most rows per policy call."""
     max_wait_ms: float = 2.0

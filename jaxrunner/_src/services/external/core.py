@@ -1,6 +1,5 @@
-"""The core of the external envs: agents in policy groups, with their episodes, batchers,
-delivery and endings; :class:`~jaxrunner.ExternalEnv` is its one-agent view and
-``MultiAgentExternalEnv`` its view with ``{agent_id: value}`` dicts."""
+"""The core of the external envs: agents in policy groups; ExternalEnv is its one-agent
+view, MultiAgentExternalEnv its view with ``{agent_id: value}`` dicts."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import collections
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Generic, Self
 
 import jax
@@ -37,9 +36,8 @@ from jaxrunner.errors import ClosedError, EpisodeConflictError, InvalidArgumentE
 
 
 class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
-    """The state and shared calls of an external env; ``E`` is what it outputs (an
-    Episode per episode, or an AgentEpisode per agent). The facades check the groups, and
-    the ``policies`` and ``params`` per policy id, before they build it."""
+    """The state and shared calls of an external env, which outputs ``E`` (an Episode or
+    an AgentEpisode); the views check their arguments before they build it."""
 
     def __init__(
         self,
@@ -89,17 +87,14 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         self._reaper: threading.Thread | None = None
         if config.episode_timeout_s is not None:
             self._reaper = threading.Thread(
-                target=self._reap_loop,
-                args=(config.episode_timeout_s, self.reap),
-                name="jaxrunner-reaper",
-                daemon=True,
+                target=self._reap_loop, name="jaxrunner-reaper", daemon=True
             )
             self._reaper.start()
 
     def _start_batchers(
         self, policies: Mapping[str, Policy], params: Mapping[str, Params]
     ) -> dict[str, PolicyBatcher]:
-        """A batcher per group's policy; those already started are closed if one fails."""
+        """A batcher per group's policy (all closed if one fails)."""
         config, batchers = self.config, {}
         try:
             for group in self.groups:
@@ -120,8 +115,6 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
                 batcher.close()
             raise
         return batchers
-
-    # -- episodes -----------------------------------------------------------------------------
 
     def start_episode(
         self, episode_id: int | None = None, training_enabled: bool = True, *, client: str = "local"
@@ -151,7 +144,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
             return live.episode_id
 
     def _opened(self, live: EpisodeRecord) -> None:
-        """A new live episode (caller holds the lock): agents join at first mention."""
+        """A new live episode; by default agents join at first mention."""
 
     def poll_episodes(self) -> list[E]:
         """Takes every finished training episode not yet taken, in the order they ended."""
@@ -174,18 +167,17 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
 
     def retract_action(self, episode_id: int, future: concurrent.futures.Future) -> bool:
         """The actions of ``future`` (from ``submit_action`` or ``submit_log_action``)
-        never reached their agents (the client hung up before the answer went out):
-        if the call's steps are still every agent's latest, removes them, counted per
-        agent in ``num_dropped_steps``. Cancels the future if it is pending. Returns
-        whether anything was taken back. (The future names its episode;
-        ``episode_id`` is the caller's.)"""
+        never reached their agents (the client hung up): cancels the future if pending,
+        else removes the call's steps if they are still every agent's latest (counted in
+        ``num_dropped_steps``). Returns whether anything was taken back. (The future
+        names its episode; ``episode_id`` is the caller's.)"""
         return self._delivery.retract(future)
 
     def reap(self, idle_since: float) -> int:
-        """Ends every idle episode last seen before ``idle_since`` (``time.monotonic()``
-        clock): each agent still in it is truncated at its last observation, its step
-        in wait of an outcome dropped (``num_dropped_steps``); returns how many
-        episodes. Runs by itself every so often (the reaper)."""
+        """Ends every idle episode last seen before ``idle_since`` (``time.monotonic()``)
+        and returns how many: each agent still in it is truncated at its last
+        observation, its step awaiting an outcome dropped (``num_dropped_steps``). The
+        reaper thread calls it."""
         return self._endings.reap(idle_since)
 
     def close(self) -> None:
@@ -207,18 +199,15 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- internals ----------------------------------------------------------------------------
-
-    def _reap_loop(self, timeout_s: float, reap: Callable[[float], int]) -> None:
-        """The reaper thread: four checks per timeout end an idle episode at most 25%
-        late; the 1 s cap keeps long timeouts from delaying it by minutes."""
+    def _reap_loop(self) -> None:
+        timeout_s = self.config.episode_timeout_s
+        # Four checks per timeout (at most 25% late), at least one a second.
         while not self._stop_reaper.wait(min(timeout_s / 4, 1.0)):
-            reap(time.monotonic() - timeout_s)
+            self.reap(time.monotonic() - timeout_s)
 
     def _metrics(self, env_steps_key: str, *counters: str) -> dict[str, Any]:
-        """The metrics both views share (documented at :meth:`ExternalEnv.get_metrics
-        <jaxrunner.ExternalEnv.get_metrics>`), ``num_env_steps`` from ``env_steps_key``,
-        batch counts summed over the policies, and the ``counters`` named."""
+        """The metrics both views share (see ``ExternalEnv.get_metrics``) and the
+        ``counters`` named."""
         batchers = self._batchers.values()
         with self._lock:
             counts, env_steps = self._counts, self._counts[env_steps_key]
@@ -253,8 +242,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
             raise ClosedError(f"{name}.{what}() called after close(); create a new {name}.")
 
     def _get_live(self, episode_id: Any, what: str, agents: Iterable[str] = ()) -> EpisodeRecord:
-        """The live, idle episode ``episode_id``, in which none of ``agents`` has ended
-        (caller holds the lock)."""
+        """The live, idle episode ``episode_id``, in which none of ``agents`` has ended."""
         self._check_open(what)
         live = self._episodes.get_idle(episode_id, what)
         ended = [a for a in agents if a in live.agents and live.agents[a].done]
@@ -274,14 +262,12 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         steps: int = 0,
         from_start: bool = False,
     ) -> int:
-        """Reserves the bytes of ``steps`` more steps of each of ``agents`` and makes
-        the records of those not yet in ``live``, charged until it ends (caller holds
-        the lock); returns the steps' reservation. Nothing changes if they do not fit
-        (MemoryLimitError)."""
+        """Reserves ``steps`` more steps of each of ``agents`` (returned) and makes the
+        records of those not yet in ``live``; nothing changes if they do not fit."""
         new = [a for a in agents if a not in live.agents]
         reserved = self._memory.reserve(len(agents) * steps, what, records=len(new))
         live.nbytes += len(new) * self._memory.record_nbytes
-        for agent in new:  # each agent's record is made at its first mention
+        for agent in new:
             pid = self._group_of[agent].policy_id
             live.agents[agent] = AgentRecord(
                 live.episode_id,
@@ -298,8 +284,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
     def _check_room(
         self, live: EpisodeRecord, agents: Sequence[str], steps: int, what: str
     ) -> None:
-        """Raises unless ``steps`` more steps of each of ``agents`` fit ``live`` within
-        ``max_episode_steps`` (caller holds the lock)."""
+        """Raises unless ``steps`` more steps of each of ``agents`` fit ``max_episode_steps``."""
         limit = self.config.max_episode_steps
         full = [
             a for a in agents if a in live.agents and live.agents[a].num_actions + steps > limit
@@ -314,7 +299,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         self, episode_id: int, agents: Sequence[str], steps: int, what: str
     ) -> EpisodeRecord:
         """Marks the live, idle episode busy for ``steps`` more steps of each of
-        ``agents`` (caller holds the lock); the delivery marks it idle again."""
+        ``agents``; the delivery marks it idle again."""
         live = self._get_live(episode_id, what, agents)
         self._check_room(live, agents, steps, what)
         live.reserved = self._join(live, agents, what, steps)
@@ -329,9 +314,8 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         actions: dict[str, Any] | None,
         what: str,
     ) -> concurrent.futures.Future:
-        """Claims the episode and requests one step per agent of ``obs`` (checked):
-        sampled if ``actions`` is None, else logged; the future resolves to
-        :meth:`_answer`'s value."""
+        """Claims the episode and requests one step per agent of ``obs``, sampled if
+        ``actions`` is None, else logged."""
         num_agents = len(self._agent_index)
         with self._lock:
             live = self._claim(episode_id, list(obs), 1, what)
@@ -345,8 +329,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         return self._delivery.submit(live, parts, self._answer)
 
     def _end(self, episode_id: int, obs: dict[str, Any], truncated: bool, what: str) -> None:
-        """Ends the episode: every agent that acted and has not ended needs its final
-        observation in ``obs`` (checked); each ends terminated, or ``truncated``."""
+        """Ends the episode (``MultiAgentExternalEnv.end_episode``'s contract)."""
         check_bool(what, "truncated", truncated)
         with self._lock:
             live = self._get_live(episode_id, what, obs)
@@ -364,17 +347,15 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         self._endings.finish(ended, truncated)
 
     def _emit(self, record: AgentRecord, episode: Episode | None) -> None:
-        """Outputs an ended agent's episode (caller holds the lock); None: it had no
-        step. Training episodes go to :meth:`poll_episodes`; others only count. The
-        policy client overrides it to report local episodes to its server."""
+        """Outputs an ended agent's episode (None: it had no step) under the lock; the
+        policy client overrides it."""
         if episode is None or not record.training_enabled:
             return
         self._counts["num_training_episodes"] += 1
         self._counts["num_dropped_steps"] += self._output.put(self._as_output(record, episode))
 
     def _answer(self, actions: dict[str, Any]) -> Any:
-        """What a call's future resolves to, from ``{agent_id: action}`` of its sampled
-        rows: the dict itself (an ExternalEnv gives its one agent's action)."""
+        """What a call's future resolves to, from its sampled ``{agent_id: action}``."""
         return actions
 
     def _as_output(self, record: AgentRecord, episode: Episode) -> E:
@@ -382,8 +363,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         raise NotImplementedError
 
     def _batcher(self, policy_id: Any, what: str) -> PolicyBatcher:
-        """``policy_id``'s batcher (None: the one policy's, where there is one, as
-        ``EnvRunner.set_params`` takes it)."""
+        """``policy_id``'s batcher (None: the one policy's, where there is one)."""
         if policy_id is None and len(self._batchers) == 1:
             return next(iter(self._batchers.values()))
         batcher = self._batchers.get(policy_id) if isinstance(policy_id, str) else None
@@ -397,6 +377,6 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
 
 
 def _row_carry(policy: Policy) -> Any:
-    """One row's initial recurrent state (numpy), or None if feed-forward."""
+    """One row's initial recurrent state (numpy), None if feed-forward."""
     carry = policy.batched_carry(1)
     return None if carry is None else jax.tree.map(lambda c: np.array(c[0]), carry)

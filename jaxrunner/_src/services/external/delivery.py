@@ -1,7 +1,5 @@
-"""Action delivery of the external envs: a call's agents, split into one request per policy,
-recorded all together when the last policy answers, or not at all (a step is recorded only
-for an action that reached its agent; one withdrawn or retracted counts in
-``num_undelivered_actions``)."""
+"""Action delivery of the external envs: a call's agents, one request per policy, recorded
+together when the last policy answers, or not at all (only actions that reached their agent)."""
 
 from __future__ import annotations
 
@@ -20,10 +18,8 @@ from jaxrunner._src.services.external.episodes import AgentRecord, EpisodeRecord
 from jaxrunner._src.services.external.memory import MemoryBudget
 from jaxrunner.errors import ActionTimeoutError
 
-Parts = dict[str, list[tuple[AgentRecord, Row]]]
-"""Policy id -> the agents' records and rows of one call."""
-Answer = Callable[[dict[str, Any]], Any]
-"""What a call's future resolves to, from ``{agent_id: action}`` of its sampled rows."""
+Parts = dict[str, list[tuple[AgentRecord, Row]]]  # policy id -> one call's records and rows
+Answer = Callable[[dict[str, Any]], Any]  # a call's result from its {agent_id: action}
 
 
 @dataclasses.dataclass(eq=False)
@@ -31,8 +27,7 @@ class _Call:
     live: EpisodeRecord
     parts: Parts
     answer: Answer
-    # Not its future: ``calls`` maps the future to the call weakly, which a call
-    # holding its future would defeat (the callbacks get the future instead).
+    # Not its future: ``calls`` maps the future to the call weakly.
     results: dict[str, list[RowResult]] = dataclasses.field(default_factory=dict)
     finished: bool = False  # recorded, failed or dropped: later answers are ignored
 
@@ -43,9 +38,8 @@ class _Call:
 
 @dataclasses.dataclass(eq=False)
 class ActionDelivery:
-    """Submits the calls of live episodes and records their steps, taking the env's
-    ``lock`` around every change to an episode; a claimed episode's memory reservation
-    (``live.reserved``) is settled by what is recorded, or released."""
+    """Submits the calls of live episodes and records their steps under the env's ``lock``;
+    a claimed episode's reservation (``live.reserved``) is settled by what is recorded."""
 
     lock: threading.Lock
     batchers: Mapping[str, PolicyBatcher]
@@ -53,16 +47,14 @@ class ActionDelivery:
     counts: collections.Counter[str]
     calls: weakref.WeakKeyDictionary[concurrent.futures.Future, _Call] = dataclasses.field(
         default_factory=weakref.WeakKeyDictionary, repr=False
-    )
-    """The call of each future, for :meth:`retract`."""
+    )  # the call of each future, for retract
 
     def submit(
         self, live: EpisodeRecord, parts: Parts, answer: Answer
     ) -> concurrent.futures.Future:
-        """Requests the rows of ``parts`` for ``live`` (claimed by the caller). Once
-        every agent's step is recorded the future resolves to ``answer(actions)``,
-        ``actions`` being ``{agent_id: action}`` of the sampled rows (``action=None``;
-        logged rows are left out)."""
+        """Requests the rows of ``parts`` for ``live`` (claimed by the caller); once every
+        step is recorded the future resolves to ``answer({agent_id: action})`` of the
+        sampled rows."""
         call = _Call(live, parts, answer)
         future: concurrent.futures.Future = concurrent.futures.Future()
         try:
@@ -84,9 +76,8 @@ class ActionDelivery:
     def submit_many(
         self, live: EpisodeRecord, record: AgentRecord, rows: list[Row], rewards: list[float]
     ) -> concurrent.futures.Future:
-        """Logged steps of one agent under a feed-forward policy (rows are independent,
-        so one request): row ``t`` is recorded with ``rewards[t]`` after it, each one
-        env step."""
+        """Logged steps of one agent of a feed-forward policy in one request, each an env
+        step with its reward."""
 
         def on_done(results: list[RowResult]) -> None:
             with self.lock:
@@ -121,7 +112,7 @@ class ActionDelivery:
         policy_id: str,
         results: list[RowResult],
     ) -> None:
-        """One policy's answer of a call (batcher thread); the last one records the call."""
+        """One policy's answer (batcher thread); the last one records the call."""
         with self.lock:
             if call.finished:
                 return
@@ -137,8 +128,8 @@ class ActionDelivery:
         future.set_result(call.answer(actions))
 
     def _record(self, call: _Call) -> dict[str, Any]:
-        """Records every agent's step of ``call`` as one env step (caller holds the
-        lock); returns ``{agent_id: action}`` of its sampled rows."""
+        """Records ``call`` as one env step; returns ``{agent_id: action}`` of its
+        sampled rows."""
         actions: dict[str, Any] = {}
         before = sum(r.nbytes for part in call.parts.values() for r, _ in part)
         try:
@@ -158,7 +149,7 @@ class ActionDelivery:
     def _on_abort(
         self, call: _Call, future: concurrent.futures.Future, error: BaseException | None
     ) -> None:
-        """A policy failed (or the batcher closed): the call fails, nothing recorded."""
+        """A policy failed (or the batcher closed): nothing is recorded."""
         with self.lock:
             if call.finished:
                 return
@@ -168,7 +159,7 @@ class ActionDelivery:
             future.set_exception(error or concurrent.futures.CancelledError())
 
     def retract(self, future: concurrent.futures.Future) -> bool:
-        """What ``ExternalEnvCore.retract_action`` says it does (with ``future``'s call)."""
+        """See ``ExternalEnvCore.retract_action``."""
         if future.cancel():
             return True  # _on_done counts it
         with self.lock:
@@ -188,22 +179,20 @@ class ActionDelivery:
             return True
 
     def _drop(self, call: _Call, undelivered: bool) -> None:
-        """Finishes ``call`` with nothing recorded: its episode is free again (a failed
-        policy call never wedges it); ``undelivered`` (its waiter gave up): counted
-        (caller holds the lock)."""
+        """Finishes ``call`` with nothing recorded, its episode free again; counted if
+        ``undelivered`` (its waiter gave up)."""
         call.finished = True
         self._settle(call.live, 0, 0)
         if undelivered:
             self._count_undelivered(call.num_rows)
 
     def _count_undelivered(self, rows: int) -> None:
-        """Actions nobody received: counted, never recorded (caller holds the lock)."""
+
         self.counts["num_dropped_steps"] += rows
         self.counts["num_undelivered_actions"] += rows
 
     def _settle(self, live: EpisodeRecord, grown: int, steps: int) -> None:
-        """Frees ``live`` and replaces its reservation by the ``grown`` bytes its
-        ``steps`` recorded agent steps took (caller holds the lock)."""
+        """Frees ``live``, its reservation replaced by what ``steps`` steps took."""
         live.busy = False
         self.memory.settle(live.reserved, grown, steps)
         live.reserved = 0
@@ -211,9 +200,8 @@ class ActionDelivery:
 
 
 def wait_for(future: concurrent.futures.Future, timeout_s: float) -> Any:
-    """The future's result; after ``timeout_s`` it is cancelled (never recorded,
-    counted in ``num_dropped_steps`` by whoever submitted it) and ActionTimeoutError
-    raised, unless it was already being recorded: then the caller gets it after all."""
+    """The future's result; after ``timeout_s`` it is cancelled (never recorded) and
+    ActionTimeoutError raised, unless it was already being recorded."""
     try:
         return future.result(timeout=timeout_s)
     except concurrent.futures.TimeoutError:

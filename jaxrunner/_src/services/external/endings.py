@@ -1,6 +1,5 @@
-"""How the agents of an external env's episodes end (``end_agents``, ``end_episode`` or the
-reaper): closed under the lock, stacked without it (a long episode stalls no other call),
-and counted and handed on under the lock again."""
+"""How the agents of an external env's episodes end: closed under the lock, stacked without
+it (a long episode stalls no other call), then counted and output under the lock."""
 
 from __future__ import annotations
 
@@ -21,26 +20,22 @@ from jaxrunner._src.services.external.memory import MemoryBudget
 
 @dataclasses.dataclass(eq=False)
 class EpisodeEndings:
-    """Ends the agents of live episodes. :meth:`close` runs with the env's ``lock`` held,
-    :meth:`finish` and :meth:`reap` without it; ``emit`` is called with it held, with each
-    ended agent and its Episode (None when it had no step). ``unassigned_reward`` sums the
-    rewards of agents that ended without an action (as the multi-agent sampler's)."""
+    """Ends the agents of live episodes: :meth:`close` and :meth:`remove` with the env's
+    ``lock`` held, :meth:`finish` and :meth:`reap` without it. ``unassigned_reward`` sums
+    the rewards of agents that ended without an action."""
 
     lock: threading.Lock
     episodes: EpisodeTable
     memory: MemoryBudget
     counts: collections.Counter[str]
     stats: EpisodeStats
-    groups: Mapping[str, AgentGroup]
-    """Each policy id's group."""
-    emit: Callable[[AgentRecord, Any], None]
+    groups: Mapping[str, AgentGroup]  # by policy id
+    emit: Callable[[AgentRecord, Any], None]  # under the lock, Episode None if no step
     unassigned_reward: float = 0.0
 
     def close(self, record: AgentRecord, final_obs: Any) -> AgentRecord | None:
-        """Marks the agent ended; if it ends as an episode, closes its record at
-        ``final_obs`` (the caller made sure there is one) and returns it for
-        :meth:`finish`; else None, its rewards counted as unassigned (caller holds the
-        lock)."""
+        """Marks the agent ended; returns its record closed at ``final_obs`` for
+        :meth:`finish`, or None if it ends without an episode (rewards unassigned)."""
         record.done = True
         if not record.ends_as_episode:
             self.unassigned_reward += record.pending_reward
@@ -49,14 +44,13 @@ class EpisodeEndings:
         return record
 
     def remove(self, live: EpisodeRecord) -> None:
-        """Ends the live episode ``live`` (its agents closed already): gone from the
-        live ones, its records' charge given back (caller holds the lock)."""
+        """Ends ``live`` (its agents closed already), giving its records' charge back."""
         self.episodes.remove(live)
         self.memory.live -= live.nbytes
         self.counts["num_ended_episodes"] += 1
 
     def finish(self, records: Sequence[AgentRecord | None], truncated: bool) -> None:
-        """Stacks, counts and outputs closed agent records (without the lock)."""
+        """Stacks, counts and outputs closed agent records."""
         for record in (r for r in records if r is not None):
             group = self.groups[record.policy_id]
             episode: Episode | None = None
@@ -80,7 +74,7 @@ class EpisodeEndings:
                     self.emit(record, episode)
 
     def reap(self, idle_since: float) -> int:
-        """What ``ExternalEnvCore.reap`` says it does (called without the lock)."""
+        """See ``ExternalEnvCore.reap``."""
         ended: list[AgentRecord | None] = []
         with self.lock:
             stale = self.episodes.idle_since(idle_since)

@@ -1,4 +1,4 @@
-"""The :class:`ExternalEnv` facade: the one-agent view of the external env core."""
+"""ExternalEnv: the one-agent view of the external env core."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from jaxrunner._src.services.external.episodes import AgentRecord, EpisodeRecord
 from jaxrunner._src.space_arrays import check_value
 from jaxrunner.errors import EpisodeConflictError, InvalidArgumentError
 
-AGENT = "agent"
-"""The id of an ExternalEnv's one agent (its policy's id too)."""
+AGENT = "agent"  # the id of an ExternalEnv's one agent and of its policy
 
 
 class ExternalEnv(ExternalEnvCore[Episode]):
@@ -124,12 +123,9 @@ class ExternalEnv(ExternalEnvCore[Episode]):
 
     def end_episode(self, episode_id: int, obs: Any, *, truncated: bool = False) -> None:
         """Ends the episode at its final observation ``obs``: terminated, or truncated
-        (cut short: bootstrap from ``obs``) if ``truncated``.
-
-        The episode is gone from the live ones at once (later calls for it get
-        ``EpisodeNotFoundError(ended=True)``); stacking it into an Episode happens in
-        the calling thread without the env's lock, so other episodes' calls go on
-        meanwhile. It counts in the metrics and is output when this returns."""
+        (cut short: bootstrap from ``obs``) if ``truncated``. Later calls for it get
+        ``EpisodeNotFoundError(ended=True)``; it is output when this returns (stacked
+        without the env's lock: other episodes' calls go on meanwhile)."""
         obs = checks.check_obs(self.observation_space, obs, "obs")
         self._end(episode_id, {AGENT: obs}, truncated, "end_episode")
 
@@ -143,7 +139,7 @@ class ExternalEnv(ExternalEnvCore[Episode]):
         """Records several steps taken elsewhere at once: for each ``t``,
         ``log_action(obs[t], actions[t])`` then ``log_returns(rewards[t])``. Every value
         is checked before anything is recorded; feed-forward policies score all steps
-        in one go. Used by clients that compute actions themselves."""
+        in one go."""
         checked_obs, checked_actions = checks.check_steps(
             self.observation_space, self.action_space, obs, actions, rewards
         )
@@ -153,7 +149,7 @@ class ExternalEnv(ExternalEnvCore[Episode]):
             with self._lock:  # room for every step first, so a refusal records none
                 live = self._get_live(episode_id, "log_steps")
                 self._check_room(live, [AGENT], len(obs), "log_steps")
-                self._memory.check(len(obs), "log_steps", records=int(AGENT not in live.agents))
+                self._memory.check(len(obs), "log_steps")  # the agent joined at the start
             for t in range(len(obs)):
                 future = self._submit(
                     episode_id, {AGENT: checked_obs[t]}, {AGENT: checked_actions[t]}, "log_steps"
@@ -172,8 +168,6 @@ class ExternalEnv(ExternalEnvCore[Episode]):
             ]
         future = self._delivery.submit_many(live, record, rows, [float(r) for r in rewards])
         wait_for(future, self.config.action_timeout_s)
-
-    # -- output and params --------------------------------------------------------------------
 
     def set_params(self, params: Params) -> int:
         """Replaces the params from the next batch on (never recompiles); returns the

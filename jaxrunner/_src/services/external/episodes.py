@@ -1,5 +1,5 @@
-"""Episode bookkeeping of the external envs: live episodes, their agents' records, and ids.
-Nothing here locks: the env that owns these objects holds its lock around every call."""
+"""Live episodes of the external envs, their agents' records and ids (the env holds its lock
+around every call)."""
 
 from __future__ import annotations
 
@@ -22,20 +22,14 @@ from jaxrunner._src.services.external.memory import (
 from jaxrunner.errors import EpisodeConflictError, EpisodeNotFoundError, TooManyEpisodesError
 
 MAX_EPISODE_ID = 2**63 - 1
-ENDED_IDS_KEPT = 100_000
-"""How many ended episode ids are remembered (to refuse their reuse and answer 410)."""
-CLIENT_IDS_KEPT = 65_536
-"""Client names numbered as ``env_id``s; later new names get ``env_id`` -1 (memory bound)."""
+ENDED_IDS_KEPT = 100_000  # ended ids remembered, to refuse their reuse (and answer 410)
+CLIENT_IDS_KEPT = 65_536  # client names numbered as env_ids; later new ones get env_id -1
 
 
 @dataclasses.dataclass
 class AgentRecord:
-    """One agent's steps in a live episode (a single-agent episode has one).
-
-    ``obs[t]`` got ``actions[t]``; ``rewards[t]`` is closed by the next observation,
-    so while an action waits for its outcome its reward adds up in ``pending_reward``
-    (a reward logged before the agent's first action goes onto that action).
-    """
+    """One agent's steps in a live episode: ``obs[t]`` got ``actions[t]``; its reward adds
+    up in ``pending_reward`` until the next observation closes it into ``rewards[t]``."""
 
     episode_id: int
     env_id: int
@@ -43,21 +37,17 @@ class AgentRecord:
     carry: Any
     agent_id: str = ""
     policy_id: str = ""
-    index: int = 0
-    """The agent's index in ``possible_agents`` (for its action keys)."""
+    index: int = 0  # in possible_agents (for its action keys)
+    # In the episode from its start (an ExternalEnv's agent): it ends as an episode even
+    # with no step. Other agents join at first mention and have none if they never act.
     from_start: bool = False
-    """In the episode from its start (the one agent of an ExternalEnv): it ends as an
-    episode, counted in the statistics, even with no step. Other agents join at their
-    first mention and have no episode if they never act."""
     obs: list[Any] = dataclasses.field(default_factory=list)
     actions: list[Any] = dataclasses.field(default_factory=list)
     extras: list[dict[str, np.ndarray]] = dataclasses.field(default_factory=list)
     rewards: list[float] = dataclasses.field(default_factory=list)
-    env_steps: list[int] = dataclasses.field(default_factory=list)
-    """The env step (index of the episode's action call) of each action."""
+    env_steps: list[int] = dataclasses.field(default_factory=list)  # action call of each
     pending_reward: float = 0.0
-    done: bool = False
-    """The agent has ended (or its episode has): no further call may name it."""
+    done: bool = False  # the agent (or its episode) has ended: no call may name it
     nbytes: int = 0  # what the recorded steps cost (see external.memory)
     _undo: Any = None  # (ticket, previous carry, whether record closed a reward, bytes)
 
@@ -67,7 +57,7 @@ class AgentRecord:
 
     @property
     def ends_as_episode(self) -> bool:
-        """Whether ending it gives an episode (stacked if it has steps)."""
+        """Whether ending it gives an episode."""
         return self.from_start or self.num_actions > 0
 
     def record(
@@ -79,8 +69,7 @@ class AgentRecord:
         env_step: int,
         ticket: object = None,
     ) -> None:
-        """Appends one step taken at ``env_step``; this obs closes the previous step's
-        reward. ``ticket`` names the step for :meth:`undo`."""
+        """Appends one step; ``ticket`` names it for :meth:`undo`."""
         closed = self.num_actions > 0
         size = step_nbytes(obs, action, extras)
         self.nbytes += size
@@ -99,8 +88,8 @@ class AgentRecord:
         return self._undo is not None and self._undo[0] is ticket
 
     def undo(self) -> None:
-        """Removes the latest step, one :meth:`can_undo` found (its action never reached
-        the agent); rewards logged since go back to the step before."""
+        """Removes the latest step (its action never reached the agent); rewards logged
+        since go back to the step before."""
         _, self.carry, closed, size = self._undo
         self._undo = None
         self.nbytes -= size
@@ -118,8 +107,8 @@ class AgentRecord:
         self.obs.append(final_obs)
 
     def abandon(self, observation_space: spaces.Space) -> int:
-        """Closes the record at its last observation; returns the steps dropped (0 or 1:
-        the last action's, whose outcome never came)."""
+        """Closes the record at its last observation; returns the steps dropped (the last
+        action's, whose outcome never came)."""
         dropped = 0
         if self.num_actions:
             self.actions.pop()
@@ -139,9 +128,8 @@ class AgentRecord:
         terminated: bool,
         truncated: bool,
     ) -> Episode:
-        """The closed record (at least one step) as an :class:`~jaxrunner.Episode`,
-        consuming it: each row is released once copied, so the episode's memory is not
-        doubled. Call it without the env's lock: it is the slow part of ending one."""
+        """The closed record (at least one step) as an Episode, consuming it row by row
+        (call it without the env's lock: it is the slow part of ending one)."""
         return Episode(
             obs=_stack_releasing(observation_space, self.obs),
             action=_stack_releasing(action_space, self.actions),
@@ -154,16 +142,14 @@ class AgentRecord:
         )
 
     def to_agent_episode(self, episode: Episode) -> AgentEpisode:
-        """``episode`` (from :meth:`to_episode`) as this agent's AgentEpisode, at the env
-        steps it acted in."""
+        """``episode`` (from :meth:`to_episode`) as this agent's AgentEpisode."""
         agent_episode = as_agent_episode(episode, self.agent_id, self.policy_id)
         return agent_episode.replace(env_step=np.asarray(self.env_steps, np.int64))
 
 
 @dataclasses.dataclass
 class EpisodeRecord:
-    """A live episode: its call state (``busy``, ``reserved``, ``last_seen``) and its
-    agents' records; ``num_calls`` counts its env steps (action calls)."""
+    """A live episode: its call state and its agents' records."""
 
     episode_id: int
     client: str
@@ -174,12 +160,11 @@ class EpisodeRecord:
     reserved: int = 0  # bytes reserved for the call in flight (see external.memory)
     nbytes: int = 0  # what its agents' records cost beside their steps, until it ends
     agents: dict[str, AgentRecord] = dataclasses.field(default_factory=dict)
-    num_calls: int = 0
+    num_calls: int = 0  # its env steps (action calls)
 
 
 def _stack_releasing(space: spaces.Space, rows: list[Any]) -> Any:
-    """``rows`` stacked along a new first axis; empties ``rows``, dropping each row
-    once it is copied (each row has the space's dtypes and shapes)."""
+    """``rows`` stacked along a new first axis, each row dropped once copied."""
     stacked = space_arrays.allocate(space, (len(rows),))
     freed = 0
     for t in range(len(rows)):
@@ -194,8 +179,7 @@ def _stack_releasing(space: spaces.Space, rows: list[Any]) -> Any:
 
 
 class EpisodeTable:
-    """Live episodes by id (at most ``max_concurrent``, and ``max_per_client`` per client
-    name unless None), the ids recently ended, and per-client counts."""
+    """Live episodes by id, within their caps, and the ids recently ended."""
 
     def __init__(self, max_concurrent: int, max_per_client: int | None) -> None:
         self._max_concurrent = max_concurrent
@@ -210,7 +194,7 @@ class EpisodeTable:
         return len(self._live)
 
     def open(self, episode_id: int | None, client: str, training_enabled: bool) -> EpisodeRecord:
-        """Adds a live episode (``episode_id`` already type-checked; None: a fresh id)."""
+        """Adds a live episode (``episode_id`` type-checked; None: a fresh id)."""
         cap = self._max_concurrent
         if len(self._live) >= cap:
             raise TooManyEpisodesError(

@@ -1,5 +1,4 @@
-"""The memory budget of an :class:`~jaxrunner.ExternalEnv`, in bytes: each call reserves its
-steps' bytes when admitted, so concurrent calls never pass ``max_memory_bytes`` together."""
+"""The memory budget of the external envs, in bytes."""
 
 from __future__ import annotations
 
@@ -16,23 +15,12 @@ from jaxrunner._src.core.episode import EpisodeSpan
 from jaxrunner._src.core.policy import Params, Policy, one_row_args
 from jaxrunner.errors import MemoryLimitError
 
-ARRAY_OVERHEAD_BYTES = 112
-"""A numpy array object without its data (CPython 3.11, 64-bit)."""
-STEP_OVERHEAD_BYTES = 384
-"""Per recorded step, beside its arrays: the extras dict, list slots, the reward (with
-the arrays about 750 B a CartPole step, the figure issue 16 measured)."""
-EPISODE_OVERHEAD_BYTES = 448
-"""Per finished episode, beside its arrays: the Episode object (~200 B), its extras
-dict (~230 B) and its slot in the output queue (CPython 3.11, 64-bit, measured with
-tracemalloc). Without it a one-step CartPole episode was charged 616 B of ~1,000."""
-AGENT_RECORD_BYTES = 608
-"""Per agent record of a live episode, beside its steps and carry: the record, its
-lists and its slot in the episode's dict (580 B measured with tracemalloc). An agent
-that never acts (only named by ``log_returns`` or ``end_agents``) costs this much."""
-
-
-TRIM_EVERY_BYTES = 8 << 20
-"""Ending an episode hands the freed rows back to the OS after this many bytes."""
+# Object overheads beside the arrays, measured with tracemalloc (CPython 3.11, 64-bit).
+ARRAY_OVERHEAD_BYTES = 112  # a numpy array object without its data
+STEP_OVERHEAD_BYTES = 384  # per recorded step: extras dict, list slots, reward
+EPISODE_OVERHEAD_BYTES = 448  # per finished episode: Episode, extras dict, queue slot
+AGENT_RECORD_BYTES = 608  # per agent record of a live episode, beside steps and carry
+TRIM_EVERY_BYTES = 8 << 20  # ending an episode hands freed rows back to the OS this often
 
 
 @functools.cache
@@ -44,12 +32,8 @@ def _malloc_trim() -> Any:
 
 
 def release_freed_memory() -> None:
-    """Returns freed heap memory to the OS (glibc's ``malloc_trim``; elsewhere nothing).
-
-    A recorded step's rows are small allocations from the C heap; freeing them keeps
-    their pages resident, so stacking an episode (a new large array) while freeing its
-    rows would still double the resident memory. Trimming as the copy goes keeps the
-    peak near one episode (``benchmarks/serve_episode_end.py``)."""
+    """Returns freed heap memory to the OS (glibc's ``malloc_trim``), so stacking an
+    episode while freeing its small rows does not double the resident memory."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
@@ -69,17 +53,15 @@ def step_nbytes(obs: Any, action: Any, extras: Any) -> int:
 def estimate_step_nbytes(
     policy: Policy, params: Params, observation_space: spaces.Space, action_space: spaces.Space
 ) -> int:
-    """What one step of ``policy`` costs before any was recorded: a sample of each
-    space and the policy's extras for one row (traced abstractly, nothing compiled),
-    so the first step's reservation covers its extras too."""
+    """What one step of ``policy`` costs before any was recorded, its extras traced
+    abstractly (nothing compiled)."""
     _, extras, _ = jax.eval_shape(policy.apply_fn, *one_row_args(policy, params, observation_space))
     row_extras = {k: np.zeros(v.shape[1:], v.dtype) for k, v in dict(extras).items()}
     return step_nbytes(observation_space.sample(), action_space.sample(), row_extras)
 
 
 def episode_nbytes(episode: EpisodeSpan) -> int:
-    """What a finished episode (an Episode or an AgentEpisode) takes, arrays and
-    objects (charged until it is polled)."""
+    """What a finished Episode or AgentEpisode takes (charged until it is polled)."""
     arrays = tree_nbytes(
         episode.obs,  # type: ignore[attr-defined]
         episode.action,  # type: ignore[attr-defined]
@@ -90,10 +72,9 @@ def episode_nbytes(episode: EpisodeSpan) -> int:
 
 
 class MemoryBudget:
-    """Bytes held by live records (each agent record costs ``record_nbytes`` from its
-    agent's first mention until its episode ends) and by finished, unpolled episodes, and
-    bytes reserved for steps being computed, together at most ``max_bytes``. Every
-    method is called with the env's lock held."""
+    """Bytes of live records, finished unpolled episodes and steps being computed,
+    together at most ``max_bytes``; each call reserves its steps' bytes when admitted.
+    Every method is called with the env's lock held."""
 
     def __init__(self, max_bytes: int, step_estimate: int, record_nbytes: int) -> None:
         self.max_bytes = max_bytes
@@ -108,9 +89,8 @@ class MemoryBudget:
         return self.live + self.output + self.reserved
 
     def settle(self, reserved: int, grown: int, steps: int) -> None:
-        """Replaces a reservation of ``reserved`` bytes by the ``grown`` bytes that live
-        records took for ``steps`` recorded steps; keeps the estimate at the largest
-        step seen (extras may be larger than the spaces suggest)."""
+        """Replaces a reservation by the ``grown`` bytes of ``steps`` recorded steps;
+        the estimate becomes the largest step seen."""
         self.reserved -= reserved
         self.live += grown
         if grown > 0:
@@ -133,9 +113,8 @@ class MemoryBudget:
         return need
 
     def reserve(self, steps: int, what: str, records: int = 0) -> int:
-        """Reserves the bytes of ``steps`` more steps and charges ``records`` new agent
-        records to ``live`` (see :meth:`check`); returns the steps' bytes, for
-        :meth:`settle`."""
+        """:meth:`check`, then reserves the steps' bytes (returned, for :meth:`settle`)
+        and charges the new records to ``live``."""
         need = self.check(steps, what, records)
         self.reserved += need
         self.live += records * self.record_nbytes

@@ -1,5 +1,5 @@
-"""The :class:`MultiAgentExternalEnv` facade (RLlib's ExternalMultiAgentEnv): the external
-env core's calls with ``{agent_id: value}`` dicts, agents batched per policy."""
+"""MultiAgentExternalEnv (RLlib's ExternalMultiAgentEnv): the external env core's calls with
+``{agent_id: value}`` dicts, agents batched per policy."""
 
 from __future__ import annotations
 
@@ -94,8 +94,6 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
             **kwargs,
         )
 
-    # -- episodes -----------------------------------------------------------------------------
-
     def get_action(self, episode_id: int, obs: dict[str, Any]) -> dict[str, Any]:
         """The policies' actions for ``obs`` (``{agent_id: obs}``, the agents that act
         now), as ``{agent_id: action}``. Blocks until every action is computed.
@@ -178,8 +176,6 @@ class MultiAgentExternalEnv(ExternalEnvCore[AgentEpisode]):
         """
         obs = self._check_obs(obs, "end_episode", empty=True)
         self._end(episode_id, obs, truncated, "end_episode")
-
-    # -- output and params --------------------------------------------------------------------
 
     def set_params(self, params: Params, policy_id: str | None = None) -> int:
         """Replaces ``policy_id``'s params (None: the env's one policy) from its next

@@ -1,5 +1,4 @@
-"""The output of an :class:`~jaxrunner.ExternalEnv`: finished training episodes until
-polled, charged to the memory budget; past ``max_output_episodes`` the oldest are dropped."""
+"""The output of the external envs: finished training episodes until polled."""
 
 from __future__ import annotations
 
@@ -15,9 +14,8 @@ E = TypeVar("E", bound=EpisodeSpan)
 
 
 class EpisodeOutput(Generic[E]):
-    """Finished episodes (Episode or AgentEpisode) in the order they ended, charged to
-    ``memory.output``; past ``max_episodes`` the oldest are dropped. :meth:`put` is called
-    with the env's ``lock`` held, the other methods take it themselves."""
+    """Finished episodes in the order they ended, charged to ``memory.output``; past
+    ``max_episodes`` the oldest are dropped. :meth:`put` is called with ``lock`` held."""
 
     def __init__(self, lock: threading.Lock, memory: MemoryBudget, max_episodes: int) -> None:
         self._episodes: collections.deque[E] = collections.deque()
@@ -26,8 +24,7 @@ class EpisodeOutput(Generic[E]):
         self._max_episodes = max_episodes
 
     def put(self, episode: E) -> int:
-        """Adds ``episode`` (caller holds the lock); returns the steps dropped to make
-        room (those of the oldest episode, or 0)."""
+        """Adds ``episode``; returns the steps dropped to make room."""
         self._episodes.append(episode)
         self._memory.output += episode_nbytes(episode)
         dropped_steps = 0
@@ -39,7 +36,6 @@ class EpisodeOutput(Generic[E]):
         return dropped_steps
 
     def poll(self) -> list[E]:
-        """Takes every episode held."""
         with self._ready:
             episodes = list(self._episodes)
             self._episodes.clear()
@@ -47,8 +43,7 @@ class EpisodeOutput(Generic[E]):
             return episodes
 
     def take(self, num_episodes: int, timeout_s: float | None) -> list[E]:
-        """Waits until ``num_episodes`` are held and takes the oldest of them; if fewer
-        came within ``timeout_s``, raises and takes none."""
+        """Waits until ``num_episodes`` are held and takes them (none on a timeout)."""
         with self._ready:
             if not self._ready.wait_for(lambda: len(self._episodes) >= num_episodes, timeout_s):
                 raise ActionTimeoutError(

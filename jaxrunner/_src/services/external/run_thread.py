@@ -1,5 +1,4 @@
-"""The optional ``run()`` thread of an :class:`~jaxrunner.ExternalEnv` (as RLlib's
-ExternalEnv: a subclass drives its episodes from a thread of its own)."""
+"""The optional ``run()`` thread of the external envs (as RLlib's ExternalEnv)."""
 
 from __future__ import annotations
 
@@ -10,15 +9,13 @@ from jaxrunner.errors import InvalidArgumentError
 
 
 class RunDriven:
-    """``run``/``start``/``join`` of the external envs (single- and multi-agent): a
-    subclass overrides :meth:`run` to drive its episodes, :meth:`start` runs it in a
-    daemon thread of its own, :meth:`join` re-raises its error."""
+    """``run``/``start``/``join`` of the external envs: a subclass overrides :meth:`run`
+    to drive its episodes."""
 
     _run_thread: threading.Thread | None = None
     _run_error: BaseException | None = None
     multi_agent: ClassVar[bool]
-    """The kind of env each subclass declares: agents in policy groups (True) or one
-    agent per episode; the policy server reads it to pick its routes."""
+    """Agents in policy groups (True) or one agent per episode; picks the server's routes."""
 
     def run(self) -> None:
         """Override to drive episodes (call start_episode, get_action, ... on self);
