@@ -80,17 +80,7 @@ class GroupTrajectory(StoredNextObs, flax.struct.PyTreeNode):
         *,
         next_obs_store: Any = None,
     ) -> None:
-        values = {
-            "obs": obs,
-            "action": action,
-            "reward": reward,
-            "terminated": terminated,
-            "truncated": truncated,
-            "extras": {} if extras is None else extras,
-            "valid": valid,
-            "agent_step": agent_step,
-        }
-        self._set_fields(values, next_obs, next_obs_store)
+        self._set_fields(locals())
 
     def _turns(self) -> np.ndarray:
         return np.asarray(self.valid)
@@ -185,11 +175,7 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
         )
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Saves to one ``.npz`` file (no pickle); :meth:`load` restores it exactly.
-
-        The spec holds the env-level fields and, per policy id, the group's agent ids
-        and its fields; every array is one member of the file.
-        """
+        """Saves to one ``.npz`` file (no pickle); :meth:`load` restores it exactly."""
 
         def groups(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
             return {
@@ -206,14 +192,10 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
     def load(
         cls, path: str | os.PathLike[str], *, max_bytes: int | None = MAX_LOAD_BYTES
     ) -> MultiAgentTrajectory:
-        """Loads a file written by :meth:`save`, trusting nothing in it: the bounded
-        reader of :meth:`jaxrunner.Trajectory.load`, with its limits.
-
-        Only the members its spec names are read (never pickle), each once and checked
-        against its own header before any memory is allocated. The env-level fields
-        must be ``[T, B]``; each group's ``[T, B, A_g, ...]`` with ``A_g`` its number of
-        agents; flags and ``valid`` bool, ids and steps integer, rewards float;
-        ``next_obs`` shaped like ``obs``; agent ids unique strings.
+        """Loads a file written by :meth:`save`, trusting nothing in it, as
+        :meth:`jaxrunner.Trajectory.load` does. The env-level fields must be ``[T, B]``;
+        each group's ``[T, B, A_g, ...]`` with ``A_g`` its number of agents; agent ids
+        unique strings.
 
         Args:
             path: the file.
@@ -278,8 +260,7 @@ _GROUP_FIELDS = GroupTrajectory._file_fields()
 
 
 def _agents_of(groups: Any, error: ErrorFn) -> dict[str, tuple[str, ...]]:
-    """Policy id -> agent ids, from a spec's ``groups``: an object of objects, each
-    with a non-empty list of agent ids, every id a str and in one group only."""
+    """Policy id -> agent ids, from a spec's ``groups``, checked."""
     if not isinstance(groups, dict):
         raise error("has no 'groups' object in its spec")
     agents: dict[str, tuple[str, ...]] = {}

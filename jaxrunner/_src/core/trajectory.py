@@ -85,19 +85,7 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
         if valid is None and hasattr(reward, "shape"):
             ones = np.ones if isinstance(reward, np.ndarray) else jax.numpy.ones
             valid = ones(reward.shape, np.bool_)
-        values = {
-            "obs": obs,
-            "action": action,
-            "reward": reward,
-            "terminated": terminated,
-            "truncated": truncated,
-            "extras": {} if extras is None else extras,
-            "env_id": env_id,
-            "episode_id": episode_id,
-            "step": step,
-            "valid": valid,
-        }
-        self._set_fields(values, next_obs, next_obs_store)
+        self._set_fields(locals())
 
     def split_episodes(self) -> list[Episode]:
         """Splits into episodes, env by env, in time order.
@@ -133,9 +121,10 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
     ) -> Trajectory:
         """Loads a file written by :meth:`save`, trusting nothing in it.
 
-        Only the members its spec names are read (never pickle), each checked against
-        its own header before any memory is allocated; fields must have the keys,
-        ``[T, B]`` leading shapes and dtype kinds a trajectory has.
+        Only the members its spec names are read (never pickle), each once and checked
+        against its own header before any memory is allocated; fields must have the
+        keys, ``[T, B]`` leading shapes and dtype kinds a trajectory has (flags bool, ids
+        and steps integer, rewards float, ``next_obs`` shaped like ``obs``).
 
         Args:
             path: the file.
