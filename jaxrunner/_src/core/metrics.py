@@ -71,13 +71,9 @@ class EpisodeStats:
     def __init__(self, window: int) -> None:
         self.num_episodes = 0
         self.num_agent_steps = 0  # counted by a multi-agent runner's per-policy/agent stats
-        self._window = window
+        self.window = window
         self._returns: collections.deque[float] = collections.deque(maxlen=window)
         self._lengths: collections.deque[int] = collections.deque(maxlen=window)
-
-    @property
-    def window(self) -> int:
-        return self._window
 
     def add(
         self, returns: np.ndarray, lengths: np.ndarray, num_episodes: int | None = None
@@ -98,8 +94,8 @@ class EpisodeStats:
             )
             returns, lengths = returns[finite], lengths[finite]
         # Only the latest ``window`` stay: converting the rest costs ~5 us per 1k episodes.
-        self._returns.extend(returns[-self._window :].tolist())
-        self._lengths.extend(lengths[-self._window :].tolist())
+        self._returns.extend(returns[-self.window :].tolist())
+        self._lengths.extend(lengths[-self.window :].tolist())
 
     def get_window(self) -> dict[str, np.ndarray]:
         """The recent window as arrays (for checkpoints): ``returns``, ``lengths``."""

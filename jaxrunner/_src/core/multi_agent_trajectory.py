@@ -45,10 +45,8 @@ class GroupTrajectory(StoredNextObs, flax.struct.PyTreeNode):
         truncated: the agent's episode was cut (or the env's episode ended while the
             agent was still in it): bootstrap from ``next_obs``.
         next_obs: the agent's next observation: at its next turn, or its final one
-            where its episode ended (never a reset observation). A property: a compact
-            trajectory (``EnvRunner(..., compact_next_obs=True)``) stores only the slots
-            where it is not the obs at the slot's next valid row (``next_obs_store``, a
-            ``FinalObs`` over the flat slots ``(t * B + b) * A_g + a``).
+            where its episode ended (never a reset observation). A property, on a
+            compact trajectory built on demand (as ``Trajectory.next_obs``).
         extras: policy outputs of the action (``log_prob``, ``value``, ...).
         valid: bool, False where the slot holds no transition (the agent was absent,
             had left, or waited for its turn). Every other field is zero there.
@@ -221,11 +219,9 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
         return cls(groups=groups, **env, agents=agents)
 
     def split_episodes(self) -> list[AgentEpisode]:
-        """Per-agent episodes, env by env, agent by agent, in time order. Episodes
-        still running at the end are not ``is_done``; those begun before the first
-        step (``start_step > 0``) are not ``is_complete``; those a failed step of their
-        env cut (``valid``) end there, ``faulty`` and ``truncated`` (one begun in an
-        earlier sample as a zero-length piece, as :meth:`Trajectory.split_episodes`)."""
+        """Per-agent episodes, env by env, agent by agent, in time order, as
+        :meth:`Trajectory.split_episodes`; those a failed step of their env cut
+        (``valid``) end there, ``faulty`` and ``truncated``."""
         host = self.dense().to_numpy()
         episodes = []
         failed = [
@@ -290,8 +286,8 @@ def _episode(
     rows: np.ndarray,
     faulty: bool = False,
 ) -> AgentEpisode:
-    """The agent's transitions at ``rows``; an invalid row (a failed step's slot) alone
-    is the zero-length end of an episode begun in an earlier sample."""
+    """The agent's transitions at ``rows`` (an invalid row alone: the zero-length end
+    of an episode begun in an earlier sample)."""
     group = host.groups[policy_id]
     first, last = rows[0], rows[-1]
     if not group.valid[last, b, a]:  # the failed slot's obs: zeros, as the sample has none

@@ -126,8 +126,7 @@ def discounted_returns(
 
 
 def _run(fn: str, trajectory: Any, fields: tuple, skip_invalid: Any, gamma: Any, lam: Any) -> Any:
-    """``fn`` (``gae`` or ``discounted_returns``): its inputs (``fields`` in ``_FIELDS``
-    order, filled from ``trajectory``) and rates checked, then computed."""
+    """``fn`` (``gae`` or ``discounted_returns``) of ``fields`` (``_FIELDS`` order)."""
     inputs = _gather(fn, trajectory, dict(zip(_FIELDS, fields)))
     _check_unit(fn, "gamma", gamma)
     if fn == "gae":
@@ -219,8 +218,7 @@ _FIELDS = ("reward", "terminated", "truncated", "valid", "value", "next_value")
 def _gather(
     fn: str, trajectory: Trajectory | GroupTrajectory | None, given: dict[str, ArrayLike | None]
 ) -> tuple[jax.Array, ...]:
-    """The inputs in ``_FIELDS`` order, missing ones from ``trajectory``: float reward
-    and values, bool flags, all checked to be of the reward's shape."""
+    """The inputs in ``_FIELDS`` order, missing ones from ``trajectory``, checked."""
     if trajectory is not None and not isinstance(trajectory, (Trajectory, GroupTrajectory)):
         raise InvalidArgumentTypeError(
             f"{fn}(trajectory=...): expected a jaxrunner.Trajectory or a group of a "

@@ -70,16 +70,13 @@ def from_env(
     :meth:`stop` closes them).
 
     With ``backend="auto"`` (the default) the layout is chosen with the policy
-    timed: where ``make_vec``'s env-only rule would start workers, a short trial
-    runs this policy on sync and on those workers and keeps the faster (a few
-    samples of each, after compiling; ``get_metrics()["auto"]`` and
-    ``runner.envs.layout_choice`` report both rates and why). Where EnvPool has the
-    env id (and there are no ``env_kwargs`` and no ``restart_policy``), the
-    ``"envpool"`` backend is tried too. Where neither applies, nothing is tried.
-    Either way the trajectories are exactly those of the chosen layout built by
-    hand, with the same seed. A PettingZoo env factory is tried on sync and workers
-    alike (``policy`` and ``params`` then as for a multi-agent env, its agents in the
-    groups of ``policy_mapping_fn``, as ``make_vec`` takes it: multi-agent envs only).
+    timed (docs/backends/index.md): where ``make_vec``'s env-only rule would start
+    workers, or EnvPool has the env id, a short trial runs this policy on each
+    candidate and keeps the fastest (``get_metrics()["auto"]`` and
+    ``runner.envs.layout_choice`` report the rates and why). The trajectories are
+    exactly those of the chosen layout built by hand, with the same seed. A PettingZoo
+    env factory takes ``policy`` and ``params`` as a multi-agent env does, its agents
+    in the groups of ``policy_mapping_fn``.
 
     ``options`` are :class:`EnvRunner`'s keyword options (``metrics``,
     ``num_splits``, ``connectors``, ``info_keys``, ``compact_next_obs``).
