@@ -235,10 +235,8 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
             ):
                 steps = np.flatnonzero(group.valid[:, b, a])
                 ends = set((np.flatnonzero(done[steps, b, a]) + 1).tolist())
-                # A failed step cuts the episode of the agent's transitions before it. One
-                # before the agent's first transition here ends, as a zero-length piece,
-                # the episode under way since an earlier sample (its slot's agent_step is
-                # that episode's length: 0 if none).
+                # A failed step cuts the agent's episode before it; one before its first
+                # transition here ends (zero-length) an episode begun earlier, if any.
                 at = np.searchsorted(steps, failed[b])
                 cuts = set(at.tolist()) - ends - {0}
                 ended = [f for f, i in zip(failed[b], at) if i == 0 and group.agent_step[f, b, a]]

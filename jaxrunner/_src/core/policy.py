@@ -250,8 +250,7 @@ class Policy:
             hash(module)
         except TypeError:  # a module with an unhashable field: its own functions
             return cls._with_fns(fns(jax.jit(module.init)), action_space, initial_carry)
-        # An equal module on an equal space gets the same functions, and so every
-        # compiled program of the first (a runner built again compiles nothing).
+        # An equal module on an equal space gets the same functions: nothing recompiles.
         _, shared_fns = _recent(
             _LINEN_FNS,
             (module, type(action_space), action_space.shape, deterministic, recurrent),

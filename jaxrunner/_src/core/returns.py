@@ -141,8 +141,7 @@ def _run(fn: str, trajectory: Any, fields: tuple, skip_invalid: Any, gamma: Any,
     return _compute(inputs, starts, gamma, lam, kind=fn, skip=skip)
 
 
-# One compiled program per shape (the eager argsort, gathers and scatters of
-# _over_valid_slots would compile a dozen small ones, each first call of a shape).
+# One compiled program per shape (eager, _over_valid_slots would compile a dozen).
 @functools.partial(jax.jit, static_argnames=("kind", "skip"))
 def _compute(
     arrays: tuple[jax.Array, ...],

@@ -179,8 +179,7 @@ class StoredNextObs(TimeMajor):
         rows = len(store.index)
         if not rows:
             return following
-        # The stored rows padded to a power of two, so a jitted critic compiles for a few
-        # shapes (log2 T*B at most), not for each new number of episode ends.
+        # Padded to a power of two: a jitted critic compiles for log2(T*B) shapes at most.
         bucket = min(max(16, 1 << (rows - 1).bit_length()), int(np.prod(lead)))
         padded = jax.tree.map(
             lambda x: np.concatenate([x, np.zeros((bucket - rows, *x.shape[1:]), x.dtype)]),

@@ -127,8 +127,6 @@ class EnvRunner:
         self.compact_next_obs = compact_next_obs
         self.chunk_rows = None if chunk_rows is None else int(chunk_rows)
         # As given (multi-agent: a dict by policy id), and by policy id (those with some).
-        self.connectors: Any
-        self._connectors: dict[str, Connectors]
         self.connectors, self._connectors = self.kind.connectors(connectors)
         self._ownership = Ownership(type(self).__name__, envs)
         self.envs: Any = envs

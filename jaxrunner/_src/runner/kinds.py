@@ -263,8 +263,7 @@ class OneAgent(AgentGroups):
         )
 
     def agent_episodes(self, episodes: list[Any]) -> list[AgentEpisode]:
-        # Joined as Episodes (a checkpoint keeps them as sample_episodes'), by episode id:
-        # the multi-agent order with one agent.
+        # Joined as Episodes (a checkpoint keeps them as sample_episodes').
         return [as_agent_episode(e, ONE_AGENT, DEFAULT_POLICY_ID) for e in episodes]
 
     def connector_states(self, state: Any, sampler: Any, connectors: dict) -> dict[str, Any]:
