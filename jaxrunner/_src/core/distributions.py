@@ -86,17 +86,15 @@ class Bernoulli(flax.struct.PyTreeNode):
     def mode(self) -> jax.Array:
         return (self.logits > 0).astype(jnp.int8)
 
+    def _log_p(self, a: jax.Array) -> jax.Array:
+        """``log p(a)`` per dimension, for ``a`` in [0, 1]."""
+        return a * jax.nn.log_sigmoid(self.logits) + (1 - a) * jax.nn.log_sigmoid(-self.logits)
+
     def log_prob(self, action: jax.Array) -> jax.Array:
-        a = action.astype(self.logits.dtype)
-        per_dim = a * jax.nn.log_sigmoid(self.logits) + (1 - a) * jax.nn.log_sigmoid(-self.logits)
-        return _sum_event(per_dim)
+        return _sum_event(self._log_p(action.astype(self.logits.dtype)))
 
     def entropy(self) -> jax.Array:
-        p = jax.nn.sigmoid(self.logits)
-        per_dim = -(
-            p * jax.nn.log_sigmoid(self.logits) + (1 - p) * jax.nn.log_sigmoid(-self.logits)
-        )
-        return _sum_event(per_dim)
+        return _sum_event(-self._log_p(jax.nn.sigmoid(self.logits)))
 
 
 class DiagGaussian(flax.struct.PyTreeNode):
@@ -144,8 +142,7 @@ def _reshaped(x: jax.Array, shape: tuple[int, ...], what: str) -> jax.Array:
     size = int(np.prod(shape))
     got = int(np.prod(x.shape[1:])) if x.ndim >= 1 else 0
     if got != size:
-        # A vector env's batched action space (num_envs copies of the single one)
-        # asks for num_envs times the features the module was built for.
+        # A vector env's batched action space asks for num_envs times the features.
         batched = (
             f" The action space looks batched ({size // got} copies of {got} features): "
             "pass the vector env's envs.single_action_space, not envs.action_space."

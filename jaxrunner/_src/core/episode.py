@@ -15,8 +15,7 @@ from jaxrunner.errors import InvalidArgumentError
 
 
 class EpisodeSpan:
-    """What an episode's steps say about it (``reward`` [L], the flags, ``start_step``),
-    shared by :class:`Episode` and the multi-agent ``AgentEpisode``."""
+    """What :class:`Episode` and ``AgentEpisode`` say about their steps."""
 
     reward: np.ndarray
     terminated: bool
@@ -71,10 +70,9 @@ class Episode(EpisodeSpan, flax.struct.PyTreeNode):
 
 
 def cut_steps(traj: Any, steps: Any, last: Any, final: Any) -> dict[str, Any]:
-    """The step fields of one episode (:class:`Episode`'s or ``AgentEpisode``'s), copied
-    out of ``traj`` (a Trajectory or a group) at the slots ``steps`` (e.g. ``(slice(t0,
-    t1), b)``): ``obs`` ``[L + 1]``, the final one ``final[last]`` (``next_obs`` at the
-    last slot), and ``action``, ``reward``, ``extras`` ``[L]``."""
+    """The step fields of one episode, copied out of ``traj`` (a Trajectory or a group)
+    at the slots ``steps``: ``obs`` ``[L + 1]`` ending with ``final[last]``, and
+    ``action``, ``reward``, ``extras`` ``[L]``."""
 
     def cut(x: np.ndarray) -> np.ndarray:
         return np.array(x[steps])  # a copy: the trajectory's buffers may be reused
@@ -90,10 +88,9 @@ def cut_steps(traj: Any, steps: Any, last: Any, final: Any) -> dict[str, Any]:
 
 
 def join_steps(head: Any, tail: Any) -> dict[str, Any]:
-    """The step fields of two consecutive pieces of one episode (:class:`Episode`'s or
-    ``AgentEpisode``'s), joined: ``obs`` without ``head``'s last one (``tail``'s
-    first), and ``action``, ``reward``, ``extras`` end to end. A zero-length ``tail`` (a
-    fault at a sample's first step) adds no obs: a multi-agent one holds none."""
+    """The step fields of two consecutive pieces of one episode, joined (``head``'s last
+    obs is ``tail``'s first). A zero-length ``tail`` (a fault at a sample's first step)
+    adds no obs: a multi-agent one holds none."""
 
     def cat(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return np.concatenate([x, y])
@@ -174,9 +171,7 @@ def concatenate_agent_episodes(head: AgentEpisode, tail: AgentEpisode) -> AgentE
 
 
 def as_agent_episode(episode: Episode, agent_id: str, policy_id: str) -> AgentEpisode:
-    """``episode`` as the :class:`AgentEpisode` of its env's one agent ``agent_id``
-    (a single-agent env: one group of one agent, whose steps are the env's): every field
-    of the episode, with the env steps of its transitions."""
+    """``episode`` as the :class:`AgentEpisode` of its env's one agent ``agent_id``."""
     fields = {f.name: getattr(episode, f.name) for f in dataclasses.fields(episode)}
     begin = episode.start_step
     env_step = np.arange(begin, begin + episode.length, dtype=np.int64)

@@ -71,23 +71,16 @@ class EpisodeStats:
     def __init__(self, window: int) -> None:
         self.num_episodes = 0
         self.num_agent_steps = 0  # counted by a multi-agent runner's per-policy/agent stats
-        self._window = window
+        self.window = window
         self._returns: collections.deque[float] = collections.deque(maxlen=window)
         self._lengths: collections.deque[int] = collections.deque(maxlen=window)
-
-    @property
-    def window(self) -> int:
-        return self._window
 
     def add(
         self, returns: np.ndarray, lengths: np.ndarray, num_episodes: int | None = None
     ) -> None:
         """Counts ``num_episodes`` ended episodes (default ``len(returns)``), of which
-        ``returns`` and ``lengths`` are the latest (all, or at least :attr:`window`).
-
-        An episode whose return is not finite (finite rewards whose float64 sum
-        overflowed) is counted but kept out of the window, with a warning: one such
-        return would make every statistic of the window infinite or NaN."""
+        ``returns`` and ``lengths`` are the latest. One whose return is not finite is
+        counted but kept out of the window (it would make every statistic inf or NaN)."""
         self.num_episodes += len(returns) if num_episodes is None else num_episodes
         finite = np.isfinite(returns)
         if not finite.all():
@@ -101,8 +94,8 @@ class EpisodeStats:
             )
             returns, lengths = returns[finite], lengths[finite]
         # Only the latest ``window`` stay: converting the rest costs ~5 us per 1k episodes.
-        self._returns.extend(returns[-self._window :].tolist())
-        self._lengths.extend(lengths[-self._window :].tolist())
+        self._returns.extend(returns[-self.window :].tolist())
+        self._lengths.extend(lengths[-self.window :].tolist())
 
     def get_window(self) -> dict[str, np.ndarray]:
         """The recent window as arrays (for checkpoints): ``returns``, ``lengths``."""
@@ -132,10 +125,9 @@ class EpisodeStats:
 
 
 class RunnerMetrics:
-    """Everything a runner counts; the samplers add to it, ``summary`` is the runner's
-    ``get_metrics()``. With ``agents`` (policy id -> agent ids: a multi-agent runner) it
-    also counts agent steps (as RLlib does) and agent-episode statistics per policy and
-    agent, env-level returns summed over agents; without, those stay out of it."""
+    """Everything a runner counts (``summary``: its ``get_metrics()``); with ``agents``
+    (policy id -> agent ids) also agent steps and agent-episode statistics per policy
+    and agent."""
 
     def __init__(self, config: MetricsConfig, agents: dict[str, tuple[str, ...]] | None = None):
         self.num_env_steps = 0  # valid transitions only
@@ -167,8 +159,7 @@ class RunnerMetrics:
         ended: tuple[np.ndarray, np.ndarray, np.ndarray],
     ) -> None:
         """Adds a group's agent steps per slot (``steps``, ``[A_g]``) and the agent
-        episodes that ended (arrays ``(slot, return, length)``, in the order they
-        ended)."""
+        episodes that ended (arrays ``(slot, return, length)``)."""
         self.num_agent_steps += int(steps.sum())
         self._by_policy[policy_id].num_agent_steps += int(steps.sum())
         slots, returns, lengths = ended
@@ -180,11 +171,8 @@ class RunnerMetrics:
                 self._by_agent[agent].add(returns[mine], lengths[mine])
 
     def get_state(self) -> dict[str, Any]:
-        """Counters, episode windows and perf timers as arrays (for checkpoints). With
-        agents, also ``agents``: the agent-step counters (``counters``: agent steps,
-        dropped agent steps), ``unassigned_reward``, and per policy id and per agent id
-        (``policies``, ``agents``) the agent-episode ``counters`` (episodes, agent
-        steps) and recent ``returns`` and ``lengths``."""
+        """Counters, episode windows and perf timers as arrays (for checkpoints); with
+        agents, also ``agents``: their counters and windows, per policy and agent."""
         state: dict[str, Any] = {
             "counters": np.array(
                 [

@@ -37,8 +37,7 @@ def module_policy_fns(
     -> out`` and ``init(key, *inputs) -> module_params``, ``inputs`` being ``(obs,)``, or
     ``(carry, obs)`` (the module returning ``(carry, out)``) where ``recurrent``."""
     head = distributions.head_params(action_space)
-    # Fail now, not at the first step, if no distribution fits the space: build one from
-    # a stand-in module output of the right size.
+    # Fail now, not at the first step, if no distribution fits the space.
     size = distributions.num_outputs(action_space)
     distributions.make_distribution(action_space, {"params": jnp.zeros((1, size))}, head)
 

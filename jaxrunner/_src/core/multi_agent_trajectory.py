@@ -45,10 +45,8 @@ class GroupTrajectory(StoredNextObs, flax.struct.PyTreeNode):
         truncated: the agent's episode was cut (or the env's episode ended while the
             agent was still in it): bootstrap from ``next_obs``.
         next_obs: the agent's next observation: at its next turn, or its final one
-            where its episode ended (never a reset observation). A property: a compact
-            trajectory (``EnvRunner(..., compact_next_obs=True)``) stores only the slots
-            where it is not the obs at the slot's next valid row (``next_obs_store``, a
-            ``FinalObs`` over the flat slots ``(t * B + b) * A_g + a``).
+            where its episode ended (never a reset observation). A property, on a
+            compact trajectory built on demand (as ``Trajectory.next_obs``).
         extras: policy outputs of the action (``log_prob``, ``value``, ...).
         valid: bool, False where the slot holds no transition (the agent was absent,
             had left, or waited for its turn). Every other field is zero there.
@@ -80,17 +78,7 @@ class GroupTrajectory(StoredNextObs, flax.struct.PyTreeNode):
         *,
         next_obs_store: Any = None,
     ) -> None:
-        values = {
-            "obs": obs,
-            "action": action,
-            "reward": reward,
-            "terminated": terminated,
-            "truncated": truncated,
-            "extras": {} if extras is None else extras,
-            "valid": valid,
-            "agent_step": agent_step,
-        }
-        self._set_fields(values, next_obs, next_obs_store)
+        self._set_fields(locals())
 
     def _turns(self) -> np.ndarray:
         return np.asarray(self.valid)
@@ -185,11 +173,7 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
         )
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Saves to one ``.npz`` file (no pickle); :meth:`load` restores it exactly.
-
-        The spec holds the env-level fields and, per policy id, the group's agent ids
-        and its fields; every array is one member of the file.
-        """
+        """Saves to one ``.npz`` file (no pickle); :meth:`load` restores it exactly."""
 
         def groups(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
             return {
@@ -206,14 +190,10 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
     def load(
         cls, path: str | os.PathLike[str], *, max_bytes: int | None = MAX_LOAD_BYTES
     ) -> MultiAgentTrajectory:
-        """Loads a file written by :meth:`save`, trusting nothing in it: the bounded
-        reader of :meth:`jaxrunner.Trajectory.load`, with its limits.
-
-        Only the members its spec names are read (never pickle), each once and checked
-        against its own header before any memory is allocated. The env-level fields
-        must be ``[T, B]``; each group's ``[T, B, A_g, ...]`` with ``A_g`` its number of
-        agents; flags and ``valid`` bool, ids and steps integer, rewards float;
-        ``next_obs`` shaped like ``obs``; agent ids unique strings.
+        """Loads a file written by :meth:`save`, trusting nothing in it, as
+        :meth:`jaxrunner.Trajectory.load` does. The env-level fields must be ``[T, B]``;
+        each group's ``[T, B, A_g, ...]`` with ``A_g`` its number of agents; agent ids
+        unique strings.
 
         Args:
             path: the file.
@@ -239,11 +219,9 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
         return cls(groups=groups, **env, agents=agents)
 
     def split_episodes(self) -> list[AgentEpisode]:
-        """Per-agent episodes, env by env, agent by agent, in time order. Episodes
-        still running at the end are not ``is_done``; those begun before the first
-        step (``start_step > 0``) are not ``is_complete``; those a failed step of their
-        env cut (``valid``) end there, ``faulty`` and ``truncated`` (one begun in an
-        earlier sample as a zero-length piece, as :meth:`Trajectory.split_episodes`)."""
+        """Per-agent episodes, env by env, agent by agent, in time order, as
+        :meth:`Trajectory.split_episodes`; those a failed step of their env cut
+        (``valid``) end there, ``faulty`` and ``truncated``."""
         host = self.dense().to_numpy()
         episodes = []
         failed = [
@@ -257,10 +235,8 @@ class MultiAgentTrajectory(TimeMajor, flax.struct.PyTreeNode):
             ):
                 steps = np.flatnonzero(group.valid[:, b, a])
                 ends = set((np.flatnonzero(done[steps, b, a]) + 1).tolist())
-                # A failed step cuts the episode of the agent's transitions before it. One
-                # before the agent's first transition here ends, as a zero-length piece,
-                # the episode under way since an earlier sample (its slot's agent_step is
-                # that episode's length: 0 if none).
+                # A failed step cuts the agent's episode before it; one before its first
+                # transition here ends (zero-length) an episode begun earlier, if any.
                 at = np.searchsorted(steps, failed[b])
                 cuts = set(at.tolist()) - ends - {0}
                 ended = [f for f, i in zip(failed[b], at) if i == 0 and group.agent_step[f, b, a]]
@@ -278,8 +254,7 @@ _GROUP_FIELDS = GroupTrajectory._file_fields()
 
 
 def _agents_of(groups: Any, error: ErrorFn) -> dict[str, tuple[str, ...]]:
-    """Policy id -> agent ids, from a spec's ``groups``: an object of objects, each
-    with a non-empty list of agent ids, every id a str and in one group only."""
+    """Policy id -> agent ids, from a spec's ``groups``, checked."""
     if not isinstance(groups, dict):
         raise error("has no 'groups' object in its spec")
     agents: dict[str, tuple[str, ...]] = {}
@@ -309,8 +284,8 @@ def _episode(
     rows: np.ndarray,
     faulty: bool = False,
 ) -> AgentEpisode:
-    """The agent's transitions at ``rows``; an invalid row (a failed step's slot) alone
-    is the zero-length end of an episode begun in an earlier sample."""
+    """The agent's transitions at ``rows`` (an invalid row alone: the zero-length end
+    of an episode begun in an earlier sample)."""
     group = host.groups[policy_id]
     first, last = rows[0], rows[-1]
     if not group.valid[last, b, a]:  # the failed slot's obs: zeros, as the sample has none

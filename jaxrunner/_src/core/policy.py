@@ -100,10 +100,9 @@ class Policy:
         the module gives one) under ``params``: ``{"log_prob", "entropy", ["value"]}``.
         Jittable and differentiable in ``params`` (a PPO loss uses it).
 
-        Any leading batch shape: with ``action`` ``[*batch, *action_shape]`` (and ``obs``,
-        ``carry`` ``[*batch, ...]``), e.g. a Trajectory's ``[T, B]``, each result is
-        ``[*batch]``. The batch is read off the action's rank, known to policies built by
-        ``from_linen``/``from_nnx`` (``action_ndim``); without it, one batch axis."""
+        Any leading batch shape (e.g. a Trajectory's ``[T, B]``) gives results of that
+        shape, read off the action's rank where ``action_ndim`` is known (``from_linen``/
+        ``from_nnx``); without it, one batch axis."""
         if self.evaluate_fn is None:
             raise InvalidArgumentError(
                 "Policy.evaluate: this Policy has no evaluate_fn; build it with "
@@ -136,10 +135,8 @@ class Policy:
         self, params: Params, obs: Any, carry: Carry = None, *, batch_ndim: int = 1
     ) -> jax.Array:
         """The critic's value of observations ``[*batch, ...]`` with ``batch_ndim``
-        leading batch axes (``[B]`` for ``[B, ...]``; ``batch_ndim=2`` gives a
-        Trajectory's ``[T, B]`` from ``next_obs``: the ``next_value`` that
-        :func:`jaxrunner.gae` takes), as ``evaluate(...)["value"]`` and
-        ``extras["value"]`` give it. Jittable and differentiable in ``params``."""
+        leading batch axes (``batch_ndim=2``: a Trajectory's ``[T, B]``, e.g. the
+        ``next_value`` :func:`jaxrunner.gae` takes). Jittable and differentiable."""
         batch_ndim = check_int(
             "Policy.value", "batch_ndim", batch_ndim,
             hint="the number of leading batch axes of obs: 2 for a Trajectory's [T, B, ...]",
@@ -253,8 +250,7 @@ class Policy:
             hash(module)
         except TypeError:  # a module with an unhashable field: its own functions
             return cls._with_fns(fns(jax.jit(module.init)), action_space, initial_carry)
-        # An equal module on an equal space gets the same functions, and so every
-        # compiled program of the first (a runner built again compiles nothing).
+        # An equal module on an equal space gets the same functions: nothing recompiles.
         _, shared_fns = _recent(
             _LINEN_FNS,
             (module, type(action_space), action_space.shape, deterministic, recurrent),
@@ -307,8 +303,8 @@ _MAX_KEPT = 64
 def _recent(
     table: dict, key: Hashable, same: Callable[[Any], bool], make: Callable[[], Any]
 ) -> Any:
-    """``table[key]`` where ``same`` holds of it, else ``make()``, stored there; the
-    table keeps the last ``_MAX_KEPT`` keys used."""
+    """``table[key]`` where ``same`` holds of it, else ``make()``, stored there (the
+    last ``_MAX_KEPT`` keys used are kept)."""
     kept = table.pop(key, None)
     if kept is None or not same(kept):
         kept = make()
@@ -327,14 +323,13 @@ def _same_space(a: spaces.Space, b: spaces.Space) -> bool:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _init_linen(module: Any, key: jax.Array, *inputs: Any) -> Params:
-    """``module.init`` compiled whole (eager, each initializer compiles a program of its
-    own per shape; the same values either way), once per equal module and shapes."""
+    """``module.init`` compiled whole (eager, each initializer compiles its own)."""
     return module.init(key, *inputs)
 
 
 def _over_batch(fn: Callable[..., Any], batch_ndim: int, *trees: Any) -> Any:
     """``fn`` (written for one batch axis) on ``trees`` with ``batch_ndim`` leading batch
-    axes: they are flattened into one, and each output leaf gets them back."""
+    axes, flattened into one and restored on each output leaf."""
     if batch_ndim == 1:
         return fn(*trees)
     leaves = jax.tree.leaves(trees)

@@ -126,8 +126,7 @@ def discounted_returns(
 
 
 def _run(fn: str, trajectory: Any, fields: tuple, skip_invalid: Any, gamma: Any, lam: Any) -> Any:
-    """``fn`` (``gae`` or ``discounted_returns``): its inputs (``fields`` in ``_FIELDS``
-    order, filled from ``trajectory``) and rates checked, then computed."""
+    """``fn`` (``gae`` or ``discounted_returns``) of ``fields`` (``_FIELDS`` order)."""
     inputs = _gather(fn, trajectory, dict(zip(_FIELDS, fields)))
     _check_unit(fn, "gamma", gamma)
     if fn == "gae":
@@ -142,8 +141,7 @@ def _run(fn: str, trajectory: Any, fields: tuple, skip_invalid: Any, gamma: Any,
     return _compute(inputs, starts, gamma, lam, kind=fn, skip=skip)
 
 
-# One compiled program per shape (the eager argsort, gathers and scatters of
-# _over_valid_slots would compile a dozen small ones, each first call of a shape).
+# One compiled program per shape (eager, _over_valid_slots would compile a dozen).
 @functools.partial(jax.jit, static_argnames=("kind", "skip"))
 def _compute(
     arrays: tuple[jax.Array, ...],
@@ -219,8 +217,7 @@ _FIELDS = ("reward", "terminated", "truncated", "valid", "value", "next_value")
 def _gather(
     fn: str, trajectory: Trajectory | GroupTrajectory | None, given: dict[str, ArrayLike | None]
 ) -> tuple[jax.Array, ...]:
-    """The inputs in ``_FIELDS`` order, missing ones from ``trajectory``: float reward
-    and values, bool flags, all checked to be of the reward's shape."""
+    """The inputs in ``_FIELDS`` order, missing ones from ``trajectory``, checked."""
     if trajectory is not None and not isinstance(trajectory, (Trajectory, GroupTrajectory)):
         raise InvalidArgumentTypeError(
             f"{fn}(trajectory=...): expected a jaxrunner.Trajectory or a group of a "

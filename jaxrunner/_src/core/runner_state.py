@@ -11,8 +11,7 @@ from jaxrunner._src.core.agent_groups import AgentGroup
 from jaxrunner._src.core.policy import Params
 
 Runner = Any
-"""An ``EnvRunner`` (of either kind of env), as the layers below the runner facades
-(samplers, callbacks, checkpoints) type it: they are handed one and never import it."""
+"""An ``EnvRunner``, as the layers below it (samplers, callbacks, checkpoints) type it."""
 
 
 class EpisodePart(Protocol):
@@ -31,9 +30,8 @@ E = TypeVar("E", bound=EpisodePart)
 
 class EpisodeJoiner(Generic[E]):
     """Joins each sample's episode parts with their starts from earlier samples, and
-    keeps the unfinished ones for the next sample (``sample_episodes``, callbacks), one
-    per stream (``key``: the env, or the agent in its env); ``order`` sorts what
-    :meth:`complete` returns."""
+    keeps the unfinished ones, one per stream (``key``: the env, or the agent in its
+    env); ``order`` sorts what :meth:`complete` returns."""
 
     def __init__(
         self,
@@ -47,8 +45,8 @@ class EpisodeJoiner(Generic[E]):
 
     def complete(self, parts: Iterable[E]) -> list[E]:
         """The episodes that complete in ``parts`` (one sample's split episodes), joined
-        with their earlier parts, in :attr:`order`. Unfinished ones are kept; episodes
-        begun before the first sample (never seen from their start) are dropped."""
+        with their earlier parts; unfinished ones are kept, those never seen from their
+        start dropped."""
         done = []
         for part in parts:
             stream = self.key(part)
@@ -74,20 +72,17 @@ class EpisodeJoiner(Generic[E]):
 
 @dataclasses.dataclass(eq=False)
 class RunnerState(Generic[E]):
-    """A runner's state between samples outside its sampler. The ``sampler`` holds the
-    per-step part: policy keys, step counts, carries, latest observations, episode
-    numbering and connector state (``sampler.get_state()`` / ``set_state()``)."""
+    """A runner's state between samples outside its sampler (which holds the per-step
+    part: keys, carries, latest observations, connector state)."""
 
     params: dict[str, Params]
-    """Policy id -> device params (an ``EnvRunner`` has one, :data:`DEFAULT_POLICY_ID`)."""
+    """Policy id -> device params."""
     metrics: Any
-    """The runner's ``RunnerMetrics``: counters, recent-episode statistics, timers;
-    ``get_state``/``set_state`` for checkpoints."""
+    """The runner's ``RunnerMetrics``."""
     episodes: EpisodeJoiner[E]
     """The unfinished episodes ``sample_episodes`` is assembling."""
     callback_episodes: EpisodeJoiner[E]
-    """The unfinished episodes ``on_agent_episode_end`` is assembling (apart from
-    ``episodes``: ``sample_episodes`` and the hook each see every episode)."""
+    """The unfinished episodes ``on_agent_episode_end`` is assembling."""
     finished: list[E] = dataclasses.field(default_factory=list)
     """Complete episodes ``sample_episodes`` has not returned yet."""
     failure: BaseException | None = None
@@ -101,28 +96,21 @@ class RunnerState(Generic[E]):
 
 @dataclasses.dataclass(eq=False, kw_only=True)
 class RunnerParts:
-    """What a runner hands the services that save and restore it (checkpoints): its
-    :class:`RunnerState` and the parts around it, either runner alike (an
-    ``EnvRunner`` is one group of one agent); they never import a runner."""
+    """What a runner hands the services that save and restore it (checkpoints)."""
 
     runner: str
     """The runner's class name (``"EnvRunner"``), in messages."""
     file_format: str
-    """The runner the checkpoints of this kind of env named before version 4:
-    ``"EnvRunner"``, or ``"MultiAgentRunner"`` for a multi-agent env (their files still
-    restore)."""
+    """The runner the checkpoints of this kind of env named before version 4
+    (``"EnvRunner"`` or ``"MultiAgentRunner"``)."""
     state: RunnerState
     sampler: Any
-    """The runner's sampler (``get_state``/``set_state``/``restart_episodes``)."""
     envs: Any
-    """The runner's vector env."""
     groups: tuple[AgentGroup, ...]
-    """One group per policy id: its agents and one agent's spaces."""
     episode_type: type
-    """The kind of episode the runner keeps (``Episode``, ``AgentEpisode``)."""
+    """``Episode`` or ``AgentEpisode``."""
     rollout_length: int
     seed: int
     """The runner's seed; a restore sets the checkpoint's, which the runner takes back."""
     restart_connectors: Callable[[], None]
-    """Restarts the connectors' per-episode state (e.g. running returns) after the
-    envs were reset outside a sample."""
+    """Restarts the connectors' per-episode state after the envs were reset."""

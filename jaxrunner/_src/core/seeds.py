@@ -25,12 +25,10 @@ def env_seeds(seed: int | list[int] | tuple[int, ...], num_envs: int) -> list[in
 
     Returns:
         ``[base, base + 1, ..., base + num_envs - 1]`` with ``base`` drawn from
-        ``numpy.random.SeedSequence(seed)``. The seeds are consecutive, as gymnasium's
-        ``reset(seed=b)`` seeds sub-env ``i`` with ``b + i`` (backends with one generator
-        for all their sub-envs, such as EnvPool, are seeded with ``base``). Different
-        runner seeds give unrelated bases, so two blocks of ``n`` seeds overlap only by
-        a chance of about ``2n / 2**30`` (a raw ``seed + i`` gave seeds 0 and 1 all but
-        one seed in common). Sub-env ``i``'s seed does not depend on ``num_envs``.
+        ``numpy.random.SeedSequence(seed)``, consecutive as gymnasium's ``reset(seed=b)``
+        seeds sub-env ``i`` with ``b + i``. Different runner seeds give unrelated bases
+        (two blocks of ``n`` seeds overlap by a chance of about ``2n / 2**30``). Sub-env
+        ``i``'s seed does not depend on ``num_envs``.
     """
     entropy = [seed] if not isinstance(seed, (list, tuple)) else list(seed)
     if not entropy or not all(is_int(s, low=0) for s in entropy):
@@ -49,7 +47,6 @@ _RESTART_TAG = 0x5E5EED
 
 def restart_seed(reset_seed: int, restart: int) -> int:
     """The reset seed of a sub-env's ``restart``-th recreation (1, 2, ...) since it was
-    reset with ``reset_seed``: drawn from ``SeedSequence([reset_seed, restart, tag])``,
-    below ``2**30``. Two runs with the same seed and the same (deterministic) faults so
-    restart into the same episodes."""
+    reset with ``reset_seed``, below ``2**30``: the same seed and the same faults give
+    the same episodes."""
     return env_seeds([reset_seed, restart, _RESTART_TAG], 1)[0]

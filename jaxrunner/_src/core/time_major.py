@@ -32,6 +32,7 @@ class TimeMajor:
 
     _lead: ClassVar[str] = "reward"
     _FORMAT: ClassVar[str]
+    __dataclass_fields__: ClassVar[dict[str, Any]]
 
     @property
     def num_steps(self) -> int:
@@ -99,22 +100,26 @@ class StoredNextObs(TimeMajor):
     def _file_fields(cls) -> tuple[str, ...]:
         """The fields of its ``.npz`` file, in order: ``next_obs`` (always dense) for the
         store."""
-        return tuple("next_obs" if n == "next_obs_store" else n for n in cls.__dataclass_fields__)  # type: ignore[attr-defined]
+        return tuple("next_obs" if n == "next_obs_store" else n for n in cls.__dataclass_fields__)
 
     @property
     def done(self) -> np.ndarray:
         """``terminated | truncated``: where an episode ended."""
         return np.logical_or(self.terminated, self.truncated)
 
-    def _set_fields(self, values: dict[str, Any], next_obs: Any, next_obs_store: Any) -> None:
-        # next_obs (dense) is how users build one; next_obs_store is the field itself
-        # (what pytree unflattening and replace() pass).
-        if next_obs is not None and next_obs_store is not None:
+    def _set_fields(self, args: dict[str, Any]) -> None:
+        """Sets the fields from ``__init__``'s arguments (its ``locals()``): ``next_obs``
+        (dense) is how users build one, ``next_obs_store`` the field itself (what pytree
+        unflattening and replace() pass); ``extras`` None is ``{}``."""
+        next_obs, store = args["next_obs"], args["next_obs_store"]
+        if next_obs is not None and store is not None:
             raise InvalidArgumentError(
                 f"{type(self).__name__}(next_obs=..., next_obs_store=...): give one of "
                 "them (next_obs: the dense next observations)."
             )
-        values["next_obs_store"] = next_obs if next_obs_store is None else next_obs_store
+        values = {name: args[name] for name in self.__dataclass_fields__}
+        values["next_obs_store"] = next_obs if store is None else store
+        values["extras"] = {} if args["extras"] is None else args["extras"]
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
@@ -174,8 +179,7 @@ class StoredNextObs(TimeMajor):
         rows = len(store.index)
         if not rows:
             return following
-        # The stored rows padded to a power of two, so a jitted critic compiles for a few
-        # shapes (log2 T*B at most), not for each new number of episode ends.
+        # Padded to a power of two: a jitted critic compiles for log2(T*B) shapes at most.
         bucket = min(max(16, 1 << (rows - 1).bit_length()), int(np.prod(lead)))
         padded = jax.tree.map(
             lambda x: np.concatenate([x, np.zeros((bucket - rows, *x.shape[1:]), x.dtype)]),

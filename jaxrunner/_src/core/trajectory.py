@@ -33,21 +33,18 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
         truncated: the episode was cut (time limit...); bootstrap from ``next_obs``.
         next_obs: the true next observation: the final one where an episode ended,
             never the observation of the reset that followed. A property: a compact
-            trajectory (``EnvRunner(..., compact_next_obs=True)``) stores only the rows
-            that are not the next step's ``obs`` (``next_obs_store``, a
-            :class:`FinalObs`) and builds the array on demand.
+            trajectory (``EnvRunner(..., compact_next_obs=True)``) builds it on demand
+            from ``obs`` and the rows it stores (``next_obs_store``).
         extras: dict of policy outputs per step (``log_prob``, ``value``, ...).
         env_id: index of the env (global across workers).
         episode_id: unique per runner; the same for every step of an episode.
         step: index of the step within its episode (0 at the first).
         valid: False where the slot holds no transition: the env's step failed and
-            the env was restarted (``make_vec(..., restart_policy=...)``). Such
-            a slot ends its episode (``episode_id``) at the step before it, which is
-            then bootstrapped like a truncation (``jr.gae`` does); its reward is 0.
-            Also False at an env's own reset step, kept by EnvPool's
-            ``keep_reset_steps=True``: the slot after an episode end, with ``step``
-            -1 and the next episode's id, whose ``next_obs`` is that episode's first
-            observation (no fault: it cuts nothing). All True when omitted.
+            the env was restarted (``make_vec(..., restart_policy=...)``), which ends
+            the episode at the step before, bootstrapped like a truncation (``jr.gae``
+            does), reward 0; or an env's own reset step, kept by EnvPool's
+            ``keep_reset_steps=True`` (``step`` -1, the next episode's id, its first
+            observation in ``next_obs``; no fault). All True when omitted.
     """
 
     _FORMAT = "jaxrunner.Trajectory"
@@ -85,28 +82,12 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
         if valid is None and hasattr(reward, "shape"):
             ones = np.ones if isinstance(reward, np.ndarray) else jax.numpy.ones
             valid = ones(reward.shape, np.bool_)
-        values = {
-            "obs": obs,
-            "action": action,
-            "reward": reward,
-            "terminated": terminated,
-            "truncated": truncated,
-            "extras": {} if extras is None else extras,
-            "env_id": env_id,
-            "episode_id": episode_id,
-            "step": step,
-            "valid": valid,
-        }
-        self._set_fields(values, next_obs, next_obs_store)
+        self._set_fields(locals())
 
     def split_episodes(self) -> list[Episode]:
-        """Splits into episodes, env by env, in time order.
-
-        Episodes that end inside the trajectory are ``is_done``; the trailing ones
-        still running at its end are not. An episode that began before the first
-        step (continued from an earlier ``sample()``) has ``start_step > 0``;
-        ``is_complete`` is true only for episodes seen from first to last step.
-        """
+        """Splits into episodes, env by env, in time order. Those still running at
+        the end are not ``is_done``; those begun before the first step have
+        ``start_step > 0`` (``is_complete``: seen from first to last step)."""
         host = self.dense().to_numpy()
         episodes: list[Episode] = []
         if host.num_steps == 0:
@@ -133,9 +114,10 @@ class Trajectory(StoredNextObs, flax.struct.PyTreeNode):
     ) -> Trajectory:
         """Loads a file written by :meth:`save`, trusting nothing in it.
 
-        Only the members its spec names are read (never pickle), each checked against
-        its own header before any memory is allocated; fields must have the keys,
-        ``[T, B]`` leading shapes and dtype kinds a trajectory has.
+        Only the members its spec names are read (never pickle), each once and checked
+        against its own header before any memory is allocated; fields must have the
+        keys, ``[T, B]`` leading shapes and dtype kinds a trajectory has (flags bool, ids
+        and steps integer, rewards float, ``next_obs`` shaped like ``obs``).
 
         Args:
             path: the file.
@@ -163,9 +145,8 @@ Trajectory.replace = replace_fields  # type: ignore[method-assign]
 
 
 def _episode_from(traj: Trajectory, b: int, start: int, stop: int) -> Episode:
-    """Steps ``start:stop`` of env ``b``. An invalid last slot (a failed step: it can
-    only close its episode, a restart starts a new id) is cut off, and the episode ends
-    ``faulty`` with ``obs`` of that slot: the one after the last good step."""
+    """Steps ``start:stop`` of env ``b``. An invalid last slot (a failed step) is cut
+    off, and the episode ends ``faulty`` with that slot's ``obs``."""
     last = stop - 1
     faulty = not traj.valid[last, b]
     steps = slice(start, last if faulty else stop)

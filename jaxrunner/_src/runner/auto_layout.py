@@ -30,15 +30,13 @@ from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner.errors import InvalidArgumentError
 
 TRIAL_ROUNDS = 5
-"""Timed samples per candidate, interleaved (after one warm-up sample each); each
-candidate's fastest counts: other work on the machine slows samples, never speeds them
-up (the measurements: docs/backends/index.md)."""
+"""Timed samples per candidate, interleaved, after a warm-up; each one's fastest counts
+(other work slows samples, never speeds them up: docs/backends/index.md)."""
 CLOSE = 1.10
-"""Where the fastest process layout and sync are within this factor after :data:`TRIAL_ROUNDS`,
-as many rounds again are timed before choosing (a layout's samples spread widely)."""
+"""Where the fastest process layout and sync are within this factor after
+:data:`TRIAL_ROUNDS`, as many rounds again are timed."""
 TRIAL_SAMPLE_S = 0.1
-"""The env work one timed sample aims at (from the probe's step time), in seconds:
-about a second of trial in all where the env is cheap, a few where it is not."""
+"""The env work one timed sample aims at (from the probe's step time), in seconds."""
 TRIAL_STEPS = (4, 128)
 """The fewest and most steps per env of a timed sample."""
 SYNC_TIE = 1.05
@@ -47,8 +45,7 @@ layout, with no processes to start, wins (and among workers, the fewer)."""
 ENVPOOL = "envpool"
 """The trial's key of the ``"envpool"`` backend (the others are worker counts, 0 sync)."""
 TRIAL_OPTIONS = ("num_splits", "connectors", "info_keys", "compact_next_obs")
-"""The runner options the trial runners share with the final one (they change the
-work of a step). Callbacks and metrics are left out: the trial's samples are nobody's."""
+"""The runner options that change the work of a step, which the trial runners share."""
 
 
 def from_env(
@@ -73,16 +70,13 @@ def from_env(
     :meth:`stop` closes them).
 
     With ``backend="auto"`` (the default) the layout is chosen with the policy
-    timed: where ``make_vec``'s env-only rule would start workers, a short trial
-    runs this policy on sync and on those workers and keeps the faster (a few
-    samples of each, after compiling; ``get_metrics()["auto"]`` and
-    ``runner.envs.layout_choice`` report both rates and why). Where EnvPool has the
-    env id (and there are no ``env_kwargs`` and no ``restart_policy``), the
-    ``"envpool"`` backend is tried too. Where neither applies, nothing is tried.
-    Either way the trajectories are exactly those of the chosen layout built by
-    hand, with the same seed. A PettingZoo env factory is tried on sync and workers
-    alike (``policy`` and ``params`` then as for a multi-agent env, its agents in the
-    groups of ``policy_mapping_fn``, as ``make_vec`` takes it: multi-agent envs only).
+    timed (docs/backends/index.md): where ``make_vec``'s env-only rule would start
+    workers, or EnvPool has the env id, a short trial runs this policy on each
+    candidate and keeps the fastest (``get_metrics()["auto"]`` and
+    ``runner.envs.layout_choice`` report the rates and why). The trajectories are
+    exactly those of the chosen layout built by hand, with the same seed. A PettingZoo
+    env factory takes ``policy`` and ``params`` as a multi-agent env does, its agents
+    in the groups of ``policy_mapping_fn``.
 
     ``options`` are :class:`EnvRunner`'s keyword options (``metrics``,
     ``num_splits``, ``connectors``, ``info_keys``, ``compact_next_obs``).
@@ -162,12 +156,9 @@ def _trial(
     envpool: bool = False,
 ) -> LayoutChoice:
     """Times sync against the process layouts of :func:`trial_workers` (where the rule
-    chose workers) and, with ``envpool``, the ``"envpool"`` backend (where its spaces
-    are the sync envs'), with the policy (more rounds where they are close:
-    :data:`CLOSE`; ``build(backend, config)``: :func:`from_env`'s envs of a layout);
-    returns the fastest (:func:`pick_layout`). A layout other than
-    sync that fails (its workers die, say) is dropped, with a warning; a failure of sync
-    is the env's, and raises."""
+    chose workers) and, with ``envpool``, the ``"envpool"`` backend, with the policy;
+    returns the fastest (:func:`pick_layout`). A layout other than sync that fails is
+    dropped, with a warning; a failure of sync is the env's, and raises."""
     work_us = rule.env_step_us * num_envs
     length = int(min(max(TRIAL_SAMPLE_S * 1e6 // work_us, TRIAL_STEPS[0]), TRIAL_STEPS[1]))
     options = {k: v for k, v in runner_options.items() if k in TRIAL_OPTIONS}
@@ -178,9 +169,7 @@ def _trial(
         keys.append(ENVPOOL)
 
     def timed_sample(key: int | str) -> float:
-        """Seconds per transition of one sample of ``key``'s runner, counting real ones
-        only (``valid``: EnvPool's reset steps and failed steps hold none); a failure
-        drops a layout other than sync."""
+        """Seconds per valid transition of one sample of ``key``'s runner."""
         start = time.perf_counter()
         try:
             traj = runners[key].sample()
@@ -254,9 +243,8 @@ def _trial(
 
 
 def envpool_has(env: Any, env_kwargs: Mapping[str, Any], restart_policy: Any) -> bool:
-    """Whether the ``"envpool"`` backend is a candidate: EnvPool imports and has the
-    task ``env`` (an id), with no env kwargs (they are for ``gymnasium.make``) and no
-    restart policy (EnvPool restarts nothing)."""
+    """Whether the ``"envpool"`` backend is a candidate: EnvPool has the task ``env``
+    (an id), and there are no env kwargs and no restart policy."""
     if not isinstance(env, str) or env_kwargs or restart_policy is not None:
         return False
     if importlib.util.find_spec("envpool") is None:
@@ -298,8 +286,7 @@ def undecided(times: Mapping[int | str, list[float]]) -> bool:
 
 def trial_workers(rule: LayoutChoice) -> list[int]:
     """The layouts a trial times, as worker counts (0: sync): sync, the rule's workers,
-    and the process backend's default count where it differs (it takes every CPU from
-    256 sub-envs, and one per CPU but one below)."""
+    and the process backend's default count."""
     return sorted({0, rule.num_workers, default_num_workers(rule.num_envs, cpus=rule.cpus)})
 
 

@@ -61,10 +61,9 @@ class EnvRunner:
             (or the params alone, when there is one policy id).
         rollout_length: T, the steps per env of each :meth:`sample`.
         seed: seeds the policy's keys and the envs: the runner resets sub-env ``i``
-            with ``jr.env_seeds(seed, num_envs)[i]`` (a block of seeds unrelated to other
-            runner seeds' blocks), whatever seed the envs were reset with before (a different
-            ``make_vec(..., seed=...)`` is overridden, with a warning). The same seed
-            gives the same trajectories.
+            with ``jr.env_seeds(seed, num_envs)[i]`` (a different ``make_vec(...,
+            seed=...)`` is overridden, with a warning). The same seed gives the same
+            trajectories.
         callbacks: optional :class:`~jaxrunner.Callbacks` (lockstep backends only);
             multi-agent: :class:`~jaxrunner.multi_agent.AgentCallbacks`, whose per env
             episode hooks run in the sampling loop (lockstep backends) and
@@ -73,9 +72,7 @@ class EnvRunner:
         metrics: optional :class:`~jaxrunner.MetricsConfig`.
         num_splits: pipelining: the envs are split in this many parts, and the
             policy computes one split's actions while another split's envs step.
-            ``None`` lets the backend or the width decide (two splits from 256 envs
-            on an accelerator or a CPU host with asynchronous dispatch, else one),
-            fewer where a split would pad a costly policy's chunk.
+            ``None`` lets the backend or the width decide (docs/gpu.md, "Pipelining").
             Outputs are bitwise identical whatever the number (batch invariance,
             docs/concepts.md). Ready-first backends and pure-JAX envs take None (or 1).
         info_keys: names of per-step info entries to record as float64 ``[T, B]``
@@ -122,20 +119,14 @@ class EnvRunner:
         compact_next_obs: bool = False,
         chunk_rows: int | None = None,
     ) -> None:
-        self.kind = kind_of(envs)
-        """The per-kind part (``runner/kinds.py``), chosen once from what the env
-        declares: agents in policy groups, or one agent."""
+        self.kind = kind_of(envs)  # agents in policy groups, or one agent
         policies, by_id = check_arguments(
             envs, self.kind, policy, params, rollout_length, seed, callbacks, num_splits
         )
         self.info_keys: InfoKeys = check_host_options(envs, info_keys, compact_next_obs, chunk_rows)
         self.compact_next_obs = compact_next_obs
         self.chunk_rows = None if chunk_rows is None else int(chunk_rows)
-        self.connectors: Any
-        """As given: a ``Connectors`` or None; multi-agent: a dict by policy id of the
-        groups with connectors."""
-        self._connectors: dict[str, Connectors]
-        """Policy id -> its group's connectors (those with connectors only)."""
+        # As given (multi-agent: a dict by policy id), and by policy id (those with some).
         self.connectors, self._connectors = self.kind.connectors(connectors)
         self._ownership = Ownership(type(self).__name__, envs)
         self.envs: Any = envs
@@ -146,8 +137,6 @@ class EnvRunner:
         self.callbacks: Any = callbacks
         device_params = {pid: jax.device_put(p) for pid, p in by_id.items()}
         self.state: RunnerState = self.kind.new_state(device_params, metrics or MetricsConfig())
-        """Params, metrics and episode bookkeeping (a typed runner state, which the
-        services read); the sampler holds the per-step rest."""
         self._on_agent_episode_end = self.kind.agent_episode_end(callbacks)
         try:
             self.sampler: Any = self.kind.sampler(self, num_splits)
@@ -174,13 +163,10 @@ class EnvRunner:
 
         Episodes carry on across calls. If a step fails, the exception propagates
         with ``err.partial_trajectory`` holding the steps every env completed before
-        it (``[t, B]``: an env that ran ahead, ready-first or in an earlier split, loses
-        its extra steps), and the runner refuses further sampling (its envs are in an
-        unknown state).
-        The unfinished episodes :meth:`sample_episodes` was assembling lose these steps
-        to the caller and are dropped (never seen whole). With ``progress``, a progress
-        bar counts the env steps (tqdm where it is installed, else a line on stderr; a
-        pure-JAX env's scan fills it when it returns)."""
+        it (``[t, B]``), and the runner refuses further sampling (its envs are in an
+        unknown state). The unfinished episodes :meth:`sample_episodes` was assembling
+        are dropped. With ``progress``, a progress bar counts the env steps (tqdm where
+        it is installed, else a line on stderr)."""
         check_bool("EnvRunner.sample", "progress", progress)
         self.state.episodes.forget()
         return self._sample(progress)
@@ -208,12 +194,11 @@ class EnvRunner:
         """Samples until ``num_episodes`` complete episodes (seen from their first
         step) are available; returns them in the order they started (multi-agent:
         :class:`AgentEpisode` s, ordered by env episode id, then agent). Episodes that
-        complete beyond the count are kept for the next call, so none is lost.
-        Episodes under way at a ``sample()`` (some of their steps are in its result) and
-        those cut by a sub-env failure (``faulty``; kept with ``include_faulty``)
-        are skipped. With ``progress``, a progress bar counts the episodes (tqdm where
-        it is installed, else a line on stderr). If a sample fails, its error carries the
-        episodes completed so far in ``err.partial_episodes``."""
+        complete beyond the count are kept for the next call. Episodes under way at a
+        ``sample()`` and those cut by a sub-env failure (``faulty``; kept with
+        ``include_faulty``) are skipped. With ``progress``, a progress bar counts the
+        episodes. If a sample fails, its error carries the episodes completed so far in
+        ``err.partial_episodes``."""
         name = f"{type(self).__name__}.sample_episodes"
         check_bool(name, "include_faulty", include_faulty)
         check_int(name, "num_episodes", num_episodes)
@@ -241,8 +226,7 @@ class EnvRunner:
 
         Args:
             num_samples: how many samples; ``None`` for an endless iterator.
-            progress: a progress bar counting env steps (tqdm where it is installed,
-                else a line on stderr).
+            progress: a progress bar counting env steps.
             reuse_buffers: hand each trajectory back (``release``) when the next is
                 asked for, so the loop writes into one set of buffers instead of
                 allocating a sample's memory each time; a yielded trajectory is then
@@ -300,13 +284,11 @@ class EnvRunner:
         return tuple(self.state.params)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Writes a checkpoint of the runner to ``path`` (one ``.npz`` file, numpy
-        arrays and a JSON document): the params (per policy id), every env's (agent
-        slot's) policy key, step count and recurrent carry, connector state, episode
-        bookkeeping, the latest observations, metrics, and the episodes
-        ``sample_episodes`` and the callbacks hold. Pure-JAX envs' states are always in
-        it; sub-envs of a backend that can snapshot them (``capabilities.can_snapshot``:
-        the sync backend) are added as pickles. Call it between samples."""
+        """Writes a checkpoint of the runner to ``path`` (one ``.npz`` file): params,
+        policy keys, carries, connector state, episode bookkeeping, latest observations
+        and metrics (docs/checkpoints.md). Pure-JAX envs' states are always in it;
+        sub-envs of a backend that can snapshot them (the sync backend) are added as
+        pickles. Call it between samples."""
         self._check_usable("save")
         checkpoint.save(self.kind.parts(self), path)
 
@@ -321,15 +303,12 @@ class EnvRunner:
         runner built as the saved one was (same policies, policy ids, agents, kind of
         backend, num_envs; new envs), before it samples.
 
-        The envs resume exactly, so sampling continues the saved trajectories bit for
-        bit, when they are pure JAX, or when the checkpoint holds pickled sub-envs and
-        ``load_env_pickles`` is True (unpickling runs code from the file: only for
-        checkpoints you trust). Otherwise every env is reset with fresh seeds and starts
-        a new episode (the saved episodes under way are abandoned), with a warning;
+        The envs resume exactly (sampling continues bit for bit) when they are pure JAX,
+        or when the checkpoint holds pickled sub-envs and ``load_env_pickles`` is True
+        (unpickling runs code from the file: only for checkpoints you trust). Otherwise
+        every env is reset with fresh seeds and starts a new episode, with a warning;
         params, policy keys, episode ids and metrics are restored either way.
-
-        ``max_bytes`` bounds what the file's arrays may take in memory once read (8 GiB
-        by default): a file that needs more is refused before it is read.
+        ``max_bytes`` bounds the memory of the file's arrays (8 GiB by default).
 
         Returns:
             A :class:`~jaxrunner.RestoreReport`: whether the envs were restored, and how
@@ -369,14 +348,11 @@ class EnvRunner:
 
     def get_metrics(self) -> dict[str, Any]:
         """Counters since construction, recent-episode statistics and perf timers, as
-        of the last ``sample()`` (the episode bookkeeping is done once per sample);
-        multi-agent: env steps and agent steps (counted apart), env episodes (returns
-        summed over agents), and ``policies``/``agents``: per-policy and per-agent agent
-        steps and agent-episode statistics. For envs built by ``make_vec(...,
-        backend="auto")`` also ``auto``: the layout it chose, as numbers
-        (``LayoutChoice.metrics``). An episode whose return overflows float64 (finite
-        rewards, an infinite sum) counts in ``num_episodes`` but not in the window's
-        statistics, with a ``RuntimeWarning``."""
+        of the last ``sample()``; multi-agent: agent steps too, env episodes (returns
+        summed over agents), and ``policies``/``agents``: per-policy and per-agent
+        statistics. For envs built by ``make_vec(..., backend="auto")`` also ``auto``:
+        the layout it chose (``LayoutChoice.metrics``). An episode whose return
+        overflows float64 counts in ``num_episodes`` only, with a ``RuntimeWarning``."""
         metrics = self.state.metrics.summary()
         if isinstance(self.envs, BaseVectorEnv) and self.envs.layout_choice is not None:
             metrics["auto"] = self.envs.layout_choice.metrics()
@@ -391,16 +367,12 @@ class EnvRunner:
     def num_splits(self) -> int:
         """Pipelining splits of the lockstep samplers (1 for the others)."""
         sampler = self.sampler
-        if isinstance(sampler, HostLoop | OneAgentSampler):
-            return len(sampler.splits)
-        return 1
+        return len(sampler.splits) if isinstance(sampler, HostLoop | OneAgentSampler) else 1
 
     def to_policy_dict(self, value: Any, where: str) -> dict[str, Any]:
-        """``value`` (params, connector state, statistics), given as this runner's
-        methods take and return it, as a dict by policy id: a single-agent env's runner
-        takes its one policy's value, a multi-agent env's a dict by policy id (some of
-        the ids; checked, ``where`` named in the error). The services treat both kinds
-        alike through it and :meth:`from_policy_dict`."""
+        """``value`` (params, connector state, ...) as this runner's methods take it
+        (a single-agent env's: its one policy's; a multi-agent env's: a dict by some of
+        the policy ids, checked, ``where`` named in the error), as a dict by policy id."""
         return self.kind.to_policy_dict(value, where)
 
     def from_policy_dict(self, values: Mapping[str, Any]) -> Any:
@@ -432,8 +404,7 @@ class EnvRunner:
 
     def _sample(self, progress: bool = False) -> Any:
         """One ``sampler.sample(params)``, then the per-agent-episode hooks; a failure
-        marks the runner unusable. With ``progress``, a bar counts the sample's env steps
-        as they are recorded."""
+        marks the runner unusable."""
         self._check_usable("sample")
         total = self.rollout_length * self.envs.num_envs
         name = f"{type(self).__name__}.sample"

@@ -34,10 +34,8 @@ def check_arguments(
     callbacks: Any,
     num_splits: Any,
 ) -> tuple[dict[str, Policy], dict[str, Params]]:
-    """Refuses ``EnvRunner``'s arguments where they do not fit ``envs`` of this ``kind``
-    (``runner/kinds.py``: a single-agent env is one policy id, whose policy and params
-    are given as they are), naming the argument and the fix; returns the policies and
-    the params by policy id."""
+    """Refuses ``EnvRunner``'s arguments where they do not fit ``envs`` of this ``kind``;
+    returns the policies and the params by policy id."""
     if not isinstance(envs, (VectorEnv, MultiAgentVectorEnv, JaxVectorEnv)):
         if isinstance(envs, gymnasium.vector.VectorWrapper):
             hint = vector_wrapper_hint(envs)
@@ -102,9 +100,8 @@ def _per_policy(value: Any, ids: tuple[str, ...], by_id: bool) -> dict[str, Poli
 
 
 def _params_per_policy(params: Any, ids: tuple[str, ...]) -> dict[str, Params]:
-    """``policy_id -> params``: a dict keyed by policy ids must name every id and only
-    those (a typo is refused here, not met later inside the trace); with one policy id,
-    anything else is that policy's params."""
+    """``policy_id -> params``: a dict keyed by policy ids names every id and only those;
+    with one policy id, anything else is that policy's params."""
     if isinstance(params, Mapping) and any(key in ids for key in params):
         unknown = [key for key in params if key not in ids]
         missing = [pid for pid in ids if pid not in params]
@@ -162,11 +159,8 @@ def check_connectors(connectors: Any) -> Connectors | None:
 
 
 def check_loop_options(kind: Any, callbacks: Any, num_splits: Any, loop: str, fix: str) -> None:
-    """Options of a lockstep host loop that ``loop`` (a ready-first backend, or a pure-JAX
-    env's scan, as the messages describe it) cannot honour: pipelining splits, and per-step
-    callbacks (an ``AgentCallbacks``' per-agent-episode hook runs after each sample, so it
-    stays, on either kind of env; a plain ``Callbacks`` has only per-step hooks). ``fix``:
-    where the refused callbacks run."""
+    """Refuses what ``loop`` (a ready-first backend, or a pure-JAX env's scan) cannot
+    honour: pipelining splits and per-step callbacks (``fix``: where those run)."""
     if callbacks is not None and (
         not isinstance(callbacks, AgentCallbacks)
         or any(overrides(callbacks, hook) for hook in STEP_HOOKS)
@@ -194,8 +188,7 @@ def params_error(
     err: BaseException, policies: Mapping[str, Policy], params: Mapping[str, Params], groups: Any
 ) -> InvalidArgumentError | None:
     """What to raise instead of ``err``, raised while building the sampler, where the
-    params are to blame; None to raise ``err`` itself (noted where the policy applies to
-    them: a pure-JAX env's functions or env params failed)."""
+    params are to blame; None to raise ``err`` itself."""
     # Tracing the policy with params of the wrong structure fails deep in its code.
     wrong_params = isinstance(err, KeyError | TypeError | AttributeError | flax.errors.FlaxError)
     if not wrong_params or isinstance(err, InvalidArgumentTypeError):

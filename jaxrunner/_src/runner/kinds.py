@@ -41,16 +41,14 @@ from jaxrunner.errors import InvalidArgumentError, JaxRunnerError
 
 class AgentGroups:
     """A multi-agent env: agents in policy groups, whose values (params, connectors,
-    their state) the runner takes and returns as dicts by policy id
-    (:meth:`EnvRunner.to_policy_dict`, :meth:`EnvRunner.from_policy_dict`)."""
+    their state) the runner takes and returns as dicts by policy id."""
 
     multi_agent = True
     name = "a multi-agent env"
     callbacks_type: type = AgentCallbacks
     callbacks_name = "jaxrunner.multi_agent.AgentCallbacks"
     episode_type: type = AgentEpisode
-    file_format = "MultiAgentRunner"
-    """The runner the checkpoints named before version 4 (``RunnerParts.file_format``)."""
+    file_format = "MultiAgentRunner"  # RunnerParts.file_format
     connectors_hint = " (or a dict policy_id -> Connectors)."
 
     def __init__(self, envs: Any) -> None:
@@ -130,26 +128,23 @@ class AgentGroups:
     def host_sampler(
         self, first: Any, setup: Any, num_splits: Any, callbacks: Any, runner: Any
     ) -> Any:
-        """The host sampler from the first reset: the multi-agent one runs lockstep and
-        ready-first in one loop."""
+        """The host sampler from the first reset."""
         return HostLoop(
             self.envs, first, setup, num_splits=num_splits, callbacks=callbacks, runner=runner
         )
 
     def check_policy_actions(self, samplers: Mapping[str, Any]) -> None:
         """Each group's policy output (``samplers``: its group samplers, by policy id)
-        checked against its action space, before any env is stepped (the scan sampler
-        checks it while tracing)."""
+        checked against its action space, before any env is stepped."""
         num_envs = self.envs.num_envs
         for g in self.envs.groups:
-            spec = samplers[g.policy_id].action_spec
-            env_spec = samplers[g.policy_id].env_action_spec
+            sampler, rows = samplers[g.policy_id], num_envs * g.num_agents
             try:
-                space_arrays.check_policy_actions(g.action_space, spec, num_envs * g.num_agents)
-                if env_spec is not None:  # what the action connectors hand the env
+                space_arrays.check_policy_actions(g.action_space, sampler.action_spec, rows)
+                if sampler.env_action_spec is not None:  # what the action connectors give
                     try:
                         space_arrays.check_policy_actions(
-                            g.action_space, env_spec, num_envs * g.num_agents
+                            g.action_space, sampler.env_action_spec, rows
                         )
                     except JaxRunnerError as err:
                         err.add_note(
@@ -169,8 +164,7 @@ class AgentGroups:
                 raise
 
     def parts(self, runner: Runner) -> RunnerParts:
-        """What ``runner``'s checkpoints save and restore (a single-agent env: one group
-        of one agent)."""
+        """What ``runner``'s checkpoints save and restore."""
         sampler = runner.sampler
 
         def restart_connectors() -> None:  # e.g. ScaleReward's running returns restart too
@@ -192,8 +186,7 @@ class AgentGroups:
         )
 
     def agent_episode_end(self, callbacks: Any) -> Any:
-        """The per-agent-episode hook to run after each sample (an ``AgentCallbacks``'
-        ``on_agent_episode_end``, on either kind of env), if overridden."""
+        """An ``AgentCallbacks``' ``on_agent_episode_end``, if overridden (either kind)."""
         hook = "on_agent_episode_end"
         wanted = isinstance(callbacks, AgentCallbacks) and overrides(callbacks, hook)
         return getattr(callbacks, hook) if wanted else None
@@ -270,8 +263,7 @@ class OneAgent(AgentGroups):
         )
 
     def agent_episodes(self, episodes: list[Any]) -> list[AgentEpisode]:
-        # Joined as Episodes (a checkpoint keeps them as sample_episodes'), by episode id:
-        # the multi-agent order with one agent.
+        # Joined as Episodes (a checkpoint keeps them as sample_episodes').
         return [as_agent_episode(e, ONE_AGENT, DEFAULT_POLICY_ID) for e in episodes]
 
     def connector_states(self, state: Any, sampler: Any, connectors: dict) -> dict[str, Any]:

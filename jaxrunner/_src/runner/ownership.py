@@ -14,8 +14,7 @@ _OWNERS: weakref.WeakKeyDictionary[Any, weakref.ref[Ownership]] = weakref.WeakKe
 
 class Ownership:
     """A runner's claim on its vector env: taken at construction, refused while another
-    live runner holds the env, given up by :meth:`release` (``stop()``). ``runner``: the
-    runner's class name, in messages."""
+    live runner holds the env, given up by :meth:`release`."""
 
     def __init__(self, runner: str, envs: Any) -> None:
         self.runner, self.envs = runner, envs
@@ -44,9 +43,8 @@ class Ownership:
     def check_usable(
         self, what: str, failure: BaseException | None, while_sampling: bool = False
     ) -> None:
-        """Refuses ``what`` on a stopped runner, one whose sample failed with ``failure``
-        (its envs are in an unknown state), or while it samples unless
-        ``while_sampling``."""
+        """Refuses ``what`` on a stopped runner, one whose sample failed with ``failure``,
+        or while it samples unless ``while_sampling``."""
         name = self.runner
         if self.sampling and not while_sampling:
             raise InvalidArgumentError(

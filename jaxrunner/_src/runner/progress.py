@@ -1,6 +1,5 @@
 """The optional progress bar of ``sample``, ``sample_episodes`` and ``iterate``: tqdm
-where it is installed (an optional dependency), else one line on stderr rewritten in
-place."""
+where it is installed, else one line on stderr rewritten in place."""
 
 from __future__ import annotations
 
@@ -13,9 +12,8 @@ _LINE_INTERVAL_S = 0.1
 
 
 class Progress:
-    """Counts ``unit``s towards ``total`` (None: open-ended); does nothing unless
-    ``enabled``. Use as a context manager; :meth:`update` takes the count so far (not an
-    increment)."""
+    """Counts ``unit``s towards ``total`` (None: open-ended) if ``enabled``; a context
+    manager. :meth:`update` takes the count so far (not an increment)."""
 
     def __init__(self, total: int | None, *, enabled: bool, desc: str, unit: str) -> None:
         self.total, self.enabled, self.desc, self.unit = total, enabled, desc, unit
