@@ -1,18 +1,7 @@
 """jaxrunner: a JAX-accelerated vectorized sampler for reinforcement learning.
 
-The public API is this module, plus the namespaces :mod:`jaxrunner.connectors`,
-:mod:`jaxrunner.multi_agent`, :mod:`jaxrunner.serve`, :mod:`jaxrunner.testing`,
-:mod:`jaxrunner.models`, :mod:`jaxrunner.errors` and :mod:`jaxrunner.cpu_dispatch`.
-Everything under ``jaxrunner._src`` is private and may change without notice::
-
-    import jaxrunner as jr
-
-    envs = jr.make_vec("CartPole-v1", num_envs=64)
-    policy = jr.models.mlp_policy(envs.single_action_space)
-    params = policy.init(jax.random.key(0), envs.single_observation_space)
-    with jr.EnvRunner(envs, policy, params, rollout_length=128, seed=0) as runner:
-        traj = runner.sample()
-"""
+The public API is this module and its namespaces (``connectors``, ``multi_agent``, ``serve``,
+``testing``, ``models``, ``errors``, ``cpu_dispatch``); ``jaxrunner._src`` is private."""
 
 # First, before any submodule can start JAX: inline CPU dispatch by default, where safe
 # (what that changes for other JAX code: see jaxrunner.cpu_dispatch).

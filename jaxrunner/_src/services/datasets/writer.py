@@ -80,7 +80,7 @@ def to_minari(
                 "whole episodes. Collect them with runner.sample_episodes(n)."
             )
         action = episode.action if clip is None else clip(episode.action)
-        action = _cast(action, action_space)
+        action = space_arrays.as_space_dtypes(action_space, action)
         buffers.append(
             EpisodeBuffer(
                 id=len(buffers),
@@ -130,12 +130,3 @@ def _infos(episode: Episode) -> dict[str, Any]:
             dict(episode.extras),
         ),
     }
-
-
-def _cast(action: Any, space: spaces.Space) -> Any:
-    """``action`` (a batch over steps) in the dtypes of ``space``'s leaves."""
-    if isinstance(space, spaces.Dict):
-        return {key: _cast(action[key], sub) for key, sub in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(_cast(a, sub) for a, sub in zip(action, space.spaces))
-    return np.asarray(action).astype(space.dtype, copy=False)
