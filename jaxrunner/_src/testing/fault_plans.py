@@ -122,14 +122,10 @@ _made_per_seed: collections.Counter[int] = collections.Counter()
 
 
 class FaultSchedule:
-    """Which calls of one env instance misbehave, and the faults that never return: the
-    mechanism every fault-injecting wrapper shares (:class:`FaultyEnv`,
-    :class:`FaultyParallelEnv`, :class:`FaultyAECEnv`).
-
-    A call misbehaves as the first of ``faults`` whose ``call`` it is and that is due
-    (its number is in ``at``, or the probability draw hit). Faults that never return
-    happen in :meth:`due`, before the wrapped env is called; garbage faults are
-    returned for the wrapper to apply (:func:`~.broken_returns.break_returns`).
+    """Which calls of one env instance misbehave (what every fault-injecting wrapper
+    shares): a call misbehaves as the first of ``faults`` for it that is due (its number in
+    ``at``, or the probability draw hit). Faults that never return happen in :meth:`due`;
+    garbage faults are returned for the wrapper to apply.
 
     Args:
         faults: what goes wrong and when.
@@ -161,8 +157,8 @@ class FaultSchedule:
 
     def due(self, call: str) -> FaultPlan | None:
         """Counts one call of ``call``; returns the garbage fault due for it (None: the
-        call behaves, and is logged ``<call>_ok`` by :meth:`ok`). A due fault is logged
-        ``<call>_failed``; one that never returns happens here."""
+        call behaves). A due fault is logged ``<call>_failed``; one that never returns
+        happens here."""
         self.calls[call] += 1
         number, due = self.calls[call], None
         for fault in self.faults:

@@ -30,11 +30,9 @@ def to_minari(
     """Writes ``episodes`` as the Minari dataset ``dataset_id`` and returns it (a
     ``minari.MinariDataset``; ``minari.load_dataset(dataset_id)`` opens it later).
 
-    The dataset lands where Minari keeps local datasets (``$MINARI_DATASETS_PATH``,
-    default ``~/.minari/datasets``); an existing ``dataset_id`` is refused by Minari.
-    Actions are stored as the env received them: Box actions clipped to the bounds,
-    every action cast to the space's dtype (``extras["log_prob"]`` stays that of the
-    sampled action). Observations are stored losslessly (no JPEG encoding).
+    The dataset lands in ``$MINARI_DATASETS_PATH`` (default ``~/.minari/datasets``);
+    Minari refuses an existing ``dataset_id``. Actions are stored as the env received them
+    (Box actions clipped, cast to the space's dtype), observations losslessly.
 
     Args:
         episodes: complete episodes, e.g. from ``runner.sample_episodes(n)``.
