@@ -3,8 +3,7 @@
 The public API is this module and its namespaces (``connectors``, ``multi_agent``, ``serve``,
 ``testing``, ``models``, ``errors``, ``cpu_dispatch``); ``jaxrunner._src`` is private."""
 
-# First, before any submodule can start JAX: inline CPU dispatch by default, where safe
-# (what that changes for other JAX code: see jaxrunner.cpu_dispatch).
+# First, before any submodule can start JAX (see jaxrunner.cpu_dispatch).
 from jaxrunner._src.cpu_dispatch import default_to_inline_cpu_dispatch  # isort: skip
 
 default_to_inline_cpu_dispatch()
@@ -12,8 +11,7 @@ default_to_inline_cpu_dispatch()
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# The public names load on first use (``__getattr__`` below), so a Ray actor or process
-# worker that imports one backend module skips the rest of the package (~1 s of CPU).
+# Public names load on first use (``__getattr__``): a worker skips the rest (~1 s of CPU).
 if TYPE_CHECKING:
     from jaxrunner import connectors, cpu_dispatch, errors, models, multi_agent, serve, testing
     from jaxrunner._src.backends.base import VectorEnv
@@ -48,9 +46,7 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-# Where each public name lives, as imported above for type checkers. The distributed group
-# imports Ray only when a group is built (Ray is an optional extra), and jr.testing loads
-# chex and the fake envs.
+# Where each public name lives, as imported above for type checkers.
 _SOURCES = {
     "jaxrunner._src.backends.base": "VectorEnv",
     "jaxrunner._src.backends.batch_step": "BatchStep",

@@ -145,8 +145,7 @@ class CheckpointReader:
             value = npz.read(name, name, check=exact(np.shape(want), stored)).astype(
                 dtype, copy=False
             )
-            # No runner keeps a NaN or an infinity (its envs' are invalid steps); a pure-JAX
-            # env's own state may (a sentinel), and is the env's business.
+            # A pure-JAX env's own state may hold a NaN (a sentinel): the env's business.
             exempt = value.dtype.kind not in "fc" or ENV_STATE in name.split("/")
             if not (exempt or np.isfinite(value).all()):
                 raise self.error(f"has {name} not finite (NaN or infinity)")

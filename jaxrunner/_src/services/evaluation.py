@@ -219,12 +219,9 @@ def _first_episodes(
 
 def _episode_ends(runner: EnvRunner) -> Callable[[int], list[_Ended]]:
     """Single-agent: the next complete episodes (never a faulty one), in start order."""
-
-    def next_ends(missing: int) -> list[_Ended]:
-        episodes = runner.sample_episodes(missing)
-        return [(e.env_id, e.total_return, e.length, {}, e) for e in episodes]
-
-    return next_ends
+    return lambda missing: [
+        (e.env_id, e.total_return, e.length, {}, e) for e in runner.sample_episodes(missing)
+    ]
 
 
 def _env_episode_ends(runner: EnvRunner) -> Callable[[int], list[_Ended]]:

@@ -303,8 +303,7 @@ class VectorEnvContract(GymnasiumVectorApiContract):
             after = read_rows(vec, out)  # views of the buffers
             for b in range(n):
                 if b == index:
-                    # A multi-agent backend's row holds the new episode (gymnasium's
-                    # reset_at returns its observation instead: checked above).
+                    # A multi-agent row holds the new episode (gymnasium's: checked above).
                     if kind != "gymnasium":
                         assert_acting(after[b], refs[b], f"row {b} after reset_at({index})")
                 else:
@@ -326,8 +325,7 @@ class VectorEnvContract(GymnasiumVectorApiContract):
                 out = vec.step_batch(batch)
                 rows = read_rows(vec, out)
                 where = f"step {t}"
-                # Each instance of sub-env ``index`` fails at its ``every``-th step (the
-                # contract envs have no AEC dead step before it).
+                # Each instance of sub-env ``index`` fails at its ``every``-th step.
                 fails = t % every == every - 1
                 failed = [] if out.failed is None else np.flatnonzero(out.failed).tolist()
                 if failed != ([index] if fails else []):

@@ -115,9 +115,7 @@ class CallLog:
             return 0
 
 
-# Fault-injecting envs made so far in this process, per seed: the n-th one with seed s
-# draws its probabilistic faults from rng([s, n]), so a run is reproducible and a
-# recreated env draws differently from the one it replaces.
+# Per seed, schedules made here: the n-th draws from rng([s, n]) (a recreated env anew).
 _made_per_seed: collections.Counter[int] = collections.Counter()
 
 
