@@ -1,21 +1,9 @@
 """jaxrunner: a JAX-accelerated vectorized sampler for reinforcement learning.
 
-The public API is this module, plus the namespaces :mod:`jaxrunner.connectors`,
-:mod:`jaxrunner.multi_agent`, :mod:`jaxrunner.serve`, :mod:`jaxrunner.testing`,
-:mod:`jaxrunner.models`, :mod:`jaxrunner.errors` and :mod:`jaxrunner.cpu_dispatch`.
-Everything under ``jaxrunner._src`` is private and may change without notice::
+The public API is this module and its namespaces (``connectors``, ``multi_agent``, ``serve``,
+``testing``, ``models``, ``errors``, ``cpu_dispatch``); ``jaxrunner._src`` is private."""
 
-    import jaxrunner as jr
-
-    envs = jr.make_vec("CartPole-v1", num_envs=64)
-    policy = jr.models.mlp_policy(envs.single_action_space)
-    params = policy.init(jax.random.key(0), envs.single_observation_space)
-    with jr.EnvRunner(envs, policy, params, rollout_length=128, seed=0) as runner:
-        traj = runner.sample()
-"""
-
-# First, before any submodule can start JAX: inline CPU dispatch by default, where safe
-# (what that changes for other JAX code: see jaxrunner.cpu_dispatch).
+# First, before any submodule can start JAX (see jaxrunner.cpu_dispatch).
 from jaxrunner._src.cpu_dispatch import default_to_inline_cpu_dispatch  # isort: skip
 
 default_to_inline_cpu_dispatch()
@@ -23,8 +11,7 @@ default_to_inline_cpu_dispatch()
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# The public names load on first use (``__getattr__`` below), so a Ray actor or process
-# worker that imports one backend module skips the rest of the package (~1 s of CPU).
+# Public names load on first use (``__getattr__``): a worker skips the rest (~1 s of CPU).
 if TYPE_CHECKING:
     from jaxrunner import connectors, cpu_dispatch, errors, models, multi_agent, serve, testing
     from jaxrunner._src.backends.base import VectorEnv
@@ -59,9 +46,7 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-# Where each public name lives, as imported above for type checkers. The distributed group
-# imports Ray only when a group is built (Ray is an optional extra), and jr.testing loads
-# chex and the fake envs.
+# Where each public name lives, as imported above for type checkers.
 _SOURCES = {
     "jaxrunner._src.backends.base": "VectorEnv",
     "jaxrunner._src.backends.batch_step": "BatchStep",

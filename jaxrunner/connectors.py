@@ -1,13 +1,6 @@
-"""Connectors: pure, stateful, jitted transforms between the env and the policy.
-
-Observation connectors (normalization, frame stacking) run inside the runner's compiled
-policy step, action connectors (rescaling) right after the policy, a reward connector
-(scaling) once per sample. :class:`Connectors` composes them; the Trajectory keeps
-what the policy saw in its ``extras`` (``policy_obs``, ``policy_next_obs``,
-``scaled_reward``). To write one, subclass :class:`ObsConnector`,
-:class:`ActionConnector` or :class:`RewardConnector`. With agent groups
-(``EnvRunner(..., connectors=...)``) each group keeps a state of its own.
-"""
+"""Connectors: pure, stateful, jitted transforms between the env and the policy (of
+observations and actions in the compiled policy step, of rewards once per sample),
+composed by :class:`Connectors`. See docs/connectors.md."""
 
 from jaxrunner._src.connectors.base import (
     ActionConnector,

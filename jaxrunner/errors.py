@@ -1,10 +1,5 @@
-"""jaxrunner's exceptions.
-
-Every exception jaxrunner raises on purpose derives from :class:`JaxRunnerError`
-and also from the built-in it stands for, so ``except ValueError`` keeps working.
-Messages say what was expected, what came, where (env index, space path or
-argument) and how to fix it.
-"""
+"""jaxrunner's exceptions: each derives from :class:`JaxRunnerError` and from the built-in
+it stands for (``except ValueError`` keeps working)."""
 
 from __future__ import annotations
 

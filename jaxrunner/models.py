@@ -1,9 +1,5 @@
-"""Ready-made policies (``jr.models``): the networks the benchmarks and examples use.
-
-Each returns a :class:`~jaxrunner.Policy` (``Policy.from_linen``): as every such
-policy, Box actions are sampled unclipped and recorded so; the runner clips them for
-the env only.
-"""
+"""Ready-made policies (``jr.models``): the networks the benchmarks and examples use, each
+a :class:`~jaxrunner.Policy` (``Policy.from_linen``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Multi-agent sampling: PettingZoo and JaxMARL envs, agent groups, a policy mapping,
-per-group ``[T, B, A_g, ...]`` trajectories with masks, and the multi-agent form of
-:class:`~jaxrunner.ExternalEnv`. The entry points (``make_vec``,
-``EnvRunner``, ``MultiAgentTrajectory``, ``AgentEpisode``, ``MultiAgentVectorEnv``)
-live at the top level, ``jaxrunner``."""
+"""Multi-agent sampling: PettingZoo and JaxMARL envs, agent groups, policy mapping,
+per-group trajectories; the entry points live at the top level, ``jaxrunner``."""
 
 from jaxrunner._src.backends.functional_env import to_gymnasium_space
 from jaxrunner._src.backends.jax_env import JaxMultiAgentVectorEnv

@@ -1,23 +1,7 @@
-"""Test utilities: small deterministic envs, one fault injector, one contract test mixin.
-
-* small host envs: gymnasium's :class:`CountingEnv`, :class:`DictObsEnv`,
-  :class:`StepCounter` and picklable factories of them; PettingZoo's ``ComingAndGoing``
-  (agents leave and appear), ``Relay`` (turn-based), ``coming_and_going``, ``relay``,
-  ``tictactoe``;
-* faults: :class:`FaultyEnv`, :class:`FaultPlan`, :class:`CallLog`: envs of any kind
-  that crash, hang, die or break their API on purpose (``FaultyParallelEnv`` and
-  ``FaultyAECEnv`` are what ``FaultyEnv`` makes of PettingZoo envs);
-* the contract: :class:`VectorEnvContract`, the tests every vector-env backend inherits,
-  run once per kind of env it serves (gymnasium, PettingZoo parallel and AEC), and
-  :func:`assert_trees_equal`;
-* small pure-JAX envs (gymnax, brax and JaxMARL style): :class:`RandomWalk`,
-  :class:`DoneOnlyRandomWalk`, :class:`BraxPoint`, :class:`Drift`.
-
-The PettingZoo names need PettingZoo (an optional extra): they are not in ``__all__``, and
-without it they raise ``MissingDependencyError`` naming the extra, while the rest works.
-
-Reach it as ``jr.testing`` after ``import jaxrunner as jr`` (loaded on first use).
-"""
+"""Test utilities: small deterministic envs (host and pure-JAX), a fault injector, and the
+contract test mixin every vector-env backend inherits. Reach it as ``jr.testing``; the
+PettingZoo names need the ``multiagent`` extra (without it they raise
+``MissingDependencyError``)."""
 
 import importlib
 from typing import Any

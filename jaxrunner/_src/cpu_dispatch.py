@@ -26,11 +26,10 @@ def _backends_started() -> bool | None:
 
 
 def default_to_inline_cpu_dispatch() -> bool:
-    """Switches JAX to inline CPU dispatch unless that is unsafe or someone chose:
-    JAX's backends already started (the switch would not take effect), or
-    ``JAX_CPU_ENABLE_ASYNC_DISPATCH`` is set. ``import jaxrunner`` calls it first
-    thing; before ``import jax``, it runs right after that import instead (a Ray actor
-    that steps envs with numpy never loads JAX). Returns whether it switched now."""
+    """Switches JAX to inline CPU dispatch unless JAX's backends already started or
+    ``JAX_CPU_ENABLE_ASYNC_DISPATCH`` is set; before ``import jax``, it runs right after
+    that import instead (a Ray actor that steps envs with numpy never loads JAX). Returns
+    whether it switched now."""
     if "jax" not in sys.modules:
         sys.meta_path.insert(0, _AfterJaxImport())
         return False
@@ -69,10 +68,8 @@ class _AfterJaxImport(importlib.abc.MetaPathFinder):
 
 def use_inline_cpu_dispatch() -> None:
     """Makes JAX run CPU computations inline, in the calling thread (for the whole
-    process): the default after ``import jaxrunner`` unless JAX had already started
-    or ``JAX_CPU_ENABLE_ASYNC_DISPATCH`` is set. Call it first thing, before any JAX
-    computation, ``jax.devices()`` or ``policy.init``; calling it again later is
-    harmless.
+    process). Call it before any JAX computation, ``jax.devices()`` or ``policy.init``;
+    harmless when already inline.
 
     Raises:
         DispatchConfigError: JAX's backends already started with asynchronous CPU
@@ -83,8 +80,7 @@ def use_inline_cpu_dispatch() -> None:
 
 def use_async_cpu_dispatch() -> None:
     """Makes JAX run CPU computations asynchronously (JAX's own default), for the
-    whole process: for a program whose long CPU computations gain from being queued
-    back to back. Call it before any JAX computation; harmless when already async.
+    whole process. Call it before any JAX computation; harmless when already async.
 
     Raises:
         DispatchConfigError: JAX's backends already started with inline CPU dispatch.

@@ -116,8 +116,7 @@ def put_tree(arrays: dict[str, np.ndarray], prefix: str, tree: Any) -> list[list
 
 
 def _put_env_snapshots(arrays: dict[str, np.ndarray], envs: Any) -> tuple[str, str]:
-    """Adds the sub-envs' pickles where the backend can take them; returns the
-    ``(envs, envs_note)`` metadata: ``"pickle"`` or ``"none"`` and why."""
+    """Adds the sub-envs' pickles where it can; returns ``("pickle" | "none", why)``."""
     if not envs.can_snapshot:
         return "none", f"{type(envs).__name__} cannot snapshot its sub-envs"
     try:
@@ -151,12 +150,9 @@ def _put_episodes(
 def restore(
     parts: RunnerParts, path: str | os.PathLike, load_env_pickles: bool, max_bytes: int
 ) -> RestoreReport:
-    """Makes the runner of ``parts`` (new, built as the saved one) continue where the
-    checkpoint at ``path`` left off; sets ``parts.seed`` to the saved one, for the runner
-    to take. The file is read and checked whole before anything of the runner changes;
-    the steps that can fail (the sampler state, the sub-env pickles, the fresh resets)
-    come next and are undone if one fails; the rest are assignments of values already
-    checked."""
+    """Makes the runner of ``parts`` (built as the saved one) continue where the checkpoint
+    at ``path`` left off (``parts.seed`` set to the saved one). The file is checked whole
+    first; the steps that can fail come next and are undone if one fails."""
     path = os.fspath(path)
     ckpt = CheckpointFile(parts, path).read(load_env_pickles, max_bytes)
     envs_restored, note = _resume_envs(parts, ckpt, path)
@@ -175,10 +171,9 @@ def restore(
 
 
 def _resume_envs(parts: RunnerParts, ckpt: Checkpoint, path: str) -> tuple[bool, str]:
-    """The fallible steps of a restore, all or none (a failure gives the sampler its
-    previous state back): the sampler state, then the envs, unpickled or reset with fresh
-    seeds unless in the sampler state. Returns ``(envs_restored, note)`` for the
-    :class:`RestoreReport` (and the warning when they are not restored)."""
+    """The fallible steps of a restore, all or none: the sampler state, then the envs
+    (unpickled, or reset with fresh seeds unless in the sampler state). Returns
+    ``(envs_restored, note)``."""
     sampler, runner = parts.sampler, parts.runner
     envs_restored = ckpt.envs == "pytree"
     note = ckpt.envs_note

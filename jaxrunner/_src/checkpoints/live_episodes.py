@@ -17,9 +17,8 @@ from jaxrunner._src.samplers.callbacks import LiveEpisode
 
 
 def put_live_episodes(arrays: dict[str, np.ndarray], parts: RunnerParts) -> bool:
-    """Adds the per-step callbacks' episodes under way (``user_data`` and ``infos``
-    included) as one pickle, beside the sub-envs' (``live_episodes``: read only on
-    request); returns whether there were any to add."""
+    """Adds the per-step callbacks' episodes under way as one pickle (``live_episodes``);
+    returns whether there were any."""
     live = parts.sampler.live_episodes()
     if not live:
         return False
@@ -40,10 +39,9 @@ def put_live_episodes(arrays: dict[str, np.ndarray], parts: RunnerParts) -> bool
 def read_live_episodes(
     reader: CheckpointReader, npz: NpzReader, meta: dict[str, Any], ids: np.ndarray, sampler: Any
 ) -> list[LiveEpisode] | None:
-    """The callbacks' live episodes of the checkpoint ``reader`` reads, unpickled (opted
-    in to, with the sub-envs'): one :class:`LiveEpisode` per env, of the episode the
-    sampler state says is under way there (``ids``); None where none were saved or
-    ``sampler`` (the restoring runner's) has no per-step callbacks."""
+    """The saved live episodes, unpickled: one :class:`LiveEpisode` per env, of the
+    episode under way there (``ids``); None where none were saved or ``sampler`` has no
+    per-step callbacks."""
     saved = meta.get("live_episodes", False)
     if not isinstance(saved, bool):
         raise reader.error(f"has metadata field live_episodes={saved!r}; expected a bool")

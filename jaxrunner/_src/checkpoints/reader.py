@@ -126,9 +126,7 @@ class CheckpointReader:
 
     def read_like(self, npz: NpzReader, prefix: str, template: Any, what: str) -> Any:
         """The tree saved under ``prefix`` in ``template``'s structure, shapes and dtypes
-        (checked from each member's header before it is read), every float finite but a
-        pure-JAX env's state's; device arrays where the template has them, typed keys
-        rewrapped."""
+        (checked from the headers first), every float finite but a pure-JAX env's state's."""
         leaves = []
         flat, treedef = path_leaves(template)
         for parts, like in flat:
@@ -147,8 +145,7 @@ class CheckpointReader:
             value = npz.read(name, name, check=exact(np.shape(want), stored)).astype(
                 dtype, copy=False
             )
-            # No runner keeps a NaN or an infinity (its envs' are invalid steps); a pure-JAX
-            # env's own state may (a sentinel), and is the env's business.
+            # A pure-JAX env's own state may hold a NaN (a sentinel): the env's business.
             exempt = value.dtype.kind not in "fc" or ENV_STATE in name.split("/")
             if not (exempt or np.isfinite(value).all()):
                 raise self.error(f"has {name} not finite (NaN or infinity)")
@@ -199,9 +196,7 @@ class CheckpointReader:
 
     def read_metrics(self, npz: NpzReader) -> Any:
         """The metrics state in the template's structure (windows up to this runner's
-        episode window, refused by their headers), with every count non-negative, every
-        float finite, and the env-level :class:`~jaxrunner._src.core.metrics.RunnerMetrics`
-        counters consistent."""
+        episode window), counts non-negative, floats finite, counters consistent."""
         leaves = []
         flat, treedef = path_leaves(self.metrics_template)
         why = "this runner's MetricsConfig.episode_window: build it as the saved one"
@@ -261,9 +256,8 @@ class CheckpointReader:
         most: int,
     ) -> dict[str, Any]:
         """An episode's step arrays below ``base``: ``obs`` ``[L + 1]`` and ``action``
-        ``[L]`` in ``specs``' structure and spaces but a Box's bounds (sampling checks
-        neither: Box actions are kept unclipped), ``reward`` ``[L]`` (``L`` at most
-        ``most``: the steps the saved runner counted) and ``extras`` ``[L]``."""
+        ``[L]`` in ``specs``' spaces but a Box's bounds, ``reward`` ``[L]`` (``L`` at most
+        ``most``) and ``extras`` ``[L]``."""
         data_paths = self.paths(meta["paths"], f"{where}.paths")
         extras_paths = self.paths(meta["extras"], f"{where}.extras")
         want = {("reward",)} | {(key, *p) for key, leaves in specs.items() for p in leaves}
@@ -304,8 +298,8 @@ class CheckpointReader:
         }
 
     def check_rows(self, space: Any, array: np.ndarray, name: str) -> None:
-        """Every row of member ``name`` lies in ``space`` but a Box's bounds, as sampling
-        checks it (gymnasium envs may leave them, and a runner must restore its own file)."""
+        """Every row of member ``name`` lies in ``space`` but a Box's bounds (as sampling
+        checks it: gymnasium envs may leave them)."""
         outside = np.flatnonzero(~space_arrays.rows_in_space(space, array, bounds=False))
         if len(outside):
             row = int(outside[0])
@@ -315,9 +309,8 @@ class CheckpointReader:
             )
 
     def refuse_unreferenced(self, npz: NpzReader, meta: dict[str, Any]) -> None:
-        """Every member is read, or a pickle (read only on request) of a checkpoint that
-        holds them: the sub-envs' and the callbacks' ``live_episodes``. Another (an object
-        array, a pickle where none belongs) is refused unread."""
+        """Every member was read, or is a pickle of a checkpoint that holds them (the
+        sub-envs', ``live_episodes``); another is refused unread."""
         live = ["live_episodes"] if meta.get("live_episodes") is True else []
         pickles = {*(f"envs/{i}" for i in range(meta["num_envs"])), *live}
         other = sorted(set(npz.unread()) - (pickles if meta["envs"] == "pickle" else set()))

@@ -26,16 +26,10 @@ class ConnectorState(flax.struct.PyTreeNode):
 
 class ObsConnector(abc.ABC):
     """Transforms observations before the policy sees them, once per policy step, inside
-    the compiled step.
-
-    The runner owns the rows of ``per_env``: a call sees only the rows of the envs it
-    computes (for an agent group, its agent slots: row ``b * A_g + a`` is agent ``a`` of
-    env ``b``), and rows of inactive envs (another pipelining split, a bucket's padding)
-    are never written back. ``shared`` may take in only the rows where ``active`` is
-    true, so results never depend on how envs are batched.
-
-    Subclasses are frozen dataclasses (hashable, picklable: the runner's compiled
-    programs close over them). Only :meth:`init` and :meth:`__call__` are required.
+    the compiled step. A call sees only the rows of the envs it computes (an agent group's
+    row ``b * A_g + a`` is agent ``a`` of env ``b``); ``shared`` may take in only rows where
+    ``active`` is true. Subclasses are frozen dataclasses (hashable, picklable); only
+    :meth:`init` and :meth:`__call__` are required (docs/connectors.md, "Your own").
     """
 
     first_only: ClassVar[bool] = False
@@ -61,11 +55,9 @@ class ObsConnector(abc.ABC):
         return space
 
     def follow(self, state: ConnectorState, seen: Any, next_obs: Any) -> Any:
-        """What the policy would see of ``next_obs`` ``[T, B, ...]`` (the true next
-        observations of a sample), for a learner's bootstrap values. ``seen`` is this
-        connector's output at the same steps when it is the chain's last (else None).
-        Called with the state of the sample, before :meth:`end_sample`. Default: this
-        connector applied without episode starts, its new state dropped."""
+        """What the policy would see of ``next_obs`` ``[T, B, ...]`` (for bootstrap
+        values); ``seen``: this connector's output at the same steps when it is the
+        chain's last (else None). Default: applied without episode starts, state dropped."""
         num_envs = jax.tree.leaves(next_obs)[0].shape[1]
         flags = jax.numpy.zeros(num_envs, bool)
         return jax.vmap(lambda x: self(state, x, flags, flags)[0])(next_obs)
@@ -73,13 +65,10 @@ class ObsConnector(abc.ABC):
     def end_sample(
         self, state: ConnectorState, inputs: Any = None, valid: jax.Array | None = None
     ) -> ConnectorState:
-        """Called once at the end of each sample (jitted), after :meth:`follow`: e.g.
-        folds the sample into the statistics the next sample uses. ``inputs`` is the
-        ``[T, B, ...]`` observations this connector received during the sample when it
-        is the first connector (``Trajectory.obs``), else None. ``valid`` (``[T, B]``
-        bool, or None for all) marks the rows of ``inputs`` to take in: for an agent
-        group (rows ``B * A_g``), the slots that hold an agent's transition, never the
-        padding of absent or waiting agents."""
+        """Called once at the end of each sample (jitted), after :meth:`follow`, e.g. to
+        fold the sample into the statistics. ``inputs``: the ``[T, B, ...]`` observations
+        it received when it is the first connector (``Trajectory.obs``), else None;
+        ``valid`` (``[T, B]``, None for all): the rows of ``inputs`` to take in."""
         return state
 
 
@@ -113,7 +102,5 @@ class RewardConnector(abc.ABC):
         valid: jax.Array,
     ) -> tuple[jax.Array, ConnectorState]:
         """``[T, B]`` raw rewards and flags -> ``[T, B]`` transformed rewards and the new
-        state (``per_env`` is the full ``[B, ...]`` here). ``valid`` marks the slots that
-        hold a transition; an invalid slot does not end an episode by itself (an agent
-        of a group waiting for its turn goes on after it): where an episode was cut
-        there (a failed sub-env), the slot is flagged ``truncated``."""
+        state (``per_env`` the full ``[B, ...]``). ``valid`` marks the slots holding a
+        transition; an invalid slot ends no episode (one cut there is flagged ``truncated``)."""

@@ -71,9 +71,7 @@ class Moments(flax.struct.PyTreeNode):
 
     def inverse_std(self, epsilon: float, min_std: float, max_std: float) -> jax.Array:
         """``1 / sqrt(var + epsilon)``, the std clamped to ``[min_std, max_std]``, and 1
-        where the variance is 0 (no sample, or every sample equal so far: nothing is
-        known of the scale yet, so dividing by ``sqrt(epsilon)`` would only blow values
-        up)."""
+        where the variance is 0 (nothing is known of the scale yet)."""
         var = jnp.where(self.m2 > 0, self.var, 1.0)
         # One rsqrt of [*shape], the clamp applied to it: callers then only multiply.
         return jnp.clip(jax.lax.rsqrt(var + epsilon), 1.0 / max_std, 1.0 / min_std)
@@ -179,9 +177,8 @@ def set_statistics(state: S, stats: Sequence[Moments]) -> S:
 
 def freeze(state: Any) -> Any:
     """``state`` (a connector state pytree, e.g. ``runner.get_connector_state()``) with
-    every statistic frozen: used as they are, never updated, until :func:`unfreeze`.
-    Hand it back with ``runner.set_connector_state(...)``: it is data, nothing
-    recompiles (gymnasium's ``update_running_mean = False``)."""
+    every statistic frozen until :func:`unfreeze`; hand it back with
+    ``runner.set_connector_state(...)`` (nothing recompiles)."""
     return _map_running(state, lambda x: x.replace(frozen=np.asarray(True)))
 
 

@@ -29,34 +29,14 @@ class NormalizeObservation(ObsConnector):
     ``sqrt(var + epsilon)`` clamped to ``[min_std, max_std]`` (brax's bounds), and 1
     while the variance is 0 (before any sample, or a feature constant so far).
 
-    The statistics a sample uses are fixed for the whole sample; at its end, the
-    moments of every observation of the sample (``Trajectory.obs``, the ones the
-    policy acted on; for an agent group, its valid slots only) are merged into them
-    for the next sample (Chan et al.'s parallel variance). So the compiled step only
-    normalizes, outputs never depend on how envs are grouped or batched, and the
-    statistics equal the mean and (population) variance of every observation seen so
-    far. Before any sample has ended they are mean 0, variance 1: prime them from a
-    few random steps with :meth:`~jaxrunner.connectors.Connectors.prime` so the first
-    sample is normalized too. It must be the first observation connector (its
-    statistics are those of the env's observations).
-
-    The one exception: EnvPool's async mode (``make_vec(..., backend="envpool",
-    batch_size=k)``) keeps stepping envs up to one sample ahead, so the steps that open
-    a sample's Trajectory may have been computed during the previous sample, with its
-    statistics, one sample older (and a ``set_connector_state`` between samples reaches
-    them one sample late). ``policy_obs`` keeps what the policy saw, so log-probs stay
-    exact. Every other sampler (lockstep, scan, Ray's and the process backend's
-    ready-first) ends each sample with nothing in flight.
-
-    An observation row holding a NaN or an infinity is never taken into the
-    statistics (host backends refuse it earlier, as an invalid step: see the README).
-
-    ``Dict`` and ``Tuple`` observations: each ``Box`` leaf has statistics of its own
-    (``shared`` is then a dict/tuple of the observation's structure, with a
-    :class:`RunningMoments` per ``Box`` leaf and None elsewhere) and is normalized to a
-    float32 Box; ``Discrete``, ``MultiBinary`` and ``MultiDiscrete`` leaves pass through
-    with their values unchanged (as JAX arrays: 64-bit integers come back int32 unless
-    ``jax_enable_x64``). A space without any ``Box`` leaf is refused.
+    A sample uses fixed statistics; at its end the observations the policy acted on (an
+    agent group's valid slots only; never a row with a NaN or an infinity) are merged
+    into them. Before any sample has ended they are mean 0, variance 1 (see
+    :meth:`~jaxrunner.connectors.Connectors.prime`). It must be the first observation
+    connector. ``Dict`` and ``Tuple`` observations: each ``Box`` leaf has statistics of
+    its own (``shared`` has the observation's structure, None at non-Box leaves) and
+    becomes a float32 Box; other leaves pass through unchanged; a space without any
+    ``Box`` leaf is refused. See docs/connectors.md ("When the statistics change").
     """
 
     clip: float | None = 10.0

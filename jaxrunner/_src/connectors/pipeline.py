@@ -114,7 +114,6 @@ class Connectors:
 
     @property
     def _obs_connectors(self) -> tuple[ObsConnector, ...]:
-        """The observation connectors, in order (``obs`` as ``__post_init__`` left it)."""
         return cast(tuple[ObsConnector, ...], self.obs)
 
     @property
@@ -157,8 +156,7 @@ class Connectors:
     def observe(
         self, state: ConnectorsState, obs: Any, episode_start: jax.Array, active: jax.Array
     ) -> tuple[Any, ConnectorsState]:
-        """The observation connectors on ``N`` rows (``state``'s per-env rows are the
-        rows' own); the caller keeps only the active rows' new per-env state."""
+        """The observation connectors on ``N`` rows (``state``'s per-env rows theirs)."""
         new = []
         for connector, s in zip(self._obs_connectors, state.obs):
             obs, s = connector(s, obs, episode_start, active)
@@ -183,17 +181,11 @@ class Connectors:
         *,
         gaps: bool = False,
     ) -> tuple[dict[str, Any], ConnectorsState]:
-        """The per-sample part (pure; ``[T, B]`` inputs: the env's observations, what the
-        policy saw, the next observations, rewards and flags): the extras to add to the
-        Trajectory and the state for the next sample.
-
-        ``valid`` marks the slots holding a transition. Without ``gaps`` (one env per
-        row) an invalid slot is a failed step that cut its episode: the reward
-        connector sees it truncated, and the statistics take in every observation the
-        policy acted on. With ``gaps`` (agent slots, :func:`finish_group_sample`) an
-        invalid slot is an agent that completed no transition there (waiting, absent,
-        gone): its episode goes on across it, and the statistics take in valid slots
-        only."""
+        """The per-sample part (pure; ``[T, B]`` inputs): the extras to add to the
+        Trajectory and the state for the next sample. An invalid slot is, without
+        ``gaps``, a failed step that cut its episode (seen truncated); with ``gaps``
+        (agent slots, :func:`finish_group_sample`), an agent that completed no transition
+        there: its episode goes on across it, and statistics skip it."""
         extras: dict[str, Any] = {}
         if self.obs:
             x = next_obs
@@ -232,13 +224,11 @@ class Connectors:
         *,
         shared_only: bool = False,
     ) -> ConnectorsState:
-        """``new`` checked against ``current`` (the runner's), as host arrays: a
-        :class:`ConnectorsState` of the same connectors, or a dict by name (from
-        :meth:`state_dict`; the connectors it leaves out keep ``current``'s state).
-        Structure, shapes and dtypes must match and floats be finite; an error names the
-        connector and the field. ``shared_only``: take only the shared parts
-        (statistics), the per-env rows staying ``current``'s (envs of another number,
-        e.g. evaluation's, starting episodes of their own)."""
+        """``new`` (a :class:`ConnectorsState` of the same connectors, or a dict by name
+        whose missing connectors keep ``current``'s state) checked against ``current``
+        (structure, shapes, dtypes, finite floats) and returned as host arrays.
+        ``shared_only``: take only the shared parts (statistics), the per-env rows staying
+        ``current``'s (e.g. evaluation's envs)."""
         who = "set_connector_state(state)"
         named = self.state_dict(current)
         if isinstance(new, ConnectorsState):
@@ -276,10 +266,8 @@ class Connectors:
 
     def prime(self, state: ConnectorsState, obs: Any) -> ConnectorsState:
         """``state`` with ``obs`` (``[N, ...]`` env observations, e.g. from a few random
-        steps on envs of their own) merged into the first observation connector's
-        statistics, so that the first sample is normalized too:
-        ``runner.set_connector_state(connectors.prime(runner.get_connector_state(),
-        obs))``. Refused unless the first connector has statistics to prime."""
+        steps) merged into the first observation connector's statistics, so that the first
+        sample is normalized too. Refused unless the first connector has statistics."""
         first = self._obs_connectors[0] if self._obs_connectors else None
         prime = getattr(first, "prime", None)
         if not callable(prime):
@@ -291,10 +279,8 @@ class Connectors:
         return state.replace(obs=(primed, *state.obs[1:]))
 
     def restart_episodes(self, state: ConnectorsState) -> ConnectorsState:
-        """``state`` as every env starts a new episode outside a sample (a restore
-        that cannot resume the episodes under way): the reward connector's running
-        returns restart (:meth:`RewardConnector.restart`); observation connectors
-        restart on the episode-start flags as always."""
+        """``state`` as every env starts a new episode outside a sample (a restore that
+        cannot resume them): the reward connector's running returns restart."""
         if self.reward is None:
             return state
         return state.replace(reward=jax.device_get(self.reward.restart(self._reward_state(state))))
@@ -310,7 +296,6 @@ class Connectors:
 
 
 def _snake(connector: object) -> str:
-    """``connector``'s class name in snake case (its default name)."""
     return re.sub(r"(?<!^)(?=[A-Z])", "_", type(connector).__name__).lower()
 
 
@@ -318,10 +303,8 @@ def finish_group_sample(
     connectors: Connectors, state: ConnectorsState, *inputs: Any
 ) -> tuple[dict[str, Any], ConnectorsState]:
     """:meth:`Connectors.finish_sample` for one agent group's ``[T, B, A_g, ...]`` arrays
-    (``inputs``: its arguments after the state, ``valid`` last; pure): its agent slots are
-    the rows (``[T, B * A_g, ...]``, the rows of the group's compiled step), invalid slots
-    are gaps; the extras come back ``[T, B, A_g, ...]``, zero at invalid slots (as every
-    field of a group's invalid slot)."""
+    (``valid`` last), its agent slots as rows and invalid slots as gaps; the extras come
+    back ``[T, B, A_g, ...]``, zero at invalid slots."""
     valid = inputs[-1]
     t, b, a = valid.shape
 

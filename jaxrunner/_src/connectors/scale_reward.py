@@ -17,18 +17,11 @@ from jaxrunner._src.connectors.moments import Moments, RunningMoments
 class ScaleReward(RewardConnector):
     """Rewards divided by a running estimate of the std of the discounted return, as
     gymnasium's ``NormalizeReward``: per env (per agent slot in a group) ``ret = gamma *
-    ret + reward`` at each valid slot (an invalid slot, e.g. an agent waiting for its
-    turn, leaves it as it is), reset where an episode ended; the statistics take in each
-    step's returns of every valid slot, then ``reward / std`` (0 at invalid slots), with
-    ``std`` as :class:`NormalizeObservation`'s (``sqrt(var + epsilon)`` clamped to
-    ``[min_std, max_std]``, 1 while the variance is 0). The raw rewards stay in
-    ``Trajectory.reward``; the scaled ones go to ``extras["scaled_reward"]``.
-
-    Where it differs from gymnasium's ``NormalizeReward``: the return restarts after
-    every episode end, truncation included (gymnasium carries it over a truncation;
-    baselines' ``VecNormalize`` restarts it as here), and a zero variance scales by 1,
-    not by ``1 / sqrt(epsilon)``. CleanRL's recipe (clip the scaled rewards to +-10) is
-    :meth:`cleanrl`."""
+    ret + reward`` at each valid slot, restarted after every episode end (truncation
+    included, as baselines' ``VecNormalize``); the statistics take in each step's returns
+    of every valid slot, then ``reward / std`` (0 at invalid slots), with ``std`` as
+    :class:`NormalizeObservation`'s. The scaled rewards go to ``extras["scaled_reward"]``.
+    See docs/connectors.md for how it differs from gymnasium's."""
 
     gamma: float = 0.99
     """Discount of the return whose std scales the rewards, in [0, 1]."""

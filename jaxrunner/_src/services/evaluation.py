@@ -96,20 +96,14 @@ def evaluate(
     connector_state: ConnectorsState | Mapping[str, Any] | None = None,
 ) -> EvaluationResult:
     """Runs ``policy`` with ``params`` on ``envs`` for ``num_episodes`` complete
-    episodes and returns them with their statistics.
+    episodes and returns them with their statistics (see docs/evaluation-and-datasets.md).
 
-    A fresh :class:`~jaxrunner.EnvRunner` resets every env
-    from ``seed``, so a call measures whole episodes and the same arguments give the
-    same result; a training runner's envs, episodes and metrics are never touched. Env
+    Every env is reset from ``seed`` (the same arguments give the same result), and env
     ``i`` contributes its first ``num_episodes // num_envs`` episodes (one more for the
-    first ``num_episodes % num_envs`` envs): a fixed share per env, so short episodes
-    are not favoured. The envs stay open (close them yourself) and may be evaluated on
-    again; use envs of their own, never a training runner's.
-
-    Multi-agent envs are evaluated over env episodes: ``policy``, ``params``,
-    ``connectors`` and ``connector_state`` are then as ``EnvRunner`` takes
-    and returns them (one for every policy id or a dict by policy id; the state a dict
-    by policy id), and the result also has each agent's returns.
+    first ``num_episodes % num_envs`` envs). The envs stay open; use envs of their own,
+    never a training runner's. Multi-agent envs are evaluated over env episodes, with
+    ``policy``, ``params``, ``connectors`` and ``connector_state`` as ``EnvRunner``
+    takes and returns them (by policy id).
 
     Args:
         envs: a jaxrunner vector env of either kind (:func:`jaxrunner.make_vec`,
@@ -170,9 +164,8 @@ def _acting(policy: Any, deterministic: bool) -> Any:
 
 
 def _frozen_states(runner: EnvRunner, given: Any) -> dict[str, Any]:
-    """Each policy's connector state for evaluation, by policy id, frozen: the training
-    runner's (``given``, as its ``get_connector_state()`` returns it) loaded, or the fresh
-    one, refused where observation connectors keep statistics."""
+    """Each policy's connector state, frozen: ``given``'s (the training runner's) loaded,
+    or the fresh one where observation connectors keep no statistics."""
     fresh = runner.to_policy_dict(runner.get_connector_state(), "evaluate")
     connectors = runner.to_policy_dict(runner.connectors, "evaluate(connectors=...)")
     given = {} if given is None else runner.to_policy_dict(given, "evaluate(connector_state=...)")
@@ -206,8 +199,7 @@ def _first_episodes(
     next_ends: Callable[[int], list[_Ended]], num_envs: int, num_episodes: int
 ) -> EvaluationResult:
     """Each env's first episodes, an equal share of ``num_episodes``, from ``next_ends``
-    (given how many are still missing, the episodes that ended next, each env's in the
-    order they ran)."""
+    (given how many are missing: the episodes that ended next, in the order they ran)."""
     share = [num_episodes // num_envs + (i < num_episodes % num_envs) for i in range(num_envs)]
     kept: list[list[_Ended]] = [[] for _ in range(num_envs)]
     while missing := sum(want - len(got) for want, got in zip(share, kept)):
@@ -227,19 +219,14 @@ def _first_episodes(
 
 def _episode_ends(runner: EnvRunner) -> Callable[[int], list[_Ended]]:
     """Single-agent: the next complete episodes (never a faulty one), in start order."""
-
-    def next_ends(missing: int) -> list[_Ended]:
-        episodes = runner.sample_episodes(missing)
-        return [(e.env_id, e.total_return, e.length, {}, e) for e in episodes]
-
-    return next_ends
+    return lambda missing: [
+        (e.env_id, e.total_return, e.length, {}, e) for e in runner.sample_episodes(missing)
+    ]
 
 
 def _env_episode_ends(runner: EnvRunner) -> Callable[[int], list[_Ended]]:
-    """Multi-agent: the env episodes the next sample ends, summed from its agents' slots
-    (a transition never crosses its env episode: every one completes by its end); never
-    a faulty one (cut by a failed step of its env, which ends no episode), as
-    :func:`_episode_ends` skips them."""
+    """Multi-agent: the env episodes the next sample ends, summed from its agents' slots;
+    never a faulty one (cut by a failed step of its env)."""
     agents = list(runner.envs.possible_agents)
     running = [(0.0, 0, dict.fromkeys(agents, 0.0)) for _ in range(runner.envs.num_envs)]
 

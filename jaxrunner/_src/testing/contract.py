@@ -52,9 +52,7 @@ EnvFns = Callable[[], Any] | Sequence[Callable[[], Any]]
 
 
 def _on_sub_env(sub: Any, method: str, args: tuple) -> Any:
-    """``method(*args)`` (``get_attr``, ``set_attr``) of an entry of
-    ``get_sub_environments()``: through a handle, or on the env itself as the vector
-    env's own methods find attributes (through a gymnasium env's wrappers)."""
+    """``method(*args)`` on an entry of ``get_sub_environments()`` (a handle or the env)."""
     if isinstance(sub, SubEnvHandle):
         return getattr(sub, method)(*args)
     return run_on_env(sub, method, args)
@@ -141,8 +139,7 @@ class VectorEnvContract(GymnasiumVectorApiContract):
         return [fns] * self.num_envs if callable(fns) else list(fns)
 
     def _basic(self, kind: EnvKind, **counting: Any) -> list[Callable[[], Any]]:
-        """The first test env of ``kind``, for every sub-env (``counting``: CountingEnv's
-        arguments)."""
+        """The first test env of ``kind`` for every sub-env (``counting``: CountingEnv's)."""
         if kind == "gymnasium":
             return counting_env_fns(self.num_envs, **counting)
         return self._fns(coming_and_going if kind == "parallel" else relay)
@@ -164,8 +161,7 @@ class VectorEnvContract(GymnasiumVectorApiContract):
         where: str,
         refs: list[ByHand] | None = None,
     ) -> tuple[list[ByHand], list[Row]]:
-        """Resets ``vec`` and the envs stepped by hand (``refs``, else new ones) with
-        ``seeds``; asserts equal rows."""
+        """Resets ``vec`` and the envs by hand (``refs``, else new ones); asserts equal rows."""
         refs = [by_hand(fn) for fn in fns] if refs is None else refs
         rows = read_rows(vec, vec.reset_batch(list(seeds)))
         for b, (ref, seed) in enumerate(zip(refs, seeds)):
@@ -222,9 +218,6 @@ class VectorEnvContract(GymnasiumVectorApiContract):
 
     @_gymnasium_only
     def test_step_batch_rows_steps_only_those_envs(self, kind: EnvKind) -> None:
-        """``step_batch(actions, rows)`` steps rows ``rows`` only: two halves stepped one
-        after the other equal the envs stepped by hand, row for row (final observations,
-        infos and reset infos included)."""
         n, fns = self.num_envs, self._basic(kind, episode_length=3, max_episode_steps=4)
         with closing(self._make(kind, fns)) as vec:
             space, actions = vec.single_action_space, ActionSampler(vec, self.seed)
@@ -243,9 +236,6 @@ class VectorEnvContract(GymnasiumVectorApiContract):
                         assert_row(row, expected[b], refs[b], f"step {t}: rows {part}: sub-env {b}")
 
     def test_send_recv_steps_each_env_once_and_says_which(self, kind: EnvKind) -> None:
-        """``send`` then ``recv`` until every env has answered: each env steps exactly
-        once per send, its rows say which env they are (``env_ids``), and they equal the
-        envs stepped by hand; ``recv`` with nothing in flight raises."""
         n, fns = self.num_envs, self._basic(kind, episode_length=3, max_episode_steps=4)
         with closing(self._make(kind, fns)) as vec:
             actions = ActionSampler(vec, self.seed)
@@ -313,8 +303,7 @@ class VectorEnvContract(GymnasiumVectorApiContract):
             after = read_rows(vec, out)  # views of the buffers
             for b in range(n):
                 if b == index:
-                    # A multi-agent backend's row holds the new episode (gymnasium's
-                    # reset_at returns its observation instead: checked above).
+                    # A multi-agent row holds the new episode (gymnasium's: checked above).
                     if kind != "gymnasium":
                         assert_acting(after[b], refs[b], f"row {b} after reset_at({index})")
                 else:
@@ -322,10 +311,7 @@ class VectorEnvContract(GymnasiumVectorApiContract):
             self._run_parity(vec, refs, after, actions, 10, "after reset_at")
 
     def test_a_restart_touches_no_other_env(self, kind: EnvKind) -> None:
-        """Sub-env 1 raises at every third step of each instance; with a restart policy it
-        is recreated each time (its row holds no transition, and its new episode is the
-        new env's, reset with ``restart_seed``: a seeded sub-env restarts seeded), and the
-        other sub-envs go on as the envs stepped by hand."""
+        """Sub-env 1 raises at every third step; each new instance resets with ``restart_seed``."""
         index, every = 1, 3
         base = self._basic(kind)
         fns = faulty_env_fns(base, faults={index: [FaultPlan(kind="raise", at=(every,))]})
@@ -339,8 +325,7 @@ class VectorEnvContract(GymnasiumVectorApiContract):
                 out = vec.step_batch(batch)
                 rows = read_rows(vec, out)
                 where = f"step {t}"
-                # Each instance of sub-env ``index`` fails at its ``every``-th step (the
-                # contract envs have no AEC dead step before it).
+                # Each instance of sub-env ``index`` fails at its ``every``-th step.
                 fails = t % every == every - 1
                 failed = [] if out.failed is None else np.flatnonzero(out.failed).tolist()
                 if failed != ([index] if fails else []):
@@ -388,12 +373,8 @@ class VectorEnvContract(GymnasiumVectorApiContract):
             self.check_sub_environments(vec)
 
     def check_sub_environments(self, vec: Any) -> None:
-        """``get_sub_environments()``: one entry per sub-env, in index order, the env
-        object (in this process) or a
-        :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle`. Each reads its
-        own sub-env's attributes and renders, ``set_attr`` through sub-env 1's changes
-        sub-env 1 only, and a handle's ``call`` equals the vector env's for its sub-env.
-        (A backend with no per-sub-env objects, which refuses, overrides this.)"""
+        """The ``get_sub_environments()`` checks of :meth:`test_call_get_attr_set_attr_render`
+        (a backend with no per-sub-env objects, which refuses, overrides this)."""
         n = self.num_envs
         episodes = [10 + b for b in range(n)]  # tells the sub-envs apart
         vec.set_attr("episode", episodes)

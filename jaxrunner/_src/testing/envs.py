@@ -165,11 +165,8 @@ class DictObsEnv(gymnasium.Env[dict, np.ndarray]):
 
 
 class StepCounter(gymnasium.Wrapper):
-    """Counts ``step`` and ``reset`` calls in ``num_steps`` / ``num_resets``.
-
-    The counts live in the wrapper, so read them with ``vec.get_attr("num_steps")``: that
-    works for any backend (in-process or not) that implements ``get_attr``.
-    """
+    """Counts ``step`` and ``reset`` calls in ``num_steps`` / ``num_resets`` (read them
+    with ``vec.get_attr("num_steps")`` on any backend)."""
 
     def __init__(self, env: gymnasium.Env) -> None:
         super().__init__(env)

@@ -115,21 +115,15 @@ class CallLog:
             return 0
 
 
-# Fault-injecting envs made so far in this process, per seed: the n-th one with seed s
-# draws its probabilistic faults from rng([s, n]), so a run is reproducible and a
-# recreated env draws differently from the one it replaces.
+# Per seed, schedules made here: the n-th draws from rng([s, n]) (a recreated env anew).
 _made_per_seed: collections.Counter[int] = collections.Counter()
 
 
 class FaultSchedule:
-    """Which calls of one env instance misbehave, and the faults that never return: the
-    mechanism every fault-injecting wrapper shares (:class:`FaultyEnv`,
-    :class:`FaultyParallelEnv`, :class:`FaultyAECEnv`).
-
-    A call misbehaves as the first of ``faults`` whose ``call`` it is and that is due
-    (its number is in ``at``, or the probability draw hit). Faults that never return
-    happen in :meth:`due`, before the wrapped env is called; garbage faults are
-    returned for the wrapper to apply (:func:`~.broken_returns.break_returns`).
+    """Which calls of one env instance misbehave (what every fault-injecting wrapper
+    shares): a call misbehaves as the first of ``faults`` for it that is due (its number in
+    ``at``, or the probability draw hit). Faults that never return happen in :meth:`due`;
+    garbage faults are returned for the wrapper to apply.
 
     Args:
         faults: what goes wrong and when.
@@ -161,8 +155,8 @@ class FaultSchedule:
 
     def due(self, call: str) -> FaultPlan | None:
         """Counts one call of ``call``; returns the garbage fault due for it (None: the
-        call behaves, and is logged ``<call>_ok`` by :meth:`ok`). A due fault is logged
-        ``<call>_failed``; one that never returns happens here."""
+        call behaves). A due fault is logged ``<call>_failed``; one that never returns
+        happens here."""
         self.calls[call] += 1
         number, due = self.calls[call], None
         for fault in self.faults:

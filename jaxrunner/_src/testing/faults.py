@@ -22,8 +22,7 @@ from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
 class _Faulty:
-    """What the wrappers of :class:`FaultyEnv` (of every kind) share: the schedule, the
-    agent whose returns a garbage fault breaks, and the plumbing of each call."""
+    """What the wrappers of :class:`FaultyEnv` (of every kind) share."""
 
     env: Any
 
@@ -49,8 +48,8 @@ class _Faulty:
             self.agent = agent
 
     def _run(self, call: str, inner: Callable[[], Any]) -> tuple[FaultPlan | None, Any]:
-        """Makes call ``call`` (``inner()``) as the schedule says: returns the garbage fault
-        due for it (None: it behaved, and is logged so) and what ``inner`` returned."""
+        """``inner()`` as the schedule says: the garbage fault due (None: it behaved, and is
+        logged so) and what ``inner`` returned."""
         fault = self.schedule.due(call)
         out = inner()
         if fault is None:
@@ -61,17 +60,10 @@ class _Faulty:
 class FaultyEnv(_Faulty, gymnasium.Wrapper):
     """Wraps an env of any kind and injects ``faults``; counts calls in ``log`` if given.
 
-    ``FaultyEnv(env, ...)`` wraps a gymnasium env in a ``FaultyEnv``, a PettingZoo
-    ``ParallelEnv`` in a :class:`FaultyParallelEnv` and an ``AECEnv`` in a
-    :class:`FaultyAECEnv` (each the API it wraps, as the backends tell kinds apart).
-
-    Calls misbehave as :class:`FaultSchedule` says; every other call passes through
-    unchanged. Garbage faults break what the inner env returned: for a multi-agent env,
-    one agent's returns (``agent`` if the call returns it, else the first agent
-    returned: see :class:`FaultyParallelEnv` and :class:`FaultyAECEnv`).
-
-    Events logged: ``step_ok`` (a step returned a good transition), ``step_failed``
-    (a step misbehaved: raised, returned garbage; hangs and deaths are logged
+    A PettingZoo ``ParallelEnv`` is wrapped in a :class:`FaultyParallelEnv`, an ``AECEnv``
+    in a :class:`FaultyAECEnv`. Calls misbehave as :class:`FaultSchedule` says; others pass
+    through. Garbage faults break what the inner env returned (for a multi-agent env, one
+    agent's returns). Events logged: ``step_ok``, ``step_failed`` (hangs and deaths logged
     before they happen), ``reset_ok``, ``reset_failed`` and ``made`` (instances).
 
     Args:
@@ -122,8 +114,7 @@ class FaultyParallelEnv(_Faulty, BaseParallelWrapper):
     def _break(
         self, fault: FaultPlan | None, obs: Any, rewards: Any, terms: Any, infos: Any
     ) -> tuple[Any, Any, Any, Any]:
-        """The returns with the target agent's broken by ``fault`` (copies; as returned
-        where no fault is due or no agent returned)."""
+        """The returns with the target agent's broken by ``fault`` (copies)."""
         if fault is None or not obs:
             return obs, rewards, terms, infos
         agent = self.agent if self.agent in obs else next(iter(obs))
@@ -154,19 +145,15 @@ class FaultyParallelEnv(_Faulty, BaseParallelWrapper):
 
 class FaultyAECEnv(_Faulty, BaseWrapper):
     """:class:`FaultyEnv` for a PettingZoo ``AECEnv``: a garbage fault breaks the returns
-    of ``agent`` if live, else of the agent selected after the call (whose observation,
-    flags and rewards a driver reads next), else of an agent paid last.
-
-    An AEC env's returns are its state (``observe``, ``rewards``, ``terminations``,
-    ``infos``): after a garbage fault they read broken for the target agent until the
-    next ``step`` or ``reset``; the inner env's own state is never changed. Its dead
-    steps (``step(None)`` for an agent that left) are calls of ``step`` too, numbered
-    with the others.
+    of ``agent`` if live, else of the agent selected after the call, else of an agent paid
+    last. They read broken (``observe``, ``rewards``, ``terminations``, ``infos``,
+    ``last``) until the next ``step`` or ``reset``; the inner env is never changed. Dead
+    steps are calls of ``step`` too.
     """
 
     _broken: tuple[str, tuple[Any, Any, Any, Any], Any] | None = None
-    """Until the next call: the target agent, its broken (obs, reward, terminated,
-    info), and its broken reward since its last turn (what ``last()`` reads)."""
+    """Until the next call: the agent, its broken (obs, reward, terminated, info), and its
+    broken reward since its last turn (``last()``'s)."""
 
     def _call(self, call: str, inner: Callable[[], None]) -> None:
         self._broken = None

@@ -64,8 +64,7 @@ class ParallelByHand:
     """A ``ParallelEnv`` stepped by hand: every acting agent's transition completes in
     the step; a reward before an agent's first action goes onto its first transition."""
 
-    # Rewards are sums of the env's rewards; the backends and PettingZoo's own bookkeeping
-    # may add them in another order, so they agree to rounding, not bit for bit.
+    # Sums of the env's rewards, maybe added in another order: equal to rounding.
     reward_atol = 1e-12
 
     def __init__(self, env: Any) -> None:

@@ -59,12 +59,9 @@ def read_rows(vec: Any, out: Any, first: int = 0) -> list[Row]:
         return [_agent_row(vec, out, b) for b in range(len(out.env_done))]
     space = vec.single_observation_space
     if isinstance(out, BatchStep):
-        ids = (
-            [first + i for i in env_ids(out, len(out.reward))]
-            if out.env_ids is None
-            else env_ids(out, len(out.reward))
-        )
-        return [_one_agent_row(space, out, r, ids[r]) for r in range(len(out.reward))]
+        n = len(out.reward)
+        ids = range(first, first + n) if out.env_ids is None else env_ids(out, n)
+        return [_one_agent_row(space, out, r, ids[r]) for r in range(n)]
     obs, infos = out  # a gymnasium backend's reset_batch
     return [
         Row({}, False, 0.0, info, acting={ONE_AGENT: space_arrays.take(space, obs, b)}, slots={})

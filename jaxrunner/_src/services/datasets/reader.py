@@ -28,14 +28,10 @@ def from_minari(
 ) -> list[Episode]:
     """Reads a Minari dataset's episodes as :class:`~jaxrunner.Episode`\\ s, checking each.
 
-    A dataset id is opened without running anything the dataset names: its
-    ``metadata.json`` is read as data (within :data:`MAX_METADATA_BYTES`) and the spaces
-    are rebuilt from the serialized ``observation_space`` and ``action_space`` stored in
-    it (Minari's own format, which names no code). A dataset without them names an env
-    (``env_spec``) whose entry point Minari would import and call to learn the spaces;
-    that happens only when the caller names the same entry point in
-    ``trusted_entry_point``. A ``minari.MinariDataset`` you pass was opened by Minari
-    (``minari.load_dataset``), which may already have done so.
+    A dataset id is opened as data only: ``metadata.json`` is read (within
+    :data:`MAX_METADATA_BYTES`) and the spaces rebuilt from the serialized spaces in it;
+    nothing the dataset names is imported or run, unless ``trusted_entry_point`` names it
+    (docs/evaluation-and-datasets.md, "What from_minari trusts").
 
     Args:
         dataset: a dataset id of a local dataset (downloads are left to you:

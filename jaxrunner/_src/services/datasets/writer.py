@@ -30,11 +30,9 @@ def to_minari(
     """Writes ``episodes`` as the Minari dataset ``dataset_id`` and returns it (a
     ``minari.MinariDataset``; ``minari.load_dataset(dataset_id)`` opens it later).
 
-    The dataset lands where Minari keeps local datasets (``$MINARI_DATASETS_PATH``,
-    default ``~/.minari/datasets``); an existing ``dataset_id`` is refused by Minari.
-    Actions are stored as the env received them: Box actions clipped to the bounds,
-    every action cast to the space's dtype (``extras["log_prob"]`` stays that of the
-    sampled action). Observations are stored losslessly (no JPEG encoding).
+    The dataset lands in ``$MINARI_DATASETS_PATH`` (default ``~/.minari/datasets``);
+    Minari refuses an existing ``dataset_id``. Actions are stored as the env received them
+    (Box actions clipped, cast to the space's dtype), observations losslessly.
 
     Args:
         episodes: complete episodes, e.g. from ``runner.sample_episodes(n)``.
@@ -80,7 +78,7 @@ def to_minari(
                 "whole episodes. Collect them with runner.sample_episodes(n)."
             )
         action = episode.action if clip is None else clip(episode.action)
-        action = _cast(action, action_space)
+        action = space_arrays.as_space_dtypes(action_space, action)
         buffers.append(
             EpisodeBuffer(
                 id=len(buffers),
@@ -130,12 +128,3 @@ def _infos(episode: Episode) -> dict[str, Any]:
             dict(episode.extras),
         ),
     }
-
-
-def _cast(action: Any, space: spaces.Space) -> Any:
-    """``action`` (a batch over steps) in the dtypes of ``space``'s leaves."""
-    if isinstance(space, spaces.Dict):
-        return {key: _cast(action[key], sub) for key, sub in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(_cast(a, sub) for a, sub in zip(action, space.spaces))
-    return np.asarray(action).astype(space.dtype, copy=False)

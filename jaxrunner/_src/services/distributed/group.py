@@ -331,9 +331,9 @@ class EnvRunnerGroup:
     def _answers(
         self, calls: list[tuple[_Slot, Any]], what: str, errors: type[Exception]
     ) -> Iterator[tuple[_Slot, Any, str | None]]:
-        """The answers to ``calls`` (``(slot, ref)``), awaited together for ``sample_timeout_s``
-        at most: ``(slot, result, None)``, or ``(slot, None, why)`` where the slot was late
-        or raised one of ``errors`` (the caller replaces it); other errors propagate."""
+        """The answers to ``calls`` (``(slot, ref)``), awaited for ``sample_timeout_s`` at
+        most: ``(slot, result, None)``, or ``(slot, None, why)`` where the slot was late or
+        raised one of ``errors``; other errors propagate."""
         timeout = self.config.sample_timeout_s
         refs = [ref for _, ref in calls]
         done = set(self._ray.wait(refs, num_returns=len(refs), timeout=timeout)[0])
@@ -371,10 +371,8 @@ def _merged(statistics: Any, deltas: list[Any]) -> Any:
 
 
 def aggregate_metrics(per_runner: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    """Group metrics from runners' ``get_metrics()``: counters and rates summed (the
-    runners run in parallel; multi-agent runners' agent steps and unassigned reward
-    too), episode statistics and perf timers averaged; a multi-agent runner's
-    ``policies`` and ``agents`` entries each by the same rule."""
+    """Group metrics from runners' ``get_metrics()``: counters and rates summed, episode
+    statistics and perf timers averaged; ``policies`` and ``agents`` entries alike."""
     runs = list(per_runner.values())
     if not runs:
         return {}
