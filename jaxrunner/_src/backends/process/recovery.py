@@ -4,7 +4,6 @@ as faults, their slots counted as ``num_lost_steps`` or ``num_unrun_steps``."""
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -104,8 +103,9 @@ class WorkerRecovery:
                 report = pool.expect(w, protocol.START_REPORT_SEQ)
                 self.layout.check_report(report, f"a restarted sub-env of worker {w}")
                 pool.expect(w, pool.send_memory(w))
-                payload = pickle.dumps(("reset", ([None] * (hi - lo), None)), protocol=5)
-                _, restarted = pool.expect(w, pool.send(w, protocol.OP_CALL, payload=payload))
+                _, restarted = pool.expect(
+                    w, pool.send_call(w, "reset", ([None] * (hi - lo), None))
+                )
                 self.num_restarts += restarted
             except WorkerLost as lost:
                 raise lost.error("while it was being restarted") from None

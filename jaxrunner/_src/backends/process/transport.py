@@ -133,7 +133,7 @@ class ProcessTransport:
         self.recovery = WorkerRecovery(
             pool, restart_policy, layout, self.views, lambda: self.stepper.in_flight()
         )
-        pool.on_lost = self.recovery.worker_lost
+        pool.lost_worker = self.recovery.worker_lost
         self.stepper = Stepper(
             pool, self.recovery, layout, self.views, self.config.ready_first, name
         )

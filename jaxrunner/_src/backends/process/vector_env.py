@@ -1,6 +1,5 @@
-"""The process backend: one implementation over the worker pool (:mod:`.transport`) for either
-kind of sub-env, whose :class:`~.shared.BlockLayout` is the per-kind part; and
-``ProcessVectorEnv``, its single-agent shell (the multi-agent one: :mod:`.agents`)."""
+"""The process backend for either kind of sub-env (the per-kind part: a
+:class:`~.shared.BlockLayout`), and ``ProcessVectorEnv``, its gymnasium shell."""
 
 from __future__ import annotations
 
@@ -26,15 +25,14 @@ from jaxrunner.errors import InvalidArgumentError
 
 
 class ProcessBackend(RemoteSubEnvs):
-    """Sub-envs in worker processes over a :class:`~.transport.ProcessTransport`, for
-    either kind of sub-env: a shell (a vector env class of one kind) gives the layout
-    (:meth:`_layout_for`), the rest is here. Results of ``call``/``get_attr`` must pickle."""
+    """Sub-envs in worker processes over a :class:`~.transport.ProcessTransport`; a shell of
+    one kind gives the layout (:meth:`_layout_for`). Results of ``call``/``get_attr`` must
+    pickle."""
 
     # Two pipelining splits for either kind: faster than one for MPE on a quiet 2-core
     # machine (results/multi_agent_host_quiet_cpu.json).
     capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
-    _reset_call: ClassVar[str]
-    """The reset call users make, as closed-env errors name it."""
+    _reset_call: ClassVar[str]  # the reset call users make, as closed-env errors name it
 
     def _start(
         self,
@@ -45,8 +43,7 @@ class ProcessBackend(RemoteSubEnvs):
         transport: ProcessTransport | None,
     ) -> None:
         """Checks the arguments and starts the workers (or takes ``transport``'s, started
-        by :func:`~.make.make_process_vec` to learn the kind); a failure closes the
-        vector env before it raises."""
+        to learn the kind); a failure closes the vector env before it raises."""
         self._closed_reason = "construction failed"  # until the workers are up
         config = check_config(where, config, ProcessConfig)
         check_restart_policy(where, restart_policy)
@@ -57,7 +54,6 @@ class ProcessBackend(RemoteSubEnvs):
             transport = ProcessTransport(env_fns, config, self.multi_agent)
         self._transport, self._res = transport, transport.res
         self.main_process_envs = transport.main_process_envs
-        """How many sub-envs (the first ones) step in the main process."""
         unsplit = dataclasses.replace(ProcessBackend.capabilities, pipeline_splits=None)
         if config.ready_first:
             self.capabilities = dataclasses.replace(unsplit, ready_first=True)
@@ -76,18 +72,15 @@ class ProcessBackend(RemoteSubEnvs):
         self._layout = transport.layout
 
     _layout_for: Callable[[list[Report]], BlockLayout]
-    """The shell's: checks the workers' start reports (all sub-envs alike, of its kind),
-    takes what it exposes of them, and returns the shared block's layout."""
+    """The shell's: checks the workers' start reports, takes what it exposes of them, and
+    returns the shared block's layout."""
 
     def _close_after(self, reason: str) -> None:
-        """Closes the vector env after a failure (``reason`` is quoted to later calls)."""
         self._closed_reason = reason
         self._finalizer()
 
     def _close_backend(self) -> None:
         self._finalizer()
-
-    # -- counters and options
 
     @property
     def step_timeout_s(self) -> float | None:
@@ -123,8 +116,6 @@ class ProcessBackend(RemoteSubEnvs):
     def worker_pids(self) -> list[int | None]:
         """The worker processes' ids (for monitoring; empty once closed)."""
         return [w.pid for w in self._res.workers if not w.in_main_process]
-
-    # -- the backend contract
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -184,8 +175,6 @@ class ProcessBackend(RemoteSubEnvs):
         (call,) = stepper.send(actions, rows, per_worker=False)
         return stepper.finish(call)
 
-    # -- gymnasium's utilities, run in the workers
-
     def _ask_one(self, index: int, method: str, args: tuple) -> Any:
         return self._call_worker_of(index, "on_sub_env", (index, method, args))
 
@@ -208,36 +197,23 @@ class ProcessBackend(RemoteSubEnvs):
 
 
 class ProcessVectorEnv(ProcessBackend, VectorEnv):
-    """Sub-envs in worker processes, stepped in parallel, data in shared memory.
+    """Sub-envs in worker processes, stepped in parallel, data in shared memory (see
+    docs/backends/process.md).
 
-    Step for step equal to :class:`~jaxrunner.SyncVectorEnv` (and so to
-    ``gymnasium.vector.SyncVectorEnv`` with SAME_STEP autoreset) for the same seeds and
-    actions, whatever the number of workers. Sub-envs receive actions in the action
-    space's dtype. Composed of a :class:`~.pool.WorkerPool` (processes, commands,
-    replies), a :class:`~.recovery.WorkerRecovery` (lost workers) and a
-    :class:`~.stepping.Stepper` (``send``/``recv``).
+    Step for step equal to :class:`~jaxrunner.SyncVectorEnv` (SAME_STEP autoreset) for the
+    same seeds and actions, whatever the number of workers; sub-envs receive actions in the
+    action space's dtype. Lockstep by default; with ``ProcessConfig(ready_first=True)``,
+    ``capabilities.ready_first`` is set and ``recv`` returns whichever worker answers first.
 
-    Stepping: lockstep by default (``recv`` answers the sends in order); with
-    ``ProcessConfig(ready_first=True)``, ``capabilities.ready_first`` is set and
-    ``recv`` returns whichever worker answers first (see :mod:`.stepping`).
-
-    Faults: with a ``restart_policy``, a sub-env that raises or returns an invalid
-    step is recreated inside its worker, exactly as the sync backend does. A worker
-    that dies (a crash, a segfault, a kill) or does not answer within
-    ``step_timeout_s`` is killed and replaced by a new one with new sub-envs (made by
-    the factories and reset without a seed), retried as the policy says; every
-    sub-env of the old worker then ends its episode as a fault: its slot in the step
-    under way (or, if it was not being stepped, in its next step) is failed
-    (``BatchStep.failed``, the error a :class:`~jaxrunner.errors.WorkerError` or
-    :class:`~jaxrunner.errors.WorkerTimeoutError`). Nothing of a replaced worker is
-    ever read again: it is killed before its replacement starts, which talks on a new
-    socket. Without a policy, the worker's error is raised (promptly: a hang within
-    ``step_timeout_s``) and the vector env closes.
-
-    Accounting: a failed slot of a replaced worker may stand for a step the sub-env
-    had completed before its worker died (``num_lost_steps``: its result died with
-    the worker) or never started (``num_unrun_steps``); the rest are the failed
-    ``env.step`` calls themselves.
+    Faults (docs/fault-tolerance.md): with a ``restart_policy``, a failed sub-env is
+    recreated inside its worker, as the sync backend does, and a worker that dies or does
+    not answer within ``step_timeout_s`` is killed and replaced, retried as the policy
+    says, with new unseeded sub-envs: each of its sub-envs' slot in the step under way (or
+    else its next one) fails (``BatchStep.failed``, with a
+    :class:`~jaxrunner.errors.WorkerError` or :class:`~jaxrunner.errors.WorkerTimeoutError`),
+    counted in ``num_lost_steps`` (a step done whose result died with the worker) or
+    ``num_unrun_steps`` (one never started). Without a policy the worker's error is raised
+    and the vector env closes.
 
     Args:
         env_fns: zero-argument factories, one per sub-env; each is pickled by
