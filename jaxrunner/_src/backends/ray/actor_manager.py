@@ -159,7 +159,7 @@ class ActorPool:
     def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
         """A sub-env handle's request, run on sub-env ``index`` alone in its actor (the
         current one: a replaced actor's successor); its result."""
-        u = next(u for u, rows in enumerate(self.unit_rows) if rows.start <= index < rows.stop)
+        u = index // self.config.envs_per_actor
         local = index - self.unit_rows[u].start
         try:
             return self.ray.get(self.actors[u].on_sub_env.remote(local, method, args))

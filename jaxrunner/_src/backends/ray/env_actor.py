@@ -1,6 +1,5 @@
 """The bodies of the env actors of ``backend="ray"``: a block of sub-envs stepped by the
-shared step loop (:class:`~jaxrunner._src.backends.sub_env_block.SubEnvBlock`), gymnasium
-ones in a ``GymnasiumBlock``, PettingZoo ones in an ``AgentBlock``."""
+shared step loop (a ``GymnasiumBlock``, or an ``AgentBlock`` for PettingZoo envs)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What ``backend="ray"`` does differently for each kind of env: how actions split per
-actor, how an actor's reply becomes rows of the step, how a failed slot is filled.
-:class:`GymnasiumRows` for gymnasium envs, :class:`AgentRows` for PettingZoo envs."""
+"""What ``backend="ray"`` does differently for each kind of env (actions per actor, replies
+into rows, failed slots): :class:`GymnasiumRows` and :class:`AgentRows` (PettingZoo)."""
 
 from __future__ import annotations
 
@@ -22,10 +21,8 @@ from jaxrunner.errors import SpaceMismatchError
 class Answer(NamedTuple):
     """What an actor's reply says besides the rows it wrote (indices are global)."""
 
-    infos: Sequence[dict[str, Any]]
-    """One per env of the reply's rows."""
-    failed: np.ndarray | None
-    """Its rows' failed mask (None: none failed)."""
+    infos: Sequence[dict[str, Any]]  # one per env of the reply's rows
+    failed: np.ndarray | None  # its rows' failed mask (None: none failed)
     errors: dict[int, BaseException]
     reset_infos: dict[int, dict[str, Any]]
 
@@ -35,8 +32,7 @@ class GymnasiumRows:
 
     worker: type = EnvWorker
     worker_args: tuple = ()
-    ready_first = True
-    """Ready-first unless ``RayConfig.ready_first`` says otherwise."""
+    ready_first = True  # unless RayConfig.ready_first says otherwise
 
     def describe(self, vec: Any, described: list[Any], unit_rows: list[slice]) -> None:
         """Checks the actors' spaces are equal; sets the vector env's spaces and
@@ -108,11 +104,8 @@ class AgentRows:
     """PettingZoo sub-envs: a :class:`MultiAgentStep` over :class:`AgentStepBuffers`."""
 
     worker: type = AgentEnvWorker
-    ready_first = False
-    """Lockstep unless ``RayConfig.ready_first`` says otherwise."""
-    merge = None
-    """Blocks of several actors are never merged: the multi-agent sampler acts on a
-    block whose envs share their step count."""
+    ready_first = False  # unless RayConfig.ready_first says otherwise
+    merge = None  # never merged: the multi-agent sampler acts on envs of one step count
 
     def __init__(self, worker_args: tuple = ()) -> None:
         self.worker_args = worker_args
@@ -155,16 +148,8 @@ class AgentRows:
         _put_reply(self.buffers, reset, slice(index, index + 1), slice(k, k + 1))
         self.buffers.fail_row(index)
 
-    def step(
-        self,
-        lo: int,
-        hi: int,
-        whole: bool,
-        infos: list[dict[str, Any]],
-        reset_infos: Any,
-        failed: np.ndarray | None,
-        errors: dict[int, BaseException] | None,
-    ) -> MultiAgentStep:
+    def step(self, lo: int, hi: int, whole: bool, *fields: Any) -> MultiAgentStep:
+        infos, _, failed, errors = fields  # no reset infos: put() gives none
         return self._views.step(lo, hi, infos, failed, errors)
 
     def reset_result(self, infos: list[dict[str, Any]], *fields: Any) -> MultiAgentStep:
