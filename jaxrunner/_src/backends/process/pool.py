@@ -21,7 +21,6 @@ from jaxrunner._src.backends.process.handle import (
 )
 from jaxrunner._src.backends.process.launch import available_cpus
 from jaxrunner._src.backends.process.main_process import MainProcessHandle
-from jaxrunner._src.backends.process.worker_errors import remote_exception
 
 LOST = -1  # a reply status of ours: the worker was replaced before it answered
 
@@ -223,4 +222,4 @@ class WorkerPool:
     def remote_exception(self, w: int, remote: protocol.RemoteError) -> BaseException:
         """Worker ``w``'s error as an exception of this process, its traceback chained."""
         worker = self.workers[w]
-        return remote_exception(remote, w, worker.envs, worker.place)
+        return remote.rebuild(w, worker.envs, worker.place)
