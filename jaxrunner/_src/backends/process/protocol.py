@@ -42,13 +42,10 @@ def call_message(seq: int, method: str, args: tuple) -> bytes:
 
 
 class Spin:
-    """Busy-polls for data before a process sleeps in ``recv`` (a wake-up costs tens of
-    microseconds; ``ProcessConfig.spin_wait_us``), backing off where spinning would take
-    the CPU of the process it waits for: every :attr:`WINDOW` waits the budget halves
-    (to 0 below :attr:`MIN_S`) if under half ended in data and grows back towards
-    ``budget_s`` if nearly all did; while off it probes an eighth of ``budget_s`` every
-    :attr:`PROBE_EVERY` waits; it never spins while the load average exceeds ``cpus``.
-    """
+    """Busy-polls for data before a process sleeps in ``recv`` (``ProcessConfig.spin_wait_us``).
+    Every :attr:`WINDOW` waits the budget halves (to 0 below :attr:`MIN_S`) if under half
+    ended in data, and grows back towards ``budget_s`` if nearly all did; while off it
+    probes every :attr:`PROBE_EVERY` waits; never while the load average exceeds ``cpus``."""
 
     WINDOW = 32
     MIN_S = 50e-6
@@ -64,8 +61,7 @@ class Spin:
 
     def until_readable(self, poll: Callable[[int], list]) -> None:
         """Busy-polls ``poll(0)`` (a ``select.poll``'s) until it reports data or the
-        current budget has passed; the caller then reads, blocking only if nothing
-        came."""
+        budget has passed."""
         if self.max_s <= 0.0:
             return
         clock = time.perf_counter
@@ -240,9 +236,8 @@ def _unpickle(payload: bytes | None) -> BaseException | None:
 
 
 class SocketHandle:
-    """A socket end to hand to a child process: pickled (only while the child is being
-    started) as a duplicate of its file descriptor, like multiprocessing's own
-    ``Connection`` objects."""
+    """A socket end to hand to a child process, pickled as a duplicate of its file
+    descriptor (as multiprocessing's ``Connection``)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock

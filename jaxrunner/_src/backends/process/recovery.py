@@ -17,8 +17,7 @@ from jaxrunner._src.backends.restarts import RestartPolicy, retry
 from jaxrunner._src.backends.sub_env_block import DONE, NOT_RUN
 from jaxrunner.errors import WorkerError
 
-Sent = tuple[int, int, int, int]
-"""A step command in flight: ``(worker, seq, lo, hi)``."""
+Sent = tuple[int, int, int, int]  # a step command in flight: (worker, seq, lo, hi)
 
 
 class WorkerRecovery:
@@ -39,8 +38,7 @@ class WorkerRecovery:
         self.pending: dict[int, BaseException] = {}
         """Sub-envs of replaced workers that were not being stepped: their next step slot
         fails (with this error) instead of stepping."""
-        # The counters ProcessBackend's properties of the same names expose and document.
-        self.num_worker_restarts = 0
+        self.num_worker_restarts = 0  # these: ProcessBackend's properties
         self.num_restarts = 0  # in a new worker's first reset (ProcessBackend.num_restarts)
         self.num_lost_steps = 0
         self.num_unrun_steps = 0
