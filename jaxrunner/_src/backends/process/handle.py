@@ -76,7 +76,6 @@ class WorkerHandle:
                 os.kill(self.pid, signum)
 
     def wait_gone(self, timeout_s: float) -> bool:
-        """Waits up to ``timeout_s`` for the worker to be gone; True if it is."""
         deadline = time.monotonic() + timeout_s
         while True:
             with contextlib.suppress(ValueError):  # reaps it if it is our child

@@ -34,9 +34,8 @@ class MainProcessWorker(Worker):
 
 
 class MainProcessHandle:
-    """The pool's handle of worker 0 when it is the main process (see the module
-    docstring): the pool's calls of a :class:`~.handle.WorkerHandle`. It never dies nor
-    times out; :func:`~.handle.shutdown` kills it, which closes its sub-envs."""
+    """The pool's handle of worker 0 when it is the main process: a
+    :class:`~.handle.WorkerHandle`'s calls; it never dies nor times out."""
 
     in_main_process = True
     pid = None
@@ -44,8 +43,7 @@ class MainProcessHandle:
     def __init__(self, envs: range, fns: Sequence[Callable[[], Any]]) -> None:
         self.index, self.envs = 0, envs
         self.place = "the main process"
-        self.inflight: dict[int, float] = {}
-        """Commands sent and not yet answered: seq -> deadline (none: they run here)."""
+        self.inflight: dict[int, float] = {}  # seq -> deadline (none: they run here)
         self._commands: collections.deque[bytes] = collections.deque()
         self.worker = MainProcessWorker(fns)
         try:  # built now, reported as a worker process reports

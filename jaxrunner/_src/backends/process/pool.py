@@ -77,7 +77,6 @@ class WorkerPool:
         return self.expect(w, seq)
 
     def send_memory(self, w: int) -> int:
-        """Hands worker ``w`` the shared block; returns the command's seq."""
         seq = self.send(w, protocol.OP_MEMORY, payload=self.memory_message)
         self.workers[w].send_fd(self.res.fd)  # type: ignore[arg-type]  # set by then
         return seq
@@ -88,7 +87,6 @@ class WorkerPool:
     # -- sending and receiving
 
     def send(self, w: int, op: int, lo: int = 0, hi: int = 0, payload: bytes = b"") -> int:
-        """Sends a command; raises :class:`WorkerLost` if the worker is gone."""
         self._seq += 1
         seq = self._seq
         message = protocol.COMMAND.pack(op, seq, lo, hi, len(payload)) + payload
@@ -125,7 +123,6 @@ class WorkerPool:
         return self._lost.pop((w, seq))
 
     def forget(self, w: int, seq: int) -> None:
-        """Drops whatever was kept of command ``seq``'s reply."""
         self._stash.pop((w, seq), None)
         self._lost.pop((w, seq), None)
 

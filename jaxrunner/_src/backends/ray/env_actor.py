@@ -34,7 +34,7 @@ def _portable(err: BaseException) -> BaseException:
 
 
 class ActorBody:
-    """What every env actor does with its block of sub-envs (``block``) beside stepping."""
+    """What every env actor does with its block of sub-envs beside stepping."""
 
     block: SubEnvBlock
 
@@ -54,7 +54,6 @@ class ActorBody:
         return self.block.render()
 
     def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        """A sub-env handle's request, run on the block's sub-env ``index`` alone."""
         return self.block.on_sub_env(self.block.offset + index, method, args)
 
     def close(self) -> None:

@@ -52,7 +52,6 @@ class GymnasiumRows:
         self._action_space = action_space
 
     def check(self, actions: Any, num: int) -> None:
-        """Raises InvalidActionError unless ``actions`` is a valid batch of ``num``."""
         self._splitters.split(actions, num)
 
     def part(self, actions: Any, at: slice | np.ndarray) -> Any:

@@ -378,7 +378,6 @@ class ActorStepping(RemoteSubEnvs):
         return infos, reset_infos, failed if failed.any() else None, errors or None
 
     def _discard(self) -> None:
-        """Drops the sends in flight (see :meth:`InFlightSteps.discard`)."""
         self._in_flight.discard()
         self._calls.clear()
 
