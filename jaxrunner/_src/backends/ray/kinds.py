@@ -3,14 +3,14 @@ into rows, failed slots): :class:`GymnasiumRows` and :class:`AgentRows` (Petting
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.batch_step import BatchStep
-from jaxrunner._src.backends.gymnasium_block import ActionSplitters
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
 from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep, StepViews
 from jaxrunner._src.backends.ray.env_actor import AgentEnvWorker, BlockReply, EnvWorker
@@ -27,7 +27,20 @@ class Answer(NamedTuple):
     reset_infos: dict[int, dict[str, Any]]
 
 
-class GymnasiumRows:
+class _Rows:
+    """What both kinds share: the action checks, built once per batch size."""
+
+    _action_check: Callable[[int], Callable[[Any], Any]]
+    _checks: dict[int, Callable[[Any], Any]]
+
+    def check(self, actions: Any, num: int) -> None:
+        check = self._checks.get(num)
+        if check is None:
+            check = self._checks[num] = self._action_check(num)
+        check(actions)
+
+
+class GymnasiumRows(_Rows):
     """Gymnasium sub-envs: a :class:`BatchStep` over :class:`StepBuffers`."""
 
     worker: type = EnvWorker
@@ -48,11 +61,8 @@ class GymnasiumRows:
         vec._take_spaces(obs_space, action_space, metadata, render_mode)
         self.space = obs_space
         self.buffers = StepBuffers.allocate(obs_space, vec.num_envs)
-        self._splitters = ActionSplitters(action_space)
-        self._action_space = action_space
-
-    def check(self, actions: Any, num: int) -> None:
-        self._splitters.split(actions, num)
+        self._action_space, self._checks = action_space, {}
+        self._action_check = functools.partial(space_arrays.action_batch_check, action_space)
 
     def part(self, actions: Any, at: slice | np.ndarray) -> Any:
         return space_arrays.map_structure(self._action_space, lambda a: np.asarray(a)[at], actions)
@@ -99,7 +109,7 @@ class GymnasiumRows:
         return space_arrays.take(self.space, self.buffers.obs, index), info
 
 
-class AgentRows:
+class AgentRows(_Rows):
     """PettingZoo sub-envs: a :class:`MultiAgentStep` over :class:`AgentStepBuffers`."""
 
     worker: type = AgentEnvWorker
@@ -123,13 +133,8 @@ class AgentRows:
         self.groups = vec.groups
         self.buffers = AgentStepBuffers.allocate(vec.groups, vec.num_envs)
         self._views = StepViews(self.buffers, vec.policy_ids)
-        self._checks: dict[int, ActionCheck] = {}
-
-    def check(self, actions: Sequence[Any], num: int) -> None:
-        check = self._checks.get(num)
-        if check is None:
-            check = self._checks[num] = ActionCheck(self.groups, num)
-        check(actions)
+        self._checks = {}
+        self._action_check = functools.partial(ActionCheck, self.groups)
 
     def part(self, actions: Sequence[Any], at: slice | np.ndarray) -> list[Any]:
         return [np.asarray(a)[at] for a in actions]
