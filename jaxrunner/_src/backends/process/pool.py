@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.backends.process.handle import (
+    MainProcessHandle,
     Resources,
     WorkerHandle,
     WorkerLost,
@@ -20,7 +21,6 @@ from jaxrunner._src.backends.process.handle import (
     start_deadline,
 )
 from jaxrunner._src.backends.process.launch import available_cpus
-from jaxrunner._src.backends.process.main_process import MainProcessHandle
 
 LOST = -1  # a reply status of ours: the worker was replaced before it answered
 
