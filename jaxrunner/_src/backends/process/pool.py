@@ -103,7 +103,10 @@ class WorkerPool:
         while True:
             got, status, payload = self.workers[w].read()
             if got == seq:
-                break
+                return self.result(w, status, payload)
+
+    def result(self, w: int, status: int, payload: bytes) -> Any:
+        """Worker ``w``'s unpickled result, or its error raised here."""
         if status != protocol.STATUS_OK:
             raise self.remote_exception(w, pickle.loads(payload))
         return pickle.loads(payload) if payload else None

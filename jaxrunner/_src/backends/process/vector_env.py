@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import dataclasses
-import pickle
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.arg_checks import check_config
 from jaxrunner._src.backends.base import VectorEnv, check_env_fns, check_seed_count
 from jaxrunner._src.backends.batch_step import EnvIds
@@ -194,10 +192,7 @@ class ProcessBackend(RemoteSubEnvs):
         """``method(*args)`` asked of sub-env ``index``'s worker (the current one: a
         replaced worker's successor); its result."""
         w = self._pool.worker_of(index)
-        status, payload = self._pool.call(w, method, args)
-        if status != protocol.STATUS_OK:
-            raise self._pool.remote_exception(w, pickle.loads(payload))
-        return pickle.loads(payload)
+        return self._pool.result(w, *self._pool.call(w, method, args))
 
 
 class ProcessVectorEnv(ProcessBackend, VectorEnv):
