@@ -1,7 +1,7 @@
-"""Tests for the main process's share of ``backend="process"``
-(:mod:`jaxrunner._src.backends.process.main_process`): the first sub-envs step in the main
-process as worker 0, the rest in worker processes, and everything stays step for step equal
-to the sync backend, for either kind of env."""
+"""Tests for the main process's share of ``backend="process"`` (``MainProcessWorker`` in
+:mod:`jaxrunner._src.backends.process.handle`): the first sub-envs step in the main process
+as worker 0, the rest in worker processes, and everything stays step for step equal to the
+sync backend, for either kind of env."""
 
 from __future__ import annotations
 

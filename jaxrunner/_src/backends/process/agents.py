@@ -35,8 +35,7 @@ class AgentLayout(BlockLayout):
 
     groups: tuple[AgentGroup, ...]
     num_envs: int
-    description: AgentsDescription
-    """Sub-env 0's agents and spaces, which every sub-env must have."""
+    description: AgentsDescription  # sub-env 0's agents and spaces, which all must have
 
     @classmethod
     def from_reports(
@@ -76,8 +75,6 @@ class AgentLayout(BlockLayout):
         policy_ids = tuple(g.policy_id for g in self.groups)
         return views._replace(steps=StepViews(views.buffers, policy_ids))
 
-    # -- worker side
-
     def block(self, worker: Any, views: Views, policy: RestartPolicy | None) -> AgentBlock:
         envs, offset = worker.envs, worker.offset
         return AgentBlock(
@@ -93,8 +90,6 @@ class AgentLayout(BlockLayout):
     def actions_reader(self, views: Views) -> Callable[[int, int], list[Any]]:
         # Copies: an env may keep its action, and the main process rewrites the buffer.
         return lambda lo, hi: [np.array(a[lo:hi]) for a in views.action]
-
-    # -- main side
 
     def action_check(self, num: int) -> ActionCheck:
         return ActionCheck(self.groups, num)

@@ -40,28 +40,19 @@ class ProcessConfig:
     ready_first: bool = False
     """False (default): lockstep; ``recv()`` answers the sends in order, and the runner
     pipelines splits of the workers. True: ``recv()`` returns whichever worker answers
-    first (``BatchStep.env_ids`` is its slice), so one slow sub-env stalls only its own
-    worker; ``send`` then takes whole workers."""
+    first (``BatchStep.env_ids`` is its slice); ``send`` then takes whole workers."""
     main_process_envs: int | None = None
-    """Sub-envs stepped in the main process itself (the first ones), the rest in the
-    workers; lockstep only. The runner pipelines the two shares as two groups, so the
-    main process steps its envs while the workers step theirs: it pays where env steps
-    cost more than the policy (the workers are the bottleneck), e.g. ``num_envs // 2``
-    with one worker on 2 cores; for CartPole from about 256 sub-envs on 2 cores
-    (``docs/performance.md``, process layouts); with fewer cheap envs it slows the main process
-    down. Its sub-envs are not isolated in a worker: a hang or a hard crash there stops
-    the main process.
-    Worker 0 is then the main process, for either kind of sub-env. 0 or None (default,
-    for now no automatic share): every sub-env in a worker process."""
+    """Sub-envs (the first ones) stepped in the main process itself, as worker 0, while
+    the workers step the rest; lockstep only. It pays where env steps cost more than the
+    policy, e.g. ``num_envs // 2`` with one worker on 2 cores (``docs/performance.md``,
+    process layouts); those sub-envs are not isolated: a hang or a hard crash there stops
+    the main process. 0 or None (default): every sub-env in a worker process."""
     spin_wait_us: float | None = None
-    """How long, in microseconds, the main process busy-waits for a worker's reply, and
-    a worker for its next command, before sleeping until it comes. Waking a sleeping
-    process costs tens of microseconds per message (over 70 on a virtual machine),
-    paid twice per step and group. None (default): ``DEFAULT_SPIN_WAIT_US`` (2 ms) where
-    the main process and every worker have a CPU of their own (workers < available
-    CPUs: the default below 256 sub-envs), else 0, since a spinning process would
-    take the CPU a worker needs. 0: always sleep. The budget is the largest: it backs
-    off while spinning does not pay or the machine is loaded."""
+    """How long, in microseconds, each side busy-waits for the other's message before it
+    sleeps (a wake-up costs tens of microseconds). None (default): ``DEFAULT_SPIN_WAIT_US``
+    (2 ms) where every process has a CPU of its own (workers < available CPUs), else 0.
+    0: always sleep. The budget backs off while spinning does not pay or the machine is
+    loaded."""
 
     def __post_init__(self) -> None:
         for name in ("envs_per_worker", "num_workers"):
@@ -99,9 +90,7 @@ class ProcessConfig:
             )
 
 
-DEFAULT_SPIN_WAIT_US = 2000.0
-"""The default spin budget where every process has a CPU: longer than a worker's step of
-cheap envs, short beside slow envs' steps (``docs/performance.md``, spin, then sleep)."""
+DEFAULT_SPIN_WAIT_US = 2000.0  # longer than a step of cheap envs, short beside slow ones
 
 
 def spin_wait_s(config: ProcessConfig, num_workers: int) -> float:
@@ -113,10 +102,8 @@ def spin_wait_s(config: ProcessConfig, num_workers: int) -> float:
 
 
 def main_process_share(num_envs: int, config: ProcessConfig) -> int:
-    """How many sub-envs (the first ones) step in the main process; None (the default)
-    is 0: the share pays only where env steps outweigh the policy (``docs/performance.md``,
-    process layouts), unknown at build time, and it gives up the workers' isolation.
-    """
+    """How many sub-envs (the first ones) step in the main process; None is 0 (whether the
+    share pays is unknown at build time, and it gives up the workers' isolation)."""
     share = config.main_process_envs
     if share is None:
         return 0

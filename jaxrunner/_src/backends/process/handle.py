@@ -4,27 +4,28 @@ means for the vector env is :mod:`.recovery`'s business)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import math
 import os
+import pickle
 import select
 import signal
 import socket
 import time
+from collections.abc import Callable, Sequence
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 import jaxrunner._src.backends.process.protocol as protocol
-from jaxrunner._src.backends.process.worker import worker_main
+from jaxrunner._src.backends.process.worker import Worker, describe, worker_main
+from jaxrunner._src.backends.sub_env_block import build_envs
 from jaxrunner.errors import WorkerError, WorkerTimeoutError
 
-START_TIMEOUT_FLOOR_S = 60.0
-"""Building a worker's sub-envs may take at least this long, whatever
-``step_timeout_s`` says (factories import modules, load assets)."""
-KILL_CONFIRM_S = 5.0
-"""How long :meth:`WorkerHandle.kill` waits for a SIGKILLed worker to be gone."""
+START_TIMEOUT_FLOOR_S = 60.0  # building sub-envs may take this long (imports, assets)
+KILL_CONFIRM_S = 5.0  # how long kill() waits for a SIGKILLed worker to be gone
 
 
 class WorkerLost(Exception):
@@ -52,25 +53,18 @@ class WorkerHandle:
     poller: Any  # select.poll: waits for a reply with a deadline
     timeout_s: float | None  # step_timeout_s: how long each command may take
     inflight: dict[int, float] = dataclasses.field(default_factory=dict)
-    """Commands sent and not yet answered: seq -> deadline (oldest first; the worker
-    answers in order, so the first is the next reply's)."""
+    """Commands sent and not yet answered: seq -> deadline, oldest (the next reply's) first."""
     started: str | None = None
-    """The worker's start time from ``/proc`` (None where there is no ``/proc``): with
-    ``pid`` it names the process, so a recycled pid is never signalled."""
+    """The start time from ``/proc`` (None: no ``/proc``): a recycled pid is never signalled."""
     in_main_process = False
-    """A worker process (the main process's share: :mod:`.main_process`)."""
 
     @property
     def place(self) -> str:
-        """Where its sub-envs run, as errors say it."""
         return f"worker {self.index}"
 
     def is_running(self) -> bool:
-        """The worker process exists (and is not a zombie), asked of the OS by pid.
-
-        Never trusts ``process.exitcode``: with the fork server dead, multiprocessing
-        reports exit code 255 for workers that still run.
-        """
+        """The worker process exists and is not a zombie, asked of the OS by pid (with the
+        fork server dead, multiprocessing reports exit code 255 for live workers)."""
         if self.pid is None:
             return False
         if self.started is None:  # no /proc: the handle's word is all there is
@@ -81,13 +75,11 @@ class WorkerHandle:
         return stat is not None and stat[1] == self.started and stat[0] not in ("Z", "X")
 
     def signal(self, signum: int) -> None:
-        """Sends ``signum`` to the worker by pid, if it still runs."""
         if self.pid is not None and self.is_running():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signum)
 
     def wait_gone(self, timeout_s: float) -> bool:
-        """Waits up to ``timeout_s`` for the worker to be gone; True if it is."""
         deadline = time.monotonic() + timeout_s
         while True:
             with contextlib.suppress(ValueError):  # reaps it if it is our child
@@ -105,8 +97,7 @@ class WorkerHandle:
         )
 
     def send(self, message: bytes, seq: int) -> None:
-        """Sends a packed command numbered ``seq``, to be answered within
-        :attr:`timeout_s`; raises :class:`WorkerLost` if the worker is gone."""
+        """Sends command ``seq``; raises :class:`WorkerLost` if the worker is gone."""
         try:
             self.sock.sendall(message)
         except OSError as err:
@@ -115,16 +106,14 @@ class WorkerHandle:
         self.inflight[seq] = math.inf if timeout_s is None else time.monotonic() + timeout_s
 
     def send_fd(self, fd: int) -> None:
-        """Passes a file descriptor (the shared block) along the socket."""
         try:
             socket.send_fds(self.sock, [b"m"], [fd])
         except OSError as err:
             raise self.died() from err
 
     def read(self, spin: protocol.Spin | None = None) -> tuple[int, int, bytes]:
-        """The next reply ``(seq, status, payload)``, waiting no longer than the
-        deadline of the oldest command (busy-waiting as ``spin`` says first); raises
-        :class:`WorkerLost` (and the worker is dead) if it died or missed the deadline."""
+        """The next reply ``(seq, status, payload)`` by the oldest command's deadline;
+        raises :class:`WorkerLost` (the worker is then dead) if it died or missed it."""
         if spin is not None:
             spin.until_readable(self.poller.poll)
         deadline = next(iter(self.inflight.values()), math.inf)
@@ -147,8 +136,7 @@ class WorkerHandle:
         return got, status, payload
 
     def died(self) -> WorkerLost:
-        """The :class:`WorkerLost` for a worker whose socket broke (after making sure
-        it is dead)."""
+        """The :class:`WorkerLost` of a worker whose socket broke (killed first)."""
         description = self.describe()
         code = None
         with contextlib.suppress(ValueError):
@@ -164,7 +152,7 @@ class WorkerHandle:
         return WorkerLost(self.index, self.envs, f"{description} {what}", timed_out=False)
 
     def release(self) -> None:
-        """Frees the handle's process sentinel and socket (once the worker is gone)."""
+        """Frees the process sentinel and socket (once the worker is gone)."""
         with contextlib.suppress(ValueError):  # a kill() already closed it
             self.process.close()
         self.sock.close()
@@ -186,6 +174,68 @@ class WorkerHandle:
             )
 
 
+class MainProcessWorker(Worker):
+    """Worker 0 in the main process (``ProcessConfig(main_process_envs=k)``): the first ``k``
+    sub-envs over the same shared block, without a socket; each command runs when its
+    reply is read, so in lockstep the main process steps its share while the workers step
+    theirs."""
+
+    def __init__(self, fns: Sequence[Callable[[], Any]]) -> None:
+        super().__init__(None, 0, list(fns))  # type: ignore[arg-type]  # no socket
+        self.replies: collections.deque[tuple[int, int, bytes]] = collections.deque()
+        self.fd: int | None = None
+
+    def reply(self, seq: int, status: int, payload: bytes = b"") -> None:
+        self.replies.append((seq, status, payload))
+
+    def receive_fd(self) -> int:
+        assert self.fd is not None  # internal: send_fd comes with OP_MEMORY
+        return os.dup(self.fd)  # the worker maps it, then closes its own
+
+
+class MainProcessHandle:
+    """The pool's handle of a :class:`MainProcessWorker`: a :class:`WorkerHandle`'s calls;
+    it never dies nor times out."""
+
+    in_main_process = True
+    pid = None
+
+    def __init__(self, envs: range, fns: Sequence[Callable[[], Any]]) -> None:
+        self.index, self.envs = 0, envs
+        self.place = "the main process"
+        self.inflight: dict[int, float] = {}  # seq -> deadline (none: they run here)
+        self._commands: collections.deque[bytes] = collections.deque()
+        self.worker = MainProcessWorker(fns)
+        try:  # built now, reported as a worker process reports
+            self.worker.envs = build_envs(self.worker.fns, 0)
+            report = pickle.dumps(describe(self.worker.envs))
+            self.worker.reply(protocol.START_REPORT_SEQ, protocol.STATUS_OK, report)
+        except Exception as err:
+            self.worker.error(protocol.START_REPORT_SEQ, err)
+
+    def send(self, message: bytes, seq: int) -> None:
+        self._commands.append(message)
+        self.inflight[seq] = math.inf
+
+    def send_fd(self, fd: int) -> None:
+        self.worker.fd = fd
+
+    def read(self, spin: protocol.Spin | None = None) -> tuple[int, int, bytes]:
+        """The next reply: the oldest command runs now, in this thread."""
+        replies = self.worker.replies
+        if not replies:
+            message = self._commands.popleft()
+            op, seq, lo, hi, _ = protocol.COMMAND.unpack_from(message)
+            self.worker.answer(op, seq, lo, hi, message[protocol.COMMAND.size :])
+        got, status, payload = replies.popleft()
+        self.inflight.pop(got, None)
+        return got, status, payload
+
+    def kill(self) -> None:
+        self._commands.clear()
+        self.worker.close()
+
+
 def spawn_worker(
     ctx: BaseContext,
     index: int,
@@ -193,8 +243,8 @@ def spawn_worker(
     factories: bytes,
     step_timeout_s: float | None,
 ) -> WorkerHandle:
-    """Starts worker ``index`` for sub-envs ``envs`` (pickled ``factories``); it builds
-    its sub-envs, then reports as command :data:`protocol.START_REPORT_SEQ`."""
+    """Starts worker ``index``; it builds its sub-envs, then reports as command
+    :data:`protocol.START_REPORT_SEQ`."""
     mine, theirs = socket.socketpair()
     process = ctx.Process(  # type: ignore[attr-defined]
         target=worker_main,
@@ -226,8 +276,7 @@ def start_deadline(step_timeout_s: float | None) -> float:
 
 
 def _proc_stat(pid: int) -> tuple[str, str] | None:
-    """``(state, start time)`` of process ``pid`` from ``/proc`` (None: no such
-    process, or no ``/proc``)."""
+    """``(state, start time)`` of process ``pid`` from ``/proc`` (None: none)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
@@ -238,11 +287,9 @@ def _proc_stat(pid: int) -> tuple[str, str] | None:
 
 @dataclasses.dataclass
 class Resources:
-    """What the vector env's finalizer releases (it must not reference the vector env
-    itself)."""
+    """What the vector env's finalizer releases (it must not reference the vector env)."""
 
-    workers: list[Any] = dataclasses.field(default_factory=list)
-    """A :class:`WorkerHandle` per worker (worker 0 may be a ``MainProcessHandle``)."""
+    workers: list[Any] = dataclasses.field(default_factory=list)  # WorkerHandle | MainProcessHandle
     fd: int | None = None
     memory: Any = None
 

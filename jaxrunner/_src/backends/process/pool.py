@@ -1,6 +1,5 @@
-"""The vector env's workers as seen from the main process: commands, numbered by one
-sequence for all workers, and their replies, kept when they arrive before anyone waits
-for them (several steps may be in flight, waited for in another order)."""
+"""The workers as seen from the main process: commands numbered by one sequence, and replies
+kept when they arrive before anyone waits for them."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from typing import Any, cast
 
 import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.backends.process.handle import (
+    MainProcessHandle,
     Resources,
     WorkerHandle,
     WorkerLost,
@@ -21,25 +21,18 @@ from jaxrunner._src.backends.process.handle import (
     start_deadline,
 )
 from jaxrunner._src.backends.process.launch import available_cpus
-from jaxrunner._src.backends.process.main_process import MainProcessHandle
-from jaxrunner._src.backends.process.worker_errors import remote_exception
 
-LOST = -1
-"""A reply status of ours: the worker was replaced before it answered (:meth:`WorkerPool.
-take_lost` says why)."""
+LOST = -1  # a reply status of ours: the worker was replaced before it answered
 
 
 class WorkerPool:
-    """The worker processes, their commands and replies.
+    """The worker processes, their commands and replies. ``bounds``: each worker's ``[lo, hi)``
+    sub-envs; ``payloads``: its pickled factories; ``main_process_fns``: worker 0's
+    factories when it is the main process."""
 
-    Args:
-        bounds: the ``[lo, hi)`` sub-envs of each worker.
-        payloads: each worker's pickled factories (a replacement gets the same).
-        res: what the vector env's finalizer releases (the pool adds its workers).
-        spin_s: the most to busy-wait for a reply (:class:`~.protocol.Spin`).
-        main_process_fns: worker 0's factories when it is the main process
-            (:mod:`.main_process`); None: it is not.
-    """
+    lost_worker: Callable[..., BaseException]
+    """Set by the vector env: ``(lost, fatal=False)`` replaces a lost worker (returns the
+    error its sub-envs failed with), or closes the vector env and raises."""
 
     def __init__(
         self,
@@ -58,18 +51,12 @@ class WorkerPool:
         self.res = res
         self.workers: list[WorkerHandle | MainProcessHandle] = res.workers
         """Worker ``w`` is ``workers[w]`` (a replacement takes its place)."""
-        self.memory_message = b""
-        """The ``OP_MEMORY`` payload: the pickled layout, restart policy and the
-        worker's spin budget."""
-        self.on_lost: Callable[[WorkerLost, bool], BaseException] | None = None
-        """Set by the vector env: what a lost worker means (``WorkerRecovery.worker_lost``)."""
+        self.memory_message = b""  # OP_MEMORY's payload
         self.close_after: Callable[[str], None] = lambda reason: None
         """Set by the vector env: closes it after a failure it cannot go on from."""
         self._seq = 0
-        self._stash: dict[tuple[int, int], tuple[int, bytes]] = {}
-        """Replies received before anyone waited for them: (w, seq) -> (status, payload)."""
-        self._lost: dict[tuple[int, int], BaseException] = {}
-        """Commands whose worker was replaced before it answered: (w, seq) -> its error."""
+        self._stash: dict[tuple[int, int], tuple[int, bytes]] = {}  # early replies
+        self._lost: dict[tuple[int, int], BaseException] = {}  # never answered: why
 
     # -- start-up
 
@@ -85,13 +72,11 @@ class WorkerPool:
         sub-envs (from :attr:`payloads`, under the start deadline); their start report."""
         worker = self.workers[w]
         worker.envs = range(*self.bounds[w])
-        payload = pickle.dumps(("grow", (self.payloads[w],)), protocol=5)
-        seq = self.send(w, protocol.OP_CALL, payload=payload)
+        seq = self.send_call(w, "grow", (self.payloads[w],))
         worker.inflight[seq] = start_deadline(self.step_timeout_s)
         return self.expect(w, seq)
 
     def send_memory(self, w: int) -> int:
-        """Hands worker ``w`` the shared block; returns the command's seq."""
         seq = self.send(w, protocol.OP_MEMORY, payload=self.memory_message)
         self.workers[w].send_fd(self.res.fd)  # type: ignore[arg-type]  # set by then
         return seq
@@ -102,12 +87,15 @@ class WorkerPool:
     # -- sending and receiving
 
     def send(self, w: int, op: int, lo: int = 0, hi: int = 0, payload: bytes = b"") -> int:
-        """Sends a command; raises :class:`WorkerLost` if the worker is gone."""
         self._seq += 1
         seq = self._seq
         message = protocol.COMMAND.pack(op, seq, lo, hi, len(payload)) + payload
         self.workers[w].send(message, seq)
         return seq
+
+    def send_call(self, w: int, method: str, args: tuple) -> int:
+        """Asks worker ``w`` to run ``method(*args)``; raises :class:`WorkerLost`."""
+        return self.send(w, protocol.OP_CALL, payload=pickle.dumps((method, args), protocol=5))
 
     def expect(self, w: int, seq: int) -> Any:
         """The unpickled result of command ``seq`` (no stash: start-up only), or its
@@ -115,16 +103,13 @@ class WorkerPool:
         while True:
             got, status, payload = self.workers[w].read()
             if got == seq:
-                break
+                return self.result(w, status, payload)
+
+    def result(self, w: int, status: int, payload: bytes) -> Any:
+        """Worker ``w``'s unpickled result, or its error raised here."""
         if status != protocol.STATUS_OK:
             raise self.remote_exception(w, pickle.loads(payload))
         return pickle.loads(payload) if payload else None
-
-    def lost_worker(self, lost: WorkerLost, fatal: bool = False) -> BaseException:
-        """Hands a lost worker to :attr:`on_lost`: replaced (returns the error its
-        sub-envs failed with), or the vector env closed and the error raised."""
-        assert self.on_lost is not None  # internal: set before any step
-        return self.on_lost(lost, fatal)
 
     def mark_lost(self, w: int, error: BaseException) -> list[int]:
         """Worker ``w`` is being replaced: its commands in flight will never be answered
@@ -141,7 +126,6 @@ class WorkerPool:
         return self._lost.pop((w, seq))
 
     def forget(self, w: int, seq: int) -> None:
-        """Drops whatever was kept of command ``seq``'s reply."""
         self._stash.pop((w, seq), None)
         self._lost.pop((w, seq), None)
 
@@ -163,7 +147,7 @@ class WorkerPool:
     def read_any(self, ws: list[int]) -> None:
         """Waits until one of workers ``ws`` (each with commands in flight) answers, and
         keeps its reply; a worker that dies or misses its deadline goes to the
-        ``on_lost`` hook."""
+        :attr:`lost_worker`."""
         workers = [self.workers[w] for w in ws]
         # Internal: ready-first stepping (ProcessConfig refuses a main-process share there).
         assert all(isinstance(worker, WorkerHandle) for worker in workers)
@@ -194,13 +178,12 @@ class WorkerPool:
     # -- calls
 
     def _send_call(self, w: int, method: str, args: tuple) -> int:
-        payload = pickle.dumps((method, args), protocol=5)
         try:
-            return self.send(w, protocol.OP_CALL, payload=payload)
+            return self.send_call(w, method, args)
         except WorkerLost as lost:
             self.lost_worker(lost)  # replaced (or raised): ask the new worker
         try:
-            return self.send(w, protocol.OP_CALL, payload=payload)
+            return self.send_call(w, method, args)
         except WorkerLost as lost:
             raise self.lost_worker(lost, fatal=True) from None
 
@@ -239,4 +222,4 @@ class WorkerPool:
     def remote_exception(self, w: int, remote: protocol.RemoteError) -> BaseException:
         """Worker ``w``'s error as an exception of this process, its traceback chained."""
         worker = self.workers[w]
-        return remote_exception(remote, w, worker.envs, worker.place)
+        return remote.rebuild(w, worker.envs, worker.place)

@@ -14,7 +14,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from jaxrunner.errors import EnvError
+from jaxrunner._src.backends.sub_env_block import SubEnvRaised
+from jaxrunner.errors import EnvError, WorkerError
 
 COMMAND = struct.Struct("=qqqqq")
 """main -> worker: ``(op, seq, lo, hi, length)``, then ``length`` payload bytes. ``OP_STEP``
@@ -41,13 +42,10 @@ def call_message(seq: int, method: str, args: tuple) -> bytes:
 
 
 class Spin:
-    """Busy-polls for data before a process sleeps in ``recv`` (a wake-up costs tens of
-    microseconds; ``ProcessConfig.spin_wait_us``), backing off where spinning would take
-    the CPU of the process it waits for: every :attr:`WINDOW` waits the budget halves
-    (to 0 below :attr:`MIN_S`) if under half ended in data and grows back towards
-    ``budget_s`` if nearly all did; while off it probes an eighth of ``budget_s`` every
-    :attr:`PROBE_EVERY` waits; it never spins while the load average exceeds ``cpus``.
-    """
+    """Busy-polls for data before a process sleeps in ``recv`` (``ProcessConfig.spin_wait_us``).
+    Every :attr:`WINDOW` waits the budget halves (to 0 below :attr:`MIN_S`) if under half
+    ended in data, and grows back towards ``budget_s`` if nearly all did; while off it
+    probes every :attr:`PROBE_EVERY` waits; never while the load average exceeds ``cpus``."""
 
     WINDOW = 32
     MIN_S = 50e-6
@@ -63,8 +61,7 @@ class Spin:
 
     def until_readable(self, poll: Callable[[int], list]) -> None:
         """Busy-polls ``poll(0)`` (a ``select.poll``'s) until it reports data or the
-        current budget has passed; the caller then reads, blocking only if nothing
-        came."""
+        budget has passed."""
         if self.max_s <= 0.0:
             return
         clock = time.perf_counter
@@ -147,6 +144,49 @@ class RemoteError:
         cause = _pickled(err.__cause__) if err.__cause__ is not None else None
         return cls("recreate", err.env_index, "recreate", cause, str(err), _format(err), recreation)
 
+    def rebuild(self, w: int, envs: range, place: str) -> BaseException:
+        """The error as an exception of the main process (worker ``w``, sub-envs ``envs``;
+        ``place``: ``"worker 2"`` or ``"the main process"``), with its ``__cause__`` set:
+        the worker's traceback, or the original exception with the traceback chained."""
+        trace = RemoteTraceback(self.traceback)
+        original = _unpickle(self.exception)
+        if original is not None:
+            original.__cause__ = trace
+        cause = original if original is not None else trace
+        i = self.env_index
+        error: BaseException
+        if self.kind == "recreate":
+            error = EnvError(self.description, i)
+            error.recreation_error = _unpickle(self.recreation)  # type: ignore[attr-defined]
+        elif self.kind == "env" and self.call == "factory":
+            error = EnvError(f"the factory of sub-env {i} raised in {place}: {self.description}", i)
+            error.agent_id = self.agent_id  # type: ignore[attr-defined]
+        elif self.kind == "env":  # as the sync backend raises it
+            error = SubEnvRaised(self.description, i, self.call, self.agent_id)
+        elif original is not None:  # a jaxrunner check, or a failing call/get_attr
+            error, cause = original, trace
+        else:
+            error = WorkerError(
+                f"{place} (sub-envs {envs.start}..{envs.stop - 1}) raised {self.description}",
+                w,
+                envs,
+            )
+            cause = trace
+        error.__cause__ = cause
+        return error
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker process, as text. Chained as
+    the ``__cause__`` of that exception when it reaches the main process."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text}"""'
+
 
 class StepReply(NamedTuple):
     """A worker's answer to ``OP_STEP`` beyond what it wrote to shared memory (sent only
@@ -186,10 +226,18 @@ def _pickled(err: BaseException | None) -> bytes | None:
     return payload
 
 
+def _unpickle(payload: bytes | None) -> BaseException | None:
+    if payload is None:
+        return None
+    try:
+        return pickle.loads(payload)
+    except Exception:
+        return None
+
+
 class SocketHandle:
-    """A socket end to hand to a child process: pickled (only while the child is being
-    started) as a duplicate of its file descriptor, like multiprocessing's own
-    ``Connection`` objects."""
+    """A socket end to hand to a child process, pickled as a duplicate of its file
+    descriptor (as multiprocessing's ``Connection``)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock

@@ -4,7 +4,6 @@ as faults, their slots counted as ``num_lost_steps`` or ``num_unrun_steps``."""
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -18,8 +17,7 @@ from jaxrunner._src.backends.restarts import RestartPolicy, retry
 from jaxrunner._src.backends.sub_env_block import DONE, NOT_RUN
 from jaxrunner.errors import WorkerError
 
-Sent = tuple[int, int, int, int]
-"""A step command in flight: ``(worker, seq, lo, hi)``."""
+Sent = tuple[int, int, int, int]  # a step command in flight: (worker, seq, lo, hi)
 
 
 class WorkerRecovery:
@@ -40,8 +38,7 @@ class WorkerRecovery:
         self.pending: dict[int, BaseException] = {}
         """Sub-envs of replaced workers that were not being stepped: their next step slot
         fails (with this error) instead of stepping."""
-        # The counters ProcessBackend's properties of the same names expose and document.
-        self.num_worker_restarts = 0
+        self.num_worker_restarts = 0  # these: ProcessBackend's properties
         self.num_restarts = 0  # in a new worker's first reset (ProcessBackend.num_restarts)
         self.num_lost_steps = 0
         self.num_unrun_steps = 0
@@ -104,8 +101,9 @@ class WorkerRecovery:
                 report = pool.expect(w, protocol.START_REPORT_SEQ)
                 self.layout.check_report(report, f"a restarted sub-env of worker {w}")
                 pool.expect(w, pool.send_memory(w))
-                payload = pickle.dumps(("reset", ([None] * (hi - lo), None)), protocol=5)
-                _, restarted = pool.expect(w, pool.send(w, protocol.OP_CALL, payload=payload))
+                _, restarted = pool.expect(
+                    w, pool.send_call(w, "reset", ([None] * (hi - lo), None))
+                )
                 self.num_restarts += restarted
             except WorkerLost as lost:
                 raise lost.error("while it was being restarted") from None

@@ -28,13 +28,10 @@ from jaxrunner.errors import InvalidArgumentTypeError, SpaceMismatchError
 class Views(NamedTuple):
     """Numpy views of a shared block (all ``[num_envs, ...]``)."""
 
-    buffers: Any
-    """The buffers the step loop writes (the kind's: ``StepBuffers``, ``AgentStepBuffers``)."""
+    buffers: Any  # the kind's: StepBuffers, AgentStepBuffers
     action: Any
-    status: Any
-    """Each sub-env's step progress (a memoryview in the worker: faster item writes)."""
-    steps: Any = None
-    """Multi-agent: the steps the main process returns, views of :attr:`buffers`."""
+    status: Any  # each sub-env's step progress (a memoryview in the worker)
+    steps: Any = None  # multi-agent: the steps the main process returns
 
 
 class StepOutcome(NamedTuple):
@@ -69,8 +66,6 @@ class BlockLayout(abc.ABC):
         return self._carve(None)[1]
 
     def views(self, buffer: Any) -> Views:
-        """The block carved into numpy views (every array ``[num_envs, ...]``, with
-        ``.status`` the progress marks and ``.action`` the action buffers)."""
         return self._carve(buffer)[0]
 
     @abc.abstractmethod

@@ -27,14 +27,12 @@ class StepCall:
 
     lo: int
     hi: int
-    sent: list[Sent] = dataclasses.field(default_factory=list)
-    """``(worker, seq, lo, hi)`` of each step command sent."""
+    sent: list[Sent] = dataclasses.field(default_factory=list)  # its step commands
     failed: dict[int, BaseException] = dataclasses.field(default_factory=dict)
     """Sub-envs given a failed slot without a step (their worker had been replaced)."""
     actions: Any = None
     """The actions of a send that waits for earlier sends of its rows (then unsent)."""
-    per_worker: bool = False
-    """A ready-first call (one worker's rows): its result names its rows."""
+    per_worker: bool = False  # a ready-first call (one worker's rows): its result names them
 
     def overlaps(self, lo: int, hi: int) -> bool:
         return self.lo < hi and lo < self.hi
@@ -54,22 +52,16 @@ class Stepper:
         name: str,
     ) -> None:
         self.pool, self.recovery, self.views, self.ready_first = pool, recovery, views, ready_first
-        self.name = name
-        """The vector env's class name, as its errors name it (either kind's)."""
+        self.name = name  # the vector env's class name, for errors
         self.layout = layout
         self.num_envs = layout.num_envs
-        self.calls: list[StepCall] = []
-        """Calls sent and not yet received, in send order."""
-        self.num_waiting = 0
-        """Calls in :attr:`calls` whose send waits for earlier sends of their rows."""
+        self.calls: list[StepCall] = []  # sent and not yet received, in send order
+        self.num_waiting = 0  # calls whose send waits for earlier sends of their rows
         self.num_restarts = 0  # ProcessBackend.num_restarts
 
     def in_flight(self) -> Iterator[Sent]:
-        """Every step command sent and not yet received (for recoveries)."""
         for call in self.calls:
             yield from call.sent
-
-    # -- send
 
     def send(self, actions: Any, env_ids: EnvIds, per_worker: bool) -> list[StepCall]:
         """Validates ``actions``, then starts the step of ``env_ids``: one call, or one
@@ -146,12 +138,8 @@ class Stepper:
             call.sent.append((w, seq, start, stop))
             lo = stop
 
-    # -- recv
-
     def recv(self) -> Any:
-        """The oldest call's result (lockstep), or the first call answered (ready-first):
-        the layout's step result (a ``BatchStep``, or a ``MultiAgentStep`` for agent
-        blocks)."""
+        """The oldest call's result (lockstep), or the first call answered (ready-first)."""
         if not self.calls:
             raise InvalidArgumentError(
                 f"{self.name}.recv(): no send() is waiting for its results. Call "
@@ -167,7 +155,6 @@ class Stepper:
             self.pool.read_any(sorted(waiting))
 
     def finish(self, call: StepCall) -> BatchStep:
-        """Waits for ``call``'s replies and returns its result."""
         if self.num_waiting:
             self._dispatch_waiting()
         errors = call.failed

@@ -1,6 +1,5 @@
 """The process transport: worker processes, the shared block, recovery and stepping, for any
-kind of sub-env (:class:`~.shared.BlockLayout`), under the one process backend
-(:class:`~.vector_env.ProcessBackend`)."""
+kind of sub-env (:class:`~.shared.BlockLayout`)."""
 
 from __future__ import annotations
 
@@ -28,26 +27,20 @@ from jaxrunner._src.backends.process.shared import BlockLayout
 from jaxrunner._src.backends.process.stepping import Stepper
 from jaxrunner._src.backends.restarts import RestartPolicy
 
-Report = dict[str, Any]
-"""A worker's start report (:func:`~.worker.describe`), or its grown sub-envs'."""
+Report = dict[str, Any]  # a worker's start report (worker.describe)
 
 
 class ProcessTransport:
-    """Starts the workers (:attr:`reports`: what their sub-envs are); once the vector env
-    has taken its layout from the reports, :meth:`attach` hands the workers the shared
-    block, and the transport steps them. A failure to start shuts down what started.
-
-    ``multi_agent``: the sub-envs' kind, which sets the default number of workers; None:
-    unknown, so worker 0 first builds sub-env 0 alone and reports it (:attr:`multi_agent`
-    then says it).
-    """
+    """Starts the workers (:attr:`reports`: what their sub-envs are); :meth:`attach` then
+    hands them the shared block of the vector env's layout. A failure to start shuts down
+    what started. ``multi_agent``: the sub-envs' kind, which sets the default number of
+    workers; None: unknown, so worker 0 first builds sub-env 0 alone and reports it."""
 
     def __init__(
         self, env_fns: Sequence[Callable[[], Any]], config: ProcessConfig, multi_agent: bool | None
     ) -> None:
         self.config, self.res = config, Resources()
-        self.main_process_envs = 0
-        """How many sub-envs (the first ones) worker 0 steps in the main process."""
+        self.main_process_envs = 0  # the first sub-envs, which worker 0 steps in this process
         try:
             self.reports = self._start_workers(env_fns, multi_agent)
         except BaseException:
@@ -93,9 +86,7 @@ class ProcessTransport:
             raise lost.error("the vector env could not start") from None
 
     def _bounds(self, num_envs: int, multi_agent: bool) -> list[tuple[int, int]]:
-        """Each worker's ``[lo, hi)`` sub-envs (the main process's share first, if any);
-        the default number of workers depends on the kind
-        (:func:`~.launch.default_num_workers`)."""
+        """Each worker's ``[lo, hi)`` sub-envs (the main process's share first, if any)."""
         num_workers, per_worker = self.config.num_workers, self.config.envs_per_worker
         share = self.main_process_envs
         if num_workers is None and per_worker is None:
@@ -114,10 +105,8 @@ class ProcessTransport:
         close_after: Callable[[str], None],
         name: str,
     ) -> None:
-        """Hands the workers the shared block of ``layout`` (the vector env's, checked
-        against :attr:`reports`) and makes the stepping parts; ``close_after`` closes the
-        vector env after a failure it cannot go on from; ``name``: its class name, for
-        errors."""
+        """Hands the workers the shared block of ``layout`` and makes the stepping parts;
+        ``close_after`` closes the vector env after a failure it cannot go on from."""
         pool, res = self.pool, self.res
         pool.close_after = close_after
         self.layout = layout
@@ -133,7 +122,7 @@ class ProcessTransport:
         self.recovery = WorkerRecovery(
             pool, restart_policy, layout, self.views, lambda: self.stepper.in_flight()
         )
-        pool.on_lost = self.recovery.worker_lost
+        pool.lost_worker = self.recovery.worker_lost
         self.stepper = Stepper(
             pool, self.recovery, layout, self.views, self.config.ready_first, name
         )

@@ -1,16 +1,13 @@
-"""The process backend: one implementation over the worker pool (:mod:`.transport`) for either
-kind of sub-env, whose :class:`~.shared.BlockLayout` is the per-kind part; and
-``ProcessVectorEnv``, its single-agent shell (the multi-agent one: :mod:`.agents`)."""
+"""The process backend for either kind of sub-env (the per-kind part: a
+:class:`~.shared.BlockLayout`), and ``ProcessVectorEnv``, its gymnasium shell."""
 
 from __future__ import annotations
 
 import dataclasses
-import pickle
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import jaxrunner._src.backends.process.protocol as protocol
 from jaxrunner._src.arg_checks import check_config
 from jaxrunner._src.backends.base import VectorEnv, check_env_fns, check_seed_count
 from jaxrunner._src.backends.batch_step import EnvIds
@@ -22,19 +19,22 @@ from jaxrunner._src.backends.process.transport import ProcessTransport, Report
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.sub_env_block import EnvFactory
+from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 
 
 class ProcessBackend(RemoteSubEnvs):
-    """Sub-envs in worker processes over a :class:`~.transport.ProcessTransport`, for
-    either kind of sub-env: a shell (a vector env class of one kind) gives the layout
-    (:meth:`_layout_for`), the rest is here. Results of ``call``/``get_attr`` must pickle."""
+    """Sub-envs in worker processes over a :class:`~.transport.ProcessTransport`; a shell of
+    one kind gives the layout (:meth:`_layout_for`). Results of ``call``/``get_attr`` must
+    pickle."""
 
     # Two pipelining splits for either kind: faster than one for MPE on a quiet 2-core
     # machine (results/multi_agent_host_quiet_cpu.json).
     capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
-    _reset_call: ClassVar[str]
-    """The reset call users make, as closed-env errors name it."""
+    _reset_call: ClassVar[str]  # the reset call users make, as closed-env errors name it
 
     def _start(
         self,
@@ -45,8 +45,7 @@ class ProcessBackend(RemoteSubEnvs):
         transport: ProcessTransport | None,
     ) -> None:
         """Checks the arguments and starts the workers (or takes ``transport``'s, started
-        by :func:`~.make.make_process_vec` to learn the kind); a failure closes the
-        vector env before it raises."""
+        to learn the kind); a failure closes the vector env before it raises."""
         self._closed_reason = "construction failed"  # until the workers are up
         config = check_config(where, config, ProcessConfig)
         check_restart_policy(where, restart_policy)
@@ -57,7 +56,6 @@ class ProcessBackend(RemoteSubEnvs):
             transport = ProcessTransport(env_fns, config, self.multi_agent)
         self._transport, self._res = transport, transport.res
         self.main_process_envs = transport.main_process_envs
-        """How many sub-envs (the first ones) step in the main process."""
         unsplit = dataclasses.replace(ProcessBackend.capabilities, pipeline_splits=None)
         if config.ready_first:
             self.capabilities = dataclasses.replace(unsplit, ready_first=True)
@@ -76,18 +74,15 @@ class ProcessBackend(RemoteSubEnvs):
         self._layout = transport.layout
 
     _layout_for: Callable[[list[Report]], BlockLayout]
-    """The shell's: checks the workers' start reports (all sub-envs alike, of its kind),
-    takes what it exposes of them, and returns the shared block's layout."""
+    """The shell's: checks the workers' start reports, takes what it exposes of them, and
+    returns the shared block's layout."""
 
     def _close_after(self, reason: str) -> None:
-        """Closes the vector env after a failure (``reason`` is quoted to later calls)."""
         self._closed_reason = reason
         self._finalizer()
 
     def _close_backend(self) -> None:
         self._finalizer()
-
-    # -- counters and options
 
     @property
     def step_timeout_s(self) -> float | None:
@@ -123,8 +118,6 @@ class ProcessBackend(RemoteSubEnvs):
     def worker_pids(self) -> list[int | None]:
         """The worker processes' ids (for monitoring; empty once closed)."""
         return [w.pid for w in self._res.workers if not w.in_main_process]
-
-    # -- the backend contract
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -184,8 +177,6 @@ class ProcessBackend(RemoteSubEnvs):
         (call,) = stepper.send(actions, rows, per_worker=False)
         return stepper.finish(call)
 
-    # -- gymnasium's utilities, run in the workers
-
     def _ask_one(self, index: int, method: str, args: tuple) -> Any:
         return self._call_worker_of(index, "on_sub_env", (index, method, args))
 
@@ -201,43 +192,27 @@ class ProcessBackend(RemoteSubEnvs):
         """``method(*args)`` asked of sub-env ``index``'s worker (the current one: a
         replaced worker's successor); its result."""
         w = self._pool.worker_of(index)
-        status, payload = self._pool.call(w, method, args)
-        if status != protocol.STATUS_OK:
-            raise self._pool.remote_exception(w, pickle.loads(payload))
-        return pickle.loads(payload)
+        return self._pool.result(w, *self._pool.call(w, method, args))
 
 
 class ProcessVectorEnv(ProcessBackend, VectorEnv):
-    """Sub-envs in worker processes, stepped in parallel, data in shared memory.
+    """Sub-envs in worker processes, stepped in parallel, data in shared memory (see
+    docs/backends/process.md).
 
-    Step for step equal to :class:`~jaxrunner.SyncVectorEnv` (and so to
-    ``gymnasium.vector.SyncVectorEnv`` with SAME_STEP autoreset) for the same seeds and
-    actions, whatever the number of workers. Sub-envs receive actions in the action
-    space's dtype. Composed of a :class:`~.pool.WorkerPool` (processes, commands,
-    replies), a :class:`~.recovery.WorkerRecovery` (lost workers) and a
-    :class:`~.stepping.Stepper` (``send``/``recv``).
+    Step for step equal to :class:`~jaxrunner.SyncVectorEnv` (SAME_STEP autoreset) for the
+    same seeds and actions, whatever the number of workers; sub-envs receive actions in the
+    action space's dtype. Lockstep by default; with ``ProcessConfig(ready_first=True)``,
+    ``capabilities.ready_first`` is set and ``recv`` returns whichever worker answers first.
 
-    Stepping: lockstep by default (``recv`` answers the sends in order); with
-    ``ProcessConfig(ready_first=True)``, ``capabilities.ready_first`` is set and
-    ``recv`` returns whichever worker answers first (see :mod:`.stepping`).
-
-    Faults: with a ``restart_policy``, a sub-env that raises or returns an invalid
-    step is recreated inside its worker, exactly as the sync backend does. A worker
-    that dies (a crash, a segfault, a kill) or does not answer within
-    ``step_timeout_s`` is killed and replaced by a new one with new sub-envs (made by
-    the factories and reset without a seed), retried as the policy says; every
-    sub-env of the old worker then ends its episode as a fault: its slot in the step
-    under way (or, if it was not being stepped, in its next step) is failed
-    (``BatchStep.failed``, the error a :class:`~jaxrunner.errors.WorkerError` or
-    :class:`~jaxrunner.errors.WorkerTimeoutError`). Nothing of a replaced worker is
-    ever read again: it is killed before its replacement starts, which talks on a new
-    socket. Without a policy, the worker's error is raised (promptly: a hang within
-    ``step_timeout_s``) and the vector env closes.
-
-    Accounting: a failed slot of a replaced worker may stand for a step the sub-env
-    had completed before its worker died (``num_lost_steps``: its result died with
-    the worker) or never started (``num_unrun_steps``); the rest are the failed
-    ``env.step`` calls themselves.
+    Faults (docs/fault-tolerance.md): with a ``restart_policy``, a failed sub-env is
+    recreated inside its worker, as the sync backend does, and a worker that dies or does
+    not answer within ``step_timeout_s`` is killed and replaced, retried as the policy
+    says, with new unseeded sub-envs: each of its sub-envs' slot in the step under way (or
+    else its next one) fails (``BatchStep.failed``, with a
+    :class:`~jaxrunner.errors.WorkerError` or :class:`~jaxrunner.errors.WorkerTimeoutError`),
+    counted in ``num_lost_steps`` (a step done whose result died with the worker) or
+    ``num_unrun_steps`` (one never started). Without a policy the worker's error is raised
+    and the vector env closes.
 
     Args:
         env_fns: zero-argument factories, one per sub-env; each is pickled by
@@ -282,3 +257,36 @@ class ProcessVectorEnv(ProcessBackend, VectorEnv):
 
     def _obs_buffer(self) -> Any:
         return self._views.buffers.obs
+
+
+def make_process_vec(
+    env_fns: Sequence[EnvFactory],
+    config: ProcessConfig | None,
+    *,
+    restart_policy: RestartPolicy | None = None,
+    policy_mapping_fn: PolicyMappingFn | None = None,
+    multi_agent: bool | None = False,
+) -> VectorEnv | MultiAgentVectorEnv:
+    """The process backend of the sub-envs' kind (a multi-agent one takes
+    ``policy_mapping_fn``). ``multi_agent=None``: the kind is not known: the workers
+    (or the main process's share) report it as they start."""
+    config = ProcessConfig() if config is None else config
+    transport = None
+    if multi_agent is None and isinstance(config, ProcessConfig) and env_fns:
+        transport = ProcessTransport(env_fns, config, None)
+        multi_agent = transport.multi_agent
+    try:
+        if not multi_agent:
+            return ProcessVectorEnv(
+                env_fns, config, restart_policy=restart_policy, _transport=transport
+            )
+        from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
+
+        return ProcessMultiAgentVectorEnv(
+            env_fns, policy_mapping_fn, config=config, restart_policy=restart_policy,
+            _transport=transport,
+        )  # fmt: skip
+    except BaseException:
+        if transport is not None:  # not taken by a vector env (its close is idempotent)
+            shutdown(transport.res)
+        raise

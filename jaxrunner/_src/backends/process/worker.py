@@ -35,9 +35,8 @@ from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_block import SubEnvBlock, SubEnvRaised, build_envs
 from jaxrunner.errors import EnvError, JaxRunnerError
 
+# The OP_CALL methods the step loop answers itself; the others are the Worker's.
 BLOCK_CALLS = frozenset({"call", "get_attr", "set_attr", "render", "on_sub_env"})
-"""The ``OP_CALL`` methods the step loop (:class:`SubEnvBlock`) answers itself; the
-others (``reset``, ``reset_at``, ``grow``, ``close``) are the :class:`Worker`'s."""
 
 
 class Worker:
@@ -48,13 +47,9 @@ class Worker:
     ) -> None:
         self.sock, self.offset, self.fns = sock, offset, fns
         self.envs: list[gymnasium.Env] = []
-        self.sub_envs: SubEnvBlock | None = None
-        """The step loop over ``envs``, once the shared block is attached."""
+        self.sub_envs: SubEnvBlock | None = None  # the step loop, once the block is attached
         self._memory: mmap.mmap | None = None
-        self.spin = Spin(0.0)
-        """How long to busy-wait for the next command before sleeping in ``recv``."""
-
-    # -- setup
+        self.spin = Spin(0.0)  # how long to busy-wait for the next command
 
     def attach(
         self, fd: int, layout: BlockLayout, policy: RestartPolicy | None, spin_s: float
@@ -78,8 +73,6 @@ class Worker:
         envs = build_envs(fns[built:], self.offset + built)
         self.fns, self.envs = fns, self.envs + envs
         return describe(envs)
-
-    # -- commands
 
     def step(self, lo: int, hi: int) -> StepReply | None:
         """Steps envs ``[lo, hi)`` with the shared loop, as the sync backend does;
@@ -114,8 +107,6 @@ class Worker:
         for env in self.envs:
             env.close()
         self.envs = []
-
-    # -- the loop
 
     def reply(self, seq: int, status: int, payload: bytes = b"") -> None:
         self.sock.sendall(REPLY.pack(seq, status, len(payload)) + payload)
@@ -167,15 +158,13 @@ class Worker:
             self.error(seq, err)
             return False
 
-    def receive_fd(self) -> int:
-        """The shared block's file descriptor, sent after an ``OP_MEMORY`` command."""
+    def receive_fd(self) -> int:  # the shared block's, sent after OP_MEMORY
         return socket.recv_fds(self.sock, 1, 1)[1][0]
 
 
 def describe(envs: list[Any]) -> dict[str, Any]:
-    """A worker's start report: what its sub-envs are (the main process checks every
-    worker's against the first's): gymnasium envs by their spaces, PettingZoo envs by
-    their agents' spaces."""
+    """A worker's start report: its sub-envs' metadata, and their spaces (gymnasium) or
+    agents (PettingZoo)."""
     first = envs[0]
     report = {
         "metadata": getattr(first, "metadata", {}),
@@ -191,8 +180,7 @@ def describe(envs: list[Any]) -> dict[str, Any]:
 
 
 def worker_main(sock: socket.socket, offset: int, payload: bytes) -> None:
-    """The worker process's entry point: builds the envs, reports their spaces and
-    metadata, then serves commands."""
+    """The worker process's entry point: builds the envs, reports them, serves commands."""
     worker = Worker(sock, offset, [])
     try:
         worker.fns = pickle.loads(payload)

@@ -15,12 +15,8 @@ from jaxrunner.errors import RemoteTimeoutError, WorkerError
 
 
 class ActorPool:
-    """One Ray actor per block of sub-envs (:attr:`unit_rows`), replaced when it dies.
-
-    ``restart_policy``: how dead actors are replaced (None: their failure raises).
-    ``worker``: the actor's body (:mod:`.env_actor`), built as ``worker(env_fns,
-    restart_policy, offset, *worker_args, progress=...)``.
-    """
+    """One Ray actor per block of sub-envs (:attr:`unit_rows`), replaced when it dies (as
+    ``restart_policy`` says); ``worker``: the actor's body (:mod:`.env_actor`)."""
 
     def __init__(
         self,
@@ -35,11 +31,8 @@ class ActorPool:
         self.restart_policy = restart_policy
         n, per = len(self.env_fns), config.envs_per_actor
         self.unit_rows = [slice(lo, min(lo + per, n)) for lo in range(0, n, per)]
-        """The sub-envs each actor runs (consecutive blocks)."""
-        self.actors: list[Any] = []
-        """The current actor handles, one per block."""
+        self.actors: list[Any] = []  # the current actor handles, one per block
         self.progress = ProgressMarks(len(self.unit_rows), n)
-        """The actors' step marks (a dead one's steps: lost or unrun)."""
         self.num_actor_restarts = 0  # ActorStepping.num_actor_restarts
         self._remote_cls = ray.remote(worker)
         self._worker_args = worker_args
@@ -109,9 +102,8 @@ class ActorPool:
 
     def remote_error(self, err: BaseException, u: int, call: str) -> BaseException:
         """What a failed remote call means: a dead actor (WorkerError) or an error raised
-        by its sub-envs (the original, naming the vector env's sub-env). Raise it as
-        it is, not ``from err``: it chains what it should (a sub-env's own exception,
-        which crossed with it, else the remote traceback)."""
+        by its sub-envs (the original). Raise it as it is, not ``from err``: it chains
+        what it should."""
         ray = self.ray
         rows = self.unit_rows[u]
         if isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError)):
@@ -150,16 +142,14 @@ class ActorPool:
             ) from err
 
     def set_attr(self, name: str, values: list[Any]) -> None:
-        """Sets attribute ``name`` of every sub-env (``values``: one per sub-env)."""
         refs = [
             a.set_attr.remote(name, list(values[r])) for a, r in zip(self.actors, self.unit_rows)
         ]
         self.get_all(refs, None)
 
     def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        """A sub-env handle's request, run on sub-env ``index`` alone in its actor (the
-        current one: a replaced actor's successor); its result."""
-        u = next(u for u, rows in enumerate(self.unit_rows) if rows.start <= index < rows.stop)
+        """A sub-env handle's request, run on sub-env ``index`` alone in its actor."""
+        u = index // self.config.envs_per_actor
         local = index - self.unit_rows[u].start
         try:
             return self.ray.get(self.actors[u].on_sub_env.remote(local, method, args))
@@ -177,7 +167,6 @@ class ActorPool:
             self.kill(actor)
 
     def close(self) -> None:
-        """Closes the actors' sub-envs (where they still answer), then kills them."""
         try:  # noqa: SIM105  (no contextlib: this may run at interpreter exit)
             self.ray.get([a.close.remote() for a in self.actors], timeout=10)
         except Exception:  # dead actors, or Ray already shut down: nothing to close

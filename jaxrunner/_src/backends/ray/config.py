@@ -35,10 +35,9 @@ class RayConfig:
     """Ray CPU resources each env actor reserves (fractions allowed, e.g. 0.5)."""
     remote_env_batch_wait_ms: float = 0.0
     """Ready-first gymnasium envs: after the first actor's results arrive, how long the
-    runner waits for more before computing actions (0: take whatever is ready now), all
-    of them in one step. Longer waits give larger policy batches; shorter waits give
-    lower latency. Multi-agent envs take each actor's step on its own (the multi-agent
-    sampler acts on a block whose envs share their step count)."""
+    runner waits for more before computing actions, all of them in one step (0: take
+    whatever is ready now). Longer waits give larger policy batches, shorter ones lower
+    latency. Multi-agent envs take each actor's step on its own."""
     batch_buckets: tuple[int, ...] | None = None
     """Ready-first envs' policy batch sizes: the ready envs are padded to the smallest
     bucket that holds them, and each bucket is compiled once, up front. None: gymnasium
@@ -52,13 +51,11 @@ class RayConfig:
     """How long to wait for a new actor to start and reset its sub-envs (the cluster may
     lack the resources to place it)."""
     ready_first: bool | None = None
-    """How ``recv()`` answers, for both kinds of env. True: ready-first, ``send``
-    covers whole actors and ``recv()`` answers whichever actor is ready, so a slow
-    sub-env stalls only its own actor's (``batch_buckets`` applies, and for gymnasium
-    envs ``remote_env_batch_wait_ms``). False: lockstep, ``recv()`` answers the
-    sends in order and a send may be any block of envs, so the runner pipelines splits.
-    None (default): each kind's default, ready-first for gymnasium envs and lockstep
-    for multi-agent (PettingZoo) envs."""
+    """How ``recv()`` answers. True: ready-first, ``send`` covers whole actors and
+    ``recv()`` answers whichever actor is ready (``batch_buckets`` applies, and for
+    gymnasium envs ``remote_env_batch_wait_ms``). False: lockstep, ``recv()`` answers the
+    sends in order and a send may be any block of envs. None (default): ready-first for
+    gymnasium envs, lockstep for multi-agent (PettingZoo) envs."""
 
     def __post_init__(self) -> None:
         check_int("RayConfig", "envs_per_actor", self.envs_per_actor)

@@ -1,9 +1,9 @@
 """The actor steps of ``backend="ray"`` in flight, each with its deadline
-(``RayConfig.step_timeout_s``): waits for the first to answer, no longer than the oldest
-deadline, and hands back those past it."""
+(``RayConfig.step_timeout_s``)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,8 +13,7 @@ from jaxrunner.errors import RemoteTimeoutError
 
 class InFlightSteps:
     """Actor steps sent and not yet received: Ray object ref -> actor, rows and the send
-    it belongs to; each may take ``timeout_s`` (``RayConfig.step_timeout_s``; None: no
-    deadline)."""
+    it belongs to; each may take ``timeout_s`` (None: no deadline)."""
 
     def __init__(self, ray: Any, timeout_s: float | None) -> None:
         self.ray, self.timeout_s = ray, timeout_s
@@ -24,8 +23,6 @@ class InFlightSteps:
         return {u for u, _, _, _ in self._steps.values()}
 
     def add(self, ref: Any, u: int, rows: slice, call: Any) -> None:
-        """Records the step ``ref`` of actor ``u`` (sub-envs ``rows``, send ``call``), sent
-        now."""
         self._steps[ref] = (u, rows, call, time.monotonic())
 
     def pop(self, ref: Any) -> tuple[int, slice, Any]:
@@ -57,9 +54,9 @@ class InFlightSteps:
         return ready
 
     def pop_expired(self) -> Iterator[tuple[Any, int, slice, Any, RemoteTimeoutError]]:
-        """Yields the steps past their deadline, each one's ref, actor, rows, send and the error
-        that says it timed out (the actor is to be treated as dead); each is forgotten
-        as it is yielded, so a consumer that raises leaves the rest in flight."""
+        """Yields the steps past their deadline (ref, actor, rows, send, the error saying
+        it timed out), each forgotten as it is yielded: a consumer that raises leaves the
+        rest in flight."""
         timeout, now = self.timeout_s, time.monotonic()
         if timeout is None:
             return
@@ -79,8 +76,6 @@ class InFlightSteps:
         dropping their results and errors (a dead actor is found, and replaced, by the
         reset that follows)."""
         for ref in list(self._steps):
-            try:  # noqa: SIM105
+            with contextlib.suppress(Exception):
                 self.ray.get(ref, timeout=self.timeout_s)
-            except Exception:
-                pass
         self.clear()

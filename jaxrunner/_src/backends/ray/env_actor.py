@@ -1,6 +1,5 @@
 """The bodies of the env actors of ``backend="ray"``: a block of sub-envs stepped by the
-shared step loop (:class:`~jaxrunner._src.backends.sub_env_block.SubEnvBlock`), gymnasium
-ones in a ``GymnasiumBlock``, PettingZoo ones in an ``AgentBlock``."""
+shared step loop (a ``GymnasiumBlock``, or an ``AgentBlock`` for PettingZoo envs)."""
 
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ def _portable(err: BaseException) -> BaseException:
 
 
 class ActorBody:
-    """What every env actor does with its block of sub-envs (``block``) beside stepping."""
+    """What every env actor does with its block of sub-envs beside stepping."""
 
     block: SubEnvBlock
 
@@ -55,7 +54,6 @@ class ActorBody:
         return self.block.render()
 
     def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        """A sub-env handle's request, run on the block's sub-env ``index`` alone."""
         return self.block.on_sub_env(self.block.offset + index, method, args)
 
     def close(self) -> None:

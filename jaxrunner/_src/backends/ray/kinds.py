@@ -1,17 +1,16 @@
-"""What ``backend="ray"`` does differently for each kind of env: how actions split per
-actor, how an actor's reply becomes rows of the step, how a failed slot is filled.
-:class:`GymnasiumRows` for gymnasium envs, :class:`AgentRows` for PettingZoo envs."""
+"""What ``backend="ray"`` does differently for each kind of env (actions per actor, replies
+into rows, failed slots): :class:`GymnasiumRows` and :class:`AgentRows` (PettingZoo)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.batch_step import BatchStep
-from jaxrunner._src.backends.gymnasium_block import ActionSplitters
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
 from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep, StepViews
 from jaxrunner._src.backends.ray.env_actor import AgentEnvWorker, BlockReply, EnvWorker
@@ -22,21 +21,31 @@ from jaxrunner.errors import SpaceMismatchError
 class Answer(NamedTuple):
     """What an actor's reply says besides the rows it wrote (indices are global)."""
 
-    infos: Sequence[dict[str, Any]]
-    """One per env of the reply's rows."""
-    failed: np.ndarray | None
-    """Its rows' failed mask (None: none failed)."""
+    infos: Sequence[dict[str, Any]]  # one per env of the reply's rows
+    failed: np.ndarray | None  # its rows' failed mask (None: none failed)
     errors: dict[int, BaseException]
     reset_infos: dict[int, dict[str, Any]]
 
 
-class GymnasiumRows:
+class _Rows:
+    """What both kinds share: the action checks, built once per batch size."""
+
+    _action_check: Callable[[int], Callable[[Any], Any]]
+    _checks: dict[int, Callable[[Any], Any]]
+
+    def check(self, actions: Any, num: int) -> None:
+        check = self._checks.get(num)
+        if check is None:
+            check = self._checks[num] = self._action_check(num)
+        check(actions)
+
+
+class GymnasiumRows(_Rows):
     """Gymnasium sub-envs: a :class:`BatchStep` over :class:`StepBuffers`."""
 
     worker: type = EnvWorker
     worker_args: tuple = ()
-    ready_first = True
-    """Ready-first unless ``RayConfig.ready_first`` says otherwise."""
+    ready_first = True  # unless RayConfig.ready_first says otherwise
 
     def describe(self, vec: Any, described: list[Any], unit_rows: list[slice]) -> None:
         """Checks the actors' spaces are equal; sets the vector env's spaces and
@@ -52,12 +61,8 @@ class GymnasiumRows:
         vec._take_spaces(obs_space, action_space, metadata, render_mode)
         self.space = obs_space
         self.buffers = StepBuffers.allocate(obs_space, vec.num_envs)
-        self._splitters = ActionSplitters(action_space)
-        self._action_space = action_space
-
-    def check(self, actions: Any, num: int) -> None:
-        """Raises InvalidActionError unless ``actions`` is a valid batch of ``num``."""
-        self._splitters.split(actions, num)
+        self._action_space, self._checks = action_space, {}
+        self._action_check = functools.partial(space_arrays.action_batch_check, action_space)
 
     def part(self, actions: Any, at: slice | np.ndarray) -> Any:
         return space_arrays.map_structure(self._action_space, lambda a: np.asarray(a)[at], actions)
@@ -104,15 +109,12 @@ class GymnasiumRows:
         return space_arrays.take(self.space, self.buffers.obs, index), info
 
 
-class AgentRows:
+class AgentRows(_Rows):
     """PettingZoo sub-envs: a :class:`MultiAgentStep` over :class:`AgentStepBuffers`."""
 
     worker: type = AgentEnvWorker
-    ready_first = False
-    """Lockstep unless ``RayConfig.ready_first`` says otherwise."""
-    merge = None
-    """Blocks of several actors are never merged: the multi-agent sampler acts on a
-    block whose envs share their step count."""
+    ready_first = False  # unless RayConfig.ready_first says otherwise
+    merge = None  # never merged: the multi-agent sampler acts on envs of one step count
 
     def __init__(self, worker_args: tuple = ()) -> None:
         self.worker_args = worker_args
@@ -131,13 +133,8 @@ class AgentRows:
         self.groups = vec.groups
         self.buffers = AgentStepBuffers.allocate(vec.groups, vec.num_envs)
         self._views = StepViews(self.buffers, vec.policy_ids)
-        self._checks: dict[int, ActionCheck] = {}
-
-    def check(self, actions: Sequence[Any], num: int) -> None:
-        check = self._checks.get(num)
-        if check is None:
-            check = self._checks[num] = ActionCheck(self.groups, num)
-        check(actions)
+        self._checks = {}
+        self._action_check = functools.partial(ActionCheck, self.groups)
 
     def part(self, actions: Sequence[Any], at: slice | np.ndarray) -> list[Any]:
         return [np.asarray(a)[at] for a in actions]
@@ -155,16 +152,8 @@ class AgentRows:
         _put_reply(self.buffers, reset, slice(index, index + 1), slice(k, k + 1))
         self.buffers.fail_row(index)
 
-    def step(
-        self,
-        lo: int,
-        hi: int,
-        whole: bool,
-        infos: list[dict[str, Any]],
-        reset_infos: Any,
-        failed: np.ndarray | None,
-        errors: dict[int, BaseException] | None,
-    ) -> MultiAgentStep:
+    def step(self, lo: int, hi: int, whole: bool, *fields: Any) -> MultiAgentStep:
+        infos, _, failed, errors = fields  # no reset infos: put() gives none
         return self._views.step(lo, hi, infos, failed, errors)
 
     def reset_result(self, infos: list[dict[str, Any]], *fields: Any) -> MultiAgentStep:

@@ -15,6 +15,12 @@ from jaxrunner._src.backends.sub_env_block import DONE, NOT_RUN
 TOKEN_BYTES = 16
 
 
+def _carve(memory: mmap.mmap, num_units: int, num_envs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each actor's attached flag and each sub-env's mark, after the token."""
+    flags = np.frombuffer(memory, np.int8, num_units, TOKEN_BYTES)
+    return flags, np.frombuffer(memory, np.int8, num_envs, TOKEN_BYTES + num_units)
+
+
 class SharedMarks(NamedTuple):
     """Where actor ``unit`` finds the marks: a path that opens the driver's memory on the
     driver's machine only, and the token that proves it is that memory."""
@@ -45,9 +51,9 @@ def attach(where: SharedMarks | None) -> np.ndarray | None:
     if memory[:TOKEN_BYTES] != where.token:  # not the driver's memory
         memory.close()
         return None
-    flags = np.frombuffer(memory, np.int8, where.num_units, TOKEN_BYTES)
+    flags, marks = _carve(memory, where.num_units, where.num_envs)
     flags[where.unit] = 1
-    return np.frombuffer(memory, np.int8, where.num_envs, TOKEN_BYTES + where.num_units)
+    return marks
 
 
 class ProgressMarks:
@@ -62,8 +68,7 @@ class ProgressMarks:
         self._fd, self._memory = create_shared_block(TOKEN_BYTES + num_units + num_envs)
         self._token = os.urandom(TOKEN_BYTES)
         self._memory[:TOKEN_BYTES] = self._token
-        self.flags = np.frombuffer(self._memory, np.int8, num_units, TOKEN_BYTES)
-        self.marks = np.frombuffer(self._memory, np.int8, num_envs, TOKEN_BYTES + num_units)
+        self.flags, self.marks = _carve(self._memory, num_units, num_envs)
         self._path: str | None = f"/proc/{os.getpid()}/fd/{self._fd}"
 
     def where(self, unit: int) -> SharedMarks | None:

@@ -1,6 +1,5 @@
-"""The one stepping mechanism of ``backend="ray"``, for both kinds of env: sends to the
-actors, their replies gathered into steps (lockstep or ready-first), dead and hung
-actors replaced. What differs by kind is in :mod:`.kinds`."""
+"""The stepping of ``backend="ray"`` for both kinds of env (what differs by kind:
+:mod:`.kinds`): sends, replies gathered into steps, dead and hung actors replaced."""
 
 from __future__ import annotations
 
@@ -29,18 +28,14 @@ class Call:
 
     def __init__(self, lo: int, hi: int, whole: bool) -> None:
         self.lo, self.hi, self.whole = lo, hi, whole
-        self.steps: dict[Any, Any] = {}
-        """Actor step ref -> the actor it went to (a replaced one is lost with it)."""
-        self.replies: list[tuple[int, slice, Any]] = []
-        """``(actor, rows, reply)`` of each step answered."""
-        self.lost: dict[int, BaseException] = {}
-        """Envs whose slot fails, and why (their actor died or hung)."""
+        self.steps: dict[Any, Any] = {}  # actor step ref -> the actor it went to
+        self.replies: list[tuple[int, slice, Any]] = []  # (actor, rows, reply)
+        self.lost: dict[int, BaseException] = {}  # envs whose slot fails, and why
 
 
 class ActorStepping(RemoteSubEnvs):
-    """``reset``/``send``/``recv``/``step_batch`` of a vector env whose sub-envs run in
-    Ray actors (:class:`~.actor_manager.ActorPool`), for either kind (:mod:`.kinds`);
-    as :class:`~.vector_env.RayVectorEnv` describes."""
+    """The backend contract of a vector env whose sub-envs run in Ray actors, for either
+    kind (:mod:`.kinds`); as :class:`~.vector_env.RayVectorEnv` describes."""
 
     config: RayConfig
     unit_rows: list[slice]
@@ -83,14 +78,13 @@ class ActorStepping(RemoteSubEnvs):
         )
         self._actors, self.unit_rows = actors, actors.unit_rows
         self._in_flight = InFlightSteps(actors.ray, self.config.step_timeout_s)
-        self._calls: list[Call] = []
-        """Sends not yet received, in send order (ready-first: one per actor)."""
+        self._calls: list[Call] = []  # sends not yet received, in send order
         self._pending: dict[int, BaseException] = {}
         """Envs of replaced actors whose slot has not failed yet, and why: it fails in
-        their next send, unstepped (a step already answered by the dead actor stays)."""
+        their next send, unstepped."""
         self.num_lost_steps = 0
         """Completed sub-env steps whose results died with their actor (counted where
-        the actor shares its marks: on the driver's machine, :mod:`.progress`)."""
+        the actor shares its marks: on the driver's machine)."""
         self.num_unrun_steps = 0
         """Failed slots of replaced actors' sub-envs that had not started their step."""
         self._fresh: dict[int, Any] = {}
@@ -120,8 +114,6 @@ class ActorStepping(RemoteSubEnvs):
     def num_in_flight(self) -> int:
         """Sends not yet received (ready-first: one per actor)."""
         return len(self._calls)
-
-    # -- the backend contract --------------------------------------------------------------------
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -230,8 +222,6 @@ class ActorStepping(RemoteSubEnvs):
         lo, hi = block_rows(rows, self.num_envs, type(self).__name__)
         return self._result(self._wait(self._send_rows(actions, lo, hi, rows is None)))
 
-    # -- the sub-envs' utilities, run in the actors
-
     def _ask_one(self, index: int, method: str, args: tuple) -> Any:
         return self._actors.on_sub_env(index, method, args)
 
@@ -242,8 +232,6 @@ class ActorStepping(RemoteSubEnvs):
 
     def _set_each(self, name: str, values: list[Any]) -> None:
         self._actors.set_attr(name, values)
-
-    # -- internals ------------------------------------------------------------------------------
 
     def _whole_actors(self, env_ids: EnvIds) -> list[tuple[int, np.ndarray]]:
         """The actors ``env_ids`` covers, each with its rows' positions in the send."""
@@ -390,7 +378,6 @@ class ActorStepping(RemoteSubEnvs):
         return infos, reset_infos, failed if failed.any() else None, errors or None
 
     def _discard(self) -> None:
-        """Drops the sends in flight (see :meth:`InFlightSteps.discard`)."""
         self._in_flight.discard()
         self._calls.clear()
 

@@ -1,5 +1,5 @@
-"""``RayVectorEnv`` and its multi-agent twin: sub-envs in Ray actors, each a thin shell
-over the one stepping mechanism (:mod:`.stepping`) with its kind of env (:mod:`.kinds`)."""
+"""``RayVectorEnv`` and its multi-agent twin: shells over :mod:`.stepping`, each with its
+kind of env (:mod:`.kinds`)."""
 
 from __future__ import annotations
 
@@ -17,23 +17,19 @@ from jaxrunner._src.core.agent_groups import PolicyMappingFn
 
 
 class RayVectorEnv(ActorStepping, VectorEnv):
-    """Sub-envs in Ray actors, stepped at their own pace.
+    """Sub-envs in Ray actors, stepped at their own pace (see docs/backends/ray.md).
 
-    Consecutive blocks of ``envs_per_actor`` sub-envs each run in one Ray actor as a
-    :class:`~jaxrunner.SyncVectorEnv`, so validation, SAME_STEP autoreset and restarts
-    work as in-process. Ready-first by default (``RayConfig.ready_first``): :meth:`send`
-    starts whole actors' steps and :meth:`recv` returns the first actor to finish
-    (``BatchStep.env_ids`` its slice); lockstep with ``ready_first=False``.
-    :meth:`step_batch` waits for every actor of its rows. An actor that dies or misses
-    ``step_timeout_s`` is killed and, under a ``restart_policy``, replaced: its sub-envs'
-    steps in flight fail, its other sub-envs' next ones (unstepped), and their episodes
-    end as faulty; without one the failure raises :class:`~jaxrunner.errors.WorkerError`
-    (a death) or :class:`~jaxrunner.errors.RemoteTimeoutError` (a missed deadline).
-    ``num_lost_steps`` and ``num_unrun_steps`` count a dead actor's steps as the process
-    backend does (exactly for actors on the driver's machine).
-
-    Ray must be importable; if no Ray instance is running, Ray starts a local one on
-    first use (call ``ray.init(address="auto")`` first to use a cluster).
+    Consecutive blocks of ``envs_per_actor`` sub-envs each run in one Ray actor with the
+    sync backend's loop (validation, SAME_STEP autoreset, restarts). Ready-first by default
+    (``RayConfig.ready_first``): :meth:`send` starts whole actors' steps and :meth:`recv`
+    returns the first actor to finish (``BatchStep.env_ids`` its slice); lockstep with
+    ``ready_first=False``. An actor that dies or misses ``step_timeout_s`` is killed and,
+    under a ``restart_policy``, replaced: its sub-envs' steps in flight fail, its other
+    sub-envs' next ones (unstepped), counted in ``num_lost_steps`` and ``num_unrun_steps``
+    as on the process backend; without one the failure raises
+    :class:`~jaxrunner.errors.WorkerError` (a death) or
+    :class:`~jaxrunner.errors.RemoteTimeoutError` (a missed deadline). Without a running
+    Ray instance, Ray starts a local one (``ray.init(address="auto")`` first for a cluster).
 
     Args:
         env_fns: zero-argument factories, one per sub-env; picklable (cloudpickle), as
