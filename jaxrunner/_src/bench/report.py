@@ -42,13 +42,13 @@ def format_report(report: dict[str, Any]) -> str:
             f"{report['policy']}, one per policy group;",
             f"{steps}; env steps/s (agent steps/s = {len(agents)} x env steps/s);",
         ]
-        hand = "a list of the PettingZoo envs, every agent's obs stacked, the same jitted "
+        hand = "a list of the PettingZoo envs, every agent's obs stacked,\n  the same jitted "
         hand += "policy, [T, B, A] numpy buffers"
     else:
         lines = [f"{config['env']}; {report['policy']};", f"{steps};"]
-        hand = "the same jitted policy, np.asarray on its outputs, [T, B] numpy buffers"
+        hand = "the same jitted policy, np.asarray on its outputs,\n  [T, B] numpy buffers"
     lines += [
-        f"{rounds} of {config['seconds']:g} s per system, each system in its own process.",
+        f"{rounds} of {config['seconds']:g} s per system, each in its own process.",
         "jaxrunner: EnvRunner.sample() as a user runs it "
         f"(JAX CPU dispatch: {children['jaxrunner']['cpu_dispatch']}).",
         f"hand loop: the loop a user writes: {hand}, JAX at its defaults "
@@ -57,11 +57,10 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     if plans is PLANS:
         lines.append(
-            "ceiling: the env stepped with random actions + one bare policy call per step; "
-            "vs ceiling: jaxrunner / ceiling; in turn: the env stepped with the bare policy's "
-            "own actions."
+            "ceiling: the env stepped with random actions + one bare policy call per step;\n"
+            "  vs ceiling: jaxrunner / ceiling; in turn: the env stepped with the policy's actions."
         )
-    lines.append("Where a step goes, column by column: docs/performance.md.")
+    lines.append("What each column holds: docs/performance.md (Where the time goes).")
     for backend in dict.fromkeys(row["backend"] for row in report["results"]):
         rows = [row for row in report["results"] if row["backend"] == backend]
         lines += ["", format_backend(rows, plans)]
