@@ -194,32 +194,26 @@ def measure_width(
     return {**row, **summarize(results, plan, labels or {})}
 
 
+def _spread(values: list[float], median: float) -> dict[str, Any]:
+    return {"median": median, "min": min(values), "max": max(values), "rounds": values}
+
+
 def summarize(
     results: Mapping[str, list[dict[str, Any]]], plan: Plan, labels: Mapping[str, str]
 ) -> dict[str, Any]:
     systems: dict[str, dict[str, Any]] = {}
     for name, rounds in results.items():
         rates = [r["steps_per_s"] for r in rounds]
-        systems[name] = {
-            "label": labels.get(name) or label(name, plan),
-            "median": statistics.median(rates),
-            "min": min(rates),
-            "max": max(rates),
-            "rounds": rates,
-            "all_rounds": rounds,
-        }
+        systems[name] = {"label": labels.get(name) or label(name, plan)}
+        systems[name].update(_spread(rates, statistics.median(rates)), all_rounds=rounds)
     out: dict[str, Any] = {"systems": systems, "ratios": {}, "split_us": None, "ceiling": None}
     ours = systems.get("jaxrunner")
     for name, theirs in systems.items():
         if ours is None or name == "jaxrunner":
             continue
         per_round = [a / b for a, b in zip(ours["rounds"], theirs["rounds"])]
-        out["ratios"][name] = {
-            "median": ours["median"] / theirs["median"],  # the ratio of the medians
-            "min": min(per_round),
-            "max": max(per_round),
-            "rounds": per_round,
-        }
+        # the ratio of the medians, and the spread of the per-round ratios
+        out["ratios"][name] = _spread(per_round, ours["median"] / theirs["median"])
     splits = [r["split_us"] for r in results.get("jaxrunner", []) if r.get("split_us")]
     if splits:
         out["split_us"] = {k: statistics.median(s[k] for s in splits) for k in splits[0]}
