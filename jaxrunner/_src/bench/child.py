@@ -28,11 +28,7 @@ class Child:
     ``command``: a peer library's server speaking the same protocol."""
 
     def __init__(
-        self,
-        name: str,
-        *,
-        jax_defaults: bool,
-        command: Sequence[str] | None = None,
+        self, name: str, *, jax_defaults: bool, command: Sequence[str] | None = None
     ) -> None:
         self.name = name
         env = dict(os.environ)
