@@ -47,8 +47,7 @@ from peer_loops import EnvPoolAsyncLoop
 
 import jaxrunner as jr
 from jaxrunner._src.bench import machine_info
-from jaxrunner._src.bench.hand_loop import RecordingHandLoop, single_spaces
-from jaxrunner._src.bench.policy import hand_act
+from jaxrunner._src.bench.hand_loop import RecordingHandLoop, hand_act, single_spaces
 from jaxrunner._src.bench.workloads import WORKLOADS, Workload
 
 SEED = 0

@@ -18,8 +18,7 @@ import gymnasium
 import jax
 import numpy as np
 
-from jaxrunner._src.bench.hand_loop import recording_buffers, single_spaces
-from jaxrunner._src.bench.policy import hand_act
+from jaxrunner._src.bench.hand_loop import hand_act, recording_buffers, single_spaces
 from jaxrunner._src.core.policy import Policy
 
 PEER_REFERENCES: dict[str, str] = {

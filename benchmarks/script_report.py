@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any
 
-from jaxrunner._src.bench.machine import machine_info
+from jaxrunner._src.bench.timing import machine_info
 from jaxrunner._src.cpu_dispatch import use_async_cpu_dispatch, use_inline_cpu_dispatch
 
 

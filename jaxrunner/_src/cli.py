@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxrunner import __version__
+from jaxrunner._src import bench
 from jaxrunner._src.bench import plot
-from jaxrunner._src.bench.rounds import PLANS
 from jaxrunner._src.bench.workloads import WORKLOADS
 from jaxrunner._src.services.serve.command import add_serve_command
 from jaxrunner.errors import InvalidArgumentError, MissingDependencyError
@@ -21,8 +21,6 @@ DEFAULT_ENV = "CartPole-v1"
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from jaxrunner._src import bench
-
     plans = bench.plans_for(args.env)  # a PettingZoo env has plans of its own
     # A flag left out keeps the config's default (a workload's own with --workload).
     options: dict[str, Any] = {"seconds": args.seconds, "rounds": args.rounds}
@@ -79,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"jaxrunner {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    bench = commands.add_parser(
+    bench_command = commands.add_parser(
         "bench",
         help="is jaxrunner faster than the loop you would write by hand?",
         description="Env steps/s of jaxrunner's EnvRunner.sample() (single- or "
@@ -88,14 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
         "[T, B] numpy buffers, JAX at its defaults), each in its own process, in interleaved "
         "rounds; the policy-bound ceiling; where a jaxrunner step goes; a one-line verdict.",
     )
-    bench.add_argument(
+    bench_command.add_argument(
         "--env",
         default=DEFAULT_ENV,
         help="gymnasium id, or a PettingZoo parallel env as module:name (e.g. "
         "mpe2:simple_spread_v3: EnvRunner against the hand-written PettingZoo loop, "
         "backends sync and process) (default: %(default)s)",
     )
-    bench.add_argument(
+    bench_command.add_argument(
         "--num-envs",
         type=int,
         nargs="+",
@@ -103,17 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="widths to measure (default: 1 8 64 256; a workload's own with --workload)",
     )
-    bench.add_argument(
+    bench_command.add_argument(
         "--backend",
         default=None,
-        choices=(*PLANS, "all"),
+        choices=(*bench.PLANS, "all"),
         help="jaxrunner backend (make_vec(backend=...); auto: EnvRunner.from_env's choice "
         "of sync or process, measured with the policy and printed per width; jax: gymnax "
         "in a JaxVectorEnv), or "
         "all: every installed one, each at the widths that fit it (default: sync; sync and "
         "process with --workload)",
     )
-    bench.add_argument(
+    bench_command.add_argument(
         "--workload",
         default=None,
         choices=tuple(WORKLOADS),
@@ -123,27 +121,27 @@ def build_parser() -> argparse.ArgumentParser:
         "8 32 envs; pip install 'jaxrunner[mujoco]'), every system with the same envs and "
         "policy (default: none)",
     )
-    bench.add_argument(
+    bench_command.add_argument(
         "--seconds",
         type=float,
         default=1.0,
         help="seconds per system per round (default: %(default)s)",
     )
-    bench.add_argument(
+    bench_command.add_argument(
         "--rounds", type=int, default=3, help="interleaved rounds per width (default: %(default)s)"
     )
-    bench.add_argument(
+    bench_command.add_argument(
         "--json",
         action="store_true",
         help="print only the JSON report on stdout (default: tables and a verdict)",
     )
-    bench.add_argument(
+    bench_command.add_argument(
         "--out",
         type=pathlib.Path,
         default=None,
         help="also write the JSON report (every round, the machine) to this file (default: none)",
     )
-    bench.add_argument(
+    bench_command.add_argument(
         "--plot",
         type=pathlib.Path,
         default=None,
@@ -151,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also draw env steps/s against the number of envs, a line per system, into this "
         "PNG (needs matplotlib: pip install 'jaxrunner[plot]') (default: none)",
     )
-    bench.set_defaults(func=_bench)
+    bench_command.set_defaults(func=_bench)
     add_serve_command(commands)
     return parser
 

@@ -1,5 +1,5 @@
-"""The whole ``jaxrunner bench`` run: every chosen backend at its widths, measured
-in interleaved rounds by two long-lived children, gathered into one report."""
+"""The whole ``jaxrunner bench`` run: every chosen backend at its widths, measured in
+interleaved rounds by two long-lived children, gathered into one report."""
 
 from __future__ import annotations
 
@@ -12,45 +12,36 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxrunner._src.arg_checks import check_int, check_number, is_int
-from jaxrunner._src.bench.machine import autogroup
 from jaxrunner._src.bench.multi_agent import describe, parallel_env_module
 from jaxrunner._src.bench.report import verdict
 from jaxrunner._src.bench.rounds import MULTI_AGENT_PLANS, PLANS, Harness, Plan, measure_width
 from jaxrunner._src.bench.systems import JAX_BACKEND
+from jaxrunner._src.bench.timing import autogroup
 from jaxrunner._src.bench.workloads import get_workload, steps_per_rollout
 from jaxrunner.errors import InvalidArgumentError
 
 
 def plans_for(env: str) -> dict[str, Plan]:
-    """The plans for ``env``: ``MULTI_AGENT_PLANS`` for a PettingZoo env
-    (``module:name``), else ``PLANS``."""
+    """``MULTI_AGENT_PLANS`` for a PettingZoo env (``module:name``), else ``PLANS``."""
     return MULTI_AGENT_PLANS if parallel_env_module(env) else PLANS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BenchConfig:
-    """What ``jaxrunner bench`` measures."""
+    """What ``jaxrunner bench`` measures: ``env``, a gymnasium id (EnvPool's and gymnax's
+    too) or a PettingZoo parallel env as ``module:name`` (then against the multi-agent
+    hand loop); ``backends``, keys of :func:`plans_for`'s plans, each at the ``widths``
+    that fit it when there are several (a backend whose library is missing is skipped);
+    ``seconds`` per system per round; ``workload``, a key of ``WORKLOADS`` whose env and
+    policy every system runs (:meth:`for_workload` fills ``env`` and the widths)."""
 
     env: str = "CartPole-v1"
-    """A gymnasium id (also EnvPool's and gymnax's for those backends), or a PettingZoo
-    parallel env as ``module:name`` (``mpe2:simple_spread_v3``: the module
-    ``mpe2.simple_spread_v3``): then ``EnvRunner`` is measured against the
-    multi-agent hand loop, on the backends of ``MULTI_AGENT_PLANS``."""
     widths: tuple[int, ...] = (1, 8, 64, 256)
-    """Numbers of envs to measure."""
     backends: tuple[str, ...] = ("sync",)
-    """Keys of ``PLANS`` (of ``MULTI_AGENT_PLANS`` for a PettingZoo env); with more than
-    one, each runs at the widths that fit it (``Plan.max_width``) and a backend whose
-    library is missing is skipped."""
     seconds: float = 1.0
-    """Wall time of each system's measurement in a round."""
     rounds: int = 3
-    """Interleaved rounds per width; medians and min-max are over them."""
     seed: int = 0
     workload: str | None = None
-    """A key of ``WORKLOADS`` (``cartpole``, ``pong``, ``halfcheetah``): every system
-    steps its envs with its policy, at its rollout length; ``env`` must then be its
-    gymnasium id (:meth:`for_workload` fills it, the widths and the backends)."""
 
     @classmethod
     def for_workload(
@@ -61,8 +52,6 @@ class BenchConfig:
         backends: tuple[str, ...] = ("sync", "process"),
         **options: Any,
     ) -> BenchConfig:
-        """The bench of a workload: its env, at its widths unless given, on the sync
-        and process backends unless told."""
         spec = get_workload(workload)
         return cls(
             env=spec.env_id,
@@ -96,7 +85,6 @@ class BenchConfig:
             )
 
     def plan_widths(self) -> dict[str, tuple[int, ...]]:
-        """The widths each backend runs at."""
         if len(self.backends) == 1:
             return {self.backends[0]: self.widths}
         plans = plans_for(self.env)
@@ -104,10 +92,8 @@ class BenchConfig:
 
 
 def run(config: BenchConfig, log: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
-    """Runs the benchmark; returns its report: config, machine (the jaxrunner child's
-    :func:`machine_info`), each child's CPU dispatch, every row with every round,
-    the skipped backends with the reason, and the verdict; for a PettingZoo env also
-    ``multi_agent``: its module and agents."""
+    """Runs the benchmark; returns its report: config, machine, each child's CPU
+    dispatch, every row with every round, the skipped backends and why, the verdict."""
     started = time.perf_counter()
     plans = plans_for(config.env)
     report: dict[str, Any] = {

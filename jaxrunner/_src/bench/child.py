@@ -25,19 +25,14 @@ class ChildError(JaxRunnerError, RuntimeError):
 class Child:
     """The parent's handle on one child process: at JAX's defaults (``jax_defaults``,
     the hand loops) or with this process's environment, as a user runs jaxrunner;
-    ``command`` for a peer library's server speaking the same protocol."""
+    ``command``: a peer library's server speaking the same protocol."""
 
     def __init__(
-        self,
-        name: str,
-        *,
-        jax_defaults: bool,
-        command: Sequence[str] | None = None,
+        self, name: str, *, jax_defaults: bool, command: Sequence[str] | None = None
     ) -> None:
         self.name = name
         env = dict(os.environ)
-        # The child imports the same jaxrunner as this process, wherever it came from
-        # (the folder holding the package: jaxrunner/_src/bench/child.py is 3 below it).
+        # The child imports the same jaxrunner as this process (3 folders above this file).
         root = str(pathlib.Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         if jax_defaults:  # JAX keeps its own default, and import jaxrunner leaves it alone
@@ -54,8 +49,7 @@ class Child:
         )
 
     def send(self, op: str, **fields: Any) -> None:
-        """Sends a request; :meth:`receive` gets its reply (several children can work
-        at once)."""
+        """Sends a request; :meth:`receive` gets its reply (children work at once)."""
         assert self._process.stdin is not None
         try:
             self._process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
@@ -64,8 +58,7 @@ class Child:
             raise self._died() from err
 
     def receive(self) -> Any:
-        """The reply to the oldest request not yet answered (ChildError if the request
-        failed in the child, or the child died)."""
+        """The reply to the oldest request not yet answered (ChildError if it failed)."""
         assert self._process.stdout is not None
         line = self._process.stdout.readline()
         if not line:
@@ -93,7 +86,6 @@ class Child:
         )
 
     def close(self) -> None:
-        """Asks the child to exit (closing its systems), killing it if it does not."""
         if self._process.poll() is None:
             try:
                 self.send("exit")
@@ -115,9 +107,9 @@ class Child:
 def main(build: Callable[[Any], Any] | None = None) -> None:
     """Serves requests from stdin until told to exit, building systems with ``build``
     (``Spec -> system`` with ``measure(seconds)`` and ``close()``; None: bench's own)."""
-    from jaxrunner._src.bench.machine import machine_info
     from jaxrunner._src.bench.systems import Spec
     from jaxrunner._src.bench.systems import build as build_system
+    from jaxrunner._src.bench.timing import machine_info
 
     build = build_system if build is None else build
     # Replies need a clean stdout: keep it for them, and send anything else printed
@@ -145,9 +137,7 @@ def main(build: Callable[[Any], Any] | None = None) -> None:
                 systems[name] = build(Spec(**request["spec"]))
                 result = {"build_s": time.perf_counter() - start}
             elif op == "measure":
-                # This process's CPU seconds beside the wall's: a rate per CPU second
-                # moves less with other sessions' load (the process backend's workers
-                # are other processes: not counted).
+                # CPU seconds (this process's, not workers') move less with others' load.
                 cpu, wall = time.process_time(), time.perf_counter()
                 result = systems[name].measure(float(request["seconds"]))
                 result["cpu_s"] = time.process_time() - cpu

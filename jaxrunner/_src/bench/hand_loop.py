@@ -1,11 +1,11 @@
-"""The recording hand loop (CleanRL's collection loop), jaxrunner's speed reference.
-See docs/design.md."""
+"""The loops a user writes by hand, jaxrunner's speed references: CleanRL's recording
+loop around a vector env, and gymnax's ``lax.scan``. See docs/design.md."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import gymnasium
 import jax
@@ -13,10 +13,11 @@ import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_int
-from jaxrunner._src.bench.policy import hand_act, mlp_policy
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.bench.workloads import get_workload
 from jaxrunner._src.core.policy import Policy
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.models import mlp_policy
 
 REFERENCES: dict[str, str] = {
     "sync": "gymnasium SyncVectorEnv",
@@ -26,34 +27,37 @@ REFERENCES: dict[str, str] = {
     "scan": "gymnax lax.scan",
     "pettingzoo": "a list of PettingZoo parallel envs, stepped one by one",
 }
-"""Each hand-loop reference of ``jaxrunner bench`` and what a user drives by hand in it
-(the peer libraries' loops are in ``benchmarks/peer_loops.py``)."""
+"""Each hand loop of ``jaxrunner bench``, by what it drives (the peer libraries' loops
+are in ``benchmarks/peer_loops.py``)."""
+
+
+def hand_act(policy: Policy, num_envs: int) -> Callable[[Any, Any, jax.Array], Any]:
+    """The jitted policy step a user would write, one key split per step:
+    ``(params, obs, key) -> (action, extras, key)``."""
+
+    @jax.jit
+    def act(params: Any, obs: Any, key: jax.Array) -> tuple[Any, Any, jax.Array]:
+        key, sub = jax.random.split(key)
+        action, extras, _ = policy.apply_fn(params, obs, None, jax.random.split(sub, num_envs))
+        return action, extras, key
+
+    return act
 
 
 def single_spaces(envs: Any) -> tuple[gymnasium.Space, gymnasium.Space]:
-    """A vector env's single observation and action spaces (EnvPool names them
-    ``observation_space`` and ``action_space``)."""
+    """A vector env's single observation and action spaces (EnvPool's have no
+    ``single_`` prefix)."""
     obs = getattr(envs, "single_observation_space", None) or envs.observation_space
     action = getattr(envs, "single_action_space", None) or envs.action_space
     return obs, action
 
 
-class RecordingBuffers(NamedTuple):
-    """The ``[T, B]`` buffers a hand loop records into (CleanRL's)."""
-
-    obs: Any
-    action: Any
-    log_prob: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-
-
 def recording_buffers(
     obs_space: gymnasium.Space, action_space: gymnasium.Space, shape: tuple[int, ...]
-) -> RecordingBuffers:
-    """New zeroed :class:`RecordingBuffers` of ``shape``, laid out by the spaces."""
-    return RecordingBuffers(
+) -> tuple[Any, ...]:
+    """Zeroed obs, action, log_prob, reward, terminated and truncated buffers of
+    ``shape`` (CleanRL's)."""
+    return (
         space_arrays.allocate(obs_space, shape),
         space_arrays.allocate(action_space, shape),
         np.zeros(shape, np.float32),
@@ -64,12 +68,9 @@ def recording_buffers(
 
 
 class RecordingHandLoop:
-    """CleanRL's collection loop around a vector env and the benchmark MLP.
-
-    Each :meth:`rollout` overwrites ``obs`` (acted on: the reset one after an episode
-    ended), ``action``, ``log_prob``, ``reward``, ``terminated`` and ``truncated``: step
-    ``t`` of env ``b`` is row ``[t, b]`` of each.
-    """
+    """CleanRL's collection loop around a vector env and the benchmark MLP: each
+    :meth:`rollout` overwrites ``obs`` (acted on), ``action``, ``log_prob``, ``reward``,
+    ``terminated`` and ``truncated``, step ``t`` of env ``b`` at ``[t, b]``."""
 
     def __init__(
         self,
@@ -81,11 +82,9 @@ class RecordingHandLoop:
         policy: Policy | None = None,
         next_step_reset: bool = False,
     ) -> None:
-        """``envs``: a gymnasium-style vector env. ``seeded_reset``: False for envs
-        seeded when built (EnvPool ignores ``reset(seed=...)``). ``next_step_reset``: the
-        envs reset on the step after an episode's end (EnvPool, PufferLib), which
-        :meth:`rollout` then leaves out of its count. ``policy`` None: the benchmark MLP.
-        """
+        """``seeded_reset``: False for envs seeded when built (EnvPool). ``next_step_reset``:
+        the envs reset on the step after an episode's end (EnvPool, PufferLib), a step
+        :meth:`rollout` leaves out of its count. ``policy`` None: the benchmark MLP."""
         check_int("RecordingHandLoop", "rollout_length", rollout_length)
         obs_space, action_space = single_spaces(envs)
         self.envs, self.num_envs, self.rollout_length = envs, int(envs.num_envs), rollout_length
@@ -130,8 +129,8 @@ class RecordingHandLoop:
 
 
 def env_makers(env: str, workload: str | None) -> tuple[Callable[[], Any], str, dict[str, Any]]:
-    """What builds a hand loop's envs: a factory of one sub-env (the workload's, else
-    ``gymnasium.make(env)``), and EnvPool's id and options for the same env."""
+    """A factory of one sub-env (the workload's, else ``gymnasium.make(env)``), and
+    EnvPool's id and options for the same env."""
     if workload is None:
         return functools.partial(gymnasium.make, env), env, {}
     spec = get_workload(workload)
@@ -142,9 +141,7 @@ def reference_envs(
     reference: str, env: str, num_envs: int, seed: int, workload: str | None = None
 ) -> tuple[Any, bool]:
     """The vector env a user drives by hand for ``reference`` (``"sync"``, ``"async"``,
-    ``"native"`` or ``"envpool"``), and whether its reset takes a seed; a ``workload``'s
-    env factory replaces ``gymnasium.make(env)``.
-    """
+    ``"native"`` or ``"envpool"``), and whether its reset takes a seed."""
     same_step = gymnasium.vector.AutoresetMode.SAME_STEP
     make, envpool_id, envpool_kwargs = env_makers(env, workload)
     if reference == "sync":
@@ -169,3 +166,49 @@ def reference_envs(
         f"reference_envs(reference={reference!r}): expected one of ['sync', 'async', 'native', "
         "'envpool'] (a peer library's loop is built by benchmarks/peer_child.py)."
     )
+
+
+def build_hand_scan(
+    num_envs: int, rollout_length: int, seed: int, env_id: str = "CartPole-v1"
+) -> Callable[[], int]:
+    """A gymnax user's loop: one jitted ``lax.scan`` over ``vmap(env.step)`` with the
+    benchmark MLP, recording obs, action, reward, flags, the final observation and the
+    log-prob on device. Returns ``rollout() -> env steps done`` (waiting for the scan)."""
+    import gymnax  # type: ignore[import-not-found]  # an optional extra
+
+    env, env_params = gymnax.make(env_id)
+    spaces = JaxVectorEnv(env, env_params, 1)
+    policy = mlp_policy(spaces.single_action_space)
+    params = policy.init(jax.random.key(seed), spaces.single_observation_space)
+    step_envs = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def rollout(params: Any, carry: Any) -> tuple[Any, Any]:
+        def step(carry: Any, _: None) -> tuple[Any, Any]:
+            obs, state, key = carry
+            key, act_key, env_key = jax.random.split(key, 3)
+            action, extras, _ = policy.apply_fn(
+                params, obs, None, jax.random.split(act_key, num_envs)
+            )
+            next_obs, state, reward, terminated, truncated, info = step_envs(
+                jax.random.split(env_key, num_envs), state, action, env_params
+            )
+            final_obs = info["final_observation"]
+            transition = (obs, action, reward, terminated, truncated, final_obs, extras["log_prob"])
+            return (next_obs, state, key), transition
+
+        return jax.lax.scan(step, carry, None, rollout_length)
+
+    key, reset_key = jax.random.split(jax.random.key(seed))
+    obs, state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(reset_key, num_envs), env_params
+    )
+    carry = (obs, state, key)
+    compiled = jax.jit(rollout, donate_argnums=1)
+
+    def run() -> int:
+        nonlocal carry
+        carry, traj = compiled(params, carry)
+        jax.block_until_ready(traj)
+        return rollout_length * num_envs
+
+    return run

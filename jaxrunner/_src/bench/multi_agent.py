@@ -1,5 +1,5 @@
-"""``jaxrunner bench`` on a PettingZoo parallel env (``module:name``): the env, and the
-hand-written multi-agent loop ``EnvRunner.sample()`` is measured against."""
+"""``jaxrunner bench`` on a PettingZoo parallel env (``module:name``), and the
+multi-agent loop a user writes by hand."""
 
 from __future__ import annotations
 
@@ -14,15 +14,14 @@ import numpy as np
 from gymnasium import spaces
 
 from jaxrunner._src.arg_checks import check_int
-from jaxrunner._src.bench.hand_loop import recording_buffers
-from jaxrunner._src.bench.policy import hand_act, mlp_policy
+from jaxrunner._src.bench.hand_loop import hand_act, recording_buffers
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.models import mlp_policy
 
 
 def parallel_env_module(env: str) -> str | None:
-    """The module of a PettingZoo env named ``module:name`` (``"mpe2.simple_spread_v3"``
-    for ``"mpe2:simple_spread_v3"``), or None: then ``env`` is a gymnasium id (which may
-    be ``module:EnvId`` too, but names no submodule)."""
+    """``"mpe2.simple_spread_v3"`` for ``"mpe2:simple_spread_v3"``, or None for a
+    gymnasium id (whose ``module:EnvId`` form names no submodule)."""
     package, sep, name = env.partition(":")
     if not sep or not package or not name.isidentifier():
         return None
@@ -34,7 +33,6 @@ def parallel_env_module(env: str) -> str | None:
 
 
 def make_parallel_env(module: str) -> Any:
-    """A PettingZoo ``ParallelEnv`` from ``module.parallel_env()``, at its defaults."""
     make = getattr(importlib.import_module(module), "parallel_env", None)
     if not callable(make):
         raise InvalidArgumentError(
@@ -45,7 +43,7 @@ def make_parallel_env(module: str) -> Any:
 
 
 def env_factory(env: str) -> Callable[[], Any]:
-    """A picklable zero-argument factory of the PettingZoo env ``env`` (``module:name``)."""
+    """A picklable factory of the PettingZoo env ``env`` (``module:name``)."""
     module = parallel_env_module(env)
     if module is None:
         raise InvalidArgumentError(
@@ -56,7 +54,6 @@ def env_factory(env: str) -> Callable[[], Any]:
 
 
 def describe(env: str) -> dict[str, Any]:
-    """The env's agents and module, for the report (builds one env)."""
     instance = env_factory(env)()
     try:
         return {"module": parallel_env_module(env), "agents": list(instance.possible_agents)}
@@ -66,19 +63,14 @@ def describe(env: str) -> dict[str, Any]:
 
 class MultiAgentHandLoop:
     """The loop a user writes by hand for ``num_envs`` PettingZoo parallel envs whose
-    agents share one observation and one action space and all act every step until
-    their episode ends (as in MPE).
-
-    Each :meth:`rollout` overwrites ``obs``, ``action``, ``log_prob``, ``reward``,
-    ``terminated`` and ``truncated``: agent ``agents[a]`` of env ``b`` at step ``t`` is
-    row ``[t, b, a]`` of each.
-    """
+    agents share their spaces and all act every step until the episode ends (as in
+    MPE): each :meth:`rollout` overwrites ``obs``, ``action``, ``log_prob``, ``reward``,
+    ``terminated`` and ``truncated``, agent ``agents[a]`` of env ``b`` at step ``t`` at
+    ``[t, b, a]``. Env ``b`` is reset with ``seed + b``."""
 
     def __init__(
         self, env_fn: Callable[[], Any], num_envs: int, rollout_length: int, seed: int
     ) -> None:
-        """``seed`` seeds the policy; env ``b`` is reset with ``seed + b``. Agents whose
-        spaces differ, or an env that starts without some agents, are refused."""
         check_int("MultiAgentHandLoop", "num_envs", num_envs)
         check_int("MultiAgentHandLoop", "rollout_length", rollout_length)
         self.num_envs, self.rollout_length = num_envs, rollout_length
@@ -90,7 +82,6 @@ class MultiAgentHandLoop:
             raise
 
     def _build(self, seed: int) -> None:
-        """Checks the spaces, builds the policy and buffers, resets the envs."""
         first, num_envs, rollout_length = self.envs[0], self.num_envs, self.rollout_length
         self.agents = tuple(first.possible_agents)
         pairs = {a: (first.observation_space(a), first.action_space(a)) for a in self.agents}
@@ -117,7 +108,6 @@ class MultiAgentHandLoop:
         self._key = jax.random.key(seed)
 
     def rollout(self) -> int:
-        """Steps the envs ``rollout_length`` times, recording; returns env steps done."""
         agents, envs, act, params = self.agents, self.envs, self._act, self.params
         num_agents, key = len(agents), self._key
         for t in range(self.rollout_length):
@@ -140,7 +130,6 @@ class MultiAgentHandLoop:
         return self.rollout_length * self.num_envs
 
     def _every_agent(self, b: int, obs: dict[str, Any]) -> dict[str, Any]:
-        """``obs``, env ``b``'s next observations, checked to hold every agent's."""
         if len(obs) != len(self.agents):
             raise InvalidArgumentError(
                 f"MultiAgentHandLoop: env {b} goes on with agents {sorted(obs)}, not all of "

@@ -13,8 +13,7 @@ from jaxrunner.errors import MissingDependencyError
 
 
 def require_matplotlib(what: str = "jaxrunner bench --plot") -> None:
-    """Raises :class:`MissingDependencyError`, naming the extra, if matplotlib is not
-    installed: call it before measuring anything."""
+    """Raises :class:`MissingDependencyError`, naming the extra, without matplotlib."""
     try:
         import matplotlib  # noqa: F401
     except ImportError as err:
@@ -27,10 +26,8 @@ def require_matplotlib(what: str = "jaxrunner bench --plot") -> None:
 def series(
     rows: Sequence[dict[str, Any]], labels: Mapping[str, str] | None = None
 ) -> dict[str, list[tuple[int, float]]]:
-    """(envs, median steps/s) per line, sorted by envs: jaxrunner per backend, the
-    ceiling per backend, every other system by its label (the sync hand loop, which
-    serves several backends, once); ``labels`` name systems older reports key only.
-    """
+    """(envs, median steps/s) per line: jaxrunner and the ceiling per backend, every
+    other system by its label, once; ``labels`` name systems older reports key only."""
     lines: dict[str, list[tuple[int, float]]] = {}
     for row in rows:
         for name, system in row["systems"].items():
@@ -49,7 +46,7 @@ def series(
 
 
 def plot(rows: Sequence[dict[str, Any]], title: str, path: pathlib.Path, **options: Any) -> None:
-    """Draws :func:`series` of ``rows`` (log-log; ``options``: its ``labels``) into the
+    """Draws :func:`series` of ``rows`` (``options``: its ``labels``), log-log, into the
     PNG ``path``."""
     require_matplotlib(f"plotting {path}")
     import matplotlib
@@ -76,7 +73,6 @@ def plot(rows: Sequence[dict[str, Any]], title: str, path: pathlib.Path, **optio
 
 
 def title(report: dict[str, Any]) -> str:
-    """A figure's title: the env, the policy, the machine and the rounds."""
     machine = report["machine"]
     # "jr.models.mlp_policy: 64-64 tanh MLP, stochastic actions, jitted" -> "64-64 tanh MLP"
     policy = re.sub(r"^[\w.]+:?\s*", "", report.get("policy", "")).split(", stochastic")[0]

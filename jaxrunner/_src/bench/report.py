@@ -30,59 +30,37 @@ def _ratio(value: float) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     """A ``jaxrunner bench`` report (:func:`jaxrunner._src.bench.run`) as text: what was
-    measured, a table per backend, the skipped backends and the verdict (a PettingZoo
-    env's report in its own words)."""
+    measured, a table per backend, the skipped backends and the verdict."""
     config, children = report["config"], report["children"]
-    rounds = (
-        f"{config['rounds']} interleaved round{'s' if config['rounds'] > 1 else ''} of "
-        f"{config['seconds']:g} s per system;"
-    )
-    jaxrunner = (
-        "jaxrunner: EnvRunner.sample() as a user runs it "
-        f"(JAX CPU dispatch: {children['jaxrunner']['cpu_dispatch']})."
-    )
-    ratio = "ratio: jaxrunner / hand loop, the ratio of medians [min-max of per-round ratios]."
     steps = f"T = max(8, {steps_per_rollout(report.get('workload'))} // envs) steps per rollout"
-    if "multi_agent" in report:
-        agents, plans = report["multi_agent"]["agents"], MULTI_AGENT_PLANS
+    rounds = f"{config['rounds']} interleaved round{'s' if config['rounds'] > 1 else ''}"
+    plans = MULTI_AGENT_PLANS if "multi_agent" in report else PLANS
+    if plans is MULTI_AGENT_PLANS:
+        agents = report["multi_agent"]["agents"]
         lines = [
             f"{config['env']} ({len(agents)} agents: {', '.join(agents)}); "
             f"{report['policy']}, one per policy group;",
-            f"{steps} for every system; figures are env steps/s",
-            f"  (agent steps/s = {len(agents)} x env steps/s);",
-            f"{rounds} jaxrunner and the hand loop in their own processes.",
-            jaxrunner,
-            "hand loop: the loop a user writes: a list of the PettingZoo envs; per step every",
-            "  agent's observation stacked into one [B * A, ...] array, the same jitted policy,",
-            "  np.asarray on actions and log-probs, obs/action/log-prob/reward/flags into",
-            "  [T, B, A] numpy buffers, each env stepped with its action dict and reset once no",
-            f"  agent is left; JAX at its defaults (CPU dispatch: "
-            f"{children['hand_loop']['cpu_dispatch']}).",
-            ratio,
-            "us per vector step: env | policy (the compiled steps with their host<->device",
-            "  transfers) | record (obs, actions, flags into the trajectory) | other | total.",
+            f"{steps}; env steps/s (agent steps/s = {len(agents)} x env steps/s);",
         ]
+        hand = "a list of the PettingZoo envs, every agent's obs stacked,\n  the same jitted "
+        hand += "policy, [T, B, A] numpy buffers"
     else:
-        plans = PLANS
-        lines = [
-            f"{config['env']}; {report['policy']};",
-            f"{steps} for every system;",
-            f"{rounds} jaxrunner and the hand loops in their own processes.",
-            jaxrunner,
-            "hand loop: the loop a user writes: the same jitted policy, np.asarray on actions and",
-            "  log-probs, obs/action/log-prob/reward/flags into [T, B] numpy buffers, JAX at its",
-            f"  defaults (CPU dispatch: {children['hand_loop']['cpu_dispatch']}).",
-            ratio,
-            "ceiling: the same vector env stepped with random actions + one bare policy call per",
-            "  step: what a loop doing these two in turn and nothing else would reach; vs ceiling:",
-            "  jaxrunner / ceiling.",
-            "us per vector step: env | policy (the compiled step with its host<->device",
-            "  transfers) | record (obs, actions, flags into the trajectory) | other (the rest of",
-            "  the sampler) | total; ceiling: raw env step, bare policy call (its on-device",
-            "  compute alone in brackets), each timed back to back; in turn: the env stepped",
-            "  with the bare policy's own actions, one call per step and nothing else (each",
-            "  slowed by the other's cache traffic, as in any loop that alternates them).",
-        ]
+        lines = [f"{config['env']}; {report['policy']};", f"{steps};"]
+        hand = "the same jitted policy, np.asarray on its outputs,\n  [T, B] numpy buffers"
+    lines += [
+        f"{rounds} of {config['seconds']:g} s per system, each in its own process.",
+        "jaxrunner: EnvRunner.sample() as a user runs it "
+        f"(JAX CPU dispatch: {children['jaxrunner']['cpu_dispatch']}).",
+        f"hand loop: the loop a user writes: {hand}, JAX at its defaults "
+        f"(CPU dispatch: {children['hand_loop']['cpu_dispatch']}).",
+        "ratio: jaxrunner / hand loop, the ratio of medians [min-max of per-round ratios].",
+    ]
+    if plans is PLANS:
+        lines.append(
+            "ceiling: the env stepped with random actions + one bare policy call per step;\n"
+            "  vs ceiling: jaxrunner / ceiling; in turn: the env stepped with the policy's actions."
+        )
+    lines.append("What each column holds: docs/performance.md (Where the time goes).")
     for backend in dict.fromkeys(row["backend"] for row in report["results"]):
         rows = [row for row in report["results"] if row["backend"] == backend]
         lines += ["", format_backend(rows, plans)]

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import statistics
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import jaxrunner._src.bench.timing as timing  # measure_width's argument hides rollout_length
 from jaxrunner._src.bench.child import Child, ChildError
@@ -18,27 +18,21 @@ from jaxrunner._src.bench.workloads import not_installed, steps_per_rollout
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Plan:
-    """How one kind of env is compared: jaxrunner's backend against the loop a user
-    would write for it."""
+    """How one kind of env is compared: jaxrunner's ``backend`` (``make_vec``'s, or
+    ``"jax"``: gymnax in a ``JaxVectorEnv``) against the hand loop ``reference`` (a key
+    of ``REFERENCES``), up to ``max_width`` envs when every backend runs; ``extras``:
+    more hand loops shown, as (reference, widest width); ``needs``: modules it is skipped
+    without; ``ceiling``: whether the policy-bound ceiling applies."""
 
     backend: str
-    """jaxrunner's backend (``make_vec``), or ``"jax"``: gymnax in a ``JaxVectorEnv``."""
     reference: str
-    """The hand loop it is measured against (a key of ``REFERENCES``)."""
     max_width: int
-    """The widest it is measured at when every backend is compared."""
     extras: tuple[tuple[str, int], ...] = ()
-    """Further hand loops shown for information: (reference, widest width)."""
     needs: tuple[str, ...] = ()
-    """Modules that must be installed, else the plan is skipped."""
     ceiling: bool = True
-    """Whether the policy-bound ceiling applies (not to a pure-JAX scan)."""
-    multi_agent: bool = False
-    """The env is a PettingZoo env: ``EnvRunner`` against the multi-agent hand
-    loop."""
+    multi_agent: bool = False  # a PettingZoo env, against the multi-agent hand loop
 
     def unavailable(self) -> str | None:
-        """Why this plan cannot run here, or None."""
         return not_installed(self.needs)
 
 
@@ -69,12 +63,6 @@ MULTI_AGENT_PLANS: dict[str, Plan] = {
 """The plans for a PettingZoo env: its hand loop is the reference of both backends."""
 
 
-class LocalSystem(Protocol):
-    """A system timed in the parent process itself (e.g. a peer library's sampler)."""
-
-    def measure(self, seconds: float) -> dict[str, Any]: ...
-
-
 class Harness:
     """The two children, started once for the whole benchmark: ``defaults`` runs
     jaxrunner as a user runs it, ``jax_defaults`` the hand loops at JAX's defaults."""
@@ -88,7 +76,6 @@ class Harness:
             raise
 
     def info(self) -> dict[str, Any]:
-        """Each child's CPU dispatch, its environment variable and machine details."""
         children = {"jaxrunner": self.defaults, "hand_loop": self.jax_defaults}
         for child in children.values():
             child.send("info")
@@ -106,7 +93,6 @@ class Harness:
 
 
 def label(name: str, plan: Plan) -> str:
-    """What a system of a row is, in words."""
     if name == "jaxrunner":
         return f"jaxrunner EnvRunner.sample(), backend {plan.backend}"
     if name == "ceiling":
@@ -127,7 +113,7 @@ def measure_width(
     seconds: float,
     seed: int = 0,
     ceiling: bool = True,
-    local: Mapping[str, LocalSystem] | None = None,
+    local: Mapping[str, Any] | None = None,
     log: Callable[[str], None] = lambda message: None,
     workload: str | None = None,
     peers: Mapping[str, Child] | None = None,
@@ -135,20 +121,17 @@ def measure_width(
     variants: Mapping[str, dict[str, Any]] | None = None,
     rollout_length: int | None = None,
 ) -> dict[str, Any]:
-    """Builds every system of ``plan`` at ``num_envs`` (and times ``local`` ones
-    alongside), then times them in ``rounds`` interleaved rounds of ``seconds`` each.
-    A system that fails is left out (its error recorded), the others go on.
-    ``peers`` (``reference -> child``: a peer library driven by hand in that child, in
-    its own venv) are timed as ``hand_<reference>``, ``variants`` (``name -> make_vec
-    options``) as ``jaxrunner_<name>``; ``labels`` name them for the report.
-    """
+    """Builds every system of ``plan`` at ``num_envs``, then times them, and the
+    parent's own ``local`` ones (``measure(seconds)``), in ``rounds`` interleaved rounds
+    of ``seconds`` each; a system that fails is left out, its error recorded. For
+    ``benchmarks/``: ``peers`` (``reference -> child``) are timed as ``hand_<reference>``,
+    ``variants`` (``name -> make_vec options``) as ``jaxrunner_<name>``, ``labels`` name
+    systems for the report."""
     length = rollout_length
     if length is None:
         length = timing.rollout_length(num_envs, steps_per_rollout(workload))
     common = {"backend": plan.backend, "env": env, "num_envs": num_envs, "seed": seed}
-    common["rollout_length"] = length
-    common["multi_agent"] = plan.multi_agent
-    common["workload"] = workload
+    common.update(rollout_length=length, multi_agent=plan.multi_agent, workload=workload)
     builds: dict[str, tuple[Child, Spec]] = {
         "jaxrunner": (harness.defaults, Spec(system="jaxrunner", **common)),
         "hand": (harness.jax_defaults, Spec(system="hand", reference=plan.reference, **common)),
@@ -211,34 +194,26 @@ def measure_width(
     return {**row, **summarize(results, plan, labels or {})}
 
 
+def _spread(values: list[float], median: float) -> dict[str, Any]:
+    return {"median": median, "min": min(values), "max": max(values), "rounds": values}
+
+
 def summarize(
     results: Mapping[str, list[dict[str, Any]]], plan: Plan, labels: Mapping[str, str]
 ) -> dict[str, Any]:
-    """Medians, spreads and ratios of one width's rounds (``labels``: as
-    :func:`measure_width`'s)."""
     systems: dict[str, dict[str, Any]] = {}
     for name, rounds in results.items():
         rates = [r["steps_per_s"] for r in rounds]
-        systems[name] = {
-            "label": labels.get(name) or label(name, plan),
-            "median": statistics.median(rates),
-            "min": min(rates),
-            "max": max(rates),
-            "rounds": rates,
-            "all_rounds": rounds,
-        }
+        systems[name] = {"label": labels.get(name) or label(name, plan)}
+        systems[name].update(_spread(rates, statistics.median(rates)), all_rounds=rounds)
     out: dict[str, Any] = {"systems": systems, "ratios": {}, "split_us": None, "ceiling": None}
     ours = systems.get("jaxrunner")
     for name, theirs in systems.items():
         if ours is None or name == "jaxrunner":
             continue
         per_round = [a / b for a, b in zip(ours["rounds"], theirs["rounds"])]
-        out["ratios"][name] = {
-            "median": ours["median"] / theirs["median"],  # the ratio of the medians
-            "min": min(per_round),
-            "max": max(per_round),
-            "rounds": per_round,
-        }
+        # the ratio of the medians, and the spread of the per-round ratios
+        out["ratios"][name] = _spread(per_round, ours["median"] / theirs["median"])
     splits = [r["split_us"] for r in results.get("jaxrunner", []) if r.get("split_us")]
     if splits:
         out["split_us"] = {k: statistics.median(s[k] for s in splits) for k in splits[0]}

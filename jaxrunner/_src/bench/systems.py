@@ -1,32 +1,35 @@
-"""What the benchmark measures, built inside a child process: jaxrunner, the hand
-loops and the policy-bound ceiling."""
+"""The systems a benchmark child builds and times: jaxrunner, the hand loops and the
+policy-bound ceiling."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import gymnasium
 import jax
 import numpy as np
 
 from jaxrunner._src.backends.base import VectorEnv
+from jaxrunner._src.backends.jax_env import JaxVectorEnv
 from jaxrunner._src.backends.make_vec import BACKENDS, make_vec
 from jaxrunner._src.bench.hand_loop import (
     REFERENCES,
     RecordingHandLoop,
+    build_hand_scan,
+    env_makers,
+    hand_act,
     reference_envs,
     single_spaces,
 )
-from jaxrunner._src.bench.hand_scan import build_hand_scan
 from jaxrunner._src.bench.multi_agent import MultiAgentHandLoop, env_factory
-from jaxrunner._src.bench.policy import hand_act, mlp_policy
 from jaxrunner._src.bench.timing import measure_runner, timed, us_per_call
 from jaxrunner._src.bench.workloads import get_workload
 from jaxrunner._src.core.policy import Policy
 from jaxrunner._src.runner.env_runner import EnvRunner
 from jaxrunner.errors import InvalidArgumentError
+from jaxrunner.models import mlp_policy
 
 JAX_BACKEND = "jax"
 """The benchmark's name for pure-JAX envs: ``JaxVectorEnv`` over a gymnax env."""
@@ -34,29 +37,23 @@ JAX_BACKEND = "jax"
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Spec:
-    """One system at one width, as the parent sends it to a child (JSON)."""
+    """One system at one width, as the parent sends it to a child (JSON): ``system``
+    ``"jaxrunner"``, ``"hand"`` or ``"ceiling"``; ``backend`` a ``make_vec`` one or
+    ``"jax"`` (gymnax in a ``JaxVectorEnv``); ``reference`` the hand loop's (a key of
+    ``REFERENCES``, or a peer library's built by ``benchmarks/``); ``multi_agent``:
+    ``env`` is a PettingZoo ``module:name``; ``workload``: every system's envs and policy
+    come from it; ``env_kwargs``: more ``make_vec`` options for jaxrunner's envs."""
 
     system: str
-    """``"jaxrunner"``, ``"hand"`` or ``"ceiling"``."""
     backend: str
-    """jaxrunner's backend (``make_vec``), or ``"jax"`` (gymnax in a ``JaxVectorEnv``)."""
     env: str
-    """A gymnasium id (a gymnax id for ``"jax"``, an EnvPool id for ``"envpool"``)."""
     num_envs: int
     rollout_length: int
     seed: int = 0
     reference: str | None = None
-    """The hand loop's vector env (a key of ``REFERENCES``, or a peer library's that a
-    child of ``benchmarks/`` builds); hand systems only."""
     multi_agent: bool = False
-    """``env`` is a PettingZoo env (``module:name``): ``EnvRunner`` against the
-    multi-agent hand loop (``multi_agent.py``)."""
     workload: str | None = None
-    """A key of ``WORKLOADS``: every system builds its envs and policy from it (``env``
-    is then its gymnasium id, for labels); None: ``env`` and the benchmark MLP."""
     env_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """More ``make_vec`` options for jaxrunner's envs (``{"batch_size": 16}``: EnvPool's
-    async mode)."""
 
     def __post_init__(self) -> None:
         builders = MULTI_AGENT_BUILDERS if self.multi_agent else BUILDERS
@@ -78,52 +75,33 @@ class Spec:
             )
 
 
-class System(Protocol):
-    """A built, warmed-up system."""
-
-    def measure(self, seconds: float) -> dict[str, Any]:
-        """Runs for about ``seconds``; returns at least ``steps_per_s``."""
-        ...
-
-    def close(self) -> None: ...
-
-
 def _make_envs(spec: Spec) -> Any:
     if spec.backend == JAX_BACKEND:
         import gymnax  # type: ignore[import-not-found]  # an optional extra
 
-        from jaxrunner._src.backends.jax_env import JaxVectorEnv
-
         env, env_params = gymnax.make(spec.env)
         return JaxVectorEnv(env, env_params, spec.num_envs)
-    if spec.workload and spec.backend == "envpool":  # EnvPool's port of the workload's env
-        workload = get_workload(spec.workload)
-        return make_vec(
-            workload.envpool_id,
-            spec.num_envs,
-            backend="envpool",
-            seed=spec.seed,
-            **{**workload.envpool_kwargs, **spec.env_kwargs},
-        )
-    env = get_workload(spec.workload).make if spec.workload else spec.env
-    return make_vec(env, spec.num_envs, backend=spec.backend, seed=spec.seed, **spec.env_kwargs)
+    make, envpool_id, envpool_kwargs = env_makers(spec.env, spec.workload)
+    if spec.backend == "envpool":  # EnvPool's port of the workload's env
+        env, options = envpool_id, {**envpool_kwargs, **spec.env_kwargs}
+    else:
+        env, options = make if spec.workload else spec.env, spec.env_kwargs
+    return make_vec(env, spec.num_envs, backend=spec.backend, seed=spec.seed, **options)
 
 
 def spec_policy(spec: Spec, observation_space: Any, action_space: Any) -> Policy:
-    """The spec's workload's policy, or the benchmark MLP."""
     if spec.workload:
         return get_workload(spec.workload).policy(observation_space, action_space)
     return mlp_policy(action_space)
 
 
 class JaxrunnerSystem:
-    """``EnvRunner.sample()`` with the benchmark MLP, every option at its default."""
+    """``EnvRunner.sample()`` with the spec's policy, every option at its default."""
 
     def __init__(self, spec: Spec) -> None:
         self._runner = self._build(spec)
         self.num_envs = spec.num_envs
-        # EnvPool's reset steps come back as slots holding no transition: not counted
-        # (a pure-JAX env has no such slots).
+        # EnvPool's reset steps come back as slots holding no transition: not counted.
         envs = self._runner.envs
         self._reset_steps = isinstance(envs, VectorEnv) and envs.capabilities.reset_steps
         self._sample()  # warm-up: compiles, first resets
@@ -163,7 +141,6 @@ class JaxrunnerSystem:
         return int(np.size(trajectory.reward))
 
     def measure(self, seconds: float) -> dict[str, Any]:
-        """Steps/s and where a step goes (:func:`measure_runner`), and the layout."""
         return {**measure_runner(self._runner, self._sample, self.num_envs, seconds), **self.layout}
 
     def close(self) -> None:
@@ -171,8 +148,7 @@ class JaxrunnerSystem:
 
 
 class MultiAgentRunnerSystem(JaxrunnerSystem):
-    """``EnvRunner.sample()`` with the benchmark MLP per policy group, every
-    option at its default (``Spec`` with ``multi_agent``)."""
+    """``EnvRunner.sample()`` with the benchmark MLP per policy group, at its defaults."""
 
     @staticmethod
     def _build(spec: Spec) -> EnvRunner:
@@ -194,8 +170,7 @@ class MultiAgentRunnerSystem(JaxrunnerSystem):
 
 
 class RolloutSystem:
-    """A hand-written loop (``rollout() -> env steps done``) as a benchmark system:
-    warmed up once, then timed."""
+    """A hand-written loop (``rollout() -> env steps done``), warmed up, as a system."""
 
     def __init__(self, rollout: Callable[[], int], close: Callable[[], None] | None = None) -> None:
         self._rollout, self._close = rollout, close
@@ -216,7 +191,6 @@ class RolloutSystem:
 def recording_loop(
     spec: Spec, envs: Any, *, seeded_reset: bool = True, next_step_reset: bool = False
 ) -> RolloutSystem:
-    """The recording hand loop over ``envs`` with the spec's policy, as a system."""
     try:
         obs_space, action_space = single_spaces(envs)
         loop = RecordingHandLoop(
@@ -234,8 +208,6 @@ def recording_loop(
 
 
 def hand_system(spec: Spec) -> RolloutSystem:
-    """The recording hand loop over the spec's reference vector env, or the gymnax
-    ``lax.scan`` (``reference="scan"``)."""
     if spec.reference == "scan":
         return RolloutSystem(
             build_hand_scan(spec.num_envs, spec.rollout_length, spec.seed, spec.env)
@@ -284,8 +256,7 @@ class CeilingSystem:
         return self._length * self.num_envs
 
     def _in_turn_rollout(self) -> int:
-        """The env stepped with the bare policy's actions, one call per step: the two in
-        turn and nothing else (no recording, no episode bookkeeping)."""
+        # The env stepped with the bare policy's own actions: the two in turn, no more.
         obs = self._latest_obs
         for _ in range(self._length):
             action, extras, self._key = self._act(self._params, obs, self._key)
@@ -295,18 +266,17 @@ class CeilingSystem:
         return self._length * self.num_envs
 
     def _policy_call(self) -> None:
-        """One bare policy call as the hand loop makes it: numpy in, numpy out."""
+        # One bare policy call as the hand loop makes it: numpy in, numpy out.
         action, extras, self._key = self._act(self._params, self._obs, self._key)
         np.asarray(action), np.asarray(extras["log_prob"])
 
     def _policy_compute(self) -> None:
-        """The same call on observations already on the device, waiting for it."""
+        # The same call on observations already on the device, waiting for it.
         action, extras, self._key = self._act(self._params, self._obs_device, self._key)
         jax.block_until_ready((action, extras))
 
     def measure(self, seconds: float) -> dict[str, Any]:
-        """A third of the time stepping the envs, a third on the two in turn, a sixth on
-        each policy call."""
+        # A third of the time on the raw env, a third in turn, a sixth per policy call.
         raw_steps_per_s = timed(self._raw_rollout, seconds / 3)
         in_turn_steps_per_s = timed(self._in_turn_rollout, seconds / 3)
         policy_us = us_per_call(self._policy_call, seconds / 6)
@@ -326,7 +296,7 @@ class CeilingSystem:
         self._envs.close()
 
 
-BUILDERS: dict[str, Callable[[Spec], System]] = {
+BUILDERS: dict[str, Callable[[Spec], Any]] = {
     "jaxrunner": JaxrunnerSystem,
     "hand": hand_system,
     "ceiling": CeilingSystem,
@@ -334,17 +304,16 @@ BUILDERS: dict[str, Callable[[Spec], System]] = {
 
 
 def multi_agent_hand_system(spec: Spec) -> RolloutSystem:
-    """The multi-agent hand loop over the spec's PettingZoo env, as a system."""
     loop = MultiAgentHandLoop(env_factory(spec.env), spec.num_envs, spec.rollout_length, spec.seed)
     return RolloutSystem(loop.rollout, loop.close)
 
 
-MULTI_AGENT_BUILDERS: dict[str, Callable[[Spec], System]] = {
+MULTI_AGENT_BUILDERS: dict[str, Callable[[Spec], Any]] = {
     "jaxrunner": MultiAgentRunnerSystem,
     "hand": multi_agent_hand_system,
 }
 
 
-def build(spec: Spec) -> System:
-    """Builds and warms up ``spec``'s system."""
+def build(spec: Spec) -> Any:
+    """Builds and warms up ``spec``'s system (``measure(seconds)``, ``close()``)."""
     return (MULTI_AGENT_BUILDERS if spec.multi_agent else BUILDERS)[spec.system](spec)

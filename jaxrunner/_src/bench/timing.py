@@ -1,21 +1,28 @@
-"""How the benchmark times things: wall-clock loops, a runner and where its time goes,
-and the rollout length per width."""
+"""How the benchmark times things (wall-clock loops, a runner's split of a step, the
+rollout length per width), and what a figure depends on: the machine and its load."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
+import pathlib
+import platform
 import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
+import numpy as np
+
 from jaxrunner._src.core.metrics import PERF_KEYS
+from jaxrunner._src.cpu_dispatch import inline_cpu_dispatch
 
 STEPS_PER_ROLLOUT = 2048
 """About this many env steps per rollout, unless a workload says otherwise."""
 
 
 def rollout_length(num_envs: int, steps_per_rollout: int = STEPS_PER_ROLLOUT) -> int:
-    """T for ``num_envs`` envs, for jaxrunner and the hand loops alike: about
-    ``steps_per_rollout`` env steps per rollout, at least 8 steps."""
+    """T for ``num_envs`` envs, for jaxrunner and the hand loops alike: at least 8."""
     return max(8, steps_per_rollout // num_envs)
 
 
@@ -41,9 +48,8 @@ def measure_runner(
 ) -> dict[str, Any]:
     """Times ``sample`` (one ``runner.sample()``, returning env steps done) for
     ``seconds``: ``steps_per_s``, ``perf_us`` (the runner's perf timers, us per vector
-    step) and ``split_us`` (those as ``env``/``policy``/``record`` and ``other``: wall
-    time less the timed phases; None for a runner without perf timers, a pure-JAX scan).
-    """
+    step) and ``split_us`` (env/policy/record, and ``other``: wall time less those; None
+    without perf timers, as for a pure-JAX scan)."""
     before = runner.get_metrics()
     steps_per_s = timed(sample, seconds)
     after = runner.get_metrics()
@@ -66,3 +72,34 @@ def measure_runner(
         split["other_us"] = total_us - sum(split.values())
         split["total_us"] = total_us
     return {"steps_per_s": steps_per_s, "perf_us": perf_us, "split_us": split}
+
+
+def machine_info() -> dict[str, Any]:
+    """Hardware, library versions, this process's JAX CPU dispatch and the load
+    averages (1, 5, 15 min)."""
+    import flax
+    import gymnasium
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": importlib.metadata.version("jaxlib"),
+        "flax": flax.__version__,
+        "gymnasium": gymnasium.__version__,
+        "numpy": np.__version__,
+        "jax_devices": [str(d) for d in jax.devices()],
+        "jax_cpu_dispatch": "inline" if inline_cpu_dispatch() else "async",
+        "loadavg": list(os.getloadavg()),
+    }
+
+
+def autogroup() -> str | None:
+    """This session's Linux autogroup and its nice, which decide its CPU share on a
+    machine shared with other sessions."""
+    try:
+        return pathlib.Path("/proc/self/autogroup").read_text().strip()
+    except OSError:
+        return None

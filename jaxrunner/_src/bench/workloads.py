@@ -18,8 +18,8 @@ from jaxrunner.errors import InvalidArgumentError
 
 
 def make_pong() -> gymnasium.Env:
-    """ALE/Pong-v5 as the Atari baselines see it: the emulator's own frame skip off
-    (``AtariPreprocessing`` skips 4 and max-pools), 84x84 grey, 4 frames stacked."""
+    """ALE/Pong-v5 as the Atari baselines see it: ``AtariPreprocessing`` (frame skip 4,
+    max-pooled; the emulator's off), 84x84 grey, 4 frames stacked."""
     import ale_py  # type: ignore[import-not-found]  # the atari extra
 
     gymnasium.register_envs(ale_py)  # here, not at import: each process-backend worker too
@@ -32,36 +32,28 @@ def make_pong() -> gymnasium.Env:
 class Workload:
     """One real workload: the env every system steps and the policy every one runs."""
 
-    env_id: str
-    """The gymnasium id (for labels; :attr:`make` builds the env)."""
-    make: Callable[[], gymnasium.Env]
-    """Builds one sub-env, wrappers included."""
-    policy: Callable[[gymnasium.Space, gymnasium.Space], Policy]
-    """``(single observation space, single action space) -> Policy``."""
+    env_id: str  # the gymnasium id, for labels: make builds the env
+    make: Callable[[], gymnasium.Env]  # one sub-env, wrappers included
+    policy: Callable[[gymnasium.Space, gymnasium.Space], Policy]  # single spaces -> policy
     policy_label: str
     widths: tuple[int, ...]
+    # T = max(8, steps_per_rollout // B) for every system (a Pong rollout stays under 1 s)
     steps_per_rollout: int
-    """About this many env steps per rollout: ``T = max(8, steps_per_rollout // B)``
-    for every system (Pong steps take milliseconds: a rollout stays under a second)."""
-    envpool_id: str
+    envpool_id: str  # EnvPool's port of the same env, configured as close as it goes
     envpool_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """EnvPool's port of the same env, configured as close to :attr:`make` as it goes."""
-    needs: tuple[str, ...] = ()
-    """Modules the env needs (the ``extra`` to install names them)."""
+    needs: tuple[str, ...] = ()  # the modules pip install 'jaxrunner[<extra>]' brings
     extra: str | None = None
-    """``pip install 'jaxrunner[<extra>]'`` brings :attr:`needs`."""
 
     def rollout_length(self, num_envs: int) -> int:
         return rollout_length(num_envs, self.steps_per_rollout)
 
     def unavailable(self) -> str | None:
-        """Why this workload cannot run here (and what to install), or None."""
         missing = not_installed(self.needs)
         return missing and f"{missing} (pip install 'jaxrunner[{self.extra}]')"
 
 
 def not_installed(modules: tuple[str, ...]) -> str | None:
-    """``"not installed: <the modules missing>"``, or None if every one is installed."""
+    """``"not installed: <the modules missing>"``, or None."""
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     return f"not installed: {', '.join(missing)}" if missing else None
 
@@ -113,5 +105,4 @@ def get_workload(name: str, where: str | None = None) -> Workload:
 
 
 def steps_per_rollout(workload: str | None) -> int:
-    """About how many env steps a rollout takes: the workload's own, else the default's."""
     return STEPS_PER_ROLLOUT if workload is None else get_workload(workload).steps_per_rollout
