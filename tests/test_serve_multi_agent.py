@@ -227,3 +227,10 @@ def test_log_returns_takes_info_on_both_kinds_and_refuses_a_bad_one(tmp_path, mu
         client.end_episode(eid, one(obs))
         (episode,) = env.poll_episodes()
     assert episode.reward.tolist() == [1.75]  # the refused calls added nothing
+
+
+@pytest.mark.parametrize("client", [PolicyClient, MultiAgentPolicyClient])
+@pytest.mark.parametrize("url", ["localhost:1", "127.0.0.1:8000", None])
+def test_clients_refuse_a_url_without_its_scheme(client, url):
+    with pytest.raises(errors.InvalidArgumentError, match=r"url=.*expected the server's http://"):
+        client(url)

@@ -44,6 +44,11 @@ class _Client:
         max_answer_bytes: int,
     ) -> None:
         check_int(type(self).__name__, "max_answer_bytes", max_answer_bytes)
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise errors.InvalidArgumentError(
+                f"{type(self).__name__}(url={url!r}): expected the server's http:// or "
+                "https:// URL, as PolicyServer.url gives it (e.g. 'http://127.0.0.1:8000')."
+            )
         self.max_answer_bytes = max_answer_bytes
         self._http = open_http(url, token, token_file, client_id, timeout_s)
         try:
