@@ -1,8 +1,5 @@
 """The one step loop of the host backends (sync, each process worker, each Ray actor): a
-block of sub-envs stepped in turn, validated, restarted and autoreset (SAME_STEP).
-:class:`~jaxrunner._src.backends.gymnasium_block.GymnasiumBlock` and
-:class:`~jaxrunner._src.backends.multi_agent.agent_block.AgentBlock` differ only in how
-a step is stepped and written."""
+block of sub-envs stepped in turn, validated, restarted and autoreset (SAME_STEP)."""
 
 from __future__ import annotations
 
@@ -37,20 +34,14 @@ Marks = MutableSequence[int] | np.ndarray
 
 
 class SubEnvRaised(EnvError):
-    """A sub-env's own code raised in ``call`` (``"step"``, ``"reset"``, ``"factory"``);
-    the original is its ``__cause__``. ``agent_id``: in a turn-based multi-agent env,
-    the agent whose turn it was (None otherwise). What a step's ``errors`` holds for
-    such a failure, as what is raised without a restart policy. ``err``: the original,
-    or its repr (a worker's error, rebuilt in the main process, which chains it)."""
+    """A sub-env's own code raised ``err`` (or its repr, for a worker's error) in ``call``
+    (``"step"``, ``"reset"``, ``"factory"``); the original is its ``__cause__``.
+    ``agent_id``: in a turn-based multi-agent env, the agent whose turn it was."""
 
     def __init__(
         self, err: BaseException | str, env_index: int, call: str, agent_id: str | None = None
     ) -> None:
-        who = (
-            f"sub-env {env_index}"
-            if agent_id is None
-            else f"sub-env {env_index} (agent {agent_id!r})"
-        )
+        who = f"sub-env {env_index}" + ("" if agent_id is None else f" (agent {agent_id!r})")
         what = err if isinstance(err, str) else repr(err)
         super().__init__(f"{who} raised in {call}(): {what}", env_index)
         if not isinstance(err, str):  # held in a step's errors too, not only raised
@@ -140,8 +131,7 @@ class SubEnvBlock(abc.ABC):
         """Sub-env ``i``'s slots of the step under way hold no transition."""
 
     def reset(self, seeds: Sequence[int | None], options: dict[str, Any] | None) -> list[dict]:
-        """Resets every sub-env (``seeds[j]`` for ``envs[j]``); restarts one that fails
-        when there is a restart policy."""
+        """Resets every sub-env (``seeds[j]`` for ``envs[j]``), as :meth:`reset_or_restart`."""
         return [
             self.reset_or_restart(self.offset + j, seed, options) for j, seed in enumerate(seeds)
         ]
@@ -188,9 +178,7 @@ class SubEnvBlock(abc.ABC):
         return info
 
     def restart_state(self, j: int) -> tuple[int | None, int]:
-        """``envs[j]``'s last reset seed and its restarts since: what its next restart's
-        seed is drawn from (a checkpoint keeps them, so a resumed run restarts as the
-        unbroken one does)."""
+        """``envs[j]``'s last reset seed and its restarts since (its next restart's seed)."""
         return self._seeds[j], self._restarts[j]
 
     def set_restart_state(self, j: int, state: tuple[int | None, int]) -> None:
@@ -213,8 +201,7 @@ class SubEnvBlock(abc.ABC):
         return [env.render() for env in self.envs]
 
     def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` request, run on
-        sub-env ``index`` (global) alone."""
+        """A ``SubEnvHandle`` request, run on sub-env ``index`` (global) alone."""
         return run_on_env(self.envs[index - self.offset], method, args)
 
     def close(self) -> None:

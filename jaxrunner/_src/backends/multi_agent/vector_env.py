@@ -12,16 +12,11 @@ from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
-from jaxrunner._src.backends.multi_agent.agent_block import (
-    AgentBlock,
-    env_groups,
-)
+from jaxrunner._src.backends.multi_agent.agent_block import AgentBlock, env_groups
 from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep, StepViews
 from jaxrunner._src.backends.multi_agent.drivers import Driver, make_driver
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
-from jaxrunner._src.backends.snapshots import (
-    SnapshotRefusedError,
-)
+from jaxrunner._src.backends.snapshots import SnapshotRefusedError
 from jaxrunner._src.backends.sub_env_block import EnvFactory, build_envs
 from jaxrunner._src.core.agent_groups import GroupedAgents, PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError
