@@ -194,8 +194,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         )  # fmt: skip
 
     def _recv_real_steps(self) -> BatchStep:
-        """EnvPool's answers with its reset steps taken here: an ended env's final step
-        is held until its reset step answers, then both come back as one row."""
+        """An ended env's final step held until its reset step answers, both as one row."""
         space = self.single_observation_space
         while True:
             ids, obs, reward, terminated, truncated, info = self._calls.recv()
@@ -257,8 +256,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         )  # fmt: skip
 
     def _recv_with_reset_steps(self) -> BatchStep:
-        """EnvPool's answer as it is: the envs that ended at their last answer are
-        answering their reset step now."""
+        """EnvPool's answer as it is (envs that ended at their last answer reset now)."""
         space = self.single_observation_space
         ids, obs, reward, terminated, truncated, info = self._calls.recv()
         env_ids = ids.astype(np.int64)

@@ -125,12 +125,12 @@ def make_vec(
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
     check_vec_options(backend, config, restart_policy)
+    choice = None
     if backend not in FACTORY_BACKENDS:
         vec = _make_from_id(env, num_envs, backend, policy_mapping_fn, env_kwargs)
-        choice = None
     else:
         fns = factories_for(env, env_kwargs, backend, num_envs)
-        choice = first = None
+        first = None
         multi_agent: bool | None  # None: the process backend learns it from its workers
         if backend == "auto":
             choice, multi_agent = choose_auto_layout(
@@ -192,10 +192,7 @@ def _make_from_id(
             "vector env, wrap it: jaxrunner.from_gymnasium(gymnasium.vector.SyncVectorEnv([...]))."
         )
     if backend == "gymnasium":
-        # gymnasium.make_vec builds the vector env itself (its own vector entry point
-        # where the env has one); env_kwargs may include vectorization_mode.
         return make_gymnasium_vec(env, num_envs, **env_kwargs)
-    # EnvPool builds its own pool from a task id (extra jaxrunner[envpool]).
     return make_envpool_vec(env, num_envs, **env_kwargs)
 
 
@@ -209,12 +206,6 @@ def make_gymnasium_vec(
     """``gymnasium.make_vec(env_id, num_envs, vectorization_mode, ...)``, adopted.
     ``vectorization_mode`` None: the env's own vector implementation where it has one,
     else ``"sync"``; Sync/AsyncVectorEnv default to DISABLED here (the adapter resets)."""
-    if not isinstance(env_id, str):
-        raise InvalidArgumentTypeError(
-            f"make_vec(env=..., backend='gymnasium'): expected a registered gymnasium id "
-            f"(gymnasium.make_vec needs one), got {type(env_id).__name__}. Use backend='sync' "
-            "for a factory, or adopt your own vector env with jaxrunner.from_gymnasium()."
-        )
     try:
         mode = None if vectorization_mode is None else gymnasium.VectorizeMode(vectorization_mode)
     except ValueError as err:
@@ -290,10 +281,8 @@ def choose_auto_layout(
     restart_policy: RestartPolicy | None,
     caller: str = 'make_vec(backend="auto")',
 ) -> tuple[LayoutChoice, bool]:
-    """``backend="auto"``'s measurement of a probe (sub-env 0, built here and closed) and
-    choice (:func:`.auto.choose_for`), and whether the env is multi-agent; workers from a
-    script's unguarded top level are refused with an error that says ``caller`` chose
-    them (before any starts)."""
+    """``backend="auto"``'s choice (:func:`.auto.choose_for`) and whether the env is
+    multi-agent; workers from a script's unguarded top level are refused, naming ``caller``."""
     factory = factories_for(env, env_kwargs, "auto", num_envs)[0]
     try:
         probe = first_env(env, factory)

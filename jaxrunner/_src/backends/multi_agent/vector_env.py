@@ -133,9 +133,8 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
     _state_keys = frozenset({"driver"})
 
     def _state_of(self, j: int) -> dict[str, Any]:
-        """A sub-env's driver state (the rewards each agent received since its last
-        action, who acted, who acts next: :meth:`Driver.get_state`), pickled with the
-        env so that the driver's references into it stay shared."""
+        """A sub-env's driver state, pickled with the env (the driver's references into it
+        stay shared)."""
         return {"driver": self._block.drivers[j].get_state()}
 
     def _restored(self, j: int, snapshot: dict[str, Any]) -> Driver:
