@@ -84,19 +84,13 @@ def make_vec(
             ``i`` built (and rebuilt on a restart) by the ``i``-th (CleanRL's
             ``[make_env(env_id, i, ...) for i in range(n)]``: env 0 records video, each its
             own wrapper); backends ``"sync"``, ``"process"``, ``"ray"`` and ``"auto"``.
-            A callable's kind is read from sub-env 0: with ``"process"`` its worker
-            reports it; else it is built here once (with ``"sync"`` it stays sub-env 0;
-            with ``"auto"`` it is the probe; with ``"ray"``, and ``"process"`` with a
-            main-process share, it is closed before the workers start): a PettingZoo env
+            The kind is read from sub-env 0 (docs/multi-agent.md): a PettingZoo env
             (it has ``possible_agents``) gives a :class:`~jaxrunner.MultiAgentVectorEnv`.
         num_envs: number of sub-envs (>= 1).
         backend: where the sub-envs run; one of ``BACKENDS`` (a multi-agent env: one of
             ``FACTORY_BACKENDS``). ``"auto"``: ``"sync"`` or ``"process"`` with its number
-            of workers, chosen here by timing one probe sub-env (built from the same
-            factory, stepped with seeded random actions for up to 0.3 s, abandoned after
-            10 s, always closed) against the CPUs this process may use; the choice is
-            ``vec.layout_choice`` (see ``docs/backends/index.md``). The vector env is the
-            one that backend and layout build, so its trajectories are theirs.
+            of workers, chosen by timing one probe sub-env against the CPUs this process
+            may use; the choice is ``vec.layout_choice`` (see ``docs/backends/index.md``).
         seed: if given, the envs are reset now with sub-env ``i`` seeded ``seed + i``.
         config: the backend's options: a :class:`~jaxrunner.ProcessConfig` for
             ``"process"``, a :class:`~jaxrunner.RayConfig` for ``"ray"``; None: its
