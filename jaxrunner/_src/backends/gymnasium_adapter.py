@@ -159,8 +159,6 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
         self._composite_actions = isinstance(self.single_action_space, (spaces.Dict, spaces.Tuple))
         self._action_check = space_arrays.action_batch_check(self.single_action_space, n)
 
-    # -- the backend contract -------------------------------------------------------------
-
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
     ) -> tuple[Any, Sequence[dict[str, Any]]]:
@@ -255,8 +253,6 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
         """The wrapped env's ``step(actions)`` (an adapter over faster calls overrides it)."""
         return self._call("step", self.env.step, actions)
 
-    # -- validation ---------------------------------------------------------------------------
-
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
@@ -329,8 +325,6 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
                     f"shape ({n},)."
                 )
             dst[:] = value
-
-    # -- the rest of gymnasium's API, delegated ------------------------------------------------
 
     def _obs_buffer(self) -> Any:
         return self._obs

@@ -98,8 +98,6 @@ class BlockForwarding(RemoteSubEnvs):
     def _close_backend(self) -> None:
         self._block.close()
 
-    # -- snapshots ------------------------------------------------------------------------
-
     _state_keys: frozenset[str] = frozenset()
     """What a snapshot holds besides ``"env"`` and ``"restarts"`` (:meth:`_state_of`)."""
     _snapshot_of: str = "sub-env"

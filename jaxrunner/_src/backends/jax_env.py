@@ -209,8 +209,6 @@ class JaxVectorEnv(GroupedAgents):
             functions=functions,
         )
 
-    # -- batched pure functions (used inside jit) ---------------------------------------
-
     def reset(self, keys: jax.Array, params: Any) -> tuple[Any, Any]:
         """Resets B envs, env ``i`` with ``keys[i]``: ``(obs [B, ...], state [B, ...])``
         (JaxMARL: ``obs`` a dict by agent, ``params`` unused)."""
@@ -250,8 +248,6 @@ class JaxVectorEnv(GroupedAgents):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.env).__name__}, num_envs={self.num_envs})"
-
-    # -- construction helpers ----------------------------------------------------------
 
     @staticmethod
     def _space(given: spaces.Space | None, env: Any, name: str, params: Any) -> spaces.Space:

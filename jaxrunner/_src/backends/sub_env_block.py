@@ -70,7 +70,7 @@ class StepResult(NamedTuple):
 
 def failed_mask(failed: Sequence[int], lo: int, hi: int) -> np.ndarray | None:
     """Sub-envs ``failed`` (global indices in ``[lo, hi)``) as a ``[hi - lo]`` bool
-    mask, as a step's ``failed`` holds them; None when ``failed`` is empty."""
+    mask; None when ``failed`` is empty."""
     if not failed:
         return None
     mask = np.zeros(hi - lo, np.bool_)
@@ -184,8 +184,6 @@ class SubEnvBlock(abc.ABC):
     def set_restart_state(self, j: int, state: tuple[int | None, int]) -> None:
         """Takes a :meth:`restart_state` as ``envs[j]``'s."""
         self._seeds[j], self._restarts[j] = state
-
-    # -- every sub-env's attributes, each reached as a handle's request reaches one ----
 
     def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
         return [run_on_env(env, "call", (name, args, kwargs)) for env in self.envs]
