@@ -20,12 +20,7 @@ from gymnasium.spaces import Discrete
 from jaxrunner._src.backends.env_api import check_env, is_multi_agent_env
 from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.process.launch import ALL_CPUS_FROM_ENVS, available_cpus
-from jaxrunner._src.backends.restarts import (
-    RestartPolicy,
-    close_quietly,
-    recreation_failed,
-    retry,
-)
+from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly, recreation_failed, retry
 
 T = TypeVar("T")
 

@@ -10,12 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxrunner._src.backends.env_api import check_env
-from jaxrunner._src.backends.restarts import (
-    RestartPolicy,
-    close_quietly,
-    recreation_failed,
-    retry,
-)
+from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly, recreation_failed, retry
 from jaxrunner._src.backends.sub_env_handle import run_on_env
 from jaxrunner._src.core.seeds import restart_seed
 from jaxrunner.errors import EnvError, InvalidArgumentError, JaxRunnerError
