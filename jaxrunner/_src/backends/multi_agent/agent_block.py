@@ -276,7 +276,7 @@ FiniteTest = Callable[[int, int], bool]
 class FiniteObservations:
     """Finds the sub-envs of a block whose ``obs`` or ``next_obs`` rows hold a NaN or an
     infinity: one sum per float leaf, group and buffer, the exact check only when a sum
-    is not finite (so the block clears a failed row's observations)."""
+    is not finite (the buffers must hold finite values except where this step wrote)."""
 
     def __init__(self, buffers: Sequence[GroupBuffers], layout: Layout) -> None:
         self._groups: list[tuple[Any, int, GroupBuffers, Any, FiniteTest, FiniteTest]] = []
