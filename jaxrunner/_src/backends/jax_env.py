@@ -159,9 +159,6 @@ class JaxVectorEnv(GroupedAgents):
                 )
         self.multi_agent = True
         self.env, self.functions, self.params, self.num_envs = env, None, None, num_envs
-        self.dones_are_truncations = check_bool(
-            where, "dones_are_truncations", dones_are_truncations
-        )
         self.groups = build_groups(
             list(env.agents),
             lambda a: to_gymnasium_space(env.observation_space(a), f"observation_space({a!r})"),
@@ -179,6 +176,9 @@ class JaxVectorEnv(GroupedAgents):
                         f"one of env.agents {list(env.agents)}."
                     )
                 self._check_reset_obs(obs[agent], g.observation_space, agent)
+        self.dones_are_truncations = check_bool(
+            where, "dones_are_truncations", dones_are_truncations
+        )
 
     @classmethod
     def from_brax(
