@@ -20,12 +20,7 @@ from gymnasium.spaces import Discrete
 from jaxrunner._src.backends.env_api import check_env, is_multi_agent_env
 from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.process.launch import ALL_CPUS_FROM_ENVS, available_cpus
-from jaxrunner._src.backends.restarts import (
-    RestartPolicy,
-    close_quietly,
-    recreation_failed,
-    retry,
-)
+from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly, recreation_failed, retry
 
 T = TypeVar("T")
 
@@ -90,11 +85,8 @@ class LayoutChoice:
 
 def choose_layout(env_step_us: float, num_envs: int, cpus: int) -> LayoutChoice:
     """The layout for ``num_envs`` sub-envs of step cost ``env_step_us`` on ``cpus``
-    CPUs, a pure function of these. Below :data:`MIN_WORK_US` of work per vector step
-    a worker's round trip costs more than it saves. The main process's share is never
-    chosen: whether it pays depends on the policy, and it costs those sub-envs their
-    isolation (the measurements: docs/backends/index.md).
-    """
+    CPUs: one worker per :data:`MIN_WORK_US` of work per vector step, never the main
+    process's share (why: docs/backends/index.md)."""
     work_us = env_step_us * num_envs
     choice = functools.partial(LayoutChoice, env_step_us=env_step_us, num_envs=num_envs, cpus=cpus)
     if cpus < 2:
@@ -142,10 +134,8 @@ def measure_env_step_us(
     where: list[str] | None = None,
 ) -> float:
     """The median time in microseconds of one seeded random step of the probe sub-env
-    ``env`` (closed on return). The median keeps a loaded machine's outliers and the
-    rarer resets out; the first step (lazy initialisation) is not counted.
-    ``where[0]`` names the call under way, for errors.
-    """
+    ``env`` (closed on return), the first step (lazy initialisation) not counted.
+    ``where[0]`` names the call under way, for errors."""
     where = [""] if where is None else where
     try:
         where[0] = "reset"
@@ -227,9 +217,7 @@ def choose_for(
 ) -> LayoutChoice:
     """Times ``probe`` (sub-env 0; closed here) on a thread of its own and chooses
     (:func:`choose_layout`). A probe past :data:`PROBE_DEADLINE_S`, or one that raises
-    but that ``restart_policy`` recreates, gives ``"sync"`` with a warning; an env that
-    fails even so raises, noting that "auto" was probing.
-    """
+    but that ``restart_policy`` recreates, gives ``"sync"`` with a warning."""
     cpus = available_cpus()
     where = [""]
 

@@ -218,8 +218,6 @@ class BaseVectorEnv(abc.ABC):
         except Exception:
             pass
 
-    # -- helpers for subclasses ----------------------------------------------------------
-
     def _check_open(self, what: str) -> None:
         if self._closed_reason is not None:
             raise ClosedError(
@@ -263,8 +261,6 @@ class VectorEnv(GroupedAgents, BaseVectorEnv, gymnasium.vector.VectorEnv):
         env in the model of every env, agents in policy groups."""
         return (AgentGroup.one_agent(self.single_observation_space, self.single_action_space),)
 
-    # -- the backend contract -------------------------------------------------------
-
     @abc.abstractmethod
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -299,8 +295,6 @@ class VectorEnv(GroupedAgents, BaseVectorEnv, gymnasium.vector.VectorEnv):
     @abc.abstractmethod
     def _obs_buffer(self) -> Any:
         """The current observations, ``[B, ...]`` (a view of the env's buffer)."""
-
-    # -- gymnasium's API, derived -----------------------------------------------------
 
     def reset(
         self,
@@ -356,8 +350,6 @@ class VectorEnv(GroupedAgents, BaseVectorEnv, gymnasium.vector.VectorEnv):
             out.truncated.copy(),
             merged,
         )
-
-    # -- helpers for subclasses ----------------------------------------------------------
 
     def _take_spaces(
         self,

@@ -68,8 +68,6 @@ class Capabilities:
 
 
 def is_multi_agent(envs: Any) -> bool:
-    """The kind ``envs`` declares (its ``multi_agent`` attribute, set on each vector-env
-    class): True for agents in policy groups (PettingZoo, JaxMARL), stepped and sampled
-    as such. Anything that declares nothing (a gymnasium vector env, say) is taken as
-    single-agent, and the single-agent runner says what it needs."""
+    """The kind ``envs`` declares (its ``multi_agent`` attribute): True for agents in
+    policy groups (PettingZoo, JaxMARL); anything that declares nothing is single-agent."""
     return getattr(envs, "multi_agent", False) is True

@@ -50,9 +50,8 @@ def step_result(result: Any, index: object) -> tuple[Any, Any, Any, Any, Any]:
 
 
 def is_multi_agent_env(env: Any) -> bool:
-    """Whether ``env`` is multi-agent: a PettingZoo ``ParallelEnv`` or ``AECEnv``, which
-    declares its ``possible_agents`` (else a gymnasium env). The one test of an env's
-    kind; the drivers then tell parallel from AEC by their classes."""
+    """Whether ``env`` is multi-agent (PettingZoo: it declares ``possible_agents``), the
+    one test of an env's kind."""
     return hasattr(env, "possible_agents")
 
 

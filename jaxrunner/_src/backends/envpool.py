@@ -70,8 +70,8 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         super().__init__(pool, masked_reset=self._reset_masked, copy=copy)
         self._action_check = EnvPoolActions(task_id, self.single_action_space)
         self.keep_reset_steps = bool(keep_reset_steps)
-        # Sub-envs whose episode ended in the last call: EnvPool resets them in the next
-        # (a new array each call: a BatchStep keeps the last one as its reset rows).
+        # Sub-envs whose episode ended in the last call, reset in the next (a new array
+        # each call: a BatchStep keeps the last one as its reset rows).
         self._ended = np.zeros(num_envs, dtype=np.bool_)
         self._sending = False  # keep_reset_steps: a send is stepping in EnvPool
         if self.keep_reset_steps:
@@ -118,8 +118,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         seeds: list[int | None] | None,
         options: dict[str, Any] | None,
     ) -> tuple[Any, Sequence[dict[str, Any]]]:
-        """The :data:`~jaxrunner._src.backends.masked_reset.MaskedReset` of this pool
-        (``env``): EnvPool resets sub-envs ``mask`` and returns their rows only."""
+        """This pool's :data:`~jaxrunner._src.backends.masked_reset.MaskedReset`."""
         if (seeds is not None and any(s is not None for s in seeds)) or options:
             raise InvalidArgumentError(
                 "EnvPool seeds its sub-envs when the pool is built and takes no reset "
@@ -152,7 +151,7 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
 
     def send(self, actions: Any, env_ids: EnvIds = None) -> None:
         """With ``keep_reset_steps``, hands the actions to EnvPool at once (its threads
-        step while the runner records them); else as every in-process backend."""
+        step while the runner records them)."""
         if not self.keep_reset_steps:
             super().send(actions, env_ids)
             return
@@ -189,15 +188,12 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
     def step_batch(self, actions: Any, rows: slice | None = None) -> BatchStep:
         if not self.keep_reset_steps:
             return super().step_batch(actions, rows)
-        self.send(actions, rows)  # the base's definition: this mode's send, then recv
+        self.send(actions, rows)
         return self.recv()
 
     def _answer(self, out: EnvPoolStep) -> BatchStep:
-        """A step of EnvPool's own NEXT_STEP autoreset, as a BatchStep with its reset
-        rows (``keep_reset_steps``)."""
-        if self._calls.direct:
-            # EnvPool's own arrays, fresh at each call and of its spec's dtypes and
-            # shapes: kept as they are, with their values checked only.
+        """A step of EnvPool's own NEXT_STEP autoreset, with its reset rows."""
+        if self._calls.direct:  # EnvPool's fresh arrays of its spec: values checked only
             next_obs, terminated, truncated = out.obs, out.terminated, out.truncated
             self._reward[:] = out.reward
             if not np.isfinite(self._reward).all():
@@ -209,7 +205,6 @@ class EnvPoolVectorEnv(GymnasiumVectorEnv):
         space = self.single_observation_space
         check_finite_observations(space, next_obs, "step")
         space_arrays.copy_into(space, self._obs, next_obs)  # for reset_at and gymnasium's step
-        # This call reset the sub-envs that ended in the last one (NEXT_STEP).
         reset, self._ended = self._ended, terminated | truncated
         return BatchStep(
             next_obs, next_obs, self._reward, terminated, truncated,
@@ -225,11 +220,6 @@ def make_envpool_vec(
     ``batch_size < num_envs`` EnvPool's async mode
     (:class:`~jaxrunner._src.backends.envpool_async.EnvPoolAsyncVectorEnv`), which the runner
     samples ready-first."""
-    if not isinstance(task_id, str):
-        raise InvalidArgumentError(
-            f"make_vec(env=..., backend='envpool'): expected an EnvPool task id (str), got "
-            f"{type(task_id).__name__}."
-        )
     if batch_size is not None and batch_size != num_envs:
         from jaxrunner._src.backends.envpool_async import EnvPoolAsyncVectorEnv
 

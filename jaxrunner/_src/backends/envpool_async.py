@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
-from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.base import VectorEnv, check_seed_count
@@ -65,18 +64,15 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
             reset_steps=self.keep_reset_steps,
             any_order=True,
         )
-        if self.keep_reset_steps:
-            self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
         self.task_id = task_id
         self.env = self._build([seed + i for i in range(num_envs)])
         self._calls = EnvPoolCalls(self.env)  # EnvPool's C++ calls, without its Python layer
         self.num_envs, self.batch_size = num_envs, batch_size
-        self.single_observation_space = self.env.observation_space
-        self.single_action_space = self.env.action_space
+        space_arrays.check_supported(self.env.observation_space, "single_observation_space")
+        self._take_spaces(self.env.observation_space, self.env.action_space, {}, None)
+        if self.keep_reset_steps:
+            self.metadata = {**self.metadata, "autoreset_mode": AutoresetMode.NEXT_STEP}
         self._action_check = EnvPoolActions(task_id, self.single_action_space)
-        space_arrays.check_supported(self.single_observation_space, "single_observation_space")
-        self.observation_space = batch_space(self.single_observation_space, num_envs)
-        self.action_space = batch_space(self.single_action_space, num_envs)
         self._obs = space_arrays.allocate(self.single_observation_space, (num_envs,))
         # The final step of each env whose reset step EnvPool has yet to return.
         self._awaiting_reset = np.zeros(num_envs, np.bool_)
@@ -194,8 +190,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         )  # fmt: skip
 
     def _recv_real_steps(self) -> BatchStep:
-        """EnvPool's answers with its reset steps taken here: an ended env's final step
-        is held until its reset step answers, then both come back as one row."""
+        """An ended env's final step held until its reset step answers, both as one row."""
         space = self.single_observation_space
         while True:
             ids, obs, reward, terminated, truncated, info = self._calls.recv()
@@ -257,8 +252,7 @@ class EnvPoolAsyncVectorEnv(VectorEnv):
         )  # fmt: skip
 
     def _recv_with_reset_steps(self) -> BatchStep:
-        """EnvPool's answer as it is: the envs that ended at their last answer are
-        answering their reset step now."""
+        """EnvPool's answer as it is (envs that ended at their last answer reset now)."""
         space = self.single_observation_space
         ids, obs, reward, terminated, truncated, info = self._calls.recv()
         env_ids = ids.astype(np.int64)

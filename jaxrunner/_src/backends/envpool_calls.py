@@ -4,6 +4,7 @@ range, async env ids). See docs/backends/envpool.md."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -40,22 +41,19 @@ class _InfoOnRead(Mapping[str, Any]):
 
     def __init__(self, pool: Any, state: list[np.ndarray], reset: bool) -> None:
         self._pool, self._state, self._reset = pool, state, reset
-        self._info: dict[str, Any] | None = None
 
+    @functools.cached_property
     def _built(self) -> dict[str, Any]:
-        info = self._info
-        if info is None:
-            info = self._info = self._pool._to(self._state, self._reset, True)[-1]
-        return info
+        return self._pool._to(self._state, self._reset, True)[-1]
 
     def __getitem__(self, key: str) -> Any:
-        return self._built()[key]
+        return self._built[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._built())
+        return iter(self._built)
 
     def __len__(self) -> int:
-        return len(self._built())
+        return len(self._built)
 
 
 class EnvPoolCalls:

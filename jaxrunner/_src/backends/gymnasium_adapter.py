@@ -101,7 +101,6 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
     """
 
     capabilities = Capabilities(pipeline_splits=1)
-    """The wrapped env cannot step a subset of rows, so the runner uses one group."""
 
     def __init__(
         self,
@@ -159,8 +158,6 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
         self._truncated = np.zeros(n, dtype=np.bool_)
         self._composite_actions = isinstance(self.single_action_space, (spaces.Dict, spaces.Tuple))
         self._action_check = space_arrays.action_batch_check(self.single_action_space, n)
-
-    # -- the backend contract -------------------------------------------------------------
 
     def reset_batch(
         self, seeds: Sequence[int | None], options: dict[str, Any] | None = None
@@ -230,8 +227,7 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
         )  # fmt: skip
 
     def _reset_ended(self, done: np.ndarray) -> tuple[Any, Sequence[dict[str, Any]]]:
-        """Resets the sub-envs whose episode ended in the step just taken (``done``):
-        their first observations and infos, as a masked reset returns them."""
+        """Resets the sub-envs ``done`` (as a masked reset returns them)."""
         # masked_reset_for gives one to every mode but SAME_STEP.
         assert self._masked_reset is not None
         return self._call("reset", self._masked_reset, self.env, done, None, None)
@@ -257,8 +253,6 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
         """The wrapped env's ``step(actions)`` (an adapter over faster calls overrides it)."""
         return self._call("step", self.env.step, actions)
 
-    # -- validation ---------------------------------------------------------------------------
-
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
@@ -270,12 +264,11 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
             ) from err
 
     def _check_actions(self, actions: Any) -> Any:
-        """Validates the whole batch without splitting it per env (composites as given)."""
+        """The whole batch validated (composites as given)."""
         checked = self._action_check(actions)
         return actions if self._composite_actions else checked
 
     def _store(self, dst: Any, obs: Any, call: str) -> None:
-        """Copies a batched observation into ``dst`` after checking it against the space."""
 
         def check(buffer: np.ndarray, value: Any) -> None:
             if (
@@ -333,8 +326,6 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
                 )
             dst[:] = value
 
-    # -- the rest of gymnasium's API, delegated ------------------------------------------------
-
     def _obs_buffer(self) -> Any:
         return self._obs
 
@@ -373,9 +364,7 @@ class GymnasiumVectorEnv(InProcessSends, VectorEnv):
 
     def _sub_env_request(self, index: int, method: str, args: tuple) -> Any:
         """A sub-env handle's request, sent to worker ``index`` of the ``AsyncVectorEnv``
-        alone with the command its ``call``/``set_attr`` would send every worker. Raises
-        what the sub-env raised, and InvalidArgumentError once gymnasium has ended that
-        worker for it."""
+        alone as its ``call``/``set_attr`` sends it to every worker."""
         self._check_open(f"get_sub_environments()[{index}].{method}")
         inner = self.env.unwrapped
         if method == "set_attr":

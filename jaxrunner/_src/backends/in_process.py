@@ -1,6 +1,5 @@
 """Backends whose sub-envs step in the calling thread: ``send`` keeps the actions and
-``recv`` steps them (the sync backends, single- and multi-agent, and the gymnasium
-adapter); the sync backends' sub-envs are a :class:`SubEnvBlock` they forward to."""
+``recv`` steps them; the sync backends forward to their :class:`SubEnvBlock`."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxrunner._src.backends.batch_step import EnvIds, block_rows
+from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import close_quietly
 from jaxrunner._src.backends.snapshots import (
     SnapshotRefusedError,
@@ -22,11 +22,9 @@ from jaxrunner.errors import InvalidArgumentError
 
 
 class InProcessSends:
-    """``send``/``recv`` of a backend whose sub-envs step in the calling thread (a mixin
-    of the sync backends and the gymnasium adapter): :meth:`send` checks the actions
-    (:meth:`_checked`, as a remote backend's send does) and keeps them (read, not
-    copied: keep them unchanged until the matching :meth:`recv`), and :meth:`recv`
-    steps the oldest send with :meth:`_step`."""
+    """``send``/``recv`` of a backend whose sub-envs step in the calling thread: :meth:`send`
+    checks the actions and keeps them (not copied: keep them unchanged until the matching
+    :meth:`recv`), and :meth:`recv` steps the oldest send with :meth:`_step`."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -72,44 +70,33 @@ class InProcessSends:
         return self._step(self._checked(actions, rows), rows)
 
 
-class BlockForwarding:
+class BlockForwarding(RemoteSubEnvs):
     """What a sync backend forwards to its :class:`SubEnvBlock` (``_block``): the sub-envs'
     attributes and calls, restarts, closing, and snapshots of each sub-env with its
-    restart state (its last reset seed and restarts since) and what :meth:`_state_of`
-    adds (a multi-agent driver's state)."""
+    restart state and what :meth:`_state_of` adds (a multi-agent driver's state)."""
 
     _block: SubEnvBlock
-    num_envs: int
 
     @property
     def num_restarts(self) -> int:
         return self._block.num_restarts
 
-    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        self._check_open("call")  # type: ignore[attr-defined]
-        return tuple(self._block.call(name, args, kwargs))
+    def _ask_one(self, index: int, method: str, args: tuple) -> Any:
+        return self._block.on_sub_env(index, method, args)
 
-    def get_attr(self, name: str) -> tuple[Any, ...]:
-        self._check_open("get_attr")  # type: ignore[attr-defined]
-        return tuple(self._block.get_attr(name))
+    def _ask_each(self, method: str, *args: Any) -> tuple[Any, ...]:
+        return tuple(getattr(self._block, method)(*args))
 
-    def set_attr(self, name: str, values: Any) -> None:
-        self._check_open("set_attr")  # type: ignore[attr-defined]
-        self._block.set_attr(name, self._values_per_env(name, values))  # type: ignore[attr-defined]
-
-    def render(self) -> tuple[Any, ...]:
-        self._check_open("render")  # type: ignore[attr-defined]
-        return tuple(self._block.render())
+    def _set_each(self, name: str, values: list[Any]) -> None:
+        self._block.set_attr(name, values)
 
     def get_sub_environments(self) -> list[Any]:
         """The sub-envs themselves (this process holds them), in index order."""
-        self._check_open("get_sub_environments")  # type: ignore[attr-defined]
+        self._check_open("get_sub_environments")
         return list(self._block.envs)
 
     def _close_backend(self) -> None:
         self._block.close()
-
-    # -- snapshots ------------------------------------------------------------------------
 
     _state_keys: frozenset[str] = frozenset()
     """What a snapshot holds besides ``"env"`` and ``"restarts"`` (:meth:`_state_of`)."""
@@ -135,10 +122,9 @@ class BlockForwarding:
 
     def snapshot_sub_envs(self) -> list[bytes]:
         """Pickles of the sub-envs as they are (wrappers, RNG and all; EzPickle envs by
-        their state), each with its last reset seed and restarts since (its next
-        restart's seed) and its step state (a multi-agent driver's); raises ``pickle``'s
-        error for a sub-env that does not pickle (an open window, a socket)."""
-        self._check_open("snapshot_sub_envs")  # type: ignore[attr-defined]
+        their state), each with its restart state and a multi-agent driver's step state;
+        raises ``pickle``'s error for a sub-env that does not pickle (an open window)."""
+        self._check_open("snapshot_sub_envs")
         block = self._block
         return [
             snapshot_dumps({"env": env, **self._state_of(j), "restarts": block.restart_state(j)})
@@ -155,7 +141,7 @@ class BlockForwarding:
                 unpickle or is not a snapshot of such a sub-env; the sub-envs are left
                 as they were.
         """
-        self._check_open("restore_sub_envs")  # type: ignore[attr-defined]
+        self._check_open("restore_sub_envs")
         if len(snapshots) != self.num_envs:
             raise InvalidArgumentError(
                 f"restore_sub_envs(snapshots=...): expected {self.num_envs} snapshots, one per "

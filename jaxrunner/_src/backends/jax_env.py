@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import gymnasium
 import jax
 import numpy as np
 from gymnasium import spaces
+from gymnasium.vector.utils import batch_space
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.arg_checks import check_bool, check_int
@@ -94,9 +94,8 @@ class JaxVectorEnv(GroupedAgents):
                         f"{name}=None"
                         + (" (and num_envs= by keyword)." if name == "env_params" else ".")
                     )
-            self._init_agents("JaxVectorEnv", env, num_envs, policy_mapping_fn)
-            self.dones_are_truncations = check_bool(
-                "JaxVectorEnv", "dones_are_truncations", dones_are_truncations
+            self._init_agents(
+                "JaxVectorEnv", env, num_envs, policy_mapping_fn, dones_are_truncations
             )
             return
         for name, value in (
@@ -133,12 +132,8 @@ class JaxVectorEnv(GroupedAgents):
             ("action_space", self.single_action_space),
         ):
             space_arrays.check_supported(space, f"JaxVectorEnv {name}")
-        self.observation_space = gymnasium.vector.utils.batch_space(
-            self.single_observation_space, self.num_envs
-        )
-        self.action_space = gymnasium.vector.utils.batch_space(
-            self.single_action_space, self.num_envs
-        )
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
         self.dones_are_truncations = False
         self.groups: tuple[AgentGroup, ...] = (
             AgentGroup.one_agent(self.single_observation_space, self.single_action_space),
@@ -147,7 +142,12 @@ class JaxVectorEnv(GroupedAgents):
         self._check_reset_obs(obs, self.single_observation_space)
 
     def _init_agents(
-        self, where: str, env: Any, num_envs: int, policy_mapping_fn: PolicyMappingFn | None
+        self,
+        where: str,
+        env: Any,
+        num_envs: int,
+        policy_mapping_fn: PolicyMappingFn | None,
+        dones_are_truncations: bool,
     ) -> None:
         """The JaxMARL-style env's part of ``__init__``: its groups from its agents."""
         for name in ("agents", "reset", "step_env", "observation_space", "action_space"):
@@ -176,6 +176,9 @@ class JaxVectorEnv(GroupedAgents):
                         f"one of env.agents {list(env.agents)}."
                     )
                 self._check_reset_obs(obs[agent], g.observation_space, agent)
+        self.dones_are_truncations = check_bool(
+            where, "dones_are_truncations", dones_are_truncations
+        )
 
     @classmethod
     def from_brax(
@@ -205,8 +208,6 @@ class JaxVectorEnv(GroupedAgents):
             action_space=action_space,
             functions=functions,
         )
-
-    # -- batched pure functions (used inside jit) ---------------------------------------
 
     def reset(self, keys: jax.Array, params: Any) -> tuple[Any, Any]:
         """Resets B envs, env ``i`` with ``keys[i]``: ``(obs [B, ...], state [B, ...])``
@@ -247,8 +248,6 @@ class JaxVectorEnv(GroupedAgents):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.env).__name__}, num_envs={self.num_envs})"
-
-    # -- construction helpers ----------------------------------------------------------
 
     @staticmethod
     def _space(given: spaces.Space | None, env: Any, name: str, params: Any) -> spaces.Space:
@@ -321,7 +320,5 @@ class JaxMultiAgentVectorEnv(JaxVectorEnv):
         dones_are_truncations: bool = False,
     ) -> None:
         where = "JaxMultiAgentVectorEnv"
-        self._init_agents(where, env, check_int(where, "num_envs", num_envs), policy_mapping_fn)
-        self.dones_are_truncations = check_bool(
-            where, "dones_are_truncations", dones_are_truncations
-        )
+        num_envs = check_int(where, "num_envs", num_envs)
+        self._init_agents(where, env, num_envs, policy_mapping_fn, dones_are_truncations)

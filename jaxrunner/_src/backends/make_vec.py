@@ -84,19 +84,13 @@ def make_vec(
             ``i`` built (and rebuilt on a restart) by the ``i``-th (CleanRL's
             ``[make_env(env_id, i, ...) for i in range(n)]``: env 0 records video, each its
             own wrapper); backends ``"sync"``, ``"process"``, ``"ray"`` and ``"auto"``.
-            A callable's kind is read from sub-env 0: with ``"process"`` its worker
-            reports it; else it is built here once (with ``"sync"`` it stays sub-env 0;
-            with ``"auto"`` it is the probe; with ``"ray"``, and ``"process"`` with a
-            main-process share, it is closed before the workers start): a PettingZoo env
+            The kind is read from sub-env 0 (docs/multi-agent.md): a PettingZoo env
             (it has ``possible_agents``) gives a :class:`~jaxrunner.MultiAgentVectorEnv`.
         num_envs: number of sub-envs (>= 1).
         backend: where the sub-envs run; one of ``BACKENDS`` (a multi-agent env: one of
             ``FACTORY_BACKENDS``). ``"auto"``: ``"sync"`` or ``"process"`` with its number
-            of workers, chosen here by timing one probe sub-env (built from the same
-            factory, stepped with seeded random actions for up to 0.3 s, abandoned after
-            10 s, always closed) against the CPUs this process may use; the choice is
-            ``vec.layout_choice`` (see ``docs/backends/index.md``). The vector env is the
-            one that backend and layout build, so its trajectories are theirs.
+            of workers, chosen by timing one probe sub-env against the CPUs this process
+            may use; the choice is ``vec.layout_choice`` (see ``docs/backends/index.md``).
         seed: if given, the envs are reset now with sub-env ``i`` seeded ``seed + i``.
         config: the backend's options: a :class:`~jaxrunner.ProcessConfig` for
             ``"process"``, a :class:`~jaxrunner.RayConfig` for ``"ray"``; None: its
@@ -125,12 +119,12 @@ def make_vec(
     if backend not in BACKENDS:
         raise InvalidArgumentError(f"make_vec(backend={backend!r}): expected one of {BACKENDS}.")
     check_vec_options(backend, config, restart_policy)
+    choice = None
     if backend not in FACTORY_BACKENDS:
         vec = _make_from_id(env, num_envs, backend, policy_mapping_fn, env_kwargs)
-        choice = None
     else:
         fns = factories_for(env, env_kwargs, backend, num_envs)
-        choice = first = None
+        first = None
         multi_agent: bool | None  # None: the process backend learns it from its workers
         if backend == "auto":
             choice, multi_agent = choose_auto_layout(
@@ -192,10 +186,7 @@ def _make_from_id(
             "vector env, wrap it: jaxrunner.from_gymnasium(gymnasium.vector.SyncVectorEnv([...]))."
         )
     if backend == "gymnasium":
-        # gymnasium.make_vec builds the vector env itself (its own vector entry point
-        # where the env has one); env_kwargs may include vectorization_mode.
         return make_gymnasium_vec(env, num_envs, **env_kwargs)
-    # EnvPool builds its own pool from a task id (extra jaxrunner[envpool]).
     return make_envpool_vec(env, num_envs, **env_kwargs)
 
 
@@ -209,12 +200,6 @@ def make_gymnasium_vec(
     """``gymnasium.make_vec(env_id, num_envs, vectorization_mode, ...)``, adopted.
     ``vectorization_mode`` None: the env's own vector implementation where it has one,
     else ``"sync"``; Sync/AsyncVectorEnv default to DISABLED here (the adapter resets)."""
-    if not isinstance(env_id, str):
-        raise InvalidArgumentTypeError(
-            f"make_vec(env=..., backend='gymnasium'): expected a registered gymnasium id "
-            f"(gymnasium.make_vec needs one), got {type(env_id).__name__}. Use backend='sync' "
-            "for a factory, or adopt your own vector env with jaxrunner.from_gymnasium()."
-        )
     try:
         mode = None if vectorization_mode is None else gymnasium.VectorizeMode(vectorization_mode)
     except ValueError as err:
@@ -290,10 +275,8 @@ def choose_auto_layout(
     restart_policy: RestartPolicy | None,
     caller: str = 'make_vec(backend="auto")',
 ) -> tuple[LayoutChoice, bool]:
-    """``backend="auto"``'s measurement of a probe (sub-env 0, built here and closed) and
-    choice (:func:`.auto.choose_for`), and whether the env is multi-agent; workers from a
-    script's unguarded top level are refused with an error that says ``caller`` chose
-    them (before any starts)."""
+    """``backend="auto"``'s choice (:func:`.auto.choose_for`) and whether the env is
+    multi-agent; workers from a script's unguarded top level are refused, naming ``caller``."""
     factory = factories_for(env, env_kwargs, "auto", num_envs)[0]
     try:
         probe = first_env(env, factory)

@@ -21,9 +21,8 @@ _new_step = tuple.__new__
 
 class OneAgentSteps:
     """A single-agent vector env's ``reset_batch``, ``send`` and ``recv`` in the group
-    model: ``send`` takes the group's ``[n, ...]`` actions (one agent's, without an
-    agent axis), ``recv`` returns a :class:`MultiAgentStep` of views of the env's arrays
-    (made once per block of envs and buffers), its ``failed`` the env's."""
+    model: ``send`` takes the one agent's ``[n, ...]`` actions, ``recv`` returns a
+    :class:`MultiAgentStep` of views of the env's arrays (made once per block)."""
 
     turn_based = False
     one_agent = True

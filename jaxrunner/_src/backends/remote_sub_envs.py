@@ -1,5 +1,5 @@
-"""gymnasium's sub-env utilities for the backends whose sub-envs live elsewhere (worker
-processes, Ray actors): each checks the env is open, then asks them through three hooks."""
+"""gymnasium's sub-env utilities (``call``, ``get_attr``, ``set_attr``, ``render``): each
+checks the env is open, then asks the sub-envs, wherever they live, through three hooks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from jaxrunner._src.backends.sub_env_handle import SubEnvHandle
 
 class RemoteSubEnvs(BaseVectorEnv):
     """``get_sub_environments``, ``call``, ``get_attr``, ``set_attr`` and ``render``
-    over sub-envs in other processes; the results must pickle."""
+    over sub-envs in other processes (their results must pickle), or in this one."""
 
     @abc.abstractmethod
     def _ask_one(self, index: int, method: str, args: tuple) -> Any:

@@ -1,8 +1,5 @@
 """The one step loop of the host backends (sync, each process worker, each Ray actor): a
-block of sub-envs stepped in turn, validated, restarted and autoreset (SAME_STEP).
-:class:`~jaxrunner._src.backends.gymnasium_block.GymnasiumBlock` and
-:class:`~jaxrunner._src.backends.multi_agent.agent_block.AgentBlock` differ only in how
-a step is stepped and written."""
+block of sub-envs stepped in turn, validated, restarted and autoreset (SAME_STEP)."""
 
 from __future__ import annotations
 
@@ -13,12 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxrunner._src.backends.env_api import check_env
-from jaxrunner._src.backends.restarts import (
-    RestartPolicy,
-    close_quietly,
-    recreation_failed,
-    retry,
-)
+from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly, recreation_failed, retry
 from jaxrunner._src.backends.sub_env_handle import run_on_env
 from jaxrunner._src.core.seeds import restart_seed
 from jaxrunner.errors import EnvError, InvalidArgumentError, JaxRunnerError
@@ -37,20 +29,14 @@ Marks = MutableSequence[int] | np.ndarray
 
 
 class SubEnvRaised(EnvError):
-    """A sub-env's own code raised in ``call`` (``"step"``, ``"reset"``, ``"factory"``);
-    the original is its ``__cause__``. ``agent_id``: in a turn-based multi-agent env,
-    the agent whose turn it was (None otherwise). What a step's ``errors`` holds for
-    such a failure, as what is raised without a restart policy. ``err``: the original,
-    or its repr (a worker's error, rebuilt in the main process, which chains it)."""
+    """A sub-env's own code raised ``err`` (or its repr, for a worker's error) in ``call``
+    (``"step"``, ``"reset"``, ``"factory"``); the original is its ``__cause__``.
+    ``agent_id``: in a turn-based multi-agent env, the agent whose turn it was."""
 
     def __init__(
         self, err: BaseException | str, env_index: int, call: str, agent_id: str | None = None
     ) -> None:
-        who = (
-            f"sub-env {env_index}"
-            if agent_id is None
-            else f"sub-env {env_index} (agent {agent_id!r})"
-        )
+        who = f"sub-env {env_index}" + ("" if agent_id is None else f" (agent {agent_id!r})")
         what = err if isinstance(err, str) else repr(err)
         super().__init__(f"{who} raised in {call}(): {what}", env_index)
         if not isinstance(err, str):  # held in a step's errors too, not only raised
@@ -79,7 +65,7 @@ class StepResult(NamedTuple):
 
 def failed_mask(failed: Sequence[int], lo: int, hi: int) -> np.ndarray | None:
     """Sub-envs ``failed`` (global indices in ``[lo, hi)``) as a ``[hi - lo]`` bool
-    mask, as a step's ``failed`` holds them; None when ``failed`` is empty."""
+    mask; None when ``failed`` is empty."""
     if not failed:
         return None
     mask = np.zeros(hi - lo, np.bool_)
@@ -140,8 +126,7 @@ class SubEnvBlock(abc.ABC):
         """Sub-env ``i``'s slots of the step under way hold no transition."""
 
     def reset(self, seeds: Sequence[int | None], options: dict[str, Any] | None) -> list[dict]:
-        """Resets every sub-env (``seeds[j]`` for ``envs[j]``); restarts one that fails
-        when there is a restart policy."""
+        """Resets every sub-env (``seeds[j]`` for ``envs[j]``), as :meth:`reset_or_restart`."""
         return [
             self.reset_or_restart(self.offset + j, seed, options) for j, seed in enumerate(seeds)
         ]
@@ -188,16 +173,12 @@ class SubEnvBlock(abc.ABC):
         return info
 
     def restart_state(self, j: int) -> tuple[int | None, int]:
-        """``envs[j]``'s last reset seed and its restarts since: what its next restart's
-        seed is drawn from (a checkpoint keeps them, so a resumed run restarts as the
-        unbroken one does)."""
+        """``envs[j]``'s last reset seed and its restarts since (its next restart's seed)."""
         return self._seeds[j], self._restarts[j]
 
     def set_restart_state(self, j: int, state: tuple[int | None, int]) -> None:
         """Takes a :meth:`restart_state` as ``envs[j]``'s."""
         self._seeds[j], self._restarts[j] = state
-
-    # -- every sub-env's attributes, each reached as a handle's request reaches one ----
 
     def call(self, name: str, args: tuple, kwargs: dict[str, Any]) -> list[Any]:
         return [run_on_env(env, "call", (name, args, kwargs)) for env in self.envs]
@@ -213,8 +194,7 @@ class SubEnvBlock(abc.ABC):
         return [env.render() for env in self.envs]
 
     def on_sub_env(self, index: int, method: str, args: tuple) -> Any:
-        """A :class:`~jaxrunner._src.backends.sub_env_handle.SubEnvHandle` request, run on
-        sub-env ``index`` (global) alone."""
+        """A ``SubEnvHandle`` request, run on sub-env ``index`` (global) alone."""
         return run_on_env(self.envs[index - self.offset], method, args)
 
     def close(self) -> None:

@@ -20,9 +20,7 @@ from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBlock
 from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
-from jaxrunner._src.backends.snapshots import (
-    SnapshotRefusedError,
-)
+from jaxrunner._src.backends.snapshots import SnapshotRefusedError
 from jaxrunner._src.backends.step_buffers import StepBuffers
 from jaxrunner._src.backends.sub_env_block import EnvFactory, build_envs, failed_mask
 
@@ -97,7 +95,6 @@ class SyncVectorEnv(BlockForwarding, InProcessSends, VectorEnv):
         return space_arrays.take(self.single_observation_space, self._obs, index), info
 
     def _checked(self, actions: Any, rows: slice | None) -> list[Any]:
-        """The actions per sub-env, validated."""
         return self._actions.split(
             actions, self.num_envs if rows is None else rows.stop - rows.start
         )

@@ -15,12 +15,9 @@ from jaxrunner.errors import InvalidActionError
 
 
 class ActionCheck:
-    """Validates every group's ``[B, A_g, ...]`` action batch as a whole, before any
-    sub-env steps (shapes, dtypes, the range of ``Discrete`` and ``MultiDiscrete``, every
-    row's, acting or not); a call returns the actions in the spaces' dtypes or raises
-    InvalidActionError. The common case passes ``passing_batch_test`` inline; anything
-    else goes through ``check_action_batch``, which names what is wrong (a group's batch
-    of a non-composite space is read with ``np.asarray``: lists too, as single-agent)."""
+    """Validates every group's ``[B, A_g, ...]`` action batch as a whole (every row's,
+    acting or not); a call returns the actions in the spaces' dtypes or raises
+    InvalidActionError. The common case passes ``passing_batch_test`` inline."""
 
     def __init__(self, groups: Sequence[AgentGroup], num_envs: int) -> None:
         self.groups, self.num_envs = tuple(groups), num_envs
@@ -32,7 +29,6 @@ class ActionCheck:
 
     def __call__(self, actions: Sequence[Any]) -> Sequence[Any]:
         """The actions, each group's in its space's dtypes (what its agents are handed)."""
-        # The common case inline, any other through the checks.
         tests = self._passes if self._passes and len(actions) == len(self._passes) else None
         if tests is None or not all(test(batch) for test, batch in zip(tests, actions)):
             actions = self._check(actions)

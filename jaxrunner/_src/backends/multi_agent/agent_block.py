@@ -1,6 +1,5 @@
 """The step loop of PettingZoo sub-envs (parallel or AEC): each sub-env's driver writes
-its acting agents into the block's rows of the group buffers, whose observations are
-checked for NaN and infinity as the single-agent loop's are."""
+its acting agents into the block's rows of the group buffers."""
 
 from __future__ import annotations
 
@@ -41,15 +40,10 @@ def env_groups(env: Any, policy_mapping_fn: PolicyMappingFn | None) -> tuple[Age
 
 
 class AgentBlock(SubEnvBlock):
-    """PettingZoo sub-envs ``[offset, offset + len(envs))`` stepped into ``[n, A_g, ...]``
-    group buffers (their own, or a process worker's rows of shared memory). See
-    :class:`~jaxrunner._src.backends.sub_env_block.SubEnvBlock` for the failure rules:
-    a failed step yields no transition for any of its agents (its row's ``completed``
-    is cleared) and its episode ends as a fault; the new episode's first agents act next.
-    A step or reset is invalid where the env raises, or returns what its spaces or
-    PettingZoo's API refuse, or an observation with a NaN or an infinity. ``envs`` are
-    all parallel or all AEC, with equal agent ``groups``; ``buffers`` None: its own.
-    """
+    """PettingZoo sub-envs ``[offset, offset + len(envs))`` (all parallel or all AEC, with
+    equal agent ``groups``) stepped into ``[n, A_g, ...]`` group ``buffers`` (None: its
+    own). A failed step (:class:`~jaxrunner._src.backends.sub_env_block.SubEnvBlock`'s
+    rules) yields no transition for any of its agents and ends its episode as a fault."""
 
     def __init__(
         self,
@@ -86,8 +80,7 @@ class AgentBlock(SubEnvBlock):
         self._action_rows: list[Any] | None = None  # a block's actions, placed at its rows
 
     def _check_agents(self, env: Any, index: int) -> None:
-        """``env`` (sub-env ``index``, new or recreated) has the block's agents, each with
-        its group's spaces (as a single-agent vector env's sub-envs have equal spaces)."""
+        """``env`` (sub-env ``index``, new or recreated) has the block's agents and spaces."""
         if tuple(env.possible_agents) != self.possible_agents:
             raise SpaceMismatchError(
                 f"multi-agent sub-env {index} has possible_agents {list(env.possible_agents)}, "
@@ -196,8 +189,7 @@ class AgentBlock(SubEnvBlock):
         errors: dict[int, BaseException],
     ) -> None:
         """Rows ``bad`` of :meth:`FiniteObservations.step`: a NaN or an infinity from a
-        step is an invalid step, from the reset after an episode's end a failed reset
-        (the step's transitions stay), as in the single-agent loop."""
+        step is an invalid step, from the reset after an episode's end a failed reset."""
         for b, (err, in_step) in bad.items():
             if b in errors and not self.env_done[b]:
                 continue  # its step failed already
@@ -263,11 +255,8 @@ class AgentBlock(SubEnvBlock):
 
 
 def located(err: Exception, driver: Driver, call: str) -> Exception:
-    """``err`` from ``driver``'s sub-env as the error to raise: jaxrunner's own checks
-    (which already name the sub-env and agent) as they are, with ``env_index`` set;
-    anything the env's code raised as a :class:`~jaxrunner._src.backends.sub_env_block.SubEnvRaised`
-    naming the sub-env (and, in a turn-based env, the agent whose turn it was), the
-    original chained."""
+    """``err`` from ``driver``'s sub-env as the error to raise: jaxrunner's own checks with
+    ``env_index`` set, anything the env's code raised as a ``SubEnvRaised``."""
     if isinstance(err, JaxRunnerError):
         if getattr(err, "env_index", None) is None:
             err.env_index = driver.env_index  # type: ignore[attr-defined]
@@ -286,12 +275,8 @@ FiniteTest = Callable[[int, int], bool]
 
 class FiniteObservations:
     """Finds the sub-envs of a block whose ``obs`` or ``next_obs`` rows hold a NaN or an
-    infinity. A step costs one sum per floating-point leaf, group and buffer (as the
-    single-agent loop's); the exact check runs only when a sum is not finite.
-
-    The buffers must hold finite values only, except where this step wrote: the block
-    clears a failed row's observations (``AgentStepBuffers.fail_row`` and ``_fresh``).
-    """
+    infinity: one sum per float leaf, group and buffer, the exact check only when a sum
+    is not finite (the buffers must hold finite values except where this step wrote)."""
 
     def __init__(self, buffers: Sequence[GroupBuffers], layout: Layout) -> None:
         self._groups: list[tuple[Any, int, GroupBuffers, Any, FiniteTest, FiniteTest]] = []

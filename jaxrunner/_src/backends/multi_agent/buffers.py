@@ -1,8 +1,5 @@
-"""Host buffers of one multi-agent step: per-group ``[B, A_g, ...]`` arrays and masks.
-
-The sub-env drivers (:mod:`jaxrunner._src.backends.multi_agent.drivers`) write into them in place,
-row ``b`` per sub-env; the vector env hands them to the sampler as views.
-"""
+"""Host buffers of one multi-agent step: per-group ``[B, A_g, ...]`` arrays and masks, written
+in place by the sub-env drivers (row ``b`` per sub-env) and handed to the sampler as views."""
 
 from __future__ import annotations
 
@@ -14,6 +11,7 @@ import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.allocators import Allocator, Zeros
+from jaxrunner._src.backends.sub_env_block import failed_mask
 from jaxrunner._src.core.agent_groups import AgentGroup
 
 
@@ -134,8 +132,7 @@ class AgentStepBuffers(NamedTuple):
 
     def fail_row(self, b: int) -> None:
         """Env ``b``'s step holds no transition for any agent: its outcomes are zero
-        (``acting``/``obs`` stay: the new sub-env's). The one failed-row helper of every
-        multi-agent backend."""
+        (``acting``/``obs`` stay: the new sub-env's)."""
         self.env_done[b], self.env_reward[b], self.unassigned_reward[b] = False, 0.0, 0.0
         self.clear_row("next_obs", b)
         for buf in self.groups:
@@ -173,9 +170,8 @@ class MultiAgentStep(NamedTuple):
     env_ids: slice | np.ndarray | None = None
     """Which envs these rows are: a contiguous block of env indices (a ``send`` of a
     slice, or a ready-first worker's envs), an index array (envs in any order: EnvPool's
-    async ``recv``); None means every env, in order. Every
-    array has the block's rows only (views of the rows of the buffers
-    ``reset_batch`` returned), ``infos`` and ``failed`` too."""
+    async ``recv``); None means every env, in order. Every array, ``infos`` and
+    ``failed`` have these rows only."""
     reset_rows: np.ndarray | None = None
     """[B] bool, or None when there are none: a single-agent env's own reset steps
     (EnvPool's, kept by ``keep_reset_steps=True``): no transition, and no fault."""
@@ -215,8 +211,7 @@ class StepViews:
             if isinstance(failed, np.ndarray) and failed.dtype == np.bool_:
                 mask = failed if failed.any() else None
             else:  # global indices, a list or an int array
-                mask = np.zeros(hi - lo, np.bool_)
-                mask[np.asarray(failed, np.int64) - lo] = True
+                mask = failed_mask(failed, lo, hi)
         return MultiAgentStep(
             groups=groups,
             env_done=b.env_done,

@@ -36,18 +36,12 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     def step(self, actions: Sequence[Any]) -> tuple[bool, float, float, dict[str, Any]]:
-        """Steps the env with the acting agents' actions (``actions[g]`` is group
-        ``g``'s ``[B, A_g, ...]`` batch); returns ``(env_done, env_reward,
-        unassigned_reward, infos)``. Where the episode ended (``env_done``) the caller
-        resets the env next (:meth:`reset`: SAME_STEP). The caller has cleared the
-        row's masks and outcomes (:meth:`AgentBlock.step_rows` clears every row at once)."""
-
-    # -- state, for snapshots ---------------------------------------------------------
+        """Steps the env with the acting agents' actions (``actions[g]`` is group ``g``'s
+        ``[B, A_g, ...]`` batch) into a row the caller cleared; returns ``(env_done,
+        env_reward, unassigned_reward, infos)`` (the caller resets an ended env next)."""
 
     def get_state(self) -> dict[str, Any]:
-        """What the driver carries between steps besides the env (plain values, for a
-        pickle next to the env's): each agent's pending reward, who acted and who
-        started in the current episode."""
+        """What the driver carries between steps besides the env, as plain values."""
         return {
             "pending_reward": dict(self.pending_reward),
             "acted": sorted(self.acted),
@@ -80,8 +74,6 @@ class Driver(abc.ABC):
             f"sub-env {self.env_index}: the driver state's {field} is not {expected} of "
             f"possible_agents {list(self.layout.slot)}."
         )
-
-    # -- shared bookkeeping -----------------------------------------------------------
 
     def _begin_episode(self) -> None:
         for buf in self.layout.buffers:

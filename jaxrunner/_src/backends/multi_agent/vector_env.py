@@ -12,16 +12,11 @@ from jaxrunner._src.backends.batch_step import EnvIds
 from jaxrunner._src.backends.capabilities import Capabilities
 from jaxrunner._src.backends.in_process import BlockForwarding, InProcessSends
 from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
-from jaxrunner._src.backends.multi_agent.agent_block import (
-    AgentBlock,
-    env_groups,
-)
+from jaxrunner._src.backends.multi_agent.agent_block import AgentBlock, env_groups
 from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep, StepViews
 from jaxrunner._src.backends.multi_agent.drivers import Driver, make_driver
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
-from jaxrunner._src.backends.snapshots import (
-    SnapshotRefusedError,
-)
+from jaxrunner._src.backends.snapshots import SnapshotRefusedError
 from jaxrunner._src.backends.sub_env_block import EnvFactory, build_envs
 from jaxrunner._src.core.agent_groups import GroupedAgents, PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError
@@ -138,9 +133,8 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
     _state_keys = frozenset({"driver"})
 
     def _state_of(self, j: int) -> dict[str, Any]:
-        """A sub-env's driver state (the rewards each agent received since its last
-        action, who acted, who acts next: :meth:`Driver.get_state`), pickled with the
-        env so that the driver's references into it stay shared."""
+        """A sub-env's driver state, pickled with the env (the driver's references into it
+        stay shared)."""
         return {"driver": self._block.drivers[j].get_state()}
 
     def _restored(self, j: int, snapshot: dict[str, Any]) -> Driver:
