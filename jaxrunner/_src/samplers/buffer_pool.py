@@ -90,8 +90,8 @@ class BufferPool:
             for pid, gs in groups.items()
         }
         self._has_infos = any(gs.infos is not None for gs in groups.values())
+        # A new buffer's tree and leaves' shapes and dtypes, from the first one.
         self._layout: tuple[Any, list[tuple[tuple[int, ...], np.dtype]]] | None = None
-        """A new buffer's tree and leaves' shapes and dtypes, from the first one."""
         self._scratch: dict[str, Any] | None = None
         self._scratches: list[dict[str, Any]] = []
         if compact:  # the next observations alone, not a whole trajectory; one per live sample
@@ -165,8 +165,7 @@ class BufferPool:
         return buf
 
     def _refresh(self, buf: MultiAgentTrajectory) -> MultiAgentTrajectory:
-        # A step writes only the acting agents' slots: every group array starts at zero
-        # (a single agent's, who acts in every slot, are written whole).
+        # A step writes only the acting agents' slots (a single agent's: every slot).
         for pid, group in buf.groups.items():
             infos = self._groups[pid].infos
             if self._groups[pid].always_acting:

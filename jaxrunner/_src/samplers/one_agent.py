@@ -49,16 +49,12 @@ class OneAgentSampler:
         loop.rows_view = self._view
         ((self._pid, self._group),) = loop.groups.items()
         self.splits = loop.splits
-        self.groups = loop.groups
-        """The loop's group samplers by policy id: the one agent's."""
-        self.ready_first = loop.ready_first
-        """The loop's ready-first mode (its buckets and calls per size); None: lockstep."""
+        self.groups = loop.groups  # the one agent's group sampler
+        self.ready_first = loop.ready_first  # None: lockstep
         self._book = loop._book
         self._compact = setup.compact_next_obs
-        self._released: dict[int, Trajectory] = {}
-        """Released buffers' ``[T, B]`` views by their reward array's id."""
-        self._out = HandedOut()
-        """The samples out, each with the loop's buffers it views."""
+        self._released: dict[int, Trajectory] = {}  # [T, B] views by their reward's id
+        self._out = HandedOut()  # the samples out, each with the loop's buffers it views
 
     @property
     def saved_as(self) -> str:
