@@ -55,6 +55,10 @@ class OneAgentSampler:
         self._compact = setup.compact_next_obs
         self._released: dict[int, Trajectory] = {}  # [T, B] views by their reward's id
         self._out = HandedOut()  # the samples out, each with the loop's buffers it views
+        self.live_episodes = loop.live_episodes  # the loop's own, as they are
+        self.info_names = loop.info_names
+        self.set_info_names = loop.set_info_names
+        self.restart_episodes = loop.restart_episodes
 
     @property
     def saved_as(self) -> str:
@@ -119,18 +123,6 @@ class OneAgentSampler:
         self._loop.set_state(
             MultiAgentSamplerState(book=state["book"], groups={self._pid: group}), live
         )
-
-    def live_episodes(self) -> list[LiveEpisode]:
-        return self._loop.live_episodes()
-
-    def info_names(self) -> dict[str, Any] | None:
-        return self._loop.info_names()
-
-    def set_info_names(self, names: dict[str, Any]) -> None:
-        self._loop.set_info_names(names)
-
-    def restart_episodes(self, seeds: list[int]) -> None:
-        self._loop.restart_episodes(seeds)
 
     def get_connector_state(self, policy_id: str | None = None) -> Any:
         return self._loop.get_connector_state(self._pid)
