@@ -59,14 +59,9 @@ def own_step(step: MultiAgentStep) -> MultiAgentStep:
 
 
 class ReadyFirst:
-    """The ready-first mode of a :class:`~jaxrunner._src.samplers.host_loop.HostLoop`.
-
-    Each block the backend answers is recorded and acts again at once, on the step's
-    own views. A backend that answers envs in any order (``any_order``), merges ready
-    actors (``batch_buckets``) or waits for ``recv_batch_size`` envs has its ready envs
-    gathered into one policy call, padded to the smallest bucket (each compiled up
-    front), their latest steps copied into the loop's own step buffers.
-    """
+    """The ready-first mode of a :class:`~jaxrunner._src.samplers.host_loop.HostLoop`:
+    each block answered acts again at once, or (``merging``) the ready envs are gathered
+    into one call padded to a bucket (docs/design.md, "Ready-first")."""
 
     def __init__(self, loop: Any, chunk_rows: int) -> None:
         caps, num_envs = loop.envs.capabilities, loop.envs.num_envs
