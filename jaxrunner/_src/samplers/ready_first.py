@@ -272,15 +272,16 @@ class ReadyFirst:
             self._record_part(ro, out, t, envs, sel)
         for pid, gs in loop._parts:  # the latest step of these envs, for their next action
             src, dst = out.groups[pid], loop._last.groups[pid]
-            field = "obs_rows" if gs.always_acting else "obs"  # a single agent's: the env's
-            dst_obs, src_obs = getattr(dst, field), getattr(src, field)
+            if gs.always_acting:  # its rows are the envs'; it always acts
+                dst_obs, src_obs = dst.obs_rows, src.obs_rows
+            else:
+                dst_obs, src_obs = dst.obs, src.obs
+                dst.acting[index] = src.acting
             if isinstance(src_obs, np.ndarray):
                 dst_obs[index] = src_obs
             else:
                 for d, s in zip(space_arrays.leaves(dst_obs), space_arrays.leaves(src_obs)):
                     d[index] = s
-            if not gs.always_acting:
-                dst.acting[index] = src.acting
             dst.agent_start[index] = src.agent_start
         self.t[index] += 1
         self.ready.append(out.env_ids if out.env_ids is not None else slice(0, len(index)))
