@@ -12,7 +12,7 @@ import numpy as np
 from jaxrunner._src import space_arrays
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.samplers.group_step import GroupSampler
-from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT
+from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, policy_extras
 from jaxrunner.errors import InvalidArgumentError
 
 NOT_OUT = (
@@ -168,20 +168,13 @@ class BufferPool:
         # A step writes only the acting agents' slots (a single agent's: every slot).
         for pid, group in buf.groups.items():
             infos = self._groups[pid].infos
-            if self._groups[pid].always_acting:
-                if infos is not None:
-                    infos.clear(group.extras)
-                continue
-            mine = {
-                k: v
-                for k, v in group.extras.items()
-                if infos is None or k not in (INFOS, INFOS_PRESENT)
-            }
-            kept = group.replace(extras=mine)
-            if self._scratch is not None:  # a compact store: replaced by the scratch
-                kept = kept.replace(next_obs_store=None)
-            for leaf in jax.tree.leaves(kept):
-                leaf.fill(0)
+            if not self._groups[pid].always_acting:
+                mine = group.extras if infos is None else policy_extras(group.extras)
+                kept = group.replace(extras=mine)
+                if self._scratch is not None:  # a compact store: replaced by the scratch
+                    kept = kept.replace(next_obs_store=None)
+                for leaf in jax.tree.leaves(kept):
+                    leaf.fill(0)
             if infos is not None:
                 infos.clear(group.extras)
         return buf

@@ -28,11 +28,7 @@ from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import group_cost, pipeline_splits
 from jaxrunner._src.samplers.ready_first import ReadyFirst
 from jaxrunner._src.samplers.rollout import Rollout
-from jaxrunner._src.samplers.sampler import (
-    SamplerSetup,
-    StepProgress,
-    attach_partial,
-)
+from jaxrunner._src.samplers.sampler import SamplerSetup, StepProgress, attach_partial
 from jaxrunner.errors import InvalidArgumentError
 
 
