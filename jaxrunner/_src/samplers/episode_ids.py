@@ -73,7 +73,8 @@ class EpisodeBook:
             started, steps - prev_end - 1, self.steps_done + steps - self._episode_begin
         )
         if resets is not None:  # an episode that began with a reset slot: one step less
-            step -= self._began_with_reset(resets[:t], started, prev_end)
+            first = np.where(started, prev_end + 1, self._episode_begin - self.steps_done)
+            step -= self._reset_at(resets[:t], first)  # (a reset slot's own step: -1)
         returns, unfinished = episode_returns(
             np.asarray(buf.reward[:t]), np.asarray(cut), self._episode_return
         )
@@ -97,12 +98,9 @@ class EpisodeBook:
         at_end = np.maximum(final_end, 0) * num_envs + cols
         self.episode_id = np.where(ended, new_ids.take(at_end), self.episode_id)
         self._episode_begin = np.where(ended, self.steps_done + final_end + 1, self._episode_begin)
-        if resets is not None:
+        if resets is not None:  # (an episode that begins in the next sample: not known yet)
             first = self._episode_begin - self.steps_done  # in this sample where < t
-            inside = (first >= 0) & (first < t)
-            at = np.minimum(np.maximum(first, 0), t - 1)
-            self._reset_first = np.where(inside, resets[at, cols], self._reset_first)
-            self._reset_first &= first < t  # begins in the next sample: not known yet
+            self._reset_first = self._reset_at(resets[:t], first) & (first < t)
         self._episode_return = unfinished
         self.next_episode_id += len(ends)
         self.steps_done += t
@@ -128,16 +126,11 @@ class EpisodeBook:
         self.steps_done += t
         return SampleCounts(cut.size, 0, 0, returns=returns, lengths=lengths)
 
-    def _began_with_reset(
-        self, resets: np.ndarray, started: np.ndarray, prev_end: np.ndarray
-    ) -> np.ndarray:
-        """``[t, B]``: each slot's episode began with a reset slot (a reset slot
-        itself included: its step becomes -1)."""
-        num_steps, num_envs = resets.shape
-        cols = np.arange(num_envs)
-        first = np.where(started, prev_end + 1, self._episode_begin - self.steps_done)
-        at = np.minimum(np.maximum(first, 0), num_steps - 1)
-        return np.where(first >= 0, resets[at, cols], self._reset_first)
+    def _reset_at(self, resets: np.ndarray, first: np.ndarray) -> np.ndarray:
+        """Whether each env's slot ``first`` of ``resets`` (``[t, B]``) is a reset slot
+        (``first < 0``: a slot before this sample, as the book recorded it)."""
+        at = np.minimum(np.maximum(first, 0), len(resets) - 1)
+        return np.where(first >= 0, resets[at, np.arange(resets.shape[1])], self._reset_first)
 
     def get_state(self) -> dict[str, np.ndarray]:
         """The book as arrays (for checkpoints)."""
