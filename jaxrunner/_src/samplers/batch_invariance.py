@@ -39,9 +39,7 @@ def default_chunk_rows(
     """Rows per policy chunk for ``num_rows`` envs of a policy costing ``flops_per_row``
     (None: unknown, taken as costly) on ``platform`` (default: JAX's). A function of
     these only, never of the backend or grouping: every mode of a runner computes the
-    same chunks (the determinism guarantee). Why these sizes on CPU: docs/performance.md
-    (a CNN runs faster in bigger chunks; at most half the envs, so two splits are whole
-    chunks)."""
+    same chunks (the determinism guarantee). Why these sizes on CPU: docs/performance.md."""
     platform = platform or jax.default_backend()
     if platform != "cpu":
         return _pow2_floor(num_rows // 2)
@@ -101,17 +99,14 @@ def chunked_apply(
     apply_fn: Callable[[Params, Any, Carry, Any], R], chunk_rows: int
 ) -> Callable[..., R]:
     """``apply_fn`` (row-wise, ``(params, obs, carry, keys)``, or the like, e.g. a
-    ``log_prob_fn``) computed ``chunk_rows`` rows at a time, so a row's result is the
-    same bits whatever the call's size: the chunks run in a ``lax.while_loop`` whose
-    trip count is known only at run time, so XLA can neither inline a one-chunk loop
-    nor fuse the policy with what follows (either changes rounding; docs/design.md).
+    ``log_prob_fn``) computed ``chunk_rows`` rows at a time in a ``lax.while_loop``, so a
+    row's result is the same bits whatever the call's size (docs/design.md).
 
     Returns ``apply(params, obs, carry, keys, num_rows)`` (traceable) for ``N`` rows, a
-    multiple of ``chunk_rows``, computing the chunks that hold the first ``num_rows``
-    (traced, from the inputs: a constant would let XLA inline a one-chunk loop; the
-    later chunks' outputs are zeros). Pad on the host: padding XLA can see through
-    changes how it compiles the chunk. Raises InvalidArgumentError while tracing for a
-    bad ``N`` or an output leaf without one row per input row."""
+    multiple of ``chunk_rows`` padded on the host, computing the chunks that hold the
+    first ``num_rows`` (traced, not a constant XLA could inline; the later chunks'
+    outputs are zeros). Raises InvalidArgumentError while tracing for a bad ``N`` or an
+    output leaf without one row per input row."""
     chunk_rows = check_chunk_rows(chunk_rows, "chunked_apply")
 
     def apply(params: Params, obs: Any, carry: Carry, keys: Any, num_rows: jax.Array) -> R:
@@ -128,8 +123,7 @@ def chunked_apply(
             chunk = lambda x: jax.lax.dynamic_slice_in_dim(x, start, chunk_rows)  # noqa: E731
             return apply_fn(params, *jax.tree.map(chunk, inputs))
 
-        # The policy is traced once (a runner counts its traces), here; the loop's body
-        # replays that trace.
+        # The policy is traced once (a runner counts its traces); the loop replays it.
         converted, consts = jax.closure_convert(traced_chunk, jnp.int32(0))
 
         def one_chunk(start: jax.Array) -> Any:

@@ -12,7 +12,7 @@ import numpy as np
 from jaxrunner._src import space_arrays
 from jaxrunner._src.core.multi_agent_trajectory import MultiAgentTrajectory
 from jaxrunner._src.samplers.group_step import GroupSampler
-from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT
+from jaxrunner._src.samplers.info_arrays import INFOS, INFOS_PRESENT, policy_extras
 from jaxrunner.errors import InvalidArgumentError
 
 NOT_OUT = (
@@ -90,8 +90,8 @@ class BufferPool:
             for pid, gs in groups.items()
         }
         self._has_infos = any(gs.infos is not None for gs in groups.values())
+        # A new buffer's tree and leaves' shapes and dtypes, from the first one.
         self._layout: tuple[Any, list[tuple[tuple[int, ...], np.dtype]]] | None = None
-        """A new buffer's tree and leaves' shapes and dtypes, from the first one."""
         self._scratch: dict[str, Any] | None = None
         self._scratches: list[dict[str, Any]] = []
         if compact:  # the next observations alone, not a whole trajectory; one per live sample
@@ -165,24 +165,16 @@ class BufferPool:
         return buf
 
     def _refresh(self, buf: MultiAgentTrajectory) -> MultiAgentTrajectory:
-        # A step writes only the acting agents' slots: every group array starts at zero
-        # (a single agent's, who acts in every slot, are written whole).
+        # A step writes only the acting agents' slots (a single agent's: every slot).
         for pid, group in buf.groups.items():
             infos = self._groups[pid].infos
-            if self._groups[pid].always_acting:
-                if infos is not None:
-                    infos.clear(group.extras)
-                continue
-            mine = {
-                k: v
-                for k, v in group.extras.items()
-                if infos is None or k not in (INFOS, INFOS_PRESENT)
-            }
-            kept = group.replace(extras=mine)
-            if self._scratch is not None:  # a compact store: replaced by the scratch
-                kept = kept.replace(next_obs_store=None)
-            for leaf in jax.tree.leaves(kept):
-                leaf.fill(0)
+            if not self._groups[pid].always_acting:
+                mine = group.extras if infos is None else policy_extras(group.extras)
+                kept = group.replace(extras=mine)
+                if self._scratch is not None:  # a compact store: replaced by the scratch
+                    kept = kept.replace(next_obs_store=None)
+                for leaf in jax.tree.leaves(kept):
+                    leaf.fill(0)
             if infos is not None:
                 infos.clear(group.extras)
         return buf

@@ -26,12 +26,9 @@ class LiveEpisode:
     ``user_data`` is yours: keep per-episode custom metrics there.
 
     ``obs``, ``action`` and ``extras`` are read from the sample's buffers when a hook
-    asks for them, not copied at every step: hooks that do not read them cost next to
-    nothing (a subclass overriding only ``on_episode_end`` cost 13% of HalfCheetah's
-    steps/s when every step was copied: ``docs/performance.md``, callbacks). At the end of
-    each sample, and when the episode ends, its rows are copied out of the buffers
-    (one slice per episode), so a live episode never keeps a whole trajectory alive.
-    ``reward``, ``infos`` and the flags are kept as they come.
+    asks for them (hooks that do not read them cost next to nothing), and copied out
+    when the episode or the sample ends, so a live episode never keeps a whole trajectory
+    alive. ``reward``, ``infos`` and the flags are kept as they come.
     """
 
     def __init__(self, env_id: int, episode_id: int, first_obs: Any) -> None:
@@ -117,17 +114,16 @@ class _Span:
         self.trees: dict[str, Any] = {}
 
     def detach(self) -> None:
-        if self.buf is None:
-            return
-        cut = slice(self.start, self.stop)
-        self.trees = {name: self.buf.env_rows(name, cut, self.env) for name in self.FIELDS}
+        self.trees = {name: self._tree(name) for name in self.FIELDS}
         self.buf = None
 
-    def rows(self, field: str) -> list[Any]:
+    def _tree(self, field: str) -> Any:
         if self.buf is None:  # detached: the rows alone
-            tree = self.trees[field]
-        else:
-            tree = self.buf.env_rows(field, slice(self.start, self.stop), self.env)
+            return self.trees[field]
+        return self.buf.env_rows(field, slice(self.start, self.stop), self.env)
+
+    def rows(self, field: str) -> list[Any]:
+        tree = self._tree(field)
         return [jax.tree.map(lambda x, i=i: x[i], tree) for i in range(self.stop - self.start)]
 
 

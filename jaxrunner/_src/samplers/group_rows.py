@@ -23,8 +23,7 @@ class GroupRows:
 
     def __init__(self, gs: GroupSampler, buckets: Sequence[int]) -> None:
         self.gs = gs
-        self._buckets: dict[int, tuple[CompiledPolicyStep, Stage]] = {}
-        """Envs per call -> its compiled step and stage."""
+        self._buckets: dict[int, tuple[CompiledPolicyStep, Stage]] = {}  # envs -> call, stage
         for envs in buckets:
             size = envs * gs.group.num_agents
             rows = -(-size // gs.chunk_rows) * gs.chunk_rows
@@ -106,21 +105,18 @@ class GroupRows:
         if gs.always_acting:  # no masks; its validity is its env's
             next_obs = tree_leaves(out.next_obs_rows)
             put_rows(leaves[3], next_obs if whole else [x[sel] for x in next_obs], index, None)
-            traj.reward[index] = out.reward[sel]
-            traj.terminated[index] = out.terminated[sel]
-            traj.truncated[index] = out.truncated[sel]
-            return
-        done = out.completed[sel]
-        mask = None if np.count_nonzero(done) == done.size else done  # None: all completed
-        if not gs.same_step:
-            for dsts, srcs in zip(leaves[:3], gs.pending_leaves):
-                put_rows(dsts, [x[envs] for x in srcs], index, mask)
-            gs.awaiting[envs] &= ~done
-        put_rows(leaves[3], [x[sel] for x in tree_leaves(out.next_obs)], index, mask)
+        else:
+            done = out.completed[sel]
+            mask = None if np.count_nonzero(done) == done.size else done  # None: all completed
+            if not gs.same_step:
+                for dsts, srcs in zip(leaves[:3], gs.pending_leaves):
+                    put_rows(dsts, [x[envs] for x in srcs], index, mask)
+                gs.awaiting[envs] &= ~done
+            put_rows(leaves[3], [x[sel] for x in tree_leaves(out.next_obs)], index, mask)
+            traj.valid[index] = done
         traj.reward[index] = out.reward[sel]
         traj.terminated[index] = out.terminated[sel]
         traj.truncated[index] = out.truncated[sel]
-        traj.valid[index] = done
 
 
 def put_rows(dsts: list[np.ndarray], srcs: list[np.ndarray], index: Any, mask: Any) -> None:

@@ -38,25 +38,20 @@ class _Block:
         self.call = call
         self.rows = slice(lo, hi)
         self.size = size = (hi - lo) * a_g
-        self.lead = (hi - lo, a_g) if not one_agent else (hi - lo,)
-        """The block's rows on the agent axis (a single agent's: the env's rows)."""
+        self.lead = (hi - lo, a_g) if not one_agent else (hi - lo,)  # a single agent: env rows
         self.stage: Stage = call.new_stage()
         self.stage_obs = [x[:size] for x in tree_leaves(self.stage.obs)]
         self.stage_start = self.stage.episode_start[:size]
-        self.acting = acting[lo:hi]
-        """The group's ``acting`` rows of the block (a view)."""
+        self.acting = acting[lo:hi]  # a view of the group's
         self.acting_flat = self.acting.reshape(-1)
-        self.ids = np.arange(lo * a_g, hi * a_g, dtype=np.int32)
-        """The block's agent slots (rows of the actor state)."""
-        self.all_acting = False
-        """Every agent of the block acted at its last dispatch (masks can be skipped)."""
+        self.ids = np.arange(lo * a_g, hi * a_g, dtype=np.int32)  # rows of the actor state
+        self.all_acting = False  # at the last dispatch: no masks
+        # The last dispatch's step buffers and their obs leaves (rows, and [n, A_g, ...]):
+        # a backend hands out the same views step after step.
         self.source: Any = None
-        """The step buffers of the last dispatch, and their obs leaves (rows, and
-        ``[n, A_g, ...]``): a backend hands out the same views step after step."""
         self.source_leaves: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
         self.source_start: np.ndarray = np.zeros(0, np.bool_)
-        self.result: Any = None
-        """The step buffers the block's last record read, and their next_obs leaves."""
+        self.result: Any = None  # the step buffers the last record read, and their leaves
         self.next_obs_leaves: list[np.ndarray] = []
         self.index_all = False  # the stage's env_index marks every row as acting
 
@@ -88,8 +83,8 @@ class GroupSampler:
         env's one agent, who acts at every step (no mask is ever read) and whose infos
         are the env's. ``chunk_rows``: the runner's policy chunk for the group's rows."""
         self.group, self.num_envs, self.infos = group, num_envs, infos
+        # same_step: each action's transition completes in the step that takes it (parallel).
         self.same_step, self.always_acting = same_step, one_agent
-        """Each action's transition completes in the step that takes it (parallel envs)."""
         a_g = group.num_agents
         self.rows = num_envs * a_g
         ids = (np.arange(num_envs)[:, None] * num_possible + agent_offset + np.arange(a_g)).ravel()
@@ -105,14 +100,12 @@ class GroupSampler:
             )  # fmt: skip
 
         self._compile, self.chunk_rows = compiled, chunk_rows
-        self.acting = np.full((num_envs, a_g), one_agent)
-        """Who acted at each block's last dispatch."""
+        self.acting = np.full((num_envs, a_g), one_agent)  # at each block's last dispatch
         self._calls: dict[int, CompiledPolicyStep] = {}
         self._blocks: dict[tuple[int, int], _Block] = {}
         for rows in blocks or [slice(0, num_envs)]:
             self._block(rows.start, rows.stop)
-        self.pending: dict[tuple[int, int], Any] = {}
-        """The queued policy step of each block dispatched and not yet collected."""
+        self.pending: dict[tuple[int, int], Any] = {}  # each block's queued policy step
         self._pending_views: dict[tuple[int, int], list[list[np.ndarray]]] = {}
         self.sample_end = None
         if connectors is not None and connectors.per_sample:
@@ -134,11 +127,9 @@ class GroupSampler:
         self.pending_leaves = (
             tree_leaves(self.pending_obs), tree_leaves(self.pending_action), self.pending_extras
         )  # fmt: skip
-        """The pending turns' leaves: obs, action, extras (written in place)."""
         self.clip = space_arrays.clip_box_actions(group.action_space)
         self._unrecorded: Any = None  # the actions collect() took, until they are sent
-        self.awaiting = np.zeros(shape, np.bool_)
-        """AEC envs: agents whose last action's transition has not completed yet."""
+        self.awaiting = np.zeros(shape, np.bool_)  # AEC: last transition not completed yet
         # Agent-episode returns and lengths across samples (for the metrics).
         self.running_return = np.zeros(shape, np.float64)
         self.running_length = np.zeros(shape, np.int64)
@@ -248,7 +239,6 @@ class GroupSampler:
         are sent. Returns the env's actions, ``[n, A_g, ...]``."""
         block = self._blocks[lo, hi]
         # The block's own rows (padding dropped), on the agent axis: [n, A_g, ...].
-        # With action connectors the env gets their actions, else the policy's.
         action, env_action, extras = block.call.collect(self.pending.pop((lo, hi)), block.lead)
         obs = block.source_leaves[1]  # the observations it acted on
         if self.same_step:
@@ -286,8 +276,7 @@ class GroupSampler:
         """Writes the transitions of envs ``[lo, hi)`` completed at their step ``t`` into
         slot ``t`` (the block may be part of the one that was sent: a ready-first
         backend answers each worker's envs apart)."""
-        # A parallel env completes exactly the turns taken at this step, which
-        # collect() has already written.
+        # A parallel env completes the turns taken at this step, which collect() wrote.
         block = self._blocks.get((lo, hi))  # None: part of a block (ready-first)
         if block is not None and self.same_step and block.all_acting:  # no masks
             index = (t, block.rows)
@@ -351,12 +340,10 @@ class GroupSampler:
         """Fills in ``agent_step`` for steps ``[0, t)``; returns the agent episodes that
         ended there: ``(slot, return, length)``. ``aborted`` (``[T, B]``, None: none):
         envs whose step failed, cutting their agents' episodes as faults."""
-        # The host sampler's trajectories are numpy (the asarray calls only say so).
         valid, reward = np.asarray(traj.valid), np.asarray(traj.reward)
         done = np.asarray(traj.terminated) | np.asarray(traj.truncated)
         step = traj.agent_step
         assert isinstance(step, np.ndarray)  # written in place: a host buffer
-        # An agent's step index is its running episode length before the transition.
         return agent_episode_ends(
             self.running_return, self.running_length, reward, valid, done, t, aborted, step
         )

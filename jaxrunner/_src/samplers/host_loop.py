@@ -28,11 +28,7 @@ from jaxrunner._src.samplers.multi_agent_state import MultiAgentSamplerState
 from jaxrunner._src.samplers.pipeline_splits import group_cost, pipeline_splits
 from jaxrunner._src.samplers.ready_first import ReadyFirst
 from jaxrunner._src.samplers.rollout import Rollout
-from jaxrunner._src.samplers.sampler import (
-    SamplerSetup,
-    StepProgress,
-    attach_partial,
-)
+from jaxrunner._src.samplers.sampler import SamplerSetup, StepProgress, attach_partial
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -61,15 +57,14 @@ class HostLoop:
         num_envs = envs.num_envs
         ready_first = envs.capabilities.ready_first  # (its options checked by the runner)
         costs = {g.policy_id: group_cost(g, setup, num_envs) for g in envs.groups}
+        # The blocks each sample starts with (ready-first: every env, then those answered).
         if ready_first:
             self.splits = [slice(0, num_envs)]
         else:
             self.splits = pipeline_splits(envs, num_splits, list(costs.values()))
-        """The blocks each sample starts with: the pipelining splits (ready-first: every
-        env, then each block the backend answers)."""
         self._book = EpisodeBook(num_envs)
+        # A single-agent env: its one group's arrays are the env-level ones.
         self._one_agent = getattr(envs, "one_agent", False)
-        """A single-agent env: its one group's arrays are the env-level ones."""
         num_possible = len(envs.possible_agents)
         self.groups: dict[str, GroupSampler] = {}
         self._infos = None
@@ -108,17 +103,13 @@ class HostLoop:
             )
             offset += group.num_agents
         self._parts = list(self.groups.items())
+        # The sample's buffers as live episodes read them (a single agent's: [T, B] views).
         self.rows_view: Callable[[MultiAgentTrajectory], Any] = lambda traj: traj
         self._rows: Any = None
         self._rows_of: Any = None  # the buffers self._rows views
-        """The sample's buffers as live episodes read them (a single-agent runner's
-        ``[T, B]`` view)."""
         self._num_envs = num_envs
-        self._last = first
-        """The reset step: its arrays are the env's buffers, which every later step's
-        rows are views of."""
-        self._steps = 0
-        """Lockstep: the steps every env has recorded in this sample."""
+        self._last = first  # the env's buffers, which every later step's rows view
+        self._steps = 0  # lockstep: the steps every env has recorded in this sample
         self.agents = {g.policy_id: g.agents for g in envs.groups}
         # Envs a sample ahead (EnvPool async) write the next sample's buffers meanwhile.
         self._pool = BufferPool(
@@ -127,13 +118,10 @@ class HostLoop:
         )  # fmt: skip
         self._reset_steps = envs.capabilities.reset_steps
         self.ready_first: ReadyFirst | None = None
-        """The ready-first mode (its buckets and calls per size), for a ready-first
-        backend."""
         if ready_first:  # (its chunk in envs: every group's calls hold whole chunks)
             chunk = min(max(1, c.chunk_rows // c.rows_per_env) for c in costs.values())
             self.ready_first = ReadyFirst(self, chunk)
-        self._live: LiveEpisodes | None = None
-        """The per-step hooks' episodes, when some of those hooks are overridden."""
+        self._live: LiveEpisodes | None = None  # where a per-step hook is overridden
         if callbacks is not None and any(overrides(callbacks, h) for h in STEP_HOOKS):
             self._live = LiveEpisodes(
                 callbacks, runner, num_envs, self._one_agent, self._reset_steps

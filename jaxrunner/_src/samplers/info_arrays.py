@@ -55,17 +55,12 @@ class InfoRecorder:
 
     def __init__(self, keys: InfoKeys, elsewhere: str) -> None:
         self._elsewhere = elsewhere
-        self._label: Callable[[int], str] = "sub-env {}".format
-        """How errors name a row (whose info it is)."""
-        self.every = keys == ALL
-        """Record every entry reported (``info_keys="all"``): :attr:`keys` grows."""
+        self._label: Callable[[int], str] = "sub-env {}".format  # how errors name a row
+        self.every = keys == ALL  # info_keys="all": self.keys grows as entries are reported
         self.keys: list[str] = [] if self.every else list(keys)
-        """The names recorded: those given, or every one reported so far."""
         self._shape = (0, 0)
-        self._unseen = set() if self.every else set(keys)
-        """The names no step's info has had yet (checked by :meth:`check`)."""
-        self._reported: set[str] = set()
-        """Every name the infos had, gathered while some are unseen (for the error)."""
+        self._unseen = set() if self.every else set(keys)  # names no info has had yet
+        self._reported: set[str] = set()  # every name seen while some are unseen (the error)
 
     def share(self, label: Callable[[int], str]) -> InfoRecorder:
         """A recorder of the same names (given or reported, and those not seen yet) for

@@ -28,8 +28,7 @@ def kept_for(
     policy: Policy, connectors: Connectors | None, key: Hashable, build: Callable[[], T]
 ) -> T:
     """``build()``, kept while the policy's ``apply_fn`` lives, for ``key`` (all else the
-    result depends on) and ``connectors`` (the same object): a runner built again with
-    the same policy (a cell run again, ``from_env``'s trial) compiles nothing again."""
+    result depends on) and ``connectors`` (the same object)."""
     try:
         kept = _KEPT.setdefault(policy.apply_fn, {})
     except TypeError:  # not weakly referenceable: not kept

@@ -49,16 +49,16 @@ class OneAgentSampler:
         loop.rows_view = self._view
         ((self._pid, self._group),) = loop.groups.items()
         self.splits = loop.splits
-        self.groups = loop.groups
-        """The loop's group samplers by policy id: the one agent's."""
-        self.ready_first = loop.ready_first
-        """The loop's ready-first mode (its buckets and calls per size); None: lockstep."""
+        self.groups = loop.groups  # the one agent's group sampler
+        self.ready_first = loop.ready_first  # None: lockstep
         self._book = loop._book
         self._compact = setup.compact_next_obs
-        self._released: dict[int, Trajectory] = {}
-        """Released buffers' ``[T, B]`` views by their reward array's id."""
-        self._out = HandedOut()
-        """The samples out, each with the loop's buffers it views."""
+        self._released: dict[int, Trajectory] = {}  # [T, B] views by their reward's id
+        self._out = HandedOut()  # the samples out, each with the loop's buffers it views
+        self.live_episodes = loop.live_episodes  # the loop's own, as they are
+        self.info_names = loop.info_names
+        self.set_info_names = loop.set_info_names
+        self.restart_episodes = loop.restart_episodes
 
     @property
     def saved_as(self) -> str:
@@ -123,18 +123,6 @@ class OneAgentSampler:
         self._loop.set_state(
             MultiAgentSamplerState(book=state["book"], groups={self._pid: group}), live
         )
-
-    def live_episodes(self) -> list[LiveEpisode]:
-        return self._loop.live_episodes()
-
-    def info_names(self) -> dict[str, Any] | None:
-        return self._loop.info_names()
-
-    def set_info_names(self, names: dict[str, Any]) -> None:
-        self._loop.set_info_names(names)
-
-    def restart_episodes(self, seeds: list[int]) -> None:
-        self._loop.restart_episodes(seeds)
 
     def get_connector_state(self, policy_id: str | None = None) -> Any:
         return self._loop.get_connector_state(self._pid)

@@ -1,6 +1,5 @@
-"""Pipelining splits: how many parts of the envs the lockstep host loop steps in turn,
-so one part's policy step computes while the others' envs step, and which envs each
-holds."""
+"""Pipelining splits: the parts of the envs the lockstep host loop steps in turn, so one
+part's policy step computes while the others' envs step."""
 
 from __future__ import annotations
 
@@ -23,9 +22,7 @@ from jaxrunner._src.samplers.sampler import SamplerSetup
 
 PIPELINE_MIN_ENVS = 256
 """From this many envs up, two splits by default where a policy call can overlap the
-envs (an accelerator, or a CPU host with asynchronous dispatch): a split pays only once
-its envs' work outweighs one more policy call's host-side cost (measurements:
-docs/gpu.md, docs/changes.md)."""
+envs: a split pays once its envs' work outweighs a policy call's host cost (docs/gpu.md)."""
 
 
 class Stepped(Protocol):

@@ -13,11 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxrunner._src.samplers.keys as keys
-from jaxrunner._src.connectors.pipeline import (
-    POLICY_OBS,
-    Connectors,
-    ConnectorsState,
-)
+from jaxrunner._src.connectors.pipeline import POLICY_OBS, Connectors, ConnectorsState
 from jaxrunner._src.connectors.state_packing import StatePacking
 from jaxrunner._src.connectors.state_rows import keep_active, put_rows, take_rows
 from jaxrunner._src.core.policy import ApplyFn, Params, Policy
@@ -25,11 +21,10 @@ from jaxrunner._src.samplers.batch_invariance import chunked_apply
 from jaxrunner._src.samplers.kept_programs import avals, jax_settings, kept_for, packing_layout
 from jaxrunner._src.samplers.transfer import compile_packed
 
+# Transfer guard levels under which a transfer needs no "allow" scope (None: unset, allows),
+# and the guards' options (.value: the level in force in this thread).
 _NO_GUARD = (None, "allow")
-"""Transfer guard levels under which a transfer needs no ``"allow"`` scope (None: unset,
-JAX's default, which allows)."""
 _H2D_GUARD, _D2H_GUARD = jax.transfer_guard_host_to_device, jax.transfer_guard_device_to_host
-"""The guards' options (``.value``: the level in force in this thread), held from import."""
 
 
 class ActorState(flax.struct.PyTreeNode):
@@ -176,10 +171,8 @@ class CompiledPolicyStep:
     ) -> None:
         num_envs = int(state.env_steps.shape[0])
         self.num_envs, self.chunk_rows = num_envs, chunk_rows
-        # At least two chunks: a one-chunk stage lets XLA drop the loop's dynamic slice
-        # and fuse the chunk differently (a row-sum policy's carry came out 1 ulp apart
-        # between a split of one chunk and a batch of two). Chunks after the last real
-        # row are not computed, so the second costs transfer only.
+        # At least two chunks: with one, XLA drops the loop's dynamic slice and fuses the
+        # chunk differently (1 ulp apart); chunks after the last real row are not computed.
         rows = size if chunk_rows is None else max(2, -(-size // chunk_rows)) * chunk_rows
         chunked = None if chunk_rows is None else chunked_apply(policy.apply_fn, chunk_rows)
         # The env's action travels in the same output only when it differs.
@@ -221,18 +214,13 @@ class CompiledPolicyStep:
             lambda: compile_packed(step, (params, state), example, donate_argnums=(1,)),
         )
         self._step, self._in_packing, self._out_packing = program[:3]
-        spec = program.output_spec
-        self.env_output_spec: tuple[Any, Any] = jax.tree.map(
-            lambda s: jax.ShapeDtypeStruct((num_envs, *s.shape[1:]), s.dtype), (spec[0], spec[-1])
+        # Shapes and dtypes for num_envs rows (what a [T, B] buffer holds): of (action,
+        # extras), and with action connectors of the actions the env gets (else None).
+        spec = jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct((num_envs, *s.shape[1:]), s.dtype), program.output_spec
         )
-        """Shapes and dtypes of ``(action, extras)`` for ``num_envs`` rows (what a ``[T, B]``
-        buffer holds)."""
-        self.env_action_spec: Any = None
-        """With action connectors, the shapes and dtypes of the actions the env gets."""
-        if self._env_actions:
-            self.env_action_spec = jax.tree.map(
-                lambda s: jax.ShapeDtypeStruct((num_envs, *s.shape[1:]), s.dtype), spec[1]
-            )
+        self.env_output_spec: tuple[Any, Any] = (spec[0], spec[-1])
+        self.env_action_spec: Any = spec[1] if self._env_actions else None
         self._action_treedef = jax.tree.structure(spec[0])
         self._action_is_leaf = jax.tree_util.treedef_is_leaf(self._action_treedef)
         # The guard scopes, built once: each would cost ~2 us of Python per call, and
@@ -251,9 +239,8 @@ class CompiledPolicyStep:
         """Sends ``stage`` (one host->device transfer) and queues the step; returns the
         pending output and the new actor state without waiting. The stage must stay
         unchanged until :meth:`collect` (the transfer may alias it)."""
-        # The numpy stage goes in as the call's argument: the step's one host->device
-        # transfer, allowed here by name so a caller's jax.transfer_guard("disallow")
-        # still catches any other (an explicit device_put costs ~60 us more per call).
+        # Allowed here by name, so a caller's transfer_guard("disallow") still catches any
+        # other transfer (an explicit device_put costs ~60 us more per call).
         if _H2D_GUARD.value in _NO_GUARD:  # the scope is a no-op
             return self._step(params, state, stage.buffer)
         with self._allow_h2d:

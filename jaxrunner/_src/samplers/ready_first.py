@@ -59,40 +59,30 @@ def own_step(step: MultiAgentStep) -> MultiAgentStep:
 
 
 class ReadyFirst:
-    """The ready-first mode of a :class:`~jaxrunner._src.samplers.host_loop.HostLoop`.
-
-    Each block the backend answers is recorded and acts again at once, on the step's
-    own views. A backend that answers envs in any order (``any_order``), merges ready
-    actors (``batch_buckets``) or waits for ``recv_batch_size`` envs has its ready envs
-    gathered into one policy call, padded to the smallest bucket (each compiled up
-    front), their latest steps copied into the loop's own step buffers.
-    """
+    """The ready-first mode of a :class:`~jaxrunner._src.samplers.host_loop.HostLoop`:
+    each block answered acts again at once, or (``merging``) the ready envs are gathered
+    into one call padded to a bucket (docs/design.md, "Ready-first")."""
 
     def __init__(self, loop: Any, chunk_rows: int) -> None:
         caps, num_envs = loop.envs.capabilities, loop.envs.num_envs
         self.loop, self.num_envs, self.chunk_rows = loop, num_envs, chunk_rows
-        self.keep = caps.recv_batch_size or 0
-        """Envs ``recv`` waits for: as many stay in flight (envs step up to a sample
-        ahead)."""
+        self.keep = caps.recv_batch_size or 0  # envs recv waits for: as many stay in flight
         self.merging = bool(caps.any_order or caps.batch_buckets or self.keep)
         buckets = caps.batch_buckets or default_buckets(num_envs, chunk_rows)
         if any(not 1 <= b <= num_envs for b in buckets):
             raise InvalidArgumentError(
                 f"batch_buckets={buckets!r}: every bucket must be in [1, num_envs={num_envs}]."
             )
+        # Policy batch sizes (each compiled once), and the calls so far per bucket size
+        # and per number of ready envs.
         self.buckets = tuple(sorted({*buckets, num_envs})) if self.merging else (num_envs,)
-        """Policy batch sizes, each compiled once."""
         self.bucket_counts: dict[int, int] = dict.fromkeys(self.buckets, 0)
-        """Policy calls per bucket size so far."""
         self.ready_counts: dict[int, int] = {}
-        """Policy calls per number of ready envs so far."""
-        self.rows: list[tuple[str, GroupRows]] = []
-        """Each group's calls for envs in any order (merging)."""
+        self.rows: list[tuple[str, GroupRows]] = []  # each group's calls (merging)
         if self.merging:
             self.rows = [(pid, GroupRows(gs, self.buckets)) for pid, gs in loop._parts]
             loop._last = own_step(loop._last)
-        self.t = np.zeros(num_envs, np.int64)
-        """The steps each env has recorded, this sample on."""
+        self.t = np.zeros(num_envs, np.int64)  # the steps each env has recorded, this sample on
         self.in_flight = 0  # envs sent and not yet received
         self.ready: list[Any] = [slice(0, num_envs)]  # env ids waiting for actions
         self.bufs: list[Any] = []  # this sample's rollout, then the next one's
@@ -162,13 +152,9 @@ class ReadyFirst:
 
     def _take_ready(self) -> list[Any]:
         """The waiting envs that may step now: below ``T`` steps; with a backend that
-        needs envs in flight, below ``2T`` and at most ``T - 1`` ahead of the slowest,
-        then as many more as its ``recv`` needs, the slowest first.
-
-        Why: such a backend answers the envs it picks (EnvPool: the first to finish),
-        so step counts drift apart. An env a whole sample ahead would wait at ``2T``
-        with the slowest in flight, and with fewer than ``recv_batch_size`` in flight
-        ``recv`` could never answer; held ``T - 1`` ahead, every env can always be sent."""
+        needs envs in flight, below ``2T`` and at most ``T - 1`` ahead of the slowest
+        (so every env can always be sent: ``recv`` never waits on fewer than it needs),
+        then as many more as its ``recv`` needs, the slowest first."""
         num_steps, keep = self.loop.rollout_length, self.keep
         limit = min(2 * num_steps, int(self.t.min()) + num_steps - 1) if keep else num_steps
         todo, waiting = [], []
@@ -199,11 +185,9 @@ class ReadyFirst:
         return todo
 
     def _fills_chunk(self, todo: list[Any]) -> bool:
-        """Whether to act on ``todo`` now: it fills a policy chunk, or no more envs can
-        be received first. A call computes whole chunks, so with a backend that answers
-        fixed batches smaller than a chunk (EnvPool async) each batch would cost a whole
-        chunk; its batches are gathered into one call instead (each row's bits are the
-        same in any call)."""
+        """Whether to act on ``todo`` now: it fills a policy chunk (a call computes whole
+        chunks: EnvPool async's smaller batches are gathered), or no more envs can be
+        received first."""
         keep = self.keep
         if not keep or self.in_flight < keep:
             return True
@@ -288,17 +272,16 @@ class ReadyFirst:
             self._record_part(ro, out, t, envs, sel)
         for pid, gs in loop._parts:  # the latest step of these envs, for their next action
             src, dst = out.groups[pid], loop._last.groups[pid]
-            if gs.always_acting and isinstance(src.obs_rows, np.ndarray):
-                dst.obs_rows[index] = src.obs_rows  # its rows are the envs'; it always acts
-            elif gs.always_acting:
-                for d, s in zip(
-                    space_arrays.leaves(dst.obs_rows), space_arrays.leaves(src.obs_rows)
-                ):
-                    d[index] = s
+            if gs.always_acting:  # its rows are the envs'; it always acts
+                dst_obs, src_obs = dst.obs_rows, src.obs_rows
             else:
-                for d, s in zip(space_arrays.leaves(dst.obs), space_arrays.leaves(src.obs)):
-                    d[index] = s
+                dst_obs, src_obs = dst.obs, src.obs
                 dst.acting[index] = src.acting
+            if isinstance(src_obs, np.ndarray):
+                dst_obs[index] = src_obs
+            else:
+                for d, s in zip(space_arrays.leaves(dst_obs), space_arrays.leaves(src_obs)):
+                    d[index] = s
             dst.agent_start[index] = src.agent_start
         self.t[index] += 1
         self.ready.append(out.env_ids if out.env_ids is not None else slice(0, len(index)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from jaxrunner._src.connectors.pipeline import Connectors
 from jaxrunner._src.core.metrics import RunnerMetrics
@@ -53,21 +54,17 @@ def attach_episodes(err: BaseException, episodes: list) -> None:
     """Puts the complete episodes sampled before ``err`` (if any) in
     ``err.partial_episodes``, with a note saying so."""
     if episodes:
-        with contextlib.suppress(AttributeError):
-            err.partial_episodes = episodes  # type: ignore[attr-defined]
-            err.add_note(
-                f"jaxrunner: the {len(episodes)} complete episodes sampled before this error "
-                "are in err.partial_episodes."
-            )
+        _attach(err, "partial_episodes", episodes, f"{len(episodes)} complete episodes sampled")
 
 
 def attach_partial(err: BaseException, partial: MultiAgentTrajectory | None) -> None:
     """Puts the steps collected before ``err`` in ``err.partial_trajectory``, with a
     note saying so (exceptions that refuse new attributes are left as they are)."""
+    steps = 0 if partial is None else partial.num_steps
+    _attach(err, "partial_trajectory", partial, f"{steps} steps completed")
+
+
+def _attach(err: BaseException, name: str, value: Any, what: str) -> None:
     with contextlib.suppress(AttributeError):
-        err.partial_trajectory = partial  # type: ignore[attr-defined]
-        steps = 0 if partial is None else partial.num_steps
-        err.add_note(
-            f"jaxrunner: the {steps} steps completed before this error are in "
-            "err.partial_trajectory."
-        )
+        setattr(err, name, value)
+        err.add_note(f"jaxrunner: the {what} before this error are in err.{name}.")

@@ -109,8 +109,7 @@ def scan_envs(
         total = s.episode_return + out.reward
         # New ids in env order within the step, as the host loop gives them.
         new_ids = s.next_episode_id + jnp.cumsum(done, dtype=s.episode_id.dtype)
-        # Only what varies per step is stacked by the scan (each output costs a write
-        # per step); the rest is derived after the loop.
+        # Only what varies per step is stacked (each output costs a write per step).
         env = {
             "reward": out.reward,
             "terminated": out.terminated,
@@ -350,20 +349,17 @@ def rollout(
 def _one_group(policy_id: str, traj: Trajectory) -> tuple[dict[str, GroupTrajectory], Any]:
     """A one-agent env's trajectory as its one group of one agent (``[T, B, 1, ...]``),
     and the env-level fields, as :func:`rollout` returns a JaxMARL-style env's."""
-
-    def slot(x: Any) -> Any:  # [T, B, ...] -> [T, B, 1, ...]
-        return x[:, :, None]
-
     group = GroupTrajectory(
-        obs=jax.tree.map(slot, traj.obs),
-        action=jax.tree.map(slot, traj.action),
-        reward=slot(traj.reward),
-        terminated=slot(traj.terminated),
-        truncated=slot(traj.truncated),
-        next_obs=jax.tree.map(slot, traj.next_obs),
-        extras=jax.tree.map(slot, traj.extras),
-        valid=slot(traj.valid),
-        agent_step=slot(traj.step),
+        obs=traj.obs,
+        action=traj.action,
+        reward=traj.reward,
+        terminated=traj.terminated,
+        truncated=traj.truncated,
+        next_obs=traj.next_obs,
+        extras=traj.extras,
+        valid=traj.valid,
+        agent_step=traj.step,
     )
+    group = jax.tree.map(lambda x: x[:, :, None], group)  # [T, B, ...] -> [T, B, 1, ...]
     done = jnp.logical_or(traj.terminated, traj.truncated)
     return {policy_id: group}, {"done": done, "episode_id": traj.episode_id, "step": traj.step}

@@ -60,15 +60,13 @@ class Packing:
 
     def _lead_views(self, lead: tuple[int, ...]) -> list[tuple[int, int, np.dtype, tuple]]:
         # Worked out once per leading shape: a sampler asks for the same few every step.
-        views = self._by_lead.get(lead)
-        if views is None:
-            count = int(np.prod(lead))
-            views = []
-            for lo, hi, dtype, shape in self._views:
-                if not shape or shape[0] < count:
-                    raise ValueError(f"leaf of shape {shape} has fewer than {count} rows")
-                views.append((lo, lo + (hi - lo) // shape[0] * count, dtype, (*lead, *shape[1:])))
-            self._by_lead[lead] = views
+        count = int(np.prod(lead))
+        views = []
+        for lo, hi, dtype, shape in self._views:
+            if not shape or shape[0] < count:
+                raise ValueError(f"leaf of shape {shape} has fewer than {count} rows")
+            views.append((lo, lo + (hi - lo) // shape[0] * count, dtype, (*lead, *shape[1:])))
+        self._by_lead[lead] = views
         return views
 
     def unpack(self, flat: jax.Array) -> Any:
