@@ -6,6 +6,6 @@ from jaxrunner._src.backends.process.config import ProcessConfig as ProcessConfi
 from jaxrunner._src.backends.process.config import main_process_share as main_process_share
 from jaxrunner._src.backends.process.config import spin_wait_s as spin_wait_s
 from jaxrunner._src.backends.process.launch import worker_bounds as worker_bounds
+from jaxrunner._src.backends.process.make import make_process_vec as make_process_vec
 from jaxrunner._src.backends.process.protocol import RemoteTraceback as RemoteTraceback
 from jaxrunner._src.backends.process.vector_env import ProcessVectorEnv as ProcessVectorEnv
-from jaxrunner._src.backends.process.vector_env import make_process_vec as make_process_vec

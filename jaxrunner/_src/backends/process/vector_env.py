@@ -19,11 +19,10 @@ from jaxrunner._src.backends.process.transport import ProcessTransport, Report
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
 from jaxrunner._src.backends.sub_env_block import EnvFactory
-from jaxrunner._src.core.agent_groups import PolicyMappingFn
 from jaxrunner.errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
+    pass
 
 
 class ProcessBackend(RemoteSubEnvs):
@@ -257,36 +256,3 @@ class ProcessVectorEnv(ProcessBackend, VectorEnv):
 
     def _obs_buffer(self) -> Any:
         return self._views.buffers.obs
-
-
-def make_process_vec(
-    env_fns: Sequence[EnvFactory],
-    config: ProcessConfig | None,
-    *,
-    restart_policy: RestartPolicy | None = None,
-    policy_mapping_fn: PolicyMappingFn | None = None,
-    multi_agent: bool | None = False,
-) -> VectorEnv | MultiAgentVectorEnv:
-    """The process backend of the sub-envs' kind (a multi-agent one takes
-    ``policy_mapping_fn``). ``multi_agent=None``: the kind is not known: the workers
-    (or the main process's share) report it as they start."""
-    config = ProcessConfig() if config is None else config
-    transport = None
-    if multi_agent is None and isinstance(config, ProcessConfig) and env_fns:
-        transport = ProcessTransport(env_fns, config, None)
-        multi_agent = transport.multi_agent
-    try:
-        if not multi_agent:
-            return ProcessVectorEnv(
-                env_fns, config, restart_policy=restart_policy, _transport=transport
-            )
-        from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
-
-        return ProcessMultiAgentVectorEnv(
-            env_fns, policy_mapping_fn, config=config, restart_policy=restart_policy,
-            _transport=transport,
-        )  # fmt: skip
-    except BaseException:
-        if transport is not None:  # not taken by a vector env (its close is idempotent)
-            shutdown(transport.res)
-        raise
