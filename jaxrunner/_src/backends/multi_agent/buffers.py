@@ -11,7 +11,6 @@ import numpy as np
 
 from jaxrunner._src import space_arrays
 from jaxrunner._src.backends.allocators import Allocator, Zeros
-from jaxrunner._src.backends.sub_env_block import failed_mask
 from jaxrunner._src.core.agent_groups import AgentGroup
 
 
@@ -211,7 +210,8 @@ class StepViews:
             if isinstance(failed, np.ndarray) and failed.dtype == np.bool_:
                 mask = failed if failed.any() else None
             else:  # global indices, a list or an int array
-                mask = failed_mask(failed, lo, hi)
+                mask = np.zeros(hi - lo, np.bool_)
+                mask[np.asarray(failed, np.int64) - lo] = True
         return MultiAgentStep(
             groups=groups,
             env_done=b.env_done,

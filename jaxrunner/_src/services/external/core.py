@@ -87,7 +87,10 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
         self._reaper: threading.Thread | None = None
         if config.episode_timeout_s is not None:
             self._reaper = threading.Thread(
-                target=self._reap_loop, name="jaxrunner-reaper", daemon=True
+                target=self._reap_loop,
+                args=(config.episode_timeout_s,),
+                name="jaxrunner-reaper",
+                daemon=True,
             )
             self._reaper.start()
 
@@ -199,8 +202,7 @@ class ExternalEnvCore(RunDriven, GroupedAgents, Generic[E]):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _reap_loop(self) -> None:
-        timeout_s = self.config.episode_timeout_s
+    def _reap_loop(self, timeout_s: float) -> None:
         # Four checks per timeout (at most 25% late), at least one a second.
         while not self._stop_reaper.wait(min(timeout_s / 4, 1.0)):
             self.reap(time.monotonic() - timeout_s)

@@ -54,6 +54,13 @@ async def off_loop(heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
     return await run_in_threadpool(fn, *args) if heavy else fn(*args)
 
 
+def with_body(read: Reader, model: type[BaseModel]) -> Reader:
+    """``read`` with its ``body`` annotated ``model``, the kind's body model: FastAPI
+    reads the request body from the annotation."""
+    read.__annotations__["body"] = model
+    return read
+
+
 class OneAgent:
     """The wire of an :class:`~jaxrunner.ExternalEnv`: each value one tree."""
 
@@ -175,26 +182,29 @@ def create_app(
     # The readers of the bodies (FastAPI dependencies): each checked, decoded (off the
     # event loop if heavy) and handed to the route as the env's arguments.
     def read_obs(call: str) -> Reader:
-        async def read(body: kind.obs_body) -> Any:
+        async def read(body: Any) -> Any:
             return await off_loop(kind.heavy(body.obs), kind.decode, body.obs, call)
 
-        return read
+        return with_body(read, kind.obs_body)
 
     def read_final_obs(call: str) -> Reader:
-        async def read(body: kind.end_body) -> tuple[Any, bool]:
+        async def read(body: Any) -> tuple[Any, bool]:
             return await off_loop(kind.heavy(body.obs), kind.decode, body.obs, call), body.truncated
 
-        return read
+        return with_body(read, kind.end_body)
 
     def decode_logged(body: Any) -> tuple[Any, Any]:
         obs = kind.decode(body.obs, "log_action")
         return obs, kind.decode(body.actions, "log_action", actions=True)
 
-    async def read_logged(body: kind.logged_body) -> tuple[Any, Any]:
+    async def read_logged(body: Any) -> tuple[Any, Any]:
         return await off_loop(kind.heavy(body.obs), decode_logged, body)
 
-    async def read_rewards(body: kind.returns_body) -> tuple[Any, ...]:
+    async def read_rewards(body: Any) -> tuple[Any, ...]:
         return body.rewards, body.info
+
+    with_body(read_logged, kind.logged_body)
+    with_body(read_rewards, kind.returns_body)
 
     async def deliver(episode_id: int, future: Any, request: Request) -> Any:
         """The future's result, recorded only if it reaches the client: on timeout or
