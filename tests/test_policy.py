@@ -7,6 +7,7 @@ import math
 from typing import Any, NamedTuple
 
 import flax.linen as nn
+import gymnasium
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -815,3 +816,28 @@ def test_linen_policies_share_functions_only_where_module_space_and_mode_are_equ
     ]
     fns = {id(p.apply_fn) for p in [first, *others]}
     assert len(fns) == 1 + len(others)
+
+
+def test_a_float16_box_gets_float16_actions_whose_log_prob_is_recorded() -> None:
+    class Half(gymnasium.Env):
+        observation_space = spaces.Box(-1, 1, (3,), np.float32)
+        action_space = spaces.Box(-1, 1, (2,), np.float16)
+
+        def reset(self, seed=None, options=None):
+            super().reset(seed=seed)
+            return np.zeros(3, np.float32), {}
+
+        def step(self, action):
+            assert action.dtype == np.float16, action.dtype  # as the space says
+            return np.zeros(3, np.float32), 0.0, False, False, {}
+
+    envs = jr.make_vec(Half, 2)
+    policy = jr.models.mlp_policy(envs.single_action_space, hidden=(8,))
+    params = policy.init(jax.random.key(0), envs.single_observation_space)
+    with jr.EnvRunner(envs, policy, params, 4, seed=0) as runner:
+        traj = runner.sample()
+    assert traj.action.dtype == np.float16
+    obs = jax.numpy.asarray(traj.obs.reshape(8, 3))
+    dist = policy.distribution(params, obs)
+    expected = dist.log_prob(jax.numpy.asarray(traj.action.reshape(8, 2)))
+    np.testing.assert_allclose(traj.extras["log_prob"].reshape(8), expected, rtol=1e-6)

@@ -100,13 +100,19 @@ class Bernoulli(flax.struct.PyTreeNode):
 class DiagGaussian(flax.struct.PyTreeNode):
     mean: jax.Array  # [B, *shape]
     log_std: jax.Array  # broadcastable to mean
+    # Actions rounded to a Box narrower than the mean (float16): what the env gets is
+    # what is recorded, and log_prob is taken of it.
+    action_dtype: Any = flax.struct.field(pytree_node=False, default=None)
 
     def sample(self, keys: jax.Array) -> jax.Array:
         noise = jax.vmap(lambda k: jax.random.normal(k, self.mean.shape[1:], self.mean.dtype))(keys)
-        return self.mean + jnp.exp(self.log_std) * noise
+        return self._rounded(self.mean + jnp.exp(self.log_std) * noise)
 
     def mode(self) -> jax.Array:
-        return self.mean
+        return self._rounded(self.mean)
+
+    def _rounded(self, action: jax.Array) -> jax.Array:
+        return action if self.action_dtype is None else action.astype(self.action_dtype)
 
     def log_prob(self, action: jax.Array) -> jax.Array:
         log_std = jnp.broadcast_to(self.log_std, self.mean.shape)
@@ -180,7 +186,9 @@ def make_distribution(
             log_std = _reshaped(out["log_std"], shape, "log_std")
         else:
             log_std = head["log_std"]
-        return DiagGaussian(mean, log_std)
+        dtype = np.dtype(action_space.dtype)
+        narrow = np.issubdtype(dtype, np.floating) and dtype.itemsize < mean.dtype.itemsize
+        return DiagGaussian(mean, log_std, dtype if narrow else None)
     raise SpaceMismatchError(
         f"Policy.from_linen/from_nnx: no built-in distribution for action space "
         f"{action_space}; supported are Discrete, MultiDiscrete, MultiBinary and Box. For "
