@@ -3,7 +3,8 @@ checked in place, written to the block's rows of the stacked buffers once per bl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
@@ -18,6 +19,7 @@ from jaxrunner._src.backends.sub_env_block import (
     RUNNING,
     EnvFactory,
     Marks,
+    PerSize,
     StepResult,
     SubEnvBlock,
     SubEnvRaised,
@@ -34,16 +36,12 @@ class ActionSplitters:
 
     def __init__(self, action_space: gymnasium.Space) -> None:
         self.action_space = action_space
-        self._by_size: dict[int, Callable[[Any], list[Any]]] = {}
+        self._by_size = PerSize(functools.partial(space_arrays.make_action_splitter, action_space))
 
     def split(self, actions: Any, size: int) -> list[Any]:
         """``actions`` (a batch of ``size``) as one action per sub-env; raises
         InvalidActionError before anything steps if the batch does not fit."""
-        splitter = self._by_size.get(size)
-        if splitter is None:
-            splitter = space_arrays.make_action_splitter(self.action_space, size)
-            self._by_size[size] = splitter
-        return splitter(actions)
+        return self._by_size[size](actions)
 
 
 class GymnasiumBlock(SubEnvBlock):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import gymnasium
@@ -88,6 +88,17 @@ def close_quietly(env: gymnasium.Env) -> None:
     the original error."""
     with contextlib.suppress(Exception):
         env.close()
+
+
+@contextlib.contextmanager
+def closing_on_error(envs: Sequence[Any]) -> Iterator[None]:
+    """Closes ``envs`` (quietly) if the body raises, then lets the error through."""
+    try:
+        yield
+    except BaseException:
+        for env in envs:
+            close_quietly(env)
+        raise
 
 
 def check_restart_policy(where: str, value: Any) -> None:

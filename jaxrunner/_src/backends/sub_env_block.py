@@ -4,7 +4,8 @@ block of sub-envs stepped in turn, validated, restarted and autoreset (SAME_STEP
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, MutableSequence, Sequence
+import pickle
+from collections.abc import Callable, Iterator, MutableSequence, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -219,3 +220,43 @@ def build_envs(fns: Sequence[EnvFactory], offset: int) -> list[Any]:
             env.close()
         raise
     return envs
+
+
+def stepped_runs(
+    lo: int, hi: int, pending: dict[int, Any], fail: Callable[[int], BaseException], failed: dict
+) -> Iterator[tuple[int, int]]:
+    """The runs ``(start, stop)`` of rows ``[lo, hi)`` not in ``pending``, lazily; each
+    pending row ``i`` fails as it is reached (``failed[i] = fail(i)``)."""
+    start = lo
+    for i in range(lo, hi):
+        if i in pending:
+            if start < i:
+                yield start, i
+            failed[i] = fail(i)
+            start = i + 1
+    if start < hi:
+        yield start, hi
+
+
+def pickled(err: BaseException | None) -> bytes | None:
+    """``err`` pickled, or None if it does not survive the round trip."""
+    if err is None:
+        return None
+    try:
+        payload = pickle.dumps(err)
+        pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
+    except Exception:
+        return None
+    return payload
+
+
+class PerSize(dict[int, Callable[[Any], Any]]):
+    """``build(size)`` (an action check), built once per batch size: ``self[size]``."""
+
+    def __init__(self, build: Callable[[int], Callable[[Any], Any]]) -> None:
+        super().__init__()
+        self.build = build
+
+    def __missing__(self, size: int) -> Callable[[Any], Any]:
+        made = self[size] = self.build(size)
+        return made

@@ -15,7 +15,7 @@ from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
 from jaxrunner._src.backends.multi_agent.agent_block import AgentBlock, env_groups
 from jaxrunner._src.backends.multi_agent.buffers import MultiAgentStep, StepViews
 from jaxrunner._src.backends.multi_agent.drivers import Driver, make_driver
-from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, close_quietly
+from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy, closing_on_error
 from jaxrunner._src.backends.snapshots import SnapshotRefusedError
 from jaxrunner._src.backends.sub_env_block import EnvFactory, build_envs
 from jaxrunner._src.core.agent_groups import GroupedAgents, PolicyMappingFn
@@ -89,14 +89,11 @@ class SyncMultiAgentVectorEnv(BlockForwarding, InProcessSends, MultiAgentVectorE
         check_restart_policy("SyncMultiAgentVectorEnv", restart_policy)
         self.restart_policy = restart_policy
         envs = build_envs(env_fns, 0)
-        try:
+        self._closed_reason = "construction failed"  # until it succeeds
+        with closing_on_error(envs):
             self.groups = env_groups(envs[0], policy_mapping_fn)
             self._block = AgentBlock(envs, self.groups, fns=env_fns, restart_policy=restart_policy)
-        except BaseException:
-            for env in envs:
-                close_quietly(env)
-            self._closed_reason = "construction failed"
-            raise
+        self._closed_reason = None
         self.num_envs = len(envs)
         self.turn_based = self._block.turn_based
         self._views = StepViews(self._block.step_buffers, self.policy_ids)

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from jaxrunner._src.backends.sub_env_block import SubEnvRaised
+from jaxrunner._src.backends.sub_env_block import SubEnvRaised, pickled
 from jaxrunner.errors import EnvError, WorkerError
 
 COMMAND = struct.Struct("=qqqqq")
@@ -134,14 +134,14 @@ class RemoteError:
 
     @classmethod
     def capture(cls, err: BaseException, kind: str, env_index: int, call: str) -> RemoteError:
-        return cls(kind, env_index, call, _pickled(err), repr(err), _format(err))
+        return cls(kind, env_index, call, pickled(err), repr(err), _format(err))
 
     @classmethod
     def capture_recreation(cls, err: EnvError) -> RemoteError:
         """The :class:`EnvError` of a sub-env restart that gave up
         (:meth:`~jaxrunner._src.backends.sub_env_block.SubEnvBlock.restart`)."""
-        recreation = _pickled(getattr(err, "recreation_error", None))
-        cause = _pickled(err.__cause__) if err.__cause__ is not None else None
+        recreation = pickled(getattr(err, "recreation_error", None))
+        cause = pickled(err.__cause__)
         return cls("recreate", err.env_index, "recreate", cause, str(err), _format(err), recreation)
 
     def rebuild(self, w: int, envs: range, place: str) -> BaseException:
@@ -212,18 +212,6 @@ def first_error(errors: list[tuple[int, RemoteError]]) -> tuple[int, RemoteError
 
 def _format(err: BaseException) -> str:
     return "".join(traceback.format_exception(type(err), err, err.__traceback__))
-
-
-def _pickled(err: BaseException | None) -> bytes | None:
-    """``err`` pickled, or None if it does not survive the round trip."""
-    if err is None:
-        return None
-    try:
-        payload = pickle.dumps(err)
-        pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
-    except Exception:
-        return None
-    return payload
 
 
 def _unpickle(payload: bytes | None) -> BaseException | None:

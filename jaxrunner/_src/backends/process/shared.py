@@ -21,7 +21,7 @@ from jaxrunner._src.backends.batch_step import BatchStep
 from jaxrunner._src.backends.gymnasium_block import GymnasiumBlock
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot
-from jaxrunner._src.backends.sub_env_block import SubEnvBlock, failed_mask
+from jaxrunner._src.backends.sub_env_block import PerSize, SubEnvBlock, failed_mask
 from jaxrunner.errors import InvalidArgumentTypeError, SpaceMismatchError
 
 
@@ -88,15 +88,12 @@ class BlockLayout(abc.ABC):
     # -- main side
 
     @functools.cached_property
-    def _action_checks(self) -> dict[int, Callable[[Any], Any]]:
-        return {}  # filled on the main side, after the layout was pickled for the workers
+    def _action_checks(self) -> PerSize:
+        return PerSize(self.action_check)  # main side, after the layout was pickled for workers
 
     def check_actions(self, actions: Any, num: int) -> None:
         """Validates a batch of ``num`` actions, before any sub-env steps."""
-        check = self._action_checks.get(num)
-        if check is None:
-            check = self._action_checks[num] = self.action_check(num)
-        check(actions)
+        self._action_checks[num](actions)
 
     @abc.abstractmethod
     def action_check(self, num: int) -> Callable[[Any], Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from jaxrunner._src.backends.process.handle import WorkerLost
 from jaxrunner._src.backends.process.pool import LOST, WorkerPool
 from jaxrunner._src.backends.process.recovery import Sent, WorkerRecovery
 from jaxrunner._src.backends.process.shared import BlockLayout, StepOutcome
-from jaxrunner._src.backends.sub_env_block import NOT_RUN
+from jaxrunner._src.backends.sub_env_block import NOT_RUN, stepped_runs
 from jaxrunner.errors import InvalidArgumentError
 
 
@@ -116,27 +116,17 @@ class Stepper:
                 self._send_step(w, lo, hi, call)
 
     def _send_step(self, w: int, lo: int, hi: int, call: StepCall) -> None:
-        status, pending = self.views.status, self.recovery.pending
-        while lo < hi:
-            start, stop = lo, hi
-            if pending:
-                while start < hi and start in pending:
-                    call.failed[start] = self.recovery.fail_unrun(start)
-                    start += 1
-                stop = start
-                while stop < hi and stop not in pending:
-                    stop += 1
-                if start == stop:
-                    return
-            status[start:stop] = NOT_RUN
+        runs: Iterable[tuple[int, int]] = ((lo, hi),)
+        if pending := self.recovery.pending:
+            runs = stepped_runs(lo, hi, pending, self.recovery.fail_unrun, call.failed)
+        for start, stop in runs:
+            self.views.status[start:stop] = NOT_RUN
             try:
                 seq = self.pool.send(w, protocol.OP_STEP, start, stop)
             except WorkerLost as lost:
                 self.pool.lost_worker(lost)  # raises, or replaces it: its envs are pending
-                lo = start
-                continue
+                return self._send_step(w, start, hi, call)
             call.sent.append((w, seq, start, stop))
-            lo = stop
 
     def recv(self) -> Any:
         """The oldest call's result (lockstep), or the first call answered (ready-first)."""

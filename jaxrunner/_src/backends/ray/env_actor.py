@@ -3,7 +3,6 @@ shared step loop (a ``GymnasiumBlock``, or an ``AgentBlock`` for PettingZoo envs
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -17,20 +16,16 @@ from jaxrunner._src.backends.gymnasium_block import ActionSplitters, GymnasiumBl
 from jaxrunner._src.backends.multi_agent.agent_block import AgentBlock, env_groups
 from jaxrunner._src.backends.multi_agent.buffers import FIELDS, MultiAgentStep
 from jaxrunner._src.backends.ray.progress import SharedMarks, attach
-from jaxrunner._src.backends.restarts import RestartPolicy, close_quietly
+from jaxrunner._src.backends.restarts import RestartPolicy, closing_on_error
 from jaxrunner._src.backends.step_buffers import StepBuffers
-from jaxrunner._src.backends.sub_env_block import EnvFactory, SubEnvBlock, build_envs, failed_mask
+from jaxrunner._src.backends.sub_env_block import (
+    EnvFactory,
+    SubEnvBlock,
+    build_envs,
+    failed_mask,
+    pickled,
+)
 from jaxrunner._src.core.agent_groups import AgentGroup, PolicyMappingFn
-
-
-def _portable(err: BaseException) -> BaseException:
-    """``err`` if it survives pickling (it crosses a process boundary), else a
-    RuntimeError carrying its repr."""
-    try:
-        pickle.loads(pickle.dumps(err))
-    except Exception:
-        return RuntimeError(repr(err))
-    return err
 
 
 class ActorBody:
@@ -76,12 +71,8 @@ class EnvWorker(ActorBody):
         progress: SharedMarks | None = None,
     ) -> None:
         envs = build_envs(env_fns, offset)
-        try:
+        with closing_on_error(envs):
             check_equal_spaces([(env.observation_space, env.action_space) for env in envs])
-        except BaseException:
-            for env in envs:
-                close_quietly(env)
-            raise
         first = envs[0]
         self.space, self.rows = first.observation_space, slice(offset, offset + len(envs))
         self._described = (self.space, first.action_space, first.metadata, first.render_mode)
@@ -112,7 +103,8 @@ class EnvWorker(ActorBody):
         """Steps rows ``[lo, hi)`` of the block (``actions`` holds those rows)."""
         lo, hi = self.rows.start + lo, self.rows.start + hi
         out = self.block.step(lo, hi, self._actions.split(actions, hi - lo))
-        errors = {i: _portable(e) for i, e in out.errors.items()}
+        # Errors cross a process boundary: one that does not survive pickling goes as its repr.
+        errors = {i: e if pickled(e) else RuntimeError(repr(e)) for i, e in out.errors.items()}
         failed = failed_mask(out.failed, lo, hi)
         return self.block.buffers.batch_step(
             self.space, slice(lo, hi), out.infos, out.reset_infos, failed, errors or None
@@ -148,7 +140,7 @@ class AgentEnvWorker(ActorBody):
         progress: SharedMarks | None = None,
     ) -> None:
         envs = build_envs(env_fns, offset)
-        try:
+        with closing_on_error(envs):
             groups = env_groups(envs[0], policy_mapping_fn)
             self.block = AgentBlock(
                 envs,
@@ -158,10 +150,6 @@ class AgentEnvWorker(ActorBody):
                 restart_policy=restart_policy,
                 status=attach(progress),
             )
-        except BaseException:
-            for env in envs:
-                close_quietly(env)
-            raise
 
     def describe(self) -> tuple[tuple[AgentGroup, ...], bool]:
         return self.block.groups, self.block.turn_based

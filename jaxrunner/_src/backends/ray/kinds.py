@@ -4,7 +4,7 @@ into rows, failed slots): :class:`GymnasiumRows` and :class:`AgentRows` (Petting
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -15,6 +15,7 @@ from jaxrunner._src.backends.multi_agent.action_check import ActionCheck
 from jaxrunner._src.backends.multi_agent.buffers import AgentStepBuffers, MultiAgentStep, StepViews
 from jaxrunner._src.backends.ray.env_actor import AgentEnvWorker, BlockReply, EnvWorker
 from jaxrunner._src.backends.step_buffers import StepBuffers, fail_slot, span
+from jaxrunner._src.backends.sub_env_block import PerSize
 from jaxrunner.errors import SpaceMismatchError
 
 
@@ -30,14 +31,10 @@ class Answer(NamedTuple):
 class _Rows:
     """What both kinds share: the action checks, built once per batch size."""
 
-    _action_check: Callable[[int], Callable[[Any], Any]]
-    _checks: dict[int, Callable[[Any], Any]]
+    _checks: PerSize
 
     def check(self, actions: Any, num: int) -> None:
-        check = self._checks.get(num)
-        if check is None:
-            check = self._checks[num] = self._action_check(num)
-        check(actions)
+        self._checks[num](actions)
 
 
 class GymnasiumRows(_Rows):
@@ -61,8 +58,8 @@ class GymnasiumRows(_Rows):
         vec._take_spaces(obs_space, action_space, metadata, render_mode)
         self.space = obs_space
         self.buffers = StepBuffers.allocate(obs_space, vec.num_envs)
-        self._action_space, self._checks = action_space, {}
-        self._action_check = functools.partial(space_arrays.action_batch_check, action_space)
+        self._action_space = action_space
+        self._checks = PerSize(functools.partial(space_arrays.action_batch_check, action_space))
 
     def part(self, actions: Any, at: slice | np.ndarray) -> Any:
         return space_arrays.map_structure(self._action_space, lambda a: np.asarray(a)[at], actions)
@@ -133,8 +130,7 @@ class AgentRows(_Rows):
         self.groups = vec.groups
         self.buffers = AgentStepBuffers.allocate(vec.groups, vec.num_envs)
         self._views = StepViews(self.buffers, vec.policy_ids)
-        self._checks = {}
-        self._action_check = functools.partial(ActionCheck, self.groups)
+        self._checks = PerSize(functools.partial(ActionCheck, self.groups))
 
     def part(self, actions: Sequence[Any], at: slice | np.ndarray) -> list[Any]:
         return [np.asarray(a)[at] for a in actions]

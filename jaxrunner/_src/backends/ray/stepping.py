@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from jaxrunner._src.backends.ray.deadlines import InFlightSteps
 from jaxrunner._src.backends.ray.kinds import AgentRows, Answer, GymnasiumRows
 from jaxrunner._src.backends.remote_sub_envs import RemoteSubEnvs
 from jaxrunner._src.backends.restarts import RestartPolicy, check_restart_policy
-from jaxrunner._src.backends.sub_env_block import NOT_RUN
+from jaxrunner._src.backends.sub_env_block import NOT_RUN, stepped_runs
 from jaxrunner.errors import InvalidArgumentError, WorkerError
 
 
@@ -271,7 +271,11 @@ class ActorStepping(RemoteSubEnvs):
         call = Call(lo, hi, whole)
         for u, rows, part in parts:
             actor, unit = self._actors.actors[u], self.unit_rows[u]
-            for run in self._unrun(rows, call):
+            runs: Iterable[slice] = (rows,)
+            if self._pending:
+                steps = stepped_runs(rows.start, rows.stop, self._pending, self._unrun, call.lost)
+                runs = [slice(*run) for run in steps]
+            for run in runs:
                 at = slice(run.start - rows.start, run.stop - rows.start)
                 mine = part if run == rows else self._kind.part(part, at)
                 self._actors.progress.marks[run] = NOT_RUN
@@ -281,19 +285,10 @@ class ActorStepping(RemoteSubEnvs):
         self._calls.append(call)
         return call
 
-    def _unrun(self, rows: slice, call: Call) -> list[slice]:
-        """The runs of ``rows`` to step; the pending ones fail in ``call``."""
-        if not self._pending:
-            return [rows]
-        runs, start = [], rows.start
-        for i in range(rows.start, rows.stop):
-            if i in self._pending:
-                call.lost[i] = self._pending.pop(i)
-                self.num_unrun_steps += 1
-                if start < i:
-                    runs.append(slice(start, i))
-                start = i + 1
-        return [*runs, slice(start, rows.stop)] if start < rows.stop else runs
+    def _unrun(self, i: int) -> BaseException:
+        """Pending sub-env ``i`` does not step: why its slot fails."""
+        self.num_unrun_steps += 1
+        return self._pending.pop(i)
 
     def _wait(self, call: Call | None) -> Call:
         """Waits until send ``call`` (None: any) has every reply; takes it off the list.
