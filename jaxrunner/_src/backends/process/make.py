@@ -1,12 +1,11 @@
-"""``make_process_vec``: the process backend of the sub-envs' kind."""
+"""``make_vec(..., backend="process")``: the process backend of the sub-envs' kind."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from jaxrunner._src.backends.base import VectorEnv
-from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
-from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
 from jaxrunner._src.backends.process.config import ProcessConfig
 from jaxrunner._src.backends.process.handle import shutdown
 from jaxrunner._src.backends.process.transport import ProcessTransport
@@ -14,6 +13,9 @@ from jaxrunner._src.backends.process.vector_env import ProcessVectorEnv
 from jaxrunner._src.backends.restarts import RestartPolicy
 from jaxrunner._src.backends.sub_env_block import EnvFactory
 from jaxrunner._src.core.agent_groups import PolicyMappingFn
+
+if TYPE_CHECKING:
+    from jaxrunner._src.backends.multi_agent.vector_env import MultiAgentVectorEnv
 
 
 def make_process_vec(
@@ -37,13 +39,12 @@ def make_process_vec(
             return ProcessVectorEnv(
                 env_fns, config, restart_policy=restart_policy, _transport=transport
             )
+        from jaxrunner._src.backends.process.agents import ProcessMultiAgentVectorEnv
+
         return ProcessMultiAgentVectorEnv(
-            env_fns,
-            policy_mapping_fn,
-            config=config,
-            restart_policy=restart_policy,
+            env_fns, policy_mapping_fn, config=config, restart_policy=restart_policy,
             _transport=transport,
-        )
+        )  # fmt: skip
     except BaseException:
         if transport is not None:  # not taken by a vector env (its close is idempotent)
             shutdown(transport.res)
