@@ -1,18 +1,16 @@
 """Pipelining splits: does the default ``num_splits`` pay on this machine?
 
-``EnvRunner(num_splits=None)`` (the default: two splits from 256 envs on an accelerator
-or a CPU host with asynchronous dispatch, else one; the process backend's own two)
-against ``num_splits=1`` and ``num_splits=2``, and the recording hand loop over
-gymnasium's ``SyncVectorEnv`` (SAME_STEP autoreset, one policy call per step), on a
-workload of ``jaxrunner bench`` (its envs and jitted policy), the sync or process
-backend. Everything runs in this process, built once per width and timed in
+``EnvRunner(num_splits=None)`` (the default: one split on an accelerator; on a CPU
+host two from 256 envs with asynchronous dispatch, else one, and the process backend's
+own two from 16 envs) against ``num_splits=1`` and ``num_splits=2``, and the recording
+hand loop over gymnasium's ``SyncVectorEnv`` (SAME_STEP autoreset, one policy call per
+step), on a workload of ``jaxrunner bench`` (its envs and jitted policy), the sync or
+process backend. Everything runs in this process, built once per width and timed in
 interleaved rounds; ratios of medians.
 
-Written for the GPU rows of the speed issue: on an H200 (16 cores) jaxrunner's sync
-backend, then splitting in two from 8 envs on accelerators, ran 0.62x the hand loop on
-CartPole at 8 envs and 0.73-0.79x on HalfCheetah (``results/peers_gpu_logs.json``,
-``results/peers_halfcheetah_gpu.json``): two policy calls per step where the hand
-loop makes one. The default below 256 envs is now one split; this checks it there.
+Written for the GPU rows of the speed issue: on an H200 (16 cores) one split beat two
+in every row, sync and process, 8 to 256 envs (``results/splits_*_gpu.json``), which
+set the accelerator default.
 
 Usage::
 

@@ -176,8 +176,7 @@ def test_inline_dispatch_means_one_group_by_default(monkeypatch):
     policy = mlp_policy(envs.single_action_space, hidden=(8,))
     params = policy.init(jax.random.key(0), envs.single_observation_space)
     with jr.EnvRunner(envs, policy, params, 2, 0) as runner:
-        expected = 1 if jax.default_backend() == "cpu" else 2
-        assert len(runner.sampler.splits) == expected
+        assert len(runner.sampler.splits) == 1
 
 
 @pytest.mark.parametrize("kind", ["gymnasium", "pettingzoo"])

@@ -141,11 +141,12 @@ def shared_process_vec():
         yield vec
 
 
-@pytest.mark.parametrize("num_splits", [1, None])
+@pytest.mark.parametrize("num_splits", [None, 2])
 def test_runner_equal_to_sync_whatever_the_groups(sync_reference, shared_process_vec, num_splits):
     runner = _runner(shared_process_vec, num_splits=num_splits)  # not stopped: vec is shared
-    if num_splits is None:  # the backend's default: two groups, one per worker
-        assert ProcessVectorEnv.capabilities.pipeline_splits == 2
+    if num_splits is None:  # the default below TWO_SPLITS_MIN_ENVS: one split
+        assert runner.sampler.splits == [slice(0, 7)]
+    else:
         assert runner.sampler.splits == [slice(0, 4), slice(4, 7)]
     for t, expected in enumerate(sync_reference):
         assert_trees_equal(_as_tree(runner.sample()), _as_tree(expected), f"sample {t}")
@@ -394,6 +395,20 @@ def test_worker_bounds():
     assert worker_bounds(7, None, 2) == [(0, 4), (4, 7)]
     assert worker_bounds(4, None, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
     assert len(worker_bounds(64, None, None)) == max(1, launch.available_cpus() - 1)
+
+
+def test_default_splits_two_from_the_width_where_they_pay(monkeypatch):
+    """Two splits from TWO_SPLITS_MIN_ENVS on a CPU host, one below it and on an
+    accelerator, where a second policy call per step costs more than the overlap gains."""
+    from jaxrunner._src.backends.process.vector_env import TWO_SPLITS_MIN_ENVS
+    from jaxrunner._src.samplers import pipeline_splits
+
+    for num_envs, splits in ((TWO_SPLITS_MIN_ENVS - 1, 1), (TWO_SPLITS_MIN_ENVS, 2)):
+        with ProcessVectorEnv([short_cartpole] * num_envs, ProcessConfig(num_workers=1)) as vec:
+            assert pipeline_splits.default_num_splits(vec) == splits
+            monkeypatch.setattr(pipeline_splits.jax, "default_backend", lambda: "gpu")
+            assert pipeline_splits.default_num_splits(vec) == 1
+            monkeypatch.undo()
 
 
 @pytest.mark.parametrize(

@@ -111,15 +111,20 @@ def test_default_splits_follow_the_lockstep_samplers_rule(monkeypatch):
     )
     with jr.EnvRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
         assert len(runner.sampler.splits) == pipeline_splits.default_num_splits(envs)
-    # On an accelerator: one split below PIPELINE_MIN_ENVS (each split pays a policy
-    # call's host-side cost again), two from there.
+    # On an accelerator: one split at any width (each split pays a policy call's
+    # host-side cost again); on a CPU host with asynchronous dispatch, two from
+    # PIPELINE_MIN_ENVS.
     monkeypatch.setattr(pipeline_splits.jax, "default_backend", lambda: "gpu")
     envs = jr.make_multi_agent_vec(envs_mod.coming_and_going, 8)
     with jr.EnvRunner(envs, random_policy(3), zero_params(3), 3, seed=0) as runner:
         assert runner.sampler.splits == [slice(0, 8)]
-    for num_envs, splits in ((pipeline_splits.PIPELINE_MIN_ENVS - 1, 1), (256, 2)):
+    for num_envs, gpu, cpu in ((pipeline_splits.PIPELINE_MIN_ENVS - 1, 1, 1), (256, 1, 2)):
         stepped = types.SimpleNamespace(num_envs=num_envs, capabilities=envs.capabilities)
-        assert pipeline_splits.default_num_splits(stepped) == splits  # type: ignore[arg-type]
+        monkeypatch.setattr(pipeline_splits.jax, "default_backend", lambda: "gpu")
+        assert pipeline_splits.default_num_splits(stepped) == gpu  # type: ignore[arg-type]
+        monkeypatch.setattr(pipeline_splits.jax, "default_backend", lambda: "cpu")
+        monkeypatch.setattr(pipeline_splits, "inline_cpu_dispatch", lambda: False)
+        assert pipeline_splits.default_num_splits(stepped) == cpu  # type: ignore[arg-type]
 
 
 def test_block_sends_step_only_their_envs_and_answer_in_order():

@@ -229,6 +229,31 @@ def ray_scaling_table() -> str:
     return markdown(header, rows) + source_line(name, report)
 
 
+def splits_table(*names: str) -> str:
+    """``splits.py`` reports: per backend, workload and width, the runner at one and two
+    splits and the hand loop (median steps/s), and one split's speed over two's."""
+    rows, sources = [], []
+    for name in names:
+        report = load(name)
+        config = report["config"]
+        for row in report["results"]:
+            m = row["median_steps_per_s"]
+            rows.append(
+                [
+                    config["backend"],
+                    config["workload"],
+                    str(row["num_envs"]),
+                    rate(m["splits=1"]),
+                    rate(m["splits=2"]),
+                    rate(m["hand"]),
+                    ratio(m["splits=1"] / m["splits=2"]),
+                ]
+            )
+        sources.append(source_line(name, report).strip())
+    header = ["backend", "workload", "envs", "1 split", "2 splits", "hand loop", "1 / 2"]
+    return markdown(header, rows, right_from=2) + "\n\n" + "\n\n".join(sources) + "\n"
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "headline": headline_table,
     "peers_cartpole": lambda: systems_table("peers_host_cpu.json"),
@@ -242,6 +267,16 @@ TABLES: dict[str, Callable[[], str]] = {
     "peers_halfcheetah_first": lambda: systems_table("peers_halfcheetah_cpu.json"),
     "peers_pong_gpu": lambda: systems_table("peers_pong_gpu.json"),
     "peers_halfcheetah_gpu": lambda: systems_table("peers_halfcheetah_gpu.json"),
+    "peers_pong8_gpu": lambda: systems_table("peers_pong8_gpu.json"),
+    "peers_pong32_gpu": lambda: systems_table("peers_pong32_gpu.json"),
+    "splits_gpu": lambda: splits_table(
+        "splits_cartpole_gpu.json",
+        "splits_halfcheetah_gpu.json",
+        "splits_halfcheetah_wide_gpu.json",
+        "splits_process_cartpole_gpu.json",
+        "splits_halfcheetah_process_gpu.json",
+        "splits_halfcheetah_process_wide_gpu.json",
+    ),
     "multi_agent_host": multi_agent_host_table,
     "multi_agent_jaxmarl": multi_agent_jaxmarl_table,
     "multi_agent_rllib": lambda: systems_table("multi_agent_rllib_quiet_cpu.json"),

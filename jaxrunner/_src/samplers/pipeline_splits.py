@@ -21,8 +21,8 @@ from jaxrunner._src.samplers.batch_invariance import (
 from jaxrunner._src.samplers.sampler import SamplerSetup
 
 PIPELINE_MIN_ENVS = 256
-"""From this many envs up, two splits by default where a policy call can overlap the
-envs: a split pays once its envs' work outweighs a policy call's host cost (docs/gpu.md)."""
+"""From this many envs up, two splits by default on a CPU host with asynchronous dispatch,
+where a policy call can overlap the envs (docs/gpu.md)."""
 
 
 class Stepped(Protocol):
@@ -57,16 +57,21 @@ def group_cost(group: AgentGroup, setup: SamplerSetup, num_envs: int) -> GroupCo
 
 
 def default_num_splits(envs: Stepped, costs: Sequence[GroupCost] = ()) -> int:
-    """The backend's declared choice, else 2 from a width where overlap pays, else 1;
-    fewer where the splits' padding to whole policy chunks would cost the groups
-    (``costs``) more than :data:`CHUNK_FLOPS` (an unknown cost counting as more): then
-    only whole chunks (a NatureCNN's two splits of 4 envs computed 16 rows, 0.72x)."""
-    num_envs = envs.num_envs
-    if envs.capabilities.pipeline_bounds is not None:
-        return len(envs.capabilities.pipeline_bounds) - 1
-    if envs.capabilities.pipeline_splits is not None:
-        wanted = min(envs.capabilities.pipeline_splits, num_envs)
-    elif jax.default_backend() == "cpu" and inline_cpu_dispatch():  # calls block
+    """The backend's own split where it declares one; else one on an accelerator (one
+    split beat two in every row measured on an H200, sync and process, 8 to 256 envs:
+    benchmarks/results/splits_*_gpu.json) and where CPU calls block; else the backend's
+    declared number, else 2 from :data:`PIPELINE_MIN_ENVS`. Fewer where the splits'
+    padding to whole policy chunks would cost the groups (``costs``) more than
+    :data:`CHUNK_FLOPS` (an unknown cost counting as more): then only whole chunks (a
+    NatureCNN's two splits of 4 envs computed 16 rows, 0.72x)."""
+    num_envs, capabilities = envs.num_envs, envs.capabilities
+    if capabilities.pipeline_bounds is not None:
+        return len(capabilities.pipeline_bounds) - 1
+    if jax.default_backend() != "cpu":
+        return 1
+    if capabilities.pipeline_splits is not None:
+        wanted = min(capabilities.pipeline_splits, num_envs)
+    elif inline_cpu_dispatch():  # calls block
         wanted = 1
     else:
         wanted = 2 if num_envs >= PIPELINE_MIN_ENVS else 1

@@ -25,13 +25,18 @@ if TYPE_CHECKING:
     pass
 
 
+TWO_SPLITS_MIN_ENVS = 16
+"""CartPole on a 2-core host: one split 1.10x two at 8 envs, two 1.24-1.36x one at 16 to
+64 (benchmarks/results/splits_process_cartpole_widths_cpu.json)."""
+
+
 class ProcessBackend(RemoteSubEnvs):
     """Sub-envs in worker processes over a :class:`~.transport.ProcessTransport`; a shell of
     one kind gives the layout (:meth:`_layout_for`). Results of ``call``/``get_attr`` must
     pickle."""
 
-    # Two pipelining splits for either kind: faster than one for MPE on a quiet 2-core
-    # machine (results/multi_agent_host_quiet_cpu.json).
+    # Two pipelining splits from TWO_SPLITS_MIN_ENVS on a CPU host (an accelerator takes
+    # one): the workers step one split while the main process computes the other's actions.
     capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
     _reset_call: ClassVar[str]  # the reset call users make, as closed-env errors name it
 
@@ -61,6 +66,8 @@ class ProcessBackend(RemoteSubEnvs):
         elif self.main_process_envs:  # the runner's two splits: the main process's, the rest
             bounds = (0, self.main_process_envs, self.num_envs)
             self.capabilities = dataclasses.replace(unsplit, pipeline_bounds=bounds)
+        elif self.num_envs < TWO_SPLITS_MIN_ENVS:
+            self.capabilities = unsplit
         self._finalizer = weakref.finalize(self, shutdown, self._res)
         try:
             layout = self._layout_for(transport.reports)
