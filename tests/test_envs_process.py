@@ -397,14 +397,20 @@ def test_worker_bounds():
     assert len(worker_bounds(64, None, None)) == max(1, launch.available_cpus() - 1)
 
 
-def test_default_splits_two_from_the_width_where_they_pay(monkeypatch):
-    """Two splits from TWO_SPLITS_MIN_ENVS on a CPU host, one below it and on an
-    accelerator, where a second policy call per step costs more than the overlap gains."""
-    from jaxrunner._src.backends.process.vector_env import TWO_SPLITS_MIN_ENVS
+def test_default_splits_two_from_the_rows_where_they_pay(monkeypatch):
+    """Two splits from TWO_SPLITS_MIN_ROWS (sub-envs times agents) on a CPU host, one
+    below it and on an accelerator, where a second policy call per step costs more than
+    the overlap gains."""
+    from jaxrunner._src.backends.process.vector_env import TWO_SPLITS_MIN_ROWS
     from jaxrunner._src.samplers import pipeline_splits
+    from tests.multi_agent_envs import simple_spread
 
-    for num_envs, splits in ((TWO_SPLITS_MIN_ENVS - 1, 1), (TWO_SPLITS_MIN_ENVS, 2)):
-        with ProcessVectorEnv([short_cartpole] * num_envs, ProcessConfig(num_workers=1)) as vec:
+    one_agent = [(TWO_SPLITS_MIN_ROWS - 1, 1), (TWO_SPLITS_MIN_ROWS, 2)]
+    cases = [(ProcessVectorEnv([short_cartpole] * n), s) for n, s in one_agent]
+    three_agents = -(-TWO_SPLITS_MIN_ROWS // 3)  # fewer envs, as many rows
+    cases.append((jr.make_multi_agent_vec(simple_spread, three_agents, "process"), 2))
+    for vec, splits in cases:
+        with vec:
             assert pipeline_splits.default_num_splits(vec) == splits
             monkeypatch.setattr(pipeline_splits.jax, "default_backend", lambda: "gpu")
             assert pipeline_splits.default_num_splits(vec) == 1

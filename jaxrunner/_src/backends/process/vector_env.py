@@ -25,9 +25,11 @@ if TYPE_CHECKING:
     pass
 
 
-TWO_SPLITS_MIN_ENVS = 16
-"""CartPole on a 2-core host: one split 1.10x two at 8 envs, two 1.24-1.36x one at 16 to
-64 (benchmarks/results/splits_process_cartpole_widths_cpu.json)."""
+TWO_SPLITS_MIN_ROWS = 16
+"""Rows (sub-envs times agents) from which two splits pay on a CPU host: CartPole one
+split 1.10x two at 8 envs, two 1.24-1.36x one at 16 to 64
+(benchmarks/results/splits_process_cartpole_widths_cpu.json); MPE's 3 agents at 8 envs
+one split 0.95x two (results/ab_revision_process_splits_by_envs_cpu.json)."""
 
 
 class ProcessBackend(RemoteSubEnvs):
@@ -35,7 +37,7 @@ class ProcessBackend(RemoteSubEnvs):
     one kind gives the layout (:meth:`_layout_for`). Results of ``call``/``get_attr`` must
     pickle."""
 
-    # Two pipelining splits from TWO_SPLITS_MIN_ENVS on a CPU host (an accelerator takes
+    # Two pipelining splits from TWO_SPLITS_MIN_ROWS on a CPU host (an accelerator takes
     # one): the workers step one split while the main process computes the other's actions.
     capabilities = Capabilities(can_restart=True, steps_in_background=True, pipeline_splits=2)
     _reset_call: ClassVar[str]  # the reset call users make, as closed-env errors name it
@@ -66,8 +68,6 @@ class ProcessBackend(RemoteSubEnvs):
         elif self.main_process_envs:  # the runner's two splits: the main process's, the rest
             bounds = (0, self.main_process_envs, self.num_envs)
             self.capabilities = dataclasses.replace(unsplit, pipeline_bounds=bounds)
-        elif self.num_envs < TWO_SPLITS_MIN_ENVS:
-            self.capabilities = unsplit
         self._finalizer = weakref.finalize(self, shutdown, self._res)
         try:
             layout = self._layout_for(transport.reports)
@@ -76,6 +76,8 @@ class ProcessBackend(RemoteSubEnvs):
             self._close_after("construction failed")
             raise
         self._closed_reason = None
+        if self.num_envs * sum(g.num_agents for g in self.groups) < TWO_SPLITS_MIN_ROWS:
+            self.capabilities = dataclasses.replace(self.capabilities, pipeline_splits=None)
         self._stepper, self._views, self._pool = transport.stepper, transport.views, transport.pool
         self._layout = transport.layout
 
