@@ -2,11 +2,11 @@
 
 ``EnvRunner(num_splits=None)`` (the default: one split on an accelerator; on a CPU
 host two from 256 envs with asynchronous dispatch, else one, and the process backend's
-own two from 16 rows, sub-envs times agents) against ``num_splits=1`` and ``num_splits=2``, and the recording
-hand loop over gymnasium's ``SyncVectorEnv`` (SAME_STEP autoreset, one policy call per
-step), on a workload of ``jaxrunner bench`` (its envs and jitted policy), the sync or
-process backend. Everything runs in this process, built once per width and timed in
-interleaved rounds; ratios of medians.
+own two from 16 rows, sub-envs times agents) against ``num_splits=1`` and
+``num_splits=2``, and the recording hand loop over gymnasium's ``SyncVectorEnv``
+(SAME_STEP autoreset, one policy call per step), on a workload of ``jaxrunner bench``
+(its envs and jitted policy), the sync or process backend. Everything runs in this
+process, built once per width and timed in interleaved rounds; ratios of medians.
 
 Written for the GPU rows of the speed issue: on an H200 (16 cores) one split beat two
 in every row, sync and process, 8 to 256 envs (``results/splits_*_gpu.json``), which
