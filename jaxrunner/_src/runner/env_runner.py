@@ -25,6 +25,7 @@ from jaxrunner._src.core.policy import Params, Policy, check_params_like
 from jaxrunner._src.core.runner_state import RunnerState
 from jaxrunner._src.core.trajectory import Trajectory
 from jaxrunner._src.runner.auto_layout import from_env
+from jaxrunner._src.runner.collection import collect_episodes, iterate_samples, sample_once
 from jaxrunner._src.runner.env_runner_checks import (
     check_arguments,
     check_host_options,
@@ -32,12 +33,10 @@ from jaxrunner._src.runner.env_runner_checks import (
 )
 from jaxrunner._src.runner.kinds import kind_of
 from jaxrunner._src.runner.ownership import Ownership
-from jaxrunner._src.runner.progress import Progress
 from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.host_loop import HostLoop
 from jaxrunner._src.samplers.info_arrays import InfoKeys
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
-from jaxrunner._src.samplers.sampler import attach_episodes, attach_partial
 from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import InvalidArgumentError
 
@@ -169,7 +168,7 @@ class EnvRunner:
         it is installed, else a line on stderr)."""
         check_bool("EnvRunner.sample", "progress", progress)
         self.state.episodes.forget()
-        return self._sample(progress)
+        return sample_once(self, progress)
 
     def release(self, traj: Trajectory | MultiAgentTrajectory) -> None:
         """Hands back a trajectory :meth:`sample` returned that you no longer read: the
@@ -203,20 +202,7 @@ class EnvRunner:
         check_bool(name, "include_faulty", include_faulty)
         check_int(name, "num_episodes", num_episodes)
         check_bool(name, "progress", progress)
-        state = self.state
-        with Progress(num_episodes, enabled=progress, desc=name, unit="episode") as bar:
-            bar.update(len(state.finished))
-            while len(state.finished) < num_episodes:
-                try:
-                    traj = self._sample()
-                except BaseException as err:  # the episodes completed so far go with it
-                    attach_episodes(err, state.take_finished(len(state.finished)))
-                    raise
-                done = state.episodes.complete(traj.split_episodes())
-                state.finished.extend(e for e in done if include_faulty or not e.faulty)
-                state.finished.sort(key=state.episodes.order)  # one begun earlier ends later
-                bar.update(len(state.finished))
-        return state.take_finished(num_episodes)
+        return collect_episodes(self, name, num_episodes, include_faulty, progress)
 
     def iterate(
         self, num_samples: int | None = None, *, progress: bool = False, reuse_buffers: bool = False
@@ -239,22 +225,7 @@ class EnvRunner:
         check_bool(name, "reuse_buffers", reuse_buffers)
         if reuse_buffers:
             self._check_releasable("iterate(reuse_buffers=True)", "; leave reuse_buffers=False.")
-        return self._iterate(name, num_samples, progress, reuse_buffers)
-
-    def _iterate(
-        self, name: str, num_samples: int | None, progress: bool, reuse_buffers: bool
-    ) -> Iterator[Any]:
-        per_sample = self.rollout_length * self.envs.num_envs
-        total = None if num_samples is None else num_samples * per_sample
-        done = 0
-        with Progress(total, enabled=progress, desc=name, unit="env step") as bar:
-            while num_samples is None or done < num_samples:
-                traj = self.sample()
-                done += 1
-                bar.update(done * per_sample)
-                yield traj
-                if reuse_buffers:
-                    self.release(traj)
+        return iterate_samples(self, name, num_samples, progress, reuse_buffers)
 
     def set_params(self, params: Params, policy_id: str | None = None) -> None:
         """Replaces the params of policy ``policy_id`` (``None``: the runner's one policy);
@@ -401,33 +372,6 @@ class EnvRunner:
         self.stop()
 
     # -- internals ---------------------------------------------------------------------------
-
-    def _sample(self, progress: bool = False) -> Any:
-        """One ``sampler.sample(params)``, then the per-agent-episode hooks; a failure
-        marks the runner unusable."""
-        self._check_usable("sample")
-        total = self.rollout_length * self.envs.num_envs
-        name = f"{type(self).__name__}.sample"
-        params = self.kind.from_policy_dict(self.state.params)
-        self._ownership.sampling = True
-        try:
-            with Progress(total, enabled=progress, desc=name, unit="env step") as bar:
-                traj = self.sampler.sample(params, progress=bar.update if progress else None)
-                bar.update(total)  # a pure-JAX env's scan reports only when it returns
-            if self._on_agent_episode_end is not None:
-                done = self.state.callback_episodes.complete(traj.split_episodes())
-                try:
-                    for episode in self.kind.agent_episodes(done):
-                        self._on_agent_episode_end(self, episode)
-                except BaseException as err:  # the sample is whole: it goes with the error
-                    attach_partial(err, traj)
-                    raise
-        except BaseException as err:
-            self.state.failure = err
-            raise
-        finally:
-            self._ownership.sampling = False
-        return traj
 
     def _check_usable(self, what: str, while_sampling: bool = False) -> None:
         self._ownership.check_usable(what, self.state.failure, while_sampling)
