@@ -28,7 +28,10 @@ from jaxrunner._src.runner.auto_layout import from_env
 from jaxrunner._src.runner.collection import collect_episodes, iterate_samples, sample_once
 from jaxrunner._src.runner.env_runner_checks import (
     check_arguments,
+    check_has_connectors,
     check_host_options,
+    check_policy_id,
+    check_releasable,
     params_error,
 )
 from jaxrunner._src.runner.kinds import kind_of
@@ -37,8 +40,6 @@ from jaxrunner._src.samplers.callbacks import Callbacks
 from jaxrunner._src.samplers.host_loop import HostLoop
 from jaxrunner._src.samplers.info_arrays import InfoKeys
 from jaxrunner._src.samplers.one_agent import OneAgentSampler
-from jaxrunner._src.samplers.scan import ScanSampler
-from jaxrunner.errors import InvalidArgumentError
 
 
 class EnvRunner:
@@ -184,7 +185,7 @@ class EnvRunner:
                 envs are pure JAX (their trajectories live on device).
         """
         self._check_usable("release")
-        self._check_releasable("release(traj)", ".")
+        check_releasable(self, "release(traj)", ".")
         self.sampler.release(traj)
 
     def sample_episodes(
@@ -224,7 +225,7 @@ class EnvRunner:
         check_bool(name, "progress", progress)
         check_bool(name, "reuse_buffers", reuse_buffers)
         if reuse_buffers:
-            self._check_releasable("iterate(reuse_buffers=True)", "; leave reuse_buffers=False.")
+            check_releasable(self, "iterate(reuse_buffers=True)", "; leave reuse_buffers=False.")
         return iterate_samples(self, name, num_samples, progress, reuse_buffers)
 
     def set_params(self, params: Params, policy_id: str | None = None) -> None:
@@ -240,14 +241,14 @@ class EnvRunner:
                 stacklevel=2,
             )
             params, policy_id = policy_id, params
-        pid = self._policy_id("set_params", policy_id)
+        pid = check_policy_id(self, "set_params", policy_id)
         check_params_like(self.state.params[pid], params, "runner")
         self.state.params[pid] = jax.device_put(params)
 
     def get_params(self, policy_id: str | None = None) -> Params:
         """The params of policy ``policy_id`` (``None``: the runner's one policy), as the
         runner holds them, on device."""
-        return self.state.params[self._policy_id("get_params", policy_id)]
+        return self.state.params[check_policy_id(self, "get_params", policy_id)]
 
     @property
     def policy_ids(self) -> tuple[str, ...]:
@@ -300,7 +301,7 @@ class EnvRunner:
         """The connectors' state, as a host copy (multi-agent: a dict by policy id): the
         statistics the next ``sample()`` uses (those the last one used are already
         folded in; the trajectory keeps what the policy saw, ``extras["policy_obs"]``)."""
-        self._check_connectors("get_connector_state")
+        check_has_connectors(self, "get_connector_state")
         return self.from_policy_dict(
             {pid: self.sampler.get_connector_state(pid) for pid in self._connectors}
         )
@@ -312,7 +313,7 @@ class EnvRunner:
         connectors it leaves out keep their state), checked by
         :meth:`~jaxrunner.connectors.Connectors.load_state`; multi-agent: a dict by
         policy id of those (some of the ids with connectors)."""
-        self._check_connectors("set_connector_state")
+        check_has_connectors(self, "set_connector_state")
         sampler = self.sampler
         for pid, value in self.kind.connector_states(state, sampler, self._connectors).items():
             sampler.set_connector_state(value, pid)
@@ -375,34 +376,6 @@ class EnvRunner:
 
     def _check_usable(self, what: str, while_sampling: bool = False) -> None:
         self._ownership.check_usable(what, self.state.failure, while_sampling)
-
-    def _check_releasable(self, what: str, fix: str) -> None:
-        if isinstance(self.sampler, ScanSampler):
-            raise InvalidArgumentError(
-                f"{type(self).__name__}.{what}: a pure-JAX env's trajectories are device arrays "
-                "built by its compiled scan, which allocates them itself; there is nothing to "
-                "hand back" + fix
-            )
-
-    def _policy_id(self, what: str, policy_id: Any) -> str:
-        ids = list(self.state.params)
-        if policy_id is None and len(ids) == 1:
-            return ids[0]
-        if policy_id not in self.state.params:
-            raise InvalidArgumentError(
-                f"{type(self).__name__}.{what}(policy_id={policy_id!r}): no such policy; the "
-                f"policy ids are {ids}."
-                + (" Name one: this runner has several." if policy_id is None else "")
-            )
-        return policy_id
-
-    def _check_connectors(self, what: str) -> None:
-        if not self._connectors:
-            raise InvalidArgumentError(
-                f"EnvRunner.{what}(): this runner has no connectors; pass "
-                "EnvRunner(..., connectors=jaxrunner.connectors.Connectors(...))"
-                + self.kind.connectors_hint
-            )
 
 
 class MultiAgentRunner(EnvRunner):

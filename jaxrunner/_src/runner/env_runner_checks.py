@@ -1,5 +1,5 @@
-"""``EnvRunner``'s argument checks, for either kind of env: each refusal names the
-argument and the fix."""
+"""``EnvRunner``'s checks of its arguments and of its methods' calls, for either kind of
+env: each refusal names the argument and the fix."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from jaxrunner._src.core.seeds import MAX_SEED
 from jaxrunner._src.samplers.agent_callbacks import STEP_HOOKS, AgentCallbacks, overrides
 from jaxrunner._src.samplers.batch_invariance import check_chunk_rows
 from jaxrunner._src.samplers.info_arrays import InfoKeys, check_info_keys
+from jaxrunner._src.samplers.scan import ScanSampler
 from jaxrunner.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 
@@ -181,6 +182,42 @@ def check_loop_options(kind: Any, callbacks: Any, num_splits: Any, loop: str, fi
         raise InvalidArgumentError(
             f"EnvRunner(num_splits={num_splits!r}): pipelining splits do not apply here: "
             f"{loop}. Leave num_splits=None."
+        )
+
+
+def check_releasable(runner: Any, what: str, fix: str) -> None:
+    """Refuses ``what`` (handing trajectories back) where ``runner`` samples a pure-JAX env,
+    whose trajectories live on device; ``fix`` ends the message."""
+    if isinstance(runner.sampler, ScanSampler):
+        raise InvalidArgumentError(
+            f"{type(runner).__name__}.{what}: a pure-JAX env's trajectories are device arrays "
+            "built by its compiled scan, which allocates them itself; there is nothing to "
+            "hand back" + fix
+        )
+
+
+def check_policy_id(runner: Any, what: str, policy_id: Any) -> str:
+    """``policy_id``, one of ``runner``'s policy ids; ``None`` names the runner's one policy."""
+    params: dict[str, Params] = runner.state.params
+    ids = list(params)
+    if policy_id is None and len(ids) == 1:
+        return ids[0]
+    if policy_id not in params:
+        raise InvalidArgumentError(
+            f"{type(runner).__name__}.{what}(policy_id={policy_id!r}): no such policy; the "
+            f"policy ids are {ids}."
+            + (" Name one: this runner has several." if policy_id is None else "")
+        )
+    return policy_id
+
+
+def check_has_connectors(runner: Any, what: str) -> None:
+    """Refuses ``what`` (reading or writing connector state) on a runner without connectors."""
+    if not runner._connectors:
+        raise InvalidArgumentError(
+            f"EnvRunner.{what}(): this runner has no connectors; pass "
+            "EnvRunner(..., connectors=jaxrunner.connectors.Connectors(...))"
+            + runner.kind.connectors_hint
         )
 
 
